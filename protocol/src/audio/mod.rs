@@ -1,0 +1,1 @@
+//! Audio packets (placeholder while the codec is written).

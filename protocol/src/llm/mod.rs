@@ -1,0 +1,1 @@
+//! The LLM adapter's contract (owned by the llm-adapter work; placeholder).
