@@ -1,1 +1,11 @@
-//! Audio packets (placeholder while the codec is written).
+//! Audio packets: the deployed codec ([`packet`]) and the versioned extensions
+//! ([`extension`]).
+
+pub mod extension;
+pub mod packet;
+
+pub use packet::{
+    AudioFormat, CHANNELS, DecodeError, DecodeErrorKind, DecodeOptions, EncodeError, FRAME_BYTES,
+    FRAME_DURATION, FRAME_SAMPLES, Gap, GapReason, Packet, PacketBody, SAMPLE_RATE, SAMPLE_WIDTH,
+    decode,
+};

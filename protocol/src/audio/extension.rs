@@ -1,0 +1,229 @@
+//! Versioned additions to the deployed packet that an old consumer never trips over.
+//!
+//! Two channels, chosen by what an old consumer does with them:
+//! - **NATS headers** on the deployed `frame`/`end` packets. The deployed consumers read
+//!   only the message body, so headers are invisible to them: protocol version, capture
+//!   time, why a stream ended, and the overload report travel here, on every deployment.
+//! - **New packet types** (`gap`) that change the timeline. An old consumer would treat
+//!   an unknown type as an error, so they are sent only when the deployment declares
+//!   its consumers understand them (the ingress `gap` policy). See [`super::packet`].
+//!
+//! Rollback rule: removing weir (old producers) or deploying old consumers never breaks
+//! the `frame`/`end` exchange, because the body of `frame` and `end` is byte-for-byte
+//! the deployed layout and nothing old depends on a header.
+//!
+//! Header values are ASCII: integers in decimal, names in snake_case, the overload report
+//! as compact JSON. Readers ignore unknown header names and treat a malformed value as
+//! absent (and count it), never as a reason to drop the packet.
+
+use serde::{Deserialize, Serialize};
+
+/// The extension version weir writes in [`headers::VERSION`].
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Header names.
+pub mod headers {
+    /// Extension version (`1`). Absent on packets from deployed Python producers.
+    pub const VERSION: &str = "Weir-Audio-Version";
+    /// Unix time in milliseconds at which the ingress accepted the frame.
+    pub const CAPTURED_AT_MS: &str = "Weir-Captured-At-Ms";
+    /// On `end`: why the stream ended ([`super::EndReason`]).
+    pub const END_REASON: &str = "Weir-End-Reason";
+    /// On `end` after an overload: the [`super::Overload`] report as JSON.
+    pub const OVERLOAD: &str = "Weir-Overload";
+}
+
+/// Why a stream ended, carried on the `end` packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndReason {
+    /// The producer finished the stream.
+    Producer,
+    /// The ingress ended the stream because it could not keep within its budget.
+    Overload,
+    /// The ingress is shutting down.
+    Shutdown,
+    /// The producer disappeared without ending the stream (socket dropped).
+    ProducerGone,
+    /// The producer was silent for longer than the idle timeout.
+    Idle,
+    /// An internal error ended the stream.
+    Error,
+}
+
+impl EndReason {
+    /// The header value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Producer => "producer",
+            Self::Overload => "overload",
+            Self::Shutdown => "shutdown",
+            Self::ProducerGone => "producer_gone",
+            Self::Idle => "idle",
+            Self::Error => "error",
+        }
+    }
+
+    /// Parses a header value; `None` for unknown values.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "producer" => Self::Producer,
+            "overload" => Self::Overload,
+            "shutdown" => Self::Shutdown,
+            "producer_gone" => Self::ProducerGone,
+            "idle" => Self::Idle,
+            "error" => Self::Error,
+            _ => return None,
+        })
+    }
+}
+
+/// What tripped the overload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OverloadReason {
+    /// The byte budget stayed full for longer than `max_wait`.
+    QueueFull,
+    /// The oldest pending frame outlived `max_age`.
+    MaxAge,
+    /// NATS did not take a publish within its timeout.
+    PublishTimeout,
+    /// A reason this version does not know.
+    #[serde(other)]
+    Other,
+}
+
+/// The overload report carried in [`headers::OVERLOAD`] and sent to the producer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Overload {
+    /// What tripped it.
+    pub reason: OverloadReason,
+    /// Frames not published because of it (refused, or dropped from the queue).
+    pub dropped_frames: u64,
+    /// Samples in those frames.
+    pub dropped_samples: u64,
+    /// Bytes pending when it tripped.
+    pub pending_bytes: u64,
+    /// The byte budget.
+    pub max_bytes: u64,
+    /// The age budget in milliseconds.
+    pub max_age_ms: u64,
+}
+
+impl Overload {
+    /// The header value (compact JSON).
+    pub fn to_header_value(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Parses a header value; `None` when it is not a valid report.
+    pub fn from_header_value(s: &str) -> Option<Self> {
+        serde_json::from_str(s).ok()
+    }
+}
+
+/// The extension fields of one packet, read from its headers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Extensions {
+    /// [`headers::VERSION`], if present and valid.
+    pub version: Option<u32>,
+    /// [`headers::CAPTURED_AT_MS`], if present and valid.
+    pub captured_at_ms: Option<u64>,
+    /// [`headers::END_REASON`], if present and known.
+    pub end_reason: Option<EndReason>,
+    /// [`headers::OVERLOAD`], if present and valid.
+    pub overload: Option<Overload>,
+    /// How many present headers had a malformed value (ignored, not fatal).
+    pub malformed: u32,
+}
+
+impl Extensions {
+    /// Reads the extension headers through `get` (a lookup by header name).
+    pub fn read<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Self {
+        let mut ext = Self::default();
+        if let Some(v) = get(headers::VERSION) {
+            ext.version = v.trim().parse().ok();
+            ext.malformed += u32::from(ext.version.is_none());
+        }
+        if let Some(v) = get(headers::CAPTURED_AT_MS) {
+            ext.captured_at_ms = v.trim().parse().ok();
+            ext.malformed += u32::from(ext.captured_at_ms.is_none());
+        }
+        if let Some(v) = get(headers::END_REASON) {
+            ext.end_reason = EndReason::parse(v.trim());
+            ext.malformed += u32::from(ext.end_reason.is_none());
+        }
+        if let Some(v) = get(headers::OVERLOAD) {
+            ext.overload = Overload::from_header_value(v);
+            ext.malformed += u32::from(ext.overload.is_none());
+        }
+        ext
+    }
+
+    /// The headers to write, as (name, value) pairs, version first.
+    pub fn to_pairs(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::with_capacity(4);
+        if let Some(v) = self.version {
+            out.push((headers::VERSION, v.to_string()));
+        }
+        if let Some(v) = self.captured_at_ms {
+            out.push((headers::CAPTURED_AT_MS, v.to_string()));
+        }
+        if let Some(r) = self.end_reason {
+            out.push((headers::END_REASON, r.as_str().to_owned()));
+        }
+        if let Some(o) = &self.overload {
+            out.push((headers::OVERLOAD, o.to_header_value()));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn headers_round_trip() {
+        let ext = Extensions {
+            version: Some(PROTOCOL_VERSION),
+            captured_at_ms: Some(1_700_000_000_123),
+            end_reason: Some(EndReason::Overload),
+            overload: Some(Overload {
+                reason: OverloadReason::QueueFull,
+                dropped_frames: 3,
+                dropped_samples: 960,
+                pending_bytes: 16_000,
+                max_bytes: 16_000,
+                max_age_ms: 500,
+            }),
+            malformed: 0,
+        };
+        let map: HashMap<&str, String> = ext.to_pairs().into_iter().collect();
+        let back = Extensions::read(|k| map.get(k).map(String::as_str));
+        assert_eq!(back, ext);
+    }
+
+    #[test]
+    fn malformed_values_are_counted_not_fatal() {
+        let map: HashMap<&str, &str> = [
+            (headers::VERSION, "one"),
+            (headers::END_REASON, "meteor"),
+            (headers::OVERLOAD, "{not json"),
+            (headers::CAPTURED_AT_MS, "17"),
+        ]
+        .into_iter()
+        .collect();
+        let ext = Extensions::read(|k| map.get(k).copied());
+        assert_eq!(ext.malformed, 3);
+        assert_eq!(ext.captured_at_ms, Some(17));
+        assert_eq!(ext.version, None);
+    }
+
+    #[test]
+    fn old_packets_have_no_extensions() {
+        let ext = Extensions::read(|_| None);
+        assert_eq!(ext, Extensions::default());
+    }
+}

@@ -1,0 +1,542 @@
+//! The deployed audio packet: `[u32 BE meta length][meta: UTF-8 JSON][PCM s16le]`.
+//!
+//! One packet per NATS message. The deployed Python producers write the meta with
+//! `json.dumps(meta, ensure_ascii=False)`; the decoder therefore accepts any JSON
+//! spacing and key order and ignores unknown keys. It validates, in order: the length
+//! prefix against the payload, the meta size, UTF-8, JSON, the packet type, `seq`, the
+//! audio format, the PCM size and that the PCM is a whole number of samples. Each
+//! failure is a distinct [`DecodeErrorKind`]; nothing here panics on input.
+//!
+//! Types: `frame` (PCM follows) and `end` (no PCM) are the deployed contract. `gap` is
+//! the opt-in extension (see [`super::extension`]): it is only ever sent to consumers
+//! that declared they understand it, so an old consumer never sees one.
+//!
+//! Sequence numbers start at 1 and grow by one per frame; `end` takes the next number.
+//! A `gap` packet stands for the missing frames `first_seq..=seq`, so the frame after it
+//! has `seq + 1`.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::Deserialize;
+
+/// Sample rate of the deployed stack, in Hz.
+pub const SAMPLE_RATE: u32 = 16_000;
+/// Bytes per sample (s16le).
+pub const SAMPLE_WIDTH: u16 = 2;
+/// Mono.
+pub const CHANNELS: u16 = 1;
+/// Samples in one 20 ms frame at 16 kHz.
+pub const FRAME_SAMPLES: usize = 320;
+/// Bytes in one 20 ms frame of s16le mono.
+pub const FRAME_BYTES: usize = FRAME_SAMPLES * SAMPLE_WIDTH as usize;
+/// Duration of one standard frame.
+pub const FRAME_DURATION: Duration = Duration::from_millis(20);
+/// Default upper bound on the JSON meta, in bytes.
+pub const DEFAULT_MAX_META_BYTES: usize = 4 * 1024;
+/// Default upper bound on the PCM of one packet, in bytes (1 s of audio).
+pub const DEFAULT_MAX_PCM_BYTES: usize = 32_000;
+/// Longest `session_id` accepted, in bytes.
+pub const MAX_SESSION_ID_LEN: usize = 256;
+
+/// Sample format of a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AudioFormat {
+    /// Samples per second.
+    pub sample_rate: u32,
+    /// Bytes per sample.
+    pub sample_width: u16,
+    /// Interleaved channels.
+    pub channels: u16,
+}
+
+impl AudioFormat {
+    /// 16 kHz, s16le, mono: the only format the deployed stack speaks.
+    pub const DEPLOYED: Self = Self {
+        sample_rate: SAMPLE_RATE,
+        sample_width: SAMPLE_WIDTH,
+        channels: CHANNELS,
+    };
+
+    /// Bytes per sample frame (all channels).
+    pub fn bytes_per_sample(&self) -> usize {
+        usize::from(self.sample_width) * usize::from(self.channels)
+    }
+}
+
+impl Default for AudioFormat {
+    fn default() -> Self {
+        Self::DEPLOYED
+    }
+}
+
+/// Why frames are missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GapReason {
+    /// The producer's queue was full (bytes bound); the oldest frames were dropped.
+    QueueFull,
+    /// Frames outlived the age bound before they could be published.
+    MaxAge,
+    /// Publishing to NATS failed or timed out.
+    PublishFailed,
+    /// A reason this version does not know (sent by a newer producer).
+    #[serde(other)]
+    Other,
+}
+
+impl GapReason {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::QueueFull => "queue_full",
+            Self::MaxAge => "max_age",
+            Self::PublishFailed => "publish_failed",
+            Self::Other => "other",
+        }
+    }
+}
+
+/// A declared gap: frames `first_seq..=last_seq` were dropped by the producer on
+/// purpose, `samples` samples in all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Gap {
+    /// First missing sequence number.
+    pub first_seq: u64,
+    /// Last missing sequence number (also the gap packet's own `seq`).
+    pub last_seq: u64,
+    /// Samples missing (per channel), so the consumer can keep its timeline.
+    pub samples: u64,
+    /// Why they are missing.
+    pub reason: GapReason,
+}
+
+impl Gap {
+    /// Number of frames missing.
+    pub fn frames(&self) -> u64 {
+        self.last_seq.saturating_sub(self.first_seq) + 1
+    }
+}
+
+/// What a packet carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PacketBody {
+    /// Audio samples (s16le PCM, a whole number of samples, possibly empty).
+    Frame {
+        /// The PCM bytes.
+        pcm: Bytes,
+    },
+    /// The stream ended.
+    End,
+    /// Frames are missing on purpose (extension, opt-in).
+    Gap(Gap),
+}
+
+/// One decoded (or to-be-encoded) audio packet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Packet {
+    /// Sequence number (≥ 1).
+    pub seq: u64,
+    /// Sample format.
+    pub format: AudioFormat,
+    /// Optional session id, as the deployed producers send it.
+    pub session_id: Option<String>,
+    /// Payload.
+    pub body: PacketBody,
+}
+
+impl Packet {
+    /// A frame in the deployed format.
+    pub fn frame(seq: u64, pcm: Bytes) -> Self {
+        Self {
+            seq,
+            format: AudioFormat::DEPLOYED,
+            session_id: None,
+            body: PacketBody::Frame { pcm },
+        }
+    }
+
+    /// An end packet in the deployed format.
+    pub fn end(seq: u64) -> Self {
+        Self {
+            seq,
+            format: AudioFormat::DEPLOYED,
+            session_id: None,
+            body: PacketBody::End,
+        }
+    }
+
+    /// A gap packet; its `seq` is `gap.last_seq`.
+    pub fn gap(gap: Gap) -> Self {
+        Self {
+            seq: gap.last_seq,
+            format: AudioFormat::DEPLOYED,
+            session_id: None,
+            body: PacketBody::Gap(gap),
+        }
+    }
+
+    /// Sets the session id.
+    pub fn with_session(mut self, session_id: Option<String>) -> Self {
+        self.session_id = session_id;
+        self
+    }
+
+    /// The wire name of the packet type.
+    pub fn type_name(&self) -> &'static str {
+        match self.body {
+            PacketBody::Frame { .. } => "frame",
+            PacketBody::End => "end",
+            PacketBody::Gap(_) => "gap",
+        }
+    }
+
+    /// Samples carried (frames) or declared missing (gaps); 0 for `end`.
+    pub fn samples(&self) -> u64 {
+        match &self.body {
+            PacketBody::Frame { pcm } => (pcm.len() / self.format.bytes_per_sample().max(1)) as u64,
+            PacketBody::End => 0,
+            PacketBody::Gap(g) => g.samples,
+        }
+    }
+
+    /// The PCM, empty for anything but a frame.
+    pub fn pcm(&self) -> &[u8] {
+        match &self.body {
+            PacketBody::Frame { pcm } => pcm,
+            _ => &[],
+        }
+    }
+
+    /// Encodes the packet in the deployed layout. The meta is compact JSON with the
+    /// keys in the deployed order (`type, seq, sample_rate, sample_width, channels`,
+    /// then `session_id`, then gap fields).
+    pub fn encode(&self) -> Result<Bytes, EncodeError> {
+        if self.seq == 0 {
+            return Err(EncodeError::SeqZero);
+        }
+        let mut meta = String::with_capacity(128);
+        // Writing to a String cannot fail.
+        let _ = write!(
+            meta,
+            r#"{{"type":"{}","seq":{},"sample_rate":{},"sample_width":{},"channels":{}"#,
+            self.type_name(),
+            self.seq,
+            self.format.sample_rate,
+            self.format.sample_width,
+            self.format.channels
+        );
+        if let Some(session) = &self.session_id {
+            meta.push_str(r#","session_id":"#);
+            meta.push_str(&serde_json::Value::from(session.as_str()).to_string());
+        }
+        if let PacketBody::Gap(g) = &self.body {
+            if g.first_seq == 0 || g.first_seq > g.last_seq || g.last_seq != self.seq {
+                return Err(EncodeError::InvalidGap);
+            }
+            let _ = write!(
+                meta,
+                r#","first_seq":{},"frames":{},"samples":{},"reason":"{}""#,
+                g.first_seq,
+                g.frames(),
+                g.samples,
+                g.reason.as_str()
+            );
+        }
+        meta.push('}');
+        let pcm = self.pcm();
+        if !pcm.len().is_multiple_of(self.format.bytes_per_sample().max(1)) {
+            return Err(EncodeError::PartialSample { len: pcm.len() });
+        }
+        let meta_len = u32::try_from(meta.len()).map_err(|_| EncodeError::MetaTooLarge)?;
+        let mut out = BytesMut::with_capacity(4 + meta.len() + pcm.len());
+        out.put_u32(meta_len);
+        out.put_slice(meta.as_bytes());
+        out.put_slice(pcm);
+        Ok(out.freeze())
+    }
+}
+
+/// Why a packet could not be encoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EncodeError {
+    /// Sequence numbers start at 1.
+    #[error("seq must be >= 1")]
+    SeqZero,
+    /// The PCM is not a whole number of samples.
+    #[error("PCM of {len} bytes is not a whole number of samples")]
+    PartialSample {
+        /// PCM length in bytes.
+        len: usize,
+    },
+    /// The gap fields are inconsistent (`1 <= first_seq <= last_seq == seq`).
+    #[error("gap must satisfy 1 <= first_seq <= last_seq == seq")]
+    InvalidGap,
+    /// The meta does not fit the u32 length prefix.
+    #[error("meta too large")]
+    MetaTooLarge,
+}
+
+/// Limits and expectations applied while decoding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodeOptions {
+    /// The only accepted sample format.
+    pub format: AudioFormat,
+    /// Largest accepted meta, in bytes.
+    pub max_meta_bytes: usize,
+    /// Largest accepted PCM, in bytes.
+    pub max_pcm_bytes: usize,
+}
+
+impl Default for DecodeOptions {
+    fn default() -> Self {
+        Self {
+            format: AudioFormat::DEPLOYED,
+            max_meta_bytes: DEFAULT_MAX_META_BYTES,
+            max_pcm_bytes: DEFAULT_MAX_PCM_BYTES,
+        }
+    }
+}
+
+/// Machine-readable reason a packet was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DecodeErrorKind {
+    /// Fewer than 4 bytes: no length prefix.
+    Truncated,
+    /// The length prefix points past the end of the payload.
+    MetaLengthOutOfRange,
+    /// The meta is larger than allowed.
+    MetaTooLarge,
+    /// The meta is not UTF-8.
+    InvalidUtf8,
+    /// The meta is not a JSON object, or a field has the wrong JSON type.
+    InvalidJson,
+    /// A required field is missing.
+    MissingField,
+    /// `type` is not `frame`, `end` or `gap`.
+    UnknownType,
+    /// `seq` is 0.
+    InvalidSeq,
+    /// `sample_rate` is not the expected one.
+    UnsupportedSampleRate,
+    /// `sample_width` is not the expected one.
+    UnsupportedSampleWidth,
+    /// `channels` is not the expected one.
+    UnsupportedChannels,
+    /// The PCM length is not a multiple of the sample size.
+    PartialSample,
+    /// The PCM is larger than allowed.
+    PcmTooLarge,
+    /// An `end` or `gap` packet carries PCM.
+    UnexpectedPcm,
+    /// The gap fields are inconsistent.
+    InvalidGap,
+    /// `session_id` is longer than allowed.
+    SessionIdTooLong,
+}
+
+impl DecodeErrorKind {
+    /// A stable snake_case name (for logs, metrics labels and JSON).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Truncated => "truncated",
+            Self::MetaLengthOutOfRange => "meta_length_out_of_range",
+            Self::MetaTooLarge => "meta_too_large",
+            Self::InvalidUtf8 => "invalid_utf8",
+            Self::InvalidJson => "invalid_json",
+            Self::MissingField => "missing_field",
+            Self::UnknownType => "unknown_type",
+            Self::InvalidSeq => "invalid_seq",
+            Self::UnsupportedSampleRate => "unsupported_sample_rate",
+            Self::UnsupportedSampleWidth => "unsupported_sample_width",
+            Self::UnsupportedChannels => "unsupported_channels",
+            Self::PartialSample => "partial_sample",
+            Self::PcmTooLarge => "pcm_too_large",
+            Self::UnexpectedPcm => "unexpected_pcm",
+            Self::InvalidGap => "invalid_gap",
+            Self::SessionIdTooLong => "session_id_too_long",
+        }
+    }
+}
+
+/// A packet could not be decoded; [`DecodeError::kind`] says why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid audio packet ({}): {detail}", kind.as_str())]
+pub struct DecodeError {
+    kind: DecodeErrorKind,
+    detail: String,
+}
+
+impl DecodeError {
+    fn new(kind: DecodeErrorKind, detail: impl Into<String>) -> Self {
+        Self {
+            kind,
+            detail: detail.into(),
+        }
+    }
+
+    /// Why the packet was refused.
+    pub fn kind(&self) -> DecodeErrorKind {
+        self.kind
+    }
+}
+
+/// The meta as it may arrive: every field optional so a missing one is reported by
+/// name rather than as a generic JSON error. Unknown keys are ignored.
+#[derive(Deserialize)]
+struct RawMeta {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    seq: Option<u64>,
+    sample_rate: Option<u32>,
+    sample_width: Option<u16>,
+    channels: Option<u16>,
+    session_id: Option<String>,
+    first_seq: Option<u64>,
+    frames: Option<u64>,
+    samples: Option<u64>,
+    reason: Option<GapReason>,
+}
+
+fn required<T>(v: Option<T>, name: &str) -> Result<T, DecodeError> {
+    v.ok_or_else(|| DecodeError::new(DecodeErrorKind::MissingField, format!("missing {name:?}")))
+}
+
+/// Decodes one packet. The PCM is a zero-copy slice of `data`.
+pub fn decode(data: &Bytes, opts: &DecodeOptions) -> Result<Packet, DecodeError> {
+    use DecodeErrorKind as K;
+    let Some(prefix) = data.get(..4) else {
+        return Err(DecodeError::new(
+            K::Truncated,
+            format!("{} bytes, need at least 4", data.len()),
+        ));
+    };
+    let meta_len = u32::from_be_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]) as usize;
+    let rest = data.len() - 4;
+    if meta_len > rest {
+        return Err(DecodeError::new(
+            K::MetaLengthOutOfRange,
+            format!("meta length {meta_len} but only {rest} bytes follow"),
+        ));
+    }
+    if meta_len > opts.max_meta_bytes {
+        return Err(DecodeError::new(
+            K::MetaTooLarge,
+            format!("meta is {meta_len} bytes, limit {}", opts.max_meta_bytes),
+        ));
+    }
+    let meta_bytes = &data[4..4 + meta_len];
+    let meta_str = std::str::from_utf8(meta_bytes)
+        .map_err(|e| DecodeError::new(K::InvalidUtf8, e.to_string()))?;
+    let raw: RawMeta = serde_json::from_str(meta_str)
+        .map_err(|e| DecodeError::new(K::InvalidJson, e.to_string()))?;
+
+    let kind = required(raw.kind, "type")?;
+    let seq = required(raw.seq, "seq")?;
+    if seq == 0 {
+        return Err(DecodeError::new(K::InvalidSeq, "seq must be >= 1"));
+    }
+    let format = AudioFormat {
+        sample_rate: required(raw.sample_rate, "sample_rate")?,
+        sample_width: required(raw.sample_width, "sample_width")?,
+        channels: required(raw.channels, "channels")?,
+    };
+    let want = opts.format;
+    if format.sample_rate != want.sample_rate {
+        return Err(DecodeError::new(
+            K::UnsupportedSampleRate,
+            format!(
+                "sample_rate {}, expected {}",
+                format.sample_rate, want.sample_rate
+            ),
+        ));
+    }
+    if format.sample_width != want.sample_width {
+        return Err(DecodeError::new(
+            K::UnsupportedSampleWidth,
+            format!(
+                "sample_width {}, expected {}",
+                format.sample_width, want.sample_width
+            ),
+        ));
+    }
+    if format.channels != want.channels {
+        return Err(DecodeError::new(
+            K::UnsupportedChannels,
+            format!("channels {}, expected {}", format.channels, want.channels),
+        ));
+    }
+    if let Some(s) = &raw.session_id
+        && s.len() > MAX_SESSION_ID_LEN
+    {
+        return Err(DecodeError::new(
+            K::SessionIdTooLong,
+            format!(
+                "session_id is {} bytes, limit {MAX_SESSION_ID_LEN}",
+                s.len()
+            ),
+        ));
+    }
+
+    let pcm_len = rest - meta_len;
+    let body = match kind.as_str() {
+        "frame" => {
+            if pcm_len > opts.max_pcm_bytes {
+                return Err(DecodeError::new(
+                    K::PcmTooLarge,
+                    format!("PCM is {pcm_len} bytes, limit {}", opts.max_pcm_bytes),
+                ));
+            }
+            if !pcm_len.is_multiple_of(format.bytes_per_sample().max(1)) {
+                return Err(DecodeError::new(
+                    K::PartialSample,
+                    format!(
+                        "PCM of {pcm_len} bytes is not a whole number of {}-byte samples",
+                        format.bytes_per_sample()
+                    ),
+                ));
+            }
+            PacketBody::Frame {
+                pcm: data.slice(4 + meta_len..),
+            }
+        }
+        "end" | "gap" if pcm_len != 0 => {
+            return Err(DecodeError::new(
+                K::UnexpectedPcm,
+                format!("{kind:?} packet carries {pcm_len} bytes of PCM"),
+            ));
+        }
+        "end" => PacketBody::End,
+        "gap" => {
+            let first_seq = required(raw.first_seq, "first_seq")?;
+            let samples = required(raw.samples, "samples")?;
+            let reason = required(raw.reason, "reason")?;
+            let gap = Gap {
+                first_seq,
+                last_seq: seq,
+                samples,
+                reason,
+            };
+            if first_seq == 0 || first_seq > seq || raw.frames.is_some_and(|f| f != gap.frames()) {
+                return Err(DecodeError::new(
+                    K::InvalidGap,
+                    format!("first_seq {first_seq}, seq {seq}, frames {:?}", raw.frames),
+                ));
+            }
+            PacketBody::Gap(gap)
+        }
+        other => {
+            return Err(DecodeError::new(
+                K::UnknownType,
+                format!("type {other:?}; expected \"frame\", \"end\" or \"gap\""),
+            ));
+        }
+    };
+    Ok(Packet {
+        seq,
+        format,
+        session_id: raw.session_id,
+        body,
+    })
+}
