@@ -154,8 +154,8 @@ mod tests {
 
     #[test]
     fn detects_the_deployed_envelope() {
-        let body = serde_json::to_vec(&sample()).unwrap();
-        let meta = EnvelopeMeta::detect(&body).unwrap();
+        let body = serde_json::to_vec(&sample()).expect("test value");
+        let meta = EnvelopeMeta::detect(&body).expect("test value");
         assert_eq!(meta.trace_id, json!("t-1"));
         assert_eq!(meta.request_id_str().as_deref(), Some("r-1"));
         assert_eq!(meta.session_id_str().as_deref(), Some("s-1"));
@@ -186,7 +186,8 @@ mod tests {
 
     #[test]
     fn optional_members_default_to_null_and_numbers_are_ids() {
-        let meta = EnvelopeMeta::detect(br#"{"trace_id":"t","request_id":42,"ts_ms":5}"#).unwrap();
+        let meta = EnvelopeMeta::detect(br#"{"trace_id":"t","request_id":42,"ts_ms":5}"#)
+            .expect("test value");
         assert_eq!(meta.correlation_id, Value::Null);
         assert_eq!(meta.session_id_str(), None);
         assert_eq!(meta.request_id_str().as_deref(), Some("42"));
@@ -194,7 +195,8 @@ mod tests {
 
     #[test]
     fn error_response_echoes_fields_with_their_types() {
-        let meta = EnvelopeMeta::detect(&serde_json::to_vec(&sample()).unwrap()).unwrap();
+        let meta = EnvelopeMeta::detect(&serde_json::to_vec(&sample()).expect("test value"))
+            .expect("test value");
         let err = ErrorBody::new(ErrorCode::QueueFull, "queue holds 64 requests").with_details(
             ErrorDetails {
                 limit: Some(64),
@@ -203,8 +205,8 @@ mod tests {
                 ..Default::default()
             },
         );
-        let v: Value =
-            serde_json::from_slice(&ResponseEnvelope::error(meta, err).to_json()).unwrap();
+        let v: Value = serde_json::from_slice(&ResponseEnvelope::error(meta, err).to_json())
+            .expect("test value");
         assert_eq!(
             v,
             json!({
@@ -215,17 +217,18 @@ mod tests {
                           "details": {"limit": 64, "pending": 64, "retry_after_ms": 20}}
             })
         );
-        let back: ResponseEnvelope = serde_json::from_value(v).unwrap();
+        let back: ResponseEnvelope = serde_json::from_value(v).expect("test value");
         assert!(!back.ok);
-        assert_eq!(back.error.unwrap().code, ErrorCode::QueueFull);
+        assert_eq!(back.error.expect("test value").code, ErrorCode::QueueFull);
     }
 
     #[test]
     fn ok_response_has_null_error() {
-        let meta = EnvelopeMeta::detect(br#"{"trace_id":"t","request_id":"r","ts_ms":1}"#).unwrap();
+        let meta = EnvelopeMeta::detect(br#"{"trace_id":"t","request_id":"r","ts_ms":1}"#)
+            .expect("test value");
         let v: Value =
             serde_json::from_slice(&ResponseEnvelope::ok(meta, json!({"text": "hello"})).to_json())
-                .unwrap();
+                .expect("test value");
         assert_eq!(v["ok"], json!(true));
         assert_eq!(v["error"], Value::Null);
         assert_eq!(v["data"]["text"], json!("hello"));

@@ -243,9 +243,12 @@ mod tests {
     fn codes_round_trip_through_strings_and_serde() {
         for code in ErrorCode::ALL {
             assert_eq!(code.as_str().parse::<ErrorCode>(), Ok(code));
-            let json = serde_json::to_string(&code).unwrap();
+            let json = serde_json::to_string(&code).expect("test value");
             assert_eq!(json, format!("\"{}\"", code.as_str()));
-            assert_eq!(serde_json::from_str::<ErrorCode>(&json).unwrap(), code);
+            assert_eq!(
+                serde_json::from_str::<ErrorCode>(&json).expect("test value"),
+                code
+            );
             assert!((400..600).contains(&code.nats_code()));
         }
         assert!("nope".parse::<ErrorCode>().is_err());
@@ -260,7 +263,7 @@ mod tests {
                 retry_after_ms: Some(40),
                 ..Default::default()
             });
-        let v: serde_json::Value = serde_json::from_slice(&body.to_json()).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body.to_json()).expect("test value");
         assert_eq!(
             v,
             serde_json::json!({

@@ -218,7 +218,7 @@ pub fn parse_format_ms(value: &str) -> Option<Duration> {
         return None;
     }
     let ms: f64 = v.parse().ok()?;
-    if !ms.is_finite() || ms < 0.0 || ms > 1e12 {
+    if !(0.0..=1e12).contains(&ms) {
         return None;
     }
     Some(Duration::from_secs_f64(ms / 1000.0))
@@ -238,7 +238,7 @@ mod tests {
             AdmissionPolicy::parse(" Reject "),
             Ok(AdmissionPolicy::Reject)
         );
-        let err = AdmissionPolicy::parse("drop").unwrap_err();
+        let err = AdmissionPolicy::parse("drop").expect_err("must be refused");
         assert_eq!(err.header(), ADMISSION);
         assert_eq!(err.kind(), HeaderErrorKind::Invalid);
         assert_eq!(AdmissionPolicy::default(), AdmissionPolicy::Enqueue);
@@ -248,20 +248,28 @@ mod tests {
     fn ids_must_be_visible_ascii_and_bounded() {
         assert_eq!(parse_id(REQUEST_ID, "req-1:a"), Ok("req-1:a"));
         assert_eq!(
-            parse_id(REQUEST_ID, "").unwrap_err().kind(),
+            parse_id(REQUEST_ID, "")
+                .expect_err("must be refused")
+                .kind(),
             HeaderErrorKind::Empty
         );
         assert_eq!(
-            parse_id(SESSION_ID, "a b").unwrap_err().kind(),
+            parse_id(SESSION_ID, "a b")
+                .expect_err("must be refused")
+                .kind(),
             HeaderErrorKind::Invalid
         );
         assert_eq!(
-            parse_id(SESSION_ID, "é").unwrap_err().kind(),
+            parse_id(SESSION_ID, "é")
+                .expect_err("must be refused")
+                .kind(),
             HeaderErrorKind::Invalid
         );
         let long = "x".repeat(MAX_ID_LEN + 1);
         assert_eq!(
-            parse_id(CLIENT_KEY, &long).unwrap_err().kind(),
+            parse_id(CLIENT_KEY, &long)
+                .expect_err("must be refused")
+                .kind(),
             HeaderErrorKind::TooLong
         );
         assert!(parse_id(CLIENT_KEY, &long[..MAX_ID_LEN]).is_ok());
@@ -281,7 +289,7 @@ mod tests {
             "1 000",
             "99999999999999999999999",
         ] {
-            let err = parse_ms(TIMEOUT_MS, bad).unwrap_err();
+            let err = parse_ms(TIMEOUT_MS, bad).expect_err("must be refused");
             assert_eq!(err.header(), TIMEOUT_MS, "{bad}");
         }
     }
