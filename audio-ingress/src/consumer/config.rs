@@ -1,0 +1,422 @@
+//! Consumer configuration: a raw, serde-friendly [`ConsumerConfig`] validated once into
+//! a [`ConsumerSettings`] that cannot be invalid.
+//!
+//! Every refusal names the key and the allowed range. Durations are configured in
+//! milliseconds (`*_ms` keys) and carried as [`Duration`] inside the code.
+
+use std::collections::BTreeSet;
+use std::num::{NonZeroU32, NonZeroUsize};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use weir_protocol::SubjectTemplate;
+use weir_protocol::partition::DEFAULT_STREAM_TEMPLATE;
+
+use super::ConsumerError;
+
+/// Default per-stream byte bound: 0.5 s of 16 kHz s16le mono.
+pub const DEFAULT_MAX_PENDING_BYTES: usize = 16_000;
+/// Default per-stream age bound.
+pub const DEFAULT_MAX_PENDING_AGE: Duration = Duration::from_millis(500);
+/// Default silence after which a stream without `end` is reaped.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default async-nats `subscription_capacity` (messages buffered per subscription
+/// before the client drops and reports a slow consumer): ~5 MB of 640-byte frames,
+/// 160 stream-seconds of audio.
+pub const DEFAULT_SUBSCRIPTION_CAPACITY: usize = 8_192;
+/// Default number of finished streams whose stats stay in the snapshot.
+pub const DEFAULT_RETAIN_FINISHED: usize = 10_000;
+
+/// Allowed range of `max_pending_bytes`: at least one 100 ms frame (3,200 bytes), at
+/// most 60 s of audio per stream.
+pub const MAX_PENDING_BYTES_RANGE: (usize, usize) = (3_200, 1_920_000);
+/// Allowed range of `max_pending_age_ms`.
+pub const MAX_PENDING_AGE_RANGE_MS: (u64, u64) = (20, 60_000);
+/// Allowed range of `idle_timeout_ms`.
+pub const IDLE_TIMEOUT_RANGE_MS: (u64, u64) = (50, 3_600_000);
+/// Allowed range of `subscription_capacity`.
+pub const SUBSCRIPTION_CAPACITY_RANGE: (usize, usize) = (64, 1_048_576);
+/// Largest accepted `partitions`.
+pub const MAX_PARTITIONS: u32 = 4_096;
+
+/// What a stream's queue does when its handler falls behind its bytes/age bound.
+///
+/// The consumer never waits for room: one subscription carries many streams, and
+/// waiting for one slow handler would stall all of them (head-of-line blocking).
+/// There is deliberately no "shadow" mode here: without enforcement the queue would
+/// be unbounded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConsumerPolicy {
+    /// End the stream for this handler: it receives the frames already queued, then an
+    /// [`End`](super::End) with [`EndCause::Overload`](super::EndCause::Overload); the
+    /// rest of the stream is dropped and counted until the producer's `end` (or the
+    /// idle timeout).
+    #[default]
+    Close,
+    /// Drop the oldest queued frames to stay within the bound and deliver a
+    /// [`GapNotice`](super::GapNotice) with [`GapCause::Overload`](super::GapCause::Overload)
+    /// in their place, so the handler keeps its timeline.
+    Gap,
+}
+
+/// Raw consumer configuration, as read from a file or built in code.
+///
+/// ```toml
+/// subject = "audio.{partition}.{stream}"
+/// partitions = 8
+/// owned = [0, 1, 2, 3]
+/// max_pending_bytes = 16000
+/// max_pending_age_ms = 500
+/// policy = "close"
+/// idle_timeout_ms = 5000
+/// subscription_capacity = 8192
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConsumerConfig {
+    /// Subject template with `{stream}` and, for partitioned deployments,
+    /// `{partition}`. Default: the deployed `inference.whisper.stream.{stream}`.
+    pub subject: String,
+    /// Total number of partitions N (`partition = FNV-1a-32(stream) mod N`). 1..=4096.
+    pub partitions: u32,
+    /// The partitions this worker owns (each `< partitions`, at least one, no
+    /// duplicates). A template without `{partition}` must own all of them.
+    pub owned: Vec<u32>,
+    /// Per-stream bound on queued PCM bytes (3,200..=1,920,000).
+    pub max_pending_bytes: usize,
+    /// Per-stream bound on the age of the oldest queued frame, ms (20..=60,000).
+    pub max_pending_age_ms: u64,
+    /// What happens when a stream's handler is over its bound.
+    pub policy: ConsumerPolicy,
+    /// Silence after which a stream that never sent `end` is reaped, ms
+    /// (50..=3,600,000); must be above `max_pending_age_ms`.
+    pub idle_timeout_ms: u64,
+    /// async-nats `subscription_capacity`: messages buffered per subscription (one per
+    /// owned partition) before the client drops them and reports a slow consumer
+    /// (64..=1,048,576).
+    pub subscription_capacity: usize,
+    /// How many finished streams keep their stats in the snapshot (1..); their counts
+    /// always stay in the totals.
+    pub retain_finished_streams: usize,
+}
+
+impl Default for ConsumerConfig {
+    fn default() -> Self {
+        Self {
+            subject: DEFAULT_STREAM_TEMPLATE.to_owned(),
+            partitions: 1,
+            owned: vec![0],
+            max_pending_bytes: DEFAULT_MAX_PENDING_BYTES,
+            max_pending_age_ms: ms(DEFAULT_MAX_PENDING_AGE),
+            policy: ConsumerPolicy::Close,
+            idle_timeout_ms: ms(DEFAULT_IDLE_TIMEOUT),
+            subscription_capacity: DEFAULT_SUBSCRIPTION_CAPACITY,
+            retain_finished_streams: DEFAULT_RETAIN_FINISHED,
+        }
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Validated consumer settings. Build with [`ConsumerConfig::validate`].
+#[derive(Debug, Clone)]
+pub struct ConsumerSettings {
+    pub(crate) subject: SubjectTemplate,
+    pub(crate) partitions: NonZeroU32,
+    pub(crate) owned: BTreeSet<u32>,
+    pub(crate) limits: QueueLimits,
+    pub(crate) idle_timeout: Duration,
+    pub(crate) subscription_capacity: NonZeroUsize,
+    pub(crate) retain_finished: NonZeroUsize,
+}
+
+/// The bound of one stream's queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueLimits {
+    /// Queued PCM bytes (plus a nominal size per control event).
+    pub max_bytes: usize,
+    /// Age of the oldest queued frame.
+    pub max_age: Duration,
+    /// What to do when over the bound.
+    pub policy: ConsumerPolicy,
+}
+
+fn check_range<T: PartialOrd + std::fmt::Display + Copy>(
+    key: &'static str,
+    value: T,
+    (lo, hi): (T, T),
+    unit: &str,
+) -> Result<T, ConsumerError> {
+    if value < lo || value > hi {
+        return Err(ConsumerError::config(
+            key,
+            format!("{value}{unit} is out of range; allowed {lo}..={hi}{unit}"),
+        ));
+    }
+    Ok(value)
+}
+
+impl ConsumerConfig {
+    /// A config for a partitioned subject: N partitions, owning `owned`.
+    pub fn partitioned(subject: &str, partitions: u32, owned: impl IntoIterator<Item = u32>) -> Self {
+        Self {
+            subject: subject.to_owned(),
+            partitions,
+            owned: owned.into_iter().collect(),
+            ..Self::default()
+        }
+    }
+
+    /// Validates every key; the error names the first bad key and its allowed range.
+    pub fn validate(&self) -> Result<ConsumerSettings, ConsumerError> {
+        let subject = SubjectTemplate::parse(&self.subject)
+            .map_err(|e| ConsumerError::config("subject", e.to_string()))?;
+        let partitions = check_range("partitions", self.partitions, (1, MAX_PARTITIONS), "")?;
+        let partitions = NonZeroU32::new(partitions)
+            .ok_or_else(|| ConsumerError::config("partitions", "must be at least 1".into()))?;
+        if self.owned.is_empty() {
+            return Err(ConsumerError::config(
+                "owned",
+                "must list at least one partition".into(),
+            ));
+        }
+        let mut owned = BTreeSet::new();
+        for &p in &self.owned {
+            if p >= partitions.get() {
+                return Err(ConsumerError::config(
+                    "owned",
+                    format!("partition {p} is out of range; allowed 0..={}", partitions.get() - 1),
+                ));
+            }
+            if !owned.insert(p) {
+                return Err(ConsumerError::config(
+                    "owned",
+                    format!("partition {p} is listed twice"),
+                ));
+            }
+        }
+        if !subject.is_partitioned() && owned.len() != partitions.get() as usize {
+            return Err(ConsumerError::config(
+                "owned",
+                format!(
+                    "subject {:?} has no {{partition}} token, so every worker would receive \
+                     every stream; own all {} partitions, or use a partitioned subject \
+                     (producer-computed or a nats-server mapping, see docs/audio-ingress.md)",
+                    subject.as_str(),
+                    partitions.get()
+                ),
+            ));
+        }
+        let max_bytes = check_range(
+            "max_pending_bytes",
+            self.max_pending_bytes,
+            MAX_PENDING_BYTES_RANGE,
+            " bytes",
+        )?;
+        let max_age_ms = check_range(
+            "max_pending_age_ms",
+            self.max_pending_age_ms,
+            MAX_PENDING_AGE_RANGE_MS,
+            " ms",
+        )?;
+        let idle_ms = check_range(
+            "idle_timeout_ms",
+            self.idle_timeout_ms,
+            IDLE_TIMEOUT_RANGE_MS,
+            " ms",
+        )?;
+        if idle_ms <= max_age_ms {
+            return Err(ConsumerError::config(
+                "idle_timeout_ms",
+                format!("{idle_ms} ms must be above max_pending_age_ms ({max_age_ms} ms)"),
+            ));
+        }
+        let capacity = check_range(
+            "subscription_capacity",
+            self.subscription_capacity,
+            SUBSCRIPTION_CAPACITY_RANGE,
+            "",
+        )?;
+        let retain_finished = NonZeroUsize::new(self.retain_finished_streams).ok_or_else(|| {
+            ConsumerError::config("retain_finished_streams", "must be at least 1".into())
+        })?;
+        Ok(ConsumerSettings {
+            subject,
+            partitions,
+            owned,
+            limits: QueueLimits {
+                max_bytes,
+                max_age: Duration::from_millis(max_age_ms),
+                policy: self.policy,
+            },
+            idle_timeout: Duration::from_millis(idle_ms),
+            subscription_capacity: NonZeroUsize::new(capacity)
+                .unwrap_or(NonZeroUsize::MIN),
+            retain_finished,
+        })
+    }
+}
+
+impl ConsumerSettings {
+    /// The subject template.
+    pub fn subject(&self) -> &SubjectTemplate {
+        &self.subject
+    }
+
+    /// Total number of partitions.
+    pub fn partitions(&self) -> NonZeroU32 {
+        self.partitions
+    }
+
+    /// The owned partitions, ascending.
+    pub fn owned(&self) -> impl Iterator<Item = u32> + '_ {
+        self.owned.iter().copied()
+    }
+
+    /// The per-stream queue bound.
+    pub fn limits(&self) -> QueueLimits {
+        self.limits
+    }
+
+    /// The idle timeout.
+    pub fn idle_timeout(&self) -> Duration {
+        self.idle_timeout
+    }
+
+    /// The async-nats subscription capacity to connect with.
+    pub fn subscription_capacity(&self) -> NonZeroUsize {
+        self.subscription_capacity
+    }
+
+    /// The subjects this worker subscribes to: one per owned partition, or the single
+    /// wildcard of a template without `{partition}`.
+    pub fn subscriptions(&self) -> Vec<(Option<u32>, String)> {
+        if self.subject.is_partitioned() {
+            self.owned
+                .iter()
+                .map(|&p| (Some(p), self.subject.pattern_for_partition(p)))
+                .collect()
+        } else {
+            vec![(None, self.subject.wildcard())]
+        }
+    }
+
+    /// The nats-server `mappings` entry that routes the plain subject `plain` (a
+    /// template without `{partition}`, e.g. the deployed
+    /// `inference.whisper.stream.{stream}`) onto this partitioned subject, for
+    /// deployments whose producers do not compute the partition themselves.
+    ///
+    /// `None` when this subject has no `{partition}` token, when `plain` has one, or
+    /// when the tokens cannot be mapped (the stream must be the only wildcard).
+    pub fn server_mapping_for(&self, plain: &SubjectTemplate) -> Option<String> {
+        if !self.subject.is_partitioned() || plain.is_partitioned() {
+            return None;
+        }
+        // nats-server numbers the *wildcards* of the source subject, not its tokens;
+        // a template without `{partition}` has exactly one: the stream.
+        let k = 1;
+        let dest = self
+            .subject
+            .as_str()
+            .replace("{partition}", &format!("{{{{partition({},{k})}}}}", self.partitions))
+            .replace("{stream}", &format!("{{{{wildcard({k})}}}}"));
+        Some(format!("\"{}\": \"{}\"", plain.wildcard(), dest))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consumer::ConsumerErrorKind;
+
+    fn key_of(cfg: &ConsumerConfig) -> String {
+        match cfg.validate() {
+            Ok(_) => "ok".into(),
+            Err(e) => {
+                assert_eq!(e.kind(), ConsumerErrorKind::Config);
+                e.config_key().unwrap_or_default().to_owned()
+            }
+        }
+    }
+
+    #[test]
+    fn defaults_are_valid_and_deployed() {
+        let s = ConsumerConfig::default().validate().expect("defaults valid");
+        assert_eq!(
+            s.subscriptions(),
+            vec![(None, "inference.whisper.stream.*".to_owned())]
+        );
+        assert_eq!(s.limits().max_bytes, 16_000);
+        assert_eq!(s.limits().max_age, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn partitioned_subscribes_only_owned() {
+        let s = ConsumerConfig::partitioned("audio.{partition}.{stream}", 8, [5, 1])
+            .validate()
+            .expect("valid");
+        assert_eq!(
+            s.subscriptions(),
+            vec![
+                (Some(1), "audio.1.*".to_owned()),
+                (Some(5), "audio.5.*".to_owned())
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let base = ConsumerConfig::partitioned("audio.{partition}.{stream}", 4, [0]);
+        let cases: Vec<(ConsumerConfig, &str)> = vec![
+            (ConsumerConfig { subject: "audio.*".into(), ..base.clone() }, "subject"),
+            (ConsumerConfig { partitions: 0, ..base.clone() }, "partitions"),
+            (ConsumerConfig { owned: vec![], ..base.clone() }, "owned"),
+            (ConsumerConfig { owned: vec![4], ..base.clone() }, "owned"),
+            (ConsumerConfig { owned: vec![1, 1], ..base.clone() }, "owned"),
+            (ConsumerConfig { max_pending_bytes: 0, ..base.clone() }, "max_pending_bytes"),
+            (ConsumerConfig { max_pending_age_ms: 0, ..base.clone() }, "max_pending_age_ms"),
+            (ConsumerConfig { idle_timeout_ms: 400, ..base.clone() }, "idle_timeout_ms"),
+            (ConsumerConfig { subscription_capacity: 1, ..base.clone() }, "subscription_capacity"),
+            (ConsumerConfig { retain_finished_streams: 0, ..base.clone() }, "retain_finished_streams"),
+            (
+                ConsumerConfig {
+                    subject: "inference.whisper.stream.{stream}".into(),
+                    ..base.clone()
+                },
+                "owned",
+            ),
+        ];
+        for (cfg, key) in cases {
+            assert_eq!(key_of(&cfg), key, "{cfg:?}");
+        }
+        assert_eq!(key_of(&base), "ok");
+    }
+
+    #[test]
+    fn config_parses_from_toml_and_refuses_unknown_keys() {
+        let cfg: ConsumerConfig = toml::from_str(
+            "subject = \"audio.{partition}.{stream}\"\npartitions = 8\nowned = [2]\npolicy = \"gap\"\n",
+        )
+        .expect("toml");
+        assert_eq!(cfg.policy, ConsumerPolicy::Gap);
+        assert_eq!(cfg.owned, vec![2]);
+        assert!(toml::from_str::<ConsumerConfig>("partitons = 8\n").is_err());
+    }
+
+    #[test]
+    fn server_mapping_matches_documented_form() {
+        let s = ConsumerConfig::partitioned("audio.{partition}.{stream}", 8, [0])
+            .validate()
+            .expect("valid");
+        let plain = SubjectTemplate::parse("inference.whisper.stream.{stream}").expect("valid");
+        assert_eq!(
+            s.server_mapping_for(&plain).as_deref(),
+            Some(
+                "\"inference.whisper.stream.*\": \"audio.{{partition(8,1)}}.{{wildcard(1)}}\""
+            )
+        );
+    }
+}

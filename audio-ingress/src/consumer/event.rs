@@ -1,0 +1,231 @@
+//! What a stream handler receives, and what the consumer reports about itself.
+//!
+//! A handler sees one stream's timeline strictly in order: frames, gap notices that
+//! stand for frames it will never get (with the cause), and exactly one [`End`] as the
+//! last event. Every seq from the first packet seen to the end is either delivered as a
+//! [`Frame`] or covered by a [`GapNotice`]; seqs before the first packet seen (a
+//! consumer that joined late) are reported in the stats as `leading_missing`.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::Serialize;
+use tokio::time::Instant;
+use weir_protocol::audio::extension::{EndReason, Overload};
+use weir_protocol::audio::{AudioFormat, GapReason};
+
+/// Identity of one stream instance, given to the handler factory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StreamInfo {
+    /// The stream id: the `{stream}` token of the subject.
+    pub stream: String,
+    /// Its partition (`FNV-1a-32(stream) mod N`, or the subject's partition token).
+    pub partition: u32,
+    /// Unique per stream instance within this consumer (a stream id that ends and
+    /// starts again gets a new instance).
+    pub instance: u64,
+    /// The subject of the first packet.
+    pub subject: String,
+    /// `session_id` of the first packet, if it had one.
+    pub session_id: Option<String>,
+}
+
+/// One event of a stream, delivered in order to its handler.
+#[derive(Debug, Clone)]
+pub enum StreamEvent {
+    /// Audio.
+    Frame(Frame),
+    /// Frames that will not be delivered, and why.
+    Gap(GapNotice),
+    /// The last event of the stream instance.
+    End(End),
+}
+
+impl StreamEvent {
+    /// Short name: `frame`, `gap` or `end`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Frame(_) => "frame",
+            Self::Gap(_) => "gap",
+            Self::End(_) => "end",
+        }
+    }
+}
+
+/// One frame of audio.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    /// Sequence number.
+    pub seq: u64,
+    /// s16le PCM (zero-copy slice of the NATS message).
+    pub pcm: Bytes,
+    /// Samples per channel in `pcm`.
+    pub samples: u64,
+    /// Sample format (validated by the decoder: the deployed 16 kHz s16le mono).
+    pub format: AudioFormat,
+    /// `Weir-Captured-At-Ms` header: unix ms at which the ingress accepted the frame.
+    /// `None` for packets from producers that do not send it (the deployed Python ones).
+    pub captured_at_ms: Option<u64>,
+    /// When this consumer received the packet.
+    pub received_at: Instant,
+}
+
+/// Frames `first_seq..=last_seq` will not be delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GapNotice {
+    /// First missing seq.
+    pub first_seq: u64,
+    /// Last missing seq.
+    pub last_seq: u64,
+    /// Samples missing, when known (declared gaps and local drops; not for NATS loss).
+    pub samples: Option<u64>,
+    /// Why.
+    pub cause: GapCause,
+}
+
+impl GapNotice {
+    /// Number of seqs covered.
+    pub fn frames(&self) -> u64 {
+        self.last_seq.saturating_sub(self.first_seq).saturating_add(1)
+    }
+}
+
+/// Why frames are missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GapCause {
+    /// Never arrived: a sequence jump not covered by a gap packet (core NATS loss, or a
+    /// packet that could not be decoded).
+    Lost,
+    /// The producer declared them dropped with a `gap` packet.
+    Declared(GapReason),
+    /// This consumer dropped them because the handler was behind its bound (`gap`
+    /// policy). May swallow lost or declared gaps that were queued among them; the
+    /// stats still count those by their own cause.
+    Overload,
+}
+
+/// The end of a stream instance: always the handler's last event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct End {
+    /// The seq of the producer's `end` packet, if one arrived.
+    pub seq: Option<u64>,
+    /// The last seq of the timeline that was accepted (frame, gap or end).
+    pub last_seq: Option<u64>,
+    /// Why the stream ended.
+    pub cause: EndCause,
+}
+
+/// Why a stream instance ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EndCause {
+    /// The producer sent `end`. `reason` and `overload` come from the
+    /// `Weir-End-Reason` / `Weir-Overload` headers (absent from deployed producers).
+    Producer {
+        /// `Weir-End-Reason`, if present and known.
+        reason: Option<EndReason>,
+        /// `Weir-Overload`, if present and valid.
+        overload: Option<Overload>,
+    },
+    /// Reaped: no packet for at least the idle timeout and no `end`.
+    Idle {
+        /// How long the stream had been silent when it was reaped.
+        silent_for: Duration,
+    },
+    /// This consumer ended the stream because its handler stayed over the bound
+    /// (`close` policy).
+    Overload(LocalOverload),
+    /// The producer started the stream over (seq 1 again) without an `end`; a new
+    /// instance follows.
+    Restarted,
+    /// The consumer is shutting down.
+    Shutdown,
+}
+
+impl EndCause {
+    /// Stable snake_case name: `producer`, `idle`, `overload`, `restarted`, `shutdown`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Producer { .. } => "producer",
+            Self::Idle { .. } => "idle",
+            Self::Overload(_) => "overload",
+            Self::Restarted => "restarted",
+            Self::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// Which bound a stream's queue exceeded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OverloadBound {
+    /// `max_pending_bytes`.
+    Bytes,
+    /// `max_pending_age_ms`.
+    Age,
+}
+
+/// A stream's handler fell behind its bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LocalOverload {
+    /// The bound that tripped.
+    pub bound: OverloadBound,
+    /// Bytes pending when it tripped.
+    pub pending_bytes: usize,
+    /// Age of the oldest pending event when it tripped (milliseconds in JSON).
+    #[serde(serialize_with = "duration_ms")]
+    pub oldest_age: Duration,
+}
+
+fn duration_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64() * 1000.0)
+}
+
+/// Something the consumer reports about itself (see [`super::Consumer::events`]).
+///
+/// Delivered through a bounded broadcast channel: a receiver that lags loses events
+/// (the stats snapshot stays authoritative).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum ConsumerEvent {
+    /// A stream that never sent `end` was silent for the idle timeout and was reaped.
+    StreamReaped {
+        /// Stream id.
+        stream: String,
+        /// Its partition.
+        partition: u32,
+        /// Last seq accepted.
+        last_seq: Option<u64>,
+        /// Silence when reaped, in milliseconds.
+        silent_ms: u64,
+    },
+    /// A stream's handler fell behind its bound.
+    StreamOverloaded {
+        /// Stream id.
+        stream: String,
+        /// The overload.
+        overload: LocalOverload,
+        /// Whether the stream was ended (`close`) or frames dropped (`gap`).
+        closed: bool,
+    },
+    /// A sequence jump: frames that never arrived.
+    FramesLost {
+        /// Stream id.
+        stream: String,
+        /// First missing seq.
+        first_seq: u64,
+        /// Last missing seq.
+        last_seq: u64,
+    },
+    /// The producer started a stream over without `end`.
+    StreamRestarted {
+        /// Stream id.
+        stream: String,
+    },
+    /// The NATS client dropped messages of a subscription (its buffer of
+    /// `subscription_capacity` messages was full).
+    SlowConsumer {
+        /// The subscription id reported by async-nats.
+        sid: u64,
+    },
+}

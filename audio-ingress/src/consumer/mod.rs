@@ -1,0 +1,456 @@
+//! Consumer core: shard-affine, per-stream ordered, bounded delivery of audio streams to
+//! recognition workers.
+//!
+//! # API in one screen
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use weir_audio_ingress::consumer::{Consumer, ConsumerConfig, StreamEvent, StreamHandler, StreamInfo};
+//!
+//! struct Worker; // e.g. a simulated recogniser with a cost per frame
+//! impl StreamHandler for Worker {
+//!     async fn on_event(&mut self, event: StreamEvent) {
+//!         if let StreamEvent::Frame(_f) = event {
+//!             tokio::time::sleep(Duration::from_millis(2)).await;
+//!         }
+//!     }
+//! }
+//!
+//! # async fn run() -> Result<(), weir_audio_ingress::consumer::ConsumerError> {
+//! let settings = ConsumerConfig::partitioned("audio.{partition}.{stream}", 8, [0, 1, 2, 3])
+//!     .validate()?;
+//! let consumer = Consumer::connect("nats://127.0.0.1:4222", settings, |_: &StreamInfo| Worker).await?;
+//! let stats = consumer.stats();          // in-process snapshot, any time
+//! println!("{} frames, {} lost", stats.totals.counters.frames, stats.totals.counters.lost_frames);
+//! let final_stats = consumer.shutdown(Duration::from_secs(2)).await;
+//! # let _ = final_stats; Ok(()) }
+//! ```
+//!
+//! - [`ConsumerConfig`] → [`ConsumerConfig::validate`] → [`ConsumerSettings`]: subject
+//!   template, `partitions` N, `owned` partitions, per-stream bound
+//!   (`max_pending_bytes`, `max_pending_age_ms`, [`ConsumerPolicy`]), `idle_timeout_ms`,
+//!   `subscription_capacity`.
+//! - [`Consumer::connect`] / [`Consumer::connect_with`] (own async-nats options: auth,
+//!   TLS, timeouts) subscribe to the owned partitions and return once the server has
+//!   registered the subscriptions.
+//! - The application implements [`StreamHandler`] (one per stream instance, created by a
+//!   [`HandlerFactory`] — any `Fn(&StreamInfo) -> H`), or uses [`channel_factory`].
+//! - [`Consumer::stats`] → [`ConsumerStats`]: `totals` ([`Totals`], with the summed
+//!   [`Counters`]) and `streams` ([`StreamStats`] per instance: seq range, frames,
+//!   samples, lost/declared/leading missing, drops by reason, end seen, reaped, pending).
+//!   For a load test: frames sent by producers = `frames + lost_frames +
+//!   declared_gap_frames + leading_missing` summed over streams; handled =
+//!   `frames_delivered`.
+//! - [`Consumer::events`]: a broadcast of [`ConsumerEvent`]s (reaped, overloaded, lost,
+//!   restarted, slow consumer).
+//! - [`Consumer::shutdown`]: unsubscribe, end every stream with
+//!   [`EndCause::Shutdown`], wait for handlers up to a grace period, return final stats.
+//!
+//! # How it works and what it guarantees
+//!
+//! - **Affinity.** The worker subscribes only to its owned partitions: one subscription
+//!   per partition on a template with `{partition}` (the producer computes
+//!   `FNV-1a-32(stream) mod N`, or nats-server maps the plain deployed subject with
+//!   `{{partition(N,1)}}` — see [`ConsumerSettings::server_mapping_for`] and
+//!   docs/audio-ingress.md). A template without `{partition}` must own every partition.
+//!   A message whose stream hashes elsewhere is still delivered and counted `misrouted`.
+//! - **Order.** Each subscription has one demultiplexer task; each stream instance has
+//!   one handler task fed in subscription order. Tasks = subscriptions + live streams +
+//!   a constant, never a function of the number of frames.
+//! - **Bounds.** Each stream's queue is bounded by bytes and by the age of its oldest
+//!   event; over the bound the policy fires at once (never waiting: one slow handler
+//!   must not stall the other streams of its subscription): `close` ends the stream for
+//!   its handler with [`EndCause::Overload`], `gap` drops the oldest frames behind a
+//!   [`GapCause::Overload`] notice. The NATS client buffers at most
+//!   `subscription_capacity` messages per subscription; beyond that it drops them and
+//!   reports a slow consumer, which is counted (and then shows up as lost frames).
+//! - **Sequence.** Seq jumps are counted as lost ([`GapCause::Lost`]), distinct from
+//!   producer-declared gaps ([`GapCause::Declared`]) and from seqs before the first
+//!   packet seen (`leading_missing`). Duplicates/out-of-order packets are refused and
+//!   counted; seq 1 after progress is a producer restart (new instance).
+//! - **Ends.** A stream instance ends exactly once for its handler: producer `end`
+//!   (with `Weir-End-Reason` / `Weir-Overload` when present), idle timeout (reaped:
+//!   [`ConsumerEvent::StreamReaped`] + metric), local overload, restart or shutdown.
+//! - Nothing in this module panics on network input; undecodable packets are counted by
+//!   error kind.
+
+mod config;
+mod demux;
+mod event;
+mod handler;
+mod queue;
+mod stats;
+mod tracker;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::{broadcast, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use weir_protocol::audio::DecodeOptions;
+
+pub use config::{
+    ConsumerConfig, ConsumerPolicy, ConsumerSettings, DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_PENDING_AGE, DEFAULT_MAX_PENDING_BYTES, DEFAULT_RETAIN_FINISHED,
+    DEFAULT_SUBSCRIPTION_CAPACITY, QueueLimits,
+};
+pub use event::{
+    ConsumerEvent, End, EndCause, Frame, GapCause, GapNotice, LocalOverload, OverloadBound,
+    StreamEvent, StreamInfo,
+};
+pub use handler::{ChannelHandler, HandlerFactory, StreamHandler, channel_factory};
+pub use stats::{ConsumerStats, Counters, StreamState, StreamStats, Totals};
+
+use crate::metrics as m;
+use demux::Demux;
+use stats::Registry;
+
+/// Capacity of the [`Consumer::events`] broadcast.
+const EVENT_CAPACITY: usize = 1_024;
+/// How long [`Consumer::connect`] waits for the server to confirm the subscriptions.
+const SUBSCRIBE_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why the consumer could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsumerError {
+    /// A config key is invalid.
+    #[error("invalid consumer config `{key}`: {reason}")]
+    Config {
+        /// The key.
+        key: &'static str,
+        /// What is wrong and the allowed range.
+        reason: String,
+    },
+    /// The NATS connection failed.
+    #[error("cannot connect to NATS at {url}: {source}")]
+    Connect {
+        /// The server URL.
+        url: String,
+        /// The client's error.
+        #[source]
+        source: async_nats::ConnectError,
+    },
+    /// A subscription could not be made or confirmed.
+    #[error("cannot subscribe to {subject:?}: {reason}")]
+    Subscribe {
+        /// The subject.
+        subject: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Machine-readable kind of a [`ConsumerError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ConsumerErrorKind {
+    /// See [`ConsumerError::Config`].
+    Config,
+    /// See [`ConsumerError::Connect`].
+    Connect,
+    /// See [`ConsumerError::Subscribe`].
+    Subscribe,
+}
+
+impl ConsumerError {
+    pub(crate) fn config(key: &'static str, reason: String) -> Self {
+        Self::Config { key, reason }
+    }
+
+    /// The kind, for callers that match on it.
+    pub fn kind(&self) -> ConsumerErrorKind {
+        match self {
+            Self::Config { .. } => ConsumerErrorKind::Config,
+            Self::Connect { .. } => ConsumerErrorKind::Connect,
+            Self::Subscribe { .. } => ConsumerErrorKind::Subscribe,
+        }
+    }
+
+    /// The config key at fault, for [`ConsumerErrorKind::Config`].
+    pub fn config_key(&self) -> Option<&'static str> {
+        match self {
+            Self::Config { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+}
+
+/// State shared by the consumer handle, its demultiplexers and its handler tasks.
+pub(crate) struct Shared {
+    pub(crate) settings: ConsumerSettings,
+    pub(crate) decode: DecodeOptions,
+    registry: Mutex<Registry>,
+    pub(crate) events: broadcast::Sender<ConsumerEvent>,
+}
+
+impl Shared {
+    fn new(settings: ConsumerSettings) -> Self {
+        let retain = settings.retain_finished.get();
+        Self {
+            settings,
+            decode: DecodeOptions::default(),
+            registry: Mutex::new(Registry::new(retain)),
+            events: broadcast::channel(EVENT_CAPACITY).0,
+        }
+    }
+
+    /// The stats registry. A poisoned lock (a panic elsewhere while holding it) leaves
+    /// plain counters behind, so it is used as is.
+    pub(crate) fn registry(&self) -> MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn on_client_event(&self, event: &async_nats::Event) {
+        let name = match event {
+            async_nats::Event::Connected => "connected",
+            async_nats::Event::Disconnected => "disconnected",
+            async_nats::Event::LameDuckMode => "lame_duck",
+            async_nats::Event::Draining => "draining",
+            async_nats::Event::Closed => "closed",
+            async_nats::Event::SlowConsumer(_) => "slow_consumer",
+            async_nats::Event::ServerError(_) => "server_error",
+            async_nats::Event::ClientError(_) => "client_error",
+        };
+        metrics::counter!(m::CONSUMER_NATS_EVENTS_TOTAL, "event" => name).increment(1);
+        if let async_nats::Event::SlowConsumer(sid) = event {
+            self.registry().slow_consumer();
+            metrics::counter!(m::CONSUMER_SLOW_CONSUMER_TOTAL).increment(1);
+            tracing::warn!(sid, "NATS client dropped messages: slow consumer");
+            let _ = self.events.send(ConsumerEvent::SlowConsumer { sid: *sid });
+        } else {
+            tracing::info!(event = %event, "NATS connection event");
+        }
+    }
+}
+
+/// A running consumer. Dropping it without [`Consumer::shutdown`] stops its tasks
+/// abruptly (handlers are aborted at their next await).
+pub struct Consumer {
+    shared: Arc<Shared>,
+    client: async_nats::Client,
+    stop: watch::Sender<Option<Instant>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field("subject", &self.shared.settings.subject)
+            .field("owned", &self.shared.settings.owned)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Consumer {
+    /// Connects to `url` with default async-nats options plus the consumer's
+    /// `subscription_capacity` and event callback, then starts (see
+    /// [`Self::connect_with`]).
+    pub async fn connect<F: HandlerFactory>(
+        url: &str,
+        settings: ConsumerSettings,
+        factory: F,
+    ) -> Result<Self, ConsumerError> {
+        Self::connect_with(async_nats::ConnectOptions::new(), url, settings, factory).await
+    }
+
+    /// Connects with `options` (auth, TLS, timeouts, reconnect policy — the caller's),
+    /// on top of which the consumer sets `subscription_capacity` from the settings and
+    /// an event callback that counts slow-consumer and connection events. Subscribes to
+    /// the owned partitions and returns once the server has confirmed them (a round
+    /// trip on the same connection, at most 5 s).
+    pub async fn connect_with<F: HandlerFactory>(
+        options: async_nats::ConnectOptions,
+        url: &str,
+        settings: ConsumerSettings,
+        factory: F,
+    ) -> Result<Self, ConsumerError> {
+        let shared = Arc::new(Shared::new(settings));
+        let cb_shared = Arc::downgrade(&shared);
+        let client = options
+            .subscription_capacity(shared.settings.subscription_capacity.get())
+            .event_callback(move |event| {
+                let shared = cb_shared.upgrade();
+                async move {
+                    if let Some(shared) = shared {
+                        shared.on_client_event(&event);
+                    }
+                }
+            })
+            .connect(url)
+            .await
+            .map_err(|source| ConsumerError::Connect {
+                url: url.to_owned(),
+                source,
+            })?;
+        Self::start_shared(client, shared, factory).await
+    }
+
+    /// Starts on an existing client. Its `subscription_capacity` is whatever the caller
+    /// connected with, and its client events (slow consumer) are not observed by the
+    /// consumer: prefer [`Self::connect_with`].
+    pub async fn start<F: HandlerFactory>(
+        client: async_nats::Client,
+        settings: ConsumerSettings,
+        factory: F,
+    ) -> Result<Self, ConsumerError> {
+        Self::start_shared(client, Arc::new(Shared::new(settings)), factory).await
+    }
+
+    async fn start_shared<F: HandlerFactory>(
+        client: async_nats::Client,
+        shared: Arc<Shared>,
+        factory: F,
+    ) -> Result<Self, ConsumerError> {
+        let factory = Arc::new(factory);
+        let (stop, stop_rx) = watch::channel(None);
+        let mut subscribers = Vec::new();
+        for (_, subject) in shared.settings.subscriptions() {
+            let sub = client
+                .subscribe(subject.clone())
+                .await
+                .map_err(|e| ConsumerError::Subscribe {
+                    subject: subject.clone(),
+                    reason: e.to_string(),
+                })?;
+            subscribers.push((subject, sub));
+        }
+        confirm_subscriptions(&client).await?;
+        let mut tasks = Vec::with_capacity(subscribers.len());
+        for (subject, sub) in subscribers {
+            let demux = Demux::new(shared.clone(), factory.clone());
+            tasks.push(tokio::spawn(run_subscription(
+                subject,
+                sub,
+                demux,
+                shared.settings.idle_timeout,
+                stop_rx.clone(),
+            )));
+        }
+        tracing::info!(
+            subject = %shared.settings.subject,
+            partitions = shared.settings.partitions.get(),
+            owned = ?shared.settings.owned,
+            "consumer subscribed"
+        );
+        Ok(Self {
+            shared,
+            client,
+            stop,
+            tasks,
+        })
+    }
+
+    /// A snapshot of the stats (cheap: one lock, O(streams retained)).
+    pub fn stats(&self) -> ConsumerStats {
+        self.shared.registry().snapshot(Instant::now())
+    }
+
+    /// Subscribes to the consumer's events (reaped, overloaded, lost, restarted, slow
+    /// consumer). Bounded: a receiver that lags loses the oldest events.
+    pub fn events(&self) -> broadcast::Receiver<ConsumerEvent> {
+        self.shared.events.subscribe()
+    }
+
+    /// The NATS client.
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    /// The validated settings.
+    pub fn settings(&self) -> &ConsumerSettings {
+        &self.shared.settings
+    }
+
+    /// Stops: unsubscribes, ends every live stream with [`EndCause::Shutdown`], waits
+    /// up to `grace` for the handlers to finish (aborting the rest) and returns the
+    /// final stats.
+    pub async fn shutdown(self, grace: Duration) -> ConsumerStats {
+        let deadline = Instant::now() + grace;
+        let _ = self.stop.send(Some(deadline));
+        for task in self.tasks {
+            // Each demultiplexer bounds its own wait by the deadline; the extra margin
+            // only covers scheduling.
+            let _ = tokio::time::timeout_at(deadline + Duration::from_millis(100), task).await;
+        }
+        self.shared.registry().snapshot(Instant::now())
+    }
+}
+
+/// Waits until the server has processed every SUB sent so far on `client`: it handles
+/// one connection's commands in order, so once a message published after the SUBs
+/// comes back on a fresh inbox, they are all in place.
+async fn confirm_subscriptions(client: &async_nats::Client) -> Result<(), ConsumerError> {
+    let inbox = client.new_inbox();
+    let fail = |reason: String| ConsumerError::Subscribe {
+        subject: inbox.clone(),
+        reason,
+    };
+    let confirm = async {
+        let mut probe = client
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        client
+            .publish(inbox.clone(), bytes::Bytes::new())
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        probe
+            .next()
+            .await
+            .ok_or_else(|| fail("probe subscription closed".into()))?;
+        Ok(())
+    };
+    tokio::time::timeout(SUBSCRIBE_CONFIRM_TIMEOUT, confirm)
+        .await
+        .map_err(|_| fail("the server did not confirm the subscriptions within 5 s".into()))?
+}
+
+/// Feeds one subscription into its demultiplexer until shutdown.
+async fn run_subscription<F: HandlerFactory>(
+    subject: String,
+    mut sub: async_nats::Subscriber,
+    mut demux: Demux<F>,
+    idle_timeout: Duration,
+    mut stop: watch::Receiver<Option<Instant>>,
+) {
+    let period = (idle_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut subscribed = true;
+    let deadline = loop {
+        tokio::select! {
+            msg = sub.next(), if subscribed => match msg {
+                Some(msg) => {
+                    let headers = msg.headers.as_ref();
+                    demux.on_message(
+                        msg.subject.as_str(),
+                        &msg.payload,
+                        |name| headers.and_then(|h| h.get(name)).map(|v| v.as_str()),
+                        Instant::now(),
+                    );
+                }
+                None => {
+                    tracing::warn!(subject, "subscription closed by the client");
+                    subscribed = false;
+                }
+            },
+            _ = tick.tick() => {
+                demux.reap(Instant::now());
+            }
+            changed = stop.changed() => match changed {
+                Ok(()) => {
+                    if let Some(deadline) = *stop.borrow() {
+                        break deadline;
+                    }
+                }
+                // The handle was dropped: stop now.
+                Err(_) => break Instant::now(),
+            },
+        }
+    };
+    // Dropping the subscriber unsubscribes without waiting on the client's channel.
+    drop(sub);
+    tracing::debug!(subject, streams = demux.active(), "subscription stopping");
+    demux.shutdown(deadline).await;
+}

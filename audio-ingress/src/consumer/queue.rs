@@ -1,0 +1,519 @@
+//! One stream's queue between the subscription's dispatcher and the stream's handler
+//! task, bounded by bytes *and* by the age of its oldest event.
+//!
+//! Invariants a reader must not break:
+//! - The queue never holds more than `max_bytes` (PCM bytes plus [`CONTROL_EVENT_BYTES`]
+//!   per gap notice), except for the single event admitted into an empty queue and
+//!   the final [`End`] (0 bytes), which is always admitted so a handler always learns
+//!   that its stream ended.
+//! - [`StreamQueue::push`] never waits: the dispatcher serves many streams and must not
+//!   be held up by one slow handler. Over the bound it either refuses (`close` policy:
+//!   the caller ends the stream) or drops the oldest events and puts one
+//!   [`GapCause::Overload`] notice covering exactly their seqs in their place (`gap`
+//!   policy). Every refused or dropped frame is returned to the caller to be counted.
+//! - After [`StreamQueue::close`] nothing else is queued; after the handler task has
+//!   gone ([`ReceiverGuard`] dropped) the queue is emptied and refuses everything.
+
+use std::collections::VecDeque;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::config::{ConsumerPolicy, QueueLimits};
+use super::event::{End, GapCause, GapNotice, LocalOverload, OverloadBound, StreamEvent};
+
+/// Bytes a gap notice counts against the bound (it carries no PCM, but an unbounded
+/// number of them must not fit either).
+pub(crate) const CONTROL_EVENT_BYTES: usize = 64;
+
+struct Queued {
+    event: StreamEvent,
+    bytes: usize,
+    at: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    items: VecDeque<Queued>,
+    bytes: usize,
+    frames: usize,
+    closed: bool,
+    receiver_gone: bool,
+}
+
+/// The result of [`StreamQueue::push`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Push {
+    /// Queued. Under the `gap` policy, older frames may have been dropped to make room:
+    /// `dropped_frames` of them (already replaced by an overload gap notice).
+    Queued {
+        /// Frames dropped from the queue to make room.
+        dropped_frames: u64,
+        /// The overload that caused the drop, if any.
+        overload: Option<LocalOverload>,
+    },
+    /// Not queued: over the bound under the `close` policy. The caller ends the stream.
+    Overloaded(LocalOverload),
+    /// Not queued: the stream was already closed.
+    Closed,
+    /// Not queued: the handler task is gone.
+    ReceiverGone,
+}
+
+/// A snapshot of a queue's fill.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Fill {
+    /// Bytes counted against the bound.
+    pub(crate) bytes: usize,
+    /// Frames queued.
+    pub(crate) frames: usize,
+    /// Age of the oldest queued event.
+    pub(crate) oldest_age: Duration,
+}
+
+/// One stream's bounded queue. Shared between the dispatcher (pushes) and the stream's
+/// handler task (pops).
+pub(crate) struct StreamQueue {
+    limits: QueueLimits,
+    state: Mutex<State>,
+    ready: Notify,
+}
+
+fn event_bytes(event: &StreamEvent) -> usize {
+    match event {
+        StreamEvent::Frame(f) => f.pcm.len(),
+        StreamEvent::Gap(_) => CONTROL_EVENT_BYTES,
+        StreamEvent::End(_) => 0,
+    }
+}
+
+impl StreamQueue {
+    /// An empty queue.
+    pub(crate) fn new(limits: QueueLimits) -> Self {
+        Self {
+            limits,
+            state: Mutex::new(State::default()),
+            ready: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A poisoned lock only means another thread panicked while holding it; the
+        // state is plain counters and a deque, still consistent enough to carry on.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `event` (a frame or a gap notice; use [`Self::close`] for the end),
+    /// applying the bound and the policy. Never waits.
+    pub(crate) fn push(&self, event: StreamEvent, now: Instant) -> Push {
+        let bytes = event_bytes(&event);
+        let mut st = self.lock();
+        if st.receiver_gone {
+            return Push::ReceiverGone;
+        }
+        if st.closed {
+            return Push::Closed;
+        }
+        let mut dropped_frames = 0;
+        let mut first_overload = None;
+        while let Some(overload) = self.over_bound(&st, bytes, now) {
+            first_overload.get_or_insert(overload);
+            match self.limits.policy {
+                ConsumerPolicy::Close => return Push::Overloaded(overload),
+                ConsumerPolicy::Gap => dropped_frames += drop_oldest(&mut st),
+            }
+        }
+        let is_frame = matches!(event, StreamEvent::Frame(_));
+        st.items.push_back(Queued {
+            event,
+            bytes,
+            at: now,
+        });
+        st.bytes += bytes;
+        st.frames += usize::from(is_frame);
+        drop(st);
+        self.ready.notify_one();
+        Push::Queued {
+            dropped_frames,
+            overload: first_overload,
+        }
+    }
+
+    /// Whether admitting `bytes` more now would break the bound (and which part). A
+    /// merged overload notice at the front (left by an earlier drop) is not "old
+    /// audio": the age bound looks at the oldest event behind it, and a queue holding
+    /// only that notice admits, or dropping could not make progress.
+    fn over_bound(&self, st: &State, bytes: usize, now: Instant) -> Option<LocalOverload> {
+        let front = st.items.front()?;
+        let oldest = if is_overload_notice(&front.event) {
+            st.items.get(1)
+        } else {
+            Some(front)
+        };
+        let oldest_age = oldest.map_or(Duration::ZERO, |q| now.saturating_duration_since(q.at));
+        let bound = if st.bytes + bytes > self.limits.max_bytes {
+            oldest?;
+            OverloadBound::Bytes
+        } else if oldest_age > self.limits.max_age {
+            OverloadBound::Age
+        } else {
+            return None;
+        };
+        Some(LocalOverload {
+            bound,
+            pending_bytes: st.bytes,
+            oldest_age,
+        })
+    }
+
+    /// Queues the final event and closes the queue. Always admitted (0 bytes) unless the
+    /// queue is already closed or its handler is gone; returns whether it was queued.
+    pub(crate) fn close(&self, end: End, now: Instant) -> bool {
+        let mut st = self.lock();
+        if st.closed || st.receiver_gone {
+            return false;
+        }
+        st.closed = true;
+        st.items.push_back(Queued {
+            event: StreamEvent::End(end),
+            bytes: 0,
+            at: now,
+        });
+        drop(st);
+        self.ready.notify_one();
+        true
+    }
+
+    /// The next event, waiting for one. `None` once the queue is closed and empty (the
+    /// `End` has been taken) or the receiver is gone.
+    pub(crate) async fn pop(&self) -> Option<StreamEvent> {
+        loop {
+            {
+                let mut st = self.lock();
+                if let Some(q) = st.items.pop_front() {
+                    st.bytes -= q.bytes;
+                    st.frames -= usize::from(matches!(q.event, StreamEvent::Frame(_)));
+                    return Some(q.event);
+                }
+                if st.closed || st.receiver_gone {
+                    return None;
+                }
+            }
+            // `notify_one` stores a permit when nobody waits, so a push between the
+            // check above and this await is not missed.
+            self.ready.notified().await;
+        }
+    }
+
+    /// Current fill.
+    pub(crate) fn fill(&self, now: Instant) -> Fill {
+        let st = self.lock();
+        Fill {
+            bytes: st.bytes,
+            frames: st.frames,
+            oldest_age: st
+                .items
+                .front()
+                .map_or(Duration::ZERO, |q| now.saturating_duration_since(q.at)),
+        }
+    }
+
+    /// Marks the handler gone and empties the queue; returns the frames discarded.
+    fn receiver_gone(&self) -> usize {
+        let mut st = self.lock();
+        st.receiver_gone = true;
+        let frames = st.frames;
+        st.items.clear();
+        st.bytes = 0;
+        st.frames = 0;
+        frames
+    }
+}
+
+fn is_overload_notice(event: &StreamEvent) -> bool {
+    matches!(
+        event,
+        StreamEvent::Gap(GapNotice {
+            cause: GapCause::Overload,
+            ..
+        })
+    )
+}
+
+/// Drops the oldest events, merging them into one overload notice at the front, until
+/// at least one frame's bytes or one other event was freed. Returns frames dropped.
+fn drop_oldest(st: &mut State) -> u64 {
+    let Some(first) = st.items.pop_front() else {
+        return 0;
+    };
+    st.bytes -= first.bytes;
+    let mut dropped = 0u64;
+    let (mut notice, at) = match first.event {
+        StreamEvent::Gap(
+            g @ GapNotice {
+                cause: GapCause::Overload,
+                ..
+            },
+        ) => (g, first.at),
+        other => {
+            let (n, d) = as_overload_notice(other);
+            dropped += d;
+            st.frames -= d as usize;
+            (n, first.at)
+        }
+    };
+    // If the front was already our notice, extend it by the next event.
+    if dropped == 0 {
+        if let Some(next) = st.items.front()
+            && !matches!(next.event, StreamEvent::End(_))
+            && let Some(next) = st.items.pop_front()
+        {
+            st.bytes -= next.bytes;
+            let (n, d) = as_overload_notice(next.event);
+            st.frames -= d as usize;
+            dropped += d;
+            notice.last_seq = n.last_seq;
+            notice.samples = match (notice.samples, n.samples) {
+                (Some(a), Some(b)) => Some(a + b),
+                _ => None,
+            };
+        }
+    }
+    st.bytes += CONTROL_EVENT_BYTES;
+    st.items.push_front(Queued {
+        event: StreamEvent::Gap(notice),
+        bytes: CONTROL_EVENT_BYTES,
+        at,
+    });
+    dropped
+}
+
+/// The overload notice standing for `event`, and how many frames that drops.
+fn as_overload_notice(event: StreamEvent) -> (GapNotice, u64) {
+    match event {
+        StreamEvent::Frame(f) => (
+            GapNotice {
+                first_seq: f.seq,
+                last_seq: f.seq,
+                samples: Some(f.samples),
+                cause: GapCause::Overload,
+            },
+            1,
+        ),
+        StreamEvent::Gap(g) => (
+            GapNotice {
+                cause: GapCause::Overload,
+                ..g
+            },
+            0,
+        ),
+        // `End` is never behind anything and never dropped; callers exclude it.
+        StreamEvent::End(e) => (
+            GapNotice {
+                first_seq: e.last_seq.unwrap_or(0),
+                last_seq: e.last_seq.unwrap_or(0),
+                samples: Some(0),
+                cause: GapCause::Overload,
+            },
+            0,
+        ),
+    }
+}
+
+/// Held by the stream's handler task; when the task ends (normally or by panic) the
+/// queue learns that nobody will pop again, frees its content and refuses new events.
+pub(crate) struct ReceiverGuard<'a> {
+    queue: &'a StreamQueue,
+    on_gone: Option<Box<dyn FnOnce(usize) + Send + 'a>>,
+}
+
+impl<'a> ReceiverGuard<'a> {
+    /// Guards `queue`; `on_gone` gets the number of frames discarded.
+    pub(crate) fn new(queue: &'a StreamQueue, on_gone: impl FnOnce(usize) + Send + 'a) -> Self {
+        Self {
+            queue,
+            on_gone: Some(Box::new(on_gone)),
+        }
+    }
+}
+
+impl Drop for ReceiverGuard<'_> {
+    fn drop(&mut self) {
+        let discarded = self.queue.receiver_gone();
+        if let Some(f) = self.on_gone.take() {
+            f(discarded);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consumer::event::{EndCause, Frame};
+    use bytes::Bytes;
+    use weir_protocol::audio::AudioFormat;
+
+    fn limits(policy: ConsumerPolicy) -> QueueLimits {
+        QueueLimits {
+            max_bytes: 3_200,
+            max_age: Duration::from_millis(500),
+            policy,
+        }
+    }
+
+    fn frame(seq: u64, now: Instant) -> StreamEvent {
+        StreamEvent::Frame(Frame {
+            seq,
+            pcm: Bytes::from(vec![0u8; 640]),
+            samples: 320,
+            format: AudioFormat::DEPLOYED,
+            captured_at_ms: None,
+            received_at: now,
+        })
+    }
+
+    fn end() -> End {
+        End {
+            seq: None,
+            last_seq: None,
+            cause: EndCause::Shutdown,
+        }
+    }
+
+    fn drain_now(q: &StreamQueue) -> Vec<StreamEvent> {
+        let mut out = Vec::new();
+        let mut st = q.lock();
+        while let Some(x) = st.items.pop_front() {
+            out.push(x.event);
+        }
+        st.bytes = 0;
+        st.frames = 0;
+        out
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn close_policy_refuses_over_bytes() {
+        let q = StreamQueue::new(limits(ConsumerPolicy::Close));
+        let now = Instant::now();
+        for s in 1..=5 {
+            assert!(matches!(q.push(frame(s, now), now), Push::Queued { dropped_frames: 0, .. }));
+        }
+        let Push::Overloaded(o) = q.push(frame(6, now), now) else {
+            panic!("expected overload");
+        };
+        assert_eq!(o.bound, OverloadBound::Bytes);
+        assert_eq!(o.pending_bytes, 3_200);
+        assert_eq!(q.fill(now).bytes, 3_200);
+        assert!(q.close(end(), now));
+        assert_eq!(q.push(frame(7, now), now), Push::Closed);
+        assert_eq!(drain_now(&q).len(), 6);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn close_policy_refuses_over_age() {
+        let q = StreamQueue::new(limits(ConsumerPolicy::Close));
+        let t0 = Instant::now();
+        q.push(frame(1, t0), t0);
+        tokio::time::advance(Duration::from_millis(501)).await;
+        let now = Instant::now();
+        let Push::Overloaded(o) = q.push(frame(2, now), now) else {
+            panic!("expected overload");
+        };
+        assert_eq!(o.bound, OverloadBound::Age);
+        assert_eq!(o.oldest_age, Duration::from_millis(501));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn gap_policy_drops_oldest_into_one_notice() {
+        let q = StreamQueue::new(limits(ConsumerPolicy::Gap));
+        let now = Instant::now();
+        for s in 1..=5 {
+            q.push(frame(s, now), now);
+        }
+        // Frame 6 needs 640 bytes: frame 1 goes, its notice takes 64 bytes, so frame 2
+        // goes too.
+        let push = q.push(frame(6, now), now);
+        assert!(matches!(push, Push::Queued { dropped_frames: 2, overload: Some(_) }), "{push:?}");
+        assert!(q.fill(now).bytes <= 3_200);
+        for s in 7..=20 {
+            q.push(frame(s, now), now);
+            assert!(q.fill(now).bytes <= 3_200);
+        }
+        let events = drain_now(&q);
+        let StreamEvent::Gap(g) = &events[0] else {
+            panic!("expected gap first: {events:?}");
+        };
+        assert_eq!(g.cause, GapCause::Overload);
+        assert_eq!(g.first_seq, 1);
+        let next = match &events[1] {
+            StreamEvent::Frame(f) => f.seq,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(g.last_seq + 1, next, "the notice covers exactly the dropped frames");
+        assert_eq!(g.samples, Some(320 * g.frames()));
+        // Seqs are contiguous after the notice.
+        let seqs: Vec<u64> = events[1..]
+            .iter()
+            .map(|e| match e {
+                StreamEvent::Frame(f) => f.seq,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(seqs, (next..=20).collect::<Vec<_>>());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn gap_policy_drops_stale_frames_by_age() {
+        let q = StreamQueue::new(limits(ConsumerPolicy::Gap));
+        let t0 = Instant::now();
+        q.push(frame(1, t0), t0);
+        q.push(frame(2, t0), t0);
+        tokio::time::advance(Duration::from_millis(600)).await;
+        let now = Instant::now();
+        let push = q.push(frame(3, now), now);
+        assert!(matches!(push, Push::Queued { dropped_frames: 2, .. }), "{push:?}");
+        let events = drain_now(&q);
+        assert_eq!(events.len(), 2);
+        assert!(
+            matches!(&events[0], StreamEvent::Gap(g) if g.first_seq == 1 && g.last_seq == 2),
+            "{events:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pop_waits_and_end_is_last() {
+        let q = std::sync::Arc::new(StreamQueue::new(limits(ConsumerPolicy::Close)));
+        let q2 = q.clone();
+        let reader = tokio::spawn(async move {
+            let mut kinds = Vec::new();
+            while let Some(e) = q2.pop().await {
+                kinds.push(e.kind());
+            }
+            kinds
+        });
+        let now = Instant::now();
+        q.push(frame(1, now), now);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        q.push(frame(2, now), now);
+        q.close(end(), now);
+        let kinds = reader.await.expect("reader");
+        assert_eq!(kinds, vec!["frame", "frame", "end"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn receiver_gone_frees_and_refuses() {
+        let q = StreamQueue::new(limits(ConsumerPolicy::Close));
+        let now = Instant::now();
+        q.push(frame(1, now), now);
+        q.push(frame(2, now), now);
+        let mut discarded = 0;
+        drop(ReceiverGuard::new(&q, |n| discarded = n));
+        assert_eq!(discarded, 2);
+        assert_eq!(q.fill(now), Fill::default());
+        assert_eq!(q.push(frame(3, now), now), Push::ReceiverGone);
+        assert!(!q.close(end(), now));
+        assert!(q.pop().await.is_none());
+    }
+}

@@ -1,0 +1,409 @@
+//! Per-stream and aggregate counters, readable as a snapshot while the consumer runs.
+//!
+//! Accounting identities (per stream, and so in the totals), which the tests check:
+//! - timeline: for a stream whose producer `end` arrived with seq `E`,
+//!   `E - 1 = leading_missing + frames + lost_frames + declared_gap_frames`
+//!   (every seq before the end was received, lost in transit, declared dropped by the
+//!   producer, or sent before this consumer joined);
+//! - local fate: `frames = frames_delivered + frames_dropped_overload +
+//!   frames_dropped_closed + frames_dropped_handler_gone + pending_frames`
+//!   (every frame received was handed to the handler, dropped here with a reason, or is
+//!   still queued).
+//!
+//! Finished streams keep their own record until `retain_finished_streams` newer ones
+//! finished; their counts stay in the totals after that.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+
+use serde::Serialize;
+use tokio::time::Instant;
+use weir_protocol::audio::extension::Overload;
+
+use super::queue::StreamQueue;
+
+/// Additive counters of one stream (and, summed, of the consumer).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Counters {
+    /// Frames received in order (accepted by the sequence check).
+    pub frames: u64,
+    /// Samples in those frames.
+    pub samples: u64,
+    /// Frames whose handler call completed.
+    pub frames_delivered: u64,
+    /// Frames dropped here by the `gap` policy (covered by an overload notice).
+    pub frames_dropped_overload: u64,
+    /// Frames dropped here after the stream was closed (overload under `close`).
+    pub frames_dropped_closed: u64,
+    /// Frames dropped because the stream's handler task had ended (panicked).
+    pub frames_dropped_handler_gone: u64,
+    /// Seqs before the first packet this consumer saw (joined late).
+    pub leading_missing: u64,
+    /// Seqs that never arrived and were not declared: loss in transit.
+    pub lost_frames: u64,
+    /// Sequence jumps (each a run of `lost_frames`).
+    pub loss_events: u64,
+    /// Declared gap packets received.
+    pub declared_gaps: u64,
+    /// Frames those gap packets declared missing.
+    pub declared_gap_frames: u64,
+    /// Samples those gap packets declared missing.
+    pub declared_gap_samples: u64,
+    /// Packets refused as duplicate or out of order.
+    pub stale_packets: u64,
+    /// Packets for this stream that could not be decoded.
+    pub decode_errors: u64,
+    /// Times this stream's queue went over its bound.
+    pub overloads: u64,
+}
+
+impl Counters {
+    fn add(&mut self, o: &Self) {
+        self.frames += o.frames;
+        self.samples += o.samples;
+        self.frames_delivered += o.frames_delivered;
+        self.frames_dropped_overload += o.frames_dropped_overload;
+        self.frames_dropped_closed += o.frames_dropped_closed;
+        self.frames_dropped_handler_gone += o.frames_dropped_handler_gone;
+        self.leading_missing += o.leading_missing;
+        self.lost_frames += o.lost_frames;
+        self.loss_events += o.loss_events;
+        self.declared_gaps += o.declared_gaps;
+        self.declared_gap_frames += o.declared_gap_frames;
+        self.declared_gap_samples += o.declared_gap_samples;
+        self.stale_packets += o.stale_packets;
+        self.decode_errors += o.decode_errors;
+        self.overloads += o.overloads;
+    }
+}
+
+/// Where a stream instance is in its life.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamState {
+    /// Receiving.
+    #[default]
+    Active,
+    /// Ended for the handler (overload under `close`) but packets still arrive; they
+    /// are counted as `frames_dropped_closed` until the producer's end or the idle
+    /// timeout.
+    Closed,
+    /// The handler has seen its `End` (or its task ended).
+    Finished,
+}
+
+/// Stats of one stream instance.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct StreamStats {
+    /// Stream id.
+    pub stream: String,
+    /// Partition.
+    pub partition: u32,
+    /// Instance number (unique within the consumer).
+    pub instance: u64,
+    /// `session_id` of the first packet.
+    pub session_id: Option<String>,
+    /// Life-cycle state.
+    pub state: StreamState,
+    /// First seq seen.
+    pub first_seq: Option<u64>,
+    /// Last seq accepted (frame, gap or end).
+    pub last_seq: Option<u64>,
+    /// The counters.
+    #[serde(flatten)]
+    pub counters: Counters,
+    /// Whether the producer's `end` arrived.
+    pub end_seen: bool,
+    /// Seq of the producer's `end`.
+    pub end_seq: Option<u64>,
+    /// `Weir-End-Reason` of the end, if any (`producer`, `overload`, ...).
+    pub end_reason: Option<String>,
+    /// `Weir-Overload` report on the end, if any.
+    pub producer_overload: Option<Overload>,
+    /// Why the handler's stream ended: `producer`, `idle`, `overload`, `restarted`,
+    /// `shutdown` (`None` while active).
+    pub ended_by: Option<String>,
+    /// Whether the stream was reaped after the idle timeout (no `end`).
+    pub reaped: bool,
+    /// Bytes queued for the handler now.
+    pub pending_bytes: usize,
+    /// Frames queued for the handler now.
+    pub pending_frames: usize,
+    /// Age of the oldest queued event now, in ms.
+    pub oldest_pending_ms: f64,
+}
+
+/// Aggregate stats of the consumer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Totals {
+    /// Sum of every stream's counters (finished ones included).
+    #[serde(flatten)]
+    pub counters: Counters,
+    /// Stream instances started.
+    pub streams_started: u64,
+    /// Stream instances active (not finished).
+    pub streams_active: u64,
+    /// Streams whose producer `end` arrived.
+    pub streams_end_seen: u64,
+    /// Streams reaped after the idle timeout.
+    pub streams_reaped: u64,
+    /// Streams ended here because their handler fell behind (`close`).
+    pub streams_overloaded: u64,
+    /// Messages received from NATS.
+    pub messages: u64,
+    /// Undecodable packets, by [`DecodeErrorKind`](weir_protocol::audio::DecodeErrorKind) name.
+    pub decode_errors_by_kind: BTreeMap<String, u64>,
+    /// Messages whose subject does not fit the subject template (dropped).
+    pub unroutable_subjects: u64,
+    /// Messages whose stream hashes to another partition than the subject says (a
+    /// partition count differing between producer/server mapping and consumer);
+    /// still delivered.
+    pub misrouted: u64,
+    /// Slow-consumer events from the NATS client (messages dropped in the client).
+    pub slow_consumer_events: u64,
+    /// `end` packets for streams this consumer was not following (it joined after
+    /// their last frame, or reaped them already).
+    pub orphan_ends: u64,
+    /// Bytes queued for handlers now.
+    pub pending_bytes: usize,
+    /// Frames queued for handlers now.
+    pub pending_frames: usize,
+}
+
+/// A snapshot of the consumer's stats.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ConsumerStats {
+    /// Aggregates.
+    pub totals: Totals,
+    /// Active streams and the most recently finished ones, sorted by stream id then
+    /// instance.
+    pub streams: Vec<StreamStats>,
+}
+
+impl ConsumerStats {
+    /// The records of stream id `stream` (several if it restarted).
+    pub fn stream(&self, stream: &str) -> impl Iterator<Item = &StreamStats> {
+        self.streams.iter().filter(move |s| s.stream == stream)
+    }
+}
+
+struct Record {
+    stats: StreamStats,
+    queue: Option<Arc<StreamQueue>>,
+}
+
+/// The shared, lock-protected state behind [`ConsumerStats`].
+pub(crate) struct Registry {
+    records: HashMap<u64, Record>,
+    finished: VecDeque<u64>,
+    retain: usize,
+    /// Counters of evicted records (and of updates that came after eviction).
+    retired: Counters,
+    retired_end_seen: u64,
+    retired_reaped: u64,
+    retired_overloaded: u64,
+    next_instance: u64,
+    streams_started: u64,
+    messages: u64,
+    decode_errors_by_kind: BTreeMap<&'static str, u64>,
+    unroutable: u64,
+    misrouted: u64,
+    slow_consumer: u64,
+    orphan_ends: u64,
+}
+
+impl Registry {
+    /// An empty registry that keeps `retain` finished records.
+    pub(crate) fn new(retain: usize) -> Self {
+        Self {
+            records: HashMap::new(),
+            finished: VecDeque::new(),
+            retain,
+            retired: Counters::default(),
+            retired_end_seen: 0,
+            retired_reaped: 0,
+            retired_overloaded: 0,
+            next_instance: 1,
+            streams_started: 0,
+            messages: 0,
+            decode_errors_by_kind: BTreeMap::new(),
+            unroutable: 0,
+            misrouted: 0,
+            slow_consumer: 0,
+            orphan_ends: 0,
+        }
+    }
+
+    /// Registers a new stream instance and returns its number.
+    pub(crate) fn open(
+        &mut self,
+        stream: &str,
+        partition: u32,
+        session_id: Option<String>,
+        queue: Arc<StreamQueue>,
+    ) -> u64 {
+        let instance = self.next_instance;
+        self.next_instance += 1;
+        self.streams_started += 1;
+        self.records.insert(
+            instance,
+            Record {
+                stats: StreamStats {
+                    stream: stream.to_owned(),
+                    partition,
+                    instance,
+                    session_id,
+                    ..StreamStats::default()
+                },
+                queue: Some(queue),
+            },
+        );
+        instance
+    }
+
+    /// Updates one stream's stats. Updates to an evicted record go to the totals only.
+    pub(crate) fn update(&mut self, instance: u64, f: impl FnOnce(&mut StreamStats)) {
+        match self.records.get_mut(&instance) {
+            Some(r) => f(&mut r.stats),
+            None => {
+                let mut scratch = StreamStats::default();
+                f(&mut scratch);
+                self.retired.add(&scratch.counters);
+            }
+        }
+    }
+
+    /// Marks a stream finished (its handler saw `End` or its task ended).
+    pub(crate) fn finish(&mut self, instance: u64) {
+        let Some(r) = self.records.get_mut(&instance) else {
+            return;
+        };
+        if r.stats.state == StreamState::Finished {
+            return;
+        }
+        r.stats.state = StreamState::Finished;
+        r.queue = None;
+        self.finished.push_back(instance);
+        while self.finished.len() > self.retain {
+            let Some(old) = self.finished.pop_front() else {
+                break;
+            };
+            if let Some(r) = self.records.remove(&old) {
+                self.retired.add(&r.stats.counters);
+                self.retired_end_seen += u64::from(r.stats.end_seen);
+                self.retired_reaped += u64::from(r.stats.reaped);
+                self.retired_overloaded += u64::from(r.stats.ended_by.as_deref() == Some("overload"));
+            }
+        }
+    }
+
+    /// Counts one NATS message.
+    pub(crate) fn message(&mut self) {
+        self.messages += 1;
+    }
+
+    /// Counts an undecodable packet.
+    pub(crate) fn decode_error(&mut self, kind: &'static str) {
+        *self.decode_errors_by_kind.entry(kind).or_default() += 1;
+    }
+
+    /// Counts a message whose subject does not fit the template.
+    pub(crate) fn unroutable(&mut self) {
+        self.unroutable += 1;
+    }
+
+    /// Counts a message on the wrong partition.
+    pub(crate) fn misrouted(&mut self) {
+        self.misrouted += 1;
+    }
+
+    /// Counts an `end` for a stream that is not being followed.
+    pub(crate) fn orphan_end(&mut self) {
+        self.orphan_ends += 1;
+    }
+
+    /// Counts a slow-consumer event.
+    pub(crate) fn slow_consumer(&mut self) {
+        self.slow_consumer += 1;
+    }
+
+    /// The snapshot.
+    pub(crate) fn snapshot(&self, now: Instant) -> ConsumerStats {
+        let mut totals = Totals {
+            counters: self.retired,
+            streams_started: self.streams_started,
+            streams_end_seen: self.retired_end_seen,
+            streams_reaped: self.retired_reaped,
+            streams_overloaded: self.retired_overloaded,
+            messages: self.messages,
+            decode_errors_by_kind: self
+                .decode_errors_by_kind
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), *v))
+                .collect(),
+            unroutable_subjects: self.unroutable,
+            misrouted: self.misrouted,
+            slow_consumer_events: self.slow_consumer,
+            orphan_ends: self.orphan_ends,
+            ..Totals::default()
+        };
+        let mut streams = Vec::with_capacity(self.records.len());
+        for r in self.records.values() {
+            let mut s = r.stats.clone();
+            if let Some(q) = &r.queue {
+                let fill = q.fill(now);
+                s.pending_bytes = fill.bytes;
+                s.pending_frames = fill.frames;
+                s.oldest_pending_ms = fill.oldest_age.as_secs_f64() * 1000.0;
+            }
+            totals.counters.add(&s.counters);
+            totals.streams_active += u64::from(s.state != StreamState::Finished);
+            totals.streams_end_seen += u64::from(s.end_seen);
+            totals.streams_reaped += u64::from(s.reaped);
+            totals.streams_overloaded += u64::from(s.ended_by.as_deref() == Some("overload"));
+            totals.pending_bytes += s.pending_bytes;
+            totals.pending_frames += s.pending_frames;
+            streams.push(s);
+        }
+        streams.sort_by(|a, b| (&a.stream, a.instance).cmp(&(&b.stream, b.instance)));
+        ConsumerStats { totals, streams }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consumer::config::{ConsumerPolicy, QueueLimits};
+    use std::time::Duration;
+
+    fn queue() -> Arc<StreamQueue> {
+        Arc::new(StreamQueue::new(QueueLimits {
+            max_bytes: 16_000,
+            max_age: Duration::from_millis(500),
+            policy: ConsumerPolicy::Close,
+        }))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn eviction_keeps_totals() {
+        let mut reg = Registry::new(2);
+        for i in 0..5 {
+            let id = reg.open(&format!("s{i}"), 0, None, queue());
+            reg.update(id, |s| {
+                s.counters.frames += 10;
+                s.end_seen = true;
+            });
+            reg.finish(id);
+        }
+        let snap = reg.snapshot(Instant::now());
+        assert_eq!(snap.streams.len(), 2);
+        assert_eq!(snap.totals.counters.frames, 50);
+        assert_eq!(snap.totals.streams_end_seen, 5);
+        assert_eq!(snap.totals.streams_started, 5);
+        assert_eq!(snap.totals.streams_active, 0);
+        // An update after eviction still reaches the totals.
+        reg.update(1, |s| s.counters.frames_dropped_closed += 3);
+        let snap = reg.snapshot(Instant::now());
+        assert_eq!(snap.totals.counters.frames_dropped_closed, 3);
+    }
+}
