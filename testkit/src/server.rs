@@ -113,7 +113,7 @@ pub struct NatsServerOptions {
     pub config: Option<String>,
     /// Require client authentication.
     pub auth: Option<Auth>,
-    /// Run this binary instead of the one [`nats_server_bin`](crate::nats_server_bin)
+    /// Run this binary instead of the one [`nats_server_bin`]
     /// finds (e.g. to test a second server version side by side).
     pub binary: Option<PathBuf>,
     /// More command-line arguments, appended after the testkit's own.

@@ -386,3 +386,20 @@ fn version_is_known_and_supports_partition_mapping() {
         "partition() mapping needs nats-server >= 2.8, found {version}"
     );
 }
+
+#[test]
+fn a_server_is_shared_between_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<NatsServer>();
+
+    let server = std::sync::Arc::new(NatsServer::start().expect("nats-server"));
+    let chaos = std::sync::Arc::clone(&server);
+    std::thread::spawn(move || {
+        chaos.pause().expect("pause from another thread");
+        chaos.resume().expect("resume from another thread");
+        chaos.restart().expect("restart from another thread");
+    })
+    .join()
+    .expect("thread");
+    ping_pong(server.port(), Duration::from_millis(500)).expect("PING/PONG");
+}
