@@ -246,7 +246,10 @@ impl Packet {
         }
         meta.push('}');
         let pcm = self.pcm();
-        if !pcm.len().is_multiple_of(self.format.bytes_per_sample().max(1)) {
+        if !pcm
+            .len()
+            .is_multiple_of(self.format.bytes_per_sample().max(1))
+        {
             return Err(EncodeError::PartialSample { len: pcm.len() });
         }
         let meta_len = u32::try_from(meta.len()).map_err(|_| EncodeError::MetaTooLarge)?;
