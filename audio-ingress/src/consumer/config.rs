@@ -161,7 +161,11 @@ fn check_range<T: PartialOrd + std::fmt::Display + Copy>(
 
 impl ConsumerConfig {
     /// A config for a partitioned subject: N partitions, owning `owned`.
-    pub fn partitioned(subject: &str, partitions: u32, owned: impl IntoIterator<Item = u32>) -> Self {
+    pub fn partitioned(
+        subject: &str,
+        partitions: u32,
+        owned: impl IntoIterator<Item = u32>,
+    ) -> Self {
         Self {
             subject: subject.to_owned(),
             partitions,
@@ -188,7 +192,10 @@ impl ConsumerConfig {
             if p >= partitions.get() {
                 return Err(ConsumerError::config(
                     "owned",
-                    format!("partition {p} is out of range; allowed 0..={}", partitions.get() - 1),
+                    format!(
+                        "partition {p} is out of range; allowed 0..={}",
+                        partitions.get() - 1
+                    ),
                 ));
             }
             if !owned.insert(p) {
@@ -253,8 +260,7 @@ impl ConsumerConfig {
                 policy: self.policy,
             },
             idle_timeout: Duration::from_millis(idle_ms),
-            subscription_capacity: NonZeroUsize::new(capacity)
-                .unwrap_or(NonZeroUsize::MIN),
+            subscription_capacity: NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN),
             retain_finished,
         })
     }
@@ -321,7 +327,10 @@ impl ConsumerSettings {
         let dest = self
             .subject
             .as_str()
-            .replace("{partition}", &format!("{{{{partition({},{k})}}}}", self.partitions))
+            .replace(
+                "{partition}",
+                &format!("{{{{partition({},{k})}}}}", self.partitions),
+            )
             .replace("{stream}", &format!("{{{{wildcard({k})}}}}"));
         Some(format!("\"{}\": \"{}\"", plain.wildcard(), dest))
     }
@@ -344,7 +353,9 @@ mod tests {
 
     #[test]
     fn defaults_are_valid_and_deployed() {
-        let s = ConsumerConfig::default().validate().expect("defaults valid");
+        let s = ConsumerConfig::default()
+            .validate()
+            .expect("defaults valid");
         assert_eq!(
             s.subscriptions(),
             vec![(None, "inference.whisper.stream.*".to_owned())]
@@ -371,16 +382,76 @@ mod tests {
     fn bad_values_name_their_key() {
         let base = ConsumerConfig::partitioned("audio.{partition}.{stream}", 4, [0]);
         let cases: Vec<(ConsumerConfig, &str)> = vec![
-            (ConsumerConfig { subject: "audio.*".into(), ..base.clone() }, "subject"),
-            (ConsumerConfig { partitions: 0, ..base.clone() }, "partitions"),
-            (ConsumerConfig { owned: vec![], ..base.clone() }, "owned"),
-            (ConsumerConfig { owned: vec![4], ..base.clone() }, "owned"),
-            (ConsumerConfig { owned: vec![1, 1], ..base.clone() }, "owned"),
-            (ConsumerConfig { max_pending_bytes: 0, ..base.clone() }, "max_pending_bytes"),
-            (ConsumerConfig { max_pending_age_ms: 0, ..base.clone() }, "max_pending_age_ms"),
-            (ConsumerConfig { idle_timeout_ms: 400, ..base.clone() }, "idle_timeout_ms"),
-            (ConsumerConfig { subscription_capacity: 1, ..base.clone() }, "subscription_capacity"),
-            (ConsumerConfig { retain_finished_streams: 0, ..base.clone() }, "retain_finished_streams"),
+            (
+                ConsumerConfig {
+                    subject: "audio.*".into(),
+                    ..base.clone()
+                },
+                "subject",
+            ),
+            (
+                ConsumerConfig {
+                    partitions: 0,
+                    ..base.clone()
+                },
+                "partitions",
+            ),
+            (
+                ConsumerConfig {
+                    owned: vec![],
+                    ..base.clone()
+                },
+                "owned",
+            ),
+            (
+                ConsumerConfig {
+                    owned: vec![4],
+                    ..base.clone()
+                },
+                "owned",
+            ),
+            (
+                ConsumerConfig {
+                    owned: vec![1, 1],
+                    ..base.clone()
+                },
+                "owned",
+            ),
+            (
+                ConsumerConfig {
+                    max_pending_bytes: 0,
+                    ..base.clone()
+                },
+                "max_pending_bytes",
+            ),
+            (
+                ConsumerConfig {
+                    max_pending_age_ms: 0,
+                    ..base.clone()
+                },
+                "max_pending_age_ms",
+            ),
+            (
+                ConsumerConfig {
+                    idle_timeout_ms: 400,
+                    ..base.clone()
+                },
+                "idle_timeout_ms",
+            ),
+            (
+                ConsumerConfig {
+                    subscription_capacity: 1,
+                    ..base.clone()
+                },
+                "subscription_capacity",
+            ),
+            (
+                ConsumerConfig {
+                    retain_finished_streams: 0,
+                    ..base.clone()
+                },
+                "retain_finished_streams",
+            ),
             (
                 ConsumerConfig {
                     subject: "inference.whisper.stream.{stream}".into(),
@@ -414,9 +485,7 @@ mod tests {
         let plain = SubjectTemplate::parse("inference.whisper.stream.{stream}").expect("valid");
         assert_eq!(
             s.server_mapping_for(&plain).as_deref(),
-            Some(
-                "\"inference.whisper.stream.*\": \"audio.{{partition(8,1)}}.{{wildcard(1)}}\""
-            )
+            Some("\"inference.whisper.stream.*\": \"audio.{{partition(8,1)}}.{{wildcard(1)}}\"")
         );
     }
 }

@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use tokio::task::JoinSet;
@@ -190,7 +191,12 @@ impl<F: HandlerFactory> Demux<F> {
                 first_seq,
                 last_seq,
             });
-            tracing::warn!(stream = token, first_seq, last_seq, "sequence gap: frames lost");
+            tracing::warn!(
+                stream = token,
+                first_seq,
+                last_seq,
+                "sequence gap: frames lost"
+            );
             let notice = StreamEvent::Gap(GapNotice {
                 first_seq,
                 last_seq,
@@ -252,12 +258,10 @@ impl<F: HandlerFactory> Demux<F> {
     /// Starts a new instance for `token` and its handler task.
     fn open(&mut self, token: &str, partition: u32, subject: &str, packet: &Packet, now: Instant) {
         let queue = Arc::new(StreamQueue::new(self.shared.settings.limits));
-        let instance = self.shared.registry().open(
-            token,
-            partition,
-            packet.session_id.clone(),
-            queue.clone(),
-        );
+        let instance =
+            self.shared
+                .registry()
+                .open(token, partition, packet.session_id.clone(), queue.clone());
         let info = StreamInfo {
             stream: token.to_owned(),
             partition,
@@ -496,31 +500,373 @@ async fn run_stream<H: StreamHandler>(
     instance: u64,
 ) {
     let on_gone_shared = shared.clone();
+    // Set while the handler holds a frame: if the task is aborted (or the handler
+    // panics) there, that frame was neither delivered nor queued.
+    let frame_in_hand = AtomicBool::new(false);
     // Runs when this task ends, also by panic or abort: the queue refuses further
     // events and whatever it still held is counted as dropped.
-    let _guard = ReceiverGuard::new(&queue, move |discarded| {
+    let _guard = ReceiverGuard::new(&queue, |discarded| {
+        let lost = discarded as u64 + u64::from(frame_in_hand.load(Ordering::Relaxed));
         let mut reg = on_gone_shared.registry();
-        if discarded > 0 {
-            reg.update(instance, |s| {
-                s.counters.frames_dropped_handler_gone += discarded as u64;
-            });
+        if lost > 0 {
+            reg.update(instance, |s| s.counters.frames_dropped_handler_gone += lost);
             metrics::counter!(m::CONSUMER_FRAMES_DROPPED_TOTAL, "reason" => "handler_gone")
-                .increment(discarded as u64);
+                .increment(lost);
         }
         reg.finish(instance);
     });
     while let Some(event) = queue.pop().await {
         let is_frame = matches!(event, StreamEvent::Frame(_));
         let is_end = matches!(event, StreamEvent::End(_));
+        frame_in_hand.store(is_frame, Ordering::Relaxed);
         handler.on_event(event).await;
+        frame_in_hand.store(false, Ordering::Relaxed);
         if is_frame {
-            shared
-                .registry()
-                .update(instance, |s: &mut StreamStats| s.counters.frames_delivered += 1);
+            shared.registry().update(instance, |s: &mut StreamStats| {
+                s.counters.frames_delivered += 1
+            });
             metrics::counter!(m::CONSUMER_FRAMES_DELIVERED_TOTAL).increment(1);
         }
         if is_end {
             break;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consumer::config::{ConsumerConfig, ConsumerPolicy};
+    use crate::consumer::handler::channel_factory;
+    use crate::consumer::stats::ConsumerStats;
+    use std::collections::HashMap as Map;
+    use std::time::Duration;
+    use tokio::sync::mpsc;
+    use weir_protocol::audio::extension::{EndReason, headers};
+    use weir_protocol::audio::{Gap, GapReason};
+
+    type Rx = mpsc::Receiver<(StreamInfo, StreamEvent)>;
+
+    fn setup(cfg: ConsumerConfig) -> (Demux<impl HandlerFactory>, Arc<Shared>, Rx) {
+        let shared = Arc::new(Shared::new(cfg.validate().expect("valid config")));
+        let (tx, rx) = mpsc::channel(10_000);
+        let demux = Demux::new(shared.clone(), Arc::new(channel_factory(tx)));
+        (demux, shared, rx)
+    }
+
+    fn default_cfg() -> ConsumerConfig {
+        ConsumerConfig {
+            idle_timeout_ms: 1_000,
+            ..ConsumerConfig::default()
+        }
+    }
+
+    fn feed<F: HandlerFactory>(d: &mut Demux<F>, stream: &str, packet: Packet) {
+        feed_with(d, stream, packet, &[]);
+    }
+
+    fn feed_with<F: HandlerFactory>(
+        d: &mut Demux<F>,
+        stream: &str,
+        packet: Packet,
+        hdrs: &[(&str, &str)],
+    ) {
+        let bytes = packet.encode().expect("encodable");
+        let map: Map<&str, &str> = hdrs.iter().copied().collect();
+        d.on_message(
+            &format!("inference.whisper.stream.{stream}"),
+            &bytes,
+            |k| map.get(k).copied(),
+            Instant::now(),
+        );
+    }
+
+    fn frame(seq: u64) -> Packet {
+        Packet::frame(seq, Bytes::from(vec![1u8; 640]))
+    }
+
+    /// Lets the handler tasks run, then drains what they forwarded.
+    async fn drain(rx: &mut Rx) -> Vec<(StreamInfo, StreamEvent)> {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let mut out = Vec::new();
+        while let Ok(x) = rx.try_recv() {
+            out.push(x);
+        }
+        out
+    }
+
+    fn snapshot(shared: &Shared) -> ConsumerStats {
+        shared.registry().snapshot(Instant::now())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn in_order_stream_with_end() {
+        let (mut d, shared, mut rx) = setup(default_cfg());
+        for s in 1..=10 {
+            feed(&mut d, "a", frame(s));
+        }
+        feed_with(
+            &mut d,
+            "a",
+            Packet::end(11),
+            &[(headers::END_REASON, "producer")],
+        );
+        let events = drain(&mut rx).await;
+        assert_eq!(events.len(), 11);
+        let seqs: Vec<u64> = events
+            .iter()
+            .filter_map(|(_, e)| match e {
+                StreamEvent::Frame(f) => Some(f.seq),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(seqs, (1..=10).collect::<Vec<_>>());
+        let StreamEvent::End(end) = &events[10].1 else {
+            panic!("last event must be end");
+        };
+        assert_eq!(end.seq, Some(11));
+        assert_eq!(
+            end.cause,
+            EndCause::Producer {
+                reason: Some(EndReason::Producer),
+                overload: None
+            }
+        );
+        let snap = snapshot(&shared);
+        let s = &snap.streams[0];
+        assert_eq!(s.counters.frames, 10);
+        assert_eq!(s.counters.frames_delivered, 10);
+        assert_eq!(s.counters.samples, 3_200);
+        assert!(s.end_seen);
+        assert_eq!(s.end_reason.as_deref(), Some("producer"));
+        assert_eq!(s.state, StreamState::Finished);
+        assert_eq!((s.first_seq, s.last_seq), (Some(1), Some(11)));
+        assert_eq!(d.active(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn loss_and_declared_gaps_are_distinguished() {
+        let (mut d, shared, mut rx) = setup(default_cfg());
+        feed(&mut d, "a", frame(1));
+        feed(&mut d, "a", frame(4)); // 2..=3 lost
+        feed(
+            &mut d,
+            "a",
+            Packet::gap(Gap {
+                first_seq: 5,
+                last_seq: 7,
+                samples: 960,
+                reason: GapReason::QueueFull,
+            }),
+        );
+        feed(&mut d, "a", frame(8));
+        feed(&mut d, "a", frame(8)); // duplicate
+        feed(&mut d, "a", Packet::end(10)); // 9 lost
+        let kinds: Vec<String> = drain(&mut rx)
+            .await
+            .into_iter()
+            .map(|(_, e)| match e {
+                StreamEvent::Frame(f) => format!("f{}", f.seq),
+                StreamEvent::Gap(g) => format!("{:?}{}-{}", g.cause, g.first_seq, g.last_seq),
+                StreamEvent::End(_) => "end".into(),
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                "f1",
+                "Lost2-3",
+                "f4",
+                "Declared(QueueFull)5-7",
+                "f8",
+                "Lost9-9",
+                "end"
+            ]
+        );
+        let c = snapshot(&shared).totals.counters;
+        assert_eq!(c.frames, 3);
+        assert_eq!(c.lost_frames, 3);
+        assert_eq!(c.loss_events, 2);
+        assert_eq!(c.declared_gaps, 1);
+        assert_eq!(c.declared_gap_frames, 3);
+        assert_eq!(c.declared_gap_samples, 960);
+        assert_eq!(c.stale_packets, 1);
+        // Timeline identity: end seq 10 ⇒ 9 seqs accounted.
+        assert_eq!(
+            c.leading_missing + c.frames + c.lost_frames + c.declared_gap_frames,
+            9
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn silent_stream_is_reaped_after_idle_timeout() {
+        let (mut d, shared, mut rx) = setup(default_cfg());
+        let mut events = shared.events.subscribe();
+        feed(&mut d, "gone", frame(1));
+        feed(&mut d, "gone", frame(2));
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert_eq!(d.reap(Instant::now()), 0, "not yet idle");
+        feed(&mut d, "alive", frame(1));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(d.reap(Instant::now()), 1);
+        let got = drain(&mut rx).await;
+        let (info, StreamEvent::End(end)) = got.last().expect("events") else {
+            panic!("last event must be the end: {got:?}");
+        };
+        assert_eq!(info.stream, "gone");
+        assert_eq!(
+            end.cause,
+            EndCause::Idle {
+                silent_for: Duration::from_millis(1_000)
+            }
+        );
+        assert_eq!(
+            events.try_recv().expect("reaped event"),
+            ConsumerEvent::StreamReaped {
+                stream: "gone".into(),
+                partition: 0,
+                last_seq: Some(2),
+                silent_ms: 1_000
+            }
+        );
+        let snap = snapshot(&shared);
+        let gone = snap.stream("gone").next().expect("record");
+        assert!(gone.reaped && !gone.end_seen);
+        assert_eq!(gone.ended_by.as_deref(), Some("idle"));
+        assert_eq!(snap.totals.streams_reaped, 1);
+        assert_eq!(snap.totals.streams_active, 1);
+        assert_eq!(d.active(), 1);
+    }
+
+    /// A handler that never returns: its queue fills and the bound fires.
+    struct Stuck;
+    impl StreamHandler for Stuck {
+        async fn on_event(&mut self, _event: StreamEvent) {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn close_policy_ends_stuck_stream_and_counts_the_rest() {
+        let shared = Arc::new(Shared::new(default_cfg().validate().expect("valid")));
+        let mut d = Demux::new(shared.clone(), Arc::new(|_: &StreamInfo| Stuck));
+        // 16,000 bytes = 25 frames; the handler holds frame 1, so 26 fit in all.
+        for s in 1..=40 {
+            feed(&mut d, "slow", frame(s));
+            tokio::task::yield_now().await;
+        }
+        feed(&mut d, "slow", Packet::end(41));
+        let snap = snapshot(&shared);
+        let s = snap.stream("slow").next().expect("record");
+        assert_eq!(s.counters.frames, 40);
+        assert_eq!(s.counters.overloads, 1);
+        assert_eq!(s.ended_by.as_deref(), Some("overload"));
+        assert!(s.end_seen);
+        assert!(s.pending_bytes <= 16_000, "{}", s.pending_bytes);
+        assert_eq!(
+            s.counters.frames_dropped_closed + s.pending_frames as u64 + 1,
+            40,
+            "every frame is queued, held by the handler, or dropped: {s:?}"
+        );
+        assert_eq!(d.active(), 0);
+        // Shutdown aborts the stuck handler at the deadline.
+        d.shutdown(Instant::now() + Duration::from_millis(50)).await;
+        let s = snapshot(&shared);
+        let s = s.stream("slow").next().expect("record");
+        assert_eq!(s.state, StreamState::Finished);
+        assert_eq!(
+            s.counters.frames_dropped_closed + s.counters.frames_dropped_handler_gone,
+            40,
+            "{s:?}"
+        );
+    }
+
+    /// A handler that takes 100 ms per frame: 5× slower than real time.
+    struct Slow;
+    impl StreamHandler for Slow {
+        async fn on_event(&mut self, event: StreamEvent) {
+            if let StreamEvent::Frame(_) = event {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn gap_policy_keeps_the_timeline_and_the_bound() {
+        let cfg = ConsumerConfig {
+            policy: ConsumerPolicy::Gap,
+            ..default_cfg()
+        };
+        let shared = Arc::new(Shared::new(cfg.validate().expect("valid")));
+        let mut d = Demux::new(shared.clone(), Arc::new(|_: &StreamInfo| Slow));
+        for s in 1..=200 {
+            feed(&mut d, "slow", frame(s));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let snap = snapshot(&shared);
+            let st = snap.stream("slow").next().expect("record");
+            assert!(st.pending_bytes <= 16_000);
+            assert!(st.oldest_pending_ms <= 521.0, "{}", st.oldest_pending_ms);
+        }
+        feed(&mut d, "slow", Packet::end(201));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let snap = snapshot(&shared);
+        let s = snap.stream("slow").next().expect("record");
+        assert_eq!(s.state, StreamState::Finished);
+        assert!(s.counters.frames_dropped_overload > 0);
+        assert_eq!(
+            s.counters.frames_delivered + s.counters.frames_dropped_overload,
+            200,
+            "{s:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn restart_and_orphan_end() {
+        let (mut d, shared, mut rx) = setup(default_cfg());
+        for s in 1..=5 {
+            feed(&mut d, "r", frame(s));
+        }
+        feed(&mut d, "r", frame(1));
+        feed(&mut d, "r", Packet::end(2));
+        feed(&mut d, "never-seen", Packet::end(7));
+        let got = drain(&mut rx).await;
+        let ends: Vec<(u64, &'static str)> = got
+            .iter()
+            .filter_map(|(i, e)| match e {
+                StreamEvent::End(end) => Some((i.instance, end.cause.as_str())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(ends, vec![(1, "restarted"), (2, "producer")]);
+        let snap = snapshot(&shared);
+        assert_eq!(snap.totals.streams_started, 2);
+        assert_eq!(snap.totals.orphan_ends, 1);
+        assert_eq!(snap.totals.counters.frames, 6);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bad_packets_and_subjects_are_counted() {
+        let (mut d, shared, _rx) = setup(default_cfg());
+        let none = |_: &str| None::<&str>;
+        let now = Instant::now();
+        d.on_message(
+            "inference.whisper.stream.a",
+            &Bytes::from_static(b"\x00"),
+            none,
+            now,
+        );
+        d.on_message(
+            "inference.whisper.stream.a",
+            &Bytes::from_static(b"\x00\x00\x00\x02{}"),
+            none,
+            now,
+        );
+        d.on_message("other.subject", &frame(1).encode().expect("enc"), none, now);
+        let t = snapshot(&shared).totals;
+        assert_eq!(t.messages, 3);
+        assert_eq!(t.unroutable_subjects, 1);
+        assert_eq!(t.decode_errors_by_kind.get("truncated"), Some(&1));
+        assert_eq!(t.decode_errors_by_kind.get("missing_field"), Some(&1));
+        assert_eq!(t.streams_started, 0);
     }
 }

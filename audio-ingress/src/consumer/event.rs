@@ -86,7 +86,9 @@ pub struct GapNotice {
 impl GapNotice {
     /// Number of seqs covered.
     pub fn frames(&self) -> u64 {
-        self.last_seq.saturating_sub(self.first_seq).saturating_add(1)
+        self.last_seq
+            .saturating_sub(self.first_seq)
+            .saturating_add(1)
     }
 }
 

@@ -306,13 +306,14 @@ impl Consumer {
         let (stop, stop_rx) = watch::channel(None);
         let mut subscribers = Vec::new();
         for (_, subject) in shared.settings.subscriptions() {
-            let sub = client
-                .subscribe(subject.clone())
-                .await
-                .map_err(|e| ConsumerError::Subscribe {
-                    subject: subject.clone(),
-                    reason: e.to_string(),
-                })?;
+            let sub =
+                client
+                    .subscribe(subject.clone())
+                    .await
+                    .map_err(|e| ConsumerError::Subscribe {
+                        subject: subject.clone(),
+                        reason: e.to_string(),
+                    })?;
             subscribers.push((subject, sub));
         }
         confirm_subscriptions(&client).await?;

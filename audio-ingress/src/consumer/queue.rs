@@ -146,12 +146,8 @@ impl StreamQueue {
     /// audio": the age bound looks at the oldest event behind it, and a queue holding
     /// only that notice admits, or dropping could not make progress.
     fn over_bound(&self, st: &State, bytes: usize, now: Instant) -> Option<LocalOverload> {
-        let front = st.items.front()?;
-        let oldest = if is_overload_notice(&front.event) {
-            st.items.get(1)
-        } else {
-            Some(front)
-        };
+        st.items.front()?;
+        let oldest = oldest_behind_notice(st);
         let oldest_age = oldest.map_or(Duration::ZERO, |q| now.saturating_duration_since(q.at));
         let bound = if st.bytes + bytes > self.limits.max_bytes {
             oldest?;
@@ -213,9 +209,7 @@ impl StreamQueue {
         Fill {
             bytes: st.bytes,
             frames: st.frames,
-            oldest_age: st
-                .items
-                .front()
+            oldest_age: oldest_behind_notice(&st)
                 .map_or(Duration::ZERO, |q| now.saturating_duration_since(q.at)),
         }
     }
@@ -229,6 +223,17 @@ impl StreamQueue {
         st.bytes = 0;
         st.frames = 0;
         frames
+    }
+}
+
+/// The oldest queued event that is not a merged overload notice (those only stand
+/// for audio already dropped).
+fn oldest_behind_notice(st: &State) -> Option<&Queued> {
+    let front = st.items.front()?;
+    if is_overload_notice(&front.event) {
+        st.items.get(1)
+    } else {
+        Some(front)
     }
 }
 
@@ -265,21 +270,20 @@ fn drop_oldest(st: &mut State) -> u64 {
         }
     };
     // If the front was already our notice, extend it by the next event.
-    if dropped == 0 {
-        if let Some(next) = st.items.front()
-            && !matches!(next.event, StreamEvent::End(_))
-            && let Some(next) = st.items.pop_front()
-        {
-            st.bytes -= next.bytes;
-            let (n, d) = as_overload_notice(next.event);
-            st.frames -= d as usize;
-            dropped += d;
-            notice.last_seq = n.last_seq;
-            notice.samples = match (notice.samples, n.samples) {
-                (Some(a), Some(b)) => Some(a + b),
-                _ => None,
-            };
-        }
+    if dropped == 0
+        && let Some(next) = st.items.front()
+        && !matches!(next.event, StreamEvent::End(_))
+        && let Some(next) = st.items.pop_front()
+    {
+        st.bytes -= next.bytes;
+        let (n, d) = as_overload_notice(next.event);
+        st.frames -= d as usize;
+        dropped += d;
+        notice.last_seq = n.last_seq;
+        notice.samples = match (notice.samples, n.samples) {
+            (Some(a), Some(b)) => Some(a + b),
+            _ => None,
+        };
     }
     st.bytes += CONTROL_EVENT_BYTES;
     st.items.push_front(Queued {
@@ -398,7 +402,13 @@ mod tests {
         let q = StreamQueue::new(limits(ConsumerPolicy::Close));
         let now = Instant::now();
         for s in 1..=5 {
-            assert!(matches!(q.push(frame(s, now), now), Push::Queued { dropped_frames: 0, .. }));
+            assert!(matches!(
+                q.push(frame(s, now), now),
+                Push::Queued {
+                    dropped_frames: 0,
+                    ..
+                }
+            ));
         }
         let Push::Overloaded(o) = q.push(frame(6, now), now) else {
             panic!("expected overload");
@@ -435,7 +445,16 @@ mod tests {
         // Frame 6 needs 640 bytes: frame 1 goes, its notice takes 64 bytes, so frame 2
         // goes too.
         let push = q.push(frame(6, now), now);
-        assert!(matches!(push, Push::Queued { dropped_frames: 2, overload: Some(_) }), "{push:?}");
+        assert!(
+            matches!(
+                push,
+                Push::Queued {
+                    dropped_frames: 2,
+                    overload: Some(_)
+                }
+            ),
+            "{push:?}"
+        );
         assert!(q.fill(now).bytes <= 3_200);
         for s in 7..=20 {
             q.push(frame(s, now), now);
@@ -451,7 +470,11 @@ mod tests {
             StreamEvent::Frame(f) => f.seq,
             other => panic!("{other:?}"),
         };
-        assert_eq!(g.last_seq + 1, next, "the notice covers exactly the dropped frames");
+        assert_eq!(
+            g.last_seq + 1,
+            next,
+            "the notice covers exactly the dropped frames"
+        );
         assert_eq!(g.samples, Some(320 * g.frames()));
         // Seqs are contiguous after the notice.
         let seqs: Vec<u64> = events[1..]
@@ -473,7 +496,16 @@ mod tests {
         tokio::time::advance(Duration::from_millis(600)).await;
         let now = Instant::now();
         let push = q.push(frame(3, now), now);
-        assert!(matches!(push, Push::Queued { dropped_frames: 2, .. }), "{push:?}");
+        assert!(
+            matches!(
+                push,
+                Push::Queued {
+                    dropped_frames: 2,
+                    ..
+                }
+            ),
+            "{push:?}"
+        );
         let events = drain_now(&q);
         assert_eq!(events.len(), 2);
         assert!(

@@ -292,7 +292,8 @@ impl Registry {
                 self.retired.add(&r.stats.counters);
                 self.retired_end_seen += u64::from(r.stats.end_seen);
                 self.retired_reaped += u64::from(r.stats.reaped);
-                self.retired_overloaded += u64::from(r.stats.ended_by.as_deref() == Some("overload"));
+                self.retired_overloaded +=
+                    u64::from(r.stats.ended_by.as_deref() == Some("overload"));
             }
         }
     }

@@ -206,7 +206,10 @@ mod tests {
     #[test]
     fn hostile_seqs_do_not_panic() {
         let mut t = SeqTracker::new();
-        assert_eq!(t.observe(Seqs::Single(u64::MAX)), accept(None, u64::MAX - 1));
+        assert_eq!(
+            t.observe(Seqs::Single(u64::MAX)),
+            accept(None, u64::MAX - 1)
+        );
         assert_eq!(t.observe(Seqs::Single(u64::MAX)), Observation::Stale);
         let mut t = SeqTracker::new();
         assert_eq!(t.observe(Seqs::Single(0)), accept(None, 0));
