@@ -80,7 +80,7 @@ mod event;
 mod handler;
 mod queue;
 mod stats;
-mod tracker;
+pub(crate) mod tracker;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;

@@ -71,7 +71,7 @@ impl Seqs {
 }
 
 /// Sequence state of one stream instance.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct SeqTracker {
     /// The last seq accepted; `None` before the first packet.
     last: Option<u64>,

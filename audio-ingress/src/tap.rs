@@ -1,0 +1,591 @@
+//! `audio-ingress tap`: subscribe to a subject pattern and print every audio packet,
+//! decoded, then a summary per subject when it stops.
+//!
+//! ```text
+//! audio-ingress tap 'inference.whisper.stream.*' [--nats-url URL] [--json] [--count N] [--for SECONDS]
+//! ```
+//!
+//! It stops on Ctrl-C / SIGTERM, after `--count` messages (decodable or not), or after
+//! `--for` seconds, whichever comes first.
+//!
+//! Output on stdout, one line per packet. With `--json`, one JSON object per line:
+//! - packet: `{"subject","type","seq","sample_rate","samples","bytes","session_id",
+//!   "headers":{...},"gap":{...}|null,"error":null}`;
+//! - undecodable packet: the same keys, `type`/`seq`/`sample_rate`/`samples` `null` and
+//!   `"error":{"kind":"<decode error kind>","message":"..."}`;
+//! - on exit, one `{"type":"summary","subject",...}` line per subject (seq range,
+//!   frames, samples, missing seqs and jumps, declared gaps, end seen, decode errors)
+//!   and one `{"type":"total",...}` line.
+//!
+//! A line `tap: subscribed to <pattern> on <url>` goes to stderr once the server has
+//! registered the subscription (scripts wait for it before publishing).
+//!
+//! Each subject is tracked as one stream: "missing" counts seqs skipped without a
+//! declared gap (loss in transit or undecodable packets). The tap is a diagnostic: it
+//! holds one small record per subject seen, and never more than one message at a time.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use serde::Serialize;
+use serde_json::{Value, json};
+use weir_protocol::audio::extension::headers;
+use weir_protocol::audio::{DecodeOptions, Packet, PacketBody, decode};
+
+use crate::consumer::tracker::{Observation, SeqTracker, Seqs};
+
+/// How long connecting to NATS may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the server may take to confirm the subscription.
+const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Messages the NATS client may buffer for the tap before dropping (it prints at
+/// terminal speed; a dropped message shows up as a slow-consumer warning and missing
+/// seqs).
+const TAP_SUBSCRIPTION_CAPACITY: usize = 16_384;
+/// Weir headers shown with each packet.
+const SHOWN_HEADERS: [&str; 4] = [
+    headers::VERSION,
+    headers::CAPTURED_AT_MS,
+    headers::END_REASON,
+    headers::OVERLOAD,
+];
+
+/// Arguments of `audio-ingress tap`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TapArgs {
+    /// Subject pattern to subscribe to; NATS wildcards allowed
+    /// (e.g. `inference.whisper.stream.*` or `audio.3.*`).
+    pub subject: String,
+    /// NATS server URL.
+    #[arg(
+        long,
+        default_value = "nats://127.0.0.1:4222",
+        env = "WEIR_TAP_NATS_URL"
+    )]
+    pub nats_url: String,
+    /// One JSON object per line instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Stop after this many messages.
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
+    /// Stop after this many seconds.
+    #[arg(long = "for", value_name = "SECONDS", value_parser = parse_seconds)]
+    pub duration: Option<Duration>,
+}
+
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !(secs > 0.0 && secs <= 31_536_000.0) {
+        return Err(format!(
+            "{s} is out of range; allowed (0, 31536000] seconds"
+        ));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Why the tap failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TapError {
+    /// The subject pattern is not a valid NATS subject.
+    #[error("invalid subject pattern {0:?}")]
+    InvalidSubject(String),
+    /// Could not connect.
+    #[error("cannot connect to NATS at {url}: {reason}")]
+    Connect {
+        /// The URL.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// Could not subscribe.
+    #[error("cannot subscribe to {subject:?}: {reason}")]
+    Subscribe {
+        /// The pattern.
+        subject: String,
+        /// Why.
+        reason: String,
+    },
+    /// Could not write the output.
+    #[error("cannot write output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+/// Machine-readable kind of a [`TapError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TapErrorKind {
+    /// See [`TapError::InvalidSubject`].
+    InvalidSubject,
+    /// See [`TapError::Connect`].
+    Connect,
+    /// See [`TapError::Subscribe`].
+    Subscribe,
+    /// See [`TapError::Output`].
+    Output,
+}
+
+impl TapError {
+    /// The kind, for callers that match on it.
+    pub fn kind(&self) -> TapErrorKind {
+        match self {
+            Self::InvalidSubject(_) => TapErrorKind::InvalidSubject,
+            Self::Connect { .. } => TapErrorKind::Connect,
+            Self::Subscribe { .. } => TapErrorKind::Subscribe,
+            Self::Output(_) => TapErrorKind::Output,
+        }
+    }
+}
+
+/// Per-subject summary.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SubjectSummary {
+    /// The subject.
+    pub subject: String,
+    /// Lowest seq seen.
+    pub first_seq: Option<u64>,
+    /// Highest seq seen.
+    pub last_seq: Option<u64>,
+    /// Frames decoded.
+    pub frames: u64,
+    /// Samples in them.
+    pub samples: u64,
+    /// Seqs skipped without a declared gap.
+    pub missing: u64,
+    /// Number of such jumps.
+    pub gaps: u64,
+    /// Gap packets.
+    pub declared_gaps: u64,
+    /// Frames declared missing by gap packets.
+    pub declared_gap_frames: u64,
+    /// Duplicate or out-of-order packets.
+    pub stale: u64,
+    /// Whether an `end` arrived.
+    pub end_seen: bool,
+    /// `Weir-End-Reason` of the end, if any.
+    pub end_reason: Option<String>,
+    /// Packets on this subject that could not be decoded.
+    pub decode_errors: u64,
+    #[serde(skip)]
+    tracker: SeqTracker,
+}
+
+/// What the tap saw, returned when it stops.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct TapSummary {
+    /// Messages received.
+    pub messages: u64,
+    /// Messages that could not be decoded.
+    pub errors: u64,
+    /// Per subject, sorted by subject.
+    pub subjects: Vec<SubjectSummary>,
+    /// Why it stopped: `count`, `duration`, `signal` or `closed`.
+    pub stopped_by: String,
+}
+
+/// Runs the tap, printing to stdout, until Ctrl-C, `--count` or `--for`.
+pub async fn run(args: TapArgs) -> Result<TapSummary, TapError> {
+    let stop = async {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            match signal(SignalKind::terminate()) {
+                Ok(mut term) => {
+                    tokio::select! {
+                        _ = tokio::signal::ctrl_c() => {}
+                        _ = term.recv() => {}
+                    }
+                }
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    };
+    // `Stdout` (not its lock) is `Send`; it is line-buffered, so every packet line
+    // reaches a pipe as soon as it is printed.
+    run_with(args, &mut std::io::stdout(), stop).await
+}
+
+/// Runs the tap writing to `out` until `stop` completes, `--count` or `--for`.
+pub async fn run_with(
+    args: TapArgs,
+    out: &mut (impl Write + Send),
+    stop: impl std::future::Future<Output = ()> + Send,
+) -> Result<TapSummary, TapError> {
+    if args.subject.is_empty()
+        || args.subject.split('.').any(|t| t.is_empty())
+        || args
+            .subject
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(TapError::InvalidSubject(args.subject));
+    }
+    let connect = async_nats::ConnectOptions::new()
+        .connection_timeout(CONNECT_TIMEOUT)
+        .subscription_capacity(TAP_SUBSCRIPTION_CAPACITY)
+        .event_callback(|event| async move {
+            match event {
+                async_nats::Event::SlowConsumer(_) => {
+                    eprintln!("tap: slow consumer: the NATS client dropped messages");
+                }
+                other => eprintln!("tap: NATS {other}"),
+            }
+        })
+        .connect(&args.nats_url);
+    let client = tokio::time::timeout(CONNECT_TIMEOUT + Duration::from_secs(1), connect)
+        .await
+        .map_err(|_| TapError::Connect {
+            url: args.nats_url.clone(),
+            reason: "timed out".into(),
+        })?
+        .map_err(|e| TapError::Connect {
+            url: args.nats_url.clone(),
+            reason: e.to_string(),
+        })?;
+    let sub_err = |reason: String| TapError::Subscribe {
+        subject: args.subject.clone(),
+        reason,
+    };
+    let mut sub = client
+        .subscribe(args.subject.clone())
+        .await
+        .map_err(|e| sub_err(e.to_string()))?;
+    confirm(&client).await.map_err(sub_err)?;
+    eprintln!("tap: subscribed to {} on {}", args.subject, args.nats_url);
+
+    let mut tap = Tap::default();
+    let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
+    let until_deadline = async {
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(stop);
+    tokio::pin!(until_deadline);
+    let stopped_by = loop {
+        if args.count.is_some_and(|n| tap.messages >= n) {
+            break "count";
+        }
+        tokio::select! {
+            msg = sub.next() => match msg {
+                Some(msg) => {
+                    let line = tap.on_message(&msg.subject, &msg.payload, msg.headers.as_ref(), args.json);
+                    writeln!(out, "{line}")?;
+                }
+                None => break "closed",
+            },
+            () = &mut until_deadline => break "duration",
+            () = &mut stop => break "signal",
+        }
+    };
+    drop(sub);
+    let summary = tap.finish(stopped_by);
+    for s in &summary.subjects {
+        writeln!(out, "{}", summary_line(s, args.json))?;
+    }
+    writeln!(out, "{}", total_line(&summary, args.json))?;
+    out.flush()?;
+    Ok(summary)
+}
+
+/// A round trip on the connection: once a message published after the SUB comes back,
+/// the server has the subscription.
+async fn confirm(client: &async_nats::Client) -> Result<(), String> {
+    let inbox = client.new_inbox();
+    let probe = async {
+        let mut s = client
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        client
+            .publish(inbox.clone(), Bytes::new())
+            .await
+            .map_err(|e| e.to_string())?;
+        s.next().await.map(|_| ()).ok_or("probe closed".to_string())
+    };
+    tokio::time::timeout(SUBSCRIBE_TIMEOUT, probe)
+        .await
+        .map_err(|_| "the server did not confirm within 5 s".to_string())?
+}
+
+#[derive(Default)]
+struct Tap {
+    messages: u64,
+    errors: u64,
+    subjects: BTreeMap<String, SubjectSummary>,
+    decode: DecodeOptions,
+}
+
+impl Tap {
+    fn on_message(
+        &mut self,
+        subject: &str,
+        payload: &Bytes,
+        hdrs: Option<&async_nats::HeaderMap>,
+        json: bool,
+    ) -> String {
+        self.messages += 1;
+        let shown: BTreeMap<&str, &str> = SHOWN_HEADERS
+            .iter()
+            .filter_map(|&name| Some((name, hdrs?.get(name)?.as_str())))
+            .collect();
+        let summary = self
+            .subjects
+            .entry(subject.to_owned())
+            .or_insert_with(|| SubjectSummary {
+                subject: subject.to_owned(),
+                ..SubjectSummary::default()
+            });
+        match decode(payload, &self.decode) {
+            Ok(packet) => {
+                summary.observe(&packet, shown.get(headers::END_REASON).copied());
+                packet_line(subject, payload.len(), &packet, &shown, json)
+            }
+            Err(e) => {
+                self.errors += 1;
+                summary.decode_errors += 1;
+                let kind = e.kind().as_str();
+                if json {
+                    json!({
+                        "subject": subject, "type": Value::Null, "seq": Value::Null,
+                        "sample_rate": Value::Null, "samples": Value::Null,
+                        "bytes": payload.len(), "headers": shown,
+                        "error": {"kind": kind, "message": e.to_string()},
+                    })
+                    .to_string()
+                } else {
+                    format!("{subject} ERROR {kind}: {e} ({} bytes)", payload.len())
+                }
+            }
+        }
+    }
+
+    fn finish(self, stopped_by: &str) -> TapSummary {
+        TapSummary {
+            messages: self.messages,
+            errors: self.errors,
+            subjects: self.subjects.into_values().collect(),
+            stopped_by: stopped_by.to_owned(),
+        }
+    }
+}
+
+impl SubjectSummary {
+    fn observe(&mut self, packet: &Packet, end_reason: Option<&str>) {
+        let seqs = match &packet.body {
+            PacketBody::Gap(g) => Seqs::Range {
+                first: g.first_seq,
+                last: g.last_seq,
+            },
+            _ => Seqs::Single(packet.seq),
+        };
+        let first = match seqs {
+            Seqs::Range { first, .. } => first,
+            Seqs::Single(s) => s,
+        };
+        self.first_seq = Some(self.first_seq.map_or(first, |f| f.min(first)));
+        self.last_seq = Some(self.last_seq.map_or(packet.seq, |l| l.max(packet.seq)));
+        match self.tracker.observe(seqs) {
+            Observation::Accept {
+                lost: Some(lost), ..
+            } => {
+                self.missing += lost.end() - lost.start() + 1;
+                self.gaps += 1;
+            }
+            Observation::Accept { lost: None, .. } => {}
+            Observation::Stale => self.stale += 1,
+            Observation::Restart => {
+                // Same subject, new stream: keep counting on a fresh sequence.
+                self.tracker = SeqTracker::new();
+                self.tracker.observe(seqs);
+            }
+        }
+        match &packet.body {
+            PacketBody::Frame { .. } => {
+                self.frames += 1;
+                self.samples += packet.samples();
+            }
+            PacketBody::Gap(g) => {
+                self.declared_gaps += 1;
+                self.declared_gap_frames += g.frames();
+            }
+            PacketBody::End => {
+                self.end_seen = true;
+                self.end_reason = end_reason.map(str::to_owned);
+            }
+        }
+    }
+}
+
+fn packet_line(
+    subject: &str,
+    bytes: usize,
+    packet: &Packet,
+    shown: &BTreeMap<&str, &str>,
+    json: bool,
+) -> String {
+    let gap = match &packet.body {
+        PacketBody::Gap(g) => json!({
+            "first_seq": g.first_seq, "last_seq": g.last_seq, "frames": g.frames(),
+            "samples": g.samples, "reason": g.reason.as_str(),
+        }),
+        _ => Value::Null,
+    };
+    if json {
+        return json!({
+            "subject": subject,
+            "type": packet.type_name(),
+            "seq": packet.seq,
+            "sample_rate": packet.format.sample_rate,
+            "samples": packet.samples(),
+            "bytes": bytes,
+            "session_id": packet.session_id,
+            "headers": shown,
+            "gap": gap,
+            "error": Value::Null,
+        })
+        .to_string();
+    }
+    let mut line = format!(
+        "{subject} {} seq={} rate={} samples={}",
+        packet.type_name(),
+        packet.seq,
+        packet.format.sample_rate,
+        packet.samples()
+    );
+    if let PacketBody::Gap(g) = &packet.body {
+        line.push_str(&format!(
+            " missing={}..={} reason={}",
+            g.first_seq,
+            g.last_seq,
+            g.reason.as_str()
+        ));
+    }
+    if let Some(s) = &packet.session_id {
+        line.push_str(&format!(" session={s}"));
+    }
+    for (k, v) in shown {
+        line.push_str(&format!(" {k}={v}"));
+    }
+    line
+}
+
+fn summary_line(s: &SubjectSummary, json: bool) -> String {
+    if json {
+        let mut v = serde_json::to_value(s).unwrap_or(Value::Null);
+        if let Value::Object(map) = &mut v {
+            map.insert("type".into(), Value::from("summary"));
+        }
+        return v.to_string();
+    }
+    let range = match (s.first_seq, s.last_seq) {
+        (Some(a), Some(b)) => format!("{a}..={b}"),
+        _ => "-".into(),
+    };
+    format!(
+        "summary {} seq={range} frames={} samples={} missing={} gaps={} declared_gap_frames={} stale={} end={} decode_errors={}",
+        s.subject,
+        s.frames,
+        s.samples,
+        s.missing,
+        s.gaps,
+        s.declared_gap_frames,
+        s.stale,
+        match (&s.end_seen, &s.end_reason) {
+            (false, _) => "no".to_owned(),
+            (true, Some(r)) => format!("yes({r})"),
+            (true, None) => "yes".to_owned(),
+        },
+        s.decode_errors
+    )
+}
+
+fn total_line(t: &TapSummary, json: bool) -> String {
+    if json {
+        return json!({
+            "type": "total", "messages": t.messages, "errors": t.errors,
+            "subjects": t.subjects.len(), "stopped_by": t.stopped_by,
+        })
+        .to_string();
+    }
+    format!(
+        "total messages={} errors={} subjects={} stopped_by={}",
+        t.messages,
+        t.errors,
+        t.subjects.len(),
+        t.stopped_by
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn payload(p: Packet) -> Bytes {
+        p.encode().expect("encodable")
+    }
+
+    #[test]
+    fn json_lines_have_the_documented_keys() {
+        let mut tap = Tap::default();
+        let line = tap.on_message(
+            "s.a",
+            &payload(Packet::frame(1, Bytes::from(vec![0u8; 640]))),
+            None,
+            true,
+        );
+        let v: Value = serde_json::from_str(&line).expect("json");
+        assert_eq!(v["subject"], "s.a");
+        assert_eq!(v["type"], "frame");
+        assert_eq!(v["seq"], 1);
+        assert_eq!(v["sample_rate"], 16_000);
+        assert_eq!(v["samples"], 320);
+        assert!(v["error"].is_null());
+        let bad = tap.on_message("s.a", &Bytes::from_static(b"\x00\x00"), None, true);
+        let v: Value = serde_json::from_str(&bad).expect("json");
+        assert_eq!(v["error"]["kind"], "truncated");
+        assert!(v["type"].is_null());
+    }
+
+    #[test]
+    fn summary_counts_missing_and_end() {
+        let mut tap = Tap::default();
+        for seq in [1, 2, 5, 6] {
+            tap.on_message(
+                "s.a",
+                &payload(Packet::frame(seq, Bytes::from(vec![0u8; 640]))),
+                None,
+                false,
+            );
+        }
+        tap.on_message("s.a", &payload(Packet::end(7)), None, false);
+        let sum = tap.finish("count");
+        let s = &sum.subjects[0];
+        assert_eq!((s.first_seq, s.last_seq), (Some(1), Some(7)));
+        assert_eq!((s.frames, s.samples, s.missing, s.gaps), (4, 1_280, 2, 1));
+        assert!(s.end_seen);
+        let line: Value = serde_json::from_str(&summary_line(s, true)).expect("json");
+        assert_eq!(line["type"], "summary");
+        assert_eq!(line["missing"], 2);
+    }
+
+    #[test]
+    fn seconds_are_validated() {
+        assert_eq!(parse_seconds("1.5"), Ok(Duration::from_millis(1_500)));
+        assert!(parse_seconds("0").is_err());
+        assert!(parse_seconds("-3").is_err());
+        assert!(parse_seconds("nan").is_err());
+        assert!(parse_seconds("x").is_err());
+    }
+}
