@@ -1,0 +1,187 @@
+//! Interop with the deployed Python producers and ASR service, both directions.
+//!
+//! - `golden/*.bin` are packets written byte for byte by the deployed producer code
+//!   (`golden/generate.py`: `json.dumps(meta, ensure_ascii=False)` +
+//!   `struct.pack(">I", ...)`); every one must decode to what `golden/vectors.json`
+//!   says, or be refused with the listed error kind.
+//! - `golden_files_are_what_python_writes` re-runs the generator in `--check` mode, so
+//!   the committed bytes are provably Python's, not hand-made.
+//! - `python_reads_what_the_encoder_writes` encodes packets with this crate and reads
+//!   them back with the deployed reading code (`golden/read_packets.py`: `struct` +
+//!   `json`).
+//!
+//! Python: `WEIR_PYTHON`, else `scripts/ensure-python-env`, else `python3` on PATH (only
+//! the standard library is needed here). No Python at all fails the test with a message.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use bytes::Bytes;
+use serde_json::Value;
+use weir_protocol::audio::{DecodeOptions, Gap, GapReason, Packet, PacketBody, decode};
+
+fn golden_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
+}
+
+fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("WEIR_PYTHON").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/ensure-python-env");
+    if let Ok(out) = Command::new(&script).output()
+        && out.status.success()
+    {
+        let path = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        if !path.is_empty() {
+            return PathBuf::from(path);
+        }
+    }
+    let probe = Command::new("python3").arg("--version").output();
+    if probe.is_ok_and(|o| o.status.success()) {
+        return PathBuf::from("python3");
+    }
+    panic!(
+        "no Python found for the interop check: set WEIR_PYTHON, or make \
+         scripts/ensure-python-env work (needs python3 with venv: apt-get install python3-venv)"
+    );
+}
+
+fn run_python(args: &[&std::ffi::OsStr]) -> String {
+    let py = python();
+    let out = Command::new(&py)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", py.display()));
+    assert!(
+        out.status.success(),
+        "{} {:?} failed: {}{}",
+        py.display(),
+        args,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("python prints UTF-8")
+}
+
+/// A scratch directory removed on drop (the crate has no tempfile dependency).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let path = std::env::temp_dir().join(format!("weir-golden-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&path).expect("create temp dir");
+        Self(path)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn python_written_packets_decode() {
+    let manifest = std::fs::read_to_string(golden_dir().join("vectors.json"))
+        .expect("golden/vectors.json (regenerate with golden/generate.py)");
+    let vectors: Vec<Value> = serde_json::from_str(&manifest).expect("manifest JSON");
+    assert!(vectors.len() >= 15, "expected the full golden set");
+    let opts = DecodeOptions::default();
+    for v in &vectors {
+        let name = v["name"].as_str().expect("name");
+        let file = v["file"].as_str().expect("file");
+        let data = Bytes::from(std::fs::read(golden_dir().join(file)).expect("golden file"));
+        let expect = &v["expect"];
+        let result = decode(&data, &opts);
+        if let Some(kind) = expect["error"].as_str() {
+            let err = result.expect_err(name);
+            assert_eq!(err.kind().as_str(), kind, "{name}: {err}");
+            continue;
+        }
+        let packet = result.unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(packet.type_name(), expect["type"], "{name}");
+        assert_eq!(Some(packet.seq), expect["seq"].as_u64(), "{name}");
+        assert_eq!(
+            packet.session_id.as_deref(),
+            expect["session_id"].as_str(),
+            "{name}"
+        );
+        assert_eq!(Some(packet.samples()), expect["samples"].as_u64(), "{name}");
+        assert_eq!(hex(packet.pcm()), expect["pcm_hex"], "{name}");
+        assert_eq!(packet.format.sample_rate, 16_000, "{name}");
+    }
+}
+
+#[test]
+fn golden_files_are_what_python_writes() {
+    let script = golden_dir().join("generate.py");
+    let out = run_python(&[script.as_os_str(), "--check".as_ref()]);
+    assert!(out.contains("golden files match"), "{out}");
+}
+
+#[test]
+fn python_reads_what_the_encoder_writes() {
+    let dir = TempDir::new();
+    let pcm: Vec<u8> = (0..640u32).map(|i| (i % 251) as u8).collect();
+    let packets = [
+        Packet::frame(1, Bytes::from(pcm.clone())),
+        Packet::frame(2, Bytes::from(pcm.clone())).with_session(Some("s-é1 \"q\"".into())),
+        Packet::frame(3, Bytes::new()),
+        Packet::gap(Gap {
+            first_seq: 4,
+            last_seq: 8,
+            samples: 1_600,
+            reason: GapReason::QueueFull,
+        }),
+        Packet::end(9),
+    ];
+    let mut paths = Vec::new();
+    for (i, p) in packets.iter().enumerate() {
+        let path = dir.path().join(format!("{i}.bin"));
+        std::fs::write(&path, p.encode().expect("encodable")).expect("write");
+        paths.push(path);
+    }
+    let reader = golden_dir().join("read_packets.py");
+    let mut args = vec![reader.as_os_str()];
+    args.extend(paths.iter().map(|p| p.as_os_str()));
+    let out = run_python(&args);
+    let lines: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("reader JSON"))
+        .collect();
+    assert_eq!(lines.len(), packets.len());
+    for (p, seen) in packets.iter().zip(&lines) {
+        let meta = &seen["meta"];
+        assert_eq!(meta["type"], p.type_name());
+        assert_eq!(meta["seq"].as_u64(), Some(p.seq));
+        assert_eq!(meta["sample_rate"], 16_000);
+        assert_eq!(meta["sample_width"], 2);
+        assert_eq!(meta["channels"], 1);
+        assert_eq!(meta["session_id"].as_str(), p.session_id.as_deref());
+        assert_eq!(seen["pcm_hex"], hex(p.pcm()));
+        match &p.body {
+            PacketBody::Frame { pcm } => {
+                assert_eq!(seen["samples"].as_u64(), Some(pcm.len() as u64 / 2))
+            }
+            PacketBody::End => assert_eq!(seen["samples"], 0),
+            PacketBody::Gap(g) => {
+                assert_eq!(meta["first_seq"].as_u64(), Some(g.first_seq));
+                assert_eq!(meta["frames"].as_u64(), Some(g.frames()));
+                assert_eq!(meta["samples"].as_u64(), Some(g.samples));
+                assert_eq!(meta["reason"], "queue_full");
+            }
+        }
+    }
+}
