@@ -1,1 +1,38 @@
-//! placeholder
+//! weir audio ingress: bounded per-stream publishing of 16 kHz s16le mono audio to NATS
+//! (the producer core and the `serve` front door), and the shard-affine consumer core.
+//!
+//! Producer side, in data-flow order:
+//! - [`config`]: validated budget, policy, listeners, NATS options;
+//! - [`queue`]: the pure per-stream queue bounded by bytes and age;
+//! - [`stream`]: [`Ingress`] (opens streams, one publisher task each) and
+//!   [`StreamHandle`] (`try_push`, `push`, `finish`);
+//! - [`publisher`]: the per-stream task that hands packets to NATS under a timeout;
+//! - [`nats`]: connection options (auth, TLS) and connection events;
+//! - [`ws`], [`admin`], [`shutdown`]: the `serve` service;
+//! - [`stats`], [`metrics`]: accounting and metric names.
+//!
+//! Invariants: the number of tasks depends on the number of streams, never on the
+//! number of frames; pending memory per stream is bounded by its byte budget; a frame
+//! offered is published, refused/dropped and counted with a reason, or covered by a gap
+//! marker — never lost silently.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod admin;
+pub mod config;
+pub mod consumer;
+pub mod error;
+pub mod metrics;
+pub mod nats;
+pub mod publisher;
+pub mod queue;
+pub mod shutdown;
+pub mod stats;
+pub mod stream;
+pub mod tap;
+pub mod ws;
+
+pub use config::{Config, Policy, StreamConfig};
+pub use error::{OpenError, PushError};
+pub use stream::{Ingress, StreamHandle};

@@ -1,0 +1,1212 @@
+//! Configuration: raw values (TOML file, `WEIR_INGRESS_<KEY>` environment variables,
+//! command-line overrides) validated once into typed values that cannot be invalid.
+//!
+//! - [`StreamConfig`] — the producer core's budget and policy (what a Rust producer
+//!   using the library needs). Built with [`StreamConfig::builder`]; `Default` is the
+//!   documented default and is valid.
+//! - [`ServerConfig`] — the `serve` front door (listeners, stream cap, timeouts).
+//! - [`NatsConfig`] — the NATS connection (URL, auth, TLS, client timeouts).
+//! - [`Config`] — all three, loaded by [`Config::load`] from [`ConfigSources`].
+//!
+//! Keys are flat snake_case names listed in [`KEYS`] (with type, default and meaning;
+//! docs/audio-ingress.md reproduces the table). Precedence, lowest first: defaults, the
+//! file, the environment, `--set key=value` and the dedicated flags. Every refusal is a
+//! [`ConfigError`] naming the key and, for numbers, the allowed range. Durations are
+//! configured in milliseconds (`*_ms`) and carried as [`Duration`] inside the code.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::num::{NonZeroU32, NonZeroUsize};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use weir_protocol::SubjectTemplate;
+use weir_protocol::audio::packet::DEFAULT_MAX_PCM_BYTES;
+use weir_protocol::partition::DEFAULT_STREAM_TEMPLATE;
+
+use crate::error::{ConfigError, ConfigErrorKind};
+
+/// Prefix of the environment variables: `WEIR_INGRESS_MAX_BYTES` sets `max_bytes`.
+pub const ENV_PREFIX: &str = "WEIR_INGRESS_";
+
+/// Default byte budget per stream: 0.5 s of 16 kHz s16le mono (25 frames of 20 ms).
+pub const DEFAULT_MAX_BYTES: usize = 16_000;
+/// Default age budget: the oldest pending frame may be at most this old.
+pub const DEFAULT_MAX_AGE: Duration = Duration::from_millis(500);
+/// Default time a full stream may wait for room before the `close` policy overloads it.
+pub const DEFAULT_MAX_WAIT: Duration = Duration::from_millis(100);
+/// Default bound on one NATS publish call.
+pub const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_millis(100);
+/// Default time a stream keeps trying to hand its `end` to NATS.
+pub const DEFAULT_END_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default largest accepted frame: 100 ms of audio.
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 3_200;
+/// Default shadow-mode safety factor (see [`StreamConfig::shadow`]).
+pub const DEFAULT_SHADOW_CEILING_FACTOR: u32 = 8;
+/// Largest byte budget accepted (64 MiB): anything above is a typo.
+pub const MAX_MAX_BYTES: usize = 64 * 1024 * 1024;
+
+/// What a stream does when its budget is exhausted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// Wait up to `max_wait` for room, then end the stream with an overload `end`
+    /// (frames too old are an overload too). The default; safe for every consumer.
+    #[default]
+    Close,
+    /// Drop the oldest frames to stay in budget and publish a `gap` packet with the exact
+    /// missing range. Only for consumers that speak the extended protocol.
+    Gap,
+}
+
+impl Policy {
+    /// The config value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Close => "close",
+            Self::Gap => "gap",
+        }
+    }
+}
+
+impl FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "close" => Ok(Self::Close),
+            "gap" => Ok(Self::Gap),
+            other => Err(format!("{other:?} is not a policy; expected \"close\" or \"gap\"")),
+        }
+    }
+}
+
+/// The validated budget and policy of every stream. Cannot hold an invalid combination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamConfig {
+    max_bytes: NonZeroUsize,
+    max_age: Duration,
+    max_wait: Duration,
+    policy: Policy,
+    shadow: bool,
+    shadow_ceiling_factor: u32,
+    extended_consumers: bool,
+    publish_timeout: Duration,
+    end_timeout: Duration,
+    max_frame_bytes: NonZeroUsize,
+    subject: SubjectTemplate,
+    partitions: NonZeroU32,
+}
+
+impl Default for StreamConfig {
+    fn default() -> Self {
+        // The defaults are valid by construction (checked in a unit test); fall back to
+        // a hand-built value rather than panic if that ever changed.
+        StreamConfigBuilder::default()
+            .build()
+            .unwrap_or_else(|_| Self {
+                max_bytes: NonZeroUsize::MIN.saturating_add(DEFAULT_MAX_BYTES - 1),
+                max_age: DEFAULT_MAX_AGE,
+                max_wait: DEFAULT_MAX_WAIT,
+                policy: Policy::Close,
+                shadow: false,
+                shadow_ceiling_factor: DEFAULT_SHADOW_CEILING_FACTOR,
+                extended_consumers: false,
+                publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
+                end_timeout: DEFAULT_END_TIMEOUT,
+                max_frame_bytes: NonZeroUsize::MIN.saturating_add(DEFAULT_MAX_FRAME_BYTES - 1),
+                subject: default_template(),
+                partitions: NonZeroU32::MIN,
+            })
+    }
+}
+
+fn default_template() -> SubjectTemplate {
+    // The deployed template is valid; `parse` cannot fail on it.
+    SubjectTemplate::parse(DEFAULT_STREAM_TEMPLATE)
+        .or_else(|_| SubjectTemplate::parse("inference.whisper.stream.{stream}"))
+        .unwrap_or_else(|_| unreachable_template())
+}
+
+#[allow(clippy::panic)]
+fn unreachable_template() -> SubjectTemplate {
+    // Only reachable if weir-protocol refused its own default template, a build error.
+    panic!("weir-protocol refuses its own default subject template")
+}
+
+impl StreamConfig {
+    /// A builder starting from the defaults.
+    pub fn builder() -> StreamConfigBuilder {
+        StreamConfigBuilder::default()
+    }
+
+    /// Byte budget per stream (queued + in flight), `max_bytes`.
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes.get()
+    }
+    /// Age budget of the oldest pending frame, `max_age_ms`.
+    pub fn max_age(&self) -> Duration {
+        self.max_age
+    }
+    /// How long a full stream waits for room before overloading (`close`), `max_wait_ms`.
+    pub fn max_wait(&self) -> Duration {
+        self.max_wait
+    }
+    /// The full-queue policy.
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+    /// Shadow mode: the budget is measured and `would_reject` counted, not enforced.
+    /// A safety ceiling of `shadow_ceiling_factor` × the budget still applies the
+    /// policy, so memory stays bounded even in shadow mode.
+    pub fn shadow(&self) -> bool {
+        self.shadow
+    }
+    /// The shadow-mode safety factor.
+    pub fn shadow_ceiling_factor(&self) -> u32 {
+        self.shadow_ceiling_factor
+    }
+    /// Whether every consumer speaks the extended protocol (required for `gap`).
+    pub fn extended_consumers(&self) -> bool {
+        self.extended_consumers
+    }
+    /// Bound on one NATS publish call.
+    pub fn publish_timeout(&self) -> Duration {
+        self.publish_timeout
+    }
+    /// How long a stream keeps trying to hand its `end` to NATS.
+    pub fn end_timeout(&self) -> Duration {
+        self.end_timeout
+    }
+    /// Largest accepted frame, in bytes.
+    pub fn max_frame_bytes(&self) -> usize {
+        self.max_frame_bytes.get()
+    }
+    /// The frame subject template.
+    pub fn subject(&self) -> &SubjectTemplate {
+        &self.subject
+    }
+    /// Partition count for a `{partition}` template.
+    pub fn partitions(&self) -> NonZeroU32 {
+        self.partitions
+    }
+
+    /// The byte bound actually enforced (the budget, or the shadow ceiling).
+    pub fn enforced_max_bytes(&self) -> usize {
+        if self.shadow {
+            self.max_bytes
+                .get()
+                .saturating_mul(self.shadow_ceiling_factor as usize)
+        } else {
+            self.max_bytes.get()
+        }
+    }
+
+    /// The age bound actually enforced (the budget, or the shadow ceiling).
+    pub fn enforced_max_age(&self) -> Duration {
+        if self.shadow {
+            self.max_age.saturating_mul(self.shadow_ceiling_factor)
+        } else {
+            self.max_age
+        }
+    }
+
+    /// The wait bound actually enforced (the budget, or the shadow ceiling).
+    pub fn enforced_max_wait(&self) -> Duration {
+        if self.shadow {
+            self.max_wait.saturating_mul(self.shadow_ceiling_factor)
+        } else {
+            self.max_wait
+        }
+    }
+}
+
+/// Builds a [`StreamConfig`]; [`build`](Self::build) validates every value.
+#[derive(Debug, Clone)]
+pub struct StreamConfigBuilder {
+    max_bytes: u64,
+    max_age: Duration,
+    max_wait: Duration,
+    policy: Policy,
+    shadow: bool,
+    shadow_ceiling_factor: u64,
+    extended_consumers: bool,
+    publish_timeout: Duration,
+    end_timeout: Duration,
+    max_frame_bytes: u64,
+    subject: String,
+    partitions: Option<u64>,
+}
+
+impl Default for StreamConfigBuilder {
+    fn default() -> Self {
+        Self {
+            max_bytes: DEFAULT_MAX_BYTES as u64,
+            max_age: DEFAULT_MAX_AGE,
+            max_wait: DEFAULT_MAX_WAIT,
+            policy: Policy::Close,
+            shadow: false,
+            shadow_ceiling_factor: u64::from(DEFAULT_SHADOW_CEILING_FACTOR),
+            extended_consumers: false,
+            publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
+            end_timeout: DEFAULT_END_TIMEOUT,
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES as u64,
+            subject: DEFAULT_STREAM_TEMPLATE.to_owned(),
+            partitions: None,
+        }
+    }
+}
+
+fn out_of_range(key: &str, shown: impl fmt::Display, range: impl fmt::Display) -> ConfigError {
+    ConfigError::new(
+        key,
+        ConfigErrorKind::OutOfRange,
+        format!("{shown} is out of range; allowed {range}"),
+    )
+}
+
+fn check_ms(key: &str, d: Duration, min_ms: u64, max_ms: u64) -> Result<(), ConfigError> {
+    let ms = d.as_millis();
+    if ms < u128::from(min_ms) || ms > u128::from(max_ms) || (min_ms > 0 && d.is_zero()) {
+        return Err(out_of_range(
+            key,
+            format!("{ms} ms"),
+            format!("{min_ms}..={max_ms} ms"),
+        ));
+    }
+    Ok(())
+}
+
+impl StreamConfigBuilder {
+    /// `max_bytes`: byte budget per stream.
+    pub fn max_bytes(mut self, v: usize) -> Self {
+        self.max_bytes = v as u64;
+        self
+    }
+    /// `max_age_ms`: age budget of the oldest pending frame.
+    pub fn max_age(mut self, v: Duration) -> Self {
+        self.max_age = v;
+        self
+    }
+    /// `max_wait_ms`: how long a full stream waits for room (`close`).
+    pub fn max_wait(mut self, v: Duration) -> Self {
+        self.max_wait = v;
+        self
+    }
+    /// `policy`.
+    pub fn policy(mut self, v: Policy) -> Self {
+        self.policy = v;
+        self
+    }
+    /// `shadow`.
+    pub fn shadow(mut self, v: bool) -> Self {
+        self.shadow = v;
+        self
+    }
+    /// `shadow_ceiling_factor`.
+    pub fn shadow_ceiling_factor(mut self, v: u32) -> Self {
+        self.shadow_ceiling_factor = u64::from(v);
+        self
+    }
+    /// `extended_consumers`.
+    pub fn extended_consumers(mut self, v: bool) -> Self {
+        self.extended_consumers = v;
+        self
+    }
+    /// `publish_timeout_ms`.
+    pub fn publish_timeout(mut self, v: Duration) -> Self {
+        self.publish_timeout = v;
+        self
+    }
+    /// `end_timeout_ms`.
+    pub fn end_timeout(mut self, v: Duration) -> Self {
+        self.end_timeout = v;
+        self
+    }
+    /// `max_frame_bytes`.
+    pub fn max_frame_bytes(mut self, v: usize) -> Self {
+        self.max_frame_bytes = v as u64;
+        self
+    }
+    /// `subject`: the frame subject template.
+    pub fn subject(mut self, v: impl Into<String>) -> Self {
+        self.subject = v.into();
+        self
+    }
+    /// `partitions`: required when the subject has `{partition}`.
+    pub fn partitions(mut self, v: u32) -> Self {
+        self.partitions = Some(u64::from(v));
+        self
+    }
+
+    /// Validates every value; the error names the key and the allowed range.
+    pub fn build(self) -> Result<StreamConfig, ConfigError> {
+        let max_pcm = DEFAULT_MAX_PCM_BYTES as u64;
+        if self.max_frame_bytes < 2 || self.max_frame_bytes > max_pcm {
+            return Err(out_of_range(
+                "max_frame_bytes",
+                self.max_frame_bytes,
+                format!("2..={max_pcm} (the packet limit)"),
+            ));
+        }
+        if self.max_frame_bytes % 2 != 0 {
+            return Err(ConfigError::new(
+                "max_frame_bytes",
+                ConfigErrorKind::Invalid,
+                format!(
+                    "{} is odd; a frame is a whole number of 16-bit samples",
+                    self.max_frame_bytes
+                ),
+            ));
+        }
+        let min_bytes = 2 * self.max_frame_bytes;
+        if self.max_bytes < min_bytes || self.max_bytes > MAX_MAX_BYTES as u64 {
+            return Err(out_of_range(
+                "max_bytes",
+                self.max_bytes,
+                format!(
+                    "{min_bytes}..={MAX_MAX_BYTES} (at least twice max_frame_bytes = {})",
+                    self.max_frame_bytes
+                ),
+            ));
+        }
+        check_ms("max_age_ms", self.max_age, 20, 60_000)?;
+        let max_age_ms = self.max_age.as_millis() as u64;
+        check_ms("max_wait_ms", self.max_wait, 0, max_age_ms)?;
+        check_ms("publish_timeout_ms", self.publish_timeout, 1, max_age_ms)?;
+        check_ms("end_timeout_ms", self.end_timeout, 100, 300_000)?;
+        if !(2..=64).contains(&self.shadow_ceiling_factor) {
+            return Err(out_of_range(
+                "shadow_ceiling_factor",
+                self.shadow_ceiling_factor,
+                "2..=64",
+            ));
+        }
+        if self.policy == Policy::Gap && !self.extended_consumers {
+            return Err(ConfigError::new(
+                "policy",
+                ConfigErrorKind::Conflict,
+                "\"gap\" publishes `gap` packets, which deployed consumers refuse; set \
+                 extended_consumers = true once every consumer of the subject speaks the \
+                 extended protocol",
+            ));
+        }
+        let subject = SubjectTemplate::parse(&self.subject).map_err(|e| {
+            ConfigError::new("subject", ConfigErrorKind::Invalid, e.to_string())
+        })?;
+        let partitions = match (subject.is_partitioned(), self.partitions) {
+            (true, None) => {
+                return Err(ConfigError::new(
+                    "partitions",
+                    ConfigErrorKind::Missing,
+                    "required because subject contains {partition}",
+                ));
+            }
+            (_, None) => 1,
+            (_, Some(p)) => p,
+        };
+        if !(1..=65_536).contains(&partitions) {
+            return Err(out_of_range("partitions", partitions, "1..=65536"));
+        }
+        let nz = |v: u64| NonZeroUsize::new(v as usize).unwrap_or(NonZeroUsize::MIN);
+        Ok(StreamConfig {
+            max_bytes: nz(self.max_bytes),
+            max_age: self.max_age,
+            max_wait: self.max_wait,
+            policy: self.policy,
+            shadow: self.shadow,
+            shadow_ceiling_factor: self.shadow_ceiling_factor as u32,
+            extended_consumers: self.extended_consumers,
+            publish_timeout: self.publish_timeout,
+            end_timeout: self.end_timeout,
+            max_frame_bytes: nz(self.max_frame_bytes),
+            subject,
+            partitions: NonZeroU32::new(partitions as u32).unwrap_or(NonZeroU32::MIN),
+        })
+    }
+}
+
+/// The validated settings of the `serve` front door.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// WebSocket listener (`listen`).
+    pub listen: SocketAddr,
+    /// Admin HTTP listener (`admin`).
+    pub admin: SocketAddr,
+    /// Concurrent stream cap (`max_streams`).
+    pub max_streams: NonZeroUsize,
+    /// `Retry-After` sent with a 503 (`retry_after_s`).
+    pub retry_after: Duration,
+    /// A WebSocket silent for this long is ended with reason `idle` (`idle_timeout_ms`).
+    pub idle_timeout: Duration,
+    /// Time allowed to finish every stream on SIGTERM/SIGINT (`grace_period_ms`).
+    pub grace_period: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            admin: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            max_streams: NonZeroUsize::MIN.saturating_add(999),
+            retry_after: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(30),
+            grace_period: Duration::from_secs(5),
+        }
+    }
+}
+
+/// How the client authenticates to NATS (at most one method).
+#[derive(Clone, PartialEq, Eq, Default)]
+pub enum NatsAuth {
+    /// No credentials.
+    #[default]
+    None,
+    /// `nats_user` + `nats_password`.
+    UserPassword {
+        /// User name.
+        user: String,
+        /// Password.
+        password: String,
+    },
+    /// `nats_token`.
+    Token(String),
+    /// `nats_nkey`: an NKey seed (`SU...`).
+    NKey(String),
+    /// `nats_creds_file`: a `.creds` file (JWT + seed).
+    CredsFile(PathBuf),
+}
+
+impl fmt::Debug for NatsAuth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print secrets.
+        match self {
+            Self::None => f.write_str("None"),
+            Self::UserPassword { user, .. } => write!(f, "UserPassword({user:?}, <redacted>)"),
+            Self::Token(_) => f.write_str("Token(<redacted>)"),
+            Self::NKey(_) => f.write_str("NKey(<redacted>)"),
+            Self::CredsFile(p) => write!(f, "CredsFile({p:?})"),
+        }
+    }
+}
+
+/// TLS settings for the NATS connection.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NatsTls {
+    /// Require TLS even if the server does not ask for it (`nats_tls_required`).
+    pub required: bool,
+    /// Extra root CA file, PEM (`nats_tls_ca_file`).
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate and key, PEM (`nats_tls_cert_file`, `nats_tls_key_file`).
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+/// The validated NATS connection settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatsConfig {
+    /// Server URLs (`nats_url`, comma-separated).
+    pub urls: Vec<String>,
+    /// Client name shown by the server (`nats_name`).
+    pub name: String,
+    /// Authentication.
+    pub auth: NatsAuth,
+    /// TLS.
+    pub tls: NatsTls,
+    /// Per-attempt connect timeout (`nats_connection_timeout_ms`).
+    pub connection_timeout: Duration,
+    /// PING interval; a dead server is noticed after 2–3 of these (`nats_ping_interval_ms`).
+    pub ping_interval: Duration,
+    /// async-nats command channel capacity (`nats_client_capacity`): how many messages
+    /// the client buffers while the server is slow or gone before `publish` blocks (and
+    /// our publish timeout fires).
+    pub client_capacity: usize,
+}
+
+impl Default for NatsConfig {
+    fn default() -> Self {
+        Self {
+            urls: vec!["nats://127.0.0.1:4222".to_owned()],
+            name: "weir-audio-ingress".to_owned(),
+            auth: NatsAuth::None,
+            tls: NatsTls::default(),
+            connection_timeout: Duration::from_secs(2),
+            ping_interval: Duration::from_secs(10),
+            client_capacity: 1024,
+        }
+    }
+}
+
+impl NatsConfig {
+    /// Settings for tests and local tools: short timeouts (connect 500 ms, ping 1 s).
+    pub fn for_url(url: impl Into<String>) -> Self {
+        Self {
+            urls: vec![url.into()],
+            connection_timeout: Duration::from_millis(500),
+            ping_interval: Duration::from_secs(1),
+            ..Self::default()
+        }
+    }
+}
+
+/// The complete validated configuration of `audio-ingress serve`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Config {
+    /// Per-stream budget and policy.
+    pub stream: StreamConfig,
+    /// Front door.
+    pub server: ServerConfig,
+    /// NATS connection.
+    pub nats: NatsConfig,
+}
+
+/// The type of a configuration key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyType {
+    /// Non-negative integer.
+    Int,
+    /// `true` / `false`.
+    Bool,
+    /// String.
+    Str,
+}
+
+/// One configuration key: name, type, default (as shown in docs) and meaning.
+#[derive(Debug, Clone, Copy)]
+pub struct KeySpec {
+    /// The key (TOML name; the environment variable is `WEIR_INGRESS_` + upper case).
+    pub name: &'static str,
+    /// Its type.
+    pub ty: KeyType,
+    /// Default, as text.
+    pub default: &'static str,
+    /// Allowed values, as text.
+    pub range: &'static str,
+    /// What it does.
+    pub help: &'static str,
+}
+
+const fn key(
+    name: &'static str,
+    ty: KeyType,
+    default: &'static str,
+    range: &'static str,
+    help: &'static str,
+) -> KeySpec {
+    KeySpec {
+        name,
+        ty,
+        default,
+        range,
+        help,
+    }
+}
+
+use KeyType::{Bool, Int, Str};
+
+/// Every configuration key of `audio-ingress serve`.
+pub const KEYS: &[KeySpec] = &[
+    key("max_bytes", Int, "16000", "2×max_frame_bytes..=67108864", "PCM byte budget per stream (queued + in flight)"),
+    key("max_age_ms", Int, "500", "20..=60000", "age budget of the oldest pending frame"),
+    key("max_wait_ms", Int, "100", "0..=max_age_ms", "close: how long a full stream waits for room before it overloads"),
+    key("policy", Str, "close", "close | gap", "what a stream does when its budget is exhausted"),
+    key("extended_consumers", Bool, "false", "true | false", "every consumer speaks the extended protocol (required by policy = gap)"),
+    key("shadow", Bool, "false", "true | false", "measure the budget and count would_reject, enforce only the safety ceiling"),
+    key("shadow_ceiling_factor", Int, "8", "2..=64", "shadow mode: the policy still applies at this multiple of the budget"),
+    key("publish_timeout_ms", Int, "100", "1..=max_age_ms", "bound on one NATS publish call"),
+    key("end_timeout_ms", Int, "10000", "100..=300000", "how long a stream keeps trying to hand its end to NATS"),
+    key("max_frame_bytes", Int, "3200", "even, 2..=32000", "largest accepted frame (WebSocket binary message)"),
+    key("subject", Str, DEFAULT_STREAM_TEMPLATE, "template with {stream}, optional {partition}", "frame subject"),
+    key("partitions", Int, "1", "1..=65536; required with {partition}", "partition count for {partition}"),
+    key("listen", Str, "127.0.0.1:8080", "socket address; port 0 = any free port", "WebSocket listener"),
+    key("admin", Str, "127.0.0.1:9090", "socket address; port 0 = any free port", "admin HTTP listener"),
+    key("max_streams", Int, "1000", "1..=1000000", "concurrent stream cap (503 + Retry-After above it)"),
+    key("retry_after_s", Int, "1", "1..=3600", "Retry-After sent with 503"),
+    key("idle_timeout_ms", Int, "30000", "100..=86400000", "a silent WebSocket stream is ended with reason idle"),
+    key("grace_period_ms", Int, "5000", "0..=600000", "time to finish every stream on SIGTERM/SIGINT"),
+    key("nats_url", Str, "nats://127.0.0.1:4222", "comma-separated NATS URLs", "NATS servers"),
+    key("nats_name", Str, "weir-audio-ingress", "non-empty", "client name shown by the server"),
+    key("nats_user", Str, "", "with nats_password", "user/password authentication"),
+    key("nats_password", Str, "", "with nats_user", "user/password authentication"),
+    key("nats_token", Str, "", "", "token authentication"),
+    key("nats_nkey", Str, "", "an NKey seed (SU...)", "NKey authentication"),
+    key("nats_creds_file", Str, "", "an existing file", "JWT credentials file"),
+    key("nats_tls_required", Bool, "false", "true | false", "require TLS"),
+    key("nats_tls_ca_file", Str, "", "an existing PEM file", "extra root certificates"),
+    key("nats_tls_cert_file", Str, "", "an existing PEM file, with nats_tls_key_file", "client certificate"),
+    key("nats_tls_key_file", Str, "", "an existing PEM file, with nats_tls_cert_file", "client key"),
+    key("nats_connection_timeout_ms", Int, "2000", "100..=60000", "per-attempt connect timeout"),
+    key("nats_ping_interval_ms", Int, "10000", "100..=600000", "PING interval (a dead server is noticed after 2-3)"),
+    key("nats_client_capacity", Int, "1024", "16..=1048576", "messages async-nats buffers before publish blocks"),
+];
+
+fn spec(name: &str) -> Option<&'static KeySpec> {
+    KEYS.iter().find(|k| k.name == name)
+}
+
+/// A typed raw value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Raw {
+    Int(u64),
+    Bool(bool),
+    Str(String),
+}
+
+/// Where configuration comes from, lowest precedence first.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigSources {
+    /// A TOML file of `key = value` lines.
+    pub file: Option<PathBuf>,
+    /// Environment variables (pass `std::env::vars()`); only `WEIR_INGRESS_*` are read.
+    pub env: Vec<(String, String)>,
+    /// `key=value` overrides from the command line, applied last in order.
+    pub overrides: Vec<(String, String)>,
+}
+
+fn parse_text(spec: &KeySpec, text: &str, origin: &str) -> Result<Raw, ConfigError> {
+    let wrong = |what: &str| {
+        ConfigError::new(
+            spec.name,
+            ConfigErrorKind::WrongType,
+            format!("{origin}: {text:?} is not {what}"),
+        )
+    };
+    match spec.ty {
+        Int => text
+            .trim()
+            .replace('_', "")
+            .parse::<u64>()
+            .map(Raw::Int)
+            .map_err(|_| wrong("a non-negative integer")),
+        Bool => match text.trim() {
+            "true" | "1" | "yes" => Ok(Raw::Bool(true)),
+            "false" | "0" | "no" => Ok(Raw::Bool(false)),
+            _ => Err(wrong("true or false")),
+        },
+        Str => Ok(Raw::Str(text.to_owned())),
+    }
+}
+
+fn parse_toml(spec: &KeySpec, value: &toml::Value, origin: &str) -> Result<Raw, ConfigError> {
+    let wrong = |what: &str| {
+        ConfigError::new(
+            spec.name,
+            ConfigErrorKind::WrongType,
+            format!("{origin}: {value} is not {what}"),
+        )
+    };
+    match (spec.ty, value) {
+        (Int, toml::Value::Integer(i)) => u64::try_from(*i)
+            .map(Raw::Int)
+            .map_err(|_| out_of_range(spec.name, i, spec.range)),
+        (Int, _) => Err(wrong("an integer")),
+        (Bool, toml::Value::Boolean(b)) => Ok(Raw::Bool(*b)),
+        (Bool, _) => Err(wrong("a boolean")),
+        (Str, toml::Value::String(s)) => Ok(Raw::Str(s.clone())),
+        (Str, _) => Err(wrong("a string")),
+    }
+}
+
+/// The merged raw values, one per key that was set somewhere.
+#[derive(Debug, Default)]
+struct RawValues(BTreeMap<&'static str, Raw>);
+
+impl RawValues {
+    fn set(&mut self, name: &str, raw: Raw) {
+        if let Some(spec) = spec(name) {
+            self.0.insert(spec.name, raw);
+        }
+    }
+    fn int(&self, k: &str) -> Option<u64> {
+        match self.0.get(k) {
+            Some(Raw::Int(v)) => Some(*v),
+            _ => None,
+        }
+    }
+    fn bool(&self, k: &str) -> Option<bool> {
+        match self.0.get(k) {
+            Some(Raw::Bool(v)) => Some(*v),
+            _ => None,
+        }
+    }
+    /// A string value; an empty string counts as unset.
+    fn str(&self, k: &str) -> Option<&str> {
+        match self.0.get(k) {
+            Some(Raw::Str(v)) if !v.is_empty() => Some(v),
+            _ => None,
+        }
+    }
+    fn ms(&self, k: &str) -> Option<Duration> {
+        self.int(k).map(Duration::from_millis)
+    }
+}
+
+impl Config {
+    /// Loads and validates the configuration from `sources`.
+    pub fn load(sources: &ConfigSources) -> Result<Self, ConfigError> {
+        let mut raw = RawValues::default();
+        if let Some(path) = &sources.file {
+            load_file(path, &mut raw)?;
+        }
+        for (name, value) in &sources.env {
+            let Some(key) = name.strip_prefix(ENV_PREFIX) else {
+                continue;
+            };
+            let key = key.to_ascii_lowercase();
+            // Variables under the prefix that are not keys (e.g. a test harness's own
+            // settings) are left alone; a typo shows up as "key not set".
+            if let Some(spec) = spec(&key) {
+                raw.set(spec.name, parse_text(spec, value, name)?);
+            }
+        }
+        for (name, value) in &sources.overrides {
+            let spec = spec(name).ok_or_else(|| unknown_key(name))?;
+            raw.set(spec.name, parse_text(spec, value, "command line")?);
+        }
+        Self::from_raw(&raw)
+    }
+
+    fn from_raw(raw: &RawValues) -> Result<Self, ConfigError> {
+        let mut b = StreamConfig::builder();
+        if let Some(v) = raw.int("max_bytes") {
+            b.max_bytes = v;
+        }
+        if let Some(v) = raw.ms("max_age_ms") {
+            b.max_age = v;
+        }
+        if let Some(v) = raw.ms("max_wait_ms") {
+            b.max_wait = v;
+        }
+        if let Some(v) = raw.str("policy") {
+            b.policy = v
+                .parse()
+                .map_err(|e: String| ConfigError::new("policy", ConfigErrorKind::Invalid, e))?;
+        }
+        if let Some(v) = raw.bool("extended_consumers") {
+            b.extended_consumers = v;
+        }
+        if let Some(v) = raw.bool("shadow") {
+            b.shadow = v;
+        }
+        if let Some(v) = raw.int("shadow_ceiling_factor") {
+            b.shadow_ceiling_factor = v;
+        }
+        if let Some(v) = raw.ms("publish_timeout_ms") {
+            b.publish_timeout = v;
+        }
+        if let Some(v) = raw.ms("end_timeout_ms") {
+            b.end_timeout = v;
+        }
+        if let Some(v) = raw.int("max_frame_bytes") {
+            b.max_frame_bytes = v;
+        }
+        if let Some(v) = raw.str("subject") {
+            b.subject = v.to_owned();
+        }
+        if let Some(v) = raw.int("partitions") {
+            b.partitions = Some(v);
+        }
+        let stream = b.build()?;
+        let server = server_from_raw(raw)?;
+        let nats = nats_from_raw(raw)?;
+        Ok(Self {
+            stream,
+            server,
+            nats,
+        })
+    }
+}
+
+fn unknown_key(name: &str) -> ConfigError {
+    ConfigError::new(
+        name,
+        ConfigErrorKind::UnknownKey,
+        "not a configuration key (see docs/audio-ingress.md for the list)",
+    )
+}
+
+fn load_file(path: &Path, raw: &mut RawValues) -> Result<(), ConfigError> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigError::new(&shown, ConfigErrorKind::File, format!("cannot read: {e}"))
+    })?;
+    let table: toml::Table = toml::from_str(&text)
+        .map_err(|e| ConfigError::new(&shown, ConfigErrorKind::File, format!("not TOML: {e}")))?;
+    for (name, value) in &table {
+        let spec = spec(name).ok_or_else(|| unknown_key(name))?;
+        raw.set(spec.name, parse_toml(spec, value, &shown)?);
+    }
+    Ok(())
+}
+
+fn addr(raw: &RawValues, k: &str, default: SocketAddr) -> Result<SocketAddr, ConfigError> {
+    match raw.str(k) {
+        None => Ok(default),
+        Some(s) => s.parse().map_err(|_| {
+            ConfigError::new(
+                k,
+                ConfigErrorKind::Invalid,
+                format!("{s:?} is not a socket address like 127.0.0.1:8080"),
+            )
+        }),
+    }
+}
+
+fn int_in(raw: &RawValues, k: &str, default: u64, min: u64, max: u64) -> Result<u64, ConfigError> {
+    let v = raw.int(k).unwrap_or(default);
+    if v < min || v > max {
+        return Err(out_of_range(k, v, format!("{min}..={max}")));
+    }
+    Ok(v)
+}
+
+fn server_from_raw(raw: &RawValues) -> Result<ServerConfig, ConfigError> {
+    let d = ServerConfig::default();
+    let max_streams = int_in(raw, "max_streams", 1000, 1, 1_000_000)?;
+    Ok(ServerConfig {
+        listen: addr(raw, "listen", d.listen)?,
+        admin: addr(raw, "admin", d.admin)?,
+        max_streams: NonZeroUsize::new(max_streams as usize).unwrap_or(NonZeroUsize::MIN),
+        retry_after: Duration::from_secs(int_in(raw, "retry_after_s", 1, 1, 3600)?),
+        idle_timeout: Duration::from_millis(int_in(
+            raw,
+            "idle_timeout_ms",
+            30_000,
+            100,
+            86_400_000,
+        )?),
+        grace_period: Duration::from_millis(int_in(raw, "grace_period_ms", 5_000, 0, 600_000)?),
+    })
+}
+
+fn existing_file(raw: &RawValues, k: &str) -> Result<Option<PathBuf>, ConfigError> {
+    match raw.str(k) {
+        None => Ok(None),
+        Some(p) => {
+            let path = PathBuf::from(p);
+            if path.is_file() {
+                Ok(Some(path))
+            } else {
+                Err(ConfigError::new(
+                    k,
+                    ConfigErrorKind::Invalid,
+                    format!("{p:?} is not a readable file"),
+                ))
+            }
+        }
+    }
+}
+
+fn nats_from_raw(raw: &RawValues) -> Result<NatsConfig, ConfigError> {
+    let d = NatsConfig::default();
+    let urls: Vec<String> = match raw.str("nats_url") {
+        None => d.urls,
+        Some(s) => s
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    };
+    if urls.is_empty() {
+        return Err(ConfigError::new(
+            "nats_url",
+            ConfigErrorKind::Missing,
+            "at least one URL is required",
+        ));
+    }
+    for u in &urls {
+        async_nats::ServerAddr::from_str(u).map_err(|e| {
+            ConfigError::new(
+                "nats_url",
+                ConfigErrorKind::Invalid,
+                format!("{u:?} is not a NATS URL: {e}"),
+            )
+        })?;
+    }
+    let name = raw.str("nats_name").map_or(d.name, str::to_owned);
+
+    let mut methods = Vec::new();
+    let user = raw.str("nats_user");
+    let password = raw.str("nats_password");
+    let auth_user = match (user, password) {
+        (Some(u), Some(p)) => Some(NatsAuth::UserPassword {
+            user: u.to_owned(),
+            password: p.to_owned(),
+        }),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(ConfigError::new(
+                "nats_password",
+                ConfigErrorKind::Missing,
+                "required with nats_user",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError::new(
+                "nats_user",
+                ConfigErrorKind::Missing,
+                "required with nats_password",
+            ));
+        }
+    };
+    if let Some(a) = auth_user {
+        methods.push(("nats_user", a));
+    }
+    if let Some(t) = raw.str("nats_token") {
+        methods.push(("nats_token", NatsAuth::Token(t.to_owned())));
+    }
+    if let Some(s) = raw.str("nats_nkey") {
+        if !s.starts_with("SU") {
+            return Err(ConfigError::new(
+                "nats_nkey",
+                ConfigErrorKind::Invalid,
+                "expected a user NKey seed (starting with SU)",
+            ));
+        }
+        methods.push(("nats_nkey", NatsAuth::NKey(s.to_owned())));
+    }
+    if let Some(p) = existing_file(raw, "nats_creds_file")? {
+        methods.push(("nats_creds_file", NatsAuth::CredsFile(p)));
+    }
+    if methods.len() > 1 {
+        let names: Vec<&str> = methods.iter().map(|(k, _)| *k).collect();
+        return Err(ConfigError::new(
+            methods[1].0,
+            ConfigErrorKind::Conflict,
+            format!(
+                "only one NATS authentication method may be set, got {}",
+                names.join(", ")
+            ),
+        ));
+    }
+    let auth = methods.pop().map_or(NatsAuth::None, |(_, a)| a);
+
+    let cert = existing_file(raw, "nats_tls_cert_file")?;
+    let key = existing_file(raw, "nats_tls_key_file")?;
+    let client_cert = match (cert, key) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(ConfigError::new(
+                "nats_tls_key_file",
+                ConfigErrorKind::Missing,
+                "required with nats_tls_cert_file",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError::new(
+                "nats_tls_cert_file",
+                ConfigErrorKind::Missing,
+                "required with nats_tls_key_file",
+            ));
+        }
+    };
+    let tls = NatsTls {
+        required: raw.bool("nats_tls_required").unwrap_or(false),
+        ca_file: existing_file(raw, "nats_tls_ca_file")?,
+        client_cert,
+    };
+    Ok(NatsConfig {
+        urls,
+        name,
+        auth,
+        tls,
+        connection_timeout: Duration::from_millis(int_in(
+            raw,
+            "nats_connection_timeout_ms",
+            2_000,
+            100,
+            60_000,
+        )?),
+        ping_interval: Duration::from_millis(int_in(
+            raw,
+            "nats_ping_interval_ms",
+            10_000,
+            100,
+            600_000,
+        )?),
+        client_capacity: int_in(raw, "nats_client_capacity", 1024, 16, 1_048_576)? as usize,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(env: &[(&str, &str)], overrides: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        Config::load(&ConfigSources {
+            file: None,
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            overrides: overrides
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        })
+    }
+
+    #[test]
+    fn defaults_are_valid_and_documented() {
+        let c = load(&[], &[]).expect("defaults");
+        assert_eq!(c, Config::default());
+        assert_eq!(c.stream.max_bytes(), 16_000);
+        assert_eq!(c.stream.max_age(), Duration::from_millis(500));
+        assert_eq!(c.stream.policy(), Policy::Close);
+        assert_eq!(c.stream.subject().as_str(), DEFAULT_STREAM_TEMPLATE);
+        assert_eq!(c.server.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.server.admin.to_string(), "127.0.0.1:9090");
+        assert!(StreamConfigBuilder::default().build().is_ok());
+        // Every default in KEYS parses as its own type.
+        for k in KEYS {
+            if !k.default.is_empty() {
+                parse_text(k, k.default, "default").expect(k.name);
+            }
+        }
+        assert_eq!(weir_protocol::audio::FRAME_BYTES, 640);
+    }
+
+    #[test]
+    fn zero_and_absurd_budgets_are_refused_naming_the_key_and_range() {
+        let cases = [
+            ("max_bytes", "0"),
+            ("max_bytes", "100000000000"),
+            ("max_age_ms", "0"),
+            ("max_age_ms", "3600000"),
+            ("max_wait_ms", "501"),
+            ("publish_timeout_ms", "0"),
+            ("max_frame_bytes", "0"),
+            ("max_frame_bytes", "641"),
+            ("max_frame_bytes", "64000"),
+            ("max_streams", "0"),
+            ("shadow_ceiling_factor", "1"),
+            ("nats_client_capacity", "1"),
+            ("grace_period_ms", "999999999"),
+        ];
+        for (k, v) in cases {
+            let err = load(&[], &[(k, v)]).expect_err(k);
+            assert_eq!(err.key(), k, "{err}");
+            assert!(
+                matches!(
+                    err.kind(),
+                    ConfigErrorKind::OutOfRange | ConfigErrorKind::Invalid
+                ),
+                "{err}"
+            );
+            assert!(err.to_string().contains(k), "{err}");
+        }
+        let err = load(&[], &[("max_bytes", "0")]).expect_err("zero");
+        assert!(err.to_string().contains("6400..=67108864"), "{err}");
+    }
+
+    #[test]
+    fn env_overrides_file_defaults_and_flags_override_env() {
+        let c = load(
+            &[
+                ("WEIR_INGRESS_MAX_BYTES", "32000"),
+                ("WEIR_INGRESS_POLICY", "gap"),
+                ("WEIR_INGRESS_EXTENDED_CONSUMERS", "true"),
+                ("WEIR_INGRESS_SOMETHING_ELSE", "ignored"),
+                ("PATH", "/bin"),
+            ],
+            &[("max_bytes", "48000")],
+        )
+        .expect("valid");
+        assert_eq!(c.stream.max_bytes(), 48_000);
+        assert_eq!(c.stream.policy(), Policy::Gap);
+        let err = load(&[("WEIR_INGRESS_MAX_BYTES", "lots")], &[]).expect_err("type");
+        assert_eq!(err.kind(), ConfigErrorKind::WrongType);
+        assert!(err.to_string().contains("WEIR_INGRESS_MAX_BYTES"), "{err}");
+    }
+
+    #[test]
+    fn gap_requires_extended_consumers() {
+        let err = load(&[], &[("policy", "gap")]).expect_err("gap");
+        assert_eq!((err.key(), err.kind()), ("policy", ConfigErrorKind::Conflict));
+        let err = load(&[], &[("policy", "drop")]).expect_err("bad");
+        assert_eq!(err.key(), "policy");
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_files_are_refused() {
+        let err = load(&[], &[("max_byte", "1")]).expect_err("typo");
+        assert_eq!(err.kind(), ConfigErrorKind::UnknownKey);
+        assert_eq!(err.key(), "max_byte");
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "max_bytes = 32000\nlisten = \"127.0.0.1:0\"\n").expect("write");
+        let c = Config::load(&ConfigSources {
+            file: Some(path.clone()),
+            ..Default::default()
+        })
+        .expect("file");
+        assert_eq!(c.stream.max_bytes(), 32_000);
+        assert_eq!(c.server.listen.port(), 0);
+
+        std::fs::write(&path, "max_bytes = \"big\"\n").expect("write");
+        let err = Config::load(&ConfigSources {
+            file: Some(path.clone()),
+            ..Default::default()
+        })
+        .expect_err("type");
+        assert_eq!((err.key(), err.kind()), ("max_bytes", ConfigErrorKind::WrongType));
+
+        std::fs::write(&path, "max_bytes = -5\n").expect("write");
+        let err = Config::load(&ConfigSources {
+            file: Some(path.clone()),
+            ..Default::default()
+        })
+        .expect_err("negative");
+        assert_eq!((err.key(), err.kind()), ("max_bytes", ConfigErrorKind::OutOfRange));
+
+        std::fs::write(&path, "[section]\nx = 1\n").expect("write");
+        let err = Config::load(&ConfigSources {
+            file: Some(path),
+            ..Default::default()
+        })
+        .expect_err("unknown");
+        assert_eq!(err.key(), "section");
+    }
+
+    #[test]
+    fn subject_and_partitions_are_validated() {
+        let err = load(&[], &[("subject", "audio.*.{stream}")]).expect_err("wildcard");
+        assert_eq!(err.key(), "subject");
+        let err = load(&[], &[("subject", "audio.{partition}.{stream}")]).expect_err("p");
+        assert_eq!((err.key(), err.kind()), ("partitions", ConfigErrorKind::Missing));
+        let c = load(
+            &[],
+            &[("subject", "audio.{partition}.{stream}"), ("partitions", "16")],
+        )
+        .expect("partitioned");
+        assert_eq!(c.stream.partitions().get(), 16);
+    }
+
+    #[test]
+    fn nats_auth_is_exclusive_and_secrets_are_redacted() {
+        let err = load(&[], &[("nats_user", "u")]).expect_err("pw");
+        assert_eq!(err.key(), "nats_password");
+        let err = load(&[], &[("nats_token", "t"), ("nats_nkey", "SUABC")]).expect_err("two");
+        assert_eq!(err.kind(), ConfigErrorKind::Conflict);
+        let c = load(&[], &[("nats_user", "u"), ("nats_password", "hunter2")]).expect("ok");
+        assert!(!format!("{:?}", c.nats).contains("hunter2"));
+        let err = load(&[], &[("nats_creds_file", "/nonexistent/x.creds")]).expect_err("f");
+        assert_eq!(err.key(), "nats_creds_file");
+        let err = load(&[], &[("nats_url", "not a url at all")]).expect_err("url");
+        assert_eq!(err.key(), "nats_url");
+        let c = load(&[], &[("nats_url", "nats://a:4222, nats://b:4222")]).expect("urls");
+        assert_eq!(c.nats.urls.len(), 2);
+    }
+
+    #[test]
+    fn shadow_mode_enforces_a_ceiling() {
+        let c = StreamConfig::builder().shadow(true).build().expect("valid");
+        assert_eq!(c.enforced_max_bytes(), 8 * 16_000);
+        assert_eq!(c.enforced_max_age(), Duration::from_secs(4));
+        let c = StreamConfig::default();
+        assert_eq!(c.enforced_max_bytes(), 16_000);
+    }
+}

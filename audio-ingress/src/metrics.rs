@@ -1,0 +1,141 @@
+//! Every metric name of the crate, in one place.
+//!
+//! Conventions: the `weir_ingress_` prefix for the producer side (the `serve` front door
+//! and the producer library), `_bytes`, `_seconds` and `_total` suffixes for units and
+//! counters, low-cardinality labels only (never a stream id: per-stream numbers are in
+//! the admin `/v1/streams` view, not in Prometheus).
+//!
+//! Histograms use the few buckets in [`QUEUE_WAIT_BUCKETS`], chosen around the 20 ms
+//! frame scale so that "handed over within a frame", "within the 100 ms wait budget"
+//! and "within the 500 ms age budget" are separate buckets. The binary installs the
+//! Prometheus recorder with these buckets ([`prometheus_recorder`]); the library only
+//! emits through the `metrics` facade and works without any recorder.
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
+
+// ---------------------------------------------------------------------------------
+// Producer side (queue, publisher, WebSocket front door, NATS connection)
+// ---------------------------------------------------------------------------------
+
+/// Gauge: PCM bytes admitted and not yet handed to NATS, summed over all streams
+/// (queued + the one frame each publisher may hold in flight).
+pub const PENDING_BYTES: &str = "weir_ingress_pending_bytes";
+/// Gauge: frames admitted and not yet handed to NATS, summed over all streams.
+pub const PENDING_FRAMES: &str = "weir_ingress_pending_frames";
+/// Gauge: age of the oldest pending frame over all streams, in seconds (sampled).
+pub const OLDEST_FRAME_AGE_SECONDS: &str = "weir_ingress_oldest_frame_age_seconds";
+/// Histogram: time from admission (`try_push`/`push`) to the frame being handed to
+/// the NATS client, in seconds.
+pub const QUEUE_WAIT_SECONDS: &str = "weir_ingress_queue_wait_seconds";
+/// Counter: frames by `outcome` (`published`, `dropped`, `rejected`) and `reason`
+/// (see [`crate::stats::DropReason`]; `none` for published).
+pub const FRAMES_TOTAL: &str = "weir_ingress_frames_total";
+/// Counter: frames offered to a stream (admitted or not).
+pub const FRAMES_OFFERED_TOTAL: &str = "weir_ingress_frames_offered_total";
+/// Counter: streams ended by the `close` policy, by `reason`
+/// (`queue_full`, `max_age`, `publish_timeout`).
+pub const OVERLOADS_TOTAL: &str = "weir_ingress_overloads_total";
+/// Counter: gap markers handed to NATS (`gap` policy).
+pub const GAPS_TOTAL: &str = "weir_ingress_gaps_total";
+/// Counter: frames covered by gap markers handed to NATS.
+pub const GAP_FRAMES_TOTAL: &str = "weir_ingress_gap_frames_total";
+/// Counter: shadow mode — frames the budget would have refused or dropped, by `reason`
+/// (`bytes`, `age`, `publish_timeout`). Nothing is enforced for them.
+pub const WOULD_REJECT_TOTAL: &str = "weir_ingress_would_reject_total";
+/// Gauge: streams open (including those still delivering their `end`).
+pub const ACTIVE_STREAMS: &str = "weir_ingress_active_streams";
+/// Counter: streams opened.
+pub const STREAMS_TOTAL: &str = "weir_ingress_streams_total";
+/// Counter: stream opens refused, by `reason` (`invalid_id`, `already_active`,
+/// `max_streams`, `shutting_down`).
+pub const ADMISSION_REJECTS_TOTAL: &str = "weir_ingress_admission_rejects_total";
+/// Counter: `end` packets handed to NATS, by `reason` (`Weir-End-Reason` values).
+pub const ENDS_TOTAL: &str = "weir_ingress_ends_total";
+/// Counter: `end` packets (or gap markers) that could not be handed to NATS before
+/// their deadline, by `packet` (`end`, `gap`).
+pub const CONTROL_LOST_TOTAL: &str = "weir_ingress_control_packets_lost_total";
+/// Counter: NATS publish attempts that hit the publish timeout, by `packet`.
+pub const PUBLISH_TIMEOUTS_TOTAL: &str = "weir_ingress_publish_timeouts_total";
+/// Counter: NATS publish calls that returned an error, by `packet`.
+pub const PUBLISH_ERRORS_TOTAL: &str = "weir_ingress_publish_errors_total";
+/// Counter: NATS client events, by `event` (`connected`, `disconnected`,
+/// `slow_consumer`, `lame_duck`, `server_error`, `client_error`, `draining`, `closed`).
+pub const NATS_EVENTS_TOTAL: &str = "weir_ingress_nats_events_total";
+/// Gauge: 1 while the NATS client is connected, else 0.
+pub const NATS_CONNECTED: &str = "weir_ingress_nats_connected";
+/// Counter: WebSocket connections closed, by `code` (1000, 1001, 1003, 1008, 1011, 1013).
+pub const WS_CLOSES_TOTAL: &str = "weir_ingress_ws_closes_total";
+
+/// Histogram buckets for [`QUEUE_WAIT_SECONDS`], in seconds.
+pub const QUEUE_WAIT_BUCKETS: &[f64] = &[0.001, 0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0];
+
+/// Label key for the frame outcome.
+pub const LABEL_OUTCOME: &str = "outcome";
+/// Label key for a reason.
+pub const LABEL_REASON: &str = "reason";
+/// Label key for a packet type.
+pub const LABEL_PACKET: &str = "packet";
+/// Label key for a NATS event.
+pub const LABEL_EVENT: &str = "event";
+/// Label key for a WebSocket close code.
+pub const LABEL_CODE: &str = "code";
+
+/// Builds (does not install) a Prometheus recorder with weir's histogram buckets.
+///
+/// The binary installs it globally with `metrics::set_global_recorder`, keeps
+/// `recorder.handle()` to render `/metrics`, and calls `handle.run_upkeep()`
+/// periodically. Tests use a local recorder instead.
+pub fn prometheus_recorder() -> PrometheusRecorder {
+    let builder = PrometheusBuilder::new();
+    match builder.set_buckets(QUEUE_WAIT_BUCKETS) {
+        Ok(b) => b.build_recorder(),
+        // Only fails for an empty bucket list, which QUEUE_WAIT_BUCKETS is not.
+        Err(_) => PrometheusBuilder::new().build_recorder(),
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Consumer side — names added by the consumer core (`crate::consumer`) go below.
+// ---------------------------------------------------------------------------------
+// --- consumer ---
+// Prefix `weir_consumer_`. Per-stream numbers are in `Consumer::stats()`, not here.
+
+/// Counter: NATS messages received by the consumer's subscriptions.
+pub const CONSUMER_MESSAGES_TOTAL: &str = "weir_consumer_messages_total";
+/// Counter: frames received in order (accepted by the sequence check).
+pub const CONSUMER_FRAMES_TOTAL: &str = "weir_consumer_frames_total";
+/// Counter: frames whose handler call completed.
+pub const CONSUMER_FRAMES_DELIVERED_TOTAL: &str = "weir_consumer_frames_delivered_total";
+/// Counter: frames dropped by the consumer, by `reason` (`overload` under the `gap`
+/// policy, `closed` after an overload under `close`, `handler_gone`).
+pub const CONSUMER_FRAMES_DROPPED_TOTAL: &str = "weir_consumer_frames_dropped_total";
+/// Counter: frames that never arrived (sequence jumps not covered by a gap packet).
+pub const CONSUMER_FRAMES_LOST_TOTAL: &str = "weir_consumer_frames_lost_total";
+/// Counter: frames declared missing by producer gap packets.
+pub const CONSUMER_DECLARED_GAP_FRAMES_TOTAL: &str = "weir_consumer_declared_gap_frames_total";
+/// Counter: duplicate or out-of-order packets refused.
+pub const CONSUMER_STALE_PACKETS_TOTAL: &str = "weir_consumer_stale_packets_total";
+/// Counter: `end` packets for streams the consumer was not following.
+pub const CONSUMER_ORPHAN_ENDS_TOTAL: &str = "weir_consumer_orphan_ends_total";
+/// Counter: undecodable packets, by `kind` (the decoder's error kind).
+pub const CONSUMER_DECODE_ERRORS_TOTAL: &str = "weir_consumer_decode_errors_total";
+/// Counter: messages whose subject does not fit the subject template.
+pub const CONSUMER_UNROUTABLE_TOTAL: &str = "weir_consumer_unroutable_total";
+/// Counter: messages whose stream hashes to another partition than their subject's.
+pub const CONSUMER_MISROUTED_TOTAL: &str = "weir_consumer_misrouted_total";
+/// Counter: stream instances started.
+pub const CONSUMER_STREAMS_STARTED_TOTAL: &str = "weir_consumer_streams_started_total";
+/// Gauge: stream instances live in the demultiplexers.
+pub const CONSUMER_STREAMS_ACTIVE: &str = "weir_consumer_streams_active";
+/// Counter: stream instances ended, by `cause` (`producer`, `idle`, `overload`,
+/// `restarted`, `shutdown`).
+pub const CONSUMER_STREAMS_ENDED_TOTAL: &str = "weir_consumer_streams_ended_total";
+/// Counter: streams reaped after the idle timeout without `end`.
+pub const CONSUMER_STREAMS_REAPED_TOTAL: &str = "weir_consumer_streams_reaped_total";
+/// Counter: times a stream's handler queue went over its bytes/age bound.
+pub const CONSUMER_OVERLOADS_TOTAL: &str = "weir_consumer_overloads_total";
+/// Counter: slow-consumer events from the NATS client (it dropped messages of a
+/// subscription whose `subscription_capacity` buffer was full).
+pub const CONSUMER_SLOW_CONSUMER_TOTAL: &str = "weir_consumer_slow_consumer_events_total";
+/// Counter: NATS client events seen by the consumer's connection, by `event`.
+pub const CONSUMER_NATS_EVENTS_TOTAL: &str = "weir_consumer_nats_events_total";

@@ -1,0 +1,292 @@
+//! The publisher: one task per stream that takes packets from the stream's queue and
+//! hands them to NATS, each call bounded by `publish_timeout`.
+//!
+//! Why a timeout around every call: async-nats `publish` returns once the message is in
+//! the client's command channel; when that channel is full (server slow, stopped or
+//! disconnected) it waits without limit. The channel send is cancel-safe, so a timed-out
+//! publish simply did not queue the message.
+//!
+//! What a failed publish means, by packet:
+//! - **frame**: one attempt. A timeout applies the policy (`close`: overload with reason
+//!   `publish_timeout`; `gap`: the frame joins a gap marker; shadow: counted as
+//!   would-reject and retried while the frame is within the shadow ceiling).
+//! - **gap marker**: retried (each attempt bounded) until it is handed over; frames
+//!   dropped meanwhile merge into it, so a stall costs one marker, not one per frame.
+//!   Once the stream is closing, retries stop at the stream's control deadline.
+//! - **end**: retried until the control deadline (`end_timeout` after the stream
+//!   started closing, or the shutdown grace period). If it cannot be handed over, that
+//!   is counted (`control_packets_lost`) and logged; the consumer reaps the stream.
+//!
+//! Invariants: the task owns the stream's registry slot and releases it (by `Drop`) when
+//! it exits; it exits only after handing out the `end` (or giving up on it at the
+//! deadline); it never spawns.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_nats::{HeaderMap, HeaderName, HeaderValue, Subject};
+use bytes::Bytes;
+use tokio::time::{Instant, timeout};
+use weir_protocol::audio::Packet;
+use weir_protocol::audio::extension::{PROTOCOL_VERSION, headers};
+
+use crate::queue::{AfterFailure, EndPacket, Failure, Next, QueuedFrame};
+use crate::stats::{Account, WouldReject};
+use crate::stream::{SlotGuard, StreamShared};
+
+/// Why the NATS client refused a publish.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("publish failed: {0}")]
+pub struct SinkError(pub String);
+
+/// Where packets go: the NATS client, or a test double.
+pub trait Sink: Clone + Send + Sync + 'static {
+    /// Hands one message over. May wait (the caller bounds it with a timeout; the
+    /// future must be cancel-safe: cancelled = not sent).
+    fn publish(
+        &self,
+        subject: Subject,
+        headers: HeaderMap,
+        payload: Bytes,
+    ) -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// Whether the sink is connected (for `/readyz` and `/v1/stats`).
+    fn is_connected(&self) -> bool {
+        true
+    }
+}
+
+impl Sink for async_nats::Client {
+    async fn publish(
+        &self,
+        subject: Subject,
+        headers: HeaderMap,
+        payload: Bytes,
+    ) -> Result<(), SinkError> {
+        self.publish_with_headers(subject, headers, payload)
+            .await
+            .map_err(|e| SinkError(e.to_string()))
+    }
+
+    fn is_connected(&self) -> bool {
+        self.connection_state() == async_nats::connection::State::Connected
+    }
+}
+
+const VERSION: HeaderName = HeaderName::from_static(headers::VERSION);
+const CAPTURED_AT_MS: HeaderName = HeaderName::from_static(headers::CAPTURED_AT_MS);
+const END_REASON: HeaderName = HeaderName::from_static(headers::END_REASON);
+const OVERLOAD: HeaderName = HeaderName::from_static(headers::OVERLOAD);
+
+fn value(s: &str) -> Option<HeaderValue> {
+    s.parse().ok()
+}
+
+/// Headers carried by every packet.
+fn base_headers() -> HeaderMap {
+    let mut h = HeaderMap::new();
+    if let Some(v) = value(itoa(u64::from(PROTOCOL_VERSION)).as_str()) {
+        h.insert(VERSION, v);
+    }
+    h
+}
+
+fn itoa(n: u64) -> String {
+    n.to_string()
+}
+
+/// Unix milliseconds at which a frame admitted at `enqueued_at` was accepted.
+fn captured_at_ms(enqueued_at: Instant) -> u64 {
+    let since = Instant::now().saturating_duration_since(enqueued_at);
+    SystemTime::now()
+        .checked_sub(since)
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The publisher of one stream.
+pub(crate) struct Publisher<S: Sink> {
+    pub stream: Arc<StreamShared>,
+    pub sink: S,
+    pub publish_timeout: Duration,
+    pub shadow_max_age: Option<Duration>,
+}
+
+enum Attempt {
+    Ok,
+    Failed(Failure),
+}
+
+impl<S: Sink> Publisher<S> {
+    /// Runs until the stream's `end` is handed over (or given up on).
+    pub async fn run(self, slot: SlotGuard) {
+        loop {
+            let next = {
+                let mut core = self.stream.lock();
+                let next = core.pop(Instant::now());
+                self.stream.sync_status(&core);
+                next
+            };
+            match next {
+                Next::Empty => self.stream.wake.notified().await,
+                Next::Frame(frame) => {
+                    self.stream.room.notify_one();
+                    self.publish_frame(frame).await;
+                }
+                Next::Gap(gap) => self.publish_gap(gap).await,
+                Next::End(end) => {
+                    self.publish_end(end).await;
+                    break;
+                }
+                Next::Done => break,
+            }
+        }
+        self.stream.mark_finished();
+        drop(slot);
+    }
+
+    fn account(&self) -> Account<'_> {
+        self.stream.account()
+    }
+
+    async fn attempt(&self, headers: HeaderMap, payload: Bytes, packet: &'static str) -> Attempt {
+        let fut = self
+            .sink
+            .publish(self.stream.subject.clone(), headers, payload);
+        match timeout(self.publish_timeout, fut).await {
+            Ok(Ok(())) => Attempt::Ok,
+            Ok(Err(e)) => {
+                metrics::counter!(crate::metrics::PUBLISH_ERRORS_TOTAL, crate::metrics::LABEL_PACKET => packet)
+                    .increment(1);
+                tracing::warn!(stream = %self.stream.id, packet, error = %e, "NATS publish failed");
+                Attempt::Failed(Failure::Error)
+            }
+            Err(_) => {
+                metrics::counter!(crate::metrics::PUBLISH_TIMEOUTS_TOTAL, crate::metrics::LABEL_PACKET => packet)
+                    .increment(1);
+                Attempt::Failed(Failure::Timeout)
+            }
+        }
+    }
+
+    async fn publish_frame(&self, mut frame: QueuedFrame) {
+        loop {
+            let packet = Packet::frame(frame.seq, frame.pcm.clone())
+                .with_session(self.stream.session.clone());
+            let result = match packet.encode() {
+                Ok(payload) => {
+                    let mut headers = base_headers();
+                    if let Some(v) = value(&itoa(captured_at_ms(frame.enqueued_at))) {
+                        headers.insert(CAPTURED_AT_MS, v);
+                    }
+                    self.attempt(headers, payload, "frame").await
+                }
+                // Frames were validated at admission; treat the impossible as an error.
+                Err(_) => Attempt::Failed(Failure::Error),
+            };
+            let now = Instant::now();
+            match result {
+                Attempt::Ok => {
+                    let wait = now.saturating_duration_since(frame.enqueued_at);
+                    if let Some(max_age) = self.shadow_max_age
+                        && wait > max_age
+                    {
+                        self.account().would_reject(WouldReject::Age);
+                    }
+                    self.account().published(wait);
+                    // Dropping the frame releases its reservation.
+                    return;
+                }
+                Attempt::Failed(failure) => {
+                    let after = {
+                        let mut core = self.stream.lock();
+                        let after = core.inflight_failed(frame, failure, now);
+                        self.stream.sync_status(&core);
+                        after
+                    };
+                    match after {
+                        AfterFailure::Retry(f) => frame = f,
+                        AfterFailure::Dropped => return,
+                    }
+                }
+            }
+        }
+    }
+
+    async fn publish_gap(&self, mut gap: weir_protocol::audio::Gap) {
+        loop {
+            let deadline = {
+                let mut core = self.stream.lock();
+                core.merge_into_gap(&mut gap, Instant::now());
+                core.control_deadline()
+            };
+            let packet = Packet::gap(gap).with_session(self.stream.session.clone());
+            let Ok(payload) = packet.encode() else {
+                // Built from admitted frames; cannot be inconsistent. Count and move on.
+                self.stream.global.control_lost("gap");
+                return;
+            };
+            match self.attempt(base_headers(), payload, "gap").await {
+                Attempt::Ok => {
+                    self.account().gap_published(gap.frames());
+                    self.stream.gap_published(gap);
+                    return;
+                }
+                Attempt::Failed(failure) => {
+                    let now = Instant::now();
+                    if deadline.is_some_and(|d| now >= d) {
+                        self.stream.global.control_lost("gap");
+                        tracing::warn!(stream = %self.stream.id, first_seq = gap.first_seq,
+                            last_seq = gap.last_seq, "gap marker not delivered before the deadline");
+                        return;
+                    }
+                    if failure == Failure::Error {
+                        // An error returns at once; do not spin.
+                        tokio::time::sleep(self.publish_timeout).await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn publish_end(&self, end: EndPacket) {
+        let packet = Packet::end(end.seq).with_session(self.stream.session.clone());
+        let Ok(payload) = packet.encode() else {
+            self.stream.global.control_lost("end");
+            return;
+        };
+        let mut headers = base_headers();
+        if let Some(v) = value(end.reason.as_str()) {
+            headers.insert(END_REASON, v);
+        }
+        if let Some(o) = &end.overload
+            && let Some(v) = value(&o.to_header_value())
+        {
+            headers.insert(OVERLOAD, v);
+        }
+        let deadline = self.stream.lock().control_deadline();
+        loop {
+            match self.attempt(headers.clone(), payload.clone(), "end").await {
+                Attempt::Ok => {
+                    self.stream.global.end_published(end.reason);
+                    self.stream.end_delivered();
+                    tracing::debug!(stream = %self.stream.id, seq = end.seq, reason = end.reason.as_str(), "end published");
+                    return;
+                }
+                Attempt::Failed(failure) => {
+                    let now = Instant::now();
+                    if deadline.is_none_or(|d| now >= d) {
+                        self.stream.global.control_lost("end");
+                        tracing::warn!(stream = %self.stream.id, seq = end.seq,
+                            reason = end.reason.as_str(), "end not delivered before the deadline");
+                        return;
+                    }
+                    if failure == Failure::Error {
+                        tokio::time::sleep(self.publish_timeout).await;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,1051 @@
+//! The per-stream queue: bounded by bytes **and** age, with an explicit policy when the
+//! budget is exhausted. Pure and synchronous: every method takes `now`, nothing here
+//! sleeps, spawns or touches NATS, so the logic is unit-tested with a paused clock.
+//!
+//! The queue holds, in sequence order: gap markers for frames already dropped, then
+//! the admitted frames still to publish. The stream's publisher task takes items from
+//! the front ([`FrameQueue::pop`]); the producer appends ([`FrameQueue::offer`]).
+//!
+//! Invariants a change must not break:
+//! - Sequence numbers are assigned at admission: 1, 2, 3 ... with no holes; the `end`
+//!   takes the next number. A refused frame gets no number.
+//! - Every admitted frame holds a [`Reservation`] of its bytes until it is handed to
+//!   NATS or dropped; the reservation is released exactly once, by `Drop`. Pending
+//!   bytes of a stream (queued + the publisher's frame in flight) never exceed the
+//!   enforced byte bound.
+//! - Every admitted frame is published, or dropped with a [`DropReason`] and — in the
+//!   `gap` policy — covered by a gap marker, or — in `close` — counted in the overload
+//!   report of the `end`. Nothing is lost silently.
+//! - A frame older than the enforced `max_age` is never handed out as if nothing had
+//!   happened: `gap` drops it into a marker, `close` overloads the stream.
+//! - In `close`, a stream that stays full for `max_wait` (no room appeared) overloads:
+//!   the queue is emptied, and the next item is the `end` with the overload report.
+//! - Shadow mode measures the budget (counts `would_reject`) and enforces only the
+//!   ceiling (`shadow_ceiling_factor` × the budget), so memory stays bounded.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+use weir_protocol::audio::extension::{EndReason, Overload, OverloadReason};
+use weir_protocol::audio::{Gap, GapReason};
+
+use crate::config::{Policy, StreamConfig};
+use crate::error::FrameError;
+use crate::stats::{Account, Counters, DropReason, Global, WouldReject};
+
+/// Samples in `len` bytes of s16le mono.
+pub(crate) fn samples_of(len: usize) -> u64 {
+    (len / 2) as u64
+}
+
+/// Pending bytes and frames of one stream, shared by the queue, the publisher's frame
+/// in flight and the admin views. Only [`Reservation`] changes it.
+#[derive(Debug)]
+pub struct Budget {
+    bytes: AtomicU64,
+    frames: AtomicU64,
+    high_water: AtomicU64,
+    global: Arc<Global>,
+}
+
+impl Budget {
+    /// A zero budget that also reports into `global`.
+    pub fn new(global: Arc<Global>) -> Self {
+        Self {
+            bytes: AtomicU64::new(0),
+            frames: AtomicU64::new(0),
+            high_water: AtomicU64::new(0),
+            global,
+        }
+    }
+
+    /// Bytes pending (queued + in flight).
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Frames pending (queued + in flight).
+    pub fn frames(&self) -> u64 {
+        self.frames.load(Ordering::Relaxed)
+    }
+
+    /// The highest [`Self::bytes`] ever reached.
+    pub fn high_water(&self) -> u64 {
+        self.high_water.load(Ordering::Relaxed)
+    }
+}
+
+/// The bytes of one admitted frame, held against its stream's [`Budget`] (and the
+/// aggregate gauges) until dropped. Released exactly once, by `Drop`.
+#[derive(Debug)]
+pub struct Reservation {
+    budget: Arc<Budget>,
+    bytes: u64,
+}
+
+impl Reservation {
+    fn new(budget: &Arc<Budget>, bytes: u64) -> Self {
+        let now = budget.bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        budget.frames.fetch_add(1, Ordering::Relaxed);
+        budget.high_water.fetch_max(now, Ordering::Relaxed);
+        budget.global.reserve(bytes);
+        Self {
+            budget: Arc::clone(budget),
+            bytes,
+        }
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.budget.bytes.fetch_sub(self.bytes, Ordering::Relaxed);
+        self.budget.frames.fetch_sub(1, Ordering::Relaxed);
+        self.budget.global.release(self.bytes);
+    }
+}
+
+/// An admitted frame.
+#[derive(Debug)]
+pub struct QueuedFrame {
+    /// Its sequence number.
+    pub seq: u64,
+    /// The PCM.
+    pub pcm: Bytes,
+    /// When it was admitted.
+    pub enqueued_at: Instant,
+    _reservation: Reservation,
+}
+
+impl QueuedFrame {
+    /// Samples in the frame.
+    pub fn samples(&self) -> u64 {
+        samples_of(self.pcm.len())
+    }
+}
+
+/// What the publisher should do next.
+#[derive(Debug)]
+pub enum Next {
+    /// Publish this gap marker (frames already dropped and counted).
+    Gap(Gap),
+    /// Publish this frame.
+    Frame(QueuedFrame),
+    /// Publish the `end` and stop.
+    End(EndPacket),
+    /// Nothing to do until the producer pushes or the stream is finished.
+    Empty,
+    /// The `end` was already handed out.
+    Done,
+}
+
+/// The stream's last packet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndPacket {
+    /// Its sequence number (last admitted seq + 1).
+    pub seq: u64,
+    /// Why the stream ended.
+    pub reason: EndReason,
+    /// The overload report, for `close` overloads.
+    pub overload: Option<Overload>,
+}
+
+/// Why a frame was not admitted (internal; the stream handle maps it to `PushError`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// `close`: full now; the stream overloads at `overload_at` if no room appears.
+    Full {
+        /// Bytes pending.
+        pending_bytes: u64,
+        /// Enforced byte bound.
+        max_bytes: u64,
+        /// When the stream overloads if it stays full.
+        overload_at: Instant,
+    },
+    /// The stream overloaded.
+    Overloaded(Overload),
+    /// The stream is ending or ended for another reason.
+    Closed(EndReason),
+    /// Not a valid frame.
+    Invalid(FrameError),
+}
+
+/// How an offer is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OfferMode {
+    /// `try_push`: a full queue refuses the frame (counted).
+    Try,
+    /// `push`: a full queue is not a refusal yet; the caller waits for room until
+    /// `overload_at` and offers again.
+    Wait,
+}
+
+/// How a publish of the frame in flight failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The publish did not complete within `publish_timeout`.
+    Timeout,
+    /// The NATS client returned an error.
+    Error,
+}
+
+/// What happens to a frame whose publish failed.
+#[derive(Debug)]
+pub enum AfterFailure {
+    /// Shadow mode: try again (counted as would-reject).
+    Retry(QueuedFrame),
+    /// The frame was dropped and accounted.
+    Dropped,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Phase {
+    /// Admitting frames.
+    Open,
+    /// No more frames; publish what is queued, then `end`. Frames still queued at
+    /// `deadline` are dropped (shutdown grace).
+    Draining {
+        reason: EndReason,
+        deadline: Option<Instant>,
+    },
+    /// The queue was emptied; `end` is next.
+    Ending {
+        reason: EndReason,
+        overload: Option<Overload>,
+    },
+    /// The `end` was handed to the publisher.
+    Ended {
+        reason: EndReason,
+        overload: Option<Overload>,
+    },
+}
+
+/// The state a stream reports in the admin views.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamState {
+    /// Admitting frames.
+    Open,
+    /// Finishing: draining what is queued, then `end`.
+    Draining,
+    /// Overloaded or failed: `end` is next.
+    Ending,
+    /// The `end` was handed to the publisher (which may still be delivering it).
+    Ended,
+}
+
+/// One stream's queue. See the module docs for the invariants.
+#[derive(Debug)]
+pub struct FrameQueue {
+    policy: Policy,
+    shadow: bool,
+    max_bytes: u64,
+    enforced_max_bytes: u64,
+    max_age: Duration,
+    enforced_max_age: Duration,
+    enforced_max_wait: Duration,
+    max_frame_bytes: usize,
+    end_timeout: Duration,
+
+    gaps: VecDeque<Gap>,
+    items: VecDeque<QueuedFrame>,
+    next_seq: u64,
+    phase: Phase,
+    full_since: Option<Instant>,
+    refused_while_full: (u64, u64),
+    inflight_since: Option<Instant>,
+    control_deadline: Option<Instant>,
+
+    budget: Arc<Budget>,
+    counters: Arc<Counters>,
+    global: Arc<Global>,
+}
+
+impl FrameQueue {
+    /// An empty queue for a new stream.
+    pub fn new(cfg: &StreamConfig, counters: Arc<Counters>, global: Arc<Global>) -> Self {
+        Self {
+            policy: cfg.policy(),
+            shadow: cfg.shadow(),
+            max_bytes: cfg.max_bytes() as u64,
+            enforced_max_bytes: cfg.enforced_max_bytes() as u64,
+            max_age: cfg.max_age(),
+            enforced_max_age: cfg.enforced_max_age(),
+            enforced_max_wait: cfg.enforced_max_wait(),
+            max_frame_bytes: cfg.max_frame_bytes(),
+            end_timeout: cfg.end_timeout(),
+            gaps: VecDeque::new(),
+            items: VecDeque::new(),
+            next_seq: 1,
+            phase: Phase::Open,
+            full_since: None,
+            refused_while_full: (0, 0),
+            inflight_since: None,
+            control_deadline: None,
+            budget: Arc::new(Budget::new(Arc::clone(&global))),
+            counters,
+            global,
+        }
+    }
+
+    fn account(&self) -> Account<'_> {
+        Account {
+            stream: &self.counters,
+            global: &self.global,
+        }
+    }
+
+    /// The stream's pending budget (shared with reservations).
+    pub fn budget(&self) -> &Arc<Budget> {
+        &self.budget
+    }
+
+    /// Whether the queue holds no frame and no gap marker.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty() && self.gaps.is_empty()
+    }
+
+    /// The admin-view state.
+    pub fn state(&self) -> StreamState {
+        match self.phase {
+            Phase::Open => StreamState::Open,
+            Phase::Draining { .. } => StreamState::Draining,
+            Phase::Ending { .. } => StreamState::Ending,
+            Phase::Ended { .. } => StreamState::Ended,
+        }
+    }
+
+    /// Why the stream ends, once it is no longer open.
+    pub fn end_reason(&self) -> Option<EndReason> {
+        match &self.phase {
+            Phase::Open => None,
+            Phase::Draining { reason, .. }
+            | Phase::Ending { reason, .. }
+            | Phase::Ended { reason, .. } => Some(*reason),
+        }
+    }
+
+    /// The overload report, once the stream overloaded.
+    pub fn overload(&self) -> Option<&Overload> {
+        match &self.phase {
+            Phase::Ending { overload, .. } | Phase::Ended { overload, .. } => overload.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// When the oldest pending frame (queued or in flight) was admitted.
+    pub fn oldest_enqueued_at(&self) -> Option<Instant> {
+        let front = self.items.front().map(|f| f.enqueued_at);
+        match (self.inflight_since, front) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Until when `end` (and gap markers, once the stream is closing) may be retried.
+    /// `None` while the stream is open.
+    pub fn control_deadline(&self) -> Option<Instant> {
+        self.control_deadline
+    }
+
+    /// The next sequence number (the `end` would take it now).
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    fn check_frame(&self, pcm: &Bytes) -> Result<(), FrameError> {
+        let len = pcm.len();
+        if len == 0 {
+            return Err(FrameError::Empty);
+        }
+        if len % 2 != 0 {
+            return Err(FrameError::PartialSample { len });
+        }
+        if len > self.max_frame_bytes {
+            return Err(FrameError::TooLarge {
+                len,
+                max: self.max_frame_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    fn closed_refusal(&self) -> Option<Refusal> {
+        match &self.phase {
+            Phase::Open => None,
+            Phase::Ending {
+                overload: Some(o), ..
+            }
+            | Phase::Ended {
+                overload: Some(o), ..
+            } => Some(Refusal::Overloaded(o.clone())),
+            Phase::Draining { reason, .. }
+            | Phase::Ending { reason, .. }
+            | Phase::Ended { reason, .. } => Some(Refusal::Closed(*reason)),
+        }
+    }
+
+    /// Offers a frame. `Ok(seq)` when admitted. See [`OfferMode`] for what a full
+    /// `close` queue does. Every final outcome is counted (offered, admitted or
+    /// refused with a reason); a `Wait`-mode `Full` is not final and counts nothing.
+    pub fn offer(&mut self, pcm: &Bytes, now: Instant, mode: OfferMode) -> Result<u64, Refusal> {
+        let result = self.offer_inner(pcm, now, mode);
+        let acct = self.account();
+        match &result {
+            Ok(_) => {
+                acct.offered();
+                acct.admitted();
+            }
+            Err(Refusal::Full { .. }) if mode == OfferMode::Wait => {}
+            Err(r) => {
+                acct.offered();
+                let reason = match r {
+                    Refusal::Full { .. } => DropReason::QueueFull,
+                    Refusal::Invalid(_) => DropReason::Invalid,
+                    Refusal::Overloaded(_) | Refusal::Closed(_) => DropReason::Closed,
+                };
+                acct.dropped(reason, 1, samples_of(pcm.len()));
+            }
+        }
+        result
+    }
+
+    fn offer_inner(&mut self, pcm: &Bytes, now: Instant, mode: OfferMode) -> Result<u64, Refusal> {
+        self.check_frame(pcm).map_err(Refusal::Invalid)?;
+        if let Some(r) = self.closed_refusal() {
+            return Err(r);
+        }
+        self.expire(now);
+        if let Some(r) = self.closed_refusal() {
+            return Err(r);
+        }
+        let len = pcm.len() as u64;
+        let pending = self.budget.bytes();
+        if self.shadow {
+            let too_old = self
+                .oldest_enqueued_at()
+                .is_some_and(|t| now.saturating_duration_since(t) > self.max_age);
+            if pending + len > self.max_bytes {
+                self.account().would_reject(WouldReject::Bytes);
+            } else if too_old {
+                self.account().would_reject(WouldReject::Age);
+            }
+        }
+        if pending + len > self.enforced_max_bytes {
+            match self.policy {
+                Policy::Gap => {
+                    while self.budget.bytes() + len > self.enforced_max_bytes {
+                        let Some(f) = self.items.pop_front() else { break };
+                        self.drop_into_gap(f, DropReason::Evicted, GapReason::QueueFull);
+                    }
+                    if self.budget.bytes() + len > self.enforced_max_bytes {
+                        // Only the publisher's frame in flight is left, and validation
+                        // guarantees two frames fit: unreachable, but refuse rather than
+                        // exceed the bound.
+                        return Err(Refusal::Full {
+                            pending_bytes: self.budget.bytes(),
+                            max_bytes: self.enforced_max_bytes,
+                            overload_at: now,
+                        });
+                    }
+                }
+                Policy::Close => {
+                    let since = *self.full_since.get_or_insert(now);
+                    let overload_at = since + self.enforced_max_wait;
+                    if now >= overload_at {
+                        self.refused_while_full.0 += 1;
+                        self.refused_while_full.1 += samples_of(pcm.len());
+                        self.trip_overload(OverloadReason::QueueFull, now);
+                        return Err(self.closed_refusal().unwrap_or(Refusal::Closed(EndReason::Overload)));
+                    }
+                    if mode == OfferMode::Try {
+                        self.refused_while_full.0 += 1;
+                        self.refused_while_full.1 += samples_of(pcm.len());
+                    }
+                    return Err(Refusal::Full {
+                        pending_bytes: pending,
+                        max_bytes: self.enforced_max_bytes,
+                        overload_at,
+                    });
+                }
+            }
+        }
+        self.full_since = None;
+        self.refused_while_full = (0, 0);
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let reservation = Reservation::new(&self.budget, len);
+        self.items.push_back(QueuedFrame {
+            seq,
+            pcm: pcm.clone(),
+            enqueued_at: now,
+            _reservation: reservation,
+        });
+        Ok(seq)
+    }
+
+    /// Appends a dropped frame to the gap markers (merging contiguous ranges) and
+    /// accounts it. The frame's reservation is released here.
+    fn drop_into_gap(&mut self, frame: QueuedFrame, drop: DropReason, gap: GapReason) {
+        let samples = frame.samples();
+        self.account().dropped(drop, 1, samples);
+        match self.gaps.back_mut() {
+            Some(g) if g.last_seq + 1 == frame.seq => {
+                g.last_seq = frame.seq;
+                g.samples += samples;
+            }
+            _ => self.gaps.push_back(Gap {
+                first_seq: frame.seq,
+                last_seq: frame.seq,
+                samples,
+                reason: gap,
+            }),
+        }
+    }
+
+    /// Drops every queued frame for `reason`; returns (frames, samples).
+    fn drop_all(&mut self, reason: DropReason) -> (u64, u64) {
+        let mut frames = 0;
+        let mut samples = 0;
+        for f in self.items.drain(..) {
+            frames += 1;
+            samples += f.samples();
+        }
+        self.account().dropped(reason, frames, samples);
+        (frames, samples)
+    }
+
+    fn set_control_deadline(&mut self, deadline: Instant) {
+        self.control_deadline = Some(match self.control_deadline {
+            Some(d) => d.min(deadline),
+            None => deadline,
+        });
+    }
+
+    /// `close` policy: the stream overloads. Queued frames are dropped (reason
+    /// `overload`) and the next item is the `end` with the report.
+    fn trip_overload(&mut self, reason: OverloadReason, now: Instant) {
+        if !matches!(self.phase, Phase::Open | Phase::Draining { .. }) {
+            return;
+        }
+        let pending_bytes = self.budget.bytes();
+        let (frames, samples) = self.drop_all(DropReason::Overload);
+        let (rf, rs) = std::mem::take(&mut self.refused_while_full);
+        self.global.overloaded(reason);
+        self.phase = Phase::Ending {
+            reason: EndReason::Overload,
+            overload: Some(Overload {
+                reason,
+                dropped_frames: frames + rf,
+                dropped_samples: samples + rs,
+                pending_bytes,
+                max_bytes: self.max_bytes,
+                max_age_ms: self.max_age.as_millis() as u64,
+            }),
+        };
+        self.set_control_deadline(now + self.end_timeout);
+    }
+
+    /// Applies the age bound to the front of the queue.
+    fn expire(&mut self, now: Instant) {
+        while let Some(front) = self.items.front() {
+            if now.saturating_duration_since(front.enqueued_at) <= self.enforced_max_age {
+                return;
+            }
+            match self.policy {
+                Policy::Gap => {
+                    if let Some(f) = self.items.pop_front() {
+                        self.drop_into_gap(f, DropReason::MaxAge, GapReason::MaxAge);
+                    }
+                }
+                Policy::Close => {
+                    self.trip_overload(OverloadReason::MaxAge, now);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Takes the next item for the publisher. Order: gap markers, frames, `end`.
+    pub fn pop(&mut self, now: Instant) -> Next {
+        self.inflight_since = None;
+        self.expire(now);
+        if let Phase::Draining {
+            deadline: Some(d), ..
+        } = self.phase
+            && now >= d
+        {
+            self.drop_all(DropReason::Shutdown);
+        }
+        if let Some(g) = self.gaps.pop_front() {
+            return Next::Gap(g);
+        }
+        if let Some(f) = self.items.pop_front() {
+            // Room appeared: a full `close` stream starts its wait afresh.
+            self.full_since = None;
+            self.inflight_since = Some(f.enqueued_at);
+            return Next::Frame(f);
+        }
+        let (reason, overload) = match &self.phase {
+            Phase::Open => return Next::Empty,
+            Phase::Ended { .. } => return Next::Done,
+            Phase::Draining { reason, .. } => (*reason, None),
+            Phase::Ending { reason, overload } => (*reason, overload.clone()),
+        };
+        if self.control_deadline.is_none() {
+            self.set_control_deadline(now + self.end_timeout);
+        }
+        self.phase = Phase::Ended {
+            reason,
+            overload: overload.clone(),
+        };
+        Next::End(EndPacket {
+            seq: self.next_seq,
+            reason,
+            overload,
+        })
+    }
+
+    /// The publish of the frame in flight failed; applies the policy to it.
+    pub fn inflight_failed(&mut self, frame: QueuedFrame, failure: Failure, now: Instant) -> AfterFailure {
+        self.inflight_since = None;
+        let age = now.saturating_duration_since(frame.enqueued_at);
+        if let Phase::Ending { .. } | Phase::Ended { .. } = self.phase {
+            self.drop_inflight_on_overload(frame);
+            return AfterFailure::Dropped;
+        }
+        if self.shadow && failure == Failure::Timeout && age <= self.enforced_max_age {
+            self.account().would_reject(WouldReject::PublishTimeout);
+            self.inflight_since = Some(frame.enqueued_at);
+            return AfterFailure::Retry(frame);
+        }
+        match (self.policy, failure) {
+            (Policy::Gap, f) => {
+                let drop = if f == Failure::Timeout {
+                    DropReason::PublishTimeout
+                } else {
+                    DropReason::PublishError
+                };
+                self.prepend_gap(frame, drop);
+            }
+            (Policy::Close, Failure::Timeout) => {
+                self.trip_overload(OverloadReason::PublishTimeout, now);
+                self.drop_inflight_on_overload(frame);
+            }
+            (Policy::Close, Failure::Error) => {
+                self.account()
+                    .dropped(DropReason::PublishError, 1, frame.samples());
+                drop(frame);
+                self.drop_all(DropReason::PublishError);
+                self.phase = Phase::Ending {
+                    reason: EndReason::Error,
+                    overload: None,
+                };
+                self.set_control_deadline(now + self.end_timeout);
+            }
+        }
+        AfterFailure::Dropped
+    }
+
+    /// Accounts the frame in flight when the stream has already overloaded (or
+    /// failed): dropped, and added to the overload report if there is one.
+    fn drop_inflight_on_overload(&mut self, frame: QueuedFrame) {
+        let samples = frame.samples();
+        let reason = if self.overload().is_some() {
+            DropReason::Overload
+        } else {
+            DropReason::PublishError
+        };
+        self.account().dropped(reason, 1, samples);
+        if let Phase::Ending {
+            overload: Some(o), ..
+        } = &mut self.phase
+        {
+            o.dropped_frames += 1;
+            o.dropped_samples += samples;
+        }
+    }
+
+    /// `gap`: the frame in flight is dropped; it precedes everything queued, so its
+    /// marker goes (or merges) at the front.
+    fn prepend_gap(&mut self, frame: QueuedFrame, drop: DropReason) {
+        let samples = frame.samples();
+        self.account().dropped(drop, 1, samples);
+        match self.gaps.front_mut() {
+            Some(g) if g.first_seq == frame.seq + 1 => {
+                // A merged marker carries the cause of its first frame.
+                g.first_seq = frame.seq;
+                g.samples += samples;
+                g.reason = GapReason::PublishFailed;
+            }
+            _ => self.gaps.push_front(Gap {
+                first_seq: frame.seq,
+                last_seq: frame.seq,
+                samples,
+                reason: GapReason::PublishFailed,
+            }),
+        }
+    }
+
+    /// A gap marker in flight could not be published yet: merges markers queued since
+    /// (contiguous with it) into it, so one marker covers the whole range.
+    /// Applies the age bound first, so frames that expired meanwhile are included.
+    pub fn merge_into_gap(&mut self, gap: &mut Gap, now: Instant) {
+        self.expire(now);
+        while let Some(front) = self.gaps.front() {
+            if front.first_seq != gap.last_seq + 1 {
+                break;
+            }
+            gap.last_seq = front.last_seq;
+            gap.samples += front.samples;
+            self.gaps.pop_front();
+        }
+    }
+
+    /// Stops admitting; what is queued is still published (until `drain_deadline`, if
+    /// any), then `end` with `reason`. Idempotent; a later call can only tighten the
+    /// deadlines (a shutdown during a producer's finish).
+    pub fn finish(&mut self, reason: EndReason, now: Instant, drain_deadline: Option<Instant>, control_deadline: Option<Instant>) {
+        match &mut self.phase {
+            Phase::Open => {
+                self.phase = Phase::Draining {
+                    reason,
+                    deadline: drain_deadline,
+                };
+                self.set_control_deadline(control_deadline.unwrap_or(now + self.end_timeout));
+            }
+            Phase::Draining { deadline, .. } => {
+                if let Some(d) = drain_deadline {
+                    *deadline = Some(deadline.map_or(d, |old| old.min(d)));
+                }
+                if let Some(d) = control_deadline {
+                    self.set_control_deadline(d);
+                }
+            }
+            Phase::Ending { .. } | Phase::Ended { .. } => {
+                if let Some(d) = control_deadline {
+                    self.set_control_deadline(d);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(f: impl FnOnce(crate::config::StreamConfigBuilder) -> crate::config::StreamConfigBuilder) -> StreamConfig {
+        f(StreamConfig::builder()).build().expect("valid config")
+    }
+
+    fn queue(c: &StreamConfig) -> (FrameQueue, Arc<Counters>, Arc<Global>) {
+        let counters = Arc::new(Counters::default());
+        let global = Arc::new(Global::new());
+        (
+            FrameQueue::new(c, Arc::clone(&counters), Arc::clone(&global)),
+            counters,
+            global,
+        )
+    }
+
+    fn pcm() -> Bytes {
+        Bytes::from(vec![0u8; 640])
+    }
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// offered = admitted + rejected; admitted = published + dropped + pending.
+    fn assert_accounted(q: &FrameQueue, c: &Counters, published: u64) {
+        let s = c.snapshot();
+        assert_eq!(s.offered, s.admitted + s.rejected_total(), "{s:?}");
+        assert_eq!(
+            s.admitted,
+            published + s.dropped_admitted_total() + q.budget().frames(),
+            "{s:?}"
+        );
+    }
+
+    #[test]
+    fn seq_starts_at_one_and_end_takes_the_next() {
+        let c = StreamConfig::default();
+        let (mut q, counters, g) = queue(&c);
+        let t = Instant::now();
+        assert_eq!(q.offer(&pcm(), t, OfferMode::Try), Ok(1));
+        assert_eq!(q.offer(&pcm(), t, OfferMode::Try), Ok(2));
+        assert_eq!(q.budget().bytes(), 1280);
+        assert_eq!(g.pending_bytes(), 1280);
+        q.finish(EndReason::Producer, t, None, None);
+        assert!(matches!(q.offer(&pcm(), t, OfferMode::Try), Err(Refusal::Closed(EndReason::Producer))));
+        let Next::Frame(f1) = q.pop(t) else { panic!("frame") };
+        assert_eq!(f1.seq, 1);
+        drop(f1);
+        assert_eq!(q.budget().bytes(), 640, "published frame released its bytes");
+        let Next::Frame(f2) = q.pop(t) else { panic!("frame") };
+        drop(f2);
+        match q.pop(t) {
+            Next::End(e) => assert_eq!((e.seq, e.reason, e.overload), (3, EndReason::Producer, None)),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(q.pop(t), Next::Done));
+        assert_eq!((q.budget().bytes(), g.pending_bytes(), g.pending_frames()), (0, 0, 0));
+        assert_accounted(&q, &counters, 2);
+    }
+
+    #[test]
+    fn invalid_frames_change_nothing() {
+        let c = StreamConfig::default();
+        let (mut q, counters, _) = queue(&c);
+        let t = Instant::now();
+        for bad in [Bytes::new(), Bytes::from_static(&[0; 3]), Bytes::from(vec![0; 3202])] {
+            assert!(matches!(q.offer(&bad, t, OfferMode::Try), Err(Refusal::Invalid(_))));
+        }
+        assert_eq!(q.offer(&pcm(), t, OfferMode::Try), Ok(1));
+        assert_eq!(counters.snapshot().dropped(DropReason::Invalid), 3);
+        assert_accounted(&q, &counters, 0);
+    }
+
+    #[test]
+    fn close_refuses_when_full_then_overloads_after_max_wait() {
+        let c = StreamConfig::default(); // 16,000 bytes = 25 frames, max_wait 100 ms
+        let (mut q, counters, g) = queue(&c);
+        let t0 = Instant::now();
+        for i in 0..25 {
+            assert_eq!(q.offer(&pcm(), t0, OfferMode::Try), Ok(i + 1));
+        }
+        assert_eq!(q.budget().bytes(), 16_000);
+        let t1 = t0 + 10 * MS;
+        match q.offer(&pcm(), t1, OfferMode::Try) {
+            Err(Refusal::Full { pending_bytes, max_bytes, overload_at }) => {
+                assert_eq!((pending_bytes, max_bytes), (16_000, 16_000));
+                assert_eq!(overload_at, t1 + 100 * MS);
+            }
+            other => panic!("{other:?}"),
+        }
+        // A Wait-mode full is not a refusal.
+        assert!(matches!(q.offer(&pcm(), t1 + 50 * MS, OfferMode::Wait), Err(Refusal::Full { .. })));
+        assert_eq!(counters.snapshot().dropped(DropReason::QueueFull), 1);
+        // Still full at max_wait: overload.
+        let r = q.offer(&pcm(), t1 + 100 * MS, OfferMode::Wait);
+        let Err(Refusal::Overloaded(o)) = r else { panic!("{r:?}") };
+        assert_eq!(o.reason, OverloadReason::QueueFull);
+        assert_eq!(o.dropped_frames, 25 + 2, "25 queued + 2 refused");
+        assert_eq!(o.dropped_samples, 27 * 320);
+        assert_eq!((o.pending_bytes, o.max_bytes, o.max_age_ms), (16_000, 16_000, 500));
+        assert_eq!(q.budget().bytes(), 0, "the queue was emptied");
+        assert_eq!(g.overloads(), 1);
+        // Later offers are refused with the same report; the next item is the end.
+        assert!(matches!(q.offer(&pcm(), t1 + 200 * MS, OfferMode::Try), Err(Refusal::Overloaded(_))));
+        match q.pop(t1 + 200 * MS) {
+            Next::End(e) => {
+                assert_eq!(e.seq, 26);
+                assert_eq!(e.reason, EndReason::Overload);
+                assert_eq!(e.overload, Some(o));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(q.control_deadline().is_some());
+        assert_accounted(&q, &counters, 0);
+    }
+
+    #[test]
+    fn close_wait_restarts_when_room_appears() {
+        let c = StreamConfig::default();
+        let (mut q, _, _) = queue(&c);
+        let t0 = Instant::now();
+        for _ in 0..25 {
+            q.offer(&pcm(), t0, OfferMode::Try).expect("room");
+        }
+        assert!(matches!(q.offer(&pcm(), t0, OfferMode::Try), Err(Refusal::Full { .. })));
+        let Next::Frame(f) = q.pop(t0 + 90 * MS) else { panic!("frame") };
+        drop(f);
+        assert_eq!(q.offer(&pcm(), t0 + 95 * MS, OfferMode::Try), Ok(26));
+        // Full again at 120 ms: a fresh wait, no overload at 150 ms.
+        assert!(matches!(q.offer(&pcm(), t0 + 120 * MS, OfferMode::Try), Err(Refusal::Full { .. })));
+        assert!(matches!(q.offer(&pcm(), t0 + 150 * MS, OfferMode::Try), Err(Refusal::Full { .. })));
+        assert!(matches!(q.offer(&pcm(), t0 + 220 * MS, OfferMode::Try), Err(Refusal::Overloaded(_))));
+    }
+
+    #[test]
+    fn close_overloads_on_age_instead_of_publishing_late() {
+        let c = StreamConfig::default();
+        let (mut q, counters, _) = queue(&c);
+        let t0 = Instant::now();
+        q.offer(&pcm(), t0, OfferMode::Try).expect("room");
+        q.offer(&pcm(), t0 + 400 * MS, OfferMode::Try).expect("room");
+        match q.pop(t0 + 501 * MS) {
+            Next::End(e) => {
+                let o = e.overload.expect("report");
+                assert_eq!(o.reason, OverloadReason::MaxAge);
+                assert_eq!(o.dropped_frames, 2);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(counters.snapshot().dropped(DropReason::Overload), 2);
+        assert_accounted(&q, &counters, 0);
+    }
+
+    fn gap_cfg() -> StreamConfig {
+        cfg(|b| b.policy(Policy::Gap).extended_consumers(true))
+    }
+
+    #[test]
+    fn gap_evicts_oldest_and_marks_the_exact_range() {
+        let c = gap_cfg();
+        let (mut q, counters, _) = queue(&c);
+        let t0 = Instant::now();
+        for i in 1..=25 {
+            assert_eq!(q.offer(&pcm(), t0, OfferMode::Try), Ok(i));
+        }
+        // Three more: evict 1, 2, 3.
+        for i in 26..=28 {
+            assert_eq!(q.offer(&pcm(), t0 + MS, OfferMode::Try), Ok(i));
+        }
+        assert!(q.budget().bytes() <= 16_000);
+        assert_eq!(q.budget().high_water(), 16_000);
+        match q.pop(t0 + 2 * MS) {
+            Next::Gap(g) => assert_eq!(
+                g,
+                Gap { first_seq: 1, last_seq: 3, samples: 960, reason: GapReason::QueueFull }
+            ),
+            other => panic!("{other:?}"),
+        }
+        let Next::Frame(f) = q.pop(t0 + 2 * MS) else { panic!("frame") };
+        assert_eq!(f.seq, 4);
+        assert_eq!(counters.snapshot().dropped(DropReason::Evicted), 3);
+        drop(f);
+        assert_accounted(&q, &counters, 1);
+    }
+
+    #[test]
+    fn gap_expires_old_frames_into_a_marker_and_merges_with_the_inflight_frame() {
+        let c = gap_cfg();
+        let (mut q, counters, _) = queue(&c);
+        let t0 = Instant::now();
+        for i in 0..5u32 {
+            q.offer(&pcm(), t0 + i * 20 * MS, OfferMode::Try).expect("room");
+        }
+        let Next::Frame(f1) = q.pop(t0 + 100 * MS) else { panic!("frame") };
+        assert_eq!(f1.seq, 1);
+        // Frames 2..=5 outlive max_age while frame 1 is in flight.
+        assert_eq!(q.oldest_enqueued_at(), Some(t0));
+        let now = t0 + 700 * MS;
+        assert_eq!(q.offer(&pcm(), now, OfferMode::Try), Ok(6));
+        // The publish of frame 1 times out: it joins the front marker.
+        assert!(matches!(q.inflight_failed(f1, Failure::Timeout, now), AfterFailure::Dropped));
+        match q.pop(now) {
+            Next::Gap(g) => {
+                assert_eq!((g.first_seq, g.last_seq, g.samples), (1, 5, 1600));
+                assert_eq!(g.reason, GapReason::PublishFailed);
+            }
+            other => panic!("{other:?}"),
+        }
+        let s = counters.snapshot();
+        assert_eq!(s.dropped(DropReason::MaxAge), 4);
+        assert_eq!(s.dropped(DropReason::PublishTimeout), 1);
+        assert_accounted(&q, &counters, 0);
+    }
+
+    #[test]
+    fn a_gap_in_flight_absorbs_later_drops() {
+        let c = gap_cfg();
+        let (mut q, _, _) = queue(&c);
+        let t0 = Instant::now();
+        for _ in 0..26 {
+            q.offer(&pcm(), t0, OfferMode::Try).expect("room");
+        }
+        let Next::Gap(mut g) = q.pop(t0) else { panic!("gap") };
+        assert_eq!((g.first_seq, g.last_seq), (1, 1));
+        // While the marker is being retried, frames 2..=3 are evicted.
+        q.offer(&pcm(), t0, OfferMode::Try).expect("room");
+        q.offer(&pcm(), t0, OfferMode::Try).expect("room");
+        q.merge_into_gap(&mut g, t0);
+        assert_eq!((g.first_seq, g.last_seq, g.samples), (1, 3, 960));
+        let Next::Frame(f) = q.pop(t0) else { panic!("frame") };
+        assert_eq!(f.seq, 4);
+    }
+
+    #[test]
+    fn close_publish_timeout_overloads_and_counts_the_inflight_frame() {
+        let c = StreamConfig::default();
+        let (mut q, counters, _) = queue(&c);
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            q.offer(&pcm(), t0, OfferMode::Try).expect("room");
+        }
+        let Next::Frame(f) = q.pop(t0) else { panic!("frame") };
+        let _ = q.inflight_failed(f, Failure::Timeout, t0 + 100 * MS);
+        match q.pop(t0 + 100 * MS) {
+            Next::End(e) => {
+                let o = e.overload.expect("report");
+                assert_eq!(o.reason, OverloadReason::PublishTimeout);
+                assert_eq!(o.dropped_frames, 3);
+                assert_eq!(e.seq, 4);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(counters.snapshot().dropped(DropReason::Overload), 3);
+        assert_accounted(&q, &counters, 0);
+    }
+
+    #[test]
+    fn shadow_counts_would_reject_and_enforces_only_the_ceiling() {
+        let c = cfg(|b| b.shadow(true));
+        let (mut q, counters, _) = queue(&c);
+        let t0 = Instant::now();
+        for i in 1..=30 {
+            assert_eq!(q.offer(&pcm(), t0, OfferMode::Try), Ok(i));
+        }
+        assert_eq!(counters.snapshot().would_reject, 5, "frames 26..=30 over the budget");
+        // The ceiling (8 x 16,000) still applies.
+        for _ in 30..200 {
+            let _ = q.offer(&pcm(), t0, OfferMode::Try);
+        }
+        assert!(q.budget().bytes() <= 8 * 16_000);
+        assert!(q.budget().high_water() <= 8 * 16_000);
+        // A publish timeout is retried, not enforced.
+        let Next::Frame(f) = q.pop(t0) else { panic!("frame") };
+        assert!(matches!(q.inflight_failed(f, Failure::Timeout, t0 + 100 * MS), AfterFailure::Retry(_)));
+    }
+
+    #[test]
+    fn shutdown_drain_deadline_drops_what_is_left() {
+        let c = StreamConfig::default();
+        let (mut q, counters, _) = queue(&c);
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            q.offer(&pcm(), t0, OfferMode::Try).expect("room");
+        }
+        q.finish(EndReason::Shutdown, t0, Some(t0 + 50 * MS), Some(t0 + 100 * MS));
+        let Next::Frame(f) = q.pop(t0 + 10 * MS) else { panic!("frame") };
+        drop(f);
+        match q.pop(t0 + 60 * MS) {
+            Next::End(e) => assert_eq!((e.seq, e.reason), (4, EndReason::Shutdown)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(counters.snapshot().dropped(DropReason::Shutdown), 2);
+        assert_eq!(q.control_deadline(), Some(t0 + 100 * MS));
+        assert_accounted(&q, &counters, 1);
+    }
+
+    #[test]
+    fn reservations_are_released_exactly_once_on_every_path() {
+        let c = gap_cfg();
+        let (mut q, _, g) = queue(&c);
+        let t0 = Instant::now();
+        for _ in 0..40 {
+            q.offer(&pcm(), t0, OfferMode::Try).expect("room");
+        }
+        let Next::Gap(_) = q.pop(t0) else { panic!("gap") };
+        let Next::Frame(f) = q.pop(t0) else { panic!("frame") };
+        let _ = q.inflight_failed(f, Failure::Error, t0);
+        q.finish(EndReason::Shutdown, t0, Some(t0), None);
+        while !matches!(q.pop(t0 + MS), Next::Done) {}
+        assert_eq!((g.pending_bytes(), g.pending_frames()), (0, 0));
+        drop(q);
+        assert_eq!((g.pending_bytes(), g.pending_frames()), (0, 0));
+    }
+}

@@ -1,0 +1,680 @@
+//! Accounting of every frame, per stream and in aggregate, and the JSON snapshots built
+//! from it (`/v1/stats`, `/v1/streams`).
+//!
+//! Invariant (checked by tests): for every stream and in aggregate,
+//!
+//! ```text
+//! offered  = admitted + rejected            (rejected: never got a sequence number)
+//! admitted = published + dropped + pending  (dropped: had a seq, will never be published)
+//! ```
+//!
+//! where `rejected` and `dropped` are split by [`DropReason`], and every dropped frame
+//! of the `gap` policy is also covered by a gap marker. Counters are plain relaxed
+//! atomics: a snapshot taken while frames move may be off by the frames in motion, a
+//! snapshot of a quiet stream is exact. Every counter update also goes to the `metrics`
+//! facade through handles resolved once (so the hot path does no registry lookups).
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use metrics::{Counter, Gauge, Histogram as MetricHistogram};
+use serde::Serialize;
+use weir_protocol::audio::extension::{EndReason, OverloadReason};
+
+use crate::metrics as m;
+
+/// Why an offered frame was not published. The first three are refusals (the frame
+/// was never admitted and has no sequence number); the rest are drops of admitted
+/// frames (their sequence numbers are missing downstream, covered by a gap marker in
+/// the `gap` policy or followed by an `end` in `close`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DropReason {
+    /// Refused: the byte budget was full (`close` policy, `try_push`).
+    QueueFull,
+    /// Refused: the stream was overloaded, ending or ended.
+    Closed,
+    /// Refused: not a valid PCM frame.
+    Invalid,
+    /// Dropped: oldest frame evicted to make room (`gap` policy).
+    Evicted,
+    /// Dropped: older than `max_age` before it could be published (`gap` policy).
+    MaxAge,
+    /// Dropped: pending when the stream overloaded (`close` policy).
+    Overload,
+    /// Dropped: NATS did not take it within `publish_timeout` (`gap` policy).
+    PublishTimeout,
+    /// Dropped: the NATS client returned an error for it.
+    PublishError,
+    /// Dropped: still pending when the shutdown grace period ran out.
+    Shutdown,
+}
+
+impl DropReason {
+    /// All reasons, in label order.
+    pub const ALL: [DropReason; 9] = [
+        Self::QueueFull,
+        Self::Closed,
+        Self::Invalid,
+        Self::Evicted,
+        Self::MaxAge,
+        Self::Overload,
+        Self::PublishTimeout,
+        Self::PublishError,
+        Self::Shutdown,
+    ];
+
+    /// The label / JSON key.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::QueueFull => "queue_full",
+            Self::Closed => "closed",
+            Self::Invalid => "invalid",
+            Self::Evicted => "evicted",
+            Self::MaxAge => "max_age",
+            Self::Overload => "overload",
+            Self::PublishTimeout => "publish_timeout",
+            Self::PublishError => "publish_error",
+            Self::Shutdown => "shutdown",
+        }
+    }
+
+    /// Whether the frame was refused at admission (no sequence number).
+    pub fn is_refusal(self) -> bool {
+        matches!(self, Self::QueueFull | Self::Closed | Self::Invalid)
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Why shadow mode would have refused or dropped a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WouldReject {
+    /// Over the byte budget.
+    Bytes,
+    /// Older than the age budget.
+    Age,
+    /// A publish timed out.
+    PublishTimeout,
+}
+
+impl WouldReject {
+    /// All reasons.
+    pub const ALL: [WouldReject; 3] = [Self::Bytes, Self::Age, Self::PublishTimeout];
+
+    /// The label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Bytes => "bytes",
+            Self::Age => "age",
+            Self::PublishTimeout => "publish_timeout",
+        }
+    }
+}
+
+const N_DROP: usize = DropReason::ALL.len();
+const N_END: usize = 6;
+
+fn end_index(r: EndReason) -> usize {
+    match r {
+        EndReason::Producer => 0,
+        EndReason::Overload => 1,
+        EndReason::Shutdown => 2,
+        EndReason::ProducerGone => 3,
+        EndReason::Idle => 4,
+        EndReason::Error => 5,
+    }
+}
+
+const END_REASONS: [EndReason; N_END] = [
+    EndReason::Producer,
+    EndReason::Overload,
+    EndReason::Shutdown,
+    EndReason::ProducerGone,
+    EndReason::Idle,
+    EndReason::Error,
+];
+
+fn overload_label(r: OverloadReason) -> &'static str {
+    match r {
+        OverloadReason::QueueFull => "queue_full",
+        OverloadReason::MaxAge => "max_age",
+        OverloadReason::PublishTimeout => "publish_timeout",
+        OverloadReason::Other => "other",
+    }
+}
+
+/// Frame counters of one stream (also used, summed, for the aggregate).
+#[derive(Debug, Default)]
+pub struct Counters {
+    offered: AtomicU64,
+    admitted: AtomicU64,
+    published: AtomicU64,
+    dropped: [AtomicU64; N_DROP],
+    dropped_samples: AtomicU64,
+    would_reject: AtomicU64,
+    gaps: AtomicU64,
+    gap_frames: AtomicU64,
+}
+
+fn add(a: &AtomicU64, n: u64) {
+    a.fetch_add(n, Ordering::Relaxed);
+}
+
+fn get(a: &AtomicU64) -> u64 {
+    a.load(Ordering::Relaxed)
+}
+
+/// A consistent-enough copy of [`Counters`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CountersSnapshot {
+    /// Frames offered.
+    pub offered: u64,
+    /// Frames admitted (given a sequence number).
+    pub admitted: u64,
+    /// Frames handed to NATS.
+    pub published: u64,
+    /// Frames not published, by [`DropReason`] (index = position in `DropReason::ALL`).
+    pub dropped: [u64; N_DROP],
+    /// Samples in admitted frames that were dropped.
+    pub dropped_samples: u64,
+    /// Shadow mode: frames the budget would have refused or dropped.
+    pub would_reject: u64,
+    /// Gap markers handed to NATS.
+    pub gaps: u64,
+    /// Frames covered by those markers.
+    pub gap_frames: u64,
+}
+
+impl CountersSnapshot {
+    /// Frames for one reason.
+    pub fn dropped(&self, r: DropReason) -> u64 {
+        self.dropped[r.index()]
+    }
+    /// Refused frames (all refusal reasons).
+    pub fn rejected_total(&self) -> u64 {
+        DropReason::ALL
+            .iter()
+            .filter(|r| r.is_refusal())
+            .map(|r| self.dropped(*r))
+            .sum()
+    }
+    /// Admitted frames that were dropped (all drop reasons).
+    pub fn dropped_admitted_total(&self) -> u64 {
+        DropReason::ALL
+            .iter()
+            .filter(|r| !r.is_refusal())
+            .map(|r| self.dropped(*r))
+            .sum()
+    }
+    /// Every frame offered and not published.
+    pub fn not_published_total(&self) -> u64 {
+        self.dropped.iter().sum()
+    }
+}
+
+impl Counters {
+    /// A copy of the counters.
+    pub fn snapshot(&self) -> CountersSnapshot {
+        let mut dropped = [0; N_DROP];
+        for (d, a) in dropped.iter_mut().zip(&self.dropped) {
+            *d = get(a);
+        }
+        CountersSnapshot {
+            offered: get(&self.offered),
+            admitted: get(&self.admitted),
+            published: get(&self.published),
+            dropped,
+            dropped_samples: get(&self.dropped_samples),
+            would_reject: get(&self.would_reject),
+            gaps: get(&self.gaps),
+            gap_frames: get(&self.gap_frames),
+        }
+    }
+}
+
+/// Metric handles resolved once, when the [`Global`] is created (under whatever
+/// recorder is current then: global in the binary, local in tests).
+struct Handles {
+    offered: Counter,
+    published: Counter,
+    dropped: [Counter; N_DROP],
+    would_reject: [Counter; 3],
+    overloads: [Counter; 4],
+    gaps: Counter,
+    gap_frames: Counter,
+    ends: [Counter; N_END],
+    queue_wait: MetricHistogram,
+    pending_bytes: Gauge,
+    pending_frames: Gauge,
+    oldest_age: Gauge,
+    active_streams: Gauge,
+    streams_total: Counter,
+}
+
+impl Handles {
+    fn new() -> Self {
+        let dropped = DropReason::ALL.map(|r| {
+            let outcome = if r.is_refusal() { "rejected" } else { "dropped" };
+            metrics::counter!(m::FRAMES_TOTAL, m::LABEL_OUTCOME => outcome, m::LABEL_REASON => r.as_str())
+        });
+        Self {
+            offered: metrics::counter!(m::FRAMES_OFFERED_TOTAL),
+            published: metrics::counter!(m::FRAMES_TOTAL, m::LABEL_OUTCOME => "published", m::LABEL_REASON => "none"),
+            dropped,
+            would_reject: WouldReject::ALL
+                .map(|r| metrics::counter!(m::WOULD_REJECT_TOTAL, m::LABEL_REASON => r.as_str())),
+            overloads: [
+                OverloadReason::QueueFull,
+                OverloadReason::MaxAge,
+                OverloadReason::PublishTimeout,
+                OverloadReason::Other,
+            ]
+            .map(|r| metrics::counter!(m::OVERLOADS_TOTAL, m::LABEL_REASON => overload_label(r))),
+            gaps: metrics::counter!(m::GAPS_TOTAL),
+            gap_frames: metrics::counter!(m::GAP_FRAMES_TOTAL),
+            ends: END_REASONS
+                .map(|r| metrics::counter!(m::ENDS_TOTAL, m::LABEL_REASON => r.as_str())),
+            queue_wait: metrics::histogram!(m::QUEUE_WAIT_SECONDS),
+            pending_bytes: metrics::gauge!(m::PENDING_BYTES),
+            pending_frames: metrics::gauge!(m::PENDING_FRAMES),
+            oldest_age: metrics::gauge!(m::OLDEST_FRAME_AGE_SECONDS),
+            active_streams: metrics::gauge!(m::ACTIVE_STREAMS),
+            streams_total: metrics::counter!(m::STREAMS_TOTAL),
+        }
+    }
+}
+
+/// Aggregate accounting shared by every stream of one ingress.
+pub struct Global {
+    /// Summed frame counters.
+    pub counters: Counters,
+    pending_bytes: AtomicU64,
+    pending_frames: AtomicU64,
+    overloads: AtomicU64,
+    ends: [AtomicU64; N_END],
+    control_lost: AtomicU64,
+    admission_rejects: AtomicU64,
+    streams_total: AtomicU64,
+    active_streams: AtomicU64,
+    /// Queue wait in microseconds, cumulative since start.
+    queue_wait_us: Mutex<Option<Histogram<u64>>>,
+    h: Handles,
+}
+
+impl std::fmt::Debug for Global {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Global")
+            .field("counters", &self.counters.snapshot())
+            .field("pending_bytes", &get(&self.pending_bytes))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Highest queue wait the histogram resolves (60 s); longer waits are clamped.
+const QUEUE_WAIT_MAX_US: u64 = 60_000_000;
+
+impl Default for Global {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Global {
+    /// New, all zero. Resolves metric handles under the current recorder.
+    pub fn new() -> Self {
+        // Only fails for invalid constant bounds; then the summary stays empty.
+        let hist = Histogram::new_with_bounds(1, QUEUE_WAIT_MAX_US, 2).ok();
+        Self {
+            counters: Counters::default(),
+            pending_bytes: AtomicU64::new(0),
+            pending_frames: AtomicU64::new(0),
+            overloads: AtomicU64::new(0),
+            ends: Default::default(),
+            control_lost: AtomicU64::new(0),
+            admission_rejects: AtomicU64::new(0),
+            streams_total: AtomicU64::new(0),
+            active_streams: AtomicU64::new(0),
+            queue_wait_us: Mutex::new(hist),
+            h: Handles::new(),
+        }
+    }
+
+    /// Bytes/frames reserved (admitted). Paired with [`Self::release`] by
+    /// `queue::Reservation`, never called directly elsewhere.
+    pub(crate) fn reserve(&self, bytes: u64) {
+        add(&self.pending_bytes, bytes);
+        add(&self.pending_frames, 1);
+        self.h.pending_bytes.increment(bytes as f64);
+        self.h.pending_frames.increment(1.0);
+    }
+
+    /// Bytes/frames released (published or dropped).
+    pub(crate) fn release(&self, bytes: u64) {
+        self.pending_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        self.pending_frames.fetch_sub(1, Ordering::Relaxed);
+        self.h.pending_bytes.decrement(bytes as f64);
+        self.h.pending_frames.decrement(1.0);
+    }
+
+    /// Pending bytes over all streams.
+    pub fn pending_bytes(&self) -> u64 {
+        get(&self.pending_bytes)
+    }
+
+    /// Pending frames over all streams.
+    pub fn pending_frames(&self) -> u64 {
+        get(&self.pending_frames)
+    }
+
+    pub(crate) fn stream_opened(&self) {
+        add(&self.streams_total, 1);
+        add(&self.active_streams, 1);
+        self.h.streams_total.increment(1);
+        self.h.active_streams.increment(1.0);
+    }
+
+    pub(crate) fn stream_closed(&self) {
+        self.active_streams.fetch_sub(1, Ordering::Relaxed);
+        self.h.active_streams.decrement(1.0);
+    }
+
+    pub(crate) fn admission_rejected(&self, label: &'static str) {
+        add(&self.admission_rejects, 1);
+        metrics::counter!(m::ADMISSION_REJECTS_TOTAL, m::LABEL_REASON => label).increment(1);
+    }
+
+    pub(crate) fn overloaded(&self, reason: OverloadReason) {
+        add(&self.overloads, 1);
+        let i = match reason {
+            OverloadReason::QueueFull => 0,
+            OverloadReason::MaxAge => 1,
+            OverloadReason::PublishTimeout => 2,
+            OverloadReason::Other => 3,
+        };
+        self.h.overloads[i].increment(1);
+    }
+
+    pub(crate) fn end_published(&self, reason: EndReason) {
+        add(&self.ends[end_index(reason)], 1);
+        self.h.ends[end_index(reason)].increment(1);
+    }
+
+    pub(crate) fn control_lost(&self, packet: &'static str) {
+        add(&self.control_lost, 1);
+        metrics::counter!(m::CONTROL_LOST_TOTAL, m::LABEL_PACKET => packet).increment(1);
+    }
+
+    /// Sets the sampled oldest-frame-age gauge.
+    pub(crate) fn set_oldest_age(&self, age: Duration) {
+        self.h.oldest_age.set(age.as_secs_f64());
+    }
+
+    /// `end` packets handed to NATS, by reason.
+    pub fn ends(&self, reason: EndReason) -> u64 {
+        get(&self.ends[end_index(reason)])
+    }
+
+    /// Overloads so far.
+    pub fn overloads(&self) -> u64 {
+        get(&self.overloads)
+    }
+
+    /// End or gap packets that could not be handed to NATS in time.
+    pub fn control_packets_lost(&self) -> u64 {
+        get(&self.control_lost)
+    }
+
+    /// Queue-wait summary since start, in milliseconds.
+    pub fn queue_wait(&self) -> QueueWaitMs {
+        let Ok(guard) = self.queue_wait_us.lock() else {
+            return QueueWaitMs::default();
+        };
+        let Some(h) = guard.as_ref() else {
+            return QueueWaitMs::default();
+        };
+        if h.is_empty() {
+            return QueueWaitMs::default();
+        }
+        let ms = |us: u64| us as f64 / 1000.0;
+        QueueWaitMs {
+            count: h.len(),
+            p50: ms(h.value_at_quantile(0.50)),
+            p95: ms(h.value_at_quantile(0.95)),
+            p99: ms(h.value_at_quantile(0.99)),
+            max: ms(h.max()),
+        }
+    }
+
+    /// Streams open now.
+    pub fn active_streams(&self) -> u64 {
+        get(&self.active_streams)
+    }
+
+    /// Streams opened since start.
+    pub fn streams_total(&self) -> u64 {
+        get(&self.streams_total)
+    }
+
+    /// Stream opens refused.
+    pub fn admission_rejects(&self) -> u64 {
+        get(&self.admission_rejects)
+    }
+}
+
+/// Updates a stream's counters and the aggregate together (so the two can never
+/// disagree) and emits the matching metrics.
+#[derive(Clone, Copy)]
+pub(crate) struct Account<'a> {
+    pub stream: &'a Counters,
+    pub global: &'a Global,
+}
+
+impl Account<'_> {
+    pub fn offered(&self) {
+        add(&self.stream.offered, 1);
+        add(&self.global.counters.offered, 1);
+        self.global.h.offered.increment(1);
+    }
+
+    pub fn admitted(&self) {
+        add(&self.stream.admitted, 1);
+        add(&self.global.counters.admitted, 1);
+    }
+
+    /// A frame handed to NATS after waiting `wait` since admission.
+    pub fn published(&self, wait: Duration) {
+        add(&self.stream.published, 1);
+        add(&self.global.counters.published, 1);
+        self.global.h.published.increment(1);
+        self.global.h.queue_wait.record(wait.as_secs_f64());
+        if let Ok(mut guard) = self.global.queue_wait_us.lock()
+            && let Some(h) = guard.as_mut()
+        {
+            let us = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX).max(1);
+            h.saturating_record(us.min(QUEUE_WAIT_MAX_US));
+        }
+    }
+
+    /// `frames` frames (with `samples` samples) not published, for `reason`.
+    pub fn dropped(&self, reason: DropReason, frames: u64, samples: u64) {
+        if frames == 0 {
+            return;
+        }
+        let i = reason.index();
+        add(&self.stream.dropped[i], frames);
+        add(&self.global.counters.dropped[i], frames);
+        if !reason.is_refusal() {
+            add(&self.stream.dropped_samples, samples);
+            add(&self.global.counters.dropped_samples, samples);
+        }
+        self.global.h.dropped[i].increment(frames);
+    }
+
+    pub fn would_reject(&self, reason: WouldReject) {
+        add(&self.stream.would_reject, 1);
+        add(&self.global.counters.would_reject, 1);
+        let i = match reason {
+            WouldReject::Bytes => 0,
+            WouldReject::Age => 1,
+            WouldReject::PublishTimeout => 2,
+        };
+        self.global.h.would_reject[i].increment(1);
+    }
+
+    pub fn gap_published(&self, frames: u64) {
+        add(&self.stream.gaps, 1);
+        add(&self.global.counters.gaps, 1);
+        add(&self.stream.gap_frames, frames);
+        add(&self.global.counters.gap_frames, frames);
+        self.global.h.gaps.increment(1);
+        self.global.h.gap_frames.increment(frames);
+    }
+}
+
+/// Queue wait summary (the `queue_wait_ms` object of `/v1/stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct QueueWaitMs {
+    /// Frames measured.
+    pub count: u64,
+    /// Median, ms.
+    pub p50: f64,
+    /// 95th percentile, ms.
+    pub p95: f64,
+    /// 99th percentile, ms.
+    pub p99: f64,
+    /// Maximum, ms.
+    pub max: f64,
+}
+
+/// The `frames` object of `/v1/stats`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct FramesStats {
+    /// Frames offered.
+    pub offered: u64,
+    /// Frames admitted.
+    pub admitted: u64,
+    /// Frames handed to NATS.
+    pub published: u64,
+    /// Frames not published, by reason (refusals and drops; see [`DropReason`]).
+    pub dropped: std::collections::BTreeMap<&'static str, u64>,
+    /// Shadow mode: frames the budget would have refused or dropped.
+    pub would_reject: u64,
+}
+
+/// The `/v1/stats` snapshot (schema pinned in docs/contracts.md).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct StatsSnapshot {
+    /// Streams open now.
+    pub active_streams: u64,
+    /// Streams opened since start.
+    pub streams_total: u64,
+    /// Pending bytes over all streams.
+    pub pending_bytes: u64,
+    /// Pending frames over all streams.
+    pub pending_frames: u64,
+    /// The per-stream byte budget.
+    pub pending_bytes_limit_per_stream: u64,
+    /// Age of the oldest pending frame over all streams, ms.
+    pub oldest_frame_age_ms: f64,
+    /// Queue wait since start.
+    pub queue_wait_ms: QueueWaitMs,
+    /// Frame counts.
+    pub frames: FramesStats,
+    /// Stream opens refused (invalid id, already active, max_streams, shutting down).
+    pub admission_rejects: u64,
+    /// Streams ended by the `close` policy.
+    pub overloads: u64,
+    /// Gap markers handed to NATS.
+    pub gaps: u64,
+    /// tokio `RuntimeMetrics::num_alive_tasks()` of the runtime serving the ingress.
+    pub tasks_alive: u64,
+    /// Whether the NATS client is connected.
+    pub nats_connected: bool,
+}
+
+impl FramesStats {
+    /// From a counters snapshot: every reason is present (zero included).
+    pub fn from_counters(c: &CountersSnapshot) -> Self {
+        Self {
+            offered: c.offered,
+            admitted: c.admitted,
+            published: c.published,
+            dropped: DropReason::ALL
+                .iter()
+                .map(|r| (r.as_str(), c.dropped(*r)))
+                .collect(),
+            would_reject: c.would_reject,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn account_updates_stream_and_global_together() {
+        let g = Global::new();
+        let s = Counters::default();
+        let a = Account {
+            stream: &s,
+            global: &g,
+        };
+        a.offered();
+        a.admitted();
+        a.published(Duration::from_millis(3));
+        a.offered();
+        a.dropped(DropReason::QueueFull, 1, 320);
+        a.offered();
+        a.admitted();
+        a.dropped(DropReason::Evicted, 1, 320);
+        let snap = s.snapshot();
+        assert_eq!(snap, g.counters.snapshot());
+        assert_eq!(snap.offered, snap.admitted + snap.rejected_total());
+        assert_eq!(snap.admitted, snap.published + snap.dropped_admitted_total());
+        assert_eq!(snap.dropped_samples, 320, "refusals carry no samples");
+        let qw = g.queue_wait();
+        assert_eq!(qw.count, 1);
+        assert!((qw.p50 - 3.0).abs() < 0.1, "{qw:?}");
+    }
+
+    #[test]
+    fn stats_json_has_the_contract_shape() {
+        let snap = StatsSnapshot {
+            frames: FramesStats::from_counters(&CountersSnapshot::default()),
+            ..Default::default()
+        };
+        let v = serde_json::to_value(&snap).expect("json");
+        for k in [
+            "active_streams",
+            "streams_total",
+            "pending_bytes",
+            "pending_frames",
+            "pending_bytes_limit_per_stream",
+            "oldest_frame_age_ms",
+            "queue_wait_ms",
+            "frames",
+            "admission_rejects",
+            "overloads",
+            "gaps",
+            "tasks_alive",
+            "nats_connected",
+        ] {
+            assert!(v.get(k).is_some(), "missing {k}");
+        }
+        for k in ["count", "p50", "p95", "p99", "max"] {
+            assert!(v["queue_wait_ms"].get(k).is_some(), "missing queue_wait_ms.{k}");
+        }
+        for k in ["offered", "admitted", "published", "dropped", "would_reject"] {
+            assert!(v["frames"].get(k).is_some(), "missing frames.{k}");
+        }
+        assert_eq!(v["frames"]["dropped"]["evicted"], 0);
+        assert_eq!(v.as_object().map(|o| o.len()), Some(13));
+    }
+}

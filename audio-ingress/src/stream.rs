@@ -1,0 +1,678 @@
+//! The producer core's API: an [`Ingress`] opens streams; each stream is one
+//! [`StreamHandle`] (the producer's end), one bounded queue ([`crate::queue`]) and one
+//! publisher task ([`crate::publisher`]).
+//!
+//! ```no_run
+//! # async fn demo(client: async_nats::Client) -> Result<(), Box<dyn std::error::Error>> {
+//! use weir_audio_ingress::{Ingress, StreamConfig};
+//! let ingress = Ingress::new(client, StreamConfig::default());
+//! let stream = ingress.open("call-42", Some("session-7".into()))?;
+//! stream.try_push(bytes::Bytes::from(vec![0u8; 640]))?;       // never blocks
+//! stream.push(bytes::Bytes::from(vec![0u8; 640])).await?;      // waits <= max_wait
+//! let summary = stream.finish().await;                          // drains, publishes `end`
+//! # Ok(()) }
+//! ```
+//!
+//! Invariants:
+//! - Opening a stream spawns exactly one task (its publisher); pushing never spawns.
+//!   The task count is therefore streams + a constant, whatever the frame count.
+//! - A stream id is active from `open` until its publisher exits (after handing out the
+//!   `end`); while active, a second `open` with the same id is refused. The registry
+//!   slot is released exactly once, by the publisher's [`SlotGuard`].
+//! - Dropping a [`StreamHandle`] without [`StreamHandle::finish`] is defined: the
+//!   stream drains what is queued and publishes `end` with `Weir-End-Reason:
+//!   producer_gone`.
+//! - `try_push` takes one uncontended mutex and, when the queue was empty, wakes the
+//!   publisher; it never awaits and never allocates beyond the queue slot.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_nats::Subject;
+use bytes::Bytes;
+use serde::Serialize;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+use weir_protocol::audio::Gap;
+use weir_protocol::audio::extension::{EndReason, Overload};
+use weir_protocol::audio::packet::MAX_SESSION_ID_LEN;
+use weir_protocol::{StreamId, partition_of};
+
+use crate::config::StreamConfig;
+use crate::error::{OpenError, PushError};
+use crate::publisher::{Publisher, Sink};
+use crate::queue::{Budget, FrameQueue, OfferMode, Refusal, StreamState};
+use crate::stats::{Account, Counters, FramesStats, Global, StatsSnapshot};
+
+/// What a stream's producer can observe without pushing (for the WebSocket events).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamStatus {
+    /// The stream's state.
+    pub state: StreamState,
+    /// Why it ends, once it is ending.
+    pub end_reason: Option<EndReason>,
+    /// The overload report, once it overloaded.
+    pub overload: Option<Overload>,
+    /// Gap markers handed to NATS so far.
+    pub gaps: u64,
+    /// The last gap marker handed to NATS.
+    pub last_gap: Option<Gap>,
+    /// The `end` was handed to NATS.
+    pub end_delivered: bool,
+    /// The publisher task exited (the end was handed over or given up on).
+    pub finished: bool,
+}
+
+/// Shared state of one stream (queue, wake-ups, status). Crate-internal.
+pub(crate) struct StreamShared {
+    pub id: StreamId,
+    pub session: Option<String>,
+    pub subject: Subject,
+    core: Mutex<FrameQueue>,
+    pub budget: Arc<Budget>,
+    pub counters: Arc<Counters>,
+    pub global: Arc<Global>,
+    /// Wakes the publisher (frame on an empty queue, finish, shutdown).
+    pub wake: Notify,
+    /// Wakes a producer waiting in `push` (the publisher took a frame).
+    pub room: Notify,
+    status: watch::Sender<StreamStatus>,
+    opened_at: Instant,
+}
+
+impl StreamShared {
+    pub fn lock(&self) -> MutexGuard<'_, FrameQueue> {
+        // A panic while holding the lock cannot leave the queue inconsistent in a way
+        // that matters more than losing the stream; keep going with the inner value.
+        self.core.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn account(&self) -> Account<'_> {
+        Account {
+            stream: &self.counters,
+            global: &self.global,
+        }
+    }
+
+    /// Copies the queue's phase into the watched status (if it changed).
+    pub fn sync_status(&self, core: &FrameQueue) {
+        let state = core.state();
+        let overload = core.overload().cloned();
+        let end_reason = core_end_reason(core);
+        self.status.send_if_modified(|s| {
+            if s.state == state && s.end_reason == end_reason && s.overload == overload {
+                return false;
+            }
+            s.state = state;
+            s.end_reason = end_reason;
+            s.overload = overload;
+            true
+        });
+    }
+
+    pub fn gap_published(&self, gap: Gap) {
+        self.status.send_modify(|s| {
+            s.gaps += 1;
+            s.last_gap = Some(gap);
+        });
+    }
+
+    pub fn end_delivered(&self) {
+        self.status.send_modify(|s| s.end_delivered = true);
+    }
+
+    pub fn mark_finished(&self) {
+        self.status.send_modify(|s| {
+            s.finished = true;
+            s.state = StreamState::Ended;
+        });
+    }
+
+    fn close(&self, reason: EndReason, drain: Option<Instant>, control: Option<Instant>) {
+        {
+            let mut core = self.lock();
+            core.finish(reason, Instant::now(), drain, control);
+            self.sync_status(&core);
+        }
+        self.wake.notify_one();
+    }
+
+    fn snapshot(&self) -> StreamSnapshot {
+        let now = Instant::now();
+        let (state, oldest, overload) = {
+            let core = self.lock();
+            (
+                core.state(),
+                core.oldest_enqueued_at(),
+                core.overload().cloned(),
+            )
+        };
+        let status = self.status.borrow().clone();
+        StreamSnapshot {
+            stream_id: self.id.to_string(),
+            session_id: self.session.clone(),
+            subject: self.subject.to_string(),
+            state,
+            end_reason: status.end_reason,
+            open_ms: now.saturating_duration_since(self.opened_at).as_secs_f64() * 1e3,
+            pending_bytes: self.budget.bytes(),
+            pending_frames: self.budget.frames(),
+            pending_bytes_high_water: self.budget.high_water(),
+            oldest_frame_age_ms: oldest
+                .map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64() * 1e3),
+            frames: FramesStats::from_counters(&self.counters.snapshot()),
+            gaps: status.gaps,
+            overload,
+            end_delivered: status.end_delivered,
+        }
+    }
+}
+
+fn core_end_reason(core: &FrameQueue) -> Option<EndReason> {
+    core.end_reason()
+}
+
+/// One stream in the admin `/v1/streams` view.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StreamSnapshot {
+    /// The stream id.
+    pub stream_id: String,
+    /// The session id, if any.
+    pub session_id: Option<String>,
+    /// The NATS subject.
+    pub subject: String,
+    /// State.
+    pub state: StreamState,
+    /// Why it ends, once ending.
+    pub end_reason: Option<EndReason>,
+    /// Time since open, ms.
+    pub open_ms: f64,
+    /// Bytes pending (queued + in flight).
+    pub pending_bytes: u64,
+    /// Frames pending.
+    pub pending_frames: u64,
+    /// Highest pending bytes so far (never above the enforced bound).
+    pub pending_bytes_high_water: u64,
+    /// Age of the oldest pending frame, ms.
+    pub oldest_frame_age_ms: f64,
+    /// Frame counts.
+    pub frames: FramesStats,
+    /// Gap markers handed to NATS.
+    pub gaps: u64,
+    /// The overload report, if it overloaded.
+    pub overload: Option<Overload>,
+    /// Whether the `end` was handed to NATS.
+    pub end_delivered: bool,
+}
+
+/// What a finished stream did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StreamSummary {
+    /// The final snapshot.
+    #[serde(flatten)]
+    pub snapshot: StreamSnapshot,
+    /// Whether the publisher finished within the wait bound of `finish`.
+    pub finished: bool,
+}
+
+/// The registry of active streams, shared with every publisher's [`SlotGuard`].
+pub(crate) struct Registry {
+    streams: Mutex<HashMap<StreamId, Arc<StreamShared>>>,
+    empty: Notify,
+    global: Arc<Global>,
+}
+
+impl Registry {
+    fn lock(&self) -> MutexGuard<'_, HashMap<StreamId, Arc<StreamShared>>> {
+        self.streams.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn all(&self) -> Vec<Arc<StreamShared>> {
+        self.lock().values().cloned().collect()
+    }
+}
+
+/// A stream's place in the registry; removing it (on `Drop`) makes the id available
+/// again. Owned by the stream's publisher task, so it is released exactly once, when
+/// the task ends (or if the runtime drops the task).
+pub(crate) struct SlotGuard {
+    registry: Arc<Registry>,
+    id: StreamId,
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        let now_empty = {
+            let mut map = self.registry.lock();
+            map.remove(&self.id);
+            map.is_empty()
+        };
+        self.registry.global.stream_closed();
+        if now_empty {
+            self.registry.empty.notify_waiters();
+        }
+    }
+}
+
+struct IngressInner<S: Sink> {
+    config: Arc<StreamConfig>,
+    sink: S,
+    registry: Arc<Registry>,
+    max_streams: usize,
+    shutting_down: AtomicBool,
+}
+
+/// The producer core: opens streams that publish to one [`Sink`] (an
+/// `async_nats::Client` in production). Cheap to clone; clones share everything.
+pub struct Ingress<S: Sink = async_nats::Client> {
+    inner: Arc<IngressInner<S>>,
+}
+
+impl<S: Sink> Clone for Ingress<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<S: Sink> std::fmt::Debug for Ingress<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ingress")
+            .field("config", &self.inner.config)
+            .field("active_streams", &self.active_streams())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`Ingress::shutdown`] achieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Streams that were open when shutdown began.
+    pub streams: usize,
+    /// Streams whose publisher had not finished when the grace period ran out.
+    pub unfinished: usize,
+}
+
+impl<S: Sink> Ingress<S> {
+    /// A new ingress without a stream cap. Metric handles are resolved now, under the
+    /// current `metrics` recorder.
+    pub fn new(sink: S, config: StreamConfig) -> Self {
+        Self::with_max_streams(sink, config, usize::MAX)
+    }
+
+    /// A new ingress that refuses to open more than `max_streams` streams at a time.
+    pub fn with_max_streams(sink: S, config: StreamConfig, max_streams: usize) -> Self {
+        let global = Arc::new(Global::new());
+        Self {
+            inner: Arc::new(IngressInner {
+                config: Arc::new(config),
+                sink,
+                registry: Arc::new(Registry {
+                    streams: Mutex::new(HashMap::new()),
+                    empty: Notify::new(),
+                    global,
+                }),
+                max_streams,
+                shutting_down: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// The stream configuration.
+    pub fn config(&self) -> &StreamConfig {
+        &self.inner.config
+    }
+
+    /// The sink.
+    pub fn sink(&self) -> &S {
+        &self.inner.sink
+    }
+
+    /// The aggregate accounting.
+    pub fn global(&self) -> &Arc<Global> {
+        &self.inner.registry.global
+    }
+
+    /// Streams active now (including those still delivering their `end`).
+    pub fn active_streams(&self) -> usize {
+        self.inner.registry.lock().len()
+    }
+
+    /// Whether [`Self::shutdown`] was called.
+    pub fn is_shutting_down(&self) -> bool {
+        self.inner.shutting_down.load(Ordering::Acquire)
+    }
+
+    /// Validates `id` and opens a stream. See [`Self::open_id`].
+    pub fn open(&self, id: &str, session_id: Option<String>) -> Result<StreamHandle, OpenError> {
+        match StreamId::parse(id) {
+            Ok(id) => self.open_id(id, session_id),
+            Err(e) => {
+                let e = OpenError::InvalidId(e);
+                self.global().admission_rejected(e.as_label());
+                Err(e)
+            }
+        }
+    }
+
+    /// Opens a stream and spawns its publisher task on the current tokio runtime.
+    /// Refused (and counted) when the id is active, `max_streams` are open, or the
+    /// ingress is shutting down.
+    pub fn open_id(&self, id: StreamId, session_id: Option<String>) -> Result<StreamHandle, OpenError> {
+        let result = self.open_inner(id, session_id);
+        if let Err(e) = &result {
+            self.global().admission_rejected(e.as_label());
+        }
+        result
+    }
+
+    fn open_inner(&self, id: StreamId, session_id: Option<String>) -> Result<StreamHandle, OpenError> {
+        if self.is_shutting_down() {
+            return Err(OpenError::ShuttingDown);
+        }
+        if let Some(s) = &session_id
+            && (s.len() > MAX_SESSION_ID_LEN || s.chars().any(char::is_control))
+        {
+            return Err(OpenError::InvalidSession(format!(
+                "at most {MAX_SESSION_ID_LEN} bytes without control characters"
+            )));
+        }
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| OpenError::NoRuntime)?;
+        let cfg = &self.inner.config;
+        let subject = Subject::from(cfg.subject().render(&id, partition_of(&id, cfg.partitions())));
+        let global = Arc::clone(self.global());
+        let counters = Arc::new(Counters::default());
+        let core = FrameQueue::new(cfg, Arc::clone(&counters), Arc::clone(&global));
+        let budget = Arc::clone(core.budget());
+        let (status, _) = watch::channel(StreamStatus {
+            state: StreamState::Open,
+            end_reason: None,
+            overload: None,
+            gaps: 0,
+            last_gap: None,
+            end_delivered: false,
+            finished: false,
+        });
+        let shared = Arc::new(StreamShared {
+            id: id.clone(),
+            session: session_id,
+            subject,
+            core: Mutex::new(core),
+            budget,
+            counters,
+            global: Arc::clone(&global),
+            wake: Notify::new(),
+            room: Notify::new(),
+            status,
+            opened_at: Instant::now(),
+        });
+        {
+            let mut map = self.inner.registry.lock();
+            if map.contains_key(&id) {
+                return Err(OpenError::AlreadyActive(id.to_string()));
+            }
+            if map.len() >= self.inner.max_streams {
+                return Err(OpenError::TooManyStreams {
+                    limit: self.inner.max_streams,
+                });
+            }
+            map.insert(id.clone(), Arc::clone(&shared));
+        }
+        global.stream_opened();
+        let slot = SlotGuard {
+            registry: Arc::clone(&self.inner.registry),
+            id,
+        };
+        let publisher = Publisher {
+            stream: Arc::clone(&shared),
+            sink: self.inner.sink.clone(),
+            publish_timeout: cfg.publish_timeout(),
+            shadow_max_age: cfg.shadow().then_some(cfg.max_age()),
+        };
+        runtime.spawn(publisher.run(slot));
+        Ok(StreamHandle {
+            shared,
+            closed: false,
+            finish_bound: cfg.max_age() + cfg.publish_timeout() * 2 + cfg.end_timeout(),
+        })
+    }
+
+    /// Each active stream, for the admin view.
+    pub fn streams(&self) -> Vec<StreamSnapshot> {
+        let mut v: Vec<StreamSnapshot> = self
+            .inner
+            .registry
+            .all()
+            .iter()
+            .map(|s| s.snapshot())
+            .collect();
+        v.sort_by(|a, b| a.stream_id.cmp(&b.stream_id));
+        v
+    }
+
+    /// Age of the oldest pending frame over all streams (also sets the gauge).
+    pub fn oldest_frame_age(&self) -> Duration {
+        let now = Instant::now();
+        let age = self
+            .inner
+            .registry
+            .all()
+            .iter()
+            .filter_map(|s| s.lock().oldest_enqueued_at())
+            .map(|t| now.saturating_duration_since(t))
+            .max()
+            .unwrap_or_default();
+        self.global().set_oldest_age(age);
+        age
+    }
+
+    /// The `/v1/stats` snapshot.
+    pub fn stats(&self) -> StatsSnapshot {
+        let g = self.global();
+        let tasks_alive = tokio::runtime::Handle::try_current()
+            .map_or(0, |h| h.metrics().num_alive_tasks() as u64);
+        StatsSnapshot {
+            active_streams: g.active_streams(),
+            streams_total: g.streams_total(),
+            pending_bytes: g.pending_bytes(),
+            pending_frames: g.pending_frames(),
+            pending_bytes_limit_per_stream: self.inner.config.max_bytes() as u64,
+            oldest_frame_age_ms: self.oldest_frame_age().as_secs_f64() * 1e3,
+            queue_wait_ms: g.queue_wait(),
+            frames: FramesStats::from_counters(&g.counters.snapshot()),
+            admission_rejects: g.admission_rejects(),
+            overloads: g.overloads(),
+            gaps: g.counters.snapshot().gaps,
+            tasks_alive,
+            nats_connected: self.inner.sink.is_connected(),
+        }
+    }
+
+    /// Stops admitting streams, finishes every open stream (reason `shutdown`) and waits
+    /// for their publishers. Within `grace`: the first half drains queues (frames still
+    /// queued then are dropped, reason `shutdown`), the rest delivers the `end`s.
+    pub async fn shutdown(&self, grace: Duration) -> ShutdownReport {
+        self.inner.shutting_down.store(true, Ordering::Release);
+        let now = Instant::now();
+        let drain = now + grace / 2;
+        let control = now + grace;
+        let streams = self.inner.registry.all();
+        for s in &streams {
+            s.close(EndReason::Shutdown, Some(drain), Some(control));
+        }
+        let count = streams.len();
+        drop(streams);
+        // Publishers exit by the control deadline; allow one more publish timeout.
+        let until = control + self.inner.config.publish_timeout() + Duration::from_millis(100);
+        let _ = tokio::time::timeout_at(until, self.wait_idle()).await;
+        ShutdownReport {
+            streams: count,
+            unfinished: self.active_streams(),
+        }
+    }
+
+    /// Resolves when no stream is active.
+    pub async fn wait_idle(&self) {
+        loop {
+            let notified = self.inner.registry.empty.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.inner.registry.lock().is_empty() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// The producer's end of one stream. Not `Clone`: one producer per stream.
+///
+/// Dropping it without [`finish`](Self::finish) ends the stream with reason
+/// `producer_gone` (what is queued is still published, then the `end`).
+pub struct StreamHandle {
+    shared: Arc<StreamShared>,
+    closed: bool,
+    finish_bound: Duration,
+}
+
+impl std::fmt::Debug for StreamHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamHandle")
+            .field("id", &self.shared.id)
+            .field("subject", &self.shared.subject)
+            .finish_non_exhaustive()
+    }
+}
+
+fn to_push_error(r: Refusal) -> PushError {
+    match r {
+        Refusal::Full {
+            pending_bytes,
+            max_bytes,
+            ..
+        } => PushError::Full {
+            pending_bytes,
+            max_bytes,
+        },
+        Refusal::Overloaded(o) => PushError::Overloaded(o),
+        Refusal::Closed(r) => PushError::Closed(r),
+        Refusal::Invalid(e) => PushError::InvalidFrame(e),
+    }
+}
+
+impl StreamHandle {
+    /// The stream id.
+    pub fn id(&self) -> &StreamId {
+        &self.shared.id
+    }
+
+    /// The NATS subject the stream publishes to.
+    pub fn subject(&self) -> &str {
+        self.shared.subject.as_str()
+    }
+
+    /// Offers one frame of s16le mono PCM (even length, 2..=`max_frame_bytes`).
+    /// Synchronous: never blocks, never spawns. `Ok(seq)` when admitted.
+    ///
+    /// - `close`: a full queue refuses with [`PushError::Full`]; a queue that stays
+    ///   full for `max_wait` overloads the stream ([`PushError::Overloaded`], now and
+    ///   for every later push).
+    /// - `gap`: never `Full`; the oldest frames make room (declared in a gap marker).
+    pub fn try_push(&self, pcm: Bytes) -> Result<u64, PushError> {
+        self.offer(&pcm, OfferMode::Try).map_err(to_push_error)
+    }
+
+    /// Like [`try_push`](Self::try_push), but a full `close` queue waits for room for
+    /// at most `max_wait`, then overloads the stream.
+    pub async fn push(&self, pcm: Bytes) -> Result<u64, PushError> {
+        loop {
+            let room = self.shared.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            match self.offer(&pcm, OfferMode::Wait) {
+                Err(Refusal::Full { overload_at, .. }) => {
+                    tokio::select! {
+                        () = &mut room => {}
+                        () = tokio::time::sleep_until(overload_at) => {}
+                    }
+                }
+                other => return other.map_err(to_push_error),
+            }
+        }
+    }
+
+    fn offer(&self, pcm: &Bytes, mode: OfferMode) -> Result<u64, Refusal> {
+        let (result, wake) = {
+            let mut core = self.shared.lock();
+            let was_empty = core.is_empty();
+            let result = core.offer(pcm, Instant::now(), mode);
+            let wake = match &result {
+                Ok(_) => was_empty,
+                Err(Refusal::Overloaded(_)) => {
+                    self.shared.sync_status(&core);
+                    true
+                }
+                Err(_) => false,
+            };
+            (result, wake)
+        };
+        if wake {
+            self.shared.wake.notify_one();
+        }
+        result
+    }
+
+    /// A watch on the stream's status (overload, gaps published, end delivered).
+    pub fn status(&self) -> watch::Receiver<StreamStatus> {
+        self.shared.status.subscribe()
+    }
+
+    /// The stream as the admin view shows it.
+    pub fn snapshot(&self) -> StreamSnapshot {
+        self.shared.snapshot()
+    }
+
+    /// Ends the stream without waiting: no more frames; what is queued is published,
+    /// then `end` with `reason`. Later pushes are refused.
+    pub fn close(&mut self, reason: EndReason) {
+        if !self.closed {
+            self.closed = true;
+            self.shared.close(reason, None, None);
+        }
+    }
+
+    /// Ends the stream (reason `producer`) and waits until its publisher has handed
+    /// the `end` to NATS (or given up at `end_timeout`).
+    pub async fn finish(self) -> StreamSummary {
+        self.finish_with(EndReason::Producer).await
+    }
+
+    /// [`finish`](Self::finish) with another end reason (e.g. `idle`, `error`).
+    pub async fn finish_with(mut self, reason: EndReason) -> StreamSummary {
+        self.close(reason);
+        let bound = self.finish_bound + Duration::from_millis(500);
+        self.wait_finished(bound).await
+    }
+
+    /// Waits (at most `bound`) for the publisher to exit and returns the summary.
+    /// Does not close the stream.
+    pub async fn wait_finished(&self, bound: Duration) -> StreamSummary {
+        let mut rx = self.status();
+        let finished = tokio::time::timeout(bound, rx.wait_for(|s| s.finished))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        StreamSummary {
+            snapshot: self.shared.snapshot(),
+            finished,
+        }
+    }
+}
+
+impl Drop for StreamHandle {
+    fn drop(&mut self) {
+        self.close(EndReason::ProducerGone);
+    }
+}

@@ -1,0 +1,1 @@
+//! ws (being written).
