@@ -1,0 +1,230 @@
+//! The load test as a program: expand the selection into runs, run them one after the
+//! other (never concurrently: they would share the 2 cores), then print the table and
+//! write the JSON and the charts.
+//!
+//! Completed reports are pushed into a shared list as soon as each run ends, so that an
+//! interrupted session (Ctrl-C) can still write what it measured.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::cli::{Cli, DesignArg};
+use crate::ingress::find_ingress_bin;
+use crate::llm::LlmSettings;
+use crate::plot::{Panel, Series, grid_svg};
+use crate::report::RunReport;
+use crate::scenario::run::{Env, RunOutput, run_one};
+use crate::scenario::{self, Scenario, ceiling};
+
+/// Showcase defaults (the demo must fit in 2 minutes of run time).
+const SHOWCASE_DURATION: Duration = Duration::from_secs(6);
+const SHOWCASE_PAUSE: Duration = Duration::from_secs(3);
+
+/// Everything measured so far.
+pub type Results = Arc<Mutex<Vec<RunOutput>>>;
+
+/// Builds the run environment from the command line.
+pub fn env_from(cli: &Cli) -> Result<Env, String> {
+    let self_exe =
+        std::env::current_exe().map_err(|e| format!("cannot find my own executable: {e}"))?;
+    let ingress_bin = match &cli.ingress_bin {
+        Some(p) if p.is_file() => Ok(p.clone()),
+        Some(p) => Err(format!("--ingress-bin {} is not a file", p.display())),
+        None => find_ingress_bin(Some(&self_exe)).map_err(|e| e.to_string()),
+    };
+    Ok(Env {
+        nats_url: cli.nats_url.clone(),
+        self_exe,
+        ingress_bin,
+        policy: cli.policy,
+        frame_cost: Duration::from_micros(cli.frame_cost_us),
+        fleet_workers: cli.workers,
+        partitions: cli.partitions,
+        reconnect: !cli.no_reconnect,
+        quiet: cli.quiet,
+        llm: LlmSettings {
+            workers: cli.llm_workers as usize,
+            latency: Duration::from_millis(cli.llm_latency_ms),
+            deadline: Duration::from_millis(cli.llm_deadline_ms),
+        },
+        ingress_set: cli.ingress_set.clone(),
+    })
+}
+
+/// Runs the selection; returns the number of runs that failed.
+pub async fn run(cli: &Cli, results: Results) -> Result<usize, String> {
+    let selection = cli.scenario.ok_or("a scenario is required (see --help)")?;
+    let env = env_from(cli)?;
+    let showcase = selection == Scenario::Showcase;
+    // Validate every plan before starting anything.
+    let mut plans = Vec::new();
+    for s in selection.expand() {
+        let (duration, pause) = if showcase {
+            (
+                cli.duration.or(Some(match s {
+                    Scenario::NatsPause => scenario::FAULT_AT + SHOWCASE_PAUSE + scenario::RECOVERY,
+                    _ => SHOWCASE_DURATION,
+                })),
+                cli.pause.or(Some(SHOWCASE_PAUSE)),
+            )
+        } else {
+            (cli.duration, cli.pause)
+        };
+        plans.push(scenario::plan(s, duration, pause, cli.llm_factor)?);
+    }
+    let mut failures = 0;
+    for plan in plans {
+        if plan.scenario == Scenario::Ceiling {
+            let designs = cli.design.unwrap_or(DesignArg::Bounded).designs();
+            let steps = cli
+                .streams
+                .clone()
+                .unwrap_or_else(|| ceiling::DEFAULT_STEPS.to_vec());
+            let step_duration = cli.duration.unwrap_or(ceiling::DEFAULT_STEP_DURATION);
+            for design in designs {
+                match ceiling::run(&env, &steps, step_duration, design).await {
+                    Ok(outs) => {
+                        if let Some(o) = outs.last() {
+                            eprintln!(
+                                "ceiling ({design}): largest sustainable stream count {}",
+                                o.report.max_streams.unwrap_or(0)
+                            );
+                        }
+                        if let Ok(mut r) = results.lock() {
+                            r.extend(outs);
+                        }
+                    }
+                    Err(e) => {
+                        failures += 1;
+                        eprintln!("ceiling ({design}) failed: {e}");
+                    }
+                }
+            }
+            continue;
+        }
+        let designs = cli.design.unwrap_or(DesignArg::Both).designs();
+        let streams = cli.streams.clone().unwrap_or_else(|| vec![1, 10, 50]);
+        for &n in &streams {
+            for &design in &designs {
+                match run_one(&env, &plan, n, design).await {
+                    Ok(out) => {
+                        eprintln!("{}", one_line(&out.report));
+                        if let Ok(mut r) = results.lock() {
+                            r.push(out);
+                        }
+                    }
+                    Err(e) => {
+                        failures += 1;
+                        eprintln!("[{} {n} {design}] failed: {e}", plan.scenario.name());
+                    }
+                }
+            }
+        }
+    }
+    Ok(failures)
+}
+
+/// A one-line summary printed after each run.
+pub fn one_line(r: &RunReport) -> String {
+    format!(
+        "[{} {} {}] rss peak {:.1} MiB, pending max {} B, queue wait p99 {:.1} ms, tasks max {}, \
+         offered {} published {} received {} dropped {} unaccounted {}",
+        r.scenario,
+        r.streams,
+        r.design,
+        r.ingress.rss_peak_bytes as f64 / (1024.0 * 1024.0),
+        r.ingress.pending_bytes_max,
+        r.ingress.queue_wait_ms.p99,
+        r.ingress.tasks_max,
+        r.frames.offered,
+        r.frames.published,
+        r.frames.received,
+        r.frames.dropped,
+        r.frames.unaccounted
+    )
+}
+
+/// Writes the JSON array.
+pub fn write_json(path: &Path, reports: &[&RunReport]) -> Result<(), String> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let json = serde_json::to_string_pretty(reports).map_err(|e| e.to_string())?;
+    std::fs::write(path, json + "\n").map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Writes one SVG per (scenario, streams): rows = metrics, columns = designs.
+pub fn write_plots(dir: &Path, outputs: &[RunOutput]) -> Result<Vec<String>, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut groups: BTreeMap<(String, usize), Vec<&RunOutput>> = BTreeMap::new();
+    for o in outputs.iter().filter(|o| o.report.scenario != "ceiling") {
+        groups
+            .entry((o.report.scenario.clone(), o.report.streams))
+            .or_default()
+            .push(o);
+    }
+    let mut written = Vec::new();
+    for ((scenario, streams), mut runs) in groups {
+        runs.sort_by_key(|o| o.report.design);
+        let svg = grid_svg(
+            &format!(
+                "{scenario}, {streams} stream{} — bounded (weir) beside naive (task per frame)",
+                if streams == 1 { "" } else { "s" }
+            ),
+            &chart_rows(&runs),
+        );
+        let name = format!("{scenario}-{streams}.svg");
+        let path = dir.join(&name);
+        std::fs::write(&path, svg).map_err(|e| format!("{}: {e}", path.display()))?;
+        written.push(path.display().to_string());
+    }
+    Ok(written)
+}
+
+fn chart_rows(runs: &[&RunOutput]) -> Vec<Vec<Panel>> {
+    type Metric = (&'static str, fn(&crate::sample::Sample) -> Option<f64>);
+    let metrics: [Metric; 4] = [
+        ("pending bytes (KiB)", |s| {
+            s.ingress.as_ref().map(|i| i.pending_bytes as f64 / 1024.0)
+        }),
+        ("queue wait now: oldest pending frame (ms)", |s| {
+            s.ingress.as_ref().map(|i| i.oldest_frame_age_ms)
+        }),
+        ("ingress RSS (MiB)", |s| {
+            s.rss_bytes.map(|b| b as f64 / (1024.0 * 1024.0))
+        }),
+        ("tokio tasks in the ingress", |s| {
+            s.ingress.as_ref().map(|i| i.tasks_alive as f64)
+        }),
+    ];
+    metrics
+        .iter()
+        .enumerate()
+        .map(|(row, (title, f))| {
+            runs.iter()
+                .map(|o| {
+                    let r = &o.report;
+                    let reference = match (row, r.ingress.pending_bytes_limit) {
+                        (0, Some(l)) => Some((l as f64 / 1024.0, "limit".to_owned())),
+                        _ => None,
+                    };
+                    Panel {
+                        title: format!("{}: {title}", r.design),
+                        series: vec![Series {
+                            label: r.design.to_string(),
+                            points: o
+                                .samples
+                                .iter()
+                                .filter_map(|s| f(s).map(|y| (s.t_s, y)))
+                                .collect(),
+                        }],
+                        shade: r.fault.as_ref().map(|f| (f.at_s, f.at_s + f.duration_s)),
+                        reference,
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}

@@ -1,0 +1,274 @@
+//! Command line: `loadtest <scenario> [flags]`, plus the hidden `naive-ingress`
+//! subcommand that serves the naive design as a separate process.
+//!
+//! Every value is validated before anything starts, with a message that names the flag.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::ingress::Design;
+use crate::scenario::Scenario;
+use crate::scenario::run::PolicyArg;
+
+/// Which designs to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DesignArg {
+    /// weir's bounded ingress (`audio-ingress`) and LLM adapter.
+    Bounded,
+    /// The deployed task-per-frame / task-per-message shape.
+    Naive,
+    /// Both, side by side.
+    Both,
+}
+
+impl DesignArg {
+    /// The designs selected.
+    pub fn designs(self) -> Vec<Design> {
+        match self {
+            Self::Bounded => vec![Design::Bounded],
+            Self::Naive => vec![Design::Naive],
+            Self::Both => vec![Design::Bounded, Design::Naive],
+        }
+    }
+}
+
+/// weir load test: drives the audio ingress (and the LLM adapter) with synthetic
+/// producers at the real 20 ms cadence, injects faults, and compares weir's bounded
+/// design with the naive task-per-frame design.
+#[derive(Debug, Parser)]
+#[command(
+    name = "loadtest",
+    version,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+pub struct Cli {
+    /// Internal subcommands.
+    #[command(subcommand)]
+    pub internal: Option<Internal>,
+
+    /// What to run: steady | nats-pause | backend-pause | nats-restart | no-end |
+    /// llm-overload | ceiling | all (every scenario but ceiling) | showcase (the demo:
+    /// steady and nats-pause with short runs).
+    #[arg(value_enum, required = true)]
+    pub scenario: Option<Scenario>,
+
+    /// Stream counts to run, comma-separated (e.g. 1,10,50). For `ceiling`, the ramp
+    /// (default 50,100,200,400,600,800,1000,1200,1400,1600,2000,2400).
+    #[arg(long, value_delimiter = ',', value_parser = parse_streams)]
+    pub streams: Option<Vec<usize>>,
+
+    /// Which design(s): bounded, naive or both side by side. Default: both (ceiling:
+    /// bounded).
+    #[arg(long, value_enum)]
+    pub design: Option<DesignArg>,
+
+    /// Seconds of audio each producer sends per run. Default: 10 for steady, no-end
+    /// and llm-overload; for fault scenarios 2 s + --pause + 2 s of recovery; 5 per
+    /// ceiling step; showcase 6 (steady) and 7 (nats-pause).
+    #[arg(long, value_parser = parse_seconds)]
+    pub duration: Option<Duration>,
+
+    /// Length of the fault in seconds: NATS stopped (nats-pause), backend stalled
+    /// (backend-pause), server down before restart (nats-restart). Default 5 (2 for
+    /// nats-restart, 3 for showcase). The fault starts 2 s into the run.
+    #[arg(long, value_parser = parse_seconds)]
+    pub pause: Option<Duration>,
+
+    /// Write the reports as a JSON array (one object per scenario × streams × design).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+
+    /// Write SVG charts (pending bytes, queue wait, RSS, tasks over time; bounded beside
+    /// naive) into this directory, one file per scenario and stream count.
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<PathBuf>,
+
+    /// Use this NATS server (loopback only) instead of starting one per run. The
+    /// nats-pause and nats-restart scenarios need the server they start themselves.
+    #[arg(long, value_name = "URL", value_parser = parse_nats_url)]
+    pub nats_url: Option<String>,
+
+    /// Full-queue policy of the bounded ingress: close (end the stream with an overload
+    /// signal), gap (drop oldest, send a gap marker) or shadow (measure only).
+    #[arg(long, value_enum, default_value = "close")]
+    pub policy: PolicyArg,
+
+    /// CPU each simulated recogniser spends per frame, microseconds (busy wait on the
+    /// load test's own cores).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=20_000))]
+    pub frame_cost_us: u64,
+
+    /// Recognition workers (NATS consumers) sharing the partitions.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub workers: u32,
+
+    /// Partitions of the audio subject (`weir.audio.{partition}.{stream}`).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub partitions: u32,
+
+    /// llm-overload: offered request rate as a multiple of the backend's capacity.
+    #[arg(long, default_value_t = 3.0)]
+    pub llm_factor: f64,
+
+    /// LLM backend concurrency (simulated GPU slots); capacity = this / latency.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub llm_workers: u32,
+
+    /// Mean simulated inference time, milliseconds.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub llm_latency_ms: u64,
+
+    /// Deadline given to every LLM request, milliseconds.
+    #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(10..=600_000))]
+    pub llm_deadline_ms: u64,
+
+    /// Producers do not reconnect after the server ended or refused their stream.
+    #[arg(long)]
+    pub no_reconnect: bool,
+
+    /// The audio-ingress binary. Default: $WEIR_INGRESS_BIN, else next to this
+    /// executable (scripts/demo builds both).
+    #[arg(long, value_name = "PATH")]
+    pub ingress_bin: Option<PathBuf>,
+
+    /// Extra `key=value` setting for the bounded ingress (repeatable), passed as
+    /// `--set key=value`.
+    #[arg(long = "ingress-set", value_name = "KEY=VALUE")]
+    pub ingress_set: Vec<String>,
+
+    /// No progress line.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// Hidden subcommands used by the load test itself.
+#[derive(Debug, Subcommand)]
+pub enum Internal {
+    /// Serve the naive ingress (used by the load test; same interface as
+    /// `audio-ingress serve`).
+    #[command(hide = true)]
+    NaiveIngress(NaiveArgs),
+}
+
+/// Arguments of `naive-ingress`.
+#[derive(Debug, clap::Args)]
+pub struct NaiveArgs {
+    /// NATS server URL.
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+    /// WebSocket listen address (loopback).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Admin listen address (loopback).
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    pub admin: SocketAddr,
+    /// Audio subject template.
+    #[arg(long, default_value = "weir.audio.{partition}.{stream}")]
+    pub subject: String,
+    /// Partitions of the template.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub partitions: u32,
+    /// Publishes in flight per stream (3 as deployed).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub in_flight: u64,
+}
+
+fn parse_streams(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a stream count"))?;
+    if !(1..=20_000).contains(&n) {
+        return Err(format!("{n} streams is out of range; allowed 1..=20000"));
+    }
+    Ok(n)
+}
+
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !(v.is_finite() && v > 0.0 && v <= 3600.0) {
+        return Err(format!("{v} s is out of range; allowed (0, 3600]"));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+/// Accepts only `nats://` URLs on a loopback host.
+pub fn parse_nats_url(s: &str) -> Result<String, String> {
+    let rest = s
+        .strip_prefix("nats://")
+        .ok_or_else(|| format!("{s:?} must start with nats://"))?;
+    let hostport = rest.rsplit('@').next().unwrap_or(rest);
+    let host = if let Some(h) = hostport.strip_prefix('[') {
+        h.split(']').next().unwrap_or("")
+    } else {
+        hostport.split(':').next().unwrap_or("")
+    };
+    let loopback = host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .map(|ip| ip.is_loopback())
+            .unwrap_or(false);
+    if !loopback {
+        return Err(format!(
+            "{s:?}: the load test only targets loopback addresses"
+        ));
+    }
+    Ok(s.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_nats_urls() {
+        assert!(parse_nats_url("nats://127.0.0.1:4222").is_ok());
+        assert!(parse_nats_url("nats://localhost:4222").is_ok());
+        assert!(parse_nats_url("nats://[::1]:4222").is_ok());
+        assert!(parse_nats_url("nats://u:p@127.0.0.2:4222").is_ok());
+        assert!(parse_nats_url("nats://10.0.0.1:4222").is_err());
+        assert!(parse_nats_url("nats://example.com:4222").is_err());
+        assert!(parse_nats_url("127.0.0.1:4222").is_err());
+    }
+
+    #[test]
+    fn parses_the_documented_command_line() {
+        let cli = Cli::try_parse_from([
+            "loadtest",
+            "nats-pause",
+            "--streams",
+            "1,10,50",
+            "--design",
+            "both",
+            "--duration",
+            "14",
+            "--pause",
+            "10",
+            "--json",
+            "out.json",
+            "--plot",
+            "plots",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(cli.scenario, Some(Scenario::NatsPause));
+        assert_eq!(cli.streams, Some(vec![1, 10, 50]));
+        assert_eq!(cli.duration, Some(Duration::from_secs(14)));
+        assert!(cli.internal.is_none());
+        let cli = Cli::try_parse_from(["loadtest", "naive-ingress", "--listen", "127.0.0.1:0"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(cli.internal, Some(Internal::NaiveIngress(_))));
+        assert!(
+            Cli::try_parse_from(["loadtest"]).is_err(),
+            "a scenario is required"
+        );
+        assert!(Cli::try_parse_from(["loadtest", "steady", "--streams", "0"]).is_err());
+        assert!(Cli::try_parse_from(["loadtest", "steady", "--duration", "-1"]).is_err());
+    }
+}

@@ -1,0 +1,285 @@
+//! The simulated recognition fleet: shard consumers built on weir's consumer core
+//! (`weir_audio_ingress::consumer`), with a configurable cost per frame, pausable.
+//!
+//! `workers` consumers (one NATS connection each, as separate ASR processes would
+//! have) share the partitions of the audio subject statically: partition `p` belongs
+//! to worker `p mod workers`. The consumer core gives each stream its own ordered
+//! handler, detects sequence holes (lost in transit), refuses out-of-order packets,
+//! reaps streams that go silent without `end`, and bounds each stream's queue (policy
+//! `gap` here, so that a recogniser that stalled keeps its timeline when it resumes).
+//!
+//! The handler — the "recogniser" — busy-waits `cost_per_frame` per frame and records
+//! the end-to-end latency (the ingress's `Weir-Captured-At-Ms` → handled here) per
+//! sampling window and for the whole run. While the fleet is paused, every handler
+//! waits before its next frame, as a stalled GPU worker would; frames then queue in
+//! the consumer (bounded) and in the NATS client (bounded by `subscription_capacity`).
+//!
+//! Invariants: all accounting comes from the consumer core's own counters (so the load
+//! test measures the real consumer, not a stand-in); the fleet adds only latency and
+//! the pause switch. Dropping the fleet aborts its consumers.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use tokio::sync::watch;
+use weir_audio_ingress::consumer::{
+    Consumer, ConsumerConfig, ConsumerError, ConsumerPolicy, StreamEvent, StreamHandler, StreamInfo,
+};
+
+use crate::stats::{LatencyHistogram, Percentiles};
+
+/// Fleet settings.
+#[derive(Debug, Clone)]
+pub struct FleetConfig {
+    /// The audio subject template (with `{partition}` and `{stream}`).
+    pub template: String,
+    /// Number of partitions of the template.
+    pub partitions: u32,
+    /// Number of workers (consumers), at least 1 and at most `partitions`.
+    pub workers: u32,
+    /// CPU spent per frame (busy wait) to simulate recognition work.
+    pub cost_per_frame: Duration,
+    /// A stream silent this long without `end` is reaped.
+    pub idle_timeout: Duration,
+    /// Messages the NATS client buffers per subscription before dropping.
+    pub subscription_capacity: usize,
+    /// Per-stream bound of the consumer's queue, bytes.
+    pub max_pending_bytes: usize,
+    /// Per-stream bound of the consumer's queue, age.
+    pub max_pending_age: Duration,
+}
+
+struct Shared {
+    paused: watch::Receiver<bool>,
+    cost: Duration,
+    latency_total: Mutex<LatencyHistogram>,
+    latency_window: Mutex<LatencyHistogram>,
+}
+
+/// The handler of one stream: a simulated recogniser.
+struct Recogniser {
+    shared: Arc<Shared>,
+}
+
+impl StreamHandler for Recogniser {
+    async fn on_event(&mut self, event: StreamEvent) {
+        let StreamEvent::Frame(frame) = event else {
+            return;
+        };
+        let mut paused = self.shared.paused.clone();
+        // Bounded by the scenario, which always resumes (and by the fleet's drop).
+        while *paused.borrow_and_update() {
+            if paused.changed().await.is_err() {
+                return;
+            }
+        }
+        spin(self.shared.cost);
+        if let Some(at) = frame.captured_at_ms {
+            let d = Duration::from_millis(unix_ms().saturating_sub(at));
+            if let Ok(mut h) = self.shared.latency_total.lock() {
+                h.record(d);
+            }
+            if let Ok(mut h) = self.shared.latency_window.lock() {
+                h.record(d);
+            }
+        }
+    }
+}
+
+/// What the fleet saw, cumulatively (sums over its consumers).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct FleetSnapshot {
+    /// Frames received in order (accepted by the consumers' sequence check).
+    pub frames_received: u64,
+    /// Frames whose recogniser call completed.
+    pub frames_handled: u64,
+    /// Seqs that never arrived and were not declared (sequence holes).
+    pub lost_frames: u64,
+    /// Seqs before the first packet a consumer saw of a stream.
+    pub leading_missing: u64,
+    /// Packets refused as duplicate or out of order.
+    pub stale_packets: u64,
+    /// Gap packets received.
+    pub gap_packets: u64,
+    /// Frames declared missing by gap packets.
+    pub gap_frames: u64,
+    /// Frames dropped by the consumers' own bound (recogniser behind).
+    pub dropped_by_consumer: u64,
+    /// Producer `end` packets seen.
+    pub ends: u64,
+    /// Streams by `Weir-End-Reason` of their end (`none` = no header; `missing` = no
+    /// end arrived), over the streams the consumers still retain.
+    pub ends_by_reason: BTreeMap<String, u64>,
+    /// Streams reaped after the idle timeout without an `end`.
+    pub streams_reaped_without_end: u64,
+    /// Stream instances started.
+    pub streams_seen: u64,
+    /// Undecodable packets.
+    pub decode_errors: u64,
+    /// Slow-consumer events of the consumers' NATS clients.
+    pub slow_consumer_events: u64,
+    /// `end` packets of streams no consumer was following.
+    pub orphan_ends: u64,
+    /// Frames queued in the consumers now.
+    pub pending_frames: u64,
+    /// End-to-end latency (ingress accept → handled), whole run.
+    pub latency_ms: Percentiles,
+}
+
+/// A running fleet.
+pub struct Fleet {
+    consumers: Vec<Consumer>,
+    shared: Arc<Shared>,
+    pause: watch::Sender<bool>,
+}
+
+impl std::fmt::Debug for Fleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fleet")
+            .field("workers", &self.consumers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Fleet {
+    /// Starts the consumers; returns once every subscription is confirmed by the
+    /// server (so no frame published afterwards is missed).
+    pub async fn start(nats_url: &str, config: &FleetConfig) -> Result<Self, ConsumerError> {
+        let (pause, paused) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            paused,
+            cost: config.cost_per_frame,
+            latency_total: Mutex::new(LatencyHistogram::new()),
+            latency_window: Mutex::new(LatencyHistogram::new()),
+        });
+        let workers = config.workers.clamp(1, config.partitions.max(1));
+        let mut consumers = Vec::new();
+        for w in 0..workers {
+            let owned: Vec<u32> = (0..config.partitions)
+                .filter(|p| p % workers == w)
+                .collect();
+            let mut cc = ConsumerConfig::partitioned(&config.template, config.partitions, owned);
+            cc.idle_timeout_ms = config.idle_timeout.as_millis() as u64;
+            cc.subscription_capacity = config.subscription_capacity;
+            cc.max_pending_bytes = config.max_pending_bytes;
+            cc.max_pending_age_ms = config.max_pending_age.as_millis() as u64;
+            cc.policy = ConsumerPolicy::Gap;
+            let settings = cc.validate()?;
+            // Default ping interval on purpose: a short one would make the fleet itself
+            // disconnect (and lose what is in flight) while the server is SIGSTOPped.
+            // A short connection timeout makes reconnecting after a restart quick.
+            let options =
+                async_nats::ConnectOptions::new().connection_timeout(Duration::from_millis(500));
+            let s = shared.clone();
+            let factory = move |_: &StreamInfo| Recogniser { shared: s.clone() };
+            consumers.push(Consumer::connect_with(options, nats_url, settings, factory).await?);
+        }
+        Ok(Self {
+            consumers,
+            shared,
+            pause,
+        })
+    }
+
+    /// Stalls every recogniser before its next frame.
+    pub fn pause(&self) {
+        let _ = self.pause.send(true);
+    }
+
+    /// Resumes the recognisers.
+    pub fn resume(&self) {
+        let _ = self.pause.send(false);
+    }
+
+    /// End-to-end latency of the frames handled since the previous call.
+    pub fn take_window_latency(&self) -> Percentiles {
+        match self.shared.latency_window.lock() {
+            Ok(mut h) => {
+                let s = h.summary();
+                h.reset();
+                s
+            }
+            Err(_) => Percentiles::default(),
+        }
+    }
+
+    /// Frames received in order so far (cheap enough for every sample).
+    pub fn frames_received(&self) -> u64 {
+        self.consumers
+            .iter()
+            .map(|c| c.stats().totals.counters.frames)
+            .sum()
+    }
+
+    /// A cumulative snapshot.
+    pub fn snapshot(&self) -> FleetSnapshot {
+        let mut s = FleetSnapshot::default();
+        for c in &self.consumers {
+            let st = c.stats();
+            let t = &st.totals;
+            let k = &t.counters;
+            s.frames_received += k.frames;
+            s.frames_handled += k.frames_delivered;
+            s.lost_frames += k.lost_frames;
+            s.leading_missing += k.leading_missing;
+            s.stale_packets += k.stale_packets;
+            s.gap_packets += k.declared_gaps;
+            s.gap_frames += k.declared_gap_frames;
+            s.dropped_by_consumer +=
+                k.frames_dropped_overload + k.frames_dropped_closed + k.frames_dropped_handler_gone;
+            s.ends += t.streams_end_seen;
+            s.streams_reaped_without_end += t.streams_reaped;
+            s.streams_seen += t.streams_started;
+            s.decode_errors += k.decode_errors;
+            s.slow_consumer_events += t.slow_consumer_events;
+            s.orphan_ends += t.orphan_ends;
+            s.pending_frames += t.pending_frames as u64;
+            for stream in &st.streams {
+                let reason = match (&stream.end_seen, &stream.end_reason) {
+                    (true, Some(r)) => r.clone(),
+                    (true, None) => "none".to_owned(),
+                    (false, _) => "missing".to_owned(),
+                };
+                *s.ends_by_reason.entry(reason).or_default() += 1;
+            }
+        }
+        s.latency_ms = self
+            .shared
+            .latency_total
+            .lock()
+            .map(|h| h.summary())
+            .unwrap_or_default();
+        s
+    }
+
+    /// Stops every consumer (bounded grace) and returns the final snapshot.
+    pub async fn stop(self) -> FleetSnapshot {
+        self.resume();
+        let snapshot = self.snapshot();
+        for c in self.consumers {
+            let _ = c.shutdown(Duration::from_millis(500)).await;
+        }
+        snapshot
+    }
+}
+
+/// Busy-waits for `cost` (simulated recognition work). Zero costs nothing.
+fn spin(cost: Duration) {
+    if cost.is_zero() {
+        return;
+    }
+    let until = std::time::Instant::now() + cost;
+    while std::time::Instant::now() < until {
+        std::hint::spin_loop();
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,472 @@
+//! The ingress under test, as a child process: spawn, ready line, `/v1/stats`, RSS, CPU.
+//!
+//! Both designs run as a separate process with the same interface (the contract in
+//! `docs/contracts.md`): the bounded one is the `audio-ingress` binary, the naive one is
+//! this binary's hidden `naive-ingress` subcommand. A separate process is what makes the
+//! RSS figure the ingress's own.
+//!
+//! Invariants:
+//! - the child is killed when its [`IngressProcess`] is dropped (`kill_on_drop`), on
+//!   every exit path of the load test, including a panic or Ctrl-C;
+//! - its stdin is a pipe that we never write to: the naive ingress exits when it reads
+//!   EOF, so it also dies if the load test is killed with SIGKILL;
+//! - its stdout and stderr are always drained (a full pipe would stall the child); the
+//!   last lines of stderr are kept for error messages;
+//! - every wait is bounded: the ready line within [`READY_TIMEOUT`], a stats poll within
+//!   [`STATS_TIMEOUT`].
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::stats::Percentiles;
+
+/// How long the child has to print its ready line.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long one `/v1/stats` request may take.
+pub const STATS_TIMEOUT: Duration = Duration::from_millis(800);
+/// Environment variable naming the `audio-ingress` binary explicitly.
+pub const INGRESS_BIN_ENV: &str = "WEIR_INGRESS_BIN";
+/// Lines of child stderr kept for error messages.
+const STDERR_TAIL: usize = 40;
+
+/// Which ingress design runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Design {
+    /// weir's `audio-ingress`: one queue and one publisher per stream, bounded by bytes
+    /// and age, publishes with a timeout.
+    Bounded,
+    /// The deployed shape: a task per frame behind a per-stream semaphore of 3.
+    Naive,
+}
+
+impl Design {
+    /// The name used on the command line and in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Bounded => "bounded",
+            Self::Naive => "naive",
+        }
+    }
+}
+
+impl std::fmt::Display for Design {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The `frames` object of `/v1/stats`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FrameStats {
+    /// Frames received from producers.
+    pub offered: u64,
+    /// Frames accepted into a queue.
+    pub admitted: u64,
+    /// Frames handed to NATS.
+    pub published: u64,
+    /// Frames dropped, by reason.
+    pub dropped: BTreeMap<String, u64>,
+    /// Frames that shadow mode would have refused.
+    pub would_reject: u64,
+}
+
+impl FrameStats {
+    /// All drops, whatever the reason.
+    pub fn dropped_total(&self) -> u64 {
+        self.dropped.values().sum()
+    }
+}
+
+/// The JSON snapshot served at `/v1/stats` (contract in `docs/contracts.md`). Unknown
+/// fields are ignored and missing ones default to zero, so a newer or older ingress
+/// still reads.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct IngressStats {
+    /// Streams currently open.
+    pub active_streams: u64,
+    /// Streams ever opened.
+    pub streams_total: u64,
+    /// Bytes of PCM held and not yet handed to NATS, all streams.
+    pub pending_bytes: u64,
+    /// Frames held and not yet handed to NATS, all streams.
+    pub pending_frames: u64,
+    /// The per-stream byte budget (`null`/0 when the design has none).
+    pub pending_bytes_limit_per_stream: Option<u64>,
+    /// Age of the oldest frame not yet handed to NATS, in ms.
+    pub oldest_frame_age_ms: f64,
+    /// Queue wait (enqueue → handed to NATS), cumulative since start.
+    pub queue_wait_ms: Percentiles,
+    /// Frame counters.
+    pub frames: FrameStats,
+    /// Connections refused before upgrade (stream cap, duplicate id, bad id).
+    pub admission_rejects: u64,
+    /// Overload signals raised.
+    pub overloads: u64,
+    /// Gap markers sent.
+    pub gaps: u64,
+    /// Tokio tasks alive in the ingress process.
+    pub tasks_alive: u64,
+    /// Whether the ingress's NATS connection is up.
+    pub nats_connected: bool,
+}
+
+/// What the child printed when it was ready.
+#[derive(Debug, Clone, Deserialize)]
+struct ReadyLine {
+    event: String,
+    ws: Option<String>,
+    admin: Option<String>,
+}
+
+/// Why the ingress could not be started or queried.
+#[derive(Debug, thiserror::Error)]
+pub enum IngressError {
+    /// The binary could not be found.
+    #[error("{0}")]
+    NotFound(String),
+    /// The process could not be spawned.
+    #[error("cannot start {bin}: {source}")]
+    Spawn {
+        /// The binary.
+        bin: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The process did not print a valid ready line in time.
+    #[error("{bin} did not become ready: {why}; its stderr ended with:\n{stderr}")]
+    NotReady {
+        /// The binary.
+        bin: String,
+        /// What went wrong.
+        why: String,
+        /// Last lines of its stderr.
+        stderr: String,
+    },
+    /// A stats poll failed.
+    #[error("GET /v1/stats failed: {0}")]
+    Stats(String),
+}
+
+/// How to launch the ingress process.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    /// The executable.
+    pub program: PathBuf,
+    /// Its arguments (including `serve` or `naive-ingress`).
+    pub args: Vec<String>,
+    /// Extra environment variables.
+    pub env: Vec<(String, String)>,
+}
+
+/// A running ingress child process.
+pub struct IngressProcess {
+    child: Child,
+    pid: u32,
+    ws: SocketAddr,
+    admin: SocketAddr,
+    http: reqwest::Client,
+    stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    program: String,
+}
+
+impl std::fmt::Debug for IngressProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IngressProcess")
+            .field("pid", &self.pid)
+            .field("ws", &self.ws)
+            .field("admin", &self.admin)
+            .finish()
+    }
+}
+
+impl IngressProcess {
+    /// Spawns the process and waits (bounded) for its ready line.
+    pub async fn spawn(launch: &Launch) -> Result<Self, IngressError> {
+        let program = launch.program.display().to_string();
+        let mut cmd = Command::new(&launch.program);
+        cmd.args(&launch.args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        for (k, v) in &launch.env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().map_err(|source| IngressError::Spawn {
+            bin: program.clone(),
+            source,
+        })?;
+        let pid = child.id().unwrap_or(0);
+        let stderr_tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)));
+        if let Some(stderr) = child.stderr.take() {
+            let tail = stderr_tail.clone();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if let Ok(mut t) = tail.lock() {
+                        if t.len() == STDERR_TAIL {
+                            t.pop_front();
+                        }
+                        t.push_back(line);
+                    }
+                }
+            });
+        }
+        let not_ready = |why: String, tail: &Arc<Mutex<VecDeque<String>>>| IngressError::NotReady {
+            bin: program.clone(),
+            why,
+            stderr: tail
+                .lock()
+                .map(|t| t.iter().cloned().collect::<Vec<_>>().join("\n"))
+                .unwrap_or_default(),
+        };
+        let Some(stdout) = child.stdout.take() else {
+            return Err(not_ready("no stdout pipe".into(), &stderr_tail));
+        };
+        let mut lines = BufReader::new(stdout).lines();
+        let ready = tokio::time::timeout(READY_TIMEOUT, async {
+            loop {
+                match lines.next_line().await {
+                    Ok(Some(line)) => {
+                        if let Ok(r) = serde_json::from_str::<ReadyLine>(&line)
+                            && r.event == "ready"
+                        {
+                            return Ok(r);
+                        }
+                    }
+                    Ok(None) => return Err("exited before its ready line".to_string()),
+                    Err(e) => return Err(format!("reading stdout: {e}")),
+                }
+            }
+        })
+        .await;
+        let ready = match ready {
+            Ok(Ok(r)) => r,
+            Ok(Err(why)) => {
+                // Give the stderr reader a moment to collect the reason.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                return Err(not_ready(why, &stderr_tail));
+            }
+            Err(_) => {
+                return Err(not_ready(
+                    format!("no ready line within {READY_TIMEOUT:?}"),
+                    &stderr_tail,
+                ));
+            }
+        };
+        // Keep draining stdout so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let parse = |what: &str, v: Option<String>| -> Result<SocketAddr, IngressError> {
+            let v =
+                v.ok_or_else(|| not_ready(format!("ready line lacks \"{what}\""), &stderr_tail))?;
+            let addr: SocketAddr = v.parse().map_err(|e| {
+                not_ready(format!("ready line \"{what}\": {v:?}: {e}"), &stderr_tail)
+            })?;
+            if !addr.ip().is_loopback() {
+                return Err(not_ready(
+                    format!("\"{what}\" is {addr}, not a loopback address"),
+                    &stderr_tail,
+                ));
+            }
+            Ok(addr)
+        };
+        let ws = parse("ws", ready.ws)?;
+        let admin = parse("admin", ready.admin)?;
+        let http = reqwest::Client::builder()
+            .timeout(STATS_TIMEOUT)
+            .no_proxy()
+            .build()
+            .map_err(|e| IngressError::Stats(e.to_string()))?;
+        Ok(Self {
+            child,
+            pid,
+            ws,
+            admin,
+            http,
+            stderr_tail,
+            program,
+        })
+    }
+
+    /// The WebSocket listen address.
+    pub fn ws_addr(&self) -> SocketAddr {
+        self.ws
+    }
+
+    /// The admin address.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// One `/v1/stats` snapshot.
+    pub async fn stats(&self) -> Result<IngressStats, IngressError> {
+        let url = format!("http://{}/v1/stats", self.admin);
+        let resp = self
+            .http
+            .get(&url)
+            .send()
+            .await
+            .map_err(|e| IngressError::Stats(e.to_string()))?;
+        if !resp.status().is_success() {
+            return Err(IngressError::Stats(format!("status {}", resp.status())));
+        }
+        resp.json::<IngressStats>()
+            .await
+            .map_err(|e| IngressError::Stats(e.to_string()))
+    }
+
+    /// Resident set size of the process, from `/proc/<pid>/status`.
+    pub fn rss_bytes(&self) -> Option<u64> {
+        rss_bytes(self.pid)
+    }
+
+    /// CPU time (user + system) the process has used so far.
+    pub fn cpu_time(&self) -> Option<Duration> {
+        cpu_time(self.pid)
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// The last lines the process wrote to stderr.
+    pub fn stderr_tail(&self) -> String {
+        self.stderr_tail
+            .lock()
+            .map(|t| t.iter().cloned().collect::<Vec<_>>().join("\n"))
+            .unwrap_or_default()
+    }
+
+    /// The program that runs.
+    pub fn program(&self) -> &str {
+        &self.program
+    }
+
+    /// Kills the process and waits for it (bounded).
+    pub async fn stop(mut self) {
+        let _ = self.child.start_kill();
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.child.wait()).await;
+    }
+}
+
+/// VmRSS of a process in bytes.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_vm_rss(&status)
+}
+
+/// Parses the `VmRSS:   1234 kB` line of `/proc/<pid>/status`.
+pub fn parse_vm_rss(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let mut parts = line.split_whitespace().skip(1);
+    let value: u64 = parts.next()?.parse().ok()?;
+    let unit = parts.next().unwrap_or("kB");
+    let mult = match unit {
+        "kB" => 1024,
+        "mB" | "MB" => 1024 * 1024,
+        "B" => 1,
+        _ => return None,
+    };
+    Some(value * mult)
+}
+
+/// User + system CPU time of a process, from `/proc/<pid>/stat` (clock ticks of 10 ms
+/// on Linux).
+pub fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_cpu_ticks(&stat).map(|ticks| Duration::from_millis(ticks * 10))
+}
+
+/// utime + stime from a `/proc/<pid>/stat` line; the command name may contain spaces,
+/// so fields are counted after the last `)`.
+pub fn parse_cpu_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After ")": state(3) ppid(4) ... utime is field 14, stime 15 (1-based overall),
+    // i.e. indexes 11 and 12 here.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// Finds the `audio-ingress` binary: `WEIR_INGRESS_BIN`, else next to `exe` (the
+/// running executable), else one directory up (when `exe` is a test in `deps/`).
+pub fn find_ingress_bin(exe: Option<&Path>) -> Result<PathBuf, IngressError> {
+    if let Some(explicit) = std::env::var_os(INGRESS_BIN_ENV).filter(|v| !v.is_empty()) {
+        let p = PathBuf::from(explicit);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(IngressError::NotFound(format!(
+                "{INGRESS_BIN_ENV}={} is not a file",
+                p.display()
+            )))
+        };
+    }
+    let mut tried = Vec::new();
+    if let Some(dir) = exe.and_then(Path::parent) {
+        for d in [Some(dir), dir.parent()].into_iter().flatten() {
+            let p = d.join("audio-ingress");
+            if p.is_file() {
+                return Ok(p);
+            }
+            tried.push(p.display().to_string());
+        }
+    }
+    Err(IngressError::NotFound(format!(
+        "audio-ingress binary not found (tried {}); build it with \
+         `cargo build --release -p weir-audio-ingress` (scripts/demo does) or set {INGRESS_BIN_ENV}",
+        tried.join(", ")
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_vm_rss() {
+        let s = "Name:\tx\nVmPeak:\t  999 kB\nVmRSS:\t   12345 kB\nThreads: 3\n";
+        assert_eq!(parse_vm_rss(s), Some(12345 * 1024));
+        assert_eq!(parse_vm_rss("Name: x\n"), None);
+    }
+
+    #[test]
+    fn parses_cpu_ticks_with_spaces_in_name() {
+        let s = "42 (a b) S 1 42 42 0 -1 4194560 100 0 0 0 7 3 0 0 20 0 1 0 5 0 0";
+        assert_eq!(parse_cpu_ticks(s), Some(10));
+    }
+
+    #[test]
+    fn stats_tolerate_missing_and_extra_fields() {
+        let s: IngressStats = serde_json::from_str(
+            r#"{"pending_bytes":5,"frames":{"offered":3,"dropped":{"queue_full":2}},"new":1}"#,
+        )
+        .unwrap();
+        assert_eq!(s.pending_bytes, 5);
+        assert_eq!(s.frames.offered, 3);
+        assert_eq!(s.frames.dropped_total(), 2);
+    }
+
+    #[test]
+    fn own_rss_is_readable() {
+        assert!(rss_bytes(std::process::id()).unwrap_or(0) > 0);
+    }
+}

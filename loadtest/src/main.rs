@@ -1,0 +1,106 @@
+//! `loadtest`: see `loadtest --help` and docs/loadtest.md.
+
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+
+use clap::Parser;
+use weir_loadtest::app;
+use weir_loadtest::cli::{Cli, Internal};
+use weir_loadtest::naive::audio::{NaiveConfig, serve};
+use weir_loadtest::report;
+use weir_protocol::SubjectTemplate;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("warn,weir_audio_ingress::consumer=error")
+            }),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match cli.internal {
+        Some(Internal::NaiveIngress(args)) => runtime.block_on(async move {
+            let template = match SubjectTemplate::parse(&args.subject) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("--subject: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let config = NaiveConfig {
+                template,
+                partitions: std::num::NonZeroU32::new(args.partitions)
+                    .unwrap_or(std::num::NonZeroU32::MIN),
+                in_flight: args.in_flight as usize,
+            };
+            match serve(&args.nats_url, args.listen, args.admin, config).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("naive-ingress: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }),
+        None => runtime.block_on(session(cli)),
+    }
+}
+
+async fn session(cli: Cli) -> ExitCode {
+    let results: app::Results = Arc::new(Mutex::new(Vec::new()));
+    let interrupted = tokio::select! {
+        r = app::run(&cli, results.clone()) => match r {
+            Ok(failures) => Some(failures),
+            Err(e) => {
+                eprintln!("loadtest: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        _ = tokio::signal::ctrl_c() => None,
+    };
+    // The run future is dropped here on Ctrl-C: its children are killed on drop.
+    if interrupted.is_none() {
+        eprintln!("\ninterrupted: child processes stopped; writing what was measured");
+    }
+    let outputs = results.lock().map(|r| r.clone()).unwrap_or_default();
+    let reports: Vec<_> = outputs.iter().map(|o| &o.report).collect();
+    let owned: Vec<_> = reports.iter().map(|r| (*r).clone()).collect();
+    println!("{}", report::table(&owned));
+    let mut ok = true;
+    if let Some(path) = &cli.json {
+        match app::write_json(path, &reports) {
+            Ok(()) => eprintln!("wrote {}", path.display()),
+            Err(e) => {
+                eprintln!("cannot write the JSON report: {e}");
+                ok = false;
+            }
+        }
+    }
+    if let Some(dir) = &cli.plot {
+        match app::write_plots(dir, &outputs) {
+            Ok(files) => eprintln!("wrote {} chart(s) in {}", files.len(), dir.display()),
+            Err(e) => {
+                eprintln!("cannot write the charts: {e}");
+                ok = false;
+            }
+        }
+    }
+    match interrupted {
+        None => ExitCode::from(130),
+        Some(0) if ok => ExitCode::SUCCESS,
+        Some(_) => ExitCode::FAILURE,
+    }
+}

@@ -1,0 +1,369 @@
+//! The naive audio ingress: the deployed task-per-frame shape, for comparison.
+//!
+//! Same process interface as `audio-ingress serve` (ready line, WebSocket at
+//! `/v1/streams/{id}`, `GET /v1/stats`), same HTTP/WebSocket stack (axum), same subject
+//! layout and packet bytes — only the design differs, as deployed:
+//! - every incoming frame spawns a tokio task;
+//! - the task waits on a per-stream semaphore of 3 publishes in flight, then calls
+//!   `publish().await` with no timeout;
+//! - nothing bounds the bytes or the age of what the tasks hold; nothing is ever
+//!   refused or dropped on purpose;
+//! - `end` is one more task behind the same semaphore (it can overtake frames);
+//! - a socket that drops without `end` publishes nothing (the consumer must reap it);
+//! - the NATS client uses the library defaults (no ping or connection timeout tuning).
+//!
+//! Two additions exist only to measure it and change no behaviour a consumer relies on:
+//! the `Weir-Audio-Version`/`Weir-Captured-At-Ms` headers (invisible to deployed
+//! consumers, used for end-to-end latency) and the counters behind `/v1/stats`
+//! (`pending_bytes` = PCM bytes held by tasks that have not published yet,
+//! `pending_frames` = such tasks, `oldest_frame_age_ms` = age of the oldest of them,
+//! `queue_wait_ms` = frame received → `publish()` returned).
+//!
+//! Invariant: a frame's pending bytes are released exactly once, by the drop of its
+//! [`Pending`] guard, whatever way its task ends.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use tokio::sync::Semaphore;
+use weir_protocol::audio::extension::{PROTOCOL_VERSION, headers};
+use weir_protocol::audio::{Packet, PacketBody};
+use weir_protocol::{StreamId, SubjectTemplate, partition_of};
+
+use crate::fleet::unix_ms;
+use crate::stats::LatencyHistogram;
+
+/// Settings of the naive ingress.
+#[derive(Debug, Clone)]
+pub struct NaiveConfig {
+    /// Audio subject template.
+    pub template: SubjectTemplate,
+    /// Partitions of the template.
+    pub partitions: NonZeroU32,
+    /// Publishes in flight per stream (3 as deployed).
+    pub in_flight: usize,
+}
+
+struct NaiveState {
+    client: async_nats::Client,
+    config: NaiveConfig,
+    active: Mutex<HashSet<String>>,
+    streams_total: AtomicU64,
+    offered: AtomicU64,
+    published: AtomicU64,
+    publish_errors: AtomicU64,
+    pending_bytes: AtomicU64,
+    pending_frames: AtomicU64,
+    next_id: AtomicU64,
+    pending_since: Mutex<BTreeMap<u64, Instant>>,
+    queue_wait: Mutex<LatencyHistogram>,
+}
+
+/// One frame held by a task: counted in the pending figures until dropped.
+struct Pending {
+    state: Arc<NaiveState>,
+    id: u64,
+    bytes: u64,
+    since: Instant,
+}
+
+impl Pending {
+    fn new(state: &Arc<NaiveState>, bytes: u64) -> Self {
+        let id = state.next_id.fetch_add(1, Ordering::Relaxed);
+        let since = Instant::now();
+        state.pending_bytes.fetch_add(bytes, Ordering::Relaxed);
+        state.pending_frames.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut m) = state.pending_since.lock() {
+            m.insert(id, since);
+        }
+        Self {
+            state: state.clone(),
+            id,
+            bytes,
+            since,
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.state
+            .pending_bytes
+            .fetch_sub(self.bytes, Ordering::Relaxed);
+        self.state.pending_frames.fetch_sub(1, Ordering::Relaxed);
+        if let Ok(mut m) = self.state.pending_since.lock() {
+            m.remove(&self.id);
+        }
+    }
+}
+
+/// Builds the two routers (WebSocket, admin) of the naive ingress.
+pub fn routers(client: async_nats::Client, config: NaiveConfig) -> (Router, Router) {
+    let state = Arc::new(NaiveState {
+        client,
+        config,
+        active: Mutex::new(HashSet::new()),
+        streams_total: AtomicU64::new(0),
+        offered: AtomicU64::new(0),
+        published: AtomicU64::new(0),
+        publish_errors: AtomicU64::new(0),
+        pending_bytes: AtomicU64::new(0),
+        pending_frames: AtomicU64::new(0),
+        next_id: AtomicU64::new(0),
+        pending_since: Mutex::new(BTreeMap::new()),
+        queue_wait: Mutex::new(LatencyHistogram::new()),
+    });
+    let ws = Router::new()
+        .route("/v1/streams/{id}", get(upgrade))
+        .with_state(state.clone());
+    let admin = Router::new()
+        .route("/v1/stats", get(stats))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(state);
+    (ws, admin)
+}
+
+async fn upgrade(
+    State(state): State<Arc<NaiveState>>,
+    Path(id): Path<String>,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let Ok(stream) = StreamId::parse(&id) else {
+        return (StatusCode::BAD_REQUEST, "unsafe stream id").into_response();
+    };
+    {
+        let Ok(mut active) = state.active.lock() else {
+            return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+        };
+        if !active.insert(id.clone()) {
+            return (StatusCode::CONFLICT, "stream already active").into_response();
+        }
+    }
+    state.streams_total.fetch_add(1, Ordering::Relaxed);
+    ws.on_upgrade(move |socket| async move {
+        handle(state.clone(), stream, socket).await;
+        if let Ok(mut active) = state.active.lock() {
+            active.remove(&id);
+        }
+    })
+}
+
+async fn handle(state: Arc<NaiveState>, stream: StreamId, mut socket: WebSocket) {
+    let partition = partition_of(&stream, state.config.partitions);
+    let subject = state.config.template.render(&stream, partition);
+    let semaphore = Arc::new(Semaphore::new(state.config.in_flight.max(1)));
+    let mut seq: u64 = 0;
+    let published_here = Arc::new(AtomicU64::new(0));
+    while let Some(msg) = socket.recv().await {
+        match msg {
+            Ok(Message::Binary(pcm)) => {
+                seq += 1;
+                state.offered.fetch_add(1, Ordering::Relaxed);
+                spawn_publish(
+                    &state,
+                    &semaphore,
+                    &subject,
+                    Packet::frame(seq, pcm),
+                    &published_here,
+                );
+            }
+            Ok(Message::Text(text)) => {
+                let is_end = serde_json::from_str::<serde_json::Value>(text.as_str())
+                    .ok()
+                    .and_then(|v| v.get("type").and_then(|t| t.as_str()).map(|t| t == "end"))
+                    .unwrap_or(false);
+                if !is_end {
+                    continue;
+                }
+                seq += 1;
+                let end = spawn_publish(
+                    &state,
+                    &semaphore,
+                    &subject,
+                    Packet::end(seq),
+                    &published_here,
+                );
+                // As deployed: wait for the end to be published, however long it takes.
+                let _ = end.await;
+                let frames_published = published_here.load(Ordering::Relaxed);
+                let closed = serde_json::json!({
+                    "type": "closed",
+                    "reason": "producer",
+                    "frames_published": frames_published,
+                    "frames_dropped": 0,
+                });
+                let _ = socket.send(Message::Text(closed.to_string().into())).await;
+                let _ = socket
+                    .send(Message::Close(Some(CloseFrame {
+                        code: 1000,
+                        reason: "end".into(),
+                    })))
+                    .await;
+                return;
+            }
+            Ok(Message::Close(_)) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    // The producer vanished: the deployed shape publishes nothing more.
+}
+
+fn spawn_publish(
+    state: &Arc<NaiveState>,
+    semaphore: &Arc<Semaphore>,
+    subject: &str,
+    packet: Packet,
+    published_here: &Arc<AtomicU64>,
+) -> tokio::task::JoinHandle<()> {
+    let is_frame = matches!(packet.body, PacketBody::Frame { .. });
+    let pending = Pending::new(state, packet.pcm().len() as u64);
+    let state = state.clone();
+    let semaphore = semaphore.clone();
+    let subject = subject.to_owned();
+    let published_here = published_here.clone();
+    let captured = unix_ms();
+    tokio::spawn(async move {
+        // The semaphore is never closed, so acquire cannot fail; if it did, the frame
+        // would be counted as a publish error below.
+        let permit = semaphore.acquire_owned().await;
+        let result = match (permit, packet.encode()) {
+            (Ok(_permit), Ok(payload)) => {
+                let mut h = async_nats::HeaderMap::new();
+                h.insert(headers::VERSION, PROTOCOL_VERSION.to_string().as_str());
+                h.insert(headers::CAPTURED_AT_MS, captured.to_string().as_str());
+                state
+                    .client
+                    .publish_with_headers(subject, h, payload)
+                    .await
+                    .map_err(|_| ())
+            }
+            _ => Err(()),
+        };
+        if let Ok(mut hist) = state.queue_wait.lock() {
+            hist.record(pending.since.elapsed());
+        }
+        match result {
+            Ok(()) => {
+                if is_frame {
+                    state.published.fetch_add(1, Ordering::Relaxed);
+                    published_here.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Err(()) if is_frame => {
+                state.publish_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(()) => {}
+        }
+        drop(pending);
+    })
+}
+
+async fn stats(State(state): State<Arc<NaiveState>>) -> Response {
+    let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let oldest_ms = state
+        .pending_since
+        .lock()
+        .ok()
+        .and_then(|m| {
+            m.values()
+                .next()
+                .map(|t| t.elapsed().as_secs_f64() * 1000.0)
+        })
+        .unwrap_or(0.0);
+    let queue_wait = state
+        .queue_wait
+        .lock()
+        .map(|h| h.summary())
+        .unwrap_or_default();
+    let active = state.active.lock().map(|a| a.len()).unwrap_or(0);
+    let body = serde_json::json!({
+        "design": "naive",
+        "active_streams": active,
+        "streams_total": l(&state.streams_total),
+        "pending_bytes": l(&state.pending_bytes),
+        "pending_frames": l(&state.pending_frames),
+        "pending_bytes_limit_per_stream": null,
+        "oldest_frame_age_ms": oldest_ms,
+        "queue_wait_ms": queue_wait,
+        "frames": {
+            "offered": l(&state.offered),
+            "admitted": l(&state.offered),
+            "published": l(&state.published),
+            "dropped": { "publish_error": l(&state.publish_errors) },
+            "would_reject": 0,
+        },
+        "admission_rejects": 0,
+        "overloads": 0,
+        "gaps": 0,
+        "tasks_alive": tokio::runtime::Handle::current().metrics().num_alive_tasks(),
+        "nats_connected": state.client.connection_state() == async_nats::connection::State::Connected,
+    });
+    axum::Json(body).into_response()
+}
+
+/// Runs the naive ingress until stdin closes (the parent went away) or SIGTERM/Ctrl-C.
+/// Prints the ready line on stdout once both listeners are bound and NATS is connected.
+pub async fn serve(
+    nats_url: &str,
+    listen: SocketAddr,
+    admin: SocketAddr,
+    config: NaiveConfig,
+) -> Result<(), String> {
+    for (what, a) in [("--listen", listen), ("--admin", admin)] {
+        if !a.ip().is_loopback() {
+            return Err(format!("{what} {a} is not a loopback address"));
+        }
+    }
+    // As deployed: library defaults.
+    let client = async_nats::connect(nats_url)
+        .await
+        .map_err(|e| format!("cannot connect to NATS at {nats_url}: {e}"))?;
+    let (ws_router, admin_router) = routers(client, config);
+    let ws_listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| format!("--listen {listen}: {e}"))?;
+    let admin_listener = tokio::net::TcpListener::bind(admin)
+        .await
+        .map_err(|e| format!("--admin {admin}: {e}"))?;
+    let ws_addr = ws_listener.local_addr().map_err(|e| e.to_string())?;
+    let admin_addr = admin_listener.local_addr().map_err(|e| e.to_string())?;
+    println!(
+        "{}",
+        serde_json::json!({"event": "ready", "ws": ws_addr.to_string(), "admin": admin_addr.to_string()})
+    );
+    let ws = tokio::spawn(async move { axum::serve(ws_listener, ws_router).await });
+    let adm = tokio::spawn(async move { axum::serve(admin_listener, admin_router).await });
+    // The parent keeps our stdin open and never writes to it: EOF means it is gone.
+    let (stdin_tx, stdin_closed) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut buf = [0u8; 64];
+        let mut stdin = std::io::stdin();
+        while let Ok(n) = stdin.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+        }
+        let _ = stdin_tx.send(());
+    });
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| e.to_string())?;
+    tokio::select! {
+        _ = stdin_closed => {}
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+        r = ws => return Err(format!("WebSocket server stopped: {r:?}")),
+        r = adm => return Err(format!("admin server stopped: {r:?}")),
+    }
+    Ok(())
+}

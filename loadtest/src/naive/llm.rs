@@ -1,0 +1,1 @@
+//! The naive LLM front (placeholder until the LLM side is integrated).

@@ -1,0 +1,487 @@
+//! Synthetic producers: one WebSocket client per stream, 640-byte frames at 20 ms.
+//!
+//! Cadence: each producer ticks on a `tokio::time::Interval` of 20 ms with
+//! [`MissedTickBehavior::Skip`]. A real capture device produces audio on its own clock;
+//! when the *load generator* falls behind (its two cores are shared with the ingress,
+//! nats-server and the fleet), Skip keeps the schedule aligned to that clock and does
+//! not fire a catch-up burst the real source would not send. Skipped ticks are not
+//! hidden: every connection counts `expected − sent` as `ticks_missed`, and the report
+//! compares frames offered with the nominal `streams × 50 × seconds`.
+//! Producers start with a random phase inside one frame so that N streams do not all
+//! send in the same millisecond.
+//!
+//! A stream: connect to `/v1/streams/{id}`, send frames until the run's stop time,
+//! then either send `{"type":"end"}` and wait (bounded) for the `closed` event, or —
+//! for the share that "vanishes" — drop the TCP connection without a close frame.
+//! Server events (`overload`, `gap`, `closed`) and close codes are counted. When the
+//! server ends a stream early (overload, close 1013) or refuses it (HTTP 503), the
+//! producer stops sending at once and, if reconnecting is enabled, retries under a new
+//! id (`s7`, `s7r1`, `s7r2`, ...) after a back-off, as a telephony gateway would.
+//!
+//! Invariants: every loop is bounded by the run's stop time plus fixed grace periods;
+//! every frame a producer wrote is counted in `frames_sent` exactly once; ticks when the
+//! stream was down (refused, closed, reconnecting) are counted in `frames_not_sent`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use rand::Rng;
+use serde::Serialize;
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_tungstenite::tungstenite::Message;
+use weir_protocol::audio::FRAME_DURATION;
+
+use crate::speech::SpeechClip;
+
+/// How long a producer waits for the `closed` event after sending `end`.
+pub const END_GRACE: Duration = Duration::from_secs(5);
+/// How long a connection attempt may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long one frame send may block before the connection is given up.
+const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Settings of the producer fleet.
+#[derive(Debug, Clone)]
+pub struct ProducerConfig {
+    /// The ingress WebSocket address (loopback).
+    pub ws_addr: SocketAddr,
+    /// Number of streams.
+    pub streams: usize,
+    /// Prefix of the stream ids (`{prefix}{index}`).
+    pub id_prefix: String,
+    /// How long the producers send.
+    pub duration: Duration,
+    /// Share (0..=1) of streams that vanish without `end` at the stop time.
+    pub vanish_share: f64,
+    /// Whether a producer reconnects (under a new id) after the server ended or refused
+    /// its stream.
+    pub reconnect: bool,
+    /// Back-off before reconnecting (the server's `Retry-After` wins when larger,
+    /// capped at 2 s).
+    pub reconnect_delay: Duration,
+    /// Spread of the connection start times (streams connect uniformly within it).
+    pub start_spread: Duration,
+}
+
+/// Counters shared by all producers (atomics, read by the sampler while running).
+#[derive(Debug, Default)]
+pub struct ProducerCounters {
+    /// Connections established.
+    pub connects: AtomicU64,
+    /// Connection attempts refused before the upgrade (503, 409, 400...).
+    pub refused: AtomicU64,
+    /// Connection attempts that failed otherwise (TCP error, timeout).
+    pub connect_errors: AtomicU64,
+    /// Frames written to a socket.
+    pub frames_sent: AtomicU64,
+    /// Ticks at which the stream was down (refused, ended by the server, reconnecting).
+    pub frames_not_sent: AtomicU64,
+    /// Ticks skipped because the producer task ran late.
+    pub ticks_missed: AtomicU64,
+    /// `overload` events received.
+    pub overload_events: AtomicU64,
+    /// `gap` events received.
+    pub gap_events: AtomicU64,
+    /// `closed` events received.
+    pub closed_events: AtomicU64,
+    /// Streams ended with `{"type":"end"}`.
+    pub ended: AtomicU64,
+    /// Streams dropped without `end` on purpose.
+    pub vanished: AtomicU64,
+    /// Streams ended early by the server (overload or close before `end`).
+    pub ended_by_server: AtomicU64,
+    /// Streams that broke (send error, socket error).
+    pub broken: AtomicU64,
+    /// Sum of `frames_published` reported in `closed` events.
+    pub server_reported_published: AtomicU64,
+    /// Sum of `frames_dropped` reported in `closed` events.
+    pub server_reported_dropped: AtomicU64,
+    /// Producers still running.
+    pub active: AtomicU64,
+    close_codes: Mutex<BTreeMap<u16, u64>>,
+    refusals: Mutex<BTreeMap<u16, u64>>,
+}
+
+/// A plain copy of [`ProducerCounters`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ProducerSnapshot {
+    /// Connections established.
+    pub connects: u64,
+    /// Connection attempts refused before the upgrade.
+    pub refused: u64,
+    /// Connection attempts that failed otherwise.
+    pub connect_errors: u64,
+    /// Frames written to a socket.
+    pub frames_sent: u64,
+    /// Ticks at which the stream was down.
+    pub frames_not_sent: u64,
+    /// Ticks skipped because the producer ran late.
+    pub ticks_missed: u64,
+    /// `overload` events received.
+    pub overload_events: u64,
+    /// `gap` events received.
+    pub gap_events: u64,
+    /// `closed` events received.
+    pub closed_events: u64,
+    /// Streams ended with `end`.
+    pub ended: u64,
+    /// Streams dropped without `end`.
+    pub vanished: u64,
+    /// Streams ended early by the server.
+    pub ended_by_server: u64,
+    /// Streams that broke.
+    pub broken: u64,
+    /// Sum of `frames_published` in `closed` events.
+    pub server_reported_published: u64,
+    /// Sum of `frames_dropped` in `closed` events.
+    pub server_reported_dropped: u64,
+    /// Producers still running.
+    pub active: u64,
+    /// Close codes received from the server, by code.
+    pub close_codes: BTreeMap<u16, u64>,
+    /// HTTP statuses of refused connection attempts, by status.
+    pub refusals: BTreeMap<u16, u64>,
+}
+
+impl ProducerCounters {
+    /// A copy of every counter.
+    pub fn snapshot(&self) -> ProducerSnapshot {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ProducerSnapshot {
+            connects: l(&self.connects),
+            refused: l(&self.refused),
+            connect_errors: l(&self.connect_errors),
+            frames_sent: l(&self.frames_sent),
+            frames_not_sent: l(&self.frames_not_sent),
+            ticks_missed: l(&self.ticks_missed),
+            overload_events: l(&self.overload_events),
+            gap_events: l(&self.gap_events),
+            closed_events: l(&self.closed_events),
+            ended: l(&self.ended),
+            vanished: l(&self.vanished),
+            ended_by_server: l(&self.ended_by_server),
+            broken: l(&self.broken),
+            server_reported_published: l(&self.server_reported_published),
+            server_reported_dropped: l(&self.server_reported_dropped),
+            active: l(&self.active),
+            close_codes: self
+                .close_codes
+                .lock()
+                .map(|m| m.clone())
+                .unwrap_or_default(),
+            refusals: self.refusals.lock().map(|m| m.clone()).unwrap_or_default(),
+        }
+    }
+
+    fn count_close(&self, code: u16) {
+        if let Ok(mut m) = self.close_codes.lock() {
+            *m.entry(code).or_default() += 1;
+        }
+    }
+
+    fn count_refusal(&self, status: u16) {
+        if let Ok(mut m) = self.refusals.lock() {
+            *m.entry(status).or_default() += 1;
+        }
+    }
+}
+
+/// Starts every producer; the returned handle joins them.
+pub fn start(
+    config: ProducerConfig,
+    clip_seed: u64,
+    counters: Arc<ProducerCounters>,
+) -> tokio::task::JoinSet<()> {
+    let mut set = tokio::task::JoinSet::new();
+    let start = Instant::now();
+    let stop_at = start + config.duration;
+    let mut rng = rand::rng();
+    let vanish_count =
+        ((config.streams as f64) * config.vanish_share.clamp(0.0, 1.0)).round() as usize;
+    // A handful of distinct clips, shared (Bytes) between streams.
+    let clips: Vec<SpeechClip> = (0..8)
+        .map(|i| SpeechClip::render(clip_seed + i, 150))
+        .collect();
+    let spread_ms = config.start_spread.as_millis().max(1) as u64;
+    for index in 0..config.streams {
+        let offset = Duration::from_millis(rng.random_range(0..spread_ms))
+            + Duration::from_micros(rng.random_range(0..20_000));
+        let stream = Producer {
+            index,
+            config: config.clone(),
+            clip: clips[index % clips.len()].clone(),
+            counters: counters.clone(),
+            start_at: start + offset,
+            stop_at,
+            // Spread the vanishing ones over the index range.
+            vanish: vanish_count > 0 && (index * vanish_count) % config.streams < vanish_count,
+        };
+        counters.active.fetch_add(1, Ordering::Relaxed);
+        set.spawn(async move {
+            let counters = stream.counters.clone();
+            stream.run().await;
+            counters.active.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+    set
+}
+
+/// How one connection ended.
+enum ConnectionEnd {
+    /// The run's stop time came; the stream was ended (or vanished) on purpose.
+    Finished,
+    /// The server ended or refused the stream; retry after this delay.
+    Retry(Duration),
+    /// Give up (no time left or reconnects disabled).
+    Stop,
+}
+
+struct Producer {
+    index: usize,
+    config: ProducerConfig,
+    clip: SpeechClip,
+    counters: Arc<ProducerCounters>,
+    start_at: Instant,
+    stop_at: Instant,
+    vanish: bool,
+}
+
+impl Producer {
+    async fn run(self) {
+        tokio::time::sleep_until(self.start_at).await;
+        let mut attempt = 0u32;
+        let mut frame_index = self.index as u64 * 37;
+        // Bounded: every iteration either finishes, or waits at least the back-off
+        // before the next; the loop ends at the stop time.
+        while Instant::now() < self.stop_at {
+            let id = if attempt == 0 {
+                format!("{}{}", self.config.id_prefix, self.index)
+            } else {
+                format!("{}{}r{}", self.config.id_prefix, self.index, attempt)
+            };
+            attempt += 1;
+            match self.connection(&id, &mut frame_index).await {
+                ConnectionEnd::Finished | ConnectionEnd::Stop => return,
+                ConnectionEnd::Retry(delay) => {
+                    if !self.config.reconnect {
+                        self.count_down_until(self.stop_at);
+                        return;
+                    }
+                    let resume = (Instant::now() + delay).min(self.stop_at);
+                    self.count_down_until(resume);
+                    tokio::time::sleep_until(resume).await;
+                }
+            }
+        }
+    }
+
+    /// Counts the ticks between now and `until` as not sent (the stream is down).
+    fn count_down_until(&self, until: Instant) {
+        let now = Instant::now();
+        if until > now {
+            let ticks = (until - now).as_micros() / FRAME_DURATION.as_micros();
+            self.counters
+                .frames_not_sent
+                .fetch_add(ticks as u64, Ordering::Relaxed);
+        }
+    }
+
+    async fn connection(&self, id: &str, frame_index: &mut u64) -> ConnectionEnd {
+        let url = format!("ws://{}/v1/streams/{}", self.config.ws_addr, id);
+        let connected =
+            tokio::time::timeout(CONNECT_TIMEOUT, tokio_tungstenite::connect_async(&url)).await;
+        let ws = match connected {
+            Ok(Ok((ws, _))) => ws,
+            Ok(Err(tokio_tungstenite::tungstenite::Error::Http(resp))) => {
+                self.counters.refused.fetch_add(1, Ordering::Relaxed);
+                self.counters.count_refusal(resp.status().as_u16());
+                let hint = resp
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .map(Duration::from_secs)
+                    .unwrap_or(Duration::ZERO);
+                return ConnectionEnd::Retry(self.backoff(hint));
+            }
+            Ok(Err(_)) | Err(_) => {
+                self.counters.connect_errors.fetch_add(1, Ordering::Relaxed);
+                return ConnectionEnd::Retry(self.backoff(Duration::ZERO));
+            }
+        };
+        self.counters.connects.fetch_add(1, Ordering::Relaxed);
+        let (mut sink, mut source) = ws.split();
+
+        // The reader counts server events and tells the sender to stop when the server
+        // ends the stream.
+        let server_done = Arc::new(AtomicBool::new(false));
+        let got_closed_event = Arc::new(tokio::sync::Notify::new());
+        let reader = {
+            let counters = self.counters.clone();
+            let server_done = server_done.clone();
+            let got_closed_event = got_closed_event.clone();
+            tokio::spawn(async move {
+                let mut retry_hint = Duration::ZERO;
+                while let Some(msg) = source.next().await {
+                    match msg {
+                        Ok(Message::Text(text)) => {
+                            let v: serde_json::Value =
+                                serde_json::from_str(text.as_str()).unwrap_or_default();
+                            match v.get("type").and_then(|t| t.as_str()) {
+                                Some("overload") => {
+                                    counters.overload_events.fetch_add(1, Ordering::Relaxed);
+                                    if let Some(ms) =
+                                        v.get("retry_after_ms").and_then(|x| x.as_u64())
+                                    {
+                                        retry_hint = Duration::from_millis(ms);
+                                    }
+                                    server_done.store(true, Ordering::Relaxed);
+                                }
+                                Some("gap") => {
+                                    counters.gap_events.fetch_add(1, Ordering::Relaxed);
+                                }
+                                Some("closed") => {
+                                    counters.closed_events.fetch_add(1, Ordering::Relaxed);
+                                    let n =
+                                        |k: &str| v.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+                                    counters
+                                        .server_reported_published
+                                        .fetch_add(n("frames_published"), Ordering::Relaxed);
+                                    counters
+                                        .server_reported_dropped
+                                        .fetch_add(n("frames_dropped"), Ordering::Relaxed);
+                                    got_closed_event.notify_one();
+                                }
+                                _ => {}
+                            }
+                        }
+                        Ok(Message::Close(frame)) => {
+                            let code = frame.as_ref().map(|f| u16::from(f.code)).unwrap_or(1005);
+                            counters.count_close(code);
+                            server_done.store(true, Ordering::Relaxed);
+                            got_closed_event.notify_one();
+                            break;
+                        }
+                        Ok(_) => {}
+                        Err(_) => {
+                            server_done.store(true, Ordering::Relaxed);
+                            got_closed_event.notify_one();
+                            break;
+                        }
+                    }
+                }
+                server_done.store(true, Ordering::Relaxed);
+                got_closed_event.notify_one();
+                retry_hint
+            })
+        };
+
+        let mut interval = tokio::time::interval(FRAME_DURATION);
+        interval.set_missed_tick_behavior(MissedTickBehavior::Skip);
+        let began = Instant::now();
+        let mut sent_here: u64 = 0;
+        let mut outcome = None;
+        loop {
+            let tick = interval.tick().await;
+            if tick >= self.stop_at {
+                break;
+            }
+            if server_done.load(Ordering::Relaxed) {
+                outcome = Some(ConnectionEnd::Retry(Duration::ZERO));
+                break;
+            }
+            let frame = self.clip.frame(*frame_index);
+            *frame_index += 1;
+            match tokio::time::timeout(SEND_TIMEOUT, sink.send(Message::Binary(frame))).await {
+                Ok(Ok(())) => {
+                    sent_here += 1;
+                    self.counters.frames_sent.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(Err(_)) | Err(_) => {
+                    // The server closed or the socket broke mid-send: the frame was not
+                    // written.
+                    if !server_done.load(Ordering::Relaxed) {
+                        self.counters.broken.fetch_add(1, Ordering::Relaxed);
+                    }
+                    outcome = Some(ConnectionEnd::Retry(Duration::ZERO));
+                    break;
+                }
+            }
+        }
+        let ended_at = Instant::now().min(self.stop_at);
+        let expected = ((ended_at.saturating_duration_since(began)).as_micros()
+            / FRAME_DURATION.as_micros()) as u64;
+        self.counters
+            .ticks_missed
+            .fetch_add(expected.saturating_sub(sent_here), Ordering::Relaxed);
+
+        match outcome {
+            Some(_) => {
+                // The server ended the stream (or the socket broke) before the stop time.
+                self.counters
+                    .ended_by_server
+                    .fetch_add(1, Ordering::Relaxed);
+                let _ = sink.close().await;
+                let hint = tokio::time::timeout(Duration::from_secs(1), reader)
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .unwrap_or(Duration::ZERO);
+                if Instant::now() >= self.stop_at {
+                    ConnectionEnd::Stop
+                } else {
+                    ConnectionEnd::Retry(self.backoff(hint))
+                }
+            }
+            None if self.vanish => {
+                // Vanish: drop both halves without a close frame; the TCP connection
+                // just ends.
+                self.counters.vanished.fetch_add(1, Ordering::Relaxed);
+                reader.abort();
+                drop(sink);
+                ConnectionEnd::Finished
+            }
+            None => {
+                let end = Message::Text(r#"{"type":"end"}"#.into());
+                if tokio::time::timeout(SEND_TIMEOUT, sink.send(end))
+                    .await
+                    .is_ok()
+                {
+                    self.counters.ended.fetch_add(1, Ordering::Relaxed);
+                }
+                // Wait (bounded) for the server's `closed` event or close frame.
+                let _ = tokio::time::timeout(END_GRACE, got_closed_event.notified()).await;
+                let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
+                let _ = tokio::time::timeout(Duration::from_secs(1), reader).await;
+                ConnectionEnd::Finished
+            }
+        }
+    }
+
+    fn backoff(&self, hint: Duration) -> Duration {
+        self.config
+            .reconnect_delay
+            .max(hint.min(Duration::from_secs(2)))
+    }
+}
+
+/// Frames a fleet of `streams` producers offers in `duration` at 50 frames/s.
+pub fn nominal_frames(streams: usize, duration: Duration) -> u64 {
+    streams as u64 * (duration.as_micros() / FRAME_DURATION.as_micros()) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nominal_rate_is_fifty_per_second() {
+        assert_eq!(nominal_frames(10, Duration::from_secs(2)), 1000);
+        assert_eq!(nominal_frames(1, Duration::from_millis(19)), 0);
+    }
+}

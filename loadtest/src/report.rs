@@ -1,0 +1,556 @@
+//! The report of a run: the JSON object (one per scenario × streams × design) and the
+//! terminal table that puts the designs side by side.
+//!
+//! The JSON keys listed in issue 5 are a contract with the README and
+//! `docs/loadtest.md`; [`REQUIRED_KEYS`] lists them and a test checks that a report
+//! carries every one. Figures are never invented: a value the run could not measure is
+//! `null` (e.g. `pending_bytes_limit` for the naive design, which has none) and the
+//! `notes` say why.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::accounting::FrameAccounting;
+use crate::fleet::FleetSnapshot;
+use crate::ingress::Design;
+use crate::producers::ProducerSnapshot;
+use crate::stats::Percentiles;
+
+/// Dotted paths every report object must contain (issue 5, "Output").
+pub const REQUIRED_KEYS: &[&str] = &[
+    "scenario",
+    "streams",
+    "design",
+    "duration_s",
+    "ingress.rss_peak_bytes",
+    "ingress.pending_bytes_max",
+    "ingress.pending_bytes_limit",
+    "ingress.queue_wait_ms.p50",
+    "ingress.queue_wait_ms.p95",
+    "ingress.queue_wait_ms.p99",
+    "ingress.queue_wait_ms.max",
+    "ingress.oldest_frame_age_ms_max",
+    "ingress.admission_rejects",
+    "ingress.overloads",
+    "ingress.gaps",
+    "ingress.tasks_max",
+    "frames.offered",
+    "frames.published",
+    "frames.received",
+    "frames.dropped",
+    "frames.unaccounted",
+    "consumer.streams_reaped_without_end",
+    "llm.offered",
+    "llm.completed",
+    "llm.refused",
+    "llm.started_after_deadline",
+    "llm.queue_wait_ms.p95",
+    "llm.inference_ms.p95",
+];
+
+/// The fault a scenario injected.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FaultReport {
+    /// What was done (`nats_pause`, `nats_restart`, `backend_pause`).
+    pub kind: String,
+    /// When it started, seconds after the producers started.
+    pub at_s: f64,
+    /// How long it lasted.
+    pub duration_s: f64,
+}
+
+/// The ingress part of a report.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct IngressReport {
+    /// Largest RSS of the ingress process.
+    pub rss_peak_bytes: u64,
+    /// RSS at the first sample.
+    pub rss_start_bytes: u64,
+    /// RSS at the last sample.
+    pub rss_end_bytes: u64,
+    /// RSS just before the fault started (`null` without a fault).
+    pub rss_before_fault_bytes: Option<u64>,
+    /// Largest pending bytes (all streams) seen in any sample.
+    pub pending_bytes_max: u64,
+    /// The configured bound on pending bytes for this run: per-stream limit × streams
+    /// (`null` when the design has no bound).
+    pub pending_bytes_limit: Option<u64>,
+    /// The per-stream limit (`null` when none).
+    pub pending_bytes_limit_per_stream: Option<u64>,
+    /// Largest pending frame count.
+    pub pending_frames_max: u64,
+    /// Queue wait (enqueue → handed to NATS) over the whole run, from the ingress's
+    /// histogram.
+    pub queue_wait_ms: Percentiles,
+    /// Largest age of the oldest pending frame seen in any sample.
+    pub oldest_frame_age_ms_max: f64,
+    /// Connections refused before upgrade.
+    pub admission_rejects: u64,
+    /// Overload signals.
+    pub overloads: u64,
+    /// Gap markers.
+    pub gaps: u64,
+    /// Frames shadow mode would have refused.
+    pub would_reject: u64,
+    /// Largest number of tokio tasks alive in the ingress.
+    pub tasks_max: u64,
+    /// CPU seconds the ingress used during the run.
+    pub cpu_seconds: f64,
+    /// Samples taken / of which the stats poll failed.
+    pub samples: usize,
+    /// Stats polls that failed.
+    pub failed_polls: usize,
+    /// Samples in which the ingress reported NATS disconnected.
+    pub nats_disconnected_samples: usize,
+}
+
+/// The consumer (recognition fleet) part of a report.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ConsumerReport {
+    /// Stream instances seen.
+    pub streams_seen: u64,
+    /// Streams reaped after the idle timeout without an `end`.
+    pub streams_reaped_without_end: u64,
+    /// Streams by the `Weir-End-Reason` of their `end` (`none` = no header, `missing`
+    /// = no end arrived).
+    pub ends_by_reason: BTreeMap<String, u64>,
+    /// Sequence holes nobody declared (lost in transit, or overtaken and refused).
+    pub lost_frames: u64,
+    /// Packets refused as duplicate or out of order (stream order broken).
+    pub out_of_order_refused: u64,
+    /// Gap packets received.
+    pub gap_packets: u64,
+    /// Frames declared missing by gap packets.
+    pub gap_frames: u64,
+    /// Frames dropped by the consumers' own per-stream bound.
+    pub dropped_by_consumer: u64,
+    /// Slow-consumer events of the fleet's NATS clients.
+    pub slow_consumer_events: u64,
+    /// End-to-end latency, ingress accept → recogniser, whole run.
+    pub latency_ms: Percentiles,
+    /// Largest p99 of end-to-end latency over any 100 ms window.
+    pub latency_window_p99_max_ms: f64,
+}
+
+impl From<&FleetSnapshot> for ConsumerReport {
+    fn from(f: &FleetSnapshot) -> Self {
+        Self {
+            streams_seen: f.streams_seen,
+            streams_reaped_without_end: f.streams_reaped_without_end,
+            ends_by_reason: f.ends_by_reason.clone(),
+            lost_frames: f.lost_frames + f.leading_missing,
+            out_of_order_refused: f.stale_packets,
+            gap_packets: f.gap_packets,
+            gap_frames: f.gap_frames,
+            dropped_by_consumer: f.dropped_by_consumer,
+            slow_consumer_events: f.slow_consumer_events,
+            latency_ms: f.latency_ms,
+            latency_window_p99_max_ms: 0.0,
+        }
+    }
+}
+
+/// The LLM part of a report.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct LlmReport {
+    /// Whether the LLM side ran in this scenario.
+    pub enabled: bool,
+    /// Which front ran (`weir-llm-adapter`, `naive`, or why none).
+    pub front: String,
+    /// Requests sent.
+    pub offered: u64,
+    /// Requests answered with a result.
+    pub completed: u64,
+    /// Requests refused, total.
+    pub refused: u64,
+    /// Refusals by error code.
+    pub refused_by_code: BTreeMap<String, u64>,
+    /// Requests whose caller gave up (no answer within deadline + margin).
+    pub caller_timeouts: u64,
+    /// Requests whose inference started after their deadline (must be 0 when bounded).
+    pub started_after_deadline: u64,
+    /// Completed within their deadline.
+    pub completed_in_deadline: u64,
+    /// Completed within deadline per second of run.
+    pub goodput_per_s: f64,
+    /// Queue wait before inference, as the front measured it.
+    pub queue_wait_ms: Percentiles,
+    /// Inference time, as the front measured it.
+    pub inference_ms: Percentiles,
+    /// Largest number of requests held by the front (queued + running).
+    pub in_flight_max: u64,
+    /// Offered load as a multiple of the backend's capacity.
+    pub load_factor: f64,
+}
+
+/// Producer-side counters in a report.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ProducerReport {
+    /// Nominal frames: streams × 50 × seconds.
+    pub nominal_frames: u64,
+    /// Frames written to sockets.
+    pub frames_sent: u64,
+    /// Ticks when the stream was down (refused, ended by the server, reconnecting).
+    pub frames_not_sent: u64,
+    /// Ticks missed because the load generator ran late.
+    pub ticks_missed: u64,
+    /// Connections established.
+    pub connects: u64,
+    /// Connections refused before upgrade.
+    pub refused: u64,
+    /// Refusals by HTTP status.
+    pub refusals: BTreeMap<u16, u64>,
+    /// `overload` events received.
+    pub overload_events: u64,
+    /// `gap` events received.
+    pub gap_events: u64,
+    /// Streams ended with `end`.
+    pub ended: u64,
+    /// Streams that vanished without `end`.
+    pub vanished: u64,
+    /// Streams ended early by the server.
+    pub ended_by_server: u64,
+    /// Close codes received.
+    pub close_codes: BTreeMap<u16, u64>,
+}
+
+impl ProducerReport {
+    /// From a producer snapshot and the nominal frame count.
+    pub fn new(p: &ProducerSnapshot, nominal_frames: u64) -> Self {
+        Self {
+            nominal_frames,
+            frames_sent: p.frames_sent,
+            frames_not_sent: p.frames_not_sent,
+            ticks_missed: p.ticks_missed,
+            connects: p.connects,
+            refused: p.refused,
+            refusals: p.refusals.clone(),
+            overload_events: p.overload_events,
+            gap_events: p.gap_events,
+            ended: p.ended,
+            vanished: p.vanished,
+            ended_by_server: p.ended_by_server,
+            close_codes: p.close_codes.clone(),
+        }
+    }
+}
+
+/// One step of the ceiling ramp.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CeilingStep {
+    /// Streams in this step.
+    pub streams: usize,
+    /// Whether the step met every criterion.
+    pub sustainable: bool,
+    /// Why not (empty when sustainable).
+    pub limited_by: Vec<String>,
+}
+
+/// The ceiling verdict, attached to every ceiling report object.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct CeilingReport {
+    /// Every step, in order.
+    pub steps: Vec<CeilingStep>,
+    /// What stopped the ramp.
+    pub limited_by: Vec<String>,
+}
+
+/// CPU time used during a run, by process (seconds; the machine has 2 cores, so
+/// `wall_s × 2` is the most available).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct CpuReport {
+    /// The ingress process.
+    pub ingress_s: f64,
+    /// The load test itself (producers, fleet, sampler, LLM side).
+    pub loadtest_s: f64,
+    /// nats-server (`null` with `--nats-url`).
+    pub nats_server_s: Option<f64>,
+    /// Wall-clock seconds measured.
+    pub wall_s: f64,
+}
+
+/// One (scenario, streams, design) run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunReport {
+    /// Scenario name.
+    pub scenario: String,
+    /// Streams.
+    pub streams: usize,
+    /// Design.
+    pub design: Design,
+    /// Seconds the producers sent.
+    pub duration_s: f64,
+    /// Seconds from start to the final measurement (sending + drain).
+    pub wall_s: f64,
+    /// The injected fault.
+    pub fault: Option<FaultReport>,
+    /// The ingress's figures.
+    pub ingress: IngressReport,
+    /// Frame accounting.
+    pub frames: FrameAccounting,
+    /// The recognition fleet's figures.
+    pub consumer: ConsumerReport,
+    /// Producers.
+    pub producers: ProducerReport,
+    /// The LLM side.
+    pub llm: LlmReport,
+    /// CPU used by each process.
+    pub cpu: CpuReport,
+    /// For `ceiling`: the largest sustainable stream count.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_streams: Option<usize>,
+    /// For `ceiling`: the ramp.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ceiling: Option<CeilingReport>,
+    /// Explanations of anything unusual.
+    pub notes: Vec<String>,
+}
+
+/// Whether `value` has every dotted path in `keys`; returns the missing ones.
+pub fn missing_keys(value: &serde_json::Value, keys: &[&str]) -> Vec<String> {
+    keys.iter()
+        .filter(|k| {
+            let mut v = value;
+            for part in k.split('.') {
+                match v.get(part) {
+                    Some(next) => v = next,
+                    None => return true,
+                }
+            }
+            false
+        })
+        .map(|k| (*k).to_owned())
+        .collect()
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1}", b as f64 / (1024.0 * 1024.0))
+}
+
+fn ms(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// One row of the table: a label and how to read it from a report.
+type Row = (&'static str, fn(&RunReport) -> String);
+
+fn rows() -> Vec<Row> {
+    vec![
+        ("RSS peak / end (MiB)", |r| {
+            format!(
+                "{}/{}",
+                mib(r.ingress.rss_peak_bytes),
+                mib(r.ingress.rss_end_bytes)
+            )
+        }),
+        ("pending bytes max", |r| {
+            r.ingress.pending_bytes_max.to_string()
+        }),
+        ("  limit (streams x per-stream)", |r| {
+            r.ingress
+                .pending_bytes_limit
+                .map_or_else(|| "none".into(), |l| l.to_string())
+        }),
+        ("queue wait p50 ms", |r| ms(r.ingress.queue_wait_ms.p50)),
+        ("queue wait p99 ms", |r| ms(r.ingress.queue_wait_ms.p99)),
+        ("queue wait max ms", |r| ms(r.ingress.queue_wait_ms.max)),
+        ("oldest frame age max ms", |r| {
+            ms(r.ingress.oldest_frame_age_ms_max)
+        }),
+        ("tokio tasks max", |r| r.ingress.tasks_max.to_string()),
+        ("overloads / gaps", |r| {
+            format!("{}/{}", r.ingress.overloads, r.ingress.gaps)
+        }),
+        ("admission rejects", |r| {
+            r.ingress.admission_rejects.to_string()
+        }),
+        ("frames offered", |r| r.frames.offered.to_string()),
+        ("frames published", |r| r.frames.published.to_string()),
+        ("frames received", |r| r.frames.received.to_string()),
+        ("frames dropped (reason)", |r| r.frames.dropped.to_string()),
+        ("frames unaccounted", |r| r.frames.unaccounted.to_string()),
+        ("  of which NATS holes", |r| {
+            r.frames.explained.consumer_detected_holes.to_string()
+        }),
+        ("out of order (refused)", |r| {
+            r.consumer.out_of_order_refused.to_string()
+        }),
+        ("reaped without end", |r| {
+            r.consumer.streams_reaped_without_end.to_string()
+        }),
+        ("e2e latency p99 ms", |r| ms(r.consumer.latency_ms.p99)),
+        ("ingress CPU s", |r| format!("{:.1}", r.ingress.cpu_seconds)),
+        ("llm offered/completed", |r| {
+            if r.llm.enabled {
+                format!("{}/{}", r.llm.offered, r.llm.completed)
+            } else {
+                "-".into()
+            }
+        }),
+        ("llm refused", |r| {
+            if r.llm.enabled {
+                r.llm.refused.to_string()
+            } else {
+                "-".into()
+            }
+        }),
+        ("llm started after deadline", |r| {
+            if r.llm.enabled {
+                r.llm.started_after_deadline.to_string()
+            } else {
+                "-".into()
+            }
+        }),
+        ("llm queue wait p95 ms", |r| {
+            if r.llm.enabled {
+                ms(r.llm.queue_wait_ms.p95)
+            } else {
+                "-".into()
+            }
+        }),
+        ("llm goodput /s", |r| {
+            if r.llm.enabled {
+                format!("{:.1}", r.llm.goodput_per_s)
+            } else {
+                "-".into()
+            }
+        }),
+    ]
+}
+
+/// The terminal table: per scenario, one column per (streams, design).
+pub fn table(reports: &[RunReport]) -> String {
+    let mut out = String::new();
+    let mut scenarios: Vec<&str> = Vec::new();
+    for r in reports {
+        if !scenarios.contains(&r.scenario.as_str()) {
+            scenarios.push(&r.scenario);
+        }
+    }
+    for scenario in scenarios {
+        let mut cols: Vec<&RunReport> = reports.iter().filter(|r| r.scenario == scenario).collect();
+        cols.sort_by_key(|r| (r.streams, r.design));
+        // At most 6 columns per block keeps the table within 110 characters.
+        for chunk in cols.chunks(6) {
+            let first = chunk[0];
+            let fault = first
+                .fault
+                .as_ref()
+                .map(|f| format!(" — {} {:.0} s at t={:.0} s", f.kind, f.duration_s, f.at_s))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "\n{scenario} ({:.0} s of audio{fault})",
+                first.duration_s
+            );
+            let _ = write!(out, "{:<31}", "");
+            for r in chunk {
+                let _ = write!(out, "{:>13}", format!("{} {}", r.streams, r.design));
+            }
+            out.push('\n');
+            for (label, f) in rows() {
+                let _ = write!(out, "{label:<31}");
+                for r in chunk {
+                    let _ = write!(out, "{:>13}", f(r));
+                }
+                out.push('\n');
+            }
+            if let Some(max) = first.max_streams {
+                let _ = writeln!(out, "largest sustainable stream count: {max}");
+                if let Some(c) = &first.ceiling {
+                    for step in &c.steps {
+                        let _ = writeln!(
+                            out,
+                            "  {:>5} streams: {}",
+                            step.streams,
+                            if step.sustainable {
+                                "ok".to_owned()
+                            } else {
+                                step.limited_by.join("; ")
+                            }
+                        );
+                    }
+                }
+            }
+        }
+        for r in reports.iter().filter(|r| r.scenario == scenario) {
+            for n in &r.notes {
+                let _ = writeln!(
+                    out,
+                    "  note [{} {} {}]: {n}",
+                    r.scenario, r.streams, r.design
+                );
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn example() -> RunReport {
+        RunReport {
+            scenario: "steady".into(),
+            streams: 10,
+            design: Design::Bounded,
+            duration_s: 5.0,
+            wall_s: 6.0,
+            fault: None,
+            ingress: IngressReport {
+                pending_bytes_limit: Some(160_000),
+                ..Default::default()
+            },
+            frames: FrameAccounting::default(),
+            consumer: ConsumerReport::default(),
+            producers: ProducerReport::default(),
+            llm: LlmReport::default(),
+            cpu: CpuReport::default(),
+            max_streams: None,
+            ceiling: None,
+            notes: vec![],
+        }
+    }
+
+    #[test]
+    fn report_json_has_every_required_key() {
+        let v = serde_json::to_value(example()).unwrap_or_default();
+        assert_eq!(missing_keys(&v, REQUIRED_KEYS), Vec::<String>::new());
+        assert_eq!(v["design"], "bounded");
+        assert!(v.get("max_streams").is_none(), "only for ceiling");
+        let mut c = example();
+        c.max_streams = Some(1000);
+        let v = serde_json::to_value(c).unwrap_or_default();
+        assert_eq!(v["max_streams"], 1000);
+    }
+
+    #[test]
+    fn missing_keys_are_reported() {
+        let v = serde_json::json!({"a": {"b": 1}});
+        assert_eq!(missing_keys(&v, &["a.b", "a.c", "d"]), vec!["a.c", "d"]);
+    }
+
+    #[test]
+    fn table_puts_designs_side_by_side() {
+        let mut naive = example();
+        naive.design = Design::Naive;
+        naive.ingress.pending_bytes_limit = None;
+        let t = table(&[naive, example()]);
+        let header = t
+            .lines()
+            .find(|l| l.contains("10 bounded"))
+            .unwrap_or_default();
+        assert!(header.find("10 bounded") < header.find("10 naive"), "{t}");
+        assert!(t.contains("none"));
+        assert!(t.contains("160000"));
+    }
+}

@@ -1,0 +1,172 @@
+//! `ceiling`: ramp the stream count until the ingress can no longer keep up.
+//!
+//! Each step is a fresh `steady` run (fresh nats-server and ingress) of a few seconds.
+//! A step is **sustainable** when every one of these holds:
+//! - queue wait p99 ≤ one frame (20 ms);
+//! - no overload, no admission refusal;
+//! - the load generator offered ≥ 97 % of the nominal 50 frames/s per stream (else the
+//!   test measured its own limit, not the ingress's);
+//! - every frame published was received by the fleet (no NATS or client loss).
+//!
+//! The ramp stops at the first step that fails, then probes once between the last good
+//! and the failing count (if they are more than 10 % apart). Total time is bounded by
+//! [`MAX_TOTAL`]: no step starts once it has passed.
+//!
+//! Pure parts ([`judge`], [`next_probe`]) are unit-tested.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::ingress::Design;
+use crate::report::{CeilingReport, CeilingStep, RunReport};
+use crate::scenario::run::{Env, RunOutput, run_one};
+use crate::scenario::{Plan, Scenario};
+
+/// Default ramp.
+pub const DEFAULT_STEPS: &[usize] = &[
+    50, 100, 200, 400, 600, 800, 1000, 1200, 1400, 1600, 2000, 2400,
+];
+/// Default seconds of audio per step.
+pub const DEFAULT_STEP_DURATION: Duration = Duration::from_secs(5);
+/// No step starts after this much time.
+pub const MAX_TOTAL: Duration = Duration::from_secs(240);
+/// One frame: the queue-wait bound.
+pub const FRAME_MS: f64 = 20.0;
+
+/// Why a step is not sustainable (empty = sustainable). Pure.
+pub fn judge(r: &RunReport) -> Vec<String> {
+    let mut why = Vec::new();
+    let p99 = r.ingress.queue_wait_ms.p99;
+    if p99 > FRAME_MS {
+        why.push(format!("queue wait p99 {p99:.1} ms > {FRAME_MS} ms"));
+    }
+    if r.ingress.overloads > 0 {
+        why.push(format!("{} overloads", r.ingress.overloads));
+    }
+    if r.ingress.admission_rejects > 0 {
+        why.push(format!(
+            "{} admission refusals",
+            r.ingress.admission_rejects
+        ));
+    }
+    let nominal = r.producers.nominal_frames.max(1);
+    let share = r.producers.frames_sent as f64 / nominal as f64;
+    if share < 0.97 {
+        why.push(format!(
+            "the load generator sent only {:.1} % of the nominal frames (CPU saturated: ingress {:.2} cores, load test {:.2} cores, nats-server {:.2} cores)",
+            share * 100.0,
+            r.cpu.ingress_s / r.cpu.wall_s.max(0.001),
+            r.cpu.loadtest_s / r.cpu.wall_s.max(0.001),
+            r.cpu.nats_server_s.unwrap_or(0.0) / r.cpu.wall_s.max(0.001),
+        ));
+    }
+    if r.frames.explained.lost_after_publish > 0 {
+        why.push(format!(
+            "{} published frames not received (NATS/client loss)",
+            r.frames.explained.lost_after_publish
+        ));
+    }
+    why
+}
+
+/// The count to probe between a good and a failing step, if they are far enough apart.
+pub fn next_probe(good: usize, bad: usize) -> Option<usize> {
+    if bad <= good || (bad - good) * 10 <= good.max(1) {
+        return None;
+    }
+    let mid = good + (bad - good) / 2;
+    // Round to a multiple of 50 (or 10 for small counts) for readable tables.
+    let unit = if mid >= 200 { 50 } else { 10 };
+    let mid = (mid / unit).max(1) * unit;
+    (mid > good && mid < bad).then_some(mid)
+}
+
+/// Runs the ramp for one design; returns every step's output, each report carrying the
+/// verdict (`max_streams`, `ceiling`).
+pub async fn run(
+    env: &Env,
+    steps: &[usize],
+    step_duration: Duration,
+    design: Design,
+) -> Result<Vec<RunOutput>, String> {
+    let started = Instant::now();
+    let plan = Plan {
+        scenario: Scenario::Ceiling,
+        duration: step_duration,
+        fault: None,
+        vanish_share: 0.0,
+        llm: None,
+    };
+    let mut outputs: Vec<RunOutput> = Vec::new();
+    let mut verdict = CeilingReport::default();
+    let mut best: Option<usize> = None;
+    let mut failed: Option<(usize, Vec<String>)> = None;
+    for &n in steps {
+        if started.elapsed() > MAX_TOTAL {
+            verdict
+                .limited_by
+                .push(format!("time budget of {} s used up", MAX_TOTAL.as_secs()));
+            break;
+        }
+        let out = run_one(env, &plan, n, design).await?;
+        let why = judge(&out.report);
+        verdict.steps.push(CeilingStep {
+            streams: n,
+            sustainable: why.is_empty(),
+            limited_by: why.clone(),
+        });
+        outputs.push(out);
+        if why.is_empty() {
+            best = Some(best.map_or(n, |b| b.max(n)));
+        } else {
+            failed = Some((n, why));
+            break;
+        }
+    }
+    if let (Some(good), Some((bad, _))) = (best, &failed)
+        && let Some(mid) = next_probe(good, *bad)
+        && started.elapsed() <= MAX_TOTAL
+    {
+        let out = run_one(env, &plan, mid, design).await?;
+        let why = judge(&out.report);
+        if why.is_empty() {
+            best = Some(good.max(mid));
+        }
+        verdict.steps.push(CeilingStep {
+            streams: mid,
+            sustainable: why.is_empty(),
+            limited_by: why,
+        });
+        outputs.push(out);
+    }
+    match &failed {
+        Some((n, why)) => verdict
+            .limited_by
+            .push(format!("at {n} streams: {}", why.join("; "))),
+        None if verdict.limited_by.is_empty() => verdict
+            .limited_by
+            .push("not reached: every step of the ramp was sustainable".into()),
+        None => {}
+    }
+    let max = best.unwrap_or(0);
+    for o in &mut outputs {
+        o.report.max_streams = Some(max);
+        o.report.ceiling = Some(verdict.clone());
+    }
+    Ok(outputs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probes_between_good_and_bad() {
+        assert_eq!(next_probe(1000, 1200), Some(1100));
+        assert_eq!(next_probe(1000, 1050), None, "within 10 %");
+        assert_eq!(next_probe(400, 600), Some(500));
+        assert_eq!(next_probe(50, 100), Some(70));
+        assert_eq!(next_probe(100, 50), None);
+    }
+}

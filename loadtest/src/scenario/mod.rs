@@ -1,0 +1,293 @@
+//! Scenarios: what each one injects and for how long — pure plans, no I/O.
+//!
+//! | scenario        | producers                          | fault                                          |
+//! |-----------------|------------------------------------|------------------------------------------------|
+//! | `steady`        | N streams, `end` at the stop time  | none                                           |
+//! | `nats-pause`    | same                               | nats-server SIGSTOPped for `--pause` s         |
+//! | `backend-pause` | same, plus LLM requests            | recognisers and LLM backend stall `--pause` s  |
+//! | `nats-restart`  | same                               | nats-server killed, restarted after `--pause` s|
+//! | `no-end`        | half the streams vanish, no `end`  | none                                           |
+//! | `llm-overload`  | same, plus LLM requests at k × cap | none                                           |
+//! | `ceiling`       | ramp of stream counts              | none (see [`ceiling`])                         |
+//!
+//! Faults start [`FAULT_AT`] after the producers, and the run keeps sending for at least
+//! [`RECOVERY`] after the fault ends, so that recovery is measured too. A plan is
+//! validated before anything starts: a `--duration` too short for the fault is refused
+//! with a message naming the flags.
+
+pub mod ceiling;
+pub mod run;
+
+use std::time::Duration;
+
+use clap::ValueEnum;
+use serde::Serialize;
+
+/// When a fault starts, after the producers started.
+pub const FAULT_AT: Duration = Duration::from_secs(2);
+/// Minimum sending time after a fault ended.
+pub const RECOVERY: Duration = Duration::from_secs(2);
+/// Default audio per run for scenarios without a fault.
+pub const DEFAULT_DURATION: Duration = Duration::from_secs(10);
+/// Default fault length.
+pub const DEFAULT_PAUSE: Duration = Duration::from_secs(5);
+/// Default fault length for `nats-restart` (server down time).
+pub const DEFAULT_RESTART_DOWN: Duration = Duration::from_secs(2);
+/// Share of producers that vanish in `no-end`.
+pub const NO_END_SHARE: f64 = 0.5;
+
+/// A scenario (the first argument).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    /// N streams at the real cadence, nothing injected.
+    Steady,
+    /// nats-server stopped (SIGSTOP) for --pause seconds mid-run.
+    NatsPause,
+    /// Recognisers and the LLM backend stall for --pause seconds.
+    BackendPause,
+    /// nats-server killed and restarted on the same port after --pause seconds.
+    NatsRestart,
+    /// Half the producers vanish without `end`.
+    NoEnd,
+    /// LLM requests offered at k × the backend's capacity, with deadlines.
+    LlmOverload,
+    /// Ramp streams until p99 queue wait exceeds one frame or overloads appear.
+    Ceiling,
+    /// Every scenario above except ceiling.
+    All,
+    /// The demo: steady and nats-pause, short runs, both designs.
+    Showcase,
+}
+
+impl Scenario {
+    /// The name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Steady => "steady",
+            Self::NatsPause => "nats-pause",
+            Self::BackendPause => "backend-pause",
+            Self::NatsRestart => "nats-restart",
+            Self::NoEnd => "no-end",
+            Self::LlmOverload => "llm-overload",
+            Self::Ceiling => "ceiling",
+            Self::All => "all",
+            Self::Showcase => "showcase",
+        }
+    }
+
+    /// The concrete scenarios a selection stands for.
+    pub fn expand(self) -> Vec<Scenario> {
+        match self {
+            Self::All => vec![
+                Self::Steady,
+                Self::NatsPause,
+                Self::BackendPause,
+                Self::NatsRestart,
+                Self::NoEnd,
+                Self::LlmOverload,
+            ],
+            Self::Showcase => vec![Self::Steady, Self::NatsPause],
+            s => vec![s],
+        }
+    }
+}
+
+/// What a fault does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// SIGSTOP then SIGCONT the nats-server.
+    NatsPause,
+    /// SIGKILL the nats-server, start it again on the same port.
+    NatsRestart,
+    /// Pause the recognisers and the LLM backend.
+    BackendPause,
+}
+
+impl FaultKind {
+    /// Report name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NatsPause => "nats_pause",
+            Self::NatsRestart => "nats_restart",
+            Self::BackendPause => "backend_pause",
+        }
+    }
+
+    /// Whether the fault needs control of the nats-server process.
+    pub fn needs_embedded_server(self) -> bool {
+        matches!(self, Self::NatsPause | Self::NatsRestart)
+    }
+}
+
+/// A fault in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    /// What.
+    pub kind: FaultKind,
+    /// When, after the producers started.
+    pub at: Duration,
+    /// How long.
+    pub length: Duration,
+}
+
+/// The LLM load of a scenario.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LlmLoad {
+    /// Offered rate as a multiple of the backend's capacity.
+    pub factor: f64,
+}
+
+/// The resolved plan of one scenario.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// How long producers send.
+    pub duration: Duration,
+    /// The fault, if any.
+    pub fault: Option<Fault>,
+    /// Share of producers that vanish without `end`.
+    pub vanish_share: f64,
+    /// LLM load, if the scenario drives the LLM side.
+    pub llm: Option<LlmLoad>,
+}
+
+/// Resolves the plan of a concrete scenario from the flags (pure).
+///
+/// `duration` and `pause` are the `--duration` / `--pause` flags when given;
+/// `llm_factor` is `--llm-factor`.
+pub fn plan(
+    scenario: Scenario,
+    duration: Option<Duration>,
+    pause: Option<Duration>,
+    llm_factor: f64,
+) -> Result<Plan, String> {
+    let faulted = |kind: FaultKind, default_len: Duration| -> Result<Plan, String> {
+        let length = pause.unwrap_or(default_len);
+        if length.is_zero() {
+            return Err(format!("--pause must be above 0 for {}", scenario.name()));
+        }
+        let needed = FAULT_AT + length + RECOVERY;
+        let duration = duration.unwrap_or(needed);
+        if duration < needed {
+            return Err(format!(
+                "--duration {:.1} s is too short for {}: the fault starts at {} s and lasts \
+                 --pause {:.1} s, and {} s of recovery follow; use --duration {:.0} or more",
+                duration.as_secs_f64(),
+                scenario.name(),
+                FAULT_AT.as_secs(),
+                length.as_secs_f64(),
+                RECOVERY.as_secs(),
+                needed.as_secs_f64().ceil()
+            ));
+        }
+        Ok(Plan {
+            scenario,
+            duration,
+            fault: Some(Fault {
+                kind,
+                at: FAULT_AT,
+                length,
+            }),
+            vanish_share: 0.0,
+            llm: (kind == FaultKind::BackendPause).then_some(LlmLoad { factor: 0.5 }),
+        })
+    };
+    let plain = |vanish_share: f64, llm: Option<LlmLoad>| -> Result<Plan, String> {
+        let duration = duration.unwrap_or(DEFAULT_DURATION);
+        if duration < Duration::from_secs(1) {
+            return Err("--duration must be at least 1 second".into());
+        }
+        Ok(Plan {
+            scenario,
+            duration,
+            fault: None,
+            vanish_share,
+            llm,
+        })
+    };
+    if !(llm_factor.is_finite() && llm_factor > 0.0 && llm_factor <= 100.0) {
+        return Err(format!(
+            "--llm-factor {llm_factor} is out of range; allowed (0, 100]"
+        ));
+    }
+    match scenario {
+        Scenario::Steady | Scenario::Ceiling => plain(0.0, None),
+        Scenario::NatsPause => faulted(FaultKind::NatsPause, DEFAULT_PAUSE),
+        Scenario::BackendPause => faulted(FaultKind::BackendPause, DEFAULT_PAUSE),
+        Scenario::NatsRestart => faulted(FaultKind::NatsRestart, DEFAULT_RESTART_DOWN),
+        Scenario::NoEnd => plain(NO_END_SHARE, None),
+        Scenario::LlmOverload => plain(0.0, Some(LlmLoad { factor: llm_factor })),
+        Scenario::All | Scenario::Showcase => Err(format!(
+            "{} is a selection, not a scenario",
+            scenario.name()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fault_scenarios_get_room_for_the_fault_and_recovery() {
+        let p = plan(
+            Scenario::NatsPause,
+            None,
+            Some(Duration::from_secs(10)),
+            3.0,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(p.duration, Duration::from_secs(14));
+        let f = p.fault.unwrap_or_else(|| panic!("a fault"));
+        assert_eq!(
+            (f.kind, f.at, f.length),
+            (FaultKind::NatsPause, FAULT_AT, Duration::from_secs(10))
+        );
+    }
+
+    #[test]
+    fn too_short_duration_is_refused_naming_the_flags() {
+        let e = plan(
+            Scenario::NatsPause,
+            Some(Duration::from_secs(5)),
+            Some(Duration::from_secs(4)),
+            3.0,
+        )
+        .err()
+        .unwrap_or_default();
+        assert!(
+            e.contains("--duration") && e.contains("--pause") && e.contains("8"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn plain_scenarios() {
+        let p = plan(Scenario::NoEnd, None, None, 3.0).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(p.vanish_share, NO_END_SHARE);
+        assert!(p.fault.is_none());
+        let p = plan(
+            Scenario::LlmOverload,
+            Some(Duration::from_secs(3)),
+            None,
+            4.0,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(p.llm, Some(LlmLoad { factor: 4.0 }));
+        assert!(plan(Scenario::Steady, None, None, 0.0).is_err());
+        assert!(plan(Scenario::All, None, None, 1.0).is_err());
+    }
+
+    #[test]
+    fn selections_expand() {
+        assert_eq!(
+            Scenario::Showcase.expand(),
+            vec![Scenario::Steady, Scenario::NatsPause]
+        );
+        assert_eq!(Scenario::All.expand().len(), 6);
+        assert!(!Scenario::All.expand().contains(&Scenario::Ceiling));
+    }
+}

@@ -1,0 +1,657 @@
+//! One run: (scenario plan, stream count, design) → a report and its time series.
+//!
+//! Order of events, each step bounded in time:
+//! 1. a fresh nats-server on a free loopback port (unless `--nats-url`);
+//! 2. the recognition fleet subscribes (confirmed by the server);
+//! 3. the ingress process starts and prints its ready line;
+//! 4. the LLM side starts when the scenario drives it;
+//! 5. the sampler captures every 100 ms; the producers start; the fault (if any) is
+//!    injected at its time and reverted after its length;
+//! 6. the producers stop at the run's duration (`end`, or vanish), then a drain phase
+//!    waits until the ingress holds nothing and the fleet's count is stable (at most
+//!    [`DRAIN_MAX`], plus the fleet's idle timeout when streams vanished);
+//! 7. final snapshots, then everything is stopped: the ingress child is killed, the
+//!    fleet shut down, the nats-server killed (all also on drop, e.g. on Ctrl-C).
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::accounting::{FrameAccounting, FrameCounts};
+use crate::fleet::{Fleet, FleetConfig};
+use crate::ingress::{Design, IngressProcess, Launch, cpu_time};
+use crate::llm::{LlmRun, LlmSettings};
+use crate::producers::{self, ProducerConfig, ProducerCounters};
+use crate::report::{
+    ConsumerReport, CpuReport, FaultReport, IngressReport, ProducerReport, RunReport,
+};
+use crate::sample::{self, IngressSample, Sample};
+use crate::scenario::{FaultKind, Plan};
+
+/// Longest drain after the producers stopped (plus the idle timeout for `no-end`).
+pub const DRAIN_MAX: Duration = Duration::from_secs(6);
+/// The fleet reaps a stream silent this long without `end`.
+pub const FLEET_IDLE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Audio subject template used by both designs.
+pub const SUBJECT_TEMPLATE: &str = "weir.audio.{partition}.{stream}";
+
+/// The ingress's full-queue policy for the bounded design (`--policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PolicyArg {
+    /// End the stream with an overload signal (the default).
+    Close,
+    /// Drop the oldest frames and send a gap marker.
+    Gap,
+    /// Measure and count "would reject", enforce only the safety ceiling.
+    Shadow,
+}
+
+/// Everything a run needs besides its plan.
+#[derive(Debug, Clone)]
+pub struct Env {
+    /// An external NATS server (`--nats-url`); `None` starts one per run.
+    pub nats_url: Option<String>,
+    /// This executable (the naive ingress is its hidden subcommand).
+    pub self_exe: PathBuf,
+    /// The `audio-ingress` binary, when found.
+    pub ingress_bin: Result<PathBuf, String>,
+    /// Bounded design's policy.
+    pub policy: PolicyArg,
+    /// Simulated recognition cost per frame.
+    pub frame_cost: Duration,
+    /// Recognition workers.
+    pub fleet_workers: u32,
+    /// Partitions of the audio subject.
+    pub partitions: u32,
+    /// Producers reconnect after the server ended their stream.
+    pub reconnect: bool,
+    /// No progress line.
+    pub quiet: bool,
+    /// LLM side settings.
+    pub llm: LlmSettings,
+    /// Extra `key=value` settings for the bounded ingress (`--ingress-set`).
+    pub ingress_set: Vec<String>,
+}
+
+/// A report and its series.
+#[derive(Debug, Clone)]
+pub struct RunOutput {
+    /// The report.
+    pub report: RunReport,
+    /// The 100 ms samples.
+    pub samples: Vec<Sample>,
+}
+
+/// The NATS server of a run.
+enum Nats {
+    Embedded(Arc<weir_testkit::NatsServer>),
+    External(String),
+}
+
+impl Nats {
+    fn url(&self) -> String {
+        match self {
+            Self::Embedded(s) => s.url().to_owned(),
+            Self::External(u) => u.clone(),
+        }
+    }
+
+    fn pid(&self) -> Option<u32> {
+        match self {
+            Self::Embedded(s) => Some(s.pid()),
+            Self::External(_) => None,
+        }
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| format!("blocking task failed: {e}"))
+}
+
+/// Writes the bounded ingress's config file for this run.
+fn bounded_config(env: &Env, streams: usize) -> String {
+    let (policy, shadow) = match env.policy {
+        PolicyArg::Close => ("close", false),
+        PolicyArg::Gap => ("gap", false),
+        PolicyArg::Shadow => ("close", true),
+    };
+    let max_streams = (streams * 2).max(1000) + 100;
+    format!(
+        "# written by weir-loadtest for one run\n\
+         subject = \"{SUBJECT_TEMPLATE}\"\n\
+         partitions = {}\n\
+         policy = \"{policy}\"\n\
+         shadow = {shadow}\n\
+         extended_consumers = true\n\
+         max_streams = {max_streams}\n",
+        env.partitions
+    )
+}
+
+fn launch(
+    env: &Env,
+    design: Design,
+    nats_url: &str,
+    streams: usize,
+    config_dir: &std::path::Path,
+) -> Result<Launch, String> {
+    let common = |args: &mut Vec<String>| {
+        args.extend(
+            [
+                "--nats-url",
+                nats_url,
+                "--listen",
+                "127.0.0.1:0",
+                "--admin",
+                "127.0.0.1:0",
+            ]
+            .map(String::from),
+        );
+    };
+    let env_vars = vec![("RUST_LOG".to_owned(), "warn".to_owned())];
+    match design {
+        Design::Bounded => {
+            let program = env.ingress_bin.clone()?;
+            let path = config_dir.join("audio-ingress.toml");
+            std::fs::write(&path, bounded_config(env, streams))
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            let mut args = vec![
+                "serve".to_owned(),
+                "--config".to_owned(),
+                path.display().to_string(),
+            ];
+            common(&mut args);
+            for kv in &env.ingress_set {
+                args.push("--set".to_owned());
+                args.push(kv.clone());
+            }
+            Ok(Launch {
+                program,
+                args,
+                env: env_vars,
+            })
+        }
+        Design::Naive => {
+            let mut args = vec!["naive-ingress".to_owned()];
+            common(&mut args);
+            args.extend([
+                "--subject".to_owned(),
+                SUBJECT_TEMPLATE.to_owned(),
+                "--partitions".to_owned(),
+                env.partitions.to_string(),
+            ]);
+            Ok(Launch {
+                program: env.self_exe.clone(),
+                args,
+                env: env_vars,
+            })
+        }
+    }
+}
+
+/// Runs one (plan, streams, design).
+pub async fn run_one(
+    env: &Env,
+    plan: &Plan,
+    streams: usize,
+    design: Design,
+) -> Result<RunOutput, String> {
+    let label = format!("{} {} {}", plan.scenario.name(), streams, design);
+    // 1. NATS.
+    let nats = match &env.nats_url {
+        Some(url) => {
+            if let Some(f) = plan.fault
+                && f.kind.needs_embedded_server()
+            {
+                return Err(format!(
+                    "{} needs to stop and restart nats-server, which is only possible with the \
+                     server the load test starts itself: drop --nats-url",
+                    plan.scenario.name()
+                ));
+            }
+            Nats::External(url.clone())
+        }
+        None => Nats::Embedded(Arc::new(
+            blocking(weir_testkit::NatsServer::start)
+                .await?
+                .map_err(|e| format!("cannot start nats-server: {e}"))?,
+        )),
+    };
+    let nats_url = nats.url();
+
+    // 2. Fleet.
+    let fleet = Arc::new(
+        Fleet::start(
+            &nats_url,
+            &FleetConfig {
+                template: SUBJECT_TEMPLATE.to_owned(),
+                partitions: env.partitions,
+                workers: env.fleet_workers,
+                cost_per_frame: env.frame_cost,
+                idle_timeout: FLEET_IDLE_TIMEOUT,
+                subscription_capacity: 65_536,
+                max_pending_bytes: 16_000,
+                max_pending_age: Duration::from_millis(500),
+            },
+        )
+        .await
+        .map_err(|e| format!("cannot start the recognition fleet: {e}"))?,
+    );
+
+    // 3. Ingress.
+    let config_dir = std::env::temp_dir().join(format!("weir-loadtest-{}", std::process::id()));
+    std::fs::create_dir_all(&config_dir).map_err(|e| format!("{}: {e}", config_dir.display()))?;
+    let ingress = Arc::new(
+        IngressProcess::spawn(&launch(env, design, &nats_url, streams, &config_dir)?)
+            .await
+            .map_err(|e| e.to_string())?,
+    );
+    let cpu_start = ingress.cpu_time().unwrap_or_default();
+    let self_cpu_start = cpu_time(std::process::id()).unwrap_or_default();
+    let nats_cpu_start = nats.pid().and_then(cpu_time);
+
+    // 4. LLM side.
+    let llm = match plan.llm {
+        Some(load) => Some(
+            LlmRun::start(&nats_url, design, streams, load.factor, &env.llm)
+                .await
+                .map_err(|e| format!("cannot start the LLM side: {e}"))?,
+        ),
+        None => None,
+    };
+    let llm = llm.map(Arc::new);
+
+    // 5. Sampler, producers, fault.
+    let start = Instant::now();
+    let counters = Arc::new(ProducerCounters::default());
+    let fault_active = Arc::new(AtomicBool::new(false));
+    let samples = Arc::new(Mutex::new(Vec::new()));
+    let (stop_sampler, stop_rx) = tokio::sync::watch::channel(false);
+    let sampler = tokio::spawn(sampler(
+        SamplerInputs {
+            ingress: ingress.clone(),
+            fleet: fleet.clone(),
+            counters: counters.clone(),
+            llm: llm.clone(),
+            fault_active: fault_active.clone(),
+            samples: samples.clone(),
+            start,
+            label: label.clone(),
+            total: plan.duration,
+            quiet: env.quiet,
+        },
+        stop_rx,
+    ));
+    let mut producer_set = producers::start(
+        ProducerConfig {
+            ws_addr: ingress.ws_addr(),
+            streams,
+            id_prefix: "s".into(),
+            duration: plan.duration,
+            vanish_share: plan.vanish_share,
+            reconnect: env.reconnect,
+            reconnect_delay: Duration::from_millis(500),
+            start_spread: Duration::from_millis((streams as u64).clamp(20, 1000)),
+        },
+        streams as u64,
+        counters.clone(),
+    );
+    let fault_task = plan.fault.map(|f| {
+        let fleet = fleet.clone();
+        let llm = llm.clone();
+        let server = match &nats {
+            Nats::Embedded(s) => Some(s.clone()),
+            Nats::External(_) => None,
+        };
+        let fault_active = fault_active.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(start + f.at).await;
+            fault_active.store(true, Ordering::Relaxed);
+            let r = apply_fault(f.kind, true, server.clone(), &fleet, llm.as_deref()).await;
+            tokio::time::sleep_until(start + f.at + f.length).await;
+            let r2 = apply_fault(f.kind, false, server, &fleet, llm.as_deref()).await;
+            fault_active.store(false, Ordering::Relaxed);
+            r.and(r2)
+        })
+    });
+
+    // 6. Wait for the producers (bounded), then drain.
+    let producers_deadline = start + plan.duration + producers::END_GRACE + Duration::from_secs(5);
+    while Instant::now() < producers_deadline {
+        match tokio::time::timeout_at(producers_deadline, producer_set.join_next()).await {
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => break,
+        }
+    }
+    let producers_late = !producer_set.is_empty();
+    producer_set.abort_all();
+    let mut notes = Vec::new();
+    if producers_late {
+        notes.push(
+            "some producers had not finished 5 s after their grace period and were aborted".into(),
+        );
+    }
+    if let Some(t) = fault_task {
+        match tokio::time::timeout(Duration::from_secs(15), t).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => notes.push(format!("fault injection failed: {e}")),
+            Ok(Err(e)) => notes.push(format!("fault task failed: {e}")),
+            Err(_) => notes.push("fault task did not finish in 15 s".into()),
+        }
+    }
+    if let Some(llm) = &llm {
+        llm.stop_offering();
+    }
+    let producers_done = Instant::now();
+    let drain_deadline = producers_done
+        + DRAIN_MAX
+        + if plan.vanish_share > 0.0 {
+            FLEET_IDLE_TIMEOUT + Duration::from_secs(1)
+        } else {
+            Duration::ZERO
+        };
+    let reap_wait = if plan.vanish_share > 0.0 {
+        producers_done + FLEET_IDLE_TIMEOUT + Duration::from_millis(600)
+    } else {
+        producers_done
+    };
+    let mut last_received = u64::MAX;
+    let mut stable = 0;
+    let mut drained = false;
+    while Instant::now() < drain_deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let pending = ingress
+            .stats()
+            .await
+            .map(|s| s.pending_frames)
+            .unwrap_or(u64::MAX);
+        let received = fleet.frames_received();
+        stable = if received == last_received {
+            stable + 1
+        } else {
+            0
+        };
+        last_received = received;
+        let llm_idle = llm.as_ref().is_none_or(|l| l.idle());
+        if pending == 0 && stable >= 3 && llm_idle && Instant::now() >= reap_wait {
+            drained = true;
+            break;
+        }
+    }
+    if !drained {
+        notes.push(format!(
+            "the drain did not settle within {:.0} s; figures are as of its end",
+            (drain_deadline - producers_done).as_secs_f64()
+        ));
+    }
+
+    // 7. Final snapshots.
+    let _ = stop_sampler.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(3), sampler).await;
+    let mut final_stats = None;
+    for _ in 0..3 {
+        match ingress.stats().await {
+            Ok(s) => {
+                final_stats = Some(s);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    let final_stats = final_stats.ok_or_else(|| {
+        format!(
+            "[{label}] the ingress did not answer /v1/stats at the end; its stderr:\n{}",
+            ingress.stderr_tail()
+        )
+    })?;
+    let cpu_end = ingress.cpu_time().unwrap_or_default();
+    let self_cpu = cpu_time(std::process::id())
+        .unwrap_or_default()
+        .saturating_sub(self_cpu_start);
+    // After a restart the server is a new process: its CPU is counted from its start.
+    let nats_cpu = nats
+        .pid()
+        .and_then(cpu_time)
+        .map(|end| match nats_cpu_start {
+            Some(s) if end >= s => end - s,
+            _ => end,
+        });
+    let wall = start.elapsed();
+    let llm_report = match &llm {
+        Some(l) => l.report(wall),
+        None => crate::llm::not_run(),
+    };
+    if let Some(l) = llm {
+        if let Ok(l) = Arc::try_unwrap(l) {
+            l.stop().await;
+        }
+    }
+    let fleet_snapshot = match Arc::try_unwrap(fleet) {
+        Ok(f) => f.stop().await,
+        Err(f) => f.snapshot(),
+    };
+    if let Ok(p) = Arc::try_unwrap(ingress) {
+        p.stop().await;
+    }
+    if let Nats::Embedded(s) = nats {
+        let _ = blocking(move || drop(s)).await;
+    }
+    let _ = std::fs::remove_dir_all(&config_dir);
+
+    let samples = samples.lock().map(|s| s.clone()).unwrap_or_default();
+    let series = sample::summarise(&samples);
+    let producer_snapshot = counters.snapshot();
+    let frames = FrameAccounting::from_counts(&FrameCounts {
+        sent_by_producers: producer_snapshot.frames_sent,
+        offered: final_stats.frames.offered,
+        published: final_stats.frames.published,
+        dropped: final_stats
+            .frames
+            .dropped
+            .clone()
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .collect(),
+        pending_at_end: final_stats.pending_frames,
+        received: fleet_snapshot.frames_received,
+        consumer_detected_holes: fleet_snapshot.lost_frames + fleet_snapshot.leading_missing,
+        refused_out_of_order: fleet_snapshot.stale_packets,
+        declared_in_gaps: fleet_snapshot.gap_frames,
+    });
+    notes.extend(frames.notes());
+    let limit_per_stream = final_stats
+        .pending_bytes_limit_per_stream
+        .filter(|l| *l > 0 && design == Design::Bounded);
+    if design == Design::Bounded && env.policy == PolicyArg::Shadow {
+        notes.push(
+            "shadow mode: the budget is measured, not enforced (only its safety ceiling is)".into(),
+        );
+    }
+    if series.failed_polls > 0 {
+        notes.push(format!(
+            "{} of {} stats polls failed or timed out (the ingress did not answer within {:?})",
+            series.failed_polls,
+            series.samples,
+            crate::ingress::STATS_TIMEOUT
+        ));
+    }
+    let nominal = producers::nominal_frames(streams, plan.duration);
+    if producer_snapshot.ticks_missed > nominal / 50 {
+        notes.push(format!(
+            "the load generator missed {} of {} frame ticks (it shares the CPU with everything else)",
+            producer_snapshot.ticks_missed, nominal
+        ));
+    }
+    let mut consumer = ConsumerReport::from(&fleet_snapshot);
+    consumer.latency_window_p99_max_ms = series.latency_window_p99_max_ms;
+    let report = RunReport {
+        scenario: plan.scenario.name().to_owned(),
+        streams,
+        design,
+        duration_s: plan.duration.as_secs_f64(),
+        wall_s: wall.as_secs_f64(),
+        fault: plan.fault.map(|f| FaultReport {
+            kind: f.kind.as_str().to_owned(),
+            at_s: f.at.as_secs_f64(),
+            duration_s: f.length.as_secs_f64(),
+        }),
+        ingress: IngressReport {
+            rss_peak_bytes: series.rss_peak_bytes,
+            rss_start_bytes: series.rss_start_bytes,
+            rss_end_bytes: series.rss_end_bytes,
+            rss_before_fault_bytes: plan.fault.map(|_| series.rss_before_fault_bytes),
+            pending_bytes_max: series.pending_bytes_max.max(final_stats.pending_bytes),
+            pending_bytes_limit: limit_per_stream.map(|l| l * streams as u64),
+            pending_bytes_limit_per_stream: limit_per_stream,
+            pending_frames_max: series.pending_frames_max,
+            queue_wait_ms: final_stats.queue_wait_ms,
+            oldest_frame_age_ms_max: series.oldest_frame_age_ms_max,
+            admission_rejects: final_stats.admission_rejects,
+            overloads: final_stats.overloads,
+            gaps: final_stats.gaps,
+            would_reject: final_stats.frames.would_reject,
+            tasks_max: series.tasks_max.max(final_stats.tasks_alive),
+            cpu_seconds: cpu_end.saturating_sub(cpu_start).as_secs_f64(),
+            samples: series.samples,
+            failed_polls: series.failed_polls,
+            nats_disconnected_samples: series.nats_disconnected_samples,
+        },
+        frames,
+        consumer,
+        producers: ProducerReport::new(&producer_snapshot, nominal),
+        llm: llm_report,
+        cpu: CpuReport {
+            ingress_s: cpu_end.saturating_sub(cpu_start).as_secs_f64(),
+            loadtest_s: self_cpu.as_secs_f64(),
+            nats_server_s: nats_cpu.map(|d| d.as_secs_f64()),
+            wall_s: wall.as_secs_f64(),
+        },
+        max_streams: None,
+        ceiling: None,
+        notes,
+    };
+    Ok(RunOutput { report, samples })
+}
+
+async fn apply_fault(
+    kind: FaultKind,
+    start: bool,
+    server: Option<Arc<weir_testkit::NatsServer>>,
+    fleet: &Fleet,
+    llm: Option<&LlmRun>,
+) -> Result<(), String> {
+    match kind {
+        FaultKind::NatsPause | FaultKind::NatsRestart => {
+            let server = server.ok_or("no embedded nats-server to act on")?;
+            blocking(move || match (kind, start) {
+                (FaultKind::NatsPause, true) => server.pause(),
+                (FaultKind::NatsPause, false) => server.resume(),
+                (_, true) => server.kill(),
+                (_, false) => server.restart(),
+            })
+            .await?
+            .map_err(|e| e.to_string())
+        }
+        FaultKind::BackendPause => {
+            if start {
+                fleet.pause();
+            } else {
+                fleet.resume();
+            }
+            if let Some(llm) = llm {
+                llm.pause_backend(start);
+            }
+            Ok(())
+        }
+    }
+}
+
+struct SamplerInputs {
+    ingress: Arc<IngressProcess>,
+    fleet: Arc<Fleet>,
+    counters: Arc<ProducerCounters>,
+    llm: Option<Arc<LlmRun>>,
+    fault_active: Arc<AtomicBool>,
+    samples: Arc<Mutex<Vec<Sample>>>,
+    start: Instant,
+    label: String,
+    total: Duration,
+    quiet: bool,
+}
+
+/// Captures a sample every 100 ms until told to stop (or a hard cap of samples), and
+/// prints a progress line on stderr once per second.
+async fn sampler(s: SamplerInputs, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(sample::PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    // Hard cap: the run's duration plus 2 minutes of drain and grace.
+    let cap =
+        ((s.total + Duration::from_secs(120)).as_millis() / sample::PERIOD.as_millis()) as usize;
+    let tty = std::io::stderr().is_terminal();
+    let cpu0 = s.ingress.cpu_time().unwrap_or_default();
+    for n in 0..cap {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => break,
+        }
+        let stats = s.ingress.stats().await.ok();
+        let fault = s.fault_active.load(Ordering::Relaxed);
+        let x = Sample {
+            t_s: s.start.elapsed().as_secs_f64(),
+            ingress: stats.as_ref().map(IngressSample::from),
+            rss_bytes: s.ingress.rss_bytes(),
+            ingress_cpu_s: s
+                .ingress
+                .cpu_time()
+                .map(|c| c.saturating_sub(cpu0).as_secs_f64()),
+            frames_sent: s.counters.frames_sent.load(Ordering::Relaxed),
+            frames_received: s.fleet.frames_received(),
+            latency_window_ms: s.fleet.take_window_latency(),
+            llm_in_flight: s.llm.as_ref().map(|l| l.in_flight()),
+            fault_active: fault,
+        };
+        if !s.quiet && n % 10 == 9 {
+            let line = progress_line(&s.label, s.total, &x);
+            if tty {
+                eprint!("\r{line:<120}");
+            } else {
+                eprintln!("{line}");
+            }
+        }
+        if let Ok(mut v) = s.samples.lock() {
+            v.push(x);
+        }
+    }
+    if !s.quiet && tty {
+        eprint!("\r{:<120}\r", "");
+    }
+}
+
+fn progress_line(label: &str, total: Duration, x: &Sample) -> String {
+    let (pending, tasks, oldest) = x
+        .ingress
+        .as_ref()
+        .map(|i| {
+            (
+                format!("{:.0} KiB", i.pending_bytes as f64 / 1024.0),
+                i.tasks_alive.to_string(),
+                format!("{:.0} ms", i.oldest_frame_age_ms),
+            )
+        })
+        .unwrap_or_else(|| ("?".into(), "?".into(), "?".into()));
+    format!(
+        "[{label}] {:>5.1}/{:.0} s  sent {}  received {}  pending {pending}  oldest {oldest}  tasks {tasks}  rss {:.1} MiB{}",
+        x.t_s,
+        total.as_secs_f64(),
+        x.frames_sent,
+        x.frames_received,
+        x.rss_bytes.unwrap_or(0) as f64 / (1024.0 * 1024.0),
+        if x.fault_active { "  FAULT" } else { "" }
+    )
+}
