@@ -12,9 +12,7 @@ use bytes::Bytes;
 use consumer_support::{
     Book, Recorder, client, connect_options, flush, pcm, publish, publish_raw, wait_until,
 };
-use weir_audio_ingress::consumer::{
-    Consumer, ConsumerConfig, ConsumerEvent, ConsumerSettings, StreamState,
-};
+use weir_audio_ingress::consumer::{Consumer, ConsumerConfig, ConsumerEvent, ConsumerSettings};
 use weir_protocol::audio::extension::headers;
 use weir_protocol::audio::{Gap, GapReason, Packet};
 use weir_protocol::{StreamId, SubjectTemplate, partition_of};
@@ -143,6 +141,7 @@ async fn vanished_producer_is_reaped_after_idle_timeout() {
         "ends of done and slow arrive: {:?}",
         consumer.stats().totals
     );
+    consumer_support::wait_handlers_done(&consumer).await;
     let stats = consumer.stats();
     let gone = stats.stream("gone").next().expect("gone");
     assert!(gone.reaped && !gone.end_seen, "{gone:?}");
@@ -274,6 +273,7 @@ async fn wait_for_all_ends(a: &Consumer, b: &Consumer) {
     .await;
     assert!(done, "a: {:?}\nb: {:?}", a.stats().totals, b.stats().totals);
     for c in [a, b] {
+        consumer_support::wait_handlers_done(c).await;
         let t = c.stats().totals;
         assert_eq!(t.counters.lost_frames, 0, "{t:?}");
         assert_eq!(t.counters.stale_packets, 0, "{t:?}");
@@ -418,13 +418,7 @@ async fn loss_declared_gaps_decode_errors_and_end_headers_are_accounted() {
             .get("meta_length_out_of_range"),
         Some(&1)
     );
-    assert!(
-        wait_until(Duration::from_secs(2), || consumer
-            .stats()
-            .stream("lossy")
-            .any(|s| s.state == StreamState::Finished))
-        .await
-    );
+    consumer_support::wait_handlers_done(&consumer).await;
     let seen = book.lock().expect("book").clone();
     let rec = seen.values().next().expect("handler");
     assert_eq!(rec.frames, vec![1, 2, 5, 6, 10]);

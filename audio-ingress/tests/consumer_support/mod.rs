@@ -99,6 +99,16 @@ pub async fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bo
     }
 }
 
+/// Waits (at most 5 s) until every stream instance of `consumer` has been handled to
+/// its end (its handler task finished), so that what the handlers recorded is complete.
+pub async fn wait_handlers_done(consumer: &weir_audio_ingress::consumer::Consumer) {
+    let done = wait_until(Duration::from_secs(5), || {
+        consumer.stats().totals.streams_active == 0
+    })
+    .await;
+    assert!(done, "handlers still busy: {:?}", consumer.stats().totals);
+}
+
 /// What one handler saw.
 #[derive(Debug, Clone, Default)]
 pub struct Seen {
