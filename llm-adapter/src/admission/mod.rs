@@ -1,0 +1,628 @@
+//! The admission core: a bounded queue in front of a fixed pool of workers, with
+//! per-session caps and ordering, per-key concurrency limits, idempotency, cancellation
+//! and deadlines. No NATS in here: requests come in as [`Submission`]s with an opaque
+//! waiter, and answers go out through a [`Sink`].
+//!
+//! Tasks: exactly `workers` worker tasks and one timer task ("sweeper"), spawned by
+//! [`Admission::start`]. Nothing is spawned per request: a request is an entry in the
+//! state machine ([`state`]) until a worker picks it; its answer is delivered by whoever
+//! settles it (the submitter for immediate refusals, a worker, the sweeper, a cancel, or
+//! shutdown).
+//!
+//! Invariants a reader must not break:
+//! - every submission gets exactly one answer (its waiter is delivered exactly once);
+//! - memory is bounded by `queue_capacity` queued entries + `workers` running ones (plus
+//!   joined waiters, which ride on an existing entry, and the bounded completion cache);
+//! - a request whose deadline passed is never handed to the backend: the check and the
+//!   transition to Running happen under one lock; during inference the backend future is
+//!   dropped at the deadline (or at the backend timeout, on cancel, at the end of the
+//!   shutdown grace);
+//! - the state lock is a `std::sync::Mutex` that is never held across an `.await`.
+//!
+//! Time is tokio time, so tests drive everything with `start_paused = true`.
+
+mod slots;
+mod state;
+mod stats;
+
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use serde::Serialize;
+use tokio::sync::{Notify, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use weir_protocol::llm::{AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails};
+
+pub use stats::{Percentiles, StatsSnapshot};
+
+use self::state::{Effects, State};
+use self::stats::Stats;
+use crate::backend::{Backend, BackendErrorKind, BackendReply, BackendRequest};
+use crate::config::{Config, DeadlineConfig, IdempotencyConfig, KeyLimit, Mode, SessionConfig};
+use crate::metrics as m;
+use crate::trace::Tracer;
+
+/// The part of [`Config`] the admission core uses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdmissionConfig {
+    /// Worker tasks (concurrent backend calls).
+    pub workers: NonZeroUsize,
+    /// Most requests admitted and not yet started.
+    pub queue_capacity: NonZeroUsize,
+    /// Enforce or shadow.
+    pub mode: Mode,
+    /// Per-session cap and ordering.
+    pub session: SessionConfig,
+    /// Per-key limits, in order.
+    pub limits: Vec<KeyLimit>,
+    /// Deadlines.
+    pub deadline: DeadlineConfig,
+    /// Idempotency.
+    pub idempotency: Option<IdempotencyConfig>,
+    /// The backend's own per-call timeout.
+    pub backend_timeout: Duration,
+    /// How long running requests may finish at shutdown.
+    pub shutdown_grace: Duration,
+}
+
+impl From<&Config> for AdmissionConfig {
+    fn from(c: &Config) -> Self {
+        Self {
+            workers: c.workers,
+            queue_capacity: c.queue_capacity,
+            mode: c.mode,
+            session: c.session,
+            limits: c.limits.clone(),
+            deadline: c.deadline,
+            idempotency: c.idempotency,
+            backend_timeout: c.backend.timeout,
+            shutdown_grace: c.shutdown_grace,
+        }
+    }
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        Self::from(&Config::default())
+    }
+}
+
+/// One request offered to the admission core.
+#[derive(Debug, Clone)]
+pub struct Submission {
+    /// The caller's request id (idempotency and cancellation).
+    pub request_id: Option<String>,
+    /// The session (cap, ordering, session-keyed limits).
+    pub session: Option<String>,
+    /// The caller's identity for client-keyed limits.
+    pub client_key: Option<String>,
+    /// What to do when the session is busy.
+    pub policy: AdmissionPolicy,
+    /// Remaining budget at `received_at`; `None` = the configured default.
+    pub budget: Option<Duration>,
+    /// When the adapter received the request (queue time starts here).
+    pub received_at: Instant,
+    /// The body, passed to the backend unchanged.
+    pub body: Bytes,
+}
+
+impl Submission {
+    /// A submission received now with no metadata.
+    pub fn new(body: impl Into<Bytes>) -> Self {
+        Self {
+            request_id: None,
+            session: None,
+            client_key: None,
+            policy: AdmissionPolicy::Enqueue,
+            budget: None,
+            received_at: Instant::now(),
+            body: body.into(),
+        }
+    }
+
+    /// Sets the request id.
+    pub fn request_id(mut self, id: impl Into<String>) -> Self {
+        self.request_id = Some(id.into());
+        self
+    }
+
+    /// Sets the session.
+    pub fn session(mut self, s: impl Into<String>) -> Self {
+        self.session = Some(s.into());
+        self
+    }
+
+    /// Sets the client key.
+    pub fn client_key(mut self, k: impl Into<String>) -> Self {
+        self.client_key = Some(k.into());
+        self
+    }
+
+    /// Sets the session-busy policy.
+    pub fn policy(mut self, p: AdmissionPolicy) -> Self {
+        self.policy = p;
+        self
+    }
+
+    /// Sets the budget.
+    pub fn budget(mut self, b: Duration) -> Self {
+        self.budget = Some(b);
+        self
+    }
+}
+
+/// How a request ended, shared by every waiter of the request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// The backend's reply, or why there is none.
+    pub result: Result<BackendReply, ErrorBody>,
+    /// Receipt → start of inference (or → the answer, if it never started).
+    pub queue_time: Duration,
+    /// Duration of the backend call, if one started.
+    pub inference_time: Option<Duration>,
+    /// The request id.
+    pub request_id: Option<String>,
+}
+
+impl Outcome {
+    /// `ok` or the error code.
+    pub fn code(&self) -> &'static str {
+        match &self.result {
+            Ok(_) => "ok",
+            Err(e) => e.code.as_str(),
+        }
+    }
+
+    /// The error code, `None` on success.
+    pub fn error_code(&self) -> Option<ErrorCode> {
+        self.result.as_ref().err().map(|e| e.code)
+    }
+}
+
+/// What [`Admission::submit`] did with a submission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admitted {
+    /// Queued; the answer comes later.
+    Queued,
+    /// Joined a live request with the same id; the answer comes with it.
+    Joined,
+    /// Answered from the completion cache (already delivered).
+    Cached,
+    /// Refused (already delivered).
+    Refused(ErrorCode),
+}
+
+/// What [`Admission::cancel`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelResult {
+    /// It was queued; it has been answered `cancelled`.
+    Queued,
+    /// It was running; the backend call is being aborted and answered `cancelled`.
+    Running,
+    /// No queued or running request has this id.
+    NotFound,
+}
+
+impl CancelResult {
+    /// The snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::NotFound => "not_found",
+        }
+    }
+}
+
+/// Why a running call is aborted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AbortReason {
+    Cancelled,
+    ShuttingDown,
+}
+
+/// A request handed to a worker.
+pub(crate) struct Job {
+    pub(crate) id: u64,
+    pub(crate) request: BackendRequest,
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) started_at: Instant,
+    pub(crate) abort: oneshot::Receiver<AbortReason>,
+}
+
+/// Where answers go. The NATS edge publishes a reply; [`ChannelSink`] sends on a
+/// oneshot channel.
+pub trait Sink: Send + Sync + 'static {
+    /// Identifies one caller waiting for an answer.
+    type Waiter: Send + 'static;
+
+    /// Delivers `outcome` to `waiter`. Called exactly once per waiter. Must not wait
+    /// without bound (the NATS sink bounds its publish with a timeout).
+    fn deliver(&self, waiter: Self::Waiter, outcome: Arc<Outcome>) -> BoxFuture<'static, ()>;
+}
+
+/// A [`Sink`] whose waiters are oneshot senders (tests, in-process callers).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ChannelSink;
+
+impl Sink for ChannelSink {
+    type Waiter = oneshot::Sender<Arc<Outcome>>;
+
+    fn deliver(&self, waiter: Self::Waiter, outcome: Arc<Outcome>) -> BoxFuture<'static, ()> {
+        // The receiver may be gone (caller stopped waiting); the answer is then dropped.
+        let _ = waiter.send(outcome);
+        Box::pin(std::future::ready(()))
+    }
+}
+
+/// The live limits view: queue, busiest keys, busiest sessions.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LimitsView {
+    /// The global queue.
+    pub queue: QueueView,
+    /// Busiest per-key limit keys (in flight + waiting, then longest wait).
+    pub keys: Vec<KeyView>,
+    /// Sessions with the most pending requests.
+    pub sessions: Vec<SessionView>,
+}
+
+/// The global queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct QueueView {
+    /// Admitted, not started.
+    pub depth: usize,
+    /// Capacity.
+    pub capacity: usize,
+    /// Backend calls in progress.
+    pub running: usize,
+    /// Workers.
+    pub workers: usize,
+    /// No longer admitting.
+    pub shutting_down: bool,
+}
+
+/// One key of a per-key limit.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KeyView {
+    /// The limit's name.
+    pub rule: String,
+    /// The key.
+    pub key: String,
+    /// The limit.
+    pub limit: usize,
+    /// Slots held.
+    pub in_flight: usize,
+    /// Requests waiting.
+    pub waiting: usize,
+    /// How long the head waiter has waited, ms.
+    pub longest_wait_ms: f64,
+}
+
+/// One session.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SessionView {
+    /// The session id.
+    pub session: String,
+    /// Accepted-but-unsettled requests.
+    pub pending: usize,
+    /// The cap (`null` = unlimited).
+    pub limit: Option<usize>,
+    /// Requests waiting behind the session's active one.
+    pub waiting: usize,
+    /// How long the first of them has waited, ms.
+    pub longest_wait_ms: f64,
+}
+
+/// What shutdown did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ShutdownReport {
+    /// Queued requests answered `shutting_down`.
+    pub answered_queued: usize,
+    /// Running requests still running at the end of the grace period, aborted and
+    /// answered `shutting_down`.
+    pub aborted_running: usize,
+}
+
+struct Inner<S: Sink> {
+    cfg: Arc<AdmissionConfig>,
+    state: Mutex<State<S::Waiter>>,
+    stats: Arc<Stats>,
+    backend: Arc<dyn Backend>,
+    sink: Arc<S>,
+    /// Wakes idle workers when requests become ready.
+    work: Notify,
+    /// Wakes the sweeper when an earlier timer was added, or to stop it.
+    timers: Notify,
+    stopped: AtomicBool,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+    sweeper: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// The admission core. Cheap to clone; call [`Admission::shutdown`] to stop its tasks.
+pub struct Admission<S: Sink> {
+    inner: Arc<Inner<S>>,
+}
+
+impl<S: Sink> Clone for Admission<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<S: Sink> Inner<S> {
+    fn lock(&self) -> MutexGuard<'_, State<S::Waiter>> {
+        // A poisoned lock means a bug panicked mid-transition; keep serving rather
+        // than turning one bug into a crash of every request.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn apply(&self, fx: Effects<S::Waiter>) {
+        for _ in 0..fx.ready_added {
+            self.work.notify_one();
+        }
+        if fx.timers_changed {
+            self.timers.notify_one();
+        }
+        for (waiter, outcome) in fx.deliveries {
+            self.stats.answered(&outcome);
+            self.sink.deliver(waiter, outcome).await;
+        }
+    }
+
+    async fn run_job(&self, job: Job) {
+        let Job {
+            id,
+            request,
+            deadline,
+            started_at,
+            mut abort,
+        } = job;
+        let backend_end = started_at + self.cfg.backend_timeout;
+        let (limit_at, deadline_first) = match deadline {
+            Some(d) if d <= backend_end => (d, true),
+            _ => (backend_end, false),
+        };
+        let call = self.backend.call(request);
+        let result = tokio::select! {
+            biased;
+            reason = &mut abort => Err(match reason {
+                Ok(AbortReason::Cancelled) => ErrorBody::new(
+                    ErrorCode::Cancelled,
+                    "cancelled while running; backend call aborted",
+                ),
+                _ => ErrorBody::new(
+                    ErrorCode::ShuttingDown,
+                    "shutdown grace period ended; backend call aborted",
+                ),
+            }),
+            r = call => r.map_err(|e| match e.kind() {
+                BackendErrorKind::Timeout => ErrorBody::new(ErrorCode::BackendTimeout, e.message()),
+                BackendErrorKind::Failed | BackendErrorKind::Unavailable => {
+                    ErrorBody::new(ErrorCode::BackendError, e.message())
+                }
+            }),
+            _ = tokio::time::sleep_until(limit_at) => Err(if deadline_first {
+                ErrorBody::new(
+                    ErrorCode::DeadlineExceeded,
+                    "deadline passed during inference; backend call aborted",
+                )
+                .with_details(ErrorDetails {
+                    waited_ms: Some(u64::try_from((limit_at - started_at).as_millis()).unwrap_or(u64::MAX)),
+                    ..Default::default()
+                })
+            } else {
+                ErrorBody::new(
+                    ErrorCode::BackendTimeout,
+                    format!("backend did not answer within backend.timeout_ms ({} ms)", self.cfg.backend_timeout.as_millis()),
+                )
+            }),
+        };
+        let now = Instant::now();
+        let mut fx = Effects::default();
+        self.lock().finish(
+            id,
+            result,
+            now.saturating_duration_since(started_at),
+            now,
+            &mut fx,
+        );
+        self.apply(fx).await;
+    }
+}
+
+async fn worker<S: Sink>(inner: Arc<Inner<S>>) {
+    loop {
+        let notified = inner.work.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let mut fx = Effects::default();
+        let (job, exit) = {
+            let mut st = inner.lock();
+            let job = st.start_next(Instant::now(), &mut fx);
+            let exit = job.is_none() && st.is_shutting_down();
+            (job, exit)
+        };
+        inner.apply(fx).await;
+        if let Some(job) = job {
+            inner.run_job(job).await;
+            continue;
+        }
+        if exit {
+            return;
+        }
+        notified.await;
+    }
+}
+
+async fn sweeper<S: Sink>(inner: Arc<Inner<S>>) {
+    loop {
+        let notified = inner.timers.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let mut fx = Effects::default();
+        let next = {
+            let mut st = inner.lock();
+            st.expire(Instant::now(), &mut fx);
+            st.next_wake()
+        };
+        inner.apply(fx).await;
+        if inner.stopped.load(Ordering::Acquire) {
+            return;
+        }
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(at) => {}
+                    _ = &mut notified => {}
+                }
+            }
+            None => notified.await,
+        }
+    }
+}
+
+impl<S: Sink> Admission<S> {
+    /// Starts the workers and the timer task. Must be called inside a tokio runtime.
+    pub fn start(
+        cfg: AdmissionConfig,
+        backend: Arc<dyn Backend>,
+        sink: Arc<S>,
+        tracer: Tracer,
+    ) -> Self {
+        let cfg = Arc::new(cfg);
+        let stats = Arc::new(Stats::new());
+        metrics::gauge!(m::WORKERS).set(cfg.workers.get() as f64);
+        metrics::gauge!(m::QUEUE_CAPACITY).set(cfg.queue_capacity.get() as f64);
+        let inner = Arc::new(Inner {
+            state: Mutex::new(State::new(cfg.clone(), stats.clone(), tracer)),
+            cfg,
+            stats,
+            backend,
+            sink,
+            work: Notify::new(),
+            timers: Notify::new(),
+            stopped: AtomicBool::new(false),
+            workers: Mutex::new(Vec::new()),
+            sweeper: Mutex::new(None),
+        });
+        let workers = (0..inner.cfg.workers.get())
+            .map(|_| tokio::spawn(worker(inner.clone())))
+            .collect();
+        *inner.workers.lock().unwrap_or_else(|p| p.into_inner()) = workers;
+        *inner.sweeper.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(tokio::spawn(sweeper(inner.clone())));
+        Self { inner }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &AdmissionConfig {
+        &self.inner.cfg
+    }
+
+    /// Offers one request. Immediate answers (refusal, cached reply) are delivered
+    /// before this returns; otherwise the waiter is answered later.
+    pub async fn submit(&self, sub: Submission, waiter: S::Waiter) -> Admitted {
+        let mut fx = Effects::default();
+        let admitted = self
+            .inner
+            .lock()
+            .submit(sub, waiter, Instant::now(), &mut fx);
+        self.inner.apply(fx).await;
+        admitted
+    }
+
+    /// Cancels the queued or running request with this request id.
+    pub async fn cancel(&self, request_id: &str) -> CancelResult {
+        let mut fx = Effects::default();
+        let r = self
+            .inner
+            .lock()
+            .cancel(request_id, Instant::now(), &mut fx);
+        self.inner.apply(fx).await;
+        metrics::counter!(m::CANCEL_TOTAL, "result" => r.as_str()).increment(1);
+        r
+    }
+
+    /// Counters and histograms.
+    pub fn stats(&self) -> StatsSnapshot {
+        let mut s = self.inner.stats.snapshot();
+        let st = self.inner.lock();
+        s.queued_now = st.queued() as u64;
+        s.running_now = st.running() as u64;
+        (s.slots_acquired, s.slots_released) = st.slot_totals();
+        s
+    }
+
+    /// The busiest keys and sessions (at most `top` of each).
+    pub fn limits_view(&self, top: usize) -> LimitsView {
+        self.inner.lock().limits_view(top, Instant::now())
+    }
+
+    /// Whether shutdown has begun.
+    pub fn is_shutting_down(&self) -> bool {
+        self.inner.lock().is_shutting_down()
+    }
+
+    /// Stops admitting (new submissions get `shutting_down`), answers every queued
+    /// request `shutting_down`, lets running requests finish within the grace period,
+    /// then aborts the rest (answered `shutting_down`) and stops the tasks.
+    /// Calling it again is harmless.
+    pub async fn shutdown(&self) -> ShutdownReport {
+        let mut fx = Effects::default();
+        let answered_queued = self.inner.lock().begin_shutdown(Instant::now(), &mut fx);
+        self.inner.apply(fx).await;
+        self.inner.work.notify_waiters();
+        let workers: Vec<JoinHandle<()>> =
+            std::mem::take(&mut *self.inner.workers.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut all = futures::future::join_all(workers);
+        let mut aborted_running = 0;
+        if tokio::time::timeout(self.inner.cfg.shutdown_grace, &mut all)
+            .await
+            .is_err()
+        {
+            aborted_running = self.inner.lock().abort_running();
+            // Aborted calls are answered at once; bound the wait anyway.
+            let _ = tokio::time::timeout(Duration::from_secs(5), all).await;
+        }
+        self.inner.stopped.store(true, Ordering::Release);
+        self.inner.timers.notify_one();
+        let sweeper = self
+            .inner
+            .sweeper
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(h) = sweeper {
+            let _ = tokio::time::timeout(Duration::from_secs(1), h).await;
+        }
+        ShutdownReport {
+            answered_queued,
+            aborted_running,
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn check_invariants(&self) {
+        self.inner.lock().check_invariants();
+    }
+}
+
+impl Admission<ChannelSink> {
+    /// Submits and returns the receiver of the answer.
+    pub async fn call(&self, sub: Submission) -> (Admitted, oneshot::Receiver<Arc<Outcome>>) {
+        let (tx, rx) = oneshot::channel();
+        let a = self.submit(sub, tx).await;
+        (a, rx)
+    }
+}
+
+#[cfg(test)]
+mod tests;

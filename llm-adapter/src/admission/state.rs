@@ -1,0 +1,1389 @@
+//! The synchronous admission state machine. No tokio tasks, no NATS, no I/O: every
+//! method takes `now` and returns [`Effects`] (answers to deliver, workers to wake) that
+//! the async runtime in [`super`] carries out after releasing the lock.
+//!
+//! A request moves through stages, each optional:
+//!
+//! ```text
+//! submit ─┬─ refused at once (answer)
+//!         ├─ joined (same request id, waits for the same outcome)
+//!         ├─ cached (same request id, answered from the completion cache)
+//!         └─ queued ─> Session (FIFO behind the session's active request)
+//!                   ─> Gate(i) (FIFO waiting for a slot of limit i's key)
+//!                   ─> Ready (FIFO waiting for a worker)
+//!                   ─> Running (backend call)      ─> retired (answered)
+//! ```
+//!
+//! Invariants (checked by `check_invariants` in tests):
+//! - `queued` = entries not Running ≤ `queue_capacity` (shadow mode does not lift it);
+//!   `running` = Running entries ≤ `workers`;
+//! - every entry is in exactly one place: one session FIFO, one gate waiter queue, the
+//!   ready queue, or running (the active request of a session is in a gate, ready or
+//!   running);
+//! - strict FIFO per key: a gate's waiters are non-empty only while the key's slots are
+//!   all taken; a slot freed is granted to the head waiter before anyone else;
+//! - an entry leaves the map only in [`State::retire`], which drops its slot guards (so
+//!   every slot is released exactly once), answers all its waiters, and then promotes the
+//!   next request of its session and pumps the gates whose slots it freed;
+//! - a request is never started once its deadline has passed ([`State::start_next`]
+//!   checks it under the same lock that marks it Running);
+//! - cascades (a release that grants a slot whose holder is then refused at the next
+//!   gate, which releases ...) run from a work list, never by recursion.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use weir_protocol::llm::{AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails};
+
+use super::slots::{SlotGuard, SlotTable};
+use super::stats::Stats;
+use super::{
+    AbortReason, AdmissionConfig, Admitted, CancelResult, Job, KeyView, LimitsView, Outcome,
+    QueueView, SessionView, Submission,
+};
+use crate::backend::{BackendReply, BackendRequest};
+use crate::config::{KeySource, Mode, OnBusy};
+use crate::metrics as m;
+use crate::trace::{TraceEvent, TraceKind, Tracer, ms};
+
+/// Rule names used in traces, would-reject counts and metrics.
+pub(crate) const RULE_SESSION_CAP: &str = "session_cap";
+/// See [`RULE_SESSION_CAP`].
+pub(crate) const RULE_SESSION_ORDER: &str = "session_order";
+/// See [`RULE_SESSION_CAP`].
+pub(crate) const RULE_QUEUE: &str = "queue";
+
+/// What the caller must do after a state transition, outside the lock.
+pub(crate) struct Effects<W> {
+    /// Answers to send.
+    pub(crate) deliveries: Vec<(W, Arc<Outcome>)>,
+    /// Requests that became ready (wake this many workers).
+    pub(crate) ready_added: usize,
+    /// A timer earlier than all previous ones was added (wake the sweeper).
+    pub(crate) timers_changed: bool,
+    todo: VecDeque<Action>,
+}
+
+impl<W> Default for Effects<W> {
+    fn default() -> Self {
+        Self {
+            deliveries: Vec::new(),
+            ready_added: 0,
+            timers_changed: false,
+            todo: VecDeque::new(),
+        }
+    }
+}
+
+enum Action {
+    /// Move the entry through the gates from `from` on.
+    Advance { id: u64, from: usize },
+    /// Grant freed slots of `key` at gate `gate` to its waiters.
+    Pump { gate: usize, key: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Session,
+    Gate(usize),
+    Ready,
+    Running,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum TimerKind {
+    Deadline,
+    GateWait,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Timer {
+    at: Instant,
+    id: u64,
+    kind: TimerKind,
+}
+
+/// What makes two submissions with the same request id "the same request".
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Fingerprint {
+    session: Option<String>,
+    body_len: usize,
+    body_hash: u64,
+}
+
+impl Fingerprint {
+    fn of(sub: &Submission) -> Self {
+        let mut h = DefaultHasher::new();
+        sub.body.hash(&mut h);
+        Self {
+            session: sub.session.clone(),
+            body_len: sub.body.len(),
+            body_hash: h.finish(),
+        }
+    }
+}
+
+struct Entry<W> {
+    id: u64,
+    request_id: Option<String>,
+    fingerprint: Option<Fingerprint>,
+    session: Option<String>,
+    keys: Vec<Option<String>>,
+    stage: Stage,
+    received_at: Instant,
+    deadline: Option<Instant>,
+    stage_since: Instant,
+    started_at: Option<Instant>,
+    session_slot: Option<SlotGuard>,
+    key_slots: Vec<(usize, SlotGuard)>,
+    waiters: Vec<W>,
+    request: Option<BackendRequest>,
+    abort: Option<oneshot::Sender<AbortReason>>,
+    gate_timer: Option<Timer>,
+    deadline_timer: Option<Timer>,
+}
+
+struct Gate {
+    slots: SlotTable,
+    waiters: HashMap<String, VecDeque<u64>>,
+}
+
+#[derive(Default)]
+struct SessionOrder {
+    active: Option<u64>,
+    fifo: VecDeque<u64>,
+}
+
+struct CacheEntry {
+    fingerprint: Fingerprint,
+    outcome: Arc<Outcome>,
+    generation: u64,
+}
+
+/// Successful replies kept for retries with the same request id.
+#[derive(Default)]
+struct CompletionCache {
+    map: HashMap<String, CacheEntry>,
+    order: VecDeque<(Instant, String, u64)>,
+    generation: u64,
+}
+
+impl CompletionCache {
+    fn purge(&mut self, now: Instant) {
+        while let Some((at, _, _)) = self.order.front() {
+            if *at > now {
+                break;
+            }
+            self.pop_front();
+        }
+    }
+
+    fn pop_front(&mut self) {
+        if let Some((_, rid, generation)) = self.order.pop_front()
+            && self
+                .map
+                .get(&rid)
+                .is_some_and(|e| e.generation == generation)
+        {
+            self.map.remove(&rid);
+        }
+    }
+
+    fn insert(
+        &mut self,
+        rid: String,
+        e: (Fingerprint, Arc<Outcome>),
+        expires: Instant,
+        max: usize,
+    ) {
+        self.generation += 1;
+        self.order
+            .push_back((expires, rid.clone(), self.generation));
+        self.map.insert(
+            rid,
+            CacheEntry {
+                fingerprint: e.0,
+                outcome: e.1,
+                generation: self.generation,
+            },
+        );
+        while self.map.len() > max || self.order.len() > max.saturating_mul(2) {
+            self.pop_front();
+        }
+    }
+
+    fn next_expiry(&self) -> Option<Instant> {
+        self.order.front().map(|(at, _, _)| *at)
+    }
+}
+
+/// The admission state. Owned by a mutex in [`super::Admission`].
+pub(crate) struct State<W> {
+    cfg: Arc<AdmissionConfig>,
+    stats: Arc<Stats>,
+    tracer: Tracer,
+    entries: HashMap<u64, Entry<W>>,
+    next_id: u64,
+    by_request_id: HashMap<String, u64>,
+    cache: CompletionCache,
+    session_slots: SlotTable,
+    sessions: HashMap<String, SessionOrder>,
+    gates: Vec<Gate>,
+    ready: VecDeque<u64>,
+    queued: usize,
+    running: usize,
+    timers: BTreeSet<Timer>,
+    shutting_down: bool,
+    ewma_inference: Option<Duration>,
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn refusal(code: ErrorCode, message: String, details: ErrorDetails) -> ErrorBody {
+    ErrorBody::new(code, message).with_details(details)
+}
+
+impl<W> State<W> {
+    pub(crate) fn new(cfg: Arc<AdmissionConfig>, stats: Arc<Stats>, tracer: Tracer) -> Self {
+        let gates = cfg
+            .limits
+            .iter()
+            .map(|_| Gate {
+                slots: SlotTable::default(),
+                waiters: HashMap::new(),
+            })
+            .collect();
+        Self {
+            cfg,
+            stats,
+            tracer,
+            entries: HashMap::new(),
+            next_id: 1,
+            by_request_id: HashMap::new(),
+            cache: CompletionCache::default(),
+            session_slots: SlotTable::default(),
+            sessions: HashMap::new(),
+            gates,
+            ready: VecDeque::new(),
+            queued: 0,
+            running: 0,
+            timers: BTreeSet::new(),
+            shutting_down: false,
+            ewma_inference: None,
+        }
+    }
+
+    fn shadow(&self) -> bool {
+        self.cfg.mode == Mode::Shadow
+    }
+
+    pub(crate) fn queued(&self) -> usize {
+        self.queued
+    }
+
+    pub(crate) fn running(&self) -> usize {
+        self.running
+    }
+
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        self.shutting_down
+    }
+
+    pub(crate) fn slot_totals(&self) -> (u64, u64) {
+        let (mut a, mut r) = self.session_slots.totals();
+        for g in &self.gates {
+            let (ga, gr) = g.slots.totals();
+            a += ga;
+            r += gr;
+        }
+        (a, r)
+    }
+
+    /// Estimated time for one inference (EWMA of recent calls; 100 ms before any).
+    fn service_estimate(&self) -> Duration {
+        self.ewma_inference.unwrap_or(Duration::from_millis(100))
+    }
+
+    fn retry_after(&self, rounds: f64) -> Option<u64> {
+        let ms = self.service_estimate().as_secs_f64() * 1000.0 * rounds.max(1.0);
+        Some((ms.ceil() as u64).clamp(1, 60_000))
+    }
+
+    fn emit(
+        &self,
+        kind: TraceKind,
+        e: &Entry<W>,
+        now: Instant,
+        fill: impl FnOnce(&mut TraceEvent),
+    ) {
+        self.tracer.emit(|| {
+            let mut ev = TraceEvent::new(kind, e.id, now.saturating_duration_since(e.received_at));
+            ev.request_id = e.request_id.clone();
+            ev.session = e.session.clone();
+            fill(&mut ev);
+            ev
+        });
+    }
+
+    fn add_timer(&mut self, t: Timer, fx: &mut Effects<W>) {
+        if self.timers.first().is_none_or(|first| t < *first) {
+            fx.timers_changed = true;
+        }
+        self.timers.insert(t);
+    }
+
+    /// The earliest instant at which [`State::expire`] has work.
+    pub(crate) fn next_wake(&self) -> Option<Instant> {
+        let t = self.timers.first().map(|t| t.at);
+        match (t, self.cache.next_expiry()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    // ---------------------------------------------------------------- submit
+
+    /// Admits, joins, answers from cache, or refuses one submission.
+    pub(crate) fn submit(
+        &mut self,
+        sub: Submission,
+        waiter: W,
+        now: Instant,
+        fx: &mut Effects<W>,
+    ) -> Admitted {
+        self.stats.offered();
+        self.cache.purge(now);
+        let waited = now.saturating_duration_since(sub.received_at);
+        let immediate = |fx: &mut Effects<W>, waiter: W, err: ErrorBody, sub: &Submission| {
+            fx.deliveries.push((
+                waiter,
+                Arc::new(Outcome {
+                    result: Err(err),
+                    queue_time: waited,
+                    inference_time: None,
+                    request_id: sub.request_id.clone(),
+                }),
+            ));
+        };
+
+        if self.shutting_down {
+            let err = ErrorBody::new(
+                ErrorCode::ShuttingDown,
+                "this replica is shutting down; retry on another one",
+            );
+            immediate(fx, waiter, err, &sub);
+            return Admitted::Refused(ErrorCode::ShuttingDown);
+        }
+
+        // Deadline: the caller's budget (or the default), never above the maximum.
+        let budget = sub
+            .budget
+            .or(self.cfg.deadline.default)
+            .map(|b| b.min(self.cfg.deadline.max));
+        let deadline = budget.map(|b| sub.received_at + b);
+        if let Some(d) = deadline
+            && d <= now
+        {
+            let err = refusal(
+                ErrorCode::DeadlineExceeded,
+                "deadline already passed at admission".into(),
+                ErrorDetails {
+                    waited_ms: Some(millis(waited)),
+                    ..Default::default()
+                },
+            );
+            immediate(fx, waiter, err, &sub);
+            return Admitted::Refused(ErrorCode::DeadlineExceeded);
+        }
+
+        let keys = match resolve_keys(&self.cfg, &sub) {
+            Ok(k) => k,
+            Err(message) => {
+                immediate(
+                    fx,
+                    waiter,
+                    ErrorBody::new(ErrorCode::InvalidRequest, message),
+                    &sub,
+                );
+                return Admitted::Refused(ErrorCode::InvalidRequest);
+            }
+        };
+
+        // Idempotency: join a live request, or answer from the cache.
+        let fingerprint = match (&self.cfg.idempotency, &sub.request_id) {
+            (Some(_), Some(_)) => Some(Fingerprint::of(&sub)),
+            _ => None,
+        };
+        if let (Some(fp), Some(rid)) = (&fingerprint, &sub.request_id) {
+            if let Some(&id) = self.by_request_id.get(rid)
+                && let Some(e) = self.entries.get_mut(&id)
+            {
+                if e.fingerprint.as_ref() != Some(fp) {
+                    immediate(fx, waiter, conflict(rid), &sub);
+                    return Admitted::Refused(ErrorCode::RequestIdConflict);
+                }
+                e.waiters.push(waiter);
+                self.stats.joined();
+                let e = &self.entries[&id];
+                self.emit(TraceKind::Joined, e, now, |_| {});
+                return Admitted::Joined;
+            }
+            if let Some(c) = self.cache.map.get(rid) {
+                if c.fingerprint != *fp {
+                    immediate(fx, waiter, conflict(rid), &sub);
+                    return Admitted::Refused(ErrorCode::RequestIdConflict);
+                }
+                self.stats.cached();
+                fx.deliveries.push((waiter, c.outcome.clone()));
+                self.tracer.emit(|| {
+                    let mut ev = TraceEvent::new(TraceKind::Cached, 0, waited);
+                    ev.request_id = Some(rid.clone());
+                    ev.session = sub.session.clone();
+                    ev
+                });
+                return Admitted::Cached;
+            }
+        }
+
+        // Per-session pending cap.
+        if let (Some(s), Some(cap)) = (&sub.session, self.cfg.session.pending_cap) {
+            let pending = self.session_slots.in_use(s);
+            if pending >= cap.get() {
+                let shadow = self.shadow();
+                self.tracer.emit(|| {
+                    let mut ev = TraceEvent::new(TraceKind::SlotBusy, 0, waited);
+                    ev.request_id = sub.request_id.clone();
+                    ev.session = Some(s.clone());
+                    ev.rule = Some(RULE_SESSION_CAP.into());
+                    ev.key = Some(format!("session:{s}"));
+                    ev.shadow = shadow;
+                    ev
+                });
+                if shadow {
+                    self.stats.would_reject(RULE_SESSION_CAP);
+                } else {
+                    self.stats.limit_reject(RULE_SESSION_CAP);
+                    let err = refusal(
+                        ErrorCode::SessionQueueFull,
+                        format!("session has {pending} pending requests (limit {cap})"),
+                        ErrorDetails {
+                            limit: Some(cap.get() as u64),
+                            pending: Some(pending as u64),
+                            retry_after_ms: self.retry_after(1.0),
+                            key: Some(format!("session:{s}")),
+                            ..Default::default()
+                        },
+                    );
+                    immediate(fx, waiter, err, &sub);
+                    return Admitted::Refused(ErrorCode::SessionQueueFull);
+                }
+            }
+        }
+
+        // Per-session ordering with the `reject` policy.
+        if let Some(s) = &sub.session
+            && self.cfg.session.ordering
+            && sub.policy == AdmissionPolicy::Reject
+            && let Some(order) = self.sessions.get(s)
+            && order.active.is_some()
+        {
+            let waiting = order.fifo.len() as u64;
+            let shadow = self.shadow();
+            self.tracer.emit(|| {
+                let mut ev = TraceEvent::new(TraceKind::SlotBusy, 0, waited);
+                ev.request_id = sub.request_id.clone();
+                ev.session = Some(s.clone());
+                ev.rule = Some(RULE_SESSION_ORDER.into());
+                ev.shadow = shadow;
+                ev
+            });
+            if shadow {
+                self.stats.would_reject(RULE_SESSION_ORDER);
+            } else {
+                self.stats.limit_reject(RULE_SESSION_ORDER);
+                let err = refusal(
+                    ErrorCode::ConcurrencyLimitExceeded,
+                    "session is busy and the request asked for `reject`".into(),
+                    ErrorDetails {
+                        limit: Some(1),
+                        in_flight: Some(1),
+                        waiting: Some(waiting),
+                        retry_after_ms: self.retry_after(waiting as f64 + 1.0),
+                        key: Some(format!("session:{s}")),
+                        ..Default::default()
+                    },
+                );
+                immediate(fx, waiter, err, &sub);
+                return Admitted::Refused(ErrorCode::ConcurrencyLimitExceeded);
+            }
+        }
+
+        // The global queue bound: always enforced (it is the memory bound).
+        if self.queued >= self.cfg.queue_capacity.get() {
+            self.stats.limit_reject(RULE_QUEUE);
+            let err = refusal(
+                ErrorCode::QueueFull,
+                format!("queue holds {} requests (capacity)", self.queued),
+                ErrorDetails {
+                    limit: Some(self.cfg.queue_capacity.get() as u64),
+                    pending: Some(self.queued as u64),
+                    retry_after_ms: self
+                        .retry_after(self.queued as f64 / self.cfg.workers.get() as f64),
+                    ..Default::default()
+                },
+            );
+            immediate(fx, waiter, err, &sub);
+            return Admitted::Refused(ErrorCode::QueueFull);
+        }
+
+        // Admit.
+        let id = self.next_id;
+        self.next_id += 1;
+        let session_slot = match (&sub.session, self.cfg.session.pending_cap) {
+            (Some(s), Some(_)) => Some(self.session_slots.acquire(s)),
+            _ => None,
+        };
+        let request = BackendRequest {
+            body: sub.body,
+            request_id: sub.request_id.clone(),
+            session: sub.session.clone(),
+            deadline,
+        };
+        let mut entry = Entry {
+            id,
+            request_id: sub.request_id,
+            fingerprint,
+            session: sub.session,
+            keys,
+            stage: Stage::Session,
+            received_at: sub.received_at,
+            deadline,
+            stage_since: now,
+            started_at: None,
+            session_slot,
+            key_slots: Vec::new(),
+            waiters: vec![waiter],
+            request: Some(request),
+            abort: None,
+            gate_timer: None,
+            deadline_timer: None,
+        };
+        if let Some(at) = deadline {
+            let t = Timer {
+                at,
+                id,
+                kind: TimerKind::Deadline,
+            };
+            entry.deadline_timer = Some(t);
+            self.add_timer(t, fx);
+        }
+        if let (Some(rid), Some(_)) = (&entry.request_id, &entry.fingerprint) {
+            self.by_request_id.insert(rid.clone(), id);
+        }
+        self.queued += 1;
+        self.stats.admitted();
+        self.emit(TraceKind::Queued, &entry, now, |_| {});
+        if entry.session_slot.is_some() {
+            self.emit(TraceKind::SlotAcquired, &entry, now, |ev| {
+                ev.rule = Some(RULE_SESSION_CAP.into());
+            });
+        }
+
+        // Session order: wait behind the active request, or become it.
+        let mut behind_session = false;
+        if self.cfg.session.ordering
+            && let Some(s) = &entry.session
+        {
+            let order = self.sessions.entry(s.clone()).or_default();
+            if order.active.is_some() {
+                order.fifo.push_back(id);
+                behind_session = true;
+            } else {
+                order.active = Some(id);
+            }
+        }
+        if behind_session {
+            self.emit(TraceKind::SlotWaiting, &entry, now, |ev| {
+                ev.rule = Some(RULE_SESSION_ORDER.into());
+            });
+        }
+        self.entries.insert(id, entry);
+        if !behind_session {
+            fx.todo.push_back(Action::Advance { id, from: 0 });
+        }
+        self.run(now, fx);
+        self.gauges();
+        if self.entries.contains_key(&id) {
+            Admitted::Queued
+        } else {
+            Admitted::Refused(ErrorCode::ConcurrencyLimitExceeded)
+        }
+    }
+
+    // ------------------------------------------------------------ the work list
+
+    fn run(&mut self, now: Instant, fx: &mut Effects<W>) {
+        while let Some(action) = fx.todo.pop_front() {
+            match action {
+                Action::Advance { id, from } => self.advance(id, from, now, fx),
+                Action::Pump { gate, key } => self.pump(gate, &key, now, fx),
+            }
+        }
+    }
+
+    /// Moves entry `id` through gates `from..`; it ends up waiting at a gate, refused,
+    /// or ready for a worker.
+    fn advance(&mut self, id: u64, from: usize, now: Instant, fx: &mut Effects<W>) {
+        if self.shutting_down {
+            self.retire(id, Err(shutting_down()), now, fx);
+            return;
+        }
+        let shadow = self.shadow();
+        let cfg = self.cfg.clone();
+        for gi in from..self.gates.len() {
+            let Some(entry) = self.entries.get(&id) else {
+                return;
+            };
+            let Some(key) = entry.keys.get(gi).cloned().flatten() else {
+                continue;
+            };
+            let limit = &cfg.limits[gi];
+            let gate = &self.gates[gi];
+            let waiting = gate.waiters.get(&key).map_or(0, VecDeque::len);
+            let in_use = gate.slots.in_use(&key);
+            let free = waiting == 0 && in_use < limit.limit.get();
+            if free || shadow {
+                if !free {
+                    // Shadow: would this request have been refused, or made to wait?
+                    let over = in_use.saturating_sub(limit.limit.get()) + waiting;
+                    let refused = match limit.on_busy {
+                        OnBusy::Reject => true,
+                        OnBusy::Wait { max_waiters, .. } => over >= max_waiters,
+                    };
+                    let e = &self.entries[&id];
+                    self.emit(
+                        if refused {
+                            TraceKind::SlotBusy
+                        } else {
+                            TraceKind::SlotWaiting
+                        },
+                        e,
+                        now,
+                        |ev| {
+                            ev.rule = Some(limit.name.clone());
+                            ev.key = Some(key.clone());
+                            ev.shadow = true;
+                        },
+                    );
+                    if refused {
+                        self.stats.would_reject(&limit.name);
+                    }
+                }
+                let guard = self.gates[gi].slots.acquire(&key);
+                if let Some(e) = self.entries.get_mut(&id) {
+                    e.key_slots.push((gi, guard));
+                }
+                let e = &self.entries[&id];
+                self.emit(TraceKind::SlotAcquired, e, now, |ev| {
+                    ev.rule = Some(limit.name.clone());
+                    ev.key = Some(key.clone());
+                });
+                continue;
+            }
+            // Busy.
+            let details = ErrorDetails {
+                limit: Some(limit.limit.get() as u64),
+                in_flight: Some(in_use as u64),
+                waiting: Some(waiting as u64),
+                retry_after_ms: self.retry_after(waiting as f64 / limit.limit.get() as f64 + 1.0),
+                key: Some(key.clone()),
+                ..Default::default()
+            };
+            match limit.on_busy {
+                OnBusy::Wait {
+                    max_wait,
+                    max_waiters,
+                } if waiting < max_waiters => {
+                    let name = limit.name.clone();
+                    self.gates[gi]
+                        .waiters
+                        .entry(key.clone())
+                        .or_default()
+                        .push_back(id);
+                    let t = Timer {
+                        at: now + max_wait,
+                        id,
+                        kind: TimerKind::GateWait,
+                    };
+                    if let Some(e) = self.entries.get_mut(&id) {
+                        e.stage = Stage::Gate(gi);
+                        e.stage_since = now;
+                        e.gate_timer = Some(t);
+                    }
+                    self.add_timer(t, fx);
+                    let e = &self.entries[&id];
+                    self.emit(TraceKind::SlotWaiting, e, now, |ev| {
+                        ev.rule = Some(name);
+                        ev.key = Some(key);
+                    });
+                    return;
+                }
+                _ => {
+                    let name = limit.name.clone();
+                    let message = match limit.on_busy {
+                        OnBusy::Reject => {
+                            format!("limit {name:?}: {in_use} in flight (limit {})", limit.limit)
+                        }
+                        OnBusy::Wait { .. } => format!(
+                            "limit {name:?}: {in_use} in flight and {waiting} waiting (max waiters reached)"
+                        ),
+                    };
+                    self.stats.limit_reject(&name);
+                    let e = &self.entries[&id];
+                    self.emit(TraceKind::SlotBusy, e, now, |ev| {
+                        ev.rule = Some(name);
+                        ev.key = Some(key);
+                    });
+                    let err = refusal(ErrorCode::ConcurrencyLimitExceeded, message, details);
+                    self.retire(id, Err(err), now, fx);
+                    return;
+                }
+            }
+        }
+        // Through every gate: ready for a worker.
+        if let Some(e) = self.entries.get_mut(&id) {
+            e.stage = Stage::Ready;
+            e.stage_since = now;
+            self.ready.push_back(id);
+            fx.ready_added += 1;
+            let e = &self.entries[&id];
+            self.emit(TraceKind::Admitted, e, now, |_| {});
+        }
+    }
+
+    /// Grants freed slots of `key` at gate `gi` to its waiters, strictly in order.
+    fn pump(&mut self, gi: usize, key: &str, now: Instant, fx: &mut Effects<W>) {
+        let limit = self.cfg.limits[gi].limit.get();
+        loop {
+            let gate = &mut self.gates[gi];
+            if gate.slots.in_use(key) >= limit {
+                return;
+            }
+            let Some(queue) = gate.waiters.get_mut(key) else {
+                return;
+            };
+            let Some(head) = queue.pop_front() else {
+                gate.waiters.remove(key);
+                return;
+            };
+            if queue.is_empty() {
+                gate.waiters.remove(key);
+            }
+            let guard = gate.slots.acquire(key);
+            let Some(e) = self.entries.get_mut(&head) else {
+                continue;
+            };
+            e.key_slots.push((gi, guard));
+            let timer = e.gate_timer.take();
+            let waited = now.saturating_duration_since(e.stage_since);
+            if let Some(t) = timer {
+                self.timers.remove(&t);
+            }
+            let e = &self.entries[&head];
+            self.emit(TraceKind::SlotGranted, e, now, |ev| {
+                ev.rule = Some(self.cfg.limits[gi].name.clone());
+                ev.key = Some(key.to_owned());
+                ev.waited_ms = Some(ms(waited));
+            });
+            fx.todo.push_back(Action::Advance {
+                id: head,
+                from: gi + 1,
+            });
+        }
+    }
+
+    // ------------------------------------------------------------------ retire
+
+    /// Removes entry `id` and answers its waiters with `result`. The only place an
+    /// entry leaves the map; see the module invariants.
+    fn retire(
+        &mut self,
+        id: u64,
+        result: Result<BackendReply, ErrorBody>,
+        now: Instant,
+        fx: &mut Effects<W>,
+    ) {
+        let Some(mut e) = self.entries.remove(&id) else {
+            return;
+        };
+        match e.stage {
+            Stage::Session => {
+                if let Some(s) = &e.session
+                    && let Some(order) = self.sessions.get_mut(s)
+                    && let Some(pos) = order.fifo.iter().position(|x| *x == id)
+                {
+                    order.fifo.remove(pos);
+                }
+            }
+            Stage::Gate(gi) => {
+                if let Some(Some(key)) = e.keys.get(gi)
+                    && let Some(q) = self.gates[gi].waiters.get_mut(key)
+                {
+                    if let Some(pos) = q.iter().position(|x| *x == id) {
+                        q.remove(pos);
+                    }
+                    if q.is_empty() {
+                        self.gates[gi].waiters.remove(key);
+                    }
+                }
+            }
+            Stage::Ready => {
+                if let Some(pos) = self.ready.iter().position(|x| *x == id) {
+                    self.ready.remove(pos);
+                }
+            }
+            Stage::Running => {}
+        }
+        if e.stage == Stage::Running {
+            self.running -= 1;
+        } else {
+            self.queued -= 1;
+        }
+        for t in [e.gate_timer.take(), e.deadline_timer.take()]
+            .into_iter()
+            .flatten()
+        {
+            self.timers.remove(&t);
+        }
+        if let Some(rid) = &e.request_id
+            && self.by_request_id.get(rid) == Some(&id)
+        {
+            self.by_request_id.remove(rid);
+        }
+
+        let inference_time = e.started_at.map(|s| now.saturating_duration_since(s));
+        let queue_time = e
+            .started_at
+            .unwrap_or(now)
+            .saturating_duration_since(e.received_at);
+        let outcome = Arc::new(Outcome {
+            result,
+            queue_time,
+            inference_time,
+            request_id: e.request_id.clone(),
+        });
+        if outcome.result.is_ok()
+            && let (Some(idem), Some(rid), Some(fp)) =
+                (&self.cfg.idempotency, &e.request_id, &e.fingerprint)
+            && !idem.window.is_zero()
+        {
+            self.cache.insert(
+                rid.clone(),
+                (fp.clone(), outcome.clone()),
+                now + idem.window,
+                idem.max_entries.get(),
+            );
+        }
+        self.emit(TraceKind::Finished, &e, now, |ev| {
+            ev.outcome = Some(outcome.code());
+            ev.waited_ms = Some(ms(queue_time));
+            ev.inference_ms = inference_time.map(ms);
+        });
+
+        // Session order: the next request of the session becomes active.
+        if self.cfg.session.ordering
+            && let Some(s) = &e.session
+            && let Some(order) = self.sessions.get_mut(s)
+        {
+            if order.active == Some(id) {
+                order.active = order.fifo.pop_front();
+                if let Some(next) = order.active {
+                    fx.todo.push_back(Action::Advance { id: next, from: 0 });
+                    if let Some(n) = self.entries.get_mut(&next) {
+                        let waited = now.saturating_duration_since(n.stage_since);
+                        n.stage_since = now;
+                        let n = &self.entries[&next];
+                        self.emit(TraceKind::SlotGranted, n, now, |ev| {
+                            ev.rule = Some(RULE_SESSION_ORDER.into());
+                            ev.waited_ms = Some(ms(waited));
+                        });
+                    }
+                }
+            }
+            if let Some(order) = self.sessions.get(s)
+                && order.active.is_none()
+                && order.fifo.is_empty()
+            {
+                self.sessions.remove(s);
+            }
+        }
+
+        // Release slots (dropping the guards), then let waiters have them.
+        for (gi, guard) in std::mem::take(&mut e.key_slots) {
+            let key = guard.key().to_owned();
+            drop(guard);
+            self.emit(TraceKind::SlotReleased, &e, now, |ev| {
+                ev.rule = Some(self.cfg.limits[gi].name.clone());
+                ev.key = Some(key.clone());
+            });
+            fx.todo.push_back(Action::Pump { gate: gi, key });
+        }
+        if let Some(guard) = e.session_slot.take() {
+            drop(guard);
+            self.emit(TraceKind::SlotReleased, &e, now, |ev| {
+                ev.rule = Some(RULE_SESSION_CAP.into());
+            });
+        }
+        for w in std::mem::take(&mut e.waiters) {
+            fx.deliveries.push((w, outcome.clone()));
+        }
+    }
+
+    // ----------------------------------------------------------------- workers
+
+    /// Hands the next ready request to a worker, answering the ones whose deadline
+    /// passed (or that could no longer finish in time) on the way.
+    pub(crate) fn start_next(&mut self, now: Instant, fx: &mut Effects<W>) -> Option<Job> {
+        while let Some(id) = self.ready.pop_front() {
+            let Some(e) = self.entries.get_mut(&id) else {
+                continue;
+            };
+            if e.stage != Stage::Ready {
+                continue;
+            }
+            if let Some(d) = e.deadline {
+                let waited = now.saturating_duration_since(e.received_at);
+                let late = if d <= now {
+                    Some("deadline passed while queued; not started".to_owned())
+                } else if d - now < self.cfg.deadline.min_start_budget {
+                    Some(format!(
+                        "{} ms left, below deadline.min_start_budget_ms {}; not started",
+                        millis(d - now),
+                        millis(self.cfg.deadline.min_start_budget)
+                    ))
+                } else {
+                    None
+                };
+                if let Some(message) = late {
+                    let err = refusal(
+                        ErrorCode::DeadlineExceeded,
+                        message,
+                        ErrorDetails {
+                            waited_ms: Some(millis(waited)),
+                            ..Default::default()
+                        },
+                    );
+                    self.retire(id, Err(err), now, fx);
+                    self.run(now, fx);
+                    continue;
+                }
+            }
+            e.stage = Stage::Running;
+            e.started_at = Some(now);
+            e.stage_since = now;
+            let (tx, rx) = oneshot::channel();
+            e.abort = Some(tx);
+            let timer = e.deadline_timer.take();
+            let request = e.request.take();
+            let deadline = e.deadline;
+            let queue_time = now.saturating_duration_since(e.received_at);
+            if let Some(t) = timer {
+                self.timers.remove(&t);
+            }
+            self.queued -= 1;
+            self.running += 1;
+            self.stats
+                .started(queue_time, deadline.is_some_and(|d| now >= d));
+            let e = &self.entries[&id];
+            self.emit(TraceKind::Started, e, now, |ev| {
+                ev.waited_ms = Some(ms(queue_time));
+            });
+            self.gauges();
+            let request = request?;
+            return Some(Job {
+                id,
+                request,
+                deadline,
+                started_at: now,
+                abort: rx,
+            });
+        }
+        self.gauges();
+        None
+    }
+
+    /// Settles a running request with the backend's result.
+    pub(crate) fn finish(
+        &mut self,
+        id: u64,
+        result: Result<BackendReply, ErrorBody>,
+        took: Duration,
+        now: Instant,
+        fx: &mut Effects<W>,
+    ) {
+        let code = match &result {
+            Ok(_) => "ok",
+            Err(e) => e.code.as_str(),
+        };
+        self.stats.inference_done(took, code);
+        self.ewma_inference = Some(match self.ewma_inference {
+            None => took,
+            Some(prev) => prev.mul_f64(0.9) + took.mul_f64(0.1),
+        });
+        self.retire(id, result, now, fx);
+        self.run(now, fx);
+        self.gauges();
+    }
+
+    // ------------------------------------------------------------------ timers
+
+    /// Answers queued requests whose deadline passed and waiters whose `max_wait`
+    /// elapsed; drops expired cache entries.
+    pub(crate) fn expire(&mut self, now: Instant, fx: &mut Effects<W>) {
+        self.cache.purge(now);
+        while let Some(t) = self.timers.first().copied() {
+            if t.at > now {
+                break;
+            }
+            self.timers.remove(&t);
+            let Some(e) = self.entries.get_mut(&t.id) else {
+                continue;
+            };
+            let waited = now.saturating_duration_since(e.received_at);
+            match t.kind {
+                TimerKind::Deadline => {
+                    e.deadline_timer = None;
+                    if e.stage == Stage::Running {
+                        continue;
+                    }
+                    let err = refusal(
+                        ErrorCode::DeadlineExceeded,
+                        "deadline passed while queued; not started".into(),
+                        ErrorDetails {
+                            waited_ms: Some(millis(waited)),
+                            ..Default::default()
+                        },
+                    );
+                    self.retire(t.id, Err(err), now, fx);
+                }
+                TimerKind::GateWait => {
+                    e.gate_timer = None;
+                    let Stage::Gate(gi) = e.stage else {
+                        continue;
+                    };
+                    let waited_here = now.saturating_duration_since(e.stage_since);
+                    let Some(Some(key)) = e.keys.get(gi).cloned() else {
+                        continue;
+                    };
+                    let cfg = self.cfg.clone();
+                    let limit = &cfg.limits[gi];
+                    let in_use = self.gates[gi].slots.in_use(&key);
+                    let waiting = self.gates[gi].waiters.get(&key).map_or(0, VecDeque::len);
+                    let name = limit.name.clone();
+                    self.stats.limit_reject(&name);
+                    let err = refusal(
+                        ErrorCode::ConcurrencyLimitExceeded,
+                        format!(
+                            "limit {name:?}: no slot within max_wait ({} ms)",
+                            millis(waited_here)
+                        ),
+                        ErrorDetails {
+                            limit: Some(limit.limit.get() as u64),
+                            in_flight: Some(in_use as u64),
+                            waiting: Some(waiting.saturating_sub(1) as u64),
+                            waited_ms: Some(millis(waited_here)),
+                            retry_after_ms: self
+                                .retry_after(waiting as f64 / limit.limit.get() as f64),
+                            key: Some(key.clone()),
+                            ..Default::default()
+                        },
+                    );
+                    let e = &self.entries[&t.id];
+                    self.emit(TraceKind::SlotBusy, e, now, |ev| {
+                        ev.rule = Some(name);
+                        ev.key = Some(key);
+                        ev.waited_ms = Some(ms(waited_here));
+                    });
+                    self.retire(t.id, Err(err), now, fx);
+                }
+            }
+            self.run(now, fx);
+        }
+        self.gauges();
+    }
+
+    // ------------------------------------------------------------ cancellation
+
+    /// Cancels the request with `request_id`: a queued one is answered `cancelled` now,
+    /// a running one is told to abort (its worker answers `cancelled`).
+    pub(crate) fn cancel(
+        &mut self,
+        request_id: &str,
+        now: Instant,
+        fx: &mut Effects<W>,
+    ) -> CancelResult {
+        let Some(&id) = self.by_request_id.get(request_id) else {
+            return CancelResult::NotFound;
+        };
+        let Some(e) = self.entries.get_mut(&id) else {
+            return CancelResult::NotFound;
+        };
+        if e.stage == Stage::Running {
+            if let Some(tx) = e.abort.take() {
+                let _ = tx.send(AbortReason::Cancelled);
+            }
+            return CancelResult::Running;
+        }
+        let waited = now.saturating_duration_since(e.received_at);
+        let err = refusal(
+            ErrorCode::Cancelled,
+            "cancelled while queued".into(),
+            ErrorDetails {
+                waited_ms: Some(millis(waited)),
+                ..Default::default()
+            },
+        );
+        self.retire(id, Err(err), now, fx);
+        self.run(now, fx);
+        self.gauges();
+        CancelResult::Queued
+    }
+
+    // ---------------------------------------------------------------- shutdown
+
+    /// Stops admitting and answers every queued request `shutting_down`.
+    pub(crate) fn begin_shutdown(&mut self, now: Instant, fx: &mut Effects<W>) -> usize {
+        self.shutting_down = true;
+        let mut queued: Vec<u64> = self
+            .entries
+            .values()
+            .filter(|e| e.stage != Stage::Running)
+            .map(|e| e.id)
+            .collect();
+        queued.sort_unstable();
+        let n = queued.len();
+        for id in queued {
+            self.retire(id, Err(shutting_down()), now, fx);
+            self.run(now, fx);
+        }
+        self.gauges();
+        n
+    }
+
+    /// Tells every running request to abort with `shutting_down`; returns how many.
+    pub(crate) fn abort_running(&mut self) -> usize {
+        let mut n = 0;
+        for e in self.entries.values_mut() {
+            if e.stage == Stage::Running
+                && let Some(tx) = e.abort.take()
+            {
+                let _ = tx.send(AbortReason::ShuttingDown);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    // ------------------------------------------------------------------- views
+
+    fn gauges(&self) {
+        metrics::gauge!(m::QUEUE_DEPTH).set(self.queued as f64);
+        metrics::gauge!(m::RUNNING).set(self.running as f64);
+    }
+
+    /// The busiest keys and sessions.
+    pub(crate) fn limits_view(&self, top: usize, now: Instant) -> LimitsView {
+        let mut keys = Vec::new();
+        for (gi, gate) in self.gates.iter().enumerate() {
+            let limit = &self.cfg.limits[gi];
+            let mut per_key: HashMap<String, (usize, usize, f64)> = HashMap::new();
+            for (k, n) in gate.slots.snapshot() {
+                per_key.entry(k).or_default().0 = n;
+            }
+            for (k, q) in &gate.waiters {
+                let longest = q
+                    .front()
+                    .and_then(|id| self.entries.get(id))
+                    .map_or(0.0, |e| ms(now.saturating_duration_since(e.stage_since)));
+                let v = per_key.entry(k.clone()).or_default();
+                v.1 = q.len();
+                v.2 = longest;
+            }
+            keys.extend(
+                per_key
+                    .into_iter()
+                    .map(|(key, (in_flight, waiting, longest))| KeyView {
+                        rule: limit.name.clone(),
+                        key,
+                        limit: limit.limit.get(),
+                        in_flight,
+                        waiting,
+                        longest_wait_ms: longest,
+                    }),
+            );
+        }
+        keys.sort_by(|a, b| {
+            (b.in_flight + b.waiting, b.longest_wait_ms)
+                .partial_cmp(&(a.in_flight + a.waiting, a.longest_wait_ms))
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then_with(|| a.key.cmp(&b.key))
+        });
+        keys.truncate(top);
+
+        let mut sessions: HashMap<String, SessionView> = HashMap::new();
+        for (s, pending) in self.session_slots.snapshot() {
+            sessions.insert(
+                s.clone(),
+                SessionView {
+                    session: s,
+                    pending,
+                    limit: self.cfg.session.pending_cap.map(|c| c.get()),
+                    waiting: 0,
+                    longest_wait_ms: 0.0,
+                },
+            );
+        }
+        for (s, order) in &self.sessions {
+            let longest = order
+                .fifo
+                .front()
+                .and_then(|id| self.entries.get(id))
+                .map_or(0.0, |e| ms(now.saturating_duration_since(e.stage_since)));
+            let v = sessions.entry(s.clone()).or_insert_with(|| SessionView {
+                session: s.clone(),
+                pending: usize::from(order.active.is_some()) + order.fifo.len(),
+                limit: self.cfg.session.pending_cap.map(|c| c.get()),
+                waiting: 0,
+                longest_wait_ms: 0.0,
+            });
+            v.waiting = order.fifo.len();
+            v.longest_wait_ms = longest;
+        }
+        let mut sessions: Vec<SessionView> = sessions.into_values().collect();
+        sessions.sort_by(|a, b| {
+            b.pending
+                .cmp(&a.pending)
+                .then_with(|| a.session.cmp(&b.session))
+        });
+        sessions.truncate(top);
+
+        LimitsView {
+            queue: QueueView {
+                depth: self.queued,
+                capacity: self.cfg.queue_capacity.get(),
+                running: self.running,
+                workers: self.cfg.workers.get(),
+                shutting_down: self.shutting_down,
+            },
+            keys,
+            sessions,
+        }
+    }
+
+    /// Checks the module invariants (tests).
+    #[cfg(test)]
+    pub(crate) fn check_invariants(&self) {
+        let running = self
+            .entries
+            .values()
+            .filter(|e| e.stage == Stage::Running)
+            .count();
+        assert_eq!(running, self.running, "running count");
+        assert_eq!(self.entries.len() - running, self.queued, "queued count");
+        assert!(self.queued <= self.cfg.queue_capacity.get(), "queue bound");
+        assert!(self.running <= self.cfg.workers.get(), "worker bound");
+        for id in &self.ready {
+            assert_eq!(self.entries[id].stage, Stage::Ready);
+        }
+        for (gi, g) in self.gates.iter().enumerate() {
+            for (k, q) in &g.waiters {
+                assert!(!q.is_empty(), "empty waiter queue kept");
+                if self.cfg.mode == Mode::Enforce {
+                    assert!(
+                        g.slots.in_use(k) >= self.cfg.limits[gi].limit.get(),
+                        "waiter behind a free slot"
+                    );
+                }
+                for id in q {
+                    assert_eq!(self.entries[id].stage, Stage::Gate(gi));
+                }
+            }
+        }
+        for order in self.sessions.values() {
+            assert!(
+                order.active.is_some() || order.fifo.is_empty(),
+                "fifo without active"
+            );
+            for id in &order.fifo {
+                assert_eq!(self.entries[id].stage, Stage::Session);
+            }
+        }
+        let session_slots: usize = self.session_slots.snapshot().iter().map(|(_, n)| n).sum();
+        let held = self
+            .entries
+            .values()
+            .filter(|e| e.session_slot.is_some())
+            .count();
+        assert_eq!(session_slots, held, "session slots match entries");
+    }
+}
+
+fn shutting_down() -> ErrorBody {
+    ErrorBody::new(
+        ErrorCode::ShuttingDown,
+        "this replica is shutting down; retry on another one",
+    )
+}
+
+fn conflict(rid: &str) -> ErrorBody {
+    ErrorBody::new(
+        ErrorCode::RequestIdConflict,
+        format!("request id {rid:?} is in use with a different session or body"),
+    )
+}
+
+/// Longest key value taken from a request body.
+const MAX_KEY_VALUE_LEN: usize = 256;
+
+/// The key of each configured limit for this submission (`None`: rule not applied).
+/// The error is the message of an `invalid_request`.
+fn resolve_keys(cfg: &AdmissionConfig, sub: &Submission) -> Result<Vec<Option<String>>, String> {
+    let mut body: Option<Option<serde_json::Value>> = None;
+    let mut keys = Vec::with_capacity(cfg.limits.len());
+    for limit in &cfg.limits {
+        let key = match &limit.key {
+            KeySource::Client => sub.client_key.as_ref().map(|k| format!("client:{k}")),
+            KeySource::Session => sub.session.as_ref().map(|s| format!("session:{s}")),
+            KeySource::Service => Some("service".to_owned()),
+            KeySource::Body(ptr) => {
+                let doc = body.get_or_insert_with(|| serde_json::from_slice(&sub.body).ok());
+                match doc.as_ref().and_then(|d| d.pointer(ptr)) {
+                    Some(serde_json::Value::String(s)) => Some(s.clone()),
+                    Some(v @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_))) => {
+                        Some(v.to_string())
+                    }
+                    _ => None,
+                }
+                .map(|v| {
+                    if v.len() > MAX_KEY_VALUE_LEN {
+                        Err(format!(
+                            "body value at {ptr} is longer than {MAX_KEY_VALUE_LEN} bytes"
+                        ))
+                    } else {
+                        Ok(format!("body:{ptr}={v}"))
+                    }
+                })
+                .transpose()?
+            }
+        };
+        keys.push(key);
+    }
+    Ok(keys)
+}

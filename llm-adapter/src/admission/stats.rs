@@ -1,0 +1,277 @@
+//! Counters and latency histograms of one admission core, and their serialisable
+//! snapshot ([`StatsSnapshot`]) used by the load test and `/v1/stats`.
+//!
+//! Accounting rule: every submission is answered exactly once, so
+//! `offered = completed + Σ refused + in progress`, where `refused` counts every
+//! non-`ok` answer by code (admission refusals, deadline, cancel, backend errors...).
+//! Joins and cached answers are submissions too and are counted by their answer.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+use weir_protocol::llm::ErrorCode;
+
+use super::Outcome;
+use crate::metrics as m;
+
+/// Percentiles of a latency histogram, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Percentiles {
+    /// Recorded values.
+    pub count: u64,
+    /// Median.
+    pub p50: f64,
+    /// 95th percentile.
+    pub p95: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest value.
+    pub max: f64,
+    /// Mean.
+    pub mean: f64,
+}
+
+/// A point-in-time copy of the counters.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StatsSnapshot {
+    /// Submissions received (every attempt).
+    pub offered: u64,
+    /// Submissions that entered the queue (new inferences).
+    pub admitted: u64,
+    /// Submissions that joined a queued or running request with the same id.
+    pub joined: u64,
+    /// Submissions answered from the completion cache.
+    pub cached: u64,
+    /// Answers `ok`.
+    pub completed: u64,
+    /// Answers other than `ok`, by error code.
+    pub refused: BTreeMap<String, u64>,
+    /// Backend calls started.
+    pub started: u64,
+    /// Backend calls started after the request's deadline (must be 0).
+    pub started_after_deadline: u64,
+    /// Requests admitted and not yet started, now.
+    pub queued_now: u64,
+    /// Backend calls in progress, now.
+    pub running_now: u64,
+    /// Shadow mode: refusals that were counted but not enforced, by rule.
+    pub would_reject: BTreeMap<String, u64>,
+    /// Receipt → start of inference, for started requests.
+    pub queue_wait_ms: Percentiles,
+    /// Backend call duration.
+    pub inference_ms: Percentiles,
+    /// Total time spent in backend calls, milliseconds.
+    pub backend_busy_ms: f64,
+    /// Time spent in backend calls that answered `ok` (within the deadline), milliseconds.
+    pub backend_useful_ms: f64,
+    /// Slots taken and given back (session cap + per-key limits); equal when idle.
+    pub slots_acquired: u64,
+    /// See `slots_acquired`.
+    pub slots_released: u64,
+}
+
+impl StatsSnapshot {
+    /// Σ refused.
+    pub fn refused_total(&self) -> u64 {
+        self.refused.values().sum()
+    }
+
+    /// `refused[code]`, 0 when absent.
+    pub fn refused_of(&self, code: ErrorCode) -> u64 {
+        self.refused.get(code.as_str()).copied().unwrap_or(0)
+    }
+
+    /// Share of backend time spent on calls that answered `ok` (1.0 when idle).
+    pub fn useful_backend_share(&self) -> f64 {
+        if self.backend_busy_ms > 0.0 {
+            self.backend_useful_ms / self.backend_busy_ms
+        } else {
+            1.0
+        }
+    }
+}
+
+struct Hists {
+    queue_wait_us: Histogram<u64>,
+    inference_us: Histogram<u64>,
+    busy_us: u64,
+    useful_us: u64,
+}
+
+/// The live counters.
+pub(crate) struct Stats {
+    offered: AtomicU64,
+    admitted: AtomicU64,
+    joined: AtomicU64,
+    cached: AtomicU64,
+    completed: AtomicU64,
+    started: AtomicU64,
+    started_after_deadline: AtomicU64,
+    refused: [AtomicU64; ErrorCode::ALL.len()],
+    would_reject: Mutex<BTreeMap<String, u64>>,
+    hists: Mutex<Hists>,
+}
+
+fn histogram() -> Histogram<u64> {
+    // 1 µs .. 1 h at 3 significant digits; bounds are constants, so this cannot fail,
+    // but fall back to an auto-resizing histogram rather than panic.
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap_or_else(|_| {
+        let mut h =
+            Histogram::new(3).unwrap_or_else(|_| unreachable!("3 significant digits is valid"));
+        h.auto(true);
+        h
+    })
+}
+
+fn percentiles(h: &Histogram<u64>) -> Percentiles {
+    let ms = |us: u64| us as f64 / 1000.0;
+    if h.is_empty() {
+        return Percentiles::default();
+    }
+    Percentiles {
+        count: h.len(),
+        p50: ms(h.value_at_quantile(0.50)),
+        p95: ms(h.value_at_quantile(0.95)),
+        p99: ms(h.value_at_quantile(0.99)),
+        max: ms(h.max()),
+        mean: h.mean() / 1000.0,
+    }
+}
+
+impl Stats {
+    pub(crate) fn new() -> Self {
+        Self {
+            offered: AtomicU64::new(0),
+            admitted: AtomicU64::new(0),
+            joined: AtomicU64::new(0),
+            cached: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
+            started: AtomicU64::new(0),
+            started_after_deadline: AtomicU64::new(0),
+            refused: std::array::from_fn(|_| AtomicU64::new(0)),
+            would_reject: Mutex::new(BTreeMap::new()),
+            hists: Mutex::new(Hists {
+                queue_wait_us: histogram(),
+                inference_us: histogram(),
+                busy_us: 0,
+                useful_us: 0,
+            }),
+        }
+    }
+
+    pub(crate) fn offered(&self) {
+        self.offered.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(m::OFFERED_TOTAL).increment(1);
+    }
+
+    pub(crate) fn admitted(&self) {
+        self.admitted.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(m::ADMITTED_TOTAL).increment(1);
+    }
+
+    pub(crate) fn joined(&self) {
+        self.joined.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(m::JOINED_TOTAL).increment(1);
+    }
+
+    pub(crate) fn cached(&self) {
+        self.cached.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(m::CACHED_TOTAL).increment(1);
+    }
+
+    pub(crate) fn would_reject(&self, rule: &str) {
+        let mut w = self.would_reject.lock().unwrap_or_else(|p| p.into_inner());
+        *w.entry(rule.to_owned()).or_insert(0) += 1;
+        metrics::counter!(m::WOULD_REJECT_TOTAL, "rule" => rule.to_owned()).increment(1);
+    }
+
+    pub(crate) fn limit_reject(&self, rule: &str) {
+        metrics::counter!(m::LIMIT_REJECT_TOTAL, "rule" => rule.to_owned()).increment(1);
+    }
+
+    pub(crate) fn started(&self, queue_wait: Duration, after_deadline: bool) {
+        self.started.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(m::INFERENCE_STARTED_TOTAL).increment(1);
+        if after_deadline {
+            self.started_after_deadline.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!(m::STARTED_AFTER_DEADLINE_TOTAL).increment(1);
+        }
+        metrics::histogram!(m::QUEUE_WAIT_SECONDS).record(queue_wait.as_secs_f64());
+        let mut h = self.hists.lock().unwrap_or_else(|p| p.into_inner());
+        h.queue_wait_us
+            .saturating_record(queue_wait.as_micros() as u64);
+    }
+
+    pub(crate) fn inference_done(&self, took: Duration, outcome: &'static str) {
+        metrics::histogram!(m::INFERENCE_SECONDS, "outcome" => outcome).record(took.as_secs_f64());
+        let us = took.as_micros() as u64;
+        let mut h = self.hists.lock().unwrap_or_else(|p| p.into_inner());
+        h.inference_us.saturating_record(us);
+        h.busy_us += us;
+        if outcome == "ok" {
+            h.useful_us += us;
+        }
+    }
+
+    /// Counts one answer (one waiter).
+    pub(crate) fn answered(&self, outcome: &Outcome) {
+        match &outcome.result {
+            Ok(_) => {
+                self.completed.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                if let Some(i) = ErrorCode::ALL.iter().position(|c| *c == e.code) {
+                    self.refused[i].fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        metrics::counter!(m::ANSWERED_TOTAL, "outcome" => outcome.code()).increment(1);
+    }
+
+    pub(crate) fn snapshot(&self) -> StatsSnapshot {
+        let refused = ErrorCode::ALL
+            .iter()
+            .zip(&self.refused)
+            .filter_map(|(c, n)| {
+                let n = n.load(Ordering::Relaxed);
+                (n > 0).then(|| (c.as_str().to_owned(), n))
+            })
+            .collect();
+        let (queue_wait_ms, inference_ms, busy, useful) = {
+            let h = self.hists.lock().unwrap_or_else(|p| p.into_inner());
+            (
+                percentiles(&h.queue_wait_us),
+                percentiles(&h.inference_us),
+                h.busy_us,
+                h.useful_us,
+            )
+        };
+        StatsSnapshot {
+            offered: self.offered.load(Ordering::Relaxed),
+            admitted: self.admitted.load(Ordering::Relaxed),
+            joined: self.joined.load(Ordering::Relaxed),
+            cached: self.cached.load(Ordering::Relaxed),
+            completed: self.completed.load(Ordering::Relaxed),
+            refused,
+            started: self.started.load(Ordering::Relaxed),
+            started_after_deadline: self.started_after_deadline.load(Ordering::Relaxed),
+            queued_now: 0,
+            running_now: 0,
+            would_reject: self
+                .would_reject
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+            queue_wait_ms,
+            inference_ms,
+            backend_busy_ms: busy as f64 / 1000.0,
+            backend_useful_ms: useful as f64 / 1000.0,
+            slots_acquired: 0,
+            slots_released: 0,
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! Forwards requests to an existing NATS service, unchanged.
+//!
+//! The body goes to the configured subject as a request with a per-request inbox (the
+//! client otherwise keeps an entry for every request that is never answered) and a
+//! timeout equal to the remaining deadline (capped by `backend.timeout_ms`), so an
+//! unchanged service gets a bounded front. The adapter's headers `Weir-Request-Id`,
+//! `Weir-Session-Id` and `Weir-Timeout-Ms` (the remaining budget) are forwarded; services
+//! that do not know them ignore headers. The service's reply — body and headers,
+//! including its own `Nats-Service-Error` headers if any — is passed back unchanged.
+
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use weir_protocol::llm::headers as h;
+
+use super::{Backend, BackendError, BackendErrorKind, BackendReply, BackendRequest};
+
+/// The NATS forwarding backend.
+#[derive(Debug, Clone)]
+pub struct NatsBackend {
+    client: async_nats::Client,
+    subject: String,
+    timeout: Duration,
+}
+
+impl NatsBackend {
+    /// Forwards to `subject` over `client`, each call bounded by `timeout` (and by the
+    /// request's deadline when it is sooner).
+    pub fn new(client: async_nats::Client, subject: String, timeout: Duration) -> Self {
+        Self {
+            client,
+            subject,
+            timeout,
+        }
+    }
+}
+
+impl Backend for NatsBackend {
+    fn name(&self) -> &'static str {
+        "nats"
+    }
+
+    fn call(
+        &self,
+        request: BackendRequest,
+    ) -> BoxFuture<'static, Result<BackendReply, BackendError>> {
+        let client = self.client.clone();
+        let subject = self.subject.clone();
+        let budget = request
+            .remaining()
+            .map_or(self.timeout, |r| r.min(self.timeout));
+        Box::pin(async move {
+            let mut headers = async_nats::HeaderMap::new();
+            if let Some(rid) = &request.request_id {
+                headers.insert(h::REQUEST_ID, rid.as_str());
+            }
+            if let Some(s) = &request.session {
+                headers.insert(h::SESSION_ID, s.as_str());
+            }
+            headers.insert(h::TIMEOUT_MS, budget.as_millis().to_string().as_str());
+            let req = async_nats::Request::new()
+                .payload(request.body)
+                .headers(headers)
+                .timeout(Some(budget))
+                .inbox(client.new_inbox());
+            // The request's own timeout covers waiting for the reply; this one also
+            // covers queuing the publish (which waits without limit when the client's
+            // channel is full).
+            let sent = tokio::time::timeout(budget, client.send_request(subject, req)).await;
+            let msg = match sent {
+                Err(_) => {
+                    return Err(BackendError::new(
+                        BackendErrorKind::Timeout,
+                        format!(
+                            "no reply from the NATS service within {} ms",
+                            budget.as_millis()
+                        ),
+                    ));
+                }
+                Ok(Err(e)) => {
+                    use async_nats::RequestErrorKind as K;
+                    let kind = match e.kind() {
+                        K::TimedOut => BackendErrorKind::Timeout,
+                        K::NoResponders => BackendErrorKind::Unavailable,
+                        _ => BackendErrorKind::Failed,
+                    };
+                    return Err(BackendError::new(kind, format!("NATS request failed: {e}")));
+                }
+                Ok(Ok(msg)) => msg,
+            };
+            let mut passthrough = Vec::new();
+            if let Some(hm) = &msg.headers {
+                for (name, values) in hm.iter() {
+                    for v in values {
+                        passthrough.push((name.to_string(), v.as_str().to_owned()));
+                    }
+                }
+            }
+            Ok(BackendReply {
+                body: msg.payload,
+                headers: passthrough,
+            })
+        })
+    }
+}

@@ -1,0 +1,339 @@
+//! Simulated backend: configurable latency distribution, error rate and pause/resume.
+//!
+//! The reply body echoes the request body. A call first waits while the backend is
+//! paused, then sleeps its latency, then waits again while paused (a stalled GPU stalls
+//! calls already in progress too). Zero latency completes without sleeping.
+//!
+//! The [`SimHandle`] counts calls independently of the adapter: started, completed,
+//! failed, aborted (future dropped before completion), the highest concurrency seen, and
+//! calls that *started after their deadline* — the number the load test requires to be
+//! zero, measured at the backend rather than trusted from the adapter.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::{Backend, BackendError, BackendErrorKind, BackendReply, BackendRequest};
+use crate::config::{Latency, SimConfig};
+
+/// The simulated backend.
+#[derive(Debug, Clone)]
+pub struct SimBackend {
+    inner: Arc<SimInner>,
+}
+
+#[derive(Debug)]
+struct SimInner {
+    cfg: SimConfig,
+    rng: Mutex<SmallRng>,
+    paused: watch::Sender<bool>,
+    started: AtomicU64,
+    completed: AtomicU64,
+    failed: AtomicU64,
+    aborted: AtomicU64,
+    started_after_deadline: AtomicU64,
+    concurrent: AtomicUsize,
+    max_concurrent: AtomicUsize,
+    busy_us: AtomicU64,
+}
+
+/// Controls and counters of a [`SimBackend`]. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct SimHandle {
+    inner: Arc<SimInner>,
+}
+
+/// Counters of a [`SimBackend`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct SimStats {
+    /// Calls started.
+    pub started: u64,
+    /// Calls that returned a reply.
+    pub completed: u64,
+    /// Calls that returned a simulated error.
+    pub failed: u64,
+    /// Calls dropped before they returned (deadline, cancel, shutdown).
+    pub aborted: u64,
+    /// Calls that started when their deadline had already passed.
+    pub started_after_deadline: u64,
+    /// Calls in progress now.
+    pub in_progress: usize,
+    /// Most calls in progress at once.
+    pub max_concurrent: usize,
+    /// Total time calls spent inside the backend, microseconds.
+    pub busy_us: u64,
+}
+
+impl SimBackend {
+    /// A new simulated backend.
+    pub fn new(cfg: SimConfig) -> Self {
+        let (paused, _) = watch::channel(false);
+        Self {
+            inner: Arc::new(SimInner {
+                cfg,
+                rng: Mutex::new(SmallRng::seed_from_u64(cfg.seed)),
+                paused,
+                started: AtomicU64::new(0),
+                completed: AtomicU64::new(0),
+                failed: AtomicU64::new(0),
+                aborted: AtomicU64::new(0),
+                started_after_deadline: AtomicU64::new(0),
+                concurrent: AtomicUsize::new(0),
+                max_concurrent: AtomicUsize::new(0),
+                busy_us: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// A fixed-latency backend without errors.
+    pub fn fixed(latency: Duration) -> Self {
+        Self::new(SimConfig {
+            latency: Latency::Fixed(latency),
+            ..SimConfig::default()
+        })
+    }
+
+    /// The control handle.
+    pub fn handle(&self) -> SimHandle {
+        SimHandle {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl SimHandle {
+    /// Stalls every call (new and in progress) until [`SimHandle::resume`].
+    pub fn pause(&self) {
+        self.inner.paused.send_replace(true);
+    }
+
+    /// Lets stalled calls continue.
+    pub fn resume(&self) {
+        self.inner.paused.send_replace(false);
+    }
+
+    /// Whether the backend is paused.
+    pub fn is_paused(&self) -> bool {
+        *self.inner.paused.borrow()
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> SimStats {
+        let i = &self.inner;
+        SimStats {
+            started: i.started.load(Ordering::Relaxed),
+            completed: i.completed.load(Ordering::Relaxed),
+            failed: i.failed.load(Ordering::Relaxed),
+            aborted: i.aborted.load(Ordering::Relaxed),
+            started_after_deadline: i.started_after_deadline.load(Ordering::Relaxed),
+            in_progress: i.concurrent.load(Ordering::Relaxed),
+            max_concurrent: i.max_concurrent.load(Ordering::Relaxed),
+            busy_us: i.busy_us.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl SimInner {
+    /// Draws the latency and whether the call fails.
+    fn draw(&self) -> (Duration, bool) {
+        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        let latency = match self.cfg.latency {
+            Latency::Fixed(d) => d,
+            Latency::Uniform { min, max } => {
+                if max > min {
+                    Duration::from_micros(
+                        rng.random_range(min.as_micros() as u64..=max.as_micros() as u64),
+                    )
+                } else {
+                    min
+                }
+            }
+            Latency::LogNormal { median, p99 } => {
+                // ln X ~ N(mu, sigma): median = e^mu, p99 = e^(mu + 2.326 sigma).
+                let m = median.as_secs_f64().max(1e-6);
+                let mu = m.ln();
+                let sigma = ((p99.as_secs_f64().max(m)).ln() - mu) / 2.326;
+                // Box–Muller from two uniforms in (0, 1].
+                let u1: f64 = 1.0 - rng.random::<f64>();
+                let u2: f64 = rng.random::<f64>();
+                let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+                Duration::from_secs_f64((mu + sigma * z).exp().min(3600.0))
+            }
+        };
+        let fail = self.cfg.error_rate > 0.0 && rng.random::<f64>() < self.cfg.error_rate;
+        (latency, fail)
+    }
+}
+
+/// Counts a call as aborted unless it was marked finished.
+struct CallGuard {
+    inner: Arc<SimInner>,
+    started: Instant,
+    finished: bool,
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        let i = &self.inner;
+        i.concurrent.fetch_sub(1, Ordering::Relaxed);
+        i.busy_us
+            .fetch_add(self.started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        if !self.finished {
+            i.aborted.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+async fn wait_unpaused(rx: &mut watch::Receiver<bool>) {
+    // Err only if the sender is gone, which cannot happen while the backend lives.
+    let _ = rx.wait_for(|paused| !*paused).await;
+}
+
+impl Backend for SimBackend {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    fn call(
+        &self,
+        request: BackendRequest,
+    ) -> BoxFuture<'static, Result<BackendReply, BackendError>> {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let now = Instant::now();
+            inner.started.fetch_add(1, Ordering::Relaxed);
+            if request.deadline.is_some_and(|d| now >= d) {
+                inner.started_after_deadline.fetch_add(1, Ordering::Relaxed);
+            }
+            let c = inner.concurrent.fetch_add(1, Ordering::Relaxed) + 1;
+            inner.max_concurrent.fetch_max(c, Ordering::Relaxed);
+            let mut guard = CallGuard {
+                inner: inner.clone(),
+                started: now,
+                finished: false,
+            };
+            let (latency, fail) = inner.draw();
+            let mut paused = inner.paused.subscribe();
+            if *paused.borrow() {
+                wait_unpaused(&mut paused).await;
+            }
+            if !latency.is_zero() {
+                tokio::time::sleep(latency).await;
+                if *paused.borrow() {
+                    wait_unpaused(&mut paused).await;
+                }
+            }
+            guard.finished = true;
+            if fail {
+                inner.failed.fetch_add(1, Ordering::Relaxed);
+                Err(BackendError::new(
+                    BackendErrorKind::Failed,
+                    "simulated backend error",
+                ))
+            } else {
+                inner.completed.fetch_add(1, Ordering::Relaxed);
+                Ok(BackendReply::body(request.body))
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn req(body: &'static str) -> BackendRequest {
+        BackendRequest {
+            body: Bytes::from_static(body.as_bytes()),
+            request_id: None,
+            session: None,
+            deadline: None,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn echoes_after_the_fixed_latency() {
+        let b = SimBackend::fixed(Duration::from_millis(50));
+        let t0 = Instant::now();
+        let reply = b.call(req("hello")).await.expect("reply");
+        assert_eq!(reply.body, Bytes::from_static(b"hello"));
+        assert_eq!(t0.elapsed(), Duration::from_millis(50));
+        let s = b.handle().stats();
+        assert_eq!(
+            (s.started, s.completed, s.aborted, s.in_progress),
+            (1, 1, 0, 0)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pause_stalls_calls_until_resume() {
+        let b = SimBackend::fixed(Duration::from_millis(10));
+        let h = b.handle();
+        h.pause();
+        let call = tokio::spawn(b.call(req("x")));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!call.is_finished());
+        assert_eq!(h.stats().in_progress, 1);
+        h.resume();
+        let r = tokio::time::timeout(Duration::from_secs(1), call).await;
+        assert!(matches!(r, Ok(Ok(Ok(_)))));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dropped_calls_count_as_aborted_and_late_starts_are_counted() {
+        let b = SimBackend::fixed(Duration::from_secs(10));
+        let mut r = req("x");
+        r.deadline = Some(Instant::now());
+        let res = tokio::time::timeout(Duration::from_millis(5), b.call(r)).await;
+        assert!(res.is_err());
+        let s = b.handle().stats();
+        assert_eq!((s.started, s.aborted, s.started_after_deadline), (1, 1, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn error_rate_and_distributions_are_honoured() {
+        let b = SimBackend::new(SimConfig {
+            latency: Latency::Fixed(Duration::ZERO),
+            error_rate: 1.0,
+            seed: 3,
+        });
+        let e = b.call(req("x")).await.expect_err("fails");
+        assert_eq!(e.kind(), BackendErrorKind::Failed);
+
+        let b = SimBackend::new(SimConfig {
+            latency: Latency::LogNormal {
+                median: Duration::from_millis(20),
+                p99: Duration::from_millis(100),
+            },
+            error_rate: 0.0,
+            seed: 7,
+        });
+        let mut v: Vec<Duration> = (0..2000).map(|_| b.inner.draw().0).collect();
+        v.sort();
+        let median = v[1000].as_secs_f64() * 1000.0;
+        let p99 = v[1980].as_secs_f64() * 1000.0;
+        assert!((15.0..25.0).contains(&median), "median {median}");
+        assert!((70.0..140.0).contains(&p99), "p99 {p99}");
+
+        let b = SimBackend::new(SimConfig {
+            latency: Latency::Uniform {
+                min: Duration::from_millis(5),
+                max: Duration::from_millis(10),
+            },
+            error_rate: 0.0,
+            seed: 7,
+        });
+        for _ in 0..100 {
+            let d = b.inner.draw().0;
+            assert!(d >= Duration::from_millis(5) && d <= Duration::from_millis(10));
+        }
+    }
+}

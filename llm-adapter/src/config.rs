@@ -1,0 +1,1303 @@
+//! Configuration: a TOML table (file, then `WEIR_LLM_*` environment overrides, then
+//! command-line flags) validated once into a [`Config`].
+//!
+//! Invariants:
+//! - every error names the full key (`session.pending_cap`, `limits[1].max_wait_ms`) and
+//!   the allowed range; unknown keys are errors, never ignored (a typo must not silently
+//!   leave a limit disabled);
+//! - numbers are whole, non-negative and inside their range: `-1`, `2.5`, `"five"` and
+//!   `true` are refused for an integer key;
+//! - a [`Config`] built by [`Config::from_table`] / [`Config::from_toml_str`] satisfies
+//!   every range below. Its fields are public for reading and for programmatic tweaks in
+//!   tests; the numeric types (`NonZeroUsize`, `Duration`, enums) keep such tweaks valid.
+//!
+//! `0` means "unlimited"/"disabled" only where the reference says so
+//! (`session.pending_cap`, `deadline.default_ms`, `idempotency.window_ms`).
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::net::SocketAddr;
+use std::num::NonZeroUsize;
+use std::ops::RangeInclusive;
+use std::path::PathBuf;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use serde::Serialize;
+use toml::{Table, Value};
+
+/// Prefix of environment overrides: `WEIR_LLM_QUEUE_CAPACITY=64`,
+/// `WEIR_LLM_SESSION__PENDING_CAP=5` (`__` separates sections).
+pub const ENV_PREFIX: &str = "WEIR_LLM_";
+
+/// Longest accepted limit name, subject or service name.
+const MAX_NAME_LEN: usize = 128;
+
+/// A configuration value that was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("config `{key}`: {message}")]
+pub struct ConfigError {
+    key: String,
+    kind: ConfigErrorKind,
+    message: String,
+}
+
+/// Machine-readable kind of a [`ConfigError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ConfigErrorKind {
+    /// The file could not be read or is not valid TOML.
+    Syntax,
+    /// A key that the adapter does not know.
+    UnknownKey,
+    /// A value of the wrong type or outside its range.
+    InvalidValue,
+}
+
+impl ConfigError {
+    fn invalid(key: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            kind: ConfigErrorKind::InvalidValue,
+            message: message.into(),
+        }
+    }
+
+    fn syntax(key: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            kind: ConfigErrorKind::Syntax,
+            message: message.into(),
+        }
+    }
+
+    /// The full key that was refused (`limits[0].limit`), or the file for syntax errors.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The kind, for callers that match on it.
+    pub fn kind(&self) -> ConfigErrorKind {
+        self.kind
+    }
+}
+
+/// Enforce the limits, or only count what they would refuse.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Refuse what the limits refuse. The default.
+    #[default]
+    Enforce,
+    /// Count `would_reject` for the session cap, per-key limits and the session `reject`
+    /// policy, and admit anyway. The global queue bound and deadlines stay enforced.
+    Shadow,
+}
+
+/// Where a per-key limit takes its key from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeySource {
+    /// The `Weir-Client-Key` header (requests without it are not limited by this rule).
+    Client,
+    /// The session id (requests without a session are not limited by this rule).
+    Session,
+    /// One key for the whole service.
+    Service,
+    /// A JSON pointer (RFC 6901) into the request body; string, number and boolean values
+    /// are keys, anything else (or a body that is not JSON) leaves the rule unapplied.
+    Body(String),
+}
+
+impl KeySource {
+    fn parse(key: &str, s: &str) -> Result<Self, ConfigError> {
+        match s {
+            "client" => Ok(Self::Client),
+            "session" => Ok(Self::Session),
+            "service" => Ok(Self::Service),
+            _ => match s.strip_prefix("body:") {
+                Some(ptr) if ptr.starts_with('/') && ptr.len() <= MAX_NAME_LEN => {
+                    Ok(Self::Body(ptr.to_owned()))
+                }
+                _ => Err(ConfigError::invalid(
+                    key,
+                    format!(
+                        "expected \"client\", \"session\", \"service\" or \"body:/json/pointer\", got {s:?}"
+                    ),
+                )),
+            },
+        }
+    }
+
+    /// The configuration spelling (`client`, `body:/model`).
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Client => "client".into(),
+            Self::Session => "session".into(),
+            Self::Service => "service".into(),
+            Self::Body(p) => format!("body:{p}"),
+        }
+    }
+}
+
+/// What a per-key limit does when all its slots are taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnBusy {
+    /// Refuse at once with `concurrency_limit_exceeded`.
+    Reject,
+    /// Wait in strict FIFO order.
+    Wait {
+        /// Longest wait for a slot; then `concurrency_limit_exceeded` with `waited_ms`.
+        max_wait: Duration,
+        /// Most requests waiting per key; one more is refused at once.
+        max_waiters: usize,
+    },
+}
+
+/// One per-key concurrency limit (`[[limits]]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyLimit {
+    /// Name used in metrics, traces and the limits view.
+    pub name: String,
+    /// Where the key comes from.
+    pub key: KeySource,
+    /// Most requests holding a slot of one key.
+    pub limit: NonZeroUsize,
+    /// What happens when the key is busy.
+    pub on_busy: OnBusy,
+}
+
+/// Per-session rules (`[session]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionConfig {
+    /// Most accepted-but-unsettled requests per session; `None` = unlimited.
+    pub pending_cap: Option<NonZeroUsize>,
+    /// One running request per session, the rest FIFO.
+    pub ordering: bool,
+}
+
+/// Deadline handling (`[deadline]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeadlineConfig {
+    /// Budget for requests that carry no deadline; `None` = they have none.
+    pub default: Option<Duration>,
+    /// Longest budget accepted; longer ones are shortened to this.
+    pub max: Duration,
+    /// A request whose remaining budget is below this when a worker picks it is answered
+    /// `deadline_exceeded` instead of being started (it could not finish in time).
+    pub min_start_budget: Duration,
+}
+
+/// Idempotency by request id (`[idempotency]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdempotencyConfig {
+    /// How long a successful reply is kept for retries with the same id.
+    pub window: Duration,
+    /// Most cached replies; the oldest is evicted first.
+    pub max_entries: NonZeroUsize,
+}
+
+/// Simulated latency distribution.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Latency {
+    /// Always the same.
+    Fixed(Duration),
+    /// Uniform between the bounds.
+    Uniform {
+        /// Lower bound.
+        min: Duration,
+        /// Upper bound.
+        max: Duration,
+    },
+    /// Log-normal with the given median and 99th percentile.
+    LogNormal {
+        /// Median.
+        median: Duration,
+        /// 99th percentile (≥ median).
+        p99: Duration,
+    },
+}
+
+/// `[backend.sim]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SimConfig {
+    /// Latency of one call.
+    pub latency: Latency,
+    /// Share of calls that fail with a backend error, 0.0..=1.0.
+    pub error_rate: f64,
+    /// Random seed (latency and errors are reproducible).
+    pub seed: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            latency: Latency::Fixed(Duration::from_millis(20)),
+            error_rate: 0.0,
+            seed: 1,
+        }
+    }
+}
+
+/// `[backend.openai]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenAiConfig {
+    /// `http://host:port` of the server (vLLM, llama.cpp server, Ollama).
+    pub base_url: String,
+    /// Path the body is POSTed to, e.g. `/v1/chat/completions`.
+    pub path: String,
+    /// Name of the environment variable holding a bearer token, if any.
+    pub api_key_env: Option<String>,
+    /// TCP connect timeout.
+    pub connect_timeout: Duration,
+    /// Idle pooled connections kept per host.
+    pub pool_max_idle_per_host: usize,
+    /// How long an idle pooled connection is kept.
+    pub pool_idle_timeout: Duration,
+}
+
+/// `[backend.nats]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatsBackendConfig {
+    /// Subject of the existing service the request is forwarded to.
+    pub subject: String,
+}
+
+/// Which backend serves inference.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BackendKind {
+    /// Simulated backend.
+    Sim(SimConfig),
+    /// OpenAI-compatible HTTP server.
+    OpenAi(OpenAiConfig),
+    /// An existing NATS service.
+    Nats(NatsBackendConfig),
+}
+
+impl BackendKind {
+    /// `sim`, `openai` or `nats`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Sim(_) => "sim",
+            Self::OpenAi(_) => "openai",
+            Self::Nats(_) => "nats",
+        }
+    }
+}
+
+/// `[backend]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendConfig {
+    /// The backend's own per-call timeout (used when it is shorter than the deadline).
+    pub timeout: Duration,
+    /// The backend.
+    pub kind: BackendKind,
+}
+
+/// `[nats]`: the adapter's own connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatsConfig {
+    /// Server URL(s), comma-separated.
+    pub url: String,
+    /// Connection name shown by the server.
+    pub name: String,
+    /// User for user/password auth.
+    pub user: Option<String>,
+    /// Password for user/password auth.
+    pub password: Option<String>,
+    /// Token auth.
+    pub token: Option<String>,
+    /// NKey seed.
+    pub nkey: Option<String>,
+    /// Credentials file (JWT + NKey).
+    pub creds_file: Option<PathBuf>,
+    /// Require TLS.
+    pub tls_required: bool,
+    /// Extra root certificates (PEM).
+    pub tls_ca_file: Option<PathBuf>,
+    /// Client certificate (PEM), together with `tls_key_file`.
+    pub tls_cert_file: Option<PathBuf>,
+    /// Client key (PEM).
+    pub tls_key_file: Option<PathBuf>,
+    /// Timeout of one connection attempt.
+    pub connection_timeout: Duration,
+    /// Ping interval (a dead server is noticed after 2–3 of them).
+    pub ping_interval: Duration,
+    /// Messages buffered per subscription before the client drops (slow consumer).
+    pub subscription_capacity: usize,
+    /// Bound on publishing one reply (the publish call waits without limit otherwise).
+    pub publish_timeout: Duration,
+}
+
+/// `[service]`: the NATS micro service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceConfig {
+    /// Service name (`A-Z a-z 0-9 - _`).
+    pub name: String,
+    /// Semantic version advertised in `$SRV.INFO`.
+    pub version: String,
+    /// Description advertised in `$SRV.INFO`.
+    pub description: String,
+    /// Queue group shared by replicas.
+    pub queue_group: String,
+    /// Inference requests.
+    pub subject: String,
+    /// Cancellation by request id.
+    pub cancel_subject: String,
+    /// Capabilities (every limit, `null` when disabled).
+    pub capabilities_subject: String,
+    /// Busiest keys.
+    pub limits_subject: String,
+}
+
+/// `[admin]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdminConfig {
+    /// Address of the admin HTTP server (localhost by default; port 0 = any free port).
+    pub listen: SocketAddr,
+}
+
+/// `[trace]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceConfig {
+    /// Emit per-request trace events as `tracing` events (target
+    /// `weir_llm_adapter::trace`, level DEBUG).
+    pub log: bool,
+    /// Also publish them as JSON on this NATS subject.
+    pub subject: Option<String>,
+    /// Events buffered for the NATS publisher; overflow is counted and dropped.
+    pub buffer: NonZeroUsize,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Fixed number of workers (concurrent backend calls).
+    pub workers: NonZeroUsize,
+    /// Most requests admitted but not yet started, over all sessions and keys.
+    pub queue_capacity: NonZeroUsize,
+    /// Enforce or shadow.
+    pub mode: Mode,
+    /// Per-session rules.
+    pub session: SessionConfig,
+    /// Per-key limits, applied in order (narrow key first).
+    pub limits: Vec<KeyLimit>,
+    /// Deadlines.
+    pub deadline: DeadlineConfig,
+    /// Idempotency; `None` = disabled.
+    pub idempotency: Option<IdempotencyConfig>,
+    /// Backend.
+    pub backend: BackendConfig,
+    /// Grace period for running requests at shutdown.
+    pub shutdown_grace: Duration,
+    /// NATS connection.
+    pub nats: NatsConfig,
+    /// NATS service.
+    pub service: ServiceConfig,
+    /// Admin HTTP.
+    pub admin: AdminConfig,
+    /// Trace events.
+    pub trace: TraceConfig,
+}
+
+impl Default for Config {
+    /// The documented defaults (an empty file).
+    fn default() -> Self {
+        match Self::from_table(&Table::new()) {
+            Ok(c) => c,
+            // The defaults are constants inside their ranges; a test pins this.
+            Err(e) => unreachable!("default configuration is invalid: {e}"),
+        }
+    }
+}
+
+impl Config {
+    /// Parses and validates TOML text.
+    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        let table: Table =
+            toml::from_str(text).map_err(|e| ConfigError::syntax("<toml>", e.to_string()))?;
+        Self::from_table(&table)
+    }
+
+    /// Validates a TOML table (file contents with overrides applied).
+    pub fn from_table(table: &Table) -> Result<Self, ConfigError> {
+        let mut r = Reader::root(table);
+        let workers = nz(r.uint("workers", 8, 1..=4096, "")?);
+        let queue_capacity = nz(r.uint("queue_capacity", 256, 1..=1_000_000, "")?);
+        let mode = match r.string("mode", "enforce")?.as_str() {
+            "enforce" => Mode::Enforce,
+            "shadow" => Mode::Shadow,
+            other => {
+                return Err(ConfigError::invalid(
+                    r.key("mode"),
+                    format!("expected \"enforce\" or \"shadow\", got {other:?}"),
+                ));
+            }
+        };
+        let shutdown_grace = r.millis("shutdown_grace_ms", 10_000, 0..=3_600_000, "")?;
+
+        let mut s = r.section("session")?;
+        let cap = s.uint("pending_cap", 5, 0..=1_000_000, " (0 = unlimited)")?;
+        let session = SessionConfig {
+            pending_cap: NonZeroUsize::new(usize_of(cap)),
+            ordering: s.boolean("ordering", true)?,
+        };
+        s.finish()?;
+
+        let mut d = r.section("deadline")?;
+        let max = d.millis("max_ms", 120_000, 1..=86_400_000, "")?;
+        let default_ms = d.uint("default_ms", 30_000, 0..=86_400_000, " (0 = no default)")?;
+        if default_ms > max.as_millis() as u64 {
+            return Err(ConfigError::invalid(
+                d.key("default_ms"),
+                format!(
+                    "{default_ms} is larger than deadline.max_ms ({})",
+                    max.as_millis()
+                ),
+            ));
+        }
+        let deadline = DeadlineConfig {
+            default: (default_ms > 0).then(|| Duration::from_millis(default_ms)),
+            max,
+            min_start_budget: d.millis("min_start_budget_ms", 0, 0..=3_600_000, "")?,
+        };
+        d.finish()?;
+
+        let mut i = r.section("idempotency")?;
+        let enabled = i.boolean("enabled", true)?;
+        let window = i.millis(
+            "window_ms",
+            60_000,
+            0..=86_400_000,
+            " (0 = no cache after completion)",
+        )?;
+        let max_entries = nz(i.uint("max_entries", 10_000, 1..=10_000_000, "")?);
+        let idempotency = enabled.then_some(IdempotencyConfig {
+            window,
+            max_entries,
+        });
+        i.finish()?;
+
+        let limits = read_limits(&mut r)?;
+        let backend = read_backend(&mut r)?;
+        let nats = read_nats(&mut r)?;
+        let service = read_service(&mut r)?;
+
+        let mut a = r.section("admin")?;
+        let listen_s = a.string("listen", "127.0.0.1:9091")?;
+        let listen = listen_s.parse::<SocketAddr>().map_err(|_| {
+            ConfigError::invalid(
+                a.key("listen"),
+                format!("expected an address like 127.0.0.1:9091, got {listen_s:?}"),
+            )
+        })?;
+        a.finish()?;
+
+        let mut t = r.section("trace")?;
+        let trace = TraceConfig {
+            log: t.boolean("log", true)?,
+            subject: t
+                .opt_string("subject")?
+                .map(|s| subject(&t.key("subject"), s, false))
+                .transpose()?,
+            buffer: nz(t.uint("buffer", 4096, 1..=1_000_000, "")?),
+        };
+        t.finish()?;
+        r.finish()?;
+
+        Ok(Self {
+            workers,
+            queue_capacity,
+            mode,
+            session,
+            limits,
+            deadline,
+            idempotency,
+            backend,
+            shutdown_grace,
+            nats,
+            service,
+            admin: AdminConfig { listen },
+            trace,
+        })
+    }
+}
+
+fn read_limits(r: &mut Reader<'_>) -> Result<Vec<KeyLimit>, ConfigError> {
+    let Some(v) = r.get("limits") else {
+        return Ok(Vec::new());
+    };
+    let Value::Array(items) = v else {
+        return Err(ConfigError::invalid(
+            r.key("limits"),
+            "expected an array of tables ([[limits]])",
+        ));
+    };
+    if items.len() > 16 {
+        return Err(ConfigError::invalid(r.key("limits"), "at most 16 limits"));
+    }
+    let mut names = BTreeSet::new();
+    let mut out = Vec::with_capacity(items.len());
+    for (n, item) in items.iter().enumerate() {
+        let prefix = format!("limits[{n}]");
+        let Value::Table(t) = item else {
+            return Err(ConfigError::invalid(prefix, "expected a table"));
+        };
+        let mut l = Reader::new(prefix, t);
+        let key_s = l.required_string("key")?;
+        let key = KeySource::parse(&l.key("key"), &key_s)?;
+        let name = l.string("name", &key.describe())?;
+        name_check(&l.key("name"), &name)?;
+        if !names.insert(name.clone()) {
+            return Err(ConfigError::invalid(
+                l.key("name"),
+                format!("duplicate limit name {name:?}"),
+            ));
+        }
+        let limit = nz(l.required_uint("limit", 1..=1_000_000)?);
+        let on_busy = match l.string("on_busy", "wait")?.as_str() {
+            "reject" => OnBusy::Reject,
+            "wait" => OnBusy::Wait {
+                max_wait: l.millis("max_wait_ms", 1_000, 1..=3_600_000, "")?,
+                max_waiters: usize_of(l.uint("max_waiters", 100, 0..=1_000_000, "")?),
+            },
+            other => {
+                return Err(ConfigError::invalid(
+                    l.key("on_busy"),
+                    format!("expected \"wait\" or \"reject\", got {other:?}"),
+                ));
+            }
+        };
+        l.finish()?;
+        out.push(KeyLimit {
+            name,
+            key,
+            limit,
+            on_busy,
+        });
+    }
+    Ok(out)
+}
+
+fn read_backend(r: &mut Reader<'_>) -> Result<BackendConfig, ConfigError> {
+    let mut b = r.section("backend")?;
+    let timeout = b.millis("timeout_ms", 60_000, 1..=3_600_000, "")?;
+    let kind_s = b.string("kind", "sim")?;
+    let mut sim = b.section("sim")?;
+    let mut openai = b.section("openai")?;
+    let mut nats = b.section("nats")?;
+    let kind = match kind_s.as_str() {
+        "sim" => BackendKind::Sim(read_sim(&mut sim)?),
+        "openai" => {
+            let base_url = openai.string("base_url", "http://127.0.0.1:8000")?;
+            if !base_url.starts_with("http://") {
+                return Err(ConfigError::invalid(
+                    openai.key("base_url"),
+                    format!(
+                        "expected http://host:port (this build has no TLS client; put a TLS proxy on localhost for https), got {base_url:?}"
+                    ),
+                ));
+            }
+            let path = openai.string("path", "/v1/chat/completions")?;
+            if !path.starts_with('/') {
+                return Err(ConfigError::invalid(
+                    openai.key("path"),
+                    "must start with '/'",
+                ));
+            }
+            BackendKind::OpenAi(OpenAiConfig {
+                base_url: base_url.trim_end_matches('/').to_owned(),
+                path,
+                api_key_env: openai.opt_string("api_key_env")?,
+                connect_timeout: openai.millis("connect_timeout_ms", 2_000, 1..=600_000, "")?,
+                pool_max_idle_per_host: usize_of(openai.uint(
+                    "pool_max_idle_per_host",
+                    64,
+                    0..=100_000,
+                    "",
+                )?),
+                pool_idle_timeout: openai.millis(
+                    "pool_idle_timeout_ms",
+                    90_000,
+                    1..=3_600_000,
+                    "",
+                )?,
+            })
+        }
+        "nats" => {
+            let s = nats.required_string("subject")?;
+            BackendKind::Nats(NatsBackendConfig {
+                subject: subject(&nats.key("subject"), s, false)?,
+            })
+        }
+        other => {
+            return Err(ConfigError::invalid(
+                b.key("kind"),
+                format!("expected \"sim\", \"openai\" or \"nats\", got {other:?}"),
+            ));
+        }
+    };
+    sim.finish()?;
+    openai.finish()?;
+    nats.finish()?;
+    b.finish()?;
+    Ok(BackendConfig { timeout, kind })
+}
+
+fn read_sim(s: &mut Reader<'_>) -> Result<SimConfig, ConfigError> {
+    let latency_ms = s.uint("latency_ms", 20, 0..=3_600_000, "")?;
+    let latency = match s.string("distribution", "fixed")?.as_str() {
+        "fixed" => Latency::Fixed(Duration::from_millis(latency_ms)),
+        "uniform" => {
+            let min = s.uint("min_ms", 0, 0..=3_600_000, "")?;
+            let max = s.uint("max_ms", latency_ms.max(min), 0..=3_600_000, "")?;
+            if max < min {
+                return Err(ConfigError::invalid(
+                    s.key("max_ms"),
+                    format!("{max} is below min_ms {min}"),
+                ));
+            }
+            Latency::Uniform {
+                min: Duration::from_millis(min),
+                max: Duration::from_millis(max),
+            }
+        }
+        "lognormal" => {
+            let p99 = s.uint("p99_ms", latency_ms.saturating_mul(3), 0..=3_600_000, "")?;
+            if p99 < latency_ms {
+                return Err(ConfigError::invalid(
+                    s.key("p99_ms"),
+                    format!("{p99} is below the median latency_ms {latency_ms}"),
+                ));
+            }
+            Latency::LogNormal {
+                median: Duration::from_millis(latency_ms),
+                p99: Duration::from_millis(p99),
+            }
+        }
+        other => {
+            return Err(ConfigError::invalid(
+                s.key("distribution"),
+                format!("expected \"fixed\", \"uniform\" or \"lognormal\", got {other:?}"),
+            ));
+        }
+    };
+    Ok(SimConfig {
+        latency,
+        error_rate: s.float("error_rate", 0.0, 0.0..=1.0)?,
+        seed: s.uint("seed", 1, 0..=u64::MAX, "")?,
+    })
+}
+
+fn read_nats(r: &mut Reader<'_>) -> Result<NatsConfig, ConfigError> {
+    let mut n = r.section("nats")?;
+    let url = n.string("url", "nats://127.0.0.1:4222")?;
+    if url.trim().is_empty() {
+        return Err(ConfigError::invalid(n.key("url"), "empty"));
+    }
+    let user = n.opt_string("user")?;
+    let password = n.opt_string("password")?;
+    if user.is_some() != password.is_some() {
+        return Err(ConfigError::invalid(
+            n.key(if user.is_some() { "password" } else { "user" }),
+            "user and password go together",
+        ));
+    }
+    let tls_cert_file = n.opt_string("tls_cert_file")?.map(PathBuf::from);
+    let tls_key_file = n.opt_string("tls_key_file")?.map(PathBuf::from);
+    if tls_cert_file.is_some() != tls_key_file.is_some() {
+        return Err(ConfigError::invalid(
+            n.key("tls_key_file"),
+            "tls_cert_file and tls_key_file go together",
+        ));
+    }
+    let cfg = NatsConfig {
+        url,
+        name: n.string("name", "weir-llm-adapter")?,
+        user,
+        password,
+        token: n.opt_string("token")?,
+        nkey: n.opt_string("nkey")?,
+        creds_file: n.opt_string("creds_file")?.map(PathBuf::from),
+        tls_required: n.boolean("tls_required", false)?,
+        tls_ca_file: n.opt_string("tls_ca_file")?.map(PathBuf::from),
+        tls_cert_file,
+        tls_key_file,
+        connection_timeout: n.millis("connection_timeout_ms", 5_000, 1..=600_000, "")?,
+        ping_interval: n.millis("ping_interval_ms", 10_000, 100..=3_600_000, "")?,
+        subscription_capacity: usize_of(n.uint(
+            "subscription_capacity",
+            8192,
+            16..=1_000_000,
+            "",
+        )?),
+        publish_timeout: n.millis("publish_timeout_ms", 1_000, 1..=600_000, "")?,
+    };
+    n.finish()?;
+    Ok(cfg)
+}
+
+fn read_service(r: &mut Reader<'_>) -> Result<ServiceConfig, ConfigError> {
+    let mut s = r.section("service")?;
+    let name = s.string("name", "weir-llm")?;
+    if name.is_empty()
+        || name.len() > MAX_NAME_LEN
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(ConfigError::invalid(
+            s.key("name"),
+            format!("only A-Z a-z 0-9 - _ allowed (1..={MAX_NAME_LEN}), got {name:?}"),
+        ));
+    }
+    let version = s.string("version", env!("CARGO_PKG_VERSION"))?;
+    if !is_semver(&version) {
+        return Err(ConfigError::invalid(
+            s.key("version"),
+            format!("expected a semantic version like 1.2.3, got {version:?}"),
+        ));
+    }
+    let queue_group = s.string("queue_group", "q")?;
+    name_check(&s.key("queue_group"), &queue_group)?;
+    let cfg = ServiceConfig {
+        name,
+        version,
+        description: s.string("description", "weir bounded LLM adapter")?,
+        queue_group,
+        subject: subject(&s.key("subject"), s.string("subject", "llm.infer")?, true)?,
+        cancel_subject: subject(
+            &s.key("cancel_subject"),
+            s.string("cancel_subject", "llm.cancel")?,
+            true,
+        )?,
+        capabilities_subject: subject(
+            &s.key("capabilities_subject"),
+            s.string("capabilities_subject", "llm.capabilities")?,
+            true,
+        )?,
+        limits_subject: subject(
+            &s.key("limits_subject"),
+            s.string("limits_subject", "llm.limits")?,
+            true,
+        )?,
+    };
+    let all = [
+        &cfg.subject,
+        &cfg.cancel_subject,
+        &cfg.capabilities_subject,
+        &cfg.limits_subject,
+    ];
+    let distinct: BTreeSet<&String> = all.iter().copied().collect();
+    if distinct.len() != all.len() {
+        return Err(ConfigError::invalid(
+            s.key("subject"),
+            "the four service subjects must differ",
+        ));
+    }
+    s.finish()?;
+    Ok(cfg)
+}
+
+fn is_semver(v: &str) -> bool {
+    let core = v.split(['-', '+']).next().unwrap_or("");
+    let parts: Vec<&str> = core.split('.').collect();
+    parts.len() == 3
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Validates a subject; wildcards only where `wildcards` (endpoint subjects).
+fn subject(key: &str, s: String, wildcards: bool) -> Result<String, ConfigError> {
+    let bad = s.is_empty()
+        || s.len() > 256
+        || s.split('.').any(|t| {
+            t.is_empty()
+                || t.bytes().any(|b| !(b'!'..=b'~').contains(&b))
+                || (!wildcards && (t == "*" || t == ">"))
+        });
+    if bad {
+        return Err(ConfigError::invalid(
+            key,
+            format!(
+                "expected a NATS subject of non-empty dot-separated tokens without spaces{}, got {s:?}",
+                if wildcards { "" } else { " or wildcards" }
+            ),
+        ));
+    }
+    Ok(s)
+}
+
+fn name_check(key: &str, s: &str) -> Result<(), ConfigError> {
+    if s.is_empty() || s.len() > MAX_NAME_LEN || s.bytes().any(|b| !(b'!'..=b'~').contains(&b)) {
+        return Err(ConfigError::invalid(
+            key,
+            format!("expected 1..={MAX_NAME_LEN} visible ASCII characters, got {s:?}"),
+        ));
+    }
+    Ok(())
+}
+
+fn nz(v: u64) -> NonZeroUsize {
+    NonZeroUsize::new(usize_of(v)).unwrap_or(NonZeroUsize::MIN)
+}
+
+fn usize_of(v: u64) -> usize {
+    usize::try_from(v).unwrap_or(usize::MAX)
+}
+
+static EMPTY: LazyLock<Table> = LazyLock::new(Table::new);
+
+/// Reads typed values out of one TOML table, remembering which keys were used so that
+/// [`Reader::finish`] can refuse the unknown ones with their full path.
+struct Reader<'a> {
+    prefix: String,
+    table: &'a Table,
+    seen: Vec<&'a str>,
+}
+
+impl<'a> Reader<'a> {
+    fn root(table: &'a Table) -> Self {
+        Self::new(String::new(), table)
+    }
+
+    fn new(prefix: String, table: &'a Table) -> Self {
+        Self {
+            prefix,
+            table,
+            seen: Vec::new(),
+        }
+    }
+
+    fn key(&self, name: &str) -> String {
+        if self.prefix.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{}.{name}", self.prefix)
+        }
+    }
+
+    fn get(&mut self, name: &str) -> Option<&'a Value> {
+        let (k, v) = self.table.get_key_value(name)?;
+        self.seen.push(k.as_str());
+        Some(v)
+    }
+
+    fn section(&mut self, name: &str) -> Result<Reader<'a>, ConfigError> {
+        match self.get(name) {
+            None => Ok(Reader::new(self.key(name), &EMPTY)),
+            Some(Value::Table(t)) => Ok(Reader::new(self.key(name), t)),
+            Some(_) => Err(ConfigError::invalid(
+                self.key(name),
+                "expected a table (section)",
+            )),
+        }
+    }
+
+    fn finish(self) -> Result<(), ConfigError> {
+        for k in self.table.keys() {
+            if !self.seen.contains(&k.as_str()) {
+                return Err(ConfigError {
+                    key: if self.prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{}.{k}", self.prefix)
+                    },
+                    kind: ConfigErrorKind::UnknownKey,
+                    message: "unknown key (see docs/llm-adapter.md for the reference)".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn uint(
+        &mut self,
+        name: &str,
+        default: u64,
+        range: RangeInclusive<u64>,
+        note: &str,
+    ) -> Result<u64, ConfigError> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(v) => uint_of(&self.key(name), v, &range, note),
+        }
+    }
+
+    fn required_uint(
+        &mut self,
+        name: &str,
+        range: RangeInclusive<u64>,
+    ) -> Result<u64, ConfigError> {
+        match self.get(name) {
+            None => Err(ConfigError::invalid(
+                self.key(name),
+                format!(
+                    "required; a whole number in {}..={}",
+                    range.start(),
+                    range.end()
+                ),
+            )),
+            Some(v) => uint_of(&self.key(name), v, &range, ""),
+        }
+    }
+
+    fn millis(
+        &mut self,
+        name: &str,
+        default: u64,
+        range: RangeInclusive<u64>,
+        note: &str,
+    ) -> Result<Duration, ConfigError> {
+        self.uint(name, default, range, note)
+            .map(Duration::from_millis)
+    }
+
+    fn float(
+        &mut self,
+        name: &str,
+        default: f64,
+        range: RangeInclusive<f64>,
+    ) -> Result<f64, ConfigError> {
+        let key = self.key(name);
+        let v = match self.get(name) {
+            None => return Ok(default),
+            Some(Value::Float(f)) => *f,
+            Some(Value::Integer(i)) => *i as f64,
+            Some(other) => {
+                return Err(ConfigError::invalid(
+                    key,
+                    format!(
+                        "expected a number in {}..={}, got {}",
+                        range.start(),
+                        range.end(),
+                        describe(other)
+                    ),
+                ));
+            }
+        };
+        if !range.contains(&v) {
+            return Err(ConfigError::invalid(
+                key,
+                format!(
+                    "expected a number in {}..={}, got {v}",
+                    range.start(),
+                    range.end()
+                ),
+            ));
+        }
+        Ok(v)
+    }
+
+    fn boolean(&mut self, name: &str, default: bool) -> Result<bool, ConfigError> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(Value::Boolean(b)) => Ok(*b),
+            Some(other) => Err(ConfigError::invalid(
+                self.key(name),
+                format!("expected true or false, got {}", describe(other)),
+            )),
+        }
+    }
+
+    fn opt_string(&mut self, name: &str) -> Result<Option<String>, ConfigError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(other) => Err(ConfigError::invalid(
+                self.key(name),
+                format!("expected a string, got {}", describe(other)),
+            )),
+        }
+    }
+
+    fn string(&mut self, name: &str, default: &str) -> Result<String, ConfigError> {
+        Ok(self.opt_string(name)?.unwrap_or_else(|| default.to_owned()))
+    }
+
+    fn required_string(&mut self, name: &str) -> Result<String, ConfigError> {
+        self.opt_string(name)?
+            .ok_or_else(|| ConfigError::invalid(self.key(name), "required"))
+    }
+}
+
+fn uint_of(
+    key: &str,
+    v: &Value,
+    range: &RangeInclusive<u64>,
+    note: &str,
+) -> Result<u64, ConfigError> {
+    let expected = format!(
+        "expected a whole number in {}..={}{note}",
+        range.start(),
+        range.end()
+    );
+    match v {
+        Value::Integer(i) if *i >= 0 && range.contains(&(*i as u64)) => Ok(*i as u64),
+        Value::Integer(i) => Err(ConfigError::invalid(key, format!("{expected}, got {i}"))),
+        Value::Float(f) => Err(ConfigError::invalid(
+            key,
+            format!("{expected}, got {f} (fractional values are refused)"),
+        )),
+        other => Err(ConfigError::invalid(
+            key,
+            format!("{expected}, got {}", describe(other)),
+        )),
+    }
+}
+
+fn describe(v: &Value) -> String {
+    match v {
+        Value::String(s) => format!("the string {s:?}"),
+        Value::Integer(i) => i.to_string(),
+        Value::Float(f) => f.to_string(),
+        Value::Boolean(b) => b.to_string(),
+        Value::Datetime(d) => format!("the date {d}"),
+        Value::Array(_) => "an array".into(),
+        Value::Table(_) => "a table".into(),
+    }
+}
+
+/// Applies `WEIR_LLM_*` environment overrides to `table`.
+///
+/// `WEIR_LLM_A__B=v` sets key `a.b`. Values are typed like TOML scalars: `42` is an
+/// integer, `0.5` a float, `true`/`false` booleans, anything else a string. Variables
+/// in `skip` (those that clap reads for flags) are left alone. `[[limits]]` cannot be
+/// set from the environment.
+pub fn apply_env<I>(table: &mut Table, vars: I, skip: &[&str]) -> Result<(), ConfigError>
+where
+    I: IntoIterator<Item = (String, String)>,
+{
+    for (name, value) in vars {
+        let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
+            continue;
+        };
+        if skip.contains(&name.as_str()) || rest.is_empty() {
+            continue;
+        }
+        let path: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
+        if path.iter().any(String::is_empty) || path[0] == "limits" {
+            return Err(ConfigError::invalid(
+                name.clone(),
+                "cannot map this variable to a key ([[limits]] only from the file)",
+            ));
+        }
+        set_path(table, &path, scalar(&value))
+            .map_err(|m| ConfigError::invalid(name.clone(), m))?;
+    }
+    Ok(())
+}
+
+/// Sets `path` (e.g. `["nats","url"]`) to `value`, creating sections as needed.
+pub fn set_path(table: &mut Table, path: &[String], value: Value) -> Result<(), String> {
+    let Some((last, parents)) = path.split_last() else {
+        return Err("empty key".into());
+    };
+    let mut t = table;
+    for p in parents {
+        let entry = t
+            .entry(p.clone())
+            .or_insert_with(|| Value::Table(Table::new()));
+        t = match entry {
+            Value::Table(inner) => inner,
+            _ => return Err(format!("`{p}` is not a section")),
+        };
+    }
+    t.insert(last.clone(), value);
+    Ok(())
+}
+
+fn scalar(s: &str) -> Value {
+    if let Ok(i) = s.parse::<i64>() {
+        Value::Integer(i)
+    } else if let Ok(f) = s.parse::<f64>()
+        && s.contains(['.', 'e', 'E'])
+        && f.is_finite()
+    {
+        Value::Float(f)
+    } else if s == "true" || s == "false" {
+        Value::Boolean(s == "true")
+    } else {
+        Value::String(s.to_owned())
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Enforce => "enforce",
+            Self::Shadow => "shadow",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> ConfigError {
+        Config::from_toml_str(text).expect_err("must be refused")
+    }
+
+    #[test]
+    fn defaults_are_valid_and_documented_values() {
+        let c = Config::default();
+        assert_eq!(c.workers.get(), 8);
+        assert_eq!(c.queue_capacity.get(), 256);
+        assert_eq!(c.session.pending_cap.map(NonZeroUsize::get), Some(5));
+        assert!(c.session.ordering);
+        assert_eq!(c.deadline.default, Some(Duration::from_secs(30)));
+        assert_eq!(c.mode, Mode::Enforce);
+        assert!(c.limits.is_empty());
+        assert_eq!(c.backend.kind.name(), "sim");
+        assert_eq!(c.service.subject, "llm.infer");
+        assert_eq!(c.admin.listen.to_string(), "127.0.0.1:9091");
+    }
+
+    #[test]
+    fn session_cap_zero_means_unlimited() {
+        let c = Config::from_toml_str("[session]\npending_cap = 0").expect("valid");
+        assert_eq!(c.session.pending_cap, None);
+    }
+
+    #[test]
+    fn negative_fractional_and_non_numeric_caps_are_refused_with_the_key() {
+        for bad in ["-1", "2.5", "\"five\"", "true"] {
+            let e = err(&format!("[session]\npending_cap = {bad}"));
+            assert_eq!(e.key(), "session.pending_cap", "{bad}");
+            assert_eq!(e.kind(), ConfigErrorKind::InvalidValue);
+            assert!(e.to_string().contains("0..=1000000"), "{e}");
+        }
+        let e = err("workers = 0");
+        assert_eq!(e.key(), "workers");
+        assert!(e.to_string().contains("1..=4096"), "{e}");
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_with_their_path() {
+        let e = err("queue_capacty = 5");
+        assert_eq!(
+            (e.key(), e.kind()),
+            ("queue_capacty", ConfigErrorKind::UnknownKey)
+        );
+        let e = err("[session]\npending = 5");
+        assert_eq!(e.key(), "session.pending");
+        let e = err("[[limits]]\nkey = \"client\"\nlimit = 2\nmax_wait = 5");
+        assert_eq!(e.key(), "limits[0].max_wait");
+    }
+
+    #[test]
+    fn limits_parse_with_defaults_and_validation() {
+        let c = Config::from_toml_str(
+            r#"
+            [[limits]]
+            key = "client"
+            limit = 2
+            [[limits]]
+            name = "model"
+            key = "body:/model"
+            limit = 4
+            on_busy = "reject"
+            "#,
+        )
+        .expect("valid");
+        assert_eq!(c.limits.len(), 2);
+        assert_eq!(c.limits[0].name, "client");
+        assert_eq!(
+            c.limits[0].on_busy,
+            OnBusy::Wait {
+                max_wait: Duration::from_secs(1),
+                max_waiters: 100
+            }
+        );
+        assert_eq!(c.limits[1].key, KeySource::Body("/model".into()));
+        assert_eq!(c.limits[1].on_busy, OnBusy::Reject);
+
+        let e = err("[[limits]]\nkey = \"client\"");
+        assert_eq!(e.key(), "limits[0].limit");
+        let e = err("[[limits]]\nkey = \"header\"\nlimit = 1");
+        assert_eq!(e.key(), "limits[0].key");
+        let e = err("[[limits]]\nkey = \"client\"\nlimit = 1\nmax_wait_ms = -3");
+        assert_eq!(e.key(), "limits[0].max_wait_ms");
+        let e =
+            err("[[limits]]\nkey = \"client\"\nlimit = 1\n[[limits]]\nkey = \"client\"\nlimit = 2");
+        assert_eq!(e.key(), "limits[1].name");
+    }
+
+    #[test]
+    fn backend_and_service_values_are_checked() {
+        assert_eq!(err("[backend]\nkind = \"gpu\"").key(), "backend.kind");
+        assert_eq!(
+            err("[backend]\nkind = \"nats\"").key(),
+            "backend.nats.subject"
+        );
+        assert_eq!(
+            err("[backend]\nkind = \"openai\"\n[backend.openai]\nbase_url = \"https://x\"").key(),
+            "backend.openai.base_url"
+        );
+        assert_eq!(
+            err("[backend.sim]\nerror_rate = 1.5").key(),
+            "backend.sim.error_rate"
+        );
+        assert_eq!(
+            err("[service]\nsubject = \"a..b\"").key(),
+            "service.subject"
+        );
+        assert_eq!(err("[service]\nversion = \"1.0\"").key(), "service.version");
+        assert_eq!(err("[service]\nname = \"a b\"").key(), "service.name");
+        assert_eq!(err("[admin]\nlisten = \"localhost\"").key(), "admin.listen");
+        assert_eq!(
+            err("[deadline]\ndefault_ms = 10\nmax_ms = 5").key(),
+            "deadline.default_ms"
+        );
+        assert_eq!(err("[trace]\nsubject = \"ev.*\"").key(), "trace.subject");
+        assert_eq!(err("mode = \"loud\"").key(), "mode");
+        assert_eq!(err("[nats]\nuser = \"u\"").key(), "nats.password");
+        assert_eq!(err("workers = [").kind(), ConfigErrorKind::Syntax);
+    }
+
+    #[test]
+    fn env_overrides_are_typed_and_nested() {
+        let mut t: Table = toml::from_str("workers = 2").expect("toml");
+        apply_env(
+            &mut t,
+            [
+                ("WEIR_LLM_WORKERS".to_string(), "3".to_string()),
+                ("WEIR_LLM_SESSION__PENDING_CAP".to_string(), "0".to_string()),
+                (
+                    "WEIR_LLM_BACKEND__SIM__ERROR_RATE".to_string(),
+                    "0.25".to_string(),
+                ),
+                ("WEIR_LLM_MODE".to_string(), "shadow".to_string()),
+                ("WEIR_LLM_NATS_URL".to_string(), "nats://x".to_string()),
+                ("OTHER".to_string(), "1".to_string()),
+            ],
+            &["WEIR_LLM_NATS_URL"],
+        )
+        .expect("applies");
+        let c = Config::from_table(&t).expect("valid");
+        assert_eq!(c.workers.get(), 3);
+        assert_eq!(c.session.pending_cap, None);
+        assert_eq!(c.mode, Mode::Shadow);
+        match c.backend.kind {
+            BackendKind::Sim(s) => assert_eq!(s.error_rate, 0.25),
+            other => panic!("unexpected {other:?}"),
+        }
+
+        let mut t = Table::new();
+        apply_env(
+            &mut t,
+            [("WEIR_LLM_SESSION__PENDING_CAP".into(), "-2".into())],
+            &[],
+        )
+        .expect("applies");
+        assert_eq!(
+            Config::from_table(&t).expect_err("refused").key(),
+            "session.pending_cap"
+        );
+        let mut t = Table::new();
+        let e = apply_env(&mut t, [("WEIR_LLM_LIMITS__0".into(), "1".into())], &[])
+            .expect_err("refused");
+        assert_eq!(e.key(), "WEIR_LLM_LIMITS__0");
+    }
+}

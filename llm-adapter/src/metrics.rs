@@ -1,0 +1,100 @@
+//! Every metric name the adapter records, in one place, and the Prometheus recorder.
+//!
+//! Conventions: `llm_` prefix, `_total` on counters, `_seconds` on durations. Labels
+//! have small, fixed value sets (`outcome` = `ok` or an error code, `rule` = a limit
+//! name or `session_cap` / `session_order`): never a request id, session id or key.
+//!
+//! Without an installed recorder (library use, tests) every call is a no-op.
+
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
+
+/// Counter: requests received on the inference subject (every attempt, joins included).
+pub const OFFERED_TOTAL: &str = "llm_requests_offered_total";
+/// Counter: requests admitted into the queue.
+pub const ADMITTED_TOTAL: &str = "llm_requests_admitted_total";
+/// Counter: requests that joined an identical request already queued or running.
+pub const JOINED_TOTAL: &str = "llm_requests_joined_total";
+/// Counter: retries answered from the completion cache.
+pub const CACHED_TOTAL: &str = "llm_requests_cached_total";
+/// Counter: answers sent, label `outcome` = `ok` or the error code.
+pub const ANSWERED_TOTAL: &str = "llm_requests_answered_total";
+/// Counter: limits that would have refused in shadow mode, label `rule`.
+pub const WOULD_REJECT_TOTAL: &str = "llm_would_reject_total";
+/// Counter: refusals by a limit in enforce mode, label `rule`.
+pub const LIMIT_REJECT_TOTAL: &str = "llm_limit_reject_total";
+/// Counter: backend calls started.
+pub const INFERENCE_STARTED_TOTAL: &str = "llm_inference_started_total";
+/// Counter: backend calls started after the request's deadline (must stay 0).
+pub const STARTED_AFTER_DEADLINE_TOTAL: &str = "llm_started_after_deadline_total";
+/// Histogram: receipt → start of inference (or → refusal in the queue), seconds.
+pub const QUEUE_WAIT_SECONDS: &str = "llm_queue_wait_seconds";
+/// Histogram: backend call duration, seconds, label `outcome`. The `_sum` of
+/// `outcome="ok"` over the total `_sum` is the share of backend time that produced
+/// answers within their deadline.
+pub const INFERENCE_SECONDS: &str = "llm_inference_seconds";
+/// Gauge: requests admitted and not yet started.
+pub const QUEUE_DEPTH: &str = "llm_queue_depth";
+/// Gauge: backend calls in progress.
+pub const RUNNING: &str = "llm_running";
+/// Gauge: configured queue capacity.
+pub const QUEUE_CAPACITY: &str = "llm_queue_capacity";
+/// Gauge: configured worker count.
+pub const WORKERS: &str = "llm_workers";
+/// Counter: cancellation requests, label `result` (`queued`, `running`, `not_found`).
+pub const CANCEL_TOTAL: &str = "llm_cancel_requests_total";
+/// Counter: replies that could not be published (timeout or connection closed).
+pub const REPLY_FAILED_TOTAL: &str = "llm_reply_failed_total";
+/// Counter: requests without a reply subject (nothing can be answered; dropped).
+pub const NO_REPLY_SUBJECT_TOTAL: &str = "llm_requests_without_reply_total";
+/// Counter: trace events dropped because the NATS trace publisher fell behind.
+pub const TRACE_DROPPED_TOTAL: &str = "llm_trace_events_dropped_total";
+/// Gauge: 1 while the NATS connection is up.
+pub const NATS_CONNECTED: &str = "llm_nats_connected";
+
+/// Histogram buckets for [`QUEUE_WAIT_SECONDS`] and [`INFERENCE_SECONDS`]: from 1 ms
+/// (zero-latency backends, queue hops) to a minute (long generations).
+pub const DURATION_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// Builds the Prometheus recorder with the adapter's histogram buckets. The caller
+/// installs it (`metrics::set_global_recorder`) and keeps the handle for `/metrics`
+/// and for periodic `run_upkeep()`.
+pub fn prometheus_recorder() -> (PrometheusRecorder, PrometheusHandle) {
+    let builder = PrometheusBuilder::new();
+    // Both calls only fail on an empty bucket list, which DURATION_BUCKETS is not.
+    let builder = match builder
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), DURATION_BUCKETS)
+    {
+        Ok(b) => b,
+        Err(_) => PrometheusBuilder::new(),
+    };
+    let recorder = builder.build_recorder();
+    let handle = recorder.handle();
+    (recorder, handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorder_renders_histograms_with_buckets() {
+        let (recorder, handle) = prometheus_recorder();
+        metrics::with_local_recorder(&recorder, || {
+            metrics::histogram!(QUEUE_WAIT_SECONDS).record(0.003);
+            metrics::counter!(ANSWERED_TOTAL, "outcome" => "ok").increment(2);
+        });
+        let text = handle.render();
+        assert!(
+            text.contains("llm_queue_wait_seconds_bucket{le=\"0.005\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("llm_requests_answered_total{outcome=\"ok\"} 2"),
+            "{text}"
+        );
+    }
+}
