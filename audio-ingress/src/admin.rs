@@ -1,1 +1,101 @@
-//! admin (being written).
+//! Admin HTTP (127.0.0.1 by default): `/metrics` (Prometheus text), `/healthz`,
+//! `/readyz` (NATS connected and not shutting down), `/v1/streams` (each active
+//! stream), `/v1/stats` (the aggregate snapshot pinned in docs/contracts.md) and
+//! `/v1/limits` (the configured budget, policy and caps).
+//!
+//! Read-only: nothing here changes a stream. Every handler is a snapshot of atomics and
+//! short-held locks, so a scrape cannot slow the data path noticeably.
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde_json::json;
+
+use crate::publisher::Sink;
+use crate::stream::Ingress;
+
+/// What the admin endpoint reads.
+#[derive(Clone)]
+pub struct AdminState<S: Sink> {
+    /// The producer core.
+    pub ingress: Ingress<S>,
+    /// The Prometheus recorder's handle (`None`: `/metrics` answers 503).
+    pub prometheus: Option<PrometheusHandle>,
+    /// `max_streams` of the front door, for `/v1/limits`.
+    pub max_streams: usize,
+}
+
+/// The admin routes.
+pub fn router<S: Sink>(state: AdminState<S>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_text::<S>))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz::<S>))
+        .route("/v1/streams", get(streams::<S>))
+        .route("/v1/stats", get(stats::<S>))
+        .route("/v1/limits", get(limits::<S>))
+        .with_state(state)
+}
+
+async fn metrics_text<S: Sink>(State(state): State<AdminState<S>>) -> Response {
+    match &state.prometheus {
+        Some(h) => {
+            // Refresh the sampled gauge before rendering.
+            state.ingress.oldest_frame_age();
+            (
+                [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                h.render(),
+            )
+                .into_response()
+        }
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no metrics recorder installed\n",
+        )
+            .into_response(),
+    }
+}
+
+async fn readyz<S: Sink>(State(state): State<AdminState<S>>) -> Response {
+    let connected = state.ingress.sink().is_connected();
+    let shutting_down = state.ingress.is_shutting_down();
+    let ready = connected && !shutting_down;
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = json!({"ready": ready, "nats_connected": connected, "shutting_down": shutting_down});
+    (status, axum::Json(body)).into_response()
+}
+
+async fn streams<S: Sink>(State(state): State<AdminState<S>>) -> Response {
+    axum::Json(state.ingress.streams()).into_response()
+}
+
+async fn stats<S: Sink>(State(state): State<AdminState<S>>) -> Response {
+    axum::Json(state.ingress.stats()).into_response()
+}
+
+async fn limits<S: Sink>(State(state): State<AdminState<S>>) -> Response {
+    let c = state.ingress.config();
+    axum::Json(json!({
+        "max_bytes": c.max_bytes(),
+        "max_age_ms": c.max_age().as_millis() as u64,
+        "max_wait_ms": c.max_wait().as_millis() as u64,
+        "policy": c.policy(),
+        "shadow": c.shadow(),
+        "enforced_max_bytes": c.enforced_max_bytes(),
+        "enforced_max_age_ms": c.enforced_max_age().as_millis() as u64,
+        "publish_timeout_ms": c.publish_timeout().as_millis() as u64,
+        "end_timeout_ms": c.end_timeout().as_millis() as u64,
+        "max_frame_bytes": c.max_frame_bytes(),
+        "subject": c.subject().as_str(),
+        "partitions": c.partitions().get(),
+        "max_streams": state.max_streams,
+    }))
+    .into_response()
+}

@@ -77,7 +77,9 @@ impl FromStr for Policy {
         match s {
             "close" => Ok(Self::Close),
             "gap" => Ok(Self::Gap),
-            other => Err(format!("{other:?} is not a policy; expected \"close\" or \"gap\"")),
+            other => Err(format!(
+                "{other:?} is not a policy; expected \"close\" or \"gap\""
+            )),
         }
     }
 }
@@ -350,7 +352,7 @@ impl StreamConfigBuilder {
                 format!("2..={max_pcm} (the packet limit)"),
             ));
         }
-        if self.max_frame_bytes % 2 != 0 {
+        if !self.max_frame_bytes.is_multiple_of(2) {
             return Err(ConfigError::new(
                 "max_frame_bytes",
                 ConfigErrorKind::Invalid,
@@ -392,9 +394,8 @@ impl StreamConfigBuilder {
                  extended protocol",
             ));
         }
-        let subject = SubjectTemplate::parse(&self.subject).map_err(|e| {
-            ConfigError::new("subject", ConfigErrorKind::Invalid, e.to_string())
-        })?;
+        let subject = SubjectTemplate::parse(&self.subject)
+            .map_err(|e| ConfigError::new("subject", ConfigErrorKind::Invalid, e.to_string()))?;
         let partitions = match (subject.is_partitioned(), self.partitions) {
             (true, None) => {
                 return Err(ConfigError::new(
@@ -606,38 +607,224 @@ use KeyType::{Bool, Int, Str};
 
 /// Every configuration key of `audio-ingress serve`.
 pub const KEYS: &[KeySpec] = &[
-    key("max_bytes", Int, "16000", "2×max_frame_bytes..=67108864", "PCM byte budget per stream (queued + in flight)"),
-    key("max_age_ms", Int, "500", "20..=60000", "age budget of the oldest pending frame"),
-    key("max_wait_ms", Int, "100", "0..=max_age_ms", "close: how long a full stream waits for room before it overloads"),
-    key("policy", Str, "close", "close | gap", "what a stream does when its budget is exhausted"),
-    key("extended_consumers", Bool, "false", "true | false", "every consumer speaks the extended protocol (required by policy = gap)"),
-    key("shadow", Bool, "false", "true | false", "measure the budget and count would_reject, enforce only the safety ceiling"),
-    key("shadow_ceiling_factor", Int, "8", "2..=64", "shadow mode: the policy still applies at this multiple of the budget"),
-    key("publish_timeout_ms", Int, "100", "1..=max_age_ms", "bound on one NATS publish call"),
-    key("end_timeout_ms", Int, "10000", "100..=300000", "how long a stream keeps trying to hand its end to NATS"),
-    key("max_frame_bytes", Int, "3200", "even, 2..=32000", "largest accepted frame (WebSocket binary message)"),
-    key("subject", Str, DEFAULT_STREAM_TEMPLATE, "template with {stream}, optional {partition}", "frame subject"),
-    key("partitions", Int, "1", "1..=65536; required with {partition}", "partition count for {partition}"),
-    key("listen", Str, "127.0.0.1:8080", "socket address; port 0 = any free port", "WebSocket listener"),
-    key("admin", Str, "127.0.0.1:9090", "socket address; port 0 = any free port", "admin HTTP listener"),
-    key("max_streams", Int, "1000", "1..=1000000", "concurrent stream cap (503 + Retry-After above it)"),
-    key("retry_after_s", Int, "1", "1..=3600", "Retry-After sent with 503"),
-    key("idle_timeout_ms", Int, "30000", "100..=86400000", "a silent WebSocket stream is ended with reason idle"),
-    key("grace_period_ms", Int, "5000", "0..=600000", "time to finish every stream on SIGTERM/SIGINT"),
-    key("nats_url", Str, "nats://127.0.0.1:4222", "comma-separated NATS URLs", "NATS servers"),
-    key("nats_name", Str, "weir-audio-ingress", "non-empty", "client name shown by the server"),
-    key("nats_user", Str, "", "with nats_password", "user/password authentication"),
-    key("nats_password", Str, "", "with nats_user", "user/password authentication"),
+    key(
+        "max_bytes",
+        Int,
+        "16000",
+        "2×max_frame_bytes..=67108864",
+        "PCM byte budget per stream (queued + in flight)",
+    ),
+    key(
+        "max_age_ms",
+        Int,
+        "500",
+        "20..=60000",
+        "age budget of the oldest pending frame",
+    ),
+    key(
+        "max_wait_ms",
+        Int,
+        "100",
+        "0..=max_age_ms",
+        "close: how long a full stream waits for room before it overloads",
+    ),
+    key(
+        "policy",
+        Str,
+        "close",
+        "close | gap",
+        "what a stream does when its budget is exhausted",
+    ),
+    key(
+        "extended_consumers",
+        Bool,
+        "false",
+        "true | false",
+        "every consumer speaks the extended protocol (required by policy = gap)",
+    ),
+    key(
+        "shadow",
+        Bool,
+        "false",
+        "true | false",
+        "measure the budget and count would_reject, enforce only the safety ceiling",
+    ),
+    key(
+        "shadow_ceiling_factor",
+        Int,
+        "8",
+        "2..=64",
+        "shadow mode: the policy still applies at this multiple of the budget",
+    ),
+    key(
+        "publish_timeout_ms",
+        Int,
+        "100",
+        "1..=max_age_ms",
+        "bound on one NATS publish call",
+    ),
+    key(
+        "end_timeout_ms",
+        Int,
+        "10000",
+        "100..=300000",
+        "how long a stream keeps trying to hand its end to NATS",
+    ),
+    key(
+        "max_frame_bytes",
+        Int,
+        "3200",
+        "even, 2..=32000",
+        "largest accepted frame (WebSocket binary message)",
+    ),
+    key(
+        "subject",
+        Str,
+        DEFAULT_STREAM_TEMPLATE,
+        "template with {stream}, optional {partition}",
+        "frame subject",
+    ),
+    key(
+        "partitions",
+        Int,
+        "1",
+        "1..=65536; required with {partition}",
+        "partition count for {partition}",
+    ),
+    key(
+        "listen",
+        Str,
+        "127.0.0.1:8080",
+        "socket address; port 0 = any free port",
+        "WebSocket listener",
+    ),
+    key(
+        "admin",
+        Str,
+        "127.0.0.1:9090",
+        "socket address; port 0 = any free port",
+        "admin HTTP listener",
+    ),
+    key(
+        "max_streams",
+        Int,
+        "1000",
+        "1..=1000000",
+        "concurrent stream cap (503 + Retry-After above it)",
+    ),
+    key(
+        "retry_after_s",
+        Int,
+        "1",
+        "1..=3600",
+        "Retry-After sent with 503",
+    ),
+    key(
+        "idle_timeout_ms",
+        Int,
+        "30000",
+        "100..=86400000",
+        "a silent WebSocket stream is ended with reason idle",
+    ),
+    key(
+        "grace_period_ms",
+        Int,
+        "5000",
+        "0..=600000",
+        "time to finish every stream on SIGTERM/SIGINT",
+    ),
+    key(
+        "nats_url",
+        Str,
+        "nats://127.0.0.1:4222",
+        "comma-separated NATS URLs",
+        "NATS servers",
+    ),
+    key(
+        "nats_name",
+        Str,
+        "weir-audio-ingress",
+        "non-empty",
+        "client name shown by the server",
+    ),
+    key(
+        "nats_user",
+        Str,
+        "",
+        "with nats_password",
+        "user/password authentication",
+    ),
+    key(
+        "nats_password",
+        Str,
+        "",
+        "with nats_user",
+        "user/password authentication",
+    ),
     key("nats_token", Str, "", "", "token authentication"),
-    key("nats_nkey", Str, "", "an NKey seed (SU...)", "NKey authentication"),
-    key("nats_creds_file", Str, "", "an existing file", "JWT credentials file"),
-    key("nats_tls_required", Bool, "false", "true | false", "require TLS"),
-    key("nats_tls_ca_file", Str, "", "an existing PEM file", "extra root certificates"),
-    key("nats_tls_cert_file", Str, "", "an existing PEM file, with nats_tls_key_file", "client certificate"),
-    key("nats_tls_key_file", Str, "", "an existing PEM file, with nats_tls_cert_file", "client key"),
-    key("nats_connection_timeout_ms", Int, "2000", "100..=60000", "per-attempt connect timeout"),
-    key("nats_ping_interval_ms", Int, "10000", "100..=600000", "PING interval (a dead server is noticed after 2-3)"),
-    key("nats_client_capacity", Int, "1024", "16..=1048576", "messages async-nats buffers before publish blocks"),
+    key(
+        "nats_nkey",
+        Str,
+        "",
+        "an NKey seed (SU...)",
+        "NKey authentication",
+    ),
+    key(
+        "nats_creds_file",
+        Str,
+        "",
+        "an existing file",
+        "JWT credentials file",
+    ),
+    key(
+        "nats_tls_required",
+        Bool,
+        "false",
+        "true | false",
+        "require TLS",
+    ),
+    key(
+        "nats_tls_ca_file",
+        Str,
+        "",
+        "an existing PEM file",
+        "extra root certificates",
+    ),
+    key(
+        "nats_tls_cert_file",
+        Str,
+        "",
+        "an existing PEM file, with nats_tls_key_file",
+        "client certificate",
+    ),
+    key(
+        "nats_tls_key_file",
+        Str,
+        "",
+        "an existing PEM file, with nats_tls_cert_file",
+        "client key",
+    ),
+    key(
+        "nats_connection_timeout_ms",
+        Int,
+        "2000",
+        "100..=60000",
+        "per-attempt connect timeout",
+    ),
+    key(
+        "nats_ping_interval_ms",
+        Int,
+        "10000",
+        "100..=600000",
+        "PING interval (a dead server is noticed after 2-3)",
+    ),
+    key(
+        "nats_client_capacity",
+        Int,
+        "1024",
+        "16..=1048576",
+        "messages async-nats buffers before publish blocks",
+    ),
 ];
 
 fn spec(name: &str) -> Option<&'static KeySpec> {
@@ -1124,7 +1311,10 @@ mod tests {
     #[test]
     fn gap_requires_extended_consumers() {
         let err = load(&[], &[("policy", "gap")]).expect_err("gap");
-        assert_eq!((err.key(), err.kind()), ("policy", ConfigErrorKind::Conflict));
+        assert_eq!(
+            (err.key(), err.kind()),
+            ("policy", ConfigErrorKind::Conflict)
+        );
         let err = load(&[], &[("policy", "drop")]).expect_err("bad");
         assert_eq!(err.key(), "policy");
     }
@@ -1152,7 +1342,10 @@ mod tests {
             ..Default::default()
         })
         .expect_err("type");
-        assert_eq!((err.key(), err.kind()), ("max_bytes", ConfigErrorKind::WrongType));
+        assert_eq!(
+            (err.key(), err.kind()),
+            ("max_bytes", ConfigErrorKind::WrongType)
+        );
 
         std::fs::write(&path, "max_bytes = -5\n").expect("write");
         let err = Config::load(&ConfigSources {
@@ -1160,7 +1353,10 @@ mod tests {
             ..Default::default()
         })
         .expect_err("negative");
-        assert_eq!((err.key(), err.kind()), ("max_bytes", ConfigErrorKind::OutOfRange));
+        assert_eq!(
+            (err.key(), err.kind()),
+            ("max_bytes", ConfigErrorKind::OutOfRange)
+        );
 
         std::fs::write(&path, "[section]\nx = 1\n").expect("write");
         let err = Config::load(&ConfigSources {
@@ -1176,10 +1372,16 @@ mod tests {
         let err = load(&[], &[("subject", "audio.*.{stream}")]).expect_err("wildcard");
         assert_eq!(err.key(), "subject");
         let err = load(&[], &[("subject", "audio.{partition}.{stream}")]).expect_err("p");
-        assert_eq!((err.key(), err.kind()), ("partitions", ConfigErrorKind::Missing));
+        assert_eq!(
+            (err.key(), err.kind()),
+            ("partitions", ConfigErrorKind::Missing)
+        );
         let c = load(
             &[],
-            &[("subject", "audio.{partition}.{stream}"), ("partitions", "16")],
+            &[
+                ("subject", "audio.{partition}.{stream}"),
+                ("partitions", "16"),
+            ],
         )
         .expect("partitioned");
         assert_eq!(c.stream.partitions().get(), 16);

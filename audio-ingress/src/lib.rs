@@ -8,7 +8,7 @@
 //!   [`StreamHandle`] (`try_push`, `push`, `finish`);
 //! - [`publisher`]: the per-stream task that hands packets to NATS under a timeout;
 //! - [`nats`]: connection options (auth, TLS) and connection events;
-//! - [`ws`], [`admin`], [`shutdown`]: the `serve` service;
+//! - [`ws`], [`admin`], [`shutdown`], [`service`]: the `serve` service;
 //! - [`stats`], [`metrics`]: accounting and metric names.
 //!
 //! Invariants: the number of tasks depends on the number of streams, never on the
@@ -27,9 +27,12 @@ pub mod metrics;
 pub mod nats;
 pub mod publisher;
 pub mod queue;
+pub mod service;
 pub mod shutdown;
 pub mod stats;
 pub mod stream;
+#[cfg(test)]
+mod stream_tests;
 pub mod tap;
 pub mod ws;
 

@@ -37,7 +37,10 @@ pub fn record_event(event: &Event) {
         }
         Event::Disconnected => {
             metrics::gauge!(m::NATS_CONNECTED).set(0.0);
-            tracing::warn!(event = label, "NATS disconnected; publishes buffer in the client until it reconnects or the publish timeout fires");
+            tracing::warn!(
+                event = label,
+                "NATS disconnected; publishes buffer in the client until it reconnects or the publish timeout fires"
+            );
         }
         Event::Closed => {
             metrics::gauge!(m::NATS_CONNECTED).set(0.0);
@@ -88,11 +91,8 @@ pub async fn connect(cfg: &NatsConfig, retry_initial: bool) -> Result<Client, Er
     if retry_initial {
         opts = opts.retry_on_initial_connect();
     }
-    let urls: Vec<async_nats::ServerAddr> = cfg
-        .urls
-        .iter()
-        .filter_map(|u| u.parse().ok())
-        .collect();
+    let urls: Vec<async_nats::ServerAddr> =
+        cfg.urls.iter().filter_map(|u| u.parse().ok()).collect();
     opts.connect(urls)
         .await
         .map_err(|e| Error::Nats(format!("connect to {}: {e}", cfg.urls.join(","))))

@@ -55,6 +55,12 @@ pub trait Sink: Clone + Send + Sync + 'static {
     fn is_connected(&self) -> bool {
         true
     }
+
+    /// Pushes buffered messages towards the server (called at shutdown, bounded by the
+    /// caller).
+    fn flush(&self) -> impl Future<Output = Result<(), SinkError>> + Send {
+        async { Ok(()) }
+    }
 }
 
 impl Sink for async_nats::Client {
@@ -71,6 +77,12 @@ impl Sink for async_nats::Client {
 
     fn is_connected(&self) -> bool {
         self.connection_state() == async_nats::connection::State::Connected
+    }
+
+    async fn flush(&self) -> Result<(), SinkError> {
+        async_nats::Client::flush(self)
+            .await
+            .map_err(|e| SinkError(e.to_string()))
     }
 }
 

@@ -361,7 +361,7 @@ impl FrameQueue {
         if len == 0 {
             return Err(FrameError::Empty);
         }
-        if len % 2 != 0 {
+        if !len.is_multiple_of(2) {
             return Err(FrameError::PartialSample { len });
         }
         if len > self.max_frame_bytes {
@@ -438,7 +438,9 @@ impl FrameQueue {
             match self.policy {
                 Policy::Gap => {
                     while self.budget.bytes() + len > self.enforced_max_bytes {
-                        let Some(f) = self.items.pop_front() else { break };
+                        let Some(f) = self.items.pop_front() else {
+                            break;
+                        };
                         self.drop_into_gap(f, DropReason::Evicted, GapReason::QueueFull);
                     }
                     if self.budget.bytes() + len > self.enforced_max_bytes {
@@ -459,7 +461,9 @@ impl FrameQueue {
                         self.refused_while_full.0 += 1;
                         self.refused_while_full.1 += samples_of(pcm.len());
                         self.trip_overload(OverloadReason::QueueFull, now);
-                        return Err(self.closed_refusal().unwrap_or(Refusal::Closed(EndReason::Overload)));
+                        return Err(self
+                            .closed_refusal()
+                            .unwrap_or(Refusal::Closed(EndReason::Overload)));
                     }
                     if mode == OfferMode::Try {
                         self.refused_while_full.0 += 1;
@@ -610,7 +614,12 @@ impl FrameQueue {
     }
 
     /// The publish of the frame in flight failed; applies the policy to it.
-    pub fn inflight_failed(&mut self, frame: QueuedFrame, failure: Failure, now: Instant) -> AfterFailure {
+    pub fn inflight_failed(
+        &mut self,
+        frame: QueuedFrame,
+        failure: Failure,
+        now: Instant,
+    ) -> AfterFailure {
         self.inflight_since = None;
         let age = now.saturating_duration_since(frame.enqueued_at);
         if let Phase::Ending { .. } | Phase::Ended { .. } = self.phase {
@@ -708,7 +717,13 @@ impl FrameQueue {
     /// Stops admitting; what is queued is still published (until `drain_deadline`, if
     /// any), then `end` with `reason`. Idempotent; a later call can only tighten the
     /// deadlines (a shutdown during a producer's finish).
-    pub fn finish(&mut self, reason: EndReason, now: Instant, drain_deadline: Option<Instant>, control_deadline: Option<Instant>) {
+    pub fn finish(
+        &mut self,
+        reason: EndReason,
+        now: Instant,
+        drain_deadline: Option<Instant>,
+        control_deadline: Option<Instant>,
+    ) {
         match &mut self.phase {
             Phase::Open => {
                 self.phase = Phase::Draining {
@@ -738,7 +753,9 @@ impl FrameQueue {
 mod tests {
     use super::*;
 
-    fn cfg(f: impl FnOnce(crate::config::StreamConfigBuilder) -> crate::config::StreamConfigBuilder) -> StreamConfig {
+    fn cfg(
+        f: impl FnOnce(crate::config::StreamConfigBuilder) -> crate::config::StreamConfigBuilder,
+    ) -> StreamConfig {
         f(StreamConfig::builder()).build().expect("valid config")
     }
 
@@ -779,19 +796,36 @@ mod tests {
         assert_eq!(q.budget().bytes(), 1280);
         assert_eq!(g.pending_bytes(), 1280);
         q.finish(EndReason::Producer, t, None, None);
-        assert!(matches!(q.offer(&pcm(), t, OfferMode::Try), Err(Refusal::Closed(EndReason::Producer))));
-        let Next::Frame(f1) = q.pop(t) else { panic!("frame") };
+        assert!(matches!(
+            q.offer(&pcm(), t, OfferMode::Try),
+            Err(Refusal::Closed(EndReason::Producer))
+        ));
+        let Next::Frame(f1) = q.pop(t) else {
+            panic!("frame")
+        };
         assert_eq!(f1.seq, 1);
         drop(f1);
-        assert_eq!(q.budget().bytes(), 640, "published frame released its bytes");
-        let Next::Frame(f2) = q.pop(t) else { panic!("frame") };
+        assert_eq!(
+            q.budget().bytes(),
+            640,
+            "published frame released its bytes"
+        );
+        let Next::Frame(f2) = q.pop(t) else {
+            panic!("frame")
+        };
         drop(f2);
         match q.pop(t) {
-            Next::End(e) => assert_eq!((e.seq, e.reason, e.overload), (3, EndReason::Producer, None)),
+            Next::End(e) => assert_eq!(
+                (e.seq, e.reason, e.overload),
+                (3, EndReason::Producer, None)
+            ),
             other => panic!("{other:?}"),
         }
         assert!(matches!(q.pop(t), Next::Done));
-        assert_eq!((q.budget().bytes(), g.pending_bytes(), g.pending_frames()), (0, 0, 0));
+        assert_eq!(
+            (q.budget().bytes(), g.pending_bytes(), g.pending_frames()),
+            (0, 0, 0)
+        );
         assert_accounted(&q, &counters, 2);
     }
 
@@ -800,8 +834,15 @@ mod tests {
         let c = StreamConfig::default();
         let (mut q, counters, _) = queue(&c);
         let t = Instant::now();
-        for bad in [Bytes::new(), Bytes::from_static(&[0; 3]), Bytes::from(vec![0; 3202])] {
-            assert!(matches!(q.offer(&bad, t, OfferMode::Try), Err(Refusal::Invalid(_))));
+        for bad in [
+            Bytes::new(),
+            Bytes::from_static(&[0; 3]),
+            Bytes::from(vec![0; 3202]),
+        ] {
+            assert!(matches!(
+                q.offer(&bad, t, OfferMode::Try),
+                Err(Refusal::Invalid(_))
+            ));
         }
         assert_eq!(q.offer(&pcm(), t, OfferMode::Try), Ok(1));
         assert_eq!(counters.snapshot().dropped(DropReason::Invalid), 3);
@@ -819,26 +860,41 @@ mod tests {
         assert_eq!(q.budget().bytes(), 16_000);
         let t1 = t0 + 10 * MS;
         match q.offer(&pcm(), t1, OfferMode::Try) {
-            Err(Refusal::Full { pending_bytes, max_bytes, overload_at }) => {
+            Err(Refusal::Full {
+                pending_bytes,
+                max_bytes,
+                overload_at,
+            }) => {
                 assert_eq!((pending_bytes, max_bytes), (16_000, 16_000));
                 assert_eq!(overload_at, t1 + 100 * MS);
             }
             other => panic!("{other:?}"),
         }
         // A Wait-mode full is not a refusal.
-        assert!(matches!(q.offer(&pcm(), t1 + 50 * MS, OfferMode::Wait), Err(Refusal::Full { .. })));
+        assert!(matches!(
+            q.offer(&pcm(), t1 + 50 * MS, OfferMode::Wait),
+            Err(Refusal::Full { .. })
+        ));
         assert_eq!(counters.snapshot().dropped(DropReason::QueueFull), 1);
         // Still full at max_wait: overload.
         let r = q.offer(&pcm(), t1 + 100 * MS, OfferMode::Wait);
-        let Err(Refusal::Overloaded(o)) = r else { panic!("{r:?}") };
+        let Err(Refusal::Overloaded(o)) = r else {
+            panic!("{r:?}")
+        };
         assert_eq!(o.reason, OverloadReason::QueueFull);
         assert_eq!(o.dropped_frames, 25 + 2, "25 queued + 2 refused");
         assert_eq!(o.dropped_samples, 27 * 320);
-        assert_eq!((o.pending_bytes, o.max_bytes, o.max_age_ms), (16_000, 16_000, 500));
+        assert_eq!(
+            (o.pending_bytes, o.max_bytes, o.max_age_ms),
+            (16_000, 16_000, 500)
+        );
         assert_eq!(q.budget().bytes(), 0, "the queue was emptied");
         assert_eq!(g.overloads(), 1);
         // Later offers are refused with the same report; the next item is the end.
-        assert!(matches!(q.offer(&pcm(), t1 + 200 * MS, OfferMode::Try), Err(Refusal::Overloaded(_))));
+        assert!(matches!(
+            q.offer(&pcm(), t1 + 200 * MS, OfferMode::Try),
+            Err(Refusal::Overloaded(_))
+        ));
         match q.pop(t1 + 200 * MS) {
             Next::End(e) => {
                 assert_eq!(e.seq, 26);
@@ -859,14 +915,28 @@ mod tests {
         for _ in 0..25 {
             q.offer(&pcm(), t0, OfferMode::Try).expect("room");
         }
-        assert!(matches!(q.offer(&pcm(), t0, OfferMode::Try), Err(Refusal::Full { .. })));
-        let Next::Frame(f) = q.pop(t0 + 90 * MS) else { panic!("frame") };
+        assert!(matches!(
+            q.offer(&pcm(), t0, OfferMode::Try),
+            Err(Refusal::Full { .. })
+        ));
+        let Next::Frame(f) = q.pop(t0 + 90 * MS) else {
+            panic!("frame")
+        };
         drop(f);
         assert_eq!(q.offer(&pcm(), t0 + 95 * MS, OfferMode::Try), Ok(26));
         // Full again at 120 ms: a fresh wait, no overload at 150 ms.
-        assert!(matches!(q.offer(&pcm(), t0 + 120 * MS, OfferMode::Try), Err(Refusal::Full { .. })));
-        assert!(matches!(q.offer(&pcm(), t0 + 150 * MS, OfferMode::Try), Err(Refusal::Full { .. })));
-        assert!(matches!(q.offer(&pcm(), t0 + 220 * MS, OfferMode::Try), Err(Refusal::Overloaded(_))));
+        assert!(matches!(
+            q.offer(&pcm(), t0 + 120 * MS, OfferMode::Try),
+            Err(Refusal::Full { .. })
+        ));
+        assert!(matches!(
+            q.offer(&pcm(), t0 + 150 * MS, OfferMode::Try),
+            Err(Refusal::Full { .. })
+        ));
+        assert!(matches!(
+            q.offer(&pcm(), t0 + 220 * MS, OfferMode::Try),
+            Err(Refusal::Overloaded(_))
+        ));
     }
 
     #[test]
@@ -875,7 +945,8 @@ mod tests {
         let (mut q, counters, _) = queue(&c);
         let t0 = Instant::now();
         q.offer(&pcm(), t0, OfferMode::Try).expect("room");
-        q.offer(&pcm(), t0 + 400 * MS, OfferMode::Try).expect("room");
+        q.offer(&pcm(), t0 + 400 * MS, OfferMode::Try)
+            .expect("room");
         match q.pop(t0 + 501 * MS) {
             Next::End(e) => {
                 let o = e.overload.expect("report");
@@ -909,11 +980,18 @@ mod tests {
         match q.pop(t0 + 2 * MS) {
             Next::Gap(g) => assert_eq!(
                 g,
-                Gap { first_seq: 1, last_seq: 3, samples: 960, reason: GapReason::QueueFull }
+                Gap {
+                    first_seq: 1,
+                    last_seq: 3,
+                    samples: 960,
+                    reason: GapReason::QueueFull
+                }
             ),
             other => panic!("{other:?}"),
         }
-        let Next::Frame(f) = q.pop(t0 + 2 * MS) else { panic!("frame") };
+        let Next::Frame(f) = q.pop(t0 + 2 * MS) else {
+            panic!("frame")
+        };
         assert_eq!(f.seq, 4);
         assert_eq!(counters.snapshot().dropped(DropReason::Evicted), 3);
         drop(f);
@@ -926,16 +1004,22 @@ mod tests {
         let (mut q, counters, _) = queue(&c);
         let t0 = Instant::now();
         for i in 0..5u32 {
-            q.offer(&pcm(), t0 + i * 20 * MS, OfferMode::Try).expect("room");
+            q.offer(&pcm(), t0 + i * 20 * MS, OfferMode::Try)
+                .expect("room");
         }
-        let Next::Frame(f1) = q.pop(t0 + 100 * MS) else { panic!("frame") };
+        let Next::Frame(f1) = q.pop(t0 + 100 * MS) else {
+            panic!("frame")
+        };
         assert_eq!(f1.seq, 1);
         // Frames 2..=5 outlive max_age while frame 1 is in flight.
         assert_eq!(q.oldest_enqueued_at(), Some(t0));
         let now = t0 + 700 * MS;
         assert_eq!(q.offer(&pcm(), now, OfferMode::Try), Ok(6));
         // The publish of frame 1 times out: it joins the front marker.
-        assert!(matches!(q.inflight_failed(f1, Failure::Timeout, now), AfterFailure::Dropped));
+        assert!(matches!(
+            q.inflight_failed(f1, Failure::Timeout, now),
+            AfterFailure::Dropped
+        ));
         match q.pop(now) {
             Next::Gap(g) => {
                 assert_eq!((g.first_seq, g.last_seq, g.samples), (1, 5, 1600));
@@ -957,14 +1041,18 @@ mod tests {
         for _ in 0..26 {
             q.offer(&pcm(), t0, OfferMode::Try).expect("room");
         }
-        let Next::Gap(mut g) = q.pop(t0) else { panic!("gap") };
+        let Next::Gap(mut g) = q.pop(t0) else {
+            panic!("gap")
+        };
         assert_eq!((g.first_seq, g.last_seq), (1, 1));
         // While the marker is being retried, frames 2..=3 are evicted.
         q.offer(&pcm(), t0, OfferMode::Try).expect("room");
         q.offer(&pcm(), t0, OfferMode::Try).expect("room");
         q.merge_into_gap(&mut g, t0);
         assert_eq!((g.first_seq, g.last_seq, g.samples), (1, 3, 960));
-        let Next::Frame(f) = q.pop(t0) else { panic!("frame") };
+        let Next::Frame(f) = q.pop(t0) else {
+            panic!("frame")
+        };
         assert_eq!(f.seq, 4);
     }
 
@@ -976,7 +1064,9 @@ mod tests {
         for _ in 0..3 {
             q.offer(&pcm(), t0, OfferMode::Try).expect("room");
         }
-        let Next::Frame(f) = q.pop(t0) else { panic!("frame") };
+        let Next::Frame(f) = q.pop(t0) else {
+            panic!("frame")
+        };
         let _ = q.inflight_failed(f, Failure::Timeout, t0 + 100 * MS);
         match q.pop(t0 + 100 * MS) {
             Next::End(e) => {
@@ -999,7 +1089,11 @@ mod tests {
         for i in 1..=30 {
             assert_eq!(q.offer(&pcm(), t0, OfferMode::Try), Ok(i));
         }
-        assert_eq!(counters.snapshot().would_reject, 5, "frames 26..=30 over the budget");
+        assert_eq!(
+            counters.snapshot().would_reject,
+            5,
+            "frames 26..=30 over the budget"
+        );
         // The ceiling (8 x 16,000) still applies.
         for _ in 30..200 {
             let _ = q.offer(&pcm(), t0, OfferMode::Try);
@@ -1007,8 +1101,13 @@ mod tests {
         assert!(q.budget().bytes() <= 8 * 16_000);
         assert!(q.budget().high_water() <= 8 * 16_000);
         // A publish timeout is retried, not enforced.
-        let Next::Frame(f) = q.pop(t0) else { panic!("frame") };
-        assert!(matches!(q.inflight_failed(f, Failure::Timeout, t0 + 100 * MS), AfterFailure::Retry(_)));
+        let Next::Frame(f) = q.pop(t0) else {
+            panic!("frame")
+        };
+        assert!(matches!(
+            q.inflight_failed(f, Failure::Timeout, t0 + 100 * MS),
+            AfterFailure::Retry(_)
+        ));
     }
 
     #[test]
@@ -1019,8 +1118,15 @@ mod tests {
         for _ in 0..3 {
             q.offer(&pcm(), t0, OfferMode::Try).expect("room");
         }
-        q.finish(EndReason::Shutdown, t0, Some(t0 + 50 * MS), Some(t0 + 100 * MS));
-        let Next::Frame(f) = q.pop(t0 + 10 * MS) else { panic!("frame") };
+        q.finish(
+            EndReason::Shutdown,
+            t0,
+            Some(t0 + 50 * MS),
+            Some(t0 + 100 * MS),
+        );
+        let Next::Frame(f) = q.pop(t0 + 10 * MS) else {
+            panic!("frame")
+        };
         drop(f);
         match q.pop(t0 + 60 * MS) {
             Next::End(e) => assert_eq!((e.seq, e.reason), (4, EndReason::Shutdown)),
@@ -1039,8 +1145,12 @@ mod tests {
         for _ in 0..40 {
             q.offer(&pcm(), t0, OfferMode::Try).expect("room");
         }
-        let Next::Gap(_) = q.pop(t0) else { panic!("gap") };
-        let Next::Frame(f) = q.pop(t0) else { panic!("frame") };
+        let Next::Gap(_) = q.pop(t0) else {
+            panic!("gap")
+        };
+        let Next::Frame(f) = q.pop(t0) else {
+            panic!("frame")
+        };
         let _ = q.inflight_failed(f, Failure::Error, t0);
         q.finish(EndReason::Shutdown, t0, Some(t0), None);
         while !matches!(q.pop(t0 + MS), Next::Done) {}

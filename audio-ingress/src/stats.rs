@@ -637,7 +637,10 @@ mod tests {
         let snap = s.snapshot();
         assert_eq!(snap, g.counters.snapshot());
         assert_eq!(snap.offered, snap.admitted + snap.rejected_total());
-        assert_eq!(snap.admitted, snap.published + snap.dropped_admitted_total());
+        assert_eq!(
+            snap.admitted,
+            snap.published + snap.dropped_admitted_total()
+        );
         assert_eq!(snap.dropped_samples, 320, "refusals carry no samples");
         let qw = g.queue_wait();
         assert_eq!(qw.count, 1);
@@ -669,9 +672,18 @@ mod tests {
             assert!(v.get(k).is_some(), "missing {k}");
         }
         for k in ["count", "p50", "p95", "p99", "max"] {
-            assert!(v["queue_wait_ms"].get(k).is_some(), "missing queue_wait_ms.{k}");
+            assert!(
+                v["queue_wait_ms"].get(k).is_some(),
+                "missing queue_wait_ms.{k}"
+            );
         }
-        for k in ["offered", "admitted", "published", "dropped", "would_reject"] {
+        for k in [
+            "offered",
+            "admitted",
+            "published",
+            "dropped",
+            "would_reject",
+        ] {
             assert!(v["frames"].get(k).is_some(), "missing frames.{k}");
         }
         assert_eq!(v["frames"]["dropped"]["evicted"], 0);

@@ -160,8 +160,9 @@ impl StreamShared {
             pending_bytes: self.budget.bytes(),
             pending_frames: self.budget.frames(),
             pending_bytes_high_water: self.budget.high_water(),
-            oldest_frame_age_ms: oldest
-                .map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64() * 1e3),
+            oldest_frame_age_ms: oldest.map_or(0.0, |t| {
+                now.saturating_duration_since(t).as_secs_f64() * 1e3
+            }),
             frames: FramesStats::from_counters(&self.counters.snapshot()),
             gaps: status.gaps,
             overload,
@@ -361,7 +362,11 @@ impl<S: Sink> Ingress<S> {
     /// Opens a stream and spawns its publisher task on the current tokio runtime.
     /// Refused (and counted) when the id is active, `max_streams` are open, or the
     /// ingress is shutting down.
-    pub fn open_id(&self, id: StreamId, session_id: Option<String>) -> Result<StreamHandle, OpenError> {
+    pub fn open_id(
+        &self,
+        id: StreamId,
+        session_id: Option<String>,
+    ) -> Result<StreamHandle, OpenError> {
         let result = self.open_inner(id, session_id);
         if let Err(e) = &result {
             self.global().admission_rejected(e.as_label());
@@ -369,7 +374,11 @@ impl<S: Sink> Ingress<S> {
         result
     }
 
-    fn open_inner(&self, id: StreamId, session_id: Option<String>) -> Result<StreamHandle, OpenError> {
+    fn open_inner(
+        &self,
+        id: StreamId,
+        session_id: Option<String>,
+    ) -> Result<StreamHandle, OpenError> {
         if self.is_shutting_down() {
             return Err(OpenError::ShuttingDown);
         }
@@ -382,7 +391,10 @@ impl<S: Sink> Ingress<S> {
         }
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| OpenError::NoRuntime)?;
         let cfg = &self.inner.config;
-        let subject = Subject::from(cfg.subject().render(&id, partition_of(&id, cfg.partitions())));
+        let subject = Subject::from(
+            cfg.subject()
+                .render(&id, partition_of(&id, cfg.partitions())),
+        );
         let global = Arc::clone(self.global());
         let counters = Arc::new(Counters::default());
         let core = FrameQueue::new(cfg, Arc::clone(&counters), Arc::clone(&global));

@@ -1,1 +1,376 @@
-//! ws (being written).
+//! The WebSocket front door: `GET /v1/streams/{stream_id}[?session_id=S]`, one
+//! connection per stream (protocol pinned in docs/contracts.md and docs/protocol.md §6).
+//!
+//! Before the upgrade (nothing is opened for a refused request):
+//! `400` unsafe stream id or session id, `409` id already active, `503` + `Retry-After`
+//! when `max_streams` are active or the service is shutting down. Body:
+//! `{"error":{"code":..,"message":..}}`.
+//!
+//! After the upgrade, client → server: each binary message is one frame of s16le mono
+//! 16 kHz PCM (even length, 2..=`max_frame_bytes`); the text message `{"type":"end"}`
+//! ends the stream. Server → client: JSON text events `overload`, `gap`, `error`,
+//! `closed`, then a close frame:
+//!
+//! | outcome | events | close code |
+//! |---|---|---|
+//! | client sent `{"type":"end"}` | `closed` (after the `end` is handed to NATS) | 1000 |
+//! | overload (`close` policy) | `overload`, `closed` | 1013 |
+//! | bad binary frame (odd, empty, too large) | `error`, `closed` | 1008 |
+//! | bad text message | `error`, `closed` | 1003 |
+//! | service shutting down | `closed` | 1001 |
+//! | no message for `idle_timeout` | `closed` | 1001 |
+//! | internal error | `closed` | 1011 |
+//!
+//! A socket that drops without `end` ends the stream with `producer_gone` (queued
+//! frames are still published). Frames are pushed with `push`, which waits at most
+//! `max_wait` for room: while it waits the socket is not read, so a fast producer is
+//! slowed by TCP backpressure before it is refused.
+//!
+//! Invariant: one handler task per connection and one publisher task per stream; a bad
+//! message ends only its own stream and changes nothing else.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::Deserialize;
+use serde_json::json;
+use tokio::time::Instant;
+use weir_protocol::StreamId;
+use weir_protocol::audio::extension::{EndReason, Overload};
+
+use crate::error::{OpenError, PushError};
+use crate::metrics as m;
+use crate::publisher::Sink;
+use crate::shutdown::TaskTracker;
+use crate::stream::{Ingress, StreamHandle, StreamSummary};
+
+/// Close codes used by the front door.
+pub mod close_code {
+    /// Normal end.
+    pub const NORMAL: u16 = 1000;
+    /// Going away: shutdown or idle.
+    pub const GOING_AWAY: u16 = 1001;
+    /// Unsupported data: a bad text message.
+    pub const UNSUPPORTED: u16 = 1003;
+    /// Policy violation: a bad binary frame.
+    pub const POLICY: u16 = 1008;
+    /// Internal error.
+    pub const INTERNAL: u16 = 1011;
+    /// Try again later: overload.
+    pub const TRY_AGAIN_LATER: u16 = 1013;
+}
+
+/// What the front door needs.
+#[derive(Clone)]
+pub struct WsState<S: Sink> {
+    /// The producer core.
+    pub ingress: Ingress<S>,
+    /// `Retry-After` for 503.
+    pub retry_after: Duration,
+    /// A connection silent for this long is ended (reason `idle`).
+    pub idle_timeout: Duration,
+    /// Tracks connection handlers so shutdown can wait for their close frames.
+    pub tracker: TaskTracker,
+}
+
+/// The front door's routes.
+pub fn router<S: Sink>(state: WsState<S>) -> Router {
+    Router::new()
+        .route("/v1/streams/{stream_id}", get(upgrade::<S>))
+        .with_state(state)
+}
+
+/// Query parameters of the upgrade request.
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamQuery {
+    /// Carried as `session_id` in every packet's meta.
+    #[serde(default)]
+    pub session_id: Option<String>,
+}
+
+fn error_response(status: StatusCode, code: &str, message: String) -> Response {
+    let body = json!({"error": {"code": code, "message": message}});
+    (status, axum::Json(body)).into_response()
+}
+
+async fn upgrade<S: Sink>(
+    State(state): State<WsState<S>>,
+    Path(stream_id): Path<String>,
+    Query(query): Query<StreamQuery>,
+    ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> Response {
+    let id = match StreamId::parse(&stream_id) {
+        Ok(id) => id,
+        Err(e) => {
+            state.ingress.global().admission_rejected("invalid_id");
+            return error_response(StatusCode::BAD_REQUEST, "invalid_stream_id", e.to_string());
+        }
+    };
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(rejection) => return rejection.into_response(),
+    };
+    let session = query.session_id.filter(|s| !s.is_empty());
+    let handle = match state.ingress.open_id(id, session) {
+        Ok(h) => h,
+        Err(e) => return open_refusal(&e, state.retry_after),
+    };
+    let max_frame = state.ingress.config().max_frame_bytes();
+    let guard = state.tracker.guard();
+    // Messages a little over max_frame_bytes get a clear 1008; far larger ones are cut
+    // by the WebSocket layer itself (bounded memory per connection).
+    ws.max_message_size(max_frame + 64 * 1024)
+        .max_frame_size(max_frame + 64 * 1024)
+        .on_upgrade(move |socket| async move {
+            let _guard = guard;
+            serve_socket(socket, handle, state.idle_timeout).await;
+        })
+}
+
+fn open_refusal(e: &OpenError, retry_after: Duration) -> Response {
+    let (status, code) = match e {
+        OpenError::InvalidId(_) | OpenError::InvalidSession(_) => {
+            (StatusCode::BAD_REQUEST, "invalid_request")
+        }
+        OpenError::AlreadyActive(_) => (StatusCode::CONFLICT, "stream_active"),
+        OpenError::TooManyStreams { .. } => (StatusCode::SERVICE_UNAVAILABLE, "max_streams"),
+        OpenError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+        OpenError::NoRuntime => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+    };
+    let mut resp = error_response(status, code, e.to_string());
+    if status == StatusCode::SERVICE_UNAVAILABLE
+        && let Ok(v) = HeaderValue::from_str(&retry_after.as_secs().max(1).to_string())
+    {
+        resp.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    resp
+}
+
+/// Why the receive loop stopped.
+enum Outcome {
+    /// `{"type":"end"}`.
+    End,
+    /// The socket closed or failed without `end`.
+    Gone,
+    /// A bad binary frame.
+    BadFrame(String),
+    /// A bad text message.
+    BadText(String),
+    /// The stream overloaded.
+    Overload(Overload),
+    /// The stream was closed from the server side (shutdown) or ended otherwise.
+    Closed(EndReason),
+    /// No message for `idle_timeout`.
+    Idle,
+}
+
+#[derive(Deserialize)]
+struct Control {
+    #[serde(rename = "type")]
+    ty: String,
+}
+
+async fn send_json(socket: &mut WebSocket, value: serde_json::Value) -> bool {
+    socket
+        .send(Message::Text(value.to_string().into()))
+        .await
+        .is_ok()
+}
+
+fn overload_event(o: &Overload, handle: &StreamHandle) -> serde_json::Value {
+    let snapshot = handle.snapshot();
+    json!({
+        "type": "overload",
+        "reason": o.reason,
+        "dropped_frames": o.dropped_frames,
+        "dropped_samples": o.dropped_samples,
+        "pending_bytes": o.pending_bytes,
+        "max_bytes": o.max_bytes,
+        "max_age_ms": o.max_age_ms,
+        "frames_published": snapshot.frames.published,
+    })
+}
+
+fn closed_event(reason: &str, summary: &StreamSummary) -> serde_json::Value {
+    let f = &summary.snapshot.frames;
+    json!({
+        "type": "closed",
+        "reason": reason,
+        "frames_published": f.published,
+        "frames_dropped": f.dropped.values().sum::<u64>(),
+        "end_delivered": summary.snapshot.end_delivered,
+    })
+}
+
+async fn close(mut socket: WebSocket, code: u16, reason: &'static str) {
+    metrics::counter!(m::WS_CLOSES_TOTAL, m::LABEL_CODE => code.to_string()).increment(1);
+    let frame = CloseFrame {
+        code,
+        reason: reason.into(),
+    };
+    if socket.send(Message::Close(Some(frame))).await.is_err() {
+        return;
+    }
+    // Wait briefly for the client's close reply so the close frame is not lost to a
+    // reset; a client that does not answer is dropped.
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while let Some(Ok(_)) = socket.recv().await {}
+    })
+    .await;
+}
+
+/// Runs one connection: frames in, events out, until an [`Outcome`].
+async fn serve_socket(mut socket: WebSocket, handle: StreamHandle, idle_timeout: Duration) {
+    let mut status = handle.status();
+    let mut gaps_seen = 0;
+    let mut idle_deadline = Instant::now() + idle_timeout;
+    let outcome = loop {
+        tokio::select! {
+            msg = socket.recv() => match msg {
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break Outcome::Gone,
+                Some(Ok(Message::Binary(data))) => {
+                    idle_deadline = Instant::now() + idle_timeout;
+                    match handle.push(data).await {
+                        Ok(_) => {}
+                        Err(PushError::InvalidFrame(e)) => break Outcome::BadFrame(e.to_string()),
+                        Err(PushError::Overloaded(o)) => break Outcome::Overload(o),
+                        Err(PushError::Closed(r)) => break Outcome::Closed(r),
+                        Err(e @ PushError::Full { .. }) => break Outcome::BadFrame(e.to_string()),
+                    }
+                }
+                Some(Ok(Message::Text(text))) => {
+                    match serde_json::from_str::<Control>(text.as_str()) {
+                        Ok(c) if c.ty == "end" => break Outcome::End,
+                        Ok(c) => break Outcome::BadText(format!("unknown message type {:?}; the only text message is {{\"type\":\"end\"}}", c.ty)),
+                        Err(e) => break Outcome::BadText(format!("not a JSON control message: {e}")),
+                    }
+                }
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+            },
+            changed = status.changed() => {
+                if changed.is_err() {
+                    break Outcome::Closed(EndReason::Error);
+                }
+                let s = status.borrow_and_update().clone();
+                if s.gaps > gaps_seen {
+                    gaps_seen = s.gaps;
+                    if let Some(g) = s.last_gap {
+                        let ev = json!({
+                            "type": "gap", "first_seq": g.first_seq, "last_seq": g.last_seq,
+                            "frames": g.frames(), "samples": g.samples, "reason": g.reason,
+                            "gaps_total": s.gaps,
+                        });
+                        if !send_json(&mut socket, ev).await {
+                            break Outcome::Gone;
+                        }
+                    }
+                }
+                if let Some(o) = s.overload {
+                    break Outcome::Overload(o);
+                }
+                if let Some(r) = s.end_reason {
+                    break Outcome::Closed(r);
+                }
+            }
+            () = tokio::time::sleep_until(idle_deadline) => break Outcome::Idle,
+        }
+    };
+    finish_socket(socket, handle, outcome).await;
+}
+
+async fn finish_socket(mut socket: WebSocket, handle: StreamHandle, outcome: Outcome) {
+    match outcome {
+        Outcome::Gone => {
+            // Dropping the handle ends the stream with `producer_gone`.
+            drop(handle);
+        }
+        Outcome::End => {
+            let summary = handle.finish().await;
+            send_json(
+                &mut socket,
+                closed_event(EndReason::Producer.as_str(), &summary),
+            )
+            .await;
+            close(socket, close_code::NORMAL, "end").await;
+        }
+        Outcome::Overload(o) => {
+            send_json(&mut socket, overload_event(&o, &handle)).await;
+            let summary = StreamSummary {
+                snapshot: handle.snapshot(),
+                finished: false,
+            };
+            send_json(
+                &mut socket,
+                closed_event(EndReason::Overload.as_str(), &summary),
+            )
+            .await;
+            close(socket, close_code::TRY_AGAIN_LATER, "overload").await;
+        }
+        Outcome::BadFrame(message) => {
+            refuse(socket, handle, close_code::POLICY, "bad_frame", message).await;
+        }
+        Outcome::BadText(message) => {
+            refuse(
+                socket,
+                handle,
+                close_code::UNSUPPORTED,
+                "bad_message",
+                message,
+            )
+            .await;
+        }
+        Outcome::Idle => {
+            let summary = handle.finish_with(EndReason::Idle).await;
+            send_json(
+                &mut socket,
+                closed_event(EndReason::Idle.as_str(), &summary),
+            )
+            .await;
+            close(socket, close_code::GOING_AWAY, "idle").await;
+        }
+        Outcome::Closed(reason) => {
+            let bound = Duration::from_secs(30);
+            let summary = handle.wait_finished(bound).await;
+            send_json(&mut socket, closed_event(reason.as_str(), &summary)).await;
+            let code = match reason {
+                EndReason::Shutdown | EndReason::Idle => close_code::GOING_AWAY,
+                EndReason::Overload => close_code::TRY_AGAIN_LATER,
+                EndReason::Producer | EndReason::ProducerGone => close_code::NORMAL,
+                EndReason::Error => close_code::INTERNAL,
+            };
+            close(socket, code, reason.as_str()).await;
+        }
+    }
+}
+
+/// Ends the stream (reason `error`) after a bad message: `error` event, `closed`
+/// event, close `code`. What was admitted before is still published.
+async fn refuse(
+    mut socket: WebSocket,
+    mut handle: StreamHandle,
+    code: u16,
+    error_code: &'static str,
+    message: String,
+) {
+    send_json(
+        &mut socket,
+        json!({"type": "error", "code": error_code, "message": message}),
+    )
+    .await;
+    handle.close(EndReason::Error);
+    let summary = StreamSummary {
+        snapshot: handle.snapshot(),
+        finished: false,
+    };
+    send_json(
+        &mut socket,
+        closed_event(EndReason::Error.as_str(), &summary),
+    )
+    .await;
+    close(socket, code, error_code).await;
+}

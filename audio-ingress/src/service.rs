@@ -1,0 +1,192 @@
+//! `audio-ingress serve` assembled as a library value, so tests and tools can run it in
+//! process: bind the listeners, serve the WebSocket front door and the admin HTTP, keep
+//! the metrics upkeep going, and shut down gracefully.
+//!
+//! Shutdown order (bounded at every step; see [`crate::shutdown`]): stop accepting new
+//! WebSocket connections → `Ingress::shutdown(grace)` (every stream drains and hands
+//! its `end` to NATS) → wait for the WebSocket handlers' close frames → flush the
+//! NATS client → stop the admin listener.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::admin::{self, AdminState};
+use crate::config::Config;
+use crate::error::Error;
+use crate::publisher::Sink;
+use crate::shutdown::{TaskTracker, TaskWaiter};
+use crate::stream::{Ingress, ShutdownReport};
+use crate::ws::{self, WsState};
+
+/// A running service.
+pub struct RunningService<S: Sink> {
+    ws_addr: SocketAddr,
+    admin_addr: SocketAddr,
+    ingress: Ingress<S>,
+    grace: Duration,
+    stop_ws: Option<oneshot::Sender<()>>,
+    stop_admin: Option<oneshot::Sender<()>>,
+    ws_task: JoinHandle<()>,
+    admin_task: JoinHandle<()>,
+    upkeep: JoinHandle<()>,
+    waiter: TaskWaiter,
+}
+
+async fn bind(addr: SocketAddr, key: &str) -> Result<TcpListener, Error> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::io(format!("config key `{key}`: cannot listen on {addr}"), e))
+}
+
+/// Connects to NATS (retrying in the background: the service starts not-ready) and
+/// starts the service.
+pub async fn start(
+    config: Config,
+    prometheus: Option<PrometheusHandle>,
+) -> Result<RunningService<async_nats::Client>, Error> {
+    let client = crate::nats::connect(&config.nats, true).await?;
+    start_with_sink(config, client, prometheus).await
+}
+
+/// Starts the service publishing to `sink`.
+pub async fn start_with_sink<S: Sink>(
+    config: Config,
+    sink: S,
+    prometheus: Option<PrometheusHandle>,
+) -> Result<RunningService<S>, Error> {
+    let ws_listener = bind(config.server.listen, "listen").await?;
+    let admin_listener = bind(config.server.admin, "admin").await?;
+    let ws_addr = ws_listener
+        .local_addr()
+        .map_err(|e| Error::io("listen address", e))?;
+    let admin_addr = admin_listener
+        .local_addr()
+        .map_err(|e| Error::io("admin address", e))?;
+    let max_streams = config.server.max_streams.get();
+    let ingress = Ingress::with_max_streams(sink, config.stream.clone(), max_streams);
+    let (tracker, waiter) = TaskTracker::new();
+
+    let ws_router = ws::router(WsState {
+        ingress: ingress.clone(),
+        retry_after: config.server.retry_after,
+        idle_timeout: config.server.idle_timeout,
+        tracker,
+    });
+    let (stop_ws, ws_stopped) = oneshot::channel::<()>();
+    let ws_task = tokio::spawn(async move {
+        let serve = axum::serve(ws_listener, ws_router).with_graceful_shutdown(async {
+            let _ = ws_stopped.await;
+        });
+        if let Err(e) = serve.await {
+            tracing::error!(error = %e, "WebSocket listener failed");
+        }
+    });
+
+    let admin_router = admin::router(AdminState {
+        ingress: ingress.clone(),
+        prometheus: prometheus.clone(),
+        max_streams,
+    });
+    let (stop_admin, admin_stopped) = oneshot::channel::<()>();
+    let admin_task = tokio::spawn(async move {
+        let serve = axum::serve(admin_listener, admin_router).with_graceful_shutdown(async {
+            let _ = admin_stopped.await;
+        });
+        if let Err(e) = serve.await {
+            tracing::error!(error = %e, "admin listener failed");
+        }
+    });
+
+    let upkeep_ingress = ingress.clone();
+    let upkeep = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            upkeep_ingress.oldest_frame_age();
+            if let Some(h) = &prometheus {
+                h.run_upkeep();
+            }
+        }
+    });
+
+    tracing::info!(%ws_addr, %admin_addr, policy = config.stream.policy().as_str(),
+        max_bytes = config.stream.max_bytes(), max_age_ms = config.stream.max_age().as_millis() as u64,
+        shadow = config.stream.shadow(), max_streams, "audio-ingress serving");
+    Ok(RunningService {
+        ws_addr,
+        admin_addr,
+        ingress,
+        grace: config.server.grace_period,
+        stop_ws: Some(stop_ws),
+        stop_admin: Some(stop_admin),
+        ws_task,
+        admin_task,
+        upkeep,
+        waiter,
+    })
+}
+
+impl<S: Sink> RunningService<S> {
+    /// The WebSocket listener's address.
+    pub fn ws_addr(&self) -> SocketAddr {
+        self.ws_addr
+    }
+
+    /// The admin listener's address.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    /// The producer core.
+    pub fn ingress(&self) -> &Ingress<S> {
+        &self.ingress
+    }
+
+    /// The one line printed on stdout when ready (docs/contracts.md).
+    pub fn ready_line(&self) -> String {
+        serde_json::json!({
+            "event": "ready",
+            "ws": self.ws_addr.to_string(),
+            "admin": self.admin_addr.to_string(),
+        })
+        .to_string()
+    }
+
+    /// Graceful shutdown; see the module docs for the order.
+    pub async fn shutdown(mut self) -> ShutdownReport {
+        tracing::info!(grace_ms = self.grace.as_millis() as u64, "shutting down");
+        if let Some(tx) = self.stop_ws.take() {
+            let _ = tx.send(());
+        }
+        let report = self.ingress.shutdown(self.grace).await;
+        // The listener's router holds a tracker clone until the listener stops.
+        let _ = tokio::time::timeout(Duration::from_secs(1), &mut self.ws_task).await;
+        self.ws_task.abort();
+        let handlers_done = self.waiter.wait(Duration::from_secs(2)).await;
+        if let Err(e) =
+            tokio::time::timeout(Duration::from_secs(1), self.ingress.sink().flush()).await
+        {
+            tracing::warn!(error = %e, "NATS flush timed out at shutdown");
+        }
+        if let Some(tx) = self.stop_admin.take() {
+            let _ = tx.send(());
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), &mut self.admin_task).await;
+        self.admin_task.abort();
+        self.upkeep.abort();
+        tracing::info!(
+            streams = report.streams,
+            unfinished = report.unfinished,
+            handlers_done,
+            lost_control_packets = self.ingress.global().control_packets_lost(),
+            "shutdown complete"
+        );
+        report
+    }
+}

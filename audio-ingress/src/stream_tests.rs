@@ -1,0 +1,446 @@
+//! Paused-clock tests of the producer core (stream handle + publisher task) against an
+//! in-memory sink that can be stalled like a stopped NATS server.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::{HeaderMap, Subject};
+use bytes::Bytes;
+use tokio::sync::watch;
+use weir_protocol::audio::extension::{EndReason, Extensions, OverloadReason};
+use weir_protocol::audio::{DecodeOptions, Packet, PacketBody, decode};
+
+use crate::config::{Policy, StreamConfig};
+use crate::error::{OpenErrorKind, PushError};
+use crate::publisher::{Sink, SinkError};
+use crate::stats::DropReason;
+use crate::stream::Ingress;
+
+#[derive(Debug, Clone)]
+struct Sent {
+    subject: String,
+    packet: Packet,
+    ext: Extensions,
+}
+
+/// Records every message; `stall(true)` makes `publish` wait until `stall(false)`
+/// (cancel-safe: a cancelled publish records nothing), `fail(true)` returns errors.
+#[derive(Clone)]
+struct MemorySink {
+    sent: Arc<Mutex<Vec<Sent>>>,
+    stalled: watch::Sender<bool>,
+    failing: Arc<Mutex<bool>>,
+}
+
+impl MemorySink {
+    fn new() -> Self {
+        Self {
+            sent: Arc::default(),
+            stalled: watch::channel(false).0,
+            failing: Arc::default(),
+        }
+    }
+    fn stall(&self, on: bool) {
+        self.stalled.send_replace(on);
+    }
+    fn sent(&self) -> Vec<Sent> {
+        self.sent.lock().expect("lock").clone()
+    }
+}
+
+impl Sink for MemorySink {
+    async fn publish(
+        &self,
+        subject: Subject,
+        headers: HeaderMap,
+        payload: Bytes,
+    ) -> Result<(), SinkError> {
+        let mut rx = self.stalled.subscribe();
+        let _ = rx.wait_for(|s| !*s).await;
+        if *self.failing.lock().expect("lock") {
+            return Err(SinkError("failing".into()));
+        }
+        let packet =
+            decode(&payload, &DecodeOptions::default()).map_err(|e| SinkError(e.to_string()))?;
+        let ext = Extensions::read(|k| headers.get(k).map(|v| v.as_str()));
+        self.sent.lock().expect("lock").push(Sent {
+            subject: subject.to_string(),
+            packet,
+            ext,
+        });
+        Ok(())
+    }
+}
+
+fn pcm() -> Bytes {
+    Bytes::from(vec![1u8; 640])
+}
+
+const FRAME: Duration = Duration::from_millis(20);
+
+async fn settle() {
+    // Let spawned tasks run (paused clock: no real time passes).
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+}
+
+fn frames_of(sent: &[Sent]) -> Vec<u64> {
+    sent.iter()
+        .filter(|s| matches!(s.packet.body, PacketBody::Frame { .. }))
+        .map(|s| s.packet.seq)
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn frames_then_end_in_order_with_headers() {
+    let sink = MemorySink::new();
+    let ingress = Ingress::new(sink.clone(), StreamConfig::default());
+    let s = ingress.open("call-1", Some("sess".into())).expect("open");
+    assert_eq!(s.subject(), "inference.whisper.stream.call-1");
+    for i in 1..=10 {
+        assert_eq!(s.try_push(pcm()), Ok(i));
+        tokio::time::advance(FRAME).await;
+    }
+    let summary = s.finish().await;
+    assert!(summary.finished);
+    assert!(summary.snapshot.end_delivered);
+    assert_eq!(summary.snapshot.frames.published, 10);
+    let sent = sink.sent();
+    assert_eq!(frames_of(&sent), (1..=10).collect::<Vec<_>>());
+    let end = sent.last().expect("end");
+    assert_eq!(
+        (end.packet.body.clone(), end.packet.seq),
+        (PacketBody::End, 11)
+    );
+    assert_eq!(end.ext.end_reason, Some(EndReason::Producer));
+    assert_eq!(end.packet.session_id.as_deref(), Some("sess"));
+    assert!(sent.iter().all(|m| m.ext.version == Some(1)));
+    assert!(
+        sent.iter()
+            .all(|m| m.subject == "inference.whisper.stream.call-1")
+    );
+    assert!(sent[0].ext.captured_at_ms.is_some());
+    assert_eq!(ingress.active_streams(), 0);
+    let stats = ingress.stats();
+    assert_eq!(stats.frames.published, 10);
+    assert_eq!(stats.pending_bytes, 0);
+    assert_eq!(stats.queue_wait_ms.count, 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn ids_are_exclusive_and_capped_and_released_after_end() {
+    let sink = MemorySink::new();
+    let ingress = Ingress::with_max_streams(sink.clone(), StreamConfig::default(), 2);
+    let a = ingress.open("a", None).expect("a");
+    assert_eq!(
+        ingress.open("a", None).map_err(|e| e.kind()).err(),
+        Some(OpenErrorKind::AlreadyActive)
+    );
+    assert_eq!(
+        ingress.open("a.b", None).map_err(|e| e.kind()).err(),
+        Some(OpenErrorKind::InvalidId)
+    );
+    let _b = ingress.open("b", None).expect("b");
+    assert_eq!(
+        ingress.open("c", None).map_err(|e| e.kind()).err(),
+        Some(OpenErrorKind::TooManyStreams)
+    );
+    assert_eq!(ingress.stats().admission_rejects, 3);
+    a.finish().await;
+    assert!(
+        ingress.open("a", None).is_ok(),
+        "the id is free again once the end is out"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_handle_ends_with_producer_gone_after_draining() {
+    let sink = MemorySink::new();
+    let ingress = Ingress::new(sink.clone(), StreamConfig::default());
+    let s = ingress.open("gone", None).expect("open");
+    for _ in 0..3 {
+        s.try_push(pcm()).expect("room");
+    }
+    drop(s);
+    ingress.wait_idle().await;
+    let sent = sink.sent();
+    assert_eq!(frames_of(&sent), vec![1, 2, 3]);
+    let end = sent.last().expect("end");
+    assert_eq!(end.packet.seq, 4);
+    assert_eq!(end.ext.end_reason, Some(EndReason::ProducerGone));
+}
+
+/// NATS stalls: in `close` the stream overloads within max_wait (+ a frame), the
+/// producer learns why, and the `end` is delivered once NATS is back.
+#[tokio::test(start_paused = true)]
+async fn close_policy_under_a_stall_overloads_and_delivers_end_after_resume() {
+    let sink = MemorySink::new();
+    let cfg = StreamConfig::builder()
+        .publish_timeout(Duration::from_millis(500)) // so the byte bound trips first
+        .build()
+        .expect("cfg");
+    let ingress = Ingress::new(sink.clone(), cfg);
+    let s = ingress.open("stall", None).expect("open");
+    let status = s.status();
+    sink.stall(true);
+    let mut first_full = None;
+    let mut overload_at = None;
+    let start = tokio::time::Instant::now();
+    for _ in 0..100 {
+        match s.try_push(pcm()) {
+            Ok(_) => {}
+            Err(PushError::Full { .. }) => {
+                first_full.get_or_insert(tokio::time::Instant::now());
+            }
+            Err(PushError::Overloaded(o)) => {
+                overload_at = Some((tokio::time::Instant::now(), o));
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+        assert!(s.snapshot().pending_bytes <= 16_000);
+        // Twice real time, so the byte bound trips before the age bound.
+        tokio::time::advance(FRAME / 2).await;
+    }
+    let first_full = first_full.expect("became full");
+    let (at, report) = overload_at.expect("overloaded");
+    assert!(
+        at - first_full <= Duration::from_millis(100) + FRAME,
+        "{:?}",
+        at - first_full
+    );
+    assert!(at - start < Duration::from_secs(1));
+    assert_eq!(report.reason, OverloadReason::QueueFull);
+    assert_eq!(report.max_bytes, 16_000);
+    assert!(s.snapshot().pending_bytes_high_water <= 16_000);
+    // The producer sees it on the status watch too.
+    assert_eq!(status.borrow().end_reason, Some(EndReason::Overload));
+    assert!(matches!(s.try_push(pcm()), Err(PushError::Overloaded(_))));
+
+    // NATS back after 5 s: the end goes out with the overload report.
+    tokio::time::advance(Duration::from_secs(5)).await;
+    sink.stall(false);
+    let summary = s.wait_finished(Duration::from_secs(15)).await;
+    assert!(summary.finished && summary.snapshot.end_delivered);
+    let sent = sink.sent();
+    let end = sent.last().expect("end");
+    assert_eq!(end.packet.body, PacketBody::End);
+    assert_eq!(end.ext.end_reason, Some(EndReason::Overload));
+    let o = end.ext.overload.clone().expect("Weir-Overload header");
+    assert_eq!(o.reason, OverloadReason::QueueFull);
+    // Accounting: every offered frame is published or dropped/refused with a reason.
+    let f = &summary.snapshot.frames;
+    let not_published: u64 = f.dropped.values().sum();
+    assert_eq!(f.offered, f.published + not_published);
+    assert_eq!(end.packet.seq, f.admitted + 1);
+}
+
+/// A publish that times out in `close` overloads the stream with `publish_timeout`.
+#[tokio::test(start_paused = true)]
+async fn close_policy_publish_timeout_is_an_overload() {
+    let sink = MemorySink::new();
+    let ingress = Ingress::new(sink.clone(), StreamConfig::default());
+    let s = ingress.open("pt", None).expect("open");
+    sink.stall(true);
+    s.try_push(pcm()).expect("room");
+    settle().await;
+    tokio::time::advance(Duration::from_millis(101)).await;
+    settle().await;
+    match s.try_push(pcm()) {
+        Err(PushError::Overloaded(o)) => {
+            assert_eq!(o.reason, OverloadReason::PublishTimeout);
+            assert_eq!(o.dropped_frames, 1);
+        }
+        other => panic!("{other:?}"),
+    }
+    sink.stall(false);
+    let summary = s.finish().await;
+    assert!(summary.snapshot.end_delivered);
+    assert_eq!(summary.snapshot.frames.dropped["overload"], 1);
+}
+
+/// `push` waits at most max_wait for room, then the stream overloads.
+#[tokio::test(start_paused = true)]
+async fn push_waits_at_most_max_wait() {
+    let sink = MemorySink::new();
+    let cfg = StreamConfig::builder()
+        .publish_timeout(Duration::from_millis(500))
+        .build()
+        .expect("cfg");
+    let ingress = Ingress::new(sink.clone(), cfg);
+    let s = ingress.open("w", None).expect("open");
+    sink.stall(true);
+    for _ in 0..25 {
+        s.try_push(pcm()).expect("room");
+    }
+    let t0 = tokio::time::Instant::now();
+    let r = s.push(pcm()).await;
+    assert!(matches!(r, Err(PushError::Overloaded(_))), "{r:?}");
+    assert_eq!(tokio::time::Instant::now() - t0, Duration::from_millis(100));
+    // With room appearing, push returns as soon as the publisher takes a frame.
+    sink.stall(false);
+    let s2 = ingress.open("w2", None).expect("open");
+    for _ in 0..25 {
+        s2.try_push(pcm()).expect("room");
+    }
+    let t0 = tokio::time::Instant::now();
+    assert_eq!(s2.push(pcm()).await, Ok(26));
+    assert!(tokio::time::Instant::now() - t0 < Duration::from_millis(100));
+}
+
+/// `gap` under a stall: pending stays in budget; the markers account for exactly the
+/// frames dropped; every seq is either published or inside a marker.
+#[tokio::test(start_paused = true)]
+async fn gap_policy_under_a_stall_marks_exactly_what_was_dropped() {
+    let sink = MemorySink::new();
+    let cfg = StreamConfig::builder()
+        .policy(Policy::Gap)
+        .extended_consumers(true)
+        .build()
+        .expect("cfg");
+    let ingress = Ingress::new(sink.clone(), cfg);
+    let s = ingress.open("g", None).expect("open");
+    for _ in 0..10 {
+        s.try_push(pcm()).expect("room");
+        tokio::time::advance(FRAME).await;
+    }
+    sink.stall(true);
+    for _ in 0..250 {
+        s.try_push(pcm()).expect("gap never refuses");
+        assert!(s.snapshot().pending_bytes <= 16_000);
+        tokio::time::advance(FRAME).await;
+    }
+    sink.stall(false);
+    for _ in 0..10 {
+        s.try_push(pcm()).expect("room");
+        tokio::time::advance(FRAME).await;
+    }
+    let summary = s.finish().await;
+    let sent = sink.sent();
+    let mut covered = vec![false; 271];
+    let mut gap_frames = 0;
+    for m in &sent {
+        match &m.packet.body {
+            PacketBody::Frame { .. } => covered[m.packet.seq as usize] = true,
+            PacketBody::Gap(g) => {
+                gap_frames += g.frames();
+                for seq in g.first_seq..=g.last_seq {
+                    assert!(!covered[seq as usize], "seq {seq} twice");
+                    covered[seq as usize] = true;
+                }
+                assert_eq!(g.samples, g.frames() * 320);
+            }
+            PacketBody::End => assert_eq!(m.packet.seq, 271),
+        }
+    }
+    assert!(
+        covered[1..].iter().all(|c| *c),
+        "every seq published or in a marker"
+    );
+    let f = &summary.snapshot.frames;
+    let dropped: u64 = ["evicted", "max_age", "publish_timeout"]
+        .iter()
+        .map(|k| f.dropped[*k])
+        .sum();
+    assert_eq!(gap_frames, dropped);
+    assert!(gap_frames > 200, "{gap_frames}");
+    assert_eq!(f.published + dropped, 270);
+    assert!(summary.snapshot.gaps >= 1);
+    // Ordering: sequence numbers on the wire never go backwards.
+    let seqs: Vec<u64> = sent.iter().map(|m| m.packet.seq).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_finishes_every_stream_within_grace() {
+    let sink = MemorySink::new();
+    let ingress = Ingress::new(sink.clone(), StreamConfig::default());
+    let handles: Vec<_> = (0..5)
+        .map(|i| {
+            let h = ingress.open(&format!("s{i}"), None).expect("open");
+            h.try_push(pcm()).expect("room");
+            h
+        })
+        .collect();
+    let report = ingress.shutdown(Duration::from_secs(2)).await;
+    assert_eq!((report.streams, report.unfinished), (5, 0));
+    assert_eq!(
+        ingress.open("late", None).map_err(|e| e.kind()).err(),
+        Some(OpenErrorKind::ShuttingDown)
+    );
+    let ends: Vec<_> = sink
+        .sent()
+        .into_iter()
+        .filter(|m| m.packet.body == PacketBody::End)
+        .collect();
+    assert_eq!(ends.len(), 5);
+    assert!(
+        ends.iter()
+            .all(|e| e.ext.end_reason == Some(EndReason::Shutdown) && e.packet.seq == 2)
+    );
+    for h in &handles {
+        assert!(matches!(
+            h.try_push(pcm()),
+            Err(PushError::Closed(EndReason::Shutdown))
+        ));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_with_nats_stalled_gives_up_at_the_grace_period() {
+    let sink = MemorySink::new();
+    let ingress = Ingress::new(sink.clone(), StreamConfig::default());
+    let h = ingress.open("stuck", None).expect("open");
+    sink.stall(true);
+    h.try_push(pcm()).expect("room");
+    let t0 = tokio::time::Instant::now();
+    let report = ingress.shutdown(Duration::from_secs(1)).await;
+    assert!(tokio::time::Instant::now() - t0 <= Duration::from_millis(1300));
+    assert_eq!(report.unfinished, 0);
+    assert_eq!(ingress.global().control_packets_lost(), 1);
+    let snap = h.snapshot();
+    let f = &snap.frames;
+    assert_eq!(f.offered, f.published + f.dropped.values().sum::<u64>());
+}
+
+#[tokio::test(start_paused = true)]
+async fn shadow_mode_counts_but_does_not_refuse() {
+    let sink = MemorySink::new();
+    let cfg = StreamConfig::builder()
+        .shadow(true)
+        .publish_timeout(Duration::from_millis(500))
+        .build()
+        .expect("cfg");
+    let ingress = Ingress::new(sink.clone(), cfg);
+    let s = ingress.open("sh", None).expect("open");
+    sink.stall(true);
+    for _ in 0..40 {
+        s.try_push(pcm()).expect("shadow admits beyond the budget");
+    }
+    assert!(s.snapshot().pending_bytes > 16_000);
+    assert!(ingress.stats().frames.would_reject >= 15);
+    sink.stall(false);
+    let summary = s.finish().await;
+    assert_eq!(summary.snapshot.frames.published, 40);
+}
+
+#[tokio::test(start_paused = true)]
+async fn publish_errors_in_close_end_the_stream_with_reason_error() {
+    let sink = MemorySink::new();
+    let ingress = Ingress::new(sink.clone(), StreamConfig::default());
+    let s = ingress.open("err", None).expect("open");
+    *sink.failing.lock().expect("lock") = true;
+    s.try_push(pcm()).expect("room");
+    settle().await;
+    *sink.failing.lock().expect("lock") = false;
+    tokio::time::advance(Duration::from_millis(200)).await;
+    let summary = s.wait_finished(Duration::from_secs(15)).await;
+    assert!(summary.finished);
+    assert_eq!(
+        summary.snapshot.frames.dropped[DropReason::PublishError.as_str()],
+        1
+    );
+    let end = sink.sent().pop().expect("end");
+    assert_eq!(end.ext.end_reason, Some(EndReason::Error));
+}
