@@ -31,6 +31,7 @@
 //! socket died.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 
 use serde::Serialize;
 
@@ -144,15 +145,27 @@ impl FrameAccounting {
             ));
         }
         if e.lost_after_publish > 0 {
-            notes.push(format!(
+            let mut n = format!(
                 "{} frames were handed to NATS and not received in order: the consumers detected \
-                 {} sequence holes ({} of those frames arrived later, out of order, and were \
-                 refused); {} went undetected (lost at a stream's tail)",
-                e.lost_after_publish,
-                e.consumer_detected_holes,
-                e.refused_out_of_order,
-                e.lost_undetected
-            ));
+                 {} sequence holes",
+                e.lost_after_publish, e.consumer_detected_holes
+            );
+            if e.refused_out_of_order > 0 {
+                let _ = write!(
+                    n,
+                    " ({} of those frames did arrive, after a later frame of their stream, and \
+                     were refused to keep the stream in order)",
+                    e.refused_out_of_order
+                );
+            }
+            if e.lost_undetected > 0 {
+                let _ = write!(
+                    n,
+                    "; {} were not detectable by sequence (lost at a stream's tail)",
+                    e.lost_undetected
+                );
+            }
+            notes.push(n);
         }
         if e.ingress_discrepancy != 0 {
             notes.push(format!(

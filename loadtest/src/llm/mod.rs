@@ -1,15 +1,37 @@
-//! The LLM side of a run: a request generator against a front (bounded adapter or the
-//! naive task-per-message front) over a simulated backend.
+//! The LLM side of a run: a request generator ([`generator`]) against a front — weir's
+//! LLM adapter (bounded design) or the naive task-per-message front
+//! ([`crate::naive::llm`]) — over the same simulated backend
+//! (`weir_llm_adapter::backend::sim`, latency uniform in 0.5–1.5 × the mean, so the
+//! capacity is `workers / mean latency` requests per second).
+//!
+//! Offered load = `factor × capacity`. Sessions = max(streams, 10): each audio stream
+//! is a conversation whose transcripts become requests.
+//!
+//! `started_after_deadline` is taken from the simulated backend, which counts calls
+//! that start after their deadline independently of the front in front of it.
 
+pub mod generator;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use weir_llm_adapter::backend::Backend;
+use weir_llm_adapter::backend::sim::{SimBackend, SimHandle};
+use weir_llm_adapter::config::{Latency, SimConfig};
+
 use crate::ingress::Design;
+use crate::naive::llm::NaiveLlmFront;
 use crate::report::LlmReport;
+use generator::{GeneratorConfig, GeneratorCounters};
+
+/// Request subject of the LLM front.
+pub const LLM_SUBJECT: &str = "weir.llm.generate";
 
 /// Settings of the LLM side.
 #[derive(Debug, Clone)]
 pub struct LlmSettings {
-    /// Backend workers (concurrent inferences).
+    /// Backend concurrency (simulated GPU slots).
     pub workers: usize,
     /// Mean simulated inference time.
     pub latency: Duration,
@@ -27,54 +49,195 @@ impl Default for LlmSettings {
     }
 }
 
+impl LlmSettings {
+    /// Requests per second the backend can complete.
+    pub fn capacity(&self) -> f64 {
+        self.workers as f64 / self.latency.as_secs_f64().max(1e-6)
+    }
+}
+
 /// The report of a scenario that does not drive the LLM side.
 pub fn not_run() -> LlmReport {
+    not_run_because("not run in this scenario")
+}
+
+/// The report when the LLM side could not run, with the reason.
+pub fn not_run_because(reason: &str) -> LlmReport {
     LlmReport {
         enabled: false,
-        front: "not run in this scenario".into(),
+        front: reason.to_owned(),
         ..Default::default()
     }
 }
 
+enum Front {
+    Naive(NaiveLlmFront),
+}
+
 /// A running LLM side.
-#[derive(Debug)]
 pub struct LlmRun {
-    _private: (),
+    front: Front,
+    sim: SimHandle,
+    counters: Arc<GeneratorCounters>,
+    stop: Arc<AtomicBool>,
+    generator: tokio::task::JoinHandle<()>,
+    factor: f64,
+}
+
+impl std::fmt::Debug for LlmRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlmRun")
+            .field("factor", &self.factor)
+            .finish_non_exhaustive()
+    }
+}
+
+async fn connect(url: &str) -> Result<async_nats::Client, String> {
+    async_nats::ConnectOptions::new()
+        .connection_timeout(Duration::from_millis(500))
+        .connect(url)
+        .await
+        .map_err(|e| format!("cannot connect to NATS: {e}"))
 }
 
 impl LlmRun {
-    /// Starts the front and the generator.
+    /// Starts the front for `design` and the generator at `factor × capacity`.
     pub async fn start(
-        _nats_url: &str,
-        _design: Design,
-        _sessions: usize,
-        _factor: f64,
-        _settings: &LlmSettings,
+        nats_url: &str,
+        design: Design,
+        streams: usize,
+        factor: f64,
+        settings: &LlmSettings,
     ) -> Result<Self, String> {
-        Err("the LLM side is not integrated yet".into())
+        let half = settings.latency / 2;
+        let sim = SimBackend::new(SimConfig {
+            latency: Latency::Uniform {
+                min: half,
+                max: settings.latency + half,
+            },
+            error_rate: 0.0,
+            seed: 7,
+        });
+        let handle = sim.handle();
+        let backend: Arc<dyn Backend> = Arc::new(sim);
+        let front_client = connect(nats_url).await?;
+        let front = match design {
+            Design::Naive => Front::Naive(
+                NaiveLlmFront::start(
+                    front_client.clone(),
+                    LLM_SUBJECT.into(),
+                    backend,
+                    settings.workers,
+                )
+                .await
+                .map_err(|e| format!("naive LLM front: {e}"))?,
+            ),
+            Design::Bounded => {
+                return Err(
+                    "weir-llm-adapter exposes no in-process service start function yet \
+                     (its lib has admission, backend, config; no service edge)"
+                        .into(),
+                );
+            }
+        };
+        // Make sure the front's subscription is registered before requests flow.
+        front_client.flush().await.map_err(|e| e.to_string())?;
+        let client = connect(nats_url).await?;
+        let counters = Arc::new(GeneratorCounters::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let generator = tokio::spawn(generator::run(
+            client,
+            GeneratorConfig {
+                subject: LLM_SUBJECT.into(),
+                rate: factor * settings.capacity(),
+                sessions: streams.max(10),
+                deadline: settings.deadline,
+            },
+            counters.clone(),
+            stop.clone(),
+        ));
+        Ok(Self {
+            front,
+            sim: handle,
+            counters,
+            stop,
+            generator,
+            factor,
+        })
     }
 
-    /// Stops sending new requests.
-    pub fn stop_offering(&self) {}
+    /// Stops sending new requests (outstanding ones finish or time out).
+    pub fn stop_offering(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 
-    /// Whether nothing is outstanding.
+    /// Whether no request is waiting for its reply.
     pub fn idle(&self) -> bool {
-        true
+        self.counters.outstanding.load(Ordering::Relaxed) == 0
     }
 
-    /// Pauses or resumes the backend.
-    pub fn pause_backend(&self, _paused: bool) {}
+    /// Pauses (`true`) or resumes the simulated backend.
+    pub fn pause_backend(&self, paused: bool) {
+        if paused {
+            self.sim.pause();
+        } else {
+            self.sim.resume();
+        }
+    }
 
-    /// Requests held by the front.
+    /// Requests held by the front now (queued + running).
     pub fn in_flight(&self) -> u64 {
-        0
+        match &self.front {
+            Front::Naive(f) => f.stats().in_flight.load(Ordering::Relaxed),
+        }
     }
 
-    /// The report.
-    pub fn report(&self, _wall: Duration) -> LlmReport {
-        not_run()
+    /// The report so far; `wall` is the run's length for goodput.
+    pub fn report(&self, wall: Duration) -> LlmReport {
+        let c = &self.counters;
+        let refused_by_code = c.refused();
+        let sim = self.sim.stats();
+        let (front, queue_wait_ms, inference_ms, in_flight_max) = match &self.front {
+            Front::Naive(f) => {
+                let s = f.stats();
+                (
+                    "naive (task per message + semaphore)".to_owned(),
+                    s.queue_wait(),
+                    s.inference(),
+                    s.in_flight_max.load(Ordering::Relaxed),
+                )
+            }
+        };
+        let in_deadline = c.completed_in_deadline.load(Ordering::Relaxed);
+        LlmReport {
+            enabled: true,
+            front,
+            offered: c.offered.load(Ordering::Relaxed),
+            completed: c.completed.load(Ordering::Relaxed),
+            refused: refused_by_code.values().sum(),
+            refused_by_code,
+            caller_timeouts: c.caller_timeouts.load(Ordering::Relaxed),
+            started_after_deadline: sim.started_after_deadline,
+            completed_in_deadline: in_deadline,
+            goodput_per_s: in_deadline as f64 / wall.as_secs_f64().max(0.001),
+            queue_wait_ms,
+            inference_ms,
+            in_flight_max,
+            load_factor: self.factor,
+        }
     }
 
-    /// Stops everything.
-    pub async fn stop(self) {}
+    /// Stops the generator (bounded wait) and the front.
+    pub async fn stop(self) {
+        self.stop_offering();
+        self.sim.resume();
+        let mut generator = self.generator;
+        if tokio::time::timeout(Duration::from_secs(5), &mut generator)
+            .await
+            .is_err()
+        {
+            generator.abort();
+        }
+        drop(self.front);
+    }
 }

@@ -34,7 +34,8 @@ use crate::scenario::{FaultKind, Plan};
 
 /// Longest drain after the producers stopped (plus the idle timeout for `no-end`).
 pub const DRAIN_MAX: Duration = Duration::from_secs(6);
-/// The fleet reaps a stream silent this long without `end`.
+/// The fleet reaps a stream silent this long without `end` (plus the fault's length
+/// in fault scenarios, so that a pause is not mistaken for a vanished producer).
 pub const FLEET_IDLE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Audio subject template used by both designs.
 pub const SUBJECT_TEMPLATE: &str = "weir.audio.{partition}.{stream}";
@@ -226,6 +227,7 @@ pub async fn run_one(
     let nats_url = nats.url();
 
     // 2. Fleet.
+    let fleet_idle = FLEET_IDLE_TIMEOUT + plan.fault.map_or(Duration::ZERO, |f| f.length);
     let fleet = Arc::new(
         Fleet::start(
             &nats_url,
@@ -234,7 +236,7 @@ pub async fn run_one(
                 partitions: env.partitions,
                 workers: env.fleet_workers,
                 cost_per_frame: env.frame_cost,
-                idle_timeout: FLEET_IDLE_TIMEOUT,
+                idle_timeout: fleet_idle,
                 subscription_capacity: 65_536,
                 max_pending_bytes: 16_000,
                 max_pending_age: Duration::from_millis(500),
@@ -257,15 +259,19 @@ pub async fn run_one(
     let nats_cpu_start = nats.pid().and_then(cpu_time);
 
     // 4. LLM side.
+    let mut llm_unavailable = None;
     let llm = match plan.llm {
-        Some(load) => Some(
-            LlmRun::start(&nats_url, design, streams, load.factor, &env.llm)
-                .await
-                .map_err(|e| format!("cannot start the LLM side: {e}"))?,
-        ),
+        Some(load) => {
+            match LlmRun::start(&nats_url, design, streams, load.factor, &env.llm).await {
+                Ok(l) => Some(Arc::new(l)),
+                Err(e) => {
+                    llm_unavailable = Some(format!("LLM side not run: {e}"));
+                    None
+                }
+            }
+        }
         None => None,
     };
-    let llm = llm.map(Arc::new);
 
     // 5. Sampler, producers, fault.
     let start = Instant::now();
@@ -352,12 +358,12 @@ pub async fn run_one(
     let drain_deadline = producers_done
         + DRAIN_MAX
         + if plan.vanish_share > 0.0 {
-            FLEET_IDLE_TIMEOUT + Duration::from_secs(1)
+            fleet_idle + Duration::from_secs(1)
         } else {
             Duration::ZERO
         };
     let reap_wait = if plan.vanish_share > 0.0 {
-        producers_done + FLEET_IDLE_TIMEOUT + Duration::from_millis(600)
+        producers_done + fleet_idle + Duration::from_millis(600)
     } else {
         producers_done
     };
@@ -423,10 +429,14 @@ pub async fn run_one(
             _ => end,
         });
     let wall = start.elapsed();
-    let llm_report = match &llm {
-        Some(l) => l.report(wall),
-        None => crate::llm::not_run(),
+    let llm_report = match (&llm, &llm_unavailable) {
+        (Some(l), _) => l.report(wall),
+        (None, Some(why)) => crate::llm::not_run_because(why),
+        (None, None) => crate::llm::not_run(),
     };
+    if let Some(why) = llm_unavailable {
+        notes.push(why);
+    }
     if let Some(l) = llm {
         if let Ok(l) = Arc::try_unwrap(l) {
             l.stop().await;

@@ -1,0 +1,228 @@
+//! The LLM request generator: requests at a fixed rate over many sessions, each with a
+//! deadline, through plain async-nats requests with the documented headers
+//! (`Weir-Request-Id`, `Weir-Session-Id`, `Weir-Deadline-Ms`).
+//!
+//! Every request uses its own inbox (a request that never gets a reply otherwise leaves
+//! an entry in the client) and a timeout of deadline + [`REPLY_MARGIN`]: the caller gives
+//! up then, which is *not* a cancellation of the responder's work — the naive front
+//! keeps working on it, weir's adapter drops it at the deadline.
+//!
+//! Invariants: the generator never has more than [`MAX_OUTSTANDING`] requests waiting
+//! (beyond that it counts `skipped` instead of sending); it stops at its stop signal
+//! and every outstanding request ends within its timeout. A reply is classified by its
+//! headers: `Weir-Error-Code` (or `Nats-Service-Error-Code`) → refused by that code,
+//! else completed.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+use weir_protocol::llm::headers;
+
+use crate::fleet::unix_ms;
+use crate::stats::{LatencyHistogram, Percentiles};
+
+/// Extra time a caller waits after the deadline before giving up.
+pub const REPLY_MARGIN: Duration = Duration::from_millis(500);
+/// Most requests waiting for a reply at once.
+pub const MAX_OUTSTANDING: u64 = 20_000;
+/// Generator tick.
+const TICK: Duration = Duration::from_millis(10);
+
+/// What the generator counted.
+#[derive(Debug, Default)]
+pub struct GeneratorCounters {
+    /// Requests sent.
+    pub offered: AtomicU64,
+    /// Replies with a result.
+    pub completed: AtomicU64,
+    /// Of those, received within the deadline.
+    pub completed_in_deadline: AtomicU64,
+    /// No reply within deadline + margin.
+    pub caller_timeouts: AtomicU64,
+    /// Not sent because too many were outstanding.
+    pub skipped: AtomicU64,
+    /// Waiting for a reply now.
+    pub outstanding: AtomicU64,
+    refused: Mutex<BTreeMap<String, u64>>,
+    latency: Mutex<LatencyHistogram>,
+    reply_queue_ms: Mutex<LatencyHistogram>,
+    reply_inference_ms: Mutex<LatencyHistogram>,
+}
+
+impl GeneratorCounters {
+    /// Refusals by code.
+    pub fn refused(&self) -> BTreeMap<String, u64> {
+        self.refused.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+
+    /// Caller-side latency of completed requests.
+    pub fn latency(&self) -> Percentiles {
+        self.latency.lock().map(|h| h.summary()).unwrap_or_default()
+    }
+
+    /// Queue wait reported in reply headers (`Weir-Queue-Ms`).
+    pub fn reply_queue_ms(&self) -> Percentiles {
+        self.reply_queue_ms
+            .lock()
+            .map(|h| h.summary())
+            .unwrap_or_default()
+    }
+
+    /// Inference time reported in reply headers (`Weir-Inference-Ms`).
+    pub fn reply_inference_ms(&self) -> Percentiles {
+        self.reply_inference_ms
+            .lock()
+            .map(|h| h.summary())
+            .unwrap_or_default()
+    }
+
+    fn refuse(&self, code: &str) {
+        if let Ok(mut m) = self.refused.lock() {
+            *m.entry(code.to_owned()).or_default() += 1;
+        }
+    }
+}
+
+/// Generator settings.
+#[derive(Debug, Clone)]
+pub struct GeneratorConfig {
+    /// Request subject.
+    pub subject: String,
+    /// Requests per second.
+    pub rate: f64,
+    /// Distinct sessions (round-robin).
+    pub sessions: usize,
+    /// Deadline of each request, from when it is sent.
+    pub deadline: Duration,
+}
+
+/// Runs until `stop` is set; returns when every outstanding request has ended.
+pub async fn run(
+    client: async_nats::Client,
+    config: GeneratorConfig,
+    counters: Arc<GeneratorCounters>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let per_tick = config.rate * TICK.as_secs_f64();
+    let mut credit = 0.0;
+    let mut n: u64 = 0;
+    let mut tasks = tokio::task::JoinSet::new();
+    let sessions = config.sessions.max(1) as u64;
+    while !stop.load(Ordering::Relaxed) {
+        tick.tick().await;
+        credit += per_tick;
+        while credit >= 1.0 {
+            credit -= 1.0;
+            n += 1;
+            if counters.outstanding.load(Ordering::Relaxed) >= MAX_OUTSTANDING {
+                counters.skipped.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            counters.offered.fetch_add(1, Ordering::Relaxed);
+            counters.outstanding.fetch_add(1, Ordering::Relaxed);
+            let (client, counters) = (client.clone(), counters.clone());
+            let subject = config.subject.clone();
+            let deadline = config.deadline;
+            let session = format!("conv{}", n % sessions);
+            tasks.spawn(async move {
+                one_request(&client, subject, n, session, deadline, &counters).await;
+                counters.outstanding.fetch_sub(1, Ordering::Relaxed);
+            });
+        }
+        // Reap finished tasks so the set does not grow with the run.
+        while tasks.try_join_next().is_some() {}
+    }
+    // Every request ends within deadline + margin.
+    let _ = tokio::time::timeout(
+        config.deadline + REPLY_MARGIN + Duration::from_secs(1),
+        async { while tasks.join_next().await.is_some() {} },
+    )
+    .await;
+    tasks.abort_all();
+}
+
+async fn one_request(
+    client: &async_nats::Client,
+    subject: String,
+    n: u64,
+    session: String,
+    deadline: Duration,
+    counters: &GeneratorCounters,
+) {
+    let sent = Instant::now();
+    let mut h = async_nats::HeaderMap::new();
+    h.insert(headers::REQUEST_ID, format!("lt-{n}").as_str());
+    h.insert(headers::SESSION_ID, session.as_str());
+    h.insert(
+        headers::DEADLINE_MS,
+        (unix_ms() + deadline.as_millis() as u64)
+            .to_string()
+            .as_str(),
+    );
+    let body = Bytes::from(format!(
+        r#"{{"prompt":"transcript {n} of {session}","max_tokens":32}}"#
+    ));
+    let request = async_nats::Request::new()
+        .headers(h)
+        .payload(body)
+        .timeout(Some(deadline + REPLY_MARGIN))
+        .inbox(client.new_inbox());
+    // Bound the whole call, not only the wait after it was queued.
+    let result = tokio::time::timeout(
+        deadline + REPLY_MARGIN + Duration::from_millis(200),
+        client.send_request(subject, request),
+    )
+    .await;
+    match result {
+        Ok(Ok(msg)) => {
+            let get = |name: &str| {
+                msg.headers
+                    .as_ref()
+                    .and_then(|h| h.get(name))
+                    .map(|v| v.as_str().to_owned())
+            };
+            if let Some(code) =
+                get(headers::ERROR_CODE).or_else(|| get(headers::NATS_SERVICE_ERROR_CODE))
+            {
+                counters.refuse(&code);
+                return;
+            }
+            counters.completed.fetch_add(1, Ordering::Relaxed);
+            let elapsed = sent.elapsed();
+            if elapsed <= deadline {
+                counters
+                    .completed_in_deadline
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            if let Ok(mut l) = counters.latency.lock() {
+                l.record(elapsed);
+            }
+            for (name, hist) in [
+                (headers::QUEUE_MS, &counters.reply_queue_ms),
+                (headers::INFERENCE_MS, &counters.reply_inference_ms),
+            ] {
+                if let Some(ms) = get(name).and_then(|v| v.trim().parse::<f64>().ok())
+                    && let Ok(mut hist) = hist.lock()
+                {
+                    hist.record_ms(ms);
+                }
+            }
+        }
+        Ok(Err(e)) => match e.kind() {
+            async_nats::client::RequestErrorKind::TimedOut => {
+                counters.caller_timeouts.fetch_add(1, Ordering::Relaxed);
+            }
+            async_nats::client::RequestErrorKind::NoResponders => counters.refuse("no_responders"),
+            _ => counters.refuse("request_error"),
+        },
+        Err(_) => {
+            counters.caller_timeouts.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
