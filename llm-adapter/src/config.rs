@@ -522,6 +522,83 @@ impl Config {
     }
 }
 
+impl Config {
+    /// The capabilities document: every limit (`null` when disabled), the subjects and
+    /// the header names. Served on the capabilities subject and `/v1/capabilities`.
+    pub fn capabilities(&self) -> serde_json::Value {
+        use serde_json::json;
+        use weir_protocol::llm::headers as h;
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let nonzero_ms = |d: Duration| (!d.is_zero()).then(|| ms(d));
+        let limits: Vec<serde_json::Value> = self
+            .limits
+            .iter()
+            .map(|l| {
+                let (on_busy, max_wait_ms, max_waiters) = match l.on_busy {
+                    OnBusy::Reject => ("reject", None, None),
+                    OnBusy::Wait {
+                        max_wait,
+                        max_waiters,
+                    } => ("wait", Some(ms(max_wait)), Some(max_waiters)),
+                };
+                json!({
+                    "name": l.name,
+                    "key": l.key.describe(),
+                    "limit": l.limit.get(),
+                    "on_busy": on_busy,
+                    "max_wait_ms": max_wait_ms,
+                    "max_waiters": max_waiters,
+                })
+            })
+            .collect();
+        json!({
+            "service": {
+                "name": self.service.name,
+                "version": self.service.version,
+                "queue_group": self.service.queue_group,
+                "subject": self.service.subject,
+                "cancel_subject": self.service.cancel_subject,
+                "capabilities_subject": self.service.capabilities_subject,
+                "limits_subject": self.service.limits_subject,
+            },
+            "mode": self.mode,
+            "workers": self.workers.get(),
+            "queue_capacity": self.queue_capacity.get(),
+            "session": {
+                "pending_cap": self.session.pending_cap.map(NonZeroUsize::get),
+                "ordering": self.session.ordering,
+            },
+            "limits": limits,
+            "deadline": {
+                "default_ms": self.deadline.default.map(ms),
+                "max_ms": ms(self.deadline.max),
+                "min_start_budget_ms": nonzero_ms(self.deadline.min_start_budget),
+            },
+            "idempotency": self.idempotency.map(|i| json!({
+                "window_ms": ms(i.window),
+                "max_entries": i.max_entries.get(),
+            })),
+            "backend": {
+                "kind": self.backend.kind.name(),
+                "timeout_ms": ms(self.backend.timeout),
+            },
+            "shutdown_grace_ms": ms(self.shutdown_grace),
+            "headers": {
+                "request_id": h::REQUEST_ID,
+                "session_id": h::SESSION_ID,
+                "deadline_ms": h::DEADLINE_MS,
+                "timeout_ms": h::TIMEOUT_MS,
+                "admission": h::ADMISSION,
+                "client_key": h::CLIENT_KEY,
+                "cancel": h::CANCEL,
+                "queue_ms": h::QUEUE_MS,
+                "inference_ms": h::INFERENCE_MS,
+                "error_code": h::ERROR_CODE,
+            },
+        })
+    }
+}
+
 fn read_limits(r: &mut Reader<'_>) -> Result<Vec<KeyLimit>, ConfigError> {
     let Some(v) = r.get("limits") else {
         return Ok(Vec::new());
@@ -1158,6 +1235,28 @@ mod tests {
     fn session_cap_zero_means_unlimited() {
         let c = Config::from_toml_str("[session]\npending_cap = 0").expect("valid");
         assert_eq!(c.session.pending_cap, None);
+    }
+
+    #[test]
+    fn capabilities_show_null_for_disabled_limits() {
+        let c = Config::from_toml_str(
+            "[session]\npending_cap = 0\n[deadline]\ndefault_ms = 0\n[idempotency]\nenabled = false",
+        )
+        .expect("valid");
+        let v = c.capabilities();
+        assert_eq!(v["session"]["pending_cap"], serde_json::Value::Null);
+        assert_eq!(v["deadline"]["default_ms"], serde_json::Value::Null);
+        assert_eq!(
+            v["deadline"]["min_start_budget_ms"],
+            serde_json::Value::Null
+        );
+        assert_eq!(v["idempotency"], serde_json::Value::Null);
+        assert_eq!(v["limits"], serde_json::json!([]));
+        let v = Config::default().capabilities();
+        assert_eq!(v["session"]["pending_cap"], 5);
+        assert_eq!(v["queue_capacity"], 256);
+        assert_eq!(v["mode"], "enforce");
+        assert_eq!(v["headers"]["request_id"], "Weir-Request-Id");
     }
 
     #[test]

@@ -1,8 +1,289 @@
-//! weir LLM adapter (work in progress).
+//! weir LLM adapter: a bounded NATS front for an inference backend.
+//!
+//! A NATS micro service (`$SRV.PING|INFO|STATS`) that admits requests into a bounded
+//! queue served by a fixed number of workers, enforces per-session caps and ordering,
+//! per-key concurrency limits, idempotency by request id, cancellation and deadlines,
+//! and refuses explicitly (machine-readable codes and numbers) whatever it cannot take.
+//! See `docs/llm-adapter.md` for the operator's reference.
+//!
+//! # Running it in-process (the load test does this)
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use weir_llm_adapter::{Config, backend::sim::SimBackend};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = async_nats::connect("nats://127.0.0.1:4222").await?;
+//! // Validated config: TOML text (every key optional; see docs/llm-adapter.md).
+//! let config = Config::from_toml_str(
+//!     "workers = 4\nqueue_capacity = 32\n[service]\nsubject = \"llm.infer\"",
+//! )?;
+//! let sim = SimBackend::fixed(Duration::from_millis(20)); // or SimBackend::new(SimConfig)
+//! let sim_handle = sim.handle();                          // Clone; pause()/resume()/stats()
+//! let adapter = weir_llm_adapter::start(client, config, Arc::new(sim)).await?;
+//!
+//! sim_handle.pause();                                     // backend stalls ...
+//! sim_handle.resume();                                    // ... and continues
+//! let stats = adapter.stats();                            // serde-serialisable snapshot
+//! println!("{}", serde_json::to_string(&stats)?);
+//! let report = adapter.shutdown().await;                  // graceful, bounded
+//! # let _ = report; Ok(()) }
+//! ```
+//!
+//! [`AdapterHandle::stats`] returns a [`StatsSnapshot`]: `offered`, `admitted`, `joined`,
+//! `cached`, `completed`, `refused` (map error code → count), `started`,
+//! `started_after_deadline`, `queued_now`, `running_now`, `would_reject` (shadow mode),
+//! `queue_wait_ms` and `inference_ms` ([`Percentiles`]: `count`, `p50`, `p95`, `p99`,
+//! `max`, `mean`, from hdrhistogram), `backend_busy_ms`, `backend_useful_ms` (time in
+//! calls that answered `ok`), `slots_acquired`, `slots_released`. Every submission is
+//! answered exactly once, so `offered = completed + Σ refused + in progress`.
+//!
+//! Callers use [`client::LlmClient`] (or any NATS client: the wire contract is headers
+//! + body, see [`weir_protocol::llm`]).
+//!
+//! # Layout
+//! - [`config`]: TOML + `WEIR_LLM_*` → validated [`Config`];
+//! - [`admission`]: the pure core (queue, workers, limits, deadlines), paused-clock tested;
+//! - [`service`]: the NATS micro edge; [`backend`]: sim, OpenAI-compatible HTTP, NATS;
+//! - [`client`]: the Rust client; [`admin`]: HTTP `/metrics` `/healthz` `/readyz`
+//!   `/v1/capabilities` `/v1/limits` `/v1/stats`; [`metrics`]: every metric name;
+//!   [`trace`]: per-request trace events.
+
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod admission;
 pub mod backend;
+pub mod client;
 pub mod config;
 pub mod metrics;
+pub mod service;
 pub mod trace;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
+pub use admission::{LimitsView, Percentiles, ShutdownReport, StatsSnapshot};
+pub use config::Config;
+
+use crate::admission::{Admission, AdmissionConfig};
+use crate::backend::Backend;
+use crate::config::NatsConfig;
+use crate::service::{NatsSink, ServiceEdge};
+use crate::trace::Tracer;
+
+/// Why the adapter could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind:?}: {message}")]
+pub struct StartError {
+    kind: StartErrorKind,
+    message: String,
+}
+
+/// Machine-readable kind of a [`StartError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StartErrorKind {
+    /// Connecting to NATS failed.
+    Connect,
+    /// Registering the NATS service or its endpoints failed.
+    Service,
+    /// The backend could not be built.
+    Backend,
+}
+
+impl StartError {
+    /// A new error.
+    pub fn new(kind: StartErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// The kind, for callers that match on it.
+    pub fn kind(&self) -> StartErrorKind {
+        self.kind
+    }
+}
+
+/// Connects to NATS with the configured authentication, TLS and timeouts. Connection
+/// events are logged and reflected in the `llm_nats_connected` gauge.
+pub async fn connect(cfg: &NatsConfig) -> Result<async_nats::Client, StartError> {
+    let mut opts = async_nats::ConnectOptions::new()
+        .name(&cfg.name)
+        .connection_timeout(cfg.connection_timeout)
+        .ping_interval(cfg.ping_interval)
+        .subscription_capacity(cfg.subscription_capacity)
+        .require_tls(cfg.tls_required)
+        .event_callback(|event| async move {
+            use async_nats::Event;
+            match &event {
+                Event::Connected => ::metrics::gauge!(metrics::NATS_CONNECTED).set(1.0),
+                Event::Disconnected => ::metrics::gauge!(metrics::NATS_CONNECTED).set(0.0),
+                _ => {}
+            }
+            tracing::info!(event = %event, "nats connection event");
+        });
+    if let (Some(u), Some(p)) = (&cfg.user, &cfg.password) {
+        opts = opts.user_and_password(u.clone(), p.clone());
+    }
+    if let Some(t) = &cfg.token {
+        opts = opts.token(t.clone());
+    }
+    if let Some(seed) = &cfg.nkey {
+        opts = opts.nkey(seed.clone());
+    }
+    if let Some(path) = &cfg.creds_file {
+        opts = opts.credentials_file(path).await.map_err(|e| {
+            StartError::new(
+                StartErrorKind::Connect,
+                format!("nats.creds_file {}: {e}", path.display()),
+            )
+        })?;
+    }
+    if let Some(ca) = &cfg.tls_ca_file {
+        opts = opts.add_root_certificates(ca.clone());
+    }
+    if let (Some(cert), Some(key)) = (&cfg.tls_cert_file, &cfg.tls_key_file) {
+        opts = opts.add_client_certificate(cert.clone(), key.clone());
+    }
+    let client = opts
+        .connect(cfg.url.as_str())
+        .await
+        .map_err(|e| StartError::new(StartErrorKind::Connect, format!("nats {}: {e}", cfg.url)))?;
+    ::metrics::gauge!(metrics::NATS_CONNECTED).set(1.0);
+    Ok(client)
+}
+
+/// A read-only view of a running adapter, cheap to clone (the admin server holds one).
+#[derive(Clone)]
+pub struct AdapterView {
+    admission: Admission<NatsSink>,
+    client: async_nats::Client,
+    config: Arc<Config>,
+}
+
+impl AdapterView {
+    /// Counters and histograms.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.admission.stats()
+    }
+
+    /// The busiest keys and sessions.
+    pub fn limits(&self, top: usize) -> LimitsView {
+        self.admission.limits_view(top)
+    }
+
+    /// Every limit (`null` when disabled), subjects and header names.
+    pub fn capabilities(&self) -> serde_json::Value {
+        self.config.capabilities()
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Whether the NATS connection is up.
+    pub fn nats_connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    /// Ready to take requests: connected and not shutting down.
+    pub fn is_ready(&self) -> bool {
+        self.nats_connected() && !self.admission.is_shutting_down()
+    }
+}
+
+/// A running adapter. Dropping it without [`AdapterHandle::shutdown`] leaves its tasks
+/// running until the runtime ends.
+pub struct AdapterHandle {
+    view: AdapterView,
+    edge: ServiceEdge,
+    trace_task: Option<JoinHandle<()>>,
+}
+
+impl AdapterHandle {
+    /// Counters and histograms (see the crate docs for the fields).
+    pub fn stats(&self) -> StatsSnapshot {
+        self.view.stats()
+    }
+
+    /// The busiest keys and sessions.
+    pub fn limits(&self, top: usize) -> LimitsView {
+        self.view.limits(top)
+    }
+
+    /// The capabilities document.
+    pub fn capabilities(&self) -> serde_json::Value {
+        self.view.capabilities()
+    }
+
+    /// A cloneable read-only view (for the admin server).
+    pub fn view(&self) -> AdapterView {
+        self.view.clone()
+    }
+
+    /// Graceful shutdown: new requests are answered `shutting_down`, queued ones are
+    /// answered `shutting_down` at once, the service unsubscribes (replicas in the queue
+    /// group take new requests), running requests finish within `shutdown_grace_ms` and
+    /// are aborted after it; pending replies are flushed.
+    pub async fn shutdown(mut self) -> ShutdownReport {
+        let admission = self.view.admission.clone();
+        admission.stop_admitting().await;
+        self.edge.stop(Duration::from_secs(2)).await;
+        let report = admission.shutdown().await;
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.view.client.flush()).await;
+        if let Some(t) = self.trace_task.take() {
+            t.abort();
+        }
+        report
+    }
+}
+
+/// Starts the adapter on an existing connection: the admission core (workers, timers),
+/// the NATS service and its endpoints, and the trace publisher if configured.
+pub async fn start(
+    client: async_nats::Client,
+    config: Config,
+    backend: Arc<dyn Backend>,
+) -> Result<AdapterHandle, StartError> {
+    let config = Arc::new(config);
+    let (tracer, trace_task) = match &config.trace.subject {
+        Some(subject) => {
+            let (tracer, rx) = Tracer::with_channel(config.trace.log, config.trace.buffer.get());
+            let task = tokio::spawn(trace::publish_events(
+                client.clone(),
+                subject.clone(),
+                rx,
+                config.nats.publish_timeout,
+            ));
+            (tracer, Some(task))
+        }
+        None => (Tracer::logging(config.trace.log), None),
+    };
+    let sink = Arc::new(NatsSink::new(client.clone(), config.nats.publish_timeout));
+    let admission = Admission::start(AdmissionConfig::from(&*config), backend, sink, tracer);
+    let edge = match ServiceEdge::start(&client, config.clone(), admission.clone()).await {
+        Ok(edge) => edge,
+        Err(e) => {
+            admission.shutdown().await;
+            if let Some(t) = trace_task {
+                t.abort();
+            }
+            return Err(StartError::new(StartErrorKind::Service, e.to_string()));
+        }
+    };
+    Ok(AdapterHandle {
+        view: AdapterView {
+            admission,
+            client,
+            config,
+        },
+        edge,
+        trace_task,
+    })
+}

@@ -26,7 +26,7 @@ mod state;
 mod stats;
 
 use std::num::NonZeroUsize;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -340,6 +340,7 @@ struct Inner<S: Sink> {
     /// Wakes the sweeper when an earlier timer was added, or to stop it.
     timers: Notify,
     stopped: AtomicBool,
+    answered_at_shutdown: AtomicUsize,
     workers: Mutex<Vec<JoinHandle<()>>>,
     sweeper: Mutex<Option<JoinHandle<()>>>,
 }
@@ -510,6 +511,7 @@ impl<S: Sink> Admission<S> {
             work: Notify::new(),
             timers: Notify::new(),
             stopped: AtomicBool::new(false),
+            answered_at_shutdown: AtomicUsize::new(0),
             workers: Mutex::new(Vec::new()),
             sweeper: Mutex::new(None),
         });
@@ -566,6 +568,33 @@ impl<S: Sink> Admission<S> {
         self.inner.lock().limits_view(top, Instant::now())
     }
 
+    /// Answers a request that could not be decoded (counted as offered and answered).
+    pub async fn answer_now(&self, waiter: S::Waiter, error: ErrorBody, received_at: Instant) {
+        self.inner.stats.offered();
+        let outcome = Arc::new(Outcome {
+            result: Err(error),
+            queue_time: received_at.elapsed(),
+            inference_time: None,
+            request_id: None,
+        });
+        self.inner.stats.answered(&outcome);
+        self.inner.sink.deliver(waiter, outcome).await;
+    }
+
+    /// First step of shutdown: from now on every submission is answered
+    /// `shutting_down`, and every queued request is answered `shutting_down` now.
+    /// Running requests continue. Returns how many queued requests were answered.
+    pub async fn stop_admitting(&self) -> usize {
+        let mut fx = Effects::default();
+        let n = self.inner.lock().begin_shutdown(Instant::now(), &mut fx);
+        self.inner.apply(fx).await;
+        self.inner
+            .answered_at_shutdown
+            .fetch_add(n, Ordering::Relaxed);
+        self.inner.work.notify_waiters();
+        n
+    }
+
     /// Whether shutdown has begun.
     pub fn is_shutting_down(&self) -> bool {
         self.inner.lock().is_shutting_down()
@@ -576,10 +605,7 @@ impl<S: Sink> Admission<S> {
     /// then aborts the rest (answered `shutting_down`) and stops the tasks.
     /// Calling it again is harmless.
     pub async fn shutdown(&self) -> ShutdownReport {
-        let mut fx = Effects::default();
-        let answered_queued = self.inner.lock().begin_shutdown(Instant::now(), &mut fx);
-        self.inner.apply(fx).await;
-        self.inner.work.notify_waiters();
+        self.stop_admitting().await;
         let workers: Vec<JoinHandle<()>> =
             std::mem::take(&mut *self.inner.workers.lock().unwrap_or_else(|p| p.into_inner()));
         let mut all = futures::future::join_all(workers);
@@ -604,7 +630,7 @@ impl<S: Sink> Admission<S> {
             let _ = tokio::time::timeout(Duration::from_secs(1), h).await;
         }
         ShutdownReport {
-            answered_queued,
+            answered_queued: self.inner.answered_at_shutdown.load(Ordering::Relaxed),
             aborted_running,
         }
     }

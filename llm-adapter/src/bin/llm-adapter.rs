@@ -1,0 +1,233 @@
+//! `llm-adapter serve [--config FILE] [--nats-url URL] [--admin ADDR]`
+//!
+//! Configuration precedence: built-in defaults < the TOML file < `WEIR_LLM_*`
+//! environment variables (`WEIR_LLM_QUEUE_CAPACITY=64`, `WEIR_LLM_SESSION__PENDING_CAP=5`;
+//! `__` separates sections) < flags. Every value is validated before anything starts;
+//! an error names the key and exits with status 2.
+//!
+//! When ready, one line goes to stdout: `{"event":"ready","admin":"127.0.0.1:PORT"}`.
+//! Logs go to stderr (`RUST_LOG`, default `info`; `--log-format json` for JSON lines).
+//! SIGTERM or SIGINT starts a graceful shutdown (see `AdapterHandle::shutdown`).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use tokio::sync::watch;
+use weir_llm_adapter::admin::{self, AdminState};
+use weir_llm_adapter::config::{self, Config};
+use weir_llm_adapter::{backend, metrics as m};
+
+#[derive(Parser)]
+#[command(
+    name = "llm-adapter",
+    version,
+    about = "weir: a bounded NATS front for LLM backends"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the adapter.
+    Serve(ServeArgs),
+    /// Validate the configuration and print the capabilities document.
+    CheckConfig(ServeArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// TOML configuration file.
+    #[arg(long, env = "WEIR_LLM_CONFIG")]
+    config: Option<PathBuf>,
+    /// NATS server URL(s), comma-separated (overrides `nats.url`).
+    #[arg(long, env = "WEIR_LLM_NATS_URL")]
+    nats_url: Option<String>,
+    /// Admin HTTP address, e.g. 127.0.0.1:9091; port 0 picks a free port (overrides
+    /// `admin.listen`).
+    #[arg(long, env = "WEIR_LLM_ADMIN")]
+    admin: Option<String>,
+    /// Log format on stderr.
+    #[arg(long, env = "WEIR_LLM_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+}
+
+/// Environment variables read by clap, not by the generic `WEIR_LLM_*` mapping.
+const FLAG_VARS: &[&str] = &[
+    "WEIR_LLM_CONFIG",
+    "WEIR_LLM_NATS_URL",
+    "WEIR_LLM_ADMIN",
+    "WEIR_LLM_LOG_FORMAT",
+];
+
+fn load(args: &ServeArgs) -> Result<Config, String> {
+    let mut table = match &args.config {
+        None => toml::Table::new(),
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("config file {}: {e}", path.display()))?;
+            toml::from_str::<toml::Table>(&text)
+                .map_err(|e| format!("config file {}: {e}", path.display()))?
+        }
+    };
+    config::apply_env(&mut table, std::env::vars(), FLAG_VARS).map_err(|e| e.to_string())?;
+    if let Some(url) = &args.nats_url {
+        config::set_path(
+            &mut table,
+            &["nats".into(), "url".into()],
+            toml::Value::String(url.clone()),
+        )
+        .map_err(|e| format!("--nats-url: {e}"))?;
+    }
+    if let Some(addr) = &args.admin {
+        config::set_path(
+            &mut table,
+            &["admin".into(), "listen".into()],
+            toml::Value::String(addr.clone()),
+        )
+        .map_err(|e| format!("--admin: {e}"))?;
+    }
+    Config::from_table(&table).map_err(|e| e.to_string())
+}
+
+fn init_logs(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn wait_for_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = term => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+    }
+}
+
+async fn serve(config: Config) -> Result<(), String> {
+    let (recorder, prometheus) = m::prometheus_recorder();
+    metrics::set_global_recorder(recorder).map_err(|e| format!("metrics recorder: {e}"))?;
+    let upkeep = prometheus.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+
+    let client = weir_llm_adapter::connect(&config.nats)
+        .await
+        .map_err(|e| e.to_string())?;
+    let built =
+        backend::from_config(&config.backend, &client).map_err(|e| format!("backend: {e}"))?;
+    let listener = tokio::net::TcpListener::bind(config.admin.listen)
+        .await
+        .map_err(|e| format!("admin.listen {}: {e}", config.admin.listen))?;
+    let admin_addr = listener
+        .local_addr()
+        .map_err(|e| format!("admin address: {e}"))?;
+    tracing::info!(
+        nats = %config.nats.url,
+        subject = %config.service.subject,
+        backend = config.backend.kind.name(),
+        workers = config.workers.get(),
+        queue_capacity = config.queue_capacity.get(),
+        mode = %config.mode,
+        "starting"
+    );
+    let adapter = weir_llm_adapter::start(client, config, built.backend)
+        .await
+        .map_err(|e| e.to_string())?;
+
+    let (stop_tx, mut stop_rx) = watch::channel(false);
+    let admin_task = tokio::spawn(admin::serve(
+        listener,
+        AdminState {
+            view: adapter.view(),
+            prometheus: Some(prometheus),
+        },
+        async move {
+            let _ = stop_rx.wait_for(|s| *s).await;
+        },
+    ));
+
+    let ready = serde_json::json!({"event": "ready", "admin": admin_addr.to_string()});
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{ready}").map_err(|e| format!("stdout: {e}"))?;
+    out.flush().map_err(|e| format!("stdout: {e}"))?;
+    drop(out);
+
+    wait_for_signal().await;
+    tracing::info!("shutting down: refusing new requests, draining");
+    let report = adapter.shutdown().await;
+    tracing::info!(
+        answered_queued = report.answered_queued,
+        aborted_running = report.aborted_running,
+        "shutdown complete"
+    );
+    let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(2), admin_task).await;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let (args, check_only) = match &cli.cmd {
+        Cmd::Serve(a) => (a, false),
+        Cmd::CheckConfig(a) => (a, true),
+    };
+    init_logs(&args.log_format);
+    let config = match load(args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("llm-adapter: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if check_only {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&config.capabilities()).unwrap_or_default()
+        );
+        return ExitCode::SUCCESS;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("llm-adapter: tokio runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(serve(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("llm-adapter: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,522 @@
+//! A Rust client for the adapter.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use weir_llm_adapter::client::{ClientErrorKind, LlmClient};
+//! use weir_protocol::llm::ErrorCode;
+//!
+//! # async fn demo(nats: async_nats::Client) -> Result<(), Box<dyn std::error::Error>> {
+//! // Subjects and the per-session cap come from the capabilities answer.
+//! let llm = LlmClient::discover(nats, "llm.capabilities", Duration::from_secs(1)).await?;
+//! match llm
+//!     .request(r#"{"messages":[]}"#)
+//!     .session("call-42")
+//!     .request_id("call-42:turn-7")
+//!     .timeout(Duration::from_secs(2))
+//!     .send()
+//!     .await
+//! {
+//!     Ok(reply) => println!("{} bytes after {:?} queued", reply.body.len(), reply.queue_time),
+//!     Err(e) if e.kind() == ClientErrorKind::Server(ErrorCode::QueueFull) => {
+//!         println!("busy, retry after {:?}", e.retry_after());
+//!     }
+//!     Err(e) => return Err(e.into()),
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Invariants:
+//! - every request uses its own inbox (`Request::inbox(client.new_inbox())`): async-nats
+//!   keeps an entry for every muxed request that is never answered, for the life of the
+//!   connection;
+//! - the NATS wait is the request's budget plus a small margin, so the server's own
+//!   `deadline_exceeded` answer arrives before the client gives up; the whole call
+//!   (including queuing the publish) is bounded;
+//! - error replies (`Nats-Service-Error`) are never returned as `Ok`: they become a
+//!   [`ClientError`] whose [`ClientError::kind`] callers match on;
+//! - the optional local session cap mirrors the server's advertised
+//!   `session.pending_cap` to fail early without a round trip; it counts only this
+//!   client's requests (a slot is released when the call returns or is dropped), and
+//!   the server stays the authority.
+
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_nats::{HeaderMap, HeaderName, HeaderValue};
+use bytes::Bytes;
+use weir_protocol::llm::headers as h;
+use weir_protocol::llm::{AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails, ResponseEnvelope};
+
+use crate::service::CancelReply;
+
+/// Machine-readable kind of a [`ClientError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ClientErrorKind {
+    /// The adapter answered with this error code.
+    Server(ErrorCode),
+    /// Refused locally: this client already has `session.pending_cap` requests pending
+    /// for the session (mirrors the server's `session_queue_full`).
+    LocalSessionCap,
+    /// An error reply that is not the adapter's (e.g. passed through from a NATS backend).
+    ServiceError,
+    /// No reply within the budget + margin.
+    TimedOut,
+    /// Nobody listens on the subject.
+    NoResponders,
+    /// Connection or publish failure.
+    Transport,
+    /// A reply that could not be understood.
+    InvalidReply,
+}
+
+/// A failed call.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ClientError {
+    kind: ClientErrorKind,
+    body: Option<Box<ErrorBody>>,
+    message: String,
+}
+
+impl ClientError {
+    fn new(kind: ClientErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            body: None,
+            message: message.into(),
+        }
+    }
+
+    /// The kind, for callers that match on it.
+    pub fn kind(&self) -> ClientErrorKind {
+        self.kind
+    }
+
+    /// The adapter's error (code, message, details), when it sent one.
+    pub fn body(&self) -> Option<&ErrorBody> {
+        self.body.as_deref()
+    }
+
+    /// The error details (empty when none were sent).
+    pub fn details(&self) -> ErrorDetails {
+        self.body
+            .as_ref()
+            .map(|b| b.details.clone())
+            .unwrap_or_default()
+    }
+
+    /// The server's retry hint.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.body
+            .as_ref()
+            .and_then(|b| b.details.retry_after_ms)
+            .map(Duration::from_millis)
+    }
+}
+
+/// A successful reply.
+#[derive(Debug, Clone)]
+pub struct LlmReply {
+    /// The backend's body, unchanged.
+    pub body: Bytes,
+    /// Time the request waited before inference started (`Weir-Queue-Ms`).
+    pub queue_time: Option<Duration>,
+    /// Inference time (`Weir-Inference-Ms`).
+    pub inference_time: Option<Duration>,
+    /// All reply headers.
+    pub headers: HeaderMap,
+}
+
+#[derive(Debug, Default)]
+struct LocalCap {
+    cap: usize,
+    pending: Mutex<HashMap<String, usize>>,
+}
+
+/// A local session slot; released on drop.
+struct LocalSlot {
+    cap: Arc<LocalCap>,
+    session: String,
+}
+
+impl Drop for LocalSlot {
+    fn drop(&mut self) {
+        let mut p = self.cap.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = p.get_mut(&self.session) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                p.remove(&self.session);
+            }
+        }
+    }
+}
+
+/// A client of one adapter service.
+#[derive(Debug, Clone)]
+pub struct LlmClient {
+    nats: async_nats::Client,
+    subject: String,
+    cancel_subject: String,
+    default_timeout: Duration,
+    margin: Duration,
+    local_cap: Option<Arc<LocalCap>>,
+}
+
+fn put(map: &mut HeaderMap, name: &str, value: &str) {
+    if let (Ok(n), Ok(v)) = (HeaderName::from_str(name), HeaderValue::from_str(value)) {
+        map.insert(n, v);
+    }
+}
+
+fn get<'a>(map: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    HeaderName::from_str(name)
+        .ok()
+        .and_then(|n| map.get(n))
+        .map(HeaderValue::as_str)
+}
+
+impl LlmClient {
+    /// A client sending to `subject` (cancel subject `llm.cancel`, default timeout 30 s
+    /// for requests without a budget, no local cap).
+    pub fn new(nats: async_nats::Client, subject: impl Into<String>) -> Self {
+        Self {
+            nats,
+            subject: subject.into(),
+            cancel_subject: "llm.cancel".into(),
+            default_timeout: Duration::from_secs(30),
+            margin: Duration::from_millis(250),
+            local_cap: None,
+        }
+    }
+
+    /// Asks the adapter's capabilities subject for its subjects and per-session cap, and
+    /// mirrors the cap locally.
+    pub async fn discover(
+        nats: async_nats::Client,
+        capabilities_subject: &str,
+        timeout: Duration,
+    ) -> Result<Self, ClientError> {
+        let req = async_nats::Request::new()
+            .timeout(Some(timeout))
+            .inbox(nats.new_inbox());
+        let msg = tokio::time::timeout(
+            timeout + Duration::from_millis(100),
+            nats.send_request(capabilities_subject.to_owned(), req),
+        )
+        .await
+        .map_err(|_| ClientError::new(ClientErrorKind::TimedOut, "capabilities: no reply"))?
+        .map_err(request_error)?;
+        let caps: serde_json::Value = serde_json::from_slice(&msg.payload).map_err(|e| {
+            ClientError::new(ClientErrorKind::InvalidReply, format!("capabilities: {e}"))
+        })?;
+        let subject = caps["service"]["subject"].as_str().ok_or_else(|| {
+            ClientError::new(
+                ClientErrorKind::InvalidReply,
+                "capabilities: no service.subject",
+            )
+        })?;
+        let mut client = Self::new(nats, subject);
+        if let Some(c) = caps["service"]["cancel_subject"].as_str() {
+            client.cancel_subject = c.to_owned();
+        }
+        let cap = caps["session"]["pending_cap"]
+            .as_u64()
+            .and_then(|c| usize::try_from(c).ok())
+            .and_then(NonZeroUsize::new);
+        Ok(client.local_session_cap(cap))
+    }
+
+    /// Sets the cancel subject.
+    pub fn cancel_subject(mut self, subject: impl Into<String>) -> Self {
+        self.cancel_subject = subject.into();
+        self
+    }
+
+    /// Timeout for requests sent without a budget or deadline.
+    pub fn default_timeout(mut self, timeout: Duration) -> Self {
+        self.default_timeout = timeout;
+        self
+    }
+
+    /// Enables (or disables with `None`) the local early-fail session cap.
+    pub fn local_session_cap(mut self, cap: Option<NonZeroUsize>) -> Self {
+        self.local_cap = cap.map(|c| {
+            Arc::new(LocalCap {
+                cap: c.get(),
+                pending: Mutex::new(HashMap::new()),
+            })
+        });
+        self
+    }
+
+    /// The local cap, if enabled.
+    pub fn session_cap(&self) -> Option<usize> {
+        self.local_cap.as_ref().map(|c| c.cap)
+    }
+
+    /// Starts building a request with this body (passed to the backend unchanged).
+    pub fn request(&self, body: impl Into<Bytes>) -> RequestBuilder<'_> {
+        RequestBuilder {
+            client: self,
+            body: body.into(),
+            session: None,
+            request_id: None,
+            budget: None,
+            deadline: None,
+            policy: None,
+            client_key: None,
+        }
+    }
+
+    /// Cancels a queued or running request by its id.
+    pub async fn cancel(&self, request_id: &str) -> Result<CancelReply, ClientError> {
+        let mut headers = HeaderMap::new();
+        put(&mut headers, h::CANCEL, request_id);
+        let t = Duration::from_secs(2);
+        let req = async_nats::Request::new()
+            .headers(headers)
+            .timeout(Some(t))
+            .inbox(self.nats.new_inbox());
+        let msg = tokio::time::timeout(
+            t + self.margin,
+            self.nats.send_request(self.cancel_subject.clone(), req),
+        )
+        .await
+        .map_err(|_| ClientError::new(ClientErrorKind::TimedOut, "cancel: no reply"))?
+        .map_err(request_error)?;
+        check_error(&msg)?;
+        serde_json::from_slice(&msg.payload).map_err(|e| {
+            ClientError::new(ClientErrorKind::InvalidReply, format!("cancel reply: {e}"))
+        })
+    }
+
+    fn take_slot(&self, session: &str) -> Result<Option<LocalSlot>, ClientError> {
+        let Some(cap) = &self.local_cap else {
+            return Ok(None);
+        };
+        let mut p = cap.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let n = p.entry(session.to_owned()).or_insert(0);
+        if *n >= cap.cap {
+            let pending = *n as u64;
+            return Err(ClientError {
+                kind: ClientErrorKind::LocalSessionCap,
+                body: Some(Box::new(
+                    ErrorBody::new(
+                        ErrorCode::SessionQueueFull,
+                        format!(
+                            "this client has {pending} requests pending for the session (local cap)"
+                        ),
+                    )
+                    .with_details(ErrorDetails {
+                        limit: Some(cap.cap as u64),
+                        pending: Some(pending),
+                        ..Default::default()
+                    }),
+                )),
+                message: format!("local session cap {} reached", cap.cap),
+            });
+        }
+        *n += 1;
+        Ok(Some(LocalSlot {
+            cap: cap.clone(),
+            session: session.to_owned(),
+        }))
+    }
+}
+
+fn request_error(e: async_nats::RequestError) -> ClientError {
+    use async_nats::RequestErrorKind as K;
+    let kind = match e.kind() {
+        K::TimedOut => ClientErrorKind::TimedOut,
+        K::NoResponders => ClientErrorKind::NoResponders,
+        _ => ClientErrorKind::Transport,
+    };
+    ClientError::new(kind, format!("NATS request: {e}"))
+}
+
+/// Turns an error reply into a [`ClientError`].
+fn check_error(msg: &async_nats::Message) -> Result<(), ClientError> {
+    let Some(hm) = &msg.headers else {
+        return Ok(());
+    };
+    let Some(status) = get(hm, h::NATS_SERVICE_ERROR) else {
+        return Ok(());
+    };
+    let body = ErrorBody::from_json(&msg.payload).or_else(|| {
+        serde_json::from_slice::<ResponseEnvelope>(&msg.payload)
+            .ok()
+            .and_then(|e| e.error)
+    });
+    let code = body
+        .as_ref()
+        .map(|b| b.code)
+        .or_else(|| get(hm, h::ERROR_CODE).and_then(|c| c.parse().ok()));
+    Err(match code {
+        Some(code) => ClientError {
+            kind: ClientErrorKind::Server(code),
+            message: body
+                .as_ref()
+                .map_or_else(|| status.to_owned(), ToString::to_string),
+            body: body.map(Box::new),
+        },
+        None => ClientError::new(
+            ClientErrorKind::ServiceError,
+            format!("service error: {status}"),
+        ),
+    })
+}
+
+/// A request being built; see [`LlmClient::request`].
+#[must_use = "a request does nothing until sent"]
+pub struct RequestBuilder<'a> {
+    client: &'a LlmClient,
+    body: Bytes,
+    session: Option<String>,
+    request_id: Option<String>,
+    budget: Option<Duration>,
+    deadline: Option<SystemTime>,
+    policy: Option<AdmissionPolicy>,
+    client_key: Option<String>,
+}
+
+impl RequestBuilder<'_> {
+    /// The session (per-session cap and ordering).
+    pub fn session(mut self, session: impl Into<String>) -> Self {
+        self.session = Some(session.into());
+        self
+    }
+
+    /// The request id (idempotent retries, cancellation).
+    pub fn request_id(mut self, id: impl Into<String>) -> Self {
+        self.request_id = Some(id.into());
+        self
+    }
+
+    /// Relative budget (`Weir-Timeout-Ms`), also the NATS wait (plus a margin).
+    pub fn timeout(mut self, budget: Duration) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// Absolute deadline (`Weir-Deadline-Ms`; needs synchronised clocks).
+    pub fn deadline(mut self, at: SystemTime) -> Self {
+        self.deadline = Some(at);
+        self
+    }
+
+    /// `enqueue` (default) or `reject` when the session is busy.
+    pub fn policy(mut self, policy: AdmissionPolicy) -> Self {
+        self.policy = Some(policy);
+        self
+    }
+
+    /// The caller's identity for client-keyed limits.
+    pub fn client_key(mut self, key: impl Into<String>) -> Self {
+        self.client_key = Some(key.into());
+        self
+    }
+
+    /// Sends the request and waits for the answer.
+    pub async fn send(self) -> Result<LlmReply, ClientError> {
+        let c = self.client;
+        let _slot = match &self.session {
+            Some(s) => c.take_slot(s)?,
+            None => None,
+        };
+        let mut headers = HeaderMap::new();
+        if let Some(r) = &self.request_id {
+            put(&mut headers, h::REQUEST_ID, r);
+        }
+        if let Some(s) = &self.session {
+            put(&mut headers, h::SESSION_ID, s);
+        }
+        if let Some(k) = &self.client_key {
+            put(&mut headers, h::CLIENT_KEY, k);
+        }
+        if let Some(p) = self.policy {
+            put(&mut headers, h::ADMISSION, p.as_str());
+        }
+        if let Some(b) = self.budget {
+            put(&mut headers, h::TIMEOUT_MS, &b.as_millis().to_string());
+        }
+        let mut wait = self.budget;
+        if let Some(at) = self.deadline {
+            let unix = at.duration_since(UNIX_EPOCH).unwrap_or_default();
+            put(&mut headers, h::DEADLINE_MS, &unix.as_millis().to_string());
+            let left = at.duration_since(SystemTime::now()).unwrap_or_default();
+            wait = Some(wait.map_or(left, |w| w.min(left)));
+        }
+        let wait = wait.map_or(c.default_timeout, |w| w + c.margin);
+        let req = async_nats::Request::new()
+            .payload(self.body)
+            .headers(headers)
+            .timeout(Some(wait))
+            .inbox(c.nats.new_inbox());
+        let msg =
+            tokio::time::timeout(wait + c.margin, c.nats.send_request(c.subject.clone(), req))
+                .await
+                .map_err(|_| ClientError::new(ClientErrorKind::TimedOut, "no reply in time"))?
+                .map_err(request_error)?;
+        check_error(&msg)?;
+        let headers = msg.headers.unwrap_or_default();
+        Ok(LlmReply {
+            queue_time: get(&headers, h::QUEUE_MS).and_then(h::parse_format_ms),
+            inference_time: get(&headers, h::INFERENCE_MS).and_then(h::parse_format_ms),
+            body: msg.payload,
+            headers,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(headers: Option<HeaderMap>, body: &'static [u8]) -> async_nats::Message {
+        async_nats::Message {
+            subject: "x".into(),
+            reply: None,
+            payload: Bytes::from_static(body),
+            headers,
+            status: None,
+            description: None,
+            length: 0,
+        }
+    }
+
+    #[test]
+    fn error_replies_map_to_kinds() {
+        assert!(check_error(&msg(None, b"ok")).is_ok());
+        let mut hm = HeaderMap::new();
+        put(&mut hm, h::NATS_SERVICE_ERROR, "queue_full: full");
+        put(&mut hm, h::ERROR_CODE, "queue_full");
+        let e = check_error(&msg(
+            Some(hm.clone()),
+            br#"{"code":"queue_full","message":"full","details":{"retry_after_ms":40}}"#,
+        ))
+        .expect_err("error");
+        assert_eq!(e.kind(), ClientErrorKind::Server(ErrorCode::QueueFull));
+        assert_eq!(e.retry_after(), Some(Duration::from_millis(40)));
+
+        // Envelope body.
+        let e = check_error(&msg(
+            Some(hm.clone()),
+            br#"{"trace_id":"t","request_id":"r","correlation_id":null,"session_id":null,"ts_ms":1,"ok":false,"data":null,"error":{"code":"cancelled","message":"x","details":{}}}"#,
+        ))
+        .expect_err("error");
+        assert_eq!(e.kind(), ClientErrorKind::Server(ErrorCode::Cancelled));
+
+        // Unparseable body: the header still gives the code.
+        let e = check_error(&msg(Some(hm), b"")).expect_err("error");
+        assert_eq!(e.kind(), ClientErrorKind::Server(ErrorCode::QueueFull));
+
+        // Somebody else's service error.
+        let mut other = HeaderMap::new();
+        put(&mut other, h::NATS_SERVICE_ERROR, "boom");
+        let e = check_error(&msg(Some(other), b"")).expect_err("error");
+        assert_eq!(e.kind(), ClientErrorKind::ServiceError);
+    }
+}

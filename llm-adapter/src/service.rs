@@ -1,0 +1,580 @@
+//! The NATS edge: a NATS micro service (`$SRV.PING|INFO|STATS`) with four endpoints in
+//! one queue group — inference, cancel, capabilities, limits.
+//!
+//! Inference requests: headers (`Weir-*`, see [`weir_protocol::llm::headers`]) become a
+//! [`Submission`]; the body is passed to the backend unchanged and never logged. When a
+//! deployed caller sends the JSON envelope without the headers, the envelope's
+//! `request_id` / `session_id` stand in for them.
+//!
+//! Replies: success = the backend's body (and the headers a NATS backend returned) plus
+//! `Weir-Queue-Ms`, `Weir-Inference-Ms`, `Weir-Request-Id`. Errors carry
+//! `Nats-Service-Error` (`"<code>: <message>"`), `Nats-Service-Error-Code` (HTTP-like
+//! number), `Weir-Error-Code` (`queue_full`, ...) and a JSON body: the
+//! [`ErrorBody`] (`{"code","message","details"}`), or a response envelope
+//! (`ok:false, data:null, error:{...}`) echoing the request's envelope fields when the
+//! request body was one.
+//!
+//! Invariants:
+//! - intake never spawns per message: each endpoint has one task that decodes, submits
+//!   and moves on; answers are published by whoever settles the request;
+//! - every reply publish is bounded by `nats.publish_timeout_ms` (a publish waits
+//!   without limit when the client's channel is full); a reply that cannot be published
+//!   is counted (`llm_reply_failed_total`), never retried or waited for;
+//! - nothing from the network can panic the edge: header names/values are built with the
+//!   fallible parsers, ids are validated, oversize replies become `backend_error`.
+//!
+//! The `$SRV.STATS` `data` of the inference endpoint is the
+//! [`crate::admission::StatsSnapshot`] (refusals
+//! by code live there: the service API's own `num_errors` stays 0, because its error
+//! path would drop the JSON body this adapter must send).
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_nats::service::{Service, ServiceExt};
+use async_nats::{HeaderMap, HeaderName, HeaderValue};
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use serde::Serialize;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use weir_protocol::llm::headers as h;
+use weir_protocol::llm::{
+    AdmissionPolicy, EnvelopeMeta, ErrorBody, ErrorCode, HeaderError, ResponseEnvelope,
+};
+
+use crate::admission::{Admission, Outcome, Sink, Submission};
+use crate::config::Config;
+use crate::metrics as m;
+
+/// One caller waiting for an answer: the service request (reply subject) and, when the
+/// request body was the deployed envelope, its fields to echo.
+pub struct NatsWaiter {
+    request: async_nats::service::Request,
+    envelope: Option<EnvelopeMeta>,
+}
+
+/// Publishes answers as NATS replies.
+pub struct NatsSink {
+    client: async_nats::Client,
+    publish_timeout: Duration,
+}
+
+impl NatsSink {
+    /// A sink publishing over `client`, each reply bounded by `publish_timeout`.
+    pub fn new(client: async_nats::Client, publish_timeout: Duration) -> Self {
+        Self {
+            client,
+            publish_timeout,
+        }
+    }
+}
+
+/// Inserts a header if name and value are valid; silently skips otherwise (values
+/// built here are always valid; passthrough values come from parsed headers).
+fn put(map: &mut HeaderMap, name: &str, value: &str) {
+    if let (Ok(n), Ok(v)) = (HeaderName::from_str(name), HeaderValue::from_str(value)) {
+        map.insert(n, v);
+    }
+}
+
+/// Headers and body of the reply to one waiter.
+pub(crate) fn render(
+    outcome: &Outcome,
+    envelope: Option<&EnvelopeMeta>,
+    max_payload: usize,
+) -> (HeaderMap, Bytes) {
+    let mut headers = HeaderMap::new();
+    let body = match &outcome.result {
+        Ok(reply) if reply.body.len() + 1024 <= max_payload => {
+            for (n, v) in &reply.headers {
+                put(&mut headers, n, v);
+            }
+            reply.body.clone()
+        }
+        Ok(reply) => error_body(
+            &mut headers,
+            &ErrorBody::new(
+                ErrorCode::BackendError,
+                format!(
+                    "backend reply of {} bytes exceeds the NATS max_payload ({max_payload})",
+                    reply.body.len()
+                ),
+            ),
+            envelope,
+        ),
+        Err(e) => error_body(&mut headers, e, envelope),
+    };
+    put(&mut headers, h::QUEUE_MS, &h::format_ms(outcome.queue_time));
+    if let Some(t) = outcome.inference_time {
+        put(&mut headers, h::INFERENCE_MS, &h::format_ms(t));
+    }
+    if let Some(rid) = &outcome.request_id {
+        put(&mut headers, h::REQUEST_ID, rid);
+    }
+    (headers, body)
+}
+
+fn error_body(headers: &mut HeaderMap, e: &ErrorBody, envelope: Option<&EnvelopeMeta>) -> Bytes {
+    put(headers, h::NATS_SERVICE_ERROR, &e.service_error_header());
+    put(
+        headers,
+        h::NATS_SERVICE_ERROR_CODE,
+        &e.code.nats_code().to_string(),
+    );
+    put(headers, h::ERROR_CODE, e.code.as_str());
+    match envelope {
+        Some(meta) => ResponseEnvelope::error(meta.clone(), e.clone())
+            .to_json()
+            .into(),
+        None => e.to_json().into(),
+    }
+}
+
+impl Sink for NatsSink {
+    type Waiter = NatsWaiter;
+
+    fn deliver(&self, waiter: NatsWaiter, outcome: Arc<Outcome>) -> BoxFuture<'static, ()> {
+        let max_payload = self.client.server_info().max_payload.max(64 * 1024);
+        let (headers, body) = render(&outcome, waiter.envelope.as_ref(), max_payload);
+        let timeout = self.publish_timeout;
+        Box::pin(async move {
+            let sent = tokio::time::timeout(
+                timeout,
+                waiter.request.respond_with_headers(Ok(body), headers),
+            )
+            .await;
+            if !matches!(sent, Ok(Ok(()))) {
+                metrics::counter!(m::REPLY_FAILED_TOTAL).increment(1);
+                tracing::debug!(outcome = outcome.code(), "reply not published");
+            }
+        })
+    }
+}
+
+/// Looks a header up by exact name, then case-insensitively (Go clients canonicalise,
+/// others may not).
+fn header<'a>(map: Option<&'a HeaderMap>, name: &str) -> Option<&'a str> {
+    let map = map?;
+    if let Ok(n) = HeaderName::from_str(name)
+        && let Some(v) = map.get(n)
+    {
+        return Some(v.as_str());
+    }
+    map.iter()
+        .find(|(k, _)| AsRef::<str>::as_ref(*k).eq_ignore_ascii_case(name))
+        .and_then(|(_, v)| v.first())
+        .map(HeaderValue::as_str)
+}
+
+fn unix_ms_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn invalid(e: &HeaderError) -> ErrorBody {
+    ErrorBody::new(ErrorCode::InvalidRequest, e.to_string())
+}
+
+/// Decodes one inference request. The envelope is returned even when the headers are
+/// invalid, so that the refusal can be envelope-shaped.
+pub(crate) fn decode(
+    msg: &async_nats::Message,
+    received_at: Instant,
+) -> (Option<EnvelopeMeta>, Result<Submission, ErrorBody>) {
+    let envelope = EnvelopeMeta::detect(&msg.payload);
+    let hm = msg.headers.as_ref();
+    let sub = (|| -> Result<Submission, HeaderError> {
+        let id = |name: &'static str| -> Result<Option<String>, HeaderError> {
+            header(hm, name)
+                .map(|v| h::parse_id(name, v.trim()).map(str::to_owned))
+                .transpose()
+        };
+        let request_id = match id(h::REQUEST_ID)? {
+            Some(r) => Some(r),
+            None => envelope
+                .as_ref()
+                .and_then(EnvelopeMeta::request_id_str)
+                .and_then(|r| h::parse_id(h::REQUEST_ID, &r).ok().map(str::to_owned)),
+        };
+        let session = match id(h::SESSION_ID)? {
+            Some(s) => Some(s),
+            None => envelope
+                .as_ref()
+                .and_then(EnvelopeMeta::session_id_str)
+                .and_then(|s| h::parse_id(h::SESSION_ID, &s).ok().map(str::to_owned)),
+        };
+        let client_key = id(h::CLIENT_KEY)?;
+        let policy = header(hm, h::ADMISSION)
+            .map(AdmissionPolicy::parse)
+            .transpose()?
+            .unwrap_or_default();
+        let deadline = header(hm, h::DEADLINE_MS)
+            .map(|v| h::parse_ms(h::DEADLINE_MS, v))
+            .transpose()?;
+        let timeout = header(hm, h::TIMEOUT_MS)
+            .map(|v| h::parse_ms(h::TIMEOUT_MS, v))
+            .transpose()?;
+        Ok(Submission {
+            request_id,
+            session,
+            client_key,
+            policy,
+            budget: h::remaining_budget(deadline, timeout, unix_ms_now()),
+            received_at,
+            body: msg.payload.clone(),
+        })
+    })()
+    .map_err(|e| invalid(&e));
+    (envelope, sub)
+}
+
+/// Reply of the cancel endpoint.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct CancelReply {
+    /// The request id.
+    pub request_id: String,
+    /// `queued`, `running` or `not_found`.
+    pub result: String,
+}
+
+/// Shared by the endpoint tasks.
+struct Edge {
+    admission: Admission<NatsSink>,
+    config: Arc<Config>,
+    publish_timeout: Duration,
+}
+
+impl Edge {
+    async fn reply_json(&self, req: &async_nats::service::Request, value: &impl Serialize) {
+        let body = serde_json::to_vec(value).unwrap_or_default();
+        let mut headers = HeaderMap::new();
+        put(&mut headers, "Content-Type", "application/json");
+        let sent = tokio::time::timeout(
+            self.publish_timeout,
+            req.respond_with_headers(Ok(body.into()), headers),
+        )
+        .await;
+        if !matches!(sent, Ok(Ok(()))) {
+            metrics::counter!(m::REPLY_FAILED_TOTAL).increment(1);
+        }
+    }
+
+    async fn handle_infer(&self, req: async_nats::service::Request) {
+        let received_at = Instant::now();
+        if req.message.reply.is_none() {
+            metrics::counter!(m::NO_REPLY_SUBJECT_TOTAL).increment(1);
+            return;
+        }
+        if let Some(target) = header(req.message.headers.as_ref(), h::CANCEL) {
+            let target = target.trim().to_owned();
+            return self.handle_cancel_of(&req, target).await;
+        }
+        let (envelope, sub) = decode(&req.message, received_at);
+        let waiter = NatsWaiter {
+            request: req,
+            envelope,
+        };
+        match sub {
+            Ok(sub) => {
+                self.admission.submit(sub, waiter).await;
+            }
+            Err(err) => self.admission.answer_now(waiter, err, received_at).await,
+        }
+    }
+
+    async fn handle_cancel(&self, req: async_nats::service::Request) {
+        let hm = req.message.headers.as_ref();
+        let target = header(hm, h::CANCEL)
+            .or_else(|| header(hm, h::REQUEST_ID))
+            .map(str::to_owned)
+            .or_else(|| {
+                std::str::from_utf8(&req.message.payload)
+                    .ok()
+                    .map(str::to_owned)
+            })
+            .unwrap_or_default()
+            .trim()
+            .to_owned();
+        self.handle_cancel_of(&req, target).await;
+    }
+
+    async fn handle_cancel_of(&self, req: &async_nats::service::Request, target: String) {
+        if let Err(e) = h::parse_id(h::CANCEL, &target) {
+            let err = invalid(&e);
+            let (headers, body) = render(
+                &Outcome {
+                    result: Err(err),
+                    queue_time: Duration::ZERO,
+                    inference_time: None,
+                    request_id: None,
+                },
+                None,
+                usize::MAX,
+            );
+            let _ = tokio::time::timeout(
+                self.publish_timeout,
+                req.respond_with_headers(Ok(body), headers),
+            )
+            .await;
+            return;
+        }
+        let result = self.admission.cancel(&target).await;
+        let reply = CancelReply {
+            request_id: target,
+            result: result.as_str().to_owned(),
+        };
+        self.reply_json(req, &reply).await;
+    }
+}
+
+/// The running NATS edge.
+pub(crate) struct ServiceEdge {
+    service: Option<Service>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl ServiceEdge {
+    /// Registers the service and its endpoints and starts one intake task per endpoint.
+    pub(crate) async fn start(
+        client: &async_nats::Client,
+        config: Arc<Config>,
+        admission: Admission<NatsSink>,
+    ) -> Result<Self, async_nats::Error> {
+        let sc = &config.service;
+        let stats_admission = admission.clone();
+        let infer_name = "infer".to_owned();
+        let service = client
+            .service_builder()
+            .description(&sc.description)
+            .queue_group(&sc.queue_group)
+            .metadata(
+                [
+                    (
+                        "weir.capabilities_subject".to_owned(),
+                        sc.capabilities_subject.clone(),
+                    ),
+                    (
+                        "weir.backend".to_owned(),
+                        config.backend.kind.name().to_owned(),
+                    ),
+                ]
+                .into_iter()
+                .collect(),
+            )
+            .stats_handler({
+                let infer_name = infer_name.clone();
+                move |endpoint, _| {
+                    if endpoint == infer_name {
+                        serde_json::to_value(stats_admission.stats()).unwrap_or_default()
+                    } else {
+                        serde_json::Value::Null
+                    }
+                }
+            })
+            .start(&sc.name, &sc.version)
+            .await?;
+        let infer = service
+            .endpoint_builder()
+            .name(&infer_name)
+            .add(&sc.subject)
+            .await?;
+        let cancel = service
+            .endpoint_builder()
+            .name("cancel")
+            .add(&sc.cancel_subject)
+            .await?;
+        let caps = service
+            .endpoint_builder()
+            .name("capabilities")
+            .add(&sc.capabilities_subject)
+            .await?;
+        let limits = service
+            .endpoint_builder()
+            .name("limits")
+            .add(&sc.limits_subject)
+            .await?;
+
+        let edge = Arc::new(Edge {
+            admission,
+            publish_timeout: config.nats.publish_timeout,
+            config,
+        });
+        let mut tasks = Vec::new();
+        tasks.push(tokio::spawn({
+            let edge = edge.clone();
+            let mut infer = infer;
+            async move {
+                while let Some(req) = infer.next().await {
+                    edge.handle_infer(req).await;
+                }
+            }
+        }));
+        tasks.push(tokio::spawn({
+            let edge = edge.clone();
+            let mut cancel = cancel;
+            async move {
+                while let Some(req) = cancel.next().await {
+                    edge.handle_cancel(req).await;
+                }
+            }
+        }));
+        tasks.push(tokio::spawn({
+            let edge = edge.clone();
+            let mut caps = caps;
+            async move {
+                while let Some(req) = caps.next().await {
+                    let value = edge.config.capabilities();
+                    edge.reply_json(&req, &value).await;
+                }
+            }
+        }));
+        tasks.push(tokio::spawn({
+            let edge = edge.clone();
+            let mut limits = limits;
+            async move {
+                while let Some(req) = limits.next().await {
+                    let top = std::str::from_utf8(&req.message.payload)
+                        .ok()
+                        .and_then(|s| s.trim().parse::<usize>().ok())
+                        .unwrap_or(20)
+                        .clamp(1, 1000);
+                    let view = edge.admission.limits_view(top);
+                    edge.reply_json(&req, &view).await;
+                }
+            }
+        }));
+        Ok(Self {
+            service: Some(service),
+            tasks,
+        })
+    }
+
+    /// Unsubscribes every endpoint; the intake tasks answer what is already buffered and
+    /// end. Bounded by `wait`.
+    pub(crate) async fn stop(&mut self, wait: Duration) {
+        if let Some(service) = self.service.take() {
+            let _ = tokio::time::timeout(wait, service.stop()).await;
+        }
+        let tasks = std::mem::take(&mut self.tasks);
+        let all = futures::future::join_all(tasks);
+        if tokio::time::timeout(wait, all).await.is_err() {
+            tracing::warn!("endpoint intake tasks did not end in time");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::BackendReply;
+    use weir_protocol::llm::ErrorDetails;
+
+    fn outcome(result: Result<BackendReply, ErrorBody>) -> Outcome {
+        Outcome {
+            result,
+            queue_time: Duration::from_micros(1500),
+            inference_time: Some(Duration::from_millis(20)),
+            request_id: Some("r1".into()),
+        }
+    }
+
+    #[test]
+    fn success_reply_carries_timings_and_passthrough_headers() {
+        let reply = BackendReply {
+            body: Bytes::from_static(b"{\"text\":\"hi\"}"),
+            headers: vec![
+                ("X-Backend".into(), "v1".into()),
+                ("Bad\nName".into(), "x".into()),
+            ],
+        };
+        let (hm, body) = render(&outcome(Ok(reply)), None, 1 << 20);
+        assert_eq!(&body[..], b"{\"text\":\"hi\"}");
+        assert_eq!(header(Some(&hm), h::QUEUE_MS), Some("1.500"));
+        assert_eq!(header(Some(&hm), h::INFERENCE_MS), Some("20.000"));
+        assert_eq!(header(Some(&hm), h::REQUEST_ID), Some("r1"));
+        assert_eq!(header(Some(&hm), "x-backend"), Some("v1"));
+        assert_eq!(header(Some(&hm), h::NATS_SERVICE_ERROR), None);
+    }
+
+    #[test]
+    fn error_reply_has_service_headers_and_json_or_envelope_body() {
+        let err = ErrorBody::new(ErrorCode::QueueFull, "queue holds 4 requests (capacity)")
+            .with_details(ErrorDetails {
+                limit: Some(4),
+                pending: Some(4),
+                retry_after_ms: Some(12),
+                ..Default::default()
+            });
+        let (hm, body) = render(&outcome(Err(err.clone())), None, 1 << 20);
+        assert_eq!(header(Some(&hm), h::NATS_SERVICE_ERROR_CODE), Some("503"));
+        assert_eq!(header(Some(&hm), h::ERROR_CODE), Some("queue_full"));
+        assert_eq!(
+            header(Some(&hm), h::NATS_SERVICE_ERROR),
+            Some("queue_full: queue holds 4 requests (capacity)")
+        );
+        assert_eq!(ErrorBody::from_json(&body), Some(err.clone()));
+
+        let meta = EnvelopeMeta::detect(br#"{"trace_id":"t","request_id":"r","correlation_id":"c","session_id":"s","ts_ms":5,"data":{}}"#)
+            .expect("envelope");
+        let (_, body) = render(&outcome(Err(err.clone())), Some(&meta), 1 << 20);
+        let env: ResponseEnvelope = serde_json::from_slice(&body).expect("envelope json");
+        assert_eq!(env.meta, meta);
+        assert!(!env.ok);
+        assert_eq!(env.data, serde_json::Value::Null);
+        assert_eq!(env.error, Some(err));
+    }
+
+    #[test]
+    fn oversize_replies_become_backend_errors() {
+        let reply = BackendReply::body(vec![b'x'; 5000]);
+        let (hm, body) = render(&outcome(Ok(reply)), None, 4096);
+        assert_eq!(header(Some(&hm), h::ERROR_CODE), Some("backend_error"));
+        assert!(ErrorBody::from_json(&body).is_some());
+    }
+
+    #[test]
+    fn decode_reads_headers_and_falls_back_to_the_envelope() {
+        let mut hm = HeaderMap::new();
+        put(&mut hm, "weir-session-id", "s-hdr");
+        put(&mut hm, h::TIMEOUT_MS, "1500");
+        put(&mut hm, h::ADMISSION, "reject");
+        put(&mut hm, h::CLIENT_KEY, "tenant-a");
+        let msg = async_nats::Message {
+            subject: "llm.infer".into(),
+            reply: Some("_INBOX.x".into()),
+            payload: Bytes::from_static(
+                br#"{"trace_id":"t","request_id":"r-env","session_id":"s-env","ts_ms":1}"#,
+            ),
+            headers: Some(hm),
+            status: None,
+            description: None,
+            length: 0,
+        };
+        let (env, sub) = decode(&msg, Instant::now());
+        let sub = sub.expect("valid");
+        assert!(env.is_some());
+        assert_eq!(sub.request_id.as_deref(), Some("r-env"));
+        assert_eq!(
+            sub.session.as_deref(),
+            Some("s-hdr"),
+            "header wins, case-insensitively"
+        );
+        assert_eq!(sub.client_key.as_deref(), Some("tenant-a"));
+        assert_eq!(sub.policy, AdmissionPolicy::Reject);
+        assert_eq!(sub.budget, Some(Duration::from_millis(1500)));
+
+        let mut bad = msg.clone();
+        let mut hm = HeaderMap::new();
+        put(&mut hm, h::TIMEOUT_MS, "-5");
+        bad.headers = Some(hm);
+        let (env, sub) = decode(&bad, Instant::now());
+        assert!(env.is_some());
+        let err = sub.expect_err("refused");
+        assert_eq!(err.code, ErrorCode::InvalidRequest);
+        assert!(err.message.contains(h::TIMEOUT_MS), "{}", err.message);
+    }
+}
