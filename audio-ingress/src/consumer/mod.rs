@@ -38,6 +38,7 @@
 //! - [`Consumer::stats`] → [`ConsumerStats`]: `totals` ([`Totals`], with the summed
 //!   [`Counters`]) and `streams` ([`StreamStats`] per instance: seq range, frames,
 //!   samples, lost/declared/leading missing, drops by reason, end seen, reaped, pending).
+//!   [`Consumer::totals`] gives the aggregates alone, cheaply (for sampling).
 //!   For a load test: frames sent by producers = `frames + lost_frames +
 //!   declared_gap_frames + leading_missing` summed over streams; handled =
 //!   `frames_delivered`.
@@ -345,6 +346,12 @@ impl Consumer {
     /// A snapshot of the stats (cheap: one lock, O(streams retained)).
     pub fn stats(&self) -> ConsumerStats {
         self.shared.registry().snapshot(Instant::now())
+    }
+
+    /// The aggregate stats only: cheaper than [`Self::stats`] (no per-stream copies),
+    /// for frequent sampling.
+    pub fn totals(&self) -> Totals {
+        self.shared.registry().totals(Instant::now())
     }
 
     /// Subscribes to the consumer's events (reaped, overloaded, lost, restarted, slow

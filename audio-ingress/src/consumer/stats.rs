@@ -330,6 +330,15 @@ impl Registry {
 
     /// The snapshot.
     pub(crate) fn snapshot(&self, now: Instant) -> ConsumerStats {
+        self.collect(now, true)
+    }
+
+    /// The totals only (no per-stream records copied or sorted).
+    pub(crate) fn totals(&self, now: Instant) -> Totals {
+        self.collect(now, false).totals
+    }
+
+    fn collect(&self, now: Instant, with_streams: bool) -> ConsumerStats {
         let mut totals = Totals {
             counters: self.retired,
             streams_started: self.streams_started,
@@ -348,23 +357,24 @@ impl Registry {
             orphan_ends: self.orphan_ends,
             ..Totals::default()
         };
-        let mut streams = Vec::with_capacity(self.records.len());
+        let mut streams = Vec::with_capacity(if with_streams { self.records.len() } else { 0 });
         for r in self.records.values() {
-            let mut s = r.stats.clone();
-            if let Some(q) = &r.queue {
-                let fill = q.fill(now);
-                s.pending_bytes = fill.bytes;
-                s.pending_frames = fill.frames;
-                s.oldest_pending_ms = fill.oldest_age.as_secs_f64() * 1000.0;
-            }
+            let s = &r.stats;
+            let fill = r.queue.as_ref().map(|q| q.fill(now)).unwrap_or_default();
             totals.counters.add(&s.counters);
             totals.streams_active += u64::from(s.state != StreamState::Finished);
             totals.streams_end_seen += u64::from(s.end_seen);
             totals.streams_reaped += u64::from(s.reaped);
             totals.streams_overloaded += u64::from(s.ended_by.as_deref() == Some("overload"));
-            totals.pending_bytes += s.pending_bytes;
-            totals.pending_frames += s.pending_frames;
-            streams.push(s);
+            totals.pending_bytes += fill.bytes;
+            totals.pending_frames += fill.frames;
+            if with_streams {
+                let mut s = s.clone();
+                s.pending_bytes = fill.bytes;
+                s.pending_frames = fill.frames;
+                s.oldest_pending_ms = fill.oldest_age.as_secs_f64() * 1000.0;
+                streams.push(s);
+            }
         }
         streams.sort_by(|a, b| (&a.stream, a.instance).cmp(&(&b.stream, b.instance)));
         ConsumerStats { totals, streams }

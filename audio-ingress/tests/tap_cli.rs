@@ -1,0 +1,306 @@
+//! `audio-ingress tap`, run as the built binary against a real nats-server: JSON and
+//! text output, undecodable packets, summaries, and the three ways it stops (`--count`,
+//! `--for`, SIGTERM); plus the deployed Python producer read by the tap.
+
+mod consumer_support;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use bytes::Bytes;
+use consumer_support::{client, flush, pcm, publish, publish_raw, python, script};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::process::{Child, Command};
+use weir_protocol::audio::extension::headers;
+use weir_protocol::audio::{Gap, GapReason, Packet};
+use weir_testkit::NatsServer;
+
+/// Starts `audio-ingress tap <args>` and waits until it has subscribed.
+async fn start_tap(url: &str, args: &[&str]) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_audio-ingress"))
+        .arg("tap")
+        .args(args)
+        .args(["--nats-url", url])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("audio-ingress tap starts");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let ready = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(line) = lines.next_line().await.expect("read stderr") {
+            if line.contains("tap: subscribed to") {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .expect("tap subscribes within 10 s");
+    assert!(ready, "tap exited before subscribing");
+    // Keep draining stderr so the child never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    child
+}
+
+/// Waits (bounded) for the tap to exit and returns (success, stdout lines).
+async fn finish(mut child: Child, within: Duration) -> (bool, Vec<String>) {
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut out = String::new();
+    let status = tokio::time::timeout(within, async {
+        stdout.read_to_string(&mut out).await.expect("read stdout");
+        child.wait().await.expect("wait")
+    })
+    .await
+    .expect("tap exits in time");
+    (status.success(), out.lines().map(str::to_owned).collect())
+}
+
+fn json_lines(lines: &[String]) -> Vec<Value> {
+    lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}")))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_lines_packets_errors_and_summaries_until_count() {
+    let server = NatsServer::start().expect("nats-server");
+    let tap = start_tap(
+        server.url(),
+        &["inference.whisper.stream.*", "--json", "--count", "8"],
+    )
+    .await;
+    let nc = client(server.url()).await;
+    let a = "inference.whisper.stream.a";
+    let b = "inference.whisper.stream.b";
+    for seq in [1, 2, 4] {
+        publish(
+            &nc,
+            a,
+            Packet::frame(seq, pcm(seq)).with_session(Some("s1".into())),
+            &[],
+        )
+        .await;
+    }
+    publish(&nc, a, Packet::end(5), &[(headers::END_REASON, "producer")]).await;
+    publish(
+        &nc,
+        b,
+        Packet::gap(Gap {
+            first_seq: 1,
+            last_seq: 3,
+            samples: 960,
+            reason: GapReason::QueueFull,
+        }),
+        &[],
+    )
+    .await;
+    publish_raw(&nc, b, Bytes::from_static(b"\x00\x00"), &[]).await;
+    publish_raw(&nc, b, Bytes::from_static(b"\x00\x00\x00\x02{}"), &[]).await;
+    publish(&nc, b, Packet::frame(4, pcm(4)), &[]).await;
+    // Past --count: must not be printed.
+    publish(&nc, b, Packet::frame(5, pcm(5)), &[]).await;
+    flush(&nc).await;
+
+    let (ok, lines) = finish(tap, Duration::from_secs(5)).await;
+    assert!(ok, "tap exit status");
+    let v = json_lines(&lines);
+    assert_eq!(
+        v.len(),
+        8 + 2 + 1,
+        "8 packets, 2 summaries, 1 total: {lines:#?}"
+    );
+    // Every packet line has the documented keys.
+    for p in &v[..8] {
+        for key in ["subject", "type", "seq", "sample_rate", "samples", "error"] {
+            assert!(p.get(key).is_some(), "{key} missing in {p}");
+        }
+    }
+    assert_eq!(v[0]["subject"], a);
+    assert_eq!(v[0]["type"], "frame");
+    assert_eq!(v[0]["seq"], 1);
+    assert_eq!(v[0]["sample_rate"], 16_000);
+    assert_eq!(v[0]["samples"], 320);
+    assert_eq!(v[0]["session_id"], "s1");
+    assert!(v[0]["error"].is_null());
+    assert_eq!(v[3]["type"], "end");
+    assert_eq!(v[3]["headers"][headers::END_REASON], "producer");
+    assert_eq!(v[4]["type"], "gap");
+    assert_eq!(v[4]["samples"], 960);
+    assert_eq!(v[4]["gap"]["first_seq"], 1);
+    assert_eq!(v[5]["error"]["kind"], "truncated");
+    assert!(v[5]["type"].is_null());
+    assert_eq!(v[6]["error"]["kind"], "missing_field");
+    assert_eq!(v[7]["seq"], 4);
+
+    let sa = &v[8];
+    assert_eq!(sa["type"], "summary");
+    assert_eq!(sa["subject"], a);
+    assert_eq!(
+        (sa["first_seq"].as_u64(), sa["last_seq"].as_u64()),
+        (Some(1), Some(5))
+    );
+    assert_eq!(sa["frames"], 3);
+    assert_eq!(sa["samples"], 960);
+    assert_eq!(sa["missing"], 1);
+    assert_eq!(sa["gaps"], 1);
+    assert_eq!(sa["end_seen"], true);
+    assert_eq!(sa["end_reason"], "producer");
+    let sb = &v[9];
+    assert_eq!(sb["subject"], b);
+    assert_eq!(sb["declared_gaps"], 1);
+    assert_eq!(sb["declared_gap_frames"], 3);
+    assert_eq!(sb["missing"], 0);
+    assert_eq!(sb["decode_errors"], 2);
+    assert_eq!(sb["end_seen"], false);
+    let total = &v[10];
+    assert_eq!(total["type"], "total");
+    assert_eq!(total["messages"], 8);
+    assert_eq!(total["errors"], 2);
+    assert_eq!(total["stopped_by"], "count");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_output_stops_after_duration() {
+    let server = NatsServer::start().expect("nats-server");
+    let started = tokio::time::Instant::now();
+    let tap = start_tap(server.url(), &["audio.*.*", "--for", "0.8"]).await;
+    let nc = client(server.url()).await;
+    for seq in 1..=3 {
+        publish(&nc, "audio.3.call-1", Packet::frame(seq, pcm(seq)), &[]).await;
+    }
+    flush(&nc).await;
+    let (ok, lines) = finish(tap, Duration::from_secs(5)).await;
+    assert!(ok);
+    assert!(started.elapsed() >= Duration::from_millis(800));
+    assert_eq!(lines.len(), 3 + 1 + 1, "{lines:#?}");
+    assert_eq!(
+        lines[0],
+        "audio.3.call-1 frame seq=1 rate=16000 samples=320"
+    );
+    assert!(
+        lines[3]
+            .starts_with("summary audio.3.call-1 seq=1..=3 frames=3 samples=960 missing=0 gaps=0"),
+        "{}",
+        lines[3]
+    );
+    assert!(lines[3].contains("end=no"), "{}", lines[3]);
+    assert!(lines[4].contains("stopped_by=duration"), "{}", lines[4]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_prints_the_summary() {
+    let server = NatsServer::start().expect("nats-server");
+    let tap = start_tap(server.url(), &["s.*", "--json"]).await;
+    let nc = client(server.url()).await;
+    publish(&nc, "s.x", Packet::frame(1, pcm(1)), &[]).await;
+    publish(&nc, "s.x", Packet::end(2), &[]).await;
+    flush(&nc).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let pid = tap.id().expect("pid");
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let (ok, lines) = finish(tap, Duration::from_secs(5)).await;
+    assert!(ok, "tap exits 0 on SIGTERM");
+    let v = json_lines(&lines);
+    assert_eq!(v.len(), 2 + 1 + 1, "{lines:#?}");
+    assert_eq!(v[2]["type"], "summary");
+    assert_eq!(v[2]["end_seen"], true);
+    assert_eq!(v[3]["stopped_by"], "signal");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_server_is_a_clear_error() {
+    // A port nobody listens on (the server is started and killed to free one).
+    let server = NatsServer::start().expect("nats-server");
+    let url = server.url().to_owned();
+    drop(server);
+    let out = tokio::time::timeout(
+        Duration::from_secs(15),
+        Command::new(env!("CARGO_BIN_EXE_audio-ingress"))
+            .args(["tap", "x.*", "--nats-url", &url])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("tap gives up in time")
+    .expect("runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cannot connect to NATS"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tap_reads_the_deployed_python_producer() {
+    let server = NatsServer::start().expect("nats-server");
+    let py = python();
+    let frames = 20u64;
+    let count = 2 * (frames + 1);
+    let tap = start_tap(
+        server.url(),
+        &[
+            "inference.whisper.stream.*",
+            "--json",
+            "--count",
+            &count.to_string(),
+        ],
+    )
+    .await;
+    let out = tokio::time::timeout(
+        Duration::from_secs(20),
+        Command::new(py)
+            .arg(script("deployed_producer.py"))
+            .args(["--url", server.url(), "--streams", "p1,p2"])
+            .args(["--frames", &frames.to_string(), "--session-id", "sess-é"])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("python producer in time")
+    .expect("python runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (ok, lines) = finish(tap, Duration::from_secs(10)).await;
+    assert!(ok);
+    let v = json_lines(&lines);
+    assert_eq!(v.len() as u64, count + 2 + 1, "{lines:#?}");
+    for stream in ["p1", "p2"] {
+        let subject = format!("inference.whisper.stream.{stream}");
+        let packets: Vec<&Value> = v[..count as usize]
+            .iter()
+            .filter(|p| p["subject"] == subject.as_str())
+            .collect();
+        assert_eq!(packets.len() as u64, frames + 1);
+        for (i, p) in packets.iter().enumerate() {
+            assert!(p["error"].is_null(), "{p}");
+            assert_eq!(p["seq"].as_u64(), Some(i as u64 + 1));
+            assert_eq!(p["sample_rate"], 16_000);
+            if (i as u64) < frames {
+                assert_eq!(p["type"], "frame");
+                assert_eq!(p["samples"], 320);
+                assert_eq!(p["session_id"], "sess-é");
+            } else {
+                assert_eq!(p["type"], "end");
+                assert_eq!(p["samples"], 0);
+            }
+        }
+        let summary = v
+            .iter()
+            .find(|s| s["type"] == "summary" && s["subject"] == subject.as_str())
+            .expect("summary");
+        assert_eq!(summary["frames"].as_u64(), Some(frames));
+        assert_eq!(summary["samples"].as_u64(), Some(frames * 320));
+        assert_eq!(summary["missing"], 0);
+        assert_eq!(summary["end_seen"], true);
+        assert_eq!(summary["last_seq"].as_u64(), Some(frames + 1));
+    }
+}
