@@ -95,7 +95,10 @@ pub struct Explanation {
     /// Of the holes, frames that did arrive but after a later frame of their stream
     /// and were refused (the stream's order was broken upstream).
     pub refused_out_of_order: u64,
-    /// Of those, not detectable by sequence numbers (lost at a stream's tail).
+    /// At least this many were not detectable by sequence numbers (lost at a stream's
+    /// tail): `max(0, lost_after_publish − consumer_detected_holes)`. Holes can exceed
+    /// the loss because they also cover frames the ingress dropped *with a reason* just
+    /// before an overload `end` (accounted in `dropped`).
     pub lost_undetected: i64,
     /// `offered − published − dropped − pending_at_end`; must be 0.
     pub ingress_discrepancy: i64,
@@ -127,7 +130,7 @@ impl FrameAccounting {
                 lost_after_publish,
                 consumer_detected_holes: c.consumer_detected_holes,
                 refused_out_of_order: c.refused_out_of_order,
-                lost_undetected: lost_after_publish - c.consumer_detected_holes as i64,
+                lost_undetected: (lost_after_publish - c.consumer_detected_holes as i64).max(0),
                 ingress_discrepancy,
             },
             not_read_by_ingress: signed(c.sent_by_producers, c.offered),

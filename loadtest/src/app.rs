@@ -189,13 +189,13 @@ fn chart_rows(runs: &[&RunOutput]) -> Vec<Vec<Panel>> {
         ("pending bytes (KiB)", |s| {
             s.ingress.as_ref().map(|i| i.pending_bytes as f64 / 1024.0)
         }),
-        ("queue wait now: oldest pending frame (ms)", |s| {
+        ("oldest pending frame (ms)", |s| {
             s.ingress.as_ref().map(|i| i.oldest_frame_age_ms)
         }),
         ("ingress RSS (MiB)", |s| {
             s.rss_bytes.map(|b| b as f64 / (1024.0 * 1024.0))
         }),
-        ("tokio tasks in the ingress", |s| {
+        ("tokio tasks alive", |s| {
             s.ingress.as_ref().map(|i| i.tasks_alive as f64)
         }),
     ];

@@ -55,7 +55,8 @@ pub fn escape(s: &str) -> String {
     out
 }
 
-/// About `n` round tick values covering `lo..=hi` (steps of 1, 2 or 5 × 10^k).
+/// At most about `n` round tick values covering `lo..=hi` (steps of 1, 2, 2.5 or
+/// 5 × 10^k: the smallest such step that gives no more than `n` intervals).
 pub fn nice_ticks(lo: f64, hi: f64, n: usize) -> Vec<f64> {
     let (lo, hi) = if lo.is_finite() && hi.is_finite() && hi > lo {
         (lo, hi)
@@ -64,7 +65,7 @@ pub fn nice_ticks(lo: f64, hi: f64, n: usize) -> Vec<f64> {
     };
     let raw = (hi - lo) / n.max(1) as f64;
     let mag = 10f64.powf(raw.log10().floor());
-    let step = [1.0, 2.0, 5.0, 10.0]
+    let step = [1.0, 2.0, 2.5, 5.0, 10.0]
         .iter()
         .map(|m| m * mag)
         .find(|s| *s >= raw)
@@ -220,6 +221,7 @@ fn panel(
             escape(label)
         );
     }
+    let legend = p.series.len() > 1;
     for (i, s) in p.series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         let mut d = String::new();
@@ -242,13 +244,15 @@ fn panel(
                 r##"<path d="{d}" fill="none" stroke="{color}" stroke-width="1.6"/>"##
             );
         }
-        let _ = writeln!(
-            out,
-            r##"<text x="{:.1}" y="{:.1}" font-size="10" fill="{color}" text-anchor="end">{}</text>"##,
-            ox + PANEL_W - MARGIN_R,
-            oy + 18.0 + 12.0 * i as f64,
-            escape(&s.label)
-        );
+        if legend {
+            let _ = writeln!(
+                out,
+                r##"<text x="{:.1}" y="{:.1}" font-size="10" fill="{color}" text-anchor="end">{}</text>"##,
+                ox + PANEL_W - MARGIN_R,
+                oy + 18.0 + 12.0 * i as f64,
+                escape(&s.label)
+            );
+        }
     }
 }
 
@@ -300,7 +304,7 @@ mod tests {
         let t = nice_ticks(0.0, 873.0, 4);
         assert_eq!(t[0], 0.0);
         assert!(
-            t.windows(2).all(|w| (w[1] - w[0] - 200.0).abs() < 1e-9),
+            t.windows(2).all(|w| (w[1] - w[0] - 250.0).abs() < 1e-9),
             "{t:?}"
         );
         assert_eq!(

@@ -437,10 +437,8 @@ pub async fn run_one(
     if let Some(why) = llm_unavailable {
         notes.push(why);
     }
-    if let Some(l) = llm {
-        if let Ok(l) = Arc::try_unwrap(l) {
-            l.stop().await;
-        }
+    if let Some(Ok(l)) = llm.map(Arc::try_unwrap) {
+        l.stop().await;
     }
     let fleet_snapshot = match Arc::try_unwrap(fleet) {
         Ok(f) => f.stop().await,
