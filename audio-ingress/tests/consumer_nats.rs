@@ -433,3 +433,82 @@ async fn loss_declared_gaps_decode_errors_and_end_headers_are_accounted() {
     assert_eq!(rec.end.as_deref(), Some("producer"));
     consumer.shutdown(GRACE).await;
 }
+
+/// The NATS client's buffer (`subscription_capacity`) overflows while the consumer's
+/// runtime is blocked: the client drops messages and reports a slow consumer; the
+/// consumer counts the event, and the dropped frames show up as lost — nothing goes
+/// unaccounted.
+#[tokio::test(flavor = "current_thread")]
+async fn slow_consumer_drops_are_counted_and_show_as_lost_frames() {
+    const SENT: u64 = 5_000;
+    let server = NatsServer::start().expect("nats-server");
+    let settings = ConsumerConfig {
+        subscription_capacity: 64,
+        max_pending_bytes: 1_920_000,
+        max_pending_age_ms: 60_000,
+        idle_timeout_ms: 120_000,
+        ..ConsumerConfig::default()
+    }
+    .validate()
+    .expect("valid");
+    let book = Book::default();
+    let consumer = start(server.url(), settings, "c", &book).await;
+
+    // Publish from another thread (own runtime) while this runtime is blocked, so that
+    // nothing drains the subscription when the burst arrives.
+    let url = server.url().to_owned();
+    let publisher = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let nc = client(&url).await;
+            for seq in 1..=SENT {
+                publish(
+                    &nc,
+                    "inference.whisper.stream.burst",
+                    Packet::frame(seq, pcm(seq)),
+                    &[],
+                )
+                .await;
+            }
+            flush(&nc).await;
+        });
+    });
+    std::thread::sleep(Duration::from_millis(1_500));
+    publisher.join().expect("publisher thread");
+
+    // Now let the consumer run; then send the end on its own.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let nc = client(server.url()).await;
+    publish(
+        &nc,
+        "inference.whisper.stream.burst",
+        Packet::end(SENT + 1),
+        &[],
+    )
+    .await;
+    flush(&nc).await;
+    assert!(
+        wait_until(Duration::from_secs(5), || consumer
+            .stats()
+            .totals
+            .streams_end_seen
+            == 1)
+        .await,
+        "{:?}",
+        consumer.stats().totals
+    );
+    let stats = consumer.stats();
+    let t = &stats.totals;
+    assert!(t.slow_consumer_events >= 1, "{t:?}");
+    let k = &t.counters;
+    assert!(k.lost_frames > 0, "{t:?}");
+    assert_eq!(
+        k.leading_missing + k.frames + k.lost_frames,
+        SENT,
+        "every frame received or counted lost: {t:?}"
+    );
+    consumer.shutdown(GRACE).await;
+}
