@@ -1,0 +1,149 @@
+//! End to end against a real nats-server: a tiny `steady` run of each design, and the
+//! binary's JSON and charts. Asserts that the frame accounting adds up.
+//!
+//! The bounded design needs the `audio-ingress` binary: `cargo test --workspace` (what
+//! scripts/test runs) builds it next to this test; with `cargo test -p weir-loadtest`
+//! alone it may be missing, and that part is skipped with a message.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use weir_loadtest::ingress::{Design, find_ingress_bin};
+use weir_loadtest::llm::LlmSettings;
+use weir_loadtest::report::{REQUIRED_KEYS, RunReport, missing_keys};
+use weir_loadtest::scenario::run::{Env, PolicyArg, run_one};
+use weir_loadtest::scenario::{Scenario, plan};
+
+fn env() -> Env {
+    let test_exe = std::env::current_exe().ok();
+    Env {
+        nats_url: None,
+        self_exe: PathBuf::from(env!("CARGO_BIN_EXE_loadtest")),
+        ingress_bin: find_ingress_bin(test_exe.as_deref()).map_err(|e| e.to_string()),
+        policy: PolicyArg::Close,
+        frame_cost: Duration::ZERO,
+        fleet_workers: 2,
+        partitions: 4,
+        reconnect: true,
+        quiet: true,
+        llm: LlmSettings::default(),
+        ingress_set: Vec::new(),
+    }
+}
+
+fn check_identities(r: &RunReport) {
+    let f = &r.frames;
+    let e = &f.explained;
+    assert_eq!(
+        e.ingress_discrepancy, 0,
+        "the ingress's counters add up: {f:?}"
+    );
+    assert_eq!(
+        f.unaccounted,
+        e.pending_at_end as i64 + e.lost_after_publish + e.ingress_discrepancy,
+        "the decomposition is exact: {f:?}"
+    );
+    assert_eq!(
+        f.offered,
+        f.published + f.dropped + e.pending_at_end,
+        "{f:?}"
+    );
+    // 3 streams × 2 s × 50 frames/s = 300 nominal; allow for start-up spread.
+    assert!(
+        f.sent_by_producers >= 240,
+        "producers kept the cadence: {f:?}"
+    );
+    assert!(f.received > 0 && f.received <= f.published, "{f:?}");
+    let v = serde_json::to_value(r).expect("serialises");
+    assert_eq!(missing_keys(&v, REQUIRED_KEYS), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiny_steady_run_accounts_for_every_frame() {
+    let env = env();
+    let plan = plan(Scenario::Steady, Some(Duration::from_secs(2)), None, 1.0).expect("plan");
+
+    let naive = run_one(&env, &plan, 3, Design::Naive)
+        .await
+        .expect("naive run");
+    check_identities(&naive.report);
+    assert!(naive.samples.len() >= 15, "sampled every 100 ms");
+    assert_eq!(naive.report.ingress.pending_bytes_limit, None);
+
+    match &env.ingress_bin {
+        Ok(_) => {
+            let bounded = run_one(&env, &plan, 3, Design::Bounded)
+                .await
+                .expect("bounded run");
+            let r = &bounded.report;
+            check_identities(r);
+            assert_eq!(
+                r.frames.unaccounted, 0,
+                "nothing lost on loopback without faults: {:?}",
+                r.frames
+            );
+            assert_eq!(r.ingress.overloads, 0);
+            assert_eq!(r.ingress.pending_bytes_limit, Some(3 * 16_000));
+            assert!(r.ingress.pending_bytes_max <= 3 * 16_000);
+        }
+        Err(why) => eprintln!("bounded design skipped: {why}"),
+    }
+}
+
+#[test]
+fn the_binary_writes_json_and_charts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("out.json");
+    let plots = dir.path().join("plots");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_loadtest"))
+        .args([
+            "steady",
+            "--streams",
+            "2",
+            "--design",
+            "naive",
+            "--duration",
+            "1",
+            "-q",
+            "--json",
+        ])
+        .arg(&json)
+        .arg("--plot")
+        .arg(&plots)
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("2 naive"), "{table}");
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("json written")).expect("valid JSON");
+    let runs = v.as_array().expect("an array");
+    assert_eq!(runs.len(), 1);
+    assert_eq!(missing_keys(&runs[0], REQUIRED_KEYS), Vec::<String>::new());
+    let svg = std::fs::read_to_string(plots.join("steady-2.svg")).expect("chart written");
+    assert!(svg.contains("</svg>"));
+}
+
+#[test]
+fn bad_flags_are_refused_with_the_flag_named() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_loadtest"))
+        .args(["nats-pause", "--duration", "3", "--pause", "5"])
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--duration") && err.contains("--pause"),
+        "{err}"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_loadtest"))
+        .args(["steady", "--nats-url", "nats://192.168.1.1:4222"])
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
+}
