@@ -105,7 +105,9 @@ async fn nats_stopped_5s_close_policy_overloads_within_max_wait_and_ends_reach_t
     let until = Instant::now() + Duration::from_secs(9);
     let producers: Vec<_> = (0..STREAMS)
         .map(|i| {
-            let h = ingress.open(&format!("stall-close-{i}"), None).expect("open");
+            let h = ingress
+                .open(&format!("stall-close-{i}"), None)
+                .expect("open");
             tokio::spawn(produce(h, until, true))
         })
         .collect();
@@ -114,7 +116,12 @@ async fn nats_stopped_5s_close_policy_overloads_within_max_wait_and_ends_reach_t
 
     let mut runs = Vec::new();
     for p in producers {
-        runs.push(tokio::time::timeout(STEP, p).await.expect("in time").expect("task"));
+        runs.push(
+            tokio::time::timeout(STEP, p)
+                .await
+                .expect("in time")
+                .expect("task"),
+        );
     }
     assert!(
         collector.wait_ends(STREAMS, Duration::from_secs(15)).await,
@@ -123,7 +130,12 @@ async fn nats_stopped_5s_close_policy_overloads_within_max_wait_and_ends_reach_t
     let logs = collector.logs();
     for run in &runs {
         let snap = run.handle.snapshot();
-        assert!(run.max_pending <= max_bytes, "{}: {} pending", run.id, run.max_pending);
+        assert!(
+            run.max_pending <= max_bytes,
+            "{}: {} pending",
+            run.id,
+            run.max_pending
+        );
         assert!(snap.pending_bytes_high_water <= max_bytes, "{snap:?}");
         let (at, report) = run.overload.clone().expect("the close policy fired");
         eprintln!(
@@ -134,7 +146,11 @@ async fn nats_stopped_5s_close_policy_overloads_within_max_wait_and_ends_reach_t
             report.pending_bytes,
             run.full_since.map(|f| at - f)
         );
-        assert!(at > paused && at < resumed, "{}: overload during the stall", run.id);
+        assert!(
+            at > paused && at < resumed,
+            "{}: overload during the stall",
+            run.id
+        );
         if let Some(full_since) = run.full_since {
             assert!(
                 at - full_since <= max_wait + FRAME + Duration::from_millis(10),
@@ -201,8 +217,16 @@ async fn nats_stopped_5s_gap_policy_markers_account_for_exactly_the_dropped_fram
 
     let mut summaries = Vec::new();
     for p in producers {
-        let run = tokio::time::timeout(STEP, p).await.expect("in time").expect("task");
-        assert!(run.max_pending <= max_bytes, "{}: {} pending", run.id, run.max_pending);
+        let run = tokio::time::timeout(STEP, p)
+            .await
+            .expect("in time")
+            .expect("task");
+        assert!(
+            run.max_pending <= max_bytes,
+            "{}: {} pending",
+            run.id,
+            run.max_pending
+        );
         assert!(run.overload.is_none());
         let summary = tokio::time::timeout(STEP, run.handle.finish())
             .await
@@ -241,5 +265,8 @@ async fn nats_stopped_5s_gap_policy_markers_account_for_exactly_the_dropped_fram
         );
         total_gap_frames += dropped;
     }
-    assert!(total_gap_frames > 0, "the gap policy fired during the stall");
+    assert!(
+        total_gap_frames > 0,
+        "the gap policy fired during the stall"
+    );
 }

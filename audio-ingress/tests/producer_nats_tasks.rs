@@ -22,7 +22,9 @@ const STREAMS: usize = 10;
 const FRAMES_PER_STREAM: u64 = 10_000;
 
 fn alive_tasks() -> usize {
-    tokio::runtime::Handle::current().metrics().num_alive_tasks()
+    tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -70,7 +72,9 @@ async fn a_hundred_thousand_frames_through_ten_streams_keep_tasks_at_streams_plu
     let during = max_seen.load(Ordering::Relaxed);
     let mut published = 0;
     for h in handles {
-        let summary = tokio::time::timeout(STEP, h.finish()).await.expect("finish");
+        let summary = tokio::time::timeout(STEP, h.finish())
+            .await
+            .expect("finish");
         assert!(summary.snapshot.end_delivered);
         published += summary.snapshot.frames.published;
     }
@@ -92,7 +96,10 @@ async fn a_hundred_thousand_frames_through_ten_streams_keep_tasks_at_streams_plu
     assert_eq!(stats.frames.offered, STREAMS as u64 * FRAMES_PER_STREAM);
     assert_eq!(stats.frames.published, stats.frames.offered);
     assert_eq!(sum(&stats.frames.dropped), 0);
-    assert_eq!(stats.queue_wait_ms.count, STREAMS as u64 * FRAMES_PER_STREAM);
+    assert_eq!(
+        stats.queue_wait_ms.count,
+        STREAMS as u64 * FRAMES_PER_STREAM
+    );
     assert!(collector.wait_ends(STREAMS, STEP).await);
     let expected = STREAMS as u64 * (FRAMES_PER_STREAM + 1);
     assert!(wait_until(STEP, || collector.total() >= expected).await);
@@ -134,30 +141,56 @@ async fn server_killed_and_restarted_mid_stream_publishers_recover_and_losses_ar
         .collect();
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let before_kill: Vec<u64> = (0..streams)
-        .map(|i| collector.log(&format!("restart-{i}")).frames.last().copied().unwrap_or(0))
+        .map(|i| {
+            collector
+                .log(&format!("restart-{i}"))
+                .frames
+                .last()
+                .copied()
+                .unwrap_or(0)
+        })
         .collect();
     server.kill().expect("kill");
     tokio::time::sleep(Duration::from_millis(500)).await;
     server.restart().expect("restart");
 
     for (i, p) in producers.into_iter().enumerate() {
-        let (h, offered, refused) = tokio::time::timeout(STEP, p).await.expect("in time").expect("task");
-        let summary = tokio::time::timeout(STEP, h.finish()).await.expect("finish");
+        let (h, offered, refused) = tokio::time::timeout(STEP, p)
+            .await
+            .expect("in time")
+            .expect("task");
+        let summary = tokio::time::timeout(STEP, h.finish())
+            .await
+            .expect("finish");
         let f = &summary.snapshot.frames;
         assert_eq!(f.offered, offered);
         assert_eq!(f.offered, f.published + sum(&f.dropped), "{f:?}");
-        assert_eq!(sum(&f.dropped), refused, "every producer-side drop is a counted refusal");
+        assert_eq!(
+            sum(&f.dropped),
+            refused,
+            "every producer-side drop is a counted refusal"
+        );
         assert!(summary.snapshot.end_delivered, "restart-{i}");
     }
-    assert!(collector.wait_ends(streams, STEP).await, "every end arrives after the restart");
-    for i in 0..streams {
+    assert!(
+        collector.wait_ends(streams, STEP).await,
+        "every end arrives after the restart"
+    );
+    for (i, before) in before_kill.iter().enumerate() {
         let id = format!("restart-{i}");
         let log = collector.log(&id);
         let end = log.end.as_ref().expect("end");
         assert_eq!(end.ext.end_reason, Some(EndReason::Producer));
         // Publishers recovered: frames published after the restart arrived.
-        let after_restart = log.frames.iter().filter(|s| **s > before_kill[i] + 50).count();
-        assert!(after_restart > 50, "{id}: {after_restart} frames after the restart");
+        let after_restart = log
+            .frames
+            .iter()
+            .filter(|s| **s > before + 50)
+            .count();
+        assert!(
+            after_restart > 50,
+            "{id}: {after_restart} frames after the restart"
+        );
         // Whatever did not arrive is visible to the consumer as missing seqs.
         let missing = log.missing();
         assert_eq!(
