@@ -1,0 +1,99 @@
+//! Shared helpers of the NATS integration tests: a real nats-server per test, a client
+//! with short timeouts, an adapter running in-process with the sim backend.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use weir_llm_adapter::backend::Backend;
+use weir_llm_adapter::backend::sim::{SimBackend, SimHandle};
+use weir_llm_adapter::{AdapterHandle, Config};
+use weir_testkit::NatsServer;
+
+/// Upper bound of any single await in these tests.
+pub const STEP: Duration = Duration::from_secs(10);
+
+/// Connects with test-friendly timeouts.
+pub async fn connect(url: &str) -> async_nats::Client {
+    let c = async_nats::ConnectOptions::new()
+        .connection_timeout(Duration::from_millis(500))
+        .ping_interval(Duration::from_secs(1))
+        .connect(url);
+    tokio::time::timeout(STEP, c)
+        .await
+        .expect("connect in time")
+        .expect("connect")
+}
+
+/// A server, the adapter on it and a client connection for callers.
+pub struct Rig {
+    pub server: NatsServer,
+    pub adapter: Option<AdapterHandle>,
+    pub caller: async_nats::Client,
+    pub sim: Option<SimHandle>,
+}
+
+impl Rig {
+    /// Starts server + adapter (config TOML, sim backend with `latency`).
+    pub async fn with_sim(config: &str, latency: Duration) -> Self {
+        let sim = SimBackend::fixed(latency);
+        let handle = sim.handle();
+        let mut rig = Self::with_backend(config, Arc::new(sim)).await;
+        rig.sim = Some(handle);
+        rig
+    }
+
+    /// Starts server + adapter with any backend.
+    pub async fn with_backend(config: &str, backend: Arc<dyn Backend>) -> Self {
+        let server = NatsServer::start().expect("nats-server (run scripts/ensure-nats-server)");
+        let adapter_client = connect(server.url()).await;
+        let config = Config::from_toml_str(config).expect("valid config");
+        let adapter = tokio::time::timeout(
+            STEP,
+            weir_llm_adapter::start(adapter_client, config, backend),
+        )
+        .await
+        .expect("start in time")
+        .expect("start");
+        let caller = connect(server.url()).await;
+        // Make sure the service subscriptions reached the server before callers send.
+        tokio::time::timeout(STEP, caller.flush())
+            .await
+            .expect("flush")
+            .expect("flush");
+        Self {
+            server,
+            adapter: Some(adapter),
+            caller,
+            sim: None,
+        }
+    }
+
+    pub fn adapter(&self) -> &AdapterHandle {
+        self.adapter.as_ref().expect("running")
+    }
+
+    pub fn sim(&self) -> &SimHandle {
+        self.sim.as_ref().expect("sim backend")
+    }
+
+    pub async fn shutdown(&mut self) {
+        if let Some(a) = self.adapter.take() {
+            tokio::time::timeout(STEP, a.shutdown())
+                .await
+                .expect("shutdown in time");
+        }
+    }
+}
+
+/// Polls `f` every 10 ms until it is true, at most `within`.
+pub async fn eventually(within: Duration, mut f: impl FnMut() -> bool) {
+    let t0 = std::time::Instant::now();
+    while !f() {
+        assert!(
+            t0.elapsed() < within,
+            "condition not reached within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
