@@ -78,7 +78,7 @@ impl<F: HandlerFactory> Demux<F> {
         now: Instant,
     ) {
         self.shared.registry().message();
-        metrics::counter!(m::CONSUMER_MESSAGES_TOTAL).increment(1);
+        self.shared.instruments.messages.increment(1);
         let settings = &self.shared.settings;
         let Some((token, subject_partition)) = settings.subject.parse_subject(subject) else {
             self.shared.registry().unroutable();
@@ -173,25 +173,51 @@ impl<F: HandlerFactory> Demux<F> {
             Observation::Accept { lost, leading } => (lost, leading),
         };
         let last_seq = entry.tracker.last_seq();
+        let samples = match &packet.body {
+            PacketBody::Frame { pcm } => {
+                (pcm.len() / packet.format.bytes_per_sample().max(1)) as u64
+            }
+            _ => 0,
+        };
+        // All of this packet's stats in one registry update (one lock on the hot path).
         self.shared.registry().update(instance, |s| {
             s.first_seq.get_or_insert(seqs_first(seqs));
             s.last_seq = last_seq;
-            s.counters.leading_missing += leading;
+            let c = &mut s.counters;
+            c.leading_missing += leading;
+            if let Some(lost) = &lost {
+                c.lost_frames += lost.end() - lost.start() + 1;
+                c.loss_events += 1;
+            }
+            match &packet.body {
+                PacketBody::Frame { .. } => {
+                    c.frames += 1;
+                    c.samples += samples;
+                }
+                PacketBody::Gap(g) => {
+                    c.declared_gaps += 1;
+                    c.declared_gap_frames += g.frames();
+                    c.declared_gap_samples += g.samples;
+                }
+                PacketBody::End => {
+                    s.end_seen = true;
+                    s.end_seq = Some(packet.seq);
+                    s.end_reason = ext.end_reason.map(|r| r.as_str().to_owned());
+                    s.producer_overload = ext.overload.clone();
+                }
+            }
         });
         if let Some(lost) = lost {
             let (first_seq, last_seq) = (*lost.start(), *lost.end());
-            let frames = last_seq - first_seq + 1;
-            self.shared.registry().update(instance, |s| {
-                s.counters.lost_frames += frames;
-                s.counters.loss_events += 1;
-            });
-            metrics::counter!(m::CONSUMER_FRAMES_LOST_TOTAL).increment(frames);
+            metrics::counter!(m::CONSUMER_FRAMES_LOST_TOTAL).increment(last_seq - first_seq + 1);
             let _ = self.shared.events.send(ConsumerEvent::FramesLost {
                 stream: token.to_owned(),
                 first_seq,
                 last_seq,
             });
-            tracing::warn!(
+            // Counted, metered and broadcast; a debug line only, so that heavy loss
+            // (a slow consumer) does not also flood the logs.
+            tracing::debug!(
                 stream = token,
                 first_seq,
                 last_seq,
@@ -207,12 +233,7 @@ impl<F: HandlerFactory> Demux<F> {
         }
         match packet.body {
             PacketBody::Frame { pcm } => {
-                let samples = (pcm.len() / packet.format.bytes_per_sample().max(1)) as u64;
-                self.shared.registry().update(instance, |s| {
-                    s.counters.frames += 1;
-                    s.counters.samples += samples;
-                });
-                metrics::counter!(m::CONSUMER_FRAMES_TOTAL).increment(1);
+                self.shared.instruments.frames.increment(1);
                 let frame = StreamEvent::Frame(Frame {
                     seq: packet.seq,
                     pcm,
@@ -224,11 +245,6 @@ impl<F: HandlerFactory> Demux<F> {
                 self.queue_event(token, frame, now);
             }
             PacketBody::Gap(g) => {
-                self.shared.registry().update(instance, |s| {
-                    s.counters.declared_gaps += 1;
-                    s.counters.declared_gap_frames += g.frames();
-                    s.counters.declared_gap_samples += g.samples;
-                });
                 metrics::counter!(m::CONSUMER_DECLARED_GAP_FRAMES_TOTAL).increment(g.frames());
                 let notice = StreamEvent::Gap(GapNotice {
                     first_seq: g.first_seq,
@@ -239,15 +255,8 @@ impl<F: HandlerFactory> Demux<F> {
                 self.queue_event(token, notice, now);
             }
             PacketBody::End => {
-                let reason = ext.end_reason;
-                self.shared.registry().update(instance, |s| {
-                    s.end_seen = true;
-                    s.end_seq = Some(packet.seq);
-                    s.end_reason = reason.map(|r| r.as_str().to_owned());
-                    s.producer_overload = ext.overload.clone();
-                });
                 let cause = EndCause::Producer {
-                    reason,
+                    reason: ext.end_reason,
                     overload: ext.overload,
                 };
                 self.end_stream(token, cause, now);
@@ -277,7 +286,7 @@ impl<F: HandlerFactory> Demux<F> {
             instance,
         ));
         metrics::counter!(m::CONSUMER_STREAMS_STARTED_TOTAL).increment(1);
-        metrics::gauge!(m::CONSUMER_STREAMS_ACTIVE).increment(1.0);
+        self.shared.instruments.streams_active.increment(1.0);
         tracing::debug!(stream = token, partition, instance, "stream started");
         self.streams.insert(
             token.to_owned(),
@@ -390,7 +399,7 @@ impl<F: HandlerFactory> Demux<F> {
         let Some(entry) = self.streams.remove(token) else {
             return;
         };
-        metrics::gauge!(m::CONSUMER_STREAMS_ACTIVE).decrement(1.0);
+        self.shared.instruments.streams_active.decrement(1.0);
         let name = cause.as_str();
         metrics::counter!(m::CONSUMER_STREAMS_ENDED_TOTAL, "cause" => name).increment(1);
         if entry.closed {
@@ -525,7 +534,7 @@ async fn run_stream<H: StreamHandler>(
             shared.registry().update(instance, |s: &mut StreamStats| {
                 s.counters.frames_delivered += 1
             });
-            metrics::counter!(m::CONSUMER_FRAMES_DELIVERED_TOTAL).increment(1);
+            shared.instruments.delivered.increment(1);
         }
         if is_end {
             break;

@@ -177,12 +177,33 @@ impl ConsumerError {
     }
 }
 
+/// Metric handles of the per-packet path, resolved once (under the recorder installed
+/// when the consumer starts); the rare paths use the `metrics` macros directly.
+pub(crate) struct Instruments {
+    pub(crate) messages: metrics::Counter,
+    pub(crate) frames: metrics::Counter,
+    pub(crate) delivered: metrics::Counter,
+    pub(crate) streams_active: metrics::Gauge,
+}
+
+impl Instruments {
+    fn new() -> Self {
+        Self {
+            messages: metrics::counter!(m::CONSUMER_MESSAGES_TOTAL),
+            frames: metrics::counter!(m::CONSUMER_FRAMES_TOTAL),
+            delivered: metrics::counter!(m::CONSUMER_FRAMES_DELIVERED_TOTAL),
+            streams_active: metrics::gauge!(m::CONSUMER_STREAMS_ACTIVE),
+        }
+    }
+}
+
 /// State shared by the consumer handle, its demultiplexers and its handler tasks.
 pub(crate) struct Shared {
     pub(crate) settings: ConsumerSettings,
     pub(crate) decode: DecodeOptions,
     registry: Mutex<Registry>,
     pub(crate) events: broadcast::Sender<ConsumerEvent>,
+    pub(crate) instruments: Instruments,
 }
 
 impl Shared {
@@ -193,6 +214,7 @@ impl Shared {
             decode: DecodeOptions::default(),
             registry: Mutex::new(Registry::new(retain)),
             events: broadcast::channel(EVENT_CAPACITY).0,
+            instruments: Instruments::new(),
         }
     }
 
