@@ -405,6 +405,14 @@ impl<S: Sink> Inner<S> {
                 ),
             }),
             r = call => r.map_err(|e| match e.kind() {
+                // A backend that bounds its call by the remaining budget (the NATS
+                // backend) times out at the deadline: that is the deadline's doing.
+                BackendErrorKind::Timeout if deadline.is_some_and(|d| Instant::now() >= d) => {
+                    ErrorBody::new(
+                        ErrorCode::DeadlineExceeded,
+                        "deadline passed during inference; backend call aborted",
+                    )
+                }
                 BackendErrorKind::Timeout => ErrorBody::new(ErrorCode::BackendTimeout, e.message()),
                 BackendErrorKind::Failed | BackendErrorKind::Unavailable => {
                     ErrorBody::new(ErrorCode::BackendError, e.message())

@@ -1,0 +1,157 @@
+//! The `llm-adapter` binary: configuration from file + env + flags, the ready line,
+//! the admin endpoints, graceful shutdown on SIGTERM, refusal of bad configuration.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{STEP, connect};
+use weir_llm_adapter::client::LlmClient;
+
+const BIN: &str = env!("CARGO_BIN_EXE_llm-adapter");
+
+/// Kills the child on drop (a failing test must not leave it running).
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn get(url: &str) -> (u16, String) {
+    let r = tokio::time::timeout(STEP, reqwest::get(url))
+        .await
+        .expect("in time")
+        .expect("http");
+    let code = r.status().as_u16();
+    (code, r.text().await.expect("body"))
+}
+
+#[tokio::test]
+async fn serve_prints_ready_serves_admin_and_shuts_down_on_sigterm() {
+    let server = weir_testkit::NatsServer::start().expect("nats-server");
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("llm-bin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let cfg = dir.join("adapter.toml");
+    std::fs::write(
+        &cfg,
+        "workers = 2\nqueue_capacity = 16\n[backend.sim]\nlatency_ms = 5\n[service]\nsubject = \"bin.infer\"\ncancel_subject = \"bin.cancel\"\ncapabilities_subject = \"bin.caps\"\nlimits_subject = \"bin.limits\"\n",
+    )
+    .expect("write config");
+    let mut child = Child(
+        Command::new(BIN)
+            .args(["serve", "--config"])
+            .arg(&cfg)
+            .args(["--admin", "127.0.0.1:0", "--nats-url", server.url()])
+            .env("WEIR_LLM_SESSION__PENDING_CAP", "3")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn"),
+    );
+    let stdout = child.0.stdout.take().expect("stdout");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).map(|_| line)
+    });
+    let line = tokio::time::timeout(STEP, line)
+        .await
+        .expect("ready in time")
+        .expect("join")
+        .expect("read");
+    let ready: serde_json::Value = serde_json::from_str(&line).expect("ready line is JSON");
+    assert_eq!(ready["event"], "ready");
+    let admin = ready["admin"].as_str().expect("admin address").to_owned();
+    assert_eq!(ready.as_object().map(|o| o.len()), Some(2), "{line}");
+
+    assert_eq!(get(&format!("http://{admin}/healthz")).await.0, 200);
+    assert_eq!(get(&format!("http://{admin}/readyz")).await.0, 200);
+    let (code, caps) = get(&format!("http://{admin}/v1/capabilities")).await;
+    assert_eq!(code, 200);
+    let caps: serde_json::Value = serde_json::from_str(&caps).expect("json");
+    assert_eq!(caps["session"]["pending_cap"], 3, "env override applied");
+    assert_eq!(caps["workers"], 2, "file applied");
+    assert_eq!(caps["service"]["subject"], "bin.infer");
+
+    let caller = connect(server.url()).await;
+    let llm = LlmClient::discover(caller, "bin.caps", STEP)
+        .await
+        .expect("discover");
+    let r = llm
+        .request("ping")
+        .session("s")
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await;
+    assert_eq!(&r.expect("reply").body[..], b"ping");
+
+    let (_, metrics) = get(&format!("http://{admin}/metrics")).await;
+    assert!(
+        metrics.contains("llm_requests_offered_total 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("llm_inference_seconds_bucket"),
+        "{metrics}"
+    );
+    let (_, limits) = get(&format!("http://{admin}/v1/limits?top=3")).await;
+    let limits: serde_json::Value = serde_json::from_str(&limits).expect("json");
+    assert_eq!(limits["queue"]["capacity"], 16);
+    let (_, stats) = get(&format!("http://{admin}/v1/stats")).await;
+    let stats: serde_json::Value = serde_json::from_str(&stats).expect("json");
+    assert_eq!(stats["completed"], 1);
+
+    let pid = child.0.id().to_string();
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.0.try_wait().expect("wait") {
+            assert!(status.success(), "exit status {status}");
+            break;
+        }
+        assert!(t0.elapsed() < STEP, "did not exit after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn invalid_configuration_is_refused_with_the_key_named() {
+    for (var, value, key) in [
+        ("WEIR_LLM_SESSION__PENDING_CAP", "-1", "session.pending_cap"),
+        (
+            "WEIR_LLM_SESSION__PENDING_CAP",
+            "2.5",
+            "session.pending_cap",
+        ),
+        ("WEIR_LLM_WORKERS", "many", "workers"),
+        ("WEIR_LLM_QUEUE_CAPACTY", "5", "queue_capacty"),
+    ] {
+        let out = Command::new(BIN)
+            .args(["check-config"])
+            .env(var, value)
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(2), "{var}={value}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(key), "{var}={value}: {err}");
+    }
+    let out = Command::new(BIN)
+        .args(["check-config"])
+        .env("WEIR_LLM_SESSION__PENDING_CAP", "0")
+        .output()
+        .expect("run");
+    assert!(out.status.success());
+    let caps: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(caps["session"]["pending_cap"], serde_json::Value::Null);
+}
