@@ -512,3 +512,65 @@ async fn slow_consumer_drops_are_counted_and_show_as_lost_frames() {
     );
     consumer.shutdown(GRACE).await;
 }
+
+/// Tasks depend on streams, not frames: one handler task per live stream on top of a
+/// constant, however many frames flow; they are gone once the streams end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_follow_streams_not_frames() {
+    const LIVE: u64 = 40;
+    let server = NatsServer::start().expect("nats-server");
+    let nc = client(server.url()).await;
+    let settings = ConsumerConfig {
+        max_pending_bytes: 1_920_000,
+        ..ConsumerConfig::default()
+    }
+    .validate()
+    .expect("valid");
+    let book = Book::default();
+    let consumer = start(server.url(), settings, "c", &book).await;
+    let alive = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let baseline = alive();
+    let subject = |i: u64| format!("inference.whisper.stream.t{i}");
+
+    let mut sent = 0u64;
+    for round in 0..3u64 {
+        // 40 streams × 50 frames per round: 6,000 frames in all.
+        for seq in round * 50 + 1..=(round + 1) * 50 {
+            for i in 0..LIVE {
+                publish(&nc, &subject(i), Packet::frame(seq, pcm(seq)), &[]).await;
+                sent += 1;
+            }
+        }
+        flush(&nc).await;
+        assert!(
+            wait_until(Duration::from_secs(5), || consumer
+                .totals()
+                .counters
+                .frames_delivered
+                == sent)
+            .await,
+            "{:?}",
+            consumer.totals()
+        );
+        assert_eq!(
+            alive(),
+            baseline + LIVE as usize,
+            "after {sent} frames: one task per live stream"
+        );
+    }
+    for i in 0..LIVE {
+        publish(&nc, &subject(i), Packet::end(151), &[]).await;
+    }
+    flush(&nc).await;
+    consumer_support::wait_handlers_done(&consumer).await;
+    assert!(
+        wait_until(Duration::from_secs(2), || alive() == baseline).await,
+        "handler tasks are gone after the ends: {} alive, baseline {baseline}",
+        alive()
+    );
+    consumer.shutdown(GRACE).await;
+}
