@@ -173,6 +173,9 @@ pub struct LlmReport {
     pub started_after_deadline: u64,
     /// Completed within their deadline.
     pub completed_in_deadline: u64,
+    /// Backend calls started (simulated backend's own count): calls beyond
+    /// `completed_in_deadline` were work whose answer came too late or never went out.
+    pub backend_calls: u64,
     /// Completed within deadline per second of run.
     pub goodput_per_s: f64,
     /// Queue wait before inference, as the front measured it.

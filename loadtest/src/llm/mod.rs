@@ -13,7 +13,7 @@
 pub mod generator;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use weir_llm_adapter::backend::Backend;
@@ -23,6 +23,7 @@ use weir_llm_adapter::config::{Latency, SimConfig};
 use crate::ingress::Design;
 use crate::naive::llm::NaiveLlmFront;
 use crate::report::LlmReport;
+use crate::stats::Percentiles;
 use generator::{GeneratorConfig, GeneratorCounters};
 
 /// Request subject of the LLM front.
@@ -56,6 +57,19 @@ impl LlmSettings {
     }
 }
 
+/// The adapter's configuration for a run: the backend's concurrency as workers, a
+/// queue of 8 requests per worker (at most ~0.8 × the mean latency × 8 of waiting,
+/// well inside the default 2 s deadline), the load test's subject; everything else
+/// (per-session cap 5 with ordering, deadline checks) at its documented default.
+fn adapter_config(settings: &LlmSettings) -> String {
+    format!(
+        "workers = {}\nqueue_capacity = {}\nshutdown_grace_ms = 1000\n\
+         [service]\nsubject = \"{LLM_SUBJECT}\"\n[trace]\nlog = false\n",
+        settings.workers,
+        settings.workers * 8
+    )
+}
+
 /// The report of a scenario that does not drive the LLM side.
 pub fn not_run() -> LlmReport {
     not_run_because("not run in this scenario")
@@ -72,6 +86,7 @@ pub fn not_run_because(reason: &str) -> LlmReport {
 
 enum Front {
     Naive(NaiveLlmFront),
+    Adapter(weir_llm_adapter::AdapterHandle),
 }
 
 /// A running LLM side.
@@ -82,6 +97,7 @@ pub struct LlmRun {
     stop: Arc<AtomicBool>,
     generator: tokio::task::JoinHandle<()>,
     factor: f64,
+    in_flight_max: AtomicU64,
 }
 
 impl std::fmt::Debug for LlmRun {
@@ -133,11 +149,13 @@ impl LlmRun {
                 .map_err(|e| format!("naive LLM front: {e}"))?,
             ),
             Design::Bounded => {
-                return Err(
-                    "weir-llm-adapter exposes no in-process service start function yet \
-                     (its lib has admission, backend, config; no service edge)"
-                        .into(),
-                );
+                let config = weir_llm_adapter::Config::from_toml_str(&adapter_config(settings))
+                    .map_err(|e| format!("LLM adapter config: {e}"))?;
+                Front::Adapter(
+                    weir_llm_adapter::start(front_client.clone(), config, backend)
+                        .await
+                        .map_err(|e| format!("LLM adapter: {e}"))?,
+                )
             }
         };
         // Make sure the front's subscription is registered before requests flow.
@@ -163,6 +181,7 @@ impl LlmRun {
             stop,
             generator,
             factor,
+            in_flight_max: AtomicU64::new(0),
         })
     }
 
@@ -185,11 +204,17 @@ impl LlmRun {
         }
     }
 
-    /// Requests held by the front now (queued + running).
+    /// Requests held by the front now (queued + running); also tracks the maximum.
     pub fn in_flight(&self) -> u64 {
-        match &self.front {
+        let n = match &self.front {
             Front::Naive(f) => f.stats().in_flight.load(Ordering::Relaxed),
-        }
+            Front::Adapter(a) => {
+                let s = a.stats();
+                s.queued_now + s.running_now
+            }
+        };
+        self.in_flight_max.fetch_max(n, Ordering::Relaxed);
+        n
     }
 
     /// The report so far; `wall` is the run's length for goodput.
@@ -207,6 +232,24 @@ impl LlmRun {
                     s.in_flight_max.load(Ordering::Relaxed),
                 )
             }
+            Front::Adapter(a) => {
+                let s = a.stats();
+                let p = |x: &weir_llm_adapter::Percentiles| Percentiles {
+                    count: x.count,
+                    p50: x.p50,
+                    p95: x.p95,
+                    p99: x.p99,
+                    max: x.max,
+                };
+                (
+                    "weir-llm-adapter (bounded queue, fixed workers, deadlines)".to_owned(),
+                    p(&s.queue_wait_ms),
+                    p(&s.inference_ms),
+                    self.in_flight_max
+                        .load(Ordering::Relaxed)
+                        .max(s.queued_now + s.running_now),
+                )
+            }
         };
         let in_deadline = c.completed_in_deadline.load(Ordering::Relaxed);
         LlmReport {
@@ -219,6 +262,7 @@ impl LlmRun {
             caller_timeouts: c.caller_timeouts.load(Ordering::Relaxed),
             started_after_deadline: sim.started_after_deadline,
             completed_in_deadline: in_deadline,
+            backend_calls: sim.started,
             goodput_per_s: in_deadline as f64 / wall.as_secs_f64().max(0.001),
             queue_wait_ms,
             inference_ms,
@@ -238,6 +282,11 @@ impl LlmRun {
         {
             generator.abort();
         }
-        drop(self.front);
+        match self.front {
+            Front::Naive(f) => drop(f),
+            Front::Adapter(a) => {
+                let _ = tokio::time::timeout(Duration::from_secs(5), a.shutdown()).await;
+            }
+        }
     }
 }
