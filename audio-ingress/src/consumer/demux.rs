@@ -654,6 +654,43 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn overload_end_headers_reach_handler_and_stats() {
+        let (mut d, shared, mut rx) = setup(default_cfg());
+        feed(&mut d, "o", frame(1));
+        let report = r#"{"reason":"queue_full","dropped_frames":4,"dropped_samples":1280,"pending_bytes":16000,"max_bytes":16000,"max_age_ms":500}"#;
+        feed_with(
+            &mut d,
+            "o",
+            Packet::end(6),
+            &[
+                (headers::END_REASON, "overload"),
+                (headers::OVERLOAD, report),
+            ],
+        );
+        let got = drain(&mut rx).await;
+        let Some((_, StreamEvent::End(end))) = got.last() else {
+            panic!("{got:?}");
+        };
+        let EndCause::Producer {
+            reason: Some(EndReason::Overload),
+            overload: Some(o),
+        } = &end.cause
+        else {
+            panic!("{end:?}");
+        };
+        assert_eq!((o.dropped_frames, o.dropped_samples), (4, 1_280));
+        let snap = snapshot(&shared);
+        let s = snap.stream("o").next().expect("record");
+        assert_eq!(s.end_reason.as_deref(), Some("overload"));
+        assert_eq!(
+            s.producer_overload.as_ref().map(|o| o.dropped_frames),
+            Some(4)
+        );
+        // Seqs 2..=5 never arrived and no gap packet declared them: counted as lost.
+        assert_eq!(s.counters.lost_frames, 4);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn loss_and_declared_gaps_are_distinguished() {
         let (mut d, shared, mut rx) = setup(default_cfg());
         feed(&mut d, "a", frame(1));
