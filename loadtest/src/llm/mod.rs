@@ -86,7 +86,7 @@ pub fn not_run_because(reason: &str) -> LlmReport {
 
 enum Front {
     Naive(NaiveLlmFront),
-    Adapter(weir_llm_adapter::AdapterHandle),
+    Adapter(Box<weir_llm_adapter::AdapterHandle>),
 }
 
 /// A running LLM side.
@@ -151,11 +151,11 @@ impl LlmRun {
             Design::Bounded => {
                 let config = weir_llm_adapter::Config::from_toml_str(&adapter_config(settings))
                     .map_err(|e| format!("LLM adapter config: {e}"))?;
-                Front::Adapter(
+                Front::Adapter(Box::new(
                     weir_llm_adapter::start(front_client.clone(), config, backend)
                         .await
                         .map_err(|e| format!("LLM adapter: {e}"))?,
-                )
+                ))
             }
         };
         // Make sure the front's subscription is registered before requests flow.
