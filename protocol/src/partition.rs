@@ -171,16 +171,6 @@ impl SubjectTemplate {
     pub fn as_str(&self) -> &str {
         &self.source
     }
-
-    /// The 1-based position of the `{stream}` token, as nats-server's `partition(N,k)`
-    /// and `wildcard(k)` count wildcard positions when the source subject is
-    /// [`Self::wildcard`] of a template without `{partition}`.
-    pub fn stream_token_position(&self) -> usize {
-        self.tokens
-            .iter()
-            .position(|t| *t == Token::Stream)
-            .map_or(0, |p| p + 1)
-    }
 }
 
 impl fmt::Debug for SubjectTemplate {
@@ -240,7 +230,6 @@ mod tests {
             Some(("abc", None))
         );
         assert_eq!(t.parse_subject("inference.whisper.text.abc"), None);
-        assert_eq!(t.stream_token_position(), 4);
     }
 
     #[test]
