@@ -82,6 +82,10 @@ pub struct Cli {
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
 
+    /// Also write the comparison as Markdown tables (what docs/loadtest.md embeds).
+    #[arg(long, value_name = "FILE")]
+    pub markdown: Option<PathBuf>,
+
     /// Write SVG charts (pending bytes, queue wait, RSS, tasks over time; bounded beside
     /// naive) into this directory, one file per scenario and stream count.
     #[arg(long, value_name = "DIR")]

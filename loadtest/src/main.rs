@@ -89,6 +89,15 @@ async fn session(cli: Cli) -> ExitCode {
             }
         }
     }
+    if let Some(path) = &cli.markdown {
+        match std::fs::write(path, report::markdown(&owned)) {
+            Ok(()) => eprintln!("wrote {}", path.display()),
+            Err(e) => {
+                eprintln!("cannot write {}: {e}", path.display());
+                ok = false;
+            }
+        }
+    }
     if let Some(dir) = &cli.plot {
         match app::write_plots(dir, &outputs) {
             Ok(files) => eprintln!("wrote {} chart(s) in {}", files.len(), dir.display()),

@@ -431,6 +431,15 @@ fn rows() -> Vec<Row> {
 
 /// The terminal table: per scenario, one column per (streams, design).
 pub fn table(reports: &[RunReport]) -> String {
+    render(reports, false)
+}
+
+/// The same comparison as Markdown tables (for docs/loadtest.md).
+pub fn markdown(reports: &[RunReport]) -> String {
+    render(reports, true)
+}
+
+fn render(reports: &[RunReport], md: bool) -> String {
     let mut out = String::new();
     let mut scenarios: Vec<&str> = Vec::new();
     for r in reports {
@@ -441,55 +450,95 @@ pub fn table(reports: &[RunReport]) -> String {
     for scenario in scenarios {
         let mut cols: Vec<&RunReport> = reports.iter().filter(|r| r.scenario == scenario).collect();
         cols.sort_by_key(|r| (r.streams, r.design));
-        // At most 6 columns per block keeps the table within 110 characters.
-        for chunk in cols.chunks(6) {
-            let first = chunk[0];
-            let fault = first
-                .fault
-                .as_ref()
-                .map(|f| format!(" — {} {:.0} s at t={:.0} s", f.kind, f.duration_s, f.at_s))
-                .unwrap_or_default();
-            let _ = writeln!(
-                out,
-                "\n{scenario} ({:.0} s of audio{fault})",
-                first.duration_s
-            );
-            let _ = write!(out, "{:<31}", "");
-            for r in chunk {
-                let _ = write!(out, "{:>13}", format!("{} {}", r.streams, r.design));
-            }
-            out.push('\n');
-            for (label, f) in rows() {
-                let _ = write!(out, "{label:<31}");
+        let first = cols[0];
+        let fault = first
+            .fault
+            .as_ref()
+            .map(|f| format!(" — {} {:.0} s at t={:.0} s", f.kind, f.duration_s, f.at_s))
+            .unwrap_or_default();
+        let title = format!("{scenario} ({:.0} s of audio{fault})", first.duration_s);
+        if md {
+            let _ = writeln!(out, "\n#### {title}\n");
+        } else {
+            let _ = writeln!(out, "\n{title}");
+        }
+        // At most 6 columns per block keeps the text table within 110 characters.
+        for chunk in cols.chunks(if md { 8 } else { 6 }) {
+            if md {
+                out.push_str("| |");
                 for r in chunk {
-                    let _ = write!(out, "{:>13}", f(r));
+                    let _ = write!(out, " {} {} |", r.streams, r.design);
+                }
+                out.push_str("\n|---|");
+                for _ in chunk {
+                    out.push_str("---:|");
                 }
                 out.push('\n');
-            }
-            if let Some(max) = first.max_streams {
-                let _ = writeln!(out, "largest sustainable stream count: {max}");
-                if let Some(c) = &first.ceiling {
-                    for step in &c.steps {
-                        let _ = writeln!(
-                            out,
-                            "  {:>5} streams: {}",
-                            step.streams,
-                            if step.sustainable {
-                                "ok".to_owned()
-                            } else {
-                                step.limited_by.join("; ")
-                            }
-                        );
+                for (label, f) in rows() {
+                    let _ = write!(out, "| {} |", label.trim());
+                    for r in chunk {
+                        let _ = write!(out, " {} |", f(r));
                     }
+                    out.push('\n');
+                }
+                out.push('\n');
+            } else {
+                let _ = write!(out, "{:<31}", "");
+                for r in chunk {
+                    let _ = write!(out, "{:>13}", format!("{} {}", r.streams, r.design));
+                }
+                out.push('\n');
+                for (label, f) in rows() {
+                    let _ = write!(out, "{label:<31}");
+                    for r in chunk {
+                        let _ = write!(out, "{:>13}", f(r));
+                    }
+                    out.push('\n');
                 }
             }
         }
-        for r in reports.iter().filter(|r| r.scenario == scenario) {
+        let mut verdicts: Vec<(Design, usize, &CeilingReport)> = Vec::new();
+        for r in &cols {
+            if let (Some(max), Some(c)) = (r.max_streams, &r.ceiling)
+                && !verdicts.iter().any(|(d, _, _)| *d == r.design)
+            {
+                verdicts.push((r.design, max, c));
+            }
+        }
+        for (design, max, c) in verdicts {
+            let _ = writeln!(
+                out,
+                "\nlargest sustainable stream count ({design}): {max}\n"
+            );
+            for step in &c.steps {
+                let _ = writeln!(
+                    out,
+                    "{}{:>5} streams: {}",
+                    if md { "- " } else { "  " },
+                    step.streams,
+                    if step.sustainable {
+                        "sustainable".to_owned()
+                    } else {
+                        step.limited_by.join("; ")
+                    }
+                );
+            }
+            for l in &c.limited_by {
+                let _ = writeln!(out, "{}limited by: {l}", if md { "- " } else { "  " });
+            }
+        }
+        if md {
+            out.push('\n');
+        }
+        for r in &cols {
             for n in &r.notes {
                 let _ = writeln!(
                     out,
-                    "  note [{} {} {}]: {n}",
-                    r.scenario, r.streams, r.design
+                    "{}note [{} {} {}]: {n}",
+                    if md { "- " } else { "  " },
+                    r.scenario,
+                    r.streams,
+                    r.design
                 );
             }
         }
@@ -554,6 +603,9 @@ mod tests {
             .unwrap_or_default();
         assert!(header.find("10 bounded") < header.find("10 naive"), "{t}");
         assert!(t.contains("none"));
+        let md = markdown(&[example()]);
+        assert!(md.contains("| | 10 bounded |"), "{md}");
+        assert!(md.contains("|---|---:|"), "{md}");
         assert!(t.contains("160000"));
     }
 }
