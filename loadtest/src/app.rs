@@ -19,8 +19,12 @@ use crate::scenario::run::{Env, RunOutput, run_one};
 use crate::scenario::{self, Scenario, ceiling};
 
 /// Showcase defaults (the demo must fit in 2 minutes of run time).
-const SHOWCASE_DURATION: Duration = Duration::from_secs(6);
-const SHOWCASE_PAUSE: Duration = Duration::from_secs(3);
+/// Steady runs: 5 s of audio.
+const SHOWCASE_DURATION: Duration = Duration::from_secs(5);
+/// NATS paused for 6 s: long enough to exceed what the NATS client and the socket
+/// absorb before `publish` blocks (about 3 s at 50 streams), so that the naive
+/// design's growth shows.
+const SHOWCASE_PAUSE: Duration = Duration::from_secs(6);
 
 /// Everything measured so far.
 pub type Results = Arc<Mutex<Vec<RunOutput>>>;

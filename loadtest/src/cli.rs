@@ -68,13 +68,13 @@ pub struct Cli {
 
     /// Seconds of audio each producer sends per run. Default: 10 for steady, no-end
     /// and llm-overload; for fault scenarios 2 s + --pause + 2 s of recovery; 5 per
-    /// ceiling step; showcase 6 (steady) and 7 (nats-pause).
+    /// ceiling step; showcase 5 (steady) and 10 (nats-pause).
     #[arg(long, value_parser = parse_seconds)]
     pub duration: Option<Duration>,
 
     /// Length of the fault in seconds: NATS stopped (nats-pause), backend stalled
     /// (backend-pause), server down before restart (nats-restart). Default 5 (2 for
-    /// nats-restart, 3 for showcase). The fault starts 2 s into the run.
+    /// nats-restart, 6 for showcase). The fault starts 2 s into the run.
     #[arg(long, value_parser = parse_seconds)]
     pub pause: Option<Duration>,
 

@@ -209,7 +209,7 @@ impl Fleet {
     pub fn frames_received(&self) -> u64 {
         self.consumers
             .iter()
-            .map(|c| c.stats().totals.counters.frames)
+            .map(|c| c.totals().counters.frames)
             .sum()
     }
 

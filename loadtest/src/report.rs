@@ -380,7 +380,10 @@ fn rows() -> Vec<Row> {
         ("frames received", |r| r.frames.received.to_string()),
         ("frames dropped (reason)", |r| r.frames.dropped.to_string()),
         ("frames unaccounted", |r| r.frames.unaccounted.to_string()),
-        ("  of which NATS holes", |r| {
+        ("  lost after publish", |r| {
+            r.frames.explained.lost_after_publish.to_string()
+        }),
+        ("consumer-detected holes", |r| {
             r.frames.explained.consumer_detected_holes.to_string()
         }),
         ("out of order (refused)", |r| {
