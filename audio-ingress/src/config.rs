@@ -99,6 +99,7 @@ pub struct StreamConfig {
     max_frame_bytes: NonZeroUsize,
     subject: SubjectTemplate,
     partitions: NonZeroU32,
+    frame_headers: bool,
 }
 
 impl Default for StreamConfig {
@@ -120,6 +121,7 @@ impl Default for StreamConfig {
                 max_frame_bytes: NonZeroUsize::MIN.saturating_add(DEFAULT_MAX_FRAME_BYTES - 1),
                 subject: default_template(),
                 partitions: NonZeroU32::MIN,
+                frame_headers: true,
             })
     }
 }
@@ -193,6 +195,14 @@ impl StreamConfig {
     pub fn partitions(&self) -> NonZeroU32 {
         self.partitions
     }
+    /// Whether frames carry the weir headers (`Weir-Audio-Version`,
+    /// `Weir-Captured-At-Ms`). Default `true` (the protocol's default); `false` trades
+    /// the capture timestamp for throughput — async-nats serialises header maps in its
+    /// single connection task, which costs more than half of the publish rate. `end`
+    /// and `gap` packets always carry headers.
+    pub fn frame_headers(&self) -> bool {
+        self.frame_headers
+    }
 
     /// The byte bound actually enforced (the budget, or the shadow ceiling).
     pub fn enforced_max_bytes(&self) -> usize {
@@ -239,6 +249,7 @@ pub struct StreamConfigBuilder {
     max_frame_bytes: u64,
     subject: String,
     partitions: Option<u64>,
+    frame_headers: bool,
 }
 
 impl Default for StreamConfigBuilder {
@@ -256,6 +267,7 @@ impl Default for StreamConfigBuilder {
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES as u64,
             subject: DEFAULT_STREAM_TEMPLATE.to_owned(),
             partitions: None,
+            frame_headers: true,
         }
     }
 }
@@ -341,6 +353,11 @@ impl StreamConfigBuilder {
         self.partitions = Some(u64::from(v));
         self
     }
+    /// `frame_headers`: see [`StreamConfig::frame_headers`].
+    pub fn frame_headers(mut self, v: bool) -> Self {
+        self.frame_headers = v;
+        self
+    }
 
     /// Validates every value; the error names the key and the allowed range.
     pub fn build(self) -> Result<StreamConfig, ConfigError> {
@@ -424,6 +441,7 @@ impl StreamConfigBuilder {
             max_frame_bytes: nz(self.max_frame_bytes),
             subject,
             partitions: NonZeroU32::new(partitions as u32).unwrap_or(NonZeroU32::MIN),
+            frame_headers: self.frame_headers,
         })
     }
 }
@@ -992,6 +1010,9 @@ impl Config {
         }
         if let Some(v) = raw.int("partitions") {
             b.partitions = Some(v);
+        }
+        if let Some(v) = raw.bool("frame_headers") {
+            b.frame_headers = v;
         }
         let stream = b.build()?;
         let server = server_from_raw(raw)?;

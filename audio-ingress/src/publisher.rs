@@ -32,7 +32,7 @@ use weir_protocol::audio::Packet;
 use weir_protocol::audio::extension::{PROTOCOL_VERSION, headers};
 
 use crate::queue::{AfterFailure, EndPacket, Failure, Next, QueuedFrame};
-use crate::stats::{Account, WouldReject};
+use crate::stats::{Account, WaitBatch, WouldReject};
 use crate::stream::{SlotGuard, StreamShared};
 
 /// Why the NATS client refused a publish.
@@ -98,14 +98,10 @@ fn value(s: &str) -> Option<HeaderValue> {
 /// Headers carried by every packet.
 fn base_headers() -> HeaderMap {
     let mut h = HeaderMap::new();
-    if let Some(v) = value(itoa(u64::from(PROTOCOL_VERSION)).as_str()) {
+    if let Some(v) = value(&PROTOCOL_VERSION.to_string()) {
         h.insert(VERSION, v);
     }
     h
-}
-
-fn itoa(n: u64) -> String {
-    n.to_string()
 }
 
 /// Unix milliseconds at which a frame admitted at `enqueued_at` was accepted.
@@ -123,6 +119,8 @@ pub(crate) struct Publisher<S: Sink> {
     pub sink: S,
     pub publish_timeout: Duration,
     pub shadow_max_age: Option<Duration>,
+    pub frame_headers: bool,
+    pub waits: WaitBatch,
 }
 
 enum Attempt {
@@ -132,7 +130,7 @@ enum Attempt {
 
 impl<S: Sink> Publisher<S> {
     /// Runs until the stream's `end` is handed over (or given up on).
-    pub async fn run(self, slot: SlotGuard) {
+    pub async fn run(mut self, slot: SlotGuard) {
         loop {
             let next = {
                 let mut core = self.stream.lock();
@@ -141,9 +139,18 @@ impl<S: Sink> Publisher<S> {
                 next
             };
             match next {
-                Next::Empty => self.stream.wake.notified().await,
+                Next::Empty => {
+                    self.stream.global.record_waits(&mut self.waits);
+                    self.stream.wake.notified().await;
+                }
                 Next::Frame(frame) => {
-                    self.stream.room.notify_one();
+                    if self
+                        .stream
+                        .room_wanted
+                        .swap(false, std::sync::atomic::Ordering::AcqRel)
+                    {
+                        self.stream.room.notify_one();
+                    }
                     self.publish_frame(frame).await;
                 }
                 Next::Gap(gap) => self.publish_gap(gap).await,
@@ -154,6 +161,7 @@ impl<S: Sink> Publisher<S> {
                 Next::Done => break,
             }
         }
+        self.stream.global.record_waits(&mut self.waits);
         self.stream.mark_finished();
         drop(slot);
     }
@@ -182,16 +190,22 @@ impl<S: Sink> Publisher<S> {
         }
     }
 
-    async fn publish_frame(&self, mut frame: QueuedFrame) {
+    async fn publish_frame(&mut self, mut frame: QueuedFrame) {
         loop {
             let packet = Packet::frame(frame.seq, frame.pcm.clone())
                 .with_session(self.stream.session.clone());
             let result = match packet.encode() {
                 Ok(payload) => {
-                    let mut headers = base_headers();
-                    if let Some(v) = value(&itoa(captured_at_ms(frame.enqueued_at))) {
-                        headers.insert(CAPTURED_AT_MS, v);
-                    }
+                    let headers = if self.frame_headers {
+                        let mut h = base_headers();
+                        if let Some(v) = value(&captured_at_ms(frame.enqueued_at).to_string()) {
+                            h.insert(CAPTURED_AT_MS, v);
+                        }
+                        h
+                    } else {
+                        // Empty: async-nats sends a plain PUB (no allocation).
+                        HeaderMap::new()
+                    };
                     self.attempt(headers, payload, "frame").await
                 }
                 // Frames were validated at admission; treat the impossible as an error.
@@ -206,7 +220,8 @@ impl<S: Sink> Publisher<S> {
                     {
                         self.account().would_reject(WouldReject::Age);
                     }
-                    self.account().published(wait);
+                    let stream = &self.stream;
+                    stream.account().published(wait, &mut self.waits);
                     // Dropping the frame releases its reservation.
                     return;
                 }

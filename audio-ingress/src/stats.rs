@@ -467,6 +467,34 @@ impl Global {
     }
 }
 
+/// Queue waits (µs) not yet merged into the shared histogram. Kept by each publisher;
+/// flushed when full, when the publisher goes idle and when it exits, so `/v1/stats`
+/// lags by at most one batch per busy stream.
+#[derive(Debug, Default)]
+pub struct WaitBatch(Vec<u64>);
+
+impl WaitBatch {
+    /// Waits per batch.
+    pub const CAPACITY: usize = 64;
+}
+
+impl Global {
+    /// Merges a batch of queue waits into the cumulative histogram and empties it.
+    pub fn record_waits(&self, waits: &mut WaitBatch) {
+        if waits.0.is_empty() {
+            return;
+        }
+        if let Ok(mut guard) = self.queue_wait_us.lock()
+            && let Some(h) = guard.as_mut()
+        {
+            for us in &waits.0 {
+                h.saturating_record(*us);
+            }
+        }
+        waits.0.clear();
+    }
+}
+
 /// Updates a stream's counters and the aggregate together (so the two can never
 /// disagree) and emits the matching metrics.
 #[derive(Clone, Copy)]
@@ -488,16 +516,19 @@ impl Account<'_> {
     }
 
     /// A frame handed to NATS after waiting `wait` since admission.
-    pub fn published(&self, wait: Duration) {
+    ///
+    /// The wait goes to the Prometheus histogram at once and into `waits`, a batch the
+    /// caller hands to [`Global::record_waits`] (one lock per batch instead of one per
+    /// frame on the shared hdrhistogram).
+    pub fn published(&self, wait: Duration, waits: &mut WaitBatch) {
         add(&self.stream.published, 1);
         add(&self.global.counters.published, 1);
         self.global.h.published.increment(1);
         self.global.h.queue_wait.record(wait.as_secs_f64());
-        if let Ok(mut guard) = self.global.queue_wait_us.lock()
-            && let Some(h) = guard.as_mut()
-        {
-            let us = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX).max(1);
-            h.saturating_record(us.min(QUEUE_WAIT_MAX_US));
+        let us = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX).max(1);
+        waits.0.push(us.min(QUEUE_WAIT_MAX_US));
+        if waits.0.len() >= WaitBatch::CAPACITY {
+            self.global.record_waits(waits);
         }
     }
 
@@ -628,7 +659,10 @@ mod tests {
         };
         a.offered();
         a.admitted();
-        a.published(Duration::from_millis(3));
+        let mut waits = WaitBatch::default();
+        a.published(Duration::from_millis(3), &mut waits);
+        assert_eq!(g.queue_wait().count, 0, "batched");
+        g.record_waits(&mut waits);
         a.offered();
         a.dropped(DropReason::QueueFull, 1, 320);
         a.offered();

@@ -44,7 +44,7 @@ use crate::config::StreamConfig;
 use crate::error::{OpenError, PushError};
 use crate::publisher::{Publisher, Sink};
 use crate::queue::{Budget, FrameQueue, OfferMode, Refusal, StreamState};
-use crate::stats::{Account, Counters, FramesStats, Global, StatsSnapshot};
+use crate::stats::{Account, Counters, FramesStats, Global, StatsSnapshot, WaitBatch};
 
 /// What a stream's producer can observe without pushing (for the WebSocket events).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +78,9 @@ pub(crate) struct StreamShared {
     pub wake: Notify,
     /// Wakes a producer waiting in `push` (the publisher took a frame).
     pub room: Notify,
+    /// Set by a producer about to wait in `push`; the publisher notifies `room` only
+    /// then, not for every frame.
+    pub room_wanted: AtomicBool,
     status: watch::Sender<StreamStatus>,
     opened_at: Instant,
 }
@@ -418,6 +421,7 @@ impl<S: Sink> Ingress<S> {
             global: Arc::clone(&global),
             wake: Notify::new(),
             room: Notify::new(),
+            room_wanted: AtomicBool::new(false),
             status,
             opened_at: Instant::now(),
         });
@@ -443,6 +447,8 @@ impl<S: Sink> Ingress<S> {
             sink: self.inner.sink.clone(),
             publish_timeout: cfg.publish_timeout(),
             shadow_max_age: cfg.shadow().then_some(cfg.max_age()),
+            frame_headers: cfg.frame_headers(),
+            waits: WaitBatch::default(),
         };
         runtime.spawn(publisher.run(slot));
         Ok(StreamHandle {
@@ -604,6 +610,8 @@ impl StreamHandle {
             let room = self.shared.room.notified();
             tokio::pin!(room);
             room.as_mut().enable();
+            // Before offering: a frame taken after this store is followed by a notify.
+            self.shared.room_wanted.store(true, Ordering::Release);
             match self.offer(&pcm, OfferMode::Wait) {
                 Err(Refusal::Full { overload_at, .. }) => {
                     tokio::select! {

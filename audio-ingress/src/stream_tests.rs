@@ -444,3 +444,25 @@ async fn publish_errors_in_close_end_the_stream_with_reason_error() {
     let end = sink.sent().pop().expect("end");
     assert_eq!(end.ext.end_reason, Some(EndReason::Error));
 }
+
+#[tokio::test(start_paused = true)]
+async fn frame_headers_can_be_turned_off_but_end_keeps_them() {
+    let sink = MemorySink::new();
+    let cfg = StreamConfig::builder()
+        .frame_headers(false)
+        .build()
+        .expect("cfg");
+    let ingress = Ingress::new(sink.clone(), cfg);
+    let s = ingress.open("nh", None).expect("open");
+    s.try_push(pcm()).expect("room");
+    s.finish().await;
+    let sent = sink.sent();
+    assert_eq!(sent.len(), 2);
+    assert_eq!(
+        sent[0].ext,
+        Extensions::default(),
+        "a frame without weir headers"
+    );
+    assert_eq!(sent[1].ext.version, Some(1));
+    assert_eq!(sent[1].ext.end_reason, Some(EndReason::Producer));
+}
