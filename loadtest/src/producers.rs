@@ -18,6 +18,10 @@
 //! producer stops sending at once and, if reconnecting is enabled, retries under a new
 //! id (`s7`, `s7r1`, `s7r2`, ...) after a back-off, as a telephony gateway would.
 //!
+//! Each stream sends for exactly the run's duration from its own (spread) start, so a
+//! run lasts `duration + start_spread` and the nominal frame count is
+//! `streams × duration × 50`.
+//!
 //! Invariants: every loop is bounded by the run's stop time plus fixed grace periods;
 //! every frame a producer wrote is counted in `frames_sent` exactly once; ticks when the
 //! stream was down (refused, closed, reconnecting) are counted in `frames_not_sent`.
@@ -199,7 +203,6 @@ pub fn start(
 ) -> tokio::task::JoinSet<()> {
     let mut set = tokio::task::JoinSet::new();
     let start = Instant::now();
-    let stop_at = start + config.duration;
     let mut rng = rand::rng();
     let vanish_count =
         ((config.streams as f64) * config.vanish_share.clamp(0.0, 1.0)).round() as usize;
@@ -217,7 +220,9 @@ pub fn start(
             clip: clips[index % clips.len()].clone(),
             counters: counters.clone(),
             start_at: start + offset,
-            stop_at,
+            // Each stream sends for exactly `duration` from its own start, so the
+            // nominal count is streams × duration × 50 whatever the spread.
+            stop_at: start + offset + config.duration,
             // Spread the vanishing ones over the index range.
             vanish: vanish_count > 0 && (index * vanish_count) % config.streams < vanish_count,
         };

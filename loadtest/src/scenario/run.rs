@@ -87,6 +87,26 @@ pub struct RunOutput {
     pub samples: Vec<Sample>,
 }
 
+/// The directory of a run's config file, removed on drop (also when the run is
+/// interrupted).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn create() -> Result<Self, String> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("weir-loadtest-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        Ok(Self(dir))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// The NATS server of a run.
 enum Nats {
     Embedded(Arc<weir_testkit::NatsServer>),
@@ -247,10 +267,9 @@ pub async fn run_one(
     );
 
     // 3. Ingress.
-    let config_dir = std::env::temp_dir().join(format!("weir-loadtest-{}", std::process::id()));
-    std::fs::create_dir_all(&config_dir).map_err(|e| format!("{}: {e}", config_dir.display()))?;
+    let config_dir = TempDir::create()?;
     let ingress = Arc::new(
-        IngressProcess::spawn(&launch(env, design, &nats_url, streams, &config_dir)?)
+        IngressProcess::spawn(&launch(env, design, &nats_url, streams, &config_dir.0)?)
             .await
             .map_err(|e| e.to_string())?,
     );
@@ -294,6 +313,9 @@ pub async fn run_one(
         },
         stop_rx,
     ));
+    // Connections are spread over up to 1 s so that N streams do not all connect (and
+    // tick) in the same millisecond.
+    let spread = Duration::from_millis((streams as u64).clamp(20, 1000));
     let mut producer_set = producers::start(
         ProducerConfig {
             ws_addr: ingress.ws_addr(),
@@ -303,7 +325,7 @@ pub async fn run_one(
             vanish_share: plan.vanish_share,
             reconnect: env.reconnect,
             reconnect_delay: Duration::from_millis(500),
-            start_spread: Duration::from_millis((streams as u64).clamp(20, 1000)),
+            start_spread: spread,
         },
         streams as u64,
         counters.clone(),
@@ -328,7 +350,8 @@ pub async fn run_one(
     });
 
     // 6. Wait for the producers (bounded), then drain.
-    let producers_deadline = start + plan.duration + producers::END_GRACE + Duration::from_secs(5);
+    let producers_deadline =
+        start + plan.duration + spread + producers::END_GRACE + Duration::from_secs(5);
     while Instant::now() < producers_deadline {
         match tokio::time::timeout_at(producers_deadline, producer_set.join_next()).await {
             Ok(Some(_)) => {}
@@ -450,7 +473,7 @@ pub async fn run_one(
     if let Nats::Embedded(s) = nats {
         let _ = blocking(move || drop(s)).await;
     }
-    let _ = std::fs::remove_dir_all(&config_dir);
+    drop(config_dir);
 
     let samples = samples.lock().map(|s| s.clone()).unwrap_or_default();
     let series = sample::summarise(&samples);
