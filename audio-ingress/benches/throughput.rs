@@ -18,6 +18,7 @@
 //!
 //! Every variant ends with `client.flush()`; the time is from the first publish to the
 //! end of the flush. 7 rounds; medians of frames/s and of the per-round ratios.
+//! `THROUGHPUT_ONLY=plain|ingress|ingress-nh` runs one variant (for profiling).
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -86,8 +87,12 @@ async fn plain(client: &async_nats::Client, round: usize, with_headers: bool) ->
 }
 
 async fn ingress(client: &async_nats::Client, round: usize, frame_headers: bool) -> Duration {
+    // Default budget; max_wait and the publish timeout at the age bound (500 ms) so a
+    // scheduling hiccup on a shared machine does not end a stream mid-measurement.
     let cfg = StreamConfig::builder()
         .frame_headers(frame_headers)
+        .max_wait(Duration::from_millis(500))
+        .publish_timeout(Duration::from_millis(500))
         .build()
         .expect("cfg");
     let ingress = Ingress::new(client.clone(), cfg);
@@ -131,6 +136,18 @@ fn main() {
     rt.block_on(async {
         let client = client(server.url()).await;
         let total = (STREAMS as u64 * FRAMES) as f64;
+        if let Ok(only) = std::env::var("THROUGHPUT_ONLY") {
+            // For profiling one variant: THROUGHPUT_ONLY=plain|ingress|ingress-nh
+            for round in 0..ROUNDS {
+                let d = match only.as_str() {
+                    "plain" => plain(&client, round, false).await,
+                    "ingress" => ingress(&client, round, true).await,
+                    _ => ingress(&client, round, false).await,
+                };
+                println!("{only}: {:.0} frames/s", total / d.as_secs_f64());
+            }
+            return;
+        }
         // [plain, plain+headers, ingress, ingress/no-frame-headers]
         let mut rates: [Vec<f64>; 4] = Default::default();
         let (mut ratio, mut ratio_h, mut ratio_nh) = (vec![], vec![], vec![]);

@@ -703,6 +703,13 @@ pub const KEYS: &[KeySpec] = &[
         "frame subject",
     ),
     key(
+        "frame_headers",
+        Bool,
+        "true",
+        "true | false",
+        "frames carry Weir-Audio-Version and Weir-Captured-At-Ms (false: faster, no capture time)",
+    ),
+    key(
         "partitions",
         Int,
         "1",
@@ -1422,6 +1429,17 @@ mod tests {
         assert_eq!(err.key(), "nats_url");
         let c = load(&[], &[("nats_url", "nats://a:4222, nats://b:4222")]).expect("urls");
         assert_eq!(c.nats.urls.len(), 2);
+    }
+
+    #[test]
+    fn every_key_is_settable() {
+        let c = load(&[("WEIR_INGRESS_FRAME_HEADERS", "false")], &[]).expect("valid");
+        assert!(!c.stream.frame_headers());
+        assert!(Config::default().stream.frame_headers());
+        for k in KEYS {
+            assert!(spec(k.name).is_some());
+        }
+        assert_eq!(KEYS.len(), 33);
     }
 
     #[test]

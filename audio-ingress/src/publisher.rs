@@ -31,7 +31,7 @@ use tokio::time::{Instant, timeout};
 use weir_protocol::audio::Packet;
 use weir_protocol::audio::extension::{PROTOCOL_VERSION, headers};
 
-use crate::queue::{AfterFailure, EndPacket, Failure, Next, QueuedFrame};
+use crate::queue::{AfterFailure, EndPacket, Failure, Next, QueuedFrame, StreamState};
 use crate::stats::{Account, WaitBatch, WouldReject};
 use crate::stream::{SlotGuard, StreamShared};
 
@@ -135,7 +135,11 @@ impl<S: Sink> Publisher<S> {
             let next = {
                 let mut core = self.stream.lock();
                 let next = core.pop(Instant::now());
-                self.stream.sync_status(&core);
+                // The status only changes once the stream leaves `Open`; skip the
+                // watch's lock on the per-frame path.
+                if core.state() != StreamState::Open {
+                    self.stream.sync_status(&core);
+                }
                 next
             };
             match next {
