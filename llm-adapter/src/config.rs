@@ -659,53 +659,29 @@ fn read_backend(r: &mut Reader<'_>) -> Result<BackendConfig, ConfigError> {
     let mut b = r.section("backend")?;
     let timeout = b.millis("timeout_ms", 60_000, 1..=3_600_000, "")?;
     let kind_s = b.string("kind", "sim")?;
+    // Every backend section present is validated, whichever is selected, so a file may
+    // keep several and switch with `kind` (e.g. WEIR_LLM_BACKEND__KIND=openai).
     let mut sim = b.section("sim")?;
+    let sim_cfg = read_sim(&mut sim)?;
+    sim.finish()?;
     let mut openai = b.section("openai")?;
+    let openai_cfg = read_openai(&mut openai)?;
+    openai.finish()?;
     let mut nats = b.section("nats")?;
+    let nats_subject = nats
+        .opt_string("subject")?
+        .map(|s| subject(&nats.key("subject"), s, false))
+        .transpose()?;
+    let nats_key = nats.key("subject");
+    nats.finish()?;
     let kind = match kind_s.as_str() {
-        "sim" => BackendKind::Sim(read_sim(&mut sim)?),
-        "openai" => {
-            let base_url = openai.string("base_url", "http://127.0.0.1:8000")?;
-            if !base_url.starts_with("http://") {
-                return Err(ConfigError::invalid(
-                    openai.key("base_url"),
-                    format!(
-                        "expected http://host:port (this build has no TLS client; put a TLS proxy on localhost for https), got {base_url:?}"
-                    ),
-                ));
-            }
-            let path = openai.string("path", "/v1/chat/completions")?;
-            if !path.starts_with('/') {
-                return Err(ConfigError::invalid(
-                    openai.key("path"),
-                    "must start with '/'",
-                ));
-            }
-            BackendKind::OpenAi(OpenAiConfig {
-                base_url: base_url.trim_end_matches('/').to_owned(),
-                path,
-                api_key_env: openai.opt_string("api_key_env")?,
-                connect_timeout: openai.millis("connect_timeout_ms", 2_000, 1..=600_000, "")?,
-                pool_max_idle_per_host: usize_of(openai.uint(
-                    "pool_max_idle_per_host",
-                    64,
-                    0..=100_000,
-                    "",
-                )?),
-                pool_idle_timeout: openai.millis(
-                    "pool_idle_timeout_ms",
-                    90_000,
-                    1..=3_600_000,
-                    "",
-                )?,
-            })
-        }
-        "nats" => {
-            let s = nats.required_string("subject")?;
-            BackendKind::Nats(NatsBackendConfig {
-                subject: subject(&nats.key("subject"), s, false)?,
-            })
-        }
+        "sim" => BackendKind::Sim(sim_cfg),
+        "openai" => BackendKind::OpenAi(openai_cfg),
+        "nats" => BackendKind::Nats(NatsBackendConfig {
+            subject: nats_subject.ok_or_else(|| {
+                ConfigError::invalid(nats_key, "required when backend.kind = \"nats\"")
+            })?,
+        }),
         other => {
             return Err(ConfigError::invalid(
                 b.key("kind"),
@@ -713,11 +689,40 @@ fn read_backend(r: &mut Reader<'_>) -> Result<BackendConfig, ConfigError> {
             ));
         }
     };
-    sim.finish()?;
-    openai.finish()?;
-    nats.finish()?;
     b.finish()?;
     Ok(BackendConfig { timeout, kind })
+}
+
+fn read_openai(openai: &mut Reader<'_>) -> Result<OpenAiConfig, ConfigError> {
+    let base_url = openai.string("base_url", "http://127.0.0.1:8000")?;
+    if !base_url.starts_with("http://") || base_url.len() <= "http://".len() {
+        return Err(ConfigError::invalid(
+            openai.key("base_url"),
+            format!(
+                "expected http://host:port (this build has no TLS client; put a TLS proxy on localhost for https), got {base_url:?}"
+            ),
+        ));
+    }
+    let path = openai.string("path", "/v1/chat/completions")?;
+    if !path.starts_with('/') {
+        return Err(ConfigError::invalid(
+            openai.key("path"),
+            "must start with '/'",
+        ));
+    }
+    Ok(OpenAiConfig {
+        base_url: base_url.trim_end_matches('/').to_owned(),
+        path,
+        api_key_env: openai.opt_string("api_key_env")?,
+        connect_timeout: openai.millis("connect_timeout_ms", 2_000, 1..=600_000, "")?,
+        pool_max_idle_per_host: usize_of(openai.uint(
+            "pool_max_idle_per_host",
+            64,
+            0..=100_000,
+            "",
+        )?),
+        pool_idle_timeout: openai.millis("pool_idle_timeout_ms", 90_000, 1..=3_600_000, "")?,
+    })
 }
 
 fn read_sim(s: &mut Reader<'_>) -> Result<SimConfig, ConfigError> {

@@ -49,11 +49,22 @@ use crate::admission::{Admission, Outcome, Sink, Submission};
 use crate::config::Config;
 use crate::metrics as m;
 
-/// One caller waiting for an answer: the service request (reply subject) and, when the
-/// request body was the deployed envelope, its fields to echo.
+/// One caller waiting for an answer: the service request (reply subject, body) and,
+/// when the request body was the deployed envelope, its fields to echo.
 pub struct NatsWaiter {
     request: async_nats::service::Request,
-    envelope: Option<EnvelopeMeta>,
+    /// `None` until needed: detection parses the body, which only error replies and
+    /// requests without id headers need.
+    envelope: Option<Option<EnvelopeMeta>>,
+}
+
+impl NatsWaiter {
+    fn envelope(&mut self) -> Option<&EnvelopeMeta> {
+        let payload = &self.request.message.payload;
+        self.envelope
+            .get_or_insert_with(|| EnvelopeMeta::detect(payload))
+            .as_ref()
+    }
 }
 
 /// Publishes answers as NATS replies.
@@ -77,6 +88,13 @@ impl NatsSink {
 fn put(map: &mut HeaderMap, name: &str, value: &str) {
     if let (Ok(n), Ok(v)) = (HeaderName::from_str(name), HeaderValue::from_str(value)) {
         map.insert(n, v);
+    }
+}
+
+/// Inserts one of our own (constant, valid) header names without allocating the name.
+fn put_static(map: &mut HeaderMap, name: &'static str, value: &str) {
+    if let Ok(v) = HeaderValue::from_str(value) {
+        map.insert(HeaderName::from_static(name), v);
     }
 }
 
@@ -107,12 +125,12 @@ pub(crate) fn render(
         ),
         Err(e) => error_body(&mut headers, e, envelope),
     };
-    put(&mut headers, h::QUEUE_MS, &h::format_ms(outcome.queue_time));
+    put_static(&mut headers, h::QUEUE_MS, &h::format_ms(outcome.queue_time));
     if let Some(t) = outcome.inference_time {
-        put(&mut headers, h::INFERENCE_MS, &h::format_ms(t));
+        put_static(&mut headers, h::INFERENCE_MS, &h::format_ms(t));
     }
     if let Some(rid) = &outcome.request_id {
-        put(&mut headers, h::REQUEST_ID, rid);
+        put_static(&mut headers, h::REQUEST_ID, rid);
     }
     (headers, body)
 }
@@ -136,9 +154,14 @@ fn error_body(headers: &mut HeaderMap, e: &ErrorBody, envelope: Option<&Envelope
 impl Sink for NatsSink {
     type Waiter = NatsWaiter;
 
-    fn deliver(&self, waiter: NatsWaiter, outcome: Arc<Outcome>) -> BoxFuture<'static, ()> {
+    fn deliver(&self, mut waiter: NatsWaiter, outcome: Arc<Outcome>) -> BoxFuture<'static, ()> {
         let max_payload = self.client.server_info().max_payload.max(64 * 1024);
-        let (headers, body) = render(&outcome, waiter.envelope.as_ref(), max_payload);
+        let envelope = if outcome.result.is_err() {
+            waiter.envelope()
+        } else {
+            None
+        };
+        let (headers, body) = render(&outcome, envelope, max_payload);
         let timeout = self.publish_timeout;
         Box::pin(async move {
             let sent = tokio::time::timeout(
@@ -156,17 +179,62 @@ impl Sink for NatsSink {
 
 /// Looks a header up by exact name, then case-insensitively (Go clients canonicalise,
 /// others may not).
-fn header<'a>(map: Option<&'a HeaderMap>, name: &str) -> Option<&'a str> {
+fn header<'a>(map: Option<&'a HeaderMap>, name: &'static str) -> Option<&'a str> {
     let map = map?;
-    if let Ok(n) = HeaderName::from_str(name)
-        && let Some(v) = map.get(n)
-    {
+    if let Some(v) = map.get(HeaderName::from_static(name)) {
         return Some(v.as_str());
     }
     map.iter()
         .find(|(k, _)| AsRef::<str>::as_ref(*k).eq_ignore_ascii_case(name))
         .and_then(|(_, v)| v.first())
         .map(HeaderValue::as_str)
+}
+
+/// The request headers the adapter reads, found in one pass over the map (names
+/// compared case-insensitively; the first value of a repeated header wins).
+#[derive(Default)]
+struct Known<'a> {
+    request_id: Option<&'a str>,
+    session: Option<&'a str>,
+    client_key: Option<&'a str>,
+    admission: Option<&'a str>,
+    deadline: Option<&'a str>,
+    timeout: Option<&'a str>,
+    cancel: Option<&'a str>,
+}
+
+impl<'a> Known<'a> {
+    fn read(map: Option<&'a HeaderMap>) -> Self {
+        let mut k = Self::default();
+        let Some(map) = map else {
+            return k;
+        };
+        for (name, values) in map.iter() {
+            let Some(v) = values.first().map(HeaderValue::as_str) else {
+                continue;
+            };
+            let n: &str = name.as_ref();
+            let slot = if n.eq_ignore_ascii_case(h::REQUEST_ID) {
+                &mut k.request_id
+            } else if n.eq_ignore_ascii_case(h::SESSION_ID) {
+                &mut k.session
+            } else if n.eq_ignore_ascii_case(h::CLIENT_KEY) {
+                &mut k.client_key
+            } else if n.eq_ignore_ascii_case(h::ADMISSION) {
+                &mut k.admission
+            } else if n.eq_ignore_ascii_case(h::DEADLINE_MS) {
+                &mut k.deadline
+            } else if n.eq_ignore_ascii_case(h::TIMEOUT_MS) {
+                &mut k.timeout
+            } else if n.eq_ignore_ascii_case(h::CANCEL) {
+                &mut k.cancel
+            } else {
+                continue;
+            };
+            slot.get_or_insert(v);
+        }
+        k
+    }
 }
 
 fn unix_ms_now() -> u64 {
@@ -179,43 +247,45 @@ fn invalid(e: &HeaderError) -> ErrorBody {
     ErrorBody::new(ErrorCode::InvalidRequest, e.to_string())
 }
 
-/// Decodes one inference request. The envelope is returned even when the headers are
-/// invalid, so that the refusal can be envelope-shaped.
+/// Decodes one inference request. The envelope is looked for only when an id header is
+/// missing (`None` = not looked for; the sink looks when it must shape an error).
 pub(crate) fn decode(
     msg: &async_nats::Message,
     received_at: Instant,
-) -> (Option<EnvelopeMeta>, Result<Submission, ErrorBody>) {
-    let envelope = EnvelopeMeta::detect(&msg.payload);
-    let hm = msg.headers.as_ref();
+) -> (Option<Option<EnvelopeMeta>>, Result<Submission, ErrorBody>) {
+    let known = Known::read(msg.headers.as_ref());
+    let envelope = (known.request_id.is_none() || known.session.is_none())
+        .then(|| EnvelopeMeta::detect(&msg.payload));
+    let env = envelope.as_ref().and_then(Option::as_ref);
     let sub = (|| -> Result<Submission, HeaderError> {
-        let id = |name: &'static str| -> Result<Option<String>, HeaderError> {
-            header(hm, name)
-                .map(|v| h::parse_id(name, v.trim()).map(str::to_owned))
+        let id = |name: &'static str, v: Option<&str>| -> Result<Option<String>, HeaderError> {
+            v.map(|v| h::parse_id(name, v.trim()).map(str::to_owned))
                 .transpose()
         };
-        let request_id = match id(h::REQUEST_ID)? {
+        let request_id = match id(h::REQUEST_ID, known.request_id)? {
             Some(r) => Some(r),
-            None => envelope
-                .as_ref()
+            None => env
                 .and_then(EnvelopeMeta::request_id_str)
                 .and_then(|r| h::parse_id(h::REQUEST_ID, &r).ok().map(str::to_owned)),
         };
-        let session = match id(h::SESSION_ID)? {
+        let session = match id(h::SESSION_ID, known.session)? {
             Some(s) => Some(s),
-            None => envelope
-                .as_ref()
+            None => env
                 .and_then(EnvelopeMeta::session_id_str)
                 .and_then(|s| h::parse_id(h::SESSION_ID, &s).ok().map(str::to_owned)),
         };
-        let client_key = id(h::CLIENT_KEY)?;
-        let policy = header(hm, h::ADMISSION)
+        let client_key = id(h::CLIENT_KEY, known.client_key)?;
+        let policy = known
+            .admission
             .map(AdmissionPolicy::parse)
             .transpose()?
             .unwrap_or_default();
-        let deadline = header(hm, h::DEADLINE_MS)
+        let deadline = known
+            .deadline
             .map(|v| h::parse_ms(h::DEADLINE_MS, v))
             .transpose()?;
-        let timeout = header(hm, h::TIMEOUT_MS)
+        let timeout = known
+            .timeout
             .map(|v| h::parse_ms(h::TIMEOUT_MS, v))
             .transpose()?;
         Ok(Submission {
@@ -269,7 +339,7 @@ impl Edge {
             metrics::counter!(m::NO_REPLY_SUBJECT_TOTAL).increment(1);
             return;
         }
-        if let Some(target) = header(req.message.headers.as_ref(), h::CANCEL) {
+        if let Some(target) = Known::read(req.message.headers.as_ref()).cancel {
             let target = target.trim().to_owned();
             return self.handle_cancel_of(&req, target).await;
         }
@@ -556,7 +626,7 @@ mod tests {
         };
         let (env, sub) = decode(&msg, Instant::now());
         let sub = sub.expect("valid");
-        assert!(env.is_some());
+        assert!(env.is_some_and(|e| e.is_some()));
         assert_eq!(sub.request_id.as_deref(), Some("r-env"));
         assert_eq!(
             sub.session.as_deref(),
@@ -572,7 +642,7 @@ mod tests {
         put(&mut hm, h::TIMEOUT_MS, "-5");
         bad.headers = Some(hm);
         let (env, sub) = decode(&bad, Instant::now());
-        assert!(env.is_some());
+        assert!(env.is_some_and(|e| e.is_some()));
         let err = sub.expect_err("refused");
         assert_eq!(err.code, ErrorCode::InvalidRequest);
         assert!(err.message.contains(h::TIMEOUT_MS), "{}", err.message);

@@ -378,6 +378,20 @@ impl<S: Sink> Inner<S> {
         }
     }
 
+    /// The next job, if any, and whether the worker should exit (shutting down and
+    /// nothing left to start).
+    async fn take_job(&self) -> (Option<Job>, bool) {
+        let mut fx = Effects::default();
+        let (job, exit) = {
+            let mut st = self.lock();
+            let job = st.start_next(Instant::now(), &mut fx);
+            let exit = job.is_none() && st.is_shutting_down();
+            (job, exit)
+        };
+        self.apply(fx).await;
+        (job, exit)
+    }
+
     async fn run_job(&self, job: Job) {
         let Job {
             id,
@@ -449,17 +463,20 @@ impl<S: Sink> Inner<S> {
 
 async fn worker<S: Sink>(inner: Arc<Inner<S>>) {
     loop {
+        // Fast path: take waiting work without registering for a wake-up.
+        let (job, exit) = inner.take_job().await;
+        if let Some(job) = job {
+            inner.run_job(job).await;
+            continue;
+        }
+        if exit {
+            return;
+        }
+        // Register, then look again: a request made ready in between is not missed.
         let notified = inner.work.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let mut fx = Effects::default();
-        let (job, exit) = {
-            let mut st = inner.lock();
-            let job = st.start_next(Instant::now(), &mut fx);
-            let exit = job.is_none() && st.is_shutting_down();
-            (job, exit)
-        };
-        inner.apply(fx).await;
+        let (job, exit) = inner.take_job().await;
         if let Some(job) = job {
             inner.run_job(job).await;
             continue;
@@ -507,7 +524,16 @@ impl<S: Sink> Admission<S> {
         tracer: Tracer,
     ) -> Self {
         let cfg = Arc::new(cfg);
-        let stats = Arc::new(Stats::new());
+        let mut rules: Vec<String> = [
+            state::RULE_QUEUE,
+            state::RULE_SESSION_CAP,
+            state::RULE_SESSION_ORDER,
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+        rules.extend(cfg.limits.iter().map(|l| l.name.clone()));
+        let stats = Arc::new(Stats::new(&rules));
         metrics::gauge!(m::WORKERS).set(cfg.workers.get() as f64);
         metrics::gauge!(m::QUEUE_CAPACITY).set(cfg.queue_capacity.get() as f64);
         let inner = Arc::new(Inner {

@@ -48,7 +48,6 @@ use super::{
 };
 use crate::backend::{BackendReply, BackendRequest};
 use crate::config::{KeySource, Mode, OnBusy};
-use crate::metrics as m;
 use crate::trace::{TraceEvent, TraceKind, Tracer, ms};
 
 /// Rule names used in traces, would-reject counts and metrics.
@@ -616,7 +615,7 @@ impl<W> State<W> {
         }
         self.entries.insert(id, entry);
         if !behind_session {
-            fx.todo.push_back(Action::Advance { id, from: 0 });
+            self.advance(id, 0, now, fx);
         }
         self.run(now, fx);
         self.gauges();
@@ -1194,8 +1193,7 @@ impl<W> State<W> {
     // ------------------------------------------------------------------- views
 
     fn gauges(&self) {
-        metrics::gauge!(m::QUEUE_DEPTH).set(self.queued as f64);
-        metrics::gauge!(m::RUNNING).set(self.running as f64);
+        self.stats.gauges(self.queued, self.running);
     }
 
     /// The busiest keys and sessions.

@@ -6,7 +6,7 @@
 //! non-`ok` answer by code (admission refusals, deadline, cancel, backend errors...).
 //! Joins and cached answers are submissions too and are counted by their answer.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -102,8 +102,81 @@ struct Hists {
     useful_us: u64,
 }
 
+/// Metric handles registered once at start (a registry lookup per request would cost
+/// more than the rest of admission). Taken from the recorder installed at that time.
+struct Handles {
+    offered: metrics::Counter,
+    admitted: metrics::Counter,
+    joined: metrics::Counter,
+    cached: metrics::Counter,
+    started: metrics::Counter,
+    started_after_deadline: metrics::Counter,
+    queue_wait: metrics::Histogram,
+    /// Index 0 = `ok`, then [`ErrorCode::ALL`] order.
+    answered: Vec<metrics::Counter>,
+    /// Same indexing as `answered`.
+    inference: Vec<metrics::Histogram>,
+    limit_reject: HashMap<String, metrics::Counter>,
+    would_reject: HashMap<String, metrics::Counter>,
+    queue_depth: metrics::Gauge,
+    running: metrics::Gauge,
+}
+
+fn outcome_index(outcome: &str) -> usize {
+    ErrorCode::ALL
+        .iter()
+        .position(|c| c.as_str() == outcome)
+        .map_or(0, |i| i + 1)
+}
+
+impl Handles {
+    fn new(rules: &[String]) -> Self {
+        let outcomes: Vec<&'static str> = std::iter::once("ok")
+            .chain(ErrorCode::ALL.iter().map(|c| c.as_str()))
+            .collect();
+        Self {
+            offered: metrics::counter!(m::OFFERED_TOTAL),
+            admitted: metrics::counter!(m::ADMITTED_TOTAL),
+            joined: metrics::counter!(m::JOINED_TOTAL),
+            cached: metrics::counter!(m::CACHED_TOTAL),
+            started: metrics::counter!(m::INFERENCE_STARTED_TOTAL),
+            started_after_deadline: metrics::counter!(m::STARTED_AFTER_DEADLINE_TOTAL),
+            queue_wait: metrics::histogram!(m::QUEUE_WAIT_SECONDS),
+            answered: outcomes
+                .iter()
+                .map(|o| metrics::counter!(m::ANSWERED_TOTAL, "outcome" => *o))
+                .collect(),
+            inference: outcomes
+                .iter()
+                .map(|o| metrics::histogram!(m::INFERENCE_SECONDS, "outcome" => *o))
+                .collect(),
+            limit_reject: rules
+                .iter()
+                .map(|r| {
+                    (
+                        r.clone(),
+                        metrics::counter!(m::LIMIT_REJECT_TOTAL, "rule" => r.clone()),
+                    )
+                })
+                .collect(),
+            would_reject: rules
+                .iter()
+                .map(|r| {
+                    (
+                        r.clone(),
+                        metrics::counter!(m::WOULD_REJECT_TOTAL, "rule" => r.clone()),
+                    )
+                })
+                .collect(),
+            queue_depth: metrics::gauge!(m::QUEUE_DEPTH),
+            running: metrics::gauge!(m::RUNNING),
+        }
+    }
+}
+
 /// The live counters.
 pub(crate) struct Stats {
+    handles: Handles,
     offered: AtomicU64,
     admitted: AtomicU64,
     joined: AtomicU64,
@@ -143,8 +216,10 @@ fn percentiles(h: &Histogram<u64>) -> Percentiles {
 }
 
 impl Stats {
-    pub(crate) fn new() -> Self {
+    /// `rules`: every rule name a refusal can be counted under.
+    pub(crate) fn new(rules: &[String]) -> Self {
         Self {
+            handles: Handles::new(rules),
             offered: AtomicU64::new(0),
             admitted: AtomicU64::new(0),
             joined: AtomicU64::new(0),
@@ -165,49 +240,59 @@ impl Stats {
 
     pub(crate) fn offered(&self) {
         self.offered.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!(m::OFFERED_TOTAL).increment(1);
+        self.handles.offered.increment(1);
     }
 
     pub(crate) fn admitted(&self) {
         self.admitted.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!(m::ADMITTED_TOTAL).increment(1);
+        self.handles.admitted.increment(1);
     }
 
     pub(crate) fn joined(&self) {
         self.joined.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!(m::JOINED_TOTAL).increment(1);
+        self.handles.joined.increment(1);
     }
 
     pub(crate) fn cached(&self) {
         self.cached.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!(m::CACHED_TOTAL).increment(1);
+        self.handles.cached.increment(1);
     }
 
     pub(crate) fn would_reject(&self, rule: &str) {
         let mut w = self.would_reject.lock().unwrap_or_else(|p| p.into_inner());
         *w.entry(rule.to_owned()).or_insert(0) += 1;
-        metrics::counter!(m::WOULD_REJECT_TOTAL, "rule" => rule.to_owned()).increment(1);
+        match self.handles.would_reject.get(rule) {
+            Some(c) => c.increment(1),
+            None => {
+                metrics::counter!(m::WOULD_REJECT_TOTAL, "rule" => rule.to_owned()).increment(1)
+            }
+        }
     }
 
     pub(crate) fn limit_reject(&self, rule: &str) {
-        metrics::counter!(m::LIMIT_REJECT_TOTAL, "rule" => rule.to_owned()).increment(1);
+        match self.handles.limit_reject.get(rule) {
+            Some(c) => c.increment(1),
+            None => {
+                metrics::counter!(m::LIMIT_REJECT_TOTAL, "rule" => rule.to_owned()).increment(1)
+            }
+        }
     }
 
     pub(crate) fn started(&self, queue_wait: Duration, after_deadline: bool) {
         self.started.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!(m::INFERENCE_STARTED_TOTAL).increment(1);
+        self.handles.started.increment(1);
         if after_deadline {
             self.started_after_deadline.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!(m::STARTED_AFTER_DEADLINE_TOTAL).increment(1);
+            self.handles.started_after_deadline.increment(1);
         }
-        metrics::histogram!(m::QUEUE_WAIT_SECONDS).record(queue_wait.as_secs_f64());
+        self.handles.queue_wait.record(queue_wait.as_secs_f64());
         let mut h = self.hists.lock().unwrap_or_else(|p| p.into_inner());
         h.queue_wait_us
             .saturating_record(queue_wait.as_micros() as u64);
     }
 
     pub(crate) fn inference_done(&self, took: Duration, outcome: &'static str) {
-        metrics::histogram!(m::INFERENCE_SECONDS, "outcome" => outcome).record(took.as_secs_f64());
+        self.handles.inference[outcome_index(outcome)].record(took.as_secs_f64());
         let us = took.as_micros() as u64;
         let mut h = self.hists.lock().unwrap_or_else(|p| p.into_inner());
         h.inference_us.saturating_record(us);
@@ -219,17 +304,26 @@ impl Stats {
 
     /// Counts one answer (one waiter).
     pub(crate) fn answered(&self, outcome: &Outcome) {
-        match &outcome.result {
+        let index = match &outcome.result {
             Ok(_) => {
                 self.completed.fetch_add(1, Ordering::Relaxed);
+                0
             }
-            Err(e) => {
-                if let Some(i) = ErrorCode::ALL.iter().position(|c| *c == e.code) {
+            Err(e) => match ErrorCode::ALL.iter().position(|c| *c == e.code) {
+                Some(i) => {
                     self.refused[i].fetch_add(1, Ordering::Relaxed);
+                    i + 1
                 }
-            }
-        }
-        metrics::counter!(m::ANSWERED_TOTAL, "outcome" => outcome.code()).increment(1);
+                None => 0,
+            },
+        };
+        self.handles.answered[index].increment(1);
+    }
+
+    /// Publishes the queue depth and running count.
+    pub(crate) fn gauges(&self, queued: usize, running: usize) {
+        self.handles.queue_depth.set(queued as f64);
+        self.handles.running.set(running as f64);
     }
 
     pub(crate) fn snapshot(&self) -> StatsSnapshot {

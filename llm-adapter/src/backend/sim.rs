@@ -143,6 +143,9 @@ impl SimHandle {
 impl SimInner {
     /// Draws the latency and whether the call fails.
     fn draw(&self) -> (Duration, bool) {
+        if let (Latency::Fixed(d), 0.0) = (self.cfg.latency, self.cfg.error_rate) {
+            return (d, false);
+        }
         let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
         let latency = match self.cfg.latency {
             Latency::Fixed(d) => d,
@@ -220,11 +223,11 @@ impl Backend for SimBackend {
                 finished: false,
             };
             let (latency, fail) = inner.draw();
-            let mut paused = inner.paused.subscribe();
-            if *paused.borrow() {
-                wait_unpaused(&mut paused).await;
+            if *inner.paused.borrow() {
+                wait_unpaused(&mut inner.paused.subscribe()).await;
             }
             if !latency.is_zero() {
+                let mut paused = inner.paused.subscribe();
                 tokio::time::sleep(latency).await;
                 if *paused.borrow() {
                     wait_unpaused(&mut paused).await;

@@ -51,6 +51,10 @@ struct ServeArgs {
     /// `admin.listen`).
     #[arg(long, env = "WEIR_LLM_ADMIN")]
     admin: Option<String>,
+    /// Runtime worker threads (default: one per core; 1 = a single-threaded runtime,
+    /// a good choice on small machines shared with nats-server).
+    #[arg(long, env = "WEIR_LLM_THREADS")]
+    threads: Option<usize>,
     /// Log format on stderr.
     #[arg(long, env = "WEIR_LLM_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -62,6 +66,7 @@ const FLAG_VARS: &[&str] = &[
     "WEIR_LLM_NATS_URL",
     "WEIR_LLM_ADMIN",
     "WEIR_LLM_LOG_FORMAT",
+    "WEIR_LLM_THREADS",
 ];
 
 fn load(args: &ServeArgs) -> Result<Config, String> {

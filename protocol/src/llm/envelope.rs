@@ -14,7 +14,10 @@
 //!
 //! Detection rule: the body is a JSON object whose `trace_id`, `request_id` and `ts_ms`
 //! members are present and not `null`. `correlation_id` and `session_id` are optional
-//! (echoed as `null` when absent). Everything else in the object is ignored.
+//! (echoed as `null` when absent). Everything else in the object is ignored. As a fast
+//! pre-check the body must contain the bytes `"trace_id"` (keys written plainly, as every
+//! JSON encoder does; a key spelled with `\u` escapes is not recognised), so bodies that
+//! are not envelopes — e.g. OpenAI chat requests — are not parsed at all.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -58,7 +61,7 @@ impl EnvelopeMeta {
     /// else (not JSON, not an object, required members missing or `null`).
     pub fn detect(body: &[u8]) -> Option<Self> {
         let first = body.iter().find(|b| !b.is_ascii_whitespace())?;
-        if *first != b'{' {
+        if *first != b'{' || !contains(body, b"\"trace_id\"") {
             return None;
         }
         let p: Probe = serde_json::from_slice(body).ok()?;
@@ -83,6 +86,10 @@ impl EnvelopeMeta {
     pub fn session_id_str(&self) -> Option<String> {
         value_as_id(&self.session_id)
     }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 fn value_as_id(v: &Value) -> Option<String> {
