@@ -18,7 +18,7 @@
 //! | bad binary frame (odd, empty, too large) | `error`, `closed` | 1008 |
 //! | bad text message | `error`, `closed` | 1003 |
 //! | service shutting down | `closed` | 1001 |
-//! | no message for `idle_timeout` | `closed` | 1001 |
+//! | no frame for `idle_timeout` | `closed` | 1001 |
 //! | internal error | `closed` | 1011 |
 //!
 //! A socket that drops without `end` ends the stream with `producer_gone` (queued
@@ -165,7 +165,7 @@ enum Outcome {
     Overload(Overload),
     /// The stream was closed from the server side (shutdown) or ended otherwise.
     Closed(EndReason),
-    /// No message for `idle_timeout`.
+    /// No frame for `idle_timeout`.
     Idle,
 }
 
@@ -228,13 +228,15 @@ async fn close(mut socket: WebSocket, code: u16, reason: &'static str) {
 async fn serve_socket(mut socket: WebSocket, handle: StreamHandle, idle_timeout: Duration) {
     let mut status = handle.status();
     let mut gaps_seen = 0;
-    let mut idle_deadline = Instant::now() + idle_timeout;
+    // One timer for the connection, pushed back on every message (not one per message).
+    let idle = tokio::time::sleep(idle_timeout);
+    tokio::pin!(idle);
     let outcome = loop {
         tokio::select! {
             msg = socket.recv() => match msg {
                 None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break Outcome::Gone,
                 Some(Ok(Message::Binary(data))) => {
-                    idle_deadline = Instant::now() + idle_timeout;
+                    idle.as_mut().reset(Instant::now() + idle_timeout);
                     match handle.push(data).await {
                         Ok(_) => {}
                         Err(PushError::InvalidFrame(e)) => break Outcome::BadFrame(e.to_string()),
@@ -277,7 +279,7 @@ async fn serve_socket(mut socket: WebSocket, handle: StreamHandle, idle_timeout:
                     break Outcome::Closed(r);
                 }
             }
-            () = tokio::time::sleep_until(idle_deadline) => break Outcome::Idle,
+            () = &mut idle => break Outcome::Idle,
         }
     };
     finish_socket(socket, handle, outcome).await;
