@@ -182,11 +182,7 @@ async fn server_killed_and_restarted_mid_stream_publishers_recover_and_losses_ar
         let end = log.end.as_ref().expect("end");
         assert_eq!(end.ext.end_reason, Some(EndReason::Producer));
         // Publishers recovered: frames published after the restart arrived.
-        let after_restart = log
-            .frames
-            .iter()
-            .filter(|s| **s > before + 50)
-            .count();
+        let after_restart = log.frames.iter().filter(|s| **s > before + 50).count();
         assert!(
             after_restart > 50,
             "{id}: {after_restart} frames after the restart"
