@@ -92,7 +92,8 @@ fn fmt_tick(v: f64) -> String {
     } else if a >= 100.0 || v == v.trunc() {
         format!("{v:.0}")
     } else {
-        format!("{v:.2}")
+        let s = format!("{v:.2}");
+        s.trim_end_matches('0').trim_end_matches('.').to_owned()
     }
 }
 
@@ -313,6 +314,15 @@ mod tests {
             "flat range widened"
         );
         assert!(nice_ticks(f64::NAN, 1.0, 4).len() >= 2);
+    }
+
+    #[test]
+    fn tick_labels_are_short() {
+        assert_eq!(fmt_tick(2.5), "2.5");
+        assert_eq!(fmt_tick(0.25), "0.25");
+        assert_eq!(fmt_tick(10.0), "10");
+        assert_eq!(fmt_tick(25_000.0), "25k");
+        assert_eq!(fmt_tick(2_500_000.0), "2.5M");
     }
 
     #[test]
