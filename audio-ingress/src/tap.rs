@@ -400,7 +400,8 @@ impl SubjectSummary {
             Observation::Accept {
                 lost: Some(lost), ..
             } => {
-                self.missing += lost.end() - lost.start() + 1;
+                // Seqs come from the network: saturate, never panic.
+                self.missing = self.missing.saturating_add(lost.end() - lost.start() + 1);
                 self.gaps += 1;
             }
             Observation::Accept { lost: None, .. } => {}
@@ -418,7 +419,7 @@ impl SubjectSummary {
             }
             PacketBody::Gap(g) => {
                 self.declared_gaps += 1;
-                self.declared_gap_frames += g.frames();
+                self.declared_gap_frames = self.declared_gap_frames.saturating_add(g.frames());
             }
             PacketBody::End => {
                 self.end_seen = true;

@@ -184,9 +184,10 @@ impl<F: HandlerFactory> Demux<F> {
             s.first_seq.get_or_insert(seqs_first(seqs));
             s.last_seq = last_seq;
             let c = &mut s.counters;
-            c.leading_missing += leading;
+            // Seqs and declared samples come from the network: saturate, never panic.
+            c.leading_missing = c.leading_missing.saturating_add(leading);
             if let Some(lost) = &lost {
-                c.lost_frames += lost.end() - lost.start() + 1;
+                c.lost_frames = c.lost_frames.saturating_add(lost.end() - lost.start() + 1);
                 c.loss_events += 1;
             }
             match &packet.body {
@@ -196,8 +197,8 @@ impl<F: HandlerFactory> Demux<F> {
                 }
                 PacketBody::Gap(g) => {
                     c.declared_gaps += 1;
-                    c.declared_gap_frames += g.frames();
-                    c.declared_gap_samples += g.samples;
+                    c.declared_gap_frames = c.declared_gap_frames.saturating_add(g.frames());
+                    c.declared_gap_samples = c.declared_gap_samples.saturating_add(g.samples);
                 }
                 PacketBody::End => {
                     s.end_seen = true;
@@ -914,5 +915,37 @@ mod tests {
         assert_eq!(t.decode_errors_by_kind.get("truncated"), Some(&1));
         assert_eq!(t.decode_errors_by_kind.get("missing_field"), Some(&1));
         assert_eq!(t.streams_started, 0);
+    }
+
+    /// Counts derived from network numbers (declared samples, seq jumps) saturate:
+    /// a hostile producer cannot overflow them and panic the dispatcher.
+    #[tokio::test(start_paused = true)]
+    async fn huge_declared_counts_saturate_instead_of_overflowing() {
+        let (mut d, shared, _rx) = setup(default_cfg());
+        let huge = |first_seq, last_seq| {
+            Packet::gap(Gap {
+                first_seq,
+                last_seq,
+                samples: u64::MAX,
+                reason: GapReason::QueueFull,
+            })
+        };
+        feed(&mut d, "h", frame(1));
+        feed(&mut d, "h", huge(2, 3));
+        feed(&mut d, "h", huge(4, u64::MAX - 1));
+        // Restart with the same id, then jump: another instance with huge counts.
+        feed(&mut d, "h", frame(1));
+        feed(&mut d, "h", frame(u64::MAX - 1));
+        // A second stream: the totals add two huge numbers.
+        feed(&mut d, "k", huge(1, 10));
+        let t = snapshot(&shared).totals;
+        assert_eq!(t.counters.declared_gap_samples, u64::MAX);
+        assert_eq!(t.counters.declared_gap_frames, u64::MAX);
+        assert_eq!(t.counters.lost_frames, u64::MAX - 3);
+        let lost_plus_gaps = t
+            .counters
+            .lost_frames
+            .saturating_add(t.counters.declared_gap_frames);
+        assert_eq!(lost_plus_gaps, u64::MAX);
     }
 }

@@ -281,7 +281,8 @@ fn drop_oldest(st: &mut State) -> u64 {
         dropped += d;
         notice.last_seq = n.last_seq;
         notice.samples = match (notice.samples, n.samples) {
-            (Some(a), Some(b)) => Some(a + b),
+            // Declared samples come from the network: saturate.
+            (Some(a), Some(b)) => Some(a.saturating_add(b)),
             _ => None,
         };
     }

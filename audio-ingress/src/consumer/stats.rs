@@ -58,22 +58,35 @@ pub struct Counters {
 }
 
 impl Counters {
+    /// Adds `o` field by field. Saturating: some counts derive from sequence numbers
+    /// and declared samples sent over the network (near `u64::MAX` from a hostile
+    /// producer), and a sum must never panic.
     fn add(&mut self, o: &Self) {
-        self.frames += o.frames;
-        self.samples += o.samples;
-        self.frames_delivered += o.frames_delivered;
-        self.frames_dropped_overload += o.frames_dropped_overload;
-        self.frames_dropped_closed += o.frames_dropped_closed;
-        self.frames_dropped_handler_gone += o.frames_dropped_handler_gone;
-        self.leading_missing += o.leading_missing;
-        self.lost_frames += o.lost_frames;
-        self.loss_events += o.loss_events;
-        self.declared_gaps += o.declared_gaps;
-        self.declared_gap_frames += o.declared_gap_frames;
-        self.declared_gap_samples += o.declared_gap_samples;
-        self.stale_packets += o.stale_packets;
-        self.decode_errors += o.decode_errors;
-        self.overloads += o.overloads;
+        self.frames = self.frames.saturating_add(o.frames);
+        self.samples = self.samples.saturating_add(o.samples);
+        self.frames_delivered = self.frames_delivered.saturating_add(o.frames_delivered);
+        self.frames_dropped_overload = self
+            .frames_dropped_overload
+            .saturating_add(o.frames_dropped_overload);
+        self.frames_dropped_closed = self
+            .frames_dropped_closed
+            .saturating_add(o.frames_dropped_closed);
+        self.frames_dropped_handler_gone = self
+            .frames_dropped_handler_gone
+            .saturating_add(o.frames_dropped_handler_gone);
+        self.leading_missing = self.leading_missing.saturating_add(o.leading_missing);
+        self.lost_frames = self.lost_frames.saturating_add(o.lost_frames);
+        self.loss_events = self.loss_events.saturating_add(o.loss_events);
+        self.declared_gaps = self.declared_gaps.saturating_add(o.declared_gaps);
+        self.declared_gap_frames = self
+            .declared_gap_frames
+            .saturating_add(o.declared_gap_frames);
+        self.declared_gap_samples = self
+            .declared_gap_samples
+            .saturating_add(o.declared_gap_samples);
+        self.stale_packets = self.stale_packets.saturating_add(o.stale_packets);
+        self.decode_errors = self.decode_errors.saturating_add(o.decode_errors);
+        self.overloads = self.overloads.saturating_add(o.overloads);
     }
 }
 

@@ -113,9 +113,12 @@ pub struct Gap {
 }
 
 impl Gap {
-    /// Number of frames missing.
+    /// Number of frames missing (saturating: never panics, even for a `Gap` built
+    /// by hand with `first_seq = 0, last_seq = u64::MAX`).
     pub fn frames(&self) -> u64 {
-        self.last_seq.saturating_sub(self.first_seq) + 1
+        self.last_seq
+            .saturating_sub(self.first_seq)
+            .saturating_add(1)
     }
 }
 
