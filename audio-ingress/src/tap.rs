@@ -252,15 +252,19 @@ pub async fn run_with(
             url: args.nats_url.clone(),
             reason: e.to_string(),
         })?;
-    let sub_err = |reason: String| TapError::Subscribe {
-        subject: args.subject.clone(),
-        reason,
-    };
-    let mut sub = client
-        .subscribe(args.subject.clone())
-        .await
-        .map_err(|e| sub_err(e.to_string()))?;
-    confirm(&client).await.map_err(sub_err)?;
+    let mut sub =
+        crate::nats::subscribe_confirmed(&client, vec![args.subject.clone()], SUBSCRIBE_TIMEOUT)
+            .await
+            .map_err(|e| TapError::Subscribe {
+                subject: args.subject.clone(),
+                reason: e.reason,
+            })?
+            .pop()
+            .map(|(_, sub)| sub)
+            .ok_or_else(|| TapError::Subscribe {
+                subject: args.subject.clone(),
+                reason: "no subscription".into(),
+            })?;
     eprintln!("tap: subscribed to {} on {}", args.subject, args.nats_url);
 
     let mut tap = Tap::default();
@@ -297,26 +301,6 @@ pub async fn run_with(
     writeln!(out, "{}", total_line(&summary, args.json))?;
     out.flush()?;
     Ok(summary)
-}
-
-/// A round trip on the connection: once a message published after the SUB comes back,
-/// the server has the subscription.
-async fn confirm(client: &async_nats::Client) -> Result<(), String> {
-    let inbox = client.new_inbox();
-    let probe = async {
-        let mut s = client
-            .subscribe(inbox.clone())
-            .await
-            .map_err(|e| e.to_string())?;
-        client
-            .publish(inbox.clone(), Bytes::new())
-            .await
-            .map_err(|e| e.to_string())?;
-        s.next().await.map(|_| ()).ok_or("probe closed".to_string())
-    };
-    tokio::time::timeout(SUBSCRIBE_TIMEOUT, probe)
-        .await
-        .map_err(|_| "the server did not confirm within 5 s".to_string())?
 }
 
 #[derive(Default)]

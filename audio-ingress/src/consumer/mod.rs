@@ -110,7 +110,7 @@ use stats::Registry;
 
 /// Capacity of the [`Consumer::events`] broadcast.
 const EVENT_CAPACITY: usize = 1_024;
-/// How long [`Consumer::connect`] waits for the server to confirm the subscriptions.
+/// How long [`Consumer::connect`] waits for the subscriptions to be made and confirmed.
 const SUBSCRIBE_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why the consumer could not start.
@@ -225,17 +225,8 @@ impl Shared {
     }
 
     fn on_client_event(&self, event: &async_nats::Event) {
-        let name = match event {
-            async_nats::Event::Connected => "connected",
-            async_nats::Event::Disconnected => "disconnected",
-            async_nats::Event::LameDuckMode => "lame_duck",
-            async_nats::Event::Draining => "draining",
-            async_nats::Event::Closed => "closed",
-            async_nats::Event::SlowConsumer(_) => "slow_consumer",
-            async_nats::Event::ServerError(_) => "server_error",
-            async_nats::Event::ClientError(_) => "client_error",
-        };
-        metrics::counter!(m::CONSUMER_NATS_EVENTS_TOTAL, "event" => name).increment(1);
+        let name = crate::nats::event_label(event);
+        metrics::counter!(m::CONSUMER_NATS_EVENTS_TOTAL, m::LABEL_EVENT => name).increment(1);
         if let async_nats::Event::SlowConsumer(sid) = event {
             self.registry().slow_consumer();
             metrics::counter!(m::CONSUMER_SLOW_CONSUMER_TOTAL).increment(1);
@@ -327,19 +318,19 @@ impl Consumer {
     ) -> Result<Self, ConsumerError> {
         let factory = Arc::new(factory);
         let (stop, stop_rx) = watch::channel(None);
-        let mut subscribers = Vec::new();
-        for (_, subject) in shared.settings.subscriptions() {
-            let sub =
-                client
-                    .subscribe(subject.clone())
-                    .await
-                    .map_err(|e| ConsumerError::Subscribe {
-                        subject: subject.clone(),
-                        reason: e.to_string(),
-                    })?;
-            subscribers.push((subject, sub));
-        }
-        confirm_subscriptions(&client).await?;
+        let subjects = shared
+            .settings
+            .subscriptions()
+            .into_iter()
+            .map(|(_, subject)| subject)
+            .collect();
+        let subscribers =
+            crate::nats::subscribe_confirmed(&client, subjects, SUBSCRIBE_CONFIRM_TIMEOUT)
+                .await
+                .map_err(|e| ConsumerError::Subscribe {
+                    subject: e.subject,
+                    reason: e.reason,
+                })?;
         let mut tasks = Vec::with_capacity(subscribers.len());
         for (subject, sub) in subscribers {
             let demux = Demux::new(shared.clone(), factory.clone());
@@ -405,35 +396,6 @@ impl Consumer {
         }
         self.shared.registry().snapshot(Instant::now())
     }
-}
-
-/// Waits until the server has processed every SUB sent so far on `client`: it handles
-/// one connection's commands in order, so once a message published after the SUBs
-/// comes back on a fresh inbox, they are all in place.
-async fn confirm_subscriptions(client: &async_nats::Client) -> Result<(), ConsumerError> {
-    let inbox = client.new_inbox();
-    let fail = |reason: String| ConsumerError::Subscribe {
-        subject: inbox.clone(),
-        reason,
-    };
-    let confirm = async {
-        let mut probe = client
-            .subscribe(inbox.clone())
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        client
-            .publish(inbox.clone(), bytes::Bytes::new())
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        probe
-            .next()
-            .await
-            .ok_or_else(|| fail("probe subscription closed".into()))?;
-        Ok(())
-    };
-    tokio::time::timeout(SUBSCRIBE_CONFIRM_TIMEOUT, confirm)
-        .await
-        .map_err(|_| fail("the server did not confirm the subscriptions within 5 s".into()))?
 }
 
 /// Feeds one subscription into its demultiplexer until shutdown.
