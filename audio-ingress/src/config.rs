@@ -103,40 +103,25 @@ pub struct StreamConfig {
 }
 
 impl Default for StreamConfig {
+    /// The documented defaults, built directly (they are valid: a unit test checks
+    /// that the builder's defaults validate to this same value).
     fn default() -> Self {
-        // The defaults are valid by construction (checked in a unit test); fall back to
-        // a hand-built value rather than panic if that ever changed.
-        StreamConfigBuilder::default()
-            .build()
-            .unwrap_or_else(|_| Self {
-                max_bytes: NonZeroUsize::MIN.saturating_add(DEFAULT_MAX_BYTES - 1),
-                max_age: DEFAULT_MAX_AGE,
-                max_wait: DEFAULT_MAX_WAIT,
-                policy: Policy::Close,
-                shadow: false,
-                shadow_ceiling_factor: DEFAULT_SHADOW_CEILING_FACTOR,
-                extended_consumers: false,
-                publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
-                end_timeout: DEFAULT_END_TIMEOUT,
-                max_frame_bytes: NonZeroUsize::MIN.saturating_add(DEFAULT_MAX_FRAME_BYTES - 1),
-                subject: default_template(),
-                partitions: NonZeroU32::MIN,
-                frame_headers: true,
-            })
+        Self {
+            max_bytes: NonZeroUsize::MIN.saturating_add(DEFAULT_MAX_BYTES - 1),
+            max_age: DEFAULT_MAX_AGE,
+            max_wait: DEFAULT_MAX_WAIT,
+            policy: Policy::Close,
+            shadow: false,
+            shadow_ceiling_factor: DEFAULT_SHADOW_CEILING_FACTOR,
+            extended_consumers: false,
+            publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
+            end_timeout: DEFAULT_END_TIMEOUT,
+            max_frame_bytes: NonZeroUsize::MIN.saturating_add(DEFAULT_MAX_FRAME_BYTES - 1),
+            subject: SubjectTemplate::deployed(),
+            partitions: NonZeroU32::MIN,
+            frame_headers: true,
+        }
     }
-}
-
-fn default_template() -> SubjectTemplate {
-    // The deployed template is valid; `parse` cannot fail on it.
-    SubjectTemplate::parse(DEFAULT_STREAM_TEMPLATE)
-        .or_else(|_| SubjectTemplate::parse("inference.whisper.stream.{stream}"))
-        .unwrap_or_else(|_| unreachable_template())
-}
-
-#[allow(clippy::panic)]
-fn unreachable_template() -> SubjectTemplate {
-    // Only reachable if weir-protocol refused its own default template, a build error.
-    panic!("weir-protocol refuses its own default subject template")
 }
 
 impl StreamConfig {
@@ -1273,7 +1258,10 @@ mod tests {
         assert_eq!(c.stream.subject().as_str(), DEFAULT_STREAM_TEMPLATE);
         assert_eq!(c.server.listen.to_string(), "127.0.0.1:8080");
         assert_eq!(c.server.admin.to_string(), "127.0.0.1:9090");
-        assert!(StreamConfigBuilder::default().build().is_ok());
+        assert_eq!(
+            StreamConfigBuilder::default().build().expect("valid"),
+            StreamConfig::default()
+        );
         // Every default in KEYS parses as its own type.
         for k in KEYS {
             if !k.default.is_empty() {

@@ -111,6 +111,20 @@ impl SubjectTemplate {
         })
     }
 
+    /// The deployed frame subject template, [`DEFAULT_STREAM_TEMPLATE`]. Infallible:
+    /// built token by token (a unit test checks it equals `parse` of the constant).
+    pub fn deployed() -> Self {
+        Self {
+            source: DEFAULT_STREAM_TEMPLATE.to_owned(),
+            tokens: vec![
+                Token::Literal("inference".to_owned()),
+                Token::Literal("whisper".to_owned()),
+                Token::Literal("stream".to_owned()),
+                Token::Stream,
+            ],
+        }
+    }
+
     /// Whether the template has a `{partition}` token.
     pub fn is_partitioned(&self) -> bool {
         self.tokens.contains(&Token::Partition)
@@ -222,6 +236,7 @@ mod tests {
     #[test]
     fn default_template_renders_deployed_subject() {
         let t = SubjectTemplate::parse(DEFAULT_STREAM_TEMPLATE).expect("valid");
+        assert_eq!(t, SubjectTemplate::deployed());
         assert!(!t.is_partitioned());
         assert_eq!(t.render(&id("abc"), 3), "inference.whisper.stream.abc");
         assert_eq!(t.wildcard(), "inference.whisper.stream.*");
