@@ -406,6 +406,26 @@ pub fn parse_cpu_ticks(stat: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
+/// CPU time the whole machine spent busy (all cores: user, nice, system, irq,
+/// softirq, steal), from the first line of `/proc/stat` (10 ms ticks).
+pub fn machine_busy() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    parse_machine_busy_ticks(stat.lines().next()?).map(|t| Duration::from_millis(t * 10))
+}
+
+/// Busy ticks from the aggregate `cpu` line of `/proc/stat` (everything but idle and
+/// iowait).
+pub fn parse_machine_busy_ticks(line: &str) -> Option<u64> {
+    let mut f = line.split_whitespace();
+    if f.next()? != "cpu" {
+        return None;
+    }
+    let v: Vec<u64> = f.map(|x| x.parse().ok()).collect::<Option<Vec<u64>>>()?;
+    // user nice system idle iowait irq softirq steal [guest guest_nice]
+    let get = |i: usize| v.get(i).copied().unwrap_or(0);
+    Some(get(0) + get(1) + get(2) + get(5) + get(6) + get(7))
+}
+
 /// Finds the `audio-ingress` binary: `WEIR_INGRESS_BIN`, else next to `exe` (the
 /// running executable), else one directory up (when `exe` is a test in `deps/`).
 pub fn find_ingress_bin(exe: Option<&Path>) -> Result<PathBuf, IngressError> {
@@ -452,6 +472,15 @@ mod tests {
     fn parses_cpu_ticks_with_spaces_in_name() {
         let s = "42 (a b) S 1 42 42 0 -1 4194560 100 0 0 0 7 3 0 0 20 0 1 0 5 0 0";
         assert_eq!(parse_cpu_ticks(s), Some(10));
+    }
+
+    #[test]
+    fn parses_machine_busy_ticks() {
+        assert_eq!(
+            parse_machine_busy_ticks("cpu  100 5 20 999 7 1 2 3 0 0"),
+            Some(100 + 5 + 20 + 1 + 2 + 3)
+        );
+        assert_eq!(parse_machine_busy_ticks("cpu0 1 2 3"), None);
     }
 
     #[test]

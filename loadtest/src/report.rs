@@ -96,7 +96,7 @@ pub struct IngressReport {
     pub would_reject: u64,
     /// Largest number of tokio tasks alive in the ingress.
     pub tasks_max: u64,
-    /// CPU seconds the ingress used during the run.
+    /// CPU seconds the ingress used while the producers were sending.
     pub cpu_seconds: f64,
     /// Samples taken / of which the stats poll failed.
     pub samples: usize,
@@ -260,8 +260,8 @@ pub struct CeilingReport {
     pub limited_by: Vec<String>,
 }
 
-/// CPU time used during a run, by process (seconds; the machine has 2 cores, so
-/// `wall_s × 2` is the most available).
+/// CPU time used while the producers were sending (set-up and drain excluded), by
+/// process (seconds; the machine has 2 cores, so `wall_s × 2` is the most available).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct CpuReport {
     /// The ingress process.
@@ -270,7 +270,11 @@ pub struct CpuReport {
     pub loadtest_s: f64,
     /// nats-server (`null` with `--nats-url`).
     pub nats_server_s: Option<f64>,
-    /// Wall-clock seconds measured.
+    /// Everything else on the machine (other processes, the kernel): busy CPU time of
+    /// all cores minus the three above. Non-negligible values mean the figures were
+    /// measured on a busy machine.
+    pub other_s: f64,
+    /// Wall-clock seconds of the sending phase.
     pub wall_s: f64,
 }
 

@@ -54,11 +54,8 @@ pub fn judge(r: &RunReport) -> Vec<String> {
     let share = r.producers.frames_sent as f64 / nominal as f64;
     if share < 0.97 {
         why.push(format!(
-            "the load generator sent only {:.1} % of the nominal frames (CPU saturated: ingress {:.2} cores, load test {:.2} cores, nats-server {:.2} cores)",
-            share * 100.0,
-            r.cpu.ingress_s / r.cpu.wall_s.max(0.001),
-            r.cpu.loadtest_s / r.cpu.wall_s.max(0.001),
-            r.cpu.nats_server_s.unwrap_or(0.0) / r.cpu.wall_s.max(0.001),
+            "the load generator sent only {:.1} % of the nominal frames",
+            share * 100.0
         ));
     }
     if r.frames.explained.lost_after_publish > 0 {
@@ -67,7 +64,22 @@ pub fn judge(r: &RunReport) -> Vec<String> {
             r.frames.explained.lost_after_publish
         ));
     }
+    if !why.is_empty() {
+        why.push(cpu_line(r));
+    }
     why
+}
+
+/// Average cores used by each process during a run, for the verdict.
+pub fn cpu_line(r: &RunReport) -> String {
+    let w = r.cpu.wall_s.max(0.001);
+    format!(
+        "CPU in cores: ingress {:.2}, load test {:.2}, nats-server {:.2}, other processes {:.2} (of 2)",
+        r.cpu.ingress_s / w,
+        r.cpu.loadtest_s / w,
+        r.cpu.nats_server_s.unwrap_or(0.0) / w,
+        r.cpu.other_s / w
+    )
 }
 
 /// The count to probe between a good and a failing step, if they are far enough apart.

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use crate::accounting::{FrameAccounting, FrameCounts};
 use crate::fleet::{Fleet, FleetConfig};
-use crate::ingress::{Design, IngressProcess, Launch, cpu_time};
+use crate::ingress::{Design, IngressProcess, Launch, cpu_time, machine_busy};
 use crate::llm::{LlmRun, LlmSettings};
 use crate::producers::{self, ProducerConfig, ProducerCounters};
 use crate::report::{
@@ -275,6 +275,7 @@ pub async fn run_one(
     );
     let cpu_start = ingress.cpu_time().unwrap_or_default();
     let self_cpu_start = cpu_time(std::process::id()).unwrap_or_default();
+    let machine_start = machine_busy().unwrap_or_default();
     let nats_cpu_start = nats.pid().and_then(cpu_time);
 
     // 4. LLM side.
@@ -378,6 +379,23 @@ pub async fn run_one(
         llm.stop_offering();
     }
     let producers_done = Instant::now();
+    // CPU is measured over the sending phase (set-up and drain excluded).
+    let cpu_end = ingress.cpu_time().unwrap_or_default();
+    let machine = machine_busy()
+        .unwrap_or_default()
+        .saturating_sub(machine_start);
+    let self_cpu = cpu_time(std::process::id())
+        .unwrap_or_default()
+        .saturating_sub(self_cpu_start);
+    // After a restart the server is a new process: its CPU is counted from its start.
+    let nats_cpu = nats
+        .pid()
+        .and_then(cpu_time)
+        .map(|end| match nats_cpu_start {
+            Some(s) if end >= s => end - s,
+            _ => end,
+        });
+    let cpu_wall = producers_done - start;
     let drain_deadline = producers_done
         + DRAIN_MAX
         + if plan.vanish_share > 0.0 {
@@ -439,18 +457,6 @@ pub async fn run_one(
             ingress.stderr_tail()
         )
     })?;
-    let cpu_end = ingress.cpu_time().unwrap_or_default();
-    let self_cpu = cpu_time(std::process::id())
-        .unwrap_or_default()
-        .saturating_sub(self_cpu_start);
-    // After a restart the server is a new process: its CPU is counted from its start.
-    let nats_cpu = nats
-        .pid()
-        .and_then(cpu_time)
-        .map(|end| match nats_cpu_start {
-            Some(s) if end >= s => end - s,
-            _ => end,
-        });
     let wall = start.elapsed();
     let llm_report = match (&llm, &llm_unavailable) {
         (Some(l), _) => l.report(wall),
@@ -513,6 +519,18 @@ pub async fn run_one(
         ));
     }
     let nominal = producers::nominal_frames(streams, plan.duration);
+    let other_cores = cpu_other_cores(
+        machine,
+        cpu_end.saturating_sub(cpu_start),
+        self_cpu,
+        nats_cpu,
+        cpu_wall,
+    );
+    if other_cores > 0.25 {
+        notes.push(format!(
+            "other processes used {other_cores:.2} cores on average during this run: the machine was not quiet"
+        ));
+    }
     if producer_snapshot.ticks_missed > nominal / 50 {
         notes.push(format!(
             "the load generator missed {} of {} frame ticks (it shares the CPU with everything else)",
@@ -561,13 +579,30 @@ pub async fn run_one(
             ingress_s: cpu_end.saturating_sub(cpu_start).as_secs_f64(),
             loadtest_s: self_cpu.as_secs_f64(),
             nats_server_s: nats_cpu.map(|d| d.as_secs_f64()),
-            wall_s: wall.as_secs_f64(),
+            other_s: (machine.as_secs_f64()
+                - cpu_end.saturating_sub(cpu_start).as_secs_f64()
+                - self_cpu.as_secs_f64()
+                - nats_cpu.map_or(0.0, |d| d.as_secs_f64()))
+            .max(0.0),
+            wall_s: cpu_wall.as_secs_f64(),
         },
         max_streams: None,
         ceiling: None,
         notes,
     };
     Ok(RunOutput { report, samples })
+}
+
+/// Average cores used by everything but the ingress, the load test and nats-server.
+fn cpu_other_cores(
+    machine: Duration,
+    ingress: Duration,
+    loadtest: Duration,
+    nats: Option<Duration>,
+    wall: Duration,
+) -> f64 {
+    let mine = ingress + loadtest + nats.unwrap_or_default();
+    machine.saturating_sub(mine).as_secs_f64() / wall.as_secs_f64().max(0.001)
 }
 
 async fn apply_fault(
