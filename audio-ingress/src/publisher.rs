@@ -28,8 +28,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_nats::{HeaderMap, HeaderName, HeaderValue, Subject};
 use bytes::Bytes;
 use tokio::time::{Instant, timeout};
-use weir_protocol::audio::Packet;
 use weir_protocol::audio::extension::{PROTOCOL_VERSION, headers};
+use weir_protocol::audio::{AudioFormat, EncodeError, Gap, PacketBody, encode_packet};
 
 use crate::queue::{AfterFailure, EndPacket, Failure, Next, QueuedFrame, StreamState};
 use crate::stats::{Account, WaitBatch, WouldReject};
@@ -98,9 +98,7 @@ fn value(s: &str) -> Option<HeaderValue> {
 /// Headers carried by every packet.
 fn base_headers() -> HeaderMap {
     let mut h = HeaderMap::new();
-    if let Some(v) = value(&PROTOCOL_VERSION.to_string()) {
-        h.insert(VERSION, v);
-    }
+    h.insert(VERSION, HeaderValue::from(PROTOCOL_VERSION));
     h
 }
 
@@ -174,6 +172,16 @@ impl<S: Sink> Publisher<S> {
         self.stream.account()
     }
 
+    /// Encodes one packet of this stream (borrowing its session id: no per-frame copy).
+    fn encode(&self, seq: u64, body: &PacketBody) -> Result<Bytes, EncodeError> {
+        encode_packet(
+            seq,
+            AudioFormat::DEPLOYED,
+            self.stream.session.as_deref(),
+            body,
+        )
+    }
+
     async fn attempt(&self, headers: HeaderMap, payload: Bytes, packet: &'static str) -> Attempt {
         let fut = self
             .sink
@@ -196,15 +204,17 @@ impl<S: Sink> Publisher<S> {
 
     async fn publish_frame(&mut self, mut frame: QueuedFrame) {
         loop {
-            let packet = Packet::frame(frame.seq, frame.pcm.clone())
-                .with_session(self.stream.session.clone());
-            let result = match packet.encode() {
+            let body = PacketBody::Frame {
+                pcm: frame.pcm.clone(),
+            };
+            let result = match self.encode(frame.seq, &body) {
                 Ok(payload) => {
                     let headers = if self.frame_headers {
                         let mut h = base_headers();
-                        if let Some(v) = value(&captured_at_ms(frame.enqueued_at).to_string()) {
-                            h.insert(CAPTURED_AT_MS, v);
-                        }
+                        h.insert(
+                            CAPTURED_AT_MS,
+                            HeaderValue::from(captured_at_ms(frame.enqueued_at)),
+                        );
                         h
                     } else {
                         // Empty: async-nats sends a plain PUB (no allocation).
@@ -245,15 +255,14 @@ impl<S: Sink> Publisher<S> {
         }
     }
 
-    async fn publish_gap(&self, mut gap: weir_protocol::audio::Gap) {
+    async fn publish_gap(&self, mut gap: Gap) {
         loop {
             let deadline = {
                 let mut core = self.stream.lock();
                 core.merge_into_gap(&mut gap, Instant::now());
                 core.control_deadline()
             };
-            let packet = Packet::gap(gap).with_session(self.stream.session.clone());
-            let Ok(payload) = packet.encode() else {
+            let Ok(payload) = self.encode(gap.last_seq, &PacketBody::Gap(gap)) else {
                 // Built from admitted frames; cannot be inconsistent. Count and move on.
                 self.stream.global.control_lost("gap");
                 return;
@@ -282,8 +291,7 @@ impl<S: Sink> Publisher<S> {
     }
 
     async fn publish_end(&self, end: EndPacket) {
-        let packet = Packet::end(end.seq).with_session(self.stream.session.clone());
-        let Ok(payload) = packet.encode() else {
+        let Ok(payload) = self.encode(end.seq, &PacketBody::End) else {
             self.stream.global.control_lost("end");
             return;
         };

@@ -7,5 +7,5 @@ pub mod packet;
 pub use packet::{
     AudioFormat, CHANNELS, DecodeError, DecodeErrorKind, DecodeOptions, EncodeError, FRAME_BYTES,
     FRAME_DURATION, FRAME_SAMPLES, Gap, GapReason, Packet, PacketBody, SAMPLE_RATE, SAMPLE_WIDTH,
-    decode,
+    decode, encode_packet,
 };

@@ -15,7 +15,6 @@
 //! A `gap` packet stands for the missing frames `first_seq..=seq`, so the frame after it
 //! has `seq + 1`.
 
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -216,30 +215,59 @@ impl Packet {
     /// keys in the deployed order (`type, seq, sample_rate, sample_width, channels`,
     /// then `session_id`, then gap fields).
     pub fn encode(&self) -> Result<Bytes, EncodeError> {
-        if self.seq == 0 {
-            return Err(EncodeError::SeqZero);
-        }
-        let mut meta = String::with_capacity(128);
-        // Writing to a String cannot fail.
-        let _ = write!(
-            meta,
-            r#"{{"type":"{}","seq":{},"sample_rate":{},"sample_width":{},"channels":{}"#,
-            self.type_name(),
+        encode_packet(
             self.seq,
-            self.format.sample_rate,
-            self.format.sample_width,
-            self.format.channels
-        );
-        if let Some(session) = &self.session_id {
-            meta.push_str(r#","session_id":"#);
-            meta.push_str(&serde_json::Value::from(session.as_str()).to_string());
-        }
-        if let PacketBody::Gap(g) = &self.body {
-            if g.first_seq == 0 || g.first_seq > g.last_seq || g.last_seq != self.seq {
+            self.format,
+            self.session_id.as_deref(),
+            &self.body,
+        )
+    }
+}
+
+/// [`Packet::encode`] from borrowed parts: a producer's per-frame path encodes without
+/// building a [`Packet`] (no copy of the session id). One allocation: the output.
+pub fn encode_packet(
+    seq: u64,
+    format: AudioFormat,
+    session_id: Option<&str>,
+    body: &PacketBody,
+) -> Result<Bytes, EncodeError> {
+    use std::io::Write as _;
+    if seq == 0 {
+        return Err(EncodeError::SeqZero);
+    }
+    let (type_name, pcm): (&str, &[u8]) = match body {
+        PacketBody::Frame { pcm } => ("frame", pcm),
+        PacketBody::End => ("end", &[]),
+        PacketBody::Gap(g) => {
+            if g.first_seq == 0 || g.first_seq > g.last_seq || g.last_seq != seq {
                 return Err(EncodeError::InvalidGap);
             }
+            ("gap", &[])
+        }
+    };
+    if !pcm.len().is_multiple_of(format.bytes_per_sample().max(1)) {
+        return Err(EncodeError::PartialSample { len: pcm.len() });
+    }
+    let session_len = session_id.map_or(0, str::len);
+    let mut out = BytesMut::with_capacity(4 + 160 + session_len + pcm.len());
+    out.put_u32(0); // the meta length, written once the meta is
+    {
+        // Writing to a BytesMut cannot fail; `serde_json` escapes the session id
+        // exactly as the deployed `json.dumps(..., ensure_ascii=False)` does.
+        let mut w = (&mut out).writer();
+        let _ = write!(
+            w,
+            r#"{{"type":"{type_name}","seq":{seq},"sample_rate":{},"sample_width":{},"channels":{}"#,
+            format.sample_rate, format.sample_width, format.channels
+        );
+        if let Some(session) = session_id {
+            let _ = w.write_all(br#","session_id":"#);
+            let _ = serde_json::to_writer(&mut w, session);
+        }
+        if let PacketBody::Gap(g) = body {
             let _ = write!(
-                meta,
+                w,
                 r#","first_seq":{},"frames":{},"samples":{},"reason":"{}""#,
                 g.first_seq,
                 g.frames(),
@@ -247,21 +275,12 @@ impl Packet {
                 g.reason.as_str()
             );
         }
-        meta.push('}');
-        let pcm = self.pcm();
-        if !pcm
-            .len()
-            .is_multiple_of(self.format.bytes_per_sample().max(1))
-        {
-            return Err(EncodeError::PartialSample { len: pcm.len() });
-        }
-        let meta_len = u32::try_from(meta.len()).map_err(|_| EncodeError::MetaTooLarge)?;
-        let mut out = BytesMut::with_capacity(4 + meta.len() + pcm.len());
-        out.put_u32(meta_len);
-        out.put_slice(meta.as_bytes());
-        out.put_slice(pcm);
-        Ok(out.freeze())
+        let _ = w.write_all(b"}");
     }
+    let meta_len = u32::try_from(out.len() - 4).map_err(|_| EncodeError::MetaTooLarge)?;
+    out[..4].copy_from_slice(&meta_len.to_be_bytes());
+    out.put_slice(pcm);
+    Ok(out.freeze())
 }
 
 /// Why a packet could not be encoded.
