@@ -36,6 +36,7 @@ async fn a_hundred_thousand_frames_through_ten_streams_keep_tasks_at_streams_plu
     // overload; this test is about tasks, not budgets.
     let cfg = StreamConfig::builder()
         .max_wait(Duration::from_millis(500))
+        .publish_timeout(Duration::from_millis(500))
         .build()
         .expect("cfg");
     let ingress = Ingress::new(client, cfg);
