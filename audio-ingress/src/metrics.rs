@@ -125,6 +125,11 @@ pub const CONSUMER_UNROUTABLE_TOTAL: &str = "weir_consumer_unroutable_total";
 pub const CONSUMER_MISROUTED_TOTAL: &str = "weir_consumer_misrouted_total";
 /// Counter: stream instances started.
 pub const CONSUMER_STREAMS_STARTED_TOTAL: &str = "weir_consumer_streams_started_total";
+/// Counter: new streams refused (no handler created), by `reason` (`max_streams`).
+pub const CONSUMER_STREAMS_REFUSED_TOTAL: &str = "weir_consumer_streams_refused_total";
+/// Counter: frames of refused streams, by `reason` (`max_streams`); a refused gap
+/// packet adds the frames it declares.
+pub const CONSUMER_FRAMES_REFUSED_TOTAL: &str = "weir_consumer_frames_refused_total";
 /// Gauge: stream instances live in the demultiplexers.
 pub const CONSUMER_STREAMS_ACTIVE: &str = "weir_consumer_streams_active";
 /// Counter: stream instances ended, by `cause` (`producer`, `idle`, `overload`,

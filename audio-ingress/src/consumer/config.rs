@@ -26,6 +26,8 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_SUBSCRIPTION_CAPACITY: usize = 8_192;
 /// Default number of finished streams whose stats stay in the snapshot.
 pub const DEFAULT_RETAIN_FINISHED: usize = 10_000;
+/// Default cap on live stream instances per consumer (`max_streams`).
+pub const DEFAULT_MAX_STREAMS: usize = 10_000;
 
 /// Allowed range of `max_pending_bytes`: at least one 100 ms frame (3,200 bytes), at
 /// most 60 s of audio per stream.
@@ -36,6 +38,8 @@ pub const MAX_PENDING_AGE_RANGE_MS: (u64, u64) = (20, 60_000);
 pub const IDLE_TIMEOUT_RANGE_MS: (u64, u64) = (50, 3_600_000);
 /// Allowed range of `subscription_capacity`.
 pub const SUBSCRIPTION_CAPACITY_RANGE: (usize, usize) = (64, 1_048_576);
+/// Allowed range of `max_streams`.
+pub const MAX_STREAMS_RANGE: (usize, usize) = (1, 1_000_000);
 /// Largest accepted `partitions`.
 pub const MAX_PARTITIONS: u32 = 4_096;
 
@@ -71,6 +75,7 @@ pub enum ConsumerPolicy {
 /// policy = "close"
 /// idle_timeout_ms = 5000
 /// subscription_capacity = 8192
+/// max_streams = 10000
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -99,6 +104,10 @@ pub struct ConsumerConfig {
     /// How many finished streams keep their stats in the snapshot (1..); their counts
     /// always stay in the totals.
     pub retain_finished_streams: usize,
+    /// Live stream instances this consumer follows at once, over all its
+    /// subscriptions (1..=1,000,000). A new stream beyond it is refused: no handler,
+    /// its frames counted as `frames_refused`, a [`ConsumerEvent::StreamRefused`](super::ConsumerEvent::StreamRefused).
+    pub max_streams: usize,
 }
 
 impl Default for ConsumerConfig {
@@ -113,6 +122,7 @@ impl Default for ConsumerConfig {
             idle_timeout_ms: ms(DEFAULT_IDLE_TIMEOUT),
             subscription_capacity: DEFAULT_SUBSCRIPTION_CAPACITY,
             retain_finished_streams: DEFAULT_RETAIN_FINISHED,
+            max_streams: DEFAULT_MAX_STREAMS,
         }
     }
 }
@@ -131,6 +141,7 @@ pub struct ConsumerSettings {
     pub(crate) idle_timeout: Duration,
     pub(crate) subscription_capacity: NonZeroUsize,
     pub(crate) retain_finished: NonZeroUsize,
+    pub(crate) max_streams: NonZeroUsize,
 }
 
 /// The bound of one stream's queue.
@@ -250,6 +261,7 @@ impl ConsumerConfig {
         let retain_finished = NonZeroUsize::new(self.retain_finished_streams).ok_or_else(|| {
             ConsumerError::config("retain_finished_streams", "must be at least 1".into())
         })?;
+        let max_streams = check_range("max_streams", self.max_streams, MAX_STREAMS_RANGE, "")?;
         Ok(ConsumerSettings {
             subject,
             partitions,
@@ -262,6 +274,7 @@ impl ConsumerConfig {
             idle_timeout: Duration::from_millis(idle_ms),
             subscription_capacity: NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN),
             retain_finished,
+            max_streams: NonZeroUsize::new(max_streams).unwrap_or(NonZeroUsize::MIN),
         })
     }
 }
@@ -290,6 +303,11 @@ impl ConsumerSettings {
     /// The idle timeout.
     pub fn idle_timeout(&self) -> Duration {
         self.idle_timeout
+    }
+
+    /// The cap on live stream instances.
+    pub fn max_streams(&self) -> NonZeroUsize {
+        self.max_streams
     }
 
     /// The async-nats subscription capacity to connect with.
@@ -362,6 +380,7 @@ mod tests {
         );
         assert_eq!(s.limits().max_bytes, 16_000);
         assert_eq!(s.limits().max_age, Duration::from_millis(500));
+        assert_eq!(s.max_streams().get(), 10_000);
     }
 
     #[test]
@@ -451,6 +470,20 @@ mod tests {
                     ..base.clone()
                 },
                 "retain_finished_streams",
+            ),
+            (
+                ConsumerConfig {
+                    max_streams: 0,
+                    ..base.clone()
+                },
+                "max_streams",
+            ),
+            (
+                ConsumerConfig {
+                    max_streams: 1_000_001,
+                    ..base.clone()
+                },
+                "max_streams",
             ),
             (
                 ConsumerConfig {

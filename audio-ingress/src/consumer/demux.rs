@@ -7,9 +7,16 @@
 //!   so per-stream order is the subscription's order.
 //! - Tasks: exactly one handler task per live stream instance, spawned when the
 //!   stream's first packet arrives; nothing is spawned per packet.
-//! - Every packet ends up counted: accepted (frame / gap / end), stale, undecodable or
-//!   unroutable; every accepted frame is queued or dropped with a reason (see
-//!   [`super::stats`]).
+//! - At most `max_streams` live instances over the whole consumer: an instance holds a
+//!   [`StreamSlot`] (shared by its entry and its handler task, released by `Drop` when
+//!   both are gone). A new stream without a free slot is *refused*: no handler, no
+//!   entry, counted by reason, a [`ConsumerEvent::StreamRefused`]. Its id is remembered
+//!   (in a set bounded by `max_streams` too) so that its later packets are refused as
+//!   well — counted as `frames_refused`, never half-delivered to a handler that starts
+//!   mid-stream — until its `end` or the idle timeout.
+//! - Every packet ends up counted: accepted (frame / gap / end), refused, stale,
+//!   undecodable or unroutable; every accepted frame is queued or dropped with a reason
+//!   (see [`super::stats`]).
 //! - A stream instance's handler gets exactly one `End`, always as its last event.
 
 use std::collections::HashMap;
@@ -25,11 +32,12 @@ use weir_protocol::fnv1a_32;
 
 use super::Shared;
 use super::event::{
-    ConsumerEvent, End, EndCause, Frame, GapCause, GapNotice, LocalOverload, StreamEvent,
-    StreamInfo,
+    ConsumerEvent, End, EndCause, Frame, GapCause, GapNotice, LocalOverload, RefuseReason,
+    StreamEvent, StreamInfo,
 };
 use super::handler::{HandlerFactory, StreamHandler};
 use super::queue::{Push, ReceiverGuard, StreamQueue};
+use super::slots::StreamSlot;
 use super::stats::{StreamState, StreamStats};
 use super::tracker::{Observation, SeqTracker, Seqs};
 use crate::metrics as m;
@@ -43,6 +51,17 @@ struct Entry {
     /// Ended for the handler (overload under `close`); packets are still tracked and
     /// counted as dropped until the producer's end or the idle timeout.
     closed: bool,
+    /// This instance's `max_streams` slot, shared with its handler task.
+    _slot: Arc<StreamSlot>,
+}
+
+/// A stream refused at its first packet: its later packets are refused too, until its
+/// `end` or the idle timeout.
+struct Refused {
+    reason: RefuseReason,
+    last_packet: Instant,
+    /// A slot of the bounded set of remembered refused ids.
+    _slot: StreamSlot,
 }
 
 /// Routes one subscription's messages to per-stream handler tasks.
@@ -50,6 +69,7 @@ pub(crate) struct Demux<F: HandlerFactory> {
     shared: Arc<Shared>,
     factory: Arc<F>,
     streams: HashMap<String, Entry>,
+    refused: HashMap<String, Refused>,
     tasks: JoinSet<()>,
 }
 
@@ -60,6 +80,7 @@ impl<F: HandlerFactory> Demux<F> {
             shared,
             factory,
             streams: HashMap::new(),
+            refused: HashMap::new(),
             tasks: JoinSet::new(),
         }
     }
@@ -138,6 +159,16 @@ impl<F: HandlerFactory> Demux<F> {
             _ => Seqs::Single(packet.seq),
         };
         if !self.streams.contains_key(token) {
+            if let Some(refused) = self.refused.get_mut(token) {
+                // Refused at its start: stays refused, even if a slot is free now.
+                refused.last_packet = now;
+                let reason = refused.reason;
+                if matches!(packet.body, PacketBody::End) {
+                    self.refused.remove(token);
+                }
+                self.count_refused_frames(&packet.body, reason);
+                return;
+            }
             if matches!(packet.body, PacketBody::End) {
                 // An end for a stream this consumer is not following (joined after it,
                 // or reaped it already): nothing to end. Counted, not an instance.
@@ -145,7 +176,11 @@ impl<F: HandlerFactory> Demux<F> {
                 metrics::counter!(m::CONSUMER_ORPHAN_ENDS_TOTAL).increment(1);
                 return;
             }
-            self.open(token, partition, subject, &packet, now);
+            let Some(slot) = self.shared.stream_slots.try_acquire() else {
+                self.refuse(token, partition, &packet, RefuseReason::MaxStreams, now);
+                return;
+            };
+            self.open(token, partition, subject, &packet, slot, now);
         }
         let Some(entry) = self.streams.get_mut(token) else {
             return;
@@ -265,8 +300,78 @@ impl<F: HandlerFactory> Demux<F> {
         }
     }
 
-    /// Starts a new instance for `token` and its handler task.
-    fn open(&mut self, token: &str, partition: u32, subject: &str, packet: &Packet, now: Instant) {
+    /// Refuses the new stream `token`: no handler, no entry. Counted, reported, and
+    /// remembered (while the bounded set has room) so that its later packets are
+    /// refused too.
+    fn refuse(
+        &mut self,
+        token: &str,
+        partition: u32,
+        packet: &Packet,
+        reason: RefuseReason,
+        now: Instant,
+    ) {
+        let name = reason.as_str();
+        let remembered = match self.shared.refused_slots.try_acquire() {
+            Some(slot) => {
+                self.refused.insert(
+                    token.to_owned(),
+                    Refused {
+                        reason,
+                        last_packet: now,
+                        _slot: slot,
+                    },
+                );
+                true
+            }
+            // More than `max_streams` refused ids at once: this one is not remembered,
+            // so its next packet is refused (and counted) as a new stream again.
+            None => false,
+        };
+        self.shared.registry().stream_refused(name);
+        metrics::counter!(m::CONSUMER_STREAMS_REFUSED_TOTAL, m::LABEL_REASON => name).increment(1);
+        self.count_refused_frames(&packet.body, reason);
+        tracing::warn!(
+            stream = token,
+            partition,
+            seq = packet.seq,
+            max_streams = self.shared.stream_slots.max(),
+            remembered,
+            "stream refused: max_streams live streams already"
+        );
+        let _ = self.shared.events.send(ConsumerEvent::StreamRefused {
+            stream: token.to_owned(),
+            partition,
+            reason,
+            seq: packet.seq,
+        });
+    }
+
+    /// Counts the frames a packet of a refused stream carries (a gap packet: the frames
+    /// it declares), so that the "sent" identity holds without a record for the stream.
+    fn count_refused_frames(&self, body: &PacketBody, reason: RefuseReason) {
+        let frames = match body {
+            PacketBody::Frame { .. } => 1,
+            PacketBody::Gap(g) => g.frames(),
+            PacketBody::End => return,
+        };
+        self.shared.registry().frames_refused(frames);
+        metrics::counter!(m::CONSUMER_FRAMES_REFUSED_TOTAL, m::LABEL_REASON => reason.as_str())
+            .increment(frames);
+    }
+
+    /// Starts a new instance for `token` and its handler task; `slot` is its
+    /// `max_streams` slot.
+    fn open(
+        &mut self,
+        token: &str,
+        partition: u32,
+        subject: &str,
+        packet: &Packet,
+        slot: StreamSlot,
+        now: Instant,
+    ) {
+        let slot = Arc::new(slot);
         let queue = Arc::new(StreamQueue::new(self.shared.settings.limits));
         let instance =
             self.shared
@@ -285,6 +390,7 @@ impl<F: HandlerFactory> Demux<F> {
             handler,
             self.shared.clone(),
             instance,
+            slot.clone(),
         ));
         metrics::counter!(m::CONSUMER_STREAMS_STARTED_TOTAL).increment(1);
         self.shared.instruments.streams_active.increment(1.0);
@@ -297,6 +403,7 @@ impl<F: HandlerFactory> Demux<F> {
                 queue,
                 last_packet: now,
                 closed: false,
+                _slot: slot,
             },
         );
     }
@@ -425,11 +532,19 @@ impl<F: HandlerFactory> Demux<F> {
         }
     }
 
-    /// Reaps streams silent for at least the idle timeout, and collects finished
-    /// handler tasks. Returns how many streams were reaped.
+    /// Reaps streams silent for at least the idle timeout, forgets refused streams as
+    /// silent, and collects finished handler tasks. Returns how many streams were
+    /// reaped.
     pub(crate) fn reap(&mut self, now: Instant) -> usize {
         while self.tasks.try_join_next().is_some() {}
         let idle = self.shared.settings.idle_timeout;
+        self.refused.retain(|token, r| {
+            let keep = now.saturating_duration_since(r.last_packet) < idle;
+            if !keep {
+                tracing::debug!(stream = token.as_str(), "refused stream silent: forgotten");
+            }
+            keep
+        });
         let silent: Vec<(String, std::time::Duration)> = self
             .streams
             .iter()
@@ -508,6 +623,9 @@ async fn run_stream<H: StreamHandler>(
     mut handler: H,
     shared: Arc<Shared>,
     instance: u64,
+    // Held until the handler has seen its end (or the task is aborted): a draining
+    // handler still counts against `max_streams`.
+    _slot: Arc<StreamSlot>,
 ) {
     let on_gone_shared = shared.clone();
     // Set while the handler holds a frame: if the task is aborted (or the handler
@@ -915,6 +1033,103 @@ mod tests {
         assert_eq!(t.decode_errors_by_kind.get("truncated"), Some(&1));
         assert_eq!(t.decode_errors_by_kind.get("missing_field"), Some(&1));
         assert_eq!(t.streams_started, 0);
+    }
+
+    /// Beyond `max_streams` a new stream is refused: no handler, counted by reason, an
+    /// event, its frames counted as refused. It stays refused (sticky) until its `end`,
+    /// even when room appears, and the "sent" identity holds over all streams.
+    #[tokio::test(start_paused = true)]
+    async fn streams_over_max_streams_are_refused_and_accounted() {
+        let (mut d, shared, mut rx) = setup(ConsumerConfig {
+            max_streams: 2,
+            ..default_cfg()
+        });
+        let mut events = shared.events.subscribe();
+        for s in 1..=3 {
+            feed(&mut d, "a", frame(s));
+            feed(&mut d, "b", frame(s));
+        }
+        // "c" is the third live stream: refused, with a declared gap among its packets.
+        feed(&mut d, "c", frame(1));
+        feed(&mut d, "c", frame(2));
+        feed(
+            &mut d,
+            "c",
+            Packet::gap(Gap {
+                first_seq: 3,
+                last_seq: 5,
+                samples: 960,
+                reason: GapReason::QueueFull,
+            }),
+        );
+        assert_eq!(d.active(), 2);
+        assert_eq!(
+            events.try_recv().expect("refused event"),
+            ConsumerEvent::StreamRefused {
+                stream: "c".into(),
+                partition: 0,
+                reason: RefuseReason::MaxStreams,
+                seq: 1,
+            }
+        );
+        assert!(events.try_recv().is_err(), "one event per refused stream");
+        // "a" ends; once its handler has drained, its slot is free.
+        feed(&mut d, "a", Packet::end(4));
+        let got = drain(&mut rx).await;
+        assert!(got.iter().all(|(i, _)| i.stream != "c"), "no handler for c");
+        assert_eq!(shared.stream_slots.taken(), 1);
+        // "c" stays refused although there is room now; its end forgets it.
+        feed(&mut d, "c", frame(6));
+        feed(&mut d, "c", Packet::end(7));
+        assert_eq!(shared.refused_slots.taken(), 0);
+        // A new stream takes the free slot.
+        feed(&mut d, "d", frame(1));
+        feed(&mut d, "d", Packet::end(2));
+        feed(&mut d, "b", Packet::end(4));
+        let got = drain(&mut rx).await;
+        assert!(got.iter().all(|(i, _)| i.stream != "c"), "no handler for c");
+        assert_eq!(d.active(), 0);
+        assert_eq!(shared.stream_slots.taken(), 0, "every slot released");
+
+        let t = snapshot(&shared).totals;
+        assert_eq!(t.streams_started, 3);
+        assert_eq!(t.streams_refused.get("max_streams"), Some(&1));
+        assert_eq!(
+            t.frames_refused, 6,
+            "frames 1, 2, 6 and the 3 declared 3..=5"
+        );
+        assert_eq!(
+            t.orphan_ends, 0,
+            "the refused stream's end is not an orphan"
+        );
+        // Sent: a 3, b 3, c 6, d 1.
+        let c = t.counters;
+        assert_eq!(
+            c.frames + c.lost_frames + c.declared_gap_frames + c.leading_missing + t.frames_refused,
+            13
+        );
+    }
+
+    /// A refused stream that goes silent is forgotten after the idle timeout; if it
+    /// comes back later and there is room, it starts (as a late join).
+    #[tokio::test(start_paused = true)]
+    async fn refused_stream_is_forgotten_after_the_idle_timeout() {
+        let (mut d, shared, _rx) = setup(ConsumerConfig {
+            max_streams: 1,
+            ..default_cfg()
+        });
+        feed(&mut d, "a", frame(1));
+        feed(&mut d, "b", frame(1));
+        assert_eq!(shared.refused_slots.taken(), 1);
+        tokio::time::advance(Duration::from_millis(1_000)).await;
+        assert_eq!(d.reap(Instant::now()), 1, "a reaped");
+        assert_eq!(shared.refused_slots.taken(), 0, "b forgotten");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        feed(&mut d, "b", frame(60));
+        assert_eq!(d.active(), 1);
+        let snap = snapshot(&shared);
+        assert_eq!(snap.stream("b").count(), 1);
+        assert_eq!(snap.totals.frames_refused, 1);
     }
 
     /// Counts derived from network numbers (declared samples, seq jumps) saturate:

@@ -183,6 +183,23 @@ fn duration_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Err
     s.serialize_f64(d.as_secs_f64() * 1000.0)
 }
 
+/// Why a new stream was refused (no handler was created for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefuseReason {
+    /// `max_streams` live stream instances already.
+    MaxStreams,
+}
+
+impl RefuseReason {
+    /// Stable snake_case name (metric label and stats key): `max_streams`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MaxStreams => "max_streams",
+        }
+    }
+}
+
 /// Something the consumer reports about itself (see [`super::Consumer::events`]).
 ///
 /// Delivered through a bounded broadcast channel: a receiver that lags loses events
@@ -223,6 +240,19 @@ pub enum ConsumerEvent {
     StreamRestarted {
         /// Stream id.
         stream: String,
+    },
+    /// A new stream was refused: no handler was created, and its packets are refused
+    /// (counted in `frames_refused`) until its `end` or the idle timeout, even if room
+    /// appears meanwhile — a handler never starts in the middle of a refused stream.
+    StreamRefused {
+        /// Stream id.
+        stream: String,
+        /// Its partition.
+        partition: u32,
+        /// Why.
+        reason: RefuseReason,
+        /// Seq of the refused packet that first showed the stream.
+        seq: u64,
     },
     /// The NATS client dropped messages of a subscription (its buffer of
     /// `subscription_capacity` messages was full).

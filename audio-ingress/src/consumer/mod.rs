@@ -29,7 +29,7 @@
 //! - [`ConsumerConfig`] → [`ConsumerConfig::validate`] → [`ConsumerSettings`]: subject
 //!   template, `partitions` N, `owned` partitions, per-stream bound
 //!   (`max_pending_bytes`, `max_pending_age_ms`, [`ConsumerPolicy`]), `idle_timeout_ms`,
-//!   `subscription_capacity`.
+//!   `subscription_capacity`, `max_streams`.
 //! - [`Consumer::connect`] / [`Consumer::connect_with`] (own async-nats options: auth,
 //!   TLS, timeouts) subscribe to the owned partitions and return once the server has
 //!   registered the subscriptions.
@@ -40,10 +40,10 @@
 //!   samples, lost/declared/leading missing, drops by reason, end seen, reaped, pending).
 //!   [`Consumer::totals`] gives the aggregates alone, cheaply (for sampling).
 //!   For a load test: frames sent by producers = `frames + lost_frames +
-//!   declared_gap_frames + leading_missing` summed over streams; handled =
-//!   `frames_delivered`.
+//!   declared_gap_frames + leading_missing` summed over streams, `+ frames_refused`
+//!   from the totals; handled = `frames_delivered`.
 //! - [`Consumer::events`]: a broadcast of [`ConsumerEvent`]s (reaped, overloaded, lost,
-//!   restarted, slow consumer).
+//!   restarted, refused, slow consumer).
 //! - [`Consumer::shutdown`]: unsubscribe, end every stream with
 //!   [`EndCause::Shutdown`], wait for handlers up to a grace period, return final stats.
 //!
@@ -65,6 +65,9 @@
 //!   [`GapCause::Overload`] notice. The NATS client buffers at most
 //!   `subscription_capacity` messages per subscription; beyond that it drops them and
 //!   reports a slow consumer, which is counted (and then shows up as lost frames).
+//!   At most `max_streams` stream instances live at once (over all subscriptions); a
+//!   new stream beyond that is refused explicitly: no handler, counted by reason,
+//!   [`ConsumerEvent::StreamRefused`], its frames counted as `frames_refused`.
 //! - **Sequence.** Seq jumps are counted as lost ([`GapCause::Lost`]), distinct from
 //!   producer-declared gaps ([`GapCause::Declared`]) and from seqs before the first
 //!   packet seen (`leading_missing`). Duplicates/out-of-order packets are refused and
@@ -80,6 +83,7 @@ mod demux;
 mod event;
 mod handler;
 mod queue;
+mod slots;
 mod stats;
 pub(crate) mod tracker;
 
@@ -94,18 +98,19 @@ use weir_protocol::audio::DecodeOptions;
 
 pub use config::{
     ConsumerConfig, ConsumerPolicy, ConsumerSettings, DEFAULT_IDLE_TIMEOUT,
-    DEFAULT_MAX_PENDING_AGE, DEFAULT_MAX_PENDING_BYTES, DEFAULT_RETAIN_FINISHED,
-    DEFAULT_SUBSCRIPTION_CAPACITY, QueueLimits,
+    DEFAULT_MAX_PENDING_AGE, DEFAULT_MAX_PENDING_BYTES, DEFAULT_MAX_STREAMS,
+    DEFAULT_RETAIN_FINISHED, DEFAULT_SUBSCRIPTION_CAPACITY, QueueLimits,
 };
 pub use event::{
     ConsumerEvent, End, EndCause, Frame, GapCause, GapNotice, LocalOverload, OverloadBound,
-    StreamEvent, StreamInfo,
+    RefuseReason, StreamEvent, StreamInfo,
 };
 pub use handler::{ChannelHandler, HandlerFactory, StreamHandler, channel_factory};
 pub use stats::{ConsumerStats, Counters, StreamState, StreamStats, Totals};
 
 use crate::metrics as m;
 use demux::Demux;
+use slots::StreamSlots;
 use stats::Registry;
 
 /// Capacity of the [`Consumer::events`] broadcast.
@@ -204,17 +209,25 @@ pub(crate) struct Shared {
     registry: Mutex<Registry>,
     pub(crate) events: broadcast::Sender<ConsumerEvent>,
     pub(crate) instruments: Instruments,
+    /// `max_streams` slots, one per live stream instance (held by its entry and its
+    /// handler task).
+    pub(crate) stream_slots: Arc<StreamSlots>,
+    /// `max_streams` slots for remembering refused stream ids.
+    pub(crate) refused_slots: Arc<StreamSlots>,
 }
 
 impl Shared {
     fn new(settings: ConsumerSettings) -> Self {
         let retain = settings.retain_finished.get();
+        let max_streams = settings.max_streams;
         Self {
             settings,
             decode: DecodeOptions::default(),
             registry: Mutex::new(Registry::new(retain)),
             events: broadcast::channel(EVENT_CAPACITY).0,
             instruments: Instruments::new(),
+            stream_slots: StreamSlots::new(max_streams),
+            refused_slots: StreamSlots::new(max_streams),
         }
     }
 
@@ -367,8 +380,8 @@ impl Consumer {
         self.shared.registry().totals(Instant::now())
     }
 
-    /// Subscribes to the consumer's events (reaped, overloaded, lost, restarted, slow
-    /// consumer). Bounded: a receiver that lags loses the oldest events.
+    /// Subscribes to the consumer's events (reaped, overloaded, lost, restarted,
+    /// refused, slow consumer). Bounded: a receiver that lags loses the oldest events.
     pub fn events(&self) -> broadcast::Receiver<ConsumerEvent> {
         self.shared.events.subscribe()
     }

@@ -8,7 +8,10 @@
 //! - local fate: `frames = frames_delivered + frames_dropped_overload +
 //!   frames_dropped_closed + frames_dropped_handler_gone + pending_frames`
 //!   (every frame received was handed to the handler, dropped here with a reason, or is
-//!   still queued).
+//!   still queued);
+//! - refused streams (over `max_streams`) have no record: their frames are counted in
+//!   [`Totals::frames_refused`], so over all streams the frames producers sent =
+//!   `frames + lost_frames + declared_gap_frames + leading_missing + frames_refused`.
 //!
 //! Finished streams keep their own record until `retain_finished_streams` newer ones
 //! finished; their counts stay in the totals after that.
@@ -177,6 +180,11 @@ pub struct Totals {
     /// `end` packets for streams this consumer was not following (it joined after
     /// their last frame, or reaped them already).
     pub orphan_ends: u64,
+    /// Streams refused (no handler created), by reason (`max_streams`).
+    pub streams_refused: BTreeMap<String, u64>,
+    /// Frames of refused streams: each refused frame packet, plus the frames a refused
+    /// gap packet declares missing (so that the "sent" identity holds).
+    pub frames_refused: u64,
     /// Bytes queued for handlers now.
     pub pending_bytes: usize,
     /// Frames queued for handlers now.
@@ -223,6 +231,8 @@ pub(crate) struct Registry {
     misrouted: u64,
     slow_consumer: u64,
     orphan_ends: u64,
+    streams_refused: BTreeMap<&'static str, u64>,
+    frames_refused: u64,
 }
 
 impl Registry {
@@ -244,6 +254,8 @@ impl Registry {
             misrouted: 0,
             slow_consumer: 0,
             orphan_ends: 0,
+            streams_refused: BTreeMap::new(),
+            frames_refused: 0,
         }
     }
 
@@ -336,6 +348,16 @@ impl Registry {
         self.orphan_ends += 1;
     }
 
+    /// Counts a refused stream.
+    pub(crate) fn stream_refused(&mut self, reason: &'static str) {
+        *self.streams_refused.entry(reason).or_default() += 1;
+    }
+
+    /// Counts frames of a refused stream (saturating: gap sizes come from the network).
+    pub(crate) fn frames_refused(&mut self, frames: u64) {
+        self.frames_refused = self.frames_refused.saturating_add(frames);
+    }
+
     /// Counts a slow-consumer event.
     pub(crate) fn slow_consumer(&mut self) {
         self.slow_consumer += 1;
@@ -368,6 +390,12 @@ impl Registry {
             misrouted: self.misrouted,
             slow_consumer_events: self.slow_consumer,
             orphan_ends: self.orphan_ends,
+            streams_refused: self
+                .streams_refused
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), *v))
+                .collect(),
+            frames_refused: self.frames_refused,
             ..Totals::default()
         };
         let mut streams = Vec::with_capacity(if with_streams { self.records.len() } else { 0 });
