@@ -91,7 +91,8 @@ enum Front {
 
 /// A running LLM side.
 pub struct LlmRun {
-    front: Front,
+    /// `None` only after [`LlmRun::stop`] took it.
+    front: Option<Front>,
     sim: SimHandle,
     counters: Arc<GeneratorCounters>,
     stop: Arc<AtomicBool>,
@@ -175,7 +176,7 @@ impl LlmRun {
             stop.clone(),
         ));
         Ok(Self {
-            front,
+            front: Some(front),
             sim: handle,
             counters,
             stop,
@@ -207,11 +208,12 @@ impl LlmRun {
     /// Requests held by the front now (queued + running); also tracks the maximum.
     pub fn in_flight(&self) -> u64 {
         let n = match &self.front {
-            Front::Naive(f) => f.stats().in_flight.load(Ordering::Relaxed),
-            Front::Adapter(a) => {
+            Some(Front::Naive(f)) => f.stats().in_flight.load(Ordering::Relaxed),
+            Some(Front::Adapter(a)) => {
                 let s = a.stats();
                 s.queued_now + s.running_now
             }
+            None => 0,
         };
         self.in_flight_max.fetch_max(n, Ordering::Relaxed);
         n
@@ -223,7 +225,13 @@ impl LlmRun {
         let refused_by_code = c.refused();
         let sim = self.sim.stats();
         let (front, queue_wait_ms, inference_ms, in_flight_max) = match &self.front {
-            Front::Naive(f) => {
+            None => (
+                "stopped".to_owned(),
+                Percentiles::default(),
+                Percentiles::default(),
+                0,
+            ),
+            Some(Front::Naive(f)) => {
                 let s = f.stats();
                 (
                     "naive (task per message + semaphore)".to_owned(),
@@ -232,7 +240,7 @@ impl LlmRun {
                     s.in_flight_max.load(Ordering::Relaxed),
                 )
             }
-            Front::Adapter(a) => {
+            Some(Front::Adapter(a)) => {
                 let s = a.stats();
                 let p = |x: &weir_llm_adapter::Percentiles| Percentiles {
                     count: x.count,
@@ -272,21 +280,31 @@ impl LlmRun {
     }
 
     /// Stops the generator (bounded wait) and the front.
-    pub async fn stop(self) {
+    pub async fn stop(mut self) {
         self.stop_offering();
         self.sim.resume();
-        let mut generator = self.generator;
-        if tokio::time::timeout(Duration::from_secs(5), &mut generator)
+        if tokio::time::timeout(Duration::from_secs(5), &mut self.generator)
             .await
             .is_err()
         {
-            generator.abort();
+            self.generator.abort();
         }
-        match self.front {
-            Front::Naive(f) => drop(f),
-            Front::Adapter(a) => {
+        match self.front.take() {
+            Some(Front::Naive(f)) => drop(f),
+            Some(Front::Adapter(a)) => {
                 let _ = tokio::time::timeout(Duration::from_secs(5), a.shutdown()).await;
             }
+            None => {}
         }
+    }
+}
+
+impl Drop for LlmRun {
+    /// An interrupted run (error, Ctrl-C): the generator stops at once; the front goes
+    /// with its value.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.generator.abort();
+        self.sim.resume();
     }
 }
