@@ -17,6 +17,7 @@
 //! (default 7). The report shows per-round figures and medians over rounds.
 //!
 //! Run: `cargo bench -p weir-llm-adapter --bench roundtrip`
+//! (`WEIR_BENCH_ONLY=direct|direct+hdr|adapter` drives one case, for profiling).
 
 mod common;
 
@@ -25,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{connect, hist, install_metrics, knob, median};
+use common::{connect, cpu_seconds, hist, install_metrics, knob, median};
 use futures::StreamExt;
 use hdrhistogram::Histogram;
 use weir_llm_adapter::Config;
@@ -38,12 +39,21 @@ const ADAPTER: &str = "bench.infer";
 
 struct Run {
     rps: f64,
+    /// CPU per request of this process (callers + server side) and of nats-server, µs.
+    cpu_us: (f64, f64),
     p50_us: f64,
     p99_us: f64,
     errors: u64,
 }
 
-async fn drive(clients: &[async_nats::Client], subject: &str, conc: usize, secs: u64) -> Run {
+async fn drive(
+    clients: &[async_nats::Client],
+    subject: &str,
+    conc: usize,
+    secs: u64,
+    nats_pid: u32,
+) -> Run {
+    let me = std::process::id();
     let stop = Arc::new(AtomicBool::new(false));
     let payload = Bytes::from(vec![b'x'; 256]);
     let mut tasks = Vec::new();
@@ -78,7 +88,9 @@ async fn drive(clients: &[async_nats::Client], subject: &str, conc: usize, secs:
         }));
     }
     let t0 = Instant::now();
+    let cpu0 = (cpu_seconds(me), cpu_seconds(nats_pid));
     tokio::time::sleep(Duration::from_secs(secs)).await;
+    let cpu1 = (cpu_seconds(me), cpu_seconds(nats_pid));
     stop.store(true, Ordering::Relaxed);
     let elapsed = t0.elapsed();
     let mut all: Histogram<u64> = hist();
@@ -88,7 +100,13 @@ async fn drive(clients: &[async_nats::Client], subject: &str, conc: usize, secs:
         all.add(&h).expect("merge");
         errors += e;
     }
+    let n = all.len().max(1) as f64;
+    let per = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) => (b - a) * 1e6 / n,
+        _ => f64::NAN,
+    };
     Run {
+        cpu_us: (per(cpu0.0, cpu1.0), per(cpu0.1, cpu1.1)),
         rps: all.len() as f64 / elapsed.as_secs_f64(),
         p50_us: all.value_at_quantile(0.5) as f64,
         p99_us: all.value_at_quantile(0.99) as f64,
@@ -182,20 +200,40 @@ async fn bench() {
     install_metrics();
     let server =
         weir_testkit::NatsServer::start().expect("nats-server (scripts/ensure-nats-server)");
+    let pid = server.pid();
     let (stop_tx, stats_rx) = start_server_side(server.url().to_owned());
     let clients = vec![connect(server.url()).await, connect(server.url()).await];
     for c in &clients {
         c.flush().await.expect("flush");
     }
+    // Profiling aid: WEIR_BENCH_ONLY=direct|direct+hdr|adapter drives one case only.
+    if let Ok(only) = std::env::var("WEIR_BENCH_ONLY") {
+        let subject = match only.as_str() {
+            "direct" => DIRECT,
+            "direct+hdr" => DIRECT_HDR,
+            _ => ADAPTER,
+        };
+        let run = drive(&clients, subject, conc, secs, pid).await;
+        println!(
+            "{only}: {:.0} req/s; CPU per request: this process {:.1} us, nats-server {:.1} us",
+            run.rps, run.cpu_us.0, run.cpu_us.1
+        );
+        return;
+    }
     // Warm-up, discarded.
     for s in [DIRECT, DIRECT_HDR, ADAPTER] {
-        drive(&clients, s, conc, 1).await;
+        drive(&clients, s, conc, 1, pid).await;
     }
 
     let cases = [DIRECT, DIRECT_HDR, ADAPTER];
     let mut tp = [Vec::new(), Vec::new(), Vec::new()];
     let mut p50 = [Vec::new(), Vec::new(), Vec::new()];
     let mut p99 = [Vec::new(), Vec::new(), Vec::new()];
+    let mut cpu = [
+        (Vec::new(), Vec::new()),
+        (Vec::new(), Vec::new()),
+        (Vec::new(), Vec::new()),
+    ];
     let mut ratio = Vec::new();
     let mut ratio_hdr = Vec::new();
     let mut errors = 0;
@@ -210,13 +248,15 @@ async fn bench() {
         let mut r_lat = [(0.0, 0.0); 3];
         for k in 0..3 {
             let i = (round + k) % 3;
-            let run = drive(&clients, cases[i], conc, secs).await;
+            let run = drive(&clients, cases[i], conc, secs, pid).await;
+            cpu[i].0.push(run.cpu_us.0);
+            cpu[i].1.push(run.cpu_us.1);
             errors += run.errors;
             r_tp[i] = run.rps;
         }
         for k in 0..3 {
             let i = (round + k) % 3;
-            let run = drive(&clients, cases[i], 4, secs).await;
+            let run = drive(&clients, cases[i], 4, secs, pid).await;
             errors += run.errors;
             r_lat[i] = (run.p50_us, run.p99_us);
         }
@@ -268,6 +308,13 @@ async fn bench() {
         median(&p50[2]) - median(&p50[0]),
         median(&p99[2]) - median(&p99[0])
     );
+    for (i, name) in ["direct", "direct+hdr", "adapter"].iter().enumerate() {
+        println!(
+            "  CPU per request at {conc} callers, {name}: this process {:.1} us (callers + server side), nats-server {:.1} us",
+            median(&cpu[i].0),
+            median(&cpu[i].1)
+        );
+    }
     println!("  errors (non-ok replies or timeouts): {errors}");
     let _ = stop_tx.send(());
     if let Ok(s) = stats_rx.recv_timeout(Duration::from_secs(10)) {

@@ -36,7 +36,6 @@ use async_nats::service::{Service, ServiceExt};
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
 use futures::StreamExt;
-use futures::future::BoxFuture;
 use serde::Serialize;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -49,21 +48,24 @@ use crate::admission::{Admission, Outcome, Sink, Submission};
 use crate::config::Config;
 use crate::metrics as m;
 
-/// One caller waiting for an answer: the service request (reply subject, body) and,
-/// when the request body was the deployed envelope, its fields to echo.
+/// One caller waiting for an answer: the reply subject, the request body (kept for
+/// envelope detection; a reference-counted view, not a copy) and, when the body was the
+/// deployed envelope, its fields to echo. Small on purpose: it is moved through the
+/// queue and the answer path.
 pub struct NatsWaiter {
-    request: async_nats::service::Request,
+    reply: async_nats::Subject,
+    payload: Bytes,
     /// `None` until needed: detection parses the body, which only error replies and
     /// requests without id headers need.
-    envelope: Option<Option<EnvelopeMeta>>,
+    envelope: Option<Option<Box<EnvelopeMeta>>>,
 }
 
 impl NatsWaiter {
     fn envelope(&mut self) -> Option<&EnvelopeMeta> {
-        let payload = &self.request.message.payload;
+        let payload = &self.payload;
         self.envelope
-            .get_or_insert_with(|| EnvelopeMeta::detect(payload))
-            .as_ref()
+            .get_or_insert_with(|| EnvelopeMeta::detect(payload).map(Box::new))
+            .as_deref()
     }
 }
 
@@ -71,16 +73,35 @@ impl NatsWaiter {
 pub struct NatsSink {
     client: async_nats::Client,
     publish_timeout: Duration,
+    /// The server's `max_payload`, read once at start (reading it per reply clones the
+    /// whole server info). A reply over it becomes `backend_error`.
+    max_payload: usize,
 }
 
 impl NatsSink {
     /// A sink publishing over `client`, each reply bounded by `publish_timeout`.
     pub fn new(client: async_nats::Client, publish_timeout: Duration) -> Self {
+        let max_payload = client
+            .try_server_info()
+            .map_or(1024 * 1024, |i| i.max_payload)
+            .max(64 * 1024);
         Self {
             client,
             publish_timeout,
+            max_payload,
         }
     }
+}
+
+/// Runs `fut` to completion if it finishes on its first poll (the common case: the
+/// publish only queues into the client's channel); otherwise bounds it by `limit`.
+/// Saves arming a timer per reply. `None` when the bound elapsed.
+async fn bounded<F: std::future::Future>(limit: Duration, fut: F) -> Option<F::Output> {
+    let mut fut = std::pin::pin!(fut);
+    if let std::task::Poll::Ready(v) = futures::poll!(fut.as_mut()) {
+        return Some(v);
+    }
+    tokio::time::timeout(limit, fut).await.ok()
 }
 
 /// Inserts a header if name and value are valid; silently skips otherwise (values
@@ -154,8 +175,12 @@ fn error_body(headers: &mut HeaderMap, e: &ErrorBody, envelope: Option<&Envelope
 impl Sink for NatsSink {
     type Waiter = NatsWaiter;
 
-    fn deliver(&self, mut waiter: NatsWaiter, outcome: Arc<Outcome>) -> BoxFuture<'static, ()> {
-        let max_payload = self.client.server_info().max_payload.max(64 * 1024);
+    fn deliver(
+        &self,
+        mut waiter: NatsWaiter,
+        outcome: Arc<Outcome>,
+    ) -> impl Future<Output = ()> + Send {
+        let max_payload = self.max_payload;
         let envelope = if outcome.result.is_err() {
             waiter.envelope()
         } else {
@@ -163,17 +188,18 @@ impl Sink for NatsSink {
         };
         let (headers, body) = render(&outcome, envelope, max_payload);
         let timeout = self.publish_timeout;
-        Box::pin(async move {
-            let sent = tokio::time::timeout(
+        let client = self.client.clone();
+        async move {
+            let sent = bounded(
                 timeout,
-                waiter.request.respond_with_headers(Ok(body), headers),
+                client.publish_with_headers(waiter.reply, headers, body),
             )
             .await;
-            if !matches!(sent, Ok(Ok(()))) {
+            if !matches!(sent, Some(Ok(()))) {
                 metrics::counter!(m::REPLY_FAILED_TOTAL).increment(1);
                 tracing::debug!(outcome = outcome.code(), "reply not published");
             }
-        })
+        }
     }
 }
 
@@ -249,11 +275,11 @@ fn invalid(e: &HeaderError) -> ErrorBody {
 
 /// Decodes one inference request. The envelope is looked for only when an id header is
 /// missing (`None` = not looked for; the sink looks when it must shape an error).
-pub(crate) fn decode(
+fn decode(
     msg: &async_nats::Message,
+    known: &Known<'_>,
     received_at: Instant,
 ) -> (Option<Option<EnvelopeMeta>>, Result<Submission, ErrorBody>) {
-    let known = Known::read(msg.headers.as_ref());
     let envelope = (known.request_id.is_none() || known.session.is_none())
         .then(|| EnvelopeMeta::detect(&msg.payload));
     let env = envelope.as_ref().and_then(Option::as_ref);
@@ -293,7 +319,12 @@ pub(crate) fn decode(
             session,
             client_key,
             policy,
-            budget: h::remaining_budget(deadline, timeout, unix_ms_now()),
+            // The wall clock is read only for absolute deadlines.
+            budget: h::remaining_budget(
+                deadline,
+                timeout,
+                if deadline.is_some() { unix_ms_now() } else { 0 },
+            ),
             received_at,
             body: msg.payload.clone(),
         })
@@ -335,18 +366,20 @@ impl Edge {
 
     async fn handle_infer(&self, req: async_nats::service::Request) {
         let received_at = Instant::now();
-        if req.message.reply.is_none() {
+        let Some(reply) = req.message.reply.clone() else {
             metrics::counter!(m::NO_REPLY_SUBJECT_TOTAL).increment(1);
             return;
-        }
-        if let Some(target) = Known::read(req.message.headers.as_ref()).cancel {
+        };
+        let known = Known::read(req.message.headers.as_ref());
+        if let Some(target) = known.cancel {
             let target = target.trim().to_owned();
             return self.handle_cancel_of(&req, target).await;
         }
-        let (envelope, sub) = decode(&req.message, received_at);
+        let (envelope, sub) = decode(&req.message, &known, received_at);
         let waiter = NatsWaiter {
-            request: req,
-            envelope,
+            reply,
+            payload: req.message.payload.clone(),
+            envelope: envelope.map(|e| e.map(Box::new)),
         };
         match sub {
             Ok(sub) => {
@@ -624,7 +657,7 @@ mod tests {
             description: None,
             length: 0,
         };
-        let (env, sub) = decode(&msg, Instant::now());
+        let (env, sub) = decode(&msg, &Known::read(msg.headers.as_ref()), Instant::now());
         let sub = sub.expect("valid");
         assert!(env.is_some_and(|e| e.is_some()));
         assert_eq!(sub.request_id.as_deref(), Some("r-env"));
@@ -641,7 +674,7 @@ mod tests {
         let mut hm = HeaderMap::new();
         put(&mut hm, h::TIMEOUT_MS, "-5");
         bad.headers = Some(hm);
-        let (env, sub) = decode(&bad, Instant::now());
+        let (env, sub) = decode(&bad, &Known::read(bad.headers.as_ref()), Instant::now());
         assert!(env.is_some_and(|e| e.is_some()));
         let err = sub.expect_err("refused");
         assert_eq!(err.code, ErrorCode::InvalidRequest);

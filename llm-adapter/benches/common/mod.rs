@@ -48,3 +48,15 @@ pub fn install_metrics() {
     let (recorder, _handle) = weir_llm_adapter::metrics::prometheus_recorder();
     let _ = metrics::set_global_recorder(recorder);
 }
+
+/// CPU time (user + system) of a process so far, in seconds, from `/proc/<pid>/stat`
+/// (`None` where that is not available). Resolution: one clock tick (usually 10 ms).
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // After the command: state is field 3, utime 14, stime 15 (1-based in proc(5)).
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / 100.0)
+}

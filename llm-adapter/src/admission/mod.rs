@@ -31,7 +31,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
 use serde::Serialize;
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
@@ -243,8 +242,13 @@ pub trait Sink: Send + Sync + 'static {
     type Waiter: Send + 'static;
 
     /// Delivers `outcome` to `waiter`. Called exactly once per waiter. Must not wait
-    /// without bound (the NATS sink bounds its publish with a timeout).
-    fn deliver(&self, waiter: Self::Waiter, outcome: Arc<Outcome>) -> BoxFuture<'static, ()>;
+    /// without bound (the NATS sink bounds its publish with a timeout). The future is
+    /// awaited in place (not boxed): one reply costs no allocation here.
+    fn deliver(
+        &self,
+        waiter: Self::Waiter,
+        outcome: Arc<Outcome>,
+    ) -> impl Future<Output = ()> + Send;
 }
 
 /// A [`Sink`] whose waiters are oneshot senders (tests, in-process callers).
@@ -254,10 +258,14 @@ pub struct ChannelSink;
 impl Sink for ChannelSink {
     type Waiter = oneshot::Sender<Arc<Outcome>>;
 
-    fn deliver(&self, waiter: Self::Waiter, outcome: Arc<Outcome>) -> BoxFuture<'static, ()> {
+    fn deliver(
+        &self,
+        waiter: Self::Waiter,
+        outcome: Arc<Outcome>,
+    ) -> impl Future<Output = ()> + Send {
         // The receiver may be gone (caller stopped waiting); the answer is then dropped.
         let _ = waiter.send(outcome);
-        Box::pin(std::future::ready(()))
+        std::future::ready(())
     }
 }
 
@@ -463,16 +471,7 @@ impl<S: Sink> Inner<S> {
 
 async fn worker<S: Sink>(inner: Arc<Inner<S>>) {
     loop {
-        // Fast path: take waiting work without registering for a wake-up.
-        let (job, exit) = inner.take_job().await;
-        if let Some(job) = job {
-            inner.run_job(job).await;
-            continue;
-        }
-        if exit {
-            return;
-        }
-        // Register, then look again: a request made ready in between is not missed.
+        // Register before looking, so a request made ready in between is not missed.
         let notified = inner.work.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();

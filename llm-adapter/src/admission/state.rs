@@ -140,7 +140,10 @@ struct Entry<W> {
     started_at: Option<Instant>,
     session_slot: Option<SlotGuard>,
     key_slots: Vec<(usize, SlotGuard)>,
-    waiters: Vec<W>,
+    /// The submitter's waiter (always present until retired) ...
+    waiter: Option<W>,
+    /// ... and those of requests that joined it (idempotent retries).
+    joined: Vec<W>,
     request: Option<BackendRequest>,
     abort: Option<oneshot::Sender<AbortReason>>,
     gate_timer: Option<Timer>,
@@ -239,6 +242,8 @@ pub(crate) struct State<W> {
     timers: BTreeSet<Timer>,
     shutting_down: bool,
     ewma_inference: Option<Duration>,
+    /// Last (queued, running) published to the gauges.
+    published: (usize, usize),
 }
 
 fn millis(d: Duration) -> u64 {
@@ -276,6 +281,7 @@ impl<W> State<W> {
             timers: BTreeSet::new(),
             shutting_down: false,
             ewma_inference: None,
+            published: (0, 0),
         }
     }
 
@@ -361,6 +367,7 @@ impl<W> State<W> {
         self.cache.purge(now);
         let waited = now.saturating_duration_since(sub.received_at);
         let immediate = |fx: &mut Effects<W>, waiter: W, err: ErrorBody, sub: &Submission| {
+            fx.deliveries.reserve_exact(1);
             fx.deliveries.push((
                 waiter,
                 Arc::new(Outcome {
@@ -428,7 +435,7 @@ impl<W> State<W> {
                     immediate(fx, waiter, conflict(rid), &sub);
                     return Admitted::Refused(ErrorCode::RequestIdConflict);
                 }
-                e.waiters.push(waiter);
+                e.joined.push(waiter);
                 self.stats.joined();
                 let e = &self.entries[&id];
                 self.emit(TraceKind::Joined, e, now, |_| {});
@@ -440,6 +447,7 @@ impl<W> State<W> {
                     return Admitted::Refused(ErrorCode::RequestIdConflict);
                 }
                 self.stats.cached();
+                fx.deliveries.reserve_exact(1);
                 fx.deliveries.push((waiter, c.outcome.clone()));
                 self.tracer.emit(|| {
                     let mut ev = TraceEvent::new(TraceKind::Cached, 0, waited);
@@ -568,7 +576,8 @@ impl<W> State<W> {
             started_at: None,
             session_slot,
             key_slots: Vec::new(),
-            waiters: vec![waiter],
+            waiter: Some(waiter),
+            joined: Vec::new(),
             request: Some(request),
             abort: None,
             gate_timer: None,
@@ -940,7 +949,14 @@ impl<W> State<W> {
                 ev.rule = Some(RULE_SESSION_CAP.into());
             });
         }
-        for w in std::mem::take(&mut e.waiters) {
+        let n = usize::from(e.waiter.is_some()) + e.joined.len();
+        fx.deliveries.reserve_exact(n);
+        for w in e
+            .waiter
+            .take()
+            .into_iter()
+            .chain(std::mem::take(&mut e.joined))
+        {
             fx.deliveries.push((w, outcome.clone()));
         }
     }
@@ -1192,8 +1208,11 @@ impl<W> State<W> {
 
     // ------------------------------------------------------------------- views
 
-    fn gauges(&self) {
-        self.stats.gauges(self.queued, self.running);
+    fn gauges(&mut self) {
+        if self.published != (self.queued, self.running) {
+            self.published = (self.queued, self.running);
+            self.stats.gauges(self.queued, self.running);
+        }
     }
 
     /// The busiest keys and sessions.
