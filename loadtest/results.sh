@@ -10,7 +10,9 @@
 #      `results:begin` / `results:end` markers of docs/loadtest.md.
 #
 # Usage: loadtest/results.sh            (no arguments)
-# Run it on a quiet machine: anything else using the CPU changes the figures.
+# Run it on a quiet machine: anything else using the CPU changes the figures. Each run
+# waits up to 2 minutes for the machine to be quiet (--wait-quiet 120) and records what
+# other processes used anyway (cpu.other_s in the JSON, a note in the tables).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -31,7 +33,7 @@ run() {
     local name="$1"
     shift
     printf '\n==> loadtest %s\n' "$*" >&2
-    "$lt" "$@" -q --json "$out/$name.json" --markdown "$md/$name.md" --plot "$out/plots/$name" >/dev/null
+    "$lt" "$@" -q --wait-quiet 120 --json "$out/$name.json" --markdown "$md/$name.md" --plot "$out/plots/$name" >/dev/null
     printf '%s\n' "$*" >"$md/$name.cmd"
 }
 

@@ -54,6 +54,7 @@ pub fn env_from(cli: &Cli) -> Result<Env, String> {
             deadline: Duration::from_millis(cli.llm_deadline_ms),
         },
         ingress_set: cli.ingress_set.clone(),
+        wait_quiet: cli.wait_quiet,
     })
 }
 

@@ -144,9 +144,26 @@ pub struct Cli {
     #[arg(long = "ingress-set", value_name = "KEY=VALUE")]
     pub ingress_set: Vec<String>,
 
+    /// Before each run, wait up to this many seconds for the machine to be quiet (other
+    /// processes using less than 0.3 cores); 0 = do not wait. Each report records
+    /// what other processes used anyway (`cpu.other_s`).
+    #[arg(long, value_name = "SECONDS", default_value = "0", value_parser = parse_wait)]
+    pub wait_quiet: Duration,
+
     /// No progress line.
     #[arg(long, short)]
     pub quiet: bool,
+}
+
+fn parse_wait(s: &str) -> Result<Duration, String> {
+    let v: u64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a whole number of seconds"))?;
+    if v > 3600 {
+        return Err(format!("{v} s is out of range; allowed 0..=3600"));
+    }
+    Ok(Duration::from_secs(v))
 }
 
 /// Hidden subcommands used by the load test itself.

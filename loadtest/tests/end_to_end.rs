@@ -28,6 +28,7 @@ fn env() -> Env {
         quiet: true,
         llm: LlmSettings::default(),
         ingress_set: Vec::new(),
+        wait_quiet: Duration::ZERO,
     }
 }
 

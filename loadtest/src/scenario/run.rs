@@ -76,6 +76,26 @@ pub struct Env {
     pub llm: LlmSettings,
     /// Extra `key=value` settings for the bounded ingress (`--ingress-set`).
     pub ingress_set: Vec<String>,
+    /// Before each run, wait up to this long for the machine to be quiet (`--wait-quiet`).
+    pub wait_quiet: Duration,
+}
+
+/// Waits (at most `max`) until the whole machine uses less than 0.3 cores, measured
+/// over 1 s windows from `/proc/stat`. Returns the last busy figure, in cores.
+pub async fn wait_quiet(max: Duration) -> f64 {
+    let deadline = Instant::now() + max;
+    let mut busy = f64::MAX;
+    // Bounded: one iteration per second until the deadline.
+    while Instant::now() < deadline {
+        let a = machine_busy().unwrap_or_default();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let b = machine_busy().unwrap_or_default();
+        busy = b.saturating_sub(a).as_secs_f64();
+        if busy < 0.3 {
+            break;
+        }
+    }
+    busy
 }
 
 /// A report and its series.
@@ -224,6 +244,12 @@ pub async fn run_one(
     design: Design,
 ) -> Result<RunOutput, String> {
     let label = format!("{} {} {}", plan.scenario.name(), streams, design);
+    if !env.wait_quiet.is_zero() {
+        let busy = wait_quiet(env.wait_quiet).await;
+        if busy >= 0.3 && !env.quiet {
+            eprintln!("[{label}] the machine is still busy ({busy:.2} cores): running anyway");
+        }
+    }
     // 1. NATS.
     let nats = match &env.nats_url {
         Some(url) => {
