@@ -444,6 +444,9 @@ pub struct ServerConfig {
     pub retry_after: Duration,
     /// A WebSocket silent for this long is ended with reason `idle` (`idle_timeout_ms`).
     pub idle_timeout: Duration,
+    /// Bound on one send to a WebSocket client (`ws_send_timeout_ms`): a client that
+    /// stops reading is abandoned after it, its stream ended with `producer_gone`.
+    pub ws_send_timeout: Duration,
     /// Time allowed to finish every stream on SIGTERM/SIGINT (`grace_period_ms`).
     pub grace_period: Duration,
 }
@@ -456,6 +459,7 @@ impl Default for ServerConfig {
             max_streams: NonZeroUsize::MIN.saturating_add(999),
             retry_after: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(30),
+            ws_send_timeout: Duration::from_secs(2),
             grace_period: Duration::from_secs(5),
         }
     }
@@ -735,6 +739,13 @@ pub const KEYS: &[KeySpec] = &[
         "30000",
         "100..=86400000",
         "a silent WebSocket stream is ended with reason idle",
+    ),
+    key(
+        "ws_send_timeout_ms",
+        Int,
+        "2000",
+        "10..=60000",
+        "bound on one send to a WebSocket client; a client that stops reading is abandoned (stream ends producer_gone)",
     ),
     key(
         "grace_period_ms",
@@ -1075,6 +1086,13 @@ fn server_from_raw(raw: &RawValues) -> Result<ServerConfig, ConfigError> {
             100,
             86_400_000,
         )?),
+        ws_send_timeout: Duration::from_millis(int_in(
+            raw,
+            "ws_send_timeout_ms",
+            2_000,
+            10,
+            60_000,
+        )?),
         grace_period: Duration::from_millis(int_in(raw, "grace_period_ms", 5_000, 0, 600_000)?),
     })
 }
@@ -1284,6 +1302,8 @@ mod tests {
             ("max_frame_bytes", "641"),
             ("max_frame_bytes", "64000"),
             ("max_streams", "0"),
+            ("ws_send_timeout_ms", "0"),
+            ("ws_send_timeout_ms", "60001"),
             ("shadow_ceiling_factor", "1"),
             ("nats_client_capacity", "1"),
             ("grace_period_ms", "999999999"),
@@ -1427,7 +1447,7 @@ mod tests {
         for k in KEYS {
             assert!(spec(k.name).is_some());
         }
-        assert_eq!(KEYS.len(), 33);
+        assert_eq!(KEYS.len(), 34);
     }
 
     #[test]

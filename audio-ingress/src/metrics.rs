@@ -65,6 +65,9 @@ pub const NATS_EVENTS_TOTAL: &str = "weir_ingress_nats_events_total";
 pub const NATS_CONNECTED: &str = "weir_ingress_nats_connected";
 /// Counter: WebSocket connections closed, by `code` (1000, 1001, 1003, 1008, 1011, 1013).
 pub const WS_CLOSES_TOTAL: &str = "weir_ingress_ws_closes_total";
+/// Counter: sends to a WebSocket client (event or close frame) that did not complete
+/// within `ws_send_timeout_ms`; the connection was abandoned.
+pub const WS_SEND_TIMEOUTS_TOTAL: &str = "weir_ingress_ws_send_timeouts_total";
 
 /// Histogram buckets for [`QUEUE_WAIT_SECONDS`], in seconds.
 pub const QUEUE_WAIT_BUCKETS: &[f64] = &[0.001, 0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0];

@@ -75,6 +75,7 @@ pub async fn start_with_sink<S: Sink>(
         ingress: ingress.clone(),
         retry_after: config.server.retry_after,
         idle_timeout: config.server.idle_timeout,
+        send_timeout: config.server.ws_send_timeout,
         tracker,
     });
     let (stop_ws, ws_stopped) = oneshot::channel::<()>();

@@ -26,8 +26,17 @@
 //! `max_wait` for room: while it waits the socket is not read, so a fast producer is
 //! slowed by TCP backpressure before it is refused.
 //!
-//! Invariant: one handler task per connection and one publisher task per stream; a bad
-//! message ends only its own stream and changes nothing else.
+//! Every send to the client (event or close frame) is bounded by `send_timeout`
+//! (`ws_send_timeout_ms`): a client that stops reading fills the TCP buffers, and an
+//! unbounded send would hold the handler task and the stream slot forever. A send that
+//! times out (or fails) abandons the socket: no further event, no close frame. If the
+//! stream was still open it ends as if the socket had dropped (`producer_gone`: queue
+//! drained, `end` published); if it was already ending, it keeps its reason. Counted in
+//! `weir_ingress_ws_send_timeouts_total`.
+//!
+//! Invariants: one handler task per connection and one publisher task per stream; a bad
+//! message ends only its own stream and changes nothing else; every await in a handler
+//! is bounded (idle timeout, `max_wait`, send timeout, the finish bounds).
 
 use std::time::Duration;
 
@@ -74,6 +83,8 @@ pub struct WsState<S: Sink> {
     pub retry_after: Duration,
     /// A connection silent for this long is ended (reason `idle`).
     pub idle_timeout: Duration,
+    /// Bound on one send to the client; on expiry the socket is abandoned.
+    pub send_timeout: Duration,
     /// Tracks connection handlers so shutdown can wait for their close frames.
     pub tracker: TaskTracker,
 }
@@ -128,7 +139,8 @@ async fn upgrade<S: Sink>(
         .max_frame_size(max_frame + 64 * 1024)
         .on_upgrade(move |socket| async move {
             let _guard = guard;
-            serve_socket(socket, handle, state.idle_timeout).await;
+            let conn = Conn::new(socket, state.send_timeout);
+            serve_socket(conn, handle, state.idle_timeout).await;
         })
 }
 
@@ -155,7 +167,8 @@ fn open_refusal(e: &OpenError, retry_after: Duration) -> Response {
 enum Outcome {
     /// `{"type":"end"}`.
     End,
-    /// The socket closed or failed without `end`.
+    /// The socket closed or failed without `end`, or a send to it timed out (the
+    /// client stopped reading).
     Gone,
     /// A bad binary frame.
     BadFrame(String),
@@ -175,11 +188,72 @@ struct Control {
     ty: String,
 }
 
-async fn send_json(socket: &mut WebSocket, value: serde_json::Value) -> bool {
-    socket
-        .send(Message::Text(value.to_string().into()))
-        .await
-        .is_ok()
+/// The server side of one connection. Every send is bounded by `send_timeout`; after
+/// the first send that fails or times out the socket is abandoned and later sends are
+/// skipped, so a connection never costs more than one timeout of waiting.
+struct Conn {
+    socket: WebSocket,
+    send_timeout: Duration,
+    abandoned: bool,
+}
+
+impl Conn {
+    fn new(socket: WebSocket, send_timeout: Duration) -> Self {
+        Self {
+            socket,
+            send_timeout,
+            abandoned: false,
+        }
+    }
+
+    /// Sends `message` within the send timeout. `false` when the socket is (now)
+    /// abandoned.
+    async fn send(&mut self, message: Message) -> bool {
+        if self.abandoned {
+            return false;
+        }
+        match tokio::time::timeout(self.send_timeout, self.socket.send(message)).await {
+            Ok(Ok(())) => return true,
+            Ok(Err(_)) => {}
+            Err(_) => {
+                metrics::counter!(m::WS_SEND_TIMEOUTS_TOTAL).increment(1);
+                tracing::warn!(
+                    send_timeout_ms = self.send_timeout.as_millis() as u64,
+                    "WebSocket client is not reading: send timed out, connection abandoned"
+                );
+            }
+        }
+        self.abandoned = true;
+        false
+    }
+
+    /// Sends one JSON text event (see [`Self::send`]).
+    async fn send_json(&mut self, value: serde_json::Value) -> bool {
+        self.send(Message::Text(value.to_string().into())).await
+    }
+
+    /// Receives the next message (not bounded here: the caller selects on it).
+    async fn recv(&mut self) -> Option<Result<Message, axum::Error>> {
+        self.socket.recv().await
+    }
+
+    /// Sends the close frame (unless the socket was abandoned) and waits briefly for
+    /// the client's reply so that the close frame is not lost to a reset.
+    async fn close(mut self, code: u16, reason: &'static str) {
+        let frame = CloseFrame {
+            code,
+            reason: reason.into(),
+        };
+        if !self.send(Message::Close(Some(frame))).await {
+            return;
+        }
+        metrics::counter!(m::WS_CLOSES_TOTAL, m::LABEL_CODE => code.to_string()).increment(1);
+        // A client that does not answer is dropped.
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            while let Some(Ok(_)) = self.socket.recv().await {}
+        })
+        .await;
+    }
 }
 
 fn overload_event(o: &Overload, handle: &StreamHandle) -> serde_json::Value {
@@ -207,25 +281,8 @@ fn closed_event(reason: &str, summary: &StreamSummary) -> serde_json::Value {
     })
 }
 
-async fn close(mut socket: WebSocket, code: u16, reason: &'static str) {
-    metrics::counter!(m::WS_CLOSES_TOTAL, m::LABEL_CODE => code.to_string()).increment(1);
-    let frame = CloseFrame {
-        code,
-        reason: reason.into(),
-    };
-    if socket.send(Message::Close(Some(frame))).await.is_err() {
-        return;
-    }
-    // Wait briefly for the client's close reply so the close frame is not lost to a
-    // reset; a client that does not answer is dropped.
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        while let Some(Ok(_)) = socket.recv().await {}
-    })
-    .await;
-}
-
 /// Runs one connection: frames in, events out, until an [`Outcome`].
-async fn serve_socket(mut socket: WebSocket, handle: StreamHandle, idle_timeout: Duration) {
+async fn serve_socket(mut socket: Conn, handle: StreamHandle, idle_timeout: Duration) {
     let mut status = handle.status();
     let mut gaps_seen = 0;
     // One timer for the connection, pushed back on every message (not one per message).
@@ -267,7 +324,9 @@ async fn serve_socket(mut socket: WebSocket, handle: StreamHandle, idle_timeout:
                             "frames": g.frames(), "samples": g.samples, "reason": g.reason,
                             "gaps_total": s.gaps,
                         });
-                        if !send_json(&mut socket, ev).await {
+                        if !socket.send_json(ev).await {
+                            // Failed or timed out (a client that stopped reading):
+                            // the stream ends as if the socket had dropped.
                             break Outcome::Gone;
                         }
                     }
@@ -285,7 +344,7 @@ async fn serve_socket(mut socket: WebSocket, handle: StreamHandle, idle_timeout:
     finish_socket(socket, handle, outcome).await;
 }
 
-async fn finish_socket(mut socket: WebSocket, handle: StreamHandle, outcome: Outcome) {
+async fn finish_socket(mut socket: Conn, handle: StreamHandle, outcome: Outcome) {
     match outcome {
         Outcome::Gone => {
             // Dropping the handle ends the stream with `producer_gone`.
@@ -293,25 +352,21 @@ async fn finish_socket(mut socket: WebSocket, handle: StreamHandle, outcome: Out
         }
         Outcome::End => {
             let summary = handle.finish().await;
-            send_json(
-                &mut socket,
-                closed_event(EndReason::Producer.as_str(), &summary),
-            )
-            .await;
-            close(socket, close_code::NORMAL, "end").await;
+            socket
+                .send_json(closed_event(EndReason::Producer.as_str(), &summary))
+                .await;
+            socket.close(close_code::NORMAL, "end").await;
         }
         Outcome::Overload(o) => {
-            send_json(&mut socket, overload_event(&o, &handle)).await;
+            socket.send_json(overload_event(&o, &handle)).await;
             let summary = StreamSummary {
                 snapshot: handle.snapshot(),
                 finished: false,
             };
-            send_json(
-                &mut socket,
-                closed_event(EndReason::Overload.as_str(), &summary),
-            )
-            .await;
-            close(socket, close_code::TRY_AGAIN_LATER, "overload").await;
+            socket
+                .send_json(closed_event(EndReason::Overload.as_str(), &summary))
+                .await;
+            socket.close(close_code::TRY_AGAIN_LATER, "overload").await;
         }
         Outcome::BadFrame(message) => {
             refuse(socket, handle, close_code::POLICY, "bad_frame", message).await;
@@ -328,24 +383,24 @@ async fn finish_socket(mut socket: WebSocket, handle: StreamHandle, outcome: Out
         }
         Outcome::Idle => {
             let summary = handle.finish_with(EndReason::Idle).await;
-            send_json(
-                &mut socket,
-                closed_event(EndReason::Idle.as_str(), &summary),
-            )
-            .await;
-            close(socket, close_code::GOING_AWAY, "idle").await;
+            socket
+                .send_json(closed_event(EndReason::Idle.as_str(), &summary))
+                .await;
+            socket.close(close_code::GOING_AWAY, "idle").await;
         }
         Outcome::Closed(reason) => {
             let bound = Duration::from_secs(30);
             let summary = handle.wait_finished(bound).await;
-            send_json(&mut socket, closed_event(reason.as_str(), &summary)).await;
+            socket
+                .send_json(closed_event(reason.as_str(), &summary))
+                .await;
             let code = match reason {
                 EndReason::Shutdown | EndReason::Idle => close_code::GOING_AWAY,
                 EndReason::Overload => close_code::TRY_AGAIN_LATER,
                 EndReason::Producer | EndReason::ProducerGone => close_code::NORMAL,
                 EndReason::Error => close_code::INTERNAL,
             };
-            close(socket, code, reason.as_str()).await;
+            socket.close(code, reason.as_str()).await;
         }
     }
 }
@@ -353,26 +408,23 @@ async fn finish_socket(mut socket: WebSocket, handle: StreamHandle, outcome: Out
 /// Ends the stream (reason `error`) after a bad message: `error` event, `closed`
 /// event, close `code`. What was admitted before is still published.
 async fn refuse(
-    mut socket: WebSocket,
+    mut socket: Conn,
     mut handle: StreamHandle,
     code: u16,
     error_code: &'static str,
     message: String,
 ) {
-    send_json(
-        &mut socket,
-        json!({"type": "error", "code": error_code, "message": message}),
-    )
-    .await;
+    // Ended first, so that a client that does not read cannot delay it.
     handle.close(EndReason::Error);
+    socket
+        .send_json(json!({"type": "error", "code": error_code, "message": message}))
+        .await;
     let summary = StreamSummary {
         snapshot: handle.snapshot(),
         finished: false,
     };
-    send_json(
-        &mut socket,
-        closed_event(EndReason::Error.as_str(), &summary),
-    )
-    .await;
-    close(socket, code, error_code).await;
+    socket
+        .send_json(closed_event(EndReason::Error.as_str(), &summary))
+        .await;
+    socket.close(code, error_code).await;
 }

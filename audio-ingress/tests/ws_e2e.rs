@@ -562,3 +562,133 @@ async fn ws_binary_prints_ready_line_and_shuts_down_gracefully_on_sigterm() {
         "exactly one stdout line"
     );
 }
+
+/// A sink that refuses every frame (so that, under `gap`, each frame becomes a gap
+/// marker and a `gap` event for the client) and records the `end` reasons it takes.
+#[derive(Clone, Default)]
+struct RefuseFrames {
+    ends: std::sync::Arc<std::sync::Mutex<Vec<Option<EndReason>>>>,
+}
+
+impl weir_audio_ingress::publisher::Sink for RefuseFrames {
+    async fn publish(
+        &self,
+        _subject: async_nats::Subject,
+        headers: async_nats::HeaderMap,
+        payload: bytes::Bytes,
+    ) -> Result<(), weir_audio_ingress::publisher::SinkError> {
+        use weir_protocol::audio::{DecodeOptions, PacketBody, decode};
+        let packet = decode(&payload, &DecodeOptions::default())
+            .map_err(|e| weir_audio_ingress::publisher::SinkError(e.to_string()))?;
+        match packet.body {
+            PacketBody::Frame { .. } => Err(weir_audio_ingress::publisher::SinkError(
+                "frames refused".into(),
+            )),
+            PacketBody::Gap(_) => Ok(()),
+            PacketBody::End => {
+                let ext = weir_protocol::audio::extension::Extensions::read(|k| {
+                    headers.get(k).map(|v| v.as_str())
+                });
+                self.ends.lock().expect("lock").push(ext.end_reason);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A client that completes the upgrade and then never reads, while the server has
+/// events to send: the server's send blocks once the TCP buffers are full (both are
+/// made small, so that a few KB of unread events fill them). Every send is bounded by
+/// the send timeout (`ws_send_timeout_ms`): the socket is abandoned, the stream ends
+/// with `producer_gone` (its `end` is published) and its slot is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ws_client_that_stops_reading_is_abandoned_within_the_send_timeout() {
+    use weir_audio_ingress::shutdown::TaskTracker;
+    use weir_audio_ingress::ws::{WsState, router};
+    use weir_audio_ingress::{Ingress, Policy, StreamConfig};
+
+    let prometheus = prometheus();
+    let sink = RefuseFrames::default();
+    let config = StreamConfig::builder()
+        .policy(Policy::Gap)
+        .extended_consumers(true)
+        .build()
+        .expect("config");
+    let ingress = Ingress::with_max_streams(sink.clone(), config, 4);
+    let (tracker, _waiter) = TaskTracker::new();
+    // Below the kernel's zero-window probe interval (>= 200 ms), so that a pipe that
+    // only trickles open as the receiver collapses its queue still counts as stuck.
+    let send_timeout = Duration::from_millis(100);
+    let app = router(WsState {
+        ingress: ingress.clone(),
+        retry_after: Duration::from_secs(1),
+        idle_timeout: Duration::from_secs(30),
+        send_timeout,
+        tracker,
+    });
+    // Accepted sockets inherit the listener's small send buffer (Linux).
+    let listener = tokio::net::TcpSocket::new_v4().expect("socket");
+    listener.set_send_buffer_size(4096).expect("sndbuf");
+    listener
+        .bind("127.0.0.1:0".parse().expect("addr"))
+        .expect("bind");
+    let listener = listener.listen(16).expect("listen");
+    let addr = listener.local_addr().expect("addr");
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(1024).expect("rcvbuf");
+    let tcp = tokio::time::timeout(STEP, socket.connect(addr))
+        .await
+        .expect("connect in time")
+        .expect("connect");
+    let (mut ws, _) = tokio::time::timeout(
+        STEP,
+        tokio_tungstenite::client_async(format!("ws://{addr}/v1/streams/ws-deaf"), tcp),
+    )
+    .await
+    .expect("upgrade in time")
+    .expect("upgrade");
+    assert_eq!(ingress.active_streams(), 1);
+    // Frames in, never a read: each refused frame becomes a gap event for this client.
+    // The flood goes on until the server stops reading (it is stuck sending) and then
+    // drops the socket; the test's own deadline below bounds it.
+    // Small batches with pauses, so that the server's loop is not kept busy reading
+    // and gets to send the events.
+    let flood = tokio::spawn(async move {
+        'flood: loop {
+            for _ in 0..10 {
+                let frame = Message::Binary(vec![0u8; 2].into());
+                match tokio::time::timeout(STEP, ws.send(frame)).await {
+                    Ok(Ok(())) => {}
+                    _ => break 'flood,
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        ws // kept (unread) until the test ends
+    });
+    let started = std::time::Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(4), || ingress.active_streams() == 0).await,
+        "the stream slot is released within the send timeout + margin: {:?}",
+        ingress.streams()
+    );
+    let released_after = started.elapsed();
+    assert_eq!(
+        sink.ends.lock().expect("lock").clone(),
+        vec![Some(EndReason::ProducerGone)],
+        "the end is published with producer_gone"
+    );
+    let timeouts = prometheus
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix("weir_ingress_ws_send_timeouts_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(timeouts >= 1.0, "send timeout counted ({released_after:?})");
+    flood.abort();
+    server.abort();
+}
