@@ -290,27 +290,10 @@ async fn serve_socket(mut socket: Conn, handle: StreamHandle, idle_timeout: Dura
     tokio::pin!(idle);
     let outcome = loop {
         tokio::select! {
-            msg = socket.recv() => match msg {
-                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break Outcome::Gone,
-                Some(Ok(Message::Binary(data))) => {
-                    idle.as_mut().reset(Instant::now() + idle_timeout);
-                    match handle.push(data).await {
-                        Ok(_) => {}
-                        Err(PushError::InvalidFrame(e)) => break Outcome::BadFrame(e.to_string()),
-                        Err(PushError::Overloaded(o)) => break Outcome::Overload(o),
-                        Err(PushError::Closed(r)) => break Outcome::Closed(r),
-                        Err(e @ PushError::Full { .. }) => break Outcome::BadFrame(e.to_string()),
-                    }
-                }
-                Some(Ok(Message::Text(text))) => {
-                    match serde_json::from_str::<Control>(text.as_str()) {
-                        Ok(c) if c.ty == "end" => break Outcome::End,
-                        Ok(c) => break Outcome::BadText(format!("unknown message type {:?}; the only text message is {{\"type\":\"end\"}}", c.ty)),
-                        Err(e) => break Outcome::BadText(format!("not a JSON control message: {e}")),
-                    }
-                }
-                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
-            },
+            // Status first: a producer that floods frames must not starve its own
+            // gap/overload events (an unbiased select picks the ready socket read
+            // almost every time under load).
+            biased;
             changed = status.changed() => {
                 if changed.is_err() {
                     break Outcome::Closed(EndReason::Error);
@@ -338,6 +321,27 @@ async fn serve_socket(mut socket: Conn, handle: StreamHandle, idle_timeout: Dura
                     break Outcome::Closed(r);
                 }
             }
+            msg = socket.recv() => match msg {
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break Outcome::Gone,
+                Some(Ok(Message::Binary(data))) => {
+                    idle.as_mut().reset(Instant::now() + idle_timeout);
+                    match handle.push(data).await {
+                        Ok(_) => {}
+                        Err(PushError::InvalidFrame(e)) => break Outcome::BadFrame(e.to_string()),
+                        Err(PushError::Overloaded(o)) => break Outcome::Overload(o),
+                        Err(PushError::Closed(r)) => break Outcome::Closed(r),
+                        Err(e @ PushError::Full { .. }) => break Outcome::BadFrame(e.to_string()),
+                    }
+                }
+                Some(Ok(Message::Text(text))) => {
+                    match serde_json::from_str::<Control>(text.as_str()) {
+                        Ok(c) if c.ty == "end" => break Outcome::End,
+                        Ok(c) => break Outcome::BadText(format!("unknown message type {:?}; the only text message is {{\"type\":\"end\"}}", c.ty)),
+                        Err(e) => break Outcome::BadText(format!("not a JSON control message: {e}")),
+                    }
+                }
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+            },
             () = &mut idle => break Outcome::Idle,
         }
     };
