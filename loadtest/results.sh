@@ -11,7 +11,7 @@
 #
 # Usage: loadtest/results.sh            (no arguments)
 # Run it on a quiet machine: anything else using the CPU changes the figures. Each run
-# waits up to 2 minutes for the machine to be quiet (--wait-quiet 120) and records what
+# waits up to 30 s for the machine to be quiet (--wait-quiet 30) and records what
 # other processes used anyway (cpu.other_s in the JSON, a note in the tables).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -33,7 +33,7 @@ run() {
     local name="$1"
     shift
     printf '\n==> loadtest %s\n' "$*" >&2
-    "$lt" "$@" -q --wait-quiet 120 --json "$out/$name.json" --markdown "$md/$name.md" --plot "$out/plots/$name" >/dev/null
+    "$lt" "$@" -q --wait-quiet 30 --json "$out/$name.json" --markdown "$md/$name.md" --plot "$out/plots/$name" >/dev/null
     printf '%s\n' "$*" >"$md/$name.cmd"
 }
 
