@@ -152,9 +152,10 @@ fn start_server_side(
                     }
                 });
             }
+            let workers = knob("WEIR_BENCH_WORKERS", 16);
             let adapter_client = connect(&url).await;
             let config = Config::from_toml_str(&format!(
-                "workers = 16\nqueue_capacity = 1024\n[trace]\nlog = false\n[service]\nsubject = \"{ADAPTER}\""
+                "workers = {workers}\nqueue_capacity = 1024\n[trace]\nlog = false\n[service]\nsubject = \"{ADAPTER}\""
             ))
             .expect("config");
             let adapter = weir_llm_adapter::start(

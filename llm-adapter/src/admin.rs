@@ -46,12 +46,14 @@ pub fn router(state: AdminState) -> Router {
 }
 
 async fn metrics(State(s): State<AdminState>) -> Response {
+    // Publishes the queue-depth and running gauges as of now.
+    let _ = s.view.stats();
     match &s.prometheus {
-        Some(h) => (
-            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-            h.render(),
-        )
-            .into_response(),
+        Some(h) => {
+            let mut text = h.render();
+            text.push_str(&s.view.render_histograms());
+            ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+        }
         None => (StatusCode::NOT_FOUND, "no metrics recorder installed\n").into_response(),
     }
 }

@@ -177,6 +177,13 @@ impl AdapterView {
         self.admission.limits_view(top)
     }
 
+    /// The latency histograms in the Prometheus text format (appended to `/metrics`).
+    pub fn render_histograms(&self) -> String {
+        let mut out = String::new();
+        self.admission.render_histograms(&mut out);
+        out
+    }
+
     /// Every limit (`null` when disabled), subjects and header names.
     pub fn capabilities(&self) -> serde_json::Value {
         self.config.capabilities()

@@ -5,6 +5,16 @@
 //! name or `session_cap` / `session_order`): never a request id, session id or key.
 //!
 //! Without an installed recorder (library use, tests) every call is a no-op.
+//!
+//! The two latency histograms are not recorded through the `metrics` facade: the
+//! Prometheus exporter stores every sample (and allocates as it goes), which costs more
+//! per request than the rest of admission. They are fixed-bucket [`DurationHistogram`]s
+//! (three atomic adds per sample) rendered in the Prometheus text format and appended to
+//! `/metrics` by the admin server.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
@@ -28,15 +38,16 @@ pub const LIMIT_REJECT_TOTAL: &str = "llm_limit_reject_total";
 pub const INFERENCE_STARTED_TOTAL: &str = "llm_inference_started_total";
 /// Counter: backend calls started after the request's deadline (must stay 0).
 pub const STARTED_AFTER_DEADLINE_TOTAL: &str = "llm_started_after_deadline_total";
-/// Histogram: receipt → start of inference (or → refusal in the queue), seconds.
+/// Histogram ([`DurationHistogram`]): receipt → start of inference, seconds.
 pub const QUEUE_WAIT_SECONDS: &str = "llm_queue_wait_seconds";
-/// Histogram: backend call duration, seconds, label `outcome`. The `_sum` of
+/// Histogram ([`DurationHistogram`]): backend call duration, seconds, label `outcome`. The `_sum` of
 /// `outcome="ok"` over the total `_sum` is the share of backend time that produced
 /// answers within their deadline.
 pub const INFERENCE_SECONDS: &str = "llm_inference_seconds";
-/// Gauge: requests admitted and not yet started.
+/// Gauge: requests admitted and not yet started (published when stats are read, e.g.
+/// on every `/metrics` scrape).
 pub const QUEUE_DEPTH: &str = "llm_queue_depth";
-/// Gauge: backend calls in progress.
+/// Gauge: backend calls in progress (published like [`QUEUE_DEPTH`]).
 pub const RUNNING: &str = "llm_running";
 /// Gauge: configured queue capacity.
 pub const QUEUE_CAPACITY: &str = "llm_queue_capacity";
@@ -74,6 +85,86 @@ pub fn prometheus_recorder() -> (PrometheusRecorder, PrometheusHandle) {
     let recorder = builder.build_recorder();
     let handle = recorder.handle();
     (recorder, handle)
+}
+
+/// A fixed-bucket Prometheus histogram of durations: lock-free, allocation-free
+/// recording, rendered in the text exposition format.
+#[derive(Debug)]
+pub struct DurationHistogram {
+    name: &'static str,
+    label: Option<(&'static str, &'static str)>,
+    /// Cumulative rendering is done at scrape time; these are per-bucket counts, the
+    /// last one for samples above every bound (`+Inf`).
+    counts: Vec<AtomicU64>,
+    sum_ns: AtomicU64,
+}
+
+impl DurationHistogram {
+    /// A histogram `name{label}` with [`DURATION_BUCKETS`].
+    pub fn new(name: &'static str, label: Option<(&'static str, &'static str)>) -> Self {
+        Self {
+            name,
+            label,
+            counts: (0..=DURATION_BUCKETS.len())
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            sum_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// Records one duration.
+    pub fn record(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        let i = DURATION_BUCKETS
+            .iter()
+            .position(|b| secs <= *b)
+            .unwrap_or(DURATION_BUCKETS.len());
+        if let Some(c) = self.counts.get(i) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        self.sum_ns.fetch_add(
+            u64::try_from(d.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Appends the `_bucket`, `_sum` and `_count` lines (no HELP/TYPE header).
+    pub fn render_samples(&self, out: &mut String) {
+        let label = |extra: Option<String>| -> String {
+            let mut parts: Vec<String> = Vec::new();
+            if let Some((k, v)) = self.label {
+                parts.push(format!("{k}=\"{v}\""));
+            }
+            parts.extend(extra);
+            if parts.is_empty() {
+                String::new()
+            } else {
+                format!("{{{}}}", parts.join(","))
+            }
+        };
+        let mut cumulative = 0u64;
+        for (i, c) in self.counts.iter().enumerate() {
+            cumulative += c.load(Ordering::Relaxed);
+            let le = DURATION_BUCKETS
+                .get(i)
+                .map_or_else(|| "+Inf".to_owned(), |b| b.to_string());
+            let _ = writeln!(
+                out,
+                "{}_bucket{} {cumulative}",
+                self.name,
+                label(Some(format!("le=\"{le}\"")))
+            );
+        }
+        let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        let _ = writeln!(out, "{}_sum{} {sum}", self.name, label(None));
+        let _ = writeln!(out, "{}_count{} {cumulative}", self.name, label(None));
+    }
+
+    /// Appends the HELP and TYPE lines for a histogram family.
+    pub fn render_header(name: &str, help: &str, out: &mut String) {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} histogram");
+    }
 }
 
 #[cfg(test)]

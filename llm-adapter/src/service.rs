@@ -146,9 +146,16 @@ pub(crate) fn render(
         ),
         Err(e) => error_body(&mut headers, e, envelope),
     };
-    put_static(&mut headers, h::QUEUE_MS, &h::format_ms(outcome.queue_time));
+    // Digits and a dot only: the value is valid by construction (no second copy).
+    headers.insert(
+        HeaderName::from_static(h::QUEUE_MS),
+        HeaderValue::from(h::format_ms(outcome.queue_time)),
+    );
     if let Some(t) = outcome.inference_time {
-        put_static(&mut headers, h::INFERENCE_MS, &h::format_ms(t));
+        headers.insert(
+            HeaderName::from_static(h::INFERENCE_MS),
+            HeaderValue::from(h::format_ms(t)),
+        );
     }
     if let Some(rid) = &outcome.request_id {
         put_static(&mut headers, h::REQUEST_ID, rid);

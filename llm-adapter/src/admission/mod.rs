@@ -392,7 +392,12 @@ impl<S: Sink> Inner<S> {
         let mut fx = Effects::default();
         let (job, exit) = {
             let mut st = self.lock();
-            let job = st.start_next(Instant::now(), &mut fx);
+            // Reading the clock costs; an idle worker that finds nothing skips it.
+            let job = if st.has_ready() {
+                st.start_next(Instant::now(), &mut fx)
+            } else {
+                None
+            };
             let exit = job.is_none() && st.is_shutting_down();
             (job, exit)
         };
@@ -593,7 +598,15 @@ impl<S: Sink> Admission<S> {
         s.queued_now = st.queued() as u64;
         s.running_now = st.running() as u64;
         (s.slots_acquired, s.slots_released) = st.slot_totals();
+        // Gauges are published when read (a scrape reads stats), not per transition.
+        self.inner.stats.gauges(st.queued(), st.running());
         s
+    }
+
+    /// Appends the latency histograms (`llm_queue_wait_seconds`,
+    /// `llm_inference_seconds`) in the Prometheus text format.
+    pub fn render_histograms(&self, out: &mut String) {
+        self.inner.stats.render_histograms(out);
     }
 
     /// The busiest keys and sessions (at most `top` of each).

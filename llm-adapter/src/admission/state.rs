@@ -242,8 +242,6 @@ pub(crate) struct State<W> {
     timers: BTreeSet<Timer>,
     shutting_down: bool,
     ewma_inference: Option<Duration>,
-    /// Last (queued, running) published to the gauges.
-    published: (usize, usize),
 }
 
 fn millis(d: Duration) -> u64 {
@@ -281,7 +279,6 @@ impl<W> State<W> {
             timers: BTreeSet::new(),
             shutting_down: false,
             ewma_inference: None,
-            published: (0, 0),
         }
     }
 
@@ -627,7 +624,6 @@ impl<W> State<W> {
             self.advance(id, 0, now, fx);
         }
         self.run(now, fx);
-        self.gauges();
         if self.entries.contains_key(&id) {
             Admitted::Queued
         } else {
@@ -1020,7 +1016,6 @@ impl<W> State<W> {
             self.emit(TraceKind::Started, e, now, |ev| {
                 ev.waited_ms = Some(ms(queue_time));
             });
-            self.gauges();
             let request = request?;
             return Some(Job {
                 id,
@@ -1030,8 +1025,12 @@ impl<W> State<W> {
                 abort: rx,
             });
         }
-        self.gauges();
         None
+    }
+
+    /// Whether a worker has anything to pick.
+    pub(crate) fn has_ready(&self) -> bool {
+        !self.ready.is_empty()
     }
 
     /// Settles a running request with the backend's result.
@@ -1054,7 +1053,6 @@ impl<W> State<W> {
         });
         self.retire(id, result, now, fx);
         self.run(now, fx);
-        self.gauges();
     }
 
     // ------------------------------------------------------------------ timers
@@ -1131,7 +1129,6 @@ impl<W> State<W> {
             }
             self.run(now, fx);
         }
-        self.gauges();
     }
 
     // ------------------------------------------------------------ cancellation
@@ -1167,7 +1164,6 @@ impl<W> State<W> {
         );
         self.retire(id, Err(err), now, fx);
         self.run(now, fx);
-        self.gauges();
         CancelResult::Queued
     }
 
@@ -1188,7 +1184,6 @@ impl<W> State<W> {
             self.retire(id, Err(shutting_down()), now, fx);
             self.run(now, fx);
         }
-        self.gauges();
         n
     }
 
@@ -1207,13 +1202,6 @@ impl<W> State<W> {
     }
 
     // ------------------------------------------------------------------- views
-
-    fn gauges(&mut self) {
-        if self.published != (self.queued, self.running) {
-            self.published = (self.queued, self.running);
-            self.stats.gauges(self.queued, self.running);
-        }
-    }
 
     /// The busiest keys and sessions.
     pub(crate) fn limits_view(&self, top: usize, now: Instant) -> LimitsView {

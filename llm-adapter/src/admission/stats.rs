@@ -111,11 +111,11 @@ struct Handles {
     cached: metrics::Counter,
     started: metrics::Counter,
     started_after_deadline: metrics::Counter,
-    queue_wait: metrics::Histogram,
+    queue_wait: m::DurationHistogram,
     /// Index 0 = `ok`, then [`ErrorCode::ALL`] order.
     answered: Vec<metrics::Counter>,
     /// Same indexing as `answered`.
-    inference: Vec<metrics::Histogram>,
+    inference: Vec<m::DurationHistogram>,
     limit_reject: HashMap<String, metrics::Counter>,
     would_reject: HashMap<String, metrics::Counter>,
     queue_depth: metrics::Gauge,
@@ -141,14 +141,14 @@ impl Handles {
             cached: metrics::counter!(m::CACHED_TOTAL),
             started: metrics::counter!(m::INFERENCE_STARTED_TOTAL),
             started_after_deadline: metrics::counter!(m::STARTED_AFTER_DEADLINE_TOTAL),
-            queue_wait: metrics::histogram!(m::QUEUE_WAIT_SECONDS),
+            queue_wait: m::DurationHistogram::new(m::QUEUE_WAIT_SECONDS, None),
             answered: outcomes
                 .iter()
                 .map(|o| metrics::counter!(m::ANSWERED_TOTAL, "outcome" => *o))
                 .collect(),
             inference: outcomes
                 .iter()
-                .map(|o| metrics::histogram!(m::INFERENCE_SECONDS, "outcome" => *o))
+                .map(|o| m::DurationHistogram::new(m::INFERENCE_SECONDS, Some(("outcome", *o))))
                 .collect(),
             limit_reject: rules
                 .iter()
@@ -285,14 +285,16 @@ impl Stats {
             self.started_after_deadline.fetch_add(1, Ordering::Relaxed);
             self.handles.started_after_deadline.increment(1);
         }
-        self.handles.queue_wait.record(queue_wait.as_secs_f64());
+        self.handles.queue_wait.record(queue_wait);
         let mut h = self.hists.lock().unwrap_or_else(|p| p.into_inner());
         h.queue_wait_us
             .saturating_record(queue_wait.as_micros() as u64);
     }
 
     pub(crate) fn inference_done(&self, took: Duration, outcome: &'static str) {
-        self.handles.inference[outcome_index(outcome)].record(took.as_secs_f64());
+        if let Some(h) = self.handles.inference.get(outcome_index(outcome)) {
+            h.record(took);
+        }
         let us = took.as_micros() as u64;
         let mut h = self.hists.lock().unwrap_or_else(|p| p.into_inner());
         h.inference_us.saturating_record(us);
@@ -318,6 +320,24 @@ impl Stats {
             },
         };
         self.handles.answered[index].increment(1);
+    }
+
+    /// Appends the latency histograms in the Prometheus text format.
+    pub(crate) fn render_histograms(&self, out: &mut String) {
+        m::DurationHistogram::render_header(
+            m::QUEUE_WAIT_SECONDS,
+            "Time from receipt to the start of inference, for started requests.",
+            out,
+        );
+        self.handles.queue_wait.render_samples(out);
+        m::DurationHistogram::render_header(
+            m::INFERENCE_SECONDS,
+            "Backend call duration by outcome.",
+            out,
+        );
+        for h in &self.handles.inference {
+            h.render_samples(out);
+        }
     }
 
     /// Publishes the queue depth and running count.

@@ -206,8 +206,23 @@ pub fn remaining_budget(
 /// Formats a duration as milliseconds with three decimals (`"12.345"`), the format of
 /// [`QUEUE_MS`] and [`INFERENCE_MS`].
 pub fn format_ms(d: Duration) -> String {
-    let micros = d.as_micros();
-    format!("{}.{:03}", micros / 1000, micros % 1000)
+    // Written by hand: this runs twice per reply and `format!` costs more than the rest.
+    let mut buf = [0u8; 48];
+    let mut i = buf.len();
+    let mut n = d.as_micros();
+    for pos in 0.. {
+        if pos == 3 {
+            i -= 1;
+            buf[i] = b'.';
+        }
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 && pos >= 3 {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&buf[i..]).into_owned()
 }
 
 /// Parses a value written by [`format_ms`] (or any non-negative decimal) back into a
@@ -325,6 +340,17 @@ mod tests {
         let d = Duration::from_micros(12_345);
         assert_eq!(format_ms(d), "12.345");
         assert_eq!(format_ms(Duration::from_micros(7)), "0.007");
+        assert_eq!(format_ms(Duration::ZERO), "0.000");
+        assert_eq!(format_ms(Duration::from_millis(1500)), "1500.000");
+        assert_eq!(format_ms(Duration::from_micros(1_000_001)), "1000.001");
+        assert_eq!(
+            format_ms(Duration::MAX),
+            format!(
+                "{}.{:03}",
+                Duration::MAX.as_micros() / 1000,
+                Duration::MAX.as_micros() % 1000
+            )
+        );
         assert_eq!(parse_format_ms("12.345"), Some(d));
         assert_eq!(parse_format_ms("3"), Some(Duration::from_millis(3)));
         assert_eq!(parse_format_ms("-1"), None);
