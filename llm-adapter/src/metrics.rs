@@ -4,7 +4,12 @@
 //! have small, fixed value sets (`outcome` = `ok` or an error code, `rule` = a limit
 //! name or `session_cap` / `session_order`): never a request id, session id or key.
 //!
-//! Without an installed recorder (library use, tests) every call is a no-op.
+//! Without an installed recorder (library use, tests) every call is a no-op. The
+//! per-request counters and the queue gauges are kept as plain atomics by the admission
+//! core and published to the recorder whenever stats are read — the admin server reads
+//! them on every `/metrics` scrape — so a scrape always sees current values and a
+//! request pays no metrics-facade call. The recorder must be installed before
+//! [`crate::start`].
 //!
 //! The two latency histograms are not recorded through the `metrics` facade: the
 //! Prometheus exporter stores every sample (and allocates as it goes), which costs more

@@ -598,8 +598,8 @@ impl<S: Sink> Admission<S> {
         s.queued_now = st.queued() as u64;
         s.running_now = st.running() as u64;
         (s.slots_acquired, s.slots_released) = st.slot_totals();
-        // Gauges are published when read (a scrape reads stats), not per transition.
-        self.inner.stats.gauges(st.queued(), st.running());
+        // Metrics are published when read (a scrape reads stats), not per request.
+        self.inner.stats.publish(st.queued(), st.running());
         s
     }
 

@@ -102,8 +102,9 @@ struct Hists {
     useful_us: u64,
 }
 
-/// Metric handles registered once at start (a registry lookup per request would cost
-/// more than the rest of admission). Taken from the recorder installed at that time.
+/// Metric handles registered once at start, from the recorder installed at that time.
+/// Counters are set from the atomics below when stats are read (`absolute`), so a
+/// request costs no metrics-facade call at all.
 struct Handles {
     offered: metrics::Counter,
     admitted: metrics::Counter,
@@ -240,22 +241,18 @@ impl Stats {
 
     pub(crate) fn offered(&self) {
         self.offered.fetch_add(1, Ordering::Relaxed);
-        self.handles.offered.increment(1);
     }
 
     pub(crate) fn admitted(&self) {
         self.admitted.fetch_add(1, Ordering::Relaxed);
-        self.handles.admitted.increment(1);
     }
 
     pub(crate) fn joined(&self) {
         self.joined.fetch_add(1, Ordering::Relaxed);
-        self.handles.joined.increment(1);
     }
 
     pub(crate) fn cached(&self) {
         self.cached.fetch_add(1, Ordering::Relaxed);
-        self.handles.cached.increment(1);
     }
 
     pub(crate) fn would_reject(&self, rule: &str) {
@@ -280,10 +277,8 @@ impl Stats {
 
     pub(crate) fn started(&self, queue_wait: Duration, after_deadline: bool) {
         self.started.fetch_add(1, Ordering::Relaxed);
-        self.handles.started.increment(1);
         if after_deadline {
             self.started_after_deadline.fetch_add(1, Ordering::Relaxed);
-            self.handles.started_after_deadline.increment(1);
         }
         self.handles.queue_wait.record(queue_wait);
         let mut h = self.hists.lock().unwrap_or_else(|p| p.into_inner());
@@ -306,20 +301,16 @@ impl Stats {
 
     /// Counts one answer (one waiter).
     pub(crate) fn answered(&self, outcome: &Outcome) {
-        let index = match &outcome.result {
+        match &outcome.result {
             Ok(_) => {
                 self.completed.fetch_add(1, Ordering::Relaxed);
-                0
             }
-            Err(e) => match ErrorCode::ALL.iter().position(|c| *c == e.code) {
-                Some(i) => {
+            Err(e) => {
+                if let Some(i) = ErrorCode::ALL.iter().position(|c| *c == e.code) {
                     self.refused[i].fetch_add(1, Ordering::Relaxed);
-                    i + 1
                 }
-                None => 0,
-            },
-        };
-        self.handles.answered[index].increment(1);
+            }
+        }
     }
 
     /// Appends the latency histograms in the Prometheus text format.
@@ -340,10 +331,26 @@ impl Stats {
         }
     }
 
-    /// Publishes the queue depth and running count.
-    pub(crate) fn gauges(&self, queued: usize, running: usize) {
-        self.handles.queue_depth.set(queued as f64);
-        self.handles.running.set(running as f64);
+    /// Publishes the counters and the queue gauges to the metrics recorder. Called when
+    /// stats are read (every scrape): per-request work stays at plain atomic adds.
+    pub(crate) fn publish(&self, queued: usize, running: usize) {
+        let h = &self.handles;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        h.offered.absolute(get(&self.offered));
+        h.admitted.absolute(get(&self.admitted));
+        h.joined.absolute(get(&self.joined));
+        h.cached.absolute(get(&self.cached));
+        h.started.absolute(get(&self.started));
+        h.started_after_deadline
+            .absolute(get(&self.started_after_deadline));
+        if let Some(ok) = h.answered.first() {
+            ok.absolute(get(&self.completed));
+        }
+        for (c, n) in h.answered.iter().skip(1).zip(&self.refused) {
+            c.absolute(get(n));
+        }
+        h.queue_depth.set(queued as f64);
+        h.running.set(running as f64);
     }
 
     pub(crate) fn snapshot(&self) -> StatsSnapshot {
