@@ -16,8 +16,11 @@
 //! - `sized`: 8 workers, fixed 20 ms inference (capacity 400/s), queue 64, deadline
 //!   500 ms — the queue bound keeps every admitted request within its deadline;
 //! - `oversized`: 8 workers, log-normal inference (median 20 ms, p99 80 ms), queue 512,
-//!   deadline 300 ms, `min_start_budget_ms = 20` — a queue longer than the deadline:
-//!   requests expire while queued and are answered without touching the backend.
+//!   deadline 300 ms, defaults otherwise — a queue holding more than a deadline's worth
+//!   of work: requests expire while queued (answered without touching the backend), and
+//!   those that start do so with little budget left, so many are aborted mid-inference;
+//! - `oversized+min_start_budget`: the same with `deadline.min_start_budget_ms = 80`
+//!   (the backend's p99): a request is started only if it can finish.
 //!
 //! Run: `cargo bench -p weir-llm-adapter --bench overload`
 
@@ -180,12 +183,22 @@ async fn bench() {
         },
         Scenario {
             name: "oversized",
-            config: "workers = 8\nqueue_capacity = 512\n[session]\npending_cap = 0\n[deadline]\nmin_start_budget_ms = 20\n[trace]\nlog = false",
+            config: "workers = 8\nqueue_capacity = 512\n[session]\npending_cap = 0\n[trace]\nlog = false",
             latency: Latency::LogNormal {
                 median: Duration::from_millis(20),
                 p99: Duration::from_millis(80),
             },
             // mean of that log-normal ≈ 22.8 ms → 8 / 0.0228 s
+            capacity_rps: 350.0,
+            deadline_ms: 300,
+        },
+        Scenario {
+            name: "oversized+min_start_budget",
+            config: "workers = 8\nqueue_capacity = 512\n[session]\npending_cap = 0\n[deadline]\nmin_start_budget_ms = 80\n[trace]\nlog = false",
+            latency: Latency::LogNormal {
+                median: Duration::from_millis(20),
+                p99: Duration::from_millis(80),
+            },
             capacity_rps: 350.0,
             deadline_ms: 300,
         },
