@@ -24,9 +24,11 @@
 //!   fallible parsers, ids are validated, oversize replies become `backend_error`.
 //!
 //! The `$SRV.STATS` `data` of the inference endpoint is the
-//! [`crate::admission::StatsSnapshot`] (refusals
-//! by code live there: the service API's own `num_errors` stays 0, because its error
-//! path would drop the JSON body this adapter must send).
+//! [`crate::admission::StatsSnapshot`]; that is where requests and refusals by code are
+//! counted. The service API's own `num_requests` / `num_errors` of that endpoint stay 0:
+//! its error path drops the JSON body this adapter must send, and the answers are
+//! published by the workers straight to the reply subject (the service `Request` is not
+//! kept while a request waits — a waiter is just the reply subject and the body).
 
 use std::str::FromStr;
 use std::sync::Arc;
