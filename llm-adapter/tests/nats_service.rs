@@ -607,3 +607,71 @@ async fn client_mirrors_the_advertised_session_cap_locally() {
     );
     rig.shutdown().await;
 }
+
+#[tokio::test]
+async fn trace_events_are_published_on_the_events_subject() {
+    let mut rig = Rig::with_sim(
+        "workers = 1\n[trace]\nlog = false\nsubject = \"llm.events\"",
+        Duration::from_millis(5),
+    )
+    .await;
+    let mut events = rig.caller.subscribe("llm.events").await.expect("subscribe");
+    rig.caller.flush().await.expect("flush");
+    let llm = LlmClient::new(rig.caller.clone(), "llm.infer");
+    llm.request("x")
+        .request_id("traced-1")
+        .session("s")
+        .timeout(STEP)
+        .send()
+        .await
+        .expect("reply");
+    let mut seen = Vec::new();
+    while !seen.iter().any(|e: &String| e == "finished") {
+        let msg = tokio::time::timeout(STEP, futures::StreamExt::next(&mut events))
+            .await
+            .expect("event in time")
+            .expect("event");
+        let v: serde_json::Value = serde_json::from_slice(&msg.payload).expect("json");
+        assert_eq!(v["request_id"], "traced-1");
+        assert!(v["t_ms"].as_f64().is_some());
+        seen.push(v["event"].as_str().expect("event name").to_owned());
+    }
+    assert_eq!(
+        seen,
+        ["queued", "slot_acquired", "admitted", "started", "finished"],
+        "session cap slot, no key limits"
+    );
+    rig.shutdown().await;
+}
+
+#[tokio::test]
+async fn connect_applies_the_configured_credentials() {
+    use weir_llm_adapter::StartErrorKind;
+    use weir_llm_adapter::config::Config;
+    use weir_testkit::{Auth, NatsServer, NatsServerOptions};
+    let server = NatsServer::start_with(NatsServerOptions {
+        auth: Some(Auth::UserPassword {
+            user: "llm".into(),
+            password: "s3cret".into(),
+        }),
+        ..Default::default()
+    })
+    .expect("nats-server");
+    let cfg = |extra: &str| {
+        Config::from_toml_str(&format!(
+            "[nats]\nurl = \"{}\"\nconnection_timeout_ms = 500\n{extra}",
+            server.url()
+        ))
+        .expect("config")
+        .nats
+    };
+    let ok = weir_llm_adapter::connect(&cfg("user = \"llm\"\npassword = \"s3cret\"")).await;
+    assert!(ok.is_ok(), "{:?}", ok.err());
+    let bad = tokio::time::timeout(
+        STEP,
+        weir_llm_adapter::connect(&cfg("user = \"llm\"\npassword = \"wrong\"")),
+    )
+    .await
+    .expect("fails in time");
+    assert_eq!(bad.expect_err("refused").kind(), StartErrorKind::Connect);
+}
