@@ -5,7 +5,7 @@
 //!
 //! Tasks: exactly `workers` worker tasks and one timer task ("sweeper"), spawned by
 //! [`Admission::start`]. Nothing is spawned per request: a request is an entry in the
-//! state machine ([`state`]) until a worker picks it; its answer is delivered by whoever
+//! state machine (`admission/state.rs`) until a worker picks it; its answer is delivered by whoever
 //! settles it (the submitter for immediate refusals, a worker, the sweeper, a cancel, or
 //! shutdown).
 //!
