@@ -20,7 +20,7 @@
 //! `queue_wait_ms` = frame received → `publish()` returned).
 //!
 //! Invariant: a frame's pending bytes are released exactly once, by the drop of its
-//! [`Pending`] guard, whatever way its task ends.
+//! `Pending` guard, whatever way its task ends.
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;

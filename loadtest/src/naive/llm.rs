@@ -11,7 +11,7 @@
 //! thing independently); it changes nothing in the behaviour.
 //!
 //! Invariant: `in_flight` is incremented when a task is spawned and decremented exactly
-//! once when it ends, by the drop of its [`InFlight`] guard.
+//! once when it ends, by the drop of its `InFlight` guard.
 
 use std::sync::Arc;
 use std::sync::Mutex;
