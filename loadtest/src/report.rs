@@ -554,7 +554,7 @@ fn render(reports: &[RunReport], md: bool) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn example() -> RunReport {

@@ -190,6 +190,29 @@ pub async fn run(
 mod tests {
     use super::*;
 
+    fn step(p99: f64, overloads: u64, sent: u64, other_s: f64) -> RunReport {
+        let mut r = crate::report::tests::example();
+        r.ingress.queue_wait_ms.p99 = p99;
+        r.ingress.overloads = overloads;
+        r.producers.nominal_frames = 1000;
+        r.producers.frames_sent = sent;
+        r.cpu.wall_s = 5.0;
+        r.cpu.other_s = other_s;
+        r
+    }
+
+    #[test]
+    fn judges_a_step() {
+        assert!(judge(&step(0.1, 0, 1000, 0.0)).is_empty());
+        let why = judge(&step(35.0, 0, 1000, 0.0));
+        assert_eq!(why.len(), 2, "{why:?}");
+        assert!(why[0].contains("p99 35.0 ms > 20 ms"));
+        assert!(why[1].contains("CPU in cores"));
+        assert!(judge(&step(1.0, 3, 1000, 0.0))[0].contains("3 overloads"));
+        assert!(judge(&step(1.0, 0, 900, 0.0))[0].contains("90.0 %"));
+        assert!(other_cores(&step(1.0, 0, 900, 2.5)) > BUSY_CORES);
+    }
+
     #[test]
     fn probes_between_good_and_bad() {
         assert_eq!(next_probe(1000, 1200), Some(1100));
