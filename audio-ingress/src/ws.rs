@@ -137,6 +137,9 @@ async fn upgrade<S: Sink>(
     // by the WebSocket layer itself (bounded memory per connection).
     ws.max_message_size(max_frame + 64 * 1024)
         .max_frame_size(max_frame + 64 * 1024)
+        // tungstenite reserves 128 KiB per connection by default, i.e. ~8x the whole
+        // default PCM budget of a stream; frames are at most a few KiB.
+        .read_buffer_size(WS_READ_BUFFER_BYTES)
         .on_upgrade(move |socket| async move {
             let _guard = guard;
             let conn = Conn::new(socket, state.send_timeout);
@@ -280,6 +283,10 @@ fn closed_event(reason: &str, summary: &StreamSummary) -> serde_json::Value {
         "end_delivered": summary.snapshot.end_delivered,
     })
 }
+
+/// Initial read buffer of one WebSocket connection (frames are 640 bytes, at most
+/// `max_frame_bytes`; the buffer still grows for a larger message up to the limit).
+const WS_READ_BUFFER_BYTES: usize = 16 * 1024;
 
 /// Runs one connection: frames in, events out, until an [`Outcome`].
 async fn serve_socket(mut socket: Conn, handle: StreamHandle, idle_timeout: Duration) {

@@ -99,6 +99,9 @@ pub struct FleetSnapshot {
     pub lost_frames: u64,
     /// Seqs before the first packet a consumer saw of a stream.
     pub leading_missing: u64,
+    /// Frames of streams the consumers refused (over their `max_streams` cap): counted
+    /// by the consumer, never handed to a recogniser.
+    pub frames_refused: u64,
     /// Packets refused as duplicate or out of order.
     pub stale_packets: u64,
     /// Gap packets received.
@@ -224,6 +227,7 @@ impl Fleet {
             s.frames_handled += k.frames_delivered;
             s.lost_frames += k.lost_frames;
             s.leading_missing += k.leading_missing;
+            s.frames_refused += t.frames_refused;
             s.stale_packets += k.stale_packets;
             s.gap_packets += k.declared_gaps;
             s.gap_frames += k.declared_gap_frames;

@@ -523,7 +523,11 @@ pub async fn run_one(
             .collect(),
         pending_at_end: final_stats.pending_frames,
         received: fleet_snapshot.frames_received,
-        consumer_detected_holes: fleet_snapshot.lost_frames + fleet_snapshot.leading_missing,
+        // Everything the consumers saw missing and counted, including the frames of
+        // streams refused over their cap.
+        consumer_detected_holes: fleet_snapshot.lost_frames
+            + fleet_snapshot.leading_missing
+            + fleet_snapshot.frames_refused,
         refused_out_of_order: fleet_snapshot.stale_packets,
         declared_in_gaps: fleet_snapshot.gap_frames,
     });
