@@ -598,6 +598,24 @@ pub struct FramesStats {
     pub would_reject: u64,
 }
 
+/// The top-level keys of the `/v1/stats` JSON that other components (the load test)
+/// rely on; pinned in docs/contracts.md. [`StatsSnapshot`] serialises every one.
+pub const STATS_CONTRACT_KEYS: &[&str] = &[
+    "active_streams",
+    "streams_total",
+    "pending_bytes",
+    "pending_frames",
+    "pending_bytes_limit_per_stream",
+    "oldest_frame_age_ms",
+    "queue_wait_ms",
+    "frames",
+    "admission_rejects",
+    "overloads",
+    "gaps",
+    "tasks_alive",
+    "nats_connected",
+];
+
 /// The `/v1/stats` snapshot (schema pinned in docs/contracts.md).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct StatsSnapshot {
@@ -688,21 +706,7 @@ mod tests {
             ..Default::default()
         };
         let v = serde_json::to_value(&snap).expect("json");
-        for k in [
-            "active_streams",
-            "streams_total",
-            "pending_bytes",
-            "pending_frames",
-            "pending_bytes_limit_per_stream",
-            "oldest_frame_age_ms",
-            "queue_wait_ms",
-            "frames",
-            "admission_rejects",
-            "overloads",
-            "gaps",
-            "tasks_alive",
-            "nats_connected",
-        ] {
+        for k in STATS_CONTRACT_KEYS {
             assert!(v.get(k).is_some(), "missing {k}");
         }
         for k in ["count", "p50", "p95", "p99", "max"] {

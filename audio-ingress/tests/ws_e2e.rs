@@ -195,21 +195,7 @@ async fn ws_pcm_in_decodable_packets_out_end_closes_1000() {
     let (status, body) = http_get(admin, "/v1/stats").await;
     assert_eq!(status, 200);
     let stats: Value = serde_json::from_str(&body).expect("stats JSON");
-    for key in [
-        "active_streams",
-        "streams_total",
-        "pending_bytes",
-        "pending_frames",
-        "pending_bytes_limit_per_stream",
-        "oldest_frame_age_ms",
-        "queue_wait_ms",
-        "frames",
-        "admission_rejects",
-        "overloads",
-        "gaps",
-        "tasks_alive",
-        "nats_connected",
-    ] {
+    for key in weir_audio_ingress::stats::STATS_CONTRACT_KEYS {
         assert!(stats.get(key).is_some(), "stats lacks {key}: {body}");
     }
     assert_eq!(stats["frames"]["published"], 20);
