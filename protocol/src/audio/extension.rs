@@ -31,6 +31,10 @@ pub mod headers {
     pub const END_REASON: &str = "Weir-End-Reason";
     /// On `end` after an overload: the [`super::Overload`] report as JSON.
     pub const OVERLOAD: &str = "Weir-Overload";
+    /// Frames of this stream that may not have reached the server (see
+    /// [`super::PossibleLoss`]); compact JSON. Sent on the next packet after the
+    /// ingress declares them, and (cumulative) on the `end`.
+    pub const POSSIBLY_LOST: &str = "Weir-Possibly-Lost";
 }
 
 /// Why a stream ended, carried on the `end` packet.
@@ -122,6 +126,64 @@ impl Overload {
     }
 }
 
+/// A declared *possible* loss: packets of one stream that the ingress handed to its NATS
+/// client but that the server had not confirmed when the connection dropped. Core
+/// NATS is at-most-once and the client discards its unsent buffer on reconnect, so some,
+/// all or none of them may have arrived. A consumer that saw a hole inside
+/// `first_seq..=last_seq` counts it as *declared* possible loss, not as an undetected
+/// hole.
+///
+/// Header [`headers::POSSIBLY_LOST`], compact JSON:
+/// `{"first_seq":101,"last_seq":125,"frames":25,"total_frames":25,"reason":"unconfirmed_at_disconnect"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PossibleLoss {
+    /// First seq of the range declared by this packet.
+    pub first_seq: u64,
+    /// Last seq of the range declared by this packet.
+    pub last_seq: u64,
+    /// Frames (audio packets) inside the range that were unconfirmed.
+    pub frames: u64,
+    /// All frames of the stream declared possibly lost so far (cumulative).
+    pub total_frames: u64,
+    /// Why.
+    pub reason: PossibleLossReason,
+}
+
+/// Why packets are possibly lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PossibleLossReason {
+    /// The connection dropped (reconnect) before the server confirmed them.
+    UnconfirmedAtDisconnect,
+    /// A reason this version does not know.
+    #[serde(other)]
+    Other,
+}
+
+impl PossibleLossReason {
+    /// The wire name (also the drop-reason label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::UnconfirmedAtDisconnect => "unconfirmed_at_disconnect",
+            Self::Other => "other",
+        }
+    }
+}
+
+impl PossibleLoss {
+    /// The header value (compact JSON).
+    pub fn to_header_value(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Parses a header value; `None` when malformed.
+    pub fn from_header_value(s: &str) -> Option<Self> {
+        serde_json::from_str::<Self>(s)
+            .ok()
+            .filter(|p| p.first_seq >= 1 && p.first_seq <= p.last_seq)
+    }
+}
+
 /// The extension fields of one packet, read from its headers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Extensions {
@@ -133,6 +195,8 @@ pub struct Extensions {
     pub end_reason: Option<EndReason>,
     /// [`headers::OVERLOAD`], if present and valid.
     pub overload: Option<Overload>,
+    /// [`headers::POSSIBLY_LOST`], if present and valid.
+    pub possibly_lost: Option<PossibleLoss>,
     /// How many present headers had a malformed value (ignored, not fatal).
     pub malformed: u32,
 }
@@ -157,6 +221,10 @@ impl Extensions {
             ext.overload = Overload::from_header_value(v);
             ext.malformed += u32::from(ext.overload.is_none());
         }
+        if let Some(v) = get(headers::POSSIBLY_LOST) {
+            ext.possibly_lost = PossibleLoss::from_header_value(v);
+            ext.malformed += u32::from(ext.possibly_lost.is_none());
+        }
         ext
     }
 
@@ -174,6 +242,9 @@ impl Extensions {
         }
         if let Some(o) = &self.overload {
             out.push((headers::OVERLOAD, o.to_header_value()));
+        }
+        if let Some(p) = &self.possibly_lost {
+            out.push((headers::POSSIBLY_LOST, p.to_header_value()));
         }
         out
     }
@@ -198,6 +269,7 @@ mod tests {
                 max_bytes: 16_000,
                 max_age_ms: 500,
             }),
+            possibly_lost: None,
             malformed: 0,
         };
         let map: HashMap<&str, String> = ext.to_pairs().into_iter().collect();

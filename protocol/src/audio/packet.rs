@@ -144,6 +144,10 @@ pub struct Packet {
     pub format: AudioFormat,
     /// Optional session id, as the deployed producers send it.
     pub session_id: Option<String>,
+    /// When the producer side captured (admitted) the audio, Unix milliseconds: the
+    /// meta key `captured_at_ms` (extension; deployed readers ignore unknown keys).
+    /// Written on frames by weir's ingress; `None` when absent.
+    pub captured_at_ms: Option<u64>,
     /// Payload.
     pub body: PacketBody,
 }
@@ -155,6 +159,7 @@ impl Packet {
             seq,
             format: AudioFormat::DEPLOYED,
             session_id: None,
+            captured_at_ms: None,
             body: PacketBody::Frame { pcm },
         }
     }
@@ -165,6 +170,7 @@ impl Packet {
             seq,
             format: AudioFormat::DEPLOYED,
             session_id: None,
+            captured_at_ms: None,
             body: PacketBody::End,
         }
     }
@@ -175,6 +181,7 @@ impl Packet {
             seq: gap.last_seq,
             format: AudioFormat::DEPLOYED,
             session_id: None,
+            captured_at_ms: None,
             body: PacketBody::Gap(gap),
         }
     }
@@ -182,6 +189,12 @@ impl Packet {
     /// Sets the session id.
     pub fn with_session(mut self, session_id: Option<String>) -> Self {
         self.session_id = session_id;
+        self
+    }
+
+    /// Sets the capture time (Unix ms) written as the meta key `captured_at_ms`.
+    pub fn with_captured_at_ms(mut self, captured_at_ms: Option<u64>) -> Self {
+        self.captured_at_ms = captured_at_ms;
         self
     }
 
@@ -213,12 +226,13 @@ impl Packet {
 
     /// Encodes the packet in the deployed layout. The meta is compact JSON with the
     /// keys in the deployed order (`type, seq, sample_rate, sample_width, channels`,
-    /// then `session_id`, then gap fields).
+    /// then `session_id`, then `captured_at_ms`, then gap fields).
     pub fn encode(&self) -> Result<Bytes, EncodeError> {
         encode_packet(
             self.seq,
             self.format,
             self.session_id.as_deref(),
+            self.captured_at_ms,
             &self.body,
         )
     }
@@ -230,6 +244,7 @@ pub fn encode_packet(
     seq: u64,
     format: AudioFormat,
     session_id: Option<&str>,
+    captured_at_ms: Option<u64>,
     body: &PacketBody,
 ) -> Result<Bytes, EncodeError> {
     use std::io::Write as _;
@@ -264,6 +279,9 @@ pub fn encode_packet(
         if let Some(session) = session_id {
             let _ = w.write_all(br#","session_id":"#);
             let _ = serde_json::to_writer(&mut w, session);
+        }
+        if let Some(at) = captured_at_ms {
+            let _ = write!(w, r#","captured_at_ms":{at}"#);
         }
         if let PacketBody::Gap(g) = body {
             let _ = write!(
@@ -418,6 +436,9 @@ struct RawMeta {
     sample_width: Option<u16>,
     channels: Option<u16>,
     session_id: Option<String>,
+    /// Lenient: an extension key of the wrong type is treated as absent, never as a
+    /// reason to refuse the packet (readers ignore what they do not understand).
+    captured_at_ms: Option<serde_json::Value>,
     first_seq: Option<u64>,
     frames: Option<u64>,
     samples: Option<u64>,
@@ -562,6 +583,7 @@ pub fn decode(data: &Bytes, opts: &DecodeOptions) -> Result<Packet, DecodeError>
         seq,
         format,
         session_id: raw.session_id,
+        captured_at_ms: raw.captured_at_ms.as_ref().and_then(serde_json::Value::as_u64),
         body,
     })
 }
