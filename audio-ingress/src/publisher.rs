@@ -178,6 +178,7 @@ impl<S: Sink> Publisher<S> {
             seq,
             AudioFormat::DEPLOYED,
             self.stream.session.as_deref(),
+            None,
             body,
         )
     }
