@@ -84,6 +84,50 @@ impl FromStr for Policy {
     }
 }
 
+/// How a frame counts as published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    /// A frame is published once the server confirmed it (a marker round trip on the
+    /// same connection); until then it counts against the stream's budget. The
+    /// default: the bound holds up to the server. See [`crate::confirm`].
+    #[default]
+    Confirmed,
+    /// A frame counts as published once handed to the NATS client (the budget ends at
+    /// the client; a stall can hold seconds of audio in its buffers). For comparison.
+    Unconfirmed,
+}
+
+impl Delivery {
+    /// The config value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Confirmed => "confirmed",
+            Self::Unconfirmed => "unconfirmed",
+        }
+    }
+}
+
+impl FromStr for Delivery {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "confirmed" => Ok(Self::Confirmed),
+            "unconfirmed" => Ok(Self::Unconfirmed),
+            other => Err(format!(
+                "{other:?} is not a delivery mode; expected \"confirmed\" or \"unconfirmed\""
+            )),
+        }
+    }
+}
+
+/// Default `confirm_window_ms`: the window holds this much of the admitted byte rate.
+pub const DEFAULT_CONFIRM_WINDOW: Duration = Duration::from_millis(200);
+/// Default `confirm_window_min_bytes` (100 frames of 640 bytes, rounded).
+pub const DEFAULT_CONFIRM_WINDOW_MIN_BYTES: u64 = 65_536;
+/// Default `confirm_interval_ms`: markers are at least this far apart.
+pub const DEFAULT_CONFIRM_INTERVAL: Duration = Duration::from_millis(5);
+
 /// The validated budget and policy of every stream. Cannot hold an invalid combination.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamConfig {
@@ -100,6 +144,10 @@ pub struct StreamConfig {
     subject: SubjectTemplate,
     partitions: NonZeroU32,
     frame_headers: bool,
+    delivery: Delivery,
+    confirm_window: Duration,
+    confirm_window_min_bytes: u64,
+    confirm_interval: Duration,
 }
 
 impl Default for StreamConfig {
@@ -119,7 +167,11 @@ impl Default for StreamConfig {
             max_frame_bytes: NonZeroUsize::MIN.saturating_add(DEFAULT_MAX_FRAME_BYTES - 1),
             subject: SubjectTemplate::deployed(),
             partitions: NonZeroU32::MIN,
-            frame_headers: true,
+            frame_headers: false,
+            delivery: Delivery::Confirmed,
+            confirm_window: DEFAULT_CONFIRM_WINDOW,
+            confirm_window_min_bytes: DEFAULT_CONFIRM_WINDOW_MIN_BYTES,
+            confirm_interval: DEFAULT_CONFIRM_INTERVAL,
         }
     }
 }
@@ -180,13 +232,33 @@ impl StreamConfig {
     pub fn partitions(&self) -> NonZeroU32 {
         self.partitions
     }
-    /// Whether frames carry the weir headers (`Weir-Audio-Version`,
-    /// `Weir-Captured-At-Ms`). Default `true` (the protocol's default); `false` trades
-    /// the capture timestamp for throughput — async-nats serialises header maps in its
-    /// single connection task, which costs more than half of the publish rate. `end`
+    /// Whether frames also carry the weir headers (`Weir-Audio-Version`,
+    /// `Weir-Captured-At-Ms`). Default `false`: the capture time travels in the packet
+    /// meta (`captured_at_ms`) at no header cost — async-nats serialises a header map
+    /// per message in its single connection task, which halves the publish rate. `end`
     /// and `gap` packets always carry headers.
     pub fn frame_headers(&self) -> bool {
         self.frame_headers
+    }
+
+    /// How a frame counts as published (`delivery`).
+    pub fn delivery(&self) -> Delivery {
+        self.delivery
+    }
+
+    /// The confirmation window's share of the admitted byte rate (`confirm_window_ms`).
+    pub fn confirm_window(&self) -> Duration {
+        self.confirm_window
+    }
+
+    /// The confirmation window's smallest limit (`confirm_window_min_bytes`).
+    pub fn confirm_window_min_bytes(&self) -> u64 {
+        self.confirm_window_min_bytes
+    }
+
+    /// Minimum spacing of confirmation markers (`confirm_interval_ms`).
+    pub fn confirm_interval(&self) -> Duration {
+        self.confirm_interval
     }
 
     /// The byte bound actually enforced (the budget, or the shadow ceiling).
@@ -235,6 +307,10 @@ pub struct StreamConfigBuilder {
     subject: String,
     partitions: Option<u64>,
     frame_headers: bool,
+    delivery: Delivery,
+    confirm_window: Duration,
+    confirm_window_min_bytes: u64,
+    confirm_interval: Duration,
 }
 
 impl Default for StreamConfigBuilder {
@@ -252,7 +328,11 @@ impl Default for StreamConfigBuilder {
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES as u64,
             subject: DEFAULT_STREAM_TEMPLATE.to_owned(),
             partitions: None,
-            frame_headers: true,
+            frame_headers: false,
+            delivery: Delivery::Confirmed,
+            confirm_window: DEFAULT_CONFIRM_WINDOW,
+            confirm_window_min_bytes: DEFAULT_CONFIRM_WINDOW_MIN_BYTES,
+            confirm_interval: DEFAULT_CONFIRM_INTERVAL,
         }
     }
 }
@@ -343,6 +423,26 @@ impl StreamConfigBuilder {
         self.frame_headers = v;
         self
     }
+    /// `delivery`: see [`StreamConfig::delivery`].
+    pub fn delivery(mut self, v: Delivery) -> Self {
+        self.delivery = v;
+        self
+    }
+    /// `confirm_window_ms`.
+    pub fn confirm_window(mut self, v: Duration) -> Self {
+        self.confirm_window = v;
+        self
+    }
+    /// `confirm_window_min_bytes`.
+    pub fn confirm_window_min_bytes(mut self, v: u64) -> Self {
+        self.confirm_window_min_bytes = v;
+        self
+    }
+    /// `confirm_interval_ms`.
+    pub fn confirm_interval(mut self, v: Duration) -> Self {
+        self.confirm_interval = v;
+        self
+    }
 
     /// Validates every value; the error names the key and the allowed range.
     pub fn build(self) -> Result<StreamConfig, ConfigError> {
@@ -380,6 +480,25 @@ impl StreamConfigBuilder {
         check_ms("max_wait_ms", self.max_wait, 0, max_age_ms)?;
         check_ms("publish_timeout_ms", self.publish_timeout, 1, max_age_ms)?;
         check_ms("end_timeout_ms", self.end_timeout, 100, 300_000)?;
+        check_ms("confirm_window_ms", self.confirm_window, 10, 10_000)?;
+        // A marker per round: at most every max_age / 4, so a stall is seen well within
+        // the age budget.
+        check_ms(
+            "confirm_interval_ms",
+            self.confirm_interval,
+            1,
+            (max_age_ms / 4).max(1),
+        )?;
+        let min_window = self.max_frame_bytes;
+        if self.confirm_window_min_bytes < min_window
+            || self.confirm_window_min_bytes > MAX_MAX_BYTES as u64
+        {
+            return Err(out_of_range(
+                "confirm_window_min_bytes",
+                self.confirm_window_min_bytes,
+                format!("{min_window}..={MAX_MAX_BYTES} (at least max_frame_bytes)"),
+            ));
+        }
         if !(2..=64).contains(&self.shadow_ceiling_factor) {
             return Err(out_of_range(
                 "shadow_ceiling_factor",
@@ -427,6 +546,10 @@ impl StreamConfigBuilder {
             subject,
             partitions: NonZeroU32::new(partitions as u32).unwrap_or(NonZeroU32::MIN),
             frame_headers: self.frame_headers,
+            delivery: self.delivery,
+            confirm_window: self.confirm_window,
+            confirm_window_min_bytes: self.confirm_window_min_bytes,
+            confirm_interval: self.confirm_interval,
         })
     }
 }
@@ -694,9 +817,37 @@ pub const KEYS: &[KeySpec] = &[
     key(
         "frame_headers",
         Bool,
-        "true",
+        "false",
         "true | false",
-        "frames carry Weir-Audio-Version and Weir-Captured-At-Ms (false: faster, no capture time)",
+        "frames also carry Weir-Audio-Version and Weir-Captured-At-Ms headers (the capture time is always in the meta; headers halve throughput)",
+    ),
+    key(
+        "delivery",
+        Str,
+        "confirmed",
+        "confirmed | unconfirmed",
+        "confirmed: a frame is pending until the server confirms it (the budget holds up to the server); unconfirmed: published once handed to the client",
+    ),
+    key(
+        "confirm_window_ms",
+        Int,
+        "200",
+        "10..=10000",
+        "unconfirmed bytes per connection are limited to this much of the admitted byte rate",
+    ),
+    key(
+        "confirm_window_min_bytes",
+        Int,
+        "65536",
+        "max_frame_bytes..=67108864",
+        "the smallest limit of the confirmation window",
+    ),
+    key(
+        "confirm_interval_ms",
+        Int,
+        "5",
+        "1..=max_age_ms/4",
+        "minimum spacing of confirmation markers (one in flight at a time)",
     ),
     key(
         "partitions",
@@ -1016,6 +1167,20 @@ impl Config {
         }
         if let Some(v) = raw.bool("frame_headers") {
             b.frame_headers = v;
+        }
+        if let Some(v) = raw.str("delivery") {
+            b.delivery = v
+                .parse()
+                .map_err(|e: String| ConfigError::new("delivery", ConfigErrorKind::Invalid, e))?;
+        }
+        if let Some(v) = raw.ms("confirm_window_ms") {
+            b.confirm_window = v;
+        }
+        if let Some(v) = raw.int("confirm_window_min_bytes") {
+            b.confirm_window_min_bytes = v;
+        }
+        if let Some(v) = raw.ms("confirm_interval_ms") {
+            b.confirm_interval = v;
         }
         let stream = b.build()?;
         let server = server_from_raw(raw)?;
@@ -1441,13 +1606,27 @@ mod tests {
 
     #[test]
     fn every_key_is_settable() {
-        let c = load(&[("WEIR_INGRESS_FRAME_HEADERS", "false")], &[]).expect("valid");
-        assert!(!c.stream.frame_headers());
-        assert!(Config::default().stream.frame_headers());
+        let c = load(&[("WEIR_INGRESS_FRAME_HEADERS", "true")], &[]).expect("valid");
+        assert!(c.stream.frame_headers());
+        assert!(!Config::default().stream.frame_headers());
+        let c = load(
+            &[("WEIR_INGRESS_DELIVERY", "unconfirmed")],
+            &[("confirm_window_ms", "150"), ("confirm_interval_ms", "2")],
+        )
+        .expect("valid");
+        assert_eq!(c.stream.delivery(), Delivery::Unconfirmed);
+        assert_eq!(c.stream.confirm_window(), Duration::from_millis(150));
+        assert_eq!(c.stream.confirm_interval(), Duration::from_millis(2));
+        let err = load(&[], &[("delivery", "maybe")]).expect_err("bad delivery");
+        assert_eq!(err.key(), "delivery");
+        let err = load(&[], &[("confirm_interval_ms", "400")]).expect_err("too slow");
+        assert_eq!(err.key(), "confirm_interval_ms");
+        let err = load(&[], &[("confirm_window_min_bytes", "10")]).expect_err("too small");
+        assert_eq!(err.key(), "confirm_window_min_bytes");
         for k in KEYS {
             assert!(spec(k.name).is_some());
         }
-        assert_eq!(KEYS.len(), 34);
+        assert_eq!(KEYS.len(), 38);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! - [`stream`]: [`Ingress`] (opens streams, one publisher task each) and
 //!   [`StreamHandle`] (`try_push`, `push`, `finish`);
 //! - [`publisher`]: the per-stream task that hands packets to NATS under a timeout;
+//! - [`confirm`]: the server-confirmed window (the budget holds up to the server);
 //! - [`nats`]: connection options (auth, TLS) and connection events;
 //! - [`ws`], [`admin`], [`shutdown`], [`service`]: the `serve` service;
 //! - [`stats`], [`metrics`]: accounting and metric names.
@@ -21,6 +22,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod confirm;
 pub mod consumer;
 pub mod error;
 pub mod metrics;
@@ -33,9 +35,11 @@ pub mod stats;
 pub mod stream;
 #[cfg(test)]
 mod stream_tests;
+#[cfg(test)]
+mod stream_window_tests;
 pub mod tap;
 pub mod ws;
 
-pub use config::{Config, Policy, StreamConfig};
+pub use config::{Config, Delivery, Policy, StreamConfig};
 pub use error::{OpenError, PushError};
 pub use stream::{Ingress, StreamHandle};

@@ -27,8 +27,23 @@ pub const OLDEST_FRAME_AGE_SECONDS: &str = "weir_ingress_oldest_frame_age_second
 /// Histogram: time from admission (`try_push`/`push`) to the frame being handed to
 /// the NATS client, in seconds.
 pub const QUEUE_WAIT_SECONDS: &str = "weir_ingress_queue_wait_seconds";
-/// Counter: frames by `outcome` (`published`, `dropped`, `rejected`) and `reason`
-/// (see [`crate::stats::DropReason`]; `none` for published).
+/// Counter: frames handed to the NATS client (confirmed or not).
+pub const FRAMES_HANDED_OVER_TOTAL: &str = "weir_ingress_frames_handed_over_total";
+/// Gauge: bytes handed to the NATS client and not yet confirmed by the server.
+pub const UNCONFIRMED_BYTES: &str = "weir_ingress_unconfirmed_bytes";
+/// Gauge: frames handed to the NATS client and not yet confirmed by the server.
+pub const UNCONFIRMED_FRAMES: &str = "weir_ingress_unconfirmed_frames";
+/// Gauge: the confirmation window's current byte limit.
+pub const CONFIRM_WINDOW_LIMIT_BYTES: &str = "weir_ingress_confirm_window_limit_bytes";
+/// Counter: confirmation rounds (markers that came back through the server).
+pub const CONFIRM_ROUNDS_TOTAL: &str = "weir_ingress_confirm_rounds_total";
+/// Histogram: duration of one confirmation round (marker out → back), seconds.
+pub const CONFIRM_ROUND_SECONDS: &str = "weir_ingress_confirm_round_seconds";
+/// Counter: connection losses that left frames unconfirmed (declared possibly lost).
+pub const CONFIRM_DISCONNECTS_TOTAL: &str = "weir_ingress_confirm_disconnects_total";
+/// Counter: frames by `outcome` (`published` = confirmed by the server, `possibly_lost`,
+/// `dropped`, `rejected`) and `reason` (see [`crate::stats::DropReason`]; `none` for
+/// published, `unconfirmed_at_disconnect` for possibly lost).
 pub const FRAMES_TOTAL: &str = "weir_ingress_frames_total";
 /// Counter: frames offered to a stream (admitted or not).
 pub const FRAMES_OFFERED_TOTAL: &str = "weir_ingress_frames_offered_total";

@@ -1,6 +1,18 @@
 //! The publisher: one task per stream that takes packets from the stream's queue and
 //! hands them to NATS, each call bounded by `publish_timeout`.
 //!
+//! With the confirmation window on (the default, [`crate::confirm`]), a frame first
+//! takes room in the connection's window (waiting at most until it would exceed the age
+//! bound), and after the hand-over stays pending in its stream until the server
+//! confirms it. The `end` waits (until the control deadline) for the stream's frames to
+//! be settled, so that it can carry the cumulative `Weir-Possibly-Lost` report.
+//!
+//! Frames carry their capture time (admission at the ingress, Unix ms) in the packet
+//! meta (`captured_at_ms`) and, by default, no NATS headers: async-nats serialises a
+//! header map per message in its single connection task, which halves the publish rate.
+//! A frame gets headers only when `frame_headers = true` or when it carries a
+//! `Weir-Possibly-Lost` declaration.
+//!
 //! Why a timeout around every call: async-nats `publish` returns once the message is in
 //! the client's command channel; when that channel is full (server slow, stopped or
 //! disconnected) it waits without limit. The channel send is cancel-safe, so a timed-out
@@ -9,7 +21,8 @@
 //! What a failed publish means, by packet:
 //! - **frame**: one attempt. A timeout applies the policy (`close`: overload with reason
 //!   `publish_timeout`; `gap`: the frame joins a gap marker; shadow: counted as
-//!   would-reject and retried while the frame is within the shadow ceiling).
+//!   would-reject and retried while the frame is within the shadow ceiling). No window
+//!   room before the age bound: the same, with reason `max_age`.
 //! - **gap marker**: retried (each attempt bounded) until it is handed over; frames
 //!   dropped meanwhile merge into it, so a stall costs one marker, not one per frame.
 //!   Once the stream is closing, retries stop at the stream's control deadline.
@@ -28,9 +41,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_nats::{HeaderMap, HeaderName, HeaderValue, Subject};
 use bytes::Bytes;
 use tokio::time::{Instant, timeout};
-use weir_protocol::audio::extension::{PROTOCOL_VERSION, headers};
+use weir_protocol::audio::extension::{PROTOCOL_VERSION, PossibleLoss, headers};
 use weir_protocol::audio::{AudioFormat, EncodeError, Gap, PacketBody, encode_packet};
 
+use crate::confirm::{Confirmer, NatsConfirmer, Window};
 use crate::queue::{AfterFailure, EndPacket, Failure, Next, QueuedFrame, StreamState};
 use crate::stats::{Account, WaitBatch, WouldReject};
 use crate::stream::{SlotGuard, StreamShared};
@@ -61,6 +75,12 @@ pub trait Sink: Clone + Send + Sync + 'static {
     fn flush(&self) -> impl Future<Output = Result<(), SinkError>> + Send {
         async { Ok(()) }
     }
+
+    /// How the server confirms what was handed over (see [`crate::confirm`]). `None`:
+    /// this sink cannot confirm, and a frame counts as published once handed over.
+    fn confirmer(&self) -> Option<Arc<dyn Confirmer>> {
+        None
+    }
 }
 
 impl Sink for async_nats::Client {
@@ -84,12 +104,17 @@ impl Sink for async_nats::Client {
             .await
             .map_err(|e| SinkError(e.to_string()))
     }
+
+    fn confirmer(&self) -> Option<Arc<dyn Confirmer>> {
+        Some(Arc::new(NatsConfirmer::new(self.clone())))
+    }
 }
 
 const VERSION: HeaderName = HeaderName::from_static(headers::VERSION);
 const CAPTURED_AT_MS: HeaderName = HeaderName::from_static(headers::CAPTURED_AT_MS);
 const END_REASON: HeaderName = HeaderName::from_static(headers::END_REASON);
 const OVERLOAD: HeaderName = HeaderName::from_static(headers::OVERLOAD);
+const POSSIBLY_LOST: HeaderName = HeaderName::from_static(headers::POSSIBLY_LOST);
 
 fn value(s: &str) -> Option<HeaderValue> {
     s.parse().ok()
@@ -117,8 +142,13 @@ pub(crate) struct Publisher<S: Sink> {
     pub sink: S,
     pub publish_timeout: Duration,
     pub shadow_max_age: Option<Duration>,
+    /// The age bound enforced on frames waiting for window room.
+    pub enforced_max_age: Duration,
     pub frame_headers: bool,
     pub waits: WaitBatch,
+    /// The connection's confirmation window; `None` or disabled: published at
+    /// hand-over.
+    pub window: Option<Arc<Window>>,
 }
 
 enum Attempt {
@@ -173,14 +203,38 @@ impl<S: Sink> Publisher<S> {
     }
 
     /// Encodes one packet of this stream (borrowing its session id: no per-frame copy).
-    fn encode(&self, seq: u64, body: &PacketBody) -> Result<Bytes, EncodeError> {
+    fn encode(
+        &self,
+        seq: u64,
+        captured_at_ms: Option<u64>,
+        body: &PacketBody,
+    ) -> Result<Bytes, EncodeError> {
         encode_packet(
             seq,
             AudioFormat::DEPLOYED,
             self.stream.session.as_deref(),
-            None,
+            captured_at_ms,
             body,
         )
+    }
+
+    /// Adds a pending possible-loss declaration of this stream to `headers`; returns it
+    /// so that it can be restored if the packet is not handed over.
+    fn declare(&self, headers: &mut HeaderMap) -> Option<PossibleLoss> {
+        let d = self.stream.lock().take_declaration()?;
+        if let Some(v) = value(&d.to_header_value()) {
+            if headers.get(VERSION).is_none() {
+                headers.insert(VERSION, HeaderValue::from(PROTOCOL_VERSION));
+            }
+            headers.insert(POSSIBLY_LOST, v);
+        }
+        Some(d)
+    }
+
+    fn undeclare(&self, d: Option<PossibleLoss>) {
+        if let Some(d) = d {
+            self.stream.lock().restore_declaration(d);
+        }
     }
 
     async fn attempt(&self, headers: HeaderMap, payload: Bytes, packet: &'static str) -> Attempt {
@@ -203,28 +257,47 @@ impl<S: Sink> Publisher<S> {
         }
     }
 
+    /// The window to use, if frames wait for the server's confirmation.
+    fn confirming(&self) -> Option<&Arc<Window>> {
+        self.window.as_ref().filter(|w| w.enabled())
+    }
+
     async fn publish_frame(&mut self, mut frame: QueuedFrame) {
         loop {
-            let body = PacketBody::Frame {
-                pcm: frame.pcm.clone(),
-            };
-            let result = match self.encode(frame.seq, &body) {
-                Ok(payload) => {
-                    let headers = if self.frame_headers {
-                        let mut h = base_headers();
-                        h.insert(
-                            CAPTURED_AT_MS,
-                            HeaderValue::from(captured_at_ms(frame.enqueued_at)),
-                        );
-                        h
-                    } else {
-                        // Empty: async-nats sends a plain PUB (no allocation).
-                        HeaderMap::new()
-                    };
-                    self.attempt(headers, payload, "frame").await
+            let permit = match self.confirming() {
+                Some(w) => {
+                    let deadline = frame.enqueued_at + self.enforced_max_age;
+                    w.acquire(frame.pcm.len() as u64, deadline).await
                 }
-                // Frames were validated at admission; treat the impossible as an error.
-                Err(_) => Attempt::Failed(Failure::Error),
+                None => None,
+            };
+            let result = if self.confirming().is_some() && permit.is_none() {
+                Attempt::Failed(Failure::Expired)
+            } else {
+                let captured = captured_at_ms(frame.enqueued_at);
+                let body = PacketBody::Frame {
+                    pcm: frame.pcm.clone(),
+                };
+                match self.encode(frame.seq, Some(captured), &body) {
+                    Ok(payload) => {
+                        let mut headers = if self.frame_headers {
+                            let mut h = base_headers();
+                            h.insert(CAPTURED_AT_MS, HeaderValue::from(captured));
+                            h
+                        } else {
+                            // Empty: async-nats sends a plain PUB (no allocation).
+                            HeaderMap::new()
+                        };
+                        let declared = self.declare(&mut headers);
+                        let r = self.attempt(headers, payload, "frame").await;
+                        if matches!(r, Attempt::Failed(_)) {
+                            self.undeclare(declared);
+                        }
+                        r
+                    }
+                    // Frames were validated at admission; treat the impossible as an error.
+                    Err(_) => Attempt::Failed(Failure::Error),
+                }
             };
             let now = Instant::now();
             match result {
@@ -235,12 +308,23 @@ impl<S: Sink> Publisher<S> {
                     {
                         self.account().would_reject(WouldReject::Age);
                     }
-                    let stream = &self.stream;
-                    stream.account().published(wait, &mut self.waits);
-                    // Dropping the frame releases its reservation.
+                    self.stream.account().handed_over(wait, &mut self.waits);
+                    match (self.confirming(), permit) {
+                        (Some(w), permit) => {
+                            // The frame stays pending in its stream before the window
+                            // records it, so a round that settles this entry finds it.
+                            let seq = frame.seq;
+                            self.stream.lock().hand_over(frame, permit);
+                            w.record(&self.stream, seq);
+                        }
+                        // No confirmation: published now; dropping the frame releases
+                        // its reservation.
+                        (None, _) => self.account().published(1),
+                    }
                     return;
                 }
                 Attempt::Failed(failure) => {
+                    drop(permit);
                     let after = {
                         let mut core = self.stream.lock();
                         let after = core.inflight_failed(frame, failure, now);
@@ -263,12 +347,18 @@ impl<S: Sink> Publisher<S> {
                 core.merge_into_gap(&mut gap, Instant::now());
                 core.control_deadline()
             };
-            let Ok(payload) = self.encode(gap.last_seq, &PacketBody::Gap(gap)) else {
+            let Ok(payload) = self.encode(gap.last_seq, None, &PacketBody::Gap(gap)) else {
                 // Built from admitted frames; cannot be inconsistent. Count and move on.
                 self.stream.global.control_lost("gap");
                 return;
             };
-            match self.attempt(base_headers(), payload, "gap").await {
+            let mut headers = base_headers();
+            let declared = self.declare(&mut headers);
+            let attempt = self.attempt(headers, payload, "gap").await;
+            if matches!(attempt, Attempt::Failed(_)) {
+                self.undeclare(declared);
+            }
+            match attempt {
                 Attempt::Ok => {
                     self.account().gap_published(gap.frames());
                     self.stream.gap_published(gap);
@@ -291,12 +381,45 @@ impl<S: Sink> Publisher<S> {
         }
     }
 
+    /// Waits until every frame of the stream handed to NATS is confirmed or declared
+    /// possibly lost, at most until `deadline`.
+    async fn wait_settled(&self, deadline: Option<Instant>) {
+        if self.confirming().is_none() {
+            return;
+        }
+        loop {
+            let settled = self.stream.settled_notify().notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            if !self.stream.lock().has_unconfirmed() {
+                return;
+            }
+            match deadline {
+                Some(d) if Instant::now() >= d => return,
+                Some(d) => {
+                    tokio::select! {
+                        () = &mut settled => {}
+                        () = tokio::time::sleep_until(d) => {}
+                    }
+                }
+                None => settled.await,
+            }
+        }
+    }
+
     async fn publish_end(&self, end: EndPacket) {
-        let Ok(payload) = self.encode(end.seq, &PacketBody::End) else {
+        let Ok(payload) = self.encode(end.seq, None, &PacketBody::End) else {
             self.stream.global.control_lost("end");
             return;
         };
+        let deadline = self.stream.lock().control_deadline();
+        self.wait_settled(deadline).await;
         let mut headers = base_headers();
+        if let Some(d) = self.stream.lock().end_declaration()
+            && let Some(v) = value(&d.to_header_value())
+        {
+            headers.insert(POSSIBLY_LOST, v);
+        }
         if let Some(v) = value(end.reason.as_str()) {
             headers.insert(END_REASON, v);
         }

@@ -9,15 +9,25 @@
 //! Invariants a change must not break:
 //! - Sequence numbers are assigned at admission: 1, 2, 3 ... with no holes; the `end`
 //!   takes the next number. A refused frame gets no number.
-//! - Every admitted frame holds a [`Reservation`] of its bytes until it is handed to
-//!   NATS or dropped; the reservation is released exactly once, by `Drop`. Pending
-//!   bytes of a stream (queued + the publisher's frame in flight) never exceed the
+//! - Every admitted frame holds a [`Reservation`] of its bytes until the server
+//!   confirmed it, it was declared possibly lost, or it was dropped; the reservation is
+//!   released exactly once, by `Drop`. Pending bytes of a stream (queued + the
+//!   publisher's frame in flight + handed to NATS and unconfirmed) never exceed the
 //!   enforced byte bound.
+//! - Frames handed to NATS wait in `unconfirmed`, in seq order, until the confirmation
+//!   window ([`crate::confirm`]) settles them: [`FrameQueue::confirm_through`] (the
+//!   server has them: published) or [`FrameQueue::lose_through`] (the connection dropped
+//!   first: possibly lost, declared on the stream's next packet and on its `end`).
+//!   Their age counts: in `close`, an unconfirmed frame older than `max_age` overloads
+//!   the stream just like a queued one.
 //! - Every admitted frame is published, or dropped with a [`DropReason`] and — in the
 //!   `gap` policy — covered by a gap marker, or — in `close` — counted in the overload
 //!   report of the `end`. Nothing is lost silently.
 //! - A frame older than the enforced `max_age` is never handed out as if nothing had
 //!   happened: `gap` drops it into a marker, `close` overloads the stream.
+//! - In `gap`, a frame that finds the budget held by unconfirmed frames (nothing queued
+//!   left to evict) is admitted and dropped at once into a marker (reason
+//!   `unconfirmed`): the timeline stays exact.
 //! - In `close`, a stream that stays full for `max_wait` (no room appeared) overloads:
 //!   the queue is emptied, and the next item is the `end` with the overload report.
 //! - Shadow mode measures the budget (counts `would_reject`) and enforces only the
@@ -30,10 +40,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::time::Instant;
-use weir_protocol::audio::extension::{EndReason, Overload, OverloadReason};
+use weir_protocol::audio::extension::{
+    EndReason, Overload, OverloadReason, PossibleLoss, PossibleLossReason,
+};
 use weir_protocol::audio::{Gap, GapReason};
 
 use crate::config::{Policy, StreamConfig};
+use crate::confirm::WindowPermit;
 use crate::error::FrameError;
 use crate::stats::{Account, Counters, DropReason, Global, WouldReject};
 
@@ -127,6 +140,16 @@ impl QueuedFrame {
     }
 }
 
+/// A frame handed to the NATS client, awaiting the server's confirmation. Keeps its
+/// byte reservation (and its share of the connection window) until settled.
+#[derive(Debug)]
+struct Unconfirmed {
+    seq: u64,
+    enqueued_at: Instant,
+    _reservation: Reservation,
+    _permit: Option<WindowPermit>,
+}
+
 /// What the publisher should do next.
 #[derive(Debug)]
 pub enum Next {
@@ -190,6 +213,9 @@ pub enum Failure {
     Timeout,
     /// The NATS client returned an error.
     Error,
+    /// The frame outlived the age bound while waiting for room in the confirmation
+    /// window (the server stopped confirming).
+    Expired,
 }
 
 /// What happens to a frame whose publish failed.
@@ -258,6 +284,12 @@ pub struct FrameQueue {
     refused_while_full: (u64, u64),
     inflight_since: Option<Instant>,
     control_deadline: Option<Instant>,
+    unconfirmed: VecDeque<Unconfirmed>,
+    /// Possible loss declared and not yet carried by a packet.
+    declaration: Option<PossibleLoss>,
+    /// The last range declared (for the cumulative report on `end`).
+    last_declared: Option<PossibleLoss>,
+    possibly_lost_total: u64,
 
     budget: Arc<Budget>,
     counters: Arc<Counters>,
@@ -285,6 +317,10 @@ impl FrameQueue {
             refused_while_full: (0, 0),
             inflight_since: None,
             control_deadline: None,
+            unconfirmed: VecDeque::new(),
+            declaration: None,
+            last_declared: None,
+            possibly_lost_total: 0,
             budget: Arc::new(Budget::new(Arc::clone(&global))),
             counters,
             global,
@@ -336,13 +372,114 @@ impl FrameQueue {
         }
     }
 
-    /// When the oldest pending frame (queued or in flight) was admitted.
+    /// When the oldest pending frame (unconfirmed, in flight or queued) was admitted.
     pub fn oldest_enqueued_at(&self) -> Option<Instant> {
         let front = self.items.front().map(|f| f.enqueued_at);
-        match (self.inflight_since, front) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        [self.oldest_unconfirmed_at(), self.inflight_since, front]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// When the oldest frame handed to NATS and not yet confirmed was admitted.
+    pub fn oldest_unconfirmed_at(&self) -> Option<Instant> {
+        self.unconfirmed.front().map(|u| u.enqueued_at)
+    }
+
+    /// Whether frames handed to NATS still await confirmation.
+    pub fn has_unconfirmed(&self) -> bool {
+        !self.unconfirmed.is_empty()
+    }
+
+    /// The frame was handed to the NATS client: it stays pending (bytes and age) until
+    /// [`Self::confirm_through`] or [`Self::lose_through`] settles it.
+    pub(crate) fn hand_over(&mut self, frame: QueuedFrame, permit: Option<WindowPermit>) {
+        let QueuedFrame {
+            seq,
+            enqueued_at,
+            _reservation,
+            ..
+        } = frame;
+        self.unconfirmed.push_back(Unconfirmed {
+            seq,
+            enqueued_at,
+            _reservation,
+            _permit: permit,
+        });
+    }
+
+    /// The server confirmed every frame up to `seq`: they are published, their bytes
+    /// released. Returns how many.
+    pub(crate) fn confirm_through(&mut self, seq: u64) -> u64 {
+        let mut n = 0;
+        while self.unconfirmed.front().is_some_and(|u| u.seq <= seq) {
+            self.unconfirmed.pop_front();
+            n += 1;
         }
+        self.account().published(n);
+        n
+    }
+
+    /// The connection dropped before the server confirmed the frames up to `seq`:
+    /// they are possibly lost. Counted, released, and declared on the next packet.
+    /// Returns how many.
+    pub(crate) fn lose_through(&mut self, seq: u64) -> u64 {
+        let mut range: Option<(u64, u64)> = None;
+        let mut n = 0;
+        while self.unconfirmed.front().is_some_and(|u| u.seq <= seq) {
+            if let Some(u) = self.unconfirmed.pop_front() {
+                range = Some(range.map_or((u.seq, u.seq), |(a, _)| (a, u.seq)));
+                n += 1;
+            }
+        }
+        let Some((first, last)) = range else {
+            return 0;
+        };
+        self.account().possibly_lost(n);
+        self.possibly_lost_total += n;
+        let declared = match self.declaration.take() {
+            // Not yet sent: one declaration covers both ranges (their hull).
+            Some(d) => PossibleLoss {
+                first_seq: d.first_seq.min(first),
+                last_seq: d.last_seq.max(last),
+                frames: d.frames + n,
+                total_frames: self.possibly_lost_total,
+                reason: PossibleLossReason::UnconfirmedAtDisconnect,
+            },
+            None => PossibleLoss {
+                first_seq: first,
+                last_seq: last,
+                frames: n,
+                total_frames: self.possibly_lost_total,
+                reason: PossibleLossReason::UnconfirmedAtDisconnect,
+            },
+        };
+        self.last_declared = Some(declared.clone());
+        self.declaration = Some(declared);
+        n
+    }
+
+    /// The declaration the next packet must carry, if any.
+    pub(crate) fn take_declaration(&mut self) -> Option<PossibleLoss> {
+        self.declaration.take()
+    }
+
+    /// A packet that was to carry `d` was not handed over: keep it for the next one.
+    pub(crate) fn restore_declaration(&mut self, d: PossibleLoss) {
+        if self.declaration.is_none() {
+            self.declaration = Some(d);
+        }
+    }
+
+    /// What the `end` reports: the pending declaration, else the last one with the
+    /// cumulative total, else nothing.
+    pub(crate) fn end_declaration(&mut self) -> Option<PossibleLoss> {
+        self.declaration.take().or_else(|| {
+            self.last_declared.clone().map(|mut d| {
+                d.total_frames = self.possibly_lost_total;
+                d
+            })
+        })
     }
 
     /// Until when `end` (and gap markers, once the stream is closing) may be retried.
@@ -444,14 +581,19 @@ impl FrameQueue {
                         self.drop_into_gap(f, DropReason::Evicted, GapReason::QueueFull);
                     }
                     if self.budget.bytes() + len > self.enforced_max_bytes {
-                        // Only the publisher's frame in flight is left, and validation
-                        // guarantees two frames fit: unreachable, but refuse rather than
-                        // exceed the bound.
-                        return Err(Refusal::Full {
-                            pending_bytes: self.budget.bytes(),
-                            max_bytes: self.enforced_max_bytes,
-                            overload_at: now,
-                        });
+                        // Nothing queued is left to evict: the budget is held by the
+                        // frame in flight and frames the server has not confirmed. The
+                        // new frame takes its seq and goes straight into a marker, so
+                        // the timeline stays exact and the bound holds.
+                        let seq = self.next_seq;
+                        self.next_seq += 1;
+                        self.drop_seq_into_gap(
+                            seq,
+                            samples_of(pcm.len()),
+                            DropReason::Unconfirmed,
+                            GapReason::QueueFull,
+                        );
+                        return Ok(seq);
                     }
                 }
                 Policy::Close => {
@@ -494,16 +636,19 @@ impl FrameQueue {
     /// Appends a dropped frame to the gap markers (merging contiguous ranges) and
     /// accounts it. The frame's reservation is released here.
     fn drop_into_gap(&mut self, frame: QueuedFrame, drop: DropReason, gap: GapReason) {
-        let samples = frame.samples();
+        self.drop_seq_into_gap(frame.seq, frame.samples(), drop, gap);
+    }
+
+    fn drop_seq_into_gap(&mut self, seq: u64, samples: u64, drop: DropReason, gap: GapReason) {
         self.account().dropped(drop, 1, samples);
         match self.gaps.back_mut() {
-            Some(g) if g.last_seq + 1 == frame.seq => {
-                g.last_seq = frame.seq;
+            Some(g) if g.last_seq + 1 == seq => {
+                g.last_seq = seq;
                 g.samples += samples;
             }
             _ => self.gaps.push_back(Gap {
-                first_seq: frame.seq,
-                last_seq: frame.seq,
+                first_seq: seq,
+                last_seq: seq,
                 samples,
                 reason: gap,
             }),
@@ -553,8 +698,16 @@ impl FrameQueue {
         self.set_control_deadline(now + self.end_timeout);
     }
 
-    /// Applies the age bound to the front of the queue.
+    /// Applies the age bound to the front of the queue, and (`close`) to the oldest
+    /// frame the server has not confirmed: audio that old is stale wherever it waits.
     fn expire(&mut self, now: Instant) {
+        if self.policy == Policy::Close
+            && self
+                .oldest_unconfirmed_at()
+                .is_some_and(|t| now.saturating_duration_since(t) > self.enforced_max_age)
+        {
+            self.trip_overload(OverloadReason::MaxAge, now);
+        }
         while let Some(front) = self.items.front() {
             if now.saturating_duration_since(front.enqueued_at) <= self.enforced_max_age {
                 return;
@@ -626,19 +779,23 @@ impl FrameQueue {
             self.drop_inflight_on_overload(frame);
             return AfterFailure::Dropped;
         }
-        if self.shadow && failure == Failure::Timeout && age <= self.enforced_max_age {
+        if self.shadow && failure != Failure::Error && age <= self.enforced_max_age {
             self.account().would_reject(WouldReject::PublishTimeout);
             self.inflight_since = Some(frame.enqueued_at);
             return AfterFailure::Retry(frame);
         }
         match (self.policy, failure) {
             (Policy::Gap, f) => {
-                let drop = if f == Failure::Timeout {
-                    DropReason::PublishTimeout
-                } else {
-                    DropReason::PublishError
+                let (drop, gap) = match f {
+                    Failure::Timeout => (DropReason::PublishTimeout, GapReason::PublishFailed),
+                    Failure::Error => (DropReason::PublishError, GapReason::PublishFailed),
+                    Failure::Expired => (DropReason::MaxAge, GapReason::MaxAge),
                 };
-                self.prepend_gap(frame, drop);
+                self.prepend_gap(frame, drop, gap);
+            }
+            (Policy::Close, Failure::Expired) => {
+                self.trip_overload(OverloadReason::MaxAge, now);
+                self.drop_inflight_on_overload(frame);
             }
             (Policy::Close, Failure::Timeout) => {
                 self.trip_overload(OverloadReason::PublishTimeout, now);
@@ -680,7 +837,7 @@ impl FrameQueue {
 
     /// `gap`: the frame in flight is dropped; it precedes everything queued, so its
     /// marker goes (or merges) at the front.
-    fn prepend_gap(&mut self, frame: QueuedFrame, drop: DropReason) {
+    fn prepend_gap(&mut self, frame: QueuedFrame, drop: DropReason, reason: GapReason) {
         let samples = frame.samples();
         self.account().dropped(drop, 1, samples);
         match self.gaps.front_mut() {
@@ -688,13 +845,13 @@ impl FrameQueue {
                 // A merged marker carries the cause of its first frame.
                 g.first_seq = frame.seq;
                 g.samples += samples;
-                g.reason = GapReason::PublishFailed;
+                g.reason = reason;
             }
             _ => self.gaps.push_front(Gap {
                 first_seq: frame.seq,
                 last_seq: frame.seq,
                 samples,
-                reason: GapReason::PublishFailed,
+                reason,
             }),
         }
     }

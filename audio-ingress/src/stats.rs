@@ -4,12 +4,17 @@
 //! Invariant (checked by tests): for every stream and in aggregate,
 //!
 //! ```text
-//! offered  = admitted + rejected            (rejected: never got a sequence number)
-//! admitted = published + dropped + pending  (dropped: had a seq, will never be published)
+//! offered     = admitted + rejected      (rejected: never got a sequence number)
+//! admitted    = published + possibly_lost + dropped + pending
+//! handed_over = published + possibly_lost + unconfirmed
 //! ```
 //!
 //! where `rejected` and `dropped` are split by [`DropReason`], and every dropped frame
-//! of the `gap` policy is also covered by a gap marker. Counters are plain relaxed
+//! of the `gap` policy is also covered by a gap marker. `published` means *confirmed by
+//! the server* (see [`crate::confirm`]); `pending` includes the frames handed to the NATS
+//! client and not yet confirmed (`unconfirmed`); `possibly_lost` are frames that were
+//! unconfirmed when the connection dropped, declared to consumers with the
+//! `Weir-Possibly-Lost` header. Counters are plain relaxed
 //! atomics: a snapshot taken while frames move may be off by the frames in motion, a
 //! snapshot of a quiet stream is exact. Every counter update also goes to the `metrics`
 //! facade through handles resolved once (so the hot path does no registry lookups).
@@ -50,11 +55,14 @@ pub enum DropReason {
     PublishError,
     /// Dropped: still pending when the shutdown grace period ran out.
     Shutdown,
+    /// Dropped: the stream's byte budget was held by frames the server had not
+    /// confirmed yet (`gap` policy; covered by a gap marker).
+    Unconfirmed,
 }
 
 impl DropReason {
     /// All reasons, in label order.
-    pub const ALL: [DropReason; 9] = [
+    pub const ALL: [DropReason; 10] = [
         Self::QueueFull,
         Self::Closed,
         Self::Invalid,
@@ -64,6 +72,7 @@ impl DropReason {
         Self::PublishTimeout,
         Self::PublishError,
         Self::Shutdown,
+        Self::Unconfirmed,
     ];
 
     /// The label / JSON key.
@@ -78,6 +87,7 @@ impl DropReason {
             Self::PublishTimeout => "publish_timeout",
             Self::PublishError => "publish_error",
             Self::Shutdown => "shutdown",
+            Self::Unconfirmed => "unconfirmed",
         }
     }
 
@@ -154,7 +164,9 @@ fn overload_label(r: OverloadReason) -> &'static str {
 pub struct Counters {
     offered: AtomicU64,
     admitted: AtomicU64,
+    handed_over: AtomicU64,
     published: AtomicU64,
+    possibly_lost: AtomicU64,
     dropped: [AtomicU64; N_DROP],
     dropped_samples: AtomicU64,
     would_reject: AtomicU64,
@@ -177,8 +189,12 @@ pub struct CountersSnapshot {
     pub offered: u64,
     /// Frames admitted (given a sequence number).
     pub admitted: u64,
-    /// Frames handed to NATS.
+    /// Frames handed to the NATS client.
+    pub handed_over: u64,
+    /// Frames the server confirmed (with the window off: handed over).
     pub published: u64,
+    /// Frames unconfirmed when the connection dropped (declared, not published).
+    pub possibly_lost: u64,
     /// Frames not published, by [`DropReason`] (index = position in `DropReason::ALL`).
     pub dropped: [u64; N_DROP],
     /// Samples in admitted frames that were dropped.
@@ -228,7 +244,9 @@ impl Counters {
         CountersSnapshot {
             offered: get(&self.offered),
             admitted: get(&self.admitted),
+            handed_over: get(&self.handed_over),
             published: get(&self.published),
+            possibly_lost: get(&self.possibly_lost),
             dropped,
             dropped_samples: get(&self.dropped_samples),
             would_reject: get(&self.would_reject),
@@ -242,7 +260,9 @@ impl Counters {
 /// recorder is current then: global in the binary, local in tests).
 struct Handles {
     offered: Counter,
+    handed_over: Counter,
     published: Counter,
+    possibly_lost: Counter,
     dropped: [Counter; N_DROP],
     would_reject: [Counter; 3],
     overloads: [Counter; 4],
@@ -265,7 +285,9 @@ impl Handles {
         });
         Self {
             offered: metrics::counter!(m::FRAMES_OFFERED_TOTAL),
+            handed_over: metrics::counter!(m::FRAMES_HANDED_OVER_TOTAL),
             published: metrics::counter!(m::FRAMES_TOTAL, m::LABEL_OUTCOME => "published", m::LABEL_REASON => "none"),
+            possibly_lost: metrics::counter!(m::FRAMES_TOTAL, m::LABEL_OUTCOME => "possibly_lost", m::LABEL_REASON => "unconfirmed_at_disconnect"),
             dropped,
             would_reject: WouldReject::ALL
                 .map(|r| metrics::counter!(m::WOULD_REJECT_TOTAL, m::LABEL_REASON => r.as_str())),
@@ -296,6 +318,7 @@ pub struct Global {
     pub counters: Counters,
     pending_bytes: AtomicU64,
     pending_frames: AtomicU64,
+    admitted_bytes: AtomicU64,
     overloads: AtomicU64,
     ends: [AtomicU64; N_END],
     control_lost: AtomicU64,
@@ -334,6 +357,7 @@ impl Global {
             counters: Counters::default(),
             pending_bytes: AtomicU64::new(0),
             pending_frames: AtomicU64::new(0),
+            admitted_bytes: AtomicU64::new(0),
             overloads: AtomicU64::new(0),
             ends: Default::default(),
             control_lost: AtomicU64::new(0),
@@ -348,6 +372,7 @@ impl Global {
     /// Bytes/frames reserved (admitted). Paired with [`Self::release`] by
     /// `queue::Reservation`, never called directly elsewhere.
     pub(crate) fn reserve(&self, bytes: u64) {
+        add(&self.admitted_bytes, bytes);
         add(&self.pending_bytes, bytes);
         add(&self.pending_frames, 1);
         self.h.pending_bytes.increment(bytes as f64);
@@ -370,6 +395,12 @@ impl Global {
     /// Pending frames over all streams.
     pub fn pending_frames(&self) -> u64 {
         get(&self.pending_frames)
+    }
+
+    /// Bytes of PCM admitted since start (the offered rate that sizes the confirmation
+    /// window).
+    pub fn admitted_bytes(&self) -> u64 {
+        get(&self.admitted_bytes)
     }
 
     pub(crate) fn stream_opened(&self) {
@@ -515,21 +546,36 @@ impl Account<'_> {
         add(&self.global.counters.admitted, 1);
     }
 
-    /// A frame handed to NATS after waiting `wait` since admission.
+    /// A frame handed to the NATS client after waiting `wait` since admission (the
+    /// queue wait: enqueue → handed to NATS).
     ///
     /// The wait goes to the Prometheus histogram at once and into `waits`, a batch the
     /// caller hands to [`Global::record_waits`] (one lock per batch instead of one per
     /// frame on the shared hdrhistogram).
-    pub fn published(&self, wait: Duration, waits: &mut WaitBatch) {
-        add(&self.stream.published, 1);
-        add(&self.global.counters.published, 1);
-        self.global.h.published.increment(1);
+    pub fn handed_over(&self, wait: Duration, waits: &mut WaitBatch) {
+        add(&self.stream.handed_over, 1);
+        add(&self.global.counters.handed_over, 1);
+        self.global.h.handed_over.increment(1);
         self.global.h.queue_wait.record(wait.as_secs_f64());
         let us = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX).max(1);
         waits.0.push(us.min(QUEUE_WAIT_MAX_US));
         if waits.0.len() >= WaitBatch::CAPACITY {
             self.global.record_waits(waits);
         }
+    }
+
+    /// `frames` handed-over frames the server confirmed.
+    pub fn published(&self, frames: u64) {
+        add(&self.stream.published, frames);
+        add(&self.global.counters.published, frames);
+        self.global.h.published.increment(frames);
+    }
+
+    /// `frames` handed-over frames that were unconfirmed when the connection dropped.
+    pub fn possibly_lost(&self, frames: u64) {
+        add(&self.stream.possibly_lost, frames);
+        add(&self.global.counters.possibly_lost, frames);
+        self.global.h.possibly_lost.increment(frames);
     }
 
     /// `frames` frames (with `samples` samples) not published, for `reason`.
@@ -590,8 +636,15 @@ pub struct FramesStats {
     pub offered: u64,
     /// Frames admitted.
     pub admitted: u64,
-    /// Frames handed to NATS.
+    /// Frames handed to the NATS client.
+    pub handed_over: u64,
+    /// Frames the server confirmed (`delivery = "unconfirmed"`: handed over).
     pub published: u64,
+    /// Handed over, awaiting the server's confirmation (part of pending).
+    pub unconfirmed: u64,
+    /// Unconfirmed when the NATS connection dropped: declared to consumers
+    /// (`Weir-Possibly-Lost`), never counted as published.
+    pub possibly_lost: u64,
     /// Frames not published, by reason (refusals and drops; see [`DropReason`]).
     pub dropped: std::collections::BTreeMap<&'static str, u64>,
     /// Shadow mode: frames the budget would have refused or dropped.
@@ -614,6 +667,7 @@ pub const STATS_CONTRACT_KEYS: &[&str] = &[
     "gaps",
     "tasks_alive",
     "nats_connected",
+    "window",
 ];
 
 /// The `/v1/stats` snapshot (schema pinned in docs/contracts.md).
@@ -645,6 +699,8 @@ pub struct StatsSnapshot {
     pub tasks_alive: u64,
     /// Whether the NATS client is connected.
     pub nats_connected: bool,
+    /// The server-confirmed window (frames handed to NATS and not yet confirmed).
+    pub window: crate::confirm::WindowStats,
 }
 
 impl FramesStats {
@@ -653,7 +709,13 @@ impl FramesStats {
         Self {
             offered: c.offered,
             admitted: c.admitted,
+            handed_over: c.handed_over,
             published: c.published,
+            unconfirmed: c
+                .handed_over
+                .saturating_sub(c.published)
+                .saturating_sub(c.possibly_lost),
+            possibly_lost: c.possibly_lost,
             dropped: DropReason::ALL
                 .iter()
                 .map(|r| (r.as_str(), c.dropped(*r)))
@@ -678,7 +740,8 @@ mod tests {
         a.offered();
         a.admitted();
         let mut waits = WaitBatch::default();
-        a.published(Duration::from_millis(3), &mut waits);
+        a.handed_over(Duration::from_millis(3), &mut waits);
+        a.published(1);
         assert_eq!(g.queue_wait().count, 0, "batched");
         g.record_waits(&mut waits);
         a.offered();
@@ -718,13 +781,16 @@ mod tests {
         for k in [
             "offered",
             "admitted",
+            "handed_over",
             "published",
+            "unconfirmed",
+            "possibly_lost",
             "dropped",
             "would_reject",
         ] {
             assert!(v["frames"].get(k).is_some(), "missing frames.{k}");
         }
         assert_eq!(v["frames"]["dropped"]["evicted"], 0);
-        assert_eq!(v.as_object().map(|o| o.len()), Some(13));
+        assert_eq!(v.as_object().map(|o| o.len()), Some(14));
     }
 }

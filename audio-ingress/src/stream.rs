@@ -40,7 +40,8 @@ use weir_protocol::audio::extension::{EndReason, Overload};
 use weir_protocol::audio::packet::MAX_SESSION_ID_LEN;
 use weir_protocol::{StreamId, partition_of};
 
-use crate::config::StreamConfig;
+use crate::config::{Delivery, StreamConfig};
+use crate::confirm::{Confirmer, Window, WindowSettings};
 use crate::error::{OpenError, PushError};
 use crate::publisher::{Publisher, Sink};
 use crate::queue::{Budget, FrameQueue, OfferMode, Refusal, StreamState};
@@ -81,6 +82,8 @@ pub(crate) struct StreamShared {
     /// Set by a producer about to wait in `push`; the publisher notifies `room` only
     /// then, not for every frame.
     pub room_wanted: AtomicBool,
+    /// Wakes the publisher waiting for its frames to be confirmed (before `end`).
+    settled: Notify,
     status: watch::Sender<StreamStatus>,
     opened_at: Instant,
 }
@@ -113,6 +116,19 @@ impl StreamShared {
             s.overload = overload;
             true
         });
+    }
+
+    /// The confirmation window settled frames of this stream: their bytes are free.
+    pub fn settled(&self) {
+        self.settled.notify_waiters();
+        if self.room_wanted.swap(false, Ordering::AcqRel) {
+            self.room.notify_one();
+        }
+    }
+
+    /// What [`Self::settled`] notifies.
+    pub fn settled_notify(&self) -> &Notify {
+        &self.settled
     }
 
     pub fn gap_published(&self, gap: Gap) {
@@ -266,6 +282,15 @@ struct IngressInner<S: Sink> {
     registry: Arc<Registry>,
     max_streams: usize,
     shutting_down: AtomicBool,
+    window: Arc<Window>,
+    /// The window task's confirmer, taken when the task starts (first `open`).
+    confirmer: Mutex<Option<Arc<dyn Confirmer>>>,
+}
+
+impl<S: Sink> Drop for IngressInner<S> {
+    fn drop(&mut self) {
+        self.window.close();
+    }
 }
 
 /// The producer core: opens streams that publish to one [`Sink`] (an
@@ -310,8 +335,22 @@ impl<S: Sink> Ingress<S> {
     /// A new ingress that refuses to open more than `max_streams` streams at a time.
     pub fn with_max_streams(sink: S, config: StreamConfig, max_streams: usize) -> Self {
         let global = Arc::new(Global::new());
+        let confirmer = match config.delivery() {
+            Delivery::Confirmed => sink.confirmer(),
+            Delivery::Unconfirmed => None,
+        };
+        let window = Arc::new(Window::new(
+            WindowSettings {
+                window: config.confirm_window(),
+                min_bytes: config.confirm_window_min_bytes(),
+                interval: config.confirm_interval(),
+            },
+            confirmer.is_some(),
+        ));
         Self {
             inner: Arc::new(IngressInner {
+                window,
+                confirmer: Mutex::new(confirmer),
                 config: Arc::new(config),
                 sink,
                 registry: Arc::new(Registry {
@@ -333,6 +372,11 @@ impl<S: Sink> Ingress<S> {
     /// The sink.
     pub fn sink(&self) -> &S {
         &self.inner.sink
+    }
+
+    /// The connection's confirmation window.
+    pub fn window(&self) -> &Arc<Window> {
+        &self.inner.window
     }
 
     /// The aggregate accounting.
@@ -422,6 +466,7 @@ impl<S: Sink> Ingress<S> {
             wake: Notify::new(),
             room: Notify::new(),
             room_wanted: AtomicBool::new(false),
+            settled: Notify::new(),
             status,
             opened_at: Instant::now(),
         });
@@ -438,6 +483,19 @@ impl<S: Sink> Ingress<S> {
             map.insert(id.clone(), Arc::clone(&shared));
         }
         global.stream_opened();
+        if let Some(confirmer) = self
+            .inner
+            .confirmer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            runtime.spawn(crate::confirm::run(
+                Arc::clone(&self.inner.window),
+                confirmer,
+                Arc::clone(&global),
+            ));
+        }
         let slot = SlotGuard {
             registry: Arc::clone(&self.inner.registry),
             id,
@@ -447,8 +505,10 @@ impl<S: Sink> Ingress<S> {
             sink: self.inner.sink.clone(),
             publish_timeout: cfg.publish_timeout(),
             shadow_max_age: cfg.shadow().then_some(cfg.max_age()),
+            enforced_max_age: cfg.enforced_max_age(),
             frame_headers: cfg.frame_headers(),
             waits: WaitBatch::default(),
+            window: Some(Arc::clone(&self.inner.window)),
         };
         runtime.spawn(publisher.run(slot));
         Ok(StreamHandle {
@@ -487,6 +547,19 @@ impl<S: Sink> Ingress<S> {
         age
     }
 
+    /// Age of the oldest frame handed to NATS and not yet confirmed, over all streams.
+    pub fn oldest_unconfirmed_age(&self) -> Duration {
+        let now = Instant::now();
+        self.inner
+            .registry
+            .all()
+            .iter()
+            .filter_map(|s| s.lock().oldest_unconfirmed_at())
+            .map(|t| now.saturating_duration_since(t))
+            .max()
+            .unwrap_or_default()
+    }
+
     /// The `/v1/stats` snapshot.
     pub fn stats(&self) -> StatsSnapshot {
         let g = self.global();
@@ -506,6 +579,7 @@ impl<S: Sink> Ingress<S> {
             gaps: g.counters.snapshot().gaps,
             tasks_alive,
             nats_connected: self.inner.sink.is_connected(),
+            window: self.inner.window.stats(self.oldest_unconfirmed_age()),
         }
     }
 

@@ -17,19 +17,40 @@ use crate::stats::DropReason;
 use crate::stream::Ingress;
 
 #[derive(Debug, Clone)]
-struct Sent {
-    subject: String,
-    packet: Packet,
-    ext: Extensions,
+pub(crate) struct Sent {
+    pub subject: String,
+    pub packet: Packet,
+    pub ext: Extensions,
 }
 
 /// Records every message; `stall(true)` makes `publish` wait until `stall(false)`
 /// (cancel-safe: a cancelled publish records nothing), `fail(true)` returns errors.
 #[derive(Clone)]
-struct MemorySink {
+pub(crate) struct MemorySink {
     sent: Arc<Mutex<Vec<Sent>>>,
     stalled: watch::Sender<bool>,
     failing: Arc<Mutex<bool>>,
+    confirm: Option<Arc<MemoryConfirmer>>,
+}
+
+/// A confirmer whose rounds can be held (a stalled server that still let the client
+/// queue) and whose epoch can be bumped (a reconnect).
+pub(crate) struct MemoryConfirmer {
+    held: watch::Sender<bool>,
+    epoch: std::sync::atomic::AtomicU64,
+}
+
+impl crate::confirm::Confirmer for MemoryConfirmer {
+    fn round(&self) -> futures::future::BoxFuture<'_, Result<(), SinkError>> {
+        Box::pin(async move {
+            let mut rx = self.held.subscribe();
+            let _ = rx.wait_for(|h| !*h).await;
+            Ok(())
+        })
+    }
+    fn epoch(&self) -> u64 {
+        self.epoch.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 impl MemorySink {
@@ -38,12 +59,35 @@ impl MemorySink {
             sent: Arc::default(),
             stalled: watch::channel(false).0,
             failing: Arc::default(),
+            confirm: None,
+        }
+    }
+    /// A sink whose hand-overs the "server" confirms (see [`MemoryConfirmer`]).
+    pub(crate) fn confirming() -> Self {
+        Self {
+            confirm: Some(Arc::new(MemoryConfirmer {
+                held: watch::channel(false).0,
+                epoch: std::sync::atomic::AtomicU64::new(1),
+            })),
+            ..Self::new()
+        }
+    }
+    /// Holds (or releases) confirmations: publishes still succeed.
+    pub(crate) fn hold_confirm(&self, on: bool) {
+        if let Some(c) = &self.confirm {
+            c.held.send_replace(on);
+        }
+    }
+    /// A reconnect: rounds in flight and batches opened before it lose their frames.
+    pub(crate) fn reconnect(&self) {
+        if let Some(c) = &self.confirm {
+            c.epoch.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
     fn stall(&self, on: bool) {
         self.stalled.send_replace(on);
     }
-    fn sent(&self) -> Vec<Sent> {
+    pub(crate) fn sent(&self) -> Vec<Sent> {
         self.sent.lock().expect("lock").clone()
     }
 }
@@ -70,13 +114,19 @@ impl Sink for MemorySink {
         });
         Ok(())
     }
+
+    fn confirmer(&self) -> Option<Arc<dyn crate::confirm::Confirmer>> {
+        self.confirm
+            .clone()
+            .map(|c| c as Arc<dyn crate::confirm::Confirmer>)
+    }
 }
 
-fn pcm() -> Bytes {
+pub(crate) fn pcm() -> Bytes {
     Bytes::from(vec![1u8; 640])
 }
 
-const FRAME: Duration = Duration::from_millis(20);
+pub(crate) const FRAME: Duration = Duration::from_millis(20);
 
 async fn settle() {
     // Let spawned tasks run (paused clock: no real time passes).
@@ -85,7 +135,7 @@ async fn settle() {
     }
 }
 
-fn frames_of(sent: &[Sent]) -> Vec<u64> {
+pub(crate) fn frames_of(sent: &[Sent]) -> Vec<u64> {
     sent.iter()
         .filter(|s| matches!(s.packet.body, PacketBody::Frame { .. }))
         .map(|s| s.packet.seq)
@@ -115,12 +165,15 @@ async fn frames_then_end_in_order_with_headers() {
     );
     assert_eq!(end.ext.end_reason, Some(EndReason::Producer));
     assert_eq!(end.packet.session_id.as_deref(), Some("sess"));
-    assert!(sent.iter().all(|m| m.ext.version == Some(1)));
+    // Frames carry no headers by default: the capture time is in the meta.
+    assert!(sent[..10].iter().all(|m| m.ext.version.is_none()));
+    assert_eq!(end.ext.version, Some(1));
     assert!(
         sent.iter()
             .all(|m| m.subject == "inference.whisper.stream.call-1")
     );
-    assert!(sent[0].ext.captured_at_ms.is_some());
+    assert!(sent[0].packet.captured_at_ms.is_some());
+    assert!(sent[0].ext.captured_at_ms.is_none());
     assert_eq!(ingress.active_streams(), 0);
     let stats = ingress.stats();
     assert_eq!(stats.frames.published, 10);

@@ -1,0 +1,627 @@
+//! The confirmation window: the byte and age budget holds **up to the server**, not
+//! only up to the NATS client.
+//!
+//! Why: async-nats `publish` returns once a message is in the client's command channel;
+//! from there it goes to a write buffer, then to the kernel's socket buffers. A stalled
+//! server leaves audio in all three, outside every weir queue, and on reconnect the
+//! client discards its unsent write buffer (NATS-FACTS.md). `Client::flush` does not help:
+//! it returns once the socket write is done, with no round trip.
+//!
+//! How: one [`Window`] per NATS connection (one per [`crate::Ingress`]).
+//! - A frame handed to the client stays *pending* in its stream ([`crate::queue`]): its
+//!   bytes hold the stream's reservation and a [`WindowPermit`], its age counts against
+//!   `max_age`. The publisher records `(stream, seq)` in the window's open batch.
+//! - One task per window closes the open batch and publishes a small **marker** on the
+//!   same connection to a subject that the same connection subscribes to (an inbox
+//!   subject, unique per ingress). nats-server keeps the order of one connection's
+//!   messages to one subscriber, so the marker's return proves that the server received
+//!   every publish made before it. At most one marker is in flight, and markers are at
+//!   least `confirm_interval` apart: the cost is one small message per round, never per
+//!   frame.
+//! - The **connection epoch** (async-nats `Statistics::connects`) is read when a batch
+//!   opens and again when its marker returns. If it changed, the connection was replaced
+//!   in between and the client may have discarded frames of the batch: they are
+//!   *possibly lost* — counted (`unconfirmed_at_disconnect`), released, and declared to
+//!   the consumers on the stream's next packet and on its `end` (`Weir-Possibly-Lost`),
+//!   never reported as published.
+//! - The window's byte limit is `confirm_window` × the admitted byte rate (an EWMA over
+//!   about a second), at least `confirm_window_min_bytes`. When it is full, a publisher
+//!   waits before handing its frame over — in weir's queue, where `max_age` and the
+//!   policy apply — instead of piling audio into the client.
+//!
+//! Invariants:
+//! - A frame is counted published only after a marker published after it came back on
+//!   the same connection epoch.
+//! - A permit's bytes are released exactly once, by `Drop`.
+//! - The window task is the only place that settles (confirms or loses) frames; it
+//!   settles a batch entirely before it opens the next round.
+//! - Nothing here spawns per frame; the window adds one task per ingress.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_nats::{Client, Subject, Subscriber};
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use hdrhistogram::Histogram;
+use metrics::{Counter, Gauge, Histogram as MetricHistogram};
+use serde::Serialize;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::metrics as m;
+use crate::publisher::SinkError;
+use crate::stats::{Global, QueueWaitMs};
+use crate::stream::StreamShared;
+
+/// One confirmation round trip through the server, for one connection.
+pub trait Confirmer: Send + Sync + 'static {
+    /// Publishes one marker behind everything handed over so far and resolves when it
+    /// came back through the server. Dropping the future abandons the round (a marker
+    /// that returns later is skipped by the next round).
+    fn round(&self) -> BoxFuture<'_, Result<(), SinkError>>;
+
+    /// The connection epoch: changes whenever the client replaced its connection.
+    fn epoch(&self) -> u64;
+}
+
+/// The async-nats confirmer: a marker published to, and received from, an inbox
+/// subject unique to this ingress on the same connection.
+pub struct NatsConfirmer {
+    client: Client,
+    subject: Subject,
+    sub: tokio::sync::Mutex<Option<Subscriber>>,
+    next: AtomicU64,
+}
+
+impl std::fmt::Debug for NatsConfirmer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsConfirmer")
+            .field("subject", &self.subject)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NatsConfirmer {
+    /// A confirmer on `client`'s connection (subscribes on the first round).
+    pub fn new(client: Client) -> Self {
+        let subject = Subject::from(format!("{}.weir-confirm", client.new_inbox()));
+        Self {
+            client,
+            subject,
+            sub: tokio::sync::Mutex::new(None),
+            next: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Confirmer for NatsConfirmer {
+    fn round(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+        Box::pin(async move {
+            let mut guard = self.sub.lock().await;
+            if guard.is_none() {
+                // The SUB goes through the same connection before the marker's PUB, so
+                // the server has registered it when the marker arrives.
+                let sub = self
+                    .client
+                    .subscribe(self.subject.clone())
+                    .await
+                    .map_err(|e| SinkError(format!("confirmation subscribe: {e}")))?;
+                *guard = Some(sub);
+            }
+            let n = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+            self.client
+                .publish(self.subject.clone(), Bytes::from(n.to_string()))
+                .await
+                .map_err(|e| SinkError(format!("confirmation marker: {e}")))?;
+            let Some(sub) = guard.as_mut() else {
+                return Err(SinkError("confirmation subscription missing".into()));
+            };
+            loop {
+                let Some(msg) = sub.next().await else {
+                    *guard = None;
+                    return Err(SinkError("confirmation subscription closed".into()));
+                };
+                // Markers of abandoned rounds may still arrive: skip them.
+                let got = std::str::from_utf8(&msg.payload)
+                    .ok()
+                    .and_then(|s| s.parse::<u64>().ok());
+                if got == Some(n) {
+                    return Ok(());
+                }
+            }
+        })
+    }
+
+    fn epoch(&self) -> u64 {
+        self.client.statistics().connects.load(Ordering::Relaxed)
+    }
+}
+
+/// The window's tunables (validated in [`crate::config`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowSettings {
+    /// Limit = this much of the admitted byte rate (`confirm_window_ms`).
+    pub window: Duration,
+    /// The limit never goes below this (`confirm_window_min_bytes`).
+    pub min_bytes: u64,
+    /// Minimum spacing of markers (`confirm_interval_ms`).
+    pub interval: Duration,
+}
+
+/// A frame's bytes inside the window. Released exactly once, by `Drop`.
+#[derive(Debug)]
+pub struct WindowPermit {
+    window: Arc<Window>,
+    bytes: u64,
+}
+
+impl Drop for WindowPermit {
+    fn drop(&mut self) {
+        self.window
+            .unconfirmed_bytes
+            .fetch_sub(self.bytes, Ordering::Relaxed);
+        self.window
+            .unconfirmed_frames
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// `(stream, seq)`: the stream handed frames over up to `seq` in this batch.
+type Entry = (Arc<StreamShared>, u64);
+
+struct OpenBatch {
+    epoch: u64,
+    entries: Vec<Entry>,
+}
+
+struct Handles {
+    unconfirmed_bytes: Gauge,
+    unconfirmed_frames: Gauge,
+    limit: Gauge,
+    rounds: Counter,
+    round_seconds: MetricHistogram,
+    disconnects: Counter,
+}
+
+/// Highest round time the histogram resolves (60 s).
+const ROUND_MAX_US: u64 = 60_000_000;
+/// How often a waiting round re-reads the connection epoch.
+const EPOCH_POLL: Duration = Duration::from_millis(20);
+
+/// The confirmation window of one NATS connection. See the module docs.
+pub struct Window {
+    settings: WindowSettings,
+    enabled: bool,
+    limit: AtomicU64,
+    unconfirmed_bytes: AtomicU64,
+    unconfirmed_frames: AtomicU64,
+    open: Mutex<OpenBatch>,
+    /// Wakes the window task (a batch got its first entry, or shutdown).
+    work: Notify,
+    /// Wakes publishers waiting for room.
+    room: Notify,
+    closed: AtomicBool,
+    rounds: AtomicU64,
+    disconnects: AtomicU64,
+    round_us: Mutex<Option<Histogram<u64>>>,
+    h: Handles,
+}
+
+impl std::fmt::Debug for Window {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Window")
+            .field("settings", &self.settings)
+            .field("enabled", &self.enabled)
+            .field("unconfirmed_bytes", &self.unconfirmed_bytes())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The `window` object of `/v1/stats`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct WindowStats {
+    /// `confirmed` (the server confirms every frame) or `unconfirmed` (off: a frame
+    /// counts as published once handed to the client).
+    pub mode: &'static str,
+    /// Bytes handed to NATS and not yet confirmed.
+    pub unconfirmed_bytes: u64,
+    /// Frames handed to NATS and not yet confirmed.
+    pub unconfirmed_frames: u64,
+    /// The current limit on `unconfirmed_bytes`.
+    pub limit_bytes: u64,
+    /// Confirmation rounds completed.
+    pub rounds: u64,
+    /// Round time (marker out → back), ms.
+    pub round_ms: QueueWaitMs,
+    /// Age of the oldest unconfirmed frame (since admission), ms.
+    pub oldest_unconfirmed_age_ms: f64,
+    /// Connection losses that left frames unconfirmed (declared possibly lost).
+    pub disconnects: u64,
+}
+
+impl Window {
+    /// A window; `enabled = false` when frames count as published at hand-over.
+    pub fn new(settings: WindowSettings, enabled: bool) -> Self {
+        let h = Handles {
+            unconfirmed_bytes: metrics::gauge!(m::UNCONFIRMED_BYTES),
+            unconfirmed_frames: metrics::gauge!(m::UNCONFIRMED_FRAMES),
+            limit: metrics::gauge!(m::CONFIRM_WINDOW_LIMIT_BYTES),
+            rounds: metrics::counter!(m::CONFIRM_ROUNDS_TOTAL),
+            round_seconds: metrics::histogram!(m::CONFIRM_ROUND_SECONDS),
+            disconnects: metrics::counter!(m::CONFIRM_DISCONNECTS_TOTAL),
+        };
+        h.limit.set(settings.min_bytes as f64);
+        Self {
+            settings,
+            enabled,
+            limit: AtomicU64::new(settings.min_bytes),
+            unconfirmed_bytes: AtomicU64::new(0),
+            unconfirmed_frames: AtomicU64::new(0),
+            open: Mutex::new(OpenBatch {
+                epoch: 0,
+                entries: Vec::new(),
+            }),
+            work: Notify::new(),
+            room: Notify::new(),
+            closed: AtomicBool::new(false),
+            rounds: AtomicU64::new(0),
+            disconnects: AtomicU64::new(0),
+            round_us: Mutex::new(Histogram::new_with_bounds(1, ROUND_MAX_US, 2).ok()),
+            h,
+        }
+    }
+
+    /// Whether frames wait for the server's confirmation.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Bytes handed over and not yet confirmed.
+    pub fn unconfirmed_bytes(&self) -> u64 {
+        self.unconfirmed_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The current byte limit.
+    pub fn limit_bytes(&self) -> u64 {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// Stops the window task (the ingress is gone).
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.work.notify_one();
+    }
+
+    fn lock_open(&self) -> std::sync::MutexGuard<'_, OpenBatch> {
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes `bytes` of window room, waiting until `deadline` at most. `None` when the
+    /// deadline passed first. An empty window always admits (a frame larger than the
+    /// limit still makes progress).
+    pub(crate) async fn acquire(
+        self: &Arc<Self>,
+        bytes: u64,
+        deadline: Instant,
+    ) -> Option<WindowPermit> {
+        loop {
+            let room = self.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            let limit = self.limit.load(Ordering::Relaxed);
+            let taken = self
+                .unconfirmed_bytes
+                .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |cur| {
+                    (cur == 0 || cur + bytes <= limit).then_some(cur + bytes)
+                })
+                .is_ok();
+            if taken {
+                self.unconfirmed_frames.fetch_add(1, Ordering::Relaxed);
+                return Some(WindowPermit {
+                    window: Arc::clone(self),
+                    bytes,
+                });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            // Room is announced once per round; re-check at least every interval too.
+            let recheck =
+                (now + self.settings.interval.max(Duration::from_millis(1))).min(deadline);
+            tokio::select! {
+                () = &mut room => {}
+                () = tokio::time::sleep_until(recheck) => {}
+            }
+        }
+    }
+
+    /// Records that `stream` handed frames over up to `seq` (after the publish
+    /// returned). The frame is already in the stream's unconfirmed list.
+    pub(crate) fn record(&self, stream: &Arc<StreamShared>, seq: u64) {
+        let first = {
+            let mut open = self.lock_open();
+            open.entries.push((Arc::clone(stream), seq));
+            open.entries.len() == 1
+        };
+        if first {
+            self.work.notify_one();
+        }
+    }
+
+    fn take_batch(&self, epoch_now: u64) -> OpenBatch {
+        let mut open = self.lock_open();
+        let entries = std::mem::take(&mut open.entries);
+        let epoch = std::mem::replace(&mut open.epoch, epoch_now);
+        OpenBatch { epoch, entries }
+    }
+
+    fn has_work(&self) -> bool {
+        !self.lock_open().entries.is_empty()
+    }
+
+    /// The `/v1/stats` view; `oldest_unconfirmed` is computed by the caller over the
+    /// streams.
+    pub fn stats(&self, oldest_unconfirmed: Duration) -> WindowStats {
+        let round_ms = {
+            let guard = self.round_us.lock().unwrap_or_else(PoisonError::into_inner);
+            match guard.as_ref() {
+                Some(h) if !h.is_empty() => {
+                    let ms = |us: u64| us as f64 / 1000.0;
+                    QueueWaitMs {
+                        count: h.len(),
+                        p50: ms(h.value_at_quantile(0.50)),
+                        p95: ms(h.value_at_quantile(0.95)),
+                        p99: ms(h.value_at_quantile(0.99)),
+                        max: ms(h.max()),
+                    }
+                }
+                _ => QueueWaitMs::default(),
+            }
+        };
+        WindowStats {
+            mode: if self.enabled {
+                "confirmed"
+            } else {
+                "unconfirmed"
+            },
+            unconfirmed_bytes: self.unconfirmed_bytes(),
+            unconfirmed_frames: self.unconfirmed_frames.load(Ordering::Relaxed),
+            limit_bytes: self.limit_bytes(),
+            rounds: self.rounds.load(Ordering::Relaxed),
+            round_ms,
+            oldest_unconfirmed_age_ms: oldest_unconfirmed.as_secs_f64() * 1e3,
+            disconnects: self.disconnects.load(Ordering::Relaxed),
+        }
+    }
+
+    fn publish_gauges(&self) {
+        self.h
+            .unconfirmed_bytes
+            .set(self.unconfirmed_bytes() as f64);
+        self.h
+            .unconfirmed_frames
+            .set(self.unconfirmed_frames.load(Ordering::Relaxed) as f64);
+        self.h.limit.set(self.limit_bytes() as f64);
+    }
+
+    fn record_round(&self, took: Duration) {
+        self.rounds.fetch_add(1, Ordering::Relaxed);
+        self.h.rounds.increment(1);
+        self.h.round_seconds.record(took.as_secs_f64());
+        let us = u64::try_from(took.as_micros())
+            .unwrap_or(u64::MAX)
+            .clamp(1, ROUND_MAX_US);
+        if let Some(h) = self
+            .round_us
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_mut()
+        {
+            h.saturating_record(us);
+        }
+    }
+}
+
+/// The admitted byte rate, smoothed (EWMA, time constant [`RATE_TAU`]).
+struct RateMeter {
+    last_bytes: u64,
+    last_at: Instant,
+    rate: f64,
+}
+
+const RATE_TAU: Duration = Duration::from_secs(1);
+
+impl RateMeter {
+    fn new(bytes: u64) -> Self {
+        Self {
+            last_bytes: bytes,
+            last_at: Instant::now(),
+            rate: 0.0,
+        }
+    }
+
+    /// Folds in the admitted total now; returns bytes per second.
+    fn update(&mut self, bytes: u64) -> f64 {
+        let now = Instant::now();
+        let dt = now.saturating_duration_since(self.last_at).as_secs_f64();
+        if dt >= 0.01 {
+            let inst = bytes.saturating_sub(self.last_bytes) as f64 / dt;
+            let alpha = (dt / RATE_TAU.as_secs_f64()).min(1.0);
+            self.rate += alpha * (inst - self.rate);
+            self.last_bytes = bytes;
+            self.last_at = now;
+        }
+        self.rate
+    }
+}
+
+/// Settles one batch: every entry's frames up to its seq are published
+/// (`confirmed`) or possibly lost. One stream lock per stream in the batch.
+fn settle(mut entries: Vec<Entry>, confirmed: bool) -> (u64, u64) {
+    // Keep the highest seq per stream (entries of one stream grow in seq order).
+    entries.sort_by_key(|(s, seq)| (Arc::as_ptr(s) as usize, *seq));
+    let mut frames = 0;
+    let mut streams = 0;
+    let mut i = 0;
+    while i < entries.len() {
+        let mut j = i;
+        while j + 1 < entries.len() && Arc::ptr_eq(&entries[j + 1].0, &entries[i].0) {
+            j += 1;
+        }
+        let (stream, seq) = &entries[j];
+        let n = {
+            let mut core = stream.lock();
+            if confirmed {
+                core.confirm_through(*seq)
+            } else {
+                core.lose_through(*seq)
+            }
+        };
+        frames += n;
+        streams += u64::from(n > 0);
+        stream.settled();
+        i = j + 1;
+    }
+    (frames, streams)
+}
+
+/// The window task: one per ingress, runs until [`Window::close`].
+pub(crate) async fn run(window: Arc<Window>, confirmer: Arc<dyn Confirmer>, global: Arc<Global>) {
+    let mut rate = RateMeter::new(global.admitted_bytes());
+    let mut last_round = Instant::now();
+    let mut last_warn: Option<Instant> = None;
+    let mut lost_epoch: Option<u64> = None;
+    window.lock_open().epoch = confirmer.epoch();
+    loop {
+        // Wait for work, refreshing the limit meanwhile.
+        loop {
+            let work = window.work.notified();
+            tokio::pin!(work);
+            work.as_mut().enable();
+            if window.closed.load(Ordering::Acquire) {
+                return;
+            }
+            let r = rate.update(global.admitted_bytes());
+            let limit =
+                ((r * window.settings.window.as_secs_f64()) as u64).max(window.settings.min_bytes);
+            window.limit.store(limit, Ordering::Relaxed);
+            window.publish_gauges();
+            if window.has_work() {
+                break;
+            }
+            tokio::select! {
+                () = &mut work => {}
+                () = tokio::time::sleep(Duration::from_millis(250)) => {}
+            }
+        }
+        tokio::time::sleep_until(last_round + window.settings.interval).await;
+        let batch = window.take_batch(confirmer.epoch());
+        let started = Instant::now();
+        last_round = started;
+        let confirmed = loop {
+            let round = confirmer.round();
+            tokio::pin!(round);
+            let outcome = loop {
+                tokio::select! {
+                    r = &mut round => break Some(r),
+                    () = tokio::time::sleep(EPOCH_POLL) => {
+                        if confirmer.epoch() != batch.epoch || window.closed.load(Ordering::Acquire) {
+                            break None;
+                        }
+                    }
+                }
+            };
+            if window.closed.load(Ordering::Acquire) {
+                return;
+            }
+            match outcome {
+                Some(Ok(())) => break confirmer.epoch() == batch.epoch,
+                None => break false,
+                Some(Err(e)) => {
+                    if last_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                        tracing::warn!(error = %e.0, "confirmation round failed; retrying");
+                        last_warn = Some(Instant::now());
+                    }
+                    if confirmer.epoch() != batch.epoch {
+                        break false;
+                    }
+                    tokio::time::sleep(window.settings.interval.max(EPOCH_POLL)).await;
+                }
+            }
+        };
+        let (frames, streams) = settle(batch.entries, confirmed);
+        if confirmed {
+            window.record_round(started.elapsed());
+        } else if frames > 0 {
+            // Batches of one lost connection count as one disconnect.
+            if lost_epoch != Some(batch.epoch) {
+                lost_epoch = Some(batch.epoch);
+                window.disconnects.fetch_add(1, Ordering::Relaxed);
+                window.h.disconnects.increment(1);
+            }
+            tracing::warn!(
+                frames,
+                streams,
+                "NATS connection replaced before the server confirmed these frames: \
+                 declared possibly lost (Weir-Possibly-Lost)"
+            );
+        }
+        window.publish_gauges();
+        window.room.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn rate_meter_tracks_the_admitted_rate() {
+        let mut m = RateMeter::new(0);
+        let mut total = 0;
+        for _ in 0..40 {
+            tokio::time::advance(Duration::from_millis(100)).await;
+            total += 3_200; // 32,000 B/s
+            m.update(total);
+        }
+        let r = m.update(total);
+        assert!((r - 32_000.0).abs() < 2_000.0, "{r}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn acquire_waits_for_room_until_the_deadline() {
+        let w = Arc::new(Window::new(
+            WindowSettings {
+                window: Duration::from_millis(200),
+                min_bytes: 1_280,
+                interval: Duration::from_millis(5),
+            },
+            true,
+        ));
+        let deadline = Instant::now() + Duration::from_millis(100);
+        let a = w.acquire(640, deadline).await.expect("room");
+        let b = w.acquire(640, deadline).await.expect("room");
+        assert_eq!(w.unconfirmed_bytes(), 1_280);
+        let t0 = Instant::now();
+        assert!(
+            w.acquire(640, deadline).await.is_none(),
+            "full until the deadline"
+        );
+        assert_eq!(Instant::now() - t0, Duration::from_millis(100));
+        drop(a);
+        let c = w
+            .acquire(640, Instant::now())
+            .await
+            .expect("released by Drop");
+        drop((b, c));
+        assert_eq!(w.unconfirmed_bytes(), 0);
+        // An empty window admits a frame larger than the limit.
+        let big = w.acquire(4_000, Instant::now()).await.expect("progress");
+        drop(big);
+        assert_eq!(w.unconfirmed_bytes(), 0);
+    }
+}

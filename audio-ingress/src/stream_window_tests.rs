@@ -1,0 +1,190 @@
+//! Paused-clock tests of the confirmation window ([`crate::confirm`]) through the
+//! producer core: a sink whose "server" stops confirming while the client still takes
+//! messages (the case that used to deliver seconds-old audio unsignalled), and a
+//! reconnect that discards what was unconfirmed.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use weir_protocol::audio::PacketBody;
+use weir_protocol::audio::extension::{EndReason, OverloadReason, PossibleLossReason};
+
+use crate::config::{Policy, StreamConfig};
+use crate::error::PushError;
+use crate::stream::Ingress;
+use crate::stream_tests::{FRAME, MemorySink, frames_of, pcm};
+
+async fn settle() {
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+}
+
+/// `close`, one stream: the server stops confirming. Frames handed over stay pending,
+/// so the stream overloads within `max_age` + `max_wait` + a frame, with at most one
+/// budget (25 frames) in the client; after the resume every handed-over frame is
+/// confirmed and the `end` carries the overload.
+#[tokio::test(start_paused = true)]
+async fn close_overloads_when_the_server_stops_confirming() {
+    let sink = MemorySink::confirming();
+    let ingress = Ingress::new(sink.clone(), StreamConfig::default());
+    let s = ingress.open("c1", None).expect("open");
+    for _ in 0..10 {
+        s.try_push(pcm()).expect("room");
+        tokio::time::advance(FRAME).await;
+    }
+    settle().await;
+    assert_eq!(ingress.stats().frames.published, 10, "confirmed");
+    sink.hold_confirm(true);
+    let held_at = Instant::now();
+    let mut overloaded_at = None;
+    for _ in 0..300 {
+        match s.try_push(pcm()) {
+            Ok(_) | Err(PushError::Full { .. }) => {}
+            Err(PushError::Overloaded(o)) => {
+                overloaded_at.get_or_insert((Instant::now(), o));
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+        assert!(s.snapshot().pending_bytes <= 16_000);
+        tokio::time::advance(FRAME).await;
+    }
+    let (at, report) = overloaded_at.expect("overloaded");
+    let after = at - held_at;
+    assert!(
+        after <= Duration::from_millis(640),
+        "overload after {after:?}"
+    );
+    assert!(
+        matches!(
+            report.reason,
+            OverloadReason::MaxAge | OverloadReason::QueueFull
+        ),
+        "{report:?}"
+    );
+    let stats = ingress.stats();
+    assert!(stats.frames.unconfirmed <= 25, "{:?}", stats.frames);
+    assert!(stats.window.unconfirmed_bytes <= 16_000);
+    assert!(
+        stats.oldest_frame_age_ms > 5_000.0,
+        "unconfirmed frames age"
+    );
+    sink.hold_confirm(false);
+    let summary = s.finish_with(EndReason::Producer).await;
+    assert!(summary.finished);
+    let f = &summary.snapshot.frames;
+    assert_eq!(f.unconfirmed, 0);
+    assert_eq!(f.possibly_lost, 0);
+    assert_eq!(f.handed_over, f.published);
+    assert!(f.handed_over <= 10 + 25, "{f:?}");
+    let dropped: u64 = f.dropped.values().sum();
+    assert_eq!(f.offered, f.published + dropped, "{f:?}");
+    let sent = sink.sent();
+    let end = sent.last().expect("end");
+    assert_eq!(end.packet.body, PacketBody::End);
+    assert_eq!(end.ext.end_reason, Some(EndReason::Overload));
+    assert_eq!(ingress.stats().pending_bytes, 0);
+}
+
+/// A reconnect while frames are unconfirmed: they are counted possibly lost (never
+/// published), the stream's next frame declares the exact range, and the `end` carries
+/// the cumulative total.
+#[tokio::test(start_paused = true)]
+async fn a_reconnect_declares_the_unconfirmed_frames_possibly_lost() {
+    let sink = MemorySink::confirming();
+    let ingress = Ingress::new(sink.clone(), StreamConfig::default());
+    let s = ingress.open("r1", None).expect("open");
+    for _ in 0..10 {
+        s.try_push(pcm()).expect("room");
+        tokio::time::advance(FRAME).await;
+    }
+    settle().await;
+    sink.hold_confirm(true);
+    for _ in 0..5 {
+        s.try_push(pcm()).expect("room");
+        tokio::time::advance(FRAME).await;
+    }
+    settle().await;
+    assert_eq!(ingress.stats().frames.unconfirmed, 5);
+    sink.reconnect();
+    sink.hold_confirm(false);
+    settle().await;
+    let stats = ingress.stats();
+    assert_eq!(stats.frames.possibly_lost, 5, "{:?}", stats.frames);
+    assert_eq!(stats.frames.published, 10);
+    assert_eq!(stats.window.disconnects, 1);
+    assert_eq!(stats.pending_bytes, 0, "released");
+    s.try_push(pcm()).expect("room");
+    tokio::time::advance(FRAME).await;
+    settle().await;
+    let summary = s.finish().await;
+    assert_eq!(summary.snapshot.frames.published, 11);
+    let sent = sink.sent();
+    assert_eq!(frames_of(&sent), (1..=16).collect::<Vec<_>>());
+    let declared: Vec<_> = sent
+        .iter()
+        .filter_map(|m| m.ext.possibly_lost.clone().map(|d| (m.packet.seq, d)))
+        .collect();
+    assert_eq!(declared.len(), 2, "{declared:?}");
+    let (seq, d) = &declared[0];
+    assert_eq!(*seq, 16, "the next frame carries it");
+    assert_eq!(
+        (d.first_seq, d.last_seq, d.frames, d.total_frames),
+        (11, 15, 5, 5)
+    );
+    assert_eq!(d.reason, PossibleLossReason::UnconfirmedAtDisconnect);
+    let (seq, d) = &declared[1];
+    assert_eq!(*seq, 17, "the end");
+    assert_eq!(d.total_frames, 5);
+}
+
+/// `gap`: with the budget held by unconfirmed frames, new frames go straight into
+/// markers (reason `unconfirmed`); every seq is published or inside a marker.
+#[tokio::test(start_paused = true)]
+async fn gap_keeps_the_timeline_exact_while_unconfirmed() {
+    let sink = MemorySink::confirming();
+    let cfg = StreamConfig::builder()
+        .policy(Policy::Gap)
+        .extended_consumers(true)
+        .build()
+        .expect("cfg");
+    let ingress = Ingress::new(sink.clone(), cfg);
+    let s = ingress.open("g1", None).expect("open");
+    for _ in 0..10 {
+        s.try_push(pcm()).expect("room");
+        tokio::time::advance(FRAME).await;
+    }
+    sink.hold_confirm(true);
+    for _ in 0..250 {
+        s.try_push(pcm()).expect("gap never refuses");
+        assert!(s.snapshot().pending_bytes <= 16_000);
+        tokio::time::advance(FRAME).await;
+    }
+    sink.hold_confirm(false);
+    for _ in 0..10 {
+        s.try_push(pcm()).expect("room");
+        tokio::time::advance(FRAME).await;
+    }
+    let summary = s.finish().await;
+    let f = &summary.snapshot.frames;
+    assert!(
+        f.dropped["unconfirmed"] > 0 || f.dropped["max_age"] > 0,
+        "{f:?}"
+    );
+    let mut covered = vec![0u8; 271];
+    for m in sink.sent() {
+        match &m.packet.body {
+            PacketBody::Frame { .. } => covered[m.packet.seq as usize] += 1,
+            PacketBody::Gap(g) => (g.first_seq..=g.last_seq).for_each(|q| covered[q as usize] += 1),
+            PacketBody::End => assert_eq!(m.packet.seq, 271),
+        }
+    }
+    assert!(
+        covered[1..].iter().all(|c| *c == 1),
+        "each seq exactly once"
+    );
+    let dropped: u64 = f.dropped.values().sum();
+    assert_eq!(f.published + dropped, 270, "{f:?}");
+    assert_eq!(f.handed_over, f.published);
+}
