@@ -170,7 +170,11 @@ async fn nats_stopped_5s_close_policy_overloads_within_max_wait_and_ends_reach_t
         // Producer accounting: every frame offered is published or counted with a reason.
         let f = &snap.frames;
         assert_eq!(f.offered, run.offered);
-        assert_eq!(f.offered, f.published + sum(&f.dropped), "{f:?}");
+        assert_eq!(
+            f.offered,
+            f.published + f.possibly_lost + sum(&f.dropped),
+            "{f:?}"
+        );
         // Stall detection: when the publish timeout tripped the policy, the frames that
         // piled up meanwhile show how long the stream had been stuck: at most max_wait
         // plus one frame of cadence, plus the frame in flight (one more frame of slack
@@ -243,7 +247,7 @@ async fn nats_stopped_5s_gap_policy_markers_account_for_exactly_the_dropped_fram
         assert_eq!(f.offered, *offered);
         assert_eq!(f.offered, f.admitted, "gap never refuses");
         let dropped = f.dropped["evicted"] + f.dropped["max_age"] + f.dropped["publish_timeout"];
-        assert_eq!(f.published + dropped, f.admitted, "{f:?}");
+        assert_eq!(f.published + f.possibly_lost + dropped, f.admitted, "{f:?}");
         let log = &logs[id];
         let end = log.end.as_ref().expect("end");
         assert_eq!(end.ext.end_reason, Some(EndReason::Producer));
@@ -255,9 +259,20 @@ async fn nats_stopped_5s_gap_policy_markers_account_for_exactly_the_dropped_fram
         }
         assert_no_duplicates_and_end_last(id, log);
         // Whatever else is missing was lost in transit (handed to the client, lost in
-        // the socket across the reconnect) — visible to the consumer as missing seqs.
+        // the socket across the reconnect): never more than what the ingress declared
+        // possibly lost, and the `end` carries that total.
         let missing = log.missing().len() as u64;
-        assert_eq!(log.frames.len() as u64 + missing, f.published, "{id}");
+        assert_eq!(
+            log.frames.len() as u64 + missing,
+            f.published + f.possibly_lost,
+            "{id}"
+        );
+        assert!(missing <= f.possibly_lost, "{id}: undeclared loss {f:?}");
+        assert_eq!(
+            end.ext.possibly_lost.as_ref().map_or(0, |d| d.total_frames),
+            f.possibly_lost,
+            "{id}: the end reports the possible loss"
+        );
         eprintln!(
             "{id}: offered {offered}, published {}, dropped into gaps {dropped} ({} markers), lost in transit {missing}",
             f.published,

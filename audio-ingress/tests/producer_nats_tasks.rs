@@ -85,12 +85,16 @@ async fn a_hundred_thousand_frames_through_ten_streams_keep_tasks_at_streams_plu
     eprintln!(
         "tasks: baseline {baseline}, with {STREAMS} streams {with_streams}, max while pushing {during}, after {after}"
     );
-    assert_eq!(with_streams, baseline + STREAMS, "one task per stream");
+    // One task per stream, plus the connection's confirmation-window task.
+    assert_eq!(with_streams, baseline + STREAMS + 1, "one task per stream");
     assert!(
-        during <= baseline + STREAMS + 2,
+        during <= baseline + STREAMS + 3,
         "task count depends on streams, not frames: max {during} vs baseline {baseline}"
     );
-    assert!(after <= baseline, "publisher tasks exit with their streams");
+    assert!(
+        after <= baseline + 1,
+        "publisher tasks exit with their streams (the window task lives with the ingress)"
+    );
     assert_eq!(published, STREAMS as u64 * FRAMES_PER_STREAM);
 
     let stats = ingress.stats();
@@ -115,10 +119,16 @@ async fn a_hundred_thousand_frames_through_ten_streams_keep_tasks_at_streams_plu
 async fn server_killed_and_restarted_mid_stream_publishers_recover_and_losses_are_visible() {
     let server = NatsServer::start().expect("nats-server");
     let collector = Collector::start(server.url(), "inference.whisper.stream.*").await;
-    // Default client capacity (1024 messages): a short outage is absorbed by the client
-    // instead of overloading the streams.
+    // A budget of 3 s: the outage (500 ms + reconnect) fits in it, so the streams
+    // survive and the test is about recovery and loss accounting. (With the default
+    // 500 ms budget the same outage overloads them: audio that old is stale.)
     let client = producer_client(server.url(), 1024).await;
-    let ingress = Arc::new(Ingress::new(client, StreamConfig::default()));
+    let cfg = StreamConfig::builder()
+        .max_age(Duration::from_secs(3))
+        .max_bytes(96_000)
+        .build()
+        .expect("cfg");
+    let ingress = Arc::new(Ingress::new(client, cfg));
     let streams = 5;
     let run_for = Duration::from_secs(4);
     let producers: Vec<_> = (0..streams)
@@ -165,11 +175,15 @@ async fn server_killed_and_restarted_mid_stream_publishers_recover_and_losses_ar
             .expect("finish");
         let f = &summary.snapshot.frames;
         assert_eq!(f.offered, offered);
-        assert_eq!(f.offered, f.published + sum(&f.dropped), "{f:?}");
+        assert_eq!(
+            f.offered,
+            f.published + f.possibly_lost + sum(&f.dropped),
+            "{f:?}"
+        );
         assert_eq!(
             sum(&f.dropped),
             refused,
-            "every producer-side drop is a counted refusal"
+            "every producer-side drop is a counted refusal: {f:?}"
         );
         assert!(summary.snapshot.end_delivered, "restart-{i}");
     }
@@ -188,15 +202,22 @@ async fn server_killed_and_restarted_mid_stream_publishers_recover_and_losses_ar
             after_restart > 50,
             "{id}: {after_restart} frames after the restart"
         );
-        // Whatever did not arrive is visible to the consumer as missing seqs.
+        // Whatever did not arrive is visible to the consumer as missing seqs, and was
+        // declared possibly lost by the ingress (the end carries the total).
         let missing = log.missing();
+        let declared = end.ext.possibly_lost.as_ref().map_or(0, |d| d.total_frames);
+        assert!(
+            missing.len() as u64 <= declared,
+            "{id}: {} missing, {declared} declared",
+            missing.len()
+        );
         assert_eq!(
             log.frames.len() + missing.len() + log.gap_frames() as usize,
             end.packet.seq as usize - 1,
             "{id}"
         );
         eprintln!(
-            "{id}: end seq {}, received {}, missing (lost in transit) {}",
+            "{id}: end seq {}, received {}, missing (lost in transit) {}, declared possibly lost {declared}",
             end.packet.seq,
             log.frames.len(),
             missing.len()
