@@ -96,6 +96,9 @@ pub enum Delivery {
     /// A frame counts as published once handed to the NATS client (the budget ends at
     /// the client; a stall can hold seconds of audio in its buffers). For comparison.
     Unconfirmed,
+    /// Lossless: frames go to a JetStream stream and count as published once stored
+    /// (see [`crate::jetstream`]).
+    JetStream,
 }
 
 impl Delivery {
@@ -104,6 +107,7 @@ impl Delivery {
         match self {
             Self::Confirmed => "confirmed",
             Self::Unconfirmed => "unconfirmed",
+            Self::JetStream => "jetstream",
         }
     }
 }
@@ -114,8 +118,9 @@ impl FromStr for Delivery {
         match s {
             "confirmed" => Ok(Self::Confirmed),
             "unconfirmed" => Ok(Self::Unconfirmed),
+            "jetstream" => Ok(Self::JetStream),
             other => Err(format!(
-                "{other:?} is not a delivery mode; expected \"confirmed\" or \"unconfirmed\""
+                "{other:?} is not a delivery mode; expected \"confirmed\", \"unconfirmed\" or \"jetstream\""
             )),
         }
     }
@@ -825,8 +830,8 @@ pub const KEYS: &[KeySpec] = &[
         "delivery",
         Str,
         "confirmed",
-        "confirmed | unconfirmed",
-        "confirmed: a frame is pending until the server confirms it (the budget holds up to the server); unconfirmed: published once handed to the client",
+        "confirmed | unconfirmed | jetstream",
+        "confirmed: a frame is pending until the server confirms it (the budget holds up to the server); unconfirmed: published once handed to the client; jetstream: lossless, frames stored in a JetStream stream (see jetstream_*)",
     ),
     key(
         "confirm_window_ms",

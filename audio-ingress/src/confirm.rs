@@ -195,6 +195,7 @@ const EPOCH_POLL: Duration = Duration::from_millis(20);
 pub struct Window {
     settings: WindowSettings,
     enabled: bool,
+    mode: &'static str,
     limit: AtomicU64,
     unconfirmed_bytes: AtomicU64,
     unconfirmed_frames: AtomicU64,
@@ -223,8 +224,9 @@ impl std::fmt::Debug for Window {
 /// The `window` object of `/v1/stats`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct WindowStats {
-    /// `confirmed` (the server confirms every frame) or `unconfirmed` (off: a frame
-    /// counts as published once handed to the client).
+    /// `confirmed` (the server confirms every frame), `unconfirmed` (off: a frame
+    /// counts as published once handed to the client) or `jetstream` (the window is
+    /// off; each publish returns once the server stored the frame).
     pub mode: &'static str,
     /// Bytes handed to NATS and not yet confirmed.
     pub unconfirmed_bytes: u64,
@@ -244,7 +246,8 @@ pub struct WindowStats {
 
 impl Window {
     /// A window; `enabled = false` when frames count as published at hand-over.
-    pub fn new(settings: WindowSettings, enabled: bool) -> Self {
+    /// `mode` is reported in the stats.
+    pub fn new(settings: WindowSettings, enabled: bool, mode: &'static str) -> Self {
         let h = Handles {
             unconfirmed_bytes: metrics::gauge!(m::UNCONFIRMED_BYTES),
             unconfirmed_frames: metrics::gauge!(m::UNCONFIRMED_FRAMES),
@@ -257,6 +260,7 @@ impl Window {
         Self {
             settings,
             enabled,
+            mode,
             limit: AtomicU64::new(settings.min_bytes),
             unconfirmed_bytes: AtomicU64::new(0),
             unconfirmed_frames: AtomicU64::new(0),
@@ -383,11 +387,7 @@ impl Window {
             }
         };
         WindowStats {
-            mode: if self.enabled {
-                "confirmed"
-            } else {
-                "unconfirmed"
-            },
+            mode: self.mode,
             unconfirmed_bytes: self.unconfirmed_bytes(),
             unconfirmed_frames: self.unconfirmed_frames.load(Ordering::Relaxed),
             limit_bytes: self.limit_bytes(),
@@ -601,6 +601,7 @@ mod tests {
                 interval: Duration::from_millis(5),
             },
             true,
+            "confirmed",
         ));
         let deadline = Instant::now() + Duration::from_millis(100);
         let a = w.acquire(640, deadline).await.expect("room");

@@ -25,6 +25,7 @@ pub mod config;
 pub mod confirm;
 pub mod consumer;
 pub mod error;
+pub mod jetstream;
 pub mod metrics;
 pub mod nats;
 pub mod publisher;

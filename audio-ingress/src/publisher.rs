@@ -81,6 +81,14 @@ pub trait Sink: Clone + Send + Sync + 'static {
     fn confirmer(&self) -> Option<Arc<dyn Confirmer>> {
         None
     }
+
+    /// Whether `publish` returns only once the server stored the message and a retry
+    /// with the same `Nats-Msg-Id` is deduplicated (JetStream, [`crate::jetstream`]):
+    /// then a failed frame publish is retried within the frame's age budget, and every
+    /// packet carries a message id.
+    fn lossless(&self) -> bool {
+        false
+    }
 }
 
 impl Sink for async_nats::Client {
@@ -115,6 +123,7 @@ const CAPTURED_AT_MS: HeaderName = HeaderName::from_static(headers::CAPTURED_AT_
 const END_REASON: HeaderName = HeaderName::from_static(headers::END_REASON);
 const OVERLOAD: HeaderName = HeaderName::from_static(headers::OVERLOAD);
 const POSSIBLY_LOST: HeaderName = HeaderName::from_static(headers::POSSIBLY_LOST);
+const MSG_ID: HeaderName = HeaderName::from_static("Nats-Msg-Id");
 
 fn value(s: &str) -> Option<HeaderValue> {
     s.parse().ok()
@@ -126,6 +135,9 @@ fn base_headers() -> HeaderMap {
     h.insert(VERSION, HeaderValue::from(PROTOCOL_VERSION));
     h
 }
+
+/// Pause before retrying a publish that failed at once (server gone).
+const RETRY_PAUSE: Duration = Duration::from_millis(20);
 
 /// Unix milliseconds at which a frame admitted at `enqueued_at` was accepted.
 fn captured_at_ms(enqueued_at: Instant) -> u64 {
@@ -149,6 +161,9 @@ pub(crate) struct Publisher<S: Sink> {
     /// The connection's confirmation window; `None` or disabled: published at
     /// hand-over.
     pub window: Option<Arc<Window>>,
+    /// Lossless sink: `Nats-Msg-Id` = this prefix + seq on every packet, and failed
+    /// frame publishes are retried within the age budget.
+    pub msg_id_prefix: Option<String>,
 }
 
 enum Attempt {
@@ -231,6 +246,15 @@ impl<S: Sink> Publisher<S> {
         Some(d)
     }
 
+    /// Adds `Nats-Msg-Id` for a lossless sink.
+    fn identify(&self, headers: &mut HeaderMap, seq: u64) {
+        if let Some(prefix) = &self.msg_id_prefix
+            && let Some(v) = value(&format!("{prefix}{seq}"))
+        {
+            headers.insert(MSG_ID, v);
+        }
+    }
+
     fn undeclare(&self, d: Option<PossibleLoss>) {
         if let Some(d) = d {
             self.stream.lock().restore_declaration(d);
@@ -289,6 +313,7 @@ impl<S: Sink> Publisher<S> {
                             HeaderMap::new()
                         };
                         let declared = self.declare(&mut headers);
+                        self.identify(&mut headers, frame.seq);
                         let r = self.attempt(headers, payload, "frame").await;
                         if matches!(r, Attempt::Failed(_)) {
                             self.undeclare(declared);
@@ -325,6 +350,16 @@ impl<S: Sink> Publisher<S> {
                 }
                 Attempt::Failed(failure) => {
                     drop(permit);
+                    if self.msg_id_prefix.is_some()
+                        && failure != Failure::Expired
+                        && now < frame.enqueued_at + self.enforced_max_age
+                    {
+                        // Lossless: the same message id again; the server keeps one copy.
+                        if failure == Failure::Error {
+                            tokio::time::sleep(self.publish_timeout.min(RETRY_PAUSE)).await;
+                        }
+                        continue;
+                    }
                     let after = {
                         let mut core = self.stream.lock();
                         let after = core.inflight_failed(frame, failure, now);
@@ -354,6 +389,7 @@ impl<S: Sink> Publisher<S> {
             };
             let mut headers = base_headers();
             let declared = self.declare(&mut headers);
+            self.identify(&mut headers, gap.last_seq);
             let attempt = self.attempt(headers, payload, "gap").await;
             if matches!(attempt, Attempt::Failed(_)) {
                 self.undeclare(declared);
@@ -428,6 +464,7 @@ impl<S: Sink> Publisher<S> {
         {
             headers.insert(OVERLOAD, v);
         }
+        self.identify(&mut headers, end.seq);
         let deadline = self.stream.lock().control_deadline();
         loop {
             match self.attempt(headers.clone(), payload.clone(), "end").await {

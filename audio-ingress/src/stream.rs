@@ -337,7 +337,7 @@ impl<S: Sink> Ingress<S> {
         let global = Arc::new(Global::new());
         let confirmer = match config.delivery() {
             Delivery::Confirmed => sink.confirmer(),
-            Delivery::Unconfirmed => None,
+            Delivery::Unconfirmed | Delivery::JetStream => None,
         };
         let window = Arc::new(Window::new(
             WindowSettings {
@@ -346,6 +346,11 @@ impl<S: Sink> Ingress<S> {
                 interval: config.confirm_interval(),
             },
             confirmer.is_some(),
+            if sink.lossless() {
+                "jetstream"
+            } else {
+                config.delivery().as_str()
+            },
         ));
         Self {
             inner: Arc::new(IngressInner {
@@ -509,6 +514,12 @@ impl<S: Sink> Ingress<S> {
             frame_headers: cfg.frame_headers(),
             waits: WaitBatch::default(),
             window: Some(Arc::clone(&self.inner.window)),
+            msg_id_prefix: self.inner.sink.lossless().then(|| {
+                let instance = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos());
+                format!("{}:{instance:x}:", shared.id)
+            }),
         };
         runtime.spawn(publisher.run(slot));
         Ok(StreamHandle {
