@@ -37,7 +37,8 @@ use crate::sample::{self, IngressSample, Sample};
 use crate::scenario::{FaultKind, Plan};
 use crate::timeliness::{DEFAULT_MAX_AGE, late_after};
 
-/// Longest drain after the producers stopped (plus the idle timeout for `no-end`).
+/// Longest drain after the producers stopped, beyond the wait for the fleet to reap
+/// streams that never sent `end` (its idle timeout + [`REAP_MARGIN`]).
 pub const DRAIN_MAX: Duration = Duration::from_secs(6);
 /// The fleet reaps a stream silent this long without `end` (plus the fault's length
 /// in fault scenarios, so that a pause is not mistaken for a vanished producer).
