@@ -11,19 +11,35 @@
 //!
 //! ```text
 //! unaccounted = pending_at_end                       still held by the ingress when measured
-//!             + lost_after_publish                   published − received: NATS is at-most-once
-//!             + ingress_discrepancy                  offered − published − dropped − pending_at_end
+//!                                                    (queued, or handed over and unconfirmed)
+//!             + lost_declared                        not received, declared possibly lost by
+//!                                                    the ingress (unconfirmed at a disconnect)
+//!             + lost_undetected                      not received, declared by nobody
+//!             + ingress_discrepancy                  the ingress's counters do not add up; must be 0
 //! ```
 //!
-//! `lost_after_publish` is confirmed (or not) by `consumer_detected_holes`: seqs below
-//! the highest one a consumer saw that did not arrive in order and no gap declared.
-//! Some of those may have arrived *late*, after a later frame of their stream, and
-//! been refused to keep the stream's order (`refused_out_of_order`): the naive design
-//! does that, since three publishes of one stream race each other. A loss at the
-//! very tail of a stream (after the last frame the consumer saw, and the `end` lost too)
-//! cannot be detected by sequence numbers; the difference is reported as
-//! `lost_undetected`. `ingress_discrepancy` must be 0 — anything else means the
-//! ingress's own counters do not add up.
+//! with `lost_declared + lost_undetected = lost_after_publish = published + possibly_lost −
+//! received`: the frames that left the ingress (confirmed by the server, or declared
+//! possibly lost) and never reached the fleet. `lost_declared` is at most the ingress's
+//! `possibly_lost` (some possibly-lost frames do arrive). `ingress_discrepancy =
+//! offered − published − possibly_lost − dropped − pending_at_end`.
+//!
+//! With the server-confirmed window (issue 8) the ingress reports `handed_over` (given to
+//! the NATS client), `published` (confirmed by the server), `unconfirmed` (handed over,
+//! awaiting confirmation; part of pending) and `possibly_lost`. An ingress without the
+//! window (today's, and the naive design) reports none of them: `published` then means
+//! "handed over", `possibly_lost` is 0 and everything not received after the hand-over is
+//! `lost_undetected`, exactly as before. Should the ingress also list the possibly-lost
+//! frames among its drop reasons ([`POSSIBLY_LOST_DROP_REASONS`]), they are moved out of
+//! `dropped` (they are not surely gone) and counted once, as possibly lost.
+//!
+//! `lost_undetected` is compared with `consumer_detected_holes`: seqs below the highest
+//! one a consumer saw that did not arrive in order and no gap declared. Some of those may
+//! have arrived *late*, after a later frame of their stream, and been refused to keep the
+//! stream's order (`refused_out_of_order`): the naive design does that, since three
+//! publishes of one stream race each other. A loss at the very tail of a stream (after the
+//! last frame the consumer saw, and the `end` lost too) cannot be detected by sequence
+//! numbers: `lost_at_tail = max(0, lost_undetected − consumer_detected_holes)`.
 //!
 //! One hop earlier, `sent_by_producers − offered` = `not_read_by_ingress`: frames the
 //! WebSocket producers wrote that the ingress never read — written after the server
@@ -35,6 +51,13 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::timeliness::TimelinessSummary;
+
+/// Drop reasons under which an ingress may list frames that were unconfirmed when its
+/// connection dropped. They are possibly lost, not surely dropped: the accounting moves
+/// them out of `dropped` into `possibly_lost`.
+pub const POSSIBLY_LOST_DROP_REASONS: &[&str] = &["unconfirmed_at_disconnect", "possibly_lost"];
+
 /// The raw counts at the end of a run.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FrameCounts {
@@ -42,12 +65,20 @@ pub struct FrameCounts {
     pub sent_by_producers: u64,
     /// Frames the ingress read (its `frames.offered`).
     pub offered: u64,
-    /// Frames the ingress handed to NATS.
+    /// Frames the ingress handed to the NATS client (`None`: not reported, i.e. an
+    /// ingress without the server-confirmed window).
+    pub handed_over: Option<u64>,
+    /// Frames the ingress reports published (confirmed by the server with the window;
+    /// handed to NATS without it).
     pub published: u64,
+    /// Frames unconfirmed when the connection dropped (the ingress's `possibly_lost`).
+    pub possibly_lost: u64,
     /// Frames the ingress dropped, by reason.
     pub dropped: BTreeMap<String, u64>,
-    /// Frames still held by the ingress at the end.
+    /// Frames still held by the ingress at the end (queued or unconfirmed).
     pub pending_at_end: u64,
+    /// Of those, handed over and not yet confirmed.
+    pub unconfirmed_at_end: u64,
     /// Distinct frames the fleet received.
     pub received: u64,
     /// Holes the fleet detected by sequence number.
@@ -56,6 +87,9 @@ pub struct FrameCounts {
     pub refused_out_of_order: u64,
     /// Frames declared missing by gap packets.
     pub declared_in_gaps: u64,
+    /// Frames the consumers were told are possibly lost (`None` until the consumer core
+    /// counts them).
+    pub consumer_possibly_lost: Option<u64>,
 }
 
 /// The `frames` object of the report.
@@ -65,8 +99,13 @@ pub struct FrameAccounting {
     pub sent_by_producers: u64,
     /// Frames the ingress read from the producers.
     pub offered: u64,
-    /// Frames handed to NATS.
+    /// Frames handed to the NATS client (`null` when the ingress does not report it).
+    pub handed_over: Option<u64>,
+    /// Frames published: confirmed by the server (handed to NATS on an ingress without
+    /// the server-confirmed window).
     pub published: u64,
+    /// Frames the ingress declared possibly lost (unconfirmed at a disconnect).
+    pub possibly_lost: u64,
     /// Distinct frames the recognition fleet received.
     pub received: u64,
     /// Frames dropped by the ingress with a reason (total).
@@ -81,26 +120,43 @@ pub struct FrameAccounting {
     pub explained: Explanation,
     /// `sent_by_producers − offered`: written by producers, never read by the ingress.
     pub not_read_by_ingress: i64,
+    /// Timeliness of what the fleet got: `late_after_ms`, `delivered_late`,
+    /// `delivered_untimed`, `e2e_latency_ms` (see [`crate::timeliness`]).
+    #[serde(flatten)]
+    pub timeliness: TimelinessSummary,
 }
 
 /// The terms that add up to `unaccounted`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Explanation {
-    /// Still held by the ingress when measured.
+    /// Still held by the ingress when measured (queued or unconfirmed).
     pub pending_at_end: u64,
-    /// Published but never received (core NATS is at-most-once).
+    /// Of those, handed to the NATS client and not yet confirmed by the server.
+    pub unconfirmed_at_end: u64,
+    /// Left the ingress (published or possibly lost) but never received:
+    /// `lost_declared + lost_undetected`.
     pub lost_after_publish: i64,
-    /// Of those, detected by the consumer as sequence holes.
+    /// Not received, and declared possibly lost by the ingress.
+    pub lost_declared: i64,
+    /// Not received, and declared by nobody: silent loss (core NATS is at-most-once).
+    pub lost_undetected: i64,
+    /// Of `lost_undetected`, the consumers detected this many as sequence holes.
     pub consumer_detected_holes: u64,
     /// Of the holes, frames that did arrive but after a later frame of their stream
     /// and were refused (the stream's order was broken upstream).
     pub refused_out_of_order: u64,
-    /// At least this many were not detectable by sequence numbers (lost at a stream's
-    /// tail): `max(0, lost_after_publish − consumer_detected_holes)`. Holes can exceed
-    /// the loss because they also cover frames the ingress dropped *with a reason* just
-    /// before an overload `end` (accounted in `dropped`).
-    pub lost_undetected: i64,
-    /// `offered − published − dropped − pending_at_end`; must be 0.
+    /// At least this many were not even detectable by sequence numbers (lost at a
+    /// stream's tail): `max(0, lost_undetected − consumer_detected_holes)`. Holes can
+    /// exceed the loss because they also cover frames the ingress dropped *with a
+    /// reason* just before an overload `end` (accounted in `dropped`).
+    pub lost_at_tail: i64,
+    /// Frames the consumers counted as declared possibly lost (`null` until the
+    /// consumer core reports it): a cross-check of `lost_declared`.
+    pub consumer_possibly_lost_frames: Option<u64>,
+    /// `handed_over − published − possibly_lost − unconfirmed_at_end`, when the ingress
+    /// reports `handed_over`; must be 0.
+    pub window_discrepancy: Option<i64>,
+    /// `offered − published − possibly_lost − dropped − pending_at_end`; must be 0.
     pub ingress_discrepancy: i64,
 }
 
@@ -108,33 +164,78 @@ fn signed(a: u64, b: u64) -> i64 {
     (i128::from(a) - i128::from(b)).clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
 }
 
+fn as_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// Splits the possibly-lost frames out of the ingress's drop reasons: (drops that are
+/// surely drops, possibly lost). The two sources count the same frames, so the larger
+/// one wins rather than their sum.
+pub fn split_possibly_lost(
+    dropped: &BTreeMap<String, u64>,
+    possibly_lost: u64,
+) -> (BTreeMap<String, u64>, u64) {
+    let mut sure = BTreeMap::new();
+    let mut listed = 0u64;
+    for (reason, n) in dropped {
+        if POSSIBLY_LOST_DROP_REASONS.contains(&reason.as_str()) {
+            listed = listed.saturating_add(*n);
+        } else {
+            sure.insert(reason.clone(), *n);
+        }
+    }
+    (sure, possibly_lost.max(listed))
+}
+
 impl FrameAccounting {
     /// Computes the accounting from the raw counts (pure).
     pub fn from_counts(c: &FrameCounts) -> Self {
-        let dropped: u64 = c.dropped.values().sum();
-        let unaccounted = signed(c.offered, c.received) - dropped as i64;
-        let lost_after_publish = signed(c.published, c.received);
-        let ingress_discrepancy =
-            signed(c.offered, c.published) - dropped as i64 - c.pending_at_end as i64;
+        let (dropped_by_reason, possibly_lost) = split_possibly_lost(&c.dropped, c.possibly_lost);
+        let dropped: u64 = dropped_by_reason.values().sum();
+        let unaccounted = signed(c.offered, c.received) - as_i64(dropped);
+        let lost_after_publish = signed(c.published.saturating_add(possibly_lost), c.received);
+        let lost_declared = lost_after_publish.clamp(0, as_i64(possibly_lost));
+        let lost_undetected = lost_after_publish - lost_declared;
+        let ingress_discrepancy = signed(c.offered, c.published)
+            - as_i64(possibly_lost)
+            - as_i64(dropped)
+            - as_i64(c.pending_at_end);
+        let window_discrepancy = c
+            .handed_over
+            .map(|h| signed(h, c.published) - as_i64(possibly_lost) - as_i64(c.unconfirmed_at_end));
         Self {
             sent_by_producers: c.sent_by_producers,
             offered: c.offered,
+            handed_over: c.handed_over,
             published: c.published,
+            possibly_lost,
             received: c.received,
             dropped,
-            dropped_by_reason: c.dropped.clone(),
+            dropped_by_reason,
             declared_in_gaps: c.declared_in_gaps,
             unaccounted,
             explained: Explanation {
                 pending_at_end: c.pending_at_end,
+                unconfirmed_at_end: c.unconfirmed_at_end,
                 lost_after_publish,
+                lost_declared,
+                lost_undetected,
                 consumer_detected_holes: c.consumer_detected_holes,
                 refused_out_of_order: c.refused_out_of_order,
-                lost_undetected: (lost_after_publish - c.consumer_detected_holes as i64).max(0),
+                lost_at_tail: (lost_undetected - as_i64(c.consumer_detected_holes)).max(0),
+                consumer_possibly_lost_frames: c.consumer_possibly_lost,
+                window_discrepancy,
                 ingress_discrepancy,
             },
             not_read_by_ingress: signed(c.sent_by_producers, c.offered),
+            timeliness: TimelinessSummary::default(),
         }
+    }
+
+    /// The same, with the fleet's timeliness figures attached.
+    pub fn with_timeliness(mut self, timeliness: TimelinessSummary) -> Self {
+        self.timeliness = timeliness;
+        self
     }
 
     /// Sentences that explain every non-zero term, for the report's notes.
@@ -143,15 +244,36 @@ impl FrameAccounting {
         let e = &self.explained;
         if self.unaccounted != 0 {
             notes.push(format!(
-                "unaccounted {} = pending at end {} + lost after publish {} + ingress discrepancy {}",
-                self.unaccounted, e.pending_at_end, e.lost_after_publish, e.ingress_discrepancy
+                "unaccounted {} = pending at end {} (unconfirmed {}) + lost declared {} + lost \
+                 undetected {} + ingress discrepancy {}",
+                self.unaccounted,
+                e.pending_at_end,
+                e.unconfirmed_at_end,
+                e.lost_declared,
+                e.lost_undetected,
+                e.ingress_discrepancy
             ));
         }
-        if e.lost_after_publish > 0 {
+        if e.lost_declared > 0 {
+            notes.push(format!(
+                "{} frames were unconfirmed when the ingress's NATS connection dropped and never \
+                 arrived: the ingress declared them possibly lost ({} declared in all)",
+                e.lost_declared, self.possibly_lost
+            ));
+        }
+        if let Some(seen) = e.consumer_possibly_lost_frames
+            && i128::from(seen) != i128::from(e.lost_declared)
+        {
+            notes.push(format!(
+                "the consumers counted {seen} frames declared possibly lost, the accounting {}",
+                e.lost_declared
+            ));
+        }
+        if e.lost_undetected > 0 {
             let mut n = format!(
-                "{} frames were handed to NATS and not received in order: the consumers detected \
-                 {} sequence holes",
-                e.lost_after_publish, e.consumer_detected_holes
+                "{} frames left the ingress and were not received, and nobody declared them: \
+                 the consumers detected {} sequence holes",
+                e.lost_undetected, e.consumer_detected_holes
             );
             if e.refused_out_of_order > 0 {
                 let _ = write!(
@@ -161,19 +283,28 @@ impl FrameAccounting {
                     e.refused_out_of_order
                 );
             }
-            if e.lost_undetected > 0 {
+            if e.lost_at_tail > 0 {
                 let _ = write!(
                     n,
                     "; {} were not detectable by sequence (lost at a stream's tail)",
-                    e.lost_undetected
+                    e.lost_at_tail
                 );
             }
             notes.push(n);
         }
         if e.ingress_discrepancy != 0 {
             notes.push(format!(
-                "the ingress's counters do not add up: offered − published − dropped − pending = {}",
+                "the ingress's counters do not add up: offered − published − possibly lost − \
+                 dropped − pending = {}",
                 e.ingress_discrepancy
+            ));
+        }
+        if let Some(d) = e.window_discrepancy
+            && d != 0
+        {
+            notes.push(format!(
+                "the ingress's window counters do not add up: handed over − published − \
+                 possibly lost − unconfirmed = {d}"
             ));
         }
         if self.not_read_by_ingress > 0 {
@@ -181,6 +312,26 @@ impl FrameAccounting {
                 "{} frames written by producers were never read by the ingress (sent after the \
                  server ended the stream, or in flight when the socket closed)",
                 self.not_read_by_ingress
+            ));
+        }
+        let t = &self.timeliness;
+        if t.delivered_late > 0 {
+            notes.push(format!(
+                "{} frames reached the fleet more than {:.0} ms (max_age + one confirmation \
+                 round) after capture",
+                t.delivered_late, t.late_after_ms
+            ));
+        }
+        if t.delivered_untimed > 0 && t.e2e_latency_ms.count == 0 {
+            notes.push(format!(
+                "none of the {} frames the fleet handled carried a capture time the consumer \
+                 core could read: lateness and e2e latency were not measured",
+                t.delivered_untimed
+            ));
+        } else if t.delivered_untimed > 0 {
+            notes.push(format!(
+                "{} frames the fleet handled carried no capture time and were not timed",
+                t.delivered_untimed
             ));
         }
         notes
@@ -233,7 +384,9 @@ mod tests {
         });
         assert_eq!(a.unaccounted, 10);
         assert_eq!(a.explained.lost_after_publish, 10);
-        assert_eq!(a.explained.lost_undetected, 2);
+        assert_eq!(a.explained.lost_declared, 0);
+        assert_eq!(a.explained.lost_undetected, 10);
+        assert_eq!(a.explained.lost_at_tail, 2);
         let sum = a.explained.pending_at_end as i64
             + a.explained.lost_after_publish
             + a.explained.ingress_discrepancy;
@@ -257,6 +410,177 @@ mod tests {
                 + a.explained.lost_after_publish
                 + a.explained.ingress_discrepancy,
             a.unaccounted
+        );
+    }
+
+    /// The decomposition the report promises: every term adds up to `unaccounted`.
+    fn assert_exact(a: &FrameAccounting) {
+        let e = &a.explained;
+        assert_eq!(
+            e.pending_at_end as i64 + e.lost_declared + e.lost_undetected + e.ingress_discrepancy,
+            a.unaccounted,
+            "{a:?}"
+        );
+        assert_eq!(e.lost_declared + e.lost_undetected, e.lost_after_publish);
+    }
+
+    #[test]
+    fn with_the_window_loss_splits_into_declared_and_undetected() {
+        // 1000 offered: 20 dropped with a reason, 30 pending (10 of them unconfirmed),
+        // 900 confirmed, 50 unconfirmed at a disconnect (possibly lost). The fleet got
+        // 880 of the confirmed ones and 15 of the possibly-lost ones: 895.
+        let c = FrameCounts {
+            sent_by_producers: 1000,
+            offered: 1000,
+            handed_over: Some(960),
+            published: 900,
+            possibly_lost: 50,
+            dropped: BTreeMap::from([("max_age".into(), 20)]),
+            pending_at_end: 30,
+            unconfirmed_at_end: 10,
+            received: 895,
+            consumer_detected_holes: 20,
+            consumer_possibly_lost: Some(35),
+            ..Default::default()
+        };
+        let a = FrameAccounting::from_counts(&c);
+        assert_eq!(a.unaccounted, 1000 - 895 - 20);
+        assert_eq!(a.explained.lost_after_publish, 950 - 895);
+        assert_eq!(a.explained.lost_declared, 50, "at most what was declared");
+        assert_eq!(a.explained.lost_undetected, 5);
+        assert_eq!(a.explained.lost_at_tail, 0, "20 holes cover the 5");
+        assert_eq!(a.explained.ingress_discrepancy, 0);
+        assert_eq!(a.explained.window_discrepancy, Some(0));
+        assert_exact(&a);
+        // The consumers' own count differs from the accounting's: said in a note.
+        assert!(
+            a.notes().iter().any(|n| n.contains("counted 35")),
+            "{:?}",
+            a.notes()
+        );
+    }
+
+    #[test]
+    fn possibly_lost_frames_that_arrived_are_not_loss() {
+        // All 50 possibly-lost frames did arrive: nothing is lost.
+        let a = FrameAccounting::from_counts(&FrameCounts {
+            offered: 100,
+            handed_over: Some(100),
+            published: 50,
+            possibly_lost: 50,
+            received: 100,
+            ..Default::default()
+        });
+        assert_eq!(a.unaccounted, 0);
+        assert_eq!(a.explained.lost_declared, 0);
+        assert_eq!(a.explained.lost_undetected, 0);
+        assert_exact(&a);
+        // Some arrived, fewer than declared went missing: declared covers them all.
+        let a = FrameAccounting::from_counts(&FrameCounts {
+            offered: 100,
+            published: 50,
+            possibly_lost: 50,
+            received: 80,
+            ..Default::default()
+        });
+        assert_eq!(a.explained.lost_declared, 20);
+        assert_eq!(a.explained.lost_undetected, 0);
+        assert_exact(&a);
+    }
+
+    #[test]
+    fn possibly_lost_listed_as_a_drop_reason_is_counted_once_not_as_dropped() {
+        let dropped = BTreeMap::from([
+            ("queue_full".to_owned(), 5),
+            ("unconfirmed_at_disconnect".to_owned(), 40),
+        ]);
+        let (sure, possibly) = split_possibly_lost(&dropped, 40);
+        assert_eq!(sure, BTreeMap::from([("queue_full".to_owned(), 5)]));
+        assert_eq!(possibly, 40, "the same frames, not 80");
+        assert_eq!(split_possibly_lost(&dropped, 0).1, 40);
+        let a = FrameAccounting::from_counts(&FrameCounts {
+            offered: 145,
+            published: 100,
+            possibly_lost: 40,
+            dropped,
+            received: 110,
+            ..Default::default()
+        });
+        assert_eq!(a.dropped, 5);
+        assert_eq!(a.possibly_lost, 40);
+        assert_eq!(a.unaccounted, 30);
+        assert_eq!(a.explained.lost_declared, 30);
+        assert_eq!(a.explained.ingress_discrepancy, 0);
+        assert_exact(&a);
+    }
+
+    #[test]
+    fn without_the_window_fields_everything_reads_as_before() {
+        // Today's ingress: no handed_over, no possibly_lost; published = handed over.
+        let a = FrameAccounting::from_counts(&FrameCounts {
+            offered: 6000,
+            published: 6000,
+            received: 4448,
+            consumer_detected_holes: 0,
+            ..Default::default()
+        });
+        assert_eq!(a.handed_over, None);
+        assert_eq!(a.explained.window_discrepancy, None);
+        assert_eq!(a.explained.consumer_possibly_lost_frames, None);
+        assert_eq!(a.explained.lost_declared, 0);
+        assert_eq!(a.explained.lost_undetected, 1552);
+        assert_eq!(a.explained.lost_at_tail, 1552);
+        assert_exact(&a);
+        let v = serde_json::to_value(&a).unwrap();
+        assert!(v["handed_over"].is_null());
+        assert!(v["explained"]["window_discrepancy"].is_null());
+    }
+
+    #[test]
+    fn broken_window_counters_show_as_window_discrepancy() {
+        let a = FrameAccounting::from_counts(&FrameCounts {
+            offered: 100,
+            handed_over: Some(100),
+            published: 90,
+            pending_at_end: 10,
+            unconfirmed_at_end: 7,
+            received: 90,
+            ..Default::default()
+        });
+        assert_eq!(a.explained.window_discrepancy, Some(3));
+        assert!(a.notes().iter().any(|n| n.contains("window counters")));
+        assert_exact(&a);
+    }
+
+    #[test]
+    fn timeliness_is_flattened_into_frames() {
+        let t = TimelinessSummary {
+            late_after_ms: 700.0,
+            delivered_late: 12,
+            delivered_untimed: 0,
+            e2e_latency_ms: crate::stats::Percentiles {
+                count: 10,
+                p50: 20.0,
+                p95: 30.0,
+                p99: 40.0,
+                max: 900.0,
+            },
+        };
+        let a = FrameAccounting::default().with_timeliness(t);
+        let v = serde_json::to_value(&a).unwrap();
+        assert_eq!(v["delivered_late"], 12);
+        assert_eq!(v["late_after_ms"], 700.0);
+        assert_eq!(v["e2e_latency_ms"]["p99"], 40.0);
+        assert!(a.notes().iter().any(|n| n.contains("12 frames reached")));
+        let untimed = FrameAccounting::default().with_timeliness(TimelinessSummary {
+            delivered_untimed: 5,
+            ..Default::default()
+        });
+        assert!(
+            untimed
+                .notes()
+                .iter()
+                .any(|n| n.contains("were not measured"))
         );
     }
 }

@@ -9,8 +9,11 @@
 //! `gap` here, so that a recogniser that stalled keeps its timeline when it resumes).
 //!
 //! The handler — the "recogniser" — busy-waits `cost_per_frame` per frame and records
-//! the end-to-end latency (the ingress's `Weir-Captured-At-Ms` → handled here) per
-//! sampling window and for the whole run. While the fleet is paused, every handler
+//! the end-to-end latency (the frame's capture time → handled here) per sampling window
+//! and for the whole run. On entry, before any pause or work, it also records the
+//! frame's timeliness ([`crate::timeliness`]): whether the consumer received it later
+//! than `max_age` + one confirmation round after capture (`delivered_late`), and the
+//! latency capture → handed to the handler. While the fleet is paused, every handler
 //! waits before its next frame, as a stalled GPU worker would; frames then queue in
 //! the consumer (bounded) and in the NATS client (bounded by `subscription_capacity`).
 //!
@@ -29,6 +32,7 @@ use weir_audio_ingress::consumer::{
 };
 
 use crate::stats::{LatencyHistogram, Percentiles};
+use crate::timeliness::{Timeliness, TimelinessSummary, unix_us};
 
 /// Fleet settings.
 #[derive(Debug, Clone)]
@@ -49,6 +53,9 @@ pub struct FleetConfig {
     pub max_pending_bytes: usize,
     /// Per-stream bound of the consumer's queue, age.
     pub max_pending_age: Duration,
+    /// A frame received later than this after capture counts as `delivered_late`
+    /// (the ingress's `max_age` + one confirmation round, [`crate::timeliness::late_after`]).
+    pub late_after: Duration,
 }
 
 struct Shared {
@@ -56,6 +63,7 @@ struct Shared {
     cost: Duration,
     latency_total: Mutex<LatencyHistogram>,
     latency_window: Mutex<LatencyHistogram>,
+    timeliness: Mutex<Timeliness>,
 }
 
 /// The handler of one stream: a simulated recogniser.
@@ -68,6 +76,13 @@ impl StreamHandler for Recogniser {
         let StreamEvent::Frame(frame) = event else {
             return;
         };
+        // Handed to the handler now; received by the consumer `received_at` ago.
+        let handed_us = unix_us();
+        let received_us = handed_us
+            .saturating_sub(u64::try_from(frame.received_at.elapsed().as_micros()).unwrap_or(0));
+        if let Ok(mut t) = self.shared.timeliness.lock() {
+            t.record(frame.captured_at_ms, received_us, handed_us);
+        }
         let mut paused = self.shared.paused.clone();
         // Bounded by the scenario, which always resumes (and by the fleet's drop).
         while *paused.borrow_and_update() {
@@ -129,6 +144,13 @@ pub struct FleetSnapshot {
     pub pending_frames: u64,
     /// End-to-end latency (ingress accept → handled), whole run.
     pub latency_ms: Percentiles,
+    /// Late deliveries and latency capture → handed to the handler.
+    pub timeliness: TimelinessSummary,
+    /// Streams the consumers follow now (neither ended nor reaped).
+    pub streams_active: u64,
+    /// Frames the consumers were told are possibly lost (the ingress's
+    /// `Weir-Possibly-Lost` declaration): `None` until the consumer core counts them.
+    pub possibly_lost_frames: Option<u64>,
 }
 
 /// A running fleet.
@@ -156,6 +178,7 @@ impl Fleet {
             cost: config.cost_per_frame,
             latency_total: Mutex::new(LatencyHistogram::new()),
             latency_window: Mutex::new(LatencyHistogram::new()),
+            timeliness: Mutex::new(Timeliness::new(config.late_after)),
         });
         let workers = config.workers.clamp(1, config.partitions.max(1));
         let mut consumers = Vec::new();
@@ -169,6 +192,10 @@ impl Fleet {
             cc.max_pending_bytes = config.max_pending_bytes;
             cc.max_pending_age_ms = config.max_pending_age.as_millis() as u64;
             cc.policy = ConsumerPolicy::Gap;
+            // TODO(issue 8, consumer core): the staleness guard plugs in here once it
+            // lands (name not final): e.g. `cc.max_frame_age_ms = Some(late_after)`, so
+            // that frames older than the budget are dropped before the recogniser and
+            // declared as a `stale` gap; count them in the snapshot (see `snapshot`).
             let settings = cc.validate()?;
             // Default ping interval on purpose: a short one would make the fleet itself
             // disconnect (and lose what is in flight) while the server is SIGSTOPped.
@@ -216,6 +243,15 @@ impl Fleet {
             .sum()
     }
 
+    /// Streams the consumers follow now: neither ended nor reaped (cheap enough to poll
+    /// while draining).
+    pub fn streams_active(&self) -> u64 {
+        self.consumers
+            .iter()
+            .map(|c| c.totals().streams_active)
+            .sum()
+    }
+
     /// A cumulative snapshot.
     pub fn snapshot(&self) -> FleetSnapshot {
         let mut s = FleetSnapshot::default();
@@ -240,6 +276,12 @@ impl Fleet {
             s.slow_consumer_events += t.slow_consumer_events;
             s.orphan_ends += t.orphan_ends;
             s.pending_frames += t.pending_frames as u64;
+            s.streams_active += t.streams_active;
+            // TODO(issue 8, consumer core): add the consumer's count of frames declared
+            // possibly lost (`Weir-Possibly-Lost`), e.g.
+            // `*s.possibly_lost_frames.get_or_insert(0) += k.possibly_lost_frames;`, and the
+            // frames its staleness guard (`max_frame_age_ms`) dropped as a `stale` gap,
+            // once those counters land (names not final yet). Until then `None`.
             for stream in &st.streams {
                 let reason = match (&stream.end_seen, &stream.end_reason) {
                     (true, Some(r)) => r.clone(),
@@ -254,6 +296,12 @@ impl Fleet {
             .latency_total
             .lock()
             .map(|h| h.summary())
+            .unwrap_or_default();
+        s.timeliness = self
+            .shared
+            .timeliness
+            .lock()
+            .map(|t| t.summary())
             .unwrap_or_default();
         s
     }

@@ -72,12 +72,21 @@ pub struct FrameStats {
     pub offered: u64,
     /// Frames accepted into a queue.
     pub admitted: u64,
-    /// Frames handed to NATS.
+    /// Frames confirmed by the NATS server (with the server-confirmed window); on an
+    /// ingress without the window, frames handed to the NATS client.
     pub published: u64,
     /// Frames dropped, by reason.
     pub dropped: BTreeMap<String, u64>,
     /// Frames that shadow mode would have refused.
     pub would_reject: u64,
+    /// Frames handed to the NATS client (`None`: an ingress without the
+    /// server-confirmed window, where `published` means handed over).
+    pub handed_over: Option<u64>,
+    /// Frames handed over and not yet confirmed by the server (part of pending).
+    pub unconfirmed: u64,
+    /// Frames that were unconfirmed when the NATS connection dropped: declared to the
+    /// consumers as possibly lost (`Weir-Possibly-Lost`), never counted as published.
+    pub possibly_lost: u64,
 }
 
 impl FrameStats {
@@ -119,6 +128,29 @@ pub struct IngressStats {
     pub tasks_alive: u64,
     /// Whether the ingress's NATS connection is up.
     pub nats_connected: bool,
+    /// The server-confirmed window (`None` on an ingress without it).
+    pub window: Option<WindowStats>,
+}
+
+/// The `window` object of `/v1/stats`: frames handed to the NATS client and not yet
+/// confirmed by the server (a marker round trip), over the ingress's connection.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WindowStats {
+    /// Bytes handed over and unconfirmed now.
+    pub unconfirmed_bytes: u64,
+    /// Frames handed over and unconfirmed now.
+    pub unconfirmed_frames: u64,
+    /// The window's bound, bytes.
+    pub limit_bytes: u64,
+    /// Confirmation rounds completed.
+    pub rounds: u64,
+    /// Duration of a confirmation round (marker out → back), cumulative.
+    pub round_ms: Percentiles,
+    /// Age of the oldest unconfirmed frame, ms.
+    pub oldest_unconfirmed_age_ms: f64,
+    /// NATS disconnects the window went through.
+    pub disconnects: u64,
 }
 
 /// What the child printed when it was ready.
@@ -492,6 +524,29 @@ mod tests {
         assert_eq!(s.pending_bytes, 5);
         assert_eq!(s.frames.offered, 3);
         assert_eq!(s.frames.dropped_total(), 2);
+        assert_eq!(s.frames.handed_over, None, "absent before the window lands");
+        assert_eq!(s.window, None);
+    }
+
+    #[test]
+    fn stats_read_the_server_confirmed_window() {
+        let s: IngressStats = serde_json::from_str(
+            r#"{"pending_frames":7,"frames":{"offered":100,"handed_over":95,"published":90,
+                "unconfirmed":3,"possibly_lost":2,"dropped":{"queue_full":5}},
+                "window":{"unconfirmed_bytes":1920,"unconfirmed_frames":3,"limit_bytes":64000,
+                "rounds":42,"round_ms":{"count":42,"p50":0.4,"p95":1.0,"p99":2.0,"max":3.5},
+                "oldest_unconfirmed_age_ms":1.5,"disconnects":1,"future":true}}"#,
+        )
+        .unwrap();
+        assert_eq!(s.frames.handed_over, Some(95));
+        assert_eq!((s.frames.unconfirmed, s.frames.possibly_lost), (3, 2));
+        let w = s.window.unwrap();
+        assert_eq!(
+            (w.unconfirmed_bytes, w.limit_bytes, w.disconnects),
+            (1920, 64_000, 1)
+        );
+        assert_eq!(w.round_ms.count, 42);
+        assert_eq!(w.round_ms.max, 3.5);
     }
 
     #[test]

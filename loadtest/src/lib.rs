@@ -9,8 +9,8 @@
 //!
 //! Modules, in data-flow order: [`speech`] → [`producers`] → (ingress process:
 //! [`ingress`], or [`naive`]) → NATS → [`fleet`]; [`llm`] on the side; [`sample`] every
-//! 100 ms; [`accounting`], [`report`], [`plot`] at the end; [`scenario`] ties a run
-//! together, [`app`] the whole session, [`cli`] the flags.
+//! 100 ms; [`timeliness`] in the fleet; [`accounting`], [`report`], [`plot`] at the end;
+//! [`scenario`] ties a run together, [`app`] the whole session, [`cli`] the flags.
 //!
 //! Invariants that hold across the crate:
 //! - only loopback addresses are ever targeted;
@@ -37,3 +37,4 @@ pub mod sample;
 pub mod scenario;
 pub mod speech;
 pub mod stats;
+pub mod timeliness;

@@ -41,6 +41,14 @@ pub const REQUIRED_KEYS: &[&str] = &[
     "frames.received",
     "frames.dropped",
     "frames.unaccounted",
+    "frames.delivered_late",
+    "frames.late_after_ms",
+    "frames.e2e_latency_ms.p50",
+    "frames.e2e_latency_ms.p99",
+    "frames.e2e_latency_ms.max",
+    "frames.explained.pending_at_end",
+    "frames.explained.lost_declared",
+    "frames.explained.lost_undetected",
     "consumer.streams_reaped_without_end",
     "llm.offered",
     "llm.completed",
@@ -104,6 +112,16 @@ pub struct IngressReport {
     pub failed_polls: usize,
     /// Samples in which the ingress reported NATS disconnected.
     pub nats_disconnected_samples: usize,
+    /// Largest unconfirmed window (handed to NATS, not yet confirmed by the server) seen
+    /// in any sample, bytes; `null` for an ingress without the server-confirmed window.
+    pub unconfirmed_bytes_max: Option<u64>,
+    /// The window's bound, bytes (`null` without the window).
+    pub window_limit_bytes: Option<u64>,
+    /// Confirmation round time (marker out → back) over the run (`null` without the
+    /// window).
+    pub confirm_round_ms: Option<Percentiles>,
+    /// NATS disconnects the window went through (`null` without the window).
+    pub window_disconnects: Option<u64>,
 }
 
 /// The consumer (recognition fleet) part of a report.
@@ -346,6 +364,15 @@ fn ms(v: f64) -> String {
     }
 }
 
+/// A latency of the timeliness summary, or `-` when no frame was timed.
+fn timed(r: &RunReport, v: f64) -> String {
+    if r.frames.timeliness.e2e_latency_ms.count == 0 {
+        "-".into()
+    } else {
+        ms(v)
+    }
+}
+
 /// One row of the table: a label and how to read it from a report.
 type Row = (&'static str, fn(&RunReport) -> String);
 
@@ -384,8 +411,14 @@ fn rows() -> Vec<Row> {
         ("frames received", |r| r.frames.received.to_string()),
         ("frames dropped (reason)", |r| r.frames.dropped.to_string()),
         ("frames unaccounted", |r| r.frames.unaccounted.to_string()),
-        ("  lost after publish", |r| {
-            r.frames.explained.lost_after_publish.to_string()
+        ("  pending at end", |r| {
+            r.frames.explained.pending_at_end.to_string()
+        }),
+        ("  lost declared / undetected", |r| {
+            format!(
+                "{}/{}",
+                r.frames.explained.lost_declared, r.frames.explained.lost_undetected
+            )
         }),
         ("consumer-detected holes", |r| {
             r.frames.explained.consumer_detected_holes.to_string()
@@ -396,7 +429,18 @@ fn rows() -> Vec<Row> {
         ("reaped without end", |r| {
             r.consumer.streams_reaped_without_end.to_string()
         }),
-        ("e2e latency p99 ms", |r| ms(r.consumer.latency_ms.p99)),
+        ("delivered late (> late_after)", |r| {
+            r.frames.timeliness.delivered_late.to_string()
+        }),
+        ("e2e to handler p50 ms", |r| {
+            timed(r, r.frames.timeliness.e2e_latency_ms.p50)
+        }),
+        ("e2e to handler p99 ms", |r| {
+            timed(r, r.frames.timeliness.e2e_latency_ms.p99)
+        }),
+        ("e2e to handler max ms", |r| {
+            timed(r, r.frames.timeliness.e2e_latency_ms.max)
+        }),
         ("ingress CPU s", |r| format!("{:.1}", r.ingress.cpu_seconds)),
         ("llm offered/completed", |r| {
             if r.llm.enabled {
@@ -614,5 +658,32 @@ pub(crate) mod tests {
         assert!(md.contains("| | 10 bounded |"), "{md}");
         assert!(md.contains("|---|---:|"), "{md}");
         assert!(t.contains("160000"));
+        assert!(t.contains("delivered late"), "{t}");
+    }
+
+    #[test]
+    fn table_shows_timeliness_and_dashes_when_untimed() {
+        let mut timed_run = example();
+        timed_run.frames.timeliness.delivered_late = 2290;
+        timed_run.frames.timeliness.e2e_latency_ms = Percentiles {
+            count: 6000,
+            p50: 12.5,
+            p95: 3000.0,
+            p99: 5900.0,
+            max: 6012.0,
+        };
+        let mut untimed = example();
+        untimed.streams = 50;
+        let t = table(&[timed_run, untimed]);
+        let row = |label: &str| {
+            t.lines()
+                .find(|l| l.starts_with(label))
+                .unwrap_or_default()
+                .to_owned()
+        };
+        assert!(row("delivered late").contains("2290"), "{t}");
+        let p99 = row("e2e to handler p99 ms");
+        assert!(p99.contains("5900") && p99.trim_end().ends_with('-'), "{t}");
+        assert!(row("e2e to handler max ms").contains("6012"), "{t}");
     }
 }

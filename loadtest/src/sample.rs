@@ -35,6 +35,9 @@ pub struct IngressSample {
     pub frames_published: u64,
     /// NATS connection up.
     pub nats_connected: bool,
+    /// Bytes handed to the NATS client and not yet confirmed by the server (`None` on an
+    /// ingress without the server-confirmed window).
+    pub unconfirmed_bytes: Option<u64>,
 }
 
 impl From<&IngressStats> for IngressSample {
@@ -49,6 +52,7 @@ impl From<&IngressStats> for IngressSample {
             frames_offered: s.frames.offered,
             frames_published: s.frames.published,
             nats_connected: s.nats_connected,
+            unconfirmed_bytes: s.window.as_ref().map(|w| w.unconfirmed_bytes),
         }
     }
 }
@@ -105,6 +109,8 @@ pub struct SeriesSummary {
     pub latency_window_p99_max_ms: f64,
     /// Samples during which NATS was reported disconnected.
     pub nats_disconnected_samples: usize,
+    /// Largest unconfirmed window, bytes (`None` when no sample reported a window).
+    pub unconfirmed_bytes_max: Option<u64>,
 }
 
 /// Summarises a series (pure).
@@ -121,6 +127,9 @@ pub fn summarise(samples: &[Sample]) -> SeriesSummary {
                 s.pending_frames_max = s.pending_frames_max.max(i.pending_frames);
                 s.oldest_frame_age_ms_max = s.oldest_frame_age_ms_max.max(i.oldest_frame_age_ms);
                 s.tasks_max = s.tasks_max.max(i.tasks_alive);
+                if let Some(u) = i.unconfirmed_bytes {
+                    s.unconfirmed_bytes_max = Some(s.unconfirmed_bytes_max.unwrap_or(0).max(u));
+                }
                 if !i.nats_connected {
                     s.nats_disconnected_samples += 1;
                 }
@@ -188,6 +197,19 @@ mod tests {
         assert_eq!(s.rss_peak_bytes, 30);
         assert_eq!(s.rss_before_fault_bytes, 12);
         assert_eq!(s.rss_peak_after_fault_bytes, 30);
+        assert_eq!(s.unconfirmed_bytes_max, None, "no window reported");
+    }
+
+    #[test]
+    fn unconfirmed_window_maximum() {
+        let mut a = sample(0.1, 0, 10, false);
+        let mut b = sample(0.2, 0, 10, false);
+        if let (Some(x), Some(y)) = (a.ingress.as_mut(), b.ingress.as_mut()) {
+            x.unconfirmed_bytes = Some(6400);
+            y.unconfirmed_bytes = Some(1280);
+        }
+        let s = summarise(&[a, b, sample(0.3, 0, 10, false)]);
+        assert_eq!(s.unconfirmed_bytes_max, Some(6400));
     }
 
     #[test]

@@ -41,20 +41,37 @@ fn check_identities(r: &RunReport) {
     );
     assert_eq!(
         f.unaccounted,
-        e.pending_at_end as i64 + e.lost_after_publish + e.ingress_discrepancy,
+        e.pending_at_end as i64 + e.lost_declared + e.lost_undetected + e.ingress_discrepancy,
         "the decomposition is exact: {f:?}"
     );
+    assert_eq!(e.lost_declared + e.lost_undetected, e.lost_after_publish);
     assert_eq!(
         f.offered,
-        f.published + f.dropped + e.pending_at_end,
+        f.published + f.possibly_lost + f.dropped + e.pending_at_end,
         "{f:?}"
     );
+    assert!(
+        e.window_discrepancy.unwrap_or(0) == 0,
+        "the window's counters add up: {f:?}"
+    );
+    // Every frame handed to a recogniser was timed or counted as untimed.
+    let t = &f.timeliness;
+    assert!(t.e2e_latency_ms.count + t.delivered_untimed > 0, "{t:?}");
+    assert!(
+        t.e2e_latency_ms.count + t.delivered_untimed <= f.received,
+        "{t:?} {f:?}"
+    );
+    assert!(t.delivered_late <= t.e2e_latency_ms.count, "{t:?}");
+    assert_eq!(t.late_after_ms, 700.0, "default max_age + one round");
     // 3 streams × 2 s × 50 frames/s = 300 nominal; allow for start-up spread.
     assert!(
         f.sent_by_producers >= 240,
         "producers kept the cadence: {f:?}"
     );
-    assert!(f.received > 0 && f.received <= f.published, "{f:?}");
+    assert!(
+        f.received > 0 && f.received <= f.published + f.possibly_lost,
+        "{f:?}"
+    );
     let v = serde_json::to_value(r).expect("serialises");
     assert_eq!(missing_keys(&v, REQUIRED_KEYS), Vec::<String>::new());
 }

@@ -13,8 +13,9 @@
 //! - the NATS client uses the library defaults (no ping or connection timeout tuning).
 //!
 //! Two additions exist only to measure it and change no behaviour a consumer relies on:
-//! the `Weir-Audio-Version`/`Weir-Captured-At-Ms` headers (invisible to deployed
-//! consumers, used for end-to-end latency) and the counters behind `/v1/stats`
+//! the `Weir-Audio-Version`/`Weir-Captured-At-Ms` headers and the frame meta key
+//! `captured_at_ms` (both invisible to deployed consumers, used for end-to-end latency
+//! whichever of the two the consumer core reads) and the counters behind `/v1/stats`
 //! (`pending_bytes` = PCM bytes held by tasks that have not published yet,
 //! `pending_frames` = such tasks, `oldest_frame_age_ms` = age of the oldest of them,
 //! `queue_wait_ms` = frame received → `publish()` returned).
@@ -232,6 +233,7 @@ fn spawn_publish(
     let subject = subject.to_owned();
     let published_here = published_here.clone();
     let captured = unix_ms();
+    let packet = packet.with_captured_at_ms(is_frame.then_some(captured));
     tokio::spawn(async move {
         // The semaphore is never closed, so acquire cannot fail; if it did, the frame
         // would be counted as a publish error below.

@@ -8,8 +8,12 @@
 //! 5. the sampler captures every 100 ms; the producers start; the fault (if any) is
 //!    injected at its time and reverted after its length;
 //! 6. the producers stop at the run's duration (`end`, or vanish), then a drain phase
-//!    waits until the ingress holds nothing and the fleet's count is stable (at most
-//!    [`DRAIN_MAX`], plus the fleet's idle timeout when streams vanished);
+//!    waits until the ingress holds nothing, the fleet's count is stable and every
+//!    stream the fleet followed has ended or been reaped. A stream whose `end` never
+//!    arrives (the producer vanished, or the `end` was lost with a NATS fault) is reaped
+//!    by the fleet after its idle timeout, so the drain may wait that long plus
+//!    [`REAP_MARGIN`] (at most [`DRAIN_MAX`] plus that wait): such streams are reported
+//!    as reaped, not missing;
 //! 7. final snapshots, then everything is stopped: the ingress child is killed, the
 //!    fleet shut down, the nats-server killed (all also on drop, e.g. on Ctrl-C).
 
@@ -31,12 +35,17 @@ use crate::report::{
 };
 use crate::sample::{self, IngressSample, Sample};
 use crate::scenario::{FaultKind, Plan};
+use crate::timeliness::{DEFAULT_MAX_AGE, late_after};
 
-/// Longest drain after the producers stopped (plus the idle timeout for `no-end`).
+/// Longest drain after the producers stopped, beyond the wait for the fleet to reap
+/// streams that never sent `end` (its idle timeout + [`REAP_MARGIN`]).
 pub const DRAIN_MAX: Duration = Duration::from_secs(6);
 /// The fleet reaps a stream silent this long without `end` (plus the fault's length
 /// in fault scenarios, so that a pause is not mistaken for a vanished producer).
 pub const FLEET_IDLE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Slack after the fleet's idle timeout before streams that never sent `end` are
+/// counted: the consumers' reaper runs periodically, not at the exact deadline.
+pub const REAP_MARGIN: Duration = Duration::from_secs(1);
 /// Audio subject template used by both designs.
 pub const SUBJECT_TEMPLATE: &str = "weir.audio.{partition}.{stream}";
 
@@ -274,6 +283,7 @@ pub async fn run_one(
 
     // 2. Fleet.
     let fleet_idle = FLEET_IDLE_TIMEOUT + plan.fault.map_or(Duration::ZERO, |f| f.length);
+    let max_age = ingress_max_age(&env.ingress_set);
     let fleet = Arc::new(
         Fleet::start(
             &nats_url,
@@ -286,6 +296,7 @@ pub async fn run_one(
                 subscription_capacity: 65_536,
                 max_pending_bytes: 16_000,
                 max_pending_age: Duration::from_millis(500),
+                late_after: late_after(max_age),
             },
         )
         .await
@@ -422,18 +433,11 @@ pub async fn run_one(
             _ => end,
         });
     let cpu_wall = producers_done - start;
-    let drain_deadline = producers_done
-        + DRAIN_MAX
-        + if plan.vanish_share > 0.0 {
-            fleet_idle + Duration::from_secs(1)
-        } else {
-            Duration::ZERO
-        };
-    let reap_wait = if plan.vanish_share > 0.0 {
-        producers_done + fleet_idle + Duration::from_millis(600)
-    } else {
-        producers_done
-    };
+    // Streams whose `end` never arrives are reaped `fleet_idle` after their last packet,
+    // which is at the latest when the producers stopped or the fault ended.
+    let fault_end = plan.fault.map_or(start, |f| start + f.at + f.length);
+    let reap_wait = producers_done.max(fault_end) + fleet_idle + REAP_MARGIN;
+    let drain_deadline = producers_done + DRAIN_MAX + (reap_wait - producers_done);
     let mut last_received = u64::MAX;
     let mut stable = 0;
     let mut drained = false;
@@ -452,7 +456,9 @@ pub async fn run_one(
         };
         last_received = received;
         let llm_idle = llm.as_ref().is_none_or(|l| l.idle());
-        if pending == 0 && stable >= 3 && llm_idle && Instant::now() >= reap_wait {
+        // Every stream ended or reaped, or the reaper had its chance.
+        let streams_settled = fleet.streams_active() == 0 || Instant::now() >= reap_wait;
+        if pending == 0 && stable >= 3 && llm_idle && streams_settled {
             drained = true;
             break;
         }
@@ -513,7 +519,11 @@ pub async fn run_one(
     let frames = FrameAccounting::from_counts(&FrameCounts {
         sent_by_producers: producer_snapshot.frames_sent,
         offered: final_stats.frames.offered,
+        handed_over: final_stats.frames.handed_over,
         published: final_stats.frames.published,
+        possibly_lost: final_stats.frames.possibly_lost,
+        unconfirmed_at_end: final_stats.frames.unconfirmed,
+        consumer_possibly_lost: fleet_snapshot.possibly_lost_frames,
         dropped: final_stats
             .frames
             .dropped
@@ -530,7 +540,8 @@ pub async fn run_one(
             + fleet_snapshot.frames_refused,
         refused_out_of_order: fleet_snapshot.stale_packets,
         declared_in_gaps: fleet_snapshot.gap_frames,
-    });
+    })
+    .with_timeliness(fleet_snapshot.timeliness);
     notes.extend(frames.notes());
     let limit_per_stream = final_stats
         .pending_bytes_limit_per_stream
@@ -600,6 +611,10 @@ pub async fn run_one(
             samples: series.samples,
             failed_polls: series.failed_polls,
             nats_disconnected_samples: series.nats_disconnected_samples,
+            unconfirmed_bytes_max: series.unconfirmed_bytes_max,
+            window_limit_bytes: final_stats.window.as_ref().map(|w| w.limit_bytes),
+            confirm_round_ms: final_stats.window.as_ref().map(|w| w.round_ms),
+            window_disconnects: final_stats.window.as_ref().map(|w| w.disconnects),
         },
         frames,
         consumer,
@@ -621,6 +636,19 @@ pub async fn run_one(
         notes,
     };
     Ok(RunOutput { report, samples })
+}
+
+/// The bounded ingress's `max_age` for this run: the last `max_age_ms=N` of
+/// `--ingress-set`, else the ingress's default. The naive design has no budget; its
+/// frames are measured against the same one, for comparison.
+fn ingress_max_age(ingress_set: &[String]) -> Duration {
+    ingress_set
+        .iter()
+        .rev()
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| k.trim() == "max_age_ms")
+        .and_then(|(_, v)| v.trim().parse::<u64>().ok())
+        .map_or(DEFAULT_MAX_AGE, Duration::from_millis)
 }
 
 /// Average cores used by everything but the ingress, the load test and nats-server.
@@ -750,4 +778,25 @@ fn progress_line(label: &str, total: Duration, x: &Sample) -> String {
         x.rss_bytes.unwrap_or(0) as f64 / (1024.0 * 1024.0),
         if x.fault_active { "  FAULT" } else { "" }
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_age_comes_from_ingress_set_or_the_default() {
+        assert_eq!(ingress_max_age(&[]), DEFAULT_MAX_AGE);
+        let set = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(
+            ingress_max_age(&set(&["max_bytes=8000", "max_age_ms=300"])),
+            Duration::from_millis(300)
+        );
+        assert_eq!(
+            ingress_max_age(&set(&["max_age_ms=300", "max_age_ms = 250"])),
+            Duration::from_millis(250),
+            "the last one wins, as on the command line"
+        );
+        assert_eq!(ingress_max_age(&set(&["max_age_ms=soon"])), DEFAULT_MAX_AGE);
+    }
 }

@@ -1,0 +1,476 @@
+//! Acceptance test of issue 8 ("Done when", first bullet): a stalled NATS server never
+//! yields stale audio without a signal, at 1, 10 and 50 streams.
+//!
+//! Everything is real and in its default shape, as a new user would run it:
+//! - a real `nats-server` (weir-testkit), SIGSTOPped for [`PAUSE`] at [`PAUSE_AT`];
+//! - the real `audio-ingress serve` binary with its **default configuration** (only the
+//!   NATS URL and free loopback ports are set);
+//! - N WebSocket producers (tokio-tungstenite) sending 640-byte PCM frames at the real
+//!   20 ms cadence for [`SEND_FOR`]. The first 8 bytes of each frame's PCM are the
+//!   producer's send time (Unix µs, big-endian), so the observer can time every frame
+//!   without trusting any weir header. Each producer records every text event the
+//!   ingress sends (`overload`, `gap`, `closed`, ...) and the close code;
+//! - a plain async-nats subscriber on a separate connection to
+//!   `inference.whisper.stream.>` that decodes every packet and records, per stream,
+//!   receive time − embedded send time, and the `gap`/`end` packets.
+//!
+//! Asserted per size: every stream that had a frame delivered more than
+//! [`STALE_AFTER`] after its send time got an `overload` or `gap` event, and at most
+//! [`MAX_STALE_PER_STREAM`] such stale frames (0.5 s of audio) reached the subscriber.
+//!
+//! The three sizes run one after another (a process-wide lock), so that they do not
+//! compete for the CPU and the timings stay the stall's own.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::{SinkExt, StreamExt};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::Message;
+use weir_protocol::audio::{DecodeOptions, PacketBody, decode};
+use weir_testkit::NatsServer;
+
+/// Frame cadence of a real producer.
+const FRAME_INTERVAL: Duration = Duration::from_millis(20);
+/// PCM bytes per frame (20 ms of 16 kHz mono s16le).
+const FRAME_BYTES: usize = 640;
+/// How long each producer sends.
+const SEND_FOR: Duration = Duration::from_secs(12);
+/// When the server is stopped, from the producers' first frame.
+const PAUSE_AT: Duration = Duration::from_secs(3);
+/// How long the server stays stopped.
+const PAUSE: Duration = Duration::from_secs(6);
+/// A frame delivered later than this after its send time is stale.
+const STALE_AFTER: Duration = Duration::from_millis(1500);
+/// Stale frames tolerated per stream: 0.5 s of audio.
+const MAX_STALE_PER_STREAM: u64 = 25;
+/// Bound on any single setup step (start, ready line, connect).
+const STEP: Duration = Duration::from_secs(10);
+/// Bound on one WebSocket send: a send blocked this long means the ingress stopped
+/// reading; the producer gives up (and records it) instead of hanging the test.
+const SEND_TIMEOUT: Duration = Duration::from_secs(3);
+/// After the producers stop: how long to wait for their close and for the subscriber
+/// to see every stream's `end` (the backlog of the pause drains in well under this).
+const DRAIN: Duration = Duration::from_secs(6);
+/// The subject the ingress publishes frames on by default.
+const SUBJECT_PREFIX: &str = "inference.whisper.stream.";
+
+/// One size at a time (see the module docs).
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn unix_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// A frame whose first 8 bytes are the send time (Unix µs, big-endian).
+fn frame_now() -> bytes::Bytes {
+    let mut pcm = vec![0u8; FRAME_BYTES];
+    pcm[..8].copy_from_slice(&unix_us().to_be_bytes());
+    bytes::Bytes::from(pcm)
+}
+
+/// What one producer saw.
+#[derive(Debug, Default)]
+struct ProducerLog {
+    frames_sent: u64,
+    /// Why sending stopped early, if it did.
+    send_stopped: Option<String>,
+    /// Every text event the ingress sent, in order.
+    events: Vec<Value>,
+    close_code: Option<u16>,
+}
+
+impl ProducerLog {
+    fn signalled(&self) -> bool {
+        self.events
+            .iter()
+            .any(|e| e["type"] == "overload" || e["type"] == "gap")
+    }
+
+    fn event_types(&self) -> Vec<String> {
+        self.events
+            .iter()
+            .map(|e| e["type"].as_str().unwrap_or("?").to_owned())
+            .collect()
+    }
+}
+
+/// What the subscriber saw of one stream.
+#[derive(Debug, Default, Clone)]
+struct ObservedStream {
+    frames: u64,
+    /// Frames received more than [`STALE_AFTER`] after their send time.
+    stale: u64,
+    max_delay_us: u64,
+    gap_packets: u64,
+    gap_frames: u64,
+    end: bool,
+    decode_errors: u64,
+}
+
+#[derive(Debug, Default)]
+struct Observed {
+    streams: BTreeMap<String, ObservedStream>,
+    /// Connection events of the subscriber's own client (a drop loses frames in
+    /// flight to it, which the test must not blame on the ingress).
+    disconnects: u64,
+}
+
+/// Starts the plain subscriber; returns once the server confirmed the subscription.
+async fn start_subscriber(url: &str) -> (Arc<Mutex<Observed>>, tokio::task::JoinHandle<()>) {
+    let observed = Arc::new(Mutex::new(Observed::default()));
+    let on_event = observed.clone();
+    let client = tokio::time::timeout(
+        STEP,
+        async_nats::ConnectOptions::new()
+            .connection_timeout(Duration::from_millis(500))
+            .subscription_capacity(1 << 17)
+            .event_callback(move |event| {
+                let on_event = on_event.clone();
+                async move {
+                    if matches!(event, async_nats::Event::Disconnected)
+                        && let Ok(mut o) = on_event.lock()
+                    {
+                        o.disconnects += 1;
+                    }
+                }
+            })
+            .connect(url),
+    )
+    .await
+    .expect("subscriber connects in time")
+    .expect("subscriber connects");
+    let mut sub = client
+        .subscribe(format!("{SUBJECT_PREFIX}>"))
+        .await
+        .expect("subscribe");
+    tokio::time::timeout(STEP, client.flush())
+        .await
+        .expect("flush in time")
+        .expect("flush");
+    let shared = observed.clone();
+    let task = tokio::spawn(async move {
+        let _client = client; // keep the connection for the task's life
+        let opts = DecodeOptions::default();
+        while let Some(msg) = sub.next().await {
+            let now_us = unix_us();
+            let id = msg
+                .subject
+                .as_str()
+                .strip_prefix(SUBJECT_PREFIX)
+                .unwrap_or(msg.subject.as_str())
+                .to_owned();
+            let Ok(mut o) = shared.lock() else { return };
+            let s = o.streams.entry(id).or_default();
+            match decode(&msg.payload, &opts) {
+                Ok(p) => match p.body {
+                    PacketBody::Frame { pcm } => {
+                        s.frames += 1;
+                        if pcm.len() >= 8 {
+                            let mut sent = [0u8; 8];
+                            sent.copy_from_slice(&pcm[..8]);
+                            let delay = now_us.saturating_sub(u64::from_be_bytes(sent));
+                            s.max_delay_us = s.max_delay_us.max(delay);
+                            if delay > STALE_AFTER.as_micros() as u64 {
+                                s.stale += 1;
+                            }
+                        }
+                    }
+                    PacketBody::Gap(g) => {
+                        s.gap_packets += 1;
+                        s.gap_frames += g.frames();
+                    }
+                    PacketBody::End => s.end = true,
+                },
+                Err(_) => s.decode_errors += 1,
+            }
+        }
+    });
+    (observed, task)
+}
+
+/// The running `audio-ingress serve` (killed on drop).
+struct Ingress {
+    child: tokio::process::Child,
+    ws: SocketAddr,
+    admin: SocketAddr,
+    /// Kept open so that the process never writes into a closed pipe.
+    _stdout: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+/// Starts the binary with the default configuration, reads its ready line and waits
+/// until `/readyz` says it is connected to NATS.
+async fn start_ingress(nats_url: &str) -> Ingress {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_audio-ingress"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--nats-url",
+            nats_url,
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn audio-ingress");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(STEP, lines.next_line())
+        .await
+        .expect("ready line in time")
+        .expect("read stdout")
+        .expect("a ready line");
+    let ready: Value = serde_json::from_str(&line).expect("ready line is JSON");
+    assert_eq!(ready["event"], "ready", "{line}");
+    let addr = |k: &str| -> SocketAddr {
+        ready[k]
+            .as_str()
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("ready line lacks {k}: {line}"))
+    };
+    let ingress = Ingress {
+        ws: addr("ws"),
+        admin: addr("admin"),
+        child,
+        _stdout: lines,
+    };
+    let deadline = Instant::now() + STEP;
+    loop {
+        if http_get(ingress.admin, "/readyz").await.0 == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "/readyz never answered 200");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ingress
+}
+
+/// A bounded HTTP/1.1 GET: (status, body); (0, "") when it could not be done.
+async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let attempt = async {
+        let mut s = TcpStream::connect(addr).await.ok()?;
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf).to_string();
+        let status = text.split_whitespace().nth(1)?.parse().ok()?;
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        Some((status, body))
+    };
+    tokio::time::timeout(Duration::from_secs(2), attempt)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or((0, String::new()))
+}
+
+/// One producer: frames at the real cadence from `start` for [`SEND_FOR`], then
+/// `{"type":"end"}`; its reader records every event until the close.
+async fn run_producer(
+    ws: tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<TcpStream>>,
+    start: Instant,
+) -> ProducerLog {
+    let (mut tx, mut rx) = ws.split();
+    let read_until = start + SEND_FOR + DRAIN;
+    let reader = tokio::spawn(async move {
+        let mut events = Vec::new();
+        let mut close_code = None;
+        while let Ok(Some(msg)) = tokio::time::timeout_at(read_until, rx.next()).await {
+            match msg {
+                Ok(Message::Text(t)) => events.push(
+                    serde_json::from_str::<Value>(t.as_str())
+                        .unwrap_or_else(|_| Value::String(t.to_string())),
+                ),
+                Ok(Message::Close(frame)) => {
+                    close_code = frame.map(|f| u16::from(f.code));
+                    break;
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        (events, close_code)
+    });
+    let frames = (SEND_FOR.as_millis() / FRAME_INTERVAL.as_millis()) as u32;
+    let mut log = ProducerLog::default();
+    for k in 0..frames {
+        tokio::time::sleep_until(start + FRAME_INTERVAL * k).await;
+        match tokio::time::timeout(SEND_TIMEOUT, tx.send(Message::Binary(frame_now()))).await {
+            Ok(Ok(())) => log.frames_sent += 1,
+            Ok(Err(e)) => {
+                log.send_stopped = Some(format!("send failed: {e}"));
+                break;
+            }
+            Err(_) => {
+                log.send_stopped = Some("send blocked".to_owned());
+                break;
+            }
+        }
+    }
+    if log.send_stopped.is_none() {
+        let end = tx.send(Message::Text(r#"{"type":"end"}"#.into()));
+        if !matches!(tokio::time::timeout(SEND_TIMEOUT, end).await, Ok(Ok(()))) {
+            log.send_stopped = Some("end not sent".to_owned());
+        }
+    }
+    // Bounded by `read_until`; a panic in the reader only loses its events.
+    if let Ok((events, close_code)) = reader.await {
+        log.events = events;
+        log.close_code = close_code;
+    }
+    // Answer the close (best effort, bounded).
+    let _ = tokio::time::timeout(Duration::from_millis(500), tx.close()).await;
+    log
+}
+
+/// The whole scenario at `streams` streams; asserts the acceptance criteria.
+async fn stall_bound(streams: usize) {
+    let _serial = SERIAL.lock().await;
+    let server = NatsServer::start().expect("nats-server");
+    let (observed, subscriber) = start_subscriber(server.url()).await;
+    let mut ingress = start_ingress(server.url()).await;
+
+    // Every producer is connected before the clock starts.
+    let mut sockets = Vec::with_capacity(streams);
+    for i in 0..streams {
+        let url = format!("ws://{}/v1/streams/stall-{i}", ingress.ws);
+        let (ws, _) = tokio::time::timeout(STEP, tokio_tungstenite::connect_async(url))
+            .await
+            .expect("upgrade in time")
+            .expect("upgrade");
+        sockets.push(ws);
+    }
+    let start = Instant::now() + Duration::from_millis(100);
+    let producers: Vec<_> = sockets
+        .into_iter()
+        .map(|ws| tokio::spawn(run_producer(ws, start)))
+        .collect();
+
+    tokio::time::sleep_until(start + PAUSE_AT).await;
+    server.pause().expect("pause");
+    tokio::time::sleep(PAUSE).await;
+    server.resume().expect("resume");
+
+    let mut logs = Vec::with_capacity(streams);
+    for p in producers {
+        // Each producer is bounded by SEND_FOR + DRAIN (+ the close answer).
+        let log = tokio::time::timeout(SEND_FOR + DRAIN + STEP, p)
+            .await
+            .expect("producer finished in time")
+            .expect("producer task");
+        logs.push(log);
+    }
+    // The subscriber: until every stream's end arrived, or the drain bound.
+    let deadline = Instant::now() + DRAIN;
+    loop {
+        let ends = observed
+            .lock()
+            .map(|o| o.streams.values().filter(|s| s.end).count())
+            .unwrap_or(0);
+        if ends >= streams || Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A last moment for packets in flight right behind the ends.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (_, stats) = http_get(ingress.admin, "/v1/stats").await;
+    let stats: Value = serde_json::from_str(&stats).unwrap_or(Value::Null);
+    subscriber.abort();
+    let _ = ingress.child.start_kill();
+    let _ = tokio::time::timeout(STEP, ingress.child.wait()).await;
+
+    let observed = observed.lock().map(|mut o| std::mem::take(&mut *o));
+    let observed = observed.expect("observer lock");
+    let mut stale_total = 0;
+    let mut stale_max = 0;
+    let mut frames_received = 0;
+    let mut delay_max_us = 0;
+    let mut violations = Vec::new();
+    for (i, log) in logs.iter().enumerate() {
+        let id = format!("stall-{i}");
+        let seen = observed.streams.get(&id).cloned().unwrap_or_default();
+        frames_received += seen.frames;
+        stale_total += seen.stale;
+        stale_max = stale_max.max(seen.stale);
+        delay_max_us = delay_max_us.max(seen.max_delay_us);
+        let unsignalled = seen.stale > 0 && !log.signalled();
+        let too_many = seen.stale > MAX_STALE_PER_STREAM;
+        if unsignalled || too_many {
+            violations.push(format!(
+                "{id}: {} stale frames (limit {MAX_STALE_PER_STREAM}), max delay {:.2} s, \
+                 overload/gap event: {}; events {:?}, close {:?}, sending stopped: {:?}",
+                seen.stale,
+                seen.max_delay_us as f64 / 1e6,
+                if log.signalled() { "yes" } else { "NONE" },
+                log.event_types(),
+                log.close_code,
+                log.send_stopped
+            ));
+        }
+    }
+    let frames_sent: u64 = logs.iter().map(|l| l.frames_sent).sum();
+    let with_events = logs.iter().filter(|l| l.signalled()).count();
+    let mut close_codes: BTreeMap<String, usize> = BTreeMap::new();
+    for l in &logs {
+        let code = l.close_code.map_or("none".to_owned(), |c| c.to_string());
+        *close_codes.entry(code).or_default() += 1;
+    }
+    let ends = observed.streams.values().filter(|s| s.end).count();
+    let gap_packets: u64 = observed.streams.values().map(|s| s.gap_packets).sum();
+    let f = &stats["frames"];
+    println!(
+        "stall_bound streams={streams} frames_sent={frames_sent} frames_received={frames_received} \
+         stale_max={stale_max} stale_total={stale_total} delay_max_s={:.2} \
+         streams_with_overload_or_gap={with_events} ends_received={ends} gap_packets={gap_packets} \
+         close_codes={close_codes:?} observer_disconnects={} ingress: offered={} published={} \
+         dropped={} overloads={} gaps={}",
+        delay_max_us as f64 / 1e6,
+        observed.disconnects,
+        f["offered"],
+        f["published"],
+        f["dropped"]
+            .as_object()
+            .map_or(0, |m| m.values().filter_map(Value::as_u64).sum::<u64>()),
+        stats["overloads"],
+        stats["gaps"],
+    );
+    assert!(
+        violations.is_empty(),
+        "{} violation(s) at {streams} streams (stale = delivered > {:?} after send):\n{}",
+        violations.len(),
+        STALE_AFTER,
+        violations.join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stall_bound_1_stream() {
+    stall_bound(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stall_bound_10_streams() {
+    stall_bound(10).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stall_bound_50_streams() {
+    stall_bound(50).await;
+}
