@@ -132,6 +132,12 @@ pub const DEFAULT_CONFIRM_WINDOW: Duration = Duration::from_millis(200);
 pub const DEFAULT_CONFIRM_WINDOW_MIN_BYTES: u64 = 65_536;
 /// Default `confirm_interval_ms`: markers are at least this far apart.
 pub const DEFAULT_CONFIRM_INTERVAL: Duration = Duration::from_millis(5);
+/// Default `jetstream_stream`.
+pub const DEFAULT_JETSTREAM_STREAM: &str = "WEIR_AUDIO";
+/// Default `jetstream_max_age_s`.
+pub const DEFAULT_JETSTREAM_MAX_AGE: Duration = Duration::from_secs(3600);
+/// Default `jetstream_duplicate_window_s`.
+pub const DEFAULT_JETSTREAM_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
 /// The validated budget and policy of every stream. Cannot hold an invalid combination.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,6 +159,27 @@ pub struct StreamConfig {
     confirm_window: Duration,
     confirm_window_min_bytes: u64,
     confirm_interval: Duration,
+    jetstream: JetStreamKeys,
+}
+
+/// The `jetstream_*` keys (used with `delivery = "jetstream"`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct JetStreamKeys {
+    stream: String,
+    max_age: Duration,
+    duplicate_window: Duration,
+    replicas: u64,
+}
+
+impl Default for JetStreamKeys {
+    fn default() -> Self {
+        Self {
+            stream: DEFAULT_JETSTREAM_STREAM.to_owned(),
+            max_age: DEFAULT_JETSTREAM_MAX_AGE,
+            duplicate_window: DEFAULT_JETSTREAM_DUPLICATE_WINDOW,
+            replicas: 1,
+        }
+    }
 }
 
 impl Default for StreamConfig {
@@ -177,6 +204,7 @@ impl Default for StreamConfig {
             confirm_window: DEFAULT_CONFIRM_WINDOW,
             confirm_window_min_bytes: DEFAULT_CONFIRM_WINDOW_MIN_BYTES,
             confirm_interval: DEFAULT_CONFIRM_INTERVAL,
+            jetstream: JetStreamKeys::default(),
         }
     }
 }
@@ -266,6 +294,18 @@ impl StreamConfig {
         self.confirm_interval
     }
 
+    /// The JetStream stream for `delivery = "jetstream"`: it captures every subject of
+    /// the subject template.
+    pub fn jetstream(&self) -> crate::jetstream::JetStreamSettings {
+        crate::jetstream::JetStreamSettings {
+            stream: self.jetstream.stream.clone(),
+            subjects: vec![self.subject.wildcard()],
+            max_age: self.jetstream.max_age,
+            duplicate_window: self.jetstream.duplicate_window,
+            replicas: self.jetstream.replicas as usize,
+        }
+    }
+
     /// The byte bound actually enforced (the budget, or the shadow ceiling).
     pub fn enforced_max_bytes(&self) -> usize {
         if self.shadow {
@@ -316,6 +356,7 @@ pub struct StreamConfigBuilder {
     confirm_window: Duration,
     confirm_window_min_bytes: u64,
     confirm_interval: Duration,
+    jetstream: JetStreamKeys,
 }
 
 impl Default for StreamConfigBuilder {
@@ -338,6 +379,7 @@ impl Default for StreamConfigBuilder {
             confirm_window: DEFAULT_CONFIRM_WINDOW,
             confirm_window_min_bytes: DEFAULT_CONFIRM_WINDOW_MIN_BYTES,
             confirm_interval: DEFAULT_CONFIRM_INTERVAL,
+            jetstream: JetStreamKeys::default(),
         }
     }
 }
@@ -448,6 +490,11 @@ impl StreamConfigBuilder {
         self.confirm_interval = v;
         self
     }
+    /// `jetstream_stream`.
+    pub fn jetstream_stream(mut self, v: impl Into<String>) -> Self {
+        self.jetstream.stream = v.into();
+        self
+    }
 
     /// Validates every value; the error names the key and the allowed range.
     pub fn build(self) -> Result<StreamConfig, ConfigError> {
@@ -494,6 +541,30 @@ impl StreamConfigBuilder {
             1,
             (max_age_ms / 4).max(1),
         )?;
+        let js = &self.jetstream;
+        if js.stream.is_empty()
+            || js.stream.len() > 64
+            || !js
+                .stream
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            return Err(ConfigError::new(
+                "jetstream_stream",
+                ConfigErrorKind::Invalid,
+                format!("{:?}: 1..=64 characters of A-Z a-z 0-9 _ -", js.stream),
+            ));
+        }
+        check_ms("jetstream_max_age_s", js.max_age, 1_000, 604_800_000)?;
+        check_ms(
+            "jetstream_duplicate_window_s",
+            js.duplicate_window,
+            1_000,
+            js.max_age.as_millis() as u64,
+        )?;
+        if !(1..=5).contains(&js.replicas) {
+            return Err(out_of_range("jetstream_replicas", js.replicas, "1..=5"));
+        }
         let min_window = self.max_frame_bytes;
         if self.confirm_window_min_bytes < min_window
             || self.confirm_window_min_bytes > MAX_MAX_BYTES as u64
@@ -555,6 +626,7 @@ impl StreamConfigBuilder {
             confirm_window: self.confirm_window,
             confirm_window_min_bytes: self.confirm_window_min_bytes,
             confirm_interval: self.confirm_interval,
+            jetstream: self.jetstream,
         })
     }
 }
@@ -832,6 +904,34 @@ pub const KEYS: &[KeySpec] = &[
         "confirmed",
         "confirmed | unconfirmed | jetstream",
         "confirmed: a frame is pending until the server confirms it (the budget holds up to the server); unconfirmed: published once handed to the client; jetstream: lossless, frames stored in a JetStream stream (see jetstream_*)",
+    ),
+    key(
+        "jetstream_stream",
+        Str,
+        DEFAULT_JETSTREAM_STREAM,
+        "1..=64 of A-Z a-z 0-9 _ -",
+        "delivery = jetstream: the stream (created if missing) that captures the subject template",
+    ),
+    key(
+        "jetstream_max_age_s",
+        Int,
+        "3600",
+        "1..=604800",
+        "delivery = jetstream: how long the stream keeps audio",
+    ),
+    key(
+        "jetstream_duplicate_window_s",
+        Int,
+        "120",
+        "1..=jetstream_max_age_s",
+        "delivery = jetstream: Nats-Msg-Id deduplication window (retries within it are stored once)",
+    ),
+    key(
+        "jetstream_replicas",
+        Int,
+        "1",
+        "1..=5",
+        "delivery = jetstream: stream replicas",
     ),
     key(
         "confirm_window_ms",
@@ -1186,6 +1286,18 @@ impl Config {
         }
         if let Some(v) = raw.ms("confirm_interval_ms") {
             b.confirm_interval = v;
+        }
+        if let Some(v) = raw.str("jetstream_stream") {
+            b.jetstream.stream = v.to_owned();
+        }
+        if let Some(v) = raw.int("jetstream_max_age_s") {
+            b.jetstream.max_age = Duration::from_secs(v.min(u64::MAX / 2_000));
+        }
+        if let Some(v) = raw.int("jetstream_duplicate_window_s") {
+            b.jetstream.duplicate_window = Duration::from_secs(v.min(u64::MAX / 2_000));
+        }
+        if let Some(v) = raw.int("jetstream_replicas") {
+            b.jetstream.replicas = v;
         }
         let stream = b.build()?;
         let server = server_from_raw(raw)?;
@@ -1631,7 +1743,16 @@ mod tests {
         for k in KEYS {
             assert!(spec(k.name).is_some());
         }
-        assert_eq!(KEYS.len(), 38);
+        assert_eq!(KEYS.len(), 42);
+        let err = load(&[], &[("jetstream_stream", "a.b")]).expect_err("dot");
+        assert_eq!(err.key(), "jetstream_stream");
+        let err = load(&[], &[("jetstream_duplicate_window_s", "7200")]).expect_err("window");
+        assert_eq!(err.key(), "jetstream_duplicate_window_s");
+        let c = load(&[], &[("delivery", "jetstream")]).expect("jetstream");
+        assert_eq!(
+            c.stream.jetstream().subjects,
+            ["inference.whisper.stream.*"]
+        );
     }
 
     #[test]

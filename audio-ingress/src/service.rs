@@ -16,8 +16,9 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::admin::{self, AdminState};
-use crate::config::Config;
+use crate::config::{Config, Delivery};
 use crate::error::Error;
+use crate::jetstream::{JetStreamSink, NatsSink};
 use crate::publisher::Sink;
 use crate::shutdown::{TaskTracker, TaskWaiter};
 use crate::stream::{Ingress, ShutdownReport};
@@ -48,10 +49,21 @@ async fn bind(addr: SocketAddr, key: &str) -> Result<TcpListener, Error> {
 pub async fn start(
     config: Config,
     prometheus: Option<PrometheusHandle>,
-) -> Result<RunningService<async_nats::Client>, Error> {
+) -> Result<RunningService<NatsSink>, Error> {
     let client = crate::nats::connect(&config.nats, true).await?;
-    start_with_sink(config, client, prometheus).await
+    let sink = match config.stream.delivery() {
+        Delivery::JetStream => NatsSink::JetStream(
+            JetStreamSink::new(client, &config.stream.jetstream(), JETSTREAM_API_TIMEOUT)
+                .await
+                .map_err(|e| Error::Nats(e.0))?,
+        ),
+        Delivery::Confirmed | Delivery::Unconfirmed => NatsSink::Core(client),
+    };
+    start_with_sink(config, sink, prometheus).await
 }
+
+/// Bound on the JetStream API calls at start (creating the stream).
+const JETSTREAM_API_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Starts the service publishing to `sink`.
 pub async fn start_with_sink<S: Sink>(

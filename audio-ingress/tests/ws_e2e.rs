@@ -39,7 +39,7 @@ fn prometheus() -> PrometheusHandle {
 async fn start_service(
     nats_url: &str,
     extra: &[(&str, &str)],
-) -> RunningService<async_nats::Client> {
+) -> RunningService<weir_audio_ingress::jetstream::NatsSink> {
     let mut overrides = vec![
         ("nats_url".to_owned(), nats_url.to_owned()),
         ("listen".to_owned(), "127.0.0.1:0".to_owned()),
@@ -70,13 +70,15 @@ async fn start_service(
     svc
 }
 
-fn async_nats_connected(ingress: &weir_audio_ingress::Ingress) -> bool {
+fn async_nats_connected(
+    ingress: &weir_audio_ingress::Ingress<weir_audio_ingress::jetstream::NatsSink>,
+) -> bool {
     use weir_audio_ingress::publisher::Sink;
     ingress.sink().is_connected()
 }
 
 async fn connect(
-    svc: &RunningService<async_nats::Client>,
+    svc: &RunningService<weir_audio_ingress::jetstream::NatsSink>,
     path: &str,
 ) -> Result<Ws, tungstenite::Error> {
     let url = format!("ws://{}{path}", svc.ws_addr());
@@ -88,7 +90,7 @@ async fn connect(
 
 /// The HTTP status (and `Retry-After`, body) of a refused upgrade.
 async fn refused(
-    svc: &RunningService<async_nats::Client>,
+    svc: &RunningService<weir_audio_ingress::jetstream::NatsSink>,
     path: &str,
 ) -> (u16, Option<String>, Value) {
     match connect(svc, path).await {
