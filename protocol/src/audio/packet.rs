@@ -583,7 +583,10 @@ pub fn decode(data: &Bytes, opts: &DecodeOptions) -> Result<Packet, DecodeError>
         seq,
         format,
         session_id: raw.session_id,
-        captured_at_ms: raw.captured_at_ms.as_ref().and_then(serde_json::Value::as_u64),
+        captured_at_ms: raw
+            .captured_at_ms
+            .as_ref()
+            .and_then(serde_json::Value::as_u64),
         body,
     })
 }
