@@ -10,12 +10,18 @@
 //!
 //! Output on stdout, one line per packet. With `--json`, one JSON object per line:
 //! - packet: `{"subject","type","seq","sample_rate","samples","bytes","session_id",
-//!   "headers":{...},"gap":{...}|null,"error":null}`;
+//!   "captured_at_ms","age_ms","headers":{...},"gap":{...}|null,
+//!   "possibly_lost":{...}|null,"error":null}`. `captured_at_ms` is the meta key (the
+//!   `Weir-Captured-At-Ms` header when the meta has none), `null` when neither;
+//!   `age_ms` is the tap's wall clock minus it (negative when the clocks disagree);
+//!   `possibly_lost` is the parsed `Weir-Possibly-Lost` header
+//!   (`first_seq, last_seq, frames, total_frames, reason`);
 //! - undecodable packet: the same keys, `type`/`seq`/`sample_rate`/`samples` `null` and
 //!   `"error":{"kind":"<decode error kind>","message":"..."}`;
 //! - on exit, one `{"type":"summary","subject",...}` line per subject (seq range,
-//!   frames, samples, missing seqs and jumps, declared gaps, end seen, decode errors)
-//!   and one `{"type":"total",...}` line.
+//!   frames, samples, missing seqs and jumps, declared gaps, the largest frame age,
+//!   possible-loss declarations and the producer's cumulative possibly-lost count, end
+//!   seen, decode errors) and one `{"type":"total",...}` line.
 //!
 //! A line `tap: subscribed to <pattern> on <url>` goes to stderr once the server has
 //! registered the subscription (scripts wait for it before publishing).
@@ -32,7 +38,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use serde::Serialize;
 use serde_json::{Value, json};
-use weir_protocol::audio::extension::headers;
+use weir_protocol::audio::extension::{Extensions, PossibleLoss, headers};
 use weir_protocol::audio::{DecodeOptions, Packet, PacketBody, decode};
 
 use crate::consumer::tracker::{Observation, SeqTracker, Seqs};
@@ -46,11 +52,12 @@ const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// seqs).
 const TAP_SUBSCRIPTION_CAPACITY: usize = 16_384;
 /// Weir headers shown with each packet.
-const SHOWN_HEADERS: [&str; 4] = [
+const SHOWN_HEADERS: [&str; 5] = [
     headers::VERSION,
     headers::CAPTURED_AT_MS,
     headers::END_REASON,
     headers::OVERLOAD,
+    headers::POSSIBLY_LOST,
 ];
 
 /// Arguments of `audio-ingress tap`.
@@ -164,6 +171,14 @@ pub struct SubjectSummary {
     pub declared_gap_frames: u64,
     /// Duplicate or out-of-order packets.
     pub stale: u64,
+    /// The largest `age_ms` of a frame with a capture time (`None` when no frame had
+    /// one).
+    pub max_age_ms: Option<i64>,
+    /// Packets that carried a valid `Weir-Possibly-Lost` header.
+    pub possible_loss_declarations: u64,
+    /// The producer's cumulative count of possibly lost frames (`total_frames` of the
+    /// last declaration).
+    pub possibly_lost_frames: u64,
     /// Whether an `end` arrived.
     pub end_seen: bool,
     /// `Weir-End-Reason` of the end, if any.
@@ -284,7 +299,13 @@ pub async fn run_with(
         tokio::select! {
             msg = sub.next() => match msg {
                 Some(msg) => {
-                    let line = tap.on_message(&msg.subject, &msg.payload, msg.headers.as_ref(), args.json);
+                    let line = tap.on_message(
+                        &msg.subject,
+                        &msg.payload,
+                        msg.headers.as_ref(),
+                        args.json,
+                        crate::consumer::system_unix_ms(),
+                    );
                     writeln!(out, "{line}")?;
                 }
                 None => break "closed",
@@ -318,6 +339,7 @@ impl Tap {
         payload: &Bytes,
         hdrs: Option<&async_nats::HeaderMap>,
         json: bool,
+        now_ms: u64,
     ) -> String {
         self.messages += 1;
         let shown: BTreeMap<&str, &str> = SHOWN_HEADERS
@@ -333,8 +355,28 @@ impl Tap {
             });
         match decode(payload, &self.decode) {
             Ok(packet) => {
+                let ext = Extensions::read(|k| shown.get(k).copied());
+                let captured_at_ms = packet.captured_at_ms.or(ext.captured_at_ms);
+                // Signed: a capture time ahead of this host's clock shows as negative.
+                let age_ms = captured_at_ms.map(|at| {
+                    i64::try_from(i128::from(now_ms) - i128::from(at)).unwrap_or(i64::MIN)
+                });
                 summary.observe(&packet, shown.get(headers::END_REASON).copied());
-                packet_line(subject, payload.len(), &packet, &shown, json)
+                if matches!(packet.body, PacketBody::Frame { .. })
+                    && let Some(age) = age_ms
+                {
+                    summary.max_age_ms = Some(summary.max_age_ms.map_or(age, |m| m.max(age)));
+                }
+                if let Some(p) = &ext.possibly_lost {
+                    summary.possible_loss_declarations += 1;
+                    summary.possibly_lost_frames = p.total_frames;
+                }
+                let ext = PacketExt {
+                    captured_at_ms,
+                    age_ms,
+                    possibly_lost: ext.possibly_lost,
+                };
+                packet_line(subject, payload.len(), &packet, &shown, &ext, json)
             }
             Err(e) => {
                 self.errors += 1;
@@ -413,11 +455,19 @@ impl SubjectSummary {
     }
 }
 
+/// What the tap derives from a packet's meta and headers besides the packet itself.
+struct PacketExt {
+    captured_at_ms: Option<u64>,
+    age_ms: Option<i64>,
+    possibly_lost: Option<PossibleLoss>,
+}
+
 fn packet_line(
     subject: &str,
     bytes: usize,
     packet: &Packet,
     shown: &BTreeMap<&str, &str>,
+    ext: &PacketExt,
     json: bool,
 ) -> String {
     let gap = match &packet.body {
@@ -436,8 +486,11 @@ fn packet_line(
             "samples": packet.samples(),
             "bytes": bytes,
             "session_id": packet.session_id,
+            "captured_at_ms": ext.captured_at_ms,
+            "age_ms": ext.age_ms,
             "headers": shown,
             "gap": gap,
+            "possibly_lost": ext.possibly_lost,
             "error": Value::Null,
         })
         .to_string();
@@ -460,7 +513,24 @@ fn packet_line(
     if let Some(s) = &packet.session_id {
         line.push_str(&format!(" session={s}"));
     }
+    if let (Some(at), Some(age)) = (ext.captured_at_ms, ext.age_ms) {
+        line.push_str(&format!(" captured_at_ms={at} age_ms={age}"));
+    }
+    if let Some(p) = &ext.possibly_lost {
+        line.push_str(&format!(
+            " possibly_lost={}..={} frames={} total_frames={} reason={}",
+            p.first_seq,
+            p.last_seq,
+            p.frames,
+            p.total_frames,
+            p.reason.as_str()
+        ));
+    }
     for (k, v) in shown {
+        // Shown parsed above.
+        if *k == headers::POSSIBLY_LOST && ext.possibly_lost.is_some() {
+            continue;
+        }
         line.push_str(&format!(" {k}={v}"));
     }
     line
@@ -479,7 +549,7 @@ fn summary_line(s: &SubjectSummary, json: bool) -> String {
         _ => "-".into(),
     };
     format!(
-        "summary {} seq={range} frames={} samples={} missing={} gaps={} declared_gap_frames={} stale={} end={} decode_errors={}",
+        "summary {} seq={range} frames={} samples={} missing={} gaps={} declared_gap_frames={} stale={} max_age_ms={} possible_loss_declarations={} possibly_lost_frames={} end={} decode_errors={}",
         s.subject,
         s.frames,
         s.samples,
@@ -487,6 +557,10 @@ fn summary_line(s: &SubjectSummary, json: bool) -> String {
         s.gaps,
         s.declared_gap_frames,
         s.stale,
+        s.max_age_ms
+            .map_or_else(|| "-".to_owned(), |a| a.to_string()),
+        s.possible_loss_declarations,
+        s.possibly_lost_frames,
         match (&s.end_seen, &s.end_reason) {
             (false, _) => "no".to_owned(),
             (true, Some(r)) => format!("yes({r})"),
@@ -529,6 +603,7 @@ mod tests {
             &payload(Packet::frame(1, Bytes::from(vec![0u8; 640]))),
             None,
             true,
+            0,
         );
         let v: Value = serde_json::from_str(&line).expect("json");
         assert_eq!(v["subject"], "s.a");
@@ -537,7 +612,7 @@ mod tests {
         assert_eq!(v["sample_rate"], 16_000);
         assert_eq!(v["samples"], 320);
         assert!(v["error"].is_null());
-        let bad = tap.on_message("s.a", &Bytes::from_static(b"\x00\x00"), None, true);
+        let bad = tap.on_message("s.a", &Bytes::from_static(b"\x00\x00"), None, true, 0);
         let v: Value = serde_json::from_str(&bad).expect("json");
         assert_eq!(v["error"]["kind"], "truncated");
         assert!(v["type"].is_null());
@@ -552,9 +627,10 @@ mod tests {
                 &payload(Packet::frame(seq, Bytes::from(vec![0u8; 640]))),
                 None,
                 false,
+                0,
             );
         }
-        tap.on_message("s.a", &payload(Packet::end(7)), None, false);
+        tap.on_message("s.a", &payload(Packet::end(7)), None, false, 0);
         let sum = tap.finish("count");
         let s = &sum.subjects[0];
         assert_eq!((s.first_seq, s.last_seq), (Some(1), Some(7)));
@@ -563,6 +639,76 @@ mod tests {
         let line: Value = serde_json::from_str(&summary_line(s, true)).expect("json");
         assert_eq!(line["type"], "summary");
         assert_eq!(line["missing"], 2);
+    }
+
+    /// The capture time and its age come from the meta (the header as fallback); the
+    /// possible-loss header is parsed, in text and JSON, and summed up.
+    #[test]
+    fn capture_time_age_and_possible_loss_are_shown() {
+        let mut tap = Tap::default();
+        let now = 1_764_500_000_000;
+        let frame = |seq| Packet::frame(seq, Bytes::from(vec![0u8; 640]));
+        let line = tap.on_message(
+            "s.a",
+            &payload(frame(1).with_captured_at_ms(Some(now - 1_234))),
+            None,
+            true,
+            now,
+        );
+        let v: Value = serde_json::from_str(&line).expect("json");
+        assert_eq!(v["captured_at_ms"], now - 1_234);
+        assert_eq!(v["age_ms"], 1_234);
+        assert!(v["possibly_lost"].is_null());
+        // Text, a clock ahead of ours: negative age.
+        let line = tap.on_message(
+            "s.a",
+            &payload(frame(2).with_captured_at_ms(Some(now + 5))),
+            None,
+            false,
+            now,
+        );
+        assert!(
+            line.ends_with(&format!(" captured_at_ms={} age_ms=-5", now + 5)),
+            "{line}"
+        );
+        // The header fallback, and the possible-loss declaration.
+        let mut map = async_nats::HeaderMap::new();
+        map.insert(headers::CAPTURED_AT_MS, (now - 40).to_string().as_str());
+        let declared = r#"{"first_seq":3,"last_seq":4,"frames":2,"total_frames":7,"reason":"unconfirmed_at_disconnect"}"#;
+        map.insert(headers::POSSIBLY_LOST, declared);
+        let line = tap.on_message("s.a", &payload(frame(5)), Some(&map), true, now);
+        let v: Value = serde_json::from_str(&line).expect("json");
+        assert_eq!(v["captured_at_ms"], now - 40);
+        assert_eq!(v["age_ms"], 40);
+        assert_eq!(v["possibly_lost"]["first_seq"], 3);
+        assert_eq!(v["possibly_lost"]["total_frames"], 7);
+        assert_eq!(v["possibly_lost"]["reason"], "unconfirmed_at_disconnect");
+        assert_eq!(v["headers"][headers::POSSIBLY_LOST], declared);
+        let line = tap.on_message("s.a", &payload(frame(6)), Some(&map), false, now);
+        assert!(
+            line.contains(
+                " possibly_lost=3..=4 frames=2 total_frames=7 reason=unconfirmed_at_disconnect"
+            ),
+            "{line}"
+        );
+        assert!(!line.contains(headers::POSSIBLY_LOST), "shown once: {line}");
+        // No capture time: no age.
+        let line = tap.on_message("s.a", &payload(frame(7)), None, true, now);
+        let v: Value = serde_json::from_str(&line).expect("json");
+        assert!(v["captured_at_ms"].is_null() && v["age_ms"].is_null());
+        let sum = tap.finish("count");
+        let s = &sum.subjects[0];
+        assert_eq!(s.max_age_ms, Some(1_234));
+        assert_eq!(
+            (s.possible_loss_declarations, s.possibly_lost_frames),
+            (2, 7)
+        );
+        assert!(
+            summary_line(s, false)
+                .contains(" max_age_ms=1234 possible_loss_declarations=2 possibly_lost_frames=7 "),
+            "{}",
+            summary_line(s, false)
+        );
     }
 
     #[test]

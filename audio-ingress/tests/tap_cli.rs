@@ -76,16 +76,34 @@ async fn json_lines_packets_errors_and_summaries_until_count() {
     let nc = client(server.url()).await;
     let a = "inference.whisper.stream.a";
     let b = "inference.whisper.stream.b";
+    let captured = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64
+        - 200;
     for seq in [1, 2, 4] {
         publish(
             &nc,
             a,
-            Packet::frame(seq, pcm(seq)).with_session(Some("s1".into())),
+            Packet::frame(seq, pcm(seq))
+                .with_session(Some("s1".into()))
+                .with_captured_at_ms((seq == 1).then_some(captured)),
             &[],
         )
         .await;
     }
-    publish(&nc, a, Packet::end(5), &[(headers::END_REASON, "producer")]).await;
+    // Seq 3 is missing; the end declares it possibly lost.
+    let declared = r#"{"first_seq":3,"last_seq":3,"frames":1,"total_frames":1,"reason":"unconfirmed_at_disconnect"}"#;
+    publish(
+        &nc,
+        a,
+        Packet::end(5),
+        &[
+            (headers::END_REASON, "producer"),
+            (headers::POSSIBLY_LOST, declared),
+        ],
+    )
+    .await;
     publish(
         &nc,
         b,
@@ -126,8 +144,15 @@ async fn json_lines_packets_errors_and_summaries_until_count() {
     assert_eq!(v[0]["samples"], 320);
     assert_eq!(v[0]["session_id"], "s1");
     assert!(v[0]["error"].is_null());
+    assert_eq!(v[0]["captured_at_ms"].as_u64(), Some(captured));
+    let age = v[0]["age_ms"].as_i64().expect("age");
+    assert!((200..10_000).contains(&age), "age {age}");
+    assert!(v[1]["captured_at_ms"].is_null() && v[1]["age_ms"].is_null());
     assert_eq!(v[3]["type"], "end");
     assert_eq!(v[3]["headers"][headers::END_REASON], "producer");
+    assert_eq!(v[3]["possibly_lost"]["first_seq"], 3);
+    assert_eq!(v[3]["possibly_lost"]["total_frames"], 1);
+    assert_eq!(v[3]["possibly_lost"]["reason"], "unconfirmed_at_disconnect");
     assert_eq!(v[4]["type"], "gap");
     assert_eq!(v[4]["samples"], 960);
     assert_eq!(v[4]["gap"]["first_seq"], 1);
@@ -149,6 +174,9 @@ async fn json_lines_packets_errors_and_summaries_until_count() {
     assert_eq!(sa["gaps"], 1);
     assert_eq!(sa["end_seen"], true);
     assert_eq!(sa["end_reason"], "producer");
+    assert!(sa["max_age_ms"].as_i64().is_some_and(|m| m >= 200), "{sa}");
+    assert_eq!(sa["possible_loss_declarations"], 1);
+    assert_eq!(sa["possibly_lost_frames"], 1);
     let sb = &v[9];
     assert_eq!(sb["subject"], b);
     assert_eq!(sb["declared_gaps"], 1);

@@ -85,6 +85,117 @@ fn encoder_matches_deployed_layout() {
     assert_eq!(&bytes[4 + meta_len..], &pcm[..]);
 }
 
+/// The capture time travels as the meta key `captured_at_ms`, written after
+/// `session_id` (and before gap fields), so the meta stays in the deployed key order.
+#[test]
+fn captured_at_ms_round_trips_in_key_order() {
+    let pcm = Bytes::from(vec![2u8; 640]);
+    let packet = Packet::frame(9, pcm.clone())
+        .with_session(Some("s1".into()))
+        .with_captured_at_ms(Some(1_764_500_000_123));
+    let bytes = packet.encode().expect("encodes");
+    let meta_len = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
+    let meta = std::str::from_utf8(&bytes[4..4 + meta_len]).expect("utf8");
+    assert_eq!(
+        meta,
+        r#"{"type":"frame","seq":9,"sample_rate":16000,"sample_width":2,"channels":1,"session_id":"s1","captured_at_ms":1764500000123}"#
+    );
+    let back = decode(&bytes, &DecodeOptions::default()).expect("decodes");
+    assert_eq!(back.captured_at_ms, Some(1_764_500_000_123));
+    assert_eq!(back, packet);
+    // Without a session the key follows `channels`; on a gap it precedes the gap fields.
+    let gap = Packet::gap(Gap {
+        first_seq: 2,
+        last_seq: 4,
+        samples: 960,
+        reason: GapReason::MaxAge,
+    })
+    .with_captured_at_ms(Some(7));
+    let bytes = gap.encode().expect("encodes");
+    let meta_len = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
+    let meta = std::str::from_utf8(&bytes[4..4 + meta_len]).expect("utf8");
+    assert_eq!(
+        meta,
+        r#"{"type":"gap","seq":4,"sample_rate":16000,"sample_width":2,"channels":1,"captured_at_ms":7,"first_seq":2,"frames":3,"samples":960,"reason":"max_age"}"#
+    );
+    assert_eq!(
+        decode(&bytes, &DecodeOptions::default()).expect("decodes"),
+        gap
+    );
+    // `end` carries it too when set; `encode_packet` from borrowed parts is identical.
+    let end = Packet::end(5).with_captured_at_ms(Some(u64::MAX));
+    let bytes = end.encode().expect("encodes");
+    assert_eq!(
+        bytes,
+        weir_protocol::audio::encode_packet(
+            5,
+            weir_protocol::audio::AudioFormat::DEPLOYED,
+            None,
+            Some(u64::MAX),
+            &PacketBody::End
+        )
+        .expect("encodes")
+    );
+    assert_eq!(
+        decode(&bytes, &DecodeOptions::default()).expect("decodes"),
+        end
+    );
+}
+
+/// Absent: `None` (the deployed producers never write it), and the encoder then writes
+/// exactly the deployed meta.
+#[test]
+fn captured_at_ms_absent_is_none_and_not_written() {
+    let p = decode(&hex(PY_FRAME), &DecodeOptions::default()).expect("decodes");
+    assert_eq!(p.captured_at_ms, None);
+    let bytes = Packet::frame(1, Bytes::new()).encode().expect("encodes");
+    assert!(
+        !std::str::from_utf8(&bytes[4..])
+            .expect("utf8")
+            .contains("captured_at_ms")
+    );
+}
+
+/// Lenient: a `captured_at_ms` of the wrong JSON type (string, negative, fraction,
+/// null, object, out of u64 range) is treated as absent, never as a reason to refuse
+/// the packet — an extension key must not make a packet undecodable.
+#[test]
+fn captured_at_ms_of_wrong_type_is_absent_not_an_error() {
+    for bad in [
+        r#""1764500000123""#,
+        "-5",
+        "1.5",
+        "null",
+        "true",
+        r#"{"ms":1}"#,
+        "[1]",
+        "1e3",
+        "18446744073709551616",
+    ] {
+        let meta = format!(r#"{{"type":"frame","seq":3,{FMT},"captured_at_ms":{bad}}}"#);
+        let p = decode(&raw(&meta, &[0; 640]), &DecodeOptions::default())
+            .unwrap_or_else(|e| panic!("{bad}: {e}"));
+        assert_eq!(p.captured_at_ms, None, "{bad}");
+        assert_eq!((p.seq, p.pcm().len()), (3, 640), "{bad}");
+    }
+    // Any position and spacing, like every other key.
+    let meta = format!(r#"{{ "captured_at_ms" : 42 , "type":"frame","seq":3,{FMT}}}"#);
+    let p = decode(&raw(&meta, &[]), &DecodeOptions::default()).expect("decodes");
+    assert_eq!(p.captured_at_ms, Some(42));
+    assert_eq!(
+        decode(
+            &raw(
+                &format!(r#"{{"type":"end","seq":4,{FMT},"captured_at_ms":0}}"#),
+                &[]
+            ),
+            &DecodeOptions::default()
+        )
+        .expect("decodes")
+        .captured_at_ms,
+        Some(0)
+    );
+}
+
 #[test]
 fn empty_frame_is_valid() {
     let p = decode(
@@ -299,9 +410,9 @@ proptest! {
     }
 
     #[test]
-    fn frame_round_trips(seq in 1u64..u64::MAX, samples in 0usize..2000, session in proptest::option::of("[ -~\u{e9}\u{4e2d}\"\\\\]{0,40}")) {
+    fn frame_round_trips(seq in 1u64..u64::MAX, samples in 0usize..2000, session in proptest::option::of("[ -~\u{e9}\u{4e2d}\"\\\\]{0,40}"), captured in proptest::option::of(any::<u64>())) {
         let pcm = Bytes::from((0..samples * 2).map(|i| i as u8).collect::<Vec<u8>>());
-        let packet = Packet::frame(seq, pcm).with_session(session);
+        let packet = Packet::frame(seq, pcm).with_session(session).with_captured_at_ms(captured);
         let decoded = decode(&packet.encode().expect("encodes"), &DecodeOptions::default()).expect("decodes");
         prop_assert_eq!(decoded, packet);
     }

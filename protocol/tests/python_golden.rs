@@ -121,6 +121,11 @@ fn python_written_packets_decode() {
         assert_eq!(Some(packet.samples()), expect["samples"].as_u64(), "{name}");
         assert_eq!(hex(packet.pcm()), expect["pcm_hex"], "{name}");
         assert_eq!(packet.format.sample_rate, 16_000, "{name}");
+        assert_eq!(
+            packet.captured_at_ms,
+            expect["captured_at_ms"].as_u64(),
+            "{name}"
+        );
     }
 }
 
@@ -139,13 +144,19 @@ fn python_reads_what_the_encoder_writes() {
         Packet::frame(1, Bytes::from(pcm.clone())),
         Packet::frame(2, Bytes::from(pcm.clone())).with_session(Some("s-é1 \"q\"".into())),
         Packet::frame(3, Bytes::new()),
+        // The capture-time extension: the deployed reader must read these frames as
+        // before (the unknown key is ignored).
+        Packet::frame(4, Bytes::from(pcm.clone())).with_captured_at_ms(Some(1_764_500_000_123)),
+        Packet::frame(5, Bytes::from(pcm.clone()))
+            .with_session(Some("s-é1".into()))
+            .with_captured_at_ms(Some(0)),
         Packet::gap(Gap {
-            first_seq: 4,
-            last_seq: 8,
+            first_seq: 6,
+            last_seq: 10,
             samples: 1_600,
             reason: GapReason::QueueFull,
         }),
-        Packet::end(9),
+        Packet::end(11),
     ];
     let mut paths = Vec::new();
     for (i, p) in packets.iter().enumerate() {
@@ -170,6 +181,7 @@ fn python_reads_what_the_encoder_writes() {
         assert_eq!(meta["sample_width"], 2);
         assert_eq!(meta["channels"], 1);
         assert_eq!(meta["session_id"].as_str(), p.session_id.as_deref());
+        assert_eq!(meta["captured_at_ms"].as_u64(), p.captured_at_ms);
         assert_eq!(seen["pcm_hex"], hex(p.pcm()));
         match &p.body {
             PacketBody::Frame { pcm } => {
@@ -183,5 +195,46 @@ fn python_reads_what_the_encoder_writes() {
                 assert_eq!(meta["reason"], "queue_full");
             }
         }
+    }
+}
+
+/// The golden frames that carry `captured_at_ms`, written by Python, read by the
+/// deployed reading code: same type, seq, samples and PCM as without the key — the
+/// deployed ASR service keeps working when weir's producer adds it. (Our decoder's side
+/// is `python_written_packets_decode`.)
+#[test]
+fn deployed_reader_ignores_captured_at_ms() {
+    let names = [
+        ("frame_captured_at_ms", 10, Some(1_764_500_000_123u64)),
+        ("frame_captured_at_ms_no_session", 11, Some(0)),
+        ("frame_captured_at_ms_string", 12, None),
+        ("frame_captured_at_ms_float", 13, None),
+    ];
+    let reader = golden_dir().join("read_packets.py");
+    let files: Vec<PathBuf> = names
+        .iter()
+        .map(|(n, _, _)| golden_dir().join(format!("{n}.bin")))
+        .collect();
+    let mut args = vec![reader.as_os_str()];
+    args.extend(files.iter().map(|p| p.as_os_str()));
+    let out = run_python(&args);
+    let plain = Bytes::from(std::fs::read(golden_dir().join("frame_plain.bin")).expect("golden"));
+    let plain = decode(&plain, &DecodeOptions::default()).expect("decodes");
+    let lines: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("reader JSON"))
+        .collect();
+    assert_eq!(lines.len(), names.len());
+    for ((name, seq, ours), seen) in names.iter().zip(&lines) {
+        let meta = &seen["meta"];
+        assert_eq!(meta["type"], "frame", "{name}");
+        assert_eq!(meta["seq"].as_u64(), Some(*seq), "{name}");
+        assert_eq!(seen["samples"], 320, "{name}");
+        assert_eq!(seen["pcm_hex"], hex(plain.pcm()), "{name}");
+        let data =
+            Bytes::from(std::fs::read(golden_dir().join(format!("{name}.bin"))).expect("golden"));
+        let packet = decode(&data, &DecodeOptions::default()).expect("decodes");
+        assert_eq!(packet.captured_at_ms, *ours, "{name}");
+        assert_eq!(packet.pcm(), plain.pcm(), "{name}");
     }
 }

@@ -28,6 +28,20 @@ pub const DEFAULT_SUBSCRIPTION_CAPACITY: usize = 8_192;
 pub const DEFAULT_RETAIN_FINISHED: usize = 10_000;
 /// Default cap on live stream instances per consumer (`max_streams`).
 pub const DEFAULT_MAX_STREAMS: usize = 10_000;
+/// Default staleness guard (`max_frame_age_ms`): a frame captured more than 1 s before
+/// it reaches the consumer is dropped before the handler and declared as a
+/// [`GapCause::Stale`](super::GapCause::Stale) gap.
+///
+/// Why 1 s: the ingress promises that no frame older than its budget (`max_age`,
+/// 500 ms by default) plus one confirmation round reaches NATS unsignalled, so a frame
+/// older than ~1 s at the consumer means that promise was broken somewhere (a stalled
+/// server, an old producer, a backlog in this process's client buffer); and audio that
+/// late is useless to a real-time recogniser, whose reply would arrive after the
+/// caller moved on. 1 s also leaves a few hundred milliseconds for clock skew between
+/// producer and consumer hosts (the age is the consumer's wall clock minus the
+/// producer's capture time; NTP keeps hosts within milliseconds). Frames without a
+/// capture time (the deployed Python producers) are never judged.
+pub const DEFAULT_MAX_FRAME_AGE: Duration = Duration::from_millis(1_000);
 
 /// Allowed range of `max_pending_bytes`: at least one 100 ms frame (3,200 bytes), at
 /// most 60 s of audio per stream.
@@ -40,6 +54,9 @@ pub const IDLE_TIMEOUT_RANGE_MS: (u64, u64) = (50, 3_600_000);
 pub const SUBSCRIPTION_CAPACITY_RANGE: (usize, usize) = (64, 1_048_576);
 /// Allowed range of `max_streams`.
 pub const MAX_STREAMS_RANGE: (usize, usize) = (1, 1_000_000);
+/// Allowed range of `max_frame_age_ms` when not `0` (off): at least 50 ms (below that
+/// ordinary scheduling would make every frame stale), at most 10 minutes.
+pub const MAX_FRAME_AGE_RANGE_MS: (u64, u64) = (50, 600_000);
 /// Largest accepted `partitions`.
 pub const MAX_PARTITIONS: u32 = 4_096;
 
@@ -76,6 +93,7 @@ pub enum ConsumerPolicy {
 /// idle_timeout_ms = 5000
 /// subscription_capacity = 8192
 /// max_streams = 10000
+/// max_frame_age_ms = 1000   # 0 = staleness guard off
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -108,6 +126,13 @@ pub struct ConsumerConfig {
     /// subscriptions (1..=1,000,000). A new stream beyond it is refused: no handler,
     /// its frames counted as `frames_refused`, a [`ConsumerEvent::StreamRefused`](super::ConsumerEvent::StreamRefused).
     pub max_streams: usize,
+    /// Staleness guard, ms: a frame whose capture time (meta `captured_at_ms`, else
+    /// the `Weir-Captured-At-Ms` header) is older than this on the consumer's wall
+    /// clock is dropped before the handler, declared to it as a
+    /// [`GapCause::Stale`](super::GapCause::Stale) gap and counted as `stale_frames`.
+    /// `0` turns the guard off; otherwise 50..=600,000. Default 1,000 (see
+    /// [`DEFAULT_MAX_FRAME_AGE`]). Frames without a capture time are never judged.
+    pub max_frame_age_ms: u64,
 }
 
 impl Default for ConsumerConfig {
@@ -123,6 +148,7 @@ impl Default for ConsumerConfig {
             subscription_capacity: DEFAULT_SUBSCRIPTION_CAPACITY,
             retain_finished_streams: DEFAULT_RETAIN_FINISHED,
             max_streams: DEFAULT_MAX_STREAMS,
+            max_frame_age_ms: ms(DEFAULT_MAX_FRAME_AGE),
         }
     }
 }
@@ -142,6 +168,7 @@ pub struct ConsumerSettings {
     pub(crate) subscription_capacity: NonZeroUsize,
     pub(crate) retain_finished: NonZeroUsize,
     pub(crate) max_streams: NonZeroUsize,
+    pub(crate) max_frame_age: Option<Duration>,
 }
 
 /// The bound of one stream's queue.
@@ -262,6 +289,20 @@ impl ConsumerConfig {
             ConsumerError::config("retain_finished_streams", "must be at least 1".into())
         })?;
         let max_streams = check_range("max_streams", self.max_streams, MAX_STREAMS_RANGE, "")?;
+        let max_frame_age = match self.max_frame_age_ms {
+            0 => None,
+            v => Some(Duration::from_millis(
+                check_range("max_frame_age_ms", v, MAX_FRAME_AGE_RANGE_MS, " ms").map_err(|e| {
+                    match e {
+                        ConsumerError::Config { key, reason } => ConsumerError::Config {
+                            key,
+                            reason: format!("{reason}, or 0 to turn the staleness guard off"),
+                        },
+                        other => other,
+                    }
+                })?,
+            )),
+        };
         Ok(ConsumerSettings {
             subject,
             partitions,
@@ -275,6 +316,7 @@ impl ConsumerConfig {
             subscription_capacity: NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN),
             retain_finished,
             max_streams: NonZeroUsize::new(max_streams).unwrap_or(NonZeroUsize::MIN),
+            max_frame_age,
         })
     }
 }
@@ -308,6 +350,11 @@ impl ConsumerSettings {
     /// The cap on live stream instances.
     pub fn max_streams(&self) -> NonZeroUsize {
         self.max_streams
+    }
+
+    /// The staleness guard (`max_frame_age_ms`); `None` when off.
+    pub fn max_frame_age(&self) -> Option<Duration> {
+        self.max_frame_age
     }
 
     /// The async-nats subscription capacity to connect with.
@@ -381,6 +428,38 @@ mod tests {
         assert_eq!(s.limits().max_bytes, 16_000);
         assert_eq!(s.limits().max_age, Duration::from_millis(500));
         assert_eq!(s.max_streams().get(), 10_000);
+        assert_eq!(s.max_frame_age(), Some(Duration::from_millis(1_000)));
+    }
+
+    #[test]
+    fn max_frame_age_zero_is_off_and_out_of_range_names_the_key() {
+        let off = ConsumerConfig {
+            max_frame_age_ms: 0,
+            ..ConsumerConfig::default()
+        };
+        assert_eq!(off.validate().expect("valid").max_frame_age(), None);
+        for bad in [1, 49, 600_001, u64::MAX] {
+            let err = ConsumerConfig {
+                max_frame_age_ms: bad,
+                ..ConsumerConfig::default()
+            }
+            .validate()
+            .expect_err("out of range");
+            assert_eq!(err.config_key(), Some("max_frame_age_ms"));
+            let msg = err.to_string();
+            assert!(
+                msg.contains("50..=600000 ms") && msg.contains("0 to turn"),
+                "{msg}"
+            );
+        }
+        let cfg: ConsumerConfig = toml::from_str("max_frame_age_ms = 250\n").expect("toml");
+        assert_eq!(
+            cfg.validate().expect("valid").max_frame_age(),
+            Some(Duration::from_millis(250))
+        );
+        // Absent: the default.
+        let cfg: ConsumerConfig = toml::from_str("max_streams = 5\n").expect("toml");
+        assert_eq!(cfg.max_frame_age_ms, 1_000);
     }
 
     #[test]

@@ -32,10 +32,12 @@ use weir_protocol::fnv1a_32;
 
 use super::Shared;
 use super::event::{
-    ConsumerEvent, End, EndCause, Frame, GapCause, GapNotice, LocalOverload, RefuseReason,
-    StreamEvent, StreamInfo,
+    ConsumerEvent, End, EndCause, Frame, GapCause, GapNotice, LocalOverload, LossDeclaration,
+    RefuseReason, StreamEvent, StreamInfo,
 };
 use super::handler::{HandlerFactory, StreamHandler};
+use super::loss::{self, HoleClass, Segment};
+use super::metric_names as mn;
 use super::queue::{Push, ReceiverGuard, StreamQueue};
 use super::slots::StreamSlot;
 use super::stats::{StreamState, StreamStats};
@@ -53,6 +55,19 @@ struct Entry {
     closed: bool,
     /// This instance's `max_streams` slot, shared with its handler task.
     _slot: Arc<StreamSlot>,
+    /// Recent holes and declared possible-loss ranges (bounded).
+    loss: loss::Memory,
+    /// Consecutive stale frames not yet reported to the handler.
+    stale_run: Option<StaleRun>,
+}
+
+/// A run of consecutive stale frames, reported as one [`GapCause::Stale`] notice.
+#[derive(Debug, Clone, Copy)]
+struct StaleRun {
+    first_seq: u64,
+    last_seq: u64,
+    samples: u64,
+    max_age_ms: u64,
 }
 
 /// A stream refused at its first packet: its later packets are refused too, until its
@@ -214,68 +229,116 @@ impl<F: HandlerFactory> Demux<F> {
             }
             _ => 0,
         };
-        // All of this packet's stats in one registry update (one lock on the hot path).
-        self.shared.registry().update(instance, |s| {
-            s.first_seq.get_or_insert(seqs_first(seqs));
-            s.last_seq = last_seq;
-            let c = &mut s.counters;
-            // Seqs and declared samples come from the network: saturate, never panic.
-            c.leading_missing = c.leading_missing.saturating_add(leading);
-            if let Some(lost) = &lost {
-                c.lost_frames = c.lost_frames.saturating_add(lost.end() - lost.start() + 1);
-                c.loss_events += 1;
+        // The capture time: the meta key first, the older header as fallback.
+        let captured_at_ms = packet.captured_at_ms.or(ext.captured_at_ms);
+        // Staleness guard: only frames with a capture time are judged (the wall clock
+        // is read only then). A capture time in the future (clock skew) is age 0.
+        let stale_age_ms = match (
+            &packet.body,
+            self.shared.settings.max_frame_age,
+            captured_at_ms,
+        ) {
+            (PacketBody::Frame { .. }, Some(max), Some(at)) => {
+                let age = (self.shared.wall_clock)().saturating_sub(at);
+                (u128::from(age) > max.as_millis()).then_some(age)
             }
-            match &packet.body {
-                PacketBody::Frame { .. } => {
-                    c.frames += 1;
-                    c.samples += samples;
-                }
-                PacketBody::Gap(g) => {
-                    c.declared_gaps += 1;
-                    c.declared_gap_frames = c.declared_gap_frames.saturating_add(g.frames());
-                    c.declared_gap_samples = c.declared_gap_samples.saturating_add(g.samples);
-                }
-                PacketBody::End => {
-                    s.end_seen = true;
-                    s.end_seq = Some(packet.seq);
-                    s.end_reason = ext.end_reason.map(|r| r.as_str().to_owned());
-                    s.producer_overload = ext.overload.clone();
-                }
+            _ => None,
+        };
+        // Declared possible loss: re-label remembered holes, then classify this
+        // packet's own hole (a declaration on the packet that reveals its hole covers it).
+        let declaration = ext.possibly_lost.as_ref().map(|p| {
+            let reclassified = entry.loss.declare(p.first_seq, p.last_seq);
+            LossDeclaration {
+                first_seq: p.first_seq,
+                last_seq: p.last_seq,
+                frames: p.frames,
+                total_frames: p.total_frames,
+                reason: p.reason,
+                reclassified_frames: reclassified,
             }
         });
-        if let Some(lost) = lost {
-            let (first_seq, last_seq) = (*lost.start(), *lost.end());
-            metrics::counter!(m::CONSUMER_FRAMES_LOST_TOTAL).increment(last_seq - first_seq + 1);
-            let _ = self.shared.events.send(ConsumerEvent::FramesLost {
-                stream: token.to_owned(),
-                first_seq,
-                last_seq,
+        let segments = lost
+            .as_ref()
+            .map(|l| entry.loss.hole(*l.start(), *l.end()))
+            .unwrap_or_default();
+        let forgotten = (
+            std::mem::take(&mut entry.loss.holes_forgotten),
+            std::mem::take(&mut entry.loss.declarations_forgotten),
+        );
+        // All of this packet's stats in one registry lock (the hot path takes no more).
+        {
+            let mut reg = self.shared.registry();
+            reg.update(instance, |s| {
+                s.first_seq.get_or_insert(seqs_first(seqs));
+                s.last_seq = last_seq;
+                let c = &mut s.counters;
+                // Seqs and declared samples come from the network: saturate, never panic.
+                c.leading_missing = c.leading_missing.saturating_add(leading);
+                if lost.is_some() {
+                    c.loss_events += 1;
+                }
+                for seg in &segments {
+                    match seg.class {
+                        HoleClass::Lost => {
+                            c.lost_frames = c.lost_frames.saturating_add(seg.frames())
+                        }
+                        HoleClass::PossiblyLost => {
+                            c.possibly_lost_frames =
+                                c.possibly_lost_frames.saturating_add(seg.frames())
+                        }
+                    }
+                }
+                c.possible_loss_declarations += u64::from(declaration.is_some());
+                c.holes_forgotten += forgotten.0;
+                c.declarations_forgotten += forgotten.1;
+                match &packet.body {
+                    PacketBody::Frame { .. } if stale_age_ms.is_some() => {
+                        c.stale_frames += 1;
+                        c.stale_samples += samples;
+                    }
+                    PacketBody::Frame { .. } => {
+                        c.frames += 1;
+                        c.samples += samples;
+                    }
+                    PacketBody::Gap(g) => {
+                        c.declared_gaps += 1;
+                        c.declared_gap_frames = c.declared_gap_frames.saturating_add(g.frames());
+                        c.declared_gap_samples = c.declared_gap_samples.saturating_add(g.samples);
+                    }
+                    PacketBody::End => {
+                        s.end_seen = true;
+                        s.end_seq = Some(packet.seq);
+                        s.end_reason = ext.end_reason.map(|r| r.as_str().to_owned());
+                        s.producer_overload = ext.overload.clone();
+                    }
+                }
             });
-            // Counted, metered and broadcast; a debug line only, so that heavy loss
-            // (a slow consumer) does not also flood the logs.
-            tracing::debug!(
-                stream = token,
-                first_seq,
-                last_seq,
-                "sequence gap: frames lost"
-            );
-            let notice = StreamEvent::Gap(GapNotice {
-                first_seq,
-                last_seq,
-                samples: None,
-                cause: GapCause::Lost,
-            });
-            self.queue_event(token, notice, now);
+            if let Some(d) = &declaration
+                && d.reclassified_frames > 0
+            {
+                reg.reclassify_lost(instance, d.reclassified_frames);
+            }
+        }
+        if let Some(d) = declaration {
+            self.on_declaration(token, d, now);
+        }
+        for seg in segments {
+            self.on_hole(token, seg, now);
         }
         match packet.body {
             PacketBody::Frame { pcm } => {
+                if let Some(age_ms) = stale_age_ms {
+                    self.shared.instruments.stale.increment(1);
+                    self.on_stale(token, packet.seq, samples, age_ms);
+                    return;
+                }
                 self.shared.instruments.frames.increment(1);
                 let frame = StreamEvent::Frame(Frame {
                     seq: packet.seq,
                     pcm,
                     samples,
                     format: packet.format,
-                    captured_at_ms: ext.captured_at_ms,
+                    captured_at_ms,
                     received_at: now,
                 });
                 self.queue_event(token, frame, now);
@@ -298,6 +361,126 @@ impl<F: HandlerFactory> Demux<F> {
                 self.end_stream(token, cause, now);
             }
         }
+    }
+
+    /// Reports a producer's possible-loss declaration: metrics, a consumer event, and a
+    /// [`StreamEvent::LossDeclared`] for the handler.
+    fn on_declaration(&mut self, token: &str, d: LossDeclaration, now: Instant) {
+        metrics::counter!(mn::CONSUMER_POSSIBLE_LOSS_DECLARATIONS_TOTAL).increment(1);
+        if d.reclassified_frames > 0 {
+            metrics::counter!(mn::CONSUMER_FRAMES_POSSIBLY_LOST_TOTAL)
+                .increment(d.reclassified_frames);
+        }
+        tracing::info!(
+            stream = token,
+            first_seq = d.first_seq,
+            last_seq = d.last_seq,
+            frames = d.frames,
+            reclassified = d.reclassified_frames,
+            reason = d.reason.as_str(),
+            "producer declared frames possibly lost"
+        );
+        let _ = self
+            .shared
+            .events
+            .send(ConsumerEvent::PossibleLossDeclared {
+                stream: token.to_owned(),
+                declaration: d.clone(),
+            });
+        self.queue_event(token, StreamEvent::LossDeclared(d), now);
+    }
+
+    /// Reports one classified part of a hole: metrics, a consumer event, and a gap
+    /// notice for the handler.
+    fn on_hole(&mut self, token: &str, seg: Segment, now: Instant) {
+        let (first_seq, last_seq) = (seg.first, seg.last);
+        metrics::counter!(m::CONSUMER_FRAMES_LOST_TOTAL).increment(seg.frames());
+        let cause = match seg.class {
+            HoleClass::Lost => {
+                let _ = self.shared.events.send(ConsumerEvent::FramesLost {
+                    stream: token.to_owned(),
+                    first_seq,
+                    last_seq,
+                });
+                GapCause::Lost
+            }
+            HoleClass::PossiblyLost => {
+                metrics::counter!(mn::CONSUMER_FRAMES_POSSIBLY_LOST_TOTAL).increment(seg.frames());
+                let _ = self.shared.events.send(ConsumerEvent::FramesPossiblyLost {
+                    stream: token.to_owned(),
+                    first_seq,
+                    last_seq,
+                });
+                GapCause::PossiblyLost
+            }
+        };
+        // Counted, metered and broadcast; a debug line only, so that heavy loss
+        // (a slow consumer) does not also flood the logs.
+        tracing::debug!(
+            stream = token,
+            first_seq,
+            last_seq,
+            ?cause,
+            "sequence gap: frames missing"
+        );
+        let notice = StreamEvent::Gap(GapNotice {
+            first_seq,
+            last_seq,
+            samples: None,
+            cause,
+        });
+        self.queue_event(token, notice, now);
+    }
+
+    /// A stale frame: extends the stream's open stale run (consecutive by
+    /// construction: any other event of the stream flushes the run first), or opens one.
+    fn on_stale(&mut self, token: &str, seq: u64, samples: u64, age_ms: u64) {
+        let Some(entry) = self.streams.get_mut(token) else {
+            return;
+        };
+        match &mut entry.stale_run {
+            Some(run) => {
+                run.last_seq = seq;
+                run.samples = run.samples.saturating_add(samples);
+                run.max_age_ms = run.max_age_ms.max(age_ms);
+            }
+            None => {
+                entry.stale_run = Some(StaleRun {
+                    first_seq: seq,
+                    last_seq: seq,
+                    samples,
+                    max_age_ms: age_ms,
+                });
+            }
+        }
+    }
+
+    /// Queues the open stale run of `token` (if any) as one [`GapCause::Stale`] notice.
+    fn flush_stale(&mut self, token: &str, now: Instant) {
+        let Some(run) = self.streams.get_mut(token).and_then(|e| e.stale_run.take()) else {
+            return;
+        };
+        tracing::debug!(
+            stream = token,
+            first_seq = run.first_seq,
+            last_seq = run.last_seq,
+            max_age_ms = run.max_age_ms,
+            "stale frames dropped before the handler"
+        );
+        let _ = self.shared.events.send(ConsumerEvent::FramesStale {
+            stream: token.to_owned(),
+            first_seq: run.first_seq,
+            last_seq: run.last_seq,
+            samples: run.samples,
+            max_age_ms: run.max_age_ms,
+        });
+        let notice = StreamEvent::Gap(GapNotice {
+            first_seq: run.first_seq,
+            last_seq: run.last_seq,
+            samples: Some(run.samples),
+            cause: GapCause::Stale,
+        });
+        self.push_event(token, notice, now);
     }
 
     /// Refuses the new stream `token`: no handler, no entry. Counted, reported, and
@@ -404,12 +587,21 @@ impl<F: HandlerFactory> Demux<F> {
                 last_packet: now,
                 closed: false,
                 _slot: slot,
+                loss: loss::Memory::default(),
+                stale_run: None,
             },
         );
     }
 
-    /// Queues a frame or gap notice for `token`'s handler and counts what the bound did.
+    /// Queues a frame, gap notice or loss declaration for `token`'s handler, after the
+    /// stream's open stale run (so the timeline stays in seq order).
     fn queue_event(&mut self, token: &str, event: StreamEvent, now: Instant) {
+        self.flush_stale(token, now);
+        self.push_event(token, event, now);
+    }
+
+    /// Queues one event for `token`'s handler and counts what the bound did.
+    fn push_event(&mut self, token: &str, event: StreamEvent, now: Instant) {
         let Some(entry) = self.streams.get_mut(token) else {
             return;
         };
@@ -504,6 +696,8 @@ impl<F: HandlerFactory> Demux<F> {
     /// Removes `token` and gives its handler the final `End` (unless the stream was
     /// already closed for it).
     fn end_stream(&mut self, token: &str, cause: EndCause, now: Instant) {
+        // A stale run still open is the last thing before the end.
+        self.flush_stale(token, now);
         let Some(entry) = self.streams.remove(token) else {
             return;
         };
@@ -669,8 +863,9 @@ mod tests {
     use crate::consumer::stats::ConsumerStats;
     use std::collections::HashMap as Map;
     use std::time::Duration;
+    use tokio::sync::broadcast;
     use tokio::sync::mpsc;
-    use weir_protocol::audio::extension::{EndReason, headers};
+    use weir_protocol::audio::extension::{EndReason, PossibleLoss, PossibleLossReason, headers};
     use weir_protocol::audio::{Gap, GapReason};
 
     type Rx = mpsc::Receiver<(StreamInfo, StreamEvent)>;
@@ -834,6 +1029,7 @@ mod tests {
                 StreamEvent::Frame(f) => format!("f{}", f.seq),
                 StreamEvent::Gap(g) => format!("{:?}{}-{}", g.cause, g.first_seq, g.last_seq),
                 StreamEvent::End(_) => "end".into(),
+                StreamEvent::LossDeclared(d) => format!("{d:?}"),
             })
             .collect();
         assert_eq!(
@@ -1130,6 +1326,306 @@ mod tests {
         let snap = snapshot(&shared);
         assert_eq!(snap.stream("b").count(), 1);
         assert_eq!(snap.totals.frames_refused, 1);
+    }
+
+    /// A demultiplexer whose wall clock is the returned cell (Unix ms).
+    fn setup_clock(
+        cfg: ConsumerConfig,
+    ) -> (
+        Demux<impl HandlerFactory>,
+        Arc<Shared>,
+        Rx,
+        Arc<std::sync::atomic::AtomicU64>,
+    ) {
+        let clock = Arc::new(std::sync::atomic::AtomicU64::new(NOW_MS));
+        let read = clock.clone();
+        let shared = Arc::new(Shared::with_clock(
+            cfg.validate().expect("valid config"),
+            Arc::new(move || read.load(Ordering::Relaxed)),
+        ));
+        let (tx, rx) = mpsc::channel(10_000);
+        let demux = Demux::new(shared.clone(), Arc::new(channel_factory(tx)));
+        (demux, shared, rx, clock)
+    }
+
+    const NOW_MS: u64 = 1_764_500_000_000;
+
+    /// A frame captured `age_ms` before [`NOW_MS`] (meta key).
+    fn aged(seq: u64, age_ms: u64) -> Packet {
+        frame(seq).with_captured_at_ms(Some(NOW_MS - age_ms))
+    }
+
+    fn describe(events: &[(StreamInfo, StreamEvent)]) -> Vec<String> {
+        events
+            .iter()
+            .map(|(_, e)| match e {
+                StreamEvent::Frame(f) => format!("f{}", f.seq),
+                StreamEvent::Gap(g) => format!("{:?}{}-{}", g.cause, g.first_seq, g.last_seq),
+                StreamEvent::End(e) => format!("end:{}", e.cause.as_str()),
+                StreamEvent::LossDeclared(d) => format!(
+                    "declared{}-{}:{}",
+                    d.first_seq, d.last_seq, d.reclassified_frames
+                ),
+            })
+            .collect()
+    }
+
+    fn all_events(rx: &mut broadcast::Receiver<ConsumerEvent>) -> Vec<ConsumerEvent> {
+        let mut out = Vec::new();
+        while let Ok(e) = rx.try_recv() {
+            out.push(e);
+        }
+        out
+    }
+
+    /// Frames older than `max_frame_age_ms` (default 1 s) are dropped before the
+    /// handler, coalesced into one `stale` notice per run, counted apart from `frames`;
+    /// the meta capture time wins over the header, frames without one are never judged,
+    /// a capture time in the future is fresh.
+    #[tokio::test(start_paused = true)]
+    async fn stale_frames_are_dropped_before_the_handler_and_declared() {
+        let (mut d, shared, mut rx, _clock) = setup_clock(default_cfg());
+        let mut events = shared.events.subscribe();
+        feed(&mut d, "a", aged(1, 0));
+        feed(&mut d, "a", aged(2, 999));
+        feed(&mut d, "a", aged(3, 1_000)); // exactly the bound: still fresh
+        feed(&mut d, "a", aged(4, 1_001));
+        feed(&mut d, "a", aged(5, 6_000));
+        feed(&mut d, "a", aged(6, 2_000));
+        feed(
+            &mut d,
+            "a",
+            frame(7).with_captured_at_ms(Some(NOW_MS + 5_000)),
+        ); // skew
+        let old = (NOW_MS - 3_000).to_string();
+        // The old header as a fallback...
+        feed_with(&mut d, "a", frame(8), &[(headers::CAPTURED_AT_MS, &old)]);
+        // ...but the meta key wins over it.
+        feed_with(&mut d, "a", aged(9, 10), &[(headers::CAPTURED_AT_MS, &old)]);
+        feed(&mut d, "a", frame(10)); // no capture time: never judged
+        feed(&mut d, "a", aged(11, 5_000));
+        feed(&mut d, "a", Packet::end(12));
+        let got = drain(&mut rx).await;
+        assert_eq!(
+            describe(&got),
+            vec![
+                "f1",
+                "f2",
+                "f3",
+                "Stale4-6",
+                "f7",
+                "Stale8-8",
+                "f9",
+                "f10",
+                "Stale11-11",
+                "end:producer"
+            ]
+        );
+        let StreamEvent::Gap(g) = &got[3].1 else {
+            panic!()
+        };
+        assert_eq!(g.samples, Some(960));
+        let StreamEvent::Frame(f9) = &got[6].1 else {
+            panic!()
+        };
+        assert_eq!(f9.captured_at_ms, Some(NOW_MS - 10));
+        assert_eq!(
+            all_events(&mut events),
+            vec![
+                ConsumerEvent::FramesStale {
+                    stream: "a".into(),
+                    first_seq: 4,
+                    last_seq: 6,
+                    samples: 960,
+                    max_age_ms: 6_000
+                },
+                ConsumerEvent::FramesStale {
+                    stream: "a".into(),
+                    first_seq: 8,
+                    last_seq: 8,
+                    samples: 320,
+                    max_age_ms: 3_000
+                },
+                ConsumerEvent::FramesStale {
+                    stream: "a".into(),
+                    first_seq: 11,
+                    last_seq: 11,
+                    samples: 320,
+                    max_age_ms: 5_000
+                },
+            ]
+        );
+        let snap = snapshot(&shared);
+        let c = snap.stream("a").next().expect("record").counters;
+        assert_eq!((c.frames, c.samples), (6, 1_920));
+        assert_eq!((c.stale_frames, c.stale_samples), (5, 1_600));
+        assert_eq!(c.frames_delivered, 6);
+        assert_eq!(c.lost_frames, 0, "a stale frame is not a loss");
+        // Timeline identity: end seq 12 ⇒ 11 seqs.
+        assert_eq!(
+            c.leading_missing
+                + c.frames
+                + c.stale_frames
+                + c.lost_frames
+                + c.possibly_lost_frames
+                + c.declared_gap_frames,
+            11
+        );
+        assert_eq!(snap.totals.counters.stale_frames, 5);
+    }
+
+    /// A stale run is cut by a hole (its notice comes first, in seq order) and flushed
+    /// before the `End` of a reaped stream; `0` turns the guard off.
+    #[tokio::test(start_paused = true)]
+    async fn stale_runs_keep_seq_order_and_the_guard_can_be_off() {
+        let (mut d, shared, mut rx, clock) = setup_clock(default_cfg());
+        feed(&mut d, "a", aged(1, 1_500));
+        feed(&mut d, "a", aged(2, 1_500));
+        feed(&mut d, "a", aged(5, 1_500)); // 3..=4 lost
+        feed(&mut d, "a", aged(6, 0));
+        // The producer's clock is fine but this host's jumps ahead: 7 is now stale.
+        clock.fetch_add(2_000, Ordering::Relaxed);
+        feed(&mut d, "a", aged(7, 0));
+        tokio::time::advance(Duration::from_millis(1_000)).await;
+        assert_eq!(d.reap(Instant::now()), 1);
+        assert_eq!(
+            describe(&drain(&mut rx).await),
+            vec![
+                "Stale1-2", "Lost3-4", "Stale5-5", "f6", "Stale7-7", "end:idle"
+            ]
+        );
+        let c = snapshot(&shared).totals.counters;
+        assert_eq!((c.frames, c.stale_frames, c.lost_frames), (1, 4, 2));
+
+        let (mut d, shared, mut rx, _clock) = setup_clock(ConsumerConfig {
+            max_frame_age_ms: 0,
+            ..default_cfg()
+        });
+        feed(&mut d, "a", aged(1, 60_000));
+        feed(&mut d, "a", Packet::end(2));
+        assert_eq!(describe(&drain(&mut rx).await), vec!["f1", "end:producer"]);
+        assert_eq!(snapshot(&shared).totals.counters.stale_frames, 0);
+    }
+
+    fn possibly_lost(first_seq: u64, last_seq: u64, total: u64) -> String {
+        PossibleLoss {
+            first_seq,
+            last_seq,
+            frames: last_seq - first_seq + 1,
+            total_frames: total,
+            reason: PossibleLossReason::UnconfirmedAtDisconnect,
+        }
+        .to_header_value()
+    }
+
+    /// `Weir-Possibly-Lost` after the hole moves it from lost to possibly lost; a hole
+    /// inside an already declared range is possibly lost at once; the cumulative
+    /// declaration on `end` moves nothing twice; an undeclared hole stays lost.
+    #[tokio::test(start_paused = true)]
+    async fn declared_possible_loss_is_told_apart_from_undetected_holes() {
+        let (mut d, shared, mut rx) = setup(default_cfg());
+        let mut events = shared.events.subscribe();
+        for s in 1..=3 {
+            feed(&mut d, "a", frame(s));
+        }
+        feed(&mut d, "a", frame(7)); // 4..=6 missing: lost, for now
+        let h = possibly_lost(4, 6, 3);
+        feed_with(&mut d, "a", frame(8), &[(headers::POSSIBLY_LOST, &h)]);
+        // Declared before its hole is seen (the declaring packet came first).
+        let h = possibly_lost(10, 12, 6);
+        feed_with(&mut d, "a", frame(9), &[(headers::POSSIBLY_LOST, &h)]);
+        feed(&mut d, "a", frame(13)); // 10..=12 missing: declared
+        let h = possibly_lost(4, 12, 6);
+        feed_with(
+            &mut d,
+            "a",
+            Packet::end(15),
+            &[(headers::POSSIBLY_LOST, &h)],
+        ); // 14 lost
+        assert_eq!(
+            describe(&drain(&mut rx).await),
+            vec![
+                "f1",
+                "f2",
+                "f3",
+                "Lost4-6",
+                "f7",
+                "declared4-6:3",
+                "f8",
+                "declared10-12:0",
+                "f9",
+                "PossiblyLost10-12",
+                "f13",
+                "declared4-12:0",
+                "Lost14-14",
+                "end:producer"
+            ]
+        );
+        let c = snapshot(&shared).totals.counters;
+        assert_eq!(c.frames, 7);
+        assert_eq!(c.lost_frames, 1);
+        assert_eq!(c.possibly_lost_frames, 6);
+        assert_eq!(c.loss_events, 3);
+        assert_eq!(c.possible_loss_declarations, 3);
+        assert_eq!((c.holes_forgotten, c.declarations_forgotten), (0, 0));
+        assert_eq!(
+            c.leading_missing
+                + c.frames
+                + c.stale_frames
+                + c.lost_frames
+                + c.possibly_lost_frames
+                + c.declared_gap_frames,
+            14
+        );
+        let got = all_events(&mut events);
+        let declared = |first_seq, last_seq, frames, total_frames, reclassified_frames| {
+            ConsumerEvent::PossibleLossDeclared {
+                stream: "a".into(),
+                declaration: LossDeclaration {
+                    first_seq,
+                    last_seq,
+                    frames,
+                    total_frames,
+                    reason: PossibleLossReason::UnconfirmedAtDisconnect,
+                    reclassified_frames,
+                },
+            }
+        };
+        assert_eq!(
+            got,
+            vec![
+                ConsumerEvent::FramesLost {
+                    stream: "a".into(),
+                    first_seq: 4,
+                    last_seq: 6
+                },
+                declared(4, 6, 3, 3, 3),
+                declared(10, 12, 3, 6, 0),
+                ConsumerEvent::FramesPossiblyLost {
+                    stream: "a".into(),
+                    first_seq: 10,
+                    last_seq: 12
+                },
+                declared(4, 12, 9, 6, 0),
+                ConsumerEvent::FramesLost {
+                    stream: "a".into(),
+                    first_seq: 14,
+                    last_seq: 14
+                },
+            ]
+        );
+    }
+
+    /// A malformed `Weir-Possibly-Lost` changes nothing: the hole stays lost.
+    #[tokio::test(start_paused = true)]
+    async fn malformed_possible_loss_header_is_ignored() {
+        let (mut d, shared, _rx) = setup(default_cfg());
+        feed(&mut d, "a", frame(1));
+        feed(&mut d, "a", frame(4));
+        feed_with(&mut d, "a", frame(5), &[(headers::POSSIBLY_LOST, "[2,3]")]);
+        let c = snapshot(&shared).totals.counters;
+        assert_eq!((c.lost_frames, c.possibly_lost_frames), (2, 0));
+        assert_eq!(c.possible_loss_declarations, 0);
     }
 
     /// Counts derived from network numbers (declared samples, seq jumps) saturate:

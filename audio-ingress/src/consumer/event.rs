@@ -5,13 +5,15 @@
 //! last event. Every seq from the first packet seen to the end is either delivered as a
 //! [`Frame`] or covered by a [`GapNotice`]; seqs before the first packet seen (a
 //! consumer that joined late) are reported in the stats as `leading_missing`.
+//! [`StreamEvent::LossDeclared`] is the one event outside the timeline: it covers no
+//! seq, it re-labels seqs an earlier [`GapCause::Lost`] notice already covered.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use serde::Serialize;
 use tokio::time::Instant;
-use weir_protocol::audio::extension::{EndReason, Overload};
+use weir_protocol::audio::extension::{EndReason, Overload, PossibleLossReason};
 use weir_protocol::audio::{AudioFormat, GapReason};
 
 /// Identity of one stream instance, given to the handler factory.
@@ -39,17 +41,42 @@ pub enum StreamEvent {
     Gap(GapNotice),
     /// The last event of the stream instance.
     End(End),
+    /// The producer declared seqs possibly lost (header `Weir-Possibly-Lost`). Not part
+    /// of the timeline: the seqs it names were already covered by frames or gap
+    /// notices; it says that `reclassified_frames` of them, announced earlier as
+    /// [`GapCause::Lost`], are a *declared* possible loss. Holes found after it inside
+    /// its range arrive directly as [`GapCause::PossiblyLost`].
+    LossDeclared(LossDeclaration),
 }
 
 impl StreamEvent {
-    /// Short name: `frame`, `gap` or `end`.
+    /// Short name: `frame`, `gap`, `end` or `loss_declared`.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Frame(_) => "frame",
             Self::Gap(_) => "gap",
             Self::End(_) => "end",
+            Self::LossDeclared(_) => "loss_declared",
         }
     }
+}
+
+/// A producer's declaration of possibly lost frames, as the handler receives it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LossDeclaration {
+    /// First seq of the declared range.
+    pub first_seq: u64,
+    /// Last seq of the declared range.
+    pub last_seq: u64,
+    /// Frames the producer says were unconfirmed in that range.
+    pub frames: u64,
+    /// The producer's cumulative count for the stream.
+    pub total_frames: u64,
+    /// Why.
+    pub reason: PossibleLossReason,
+    /// Frames of holes this consumer had already reported as [`GapCause::Lost`] that
+    /// fall in the range and are now counted as `possibly_lost_frames`.
+    pub reclassified_frames: u64,
 }
 
 /// One frame of audio.
@@ -63,8 +90,9 @@ pub struct Frame {
     pub samples: u64,
     /// Sample format (validated by the decoder: the deployed 16 kHz s16le mono).
     pub format: AudioFormat,
-    /// `Weir-Captured-At-Ms` header: unix ms at which the ingress accepted the frame.
-    /// `None` for packets from producers that do not send it (the deployed Python ones).
+    /// Unix ms at which the ingress accepted the frame: the meta key `captured_at_ms`,
+    /// else the older `Weir-Captured-At-Ms` header. `None` for packets from producers
+    /// that send neither (the deployed Python ones).
     pub captured_at_ms: Option<u64>,
     /// When this consumer received the packet.
     pub received_at: Instant,
@@ -77,7 +105,8 @@ pub struct GapNotice {
     pub first_seq: u64,
     /// Last missing seq.
     pub last_seq: u64,
-    /// Samples missing, when known (declared gaps and local drops; not for NATS loss).
+    /// Samples missing, when known (declared gaps, stale frames and local drops; not
+    /// for NATS loss).
     pub samples: Option<u64>,
     /// Why.
     pub cause: GapCause,
@@ -101,6 +130,16 @@ pub enum GapCause {
     Lost,
     /// The producer declared them dropped with a `gap` packet.
     Declared(GapReason),
+    /// Never arrived, and the producer declared them possibly lost (header
+    /// `Weir-Possibly-Lost`: unconfirmed by the server when its connection dropped).
+    /// A hole reported [`Self::Lost`] before the declaration arrived is re-labelled by
+    /// a [`StreamEvent::LossDeclared`].
+    PossiblyLost,
+    /// They arrived, but older than `max_frame_age_ms` (capture time against this
+    /// consumer's wall clock): dropped before the handler. Consecutive stale frames
+    /// are one notice, delivered before the stream's next event (at the latest just
+    /// before its `End`).
+    Stale,
     /// This consumer dropped them because the handler was behind its bound (`gap`
     /// policy). May swallow lost or declared gaps that were queued among them; the
     /// stats still count those by their own cause.
@@ -227,7 +266,8 @@ pub enum ConsumerEvent {
         /// Whether the stream was ended (`close`) or frames dropped (`gap`).
         closed: bool,
     },
-    /// A sequence jump: frames that never arrived.
+    /// A sequence jump: frames that never arrived and that the producer had not
+    /// declared possibly lost (so far).
     FramesLost {
         /// Stream id.
         stream: String,
@@ -235,6 +275,36 @@ pub enum ConsumerEvent {
         first_seq: u64,
         /// Last missing seq.
         last_seq: u64,
+    },
+    /// A sequence jump inside a range the producer had already declared possibly lost.
+    FramesPossiblyLost {
+        /// Stream id.
+        stream: String,
+        /// First missing seq.
+        first_seq: u64,
+        /// Last missing seq.
+        last_seq: u64,
+    },
+    /// A packet carried `Weir-Possibly-Lost`.
+    PossibleLossDeclared {
+        /// Stream id.
+        stream: String,
+        /// The declaration, with what it re-labelled here.
+        declaration: LossDeclaration,
+    },
+    /// A run of consecutive frames older than `max_frame_age_ms` was dropped before
+    /// the handler.
+    FramesStale {
+        /// Stream id.
+        stream: String,
+        /// First stale seq.
+        first_seq: u64,
+        /// Last stale seq.
+        last_seq: u64,
+        /// Samples dropped.
+        samples: u64,
+        /// The largest age seen in the run, ms.
+        max_age_ms: u64,
     },
     /// The producer started a stream over without `end`.
     StreamRestarted {

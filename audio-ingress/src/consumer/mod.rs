@@ -29,7 +29,8 @@
 //! - [`ConsumerConfig`] → [`ConsumerConfig::validate`] → [`ConsumerSettings`]: subject
 //!   template, `partitions` N, `owned` partitions, per-stream bound
 //!   (`max_pending_bytes`, `max_pending_age_ms`, [`ConsumerPolicy`]), `idle_timeout_ms`,
-//!   `subscription_capacity`, `max_streams`.
+//!   `subscription_capacity`, `max_streams`, `max_frame_age_ms` (staleness guard,
+//!   default 1,000 ms, `0` = off).
 //! - [`Consumer::connect`] / [`Consumer::connect_with`] (own async-nats options: auth,
 //!   TLS, timeouts) subscribe to the owned partitions and return once the server has
 //!   registered the subscriptions.
@@ -39,11 +40,11 @@
 //!   [`Counters`]) and `streams` ([`StreamStats`] per instance: seq range, frames,
 //!   samples, lost/declared/leading missing, drops by reason, end seen, reaped, pending).
 //!   [`Consumer::totals`] gives the aggregates alone, cheaply (for sampling).
-//!   For a load test: frames sent by producers = `frames + lost_frames +
-//!   declared_gap_frames + leading_missing` summed over streams, `+ frames_refused`
-//!   from the totals; handled = `frames_delivered`.
+//!   For a load test: frames sent by producers = `frames + stale_frames + lost_frames
+//!   + possibly_lost_frames + declared_gap_frames + leading_missing` summed over
+//!   streams, `+ frames_refused` from the totals; handled = `frames_delivered`.
 //! - [`Consumer::events`]: a broadcast of [`ConsumerEvent`]s (reaped, overloaded, lost,
-//!   restarted, refused, slow consumer).
+//!   possibly lost, loss declared, stale, restarted, refused, slow consumer).
 //! - [`Consumer::shutdown`]: unsubscribe, end every stream with
 //!   [`EndCause::Shutdown`], wait for handlers up to a grace period, return final stats.
 //!
@@ -71,7 +72,18 @@
 //! - **Sequence.** Seq jumps are counted as lost ([`GapCause::Lost`]), distinct from
 //!   producer-declared gaps ([`GapCause::Declared`]) and from seqs before the first
 //!   packet seen (`leading_missing`). Duplicates/out-of-order packets are refused and
-//!   counted; seq 1 after progress is a producer restart (new instance).
+//!   counted (`stale_packets`); seq 1 after progress is a producer restart (new
+//!   instance).
+//! - **Declared possible loss.** A packet with `Weir-Possibly-Lost` names seqs the
+//!   producer handed to NATS but that the server never confirmed before a disconnect.
+//!   Holes inside that range (remembered: the last 16 per stream) move from
+//!   `lost_frames` to `possibly_lost_frames` ([`StreamEvent::LossDeclared`] tells the
+//!   handler); later holes inside it are [`GapCause::PossiblyLost`] at once.
+//! - **Staleness guard.** A frame whose capture time (meta `captured_at_ms`, else the
+//!   `Weir-Captured-At-Ms` header) is older than `max_frame_age_ms` on this host's
+//!   wall clock is dropped before the handler and declared as a [`GapCause::Stale`]
+//!   gap (consecutive ones coalesced), counted in `stale_frames`. It still advances the
+//!   sequence: a stale frame is not a loss.
 //! - **Ends.** A stream instance ends exactly once for its handler: producer `end`
 //!   (with `Weir-End-Reason` / `Weir-Overload` when present), idle timeout (reaped:
 //!   [`ConsumerEvent::StreamReaped`] + metric), local overload, restart or shutdown.
@@ -82,6 +94,8 @@ mod config;
 mod demux;
 mod event;
 mod handler;
+mod loss;
+pub mod metric_names;
 mod queue;
 mod slots;
 mod stats;
@@ -97,13 +111,13 @@ use tokio::time::Instant;
 use weir_protocol::audio::DecodeOptions;
 
 pub use config::{
-    ConsumerConfig, ConsumerPolicy, ConsumerSettings, DEFAULT_IDLE_TIMEOUT,
+    ConsumerConfig, ConsumerPolicy, ConsumerSettings, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_FRAME_AGE,
     DEFAULT_MAX_PENDING_AGE, DEFAULT_MAX_PENDING_BYTES, DEFAULT_MAX_STREAMS,
-    DEFAULT_RETAIN_FINISHED, DEFAULT_SUBSCRIPTION_CAPACITY, QueueLimits,
+    DEFAULT_RETAIN_FINISHED, DEFAULT_SUBSCRIPTION_CAPACITY, MAX_FRAME_AGE_RANGE_MS, QueueLimits,
 };
 pub use event::{
-    ConsumerEvent, End, EndCause, Frame, GapCause, GapNotice, LocalOverload, OverloadBound,
-    RefuseReason, StreamEvent, StreamInfo,
+    ConsumerEvent, End, EndCause, Frame, GapCause, GapNotice, LocalOverload, LossDeclaration,
+    OverloadBound, RefuseReason, StreamEvent, StreamInfo,
 };
 pub use handler::{ChannelHandler, HandlerFactory, StreamHandler, channel_factory};
 pub use stats::{ConsumerStats, Counters, StreamState, StreamStats, Totals};
@@ -188,6 +202,7 @@ pub(crate) struct Instruments {
     pub(crate) messages: metrics::Counter,
     pub(crate) frames: metrics::Counter,
     pub(crate) delivered: metrics::Counter,
+    pub(crate) stale: metrics::Counter,
     pub(crate) streams_active: metrics::Gauge,
 }
 
@@ -197,14 +212,28 @@ impl Instruments {
             messages: metrics::counter!(m::CONSUMER_MESSAGES_TOTAL),
             frames: metrics::counter!(m::CONSUMER_FRAMES_TOTAL),
             delivered: metrics::counter!(m::CONSUMER_FRAMES_DELIVERED_TOTAL),
+            stale: metrics::counter!(metric_names::CONSUMER_FRAMES_STALE_TOTAL),
             streams_active: metrics::gauge!(m::CONSUMER_STREAMS_ACTIVE),
         }
     }
 }
 
+/// The consumer's wall clock, Unix milliseconds: what a frame's capture time is
+/// compared with by the staleness guard. Injectable so that tests control it.
+pub(crate) type WallClock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// The system clock as [`WallClock`] reads it (0 before 1970, saturating far ahead).
+pub(crate) fn system_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// State shared by the consumer handle, its demultiplexers and its handler tasks.
 pub(crate) struct Shared {
     pub(crate) settings: ConsumerSettings,
+    /// Read only for frames that carry a capture time while the guard is on.
+    pub(crate) wall_clock: WallClock,
     pub(crate) decode: DecodeOptions,
     registry: Mutex<Registry>,
     pub(crate) events: broadcast::Sender<ConsumerEvent>,
@@ -218,10 +247,15 @@ pub(crate) struct Shared {
 
 impl Shared {
     fn new(settings: ConsumerSettings) -> Self {
+        Self::with_clock(settings, Arc::new(system_unix_ms))
+    }
+
+    pub(crate) fn with_clock(settings: ConsumerSettings, wall_clock: WallClock) -> Self {
         let retain = settings.retain_finished.get();
         let max_streams = settings.max_streams;
         Self {
             settings,
+            wall_clock,
             decode: DecodeOptions::default(),
             registry: Mutex::new(Registry::new(retain)),
             events: broadcast::channel(EVENT_CAPACITY).0,

@@ -84,7 +84,7 @@ pub(crate) struct StreamQueue {
 fn event_bytes(event: &StreamEvent) -> usize {
     match event {
         StreamEvent::Frame(f) => f.pcm.len(),
-        StreamEvent::Gap(_) => CONTROL_EVENT_BYTES,
+        StreamEvent::Gap(_) | StreamEvent::LossDeclared(_) => CONTROL_EVENT_BYTES,
         StreamEvent::End(_) => 0,
     }
 }
@@ -254,6 +254,10 @@ fn drop_oldest(st: &mut State) -> u64 {
         return 0;
     };
     st.bytes -= first.bytes;
+    if matches!(first.event, StreamEvent::LossDeclared(_)) {
+        // Covers no seq: dropping it frees its bytes and leaves the timeline whole.
+        return 0;
+    }
     let mut dropped = 0u64;
     let (mut notice, at) = match first.event {
         StreamEvent::Gap(
@@ -269,6 +273,23 @@ fn drop_oldest(st: &mut State) -> u64 {
             (n, first.at)
         }
     };
+    // A loss declaration right behind our notice covers no seq: drop it (progress).
+    if dropped == 0
+        && st
+            .items
+            .front()
+            .is_some_and(|n| matches!(n.event, StreamEvent::LossDeclared(_)))
+        && let Some(next) = st.items.pop_front()
+    {
+        st.bytes -= next.bytes;
+        st.bytes += CONTROL_EVENT_BYTES;
+        st.items.push_front(Queued {
+            event: StreamEvent::Gap(notice),
+            bytes: CONTROL_EVENT_BYTES,
+            at,
+        });
+        return 0;
+    }
     // If the front was already our notice, extend it by the next event.
     if dropped == 0
         && let Some(next) = st.items.front()
@@ -314,7 +335,17 @@ fn as_overload_notice(event: StreamEvent) -> (GapNotice, u64) {
             },
             0,
         ),
-        // `End` is never behind anything and never dropped; callers exclude it.
+        // `End` is never behind anything and never dropped; callers exclude it. A loss
+        // declaration is dropped before it gets here (`drop_oldest`).
+        StreamEvent::LossDeclared(d) => (
+            GapNotice {
+                first_seq: d.last_seq,
+                last_seq: d.last_seq,
+                samples: Some(0),
+                cause: GapCause::Overload,
+            },
+            0,
+        ),
         StreamEvent::End(e) => (
             GapNotice {
                 first_seq: e.last_seq.unwrap_or(0),
@@ -486,6 +517,47 @@ mod tests {
             })
             .collect();
         assert_eq!(seqs, (next..=20).collect::<Vec<_>>());
+    }
+
+    /// A loss declaration covers no seq: under the `gap` policy it is dropped without
+    /// widening the overload notice, whether it is at the front or right behind it,
+    /// and the bound still makes progress.
+    #[tokio::test(start_paused = true)]
+    async fn gap_policy_drops_loss_declarations_without_covering_seqs() {
+        use crate::consumer::event::LossDeclaration;
+        use weir_protocol::audio::extension::PossibleLossReason;
+        let declared = || {
+            StreamEvent::LossDeclared(LossDeclaration {
+                first_seq: 100,
+                last_seq: 200,
+                frames: 101,
+                total_frames: 101,
+                reason: PossibleLossReason::UnconfirmedAtDisconnect,
+                reclassified_frames: 0,
+            })
+        };
+        let q = StreamQueue::new(limits(ConsumerPolicy::Gap));
+        let now = Instant::now();
+        q.push(declared(), now);
+        q.push(frame(1, now), now);
+        q.push(declared(), now);
+        for s in 2..=30 {
+            q.push(frame(s, now), now);
+            assert!(q.fill(now).bytes <= 3_200);
+        }
+        let events = drain_now(&q);
+        let StreamEvent::Gap(g) = &events[0] else {
+            panic!("expected the overload notice first: {events:?}");
+        };
+        assert_eq!((g.cause, g.first_seq), (GapCause::Overload, 1));
+        let seqs: Vec<u64> = events[1..]
+            .iter()
+            .map(|e| match e {
+                StreamEvent::Frame(f) => f.seq,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(seqs, (g.last_seq + 1..=30).collect::<Vec<_>>());
     }
 
     #[tokio::test(start_paused = true)]

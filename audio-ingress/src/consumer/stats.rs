@@ -2,16 +2,27 @@
 //!
 //! Accounting identities (per stream, and so in the totals), which the tests check:
 //! - timeline: for a stream whose producer `end` arrived with seq `E`,
-//!   `E - 1 = leading_missing + frames + lost_frames + declared_gap_frames`
-//!   (every seq before the end was received, lost in transit, declared dropped by the
-//!   producer, or sent before this consumer joined);
+//!   `E - 1 = leading_missing + frames + stale_frames + lost_frames +
+//!   possibly_lost_frames + declared_gap_frames`
+//!   (every seq before the end was received fresh, received too old for the
+//!   staleness guard, lost in transit undeclared, lost and declared possibly lost by
+//!   the producer, declared dropped by the producer in a gap packet, or sent before
+//!   this consumer joined — exactly one of these);
 //! - local fate: `frames = frames_delivered + frames_dropped_overload +
 //!   frames_dropped_closed + frames_dropped_handler_gone + pending_frames`
 //!   (every frame received was handed to the handler, dropped here with a reason, or is
 //!   still queued);
 //! - refused streams (over `max_streams`) have no record: their frames are counted in
 //!   [`Totals::frames_refused`], so over all streams the frames producers sent =
-//!   `frames + lost_frames + declared_gap_frames + leading_missing + frames_refused`.
+//!   `frames + stale_frames + lost_frames + possibly_lost_frames + declared_gap_frames
+//!   + leading_missing + frames_refused`.
+//!
+//! `frames` counts only fresh frames (queued for the handler); a stale frame is
+//! counted in `stale_frames` instead and is not part of the local-fate identity.
+//! `lost_frames` and `possibly_lost_frames` partition the holes: a declaration that
+//! arrives after a hole moves it from the first to the second, so `lost_frames` can
+//! go *down* (the Prometheus counters cannot: there `frames_lost_total` counts every
+//! hole at detection and `frames_possibly_lost_total` the declared part of them).
 //!
 //! Finished streams keep their own record until `retain_finished_streams` newer ones
 //! finished; their counts stay in the totals after that.
@@ -28,10 +39,17 @@ use super::queue::StreamQueue;
 /// Additive counters of one stream (and, summed, of the consumer).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Counters {
-    /// Frames received in order (accepted by the sequence check).
+    /// Fresh frames received in order (accepted by the sequence check and not stale):
+    /// the frames queued for the handler.
     pub frames: u64,
     /// Samples in those frames.
     pub samples: u64,
+    /// Frames accepted by the sequence check but older than `max_frame_age_ms`:
+    /// dropped before the handler, declared as [`GapCause::Stale`](super::GapCause::Stale).
+    /// Not in `frames`.
+    pub stale_frames: u64,
+    /// Samples in those frames.
+    pub stale_samples: u64,
     /// Frames whose handler call completed.
     pub frames_delivered: u64,
     /// Frames dropped here by the `gap` policy (covered by an overload notice).
@@ -42,10 +60,22 @@ pub struct Counters {
     pub frames_dropped_handler_gone: u64,
     /// Seqs before the first packet this consumer saw (joined late).
     pub leading_missing: u64,
-    /// Seqs that never arrived and were not declared: loss in transit.
+    /// Seqs that never arrived and that no declaration covers: undetected loss in
+    /// transit.
     pub lost_frames: u64,
-    /// Sequence jumps (each a run of `lost_frames`).
+    /// Seqs that never arrived, inside a range the producer declared possibly lost
+    /// (`Weir-Possibly-Lost`): declared possible loss. Disjoint from `lost_frames`.
+    pub possibly_lost_frames: u64,
+    /// Sequence jumps (holes) detected, whether declared or not.
     pub loss_events: u64,
+    /// Packets that carried a valid `Weir-Possibly-Lost` header.
+    pub possible_loss_declarations: u64,
+    /// Hole ranges that fell out of the per-stream memory (the last 16) before a
+    /// declaration could cover them; they stay in `lost_frames`.
+    pub holes_forgotten: u64,
+    /// Declared ranges that fell out of the per-stream memory (the last 16); a hole
+    /// found later inside one of them counts as `lost_frames`.
+    pub declarations_forgotten: u64,
     /// Declared gap packets received.
     pub declared_gaps: u64,
     /// Frames those gap packets declared missing.
@@ -67,6 +97,8 @@ impl Counters {
     fn add(&mut self, o: &Self) {
         self.frames = self.frames.saturating_add(o.frames);
         self.samples = self.samples.saturating_add(o.samples);
+        self.stale_frames = self.stale_frames.saturating_add(o.stale_frames);
+        self.stale_samples = self.stale_samples.saturating_add(o.stale_samples);
         self.frames_delivered = self.frames_delivered.saturating_add(o.frames_delivered);
         self.frames_dropped_overload = self
             .frames_dropped_overload
@@ -79,7 +111,17 @@ impl Counters {
             .saturating_add(o.frames_dropped_handler_gone);
         self.leading_missing = self.leading_missing.saturating_add(o.leading_missing);
         self.lost_frames = self.lost_frames.saturating_add(o.lost_frames);
+        self.possibly_lost_frames = self
+            .possibly_lost_frames
+            .saturating_add(o.possibly_lost_frames);
         self.loss_events = self.loss_events.saturating_add(o.loss_events);
+        self.possible_loss_declarations = self
+            .possible_loss_declarations
+            .saturating_add(o.possible_loss_declarations);
+        self.holes_forgotten = self.holes_forgotten.saturating_add(o.holes_forgotten);
+        self.declarations_forgotten = self
+            .declarations_forgotten
+            .saturating_add(o.declarations_forgotten);
         self.declared_gaps = self.declared_gaps.saturating_add(o.declared_gaps);
         self.declared_gap_frames = self
             .declared_gap_frames
@@ -296,6 +338,19 @@ impl Registry {
                 self.retired.add(&scratch.counters);
             }
         }
+    }
+
+    /// Moves `frames` of one stream's holes from `lost_frames` to
+    /// `possibly_lost_frames` (a declaration arrived after them). Works on an evicted
+    /// record too (the move is applied to the retired totals), so the identity holds.
+    pub(crate) fn reclassify_lost(&mut self, instance: u64, frames: u64) {
+        let c = match self.records.get_mut(&instance) {
+            Some(r) => &mut r.stats.counters,
+            None => &mut self.retired,
+        };
+        let frames = frames.min(c.lost_frames);
+        c.lost_frames -= frames;
+        c.possibly_lost_frames = c.possibly_lost_frames.saturating_add(frames);
     }
 
     /// Marks a stream finished (its handler saw `End` or its task ended).

@@ -122,6 +122,12 @@ pub struct Seen {
     pub pcm_bytes: u64,
     /// Gap notices: (first seq, last seq, cause).
     pub gaps: Vec<(u64, u64, String)>,
+    /// Loss declarations: (first seq, last seq, frames re-labelled).
+    pub declared: Vec<(u64, u64, u64)>,
+    /// Frame capture times (`captured_at_ms`), in delivery order.
+    pub captured: Vec<Option<u64>>,
+    /// Every event in order, short: `f7`, `Stale4-6`, `declared4-6:3`, `end:producer`.
+    pub timeline: Vec<String>,
     /// The end cause name, once ended.
     pub end: Option<String>,
     /// Events after the end (must stay 0).
@@ -174,14 +180,29 @@ impl StreamHandler for Recorder {
         }
         match event {
             StreamEvent::Frame(f) => {
+                seen.timeline.push(format!("f{}", f.seq));
                 seen.frames.push(f.seq);
+                seen.captured.push(f.captured_at_ms);
                 seen.pcm_bytes += f.pcm.len() as u64;
             }
             StreamEvent::Gap(g) => {
-                seen.gaps
-                    .push((g.first_seq, g.last_seq, format!("{:?}", g.cause)))
+                let cause = format!("{:?}", g.cause);
+                seen.timeline
+                    .push(format!("{cause}{}-{}", g.first_seq, g.last_seq));
+                seen.gaps.push((g.first_seq, g.last_seq, cause))
             }
-            StreamEvent::End(e) => seen.end = Some(e.cause.as_str().to_owned()),
+            StreamEvent::End(e) => {
+                seen.timeline.push(format!("end:{}", e.cause.as_str()));
+                seen.end = Some(e.cause.as_str().to_owned())
+            }
+            StreamEvent::LossDeclared(d) => {
+                seen.timeline.push(format!(
+                    "declared{}-{}:{}",
+                    d.first_seq, d.last_seq, d.reclassified_frames
+                ));
+                seen.declared
+                    .push((d.first_seq, d.last_seq, d.reclassified_frames))
+            }
         }
     }
 }

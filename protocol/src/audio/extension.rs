@@ -176,8 +176,13 @@ impl PossibleLoss {
         serde_json::to_string(self).unwrap_or_default()
     }
 
-    /// Parses a header value; `None` when malformed.
+    /// Parses a header value; `None` when malformed: not a JSON object (serde would
+    /// also take a positional array), a missing or mistyped field, or `first_seq` 0 or
+    /// above `last_seq`.
     pub fn from_header_value(s: &str) -> Option<Self> {
+        if !s.trim_start().starts_with('{') {
+            return None;
+        }
         serde_json::from_str::<Self>(s)
             .ok()
             .filter(|p| p.first_seq >= 1 && p.first_seq <= p.last_seq)
@@ -291,6 +296,67 @@ mod tests {
         assert_eq!(ext.malformed, 3);
         assert_eq!(ext.captured_at_ms, Some(17));
         assert_eq!(ext.version, None);
+    }
+
+    #[test]
+    fn possible_loss_round_trips_as_compact_json() {
+        let loss = PossibleLoss {
+            first_seq: 101,
+            last_seq: 125,
+            frames: 25,
+            total_frames: 40,
+            reason: PossibleLossReason::UnconfirmedAtDisconnect,
+        };
+        let value = loss.to_header_value();
+        assert_eq!(
+            value,
+            r#"{"first_seq":101,"last_seq":125,"frames":25,"total_frames":40,"reason":"unconfirmed_at_disconnect"}"#
+        );
+        assert_eq!(PossibleLoss::from_header_value(&value), Some(loss.clone()));
+        // Through the header map, next to the other extensions.
+        let ext = Extensions {
+            version: Some(PROTOCOL_VERSION),
+            possibly_lost: Some(loss),
+            ..Extensions::default()
+        };
+        let pairs = ext.to_pairs();
+        assert_eq!(
+            pairs.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+            vec![headers::VERSION, headers::POSSIBLY_LOST]
+        );
+        let map: HashMap<&str, String> = pairs.into_iter().collect();
+        let back = Extensions::read(|k| map.get(k).map(String::as_str));
+        assert_eq!(back, ext);
+        // A single frame, key order and spacing free, unknown keys ignored; an unknown
+        // reason is `Other`, not a refusal.
+        let one = PossibleLoss::from_header_value(
+            r#" { "reason" : "cosmic_ray", "total_frames":1, "frames":1, "last_seq":7, "first_seq":7, "new":[1] } "#,
+        )
+        .expect("valid");
+        assert_eq!((one.first_seq, one.last_seq), (7, 7));
+        assert_eq!(one.reason, PossibleLossReason::Other);
+        assert_eq!(PossibleLossReason::Other.as_str(), "other");
+    }
+
+    #[test]
+    fn malformed_possible_loss_is_absent_and_counted() {
+        for bad in [
+            "",
+            "25",
+            "{not json",
+            r#"{"first_seq":0,"last_seq":5,"frames":5,"total_frames":5,"reason":"unconfirmed_at_disconnect"}"#,
+            r#"{"first_seq":9,"last_seq":5,"frames":5,"total_frames":5,"reason":"unconfirmed_at_disconnect"}"#,
+            r#"{"first_seq":1,"last_seq":5,"frames":5,"reason":"unconfirmed_at_disconnect"}"#,
+            r#"{"first_seq":"1","last_seq":5,"frames":5,"total_frames":5,"reason":"unconfirmed_at_disconnect"}"#,
+            r#"{"first_seq":1,"last_seq":5,"frames":-1,"total_frames":5,"reason":"unconfirmed_at_disconnect"}"#,
+            r#"{"first_seq":1,"last_seq":5,"frames":5,"total_frames":5,"reason":7}"#,
+            r#"[1,5,5,5,"unconfirmed_at_disconnect"]"#,
+        ] {
+            assert_eq!(PossibleLoss::from_header_value(bad), None, "{bad:?}");
+            let ext = Extensions::read(|k| (k == headers::POSSIBLY_LOST).then_some(bad));
+            assert_eq!(ext.possibly_lost, None, "{bad:?}");
+            assert_eq!(ext.malformed, 1, "{bad:?}");
+        }
     }
 
     #[test]

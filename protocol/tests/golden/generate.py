@@ -55,6 +55,25 @@ def vectors():
     # An empty session_id is falsy: the deployed code omits the key.
     ok.append(("frame_empty_session_omitted", deployed_packet("frame", 6, frame_pcm, session_id=""),
                {"type": "frame", "seq": 6, "session_id": None, "samples": 320}, frame_pcm))
+    # The capture-time extension (weir >= issue 8): the meta key captured_at_ms, Unix ms,
+    # written after session_id. The deployed reader ignores it (json.loads + key
+    # lookups); weir's decoder reads it, and treats a value of the wrong type as absent.
+    ok.append(("frame_captured_at_ms",
+               deployed_packet("frame", 10, frame_pcm, session_id="s-é1", captured_at_ms=1764500000123),
+               {"type": "frame", "seq": 10, "session_id": "s-é1", "samples": 320,
+                "captured_at_ms": 1764500000123}, frame_pcm))
+    ok.append(("frame_captured_at_ms_no_session",
+               deployed_packet("frame", 11, frame_pcm, captured_at_ms=0),
+               {"type": "frame", "seq": 11, "session_id": None, "samples": 320,
+                "captured_at_ms": 0}, frame_pcm))
+    ok.append(("frame_captured_at_ms_string",
+               deployed_packet("frame", 12, frame_pcm, captured_at_ms="1764500000123"),
+               {"type": "frame", "seq": 12, "session_id": None, "samples": 320,
+                "captured_at_ms": None}, frame_pcm))
+    ok.append(("frame_captured_at_ms_float",
+               deployed_packet("frame", 13, frame_pcm, captured_at_ms=1764500000123.5),
+               {"type": "frame", "seq": 13, "session_id": None, "samples": 320,
+                "captured_at_ms": None}, frame_pcm))
     ok.append(("end", deployed_packet("end", 26),
                {"type": "end", "seq": 26, "session_id": None, "samples": 0}, b""))
     ok.append(("end_with_session", deployed_packet("end", 7, session_id="s-é1"),
@@ -74,6 +93,7 @@ def vectors():
     ]
     out = []
     for name, data, expect, pcm in ok:
+        expect = dict({"captured_at_ms": None}, **expect)
         expect = dict(expect, pcm_hex=pcm.hex())
         out.append((name, data, expect))
     for name, data, kind in bad:
