@@ -10,7 +10,15 @@
 //! How: one [`Window`] per NATS connection (one per [`crate::Ingress`]).
 //! - A frame handed to the client stays *pending* in its stream ([`crate::queue`]): its
 //!   bytes hold the stream's reservation and a [`WindowPermit`], its age counts against
-//!   `max_age`. The publisher records `(stream, seq)` in the window's open batch.
+//!   `max_age`. The frame is tagged with the window's open batch number (read under
+//!   the stream lock); a stream registers in the open batch once per batch, not once
+//!   per frame.
+//! - Batches: the window task closes the open batch (incrementing the batch number
+//!   under the window lock) and sends its marker. A frame tagged `B` was handed over
+//!   before `B` closed, hence before marker `B` was published. Settling `B` for a
+//!   stream settles its frames tagged `≤ B`, under the stream lock. A frame tagged `B`
+//!   whose stream registered only in `B + 1` (the batch closed between the tag and the
+//!   registration) is settled by `B + 1`'s marker, which was also published after it.
 //! - One task per window closes the open batch and publishes a small **marker** on the
 //!   same connection to a subject that the same connection subscribes to (an inbox
 //!   subject, unique per ingress). nats-server keeps the order of one connection's
@@ -169,12 +177,13 @@ impl Drop for WindowPermit {
     }
 }
 
-/// `(stream, seq)`: the stream handed frames over up to `seq` in this batch.
-type Entry = (Arc<StreamShared>, u64);
-
 struct OpenBatch {
+    /// The batch number (frames handed over now are tagged with it).
+    id: u64,
+    /// The connection epoch when the batch opened.
     epoch: u64,
-    entries: Vec<Entry>,
+    /// Streams that handed frames over in this batch (each once).
+    streams: Vec<Arc<StreamShared>>,
 }
 
 struct Handles {
@@ -197,6 +206,8 @@ pub struct Window {
     enabled: bool,
     mode: &'static str,
     limit: AtomicU64,
+    /// The open batch's number (a copy of `open.id`, read without the lock).
+    batch: AtomicU64,
     unconfirmed_bytes: AtomicU64,
     unconfirmed_frames: AtomicU64,
     open: Mutex<OpenBatch>,
@@ -262,11 +273,13 @@ impl Window {
             enabled,
             mode,
             limit: AtomicU64::new(settings.min_bytes),
+            batch: AtomicU64::new(0),
             unconfirmed_bytes: AtomicU64::new(0),
             unconfirmed_frames: AtomicU64::new(0),
             open: Mutex::new(OpenBatch {
+                id: 0,
                 epoch: 0,
-                entries: Vec::new(),
+                streams: Vec::new(),
             }),
             work: Notify::new(),
             room: Notify::new(),
@@ -311,23 +324,16 @@ impl Window {
         bytes: u64,
         deadline: Instant,
     ) -> Option<WindowPermit> {
+        // Fast path: room now (no waiter registration, no lock).
+        if let Some(p) = self.try_acquire(bytes) {
+            return Some(p);
+        }
         loop {
             let room = self.room.notified();
             tokio::pin!(room);
             room.as_mut().enable();
-            let limit = self.limit.load(Ordering::Relaxed);
-            let taken = self
-                .unconfirmed_bytes
-                .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |cur| {
-                    (cur == 0 || cur + bytes <= limit).then_some(cur + bytes)
-                })
-                .is_ok();
-            if taken {
-                self.unconfirmed_frames.fetch_add(1, Ordering::Relaxed);
-                return Some(WindowPermit {
-                    window: Arc::clone(self),
-                    bytes,
-                });
+            if let Some(p) = self.try_acquire(bytes) {
+                return Some(p);
             }
             let now = Instant::now();
             if now >= deadline {
@@ -343,28 +349,54 @@ impl Window {
         }
     }
 
-    /// Records that `stream` handed frames over up to `seq` (after the publish
-    /// returned). The frame is already in the stream's unconfirmed list.
-    pub(crate) fn record(&self, stream: &Arc<StreamShared>, seq: u64) {
+    fn try_acquire(self: &Arc<Self>, bytes: u64) -> Option<WindowPermit> {
+        let limit = self.limit.load(Ordering::Relaxed);
+        self.unconfirmed_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |cur| {
+                (cur == 0 || cur + bytes <= limit).then_some(cur + bytes)
+            })
+            .ok()?;
+        self.unconfirmed_frames.fetch_add(1, Ordering::Relaxed);
+        Some(WindowPermit {
+            window: Arc::clone(self),
+            bytes,
+        })
+    }
+
+    /// The open batch's number: a frame handed over now is tagged with it. Read under
+    /// the stream's lock (see the module docs).
+    pub(crate) fn open_batch(&self) -> u64 {
+        self.batch.load(Ordering::Acquire)
+    }
+
+    /// Registers `stream` in the open batch (once per batch: `FrameQueue::hand_over`
+    /// says when).
+    pub(crate) fn register(&self, stream: &Arc<StreamShared>) {
         let first = {
             let mut open = self.lock_open();
-            open.entries.push((Arc::clone(stream), seq));
-            open.entries.len() == 1
+            open.streams.push(Arc::clone(stream));
+            open.streams.len() == 1
         };
         if first {
             self.work.notify_one();
         }
     }
 
+    /// Closes the open batch; the next one opens with `epoch_now`.
     fn take_batch(&self, epoch_now: u64) -> OpenBatch {
         let mut open = self.lock_open();
-        let entries = std::mem::take(&mut open.entries);
-        let epoch = std::mem::replace(&mut open.epoch, epoch_now);
-        OpenBatch { epoch, entries }
+        let closed = OpenBatch {
+            id: open.id,
+            epoch: std::mem::replace(&mut open.epoch, epoch_now),
+            streams: std::mem::take(&mut open.streams),
+        };
+        open.id += 1;
+        self.batch.store(open.id, Ordering::Release);
+        closed
     }
 
     fn has_work(&self) -> bool {
-        !self.lock_open().entries.is_empty()
+        !self.lock_open().streams.is_empty()
     }
 
     /// The `/v1/stats` view; `oldest_unconfirmed` is computed by the caller over the
@@ -459,34 +491,25 @@ impl RateMeter {
     }
 }
 
-/// Settles one batch: every entry's frames up to its seq are published
+/// Settles batch `id`: each registered stream's frames tagged `<= id` are published
 /// (`confirmed`) or possibly lost. One stream lock per stream in the batch.
-fn settle(mut entries: Vec<Entry>, confirmed: bool) -> (u64, u64) {
-    // Keep the highest seq per stream (entries of one stream grow in seq order).
-    entries.sort_by_key(|(s, seq)| (Arc::as_ptr(s) as usize, *seq));
+fn settle(id: u64, streams: Vec<Arc<StreamShared>>, confirmed: bool) -> (u64, u64) {
     let mut frames = 0;
-    let mut streams = 0;
-    let mut i = 0;
-    while i < entries.len() {
-        let mut j = i;
-        while j + 1 < entries.len() && Arc::ptr_eq(&entries[j + 1].0, &entries[i].0) {
-            j += 1;
-        }
-        let (stream, seq) = &entries[j];
+    let mut touched = 0;
+    for stream in streams {
         let n = {
             let mut core = stream.lock();
             if confirmed {
-                core.confirm_through(*seq)
+                core.confirm_through(id)
             } else {
-                core.lose_through(*seq)
+                core.lose_through(id)
             }
         };
         frames += n;
-        streams += u64::from(n > 0);
+        touched += u64::from(n > 0);
         stream.settled();
-        i = j + 1;
     }
-    (frames, streams)
+    (frames, touched)
 }
 
 /// The window task: one per ingress, runs until [`Window::close`].
@@ -553,7 +576,7 @@ pub(crate) async fn run(window: Arc<Window>, confirmer: Arc<dyn Confirmer>, glob
                 }
             }
         };
-        let (frames, streams) = settle(batch.entries, confirmed);
+        let (frames, streams) = settle(batch.id, batch.streams, confirmed);
         if confirmed {
             window.record_round(started.elapsed());
         } else if frames > 0 {

@@ -336,11 +336,15 @@ impl<S: Sink> Publisher<S> {
                     self.stream.account().handed_over(wait, &mut self.waits);
                     match (self.confirming(), permit) {
                         (Some(w), permit) => {
-                            // The frame stays pending in its stream before the window
-                            // records it, so a round that settles this entry finds it.
-                            let seq = frame.seq;
-                            self.stream.lock().hand_over(frame, permit);
-                            w.record(&self.stream, seq);
+                            // The batch is read under the stream lock, which the window
+                            // task also takes to settle: see `confirm` (batches).
+                            let register = {
+                                let mut core = self.stream.lock();
+                                core.hand_over(frame, permit, w.open_batch())
+                            };
+                            if register {
+                                w.register(&self.stream);
+                            }
                         }
                         // No confirmation: published now; dropping the frame releases
                         // its reservation.

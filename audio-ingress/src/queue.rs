@@ -145,6 +145,9 @@ impl QueuedFrame {
 #[derive(Debug)]
 struct Unconfirmed {
     seq: u64,
+    /// The window batch it was handed over in: settled with that batch (or a later
+    /// one).
+    batch: u64,
     enqueued_at: Instant,
     _reservation: Reservation,
     _permit: Option<WindowPermit>,
@@ -290,6 +293,8 @@ pub struct FrameQueue {
     /// The last range declared (for the cumulative report on `end`).
     last_declared: Option<PossibleLoss>,
     possibly_lost_total: u64,
+    /// The last window batch this stream registered in (see [`Self::hand_over`]).
+    registered_batch: Option<u64>,
 
     budget: Arc<Budget>,
     counters: Arc<Counters>,
@@ -321,6 +326,7 @@ impl FrameQueue {
             declaration: None,
             last_declared: None,
             possibly_lost_total: 0,
+            registered_batch: None,
             budget: Arc::new(Budget::new(Arc::clone(&global))),
             counters,
             global,
@@ -391,28 +397,39 @@ impl FrameQueue {
         !self.unconfirmed.is_empty()
     }
 
-    /// The frame was handed to the NATS client: it stays pending (bytes and age) until
-    /// [`Self::confirm_through`] or [`Self::lose_through`] settles it.
-    pub(crate) fn hand_over(&mut self, frame: QueuedFrame, permit: Option<WindowPermit>) {
+    /// The frame was handed to the NATS client in window batch `batch`: it stays
+    /// pending (bytes and age) until [`Self::confirm_through`] or
+    /// [`Self::lose_through`] settles it. Returns whether the stream must register in
+    /// that batch (once per batch, not per frame).
+    pub(crate) fn hand_over(
+        &mut self,
+        frame: QueuedFrame,
+        permit: Option<WindowPermit>,
+        batch: u64,
+    ) -> bool {
         let QueuedFrame {
             seq,
             enqueued_at,
             _reservation,
             ..
         } = frame;
+        let register = self.registered_batch != Some(batch);
+        self.registered_batch = Some(batch);
         self.unconfirmed.push_back(Unconfirmed {
             seq,
+            batch,
             enqueued_at,
             _reservation,
             _permit: permit,
         });
+        register
     }
 
-    /// The server confirmed every frame up to `seq`: they are published, their bytes
-    /// released. Returns how many.
-    pub(crate) fn confirm_through(&mut self, seq: u64) -> u64 {
+    /// The server confirmed every frame handed over in batches up to `batch`: they are
+    /// published, their bytes released. Returns how many.
+    pub(crate) fn confirm_through(&mut self, batch: u64) -> u64 {
         let mut n = 0;
-        while self.unconfirmed.front().is_some_and(|u| u.seq <= seq) {
+        while self.unconfirmed.front().is_some_and(|u| u.batch <= batch) {
             self.unconfirmed.pop_front();
             n += 1;
         }
@@ -420,13 +437,13 @@ impl FrameQueue {
         n
     }
 
-    /// The connection dropped before the server confirmed the frames up to `seq`:
-    /// they are possibly lost. Counted, released, and declared on the next packet.
-    /// Returns how many.
-    pub(crate) fn lose_through(&mut self, seq: u64) -> u64 {
+    /// The connection dropped before the server confirmed the frames handed over in
+    /// batches up to `batch`: they are possibly lost. Counted, released, and declared
+    /// on the next packet. Returns how many.
+    pub(crate) fn lose_through(&mut self, batch: u64) -> u64 {
         let mut range: Option<(u64, u64)> = None;
         let mut n = 0;
-        while self.unconfirmed.front().is_some_and(|u| u.seq <= seq) {
+        while self.unconfirmed.front().is_some_and(|u| u.batch <= batch) {
             if let Some(u) = self.unconfirmed.pop_front() {
                 range = Some(range.map_or((u.seq, u.seq), |(a, _)| (a, u.seq)));
                 n += 1;

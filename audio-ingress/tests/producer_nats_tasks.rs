@@ -202,22 +202,32 @@ async fn server_killed_and_restarted_mid_stream_publishers_recover_and_losses_ar
             after_restart > 50,
             "{id}: {after_restart} frames after the restart"
         );
-        // Whatever did not arrive is visible to the consumer as missing seqs, and was
-        // declared possibly lost by the ingress (the end carries the total).
+        // Whatever did not arrive is visible to the consumer as missing seqs, and the
+        // ingress declared a possible loss around them (the end carries the total and
+        // the last range). The collector's own connection went down with the server
+        // too: frames the restarted server received (and confirmed) before the
+        // collector re-subscribed are missing for it alone — NATS does not buffer for
+        // absent subscribers — so the check is that the declared range overlaps the
+        // missing run, not that it covers every missing seq.
         let missing = log.missing();
-        let declared = end.ext.possibly_lost.as_ref().map_or(0, |d| d.total_frames);
-        assert!(
-            missing.len() as u64 <= declared,
-            "{id}: {} missing, {declared} declared",
-            missing.len()
-        );
+        let declared = end.ext.possibly_lost.clone();
+        let total_declared = declared.as_ref().map_or(0, |d| d.total_frames);
+        if let (Some(first), Some(last)) = (missing.first(), missing.last()) {
+            let d = declared.as_ref().expect("a loss was declared");
+            assert!(
+                d.first_seq <= *last && *first <= d.last_seq,
+                "{id}: missing {first}..={last}, declared {}..={}",
+                d.first_seq,
+                d.last_seq
+            );
+        }
         assert_eq!(
             log.frames.len() + missing.len() + log.gap_frames() as usize,
             end.packet.seq as usize - 1,
             "{id}"
         );
         eprintln!(
-            "{id}: end seq {}, received {}, missing (lost in transit) {}, declared possibly lost {declared}",
+            "{id}: end seq {}, received {}, missing (lost in transit) {}, declared possibly lost {total_declared}",
             end.packet.seq,
             log.frames.len(),
             missing.len()
