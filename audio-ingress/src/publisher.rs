@@ -139,12 +139,42 @@ fn base_headers() -> HeaderMap {
 /// Pause before retrying a publish that failed at once (server gone).
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
 
-/// Unix milliseconds at which a frame admitted at `enqueued_at` was accepted.
-fn captured_at_ms(enqueued_at: Instant) -> u64 {
-    let since = Instant::now().saturating_duration_since(enqueued_at);
+/// Maps monotonic instants to Unix milliseconds without two clock reads per frame: an
+/// anchor (instant, Unix ms) taken at most [`WallClock::REANCHOR`] ago, so wall-clock
+/// steps are followed within a second.
+#[derive(Debug)]
+pub(crate) struct WallClock {
+    at: Instant,
+    unix_ms: u64,
+}
+
+impl WallClock {
+    const REANCHOR: Duration = Duration::from_secs(1);
+
+    pub(crate) fn new() -> Self {
+        Self {
+            at: Instant::now(),
+            unix_ms: unix_ms_now(),
+        }
+    }
+
+    /// Unix ms of `t` (an instant near `now`); re-anchors when the anchor is old.
+    fn unix_ms(&mut self, t: Instant, now: Instant) -> u64 {
+        if now.saturating_duration_since(self.at) >= Self::REANCHOR {
+            *self = Self::new();
+        }
+        if t >= self.at {
+            self.unix_ms + t.duration_since(self.at).as_millis() as u64
+        } else {
+            self.unix_ms
+                .saturating_sub(self.at.duration_since(t).as_millis() as u64)
+        }
+    }
+}
+
+fn unix_ms_now() -> u64 {
     SystemTime::now()
-        .checked_sub(since)
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
 
@@ -164,6 +194,8 @@ pub(crate) struct Publisher<S: Sink> {
     /// Lossless sink: `Nats-Msg-Id` = this prefix + seq on every packet, and failed
     /// frame publishes are retried within the age budget.
     pub msg_id_prefix: Option<String>,
+    /// Capture times in Unix ms (the meta's `captured_at_ms`).
+    pub clock: WallClock,
 }
 
 enum Attempt {
@@ -265,7 +297,14 @@ impl<S: Sink> Publisher<S> {
         let fut = self
             .sink
             .publish(self.stream.subject.clone(), headers, payload);
-        match timeout(self.publish_timeout, fut).await {
+        let mut fut = std::pin::pin!(fut);
+        // Most publishes complete at once (room in the client's channel): skip the
+        // timer (and its clock read) then. The send is cancel-safe either way.
+        let result = match futures::poll!(fut.as_mut()) {
+            std::task::Poll::Ready(r) => Ok(r),
+            std::task::Poll::Pending => timeout(self.publish_timeout, fut).await,
+        };
+        match result {
             Ok(Ok(())) => Attempt::Ok,
             Ok(Err(e)) => {
                 metrics::counter!(crate::metrics::PUBLISH_ERRORS_TOTAL, crate::metrics::LABEL_PACKET => packet)
@@ -287,6 +326,7 @@ impl<S: Sink> Publisher<S> {
     }
 
     async fn publish_frame(&mut self, mut frame: QueuedFrame) {
+        let frame_started = Instant::now();
         loop {
             let permit = match self.confirming() {
                 Some(w) => {
@@ -298,7 +338,7 @@ impl<S: Sink> Publisher<S> {
             let result = if self.confirming().is_some() && permit.is_none() {
                 Attempt::Failed(Failure::Expired)
             } else {
-                let captured = captured_at_ms(frame.enqueued_at);
+                let captured = self.clock.unix_ms(frame.enqueued_at, frame_started);
                 let body = PacketBody::Frame {
                     pcm: frame.pcm.clone(),
                 };

@@ -514,6 +514,7 @@ impl<S: Sink> Ingress<S> {
             frame_headers: cfg.frame_headers(),
             waits: WaitBatch::default(),
             window: Some(Arc::clone(&self.inner.window)),
+            clock: crate::publisher::WallClock::new(),
             msg_id_prefix: self.inner.sink.lossless().then(|| {
                 let instance = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
