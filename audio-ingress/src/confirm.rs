@@ -402,22 +402,12 @@ impl Window {
     /// The `/v1/stats` view; `oldest_unconfirmed` is computed by the caller over the
     /// streams.
     pub fn stats(&self, oldest_unconfirmed: Duration) -> WindowStats {
-        let round_ms = {
-            let guard = self.round_us.lock().unwrap_or_else(PoisonError::into_inner);
-            match guard.as_ref() {
-                Some(h) if !h.is_empty() => {
-                    let ms = |us: u64| us as f64 / 1000.0;
-                    QueueWaitMs {
-                        count: h.len(),
-                        p50: ms(h.value_at_quantile(0.50)),
-                        p95: ms(h.value_at_quantile(0.95)),
-                        p99: ms(h.value_at_quantile(0.99)),
-                        max: ms(h.max()),
-                    }
-                }
-                _ => QueueWaitMs::default(),
-            }
-        };
+        let round_ms = self
+            .round_us
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map_or_else(QueueWaitMs::default, QueueWaitMs::from_us);
         WindowStats {
             mode: self.mode,
             unconfirmed_bytes: self.unconfirmed_bytes(),

@@ -466,20 +466,9 @@ impl Global {
         let Ok(guard) = self.queue_wait_us.lock() else {
             return QueueWaitMs::default();
         };
-        let Some(h) = guard.as_ref() else {
-            return QueueWaitMs::default();
-        };
-        if h.is_empty() {
-            return QueueWaitMs::default();
-        }
-        let ms = |us: u64| us as f64 / 1000.0;
-        QueueWaitMs {
-            count: h.len(),
-            p50: ms(h.value_at_quantile(0.50)),
-            p95: ms(h.value_at_quantile(0.95)),
-            p99: ms(h.value_at_quantile(0.99)),
-            max: ms(h.max()),
-        }
+        guard
+            .as_ref()
+            .map_or_else(QueueWaitMs::default, QueueWaitMs::from_us)
     }
 
     /// Streams open now.
@@ -627,6 +616,23 @@ pub struct QueueWaitMs {
     pub p99: f64,
     /// Maximum, ms.
     pub max: f64,
+}
+
+impl QueueWaitMs {
+    /// The summary of a histogram of microseconds (zero when empty).
+    pub fn from_us(h: &Histogram<u64>) -> Self {
+        if h.is_empty() {
+            return Self::default();
+        }
+        let ms = |us: u64| us as f64 / 1000.0;
+        Self {
+            count: h.len(),
+            p50: ms(h.value_at_quantile(0.50)),
+            p95: ms(h.value_at_quantile(0.95)),
+            p99: ms(h.value_at_quantile(0.99)),
+            max: ms(h.max()),
+        }
+    }
 }
 
 /// The `frames` object of `/v1/stats`.
