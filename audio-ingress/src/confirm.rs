@@ -197,6 +197,8 @@ struct Handles {
 
 /// Highest round time the histogram resolves (60 s).
 const ROUND_MAX_US: u64 = 60_000_000;
+/// A round this slow is logged (rate-limited).
+const SLOW_ROUND: Duration = Duration::from_secs(3);
 /// How often a waiting round re-reads the connection epoch.
 const EPOCH_POLL: Duration = Duration::from_millis(20);
 
@@ -544,6 +546,18 @@ pub(crate) async fn run(window: Arc<Window>, confirmer: Arc<dyn Confirmer>, glob
                     () = tokio::time::sleep(EPOCH_POLL) => {
                         if confirmer.epoch() != batch.epoch || window.closed.load(Ordering::Acquire) {
                             break None;
+                        }
+                        let waited = started.elapsed();
+                        if waited >= SLOW_ROUND
+                            && last_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(10))
+                        {
+                            tracing::warn!(
+                                waited_ms = waited.as_millis() as u64,
+                                "no confirmation from the NATS server: it is stalled, or this \
+                                 user may not publish and subscribe _INBOX.> (the marker subject); \
+                                 streams overload at max_age meanwhile"
+                            );
+                            last_warn = Some(Instant::now());
                         }
                     }
                 }
