@@ -10,10 +10,10 @@
 //!
 //! The budget is sized for the outage: `max_age` 3 s and `max_bytes` 96,000 (3 s of
 //! audio). The outage a stream sees is the kill→restart gap (750 ms) plus the client's
-//! reconnect backoff and JetStream's recovery of the store (≈ 1–2 s in all); with the
+//! reconnect backoff and JetStream's recovery of the store (≈ 1.1 s measured); with the
 //! default 500 ms budget every stream would (correctly) overload with `max_age` and the
 //! test would measure the budget, not the delivery. Frames delayed by the outage are
-//! up to ~2 s old when they arrive, so the consumer's staleness guard is set above the
+//! ~1.1 s old when they arrive, so the consumer's staleness guard is set above the
 //! ingress budget (10 s): in lossless mode late is not lost.
 //!
 //! Run against another server with `NATS_SERVER_BIN=/path/to/nats-server`.

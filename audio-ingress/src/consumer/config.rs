@@ -367,20 +367,17 @@ impl ConsumerConfig {
                 })?,
             )),
         };
-        if let ConsumerSource::JetStream { stream, .. } = &self.source {
-            if stream.is_empty()
+        if let ConsumerSource::JetStream { stream, .. } = &self.source
+            && (stream.is_empty()
                 || stream.len() > 64
                 || !stream
                     .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-            {
-                return Err(ConsumerError::config(
-                    "source",
-                    format!(
-                        "JetStream stream name {stream:?}: 1..=64 characters of A-Z a-z 0-9 _ -"
-                    ),
-                ));
-            }
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
+        {
+            return Err(ConsumerError::config(
+                "source",
+                format!("JetStream stream name {stream:?}: 1..=64 characters of A-Z a-z 0-9 _ -"),
+            ));
         }
         Ok(ConsumerSettings {
             subject,

@@ -30,7 +30,8 @@
 //!   template, `partitions` N, `owned` partitions, per-stream bound
 //!   (`max_pending_bytes`, `max_pending_age_ms`, [`ConsumerPolicy`]), `idle_timeout_ms`,
 //!   `subscription_capacity`, `max_streams`, `max_frame_age_ms` (staleness guard,
-//!   default 1,000 ms, `0` = off).
+//!   default 1,000 ms, `0` = off), `source` ([`ConsumerSource`]: core subscriptions,
+//!   or ordered JetStream consumers for the ingress's lossless mode).
 //! - [`Consumer::connect`] / [`Consumer::connect_with`] (own async-nats options: auth,
 //!   TLS, timeouts) subscribe to the owned partitions and return once the server has
 //!   registered the subscriptions.
@@ -87,6 +88,13 @@
 //! - **Ends.** A stream instance ends exactly once for its handler: producer `end`
 //!   (with `Weir-End-Reason` / `Weir-Overload` when present), idle timeout (reaped:
 //!   [`ConsumerEvent::StreamReaped`] + metric), local overload, restart or shutdown.
+//! - **JetStream source** ([`ConsumerSource::JetStream`], lossless mode): each
+//!   subscription is replaced by an ordered push consumer on the same subject pattern
+//!   and stream, feeding the same demultiplexer, so all of the above applies unchanged.
+//!   It delivers in stream order, without acks, and recreates itself after the last
+//!   stream sequence it delivered on a reconnect or server restart: no loss, no
+//!   duplicate. [`JetStreamStart::New`] (default) starts at messages stored from now
+//!   on; [`JetStreamStart::All`] replays the retained stream. See [`jetstream`].
 //! - Nothing in this module panics on network input; undecodable packets are counted by
 //!   error kind.
 
