@@ -14,11 +14,22 @@
 //!   server-confirmed window, accounting). A frame counts only once the server
 //!   confirmed it, and `finish` waits for that;
 //! - `ingress/unconfirmed`: the same with `delivery = "unconfirmed"` (the window off: a
-//!   frame counts once handed to the client) — isolates the cost of the window.
+//!   frame counts once handed to the client) — isolates the cost of the window;
+//! - `ingress/jetstream`: the same with `delivery = "jetstream"` (lossless mode): every
+//!   frame is stored in a file-backed JetStream stream and counts once the server acked
+//!   it, one ack in flight per stream. It runs against a **second** nats-server with
+//!   JetStream enabled (same binary, same machine), so that JetStream cannot change the
+//!   other variants' numbers; the stream is purged between rounds (outside the timing).
+//!   Its age bound is 5 s instead of 500 ms (see `config`): a bulk push keeps every
+//!   stream's 25 frames queued, and 1,000 streams × 25 frames at the JetStream rate
+//!   wait longer than 500 ms. In real time the question is the other way round: how
+//!   many 50-frame/s streams the measured rate sustains.
 //!
+//! The cost of lossless mode is the `ingress/jetstream` ÷ `ingress` ratio in the summary.
 //! Every variant ends with `client.flush()`; the time is from the first publish to the
 //! end of the flush. 7 rounds; medians of frames/s and of the per-round ratios.
-//! `THROUGHPUT_ONLY=plain|ingress|ingress-unconfirmed` runs one variant (profiling).
+//! `THROUGHPUT_ONLY=plain|ingress|ingress-unconfirmed|jetstream` runs one variant
+//! (profiling).
 //!
 //! Why 1,000 streams and not a few: the budget now holds up to the server, so one
 //! stream can never have more than its budget (25 frames) between the producer and the
@@ -31,9 +42,11 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use weir_audio_ingress::jetstream::JetStreamSink;
+use weir_audio_ingress::publisher::Sink;
 use weir_audio_ingress::{Delivery, Ingress, StreamConfig};
 use weir_protocol::audio::Packet;
-use weir_testkit::NatsServer;
+use weir_testkit::{NatsServer, NatsServerOptions};
 
 const ROUNDS: usize = 7;
 
@@ -90,15 +103,62 @@ async fn plain(client: &async_nats::Client, round: usize) -> Duration {
 }
 
 async fn ingress(client: &async_nats::Client, round: usize, delivery: Delivery) -> Duration {
+    ingress_with(client.clone(), client, round, delivery).await
+}
+
+/// The JetStream stream of the `ingress/jetstream` variant.
+const JS_STREAM: &str = "WEIR_AUDIO_BENCH";
+
+fn config(delivery: Delivery) -> StreamConfig {
     // Default budget; max_wait and the publish timeout at the age bound (500 ms) so a
     // scheduling hiccup on a shared machine does not end a stream mid-measurement.
-    let cfg = StreamConfig::builder()
+    let b = StreamConfig::builder()
         .delivery(delivery)
+        .jetstream_stream(JS_STREAM)
         .max_wait(Duration::from_millis(500))
-        .publish_timeout(Duration::from_millis(500))
-        .build()
-        .expect("cfg");
-    let ingress = Ingress::new(client.clone(), cfg);
+        .publish_timeout(Duration::from_millis(500));
+    // Lossless mode: the same byte budget (25 frames), but an age bound of 5 s. In
+    // this bulk test every stream keeps its 25 frames queued, so a frame waits
+    // streams × 25 / rate: at 1,000 streams and ~35,000 stored frames/s that is ~0.7 s,
+    // over the default 500 ms — the age bound would (rightly) overload streams that
+    // are pushed far faster than real time. The rate, not the latency, is measured here.
+    let b = if delivery == Delivery::JetStream {
+        b.max_age(Duration::from_secs(5))
+    } else {
+        b
+    };
+    b.build().expect("cfg")
+}
+
+async fn jetstream_sink(client: &async_nats::Client) -> JetStreamSink {
+    JetStreamSink::new(
+        client.clone(),
+        &config(Delivery::JetStream).jetstream(),
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("JetStream stream")
+}
+
+async fn lossless(sink: &JetStreamSink, client: &async_nats::Client, round: usize) -> Duration {
+    let d = ingress_with(sink.clone(), client, round, Delivery::JetStream).await;
+    let js = async_nats::jetstream::new(client.clone());
+    js.get_stream(JS_STREAM)
+        .await
+        .expect("stream")
+        .purge()
+        .await
+        .expect("purge");
+    d
+}
+
+async fn ingress_with<S: Sink>(
+    sink: S,
+    client: &async_nats::Client,
+    round: usize,
+    delivery: Delivery,
+) -> Duration {
+    let ingress = Ingress::new(sink, config(delivery));
     let start = Instant::now();
     let tasks: Vec<_> = (0..streams())
         .map(|s| {
@@ -137,41 +197,56 @@ fn main() {
         .build()
         .expect("runtime");
     let server = NatsServer::start().expect("nats-server (scripts/ensure-nats-server)");
+    let js_server = NatsServer::start_with(NatsServerOptions {
+        jetstream: true,
+        ..Default::default()
+    })
+    .expect("nats-server with JetStream");
+    println!(
+        "nats-server {} (core variants and, separately, JetStream with a file store)",
+        weir_testkit::binary::version_of(server.binary()).expect("version")
+    );
     rt.block_on(async {
+        let js_client = client(js_server.url()).await;
         let client = client(server.url()).await;
+        let sink = jetstream_sink(&js_client).await;
         let total = (streams() as u64 * frames()) as f64;
         if let Ok(only) = std::env::var("THROUGHPUT_ONLY") {
             for round in 0..ROUNDS {
                 let d = match only.as_str() {
                     "plain" => plain(&client, round).await,
                     "ingress" => ingress(&client, round, Delivery::Confirmed).await,
+                    "jetstream" => lossless(&sink, &js_client, round).await,
                     _ => ingress(&client, round, Delivery::Unconfirmed).await,
                 };
                 println!("{only}: {:.0} frames/s", total / d.as_secs_f64());
             }
             return;
         }
-        // [plain, ingress (default), ingress/unconfirmed]
-        let mut rates: [Vec<f64>; 3] = Default::default();
-        let (mut ratio, mut ratio_off, mut window_cost) = (vec![], vec![], vec![]);
+        // [plain, ingress (default), ingress/unconfirmed, ingress/jetstream]
+        let mut rates: [Vec<f64>; 4] = Default::default();
+        let (mut ratio, mut ratio_off, mut window_cost, mut js_cost) =
+            (vec![], vec![], vec![], vec![]);
         // Warm-up.
         plain(&client, 99).await;
         ingress(&client, 99, Delivery::Confirmed).await;
+        lossless(&sink, &js_client, 99).await;
         for round in 0..ROUNDS {
-            let mut d = [Duration::ZERO; 3];
+            let mut d = [Duration::ZERO; 4];
             // Rotate the order so no variant always runs first or last.
-            for k in 0..3 {
-                let v = (k + round) % 3;
+            for k in 0..4 {
+                let v = (k + round) % 4;
                 d[v] = match v {
                     0 => plain(&client, round).await,
                     1 => ingress(&client, round, Delivery::Confirmed).await,
-                    _ => ingress(&client, round, Delivery::Unconfirmed).await,
+                    2 => ingress(&client, round, Delivery::Unconfirmed).await,
+                    _ => lossless(&sink, &js_client, round).await,
                 };
             }
             let f: Vec<f64> = d.iter().map(|x| total / x.as_secs_f64()).collect();
             println!(
-                "round {round}: plain {:.0} frames/s, ingress {:.0}, ingress/unconfirmed {:.0}  (ingress/plain {:.2}, unconfirmed/plain {:.2}, ingress/unconfirmed {:.3})",
-                f[0], f[1], f[2], f[1] / f[0], f[2] / f[0], f[1] / f[2]
+                "round {round}: plain {:.0} frames/s, ingress {:.0}, ingress/unconfirmed {:.0}, ingress/jetstream {:.0}  (ingress/plain {:.2}, unconfirmed/plain {:.2}, ingress/unconfirmed {:.3}, jetstream/ingress {:.3})",
+                f[0], f[1], f[2], f[3], f[1] / f[0], f[2] / f[0], f[1] / f[2], f[3] / f[1]
             );
             for (r, x) in rates.iter_mut().zip(&f) {
                 r.push(*x);
@@ -179,21 +254,27 @@ fn main() {
             ratio.push(f[1] / f[0]);
             ratio_off.push(f[2] / f[0]);
             window_cost.push(f[1] / f[2]);
+            js_cost.push(f[3] / f[1]);
         }
-        let [p, ing, off] = &mut rates;
+        let [p, ing, off, js] = &mut rates;
         println!(
-            "median over {ROUNDS} rounds of {} streams x {} frames: plain {:.0} frames/s, ingress {:.0}, ingress/unconfirmed {:.0}",
+            "median over {ROUNDS} rounds of {} streams x {} frames: plain {:.0} frames/s, ingress {:.0}, ingress/unconfirmed {:.0}, ingress/jetstream {:.0}",
             streams(),
             frames(),
             median(p),
             median(ing),
-            median(off)
+            median(off),
+            median(js)
         );
         println!(
             "median ratios: ingress/plain {:.2} (target >= 0.9), ingress(unconfirmed)/plain {:.2}, ingress/ingress(unconfirmed) {:.3} (window cost, target >= 0.95)",
             median(&mut ratio),
             median(&mut ratio_off),
             median(&mut window_cost)
+        );
+        println!(
+            "median ratio: ingress/jetstream / ingress {:.3} (the cost of lossless mode; JetStream on a second server, file store)",
+            median(&mut js_cost)
         );
     });
 }

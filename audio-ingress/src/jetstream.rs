@@ -15,8 +15,12 @@
 //!   shows only in bulk throughput (measured in docs/audio-ingress.md).
 //! - The byte and age budget still applies: the frame being retried and the ones behind
 //!   it are pending; when the budget runs out the policy acts (`close`: overload).
-//! - Consumers read through an ordered JetStream consumer
-//!   (`weir_audio_ingress::consumer`, `source = "jetstream"`), in stream order.
+//! - Consumers read through an ordered JetStream consumer, in stream order: with the
+//!   consumer core, `source = { jetstream = { stream = "WEIR_AUDIO" } }`
+//!   ([`crate::consumer::ConsumerSource::JetStream`]).
+//! - Works on nats-server 2.9.10 (`get_or_create_stream` is fine there; only KV
+//!   creation trips over the account-info query) and 2.15.1: see
+//!   `tests/lossless_jetstream.rs`.
 
 use std::time::Duration;
 
@@ -46,7 +50,9 @@ pub struct JetStreamSettings {
 #[derive(Clone)]
 pub struct JetStreamSink {
     client: Client,
-    js: Context,
+    /// Boxed behind an `Arc`: the context is large, and [`NatsSink`] holds either it or
+    /// a plain client.
+    js: std::sync::Arc<Context>,
 }
 
 impl std::fmt::Debug for JetStreamSink {
@@ -79,7 +85,10 @@ impl JetStreamSink {
         js.get_or_create_stream(config)
             .await
             .map_err(|e| SinkError(format!("JetStream stream {:?}: {e}", settings.stream)))?;
-        Ok(Self { client, js })
+        Ok(Self {
+            client,
+            js: std::sync::Arc::new(js),
+        })
     }
 }
 

@@ -81,6 +81,64 @@ pub enum ConsumerPolicy {
     Gap,
 }
 
+/// Where the consumer reads the audio packets from.
+///
+/// ```toml
+/// source = "core"                                       # the default
+/// source = { jetstream = { stream = "WEIR_AUDIO" } }    # lossless mode
+/// source = { jetstream = { stream = "WEIR_AUDIO", start = "all" } }
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConsumerSource {
+    /// Core NATS: one subscription per owned partition subject (at-most-once; a hole
+    /// is counted as lost or, when the producer declared it, possibly lost).
+    #[default]
+    Core,
+    /// JetStream (the ingress's `delivery = "jetstream"`): one **ordered** push
+    /// consumer per owned partition subject on `stream`, which delivers the stream's
+    /// messages in stream order with no ack and recreates itself (from the last
+    /// delivered stream sequence) after a reconnect, a server restart or a sequence
+    /// mismatch. See [`crate::consumer`] § JetStream source.
+    #[serde(rename = "jetstream")]
+    JetStream {
+        /// The JetStream stream the ingress publishes into (`jetstream_stream`,
+        /// default `WEIR_AUDIO`). 1..=64 characters of `A-Z a-z 0-9 _ -`.
+        stream: String,
+        /// Where a freshly started consumer begins. Default [`JetStreamStart::New`].
+        #[serde(default)]
+        start: JetStreamStart,
+    },
+}
+
+impl ConsumerSource {
+    /// The JetStream source on `stream`, starting at new messages.
+    pub fn jetstream(stream: impl Into<String>) -> Self {
+        Self::JetStream {
+            stream: stream.into(),
+            start: JetStreamStart::New,
+        }
+    }
+}
+
+/// Where a JetStream-sourced consumer starts when it starts (its later recreations
+/// always resume after the last stream sequence it delivered).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JetStreamStart {
+    /// Only messages stored after the consumer started (the default). A restarting
+    /// recognition worker lost its in-RAM per-stream state anyway; calls in progress
+    /// are picked up mid-stream (their earlier seqs count as `leading_missing`), and
+    /// it does not replay minutes of retained audio that is useless in real time (and
+    /// that the staleness guard would drop as stale anyway).
+    #[default]
+    New,
+    /// Every message the stream still retains (`jetstream_max_age_s`): for batch
+    /// re-processing or audits. With the staleness guard on, replayed frames older
+    /// than `max_frame_age_ms` are dropped as stale: turn it off (`0`) for a replay.
+    All,
+}
+
 /// Raw consumer configuration, as read from a file or built in code.
 ///
 /// ```toml
@@ -94,6 +152,7 @@ pub enum ConsumerPolicy {
 /// subscription_capacity = 8192
 /// max_streams = 10000
 /// max_frame_age_ms = 1000   # 0 = staleness guard off
+/// source = "core"           # or { jetstream = { stream = "WEIR_AUDIO" } }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -133,6 +192,9 @@ pub struct ConsumerConfig {
     /// `0` turns the guard off; otherwise 50..=600,000. Default 1,000 (see
     /// [`DEFAULT_MAX_FRAME_AGE`]). Frames without a capture time are never judged.
     pub max_frame_age_ms: u64,
+    /// Where packets come from: core NATS subscriptions (default) or ordered
+    /// JetStream consumers on the ingress's stream (lossless mode).
+    pub source: ConsumerSource,
 }
 
 impl Default for ConsumerConfig {
@@ -149,6 +211,7 @@ impl Default for ConsumerConfig {
             retain_finished_streams: DEFAULT_RETAIN_FINISHED,
             max_streams: DEFAULT_MAX_STREAMS,
             max_frame_age_ms: ms(DEFAULT_MAX_FRAME_AGE),
+            source: ConsumerSource::Core,
         }
     }
 }
@@ -169,6 +232,7 @@ pub struct ConsumerSettings {
     pub(crate) retain_finished: NonZeroUsize,
     pub(crate) max_streams: NonZeroUsize,
     pub(crate) max_frame_age: Option<Duration>,
+    pub(crate) source: ConsumerSource,
 }
 
 /// The bound of one stream's queue.
@@ -303,6 +367,18 @@ impl ConsumerConfig {
                 })?,
             )),
         };
+        if let ConsumerSource::JetStream { stream, .. } = &self.source
+            && (stream.is_empty()
+                || stream.len() > 64
+                || !stream
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
+        {
+            return Err(ConsumerError::config(
+                "source",
+                format!("JetStream stream name {stream:?}: 1..=64 characters of A-Z a-z 0-9 _ -"),
+            ));
+        }
         Ok(ConsumerSettings {
             subject,
             partitions,
@@ -317,6 +393,7 @@ impl ConsumerConfig {
             retain_finished,
             max_streams: NonZeroUsize::new(max_streams).unwrap_or(NonZeroUsize::MIN),
             max_frame_age,
+            source: self.source.clone(),
         })
     }
 }
@@ -355,6 +432,11 @@ impl ConsumerSettings {
     /// The staleness guard (`max_frame_age_ms`); `None` when off.
     pub fn max_frame_age(&self) -> Option<Duration> {
         self.max_frame_age
+    }
+
+    /// Where packets come from.
+    pub fn source(&self) -> &ConsumerSource {
+        &self.source
     }
 
     /// The async-nats subscription capacity to connect with.
@@ -587,6 +669,37 @@ mod tests {
         assert_eq!(cfg.policy, ConsumerPolicy::Gap);
         assert_eq!(cfg.owned, vec![2]);
         assert!(toml::from_str::<ConsumerConfig>("partitons = 8\n").is_err());
+    }
+
+    #[test]
+    fn source_parses_from_toml_and_validates_the_stream_name() {
+        let cfg: ConsumerConfig = toml::from_str("max_streams = 5\n").expect("toml");
+        assert_eq!(cfg.source, ConsumerSource::Core);
+        let cfg: ConsumerConfig = toml::from_str("source = \"core\"\n").expect("toml");
+        assert_eq!(cfg.source, ConsumerSource::Core);
+        let cfg: ConsumerConfig =
+            toml::from_str("source = { jetstream = { stream = \"WEIR_AUDIO\" } }\n").expect("toml");
+        assert_eq!(cfg.source, ConsumerSource::jetstream("WEIR_AUDIO"));
+        let s = cfg.validate().expect("valid");
+        assert_eq!(s.source(), &ConsumerSource::jetstream("WEIR_AUDIO"));
+        let cfg: ConsumerConfig =
+            toml::from_str("[source.jetstream]\nstream = \"A-1\"\nstart = \"all\"\n")
+                .expect("toml");
+        assert_eq!(
+            cfg.source,
+            ConsumerSource::JetStream {
+                stream: "A-1".into(),
+                start: JetStreamStart::All
+            }
+        );
+        assert!(toml::from_str::<ConsumerConfig>("source = \"jetstream\"\n").is_err());
+        for bad in ["", "a.b", "a*", "a b", &"x".repeat(65)] {
+            let cfg = ConsumerConfig {
+                source: ConsumerSource::jetstream(bad),
+                ..ConsumerConfig::default()
+            };
+            assert_eq!(key_of(&cfg), "source", "{bad:?}");
+        }
     }
 
     #[test]

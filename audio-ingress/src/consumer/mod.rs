@@ -30,7 +30,8 @@
 //!   template, `partitions` N, `owned` partitions, per-stream bound
 //!   (`max_pending_bytes`, `max_pending_age_ms`, [`ConsumerPolicy`]), `idle_timeout_ms`,
 //!   `subscription_capacity`, `max_streams`, `max_frame_age_ms` (staleness guard,
-//!   default 1,000 ms, `0` = off).
+//!   default 1,000 ms, `0` = off), `source` ([`ConsumerSource`]: core subscriptions,
+//!   or ordered JetStream consumers for the ingress's lossless mode).
 //! - [`Consumer::connect`] / [`Consumer::connect_with`] (own async-nats options: auth,
 //!   TLS, timeouts) subscribe to the owned partitions and return once the server has
 //!   registered the subscriptions.
@@ -87,6 +88,13 @@
 //! - **Ends.** A stream instance ends exactly once for its handler: producer `end`
 //!   (with `Weir-End-Reason` / `Weir-Overload` when present), idle timeout (reaped:
 //!   [`ConsumerEvent::StreamReaped`] + metric), local overload, restart or shutdown.
+//! - **JetStream source** ([`ConsumerSource::JetStream`], lossless mode): each
+//!   subscription is replaced by an ordered push consumer on the same subject pattern
+//!   and stream, feeding the same demultiplexer, so all of the above applies unchanged.
+//!   It delivers in stream order, without acks, and recreates itself after the last
+//!   stream sequence it delivered on a reconnect or server restart: no loss, no
+//!   duplicate. [`JetStreamStart::New`] (default) starts at messages stored from now
+//!   on; [`JetStreamStart::All`] replays the retained stream. See [`jetstream`].
 //! - Nothing in this module panics on network input; undecodable packets are counted by
 //!   error kind.
 
@@ -94,6 +102,7 @@ mod config;
 mod demux;
 mod event;
 mod handler;
+pub mod jetstream;
 mod loss;
 pub mod metric_names;
 mod queue;
@@ -105,15 +114,17 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use weir_protocol::audio::DecodeOptions;
 
 pub use config::{
-    ConsumerConfig, ConsumerPolicy, ConsumerSettings, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_FRAME_AGE,
-    DEFAULT_MAX_PENDING_AGE, DEFAULT_MAX_PENDING_BYTES, DEFAULT_MAX_STREAMS,
-    DEFAULT_RETAIN_FINISHED, DEFAULT_SUBSCRIPTION_CAPACITY, MAX_FRAME_AGE_RANGE_MS, QueueLimits,
+    ConsumerConfig, ConsumerPolicy, ConsumerSettings, ConsumerSource, DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_FRAME_AGE, DEFAULT_MAX_PENDING_AGE, DEFAULT_MAX_PENDING_BYTES, DEFAULT_MAX_STREAMS,
+    DEFAULT_RETAIN_FINISHED, DEFAULT_SUBSCRIPTION_CAPACITY, JetStreamStart, MAX_FRAME_AGE_RANGE_MS,
+    QueueLimits,
 };
 pub use event::{
     ConsumerEvent, End, EndCause, Frame, GapCause, GapNotice, LocalOverload, LossDeclaration,
@@ -371,15 +382,32 @@ impl Consumer {
             .into_iter()
             .map(|(_, subject)| subject)
             .collect();
-        let subscribers =
-            crate::nats::subscribe_confirmed(&client, subjects, SUBSCRIBE_CONFIRM_TIMEOUT)
-                .await
-                .map_err(|e| ConsumerError::Subscribe {
-                    subject: e.subject,
-                    reason: e.reason,
-                })?;
-        let mut tasks = Vec::with_capacity(subscribers.len());
-        for (subject, sub) in subscribers {
+        let feeds: Vec<(String, BoxStream<'static, jetstream::Inbound>)> =
+            match &shared.settings.source {
+                ConsumerSource::Core => {
+                    crate::nats::subscribe_confirmed(&client, subjects, SUBSCRIBE_CONFIRM_TIMEOUT)
+                        .await
+                        .map_err(|e| ConsumerError::Subscribe {
+                            subject: e.subject,
+                            reason: e.reason,
+                        })?
+                        .into_iter()
+                        .map(|(subject, sub)| (subject, sub.map(Ok).boxed()))
+                        .collect()
+                }
+                ConsumerSource::JetStream { stream, start } => {
+                    jetstream::ordered_feeds(
+                        &client,
+                        stream,
+                        *start,
+                        subjects,
+                        SUBSCRIBE_CONFIRM_TIMEOUT,
+                    )
+                    .await?
+                }
+            };
+        let mut tasks = Vec::with_capacity(feeds.len());
+        for (subject, sub) in feeds {
             let demux = Demux::new(shared.clone(), factory.clone());
             tasks.push(tokio::spawn(run_subscription(
                 subject,
@@ -393,6 +421,7 @@ impl Consumer {
             subject = %shared.settings.subject,
             partitions = shared.settings.partitions.get(),
             owned = ?shared.settings.owned,
+            source = ?shared.settings.source,
             "consumer subscribed"
         );
         Ok(Self {
@@ -445,10 +474,15 @@ impl Consumer {
     }
 }
 
-/// Feeds one subscription into its demultiplexer until shutdown.
+/// Pause after an error of the JetStream source, so that a source that keeps failing
+/// cannot spin (each error already means its feed is interrupted).
+const SOURCE_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
+/// Feeds one subscription (core) or ordered consumer (JetStream) into its
+/// demultiplexer until shutdown.
 async fn run_subscription<F: HandlerFactory>(
     subject: String,
-    mut sub: async_nats::Subscriber,
+    mut sub: BoxStream<'static, jetstream::Inbound>,
     mut demux: Demux<F>,
     idle_timeout: Duration,
     mut stop: watch::Receiver<Option<Instant>>,
@@ -460,7 +494,7 @@ async fn run_subscription<F: HandlerFactory>(
     let deadline = loop {
         tokio::select! {
             msg = sub.next(), if subscribed => match msg {
-                Some(msg) => {
+                Some(Ok(msg)) => {
                     let headers = msg.headers.as_ref();
                     demux.on_message(
                         msg.subject.as_str(),
@@ -468,6 +502,11 @@ async fn run_subscription<F: HandlerFactory>(
                         |name| headers.and_then(|h| h.get(name)).map(|v| v.as_str()),
                         Instant::now(),
                     );
+                }
+                Some(Err(error)) => {
+                    metrics::counter!(jetstream::CONSUMER_JETSTREAM_ERRORS_TOTAL).increment(1);
+                    tracing::warn!(subject, error, "JetStream source error; it recovers by itself");
+                    tokio::time::sleep(SOURCE_ERROR_PAUSE).await;
                 }
                 None => {
                     tracing::warn!(subject, "subscription closed by the client");
