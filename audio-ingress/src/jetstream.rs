@@ -130,9 +130,8 @@ impl Sink for JetStreamSink {
 pub enum NatsSink {
     /// Core NATS (`delivery = "confirmed"` or `"unconfirmed"`).
     Core(Client),
-    /// JetStream (`delivery = "jetstream"`), boxed: the context is much larger than a
-    /// client handle.
-    JetStream(Box<JetStreamSink>),
+    /// JetStream (`delivery = "jetstream"`).
+    JetStream(JetStreamSink),
 }
 
 impl Sink for NatsSink {
@@ -158,7 +157,7 @@ impl Sink for NatsSink {
     async fn flush(&self) -> Result<(), SinkError> {
         match self {
             Self::Core(c) => Sink::flush(c).await,
-            Self::JetStream(j) => Sink::flush(j.as_ref()).await,
+            Self::JetStream(j) => Sink::flush(j).await,
         }
     }
 

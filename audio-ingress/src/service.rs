@@ -52,11 +52,11 @@ pub async fn start(
 ) -> Result<RunningService<NatsSink>, Error> {
     let client = crate::nats::connect(&config.nats, true).await?;
     let sink = match config.stream.delivery() {
-        Delivery::JetStream => NatsSink::JetStream(Box::new(
+        Delivery::JetStream => NatsSink::JetStream(
             JetStreamSink::new(client, &config.stream.jetstream(), JETSTREAM_API_TIMEOUT)
                 .await
                 .map_err(|e| Error::Nats(e.0))?,
-        )),
+        ),
         Delivery::Confirmed | Delivery::Unconfirmed => NatsSink::Core(client),
     };
     start_with_sink(config, sink, prometheus).await
