@@ -162,3 +162,20 @@ pub const CONSUMER_OVERLOADS_TOTAL: &str = "weir_consumer_overloads_total";
 pub const CONSUMER_SLOW_CONSUMER_TOTAL: &str = "weir_consumer_slow_consumer_events_total";
 /// Counter: NATS client events seen by the consumer's connection, by `event`.
 pub const CONSUMER_NATS_EVENTS_TOTAL: &str = "weir_consumer_nats_events_total";
+/// Counter: frames dropped before the handler because they were older than
+/// `max_frame_age_ms` (the [`Counters::stale_frames`](crate::consumer::Counters::stale_frames)).
+pub const CONSUMER_FRAMES_STALE_TOTAL: &str = "weir_consumer_frames_stale_total";
+/// Counter: frames of holes inside a range declared by `Weir-Possibly-Lost`, counted
+/// when the hole is found inside a declared range or when a declaration re-labels an
+/// earlier hole. A subset of `weir_consumer_frames_lost_total`, which counts every hole
+/// at detection: undeclared loss = lost − possibly lost.
+pub const CONSUMER_FRAMES_POSSIBLY_LOST_TOTAL: &str = "weir_consumer_frames_possibly_lost_total";
+/// Counter: packets that carried a valid `Weir-Possibly-Lost` header.
+pub const CONSUMER_POSSIBLE_LOSS_DECLARATIONS_TOTAL: &str =
+    "weir_consumer_possible_loss_declarations_total";
+/// Counter: errors reported by the consumer's JetStream source (missed heartbeats,
+/// failed recreations); each is followed by a recovery attempt.
+pub const CONSUMER_JETSTREAM_ERRORS_TOTAL: &str = "weir_consumer_jetstream_errors_total";
+/// Counter: messages skipped because they were stored before a `start = "new"`
+/// JetStream consumer started (a replay after an early recreation).
+pub const CONSUMER_JETSTREAM_SKIPPED_TOTAL: &str = "weir_consumer_jetstream_skipped_total";

@@ -37,11 +37,11 @@ use super::event::{
 };
 use super::handler::{HandlerFactory, StreamHandler};
 use super::loss::{self, HoleClass, Segment};
-use super::metric_names as mn;
 use super::queue::{Push, ReceiverGuard, StreamQueue};
 use super::slots::StreamSlot;
 use super::stats::{StreamState, StreamStats};
 use super::tracker::{Observation, SeqTracker, Seqs};
+use crate::metrics as mn;
 use crate::metrics as m;
 
 /// One live stream instance, as the demultiplexer sees it.

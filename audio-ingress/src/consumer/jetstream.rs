@@ -35,13 +35,6 @@ use super::config::JetStreamStart;
 /// counted; the source recovers by itself).
 pub(crate) type Inbound = Result<async_nats::Message, String>;
 
-/// Metric: errors reported by the JetStream source (missed heartbeats, failed
-/// recreations), by nothing else; each is followed by a recovery attempt.
-pub const CONSUMER_JETSTREAM_ERRORS_TOTAL: &str = "weir_consumer_jetstream_errors_total";
-/// Metric: messages skipped because they were stored before a
-/// [`JetStreamStart::New`] consumer started (a replay after an early recreation).
-pub const CONSUMER_JETSTREAM_SKIPPED_TOTAL: &str = "weir_consumer_jetstream_skipped_total";
-
 /// Creates one ordered consumer per subject on `stream` and returns their feeds,
 /// bounded as a whole by `bound`.
 pub(crate) async fn ordered_feeds(
@@ -121,7 +114,8 @@ fn feed(ordered: push::Ordered, mut floor: Option<u64>) -> BoxStream<'static, In
                     Some(f) => {
                         let seq = m.info().map(|i| i.stream_sequence).ok();
                         if seq.is_some_and(|s| s <= f) {
-                            metrics::counter!(CONSUMER_JETSTREAM_SKIPPED_TOTAL).increment(1);
+                            metrics::counter!(crate::metrics::CONSUMER_JETSTREAM_SKIPPED_TOTAL)
+                                .increment(1);
                             None
                         } else {
                             floor = None;

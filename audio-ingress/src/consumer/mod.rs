@@ -104,7 +104,6 @@ mod event;
 mod handler;
 pub mod jetstream;
 mod loss;
-pub mod metric_names;
 mod queue;
 mod slots;
 mod stats;
@@ -223,7 +222,7 @@ impl Instruments {
             messages: metrics::counter!(m::CONSUMER_MESSAGES_TOTAL),
             frames: metrics::counter!(m::CONSUMER_FRAMES_TOTAL),
             delivered: metrics::counter!(m::CONSUMER_FRAMES_DELIVERED_TOTAL),
-            stale: metrics::counter!(metric_names::CONSUMER_FRAMES_STALE_TOTAL),
+            stale: metrics::counter!(crate::metrics::CONSUMER_FRAMES_STALE_TOTAL),
             streams_active: metrics::gauge!(m::CONSUMER_STREAMS_ACTIVE),
         }
     }
@@ -504,7 +503,7 @@ async fn run_subscription<F: HandlerFactory>(
                     );
                 }
                 Some(Err(error)) => {
-                    metrics::counter!(jetstream::CONSUMER_JETSTREAM_ERRORS_TOTAL).increment(1);
+                    metrics::counter!(crate::metrics::CONSUMER_JETSTREAM_ERRORS_TOTAL).increment(1);
                     tracing::warn!(subject, error, "JetStream source error; it recovers by itself");
                     tokio::time::sleep(SOURCE_ERROR_PAUSE).await;
                 }
