@@ -9,7 +9,14 @@
 #      docs can link to them) and splices the generated Markdown between the
 #      `results:begin` / `results:end` markers of docs/loadtest.md.
 #
-# Usage: loadtest/results.sh            (no arguments)
+# Usage: loadtest/results.sh            everything above (the full Results section)
+#        loadtest/results.sh issue8     only the runs issue 8's "Done when" asks for (about
+#                                       6 minutes plus the quiet waits): nats-pause at 10
+#                                       streams bounded 10 times, nats-pause 1,10,50 both,
+#                                       steady 1,10,50 bounded. Writes loadtest/results/issue8-*
+#                                       and splices the `issue8:begin` / `issue8:end` block of
+#                                       docs/loadtest.md; the rest of the section is untouched.
+#                                       WAIT_QUIET (seconds, default 30) bounds each quiet wait.
 # Run it on a quiet machine: anything else using the CPU changes the figures. Each run
 # waits up to 30 s for the machine to be quiet (--wait-quiet 30) and records what
 # other processes used anyway (cpu.other_s in the JSON, a note in the tables).
@@ -23,11 +30,129 @@ cargo build --release --quiet -p weir-loadtest -p weir-audio-ingress
 export WEIR_INGRESS_BIN="$root/target/release/audio-ingress"
 lt="$root/target/release/loadtest"
 out="$root/loadtest/results"
-rm -rf "$out"
-mkdir -p "$out/plots"
 md="$(mktemp -d)"
 load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
 trap 'rm -rf "$md"' EXIT
+
+if [[ "${1:-}" == "issue8" ]]; then
+    wait_quiet="${WAIT_QUIET:-30}"
+    mkdir -p "$out/plots"
+    rm -f "$out"/issue8-*.json
+    runs="$(mktemp -d)"
+    trap 'rm -rf "$md" "$runs"' EXIT
+    for i in $(seq 1 10); do
+        printf '\n==> loadtest nats-pause --streams 10 --design bounded (run %s of 10)\n' "$i" >&2
+        "$lt" nats-pause --streams 10 --design bounded -q --wait-quiet "$wait_quiet" --json "$runs/$i.json" >/dev/null
+    done
+    python3 - "$runs" "$out/issue8-nats-pause-10-bounded-x10.json" <<'EOF2'
+import json, sys, pathlib
+d = pathlib.Path(sys.argv[1])
+rows = [json.loads((d / f"{i}.json").read_text())[0] for i in range(1, 11)]
+pathlib.Path(sys.argv[2]).write_text(json.dumps(rows, indent=2) + "\n")
+EOF2
+    printf '\n==> loadtest nats-pause --streams 1,10,50 --design both\n' >&2
+    "$lt" nats-pause --streams 1,10,50 --design both -q --wait-quiet "$wait_quiet" \
+        --json "$out/issue8-nats-pause.json" --markdown "$md/pause.md" --plot "$out/plots/issue8" >/dev/null
+    printf '\n==> loadtest steady --streams 1,10,50 --design bounded\n' >&2
+    "$lt" steady --streams 1,10,50 --design bounded -q --wait-quiet "$wait_quiet" \
+        --json "$out/issue8-steady.json" --markdown "$md/steady.md" --plot "$out/plots/issue8" >/dev/null
+    python3 - "$out" >"$md/issue8.md" <<'EOF2'
+import json, sys, pathlib, statistics
+out = pathlib.Path(sys.argv[1])
+def load(name):
+    return json.loads((out / f"{name}.json").read_text())
+def other_cores(r):
+    c = r["cpu"]
+    return c["other_s"] / max(c["wall_s"], 0.001)
+def med(xs):
+    return statistics.median(xs)
+lines = []
+x10 = load("issue8-nats-pause-10-bounded-x10")
+ok = sum(1 for r in x10 if r["frames"]["unaccounted"] == 0 and r["frames"]["explained"]["lost_undetected"] == 0)
+lines.append("#### `loadtest nats-pause --streams 10 --design bounded`, 10 runs (5 s SIGSTOP at t = 2 s)")
+lines.append("")
+lines.append(f"`frames.unaccounted` = 0 and `lost_undetected` = 0 in **{ok} of {len(x10)}** runs.")
+lines.append("")
+lines.append("| run | unaccounted | lost declared / undetected | overloads / gaps | stale dropped by consumer | handed to handler | delivered late | e2e to handler p50 / p99 / max ms | other processes, cores |")
+lines.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for i, r in enumerate(x10, 1):
+    f, e, g = r["frames"], r["frames"]["explained"], r["ingress"]
+    l = f["e2e_latency_ms"]
+    lines.append(
+        f"| {i} | {f['unaccounted']} | {e['lost_declared']} / {e['lost_undetected']} | {g['overloads']} / {g['gaps']}"
+        f" | {f['stale_dropped_by_consumer']} | {f['handed_to_handler']} | {f['delivered_late']}"
+        f" | {l['p50']:.1f} / {l['p99']:.1f} / {l['max']:.1f} | {other_cores(r):.2f} |"
+    )
+lines.append(
+    f"| median | {med([r['frames']['unaccounted'] for r in x10])}"
+    f" | {med([r['frames']['explained']['lost_declared'] for r in x10])} / {med([r['frames']['explained']['lost_undetected'] for r in x10])}"
+    f" | {med([r['ingress']['overloads'] for r in x10])} / {med([r['ingress']['gaps'] for r in x10])}"
+    f" | {med([r['frames']['stale_dropped_by_consumer'] for r in x10])} | {med([r['frames']['handed_to_handler'] for r in x10])}"
+    f" | {med([r['frames']['delivered_late'] for r in x10])}"
+    f" | {med([r['frames']['e2e_latency_ms']['p50'] for r in x10]):.1f} / {med([r['frames']['e2e_latency_ms']['p99'] for r in x10]):.1f} / {med([r['frames']['e2e_latency_ms']['max'] for r in x10]):.1f}"
+    f" | {med([other_cores(r) for r in x10]):.2f} |"
+)
+lines.append("")
+lines.append("#### The checks, read from the JSON")
+lines.append("")
+for r in load("issue8-nats-pause"):
+    f, g = r["frames"], r["ingress"]
+    l = f["e2e_latency_ms"]
+    lines.append(
+        f"- nats-pause {r['streams']} {r['design']}: e2e to handler p99 {l['p99']:.1f} ms (max {l['max']:.1f}, budget"
+        f" {f['late_after_ms']:.0f}), overloads {g['overloads']}, gaps {g['gaps']}, stale dropped by consumer"
+        f" {f['stale_dropped_by_consumer']}, delivered late {f['delivered_late']}, unaccounted {f['unaccounted']},"
+        f" lost undetected {f['explained']['lost_undetected']}; other processes {other_cores(r):.2f} cores"
+    )
+for r in load("issue8-steady"):
+    g = r["ingress"]
+    rnd = g["confirm_round_ms"] or {}
+    lines.append(
+        f"- steady {r['streams']} {r['design']}: overloads {g['overloads']}, gaps {g['gaps']},"
+        f" unconfirmed_bytes_max {g['unconfirmed_bytes_max']} (window limit max {g['window_limit_bytes_max']},"
+        f" at the end {g['window_limit_bytes']}), confirm round p50 / p99 / max"
+        f" {rnd.get('p50', 0):.2f} / {rnd.get('p99', 0):.2f} / {rnd.get('max', 0):.2f} ms over {rnd.get('count', 0)} rounds;"
+        f" other processes {other_cores(r):.2f} cores"
+    )
+print("\n".join(lines))
+EOF2
+    {
+        echo "<!-- issue8:begin -->"
+        echo "Generated by \`loadtest/results.sh issue8\` on $(date -u '+%Y-%m-%d %H:%M UTC'), commit"
+        echo "\`$(git rev-parse --short HEAD)\`$(git diff --quiet HEAD -- . 2>/dev/null || echo ' (built from a working tree with uncommitted changes)'),"
+        echo "$(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')),"
+        echo "$("$NATS_SERVER_BIN" --version 2>/dev/null | head -n1), release build;"
+        echo "load average before the runs: $load_before; each run waited up to ${wait_quiet} s for a quiet machine."
+        echo "The consumers' staleness guard runs at its default (max_frame_age_ms = 1000)."
+        echo "JSON: [loadtest/results/issue8-*.json](../loadtest/results/)."
+        echo
+        cat "$md/issue8.md"
+        echo
+        echo "#### \`loadtest nats-pause --streams 1,10,50 --design both\`"
+        cat "$md/pause.md"
+        echo
+        echo "#### \`loadtest steady --streams 1,10,50 --design bounded\`"
+        cat "$md/steady.md"
+        echo "<!-- issue8:end -->"
+    } >"$md/section.md"
+    python3 - "$root/docs/loadtest.md" "$md/section.md" <<'EOF2'
+import sys, re
+doc_path, section_path = sys.argv[1], sys.argv[2]
+doc = open(doc_path).read()
+section = open(section_path).read().rstrip("\n")
+new, n = re.subn(r"<!-- issue8:begin -->.*?<!-- issue8:end -->", lambda m: section, doc, flags=re.S)
+if n != 1:
+    sys.exit("docs/loadtest.md: issue8 markers not found exactly once")
+open(doc_path, "w").write(new)
+EOF2
+    echo "updated docs/loadtest.md (issue8 block) and $out/issue8-*" >&2
+    exit 0
+fi
+
+# Everything but the issue8 block's files (regenerated by `results.sh issue8`).
+mkdir -p "$out/plots"
+find "$out" -mindepth 1 -maxdepth 1 ! -name 'issue8-*' ! -name plots -exec rm -rf {} +
+find "$out/plots" -mindepth 1 -maxdepth 1 ! -name 'issue8*' -exec rm -rf {} +
 
 run() {
     local name="$1"

@@ -1,7 +1,10 @@
 //! Frame accounting: where every frame went, and what explains any difference.
 //!
 //! "Producer side" is the ingress, the NATS producer: `offered` is what it read from
-//! the WebSocket producers. Then
+//! the WebSocket producers. "Received" is every distinct frame the recognition fleet's
+//! consumers accepted in sequence order, *including* the frames their staleness guard
+//! then dropped before the recogniser (`stale_dropped_by_consumer`: delivered, too old,
+//! declared to the recogniser as a `stale` gap — counted, never hidden). Then
 //!
 //! ```text
 //! unaccounted = offered − received − dropped          (dropped: with a reason, by the ingress)
@@ -12,34 +15,43 @@
 //! ```text
 //! unaccounted = pending_at_end                       still held by the ingress when measured
 //!                                                    (queued, or handed over and unconfirmed)
-//!             + lost_declared                        not received, declared possibly lost by
-//!                                                    the ingress (unconfirmed at a disconnect)
-//!             + lost_undetected                      not received, declared by nobody
+//!             + lost_declared                        not received, and the consumers were told
+//!                                                    it was possibly lost (Weir-Possibly-Lost)
+//!             + lost_undetected                      not received, and nobody told the consumers
 //!             + ingress_discrepancy                  the ingress's counters do not add up; must be 0
 //! ```
 //!
 //! with `lost_declared + lost_undetected = lost_after_publish = published + possibly_lost −
 //! received`: the frames that left the ingress (confirmed by the server, or declared
-//! possibly lost) and never reached the fleet. `lost_declared` is at most the ingress's
-//! `possibly_lost` (some possibly-lost frames do arrive). `ingress_discrepancy =
-//! offered − published − possibly_lost − dropped − pending_at_end`.
+//! possibly lost) and never reached the fleet. `ingress_discrepancy = offered − published
+//! − possibly_lost − dropped − pending_at_end`.
+//!
+//! `lost_declared` is the consumers' own count: the sequence holes a `Weir-Possibly-Lost`
+//! declaration covered (the consumer core's `possibly_lost_frames`), capped by what the
+//! ingress's counters allow (`possibly_lost_not_received = clamp(lost_after_publish, 0,
+//! possibly_lost)`: some possibly-lost frames do arrive). So `lost_undetected` means what
+//! issue 8 asks: lost, and the consumer could not tell it from an undeclared hole — also
+//! when the ingress did declare it but the declaration never reached the consumer. A
+//! consumer that does not report the count (`None`) falls back to the ingress's view.
 //!
 //! With the server-confirmed window (issue 8) the ingress reports `handed_over` (given to
 //! the NATS client), `published` (confirmed by the server), `unconfirmed` (handed over,
 //! awaiting confirmation; part of pending) and `possibly_lost`. An ingress without the
-//! window (today's, and the naive design) reports none of them: `published` then means
-//! "handed over", `possibly_lost` is 0 and everything not received after the hand-over is
+//! window (and the naive design) reports none of them: `published` then means "handed
+//! over", `possibly_lost` is 0 and everything not received after the hand-over is
 //! `lost_undetected`, exactly as before. Should the ingress also list the possibly-lost
 //! frames among its drop reasons ([`POSSIBLY_LOST_DROP_REASONS`]), they are moved out of
 //! `dropped` (they are not surely gone) and counted once, as possibly lost.
 //!
 //! `lost_undetected` is compared with `consumer_detected_holes`: seqs below the highest
-//! one a consumer saw that did not arrive in order and no gap declared. Some of those may
-//! have arrived *late*, after a later frame of their stream, and been refused to keep the
-//! stream's order (`refused_out_of_order`): the naive design does that, since three
-//! publishes of one stream race each other. A loss at the very tail of a stream (after the
-//! last frame the consumer saw, and the `end` lost too) cannot be detected by sequence
-//! numbers: `lost_at_tail = max(0, lost_undetected − consumer_detected_holes)`.
+//! one a consumer saw that did not arrive in order and no declaration covers (the
+//! consumer core's `lost_frames`, plus leading seqs and frames of refused streams). Some
+//! of those may have arrived *late*, after a later frame of their stream, and been
+//! refused to keep the stream's order (`refused_out_of_order`): the naive design does
+//! that, since three publishes of one stream race each other. A loss at the very tail of
+//! a stream (after the last frame the consumer saw, and the `end` lost too) cannot be
+//! detected by sequence numbers: `lost_at_tail = max(0, lost_undetected −
+//! consumer_detected_holes)`.
 //!
 //! One hop earlier, `sent_by_producers − offered` = `not_read_by_ingress`: frames the
 //! WebSocket producers wrote that the ingress never read — written after the server
@@ -79,16 +91,20 @@ pub struct FrameCounts {
     pub pending_at_end: u64,
     /// Of those, handed over and not yet confirmed.
     pub unconfirmed_at_end: u64,
-    /// Distinct frames the fleet received.
+    /// Distinct frames the fleet received in order, stale ones included.
     pub received: u64,
-    /// Holes the fleet detected by sequence number.
+    /// Of those, frames the consumers' staleness guard dropped before the recogniser.
+    pub stale_at_consumer: u64,
+    /// Frames handed to (and handled by) the recognisers.
+    pub handed_to_handler: u64,
+    /// Holes the fleet detected by sequence number that no declaration covers.
     pub consumer_detected_holes: u64,
     /// Packets the fleet refused because they arrived after a later seq.
     pub refused_out_of_order: u64,
     /// Frames declared missing by gap packets.
     pub declared_in_gaps: u64,
-    /// Frames the consumers were told are possibly lost (`None` until the consumer core
-    /// counts them).
+    /// Holes the consumers found inside a declared possibly-lost range (`None`: the
+    /// consumer does not report it).
     pub consumer_possibly_lost: Option<u64>,
 }
 
@@ -106,8 +122,15 @@ pub struct FrameAccounting {
     pub published: u64,
     /// Frames the ingress declared possibly lost (unconfirmed at a disconnect).
     pub possibly_lost: u64,
-    /// Distinct frames the recognition fleet received.
+    /// Distinct frames the recognition fleet received in order, stale ones included.
     pub received: u64,
+    /// Of those, frames the consumers' staleness guard (`max_frame_age_ms`) dropped
+    /// before the recogniser: delivered too old, declared to the recogniser as `stale`
+    /// gaps. Never timed in `delivered_late` / `e2e_latency_ms`.
+    pub stale_dropped_by_consumer: u64,
+    /// Frames handed to the recognisers (the population of `delivered_late` and
+    /// `e2e_latency_ms`); `received − stale − dropped by the consumers' own bound`.
+    pub handed_to_handler: u64,
     /// Frames dropped by the ingress with a reason (total).
     pub dropped: u64,
     /// Dropped frames by reason.
@@ -136,10 +159,15 @@ pub struct Explanation {
     /// Left the ingress (published or possibly lost) but never received:
     /// `lost_declared + lost_undetected`.
     pub lost_after_publish: i64,
-    /// Not received, and declared possibly lost by the ingress.
+    /// Not received, and declared possibly lost to the consumers: the holes they found
+    /// inside a `Weir-Possibly-Lost` range, at most `possibly_lost_not_received`.
     pub lost_declared: i64,
-    /// Not received, and declared by nobody: silent loss (core NATS is at-most-once).
+    /// Not received, and the consumers were told by nobody: silent loss (core NATS is
+    /// at-most-once), or a declaration that never reached them.
     pub lost_undetected: i64,
+    /// The ingress's side: of the frames it declared possibly lost, at most this many
+    /// did not arrive (`clamp(lost_after_publish, 0, possibly_lost)`).
+    pub possibly_lost_not_received: i64,
     /// Of `lost_undetected`, the consumers detected this many as sequence holes.
     pub consumer_detected_holes: u64,
     /// Of the holes, frames that did arrive but after a later frame of their stream
@@ -150,8 +178,9 @@ pub struct Explanation {
     /// exceed the loss because they also cover frames the ingress dropped *with a
     /// reason* just before an overload `end` (accounted in `dropped`).
     pub lost_at_tail: i64,
-    /// Frames the consumers counted as declared possibly lost (`null` until the
-    /// consumer core reports it): a cross-check of `lost_declared`.
+    /// The consumers' raw count of holes inside declared ranges (`null` when the
+    /// consumer does not report it); `lost_declared` is this, capped by
+    /// `possibly_lost_not_received`.
     pub consumer_possibly_lost_frames: Option<u64>,
     /// `handed_over − published − possibly_lost − unconfirmed_at_end`, when the ingress
     /// reports `handed_over`; must be 0.
@@ -194,7 +223,14 @@ impl FrameAccounting {
         let dropped: u64 = dropped_by_reason.values().sum();
         let unaccounted = signed(c.offered, c.received) - as_i64(dropped);
         let lost_after_publish = signed(c.published.saturating_add(possibly_lost), c.received);
-        let lost_declared = lost_after_publish.clamp(0, as_i64(possibly_lost));
+        let possibly_lost_not_received = lost_after_publish.clamp(0, as_i64(possibly_lost));
+        // Declared = what the consumers were told, when they say; never more than the
+        // ingress's counters allow.
+        let lost_declared = c
+            .consumer_possibly_lost
+            .map_or(possibly_lost_not_received, |n| {
+                as_i64(n).min(possibly_lost_not_received)
+            });
         let lost_undetected = lost_after_publish - lost_declared;
         let ingress_discrepancy = signed(c.offered, c.published)
             - as_i64(possibly_lost)
@@ -210,6 +246,8 @@ impl FrameAccounting {
             published: c.published,
             possibly_lost,
             received: c.received,
+            stale_dropped_by_consumer: c.stale_at_consumer,
+            handed_to_handler: c.handed_to_handler,
             dropped,
             dropped_by_reason,
             declared_in_gaps: c.declared_in_gaps,
@@ -220,6 +258,7 @@ impl FrameAccounting {
                 lost_after_publish,
                 lost_declared,
                 lost_undetected,
+                possibly_lost_not_received,
                 consumer_detected_holes: c.consumer_detected_holes,
                 refused_out_of_order: c.refused_out_of_order,
                 lost_at_tail: (lost_undetected - as_i64(c.consumer_detected_holes)).max(0),
@@ -257,16 +296,27 @@ impl FrameAccounting {
         if e.lost_declared > 0 {
             notes.push(format!(
                 "{} frames were unconfirmed when the ingress's NATS connection dropped and never \
-                 arrived: the ingress declared them possibly lost ({} declared in all)",
+                 arrived: the consumers were told they were possibly lost ({} declared by the \
+                 ingress in all)",
                 e.lost_declared, self.possibly_lost
             ));
         }
         if let Some(seen) = e.consumer_possibly_lost_frames
-            && i128::from(seen) != i128::from(e.lost_declared)
+            && i128::from(seen) != i128::from(e.possibly_lost_not_received)
         {
             notes.push(format!(
-                "the consumers counted {seen} frames declared possibly lost, the accounting {}",
-                e.lost_declared
+                "the consumers found {seen} holes inside declared possibly-lost ranges, the \
+                 ingress's counters allow {} declared frames not received: lost declared {}, \
+                 the rest of the loss counts as undetected",
+                e.possibly_lost_not_received, e.lost_declared
+            ));
+        }
+        if self.stale_dropped_by_consumer > 0 {
+            notes.push(format!(
+                "{} frames reached the consumers older than their staleness guard \
+                 (max_frame_age_ms) and were dropped before the recogniser, declared to it as \
+                 stale gaps: received, not handed over, not timed",
+                self.stale_dropped_by_consumer
             ));
         }
         if e.lost_undetected > 0 {
@@ -428,7 +478,9 @@ mod tests {
     fn with_the_window_loss_splits_into_declared_and_undetected() {
         // 1000 offered: 20 dropped with a reason, 30 pending (10 of them unconfirmed),
         // 900 confirmed, 50 unconfirmed at a disconnect (possibly lost). The fleet got
-        // 880 of the confirmed ones and 15 of the possibly-lost ones: 895.
+        // 880 of the confirmed ones and 15 of the possibly-lost ones: 895. The
+        // consumers found all 35 missing possibly-lost frames inside the declared
+        // range; the 20 missing confirmed frames are undeclared holes.
         let c = FrameCounts {
             sent_by_producers: 1000,
             offered: 1000,
@@ -446,15 +498,95 @@ mod tests {
         let a = FrameAccounting::from_counts(&c);
         assert_eq!(a.unaccounted, 1000 - 895 - 20);
         assert_eq!(a.explained.lost_after_publish, 950 - 895);
-        assert_eq!(a.explained.lost_declared, 50, "at most what was declared");
-        assert_eq!(a.explained.lost_undetected, 5);
-        assert_eq!(a.explained.lost_at_tail, 0, "20 holes cover the 5");
+        assert_eq!(
+            a.explained.possibly_lost_not_received, 50,
+            "the ingress's counters allow up to 50"
+        );
+        assert_eq!(
+            a.explained.lost_declared, 35,
+            "what the consumers were told"
+        );
+        assert_eq!(a.explained.lost_undetected, 20);
+        assert_eq!(a.explained.lost_at_tail, 0, "20 holes cover the 20");
         assert_eq!(a.explained.ingress_discrepancy, 0);
         assert_eq!(a.explained.window_discrepancy, Some(0));
         assert_exact(&a);
-        // The consumers' own count differs from the accounting's: said in a note.
+        // The consumers' count differs from the ingress's bound: said in a note.
         assert!(
-            a.notes().iter().any(|n| n.contains("counted 35")),
+            a.notes().iter().any(|n| n.contains("found 35 holes")),
+            "{:?}",
+            a.notes()
+        );
+        // A consumer that does not report the count: the ingress's view.
+        let a = FrameAccounting::from_counts(&FrameCounts {
+            consumer_possibly_lost: None,
+            ..c.clone()
+        });
+        assert_eq!(a.explained.lost_declared, 50, "at most what was declared");
+        assert_eq!(a.explained.lost_undetected, 5);
+        assert_exact(&a);
+        // The consumers can never count more declared loss than there is.
+        let a = FrameAccounting::from_counts(&FrameCounts {
+            consumer_possibly_lost: Some(80),
+            ..c
+        });
+        assert_eq!(a.explained.lost_declared, 50);
+        assert_eq!(a.explained.lost_undetected, 5);
+        assert_exact(&a);
+    }
+
+    #[test]
+    fn a_declaration_that_never_reached_the_consumers_is_undetected_loss() {
+        // The ingress declared 40 frames possibly lost, none arrived, and the
+        // declaration was lost too (the consumers counted 0 declared holes): the
+        // consumers cannot tell these 40 from silent loss.
+        let a = FrameAccounting::from_counts(&FrameCounts {
+            offered: 140,
+            handed_over: Some(140),
+            published: 100,
+            possibly_lost: 40,
+            received: 100,
+            consumer_detected_holes: 40,
+            consumer_possibly_lost: Some(0),
+            ..Default::default()
+        });
+        assert_eq!(a.explained.possibly_lost_not_received, 40);
+        assert_eq!(a.explained.lost_declared, 0);
+        assert_eq!(a.explained.lost_undetected, 40);
+        assert_eq!(a.explained.lost_at_tail, 0);
+        assert_exact(&a);
+    }
+
+    #[test]
+    fn stale_frames_are_received_counted_and_never_unaccounted() {
+        // 500 offered and confirmed, all received: 30 of them the staleness guard
+        // dropped before the recogniser, 5 the consumers' own bound dropped.
+        let a = FrameAccounting::from_counts(&FrameCounts {
+            sent_by_producers: 500,
+            offered: 500,
+            handed_over: Some(500),
+            published: 500,
+            received: 500,
+            stale_at_consumer: 30,
+            handed_to_handler: 465,
+            consumer_possibly_lost: Some(0),
+            ..Default::default()
+        });
+        assert_eq!(
+            a.unaccounted, 0,
+            "stale frames were delivered: not unaccounted"
+        );
+        assert_eq!(a.explained.lost_undetected, 0);
+        assert_eq!(a.stale_dropped_by_consumer, 30);
+        assert_eq!(a.handed_to_handler, 465);
+        assert_exact(&a);
+        let v = serde_json::to_value(&a).unwrap();
+        assert_eq!(v["stale_dropped_by_consumer"], 30);
+        assert_eq!(v["handed_to_handler"], 465);
+        assert!(
+            a.notes()
+                .iter()
+                .any(|n| n.contains("30 frames reached the consumers older")),
             "{:?}",
             a.notes()
         );

@@ -8,14 +8,23 @@
 //! reaps streams that go silent without `end`, and bounds each stream's queue (policy
 //! `gap` here, so that a recogniser that stalled keeps its timeline when it resumes).
 //!
+//! The consumers run the consumer core's staleness guard (`max_frame_age_ms`) at the
+//! product default ([`DEFAULT_MAX_FRAME_AGE`], 1 s): a frame whose capture time is older
+//! than that when the consumer receives it is dropped *before* the recogniser, declared
+//! to it as a `stale` gap and counted by the consumer core (`stale_frames`). The load
+//! test reports those frames (`frames.stale_dropped_by_consumer`); they are received,
+//! never hidden, and never timed as delivered.
+//!
 //! The handler — the "recogniser" — busy-waits `cost_per_frame` per frame and records
 //! the end-to-end latency (the frame's capture time → handled here) per sampling window
 //! and for the whole run. On entry, before any pause or work, it also records the
 //! frame's timeliness ([`crate::timeliness`]): whether the consumer received it later
 //! than `max_age` + one confirmation round after capture (`delivered_late`), and the
-//! latency capture → handed to the handler. While the fleet is paused, every handler
-//! waits before its next frame, as a stalled GPU worker would; frames then queue in
-//! the consumer (bounded) and in the NATS client (bounded by `subscription_capacity`).
+//! latency capture → handed to the handler. Only frames handed to the recogniser are
+//! timed (stale frames and frames the consumer's own bound dropped never reach it).
+//! While the fleet is paused, every handler waits before its next frame, as a stalled
+//! GPU worker would; frames then queue in the consumer (bounded) and in the NATS client
+//! (bounded by `subscription_capacity`).
 //!
 //! Invariants: all accounting comes from the consumer core's own counters (so the load
 //! test measures the real consumer, not a stand-in); the fleet adds only latency and
@@ -27,6 +36,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use tokio::sync::watch;
+pub use weir_audio_ingress::consumer::DEFAULT_MAX_FRAME_AGE;
 use weir_audio_ingress::consumer::{
     Consumer, ConsumerConfig, ConsumerError, ConsumerPolicy, StreamEvent, StreamHandler, StreamInfo,
 };
@@ -56,6 +66,11 @@ pub struct FleetConfig {
     /// A frame received later than this after capture counts as `delivered_late`
     /// (the ingress's `max_age` + one confirmation round, [`crate::timeliness::late_after`]).
     pub late_after: Duration,
+    /// The consumers' staleness guard (`max_frame_age_ms`): a frame older than this at
+    /// receipt is dropped before the recogniser and declared as a `stale` gap. `None`
+    /// turns the guard off. The load test runs the product default,
+    /// [`DEFAULT_MAX_FRAME_AGE`].
+    pub max_frame_age: Option<Duration>,
 }
 
 struct Shared {
@@ -106,12 +121,30 @@ impl StreamHandler for Recogniser {
 /// What the fleet saw, cumulatively (sums over its consumers).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct FleetSnapshot {
-    /// Frames received in order (accepted by the consumers' sequence check).
+    /// Distinct frames received in order (accepted by the consumers' sequence check):
+    /// `frames_fresh + stale_frames`.
     pub frames_received: u64,
+    /// Of those, fresh frames: queued for the recogniser (the consumer core's `frames`).
+    pub frames_fresh: u64,
+    /// Of those, frames the staleness guard dropped before the recogniser (older than
+    /// `max_frame_age` at receipt), declared to it as `stale` gaps.
+    pub stale_frames: u64,
     /// Frames whose recogniser call completed.
     pub frames_handled: u64,
-    /// Seqs that never arrived and were not declared (sequence holes).
+    /// Seqs that never arrived and that no declaration covers (undeclared sequence
+    /// holes).
     pub lost_frames: u64,
+    /// Seqs that never arrived inside a range the ingress declared possibly lost
+    /// (`Weir-Possibly-Lost`): declared holes. Disjoint from `lost_frames`.
+    pub possibly_lost_frames: u64,
+    /// Packets that carried a `Weir-Possibly-Lost` declaration.
+    pub possible_loss_declarations: u64,
+    /// Hole ranges the consumers forgot (per-stream memory) before a declaration could
+    /// cover them: they stay in `lost_frames`.
+    pub holes_forgotten: u64,
+    /// Declared ranges the consumers forgot: a hole found later inside one counts as
+    /// `lost_frames`.
+    pub declarations_forgotten: u64,
     /// Seqs before the first packet a consumer saw of a stream.
     pub leading_missing: u64,
     /// Frames of streams the consumers refused (over their `max_streams` cap): counted
@@ -148,9 +181,8 @@ pub struct FleetSnapshot {
     pub timeliness: TimelinessSummary,
     /// Streams the consumers follow now (neither ended nor reaped).
     pub streams_active: u64,
-    /// Frames the consumers were told are possibly lost (the ingress's
-    /// `Weir-Possibly-Lost` declaration): `None` until the consumer core counts them.
-    pub possibly_lost_frames: Option<u64>,
+    /// The staleness guard the consumers ran with, ms (`None`: off).
+    pub max_frame_age_ms: Option<u64>,
 }
 
 /// A running fleet.
@@ -158,6 +190,7 @@ pub struct Fleet {
     consumers: Vec<Consumer>,
     shared: Arc<Shared>,
     pause: watch::Sender<bool>,
+    max_frame_age_ms: Option<u64>,
 }
 
 impl std::fmt::Debug for Fleet {
@@ -181,6 +214,9 @@ impl Fleet {
             timeliness: Mutex::new(Timeliness::new(config.late_after)),
         });
         let workers = config.workers.clamp(1, config.partitions.max(1));
+        let max_frame_age_ms = config
+            .max_frame_age
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let mut consumers = Vec::new();
         for w in 0..workers {
             let owned: Vec<u32> = (0..config.partitions)
@@ -192,10 +228,8 @@ impl Fleet {
             cc.max_pending_bytes = config.max_pending_bytes;
             cc.max_pending_age_ms = config.max_pending_age.as_millis() as u64;
             cc.policy = ConsumerPolicy::Gap;
-            // TODO(issue 8, consumer core): the staleness guard plugs in here once it
-            // lands (name not final): e.g. `cc.max_frame_age_ms = Some(late_after)`, so
-            // that frames older than the budget are dropped before the recogniser and
-            // declared as a `stale` gap; count them in the snapshot (see `snapshot`).
+            // The staleness guard: 0 turns it off.
+            cc.max_frame_age_ms = max_frame_age_ms.unwrap_or(0);
             let settings = cc.validate()?;
             // Default ping interval on purpose: a short one would make the fleet itself
             // disconnect (and lose what is in flight) while the server is SIGSTOPped.
@@ -210,6 +244,7 @@ impl Fleet {
             consumers,
             shared,
             pause,
+            max_frame_age_ms,
         })
     }
 
@@ -235,11 +270,15 @@ impl Fleet {
         }
     }
 
-    /// Frames received in order so far (cheap enough for every sample).
+    /// Distinct frames received in order so far, fresh and stale (cheap enough for
+    /// every sample).
     pub fn frames_received(&self) -> u64 {
         self.consumers
             .iter()
-            .map(|c| c.totals().counters.frames)
+            .map(|c| {
+                let k = c.totals().counters;
+                k.frames + k.stale_frames
+            })
             .sum()
     }
 
@@ -254,14 +293,23 @@ impl Fleet {
 
     /// A cumulative snapshot.
     pub fn snapshot(&self) -> FleetSnapshot {
-        let mut s = FleetSnapshot::default();
+        let mut s = FleetSnapshot {
+            max_frame_age_ms: self.max_frame_age_ms,
+            ..FleetSnapshot::default()
+        };
         for c in &self.consumers {
             let st = c.stats();
             let t = &st.totals;
             let k = &t.counters;
-            s.frames_received += k.frames;
+            s.frames_received += k.frames + k.stale_frames;
+            s.frames_fresh += k.frames;
+            s.stale_frames += k.stale_frames;
             s.frames_handled += k.frames_delivered;
             s.lost_frames += k.lost_frames;
+            s.possibly_lost_frames += k.possibly_lost_frames;
+            s.possible_loss_declarations += k.possible_loss_declarations;
+            s.holes_forgotten += k.holes_forgotten;
+            s.declarations_forgotten += k.declarations_forgotten;
             s.leading_missing += k.leading_missing;
             s.frames_refused += t.frames_refused;
             s.stale_packets += k.stale_packets;
@@ -277,11 +325,6 @@ impl Fleet {
             s.orphan_ends += t.orphan_ends;
             s.pending_frames += t.pending_frames as u64;
             s.streams_active += t.streams_active;
-            // TODO(issue 8, consumer core): add the consumer's count of frames declared
-            // possibly lost (`Weir-Possibly-Lost`), e.g.
-            // `*s.possibly_lost_frames.get_or_insert(0) += k.possibly_lost_frames;`, and the
-            // frames its staleness guard (`max_frame_age_ms`) dropped as a `stale` gap,
-            // once those counters land (names not final yet). Until then `None`.
             for stream in &st.streams {
                 let reason = match (&stream.end_seen, &stream.end_reason) {
                     (true, Some(r)) => r.clone(),

@@ -106,13 +106,14 @@ pub struct IngressStats {
     pub active_streams: u64,
     /// Streams ever opened.
     pub streams_total: u64,
-    /// Bytes of PCM held and not yet handed to NATS, all streams.
+    /// Bytes of PCM held, all streams: queued, or handed to NATS and not yet confirmed
+    /// by the server (with the server-confirmed window).
     pub pending_bytes: u64,
-    /// Frames held and not yet handed to NATS, all streams.
+    /// Frames held (queued or unconfirmed), all streams.
     pub pending_frames: u64,
     /// The per-stream byte budget (`null`/0 when the design has none).
     pub pending_bytes_limit_per_stream: Option<u64>,
-    /// Age of the oldest frame not yet handed to NATS, in ms.
+    /// Age of the oldest frame held (queued or unconfirmed), in ms.
     pub oldest_frame_age_ms: f64,
     /// Queue wait (enqueue → handed to NATS), cumulative since start.
     pub queue_wait_ms: Percentiles,
@@ -137,6 +138,9 @@ pub struct IngressStats {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct WindowStats {
+    /// `confirmed` (the server confirms every frame), `unconfirmed` (window off: handed
+    /// over counts as published) or `jetstream` (`None` when not reported).
+    pub mode: Option<String>,
     /// Bytes handed over and unconfirmed now.
     pub unconfirmed_bytes: u64,
     /// Frames handed over and unconfirmed now.
@@ -533,7 +537,7 @@ mod tests {
         let s: IngressStats = serde_json::from_str(
             r#"{"pending_frames":7,"frames":{"offered":100,"handed_over":95,"published":90,
                 "unconfirmed":3,"possibly_lost":2,"dropped":{"queue_full":5}},
-                "window":{"unconfirmed_bytes":1920,"unconfirmed_frames":3,"limit_bytes":64000,
+                "window":{"mode":"confirmed","unconfirmed_bytes":1920,"unconfirmed_frames":3,"limit_bytes":64000,
                 "rounds":42,"round_ms":{"count":42,"p50":0.4,"p95":1.0,"p99":2.0,"max":3.5},
                 "oldest_unconfirmed_age_ms":1.5,"disconnects":1,"future":true}}"#,
         )
@@ -546,6 +550,7 @@ mod tests {
             (1920, 64_000, 1)
         );
         assert_eq!(w.round_ms.count, 42);
+        assert_eq!(w.mode.as_deref(), Some("confirmed"));
         assert_eq!(w.round_ms.max, 3.5);
     }
 

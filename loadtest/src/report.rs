@@ -39,6 +39,8 @@ pub const REQUIRED_KEYS: &[&str] = &[
     "frames.offered",
     "frames.published",
     "frames.received",
+    "frames.stale_dropped_by_consumer",
+    "frames.handed_to_handler",
     "frames.dropped",
     "frames.unaccounted",
     "frames.delivered_late",
@@ -115,8 +117,14 @@ pub struct IngressReport {
     /// Largest unconfirmed window (handed to NATS, not yet confirmed by the server) seen
     /// in any sample, bytes; `null` for an ingress without the server-confirmed window.
     pub unconfirmed_bytes_max: Option<u64>,
-    /// The window's bound, bytes (`null` without the window).
+    /// The window's bound at the end of the run, bytes (`null` without the window).
     pub window_limit_bytes: Option<u64>,
+    /// The window's largest bound seen in any sample, bytes (it follows the aggregate
+    /// rate; `null` without the window).
+    pub window_limit_bytes_max: Option<u64>,
+    /// The window's mode (`confirmed`, `unconfirmed`, `jetstream`; `null` when not
+    /// reported).
+    pub window_mode: Option<String>,
     /// Confirmation round time (marker out → back) over the run (`null` without the
     /// window).
     pub confirm_round_ms: Option<Percentiles>,
@@ -134,8 +142,23 @@ pub struct ConsumerReport {
     /// Streams by the `Weir-End-Reason` of their `end` (`none` = no header, `missing`
     /// = no end arrived).
     pub ends_by_reason: BTreeMap<String, u64>,
-    /// Sequence holes nobody declared (lost in transit, or overtaken and refused).
+    /// Sequence holes nobody declared (lost in transit, or overtaken and refused), plus
+    /// leading seqs the consumers never saw.
     pub lost_frames: u64,
+    /// Sequence holes inside a range the ingress declared possibly lost.
+    pub possibly_lost_frames: u64,
+    /// Packets that carried a `Weir-Possibly-Lost` declaration.
+    pub possible_loss_declarations: u64,
+    /// Hole ranges / declared ranges the consumers forgot (per-stream memory of 16);
+    /// a forgotten hole stays undeclared.
+    pub holes_forgotten: u64,
+    /// See `holes_forgotten`.
+    pub declarations_forgotten: u64,
+    /// The staleness guard the consumers ran with, ms (`null`: off).
+    pub max_frame_age_ms: Option<u64>,
+    /// Frames the staleness guard dropped before the recogniser (declared as `stale`
+    /// gaps).
+    pub stale_frames: u64,
     /// Packets refused as duplicate or out of order (stream order broken).
     pub out_of_order_refused: u64,
     /// Gap packets received.
@@ -159,6 +182,12 @@ impl From<&FleetSnapshot> for ConsumerReport {
             streams_reaped_without_end: f.streams_reaped_without_end,
             ends_by_reason: f.ends_by_reason.clone(),
             lost_frames: f.lost_frames + f.leading_missing,
+            possibly_lost_frames: f.possibly_lost_frames,
+            possible_loss_declarations: f.possible_loss_declarations,
+            holes_forgotten: f.holes_forgotten,
+            declarations_forgotten: f.declarations_forgotten,
+            max_frame_age_ms: f.max_frame_age_ms,
+            stale_frames: f.stale_frames,
             out_of_order_refused: f.stale_packets,
             gap_packets: f.gap_packets,
             gap_frames: f.gap_frames,
@@ -400,6 +429,25 @@ fn rows() -> Vec<Row> {
             ms(r.ingress.oldest_frame_age_ms_max)
         }),
         ("tokio tasks max", |r| r.ingress.tasks_max.to_string()),
+        ("unconfirmed bytes max / limit", |r| {
+            match (
+                r.ingress.unconfirmed_bytes_max,
+                r.ingress.window_limit_bytes_max,
+            ) {
+                (None, None) => "-".into(),
+                (u, l) => format!(
+                    "{}/{}",
+                    u.map_or_else(|| "-".into(), |v| v.to_string()),
+                    l.map_or_else(|| "-".into(), |v| v.to_string())
+                ),
+            }
+        }),
+        ("confirm round p99 ms", |r| {
+            r.ingress
+                .confirm_round_ms
+                .filter(|p| p.count > 0)
+                .map_or_else(|| "-".into(), |p| ms(p.p99))
+        }),
         ("overloads / gaps", |r| {
             format!("{}/{}", r.ingress.overloads, r.ingress.gaps)
         }),
@@ -409,6 +457,12 @@ fn rows() -> Vec<Row> {
         ("frames offered", |r| r.frames.offered.to_string()),
         ("frames published", |r| r.frames.published.to_string()),
         ("frames received", |r| r.frames.received.to_string()),
+        ("  stale (dropped by consumer)", |r| {
+            r.frames.stale_dropped_by_consumer.to_string()
+        }),
+        ("  handed to handler", |r| {
+            r.frames.handed_to_handler.to_string()
+        }),
         ("frames dropped (reason)", |r| r.frames.dropped.to_string()),
         ("frames unaccounted", |r| r.frames.unaccounted.to_string()),
         ("  pending at end", |r| {

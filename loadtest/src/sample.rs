@@ -38,6 +38,8 @@ pub struct IngressSample {
     /// Bytes handed to the NATS client and not yet confirmed by the server (`None` on an
     /// ingress without the server-confirmed window).
     pub unconfirmed_bytes: Option<u64>,
+    /// The window's current bound, bytes (`None` without the window).
+    pub window_limit_bytes: Option<u64>,
 }
 
 impl From<&IngressStats> for IngressSample {
@@ -53,6 +55,7 @@ impl From<&IngressStats> for IngressSample {
             frames_published: s.frames.published,
             nats_connected: s.nats_connected,
             unconfirmed_bytes: s.window.as_ref().map(|w| w.unconfirmed_bytes),
+            window_limit_bytes: s.window.as_ref().map(|w| w.limit_bytes),
         }
     }
 }
@@ -111,6 +114,8 @@ pub struct SeriesSummary {
     pub nats_disconnected_samples: usize,
     /// Largest unconfirmed window, bytes (`None` when no sample reported a window).
     pub unconfirmed_bytes_max: Option<u64>,
+    /// Largest bound of the window seen, bytes (`None` when no sample reported a window).
+    pub window_limit_bytes_max: Option<u64>,
 }
 
 /// Summarises a series (pure).
@@ -129,6 +134,9 @@ pub fn summarise(samples: &[Sample]) -> SeriesSummary {
                 s.tasks_max = s.tasks_max.max(i.tasks_alive);
                 if let Some(u) = i.unconfirmed_bytes {
                     s.unconfirmed_bytes_max = Some(s.unconfirmed_bytes_max.unwrap_or(0).max(u));
+                }
+                if let Some(l) = i.window_limit_bytes {
+                    s.window_limit_bytes_max = Some(s.window_limit_bytes_max.unwrap_or(0).max(l));
                 }
                 if !i.nats_connected {
                     s.nats_disconnected_samples += 1;
@@ -207,9 +215,12 @@ mod tests {
         if let (Some(x), Some(y)) = (a.ingress.as_mut(), b.ingress.as_mut()) {
             x.unconfirmed_bytes = Some(6400);
             y.unconfirmed_bytes = Some(1280);
+            x.window_limit_bytes = Some(16_000);
+            y.window_limit_bytes = Some(32_000);
         }
         let s = summarise(&[a, b, sample(0.3, 0, 10, false)]);
         assert_eq!(s.unconfirmed_bytes_max, Some(6400));
+        assert_eq!(s.window_limit_bytes_max, Some(32_000));
     }
 
     #[test]

@@ -57,9 +57,18 @@ fn check_identities(r: &RunReport) {
     // Every frame handed to a recogniser was timed or counted as untimed.
     let t = &f.timeliness;
     assert!(t.e2e_latency_ms.count + t.delivered_untimed > 0, "{t:?}");
+    // Only frames handed to a recogniser are timed: never the ones the staleness guard
+    // dropped (received, counted, declared as stale gaps).
+    assert!(f.stale_dropped_by_consumer <= f.received, "{f:?}");
     assert!(
-        t.e2e_latency_ms.count + t.delivered_untimed <= f.received,
+        t.e2e_latency_ms.count + t.delivered_untimed <= f.received - f.stale_dropped_by_consumer,
         "{t:?} {f:?}"
+    );
+    assert!(f.handed_to_handler <= f.received - f.stale_dropped_by_consumer);
+    assert_eq!(
+        r.consumer.max_frame_age_ms,
+        Some(1000),
+        "the fleet runs the consumer core's default staleness guard"
     );
     assert!(t.delivered_late <= t.e2e_latency_ms.count, "{t:?}");
     assert_eq!(t.late_after_ms, 700.0, "default max_age + one round");

@@ -26,7 +26,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::accounting::{FrameAccounting, FrameCounts};
-use crate::fleet::{Fleet, FleetConfig};
+use crate::fleet::{DEFAULT_MAX_FRAME_AGE, Fleet, FleetConfig};
 use crate::ingress::{Design, IngressProcess, Launch, cpu_time, machine_busy};
 use crate::llm::{LlmRun, LlmSettings};
 use crate::producers::{self, ProducerConfig, ProducerCounters};
@@ -297,6 +297,8 @@ pub async fn run_one(
                 max_pending_bytes: 16_000,
                 max_pending_age: Duration::from_millis(500),
                 late_after: late_after(max_age),
+                // The consumer core's staleness guard at the product default (1 s).
+                max_frame_age: Some(DEFAULT_MAX_FRAME_AGE),
             },
         )
         .await
@@ -523,7 +525,7 @@ pub async fn run_one(
         published: final_stats.frames.published,
         possibly_lost: final_stats.frames.possibly_lost,
         unconfirmed_at_end: final_stats.frames.unconfirmed,
-        consumer_possibly_lost: fleet_snapshot.possibly_lost_frames,
+        consumer_possibly_lost: Some(fleet_snapshot.possibly_lost_frames),
         dropped: final_stats
             .frames
             .dropped
@@ -532,9 +534,12 @@ pub async fn run_one(
             .filter(|(_, n)| *n > 0)
             .collect(),
         pending_at_end: final_stats.pending_frames,
+        // Fresh and stale: the staleness guard's frames were delivered, then dropped.
         received: fleet_snapshot.frames_received,
-        // Everything the consumers saw missing and counted, including the frames of
-        // streams refused over their cap.
+        stale_at_consumer: fleet_snapshot.stale_frames,
+        handed_to_handler: fleet_snapshot.frames_handled,
+        // Everything the consumers saw missing, counted and not declared, including the
+        // frames of streams refused over their cap.
         consumer_detected_holes: fleet_snapshot.lost_frames
             + fleet_snapshot.leading_missing
             + fleet_snapshot.frames_refused,
@@ -546,6 +551,18 @@ pub async fn run_one(
     let limit_per_stream = final_stats
         .pending_bytes_limit_per_stream
         .filter(|l| *l > 0 && design == Design::Bounded);
+    let pending_bytes_max = series.pending_bytes_max.max(final_stats.pending_bytes);
+    let window_limit_max = series
+        .window_limit_bytes_max
+        .or(final_stats.window.as_ref().map(|w| w.limit_bytes));
+    if let Some(note) = pending_over_limit_note(
+        pending_bytes_max,
+        limit_per_stream.map(|l| l * streams as u64),
+        window_limit_max,
+        env.reconnect,
+    ) {
+        notes.push(note);
+    }
     if design == Design::Bounded && env.policy == PolicyArg::Shadow {
         notes.push(
             "shadow mode: the budget is measured, not enforced (only its safety ceiling is)".into(),
@@ -596,7 +613,7 @@ pub async fn run_one(
             rss_start_bytes: series.rss_start_bytes,
             rss_end_bytes: series.rss_end_bytes,
             rss_before_fault_bytes: plan.fault.map(|_| series.rss_before_fault_bytes),
-            pending_bytes_max: series.pending_bytes_max.max(final_stats.pending_bytes),
+            pending_bytes_max,
             pending_bytes_limit: limit_per_stream.map(|l| l * streams as u64),
             pending_bytes_limit_per_stream: limit_per_stream,
             pending_frames_max: series.pending_frames_max,
@@ -613,6 +630,8 @@ pub async fn run_one(
             nats_disconnected_samples: series.nats_disconnected_samples,
             unconfirmed_bytes_max: series.unconfirmed_bytes_max,
             window_limit_bytes: final_stats.window.as_ref().map(|w| w.limit_bytes),
+            window_limit_bytes_max: series.window_limit_bytes_max,
+            window_mode: final_stats.window.as_ref().and_then(|w| w.mode.clone()),
             confirm_round_ms: final_stats.window.as_ref().map(|w| w.round_ms),
             window_disconnects: final_stats.window.as_ref().map(|w| w.disconnects),
         },
@@ -649,6 +668,36 @@ fn ingress_max_age(ingress_set: &[String]) -> Duration {
         .find(|(k, _)| k.trim() == "max_age_ms")
         .and_then(|(_, v)| v.trim().parse::<u64>().ok())
         .map_or(DEFAULT_MAX_AGE, Duration::from_millis)
+}
+
+/// Explains a `pending_bytes_max` above `streams × per-stream limit`. Pending bytes
+/// include frames handed to NATS and not yet confirmed. A stream instance that ended
+/// (overloaded) keeps its unconfirmed frames' bytes until the server confirms them, and
+/// a reconnecting producer opens a new instance with a budget of its own: while the
+/// server is stalled the aggregate can then exceed `streams × limit`, by at most the
+/// window's bound (all unconfirmed bytes of the connection). Beyond that, the bound did
+/// not hold.
+fn pending_over_limit_note(
+    pending_max: u64,
+    limit: Option<u64>,
+    window_limit: Option<u64>,
+    reconnect: bool,
+) -> Option<String> {
+    let limit = limit?;
+    let over = pending_max.checked_sub(limit).filter(|o| *o > 0)?;
+    Some(match window_limit {
+        Some(w) if over <= w && reconnect => format!(
+            "pending bytes (queued + unconfirmed) peaked {over} B above streams × per-stream \
+             limit ({limit} B), within the confirmation window's bound ({w} B): stream \
+             instances that had ended (overloaded) still held their unconfirmed frames while \
+             their producers reconnected as new instances"
+        ),
+        _ => format!(
+            "pending bytes peaked {over} B above streams × per-stream limit ({limit} B){}: \
+             the bound did not hold",
+            window_limit.map_or_else(String::new, |w| format!(", beyond the window's {w} B"))
+        ),
+    })
 }
 
 /// Average cores used by everything but the ingress, the load test and nats-server.
@@ -783,6 +832,27 @@ fn progress_line(label: &str, total: Duration, x: &Sample) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pending_over_the_limit_is_explained_or_flagged() {
+        assert_eq!(
+            pending_over_limit_note(160_000, Some(160_000), Some(65_536), true),
+            None
+        );
+        assert_eq!(pending_over_limit_note(9, None, None, true), None);
+        let n =
+            pending_over_limit_note(215_680, Some(160_000), Some(65_536), true).unwrap_or_default();
+        assert!(
+            n.contains("55680 B above") && n.contains("reconnected"),
+            "{n}"
+        );
+        let n =
+            pending_over_limit_note(300_000, Some(160_000), Some(65_536), true).unwrap_or_default();
+        assert!(n.contains("did not hold"), "{n}");
+        let n = pending_over_limit_note(200_000, Some(160_000), Some(65_536), false)
+            .unwrap_or_default();
+        assert!(n.contains("did not hold"), "{n}");
+    }
 
     #[test]
     fn max_age_comes_from_ingress_set_or_the_default() {
