@@ -128,8 +128,12 @@ impl FromStr for Delivery {
 
 /// Default `confirm_window_ms`: the window holds this much of the admitted byte rate.
 pub const DEFAULT_CONFIRM_WINDOW: Duration = Duration::from_millis(200);
-/// Default `confirm_window_min_bytes` (100 frames of 640 bytes, rounded).
-pub const DEFAULT_CONFIRM_WINDOW_MIN_BYTES: u64 = 65_536;
+/// Default `confirm_window_min_bytes`: one stream's default budget (25 frames). At low
+/// stream counts the rate-based limit (200 ms of the admitted rate) is smaller than
+/// that; the floor keeps a single stream unthrottled, and no larger: a larger floor
+/// lets a producer that reconnects during a stall put more than one budget of stale
+/// audio into the client across its stream instances.
+pub const DEFAULT_CONFIRM_WINDOW_MIN_BYTES: u64 = 16_000;
 /// Default `confirm_interval_ms`: markers are at least this far apart.
 pub const DEFAULT_CONFIRM_INTERVAL: Duration = Duration::from_millis(5);
 /// Default `jetstream_stream`.
@@ -943,7 +947,7 @@ pub const KEYS: &[KeySpec] = &[
     key(
         "confirm_window_min_bytes",
         Int,
-        "65536",
+        "16000",
         "max_frame_bytes..=67108864",
         "the smallest limit of the confirmation window",
     ),
