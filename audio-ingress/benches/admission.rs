@@ -6,8 +6,9 @@
 //! `max_age` 60 s) and pushes 50,000 frames of 640 bytes in a tight synchronous loop on
 //! a current-thread runtime, so the publisher task cannot run during the measurement:
 //! what is timed is exactly the producer's side — one mutex, the byte/age checks, the
-//! sequence number, the reservation (per-stream and aggregate counters, gauges) and the
-//! publisher wake-up. The stream is then finished (published to a null sink) outside the
+//! sequence number, encoding the packet (one allocation and a copy of the PCM), the
+//! reservation (per-stream and aggregate counters, gauges) and the publisher wake-up.
+//! (The publisher never ran, so the direct path is not taken here.) The stream is then finished (published to a null sink) outside the
 //! timed region. Median and spread of 9 runs, first without a metrics recorder, then
 //! with the Prometheus recorder installed (as in `serve`).
 

@@ -106,6 +106,22 @@ async fn ingress(client: &async_nats::Client, round: usize, delivery: Delivery) 
     ingress_with(client.clone(), client, round, delivery).await
 }
 
+/// A sink that takes every message at once and drops it: the ingress alone.
+#[derive(Clone)]
+struct NullSink;
+
+impl Sink for NullSink {
+    async fn publish(
+        &self,
+        _subject: async_nats::Subject,
+        _headers: async_nats::HeaderMap,
+        payload: Bytes,
+    ) -> Result<(), weir_audio_ingress::publisher::SinkError> {
+        drop(payload);
+        Ok(())
+    }
+}
+
 /// The JetStream stream of the `ingress/jetstream` variant.
 const JS_STREAM: &str = "WEIR_AUDIO_BENCH";
 
@@ -122,8 +138,12 @@ fn config(delivery: Delivery) -> StreamConfig {
     // streams × 25 / rate: at 1,000 streams and ~35,000 stored frames/s that is ~0.7 s,
     // over the default 500 ms — the age bound would (rightly) overload streams that
     // are pushed far faster than real time. The rate, not the latency, is measured here.
+    // `max_wait` likewise: a producer waits for its stream's room for one ack round of
+    // every stream, ~0.5 s at 1,000 streams on a busy machine.
     let b = if delivery == Delivery::JetStream {
         b.max_age(Duration::from_secs(5))
+            .max_wait(Duration::from_secs(5))
+            .publish_timeout(Duration::from_secs(2))
     } else {
         b
     };
@@ -217,6 +237,7 @@ fn main() {
                     "plain" => plain(&client, round).await,
                     "ingress" => ingress(&client, round, Delivery::Confirmed).await,
                     "jetstream" => lossless(&sink, &js_client, round).await,
+                    "null" => ingress_with(NullSink, &client, round, Delivery::Unconfirmed).await,
                     _ => ingress(&client, round, Delivery::Unconfirmed).await,
                 };
                 println!("{only}: {:.0} frames/s", total / d.as_secs_f64());

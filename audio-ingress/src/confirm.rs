@@ -210,6 +210,11 @@ pub struct Window {
     limit: AtomicU64,
     /// The open batch's number (a copy of `open.id`, read without the lock).
     batch: AtomicU64,
+    /// The open batch's connection epoch (a copy of `open.epoch`, stored before
+    /// `batch`).
+    open_epoch: AtomicU64,
+    /// The connection's epoch, read by publishers before they hand a frame over.
+    confirmer: Option<Arc<dyn Confirmer>>,
     unconfirmed_bytes: AtomicU64,
     unconfirmed_frames: AtomicU64,
     open: Mutex<OpenBatch>,
@@ -218,6 +223,9 @@ pub struct Window {
     /// Wakes publishers waiting for room.
     room: Notify,
     closed: AtomicBool,
+    /// The client's command channel was full at the last publish that had to wait
+    /// (see [`Self::congested`]).
+    congested: AtomicBool,
     rounds: AtomicU64,
     disconnects: AtomicU64,
     round_us: Mutex<Option<Histogram<u64>>>,
@@ -260,7 +268,11 @@ pub struct WindowStats {
 impl Window {
     /// A window; `enabled = false` when frames count as published at hand-over.
     /// `mode` is reported in the stats.
-    pub fn new(settings: WindowSettings, enabled: bool, mode: &'static str) -> Self {
+    pub fn new(
+        settings: WindowSettings,
+        confirmer: Option<Arc<dyn Confirmer>>,
+        mode: &'static str,
+    ) -> Self {
         let h = Handles {
             unconfirmed_bytes: metrics::gauge!(m::UNCONFIRMED_BYTES),
             unconfirmed_frames: metrics::gauge!(m::UNCONFIRMED_FRAMES),
@@ -270,22 +282,26 @@ impl Window {
             disconnects: metrics::counter!(m::CONFIRM_DISCONNECTS_TOTAL),
         };
         h.limit.set(settings.min_bytes as f64);
+        let epoch = confirmer.as_ref().map_or(0, |c| c.epoch());
         Self {
             settings,
-            enabled,
+            enabled: confirmer.is_some(),
             mode,
             limit: AtomicU64::new(settings.min_bytes),
             batch: AtomicU64::new(0),
+            open_epoch: AtomicU64::new(epoch),
+            confirmer,
             unconfirmed_bytes: AtomicU64::new(0),
             unconfirmed_frames: AtomicU64::new(0),
             open: Mutex::new(OpenBatch {
                 id: 0,
-                epoch: 0,
+                epoch,
                 streams: Vec::new(),
             }),
             work: Notify::new(),
             room: Notify::new(),
             closed: AtomicBool::new(false),
+            congested: AtomicBool::new(false),
             rounds: AtomicU64::new(0),
             disconnects: AtomicU64::new(0),
             round_us: Mutex::new(Histogram::new_with_bounds(1, ROUND_MAX_US, 2).ok()),
@@ -296,6 +312,24 @@ impl Window {
     /// Whether frames wait for the server's confirmation.
     pub fn enabled(&self) -> bool {
         self.enabled
+    }
+
+    /// Whether the connection's client channel is full: a publish had to wait and no
+    /// publish has gone through at once since. The synchronous hand-overs (the direct
+    /// path and the publisher's fast path) do not try while it is: a failed try costs a
+    /// registration in the channel's waiter list for nothing, and with many streams
+    /// contending for a full channel that is most of the cost. A publisher's awaited
+    /// publish clears it as soon as one goes through on its first poll.
+    pub(crate) fn congested(&self) -> bool {
+        self.congested.load(Ordering::Relaxed)
+    }
+
+    /// See [`Self::congested`]. Writes only on a change (the flag's cache line is read
+    /// on every frame).
+    pub(crate) fn set_congested(&self, congested: bool) {
+        if self.congested.load(Ordering::Relaxed) != congested {
+            self.congested.store(congested, Ordering::Relaxed);
+        }
     }
 
     /// Bytes handed over and not yet confirmed.
@@ -351,7 +385,8 @@ impl Window {
         }
     }
 
-    fn try_acquire(self: &Arc<Self>, bytes: u64) -> Option<WindowPermit> {
+    /// Takes `bytes` of window room if there is room now.
+    pub(crate) fn try_acquire(self: &Arc<Self>, bytes: u64) -> Option<WindowPermit> {
         let limit = self.limit.load(Ordering::Relaxed);
         self.unconfirmed_bytes
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |cur| {
@@ -365,10 +400,20 @@ impl Window {
         })
     }
 
-    /// The open batch's number: a frame handed over now is tagged with it. Read under
-    /// the stream's lock (see the module docs).
-    pub(crate) fn open_batch(&self) -> u64 {
-        self.batch.load(Ordering::Acquire)
+    /// The connection epoch now. A publisher reads it *before* handing frames over and
+    /// passes it to [`Self::open_tag`] after.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.confirmer.as_ref().map_or(0, |c| c.epoch())
+    }
+
+    /// The batch that frames handed over since `epoch_before` was read are tagged with
+    /// (read under the stream's lock, see the module docs): the open batch, if it opened
+    /// on that same connection epoch. `None` when the connection changed in between: the
+    /// client may have discarded those frames with its write buffer, and no later
+    /// marker can prove otherwise, so they are possibly lost at once.
+    pub(crate) fn open_tag(&self, epoch_before: u64) -> Option<u64> {
+        let batch = self.batch.load(Ordering::Acquire);
+        (self.open_epoch.load(Ordering::Acquire) == epoch_before).then_some(batch)
     }
 
     /// Registers `stream` in the open batch (once per batch: `FrameQueue::hand_over`
@@ -393,6 +438,7 @@ impl Window {
             streams: std::mem::take(&mut open.streams),
         };
         open.id += 1;
+        self.open_epoch.store(epoch_now, Ordering::Release);
         self.batch.store(open.id, Ordering::Release);
         closed
     }
@@ -510,7 +556,11 @@ pub(crate) async fn run(window: Arc<Window>, confirmer: Arc<dyn Confirmer>, glob
     let mut last_round = Instant::now();
     let mut last_warn: Option<Instant> = None;
     let mut lost_epoch: Option<u64> = None;
-    window.lock_open().epoch = confirmer.epoch();
+    {
+        let epoch = confirmer.epoch();
+        window.lock_open().epoch = epoch;
+        window.open_epoch.store(epoch, Ordering::Release);
+    }
     loop {
         // Wait for work, refreshing the limit meanwhile.
         loop {
@@ -621,13 +671,22 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn acquire_waits_for_room_until_the_deadline() {
+        struct Never;
+        impl Confirmer for Never {
+            fn round(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+                Box::pin(futures::future::pending())
+            }
+            fn epoch(&self) -> u64 {
+                1
+            }
+        }
         let w = Arc::new(Window::new(
             WindowSettings {
                 window: Duration::from_millis(200),
                 min_bytes: 1_280,
                 interval: Duration::from_millis(5),
             },
-            true,
+            Some(Arc::new(Never)),
             "confirmed",
         ));
         let deadline = Instant::now() + Duration::from_millis(100);

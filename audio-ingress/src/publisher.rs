@@ -7,11 +7,26 @@
 //! confirms it. The `end` waits (until the control deadline) for the stream's frames to
 //! be settled, so that it can carry the cumulative `Weir-Possibly-Lost` report.
 //!
-//! Frames carry their capture time (admission at the ingress, Unix ms) in the packet
-//! meta (`captured_at_ms`) and, by default, no NATS headers: async-nats serialises a
-//! header map per message in its single connection task, which halves the publish rate.
-//! A frame gets headers only when `frame_headers = true` or when it carries a
-//! `Weir-Possibly-Lost` declaration.
+//! Frames arrive encoded (the producer encodes at admission, [`crate::queue`]); they
+//! carry their capture time (admission at the ingress, Unix ms) in the packet meta
+//! (`captured_at_ms`) and, by default, no NATS headers: async-nats serialises a header
+//! map per message in its single connection task, which halves the publish rate. A
+//! frame gets headers only when `frame_headers = true`, when it carries a
+//! `Weir-Possibly-Lost` declaration, or with a lossless sink (`Nats-Msg-Id`).
+//!
+//! Two paths per frame. The **fast path** ([`Publisher::publish_frames`]) takes up to
+//! [`MAX_BATCH`] queued frames under one lock and hands each over if it gets window
+//! room and a place in the client's channel on the first poll; the first one that
+//! cannot sends the rest back to the queue and takes the **slow path**
+//! ([`Publisher::publish_frame`]): wait for window room until the age bound, publish
+//! under `publish_timeout`, the policy on failure. (The producer's direct path in
+//! [`crate::stream`] is the same hand-over done by the producer while this task is
+//! parked.)
+//!
+//! The connection epoch is read before frames are handed over and compared with the
+//! epoch of the window batch they are tagged with: if the connection changed in
+//! between, they are possibly lost at once (the client may have dropped them with its
+//! write buffer), never counted as confirmed by a marker of the new connection.
 //!
 //! Why a timeout around every call: async-nats `publish` returns once the message is in
 //! the client's command channel; when that channel is full (server slow, stopped or
@@ -36,15 +51,15 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_nats::{HeaderMap, HeaderName, HeaderValue, Subject};
 use bytes::Bytes;
 use tokio::time::{Instant, timeout};
 use weir_protocol::audio::extension::{PROTOCOL_VERSION, PossibleLoss, headers};
-use weir_protocol::audio::{AudioFormat, EncodeError, Gap, PacketBody, encode_packet};
+use weir_protocol::audio::{AudioFormat, BodyRef, EncodeError, Gap, encode_packet_ref};
 
-use crate::confirm::{Confirmer, NatsConfirmer, Window};
+use crate::confirm::{Confirmer, NatsConfirmer, Window, WindowPermit};
 use crate::queue::{AfterFailure, EndPacket, Failure, Next, QueuedFrame, StreamState};
 use crate::stats::{Account, WaitBatch, WouldReject};
 use crate::stream::{SlotGuard, StreamShared};
@@ -136,46 +151,26 @@ fn base_headers() -> HeaderMap {
     h
 }
 
+/// Frames one fast-path round takes from the queue at most (the default budget is 25
+/// frames; a batch holds no extra memory: its frames keep their reservations).
+const MAX_BATCH: usize = 32;
+
 /// Pause before retrying a publish that failed at once (server gone).
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
 
-/// Maps monotonic instants to Unix milliseconds without two clock reads per frame: an
-/// anchor (instant, Unix ms) taken at most [`WallClock::REANCHOR`] ago, so wall-clock
-/// steps are followed within a second.
-#[derive(Debug)]
-pub(crate) struct WallClock {
-    at: Instant,
-    unix_ms: u64,
-}
-
-impl WallClock {
-    const REANCHOR: Duration = Duration::from_secs(1);
-
-    pub(crate) fn new() -> Self {
-        Self {
-            at: Instant::now(),
-            unix_ms: unix_ms_now(),
-        }
-    }
-
-    /// Unix ms of `t` (an instant near `now`); re-anchors when the anchor is old.
-    fn unix_ms(&mut self, t: Instant, now: Instant) -> u64 {
-        if now.saturating_duration_since(self.at) >= Self::REANCHOR {
-            *self = Self::new();
-        }
-        if t >= self.at {
-            self.unix_ms + t.duration_since(self.at).as_millis() as u64
-        } else {
-            self.unix_ms
-                .saturating_sub(self.at.duration_since(t).as_millis() as u64)
-        }
-    }
-}
-
-fn unix_ms_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+/// Hands a message to `sink` only if it is accepted on the first poll (room in the
+/// client's channel): never waits. `false`: not sent (the send is cancel-safe), or the
+/// sink refused it; the caller takes the path with timeouts and failure handling.
+pub(crate) fn publish_now<S: Sink>(
+    sink: &S,
+    subject: Subject,
+    headers: HeaderMap,
+    payload: Bytes,
+) -> bool {
+    let fut = sink.publish(subject, headers, payload);
+    let mut fut = std::pin::pin!(fut);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    matches!(fut.as_mut().poll(&mut cx), std::task::Poll::Ready(Ok(())))
 }
 
 /// The publisher of one stream.
@@ -194,8 +189,6 @@ pub(crate) struct Publisher<S: Sink> {
     /// Lossless sink: `Nats-Msg-Id` = this prefix + seq on every packet, and failed
     /// frame publishes are retried within the age budget.
     pub msg_id_prefix: Option<String>,
-    /// Capture times in Unix ms (the meta's `captured_at_ms`).
-    pub clock: WallClock,
 }
 
 enum Attempt {
@@ -206,14 +199,24 @@ enum Attempt {
 impl<S: Sink> Publisher<S> {
     /// Runs until the stream's `end` is handed over (or given up on).
     pub async fn run(mut self, slot: SlotGuard) {
+        let mut batch = Vec::with_capacity(MAX_BATCH);
+        let mut handed = Vec::with_capacity(MAX_BATCH);
         loop {
+            let now = Instant::now();
+            let mut fast = false;
             let next = {
                 let mut core = self.stream.lock();
-                let next = core.pop(Instant::now());
+                let next = core.pop(now);
                 // The status only changes once the stream leaves `Open`; skip the
                 // watch's lock on the per-frame path.
                 if core.state() != StreamState::Open {
                     self.stream.sync_status(&core);
+                }
+                // A pending possible-loss declaration rides on the next frame: that
+                // frame takes the slow path, which adds the header.
+                if matches!(next, Next::Frame(_)) && self.fast_path() && !core.has_declaration() {
+                    fast = true;
+                    core.take_more(&mut batch, MAX_BATCH - 1);
                 }
                 next
             };
@@ -230,7 +233,12 @@ impl<S: Sink> Publisher<S> {
                     {
                         self.stream.room.notify_one();
                     }
-                    self.publish_frame(frame).await;
+                    if fast {
+                        self.publish_frames(frame, &mut batch, &mut handed, now)
+                            .await;
+                    } else {
+                        self.publish_frame(frame).await;
+                    }
                 }
                 Next::Gap(gap) => self.publish_gap(gap).await,
                 Next::End(end) => {
@@ -241,8 +249,121 @@ impl<S: Sink> Publisher<S> {
             }
         }
         self.stream.global.record_waits(&mut self.waits);
+        self.stream.lock().flush_direct_waits();
         self.stream.mark_finished();
         drop(slot);
+    }
+
+    /// Whether frames may take the synchronous fast path ([`Self::publish_frames`]):
+    /// not for a lossless sink, whose publish completes only with the server's ack.
+    fn fast_path(&self) -> bool {
+        self.msg_id_prefix.is_none()
+    }
+
+    /// The per-frame fast path: `first` and the frames taken with it (`rest`, in seq
+    /// order) are handed to the client one by one for as long as each gets window room
+    /// and a place in the client's channel at once — what happens whenever NATS keeps
+    /// up. One lock to take the batch, one to park it as unconfirmed, one clock read.
+    ///
+    /// The first frame that cannot go at once leaves the fast path: the frames behind
+    /// it go back to the front of the queue (where the age bound and the policy apply
+    /// to them again) and it takes [`Self::publish_frame`], the path with waiting,
+    /// timeouts and failure handling. So a stall behaves exactly as without batching.
+    async fn publish_frames(
+        &mut self,
+        first: QueuedFrame,
+        rest: &mut Vec<QueuedFrame>,
+        handed: &mut Vec<(QueuedFrame, Option<WindowPermit>)>,
+        now: Instant,
+    ) {
+        let mut slow = None;
+        let epoch = self.window.as_ref().map_or(0, |w| w.epoch());
+        let mut frames = std::iter::once(first).chain(rest.drain(..));
+        for frame in frames.by_ref() {
+            match self.try_hand_over(frame) {
+                Ok(done) => handed.push(done),
+                Err(frame) => {
+                    slow = Some(frame);
+                    break;
+                }
+            }
+        }
+        self.account_handed(handed, now);
+        let window = self.confirming().cloned();
+        let register = {
+            let mut core = self.stream.lock();
+            let register = match &window {
+                Some(w) => core.hand_over_all(handed.drain(..), w.open_tag(epoch)),
+                None => false,
+            };
+            core.requeue_front(frames);
+            register
+        };
+        if window.is_none() {
+            // No confirmation: published now; dropping the frames releases them.
+            self.account().published(handed.len() as u64);
+            handed.clear();
+        }
+        if register && let Some(w) = &window {
+            w.register(&self.stream);
+        }
+        if let Some(frame) = slow {
+            self.publish_frame(frame).await;
+        }
+    }
+
+    /// One frame through the fast path: window room now, encoded, and accepted by the
+    /// client's channel on the first poll. `Err` gives the frame back untouched (a
+    /// publish future dropped before completing did not queue the message).
+    fn try_hand_over(
+        &mut self,
+        frame: QueuedFrame,
+    ) -> Result<(QueuedFrame, Option<WindowPermit>), QueuedFrame> {
+        if self.window.as_ref().is_some_and(|w| w.congested()) {
+            return Err(frame);
+        }
+        let permit = match self.confirming() {
+            Some(w) => match w.try_acquire(frame.pcm_len as u64) {
+                Some(p) => Some(p),
+                None => return Err(frame),
+            },
+            None => None,
+        };
+        if publish_now(
+            &self.sink,
+            self.stream.subject.clone(),
+            self.frame_headers(&frame),
+            frame.packet.clone(),
+        ) {
+            Ok((frame, permit))
+        } else {
+            Err(frame)
+        }
+    }
+
+    /// The headers of a frame: none by default (async-nats then sends a plain `PUB`,
+    /// no allocation); the version and capture time with `frame_headers`.
+    fn frame_headers(&self, frame: &QueuedFrame) -> HeaderMap {
+        if self.frame_headers {
+            let mut h = base_headers();
+            h.insert(CAPTURED_AT_MS, HeaderValue::from(frame.captured_at_ms));
+            h
+        } else {
+            HeaderMap::new()
+        }
+    }
+
+    /// Accounts frames handed over by the fast path (queue wait, shadow age).
+    fn account_handed(&mut self, handed: &[(QueuedFrame, Option<WindowPermit>)], now: Instant) {
+        for (frame, _) in handed {
+            let wait = now.saturating_duration_since(frame.enqueued_at);
+            if let Some(max_age) = self.shadow_max_age
+                && wait > max_age
+            {
+                self.account().would_reject(WouldReject::Age);
+            }
+            self.stream.account().handed_over(wait, &mut self.waits);
+        }
     }
 
     fn account(&self) -> Account<'_> {
@@ -254,9 +375,9 @@ impl<S: Sink> Publisher<S> {
         &self,
         seq: u64,
         captured_at_ms: Option<u64>,
-        body: &PacketBody,
+        body: BodyRef<'_>,
     ) -> Result<Bytes, EncodeError> {
-        encode_packet(
+        encode_packet_ref(
             seq,
             AudioFormat::DEPLOYED,
             self.stream.session.as_deref(),
@@ -301,8 +422,18 @@ impl<S: Sink> Publisher<S> {
         // Most publishes complete at once (room in the client's channel): skip the
         // timer (and its clock read) then. The send is cancel-safe either way.
         let result = match futures::poll!(fut.as_mut()) {
-            std::task::Poll::Ready(r) => Ok(r),
-            std::task::Poll::Pending => timeout(self.publish_timeout, fut).await,
+            std::task::Poll::Ready(r) => {
+                if let Some(w) = &self.window {
+                    w.set_congested(false);
+                }
+                Ok(r)
+            }
+            std::task::Poll::Pending => {
+                if let Some(w) = &self.window {
+                    w.set_congested(true);
+                }
+                timeout(self.publish_timeout, fut).await
+            }
         };
         match result {
             Ok(Ok(())) => Attempt::Ok,
@@ -326,43 +457,26 @@ impl<S: Sink> Publisher<S> {
     }
 
     async fn publish_frame(&mut self, mut frame: QueuedFrame) {
-        let frame_started = Instant::now();
         loop {
             let permit = match self.confirming() {
                 Some(w) => {
                     let deadline = frame.enqueued_at + self.enforced_max_age;
-                    w.acquire(frame.pcm.len() as u64, deadline).await
+                    w.acquire(frame.pcm_len as u64, deadline).await
                 }
                 None => None,
             };
+            let epoch = self.window.as_ref().map_or(0, |w| w.epoch());
             let result = if self.confirming().is_some() && permit.is_none() {
                 Attempt::Failed(Failure::Expired)
             } else {
-                let captured = self.clock.unix_ms(frame.enqueued_at, frame_started);
-                let body = PacketBody::Frame {
-                    pcm: frame.pcm.clone(),
-                };
-                match self.encode(frame.seq, Some(captured), &body) {
-                    Ok(payload) => {
-                        let mut headers = if self.frame_headers {
-                            let mut h = base_headers();
-                            h.insert(CAPTURED_AT_MS, HeaderValue::from(captured));
-                            h
-                        } else {
-                            // Empty: async-nats sends a plain PUB (no allocation).
-                            HeaderMap::new()
-                        };
-                        let declared = self.declare(&mut headers);
-                        self.identify(&mut headers, frame.seq);
-                        let r = self.attempt(headers, payload, "frame").await;
-                        if matches!(r, Attempt::Failed(_)) {
-                            self.undeclare(declared);
-                        }
-                        r
-                    }
-                    // Frames were validated at admission; treat the impossible as an error.
-                    Err(_) => Attempt::Failed(Failure::Error),
+                let mut headers = self.frame_headers(&frame);
+                let declared = self.declare(&mut headers);
+                self.identify(&mut headers, frame.seq);
+                let r = self.attempt(headers, frame.packet.clone(), "frame").await;
+                if matches!(r, Attempt::Failed(_)) {
+                    self.undeclare(declared);
                 }
+                r
             };
             let now = Instant::now();
             match result {
@@ -380,7 +494,7 @@ impl<S: Sink> Publisher<S> {
                             // task also takes to settle: see `confirm` (batches).
                             let register = {
                                 let mut core = self.stream.lock();
-                                core.hand_over(frame, permit, w.open_batch())
+                                core.hand_over(frame, permit, w.open_tag(epoch))
                             };
                             if register {
                                 w.register(&self.stream);
@@ -426,7 +540,7 @@ impl<S: Sink> Publisher<S> {
                 core.merge_into_gap(&mut gap, Instant::now());
                 core.control_deadline()
             };
-            let Ok(payload) = self.encode(gap.last_seq, None, &PacketBody::Gap(gap)) else {
+            let Ok(payload) = self.encode(gap.last_seq, None, BodyRef::Gap(&gap)) else {
                 // Built from admitted frames; cannot be inconsistent. Count and move on.
                 self.stream.global.control_lost("gap");
                 return;
@@ -488,7 +602,7 @@ impl<S: Sink> Publisher<S> {
     }
 
     async fn publish_end(&self, end: EndPacket) {
-        let Ok(payload) = self.encode(end.seq, None, &PacketBody::End) else {
+        let Ok(payload) = self.encode(end.seq, None, BodyRef::End) else {
             self.stream.global.control_lost("end");
             return;
         };

@@ -32,11 +32,16 @@
 //!   the queue is emptied, and the next item is the `end` with the overload report.
 //! - Shadow mode measures the budget (counts `would_reject`) and enforces only the
 //!   ceiling (`shadow_ceiling_factor` × the budget), so memory stays bounded.
+//! - A queued frame is its encoded packet ([`FrameQueue::offer_with`] encodes it once
+//!   it is admitted); the budget counts its PCM bytes. Frames the publisher took in a
+//!   batch and could not hand over come back to the front ([`FrameQueue::requeue_front`]),
+//!   or into the overload report if the stream overloaded meanwhile — never dropped
+//!   unaccounted.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use tokio::time::Instant;
@@ -48,7 +53,47 @@ use weir_protocol::audio::{Gap, GapReason};
 use crate::config::{Policy, StreamConfig};
 use crate::confirm::WindowPermit;
 use crate::error::FrameError;
-use crate::stats::{Account, Counters, DropReason, Global, WouldReject};
+use crate::stats::{Account, Counters, DropReason, Global, WaitBatch, WouldReject};
+
+/// Maps monotonic instants to Unix milliseconds without two clock reads per frame: an
+/// anchor (instant, Unix ms) taken at most [`WallClock::REANCHOR`] ago, so wall-clock
+/// steps are followed within a second.
+#[derive(Debug)]
+pub(crate) struct WallClock {
+    at: Instant,
+    unix_ms: u64,
+}
+
+impl WallClock {
+    const REANCHOR: Duration = Duration::from_secs(1);
+
+    pub(crate) fn new() -> Self {
+        Self {
+            at: Instant::now(),
+            unix_ms: unix_ms_now(),
+        }
+    }
+
+    /// Unix ms of `t` (an instant near `now`); re-anchors when the anchor is old.
+    pub(crate) fn unix_ms(&mut self, t: Instant, now: Instant) -> u64 {
+        if now.saturating_duration_since(self.at) >= Self::REANCHOR {
+            *self = Self::new();
+        }
+        if t >= self.at {
+            self.unix_ms + t.duration_since(self.at).as_millis() as u64
+        } else {
+            self.unix_ms
+                .saturating_sub(self.at.duration_since(t).as_millis() as u64)
+        }
+    }
+}
+
+/// Now, in Unix milliseconds.
+pub(crate) fn unix_ms_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
 
 /// Samples in `len` bytes of s16le mono.
 pub(crate) fn samples_of(len: usize) -> u64 {
@@ -121,13 +166,18 @@ impl Drop for Reservation {
     }
 }
 
-/// An admitted frame.
+/// An admitted frame, already encoded as the packet that goes to NATS (encoded once,
+/// at admission: the publisher and every retry hand over the same bytes).
 #[derive(Debug)]
 pub struct QueuedFrame {
     /// Its sequence number.
     pub seq: u64,
-    /// The PCM.
-    pub pcm: Bytes,
+    /// Bytes of PCM it carries (what the budget counts).
+    pub pcm_len: usize,
+    /// The encoded packet (what [`FrameQueue::offer_with`]'s encoder made).
+    pub packet: Bytes,
+    /// Its capture time (admission), Unix ms, as written in the packet's meta.
+    pub captured_at_ms: u64,
     /// When it was admitted.
     pub enqueued_at: Instant,
     _reservation: Reservation,
@@ -136,7 +186,7 @@ pub struct QueuedFrame {
 impl QueuedFrame {
     /// Samples in the frame.
     pub fn samples(&self) -> u64 {
-        samples_of(self.pcm.len())
+        samples_of(self.pcm_len)
     }
 }
 
@@ -295,6 +345,12 @@ pub struct FrameQueue {
     possibly_lost_total: u64,
     /// The last window batch this stream registered in (see [`Self::hand_over`]).
     registered_batch: Option<u64>,
+    /// The publisher is parked with nothing in its hands (its last pop was `Empty`).
+    publisher_idle: bool,
+    /// Queue waits of frames the producer handed over itself (the direct path).
+    direct_waits: WaitBatch,
+    /// Capture times (Unix ms) of admitted frames.
+    clock: WallClock,
 
     budget: Arc<Budget>,
     counters: Arc<Counters>,
@@ -327,6 +383,9 @@ impl FrameQueue {
             last_declared: None,
             possibly_lost_total: 0,
             registered_batch: None,
+            publisher_idle: false,
+            direct_waits: WaitBatch::default(),
+            clock: WallClock::new(),
             budget: Arc::new(Budget::new(Arc::clone(&global))),
             counters,
             global,
@@ -397,16 +456,21 @@ impl FrameQueue {
         !self.unconfirmed.is_empty()
     }
 
-    /// The frame was handed to the NATS client in window batch `batch`: it stays
-    /// pending (bytes and age) until [`Self::confirm_through`] or
-    /// [`Self::lose_through`] settles it. Returns whether the stream must register in
-    /// that batch (once per batch, not per frame).
+    /// The frame was handed to the NATS client in window batch `tag`: it stays pending
+    /// (bytes and age) until [`Self::confirm_through`] or [`Self::lose_through`]
+    /// settles it. `tag = None` (the connection changed while it was handed over, see
+    /// `Window::open_tag`): possibly lost at once, counted and declared. Returns whether
+    /// the stream must register in that batch (once per batch, not per frame).
     pub(crate) fn hand_over(
         &mut self,
         frame: QueuedFrame,
         permit: Option<WindowPermit>,
-        batch: u64,
+        tag: Option<u64>,
     ) -> bool {
+        let Some(batch) = tag else {
+            self.declare_possibly_lost(frame.seq, frame.seq, 1);
+            return false;
+        };
         let QueuedFrame {
             seq,
             enqueued_at,
@@ -423,6 +487,87 @@ impl FrameQueue {
             _permit: permit,
         });
         register
+    }
+
+    /// [`Self::hand_over`] for several frames handed over in order, under one lock.
+    pub(crate) fn hand_over_all(
+        &mut self,
+        frames: impl Iterator<Item = (QueuedFrame, Option<WindowPermit>)>,
+        tag: Option<u64>,
+    ) -> bool {
+        let mut register = false;
+        for (frame, permit) in frames {
+            register |= self.hand_over(frame, permit, tag);
+        }
+        register
+    }
+
+    /// Moves up to `max` more frames from the front of the queue into `out`, right
+    /// after [`Self::pop`] returned a frame (so they follow it in seq order). Takes
+    /// nothing while gap markers wait: a marker goes out before the frames behind it.
+    pub(crate) fn take_more(&mut self, out: &mut Vec<QueuedFrame>, max: usize) {
+        if !self.gaps.is_empty() {
+            return;
+        }
+        let n = max.min(self.items.len());
+        out.extend(self.items.drain(..n));
+    }
+
+    /// Frames taken by [`Self::take_more`] that the publisher did not hand over (its
+    /// fast path ended): back to the front of the queue, in order, where the age bound
+    /// and the policy apply to them again. If the stream overloaded meanwhile, they
+    /// are dropped into the overload report instead (never silently).
+    pub(crate) fn requeue_front(&mut self, frames: impl DoubleEndedIterator<Item = QueuedFrame>) {
+        if let Phase::Ending { .. } | Phase::Ended { .. } = self.phase {
+            for f in frames {
+                self.drop_inflight_on_overload(f);
+            }
+            return;
+        }
+        for f in frames.rev() {
+            self.items.push_front(f);
+        }
+    }
+
+    /// The direct path ([`crate::stream`]): right after admitting the frame `seq`,
+    /// takes it back out of the queue for the producer to hand over itself, if that
+    /// keeps the stream's order — the publisher is parked with nothing in its hands,
+    /// nothing else is queued, no gap marker or declaration waits, and the stream is
+    /// open. The producer either hands it over ([`Self::hand_over`]) or puts it back
+    /// ([`Self::restore_direct`]), under the same lock.
+    pub(crate) fn take_direct(&mut self, seq: u64) -> Option<QueuedFrame> {
+        if !self.publisher_idle
+            || self.items.len() != 1
+            || !self.gaps.is_empty()
+            || self.declaration.is_some()
+            || self.phase != Phase::Open
+            || self.items.back().is_none_or(|f| f.seq != seq)
+        {
+            return None;
+        }
+        self.items.pop_back()
+    }
+
+    /// The queue-wait batch of the direct path (merged into the aggregate when full,
+    /// and by [`Self::flush_direct_waits`]).
+    pub(crate) fn direct_waits(&mut self) -> &mut WaitBatch {
+        &mut self.direct_waits
+    }
+
+    /// Merges the direct path's pending queue waits into the aggregate histogram.
+    pub(crate) fn flush_direct_waits(&mut self) {
+        self.global.record_waits(&mut self.direct_waits);
+    }
+
+    /// A frame from [`Self::take_direct`] that could not be handed over at once: back
+    /// into the queue, for the publisher.
+    pub(crate) fn restore_direct(&mut self, frame: QueuedFrame) {
+        self.items.push_back(frame);
+    }
+
+    /// Whether a possible-loss declaration waits for the next packet.
+    pub(crate) fn has_declaration(&self) -> bool {
+        self.declaration.is_some()
     }
 
     /// The server confirmed every frame handed over in batches up to `batch`: they are
@@ -452,10 +597,16 @@ impl FrameQueue {
         let Some((first, last)) = range else {
             return 0;
         };
+        self.declare_possibly_lost(first, last, n);
+        n
+    }
+
+    /// `n` frames in `first..=last` are possibly lost: counted, and declared on the
+    /// next packet (merged with a declaration not yet sent: their hull).
+    fn declare_possibly_lost(&mut self, first: u64, last: u64, n: u64) {
         self.account().possibly_lost(n);
         self.possibly_lost_total += n;
         let declared = match self.declaration.take() {
-            // Not yet sent: one declaration covers both ranges (their hull).
             Some(d) => PossibleLoss {
                 first_seq: d.first_seq.min(first),
                 last_seq: d.last_seq.max(last),
@@ -473,7 +624,6 @@ impl FrameQueue {
         };
         self.last_declared = Some(declared.clone());
         self.declaration = Some(declared);
-        n
     }
 
     /// The declaration the next packet must carry, if any.
@@ -510,8 +660,7 @@ impl FrameQueue {
         self.next_seq
     }
 
-    fn check_frame(&self, pcm: &Bytes) -> Result<(), FrameError> {
-        let len = pcm.len();
+    fn check_frame(&self, len: usize) -> Result<(), FrameError> {
         if len == 0 {
             return Err(FrameError::Empty);
         }
@@ -546,7 +695,20 @@ impl FrameQueue {
     /// `close` queue does. Every final outcome is counted (offered, admitted or
     /// refused with a reason); a `Wait`-mode `Full` is not final and counts nothing.
     pub fn offer(&mut self, pcm: &Bytes, now: Instant, mode: OfferMode) -> Result<u64, Refusal> {
-        let result = self.offer_inner(pcm, now, mode);
+        self.offer_with(pcm.len(), now, mode, |_, _| Some(pcm.clone()))
+    }
+
+    /// [`Self::offer`] for a frame of `pcm_len` PCM bytes whose packet `encode(seq,
+    /// captured_at_ms)` makes once it is admitted (never for a refused frame). `None`
+    /// from the encoder refuses the frame as invalid.
+    pub fn offer_with(
+        &mut self,
+        pcm_len: usize,
+        now: Instant,
+        mode: OfferMode,
+        encode: impl FnOnce(u64, u64) -> Option<Bytes>,
+    ) -> Result<u64, Refusal> {
+        let result = self.offer_inner(pcm_len, now, mode, encode);
         let acct = self.account();
         match &result {
             Ok(_) => {
@@ -561,14 +723,50 @@ impl FrameQueue {
                     Refusal::Invalid(_) => DropReason::Invalid,
                     Refusal::Overloaded(_) | Refusal::Closed(_) => DropReason::Closed,
                 };
-                acct.dropped(reason, 1, samples_of(pcm.len()));
+                acct.dropped(reason, 1, samples_of(pcm_len));
             }
         }
         result
     }
 
-    fn offer_inner(&mut self, pcm: &Bytes, now: Instant, mode: OfferMode) -> Result<u64, Refusal> {
-        self.check_frame(pcm).map_err(Refusal::Invalid)?;
+    fn offer_inner(
+        &mut self,
+        pcm_len: usize,
+        now: Instant,
+        mode: OfferMode,
+        encode: impl FnOnce(u64, u64) -> Option<Bytes>,
+    ) -> Result<u64, Refusal> {
+        let Some(seq) = self.admit(pcm_len, now, mode)? else {
+            // Admitted straight into a gap marker (`gap`, budget held elsewhere).
+            return Ok(self.next_seq - 1);
+        };
+        let captured_at_ms = self.clock.unix_ms(now, now);
+        let Some(packet) = encode(seq, captured_at_ms) else {
+            // Only a frame that is not whole samples fails to encode (checked above).
+            self.next_seq -= 1;
+            return Err(Refusal::Invalid(FrameError::PartialSample { len: pcm_len }));
+        };
+        let reservation = Reservation::new(&self.budget, pcm_len as u64);
+        self.items.push_back(QueuedFrame {
+            seq,
+            pcm_len,
+            packet,
+            captured_at_ms,
+            enqueued_at: now,
+            _reservation: reservation,
+        });
+        Ok(seq)
+    }
+
+    /// The admission decision: `Some(seq)` = queue the frame under `seq`; `None` = the
+    /// frame took the next seq and went straight into a gap marker.
+    fn admit(
+        &mut self,
+        pcm_len: usize,
+        now: Instant,
+        mode: OfferMode,
+    ) -> Result<Option<u64>, Refusal> {
+        self.check_frame(pcm_len).map_err(Refusal::Invalid)?;
         if let Some(r) = self.closed_refusal() {
             return Err(r);
         }
@@ -576,7 +774,7 @@ impl FrameQueue {
         if let Some(r) = self.closed_refusal() {
             return Err(r);
         }
-        let len = pcm.len() as u64;
+        let len = pcm_len as u64;
         let pending = self.budget.bytes();
         if self.shadow {
             let too_old = self
@@ -606,11 +804,11 @@ impl FrameQueue {
                         self.next_seq += 1;
                         self.drop_seq_into_gap(
                             seq,
-                            samples_of(pcm.len()),
+                            samples_of(pcm_len),
                             DropReason::Unconfirmed,
                             GapReason::QueueFull,
                         );
-                        return Ok(seq);
+                        return Ok(None);
                     }
                 }
                 Policy::Close => {
@@ -618,7 +816,7 @@ impl FrameQueue {
                     let overload_at = since + self.enforced_max_wait;
                     if now >= overload_at {
                         self.refused_while_full.0 += 1;
-                        self.refused_while_full.1 += samples_of(pcm.len());
+                        self.refused_while_full.1 += samples_of(pcm_len);
                         self.trip_overload(OverloadReason::QueueFull, now);
                         return Err(self
                             .closed_refusal()
@@ -626,7 +824,7 @@ impl FrameQueue {
                     }
                     if mode == OfferMode::Try {
                         self.refused_while_full.0 += 1;
-                        self.refused_while_full.1 += samples_of(pcm.len());
+                        self.refused_while_full.1 += samples_of(pcm_len);
                     }
                     return Err(Refusal::Full {
                         pending_bytes: pending,
@@ -640,14 +838,7 @@ impl FrameQueue {
         self.refused_while_full = (0, 0);
         let seq = self.next_seq;
         self.next_seq += 1;
-        let reservation = Reservation::new(&self.budget, len);
-        self.items.push_back(QueuedFrame {
-            seq,
-            pcm: pcm.clone(),
-            enqueued_at: now,
-            _reservation: reservation,
-        });
-        Ok(seq)
+        Ok(Some(seq))
     }
 
     /// Appends a dropped frame to the gap markers (merging contiguous ranges) and
@@ -745,6 +936,14 @@ impl FrameQueue {
 
     /// Takes the next item for the publisher. Order: gap markers, frames, `end`.
     pub fn pop(&mut self, now: Instant) -> Next {
+        let next = self.pop_inner(now);
+        // Empty: the publisher parks until woken, with nothing of this stream in its
+        // hands; until its next pop a producer may hand frames over directly.
+        self.publisher_idle = matches!(next, Next::Empty);
+        next
+    }
+
+    fn pop_inner(&mut self, now: Instant) -> Next {
         self.inflight_since = None;
         self.expire(now);
         if let Phase::Draining {

@@ -22,29 +22,33 @@
 //! - Dropping a [`StreamHandle`] without [`StreamHandle::finish`] is defined: the
 //!   stream drains what is queued and publishes `end` with `Weir-End-Reason:
 //!   producer_gone`.
-//! - `try_push` takes one uncontended mutex and, when the queue was empty, wakes the
-//!   publisher; it never awaits and never allocates beyond the queue slot.
+//! - `try_push` takes one mutex, encodes the admitted frame into its packet (one
+//!   allocation) and, when the queue was empty, either hands it to the NATS client
+//!   itself (the direct path: the publisher holds nothing and the client takes it on
+//!   the first poll) or wakes the publisher; it never awaits.
+//! - A stream's frames reach the client in seq order: the direct path runs only while
+//!   the publisher is parked with nothing in its hands ([`FrameQueue::take_direct`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use async_nats::Subject;
+use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
 use serde::Serialize;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
-use weir_protocol::audio::Gap;
 use weir_protocol::audio::extension::{EndReason, Overload};
 use weir_protocol::audio::packet::MAX_SESSION_ID_LEN;
+use weir_protocol::audio::{AudioFormat, BodyRef, Gap, encode_packet_ref};
 use weir_protocol::{StreamId, partition_of};
 
 use crate::config::{Delivery, StreamConfig};
 use crate::confirm::{Confirmer, Window, WindowSettings};
 use crate::error::{OpenError, PushError};
 use crate::publisher::{Publisher, Sink};
-use crate::queue::{Budget, FrameQueue, OfferMode, Refusal, StreamState};
+use crate::queue::{Budget, FrameQueue, OfferMode, QueuedFrame, Refusal, StreamState};
 use crate::stats::{Account, Counters, FramesStats, Global, StatsSnapshot, WaitBatch};
 
 /// What a stream's producer can observe without pushing (for the WebSocket events).
@@ -64,6 +68,19 @@ pub struct StreamStatus {
     pub end_delivered: bool,
     /// The publisher task exited (the end was handed over or given up on).
     pub finished: bool,
+}
+
+/// The direct path of a stream: a producer that finds the publisher parked and the
+/// queue otherwise empty hands its frame to NATS itself, under the stream lock (see
+/// [`FrameQueue::take_direct`]), instead of waking the publisher. Only when the client
+/// takes it at once; otherwise the frame stays queued for the publisher, which handles
+/// waiting, timeouts and failures. Same packet, same accounting, same window.
+pub(crate) struct Direct {
+    /// [`crate::publisher::publish_now`] on the ingress's sink.
+    publish: Box<dyn Fn(Subject, Bytes) -> bool + Send + Sync>,
+    /// The connection's window: room when frames wait for the server's confirmation
+    /// (enabled), and the channel-congestion hint either way.
+    window: Arc<Window>,
 }
 
 /// Shared state of one stream (queue, wake-ups, status). Crate-internal.
@@ -86,6 +103,8 @@ pub(crate) struct StreamShared {
     settled: Notify,
     status: watch::Sender<StreamStatus>,
     opened_at: Instant,
+    /// The direct path; `None` for a lossless sink or with `frame_headers`.
+    direct: Option<Direct>,
 }
 
 impl StreamShared {
@@ -129,6 +148,42 @@ impl StreamShared {
     /// What [`Self::settled`] notifies.
     pub fn settled_notify(&self) -> &Notify {
         &self.settled
+    }
+
+    /// The direct path for `frame`, just admitted and taken out of the queue
+    /// ([`FrameQueue::take_direct`]); called under the stream lock (`core`). `Ok`:
+    /// handed over and accounted, and whether the stream must register in the window's
+    /// open batch. `Err`: not handed over; the frame comes back untouched.
+    fn hand_over_direct(
+        &self,
+        direct: &Direct,
+        core: &mut FrameQueue,
+        frame: QueuedFrame,
+    ) -> Result<bool, QueuedFrame> {
+        let w = &direct.window;
+        if w.congested() {
+            return Err(frame);
+        }
+        let permit = if w.enabled() {
+            match w.try_acquire(frame.pcm_len as u64) {
+                Some(p) => Some(p),
+                None => return Err(frame),
+            }
+        } else {
+            None
+        };
+        let epoch = w.epoch();
+        if !(direct.publish)(self.subject.clone(), frame.packet.clone()) {
+            return Err(frame);
+        }
+        self.account()
+            .handed_over(Duration::ZERO, core.direct_waits());
+        Ok(if w.enabled() {
+            core.hand_over(frame, permit, w.open_tag(epoch))
+        } else {
+            self.account().published(1);
+            false
+        })
     }
 
     pub fn gap_published(&self, gap: Gap) {
@@ -345,7 +400,7 @@ impl<S: Sink> Ingress<S> {
                 min_bytes: config.confirm_window_min_bytes(),
                 interval: config.confirm_interval(),
             },
-            confirmer.is_some(),
+            confirmer.clone(),
             if sink.lossless() {
                 "jetstream"
             } else {
@@ -474,6 +529,15 @@ impl<S: Sink> Ingress<S> {
             settled: Notify::new(),
             status,
             opened_at: Instant::now(),
+            direct: (!self.inner.sink.lossless() && !cfg.frame_headers()).then(|| {
+                let sink = self.inner.sink.clone();
+                Direct {
+                    publish: Box::new(move |subject, payload| {
+                        crate::publisher::publish_now(&sink, subject, HeaderMap::new(), payload)
+                    }),
+                    window: Arc::clone(&self.inner.window),
+                }
+            }),
         });
         {
             let mut map = self.inner.registry.lock();
@@ -514,7 +578,6 @@ impl<S: Sink> Ingress<S> {
             frame_headers: cfg.frame_headers(),
             waits: WaitBatch::default(),
             window: Some(Arc::clone(&self.inner.window)),
-            clock: crate::publisher::WallClock::new(),
             msg_id_prefix: self.inner.sink.lossless().then(|| {
                 let instance = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
@@ -692,6 +755,12 @@ impl StreamHandle {
     /// Like [`try_push`](Self::try_push), but a full `close` queue waits for room for
     /// at most `max_wait`, then overloads the stream.
     pub async fn push(&self, pcm: Bytes) -> Result<u64, PushError> {
+        // Fast path: room now. No waiter registration, no `room_wanted` flag (so the
+        // publisher does not notify per frame).
+        match self.offer(&pcm, OfferMode::Wait) {
+            Err(Refusal::Full { .. }) => {}
+            other => return other.map_err(to_push_error),
+        }
         loop {
             let room = self.shared.room.notified();
             tokio::pin!(room);
@@ -710,23 +779,53 @@ impl StreamHandle {
         }
     }
 
+    /// Offers `pcm`: admitted frames are encoded here, once, in the producer's task
+    /// (the packet the publisher and any retry hand over), and handed to NATS right
+    /// away when the direct path allows it.
     fn offer(&self, pcm: &Bytes, mode: OfferMode) -> Result<u64, Refusal> {
-        let (result, wake) = {
-            let mut core = self.shared.lock();
+        let shared = &self.shared;
+        let encode = |seq, captured_at_ms| {
+            encode_packet_ref(
+                seq,
+                AudioFormat::DEPLOYED,
+                shared.session.as_deref(),
+                Some(captured_at_ms),
+                BodyRef::Frame(pcm),
+            )
+            .ok()
+        };
+        let (result, wake, register) = {
+            let mut core = shared.lock();
             let was_empty = core.is_empty();
-            let result = core.offer(pcm, Instant::now(), mode);
-            let wake = match &result {
+            let result = core.offer_with(pcm.len(), Instant::now(), mode, encode);
+            let mut wake = match &result {
                 Ok(_) => was_empty,
                 Err(Refusal::Overloaded(_)) => {
-                    self.shared.sync_status(&core);
+                    shared.sync_status(&core);
                     true
                 }
                 Err(_) => false,
             };
-            (result, wake)
+            let mut register = false;
+            if let (Ok(seq), Some(direct)) = (&result, &shared.direct)
+                && was_empty
+                && let Some(frame) = core.take_direct(*seq)
+            {
+                match shared.hand_over_direct(direct, &mut core, frame) {
+                    Ok(r) => {
+                        register = r;
+                        wake = false;
+                    }
+                    Err(frame) => core.restore_direct(frame),
+                }
+            }
+            (result, wake, register)
         };
+        if register && let Some(d) = &shared.direct {
+            d.window.register(shared);
+        }
         if wake {
-            self.shared.wake.notify_one();
+            shared.wake.notify_one();
         }
         result
     }

@@ -519,3 +519,93 @@ async fn frame_headers_can_be_turned_off_but_end_keeps_them() {
     assert_eq!(sent[1].ext.version, Some(1));
     assert_eq!(sent[1].ext.end_reason, Some(EndReason::Producer));
 }
+
+/// The direct path: with the publisher parked and NATS keeping up, `try_push` hands the
+/// frame to the sink itself, before it returns (no task wake-up). When the sink stalls
+/// the frames queue for the publisher; direct and queued hand-overs never reorder a
+/// stream, and every frame is accounted once.
+#[tokio::test(start_paused = true)]
+async fn direct_path_hands_over_in_the_producers_call_and_never_reorders() {
+    let sink = MemorySink::new();
+    let ingress = Ingress::new(sink.clone(), StreamConfig::default());
+    let s = ingress.open("direct", None).expect("open");
+    settle().await; // the publisher runs once and parks
+    for seq in 1..=5 {
+        assert_eq!(s.try_push(pcm()), Ok(seq));
+        assert_eq!(
+            frames_of(&sink.sent()).last(),
+            Some(&seq),
+            "handed over inside try_push"
+        );
+        tokio::time::advance(FRAME).await;
+    }
+    // NATS stalls: frames wait in the queue (the publisher takes them), none is sent.
+    sink.stall(true);
+    for seq in 6..=10 {
+        assert_eq!(s.try_push(pcm()), Ok(seq));
+        tokio::time::advance(FRAME / 4).await;
+    }
+    settle().await;
+    assert_eq!(frames_of(&sink.sent()).len(), 5);
+    assert!(s.snapshot().pending_frames >= 5);
+    // Back: the publisher drains 6..=10, then the direct path takes over again.
+    sink.stall(false);
+    settle().await;
+    for seq in 11..=15 {
+        assert_eq!(s.try_push(pcm()), Ok(seq));
+        tokio::time::advance(FRAME).await;
+        settle().await;
+    }
+    let summary = s.finish().await;
+    assert_eq!(frames_of(&sink.sent()), (1..=15).collect::<Vec<_>>());
+    let f = &summary.snapshot.frames;
+    assert_eq!((f.offered, f.published), (15, 15), "{f:?}");
+    assert_eq!(summary.snapshot.pending_bytes, 0);
+    assert_eq!(
+        ingress.stats().queue_wait_ms.count,
+        15,
+        "every hand-over timed once"
+    );
+}
+
+/// The publisher's batch: frames queued while the sink stalls go out in order once it
+/// recovers, also when the connection's window is full part-way (the rest goes back
+/// to the queue and waits there under the age bound).
+#[tokio::test(start_paused = true)]
+async fn publisher_batches_keep_order_when_the_window_fills_part_way() {
+    let sink = MemorySink::confirming();
+    let cfg = StreamConfig::builder()
+        .confirm_window_min_bytes(16_000)
+        .build()
+        .expect("cfg");
+    let ingress = Ingress::new(sink.clone(), cfg);
+    let a = ingress.open("a", None).expect("a");
+    let b = ingress.open("b", None).expect("b");
+    settle().await;
+    sink.hold_confirm(true); // the server keeps frames unconfirmed: the window fills
+    sink.stall(true);
+    for _ in 0..20 {
+        a.try_push(pcm()).expect("a room");
+        b.try_push(pcm()).expect("b room");
+        tokio::time::advance(Duration::from_millis(5)).await;
+    }
+    sink.stall(false);
+    settle().await;
+    // 40 frames queued, 25 fit the window (16,000 B): the rest wait in their queues.
+    let sent = frames_of(&sink.sent()).len();
+    assert!(sent <= 25, "{sent} frames handed over past the window");
+    sink.hold_confirm(false);
+    let (sa, sb) = (a.finish().await, b.finish().await);
+    for (id, s) in [("a", sa), ("b", sb)] {
+        let seqs: Vec<u64> = sink
+            .sent()
+            .iter()
+            .filter(|m| {
+                m.subject.ends_with(id) && matches!(m.packet.body, PacketBody::Frame { .. })
+            })
+            .map(|m| m.packet.seq)
+            .collect();
+        assert_eq!(seqs, (1..=20).collect::<Vec<_>>(), "{id} in order");
+        assert_eq!(s.snapshot.frames.published, 20, "{id}");
+    }
+}

@@ -5,7 +5,7 @@ pub mod extension;
 pub mod packet;
 
 pub use packet::{
-    AudioFormat, CHANNELS, DecodeError, DecodeErrorKind, DecodeOptions, EncodeError, FRAME_BYTES,
-    FRAME_DURATION, FRAME_SAMPLES, Gap, GapReason, Packet, PacketBody, SAMPLE_RATE, SAMPLE_WIDTH,
-    decode, encode_packet,
+    AudioFormat, BodyRef, CHANNELS, DecodeError, DecodeErrorKind, DecodeOptions, EncodeError,
+    FRAME_BYTES, FRAME_DURATION, FRAME_SAMPLES, Gap, GapReason, Packet, PacketBody, SAMPLE_RATE,
+    SAMPLE_WIDTH, decode, encode_packet, encode_packet_ref,
 };

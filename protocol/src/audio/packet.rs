@@ -238,6 +238,44 @@ impl Packet {
     }
 }
 
+/// A packet body borrowed for encoding: a producer's per-frame path encodes its
+/// queued PCM without cloning it into a [`PacketBody`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyRef<'a> {
+    /// Audio samples.
+    Frame(&'a [u8]),
+    /// The stream ended.
+    End,
+    /// Frames are missing on purpose (extension, opt-in).
+    Gap(&'a Gap),
+}
+
+impl<'a> From<&'a PacketBody> for BodyRef<'a> {
+    fn from(body: &'a PacketBody) -> Self {
+        match body {
+            PacketBody::Frame { pcm } => Self::Frame(pcm),
+            PacketBody::End => Self::End,
+            PacketBody::Gap(g) => Self::Gap(g),
+        }
+    }
+}
+
+/// Appends the decimal digits of `n` (what `write!("{n}")` does, without the
+/// formatting machinery: this runs once or twice per audio frame).
+fn put_decimal(out: &mut BytesMut, mut n: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.put_slice(&buf[i..]);
+}
+
 /// [`Packet::encode`] from borrowed parts: a producer's per-frame path encodes without
 /// building a [`Packet`] (no copy of the session id). One allocation: the output.
 pub fn encode_packet(
@@ -247,18 +285,28 @@ pub fn encode_packet(
     captured_at_ms: Option<u64>,
     body: &PacketBody,
 ) -> Result<Bytes, EncodeError> {
-    use std::io::Write as _;
+    encode_packet_ref(seq, format, session_id, captured_at_ms, body.into())
+}
+
+/// [`encode_packet`] with a borrowed body ([`BodyRef`]): the same bytes.
+pub fn encode_packet_ref(
+    seq: u64,
+    format: AudioFormat,
+    session_id: Option<&str>,
+    captured_at_ms: Option<u64>,
+    body: BodyRef<'_>,
+) -> Result<Bytes, EncodeError> {
     if seq == 0 {
         return Err(EncodeError::SeqZero);
     }
-    let (type_name, pcm): (&str, &[u8]) = match body {
-        PacketBody::Frame { pcm } => ("frame", pcm),
-        PacketBody::End => ("end", &[]),
-        PacketBody::Gap(g) => {
+    let (type_name, pcm): (&[u8], &[u8]) = match body {
+        BodyRef::Frame(pcm) => (b"frame", pcm),
+        BodyRef::End => (b"end", &[]),
+        BodyRef::Gap(g) => {
             if g.first_seq == 0 || g.first_seq > g.last_seq || g.last_seq != seq {
                 return Err(EncodeError::InvalidGap);
             }
-            ("gap", &[])
+            (b"gap", &[])
         }
     };
     if !pcm.len().is_multiple_of(format.bytes_per_sample().max(1)) {
@@ -267,34 +315,38 @@ pub fn encode_packet(
     let session_len = session_id.map_or(0, str::len);
     let mut out = BytesMut::with_capacity(4 + 160 + session_len + pcm.len());
     out.put_u32(0); // the meta length, written once the meta is
-    {
+    out.put_slice(br#"{"type":""#);
+    out.put_slice(type_name);
+    out.put_slice(br#"","seq":"#);
+    put_decimal(&mut out, seq);
+    out.put_slice(br#","sample_rate":"#);
+    put_decimal(&mut out, u64::from(format.sample_rate));
+    out.put_slice(br#","sample_width":"#);
+    put_decimal(&mut out, u64::from(format.sample_width));
+    out.put_slice(br#","channels":"#);
+    put_decimal(&mut out, u64::from(format.channels));
+    if let Some(session) = session_id {
+        out.put_slice(br#","session_id":"#);
         // Writing to a BytesMut cannot fail; `serde_json` escapes the session id
         // exactly as the deployed `json.dumps(..., ensure_ascii=False)` does.
-        let mut w = (&mut out).writer();
-        let _ = write!(
-            w,
-            r#"{{"type":"{type_name}","seq":{seq},"sample_rate":{},"sample_width":{},"channels":{}"#,
-            format.sample_rate, format.sample_width, format.channels
-        );
-        if let Some(session) = session_id {
-            let _ = w.write_all(br#","session_id":"#);
-            let _ = serde_json::to_writer(&mut w, session);
-        }
-        if let Some(at) = captured_at_ms {
-            let _ = write!(w, r#","captured_at_ms":{at}"#);
-        }
-        if let PacketBody::Gap(g) = body {
-            let _ = write!(
-                w,
-                r#","first_seq":{},"frames":{},"samples":{},"reason":"{}""#,
-                g.first_seq,
-                g.frames(),
-                g.samples,
-                g.reason.as_str()
-            );
-        }
-        let _ = w.write_all(b"}");
+        let _ = serde_json::to_writer((&mut out).writer(), session);
     }
+    if let Some(at) = captured_at_ms {
+        out.put_slice(br#","captured_at_ms":"#);
+        put_decimal(&mut out, at);
+    }
+    if let BodyRef::Gap(g) = body {
+        out.put_slice(br#","first_seq":"#);
+        put_decimal(&mut out, g.first_seq);
+        out.put_slice(br#","frames":"#);
+        put_decimal(&mut out, g.frames());
+        out.put_slice(br#","samples":"#);
+        put_decimal(&mut out, g.samples);
+        out.put_slice(br#","reason":""#);
+        out.put_slice(g.reason.as_str().as_bytes());
+        out.put_slice(b"\"");
+    }
+    out.put_slice(b"}");
     let meta_len = u32::try_from(out.len() - 4).map_err(|_| EncodeError::MetaTooLarge)?;
     out[..4].copy_from_slice(&meta_len.to_be_bytes());
     out.put_slice(pcm);
@@ -589,4 +641,45 @@ pub fn decode(data: &Bytes, opts: &DecodeOptions) -> Result<Packet, DecodeError>
             .and_then(serde_json::Value::as_u64),
         body,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decimal_digits_match_the_formatter() {
+        for n in [0, 1, 9, 10, 99, 100, 16_000, 1_733_000_000_000, u64::MAX] {
+            let mut out = BytesMut::new();
+            put_decimal(&mut out, n);
+            assert_eq!(&out[..], n.to_string().as_bytes());
+        }
+    }
+
+    #[test]
+    fn borrowed_and_owned_bodies_encode_identically() {
+        let pcm = Bytes::from_static(&[1, 2, 3, 4]);
+        let gap = Gap {
+            first_seq: 3,
+            last_seq: 9,
+            samples: 2_240,
+            reason: GapReason::MaxAge,
+        };
+        for (seq, owned, borrowed) in [
+            (
+                7,
+                PacketBody::Frame { pcm: pcm.clone() },
+                BodyRef::Frame(&pcm),
+            ),
+            (7, PacketBody::End, BodyRef::End),
+            (9, PacketBody::Gap(gap), BodyRef::Gap(&gap)),
+        ] {
+            let a = encode_packet(seq, AudioFormat::DEPLOYED, Some("s\"1"), Some(42), &owned);
+            let b = encode_packet_ref(seq, AudioFormat::DEPLOYED, Some("s\"1"), Some(42), borrowed);
+            assert_eq!(a, b);
+            let p = decode(&a.expect("encodes"), &DecodeOptions::default()).expect("decodes");
+            assert_eq!((p.seq, p.captured_at_ms), (seq, Some(42)));
+            assert_eq!(p.session_id.as_deref(), Some("s\"1"));
+        }
+    }
 }
