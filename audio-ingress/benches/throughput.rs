@@ -131,6 +131,7 @@ fn config(delivery: Delivery) -> StreamConfig {
     let b = StreamConfig::builder()
         .delivery(delivery)
         .jetstream_stream(JS_STREAM)
+        .max_bytes(env_or("THROUGHPUT_MAX_BYTES", 16_000) as usize)
         .max_wait(Duration::from_millis(500))
         .publish_timeout(Duration::from_millis(500));
     // Lossless mode: the same byte budget (25 frames), but an age bound of 5 s. In

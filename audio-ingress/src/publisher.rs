@@ -181,6 +181,9 @@ pub(crate) struct Publisher<S: Sink> {
     pub shadow_max_age: Option<Duration>,
     /// The age bound enforced on frames waiting for window room.
     pub enforced_max_age: Duration,
+    /// A producer waiting for room is woken once pending bytes are below this (the
+    /// enforced byte bound less one largest frame).
+    pub room_below: u64,
     pub frame_headers: bool,
     pub waits: WaitBatch,
     /// The connection's confirmation window; `None` or disabled: published at
@@ -222,17 +225,13 @@ impl<S: Sink> Publisher<S> {
             };
             match next {
                 Next::Empty => {
+                    // The pop may have dropped expired frames (`gap`).
+                    self.stream.room_freed(self.room_below);
                     self.stream.global.record_waits(&mut self.waits);
                     self.stream.wake.notified().await;
+                    continue;
                 }
                 Next::Frame(frame) => {
-                    if self
-                        .stream
-                        .room_wanted
-                        .swap(false, std::sync::atomic::Ordering::AcqRel)
-                    {
-                        self.stream.room.notify_one();
-                    }
                     if fast {
                         self.publish_frames(frame, &mut batch, &mut handed, now)
                             .await;
@@ -243,10 +242,16 @@ impl<S: Sink> Publisher<S> {
                 Next::Gap(gap) => self.publish_gap(gap).await,
                 Next::End(end) => {
                     self.publish_end(end).await;
+                    self.stream.room_freed(0);
                     break;
                 }
                 Next::Done => break,
             }
+            // Room appears when this task releases frames (published without a window,
+            // dropped by the policy) or the stream overloaded: tell a waiting producer,
+            // once per batch rather than once per frame. Frames waiting for the server's
+            // confirmation free their room when the window settles them (`settled`).
+            self.stream.room_freed(self.room_below);
         }
         self.stream.global.record_waits(&mut self.waits);
         self.stream.lock().flush_direct_waits();

@@ -957,8 +957,9 @@ impl FrameQueue {
             return Next::Gap(g);
         }
         if let Some(f) = self.items.pop_front() {
-            // Room appeared: a full `close` stream starts its wait afresh.
-            self.full_since = None;
+            // Taking a frame frees no room (it stays reserved until handed over, and
+            // with the window until confirmed): a full `close` stream's wait goes on
+            // until a frame is admitted again.
             self.inflight_since = Some(f.enqueued_at);
             return Next::Frame(f);
         }

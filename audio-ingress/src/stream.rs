@@ -145,6 +145,17 @@ impl StreamShared {
         }
     }
 
+    /// Wakes a producer waiting in `push` if pending bytes are below `below` (there is
+    /// room for a frame) or `below` is 0 (the stream changed state: it must look).
+    pub fn room_freed(&self, below: u64) {
+        if self.room_wanted.load(Ordering::Acquire)
+            && (below == 0 || self.budget.bytes() < below)
+            && self.room_wanted.swap(false, Ordering::AcqRel)
+        {
+            self.room.notify_one();
+        }
+    }
+
     /// What [`Self::settled`] notifies.
     pub fn settled_notify(&self) -> &Notify {
         &self.settled
@@ -575,6 +586,7 @@ impl<S: Sink> Ingress<S> {
             publish_timeout: cfg.publish_timeout(),
             shadow_max_age: cfg.shadow().then_some(cfg.max_age()),
             enforced_max_age: cfg.enforced_max_age(),
+            room_below: (cfg.enforced_max_bytes() - cfg.max_frame_bytes()) as u64 + 1,
             frame_headers: cfg.frame_headers(),
             waits: WaitBatch::default(),
             window: Some(Arc::clone(&self.inner.window)),
