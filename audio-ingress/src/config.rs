@@ -653,7 +653,37 @@ pub struct ServerConfig {
     pub ws_send_timeout: Duration,
     /// Time allowed to finish every stream on SIGTERM/SIGINT (`grace_period_ms`).
     pub grace_period: Duration,
+    /// Open TCP connections on the WebSocket port, upgraded or not (`max_connections`).
+    pub max_connections: NonZeroUsize,
+    /// Open TCP connections on the WebSocket port from one client address, IPv4 or
+    /// IPv6 /64 (`max_connections_per_ip`); at most `max_connections`.
+    pub max_connections_per_ip: NonZeroUsize,
+    /// Open TCP connections on the admin port (`admin_max_connections`); a separate
+    /// cap, so `/readyz` and `/metrics` answer while the WebSocket port is full.
+    pub admin_max_connections: NonZeroUsize,
+    /// Bound on receiving a request head on either port (`http_header_timeout_ms`).
+    pub http_header_timeout: Duration,
+    /// A connection that moves no byte for this long before an upgrade is closed
+    /// (`http_idle_timeout_ms`).
+    pub http_idle_timeout: Duration,
+    /// Largest request head buffered (`http_max_header_bytes`).
+    pub http_max_header_bytes: usize,
 }
+
+/// Default `max_connections`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Default `max_connections_per_ip`: a quarter of the connection cap.
+pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 1024;
+/// Default `admin_max_connections`.
+pub const DEFAULT_ADMIN_MAX_CONNECTIONS: usize = 64;
+/// Default `http_header_timeout_ms`.
+pub const DEFAULT_HTTP_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default `http_idle_timeout_ms`.
+pub const DEFAULT_HTTP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `http_max_header_bytes`.
+pub const DEFAULT_HTTP_MAX_HEADER_BYTES: usize = 16 * 1024;
+/// Smallest `http_max_header_bytes` hyper accepts.
+pub const MIN_HTTP_MAX_HEADER_BYTES: usize = 8 * 1024;
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -665,6 +695,14 @@ impl Default for ServerConfig {
             idle_timeout: Duration::from_secs(30),
             ws_send_timeout: Duration::from_secs(2),
             grace_period: Duration::from_secs(5),
+            max_connections: NonZeroUsize::MIN.saturating_add(DEFAULT_MAX_CONNECTIONS - 1),
+            max_connections_per_ip: NonZeroUsize::MIN
+                .saturating_add(DEFAULT_MAX_CONNECTIONS_PER_IP - 1),
+            admin_max_connections: NonZeroUsize::MIN
+                .saturating_add(DEFAULT_ADMIN_MAX_CONNECTIONS - 1),
+            http_header_timeout: DEFAULT_HTTP_HEADER_TIMEOUT,
+            http_idle_timeout: DEFAULT_HTTP_IDLE_TIMEOUT,
+            http_max_header_bytes: DEFAULT_HTTP_MAX_HEADER_BYTES,
         }
     }
 }
@@ -1006,6 +1044,48 @@ pub const KEYS: &[KeySpec] = &[
         "2000",
         "10..=60000",
         "bound on one send to a WebSocket client; a client that stops reading is abandoned (stream ends producer_gone)",
+    ),
+    key(
+        "max_connections",
+        Int,
+        "4096",
+        "1..=1000000, + admin_max_connections + 64 <= RLIMIT_NOFILE hard limit",
+        "open TCP connections on the WebSocket port (upgraded or not); above: 503 and close at accept",
+    ),
+    key(
+        "max_connections_per_ip",
+        Int,
+        "1024",
+        "1..=max_connections",
+        "open connections on the WebSocket port from one IPv4 address or IPv6 /64",
+    ),
+    key(
+        "admin_max_connections",
+        Int,
+        "64",
+        "1..=10000",
+        "open TCP connections on the admin port (its own cap: /readyz answers while the WebSocket port is full)",
+    ),
+    key(
+        "http_header_timeout_ms",
+        Int,
+        "5000",
+        "100..=600000",
+        "a connection (either port) must send a complete request head within this; else closed",
+    ),
+    key(
+        "http_idle_timeout_ms",
+        Int,
+        "10000",
+        "100..=3600000",
+        "a connection (either port) that moves no byte for this long before an upgrade is closed",
+    ),
+    key(
+        "http_max_header_bytes",
+        Int,
+        "16384",
+        "8192..=1048576",
+        "largest request head buffered per connection",
     ),
     key(
         "grace_period_ms",
@@ -1360,6 +1440,27 @@ fn int_in(raw: &RawValues, k: &str, default: u64, min: u64, max: u64) -> Result<
 fn server_from_raw(raw: &RawValues) -> Result<ServerConfig, ConfigError> {
     let d = ServerConfig::default();
     let max_streams = int_in(raw, "max_streams", 1000, 1, 1_000_000)?;
+    let max_connections = int_in(
+        raw,
+        "max_connections",
+        DEFAULT_MAX_CONNECTIONS as u64,
+        1,
+        1_000_000,
+    )?;
+    let per_ip = int_in(
+        raw,
+        "max_connections_per_ip",
+        (DEFAULT_MAX_CONNECTIONS_PER_IP as u64).min(max_connections),
+        1,
+        1_000_000,
+    )?;
+    if per_ip > max_connections {
+        return Err(ConfigError::new(
+            "max_connections_per_ip",
+            ConfigErrorKind::Conflict,
+            format!("{per_ip} exceeds max_connections = {max_connections}"),
+        ));
+    }
     Ok(ServerConfig {
         listen: addr(raw, "listen", d.listen)?,
         admin: addr(raw, "admin", d.admin)?,
@@ -1380,7 +1481,41 @@ fn server_from_raw(raw: &RawValues) -> Result<ServerConfig, ConfigError> {
             60_000,
         )?),
         grace_period: Duration::from_millis(int_in(raw, "grace_period_ms", 5_000, 0, 600_000)?),
+        max_connections: nonzero(max_connections),
+        max_connections_per_ip: nonzero(per_ip),
+        admin_max_connections: nonzero(int_in(
+            raw,
+            "admin_max_connections",
+            DEFAULT_ADMIN_MAX_CONNECTIONS as u64,
+            1,
+            10_000,
+        )?),
+        http_header_timeout: Duration::from_millis(int_in(
+            raw,
+            "http_header_timeout_ms",
+            DEFAULT_HTTP_HEADER_TIMEOUT.as_millis() as u64,
+            100,
+            600_000,
+        )?),
+        http_idle_timeout: Duration::from_millis(int_in(
+            raw,
+            "http_idle_timeout_ms",
+            DEFAULT_HTTP_IDLE_TIMEOUT.as_millis() as u64,
+            100,
+            3_600_000,
+        )?),
+        http_max_header_bytes: int_in(
+            raw,
+            "http_max_header_bytes",
+            DEFAULT_HTTP_MAX_HEADER_BYTES as u64,
+            MIN_HTTP_MAX_HEADER_BYTES as u64,
+            1_048_576,
+        )? as usize,
     })
+}
+
+fn nonzero(v: u64) -> NonZeroUsize {
+    NonZeroUsize::new(usize::try_from(v).unwrap_or(usize::MAX)).unwrap_or(NonZeroUsize::MIN)
 }
 
 fn existing_file(raw: &RawValues, k: &str) -> Result<Option<PathBuf>, ConfigError> {
@@ -1593,6 +1728,11 @@ mod tests {
             ("shadow_ceiling_factor", "1"),
             ("nats_client_capacity", "1"),
             ("grace_period_ms", "999999999"),
+            ("max_connections", "0"),
+            ("admin_max_connections", "0"),
+            ("http_header_timeout_ms", "10"),
+            ("http_idle_timeout_ms", "0"),
+            ("http_max_header_bytes", "4096"),
         ];
         for (k, v) in cases {
             let err = load(&[], &[(k, v)]).expect_err(k);
@@ -1747,7 +1887,7 @@ mod tests {
         for k in KEYS {
             assert!(spec(k.name).is_some());
         }
-        assert_eq!(KEYS.len(), 42);
+        assert_eq!(KEYS.len(), 48);
         let err = load(&[], &[("jetstream_stream", "a.b")]).expect_err("dot");
         assert_eq!(err.key(), "jetstream_stream");
         let err = load(&[], &[("jetstream_duplicate_window_s", "7200")]).expect_err("window");
@@ -1757,6 +1897,29 @@ mod tests {
             c.stream.jetstream().subjects,
             ["inference.whisper.stream.*"]
         );
+    }
+
+    #[test]
+    fn connection_hygiene_keys_default_and_validate() {
+        let c = load(&[], &[]).expect("defaults");
+        assert_eq!(c.server, ServerConfig::default());
+        assert_eq!(c.server.max_connections.get(), 4096);
+        assert_eq!(c.server.max_connections_per_ip.get(), 1024);
+        assert_eq!(c.server.admin_max_connections.get(), 64);
+        assert_eq!(c.server.http_header_timeout, Duration::from_secs(5));
+        // A small cap clamps the per-address default instead of refusing it.
+        let c = load(&[], &[("max_connections", "100")]).expect("small cap");
+        assert_eq!(c.server.max_connections_per_ip.get(), 100);
+        let err = load(
+            &[],
+            &[
+                ("max_connections", "100"),
+                ("max_connections_per_ip", "101"),
+            ],
+        )
+        .expect_err("per-ip above the cap");
+        assert_eq!(err.key(), "max_connections_per_ip");
+        assert_eq!(err.kind(), ConfigErrorKind::Conflict);
     }
 
     #[test]

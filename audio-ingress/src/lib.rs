@@ -10,6 +10,8 @@
 //! - [`confirm`]: the server-confirmed window (the budget holds up to the server);
 //! - [`nats`]: connection options (auth, TLS) and connection events;
 //! - [`ws`], [`admin`], [`shutdown`], [`service`]: the `serve` service;
+//! - [`listener`], [`conn_limit`]: the HTTP listeners' accept loop, timeouts and
+//!   connection caps;
 //! - [`stats`], [`metrics`]: accounting and metric names.
 //!
 //! Invariants: the number of tasks depends on the number of streams, never on the
@@ -23,9 +25,11 @@
 pub mod admin;
 pub mod config;
 pub mod confirm;
+pub mod conn_limit;
 pub mod consumer;
 pub mod error;
 pub mod jetstream;
+pub mod listener;
 pub mod metrics;
 pub mod nats;
 pub mod publisher;

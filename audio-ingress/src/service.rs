@@ -17,8 +17,10 @@ use tokio::task::JoinHandle;
 
 use crate::admin::{self, AdminState};
 use crate::config::{Config, Delivery};
+use crate::conn_limit::ConnLimiter;
 use crate::error::Error;
 use crate::jetstream::{JetStreamSink, NatsSink};
+use crate::listener::{self, HttpOptions, check_fd_limit};
 use crate::publisher::Sink;
 use crate::shutdown::{TaskTracker, TaskWaiter};
 use crate::stream::{Ingress, ShutdownReport};
@@ -71,6 +73,20 @@ pub async fn start_with_sink<S: Sink>(
     sink: S,
     prometheus: Option<PrometheusHandle>,
 ) -> Result<RunningService<S>, Error> {
+    let server = &config.server;
+    let fd = check_fd_limit(
+        server.max_connections.get(),
+        server.admin_max_connections.get(),
+    )?;
+    tracing::info!(
+        rlimit_nofile_soft = fd.soft,
+        rlimit_nofile_hard = fd.hard,
+        needed = fd.needed,
+        raised_from = fd.raised_from,
+        max_connections = server.max_connections.get(),
+        admin_max_connections = server.admin_max_connections.get(),
+        "open-file limit checked"
+    );
     let ws_listener = bind(config.server.listen, "listen").await?;
     let admin_listener = bind(config.server.admin, "admin").await?;
     let ws_addr = ws_listener
@@ -90,30 +106,43 @@ pub async fn start_with_sink<S: Sink>(
         send_timeout: config.server.ws_send_timeout,
         tracker,
     });
+    let http = |name| HttpOptions {
+        name,
+        header_timeout: config.server.http_header_timeout,
+        idle_timeout: config.server.http_idle_timeout,
+        max_header_bytes: config.server.http_max_header_bytes,
+        retry_after: config.server.retry_after,
+    };
+    let ws_limiter = ConnLimiter::new(
+        "ws",
+        config.server.max_connections.get(),
+        config.server.max_connections_per_ip.get(),
+    );
     let (stop_ws, ws_stopped) = oneshot::channel::<()>();
-    let ws_task = tokio::spawn(async move {
-        let serve = axum::serve(ws_listener, ws_router).with_graceful_shutdown(async {
-            let _ = ws_stopped.await;
-        });
-        if let Err(e) = serve.await {
-            tracing::error!(error = %e, "WebSocket listener failed");
-        }
-    });
+    let ws_task = tokio::spawn(listener::serve(
+        ws_listener,
+        ws_router,
+        ws_limiter,
+        http("ws"),
+        ws_stopped,
+    ));
 
     let admin_router = admin::router(AdminState {
         ingress: ingress.clone(),
         prometheus: prometheus.clone(),
         max_streams,
     });
+    // Per address = the whole cap: the admin port is for local scrapers and probes.
+    let admin_cap = config.server.admin_max_connections.get();
+    let admin_limiter = ConnLimiter::new("admin", admin_cap, admin_cap);
     let (stop_admin, admin_stopped) = oneshot::channel::<()>();
-    let admin_task = tokio::spawn(async move {
-        let serve = axum::serve(admin_listener, admin_router).with_graceful_shutdown(async {
-            let _ = admin_stopped.await;
-        });
-        if let Err(e) = serve.await {
-            tracing::error!(error = %e, "admin listener failed");
-        }
-    });
+    let admin_task = tokio::spawn(listener::serve(
+        admin_listener,
+        admin_router,
+        admin_limiter,
+        http("admin"),
+        admin_stopped,
+    ));
 
     let upkeep_ingress = ingress.clone();
     let upkeep = tokio::spawn(async move {
