@@ -327,3 +327,38 @@ async fn a_cap_above_the_fd_limit_is_refused_with_exit_2() {
     assert!(stderr.contains("max_connections"), "{stderr}");
     assert!(stderr.contains("RLIMIT_NOFILE"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_connection_that_goes_quiet_is_closed_by_the_idle_timeout() {
+    let nats = NatsServer::start().expect("nats-server");
+    let bin = Binary::start_ready(
+        nats.url(),
+        &[
+            ("http_header_timeout_ms", "60000"),
+            ("http_idle_timeout_ms", "300"),
+        ],
+    )
+    .await;
+    for addr in [bin.admin, bin.ws] {
+        let mut s = connect_from(1, addr).await.expect("connect");
+        let t0 = Instant::now();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .expect("request");
+        // One response (200 on admin, 404 on the WebSocket port), then the connection
+        // stays open, quiet, waiting for a next request that never comes.
+        let (closed, after, got) = until_closed(s, t0, STEP).await;
+        assert!(closed && got > 0, "{addr}: answered then closed");
+        assert!(
+            after >= Duration::from_millis(300) && after < Duration::from_secs(2),
+            "{addr}: closed after {after:?}, not within the idle timeout"
+        );
+    }
+    assert_eq!(
+        bin.metric(
+            "weir_ingress_http_connections_timed_out_total{listener=\"admin\",reason=\"idle\"}"
+        )
+        .await,
+        1.0
+    );
+}
