@@ -53,6 +53,16 @@ pub async fn start(
     prometheus: Option<PrometheusHandle>,
 ) -> Result<RunningService<NatsSink>, Error> {
     let client = crate::nats::connect(&config.nats, true).await?;
+    // Streams are refused until NATS is connected (readiness gates admission): give
+    // the first connect one connection timeout before the ready line, so that a
+    // producer that starts with the service is not refused for nothing. A server that
+    // is down does not stop the start: the service reports not-ready instead.
+    let first = tokio::time::Instant::now() + config.nats.connection_timeout;
+    while client.connection_state() != async_nats::connection::State::Connected
+        && tokio::time::Instant::now() < first
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let sink = match config.stream.delivery() {
         Delivery::JetStream => NatsSink::JetStream(
             JetStreamSink::new(client, &config.stream.jetstream(), JETSTREAM_API_TIMEOUT)

@@ -3,7 +3,8 @@
 //!
 //! Before the upgrade (nothing is opened for a refused request):
 //! `400` unsafe stream id or session id, `409` id already active, `503` + `Retry-After`
-//! when `max_streams` are active or the service is shutting down. Body:
+//! when NATS is not connected (`not_ready`: disconnected, or before the first
+//! connect), when `max_streams` are active or the service is shutting down. Body:
 //! `{"error":{"code":..,"message":..}}`.
 //!
 //! After the upgrade, client → server: each binary message is one frame of s16le mono
@@ -126,6 +127,18 @@ async fn upgrade<S: Sink>(
         Ok(ws) => ws,
         Err(rejection) => return rejection.into_response(),
     };
+    // Readiness gates admission: a stream opened while NATS is disconnected (or before
+    // the first connect) could only queue into the client; refuse it like a full cap.
+    if !state.ingress.sink().is_connected() {
+        state.ingress.global().admission_rejected("not_ready");
+        let mut resp = error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            "not connected to NATS; retry later".to_owned(),
+        );
+        insert_retry_after(&mut resp, state.retry_after);
+        return resp;
+    }
     let session = query.session_id.filter(|s| !s.is_empty());
     let handle = match state.ingress.open_id(id, session) {
         Ok(h) => h,
@@ -158,12 +171,16 @@ fn open_refusal(e: &OpenError, retry_after: Duration) -> Response {
         OpenError::NoRuntime => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
     };
     let mut resp = error_response(status, code, e.to_string());
-    if status == StatusCode::SERVICE_UNAVAILABLE
-        && let Ok(v) = HeaderValue::from_str(&retry_after.as_secs().max(1).to_string())
-    {
-        resp.headers_mut().insert(header::RETRY_AFTER, v);
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        insert_retry_after(&mut resp, retry_after);
     }
     resp
+}
+
+fn insert_retry_after(resp: &mut Response, retry_after: Duration) {
+    if let Ok(v) = HeaderValue::from_str(&retry_after.as_secs().max(1).to_string()) {
+        resp.headers_mut().insert(header::RETRY_AFTER, v);
+    }
 }
 
 /// Why the receive loop stopped.
