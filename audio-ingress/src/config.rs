@@ -164,6 +164,7 @@ pub struct StreamConfig {
     confirm_window_min_bytes: u64,
     confirm_interval: Duration,
     jetstream: JetStreamKeys,
+    max_rate_permille: u32,
 }
 
 /// The `jetstream_*` keys (used with `delivery = "jetstream"`).
@@ -209,9 +210,15 @@ impl Default for StreamConfig {
             confirm_window_min_bytes: DEFAULT_CONFIRM_WINDOW_MIN_BYTES,
             confirm_interval: DEFAULT_CONFIRM_INTERVAL,
             jetstream: JetStreamKeys::default(),
+            max_rate_permille: DEFAULT_MAX_RATE_PERMILLE,
         }
     }
 }
+
+/// Default `max_rate`, in thousandths: 1.5 × real time.
+pub const DEFAULT_MAX_RATE_PERMILLE: u32 = 1500;
+/// Largest `max_rate` accepted (1,000 × real time), in thousandths.
+pub const MAX_MAX_RATE_PERMILLE: u32 = 1_000_000;
 
 impl StreamConfig {
     /// A builder starting from the defaults.
@@ -298,6 +305,24 @@ impl StreamConfig {
         self.confirm_interval
     }
 
+    /// The rate bound in thousandths of real time (`max_rate` × 1000; 0 = no bound):
+    /// a stream delivers at most this much audio per unit of time, sustained, with a
+    /// burst of `max_bytes`. See [`crate::rate`].
+    pub fn max_rate_permille(&self) -> u32 {
+        self.max_rate_permille
+    }
+
+    /// The rate bound applied: [`Self::max_rate_permille`], times the
+    /// shadow-ceiling factor in shadow mode (0 = no bound).
+    pub fn enforced_max_rate_permille(&self) -> u32 {
+        if self.shadow {
+            self.max_rate_permille
+                .saturating_mul(self.shadow_ceiling_factor)
+        } else {
+            self.max_rate_permille
+        }
+    }
+
     /// The JetStream stream for `delivery = "jetstream"`: it captures every subject of
     /// the subject template.
     pub fn jetstream(&self) -> crate::jetstream::JetStreamSettings {
@@ -361,6 +386,7 @@ pub struct StreamConfigBuilder {
     confirm_window_min_bytes: u64,
     confirm_interval: Duration,
     jetstream: JetStreamKeys,
+    max_rate_permille: u64,
 }
 
 impl Default for StreamConfigBuilder {
@@ -384,6 +410,7 @@ impl Default for StreamConfigBuilder {
             confirm_window_min_bytes: DEFAULT_CONFIRM_WINDOW_MIN_BYTES,
             confirm_interval: DEFAULT_CONFIRM_INTERVAL,
             jetstream: JetStreamKeys::default(),
+            max_rate_permille: u64::from(DEFAULT_MAX_RATE_PERMILLE),
         }
     }
 }
@@ -409,6 +436,11 @@ fn check_ms(key: &str, d: Duration, min_ms: u64, max_ms: u64) -> Result<(), Conf
 }
 
 impl StreamConfigBuilder {
+    /// `max_rate` in thousandths of real time (1,500 = 1.5×; 0 = no rate bound).
+    pub fn max_rate_permille(mut self, v: u32) -> Self {
+        self.max_rate_permille = u64::from(v);
+        self
+    }
     /// `max_bytes`: byte budget per stream.
     pub fn max_bytes(mut self, v: usize) -> Self {
         self.max_bytes = v as u64;
@@ -611,6 +643,15 @@ impl StreamConfigBuilder {
         if !(1..=65_536).contains(&partitions) {
             return Err(out_of_range("partitions", partitions, "1..=65536"));
         }
+        if self.max_rate_permille != 0
+            && !(1000..=u64::from(MAX_MAX_RATE_PERMILLE)).contains(&self.max_rate_permille)
+        {
+            return Err(out_of_range(
+                "max_rate",
+                self.max_rate_permille as f64 / 1000.0,
+                "0 (no bound) or 1.0..=1000",
+            ));
+        }
         let nz = |v: u64| NonZeroUsize::new(v as usize).unwrap_or(NonZeroUsize::MIN);
         Ok(StreamConfig {
             max_bytes: nz(self.max_bytes),
@@ -631,6 +672,7 @@ impl StreamConfigBuilder {
             confirm_window_min_bytes: self.confirm_window_min_bytes,
             confirm_interval: self.confirm_interval,
             jetstream: self.jetstream,
+            max_rate_permille: self.max_rate_permille as u32,
         })
     }
 }
@@ -819,6 +861,8 @@ pub enum KeyType {
     Bool,
     /// String.
     Str,
+    /// Non-negative decimal number (e.g. `1.5`), carried in thousandths.
+    Dec,
 }
 
 /// One configuration key: name, type, default (as shown in docs) and meaning.
@@ -852,7 +896,7 @@ const fn key(
     }
 }
 
-use KeyType::{Bool, Int, Str};
+use KeyType::{Bool, Dec, Int, Str};
 
 /// Every configuration key of `audio-ingress serve`.
 pub const KEYS: &[KeySpec] = &[
@@ -862,6 +906,13 @@ pub const KEYS: &[KeySpec] = &[
         "16000",
         "2×max_frame_bytes..=67108864",
         "PCM byte budget per stream (queued + in flight)",
+    ),
+    key(
+        "max_rate",
+        Dec,
+        "1.5",
+        "0 (no bound) or 1.0..=1000",
+        "audio a stream may deliver, in multiples of real time, sustained; burst = max_bytes; beyond: the policy (close: overload, reason rate; gap: dropped into a marker)",
     ),
     key(
         "max_age_ms",
@@ -1232,6 +1283,13 @@ fn parse_text(spec: &KeySpec, text: &str, origin: &str) -> Result<Raw, ConfigErr
             _ => Err(wrong("true or false")),
         },
         Str => Ok(Raw::Str(text.to_owned())),
+        Dec => text
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .and_then(permille)
+            .map(Raw::Int)
+            .ok_or_else(|| wrong("a non-negative decimal number")),
     }
 }
 
@@ -1252,7 +1310,19 @@ fn parse_toml(spec: &KeySpec, value: &toml::Value, origin: &str) -> Result<Raw, 
         (Bool, _) => Err(wrong("a boolean")),
         (Str, toml::Value::String(s)) => Ok(Raw::Str(s.clone())),
         (Str, _) => Err(wrong("a string")),
+        (Dec, toml::Value::Float(f)) => permille(*f)
+            .map(Raw::Int)
+            .ok_or_else(|| wrong("a non-negative decimal number")),
+        (Dec, toml::Value::Integer(i)) => permille(*i as f64)
+            .map(Raw::Int)
+            .ok_or_else(|| wrong("a non-negative decimal number")),
+        (Dec, _) => Err(wrong("a number")),
     }
+}
+
+/// A decimal value in thousandths (rounded); `None` for a negative, NaN or huge value.
+fn permille(v: f64) -> Option<u64> {
+    (v.is_finite() && (0.0..=1e12).contains(&v)).then(|| (v * 1000.0).round() as u64)
 }
 
 /// The merged raw values, one per key that was set somewhere.
@@ -1382,6 +1452,9 @@ impl Config {
         }
         if let Some(v) = raw.int("jetstream_replicas") {
             b.jetstream.replicas = v;
+        }
+        if let Some(v) = raw.int("max_rate") {
+            b.max_rate_permille = v;
         }
         let stream = b.build()?;
         let server = server_from_raw(raw)?;
@@ -1887,7 +1960,7 @@ mod tests {
         for k in KEYS {
             assert!(spec(k.name).is_some());
         }
-        assert_eq!(KEYS.len(), 48);
+        assert_eq!(KEYS.len(), 49);
         let err = load(&[], &[("jetstream_stream", "a.b")]).expect_err("dot");
         assert_eq!(err.key(), "jetstream_stream");
         let err = load(&[], &[("jetstream_duplicate_window_s", "7200")]).expect_err("window");
@@ -1897,6 +1970,22 @@ mod tests {
             c.stream.jetstream().subjects,
             ["inference.whisper.stream.*"]
         );
+    }
+
+    #[test]
+    fn max_rate_is_a_decimal_in_thousandths_with_zero_for_off() {
+        let c = load(&[], &[]).expect("defaults");
+        assert_eq!(c.stream.max_rate_permille(), 1500);
+        let c = load(&[("WEIR_INGRESS_MAX_RATE", "2.25")], &[]).expect("env");
+        assert_eq!(c.stream.max_rate_permille(), 2250);
+        let c = load(&[], &[("max_rate", "0")]).expect("off");
+        assert_eq!(c.stream.max_rate_permille(), 0);
+        for bad in ["0.5", "1001", "-1", "fast", "NaN"] {
+            let err = load(&[], &[("max_rate", bad)]).expect_err(bad);
+            assert_eq!(err.key(), "max_rate", "{bad}: {err}");
+        }
+        let c = load(&[], &[("shadow", "true"), ("max_rate", "2")]).expect("shadow");
+        assert_eq!(c.stream.enforced_max_rate_permille(), 16_000);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! Producer side, in data-flow order:
 //! - [`config`]: validated budget, policy, listeners, NATS options;
 //! - [`queue`]: the pure per-stream queue bounded by bytes and age;
+//! - [`rate`]: the per-stream rate bound in audio time (a token bucket in samples);
 //! - [`stream`]: [`Ingress`] (opens streams, one publisher task each) and
 //!   [`StreamHandle`] (`try_push`, `push`, `finish`);
 //! - [`publisher`]: the per-stream task that hands packets to NATS under a timeout;
@@ -34,6 +35,9 @@ pub mod metrics;
 pub mod nats;
 pub mod publisher;
 pub mod queue;
+pub mod rate;
+#[cfg(test)]
+mod rate_tests;
 pub mod service;
 pub mod shutdown;
 pub mod stats;
