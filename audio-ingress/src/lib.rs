@@ -48,6 +48,7 @@ mod stream_tests;
 mod stream_window_tests;
 pub mod tap;
 pub mod ws;
+pub mod ws_query;
 
 pub use config::{Config, Delivery, Policy, StreamConfig};
 pub use error::{OpenError, PushError};
