@@ -710,6 +710,8 @@ pub struct ServerConfig {
     pub http_idle_timeout: Duration,
     /// Largest request head buffered (`http_max_header_bytes`).
     pub http_max_header_bytes: usize,
+    /// Producer authentication (`auth_required` and its keys); `None`: off.
+    pub auth: Option<crate::auth::AuthConfig>,
 }
 
 /// Default `max_connections`.
@@ -745,6 +747,7 @@ impl Default for ServerConfig {
             http_header_timeout: DEFAULT_HTTP_HEADER_TIMEOUT,
             http_idle_timeout: DEFAULT_HTTP_IDLE_TIMEOUT,
             http_max_header_bytes: DEFAULT_HTTP_MAX_HEADER_BYTES,
+            auth: None,
         }
     }
 }
@@ -1137,6 +1140,34 @@ pub const KEYS: &[KeySpec] = &[
         "16384",
         "8192..=1048576",
         "largest request head buffered per connection",
+    ),
+    key(
+        "auth_required",
+        Bool,
+        "false",
+        "true | false; true needs one key below",
+        "producers must present a signed token (JWT) before the upgrade: 401 missing/invalid, 403 out of scope",
+    ),
+    key(
+        "auth_hs256_secret",
+        Str,
+        "",
+        "at least 32 bytes; or auth_eddsa_public_key",
+        "HS256 shared secret of producer tokens (never logged)",
+    ),
+    key(
+        "auth_eddsa_public_key",
+        Str,
+        "",
+        "32-byte Ed25519 public key, base64url; or auth_hs256_secret",
+        "EdDSA public key of producer tokens",
+    ),
+    key(
+        "auth_leeway_s",
+        Int,
+        "5",
+        "0..=300",
+        "clock skew allowed on a token's exp",
     ),
     key(
         "grace_period_ms",
@@ -1584,7 +1615,64 @@ fn server_from_raw(raw: &RawValues) -> Result<ServerConfig, ConfigError> {
             MIN_HTTP_MAX_HEADER_BYTES as u64,
             1_048_576,
         )? as usize,
+        auth: auth_from_raw(raw)?,
     })
+}
+
+fn auth_from_raw(raw: &RawValues) -> Result<Option<crate::auth::AuthConfig>, ConfigError> {
+    use crate::auth::{AuthConfig, AuthKey, MIN_HS256_SECRET_BYTES, b64url_decode};
+    let required = raw.bool("auth_required").unwrap_or(false);
+    let leeway_s = int_in(raw, "auth_leeway_s", 5, 0, 300)?;
+    let secret = raw.str("auth_hs256_secret");
+    let public = raw.str("auth_eddsa_public_key");
+    let key = match (secret, public) {
+        (Some(_), Some(_)) => {
+            return Err(ConfigError::new(
+                "auth_eddsa_public_key",
+                ConfigErrorKind::Conflict,
+                "set either auth_hs256_secret or auth_eddsa_public_key, not both",
+            ));
+        }
+        // The secret itself is never part of a message.
+        (Some(s), None) if s.len() < MIN_HS256_SECRET_BYTES => {
+            return Err(ConfigError::new(
+                "auth_hs256_secret",
+                ConfigErrorKind::Invalid,
+                format!(
+                    "too short ({} bytes); at least {MIN_HS256_SECRET_BYTES} bytes",
+                    s.len()
+                ),
+            ));
+        }
+        (Some(s), None) => Some(AuthKey::Hs256(s.as_bytes().to_vec())),
+        (None, Some(p)) => {
+            let bytes: [u8; 32] = b64url_decode(p)
+                .and_then(|b| b.try_into().ok())
+                .ok_or_else(|| {
+                    ConfigError::new(
+                        "auth_eddsa_public_key",
+                        ConfigErrorKind::Invalid,
+                        "expected the 32-byte Ed25519 public key in base64url (43 characters)",
+                    )
+                })?;
+            Some(AuthKey::EdDsa(bytes))
+        }
+        (None, None) => None,
+    };
+    match (required, key) {
+        (true, Some(key)) => Ok(Some(AuthConfig { key, leeway_s })),
+        (false, None) => Ok(None),
+        (true, None) => Err(ConfigError::new(
+            "auth_required",
+            ConfigErrorKind::Missing,
+            "needs auth_hs256_secret or auth_eddsa_public_key",
+        )),
+        (false, Some(_)) => Err(ConfigError::new(
+            "auth_required",
+            ConfigErrorKind::Conflict,
+            "a token key is set but auth_required is false; set auth_required = true to check tokens",
+        )),
+    }
 }
 
 fn nonzero(v: u64) -> NonZeroUsize {
@@ -1960,7 +2048,7 @@ mod tests {
         for k in KEYS {
             assert!(spec(k.name).is_some());
         }
-        assert_eq!(KEYS.len(), 49);
+        assert_eq!(KEYS.len(), 53);
         let err = load(&[], &[("jetstream_stream", "a.b")]).expect_err("dot");
         assert_eq!(err.key(), "jetstream_stream");
         let err = load(&[], &[("jetstream_duplicate_window_s", "7200")]).expect_err("window");
@@ -1986,6 +2074,50 @@ mod tests {
         }
         let c = load(&[], &[("shadow", "true"), ("max_rate", "2")]).expect("shadow");
         assert_eq!(c.stream.enforced_max_rate_permille(), 16_000);
+    }
+
+    #[test]
+    fn auth_keys_validate_and_never_echo_the_secret() {
+        assert_eq!(load(&[], &[]).expect("defaults").server.auth, None);
+        let secret = "s3cr3t-s3cr3t-s3cr3t-s3cr3t-s3cr3t";
+        let c = load(
+            &[("WEIR_INGRESS_AUTH_HS256_SECRET", secret)],
+            &[("auth_required", "true")],
+        )
+        .expect("hs256");
+        let auth = c.server.auth.clone().expect("on");
+        assert_eq!(auth.leeway_s, 5);
+        assert!(!format!("{c:?}").contains("s3cr3t"), "Debug redacts");
+        let short = load(
+            &[],
+            &[
+                ("auth_required", "true"),
+                ("auth_hs256_secret", "tooshort-SECRET"),
+            ],
+        )
+        .expect_err("short");
+        assert_eq!(short.key(), "auth_hs256_secret");
+        assert!(!short.to_string().contains("tooshort-SECRET"), "{short}");
+        let err = load(&[], &[("auth_required", "true")]).expect_err("no key");
+        assert_eq!(err.key(), "auth_required");
+        let err = load(&[], &[("auth_hs256_secret", secret)]).expect_err("key without required");
+        assert_eq!(err.key(), "auth_required");
+        let pk = crate::auth::b64url(&[9u8; 32]);
+        let c = load(
+            &[],
+            &[("auth_required", "true"), ("auth_eddsa_public_key", &pk)],
+        )
+        .expect("eddsa");
+        assert!(matches!(
+            c.server.auth.map(|a| a.key),
+            Some(crate::auth::AuthKey::EdDsa(_))
+        ));
+        let err = load(
+            &[],
+            &[("auth_required", "true"), ("auth_eddsa_public_key", "abc")],
+        )
+        .expect_err("bad key");
+        assert_eq!(err.key(), "auth_eddsa_public_key");
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! - [`nats`]: connection options (auth, TLS) and connection events;
 //! - [`ws`], [`admin`], [`shutdown`], [`service`]: the `serve` service;
 //! - [`listener`], [`conn_limit`]: the HTTP listeners' accept loop, timeouts and
-//!   connection caps;
+//!   connection caps; [`auth`]: producer tokens checked before the upgrade;
 //! - [`stats`], [`metrics`]: accounting and metric names.
 //!
 //! Invariants: the number of tasks depends on the number of streams, never on the
@@ -24,6 +24,7 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+pub mod auth;
 pub mod config;
 pub mod confirm;
 pub mod conn_limit;

@@ -667,6 +667,21 @@ impl FrameQueue {
         Ok(seq)
     }
 
+    /// Lowers the stream's rate bound to `max_rate_permille` (a producer token's rate
+    /// class, [`crate::auth`]); never raises it; ignored in shadow mode.
+    pub fn limit_rate(&mut self, max_rate_permille: u32) {
+        if self.shadow
+            || self
+                .rate
+                .as_ref()
+                .is_some_and(|r| r.permille() <= max_rate_permille)
+        {
+            return;
+        }
+        let burst = self.enforced_max_bytes / 2;
+        self.rate = RateBucket::new(max_rate_permille, burst);
+    }
+
     /// Charges an admitted frame to the rate bound.
     fn take_rate(&mut self, pcm: &Bytes) {
         if let Some(rate) = &mut self.rate {

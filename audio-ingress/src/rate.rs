@@ -31,6 +31,8 @@ pub struct RateBucket {
     burst: u128,
     /// Tokens now, milli-samples.
     tokens: u128,
+    /// The rate, thousandths of real time.
+    permille: u32,
     /// When `tokens` was last brought up to date; `None` before the first frame.
     last: Option<Instant>,
 }
@@ -47,6 +49,7 @@ impl RateBucket {
             refill_per_s: u128::from(SAMPLE_RATE) * u128::from(max_rate_permille),
             burst,
             tokens: burst,
+            permille: max_rate_permille,
             last: None,
         })
     }
@@ -70,6 +73,11 @@ impl RateBucket {
     /// Takes `samples` (after [`Self::has`] said yes; saturates at 0 otherwise).
     pub fn take(&mut self, samples: u64) {
         self.tokens = self.tokens.saturating_sub(u128::from(samples) * MILLI);
+    }
+
+    /// The rate, in thousandths of real time.
+    pub fn permille(&self) -> u32 {
+        self.permille
     }
 
     /// Samples available now.

@@ -148,3 +148,37 @@ fn max_rate_zero_is_no_bound() {
     }
     assert_eq!(counters.snapshot().admitted, 1_000);
 }
+
+#[test]
+fn a_token_rate_class_can_only_lower_the_bound() {
+    let c = StreamConfig::builder()
+        .delivery(crate::config::Delivery::Unconfirmed)
+        .build()
+        .expect("defaults");
+    let (mut q, counters) = queue(&c);
+    q.limit_rate(5_000); // higher than 1.5x: ignored
+    q.limit_rate(1_000); // 1.0x
+    let t0 = Instant::now();
+    // 1.2x real time for 10 s: over 1.0x once the 0.5 s burst is spent (after ~2.5 s).
+    let mut overloaded = None;
+    for i in 0..600u32 {
+        let now = t0 + Duration::from_micros(16_667) * i;
+        match q.offer(&pcm(), now, OfferMode::Wait) {
+            Ok(_) => {
+                drain(&mut q, now);
+            }
+            Err(Refusal::Overloaded(o)) => {
+                assert_eq!(o.reason, OverloadReason::Rate);
+                overloaded = Some(now - t0);
+                break;
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    let at = overloaded.expect("1.2x is over a 1.0x class");
+    assert!(
+        at > Duration::from_secs(2) && at < Duration::from_secs(3),
+        "{at:?}"
+    );
+    assert!(counters.snapshot().admitted > 100);
+}

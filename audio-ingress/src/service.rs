@@ -8,6 +8,7 @@
 //! NATS client → stop the admin listener.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -16,9 +17,11 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::admin::{self, AdminState};
+use crate::auth::Authenticator;
 use crate::config::{Config, Delivery};
 use crate::conn_limit::ConnLimiter;
 use crate::error::Error;
+use crate::error::{ConfigError, ConfigErrorKind};
 use crate::jetstream::{JetStreamSink, NatsSink};
 use crate::listener::{self, HttpOptions, check_fd_limit};
 use crate::publisher::Sink;
@@ -115,6 +118,12 @@ pub async fn start_with_sink<S: Sink>(
         idle_timeout: config.server.idle_timeout,
         send_timeout: config.server.ws_send_timeout,
         tracker,
+        auth: match &config.server.auth {
+            None => None,
+            Some(a) => Some(Arc::new(Authenticator::new(a).map_err(|e| {
+                ConfigError::new("auth_required", ConfigErrorKind::Invalid, e)
+            })?)),
+        },
     });
     let http = |name| HttpOptions {
         name,
@@ -169,7 +178,8 @@ pub async fn start_with_sink<S: Sink>(
 
     tracing::info!(%ws_addr, %admin_addr, policy = config.stream.policy().as_str(),
         max_bytes = config.stream.max_bytes(), max_age_ms = config.stream.max_age().as_millis() as u64,
-        shadow = config.stream.shadow(), max_streams, "audio-ingress serving");
+        shadow = config.stream.shadow(), max_streams, auth = config.server.auth.is_some(),
+        "audio-ingress serving");
     Ok(RunningService {
         ws_addr,
         admin_addr,

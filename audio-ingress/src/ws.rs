@@ -46,6 +46,7 @@
 //! message ends only its own stream and changes nothing else; every await in a handler
 //! is bounded (idle timeout, `max_wait`, send timeout, the finish bounds).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -53,7 +54,7 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use futures::SinkExt;
@@ -62,6 +63,7 @@ use tokio::time::Instant;
 use weir_protocol::StreamId;
 use weir_protocol::audio::extension::{EndReason, Overload};
 
+use crate::auth::Authenticator;
 use crate::error::{OpenError, PushError};
 use crate::metrics as m;
 use crate::publisher::Sink;
@@ -105,6 +107,8 @@ pub struct WsState<S: Sink> {
     pub send_timeout: Duration,
     /// Tracks connection handlers so shutdown can wait for their close frames.
     pub tracker: TaskTracker,
+    /// Producer tokens are checked before the upgrade (`auth_required`); `None`: off.
+    pub auth: Option<Arc<Authenticator>>,
 }
 
 /// The front door's routes.
@@ -137,6 +141,7 @@ async fn upgrade<S: Sink>(
     State(state): State<WsState<S>>,
     path: Result<Path<String>, PathRejection>,
     RawQuery(raw_query): RawQuery,
+    headers: HeaderMap,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
     // Every refusal below carries the JSON body, including the extractors' own
@@ -156,6 +161,33 @@ async fn upgrade<S: Sink>(
         Err(e) => {
             state.ingress.global().admission_rejected("invalid_session");
             return error_response(StatusCode::BAD_REQUEST, "invalid_request", e.to_string());
+        }
+    };
+    // Authentication before anything else is looked at or opened.
+    let grant = match &state.auth {
+        None => None,
+        Some(auth) => {
+            let authorization = headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok());
+            let token = crate::auth::token_of(authorization, query.access_token.as_deref());
+            match auth.check(token, id.as_str()) {
+                Ok(g) => Some(g),
+                Err(e) => {
+                    state.ingress.global().admission_rejected(e.code());
+                    let status = if e.code() == "forbidden" {
+                        StatusCode::FORBIDDEN
+                    } else {
+                        StatusCode::UNAUTHORIZED
+                    };
+                    let mut resp = error_response(status, e.code(), e.to_string());
+                    if status == StatusCode::UNAUTHORIZED {
+                        resp.headers_mut()
+                            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                    }
+                    return resp;
+                }
+            }
         }
     };
     let ws = match ws {
@@ -181,6 +213,9 @@ async fn upgrade<S: Sink>(
         Ok(h) => h,
         Err(e) => return open_refusal(&e, state.retry_after),
     };
+    if let Some(permille) = grant.and_then(|g| g.max_rate_permille) {
+        handle.limit_rate(permille);
+    }
     let max_frame = state.ingress.config().max_frame_bytes();
     let guard = state.tracker.guard();
     // Messages a little over max_frame_bytes get a clear 1008; far larger ones are cut

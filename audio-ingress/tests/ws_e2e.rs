@@ -614,6 +614,7 @@ async fn ws_client_that_stops_reading_is_abandoned_within_the_send_timeout() {
         idle_timeout: Duration::from_secs(30),
         send_timeout,
         tracker,
+        auth: None,
     });
     // Accepted sockets inherit the listener's small send buffer (Linux).
     let listener = tokio::net::TcpSocket::new_v4().expect("socket");
