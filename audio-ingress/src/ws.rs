@@ -225,6 +225,10 @@ async fn upgrade<S: Sink>(
         // tungstenite reserves 128 KiB per connection by default, i.e. ~8x the whole
         // default PCM budget of a stream; frames are at most a few KiB.
         .read_buffer_size(WS_READ_BUFFER_BYTES)
+        // Server → client traffic is a few small JSON events; a byte bound instead of
+        // tungstenite's unbounded default (every send is also bounded in time).
+        .write_buffer_size(WS_WRITE_BUFFER_BYTES)
+        .max_write_buffer_size(WS_MAX_WRITE_BUFFER_BYTES)
         .on_upgrade(move |socket| async move {
             let _guard = guard;
             let conn = Conn::new(socket, state.send_timeout);
@@ -436,6 +440,11 @@ fn closed_event(reason: &str, summary: &StreamSummary) -> serde_json::Value {
 /// Initial read buffer of one WebSocket connection (frames are 640 bytes, at most
 /// `max_frame_bytes`; the buffer still grows for a larger message up to the limit).
 const WS_READ_BUFFER_BYTES: usize = 16 * 1024;
+/// Write buffer of one WebSocket connection before it is flushed.
+const WS_WRITE_BUFFER_BYTES: usize = 8 * 1024;
+/// Largest write buffer of one WebSocket connection (a client that does not read makes
+/// a send fail at this size, or time out first).
+const WS_MAX_WRITE_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Runs one connection: frames in, events out, until an [`Outcome`].
 async fn serve_socket(mut socket: Conn, handle: StreamHandle, idle_timeout: Duration) {
