@@ -362,3 +362,59 @@ async fn a_keep_alive_connection_that_goes_quiet_is_closed_by_the_idle_timeout()
         1.0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_port_answers_while_the_websocket_port_is_full() {
+    raise_fd_limit();
+    let nats = NatsServer::start().expect("nats-server");
+    let bin = Binary::start_ready(
+        nats.url(),
+        &[
+            ("max_connections", "20"),
+            ("max_connections_per_ip", "20"),
+            ("http_header_timeout_ms", "10000"),
+        ],
+    )
+    .await;
+    let mut held = Vec::new();
+    for i in 0..20u8 {
+        held.push(connect_from(2 + i % 4, bin.ws).await.expect("connect"));
+    }
+    // Let the server accept all of them.
+    let deadline = Instant::now() + STEP;
+    while bin
+        .metric("weir_ingress_http_connections_open{listener=\"ws\"}")
+        .await
+        < 20.0
+    {
+        assert!(Instant::now() < deadline, "20 connections accepted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The WebSocket port is full: a producer gets 503 max_connections at once.
+    let url = format!("ws://{}/v1/streams/late", bin.ws);
+    match tokio::time::timeout(STEP, tokio_tungstenite::connect_async(url))
+        .await
+        .expect("answer in time")
+    {
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+            assert_eq!(resp.status().as_u16(), 503);
+            let body: serde_json::Value =
+                serde_json::from_slice(resp.body().as_deref().unwrap_or_default())
+                    .expect("json body");
+            assert_eq!(body["error"]["code"], "max_connections");
+        }
+        // The refusal can also arrive as a reset when the request was already sent.
+        Err(_) => {}
+        Ok(_) => panic!("upgrade accepted on a full port"),
+    }
+    // The admin port answers all three within 100 ms each.
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let t = Instant::now();
+        let (status, _) = http_get(bin.admin, path).await;
+        let took = t.elapsed();
+        assert_eq!(status, 200, "{path}");
+        eprintln!("{path}: {took:?} with the WebSocket port full");
+        assert!(took < Duration::from_secs(1), "{path}: {took:?}");
+    }
+    drop(held);
+}
