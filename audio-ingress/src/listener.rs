@@ -67,7 +67,8 @@ pub struct HttpOptions {
 
 /// Serves `router` on `listener` until `stop` fires (or its sender is dropped): the
 /// accept loop stops, and connections that have not upgraded finish their current
-/// request and close (idle ones close at once).
+/// request and close (idle ones close at once; any still open 500 ms later is
+/// dropped).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
@@ -191,6 +192,11 @@ async fn serve_connection(
     idle.reset();
     let mut quiet_ticks = 0;
     let mut shutting_down = false;
+    // After a stop, a connection that has not finished its request (or has not sent
+    // one: hyper closes only idle keep-alive connections at once) is dropped after
+    // this; it holds no stream, and the service's shutdown waits for the tasks.
+    let hard_stop = tokio::time::sleep(Duration::from_secs(86_400));
+    tokio::pin!(hard_stop);
     loop {
         tokio::select! {
             result = conn.as_mut() => {
@@ -220,12 +226,17 @@ async fn serve_connection(
                 let _ = changed;
                 shutting_down = true;
                 conn.as_mut().graceful_shutdown();
+                hard_stop.as_mut().reset(tokio::time::Instant::now() + SHUTDOWN_BOUND);
             }
+            () = &mut hard_stop => return,
         }
     }
 }
 
 const IDLE_TICKS: u32 = 4;
+
+/// How long a connection that has not upgraded may take to finish after a stop.
+const SHUTDOWN_BOUND: Duration = Duration::from_millis(500);
 
 fn timed_out(options: &HttpOptions, reason: &'static str) {
     metrics::counter!(m::HTTP_CONNECTIONS_TIMED_OUT_TOTAL,

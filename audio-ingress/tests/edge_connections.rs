@@ -418,3 +418,66 @@ async fn the_admin_port_answers_while_the_websocket_port_is_full() {
     }
     drop(held);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_silent_and_slowloris_connections_open_shuts_down_cleanly() {
+    use tokio::io::AsyncBufReadExt;
+    let nats = NatsServer::start().expect("nats-server");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_audio-ingress"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+        .args(["--nats-url", nats.url()])
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    let mut out = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let ready: serde_json::Value = serde_json::from_str(
+        &tokio::time::timeout(STEP, out.next_line())
+            .await
+            .expect("ready in time")
+            .expect("read")
+            .expect("line"),
+    )
+    .expect("json");
+    let ws: SocketAddr = ready["ws"].as_str().expect("ws").parse().expect("addr");
+    let mut held = Vec::new();
+    for _ in 0..50 {
+        held.push(connect_from(2, ws).await.expect("connect"));
+    }
+    let mut slow = connect_from(3, ws).await.expect("connect");
+    slow.write_all(b"GET /v1/streams/x HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .expect("partial head");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let pid = child.id().expect("pid");
+    let t0 = Instant::now();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let mut stderr = String::new();
+    let mut err = child.stderr.take().expect("stderr");
+    tokio::time::timeout(STEP, err.read_to_string(&mut stderr))
+        .await
+        .expect("exits in time")
+        .expect("read stderr");
+    let code = tokio::time::timeout(STEP, child.wait())
+        .await
+        .expect("exits")
+        .expect("wait");
+    eprintln!("exited {code} {:?} after SIGTERM", t0.elapsed());
+    assert!(code.success());
+    let done = stderr
+        .lines()
+        .find(|l| l.contains("shutdown complete"))
+        .expect("shutdown complete logged");
+    // Connections that never upgraded do not hold the shutdown (they hold no stream).
+    assert!(
+        done.contains("handlers_done") && done.contains("true"),
+        "{done}"
+    );
+    drop((held, slow));
+}
