@@ -26,6 +26,9 @@ pub struct AdminState<S: Sink> {
     pub prometheus: Option<PrometheusHandle>,
     /// `max_streams` of the front door, for `/v1/limits`.
     pub max_streams: usize,
+    /// The front door's connection and authentication settings, for `/v1/limits`
+    /// (never a secret).
+    pub edge: serde_json::Value,
 }
 
 /// The admin routes.
@@ -98,6 +101,7 @@ async fn limits<S: Sink>(State(state): State<AdminState<S>>) -> Response {
         "subject": c.subject().as_str(),
         "partitions": c.partitions().get(),
         "max_streams": state.max_streams,
+        "edge": state.edge,
     }))
     .into_response()
 }

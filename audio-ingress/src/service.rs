@@ -146,9 +146,21 @@ pub async fn start_with_sink<S: Sink>(
         ws_stopped,
     ));
 
+    let s = &config.server;
+    let edge = serde_json::json!({
+        "max_connections": s.max_connections.get(),
+        "max_connections_per_ip": s.max_connections_per_ip.get(),
+        "admin_max_connections": s.admin_max_connections.get(),
+        "http_header_timeout_ms": s.http_header_timeout.as_millis() as u64,
+        "http_idle_timeout_ms": s.http_idle_timeout.as_millis() as u64,
+        "http_max_header_bytes": s.http_max_header_bytes,
+        "rlimit_nofile": fd.soft,
+        "auth_required": s.auth.is_some(),
+    });
     let admin_router = admin::router(AdminState {
         ingress: ingress.clone(),
         prometheus: prometheus.clone(),
+        edge,
         max_streams,
     });
     // Per address = the whole cap: the admin port is for local scrapers and probes.

@@ -141,6 +141,12 @@ async fn hs256_tokens_gate_the_upgrade() {
     .await;
     assert_eq!(open(&bin, "tenant-a-7", Some(&tp), "").await, Ok(1000));
     assert_eq!(open(&bin, "tenant-b-7", Some(&tp), "").await, Err(403));
+    let (status, limits) = edge_support::http_get(bin.admin, "/v1/limits").await;
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_str(&limits).expect("json");
+    assert_eq!(v["edge"]["auth_required"], true, "{limits}");
+    assert_eq!(v["edge"]["max_connections"], 4096, "{limits}");
+    assert!(!limits.contains(SECRET), "no secret in /v1/limits");
     let rejects = |r: &str| format!("weir_ingress_admission_rejects_total{{reason=\"{r}\"}}");
     assert_eq!(bin.metric(&rejects("unauthorized")).await, 4.0);
     assert_eq!(bin.metric(&rejects("forbidden")).await, 2.0);
