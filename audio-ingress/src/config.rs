@@ -1959,6 +1959,24 @@ mod tests {
         assert_eq!(c.stream.max_bytes(), 32_000);
         assert_eq!(c.server.listen.port(), 0);
 
+        // A decimal key takes a TOML float or integer.
+        for (text, permille) in [("max_rate = 2.5\n", 2500), ("max_rate = 3\n", 3000)] {
+            std::fs::write(&path, text).expect("write");
+            let c = Config::load(&ConfigSources {
+                file: Some(path.clone()),
+                ..Default::default()
+            })
+            .expect("decimal");
+            assert_eq!(c.stream.max_rate_permille(), permille);
+        }
+        std::fs::write(&path, "max_rate = \"fast\"\n").expect("write");
+        let err = Config::load(&ConfigSources {
+            file: Some(path.clone()),
+            ..Default::default()
+        })
+        .expect_err("string for a decimal");
+        assert_eq!(err.kind(), ConfigErrorKind::WrongType);
+
         std::fs::write(&path, "max_bytes = \"big\"\n").expect("write");
         let err = Config::load(&ConfigSources {
             file: Some(path.clone()),
