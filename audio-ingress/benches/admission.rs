@@ -37,6 +37,8 @@ fn config() -> StreamConfig {
         .max_bytes(64 * 1024 * 1024)
         .max_age(Duration::from_secs(60))
         .publish_timeout(Duration::from_secs(60))
+        // Admission cost at full speed, not the rate bound.
+        .max_rate_permille(0)
         .build()
         .expect("bench config")
 }

@@ -133,7 +133,9 @@ fn config(delivery: Delivery) -> StreamConfig {
         .jetstream_stream(JS_STREAM)
         .max_bytes(env_or("THROUGHPUT_MAX_BYTES", 16_000) as usize)
         .max_wait(Duration::from_millis(500))
-        .publish_timeout(Duration::from_millis(500));
+        .publish_timeout(Duration::from_millis(500))
+        // Throughput pushes as fast as possible: no rate bound (max_rate).
+        .max_rate_permille(0);
     // Lossless mode: the same byte budget (25 frames), but an age bound of 5 s. In
     // this bulk test every stream keeps its 25 frames queued, so a frame waits
     // streams × 25 / rate: at 1,000 streams and ~35,000 stored frames/s that is ~0.7 s,

@@ -26,6 +26,9 @@ pub struct AdminState<S: Sink> {
     pub prometheus: Option<PrometheusHandle>,
     /// `max_streams` of the front door, for `/v1/limits`.
     pub max_streams: usize,
+    /// The front door's connection and authentication settings, for `/v1/limits`
+    /// (never a secret).
+    pub edge: serde_json::Value,
 }
 
 /// The admin routes.
@@ -93,9 +96,12 @@ async fn limits<S: Sink>(State(state): State<AdminState<S>>) -> Response {
         "publish_timeout_ms": c.publish_timeout().as_millis() as u64,
         "end_timeout_ms": c.end_timeout().as_millis() as u64,
         "max_frame_bytes": c.max_frame_bytes(),
+        "max_rate": f64::from(c.max_rate_permille()) / 1000.0,
+        "enforced_max_rate": f64::from(c.enforced_max_rate_permille()) / 1000.0,
         "subject": c.subject().as_str(),
         "partitions": c.partitions().get(),
         "max_streams": state.max_streams,
+        "edge": state.edge,
     }))
     .into_response()
 }

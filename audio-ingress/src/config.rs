@@ -164,6 +164,7 @@ pub struct StreamConfig {
     confirm_window_min_bytes: u64,
     confirm_interval: Duration,
     jetstream: JetStreamKeys,
+    max_rate_permille: u32,
 }
 
 /// The `jetstream_*` keys (used with `delivery = "jetstream"`).
@@ -209,9 +210,15 @@ impl Default for StreamConfig {
             confirm_window_min_bytes: DEFAULT_CONFIRM_WINDOW_MIN_BYTES,
             confirm_interval: DEFAULT_CONFIRM_INTERVAL,
             jetstream: JetStreamKeys::default(),
+            max_rate_permille: DEFAULT_MAX_RATE_PERMILLE,
         }
     }
 }
+
+/// Default `max_rate`, in thousandths: 1.5 × real time.
+pub const DEFAULT_MAX_RATE_PERMILLE: u32 = 1500;
+/// Largest `max_rate` accepted (1,000 × real time), in thousandths.
+pub const MAX_MAX_RATE_PERMILLE: u32 = 1_000_000;
 
 impl StreamConfig {
     /// A builder starting from the defaults.
@@ -298,6 +305,24 @@ impl StreamConfig {
         self.confirm_interval
     }
 
+    /// The rate bound in thousandths of real time (`max_rate` × 1000; 0 = no bound):
+    /// a stream delivers at most this much audio per unit of time, sustained, with a
+    /// burst of `max_bytes`. See [`crate::rate`].
+    pub fn max_rate_permille(&self) -> u32 {
+        self.max_rate_permille
+    }
+
+    /// The rate bound applied: [`Self::max_rate_permille`], times the
+    /// shadow-ceiling factor in shadow mode (0 = no bound).
+    pub fn enforced_max_rate_permille(&self) -> u32 {
+        if self.shadow {
+            self.max_rate_permille
+                .saturating_mul(self.shadow_ceiling_factor)
+        } else {
+            self.max_rate_permille
+        }
+    }
+
     /// The JetStream stream for `delivery = "jetstream"`: it captures every subject of
     /// the subject template.
     pub fn jetstream(&self) -> crate::jetstream::JetStreamSettings {
@@ -361,6 +386,7 @@ pub struct StreamConfigBuilder {
     confirm_window_min_bytes: u64,
     confirm_interval: Duration,
     jetstream: JetStreamKeys,
+    max_rate_permille: u64,
 }
 
 impl Default for StreamConfigBuilder {
@@ -384,6 +410,7 @@ impl Default for StreamConfigBuilder {
             confirm_window_min_bytes: DEFAULT_CONFIRM_WINDOW_MIN_BYTES,
             confirm_interval: DEFAULT_CONFIRM_INTERVAL,
             jetstream: JetStreamKeys::default(),
+            max_rate_permille: u64::from(DEFAULT_MAX_RATE_PERMILLE),
         }
     }
 }
@@ -409,6 +436,11 @@ fn check_ms(key: &str, d: Duration, min_ms: u64, max_ms: u64) -> Result<(), Conf
 }
 
 impl StreamConfigBuilder {
+    /// `max_rate` in thousandths of real time (1,500 = 1.5×; 0 = no rate bound).
+    pub fn max_rate_permille(mut self, v: u32) -> Self {
+        self.max_rate_permille = u64::from(v);
+        self
+    }
     /// `max_bytes`: byte budget per stream.
     pub fn max_bytes(mut self, v: usize) -> Self {
         self.max_bytes = v as u64;
@@ -611,6 +643,15 @@ impl StreamConfigBuilder {
         if !(1..=65_536).contains(&partitions) {
             return Err(out_of_range("partitions", partitions, "1..=65536"));
         }
+        if self.max_rate_permille != 0
+            && !(1000..=u64::from(MAX_MAX_RATE_PERMILLE)).contains(&self.max_rate_permille)
+        {
+            return Err(out_of_range(
+                "max_rate",
+                self.max_rate_permille as f64 / 1000.0,
+                "0 (no bound) or 1.0..=1000",
+            ));
+        }
         let nz = |v: u64| NonZeroUsize::new(v as usize).unwrap_or(NonZeroUsize::MIN);
         Ok(StreamConfig {
             max_bytes: nz(self.max_bytes),
@@ -631,6 +672,7 @@ impl StreamConfigBuilder {
             confirm_window_min_bytes: self.confirm_window_min_bytes,
             confirm_interval: self.confirm_interval,
             jetstream: self.jetstream,
+            max_rate_permille: self.max_rate_permille as u32,
         })
     }
 }
@@ -653,7 +695,39 @@ pub struct ServerConfig {
     pub ws_send_timeout: Duration,
     /// Time allowed to finish every stream on SIGTERM/SIGINT (`grace_period_ms`).
     pub grace_period: Duration,
+    /// Open TCP connections on the WebSocket port, upgraded or not (`max_connections`).
+    pub max_connections: NonZeroUsize,
+    /// Open TCP connections on the WebSocket port from one client address, IPv4 or
+    /// IPv6 /64 (`max_connections_per_ip`); at most `max_connections`.
+    pub max_connections_per_ip: NonZeroUsize,
+    /// Open TCP connections on the admin port (`admin_max_connections`); a separate
+    /// cap, so `/readyz` and `/metrics` answer while the WebSocket port is full.
+    pub admin_max_connections: NonZeroUsize,
+    /// Bound on receiving a request head on either port (`http_header_timeout_ms`).
+    pub http_header_timeout: Duration,
+    /// A connection that moves no byte for this long before an upgrade is closed
+    /// (`http_idle_timeout_ms`).
+    pub http_idle_timeout: Duration,
+    /// Largest request head buffered (`http_max_header_bytes`).
+    pub http_max_header_bytes: usize,
+    /// Producer authentication (`auth_required` and its keys); `None`: off.
+    pub auth: Option<crate::auth::AuthConfig>,
 }
+
+/// Default `max_connections`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Default `max_connections_per_ip`: a quarter of the connection cap.
+pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 1024;
+/// Default `admin_max_connections`.
+pub const DEFAULT_ADMIN_MAX_CONNECTIONS: usize = 64;
+/// Default `http_header_timeout_ms`.
+pub const DEFAULT_HTTP_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default `http_idle_timeout_ms`.
+pub const DEFAULT_HTTP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `http_max_header_bytes`.
+pub const DEFAULT_HTTP_MAX_HEADER_BYTES: usize = 16 * 1024;
+/// Smallest `http_max_header_bytes` hyper accepts.
+pub const MIN_HTTP_MAX_HEADER_BYTES: usize = 8 * 1024;
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -665,6 +739,15 @@ impl Default for ServerConfig {
             idle_timeout: Duration::from_secs(30),
             ws_send_timeout: Duration::from_secs(2),
             grace_period: Duration::from_secs(5),
+            max_connections: NonZeroUsize::MIN.saturating_add(DEFAULT_MAX_CONNECTIONS - 1),
+            max_connections_per_ip: NonZeroUsize::MIN
+                .saturating_add(DEFAULT_MAX_CONNECTIONS_PER_IP - 1),
+            admin_max_connections: NonZeroUsize::MIN
+                .saturating_add(DEFAULT_ADMIN_MAX_CONNECTIONS - 1),
+            http_header_timeout: DEFAULT_HTTP_HEADER_TIMEOUT,
+            http_idle_timeout: DEFAULT_HTTP_IDLE_TIMEOUT,
+            http_max_header_bytes: DEFAULT_HTTP_MAX_HEADER_BYTES,
+            auth: None,
         }
     }
 }
@@ -781,6 +864,8 @@ pub enum KeyType {
     Bool,
     /// String.
     Str,
+    /// Non-negative decimal number (e.g. `1.5`), carried in thousandths.
+    Dec,
 }
 
 /// One configuration key: name, type, default (as shown in docs) and meaning.
@@ -814,7 +899,7 @@ const fn key(
     }
 }
 
-use KeyType::{Bool, Int, Str};
+use KeyType::{Bool, Dec, Int, Str};
 
 /// Every configuration key of `audio-ingress serve`.
 pub const KEYS: &[KeySpec] = &[
@@ -824,6 +909,13 @@ pub const KEYS: &[KeySpec] = &[
         "16000",
         "2×max_frame_bytes..=67108864",
         "PCM byte budget per stream (queued + in flight)",
+    ),
+    key(
+        "max_rate",
+        Dec,
+        "1.5",
+        "0 (no bound) or 1.0..=1000",
+        "audio a stream may deliver, in multiples of real time, sustained; burst = max_bytes; beyond: the policy (close: overload, reason rate; gap: dropped into a marker)",
     ),
     key(
         "max_age_ms",
@@ -1008,6 +1100,76 @@ pub const KEYS: &[KeySpec] = &[
         "bound on one send to a WebSocket client; a client that stops reading is abandoned (stream ends producer_gone)",
     ),
     key(
+        "max_connections",
+        Int,
+        "4096",
+        "1..=1000000, + admin_max_connections + 64 <= RLIMIT_NOFILE hard limit",
+        "open TCP connections on the WebSocket port (upgraded or not); above: 503 and close at accept",
+    ),
+    key(
+        "max_connections_per_ip",
+        Int,
+        "1024",
+        "1..=max_connections",
+        "open connections on the WebSocket port from one IPv4 address or IPv6 /64",
+    ),
+    key(
+        "admin_max_connections",
+        Int,
+        "64",
+        "1..=10000",
+        "open TCP connections on the admin port (its own cap: /readyz answers while the WebSocket port is full)",
+    ),
+    key(
+        "http_header_timeout_ms",
+        Int,
+        "5000",
+        "100..=600000",
+        "a connection (either port) must send a complete request head within this; else closed",
+    ),
+    key(
+        "http_idle_timeout_ms",
+        Int,
+        "10000",
+        "100..=3600000",
+        "a connection (either port) that moves no byte for this long before an upgrade is closed",
+    ),
+    key(
+        "http_max_header_bytes",
+        Int,
+        "16384",
+        "8192..=1048576",
+        "largest request head buffered per connection",
+    ),
+    key(
+        "auth_required",
+        Bool,
+        "false",
+        "true | false; true needs one key below",
+        "producers must present a signed token (JWT) before the upgrade: 401 missing/invalid, 403 out of scope",
+    ),
+    key(
+        "auth_hs256_secret",
+        Str,
+        "",
+        "at least 32 bytes; or auth_eddsa_public_key",
+        "HS256 shared secret of producer tokens (never logged)",
+    ),
+    key(
+        "auth_eddsa_public_key",
+        Str,
+        "",
+        "32-byte Ed25519 public key, base64url; or auth_hs256_secret",
+        "EdDSA public key of producer tokens",
+    ),
+    key(
+        "auth_leeway_s",
+        Int,
+        "5",
+        "0..=300",
+        "clock skew allowed on a token's exp",
+    ),
+    key(
         "grace_period_ms",
         Int,
         "5000",
@@ -1152,6 +1314,13 @@ fn parse_text(spec: &KeySpec, text: &str, origin: &str) -> Result<Raw, ConfigErr
             _ => Err(wrong("true or false")),
         },
         Str => Ok(Raw::Str(text.to_owned())),
+        Dec => text
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .and_then(permille)
+            .map(Raw::Int)
+            .ok_or_else(|| wrong("a non-negative decimal number")),
     }
 }
 
@@ -1172,7 +1341,19 @@ fn parse_toml(spec: &KeySpec, value: &toml::Value, origin: &str) -> Result<Raw, 
         (Bool, _) => Err(wrong("a boolean")),
         (Str, toml::Value::String(s)) => Ok(Raw::Str(s.clone())),
         (Str, _) => Err(wrong("a string")),
+        (Dec, toml::Value::Float(f)) => permille(*f)
+            .map(Raw::Int)
+            .ok_or_else(|| wrong("a non-negative decimal number")),
+        (Dec, toml::Value::Integer(i)) => permille(*i as f64)
+            .map(Raw::Int)
+            .ok_or_else(|| wrong("a non-negative decimal number")),
+        (Dec, _) => Err(wrong("a number")),
     }
+}
+
+/// A decimal value in thousandths (rounded); `None` for a negative, NaN or huge value.
+fn permille(v: f64) -> Option<u64> {
+    (v.is_finite() && (0.0..=1e12).contains(&v)).then(|| (v * 1000.0).round() as u64)
 }
 
 /// The merged raw values, one per key that was set somewhere.
@@ -1303,6 +1484,9 @@ impl Config {
         if let Some(v) = raw.int("jetstream_replicas") {
             b.jetstream.replicas = v;
         }
+        if let Some(v) = raw.int("max_rate") {
+            b.max_rate_permille = v;
+        }
         let stream = b.build()?;
         let server = server_from_raw(raw)?;
         let nats = nats_from_raw(raw)?;
@@ -1360,6 +1544,27 @@ fn int_in(raw: &RawValues, k: &str, default: u64, min: u64, max: u64) -> Result<
 fn server_from_raw(raw: &RawValues) -> Result<ServerConfig, ConfigError> {
     let d = ServerConfig::default();
     let max_streams = int_in(raw, "max_streams", 1000, 1, 1_000_000)?;
+    let max_connections = int_in(
+        raw,
+        "max_connections",
+        DEFAULT_MAX_CONNECTIONS as u64,
+        1,
+        1_000_000,
+    )?;
+    let per_ip = int_in(
+        raw,
+        "max_connections_per_ip",
+        (DEFAULT_MAX_CONNECTIONS_PER_IP as u64).min(max_connections),
+        1,
+        1_000_000,
+    )?;
+    if per_ip > max_connections {
+        return Err(ConfigError::new(
+            "max_connections_per_ip",
+            ConfigErrorKind::Conflict,
+            format!("{per_ip} exceeds max_connections = {max_connections}"),
+        ));
+    }
     Ok(ServerConfig {
         listen: addr(raw, "listen", d.listen)?,
         admin: addr(raw, "admin", d.admin)?,
@@ -1380,7 +1585,98 @@ fn server_from_raw(raw: &RawValues) -> Result<ServerConfig, ConfigError> {
             60_000,
         )?),
         grace_period: Duration::from_millis(int_in(raw, "grace_period_ms", 5_000, 0, 600_000)?),
+        max_connections: nonzero(max_connections),
+        max_connections_per_ip: nonzero(per_ip),
+        admin_max_connections: nonzero(int_in(
+            raw,
+            "admin_max_connections",
+            DEFAULT_ADMIN_MAX_CONNECTIONS as u64,
+            1,
+            10_000,
+        )?),
+        http_header_timeout: Duration::from_millis(int_in(
+            raw,
+            "http_header_timeout_ms",
+            DEFAULT_HTTP_HEADER_TIMEOUT.as_millis() as u64,
+            100,
+            600_000,
+        )?),
+        http_idle_timeout: Duration::from_millis(int_in(
+            raw,
+            "http_idle_timeout_ms",
+            DEFAULT_HTTP_IDLE_TIMEOUT.as_millis() as u64,
+            100,
+            3_600_000,
+        )?),
+        http_max_header_bytes: int_in(
+            raw,
+            "http_max_header_bytes",
+            DEFAULT_HTTP_MAX_HEADER_BYTES as u64,
+            MIN_HTTP_MAX_HEADER_BYTES as u64,
+            1_048_576,
+        )? as usize,
+        auth: auth_from_raw(raw)?,
     })
+}
+
+fn auth_from_raw(raw: &RawValues) -> Result<Option<crate::auth::AuthConfig>, ConfigError> {
+    use crate::auth::{AuthConfig, AuthKey, MIN_HS256_SECRET_BYTES, b64url_decode};
+    let required = raw.bool("auth_required").unwrap_or(false);
+    let leeway_s = int_in(raw, "auth_leeway_s", 5, 0, 300)?;
+    let secret = raw.str("auth_hs256_secret");
+    let public = raw.str("auth_eddsa_public_key");
+    let key = match (secret, public) {
+        (Some(_), Some(_)) => {
+            return Err(ConfigError::new(
+                "auth_eddsa_public_key",
+                ConfigErrorKind::Conflict,
+                "set either auth_hs256_secret or auth_eddsa_public_key, not both",
+            ));
+        }
+        // The secret itself is never part of a message.
+        (Some(s), None) if s.len() < MIN_HS256_SECRET_BYTES => {
+            return Err(ConfigError::new(
+                "auth_hs256_secret",
+                ConfigErrorKind::Invalid,
+                format!(
+                    "too short ({} bytes); at least {MIN_HS256_SECRET_BYTES} bytes",
+                    s.len()
+                ),
+            ));
+        }
+        (Some(s), None) => Some(AuthKey::Hs256(s.as_bytes().to_vec())),
+        (None, Some(p)) => {
+            let bytes: [u8; 32] = b64url_decode(p)
+                .and_then(|b| b.try_into().ok())
+                .ok_or_else(|| {
+                    ConfigError::new(
+                        "auth_eddsa_public_key",
+                        ConfigErrorKind::Invalid,
+                        "expected the 32-byte Ed25519 public key in base64url (43 characters)",
+                    )
+                })?;
+            Some(AuthKey::EdDsa(bytes))
+        }
+        (None, None) => None,
+    };
+    match (required, key) {
+        (true, Some(key)) => Ok(Some(AuthConfig { key, leeway_s })),
+        (false, None) => Ok(None),
+        (true, None) => Err(ConfigError::new(
+            "auth_required",
+            ConfigErrorKind::Missing,
+            "needs auth_hs256_secret or auth_eddsa_public_key",
+        )),
+        (false, Some(_)) => Err(ConfigError::new(
+            "auth_required",
+            ConfigErrorKind::Conflict,
+            "a token key is set but auth_required is false; set auth_required = true to check tokens",
+        )),
+    }
+}
+
+fn nonzero(v: u64) -> NonZeroUsize {
+    NonZeroUsize::new(usize::try_from(v).unwrap_or(usize::MAX)).unwrap_or(NonZeroUsize::MIN)
 }
 
 fn existing_file(raw: &RawValues, k: &str) -> Result<Option<PathBuf>, ConfigError> {
@@ -1593,6 +1889,11 @@ mod tests {
             ("shadow_ceiling_factor", "1"),
             ("nats_client_capacity", "1"),
             ("grace_period_ms", "999999999"),
+            ("max_connections", "0"),
+            ("admin_max_connections", "0"),
+            ("http_header_timeout_ms", "10"),
+            ("http_idle_timeout_ms", "0"),
+            ("http_max_header_bytes", "4096"),
         ];
         for (k, v) in cases {
             let err = load(&[], &[(k, v)]).expect_err(k);
@@ -1657,6 +1958,24 @@ mod tests {
         .expect("file");
         assert_eq!(c.stream.max_bytes(), 32_000);
         assert_eq!(c.server.listen.port(), 0);
+
+        // A decimal key takes a TOML float or integer.
+        for (text, permille) in [("max_rate = 2.5\n", 2500), ("max_rate = 3\n", 3000)] {
+            std::fs::write(&path, text).expect("write");
+            let c = Config::load(&ConfigSources {
+                file: Some(path.clone()),
+                ..Default::default()
+            })
+            .expect("decimal");
+            assert_eq!(c.stream.max_rate_permille(), permille);
+        }
+        std::fs::write(&path, "max_rate = \"fast\"\n").expect("write");
+        let err = Config::load(&ConfigSources {
+            file: Some(path.clone()),
+            ..Default::default()
+        })
+        .expect_err("string for a decimal");
+        assert_eq!(err.kind(), ConfigErrorKind::WrongType);
 
         std::fs::write(&path, "max_bytes = \"big\"\n").expect("write");
         let err = Config::load(&ConfigSources {
@@ -1747,7 +2066,7 @@ mod tests {
         for k in KEYS {
             assert!(spec(k.name).is_some());
         }
-        assert_eq!(KEYS.len(), 42);
+        assert_eq!(KEYS.len(), 53);
         let err = load(&[], &[("jetstream_stream", "a.b")]).expect_err("dot");
         assert_eq!(err.key(), "jetstream_stream");
         let err = load(&[], &[("jetstream_duplicate_window_s", "7200")]).expect_err("window");
@@ -1757,6 +2076,89 @@ mod tests {
             c.stream.jetstream().subjects,
             ["inference.whisper.stream.*"]
         );
+    }
+
+    #[test]
+    fn max_rate_is_a_decimal_in_thousandths_with_zero_for_off() {
+        let c = load(&[], &[]).expect("defaults");
+        assert_eq!(c.stream.max_rate_permille(), 1500);
+        let c = load(&[("WEIR_INGRESS_MAX_RATE", "2.25")], &[]).expect("env");
+        assert_eq!(c.stream.max_rate_permille(), 2250);
+        let c = load(&[], &[("max_rate", "0")]).expect("off");
+        assert_eq!(c.stream.max_rate_permille(), 0);
+        for bad in ["0.5", "1001", "-1", "fast", "NaN"] {
+            let err = load(&[], &[("max_rate", bad)]).expect_err(bad);
+            assert_eq!(err.key(), "max_rate", "{bad}: {err}");
+        }
+        let c = load(&[], &[("shadow", "true"), ("max_rate", "2")]).expect("shadow");
+        assert_eq!(c.stream.enforced_max_rate_permille(), 16_000);
+    }
+
+    #[test]
+    fn auth_keys_validate_and_never_echo_the_secret() {
+        assert_eq!(load(&[], &[]).expect("defaults").server.auth, None);
+        let secret = "s3cr3t-s3cr3t-s3cr3t-s3cr3t-s3cr3t";
+        let c = load(
+            &[("WEIR_INGRESS_AUTH_HS256_SECRET", secret)],
+            &[("auth_required", "true")],
+        )
+        .expect("hs256");
+        let auth = c.server.auth.clone().expect("on");
+        assert_eq!(auth.leeway_s, 5);
+        assert!(!format!("{c:?}").contains("s3cr3t"), "Debug redacts");
+        let short = load(
+            &[],
+            &[
+                ("auth_required", "true"),
+                ("auth_hs256_secret", "tooshort-SECRET"),
+            ],
+        )
+        .expect_err("short");
+        assert_eq!(short.key(), "auth_hs256_secret");
+        assert!(!short.to_string().contains("tooshort-SECRET"), "{short}");
+        let err = load(&[], &[("auth_required", "true")]).expect_err("no key");
+        assert_eq!(err.key(), "auth_required");
+        let err = load(&[], &[("auth_hs256_secret", secret)]).expect_err("key without required");
+        assert_eq!(err.key(), "auth_required");
+        let pk = crate::auth::b64url(&[9u8; 32]);
+        let c = load(
+            &[],
+            &[("auth_required", "true"), ("auth_eddsa_public_key", &pk)],
+        )
+        .expect("eddsa");
+        assert!(matches!(
+            c.server.auth.map(|a| a.key),
+            Some(crate::auth::AuthKey::EdDsa(_))
+        ));
+        let err = load(
+            &[],
+            &[("auth_required", "true"), ("auth_eddsa_public_key", "abc")],
+        )
+        .expect_err("bad key");
+        assert_eq!(err.key(), "auth_eddsa_public_key");
+    }
+
+    #[test]
+    fn connection_hygiene_keys_default_and_validate() {
+        let c = load(&[], &[]).expect("defaults");
+        assert_eq!(c.server, ServerConfig::default());
+        assert_eq!(c.server.max_connections.get(), 4096);
+        assert_eq!(c.server.max_connections_per_ip.get(), 1024);
+        assert_eq!(c.server.admin_max_connections.get(), 64);
+        assert_eq!(c.server.http_header_timeout, Duration::from_secs(5));
+        // A small cap clamps the per-address default instead of refusing it.
+        let c = load(&[], &[("max_connections", "100")]).expect("small cap");
+        assert_eq!(c.server.max_connections_per_ip.get(), 100);
+        let err = load(
+            &[],
+            &[
+                ("max_connections", "100"),
+                ("max_connections_per_ip", "101"),
+            ],
+        )
+        .expect_err("per-ip above the cap");
+        assert_eq!(err.key(), "max_connections_per_ip");
+        assert_eq!(err.kind(), ConfigErrorKind::Conflict);
     }
 
     #[test]

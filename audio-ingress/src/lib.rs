@@ -4,12 +4,15 @@
 //! Producer side, in data-flow order:
 //! - [`config`]: validated budget, policy, listeners, NATS options;
 //! - [`queue`]: the pure per-stream queue bounded by bytes and age;
+//! - [`rate`]: the per-stream rate bound in audio time (a token bucket in samples);
 //! - [`stream`]: [`Ingress`] (opens streams, one publisher task each) and
 //!   [`StreamHandle`] (`try_push`, `push`, `finish`);
 //! - [`publisher`]: the per-stream task that hands packets to NATS under a timeout;
 //! - [`confirm`]: the server-confirmed window (the budget holds up to the server);
 //! - [`nats`]: connection options (auth, TLS) and connection events;
 //! - [`ws`], [`admin`], [`shutdown`], [`service`]: the `serve` service;
+//! - [`listener`], [`conn_limit`]: the HTTP listeners' accept loop, timeouts and
+//!   connection caps; [`auth`]: producer tokens checked before the upgrade;
 //! - [`stats`], [`metrics`]: accounting and metric names.
 //!
 //! Invariants: the number of tasks depends on the number of streams, never on the
@@ -21,15 +24,21 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+pub mod auth;
 pub mod config;
 pub mod confirm;
+pub mod conn_limit;
 pub mod consumer;
 pub mod error;
 pub mod jetstream;
+pub mod listener;
 pub mod metrics;
 pub mod nats;
 pub mod publisher;
 pub mod queue;
+pub mod rate;
+#[cfg(test)]
+mod rate_tests;
 pub mod service;
 pub mod shutdown;
 pub mod stats;
@@ -40,6 +49,7 @@ mod stream_tests;
 mod stream_window_tests;
 pub mod tap;
 pub mod ws;
+pub mod ws_query;
 
 pub use config::{Config, Delivery, Policy, StreamConfig};
 pub use error::{OpenError, PushError};

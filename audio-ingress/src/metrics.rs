@@ -83,6 +83,21 @@ pub const WS_CLOSES_TOTAL: &str = "weir_ingress_ws_closes_total";
 /// Counter: sends to a WebSocket client (event or close frame) that did not complete
 /// within `ws_send_timeout_ms`; the connection was abandoned.
 pub const WS_SEND_TIMEOUTS_TOTAL: &str = "weir_ingress_ws_send_timeouts_total";
+/// Gauge: open TCP connections of an HTTP listener, by `listener` (`ws`, `admin`),
+/// upgraded WebSockets included (see [`crate::listener`]).
+pub const HTTP_CONNECTIONS_OPEN: &str = "weir_ingress_http_connections_open";
+/// Counter: TCP connections accepted and given a slot, by `listener`.
+pub const HTTP_CONNECTIONS_TOTAL: &str = "weir_ingress_http_connections_total";
+/// Counter: TCP connections refused at accept, by `listener` and `reason`
+/// (`max_connections`, `per_ip`).
+pub const HTTP_CONNECTIONS_REFUSED_TOTAL: &str = "weir_ingress_http_connections_refused_total";
+/// Counter: connections closed before an upgrade by a timeout, by `listener` and
+/// `reason` (`header`: no complete request head within `http_header_timeout_ms`;
+/// `idle`: no byte moved for `http_idle_timeout_ms`).
+pub const HTTP_CONNECTIONS_TIMED_OUT_TOTAL: &str = "weir_ingress_http_connections_timed_out_total";
+/// Counter: `accept` failures other than a peer's reset (e.g. out of file descriptors),
+/// by `listener`.
+pub const HTTP_ACCEPT_ERRORS_TOTAL: &str = "weir_ingress_http_accept_errors_total";
 
 /// Histogram buckets for [`QUEUE_WAIT_SECONDS`], in seconds.
 pub const QUEUE_WAIT_BUCKETS: &[f64] = &[0.001, 0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0];
@@ -97,6 +112,8 @@ pub const LABEL_PACKET: &str = "packet";
 pub const LABEL_EVENT: &str = "event";
 /// Label key for a WebSocket close code.
 pub const LABEL_CODE: &str = "code";
+/// Label key for an HTTP listener (`ws`, `admin`).
+pub const LABEL_LISTENER: &str = "listener";
 
 /// Builds (does not install) a Prometheus recorder with weir's histogram buckets.
 ///

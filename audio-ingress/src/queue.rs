@@ -30,6 +30,9 @@
 //!   `unconfirmed`): the timeline stays exact.
 //! - In `close`, a stream that stays full for `max_wait` (no room appeared) overloads:
 //!   the queue is emptied, and the next item is the `end` with the overload report.
+//! - A frame over the rate bound ([`crate::rate`], `max_rate` × real time, burst =
+//!   the budget) is never admitted as if nothing had happened: `gap` drops it into a
+//!   marker (reason `rate`), `close` overloads the stream (reason `rate`).
 //! - Shadow mode measures the budget (counts `would_reject`) and enforces only the
 //!   ceiling (`shadow_ceiling_factor` × the budget), so memory stays bounded.
 //! - A queued frame is its encoded packet ([`FrameQueue::offer_with`] encodes it once
@@ -53,6 +56,7 @@ use weir_protocol::audio::{Gap, GapReason};
 use crate::config::{Policy, StreamConfig};
 use crate::confirm::WindowPermit;
 use crate::error::FrameError;
+use crate::rate::RateBucket;
 use crate::stats::{Account, Counters, DropReason, Global, WaitBatch, WouldReject};
 
 /// Maps monotonic instants to Unix milliseconds without two clock reads per frame: an
@@ -351,6 +355,8 @@ pub struct FrameQueue {
     direct_waits: WaitBatch,
     /// Capture times (Unix ms) of admitted frames.
     clock: WallClock,
+    /// The rate bound in audio time ([`crate::rate`]); `None` when `max_rate = 0`.
+    rate: Option<RateBucket>,
 
     budget: Arc<Budget>,
     counters: Arc<Counters>,
@@ -386,6 +392,10 @@ impl FrameQueue {
             publisher_idle: false,
             direct_waits: WaitBatch::default(),
             clock: WallClock::new(),
+            rate: RateBucket::new(
+                cfg.enforced_max_rate_permille(),
+                samples_of(cfg.enforced_max_bytes()),
+            ),
             budget: Arc::new(Budget::new(Arc::clone(&global))),
             counters,
             global,
@@ -774,6 +784,11 @@ impl FrameQueue {
         if let Some(r) = self.closed_refusal() {
             return Err(r);
         }
+        if let Some(rate) = &mut self.rate
+            && !rate.has(samples_of(pcm_len), now)
+        {
+            return self.over_rate(pcm_len, now);
+        }
         let len = pcm_len as u64;
         let pending = self.budget.bytes();
         if self.shadow {
@@ -808,6 +823,7 @@ impl FrameQueue {
                             DropReason::Unconfirmed,
                             GapReason::QueueFull,
                         );
+                        self.take_rate(pcm_len);
                         return Ok(None);
                     }
                 }
@@ -836,9 +852,55 @@ impl FrameQueue {
         }
         self.full_since = None;
         self.refused_while_full = (0, 0);
+        self.take_rate(pcm_len);
         let seq = self.next_seq;
         self.next_seq += 1;
         Ok(Some(seq))
+    }
+
+    /// Lowers the stream's rate bound to `max_rate_permille` (a producer token's rate
+    /// class, [`crate::auth`]); never raises it; ignored in shadow mode.
+    pub fn limit_rate(&mut self, max_rate_permille: u32) {
+        if self.shadow
+            || self
+                .rate
+                .as_ref()
+                .is_some_and(|r| r.permille() <= max_rate_permille)
+        {
+            return;
+        }
+        let burst = self.enforced_max_bytes / 2;
+        self.rate = RateBucket::new(max_rate_permille, burst);
+    }
+
+    /// Charges an admitted frame to the rate bound.
+    fn take_rate(&mut self, pcm_len: usize) {
+        if let Some(rate) = &mut self.rate {
+            rate.take(samples_of(pcm_len));
+        }
+    }
+
+    /// A frame over the rate bound: `gap` gives it its seq and drops it into a marker
+    /// (reason `rate`); `close` overloads the stream (reason `rate`), the frame
+    /// counted in the report.
+    fn over_rate(&mut self, pcm_len: usize, now: Instant) -> Result<Option<u64>, Refusal> {
+        let samples = samples_of(pcm_len);
+        match self.policy {
+            Policy::Gap => {
+                let seq = self.next_seq;
+                self.next_seq += 1;
+                self.drop_seq_into_gap(seq, samples, DropReason::Rate, GapReason::Rate);
+                Ok(None)
+            }
+            Policy::Close => {
+                self.refused_while_full.0 += 1;
+                self.refused_while_full.1 += samples;
+                self.trip_overload(OverloadReason::Rate, now);
+                Err(self
+                    .closed_refusal()
+                    .unwrap_or(Refusal::Closed(EndReason::Overload)))
+            }
+        }
     }
 
     /// Appends a dropped frame to the gap markers (merging contiguous ranges) and
@@ -1130,7 +1192,11 @@ mod tests {
     fn cfg(
         f: impl FnOnce(crate::config::StreamConfigBuilder) -> crate::config::StreamConfigBuilder,
     ) -> StreamConfig {
-        f(StreamConfig::builder()).build().expect("valid config")
+        // No rate bound unless a test asks for one: these tests offer frames at one
+        // instant, i.e. infinitely faster than real time.
+        f(StreamConfig::builder().max_rate_permille(0))
+            .build()
+            .expect("valid config")
     }
 
     fn queue(c: &StreamConfig) -> (FrameQueue, Arc<Counters>, Arc<Global>) {
@@ -1162,7 +1228,7 @@ mod tests {
 
     #[test]
     fn seq_starts_at_one_and_end_takes_the_next() {
-        let c = StreamConfig::default();
+        let c = cfg(|b| b);
         let (mut q, counters, g) = queue(&c);
         let t = Instant::now();
         assert_eq!(q.offer(&pcm(), t, OfferMode::Try), Ok(1));
@@ -1205,7 +1271,7 @@ mod tests {
 
     #[test]
     fn invalid_frames_change_nothing() {
-        let c = StreamConfig::default();
+        let c = cfg(|b| b);
         let (mut q, counters, _) = queue(&c);
         let t = Instant::now();
         for bad in [
@@ -1225,7 +1291,7 @@ mod tests {
 
     #[test]
     fn close_refuses_when_full_then_overloads_after_max_wait() {
-        let c = StreamConfig::default(); // 16,000 bytes = 25 frames, max_wait 100 ms
+        let c = cfg(|b| b); // 16,000 bytes = 25 frames, max_wait 100 ms
         let (mut q, counters, g) = queue(&c);
         let t0 = Instant::now();
         for i in 0..25 {
@@ -1283,7 +1349,7 @@ mod tests {
 
     #[test]
     fn close_wait_restarts_when_room_appears() {
-        let c = StreamConfig::default();
+        let c = cfg(|b| b);
         let (mut q, _, _) = queue(&c);
         let t0 = Instant::now();
         for _ in 0..25 {
@@ -1315,7 +1381,7 @@ mod tests {
 
     #[test]
     fn close_overloads_on_age_instead_of_publishing_late() {
-        let c = StreamConfig::default();
+        let c = cfg(|b| b);
         let (mut q, counters, _) = queue(&c);
         let t0 = Instant::now();
         q.offer(&pcm(), t0, OfferMode::Try).expect("room");
@@ -1432,7 +1498,7 @@ mod tests {
 
     #[test]
     fn close_publish_timeout_overloads_and_counts_the_inflight_frame() {
-        let c = StreamConfig::default();
+        let c = cfg(|b| b);
         let (mut q, counters, _) = queue(&c);
         let t0 = Instant::now();
         for _ in 0..3 {
@@ -1486,7 +1552,7 @@ mod tests {
 
     #[test]
     fn shutdown_drain_deadline_drops_what_is_left() {
-        let c = StreamConfig::default();
+        let c = cfg(|b| b);
         let (mut q, counters, _) = queue(&c);
         let t0 = Instant::now();
         for _ in 0..3 {

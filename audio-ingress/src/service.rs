@@ -8,6 +8,7 @@
 //! NATS client → stop the admin listener.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -16,9 +17,13 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::admin::{self, AdminState};
+use crate::auth::Authenticator;
 use crate::config::{Config, Delivery};
+use crate::conn_limit::ConnLimiter;
 use crate::error::Error;
+use crate::error::{ConfigError, ConfigErrorKind};
 use crate::jetstream::{JetStreamSink, NatsSink};
+use crate::listener::{self, HttpOptions, check_fd_limit};
 use crate::publisher::Sink;
 use crate::shutdown::{TaskTracker, TaskWaiter};
 use crate::stream::{Ingress, ShutdownReport};
@@ -51,6 +56,16 @@ pub async fn start(
     prometheus: Option<PrometheusHandle>,
 ) -> Result<RunningService<NatsSink>, Error> {
     let client = crate::nats::connect(&config.nats, true).await?;
+    // Streams are refused until NATS is connected (readiness gates admission): give
+    // the first connect one connection timeout before the ready line, so that a
+    // producer that starts with the service is not refused for nothing. A server that
+    // is down does not stop the start: the service reports not-ready instead.
+    let first = tokio::time::Instant::now() + config.nats.connection_timeout;
+    while client.connection_state() != async_nats::connection::State::Connected
+        && tokio::time::Instant::now() < first
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let sink = match config.stream.delivery() {
         Delivery::JetStream => NatsSink::JetStream(
             JetStreamSink::new(client, &config.stream.jetstream(), JETSTREAM_API_TIMEOUT)
@@ -71,6 +86,20 @@ pub async fn start_with_sink<S: Sink>(
     sink: S,
     prometheus: Option<PrometheusHandle>,
 ) -> Result<RunningService<S>, Error> {
+    let server = &config.server;
+    let fd = check_fd_limit(
+        server.max_connections.get(),
+        server.admin_max_connections.get(),
+    )?;
+    tracing::info!(
+        rlimit_nofile_soft = fd.soft,
+        rlimit_nofile_hard = fd.hard,
+        needed = fd.needed,
+        raised_from = fd.raised_from,
+        max_connections = server.max_connections.get(),
+        admin_max_connections = server.admin_max_connections.get(),
+        "open-file limit checked"
+    );
     let ws_listener = bind(config.server.listen, "listen").await?;
     let admin_listener = bind(config.server.admin, "admin").await?;
     let ws_addr = ws_listener
@@ -89,31 +118,62 @@ pub async fn start_with_sink<S: Sink>(
         idle_timeout: config.server.idle_timeout,
         send_timeout: config.server.ws_send_timeout,
         tracker,
+        auth: match &config.server.auth {
+            None => None,
+            Some(a) => Some(Arc::new(Authenticator::new(a).map_err(|e| {
+                ConfigError::new("auth_required", ConfigErrorKind::Invalid, e)
+            })?)),
+        },
     });
+    let http = |name| HttpOptions {
+        name,
+        header_timeout: config.server.http_header_timeout,
+        idle_timeout: config.server.http_idle_timeout,
+        max_header_bytes: config.server.http_max_header_bytes,
+        retry_after: config.server.retry_after,
+    };
+    let ws_limiter = ConnLimiter::new(
+        "ws",
+        config.server.max_connections.get(),
+        config.server.max_connections_per_ip.get(),
+    );
     let (stop_ws, ws_stopped) = oneshot::channel::<()>();
-    let ws_task = tokio::spawn(async move {
-        let serve = axum::serve(ws_listener, ws_router).with_graceful_shutdown(async {
-            let _ = ws_stopped.await;
-        });
-        if let Err(e) = serve.await {
-            tracing::error!(error = %e, "WebSocket listener failed");
-        }
-    });
+    let ws_task = tokio::spawn(listener::serve(
+        ws_listener,
+        ws_router,
+        ws_limiter,
+        http("ws"),
+        ws_stopped,
+    ));
 
+    let s = &config.server;
+    let edge = serde_json::json!({
+        "max_connections": s.max_connections.get(),
+        "max_connections_per_ip": s.max_connections_per_ip.get(),
+        "admin_max_connections": s.admin_max_connections.get(),
+        "http_header_timeout_ms": s.http_header_timeout.as_millis() as u64,
+        "http_idle_timeout_ms": s.http_idle_timeout.as_millis() as u64,
+        "http_max_header_bytes": s.http_max_header_bytes,
+        "rlimit_nofile": fd.soft,
+        "auth_required": s.auth.is_some(),
+    });
     let admin_router = admin::router(AdminState {
         ingress: ingress.clone(),
         prometheus: prometheus.clone(),
+        edge,
         max_streams,
     });
+    // Per address = the whole cap: the admin port is for local scrapers and probes.
+    let admin_cap = config.server.admin_max_connections.get();
+    let admin_limiter = ConnLimiter::new("admin", admin_cap, admin_cap);
     let (stop_admin, admin_stopped) = oneshot::channel::<()>();
-    let admin_task = tokio::spawn(async move {
-        let serve = axum::serve(admin_listener, admin_router).with_graceful_shutdown(async {
-            let _ = admin_stopped.await;
-        });
-        if let Err(e) = serve.await {
-            tracing::error!(error = %e, "admin listener failed");
-        }
-    });
+    let admin_task = tokio::spawn(listener::serve(
+        admin_listener,
+        admin_router,
+        admin_limiter,
+        http("admin"),
+        admin_stopped,
+    ));
 
     let upkeep_ingress = ingress.clone();
     let upkeep = tokio::spawn(async move {
@@ -130,7 +190,8 @@ pub async fn start_with_sink<S: Sink>(
 
     tracing::info!(%ws_addr, %admin_addr, policy = config.stream.policy().as_str(),
         max_bytes = config.stream.max_bytes(), max_age_ms = config.stream.max_age().as_millis() as u64,
-        shadow = config.stream.shadow(), max_streams, "audio-ingress serving");
+        shadow = config.stream.shadow(), max_streams, auth = config.server.auth.is_some(),
+        "audio-ingress serving");
     Ok(RunningService {
         ws_addr,
         admin_addr,

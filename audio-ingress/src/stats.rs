@@ -58,11 +58,14 @@ pub enum DropReason {
     /// Dropped: the stream's byte budget was held by frames the server had not
     /// confirmed yet (`gap` policy; covered by a gap marker).
     Unconfirmed,
+    /// Dropped: over the stream's rate bound (`max_rate`, `gap` policy; covered by a
+    /// gap marker).
+    Rate,
 }
 
 impl DropReason {
     /// All reasons, in label order.
-    pub const ALL: [DropReason; 10] = [
+    pub const ALL: [DropReason; 11] = [
         Self::QueueFull,
         Self::Closed,
         Self::Invalid,
@@ -73,6 +76,7 @@ impl DropReason {
         Self::PublishError,
         Self::Shutdown,
         Self::Unconfirmed,
+        Self::Rate,
     ];
 
     /// The label / JSON key.
@@ -88,6 +92,7 @@ impl DropReason {
             Self::PublishError => "publish_error",
             Self::Shutdown => "shutdown",
             Self::Unconfirmed => "unconfirmed",
+            Self::Rate => "rate",
         }
     }
 
@@ -155,6 +160,7 @@ fn overload_label(r: OverloadReason) -> &'static str {
         OverloadReason::QueueFull => "queue_full",
         OverloadReason::MaxAge => "max_age",
         OverloadReason::PublishTimeout => "publish_timeout",
+        OverloadReason::Rate => "rate",
         OverloadReason::Other => "other",
     }
 }
@@ -265,7 +271,7 @@ struct Handles {
     possibly_lost: Counter,
     dropped: [Counter; N_DROP],
     would_reject: [Counter; 3],
-    overloads: [Counter; 4],
+    overloads: [Counter; 5],
     gaps: Counter,
     gap_frames: Counter,
     ends: [Counter; N_END],
@@ -296,6 +302,7 @@ impl Handles {
                 OverloadReason::MaxAge,
                 OverloadReason::PublishTimeout,
                 OverloadReason::Other,
+                OverloadReason::Rate,
             ]
             .map(|r| metrics::counter!(m::OVERLOADS_TOTAL, m::LABEL_REASON => overload_label(r))),
             gaps: metrics::counter!(m::GAPS_TOTAL),
@@ -427,6 +434,7 @@ impl Global {
             OverloadReason::MaxAge => 1,
             OverloadReason::PublishTimeout => 2,
             OverloadReason::Other => 3,
+            OverloadReason::Rate => 4,
         };
         self.h.overloads[i].increment(1);
     }

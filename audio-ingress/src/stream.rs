@@ -842,6 +842,12 @@ impl StreamHandle {
         result
     }
 
+    /// Lowers this stream's rate bound (`max_rate`, in thousandths of real time) — a
+    /// producer token's rate class; see [`crate::auth`].
+    pub fn limit_rate(&self, max_rate_permille: u32) {
+        self.shared.lock().limit_rate(max_rate_permille);
+    }
+
     /// A watch on the stream's status (overload, gaps published, end delivered).
     pub fn status(&self) -> watch::Receiver<StreamStatus> {
         self.shared.status.subscribe()

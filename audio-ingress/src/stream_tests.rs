@@ -319,6 +319,7 @@ async fn push_waits_at_most_max_wait() {
     let sink = MemorySink::new();
     let cfg = StreamConfig::builder()
         .publish_timeout(Duration::from_millis(500))
+        .max_rate_permille(0) // frames at one instant: no rate bound here
         .build()
         .expect("cfg");
     let ingress = Ingress::new(sink.clone(), cfg);

@@ -24,7 +24,10 @@
 //!   seen, decode errors) and one `{"type":"total",...}` line.
 //!
 //! A line `tap: subscribed to <pattern> on <url>` goes to stderr once the server has
-//! registered the subscription (scripts wait for it before publishing).
+//! registered the subscription (scripts wait for it before publishing). A pattern that
+//! breaks the wildcard rules is refused before connecting; a subscription the server
+//! refuses (`-ERR`, seen within 200 ms of the confirmation or later) ends the tap with
+//! an error (exit 1). Text output escapes control characters from the network.
 //!
 //! Each subject is tracked as one stream: "missing" counts seqs skipped without a
 //! declared gap (loss in transit or undecodable packets). The tap is a diagnostic: it
@@ -236,24 +239,29 @@ pub async fn run_with(
     out: &mut (impl Write + Send),
     stop: impl std::future::Future<Output = ()> + Send,
 ) -> Result<TapSummary, TapError> {
-    if args.subject.is_empty()
-        || args.subject.split('.').any(|t| t.is_empty())
-        || args
-            .subject
-            .chars()
-            .any(|c| c.is_whitespace() || c.is_control())
-    {
+    if !valid_pattern(&args.subject) {
         return Err(TapError::InvalidSubject(args.subject));
     }
+    // Server errors (`-ERR`) reach the event callback, not the subscribe call: a
+    // refused subscription shows up only there. They are forwarded to the loop.
+    let (server_errors, mut refused) = tokio::sync::mpsc::channel::<String>(16);
     let connect = async_nats::ConnectOptions::new()
         .connection_timeout(CONNECT_TIMEOUT)
         .subscription_capacity(TAP_SUBSCRIPTION_CAPACITY)
-        .event_callback(|event| async move {
-            match event {
-                async_nats::Event::SlowConsumer(_) => {
-                    eprintln!("tap: slow consumer: the NATS client dropped messages");
+        .event_callback(move |event| {
+            let server_errors = server_errors.clone();
+            async move {
+                match event {
+                    async_nats::Event::SlowConsumer(_) => {
+                        eprintln!("tap: slow consumer: the NATS client dropped messages");
+                    }
+                    async_nats::Event::ServerError(e) => {
+                        let text = e.to_string();
+                        eprintln!("tap: NATS server error: {}", escape_controls(&text));
+                        let _ = server_errors.try_send(text);
+                    }
+                    other => eprintln!("tap: NATS {other}"),
                 }
-                other => eprintln!("tap: NATS {other}"),
             }
         })
         .connect(&args.nats_url);
@@ -280,6 +288,17 @@ pub async fn run_with(
                 subject: args.subject.clone(),
                 reason: "no subscription".into(),
             })?;
+    // The server answers a subscription it refuses (permissions, a subject it finds
+    // invalid) with -ERR before the probe came back; the callback may run a little
+    // later, so wait for it briefly before declaring success.
+    if let Ok(Some(e)) = tokio::time::timeout(REFUSAL_GRACE, refused.recv()).await
+        && is_subscription_refusal(&e)
+    {
+        return Err(TapError::Subscribe {
+            subject: args.subject.clone(),
+            reason: format!("the server refused it: {}", escape_controls(&e)),
+        });
+    }
     eprintln!("tap: subscribed to {} on {}", args.subject, args.nats_url);
 
     let mut tap = Tap::default();
@@ -306,10 +325,22 @@ pub async fn run_with(
                         args.json,
                         crate::consumer::system_unix_ms(),
                     );
-                    writeln!(out, "{line}")?;
+                    if args.json {
+                        writeln!(out, "{line}")?;
+                    } else {
+                        writeln!(out, "{}", escape_controls(&line))?;
+                    }
                 }
                 None => break "closed",
             },
+            Some(e) = refused.recv() => {
+                if is_subscription_refusal(&e) {
+                    return Err(TapError::Subscribe {
+                        subject: args.subject.clone(),
+                        reason: format!("the server refused it: {}", escape_controls(&e)),
+                    });
+                }
+            }
             () = &mut until_deadline => break "duration",
             () = &mut stop => break "signal",
         }
@@ -317,11 +348,57 @@ pub async fn run_with(
     drop(sub);
     let summary = tap.finish(stopped_by);
     for s in &summary.subjects {
-        writeln!(out, "{}", summary_line(s, args.json))?;
+        writeln!(out, "{}", escape_controls(&summary_line(s, args.json)))?;
     }
-    writeln!(out, "{}", total_line(&summary, args.json))?;
+    writeln!(out, "{}", escape_controls(&total_line(&summary, args.json)))?;
     out.flush()?;
     Ok(summary)
+}
+
+/// How long after the server confirmed the subscription the tap waits for a refusal
+/// (`-ERR`) to reach it before it reports `subscribed`.
+const REFUSAL_GRACE: Duration = Duration::from_millis(200);
+
+/// A NATS subject pattern the server accepts: non-empty tokens separated by `.`, no
+/// whitespace or control characters, `*` and `>` only as whole tokens, `>` only last.
+fn valid_pattern(s: &str) -> bool {
+    let tokens: Vec<&str> = s.split('.').collect();
+    !s.is_empty()
+        && !s.chars().any(|c| c.is_whitespace() || c.is_control())
+        && tokens.iter().enumerate().all(|(i, t)| {
+            !t.is_empty()
+                && match *t {
+                    ">" => i + 1 == tokens.len(),
+                    "*" => true,
+                    t => !t.contains(['*', '>']),
+                }
+        })
+}
+
+/// Whether a server error is about a subscription (the server keeps the connection
+/// and simply does not deliver: a tap would otherwise wait forever for nothing).
+fn is_subscription_refusal(e: &str) -> bool {
+    let e = e.to_ascii_lowercase();
+    e.contains("subscription") || e.contains("invalid subject")
+}
+
+/// Text-mode output: control characters (newlines, escape sequences, ...) from the
+/// network are shown escaped (`\n`, `\u{1b}`), so a session id or a header cannot
+/// forge output lines or drive the terminal. JSON output is escaped by serde.
+fn escape_controls(s: &str) -> std::borrow::Cow<'_, str> {
+    let bad = |c: char| c.is_control() || c == '\u{2028}' || c == '\u{2029}';
+    if !s.chars().any(bad) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if bad(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 #[derive(Default)]
@@ -593,6 +670,46 @@ mod tests {
 
     fn payload(p: Packet) -> Bytes {
         p.encode().expect("encodable")
+    }
+
+    #[test]
+    fn patterns_follow_the_nats_wildcard_rules() {
+        for ok in [
+            "a",
+            "a.b",
+            "a.*",
+            "a.>",
+            ">",
+            "*.b.>",
+            "inference.whisper.stream.*",
+        ] {
+            assert!(valid_pattern(ok), "{ok}");
+        }
+        for bad in [
+            ">.a", "a.>.b", "a*", "a.b>", "", "a..b", ".a", "a b", "a\nb", "a.>>",
+        ] {
+            assert!(!valid_pattern(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn text_mode_escapes_control_characters_from_the_network() {
+        let mut tap = Tap::default();
+        let p = Packet::frame(1, Bytes::from(vec![0u8; 640]))
+            .with_session(Some("s\nfake.subject end seq=9\u{1b}[2J".to_owned()));
+        let line = tap.on_message("s.a", &payload(p), None, false, 0);
+        let shown = escape_controls(&line);
+        assert!(
+            !shown.contains('\n') && !shown.contains('\u{1b}'),
+            "{shown}"
+        );
+        assert!(shown.contains("session=s\\nfake.subject"), "{shown}");
+        assert!(shown.contains("\\u{1b}[2J"), "{shown}");
+        assert_eq!(escape_controls("plain line"), "plain line");
+        // JSON mode needs nothing: serde escapes.
+        let p = Packet::frame(2, Bytes::from(vec![0u8; 640])).with_session(Some("a\nb".into()));
+        let json = tap.on_message("s.a", &payload(p), None, true, 0);
+        assert!(!json.contains('\n'));
     }
 
     #[test]

@@ -3,8 +3,11 @@
 //!
 //! Before the upgrade (nothing is opened for a refused request):
 //! `400` unsafe stream id or session id, `409` id already active, `503` + `Retry-After`
-//! when `max_streams` are active or the service is shutting down. Body:
-//! `{"error":{"code":..,"message":..}}`.
+//! when NATS is not connected (`not_ready`: disconnected, or before the first
+//! connect), when `max_streams` are active or the service is shutting down; `400`
+//! `invalid_request` for a query that is not UTF-8 once percent-decoded or repeats
+//! `session_id` ([`crate::ws_query`]); the upgrade extractor's own refusals
+//! (`invalid_upgrade`), `404`, `405`. Every body is `{"error":{"code":..,"message":..}}`.
 //!
 //! After the upgrade, client → server: each binary message is one frame of s16le mono
 //! 16 kHz PCM (even length, 2..=`max_frame_bytes`); the text message `{"type":"end"}`
@@ -16,7 +19,12 @@
 //! | client sent `{"type":"end"}` | `closed` (after the `end` is handed to NATS) | 1000 |
 //! | overload (`close` policy) | `overload`, `closed` | 1013 |
 //! | bad binary frame (odd, empty, too large) | `error`, `closed` | 1008 |
-//! | bad text message | `error`, `closed` | 1003 |
+//! | bad text message (also `["end"]`: only the object is an end) | `error`, `closed` | 1003 |
+//! | protocol violation (unmasked frame, reserved bits, ...) | `error`, `closed` | 1002 |
+//! | text (or close reason) not UTF-8 | `error`, `closed` | 1007 |
+//! | message over the WebSocket limit (`max_frame_bytes` + 64 KiB) | `error`, `closed` | 1009 |
+//! | client close with a code it may not send | — (echo 1002) | stream ends `error` |
+//! | client close without `end` | — (echo of its close) | stream ends `producer_gone` |
 //! | service shutting down | `closed` | 1001 |
 //! | no frame for `idle_timeout` | `closed` | 1001 |
 //! | internal error | `closed` | 1011 |
@@ -38,25 +46,30 @@
 //! message ends only its own stream and changes nothing else; every await in a handler
 //! is bounded (idle timeout, `max_wait`, send timeout, the finish bounds).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::rejection::PathRejection;
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use serde::Deserialize;
+use futures::SinkExt;
 use serde_json::json;
 use tokio::time::Instant;
 use weir_protocol::StreamId;
 use weir_protocol::audio::extension::{EndReason, Overload};
 
+use crate::auth::Authenticator;
 use crate::error::{OpenError, PushError};
 use crate::metrics as m;
 use crate::publisher::Sink;
 use crate::shutdown::TaskTracker;
 use crate::stream::{Ingress, StreamHandle, StreamSummary};
+use crate::ws_query::UpgradeQuery;
 
 /// Close codes used by the front door.
 pub mod close_code {
@@ -66,8 +79,15 @@ pub mod close_code {
     pub const GOING_AWAY: u16 = 1001;
     /// Unsupported data: a bad text message.
     pub const UNSUPPORTED: u16 = 1003;
+    /// Protocol error: the client broke the WebSocket protocol (unmasked frame, bad
+    /// close code, reserved bits, ...).
+    pub const PROTOCOL: u16 = 1002;
+    /// Invalid payload data: a text message (or close reason) that is not UTF-8.
+    pub const INVALID_PAYLOAD: u16 = 1007;
     /// Policy violation: a bad binary frame.
     pub const POLICY: u16 = 1008;
+    /// Message too big: a message over the WebSocket layer's limit.
+    pub const MESSAGE_TOO_BIG: u16 = 1009;
     /// Internal error.
     pub const INTERNAL: u16 = 1011;
     /// Try again later: overload.
@@ -87,21 +107,29 @@ pub struct WsState<S: Sink> {
     pub send_timeout: Duration,
     /// Tracks connection handlers so shutdown can wait for their close frames.
     pub tracker: TaskTracker,
+    /// Producer tokens are checked before the upgrade (`auth_required`); `None`: off.
+    pub auth: Option<Arc<Authenticator>>,
 }
 
 /// The front door's routes.
 pub fn router<S: Sink>(state: WsState<S>) -> Router {
     Router::new()
         .route("/v1/streams/{stream_id}", get(upgrade::<S>))
+        .fallback(|| async {
+            error_response(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "the only path is /v1/streams/{stream_id}".to_owned(),
+            )
+        })
+        .method_not_allowed_fallback(|| async {
+            error_response(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "a stream is opened with GET (WebSocket upgrade)".to_owned(),
+            )
+        })
         .with_state(state)
-}
-
-/// Query parameters of the upgrade request.
-#[derive(Debug, Default, Deserialize)]
-pub struct StreamQuery {
-    /// Carried as `session_id` in every packet's meta.
-    #[serde(default)]
-    pub session_id: Option<String>,
 }
 
 fn error_response(status: StatusCode, code: &str, message: String) -> Response {
@@ -111,26 +139,83 @@ fn error_response(status: StatusCode, code: &str, message: String) -> Response {
 
 async fn upgrade<S: Sink>(
     State(state): State<WsState<S>>,
-    Path(stream_id): Path<String>,
-    Query(query): Query<StreamQuery>,
-    ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(raw_query): RawQuery,
+    headers: HeaderMap,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
-    let id = match StreamId::parse(&stream_id) {
+    // Every refusal below carries the JSON body, including the extractors' own
+    // (a path that is not UTF-8 once percent-decoded, a bad upgrade request).
+    let id = match path
+        .map_err(|e| e.body_text())
+        .and_then(|Path(raw)| StreamId::parse(&raw).map_err(|e| e.to_string()))
+    {
         Ok(id) => id,
-        Err(e) => {
+        Err(message) => {
             state.ingress.global().admission_rejected("invalid_id");
-            return error_response(StatusCode::BAD_REQUEST, "invalid_stream_id", e.to_string());
+            return error_response(StatusCode::BAD_REQUEST, "invalid_stream_id", message);
+        }
+    };
+    let query = match UpgradeQuery::parse(raw_query.as_deref()) {
+        Ok(q) => q,
+        Err(e) => {
+            state.ingress.global().admission_rejected("invalid_session");
+            return error_response(StatusCode::BAD_REQUEST, "invalid_request", e.to_string());
+        }
+    };
+    // Authentication before anything else is looked at or opened.
+    let grant = match &state.auth {
+        None => None,
+        Some(auth) => {
+            let authorization = headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok());
+            let token = crate::auth::token_of(authorization, query.access_token.as_deref());
+            match auth.check(token, id.as_str()) {
+                Ok(g) => Some(g),
+                Err(e) => {
+                    state.ingress.global().admission_rejected(e.code());
+                    let status = if e.code() == "forbidden" {
+                        StatusCode::FORBIDDEN
+                    } else {
+                        StatusCode::UNAUTHORIZED
+                    };
+                    let mut resp = error_response(status, e.code(), e.to_string());
+                    if status == StatusCode::UNAUTHORIZED {
+                        resp.headers_mut()
+                            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                    }
+                    return resp;
+                }
+            }
         }
     };
     let ws = match ws {
         Ok(ws) => ws,
-        Err(rejection) => return rejection.into_response(),
+        Err(rejection) => {
+            return error_response(rejection.status(), "invalid_upgrade", rejection.body_text());
+        }
     };
-    let session = query.session_id.filter(|s| !s.is_empty());
+    // Readiness gates admission: a stream opened while NATS is disconnected (or before
+    // the first connect) could only queue into the client; refuse it like a full cap.
+    if !state.ingress.sink().is_connected() {
+        state.ingress.global().admission_rejected("not_ready");
+        let mut resp = error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            "not connected to NATS; retry later".to_owned(),
+        );
+        insert_retry_after(&mut resp, state.retry_after);
+        return resp;
+    }
+    let session = query.session_id;
     let handle = match state.ingress.open_id(id, session) {
         Ok(h) => h,
         Err(e) => return open_refusal(&e, state.retry_after),
     };
+    if let Some(permille) = grant.and_then(|g| g.max_rate_permille) {
+        handle.limit_rate(permille);
+    }
     let max_frame = state.ingress.config().max_frame_bytes();
     let guard = state.tracker.guard();
     // Messages a little over max_frame_bytes get a clear 1008; far larger ones are cut
@@ -140,6 +225,10 @@ async fn upgrade<S: Sink>(
         // tungstenite reserves 128 KiB per connection by default, i.e. ~8x the whole
         // default PCM budget of a stream; frames are at most a few KiB.
         .read_buffer_size(WS_READ_BUFFER_BYTES)
+        // Server → client traffic is a few small JSON events; a byte bound instead of
+        // tungstenite's unbounded default (every send is also bounded in time).
+        .write_buffer_size(WS_WRITE_BUFFER_BYTES)
+        .max_write_buffer_size(WS_MAX_WRITE_BUFFER_BYTES)
         .on_upgrade(move |socket| async move {
             let _guard = guard;
             let conn = Conn::new(socket, state.send_timeout);
@@ -158,12 +247,16 @@ fn open_refusal(e: &OpenError, retry_after: Duration) -> Response {
         OpenError::NoRuntime => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
     };
     let mut resp = error_response(status, code, e.to_string());
-    if status == StatusCode::SERVICE_UNAVAILABLE
-        && let Ok(v) = HeaderValue::from_str(&retry_after.as_secs().max(1).to_string())
-    {
-        resp.headers_mut().insert(header::RETRY_AFTER, v);
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        insert_retry_after(&mut resp, retry_after);
     }
     resp
+}
+
+fn insert_retry_after(resp: &mut Response, retry_after: Duration) {
+    if let Ok(v) = HeaderValue::from_str(&retry_after.as_secs().max(1).to_string()) {
+        resp.headers_mut().insert(header::RETRY_AFTER, v);
+    }
 }
 
 /// Why the receive loop stopped.
@@ -177,6 +270,22 @@ enum Outcome {
     BadFrame(String),
     /// A bad text message.
     BadText(String),
+    /// The client broke the WebSocket protocol: close `code` (1002, 1007, 1009).
+    Violation {
+        /// The close code.
+        code: u16,
+        /// The `error` event's code.
+        error_code: &'static str,
+        /// What was wrong.
+        message: String,
+    },
+    /// The client sent a close frame without `end` (its echo is sent): the stream
+    /// ends with `producer_gone`, or `error` when the close was a protocol violation
+    /// (a close code the client may not send, echoed as 1002).
+    ClientClosed {
+        /// The client's close was a protocol violation.
+        violation: bool,
+    },
     /// The stream overloaded.
     Overload(Overload),
     /// The stream was closed from the server side (shutdown) or ended otherwise.
@@ -185,10 +294,46 @@ enum Outcome {
     Idle,
 }
 
-#[derive(Deserialize)]
-struct Control {
-    #[serde(rename = "type")]
-    ty: String,
+/// A text message: the only valid one is the JSON object `{"type":"end"}` (other
+/// members are ignored). `Err` says what is wrong.
+fn parse_control(text: &str) -> Result<(), String> {
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("not a JSON control message: {e}"))?;
+    let ty = value
+        .as_object()
+        .ok_or_else(|| "a control message is a JSON object, {\"type\":\"end\"}".to_owned())?
+        .get("type");
+    match ty.and_then(serde_json::Value::as_str) {
+        Some("end") => Ok(()),
+        Some(other) => Err(format!(
+            "unknown message type {other:?}; the only text message is {{\"type\":\"end\"}}"
+        )),
+        None => Err(
+            "a control message needs a string \"type\"; the only one is {\"type\":\"end\"}"
+                .to_owned(),
+        ),
+    }
+}
+
+/// How a failed read ends the connection: the client broke the protocol
+/// (`Outcome::Violation`) or the connection is simply gone.
+fn read_failure(e: axum::Error) -> Outcome {
+    use tungstenite::error::{Error as WsError, ProtocolError};
+    let Ok(e) = e.into_inner().downcast::<WsError>() else {
+        return Outcome::Gone;
+    };
+    let (code, error_code) = match &*e {
+        WsError::Utf8(_) => (close_code::INVALID_PAYLOAD, "invalid_utf8"),
+        WsError::Capacity(_) => (close_code::MESSAGE_TOO_BIG, "message_too_big"),
+        WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => return Outcome::Gone,
+        WsError::Protocol(_) => (close_code::PROTOCOL, "protocol_error"),
+        _ => return Outcome::Gone,
+    };
+    Outcome::Violation {
+        code,
+        error_code,
+        message: e.to_string(),
+    }
 }
 
 /// The server side of one connection. Every send is bounded by `send_timeout`; after
@@ -233,6 +378,14 @@ impl Conn {
     /// Sends one JSON text event (see [`Self::send`]).
     async fn send_json(&mut self, value: serde_json::Value) -> bool {
         self.send(Message::Text(value.to_string().into())).await
+    }
+
+    /// Sends what the WebSocket layer queued by itself (the echo of a client's close),
+    /// within the send timeout.
+    async fn flush(&mut self) {
+        if !self.abandoned {
+            let _ = tokio::time::timeout(self.send_timeout, self.socket.flush()).await;
+        }
     }
 
     /// Receives the next message (not bounded here: the caller selects on it).
@@ -287,6 +440,11 @@ fn closed_event(reason: &str, summary: &StreamSummary) -> serde_json::Value {
 /// Initial read buffer of one WebSocket connection (frames are 640 bytes, at most
 /// `max_frame_bytes`; the buffer still grows for a larger message up to the limit).
 const WS_READ_BUFFER_BYTES: usize = 16 * 1024;
+/// Write buffer of one WebSocket connection before it is flushed.
+const WS_WRITE_BUFFER_BYTES: usize = 8 * 1024;
+/// Largest write buffer of one WebSocket connection (a client that does not read makes
+/// a send fail at this size, or time out first).
+const WS_MAX_WRITE_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Runs one connection: frames in, events out, until an [`Outcome`].
 async fn serve_socket(mut socket: Conn, handle: StreamHandle, idle_timeout: Duration) {
@@ -329,7 +487,14 @@ async fn serve_socket(mut socket: Conn, handle: StreamHandle, idle_timeout: Dura
                 }
             }
             msg = socket.recv() => match msg {
-                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break Outcome::Gone,
+                None => break Outcome::Gone,
+                Some(Err(e)) => break read_failure(e),
+                Some(Ok(Message::Close(frame))) => {
+                    // The WebSocket layer answers a close code the client may not send
+                    // (1004-1006, 1015, under 1000, ...) as a protocol error, 1002.
+                    let violation = frame.is_some_and(|f| f.code == close_code::PROTOCOL);
+                    break Outcome::ClientClosed { violation };
+                }
                 Some(Ok(Message::Binary(data))) => {
                     idle.as_mut().reset(Instant::now() + idle_timeout);
                     match handle.push(data).await {
@@ -340,13 +505,10 @@ async fn serve_socket(mut socket: Conn, handle: StreamHandle, idle_timeout: Dura
                         Err(e @ PushError::Full { .. }) => break Outcome::BadFrame(e.to_string()),
                     }
                 }
-                Some(Ok(Message::Text(text))) => {
-                    match serde_json::from_str::<Control>(text.as_str()) {
-                        Ok(c) if c.ty == "end" => break Outcome::End,
-                        Ok(c) => break Outcome::BadText(format!("unknown message type {:?}; the only text message is {{\"type\":\"end\"}}", c.ty)),
-                        Err(e) => break Outcome::BadText(format!("not a JSON control message: {e}")),
-                    }
-                }
+                Some(Ok(Message::Text(text))) => match parse_control(text.as_str()) {
+                    Ok(()) => break Outcome::End,
+                    Err(e) => break Outcome::BadText(e),
+                },
                 Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
             },
             () = &mut idle => break Outcome::Idle,
@@ -360,6 +522,23 @@ async fn finish_socket(mut socket: Conn, handle: StreamHandle, outcome: Outcome)
         Outcome::Gone => {
             // Dropping the handle ends the stream with `producer_gone`.
             drop(handle);
+        }
+        Outcome::ClientClosed { violation } => {
+            let mut handle = handle;
+            if violation {
+                handle.close(EndReason::Error);
+            }
+            // The close handshake: the echo was queued by the WebSocket layer.
+            socket.flush().await;
+            // Dropping the handle ends the stream (`producer_gone` unless closed above).
+            drop(handle);
+        }
+        Outcome::Violation {
+            code,
+            error_code,
+            message,
+        } => {
+            refuse(socket, handle, code, error_code, message).await;
         }
         Outcome::End => {
             let summary = handle.finish().await;

@@ -37,6 +37,8 @@ async fn a_hundred_thousand_frames_through_ten_streams_keep_tasks_at_streams_plu
     let cfg = StreamConfig::builder()
         .max_wait(Duration::from_millis(500))
         .publish_timeout(Duration::from_millis(500))
+        // Pushed as fast as possible, far above real time: no rate bound here.
+        .max_rate_permille(0)
         .build()
         .expect("cfg");
     let ingress = Ingress::new(client, cfg);
@@ -126,6 +128,7 @@ async fn server_killed_and_restarted_mid_stream_publishers_recover_and_losses_ar
     let cfg = StreamConfig::builder()
         .max_age(Duration::from_secs(3))
         .max_bytes(96_000)
+        .max_rate_permille(0) // faster than real time on purpose
         .build()
         .expect("cfg");
     let ingress = Arc::new(Ingress::new(client, cfg));

@@ -332,3 +332,89 @@ async fn tap_reads_the_deployed_python_producer() {
         assert_eq!(summary["last_seq"].as_u64(), Some(frames + 1));
     }
 }
+
+/// Runs `audio-ingress tap <args> --for <secs>` to its exit (bounded): (exit code,
+/// stderr).
+async fn tap_exit(url: &str, args: &[&str], secs: &str) -> (Option<i32>, String) {
+    let out = tokio::time::timeout(
+        Duration::from_secs(10),
+        Command::new(env!("CARGO_BIN_EXE_audio-ingress"))
+            .arg("tap")
+            .args(args)
+            .args(["--nats-url", url, "--for", secs])
+            .output(),
+    )
+    .await
+    .expect("tap exits in time")
+    .expect("tap runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_the_server_refuses_exits_1() {
+    // `>` before the last token: refused before anything is sent.
+    let server = NatsServer::start().expect("nats-server");
+    let (code, stderr) = tap_exit(server.url(), &[">.a"], "5").await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("invalid subject pattern"), "{stderr}");
+    assert!(!stderr.contains("subscribed"), "{stderr}");
+
+    // A pattern the client accepts but the server refuses (permissions): -ERR, exit 1.
+    let server = NatsServer::start_with(weir_testkit::NatsServerOptions {
+        // Clients without credentials (the tap has none) get user `tap`'s permissions.
+        config: Some(
+            r#"authorization { users = [ { user: tap, password: pw, permissions: {
+                subscribe: { allow: ["allowed.>", "_INBOX.>"] }, publish: { allow: ["_INBOX.>"] } } } ] }
+            no_auth_user: tap"#
+                .to_owned(),
+        ),
+        ..Default::default()
+    })
+    .expect("nats-server with permissions");
+    let url = server.url().to_owned();
+    let (code, stderr) = tap_exit(&url, &["forbidden.*"], "5").await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("refused"), "{stderr}");
+    assert!(!stderr.contains("tap: subscribed"), "{stderr}");
+    // The allowed pattern still works (and stops after --for).
+    let t0 = std::time::Instant::now();
+    let (code, stderr) = tap_exit(&url, &["allowed.*"], "0.3").await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("tap: subscribed"), "{stderr}");
+    assert!(t0.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_mode_escapes_a_newline_in_a_session_id() {
+    let server = NatsServer::start().expect("nats-server");
+    let tap = start_tap(
+        server.url(),
+        &["inference.whisper.stream.*", "--count", "1"],
+    )
+    .await;
+    let nc = client(server.url()).await;
+    publish(
+        &nc,
+        "inference.whisper.stream.a",
+        Packet::frame(1, pcm(1)).with_session(Some(
+            "s1\ninference.whisper.stream.forged end seq=99".into(),
+        )),
+        &[],
+    )
+    .await;
+    flush(&nc).await;
+    let (ok, lines) = finish(tap, Duration::from_secs(5)).await;
+    assert!(ok);
+    // One packet line, one summary line, one total line; no forged line.
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert!(lines[0].contains(r"session=s1\ninference"), "{lines:?}");
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.starts_with("inference.whisper.stream.forged")),
+        "{lines:?}"
+    );
+}

@@ -496,12 +496,8 @@ async fn ws_binary_prints_ready_line_and_shuts_down_gracefully_on_sigterm() {
             .is_some_and(|a| a.starts_with("127.0.0.1:"))
     );
 
-    let url = format!("ws://{ws_addr}/v1/streams/bin-1");
-    let (mut ws, _) = tokio::time::timeout(STEP, tokio_tungstenite::connect_async(url))
-        .await
-        .expect("in time")
-        .expect("upgrade");
-    // Wait until the service reports NATS connected before sending.
+    // Wait until the service reports NATS connected: before that, streams are refused
+    // (503 not_ready).
     let admin: std::net::SocketAddr = ready["admin"]
         .as_str()
         .expect("admin")
@@ -516,6 +512,11 @@ async fn ws_binary_prints_ready_line_and_shuts_down_gracefully_on_sigterm() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(ready_ok, "readyz");
+    let url = format!("ws://{ws_addr}/v1/streams/bin-1");
+    let (mut ws, _) = tokio::time::timeout(STEP, tokio_tungstenite::connect_async(url))
+        .await
+        .expect("in time")
+        .expect("upgrade");
     for seq in 1..=5 {
         ws.send(Message::Binary(pcm(seq))).await.expect("send");
     }
@@ -613,6 +614,7 @@ async fn ws_client_that_stops_reading_is_abandoned_within_the_send_timeout() {
         idle_timeout: Duration::from_secs(30),
         send_timeout,
         tracker,
+        auth: None,
     });
     // Accepted sockets inherit the listener's small send buffer (Linux).
     let listener = tokio::net::TcpSocket::new_v4().expect("socket");

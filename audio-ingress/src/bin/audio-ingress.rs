@@ -1,5 +1,6 @@
-//! `audio-ingress`: `serve` (WebSocket front door + admin HTTP, publishing to NATS) and
-//! `tap` (print decoded packets of a subject pattern).
+//! `audio-ingress`: `serve` (WebSocket front door + admin HTTP, publishing to NATS),
+//! `tap` (print decoded packets of a subject pattern) and `token` (mint a producer
+//! token for `auth_required`).
 //!
 //! `serve` prints exactly one line on stdout when ready:
 //! `{"event":"ready","ws":"127.0.0.1:PORT","admin":"127.0.0.1:PORT"}`; logs go to
@@ -32,6 +33,39 @@ enum Command {
     Serve(ServeArgs),
     /// Subscribe to a subject pattern and print decoded packets.
     Tap(tap::TapArgs),
+    /// Mint a producer token (for tests and tooling; see `auth_required`).
+    Token(TokenArgs),
+}
+
+/// `audio-ingress token`: prints one signed token on stdout.
+#[derive(Args)]
+struct TokenArgs {
+    /// The one stream id the token may open.
+    #[arg(long, conflicts_with = "stream_prefix", required_unless_present_any = ["stream_prefix", "print_public_key"])]
+    stream: Option<String>,
+    /// A prefix of the stream ids the token may open.
+    #[arg(long)]
+    stream_prefix: Option<String>,
+    /// Lifetime in seconds.
+    #[arg(long, default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
+    ttl_s: u64,
+    /// Rate class: this stream's max_rate (multiple of real time, 1.0..=1000).
+    #[arg(long)]
+    max_rate: Option<f64>,
+    /// HS256 secret (at least 32 bytes); prefer the environment variable.
+    #[arg(
+        long,
+        env = "WEIR_INGRESS_AUTH_HS256_SECRET",
+        hide_env_values = true,
+        conflicts_with = "eddsa_seed"
+    )]
+    hs256_secret: Option<String>,
+    /// EdDSA: the 32-byte Ed25519 seed (private key), base64url.
+    #[arg(long, env = "WEIR_TOKEN_EDDSA_SEED", hide_env_values = true)]
+    eddsa_seed: Option<String>,
+    /// Print the public key of --eddsa-seed (the value of auth_eddsa_public_key) and exit.
+    #[arg(long, requires = "eddsa_seed")]
+    print_public_key: bool,
 }
 
 /// Every configuration key can also be set by `WEIR_INGRESS_<KEY>` or `--set key=value`.
@@ -150,6 +184,56 @@ async fn run_tap(args: tap::TapArgs) -> ExitCode {
     }
 }
 
+fn mint_token(args: &TokenArgs) -> ExitCode {
+    use weir_audio_ingress::auth::{self, Claims, SigningKey};
+    let fail = |e: &str| {
+        eprintln!("audio-ingress token: {e}");
+        ExitCode::from(2)
+    };
+    let seed: Option<[u8; 32]> = match &args.eddsa_seed {
+        None => None,
+        Some(s) => match auth::b64url_decode(s).and_then(|b| <[u8; 32]>::try_from(b).ok()) {
+            Some(seed) => Some(seed),
+            None => return fail("--eddsa-seed: expected 32 bytes in base64url"),
+        },
+    };
+    if args.print_public_key {
+        if let Some(seed) = &seed {
+            println!("{}", auth::b64url(&auth::ed25519_public_key(seed)));
+            return ExitCode::SUCCESS;
+        }
+        return fail("--print-public-key needs --eddsa-seed");
+    }
+    if let Some(r) = args.max_rate
+        && !(r.is_finite() && (1.0..=1000.0).contains(&r))
+    {
+        return fail("--max-rate: allowed 1.0..=1000");
+    }
+    let claims = Claims {
+        exp: auth::unix_now_s().saturating_add(args.ttl_s),
+        stream: args.stream.clone(),
+        stream_prefix: args.stream_prefix.clone(),
+        max_rate: args.max_rate,
+    };
+    let key = match (&args.hs256_secret, &seed) {
+        (Some(s), None) if s.len() >= auth::MIN_HS256_SECRET_BYTES => {
+            SigningKey::Hs256(s.as_bytes())
+        }
+        (Some(_), None) => return fail("--hs256-secret: at least 32 bytes"),
+        (None, Some(seed)) => SigningKey::EdDsa(seed),
+        _ => {
+            return fail("give --hs256-secret (or WEIR_INGRESS_AUTH_HS256_SECRET) or --eddsa-seed");
+        }
+    };
+    match auth::mint(key, &claims) {
+        Ok(token) => {
+            println!("{token}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
@@ -167,6 +251,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Serve(args) => serve(args).await,
             Command::Tap(args) => run_tap(args).await,
+            Command::Token(args) => mint_token(&args),
         }
     })
 }

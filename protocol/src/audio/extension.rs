@@ -92,6 +92,8 @@ pub enum OverloadReason {
     MaxAge,
     /// NATS did not take a publish within its timeout.
     PublishTimeout,
+    /// The producer sent audio faster than `max_rate` × real time beyond its burst.
+    Rate,
     /// A reason this version does not know.
     #[serde(other)]
     Other,

@@ -80,6 +80,9 @@ pub enum GapReason {
     MaxAge,
     /// Publishing to NATS failed or timed out.
     PublishFailed,
+    /// The producer sent audio faster than its rate bound (`max_rate` × real time
+    /// beyond the burst); the frames over it were dropped.
+    Rate,
     /// A reason this version does not know (sent by a newer producer).
     #[serde(other)]
     Other,
@@ -92,6 +95,7 @@ impl GapReason {
             Self::QueueFull => "queue_full",
             Self::MaxAge => "max_age",
             Self::PublishFailed => "publish_failed",
+            Self::Rate => "rate",
             Self::Other => "other",
         }
     }

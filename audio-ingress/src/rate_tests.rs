@@ -1,0 +1,184 @@
+//! The rate bound as the queue applies it ([`crate::rate`] hooked into
+//! [`FrameQueue::offer`]): pure, with explicit instants (no NATS, no sleeping).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+use weir_protocol::audio::GapReason;
+use weir_protocol::audio::extension::{EndReason, OverloadReason};
+
+use crate::config::{Policy, StreamConfig};
+use crate::queue::{FrameQueue, Next, OfferMode, Refusal};
+use crate::stats::{Counters, DropReason, Global};
+
+fn queue(c: &StreamConfig) -> (FrameQueue, Arc<Counters>) {
+    let counters = Arc::new(Counters::default());
+    let q = FrameQueue::new(c, Arc::clone(&counters), Arc::new(Global::new()));
+    (q, counters)
+}
+
+fn pcm() -> Bytes {
+    Bytes::from(vec![0u8; 640])
+}
+
+/// Drains the queue as a publisher that keeps up would (frames are dropped at once,
+/// so the byte budget never fills: only the rate can refuse).
+fn drain(q: &mut FrameQueue, now: Instant) -> Vec<Next> {
+    let mut out = Vec::new();
+    loop {
+        match q.pop(now) {
+            Next::Empty | Next::Done => return out,
+            // Dropping the popped frame releases its bytes (the publisher's part).
+            Next::Frame(f) => drop(f),
+            other => out.push(other),
+        }
+    }
+}
+
+#[test]
+fn hundred_times_real_time_overloads_with_reason_rate_in_close() {
+    let c = StreamConfig::builder()
+        .delivery(crate::config::Delivery::Unconfirmed)
+        .build()
+        .expect("defaults");
+    assert_eq!(c.max_rate_permille(), 1500);
+    let (mut q, counters) = queue(&c);
+    let t0 = Instant::now();
+    // 100x real time: a 20 ms frame every 200 us.
+    let mut overloaded_at = None;
+    for i in 0..5_000u32 {
+        let now = t0 + Duration::from_micros(200) * i;
+        match q.offer(&pcm(), now, OfferMode::Wait) {
+            Ok(_) => {
+                drain(&mut q, now);
+            }
+            Err(Refusal::Overloaded(o)) => {
+                assert_eq!(o.reason, OverloadReason::Rate);
+                overloaded_at = Some(now - t0);
+                break;
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    let at = overloaded_at.expect("overloaded");
+    assert!(at < Duration::from_secs(1), "{at:?}");
+    // The burst (one budget, 25 frames) plus what 1.5x refilled meanwhile.
+    let admitted = counters.snapshot().admitted;
+    assert!((25..=27).contains(&admitted), "{admitted}");
+    match q.pop(t0 + at) {
+        Next::End(e) => {
+            assert_eq!(e.reason, EndReason::Overload);
+            assert_eq!(e.overload.map(|o| o.reason), Some(OverloadReason::Rate));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn hundred_times_real_time_is_gapped_with_reason_rate_in_gap() {
+    let c = StreamConfig::builder()
+        .policy(Policy::Gap)
+        .extended_consumers(true)
+        .delivery(crate::config::Delivery::Unconfirmed)
+        .build()
+        .expect("gap");
+    let (mut q, counters) = queue(&c);
+    let t0 = Instant::now();
+    let mut first_gap = None;
+    let mut gap_frames = 0;
+    for i in 0..5_000u32 {
+        // 1 s of offers at 100x.
+        let now = t0 + Duration::from_micros(200) * i;
+        assert!(q.offer(&pcm(), now, OfferMode::Wait).is_ok(), "gap admits");
+        for n in drain(&mut q, now) {
+            if let Next::Gap(g) = n {
+                assert_eq!(g.reason, GapReason::Rate);
+                first_gap.get_or_insert(now - t0);
+                gap_frames += g.frames();
+            }
+        }
+    }
+    let at = first_gap.expect("gapped");
+    assert!(at < Duration::from_secs(1), "{at:?}");
+    let snap = counters.snapshot();
+    assert_eq!(snap.dropped(DropReason::Rate), gap_frames);
+    // 1 s at 1.5x = 75 frames + the 25-frame burst are published; the rest gapped.
+    let published = 5_000 - gap_frames;
+    assert!((99..=101).contains(&published), "{published}");
+}
+
+#[test]
+fn real_time_and_a_catch_up_burst_are_not_limited() {
+    let c = StreamConfig::builder()
+        .delivery(crate::config::Delivery::Unconfirmed)
+        .build()
+        .expect("defaults");
+    let (mut q, counters) = queue(&c);
+    let t0 = Instant::now();
+    // 30 s of real time, with a 400 ms network hiccup every 5 s (20 frames at once).
+    for i in 0..1_500u32 {
+        // Frames 0..20 of every 250 after the first arrive together at the 20th's time.
+        let due = if i >= 250 && i % 250 < 20 {
+            i - i % 250 + 20
+        } else {
+            i
+        };
+        let now = t0 + Duration::from_millis(20) * due;
+        q.offer(&pcm(), now, OfferMode::Wait)
+            .expect("real time is admitted");
+        drain(&mut q, now);
+    }
+    assert_eq!(counters.snapshot().admitted, 1_500);
+}
+
+#[test]
+fn max_rate_zero_is_no_bound() {
+    let c = StreamConfig::builder()
+        .delivery(crate::config::Delivery::Unconfirmed)
+        .max_rate_permille(0)
+        .build()
+        .expect("off");
+    let (mut q, counters) = queue(&c);
+    let now = Instant::now();
+    for _ in 0..1_000 {
+        q.offer(&pcm(), now, OfferMode::Try).expect("no bound");
+        drain(&mut q, now);
+    }
+    assert_eq!(counters.snapshot().admitted, 1_000);
+}
+
+#[test]
+fn a_token_rate_class_can_only_lower_the_bound() {
+    let c = StreamConfig::builder()
+        .delivery(crate::config::Delivery::Unconfirmed)
+        .build()
+        .expect("defaults");
+    let (mut q, counters) = queue(&c);
+    q.limit_rate(5_000); // higher than 1.5x: ignored
+    q.limit_rate(1_000); // 1.0x
+    let t0 = Instant::now();
+    // 1.2x real time for 10 s: over 1.0x once the 0.5 s burst is spent (after ~2.5 s).
+    let mut overloaded = None;
+    for i in 0..600u32 {
+        let now = t0 + Duration::from_micros(16_667) * i;
+        match q.offer(&pcm(), now, OfferMode::Wait) {
+            Ok(_) => {
+                drain(&mut q, now);
+            }
+            Err(Refusal::Overloaded(o)) => {
+                assert_eq!(o.reason, OverloadReason::Rate);
+                overloaded = Some(now - t0);
+                break;
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    let at = overloaded.expect("1.2x is over a 1.0x class");
+    assert!(
+        at > Duration::from_secs(2) && at < Duration::from_secs(3),
+        "{at:?}"
+    );
+    assert!(counters.snapshot().admitted > 100);
+}

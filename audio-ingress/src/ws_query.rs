@@ -1,0 +1,147 @@
+//! The query string of the WebSocket upgrade request, parsed strictly: each parameter
+//! is percent-decoded to bytes and must then be valid UTF-8 (a `%ff` is refused, not
+//! turned into U+FFFD), and a parameter weir reads may be given at most once.
+//!
+//! Pure: no I/O. Unknown parameters are ignored (a browser client may add its own).
+
+/// The parameters weir reads from the upgrade request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UpgradeQuery {
+    /// `session_id` (empty counts as absent).
+    pub session_id: Option<String>,
+    /// `access_token`: a producer token for browsers, which cannot set headers.
+    pub access_token: Option<String>,
+}
+
+/// Why a query string was refused (the message names the parameter).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct QueryError(pub String);
+
+impl UpgradeQuery {
+    /// Parses `raw` (the part after `?`, if any).
+    pub fn parse(raw: Option<&str>) -> Result<Self, QueryError> {
+        let mut q = Self::default();
+        let Some(raw) = raw else {
+            return Ok(q);
+        };
+        let mut seen = [false; 2];
+        for pair in raw.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let key = decode(k).map_err(|e| QueryError(format!("a parameter name {e}")))?;
+            let (i, slot) = match key.as_str() {
+                "session_id" => (0, &mut q.session_id),
+                "access_token" => (1, &mut q.access_token),
+                _ => continue,
+            };
+            if std::mem::replace(&mut seen[i], true) {
+                return Err(QueryError(format!("{key} is given more than once")));
+            }
+            let value = decode(v).map_err(|e| QueryError(format!("{key} {e}")))?;
+            if !value.is_empty() {
+                *slot = Some(value);
+            }
+        }
+        Ok(q)
+    }
+}
+
+/// `application/x-www-form-urlencoded` decoding (`+` is a space) to bytes, then UTF-8.
+fn decode(s: &str) -> Result<String, &'static str> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = b.get(i + 1..i + 3).ok_or("has a truncated %-escape")?;
+                let hi = hex_digit(hex[0]).ok_or("has a malformed %-escape")?;
+                let lo = hex_digit(hex[1]).ok_or("has a malformed %-escape")?;
+                out.push(hi << 4 | lo);
+                i += 2;
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).map_err(|_| "is not valid UTF-8 once percent-decoded")
+}
+
+fn hex_digit(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(raw: &str) -> Result<Option<String>, QueryError> {
+        UpgradeQuery::parse(Some(raw)).map(|q| q.session_id)
+    }
+
+    #[test]
+    fn decodes_percent_and_plus() {
+        assert_eq!(
+            session("session_id=a%20b+c").expect("ok").as_deref(),
+            Some("a b c")
+        );
+        assert_eq!(
+            session("session_id=s%C3%A9").expect("ok").as_deref(),
+            Some("sé")
+        );
+        assert_eq!(
+            session("x=1&session_id=s").expect("ok").as_deref(),
+            Some("s")
+        );
+        assert_eq!(session("session_id=").expect("ok"), None);
+        assert_eq!(
+            UpgradeQuery::parse(None).expect("ok"),
+            UpgradeQuery::default()
+        );
+    }
+
+    #[test]
+    fn invalid_utf8_is_refused_not_replaced() {
+        let e = session("session_id=%ff").expect_err("refused");
+        assert!(e.0.contains("session_id") && e.0.contains("UTF-8"), "{e}");
+        assert!(session("session_id=%ff%fe").is_err());
+    }
+
+    #[test]
+    fn a_duplicate_is_refused() {
+        let e = session("session_id=a&session_id=b").expect_err("refused");
+        assert!(e.0.contains("more than once"), "{e}");
+        // Even when the first was empty.
+        assert!(session("session_id=&session_id=b").is_err());
+    }
+
+    #[test]
+    fn malformed_escapes_are_refused() {
+        assert!(session("session_id=%").is_err());
+        assert!(session("session_id=%4").is_err());
+        assert!(session("session_id=%zz").is_err());
+        // Garbage in an unknown parameter's value is not weir's business.
+        assert!(session("other=%zz&session_id=a").is_ok());
+    }
+
+    #[test]
+    fn never_panics_on_arbitrary_bytes() {
+        for s in [
+            "%",
+            "%%",
+            "&&&",
+            "=&=",
+            "session_id",
+            "session_id=%e2%82",
+            "é=%",
+        ] {
+            let _ = UpgradeQuery::parse(Some(s));
+        }
+    }
+}
