@@ -28,8 +28,11 @@
 //! The cost of lossless mode is the `ingress/jetstream` ÷ `ingress` ratio in the summary.
 //! Every variant ends with `client.flush()`; the time is from the first publish to the
 //! end of the flush. 7 rounds; medians of frames/s and of the per-round ratios.
-//! `THROUGHPUT_ONLY=plain|ingress|ingress-unconfirmed|jetstream` runs one variant
-//! (profiling).
+//! `THROUGHPUT_ONLY=plain|ingress|ingress-unconfirmed|jetstream|null` runs one variant
+//! (profiling); `null` is the ingress (unconfirmed) into a sink that takes every message
+//! at once — the producer core alone, without a NATS client. `THROUGHPUT_MAX_BYTES`
+//! overrides the per-stream budget (default 16,000), to show how far the budget itself
+//! bounds a bulk push (below).
 //!
 //! Why 1,000 streams and not a few: the budget now holds up to the server, so one
 //! stream can never have more than its budget (25 frames) between the producer and the
