@@ -328,7 +328,7 @@ impl<S: Sink> Publisher<S> {
             return Err(frame);
         }
         let permit = match self.confirming() {
-            Some(w) => match w.try_acquire(frame.pcm_len as u64) {
+            Some(w) => match w.try_acquire(crate::queue::charge_of(frame.pcm_len)) {
                 Some(p) => Some(p),
                 None => return Err(frame),
             },
@@ -466,7 +466,8 @@ impl<S: Sink> Publisher<S> {
             let permit = match self.confirming() {
                 Some(w) => {
                     let deadline = frame.enqueued_at + self.enforced_max_age;
-                    w.acquire(frame.pcm_len as u64, deadline).await
+                    w.acquire(crate::queue::charge_of(frame.pcm_len), deadline)
+                        .await
                 }
                 None => None,
             };

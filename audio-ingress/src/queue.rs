@@ -99,6 +99,18 @@ pub(crate) fn unix_ms_now() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// The least a frame is charged against `max_bytes`: 160 bytes, 5 ms of 16 kHz audio.
+/// A frame costs memory beyond its PCM (its packet's meta, ~100 bytes, and its queue
+/// slot); without a floor a producer sending 2-byte frames could make one stream hold
+/// 8,000 frames under a 16,000-byte budget. With it a stream holds at most
+/// `max_bytes / 160` frames, whatever their size.
+pub const MIN_FRAME_CHARGE: usize = 160;
+
+/// Bytes a frame of `pcm_len` PCM bytes takes from the budget.
+pub(crate) fn charge_of(pcm_len: usize) -> u64 {
+    pcm_len.max(MIN_FRAME_CHARGE) as u64
+}
+
 /// Samples in `len` bytes of s16le mono.
 pub(crate) fn samples_of(len: usize) -> u64 {
     (len / 2) as u64
@@ -756,7 +768,7 @@ impl FrameQueue {
             self.next_seq -= 1;
             return Err(Refusal::Invalid(FrameError::PartialSample { len: pcm_len }));
         };
-        let reservation = Reservation::new(&self.budget, pcm_len as u64);
+        let reservation = Reservation::new(&self.budget, charge_of(pcm_len));
         self.items.push_back(QueuedFrame {
             seq,
             pcm_len,
@@ -789,7 +801,7 @@ impl FrameQueue {
         {
             return self.over_rate(pcm_len, now);
         }
-        let len = pcm_len as u64;
+        let len = charge_of(pcm_len);
         let pending = self.budget.bytes();
         if self.shadow {
             let too_old = self
@@ -1267,6 +1279,22 @@ mod tests {
             (0, 0, 0)
         );
         assert_accounted(&q, &counters, 2);
+    }
+
+    #[test]
+    fn tiny_frames_are_charged_the_floor_so_the_frame_count_is_bounded() {
+        let c = StreamConfig::default();
+        let (mut q, _, _) = queue(&c);
+        let t0 = Instant::now();
+        let tiny = Bytes::from_static(&[0, 0]);
+        let mut admitted = 0;
+        while q.offer(&tiny, t0, OfferMode::Try).is_ok() {
+            admitted += 1;
+            assert!(admitted <= 1_000, "unbounded");
+        }
+        assert_eq!(admitted, 16_000 / MIN_FRAME_CHARGE);
+        assert_eq!(q.budget().bytes(), 16_000);
+        assert_eq!(q.budget().frames(), admitted as u64);
     }
 
     #[test]

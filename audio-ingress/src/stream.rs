@@ -176,7 +176,7 @@ impl StreamShared {
             return Err(frame);
         }
         let permit = if w.enabled() {
-            match w.try_acquire(frame.pcm_len as u64) {
+            match w.try_acquire(crate::queue::charge_of(frame.pcm_len)) {
                 Some(p) => Some(p),
                 None => return Err(frame),
             }
