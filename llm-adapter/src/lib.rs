@@ -184,9 +184,10 @@ impl AdapterView {
         out
     }
 
-    /// Every limit (`null` when disabled), subjects and header names.
+    /// Every limit (`null` when disabled), subjects and header names, and the live
+    /// service-time estimate (`estimator.current`).
     pub fn capabilities(&self) -> serde_json::Value {
-        self.config.capabilities()
+        service::capabilities(&self.config, &self.admission)
     }
 
     /// The configuration.
