@@ -15,8 +15,11 @@
 //!   joined waiters, which ride on an existing entry, and the bounded completion cache);
 //! - a request whose deadline passed is never handed to the backend: the check and the
 //!   transition to Running happen under one lock; during inference the backend future is
-//!   dropped at the deadline (or at the backend timeout, on cancel, at the end of the
-//!   shutdown grace);
+//!   dropped at `deadline − deadline.reply_margin` (or at the backend timeout, on cancel,
+//!   at the end of the shutdown grace), so that its answer still reaches the caller;
+//! - admission predicts (from the backend's service-time estimate, `estimator.rs`) and
+//!   refuses at once what cannot finish in time; the prediction only refuses early, the
+//!   checks above stay the guarantee;
 //! - the state lock is a `std::sync::Mutex` that is never held across an `.await`.
 //!
 //! Time is tokio time, so tests drive everything with `start_paused = true`.

@@ -27,6 +27,15 @@
 //!   next request of its session and pumps the gates whose slots it freed;
 //! - a request is never started once its deadline has passed ([`State::start_next`]
 //!   checks it under the same lock that marks it Running);
+//! - `answer_by = deadline − reply_margin`: a queued request is answered by then (its
+//!   deadline timer is never later), a running one is aborted then, and with the
+//!   adaptive start budget a queued request is answered as soon as less than the
+//!   service-time estimate is left before it — so every refusal leaves before the
+//!   deadline;
+//! - the prediction at admission ([`State::predict`]) only refuses early; it never
+//!   replaces the checks at the start of inference and during it, which are the
+//!   guarantee (a probe — a request admitted onto an idle backend against the
+//!   prediction — is exempt from the adaptive start budget only);
 //! - cascades (a release that grants a slot whose holder is then refused at the next
 //!   gate, which releases ...) run from a work list, never by recursion.
 
