@@ -487,7 +487,9 @@ impl<W> State<W> {
             (running + ahead as f64 * e) / workers as f64
         };
         Some(Prediction {
-            start: Duration::from_secs_f64(global.max(serial).max(gate)),
+            // Finite and non-negative by construction; saturate rather than panic.
+            start: Duration::try_from_secs_f64(global.max(serial).max(gate))
+                .unwrap_or(Duration::MAX),
             estimate: est,
         })
     }
@@ -758,7 +760,7 @@ impl<W> State<W> {
             )
         {
             let usable = by.saturating_duration_since(now);
-            if p.start + p.estimate > usable {
+            if p.start.saturating_add(p.estimate) > usable {
                 if self.running == 0 && self.queued == 0 {
                     probe = true;
                 } else {
@@ -778,7 +780,10 @@ impl<W> State<W> {
                             budget_ms: Some(millis(budget)),
                             estimate_ms: Some(millis_ceil(p.estimate)),
                             retry_after_ms: Some(
-                                millis_ceil((p.start + p.estimate).saturating_sub(usable)).max(1),
+                                millis_ceil(
+                                    p.start.saturating_add(p.estimate).saturating_sub(usable),
+                                )
+                                .max(1),
                             ),
                             ..Default::default()
                         },
