@@ -1,28 +1,28 @@
-//! Offered load at twice the backend's capacity, every request with a deadline.
+//! Offered load from half to five times the backend's capacity, every request with a
+//! deadline, against the adapter's **defaults** (only `workers` set to the backend's
+//! parallelism, as in issue 11).
 //!
 //! Open-loop callers (a fixed arrival rate, like users, not waiting for each other)
-//! send `2 × capacity` requests per second with `Weir-Timeout-Ms`. Reported per
-//! scenario (medians over `WEIR_BENCH_ROUNDS` rounds, default 3, of
-//! `WEIR_BENCH_SECS` seconds, default 5):
-//! - goodput: `ok` answers per second (and as a share of capacity);
-//! - refusals by code;
-//! - requests started after their deadline, counted by the adapter and, independently,
-//!   by the sim backend (must be 0);
-//! - the share of backend time spent on requests that finished within their deadline
-//!   (target ≥ 95 %);
-//! - queue wait p50/p99 of started requests, and callers' p99 for `ok` answers.
+//! send `factor × capacity` requests per second with `Weir-Timeout-Ms` = the budget and
+//! a NATS request timeout of the same budget: a reply that is not back by then is a
+//! *caller timeout*. Reported per scenario (medians over `WEIR_BENCH_ROUNDS` rounds,
+//! default 3, of `WEIR_BENCH_SECS` seconds, default 5):
+//! - ok in time: `ok` answers received within the budget, per second of the span from
+//!   the first send to the last answer (the queue drains after the last send), and as
+//!   a share of the capacity over that span (true capacity = workers / mean latency;
+//!   the estimator's capacity = workers / its p90 estimate, what the adapter plans with);
+//! - refusal latency p50/p99 as the caller saw it (send → reply);
+//! - the share of backend time spent on requests answered `ok` (useful backend time);
+//! - caller timeouts (target 0), requests started after their deadline (target 0).
 //!
-//! Scenarios:
-//! - `sized`: 8 workers, fixed 20 ms inference (capacity 400/s), queue 64, deadline
-//!   500 ms — the queue bound keeps every admitted request within its deadline;
-//! - `oversized`: 8 workers, log-normal inference (median 20 ms, p99 80 ms), queue 512,
-//!   deadline 300 ms, defaults otherwise — a queue holding more than a deadline's worth
-//!   of work: requests expire while queued (answered without touching the backend), and
-//!   those that start do so with little budget left, so many are aborted mid-inference;
-//! - `oversized+min_start_budget`: the same with `deadline.min_start_budget_ms = 80`
-//!   (the backend's p99): a request is started only if it can finish.
+//! Scenarios: one worker, sim backend at a fixed 50 ms (capacity 20/s) and log-normal
+//! (median 50 ms, p99 150 ms; mean ≈ 55.9 ms, capacity ≈ 17.9/s), budget 2 s, at
+//! 0.5×, 1.2×, 2× and 5×; then mixed budgets (half 500 ms, half 5 s) at 2× under
+//! `queue_order = "fifo"` (the default) and `"edf"`, ok in time reported per class,
+//! in rounds three times as long (a 5 s budget needs them to reach a steady state).
 //!
 //! Run: `cargo bench -p weir-llm-adapter --bench overload`
+//! (`WEIR_BENCH_ONLY=fixed` / `lognormal` / `mixed` runs one group.)
 
 mod common;
 
@@ -31,43 +31,68 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{connect, hist, install_metrics, knob, median};
-use hdrhistogram::Histogram;
+use common::{connect, install_metrics, knob, median};
 use weir_llm_adapter::Config;
 use weir_llm_adapter::backend::sim::SimBackend;
 use weir_llm_adapter::config::{Latency, SimConfig};
 use weir_protocol::llm::headers as h;
 
 struct Scenario {
-    name: &'static str,
-    config: &'static str,
+    name: String,
+    /// Round length as a multiple of `WEIR_BENCH_SECS` (long budgets need long rounds
+    /// to reach a steady state).
+    secs_factor: u64,
+    config: String,
     latency: Latency,
-    capacity_rps: f64,
-    deadline_ms: u64,
+    workers: usize,
+    /// Mean service time, for the true capacity.
+    mean_ms: f64,
+    factor: f64,
+    /// Budgets, cycled over the requests (one class per distinct value).
+    budgets_ms: Vec<u64>,
+}
+
+impl Scenario {
+    fn capacity(&self) -> f64 {
+        self.workers as f64 * 1000.0 / self.mean_ms
+    }
 }
 
 #[derive(Default)]
-struct Outcome {
-    codes: BTreeMap<String, u64>,
-    ok_latency: Option<Histogram<u64>>,
+struct Calls {
+    /// (budget, code, latency, answered at)
+    all: Vec<(u64, String, Duration, Instant)>,
 }
 
 struct Round {
+    /// First send → last answer: the backend works through the queue after the last
+    /// send, so rates and the share of capacity are taken over this span.
+    span_s: f64,
+    ok_in_time: u64,
     offered_rps: f64,
-    goodput_rps: f64,
-    refused: BTreeMap<String, u64>,
+    ok_in_time_rps: f64,
+    ok_in_time_by_budget: BTreeMap<u64, (u64, u64)>,
+    refusal_p50_ms: f64,
+    refusal_p99_ms: f64,
+    caller_timeouts: u64,
     started_after_deadline: u64,
-    sim_started_after_deadline: u64,
     useful_share: f64,
-    queue_p50: f64,
-    queue_p99: f64,
-    ok_p99_ms: f64,
-    lost: u64,
+    estimate_ms: f64,
+    codes: BTreeMap<String, u64>,
+}
+
+fn pct(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    let i = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
+    v[i]
 }
 
 async fn round(server_url: &str, sc: &Scenario, secs: u64, seed: u64) -> Round {
     let adapter_client = connect(server_url).await;
-    let config = Config::from_toml_str(sc.config).expect("config");
+    let config = Config::from_toml_str(&sc.config).expect("config");
     let sim = SimBackend::new(SimConfig {
         latency: sc.latency,
         error_rate: 0.0,
@@ -80,14 +105,11 @@ async fn round(server_url: &str, sc: &Scenario, secs: u64, seed: u64) -> Round {
     let caller = connect(server_url).await;
     caller.flush().await.expect("flush");
 
-    let rate = sc.capacity_rps * 2.0;
-    let per_tick = rate / 100.0; // 10 ms ticks
-    let outcome = Arc::new(Mutex::new(Outcome {
-        ok_latency: Some(hist()),
-        ..Default::default()
-    }));
+    let rate = sc.capacity() * sc.factor;
+    let per_tick = rate / 200.0; // 5 ms ticks
+    let calls = Arc::new(Mutex::new(Calls::default()));
     let payload = Bytes::from(vec![b'x'; 256]);
-    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    let mut tick = tokio::time::interval(Duration::from_millis(5));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let t0 = Instant::now();
     let mut sent = 0u64;
@@ -98,18 +120,18 @@ async fn round(server_url: &str, sc: &Scenario, secs: u64, seed: u64) -> Round {
         carry += per_tick;
         while carry >= 1.0 {
             carry -= 1.0;
+            let budget = sc.budgets_ms[sent as usize % sc.budgets_ms.len()];
             sent += 1;
             let caller = caller.clone();
             let payload = payload.clone();
-            let outcome = outcome.clone();
-            let deadline = sc.deadline_ms;
+            let calls = calls.clone();
             tasks.push(tokio::spawn(async move {
                 let mut hm = async_nats::HeaderMap::new();
-                hm.insert(h::TIMEOUT_MS, deadline.to_string().as_str());
+                hm.insert(h::TIMEOUT_MS, budget.to_string().as_str());
                 let req = async_nats::Request::new()
                     .payload(payload)
                     .headers(hm)
-                    .timeout(Some(Duration::from_millis(deadline + 2000)));
+                    .timeout(Some(Duration::from_millis(budget)));
                 let start = Instant::now();
                 let r = caller.send_request("llm.infer", req).await;
                 let took = start.elapsed();
@@ -119,15 +141,13 @@ async fn round(server_url: &str, sc: &Scenario, secs: u64, seed: u64) -> Round {
                         .as_ref()
                         .and_then(|hm| hm.get(h::ERROR_CODE))
                         .map_or("ok".to_owned(), |v| v.as_str().to_owned()),
-                    Err(_) => "client_timeout".to_owned(),
+                    Err(_) => "caller_timeout".to_owned(),
                 };
-                let mut o = outcome.lock().expect("lock");
-                if code == "ok"
-                    && let Some(hh) = o.ok_latency.as_mut()
-                {
-                    hh.saturating_record(took.as_micros() as u64);
-                }
-                *o.codes.entry(code).or_insert(0) += 1;
+                calls
+                    .lock()
+                    .expect("lock")
+                    .all
+                    .push((budget, code, took, Instant::now()));
             }));
         }
     }
@@ -135,27 +155,51 @@ async fn round(server_url: &str, sc: &Scenario, secs: u64, seed: u64) -> Round {
     for t in tasks {
         let _ = t.await;
     }
+    let span = {
+        let c = calls.lock().expect("lock");
+        c.all
+            .iter()
+            .map(|x| x.3)
+            .max()
+            .map_or(elapsed, |last| last.duration_since(t0))
+            .max(elapsed)
+    };
     let s = adapter.stats();
     adapter.shutdown().await;
-    let o = outcome.lock().expect("lock");
-    let ok = o.codes.get("ok").copied().unwrap_or(0);
-    let answered: u64 = o.codes.values().sum();
-    let mut refused = o.codes.clone();
-    refused.remove("ok");
+    let c = calls.lock().expect("lock");
+    let mut codes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut by_budget: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    let mut refusal_ms = Vec::new();
+    let mut ok_in_time = 0u64;
+    for (budget, code, took, _) in &c.all {
+        *codes.entry(code.clone()).or_insert(0) += 1;
+        let e = by_budget.entry(*budget).or_insert((0, 0));
+        e.1 += 1;
+        if code == "ok" && *took <= Duration::from_millis(*budget) {
+            ok_in_time += 1;
+            e.0 += 1;
+        } else if code != "ok" && code != "caller_timeout" {
+            refusal_ms.push(took.as_secs_f64() * 1000.0);
+        }
+    }
     Round {
+        span_s: span.as_secs_f64(),
+        ok_in_time,
         offered_rps: sent as f64 / elapsed.as_secs_f64(),
-        goodput_rps: ok as f64 / elapsed.as_secs_f64(),
-        refused,
-        started_after_deadline: s.started_after_deadline,
-        sim_started_after_deadline: sim_handle.stats().started_after_deadline,
+        ok_in_time_rps: ok_in_time as f64 / span.as_secs_f64(),
+        ok_in_time_by_budget: by_budget,
+        refusal_p50_ms: pct(&mut refusal_ms, 0.50),
+        refusal_p99_ms: pct(&mut refusal_ms, 0.99),
+        caller_timeouts: codes.get("caller_timeout").copied().unwrap_or(0),
+        started_after_deadline: s
+            .started_after_deadline
+            .max(sim_handle.stats().started_after_deadline),
         useful_share: s.useful_backend_share(),
-        queue_p50: s.queue_wait_ms.p50,
-        queue_p99: s.queue_wait_ms.p99,
-        ok_p99_ms: o
-            .ok_latency
-            .as_ref()
-            .map_or(0.0, |hh| hh.value_at_quantile(0.99) as f64 / 1000.0),
-        lost: sent - answered,
+        estimate_ms: s
+            .service_estimate
+            .and_then(|e| e.service_time_ms)
+            .unwrap_or(f64::NAN),
+        codes,
     }
 }
 
@@ -167,97 +211,121 @@ fn main() {
     rt.block_on(bench());
 }
 
+fn scenarios() -> Vec<Scenario> {
+    let only = std::env::var("WEIR_BENCH_ONLY").unwrap_or_default();
+    let base = "workers = 1\n[trace]\nlog = false\n";
+    let fixed = Latency::Fixed(Duration::from_millis(50));
+    let lognormal = Latency::LogNormal {
+        median: Duration::from_millis(50),
+        p99: Duration::from_millis(150),
+    };
+    // Mean of a log-normal with median m and p99 q: m·exp(σ²/2), σ = ln(q/m)/2.326.
+    let sigma = (150.0f64 / 50.0).ln() / 2.326;
+    let lognormal_mean = 50.0 * (sigma * sigma / 2.0).exp();
+    let mut out = Vec::new();
+    for (group, latency, mean) in [
+        ("fixed", fixed, 50.0),
+        ("lognormal", lognormal, lognormal_mean),
+    ] {
+        if !only.is_empty() && only != group {
+            continue;
+        }
+        for factor in [0.5, 1.2, 2.0, 5.0] {
+            out.push(Scenario {
+                secs_factor: 1,
+                name: format!("{group} {factor}x"),
+                config: base.to_owned(),
+                latency,
+                workers: 1,
+                mean_ms: mean,
+                factor,
+                budgets_ms: vec![2000],
+            });
+        }
+    }
+    if only.is_empty() || only == "mixed" {
+        for order in ["fifo", "edf"] {
+            out.push(Scenario {
+                secs_factor: 3,
+                name: format!("mixed 500ms/5s 2x queue_order={order}"),
+                config: format!("queue_order = \"{order}\"\n{base}"),
+                latency: fixed,
+                workers: 1,
+                mean_ms: 50.0,
+                factor: 2.0,
+                budgets_ms: vec![500, 5000],
+            });
+        }
+    }
+    out
+}
+
 async fn bench() {
     let rounds = knob("WEIR_BENCH_ROUNDS", 3);
     let secs = knob("WEIR_BENCH_SECS", 5);
     install_metrics();
     let server =
         weir_testkit::NatsServer::start().expect("nats-server (scripts/ensure-nats-server)");
-    let scenarios = [
-        Scenario {
-            name: "sized",
-            config: "workers = 8\nqueue_capacity = 64\n[session]\npending_cap = 0\n[trace]\nlog = false",
-            latency: Latency::Fixed(Duration::from_millis(20)),
-            capacity_rps: 400.0,
-            deadline_ms: 500,
-        },
-        Scenario {
-            name: "oversized",
-            config: "workers = 8\nqueue_capacity = 512\n[session]\npending_cap = 0\n[trace]\nlog = false",
-            latency: Latency::LogNormal {
-                median: Duration::from_millis(20),
-                p99: Duration::from_millis(80),
-            },
-            // mean of that log-normal ≈ 22.8 ms → 8 / 0.0228 s
-            capacity_rps: 350.0,
-            deadline_ms: 300,
-        },
-        Scenario {
-            name: "oversized+min_start_budget",
-            config: "workers = 8\nqueue_capacity = 512\n[session]\npending_cap = 0\n[deadline]\nmin_start_budget_ms = 80\n[trace]\nlog = false",
-            latency: Latency::LogNormal {
-                median: Duration::from_millis(20),
-                p99: Duration::from_millis(80),
-            },
-            capacity_rps: 350.0,
-            deadline_ms: 300,
-        },
-    ];
-    for sc in &scenarios {
-        println!(
-            "scenario {}: capacity ~{:.0}/s, offered {:.0}/s, deadline {} ms",
-            sc.name,
-            sc.capacity_rps,
-            sc.capacity_rps * 2.0,
-            sc.deadline_ms
-        );
-        let mut goodput = Vec::new();
-        let mut useful = Vec::new();
-        let mut sad = 0;
-        let mut sim_sad = 0;
-        let mut lost = 0;
-        let mut refused_total: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    println!("adapter defaults + workers = 1; {rounds} rounds of {secs} s; medians over rounds\n");
+    println!(
+        "| scenario | offered/s | ok in time/s | % of capacity | % of estimator capacity | refusal p50 / p99 ms | useful backend | caller timeouts | started after deadline | estimate ms |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for sc in scenarios() {
+        let mut xs = Vec::new();
+        let secs = secs * sc.secs_factor;
         for r in 0..rounds {
-            let x = round(server.url(), sc, secs, r + 1).await;
-            println!(
-                "  round {r}: offered {:.0}/s goodput {:.0}/s ({:.0}% of capacity) useful backend share {:.1}% \
-                 started_after_deadline {} (sim {}) queue wait p50 {:.1} ms p99 {:.1} ms ok p99 {:.1} ms refused {:?} lost {}",
+            let x = round(server.url(), &sc, secs, r + 1).await;
+            eprintln!(
+                "  {} round {r}: span {:.1} s ok in time {} offered {:.1}/s ok in time {:.1}/s refusal p50 {:.1} p99 {:.1} ms useful {:.1}% caller timeouts {} codes {:?} by budget {:?} estimate {:.1} ms",
+                sc.name,
+                x.span_s,
+                x.ok_in_time,
                 x.offered_rps,
-                x.goodput_rps,
-                100.0 * x.goodput_rps / sc.capacity_rps,
+                x.ok_in_time_rps,
+                x.refusal_p50_ms,
+                x.refusal_p99_ms,
                 100.0 * x.useful_share,
-                x.started_after_deadline,
-                x.sim_started_after_deadline,
-                x.queue_p50,
-                x.queue_p99,
-                x.ok_p99_ms,
-                x.refused,
-                x.lost
+                x.caller_timeouts,
+                x.codes,
+                x.ok_in_time_by_budget,
+                x.estimate_ms
             );
-            goodput.push(x.goodput_rps);
-            useful.push(x.useful_share);
-            sad += x.started_after_deadline;
-            sim_sad += x.sim_started_after_deadline;
-            lost += x.lost;
-            for (k, v) in &x.refused {
-                refused_total
-                    .entry(k.clone())
-                    .or_default()
-                    .push(*v as f64 / secs as f64);
+            xs.push(x);
+        }
+        let m = |f: &dyn Fn(&Round) -> f64| median(&xs.iter().map(f).collect::<Vec<_>>());
+        let ok = m(&|x| x.ok_in_time_rps);
+        let est = m(&|x| x.estimate_ms);
+        let est_capacity = sc.workers as f64 * 1000.0 / est;
+        let timeouts: u64 = xs.iter().map(|x| x.caller_timeouts).sum();
+        let late: u64 = xs.iter().map(|x| x.started_after_deadline).sum();
+        println!(
+            "| {} | {:.1} | {:.1} | {:.0} % | {:.0} % | {:.1} / {:.1} | {:.1} % | {} (all rounds) | {} | {:.1} |",
+            sc.name,
+            m(&|x| x.offered_rps),
+            ok,
+            100.0 * ok / sc.capacity(),
+            100.0 * ok / est_capacity,
+            m(&|x| x.refusal_p50_ms),
+            m(&|x| x.refusal_p99_ms),
+            100.0 * m(&|x| x.useful_share),
+            timeouts,
+            late,
+            est
+        );
+        if sc.budgets_ms.len() > 1 {
+            for b in &sc.budgets_ms {
+                let share = m(&|x| {
+                    let (ok, n) = x.ok_in_time_by_budget.get(b).copied().unwrap_or((0, 0));
+                    ok as f64 / n.max(1) as f64
+                });
+                let rps =
+                    m(&|x| x.ok_in_time_by_budget.get(b).map_or(0.0, |v| v.0 as f64) / x.span_s);
+                println!(
+                    "|   budget {b} ms | | {rps:.1} | {:.0} % of this class ok in time | | | | | | |",
+                    100.0 * share
+                );
             }
         }
-        println!(
-            "  median goodput {:.0}/s ({:.0}% of capacity); median useful backend share {:.1}%; \
-             started after deadline: {sad} (sim: {sim_sad}); lost answers: {lost}",
-            median(&goodput),
-            100.0 * median(&goodput) / sc.capacity_rps,
-            100.0 * median(&useful)
-        );
-        let refused: Vec<String> = refused_total
-            .iter()
-            .map(|(k, v)| format!("{k} {:.0}/s", median(v)))
-            .collect();
-        println!("  median refusals: {}", refused.join(", "));
-        println!();
     }
 }

@@ -26,6 +26,8 @@ use std::time::Duration;
 use serde::Serialize;
 use toml::{Table, Value};
 
+pub use crate::admission::EstimatorConfig;
+
 /// Prefix of environment overrides: `WEIR_LLM_QUEUE_CAPACITY=64`,
 /// `WEIR_LLM_SESSION__PENDING_CAP=5` (`__` separates sections).
 pub const ENV_PREFIX: &str = "WEIR_LLM_";
@@ -184,7 +186,32 @@ pub struct DeadlineConfig {
     pub max: Duration,
     /// A request whose remaining budget is below this when a worker picks it is answered
     /// `deadline_exceeded` instead of being started (it could not finish in time).
-    pub min_start_budget: Duration,
+    /// `None` (the key unset, the default) = adaptive: the service-time estimate is the
+    /// minimum, and a queued request is answered as soon as its remaining budget falls
+    /// below it.
+    pub min_start_budget: Option<Duration>,
+    /// Time kept for the answer to travel back: the adapter treats `deadline −
+    /// reply_margin` as the last moment it can still answer usefully (refusals are sent
+    /// by then, a running call is aborted then).
+    pub reply_margin: Duration,
+    /// Refuse at admission a request predicted not to finish before its deadline.
+    pub predict: bool,
+}
+
+/// Order in which admitted requests that passed their session and key gates get a
+/// worker (`queue_order`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QueueOrder {
+    /// Arrival order (in the ready queue). The default: what was predicted at
+    /// admission holds, since no later request overtakes.
+    #[default]
+    Fifo,
+    /// Earliest deadline first (a request without a deadline counts as due at
+    /// `deadline.max_ms`); ties in arrival order. Short budgets overtake long ones; a
+    /// long one overtaken after admission may then be answered `deadline_exceeded`
+    /// while queued (before its deadline) instead of at admission.
+    Edf,
 }
 
 /// Idempotency by request id (`[idempotency]`).
@@ -383,6 +410,10 @@ pub struct Config {
     pub limits: Vec<KeyLimit>,
     /// Deadlines.
     pub deadline: DeadlineConfig,
+    /// Which ready request a free worker takes first.
+    pub queue_order: QueueOrder,
+    /// The service-time estimator.
+    pub estimator: EstimatorConfig,
     /// Idempotency; `None` = disabled.
     pub idempotency: Option<IdempotencyConfig>,
     /// Backend.
@@ -434,6 +465,16 @@ impl Config {
             }
         };
         let shutdown_grace = r.millis("shutdown_grace_ms", 10_000, 0..=3_600_000, "")?;
+        let queue_order = match r.string("queue_order", "fifo")?.as_str() {
+            "edf" => QueueOrder::Edf,
+            "fifo" => QueueOrder::Fifo,
+            other => {
+                return Err(ConfigError::invalid(
+                    r.key("queue_order"),
+                    format!("expected \"edf\" or \"fifo\", got {other:?}"),
+                ));
+            }
+        };
 
         let mut s = r.section("session")?;
         let cap = s.uint("pending_cap", 5, 0..=1_000_000, " (0 = unlimited)")?;
@@ -455,12 +496,46 @@ impl Config {
                 ),
             ));
         }
+        let min_start_budget = match d.get("min_start_budget_ms") {
+            None => None,
+            Some(_) => Some(d.millis(
+                "min_start_budget_ms",
+                0,
+                0..=3_600_000,
+                " (unset = adaptive)",
+            )?),
+        };
         let deadline = DeadlineConfig {
             default: (default_ms > 0).then(|| Duration::from_millis(default_ms)),
             max,
-            min_start_budget: d.millis("min_start_budget_ms", 0, 0..=3_600_000, "")?,
+            min_start_budget,
+            reply_margin: d.millis("reply_margin_ms", 20, 0..=60_000, "")?,
+            predict: d.boolean("predict", true)?,
         };
         d.finish()?;
+
+        let mut e = r.section("estimator")?;
+        let initial_ms = e.uint(
+            "initial_ms",
+            0,
+            0..=3_600_000,
+            " (0 = no estimate before the first call)",
+        )?;
+        let window = usize_of(e.uint("window", 64, 1..=4096, "")?);
+        let half_life = e.uint("half_life", 16, 1..=4096, "")?;
+        if usize_of(half_life) > window {
+            return Err(ConfigError::invalid(
+                e.key("half_life"),
+                format!("{half_life} is larger than estimator.window ({window})"),
+            ));
+        }
+        let estimator = EstimatorConfig {
+            initial: (initial_ms > 0).then(|| Duration::from_millis(initial_ms)),
+            window,
+            half_life: half_life as f64,
+            quantile: e.float("quantile", 0.9, 0.5..=0.999)?,
+        };
+        e.finish()?;
 
         let mut i = r.section("idempotency")?;
         let enabled = i.boolean("enabled", true)?;
@@ -511,6 +586,8 @@ impl Config {
             session,
             limits,
             deadline,
+            queue_order,
+            estimator,
             idempotency,
             backend,
             shutdown_grace,
@@ -529,7 +606,6 @@ impl Config {
         use serde_json::json;
         use weir_protocol::llm::headers as h;
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        let nonzero_ms = |d: Duration| (!d.is_zero()).then(|| ms(d));
         let limits: Vec<serde_json::Value> = self
             .limits
             .iter()
@@ -572,7 +648,17 @@ impl Config {
             "deadline": {
                 "default_ms": self.deadline.default.map(ms),
                 "max_ms": ms(self.deadline.max),
-                "min_start_budget_ms": nonzero_ms(self.deadline.min_start_budget),
+                "min_start_budget_ms": self.deadline.min_start_budget.map(ms),
+                "start_budget": if self.deadline.min_start_budget.is_some() { "fixed" } else { "adaptive" },
+                "reply_margin_ms": ms(self.deadline.reply_margin),
+                "predict": self.deadline.predict,
+            },
+            "queue_order": self.queue_order,
+            "estimator": {
+                "initial_ms": self.estimator.initial.map(ms),
+                "window": self.estimator.window,
+                "half_life": self.estimator.half_life,
+                "quantile": self.estimator.quantile,
             },
             "idempotency": self.idempotency.map(|i| json!({
                 "window_ms": ms(i.window),
@@ -1234,6 +1320,54 @@ mod tests {
         assert_eq!(c.backend.kind.name(), "sim");
         assert_eq!(c.service.subject, "llm.infer");
         assert_eq!(c.admin.listen.to_string(), "127.0.0.1:9091");
+    }
+
+    #[test]
+    fn deadline_defaults_are_adaptive_and_the_new_keys_are_checked() {
+        let c = Config::default();
+        assert_eq!(c.deadline.min_start_budget, None, "unset = adaptive");
+        assert_eq!(c.deadline.reply_margin, Duration::from_millis(20));
+        assert!(c.deadline.predict);
+        assert_eq!(c.queue_order, QueueOrder::Fifo);
+        assert_eq!(c.estimator, EstimatorConfig::default());
+        let v = c.capabilities();
+        assert_eq!(v["deadline"]["start_budget"], "adaptive");
+        assert_eq!(v["deadline"]["reply_margin_ms"], 20);
+        assert_eq!(v["queue_order"], "fifo");
+        assert_eq!(v["estimator"]["initial_ms"], serde_json::Value::Null);
+        assert_eq!(v["estimator"]["quantile"], 0.9);
+
+        let c = Config::from_toml_str(
+            "queue_order = \"edf\"\n[deadline]\nmin_start_budget_ms = 0\nreply_margin_ms = 5\npredict = false\n[estimator]\ninitial_ms = 80\nwindow = 32\nhalf_life = 8\nquantile = 0.95",
+        )
+        .expect("valid");
+        assert_eq!(
+            c.deadline.min_start_budget,
+            Some(Duration::ZERO),
+            "set = fixed"
+        );
+        assert_eq!(c.capabilities()["deadline"]["start_budget"], "fixed");
+        assert_eq!(c.deadline.reply_margin, Duration::from_millis(5));
+        assert!(!c.deadline.predict);
+        assert_eq!(c.queue_order, QueueOrder::Edf);
+        assert_eq!(c.estimator.initial, Some(Duration::from_millis(80)));
+        assert_eq!((c.estimator.window, c.estimator.half_life), (32, 8.0));
+
+        assert_eq!(err("queue_order = \"lifo\"").key(), "queue_order");
+        assert_eq!(
+            err("[deadline]\nmin_start_budget_ms = -1").key(),
+            "deadline.min_start_budget_ms"
+        );
+        assert_eq!(
+            err("[estimator]\nwindow = 8\nhalf_life = 16").key(),
+            "estimator.half_life"
+        );
+        assert_eq!(
+            err("[estimator]\nquantile = 1.5").key(),
+            "estimator.quantile"
+        );
+        assert_eq!(err("[estimator]\nwindow = 0").key(), "estimator.window");
+        assert_eq!(err("[estimator]\nseed_ms = 5").key(), "estimator.seed_ms");
     }
 
     #[test]

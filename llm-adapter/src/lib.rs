@@ -36,7 +36,10 @@
 //! `started_after_deadline`, `queued_now`, `running_now`, `would_reject` (shadow mode),
 //! `queue_wait_ms` and `inference_ms` ([`Percentiles`]: `count`, `p50`, `p95`, `p99`,
 //! `max`, `mean`, from hdrhistogram), `backend_busy_ms`, `backend_useful_ms` (time in
-//! calls that answered `ok`), `slots_acquired`, `slots_released`. Every submission is
+//! calls that answered `ok`), `slots_acquired`, `slots_released`, `refusal_ms`
+//! ([`Percentiles`] of receipt → answer for non-`ok` answers given without a backend
+//! call) and `service_estimate` (the backend's service-time estimate that admission
+//! predicts with, [`admission::EstimateView`]). Every submission is
 //! answered exactly once, so `offered = completed + Σ refused + in progress`.
 //!
 //! Callers use [`client::LlmClient`] (or any NATS client: the wire contract is headers
@@ -184,9 +187,10 @@ impl AdapterView {
         out
     }
 
-    /// Every limit (`null` when disabled), subjects and header names.
+    /// Every limit (`null` when disabled), subjects and header names, and the live
+    /// service-time estimate (`estimator.current`).
     pub fn capabilities(&self) -> serde_json::Value {
-        self.config.capabilities()
+        service::capabilities(&self.config, &self.admission)
     }
 
     /// The configuration.

@@ -37,7 +37,10 @@ pub const CACHED_TOTAL: &str = "llm_requests_cached_total";
 pub const ANSWERED_TOTAL: &str = "llm_requests_answered_total";
 /// Counter: limits that would have refused in shadow mode, label `rule`.
 pub const WOULD_REJECT_TOTAL: &str = "llm_would_reject_total";
-/// Counter: refusals by a limit in enforce mode, label `rule`.
+/// Counter: refusals by a limit in enforce mode, label `rule` (a limit name,
+/// `session_cap`, `session_order`, `queue`, `deadline_predicted` = refused at admission
+/// on the prediction, `start_budget` = answered while queued or at the start of
+/// inference because its remaining budget fell below the start budget).
 pub const LIMIT_REJECT_TOTAL: &str = "llm_limit_reject_total";
 /// Counter: backend calls started.
 pub const INFERENCE_STARTED_TOTAL: &str = "llm_inference_started_total";
@@ -58,6 +61,12 @@ pub const RUNNING: &str = "llm_running";
 pub const QUEUE_CAPACITY: &str = "llm_queue_capacity";
 /// Gauge: configured worker count.
 pub const WORKERS: &str = "llm_workers";
+/// Gauge: the backend's service-time estimate (decaying p90 of recent calls), seconds,
+/// label `backend` (`sim`, `openai`, `nats`); 0 while there is none (see
+/// [`SERVICE_ESTIMATE_SAMPLES`]). Published like [`QUEUE_DEPTH`].
+pub const SERVICE_ESTIMATE_SECONDS: &str = "llm_service_time_estimate_seconds";
+/// Gauge: samples behind [`SERVICE_ESTIMATE_SECONDS`], label `backend`.
+pub const SERVICE_ESTIMATE_SAMPLES: &str = "llm_service_time_estimate_samples";
 /// Counter: cancellation requests, label `result` (`queued`, `running`, `not_found`).
 pub const CANCEL_TOTAL: &str = "llm_cancel_requests_total";
 /// Counter: replies that could not be published (timeout or connection closed).

@@ -342,6 +342,20 @@ fn decode(
     (envelope, sub)
 }
 
+/// The capabilities document of a running adapter: [`Config::capabilities`] plus the
+/// backend's live service-time estimate under `estimator.current`.
+pub fn capabilities<S: Sink>(config: &Config, admission: &Admission<S>) -> serde_json::Value {
+    let mut v = config.capabilities();
+    if let Some(est) = v.get_mut("estimator").and_then(|e| e.as_object_mut()) {
+        est.insert("backend".into(), config.backend.kind.name().into());
+        est.insert(
+            "current".into(),
+            serde_json::to_value(admission.estimate()).unwrap_or_default(),
+        );
+    }
+    v
+}
+
 /// Reply of the cancel endpoint.
 #[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct CancelReply {
@@ -539,7 +553,7 @@ impl ServiceEdge {
             let mut caps = caps;
             async move {
                 while let Some(req) = caps.next().await {
-                    let value = edge.config.capabilities();
+                    let value = capabilities(&edge.config, &edge.admission);
                     edge.reply_json(&req, &value).await;
                 }
             }

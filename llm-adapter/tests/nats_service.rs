@@ -675,3 +675,72 @@ async fn connect_applies_the_configured_credentials() {
     .expect("fails in time");
     assert_eq!(bad.expect_err("refused").kind(), StartErrorKind::Connect);
 }
+
+/// Issue 11 in counts and codes (the timing targets live in the overload bench and the
+/// nats-py check): with the defaults and only `workers = 1`, a burst beyond what fits
+/// in the budget is answered — every request, `ok` or `deadline_exceeded` — and the
+/// excess is refused at admission on the prediction, with the numbers that explain it.
+#[tokio::test]
+async fn defaults_refuse_at_once_what_the_prediction_says_cannot_finish() {
+    let mut rig = Rig::with_sim(
+        "workers = 1\n[trace]\nlog = false",
+        Duration::from_millis(20),
+    )
+    .await;
+    // Measure the backend first (no seed: the cold start admits).
+    for _ in 0..5 {
+        let m = raw(&rig.caller, "llm.infer", &[], b"warm").await;
+        assert_eq!(hdr(&m, h::ERROR_CODE), None);
+    }
+    let est = rig.adapter().stats().service_estimate.expect("estimate");
+    assert!(est.service_time_ms.is_some_and(|ms| ms >= 20.0), "{est:?}");
+
+    let mut tasks = Vec::new();
+    for _ in 0..60 {
+        let caller = rig.caller.clone();
+        tasks.push(tokio::spawn(async move {
+            raw(&caller, "llm.infer", &[(h::TIMEOUT_MS, "500")], b"x").await
+        }));
+    }
+    let (mut ok, mut predicted, mut later) = (0, 0, 0);
+    for t in tasks {
+        let m = t.await.expect("task");
+        match hdr(&m, h::ERROR_CODE) {
+            None => ok += 1,
+            Some("deadline_exceeded") => {
+                let e = ErrorBody::from_json(&m.payload).expect("error body");
+                assert!(hdr(&m, h::INFERENCE_MS).is_none(), "never started");
+                if e.details.predicted_start_ms.is_some() {
+                    assert!(e.details.budget_ms.is_some_and(|b| b <= 500));
+                    assert!(e.details.estimate_ms.is_some());
+                    assert!(e.details.retry_after_ms.is_some_and(|r| r >= 1));
+                    predicted += 1;
+                } else {
+                    later += 1;
+                }
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(ok + predicted + later, 60);
+    assert!(
+        ok >= 1 && predicted >= 1,
+        "ok {ok}, refused at admission {predicted}"
+    );
+    let s = rig.adapter().stats();
+    assert_eq!(s.started_after_deadline, 0);
+    assert_eq!(
+        rig.sim
+            .as_ref()
+            .expect("sim")
+            .stats()
+            .started_after_deadline,
+        0
+    );
+    assert_eq!(
+        s.refused_of(ErrorCode::QueueFull),
+        0,
+        "the prediction refuses first"
+    );
+    rig.shutdown().await;
+}

@@ -51,6 +51,7 @@ pub fn env_from(cli: &Cli) -> Result<Env, String> {
         llm: LlmSettings {
             workers: cli.llm_workers as usize,
             latency: Duration::from_millis(cli.llm_latency_ms),
+            shape: cli.llm_latency_shape.into(),
             deadline: Duration::from_millis(cli.llm_deadline_ms),
         },
         ingress_set: cli.ingress_set.clone(),

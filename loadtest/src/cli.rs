@@ -35,6 +35,27 @@ impl DesignArg {
     }
 }
 
+/// Shape of the simulated LLM inference time (`--llm-latency-shape`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LatencyShapeArg {
+    /// Uniform in 0.5–1.5 × the latency.
+    Uniform,
+    /// Always the latency.
+    Fixed,
+    /// Log-normal: median = the latency, p99 = 3 × it.
+    Lognormal,
+}
+
+impl From<LatencyShapeArg> for crate::llm::LatencyShape {
+    fn from(a: LatencyShapeArg) -> Self {
+        match a {
+            LatencyShapeArg::Uniform => Self::Uniform,
+            LatencyShapeArg::Fixed => Self::Fixed,
+            LatencyShapeArg::Lognormal => Self::LogNormal,
+        }
+    }
+}
+
 /// weir load test: drives the audio ingress (and the LLM adapter) with synthetic
 /// producers at the real 20 ms cadence, injects faults, and compares weir's bounded
 /// design with the naive task-per-frame design.
@@ -122,7 +143,12 @@ pub struct Cli {
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub llm_workers: u32,
 
-    /// Mean simulated inference time, milliseconds.
+    /// Shape of the simulated inference time: uniform in 0.5–1.5 × --llm-latency-ms,
+    /// fixed, or log-normal (median --llm-latency-ms, p99 3 × that).
+    #[arg(long, value_enum, default_value = "uniform")]
+    pub llm_latency_shape: LatencyShapeArg,
+
+    /// Mean simulated inference time (the median for log-normal), milliseconds.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub llm_latency_ms: u64,
 

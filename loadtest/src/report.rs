@@ -216,6 +216,13 @@ pub struct LlmReport {
     pub refused_by_code: BTreeMap<String, u64>,
     /// Requests whose caller gave up (no answer within deadline + margin).
     pub caller_timeouts: u64,
+    /// Replies (ok or refusal) that arrived after the deadline: timeouts for a caller
+    /// whose own timeout is the deadline.
+    #[serde(default)]
+    pub answered_after_deadline: u64,
+    /// Caller-side latency of refusals (send → reply).
+    #[serde(default)]
+    pub refusal_ms: Percentiles,
     /// Requests whose inference started after their deadline (must be 0 when bounded).
     pub started_after_deadline: u64,
     /// Completed within their deadline.
@@ -513,6 +520,20 @@ fn rows() -> Vec<Row> {
         ("llm started after deadline", |r| {
             if r.llm.enabled {
                 r.llm.started_after_deadline.to_string()
+            } else {
+                "-".into()
+            }
+        }),
+        ("llm answered after deadline", |r| {
+            if r.llm.enabled {
+                r.llm.answered_after_deadline.to_string()
+            } else {
+                "-".into()
+            }
+        }),
+        ("llm refusal p50/p99 ms", |r| {
+            if r.llm.enabled {
+                format!("{}/{}", ms(r.llm.refusal_ms.p50), ms(r.llm.refusal_ms.p99))
             } else {
                 "-".into()
             }

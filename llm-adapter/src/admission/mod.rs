@@ -15,12 +15,16 @@
 //!   joined waiters, which ride on an existing entry, and the bounded completion cache);
 //! - a request whose deadline passed is never handed to the backend: the check and the
 //!   transition to Running happen under one lock; during inference the backend future is
-//!   dropped at the deadline (or at the backend timeout, on cancel, at the end of the
-//!   shutdown grace);
+//!   dropped at `deadline − deadline.reply_margin` (or at the backend timeout, on cancel,
+//!   at the end of the shutdown grace), so that its answer still reaches the caller;
+//! - admission predicts (from the backend's service-time estimate, `estimator.rs`) and
+//!   refuses at once what cannot finish in time; the prediction only refuses early, the
+//!   checks above stay the guarantee;
 //! - the state lock is a `std::sync::Mutex` that is never held across an `.await`.
 //!
 //! Time is tokio time, so tests drive everything with `start_paused = true`.
 
+mod estimator;
 mod slots;
 mod state;
 mod stats;
@@ -37,12 +41,15 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use weir_protocol::llm::{AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails};
 
+pub use estimator::{EstimateSource, EstimateView, Estimator, EstimatorConfig};
 pub use stats::{Percentiles, StatsSnapshot};
 
 use self::state::{Effects, State};
 use self::stats::Stats;
 use crate::backend::{Backend, BackendErrorKind, BackendReply, BackendRequest};
-use crate::config::{Config, DeadlineConfig, IdempotencyConfig, KeyLimit, Mode, SessionConfig};
+use crate::config::{
+    Config, DeadlineConfig, IdempotencyConfig, KeyLimit, Mode, QueueOrder, SessionConfig,
+};
 use crate::metrics as m;
 use crate::trace::Tracer;
 
@@ -61,6 +68,10 @@ pub struct AdmissionConfig {
     pub limits: Vec<KeyLimit>,
     /// Deadlines.
     pub deadline: DeadlineConfig,
+    /// Which ready request a free worker takes first.
+    pub queue_order: QueueOrder,
+    /// The backend's service-time estimator.
+    pub estimator: EstimatorConfig,
     /// Idempotency.
     pub idempotency: Option<IdempotencyConfig>,
     /// The backend's own per-call timeout.
@@ -78,6 +89,8 @@ impl From<&Config> for AdmissionConfig {
             session: c.session,
             limits: c.limits.clone(),
             deadline: c.deadline,
+            queue_order: c.queue_order,
+            estimator: c.estimator,
             idempotency: c.idempotency,
             backend_timeout: c.backend.timeout,
             shutdown_grace: c.shutdown_grace,
@@ -230,7 +243,8 @@ pub(crate) enum AbortReason {
 pub(crate) struct Job {
     pub(crate) id: u64,
     pub(crate) request: BackendRequest,
-    pub(crate) deadline: Option<Instant>,
+    /// `deadline − reply_margin`: the call is aborted then.
+    pub(crate) answer_by: Option<Instant>,
     pub(crate) started_at: Instant,
     pub(crate) abort: oneshot::Receiver<AbortReason>,
 }
@@ -409,7 +423,7 @@ impl<S: Sink> Inner<S> {
         let Job {
             id,
             request,
-            deadline,
+            answer_by: deadline,
             started_at,
             mut abort,
         } = job;
@@ -532,12 +546,14 @@ impl<S: Sink> Admission<S> {
             state::RULE_QUEUE,
             state::RULE_SESSION_CAP,
             state::RULE_SESSION_ORDER,
+            state::RULE_PREDICTED,
+            state::RULE_START_BUDGET,
         ]
         .into_iter()
         .map(str::to_owned)
         .collect();
         rules.extend(cfg.limits.iter().map(|l| l.name.clone()));
-        let stats = Arc::new(Stats::new(&rules));
+        let stats = Arc::new(Stats::new(&rules, backend.name()));
         metrics::gauge!(m::WORKERS).set(cfg.workers.get() as f64);
         metrics::gauge!(m::QUEUE_CAPACITY).set(cfg.queue_capacity.get() as f64);
         let inner = Arc::new(Inner {
@@ -598,9 +614,16 @@ impl<S: Sink> Admission<S> {
         s.queued_now = st.queued() as u64;
         s.running_now = st.running() as u64;
         (s.slots_acquired, s.slots_released) = st.slot_totals();
+        let est = st.estimate_view();
+        s.service_estimate = Some(est);
         // Metrics are published when read (a scrape reads stats), not per request.
-        self.inner.stats.publish(st.queued(), st.running());
+        self.inner.stats.publish(st.queued(), st.running(), &est);
         s
+    }
+
+    /// The backend's service-time estimate.
+    pub fn estimate(&self) -> EstimateView {
+        self.inner.lock().estimate_view()
     }
 
     /// Appends the latency histograms (`llm_queue_wait_seconds`,

@@ -27,11 +27,20 @@
 //!   next request of its session and pumps the gates whose slots it freed;
 //! - a request is never started once its deadline has passed ([`State::start_next`]
 //!   checks it under the same lock that marks it Running);
+//! - `answer_by = deadline − reply_margin`: a queued request is answered by then (its
+//!   deadline timer is never later), a running one is aborted then, and with the
+//!   adaptive start budget a queued request is answered as soon as less than the
+//!   service-time estimate is left before it — so every refusal leaves before the
+//!   deadline;
+//! - the prediction at admission ([`State::predict`]) only refuses early; it never
+//!   replaces the checks at the start of inference and during it, which are the
+//!   guarantee (a probe — a request admitted onto an idle backend against the
+//!   prediction — is exempt from the adaptive start budget only);
 //! - cascades (a release that grants a slot whose holder is then refused at the next
 //!   gate, which releases ...) run from a work list, never by recursion.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +49,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use weir_protocol::llm::{AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails};
 
+use super::estimator::{EstimateView, Estimator};
 use super::slots::{SlotGuard, SlotTable};
 use super::stats::Stats;
 use super::{
@@ -47,7 +57,7 @@ use super::{
     QueueView, SessionView, Submission,
 };
 use crate::backend::{BackendReply, BackendRequest};
-use crate::config::{KeySource, Mode, OnBusy};
+use crate::config::{KeySource, Mode, OnBusy, QueueOrder};
 use crate::trace::{TraceEvent, TraceKind, Tracer, ms};
 
 /// Rule names used in traces, would-reject counts and metrics.
@@ -56,6 +66,11 @@ pub(crate) const RULE_SESSION_CAP: &str = "session_cap";
 pub(crate) const RULE_SESSION_ORDER: &str = "session_order";
 /// See [`RULE_SESSION_CAP`].
 pub(crate) const RULE_QUEUE: &str = "queue";
+/// Refused at admission: predicted not to finish before its deadline.
+pub(crate) const RULE_PREDICTED: &str = "deadline_predicted";
+/// Answered while queued or at the start of inference: its remaining budget fell
+/// below the start budget (the estimate, or `deadline.min_start_budget_ms`).
+pub(crate) const RULE_START_BUDGET: &str = "start_budget";
 
 /// What the caller must do after a state transition, outside the lock.
 pub(crate) struct Effects<W> {
@@ -136,6 +151,13 @@ struct Entry<W> {
     stage: Stage,
     received_at: Instant,
     deadline: Option<Instant>,
+    /// `deadline − reply_margin`: the last moment an answer is still useful.
+    answer_by: Option<Instant>,
+    /// Admitted onto an idle backend although predicted too slow (the estimator must
+    /// get samples to come down): exempt from the adaptive start budget.
+    probe: bool,
+    /// Position in the ready queue while Ready.
+    ready_key: Option<ReadyKey>,
     stage_since: Instant,
     started_at: Option<Instant>,
     session_slot: Option<SlotGuard>,
@@ -236,16 +258,44 @@ pub(crate) struct State<W> {
     session_slots: SlotTable,
     sessions: HashMap<String, SessionOrder>,
     gates: Vec<Gate>,
-    ready: VecDeque<u64>,
+    /// Ready entries in the order workers take them ([`QueueOrder`]).
+    ready: BTreeMap<ReadyKey, u64>,
+    ready_seq: u64,
+    /// Start of each running call (the predictor counts what is left of it).
+    running_since: HashMap<u64, Instant>,
     queued: usize,
     running: usize,
     timers: BTreeSet<Timer>,
     shutting_down: bool,
-    ewma_inference: Option<Duration>,
+    estimator: Estimator,
+    /// The FIFO order's constant first key.
+    epoch: Instant,
+}
+
+/// Ready-queue order: (due instant under EDF, or a constant under FIFO; arrival in the
+/// ready queue).
+type ReadyKey = (Instant, u64);
+
+/// What the predictor says about a new request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Prediction {
+    /// Predicted wait before inference starts.
+    pub(crate) start: Duration,
+    /// The service-time estimate used.
+    pub(crate) estimate: Duration,
 }
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn millis_ceil(d: Duration) -> u64 {
+    let ms = millis(d);
+    if Duration::from_millis(ms) < d {
+        ms.saturating_add(1)
+    } else {
+        ms
+    }
 }
 
 fn refusal(code: ErrorCode, message: String, details: ErrorDetails) -> ErrorBody {
@@ -262,6 +312,7 @@ impl<W> State<W> {
                 waiters: HashMap::new(),
             })
             .collect();
+        let estimator = Estimator::new(cfg.estimator);
         Self {
             cfg,
             stats,
@@ -273,12 +324,15 @@ impl<W> State<W> {
             session_slots: SlotTable::default(),
             sessions: HashMap::new(),
             gates,
-            ready: VecDeque::new(),
+            ready: BTreeMap::new(),
+            ready_seq: 0,
+            running_since: HashMap::new(),
             queued: 0,
             running: 0,
             timers: BTreeSet::new(),
             shutting_down: false,
-            ewma_inference: None,
+            estimator,
+            epoch: Instant::now(),
         }
     }
 
@@ -308,9 +362,152 @@ impl<W> State<W> {
         (a, r)
     }
 
-    /// Estimated time for one inference (EWMA of recent calls; 100 ms before any).
+    /// Estimated time for one inference, for retry hints (100 ms before any).
     fn service_estimate(&self) -> Duration {
-        self.ewma_inference.unwrap_or(Duration::from_millis(100))
+        self.estimator
+            .estimate()
+            .unwrap_or(Duration::from_millis(100))
+    }
+
+    /// The estimator's state.
+    pub(crate) fn estimate_view(&self) -> EstimateView {
+        self.estimator.view()
+    }
+
+    /// Whether the start budget follows the estimate (`min_start_budget_ms` unset).
+    fn adaptive(&self) -> bool {
+        self.cfg.deadline.min_start_budget.is_none()
+    }
+
+    /// When a queued entry must be looked at again: just after `answer_by − estimate`
+    /// under the adaptive start budget (probes and cold start: `answer_by`). The extra
+    /// millisecond makes the timer agree with the start check (`left < estimate`
+    /// refuses): a worker free at exactly `answer_by − estimate` starts the request.
+    fn deadline_timer_at(&self, answer_by: Instant, probe: bool) -> Instant {
+        match self.estimator.estimate() {
+            Some(est) if self.adaptive() && !probe => answer_by
+                .checked_sub(est)
+                .map_or(answer_by, |t| (t + Duration::from_millis(1)).min(answer_by)),
+            _ => answer_by,
+        }
+    }
+
+    /// (Re-)arms the deadline timer of a queued entry.
+    fn arm_deadline(&mut self, id: u64, fx: &mut Effects<W>) {
+        let Some(e) = self.entries.get(&id) else {
+            return;
+        };
+        let (Some(answer_by), old) = (e.answer_by, e.deadline_timer) else {
+            return;
+        };
+        let t = Timer {
+            at: self.deadline_timer_at(answer_by, e.probe),
+            id,
+            kind: TimerKind::Deadline,
+        };
+        if let Some(old) = old {
+            self.timers.remove(&old);
+        }
+        if let Some(e) = self.entries.get_mut(&id) {
+            e.deadline_timer = Some(t);
+        }
+        self.add_timer(t, fx);
+    }
+
+    /// Predicts when a new request would start: the larger of
+    /// - the global term: what is left of the running calls plus one estimate per
+    ///   queued request ahead of it (under FIFO every queued request, wherever it
+    ///   waits; under EDF those due no later), shared over the workers;
+    /// - the session term (ordering on): what is left of its session's active request,
+    ///   then one turn of the ready queue (`max(1, (ready + running) / workers)`
+    ///   estimates) per request queued behind it and for itself, one after the other;
+    /// - each key gate's term: the holders and waiters ahead of it, `limit` at a time.
+    ///
+    /// `None` without an estimate (cold start with no seed).
+    pub(crate) fn predict(
+        &self,
+        session: Option<&str>,
+        keys: &[Option<String>],
+        order: Instant,
+        now: Instant,
+    ) -> Option<Prediction> {
+        let est = self.estimator.estimate()?;
+        let e = est.as_secs_f64();
+        let left = |started: &Instant| {
+            (e - now.saturating_duration_since(*started).as_secs_f64()).max(0.0)
+        };
+        let running: f64 = self.running_since.values().map(left).sum();
+        // Every queued request counts, not only the ready ones: a request waiting behind
+        // its session or at a key gate reaches the ready queue later, possibly while
+        // this one still waits behind its own session or gate (measured: with session
+        // ordering, counting only the ready queue admitted what then came late).
+        let ahead = match self.cfg.queue_order {
+            QueueOrder::Fifo => self.queued,
+            QueueOrder::Edf => self
+                .entries
+                .values()
+                .filter(|e| {
+                    e.stage != Stage::Running && self.due(e.deadline, e.received_at) <= order
+                })
+                .count(),
+        };
+        let mut serial = 0.0f64;
+        if self.cfg.session.ordering
+            && let Some(s) = session
+            && let Some(o) = self.sessions.get(s)
+            && let Some(active) = o.active
+        {
+            // Each request of the session enters the ready queue only when the one
+            // before it finished, at the back: one turn of the ready queue (`cycle`)
+            // per request, not one estimate (measured with 10 sessions at 2x).
+            let w = self.cfg.workers.get() as f64;
+            let cycle = e * ((self.ready.len() + self.running) as f64 / w).max(1.0);
+            let active_left = self.running_since.get(&active).map_or(cycle, left);
+            serial = active_left + o.fifo.len() as f64 * cycle + (cycle - e);
+        }
+        let mut gate = 0.0f64;
+        if !self.shadow() {
+            for (gi, key) in keys.iter().enumerate() {
+                let (Some(key), Some(limit)) = (key, self.cfg.limits.get(gi)) else {
+                    continue;
+                };
+                let l = limit.limit.get();
+                let g = &self.gates[gi];
+                let waiting = g.waiters.get(key).map_or(0, VecDeque::len);
+                let held = g.slots.in_use(key);
+                if held + waiting >= l {
+                    gate = gate.max((held + waiting + 1 - l) as f64 / l as f64 * e);
+                }
+            }
+        }
+        let workers = self.cfg.workers.get();
+        let global = if self.running + ahead < workers {
+            0.0
+        } else {
+            (running + ahead as f64 * e) / workers as f64
+        };
+        Some(Prediction {
+            // Finite and non-negative by construction; saturate rather than panic.
+            start: Duration::try_from_secs_f64(global.max(serial).max(gate))
+                .unwrap_or(Duration::MAX),
+            estimate: est,
+        })
+    }
+
+    /// The ready-queue key of a request becoming ready now.
+    fn ready_key(&mut self, deadline: Option<Instant>, received_at: Instant) -> ReadyKey {
+        self.ready_seq += 1;
+        // Under FIFO the first key is a constant: arrival in the ready queue decides.
+        (self.due(deadline, received_at), self.ready_seq)
+    }
+
+    /// The due instant of a request under the queue order (what [`State::predict`]
+    /// compares with the ready queue).
+    fn due(&self, deadline: Option<Instant>, received_at: Instant) -> Instant {
+        match self.cfg.queue_order {
+            QueueOrder::Edf => deadline.unwrap_or(received_at + self.cfg.deadline.max),
+            QueueOrder::Fifo => self.epoch,
+        }
     }
 
     fn retry_after(&self, rounds: f64) -> Option<u64> {
@@ -547,6 +744,56 @@ impl<W> State<W> {
             return Admitted::Refused(ErrorCode::QueueFull);
         }
 
+        // Predictive admission: refuse now what the work ahead would make late. An idle
+        // backend always takes the request (a probe: a stale, too high estimate must
+        // be able to come down).
+        let answer_by =
+            deadline.map(|d| d.checked_sub(self.cfg.deadline.reply_margin).unwrap_or(d));
+        let mut probe = false;
+        if self.cfg.deadline.predict
+            && let (Some(d), Some(by)) = (deadline, answer_by)
+            && let Some(p) = self.predict(
+                sub.session.as_deref(),
+                &keys,
+                self.due(deadline, sub.received_at),
+                now,
+            )
+        {
+            let usable = by.saturating_duration_since(now);
+            if p.start.saturating_add(p.estimate) > usable {
+                if self.running == 0 && self.queued == 0 {
+                    probe = true;
+                } else {
+                    self.stats.limit_reject(RULE_PREDICTED);
+                    let budget = d.saturating_duration_since(now);
+                    let err = refusal(
+                        ErrorCode::DeadlineExceeded,
+                        format!(
+                            "predicted to start in {} ms and take {} ms; {} ms left (reply margin {} ms)",
+                            millis(p.start),
+                            millis(p.estimate),
+                            millis(budget),
+                            millis(self.cfg.deadline.reply_margin)
+                        ),
+                        ErrorDetails {
+                            predicted_start_ms: Some(millis(p.start)),
+                            budget_ms: Some(millis(budget)),
+                            estimate_ms: Some(millis_ceil(p.estimate)),
+                            retry_after_ms: Some(
+                                millis_ceil(
+                                    p.start.saturating_add(p.estimate).saturating_sub(usable),
+                                )
+                                .max(1),
+                            ),
+                            ..Default::default()
+                        },
+                    );
+                    immediate(fx, waiter, err, &sub);
+                    return Admitted::Refused(ErrorCode::DeadlineExceeded);
+                }
+            }
+        }
+
         // Admit.
         let id = self.next_id;
         self.next_id += 1;
@@ -569,6 +816,9 @@ impl<W> State<W> {
             stage: Stage::Session,
             received_at: sub.received_at,
             deadline,
+            answer_by,
+            probe,
+            ready_key: None,
             stage_since: now,
             started_at: None,
             session_slot,
@@ -580,9 +830,9 @@ impl<W> State<W> {
             gate_timer: None,
             deadline_timer: None,
         };
-        if let Some(at) = deadline {
+        if let Some(by) = answer_by {
             let t = Timer {
-                at,
+                at: self.deadline_timer_at(by, probe),
                 id,
                 kind: TimerKind::Deadline,
             };
@@ -762,10 +1012,17 @@ impl<W> State<W> {
             }
         }
         // Through every gate: ready for a worker.
-        if let Some(e) = self.entries.get_mut(&id) {
+        if let Some((deadline, received_at)) =
+            self.entries.get(&id).map(|e| (e.deadline, e.received_at))
+        {
+            let key = self.ready_key(deadline, received_at);
+            let Some(e) = self.entries.get_mut(&id) else {
+                return;
+            };
             e.stage = Stage::Ready;
             e.stage_since = now;
-            self.ready.push_back(id);
+            e.ready_key = Some(key);
+            self.ready.insert(key, id);
             fx.ready_added += 1;
             let e = &self.entries[&id];
             self.emit(TraceKind::Admitted, e, now, |_| {});
@@ -849,11 +1106,13 @@ impl<W> State<W> {
                 }
             }
             Stage::Ready => {
-                if let Some(pos) = self.ready.iter().position(|x| *x == id) {
-                    self.ready.remove(pos);
+                if let Some(k) = e.ready_key.take() {
+                    self.ready.remove(&k);
                 }
             }
-            Stage::Running => {}
+            Stage::Running => {
+                self.running_since.remove(&id);
+            }
         }
         if e.stage == Stage::Running {
             self.running -= 1;
@@ -962,32 +1221,55 @@ impl<W> State<W> {
     /// Hands the next ready request to a worker, answering the ones whose deadline
     /// passed (or that could no longer finish in time) on the way.
     pub(crate) fn start_next(&mut self, now: Instant, fx: &mut Effects<W>) -> Option<Job> {
-        while let Some(id) = self.ready.pop_front() {
+        let estimate = self.estimator.estimate();
+        while let Some((key, id)) = self.ready.pop_first() {
             let Some(e) = self.entries.get_mut(&id) else {
                 continue;
             };
             if e.stage != Stage::Ready {
                 continue;
             }
-            if let Some(d) = e.deadline {
+            e.ready_key = None;
+            let _ = key;
+            if let (Some(d), Some(by)) = (e.deadline, e.answer_by) {
                 let waited = now.saturating_duration_since(e.received_at);
+                let left = by.saturating_duration_since(now);
+                let (min, what) = match self.cfg.deadline.min_start_budget {
+                    Some(m) => (Some(m), "deadline.min_start_budget_ms"),
+                    None if e.probe => (None, ""),
+                    None => (estimate, "the service-time estimate"),
+                };
                 let late = if d <= now {
                     Some("deadline passed while queued; not started".to_owned())
-                } else if d - now < self.cfg.deadline.min_start_budget {
+                } else if by <= now {
                     Some(format!(
-                        "{} ms left, below deadline.min_start_budget_ms {}; not started",
+                        "{} ms left, within the reply margin ({} ms); not started",
                         millis(d - now),
-                        millis(self.cfg.deadline.min_start_budget)
+                        millis(self.cfg.deadline.reply_margin)
+                    ))
+                } else if let Some(min) = min
+                    && left < min
+                {
+                    Some(format!(
+                        "{} ms left (reply margin {} ms), below {what} ({} ms); not started",
+                        millis(d - now),
+                        millis(self.cfg.deadline.reply_margin),
+                        millis_ceil(min)
                     ))
                 } else {
                     None
                 };
                 if let Some(message) = late {
+                    if by > now {
+                        self.stats.limit_reject(RULE_START_BUDGET);
+                    }
                     let err = refusal(
                         ErrorCode::DeadlineExceeded,
                         message,
                         ErrorDetails {
                             waited_ms: Some(millis(waited)),
+                            budget_ms: Some(millis(d.saturating_duration_since(now))),
+                            estimate_ms: estimate.map(millis_ceil),
                             ..Default::default()
                         },
                     );
@@ -1004,12 +1286,14 @@ impl<W> State<W> {
             let timer = e.deadline_timer.take();
             let request = e.request.take();
             let deadline = e.deadline;
+            let answer_by = e.answer_by;
             let queue_time = now.saturating_duration_since(e.received_at);
             if let Some(t) = timer {
                 self.timers.remove(&t);
             }
             self.queued -= 1;
             self.running += 1;
+            self.running_since.insert(id, now);
             self.stats
                 .started(queue_time, deadline.is_some_and(|d| now >= d));
             let e = &self.entries[&id];
@@ -1020,7 +1304,7 @@ impl<W> State<W> {
             return Some(Job {
                 id,
                 request,
-                deadline,
+                answer_by,
                 started_at: now,
                 abort: rx,
             });
@@ -1031,6 +1315,33 @@ impl<W> State<W> {
     /// Whether a worker has anything to pick.
     pub(crate) fn has_ready(&self) -> bool {
         !self.ready.is_empty()
+    }
+
+    /// Feeds the estimator with a finished call: `ok` and the calls ended by a deadline
+    /// or the backend timeout (those are lower bounds of the service time, and a slow
+    /// backend shows up only through them). Failures, cancels and shutdown aborts say
+    /// nothing about how long an answer takes.
+    fn observe(&mut self, took: Duration, code: &str, fx: &mut Effects<W>) {
+        let counts = code == "ok"
+            || code == ErrorCode::DeadlineExceeded.as_str()
+            || code == ErrorCode::BackendTimeout.as_str();
+        if !counts {
+            return;
+        }
+        let cold = self.estimator.estimate().is_none();
+        self.estimator.observe(took);
+        if cold && self.adaptive() {
+            // First estimate: the queued requests' timers move to `answer_by − estimate`.
+            let ids: Vec<u64> = self
+                .entries
+                .values()
+                .filter(|e| e.stage != Stage::Running && e.answer_by.is_some())
+                .map(|e| e.id)
+                .collect();
+            for id in ids {
+                self.arm_deadline(id, fx);
+            }
+        }
     }
 
     /// Settles a running request with the backend's result.
@@ -1047,10 +1358,7 @@ impl<W> State<W> {
             Err(e) => e.code.as_str(),
         };
         self.stats.inference_done(took, code);
-        self.ewma_inference = Some(match self.ewma_inference {
-            None => took,
-            Some(prev) => prev.mul_f64(0.9) + took.mul_f64(0.1),
-        });
+        self.observe(took, code, fx);
         self.retire(id, result, now, fx);
         self.run(now, fx);
     }
@@ -1076,11 +1384,43 @@ impl<W> State<W> {
                     if e.stage == Stage::Running {
                         continue;
                     }
+                    let (deadline, answer_by, probe) = (e.deadline, e.answer_by, e.probe);
+                    let Some(by) = answer_by else {
+                        continue;
+                    };
+                    let estimate = self.estimator.estimate();
+                    let left = by.saturating_duration_since(now);
+                    let message = if by <= now {
+                        if deadline.is_some_and(|d| d <= now) {
+                            "deadline passed while queued; not started".to_owned()
+                        } else {
+                            format!(
+                                "still queued within the reply margin ({} ms) of the deadline; not started",
+                                millis(self.cfg.deadline.reply_margin)
+                            )
+                        }
+                    } else if let Some(est) = estimate.filter(|_| self.adaptive() && !probe)
+                        && left < est
+                    {
+                        self.stats.limit_reject(RULE_START_BUDGET);
+                        format!(
+                            "still queued with {} ms left (reply margin {} ms), less than the service-time estimate ({} ms); not started",
+                            millis(deadline.map_or(left, |d| d.saturating_duration_since(now))),
+                            millis(self.cfg.deadline.reply_margin),
+                            millis_ceil(est)
+                        )
+                    } else {
+                        // The estimate came down since the timer was set: look again later.
+                        self.arm_deadline(t.id, fx);
+                        continue;
+                    };
                     let err = refusal(
                         ErrorCode::DeadlineExceeded,
-                        "deadline passed while queued; not started".into(),
+                        message,
                         ErrorDetails {
                             waited_ms: Some(millis(waited)),
+                            budget_ms: deadline.map(|d| millis(d.saturating_duration_since(now))),
+                            estimate_ms: estimate.map(millis_ceil),
                             ..Default::default()
                         },
                     );
@@ -1304,9 +1644,11 @@ impl<W> State<W> {
         assert_eq!(self.entries.len() - running, self.queued, "queued count");
         assert!(self.queued <= self.cfg.queue_capacity.get(), "queue bound");
         assert!(self.running <= self.cfg.workers.get(), "worker bound");
-        for id in &self.ready {
+        for (k, id) in &self.ready {
             assert_eq!(self.entries[id].stage, Stage::Ready);
+            assert_eq!(self.entries[id].ready_key, Some(*k));
         }
+        assert_eq!(self.running_since.len(), self.running, "running starts");
         for (gi, g) in self.gates.iter().enumerate() {
             for (k, q) in &g.waiters {
                 assert!(!q.is_empty(), "empty waiter queue kept");

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use weir_protocol::llm::ErrorCode;
 
 use super::Outcome;
+use super::estimator::EstimateView;
 use crate::metrics as m;
 
 /// Percentiles of a latency histogram, in milliseconds.
@@ -72,6 +73,13 @@ pub struct StatsSnapshot {
     pub slots_acquired: u64,
     /// See `slots_acquired`.
     pub slots_released: u64,
+    /// Receipt → answer, for answers other than `ok` given without a backend call
+    /// (refusals at admission, in the queue, at the start of inference).
+    #[serde(default)]
+    pub refusal_ms: Percentiles,
+    /// The backend's service-time estimate (what admission predicts with).
+    #[serde(default)]
+    pub service_estimate: Option<EstimateView>,
 }
 
 impl StatsSnapshot {
@@ -96,6 +104,7 @@ impl StatsSnapshot {
 }
 
 struct Hists {
+    refusal_us: Histogram<u64>,
     queue_wait_us: Histogram<u64>,
     inference_us: Histogram<u64>,
     busy_us: u64,
@@ -121,6 +130,8 @@ struct Handles {
     would_reject: HashMap<String, metrics::Counter>,
     queue_depth: metrics::Gauge,
     running: metrics::Gauge,
+    estimate: metrics::Gauge,
+    estimate_samples: metrics::Gauge,
 }
 
 fn outcome_index(outcome: &str) -> usize {
@@ -131,7 +142,7 @@ fn outcome_index(outcome: &str) -> usize {
 }
 
 impl Handles {
-    fn new(rules: &[String]) -> Self {
+    fn new(rules: &[String], backend: &'static str) -> Self {
         let outcomes: Vec<&'static str> = std::iter::once("ok")
             .chain(ErrorCode::ALL.iter().map(|c| c.as_str()))
             .collect();
@@ -171,6 +182,8 @@ impl Handles {
                 .collect(),
             queue_depth: metrics::gauge!(m::QUEUE_DEPTH),
             running: metrics::gauge!(m::RUNNING),
+            estimate: metrics::gauge!(m::SERVICE_ESTIMATE_SECONDS, "backend" => backend),
+            estimate_samples: metrics::gauge!(m::SERVICE_ESTIMATE_SAMPLES, "backend" => backend),
         }
     }
 }
@@ -218,9 +231,9 @@ fn percentiles(h: &Histogram<u64>) -> Percentiles {
 
 impl Stats {
     /// `rules`: every rule name a refusal can be counted under.
-    pub(crate) fn new(rules: &[String]) -> Self {
+    pub(crate) fn new(rules: &[String], backend: &'static str) -> Self {
         Self {
-            handles: Handles::new(rules),
+            handles: Handles::new(rules, backend),
             offered: AtomicU64::new(0),
             admitted: AtomicU64::new(0),
             joined: AtomicU64::new(0),
@@ -231,6 +244,7 @@ impl Stats {
             refused: std::array::from_fn(|_| AtomicU64::new(0)),
             would_reject: Mutex::new(BTreeMap::new()),
             hists: Mutex::new(Hists {
+                refusal_us: histogram(),
                 queue_wait_us: histogram(),
                 inference_us: histogram(),
                 busy_us: 0,
@@ -309,6 +323,11 @@ impl Stats {
                 if let Some(i) = ErrorCode::ALL.iter().position(|c| *c == e.code) {
                     self.refused[i].fetch_add(1, Ordering::Relaxed);
                 }
+                if outcome.inference_time.is_none() {
+                    let mut h = self.hists.lock().unwrap_or_else(|p| p.into_inner());
+                    h.refusal_us
+                        .saturating_record(outcome.queue_time.as_micros() as u64);
+                }
             }
         }
     }
@@ -333,7 +352,7 @@ impl Stats {
 
     /// Publishes the counters and the queue gauges to the metrics recorder. Called when
     /// stats are read (every scrape): per-request work stays at plain atomic adds.
-    pub(crate) fn publish(&self, queued: usize, running: usize) {
+    pub(crate) fn publish(&self, queued: usize, running: usize, estimate: &EstimateView) {
         let h = &self.handles;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         h.offered.absolute(get(&self.offered));
@@ -351,6 +370,10 @@ impl Stats {
         }
         h.queue_depth.set(queued as f64);
         h.running.set(running as f64);
+        // No estimate yet: NaN would break dashboards' arithmetic; 0 with 0 samples.
+        h.estimate
+            .set(estimate.service_time_ms.map_or(0.0, |ms| ms / 1000.0));
+        h.estimate_samples.set(estimate.samples as f64);
     }
 
     pub(crate) fn snapshot(&self) -> StatsSnapshot {
@@ -362,9 +385,10 @@ impl Stats {
                 (n > 0).then(|| (c.as_str().to_owned(), n))
             })
             .collect();
-        let (queue_wait_ms, inference_ms, busy, useful) = {
+        let (refusal_ms, queue_wait_ms, inference_ms, busy, useful) = {
             let h = self.hists.lock().unwrap_or_else(|p| p.into_inner());
             (
+                percentiles(&h.refusal_us),
                 percentiles(&h.queue_wait_us),
                 percentiles(&h.inference_us),
                 h.busy_us,
@@ -393,6 +417,8 @@ impl Stats {
             backend_useful_ms: useful as f64 / 1000.0,
             slots_acquired: 0,
             slots_released: 0,
+            refusal_ms,
+            service_estimate: None,
         }
     }
 }

@@ -66,10 +66,14 @@ fn cfg(workers: usize, capacity: usize) -> AdmissionConfig {
     AdmissionConfig {
         workers: NonZeroUsize::new(workers).expect("non-zero"),
         queue_capacity: NonZeroUsize::new(capacity).expect("non-zero"),
+        // The deadline rules these tests were written for: a fixed start budget of 0
+        // and no reply margin (the adaptive defaults have their own tests below).
         deadline: DeadlineConfig {
             default: None,
             max: Duration::from_secs(600),
-            min_start_budget: Duration::ZERO,
+            min_start_budget: Some(Duration::ZERO),
+            reply_margin: Duration::ZERO,
+            predict: true,
         },
         ..AdmissionConfig::default()
     }
@@ -253,7 +257,7 @@ async fn expired_in_queue_never_reaches_the_backend_and_is_answered_at_the_deadl
 #[tokio::test(start_paused = true)]
 async fn already_expired_or_too_short_budgets_are_refused_before_the_backend() {
     let mut c = cfg(1, 8);
-    c.deadline.min_start_budget = Duration::from_millis(50);
+    c.deadline.min_start_budget = Some(Duration::from_millis(50));
     let sim = SimBackend::fixed(Duration::from_millis(100));
     let h = sim.handle();
     let a = start(c, sim);
@@ -975,6 +979,251 @@ async fn random_workload_keeps_invariants_and_answers_everyone_once() {
             counts.get("queued").copied().unwrap_or(0) > 20,
             "seed {seed}: {counts:?}"
         );
+        a.check_invariants();
+        a.shutdown().await;
+    }
+}
+
+// ------------------------------------------------------------- the predictor
+//
+// These run with the adapter's defaults (adaptive start budget, 20 ms reply margin,
+// prediction on, FIFO) and only `workers` set, like the deployment in issue 11.
+
+fn defaults(workers: usize) -> AdmissionConfig {
+    AdmissionConfig {
+        workers: NonZeroUsize::new(workers).expect("non-zero"),
+        ..AdmissionConfig::default()
+    }
+}
+
+/// Submits `n` requests at the same instant; returns (admitted receivers, refusals).
+async fn burst(
+    a: &Admission<ChannelSink>,
+    n: usize,
+    budget_ms: u64,
+) -> (Vec<Rx>, Vec<Arc<Outcome>>) {
+    let mut admitted = Vec::new();
+    let mut refused = Vec::new();
+    for i in 0..n {
+        let (ad, rx) = a
+            .call(Submission::new(format!("ok:50:{i}")).budget(Duration::from_millis(budget_ms)))
+            .await;
+        match ad {
+            Admitted::Queued => admitted.push(rx),
+            Admitted::Refused(_) => refused.push(answer(rx).await),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    (admitted, refused)
+}
+
+#[tokio::test(start_paused = true)]
+async fn predictor_cold_start_admits_until_measured_then_refuses_at_once() {
+    let sim = SimBackend::fixed(Duration::from_millis(50));
+    let h = sim.handle();
+    let a = start(defaults(1), sim);
+    assert_eq!(a.estimate().service_time_ms, None, "no seed, no sample");
+
+    // Cold start: no estimate, so 60 requests of 2 s are all admitted ...
+    let (admitted, refused) = burst(&a, 60, 2000).await;
+    assert_eq!((admitted.len(), refused.len()), (60, 0));
+    // ... and once the first call measured 50 ms, those that cannot start by
+    // 1980 − 50 ms are answered then, not at the deadline; nothing is aborted.
+    let mut ok = 0;
+    for rx in admitted {
+        let out = answer(rx).await;
+        match out.error_code() {
+            None => ok += 1,
+            Some(ErrorCode::DeadlineExceeded) => {
+                assert!(out.inference_time.is_none(), "never started");
+                // Answered when 49 ms (< the 50 ms estimate) were left before 1980 ms.
+                assert_eq!(out.queue_time, Duration::from_millis(1931));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // Starts at 0, 50, …: the k-th finishes at 50(k+1) ≤ 1980 ms for k ≤ 38.
+    assert_eq!(ok, 39);
+    assert_eq!(h.stats().aborted, 0);
+    assert_eq!(a.stats().started_after_deadline, 0);
+    assert_eq!(a.estimate().service_time_ms, Some(50.0));
+
+    // Measured: the same burst is refused at once beyond what fits.
+    let (admitted, refused) = burst(&a, 60, 2000).await;
+    assert_eq!((admitted.len(), refused.len()), (39, 21));
+    let first = refused[0].result.as_ref().expect_err("refused");
+    assert_eq!(first.code, ErrorCode::DeadlineExceeded);
+    assert_eq!(first.details.predicted_start_ms, Some(39 * 50));
+    assert_eq!(first.details.budget_ms, Some(2000));
+    assert_eq!(first.details.estimate_ms, Some(50));
+    // 1950 + 50 − 1980: the queue must shrink by 20 ms before this would fit.
+    assert_eq!(first.details.retry_after_ms, Some(20));
+    for out in &refused {
+        assert_eq!(out.queue_time, Duration::ZERO, "refused at receipt");
+    }
+    for rx in admitted {
+        assert_eq!(code(rx).await, None);
+    }
+
+    // A seed predicts from the first request on.
+    let mut c = defaults(1);
+    c.estimator.initial = Some(Duration::from_millis(50));
+    let b = start(c, SimBackend::fixed(Duration::from_millis(50)));
+    let (admitted, refused) = burst(&b, 60, 2000).await;
+    assert_eq!((admitted.len(), refused.len()), (39, 21));
+    for rx in admitted {
+        assert_eq!(code(rx).await, None);
+    }
+    a.check_invariants();
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn predictor_a_stale_high_estimate_still_lets_a_probe_through() {
+    let mut c = defaults(1);
+    c.estimator.initial = Some(Duration::from_secs(5));
+    let a = start(c, SimBackend::fixed(Duration::from_millis(50)));
+    // Predicted 0 + 5 s > 2 s, but the backend is idle: admitted as a probe.
+    let (ad, rx) = a
+        .call(Submission::new("p").budget(Duration::from_secs(2)))
+        .await;
+    assert_eq!(ad, Admitted::Queued);
+    // With the probe queued, the next is refused on the prediction.
+    let (ad, _) = a
+        .call(Submission::new("q").budget(Duration::from_secs(2)))
+        .await;
+    assert_eq!(ad, Admitted::Refused(ErrorCode::DeadlineExceeded));
+    assert_eq!(code(rx).await, None);
+    assert_eq!(a.estimate().service_time_ms, Some(50.0), "measured now");
+    let (ad, rx) = a
+        .call(Submission::new("r").budget(Duration::from_secs(2)))
+        .await;
+    assert_eq!(ad, Admitted::Queued);
+    assert_eq!(code(rx).await, None);
+    a.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn predictor_latency_change_mid_run_answers_everyone_before_the_deadline() {
+    let script = Script::default();
+    let a = start(defaults(1), script.clone());
+    // Warm up at 50 ms.
+    for i in 0..64 {
+        let (_, rx) = a.call(Submission::new(format!("ok:50:w{i}"))).await;
+        assert_eq!(code(rx).await, None);
+    }
+    assert_eq!(a.estimate().service_time_ms, Some(50.0));
+    // The backend slows to 100 ms while a queue admitted on the 50 ms estimate waits.
+    let mut rxs = Vec::new();
+    for i in 0..60 {
+        let (ad, rx) = a
+            .call(Submission::new(format!("ok:100:{i}")).budget(Duration::from_secs(2)))
+            .await;
+        if ad == Admitted::Queued {
+            rxs.push(rx);
+        }
+    }
+    assert_eq!(rxs.len(), 39, "admitted on the 50 ms estimate");
+    let (mut ok, mut late) = (0, 0);
+    for rx in rxs {
+        let out = answer(rx).await;
+        // Every answer, ok or not, is out by deadline − reply margin.
+        let at = out.queue_time + out.inference_time.unwrap_or_default();
+        assert!(at <= Duration::from_millis(1980), "{at:?}");
+        match out.error_code() {
+            None => ok += 1,
+            Some(ErrorCode::DeadlineExceeded) => late += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // Three slow calls lift the p90 to 100 ms; from then on the queue is cut to what
+    // fits: 19 calls of 100 ms start by 1880 ms.
+    assert_eq!(a.estimate().service_time_ms, Some(100.0));
+    assert_eq!(ok, 19);
+    assert_eq!(late, 20);
+    assert_eq!(a.stats().started_after_deadline, 0);
+    // And new arrivals are now predicted with 100 ms.
+    sleep(Duration::from_secs(1)).await;
+    let mut refused = None;
+    let mut admitted = 0;
+    for i in 0..30 {
+        let (ad, rx) = a
+            .call(Submission::new(format!("ok:100:n{i}")).budget(Duration::from_secs(2)))
+            .await;
+        match ad {
+            Admitted::Queued => admitted += 1,
+            _ => {
+                refused.get_or_insert(answer(rx).await);
+            }
+        }
+    }
+    assert_eq!(admitted, 19);
+    let err = refused
+        .expect("some refused")
+        .result
+        .clone()
+        .expect_err("refused");
+    assert_eq!(err.details.estimate_ms, Some(100));
+    a.check_invariants();
+    a.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn predictor_sees_the_busier_of_two_key_gates_whatever_their_order() {
+    let wait = OnBusy::Wait {
+        max_wait: Duration::from_secs(10),
+        max_waiters: 10,
+    };
+    for client_first in [true, false] {
+        let client = limit("client", KeySource::Client, 1, wait);
+        let service = limit("service", KeySource::Service, 1, wait);
+        let mut c = defaults(8);
+        c.estimator.initial = Some(Duration::from_millis(100));
+        c.limits = if client_first {
+            vec![client, service]
+        } else {
+            vec![service, client]
+        };
+        let a = start(c, SimBackend::fixed(Duration::from_millis(100)));
+        // X holds client c1 and the service slot; Y (client c2) waits for the service.
+        let (_, x) = a.call(Submission::new("x").client_key("c1")).await;
+        let (_, y) = a.call(Submission::new("y").client_key("c2")).await;
+        settle().await;
+        // Z (client c1): 1 round behind X at the client gate, 2 behind X and Y at the
+        // service gate. The busier gate decides: starts in 200 ms, done at 300 ms.
+        let (ad, z) = a
+            .call(
+                Submission::new("z")
+                    .client_key("c1")
+                    .budget(Duration::from_millis(300)),
+            )
+            .await;
+        assert_eq!(
+            ad,
+            Admitted::Refused(ErrorCode::DeadlineExceeded),
+            "client_first {client_first}"
+        );
+        let err = answer(z).await.result.clone().expect_err("refused");
+        assert_eq!(err.details.predicted_start_ms, Some(200));
+        assert_eq!(
+            err.details.retry_after_ms,
+            Some(20),
+            "300 ms − 20 ms margin"
+        );
+        let (ad, z2) = a
+            .call(
+                Submission::new("z2")
+                    .client_key("c1")
+                    .budget(Duration::from_millis(320)),
+            )
+            .await;
+        assert_eq!(ad, Admitted::Queued);
+        let t0 = Instant::now();
+        for rx in [x, y, z2] {
+            assert_eq!(code(rx).await, None);
+        }
+        assert_eq!(t0.elapsed(), Duration::from_millis(300), "as predicted");
         a.check_invariants();
         a.shutdown().await;
     }

@@ -47,7 +47,11 @@ pub struct GeneratorCounters {
     pub skipped: AtomicU64,
     /// Waiting for a reply now.
     pub outstanding: AtomicU64,
+    /// Replies (any outcome) received after the deadline: a caller whose own timeout
+    /// is the deadline would have given up on them.
+    pub answered_after_deadline: AtomicU64,
     refused: Mutex<BTreeMap<String, u64>>,
+    refusal_latency: Mutex<LatencyHistogram>,
     latency: Mutex<LatencyHistogram>,
     reply_queue_ms: Mutex<LatencyHistogram>,
     reply_inference_ms: Mutex<LatencyHistogram>,
@@ -57,6 +61,14 @@ impl GeneratorCounters {
     /// Refusals by code.
     pub fn refused(&self) -> BTreeMap<String, u64> {
         self.refused.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+
+    /// Caller-side latency of refusals (send → reply).
+    pub fn refusal_ms(&self) -> Percentiles {
+        self.refusal_latency
+            .lock()
+            .map(|h| h.summary())
+            .unwrap_or_default()
     }
 
     /// Caller-side latency of completed requests.
@@ -187,14 +199,22 @@ async fn one_request(
                     .and_then(|h| h.get(name))
                     .map(|v| v.as_str().to_owned())
             };
+            let elapsed = sent.elapsed();
+            if elapsed > deadline {
+                counters
+                    .answered_after_deadline
+                    .fetch_add(1, Ordering::Relaxed);
+            }
             if let Some(code) =
                 get(headers::ERROR_CODE).or_else(|| get(headers::NATS_SERVICE_ERROR_CODE))
             {
                 counters.refuse(&code);
+                if let Ok(mut l) = counters.refusal_latency.lock() {
+                    l.record(elapsed);
+                }
                 return;
             }
             counters.completed.fetch_add(1, Ordering::Relaxed);
-            let elapsed = sent.elapsed();
             if elapsed <= deadline {
                 counters
                     .completed_in_deadline

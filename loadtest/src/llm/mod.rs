@@ -1,8 +1,12 @@
 //! The LLM side of a run: a request generator ([`generator`]) against a front — weir's
 //! LLM adapter (bounded design) or the naive task-per-message front
 //! ([`crate::naive::llm`]) — over the same simulated backend
-//! (`weir_llm_adapter::backend::sim`, latency uniform in 0.5–1.5 × the mean, so the
-//! capacity is `workers / mean latency` requests per second).
+//! (`weir_llm_adapter::backend::sim`; latency uniform in 0.5–1.5 × the mean by default,
+//! fixed, or log-normal with the mean's median and a p99 of 3 × that; the capacity is
+//! `workers / mean latency` requests per second).
+//!
+//! The adapter runs with its **defaults**: only `workers` (the backend's parallelism),
+//! the load test's subject and `trace.log = false` are set — no queue sizing.
 //!
 //! Offered load = `factor × capacity`. Sessions = max(streams, 10): each audio stream
 //! is a conversation whose transcripts become requests.
@@ -29,13 +33,27 @@ use generator::{GeneratorConfig, GeneratorCounters};
 /// Request subject of the LLM front.
 pub const LLM_SUBJECT: &str = "weir.llm.generate";
 
+/// Shape of the simulated inference time around `LlmSettings::latency`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LatencyShape {
+    /// Uniform in 0.5–1.5 × the latency (mean = the latency).
+    #[default]
+    Uniform,
+    /// Always the latency.
+    Fixed,
+    /// Log-normal with the latency as median and 3 × it as p99.
+    LogNormal,
+}
+
 /// Settings of the LLM side.
 #[derive(Debug, Clone)]
 pub struct LlmSettings {
     /// Backend concurrency (simulated GPU slots).
     pub workers: usize,
-    /// Mean simulated inference time.
+    /// Simulated inference time (the mean, or the median for log-normal).
     pub latency: Duration,
+    /// Distribution of the inference time.
+    pub shape: LatencyShape,
     /// Deadline given to every request.
     pub deadline: Duration,
 }
@@ -45,28 +63,58 @@ impl Default for LlmSettings {
         Self {
             workers: 4,
             latency: Duration::from_millis(100),
+            shape: LatencyShape::Uniform,
             deadline: Duration::from_secs(2),
         }
     }
 }
 
+/// z of the 99th percentile of the standard normal.
+const Z99: f64 = 2.326;
+
 impl LlmSettings {
+    /// Mean inference time.
+    pub fn mean_latency(&self) -> Duration {
+        match self.shape {
+            LatencyShape::Uniform | LatencyShape::Fixed => self.latency,
+            LatencyShape::LogNormal => {
+                let sigma = 3.0f64.ln() / Z99;
+                self.latency.mul_f64((sigma * sigma / 2.0).exp())
+            }
+        }
+    }
+
     /// Requests per second the backend can complete.
     pub fn capacity(&self) -> f64 {
-        self.workers as f64 / self.latency.as_secs_f64().max(1e-6)
+        self.workers as f64 / self.mean_latency().as_secs_f64().max(1e-6)
+    }
+
+    fn sim_latency(&self) -> Latency {
+        match self.shape {
+            LatencyShape::Uniform => {
+                let half = self.latency / 2;
+                Latency::Uniform {
+                    min: half,
+                    max: self.latency + half,
+                }
+            }
+            LatencyShape::Fixed => Latency::Fixed(self.latency),
+            LatencyShape::LogNormal => Latency::LogNormal {
+                median: self.latency,
+                p99: self.latency * 3,
+            },
+        }
     }
 }
 
-/// The adapter's configuration for a run: the backend's concurrency as workers, a
-/// queue of 8 requests per worker (at most ~0.8 × the mean latency × 8 of waiting,
-/// well inside the default 2 s deadline), the load test's subject; everything else
-/// (per-session cap 5 with ordering, deadline checks) at its documented default.
+/// The adapter's configuration for a run: the backend's concurrency as workers and the
+/// load test's subject; everything else (queue 256, per-session cap 5 with ordering,
+/// predictive admission, adaptive start budget, 20 ms reply margin) at its documented
+/// default — the defaults are what is measured.
 fn adapter_config(settings: &LlmSettings) -> String {
     format!(
-        "workers = {}\nqueue_capacity = {}\nshutdown_grace_ms = 1000\n\
-         [service]\nsubject = \"{LLM_SUBJECT}\"\n[trace]\nlog = false\n",
-        settings.workers,
-        settings.workers * 8
+        "workers = {}\n[service]\nsubject = \"{LLM_SUBJECT}\"\n[trace]\nlog = false\n",
+        settings.workers
     )
 }
 
@@ -126,12 +174,8 @@ impl LlmRun {
         factor: f64,
         settings: &LlmSettings,
     ) -> Result<Self, String> {
-        let half = settings.latency / 2;
         let sim = SimBackend::new(SimConfig {
-            latency: Latency::Uniform {
-                min: half,
-                max: settings.latency + half,
-            },
+            latency: settings.sim_latency(),
             error_rate: 0.0,
             seed: 7,
         });
@@ -268,6 +312,8 @@ impl LlmRun {
             refused: refused_by_code.values().sum(),
             refused_by_code,
             caller_timeouts: c.caller_timeouts.load(Ordering::Relaxed),
+            answered_after_deadline: c.answered_after_deadline.load(Ordering::Relaxed),
+            refusal_ms: c.refusal_ms(),
             started_after_deadline: sim.started_after_deadline,
             completed_in_deadline: in_deadline,
             backend_calls: sim.started,

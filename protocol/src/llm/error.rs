@@ -10,7 +10,7 @@
 //! | `queue_full` | 503 | the global queue holds `limit` requests | yes, after `retry_after_ms`, or another replica |
 //! | `session_queue_full` | 429 | the session has `pending` = `limit` unsettled requests | after one settles |
 //! | `concurrency_limit_exceeded` | 429 | a per-key limit (`key`) is busy and waiting is not possible | yes, after `retry_after_ms` |
-//! | `deadline_exceeded` | 504 | the deadline passed (at admission, in the queue or during inference) | no |
+//! | `deadline_exceeded` | 504 | the request cannot be answered within its deadline: predicted at admission (`predicted_start_ms`, `budget_ms`, `estimate_ms`, `retry_after_ms`), its remaining budget fell below the service-time estimate while queued, or the deadline passed (at admission, in the queue or during inference) | not the same request; a new one after `retry_after_ms` if given |
 //! | `cancelled` | 499 | cancelled by request id | no |
 //! | `request_id_conflict` | 409 | the request id is in use with another session or body | no (new id) |
 //! | `backend_error` | 502 | the backend failed | maybe |
@@ -165,6 +165,17 @@ pub struct ErrorDetails {
     /// The limit's key (`client:<id>`, `session:<id>`, `service`, `body:<pointer>=<value>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
+    /// `deadline_exceeded` at admission: predicted wait before inference would start,
+    /// in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_start_ms: Option<u64>,
+    /// `deadline_exceeded`: the request's remaining budget when it was refused, in
+    /// milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_ms: Option<u64>,
+    /// `deadline_exceeded`: the backend's service-time estimate used, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate_ms: Option<u64>,
 }
 
 impl ErrorDetails {
