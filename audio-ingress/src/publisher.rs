@@ -317,8 +317,8 @@ impl<S: Sink> Publisher<S> {
         }
     }
 
-    /// One frame through the fast path: window room now, encoded, and accepted by the
-    /// client's channel on the first poll. `Err` gives the frame back untouched (a
+    /// One frame through the fast path: not while the channel is congested, window room
+    /// now, and its packet accepted by the client's channel on the first poll. `Err` gives the frame back untouched (a
     /// publish future dropped before completing did not queue the message).
     fn try_hand_over(
         &mut self,
