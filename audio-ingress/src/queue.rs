@@ -99,11 +99,13 @@ pub(crate) fn unix_ms_now() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// The least a frame is charged against `max_bytes`: 160 bytes, 5 ms of 16 kHz audio.
-/// A frame costs memory beyond its PCM (its packet's meta, ~100 bytes, and its queue
-/// slot); without a floor a producer sending 2-byte frames could make one stream hold
-/// 8,000 frames under a 16,000-byte budget. With it a stream holds at most
-/// `max_bytes / 160` frames, whatever their size.
+/// The least a frame is charged against `max_bytes` and the rate bound: 160 bytes, 5 ms
+/// of 16 kHz audio. A frame costs memory beyond its PCM (its packet's meta, ~100 bytes,
+/// and its queue slot) and a NATS message; without a floor a producer sending 2-byte
+/// frames could make one stream hold 8,000 frames under a 16,000-byte budget, or send
+/// 24,000 messages a second within the 1.5× rate. With it a stream holds at most
+/// `max_bytes / 160` frames and sends at most `max_rate` × 200 frames a second,
+/// whatever their size.
 pub const MIN_FRAME_CHARGE: usize = 160;
 
 /// Bytes a frame of `pcm_len` PCM bytes takes from the budget.
@@ -797,7 +799,7 @@ impl FrameQueue {
             return Err(r);
         }
         if let Some(rate) = &mut self.rate
-            && !rate.has(samples_of(pcm_len), now)
+            && !rate.has(samples_of(charge_of(pcm_len) as usize), now)
         {
             return self.over_rate(pcm_len, now);
         }
@@ -888,7 +890,7 @@ impl FrameQueue {
     /// Charges an admitted frame to the rate bound.
     fn take_rate(&mut self, pcm_len: usize) {
         if let Some(rate) = &mut self.rate {
-            rate.take(samples_of(pcm_len));
+            rate.take(samples_of(charge_of(pcm_len) as usize));
         }
     }
 
@@ -1283,7 +1285,11 @@ mod tests {
 
     #[test]
     fn tiny_frames_are_charged_the_floor_so_the_frame_count_is_bounded() {
-        let c = StreamConfig::default();
+        // The byte budget alone (the rate bound's burst ends at the same count).
+        let c = StreamConfig::builder()
+            .max_rate_permille(0)
+            .build()
+            .expect("cfg");
         let (mut q, _, _) = queue(&c);
         let t0 = Instant::now();
         let tiny = Bytes::from_static(&[0, 0]);
@@ -1295,6 +1301,27 @@ mod tests {
         assert_eq!(admitted, 16_000 / MIN_FRAME_CHARGE);
         assert_eq!(q.budget().bytes(), 16_000);
         assert_eq!(q.budget().frames(), admitted as u64);
+    }
+
+    #[test]
+    fn tiny_frames_are_charged_the_floor_by_the_rate_bound_too() {
+        // A roomy budget so only the rate bound (1.5x, burst = the budget) can refuse.
+        let c = StreamConfig::builder()
+            .max_bytes(1_600_000)
+            .build()
+            .expect("cfg");
+        let (mut q, counters, _) = queue(&c);
+        let t0 = Instant::now();
+        let tiny = Bytes::from_static(&[0, 0]);
+        // Burst: 800,000 samples = 10,000 frames at the 80-sample floor.
+        let mut admitted = 0u64;
+        while q.offer(&tiny, t0, OfferMode::Try).is_ok() {
+            admitted += 1;
+            assert!(admitted <= 20_000, "the rate bound never refused");
+        }
+        assert_eq!(admitted, 1_600_000 / MIN_FRAME_CHARGE as u64);
+        assert_eq!(q.state(), StreamState::Ending, "over rate: overloaded");
+        assert_eq!(counters.snapshot().admitted, admitted);
     }
 
     #[test]
