@@ -4,13 +4,13 @@
 //! `access_token` query parameter; `audio-ingress token` mints them (HS256 and EdDSA);
 //! neither the secret nor a token appears in the logs.
 
-mod edge_support;
+mod support;
 
 use std::process::Stdio;
 
-use edge_support::{Binary, STEP, raw_request};
 use futures::{SinkExt, StreamExt};
 use serde_json::Value;
+use support::{Binary, STEP, raw_request};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use weir_testkit::NatsServer;
@@ -141,7 +141,7 @@ async fn hs256_tokens_gate_the_upgrade() {
     .await;
     assert_eq!(open(&bin, "tenant-a-7", Some(&tp), "").await, Ok(1000));
     assert_eq!(open(&bin, "tenant-b-7", Some(&tp), "").await, Err(403));
-    let (status, limits) = edge_support::http_get(bin.admin, "/v1/limits").await;
+    let (status, limits) = support::http_get(bin.admin, "/v1/limits").await;
     assert_eq!(status, 200);
     let v: Value = serde_json::from_str(&limits).expect("json");
     assert_eq!(v["edge"]["auth_required"], true, "{limits}");

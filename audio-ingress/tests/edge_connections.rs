@@ -15,13 +15,13 @@
 //! up; the producer is 127.0.0.1), `WEIR_EDGE_ATTACKER_IPS` addresses for the silent
 //! connections (default 4) and one more for the slowloris ones.
 
-mod edge_support;
+mod support;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use edge_support::{Binary, STEP, http_get, raise_fd_limit};
 use futures::{SinkExt, StreamExt};
+use support::{Binary, STEP, http_get, raise_fd_limit};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::task::JoinSet;

@@ -3,13 +3,13 @@
 //! pushing 100× real time is overloaded (`close`, reason `rate`) or gapped (`gap`,
 //! reason `rate`) within 1 s; a real-time producer is not.
 
-mod edge_support;
+mod support;
 
 use std::time::Duration;
 
-use edge_support::{Binary, STEP};
 use futures::{SinkExt, StreamExt};
 use serde_json::Value;
+use support::{Binary, STEP};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 use weir_testkit::NatsServer;

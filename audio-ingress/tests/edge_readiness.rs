@@ -4,41 +4,25 @@
 //! a stream already open follows the end-to-end bound (it overloads); once NATS is
 //! back, streams are admitted again.
 
-mod edge_support;
+mod support;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use edge_support::{Binary, STEP};
 use futures::{SinkExt, StreamExt};
 use serde_json::Value;
+use support::{Binary, STEP};
 use tokio::time::Instant;
-use tokio_tungstenite::tungstenite::{self, Message};
+use tokio_tungstenite::tungstenite::Message;
 use weir_testkit::NatsServer;
 
 /// The refusal of an upgrade: (status, Retry-After, JSON body).
 async fn refused(ws: SocketAddr, id: &str) -> (u16, Option<String>, Value) {
     let url = format!("ws://{ws}/v1/streams/{id}");
-    match tokio::time::timeout(STEP, tokio_tungstenite::connect_async(url))
+    let result = tokio::time::timeout(STEP, tokio_tungstenite::connect_async(url))
         .await
-        .expect("answer in time")
-    {
-        Ok(_) => panic!("{id}: upgrade accepted"),
-        Err(tungstenite::Error::Http(resp)) => {
-            let retry = resp
-                .headers()
-                .get("retry-after")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned);
-            let body = resp
-                .body()
-                .as_ref()
-                .and_then(|b| serde_json::from_slice(b).ok())
-                .unwrap_or(Value::Null);
-            (resp.status().as_u16(), retry, body)
-        }
-        Err(e) => panic!("{id}: {e}"),
-    }
+        .expect("answer in time");
+    support::refusal(id, result)
 }
 
 fn assert_not_ready(r: &(u16, Option<String>, Value)) {

@@ -4,13 +4,13 @@
 //! refusal before the upgrade carries the JSON body. The client is a raw socket that
 //! writes frames by hand (tungstenite refuses to send most of these).
 
-mod edge_support;
+mod support;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use edge_support::{Binary, STEP, raw_request};
 use serde_json::Value;
+use support::{Binary, STEP, raw_request};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;

@@ -34,12 +34,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::{SinkExt, StreamExt};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 use weir_protocol::audio::{DecodeOptions, PacketBody, decode};
 use weir_testkit::NatsServer;
+
+mod support;
+use support::{Binary, STEP, http_get};
 
 /// Frame cadence of a real producer.
 const FRAME_INTERVAL: Duration = Duration::from_millis(20);
@@ -55,8 +57,6 @@ const PAUSE: Duration = Duration::from_secs(6);
 const STALE_AFTER: Duration = Duration::from_millis(1500);
 /// Stale frames tolerated per stream: 0.5 s of audio.
 const MAX_STALE_PER_STREAM: u64 = 25;
-/// Bound on any single setup step (start, ready line, connect).
-const STEP: Duration = Duration::from_secs(10);
 /// Bound on one WebSocket send: a send blocked this long means the ingress stopped
 /// reading; the producer gives up (and records it) instead of hanging the test.
 const SEND_TIMEOUT: Duration = Duration::from_secs(3);
@@ -219,89 +219,6 @@ async fn start_subscriber(url: &str) -> (Arc<Mutex<Observed>>, tokio::task::Join
     (observed, task)
 }
 
-/// The running `audio-ingress serve` (killed on drop).
-struct Ingress {
-    child: tokio::process::Child,
-    ws: SocketAddr,
-    admin: SocketAddr,
-    /// Kept open so that the process never writes into a closed pipe.
-    _stdout: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
-}
-
-/// Starts the binary with the default configuration, reads its ready line and waits
-/// until `/readyz` says it is connected to NATS.
-async fn start_ingress(nats_url: &str) -> Ingress {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_audio-ingress"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin",
-            "127.0.0.1:0",
-            "--nats-url",
-            nats_url,
-        ])
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn audio-ingress");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = tokio::io::BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(STEP, lines.next_line())
-        .await
-        .expect("ready line in time")
-        .expect("read stdout")
-        .expect("a ready line");
-    let ready: Value = serde_json::from_str(&line).expect("ready line is JSON");
-    assert_eq!(ready["event"], "ready", "{line}");
-    let addr = |k: &str| -> SocketAddr {
-        ready[k]
-            .as_str()
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("ready line lacks {k}: {line}"))
-    };
-    let ingress = Ingress {
-        ws: addr("ws"),
-        admin: addr("admin"),
-        child,
-        _stdout: lines,
-    };
-    let deadline = Instant::now() + STEP;
-    loop {
-        if http_get(ingress.admin, "/readyz").await.0 == 200 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "/readyz never answered 200");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    ingress
-}
-
-/// A bounded HTTP/1.1 GET: (status, body); (0, "") when it could not be done.
-async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let attempt = async {
-        let mut s = TcpStream::connect(addr).await.ok()?;
-        let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-        s.write_all(req.as_bytes()).await.ok()?;
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await.ok()?;
-        let text = String::from_utf8_lossy(&buf).to_string();
-        let status = text.split_whitespace().nth(1)?.parse().ok()?;
-        let body = text
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        Some((status, body))
-    };
-    tokio::time::timeout(Duration::from_secs(2), attempt)
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or((0, String::new()))
-}
-
 /// One producer: frames at the real cadence from `start` for [`SEND_FOR`], then
 /// `{"type":"end"}`. When the ingress ends its stream early (overload) it reconnects at
 /// once under a new id and carries on. Every instance's events are recorded.
@@ -426,7 +343,7 @@ async fn stall_bound(streams: usize) {
     let _serial = SERIAL.lock().await;
     let server = NatsServer::start().expect("nats-server");
     let (observed, subscriber) = start_subscriber(server.url()).await;
-    let mut ingress = start_ingress(server.url()).await;
+    let mut ingress = Binary::start_ready(server.url(), &[]).await;
 
     // Every producer is connected before the clock starts.
     let mut sockets = Vec::with_capacity(streams);

@@ -20,6 +20,8 @@ use weir_audio_ingress::service::{self, RunningService};
 use weir_protocol::audio::extension::EndReason;
 use weir_testkit::NatsServer;
 
+mod support;
+
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 /// The process-wide Prometheus recorder (installed once; every service in this test
@@ -93,23 +95,7 @@ async fn refused(
     svc: &RunningService<weir_audio_ingress::jetstream::NatsSink>,
     path: &str,
 ) -> (u16, Option<String>, Value) {
-    match connect(svc, path).await {
-        Ok(_) => panic!("{path}: upgrade accepted"),
-        Err(tungstenite::Error::Http(resp)) => {
-            let retry = resp
-                .headers()
-                .get("retry-after")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned);
-            let body = resp
-                .body()
-                .as_ref()
-                .and_then(|b| serde_json::from_slice(b).ok())
-                .unwrap_or(Value::Null);
-            (resp.status().as_u16(), retry, body)
-        }
-        Err(e) => panic!("{path}: {e}"),
-    }
+    support::refusal(path, connect(svc, path).await)
 }
 
 /// Reads until the close frame: (text events, close code).

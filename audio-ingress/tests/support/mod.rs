@@ -1,4 +1,4 @@
-//! Helpers of the edge tests (`edge_*.rs`): the real `audio-ingress serve` binary with
+//! Helpers shared by the integration tests (`edge_*.rs`, `stall_bound_e2e.rs`): the real `audio-ingress serve` binary with
 //! the default configuration plus the overrides a test names, bounded plain-HTTP
 //! requests, and the process's RSS.
 #![allow(dead_code)]
@@ -153,4 +153,29 @@ pub fn raise_fd_limit() -> u64 {
         setrlimit(Resource::RLIMIT_NOFILE, hard, hard).expect("setrlimit");
     }
     hard
+}
+
+/// The status, `Retry-After` and JSON body of a refused WebSocket upgrade (`what` names
+/// the attempt in the panic when the upgrade was not refused over HTTP).
+pub fn refusal<T>(
+    what: &str,
+    result: Result<T, tokio_tungstenite::tungstenite::Error>,
+) -> (u16, Option<String>, Value) {
+    match result {
+        Ok(_) => panic!("{what}: upgrade accepted"),
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+            let retry = resp
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            let body = resp
+                .body()
+                .as_ref()
+                .and_then(|b| serde_json::from_slice(b).ok())
+                .unwrap_or(Value::Null);
+            (resp.status().as_u16(), retry, body)
+        }
+        Err(e) => panic!("{what}: {e}"),
+    }
 }
