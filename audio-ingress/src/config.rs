@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use weir_protocol::SubjectTemplate;
 use weir_protocol::audio::packet::DEFAULT_MAX_PCM_BYTES;
-use weir_protocol::partition::DEFAULT_STREAM_TEMPLATE;
+use weir_protocol::partition::{DEFAULT_STREAM_TEMPLATE, MAX_PARTITIONS};
 
 use crate::error::{ConfigError, ConfigErrorKind};
 
@@ -640,8 +640,12 @@ impl StreamConfigBuilder {
             (_, None) => 1,
             (_, Some(p)) => p,
         };
-        if !(1..=65_536).contains(&partitions) {
-            return Err(out_of_range("partitions", partitions, "1..=65536"));
+        if !(1..=u64::from(MAX_PARTITIONS)).contains(&partitions) {
+            return Err(out_of_range(
+                "partitions",
+                partitions,
+                format!("1..={MAX_PARTITIONS} (the consumer's bound too)"),
+            ));
         }
         if self.max_rate_permille != 0
             && !(1000..=u64::from(MAX_MAX_RATE_PERMILLE)).contains(&self.max_rate_permille)
@@ -1054,7 +1058,7 @@ pub const KEYS: &[KeySpec] = &[
         "partitions",
         Int,
         "1",
-        "1..=65536; required with {partition}",
+        "1..=4096; required with {partition}",
         "partition count for {partition}",
     ),
     key(
@@ -1929,6 +1933,26 @@ mod tests {
         let err = load(&[("WEIR_INGRESS_MAX_BYTES", "lots")], &[]).expect_err("type");
         assert_eq!(err.kind(), ConfigErrorKind::WrongType);
         assert!(err.to_string().contains("WEIR_INGRESS_MAX_BYTES"), "{err}");
+    }
+
+    #[test]
+    fn partitions_are_bounded_like_the_consumer() {
+        let partitioned = ("subject", "audio.{partition}.{stream}");
+        let ok = load(&[], &[partitioned, ("partitions", "4096")]).expect("4096");
+        assert_eq!(ok.stream.partitions().get(), 4_096);
+        // The producer used to accept up to 65,536: streams no consumer could own.
+        let err = load(&[], &[partitioned, ("partitions", "4097")]).expect_err("over");
+        assert_eq!(err.kind(), ConfigErrorKind::OutOfRange);
+        assert!(err.to_string().contains("partitions"), "{err}");
+        assert!(
+            crate::consumer::ConsumerConfig {
+                partitions: 4_097,
+                ..Default::default()
+            }
+            .validate()
+            .is_err(),
+            "the consumer refuses the same count"
+        );
     }
 
     #[test]

@@ -38,6 +38,11 @@ pub fn partition_of(stream: &StreamId, partitions: NonZeroU32) -> u32 {
 
 /// The placeholder for the stream id in a subject template.
 pub const STREAM_PLACEHOLDER: &str = "{stream}";
+
+/// The largest partition count, for producers and consumers alike: a consumer holds one
+/// subscription per owned partition, so a producer must not spread streams over more
+/// partitions than a consumer can own.
+pub const MAX_PARTITIONS: u32 = 4_096;
 /// The placeholder for the partition number in a subject template.
 pub const PARTITION_PLACEHOLDER: &str = "{partition}";
 

@@ -57,8 +57,8 @@ pub const MAX_STREAMS_RANGE: (usize, usize) = (1, 1_000_000);
 /// Allowed range of `max_frame_age_ms` when not `0` (off): at least 50 ms (below that
 /// ordinary scheduling would make every frame stale), at most 10 minutes.
 pub const MAX_FRAME_AGE_RANGE_MS: (u64, u64) = (50, 600_000);
-/// Largest accepted `partitions`.
-pub const MAX_PARTITIONS: u32 = 4_096;
+/// Largest accepted `partitions` (the same bound as the producer's).
+pub use weir_protocol::partition::MAX_PARTITIONS;
 
 /// What a stream's queue does when its handler falls behind its bytes/age bound.
 ///
