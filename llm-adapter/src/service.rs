@@ -17,6 +17,9 @@
 //! Invariants:
 //! - intake never spawns per message: each endpoint has one task that decodes, submits
 //!   and moves on; answers are published by whoever settles the request;
+//! - every message an endpoint loop takes is counted ([`NatsEvents::took`]), so that
+//!   messages the NATS client received but dropped (slow consumer) are counted too:
+//!   `in_messages − taken` (see [`crate::nats_events`]);
 //! - every reply publish is bounded by `nats.publish_timeout_ms` (a publish waits
 //!   without limit when the client's channel is full); a reply that cannot be published
 //!   is counted (`llm_reply_failed_total`), never retried or waited for;
@@ -49,6 +52,7 @@ use weir_protocol::llm::{
 use crate::admission::{Admission, Outcome, Sink, Submission};
 use crate::config::Config;
 use crate::metrics as m;
+use crate::nats_events::NatsEvents;
 
 /// One caller waiting for an answer: the reply subject, the request body (kept for
 /// envelope detection; a reference-counted view, not a copy) and, when the body was the
@@ -354,6 +358,7 @@ pub struct CancelReply {
 /// Shared by the endpoint tasks.
 struct Edge {
     admission: Admission<NatsSink>,
+    events: NatsEvents,
     config: Arc<Config>,
     publish_timeout: Duration,
 }
@@ -455,6 +460,7 @@ impl ServiceEdge {
         client: &async_nats::Client,
         config: Arc<Config>,
         admission: Admission<NatsSink>,
+        events: NatsEvents,
     ) -> Result<Self, async_nats::Error> {
         let sc = &config.service;
         let stats_admission = admission.clone();
@@ -512,6 +518,7 @@ impl ServiceEdge {
 
         let edge = Arc::new(Edge {
             admission,
+            events,
             publish_timeout: config.nats.publish_timeout,
             config,
         });
@@ -521,6 +528,7 @@ impl ServiceEdge {
             let mut infer = infer;
             async move {
                 while let Some(req) = infer.next().await {
+                    edge.events.took();
                     edge.handle_infer(req).await;
                 }
             }
@@ -530,6 +538,7 @@ impl ServiceEdge {
             let mut cancel = cancel;
             async move {
                 while let Some(req) = cancel.next().await {
+                    edge.events.took();
                     edge.handle_cancel(req).await;
                 }
             }
@@ -539,6 +548,7 @@ impl ServiceEdge {
             let mut caps = caps;
             async move {
                 while let Some(req) = caps.next().await {
+                    edge.events.took();
                     let value = edge.config.capabilities();
                     edge.reply_json(&req, &value).await;
                 }
@@ -549,6 +559,7 @@ impl ServiceEdge {
             let mut limits = limits;
             async move {
                 while let Some(req) = limits.next().await {
+                    edge.events.took();
                     let top = std::str::from_utf8(&req.message.payload)
                         .ok()
                         .and_then(|s| s.trim().parse::<usize>().ok())

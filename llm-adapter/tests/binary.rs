@@ -70,6 +70,14 @@ async fn serve_prints_ready_serves_admin_and_shuts_down_on_sigterm() {
     let admin = ready["admin"].as_str().expect("admin address").to_owned();
     assert_eq!(ready.as_object().map(|o| o.len()), Some(2), "{line}");
 
+    // The binary re-executed itself with glibc's mmap threshold fixed (same pid).
+    let environ = std::fs::read(format!("/proc/{}/environ", child.0.id())).expect("environ");
+    assert!(
+        environ
+            .split(|b| *b == 0)
+            .any(|kv| kv == b"MALLOC_MMAP_THRESHOLD_=131072"),
+        "mmap threshold pinned"
+    );
     assert_eq!(get(&format!("http://{admin}/healthz")).await.0, 200);
     assert_eq!(get(&format!("http://{admin}/readyz")).await.0, 200);
     let (code, caps) = get(&format!("http://{admin}/v1/capabilities")).await;

@@ -21,6 +21,7 @@
 //!
 //! Time is tokio time, so tests drive everything with `start_paused = true`.
 
+mod cache;
 mod slots;
 mod state;
 mod stats;
@@ -37,7 +38,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use weir_protocol::llm::{AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails};
 
-pub use stats::{Percentiles, StatsSnapshot};
+pub use stats::{CacheSnapshot, Percentiles, StatsSnapshot};
 
 use self::state::{Effects, State};
 use self::stats::Stats;

@@ -72,6 +72,39 @@ pub struct StatsSnapshot {
     pub slots_acquired: u64,
     /// See `slots_acquired`.
     pub slots_released: u64,
+    /// The idempotency cache: size now, bound, evictions.
+    #[serde(default)]
+    pub cache: CacheSnapshot,
+    /// The NATS client's own drops (slow consumer) and disconnects; filled in by
+    /// [`crate::AdapterView::stats`].
+    #[serde(default)]
+    pub nats: crate::nats_events::NatsEventsSnapshot,
+}
+
+/// The idempotency (completion) cache in a [`StatsSnapshot`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheSnapshot {
+    /// Replies held now.
+    pub entries: u64,
+    /// Bytes held now (body + headers + key + a fixed per-entry overhead).
+    pub bytes: u64,
+    /// `idempotency.max_bytes`.
+    pub max_bytes: u64,
+    /// Replies evicted (oldest first) to stay within `max_bytes`.
+    pub evicted_max_bytes: u64,
+    /// Replies evicted (oldest first) to stay within `max_entries`.
+    pub evicted_max_entries: u64,
+    /// Replies not stored because one alone exceeds `max_bytes`.
+    pub too_large: u64,
+}
+
+/// Why a reply left the cache before its window ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CacheEviction {
+    /// `idempotency.max_bytes`.
+    MaxBytes,
+    /// `idempotency.max_entries`.
+    MaxEntries,
 }
 
 impl StatsSnapshot {
@@ -121,6 +154,11 @@ struct Handles {
     would_reject: HashMap<String, metrics::Counter>,
     queue_depth: metrics::Gauge,
     running: metrics::Gauge,
+    cache_entries: metrics::Gauge,
+    cache_bytes: metrics::Gauge,
+    cache_evicted_bytes: metrics::Counter,
+    cache_evicted_entries: metrics::Counter,
+    cache_too_large: metrics::Counter,
 }
 
 fn outcome_index(outcome: &str) -> usize {
@@ -171,6 +209,11 @@ impl Handles {
                 .collect(),
             queue_depth: metrics::gauge!(m::QUEUE_DEPTH),
             running: metrics::gauge!(m::RUNNING),
+            cache_entries: metrics::gauge!(m::CACHE_ENTRIES),
+            cache_bytes: metrics::gauge!(m::CACHE_BYTES),
+            cache_evicted_bytes: metrics::counter!(m::CACHE_EVICTED_TOTAL, "reason" => "max_bytes"),
+            cache_evicted_entries: metrics::counter!(m::CACHE_EVICTED_TOTAL, "reason" => "max_entries"),
+            cache_too_large: metrics::counter!(m::CACHE_TOO_LARGE_TOTAL),
         }
     }
 }
@@ -188,6 +231,12 @@ pub(crate) struct Stats {
     refused: [AtomicU64; ErrorCode::ALL.len()],
     would_reject: Mutex<BTreeMap<String, u64>>,
     hists: Mutex<Hists>,
+    cache_entries: AtomicU64,
+    cache_bytes: AtomicU64,
+    cache_max_bytes: AtomicU64,
+    cache_evicted_bytes: AtomicU64,
+    cache_evicted_entries: AtomicU64,
+    cache_too_large: AtomicU64,
 }
 
 fn histogram() -> Histogram<u64> {
@@ -236,7 +285,35 @@ impl Stats {
                 busy_us: 0,
                 useful_us: 0,
             }),
+            cache_entries: AtomicU64::new(0),
+            cache_bytes: AtomicU64::new(0),
+            cache_max_bytes: AtomicU64::new(0),
+            cache_evicted_bytes: AtomicU64::new(0),
+            cache_evicted_entries: AtomicU64::new(0),
+            cache_too_large: AtomicU64::new(0),
         }
+    }
+
+    pub(crate) fn cache_bounds(&self, max_bytes: usize) {
+        self.cache_max_bytes
+            .store(max_bytes as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn cache_now(&self, entries: usize, bytes: usize) {
+        self.cache_entries.store(entries as u64, Ordering::Relaxed);
+        self.cache_bytes.store(bytes as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn cache_evicted(&self, reason: CacheEviction) {
+        match reason {
+            CacheEviction::MaxBytes => &self.cache_evicted_bytes,
+            CacheEviction::MaxEntries => &self.cache_evicted_entries,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn cache_too_large(&self) {
+        self.cache_too_large.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn offered(&self) {
@@ -351,6 +428,13 @@ impl Stats {
         }
         h.queue_depth.set(queued as f64);
         h.running.set(running as f64);
+        h.cache_entries.set(get(&self.cache_entries) as f64);
+        h.cache_bytes.set(get(&self.cache_bytes) as f64);
+        h.cache_evicted_bytes
+            .absolute(get(&self.cache_evicted_bytes));
+        h.cache_evicted_entries
+            .absolute(get(&self.cache_evicted_entries));
+        h.cache_too_large.absolute(get(&self.cache_too_large));
     }
 
     pub(crate) fn snapshot(&self) -> StatsSnapshot {
@@ -393,6 +477,15 @@ impl Stats {
             backend_useful_ms: useful as f64 / 1000.0,
             slots_acquired: 0,
             slots_released: 0,
+            cache: CacheSnapshot {
+                entries: self.cache_entries.load(Ordering::Relaxed),
+                bytes: self.cache_bytes.load(Ordering::Relaxed),
+                max_bytes: self.cache_max_bytes.load(Ordering::Relaxed),
+                evicted_max_bytes: self.cache_evicted_bytes.load(Ordering::Relaxed),
+                evicted_max_entries: self.cache_evicted_entries.load(Ordering::Relaxed),
+                too_large: self.cache_too_large.load(Ordering::Relaxed),
+            },
+            nats: Default::default(),
         }
     }
 }
