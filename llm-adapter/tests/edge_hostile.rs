@@ -1,5 +1,5 @@
 //! Issue 10 at the adapter's NATS edge, over a real nats-server: bursts are answered or
-//! counted (never dropped silently).
+//! counted (never dropped silently), invalid envelope ids are refused.
 
 mod common;
 
@@ -12,8 +12,8 @@ use common::{STEP, eventually};
 use futures::StreamExt;
 use weir_llm_adapter::backend::sim::SimBackend;
 use weir_llm_adapter::{AdapterHandle, Config, NatsEvents};
-use weir_protocol::llm::ErrorCode;
 use weir_protocol::llm::headers as h;
+use weir_protocol::llm::{ErrorBody, ErrorCode};
 use weir_testkit::NatsServer;
 
 /// The adapter started like the binary does: its client counts its own events.
@@ -125,5 +125,39 @@ async fn a_burst_of_20000_at_the_default_sizing_is_answered_in_full() {
     let s = a.stats();
     assert_eq!((s.nats.not_taken, s.nats.dropped), (0, 0), "{:?}", s.nats);
     assert_eq!(s.offered, sent);
+    a.shutdown().await;
+}
+
+#[tokio::test]
+async fn invalid_envelope_ids_are_refused_naming_the_field() {
+    let server = NatsServer::start().expect("nats-server");
+    let a = adapter(&server, "").await;
+    let caller = common::connect(server.url()).await;
+    for (body, field) in [
+        (
+            r#"{"trace_id":"t","request_id":"r x","session_id":"s","ts_ms":1,"data":{}}"#,
+            "request_id",
+        ),
+        (
+            r#"{"trace_id":"t","request_id":"r","session_id":"sé","ts_ms":1,"data":{}}"#,
+            "session_id",
+        ),
+    ] {
+        let m = tokio::time::timeout(STEP, caller.request("llm.infer", Bytes::from(body)))
+            .await
+            .expect("in time")
+            .expect("reply");
+        let code = m.headers.as_ref().and_then(|hm| hm.get(h::ERROR_CODE));
+        assert_eq!(code.map(|v| v.as_str()), Some("invalid_request"), "{body}");
+        let env: serde_json::Value = serde_json::from_slice(&m.payload).expect("json");
+        let err: ErrorBody = serde_json::from_value(env["error"].clone()).expect("error");
+        assert!(
+            err.message.contains(&format!("envelope field {field}")),
+            "{}",
+            err.message
+        );
+    }
+    let s = a.stats();
+    assert_eq!(s.admitted, 0, "nothing admitted with an invalid id");
     a.shutdown().await;
 }
