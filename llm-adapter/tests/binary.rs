@@ -115,6 +115,32 @@ async fn serve_prints_ready_serves_admin_and_shuts_down_on_sigterm() {
     let stats: serde_json::Value = serde_json::from_str(&stats).expect("json");
     assert_eq!(stats["completed"], 1);
 
+    // Every refusal of the admin listener is a JSON error body.
+    let post = tokio::time::timeout(
+        STEP,
+        reqwest::Client::new()
+            .post(format!("http://{admin}/v1/stats"))
+            .send(),
+    )
+    .await
+    .expect("in time")
+    .expect("http");
+    let post = (post.status().as_u16(), post.text().await.expect("body"));
+    for ((code, body), want, what) in [
+        (get(&format!("http://{admin}/nope")).await, 404, "not_found"),
+        (post, 405, "method_not_allowed"),
+        (
+            get(&format!("http://{admin}/v1/limits?top=many")).await,
+            400,
+            "invalid_request",
+        ),
+    ] {
+        assert_eq!(code, want, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("JSON error body");
+        assert_eq!(v["error"]["code"], what, "{body}");
+        assert!(v["error"]["message"].is_string(), "{body}");
+    }
+
     let pid = child.0.id().to_string();
     let killed = Command::new("kill")
         .args(["-TERM", &pid])
