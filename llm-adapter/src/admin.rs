@@ -118,13 +118,15 @@ async fn stats(State(s): State<AdminState>) -> Response {
     Json(s.view.stats()).into_response()
 }
 
-/// Serves the admin routes on `listener` until `shutdown` resolves.
+/// Serves the admin routes on `listener` until `shutdown` resolves, with the
+/// connection hygiene of `admin.*` (connection cap, header and idle timeouts; see
+/// [`crate::listener`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AdminState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let cfg = state.view.config().admin;
+    crate::listener::serve(listener, router(state), cfg, shutdown).await;
+    Ok(())
 }

@@ -363,6 +363,12 @@ pub struct ServiceConfig {
 pub struct AdminConfig {
     /// Address of the admin HTTP server (localhost by default; port 0 = any free port).
     pub listen: SocketAddr,
+    /// Most open admin connections; more are refused with 503 at once.
+    pub max_connections: NonZeroUsize,
+    /// Bound on receiving a request head (at accept and between keep-alive requests).
+    pub header_timeout: Duration,
+    /// A connection that moves no byte for this long is closed.
+    pub idle_timeout: Duration,
 }
 
 /// `[trace]`.
@@ -506,6 +512,12 @@ impl Config {
                 format!("expected an address like 127.0.0.1:9091, got {listen_s:?}"),
             )
         })?;
+        let admin = AdminConfig {
+            listen,
+            max_connections: nz(a.uint("max_connections", 64, 1..=4096, "")?),
+            header_timeout: a.millis("header_timeout_ms", 5_000, 100..=600_000, "")?,
+            idle_timeout: a.millis("idle_timeout_ms", 10_000, 100..=3_600_000, "")?,
+        };
         a.finish()?;
 
         let mut t = r.section("trace")?;
@@ -532,7 +544,7 @@ impl Config {
             shutdown_grace,
             nats,
             service,
-            admin: AdminConfig { listen },
+            admin,
             trace,
         })
     }
@@ -1270,6 +1282,9 @@ mod tests {
         assert_eq!(c.backend.kind.name(), "sim");
         assert_eq!(c.service.subject, "llm.infer");
         assert_eq!(c.admin.listen.to_string(), "127.0.0.1:9091");
+        assert_eq!(c.admin.max_connections.get(), 64);
+        assert_eq!(c.admin.header_timeout, Duration::from_secs(5));
+        assert_eq!(c.admin.idle_timeout, Duration::from_secs(10));
     }
 
     #[test]
@@ -1423,6 +1438,14 @@ mod tests {
         assert_eq!(err("[service]\nversion = \"1.0\"").key(), "service.version");
         assert_eq!(err("[service]\nname = \"a b\"").key(), "service.name");
         assert_eq!(err("[admin]\nlisten = \"localhost\"").key(), "admin.listen");
+        assert_eq!(
+            err("[admin]\nmax_connections = 0").key(),
+            "admin.max_connections"
+        );
+        assert_eq!(
+            err("[admin]\nheader_timeout_ms = 5").key(),
+            "admin.header_timeout_ms"
+        );
         assert_eq!(
             err("[deadline]\ndefault_ms = 10\nmax_ms = 5").key(),
             "deadline.default_ms"

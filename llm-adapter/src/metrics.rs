@@ -90,6 +90,10 @@ pub const NATS_IN_MESSAGES_TOTAL: &str = "llm_nats_in_messages_total";
 pub const INTAKE_TAKEN_TOTAL: &str = "llm_intake_taken_total";
 /// Counter: NATS connections lost (a malformed message, nats.rs #1572, shows here).
 pub const NATS_DISCONNECTS_TOTAL: &str = "llm_nats_disconnects_total";
+/// Counter: admin connections refused because `admin.max_connections` were open.
+pub const ADMIN_CONNECTIONS_REFUSED_TOTAL: &str = "llm_admin_connections_refused_total";
+/// Counter: admin connections closed by a timeout, label `reason` (`header`, `idle`).
+pub const ADMIN_CONNECTIONS_TIMED_OUT_TOTAL: &str = "llm_admin_connections_timed_out_total";
 /// Gauge: 1 while the NATS connection is up.
 pub const NATS_CONNECTED: &str = "llm_nats_connected";
 

@@ -161,3 +161,78 @@ async fn invalid_envelope_ids_are_refused_naming_the_field() {
     assert_eq!(s.admitted, 0, "nothing admitted with an invalid id");
     a.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_admin_listener_caps_connections_and_closes_silent_ones() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = NatsServer::start().expect("nats-server");
+    let a = adapter(
+        &server,
+        "[admin]\nmax_connections = 2\nheader_timeout_ms = 300\nidle_timeout_ms = 600\n",
+    )
+    .await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(weir_llm_adapter::admin::serve(
+        listener,
+        weir_llm_adapter::admin::AdminState {
+            view: a.view(),
+            prometheus: None,
+        },
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    // Two silent connections take both slots ...
+    let mut silent = Vec::new();
+    for _ in 0..2 {
+        silent.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+    }
+    // ... so a third is refused at once with a JSON 503 (polled: the accept loop must
+    // have taken the first two).
+    let t0 = std::time::Instant::now();
+    loop {
+        let mut third = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut buf = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_millis(200), third.read_to_end(&mut buf)).await;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        if text.starts_with("HTTP/1.1 503") {
+            assert!(text.contains("\"code\":\"max_connections\""), "{text}");
+            break;
+        }
+        assert!(
+            t0.elapsed() < STEP,
+            "third connection never refused: {text:?}"
+        );
+    }
+    // The silent ones are closed by the header timeout (300 ms), well within a second.
+    for mut s in silent {
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf))
+            .await
+            .expect("closed by the header timeout")
+            .unwrap_or(0);
+        assert_eq!(n, 0, "closed without a response");
+    }
+    // Then the port answers again.
+    let mut ok = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    ok.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    let mut buf = Vec::new();
+    tokio::time::timeout(STEP, ok.read_to_end(&mut buf))
+        .await
+        .expect("in time")
+        .expect("read");
+    assert!(
+        buf.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&buf)
+    );
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(STEP, task).await;
+    a.shutdown().await;
+}
