@@ -5,11 +5,16 @@
 //! while the NATS connection is up and the adapter admits requests (503 during shutdown
 //! or a NATS outage) so that an orchestrator stops routing to it. Nothing here exposes
 //! request bodies.
+//!
+//! Every refusal is JSON, `{"error":{"code","message"}}` like the ingress's: an unknown
+//! path (404 `not_found`), a method other than GET (405 `method_not_allowed`), a bad
+//! query (400 `invalid_request`), `/metrics` without a recorder (404 `no_recorder`).
 
 use std::future::Future;
 
 use axum::Json;
 use axum::Router;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -42,7 +47,27 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/capabilities", get(capabilities))
         .route("/v1/limits", get(limits))
         .route("/v1/stats", get(stats))
+        .fallback(|| async {
+            error_response(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "paths: /metrics, /healthz, /readyz, /v1/capabilities, /v1/limits, /v1/stats",
+            )
+        })
+        .method_not_allowed_fallback(|| async {
+            error_response(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "the admin endpoints answer GET",
+            )
+        })
         .with_state(state)
+}
+
+/// A JSON refusal: `{"error":{"code","message"}}`.
+fn error_response(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    let body = serde_json::json!({"error": {"code": code, "message": message.into()}});
+    (status, Json(body)).into_response()
 }
 
 async fn metrics(State(s): State<AdminState>) -> Response {
@@ -54,7 +79,11 @@ async fn metrics(State(s): State<AdminState>) -> Response {
             text.push_str(&s.view.render_histograms());
             ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
         }
-        None => (StatusCode::NOT_FOUND, "no metrics recorder installed\n").into_response(),
+        None => error_response(
+            StatusCode::NOT_FOUND,
+            "no_recorder",
+            "no metrics recorder installed",
+        ),
     }
 }
 
@@ -75,21 +104,29 @@ async fn capabilities(State(s): State<AdminState>) -> Response {
     Json(s.view.capabilities()).into_response()
 }
 
-async fn limits(State(s): State<AdminState>, Query(q): Query<TopQuery>) -> Response {
-    Json(s.view.limits(q.top.unwrap_or(20).clamp(1, 1000))).into_response()
+async fn limits(
+    State(s): State<AdminState>,
+    q: Result<Query<TopQuery>, QueryRejection>,
+) -> Response {
+    match q {
+        Ok(Query(q)) => Json(s.view.limits(q.top.unwrap_or(20).clamp(1, 1000))).into_response(),
+        Err(e) => error_response(StatusCode::BAD_REQUEST, "invalid_request", e.body_text()),
+    }
 }
 
 async fn stats(State(s): State<AdminState>) -> Response {
     Json(s.view.stats()).into_response()
 }
 
-/// Serves the admin routes on `listener` until `shutdown` resolves.
+/// Serves the admin routes on `listener` until `shutdown` resolves, with the
+/// connection hygiene of `admin.*` (connection cap, header and idle timeouts; see
+/// [`crate::listener`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AdminState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let cfg = state.view.config().admin;
+    crate::listener::serve(listener, router(state), cfg, shutdown).await;
+    Ok(())
 }

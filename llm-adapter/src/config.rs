@@ -32,6 +32,11 @@ pub use crate::admission::EstimatorConfig;
 /// `WEIR_LLM_SESSION__PENDING_CAP=5` (`__` separates sections).
 pub const ENV_PREFIX: &str = "WEIR_LLM_";
 
+/// Default `idempotency.max_bytes`: 64 MiB.
+const DEFAULT_CACHE_MAX_BYTES: u64 = 64 * 1024 * 1024;
+/// Largest accepted `idempotency.max_bytes`: 64 GiB.
+const MAX_CACHE_MAX_BYTES: u64 = 64 * 1024 * 1024 * 1024;
+
 /// Longest accepted limit name, subject or service name.
 const MAX_NAME_LEN: usize = 128;
 
@@ -221,6 +226,9 @@ pub struct IdempotencyConfig {
     pub window: Duration,
     /// Most cached replies; the oldest is evicted first.
     pub max_entries: NonZeroUsize,
+    /// Most bytes held by cached replies (body + headers + key + a fixed per-entry
+    /// overhead); the oldest is evicted first, a reply larger than this is not cached.
+    pub max_bytes: NonZeroUsize,
 }
 
 /// Simulated latency distribution.
@@ -349,7 +357,8 @@ pub struct NatsConfig {
     pub connection_timeout: Duration,
     /// Ping interval (a dead server is noticed after 2–3 of them).
     pub ping_interval: Duration,
-    /// Messages buffered per subscription before the client drops (slow consumer).
+    /// Messages buffered per subscription before the client drops (slow consumer):
+    /// `queue_capacity` + `nats.expected_burst` unless set.
     pub subscription_capacity: usize,
     /// Bound on publishing one reply (the publish call waits without limit otherwise).
     pub publish_timeout: Duration,
@@ -381,6 +390,12 @@ pub struct ServiceConfig {
 pub struct AdminConfig {
     /// Address of the admin HTTP server (localhost by default; port 0 = any free port).
     pub listen: SocketAddr,
+    /// Most open admin connections; more are refused with 503 at once.
+    pub max_connections: NonZeroUsize,
+    /// Bound on receiving a request head (at accept and between keep-alive requests).
+    pub header_timeout: Duration,
+    /// A connection that moves no byte for this long is closed.
+    pub idle_timeout: Duration,
 }
 
 /// `[trace]`.
@@ -546,15 +561,22 @@ impl Config {
             " (0 = no cache after completion)",
         )?;
         let max_entries = nz(i.uint("max_entries", 10_000, 1..=10_000_000, "")?);
+        let max_bytes = nz(i.uint(
+            "max_bytes",
+            DEFAULT_CACHE_MAX_BYTES,
+            1024..=MAX_CACHE_MAX_BYTES,
+            "",
+        )?);
         let idempotency = enabled.then_some(IdempotencyConfig {
             window,
             max_entries,
+            max_bytes,
         });
         i.finish()?;
 
         let limits = read_limits(&mut r)?;
         let backend = read_backend(&mut r)?;
-        let nats = read_nats(&mut r)?;
+        let nats = read_nats(&mut r, queue_capacity.get())?;
         let service = read_service(&mut r)?;
 
         let mut a = r.section("admin")?;
@@ -565,6 +587,12 @@ impl Config {
                 format!("expected an address like 127.0.0.1:9091, got {listen_s:?}"),
             )
         })?;
+        let admin = AdminConfig {
+            listen,
+            max_connections: nz(a.uint("max_connections", 64, 1..=4096, "")?),
+            header_timeout: a.millis("header_timeout_ms", 5_000, 100..=600_000, "")?,
+            idle_timeout: a.millis("idle_timeout_ms", 10_000, 100..=3_600_000, "")?,
+        };
         a.finish()?;
 
         let mut t = r.section("trace")?;
@@ -593,7 +621,7 @@ impl Config {
             shutdown_grace,
             nats,
             service,
-            admin: AdminConfig { listen },
+            admin,
             trace,
         })
     }
@@ -663,6 +691,7 @@ impl Config {
             "idempotency": self.idempotency.map(|i| json!({
                 "window_ms": ms(i.window),
                 "max_entries": i.max_entries.get(),
+                "max_bytes": i.max_bytes.get(),
             })),
             "backend": {
                 "kind": self.backend.kind.name(),
@@ -856,7 +885,7 @@ fn read_sim(s: &mut Reader<'_>) -> Result<SimConfig, ConfigError> {
     })
 }
 
-fn read_nats(r: &mut Reader<'_>) -> Result<NatsConfig, ConfigError> {
+fn read_nats(r: &mut Reader<'_>, queue_capacity: usize) -> Result<NatsConfig, ConfigError> {
     let mut n = r.section("nats")?;
     let url = n.string("url", "nats://127.0.0.1:4222")?;
     if url.trim().is_empty() {
@@ -892,16 +921,35 @@ fn read_nats(r: &mut Reader<'_>) -> Result<NatsConfig, ConfigError> {
         tls_key_file,
         connection_timeout: n.millis("connection_timeout_ms", 5_000, 1..=600_000, "")?,
         ping_interval: n.millis("ping_interval_ms", 10_000, 100..=3_600_000, "")?,
-        subscription_capacity: usize_of(n.uint(
-            "subscription_capacity",
-            8192,
-            16..=1_000_000,
-            "",
-        )?),
+        subscription_capacity: subscription_capacity(&mut n, queue_capacity)?,
         publish_timeout: n.millis("publish_timeout_ms", 1_000, 1..=600_000, "")?,
     };
     n.finish()?;
     Ok(cfg)
+}
+
+/// `nats.subscription_capacity`: by default `queue_capacity` + `nats.expected_burst`, so
+/// that a burst of that many requests arriving at once is buffered by the client and
+/// answered (a refusal is fast; a message the client drops gets no answer at all). Set
+/// explicitly, it must hold at least `queue_capacity` messages.
+fn subscription_capacity(n: &mut Reader<'_>, queue_capacity: usize) -> Result<usize, ConfigError> {
+    let burst = usize_of(n.uint("expected_burst", 65_536, 0..=1_000_000, "")?);
+    let explicit = n.uint("subscription_capacity", 0, 16..=2_000_000, "")?;
+    if explicit == 0 {
+        return Ok(queue_capacity.saturating_add(burst).max(16));
+    }
+    let cap = usize_of(explicit);
+    if cap < queue_capacity {
+        return Err(ConfigError::invalid(
+            n.key("subscription_capacity"),
+            format!(
+                "{cap} is smaller than queue_capacity ({queue_capacity}): the client would drop \
+                 requests (no answer) before the queue refuses them; use at least \
+                 queue_capacity + the largest burst expected"
+            ),
+        ));
+    }
+    Ok(cap)
 }
 
 fn read_service(r: &mut Reader<'_>) -> Result<ServiceConfig, ConfigError> {
@@ -1320,6 +1368,9 @@ mod tests {
         assert_eq!(c.backend.kind.name(), "sim");
         assert_eq!(c.service.subject, "llm.infer");
         assert_eq!(c.admin.listen.to_string(), "127.0.0.1:9091");
+        assert_eq!(c.admin.max_connections.get(), 64);
+        assert_eq!(c.admin.header_timeout, Duration::from_secs(5));
+        assert_eq!(c.admin.idle_timeout, Duration::from_secs(10));
     }
 
     #[test]
@@ -1412,6 +1463,43 @@ mod tests {
     }
 
     #[test]
+    fn idempotency_max_bytes_defaults_to_64_mib_and_is_range_checked() {
+        let c = Config::default();
+        let i = c.idempotency.expect("enabled by default");
+        assert_eq!(i.max_bytes.get(), 64 * 1024 * 1024);
+        assert_eq!(
+            c.capabilities()["idempotency"]["max_bytes"],
+            64 * 1024 * 1024
+        );
+        let c = Config::from_toml_str("[idempotency]\nmax_bytes = 1048576").expect("valid");
+        assert_eq!(c.idempotency.map(|i| i.max_bytes.get()), Some(1 << 20));
+        for bad in ["0", "1023", "-1", "\"64MiB\"", "68719476737"] {
+            let e = err(&format!("[idempotency]\nmax_bytes = {bad}"));
+            assert_eq!(e.key(), "idempotency.max_bytes", "{bad}");
+            assert!(e.to_string().contains("1024..=68719476736"), "{e}");
+        }
+    }
+
+    #[test]
+    fn subscription_capacity_follows_the_queue_and_the_expected_burst() {
+        let c = Config::default();
+        assert_eq!(c.nats.subscription_capacity, 256 + 65_536);
+        let c = Config::from_toml_str("queue_capacity = 1000\n[nats]\nexpected_burst = 20000")
+            .expect("valid");
+        assert_eq!(c.nats.subscription_capacity, 21_000);
+        let c = Config::from_toml_str("[nats]\nsubscription_capacity = 300").expect("valid");
+        assert_eq!(c.nats.subscription_capacity, 300);
+        let e = err("queue_capacity = 512\n[nats]\nsubscription_capacity = 500");
+        assert_eq!(e.key(), "nats.subscription_capacity");
+        assert!(
+            e.to_string().contains("smaller than queue_capacity (512)"),
+            "{e}"
+        );
+        let e = err("[nats]\nexpected_burst = -1");
+        assert_eq!(e.key(), "nats.expected_burst");
+    }
+
+    #[test]
     fn unknown_keys_are_refused_with_their_path() {
         let e = err("queue_capacty = 5");
         assert_eq!(
@@ -1484,6 +1572,14 @@ mod tests {
         assert_eq!(err("[service]\nversion = \"1.0\"").key(), "service.version");
         assert_eq!(err("[service]\nname = \"a b\"").key(), "service.name");
         assert_eq!(err("[admin]\nlisten = \"localhost\"").key(), "admin.listen");
+        assert_eq!(
+            err("[admin]\nmax_connections = 0").key(),
+            "admin.max_connections"
+        );
+        assert_eq!(
+            err("[admin]\nheader_timeout_ms = 5").key(),
+            "admin.header_timeout_ms"
+        );
         assert_eq!(
             err("[deadline]\ndefault_ms = 10\nmax_ms = 5").key(),
             "deadline.default_ms"

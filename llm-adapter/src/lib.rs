@@ -60,7 +60,9 @@ pub mod admission;
 pub mod backend;
 pub mod client;
 pub mod config;
+pub mod listener;
 pub mod metrics;
+pub mod nats_events;
 pub mod service;
 pub mod trace;
 
@@ -71,6 +73,7 @@ use tokio::task::JoinHandle;
 
 pub use admission::{LimitsView, Percentiles, ShutdownReport, StatsSnapshot};
 pub use config::Config;
+pub use nats_events::{NatsEvents, NatsEventsSnapshot};
 
 use crate::admission::{Admission, AdmissionConfig};
 use crate::backend::Backend;
@@ -113,23 +116,27 @@ impl StartError {
 }
 
 /// Connects to NATS with the configured authentication, TLS and timeouts. Connection
-/// events are logged and reflected in the `llm_nats_connected` gauge.
+/// events are logged and reflected in the `llm_nats_connected` gauge; the counts of
+/// [`NatsEvents`] go nowhere (use [`connect_with_events`] and [`start_with_events`]).
 pub async fn connect(cfg: &NatsConfig) -> Result<async_nats::Client, StartError> {
-    let mut opts = async_nats::ConnectOptions::new()
-        .name(&cfg.name)
-        .connection_timeout(cfg.connection_timeout)
-        .ping_interval(cfg.ping_interval)
-        .subscription_capacity(cfg.subscription_capacity)
-        .require_tls(cfg.tls_required)
-        .event_callback(|event| async move {
-            use async_nats::Event;
-            match &event {
-                Event::Connected => ::metrics::gauge!(metrics::NATS_CONNECTED).set(1.0),
-                Event::Disconnected => ::metrics::gauge!(metrics::NATS_CONNECTED).set(0.0),
-                _ => {}
-            }
-            tracing::info!(event = %event, "nats connection event");
-        });
+    connect_with_events(cfg, &NatsEvents::new()).await
+}
+
+/// [`connect`], counting the client's events (slow-consumer drops, disconnects) into
+/// `events`; pass the same `events` to [`start_with_events`] so that `/v1/stats` and
+/// the metrics show them.
+pub async fn connect_with_events(
+    cfg: &NatsConfig,
+    events: &NatsEvents,
+) -> Result<async_nats::Client, StartError> {
+    let mut opts = events.attach(
+        async_nats::ConnectOptions::new()
+            .name(&cfg.name)
+            .connection_timeout(cfg.connection_timeout)
+            .ping_interval(cfg.ping_interval)
+            .subscription_capacity(cfg.subscription_capacity)
+            .require_tls(cfg.tls_required),
+    );
     if let (Some(u), Some(p)) = (&cfg.user, &cfg.password) {
         opts = opts.user_and_password(u.clone(), p.clone());
     }
@@ -167,12 +174,15 @@ pub struct AdapterView {
     admission: Admission<NatsSink>,
     client: async_nats::Client,
     config: Arc<Config>,
+    events: NatsEvents,
 }
 
 impl AdapterView {
-    /// Counters and histograms.
+    /// Counters and histograms, with the NATS client's drops and disconnects.
     pub fn stats(&self) -> StatsSnapshot {
-        self.admission.stats()
+        let mut s = self.admission.stats();
+        s.nats = self.events.snapshot_with(&self.client);
+        s
     }
 
     /// The busiest keys and sessions.
@@ -256,9 +266,22 @@ impl AdapterHandle {
 }
 
 /// Starts the adapter on an existing connection: the admission core (workers, timers),
-/// the NATS service and its endpoints, and the trace publisher if configured.
+/// the NATS service and its endpoints, and the trace publisher if configured. The
+/// client's own drops are not counted (`nats` in the stats stays 0) unless the client
+/// was made with [`NatsEvents::attach`]: then use [`start_with_events`].
 pub async fn start(
     client: async_nats::Client,
+    config: Config,
+    backend: Arc<dyn Backend>,
+) -> Result<AdapterHandle, StartError> {
+    start_with_events(client, NatsEvents::new(), config, backend).await
+}
+
+/// [`start`] with the counters the client's event callback writes to
+/// ([`connect_with_events`] or [`NatsEvents::attach`]).
+pub async fn start_with_events(
+    client: async_nats::Client,
+    events: NatsEvents,
     config: Config,
     backend: Arc<dyn Backend>,
 ) -> Result<AdapterHandle, StartError> {
@@ -278,7 +301,9 @@ pub async fn start(
     };
     let sink = Arc::new(NatsSink::new(client.clone(), config.nats.publish_timeout));
     let admission = Admission::start(AdmissionConfig::from(&*config), backend, sink, tracer);
-    let edge = match ServiceEdge::start(&client, config.clone(), admission.clone()).await {
+    let edge = match ServiceEdge::start(&client, config.clone(), admission.clone(), events.clone())
+        .await
+    {
         Ok(edge) => edge,
         Err(e) => {
             admission.shutdown().await;
@@ -293,6 +318,7 @@ pub async fn start(
             admission,
             client,
             config,
+            events,
         },
         edge,
         trace_task,

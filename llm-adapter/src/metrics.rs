@@ -75,6 +75,34 @@ pub const REPLY_FAILED_TOTAL: &str = "llm_reply_failed_total";
 pub const NO_REPLY_SUBJECT_TOTAL: &str = "llm_requests_without_reply_total";
 /// Counter: trace events dropped because the NATS trace publisher fell behind.
 pub const TRACE_DROPPED_TOTAL: &str = "llm_trace_events_dropped_total";
+/// Gauge: replies held by the idempotency cache (published like [`QUEUE_DEPTH`]).
+pub const CACHE_ENTRIES: &str = "llm_idempotency_cache_entries";
+/// Gauge: bytes held by the idempotency cache (body + headers + key + per-entry
+/// overhead), never above `idempotency.max_bytes`.
+pub const CACHE_BYTES: &str = "llm_idempotency_cache_bytes";
+/// Counter: cached replies evicted before their window ended, label `reason`
+/// (`max_bytes`, `max_entries`).
+pub const CACHE_EVICTED_TOTAL: &str = "llm_idempotency_cache_evicted_total";
+/// Counter: successful replies not cached because one alone exceeds
+/// `idempotency.max_bytes`.
+pub const CACHE_TOO_LARGE_TOTAL: &str = "llm_idempotency_cache_too_large_total";
+/// Counter: messages the NATS client dropped because a subscription's channel
+/// (`nats.subscription_capacity`) was full (slow consumer). A request dropped there
+/// gets no answer; it is counted here and in `/v1/stats` `nats.dropped`.
+pub const NATS_DROPPED_TOTAL: &str = "llm_nats_dropped_total";
+/// Counter: messages the NATS client received, every subscription (published when
+/// stats are read).
+pub const NATS_IN_MESSAGES_TOTAL: &str = "llm_nats_in_messages_total";
+/// Counter: messages the endpoint loops took from their subscriptions. At rest,
+/// `llm_nats_in_messages_total − llm_intake_taken_total` is the exact number the
+/// client dropped (plus `$SRV` requests and NATS-backend replies).
+pub const INTAKE_TAKEN_TOTAL: &str = "llm_intake_taken_total";
+/// Counter: NATS connections lost (a malformed message, nats.rs #1572, shows here).
+pub const NATS_DISCONNECTS_TOTAL: &str = "llm_nats_disconnects_total";
+/// Counter: admin connections refused because `admin.max_connections` were open.
+pub const ADMIN_CONNECTIONS_REFUSED_TOTAL: &str = "llm_admin_connections_refused_total";
+/// Counter: admin connections closed by a timeout, label `reason` (`header`, `idle`).
+pub const ADMIN_CONNECTIONS_TIMED_OUT_TOTAL: &str = "llm_admin_connections_timed_out_total";
 /// Gauge: 1 while the NATS connection is up.
 pub const NATS_CONNECTED: &str = "llm_nats_connected";
 

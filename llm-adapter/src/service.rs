@@ -4,7 +4,8 @@
 //! Inference requests: headers (`Weir-*`, see [`weir_protocol::llm::headers`]) become a
 //! [`Submission`]; the body is passed to the backend unchanged and never logged. When a
 //! deployed caller sends the JSON envelope without the headers, the envelope's
-//! `request_id` / `session_id` stand in for them.
+//! `request_id` / `session_id` stand in for them, validated like the headers (an invalid
+//! one is `invalid_request` naming the envelope field, never silently ignored).
 //!
 //! Replies: success = the backend's body (and the headers a NATS backend returned) plus
 //! `Weir-Queue-Ms`, `Weir-Inference-Ms`, `Weir-Request-Id`. Errors carry
@@ -17,6 +18,9 @@
 //! Invariants:
 //! - intake never spawns per message: each endpoint has one task that decodes, submits
 //!   and moves on; answers are published by whoever settles the request;
+//! - every message an endpoint loop takes is counted ([`NatsEvents::took`]), so that
+//!   messages the NATS client received but dropped (slow consumer) are counted too:
+//!   `in_messages − taken` (see [`crate::nats_events`]);
 //! - every reply publish is bounded by `nats.publish_timeout_ms` (a publish waits
 //!   without limit when the client's channel is full); a reply that cannot be published
 //!   is counted (`llm_reply_failed_total`), never retried or waited for;
@@ -49,6 +53,7 @@ use weir_protocol::llm::{
 use crate::admission::{Admission, Outcome, Sink, Submission};
 use crate::config::Config;
 use crate::metrics as m;
+use crate::nats_events::NatsEvents;
 
 /// One caller waiting for an answer: the reply subject, the request body (kept for
 /// envelope detection; a reference-counted view, not a copy) and, when the body was the
@@ -282,6 +287,11 @@ fn invalid(e: &HeaderError) -> ErrorBody {
     ErrorBody::new(ErrorCode::InvalidRequest, e.to_string())
 }
 
+/// A header error as the refusal (boxed: `ErrorBody` is large for a `Result`).
+fn inv<T>(r: Result<T, HeaderError>) -> Result<T, Box<ErrorBody>> {
+    r.map_err(|e| Box::new(invalid(&e)))
+}
+
 /// Decodes one inference request. The envelope is looked for only when an id header is
 /// missing (`None` = not looked for; the sink looks when it must shape an error).
 fn decode(
@@ -292,37 +302,30 @@ fn decode(
     let envelope = (known.request_id.is_none() || known.session.is_none())
         .then(|| EnvelopeMeta::detect(&msg.payload));
     let env = envelope.as_ref().and_then(Option::as_ref);
-    let sub = (|| -> Result<Submission, HeaderError> {
+    let sub = (|| -> Result<Submission, Box<ErrorBody>> {
         let id = |name: &'static str, v: Option<&str>| -> Result<Option<String>, HeaderError> {
             v.map(|v| h::parse_id(name, v.trim()).map(str::to_owned))
                 .transpose()
         };
-        let request_id = match id(h::REQUEST_ID, known.request_id)? {
+        let request_id = match inv(id(h::REQUEST_ID, known.request_id))? {
             Some(r) => Some(r),
-            None => env
-                .and_then(EnvelopeMeta::request_id_str)
-                .and_then(|r| h::parse_id(h::REQUEST_ID, &r).ok().map(str::to_owned)),
+            None => env_id("request_id", env.and_then(EnvelopeMeta::request_id_str))?,
         };
-        let session = match id(h::SESSION_ID, known.session)? {
+        let session = match inv(id(h::SESSION_ID, known.session))? {
             Some(s) => Some(s),
-            None => env
-                .and_then(EnvelopeMeta::session_id_str)
-                .and_then(|s| h::parse_id(h::SESSION_ID, &s).ok().map(str::to_owned)),
+            None => env_id("session_id", env.and_then(EnvelopeMeta::session_id_str))?,
         };
-        let client_key = id(h::CLIENT_KEY, known.client_key)?;
-        let policy = known
-            .admission
-            .map(AdmissionPolicy::parse)
-            .transpose()?
-            .unwrap_or_default();
-        let deadline = known
+        let client_key = inv(id(h::CLIENT_KEY, known.client_key))?;
+        let policy =
+            inv(known.admission.map(AdmissionPolicy::parse).transpose())?.unwrap_or_default();
+        let deadline = inv(known
             .deadline
             .map(|v| h::parse_ms(h::DEADLINE_MS, v))
-            .transpose()?;
-        let timeout = known
+            .transpose())?;
+        let timeout = inv(known
             .timeout
             .map(|v| h::parse_ms(h::TIMEOUT_MS, v))
-            .transpose()?;
+            .transpose())?;
         Ok(Submission {
             request_id,
             session,
@@ -338,7 +341,7 @@ fn decode(
             body: msg.payload.clone(),
         })
     })()
-    .map_err(|e| invalid(&e));
+    .map_err(|e| *e);
     (envelope, sub)
 }
 
@@ -356,6 +359,27 @@ pub fn capabilities<S: Sink>(config: &Config, admission: &Admission<S>) -> serde
     v
 }
 
+/// Validates an id taken from the JSON envelope like the header ids: an envelope id
+/// that is not 1..=[`h::MAX_ID_LEN`] bytes of visible ASCII is refused with `invalid_request` naming
+/// the envelope field (it used to be ignored, silently turning off the session cap,
+/// ordering and idempotency for that request).
+fn env_id(field: &'static str, v: Option<String>) -> Result<Option<String>, Box<ErrorBody>> {
+    let Some(v) = v else {
+        return Ok(None);
+    };
+    match h::parse_id(field, &v) {
+        Ok(_) => Ok(Some(v)),
+        Err(e) => {
+            let text = e.to_string();
+            let reason = text.split_once(": ").map_or(text.as_str(), |(_, r)| r);
+            Err(Box::new(ErrorBody::new(
+                ErrorCode::InvalidRequest,
+                format!("envelope field {field}: {reason}"),
+            )))
+        }
+    }
+}
+
 /// Reply of the cancel endpoint.
 #[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct CancelReply {
@@ -368,6 +392,7 @@ pub struct CancelReply {
 /// Shared by the endpoint tasks.
 struct Edge {
     admission: Admission<NatsSink>,
+    events: NatsEvents,
     config: Arc<Config>,
     publish_timeout: Duration,
 }
@@ -469,6 +494,7 @@ impl ServiceEdge {
         client: &async_nats::Client,
         config: Arc<Config>,
         admission: Admission<NatsSink>,
+        events: NatsEvents,
     ) -> Result<Self, async_nats::Error> {
         let sc = &config.service;
         let stats_admission = admission.clone();
@@ -526,6 +552,7 @@ impl ServiceEdge {
 
         let edge = Arc::new(Edge {
             admission,
+            events,
             publish_timeout: config.nats.publish_timeout,
             config,
         });
@@ -535,6 +562,7 @@ impl ServiceEdge {
             let mut infer = infer;
             async move {
                 while let Some(req) = infer.next().await {
+                    edge.events.took();
                     edge.handle_infer(req).await;
                 }
             }
@@ -544,6 +572,7 @@ impl ServiceEdge {
             let mut cancel = cancel;
             async move {
                 while let Some(req) = cancel.next().await {
+                    edge.events.took();
                     edge.handle_cancel(req).await;
                 }
             }
@@ -553,6 +582,7 @@ impl ServiceEdge {
             let mut caps = caps;
             async move {
                 while let Some(req) = caps.next().await {
+                    edge.events.took();
                     let value = capabilities(&edge.config, &edge.admission);
                     edge.reply_json(&req, &value).await;
                 }
@@ -563,6 +593,7 @@ impl ServiceEdge {
             let mut limits = limits;
             async move {
                 while let Some(req) = limits.next().await {
+                    edge.events.took();
                     let top = std::str::from_utf8(&req.message.payload)
                         .ok()
                         .and_then(|s| s.trim().parse::<usize>().ok())
@@ -702,5 +733,51 @@ mod tests {
         let err = sub.expect_err("refused");
         assert_eq!(err.code, ErrorCode::InvalidRequest);
         assert!(err.message.contains(h::TIMEOUT_MS), "{}", err.message);
+    }
+
+    #[test]
+    fn envelope_ids_are_validated_like_header_ids() {
+        let msg = |body: &'static [u8]| async_nats::Message {
+            subject: "llm.infer".into(),
+            reply: Some("_INBOX.x".into()),
+            payload: Bytes::from_static(body),
+            headers: None,
+            status: None,
+            description: None,
+            length: 0,
+        };
+        for (body, field) in [
+            (
+                &br#"{"trace_id":"t","request_id":"r x","session_id":"s","ts_ms":1}"#[..],
+                "request_id",
+            ),
+            (
+                br#"{"trace_id":"t","request_id":"r","session_id":"s\u00e9","ts_ms":1}"#,
+                "session_id",
+            ),
+            (
+                br#"{"trace_id":"t","request_id":"r","session_id":"s x","ts_ms":1}"#,
+                "session_id",
+            ),
+        ] {
+            let m = msg(body);
+            let (env, sub) = decode(&m, &Known::read(None), Instant::now());
+            assert!(env.is_some_and(|e| e.is_some()));
+            let err = sub.expect_err("refused");
+            assert_eq!(err.code, ErrorCode::InvalidRequest);
+            assert!(
+                err.message.starts_with(&format!("envelope field {field}:")),
+                "{}",
+                err.message
+            );
+        }
+        // Valid envelope ids still stand in for missing headers.
+        let m = msg(br#"{"trace_id":"t","request_id":"r-1","session_id":"s-1","ts_ms":1}"#);
+        let (_, sub) = decode(&m, &Known::read(None), Instant::now());
+        let sub = sub.expect("valid");
+        assert_eq!(
+            (sub.request_id.as_deref(), sub.session.as_deref()),
+            (Some("r-1"), Some("s-1"))
+        );
     }
 }

@@ -70,6 +70,14 @@ async fn serve_prints_ready_serves_admin_and_shuts_down_on_sigterm() {
     let admin = ready["admin"].as_str().expect("admin address").to_owned();
     assert_eq!(ready.as_object().map(|o| o.len()), Some(2), "{line}");
 
+    // The binary re-executed itself with glibc's mmap threshold fixed (same pid).
+    let environ = std::fs::read(format!("/proc/{}/environ", child.0.id())).expect("environ");
+    assert!(
+        environ
+            .split(|b| *b == 0)
+            .any(|kv| kv == b"MALLOC_MMAP_THRESHOLD_=131072"),
+        "mmap threshold pinned"
+    );
     assert_eq!(get(&format!("http://{admin}/healthz")).await.0, 200);
     assert_eq!(get(&format!("http://{admin}/readyz")).await.0, 200);
     let (code, caps) = get(&format!("http://{admin}/v1/capabilities")).await;
@@ -106,6 +114,32 @@ async fn serve_prints_ready_serves_admin_and_shuts_down_on_sigterm() {
     let (_, stats) = get(&format!("http://{admin}/v1/stats")).await;
     let stats: serde_json::Value = serde_json::from_str(&stats).expect("json");
     assert_eq!(stats["completed"], 1);
+
+    // Every refusal of the admin listener is a JSON error body.
+    let post = tokio::time::timeout(
+        STEP,
+        reqwest::Client::new()
+            .post(format!("http://{admin}/v1/stats"))
+            .send(),
+    )
+    .await
+    .expect("in time")
+    .expect("http");
+    let post = (post.status().as_u16(), post.text().await.expect("body"));
+    for ((code, body), want, what) in [
+        (get(&format!("http://{admin}/nope")).await, 404, "not_found"),
+        (post, 405, "method_not_allowed"),
+        (
+            get(&format!("http://{admin}/v1/limits?top=many")).await,
+            400,
+            "invalid_request",
+        ),
+    ] {
+        assert_eq!(code, want, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("JSON error body");
+        assert_eq!(v["error"]["code"], what, "{body}");
+        assert!(v["error"]["message"].is_string(), "{body}");
+    }
 
     let pid = child.0.id().to_string();
     let killed = Command::new("kill")

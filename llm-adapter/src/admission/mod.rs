@@ -24,6 +24,7 @@
 //!
 //! Time is tokio time, so tests drive everything with `start_paused = true`.
 
+mod cache;
 mod estimator;
 mod slots;
 mod state;
@@ -42,7 +43,7 @@ use tokio::time::Instant;
 use weir_protocol::llm::{AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails};
 
 pub use estimator::{EstimateSource, EstimateView, Estimator, EstimatorConfig};
-pub use stats::{Percentiles, StatsSnapshot};
+pub use stats::{CacheSnapshot, Percentiles, StatsSnapshot};
 
 use self::state::{Effects, State};
 use self::stats::Stats;

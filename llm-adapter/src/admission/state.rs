@@ -49,6 +49,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use weir_protocol::llm::{AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails};
 
+use super::cache::CompletionCache;
 use super::estimator::{EstimateView, Estimator};
 use super::slots::{SlotGuard, SlotTable};
 use super::stats::Stats;
@@ -183,69 +184,6 @@ struct SessionOrder {
     fifo: VecDeque<u64>,
 }
 
-struct CacheEntry {
-    fingerprint: Fingerprint,
-    outcome: Arc<Outcome>,
-    generation: u64,
-}
-
-/// Successful replies kept for retries with the same request id.
-#[derive(Default)]
-struct CompletionCache {
-    map: HashMap<String, CacheEntry>,
-    order: VecDeque<(Instant, String, u64)>,
-    generation: u64,
-}
-
-impl CompletionCache {
-    fn purge(&mut self, now: Instant) {
-        while let Some((at, _, _)) = self.order.front() {
-            if *at > now {
-                break;
-            }
-            self.pop_front();
-        }
-    }
-
-    fn pop_front(&mut self) {
-        if let Some((_, rid, generation)) = self.order.pop_front()
-            && self
-                .map
-                .get(&rid)
-                .is_some_and(|e| e.generation == generation)
-        {
-            self.map.remove(&rid);
-        }
-    }
-
-    fn insert(
-        &mut self,
-        rid: String,
-        e: (Fingerprint, Arc<Outcome>),
-        expires: Instant,
-        max: usize,
-    ) {
-        self.generation += 1;
-        self.order
-            .push_back((expires, rid.clone(), self.generation));
-        self.map.insert(
-            rid,
-            CacheEntry {
-                fingerprint: e.0,
-                outcome: e.1,
-                generation: self.generation,
-            },
-        );
-        while self.map.len() > max || self.order.len() > max.saturating_mul(2) {
-            self.pop_front();
-        }
-    }
-
-    fn next_expiry(&self) -> Option<Instant> {
-        self.order.front().map(|(at, _, _)| *at)
-    }
-}
-
 /// The admission state. Owned by a mutex in [`super::Admission`].
 pub(crate) struct State<W> {
     cfg: Arc<AdmissionConfig>,
@@ -254,7 +192,7 @@ pub(crate) struct State<W> {
     entries: HashMap<u64, Entry<W>>,
     next_id: u64,
     by_request_id: HashMap<String, u64>,
-    cache: CompletionCache,
+    cache: CompletionCache<Fingerprint>,
     session_slots: SlotTable,
     sessions: HashMap<String, SessionOrder>,
     gates: Vec<Gate>,
@@ -313,6 +251,11 @@ impl<W> State<W> {
             })
             .collect();
         let estimator = Estimator::new(cfg.estimator);
+        let cache = cfg
+            .idempotency
+            .map_or(CompletionCache::new(0, 0, stats.clone()), |i| {
+                CompletionCache::new(i.max_entries.get(), i.max_bytes.get(), stats.clone())
+            });
         Self {
             cfg,
             stats,
@@ -320,7 +263,7 @@ impl<W> State<W> {
             entries: HashMap::new(),
             next_id: 1,
             by_request_id: HashMap::new(),
-            cache: CompletionCache::default(),
+            cache,
             session_slots: SlotTable::default(),
             sessions: HashMap::new(),
             gates,
@@ -635,7 +578,7 @@ impl<W> State<W> {
                 self.emit(TraceKind::Joined, e, now, |_| {});
                 return Admitted::Joined;
             }
-            if let Some(c) = self.cache.map.get(rid) {
+            if let Some(c) = self.cache.get(rid) {
                 if c.fingerprint != *fp {
                     immediate(fx, waiter, conflict(rid), &sub);
                     return Admitted::Refused(ErrorCode::RequestIdConflict);
@@ -1151,7 +1094,6 @@ impl<W> State<W> {
                 rid.clone(),
                 (fp.clone(), outcome.clone()),
                 now + idem.window,
-                idem.max_entries.get(),
             );
         }
         self.emit(TraceKind::Finished, &e, now, |ev| {

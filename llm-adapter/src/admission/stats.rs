@@ -80,6 +80,39 @@ pub struct StatsSnapshot {
     /// The backend's service-time estimate (what admission predicts with).
     #[serde(default)]
     pub service_estimate: Option<EstimateView>,
+    /// The idempotency cache: size now, bound, evictions.
+    #[serde(default)]
+    pub cache: CacheSnapshot,
+    /// The NATS client's own drops (slow consumer) and disconnects; filled in by
+    /// [`crate::AdapterView::stats`].
+    #[serde(default)]
+    pub nats: crate::nats_events::NatsEventsSnapshot,
+}
+
+/// The idempotency (completion) cache in a [`StatsSnapshot`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheSnapshot {
+    /// Replies held now.
+    pub entries: u64,
+    /// Bytes held now (body + headers + key + a fixed per-entry overhead).
+    pub bytes: u64,
+    /// `idempotency.max_bytes`.
+    pub max_bytes: u64,
+    /// Replies evicted (oldest first) to stay within `max_bytes`.
+    pub evicted_max_bytes: u64,
+    /// Replies evicted (oldest first) to stay within `max_entries`.
+    pub evicted_max_entries: u64,
+    /// Replies not stored because one alone exceeds `max_bytes`.
+    pub too_large: u64,
+}
+
+/// Why a reply left the cache before its window ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CacheEviction {
+    /// `idempotency.max_bytes`.
+    MaxBytes,
+    /// `idempotency.max_entries`.
+    MaxEntries,
 }
 
 impl StatsSnapshot {
@@ -132,6 +165,11 @@ struct Handles {
     running: metrics::Gauge,
     estimate: metrics::Gauge,
     estimate_samples: metrics::Gauge,
+    cache_entries: metrics::Gauge,
+    cache_bytes: metrics::Gauge,
+    cache_evicted_bytes: metrics::Counter,
+    cache_evicted_entries: metrics::Counter,
+    cache_too_large: metrics::Counter,
 }
 
 fn outcome_index(outcome: &str) -> usize {
@@ -184,6 +222,11 @@ impl Handles {
             running: metrics::gauge!(m::RUNNING),
             estimate: metrics::gauge!(m::SERVICE_ESTIMATE_SECONDS, "backend" => backend),
             estimate_samples: metrics::gauge!(m::SERVICE_ESTIMATE_SAMPLES, "backend" => backend),
+            cache_entries: metrics::gauge!(m::CACHE_ENTRIES),
+            cache_bytes: metrics::gauge!(m::CACHE_BYTES),
+            cache_evicted_bytes: metrics::counter!(m::CACHE_EVICTED_TOTAL, "reason" => "max_bytes"),
+            cache_evicted_entries: metrics::counter!(m::CACHE_EVICTED_TOTAL, "reason" => "max_entries"),
+            cache_too_large: metrics::counter!(m::CACHE_TOO_LARGE_TOTAL),
         }
     }
 }
@@ -201,6 +244,12 @@ pub(crate) struct Stats {
     refused: [AtomicU64; ErrorCode::ALL.len()],
     would_reject: Mutex<BTreeMap<String, u64>>,
     hists: Mutex<Hists>,
+    cache_entries: AtomicU64,
+    cache_bytes: AtomicU64,
+    cache_max_bytes: AtomicU64,
+    cache_evicted_bytes: AtomicU64,
+    cache_evicted_entries: AtomicU64,
+    cache_too_large: AtomicU64,
 }
 
 fn histogram() -> Histogram<u64> {
@@ -250,7 +299,35 @@ impl Stats {
                 busy_us: 0,
                 useful_us: 0,
             }),
+            cache_entries: AtomicU64::new(0),
+            cache_bytes: AtomicU64::new(0),
+            cache_max_bytes: AtomicU64::new(0),
+            cache_evicted_bytes: AtomicU64::new(0),
+            cache_evicted_entries: AtomicU64::new(0),
+            cache_too_large: AtomicU64::new(0),
         }
+    }
+
+    pub(crate) fn cache_bounds(&self, max_bytes: usize) {
+        self.cache_max_bytes
+            .store(max_bytes as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn cache_now(&self, entries: usize, bytes: usize) {
+        self.cache_entries.store(entries as u64, Ordering::Relaxed);
+        self.cache_bytes.store(bytes as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn cache_evicted(&self, reason: CacheEviction) {
+        match reason {
+            CacheEviction::MaxBytes => &self.cache_evicted_bytes,
+            CacheEviction::MaxEntries => &self.cache_evicted_entries,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn cache_too_large(&self) {
+        self.cache_too_large.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn offered(&self) {
@@ -374,6 +451,13 @@ impl Stats {
         h.estimate
             .set(estimate.service_time_ms.map_or(0.0, |ms| ms / 1000.0));
         h.estimate_samples.set(estimate.samples as f64);
+        h.cache_entries.set(get(&self.cache_entries) as f64);
+        h.cache_bytes.set(get(&self.cache_bytes) as f64);
+        h.cache_evicted_bytes
+            .absolute(get(&self.cache_evicted_bytes));
+        h.cache_evicted_entries
+            .absolute(get(&self.cache_evicted_entries));
+        h.cache_too_large.absolute(get(&self.cache_too_large));
     }
 
     pub(crate) fn snapshot(&self) -> StatsSnapshot {
@@ -419,6 +503,15 @@ impl Stats {
             slots_released: 0,
             refusal_ms,
             service_estimate: None,
+            cache: CacheSnapshot {
+                entries: self.cache_entries.load(Ordering::Relaxed),
+                bytes: self.cache_bytes.load(Ordering::Relaxed),
+                max_bytes: self.cache_max_bytes.load(Ordering::Relaxed),
+                evicted_max_bytes: self.cache_evicted_bytes.load(Ordering::Relaxed),
+                evicted_max_entries: self.cache_evicted_entries.load(Ordering::Relaxed),
+                too_large: self.cache_too_large.load(Ordering::Relaxed),
+            },
+            nats: Default::default(),
         }
     }
 }

@@ -589,6 +589,7 @@ async fn idempotent_retry_joins_then_hits_the_cache_and_conflicts_are_refused() 
     c.idempotency = Some(IdempotencyConfig {
         window: Duration::from_secs(30),
         max_entries: NonZeroUsize::new(100).expect("non-zero"),
+        max_bytes: NonZeroUsize::new(1 << 20).expect("non-zero"),
     });
     let sim = SimBackend::fixed(Duration::from_millis(100));
     let h = sim.handle();
@@ -640,6 +641,7 @@ async fn failures_are_not_cached_so_a_retry_runs_again() {
     c.idempotency = Some(IdempotencyConfig {
         window: Duration::from_secs(30),
         max_entries: NonZeroUsize::new(10).expect("non-zero"),
+        max_bytes: NonZeroUsize::new(1 << 20).expect("non-zero"),
     });
     let script = Script::default();
     let a = start(c, script.clone());
@@ -893,6 +895,7 @@ async fn random_workload_keeps_invariants_and_answers_everyone_once() {
         c.idempotency = Some(IdempotencyConfig {
             window: Duration::from_millis(200),
             max_entries: NonZeroUsize::new(8).expect("non-zero"),
+            max_bytes: NonZeroUsize::new(1 << 20).expect("non-zero"),
         });
         c.limits = vec![
             limit(

@@ -1,0 +1,172 @@
+//! Counters of the NATS client's own events: messages the client dropped because a
+//! subscription's channel was full (slow consumer), and disconnects.
+//!
+//! A request dropped inside async-nats never reaches the adapter, so admission cannot
+//! count it; async-nats emits one `Event::SlowConsumer(sid)` per dropped message, and
+//! this is where they are counted (`llm_nats_dropped_total`, `nats.dropped` in
+//! `/v1/stats`). A caller whose request was dropped there gets no answer at all (a
+//! timeout; see docs/llm-adapter.md, "Bursts").
+//!
+//! async-nats discards events when its 128-slot event channel is full, and a burst
+//! that overflows a subscription emits thousands within microseconds: `dropped` is then
+//! a lower bound (measured: 384 of 7,437 drops seen). The exact figure comes from the
+//! client's own statistics: `not_taken` = messages the client received − messages the
+//! endpoint loops took ([`NatsEvents::took`]).
+//!
+//! Invariants:
+//! - the event callback does only atomic adds and a map update under a short lock (no
+//!   I/O per event): async-nats delivers events through a 128-slot channel and discards
+//!   events when the callback falls behind, which would make the count low;
+//! - a log line is written for the first drop of each subscription and then for every
+//!   [`LOG_EVERY`]th, never per message.
+//!
+//! A disconnect caused by a malformed message (nats.rs #1572) shows here as a
+//! disconnect (`llm_nats_disconnects_total`); async-nats does not tell the cause apart.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+use crate::metrics as m;
+
+/// One log line per this many dropped messages of one subscription.
+pub const LOG_EVERY: u64 = 10_000;
+
+/// Counters of one client's events. Cheap to clone (shared).
+#[derive(Clone, Default)]
+pub struct NatsEvents {
+    inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    taken: AtomicU64,
+    dropped: AtomicU64,
+    disconnects: AtomicU64,
+    by_sid: Mutex<BTreeMap<u64, u64>>,
+}
+
+/// A snapshot of [`NatsEvents`], part of `/v1/stats`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NatsEventsSnapshot {
+    /// Messages the NATS client dropped (slow consumer), all subscriptions.
+    pub dropped: u64,
+    /// The same, by subscription id (the service's endpoints and its `$SRV` handlers).
+    pub dropped_by_sid: BTreeMap<u64, u64>,
+    /// Connections lost (each is followed by a reconnect attempt).
+    pub disconnects: u64,
+    /// Messages the client received from the server, every subscription
+    /// (async-nats `Statistics::in_messages`).
+    pub in_messages: u64,
+    /// Messages the adapter's endpoint loops took from their subscriptions.
+    pub taken: u64,
+    /// `in_messages − taken`: dropped by the client, still buffered, or for a
+    /// subscription the endpoint loops do not read (`$SRV` requests, replies of a NATS
+    /// backend). At rest and without such traffic it equals the messages dropped — the
+    /// exact count; `dropped` above can be lower (see the module docs).
+    pub not_taken: u64,
+}
+
+impl NatsEvents {
+    /// Fresh counters.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// `opts` with an event callback that counts into `self`, logs connection changes
+    /// and keeps the `llm_nats_connected` gauge.
+    pub fn attach(&self, opts: async_nats::ConnectOptions) -> async_nats::ConnectOptions {
+        let me = self.clone();
+        opts.event_callback(move |event| {
+            let me = me.clone();
+            async move { me.on_event(&event) }
+        })
+    }
+
+    fn on_event(&self, event: &async_nats::Event) {
+        use async_nats::Event;
+        match event {
+            Event::SlowConsumer(sid) => {
+                self.inner.dropped.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!(m::NATS_DROPPED_TOTAL).increment(1);
+                let n = {
+                    let mut map = self.inner.by_sid.lock().unwrap_or_else(|p| p.into_inner());
+                    let n = map.entry(*sid).or_insert(0);
+                    *n += 1;
+                    *n
+                };
+                if n == 1 || n % LOG_EVERY == 0 {
+                    tracing::warn!(
+                        sid,
+                        dropped = n,
+                        "nats client dropped messages (slow consumer): callers get no answer"
+                    );
+                }
+            }
+            Event::Connected => {
+                metrics::gauge!(m::NATS_CONNECTED).set(1.0);
+                tracing::info!(event = %event, "nats connection event");
+            }
+            Event::Disconnected => {
+                self.inner.disconnects.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!(m::NATS_DISCONNECTS_TOTAL).increment(1);
+                metrics::gauge!(m::NATS_CONNECTED).set(0.0);
+                tracing::warn!(event = %event, "nats connection event");
+            }
+            _ => tracing::info!(event = %event, "nats connection event"),
+        }
+    }
+
+    /// One message taken by an endpoint loop.
+    pub(crate) fn took(&self) {
+        self.inner.taken.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counters now, with the client's received-message count.
+    pub fn snapshot_with(&self, client: &async_nats::Client) -> NatsEventsSnapshot {
+        let mut s = self.snapshot();
+        s.in_messages = client.statistics().in_messages.load(Ordering::Relaxed);
+        s.not_taken = s.in_messages.saturating_sub(s.taken);
+        metrics::counter!(m::NATS_IN_MESSAGES_TOTAL).absolute(s.in_messages);
+        metrics::counter!(m::INTAKE_TAKEN_TOTAL).absolute(s.taken);
+        s
+    }
+
+    /// The counters now (`in_messages` = 0: see [`NatsEvents::snapshot_with`]).
+    pub fn snapshot(&self) -> NatsEventsSnapshot {
+        NatsEventsSnapshot {
+            taken: self.inner.taken.load(Ordering::Relaxed),
+            in_messages: 0,
+            not_taken: 0,
+            dropped: self.inner.dropped.load(Ordering::Relaxed),
+            dropped_by_sid: self
+                .inner
+                .by_sid
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+            disconnects: self.inner.disconnects.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slow_consumer_events_are_counted_per_sid_and_disconnects_apart() {
+        let e = NatsEvents::new();
+        for sid in [3, 3, 5] {
+            e.on_event(&async_nats::Event::SlowConsumer(sid));
+        }
+        e.on_event(&async_nats::Event::Disconnected);
+        e.on_event(&async_nats::Event::Connected);
+        let s = e.snapshot();
+        assert_eq!(s.dropped, 3);
+        assert_eq!(s.dropped_by_sid, BTreeMap::from([(3, 2), (5, 1)]));
+        assert_eq!(s.disconnects, 1);
+    }
+}
