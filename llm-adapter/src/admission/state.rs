@@ -41,10 +41,12 @@
 //!   the ready queue is served in that order, so session FIFO and per-key FIFO still
 //!   decide when a request becomes ready, and EDF only which ready one goes first;
 //! - an admission never pushes a queued request that fits (global term: start +
-//!   estimate ≤ `answer_by − now`) past its latest start: a new request overtakes only
-//!   those with an estimate of slack, otherwise it goes behind the last one it would
-//!   make late ([`State::edf_place`]) and is refused at once if it does not fit there —
-//!   no admitted request is displaced into a refusal;
+//!   estimate ≤ `answer_by − now`) past its latest start: a new request overtakes a
+//!   queued one only if that one keeps an estimate of slack afterwards, otherwise it
+//!   goes behind the last one it would squeeze ([`State::edf_place`]) and is refused
+//!   at once if it does not fit there — no admitted request is displaced into a
+//!   refusal (requests admitted without a prediction — cold start, `predict = false` —
+//!   take their plain EDF place);
 //! - the overtaking is bounded: under EDF a request is admitted only if its predicted
 //!   start leaves `overtake_share` of its slack (up to `deadline.overtake_share_pct`,
 //!   sized by the share of recent requests with at most half its budget) for earlier
