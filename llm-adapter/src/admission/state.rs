@@ -555,6 +555,11 @@ impl<W> State<W> {
         now: Instant,
     ) -> (ReadyKey, usize) {
         let mut key = (due, id);
+        // The common case (one budget class): due after everything queued, nothing
+        // overtaken, no walk.
+        if self.edf.last_key_value().is_none_or(|(k, _)| *k < key) {
+            return (key, self.edf.len());
+        }
         let pos = self.edf.range(..key).count();
         let mut blocker = None;
         for (i, (k, by)) in self.edf.range(key..).enumerate() {
