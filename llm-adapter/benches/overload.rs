@@ -18,7 +18,8 @@
 //! Scenarios: one worker, sim backend at a fixed 50 ms (capacity 20/s) and log-normal
 //! (median 50 ms, p99 150 ms; mean ≈ 55.9 ms, capacity ≈ 17.9/s), budget 2 s, at
 //! 0.5×, 1.2×, 2× and 5×; then mixed budgets (half 500 ms, half 5 s) at 2× under
-//! `queue_order = "fifo"` (the default) and `"edf"`, ok in time reported per class,
+//! `queue_order = "edf"` (the default: EDF within a bound), `"fifo"`, and EDF without
+//! the overtake share (`deadline.overtake_share_pct = 0`), ok in time reported per class,
 //! in rounds three times as long (a 5 s budget needs them to reach a steady state).
 //!
 //! Run: `cargo bench -p weir-llm-adapter --bench overload`
@@ -244,11 +245,20 @@ fn scenarios() -> Vec<Scenario> {
         }
     }
     if only.is_empty() || only == "mixed" {
-        for order in ["fifo", "edf"] {
+        // (top-level keys before `base`, which ends in a section; sections after it)
+        for (name, top, section) in [
+            ("queue_order=edf (default)", "", ""),
+            ("queue_order=fifo", "queue_order = \"fifo\"\n", ""),
+            (
+                "edf, overtake_share_pct=0",
+                "",
+                "[deadline]\novertake_share_pct = 0\n",
+            ),
+        ] {
             out.push(Scenario {
                 secs_factor: 3,
-                name: format!("mixed 500ms/5s 2x queue_order={order}"),
-                config: format!("queue_order = \"{order}\"\n{base}"),
+                name: format!("mixed 500ms/5s 2x {name}"),
+                config: format!("{top}{base}{section}"),
                 latency: fixed,
                 workers: 1,
                 mean_ms: 50.0,

@@ -201,6 +201,13 @@ pub struct DeadlineConfig {
     pub reply_margin: Duration,
     /// Refuse at admission a request predicted not to finish before its deadline.
     pub predict: bool,
+    /// Under `queue_order = "edf"`: the largest share (percent) of a request's wait
+    /// that requests with earlier deadlines may take from it. A request is admitted
+    /// only if it would still start in time with that share of its slack kept for
+    /// them; the share applied is the share of recent requests with at most half its
+    /// budget, up to this value (one budget class alone keeps none). 0 = plain EDF
+    /// with protected slack.
+    pub overtake_share_pct: u8,
 }
 
 /// Order in which admitted requests that passed their session and key gates get a
@@ -208,14 +215,16 @@ pub struct DeadlineConfig {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum QueueOrder {
-    /// Arrival order (in the ready queue). The default: what was predicted at
-    /// admission holds, since no later request overtakes.
-    #[default]
+    /// Arrival order (in the ready queue): no later request overtakes. Under mixed
+    /// deadlines, long budgets fill the queue and short ones are refused.
     Fifo,
-    /// Earliest deadline first (a request without a deadline counts as due at
-    /// `deadline.max_ms`); ties in arrival order. Short budgets overtake long ones; a
-    /// long one overtaken after admission may then be answered `deadline_exceeded`
-    /// while queued (before its deadline) instead of at admission.
+    /// Earliest deadline first, within a bound (the default): a request without a
+    /// deadline counts as due at `deadline.max_ms`; ties in admission order. A new
+    /// request overtakes queued ones only as far as each of them still starts in time
+    /// (otherwise it goes behind the last one it would make late), so an admitted
+    /// request is not displaced into a refusal; how much of a request's wait earlier
+    /// deadlines may take is bounded by `deadline.overtake_share_pct`.
+    #[default]
     Edf,
 }
 
@@ -480,7 +489,7 @@ impl Config {
             }
         };
         let shutdown_grace = r.millis("shutdown_grace_ms", 10_000, 0..=3_600_000, "")?;
-        let queue_order = match r.string("queue_order", "fifo")?.as_str() {
+        let queue_order = match r.string("queue_order", "edf")?.as_str() {
             "edf" => QueueOrder::Edf,
             "fifo" => QueueOrder::Fifo,
             other => {
@@ -526,6 +535,8 @@ impl Config {
             min_start_budget,
             reply_margin: d.millis("reply_margin_ms", 20, 0..=60_000, "")?,
             predict: d.boolean("predict", true)?,
+            overtake_share_pct: u8::try_from(d.uint("overtake_share_pct", 50, 0..=90, "")?)
+                .unwrap_or(90),
         };
         d.finish()?;
 
@@ -680,6 +691,7 @@ impl Config {
                 "start_budget": if self.deadline.min_start_budget.is_some() { "fixed" } else { "adaptive" },
                 "reply_margin_ms": ms(self.deadline.reply_margin),
                 "predict": self.deadline.predict,
+                "overtake_share_pct": self.deadline.overtake_share_pct,
             },
             "queue_order": self.queue_order,
             "estimator": {
@@ -1379,17 +1391,19 @@ mod tests {
         assert_eq!(c.deadline.min_start_budget, None, "unset = adaptive");
         assert_eq!(c.deadline.reply_margin, Duration::from_millis(20));
         assert!(c.deadline.predict);
-        assert_eq!(c.queue_order, QueueOrder::Fifo);
+        assert_eq!(c.queue_order, QueueOrder::Edf);
+        assert_eq!(c.deadline.overtake_share_pct, 50);
         assert_eq!(c.estimator, EstimatorConfig::default());
         let v = c.capabilities();
         assert_eq!(v["deadline"]["start_budget"], "adaptive");
         assert_eq!(v["deadline"]["reply_margin_ms"], 20);
-        assert_eq!(v["queue_order"], "fifo");
+        assert_eq!(v["queue_order"], "edf");
+        assert_eq!(v["deadline"]["overtake_share_pct"], 50);
         assert_eq!(v["estimator"]["initial_ms"], serde_json::Value::Null);
         assert_eq!(v["estimator"]["quantile"], 0.9);
 
         let c = Config::from_toml_str(
-            "queue_order = \"edf\"\n[deadline]\nmin_start_budget_ms = 0\nreply_margin_ms = 5\npredict = false\n[estimator]\ninitial_ms = 80\nwindow = 32\nhalf_life = 8\nquantile = 0.95",
+            "queue_order = \"fifo\"\n[deadline]\nmin_start_budget_ms = 0\nreply_margin_ms = 5\npredict = false\novertake_share_pct = 0\n[estimator]\ninitial_ms = 80\nwindow = 32\nhalf_life = 8\nquantile = 0.95",
         )
         .expect("valid");
         assert_eq!(
@@ -1400,11 +1414,16 @@ mod tests {
         assert_eq!(c.capabilities()["deadline"]["start_budget"], "fixed");
         assert_eq!(c.deadline.reply_margin, Duration::from_millis(5));
         assert!(!c.deadline.predict);
-        assert_eq!(c.queue_order, QueueOrder::Edf);
+        assert_eq!(c.queue_order, QueueOrder::Fifo);
+        assert_eq!(c.deadline.overtake_share_pct, 0);
         assert_eq!(c.estimator.initial, Some(Duration::from_millis(80)));
         assert_eq!((c.estimator.window, c.estimator.half_life), (32, 8.0));
 
         assert_eq!(err("queue_order = \"lifo\"").key(), "queue_order");
+        assert_eq!(
+            err("[deadline]\novertake_share_pct = 95").key(),
+            "deadline.overtake_share_pct"
+        );
         assert_eq!(
             err("[deadline]\nmin_start_budget_ms = -1").key(),
             "deadline.min_start_budget_ms"

@@ -20,6 +20,9 @@
 //! - admission predicts (from the backend's service-time estimate, `estimator.rs`) and
 //!   refuses at once what cannot finish in time; the prediction only refuses early, the
 //!   checks above stay the guarantee;
+//! - under `queue_order = "edf"` (the default) a new request overtakes queued ones only
+//!   as far as each still starts in time (none is displaced into a refusal), and keeps
+//!   a bounded share of its own slack for earlier deadlines (`state.rs`);
 //! - the state lock is a `std::sync::Mutex` that is never held across an `.await`.
 //!
 //! Time is tokio time, so tests drive everything with `start_paused = true`.

@@ -10,7 +10,7 @@
 //!         ├─ cached (same request id, answered from the completion cache)
 //!         └─ queued ─> Session (FIFO behind the session's active request)
 //!                   ─> Gate(i) (FIFO waiting for a slot of limit i's key)
-//!                   ─> Ready (FIFO waiting for a worker)
+//!                   ─> Ready (waiting for a worker, in `queue_order`)
 //!                   ─> Running (backend call)      ─> retired (answered)
 //! ```
 //!
@@ -36,6 +36,21 @@
 //!   replaces the checks at the start of inference and during it, which are the
 //!   guarantee (a probe — a request admitted onto an idle backend against the
 //!   prediction — is exempt from the adaptive start budget only);
+//! - under EDF (the default) every queued request, wherever it waits, has an order key
+//!   fixed at admission (its due instant, then its admission id) and sits in `edf`;
+//!   the ready queue is served in that order, so session FIFO and per-key FIFO still
+//!   decide when a request becomes ready, and EDF only which ready one goes first;
+//! - an admission never pushes a queued request that fits (global term: start +
+//!   estimate ≤ `answer_by − now`) past its latest start: a new request overtakes a
+//!   queued one only if that one keeps an estimate of slack afterwards, otherwise it
+//!   goes behind the last one it would squeeze ([`State::edf_place`]) and is refused
+//!   at once if it does not fit there — no admitted request is displaced into a
+//!   refusal (requests admitted without a prediction — cold start, `predict = false` —
+//!   take their plain EDF place);
+//! - the overtaking is bounded: under EDF a request is admitted only if its predicted
+//!   start leaves `overtake_share` of its slack (up to `deadline.overtake_share_pct`,
+//!   sized by the share of recent requests with at most half its budget) for earlier
+//!   deadlines; with one budget class the share is 0 and admission is as under FIFO;
 //! - cascades (a release that grants a slot whose holder is then refused at the next
 //!   gate, which releases ...) run from a work list, never by recursion.
 
@@ -159,6 +174,9 @@ struct Entry<W> {
     probe: bool,
     /// Position in the ready queue while Ready.
     ready_key: Option<ReadyKey>,
+    /// Under EDF: position among all queued requests (the ready-queue key once
+    /// Ready), fixed at admission; `None` under FIFO and once Running.
+    order: Option<ReadyKey>,
     stage_since: Instant,
     started_at: Option<Instant>,
     session_slot: Option<SlotGuard>,
@@ -199,6 +217,12 @@ pub(crate) struct State<W> {
     /// Ready entries in the order workers take them ([`QueueOrder`]).
     ready: BTreeMap<ReadyKey, u64>,
     ready_seq: u64,
+    /// Under EDF: every queued request (wherever it waits) by its order key, with its
+    /// `answer_by` — what the placement of a new request reads.
+    edf: BTreeMap<ReadyKey, Option<Instant>>,
+    /// The budgets of the last [`RECENT_BUDGETS`] requests offered with a deadline
+    /// (the overtake share reads them).
+    budgets: VecDeque<Duration>,
     /// Start of each running call (the predictor counts what is left of it).
     running_since: HashMap<u64, Instant>,
     queued: usize,
@@ -210,9 +234,17 @@ pub(crate) struct State<W> {
     epoch: Instant,
 }
 
-/// Ready-queue order: (due instant under EDF, or a constant under FIFO; arrival in the
-/// ready queue).
+/// Ready-queue order: (due instant under EDF, or a constant under FIFO; admission id
+/// under EDF, arrival in the ready queue under FIFO).
 type ReadyKey = (Instant, u64);
+
+/// How many recent budgets the overtake share is taken from.
+const RECENT_BUDGETS: usize = 64;
+
+/// Slack, in service-time estimates, that an overtaken request keeps: a request
+/// squeezed to zero slack by earlier deadlines would miss its start at the first
+/// stall of the machine (measured: late refusals and caller timeouts at 2x mixed).
+const OVERTAKE_GUARD: f64 = 1.0;
 
 /// What the predictor says about a new request.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -221,6 +253,8 @@ pub(crate) struct Prediction {
     pub(crate) start: Duration,
     /// The service-time estimate used.
     pub(crate) estimate: Duration,
+    /// Under EDF: where the request goes among the queued ones.
+    pub(crate) order: ReadyKey,
 }
 
 fn millis(d: Duration) -> u64 {
@@ -269,6 +303,8 @@ impl<W> State<W> {
             gates,
             ready: BTreeMap::new(),
             ready_seq: 0,
+            edf: BTreeMap::new(),
+            budgets: VecDeque::with_capacity(RECENT_BUDGETS),
             running_since: HashMap::new(),
             queued: 0,
             running: 0,
@@ -360,18 +396,21 @@ impl<W> State<W> {
     /// Predicts when a new request would start: the larger of
     /// - the global term: what is left of the running calls plus one estimate per
     ///   queued request ahead of it (under FIFO every queued request, wherever it
-    ///   waits; under EDF those due no later), shared over the workers;
+    ///   waits; under EDF those ahead of its place, [`State::edf_place`]), shared over
+    ///   the workers;
     /// - the session term (ordering on): what is left of its session's active request,
     ///   then one turn of the ready queue (`max(1, (ready + running) / workers)`
     ///   estimates) per request queued behind it and for itself, one after the other;
     /// - each key gate's term: the holders and waiters ahead of it, `limit` at a time.
     ///
-    /// `None` without an estimate (cold start with no seed).
+    /// `due` and `id` are the new request's EDF due instant and admission id. `None`
+    /// without an estimate (cold start with no seed).
     pub(crate) fn predict(
         &self,
         session: Option<&str>,
         keys: &[Option<String>],
-        order: Instant,
+        due: Instant,
+        id: u64,
         now: Instant,
     ) -> Option<Prediction> {
         let est = self.estimator.estimate()?;
@@ -384,15 +423,12 @@ impl<W> State<W> {
         // its session or at a key gate reaches the ready queue later, possibly while
         // this one still waits behind its own session or gate (measured: with session
         // ordering, counting only the ready queue admitted what then came late).
-        let ahead = match self.cfg.queue_order {
-            QueueOrder::Fifo => self.queued,
-            QueueOrder::Edf => self
-                .entries
-                .values()
-                .filter(|e| {
-                    e.stage != Stage::Running && self.due(e.deadline, e.received_at) <= order
-                })
-                .count(),
+        let (ahead, order) = match self.cfg.queue_order {
+            QueueOrder::Fifo => (self.queued, (self.epoch, id)),
+            QueueOrder::Edf => {
+                let (order, ahead) = self.edf_place(due, id, e, running, now);
+                (ahead, order)
+            }
         };
         let mut serial = 0.0f64;
         if self.cfg.session.ordering
@@ -423,25 +459,104 @@ impl<W> State<W> {
                 }
             }
         }
-        let workers = self.cfg.workers.get();
-        let global = if self.running + ahead < workers {
-            0.0
-        } else {
-            (running + ahead as f64 * e) / workers as f64
-        };
+        let global = self.global_start(ahead, e, running);
         Some(Prediction {
             // Finite and non-negative by construction; saturate rather than panic.
             start: Duration::try_from_secs_f64(global.max(serial).max(gate))
                 .unwrap_or(Duration::MAX),
             estimate: est,
+            order,
         })
     }
 
-    /// The ready-queue key of a request becoming ready now.
-    fn ready_key(&mut self, deadline: Option<Instant>, received_at: Instant) -> ReadyKey {
+    /// The global term of the prediction, in seconds, for a request with `ahead`
+    /// queued requests ahead of it (estimate `e` s, `running` s left of the running
+    /// calls): 0 while a worker is free for it.
+    fn global_start(&self, ahead: usize, e: f64, running: f64) -> f64 {
+        let workers = self.cfg.workers.get();
+        if self.running + ahead < workers {
+            0.0
+        } else {
+            (running + ahead as f64 * e) / workers as f64
+        }
+    }
+
+    /// Under EDF: the order key of a new request due at `due` (admission id `id`) and
+    /// how many queued requests are then ahead of it. It goes at its deadline
+    /// position, unless one more estimate ahead would leave a request it overtakes
+    /// with less than [`OVERTAKE_GUARD`] estimates of slack (one that fits now, `start
+    /// + e ≤ answer_by − now`); then it goes behind the last such request. So an
+    /// admission never pushes a queued request past its latest start (on the global
+    /// term): overtaking is bounded by the slack of those overtaken, and nobody is
+    /// displaced into a refusal. Linear in the queue (bounded by `queue_capacity`).
+    fn edf_place(
+        &self,
+        due: Instant,
+        id: u64,
+        e: f64,
+        running: f64,
+        now: Instant,
+    ) -> (ReadyKey, usize) {
+        let mut key = (due, id);
+        // The common case (one budget class): due after everything queued, nothing
+        // overtaken, no walk.
+        if self.edf.last_key_value().is_none_or(|(k, _)| *k < key) {
+            return (key, self.edf.len());
+        }
+        let pos = self.edf.range(..key).count();
+        let mut blocker = None;
+        for (i, (k, by)) in self.edf.range(key..).enumerate() {
+            let Some(by) = by else {
+                continue;
+            };
+            let usable = by.saturating_duration_since(now).as_secs_f64();
+            let at = pos + i;
+            if self.global_start(at, e, running) + e <= usable
+                && self.global_start(at + 1, e, running) + e * (1.0 + OVERTAKE_GUARD) > usable
+            {
+                blocker = Some(k.0);
+            }
+        }
+        match blocker {
+            None => (key, pos),
+            Some(b) => {
+                // Behind the blocker and everything due with it (ids are increasing).
+                key = (b, id);
+                (key, self.edf.range(..key).count())
+            }
+        }
+    }
+
+    /// The share of a request's slack kept for requests with earlier deadlines (EDF):
+    /// the share of recent requests whose budget is at most half of `budget`, up to
+    /// `deadline.overtake_share_pct`. 0 under FIFO and while one budget class alone
+    /// is offered.
+    fn overtake_share(&self, budget: Duration) -> f64 {
+        let max = f64::from(self.cfg.deadline.overtake_share_pct) / 100.0;
+        if self.cfg.queue_order != QueueOrder::Edf || max <= 0.0 || self.budgets.is_empty() {
+            return 0.0;
+        }
+        let half = budget / 2;
+        let shorter = self.budgets.iter().filter(|b| **b <= half).count();
+        (shorter as f64 / self.budgets.len() as f64).min(max)
+    }
+
+    /// Remembers the budget of a request offered with a deadline.
+    fn note_budget(&mut self, budget: Duration) {
+        if self.budgets.len() >= RECENT_BUDGETS {
+            self.budgets.pop_front();
+        }
+        self.budgets.push_back(budget);
+    }
+
+    /// The ready-queue key of a request becoming ready now: its order key under EDF,
+    /// the arrival in the ready queue under FIFO.
+    fn ready_key(&mut self, order: Option<ReadyKey>) -> ReadyKey {
         self.ready_seq += 1;
-        // Under FIFO the first key is a constant: arrival in the ready queue decides.
-        (self.due(deadline, received_at), self.ready_seq)
+        match (self.cfg.queue_order, order) {
+            (QueueOrder::Edf, Some(k)) => k,
+            _ => (self.epoch, self.ready_seq),
+        }
     }
 
     /// The due instant of a request under the queue order (what [`State::predict`]
@@ -531,6 +646,9 @@ impl<W> State<W> {
             .or(self.cfg.deadline.default)
             .map(|b| b.min(self.cfg.deadline.max));
         let deadline = budget.map(|b| sub.received_at + b);
+        if let Some(b) = budget {
+            self.note_budget(b);
+        }
         if let Some(d) = deadline
             && d <= now
         {
@@ -689,30 +807,47 @@ impl<W> State<W> {
 
         // Predictive admission: refuse now what the work ahead would make late. An idle
         // backend always takes the request (a probe: a stale, too high estimate must
-        // be able to come down).
+        // be able to come down). Under EDF a request also keeps a share of its slack
+        // for earlier deadlines (`overtake_share`): the work ahead may fill only the
+        // rest of what it can wait.
         let answer_by =
             deadline.map(|d| d.checked_sub(self.cfg.deadline.reply_margin).unwrap_or(d));
+        let id = self.next_id;
+        let due = self.due(deadline, sub.received_at);
+        let mut order = (due, id);
         let mut probe = false;
         if self.cfg.deadline.predict
             && let (Some(d), Some(by)) = (deadline, answer_by)
-            && let Some(p) = self.predict(
-                sub.session.as_deref(),
-                &keys,
-                self.due(deadline, sub.received_at),
-                now,
-            )
+            && let Some(p) = self.predict(sub.session.as_deref(), &keys, due, id, now)
         {
+            order = p.order;
             let usable = by.saturating_duration_since(now);
-            if p.start.saturating_add(p.estimate) > usable {
+            let share = budget.map_or(0.0, |b| self.overtake_share(b));
+            let room = usable.saturating_sub(p.estimate).mul_f64(1.0 - share);
+            let late = p.start.saturating_add(p.estimate) > usable;
+            if late || p.start > room {
                 if self.running == 0 && self.queued == 0 {
                     probe = true;
                 } else {
                     self.stats.limit_reject(RULE_PREDICTED);
                     let budget = d.saturating_duration_since(now);
+                    let kept = if late {
+                        String::new()
+                    } else {
+                        format!(
+                            ", {:.0} % of the wait kept for earlier deadlines",
+                            100.0 * share
+                        )
+                    };
+                    let over = p
+                        .start
+                        .saturating_add(p.estimate)
+                        .saturating_sub(usable)
+                        .max(p.start.saturating_sub(room));
                     let err = refusal(
                         ErrorCode::DeadlineExceeded,
                         format!(
-                            "predicted to start in {} ms and take {} ms; {} ms left (reply margin {} ms)",
+                            "predicted to start in {} ms and take {} ms; {} ms left (reply margin {} ms){kept}",
                             millis(p.start),
                             millis(p.estimate),
                             millis(budget),
@@ -722,12 +857,7 @@ impl<W> State<W> {
                             predicted_start_ms: Some(millis(p.start)),
                             budget_ms: Some(millis(budget)),
                             estimate_ms: Some(millis_ceil(p.estimate)),
-                            retry_after_ms: Some(
-                                millis_ceil(
-                                    p.start.saturating_add(p.estimate).saturating_sub(usable),
-                                )
-                                .max(1),
-                            ),
+                            retry_after_ms: Some(millis_ceil(over).max(1)),
                             ..Default::default()
                         },
                     );
@@ -738,8 +868,11 @@ impl<W> State<W> {
         }
 
         // Admit.
-        let id = self.next_id;
         self.next_id += 1;
+        let order = (self.cfg.queue_order == QueueOrder::Edf).then_some(order);
+        if let Some(k) = order {
+            self.edf.insert(k, answer_by);
+        }
         let session_slot = match (&sub.session, self.cfg.session.pending_cap) {
             (Some(s), Some(_)) => Some(self.session_slots.acquire(s)),
             _ => None,
@@ -762,6 +895,7 @@ impl<W> State<W> {
             answer_by,
             probe,
             ready_key: None,
+            order,
             stage_since: now,
             started_at: None,
             session_slot,
@@ -955,10 +1089,8 @@ impl<W> State<W> {
             }
         }
         // Through every gate: ready for a worker.
-        if let Some((deadline, received_at)) =
-            self.entries.get(&id).map(|e| (e.deadline, e.received_at))
-        {
-            let key = self.ready_key(deadline, received_at);
+        if let Some(order) = self.entries.get(&id).map(|e| e.order) {
+            let key = self.ready_key(order);
             let Some(e) = self.entries.get_mut(&id) else {
                 return;
             };
@@ -1061,6 +1193,9 @@ impl<W> State<W> {
             self.running -= 1;
         } else {
             self.queued -= 1;
+        }
+        if let Some(k) = e.order.take() {
+            self.edf.remove(&k);
         }
         for t in [e.gate_timer.take(), e.deadline_timer.take()]
             .into_iter()
@@ -1219,6 +1354,9 @@ impl<W> State<W> {
                     self.run(now, fx);
                     continue;
                 }
+            }
+            if let Some(k) = e.order.take() {
+                self.edf.remove(&k);
             }
             e.stage = Stage::Running;
             e.started_at = Some(now);
@@ -1589,6 +1727,25 @@ impl<W> State<W> {
         for (k, id) in &self.ready {
             assert_eq!(self.entries[id].stage, Stage::Ready);
             assert_eq!(self.entries[id].ready_key, Some(*k));
+        }
+        if self.cfg.queue_order == QueueOrder::Edf {
+            assert_eq!(
+                self.edf.len(),
+                self.queued,
+                "every queued request in EDF order"
+            );
+            for e in self.entries.values() {
+                match e.stage {
+                    Stage::Running => assert_eq!(e.order, None),
+                    Stage::Ready => assert_eq!(e.order, e.ready_key, "ready in EDF order"),
+                    _ => {}
+                }
+                if let Some(k) = e.order {
+                    assert_eq!(self.edf.get(&k), Some(&e.answer_by));
+                }
+            }
+        } else {
+            assert!(self.edf.is_empty());
         }
         assert_eq!(self.running_since.len(), self.running, "running starts");
         for (gi, g) in self.gates.iter().enumerate() {

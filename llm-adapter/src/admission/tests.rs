@@ -66,14 +66,17 @@ fn cfg(workers: usize, capacity: usize) -> AdmissionConfig {
     AdmissionConfig {
         workers: NonZeroUsize::new(workers).expect("non-zero"),
         queue_capacity: NonZeroUsize::new(capacity).expect("non-zero"),
-        // The deadline rules these tests were written for: a fixed start budget of 0
-        // and no reply margin (the adaptive defaults have their own tests below).
+        // The rules these tests were written for: FIFO order, a fixed start budget of 0
+        // and no reply margin (the defaults — EDF, adaptive — have their own tests
+        // below; the randomized workload runs under both orders).
+        queue_order: QueueOrder::Fifo,
         deadline: DeadlineConfig {
             default: None,
             max: Duration::from_secs(600),
             min_start_budget: Some(Duration::ZERO),
             reply_margin: Duration::ZERO,
             predict: true,
+            overtake_share_pct: 50,
         },
         ..AdmissionConfig::default()
     }
@@ -888,9 +891,10 @@ async fn random_workload_keeps_invariants_and_answers_everyone_once() {
     use rand::rngs::SmallRng;
     use rand::{Rng, SeedableRng};
 
-    for seed in 0..4u64 {
+    for (seed, order) in (0..4u64).flat_map(|s| [(s, QueueOrder::Fifo), (s, QueueOrder::Edf)]) {
         let mut rng = SmallRng::seed_from_u64(seed);
         let mut c = cfg(3, 12);
+        c.queue_order = order;
         c.session.pending_cap = NonZeroUsize::new(3);
         c.idempotency = Some(IdempotencyConfig {
             window: Duration::from_millis(200),
@@ -1230,4 +1234,205 @@ async fn predictor_sees_the_busier_of_two_key_gates_whatever_their_order() {
         a.check_invariants();
         a.shutdown().await;
     }
+}
+
+// ------------------------------------------------- EDF within a bound (the default)
+//
+// The defaults (EDF, overtake share 50 %, adaptive start budget, 20 ms reply margin)
+// with only `workers` set and the estimate seeded at the backend's 50 ms.
+
+fn edf(workers: usize) -> AdmissionConfig {
+    let mut c = defaults(workers);
+    assert_eq!(c.queue_order, QueueOrder::Edf, "the default order");
+    c.estimator.initial = Some(Duration::from_millis(50));
+    c
+}
+
+fn long(name: &str) -> Submission {
+    Submission::new(format!("ok:50:{name}")).budget(Duration::from_secs(5))
+}
+
+#[tokio::test(start_paused = true)]
+async fn edf_a_short_request_overtakes_long_ones_that_have_room() {
+    let script = Script::default();
+    let a = start(edf(1), script.clone());
+    let (_, l1) = a.call(long("l1")).await;
+    settle().await;
+    let (_, l2) = a.call(long("l2")).await;
+    let (_, l3) = a.call(long("l3")).await;
+    // Due in 500 ms, ahead of l2 and l3 (due in 5 s, with seconds of slack): it is
+    // predicted to start when l1 is done, not behind l2 and l3.
+    let (ad, s) = a
+        .call(Submission::new("ok:50:short").budget(Duration::from_millis(500)))
+        .await;
+    assert_eq!(ad, Admitted::Queued);
+    a.check_invariants();
+    let t0 = Instant::now();
+    for rx in [l1, s, l2, l3] {
+        assert_eq!(code(rx).await, None, "nobody refused");
+    }
+    assert_eq!(t0.elapsed(), Duration::from_millis(200));
+    assert_eq!(
+        script.calls(),
+        ["ok:50:l1", "ok:50:short", "ok:50:l2", "ok:50:l3"]
+    );
+    a.check_invariants();
+    a.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn edf_a_short_request_never_displaces_an_admitted_one_into_a_refusal() {
+    let script = Script::default();
+    let a = start(edf(1), script.clone());
+    let (_, r) = a.call(long("running")).await;
+    settle().await;
+    // `tight` starts at 50 ms and must be done by 120 − 20 = 100 ms: it fits, with no
+    // slack left.
+    let (ad, tight) = a
+        .call(Submission::new("ok:50:tight").budget(Duration::from_millis(120)))
+        .await;
+    assert_eq!(ad, Admitted::Queued);
+    // `short` is due earlier (110 ms) but overtaking `tight` would make it late: it
+    // goes behind it, where it cannot finish (start 100 ms, done 150 ms > 90 ms), and
+    // is refused at once with the details — `tight` is not displaced.
+    let (ad, short) = a
+        .call(Submission::new("ok:50:short").budget(Duration::from_millis(110)))
+        .await;
+    assert_eq!(ad, Admitted::Refused(ErrorCode::DeadlineExceeded));
+    let out = answer(short).await;
+    assert_eq!(out.queue_time, Duration::ZERO, "refused at receipt");
+    let err = out.result.as_ref().expect_err("refused");
+    assert_eq!(err.details.predicted_start_ms, Some(100));
+    assert_eq!(err.details.budget_ms, Some(110));
+    assert_eq!(err.details.estimate_ms, Some(50));
+    assert_eq!(
+        err.details.retry_after_ms,
+        Some(60),
+        "100 + 50 − (110 − 20)"
+    );
+    // A short one with room after `tight` is due overtakes the long queued ones only.
+    let (_, l2) = a.call(long("l2")).await;
+    let (ad, s2) = a
+        .call(Submission::new("ok:50:s2").budget(Duration::from_millis(300)))
+        .await;
+    assert_eq!(ad, Admitted::Queued);
+    for rx in [r, tight, s2, l2] {
+        assert_eq!(code(rx).await, None);
+    }
+    assert_eq!(
+        script.calls(),
+        ["ok:50:running", "ok:50:tight", "ok:50:s2", "ok:50:l2"]
+    );
+    assert_eq!(a.stats().started_after_deadline, 0);
+    a.check_invariants();
+    a.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn edf_keeps_session_fifo_and_key_gates() {
+    let script = Script::default();
+    let mut c = edf(2);
+    c.limits = vec![limit(
+        "client",
+        KeySource::Client,
+        1,
+        OnBusy::Wait {
+            max_wait: Duration::from_secs(10),
+            max_waiters: 10,
+        },
+    )];
+    let a = start(c, script.clone());
+    // Session s: a long request, then a short one — the short one's earlier deadline
+    // does not let it pass its own session's earlier request.
+    let (_, s1) = a
+        .call(
+            Submission::new("ok:50:s1")
+                .session("s")
+                .budget(Duration::from_secs(5)),
+        )
+        .await;
+    let (_, s2) = a
+        .call(
+            Submission::new("ok:50:s2")
+                .session("s")
+                .budget(Duration::from_millis(400)),
+        )
+        .await;
+    // Client k: the same at a key gate (limit 1, FIFO per key).
+    let (_, k1) = a
+        .call(
+            Submission::new("ok:50:k1")
+                .client_key("k")
+                .budget(Duration::from_secs(5)),
+        )
+        .await;
+    let (_, k2) = a
+        .call(
+            Submission::new("ok:50:k2")
+                .client_key("k")
+                .budget(Duration::from_millis(400)),
+        )
+        .await;
+    a.check_invariants();
+    for rx in [s1, s2, k1, k2] {
+        assert_eq!(code(rx).await, None);
+    }
+    let calls = script.calls();
+    let at = |b: &str| calls.iter().position(|c| c == b).expect("called");
+    assert!(at("ok:50:s1") < at("ok:50:s2"), "session FIFO: {calls:?}");
+    assert!(at("ok:50:k1") < at("ok:50:k2"), "key FIFO: {calls:?}");
+    a.check_invariants();
+    a.shutdown().await;
+}
+
+/// Half the requests with 500 ms budgets, half with 5 s, at twice the capacity (one
+/// worker, 50 ms): both classes get a share, a long one is refused only when the
+/// queue holds more than it may fill, and every refusal is at receipt.
+#[tokio::test(start_paused = true)]
+async fn edf_mixed_budgets_at_twice_the_capacity_share_the_backend() {
+    let a = start(edf(1), SimBackend::fixed(Duration::from_millis(50)));
+    let mut rxs = Vec::new();
+    for i in 0..400u64 {
+        let budget = if i % 2 == 0 { 500 } else { 5000 };
+        let (_, rx) = a
+            .call(Submission::new(format!("{i}")).budget(Duration::from_millis(budget)))
+            .await;
+        rxs.push((budget, rx));
+        sleep(Duration::from_millis(25)).await;
+    }
+    let mut ok: HashMap<u64, usize> = HashMap::new();
+    let mut refused_long = None;
+    for (budget, rx) in rxs {
+        let out = answer(rx).await;
+        match out.error_code() {
+            None => *ok.entry(budget).or_default() += 1,
+            Some(ErrorCode::DeadlineExceeded) => {
+                assert!(out.inference_time.is_none(), "never started");
+                assert_eq!(out.queue_time, Duration::ZERO, "refused at receipt");
+                if budget == 5000 {
+                    refused_long.get_or_insert(out);
+                }
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let (short, long) = (ok[&500], ok[&5000]);
+    // 10 s at 20/s: ~200 answered ok plus the drained queue, about half each.
+    // (Measured here: 149 short, 100 long.)
+    assert!(short >= 100 && long >= 80, "short {short} long {long}");
+    assert!(short + long >= 195, "short {short} long {long}");
+    // A long one is refused by the share kept for earlier deadlines, not because it
+    // could not start in time: its predicted start was well inside its budget.
+    let err = refused_long.expect("some long refused");
+    let err = err.result.as_ref().expect_err("refused");
+    assert!(
+        err.message.contains("kept for earlier deadlines"),
+        "{}",
+        err.message
+    );
+    assert!(err.details.predicted_start_ms.expect("predicted") < 4000);
+    assert!(err.details.retry_after_ms.is_some());
+    assert_eq!(a.stats().started_after_deadline, 0);
+    a.check_invariants();
+    a.shutdown().await;
 }
