@@ -28,8 +28,15 @@ use weir_protocol::partition::{DEFAULT_STREAM_TEMPLATE, MAX_PARTITIONS};
 
 use crate::error::{ConfigError, ConfigErrorKind};
 
-/// Prefix of the environment variables: `WEIR_INGRESS_MAX_BYTES` sets `max_bytes`.
+/// Prefix of the environment variables: `WEIR_INGRESS_MAX_BYTES` sets `max_bytes`. A
+/// variable under it that is not a key is refused (exit 2, naming it), except those in
+/// [`ENV_NOT_KEYS`].
 pub const ENV_PREFIX: &str = "WEIR_INGRESS_";
+
+/// Variables under [`ENV_PREFIX`] that belong to other tools and are not keys:
+/// `WEIR_INGRESS_BIN` (where the load test finds this binary; it is inherited by the
+/// ingress it starts).
+pub const ENV_NOT_KEYS: &[&str] = &["BIN"];
 
 /// Default byte budget per stream: 0.5 s of 16 kHz s16le mono (25 frames of 20 ms).
 pub const DEFAULT_MAX_BYTES: usize = 16_000;
@@ -1405,12 +1412,13 @@ impl Config {
             let Some(key) = name.strip_prefix(ENV_PREFIX) else {
                 continue;
             };
-            let key = key.to_ascii_lowercase();
-            // Variables under the prefix that are not keys (e.g. a test harness's own
-            // settings) are left alone; a typo shows up as "key not set".
-            if let Some(spec) = spec(&key) {
-                raw.set(spec.name, parse_text(spec, value, name)?);
+            if ENV_NOT_KEYS.contains(&key) {
+                continue;
             }
+            // A misspelled variable is refused like a misspelled key: silently
+            // ignoring it would run with the default the operator meant to change.
+            let spec = spec(&key.to_ascii_lowercase()).ok_or_else(|| unknown_key(name))?;
+            raw.set(spec.name, parse_text(spec, value, name)?);
         }
         for (name, value) in &sources.overrides {
             let spec = spec(name).ok_or_else(|| unknown_key(name))?;
@@ -1922,7 +1930,7 @@ mod tests {
                 ("WEIR_INGRESS_MAX_BYTES", "32000"),
                 ("WEIR_INGRESS_POLICY", "gap"),
                 ("WEIR_INGRESS_EXTENDED_CONSUMERS", "true"),
-                ("WEIR_INGRESS_SOMETHING_ELSE", "ignored"),
+                ("WEIR_INGRESS_BIN", "/usr/bin/audio-ingress"),
                 ("PATH", "/bin"),
             ],
             &[("max_bytes", "48000")],
@@ -1971,6 +1979,10 @@ mod tests {
         let err = load(&[], &[("max_byte", "1")]).expect_err("typo");
         assert_eq!(err.kind(), ConfigErrorKind::UnknownKey);
         assert_eq!(err.key(), "max_byte");
+        // A misspelled environment variable too (it used to be ignored silently).
+        let err = load(&[("WEIR_INGRESS_MAX_BYTE", "32000")], &[]).expect_err("typo");
+        assert_eq!(err.kind(), ConfigErrorKind::UnknownKey);
+        assert_eq!(err.key(), "WEIR_INGRESS_MAX_BYTE");
 
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("c.toml");
