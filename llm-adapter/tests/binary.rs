@@ -189,3 +189,62 @@ fn invalid_configuration_is_refused_with_the_key_named() {
     let caps: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(caps["session"]["pending_cap"], serde_json::Value::Null);
 }
+
+/// Threads of the tokio runtime's workers in process `pid` (Linux `/proc`).
+fn runtime_workers(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("tasks")
+        .filter_map(Result::ok)
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.starts_with("tokio-rt-worker"))
+        })
+        .count()
+}
+
+/// `--threads` sizes the runtime (it used to be parsed and ignored): 1 runs the
+/// adapter on the current thread (no worker threads), 3 starts 3 workers; 0 is refused.
+#[tokio::test]
+async fn threads_flag_sizes_the_runtime() {
+    let server = weir_testkit::NatsServer::start().expect("nats-server");
+    for (threads, workers) in [("1", 0), ("3", 3)] {
+        let mut child = Child(
+            Command::new(BIN)
+                .args([
+                    "serve",
+                    "--admin",
+                    "127.0.0.1:0",
+                    "--nats-url",
+                    server.url(),
+                ])
+                .args(["--threads", threads])
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn"),
+        );
+        let stdout = child.0.stdout.take().expect("stdout");
+        let line = tokio::task::spawn_blocking(move || {
+            let mut line = String::new();
+            BufReader::new(stdout).read_line(&mut line).map(|_| line)
+        });
+        let line = tokio::time::timeout(STEP, line)
+            .await
+            .expect("ready in time")
+            .expect("join")
+            .expect("read");
+        assert!(line.contains("\"ready\""), "{line}");
+        assert_eq!(
+            runtime_workers(child.0.id()),
+            workers,
+            "--threads {threads}"
+        );
+    }
+    let out = Command::new(BIN)
+        .args(["serve", "--threads", "0"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--threads"));
+}

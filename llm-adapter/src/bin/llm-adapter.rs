@@ -58,8 +58,8 @@ struct ServeArgs {
     admin: Option<String>,
     /// Runtime worker threads (default: one per core; 1 = a single-threaded runtime,
     /// a good choice on small machines shared with nats-server).
-    #[arg(long, env = "WEIR_LLM_THREADS")]
-    threads: Option<usize>,
+    #[arg(long, env = "WEIR_LLM_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    threads: Option<u16>,
     /// Log format on stderr.
     #[arg(long, env = "WEIR_LLM_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -233,6 +233,20 @@ fn fixed_mmap_threshold() {
     eprintln!("llm-adapter: re-exec with {MALLOC_MMAP_VAR} failed ({err}); continuing");
 }
 
+/// The runtime `--threads` asks for: 1 = the current-thread runtime, N = N workers,
+/// unset = one worker per core. (The option used to be parsed and ignored.)
+fn runtime_builder(threads: Option<u16>) -> tokio::runtime::Builder {
+    match threads {
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        Some(n) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(usize::from(n.max(1)));
+            b
+        }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    }
+}
+
 fn main() -> ExitCode {
     fixed_mmap_threshold();
     let cli = Cli::parse();
@@ -255,10 +269,7 @@ fn main() -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime_builder(args.threads).enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("llm-adapter: tokio runtime: {e}");
