@@ -337,8 +337,9 @@ pub struct BackendConfig {
     pub kind: BackendKind,
 }
 
-/// `[nats]`: the adapter's own connection.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// `[nats]`: the adapter's own connection. `Debug` redacts the password, the token and
+/// the NKey seed (configuration is logged and printed in errors).
+#[derive(Clone, PartialEq, Eq)]
 pub struct NatsConfig {
     /// Server URL(s), comma-separated.
     pub url: String,
@@ -371,6 +372,29 @@ pub struct NatsConfig {
     pub subscription_capacity: usize,
     /// Bound on publishing one reply (the publish call waits without limit otherwise).
     pub publish_timeout: Duration,
+}
+
+impl std::fmt::Debug for NatsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secret = |v: &Option<String>| v.as_ref().map(|_| "<redacted>");
+        f.debug_struct("NatsConfig")
+            .field("url", &self.url)
+            .field("name", &self.name)
+            .field("user", &self.user)
+            .field("password", &secret(&self.password))
+            .field("token", &secret(&self.token))
+            .field("nkey", &secret(&self.nkey))
+            .field("creds_file", &self.creds_file)
+            .field("tls_required", &self.tls_required)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_cert_file", &self.tls_cert_file)
+            .field("tls_key_file", &self.tls_key_file)
+            .field("connection_timeout", &self.connection_timeout)
+            .field("ping_interval", &self.ping_interval)
+            .field("subscription_capacity", &self.subscription_capacity)
+            .field("publish_timeout", &self.publish_timeout)
+            .finish()
+    }
 }
 
 /// `[service]`: the NATS micro service.
@@ -1365,6 +1389,23 @@ mod tests {
 
     fn err(text: &str) -> ConfigError {
         Config::from_toml_str(text).expect_err("must be refused")
+    }
+
+    #[test]
+    fn nats_secrets_never_appear_in_debug_output() {
+        let mut c = Config::default();
+        c.nats.user = Some("weir".into());
+        c.nats.password = Some("pa55-word".into());
+        c.nats.token = Some("t0ken-value".into());
+        c.nats.nkey = Some("SUAKSEEDVALUE".into());
+        let shown = format!("{c:?}");
+        for secret in ["pa55-word", "t0ken-value", "SUAKSEEDVALUE"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(
+            shown.contains("weir") && shown.contains("<redacted>"),
+            "{shown}"
+        );
     }
 
     #[test]
