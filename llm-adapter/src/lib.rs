@@ -160,8 +160,21 @@ pub async fn connect_with_events(
     if let (Some(cert), Some(key)) = (&cfg.tls_cert_file, &cfg.tls_key_file) {
         opts = opts.add_client_certificate(cert.clone(), key.clone());
     }
+    // A comma-separated list: each URL parsed on its own (async-nats reads a single
+    // string as one address, so "nats://a:1,nats://b:2" failed with "invalid port").
+    let urls = cfg
+        .url
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(|u| {
+            u.parse::<async_nats::ServerAddr>().map_err(|e| {
+                StartError::new(StartErrorKind::Connect, format!("nats.url {u:?}: {e}"))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let client = opts
-        .connect(cfg.url.as_str())
+        .connect(urls)
         .await
         .map_err(|e| StartError::new(StartErrorKind::Connect, format!("nats {}: {e}", cfg.url)))?;
     ::metrics::gauge!(metrics::NATS_CONNECTED).set(1.0);

@@ -248,3 +248,38 @@ async fn threads_flag_sizes_the_runtime() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--threads"));
 }
+
+/// `--nats-url` takes a comma-separated list, as the docs say: the adapter connects to
+/// whichever server answers (it used to exit 1 with "invalid port number").
+#[tokio::test]
+async fn nats_url_list_connects_to_a_live_server() {
+    let server = weir_testkit::NatsServer::start().expect("nats-server");
+    let list = format!("nats://127.0.0.1:1,{}", server.url());
+    let mut child = Child(
+        Command::new(BIN)
+            .args(["serve", "--admin", "127.0.0.1:0", "--nats-url", &list])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn"),
+    );
+    let stdout = child.0.stdout.take().expect("stdout");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).map(|_| line)
+    });
+    let line = tokio::time::timeout(STEP, line)
+        .await
+        .expect("ready in time")
+        .expect("join")
+        .expect("read");
+    assert!(line.contains("\"ready\""), "not ready: {line:?}");
+    let client = LlmClient::new(connect(server.url()).await, "llm.infer");
+    let reply = client
+        .request(r#"{"prompt":"hi"}"#)
+        .timeout(STEP)
+        .send()
+        .await;
+    assert!(reply.is_ok(), "{reply:?}");
+}
