@@ -22,7 +22,7 @@ use crate::stream::Ingress;
 pub struct AdminState<S: Sink> {
     /// The producer core.
     pub ingress: Ingress<S>,
-    /// The Prometheus recorder's handle (`None`: `/metrics` answers 503).
+    /// The Prometheus recorder's handle (`None`: `/metrics` answers 404 `no_recorder`).
     pub prometheus: Option<PrometheusHandle>,
     /// `max_streams` of the front door, for `/v1/limits`.
     pub max_streams: usize,
@@ -40,6 +40,7 @@ pub fn router<S: Sink>(state: AdminState<S>) -> Router {
         .route("/v1/streams", get(streams::<S>))
         .route("/v1/stats", get(stats::<S>))
         .route("/v1/limits", get(limits::<S>))
+        .fallback(|| async { not_found("not_found", "no such admin endpoint") })
         .with_state(state)
 }
 
@@ -54,12 +55,19 @@ async fn metrics_text<S: Sink>(State(state): State<AdminState<S>>) -> Response {
             )
                 .into_response()
         }
-        None => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no metrics recorder installed\n",
-        )
-            .into_response(),
+        // Not a transient state (the process runs without a recorder): 404 with the JSON
+        // error body, the same answer as the LLM adapter's.
+        None => not_found("no_recorder", "no metrics recorder installed"),
     }
+}
+
+/// A 404 with the JSON error body every refusal carries.
+fn not_found(code: &str, message: &str) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        axum::Json(json!({"error": {"code": code, "message": message}})),
+    )
+        .into_response()
 }
 
 async fn readyz<S: Sink>(State(state): State<AdminState<S>>) -> Response {
@@ -104,4 +112,52 @@ async fn limits<S: Sink>(State(state): State<AdminState<S>>) -> Response {
         "edge": state.edge,
     }))
     .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::StreamConfig;
+    use crate::stream_tests::MemorySink;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, serde_json::Value) {
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.expect("write");
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.expect("read");
+        let text = String::from_utf8_lossy(&buf).to_string();
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        (status, serde_json::from_str(body).unwrap_or_default())
+    }
+
+    /// Without a recorder `/metrics` is a 404 with the JSON error body, like the LLM
+    /// adapter's (it was a plain-text 503); unknown paths get the JSON 404 too.
+    #[tokio::test]
+    async fn metrics_without_a_recorder_and_unknown_paths_are_json_404s() {
+        let app = router(AdminState {
+            ingress: Ingress::new(MemorySink::confirming(), StreamConfig::default()),
+            prometheus: None,
+            max_streams: 1,
+            edge: serde_json::Value::Null,
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        for (path, code) in [("/metrics", "no_recorder"), ("/nope", "not_found")] {
+            let (status, body) = get(addr, path).await;
+            assert_eq!(status, 404, "{path}");
+            assert_eq!(body["error"]["code"], code, "{path}: {body}");
+        }
+        assert_eq!(get(addr, "/readyz").await.0, 200);
+        server.abort();
+    }
 }
