@@ -935,6 +935,29 @@ fn read_nats(r: &mut Reader<'_>, queue_capacity: usize) -> Result<NatsConfig, Co
             "user and password go together",
         ));
     }
+    let token = n.opt_string("token")?;
+    let nkey = n.opt_string("nkey")?;
+    let creds_file = n.opt_string("creds_file")?.map(PathBuf::from);
+    // Exactly one way to authenticate: the client would otherwise send several, and the
+    // server picks one the operator did not choose (the ingress refuses this too).
+    let methods: Vec<&str> = [
+        (user.is_some(), "user/password"),
+        (token.is_some(), "token"),
+        (nkey.is_some(), "nkey"),
+        (creds_file.is_some(), "creds_file"),
+    ]
+    .into_iter()
+    .filter_map(|(set, name)| set.then_some(name))
+    .collect();
+    if methods.len() > 1 {
+        return Err(ConfigError::invalid(
+            n.key(if token.is_some() { "token" } else { "nkey" }),
+            format!(
+                "one authentication method at a time; set: {}",
+                methods.join(", ")
+            ),
+        ));
+    }
     let tls_cert_file = n.opt_string("tls_cert_file")?.map(PathBuf::from);
     let tls_key_file = n.opt_string("tls_key_file")?.map(PathBuf::from);
     if tls_cert_file.is_some() != tls_key_file.is_some() {
@@ -948,9 +971,9 @@ fn read_nats(r: &mut Reader<'_>, queue_capacity: usize) -> Result<NatsConfig, Co
         name: n.string("name", "weir-llm-adapter")?,
         user,
         password,
-        token: n.opt_string("token")?,
-        nkey: n.opt_string("nkey")?,
-        creds_file: n.opt_string("creds_file")?.map(PathBuf::from),
+        token,
+        nkey,
+        creds_file,
         tls_required: n.boolean("tls_required", false)?,
         tls_ca_file: n.opt_string("tls_ca_file")?.map(PathBuf::from),
         tls_cert_file,
@@ -1389,6 +1412,16 @@ mod tests {
 
     fn err(text: &str) -> ConfigError {
         Config::from_toml_str(text).expect_err("must be refused")
+    }
+
+    #[test]
+    fn one_nats_auth_method_at_a_time() {
+        let e = err("[nats]\nuser = \"u\"\npassword = \"p\"\ntoken = \"t\"\n");
+        assert!(e.to_string().contains("nats.token"), "{e}");
+        assert!(e.to_string().contains("user/password, token"), "{e}");
+        let e = err("[nats]\ntoken = \"t\"\nnkey = \"SUAK\"\n");
+        assert!(e.to_string().contains("one authentication method"), "{e}");
+        assert!(Config::from_toml_str("[nats]\ntoken = \"t\"\n").is_ok());
     }
 
     #[test]
