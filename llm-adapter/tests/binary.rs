@@ -283,3 +283,53 @@ async fn nats_url_list_connects_to_a_live_server() {
         .await;
     assert!(reply.is_ok(), "{reply:?}");
 }
+
+/// `/readyz` answers 503 while NATS is gone and 200 again once it is back.
+#[tokio::test]
+async fn readyz_is_503_while_nats_is_gone() {
+    let mut server = weir_testkit::NatsServer::start().expect("nats-server");
+    let mut child = Child(
+        Command::new(BIN)
+            .args([
+                "serve",
+                "--admin",
+                "127.0.0.1:0",
+                "--nats-url",
+                server.url(),
+            ])
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn"),
+    );
+    let stdout = child.0.stdout.take().expect("stdout");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).map(|_| line)
+    });
+    let line = tokio::time::timeout(STEP, line)
+        .await
+        .expect("ready in time")
+        .expect("join")
+        .expect("read");
+    let ready: serde_json::Value = serde_json::from_str(&line).expect("ready line is JSON");
+    let readyz = format!("http://{}/readyz", ready["admin"].as_str().expect("admin"));
+    let wait_for = |want: u16| {
+        let readyz = readyz.clone();
+        async move {
+            for _ in 0..200 {
+                if get(&readyz).await.0 == want {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            false
+        }
+    };
+    assert!(wait_for(200).await, "ready with NATS up");
+    server.kill().expect("kill");
+    assert!(wait_for(503).await, "/readyz 503 with NATS gone");
+    server.restart().expect("restart");
+    assert!(wait_for(200).await, "ready again after the restart");
+}
