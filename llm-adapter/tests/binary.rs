@@ -287,7 +287,7 @@ async fn nats_url_list_connects_to_a_live_server() {
 /// `/readyz` answers 503 while NATS is gone and 200 again once it is back.
 #[tokio::test]
 async fn readyz_is_503_while_nats_is_gone() {
-    let mut server = weir_testkit::NatsServer::start().expect("nats-server");
+    let server = weir_testkit::NatsServer::start().expect("nats-server");
     let mut child = Child(
         Command::new(BIN)
             .args([
