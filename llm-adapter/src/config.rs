@@ -372,6 +372,10 @@ pub struct NatsConfig {
     pub subscription_capacity: usize,
     /// Bound on publishing one reply (the publish call waits without limit otherwise).
     pub publish_timeout: Duration,
+    /// Start even when no server answers yet, and keep trying in the background
+    /// (`/readyz` answers 503 until connected); `false`: the first connection must
+    /// succeed or the adapter exits.
+    pub retry_initial_connect: bool,
 }
 
 impl std::fmt::Debug for NatsConfig {
@@ -393,6 +397,7 @@ impl std::fmt::Debug for NatsConfig {
             .field("ping_interval", &self.ping_interval)
             .field("subscription_capacity", &self.subscription_capacity)
             .field("publish_timeout", &self.publish_timeout)
+            .field("retry_initial_connect", &self.retry_initial_connect)
             .finish()
     }
 }
@@ -982,6 +987,7 @@ fn read_nats(r: &mut Reader<'_>, queue_capacity: usize) -> Result<NatsConfig, Co
         ping_interval: n.millis("ping_interval_ms", 10_000, 100..=3_600_000, "")?,
         subscription_capacity: subscription_capacity(&mut n, queue_capacity)?,
         publish_timeout: n.millis("publish_timeout_ms", 1_000, 1..=600_000, "")?,
+        retry_initial_connect: n.boolean("retry_initial_connect", true)?,
     };
     n.finish()?;
     Ok(cfg)

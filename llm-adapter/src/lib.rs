@@ -137,6 +137,9 @@ pub async fn connect_with_events(
             .subscription_capacity(cfg.subscription_capacity)
             .require_tls(cfg.tls_required),
     );
+    if cfg.retry_initial_connect {
+        opts = opts.retry_on_initial_connect();
+    }
     if let (Some(u), Some(p)) = (&cfg.user, &cfg.password) {
         opts = opts.user_and_password(u.clone(), p.clone());
     }

@@ -333,3 +333,54 @@ async fn readyz_is_503_while_nats_is_gone() {
     server.restart().expect("restart");
     assert!(wait_for(200).await, "ready again after the restart");
 }
+
+/// NATS down at start: the adapter starts anyway (it used to exit 1), answers `/readyz`
+/// 503, connects when the server appears, and serves.
+#[tokio::test]
+async fn starts_with_nats_down_and_serves_once_it_is_up() {
+    let server = weir_testkit::NatsServer::start().expect("nats-server");
+    server
+        .kill()
+        .expect("kill: the port is known, nothing listens");
+    let mut child = Child(
+        Command::new(BIN)
+            .args([
+                "serve",
+                "--admin",
+                "127.0.0.1:0",
+                "--nats-url",
+                server.url(),
+            ])
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn"),
+    );
+    let stdout = child.0.stdout.take().expect("stdout");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).map(|_| line)
+    });
+    let line = tokio::time::timeout(STEP, line)
+        .await
+        .expect("ready in time, without NATS")
+        .expect("join")
+        .expect("read");
+    let ready: serde_json::Value = serde_json::from_str(&line).expect("ready line is JSON");
+    let readyz = format!("http://{}/readyz", ready["admin"].as_str().expect("admin"));
+    assert_eq!(get(&readyz).await.0, 503, "not ready without NATS");
+    server.restart().expect("start the server");
+    let mut up = false;
+    for _ in 0..200 {
+        if get(&readyz).await.0 == 200 {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(up, "ready once NATS is up");
+    let client = LlmClient::new(connect(server.url()).await, "llm.infer");
+    let reply = client.request("hello").timeout(STEP).send().await;
+    assert_eq!(&reply.expect("answered").body[..], b"hello");
+}
