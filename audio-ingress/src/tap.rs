@@ -85,6 +85,85 @@ pub struct TapArgs {
     /// Stop after this many seconds.
     #[arg(long = "for", value_name = "SECONDS", value_parser = parse_seconds)]
     pub duration: Option<Duration>,
+    /// NATS user (with `--password`); one authentication method at a time.
+    #[arg(long, env = "WEIR_TAP_NATS_USER", requires = "password",
+          conflicts_with_all = ["token", "nkey", "creds_file"])]
+    pub user: Option<String>,
+    /// NATS password (with `--user`); better from the environment.
+    #[arg(
+        long,
+        env = "WEIR_TAP_NATS_PASSWORD",
+        hide_env_values = true,
+        requires = "user"
+    )]
+    pub password: Option<String>,
+    /// NATS token; better from the environment.
+    #[arg(long, env = "WEIR_TAP_NATS_TOKEN", hide_env_values = true,
+          conflicts_with_all = ["nkey", "creds_file"])]
+    pub token: Option<String>,
+    /// NATS NKey seed; better from the environment.
+    #[arg(
+        long,
+        env = "WEIR_TAP_NATS_NKEY",
+        hide_env_values = true,
+        conflicts_with = "creds_file"
+    )]
+    pub nkey: Option<String>,
+    /// NATS credentials file (JWT + NKey).
+    #[arg(long = "creds-file", env = "WEIR_TAP_NATS_CREDS_FILE")]
+    pub creds_file: Option<std::path::PathBuf>,
+    /// Require TLS.
+    #[arg(long)]
+    pub tls_required: bool,
+    /// Extra root CA, PEM.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca_file: Option<std::path::PathBuf>,
+    /// Client certificate, PEM (with `--tls-key-file`).
+    #[arg(long, value_name = "FILE", requires = "tls_key_file")]
+    pub tls_cert_file: Option<std::path::PathBuf>,
+    /// Client key, PEM (with `--tls-cert-file`).
+    #[arg(long, value_name = "FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<std::path::PathBuf>,
+}
+
+impl TapArgs {
+    /// The connection settings, through the same code as `serve`'s (one auth method,
+    /// TLS); the tap's own timeouts and subscription capacity are set on top.
+    fn nats_config(&self) -> crate::config::NatsConfig {
+        use crate::config::{NatsAuth, NatsConfig, NatsTls};
+        let auth = match (
+            &self.user,
+            &self.password,
+            &self.token,
+            &self.nkey,
+            &self.creds_file,
+        ) {
+            (Some(user), Some(password), ..) => NatsAuth::UserPassword {
+                user: user.clone(),
+                password: password.clone(),
+            },
+            (_, _, Some(t), ..) => NatsAuth::Token(t.clone()),
+            (_, _, _, Some(seed), _) => NatsAuth::NKey(seed.clone()),
+            (.., Some(path)) => NatsAuth::CredsFile(path.clone()),
+            _ => NatsAuth::None,
+        };
+        NatsConfig {
+            urls: self
+                .nats_url
+                .split(',')
+                .map(|u| u.trim().to_owned())
+                .collect(),
+            name: "weir-audio-ingress-tap".to_owned(),
+            auth,
+            tls: NatsTls {
+                required: self.tls_required,
+                ca_file: self.tls_ca_file.clone(),
+                client_cert: self.tls_cert_file.clone().zip(self.tls_key_file.clone()),
+            },
+            connection_timeout: CONNECT_TIMEOUT,
+            ..NatsConfig::default()
+        }
+    }
 }
 
 fn parse_seconds(s: &str) -> Result<Duration, String> {
@@ -245,8 +324,24 @@ pub async fn run_with(
     // Server errors (`-ERR`) reach the event callback, not the subscribe call: a
     // refused subscription shows up only there. They are forwarded to the loop.
     let (server_errors, mut refused) = tokio::sync::mpsc::channel::<String>(16);
-    let connect = async_nats::ConnectOptions::new()
-        .connection_timeout(CONNECT_TIMEOUT)
+    let nats = args.nats_config();
+    let options = crate::nats::connect_options(&nats)
+        .await
+        .map_err(|e| TapError::Connect {
+            url: args.nats_url.clone(),
+            reason: e.to_string(),
+        })?;
+    let urls: Vec<async_nats::ServerAddr> = nats
+        .urls
+        .iter()
+        .map(|u| {
+            u.parse().map_err(|e| TapError::Connect {
+                url: u.clone(),
+                reason: format!("{e}"),
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let connect = options
         .subscription_capacity(TAP_SUBSCRIPTION_CAPACITY)
         .event_callback(move |event| {
             let server_errors = server_errors.clone();
@@ -264,7 +359,7 @@ pub async fn run_with(
                 }
             }
         })
-        .connect(&args.nats_url);
+        .connect(urls);
     let client = tokio::time::timeout(CONNECT_TIMEOUT + Duration::from_secs(1), connect)
         .await
         .map_err(|_| TapError::Connect {

@@ -14,7 +14,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, Command};
 use weir_protocol::audio::extension::headers;
 use weir_protocol::audio::{Gap, GapReason, Packet};
-use weir_testkit::NatsServer;
+use weir_testkit::{Auth, NatsServer, NatsServerOptions};
 
 /// Starts `audio-ingress tap <args>` and waits until it has subscribed.
 async fn start_tap(url: &str, args: &[&str]) -> Child {
@@ -417,4 +417,81 @@ async fn text_mode_escapes_a_newline_in_a_session_id() {
             .any(|l| l.starts_with("inference.whisper.stream.forged")),
         "{lines:?}"
     );
+}
+
+/// A secured NATS: `tap` authenticates with the same options as `serve` (it had no auth
+/// or TLS options, so it could not reach one); without credentials it exits 1; two
+/// methods at once are refused by the command line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tap_reaches_a_nats_that_requires_a_password() {
+    let server = NatsServer::start_with(NatsServerOptions {
+        auth: Some(Auth::UserPassword {
+            user: "weir".into(),
+            password: "s3cret".into(),
+        }),
+        ..Default::default()
+    })
+    .expect("nats-server");
+    // The password from the environment (as an operator would pass it).
+    let tap = {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_audio-ingress"))
+            .args([
+                "tap",
+                "inference.whisper.stream.*",
+                "--json",
+                "--count",
+                "1",
+            ])
+            .args(["--user", "weir", "--nats-url", server.url()])
+            .env("WEIR_TAP_NATS_PASSWORD", "s3cret")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("tap starts");
+        let stderr = child.stderr.take().expect("stderr");
+        let mut lines = BufReader::new(stderr).lines();
+        let subscribed = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.contains("tap: subscribed to") {
+                    return true;
+                }
+            }
+            false
+        })
+        .await
+        .expect("in time");
+        assert!(subscribed, "tap authenticated and subscribed");
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        child
+    };
+    let publisher = tokio::time::timeout(
+        Duration::from_secs(5),
+        async_nats::ConnectOptions::with_user_and_password("weir".into(), "s3cret".into())
+            .connect(server.url()),
+    )
+    .await
+    .expect("in time")
+    .expect("publisher connects");
+    publish(
+        &publisher,
+        "inference.whisper.stream.s1",
+        Packet::frame(1, pcm(1)),
+        &[],
+    )
+    .await;
+    flush(&publisher).await;
+    let (ok, lines) = finish(tap, Duration::from_secs(10)).await;
+    assert!(ok, "{lines:?}");
+    assert_eq!(json_lines(&lines)[0]["seq"], 1, "{lines:?}");
+
+    let (code, stderr) = tap_exit(server.url(), &["inference.whisper.stream.*"], "2").await;
+    assert_eq!(code, Some(1), "no credentials: {stderr}");
+    let (code, stderr) = tap_exit(
+        server.url(),
+        &["x.*", "--user", "weir", "--password", "p", "--token", "t"],
+        "1",
+    )
+    .await;
+    assert_eq!(code, Some(2), "two auth methods: {stderr}");
 }
