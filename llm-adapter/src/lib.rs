@@ -180,6 +180,18 @@ pub async fn connect_with_events(
         .connect(urls)
         .await
         .map_err(|e| StartError::new(StartErrorKind::Connect, format!("nats {}: {e}", cfg.url)))?;
+    if cfg.retry_initial_connect {
+        // The client returns at once and connects in the background. Give it up to one
+        // connection timeout, so that with a server up the service's subscriptions are
+        // in place when this returns (callers may send requests right away); with none,
+        // go on: `/readyz` says 503 until it connects.
+        let deadline = tokio::time::Instant::now() + cfg.connection_timeout;
+        while client.connection_state() != async_nats::connection::State::Connected
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
     ::metrics::gauge!(metrics::NATS_CONNECTED).set(1.0);
     Ok(client)
 }
