@@ -659,7 +659,10 @@ async fn connect_applies_the_configured_credentials() {
     .expect("nats-server");
     let cfg = |extra: &str| {
         Config::from_toml_str(&format!(
-            "[nats]\nurl = \"{}\"\nconnection_timeout_ms = 500\n{extra}",
+            // The first connection must succeed here, so that wrong credentials fail
+            // the connect (with the default retry they leave the adapter not ready and
+            // logged, as the ingress does).
+            "[nats]\nurl = \"{}\"\nconnection_timeout_ms = 500\nretry_initial_connect = false\n{extra}",
             server.url()
         ))
         .expect("config")
