@@ -22,6 +22,21 @@ impl Drop for Child {
     }
 }
 
+/// The first stdout line of the child (its ready line), read within [`STEP`]; empty if
+/// it exited first.
+async fn first_line(child: &mut Child) -> String {
+    let stdout = child.0.stdout.take().expect("stdout");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).map(|_| line)
+    });
+    tokio::time::timeout(STEP, line)
+        .await
+        .expect("a line (or EOF) in time")
+        .expect("join")
+        .expect("read")
+}
+
 async fn get(url: &str) -> (u16, String) {
     let r = tokio::time::timeout(STEP, reqwest::get(url))
         .await
@@ -55,16 +70,7 @@ async fn serve_prints_ready_serves_admin_and_shuts_down_on_sigterm() {
             .spawn()
             .expect("spawn"),
     );
-    let stdout = child.0.stdout.take().expect("stdout");
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).map(|_| line)
-    });
-    let line = tokio::time::timeout(STEP, line)
-        .await
-        .expect("ready in time")
-        .expect("join")
-        .expect("read");
+    let line = first_line(&mut child).await;
     let ready: serde_json::Value = serde_json::from_str(&line).expect("ready line is JSON");
     assert_eq!(ready["event"], "ready");
     let admin = ready["admin"].as_str().expect("admin address").to_owned();
@@ -224,16 +230,7 @@ async fn threads_flag_sizes_the_runtime() {
                 .spawn()
                 .expect("spawn"),
         );
-        let stdout = child.0.stdout.take().expect("stdout");
-        let line = tokio::task::spawn_blocking(move || {
-            let mut line = String::new();
-            BufReader::new(stdout).read_line(&mut line).map(|_| line)
-        });
-        let line = tokio::time::timeout(STEP, line)
-            .await
-            .expect("ready in time")
-            .expect("join")
-            .expect("read");
+        let line = first_line(&mut child).await;
         assert!(line.contains("\"ready\""), "{line}");
         assert_eq!(
             runtime_workers(child.0.id()),
@@ -264,16 +261,7 @@ async fn nats_url_list_connects_to_a_live_server() {
             .spawn()
             .expect("spawn"),
     );
-    let stdout = child.0.stdout.take().expect("stdout");
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).map(|_| line)
-    });
-    let line = tokio::time::timeout(STEP, line)
-        .await
-        .expect("ready in time")
-        .expect("join")
-        .expect("read");
+    let line = first_line(&mut child).await;
     assert!(line.contains("\"ready\""), "not ready: {line:?}");
     let client = LlmClient::new(connect(server.url()).await, "llm.infer");
     let reply = client
@@ -303,16 +291,7 @@ async fn readyz_is_503_while_nats_is_gone() {
             .spawn()
             .expect("spawn"),
     );
-    let stdout = child.0.stdout.take().expect("stdout");
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).map(|_| line)
-    });
-    let line = tokio::time::timeout(STEP, line)
-        .await
-        .expect("ready in time")
-        .expect("join")
-        .expect("read");
+    let line = first_line(&mut child).await;
     let ready: serde_json::Value = serde_json::from_str(&line).expect("ready line is JSON");
     let readyz = format!("http://{}/readyz", ready["admin"].as_str().expect("admin"));
     let wait_for = |want: u16| {
@@ -357,16 +336,7 @@ async fn starts_with_nats_down_and_serves_once_it_is_up() {
             .spawn()
             .expect("spawn"),
     );
-    let stdout = child.0.stdout.take().expect("stdout");
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).map(|_| line)
-    });
-    let line = tokio::time::timeout(STEP, line)
-        .await
-        .expect("ready in time, without NATS")
-        .expect("join")
-        .expect("read");
+    let line = first_line(&mut child).await;
     let ready: serde_json::Value = serde_json::from_str(&line).expect("ready line is JSON");
     let readyz = format!("http://{}/readyz", ready["admin"].as_str().expect("admin"));
     assert_eq!(get(&readyz).await.0, 503, "not ready without NATS");
