@@ -208,28 +208,28 @@ fn runtime_workers(pid: u32) -> usize {
         .count()
 }
 
+/// `llm-adapter serve` with the defaults, a free admin port, `nats_url` and `extra`
+/// arguments; stdout piped (the ready line), stderr discarded.
+fn serve(nats_url: &str, extra: &[&str]) -> Child {
+    Child(
+        Command::new(BIN)
+            .args(["serve", "--admin", "127.0.0.1:0", "--nats-url", nats_url])
+            .args(extra)
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn"),
+    )
+}
+
 /// `--threads` sizes the runtime (it used to be parsed and ignored): 1 runs the
 /// adapter on the current thread (no worker threads), 3 starts 3 workers; 0 is refused.
 #[tokio::test]
 async fn threads_flag_sizes_the_runtime() {
     let server = weir_testkit::NatsServer::start().expect("nats-server");
     for (threads, workers) in [("1", 0), ("3", 3)] {
-        let mut child = Child(
-            Command::new(BIN)
-                .args([
-                    "serve",
-                    "--admin",
-                    "127.0.0.1:0",
-                    "--nats-url",
-                    server.url(),
-                ])
-                .args(["--threads", threads])
-                .env("RUST_LOG", "warn")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("spawn"),
-        );
+        let mut child = serve(server.url(), &["--threads", threads]);
         let line = first_line(&mut child).await;
         assert!(line.contains("\"ready\""), "{line}");
         assert_eq!(
@@ -252,15 +252,7 @@ async fn threads_flag_sizes_the_runtime() {
 async fn nats_url_list_connects_to_a_live_server() {
     let server = weir_testkit::NatsServer::start().expect("nats-server");
     let list = format!("nats://127.0.0.1:1,{}", server.url());
-    let mut child = Child(
-        Command::new(BIN)
-            .args(["serve", "--admin", "127.0.0.1:0", "--nats-url", &list])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn"),
-    );
+    let mut child = serve(&list, &[]);
     let line = first_line(&mut child).await;
     assert!(line.contains("\"ready\""), "not ready: {line:?}");
     let client = LlmClient::new(connect(server.url()).await, "llm.infer");
@@ -276,21 +268,7 @@ async fn nats_url_list_connects_to_a_live_server() {
 #[tokio::test]
 async fn readyz_is_503_while_nats_is_gone() {
     let server = weir_testkit::NatsServer::start().expect("nats-server");
-    let mut child = Child(
-        Command::new(BIN)
-            .args([
-                "serve",
-                "--admin",
-                "127.0.0.1:0",
-                "--nats-url",
-                server.url(),
-            ])
-            .env("RUST_LOG", "error")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn"),
-    );
+    let mut child = serve(server.url(), &[]);
     let line = first_line(&mut child).await;
     let ready: serde_json::Value = serde_json::from_str(&line).expect("ready line is JSON");
     let readyz = format!("http://{}/readyz", ready["admin"].as_str().expect("admin"));
@@ -321,21 +299,7 @@ async fn starts_with_nats_down_and_serves_once_it_is_up() {
     server
         .kill()
         .expect("kill: the port is known, nothing listens");
-    let mut child = Child(
-        Command::new(BIN)
-            .args([
-                "serve",
-                "--admin",
-                "127.0.0.1:0",
-                "--nats-url",
-                server.url(),
-            ])
-            .env("RUST_LOG", "error")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn"),
-    );
+    let mut child = serve(server.url(), &[]);
     let line = first_line(&mut child).await;
     let ready: serde_json::Value = serde_json::from_str(&line).expect("ready line is JSON");
     let readyz = format!("http://{}/readyz", ready["admin"].as_str().expect("admin"));
