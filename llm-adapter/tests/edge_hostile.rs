@@ -10,34 +10,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::{STEP, eventually};
 use futures::StreamExt;
-use weir_llm_adapter::backend::sim::SimBackend;
-use weir_llm_adapter::{AdapterHandle, Config, NatsEvents};
+use weir_llm_adapter::{AdapterHandle, Config};
 use weir_protocol::llm::headers as h;
 use weir_protocol::llm::{ErrorBody, ErrorCode};
 use weir_testkit::NatsServer;
 
 /// The adapter started like the binary does: its client counts its own events.
 async fn adapter(server: &NatsServer, toml: &str) -> AdapterHandle {
-    let mut config = Config::from_toml_str(toml).expect("valid config");
-    config.nats.url = server.url().to_owned();
-    config.nats.connection_timeout = Duration::from_millis(500);
-    config.nats.ping_interval = Duration::from_secs(1);
-    let events = NatsEvents::new();
-    let client = tokio::time::timeout(
-        STEP,
-        weir_llm_adapter::connect_with_events(&config.nats, &events),
-    )
-    .await
-    .expect("connect in time")
-    .expect("connect");
-    let sim = SimBackend::fixed(Duration::from_millis(50));
-    tokio::time::timeout(
-        STEP,
-        weir_llm_adapter::start_with_events(client, events, config, Arc::new(sim)),
-    )
-    .await
-    .expect("start in time")
-    .expect("start")
+    let config = Config::from_toml_str(toml).expect("valid config");
+    common::adapter_like_the_binary(server, config, Duration::from_millis(50)).await
 }
 
 /// Publishes `n` requests at once (no waiting between them) and counts the answers.

@@ -7,44 +7,24 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use common::{STEP, eventually};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use weir_llm_adapter::backend::sim::SimBackend;
-use weir_llm_adapter::{AdapterHandle, Config, NatsEvents};
+use weir_llm_adapter::{AdapterHandle, Config};
 use weir_testkit::{NatsServer, NatsServerOptions};
 
 const EXAMPLE_CONF: &str = include_str!("../../deploy/nats-server.conf");
 
 async fn adapter(server: &NatsServer, toml: &str, user: Option<(&str, &str)>) -> AdapterHandle {
     let mut config = Config::from_toml_str(toml).expect("valid config");
-    config.nats.url = server.url().to_owned();
-    config.nats.connection_timeout = Duration::from_millis(500);
-    config.nats.ping_interval = Duration::from_secs(1);
     if let Some((u, p)) = user {
         config.nats.user = Some(u.into());
         config.nats.password = Some(p.into());
     }
-    let events = NatsEvents::new();
-    let client = tokio::time::timeout(
-        STEP,
-        weir_llm_adapter::connect_with_events(&config.nats, &events),
-    )
-    .await
-    .expect("connect in time")
-    .expect("connect");
-    let sim = SimBackend::fixed(Duration::from_millis(1));
-    tokio::time::timeout(
-        STEP,
-        weir_llm_adapter::start_with_events(client, events, config, Arc::new(sim)),
-    )
-    .await
-    .expect("start in time")
-    .expect("start")
+    common::adapter_like_the_binary(server, config, Duration::from_millis(1)).await
 }
 
 /// A raw NATS connection: sends `CONNECT` (with `user`), then `frames` verbatim, then

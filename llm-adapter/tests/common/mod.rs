@@ -97,3 +97,32 @@ pub async fn eventually(within: Duration, mut f: impl FnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// The adapter started the way the binary starts it (its client counts its own events,
+/// `NatsEvents`), on `server` with `config` (the URL and short timeouts are set here),
+/// the sim backend at a fixed `latency`.
+pub async fn adapter_like_the_binary(
+    server: &NatsServer,
+    mut config: Config,
+    latency: Duration,
+) -> AdapterHandle {
+    config.nats.url = server.url().to_owned();
+    config.nats.connection_timeout = Duration::from_millis(500);
+    config.nats.ping_interval = Duration::from_secs(1);
+    let events = weir_llm_adapter::NatsEvents::new();
+    let client = tokio::time::timeout(
+        STEP,
+        weir_llm_adapter::connect_with_events(&config.nats, &events),
+    )
+    .await
+    .expect("connect in time")
+    .expect("connect");
+    let sim = SimBackend::fixed(latency);
+    tokio::time::timeout(
+        STEP,
+        weir_llm_adapter::start_with_events(client, events, config, Arc::new(sim)),
+    )
+    .await
+    .expect("start in time")
+    .expect("start")
+}
