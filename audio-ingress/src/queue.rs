@@ -46,7 +46,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 use weir_protocol::audio::extension::{
     EndReason, Overload, OverloadReason, PossibleLoss, PossibleLossReason,
@@ -369,6 +369,10 @@ pub struct FrameQueue {
     direct_waits: WaitBatch,
     /// Capture times (Unix ms) of admitted frames.
     clock: WallClock,
+    /// Where the encoder carves admitted frames' packets from (see
+    /// `weir_protocol::audio::encode_packet_in`): one allocation per arena, not per
+    /// frame. Empty until the first frame.
+    arena: BytesMut,
     /// The rate bound in audio time ([`crate::rate`]); `None` when `max_rate = 0`.
     rate: Option<RateBucket>,
 
@@ -406,6 +410,7 @@ impl FrameQueue {
             publisher_idle: false,
             direct_waits: WaitBatch::default(),
             clock: WallClock::new(),
+            arena: BytesMut::new(),
             rate: RateBucket::new(
                 cfg.enforced_max_rate_permille(),
                 samples_of(cfg.enforced_max_bytes()),
@@ -719,18 +724,19 @@ impl FrameQueue {
     /// `close` queue does. Every final outcome is counted (offered, admitted or
     /// refused with a reason); a `Wait`-mode `Full` is not final and counts nothing.
     pub fn offer(&mut self, pcm: &Bytes, now: Instant, mode: OfferMode) -> Result<u64, Refusal> {
-        self.offer_with(pcm.len(), now, mode, |_, _| Some(pcm.clone()))
+        self.offer_with(pcm.len(), now, mode, |_, _, _| Some(pcm.clone()))
     }
 
-    /// [`Self::offer`] for a frame of `pcm_len` PCM bytes whose packet `encode(seq,
-    /// captured_at_ms)` makes once it is admitted (never for a refused frame). `None`
-    /// from the encoder refuses the frame as invalid.
+    /// [`Self::offer`] for a frame of `pcm_len` PCM bytes whose packet `encode(arena,
+    /// seq, captured_at_ms)` makes once it is admitted (never for a refused frame), from
+    /// the queue's packet arena if it likes. `None` from the encoder refuses the frame
+    /// as invalid.
     pub fn offer_with(
         &mut self,
         pcm_len: usize,
         now: Instant,
         mode: OfferMode,
-        encode: impl FnOnce(u64, u64) -> Option<Bytes>,
+        encode: impl FnOnce(&mut BytesMut, u64, u64) -> Option<Bytes>,
     ) -> Result<u64, Refusal> {
         let result = self.offer_inner(pcm_len, now, mode, encode);
         let acct = self.account();
@@ -758,14 +764,14 @@ impl FrameQueue {
         pcm_len: usize,
         now: Instant,
         mode: OfferMode,
-        encode: impl FnOnce(u64, u64) -> Option<Bytes>,
+        encode: impl FnOnce(&mut BytesMut, u64, u64) -> Option<Bytes>,
     ) -> Result<u64, Refusal> {
         let Some(seq) = self.admit(pcm_len, now, mode)? else {
             // Admitted straight into a gap marker (`gap`, budget held elsewhere).
             return Ok(self.next_seq - 1);
         };
         let captured_at_ms = self.clock.unix_ms(now, now);
-        let Some(packet) = encode(seq, captured_at_ms) else {
+        let Some(packet) = encode(&mut self.arena, seq, captured_at_ms) else {
             // Only a frame that is not whole samples fails to encode (checked above).
             self.next_seq -= 1;
             return Err(Refusal::Invalid(FrameError::PartialSample { len: pcm_len }));

@@ -292,7 +292,8 @@ pub fn encode_packet(
     encode_packet_ref(seq, format, session_id, captured_at_ms, body.into())
 }
 
-/// [`encode_packet`] with a borrowed body ([`BodyRef`]): the same bytes.
+/// [`encode_packet`] with a borrowed body ([`BodyRef`]): the same bytes, in a buffer of
+/// their own (one allocation of the exact size).
 pub fn encode_packet_ref(
     seq: u64,
     format: AudioFormat,
@@ -300,6 +301,53 @@ pub fn encode_packet_ref(
     captured_at_ms: Option<u64>,
     body: BodyRef<'_>,
 ) -> Result<Bytes, EncodeError> {
+    let mut out = BytesMut::with_capacity(max_packet_len(session_id, body));
+    write_packet(&mut out, seq, format, session_id, captured_at_ms, body)?;
+    Ok(out.freeze())
+}
+
+/// [`encode_packet_ref`] carved out of `arena`: the packet is appended to it and split
+/// off, so consecutive packets share one allocation (`BytesMut::reserve` reuses the
+/// arena in place once every packet carved from it was dropped, and otherwise
+/// allocates a new one of the arena's original capacity). A producer that encodes many
+/// small packets this way calls the allocator once per arena, not once per packet, and
+/// the thread that frees the packets (the NATS client's) frees an arena, not each one.
+/// The packet holds its whole arena alive: memory held is at most the packets' bytes
+/// plus one arena.
+pub fn encode_packet_in(
+    arena: &mut BytesMut,
+    seq: u64,
+    format: AudioFormat,
+    session_id: Option<&str>,
+    captured_at_ms: Option<u64>,
+    body: BodyRef<'_>,
+) -> Result<Bytes, EncodeError> {
+    debug_assert!(arena.is_empty(), "the arena holds only split-off packets");
+    arena.clear();
+    arena.reserve(max_packet_len(session_id, body));
+    write_packet(arena, seq, format, session_id, captured_at_ms, body)?;
+    Ok(arena.split().freeze())
+}
+
+/// An upper bound of the encoded length (session ids are escaped, up to 6 bytes a byte;
+/// the rest of the meta fits in 160).
+fn max_packet_len(session_id: Option<&str>, body: BodyRef<'_>) -> usize {
+    let pcm = match body {
+        BodyRef::Frame(pcm) => pcm.len(),
+        BodyRef::End | BodyRef::Gap(_) => 0,
+    };
+    4 + 160 + 6 * session_id.map_or(0, str::len) + pcm
+}
+
+/// Appends one packet to `out`; on error `out` is as it was.
+fn write_packet(
+    out: &mut BytesMut,
+    seq: u64,
+    format: AudioFormat,
+    session_id: Option<&str>,
+    captured_at_ms: Option<u64>,
+    body: BodyRef<'_>,
+) -> Result<(), EncodeError> {
     if seq == 0 {
         return Err(EncodeError::SeqZero);
     }
@@ -316,45 +364,47 @@ pub fn encode_packet_ref(
     if !pcm.len().is_multiple_of(format.bytes_per_sample().max(1)) {
         return Err(EncodeError::PartialSample { len: pcm.len() });
     }
-    let session_len = session_id.map_or(0, str::len);
-    let mut out = BytesMut::with_capacity(4 + 160 + session_len + pcm.len());
+    let start = out.len();
     out.put_u32(0); // the meta length, written once the meta is
     out.put_slice(br#"{"type":""#);
     out.put_slice(type_name);
     out.put_slice(br#"","seq":"#);
-    put_decimal(&mut out, seq);
+    put_decimal(out, seq);
     out.put_slice(br#","sample_rate":"#);
-    put_decimal(&mut out, u64::from(format.sample_rate));
+    put_decimal(out, u64::from(format.sample_rate));
     out.put_slice(br#","sample_width":"#);
-    put_decimal(&mut out, u64::from(format.sample_width));
+    put_decimal(out, u64::from(format.sample_width));
     out.put_slice(br#","channels":"#);
-    put_decimal(&mut out, u64::from(format.channels));
+    put_decimal(out, u64::from(format.channels));
     if let Some(session) = session_id {
         out.put_slice(br#","session_id":"#);
         // Writing to a BytesMut cannot fail; `serde_json` escapes the session id
         // exactly as the deployed `json.dumps(..., ensure_ascii=False)` does.
-        let _ = serde_json::to_writer((&mut out).writer(), session);
+        let _ = serde_json::to_writer((&mut *out).writer(), session);
     }
     if let Some(at) = captured_at_ms {
         out.put_slice(br#","captured_at_ms":"#);
-        put_decimal(&mut out, at);
+        put_decimal(out, at);
     }
     if let BodyRef::Gap(g) = body {
         out.put_slice(br#","first_seq":"#);
-        put_decimal(&mut out, g.first_seq);
+        put_decimal(out, g.first_seq);
         out.put_slice(br#","frames":"#);
-        put_decimal(&mut out, g.frames());
+        put_decimal(out, g.frames());
         out.put_slice(br#","samples":"#);
-        put_decimal(&mut out, g.samples);
+        put_decimal(out, g.samples);
         out.put_slice(br#","reason":""#);
         out.put_slice(g.reason.as_str().as_bytes());
         out.put_slice(b"\"");
     }
     out.put_slice(b"}");
-    let meta_len = u32::try_from(out.len() - 4).map_err(|_| EncodeError::MetaTooLarge)?;
-    out[..4].copy_from_slice(&meta_len.to_be_bytes());
+    let Ok(meta_len) = u32::try_from(out.len() - start - 4) else {
+        out.truncate(start);
+        return Err(EncodeError::MetaTooLarge);
+    };
+    out[start..start + 4].copy_from_slice(&meta_len.to_be_bytes());
     out.put_slice(pcm);
-    Ok(out.freeze())
+    Ok(())
 }
 
 /// Why a packet could not be encoded.
@@ -685,5 +735,75 @@ mod tests {
             assert_eq!((p.seq, p.captured_at_ms), (seq, Some(42)));
             assert_eq!(p.session_id.as_deref(), Some("s\"1"));
         }
+    }
+
+    #[test]
+    fn packets_carved_from_an_arena_are_the_same_bytes_and_share_its_allocation() {
+        let pcm = Bytes::from(vec![7u8; 640]);
+        let session = Some("s\u{1}\"é");
+        let mut arena = BytesMut::with_capacity(4096);
+        let mut packets = Vec::new();
+        for seq in 1..=20 {
+            let alone = encode_packet_ref(
+                seq,
+                AudioFormat::DEPLOYED,
+                session,
+                Some(seq * 20),
+                BodyRef::Frame(&pcm),
+            )
+            .expect("encodes");
+            let carved = encode_packet_in(
+                &mut arena,
+                seq,
+                AudioFormat::DEPLOYED,
+                session,
+                Some(seq * 20),
+                BodyRef::Frame(&pcm),
+            )
+            .expect("encodes");
+            assert_eq!(carved, alone, "seq {seq}");
+            assert!(arena.is_empty(), "nothing left behind in the arena");
+            packets.push(carved);
+        }
+        // 20 packets of ~740 bytes in 4 KiB arenas: a handful of allocations, each
+        // packet inside the arena it was carved from (consecutive packets adjacent).
+        let follows = |a: &Bytes, b: &Bytes| a.as_ptr().wrapping_add(a.len()) == b.as_ptr();
+        let adjacent = packets.windows(2).filter(|w| follows(&w[0], &w[1])).count();
+        assert!(
+            adjacent >= 14,
+            "only {adjacent} of 19 packets adjacent to the previous one"
+        );
+        // Once every packet is gone the arena is reused in place, not reallocated: the
+        // next packet starts where the first packet of the current arena did.
+        let mut first = packets.len() - 1;
+        while first > 0 && follows(&packets[first - 1], &packets[first]) {
+            first -= 1;
+        }
+        let base = packets[first].as_ptr();
+        drop(packets);
+        let again = encode_packet_in(
+            &mut arena,
+            1,
+            AudioFormat::DEPLOYED,
+            None,
+            None,
+            BodyRef::Frame(&pcm),
+        )
+        .expect("encodes");
+        assert_eq!(again.as_ptr(), base);
+        assert!(decode(&again, &DecodeOptions::default()).is_ok());
+        // A failed encode leaves the arena as it was.
+        assert_eq!(
+            encode_packet_in(
+                &mut arena,
+                0,
+                AudioFormat::DEPLOYED,
+                None,
+                None,
+                BodyRef::End
+            ),
+            Err(EncodeError::SeqZero)
+        );
+        assert!(arena.is_empty());
     }
 }
