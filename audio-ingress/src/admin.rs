@@ -49,6 +49,7 @@ async fn metrics_text<S: Sink>(State(state): State<AdminState<S>>) -> Response {
         Some(h) => {
             // Refresh the sampled gauge before rendering.
             state.ingress.oldest_frame_age();
+            weir_service::process::sample();
             (
                 [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
                 h.render(),

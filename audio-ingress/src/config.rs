@@ -1401,7 +1401,42 @@ impl RawValues {
     }
 }
 
+/// Idle RSS allowance in [`Config::memory_bound_bytes`] (measured idle: ~17 MiB).
+const IDLE_ALLOWANCE_BYTES: u64 = 32 << 20;
+
 impl Config {
+    /// The most memory this configuration lets one `serve` replica hold: an idle
+    /// allowance (32 MiB) plus the worst case of every buffer in docs/operations.md
+    /// § Memory, computed from these settings (≈ 325 MiB at the defaults). Exported as
+    /// `weir_ingress_memory_bound_bytes` for the "RSS near the bound" alert.
+    pub fn memory_bound_bytes(&self) -> u64 {
+        let s = &self.stream;
+        let streams = self.server.max_streams.get() as u64;
+        let max_bytes = s.max_bytes() as u64;
+        // The PCM budget (× the shadow ceiling in shadow mode), charged at least 160 B a
+        // frame; each queued frame also costs ~200 B of meta and slot, and a stream
+        // holds up to one packet arena (4 KiB) and its gap markers (40 B a frame).
+        let budget = if s.shadow() {
+            max_bytes * u64::from(s.shadow_ceiling_factor())
+        } else {
+            max_bytes
+        };
+        let frames = budget / crate::queue::MIN_FRAME_CHARGE as u64 + 1;
+        let per_stream_queue = budget + frames * (200 + 40) + 4096;
+        // WebSocket buffers: read up to the largest message, write up to 64 KiB.
+        let per_stream_ws = s.max_frame_bytes() as u64 + (64 << 10) + (64 << 10);
+        // The NATS client's command channel: every slot a largest packet (+ meta,
+        // headers).
+        let nats = self.nats.client_capacity as u64 * (s.max_frame_bytes() as u64 + 1024);
+        // Request heads of open connections on both ports (+ ~12 KiB of state each).
+        let heads = (self.server.max_connections.get() + self.server.admin_max_connections.get())
+            as u64
+            * (self.server.http_max_header_bytes as u64 + (12 << 10));
+        // Metrics, per-address table, `/v1/streams`, confirmation markers.
+        let misc = 5 << 20;
+        IDLE_ALLOWANCE_BYTES + streams * (per_stream_queue + per_stream_ws) + nats + heads + misc
+    }
+
     /// Loads and validates the configuration from `sources`.
     pub fn load(sources: &ConfigSources) -> Result<Self, ConfigError> {
         let mut raw = RawValues::default();

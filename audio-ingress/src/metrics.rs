@@ -12,6 +12,7 @@
 //! emits through the `metrics` facade and works without any recorder.
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
+use weir_service::metrics::Declared;
 
 // ---------------------------------------------------------------------------------
 // Producer side (queue, publisher, WebSocket front door, NATS connection)
@@ -98,6 +99,51 @@ pub const HTTP_CONNECTIONS_TIMED_OUT_TOTAL: &str = "weir_ingress_http_connection
 /// Counter: `accept` failures other than a peer's reset (e.g. out of file descriptors),
 /// by `listener`.
 pub const HTTP_ACCEPT_ERRORS_TOTAL: &str = "weir_ingress_http_accept_errors_total";
+/// Gauge: the most memory this replica's configuration lets it hold above idle, plus an
+/// idle allowance, in bytes: the sum of docs/operations.md § Memory
+/// ([`crate::config::Config::memory_bound_bytes`]). Compare `process_resident_memory_bytes`
+/// with it: RSS near it means a buffer the table misses.
+pub const MEMORY_BOUND_BYTES: &str = "weir_ingress_memory_bound_bytes";
+
+/// Every producer-side metric of the `serve` binary, registered at start
+/// ([`weir_service::metrics::register`]) so that each is in the first scrape.
+pub const DECLARED: &[Declared] = &[
+    Declared::gauge(PENDING_BYTES),
+    Declared::gauge(PENDING_FRAMES),
+    Declared::gauge(OLDEST_FRAME_AGE_SECONDS),
+    Declared::histogram(QUEUE_WAIT_SECONDS),
+    Declared::counter(FRAMES_HANDED_OVER_TOTAL),
+    Declared::gauge(UNCONFIRMED_BYTES),
+    Declared::gauge(UNCONFIRMED_FRAMES),
+    Declared::gauge(CONFIRM_WINDOW_LIMIT_BYTES),
+    Declared::counter(CONFIRM_ROUNDS_TOTAL),
+    Declared::histogram(CONFIRM_ROUND_SECONDS),
+    Declared::counter(CONFIRM_DISCONNECTS_TOTAL),
+    Declared::counter(FRAMES_TOTAL),
+    Declared::counter(FRAMES_OFFERED_TOTAL),
+    Declared::counter(OVERLOADS_TOTAL),
+    Declared::counter(GAPS_TOTAL),
+    Declared::counter(GAP_FRAMES_TOTAL),
+    Declared::counter(WOULD_REJECT_TOTAL),
+    Declared::gauge(ACTIVE_STREAMS),
+    Declared::counter(STREAMS_TOTAL),
+    Declared::counter(ADMISSION_REJECTS_TOTAL),
+    Declared::counter(ENDS_TOTAL),
+    Declared::counter(CONTROL_LOST_TOTAL),
+    Declared::counter(PUBLISH_TIMEOUTS_TOTAL),
+    Declared::counter(PUBLISH_ERRORS_TOTAL),
+    Declared::counter(NATS_EVENTS_TOTAL),
+    Declared::gauge(NATS_CONNECTED),
+    Declared::counter(WS_CLOSES_TOTAL),
+    Declared::counter(WS_SEND_TIMEOUTS_TOTAL),
+    Declared::gauge(HTTP_CONNECTIONS_OPEN),
+    Declared::counter(HTTP_CONNECTIONS_TOTAL),
+    Declared::counter(HTTP_CONNECTIONS_REFUSED_TOTAL),
+    Declared::counter(HTTP_CONNECTIONS_TIMED_OUT_TOTAL),
+    Declared::counter(HTTP_ACCEPT_ERRORS_TOTAL),
+    Declared::gauge(MEMORY_BOUND_BYTES),
+    Declared::gauge(weir_service::process::RESIDENT_MEMORY_BYTES),
+];
 
 /// Histogram buckets for [`QUEUE_WAIT_SECONDS`], in seconds.
 pub const QUEUE_WAIT_BUCKETS: &[f64] = &[0.001, 0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0];
@@ -196,3 +242,59 @@ pub const CONSUMER_JETSTREAM_ERRORS_TOTAL: &str = "weir_consumer_jetstream_error
 /// Counter: messages skipped because they were stored before a `start = "new"`
 /// JetStream consumer started (a replay after an early recreation).
 pub const CONSUMER_JETSTREAM_SKIPPED_TOTAL: &str = "weir_consumer_jetstream_skipped_total";
+
+/// Every consumer-core metric, registered when a consumer starts.
+pub const CONSUMER_DECLARED: &[Declared] = &[
+    Declared::counter(CONSUMER_MESSAGES_TOTAL),
+    Declared::counter(CONSUMER_FRAMES_TOTAL),
+    Declared::counter(CONSUMER_FRAMES_DELIVERED_TOTAL),
+    Declared::counter(CONSUMER_FRAMES_DROPPED_TOTAL),
+    Declared::counter(CONSUMER_FRAMES_LOST_TOTAL),
+    Declared::counter(CONSUMER_DECLARED_GAP_FRAMES_TOTAL),
+    Declared::counter(CONSUMER_STALE_PACKETS_TOTAL),
+    Declared::counter(CONSUMER_ORPHAN_ENDS_TOTAL),
+    Declared::counter(CONSUMER_DECODE_ERRORS_TOTAL),
+    Declared::counter(CONSUMER_UNROUTABLE_TOTAL),
+    Declared::counter(CONSUMER_MISROUTED_TOTAL),
+    Declared::counter(CONSUMER_STREAMS_STARTED_TOTAL),
+    Declared::counter(CONSUMER_STREAMS_REFUSED_TOTAL),
+    Declared::counter(CONSUMER_FRAMES_REFUSED_TOTAL),
+    Declared::gauge(CONSUMER_STREAMS_ACTIVE),
+    Declared::counter(CONSUMER_STREAMS_ENDED_TOTAL),
+    Declared::counter(CONSUMER_STREAMS_REAPED_TOTAL),
+    Declared::counter(CONSUMER_OVERLOADS_TOTAL),
+    Declared::counter(CONSUMER_SLOW_CONSUMER_TOTAL),
+    Declared::counter(CONSUMER_NATS_EVENTS_TOTAL),
+    Declared::counter(CONSUMER_FRAMES_STALE_TOTAL),
+    Declared::counter(CONSUMER_FRAMES_POSSIBLY_LOST_TOTAL),
+    Declared::counter(CONSUMER_POSSIBLE_LOSS_DECLARATIONS_TOTAL),
+    Declared::counter(CONSUMER_JETSTREAM_ERRORS_TOTAL),
+    Declared::counter(CONSUMER_JETSTREAM_SKIPPED_TOTAL),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weir_service::metrics::names_in_source;
+
+    /// A metric added to this module but not to its declared list would be missing from
+    /// the first scrape (and from the deploy kit's check).
+    #[test]
+    fn every_metric_name_is_declared_once() {
+        let src = include_str!("metrics.rs");
+        for (prefix, declared) in [
+            ("weir_ingress_", DECLARED),
+            ("weir_consumer_", CONSUMER_DECLARED),
+        ] {
+            let mut names = names_in_source(src, &[prefix]);
+            let mut listed: Vec<&str> = declared
+                .iter()
+                .map(|d| d.name)
+                .filter(|n| n.starts_with(prefix))
+                .collect();
+            names.sort_unstable();
+            listed.sort_unstable();
+            assert_eq!(listed, names, "{prefix}");
+        }
+    }
+}

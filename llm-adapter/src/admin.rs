@@ -73,6 +73,7 @@ fn error_response(status: StatusCode, code: &str, message: impl Into<String>) ->
 async fn metrics(State(s): State<AdminState>) -> Response {
     // Publishes the queue-depth and running gauges as of now.
     let _ = s.view.stats();
+    weir_service::process::sample();
     match &s.prometheus {
         Some(h) => {
             let mut text = h.render();

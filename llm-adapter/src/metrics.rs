@@ -24,6 +24,7 @@ use std::time::Duration;
 use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
+use weir_service::metrics::Declared;
 
 /// Counter: requests received on the inference subject (every attempt, joins included).
 pub const OFFERED_TOTAL: &str = "llm_requests_offered_total";
@@ -105,6 +106,49 @@ pub const ADMIN_CONNECTIONS_REFUSED_TOTAL: &str = "llm_admin_connections_refused
 pub const ADMIN_CONNECTIONS_TIMED_OUT_TOTAL: &str = "llm_admin_connections_timed_out_total";
 /// Gauge: 1 while the NATS connection is up.
 pub const NATS_CONNECTED: &str = "llm_nats_connected";
+/// Gauge: the most memory this replica's configuration lets it hold above idle at
+/// chat-sized requests, plus an idle allowance, in bytes (docs/operations.md § Memory;
+/// [`memory_bound_bytes`]). Compare
+/// `process_resident_memory_bytes` with it.
+pub const MEMORY_BOUND_BYTES: &str = "llm_memory_bound_bytes";
+
+/// Every metric recorded through the `metrics` facade, registered at start
+/// ([`weir_service::metrics::register`]) so that each is in the first scrape. (The two
+/// latency histograms are [`DurationHistogram`]s, always rendered.)
+pub const DECLARED: &[Declared] = &[
+    Declared::counter(OFFERED_TOTAL),
+    Declared::counter(ADMITTED_TOTAL),
+    Declared::counter(JOINED_TOTAL),
+    Declared::counter(CACHED_TOTAL),
+    Declared::counter(ANSWERED_TOTAL),
+    Declared::counter(WOULD_REJECT_TOTAL),
+    Declared::counter(LIMIT_REJECT_TOTAL),
+    Declared::counter(INFERENCE_STARTED_TOTAL),
+    Declared::counter(STARTED_AFTER_DEADLINE_TOTAL),
+    Declared::gauge(QUEUE_DEPTH),
+    Declared::gauge(RUNNING),
+    Declared::gauge(QUEUE_CAPACITY),
+    Declared::gauge(WORKERS),
+    Declared::gauge(SERVICE_ESTIMATE_SECONDS),
+    Declared::gauge(SERVICE_ESTIMATE_SAMPLES),
+    Declared::counter(CANCEL_TOTAL),
+    Declared::counter(REPLY_FAILED_TOTAL),
+    Declared::counter(NO_REPLY_SUBJECT_TOTAL),
+    Declared::counter(TRACE_DROPPED_TOTAL),
+    Declared::gauge(CACHE_ENTRIES),
+    Declared::gauge(CACHE_BYTES),
+    Declared::counter(CACHE_EVICTED_TOTAL),
+    Declared::counter(CACHE_TOO_LARGE_TOTAL),
+    Declared::counter(NATS_DROPPED_TOTAL),
+    Declared::counter(NATS_IN_MESSAGES_TOTAL),
+    Declared::counter(INTAKE_TAKEN_TOTAL),
+    Declared::counter(NATS_DISCONNECTS_TOTAL),
+    Declared::counter(ADMIN_CONNECTIONS_REFUSED_TOTAL),
+    Declared::counter(ADMIN_CONNECTIONS_TIMED_OUT_TOTAL),
+    Declared::gauge(NATS_CONNECTED),
+    Declared::gauge(MEMORY_BOUND_BYTES),
+    Declared::gauge(weir_service::process::RESIDENT_MEMORY_BYTES),
+];
 
 /// Histogram buckets for [`QUEUE_WAIT_SECONDS`] and [`INFERENCE_SECONDS`]: from 1 ms
 /// (zero-latency backends, queue hops) to a minute (long generations).
@@ -127,6 +171,30 @@ pub fn prometheus_recorder() -> (PrometheusRecorder, PrometheusHandle) {
     let recorder = builder.build_recorder();
     let handle = recorder.handle();
     (recorder, handle)
+}
+
+/// The request size [`memory_bound_bytes`] assumes for message-counted buffers: chat
+/// sized (1 KiB) plus ~256 B of message overhead. Larger requests scale those buffers
+/// (docs/operations.md § Memory).
+const CHAT_MESSAGE_BYTES: u64 = 1024 + 256;
+
+/// The most memory `config` lets one replica hold at chat-sized requests, plus a 16 MiB
+/// idle allowance (measured idle: ~9 MiB): the sum of docs/operations.md § Memory
+/// (≈ 184 MiB at the defaults). Exported as [`MEMORY_BOUND_BYTES`].
+pub fn memory_bound_bytes(config: &crate::config::Config) -> u64 {
+    const MIB: u64 = 1 << 20;
+    let cache = config
+        .idempotency
+        .as_ref()
+        .map_or(0, |i| i.max_bytes.get() as u64);
+    let messages = (config.nats.subscription_capacity + config.queue_capacity.get()) as u64;
+    // Running calls hold a request and a reply of up to the NATS max_payload (1 MiB).
+    let running = config.workers.get() as u64 * 2 * MIB;
+    // async-nats command channel (2,048 replies), trace events, admin request heads.
+    let replies = 2048 * CHAT_MESSAGE_BYTES;
+    let trace = config.trace.buffer.get() as u64 * 300;
+    let admin = config.admin.max_connections.get() as u64 * 28 * 1024;
+    16 * MIB + cache + messages * CHAT_MESSAGE_BYTES + running + replies + trace + admin + 2 * MIB
 }
 
 /// A fixed-bucket Prometheus histogram of durations: lock-free, allocation-free
@@ -212,6 +280,32 @@ impl DurationHistogram {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A metric added to this module but not to [`DECLARED`] would be missing from the
+    /// first scrape (and from the deploy kit's check).
+    #[test]
+    fn every_facade_metric_name_is_declared_once() {
+        let src = include_str!("metrics.rs");
+        let histograms = [QUEUE_WAIT_SECONDS, INFERENCE_SECONDS];
+        let mut names: Vec<&str> = weir_service::metrics::names_in_source(src, &["llm_"])
+            .into_iter()
+            .filter(|n| !histograms.contains(n))
+            .collect();
+        let mut listed: Vec<&str> = DECLARED
+            .iter()
+            .map(|d| d.name)
+            .filter(|n| n.starts_with("llm_"))
+            .collect();
+        names.sort_unstable();
+        listed.sort_unstable();
+        assert_eq!(listed, names);
+    }
+
+    #[test]
+    fn the_memory_bound_at_the_defaults_is_the_documented_sum() {
+        let mib = memory_bound_bytes(&crate::config::Config::default()) as f64 / f64::from(1 << 20);
+        assert!((140.0..200.0).contains(&mib), "{mib} MiB");
+    }
 
     #[test]
     fn recorder_renders_histograms_with_buckets() {

@@ -318,3 +318,54 @@ async fn starts_with_nats_down_and_serves_once_it_is_up() {
     let reply = client.request("hello").timeout(STEP).send().await;
     assert_eq!(&reply.expect("answered").body[..], b"hello");
 }
+
+/// The deploy kit: `deploy/llm-adapter.toml` passes `check-config` and starts
+/// `serve` (as the systemd unit runs them), and every `llm_*` and `process_*` metric
+/// named by the alerting rules or the dashboard is in its first `/metrics` scrape.
+#[tokio::test]
+async fn deploy_kit_config_starts_and_rules_name_only_exported_metrics() {
+    let deploy = weir_testkit::deploy::deploy_dir();
+    let config = deploy.join("llm-adapter.toml");
+    let config = config.to_str().expect("utf-8 path");
+    let check = Command::new(BIN)
+        .args(["check-config", "--config", config])
+        .output()
+        .expect("run check-config");
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+
+    let server = weir_testkit::NatsServer::start().expect("nats-server");
+    let mut child = serve(server.url(), &["--config", config]);
+    let line = first_line(&mut child).await;
+    let ready: serde_json::Value = serde_json::from_str(&line).expect("ready line is JSON");
+    let admin = ready["admin"].as_str().expect("admin");
+    let (status, text) = get(&format!("http://{admin}/metrics")).await;
+    assert_eq!(status, 200);
+    let scraped = weir_testkit::deploy::scraped(&text);
+    let gone: Vec<String> = weir_testkit::deploy::referenced()
+        .expect("deploy files")
+        .into_iter()
+        .filter(|(n, _)| n.starts_with("llm_") || n.starts_with("process_"))
+        .filter(|(n, _)| !scraped.contains(n))
+        .map(|(n, f)| format!("{n} (in deploy/{f})"))
+        .collect();
+    assert!(
+        gone.is_empty(),
+        "not exported by llm-adapter serve: {gone:?}"
+    );
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let (rss, bound) = (
+        value("process_resident_memory_bytes"),
+        value("llm_memory_bound_bytes"),
+    );
+    assert!(rss > 1e6 && rss < bound, "rss {rss}, bound {bound}");
+}

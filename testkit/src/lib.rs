@@ -33,6 +33,7 @@
 #![warn(missing_docs)]
 
 pub mod binary;
+pub mod deploy;
 mod error;
 pub mod server;
 

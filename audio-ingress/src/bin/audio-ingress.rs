@@ -147,6 +147,9 @@ async fn serve(args: ServeArgs) -> ExitCode {
     if metrics::set_global_recorder(recorder).is_err() {
         tracing::warn!("a metrics recorder was already installed; /metrics may be incomplete");
     }
+    // Every metric in the first scrape, so that alerts see a series before any event.
+    weir_service::metrics::register(m::DECLARED);
+    metrics::gauge!(m::MEMORY_BOUND_BYTES).set(config.memory_bound_bytes() as f64);
     let running = match service::start(config, Some(prometheus)).await {
         Ok(r) => r,
         Err(e) => {

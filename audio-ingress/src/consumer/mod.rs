@@ -373,6 +373,8 @@ impl Consumer {
         shared: Arc<Shared>,
         factory: F,
     ) -> Result<Self, ConsumerError> {
+        // Every consumer metric in the worker's first scrape (no-op without a recorder).
+        weir_service::metrics::register(crate::metrics::CONSUMER_DECLARED);
         let factory = Arc::new(factory);
         let (stop, stop_rx) = watch::channel(None);
         let subjects = shared

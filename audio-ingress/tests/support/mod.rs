@@ -29,9 +29,20 @@ impl Binary {
     /// Starts the binary (default configuration, free ports, `nats_url`, then `sets`
     /// as `--set k=v`) and reads its ready line. Does not wait for NATS.
     pub async fn start(nats_url: &str, sets: &[(&str, &str)]) -> Self {
+        Self::start_with(&[], &[], nats_url, sets).await
+    }
+
+    /// [`Self::start`] with extra `serve` arguments (e.g. `--config FILE`) and
+    /// environment variables.
+    pub async fn start_with(
+        args: &[&str],
+        envs: &[(&str, &str)],
+        nats_url: &str,
+        sets: &[(&str, &str)],
+    ) -> Self {
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_audio-ingress"));
+        cmd.arg("serve").args(args).envs(envs.iter().copied());
         cmd.args([
-            "serve",
             "--listen",
             "127.0.0.1:0",
             "--admin",

@@ -138,6 +138,9 @@ async fn wait_for_signal() {
 async fn serve(config: Config) -> Result<(), String> {
     let (recorder, prometheus) = m::prometheus_recorder();
     metrics::set_global_recorder(recorder).map_err(|e| format!("metrics recorder: {e}"))?;
+    // Every metric in the first scrape, so that alerts see a series before any event.
+    weir_service::metrics::register(m::DECLARED);
+    metrics::gauge!(m::MEMORY_BOUND_BYTES).set(m::memory_bound_bytes(&config) as f64);
     let upkeep = prometheus.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(5));

@@ -1,0 +1,106 @@
+//! Declared metrics, registered at start.
+//!
+//! Each service lists its metrics once, as [`Declared`] entries beside their names (its
+//! `metrics` module), and calls [`register`] after installing its recorder. Counters
+//! start at 0, gauges at 0, histograms with no samples: every name is in the first
+//! scrape. Labelled metrics are registered without labels; their labelled series
+//! appear with the first event that carries the labels (`sum(rate(x[5m]))` then covers
+//! both).
+
+/// What a metric is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Monotonic count (`_total`).
+    Counter,
+    /// A value that goes up and down.
+    Gauge,
+    /// A distribution of samples.
+    Histogram,
+}
+
+/// A metric a service declares: its name and kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Declared {
+    /// The Prometheus name.
+    pub name: &'static str,
+    /// Counter, gauge or histogram.
+    pub kind: Kind,
+}
+
+impl Declared {
+    /// A counter.
+    pub const fn counter(name: &'static str) -> Self {
+        Self {
+            name,
+            kind: Kind::Counter,
+        }
+    }
+
+    /// A gauge.
+    pub const fn gauge(name: &'static str) -> Self {
+        Self {
+            name,
+            kind: Kind::Gauge,
+        }
+    }
+
+    /// A histogram.
+    pub const fn histogram(name: &'static str) -> Self {
+        Self {
+            name,
+            kind: Kind::Histogram,
+        }
+    }
+}
+
+/// Registers every metric of `declared` with the installed recorder (a no-op without
+/// one). Registering does not change a value that already exists.
+pub fn register(declared: &[Declared]) {
+    for d in declared {
+        match d.kind {
+            Kind::Counter => metrics::counter!(d.name).increment(0),
+            Kind::Gauge => metrics::gauge!(d.name).increment(0.0),
+            Kind::Histogram => drop(metrics::histogram!(d.name)),
+        }
+    }
+}
+
+/// The names in the `pub const NAME: &str = "…";` items of a metrics module's source
+/// (on one line or two) that start with one of `prefixes`: a service's unit test
+/// compares them with its declared list, so a new metric cannot be left out of it.
+pub fn names_in_source<'a>(source: &'a str, prefixes: &[&str]) -> Vec<&'a str> {
+    source
+        .split("pub const ")
+        .skip(1)
+        .filter_map(|item| {
+            let (head, rest) = item.split_once('=')?;
+            if !head.trim_end().ends_with(": &str") {
+                return None;
+            }
+            let value = rest.trim_start().strip_prefix('"')?;
+            value.split('"').next()
+        })
+        .filter(|n| prefixes.iter().any(|p| n.starts_with(p)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_read_from_const_lines_with_a_known_prefix() {
+        let src = r#"
+/// Counter: a.
+pub const A: &str = "weir_a_total";
+pub const LABEL: &str = "reason";
+pub const B: &str =
+    "weir_b";
+pub const BUCKETS: &[f64] = &[0.1];
+"#;
+        assert_eq!(
+            names_in_source(src, &["weir_"]),
+            vec!["weir_a_total", "weir_b"]
+        );
+    }
+}
