@@ -33,10 +33,10 @@ use crate::error::{ConfigError, ConfigErrorKind};
 /// [`ENV_NOT_KEYS`].
 pub const ENV_PREFIX: &str = "WEIR_INGRESS_";
 
-/// Variables under [`ENV_PREFIX`] that belong to other tools and are not keys:
-/// `WEIR_INGRESS_BIN` (where the load test finds this binary; it is inherited by the
-/// ingress it starts).
-pub const ENV_NOT_KEYS: &[&str] = &["BIN"];
+/// Variables under [`ENV_PREFIX`] that are not configuration keys: `WEIR_INGRESS_BIN`
+/// (where the load test finds this binary; it is inherited by the ingress it starts)
+/// and the variable of the `--log-format` flag (`WEIR_INGRESS_LOG_FORMAT`).
+pub const ENV_NOT_KEYS: &[&str] = &["BIN", "LOG_FORMAT"];
 
 /// Default byte budget per stream: 0.5 s of 16 kHz s16le mono (25 frames of 20 ms).
 pub const DEFAULT_MAX_BYTES: usize = 16_000;

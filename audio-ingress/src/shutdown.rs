@@ -1,5 +1,5 @@
-//! Graceful shutdown pieces: waiting for SIGTERM/SIGINT, and a tracker of connection
-//! handlers so the service can wait for their close frames.
+//! Graceful shutdown pieces: a tracker of connection handlers so the service can wait
+//! for their close frames (the signal itself is `weir_service::shutdown::signal`).
 //!
 //! Order (in [`crate::service`]): stop accepting connections → finish every stream
 //! (`Ingress::shutdown`: drain within half the grace period, hand every `end` to NATS
@@ -54,30 +54,6 @@ impl TaskWaiter {
     pub async fn wait(mut self, bound: Duration) -> bool {
         // Nothing is ever sent: recv returns None once every sender is gone.
         tokio::time::timeout(bound, self.rx.recv()).await.is_ok()
-    }
-}
-
-/// Resolves on SIGTERM or SIGINT (Ctrl-C).
-pub async fn os_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the service");
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
     }
 }
 

@@ -32,12 +32,15 @@ async fn rules_and_dashboard_name_only_metrics_the_binary_and_the_consumer_expor
     let refs = deploy::referenced().expect("deploy files");
     let server = NatsServer::start().expect("nats-server");
 
-    // The example configuration as shipped; only the addresses are made local.
-    let config = deploy::deploy_dir().join("audio-ingress.toml");
-    let config = config.to_str().expect("utf-8 path");
+    // As the systemd unit runs it (its ExecStart arguments, the example configuration
+    // as shipped, the token secret from the environment); only the addresses are made
+    // local.
+    let args = deploy::unit_exec_args("audio-ingress.service", "ExecStart").expect("unit");
+    assert_eq!(args.first().map(String::as_str), Some("serve"));
+    let args: Vec<&str> = args[1..].iter().map(String::as_str).collect();
     let secret = "deploy-kit-test-secret-of-at-least-32-bytes";
     let ingress = Binary::start_with(
-        &["--config", config],
+        &args,
         &[("WEIR_INGRESS_AUTH_HS256_SECRET", secret)],
         server.url(),
         &[],

@@ -324,11 +324,13 @@ async fn starts_with_nats_down_and_serves_once_it_is_up() {
 /// named by the alerting rules or the dashboard is in its first `/metrics` scrape.
 #[tokio::test]
 async fn deploy_kit_config_starts_and_rules_name_only_exported_metrics() {
-    let deploy = weir_testkit::deploy::deploy_dir();
-    let config = deploy.join("llm-adapter.toml");
-    let config = config.to_str().expect("utf-8 path");
+    // As the systemd unit runs it: ExecStartPre (check-config), then ExecStart, with
+    // the example configuration as shipped; only the addresses are made local.
+    let unit = |directive| {
+        weir_testkit::deploy::unit_exec_args("llm-adapter.service", directive).expect("unit")
+    };
     let check = Command::new(BIN)
-        .args(["check-config", "--config", config])
+        .args(unit("ExecStartPre"))
         .output()
         .expect("run check-config");
     assert!(
@@ -338,7 +340,10 @@ async fn deploy_kit_config_starts_and_rules_name_only_exported_metrics() {
     );
 
     let server = weir_testkit::NatsServer::start().expect("nats-server");
-    let mut child = serve(server.url(), &["--config", config]);
+    let start = unit("ExecStart");
+    assert_eq!(start.first().map(String::as_str), Some("serve"));
+    let args: Vec<&str> = start[1..].iter().map(String::as_str).collect();
+    let mut child = serve(server.url(), &args);
     let line = first_line(&mut child).await;
     let ready: serde_json::Value = serde_json::from_str(&line).expect("ready line is JSON");
     let admin = ready["admin"].as_str().expect("admin");

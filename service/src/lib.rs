@@ -3,9 +3,13 @@
 //! - [`metrics`]: every metric a service declares exists from the start, with a zero
 //!   value, so that alerting rules and dashboards see a series before the first event
 //!   (a rule on a series that does not exist yet is silently never true);
-//! - [`process`]: the process's own figures (resident memory) for `/metrics`.
+//! - [`process`]: the process's own figures (resident memory) for `/metrics`;
+//! - [`logging`]: text or JSON logs on stderr;
+//! - [`shutdown`]: the signal both services stop on.
 //!
-//! This crate depends on the `metrics` facade only; it never installs a recorder.
+//! It never installs a metrics recorder (the binaries do).
 
+pub mod logging;
 pub mod metrics;
 pub mod process;
+pub mod shutdown;

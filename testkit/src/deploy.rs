@@ -58,6 +58,27 @@ pub fn scraped(text: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// The arguments (after the binary) of the `directive` line (`ExecStart`,
+/// `ExecStartPre`) of the systemd unit `deploy/systemd/<unit>`, with the installed
+/// configuration path `/etc/weir/<file>` replaced by this repository's
+/// `deploy/<file>`: a test runs the binary exactly as the unit would.
+pub fn unit_exec_args(unit: &str, directive: &str) -> std::io::Result<Vec<String>> {
+    let text = std::fs::read_to_string(deploy_dir().join("systemd").join(unit))?;
+    let prefix = format!("{directive}=");
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .ok_or_else(|| std::io::Error::other(format!("{unit} has no {directive}= line")))?;
+    Ok(line
+        .split_whitespace()
+        .skip(1)
+        .map(|a| match a.strip_prefix("/etc/weir/") {
+            Some(file) => deploy_dir().join(file).to_string_lossy().into_owned(),
+            None => a.to_owned(),
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,5 +106,17 @@ mod tests {
                 "{file}"
             );
         }
+    }
+
+    #[test]
+    fn unit_lines_become_arguments_with_the_repository_config() {
+        let args = unit_exec_args("audio-ingress.service", "ExecStart").expect("unit");
+        assert_eq!(args[0], "serve");
+        let config = deploy_dir().join("audio-ingress.toml");
+        assert!(
+            args.iter().any(|a| *a == config.to_string_lossy()),
+            "{args:?}"
+        );
+        assert!(unit_exec_args("audio-ingress.service", "ExecStop").is_err());
     }
 }

@@ -14,7 +14,8 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use weir_audio_ingress::config::{Config, ConfigSources, KEYS};
 use weir_audio_ingress::error::ErrorKind;
-use weir_audio_ingress::{metrics as m, service, shutdown, tap};
+use weir_audio_ingress::{metrics as m, service, tap};
+use weir_service::logging::LogFormat;
 
 #[derive(Parser)]
 #[command(
@@ -89,15 +90,9 @@ struct ServeArgs {
     /// Print every configuration key with its default and range, then exit.
     #[arg(long)]
     list_keys: bool,
-}
-
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    /// Log format on stderr.
+    #[arg(long, env = "WEIR_INGRESS_LOG_FORMAT", default_value = "text")]
+    log_format: LogFormat,
 }
 
 fn sources(args: &ServeArgs) -> Result<ConfigSources, String> {
@@ -166,7 +161,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         let _ = writeln!(out, "{}", running.ready_line());
         let _ = out.flush();
     }
-    shutdown::os_signal().await;
+    weir_service::shutdown::signal().await;
     let report = running.shutdown().await;
     if report.unfinished > 0 {
         tracing::warn!(
@@ -239,7 +234,11 @@ fn mint_token(args: &TokenArgs) -> ExitCode {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    let log_format = match &cli.command {
+        Command::Serve(args) => args.log_format,
+        Command::Tap(_) | Command::Token(_) => LogFormat::Text,
+    };
+    weir_service::logging::init(log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

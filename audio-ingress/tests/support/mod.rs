@@ -42,6 +42,7 @@ impl Binary {
     ) -> Self {
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_audio-ingress"));
         cmd.arg("serve").args(args).envs(envs.iter().copied());
+        // Listen, admin and NATS come after `args`: the last value of a flag wins.
         cmd.args([
             "--listen",
             "127.0.0.1:0",

@@ -24,6 +24,7 @@ use tokio::sync::watch;
 use weir_llm_adapter::admin::{self, AdminState};
 use weir_llm_adapter::config::{self, Config};
 use weir_llm_adapter::{backend, metrics as m};
+use weir_service::logging::LogFormat;
 
 #[derive(Parser)]
 #[command(
@@ -61,8 +62,8 @@ struct ServeArgs {
     #[arg(long, env = "WEIR_LLM_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     threads: Option<u16>,
     /// Log format on stderr.
-    #[arg(long, env = "WEIR_LLM_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
-    log_format: String,
+    #[arg(long, env = "WEIR_LLM_LOG_FORMAT", default_value = "text")]
+    log_format: LogFormat,
 }
 
 /// Environment variables read by clap, not by the generic `WEIR_LLM_*` mapping.
@@ -102,37 +103,6 @@ fn load(args: &ServeArgs) -> Result<Config, String> {
         .map_err(|e| format!("--admin: {e}"))?;
     }
     Config::from_table(&table).map_err(|e| e.to_string())
-}
-
-fn init_logs(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
-async fn wait_for_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        _ = term => tracing::info!("SIGTERM received"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
-    }
 }
 
 async fn serve(config: Config) -> Result<(), String> {
@@ -193,7 +163,7 @@ async fn serve(config: Config) -> Result<(), String> {
     out.flush().map_err(|e| format!("stdout: {e}"))?;
     drop(out);
 
-    wait_for_signal().await;
+    weir_service::shutdown::signal().await;
     tracing::info!("shutting down: refusing new requests, draining");
     let report = adapter.shutdown().await;
     tracing::info!(
@@ -257,7 +227,7 @@ fn main() -> ExitCode {
         Cmd::Serve(a) => (a, false),
         Cmd::CheckConfig(a) => (a, true),
     };
-    init_logs(&args.log_format);
+    weir_service::logging::init(args.log_format);
     let config = match load(args) {
         Ok(c) => c,
         Err(e) => {
