@@ -28,7 +28,9 @@ pub mod auth;
 pub mod config;
 pub mod confirm;
 pub mod conn_limit;
-pub mod consumer;
+/// The consumer core, now its own crate (`weir-consumer`, what a recognition worker
+/// embeds); re-exported here so that `weir_audio_ingress::consumer` paths keep working.
+pub use weir_consumer as consumer;
 pub mod error;
 pub mod jetstream;
 pub mod listener;

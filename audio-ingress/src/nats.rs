@@ -6,36 +6,18 @@
 //! when the callback is slow — so the callback only bumps a counter, sets a gauge and
 //! logs. Readiness is read from `Client::connection_state()`, not from events.
 //!
-//! Also shared by the consumer core and the tap: [`subscribe_confirmed`], which
-//! subscribes and waits for the server to confirm, bounded as a whole.
+//! Subscribing with the server's confirmation (the tap, the consumer core) is
+//! `weir_service::nats::subscribe_confirmed`.
 
-use std::time::Duration;
-
-use async_nats::{Client, ConnectOptions, Event, Subscriber};
-use bytes::Bytes;
-use futures::StreamExt;
+use async_nats::{Client, ConnectOptions, Event};
 
 use crate::config::{NatsAuth, NatsConfig};
 use crate::error::Error;
 use crate::metrics as m;
 
-/// The metric label of an event.
-pub fn event_label(event: &Event) -> &'static str {
-    match event {
-        Event::Connected => "connected",
-        Event::Disconnected => "disconnected",
-        Event::LameDuckMode => "lame_duck",
-        Event::Draining => "draining",
-        Event::Closed => "closed",
-        Event::SlowConsumer(_) => "slow_consumer",
-        Event::ServerError(_) => "server_error",
-        Event::ClientError(_) => "client_error",
-    }
-}
-
 /// Records one connection event: counter by `event`, the connected gauge, a log line.
 pub fn record_event(event: &Event) {
-    let label = event_label(event);
+    let label = weir_service::nats::event_label(event);
     metrics::counter!(m::NATS_EVENTS_TOTAL, m::LABEL_EVENT => label).increment(1);
     match event {
         Event::Connected => {
@@ -103,68 +85,4 @@ pub async fn connect(cfg: &NatsConfig, retry_initial: bool) -> Result<Client, Er
     opts.connect(urls)
         .await
         .map_err(|e| Error::Nats(format!("connect to {}: {e}", cfg.urls.join(","))))
-}
-
-/// A subscription that could not be made or confirmed in time.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct SubscribeError {
-    /// The subject (or the probe inbox) that failed.
-    pub subject: String,
-    /// Why.
-    pub reason: String,
-}
-
-/// Subscribes to every subject in `subjects`, then waits until the server has processed
-/// the SUBs: it handles one connection's commands in order, so once a message published
-/// after them comes back on a fresh inbox, they are all in place.
-///
-/// Bounded by `bound` as a whole: async-nats `subscribe` and `publish` wait without
-/// limit when the client's command channel is full (slow, paused or absent server).
-pub(crate) async fn subscribe_confirmed(
-    client: &Client,
-    subjects: Vec<String>,
-    bound: Duration,
-) -> Result<Vec<(String, Subscriber)>, SubscribeError> {
-    let all = subjects.join(",");
-    let work = async {
-        let mut subs = Vec::with_capacity(subjects.len());
-        for subject in subjects {
-            match client.subscribe(subject.clone()).await {
-                Ok(sub) => subs.push((subject, sub)),
-                Err(e) => {
-                    return Err(SubscribeError {
-                        subject,
-                        reason: e.to_string(),
-                    });
-                }
-            }
-        }
-        let inbox = client.new_inbox();
-        let fail = |reason: String| SubscribeError {
-            subject: inbox.clone(),
-            reason,
-        };
-        let mut probe = client
-            .subscribe(inbox.clone())
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        client
-            .publish(inbox.clone(), Bytes::new())
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        probe
-            .next()
-            .await
-            .ok_or_else(|| fail("probe subscription closed".into()))?;
-        Ok(subs)
-    };
-    tokio::time::timeout(bound, work)
-        .await
-        .map_err(|_| SubscribeError {
-            subject: all,
-            reason: format!(
-                "the server did not confirm the subscriptions within {} ms",
-                bound.as_millis()
-            ),
-        })?
 }

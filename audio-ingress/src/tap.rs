@@ -370,19 +370,22 @@ pub async fn run_with(
             url: args.nats_url.clone(),
             reason: e.to_string(),
         })?;
-    let mut sub =
-        crate::nats::subscribe_confirmed(&client, vec![args.subject.clone()], SUBSCRIBE_TIMEOUT)
-            .await
-            .map_err(|e| TapError::Subscribe {
-                subject: args.subject.clone(),
-                reason: e.reason,
-            })?
-            .pop()
-            .map(|(_, sub)| sub)
-            .ok_or_else(|| TapError::Subscribe {
-                subject: args.subject.clone(),
-                reason: "no subscription".into(),
-            })?;
+    let mut sub = weir_service::nats::subscribe_confirmed(
+        &client,
+        vec![args.subject.clone()],
+        SUBSCRIBE_TIMEOUT,
+    )
+    .await
+    .map_err(|e| TapError::Subscribe {
+        subject: args.subject.clone(),
+        reason: e.reason,
+    })?
+    .pop()
+    .map(|(_, sub)| sub)
+    .ok_or_else(|| TapError::Subscribe {
+        subject: args.subject.clone(),
+        reason: "no subscription".into(),
+    })?;
     // The server answers a subscription it refuses (permissions, a subject it finds
     // invalid) with -ERR before the probe came back; the callback may run a little
     // later, so wait for it briefly before declaring success.

@@ -9,6 +9,8 @@
 //! Python comes from `WEIR_PYTHON` or `scripts/ensure-python-env`; without Python and
 //! nats-py these tests fail with a message saying so.
 
+// The consumer core's test helpers live with it (consumer/tests).
+#[path = "../../consumer/tests/consumer_support/mod.rs"]
 mod consumer_support;
 
 use std::collections::HashMap;

@@ -4,6 +4,8 @@
 //! dashboard is in its first `/metrics` scrape; every `weir_consumer_*` one is exported
 //! by the consumer core (what a recognition worker embeds) from its start.
 
+// The consumer core's test helpers live with it (consumer/tests).
+#[path = "../../consumer/tests/consumer_support/mod.rs"]
 mod consumer_support;
 mod support;
 

@@ -2,6 +2,8 @@
 //! text output, undecodable packets, summaries, and the three ways it stops (`--count`,
 //! `--for`, SIGTERM); plus the deployed Python producer read by the tap.
 
+// The consumer core's test helpers live with it (consumer/tests).
+#[path = "../../consumer/tests/consumer_support/mod.rs"]
 mod consumer_support;
 
 use std::process::Stdio;

@@ -4,12 +4,15 @@
 //!   value, so that alerting rules and dashboards see a series before the first event
 //!   (a rule on a series that does not exist yet is silently never true);
 //! - [`process`]: the process's own figures (resident memory) for `/metrics`;
-//! - [`logging`]: text or JSON logs on stderr;
+//! - [`nats`]: connection-event labels, subscribing with the server's confirmation;
+//! - [`logging`] (feature `logging`): text or JSON logs on stderr;
 //! - [`shutdown`]: the signal both services stop on.
 //!
 //! It never installs a metrics recorder (the binaries do).
 
+#[cfg(feature = "logging")]
 pub mod logging;
 pub mod metrics;
+pub mod nats;
 pub mod process;
 pub mod shutdown;

@@ -24,7 +24,7 @@ use std::ops::RangeInclusive;
 
 /// What the tracker decided about one packet.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Observation {
+pub enum Observation {
     /// Accept the packet. `lost` is the range of seqs that should have arrived before it
     /// and did not (undeclared loss); `leading` is how many seqs before the first packet
     /// of the stream were never seen (set only on the stream's first packet).
@@ -42,7 +42,7 @@ pub(crate) enum Observation {
 
 /// The kind of packet being tracked, reduced to what sequencing needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Seqs {
+pub enum Seqs {
     /// A frame or an end packet: occupies exactly its own seq.
     Single(u64),
     /// A declared gap: occupies `first..=last` (the packet's own seq is `last`).
@@ -72,14 +72,14 @@ impl Seqs {
 
 /// Sequence state of one stream instance.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct SeqTracker {
+pub struct SeqTracker {
     /// The last seq accepted; `None` before the first packet.
     last: Option<u64>,
 }
 
 impl SeqTracker {
     /// A tracker that has seen nothing yet.
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         Self::default()
     }
 
@@ -87,7 +87,7 @@ impl SeqTracker {
     ///
     /// A range whose `first > last` is treated as the single seq `last` (the decoder
     /// should refuse such gaps; the tracker stays total anyway).
-    pub(crate) fn observe(&mut self, seqs: Seqs) -> Observation {
+    pub fn observe(&mut self, seqs: Seqs) -> Observation {
         let seqs = match seqs {
             Seqs::Range { first, last } if first > last => Seqs::Single(last),
             other => other,
@@ -117,7 +117,7 @@ impl SeqTracker {
     }
 
     /// The last seq accepted, if any.
-    pub(crate) fn last_seq(&self) -> Option<u64> {
+    pub fn last_seq(&self) -> Option<u64> {
         self.last
     }
 }

@@ -5,7 +5,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use weir_audio_ingress::consumer::{Consumer, ConsumerConfig, StreamEvent, StreamHandler, StreamInfo};
+//! use weir_consumer::{Consumer, ConsumerConfig, StreamEvent, StreamHandler, StreamInfo};
 //!
 //! struct Worker; // e.g. a simulated recogniser with a cost per frame
 //! impl StreamHandler for Worker {
@@ -16,7 +16,7 @@
 //!     }
 //! }
 //!
-//! # async fn run() -> Result<(), weir_audio_ingress::consumer::ConsumerError> {
+//! # async fn run() -> Result<(), weir_consumer::ConsumerError> {
 //! let settings = ConsumerConfig::partitioned("audio.{partition}.{stream}", 8, [0, 1, 2, 3])
 //!     .validate()?;
 //! let consumer = Consumer::connect("nats://127.0.0.1:4222", settings, |_: &StreamInfo| Worker).await?;
@@ -104,10 +104,13 @@ mod event;
 mod handler;
 pub mod jetstream;
 mod loss;
+pub mod metrics;
 mod queue;
 mod slots;
 mod stats;
-pub(crate) mod tracker;
+/// Per-stream sequence tracking (loss, duplicates, restarts); also used by
+/// `audio-ingress tap`.
+pub mod tracker;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -209,21 +212,21 @@ impl ConsumerError {
 /// Metric handles of the per-packet path, resolved once (under the recorder installed
 /// when the consumer starts); the rare paths use the `metrics` macros directly.
 pub(crate) struct Instruments {
-    pub(crate) messages: metrics::Counter,
-    pub(crate) frames: metrics::Counter,
-    pub(crate) delivered: metrics::Counter,
-    pub(crate) stale: metrics::Counter,
-    pub(crate) streams_active: metrics::Gauge,
+    pub(crate) messages: ::metrics::Counter,
+    pub(crate) frames: ::metrics::Counter,
+    pub(crate) delivered: ::metrics::Counter,
+    pub(crate) stale: ::metrics::Counter,
+    pub(crate) streams_active: ::metrics::Gauge,
 }
 
 impl Instruments {
     fn new() -> Self {
         Self {
-            messages: metrics::counter!(m::CONSUMER_MESSAGES_TOTAL),
-            frames: metrics::counter!(m::CONSUMER_FRAMES_TOTAL),
-            delivered: metrics::counter!(m::CONSUMER_FRAMES_DELIVERED_TOTAL),
-            stale: metrics::counter!(crate::metrics::CONSUMER_FRAMES_STALE_TOTAL),
-            streams_active: metrics::gauge!(m::CONSUMER_STREAMS_ACTIVE),
+            messages: ::metrics::counter!(m::CONSUMER_MESSAGES_TOTAL),
+            frames: ::metrics::counter!(m::CONSUMER_FRAMES_TOTAL),
+            delivered: ::metrics::counter!(m::CONSUMER_FRAMES_DELIVERED_TOTAL),
+            stale: ::metrics::counter!(crate::metrics::CONSUMER_FRAMES_STALE_TOTAL),
+            streams_active: ::metrics::gauge!(m::CONSUMER_STREAMS_ACTIVE),
         }
     }
 }
@@ -232,8 +235,9 @@ impl Instruments {
 /// compared with by the staleness guard. Injectable so that tests control it.
 pub(crate) type WallClock = Arc<dyn Fn() -> u64 + Send + Sync>;
 
-/// The system clock as [`WallClock`] reads it (0 before 1970, saturating far ahead).
-pub(crate) fn system_unix_ms() -> u64 {
+/// The system clock in Unix milliseconds, as the staleness guard reads it (0 before
+/// 1970, saturating far ahead).
+pub fn system_unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -282,11 +286,11 @@ impl Shared {
     }
 
     fn on_client_event(&self, event: &async_nats::Event) {
-        let name = crate::nats::event_label(event);
-        metrics::counter!(m::CONSUMER_NATS_EVENTS_TOTAL, m::LABEL_EVENT => name).increment(1);
+        let name = weir_service::nats::event_label(event);
+        ::metrics::counter!(m::CONSUMER_NATS_EVENTS_TOTAL, m::LABEL_EVENT => name).increment(1);
         if let async_nats::Event::SlowConsumer(sid) = event {
             self.registry().slow_consumer();
-            metrics::counter!(m::CONSUMER_SLOW_CONSUMER_TOTAL).increment(1);
+            ::metrics::counter!(m::CONSUMER_SLOW_CONSUMER_TOTAL).increment(1);
             tracing::warn!(sid, "NATS client dropped messages: slow consumer");
             let _ = self.events.send(ConsumerEvent::SlowConsumer { sid: *sid });
         } else {
@@ -385,17 +389,19 @@ impl Consumer {
             .collect();
         let feeds: Vec<(String, BoxStream<'static, jetstream::Inbound>)> =
             match &shared.settings.source {
-                ConsumerSource::Core => {
-                    crate::nats::subscribe_confirmed(&client, subjects, SUBSCRIBE_CONFIRM_TIMEOUT)
-                        .await
-                        .map_err(|e| ConsumerError::Subscribe {
-                            subject: e.subject,
-                            reason: e.reason,
-                        })?
-                        .into_iter()
-                        .map(|(subject, sub)| (subject, sub.map(Ok).boxed()))
-                        .collect()
-                }
+                ConsumerSource::Core => weir_service::nats::subscribe_confirmed(
+                    &client,
+                    subjects,
+                    SUBSCRIBE_CONFIRM_TIMEOUT,
+                )
+                .await
+                .map_err(|e| ConsumerError::Subscribe {
+                    subject: e.subject,
+                    reason: e.reason,
+                })?
+                .into_iter()
+                .map(|(subject, sub)| (subject, sub.map(Ok).boxed()))
+                .collect(),
                 ConsumerSource::JetStream { stream, start } => {
                     jetstream::ordered_feeds(
                         &client,
@@ -505,7 +511,7 @@ async fn run_subscription<F: HandlerFactory>(
                     );
                 }
                 Some(Err(error)) => {
-                    metrics::counter!(crate::metrics::CONSUMER_JETSTREAM_ERRORS_TOTAL).increment(1);
+                    ::metrics::counter!(crate::metrics::CONSUMER_JETSTREAM_ERRORS_TOTAL).increment(1);
                     tracing::warn!(subject, error, "JetStream source error; it recovers by itself");
                     tokio::time::sleep(SOURCE_ERROR_PAUSE).await;
                 }

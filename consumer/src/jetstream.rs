@@ -1,4 +1,4 @@
-//! The JetStream source ([`ConsumerSource::JetStream`]): one ordered push consumer per
+//! The JetStream source ([`crate::ConsumerSource::JetStream`]): one ordered push consumer per
 //! owned partition subject, feeding the same demultiplexer as a core subscription.
 //!
 //! Why an *ordered push* consumer (async-nats `jetstream::consumer::push::OrderedConfig`):

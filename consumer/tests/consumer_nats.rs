@@ -12,7 +12,7 @@ use bytes::Bytes;
 use consumer_support::{
     Book, Recorder, client, connect_options, flush, pcm, publish, publish_raw, wait_until,
 };
-use weir_audio_ingress::consumer::{Consumer, ConsumerConfig, ConsumerEvent, ConsumerSettings};
+use weir_consumer::{Consumer, ConsumerConfig, ConsumerEvent, ConsumerSettings};
 use weir_protocol::audio::extension::headers;
 use weir_protocol::audio::{Gap, GapReason, Packet};
 use weir_protocol::{StreamId, SubjectTemplate, partition_of};

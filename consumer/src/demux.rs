@@ -858,9 +858,9 @@ async fn run_stream<H: StreamHandler>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::consumer::config::{ConsumerConfig, ConsumerPolicy};
-    use crate::consumer::handler::channel_factory;
-    use crate::consumer::stats::ConsumerStats;
+    use crate::config::{ConsumerConfig, ConsumerPolicy};
+    use crate::handler::channel_factory;
+    use crate::stats::ConsumerStats;
     use std::collections::HashMap as Map;
     use std::time::Duration;
     use tokio::sync::broadcast;

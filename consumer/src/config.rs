@@ -99,7 +99,7 @@ pub enum ConsumerSource {
     /// consumer per owned partition subject on `stream`, which delivers the stream's
     /// messages in stream order with no ack and recreates itself (from the last
     /// delivered stream sequence) after a reconnect, a server restart or a sequence
-    /// mismatch. See [`crate::consumer`] § JetStream source.
+    /// mismatch. See [`crate`] § JetStream source.
     #[serde(rename = "jetstream")]
     JetStream {
         /// The JetStream stream the ingress publishes into (`jetstream_stream`,
@@ -486,7 +486,7 @@ impl ConsumerSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::consumer::ConsumerErrorKind;
+    use crate::ConsumerErrorKind;
 
     fn key_of(cfg: &ConsumerConfig) -> String {
         match cfg.validate() {

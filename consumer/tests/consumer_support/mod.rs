@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_nats::HeaderMap;
 use bytes::Bytes;
-use weir_audio_ingress::consumer::{StreamEvent, StreamHandler, StreamInfo};
+use weir_consumer::{StreamEvent, StreamHandler, StreamInfo};
 use weir_protocol::audio::Packet;
 
 /// Short client timeouts, as NATS-FACTS asks for tests.
@@ -101,7 +101,7 @@ pub async fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bo
 
 /// Waits (at most 5 s) until every stream instance of `consumer` has been handled to
 /// its end (its handler task finished), so that what the handlers recorded is complete.
-pub async fn wait_handlers_done(consumer: &weir_audio_ingress::consumer::Consumer) {
+pub async fn wait_handlers_done(consumer: &weir_consumer::Consumer) {
     let done = wait_until(Duration::from_secs(5), || {
         consumer.stats().totals.streams_active == 0
     })

@@ -9,9 +9,7 @@ use std::time::Duration;
 
 use consumer_support::{Book, Recorder, client, connect_options, flush, pcm, publish, wait_until};
 use tokio::sync::broadcast;
-use weir_audio_ingress::consumer::{
-    Consumer, ConsumerConfig, ConsumerEvent, ConsumerSettings, LossDeclaration,
-};
+use weir_consumer::{Consumer, ConsumerConfig, ConsumerEvent, ConsumerSettings, LossDeclaration};
 use weir_protocol::audio::Packet;
 use weir_protocol::audio::extension::{PossibleLoss, PossibleLossReason, headers};
 use weir_testkit::NatsServer;

@@ -480,7 +480,7 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::consumer::config::{ConsumerPolicy, QueueLimits};
+    use crate::config::{ConsumerPolicy, QueueLimits};
     use std::time::Duration;
 
     fn queue() -> Arc<StreamQueue> {

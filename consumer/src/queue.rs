@@ -387,7 +387,7 @@ impl Drop for ReceiverGuard<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::consumer::event::{EndCause, Frame};
+    use crate::event::{EndCause, Frame};
     use bytes::Bytes;
     use weir_protocol::audio::AudioFormat;
 
@@ -524,7 +524,7 @@ mod tests {
     /// and the bound still makes progress.
     #[tokio::test(start_paused = true)]
     async fn gap_policy_drops_loss_declarations_without_covering_seqs() {
-        use crate::consumer::event::LossDeclaration;
+        use crate::event::LossDeclaration;
         use weir_protocol::audio::extension::PossibleLossReason;
         let declared = || {
             StreamEvent::LossDeclared(LossDeclaration {
