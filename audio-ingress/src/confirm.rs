@@ -32,8 +32,8 @@
 //!   *possibly lost* — counted (`unconfirmed_at_disconnect`), released, and declared to
 //!   the consumers on the stream's next packet and on its `end` (`Weir-Possibly-Lost`),
 //!   never reported as published.
-//! - The window's byte limit is `confirm_window` × the admitted byte rate (an EWMA over
-//!   about a second), at least `confirm_window_min_bytes`. When it is full, a publisher
+//! - The window's byte limit is `confirm_window` × the admitted byte rate (an EWMA that
+//!   rises within ~100 ms and falls over ~1 s), at least `confirm_window_min_bytes`. When it is full, a publisher
 //!   waits before handing its frame over — in weir's queue, where `max_age` and the
 //!   policy apply — instead of piling audio into the client.
 //!
@@ -496,7 +496,11 @@ impl Window {
     }
 }
 
-/// The admitted byte rate, smoothed (EWMA, time constant [`RATE_TAU`]).
+/// The admitted byte rate, smoothed: an EWMA that follows a rising rate within
+/// [`RATE_TAU_UP`] and a falling one over [`RATE_TAU`]. Rising fast matters when load
+/// arrives after a quiet spell: with one slow constant the window stayed near its floor
+/// (one stream's budget for the whole connection) for tens of milliseconds while every
+/// stream waited for room; falling slowly keeps the limit through a short lull.
 struct RateMeter {
     last_bytes: u64,
     last_at: Instant,
@@ -504,6 +508,7 @@ struct RateMeter {
 }
 
 const RATE_TAU: Duration = Duration::from_secs(1);
+const RATE_TAU_UP: Duration = Duration::from_millis(100);
 
 impl RateMeter {
     fn new(bytes: u64) -> Self {
@@ -520,7 +525,12 @@ impl RateMeter {
         let dt = now.saturating_duration_since(self.last_at).as_secs_f64();
         if dt >= 0.01 {
             let inst = bytes.saturating_sub(self.last_bytes) as f64 / dt;
-            let alpha = (dt / RATE_TAU.as_secs_f64()).min(1.0);
+            let tau = if inst > self.rate {
+                RATE_TAU_UP
+            } else {
+                RATE_TAU
+            };
+            let alpha = (dt / tau.as_secs_f64()).min(1.0);
             self.rate += alpha * (inst - self.rate);
             self.last_bytes = bytes;
             self.last_at = now;
@@ -667,6 +677,27 @@ mod tests {
         }
         let r = m.update(total);
         assert!((r - 32_000.0).abs() < 2_000.0, "{r}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn rate_meter_rises_fast_and_falls_slowly() {
+        let mut m = RateMeter::new(0);
+        let mut total = 0;
+        // 100 ms at 1 MB/s after silence: most of the way up already.
+        for _ in 0..10 {
+            tokio::time::advance(Duration::from_millis(10)).await;
+            total += 10_000;
+            m.update(total);
+        }
+        let up = m.update(total);
+        assert!(up > 550_000.0, "{up}");
+        // Then 100 ms of silence: still most of it.
+        for _ in 0..10 {
+            tokio::time::advance(Duration::from_millis(10)).await;
+            m.update(total);
+        }
+        let down = m.update(total);
+        assert!(down > 0.85 * up && down < up, "{up} -> {down}");
     }
 
     #[tokio::test(start_paused = true)]
