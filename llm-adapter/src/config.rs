@@ -285,7 +285,8 @@ impl Default for SimConfig {
 /// `[backend.openai]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpenAiConfig {
-    /// `http://host:port` of the server (vLLM, llama.cpp server, Ollama).
+    /// `http://host:port` or `https://host[:port]` of the server (vLLM, llama.cpp
+    /// server, Ollama, a hosted endpoint).
     pub base_url: String,
     /// Path the body is POSTed to, e.g. `/v1/chat/completions`.
     pub path: String,
@@ -297,6 +298,12 @@ pub struct OpenAiConfig {
     pub pool_max_idle_per_host: usize,
     /// How long an idle pooled connection is kept.
     pub pool_idle_timeout: Duration,
+    /// PEM file of extra CA certificates trusted for HTTPS (beside the system roots).
+    pub tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate (chain) presented over HTTPS; with `tls_key_file`.
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file`.
+    pub tls_key_file: Option<PathBuf>,
 }
 
 /// `[backend.nats]`.
@@ -851,12 +858,39 @@ fn read_backend(r: &mut Reader<'_>) -> Result<BackendConfig, ConfigError> {
 
 fn read_openai(openai: &mut Reader<'_>) -> Result<OpenAiConfig, ConfigError> {
     let base_url = openai.string("base_url", "http://127.0.0.1:8000")?;
-    if !base_url.starts_with("http://") || base_url.len() <= "http://".len() {
+    let host = base_url
+        .strip_prefix("https://")
+        .or_else(|| base_url.strip_prefix("http://"));
+    if host.is_none_or(|h| h.trim_end_matches('/').is_empty()) {
         return Err(ConfigError::invalid(
             openai.key("base_url"),
-            format!(
-                "expected http://host:port (this build has no TLS client; put a TLS proxy on localhost for https), got {base_url:?}"
-            ),
+            format!("expected http://host:port or https://host[:port], got {base_url:?}"),
+        ));
+    }
+    let tls_ca_file = openai.opt_string("tls_ca_file")?.map(PathBuf::from);
+    let tls_cert_file = openai.opt_string("tls_cert_file")?.map(PathBuf::from);
+    let tls_key_file = openai.opt_string("tls_key_file")?.map(PathBuf::from);
+    if tls_cert_file.is_some() != tls_key_file.is_some() {
+        return Err(ConfigError::invalid(
+            openai.key(if tls_cert_file.is_some() {
+                "tls_key_file"
+            } else {
+                "tls_cert_file"
+            }),
+            "tls_cert_file and tls_key_file go together",
+        ));
+    }
+    if !base_url.starts_with("https://")
+        && let Some(k) = [
+            ("tls_ca_file", tls_ca_file.is_some()),
+            ("tls_cert_file", tls_cert_file.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(k, set)| set.then_some(k))
+    {
+        return Err(ConfigError::invalid(
+            openai.key(k),
+            "set, but base_url is not https:// (it would be ignored)",
         ));
     }
     let path = openai.string("path", "/v1/chat/completions")?;
@@ -878,6 +912,9 @@ fn read_openai(openai: &mut Reader<'_>) -> Result<OpenAiConfig, ConfigError> {
             "",
         )?),
         pool_idle_timeout: openai.millis("pool_idle_timeout_ms", 90_000, 1..=3_600_000, "")?,
+        tls_ca_file,
+        tls_cert_file,
+        tls_key_file,
     })
 }
 
@@ -1657,8 +1694,32 @@ mod tests {
             "backend.nats.subject"
         );
         assert_eq!(
-            err("[backend]\nkind = \"openai\"\n[backend.openai]\nbase_url = \"https://x\"").key(),
+            err("[backend]\nkind = \"openai\"\n[backend.openai]\nbase_url = \"ftp://x\"").key(),
             "backend.openai.base_url"
+        );
+        assert_eq!(
+            err("[backend.openai]\nbase_url = \"https://\"").key(),
+            "backend.openai.base_url"
+        );
+        assert_eq!(
+            err("[backend.openai]\nbase_url = \"https://x\"\ntls_cert_file = \"c.pem\"").key(),
+            "backend.openai.tls_key_file"
+        );
+        assert_eq!(
+            err("[backend.openai]\nbase_url = \"http://x\"\ntls_ca_file = \"ca.pem\"").key(),
+            "backend.openai.tls_ca_file"
+        );
+        let c = Config::from_toml_str(
+            "[backend]\nkind = \"openai\"\n[backend.openai]\nbase_url = \"https://api.example.com/\"\ntls_ca_file = \"ca.pem\"",
+        )
+        .expect("https accepted");
+        let BackendKind::OpenAi(o) = &c.backend.kind else {
+            panic!("openai expected");
+        };
+        assert_eq!(o.base_url, "https://api.example.com");
+        assert_eq!(
+            o.tls_ca_file.as_deref(),
+            Some(std::path::Path::new("ca.pem"))
         );
         assert_eq!(
             err("[backend.sim]\nerror_rate = 1.5").key(),

@@ -328,7 +328,9 @@ pub async fn start_with_events(
         None => (Tracer::logging(config.trace.log), None),
     };
     let sink = Arc::new(NatsSink::new(client.clone(), config.nats.publish_timeout));
-    let admission = Admission::start(AdmissionConfig::from(&*config), backend, sink, tracer);
+    let mut admission_cfg = AdmissionConfig::from(&*config);
+    admission_cfg.max_reply_bytes = sink.max_reply_bytes();
+    let admission = Admission::start(admission_cfg, backend, sink, tracer);
     let edge = match ServiceEdge::start(&client, config.clone(), admission.clone(), events.clone())
         .await
     {

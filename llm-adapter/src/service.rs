@@ -100,6 +100,17 @@ impl NatsSink {
     }
 }
 
+impl NatsSink {
+    /// The largest reply body that fits a NATS message with the reply's headers: what a
+    /// backend may read for a unary reply before it stops ([`crate::backend::BackendRequest::max_reply_bytes`]).
+    pub fn max_reply_bytes(&self) -> usize {
+        self.max_payload - REPLY_HEADROOM
+    }
+}
+
+/// Room left in a reply for its headers (timings, ids, passthrough headers).
+const REPLY_HEADROOM: usize = 1024;
+
 /// Runs `fut` to completion if it finishes on its first poll (the common case: the
 /// publish only queues into the client's channel); otherwise bounds it by `limit`.
 /// Saves arming a timer per reply. `None` when the bound elapsed.
@@ -134,7 +145,7 @@ pub(crate) fn render(
 ) -> (HeaderMap, Bytes) {
     let mut headers = HeaderMap::new();
     let body = match &outcome.result {
-        Ok(reply) if reply.body.len() + 1024 <= max_payload => {
+        Ok(reply) if reply.body.len() + REPLY_HEADROOM <= max_payload => {
             for (n, v) in &reply.headers {
                 put(&mut headers, n, v);
             }

@@ -2,6 +2,8 @@
 //! the admin endpoints, graceful shutdown on SIGTERM, refusal of bad configuration.
 
 mod common;
+#[path = "support/tls_openai.rs"]
+mod tls_openai;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -317,4 +319,71 @@ async fn starts_with_nats_down_and_serves_once_it_is_up() {
     let client = LlmClient::new(connect(server.url()).await, "llm.infer");
     let reply = client.request("hello").timeout(STEP).send().await;
     assert_eq!(&reply.expect("answered").body[..], b"hello");
+}
+
+/// A 10 MB reply from an HTTPS backend is refused (`backend_error` with the byte cap in
+/// `limit`) and the binary's RSS does not keep it: measured on the real process, after
+/// one small request has set up the pooled TLS connection. Prints the figures.
+#[tokio::test]
+async fn a_10_mb_backend_reply_is_refused_and_rss_grows_less_than_1_mb() {
+    let server = weir_testkit::NatsServer::start().expect("nats-server");
+    let backend = tls_openai::TlsOpenAi::start(false).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let cfg = dir.path().join("adapter.toml");
+    std::fs::write(
+        &cfg,
+        format!("workers = 1\n{}", backend.backend_toml(false)),
+    )
+    .expect("config");
+    let mut child = serve(
+        server.url(),
+        &["--config", cfg.to_str().expect("utf-8 path")],
+    );
+    let line = first_line(&mut child).await;
+    assert!(line.contains("\"ready\""), "{line}");
+    let pid = child.0.id();
+    let rss = || weir_testkit::process::rss_bytes(pid).expect("rss") as i64;
+    let client = LlmClient::new(connect(server.url()).await, "llm.infer");
+    for _ in 0..3 {
+        client
+            .request("{}")
+            .timeout(STEP)
+            .send()
+            .await
+            .expect("warm-up over https");
+    }
+    let before = rss();
+    let mut peak = before;
+    for _ in 0..10 {
+        let call = client.request(r#"{"huge":1}"#).timeout(STEP).send();
+        tokio::pin!(call);
+        let e = loop {
+            tokio::select! {
+                r = &mut call => break r.expect_err("too large"),
+                _ = tokio::time::sleep(Duration::from_millis(2)) => peak = peak.max(rss()),
+            }
+        };
+        assert_eq!(
+            e.kind(),
+            weir_llm_adapter::client::ClientErrorKind::Server(
+                weir_protocol::llm::ErrorCode::BackendError
+            )
+        );
+        assert!(e.details().limit.is_some(), "{e}");
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let after = rss();
+    eprintln!(
+        "10 x 10 MB replies refused: RSS before {} KiB, peak {} KiB (+{} KiB), after {} KiB (+{} KiB)",
+        before / 1024,
+        peak / 1024,
+        (peak - before) / 1024,
+        after / 1024,
+        (after - before) / 1024
+    );
+    assert!(
+        after - before < 1024 * 1024,
+        "RSS grew {} KiB",
+        (after - before) / 1024
+    );
 }

@@ -34,6 +34,7 @@
 
 pub mod binary;
 mod error;
+pub mod process;
 pub mod server;
 
 pub use binary::{NatsServerVersion, nats_server_bin, nats_server_version};

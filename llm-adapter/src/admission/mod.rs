@@ -82,6 +82,10 @@ pub struct AdmissionConfig {
     pub backend_timeout: Duration,
     /// How long running requests may finish at shutdown.
     pub shutdown_grace: Duration,
+    /// Most bytes of a unary reply body the backend may read
+    /// ([`BackendRequest::max_reply_bytes`]); set from the NATS `max_payload` by
+    /// [`crate::start`], `usize::MAX` (no cap) otherwise.
+    pub max_reply_bytes: usize,
 }
 
 impl From<&Config> for AdmissionConfig {
@@ -98,6 +102,7 @@ impl From<&Config> for AdmissionConfig {
             idempotency: c.idempotency,
             backend_timeout: c.backend.timeout,
             shutdown_grace: c.shutdown_grace,
+            max_reply_bytes: usize::MAX,
         }
     }
 }
@@ -449,20 +454,7 @@ impl<S: Sink> Inner<S> {
                     "shutdown grace period ended; backend call aborted",
                 ),
             }),
-            r = call => r.map_err(|e| match e.kind() {
-                // A backend that bounds its call by the remaining budget (the NATS
-                // backend) times out at the deadline: that is the deadline's doing.
-                BackendErrorKind::Timeout if deadline.is_some_and(|d| Instant::now() >= d) => {
-                    ErrorBody::new(
-                        ErrorCode::DeadlineExceeded,
-                        "deadline passed during inference; backend call aborted",
-                    )
-                }
-                BackendErrorKind::Timeout => ErrorBody::new(ErrorCode::BackendTimeout, e.message()),
-                BackendErrorKind::Failed | BackendErrorKind::Unavailable => {
-                    ErrorBody::new(ErrorCode::BackendError, e.message())
-                }
-            }),
+            r = call => r.map_err(|e| backend_failure(&e, deadline)),
             _ = tokio::time::sleep_until(limit_at) => Err(if deadline_first {
                 ErrorBody::new(
                     ErrorCode::DeadlineExceeded,
@@ -489,6 +481,41 @@ impl<S: Sink> Inner<S> {
             &mut fx,
         );
         self.apply(fx).await;
+    }
+}
+
+/// The answer for a failed backend call.
+pub(crate) fn backend_failure(
+    e: &crate::backend::BackendError,
+    deadline: Option<Instant>,
+) -> ErrorBody {
+    match e.kind() {
+        // A backend that bounds its call by the remaining budget (the NATS backend)
+        // times out at the deadline: that is the deadline's doing.
+        BackendErrorKind::Timeout if deadline.is_some_and(|d| Instant::now() >= d) => {
+            ErrorBody::new(
+                ErrorCode::DeadlineExceeded,
+                "deadline passed during inference; backend call aborted",
+            )
+        }
+        BackendErrorKind::Timeout => ErrorBody::new(ErrorCode::BackendTimeout, e.message()),
+        // The backend's own overload: retryable after its `Retry-After` (kept as
+        // `backend_error` so that callers built before the distinction still match).
+        BackendErrorKind::Overloaded => ErrorBody::new(ErrorCode::BackendError, e.message())
+            .with_details(ErrorDetails {
+                retry_after_ms: e
+                    .retry_after()
+                    .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                backend_status: e.status(),
+                ..Default::default()
+            }),
+        BackendErrorKind::TooLarge | BackendErrorKind::Failed | BackendErrorKind::Unavailable => {
+            ErrorBody::new(ErrorCode::BackendError, e.message()).with_details(ErrorDetails {
+                backend_status: e.status(),
+                limit: e.limit(),
+                ..Default::default()
+            })
+        }
     }
 }
 

@@ -882,6 +882,7 @@ impl<W> State<W> {
             request_id: sub.request_id.clone(),
             session: sub.session.clone(),
             deadline,
+            max_reply_bytes: self.cfg.max_reply_bytes,
         };
         let mut entry = Entry {
             id,

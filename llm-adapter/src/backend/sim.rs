@@ -259,6 +259,7 @@ mod tests {
             request_id: None,
             session: None,
             deadline: None,
+            max_reply_bytes: usize::MAX,
         }
     }
 
