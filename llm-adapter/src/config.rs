@@ -270,6 +270,31 @@ pub struct SimConfig {
     pub error_rate: f64,
     /// Random seed (latency and errors are reproducible).
     pub seed: u64,
+    /// Streamed replies: tokens after a first-token delay, at a rate.
+    pub stream: SimStream,
+}
+
+/// `[backend.sim]` streaming mode: what a streamed call ([`crate::backend::Backend::call_stream`])
+/// produces — `tokens` SSE deltas, the first after `first_token`, then
+/// `tokens_per_second`, then `data: [DONE]`. A body with `"max_tokens": N` asks for N.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SimStream {
+    /// Delay before the first token.
+    pub first_token: Duration,
+    /// Tokens per reply when the body does not say (`max_tokens`).
+    pub tokens: u32,
+    /// Tokens per second after the first.
+    pub tokens_per_second: f64,
+}
+
+impl Default for SimStream {
+    fn default() -> Self {
+        Self {
+            first_token: Duration::from_millis(20),
+            tokens: 16,
+            tokens_per_second: 50.0,
+        }
+    }
 }
 
 impl Default for SimConfig {
@@ -278,6 +303,7 @@ impl Default for SimConfig {
             latency: Latency::Fixed(Duration::from_millis(20)),
             error_rate: 0.0,
             seed: 1,
+            stream: SimStream::default(),
         }
     }
 }
@@ -428,6 +454,8 @@ pub struct ServiceConfig {
     pub capabilities_subject: String,
     /// Busiest keys.
     pub limits_subject: String,
+    /// Where a request is, by request id (`llm.status`).
+    pub status_subject: String,
 }
 
 /// `[admin]`.
@@ -488,6 +516,21 @@ pub struct Config {
     pub admin: AdminConfig,
     /// Trace events.
     pub trace: TraceConfig,
+    /// Streamed replies.
+    pub stream: StreamConfig,
+}
+
+/// `[stream]`: streamed replies (`Weir-Stream: 1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamConfig {
+    /// Coalescing: `chunk_interval_ms`, `chunk_max_bytes`.
+    pub settings: crate::admission::StreamSettings,
+    /// Chunks a caller may leave unacknowledged; when that many are, the adapter waits
+    /// for an acknowledgement up to `ack_timeout`, then aborts. 0 = callers do not
+    /// acknowledge (a gone caller is still noticed by no-responders).
+    pub window: usize,
+    /// How long a full window waits for an acknowledgement.
+    pub ack_timeout: Duration,
 }
 
 impl Default for Config {
@@ -652,6 +695,27 @@ impl Config {
             buffer: nz(t.uint("buffer", 4096, 1..=1_000_000, "")?),
         };
         t.finish()?;
+
+        let mut st = r.section("stream")?;
+        let stream = StreamConfig {
+            settings: crate::admission::StreamSettings {
+                interval: st.millis(
+                    "chunk_interval_ms",
+                    20,
+                    0..=10_000,
+                    " (0 = no coalescing by time)",
+                )?,
+                max_bytes: usize_of(st.uint("chunk_max_bytes", 4096, 1..=1_048_576, "")?),
+            },
+            window: usize_of(st.uint("window", 16, 0..=100_000, " (0 = no acknowledgements)")?),
+            ack_timeout: st.millis(
+                "ack_timeout_ms",
+                nats.publish_timeout.as_millis().try_into().unwrap_or(1_000),
+                1..=600_000,
+                "",
+            )?,
+        };
+        st.finish()?;
         r.finish()?;
 
         Ok(Self {
@@ -670,6 +734,7 @@ impl Config {
             service,
             admin,
             trace,
+            stream,
         })
     }
 }
@@ -711,6 +776,13 @@ impl Config {
                 "cancel_subject": self.service.cancel_subject,
                 "capabilities_subject": self.service.capabilities_subject,
                 "limits_subject": self.service.limits_subject,
+                "status_subject": self.service.status_subject,
+            },
+            "stream": {
+                "chunk_interval_ms": ms(self.stream.settings.interval),
+                "chunk_max_bytes": self.stream.settings.max_bytes,
+                "window": self.stream.window,
+                "ack_timeout_ms": ms(self.stream.ack_timeout),
             },
             "mode": self.mode,
             "workers": self.workers.get(),
@@ -757,6 +829,9 @@ impl Config {
                 "queue_ms": h::QUEUE_MS,
                 "inference_ms": h::INFERENCE_MS,
                 "error_code": h::ERROR_CODE,
+                "stream": weir_protocol::llm::stream::STREAM,
+                "stream_event": weir_protocol::llm::stream::STREAM_EVENT,
+                "stream_seq": weir_protocol::llm::stream::STREAM_SEQ,
             },
         })
     }
@@ -960,6 +1035,11 @@ fn read_sim(s: &mut Reader<'_>) -> Result<SimConfig, ConfigError> {
         latency,
         error_rate: s.float("error_rate", 0.0, 0.0..=1.0)?,
         seed: s.uint("seed", 1, 0..=u64::MAX, "")?,
+        stream: SimStream {
+            first_token: s.millis("first_token_ms", 20, 0..=3_600_000, "")?,
+            tokens: u32::try_from(s.uint("tokens", 16, 1..=1_000_000, "")?).unwrap_or(16),
+            tokens_per_second: s.float("tokens_per_second", 50.0, 0.001..=1_000_000.0)?,
+        },
     })
 }
 
@@ -1098,18 +1178,24 @@ fn read_service(r: &mut Reader<'_>) -> Result<ServiceConfig, ConfigError> {
             s.string("limits_subject", "llm.limits")?,
             true,
         )?,
+        status_subject: subject(
+            &s.key("status_subject"),
+            s.string("status_subject", "llm.status")?,
+            true,
+        )?,
     };
     let all = [
         &cfg.subject,
         &cfg.cancel_subject,
         &cfg.capabilities_subject,
         &cfg.limits_subject,
+        &cfg.status_subject,
     ];
     let distinct: BTreeSet<&String> = all.iter().copied().collect();
     if distinct.len() != all.len() {
         return Err(ConfigError::invalid(
             s.key("subject"),
-            "the four service subjects must differ",
+            "the five service subjects must differ",
         ));
     }
     s.finish()?;

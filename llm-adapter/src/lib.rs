@@ -64,6 +64,7 @@ pub mod listener;
 pub mod metrics;
 pub mod nats_events;
 pub mod service;
+pub mod stream;
 pub mod trace;
 
 use std::sync::Arc;

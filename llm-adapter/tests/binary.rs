@@ -5,39 +5,12 @@ mod common;
 #[path = "support/tls_openai.rs"]
 mod tls_openai;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::bin::{BIN, Child, first_line, serve};
 use common::{STEP, connect};
 use weir_llm_adapter::client::LlmClient;
-
-const BIN: &str = env!("CARGO_BIN_EXE_llm-adapter");
-
-/// Kills the child on drop (a failing test must not leave it running).
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The first stdout line of the child (its ready line), read within [`STEP`]; empty if
-/// it exited first.
-async fn first_line(child: &mut Child) -> String {
-    let stdout = child.0.stdout.take().expect("stdout");
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).map(|_| line)
-    });
-    tokio::time::timeout(STEP, line)
-        .await
-        .expect("a line (or EOF) in time")
-        .expect("join")
-        .expect("read")
-}
 
 async fn get(url: &str) -> (u16, String) {
     let r = tokio::time::timeout(STEP, reqwest::get(url))
@@ -208,21 +181,6 @@ fn runtime_workers(pid: u32) -> usize {
                 .is_ok_and(|c| c.starts_with("tokio-rt-worker"))
         })
         .count()
-}
-
-/// `llm-adapter serve` with the defaults, a free admin port, `nats_url` and `extra`
-/// arguments; stdout piped (the ready line), stderr discarded.
-fn serve(nats_url: &str, extra: &[&str]) -> Child {
-    Child(
-        Command::new(BIN)
-            .args(["serve", "--admin", "127.0.0.1:0", "--nats-url", nats_url])
-            .args(extra)
-            .env("RUST_LOG", "error")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn"),
-    )
 }
 
 /// `--threads` sizes the runtime (it used to be parsed and ignored): 1 runs the

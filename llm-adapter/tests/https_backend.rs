@@ -154,3 +154,55 @@ async fn backend_429_and_503_carry_its_retry_after() {
     assert!((1000..=3000).contains(&ms), "{ms}");
     rig.shutdown().await;
 }
+
+/// A streamed request reaches the TLS server (CA file + client certificate) and its
+/// chunks arrive in order, the SSE deltas unchanged.
+#[tokio::test]
+async fn a_streamed_request_over_https_arrives_in_order() {
+    use futures::StreamExt;
+    use weir_llm_adapter::client::LlmEvent;
+    let server = TlsOpenAi::start(true).await;
+    let mut rig = rig(&server, true).await;
+    let llm = LlmClient::new(rig.caller.clone(), "llm.infer");
+    let mut st = llm
+        .request(r#"{"model":"m","stream":true,"tokens":40,"gap_ms":3}"#)
+        .timeout(Duration::from_secs(10))
+        .stream()
+        .await
+        .expect("stream");
+    let mut seqs = Vec::new();
+    let mut text = Vec::new();
+    let mut end = None;
+    while let Some(ev) = tokio::time::timeout(Duration::from_secs(10), st.next())
+        .await
+        .expect("in time")
+    {
+        match ev.expect("event") {
+            LlmEvent::Chunk { seq, data } => {
+                seqs.push(seq);
+                text.extend_from_slice(&data);
+            }
+            LlmEvent::End(e) => end = Some(e),
+            _ => {}
+        }
+    }
+    let want: String = (0..40)
+        .map(|i| {
+            format!(
+                "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i} \"}}}}]}}\n\n"
+            )
+        })
+        .chain(std::iter::once("data: [DONE]\n\n".to_owned()))
+        .collect();
+    assert_eq!(String::from_utf8_lossy(&text), want);
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+    assert!(seqs.len() > 1, "streamed as it came, not at the end");
+    let end = end.expect("end");
+    assert_eq!(end.chunks, seqs.len() as u64);
+    eprintln!(
+        "https stream: 40 deltas in {} chunks, ttft {:?}",
+        seqs.len(),
+        end.ttft
+    );
+    rig.shutdown().await;
+}

@@ -178,6 +178,7 @@ impl LlmRun {
             latency: settings.sim_latency(),
             error_rate: 0.0,
             seed: 7,
+            ..SimConfig::default()
         });
         let handle = sim.handle();
         let backend: Arc<dyn Backend> = Arc::new(sim);
