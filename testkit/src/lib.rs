@@ -35,6 +35,7 @@
 pub mod binary;
 mod error;
 pub mod process;
+pub mod python;
 pub mod server;
 
 pub use binary::{NatsServerVersion, nats_server_bin, nats_server_version};
