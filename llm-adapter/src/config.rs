@@ -1260,6 +1260,55 @@ struct Reader<'a> {
     seen: Vec<&'a str>,
 }
 
+/// One configuration key as [`list_keys`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KeyDoc {
+    /// Dotted key (`stream.window`), as in the file; `WEIR_LLM_STREAM__WINDOW` in the
+    /// environment.
+    pub key: String,
+    /// The default.
+    pub default: String,
+    /// Allowed values.
+    pub allowed: String,
+}
+
+thread_local! {
+    /// Set while [`list_keys`] runs: every key the parser reads is noted here.
+    static KEY_LOG: std::cell::RefCell<Option<Vec<KeyDoc>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Notes a key the parser reads (only while [`list_keys`] runs; the closures cost
+/// nothing otherwise).
+fn note_key(
+    key: impl FnOnce() -> String,
+    default: impl FnOnce() -> String,
+    allowed: impl FnOnce() -> String,
+) {
+    KEY_LOG.with(|log| {
+        if let Some(v) = log.borrow_mut().as_mut() {
+            let key = key();
+            if !v.iter().any(|k| k.key == key) {
+                v.push(KeyDoc {
+                    key,
+                    default: default(),
+                    allowed: allowed(),
+                });
+            }
+        }
+    });
+}
+
+/// Every key the parser reads for an empty file, with its default and range, in
+/// reading order: the list comes from the parser itself, so it cannot drift from it.
+/// Keys read only in some cases (the `[[limits]]` entries, `backend.sim.min_ms` and
+/// the other distribution-specific keys, `backend.nats.subject` when required) are in
+/// docs/llm-adapter.md; `--list-keys` prints this list.
+pub fn list_keys() -> Vec<KeyDoc> {
+    KEY_LOG.with(|log| *log.borrow_mut() = Some(Vec::new()));
+    let _ = Config::from_table(&Table::new());
+    KEY_LOG.with(|log| log.borrow_mut().take().unwrap_or_default())
+}
+
 impl<'a> Reader<'a> {
     fn root(table: &'a Table) -> Self {
         Self::new(String::new(), table)
@@ -1322,6 +1371,11 @@ impl<'a> Reader<'a> {
         range: RangeInclusive<u64>,
         note: &str,
     ) -> Result<u64, ConfigError> {
+        note_key(
+            || self.key(name),
+            || default.to_string(),
+            || format!("{}..={}{note}", range.start(), range.end()),
+        );
         match self.get(name) {
             None => Ok(default),
             Some(v) => uint_of(&self.key(name), v, &range, note),
@@ -1364,6 +1418,11 @@ impl<'a> Reader<'a> {
         range: RangeInclusive<f64>,
     ) -> Result<f64, ConfigError> {
         let key = self.key(name);
+        note_key(
+            || key.clone(),
+            || default.to_string(),
+            || format!("{}..={}", range.start(), range.end()),
+        );
         let v = match self.get(name) {
             None => return Ok(default),
             Some(Value::Float(f)) => *f,
@@ -1394,6 +1453,11 @@ impl<'a> Reader<'a> {
     }
 
     fn boolean(&mut self, name: &str, default: bool) -> Result<bool, ConfigError> {
+        note_key(
+            || self.key(name),
+            || default.to_string(),
+            || "true, false".into(),
+        );
         match self.get(name) {
             None => Ok(default),
             Some(Value::Boolean(b)) => Ok(*b),
@@ -1405,6 +1469,7 @@ impl<'a> Reader<'a> {
     }
 
     fn opt_string(&mut self, name: &str) -> Result<Option<String>, ConfigError> {
+        note_key(|| self.key(name), || "none".into(), || "string".into());
         match self.get(name) {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s.clone())),
@@ -1416,6 +1481,11 @@ impl<'a> Reader<'a> {
     }
 
     fn string(&mut self, name: &str, default: &str) -> Result<String, ConfigError> {
+        note_key(
+            || self.key(name),
+            || format!("{default:?}"),
+            || "string".into(),
+        );
         Ok(self.opt_string(name)?.unwrap_or_else(|| default.to_owned()))
     }
 
@@ -1732,6 +1802,39 @@ mod tests {
         assert_eq!(e.key(), "session.pending");
         let e = err("[[limits]]\nkey = \"client\"\nlimit = 2\nmax_wait = 5");
         assert_eq!(e.key(), "limits[0].max_wait");
+    }
+
+    #[test]
+    fn list_keys_comes_from_the_parser_with_defaults_and_ranges() {
+        let keys = list_keys();
+        let get = |k: &str| {
+            keys.iter()
+                .find(|d| d.key == k)
+                .unwrap_or_else(|| panic!("{k} listed"))
+        };
+        assert_eq!(get("stream.window").default, "16");
+        assert_eq!(
+            get("stream.window").allowed,
+            "0..=100000 (0 = no acknowledgements)"
+        );
+        assert_eq!(get("stream.ack_timeout_ms").default, "1000");
+        assert_eq!(get("stream.chunk_interval_ms").default, "20");
+        assert_eq!(get("backend.openai.tls_ca_file").default, "none");
+        assert_eq!(
+            get("backend.openai.base_url").default,
+            "\"http://127.0.0.1:8000\""
+        );
+        assert_eq!(get("backend.sim.first_token_ms").default, "20");
+        assert_eq!(get("service.status_subject").default, "\"llm.status\"");
+        assert_eq!(get("workers").allowed, "1..=4096");
+        let mut names: Vec<&str> = keys.iter().map(|k| k.key.as_str()).collect();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(names.len(), n, "each key once");
+        assert!(n > 60, "{n} keys");
+        // Not recording outside list_keys.
+        let _ = Config::default();
+        assert_eq!(list_keys().len(), n);
     }
 
     #[test]

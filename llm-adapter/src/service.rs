@@ -636,6 +636,9 @@ impl Edge {
 pub(crate) struct ServiceEdge {
     service: Option<Service>,
     tasks: Vec<JoinHandle<()>>,
+    /// The acknowledgement router: it outlives the endpoints, since running streams
+    /// still need their acknowledgements while shutdown drains them.
+    acks: Option<JoinHandle<()>>,
 }
 
 impl ServiceEdge {
@@ -714,7 +717,7 @@ impl ServiceEdge {
             client: client.clone(),
             acks,
         });
-        let mut tasks = vec![ack_task];
+        let mut tasks = Vec::new();
         tasks.push(tokio::spawn({
             let edge = edge.clone();
             let mut status = status;
@@ -775,7 +778,15 @@ impl ServiceEdge {
         Ok(Self {
             service: Some(service),
             tasks,
+            acks: Some(ack_task),
         })
+    }
+
+    /// Stops routing stream acknowledgements (after the running requests ended).
+    pub(crate) fn stop_acks(&mut self) {
+        if let Some(t) = self.acks.take() {
+            t.abort();
+        }
     }
 
     /// Unsubscribes every endpoint; the intake tasks answer what is already buffered and

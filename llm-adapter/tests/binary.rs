@@ -345,3 +345,37 @@ async fn a_10_mb_backend_reply_is_refused_and_rss_grows_less_than_1_mb() {
         (after - before) / 1024
     );
 }
+
+/// `serve --list-keys` prints every key the parser reads, with default and range, and
+/// exits 0 without connecting anywhere.
+#[test]
+fn list_keys_prints_the_keys_with_defaults() {
+    let out = Command::new(BIN)
+        .args(["serve", "--list-keys"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for key in [
+        "workers ",
+        "stream.window ",
+        "stream.ack_timeout_ms ",
+        "backend.openai.tls_ca_file ",
+        "backend.openai.tls_cert_file ",
+        "service.status_subject ",
+        "backend.sim.tokens_per_second ",
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with(key)),
+            "{key} missing:\n{text}"
+        );
+    }
+    let window = text
+        .lines()
+        .find(|l| l.starts_with("stream.window "))
+        .unwrap_or_default();
+    assert!(
+        window.contains("default 16") && window.contains("0..=100000"),
+        "{window}"
+    );
+}
