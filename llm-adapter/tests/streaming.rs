@@ -343,3 +343,45 @@ async fn unary_callers_of_a_streaming_body_are_unchanged() {
     assert_eq!(rig.adapter().stats().stream.started, 0);
     rig.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_streaming_call_keeps_the_local_session_cap() {
+    let mut rig = Rig::with_sim_stream("workers = 2", 5, 100).await;
+    let llm = LlmClient::new(rig.caller.clone(), "llm.infer")
+        .local_session_cap(std::num::NonZeroUsize::new(1));
+    let first = llm
+        .request(stream_body(20))
+        .session("call-1")
+        .timeout(STEP)
+        .stream()
+        .await
+        .expect("first");
+    let second = llm
+        .request(stream_body(20))
+        .session("call-1")
+        .timeout(STEP)
+        .stream()
+        .await;
+    assert_eq!(
+        second.err().map(|e| e.kind()),
+        Some(ClientErrorKind::LocalSessionCap),
+        "refused locally while the first stream holds the slot"
+    );
+    assert!(matches!(
+        collect(first).await.last(),
+        Some(Ok(LlmEvent::End(_)))
+    ));
+    // The slot went with the finished stream.
+    let third = llm
+        .request(stream_body(2))
+        .session("call-1")
+        .timeout(STEP)
+        .stream()
+        .await
+        .expect("third");
+    assert!(matches!(
+        collect(third).await.last(),
+        Some(Ok(LlmEvent::End(_)))
+    ));
+    rig.shutdown().await;
+}

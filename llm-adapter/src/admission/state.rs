@@ -1901,6 +1901,13 @@ impl<W> State<W> {
         assert_eq!(self.entries.len() - running, self.queued, "queued count");
         assert!(self.queued <= self.cfg.queue_capacity.get(), "queue bound");
         assert!(self.running <= self.cfg.workers.get(), "worker bound");
+        for id in &self.stream_queued {
+            let e = &self.entries[id];
+            assert!(
+                e.stream.is_some() && e.stage != Stage::Running,
+                "stream_queued holds queued streamed requests only"
+            );
+        }
         for (k, id) in &self.ready {
             assert_eq!(self.entries[id].stage, Stage::Ready);
             assert_eq!(self.entries[id].ready_key, Some(*k));

@@ -1530,6 +1530,7 @@ async fn streamed_requests_get_queued_positions_at_most_once_a_second_then_chunk
     }
     assert!(matches!(a.status("r0"), RequestStatus::Running { .. }));
     assert_eq!(a.status("nope"), RequestStatus::NotFound);
+    a.check_invariants();
     for rx in rxs {
         let o = answer(rx).await;
         assert!(o.result.is_ok(), "{:?}", o.result);
