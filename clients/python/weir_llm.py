@@ -250,18 +250,8 @@ class LlmClient:
         admission: Optional[str] = None,
     ) -> Reply:
         """The unary call: waits for the whole answer."""
-        import nats.errors
-
         headers = self._headers(request_id, session_id, timeout_ms, client_key, admission)
-        try:
-            msg = await self.nc.request(
-                self.subject, body, timeout=self._wait(timeout_ms), headers=headers
-            )
-        except nats.errors.NoRespondersError as e:
-            raise LlmError("no_responders", str(e) or "no adapter is listening") from e
-        except nats.errors.TimeoutError as e:
-            raise LlmError("timed_out", "no reply in time") from e
-        _check_error(msg)
+        msg = await self._request(self.subject, body, self._wait(timeout_ms), headers)
         return Reply(
             body=msg.data,
             queue_ms=_ms(msg.headers, QUEUE_MS),
@@ -344,18 +334,21 @@ class LlmClient:
             except Exception:  # the connection may be closing; nothing to undo
                 pass
 
-    async def _by_id(self, subject: str, request_id: str, timeout: float) -> Dict:
+    async def _request(self, subject: str, body: bytes, timeout: float, headers: Dict[str, str]):
+        """One NATS request; transport failures and error replies raise `LlmError`."""
         import nats.errors
 
         try:
-            msg = await self.nc.request(
-                subject, b"", timeout=timeout, headers={REQUEST_ID: request_id}
-            )
+            msg = await self.nc.request(subject, body, timeout=timeout, headers=headers)
         except nats.errors.NoRespondersError as e:
             raise LlmError("no_responders", "no adapter is listening") from e
         except nats.errors.TimeoutError as e:
             raise LlmError("timed_out", "no reply in time") from e
         _check_error(msg)
+        return msg
+
+    async def _by_id(self, subject: str, request_id: str, timeout: float) -> Dict:
+        msg = await self._request(subject, b"", timeout, {REQUEST_ID: request_id})
         return json.loads(msg.data)
 
     async def cancel(self, request_id: str, timeout: float = 2.0) -> Dict:

@@ -99,6 +99,14 @@ impl GeneratorCounters {
             .unwrap_or_default()
     }
 
+    /// A reply with a result arrived `elapsed` after it was sent.
+    fn completed(&self, elapsed: Duration, deadline: Duration) {
+        self.completed.fetch_add(1, Ordering::Relaxed);
+        if elapsed <= deadline {
+            self.completed_in_deadline.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     fn refuse(&self, code: &str) {
         if let Ok(mut m) = self.refused.lock() {
             *m.entry(code.to_owned()).or_default() += 1;
@@ -236,12 +244,7 @@ async fn one_stream(
                         .answered_after_deadline
                         .fetch_add(1, Ordering::Relaxed);
                 }
-                counters.completed.fetch_add(1, Ordering::Relaxed);
-                if elapsed <= deadline {
-                    counters
-                        .completed_in_deadline
-                        .fetch_add(1, Ordering::Relaxed);
-                }
+                counters.completed(elapsed, deadline);
                 for (hist, d) in [
                     (&counters.latency, Some(elapsed)),
                     (&counters.ttft, first),
@@ -313,12 +316,7 @@ async fn one_request(
                 }
                 return;
             }
-            counters.completed.fetch_add(1, Ordering::Relaxed);
-            if elapsed <= deadline {
-                counters
-                    .completed_in_deadline
-                    .fetch_add(1, Ordering::Relaxed);
-            }
+            counters.completed(elapsed, deadline);
             for hist in [&counters.latency, &counters.ttft] {
                 if let Ok(mut l) = hist.lock() {
                     l.record(elapsed);
