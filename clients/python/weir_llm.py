@@ -65,6 +65,7 @@ PREDICTED_START_MS = "Weir-Predicted-Start-Ms"
 TTFT_MS = "Weir-Ttft-Ms"
 STREAM_CHUNKS = "Weir-Stream-Chunks"
 STREAM_BYTES = "Weir-Stream-Bytes"
+STREAM_OUTCOME = "Weir-Stream-Outcome"
 
 
 class LlmError(Exception):
@@ -127,13 +128,17 @@ class Chunk:
 
 @dataclass(frozen=True)
 class End:
-    """The stream is complete (always its last event)."""
+    """The stream is complete (always its last event). `chunks` / `bytes`: what this
+    caller received. `outcome` is "ok", or "joined" when this caller joined another
+    caller's stream with the same request id (or found it cached): the request ran
+    once, its text went to the first caller and is not kept."""
 
     queue_ms: Optional[float]
     inference_ms: Optional[float]
     ttft_ms: Optional[float]
     chunks: int
     bytes: int
+    outcome: str = "ok"
 
 
 Event = Union[Queued, Started, Chunk, End]
@@ -325,6 +330,7 @@ class LlmClient:
                         ttft_ms=_ms(msg.headers, TTFT_MS),
                         chunks=chunks,
                         bytes=_int(msg.headers, STREAM_BYTES),
+                        outcome=_header(msg.headers, STREAM_OUTCOME) or "ok",
                     )
                     return
                 # Anything else: an event of a newer adapter; skipped.

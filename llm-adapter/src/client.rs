@@ -512,10 +512,15 @@ pub struct StreamEnd {
     pub inference_time: Option<Duration>,
     /// Start of inference → first chunk published.
     pub ttft: Option<Duration>,
-    /// Chunks the adapter sent.
+    /// Chunks the adapter sent to this caller.
     pub chunks: u64,
-    /// Body bytes the adapter sent.
+    /// Body bytes the adapter sent to this caller.
     pub bytes: u64,
+    /// This caller joined another caller's stream with the same request id (or found
+    /// it in the completion cache): the request ran once, its text went to the first
+    /// caller and is not kept, so this caller received no chunk
+    /// (`Weir-Stream-Outcome: joined`).
+    pub joined: bool,
 }
 
 /// The events of a streamed reply: a [`futures::Stream`] of [`LlmEvent`]s that ends
@@ -646,6 +651,7 @@ impl StreamState {
                         bytes: get(&hm, s::STREAM_BYTES)
                             .and_then(|v| v.trim().parse().ok())
                             .unwrap_or(0),
+                        joined: get(&hm, s::STREAM_OUTCOME).is_some_and(|v| v.trim() == "joined"),
                     })));
                 }
                 // An error reply was handled above; unknown events (a newer adapter)

@@ -55,7 +55,7 @@ use crate::admission::{Admission, Outcome, RequestStatus, Sink, Submission};
 use crate::config::Config;
 use crate::metrics as m;
 use crate::nats_events::NatsEvents;
-use crate::stream::{AckHub, NatsStream, StreamLimits};
+use crate::stream::{AckHub, Delivered, NatsStream, StreamLimits};
 
 /// One caller waiting for an answer: the reply subject, the request body (kept for
 /// envelope detection; a reference-counted view, not a copy) and, when the body was the
@@ -68,8 +68,8 @@ pub struct NatsWaiter {
     /// requests without id headers need.
     envelope: Option<Option<Box<EnvelopeMeta>>>,
     /// The caller asked for a streamed reply: the answer is `end` (or an error reply
-    /// marked `Weir-Stream-Event: error`).
-    stream: bool,
+    /// marked `Weir-Stream-Event: error`), which reports what this caller received.
+    stream: Option<Arc<Delivered>>,
 }
 
 impl NatsWaiter {
@@ -220,9 +220,12 @@ impl Sink for NatsSink {
         let timeout = self.publish_timeout;
         let client = self.client.clone();
         // A streaming caller whose answer has a body (it joined a unary request, or got
-        // a cached unary reply) receives that body as chunk 1 before `end`.
+        // a cached unary reply) receives that body as chunk 1 before `end`; one that
+        // joined another caller's stream (or found it cached) received no chunk: its
+        // `end` says 0 chunks and `Weir-Stream-Outcome: joined` (the text went to the
+        // first caller and is not kept).
         let mut first_chunk = None;
-        if waiter.stream {
+        if let Some(sent) = &waiter.stream {
             let rid = outcome.request_id.as_deref();
             let event = if outcome.result.is_ok() {
                 StreamEvent::End
@@ -234,15 +237,24 @@ impl Sink for NatsSink {
                     headers.insert(n.clone(), v.clone());
                 }
             }
-            if outcome.result.is_ok() {
-                put_static(&mut headers, s::STREAM_OUTCOME, "ok");
+            if let Ok(reply) = &outcome.result {
+                let (chunks, bytes) = sent.get();
+                let streamed = reply.headers.iter().any(|(n, _)| n == s::STREAM_CHUNKS);
+                let mut result = "ok";
                 if !body.is_empty() {
                     let mut ch = crate::stream::event_headers(StreamEvent::Chunk, rid);
                     put_static(&mut ch, s::STREAM_SEQ, "1");
                     put_static(&mut headers, s::STREAM_CHUNKS, "1");
                     put_static(&mut headers, s::STREAM_BYTES, &body.len().to_string());
                     first_chunk = Some((ch, std::mem::take(&mut body)));
+                } else if streamed {
+                    if chunks == 0 && stream_chunks(reply) > 0 {
+                        result = "joined";
+                    }
+                    put_static(&mut headers, s::STREAM_CHUNKS, &chunks.to_string());
+                    put_static(&mut headers, s::STREAM_BYTES, &bytes.to_string());
                 }
+                put_static(&mut headers, s::STREAM_OUTCOME, result);
             }
         }
         async move {
@@ -264,6 +276,16 @@ impl Sink for NatsSink {
             }
         }
     }
+}
+
+/// The chunk count a streamed reply reports (0 when absent).
+fn stream_chunks(reply: &crate::backend::BackendReply) -> u64 {
+    reply
+        .headers
+        .iter()
+        .find(|(n, _)| n == s::STREAM_CHUNKS)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Looks a header up by exact name, then case-insensitively (Go clients canonicalise,
@@ -554,11 +576,11 @@ impl Edge {
             reply,
             payload: req.message.payload.clone(),
             envelope: envelope.map(|e| e.map(Box::new)),
-            stream: matches!(stream, Ok(Some(true))),
+            stream: matches!(stream, Ok(Some(true))).then(Arc::default),
         };
         match (sub, stream) {
             (Ok(mut sub), Ok(wants)) => {
-                if wants == Some(true) {
+                if let (Some(true), Some(sent)) = (wants, &waiter.stream) {
                     let sc = &self.config.stream;
                     sub.stream = Some(Arc::new(NatsStream::new(
                         self.client.clone(),
@@ -570,13 +592,14 @@ impl Edge {
                             ack_timeout: sc.ack_timeout,
                             publish_timeout: self.publish_timeout,
                         },
+                        sent.clone(),
                     )));
                 }
                 self.admission.submit(sub, waiter).await;
             }
             (Err(err), _) => self.admission.answer_now(waiter, err, received_at).await,
             (Ok(_), Err(e)) => {
-                waiter.stream = false;
+                waiter.stream = None;
                 self.admission
                     .answer_now(waiter, invalid(&e), received_at)
                     .await

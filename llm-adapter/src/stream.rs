@@ -144,6 +144,26 @@ pub struct NatsStream {
     state: Arc<AckState>,
     hub: AckHub,
     limits: StreamLimits,
+    sent: Arc<Delivered>,
+}
+
+/// What one streaming caller received: chunks and body bytes published to its reply
+/// subject. Shared by its [`NatsStream`] (which counts) and its waiter (whose `end`
+/// reports them: a caller that joined another caller's stream received none).
+#[derive(Debug, Default)]
+pub struct Delivered {
+    chunks: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl Delivered {
+    /// Chunks and bytes so far.
+    pub fn get(&self) -> (u64, u64) {
+        (
+            self.chunks.load(Ordering::Acquire),
+            self.bytes.load(Ordering::Acquire),
+        )
+    }
 }
 
 impl Drop for NatsStream {
@@ -163,13 +183,14 @@ pub(crate) fn event_headers(event: StreamEvent, request_id: Option<&str>) -> Hea
 }
 
 impl NatsStream {
-    /// A stream to `reply`, registered in `hub`.
+    /// A stream to `reply`, registered in `hub`, counting what it publishes in `sent`.
     pub fn new(
         client: async_nats::Client,
         reply: Subject,
         request_id: Option<String>,
         hub: &AckHub,
         limits: StreamLimits,
+        sent: Arc<Delivered>,
     ) -> Self {
         let (id, state) = hub.register();
         let ack_subject = Subject::from(format!("{}.{id}", hub.prefix));
@@ -182,6 +203,7 @@ impl NatsStream {
             state,
             hub: hub.clone(),
             limits,
+            sent,
         }
     }
 
@@ -277,6 +299,7 @@ impl StreamOut for NatsStream {
             self.credit(seq).await?;
             let mut hm = event_headers(StreamEvent::Chunk, self.request_id.as_deref());
             put(&mut hm, s::STREAM_SEQ, &seq.to_string());
+            let len = data.len() as u64;
             if !self.publish(hm, data, true).await {
                 return Err(StreamStop {
                     reason: StopReason::PublishTimeout,
@@ -286,6 +309,8 @@ impl StreamOut for NatsStream {
                     ),
                 });
             }
+            self.sent.bytes.fetch_add(len, Ordering::AcqRel);
+            self.sent.chunks.fetch_add(1, Ordering::AcqRel);
             self.gone().map_or(Ok(()), Err)
         })
     }

@@ -385,3 +385,50 @@ async fn the_streaming_call_keeps_the_local_session_cap() {
     ));
     rig.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_streaming_retry_with_the_same_id_joins_and_is_told_so() {
+    let mut rig = Rig::with_sim_stream("workers = 1", 5, 100).await;
+    let llm = LlmClient::new(rig.caller.clone(), "llm.infer");
+    let first = llm
+        .request(stream_body(10))
+        .request_id("same-1")
+        .timeout(STEP)
+        .stream()
+        .await
+        .expect("first");
+    eventually(STEP, || rig.adapter().stats().running_now == 1).await;
+    let retry = llm
+        .request(stream_body(10))
+        .request_id("same-1")
+        .timeout(STEP)
+        .stream()
+        .await
+        .expect("retry");
+    let (a, b) = tokio::join!(collect(first), collect(retry));
+    let Some(Ok(LlmEvent::End(ea))) = a.last() else {
+        panic!("{a:?}")
+    };
+    assert!(!ea.joined && ea.chunks > 0, "{ea:?}");
+    assert_eq!(b.len(), 1, "the joiner gets only end: {b:?}");
+    let Some(Ok(LlmEvent::End(eb))) = b.last() else {
+        panic!("{b:?}")
+    };
+    assert!(eb.joined && eb.chunks == 0 && eb.bytes == 0, "{eb:?}");
+    // From the completion cache, the same.
+    let cached = collect(
+        llm.request(stream_body(10))
+            .request_id("same-1")
+            .timeout(STEP)
+            .stream()
+            .await
+            .expect("cached"),
+    )
+    .await;
+    assert!(
+        matches!(cached.as_slice(), [Ok(LlmEvent::End(e))] if e.joined),
+        "{cached:?}"
+    );
+    assert_eq!(rig.sim().stats().started, 1, "inference ran once");
+    rig.shutdown().await;
+}

@@ -37,7 +37,9 @@ pub const TTFT_MS: &str = "Weir-Ttft-Ms";
 pub const STREAM_CHUNKS: &str = "Weir-Stream-Chunks";
 /// `end`: body bytes sent in chunks.
 pub const STREAM_BYTES: &str = "Weir-Stream-Bytes";
-/// `end`: the outcome, `ok` (errors are sent as error replies instead of `end`).
+/// `end`: the outcome, `ok`, or `joined` when this caller joined another caller's
+/// stream with the same request id (or found it in the completion cache) and so
+/// received no chunk (errors are sent as error replies instead of `end`).
 pub const STREAM_OUTCOME: &str = "Weir-Stream-Outcome";
 
 /// One event of a streamed reply.
