@@ -98,6 +98,7 @@ async fn round(server_url: &str, sc: &Scenario, secs: u64, seed: u64) -> Round {
         latency: sc.latency,
         error_rate: 0.0,
         seed,
+        ..SimConfig::default()
     });
     let sim_handle = sim.handle();
     let adapter = weir_llm_adapter::start(adapter_client, config, Arc::new(sim))

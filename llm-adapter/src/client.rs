@@ -419,13 +419,9 @@ impl RequestBuilder<'_> {
         self
     }
 
-    /// Sends the request and waits for the answer.
-    pub async fn send(self) -> Result<LlmReply, ClientError> {
+    /// The request headers and how long to wait for the answer.
+    fn headers_and_wait(&self) -> (HeaderMap, Duration) {
         let c = self.client;
-        let _slot = match &self.session {
-            Some(s) => c.take_slot(s)?,
-            None => None,
-        };
         let mut headers = HeaderMap::new();
         if let Some(r) = &self.request_id {
             put(&mut headers, h::REQUEST_ID, r);
@@ -449,7 +445,17 @@ impl RequestBuilder<'_> {
             let left = at.duration_since(SystemTime::now()).unwrap_or_default();
             wait = Some(wait.map_or(left, |w| w.min(left)));
         }
-        let wait = wait.map_or(c.default_timeout, |w| w + c.margin);
+        (headers, wait.map_or(c.default_timeout, |w| w + c.margin))
+    }
+
+    /// Sends the request and waits for the answer.
+    pub async fn send(self) -> Result<LlmReply, ClientError> {
+        let c = self.client;
+        let _slot = match &self.session {
+            Some(s) => c.take_slot(s)?,
+            None => None,
+        };
+        let (headers, wait) = self.headers_and_wait();
         let req = async_nats::Request::new()
             .payload(self.body)
             .headers(headers)
@@ -467,6 +473,237 @@ impl RequestBuilder<'_> {
             inference_time: get(&headers, h::INFERENCE_MS).and_then(h::parse_format_ms),
             body: msg.payload,
             headers,
+        })
+    }
+}
+
+/// One event of a streamed reply ([`RequestBuilder::stream`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum LlmEvent {
+    /// Accepted, waiting: 1-based position (1 = next) and the predicted wait.
+    Queued {
+        /// Position among the queued requests.
+        position: usize,
+        /// Predicted wait before inference starts (none without an estimate).
+        predicted_start: Option<Duration>,
+    },
+    /// Inference started after this queue wait.
+    Started {
+        /// Receipt → start of inference.
+        queue_time: Option<Duration>,
+    },
+    /// Part of the body: one or more SSE events from the backend, unchanged.
+    Chunk {
+        /// 1, 2, 3, ... without gaps (a gap is reported as an error).
+        seq: u64,
+        /// The bytes.
+        data: Bytes,
+    },
+    /// The reply is complete. Always the last event of a successful stream.
+    End(StreamEnd),
+}
+
+/// The figures of a completed stream (the `end` event).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamEnd {
+    /// Receipt → start of inference.
+    pub queue_time: Option<Duration>,
+    /// Start of inference → end.
+    pub inference_time: Option<Duration>,
+    /// Start of inference → first chunk published.
+    pub ttft: Option<Duration>,
+    /// Chunks the adapter sent to this caller.
+    pub chunks: u64,
+    /// Body bytes the adapter sent to this caller.
+    pub bytes: u64,
+    /// This caller joined another caller's stream with the same request id (or found
+    /// it in the completion cache): the request ran once, its text went to the first
+    /// caller and is not kept, so this caller received no chunk
+    /// (`Weir-Stream-Outcome: joined`).
+    pub joined: bool,
+}
+
+/// The events of a streamed reply: a [`futures::Stream`] of [`LlmEvent`]s that ends
+/// after [`LlmEvent::End`] or after the first error (a refusal, a failure, a lost chunk,
+/// the overall timeout). Reading it acknowledges the chunks (the adapter's flow
+/// control): a stream that is not read is aborted by the adapter after its window.
+/// Dropping it unsubscribes (the adapter then notices the caller is gone).
+pub struct LlmStream {
+    inner: futures::stream::BoxStream<'static, Result<LlmEvent, ClientError>>,
+}
+
+impl futures::Stream for LlmStream {
+    type Item = Result<LlmEvent, ClientError>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.inner.as_mut().poll_next(cx)
+    }
+}
+
+struct StreamState {
+    sub: async_nats::Subscriber,
+    nats: async_nats::Client,
+    until: tokio::time::Instant,
+    next_seq: u64,
+    done: bool,
+    ack_timeout: Duration,
+    _slot: Option<LocalSlot>,
+}
+
+fn ms_header(hm: &HeaderMap, name: &str) -> Option<Duration> {
+    get(hm, name).and_then(h::parse_format_ms)
+}
+
+impl StreamState {
+    /// The next event, or `None` once the stream is over.
+    async fn next(&mut self) -> Option<Result<LlmEvent, ClientError>> {
+        use futures::StreamExt;
+        use weir_protocol::llm::stream::{self as s, StreamEvent};
+        while !self.done {
+            let msg = match tokio::time::timeout_at(self.until, self.sub.next()).await {
+                Err(_) => {
+                    self.done = true;
+                    return Some(Err(ClientError::new(
+                        ClientErrorKind::TimedOut,
+                        "stream did not end in time",
+                    )));
+                }
+                Ok(None) => {
+                    self.done = true;
+                    return Some(Err(ClientError::new(
+                        ClientErrorKind::Transport,
+                        "subscription closed",
+                    )));
+                }
+                Ok(Some(m)) => m,
+            };
+            if msg.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
+                self.done = true;
+                return Some(Err(ClientError::new(
+                    ClientErrorKind::NoResponders,
+                    "no adapter is listening on the subject",
+                )));
+            }
+            if let Err(e) = check_error(&msg) {
+                self.done = true;
+                return Some(Err(e));
+            }
+            let hm = msg.headers.clone().unwrap_or_default();
+            let event = get(&hm, s::STREAM_EVENT).and_then(StreamEvent::parse);
+            match event {
+                Some(StreamEvent::Queued) => {
+                    return Some(Ok(LlmEvent::Queued {
+                        position: get(&hm, s::QUEUE_POSITION)
+                            .and_then(|v| v.trim().parse().ok())
+                            .unwrap_or(0),
+                        predicted_start: ms_header(&hm, s::PREDICTED_START_MS),
+                    }));
+                }
+                Some(StreamEvent::Started) => {
+                    return Some(Ok(LlmEvent::Started {
+                        queue_time: ms_header(&hm, h::QUEUE_MS),
+                    }));
+                }
+                Some(StreamEvent::Chunk) => {
+                    let seq: u64 = get(&hm, s::STREAM_SEQ)
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    if seq != self.next_seq {
+                        self.done = true;
+                        return Some(Err(ClientError::new(
+                            ClientErrorKind::InvalidReply,
+                            format!("chunk {seq} arrived, {} expected (lost)", self.next_seq),
+                        )));
+                    }
+                    self.next_seq += 1;
+                    if let Some(ack) = msg.reply.clone() {
+                        // Best effort: a lost acknowledgement is repaired by the next.
+                        let _ = tokio::time::timeout(
+                            self.ack_timeout,
+                            self.nats.publish(ack, seq.to_string().into()),
+                        )
+                        .await;
+                    }
+                    return Some(Ok(LlmEvent::Chunk {
+                        seq,
+                        data: msg.payload,
+                    }));
+                }
+                Some(StreamEvent::End) => {
+                    self.done = true;
+                    let chunks = get(&hm, s::STREAM_CHUNKS)
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    if chunks != self.next_seq - 1 {
+                        return Some(Err(ClientError::new(
+                            ClientErrorKind::InvalidReply,
+                            format!("end says {chunks} chunks, {} arrived", self.next_seq - 1),
+                        )));
+                    }
+                    return Some(Ok(LlmEvent::End(StreamEnd {
+                        queue_time: ms_header(&hm, h::QUEUE_MS),
+                        inference_time: ms_header(&hm, h::INFERENCE_MS),
+                        ttft: ms_header(&hm, s::TTFT_MS),
+                        chunks,
+                        bytes: get(&hm, s::STREAM_BYTES)
+                            .and_then(|v| v.trim().parse().ok())
+                            .unwrap_or(0),
+                        joined: get(&hm, s::STREAM_OUTCOME).is_some_and(|v| v.trim() == "joined"),
+                    })));
+                }
+                // An error reply was handled above; unknown events (a newer adapter)
+                // are skipped.
+                Some(StreamEvent::Error) | None => {}
+            }
+        }
+        None
+    }
+}
+
+impl RequestBuilder<'_> {
+    /// Sends the request asking for a streamed reply (`Weir-Stream: 1`) and returns
+    /// its events as they arrive. The local session cap applies as for
+    /// [`RequestBuilder::send`] (its slot is held until the stream ends or is dropped);
+    /// the whole stream is bounded by the budget (or the default timeout).
+    pub async fn stream(self) -> Result<LlmStream, ClientError> {
+        use weir_protocol::llm::stream as s;
+        let c = self.client;
+        let slot = match &self.session {
+            Some(s) => c.take_slot(s)?,
+            None => None,
+        };
+        let (mut headers, wait) = self.headers_and_wait();
+        put(&mut headers, s::STREAM, "1");
+        let inbox = c.nats.new_inbox();
+        let sub = tokio::time::timeout(wait, c.nats.subscribe(inbox.clone()))
+            .await
+            .map_err(|_| ClientError::new(ClientErrorKind::TimedOut, "subscribe timed out"))?
+            .map_err(|e| ClientError::new(ClientErrorKind::Transport, format!("subscribe: {e}")))?;
+        tokio::time::timeout(
+            wait,
+            c.nats
+                .publish_with_reply_and_headers(c.subject.clone(), inbox, headers, self.body),
+        )
+        .await
+        .map_err(|_| ClientError::new(ClientErrorKind::TimedOut, "publish timed out"))?
+        .map_err(|e| ClientError::new(ClientErrorKind::Transport, format!("publish: {e}")))?;
+        let state = StreamState {
+            sub,
+            nats: c.nats.clone(),
+            until: tokio::time::Instant::now() + wait + c.margin,
+            next_seq: 1,
+            done: false,
+            ack_timeout: Duration::from_secs(1),
+            _slot: slot,
+        };
+        let inner = futures::stream::unfold(state, |mut st| async move {
+            st.next().await.map(|item| (item, st))
+        });
+        Ok(LlmStream {
+            inner: Box::pin(inner),
         })
     }
 }

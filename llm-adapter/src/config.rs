@@ -270,6 +270,31 @@ pub struct SimConfig {
     pub error_rate: f64,
     /// Random seed (latency and errors are reproducible).
     pub seed: u64,
+    /// Streamed replies: tokens after a first-token delay, at a rate.
+    pub stream: SimStream,
+}
+
+/// `[backend.sim]` streaming mode: what a streamed call ([`crate::backend::Backend::call_stream`])
+/// produces — `tokens` SSE deltas, the first after `first_token`, then
+/// `tokens_per_second`, then `data: [DONE]`. A body with `"max_tokens": N` asks for N.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SimStream {
+    /// Delay before the first token.
+    pub first_token: Duration,
+    /// Tokens per reply when the body does not say (`max_tokens`).
+    pub tokens: u32,
+    /// Tokens per second after the first.
+    pub tokens_per_second: f64,
+}
+
+impl Default for SimStream {
+    fn default() -> Self {
+        Self {
+            first_token: Duration::from_millis(20),
+            tokens: 16,
+            tokens_per_second: 50.0,
+        }
+    }
 }
 
 impl Default for SimConfig {
@@ -278,6 +303,7 @@ impl Default for SimConfig {
             latency: Latency::Fixed(Duration::from_millis(20)),
             error_rate: 0.0,
             seed: 1,
+            stream: SimStream::default(),
         }
     }
 }
@@ -285,7 +311,8 @@ impl Default for SimConfig {
 /// `[backend.openai]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpenAiConfig {
-    /// `http://host:port` of the server (vLLM, llama.cpp server, Ollama).
+    /// `http://host:port` or `https://host[:port]` of the server (vLLM, llama.cpp
+    /// server, Ollama, a hosted endpoint).
     pub base_url: String,
     /// Path the body is POSTed to, e.g. `/v1/chat/completions`.
     pub path: String,
@@ -297,6 +324,12 @@ pub struct OpenAiConfig {
     pub pool_max_idle_per_host: usize,
     /// How long an idle pooled connection is kept.
     pub pool_idle_timeout: Duration,
+    /// PEM file of extra CA certificates trusted for HTTPS (beside the system roots).
+    pub tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate (chain) presented over HTTPS; with `tls_key_file`.
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file`.
+    pub tls_key_file: Option<PathBuf>,
 }
 
 /// `[backend.nats]`.
@@ -421,6 +454,8 @@ pub struct ServiceConfig {
     pub capabilities_subject: String,
     /// Busiest keys.
     pub limits_subject: String,
+    /// Where a request is, by request id (`llm.status`).
+    pub status_subject: String,
 }
 
 /// `[admin]`.
@@ -481,6 +516,21 @@ pub struct Config {
     pub admin: AdminConfig,
     /// Trace events.
     pub trace: TraceConfig,
+    /// Streamed replies.
+    pub stream: StreamConfig,
+}
+
+/// `[stream]`: streamed replies (`Weir-Stream: 1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamConfig {
+    /// Coalescing: `chunk_interval_ms`, `chunk_max_bytes`.
+    pub settings: crate::admission::StreamSettings,
+    /// Chunks a caller may leave unacknowledged; when that many are, the adapter waits
+    /// for an acknowledgement up to `ack_timeout`, then aborts. 0 = callers do not
+    /// acknowledge (a gone caller is still noticed by no-responders).
+    pub window: usize,
+    /// How long a full window waits for an acknowledgement.
+    pub ack_timeout: Duration,
 }
 
 impl Default for Config {
@@ -645,6 +695,27 @@ impl Config {
             buffer: nz(t.uint("buffer", 4096, 1..=1_000_000, "")?),
         };
         t.finish()?;
+
+        let mut st = r.section("stream")?;
+        let stream = StreamConfig {
+            settings: crate::admission::StreamSettings {
+                interval: st.millis(
+                    "chunk_interval_ms",
+                    20,
+                    0..=10_000,
+                    " (0 = no coalescing by time)",
+                )?,
+                max_bytes: usize_of(st.uint("chunk_max_bytes", 4096, 1..=1_048_576, "")?),
+            },
+            window: usize_of(st.uint("window", 16, 0..=100_000, " (0 = no acknowledgements)")?),
+            ack_timeout: st.millis(
+                "ack_timeout_ms",
+                nats.publish_timeout.as_millis().try_into().unwrap_or(1_000),
+                1..=600_000,
+                "",
+            )?,
+        };
+        st.finish()?;
         r.finish()?;
 
         Ok(Self {
@@ -663,6 +734,7 @@ impl Config {
             service,
             admin,
             trace,
+            stream,
         })
     }
 }
@@ -704,6 +776,13 @@ impl Config {
                 "cancel_subject": self.service.cancel_subject,
                 "capabilities_subject": self.service.capabilities_subject,
                 "limits_subject": self.service.limits_subject,
+                "status_subject": self.service.status_subject,
+            },
+            "stream": {
+                "chunk_interval_ms": ms(self.stream.settings.interval),
+                "chunk_max_bytes": self.stream.settings.max_bytes,
+                "window": self.stream.window,
+                "ack_timeout_ms": ms(self.stream.ack_timeout),
             },
             "mode": self.mode,
             "workers": self.workers.get(),
@@ -750,6 +829,9 @@ impl Config {
                 "queue_ms": h::QUEUE_MS,
                 "inference_ms": h::INFERENCE_MS,
                 "error_code": h::ERROR_CODE,
+                "stream": weir_protocol::llm::stream::STREAM,
+                "stream_event": weir_protocol::llm::stream::STREAM_EVENT,
+                "stream_seq": weir_protocol::llm::stream::STREAM_SEQ,
             },
         })
     }
@@ -851,12 +933,39 @@ fn read_backend(r: &mut Reader<'_>) -> Result<BackendConfig, ConfigError> {
 
 fn read_openai(openai: &mut Reader<'_>) -> Result<OpenAiConfig, ConfigError> {
     let base_url = openai.string("base_url", "http://127.0.0.1:8000")?;
-    if !base_url.starts_with("http://") || base_url.len() <= "http://".len() {
+    let host = base_url
+        .strip_prefix("https://")
+        .or_else(|| base_url.strip_prefix("http://"));
+    if host.is_none_or(|h| h.trim_end_matches('/').is_empty()) {
         return Err(ConfigError::invalid(
             openai.key("base_url"),
-            format!(
-                "expected http://host:port (this build has no TLS client; put a TLS proxy on localhost for https), got {base_url:?}"
-            ),
+            format!("expected http://host:port or https://host[:port], got {base_url:?}"),
+        ));
+    }
+    let tls_ca_file = openai.opt_string("tls_ca_file")?.map(PathBuf::from);
+    let tls_cert_file = openai.opt_string("tls_cert_file")?.map(PathBuf::from);
+    let tls_key_file = openai.opt_string("tls_key_file")?.map(PathBuf::from);
+    if tls_cert_file.is_some() != tls_key_file.is_some() {
+        return Err(ConfigError::invalid(
+            openai.key(if tls_cert_file.is_some() {
+                "tls_key_file"
+            } else {
+                "tls_cert_file"
+            }),
+            "tls_cert_file and tls_key_file go together",
+        ));
+    }
+    if !base_url.starts_with("https://")
+        && let Some(k) = [
+            ("tls_ca_file", tls_ca_file.is_some()),
+            ("tls_cert_file", tls_cert_file.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(k, set)| set.then_some(k))
+    {
+        return Err(ConfigError::invalid(
+            openai.key(k),
+            "set, but base_url is not https:// (it would be ignored)",
         ));
     }
     let path = openai.string("path", "/v1/chat/completions")?;
@@ -878,6 +987,9 @@ fn read_openai(openai: &mut Reader<'_>) -> Result<OpenAiConfig, ConfigError> {
             "",
         )?),
         pool_idle_timeout: openai.millis("pool_idle_timeout_ms", 90_000, 1..=3_600_000, "")?,
+        tls_ca_file,
+        tls_cert_file,
+        tls_key_file,
     })
 }
 
@@ -923,6 +1035,11 @@ fn read_sim(s: &mut Reader<'_>) -> Result<SimConfig, ConfigError> {
         latency,
         error_rate: s.float("error_rate", 0.0, 0.0..=1.0)?,
         seed: s.uint("seed", 1, 0..=u64::MAX, "")?,
+        stream: SimStream {
+            first_token: s.millis("first_token_ms", 20, 0..=3_600_000, "")?,
+            tokens: u32::try_from(s.uint("tokens", 16, 1..=1_000_000, "")?).unwrap_or(16),
+            tokens_per_second: s.float("tokens_per_second", 50.0, 0.001..=1_000_000.0)?,
+        },
     })
 }
 
@@ -1061,18 +1178,24 @@ fn read_service(r: &mut Reader<'_>) -> Result<ServiceConfig, ConfigError> {
             s.string("limits_subject", "llm.limits")?,
             true,
         )?,
+        status_subject: subject(
+            &s.key("status_subject"),
+            s.string("status_subject", "llm.status")?,
+            true,
+        )?,
     };
     let all = [
         &cfg.subject,
         &cfg.cancel_subject,
         &cfg.capabilities_subject,
         &cfg.limits_subject,
+        &cfg.status_subject,
     ];
     let distinct: BTreeSet<&String> = all.iter().copied().collect();
     if distinct.len() != all.len() {
         return Err(ConfigError::invalid(
             s.key("subject"),
-            "the four service subjects must differ",
+            "the five service subjects must differ",
         ));
     }
     s.finish()?;
@@ -1137,6 +1260,55 @@ struct Reader<'a> {
     seen: Vec<&'a str>,
 }
 
+/// One configuration key as [`list_keys`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KeyDoc {
+    /// Dotted key (`stream.window`), as in the file; `WEIR_LLM_STREAM__WINDOW` in the
+    /// environment.
+    pub key: String,
+    /// The default.
+    pub default: String,
+    /// Allowed values.
+    pub allowed: String,
+}
+
+thread_local! {
+    /// Set while [`list_keys`] runs: every key the parser reads is noted here.
+    static KEY_LOG: std::cell::RefCell<Option<Vec<KeyDoc>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Notes a key the parser reads (only while [`list_keys`] runs; the closures cost
+/// nothing otherwise).
+fn note_key(
+    key: impl FnOnce() -> String,
+    default: impl FnOnce() -> String,
+    allowed: impl FnOnce() -> String,
+) {
+    KEY_LOG.with(|log| {
+        if let Some(v) = log.borrow_mut().as_mut() {
+            let key = key();
+            if !v.iter().any(|k| k.key == key) {
+                v.push(KeyDoc {
+                    key,
+                    default: default(),
+                    allowed: allowed(),
+                });
+            }
+        }
+    });
+}
+
+/// Every key the parser reads for an empty file, with its default and range, in
+/// reading order: the list comes from the parser itself, so it cannot drift from it.
+/// Keys read only in some cases (the `[[limits]]` entries, `backend.sim.min_ms` and
+/// the other distribution-specific keys, `backend.nats.subject` when required) are in
+/// docs/llm-adapter.md; `--list-keys` prints this list.
+pub fn list_keys() -> Vec<KeyDoc> {
+    KEY_LOG.with(|log| *log.borrow_mut() = Some(Vec::new()));
+    let _ = Config::from_table(&Table::new());
+    KEY_LOG.with(|log| log.borrow_mut().take().unwrap_or_default())
+}
+
 impl<'a> Reader<'a> {
     fn root(table: &'a Table) -> Self {
         Self::new(String::new(), table)
@@ -1199,6 +1371,11 @@ impl<'a> Reader<'a> {
         range: RangeInclusive<u64>,
         note: &str,
     ) -> Result<u64, ConfigError> {
+        note_key(
+            || self.key(name),
+            || default.to_string(),
+            || format!("{}..={}{note}", range.start(), range.end()),
+        );
         match self.get(name) {
             None => Ok(default),
             Some(v) => uint_of(&self.key(name), v, &range, note),
@@ -1241,6 +1418,11 @@ impl<'a> Reader<'a> {
         range: RangeInclusive<f64>,
     ) -> Result<f64, ConfigError> {
         let key = self.key(name);
+        note_key(
+            || key.clone(),
+            || default.to_string(),
+            || format!("{}..={}", range.start(), range.end()),
+        );
         let v = match self.get(name) {
             None => return Ok(default),
             Some(Value::Float(f)) => *f,
@@ -1271,6 +1453,11 @@ impl<'a> Reader<'a> {
     }
 
     fn boolean(&mut self, name: &str, default: bool) -> Result<bool, ConfigError> {
+        note_key(
+            || self.key(name),
+            || default.to_string(),
+            || "true, false".into(),
+        );
         match self.get(name) {
             None => Ok(default),
             Some(Value::Boolean(b)) => Ok(*b),
@@ -1282,6 +1469,7 @@ impl<'a> Reader<'a> {
     }
 
     fn opt_string(&mut self, name: &str) -> Result<Option<String>, ConfigError> {
+        note_key(|| self.key(name), || "none".into(), || "string".into());
         match self.get(name) {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s.clone())),
@@ -1293,6 +1481,11 @@ impl<'a> Reader<'a> {
     }
 
     fn string(&mut self, name: &str, default: &str) -> Result<String, ConfigError> {
+        note_key(
+            || self.key(name),
+            || format!("{default:?}"),
+            || "string".into(),
+        );
         Ok(self.opt_string(name)?.unwrap_or_else(|| default.to_owned()))
     }
 
@@ -1612,6 +1805,39 @@ mod tests {
     }
 
     #[test]
+    fn list_keys_comes_from_the_parser_with_defaults_and_ranges() {
+        let keys = list_keys();
+        let get = |k: &str| {
+            keys.iter()
+                .find(|d| d.key == k)
+                .unwrap_or_else(|| panic!("{k} listed"))
+        };
+        assert_eq!(get("stream.window").default, "16");
+        assert_eq!(
+            get("stream.window").allowed,
+            "0..=100000 (0 = no acknowledgements)"
+        );
+        assert_eq!(get("stream.ack_timeout_ms").default, "1000");
+        assert_eq!(get("stream.chunk_interval_ms").default, "20");
+        assert_eq!(get("backend.openai.tls_ca_file").default, "none");
+        assert_eq!(
+            get("backend.openai.base_url").default,
+            "\"http://127.0.0.1:8000\""
+        );
+        assert_eq!(get("backend.sim.first_token_ms").default, "20");
+        assert_eq!(get("service.status_subject").default, "\"llm.status\"");
+        assert_eq!(get("workers").allowed, "1..=4096");
+        let mut names: Vec<&str> = keys.iter().map(|k| k.key.as_str()).collect();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(names.len(), n, "each key once");
+        assert!(n > 60, "{n} keys");
+        // Not recording outside list_keys.
+        let _ = Config::default();
+        assert_eq!(list_keys().len(), n);
+    }
+
+    #[test]
     fn limits_parse_with_defaults_and_validation() {
         let c = Config::from_toml_str(
             r#"
@@ -1657,8 +1883,32 @@ mod tests {
             "backend.nats.subject"
         );
         assert_eq!(
-            err("[backend]\nkind = \"openai\"\n[backend.openai]\nbase_url = \"https://x\"").key(),
+            err("[backend]\nkind = \"openai\"\n[backend.openai]\nbase_url = \"ftp://x\"").key(),
             "backend.openai.base_url"
+        );
+        assert_eq!(
+            err("[backend.openai]\nbase_url = \"https://\"").key(),
+            "backend.openai.base_url"
+        );
+        assert_eq!(
+            err("[backend.openai]\nbase_url = \"https://x\"\ntls_cert_file = \"c.pem\"").key(),
+            "backend.openai.tls_key_file"
+        );
+        assert_eq!(
+            err("[backend.openai]\nbase_url = \"http://x\"\ntls_ca_file = \"ca.pem\"").key(),
+            "backend.openai.tls_ca_file"
+        );
+        let c = Config::from_toml_str(
+            "[backend]\nkind = \"openai\"\n[backend.openai]\nbase_url = \"https://api.example.com/\"\ntls_ca_file = \"ca.pem\"",
+        )
+        .expect("https accepted");
+        let BackendKind::OpenAi(o) = &c.backend.kind else {
+            panic!("openai expected");
+        };
+        assert_eq!(o.base_url, "https://api.example.com");
+        assert_eq!(
+            o.tls_ca_file.as_deref(),
+            Some(std::path::Path::new("ca.pem"))
         );
         assert_eq!(
             err("[backend.sim]\nerror_rate = 1.5").key(),

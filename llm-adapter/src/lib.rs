@@ -64,6 +64,7 @@ pub mod listener;
 pub mod metrics;
 pub mod nats_events;
 pub mod service;
+pub mod stream;
 pub mod trace;
 
 use std::sync::Arc;
@@ -285,6 +286,7 @@ impl AdapterHandle {
         admission.stop_admitting().await;
         self.edge.stop(Duration::from_secs(2)).await;
         let report = admission.shutdown().await;
+        self.edge.stop_acks();
         let _ = tokio::time::timeout(Duration::from_secs(2), self.view.client.flush()).await;
         if let Some(t) = self.trace_task.take() {
             t.abort();
@@ -328,7 +330,9 @@ pub async fn start_with_events(
         None => (Tracer::logging(config.trace.log), None),
     };
     let sink = Arc::new(NatsSink::new(client.clone(), config.nats.publish_timeout));
-    let admission = Admission::start(AdmissionConfig::from(&*config), backend, sink, tracer);
+    let mut admission_cfg = AdmissionConfig::from(&*config);
+    admission_cfg.max_reply_bytes = sink.max_reply_bytes();
+    let admission = Admission::start(admission_cfg, backend, sink, tracer);
     let edge = match ServiceEdge::start(&client, config.clone(), admission.clone(), events.clone())
         .await
     {

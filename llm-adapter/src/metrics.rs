@@ -11,7 +11,7 @@
 //! request pays no metrics-facade call. The recorder must be installed before
 //! [`crate::start`].
 //!
-//! The two latency histograms are not recorded through the `metrics` facade: the
+//! The latency histograms (queue wait, inference, time to first token) are not recorded through the `metrics` facade: the
 //! Prometheus exporter stores every sample (and allocates as it goes), which costs more
 //! per request than the rest of admission. They are fixed-bucket [`DurationHistogram`]s
 //! (three atomic adds per sample) rendered in the Prometheus text format and appended to
@@ -53,6 +53,24 @@ pub const QUEUE_WAIT_SECONDS: &str = "llm_queue_wait_seconds";
 /// `outcome="ok"` over the total `_sum` is the share of backend time that produced
 /// answers within their deadline.
 pub const INFERENCE_SECONDS: &str = "llm_inference_seconds";
+/// Histogram ([`DurationHistogram`]): streamed replies, start of inference → first chunk
+/// published to the caller (time to first token), seconds.
+pub const TTFT_SECONDS: &str = "llm_time_to_first_token_seconds";
+/// Counter: streamed replies started (requests with `Weir-Stream: 1` that reached a
+/// worker).
+pub const STREAMS_TOTAL: &str = "llm_streams_total";
+/// Counter: `chunk` messages published to streaming callers.
+pub const STREAM_CHUNKS_TOTAL: &str = "llm_stream_chunks_total";
+/// Counter: body bytes published in `chunk` messages.
+pub const STREAM_BYTES_TOTAL: &str = "llm_stream_bytes_total";
+/// Counter: streams aborted because of the caller, label `reason` (`caller_gone` = no
+/// subscriber on its reply subject, `caller_stalled` = no acknowledgement within
+/// `stream.ack_timeout_ms` with the window full, `publish_timeout` = the NATS client
+/// could not take a chunk within `nats.publish_timeout_ms`).
+pub const STREAM_ABORTED_TOTAL: &str = "llm_stream_aborted_total";
+/// Counter: `llm.status` queries, label `result` (`queued`, `running`, `done`,
+/// `not_found`).
+pub const STATUS_TOTAL: &str = "llm_status_requests_total";
 /// Gauge: requests admitted and not yet started (published when stats are read, e.g.
 /// on every `/metrics` scrape).
 pub const QUEUE_DEPTH: &str = "llm_queue_depth";
@@ -113,8 +131,8 @@ pub const NATS_CONNECTED: &str = "llm_nats_connected";
 pub const MEMORY_BOUND_BYTES: &str = "llm_memory_bound_bytes";
 
 /// Every metric recorded through the `metrics` facade, registered at start
-/// ([`weir_service::metrics::register`]) so that each is in the first scrape. (The two
-/// latency histograms are [`DurationHistogram`]s, always rendered.)
+/// ([`weir_service::metrics::register`]) so that each is in the first scrape. (The latency
+/// histograms are [`DurationHistogram`]s, always rendered.)
 pub const DECLARED: &[Declared] = &[
     Declared::counter(OFFERED_TOTAL),
     Declared::counter(ADMITTED_TOTAL),
@@ -146,6 +164,11 @@ pub const DECLARED: &[Declared] = &[
     Declared::counter(ADMIN_CONNECTIONS_REFUSED_TOTAL),
     Declared::counter(ADMIN_CONNECTIONS_TIMED_OUT_TOTAL),
     Declared::gauge(NATS_CONNECTED),
+    Declared::counter(STREAMS_TOTAL),
+    Declared::counter(STREAM_CHUNKS_TOTAL),
+    Declared::counter(STREAM_BYTES_TOTAL),
+    Declared::counter(STREAM_ABORTED_TOTAL),
+    Declared::counter(STATUS_TOTAL),
     Declared::gauge(MEMORY_BOUND_BYTES),
     Declared::gauge(weir_service::process::RESIDENT_MEMORY_BYTES),
 ];
@@ -286,7 +309,7 @@ mod tests {
     #[test]
     fn every_facade_metric_name_is_declared_once() {
         let src = include_str!("metrics.rs");
-        let histograms = [QUEUE_WAIT_SECONDS, INFERENCE_SECONDS];
+        let histograms = [QUEUE_WAIT_SECONDS, INFERENCE_SECONDS, TTFT_SECONDS];
         let mut names: Vec<&str> = weir_service::metrics::names_in_source(src, &["llm_"])
             .into_iter()
             .filter(|n| !histograms.contains(n))

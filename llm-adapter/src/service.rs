@@ -46,14 +46,16 @@ use serde::Serialize;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use weir_protocol::llm::headers as h;
+use weir_protocol::llm::stream as s;
 use weir_protocol::llm::{
-    AdmissionPolicy, EnvelopeMeta, ErrorBody, ErrorCode, HeaderError, ResponseEnvelope,
+    AdmissionPolicy, EnvelopeMeta, ErrorBody, ErrorCode, HeaderError, ResponseEnvelope, StreamEvent,
 };
 
-use crate::admission::{Admission, Outcome, Sink, Submission};
+use crate::admission::{Admission, Outcome, RequestStatus, Sink, Submission};
 use crate::config::Config;
 use crate::metrics as m;
 use crate::nats_events::NatsEvents;
+use crate::stream::{AckHub, Delivered, NatsStream, StreamLimits};
 
 /// One caller waiting for an answer: the reply subject, the request body (kept for
 /// envelope detection; a reference-counted view, not a copy) and, when the body was the
@@ -65,6 +67,9 @@ pub struct NatsWaiter {
     /// `None` until needed: detection parses the body, which only error replies and
     /// requests without id headers need.
     envelope: Option<Option<Box<EnvelopeMeta>>>,
+    /// The caller asked for a streamed reply: the answer is `end` (or an error reply
+    /// marked `Weir-Stream-Event: error`), which reports what this caller received.
+    stream: Option<Arc<Delivered>>,
 }
 
 impl NatsWaiter {
@@ -100,6 +105,17 @@ impl NatsSink {
     }
 }
 
+impl NatsSink {
+    /// The largest reply body that fits a NATS message with the reply's headers: what a
+    /// backend may read for a unary reply before it stops ([`crate::backend::BackendRequest::max_reply_bytes`]).
+    pub fn max_reply_bytes(&self) -> usize {
+        self.max_payload - REPLY_HEADROOM
+    }
+}
+
+/// Room left in a reply for its headers (timings, ids, passthrough headers).
+const REPLY_HEADROOM: usize = 1024;
+
 /// Runs `fut` to completion if it finishes on its first poll (the common case: the
 /// publish only queues into the client's channel); otherwise bounds it by `limit`.
 /// Saves arming a timer per reply. `None` when the bound elapsed.
@@ -120,7 +136,7 @@ fn put(map: &mut HeaderMap, name: &str, value: &str) {
 }
 
 /// Inserts one of our own (constant, valid) header names without allocating the name.
-fn put_static(map: &mut HeaderMap, name: &'static str, value: &str) {
+pub(crate) fn put_static(map: &mut HeaderMap, name: &'static str, value: &str) {
     if let Ok(v) = HeaderValue::from_str(value) {
         map.insert(HeaderName::from_static(name), v);
     }
@@ -134,7 +150,7 @@ pub(crate) fn render(
 ) -> (HeaderMap, Bytes) {
     let mut headers = HeaderMap::new();
     let body = match &outcome.result {
-        Ok(reply) if reply.body.len() + 1024 <= max_payload => {
+        Ok(reply) if reply.body.len() + REPLY_HEADROOM <= max_payload => {
             for (n, v) in &reply.headers {
                 put(&mut headers, n, v);
             }
@@ -200,10 +216,55 @@ impl Sink for NatsSink {
         } else {
             None
         };
-        let (headers, body) = render(&outcome, envelope, max_payload);
+        let (mut headers, mut body) = render(&outcome, envelope, max_payload);
         let timeout = self.publish_timeout;
         let client = self.client.clone();
+        // A streaming caller whose answer has a body (it joined a unary request, or got
+        // a cached unary reply) receives that body as chunk 1 before `end`; one that
+        // joined another caller's stream (or found it cached) received no chunk: its
+        // `end` says 0 chunks and `Weir-Stream-Outcome: joined` (the text went to the
+        // first caller and is not kept).
+        let mut first_chunk = None;
+        if let Some(sent) = &waiter.stream {
+            let rid = outcome.request_id.as_deref();
+            let event = if outcome.result.is_ok() {
+                StreamEvent::End
+            } else {
+                StreamEvent::Error
+            };
+            for (n, v) in crate::stream::event_headers(event, rid).iter() {
+                for v in v {
+                    headers.insert(n.clone(), v.clone());
+                }
+            }
+            if let Ok(reply) = &outcome.result {
+                let (chunks, bytes) = sent.get();
+                let streamed = reply.headers.iter().any(|(n, _)| n == s::STREAM_CHUNKS);
+                let mut result = "ok";
+                if !body.is_empty() {
+                    let mut ch = crate::stream::event_headers(StreamEvent::Chunk, rid);
+                    put_static(&mut ch, s::STREAM_SEQ, "1");
+                    put_static(&mut headers, s::STREAM_CHUNKS, "1");
+                    put_static(&mut headers, s::STREAM_BYTES, &body.len().to_string());
+                    first_chunk = Some((ch, std::mem::take(&mut body)));
+                } else if streamed {
+                    if chunks == 0 && stream_chunks(reply) > 0 {
+                        result = "joined";
+                    }
+                    put_static(&mut headers, s::STREAM_CHUNKS, &chunks.to_string());
+                    put_static(&mut headers, s::STREAM_BYTES, &bytes.to_string());
+                }
+                put_static(&mut headers, s::STREAM_OUTCOME, result);
+            }
+        }
         async move {
+            if let Some((ch, chunk)) = first_chunk {
+                let _ = bounded(
+                    timeout,
+                    client.publish_with_headers(waiter.reply.clone(), ch, chunk),
+                )
+                .await;
+            }
             let sent = bounded(
                 timeout,
                 client.publish_with_headers(waiter.reply, headers, body),
@@ -215,6 +276,16 @@ impl Sink for NatsSink {
             }
         }
     }
+}
+
+/// The chunk count a streamed reply reports (0 when absent).
+fn stream_chunks(reply: &crate::backend::BackendReply) -> u64 {
+    reply
+        .headers
+        .iter()
+        .find(|(n, _)| n == s::STREAM_CHUNKS)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Looks a header up by exact name, then case-insensitively (Go clients canonicalise,
@@ -241,6 +312,7 @@ struct Known<'a> {
     deadline: Option<&'a str>,
     timeout: Option<&'a str>,
     cancel: Option<&'a str>,
+    stream: Option<&'a str>,
 }
 
 impl<'a> Known<'a> {
@@ -268,6 +340,8 @@ impl<'a> Known<'a> {
                 &mut k.timeout
             } else if n.eq_ignore_ascii_case(h::CANCEL) {
                 &mut k.cancel
+            } else if n.eq_ignore_ascii_case(s::STREAM) {
+                &mut k.stream
             } else {
                 continue;
             };
@@ -339,6 +413,7 @@ fn decode(
             ),
             received_at,
             body: msg.payload.clone(),
+            stream: None,
         })
     })()
     .map_err(|e| *e);
@@ -389,12 +464,84 @@ pub struct CancelReply {
     pub result: String,
 }
 
+/// The request id a cancel or status message names: the `Weir-Cancel` header, else
+/// `Weir-Request-Id`, else the body (trimmed).
+fn request_id_of(req: &async_nats::service::Request) -> String {
+    let hm = req.message.headers.as_ref();
+    header(hm, h::CANCEL)
+        .or_else(|| header(hm, h::REQUEST_ID))
+        .map(str::to_owned)
+        .or_else(|| {
+            std::str::from_utf8(&req.message.payload)
+                .ok()
+                .map(str::to_owned)
+        })
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
+
+/// Reply of the status endpoint (`llm.status`): where a request is.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct StatusReply {
+    /// The request id asked about.
+    pub request_id: String,
+    /// `queued`, `running`, `done` or `not_found`.
+    pub status: String,
+    /// `queued`: 1-based position (1 = next).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<usize>,
+    /// `queued`: predicted wait before inference starts, ms (absent without an
+    /// estimate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_start_ms: Option<u64>,
+    /// `queued`: time since receipt, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waited_ms: Option<u64>,
+    /// `running`: time since inference started, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elapsed_ms: Option<u64>,
+}
+
+fn whole_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl StatusReply {
+    fn new(request_id: String, status: RequestStatus) -> Self {
+        let mut r = Self {
+            request_id,
+            status: status.as_str().to_owned(),
+            position: None,
+            predicted_start_ms: None,
+            waited_ms: None,
+            elapsed_ms: None,
+        };
+        match status {
+            RequestStatus::Queued {
+                position,
+                predicted_start,
+                waited,
+            } => {
+                r.position = Some(position);
+                r.predicted_start_ms = predicted_start.map(whole_ms);
+                r.waited_ms = Some(whole_ms(waited));
+            }
+            RequestStatus::Running { elapsed } => r.elapsed_ms = Some(whole_ms(elapsed)),
+            RequestStatus::Done | RequestStatus::NotFound => {}
+        }
+        r
+    }
+}
+
 /// Shared by the endpoint tasks.
 struct Edge {
     admission: Admission<NatsSink>,
     events: NatsEvents,
     config: Arc<Config>,
     publish_timeout: Duration,
+    client: async_nats::Client,
+    acks: AckHub,
 }
 
 impl Edge {
@@ -424,54 +571,80 @@ impl Edge {
             return self.handle_cancel_of(&req, target).await;
         }
         let (envelope, sub) = decode(&req.message, &known, received_at);
-        let waiter = NatsWaiter {
+        let stream = known.stream.map(s::wants_stream).transpose();
+        let mut waiter = NatsWaiter {
             reply,
             payload: req.message.payload.clone(),
             envelope: envelope.map(|e| e.map(Box::new)),
+            stream: matches!(stream, Ok(Some(true))).then(Arc::default),
         };
-        match sub {
-            Ok(sub) => {
+        match (sub, stream) {
+            (Ok(mut sub), Ok(wants)) => {
+                if let (Some(true), Some(sent)) = (wants, &waiter.stream) {
+                    let sc = &self.config.stream;
+                    sub.stream = Some(Arc::new(NatsStream::new(
+                        self.client.clone(),
+                        waiter.reply.clone(),
+                        sub.request_id.clone(),
+                        &self.acks,
+                        StreamLimits {
+                            window: sc.window,
+                            ack_timeout: sc.ack_timeout,
+                            publish_timeout: self.publish_timeout,
+                        },
+                        sent.clone(),
+                    )));
+                }
                 self.admission.submit(sub, waiter).await;
             }
-            Err(err) => self.admission.answer_now(waiter, err, received_at).await,
+            (Err(err), _) => self.admission.answer_now(waiter, err, received_at).await,
+            (Ok(_), Err(e)) => {
+                waiter.stream = None;
+                self.admission
+                    .answer_now(waiter, invalid(&e), received_at)
+                    .await
+            }
         }
     }
 
+    async fn handle_status(&self, req: async_nats::service::Request) {
+        let target = request_id_of(&req);
+        if let Err(e) = h::parse_id(h::REQUEST_ID, &target) {
+            return self.reply_invalid(&req, &e).await;
+        }
+        let status = self.admission.status(&target);
+        metrics::counter!(m::STATUS_TOTAL, "result" => status.as_str()).increment(1);
+        let reply = StatusReply::new(target, status);
+        self.reply_json(&req, &reply).await;
+    }
+
     async fn handle_cancel(&self, req: async_nats::service::Request) {
-        let hm = req.message.headers.as_ref();
-        let target = header(hm, h::CANCEL)
-            .or_else(|| header(hm, h::REQUEST_ID))
-            .map(str::to_owned)
-            .or_else(|| {
-                std::str::from_utf8(&req.message.payload)
-                    .ok()
-                    .map(str::to_owned)
-            })
-            .unwrap_or_default()
-            .trim()
-            .to_owned();
+        let target = request_id_of(&req);
         self.handle_cancel_of(&req, target).await;
+    }
+
+    /// Answers `invalid_request` for a bad request id on the cancel or status subject.
+    async fn reply_invalid(&self, req: &async_nats::service::Request, e: &HeaderError) {
+        let (headers, body) = render(
+            &Outcome {
+                result: Err(invalid(e)),
+                queue_time: Duration::ZERO,
+                inference_time: None,
+                request_id: None,
+            },
+            None,
+            usize::MAX,
+        );
+        let _ = tokio::time::timeout(
+            self.publish_timeout,
+            req.respond_with_headers(Ok(body), headers),
+        )
+        .await;
     }
 
     async fn handle_cancel_of(&self, req: &async_nats::service::Request, target: String) {
         if let Err(e) = h::parse_id(h::CANCEL, &target) {
-            let err = invalid(&e);
-            let (headers, body) = render(
-                &Outcome {
-                    result: Err(err),
-                    queue_time: Duration::ZERO,
-                    inference_time: None,
-                    request_id: None,
-                },
-                None,
-                usize::MAX,
-            );
-            let _ = tokio::time::timeout(
-                self.publish_timeout,
-                req.respond_with_headers(Ok(body), headers),
-            )
-            .await;
-            return;
+            return self.reply_invalid(req, &e).await;
         }
         let result = self.admission.cancel(&target).await;
         let reply = CancelReply {
@@ -486,6 +659,9 @@ impl Edge {
 pub(crate) struct ServiceEdge {
     service: Option<Service>,
     tasks: Vec<JoinHandle<()>>,
+    /// The acknowledgement router: it outlives the endpoints, since running streams
+    /// still need their acknowledgements while shutdown drains them.
+    acks: Option<JoinHandle<()>>,
 }
 
 impl ServiceEdge {
@@ -549,14 +725,32 @@ impl ServiceEdge {
             .name("limits")
             .add(&sc.limits_subject)
             .await?;
+        let status = service
+            .endpoint_builder()
+            .name("status")
+            .add(&sc.status_subject)
+            .await?;
+        let (acks, ack_task) = AckHub::start(client, events.clone()).await?;
 
         let edge = Arc::new(Edge {
             admission,
             events,
             publish_timeout: config.nats.publish_timeout,
             config,
+            client: client.clone(),
+            acks,
         });
         let mut tasks = Vec::new();
+        tasks.push(tokio::spawn({
+            let edge = edge.clone();
+            let mut status = status;
+            async move {
+                while let Some(req) = status.next().await {
+                    edge.events.took();
+                    edge.handle_status(req).await;
+                }
+            }
+        }));
         tasks.push(tokio::spawn({
             let edge = edge.clone();
             let mut infer = infer;
@@ -607,7 +801,15 @@ impl ServiceEdge {
         Ok(Self {
             service: Some(service),
             tasks,
+            acks: Some(ack_task),
         })
+    }
+
+    /// Stops routing stream acknowledgements (after the running requests ended).
+    pub(crate) fn stop_acks(&mut self) {
+        if let Some(t) = self.acks.take() {
+            t.abort();
+        }
     }
 
     /// Unsubscribes every endpoint; the intake tasks answer what is already buffered and

@@ -2,40 +2,15 @@
 //! the admin endpoints, graceful shutdown on SIGTERM, refusal of bad configuration.
 
 mod common;
+#[path = "support/tls_openai.rs"]
+mod tls_openai;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::bin::{BIN, Child, first_line, serve};
 use common::{STEP, connect};
 use weir_llm_adapter::client::LlmClient;
-
-const BIN: &str = env!("CARGO_BIN_EXE_llm-adapter");
-
-/// Kills the child on drop (a failing test must not leave it running).
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The first stdout line of the child (its ready line), read within [`STEP`]; empty if
-/// it exited first.
-async fn first_line(child: &mut Child) -> String {
-    let stdout = child.0.stdout.take().expect("stdout");
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).map(|_| line)
-    });
-    tokio::time::timeout(STEP, line)
-        .await
-        .expect("a line (or EOF) in time")
-        .expect("join")
-        .expect("read")
-}
 
 async fn get(url: &str) -> (u16, String) {
     let r = tokio::time::timeout(STEP, reqwest::get(url))
@@ -208,21 +183,6 @@ fn runtime_workers(pid: u32) -> usize {
         .count()
 }
 
-/// `llm-adapter serve` with the defaults, a free admin port, `nats_url` and `extra`
-/// arguments; stdout piped (the ready line), stderr discarded.
-fn serve(nats_url: &str, extra: &[&str]) -> Child {
-    Child(
-        Command::new(BIN)
-            .args(["serve", "--admin", "127.0.0.1:0", "--nats-url", nats_url])
-            .args(extra)
-            .env("RUST_LOG", "error")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn"),
-    )
-}
-
 /// `--threads` sizes the runtime (it used to be parsed and ignored): 1 runs the
 /// adapter on the current thread (no worker threads), 3 starts 3 workers; 0 is refused.
 #[tokio::test]
@@ -317,6 +277,107 @@ async fn starts_with_nats_down_and_serves_once_it_is_up() {
     let client = LlmClient::new(connect(server.url()).await, "llm.infer");
     let reply = client.request("hello").timeout(STEP).send().await;
     assert_eq!(&reply.expect("answered").body[..], b"hello");
+}
+
+/// A 10 MB reply from an HTTPS backend is refused (`backend_error` with the byte cap in
+/// `limit`) and the binary's RSS does not keep it: measured on the real process, after
+/// one small request has set up the pooled TLS connection. Prints the figures.
+#[tokio::test]
+async fn a_10_mb_backend_reply_is_refused_and_rss_grows_less_than_1_mb() {
+    let server = weir_testkit::NatsServer::start().expect("nats-server");
+    let backend = tls_openai::TlsOpenAi::start(false).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let cfg = dir.path().join("adapter.toml");
+    std::fs::write(
+        &cfg,
+        format!("workers = 1\n{}", backend.backend_toml(false)),
+    )
+    .expect("config");
+    let mut child = serve(
+        server.url(),
+        &["--config", cfg.to_str().expect("utf-8 path")],
+    );
+    let line = first_line(&mut child).await;
+    assert!(line.contains("\"ready\""), "{line}");
+    let pid = child.0.id();
+    let rss = || weir_testkit::process::rss_bytes(pid).expect("rss") as i64;
+    let client = LlmClient::new(connect(server.url()).await, "llm.infer");
+    for _ in 0..3 {
+        client
+            .request("{}")
+            .timeout(STEP)
+            .send()
+            .await
+            .expect("warm-up over https");
+    }
+    let before = rss();
+    let mut peak = before;
+    for _ in 0..10 {
+        let call = client.request(r#"{"huge":1}"#).timeout(STEP).send();
+        tokio::pin!(call);
+        let e = loop {
+            tokio::select! {
+                r = &mut call => break r.expect_err("too large"),
+                _ = tokio::time::sleep(Duration::from_millis(2)) => peak = peak.max(rss()),
+            }
+        };
+        assert_eq!(
+            e.kind(),
+            weir_llm_adapter::client::ClientErrorKind::Server(
+                weir_protocol::llm::ErrorCode::BackendError
+            )
+        );
+        assert!(e.details().limit.is_some(), "{e}");
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let after = rss();
+    eprintln!(
+        "10 x 10 MB replies refused: RSS before {} KiB, peak {} KiB (+{} KiB), after {} KiB (+{} KiB)",
+        before / 1024,
+        peak / 1024,
+        (peak - before) / 1024,
+        after / 1024,
+        (after - before) / 1024
+    );
+    assert!(
+        after - before < 1024 * 1024,
+        "RSS grew {} KiB",
+        (after - before) / 1024
+    );
+}
+
+/// `serve --list-keys` prints every key the parser reads, with default and range, and
+/// exits 0 without connecting anywhere.
+#[test]
+fn list_keys_prints_the_keys_with_defaults() {
+    let out = Command::new(BIN)
+        .args(["serve", "--list-keys"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for key in [
+        "workers ",
+        "stream.window ",
+        "stream.ack_timeout_ms ",
+        "backend.openai.tls_ca_file ",
+        "backend.openai.tls_cert_file ",
+        "service.status_subject ",
+        "backend.sim.tokens_per_second ",
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with(key)),
+            "{key} missing:\n{text}"
+        );
+    }
+    let window = text
+        .lines()
+        .find(|l| l.starts_with("stream.window "))
+        .unwrap_or_default();
+    assert!(
+        window.contains("default 16") && window.contains("0..=100000"),
+        "{window}"
+    );
 }
 
 /// The deploy kit: `deploy/llm-adapter.toml` passes `check-config` and starts

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{STEP, eventually};
+use futures::StreamExt;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use weir_llm_adapter::{AdapterHandle, Config};
@@ -166,5 +167,30 @@ async fn the_example_permissions_refuse_the_bad_publisher_and_the_adapter_stays_
     assert!(seen.contains("Permissions Violation"), "{seen}");
     answered_again(&caller, "llm.infer").await;
     assert_eq!(a.stats().nats.disconnects, 0, "the adapter never lost NATS");
+    // The trusted caller streams through the example permissions: its acknowledgements
+    // are allowed (40 tokens make more chunks than the default window of 16), and the
+    // status subject is served.
+    let llm = weir_llm_adapter::client::LlmClient::new(caller.clone(), "llm.infer");
+    let mut st = llm
+        .request(common::stream_body(40))
+        .request_id("perm-1")
+        .timeout(Duration::from_secs(10))
+        .stream()
+        .await
+        .expect("stream");
+    let mut end = None;
+    while let Some(ev) = st.next().await {
+        if let weir_llm_adapter::client::LlmEvent::End(e) = ev.expect("event") {
+            end = Some(e);
+        }
+    }
+    let end = end.expect("end");
+    assert!(end.chunks > 16, "{end:?}");
+    let status = caller
+        .request("llm.status", "perm-1".into())
+        .await
+        .expect("status answered");
+    let v: serde_json::Value = serde_json::from_slice(&status.payload).expect("json");
+    assert_eq!(v["status"], "done");
     a.shutdown().await;
 }

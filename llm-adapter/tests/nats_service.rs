@@ -216,7 +216,13 @@ async fn micro_service_discovery_capabilities_and_limits() {
     subjects.sort_unstable();
     assert_eq!(
         subjects,
-        ["llm.cancel", "llm.capabilities", "llm.infer", "llm.limits"]
+        [
+            "llm.cancel",
+            "llm.capabilities",
+            "llm.infer",
+            "llm.limits",
+            "llm.status"
+        ]
     );
     assert!(
         v["endpoints"]

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::cli::{Cli, DesignArg};
 use crate::ingress::find_ingress_bin;
-use crate::llm::LlmSettings;
+use crate::llm::{LlmSettings, StreamLoad};
 use crate::plot::{Panel, Series, grid_svg};
 use crate::report::RunReport;
 use crate::scenario::run::{Env, RunOutput, run_one};
@@ -53,6 +53,11 @@ pub fn env_from(cli: &Cli) -> Result<Env, String> {
             latency: Duration::from_millis(cli.llm_latency_ms),
             shape: cli.llm_latency_shape.into(),
             deadline: Duration::from_millis(cli.llm_deadline_ms),
+            stream: cli.stream.then(|| StreamLoad {
+                first_token: Duration::from_millis(cli.llm_first_token_ms),
+                tokens: cli.llm_tokens,
+                tokens_per_second: f64::from(cli.llm_tokens_per_second),
+            }),
         },
         ingress_set: cli.ingress_set.clone(),
         wait_quiet: cli.wait_quiet,

@@ -156,6 +156,27 @@ pub struct Cli {
     #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(10..=600_000))]
     pub llm_deadline_ms: u64,
 
+    /// llm-overload: callers ask for streamed replies (`Weir-Stream: 1`) and the report
+    /// shows the time to the first token (TTFT) next to goodput. The simulated backend
+    /// streams --llm-tokens tokens, the first after --llm-first-token-ms, then
+    /// --llm-tokens-per-second (capacity = workers / that duration; the inference time
+    /// flags are then unused). The naive front cannot stream: its callers get the whole
+    /// reply, and its TTFT is the time to that reply.
+    #[arg(long)]
+    pub stream: bool,
+
+    /// --stream: delay before the first token, milliseconds.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub llm_first_token_ms: u64,
+
+    /// --stream: tokens per reply.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub llm_tokens: u32,
+
+    /// --stream: tokens per second after the first.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub llm_tokens_per_second: u32,
+
     /// Producers do not reconnect after the server ended or refused their stream.
     #[arg(long)]
     pub no_reconnect: bool,

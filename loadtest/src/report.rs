@@ -240,6 +240,13 @@ pub struct LlmReport {
     pub in_flight_max: u64,
     /// Offered load as a multiple of the backend's capacity.
     pub load_factor: f64,
+    /// Callers asked for streamed replies (`--stream`, weir's adapter).
+    #[serde(default)]
+    pub streamed: bool,
+    /// Caller-side time to the first token: send → first `chunk` when streamed, send →
+    /// the whole reply otherwise (completed requests).
+    #[serde(default)]
+    pub ttft_ms: Percentiles,
 }
 
 /// Producer-side counters in a report.
@@ -541,6 +548,13 @@ fn rows() -> Vec<Row> {
         ("llm queue wait p95 ms", |r| {
             if r.llm.enabled {
                 ms(r.llm.queue_wait_ms.p95)
+            } else {
+                "-".into()
+            }
+        }),
+        ("llm ttft p50/p99 ms", |r| {
+            if r.llm.enabled {
+                format!("{}/{}", ms(r.llm.ttft_ms.p50), ms(r.llm.ttft_ms.p99))
             } else {
                 "-".into()
             }

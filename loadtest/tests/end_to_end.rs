@@ -117,6 +117,46 @@ async fn tiny_steady_run_accounts_for_every_frame() {
     }
 }
 
+/// `llm-overload --stream`: weir's callers stream (TTFT ≈ the first-token delay when
+/// not overloaded), the naive front answers whole replies (TTFT = the whole reply).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llm_overload_stream_reports_ttft_and_goodput() {
+    let mut env = env();
+    env.llm.stream = Some(weir_loadtest::llm::StreamLoad {
+        first_token: Duration::from_millis(30),
+        tokens: 10,
+        tokens_per_second: 100.0,
+    });
+    let plan = plan(
+        Scenario::LlmOverload,
+        Some(Duration::from_secs(2)),
+        None,
+        0.5,
+    )
+    .expect("plan");
+    let naive = run_one(&env, &plan, 1, Design::Naive)
+        .await
+        .expect("naive run");
+    let n = &naive.report.llm;
+    assert!(!n.streamed && n.completed > 0, "{n:?}");
+    // The naive front's caller waits for the whole reply: 30 + 9 × 10 ms.
+    assert!(n.ttft_ms.p50 >= 110.0, "{n:?}");
+    match &env.ingress_bin {
+        Ok(_) => {
+            let bounded = run_one(&env, &plan, 1, Design::Bounded)
+                .await
+                .expect("bounded run");
+            let l = &bounded.report.llm;
+            assert!(l.streamed, "{l:?}");
+            assert!(l.completed > 0 && l.ttft_ms.count == l.completed, "{l:?}");
+            assert!(l.ttft_ms.p50 >= 30.0 && l.ttft_ms.p50 < 100.0, "{l:?}");
+            assert_eq!(l.started_after_deadline, 0);
+            assert!(l.goodput_per_s > 0.0);
+        }
+        Err(why) => eprintln!("bounded design skipped: {why}"),
+    }
+}
+
 #[test]
 fn the_binary_writes_json_and_charts() {
     let dir = tempfile::tempdir().expect("tempdir");

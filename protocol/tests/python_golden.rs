@@ -10,8 +10,9 @@
 //!   them back with the deployed reading code (`golden/read_packets.py`: `struct` +
 //!   `json`).
 //!
-//! Python: `WEIR_PYTHON`, else `scripts/ensure-python-env`, else `python3` on PATH (only
-//! the standard library is needed here). No Python at all fails the test with a message.
+//! Python: [`weir_testkit::python::python`] (`WEIR_PYTHON`, else
+//! `scripts/ensure-python-env`, else `python3` on PATH; only the standard library is
+//! needed here). No Python at all fails the test with a message.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -24,31 +25,8 @@ fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
 }
 
-fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("WEIR_PYTHON").filter(|p| !p.is_empty()) {
-        return PathBuf::from(p);
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/ensure-python-env");
-    if let Ok(out) = Command::new(&script).output()
-        && out.status.success()
-    {
-        let path = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-        if !path.is_empty() {
-            return PathBuf::from(path);
-        }
-    }
-    let probe = Command::new("python3").arg("--version").output();
-    if probe.is_ok_and(|o| o.status.success()) {
-        return PathBuf::from("python3");
-    }
-    panic!(
-        "no Python found for the interop check: set WEIR_PYTHON, or make \
-         scripts/ensure-python-env work (needs python3 with venv: apt-get install python3-venv)"
-    );
-}
-
 fn run_python(args: &[&std::ffi::OsStr]) -> String {
-    let py = python();
+    let py = weir_testkit::python::python();
     let out = Command::new(&py)
         .args(args)
         .output()

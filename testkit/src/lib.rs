@@ -35,6 +35,8 @@
 pub mod binary;
 pub mod deploy;
 mod error;
+pub mod process;
+pub mod python;
 pub mod server;
 
 pub use binary::{NatsServerVersion, nats_server_bin, nats_server_version};

@@ -28,10 +28,12 @@
 //! Time is tokio time, so tests drive everything with `start_paused = true`.
 
 mod cache;
+mod coalesce;
 mod estimator;
 mod slots;
 mod state;
 mod stats;
+mod streaming;
 
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -46,7 +48,8 @@ use tokio::time::Instant;
 use weir_protocol::llm::{AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails};
 
 pub use estimator::{EstimateSource, EstimateView, Estimator, EstimatorConfig};
-pub use stats::{CacheSnapshot, Percentiles, StatsSnapshot};
+pub use stats::{CacheSnapshot, Percentiles, StatsSnapshot, StreamSnapshot};
+pub use streaming::{PIECES_IN_FLIGHT, StopReason, StreamOut, StreamSettings, StreamStop};
 
 use self::state::{Effects, State};
 use self::stats::Stats;
@@ -82,6 +85,12 @@ pub struct AdmissionConfig {
     pub backend_timeout: Duration,
     /// How long running requests may finish at shutdown.
     pub shutdown_grace: Duration,
+    /// Most bytes of a unary reply body the backend may read
+    /// ([`BackendRequest::max_reply_bytes`]); set from the NATS `max_payload` by
+    /// [`crate::start`], `usize::MAX` (no cap) otherwise. Also the largest `chunk`.
+    pub max_reply_bytes: usize,
+    /// How streamed replies are coalesced.
+    pub stream: StreamSettings,
 }
 
 impl From<&Config> for AdmissionConfig {
@@ -98,6 +107,8 @@ impl From<&Config> for AdmissionConfig {
             idempotency: c.idempotency,
             backend_timeout: c.backend.timeout,
             shutdown_grace: c.shutdown_grace,
+            max_reply_bytes: usize::MAX,
+            stream: c.stream.settings,
         }
     }
 }
@@ -125,6 +136,8 @@ pub struct Submission {
     pub received_at: Instant,
     /// The body, passed to the backend unchanged.
     pub body: Bytes,
+    /// Where a streamed reply goes (`Weir-Stream: 1`); `None` = a unary reply.
+    pub stream: Option<Arc<dyn StreamOut>>,
 }
 
 impl Submission {
@@ -138,7 +151,14 @@ impl Submission {
             budget: None,
             received_at: Instant::now(),
             body: body.into(),
+            stream: None,
         }
+    }
+
+    /// Asks for a streamed reply through `out`.
+    pub fn stream(mut self, out: Arc<dyn StreamOut>) -> Self {
+        self.stream = Some(out);
+        self
     }
 
     /// Sets the request id.
@@ -236,6 +256,43 @@ impl CancelResult {
     }
 }
 
+/// Where a request is, by request id (`llm.status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestStatus {
+    /// Admitted, waiting to start.
+    Queued {
+        /// 1-based position among the queued requests (1 = next), in the order workers
+        /// take them (deadline order under EDF, arrival under FIFO).
+        position: usize,
+        /// Predicted wait before inference starts (`None` without an estimate).
+        predicted_start: Option<Duration>,
+        /// Time since receipt.
+        waited: Duration,
+    },
+    /// Inference in progress.
+    Running {
+        /// Since the start of inference.
+        elapsed: Duration,
+    },
+    /// Finished `ok`, and its reply is still in the idempotency cache (a retry with the
+    /// same id gets it without running again).
+    Done,
+    /// Not queued, not running, not cached.
+    NotFound,
+}
+
+impl RequestStatus {
+    /// `queued`, `running`, `done` or `not_found`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Queued { .. } => "queued",
+            Self::Running { .. } => "running",
+            Self::Done => "done",
+            Self::NotFound => "not_found",
+        }
+    }
+}
+
 /// Why a running call is aborted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AbortReason {
@@ -250,7 +307,11 @@ pub(crate) struct Job {
     /// `deadline − reply_margin`: the call is aborted then.
     pub(crate) answer_by: Option<Instant>,
     pub(crate) started_at: Instant,
+    /// Receipt → start.
+    pub(crate) queue_time: Duration,
     pub(crate) abort: oneshot::Receiver<AbortReason>,
+    /// Where the reply is streamed, for a streamed request.
+    pub(crate) stream: Option<Arc<dyn StreamOut>>,
 }
 
 /// Where answers go. The NATS edge publishes a reply; [`ChannelSink`] sends on a
@@ -398,6 +459,9 @@ impl<S: Sink> Inner<S> {
         if fx.timers_changed {
             self.timers.notify_one();
         }
+        for n in fx.notices {
+            n.out.queued(n.position, n.predicted_start).await;
+        }
         for (waiter, outcome) in fx.deliveries {
             self.stats.answered(&outcome);
             self.sink.deliver(waiter, outcome).await;
@@ -429,55 +493,80 @@ impl<S: Sink> Inner<S> {
             request,
             answer_by: deadline,
             started_at,
+            queue_time,
             mut abort,
+            stream,
         } = job;
         let backend_end = started_at + self.cfg.backend_timeout;
         let (limit_at, deadline_first) = match deadline {
             Some(d) if d <= backend_end => (d, true),
             _ => (backend_end, false),
         };
-        let call = self.backend.call(request);
-        let result = tokio::select! {
-            biased;
-            reason = &mut abort => Err(match reason {
-                Ok(AbortReason::Cancelled) => ErrorBody::new(
-                    ErrorCode::Cancelled,
-                    "cancelled while running; backend call aborted",
-                ),
-                _ => ErrorBody::new(
-                    ErrorCode::ShuttingDown,
-                    "shutdown grace period ended; backend call aborted",
-                ),
-            }),
-            r = call => r.map_err(|e| match e.kind() {
-                // A backend that bounds its call by the remaining budget (the NATS
-                // backend) times out at the deadline: that is the deadline's doing.
-                BackendErrorKind::Timeout if deadline.is_some_and(|d| Instant::now() >= d) => {
-                    ErrorBody::new(
-                        ErrorCode::DeadlineExceeded,
-                        "deadline passed during inference; backend call aborted",
-                    )
-                }
-                BackendErrorKind::Timeout => ErrorBody::new(ErrorCode::BackendTimeout, e.message()),
-                BackendErrorKind::Failed | BackendErrorKind::Unavailable => {
-                    ErrorBody::new(ErrorCode::BackendError, e.message())
-                }
-            }),
-            _ = tokio::time::sleep_until(limit_at) => Err(if deadline_first {
+        let backend_timeout = self.cfg.backend_timeout;
+        let aborted = |reason: Result<AbortReason, oneshot::error::RecvError>| match reason {
+            Ok(AbortReason::Cancelled) => ErrorBody::new(
+                ErrorCode::Cancelled,
+                "cancelled while running; backend call aborted",
+            ),
+            _ => ErrorBody::new(
+                ErrorCode::ShuttingDown,
+                "shutdown grace period ended; backend call aborted",
+            ),
+        };
+        let limited = || {
+            if deadline_first {
                 ErrorBody::new(
                     ErrorCode::DeadlineExceeded,
                     "deadline passed during inference; backend call aborted",
                 )
                 .with_details(ErrorDetails {
-                    waited_ms: Some(u64::try_from((limit_at - started_at).as_millis()).unwrap_or(u64::MAX)),
+                    waited_ms: Some(
+                        u64::try_from((limit_at - started_at).as_millis()).unwrap_or(u64::MAX),
+                    ),
                     ..Default::default()
                 })
             } else {
                 ErrorBody::new(
                     ErrorCode::BackendTimeout,
-                    format!("backend did not answer within backend.timeout_ms ({} ms)", self.cfg.backend_timeout.as_millis()),
+                    format!(
+                        "backend did not answer within backend.timeout_ms ({} ms)",
+                        backend_timeout.as_millis()
+                    ),
                 )
-            }),
+            }
+        };
+        // Precedence when several are ready at once: an abort, then the backend's
+        // answer, then the deadline / backend timeout.
+        let result = match stream {
+            None => {
+                let call = self.backend.call(request);
+                tokio::select! {
+                    biased;
+                    reason = &mut abort => Err(aborted(reason)),
+                    r = call => r.map_err(|e| backend_failure(&e, deadline)),
+                    _ = tokio::time::sleep_until(limit_at) => Err(limited()),
+                }
+            }
+            Some(out) => {
+                let stop = async {
+                    tokio::select! {
+                        biased;
+                        reason = &mut abort => aborted(reason),
+                        _ = tokio::time::sleep_until(limit_at) => limited(),
+                    }
+                };
+                out.started(queue_time).await;
+                streaming::run_stream(
+                    &*self.backend,
+                    request,
+                    &*out,
+                    &self.stats,
+                    self.cfg.stream,
+                    started_at,
+                    stop,
+                )
+                .await
+            }
         };
         let now = Instant::now();
         let mut fx = Effects::default();
@@ -489,6 +578,41 @@ impl<S: Sink> Inner<S> {
             &mut fx,
         );
         self.apply(fx).await;
+    }
+}
+
+/// The answer for a failed backend call.
+pub(crate) fn backend_failure(
+    e: &crate::backend::BackendError,
+    deadline: Option<Instant>,
+) -> ErrorBody {
+    match e.kind() {
+        // A backend that bounds its call by the remaining budget (the NATS backend)
+        // times out at the deadline: that is the deadline's doing.
+        BackendErrorKind::Timeout if deadline.is_some_and(|d| Instant::now() >= d) => {
+            ErrorBody::new(
+                ErrorCode::DeadlineExceeded,
+                "deadline passed during inference; backend call aborted",
+            )
+        }
+        BackendErrorKind::Timeout => ErrorBody::new(ErrorCode::BackendTimeout, e.message()),
+        // The backend's own overload: retryable after its `Retry-After` (kept as
+        // `backend_error` so that callers built before the distinction still match).
+        BackendErrorKind::Overloaded => ErrorBody::new(ErrorCode::BackendError, e.message())
+            .with_details(ErrorDetails {
+                retry_after_ms: e
+                    .retry_after()
+                    .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                backend_status: e.status(),
+                ..Default::default()
+            }),
+        BackendErrorKind::TooLarge | BackendErrorKind::Failed | BackendErrorKind::Unavailable => {
+            ErrorBody::new(ErrorCode::BackendError, e.message()).with_details(ErrorDetails {
+                backend_status: e.status(),
+                limit: e.limit(),
+                ..Default::default()
+            })
+        }
     }
 }
 
@@ -609,6 +733,11 @@ impl<S: Sink> Admission<S> {
         self.inner.apply(fx).await;
         metrics::counter!(m::CANCEL_TOTAL, "result" => r.as_str()).increment(1);
         r
+    }
+
+    /// Where the request with this request id is.
+    pub fn status(&self, request_id: &str) -> RequestStatus {
+        self.inner.lock().status(request_id, Instant::now())
     }
 
     /// Counters and histograms.

@@ -70,7 +70,7 @@ use super::slots::{SlotGuard, SlotTable};
 use super::stats::Stats;
 use super::{
     AbortReason, AdmissionConfig, Admitted, CancelResult, Job, KeyView, LimitsView, Outcome,
-    QueueView, SessionView, Submission,
+    QueueView, RequestStatus, SessionView, StreamOut, Submission,
 };
 use crate::backend::{BackendReply, BackendRequest};
 use crate::config::{KeySource, Mode, OnBusy, QueueOrder};
@@ -96,8 +96,20 @@ pub(crate) struct Effects<W> {
     pub(crate) ready_added: usize,
     /// A timer earlier than all previous ones was added (wake the sweeper).
     pub(crate) timers_changed: bool,
+    /// `queued` events to publish to streaming callers.
+    pub(crate) notices: Vec<Notice>,
     todo: VecDeque<Action>,
 }
+
+/// A `queued` event for a streaming caller: its position and predicted start.
+pub(crate) struct Notice {
+    pub(crate) out: Arc<dyn StreamOut>,
+    pub(crate) position: usize,
+    pub(crate) predicted_start: Option<Duration>,
+}
+
+/// Least time between two `queued` events of one request.
+pub(crate) const POSITION_EVERY: Duration = Duration::from_secs(1);
 
 impl<W> Default for Effects<W> {
     fn default() -> Self {
@@ -105,6 +117,7 @@ impl<W> Default for Effects<W> {
             deliveries: Vec::new(),
             ready_added: 0,
             timers_changed: false,
+            notices: Vec::new(),
             todo: VecDeque::new(),
         }
     }
@@ -189,6 +202,10 @@ struct Entry<W> {
     abort: Option<oneshot::Sender<AbortReason>>,
     gate_timer: Option<Timer>,
     deadline_timer: Option<Timer>,
+    /// Where a streamed reply goes; `None` for a unary one.
+    stream: Option<Arc<dyn StreamOut>>,
+    /// The position last sent in a `queued` event, and when.
+    notified: Option<(usize, Instant)>,
 }
 
 struct Gate {
@@ -232,6 +249,11 @@ pub(crate) struct State<W> {
     estimator: Estimator,
     /// The FIFO order's constant first key.
     epoch: Instant,
+    /// Queued (not running) requests with a streamed reply: their position is sent
+    /// again when it changes, at most every [`POSITION_EVERY`].
+    stream_queued: BTreeSet<u64>,
+    /// When the positions of `stream_queued` are looked at next.
+    next_position_pass: Option<Instant>,
 }
 
 /// Ready-queue order: (due instant under EDF, or a constant under FIFO; admission id
@@ -312,6 +334,8 @@ impl<W> State<W> {
             shutting_down: false,
             estimator,
             epoch: Instant::now(),
+            stream_queued: BTreeSet::new(),
+            next_position_pass: None,
         }
     }
 
@@ -598,11 +622,14 @@ impl<W> State<W> {
 
     /// The earliest instant at which [`State::expire`] has work.
     pub(crate) fn next_wake(&self) -> Option<Instant> {
-        let t = self.timers.first().map(|t| t.at);
-        match (t, self.cache.next_expiry()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            self.timers.first().map(|t| t.at),
+            self.cache.next_expiry(),
+            self.next_position_pass,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     // ---------------------------------------------------------------- submit
@@ -882,6 +909,7 @@ impl<W> State<W> {
             request_id: sub.request_id.clone(),
             session: sub.session.clone(),
             deadline,
+            max_reply_bytes: self.cfg.max_reply_bytes,
         };
         let mut entry = Entry {
             id,
@@ -906,6 +934,8 @@ impl<W> State<W> {
             abort: None,
             gate_timer: None,
             deadline_timer: None,
+            stream: sub.stream,
+            notified: None,
         };
         if let Some(by) = answer_by {
             let t = Timer {
@@ -952,10 +982,151 @@ impl<W> State<W> {
         }
         self.run(now, fx);
         if self.entries.contains_key(&id) {
+            self.note_stream_queued(id, now, fx);
             Admitted::Queued
         } else {
             Admitted::Refused(ErrorCode::ConcurrencyLimitExceeded)
         }
+    }
+
+    // --------------------------------------------------------- queue positions
+
+    /// The order key a queued entry has among all queued ones: its EDF key, or its
+    /// admission id under FIFO.
+    fn position_key(&self, e: &Entry<W>) -> ReadyKey {
+        e.order.unwrap_or((self.epoch, e.id))
+    }
+
+    /// Every queued entry's order key, sorted.
+    fn queued_keys(&self) -> Vec<ReadyKey> {
+        let mut keys: Vec<ReadyKey> = self
+            .entries
+            .values()
+            .filter(|e| e.stage != Stage::Running)
+            .map(|e| self.position_key(e))
+            .collect();
+        keys.sort_unstable();
+        keys
+    }
+
+    /// Predicted wait before a request with `ahead` queued requests ahead of it starts
+    /// (the global term of [`State::predict`]); `None` without an estimate.
+    fn predicted_start(&self, ahead: usize, now: Instant) -> Option<Duration> {
+        let e = self.estimator.estimate()?.as_secs_f64();
+        let running: f64 = self
+            .running_since
+            .values()
+            .map(|s| (e - now.saturating_duration_since(*s).as_secs_f64()).max(0.0))
+            .sum();
+        Duration::try_from_secs_f64(self.global_start(ahead, e, running)).ok()
+    }
+
+    /// 1-based position of queued entry `id` and its predicted start.
+    fn position(
+        &self,
+        keys: &[ReadyKey],
+        id: u64,
+        now: Instant,
+    ) -> Option<(usize, Option<Duration>)> {
+        let e = self
+            .entries
+            .get(&id)
+            .filter(|e| e.stage != Stage::Running)?;
+        let ahead = keys.partition_point(|k| *k < self.position_key(e));
+        Some((ahead + 1, self.predicted_start(ahead, now)))
+    }
+
+    /// A streamed request was queued: when it has to wait (not ready, or more ready
+    /// requests than free workers), its caller is told its position now, and again
+    /// while it waits.
+    fn note_stream_queued(&mut self, id: u64, now: Instant, fx: &mut Effects<W>) {
+        let Some(e) = self.entries.get(&id) else {
+            return;
+        };
+        if e.stream.is_none() {
+            return;
+        }
+        if self.stream_queued.is_empty() {
+            self.next_position_pass = Some(now + POSITION_EVERY);
+            fx.timers_changed = true;
+        }
+        self.stream_queued.insert(id);
+        let starts_now =
+            e.stage == Stage::Ready && self.running + self.ready.len() <= self.cfg.workers.get();
+        if !starts_now {
+            let keys = self.queued_keys();
+            self.notify_position(&keys, id, now, fx);
+        }
+    }
+
+    /// Sends entry `id` its position if it changed since the last `queued` event and
+    /// that event is at least [`POSITION_EVERY`] old.
+    fn notify_position(&mut self, keys: &[ReadyKey], id: u64, now: Instant, fx: &mut Effects<W>) {
+        let Some((position, predicted_start)) = self.position(keys, id, now) else {
+            return;
+        };
+        let Some(e) = self.entries.get_mut(&id) else {
+            return;
+        };
+        let due = match e.notified {
+            None => true,
+            Some((p, at)) => p != position && now >= at + POSITION_EVERY,
+        };
+        if let (true, Some(out)) = (due, &e.stream) {
+            e.notified = Some((position, now));
+            fx.notices.push(Notice {
+                out: out.clone(),
+                position,
+                predicted_start,
+            });
+        }
+    }
+
+    /// The periodic pass over streamed requests still queued.
+    fn position_pass(&mut self, now: Instant, fx: &mut Effects<W>) {
+        if self.stream_queued.is_empty() {
+            self.next_position_pass = None;
+            return;
+        }
+        if self.next_position_pass.is_some_and(|at| now < at) {
+            return;
+        }
+        let keys = self.queued_keys();
+        let ids: Vec<u64> = self.stream_queued.iter().copied().collect();
+        for id in ids {
+            self.notify_position(&keys, id, now, fx);
+        }
+        self.next_position_pass = Some(now + POSITION_EVERY);
+    }
+
+    /// Where the request with `request_id` is: queued (position, predicted start),
+    /// running (since when), done (its reply is in the completion cache) or not found.
+    pub(crate) fn status(&self, request_id: &str, now: Instant) -> RequestStatus {
+        if let Some(e) = self
+            .by_request_id
+            .get(request_id)
+            .and_then(|id| self.entries.get(id))
+        {
+            if e.stage == Stage::Running {
+                return RequestStatus::Running {
+                    elapsed: e
+                        .started_at
+                        .map_or(Duration::ZERO, |s| now.saturating_duration_since(s)),
+                };
+            }
+            let keys = self.queued_keys();
+            if let Some((position, predicted_start)) = self.position(&keys, e.id, now) {
+                return RequestStatus::Queued {
+                    position,
+                    predicted_start,
+                    waited: now.saturating_duration_since(e.received_at),
+                };
+            }
+        }
+        if self.cache.get(request_id).is_some() {
+            return RequestStatus::Done;
+        }
+        RequestStatus::NotFound
     }
 
     // ------------------------------------------------------------ the work list
@@ -1159,6 +1330,7 @@ impl<W> State<W> {
         let Some(mut e) = self.entries.remove(&id) else {
             return;
         };
+        self.stream_queued.remove(&id);
         match e.stage {
             Stage::Session => {
                 if let Some(s) = &e.session
@@ -1358,6 +1530,7 @@ impl<W> State<W> {
             if let Some(k) = e.order.take() {
                 self.edf.remove(&k);
             }
+            let stream = e.stream.clone();
             e.stage = Stage::Running;
             e.started_at = Some(now);
             e.stage_since = now;
@@ -1380,13 +1553,16 @@ impl<W> State<W> {
             self.emit(TraceKind::Started, e, now, |ev| {
                 ev.waited_ms = Some(ms(queue_time));
             });
+            self.stream_queued.remove(&id);
             let request = request?;
             return Some(Job {
                 id,
                 request,
                 answer_by,
                 started_at: now,
+                queue_time,
                 abort: rx,
+                stream,
             });
         }
         None
@@ -1449,6 +1625,7 @@ impl<W> State<W> {
     /// elapsed; drops expired cache entries.
     pub(crate) fn expire(&mut self, now: Instant, fx: &mut Effects<W>) {
         self.cache.purge(now);
+        self.position_pass(now, fx);
         while let Some(t) = self.timers.first().copied() {
             if t.at > now {
                 break;
@@ -1724,6 +1901,13 @@ impl<W> State<W> {
         assert_eq!(self.entries.len() - running, self.queued, "queued count");
         assert!(self.queued <= self.cfg.queue_capacity.get(), "queue bound");
         assert!(self.running <= self.cfg.workers.get(), "worker bound");
+        for id in &self.stream_queued {
+            let e = &self.entries[id];
+            assert!(
+                e.stream.is_some() && e.stage != Stage::Running,
+                "stream_queued holds queued streamed requests only"
+            );
+        }
         for (k, id) in &self.ready {
             assert_eq!(self.entries[id].stage, Stage::Ready);
             assert_eq!(self.entries[id].ready_key, Some(*k));

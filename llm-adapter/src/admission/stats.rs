@@ -87,6 +87,25 @@ pub struct StatsSnapshot {
     /// [`crate::AdapterView::stats`].
     #[serde(default)]
     pub nats: crate::nats_events::NatsEventsSnapshot,
+    /// Streamed replies: started, chunks and bytes sent, time to first token, aborts.
+    #[serde(default)]
+    pub stream: StreamSnapshot,
+}
+
+/// Streamed replies in a [`StatsSnapshot`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StreamSnapshot {
+    /// Streamed replies that reached a worker.
+    pub started: u64,
+    /// `chunk` messages published.
+    pub chunks: u64,
+    /// Body bytes published in chunks.
+    pub bytes: u64,
+    /// Start of inference → first chunk published.
+    pub ttft_ms: Percentiles,
+    /// Streams aborted because of the caller, by reason (`caller_gone`,
+    /// `caller_stalled`, `publish_timeout`).
+    pub aborted: BTreeMap<String, u64>,
 }
 
 /// The idempotency (completion) cache in a [`StatsSnapshot`].
@@ -138,6 +157,7 @@ impl StatsSnapshot {
 
 struct Hists {
     refusal_us: Histogram<u64>,
+    ttft_us: Histogram<u64>,
     queue_wait_us: Histogram<u64>,
     inference_us: Histogram<u64>,
     busy_us: u64,
@@ -155,6 +175,10 @@ struct Handles {
     started: metrics::Counter,
     started_after_deadline: metrics::Counter,
     queue_wait: m::DurationHistogram,
+    ttft: m::DurationHistogram,
+    streams: metrics::Counter,
+    stream_chunks: metrics::Counter,
+    stream_bytes: metrics::Counter,
     /// Index 0 = `ok`, then [`ErrorCode::ALL`] order.
     answered: Vec<metrics::Counter>,
     /// Same indexing as `answered`.
@@ -192,6 +216,10 @@ impl Handles {
             started: metrics::counter!(m::INFERENCE_STARTED_TOTAL),
             started_after_deadline: metrics::counter!(m::STARTED_AFTER_DEADLINE_TOTAL),
             queue_wait: m::DurationHistogram::new(m::QUEUE_WAIT_SECONDS, None),
+            ttft: m::DurationHistogram::new(m::TTFT_SECONDS, None),
+            streams: metrics::counter!(m::STREAMS_TOTAL),
+            stream_chunks: metrics::counter!(m::STREAM_CHUNKS_TOTAL),
+            stream_bytes: metrics::counter!(m::STREAM_BYTES_TOTAL),
             answered: outcomes
                 .iter()
                 .map(|o| metrics::counter!(m::ANSWERED_TOTAL, "outcome" => *o))
@@ -250,6 +278,10 @@ pub(crate) struct Stats {
     cache_evicted_bytes: AtomicU64,
     cache_evicted_entries: AtomicU64,
     cache_too_large: AtomicU64,
+    streams: AtomicU64,
+    stream_chunks: AtomicU64,
+    stream_bytes: AtomicU64,
+    stream_aborted: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 fn histogram() -> Histogram<u64> {
@@ -294,6 +326,7 @@ impl Stats {
             would_reject: Mutex::new(BTreeMap::new()),
             hists: Mutex::new(Hists {
                 refusal_us: histogram(),
+                ttft_us: histogram(),
                 queue_wait_us: histogram(),
                 inference_us: histogram(),
                 busy_us: 0,
@@ -305,6 +338,10 @@ impl Stats {
             cache_evicted_bytes: AtomicU64::new(0),
             cache_evicted_entries: AtomicU64::new(0),
             cache_too_large: AtomicU64::new(0),
+            streams: AtomicU64::new(0),
+            stream_chunks: AtomicU64::new(0),
+            stream_bytes: AtomicU64::new(0),
+            stream_aborted: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -390,6 +427,35 @@ impl Stats {
         }
     }
 
+    /// A streamed reply reached a worker.
+    pub(crate) fn stream_started(&self) {
+        self.streams.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One `chunk` message of `bytes` body bytes was published.
+    pub(crate) fn stream_chunk(&self, bytes: usize) {
+        self.stream_chunks.fetch_add(1, Ordering::Relaxed);
+        self.stream_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// The first chunk of a stream was published `ttft` after inference started.
+    pub(crate) fn stream_ttft(&self, ttft: Duration) {
+        self.handles.ttft.record(ttft);
+        let mut h = self.hists.lock().unwrap_or_else(|p| p.into_inner());
+        h.ttft_us.saturating_record(ttft.as_micros() as u64);
+    }
+
+    /// A stream was aborted because of its caller.
+    pub(crate) fn stream_aborted(&self, reason: &'static str) {
+        metrics::counter!(m::STREAM_ABORTED_TOTAL, "reason" => reason).increment(1);
+        *self
+            .stream_aborted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(reason)
+            .or_default() += 1;
+    }
+
     /// Counts one answer (one waiter).
     pub(crate) fn answered(&self, outcome: &Outcome) {
         match &outcome.result {
@@ -425,6 +491,12 @@ impl Stats {
         for h in &self.handles.inference {
             h.render_samples(out);
         }
+        m::DurationHistogram::render_header(
+            m::TTFT_SECONDS,
+            "Streamed replies: start of inference to the first chunk published.",
+            out,
+        );
+        self.handles.ttft.render_samples(out);
     }
 
     /// Publishes the counters and the queue gauges to the metrics recorder. Called when
@@ -458,6 +530,9 @@ impl Stats {
         h.cache_evicted_entries
             .absolute(get(&self.cache_evicted_entries));
         h.cache_too_large.absolute(get(&self.cache_too_large));
+        h.streams.absolute(get(&self.streams));
+        h.stream_chunks.absolute(get(&self.stream_chunks));
+        h.stream_bytes.absolute(get(&self.stream_bytes));
     }
 
     pub(crate) fn snapshot(&self) -> StatsSnapshot {
@@ -469,7 +544,7 @@ impl Stats {
                 (n > 0).then(|| (c.as_str().to_owned(), n))
             })
             .collect();
-        let (refusal_ms, queue_wait_ms, inference_ms, busy, useful) = {
+        let (refusal_ms, queue_wait_ms, inference_ms, busy, useful, ttft_ms) = {
             let h = self.hists.lock().unwrap_or_else(|p| p.into_inner());
             (
                 percentiles(&h.refusal_us),
@@ -477,6 +552,7 @@ impl Stats {
                 percentiles(&h.inference_us),
                 h.busy_us,
                 h.useful_us,
+                percentiles(&h.ttft_us),
             )
         };
         StatsSnapshot {
@@ -512,6 +588,19 @@ impl Stats {
                 too_large: self.cache_too_large.load(Ordering::Relaxed),
             },
             nats: Default::default(),
+            stream: StreamSnapshot {
+                started: self.streams.load(Ordering::Relaxed),
+                chunks: self.stream_chunks.load(Ordering::Relaxed),
+                bytes: self.stream_bytes.load(Ordering::Relaxed),
+                ttft_ms,
+                aborted: self
+                    .stream_aborted
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), *v))
+                    .collect(),
+            },
         }
     }
 }

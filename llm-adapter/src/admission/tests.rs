@@ -1436,3 +1436,163 @@ async fn edf_mixed_budgets_at_twice_the_capacity_share_the_backend() {
     a.check_invariants();
     a.shutdown().await;
 }
+
+/// A [`StreamOut`] that records what it is told; chunk `stall_at` never gets credit
+/// (it waits until the request's stop condition ends the stream).
+#[derive(Default)]
+struct Recorder {
+    events: Mutex<Vec<(String, Instant)>>,
+    stall_at: Option<u64>,
+}
+
+impl Recorder {
+    fn names(&self) -> Vec<String> {
+        self.events
+            .lock()
+            .expect("lock")
+            .iter()
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+}
+
+impl StreamOut for Recorder {
+    fn queued(&self, position: usize, _: Option<Duration>) -> BoxFuture<'_, ()> {
+        self.events
+            .lock()
+            .expect("lock")
+            .push((format!("queued:{position}"), Instant::now()));
+        Box::pin(async {})
+    }
+
+    fn started(&self, _: Duration) -> BoxFuture<'_, ()> {
+        self.events
+            .lock()
+            .expect("lock")
+            .push(("started".into(), Instant::now()));
+        Box::pin(async {})
+    }
+
+    fn chunk(&self, seq: u64, data: bytes::Bytes) -> BoxFuture<'_, Result<(), StreamStop>> {
+        self.events.lock().expect("lock").push((
+            format!(
+                "chunk:{seq}:{}",
+                String::from_utf8_lossy(&data).matches("tok").count()
+            ),
+            Instant::now(),
+        ));
+        let stall = self.stall_at == Some(seq);
+        Box::pin(async move {
+            if stall {
+                std::future::pending::<()>().await;
+            }
+            Ok(())
+        })
+    }
+}
+
+fn sim_stream(first_token_ms: u64, tokens_per_second: f64) -> SimBackend {
+    SimBackend::new(crate::config::SimConfig {
+        stream: crate::config::SimStream {
+            first_token: Duration::from_millis(first_token_ms),
+            tokens: 10,
+            tokens_per_second,
+        },
+        ..Default::default()
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn streamed_requests_get_queued_positions_at_most_once_a_second_then_chunks() {
+    // One worker, tokens every 100 ms after 100 ms: each stream runs ~1.1 s.
+    let a = start(cfg(1, 8), sim_stream(100, 10.0));
+    let recs: Vec<Arc<Recorder>> = (0..3).map(|_| Arc::new(Recorder::default())).collect();
+    let mut rxs = Vec::new();
+    for (i, r) in recs.iter().enumerate() {
+        let (ad, rx) = a
+            .call(
+                Submission::new(format!(r#"{{"max_tokens":10,"i":{i}}}"#))
+                    .request_id(format!("r{i}"))
+                    .stream(r.clone()),
+            )
+            .await;
+        assert_eq!(ad, Admitted::Queued);
+        rxs.push(rx);
+        settle().await;
+    }
+    // The first started at once (no queued event); the others were told 1 and 2.
+    assert_eq!(recs[0].names().first().map(String::as_str), Some("started"));
+    assert_eq!(recs[1].names(), vec!["queued:1"]);
+    assert_eq!(recs[2].names(), vec!["queued:2"]);
+    match a.status("r2") {
+        RequestStatus::Queued { position, .. } => assert_eq!(position, 2),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(a.status("r0"), RequestStatus::Running { .. }));
+    assert_eq!(a.status("nope"), RequestStatus::NotFound);
+    a.check_invariants();
+    for rx in rxs {
+        let o = answer(rx).await;
+        assert!(o.result.is_ok(), "{:?}", o.result);
+        let h: HashMap<_, _> = o
+            .result
+            .as_ref()
+            .expect("ok")
+            .headers
+            .iter()
+            .cloned()
+            .collect();
+        assert!(h.contains_key(weir_protocol::llm::stream::TTFT_MS));
+    }
+    // r2 moved from 2 to 1 when r0 finished (after ≥ 1 s): told once more, not more.
+    let n2 = recs[2].names();
+    assert_eq!(&n2[..3], ["queued:2", "queued:1", "started"], "{n2:?}");
+    let ev = recs[2].events.lock().expect("lock").clone();
+    assert!(
+        ev[1].1 - ev[0].1 >= Duration::from_secs(1),
+        "≤ one queued event per second"
+    );
+    // Chunks: 10 tokens + [DONE] over all chunks, numbered from 1; at 10 tokens/s with
+    // a 20 ms interval each token is its own chunk.
+    let chunks: Vec<String> = recs[0]
+        .names()
+        .into_iter()
+        .filter(|n| n.starts_with("chunk"))
+        .collect();
+    assert_eq!(chunks.first().map(String::as_str), Some("chunk:1:1"));
+    let toks: usize = chunks
+        .iter()
+        .map(|c| {
+            c.rsplit(':')
+                .next()
+                .and_then(|n| n.parse::<usize>().ok())
+                .unwrap_or(0)
+        })
+        .sum();
+    assert_eq!(toks, 10);
+    assert_eq!(a.stats().stream.started, 3);
+    assert_eq!(a.status("r1"), RequestStatus::Done, "cached after ok");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_stream_ends_at_its_deadline_and_frees_the_worker() {
+    let a = start(cfg(1, 8), sim_stream(10, 100.0));
+    let rec = Arc::new(Recorder {
+        stall_at: Some(3),
+        ..Default::default()
+    });
+    let t0 = Instant::now();
+    let (_, rx) = a
+        .call(
+            Submission::new(r#"{"max_tokens":1000}"#)
+                .budget(Duration::from_millis(500))
+                .stream(rec.clone()),
+        )
+        .await;
+    assert_eq!(code(rx).await, Some(ErrorCode::DeadlineExceeded));
+    assert!(t0.elapsed() <= Duration::from_millis(501));
+    // The backend call was dropped with the stream: the worker serves the next.
+    let (_, rx) = a.call(Submission::new("x")).await;
+    assert!(answer(rx).await.result.is_ok());
+    a.check_invariants();
+}

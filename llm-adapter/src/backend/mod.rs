@@ -37,6 +37,10 @@ pub struct BackendRequest {
     pub session: Option<String>,
     /// When the answer is no longer useful (the worker also enforces it).
     pub deadline: Option<Instant>,
+    /// Most bytes a unary reply body may have (the NATS `max_payload` less room for
+    /// headers). A backend that reads a body stops at this many bytes and fails with
+    /// [`BackendErrorKind::TooLarge`] instead of holding more; `usize::MAX` = no cap.
+    pub max_reply_bytes: usize,
 }
 
 impl BackendRequest {
@@ -72,6 +76,9 @@ impl BackendReply {
 pub struct BackendError {
     kind: BackendErrorKind,
     message: String,
+    retry_after: Option<Duration>,
+    status: Option<u16>,
+    limit: Option<u64>,
 }
 
 /// Machine-readable kind of a [`BackendError`].
@@ -83,6 +90,11 @@ pub enum BackendErrorKind {
     Unavailable,
     /// The backend's own timeout elapsed.
     Timeout,
+    /// The backend said it is overloaded (HTTP 429 / 503), possibly with a
+    /// `Retry-After` ([`BackendError::retry_after`]).
+    Overloaded,
+    /// The reply body exceeded [`BackendRequest::max_reply_bytes`]; reading stopped.
+    TooLarge,
 }
 
 impl BackendError {
@@ -90,7 +102,46 @@ impl BackendError {
     pub fn new(kind: BackendErrorKind, message: impl Into<String>) -> Self {
         let mut message: String = message.into();
         message.retain(|c| c != '\r' && c != '\n');
-        Self { kind, message }
+        Self {
+            kind,
+            message,
+            retry_after: None,
+            status: None,
+            limit: None,
+        }
+    }
+
+    /// Sets the backend's retry hint (its `Retry-After`).
+    pub fn with_retry_after(mut self, retry_after: Option<Duration>) -> Self {
+        self.retry_after = retry_after;
+        self
+    }
+
+    /// Sets the backend's status (HTTP status code).
+    pub fn with_status(mut self, status: u16) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    /// Sets the limit that was hit (the byte cap of [`BackendErrorKind::TooLarge`]).
+    pub fn with_limit(mut self, limit: u64) -> Self {
+        self.limit = Some(limit);
+        self
+    }
+
+    /// The limit that was hit, if any.
+    pub fn limit(&self) -> Option<u64> {
+        self.limit
+    }
+
+    /// The backend's retry hint, if it gave one.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// The backend's status code, if it has one (HTTP).
+    pub fn status(&self) -> Option<u16> {
+        self.status
     }
 
     /// The kind, for callers that match on it.
@@ -114,6 +165,49 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         request: BackendRequest,
     ) -> BoxFuture<'static, Result<BackendReply, BackendError>>;
+
+    /// Runs one call whose reply body is handed to `chunks` piece by piece as it
+    /// arrives (for a streamed reply: the SSE bytes, unchanged), and returns the reply
+    /// with an empty body when the backend ends it. `chunks` is bounded: a slow reader
+    /// slows the backend read (backpressure), it never grows a buffer. If the receiver
+    /// is gone the call ends with an error. Dropping the future aborts the call.
+    ///
+    /// The default runs [`Backend::call`] and sends its body as pieces of at most
+    /// [`MAX_PIECE`] bytes: correct for backends that cannot stream (the NATS one).
+    fn call_stream(
+        &self,
+        request: BackendRequest,
+        chunks: ChunkTx,
+    ) -> BoxFuture<'static, Result<BackendReply, BackendError>> {
+        let call = self.call(request);
+        Box::pin(async move {
+            let mut reply = call.await?;
+            let body = std::mem::take(&mut reply.body);
+            let mut at = 0;
+            while at < body.len() {
+                let end = (at + MAX_PIECE).min(body.len());
+                send_piece(&chunks, body.slice(at..end)).await?;
+                at = end;
+            }
+            Ok(reply)
+        })
+    }
+}
+
+/// Where [`Backend::call_stream`] puts the pieces of a reply body.
+pub type ChunkTx = tokio::sync::mpsc::Sender<Bytes>;
+
+/// Largest piece [`Backend::call_stream`]'s default sends at once.
+pub const MAX_PIECE: usize = 16 * 1024;
+
+/// Sends one piece; the receiver being gone (the stream was aborted) is an error.
+pub async fn send_piece(chunks: &ChunkTx, piece: Bytes) -> Result<(), BackendError> {
+    chunks.send(piece).await.map_err(|_| {
+        BackendError::new(
+            BackendErrorKind::Failed,
+            "stream receiver gone (request aborted)",
+        )
+    })
 }
 
 impl fmt::Debug for dyn Backend {

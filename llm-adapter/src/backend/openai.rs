@@ -1,26 +1,51 @@
-//! OpenAI-compatible HTTP backend (vLLM, llama.cpp server, Ollama's `/v1` API).
+//! OpenAI-compatible HTTP(S) backend (vLLM, llama.cpp server, Ollama's `/v1` API, hosted
+//! endpoints).
 //!
 //! The request body is POSTed unchanged to `base_url + path` with
 //! `Content-Type: application/json` (plus `Authorization: Bearer …` when an API key
 //! variable is configured, and `X-Request-Id` when the caller sent a request id). A 2xx
-//! answer's body is the reply, unchanged. Anything else is a backend error whose message
-//! carries the HTTP status and at most 512 bytes of the backend's error text (never the
-//! request body).
+//! answer's body is the reply, unchanged. HTTPS uses rustls with the ring provider (the
+//! one async-nats already brings in), the system's roots plus `tls_ca_file`, and a client
+//! certificate when `tls_cert_file` + `tls_key_file` are set.
+//!
+//! Invariants a reader must not break:
+//! - a body is never read whole before it is checked: it is read chunk by chunk, a
+//!   unary reply stops at [`BackendRequest::max_reply_bytes`] (the NATS `max_payload`
+//!   less header room) and fails [`BackendErrorKind::TooLarge`], a `Content-Length`
+//!   over it fails before any body byte is read, and an error body is read up to
+//!   [`MAX_ERROR_TEXT`] bytes only; so the memory of one call is bounded by the cap
+//!   whatever the backend sends;
+//! - the request's deadline is checked between chunks (the worker also drops the call at
+//!   the deadline; the check ends a call that keeps delivering bytes in time);
+//! - a streamed reply ([`Backend::call_stream`]) is handed on piece by piece through a
+//!   bounded channel: a slow reader stops the HTTP read (TCP backpressure to the
+//!   backend), nothing accumulates here;
+//! - 429 and 503 are the backend's own overload: [`BackendErrorKind::Overloaded`] with
+//!   its `Retry-After` (seconds or an HTTP date), which the caller gets as
+//!   `retry_after_ms`; other non-2xx answers are [`BackendErrorKind::Failed`]. Messages
+//!   carry the status and at most [`MAX_ERROR_TEXT`] bytes of the backend's text, never
+//!   the request body.
 //!
 //! Connections are pooled (HTTP/1.1 keep-alive, `pool_max_idle_per_host`); a call that
-//! the worker aborts (deadline, cancel) drops its connection, which is how vLLM and
-//! llama.cpp learn to stop generating. Streaming responses (`"stream": true`) are not
-//! interpreted: the whole response body is returned once the server ends it.
+//! the worker aborts (deadline, cancel, a streaming caller gone) drops its connection,
+//! which is how vLLM and llama.cpp learn to stop generating.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
+use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
+use tokio::time::Instant;
 
-use super::{Backend, BackendError, BackendErrorKind, BackendReply, BackendRequest};
+use super::{
+    Backend, BackendError, BackendErrorKind, BackendReply, BackendRequest, ChunkTx, send_piece,
+};
 use crate::config::OpenAiConfig;
 
-/// Longest piece of a backend error body quoted in the error message.
-const MAX_ERROR_TEXT: usize = 512;
+/// Longest piece of a backend error body read and quoted in the error message.
+pub const MAX_ERROR_TEXT: usize = 512;
+
+/// Longest `Retry-After` honoured (a larger hint is clamped to it).
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 
 /// The HTTP backend.
 #[derive(Debug, Clone)]
@@ -30,33 +55,88 @@ pub struct OpenAiBackend {
     api_key: Option<String>,
 }
 
+fn unavailable(message: String) -> BackendError {
+    BackendError::new(BackendErrorKind::Unavailable, message)
+}
+
+fn read_file(key: &str, path: &std::path::Path) -> Result<Vec<u8>, BackendError> {
+    std::fs::read(path).map_err(|e| unavailable(format!("{key} {}: {e}", path.display())))
+}
+
 impl OpenAiBackend {
-    /// Builds the pooled client. Fails when the configured API key variable is unset.
+    /// Builds the pooled client. Fails when the configured API key variable is unset, or
+    /// a CA / client certificate file cannot be read or parsed (the message names the
+    /// key).
     pub fn new(cfg: &OpenAiConfig, timeout: Duration) -> Result<Self, BackendError> {
         let api_key = match &cfg.api_key_env {
             None => None,
             Some(var) => Some(std::env::var(var).map_err(|_| {
-                BackendError::new(
-                    BackendErrorKind::Unavailable,
-                    format!("backend.openai.api_key_env names {var}, which is not set"),
-                )
+                unavailable(format!(
+                    "backend.openai.api_key_env names {var}, which is not set"
+                ))
             })?),
         };
-        let client = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
+            .use_rustls_tls()
             .connect_timeout(cfg.connect_timeout)
             .timeout(timeout)
             .pool_max_idle_per_host(cfg.pool_max_idle_per_host)
             .pool_idle_timeout(cfg.pool_idle_timeout)
-            .tcp_nodelay(true)
-            .build()
-            .map_err(|e| {
-                BackendError::new(BackendErrorKind::Unavailable, format!("HTTP client: {e}"))
+            .tcp_nodelay(true);
+        if let Some(path) = &cfg.tls_ca_file {
+            let pem = read_file("backend.openai.tls_ca_file", path)?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+                unavailable(format!(
+                    "backend.openai.tls_ca_file {}: {e}",
+                    path.display()
+                ))
             })?;
+            if certs.is_empty() {
+                return Err(unavailable(format!(
+                    "backend.openai.tls_ca_file {}: no PEM certificate in it",
+                    path.display()
+                )));
+            }
+            for c in certs {
+                builder = builder.add_root_certificate(c);
+            }
+        }
+        if let (Some(cert), Some(key)) = (&cfg.tls_cert_file, &cfg.tls_key_file) {
+            let mut pem = read_file("backend.openai.tls_cert_file", cert)?;
+            pem.push(b'\n');
+            pem.extend(read_file("backend.openai.tls_key_file", key)?);
+            let id = reqwest::Identity::from_pem(&pem).map_err(|e| {
+                unavailable(format!(
+                    "backend.openai.tls_cert_file / tls_key_file ({}, {}): {e}",
+                    cert.display(),
+                    key.display()
+                ))
+            })?;
+            builder = builder.identity(id);
+        }
+        let client = builder
+            .build()
+            .map_err(|e| unavailable(format!("HTTP client: {e}")))?;
         Ok(Self {
             client,
             url: format!("{}{}", cfg.base_url, cfg.path),
             api_key,
         })
+    }
+
+    fn post(&self, request: &BackendRequest) -> reqwest::RequestBuilder {
+        let mut rb = self
+            .client
+            .post(&self.url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(request.body.clone());
+        if let Some(key) = &self.api_key {
+            rb = rb.bearer_auth(key);
+        }
+        if let Some(rid) = &request.request_id {
+            rb = rb.header("X-Request-Id", rid.as_str());
+        }
+        rb
     }
 }
 
@@ -70,6 +150,117 @@ fn classify(e: &reqwest::Error) -> BackendErrorKind {
     }
 }
 
+/// `Retry-After` as a duration from now: delta-seconds or an HTTP date; `None` when
+/// absent or unreadable. Clamped to [`MAX_RETRY_AFTER`].
+pub fn retry_after(value: Option<&str>, now: SystemTime) -> Option<Duration> {
+    let v = value?.trim();
+    let d = match v.parse::<u64>() {
+        Ok(secs) => Duration::from_secs(secs),
+        Err(_) => httpdate::parse_http_date(v)
+            .ok()?
+            .duration_since(now)
+            .unwrap_or(Duration::ZERO),
+    };
+    Some(d.min(MAX_RETRY_AFTER))
+}
+
+/// The next body chunk, or `None` at the end; a deadline that passed between chunks is
+/// a [`BackendErrorKind::Timeout`].
+async fn next_chunk(
+    resp: &mut reqwest::Response,
+    deadline: Option<Instant>,
+) -> Result<Option<Bytes>, BackendError> {
+    if deadline.is_some_and(|d| Instant::now() >= d) {
+        return Err(BackendError::new(
+            BackendErrorKind::Timeout,
+            "deadline passed while reading the reply body",
+        ));
+    }
+    resp.chunk()
+        .await
+        .map_err(|e| BackendError::new(classify(&e), format!("HTTP body failed: {e}")))
+}
+
+fn too_large(limit: usize) -> BackendError {
+    BackendError::new(
+        BackendErrorKind::TooLarge,
+        format!(
+            "backend reply exceeds {limit} bytes (the NATS max_payload less header room); reading stopped"
+        ),
+    )
+    .with_limit(u64::try_from(limit).unwrap_or(u64::MAX))
+}
+
+/// Reads a unary body up to `limit` bytes.
+async fn read_capped(
+    resp: &mut reqwest::Response,
+    limit: usize,
+    deadline: Option<Instant>,
+) -> Result<Bytes, BackendError> {
+    if resp
+        .content_length()
+        .is_some_and(|n| usize::try_from(n).map_or(true, |n| n > limit))
+    {
+        return Err(too_large(limit));
+    }
+    let mut body = BytesMut::new();
+    while let Some(chunk) = next_chunk(resp, deadline).await? {
+        if body.len() + chunk.len() > limit {
+            return Err(too_large(limit));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
+/// The error for a non-2xx answer; reads at most [`MAX_ERROR_TEXT`] bytes of its body.
+async fn failure(mut resp: reqwest::Response, deadline: Option<Instant>) -> BackendError {
+    let status = resp.status();
+    let retry = retry_after(
+        resp.headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok()),
+        SystemTime::now(),
+    );
+    let mut text = Vec::new();
+    while text.len() < MAX_ERROR_TEXT {
+        match next_chunk(&mut resp, deadline).await {
+            Ok(Some(c)) => text.extend_from_slice(&c[..c.len().min(MAX_ERROR_TEXT - text.len())]),
+            _ => break,
+        }
+    }
+    let text = String::from_utf8_lossy(&text).into_owned();
+    let overloaded = matches!(status.as_u16(), 429 | 503);
+    let kind = if overloaded {
+        BackendErrorKind::Overloaded
+    } else {
+        BackendErrorKind::Failed
+    };
+    let e = BackendError::new(kind, format!("backend answered HTTP {status}: {text}"))
+        .with_status(status.as_u16());
+    if overloaded {
+        e.with_retry_after(retry)
+    } else {
+        e
+    }
+}
+
+/// Sends the request; a non-2xx answer is the error ([`failure`]).
+async fn send(
+    rb: reqwest::RequestBuilder,
+    deadline: Option<Instant>,
+) -> Result<reqwest::Response, BackendError> {
+    let resp = rb
+        .send()
+        .await
+        .map_err(|e| BackendError::new(classify(&e), format!("HTTP request failed: {e}")))?;
+    if resp.status().is_success() {
+        Ok(resp)
+    } else {
+        Err(failure(resp, deadline).await)
+    }
+}
+
 impl Backend for OpenAiBackend {
     fn name(&self) -> &'static str {
         "openai"
@@ -79,36 +270,49 @@ impl Backend for OpenAiBackend {
         &self,
         request: BackendRequest,
     ) -> BoxFuture<'static, Result<BackendReply, BackendError>> {
-        let mut rb = self
-            .client
-            .post(&self.url)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(request.body);
-        if let Some(key) = &self.api_key {
-            rb = rb.bearer_auth(key);
-        }
-        if let Some(rid) = &request.request_id {
-            rb = rb.header("X-Request-Id", rid.as_str());
-        }
+        let rb = self.post(&request);
         Box::pin(async move {
-            let resp = rb.send().await.map_err(|e| {
-                BackendError::new(classify(&e), format!("HTTP request failed: {e}"))
-            })?;
-            let status = resp.status();
-            let body = resp
-                .bytes()
-                .await
-                .map_err(|e| BackendError::new(classify(&e), format!("HTTP body failed: {e}")))?;
-            if status.is_success() {
-                Ok(BackendReply::body(body))
-            } else {
-                let text =
-                    String::from_utf8_lossy(&body[..body.len().min(MAX_ERROR_TEXT)]).into_owned();
-                Err(BackendError::new(
-                    BackendErrorKind::Failed,
-                    format!("backend answered HTTP {status}: {text}"),
-                ))
-            }
+            let mut resp = send(rb, request.deadline).await?;
+            let body = read_capped(&mut resp, request.max_reply_bytes, request.deadline).await?;
+            Ok(BackendReply::body(body))
         })
+    }
+
+    fn call_stream(
+        &self,
+        request: BackendRequest,
+        chunks: ChunkTx,
+    ) -> BoxFuture<'static, Result<BackendReply, BackendError>> {
+        let rb = self.post(&request);
+        Box::pin(async move {
+            let mut resp = send(rb, request.deadline).await?;
+            while let Some(chunk) = next_chunk(&mut resp, request.deadline).await? {
+                if !chunk.is_empty() {
+                    send_piece(&chunks, chunk).await?;
+                }
+            }
+            Ok(BackendReply::default())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_reads_seconds_and_http_dates_and_clamps() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(retry_after(Some(" 7 "), now), Some(Duration::from_secs(7)));
+        assert_eq!(retry_after(None, now), None);
+        assert_eq!(retry_after(Some("soon"), now), None);
+        assert_eq!(retry_after(Some("99999999"), now), Some(MAX_RETRY_AFTER));
+        let later = httpdate::fmt_http_date(now + Duration::from_secs(30));
+        assert_eq!(
+            retry_after(Some(&later), now),
+            Some(Duration::from_secs(30))
+        );
+        let past = httpdate::fmt_http_date(now - Duration::from_secs(30));
+        assert_eq!(retry_after(Some(&past), now), Some(Duration::ZERO));
     }
 }

@@ -20,7 +20,11 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{Backend, BackendError, BackendErrorKind, BackendReply, BackendRequest};
+use bytes::Bytes;
+
+use super::{
+    Backend, BackendError, BackendErrorKind, BackendReply, BackendRequest, ChunkTx, send_piece,
+};
 use crate::config::{Latency, SimConfig};
 
 /// The simulated backend.
@@ -182,6 +186,39 @@ struct CallGuard {
     finished: bool,
 }
 
+impl CallGuard {
+    /// Counts a call starting now (and whether it started after its deadline).
+    fn begin(inner: &Arc<SimInner>, request: &BackendRequest) -> Self {
+        let now = Instant::now();
+        inner.started.fetch_add(1, Ordering::Relaxed);
+        if request.deadline.is_some_and(|d| now >= d) {
+            inner.started_after_deadline.fetch_add(1, Ordering::Relaxed);
+        }
+        let c = inner.concurrent.fetch_add(1, Ordering::Relaxed) + 1;
+        inner.max_concurrent.fetch_max(c, Ordering::Relaxed);
+        Self {
+            inner: inner.clone(),
+            started: now,
+            finished: false,
+        }
+    }
+
+    /// Marks the call finished: failed (the simulated error) or completed.
+    fn finish(&mut self, fail: bool) -> Result<(), BackendError> {
+        self.finished = true;
+        if fail {
+            self.inner.failed.fetch_add(1, Ordering::Relaxed);
+            Err(BackendError::new(
+                BackendErrorKind::Failed,
+                "simulated backend error",
+            ))
+        } else {
+            self.inner.completed.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+    }
+}
+
 impl Drop for CallGuard {
     fn drop(&mut self) {
         let i = &self.inner;
@@ -210,18 +247,7 @@ impl Backend for SimBackend {
     ) -> BoxFuture<'static, Result<BackendReply, BackendError>> {
         let inner = self.inner.clone();
         Box::pin(async move {
-            let now = Instant::now();
-            inner.started.fetch_add(1, Ordering::Relaxed);
-            if request.deadline.is_some_and(|d| now >= d) {
-                inner.started_after_deadline.fetch_add(1, Ordering::Relaxed);
-            }
-            let c = inner.concurrent.fetch_add(1, Ordering::Relaxed) + 1;
-            inner.max_concurrent.fetch_max(c, Ordering::Relaxed);
-            let mut guard = CallGuard {
-                inner: inner.clone(),
-                started: now,
-                finished: false,
-            };
+            let mut guard = CallGuard::begin(&inner, &request);
             let (latency, fail) = inner.draw();
             if *inner.paused.borrow() {
                 wait_unpaused(&mut inner.paused.subscribe()).await;
@@ -233,19 +259,57 @@ impl Backend for SimBackend {
                     wait_unpaused(&mut paused).await;
                 }
             }
-            guard.finished = true;
-            if fail {
-                inner.failed.fetch_add(1, Ordering::Relaxed);
-                Err(BackendError::new(
-                    BackendErrorKind::Failed,
-                    "simulated backend error",
-                ))
-            } else {
-                inner.completed.fetch_add(1, Ordering::Relaxed);
-                Ok(BackendReply::body(request.body))
-            }
+            guard.finish(fail)?;
+            Ok(BackendReply::body(request.body))
         })
     }
+
+    /// Streaming mode: `tokens` SSE deltas (the body's `max_tokens` if it has one),
+    /// the first after `first_token_ms`, then at `tokens_per_second` on a fixed
+    /// schedule (no drift), then `data: [DONE]`. A pause stalls the stream.
+    fn call_stream(
+        &self,
+        request: BackendRequest,
+        chunks: ChunkTx,
+    ) -> BoxFuture<'static, Result<BackendReply, BackendError>> {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let mut guard = CallGuard::begin(&inner, &request);
+            let (_, fail) = inner.draw();
+            let st = inner.cfg.stream;
+            let tokens = max_tokens(&request.body).unwrap_or(u64::from(st.tokens));
+            let gap = Duration::from_secs_f64(1.0 / st.tokens_per_second);
+            let mut paused = inner.paused.subscribe();
+            let mut at = Instant::now() + st.first_token;
+            for i in 0..tokens {
+                tokio::time::sleep_until(at).await;
+                if *paused.borrow() {
+                    wait_unpaused(&mut paused).await;
+                    at = Instant::now();
+                }
+                if fail {
+                    break;
+                }
+                let piece = format!(
+                    "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"tok{i} \"}}}}]}}\n\n"
+                );
+                send_piece(&chunks, piece.into()).await?;
+                at += gap;
+            }
+            guard.finish(fail)?;
+            send_piece(&chunks, Bytes::from_static(b"data: [DONE]\n\n")).await?;
+            Ok(BackendReply::default())
+        })
+    }
+}
+
+/// `max_tokens` of a JSON body, if it has one (at most 1,000,000).
+fn max_tokens(body: &[u8]) -> Option<u64> {
+    if !body.windows(10).any(|w| w == b"max_tokens") {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    v.get("max_tokens")?.as_u64().map(|n| n.min(1_000_000))
 }
 
 #[cfg(test)]
@@ -259,6 +323,7 @@ mod tests {
             request_id: None,
             session: None,
             deadline: None,
+            max_reply_bytes: usize::MAX,
         }
     }
 
@@ -307,6 +372,7 @@ mod tests {
             latency: Latency::Fixed(Duration::ZERO),
             error_rate: 1.0,
             seed: 3,
+            ..SimConfig::default()
         });
         let e = b.call(req("x")).await.expect_err("fails");
         assert_eq!(e.kind(), BackendErrorKind::Failed);
@@ -318,6 +384,7 @@ mod tests {
             },
             error_rate: 0.0,
             seed: 7,
+            ..SimConfig::default()
         });
         let mut v: Vec<Duration> = (0..2000).map(|_| b.inner.draw().0).collect();
         v.sort();
@@ -333,6 +400,7 @@ mod tests {
             },
             error_rate: 0.0,
             seed: 7,
+            ..SimConfig::default()
         });
         for _ in 0..100 {
             let d = b.inner.draw().0;

@@ -1,4 +1,5 @@
 //! `llm-adapter serve [--config FILE] [--nats-url URL] [--admin ADDR]`
+//! (`--list-keys` prints every configuration key with its default and range)
 //!
 //! Configuration precedence: built-in defaults < the TOML file < `WEIR_LLM_*`
 //! environment variables (`WEIR_LLM_QUEUE_CAPACITY=64`, `WEIR_LLM_SESSION__PENDING_CAP=5`;
@@ -64,6 +65,9 @@ struct ServeArgs {
     /// Log format on stderr.
     #[arg(long, env = "WEIR_LLM_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
+    /// Print every configuration key with its default and allowed values, then exit.
+    #[arg(long)]
+    list_keys: bool,
 }
 
 /// Environment variables read by clap, not by the generic `WEIR_LLM_*` mapping.
@@ -227,6 +231,16 @@ fn main() -> ExitCode {
         Cmd::Serve(a) => (a, false),
         Cmd::CheckConfig(a) => (a, true),
     };
+    if args.list_keys {
+        let mut out = std::io::stdout().lock();
+        for k in config::list_keys() {
+            // A closed pipe (`| head`) ends the listing; it is not an error.
+            if writeln!(out, "{:<44} default {:<26} {}", k.key, k.default, k.allowed).is_err() {
+                break;
+            }
+        }
+        return ExitCode::SUCCESS;
+    }
     weir_service::logging::init(args.log_format);
     let config = match load(args) {
         Ok(c) => c,

@@ -2,6 +2,8 @@
 //! with short timeouts, an adapter running in-process with the sim backend.
 #![allow(dead_code)]
 
+pub mod bin;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,6 +41,27 @@ impl Rig {
         let sim = SimBackend::fixed(latency);
         let handle = sim.handle();
         let mut rig = Self::with_backend(config, Arc::new(sim)).await;
+        rig.sim = Some(handle);
+        rig
+    }
+
+    /// Starts server + adapter (config TOML) with the sim backend in streaming mode:
+    /// `first_token_ms`, then `tokens_per_second` (a body's `max_tokens` tokens).
+    pub async fn with_sim_stream(
+        config: &str,
+        first_token_ms: u64,
+        tokens_per_second: u64,
+    ) -> Self {
+        let toml = format!(
+            "{config}\n[backend.sim]\nfirst_token_ms = {first_token_ms}\ntokens_per_second = {tokens_per_second}\n"
+        );
+        let cfg = Config::from_toml_str(&toml).expect("config");
+        let weir_llm_adapter::config::BackendKind::Sim(sim) = cfg.backend.kind else {
+            panic!("sim backend expected")
+        };
+        let sim = SimBackend::new(sim);
+        let handle = sim.handle();
+        let mut rig = Self::with_backend(&toml, Arc::new(sim)).await;
         rig.sim = Some(handle);
         rig
     }
@@ -84,6 +107,12 @@ impl Rig {
                 .expect("shutdown in time");
         }
     }
+}
+
+/// A body asking for a streamed reply of `tokens` tokens (OpenAI style; the sim
+/// backend reads `max_tokens`).
+pub fn stream_body(tokens: u64) -> String {
+    format!(r#"{{"model":"m","stream":true,"max_tokens":{tokens}}}"#)
 }
 
 /// Polls `f` every 10 ms until it is true, at most `within`.

@@ -55,6 +55,7 @@ pub struct GeneratorCounters {
     latency: Mutex<LatencyHistogram>,
     reply_queue_ms: Mutex<LatencyHistogram>,
     reply_inference_ms: Mutex<LatencyHistogram>,
+    ttft: Mutex<LatencyHistogram>,
 }
 
 impl GeneratorCounters {
@@ -76,6 +77,12 @@ impl GeneratorCounters {
         self.latency.lock().map(|h| h.summary()).unwrap_or_default()
     }
 
+    /// Caller-side time to the first token (streamed: send → first chunk; unary: send
+    /// → the reply), completed requests.
+    pub fn ttft(&self) -> Percentiles {
+        self.ttft.lock().map(|h| h.summary()).unwrap_or_default()
+    }
+
     /// Queue wait reported in reply headers (`Weir-Queue-Ms`).
     pub fn reply_queue_ms(&self) -> Percentiles {
         self.reply_queue_ms
@@ -90,6 +97,14 @@ impl GeneratorCounters {
             .lock()
             .map(|h| h.summary())
             .unwrap_or_default()
+    }
+
+    /// A reply with a result arrived `elapsed` after it was sent.
+    fn completed(&self, elapsed: Duration, deadline: Duration) {
+        self.completed.fetch_add(1, Ordering::Relaxed);
+        if elapsed <= deadline {
+            self.completed_in_deadline.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     fn refuse(&self, code: &str) {
@@ -110,6 +125,11 @@ pub struct GeneratorConfig {
     pub sessions: usize,
     /// Deadline of each request, from when it is sent.
     pub deadline: Duration,
+    /// Ask for streamed replies (`Weir-Stream: 1`) through the Rust client's
+    /// streaming call.
+    pub stream: bool,
+    /// `max_tokens` in each body.
+    pub max_tokens: u32,
 }
 
 /// Runs until `stop` is set; returns when every outstanding request has ended.
@@ -126,6 +146,7 @@ pub async fn run(
     let mut n: u64 = 0;
     let mut tasks = tokio::task::JoinSet::new();
     let sessions = config.sessions.max(1) as u64;
+    let llm = weir_llm_adapter::client::LlmClient::new(client.clone(), config.subject.clone());
     while !stop.load(Ordering::Relaxed) {
         tick.tick().await;
         credit += per_tick;
@@ -142,8 +163,22 @@ pub async fn run(
             let subject = config.subject.clone();
             let deadline = config.deadline;
             let session = format!("conv{}", n % sessions);
+            let body = Bytes::from(format!(
+                r#"{{"prompt":"transcript {n} of {session}","max_tokens":{}{}}}"#,
+                config.max_tokens,
+                if config.stream {
+                    r#","stream":true"#
+                } else {
+                    ""
+                }
+            ));
+            let (llm, stream) = (llm.clone(), config.stream);
             tasks.spawn(async move {
-                one_request(&client, subject, n, session, deadline, &counters).await;
+                if stream {
+                    one_stream(&llm, n, session, body, deadline, &counters).await;
+                } else {
+                    one_request(&client, subject, n, session, body, deadline, &counters).await;
+                }
                 counters.outstanding.fetch_sub(1, Ordering::Relaxed);
             });
         }
@@ -159,11 +194,81 @@ pub async fn run(
     tasks.abort_all();
 }
 
+/// One streamed request through the Rust client: TTFT = send → first chunk; completed
+/// = `end` received (in the deadline or not).
+async fn one_stream(
+    llm: &weir_llm_adapter::client::LlmClient,
+    n: u64,
+    session: String,
+    body: Bytes,
+    deadline: Duration,
+    counters: &GeneratorCounters,
+) {
+    use futures::StreamExt;
+    use weir_llm_adapter::client::{ClientErrorKind, LlmEvent};
+    let sent = Instant::now();
+    let refused = |code: &str| {
+        counters.refuse(code);
+        if let Ok(mut l) = counters.refusal_latency.lock() {
+            l.record(sent.elapsed());
+        }
+    };
+    let failed = |kind: ClientErrorKind| match kind {
+        ClientErrorKind::Server(code) => refused(code.as_str()),
+        ClientErrorKind::TimedOut => {
+            counters.caller_timeouts.fetch_add(1, Ordering::Relaxed);
+        }
+        ClientErrorKind::NoResponders => refused("no_responders"),
+        _ => refused("request_error"),
+    };
+    let at = std::time::SystemTime::now() + deadline;
+    let stream = llm
+        .request(body)
+        .request_id(format!("lt-{n}"))
+        .session(session)
+        .deadline(at)
+        .stream()
+        .await;
+    let mut st = match stream {
+        Ok(st) => st,
+        Err(e) => return failed(e.kind()),
+    };
+    let mut first = None;
+    while let Some(ev) = st.next().await {
+        match ev {
+            Ok(LlmEvent::Chunk { .. }) if first.is_none() => first = Some(sent.elapsed()),
+            Ok(LlmEvent::End(end)) => {
+                let elapsed = sent.elapsed();
+                if elapsed > deadline {
+                    counters
+                        .answered_after_deadline
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                counters.completed(elapsed, deadline);
+                for (hist, d) in [
+                    (&counters.latency, Some(elapsed)),
+                    (&counters.ttft, first),
+                    (&counters.reply_queue_ms, end.queue_time),
+                    (&counters.reply_inference_ms, end.inference_time),
+                ] {
+                    if let (Some(d), Ok(mut h)) = (d, hist.lock()) {
+                        h.record(d);
+                    }
+                }
+                return;
+            }
+            Ok(_) => {}
+            Err(e) => return failed(e.kind()),
+        }
+    }
+}
+
 async fn one_request(
     client: &async_nats::Client,
     subject: String,
     n: u64,
     session: String,
+    body: Bytes,
     deadline: Duration,
     counters: &GeneratorCounters,
 ) {
@@ -177,9 +282,6 @@ async fn one_request(
             .to_string()
             .as_str(),
     );
-    let body = Bytes::from(format!(
-        r#"{{"prompt":"transcript {n} of {session}","max_tokens":32}}"#
-    ));
     let request = async_nats::Request::new()
         .headers(h)
         .payload(body)
@@ -214,14 +316,11 @@ async fn one_request(
                 }
                 return;
             }
-            counters.completed.fetch_add(1, Ordering::Relaxed);
-            if elapsed <= deadline {
-                counters
-                    .completed_in_deadline
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-            if let Ok(mut l) = counters.latency.lock() {
-                l.record(elapsed);
+            counters.completed(elapsed, deadline);
+            for hist in [&counters.latency, &counters.ttft] {
+                if let Ok(mut l) = hist.lock() {
+                    l.record(elapsed);
+                }
             }
             for (name, hist) in [
                 (headers::QUEUE_MS, &counters.reply_queue_ms),

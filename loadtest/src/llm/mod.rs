@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use weir_llm_adapter::backend::Backend;
 use weir_llm_adapter::backend::sim::{SimBackend, SimHandle};
-use weir_llm_adapter::config::{Latency, SimConfig};
+use weir_llm_adapter::config::{Latency, SimConfig, SimStream};
 
 use crate::ingress::Design;
 use crate::naive::llm::NaiveLlmFront;
@@ -56,6 +56,30 @@ pub struct LlmSettings {
     pub shape: LatencyShape,
     /// Deadline given to every request.
     pub deadline: Duration,
+    /// Streamed replies (`--stream`): the backend streams tokens instead of sleeping
+    /// `latency`.
+    pub stream: Option<StreamLoad>,
+}
+
+/// How the simulated backend streams (`--stream`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StreamLoad {
+    /// Delay before the first token.
+    pub first_token: Duration,
+    /// Tokens per reply.
+    pub tokens: u32,
+    /// Tokens per second after the first.
+    pub tokens_per_second: f64,
+}
+
+impl StreamLoad {
+    /// How long one streamed reply takes: the first token, then the rest at the rate.
+    pub fn duration(&self) -> Duration {
+        self.first_token
+            + Duration::from_secs_f64(
+                f64::from(self.tokens.saturating_sub(1)) / self.tokens_per_second.max(1e-6),
+            )
+    }
 }
 
 impl Default for LlmSettings {
@@ -65,6 +89,7 @@ impl Default for LlmSettings {
             latency: Duration::from_millis(100),
             shape: LatencyShape::Uniform,
             deadline: Duration::from_secs(2),
+            stream: None,
         }
     }
 }
@@ -75,6 +100,9 @@ const Z99: f64 = 2.326;
 impl LlmSettings {
     /// Mean inference time.
     pub fn mean_latency(&self) -> Duration {
+        if let Some(s) = &self.stream {
+            return s.duration();
+        }
         match self.shape {
             LatencyShape::Uniform | LatencyShape::Fixed => self.latency,
             LatencyShape::LogNormal => {
@@ -90,6 +118,10 @@ impl LlmSettings {
     }
 
     fn sim_latency(&self) -> Latency {
+        // Streaming: a unary call (the naive front) takes as long as a whole stream.
+        if let Some(s) = &self.stream {
+            return Latency::Fixed(s.duration());
+        }
         match self.shape {
             LatencyShape::Uniform => {
                 let half = self.latency / 2;
@@ -147,6 +179,8 @@ pub struct LlmRun {
     generator: tokio::task::JoinHandle<()>,
     factor: f64,
     in_flight_max: AtomicU64,
+    /// Callers asked for streamed replies.
+    streamed: bool,
 }
 
 impl std::fmt::Debug for LlmRun {
@@ -174,11 +208,20 @@ impl LlmRun {
         factor: f64,
         settings: &LlmSettings,
     ) -> Result<Self, String> {
-        let sim = SimBackend::new(SimConfig {
+        let mut sim_cfg = SimConfig {
             latency: settings.sim_latency(),
             error_rate: 0.0,
             seed: 7,
-        });
+            ..SimConfig::default()
+        };
+        if let Some(s) = &settings.stream {
+            sim_cfg.stream = SimStream {
+                first_token: s.first_token,
+                tokens: s.tokens,
+                tokens_per_second: s.tokens_per_second,
+            };
+        }
+        let sim = SimBackend::new(sim_cfg);
         let handle = sim.handle();
         let backend: Arc<dyn Backend> = Arc::new(sim);
         let front_client = connect(nats_url).await?;
@@ -215,6 +258,9 @@ impl LlmRun {
                 rate: factor * settings.capacity(),
                 sessions: streams.max(10),
                 deadline: settings.deadline,
+                // The naive front cannot stream; its callers wait for the whole reply.
+                stream: settings.stream.is_some() && design == Design::Bounded,
+                max_tokens: settings.stream.map_or(32, |s| s.tokens),
             },
             counters.clone(),
             stop.clone(),
@@ -227,6 +273,7 @@ impl LlmRun {
             generator,
             factor,
             in_flight_max: AtomicU64::new(0),
+            streamed: settings.stream.is_some() && design == Design::Bounded,
         })
     }
 
@@ -305,6 +352,8 @@ impl LlmRun {
         };
         let in_deadline = c.completed_in_deadline.load(Ordering::Relaxed);
         LlmReport {
+            streamed: self.streamed,
+            ttft_ms: c.ttft(),
             enabled: true,
             front,
             offered: c.offered.load(Ordering::Relaxed),

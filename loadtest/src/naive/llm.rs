@@ -154,6 +154,7 @@ impl NaiveLlmFront {
                             request_id: None,
                             session: None,
                             deadline,
+                            max_reply_bytes: usize::MAX,
                         })
                         .await;
                     let inference = started.elapsed();

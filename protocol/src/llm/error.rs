@@ -13,7 +13,7 @@
 //! | `deadline_exceeded` | 504 | the request cannot be answered within its deadline: predicted at admission (`predicted_start_ms`, `budget_ms`, `estimate_ms`, `retry_after_ms`), its remaining budget fell below the service-time estimate while queued, or the deadline passed (at admission, in the queue or during inference) | not the same request; a new one after `retry_after_ms` if given |
 //! | `cancelled` | 499 | cancelled by request id | no |
 //! | `request_id_conflict` | 409 | the request id is in use with another session or body | no (new id) |
-//! | `backend_error` | 502 | the backend failed | maybe |
+//! | `backend_error` | 502 | the backend failed (`backend_status` = its HTTP status when it answered; `limit` = the byte cap when its reply was larger than a NATS message) | maybe; **yes** after `retry_after_ms` when `backend_status` is 429 or 503 (the backend's own `Retry-After`) |
 //! | `backend_timeout` | 504 | the backend's own timeout elapsed before the deadline | maybe |
 //! | `invalid_request` | 400 | a header or the body is malformed | no |
 //! | `shutting_down` | 503 | this replica is stopping | yes, on another replica |
@@ -176,6 +176,11 @@ pub struct ErrorDetails {
     /// `deadline_exceeded`: the backend's service-time estimate used, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimate_ms: Option<u64>,
+    /// `backend_error`: the backend's own status (HTTP status code) when it answered
+    /// with one; `429` / `503` mean the backend itself is overloaded, and its
+    /// `Retry-After` is then in `retry_after_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_status: Option<u16>,
 }
 
 impl ErrorDetails {

@@ -11,6 +11,7 @@
 //! | [`ADMISSION`] `Weir-Admission` | `enqueue` (default) or `reject` when the session is busy |
 //! | [`CLIENT_KEY`] `Weir-Client-Key` | caller identity for per-client limits |
 //! | [`CANCEL`] `Weir-Cancel` | request id to cancel (cancel messages only) |
+//! | [`crate::llm::stream::STREAM`] `Weir-Stream` | `1`: a streamed reply (events in [`crate::llm::stream`]) |
 //!
 //! Reply headers: [`QUEUE_MS`], [`INFERENCE_MS`] (milliseconds with three decimals),
 //! [`REQUEST_ID`] (echoed), and on errors [`ERROR_CODE`] plus the service-API headers
@@ -115,7 +116,7 @@ pub enum HeaderErrorKind {
 }
 
 impl HeaderError {
-    fn invalid(header: &'static str, reason: impl Into<String>) -> Self {
+    pub(crate) fn invalid(header: &'static str, reason: impl Into<String>) -> Self {
         Self {
             header,
             kind: HeaderErrorKind::Invalid,

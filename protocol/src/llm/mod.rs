@@ -19,7 +19,9 @@
 pub mod envelope;
 pub mod error;
 pub mod headers;
+pub mod stream;
 
 pub use envelope::{EnvelopeMeta, ResponseEnvelope};
 pub use error::{ErrorBody, ErrorCode, ErrorDetails, UnknownErrorCode};
 pub use headers::{AdmissionPolicy, HeaderError, HeaderErrorKind};
+pub use stream::StreamEvent;

@@ -1,0 +1,367 @@
+"""A small Python client for the weir LLM adapter (nats-py 2.x), for deployed services.
+
+Copy this file next to your code, or put `clients/python` on `PYTHONPATH`. It speaks
+the wire contract of docs/protocol.md sections 7-9 and docs/llm-adapter.md: metadata in
+`Weir-*` NATS headers, the body passed unchanged, errors as the usual error reply.
+
+    import nats, weir_llm
+
+    nc = await nats.connect("nats://127.0.0.1:4222")
+    llm = weir_llm.LlmClient(nc)                      # subjects llm.infer, llm.cancel, llm.status
+    reply = await llm.request(b'{"messages": []}', timeout_ms=2000)
+    async for ev in llm.stream(b'{"stream": true, "messages": []}',
+                               request_id="call-42:turn-7", timeout_ms=20000):
+        if isinstance(ev, weir_llm.Queued):  print("position", ev.position)
+        elif isinstance(ev, weir_llm.Started): print("started after", ev.queue_ms, "ms")
+        elif isinstance(ev, weir_llm.Chunk):   handle(ev.data)   # SSE events, unchanged
+        elif isinstance(ev, weir_llm.End):     print("ttft", ev.ttft_ms, "ms")
+
+Every failure raises `LlmError` with `code` (the adapter's error code such as
+`queue_full`, or a client-side `timed_out`, `no_responders`, `invalid_reply`),
+`message`, `details` (the numbers: `limit`, `retry_after_ms`, ...) and, when the request
+body was the deployed envelope, `envelope` (the response envelope, `ok: false`).
+
+Iterating a stream acknowledges its chunks (the adapter's flow control, protocol 8.4):
+a caller that stops iterating is aborted by the adapter after `stream.window` chunks
+and `stream.ack_timeout_ms`. Leaving the `async for` early unsubscribes, which the
+adapter notices as well.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Dict, Optional, Union
+
+__all__ = [
+    "LlmClient",
+    "LlmError",
+    "Reply",
+    "Queued",
+    "Started",
+    "Chunk",
+    "End",
+    "Event",
+]
+
+# Header names (protocol/src/llm/headers.rs, protocol/src/llm/stream.rs).
+REQUEST_ID = "Weir-Request-Id"
+SESSION_ID = "Weir-Session-Id"
+TIMEOUT_MS = "Weir-Timeout-Ms"
+DEADLINE_MS = "Weir-Deadline-Ms"
+ADMISSION = "Weir-Admission"
+CLIENT_KEY = "Weir-Client-Key"
+QUEUE_MS = "Weir-Queue-Ms"
+INFERENCE_MS = "Weir-Inference-Ms"
+ERROR_CODE = "Weir-Error-Code"
+NATS_SERVICE_ERROR = "Nats-Service-Error"
+NATS_SERVICE_ERROR_CODE = "Nats-Service-Error-Code"
+STREAM = "Weir-Stream"
+STREAM_EVENT = "Weir-Stream-Event"
+STREAM_SEQ = "Weir-Stream-Seq"
+QUEUE_POSITION = "Weir-Queue-Position"
+PREDICTED_START_MS = "Weir-Predicted-Start-Ms"
+TTFT_MS = "Weir-Ttft-Ms"
+STREAM_CHUNKS = "Weir-Stream-Chunks"
+STREAM_BYTES = "Weir-Stream-Bytes"
+STREAM_OUTCOME = "Weir-Stream-Outcome"
+
+
+class LlmError(Exception):
+    """A refusal or failure: `code`, `message`, `details` (dict), and `envelope` (the
+    response envelope when the request body was one)."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        details: Optional[Dict] = None,
+        nats_code: Optional[int] = None,
+        envelope: Optional[Dict] = None,
+    ) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.details = details or {}
+        self.nats_code = nats_code
+        self.envelope = envelope
+
+    @property
+    def retry_after_ms(self) -> Optional[int]:
+        """The adapter's (or the backend's) retry hint, if any."""
+        return self.details.get("retry_after_ms")
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A unary answer: the backend's body unchanged, the timings and every header."""
+
+    body: bytes
+    queue_ms: Optional[float]
+    inference_ms: Optional[float]
+    headers: Dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Queued:
+    """Accepted and waiting: 1-based position (1 = next), predicted wait in ms."""
+
+    position: int
+    predicted_start_ms: Optional[float]
+
+
+@dataclass(frozen=True)
+class Started:
+    """Inference started after `queue_ms`."""
+
+    queue_ms: Optional[float]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Part of the body: one or more SSE events, unchanged. `seq` is 1, 2, 3, ..."""
+
+    seq: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class End:
+    """The stream is complete (always its last event). `chunks` / `bytes`: what this
+    caller received. `outcome` is "ok", or "joined" when this caller joined another
+    caller's stream with the same request id (or found it cached): the request ran
+    once, its text went to the first caller and is not kept."""
+
+    queue_ms: Optional[float]
+    inference_ms: Optional[float]
+    ttft_ms: Optional[float]
+    chunks: int
+    bytes: int
+    outcome: str = "ok"
+
+
+Event = Union[Queued, Started, Chunk, End]
+
+
+def _header(headers: Optional[Dict[str, str]], name: str) -> Optional[str]:
+    if not headers:
+        return None
+    if name in headers:
+        return headers[name]
+    low = name.lower()
+    for k, v in headers.items():
+        if k.lower() == low:
+            return v
+    return None
+
+
+def _ms(headers: Optional[Dict[str, str]], name: str) -> Optional[float]:
+    v = _header(headers, name)
+    try:
+        return float(v) if v is not None else None
+    except ValueError:
+        return None
+
+
+def _int(headers: Optional[Dict[str, str]], name: str, default: int = 0) -> int:
+    v = _header(headers, name)
+    try:
+        return int(v) if v is not None else default
+    except ValueError:
+        return default
+
+
+def _is_no_responders(msg) -> bool:
+    return _header(msg.headers, "Status") == "503" and not msg.data
+
+
+def _check_error(msg) -> None:
+    """Raises `LlmError` for an error reply (`Nats-Service-Error`)."""
+    status = _header(msg.headers, NATS_SERVICE_ERROR)
+    if status is None:
+        return
+    nats_code = _int(msg.headers, NATS_SERVICE_ERROR_CODE, 0) or None
+    code = _header(msg.headers, ERROR_CODE) or "service_error"
+    message, details, envelope = status, {}, None
+    try:
+        body = json.loads(msg.data)
+    except (ValueError, UnicodeDecodeError):
+        body = None
+    if isinstance(body, dict):
+        err = body.get("error") if "ok" in body else body
+        if "ok" in body:
+            envelope = body
+        if isinstance(err, dict):
+            code = err.get("code", code)
+            message = err.get("message", message)
+            details = err.get("details") or {}
+    raise LlmError(code, message, details, nats_code, envelope)
+
+
+class LlmClient:
+    """A client of one adapter service on a nats-py connection."""
+
+    def __init__(
+        self,
+        nc,
+        subject: str = "llm.infer",
+        cancel_subject: str = "llm.cancel",
+        status_subject: str = "llm.status",
+        default_timeout: float = 30.0,
+        margin: float = 0.25,
+    ) -> None:
+        self.nc = nc
+        self.subject = subject
+        self.cancel_subject = cancel_subject
+        self.status_subject = status_subject
+        self.default_timeout = default_timeout
+        self.margin = margin
+
+    def _headers(
+        self,
+        request_id: Optional[str],
+        session_id: Optional[str],
+        timeout_ms: Optional[int],
+        client_key: Optional[str],
+        admission: Optional[str],
+    ) -> Dict[str, str]:
+        h: Dict[str, str] = {}
+        if request_id is not None:
+            h[REQUEST_ID] = request_id
+        if session_id is not None:
+            h[SESSION_ID] = session_id
+        if timeout_ms is not None:
+            h[TIMEOUT_MS] = str(int(timeout_ms))
+        if client_key is not None:
+            h[CLIENT_KEY] = client_key
+        if admission is not None:
+            h[ADMISSION] = admission
+        return h
+
+    def _wait(self, timeout_ms: Optional[int]) -> float:
+        if timeout_ms is None:
+            return self.default_timeout
+        return timeout_ms / 1000.0 + self.margin
+
+    async def request(
+        self,
+        body: bytes,
+        *,
+        request_id: Optional[str] = None,
+        session_id: Optional[str] = None,
+        timeout_ms: Optional[int] = None,
+        client_key: Optional[str] = None,
+        admission: Optional[str] = None,
+    ) -> Reply:
+        """The unary call: waits for the whole answer."""
+        headers = self._headers(request_id, session_id, timeout_ms, client_key, admission)
+        msg = await self._request(self.subject, body, self._wait(timeout_ms), headers)
+        return Reply(
+            body=msg.data,
+            queue_ms=_ms(msg.headers, QUEUE_MS),
+            inference_ms=_ms(msg.headers, INFERENCE_MS),
+            headers=dict(msg.headers or {}),
+        )
+
+    async def stream(
+        self,
+        body: bytes,
+        *,
+        request_id: Optional[str] = None,
+        session_id: Optional[str] = None,
+        timeout_ms: Optional[int] = None,
+        client_key: Optional[str] = None,
+        admission: Optional[str] = None,
+    ) -> AsyncIterator[Event]:
+        """A streamed call (`Weir-Stream: 1`): yields `Queued`, `Started`, `Chunk` ... and
+        finally `End`, or raises `LlmError`. The whole stream is bounded by the budget
+        (`timeout_ms`, plus a margin) or the default timeout."""
+        import nats.errors
+
+        headers = self._headers(request_id, session_id, timeout_ms, client_key, admission)
+        headers[STREAM] = "1"
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self._wait(timeout_ms) + self.margin
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox)
+        try:
+            await self.nc.publish(self.subject, body, reply=inbox, headers=headers)
+            expected = 1
+            while True:
+                left = until - loop.time()
+                if left <= 0:
+                    raise LlmError("timed_out", "stream did not end in time")
+                try:
+                    msg = await sub.next_msg(timeout=left)
+                except nats.errors.TimeoutError as e:
+                    raise LlmError("timed_out", "stream did not end in time") from e
+                if _is_no_responders(msg):
+                    raise LlmError("no_responders", "no adapter is listening on the subject")
+                _check_error(msg)
+                event = _header(msg.headers, STREAM_EVENT)
+                if event == "queued":
+                    yield Queued(
+                        position=_int(msg.headers, QUEUE_POSITION),
+                        predicted_start_ms=_ms(msg.headers, PREDICTED_START_MS),
+                    )
+                elif event == "started":
+                    yield Started(queue_ms=_ms(msg.headers, QUEUE_MS))
+                elif event == "chunk":
+                    seq = _int(msg.headers, STREAM_SEQ)
+                    if seq != expected:
+                        raise LlmError(
+                            "invalid_reply", f"chunk {seq} arrived, {expected} expected (lost)"
+                        )
+                    expected += 1
+                    if msg.reply:
+                        # Best effort: a lost acknowledgement is repaired by the next.
+                        await self.nc.publish(msg.reply, str(seq).encode())
+                    yield Chunk(seq=seq, data=msg.data)
+                elif event == "end":
+                    chunks = _int(msg.headers, STREAM_CHUNKS)
+                    if chunks != expected - 1:
+                        raise LlmError(
+                            "invalid_reply", f"end says {chunks} chunks, {expected - 1} arrived"
+                        )
+                    yield End(
+                        queue_ms=_ms(msg.headers, QUEUE_MS),
+                        inference_ms=_ms(msg.headers, INFERENCE_MS),
+                        ttft_ms=_ms(msg.headers, TTFT_MS),
+                        chunks=chunks,
+                        bytes=_int(msg.headers, STREAM_BYTES),
+                        outcome=_header(msg.headers, STREAM_OUTCOME) or "ok",
+                    )
+                    return
+                # Anything else: an event of a newer adapter; skipped.
+        finally:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # the connection may be closing; nothing to undo
+                pass
+
+    async def _request(self, subject: str, body: bytes, timeout: float, headers: Dict[str, str]):
+        """One NATS request; transport failures and error replies raise `LlmError`."""
+        import nats.errors
+
+        try:
+            msg = await self.nc.request(subject, body, timeout=timeout, headers=headers)
+        except nats.errors.NoRespondersError as e:
+            raise LlmError("no_responders", "no adapter is listening") from e
+        except nats.errors.TimeoutError as e:
+            raise LlmError("timed_out", "no reply in time") from e
+        _check_error(msg)
+        return msg
+
+    async def _by_id(self, subject: str, request_id: str, timeout: float) -> Dict:
+        msg = await self._request(subject, b"", timeout, {REQUEST_ID: request_id})
+        return json.loads(msg.data)
+
+    async def cancel(self, request_id: str, timeout: float = 2.0) -> Dict:
+        """Cancels by request id: `{"request_id", "result": "queued"|"running"|"not_found"}`."""
+        return await self._by_id(self.cancel_subject, request_id, timeout)
+
+    async def status(self, request_id: str, timeout: float = 2.0) -> Dict:
+        """Where a request is: `{"request_id", "status": "queued"|"running"|"done"|"not_found",
+        "position", "predicted_start_ms", "waited_ms" | "elapsed_ms"}`."""
+        return await self._by_id(self.status_subject, request_id, timeout)

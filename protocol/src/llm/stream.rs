@@ -1,0 +1,132 @@
+//! The streaming-reply protocol (opt-in per request with [`STREAM`]` = 1`): the events
+//! the adapter publishes to the caller's reply subject, and their headers. The full
+//! specification, precise enough to implement a client, is `docs/protocol.md` §8.
+//!
+//! In order, on the reply subject:
+//! - `queued` ([`QUEUE_POSITION`], [`PREDICTED_START_MS`]) when the request had to
+//!   wait, again at most once a second while its position changes;
+//! - `started` ([`super::headers::QUEUE_MS`]);
+//! - `chunk` × N: the body is one or more SSE events from the backend, unchanged;
+//!   [`STREAM_SEQ`] counts from 1 without gaps; the message's reply subject is the
+//!   acknowledgement subject (flow control, see the spec);
+//! - exactly one last message: `end` ([`super::headers::QUEUE_MS`],
+//!   [`super::headers::INFERENCE_MS`], [`TTFT_MS`], [`STREAM_CHUNKS`],
+//!   [`STREAM_BYTES`], [`STREAM_OUTCOME`]) or the usual error reply (with
+//!   [`STREAM_EVENT`]` = error`).
+//!
+//! Invariants: [`StreamEvent::parse`] is total (unknown names give `None`, so a newer
+//! adapter's events are skipped by an older client, never mistaken for another).
+
+use std::fmt;
+
+/// Request header: `1` asks for a streamed reply. Absent (or `0`): the unary reply.
+pub const STREAM: &str = "Weir-Stream";
+/// Every streamed message: which event it is ([`StreamEvent`]).
+pub const STREAM_EVENT: &str = "Weir-Stream-Event";
+/// `chunk`: sequence number, 1, 2, 3, ... without gaps.
+pub const STREAM_SEQ: &str = "Weir-Stream-Seq";
+/// `queued` (and `llm.status`): 1-based position among queued requests (1 = next).
+pub const QUEUE_POSITION: &str = "Weir-Queue-Position";
+/// `queued`: predicted wait before inference starts, in milliseconds (absent while the
+/// adapter has no service-time estimate).
+pub const PREDICTED_START_MS: &str = "Weir-Predicted-Start-Ms";
+/// `end`: start of inference → first chunk published, milliseconds (absent without
+/// chunks).
+pub const TTFT_MS: &str = "Weir-Ttft-Ms";
+/// `end`: how many `chunk` messages were sent (= the last [`STREAM_SEQ`]).
+pub const STREAM_CHUNKS: &str = "Weir-Stream-Chunks";
+/// `end`: body bytes sent in chunks.
+pub const STREAM_BYTES: &str = "Weir-Stream-Bytes";
+/// `end`: the outcome, `ok`, or `joined` when this caller joined another caller's
+/// stream with the same request id (or found it in the completion cache) and so
+/// received no chunk (errors are sent as error replies instead of `end`).
+pub const STREAM_OUTCOME: &str = "Weir-Stream-Outcome";
+
+/// One event of a streamed reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StreamEvent {
+    /// Accepted and waiting; carries the position.
+    Queued,
+    /// Inference started; carries the queue wait.
+    Started,
+    /// Part of the reply body.
+    Chunk,
+    /// The reply is complete; carries the timings.
+    End,
+    /// The request failed or was refused; the message is the usual error reply.
+    Error,
+}
+
+impl StreamEvent {
+    /// Every event, in protocol order.
+    pub const ALL: [StreamEvent; 5] = [
+        Self::Queued,
+        Self::Started,
+        Self::Chunk,
+        Self::End,
+        Self::Error,
+    ];
+
+    /// The header value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Started => "started",
+            Self::Chunk => "chunk",
+            Self::End => "end",
+            Self::Error => "error",
+        }
+    }
+
+    /// Reads a header value; `None` for anything else.
+    pub fn parse(value: &str) -> Option<Self> {
+        let v = value.trim();
+        Self::ALL.into_iter().find(|e| e.as_str() == v)
+    }
+}
+
+impl fmt::Display for StreamEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether a [`STREAM`] header value asks for a streamed reply: `1` / `true` (any case)
+/// yes, `0` / `false` no, anything else is `Err` (a malformed value is refused, never
+/// silently ignored).
+pub fn wants_stream(value: &str) -> Result<bool, super::HeaderError> {
+    match value.trim() {
+        "1" => Ok(true),
+        "0" => Ok(false),
+        v if v.eq_ignore_ascii_case("true") => Ok(true),
+        v if v.eq_ignore_ascii_case("false") => Ok(false),
+        _ => Err(super::HeaderError::invalid(
+            STREAM,
+            "expected 1 or 0 (true or false)",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_round_trip_and_unknown_names_are_none() {
+        for e in StreamEvent::ALL {
+            assert_eq!(StreamEvent::parse(e.as_str()), Some(e));
+        }
+        assert_eq!(StreamEvent::parse(" chunk "), Some(StreamEvent::Chunk));
+        assert_eq!(StreamEvent::parse("progress"), None);
+        assert_eq!(StreamEvent::parse(""), None);
+    }
+
+    #[test]
+    fn stream_header_values() {
+        assert_eq!(wants_stream("1"), Ok(true));
+        assert_eq!(wants_stream("TRUE"), Ok(true));
+        assert_eq!(wants_stream("0"), Ok(false));
+        let e = wants_stream("yes").expect_err("refused");
+        assert_eq!(e.header(), STREAM);
+    }
+}
