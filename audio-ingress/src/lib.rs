@@ -11,8 +11,9 @@
 //! - [`confirm`]: the server-confirmed window (the budget holds up to the server);
 //! - [`nats`]: connection options (auth, TLS) and connection events;
 //! - [`ws`], [`admin`], [`shutdown`], [`service`]: the `serve` service;
-//! - [`listener`], [`conn_limit`]: the HTTP listeners' accept loop, timeouts and
-//!   connection caps; [`auth`]: producer tokens checked before the upgrade;
+//! - [`listener`]: the open-file limit the listeners need (their accept loop, timeouts
+//!   and connection caps are `weir_service::http`); [`auth`]: producer tokens checked
+//!   before the upgrade;
 //! - [`stats`], [`metrics`]: accounting and metric names.
 //!
 //! Invariants: the number of tasks depends on the number of streams, never on the
@@ -27,7 +28,6 @@ pub mod admin;
 pub mod auth;
 pub mod config;
 pub mod confirm;
-pub mod conn_limit;
 /// The consumer core, now its own crate (`weir-consumer`, what a recognition worker
 /// embeds); re-exported here so that `weir_audio_ingress::consumer` paths keep working.
 pub use weir_consumer as consumer;

@@ -85,7 +85,7 @@ pub const WS_CLOSES_TOTAL: &str = "weir_ingress_ws_closes_total";
 /// within `ws_send_timeout_ms`; the connection was abandoned.
 pub const WS_SEND_TIMEOUTS_TOTAL: &str = "weir_ingress_ws_send_timeouts_total";
 /// Gauge: open TCP connections of an HTTP listener, by `listener` (`ws`, `admin`),
-/// upgraded WebSockets included (see [`crate::listener`]).
+/// upgraded WebSockets included (see `weir_service::http`).
 pub const HTTP_CONNECTIONS_OPEN: &str = "weir_ingress_http_connections_open";
 /// Counter: TCP connections accepted and given a slot, by `listener`.
 pub const HTTP_CONNECTIONS_TOTAL: &str = "weir_ingress_http_connections_total";
@@ -104,6 +104,14 @@ pub const HTTP_ACCEPT_ERRORS_TOTAL: &str = "weir_ingress_http_accept_errors_tota
 /// ([`crate::config::Config::memory_bound_bytes`]). Compare `process_resident_memory_bytes`
 /// with it: RSS near it means a buffer the table misses.
 pub const MEMORY_BOUND_BYTES: &str = "weir_ingress_memory_bound_bytes";
+
+/// The names of both HTTP listeners' metrics, labelled `listener` = `ws` | `admin`.
+pub const LISTENER: weir_service::http::ListenerMetrics = weir_service::http::ListenerMetrics {
+    connections_total: HTTP_CONNECTIONS_TOTAL,
+    refused_total: HTTP_CONNECTIONS_REFUSED_TOTAL,
+    timed_out_total: HTTP_CONNECTIONS_TIMED_OUT_TOTAL,
+    accept_errors_total: HTTP_ACCEPT_ERRORS_TOTAL,
+};
 
 /// Every producer-side metric of the `serve` binary, registered at start
 /// ([`weir_service::metrics::register`]) so that each is in the first scrape.

@@ -19,15 +19,15 @@ use tokio::task::JoinHandle;
 use crate::admin::{self, AdminState};
 use crate::auth::Authenticator;
 use crate::config::{Config, Delivery};
-use crate::conn_limit::ConnLimiter;
 use crate::error::Error;
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::jetstream::{JetStreamSink, NatsSink};
-use crate::listener::{self, HttpOptions, check_fd_limit};
+use crate::listener::check_fd_limit;
 use crate::publisher::Sink;
 use crate::shutdown::{TaskTracker, TaskWaiter};
 use crate::stream::{Ingress, ShutdownReport};
 use crate::ws::{self, WsState};
+use weir_service::http::{ConnLimiter, HttpOptions};
 
 /// A running service.
 pub struct RunningService<S: Sink> {
@@ -131,14 +131,16 @@ pub async fn start_with_sink<S: Sink>(
         idle_timeout: config.server.http_idle_timeout,
         max_header_bytes: config.server.http_max_header_bytes,
         retry_after: config.server.retry_after,
+        metrics: crate::metrics::LISTENER,
     };
     let ws_limiter = ConnLimiter::new(
         "ws",
+        crate::metrics::HTTP_CONNECTIONS_OPEN,
         config.server.max_connections.get(),
         config.server.max_connections_per_ip.get(),
     );
     let (stop_ws, ws_stopped) = oneshot::channel::<()>();
-    let ws_task = tokio::spawn(listener::serve(
+    let ws_task = tokio::spawn(weir_service::http::serve(
         ws_listener,
         ws_router,
         ws_limiter,
@@ -165,9 +167,14 @@ pub async fn start_with_sink<S: Sink>(
     });
     // Per address = the whole cap: the admin port is for local scrapers and probes.
     let admin_cap = config.server.admin_max_connections.get();
-    let admin_limiter = ConnLimiter::new("admin", admin_cap, admin_cap);
+    let admin_limiter = ConnLimiter::new(
+        "admin",
+        crate::metrics::HTTP_CONNECTIONS_OPEN,
+        admin_cap,
+        admin_cap,
+    );
     let (stop_admin, admin_stopped) = oneshot::channel::<()>();
-    let admin_task = tokio::spawn(listener::serve(
+    let admin_task = tokio::spawn(weir_service::http::serve(
         admin_listener,
         admin_router,
         admin_limiter,

@@ -11,6 +11,7 @@
 //! query (400 `invalid_request`), `/metrics` without a recorder (404 `no_recorder`).
 
 use std::future::Future;
+use weir_service::http::{ConnLimiter, HttpOptions};
 
 use axum::Json;
 use axum::Router;
@@ -119,15 +120,29 @@ async fn stats(State(s): State<AdminState>) -> Response {
     Json(s.view.stats()).into_response()
 }
 
+/// Largest buffered request head on the admin port.
+pub const ADMIN_MAX_HEADER_BYTES: usize = 16 * 1024;
+
 /// Serves the admin routes on `listener` until `shutdown` resolves, with the
-/// connection hygiene of `admin.*` (connection cap, header and idle timeouts; see
-/// [`crate::listener`]).
+/// connection hygiene of `admin.*` (connection cap, header and idle timeouts): the
+/// accept loop the ingress's listeners use too (`weir_service::http`). Every client
+/// address may use the whole cap (the port is for local scrapers and probes).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AdminState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let cfg = state.view.config().admin;
-    crate::listener::serve(listener, router(state), cfg, shutdown).await;
+    let cap = cfg.max_connections.get();
+    let limiter = ConnLimiter::new("admin", crate::metrics::ADMIN_CONNECTIONS_OPEN, cap, cap);
+    let options = HttpOptions {
+        name: "admin",
+        header_timeout: cfg.header_timeout,
+        idle_timeout: cfg.idle_timeout,
+        max_header_bytes: ADMIN_MAX_HEADER_BYTES,
+        retry_after: std::time::Duration::from_secs(1),
+        metrics: crate::metrics::ADMIN_LISTENER,
+    };
+    weir_service::http::serve(listener, router(state), limiter, options, shutdown).await;
     Ok(())
 }

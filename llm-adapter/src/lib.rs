@@ -60,7 +60,6 @@ pub mod admission;
 pub mod backend;
 pub mod client;
 pub mod config;
-pub mod listener;
 pub mod metrics;
 pub mod nats_events;
 pub mod service;

@@ -118,10 +118,26 @@ pub const NATS_IN_MESSAGES_TOTAL: &str = "llm_nats_in_messages_total";
 pub const INTAKE_TAKEN_TOTAL: &str = "llm_intake_taken_total";
 /// Counter: NATS connections lost (a malformed message, nats.rs #1572, shows here).
 pub const NATS_DISCONNECTS_TOTAL: &str = "llm_nats_disconnects_total";
-/// Counter: admin connections refused because `admin.max_connections` were open.
+/// Counter: admin connections refused because `admin.max_connections` were open
+/// (labels `listener` = `admin`, `reason` = `max_connections`).
 pub const ADMIN_CONNECTIONS_REFUSED_TOTAL: &str = "llm_admin_connections_refused_total";
 /// Counter: admin connections closed by a timeout, label `reason` (`header`, `idle`).
 pub const ADMIN_CONNECTIONS_TIMED_OUT_TOTAL: &str = "llm_admin_connections_timed_out_total";
+/// Counter: admin connections accepted.
+pub const ADMIN_CONNECTIONS_TOTAL: &str = "llm_admin_connections_total";
+/// Gauge: admin connections open.
+pub const ADMIN_CONNECTIONS_OPEN: &str = "llm_admin_connections_open";
+/// Counter: admin accept errors other than a peer's reset (e.g. out of descriptors).
+pub const ADMIN_ACCEPT_ERRORS_TOTAL: &str = "llm_admin_accept_errors_total";
+
+/// The admin listener's metric names (`weir_service::http::serve`).
+pub const ADMIN_LISTENER: weir_service::http::ListenerMetrics =
+    weir_service::http::ListenerMetrics {
+        connections_total: ADMIN_CONNECTIONS_TOTAL,
+        refused_total: ADMIN_CONNECTIONS_REFUSED_TOTAL,
+        timed_out_total: ADMIN_CONNECTIONS_TIMED_OUT_TOTAL,
+        accept_errors_total: ADMIN_ACCEPT_ERRORS_TOTAL,
+    };
 /// Gauge: 1 while the NATS connection is up.
 pub const NATS_CONNECTED: &str = "llm_nats_connected";
 /// Gauge: the most memory this replica's configuration lets it hold above idle at
@@ -163,6 +179,9 @@ pub const DECLARED: &[Declared] = &[
     Declared::counter(NATS_DISCONNECTS_TOTAL),
     Declared::counter(ADMIN_CONNECTIONS_REFUSED_TOTAL),
     Declared::counter(ADMIN_CONNECTIONS_TIMED_OUT_TOTAL),
+    Declared::counter(ADMIN_CONNECTIONS_TOTAL),
+    Declared::gauge(ADMIN_CONNECTIONS_OPEN),
+    Declared::counter(ADMIN_ACCEPT_ERRORS_TOTAL),
     Declared::gauge(NATS_CONNECTED),
     Declared::counter(STREAMS_TOTAL),
     Declared::counter(STREAM_CHUNKS_TOTAL),

@@ -6,10 +6,13 @@
 //! - [`process`]: the process's own figures (resident memory) for `/metrics`;
 //! - [`nats`]: connection-event labels, subscribing with the server's confirmation;
 //! - [`logging`] (feature `logging`): text or JSON logs on stderr;
+//! - [`http`] (feature `http`): the HTTP accept loop with connection caps and timeouts;
 //! - [`shutdown`]: the signal both services stop on.
 //!
 //! It never installs a metrics recorder (the binaries do).
 
+#[cfg(feature = "http")]
+pub mod http;
 #[cfg(feature = "logging")]
 pub mod logging;
 pub mod metrics;

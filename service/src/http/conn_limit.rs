@@ -2,7 +2,7 @@
 //! at most `per_ip` from one client address (IPv4 address, or IPv6 /64 prefix: one
 //! IPv6 host usually owns a whole /64).
 //!
-//! Pure and synchronous (no I/O, no clock); [`crate::listener`] asks for a
+//! Pure and synchronous (no I/O, no clock); [`super::serve`] asks for a
 //! [`ConnPermit`] for each accepted TCP connection and refuses the connection at once
 //! when none is granted, so the listener never waits and a flood cannot fill the
 //! kernel's accept queue behind a full cap.
@@ -16,8 +16,6 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-
-use crate::metrics as m;
 
 /// Why a connection was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -75,6 +73,7 @@ struct State {
 #[derive(Debug)]
 struct Inner {
     listener: &'static str,
+    open_gauge: &'static str,
     max: usize,
     per_ip: usize,
     state: Mutex<State>,
@@ -95,12 +94,19 @@ pub struct ConnLimiter {
 
 impl ConnLimiter {
     /// A cap of `max` connections, `per_ip` from one address (both at least 1;
-    /// `per_ip` is clamped to `max`). `listener` labels the metrics (`ws`, `admin`).
-    pub fn new(listener: &'static str, max: usize, per_ip: usize) -> Self {
+    /// `per_ip` is clamped to `max`). The open count is the gauge `open_gauge`, labelled
+    /// `listener` = `listener` (`ws`, `admin`).
+    pub fn new(
+        listener: &'static str,
+        open_gauge: &'static str,
+        max: usize,
+        per_ip: usize,
+    ) -> Self {
         let max = max.max(1);
         Self {
             inner: Arc::new(Inner {
                 listener,
+                open_gauge,
                 max,
                 per_ip: per_ip.clamp(1, max),
                 state: Mutex::new(State::default()),
@@ -128,7 +134,7 @@ impl ConnLimiter {
             s.open += 1;
             s.open
         };
-        metrics::gauge!(m::HTTP_CONNECTIONS_OPEN, m::LABEL_LISTENER => self.inner.listener)
+        metrics::gauge!(self.inner.open_gauge, super::LABEL_LISTENER => self.inner.listener)
             .set(open as f64);
         Ok(ConnPermit {
             inner: Arc::clone(&self.inner),
@@ -177,7 +183,7 @@ impl Drop for ConnPermit {
             }
             s.open
         };
-        metrics::gauge!(m::HTTP_CONNECTIONS_OPEN, m::LABEL_LISTENER => self.inner.listener)
+        metrics::gauge!(self.inner.open_gauge, super::LABEL_LISTENER => self.inner.listener)
             .set(open as f64);
     }
 }
@@ -192,7 +198,7 @@ mod tests {
 
     #[test]
     fn global_cap_holds_and_releases_exactly_once() {
-        let l = ConnLimiter::new("test", 3, 3);
+        let l = ConnLimiter::new("test", "test_open", 3, 3);
         let a = l.try_acquire(ip("10.0.0.1")).expect("1");
         let b = l.try_acquire(ip("10.0.0.2")).expect("2");
         let c = l.try_acquire(ip("10.0.0.3")).expect("3");
@@ -211,7 +217,7 @@ mod tests {
 
     #[test]
     fn one_address_cannot_take_more_than_per_ip() {
-        let l = ConnLimiter::new("test", 10, 2);
+        let l = ConnLimiter::new("test", "test_open", 10, 2);
         let _a = l.try_acquire(ip("10.0.0.1")).expect("1");
         let _b = l.try_acquire(ip("10.0.0.1")).expect("2");
         assert_eq!(
@@ -226,7 +232,7 @@ mod tests {
 
     #[test]
     fn ipv6_counts_per_slash_64_and_mapped_v4_as_v4() {
-        let l = ConnLimiter::new("test", 10, 1);
+        let l = ConnLimiter::new("test", "test_open", 10, 1);
         let _a = l
             .try_acquire(ip("2001:db8:1:2::1"))
             .expect("first of the /64");
@@ -244,7 +250,7 @@ mod tests {
 
     #[test]
     fn per_ip_is_clamped_to_max_and_zero_means_one() {
-        let l = ConnLimiter::new("test", 0, 0);
+        let l = ConnLimiter::new("test", "test_open", 0, 0);
         let _a = l.try_acquire(ip("10.0.0.1")).expect("max 0 is 1");
         assert_eq!(
             l.try_acquire(ip("10.0.0.2")).expect_err("refused"),
