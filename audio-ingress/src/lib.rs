@@ -29,6 +29,7 @@ pub mod config;
 pub mod confirm;
 pub mod conn_limit;
 pub mod consumer;
+pub mod door;
 pub mod error;
 pub mod jetstream;
 pub mod listener;
