@@ -73,6 +73,33 @@ pub struct Admitted {
     pub grant: Option<Grant>,
 }
 
+/// What a door admits with: the producer core, the token check, the retry hint.
+pub struct Door<'a, S: Sink> {
+    /// The producer core.
+    pub ingress: &'a Ingress<S>,
+    /// Producer tokens (`None`: authentication off).
+    pub auth: Option<&'a Authenticator>,
+    /// `Retry-After` of a 503.
+    pub retry_after: Duration,
+}
+
+impl<S: Sink> Door<'_, S> {
+    /// [`check`] with this door's settings.
+    pub fn check(
+        &self,
+        raw_id: Result<String, String>,
+        raw_query: Option<&str>,
+        headers: &HeaderMap,
+    ) -> Result<Admitted, Refused> {
+        check(self.ingress, self.auth, raw_id, raw_query, headers)
+    }
+
+    /// [`open`] with this door's settings.
+    pub fn open(&self, admitted: Admitted) -> Result<StreamHandle, Refused> {
+        open(self.ingress, self.retry_after, admitted)
+    }
+}
+
 /// Step 1 of the admission: the stream id (`raw_id`: the path segment, or the path
 /// extractor's refusal), the query and the producer token. Counted refusals.
 pub fn check<S: Sink>(

@@ -10,7 +10,8 @@
 //! - [`publisher`]: the per-stream task that hands packets to NATS under a timeout;
 //! - [`confirm`]: the server-confirmed window (the budget holds up to the server);
 //! - [`nats`]: connection options (auth, TLS) and connection events;
-//! - [`ws`], [`admin`], [`shutdown`], [`service`]: the `serve` service;
+//! - [`ws`], [`whip`], [`admin`], [`shutdown`], [`service`]: the `serve` service (the
+//!   WebSocket and WHIP doors share their admission through [`door`]);
 //! - [`listener`], [`conn_limit`]: the HTTP listeners' accept loop, timeouts and
 //!   connection caps; [`auth`]: producer tokens checked before the upgrade;
 //! - [`stats`], [`metrics`]: accounting and metric names.
@@ -49,6 +50,7 @@ mod stream_tests;
 #[cfg(test)]
 mod stream_window_tests;
 pub mod tap;
+pub mod whip;
 pub mod ws;
 pub mod ws_query;
 

@@ -110,6 +110,16 @@ pub struct WsState<S: Sink> {
     pub auth: Option<Arc<Authenticator>>,
 }
 
+impl<S: Sink> WsState<S> {
+    fn door(&self) -> door::Door<'_, S> {
+        door::Door {
+            ingress: &self.ingress,
+            auth: self.auth.as_deref(),
+            retry_after: self.retry_after,
+        }
+    }
+}
+
 /// The front door's routes, with the JSON 404/405 answers (a WebSocket-only router;
 /// `serve` merges [`routes`] with the WHIP routes instead).
 pub fn router<S: Sink>(state: WsState<S>) -> Router {
@@ -133,13 +143,8 @@ async fn upgrade<S: Sink>(
     // Every refusal below carries the JSON body, including the extractors' own
     // (a path that is not UTF-8 once percent-decoded, a bad upgrade request).
     let raw_id = path.map(|Path(raw)| raw).map_err(|e| e.body_text());
-    let admitted = match door::check(
-        &state.ingress,
-        state.auth.as_deref(),
-        raw_id,
-        raw_query.as_deref(),
-        &headers,
-    ) {
+    let door = state.door();
+    let admitted = match door.check(raw_id, raw_query.as_deref(), &headers) {
         Ok(a) => a,
         Err(resp) => return *resp,
     };
@@ -153,7 +158,7 @@ async fn upgrade<S: Sink>(
             );
         }
     };
-    let handle = match door::open(&state.ingress, state.retry_after, admitted) {
+    let handle = match door.open(admitted) {
         Ok(h) => h,
         Err(resp) => return *resp,
     };
