@@ -1,0 +1,457 @@
+//! An in-process Rust WHIP publisher for the WHIP tests: a str0m `Rtc` (the offering,
+//! ICE-controlling side) on its own loopback UDP socket, with one send-only Opus track
+//! and the `weir` data channel, sending 20 ms Opus packets made by opus-pure at the real
+//! cadence. Plus a bounded plain-HTTP client for the WHIP requests and a recorder of
+//! the weir packets on NATS.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::Value;
+use str0m::change::{SdpAnswer, SdpPendingOffer};
+use str0m::channel::ChannelId;
+use str0m::media::{Direction, MediaKind, MediaTime, Mid};
+use str0m::net::{Protocol, Receive};
+use str0m::{Candidate, Event, Input, Output, Rtc, RtcConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, UdpSocket};
+use weir_protocol::audio::{DecodeOptions, PacketBody, decode};
+
+/// An HTTP answer: status, headers (lower-case names), body.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// Status code (0: no answer within 5 s).
+    pub status: u16,
+    /// Headers, names in lower case.
+    pub headers: BTreeMap<String, String>,
+    /// Body.
+    pub body: String,
+}
+
+impl Answer {
+    /// The JSON error code of a refusal.
+    pub fn code(&self) -> String {
+        serde_json::from_str::<Value>(&self.body)
+            .ok()
+            .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
+            .unwrap_or_default()
+    }
+}
+
+/// One HTTP/1.1 request with `Connection: close`, bounded by 5 s.
+pub async fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Answer {
+    let attempt = async {
+        let mut s = TcpStream::connect(addr).await.ok()?;
+        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf).to_string();
+        let (head, body) = text.split_once("\r\n\r\n")?;
+        let mut lines = head.lines();
+        let status = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+            .collect();
+        Some(Answer {
+            status,
+            headers,
+            body: body.to_owned(),
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(5), attempt)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(Answer {
+            status: 0,
+            headers: BTreeMap::new(),
+            body: String::new(),
+        })
+}
+
+/// `POST /v1/whip/{id}` with `sdp` as the offer.
+pub async fn post_offer(addr: SocketAddr, id: &str, sdp: &str, extra: &[(&str, &str)]) -> Answer {
+    let mut headers = vec![("Content-Type", "application/sdp")];
+    headers.extend_from_slice(extra);
+    request(addr, "POST", &format!("/v1/whip/{id}"), &headers, sdp).await
+}
+
+/// 20 ms Opus packets (48 kHz stereo, the browsers' format) of `pcm` (16 kHz mono; each
+/// sample is repeated to 48 kHz, the encoder band-limits it), one per 320 samples.
+pub fn opus_packets(pcm16k: &[i16]) -> Vec<Vec<u8>> {
+    let mut enc = opus_pure::OpusEncoder::new(48_000, 2, opus_pure::Application::Audio)
+        .expect("opus encoder");
+    pcm16k
+        .chunks_exact(320)
+        .map(|chunk| {
+            let frame: Vec<i16> = chunk.iter().flat_map(|&s| [s; 6]).collect();
+            let mut out = vec![0u8; 4_000];
+            let n = enc.encode_s16(&frame, 960, &mut out).expect("encode");
+            out.truncate(n);
+            out
+        })
+        .collect()
+}
+
+/// A 440 Hz tone at 16 kHz, `seconds` long.
+pub fn tone(seconds: f64) -> Vec<i16> {
+    let n = (seconds * 16_000.0) as usize;
+    (0..n)
+        .map(|i| {
+            (8_000.0 * (2.0 * std::f64::consts::PI * 440.0 * i as f64 / 16_000.0).sin()) as i16
+        })
+        .collect()
+}
+
+/// The offering side before the answer.
+pub struct Offer {
+    rtc: Rtc,
+    socket: UdpSocket,
+    local: SocketAddr,
+    mid: Mid,
+    channel: ChannelId,
+    pending: SdpPendingOffer,
+    /// The offer's SDP text.
+    pub sdp: String,
+}
+
+/// A fresh publisher's offer (audio send-only + the `weir` data channel).
+pub async fn offer() -> Offer {
+    let socket = UdpSocket::bind("127.0.0.1:0").await.expect("bind udp");
+    let local = socket.local_addr().expect("addr");
+    let mut rtc = RtcConfig::new()
+        .clear_codecs()
+        .enable_opus(true, false)
+        .build(Instant::now());
+    rtc.add_local_candidate(Candidate::host(local, "udp").expect("candidate"));
+    let mut api = rtc.sdp_api();
+    let mid = api.add_media(MediaKind::Audio, Direction::SendOnly, None, None, None);
+    let channel = api.add_channel("weir".to_owned());
+    let (offer, pending) = api.apply().expect("an offer");
+    Offer {
+        rtc,
+        socket,
+        local,
+        mid,
+        channel,
+        pending,
+        sdp: offer.to_sdp_string(),
+    }
+}
+
+/// What a publisher saw.
+#[derive(Debug, Default, Clone)]
+pub struct Seen {
+    /// ICE + DTLS connected.
+    pub connected: Option<Instant>,
+    /// The `weir` channel opened.
+    pub channel_open: bool,
+    /// Events received on it, with their arrival time.
+    pub events: Vec<(Instant, Value)>,
+    /// Packets written.
+    pub packets_sent: usize,
+    /// The server closed the session (DTLS close / ICE gone) or str0m gave up.
+    pub closed: Option<Instant>,
+}
+
+impl Seen {
+    /// The event types in order.
+    pub fn types(&self) -> Vec<String> {
+        self.events
+            .iter()
+            .map(|(_, e)| e["type"].as_str().unwrap_or("?").to_owned())
+            .collect()
+    }
+}
+
+/// A connected publisher: drive it with [`Publisher::run`].
+pub struct Publisher {
+    rtc: Rtc,
+    socket: UdpSocket,
+    local: SocketAddr,
+    mid: Mid,
+    channel: ChannelId,
+    /// The resource URL (`Location`).
+    pub location: String,
+    /// What it saw so far.
+    pub seen: Arc<Mutex<Seen>>,
+}
+
+impl Offer {
+    /// Applies the WHIP answer.
+    pub fn answered(mut self, answer: &Answer) -> Publisher {
+        assert_eq!(answer.status, 201, "offer refused: {answer:?}");
+        let sdp = SdpAnswer::from_sdp_string(&answer.body).expect("answer SDP");
+        self.rtc
+            .sdp_api()
+            .accept_answer(self.pending, sdp)
+            .expect("answer accepted");
+        Publisher {
+            rtc: self.rtc,
+            socket: self.socket,
+            local: self.local,
+            mid: self.mid,
+            channel: self.channel,
+            location: answer.headers.get("location").cloned().expect("Location"),
+            seen: Arc::new(Mutex::new(Seen::default())),
+        }
+    }
+}
+
+impl Publisher {
+    /// Runs the session: sends `packets` at 20 ms once connected (the first
+    /// `send` of them; then it goes on answering ICE without media, or goes silent
+    /// entirely if `vanish`), for at most `run_for`. Returns when `run_for` is over or
+    /// the server closed the session.
+    pub async fn run(
+        mut self,
+        packets: Vec<Vec<u8>>,
+        send: usize,
+        vanish: bool,
+        run_for: Duration,
+    ) -> Seen {
+        let end = Instant::now() + run_for;
+        let mut buf = vec![0u8; 2048];
+        let mut next_packet: Option<Instant> = None;
+        let mut sent = 0usize;
+        let mut pt = None;
+        let mut vanish_at: Option<Instant> = None;
+        loop {
+            // Drain to a timeout.
+            let timeout = loop {
+                if !self.rtc.is_alive() {
+                    self.seen
+                        .lock()
+                        .expect("seen")
+                        .closed
+                        .get_or_insert_with(Instant::now);
+                    return self.seen.lock().expect("seen").clone();
+                }
+                match self.rtc.poll_output() {
+                    Ok(Output::Timeout(t)) => break t,
+                    Ok(Output::Transmit(t)) => {
+                        let _ = self.socket.try_send_to(&t.contents, t.destination);
+                    }
+                    Ok(Output::Event(e)) => self.event(e),
+                    Err(_) => {
+                        self.seen
+                            .lock()
+                            .expect("seen")
+                            .closed
+                            .get_or_insert_with(Instant::now);
+                        return self.seen.lock().expect("seen").clone();
+                    }
+                }
+            };
+            let now = Instant::now();
+            if now >= end {
+                return self.seen.lock().expect("seen").clone();
+            }
+            if vanish && sent >= send {
+                // 300 ms for the paced last packets to leave, then gone without a word:
+                // no DELETE, no DTLS close, no more datagrams.
+                let at = *vanish_at.get_or_insert(now + Duration::from_millis(300));
+                if now >= at {
+                    tokio::time::sleep_until(tokio::time::Instant::from_std(end)).await;
+                    return self.seen.lock().expect("seen").clone();
+                }
+            }
+            let connected = self.seen.lock().expect("seen").connected.is_some();
+            if connected && next_packet.is_none() {
+                next_packet = Some(now);
+            }
+            let mut wake = timeout.min(end);
+            if let Some(at) = vanish_at {
+                wake = wake.min(at);
+            }
+            if let Some(t) = next_packet.filter(|_| sent < send.min(packets.len())) {
+                wake = wake.min(t);
+            }
+            tokio::select! {
+                r = self.socket.recv_from(&mut buf) => {
+                    if let Ok((n, source)) = r
+                        && let Ok(contents) = buf[..n].try_into()
+                    {
+                        let input = Input::Receive(Instant::now(), Receive {
+                            proto: Protocol::Udp, source, destination: self.local, contents,
+                        });
+                        let _ = self.rtc.handle_input(input);
+                    }
+                    continue;
+                }
+                () = tokio::time::sleep_until(tokio::time::Instant::from_std(wake)) => {}
+            }
+            let now = Instant::now();
+            if let Some(t) = next_packet
+                && now >= t
+                && sent < send.min(packets.len())
+            {
+                let Some(w) = self.rtc.writer(self.mid) else {
+                    continue;
+                };
+                let p = *pt.get_or_insert_with(|| w.payload_params().next().expect("opus").pt());
+                let media_time =
+                    MediaTime::new(sent as u64 * 960, str0m::media::Frequency::FORTY_EIGHT_KHZ);
+                if w.write(p, now, media_time, packets[sent].clone()).is_ok() {
+                    sent += 1;
+                    self.seen.lock().expect("seen").packets_sent = sent;
+                }
+                next_packet = Some(t + Duration::from_millis(20));
+                continue;
+            }
+            let _ = self.rtc.handle_input(Input::Timeout(now));
+        }
+    }
+
+    fn event(&mut self, e: Event) {
+        let mut seen = self.seen.lock().expect("seen");
+        match e {
+            Event::Connected => {
+                seen.connected.get_or_insert_with(Instant::now);
+            }
+            Event::ChannelOpen(id, _) if id == self.channel => seen.channel_open = true,
+            Event::ChannelData(d) if d.id == self.channel => {
+                let v = serde_json::from_slice(&d.data).unwrap_or(Value::Null);
+                seen.events.push((Instant::now(), v));
+            }
+            Event::IceConnectionStateChange(str0m::IceConnectionState::Disconnected) => {
+                seen.closed.get_or_insert_with(Instant::now);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// What a plain NATS subscriber got for one stream.
+#[derive(Debug, Default, Clone)]
+pub struct NatsLog {
+    /// PCM of every frame, in order of arrival, with the frame's seq.
+    pub frames: Vec<(u64, Vec<i16>)>,
+    /// Per frame: arrival (ms since the Unix epoch) minus its capture time in the meta.
+    pub ages_ms: Vec<i64>,
+    /// `Weir-End-Reason` of the `end`, once it arrived.
+    pub end: Option<String>,
+    /// Gap packets.
+    pub gaps: u64,
+}
+
+/// Subscribes to every stream subject and records packets per stream id.
+pub async fn record(url: &str) -> Arc<Mutex<BTreeMap<String, NatsLog>>> {
+    let client = async_nats::ConnectOptions::new()
+        .subscription_capacity(1 << 16)
+        .connect(url)
+        .await
+        .expect("subscriber connects");
+    let mut sub = client
+        .subscribe("inference.whisper.stream.>")
+        .await
+        .expect("subscribe");
+    client.flush().await.expect("flush");
+    let logs: Arc<Mutex<BTreeMap<String, NatsLog>>> = Arc::default();
+    let out = Arc::clone(&logs);
+    tokio::spawn(async move {
+        let _client = client;
+        while let Some(msg) = sub.next().await {
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as i64)
+                .unwrap_or(0);
+            let id = msg
+                .subject
+                .as_str()
+                .rsplit('.')
+                .next()
+                .unwrap_or("")
+                .to_owned();
+            let Ok(p) = decode(&msg.payload, &DecodeOptions::default()) else {
+                continue;
+            };
+            let mut logs = out.lock().expect("logs");
+            let log = logs.entry(id).or_default();
+            match &p.body {
+                PacketBody::Frame { pcm } => {
+                    let samples = pcm
+                        .chunks_exact(2)
+                        .map(|b| i16::from_le_bytes([b[0], b[1]]))
+                        .collect();
+                    log.frames.push((p.seq, samples));
+                    if let Some(at) = p.captured_at_ms {
+                        log.ages_ms.push(now_ms - at as i64);
+                    }
+                }
+                PacketBody::End => {
+                    log.end = Some(
+                        msg.headers
+                            .as_ref()
+                            .and_then(|h| h.get("Weir-End-Reason"))
+                            .map(|v| v.as_str().to_owned())
+                            .unwrap_or_default(),
+                    );
+                }
+                _ => log.gaps += 1,
+            }
+        }
+    });
+    logs
+}
+
+/// Waits (at most `bound`) until `f` holds for the recorded logs.
+pub async fn wait_for(
+    logs: &Arc<Mutex<BTreeMap<String, NatsLog>>>,
+    bound: Duration,
+    f: impl Fn(&BTreeMap<String, NatsLog>) -> bool,
+) -> bool {
+    let deadline = Instant::now() + bound;
+    while Instant::now() < deadline {
+        if f(&logs.lock().expect("logs")) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    f(&logs.lock().expect("logs"))
+}
+
+/// Normalized cross-correlation of `got` against `want`, at the best lag in
+/// `-max_lag..=max_lag` samples (positive: `got` is late): (ncc, lag). Computed over the
+/// overlap, which must be at least half of `want`.
+pub fn best_ncc(want: &[i16], got: &[i16], max_lag: i64) -> (f64, i64) {
+    let mut best = (f64::MIN, 0);
+    for lag in -max_lag..=max_lag {
+        let (mut xy, mut xx, mut yy, mut n) = (0.0, 0.0, 0.0, 0usize);
+        for (i, &x) in want.iter().enumerate() {
+            let j = i as i64 + lag;
+            if j < 0 || j as usize >= got.len() {
+                continue;
+            }
+            let (x, y) = (f64::from(x), f64::from(got[j as usize]));
+            xy += x * y;
+            xx += x * x;
+            yy += y * y;
+            n += 1;
+        }
+        if n * 2 < want.len() || xx == 0.0 || yy == 0.0 {
+            continue;
+        }
+        let c = xy / (xx * yy).sqrt();
+        if c > best.0 {
+            best = (c, lag);
+        }
+    }
+    best
+}
