@@ -538,14 +538,25 @@ fn resource_id() -> Option<String> {
 
 /// The `Rtc` of an accepted offer, and its answer. `Err`: why the offer is refused.
 fn accept(shared: &Shared, sdp: &str) -> Result<(Rtc, String), String> {
+    let port = shared.udp_addr.port();
+    let candidates: Vec<_> = shared
+        .config
+        .advertise
+        .iter()
+        .map(|ip| std::net::SocketAddr::new(*ip, port))
+        .collect();
+    accept_with(&candidates, sdp)
+}
+
+/// [`accept`] with these host candidates.
+fn accept_with(candidates: &[std::net::SocketAddr], sdp: &str) -> Result<(Rtc, String), String> {
     let offer = SdpOffer::from_sdp_string(sdp).map_err(|e| format!("not an SDP offer: {e}"))?;
     // Opus only: anything else is refused in the answer (port 0).
     let mut rtc = RtcConfig::new()
         .clear_codecs()
         .enable_opus(true, false)
         .build(std::time::Instant::now());
-    for ip in &shared.config.advertise {
-        let addr = std::net::SocketAddr::new(*ip, shared.udp_addr.port());
+    for &addr in candidates {
         let candidate =
             Candidate::host(addr, "udp").map_err(|e| format!("candidate {addr}: {e}"))?;
         rtc.add_local_candidate(candidate);
@@ -793,6 +804,58 @@ mod tests {
             "m=audio 9 UDP/TLS/RTP/SAVPF 0\r\na=rtpmap:0 PCMU/8000\r\n"
         ));
         assert!(!answer_receives_opus(""));
+    }
+
+    /// The shape of OBS's WHIP offer (libdatachannel): `a=group:LS`, ICE credentials
+    /// and fingerprint at session level, the codec spelled `OPUS`, a video section.
+    const OBS_OFFER: &str = "v=0\r\n\
+o=rtc 3481936415 0 IN IP4 127.0.0.1\r\n\
+s=-\r\n\
+t=0 0\r\n\
+a=group:BUNDLE 0 1\r\n\
+a=group:LS 0 1\r\n\
+a=msid-semantic:WMS *\r\n\
+a=setup:actpass\r\n\
+a=ice-ufrag:Xb7u\r\n\
+a=ice-pwd:9f5cHr7vqbWNRRG2Dwkmhg\r\n\
+a=ice-options:ice2,trickle\r\n\
+a=fingerprint:sha-256 5C:C6:19:38:4D:3B:4F:63:AC:59:03:1D:2E:86:15:D9:53:19:55:3A:DE:D3:44:FE:9F:2D:A8:2D:0B:FA:4E:24\r\n\
+m=audio 4000 UDP/TLS/RTP/SAVPF 111\r\n\
+c=IN IP4 127.0.0.1\r\n\
+a=mid:0\r\n\
+a=sendonly\r\n\
+a=ssrc:1717591808 cname:obs-audio\r\n\
+a=msid:obs obs-audio\r\n\
+a=rtcp-mux\r\n\
+a=rtpmap:111 OPUS/48000/2\r\n\
+a=fmtp:111 minptime=10;maxaveragebitrate=96000;stereo=1;sprop-stereo=1;useinbandfec=1\r\n\
+a=candidate:1 1 UDP 2122317823 127.0.0.1 4000 typ host\r\n\
+a=end-of-candidates\r\n\
+m=video 4000 UDP/TLS/RTP/SAVPF 96\r\n\
+c=IN IP4 127.0.0.1\r\n\
+a=mid:1\r\n\
+a=sendonly\r\n\
+a=ssrc:1717591809 cname:obs-video\r\n\
+a=msid:obs obs-video\r\n\
+a=rtcp-mux\r\n\
+a=rtpmap:96 H264/90000\r\n\
+a=fmtp:96 profile-level-id=42e01f;packetization-mode=1;level-asymmetry-allowed=1\r\n\
+";
+
+    #[test]
+    fn an_obs_shaped_offer_gets_an_opus_answer_and_video_is_refused() {
+        let cand: std::net::SocketAddr = "127.0.0.1:9999".parse().expect("addr");
+        let (_rtc, answer) = accept_with(&[cand], OBS_OFFER).expect("accepted");
+        assert!(answer_receives_opus(&answer), "{answer}");
+        assert!(answer.contains("a=recvonly"), "{answer}");
+        assert!(answer.contains("127.0.0.1 9999 typ host"), "{answer}");
+        // The video section is answered, disabled (port 0).
+        assert!(
+            answer.lines().any(|l| l.starts_with("m=video 0 ")),
+            "{answer}"
+        );
+        assert!(accept_with(&[cand], "v=0\r\n").is_err());
+        assert!(accept_with(&[cand], &OBS_OFFER.replace("OPUS/48000/2", "PCMU/8000")).is_err());
     }
 
     #[test]
