@@ -47,6 +47,7 @@
 //! spawned per packet; a bad datagram or a bad Opus packet ends at most its own session
 //! (str0m and the decoder run under `catch_unwind`).
 
+pub mod client;
 pub mod driver;
 pub mod pump;
 

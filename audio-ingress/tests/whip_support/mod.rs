@@ -1,8 +1,8 @@
-//! An in-process Rust WHIP publisher for the WHIP tests: a str0m `Rtc` (the offering,
-//! ICE-controlling side) on its own loopback UDP socket, with one send-only Opus track
-//! and the `weir` data channel, sending 20 ms Opus packets made by opus-pure at the real
-//! cadence. Plus a bounded plain-HTTP client for the WHIP requests and a recorder of
-//! the weir packets on NATS.
+//! An in-process Rust WHIP publisher for the WHIP tests — the library's
+//! `whip::client` (a str0m `Rtc`, the offering side, on its own loopback UDP socket:
+//! one send-only Opus track and the `weir` data channel) sending 20 ms Opus packets
+//! made by opus-pure at the real cadence. Plus a bounded plain-HTTP client for the WHIP
+//! requests, a recorder of the weir packets on NATS, and the similarity measure.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -12,13 +12,9 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::Value;
-use str0m::change::{SdpAnswer, SdpPendingOffer};
-use str0m::channel::ChannelId;
-use str0m::media::{Direction, MediaKind, MediaTime, Mid};
-use str0m::net::{Protocol, Receive};
-use str0m::{Candidate, Event, Input, Output, Rtc, RtcConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpStream, UdpSocket};
+use tokio::net::TcpStream;
+use weir_audio_ingress::whip::client;
 use weir_protocol::audio::{DecodeOptions, PacketBody, decode};
 
 /// An HTTP answer: status, headers (lower-case names), body.
@@ -92,21 +88,9 @@ pub async fn post_offer(addr: SocketAddr, id: &str, sdp: &str, extra: &[(&str, &
     request(addr, "POST", &format!("/v1/whip/{id}"), &headers, sdp).await
 }
 
-/// 20 ms Opus packets (48 kHz stereo, the browsers' format) of `pcm` (16 kHz mono; each
-/// sample is repeated to 48 kHz, the encoder band-limits it), one per 320 samples.
+/// 20 ms Opus packets of 16 kHz mono PCM (the library's encoder helper).
 pub fn opus_packets(pcm16k: &[i16]) -> Vec<Vec<u8>> {
-    let mut enc = opus_pure::OpusEncoder::new(48_000, 2, opus_pure::Application::Audio)
-        .expect("opus encoder");
-    pcm16k
-        .chunks_exact(320)
-        .map(|chunk| {
-            let frame: Vec<i16> = chunk.iter().flat_map(|&s| [s; 6]).collect();
-            let mut out = vec![0u8; 4_000];
-            let n = enc.encode_s16(&frame, 960, &mut out).expect("encode");
-            out.truncate(n);
-            out
-        })
-        .collect()
+    client::opus_packets(pcm16k).expect("opus encoder")
 }
 
 /// A 440 Hz tone at 16 kHz, `seconds` long.
@@ -121,37 +105,19 @@ pub fn tone(seconds: f64) -> Vec<i16> {
 
 /// The offering side before the answer.
 pub struct Offer {
-    rtc: Rtc,
-    socket: UdpSocket,
-    local: SocketAddr,
-    mid: Mid,
-    channel: ChannelId,
-    pending: SdpPendingOffer,
+    inner: client::Offer,
     /// The offer's SDP text.
     pub sdp: String,
 }
 
-/// A fresh publisher's offer (audio send-only + the `weir` data channel).
+/// A fresh publisher's offer on a loopback socket (audio send-only + `weir` channel).
 pub async fn offer() -> Offer {
-    let socket = UdpSocket::bind("127.0.0.1:0").await.expect("bind udp");
-    let local = socket.local_addr().expect("addr");
-    let mut rtc = RtcConfig::new()
-        .clear_codecs()
-        .enable_opus(true, false)
-        .build(Instant::now());
-    rtc.add_local_candidate(Candidate::host(local, "udp").expect("candidate"));
-    let mut api = rtc.sdp_api();
-    let mid = api.add_media(MediaKind::Audio, Direction::SendOnly, None, None, None);
-    let channel = api.add_channel("weir".to_owned());
-    let (offer, pending) = api.apply().expect("an offer");
+    let inner = client::Offer::new(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .expect("offer");
     Offer {
-        rtc,
-        socket,
-        local,
-        mid,
-        channel,
-        pending,
-        sdp: offer.to_sdp_string(),
+        sdp: inner.sdp.clone(),
+        inner,
     }
 }
 
@@ -180,13 +146,9 @@ impl Seen {
     }
 }
 
-/// A connected publisher: drive it with [`Publisher::run`].
+/// A publisher after the answer: drive it with [`Publisher::run`].
 pub struct Publisher {
-    rtc: Rtc,
-    socket: UdpSocket,
-    local: SocketAddr,
-    mid: Mid,
-    channel: ChannelId,
+    client: client::Client,
     /// The resource URL (`Location`).
     pub location: String,
     /// What it saw so far.
@@ -195,19 +157,10 @@ pub struct Publisher {
 
 impl Offer {
     /// Applies the WHIP answer.
-    pub fn answered(mut self, answer: &Answer) -> Publisher {
+    pub fn answered(self, answer: &Answer) -> Publisher {
         assert_eq!(answer.status, 201, "offer refused: {answer:?}");
-        let sdp = SdpAnswer::from_sdp_string(&answer.body).expect("answer SDP");
-        self.rtc
-            .sdp_api()
-            .accept_answer(self.pending, sdp)
-            .expect("answer accepted");
         Publisher {
-            rtc: self.rtc,
-            socket: self.socket,
-            local: self.local,
-            mid: self.mid,
-            channel: self.channel,
+            client: self.inner.answered(&answer.body).expect("answer accepted"),
             location: answer.headers.get("location").cloned().expect("Location"),
             seen: Arc::new(Mutex::new(Seen::default())),
         }
@@ -215,10 +168,10 @@ impl Offer {
 }
 
 impl Publisher {
-    /// Runs the session: sends `packets` at 20 ms once connected (the first
-    /// `send` of them; then it goes on answering ICE without media, or goes silent
-    /// entirely if `vanish`), for at most `run_for`. Returns when `run_for` is over or
-    /// the server closed the session.
+    /// Runs the session: sends the first `send` of `packets` at 20 ms once connected;
+    /// then it goes on answering ICE without media or, if `vanish`, goes silent entirely
+    /// (300 ms after the last packet, for the paced ones to leave). Returns after
+    /// `run_for` or when the server closed the session.
     pub async fn run(
         mut self,
         packets: Vec<Vec<u8>>,
@@ -226,115 +179,59 @@ impl Publisher {
         vanish: bool,
         run_for: Duration,
     ) -> Seen {
-        let end = Instant::now() + run_for;
-        let mut buf = vec![0u8; 2048];
-        let mut next_packet: Option<Instant> = None;
+        let end = tokio::time::Instant::now() + run_for;
+        let limit = send.min(packets.len());
+        let mut next_packet: Option<tokio::time::Instant> = None;
+        let mut vanish_at: Option<tokio::time::Instant> = None;
         let mut sent = 0usize;
-        let mut pt = None;
-        let mut vanish_at: Option<Instant> = None;
         loop {
-            // Drain to a timeout.
-            let timeout = loop {
-                if !self.rtc.is_alive() {
-                    self.seen
-                        .lock()
-                        .expect("seen")
-                        .closed
-                        .get_or_insert_with(Instant::now);
-                    return self.seen.lock().expect("seen").clone();
-                }
-                match self.rtc.poll_output() {
-                    Ok(Output::Timeout(t)) => break t,
-                    Ok(Output::Transmit(t)) => {
-                        let _ = self.socket.try_send_to(&t.contents, t.destination);
-                    }
-                    Ok(Output::Event(e)) => self.event(e),
-                    Err(_) => {
-                        self.seen
-                            .lock()
-                            .expect("seen")
-                            .closed
-                            .get_or_insert_with(Instant::now);
-                        return self.seen.lock().expect("seen").clone();
-                    }
-                }
-            };
-            let now = Instant::now();
+            let now = tokio::time::Instant::now();
             if now >= end {
-                return self.seen.lock().expect("seen").clone();
+                break;
             }
-            if vanish && sent >= send {
-                // 300 ms for the paced last packets to leave, then gone without a word:
-                // no DELETE, no DTLS close, no more datagrams.
+            if vanish && sent >= limit {
+                // Gone without a word: no DELETE, no DTLS close, no more datagrams.
                 let at = *vanish_at.get_or_insert(now + Duration::from_millis(300));
                 if now >= at {
-                    tokio::time::sleep_until(tokio::time::Instant::from_std(end)).await;
-                    return self.seen.lock().expect("seen").clone();
+                    tokio::time::sleep_until(end).await;
+                    break;
                 }
             }
-            let connected = self.seen.lock().expect("seen").connected.is_some();
-            if connected && next_packet.is_none() {
-                next_packet = Some(now);
+            let mut until = end;
+            if let Some(t) = next_packet.filter(|_| sent < limit) {
+                until = until.min(t);
             }
-            let mut wake = timeout.min(end);
-            if let Some(at) = vanish_at {
-                wake = wake.min(at);
+            if let Some(t) = vanish_at {
+                until = until.min(t);
             }
-            if let Some(t) = next_packet.filter(|_| sent < send.min(packets.len())) {
-                wake = wake.min(t);
-            }
-            tokio::select! {
-                r = self.socket.recv_from(&mut buf) => {
-                    if let Ok((n, source)) = r
-                        && let Ok(contents) = buf[..n].try_into()
-                    {
-                        let input = Input::Receive(Instant::now(), Receive {
-                            proto: Protocol::Udp, source, destination: self.local, contents,
-                        });
-                        let _ = self.rtc.handle_input(input);
+            if let Some(ev) = self.client.next_event(until).await {
+                let mut seen = self.seen.lock().expect("seen");
+                match ev {
+                    client::ClientEvent::Connected => {
+                        seen.connected.get_or_insert_with(Instant::now);
+                        next_packet.get_or_insert(tokio::time::Instant::now());
                     }
-                    continue;
+                    client::ClientEvent::ChannelOpen => seen.channel_open = true,
+                    client::ClientEvent::Message(v) => seen.events.push((Instant::now(), v)),
+                    client::ClientEvent::Closed => {
+                        seen.closed.get_or_insert_with(Instant::now);
+                        break;
+                    }
                 }
-                () = tokio::time::sleep_until(tokio::time::Instant::from_std(wake)) => {}
+                continue;
             }
-            let now = Instant::now();
             if let Some(t) = next_packet
-                && now >= t
-                && sent < send.min(packets.len())
+                && tokio::time::Instant::now() >= t
+                && sent < limit
             {
-                let Some(w) = self.rtc.writer(self.mid) else {
-                    continue;
-                };
-                let p = *pt.get_or_insert_with(|| w.payload_params().next().expect("opus").pt());
-                let media_time =
-                    MediaTime::new(sent as u64 * 960, str0m::media::Frequency::FORTY_EIGHT_KHZ);
-                if w.write(p, now, media_time, packets[sent].clone()).is_ok() {
+                if self.client.send_opus(&packets[sent]) {
                     sent += 1;
                     self.seen.lock().expect("seen").packets_sent = sent;
                 }
                 next_packet = Some(t + Duration::from_millis(20));
-                continue;
             }
-            let _ = self.rtc.handle_input(Input::Timeout(now));
         }
-    }
-
-    fn event(&mut self, e: Event) {
-        let mut seen = self.seen.lock().expect("seen");
-        match e {
-            Event::Connected => {
-                seen.connected.get_or_insert_with(Instant::now);
-            }
-            Event::ChannelOpen(id, _) if id == self.channel => seen.channel_open = true,
-            Event::ChannelData(d) if d.id == self.channel => {
-                let v = serde_json::from_slice(&d.data).unwrap_or(Value::Null);
-                seen.events.push((Instant::now(), v));
-            }
-            Event::IceConnectionStateChange(str0m::IceConnectionState::Disconnected) => {
-                seen.closed.get_or_insert_with(Instant::now);
-            }
-            _ => {}
-        }
+        self.seen.lock().expect("seen").clone()
     }
 }
 
