@@ -13,6 +13,24 @@ use crate::ingress::Design;
 use crate::scenario::Scenario;
 use crate::scenario::run::PolicyArg;
 
+/// `--transport`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TransportArg {
+    /// WebSocket producers.
+    Ws,
+    /// WHIP producers.
+    Whip,
+}
+
+impl From<TransportArg> for crate::producers::Transport {
+    fn from(t: TransportArg) -> Self {
+        match t {
+            TransportArg::Ws => Self::Ws,
+            TransportArg::Whip => Self::Whip,
+        }
+    }
+}
+
 /// Which designs to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DesignArg {
@@ -155,6 +173,12 @@ pub struct Cli {
     /// Deadline given to every LLM request, milliseconds.
     #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(10..=600_000))]
     pub llm_deadline_ms: u64,
+
+    /// How producers reach the ingress: ws (a WebSocket per stream, PCM frames) or whip
+    /// (a WHIP session per stream, Opus over WebRTC on loopback UDP; the bounded design
+    /// only: the naive ingress has no WHIP door).
+    #[arg(long, value_enum, default_value = "ws")]
+    pub transport: TransportArg,
 
     /// Producers do not reconnect after the server ended or refused their stream.
     #[arg(long)]
