@@ -111,6 +111,10 @@ async fn a_rust_publisher_streams_opus_and_delete_ends_the_stream() {
     assert_eq!(delete(&bin, &location, &[]).await.status, 404);
     let w = whip_json(&bin).await;
     assert_eq!(w["active_sessions"], 0, "{w}");
+    assert_eq!(
+        w["sessions_lost"], 0,
+        "a DELETE is not a lost publisher: {w}"
+    );
     assert_eq!(w["media"]["packets"], 100, "{w}");
     assert_eq!(w["media"]["frames"], 100, "{w}");
     assert_eq!(w["media"]["concealed_frames"], 0, "{w}");

@@ -153,15 +153,18 @@ pub(crate) async fn run(
             .unwrap_or(now + HOUSEKEEPING)
             .min(now + HOUSEKEEPING);
         tokio::select! {
+            // Commands first: a session's `Add` is queued before its 201 is sent, so
+            // it must be in place before the publisher's first datagram is matched.
+            biased;
+            cmd = commands.recv() => match cmd {
+                Some(c) => d.command(c),
+                None => break,
+            },
             r = d.socket.recv_from(&mut buf) => match r {
                 Ok((n, source)) => d.datagram(&buf[..n], source),
                 // ICMP errors (a publisher's port closed) surface here on Linux: not
                 // the socket's failure.
                 Err(e) => tracing::debug!(error = %e, "WHIP UDP receive error"),
-            },
-            cmd = commands.recv() => match cmd {
-                Some(c) => d.command(c),
-                None => break,
             },
             () = tokio::time::sleep_until(tokio::time::Instant::from_std(wake)) => {}
         }
@@ -312,6 +315,7 @@ impl Driver {
             self.counters
                 .datagrams_unmatched
                 .fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(%source, first_byte = data.first().copied().unwrap_or(0), len = data.len(), "WHIP datagram no session accepts");
             return;
         };
         if self.by_source.get(&source) != Some(&key) {
@@ -443,9 +447,12 @@ impl Driver {
     /// The publisher is gone or the session failed: the pump ends the stream
     /// (`producer_gone`), ICE/DTLS is closed, the session forgotten.
     fn lost(&mut self, key: &str) {
-        self.counters.sessions_lost.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!(m::WHIP_SESSIONS_LOST_TOTAL).increment(1);
         if let Some(s) = self.sessions.get_mut(key) {
+            // Counted once, for a session that was live (not one already closing).
+            if matches!(s.phase, Phase::Live) {
+                self.counters.sessions_lost.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!(m::WHIP_SESSIONS_LOST_TOTAL).increment(1);
+            }
             s.media = None;
             let now = Instant::now();
             let _ = catch_unwind(AssertUnwindSafe(|| s.rtc.close()));
