@@ -336,3 +336,112 @@ async fn producer_tokens_are_checked_on_post_and_delete() {
         200
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gap_markers_reach_the_publisher_over_the_data_channel() {
+    let nats = NatsServer::start().expect("nats-server");
+    let sets = [WHIP, &[("policy", "gap"), ("extended_consumers", "true")]].concat();
+    let bin = Binary::start_ready(nats.url(), &sets).await;
+    let packets = opus_packets(&tone(6.0));
+    let o = offer().await;
+    let answer = post_offer(bin.ws, "gappy", &o.sdp, &[]).await;
+    let publisher = o.answered(&answer);
+    let location = publisher.location.clone();
+    let task = tokio::spawn(publisher.run(packets, 300, false, Duration::from_secs(12)));
+    // One second of audio, then NATS stopped for 2 s: the gap policy drops the oldest
+    // frames and publishes markers once the server is back.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    nats.pause().expect("SIGSTOP");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    nats.resume().expect("SIGCONT");
+    // The rest of the 6 s, then DELETE.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(delete(&bin, &location, &[]).await.status, 200);
+    let seen = tokio::time::timeout(Duration::from_secs(12), task)
+        .await
+        .expect("publisher ends")
+        .expect("task");
+    let types = seen.types();
+    let gaps: Vec<_> = seen
+        .events
+        .iter()
+        .map(|(_, e)| e)
+        .filter(|e| e["type"] == "gap")
+        .collect();
+    assert!(!gaps.is_empty(), "no gap event: {types:?}");
+    for g in &gaps {
+        let frames = g["frames"].as_u64().expect("frames");
+        assert!(frames > 0, "{g}");
+        assert_eq!(g["samples"].as_u64(), Some(frames * 320), "{g}");
+        assert!(g["first_seq"].as_u64() <= g["last_seq"].as_u64(), "{g}");
+    }
+    assert_eq!(
+        types.last().map(String::as_str),
+        Some("closed"),
+        "{types:?}"
+    );
+    assert!(
+        !types.contains(&"overload".to_owned()),
+        "gap never overloads: {types:?}"
+    );
+    eprintln!(
+        "gap policy under a 2 s stall: {} gap events on the data channel",
+        gaps.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_whip_streams_with_shutdown_and_closes_the_sessions() {
+    let nats = NatsServer::start().expect("nats-server");
+    let mut bin = Binary::start_ready(nats.url(), WHIP).await;
+    let logs = record(nats.url()).await;
+    let packets = opus_packets(&tone(4.0));
+    let o = offer().await;
+    let answer = post_offer(bin.ws, "sd", &o.sdp, &[]).await;
+    let publisher = o.answered(&answer);
+    let task = tokio::spawn(publisher.run(packets, 200, false, Duration::from_secs(10)));
+    assert!(
+        wait_for(&logs, Duration::from_secs(8), |l| l
+            .get("sd")
+            .is_some_and(|s| s.frames.len() >= 25))
+        .await
+    );
+    let pid = bin.child.id().expect("pid");
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let exit = tokio::time::timeout(Duration::from_secs(10), bin.child.wait())
+        .await
+        .expect("exits in time")
+        .expect("wait");
+    assert!(exit.success(), "{exit}");
+    let seen = tokio::time::timeout(Duration::from_secs(12), task)
+        .await
+        .expect("publisher ends")
+        .expect("task");
+    let closed: Vec<_> = seen
+        .events
+        .iter()
+        .map(|(_, e)| e)
+        .filter(|e| e["type"] == "closed")
+        .collect();
+    assert_eq!(closed.len(), 1, "{:?}", seen.types());
+    assert_eq!(closed[0]["reason"], "shutdown");
+    assert_eq!(closed[0]["end_delivered"], true);
+    assert!(
+        seen.closed.is_some(),
+        "the session was closed before the exit"
+    );
+    assert!(
+        wait_for(&logs, Duration::from_secs(2), |l| l
+            .get("sd")
+            .is_some_and(|s| s.end.is_some()))
+        .await
+    );
+    assert_eq!(
+        logs.lock().expect("logs")["sd"].end.as_deref(),
+        Some("shutdown")
+    );
+}
