@@ -66,6 +66,7 @@ use axum::routing::{delete, post};
 use serde::Serialize;
 use serde_json::json;
 use str0m::change::SdpOffer;
+use str0m::config::DtlsCert;
 use str0m::{Candidate, Rtc, RtcConfig};
 use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, oneshot};
@@ -243,6 +244,9 @@ impl Drop for SessionSlot {
 /// What the HTTP handlers and the driver share.
 pub(crate) struct Shared {
     config: WhipConfig,
+    /// The DTLS certificate of every session (its fingerprint is in each answer):
+    /// generated once at start, so that an offer does not pay for a key pair.
+    cert: Option<DtlsCert>,
     /// The bound UDP address (its port is in every candidate).
     udp_addr: std::net::SocketAddr,
     sessions: Arc<Sessions>,
@@ -331,9 +335,14 @@ impl Whip {
             },
             Arc::clone(&counters),
         ));
+        // A session without it generates its own (str0m's default).
+        let cert = str0m::crypto::from_feature_flags()
+            .dtls_provider
+            .generate_certificate();
         Ok(Self {
             shared: Arc::new(Shared {
                 config,
+                cert,
                 udp_addr,
                 sessions,
                 counters,
@@ -546,17 +555,22 @@ fn accept(shared: &Shared, sdp: &str) -> Result<(Rtc, String), String> {
         .iter()
         .map(|ip| std::net::SocketAddr::new(*ip, port))
         .collect();
-    accept_with(&candidates, sdp)
+    accept_with(&candidates, shared.cert.as_ref(), sdp)
 }
 
-/// [`accept`] with these host candidates.
-fn accept_with(candidates: &[std::net::SocketAddr], sdp: &str) -> Result<(Rtc, String), String> {
+/// [`accept`] with these host candidates and DTLS certificate (`None`: a new one).
+fn accept_with(
+    candidates: &[std::net::SocketAddr],
+    cert: Option<&DtlsCert>,
+    sdp: &str,
+) -> Result<(Rtc, String), String> {
     let offer = SdpOffer::from_sdp_string(sdp).map_err(|e| format!("not an SDP offer: {e}"))?;
     // Opus only: anything else is refused in the answer (port 0).
-    let mut rtc = RtcConfig::new()
-        .clear_codecs()
-        .enable_opus(true, false)
-        .build(std::time::Instant::now());
+    let mut config = RtcConfig::new().clear_codecs().enable_opus(true, false);
+    if let Some(cert) = cert {
+        config = config.set_dtls_cert(cert.clone());
+    }
+    let mut rtc = config.build(std::time::Instant::now());
     for &addr in candidates {
         let candidate =
             Candidate::host(addr, "udp").map_err(|e| format!("candidate {addr}: {e}"))?;
@@ -846,7 +860,7 @@ a=fmtp:96 profile-level-id=42e01f;packetization-mode=1;level-asymmetry-allowed=1
     #[test]
     fn an_obs_shaped_offer_gets_an_opus_answer_and_video_is_refused() {
         let cand: std::net::SocketAddr = "127.0.0.1:9999".parse().expect("addr");
-        let (_rtc, answer) = accept_with(&[cand], OBS_OFFER).expect("accepted");
+        let (_rtc, answer) = accept_with(&[cand], None, OBS_OFFER).expect("accepted");
         assert!(answer_receives_opus(&answer), "{answer}");
         assert!(answer.contains("a=recvonly"), "{answer}");
         assert!(answer.contains("127.0.0.1 9999 typ host"), "{answer}");
@@ -855,8 +869,24 @@ a=fmtp:96 profile-level-id=42e01f;packetization-mode=1;level-asymmetry-allowed=1
             answer.lines().any(|l| l.starts_with("m=video 0 ")),
             "{answer}"
         );
-        assert!(accept_with(&[cand], "v=0\r\n").is_err());
-        assert!(accept_with(&[cand], &OBS_OFFER.replace("OPUS/48000/2", "PCMU/8000")).is_err());
+        assert!(accept_with(&[cand], None, "v=0\r\n").is_err());
+        let pcmu = OBS_OFFER.replace("OPUS/48000/2", "PCMU/8000");
+        assert!(accept_with(&[cand], None, &pcmu).is_err());
+        // With the shared certificate, every answer carries its fingerprint.
+        let cert = str0m::crypto::from_feature_flags()
+            .dtls_provider
+            .generate_certificate()
+            .expect("certificate");
+        let fingerprint = |a: &str| {
+            a.lines()
+                .find(|l| l.starts_with("a=fingerprint:"))
+                .map(str::to_owned)
+        };
+        let (_, a1) = accept_with(&[cand], Some(&cert), OBS_OFFER).expect("a1");
+        let (_, a2) = accept_with(&[cand], Some(&cert), OBS_OFFER).expect("a2");
+        assert!(fingerprint(&a1).is_some());
+        assert_eq!(fingerprint(&a1), fingerprint(&a2));
+        assert_ne!(fingerprint(&a1), fingerprint(&answer));
     }
 
     #[test]
