@@ -257,56 +257,48 @@ async fn pump(p: &mut Pump) -> Outcome {
 }
 
 async fn finish(p: Pump, outcome: Outcome) {
+    let Pump {
+        handle,
+        driver,
+        key,
+        ..
+    } = p;
     let summary = |h: &StreamHandle| StreamSummary {
         snapshot: h.snapshot(),
         finished: false,
     };
-    match outcome {
+    // The `closed` event (none when the publisher is gone), then the session closes.
+    let (closed, reply) = match outcome {
         Outcome::Gone => {
             // Dropping the handle ends the stream with `producer_gone`; the driver
             // already closed the session.
-            drop(p.handle);
-            close(&p.driver, &p.key).await;
+            drop(handle);
+            (None, None)
         }
         Outcome::Delete(stop) => {
-            let s = p.handle.finish().await;
-            event_to(
-                &p.driver,
-                &p.key,
-                door::closed_event(EndReason::Producer.as_str(), &s),
-            )
-            .await;
-            close(&p.driver, &p.key).await;
-            let _ = stop.reply.send(());
+            let s = handle.finish_with(EndReason::Producer).await;
+            (Some((EndReason::Producer, s)), Some(stop))
         }
         Outcome::Overload(o) => {
-            event_to(&p.driver, &p.key, door::overload_event(&o, &p.handle)).await;
-            let s = summary(&p.handle);
-            event_to(
-                &p.driver,
-                &p.key,
-                door::closed_event(EndReason::Overload.as_str(), &s),
-            )
-            .await;
-            close(&p.driver, &p.key).await;
+            event_to(&driver, &key, door::overload_event(&o, &handle)).await;
+            (Some((EndReason::Overload, summary(&handle))), None)
         }
         Outcome::Closed(reason) => {
-            let s = p.handle.wait_finished(Duration::from_secs(30)).await;
-            event_to(&p.driver, &p.key, door::closed_event(reason.as_str(), &s)).await;
-            close(&p.driver, &p.key).await;
+            let s = handle.wait_finished(Duration::from_secs(30)).await;
+            (Some((reason, s)), None)
         }
         Outcome::Internal => {
-            let mut h = p.handle;
-            h.close(EndReason::Error);
-            let s = summary(&h);
-            event_to(
-                &p.driver,
-                &p.key,
-                door::closed_event(EndReason::Error.as_str(), &s),
-            )
-            .await;
-            close(&p.driver, &p.key).await;
+            let mut handle = handle;
+            handle.close(EndReason::Error);
+            (Some((EndReason::Error, summary(&handle))), None)
         }
+    };
+    if let Some((reason, s)) = closed {
+        event_to(&driver, &key, door::closed_event(reason.as_str(), &s)).await;
+    }
+    close(&driver, &key).await;
+    if let Some(stop) = reply {
+        let _ = stop.reply.send(());
     }
 }
 
