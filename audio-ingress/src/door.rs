@@ -20,7 +20,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use weir_protocol::StreamId;
-use weir_protocol::audio::extension::Overload;
+use weir_protocol::audio::extension::{EndReason, Overload};
 
 use crate::auth::{Authenticator, Grant};
 use crate::error::OpenError;
@@ -246,6 +246,49 @@ pub fn closed_event(reason: &str, summary: &StreamSummary) -> serde_json::Value 
         "frames_dropped": f.dropped.values().sum::<u64>(),
         "end_delivered": summary.snapshot.end_delivered,
     })
+}
+
+/// What a door does after its stream's status changed: send the `gap` event, if any,
+/// then stop on an overload or an end (in that order).
+#[derive(Debug)]
+pub struct StatusChange {
+    /// The `gap` event for a new gap marker.
+    pub gap: Option<serde_json::Value>,
+    /// The stream overloaded or ended.
+    pub stop: Option<StatusStop>,
+}
+
+/// Why a door stops reading its producer.
+#[derive(Debug)]
+pub enum StatusStop {
+    /// The stream overloaded (`close` policy).
+    Overload(Overload),
+    /// The stream ended (shutdown, or its status channel closed: `error`).
+    Closed(EndReason),
+}
+
+/// Reads a status change (`changed`: the result of `watch::Receiver::changed`).
+pub fn status_change(
+    changed: Result<(), tokio::sync::watch::error::RecvError>,
+    status: &mut tokio::sync::watch::Receiver<StreamStatus>,
+    gaps_seen: &mut u64,
+) -> StatusChange {
+    if changed.is_err() {
+        return StatusChange {
+            gap: None,
+            stop: Some(StatusStop::Closed(EndReason::Error)),
+        };
+    }
+    let s = status.borrow_and_update().clone();
+    let stop = match (s.overload.clone(), s.end_reason) {
+        (Some(o), _) => Some(StatusStop::Overload(o)),
+        (None, Some(r)) => Some(StatusStop::Closed(r)),
+        (None, None) => None,
+    };
+    StatusChange {
+        gap: gap_event(&s, gaps_seen),
+        stop,
+    }
 }
 
 /// The `gap` event for a status that counts more gaps than `gaps_seen` (and moves

@@ -358,22 +358,18 @@ async fn serve_socket(mut socket: Conn, handle: StreamHandle, idle_timeout: Dura
             // almost every time under load).
             biased;
             changed = status.changed() => {
-                if changed.is_err() {
-                    break Outcome::Closed(EndReason::Error);
-                }
-                let s = status.borrow_and_update().clone();
-                if let Some(ev) = door::gap_event(&s, &mut gaps_seen)
+                let change = door::status_change(changed, &mut status, &mut gaps_seen);
+                if let Some(ev) = change.gap
                     && !socket.send_json(ev).await
                 {
                     // Failed or timed out (a client that stopped reading): the stream
                     // ends as if the socket had dropped.
                     break Outcome::Gone;
                 }
-                if let Some(o) = s.overload {
-                    break Outcome::Overload(o);
-                }
-                if let Some(r) = s.end_reason {
-                    break Outcome::Closed(r);
+                match change.stop {
+                    Some(door::StatusStop::Overload(o)) => break Outcome::Overload(o),
+                    Some(door::StatusStop::Closed(r)) => break Outcome::Closed(r),
+                    None => {}
                 }
             }
             msg = socket.recv() => match msg {

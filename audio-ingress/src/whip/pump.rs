@@ -217,18 +217,14 @@ async fn pump(p: &mut Pump) -> Outcome {
             // the publisher's events.
             biased;
             changed = status.changed() => {
-                if changed.is_err() {
-                    return Outcome::Closed(EndReason::Error);
-                }
-                let s = status.borrow_and_update().clone();
-                if let Some(ev) = door::gap_event(&s, &mut gaps_seen) {
+                let change = door::status_change(changed, &mut status, &mut gaps_seen);
+                if let Some(ev) = change.gap {
                     event_to(&p.driver, &p.key, ev).await;
                 }
-                if let Some(o) = s.overload {
-                    return Outcome::Overload(o);
-                }
-                if let Some(r) = s.end_reason {
-                    return Outcome::Closed(r);
+                match change.stop {
+                    Some(door::StatusStop::Overload(o)) => return Outcome::Overload(o),
+                    Some(door::StatusStop::Closed(r)) => return Outcome::Closed(r),
+                    None => {}
                 }
             }
             stop = p.stop.recv() => match stop {
