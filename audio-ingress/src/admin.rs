@@ -1,7 +1,8 @@
 //! Admin HTTP (127.0.0.1 by default): `/metrics` (Prometheus text), `/healthz`,
 //! `/readyz` (NATS connected and not shutting down), `/v1/streams` (each active
 //! stream), `/v1/stats` (the aggregate snapshot pinned in docs/contracts.md) and
-//! `/v1/limits` (the configured budget, policy and caps).
+//! `/v1/limits` (the configured budget, policy and caps), `/v1/whip` (WHIP sessions and
+//! their media counters: decode cost, concealed frames, RTP gaps).
 //!
 //! Read-only: nothing here changes a stream. Every handler is a snapshot of atomics and
 //! short-held locks, so a scrape cannot slow the data path noticeably.
@@ -29,6 +30,8 @@ pub struct AdminState<S: Sink> {
     /// The front door's connection and authentication settings, for `/v1/limits`
     /// (never a secret).
     pub edge: serde_json::Value,
+    /// The WHIP door's view (`None`: WHIP is off; `/v1/whip` answers 404).
+    pub whip: Option<crate::whip::WhipView>,
 }
 
 /// The admin routes.
@@ -40,6 +43,7 @@ pub fn router<S: Sink>(state: AdminState<S>) -> Router {
         .route("/v1/streams", get(streams::<S>))
         .route("/v1/stats", get(stats::<S>))
         .route("/v1/limits", get(limits::<S>))
+        .route("/v1/whip", get(whip::<S>))
         .fallback(|| async { not_found("not_found", "no such admin endpoint") })
         .with_state(state)
 }
@@ -69,6 +73,13 @@ fn not_found(code: &str, message: &str) -> Response {
         axum::Json(json!({"error": {"code": code, "message": message}})),
     )
         .into_response()
+}
+
+async fn whip<S: Sink>(State(state): State<AdminState<S>>) -> Response {
+    match &state.whip {
+        Some(w) => axum::Json(w.snapshot()).into_response(),
+        None => not_found("whip_off", "WHIP is off (whip_udp_listen is empty)"),
+    }
 }
 
 async fn readyz<S: Sink>(State(state): State<AdminState<S>>) -> Response {
@@ -147,6 +158,7 @@ mod tests {
             prometheus: None,
             max_streams: 1,
             edge: serde_json::Value::Null,
+            whip: None,
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::num::{NonZeroU32, NonZeroUsize};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -723,7 +723,34 @@ pub struct ServerConfig {
     pub http_max_header_bytes: usize,
     /// Producer authentication (`auth_required` and its keys); `None`: off.
     pub auth: Option<crate::auth::AuthConfig>,
+    /// WHIP ingest (`whip_udp_listen` and the `whip_*` keys); `None`: off.
+    pub whip: Option<WhipConfig>,
 }
+
+/// The validated settings of WHIP ingest ([`crate::whip`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WhipConfig {
+    /// The one UDP socket of every WHIP session (`whip_udp_listen`).
+    pub udp_listen: SocketAddr,
+    /// The addresses offered to publishers as ICE host candidates, with the UDP port
+    /// (`whip_advertise_ips`; default the listen address).
+    pub advertise: Vec<IpAddr>,
+    /// A session that has not connected ICE and DTLS within this ends
+    /// (`whip_connect_timeout_ms`).
+    pub connect_timeout: Duration,
+    /// ICE disconnected, or no datagram from the publisher, for this long ends the
+    /// stream with `producer_gone` (`whip_disconnect_timeout_ms`).
+    pub disconnect_timeout: Duration,
+    /// Concurrent WHIP sessions (`whip_max_sessions`).
+    pub max_sessions: NonZeroUsize,
+}
+
+/// Default `whip_connect_timeout_ms`.
+pub const DEFAULT_WHIP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `whip_disconnect_timeout_ms`.
+pub const DEFAULT_WHIP_DISCONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default `whip_max_sessions`.
+pub const DEFAULT_WHIP_MAX_SESSIONS: usize = 256;
 
 /// Default `max_connections`.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
@@ -759,6 +786,7 @@ impl Default for ServerConfig {
             http_idle_timeout: DEFAULT_HTTP_IDLE_TIMEOUT,
             http_max_header_bytes: DEFAULT_HTTP_MAX_HEADER_BYTES,
             auth: None,
+            whip: None,
         }
     }
 }
@@ -1179,6 +1207,41 @@ pub const KEYS: &[KeySpec] = &[
         "5",
         "0..=300",
         "clock skew allowed on a token's exp",
+    ),
+    key(
+        "whip_udp_listen",
+        Str,
+        "",
+        "UDP socket address; port 0 = any free port; empty = WHIP off",
+        "WHIP ingest (POST /v1/whip/{stream_id} on the listen port): the one UDP socket of every session",
+    ),
+    key(
+        "whip_advertise_ips",
+        Str,
+        "",
+        "comma-separated IP addresses (at most 8); empty = the whip_udp_listen IP, which must then be specified",
+        "ICE host candidates offered to WHIP publishers (public or NAT 1:1 addresses), on the whip_udp_listen port",
+    ),
+    key(
+        "whip_connect_timeout_ms",
+        Int,
+        "10000",
+        "1000..=120000",
+        "a WHIP session that has not connected ICE and DTLS within this ends (producer_gone)",
+    ),
+    key(
+        "whip_disconnect_timeout_ms",
+        Int,
+        "5000",
+        "500..=120000",
+        "ICE disconnected, or no datagram from the publisher, this long ends the stream (producer_gone)",
+    ),
+    key(
+        "whip_max_sessions",
+        Int,
+        "256",
+        "1..=100000",
+        "concurrent WHIP sessions (503 + Retry-After above it); WHIP streams also count in max_streams",
     ),
     key(
         "grace_period_ms",
@@ -1663,7 +1726,117 @@ fn server_from_raw(raw: &RawValues) -> Result<ServerConfig, ConfigError> {
             1_048_576,
         )? as usize,
         auth: auth_from_raw(raw)?,
+        whip: whip_from_raw(raw)?,
     })
+}
+
+/// Most addresses `whip_advertise_ips` takes.
+const MAX_WHIP_ADVERTISE_IPS: usize = 8;
+
+fn whip_from_raw(raw: &RawValues) -> Result<Option<WhipConfig>, ConfigError> {
+    let connect_timeout = Duration::from_millis(int_in(
+        raw,
+        "whip_connect_timeout_ms",
+        DEFAULT_WHIP_CONNECT_TIMEOUT.as_millis() as u64,
+        1_000,
+        120_000,
+    )?);
+    let disconnect_timeout = Duration::from_millis(int_in(
+        raw,
+        "whip_disconnect_timeout_ms",
+        DEFAULT_WHIP_DISCONNECT_TIMEOUT.as_millis() as u64,
+        500,
+        120_000,
+    )?);
+    let max_sessions = nonzero(int_in(
+        raw,
+        "whip_max_sessions",
+        DEFAULT_WHIP_MAX_SESSIONS as u64,
+        1,
+        100_000,
+    )?);
+    let Some(listen) = raw.str("whip_udp_listen") else {
+        // A WHIP setting without the socket would be silently ignored.
+        let set = [
+            "whip_advertise_ips",
+            "whip_connect_timeout_ms",
+            "whip_disconnect_timeout_ms",
+            "whip_max_sessions",
+        ]
+        .into_iter()
+        .find(|k| raw.0.contains_key(k) && (raw.str(k).is_some() || raw.int(k).is_some()));
+        return match set {
+            Some(k) => Err(ConfigError::new(
+                k,
+                ConfigErrorKind::Conflict,
+                "WHIP is off (whip_udp_listen is empty); set whip_udp_listen to use it",
+            )),
+            None => Ok(None),
+        };
+    };
+    let udp_listen: SocketAddr = listen.parse().map_err(|_| {
+        ConfigError::new(
+            "whip_udp_listen",
+            ConfigErrorKind::Invalid,
+            format!("{listen:?} is not a socket address like 127.0.0.1:8443"),
+        )
+    })?;
+    let mut advertise = Vec::new();
+    for part in raw
+        .str("whip_advertise_ips")
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+    {
+        let ip: IpAddr = part.parse().map_err(|_| {
+            ConfigError::new(
+                "whip_advertise_ips",
+                ConfigErrorKind::Invalid,
+                format!("{part:?} is not an IP address"),
+            )
+        })?;
+        if ip.is_unspecified() || ip.is_multicast() {
+            return Err(ConfigError::new(
+                "whip_advertise_ips",
+                ConfigErrorKind::Invalid,
+                format!("{ip} cannot be reached by a publisher (unspecified or multicast)"),
+            ));
+        }
+        if !advertise.contains(&ip) {
+            advertise.push(ip);
+        }
+    }
+    if advertise.len() > MAX_WHIP_ADVERTISE_IPS {
+        return Err(ConfigError::new(
+            "whip_advertise_ips",
+            ConfigErrorKind::OutOfRange,
+            format!(
+                "{} addresses; at most {MAX_WHIP_ADVERTISE_IPS}",
+                advertise.len()
+            ),
+        ));
+    }
+    if advertise.is_empty() {
+        if udp_listen.ip().is_unspecified() {
+            return Err(ConfigError::new(
+                "whip_advertise_ips",
+                ConfigErrorKind::Missing,
+                format!(
+                    "whip_udp_listen = {udp_listen} listens on every address; name the ones \
+                     publishers reach in whip_advertise_ips"
+                ),
+            ));
+        }
+        advertise.push(udp_listen.ip());
+    }
+    Ok(Some(WhipConfig {
+        udp_listen,
+        advertise,
+        connect_timeout,
+        disconnect_timeout,
+        max_sessions,
+    }))
 }
 
 fn auth_from_raw(raw: &RawValues) -> Result<Option<crate::auth::AuthConfig>, ConfigError> {
@@ -2137,7 +2310,7 @@ mod tests {
         for k in KEYS {
             assert!(spec(k.name).is_some());
         }
-        assert_eq!(KEYS.len(), 53);
+        assert_eq!(KEYS.len(), 58);
         let err = load(&[], &[("jetstream_stream", "a.b")]).expect_err("dot");
         assert_eq!(err.key(), "jetstream_stream");
         let err = load(&[], &[("jetstream_duplicate_window_s", "7200")]).expect_err("window");
@@ -2147,6 +2320,80 @@ mod tests {
             c.stream.jetstream().subjects,
             ["inference.whisper.stream.*"]
         );
+    }
+
+    #[test]
+    fn whip_keys_validate_and_need_the_udp_socket() {
+        assert_eq!(load(&[], &[]).expect("defaults").server.whip, None);
+        let c = load(&[], &[("whip_udp_listen", "127.0.0.1:0")]).expect("on");
+        let w = c.server.whip.expect("whip on");
+        assert_eq!(w.advertise, vec![IpAddr::from([127, 0, 0, 1])]);
+        assert_eq!(w.connect_timeout, DEFAULT_WHIP_CONNECT_TIMEOUT);
+        assert_eq!(w.disconnect_timeout, DEFAULT_WHIP_DISCONNECT_TIMEOUT);
+        assert_eq!(w.max_sessions.get(), DEFAULT_WHIP_MAX_SESSIONS);
+        let c = load(
+            &[(
+                "WEIR_INGRESS_WHIP_ADVERTISE_IPS",
+                "203.0.113.7, 2001:db8::1",
+            )],
+            &[
+                ("whip_udp_listen", "0.0.0.0:8443"),
+                ("whip_max_sessions", "3"),
+            ],
+        )
+        .expect("public addresses");
+        let w = c.server.whip.expect("whip on");
+        assert_eq!(w.advertise.len(), 2);
+        assert_eq!(w.max_sessions.get(), 3);
+        for (k, v, key) in [
+            ("whip_max_sessions", "4", "whip_max_sessions"),
+            ("whip_advertise_ips", "1.2.3.4", "whip_advertise_ips"),
+        ] {
+            let err = load(&[], &[(k, v)]).expect_err("WHIP off");
+            assert_eq!((err.key(), err.kind()), (key, ConfigErrorKind::Conflict));
+        }
+        for (sets, key) in [
+            (vec![("whip_udp_listen", "localhost")], "whip_udp_listen"),
+            (vec![("whip_udp_listen", "0.0.0.0:0")], "whip_advertise_ips"),
+            (
+                vec![
+                    ("whip_udp_listen", "127.0.0.1:0"),
+                    ("whip_advertise_ips", "0.0.0.0"),
+                ],
+                "whip_advertise_ips",
+            ),
+            (
+                vec![
+                    ("whip_udp_listen", "127.0.0.1:0"),
+                    ("whip_advertise_ips", "x"),
+                ],
+                "whip_advertise_ips",
+            ),
+            (
+                vec![
+                    ("whip_udp_listen", "127.0.0.1:0"),
+                    ("whip_max_sessions", "0"),
+                ],
+                "whip_max_sessions",
+            ),
+            (
+                vec![
+                    ("whip_udp_listen", "127.0.0.1:0"),
+                    ("whip_connect_timeout_ms", "10"),
+                ],
+                "whip_connect_timeout_ms",
+            ),
+            (
+                vec![
+                    ("whip_udp_listen", "127.0.0.1:0"),
+                    ("whip_disconnect_timeout_ms", "999999"),
+                ],
+                "whip_disconnect_timeout_ms",
+            ),
+        ] {
+            let err = load(&[], &sets).expect_err("refused");
+            assert_eq!(err.key(), key, "{sets:?}: {err}");
+        }
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! - [`publisher`]: the per-stream task that hands packets to NATS under a timeout;
 //! - [`confirm`]: the server-confirmed window (the budget holds up to the server);
 //! - [`nats`]: connection options (auth, TLS) and connection events;
-//! - [`ws`], [`admin`], [`shutdown`], [`service`]: the `serve` service;
+//! - [`ws`], [`whip`], [`admin`], [`shutdown`], [`service`]: the `serve` service (the
+//!   WebSocket and WHIP doors share their admission through [`door`]);
 //! - [`listener`]: the open-file limit the listeners need (their accept loop, timeouts
 //!   and connection caps are `weir_service::http`); [`auth`]: producer tokens checked
 //!   before the upgrade;
@@ -31,6 +32,7 @@ pub mod confirm;
 /// The consumer core, now its own crate (`weir-consumer`, what a recognition worker
 /// embeds); re-exported here so that `weir_audio_ingress::consumer` paths keep working.
 pub use weir_consumer as consumer;
+pub mod door;
 pub mod error;
 pub mod jetstream;
 pub mod listener;
@@ -50,6 +52,7 @@ mod stream_tests;
 #[cfg(test)]
 mod stream_window_tests;
 pub mod tap;
+pub mod whip;
 pub mod ws;
 pub mod ws_query;
 

@@ -99,6 +99,28 @@ pub const HTTP_CONNECTIONS_TIMED_OUT_TOTAL: &str = "weir_ingress_http_connection
 /// Counter: `accept` failures other than a peer's reset (e.g. out of file descriptors),
 /// by `listener`.
 pub const HTTP_ACCEPT_ERRORS_TOTAL: &str = "weir_ingress_http_accept_errors_total";
+/// Counter: WHIP sessions created (offer answered 201).
+pub const WHIP_SESSIONS_TOTAL: &str = "weir_ingress_whip_sessions_total";
+/// Counter: WHIP sessions the driver ended because the publisher was lost (ICE
+/// disconnected or silent past `whip_disconnect_timeout_ms`, never connected within
+/// `whip_connect_timeout_ms`, DTLS or SRTP failure).
+pub const WHIP_SESSIONS_LOST_TOTAL: &str = "weir_ingress_whip_sessions_lost_total";
+/// Counter: Opus packets decoded by the WHIP pumps.
+pub const WHIP_PACKETS_DECODED_TOTAL: &str = "weir_ingress_whip_packets_decoded_total";
+/// Gauge that only grows (a counter of fractional seconds): time spent decoding Opus
+/// (÷ packets decoded = cost per packet).
+pub const WHIP_DECODE_SECONDS_TOTAL: &str = "weir_ingress_whip_decode_seconds_total";
+/// Counter: Opus packets the decoder refused (each concealed).
+pub const WHIP_DECODE_ERRORS_TOTAL: &str = "weir_ingress_whip_decode_errors_total";
+/// Counter: 20 ms frames made by Opus loss concealment instead of decoded audio.
+pub const WHIP_CONCEALED_FRAMES_TOTAL: &str = "weir_ingress_whip_concealed_frames_total";
+/// Counter: RTP sequence gaps (one per jump).
+pub const WHIP_RTP_GAPS_TOTAL: &str = "weir_ingress_whip_rtp_gaps_total";
+/// Counter: RTP packets missing in those gaps.
+pub const WHIP_RTP_LOST_PACKETS_TOTAL: &str = "weir_ingress_whip_rtp_lost_packets_total";
+/// Counter: Opus packets dropped before decoding because a pump was behind (its
+/// bounded channel was full); the pump sees them as an RTP gap.
+pub const WHIP_PACKETS_DROPPED_TOTAL: &str = "weir_ingress_whip_packets_dropped_total";
 /// Gauge: the most memory this replica's configuration lets it hold above idle, plus an
 /// idle allowance, in bytes: the sum of docs/operations.md § Memory
 /// ([`crate::config::Config::memory_bound_bytes`]). Compare `process_resident_memory_bytes`
@@ -149,6 +171,15 @@ pub const DECLARED: &[Declared] = &[
     Declared::counter(HTTP_CONNECTIONS_REFUSED_TOTAL),
     Declared::counter(HTTP_CONNECTIONS_TIMED_OUT_TOTAL),
     Declared::counter(HTTP_ACCEPT_ERRORS_TOTAL),
+    Declared::counter(WHIP_SESSIONS_TOTAL),
+    Declared::counter(WHIP_SESSIONS_LOST_TOTAL),
+    Declared::counter(WHIP_PACKETS_DECODED_TOTAL),
+    Declared::gauge(WHIP_DECODE_SECONDS_TOTAL),
+    Declared::counter(WHIP_DECODE_ERRORS_TOTAL),
+    Declared::counter(WHIP_CONCEALED_FRAMES_TOTAL),
+    Declared::counter(WHIP_RTP_GAPS_TOTAL),
+    Declared::counter(WHIP_RTP_LOST_PACKETS_TOTAL),
+    Declared::counter(WHIP_PACKETS_DROPPED_TOTAL),
     Declared::gauge(MEMORY_BOUND_BYTES),
     Declared::gauge(weir_service::process::RESIDENT_MEMORY_BYTES),
 ];

@@ -3,9 +3,10 @@
 //! the metrics upkeep going, and shut down gracefully.
 //!
 //! Shutdown order (bounded at every step; see [`crate::shutdown`]): stop accepting new
-//! WebSocket connections → `Ingress::shutdown(grace)` (every stream drains and hands
-//! its `end` to NATS) → wait for the WebSocket handlers' close frames → flush the
-//! NATS client → stop the admin listener.
+//! WebSocket connections and WHIP offers → `Ingress::shutdown(grace)` (every stream
+//! drains and hands its `end` to NATS) → wait for the WebSocket handlers' close frames
+//! and the WHIP pumps' `closed` events → wait for the WHIP sessions' ICE/DTLS to close
+//! → flush the NATS client → stop the admin listener.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use tokio::task::JoinHandle;
 use crate::admin::{self, AdminState};
 use crate::auth::Authenticator;
 use crate::config::{Config, Delivery};
+use crate::door;
 use crate::error::Error;
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::jetstream::{JetStreamSink, NatsSink};
@@ -26,6 +28,7 @@ use crate::listener::check_fd_limit;
 use crate::publisher::Sink;
 use crate::shutdown::{TaskTracker, TaskWaiter};
 use crate::stream::{Ingress, ShutdownReport};
+use crate::whip::Whip;
 use crate::ws::{self, WsState};
 use weir_service::http::{ConnLimiter, HttpOptions};
 
@@ -41,6 +44,7 @@ pub struct RunningService<S: Sink> {
     admin_task: JoinHandle<()>,
     upkeep: JoinHandle<()>,
     waiter: TaskWaiter,
+    whip: Option<Whip>,
 }
 
 async fn bind(addr: SocketAddr, key: &str) -> Result<TcpListener, Error> {
@@ -112,19 +116,28 @@ pub async fn start_with_sink<S: Sink>(
     let ingress = Ingress::with_max_streams(sink, config.stream.clone(), max_streams);
     let (tracker, waiter) = TaskTracker::new();
 
-    let ws_router = ws::router(WsState {
+    let auth = match &config.server.auth {
+        None => None,
+        Some(a) => Some(Arc::new(Authenticator::new(a).map_err(|e| {
+            ConfigError::new("auth_required", ConfigErrorKind::Invalid, e)
+        })?)),
+    };
+    let whip = match &config.server.whip {
+        None => None,
+        Some(w) => Some(Whip::start(w.clone()).await?),
+    };
+    let mut routes = ws::routes(WsState {
         ingress: ingress.clone(),
         retry_after: config.server.retry_after,
         idle_timeout: config.server.idle_timeout,
         send_timeout: config.server.ws_send_timeout,
-        tracker,
-        auth: match &config.server.auth {
-            None => None,
-            Some(a) => Some(Arc::new(Authenticator::new(a).map_err(|e| {
-                ConfigError::new("auth_required", ConfigErrorKind::Invalid, e)
-            })?)),
-        },
+        tracker: tracker.clone(),
+        auth: auth.clone(),
     });
+    if let Some(w) = &whip {
+        routes = routes.merge(w.routes(ingress.clone(), auth, config.server.retry_after, tracker));
+    }
+    let ws_router = door::with_fallbacks(routes);
     let http = |name| HttpOptions {
         name,
         header_timeout: config.server.http_header_timeout,
@@ -158,12 +171,20 @@ pub async fn start_with_sink<S: Sink>(
         "http_max_header_bytes": s.http_max_header_bytes,
         "rlimit_nofile": fd.soft,
         "auth_required": s.auth.is_some(),
+        "whip": s.whip.as_ref().map(|w| serde_json::json!({
+            "udp_listen": w.udp_listen.to_string(),
+            "advertise_ips": w.advertise.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "connect_timeout_ms": w.connect_timeout.as_millis() as u64,
+            "disconnect_timeout_ms": w.disconnect_timeout.as_millis() as u64,
+            "max_sessions": w.max_sessions.get(),
+        })),
     });
     let admin_router = admin::router(AdminState {
         ingress: ingress.clone(),
         prometheus: prometheus.clone(),
         edge,
         max_streams,
+        whip: whip.as_ref().map(Whip::view),
     });
     // Per address = the whole cap: the admin port is for local scrapers and probes.
     let admin_cap = config.server.admin_max_connections.get();
@@ -210,6 +231,7 @@ pub async fn start_with_sink<S: Sink>(
         admin_task,
         upkeep,
         waiter,
+        whip,
     })
 }
 
@@ -224,6 +246,11 @@ impl<S: Sink> RunningService<S> {
         self.admin_addr
     }
 
+    /// The WHIP UDP socket's address, when WHIP is on.
+    pub fn whip_udp_addr(&self) -> Option<SocketAddr> {
+        self.whip.as_ref().map(Whip::udp_addr)
+    }
+
     /// The producer core.
     pub fn ingress(&self) -> &Ingress<S> {
         &self.ingress
@@ -231,12 +258,15 @@ impl<S: Sink> RunningService<S> {
 
     /// The one line printed on stdout when ready (docs/contracts.md).
     pub fn ready_line(&self) -> String {
-        serde_json::json!({
+        let mut line = serde_json::json!({
             "event": "ready",
             "ws": self.ws_addr.to_string(),
             "admin": self.admin_addr.to_string(),
-        })
-        .to_string()
+        });
+        if let Some(udp) = self.whip_udp_addr() {
+            line["whip_udp"] = serde_json::Value::String(udp.to_string());
+        }
+        line.to_string()
     }
 
     /// Graceful shutdown; see the module docs for the order.
@@ -250,6 +280,10 @@ impl<S: Sink> RunningService<S> {
         let _ = tokio::time::timeout(Duration::from_secs(1), &mut self.ws_task).await;
         self.ws_task.abort();
         let handlers_done = self.waiter.wait(Duration::from_secs(2)).await;
+        // The WHIP pumps sent their `closed` events and asked for the sessions to close.
+        if let Some(w) = self.whip.take() {
+            w.shutdown(Duration::from_secs(2)).await;
+        }
         if let Err(e) =
             tokio::time::timeout(Duration::from_secs(1), self.ingress.sink().flush()).await
         {

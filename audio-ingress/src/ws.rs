@@ -54,22 +54,21 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::HeaderMap;
+use axum::response::Response;
 use axum::routing::get;
 use futures::SinkExt;
 use serde_json::json;
 use tokio::time::Instant;
-use weir_protocol::StreamId;
 use weir_protocol::audio::extension::{EndReason, Overload};
 
 use crate::auth::Authenticator;
-use crate::error::{OpenError, PushError};
+use crate::door;
+use crate::error::PushError;
 use crate::metrics as m;
 use crate::publisher::Sink;
 use crate::shutdown::TaskTracker;
 use crate::stream::{Ingress, StreamHandle, StreamSummary};
-use crate::ws_query::UpgradeQuery;
 
 /// Close codes used by the front door.
 pub mod close_code {
@@ -111,30 +110,27 @@ pub struct WsState<S: Sink> {
     pub auth: Option<Arc<Authenticator>>,
 }
 
-/// The front door's routes.
-pub fn router<S: Sink>(state: WsState<S>) -> Router {
-    Router::new()
-        .route("/v1/streams/{stream_id}", get(upgrade::<S>))
-        .fallback(|| async {
-            error_response(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                "the only path is /v1/streams/{stream_id}".to_owned(),
-            )
-        })
-        .method_not_allowed_fallback(|| async {
-            error_response(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                "a stream is opened with GET (WebSocket upgrade)".to_owned(),
-            )
-        })
-        .with_state(state)
+impl<S: Sink> WsState<S> {
+    fn door(&self) -> door::Door<'_, S> {
+        door::Door {
+            ingress: &self.ingress,
+            auth: self.auth.as_deref(),
+            retry_after: self.retry_after,
+        }
+    }
 }
 
-fn error_response(status: StatusCode, code: &str, message: String) -> Response {
-    let body = json!({"error": {"code": code, "message": message}});
-    (status, axum::Json(body)).into_response()
+/// The front door's routes, with the JSON 404/405 answers (a WebSocket-only router;
+/// `serve` merges [`routes`] with the WHIP routes instead).
+pub fn router<S: Sink>(state: WsState<S>) -> Router {
+    door::with_fallbacks(routes(state))
+}
+
+/// The WebSocket route alone, without fallbacks.
+pub fn routes<S: Sink>(state: WsState<S>) -> Router {
+    Router::new()
+        .route("/v1/streams/{stream_id}", get(upgrade::<S>))
+        .with_state(state)
 }
 
 async fn upgrade<S: Sink>(
@@ -146,76 +142,26 @@ async fn upgrade<S: Sink>(
 ) -> Response {
     // Every refusal below carries the JSON body, including the extractors' own
     // (a path that is not UTF-8 once percent-decoded, a bad upgrade request).
-    let id = match path
-        .map_err(|e| e.body_text())
-        .and_then(|Path(raw)| StreamId::parse(&raw).map_err(|e| e.to_string()))
-    {
-        Ok(id) => id,
-        Err(message) => {
-            state.ingress.global().admission_rejected("invalid_id");
-            return error_response(StatusCode::BAD_REQUEST, "invalid_stream_id", message);
-        }
-    };
-    let query = match UpgradeQuery::parse(raw_query.as_deref()) {
-        Ok(q) => q,
-        Err(e) => {
-            state.ingress.global().admission_rejected("invalid_session");
-            return error_response(StatusCode::BAD_REQUEST, "invalid_request", e.to_string());
-        }
-    };
-    // Authentication before anything else is looked at or opened.
-    let grant = match &state.auth {
-        None => None,
-        Some(auth) => {
-            let authorization = headers
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok());
-            let token = crate::auth::token_of(authorization, query.access_token.as_deref());
-            match auth.check(token, id.as_str()) {
-                Ok(g) => Some(g),
-                Err(e) => {
-                    state.ingress.global().admission_rejected(e.code());
-                    let status = if e.code() == "forbidden" {
-                        StatusCode::FORBIDDEN
-                    } else {
-                        StatusCode::UNAUTHORIZED
-                    };
-                    let mut resp = error_response(status, e.code(), e.to_string());
-                    if status == StatusCode::UNAUTHORIZED {
-                        resp.headers_mut()
-                            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-                    }
-                    return resp;
-                }
-            }
-        }
+    let raw_id = path.map(|Path(raw)| raw).map_err(|e| e.body_text());
+    let door = state.door();
+    let admitted = match door.check(raw_id, raw_query.as_deref(), &headers) {
+        Ok(a) => a,
+        Err(resp) => return *resp,
     };
     let ws = match ws {
         Ok(ws) => ws,
         Err(rejection) => {
-            return error_response(rejection.status(), "invalid_upgrade", rejection.body_text());
+            return door::error_response(
+                rejection.status(),
+                "invalid_upgrade",
+                rejection.body_text(),
+            );
         }
     };
-    // Readiness gates admission: a stream opened while NATS is disconnected (or before
-    // the first connect) could only queue into the client; refuse it like a full cap.
-    if !state.ingress.sink().is_connected() {
-        state.ingress.global().admission_rejected("not_ready");
-        let mut resp = error_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not_ready",
-            "not connected to NATS; retry later".to_owned(),
-        );
-        insert_retry_after(&mut resp, state.retry_after);
-        return resp;
-    }
-    let session = query.session_id;
-    let handle = match state.ingress.open_id(id, session) {
+    let handle = match door.open(admitted) {
         Ok(h) => h,
-        Err(e) => return open_refusal(&e, state.retry_after),
+        Err(resp) => return *resp,
     };
-    if let Some(permille) = grant.and_then(|g| g.max_rate_permille) {
-        handle.limit_rate(permille);
-    }
     let max_frame = state.ingress.config().max_frame_bytes();
     let guard = state.tracker.guard();
     // Messages a little over max_frame_bytes get a clear 1008; far larger ones are cut
@@ -234,29 +180,6 @@ async fn upgrade<S: Sink>(
             let conn = Conn::new(socket, state.send_timeout);
             serve_socket(conn, handle, state.idle_timeout).await;
         })
-}
-
-fn open_refusal(e: &OpenError, retry_after: Duration) -> Response {
-    let (status, code) = match e {
-        OpenError::InvalidId(_) | OpenError::InvalidSession(_) => {
-            (StatusCode::BAD_REQUEST, "invalid_request")
-        }
-        OpenError::AlreadyActive(_) => (StatusCode::CONFLICT, "stream_active"),
-        OpenError::TooManyStreams { .. } => (StatusCode::SERVICE_UNAVAILABLE, "max_streams"),
-        OpenError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
-        OpenError::NoRuntime => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
-    };
-    let mut resp = error_response(status, code, e.to_string());
-    if status == StatusCode::SERVICE_UNAVAILABLE {
-        insert_retry_after(&mut resp, retry_after);
-    }
-    resp
-}
-
-fn insert_retry_after(resp: &mut Response, retry_after: Duration) {
-    if let Ok(v) = HeaderValue::from_str(&retry_after.as_secs().max(1).to_string()) {
-        resp.headers_mut().insert(header::RETRY_AFTER, v);
-    }
 }
 
 /// Why the receive loop stopped.
@@ -412,31 +335,6 @@ impl Conn {
     }
 }
 
-fn overload_event(o: &Overload, handle: &StreamHandle) -> serde_json::Value {
-    let snapshot = handle.snapshot();
-    json!({
-        "type": "overload",
-        "reason": o.reason,
-        "dropped_frames": o.dropped_frames,
-        "dropped_samples": o.dropped_samples,
-        "pending_bytes": o.pending_bytes,
-        "max_bytes": o.max_bytes,
-        "max_age_ms": o.max_age_ms,
-        "frames_published": snapshot.frames.published,
-    })
-}
-
-fn closed_event(reason: &str, summary: &StreamSummary) -> serde_json::Value {
-    let f = &summary.snapshot.frames;
-    json!({
-        "type": "closed",
-        "reason": reason,
-        "frames_published": f.published,
-        "frames_dropped": f.dropped.values().sum::<u64>(),
-        "end_delivered": summary.snapshot.end_delivered,
-    })
-}
-
 /// Initial read buffer of one WebSocket connection (frames are 640 bytes, at most
 /// `max_frame_bytes`; the buffer still grows for a larger message up to the limit).
 const WS_READ_BUFFER_BYTES: usize = 16 * 1024;
@@ -460,30 +358,18 @@ async fn serve_socket(mut socket: Conn, handle: StreamHandle, idle_timeout: Dura
             // almost every time under load).
             biased;
             changed = status.changed() => {
-                if changed.is_err() {
-                    break Outcome::Closed(EndReason::Error);
+                let change = door::status_change(changed, &mut status, &mut gaps_seen);
+                if let Some(ev) = change.gap
+                    && !socket.send_json(ev).await
+                {
+                    // Failed or timed out (a client that stopped reading): the stream
+                    // ends as if the socket had dropped.
+                    break Outcome::Gone;
                 }
-                let s = status.borrow_and_update().clone();
-                if s.gaps > gaps_seen {
-                    gaps_seen = s.gaps;
-                    if let Some(g) = s.last_gap {
-                        let ev = json!({
-                            "type": "gap", "first_seq": g.first_seq, "last_seq": g.last_seq,
-                            "frames": g.frames(), "samples": g.samples, "reason": g.reason,
-                            "gaps_total": s.gaps,
-                        });
-                        if !socket.send_json(ev).await {
-                            // Failed or timed out (a client that stopped reading):
-                            // the stream ends as if the socket had dropped.
-                            break Outcome::Gone;
-                        }
-                    }
-                }
-                if let Some(o) = s.overload {
-                    break Outcome::Overload(o);
-                }
-                if let Some(r) = s.end_reason {
-                    break Outcome::Closed(r);
+                match change.stop {
+                    Some(door::StatusStop::Overload(o)) => break Outcome::Overload(o),
+                    Some(door::StatusStop::Closed(r)) => break Outcome::Closed(r),
+                    None => {}
                 }
             }
             msg = socket.recv() => match msg {
@@ -543,18 +429,18 @@ async fn finish_socket(mut socket: Conn, handle: StreamHandle, outcome: Outcome)
         Outcome::End => {
             let summary = handle.finish().await;
             socket
-                .send_json(closed_event(EndReason::Producer.as_str(), &summary))
+                .send_json(door::closed_event(EndReason::Producer.as_str(), &summary))
                 .await;
             socket.close(close_code::NORMAL, "end").await;
         }
         Outcome::Overload(o) => {
-            socket.send_json(overload_event(&o, &handle)).await;
+            socket.send_json(door::overload_event(&o, &handle)).await;
             let summary = StreamSummary {
                 snapshot: handle.snapshot(),
                 finished: false,
             };
             socket
-                .send_json(closed_event(EndReason::Overload.as_str(), &summary))
+                .send_json(door::closed_event(EndReason::Overload.as_str(), &summary))
                 .await;
             socket.close(close_code::TRY_AGAIN_LATER, "overload").await;
         }
@@ -574,7 +460,7 @@ async fn finish_socket(mut socket: Conn, handle: StreamHandle, outcome: Outcome)
         Outcome::Idle => {
             let summary = handle.finish_with(EndReason::Idle).await;
             socket
-                .send_json(closed_event(EndReason::Idle.as_str(), &summary))
+                .send_json(door::closed_event(EndReason::Idle.as_str(), &summary))
                 .await;
             socket.close(close_code::GOING_AWAY, "idle").await;
         }
@@ -582,7 +468,7 @@ async fn finish_socket(mut socket: Conn, handle: StreamHandle, outcome: Outcome)
             let bound = Duration::from_secs(30);
             let summary = handle.wait_finished(bound).await;
             socket
-                .send_json(closed_event(reason.as_str(), &summary))
+                .send_json(door::closed_event(reason.as_str(), &summary))
                 .await;
             let code = match reason {
                 EndReason::Shutdown | EndReason::Idle => close_code::GOING_AWAY,
@@ -614,7 +500,7 @@ async fn refuse(
         finished: false,
     };
     socket
-        .send_json(closed_event(EndReason::Error.as_str(), &summary))
+        .send_json(door::closed_event(EndReason::Error.as_str(), &summary))
         .await;
     socket.close(code, error_code).await;
 }

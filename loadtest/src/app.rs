@@ -10,7 +10,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::cli::{Cli, DesignArg};
+use crate::cli::{Cli, DesignArg, TransportArg};
+use crate::ingress::Design;
 use crate::ingress::find_ingress_bin;
 use crate::llm::{LlmSettings, StreamLoad};
 use crate::plot::{Panel, Series, grid_svg};
@@ -61,7 +62,21 @@ pub fn env_from(cli: &Cli) -> Result<Env, String> {
         },
         ingress_set: cli.ingress_set.clone(),
         wait_quiet: cli.wait_quiet,
+        transport: cli.transport.into(),
     })
+}
+
+/// The designs to run: `--design`, else `default`; with `--transport whip` the bounded
+/// one only (the naive ingress has no WHIP door).
+fn designs_for(cli: &Cli, default: DesignArg) -> Result<Vec<Design>, String> {
+    match (cli.transport, cli.design) {
+        (TransportArg::Whip, Some(DesignArg::Naive | DesignArg::Both)) => Err(
+            "--transport whip runs the bounded design only (the naive ingress has no WHIP door)"
+                .to_owned(),
+        ),
+        (TransportArg::Whip, _) => Ok(vec![Design::Bounded]),
+        (TransportArg::Ws, d) => Ok(d.unwrap_or(default).designs()),
+    }
 }
 
 /// Runs the selection; returns the number of runs that failed.
@@ -88,7 +103,7 @@ pub async fn run(cli: &Cli, results: Results) -> Result<usize, String> {
     let mut failures = 0;
     for plan in plans {
         if plan.scenario == Scenario::Ceiling {
-            let designs = cli.design.unwrap_or(DesignArg::Bounded).designs();
+            let designs = designs_for(cli, DesignArg::Bounded)?;
             let steps = cli
                 .streams
                 .clone()
@@ -115,7 +130,7 @@ pub async fn run(cli: &Cli, results: Results) -> Result<usize, String> {
             }
             continue;
         }
-        let designs = cli.design.unwrap_or(DesignArg::Both).designs();
+        let designs = designs_for(cli, DesignArg::Both)?;
         let streams = cli.streams.clone().unwrap_or_else(|| vec![1, 10, 50]);
         for &n in &streams {
             for &design in &designs {

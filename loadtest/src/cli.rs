@@ -13,6 +13,24 @@ use crate::ingress::Design;
 use crate::scenario::Scenario;
 use crate::scenario::run::PolicyArg;
 
+/// `--transport`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TransportArg {
+    /// WebSocket producers.
+    Ws,
+    /// WHIP producers.
+    Whip,
+}
+
+impl From<TransportArg> for crate::producers::Transport {
+    fn from(t: TransportArg) -> Self {
+        match t {
+            TransportArg::Ws => Self::Ws,
+            TransportArg::Whip => Self::Whip,
+        }
+    }
+}
+
 /// Which designs to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DesignArg {
@@ -176,6 +194,12 @@ pub struct Cli {
     /// --stream: tokens per second after the first.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub llm_tokens_per_second: u32,
+
+    /// How producers reach the ingress: ws (a WebSocket per stream, PCM frames) or whip
+    /// (a WHIP session per stream, Opus over WebRTC on loopback UDP; the bounded design
+    /// only: the naive ingress has no WHIP door).
+    #[arg(long, value_enum, default_value = "ws")]
+    pub transport: TransportArg,
 
     /// Producers do not reconnect after the server ended or refused their stream.
     #[arg(long)]

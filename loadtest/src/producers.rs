@@ -1,4 +1,6 @@
-//! Synthetic producers: one WebSocket client per stream, 640-byte frames at 20 ms.
+//! Synthetic producers: one WebSocket client per stream, 640-byte frames at 20 ms — or,
+//! with `--transport whip`, one WHIP session per stream sending the same audio as 20 ms
+//! Opus packets ([`whip`]).
 //!
 //! Cadence: each producer ticks on a `tokio::time::Interval` of 20 ms with
 //! [`MissedTickBehavior::Skip`]. A real capture device produces audio on its own clock;
@@ -42,10 +44,34 @@ use weir_protocol::audio::FRAME_DURATION;
 
 use crate::speech::SpeechClip;
 
+mod whip;
+pub use whip::OpusClip;
+
+/// How the producers reach the ingress (`--transport`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transport {
+    /// One WebSocket per stream, PCM frames (`/v1/streams/{id}`).
+    #[default]
+    Ws,
+    /// One WHIP session per stream, Opus over WebRTC (`/v1/whip/{id}`).
+    Whip,
+}
+
+impl Transport {
+    /// The name on the command line and in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ws => "ws",
+            Self::Whip => "whip",
+        }
+    }
+}
+
 /// How long a producer waits for the `closed` event after sending `end`.
 pub const END_GRACE: Duration = Duration::from_secs(5);
 /// How long a connection attempt may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long one frame send may block before the connection is given up.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -70,6 +96,8 @@ pub struct ProducerConfig {
     pub reconnect_delay: Duration,
     /// Spread of the connection start times (streams connect uniformly within it).
     pub start_spread: Duration,
+    /// WebSocket or WHIP.
+    pub transport: Transport,
 }
 
 /// Counters shared by all producers (atomics, read by the sampler while running).
@@ -182,13 +210,13 @@ impl ProducerCounters {
         }
     }
 
-    fn count_close(&self, code: u16) {
+    pub(crate) fn count_close(&self, code: u16) {
         if let Ok(mut m) = self.close_codes.lock() {
             *m.entry(code).or_default() += 1;
         }
     }
 
-    fn count_refusal(&self, status: u16) {
+    pub(crate) fn count_refusal(&self, status: u16) {
         if let Ok(mut m) = self.refusals.lock() {
             *m.entry(status).or_default() += 1;
         }
@@ -206,10 +234,24 @@ pub fn start(
     let mut rng = rand::rng();
     let vanish_count =
         ((config.streams as f64) * config.vanish_share.clamp(0.0, 1.0)).round() as usize;
-    // A handful of distinct clips, shared (Bytes) between streams.
+    // A handful of distinct clips, shared (Bytes) between streams; for WHIP, each
+    // encoded to Opus once, here.
     let clips: Vec<SpeechClip> = (0..8)
         .map(|i| SpeechClip::render(clip_seed + i, 150))
         .collect();
+    let opus: Vec<Option<OpusClip>> = clips
+        .iter()
+        .map(|c| match config.transport {
+            Transport::Ws => None,
+            Transport::Whip => OpusClip::encode(c)
+                .map_err(|e| tracing::error!(error = %e, "cannot encode the clip to Opus"))
+                .ok(),
+        })
+        .collect();
+    let http = reqwest::Client::builder()
+        .timeout(CONNECT_TIMEOUT + END_GRACE)
+        .build()
+        .unwrap_or_default();
     let spread_ms = config.start_spread.as_millis().max(1) as u64;
     for index in 0..config.streams {
         let offset = Duration::from_millis(rng.random_range(0..spread_ms))
@@ -218,6 +260,8 @@ pub fn start(
             index,
             config: config.clone(),
             clip: clips[index % clips.len()].clone(),
+            opus: opus[index % opus.len()].clone(),
+            http: http.clone(),
             counters: counters.clone(),
             start_at: start + offset,
             // Each stream sends for exactly `duration` from its own start, so the
@@ -237,7 +281,7 @@ pub fn start(
 }
 
 /// How one connection ended.
-enum ConnectionEnd {
+pub(crate) enum ConnectionEnd {
     /// The run's stop time came; the stream was ended (or vanished) on purpose.
     Finished,
     /// The server ended or refused the stream; retry after this delay.
@@ -246,10 +290,13 @@ enum ConnectionEnd {
     Stop,
 }
 
-struct Producer {
+pub(crate) struct Producer {
     index: usize,
     config: ProducerConfig,
     clip: SpeechClip,
+    /// The clip as Opus packets (WHIP only).
+    opus: Option<OpusClip>,
+    http: reqwest::Client,
     counters: Arc<ProducerCounters>,
     start_at: Instant,
     stop_at: Instant,
@@ -270,7 +317,15 @@ impl Producer {
                 format!("{}{}r{}", self.config.id_prefix, self.index, attempt)
             };
             attempt += 1;
-            match self.connection(&id, &mut frame_index).await {
+            let end = match (&self.config.transport, &self.opus) {
+                (Transport::Whip, Some(opus)) => {
+                    self.whip_connection(&id, opus, &mut frame_index).await
+                }
+                // No Opus clip (the encoder refused): nothing can be sent.
+                (Transport::Whip, None) => ConnectionEnd::Stop,
+                (Transport::Ws, _) => self.connection(&id, &mut frame_index).await,
+            };
+            match end {
                 ConnectionEnd::Finished | ConnectionEnd::Stop => return,
                 ConnectionEnd::Retry(delay) => {
                     if !self.config.reconnect {

@@ -348,6 +348,8 @@ pub struct RunReport {
     pub streams: usize,
     /// Design.
     pub design: Design,
+    /// How the producers reached the ingress (`ws`, `whip`).
+    pub transport: crate::producers::Transport,
     /// Seconds the producers sent.
     pub duration_s: f64,
     /// Seconds from start to the final measurement (sending + drain).
@@ -695,6 +697,7 @@ pub(crate) mod tests {
             scenario: "steady".into(),
             streams: 10,
             design: Design::Bounded,
+            transport: crate::producers::Transport::Ws,
             duration_s: 5.0,
             wall_s: 6.0,
             fault: None,

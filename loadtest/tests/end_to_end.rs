@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use weir_loadtest::ingress::{Design, find_ingress_bin};
 use weir_loadtest::llm::LlmSettings;
+use weir_loadtest::producers::Transport;
 use weir_loadtest::report::{REQUIRED_KEYS, RunReport, missing_keys};
 use weir_loadtest::scenario::run::{Env, PolicyArg, run_one};
 use weir_loadtest::scenario::{Scenario, plan};
@@ -29,6 +30,7 @@ fn env() -> Env {
         llm: LlmSettings::default(),
         ingress_set: Vec::new(),
         wait_quiet: Duration::ZERO,
+        transport: Transport::Ws,
     }
 }
 
@@ -155,6 +157,29 @@ async fn llm_overload_stream_reports_ttft_and_goodput() {
         }
         Err(why) => eprintln!("bounded design skipped: {why}"),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiny_steady_run_over_whip_accounts_for_every_frame() {
+    let env = Env {
+        transport: Transport::Whip,
+        ..env()
+    };
+    if let Err(why) = &env.ingress_bin {
+        eprintln!("WHIP run skipped (needs the audio-ingress binary): {why}");
+        return;
+    }
+    let plan = plan(Scenario::Steady, Some(Duration::from_secs(2)), None, 1.0).expect("plan");
+    let out = run_one(&env, &plan, 3, Design::Bounded)
+        .await
+        .expect("bounded run over WHIP");
+    let r = &out.report;
+    check_identities(r);
+    assert_eq!(r.transport, Transport::Whip);
+    assert_eq!(r.producers.connects, 3, "{:?}", r.producers);
+    assert!(r.frames.offered >= 250, "{:?}", r.frames);
+    assert_eq!(r.frames.unaccounted, 0, "{:?}", r.frames);
+    assert_eq!(r.ingress.overloads, 0);
 }
 
 #[test]

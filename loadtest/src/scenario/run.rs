@@ -29,7 +29,7 @@ use crate::accounting::{FrameAccounting, FrameCounts};
 use crate::fleet::{DEFAULT_MAX_FRAME_AGE, Fleet, FleetConfig};
 use crate::ingress::{Design, IngressProcess, Launch, cpu_time, machine_busy};
 use crate::llm::{LlmRun, LlmSettings};
-use crate::producers::{self, ProducerConfig, ProducerCounters};
+use crate::producers::{self, ProducerConfig, ProducerCounters, Transport};
 use crate::report::{
     ConsumerReport, CpuReport, FaultReport, IngressReport, ProducerReport, RunReport,
 };
@@ -87,6 +87,8 @@ pub struct Env {
     pub ingress_set: Vec<String>,
     /// Before each run, wait up to this long for the machine to be quiet (`--wait-quiet`).
     pub wait_quiet: Duration,
+    /// How the producers reach the ingress (`--transport`).
+    pub transport: Transport,
 }
 
 /// Waits (at most `max`) until the whole machine uses less than 0.3 cores, measured
@@ -172,6 +174,14 @@ fn bounded_config(env: &Env, streams: usize) -> String {
         PolicyArg::Shadow => ("close", true),
     };
     let max_streams = (streams * 2).max(1000) + 100;
+    let whip = match env.transport {
+        Transport::Ws => String::new(),
+        // Loopback only, a free port; the session cap never limits the run.
+        Transport::Whip => format!(
+            "whip_udp_listen = \"127.0.0.1:0\"\nwhip_max_sessions = {}\n",
+            max_streams.min(100_000)
+        ),
+    };
     format!(
         "# written by weir-loadtest for one run\n\
          subject = \"{SUBJECT_TEMPLATE}\"\n\
@@ -179,7 +189,7 @@ fn bounded_config(env: &Env, streams: usize) -> String {
          policy = \"{policy}\"\n\
          shadow = {shadow}\n\
          extended_consumers = true\n\
-         max_streams = {max_streams}\n",
+         max_streams = {max_streams}\n{whip}",
         env.partitions
     )
 }
@@ -252,7 +262,10 @@ pub async fn run_one(
     streams: usize,
     design: Design,
 ) -> Result<RunOutput, String> {
-    let label = format!("{} {} {}", plan.scenario.name(), streams, design);
+    let label = match env.transport {
+        Transport::Ws => format!("{} {} {}", plan.scenario.name(), streams, design),
+        Transport::Whip => format!("{} {} {} whip", plan.scenario.name(), streams, design),
+    };
     if !env.wait_quiet.is_zero() {
         let busy = wait_quiet(env.wait_quiet).await;
         if busy >= 0.3 && !env.quiet {
@@ -366,6 +379,7 @@ pub async fn run_one(
             reconnect: env.reconnect,
             reconnect_delay: Duration::from_millis(500),
             start_spread: spread,
+            transport: env.transport,
         },
         streams as u64,
         counters.clone(),
@@ -601,6 +615,7 @@ pub async fn run_one(
         scenario: plan.scenario.name().to_owned(),
         streams,
         design,
+        transport: env.transport,
         duration_s: plan.duration.as_secs_f64(),
         wall_s: wall.as_secs_f64(),
         fault: plan.fault.map(|f| FaultReport {

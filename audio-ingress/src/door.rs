@@ -1,0 +1,307 @@
+//! What the two front doors — WebSocket ([`crate::ws`]) and WHIP ([`crate::whip`]) —
+//! do the same way: the admission of a stream (id, query, producer token, readiness,
+//! the registry's own refusals), the JSON error body of every refusal, and the JSON
+//! events a producer receives (`overload`, `gap`, `closed`).
+//!
+//! Admission, in this order, nothing opened for a refused request:
+//! 1. [`check`]: `400 invalid_stream_id` (an unsafe id), `400 invalid_request` (a query
+//!    that is not UTF-8 once percent-decoded, or repeats a parameter), then the producer
+//!    token when `auth_required` (`401` + `WWW-Authenticate: Bearer`, `403`);
+//! 2. the door's own checks (the WebSocket upgrade; the WHIP offer and session cap);
+//! 3. [`open`]: `503 not_ready` + `Retry-After` while NATS is not connected, then the
+//!    registry: `409 stream_active`, `503 max_streams` / `shutting_down` + `Retry-After`.
+//!
+//! Invariant: both doors call these functions; a rule changed here changes for both.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use weir_protocol::StreamId;
+use weir_protocol::audio::extension::{EndReason, Overload};
+
+use crate::auth::{Authenticator, Grant};
+use crate::error::OpenError;
+use crate::publisher::Sink;
+use crate::stream::{Ingress, StreamHandle, StreamStatus, StreamSummary};
+use crate::ws_query::UpgradeQuery;
+
+/// The JSON error body every refusal carries: `{"error":{"code":..,"message":..}}`.
+pub fn error_response(status: StatusCode, code: &str, message: String) -> Response {
+    let body = json!({"error": {"code": code, "message": message}});
+    (status, axum::Json(body)).into_response()
+}
+
+/// Adds `Retry-After` (whole seconds, at least 1).
+pub fn insert_retry_after(resp: &mut Response, retry_after: Duration) {
+    if let Ok(v) = HeaderValue::from_str(&retry_after.as_secs().max(1).to_string()) {
+        resp.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+}
+
+/// The answer to a refused [`Ingress::open_id`].
+pub fn open_refusal(e: &OpenError, retry_after: Duration) -> Response {
+    let (status, code) = match e {
+        OpenError::InvalidId(_) | OpenError::InvalidSession(_) => {
+            (StatusCode::BAD_REQUEST, "invalid_request")
+        }
+        OpenError::AlreadyActive(_) => (StatusCode::CONFLICT, "stream_active"),
+        OpenError::TooManyStreams { .. } => (StatusCode::SERVICE_UNAVAILABLE, "max_streams"),
+        OpenError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+        OpenError::NoRuntime => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+    };
+    let mut resp = error_response(status, code, e.to_string());
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        insert_retry_after(&mut resp, retry_after);
+    }
+    resp
+}
+
+/// A refusal: the complete answer (boxed: a `Response` is large).
+pub type Refused = Box<Response>;
+
+/// A request that passed [`check`]: who may open what.
+#[derive(Debug)]
+pub struct Admitted {
+    /// The stream id.
+    pub id: StreamId,
+    /// `session_id` from the query.
+    pub session: Option<String>,
+    /// The producer token's grant (`None` when authentication is off).
+    pub grant: Option<Grant>,
+}
+
+/// What a door admits with: the producer core, the token check, the retry hint.
+pub struct Door<'a, S: Sink> {
+    /// The producer core.
+    pub ingress: &'a Ingress<S>,
+    /// Producer tokens (`None`: authentication off).
+    pub auth: Option<&'a Authenticator>,
+    /// `Retry-After` of a 503.
+    pub retry_after: Duration,
+}
+
+impl<S: Sink> Door<'_, S> {
+    /// [`check`] with this door's settings.
+    pub fn check(
+        &self,
+        raw_id: Result<String, String>,
+        raw_query: Option<&str>,
+        headers: &HeaderMap,
+    ) -> Result<Admitted, Refused> {
+        check(self.ingress, self.auth, raw_id, raw_query, headers)
+    }
+
+    /// [`open`] with this door's settings.
+    pub fn open(&self, admitted: Admitted) -> Result<StreamHandle, Refused> {
+        open(self.ingress, self.retry_after, admitted)
+    }
+}
+
+/// Step 1 of the admission: the stream id (`raw_id`: the path segment, or the path
+/// extractor's refusal), the query and the producer token. Counted refusals.
+pub fn check<S: Sink>(
+    ingress: &Ingress<S>,
+    auth: Option<&Authenticator>,
+    raw_id: Result<String, String>,
+    raw_query: Option<&str>,
+    headers: &HeaderMap,
+) -> Result<Admitted, Refused> {
+    let id = match raw_id.and_then(|raw| StreamId::parse(&raw).map_err(|e| e.to_string())) {
+        Ok(id) => id,
+        Err(message) => {
+            ingress.global().admission_rejected("invalid_id");
+            return Err(Box::new(error_response(
+                StatusCode::BAD_REQUEST,
+                "invalid_stream_id",
+                message,
+            )));
+        }
+    };
+    let query = match UpgradeQuery::parse(raw_query) {
+        Ok(q) => q,
+        Err(e) => {
+            ingress.global().admission_rejected("invalid_session");
+            return Err(Box::new(error_response(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                e.to_string(),
+            )));
+        }
+    };
+    // Authentication before anything else is looked at or opened.
+    let grant = match auth {
+        None => None,
+        Some(auth) => Some(authenticate(ingress, auth, &id, &query, headers)?),
+    };
+    Ok(Admitted {
+        id,
+        session: query.session_id,
+        grant,
+    })
+}
+
+/// The producer token of a request (`Authorization: Bearer`, else `access_token`)
+/// checked for `id`: `401` + `WWW-Authenticate: Bearer`, or `403`. Counted refusals.
+fn authenticate<S: Sink>(
+    ingress: &Ingress<S>,
+    auth: &Authenticator,
+    id: &StreamId,
+    query: &UpgradeQuery,
+    headers: &HeaderMap,
+) -> Result<Grant, Refused> {
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let token = crate::auth::token_of(authorization, query.access_token.as_deref());
+    auth.check(token, id.as_str()).map_err(|e| {
+        ingress.global().admission_rejected(e.code());
+        let status = if e.code() == "forbidden" {
+            StatusCode::FORBIDDEN
+        } else {
+            StatusCode::UNAUTHORIZED
+        };
+        let mut resp = error_response(status, e.code(), e.to_string());
+        if status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        Box::new(resp)
+    })
+}
+
+/// Step 3 of the admission: readiness, then the registry; applies the token's rate
+/// class to the opened stream.
+pub fn open<S: Sink>(
+    ingress: &Ingress<S>,
+    retry_after: Duration,
+    admitted: Admitted,
+) -> Result<StreamHandle, Refused> {
+    // Readiness gates admission: a stream opened while NATS is disconnected (or before
+    // the first connect) could only queue into the client; refuse it like a full cap.
+    if !ingress.sink().is_connected() {
+        ingress.global().admission_rejected("not_ready");
+        let mut resp = error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            "not connected to NATS; retry later".to_owned(),
+        );
+        insert_retry_after(&mut resp, retry_after);
+        return Err(Box::new(resp));
+    }
+    let handle = ingress
+        .open_id(admitted.id, admitted.session)
+        .map_err(|e| Box::new(open_refusal(&e, retry_after)))?;
+    if let Some(permille) = admitted.grant.and_then(|g| g.max_rate_permille) {
+        handle.limit_rate(permille);
+    }
+    Ok(handle)
+}
+
+/// The routes of both doors, with the JSON `404` and `405` answers.
+pub fn with_fallbacks(routes: Router) -> Router {
+    routes
+        .fallback(|| async {
+            error_response(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "the paths are /v1/streams/{stream_id} (WebSocket) and /v1/whip/{stream_id} (WHIP)"
+                    .to_owned(),
+            )
+        })
+        .method_not_allowed_fallback(|| async {
+            error_response(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "a stream is opened with GET (WebSocket upgrade) on /v1/streams/{stream_id}"
+                    .to_owned(),
+            )
+        })
+}
+
+/// The `overload` event.
+pub fn overload_event(o: &Overload, handle: &StreamHandle) -> serde_json::Value {
+    let snapshot = handle.snapshot();
+    json!({
+        "type": "overload",
+        "reason": o.reason,
+        "dropped_frames": o.dropped_frames,
+        "dropped_samples": o.dropped_samples,
+        "pending_bytes": o.pending_bytes,
+        "max_bytes": o.max_bytes,
+        "max_age_ms": o.max_age_ms,
+        "frames_published": snapshot.frames.published,
+    })
+}
+
+/// The `closed` event.
+pub fn closed_event(reason: &str, summary: &StreamSummary) -> serde_json::Value {
+    let f = &summary.snapshot.frames;
+    json!({
+        "type": "closed",
+        "reason": reason,
+        "frames_published": f.published,
+        "frames_dropped": f.dropped.values().sum::<u64>(),
+        "end_delivered": summary.snapshot.end_delivered,
+    })
+}
+
+/// What a door does after its stream's status changed: send the `gap` event, if any,
+/// then stop on an overload or an end (in that order).
+#[derive(Debug)]
+pub struct StatusChange {
+    /// The `gap` event for a new gap marker.
+    pub gap: Option<serde_json::Value>,
+    /// The stream overloaded or ended.
+    pub stop: Option<StatusStop>,
+}
+
+/// Why a door stops reading its producer.
+#[derive(Debug)]
+pub enum StatusStop {
+    /// The stream overloaded (`close` policy).
+    Overload(Overload),
+    /// The stream ended (shutdown, or its status channel closed: `error`).
+    Closed(EndReason),
+}
+
+/// Reads a status change (`changed`: the result of `watch::Receiver::changed`).
+pub fn status_change(
+    changed: Result<(), tokio::sync::watch::error::RecvError>,
+    status: &mut tokio::sync::watch::Receiver<StreamStatus>,
+    gaps_seen: &mut u64,
+) -> StatusChange {
+    if changed.is_err() {
+        return StatusChange {
+            gap: None,
+            stop: Some(StatusStop::Closed(EndReason::Error)),
+        };
+    }
+    let s = status.borrow_and_update().clone();
+    let stop = match (s.overload.clone(), s.end_reason) {
+        (Some(o), _) => Some(StatusStop::Overload(o)),
+        (None, Some(r)) => Some(StatusStop::Closed(r)),
+        (None, None) => None,
+    };
+    StatusChange {
+        gap: gap_event(&s, gaps_seen),
+        stop,
+    }
+}
+
+/// The `gap` event for a status that counts more gaps than `gaps_seen` (and moves
+/// `gaps_seen` on); `None` when no new gap marker was published.
+pub fn gap_event(status: &StreamStatus, gaps_seen: &mut u64) -> Option<serde_json::Value> {
+    if status.gaps <= *gaps_seen {
+        return None;
+    }
+    *gaps_seen = status.gaps;
+    let g = status.last_gap.as_ref()?;
+    Some(json!({
+        "type": "gap", "first_seq": g.first_seq, "last_seq": g.last_seq,
+        "frames": g.frames(), "samples": g.samples, "reason": g.reason,
+        "gaps_total": status.gaps,
+    }))
+}

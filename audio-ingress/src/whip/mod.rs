@@ -1,0 +1,907 @@
+//! WHIP ingest (RFC 9725): a WebRTC publisher (OBS, GStreamer, a browser, aiortc)
+//! pushes Opus audio into the same bounded per-stream queue and publisher as a
+//! WebSocket producer. On by setting `whip_udp_listen`.
+//!
+//! HTTP, on the front door's port (next to `/v1/streams/{stream_id}`):
+//!
+//! | request | answer |
+//! |---|---|
+//! | `POST /v1/whip/{stream_id}[?session_id=S]`, `Content-Type: application/sdp`, the offer | `201 Created`, the answer (`application/sdp`), `Location: /v1/whip/{stream_id}/{resource}` |
+//! | `DELETE` on the `Location` | `200` once the stream's `end` (reason `producer`) is handed to NATS; `404` for a session that ended or never existed |
+//! | `OPTIONS` on either | `204` with `Allow`, `Accept-Post` and CORS headers |
+//! | `PATCH` on the `Location` | `405`: no trickle ICE nor ICE restart (every candidate is in the offer and the answer) |
+//!
+//! Refusals before anything is opened (JSON body `{"error":{"code","message"}}`): the
+//! same admission as the WebSocket door ([`crate::door`]: 400 id/query, 401/403 token,
+//! 503 `not_ready`, 409 `stream_active`, 503 `max_streams`/`shutting_down`, with
+//! `Retry-After`), plus `415` (not `application/sdp`), `413` (offer over 64 KiB), `400
+//! invalid_offer` (not SDP, or no Opus audio to receive) and `503 max_sessions` +
+//! `Retry-After` (`whip_max_sessions`).
+//!
+//! Media path, per session: one `str0m::Rtc` in the **one driver task**
+//! ([`driver`]) that owns the UDP socket; its Opus packets go through a bounded channel
+//! to the stream's **pump task** ([`pump`]), which decodes them to 16 kHz mono, cuts 20 ms
+//! frames and pushes them into the stream's [`StreamHandle`](crate::StreamHandle) — the
+//! same queue and publisher task as a WebSocket stream. Tasks per WHIP stream: the pump
+//! and the publisher (a WebSocket stream has its handler and its publisher).
+//!
+//! Why one driver task for every session rather than a task per session: a datagram
+//! must be matched to its session by `Rtc::accepts`, which needs the `Rtc`; with a task
+//! per session the socket reader would have to ask every task, or keep its own copy
+//! of each session's ICE credentials and addresses. Owning every `Rtc` in one loop makes
+//! the match a map lookup (by source address) with `accepts` as the check. The loop does
+//! only bounded work per datagram (SRTP, DTLS, SCTP in str0m); the expensive part,
+//! decoding, runs in the pump tasks, so a slow decoder cannot stall ICE and DTLS of the
+//! other sessions, and the loop never awaits anything but its own inputs (sends are
+//! `try_send`).
+//!
+//! Signals to the publisher: the JSON events of the WebSocket door (`overload`, `gap`,
+//! `closed`) on a data channel labelled `weir` when the publisher opened one, and always
+//! the end of the session: ICE/DTLS closed, then the resource answers 404. A session
+//! whose ICE is disconnected (or that sends nothing) for `whip_disconnect_timeout_ms`
+//! ends the stream with `producer_gone`; one that never connects within
+//! `whip_connect_timeout_ms` too.
+//!
+//! Invariants: a session's slot (`whip_max_sessions`) is held by a guard owned by the
+//! driver's session and released exactly once when the driver drops it; nothing is
+//! spawned per packet; a bad datagram or a bad Opus packet ends at most its own session
+//! (str0m and the decoder run under `catch_unwind`).
+
+pub mod client;
+pub mod driver;
+pub mod pump;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, post};
+use serde::Serialize;
+use serde_json::json;
+use str0m::change::SdpOffer;
+use str0m::config::DtlsCert;
+use str0m::{Candidate, Rtc, RtcConfig};
+use tokio::net::UdpSocket;
+use tokio::sync::{mpsc, oneshot};
+use weir_protocol::StreamId;
+
+use crate::auth::Authenticator;
+use crate::config::WhipConfig;
+use crate::door;
+use crate::error::Error;
+use crate::publisher::Sink;
+use crate::shutdown::TaskTracker;
+use crate::stream::Ingress;
+
+/// Largest SDP offer accepted (a browser's audio offer is 3–6 KiB).
+pub const MAX_OFFER_BYTES: usize = 64 * 1024;
+
+/// The label of the data channel that carries the JSON events.
+pub const EVENTS_CHANNEL: &str = "weir";
+
+/// Counters of the WHIP door, summed over every session (and per session in
+/// [`SessionCounters`]). Read by the admin `/v1/whip` view.
+#[derive(Debug, Default)]
+pub struct WhipCounters {
+    /// Sessions created (201 answered).
+    pub sessions_total: AtomicU64,
+    /// Offers refused, any reason.
+    pub offers_refused: AtomicU64,
+    /// Datagrams received on the UDP socket.
+    pub datagrams: AtomicU64,
+    /// Datagrams that no session accepted.
+    pub datagrams_unmatched: AtomicU64,
+    /// Datagrams that could not be sent (socket buffer full or error).
+    pub send_failures: AtomicU64,
+    /// Opus packets dropped before decoding because the pump was behind (bounded
+    /// channel full); the pump sees them as an RTP sequence gap.
+    pub packets_dropped_behind: AtomicU64,
+    /// Events for the `weir` data channel dropped (channel full or never opened).
+    pub events_dropped: AtomicU64,
+    /// Events written to the `weir` data channel.
+    pub events_sent: AtomicU64,
+    /// Sessions ended by the driver, because ICE/DTLS failed or timed out.
+    pub sessions_lost: AtomicU64,
+    /// Total over every pump (see [`SessionCounters`]).
+    pub media: SessionCounters,
+}
+
+/// Media counters of one session (and, summed, of all).
+#[derive(Debug, Default)]
+pub struct SessionCounters {
+    /// Opus packets received.
+    pub packets: AtomicU64,
+    /// Opus packets decoded.
+    pub decoded: AtomicU64,
+    /// Time spent decoding, ns.
+    pub decode_ns: AtomicU64,
+    /// Longest single decode, ns.
+    pub decode_ns_max: AtomicU64,
+    /// Opus packets the decoder refused (counted, concealed).
+    pub decode_errors: AtomicU64,
+    /// 20 ms frames made by loss concealment instead of decoded audio.
+    pub concealed_frames: AtomicU64,
+    /// RTP sequence gaps (one per jump, whatever its length).
+    pub rtp_gaps: AtomicU64,
+    /// RTP packets missing in those gaps.
+    pub rtp_lost: AtomicU64,
+    /// Packets that came late or twice (sequence not after the last one), ignored.
+    pub rtp_late: AtomicU64,
+    /// 20 ms frames pushed into the stream.
+    pub frames: AtomicU64,
+}
+
+impl SessionCounters {
+    fn add(&self, field: impl Fn(&Self) -> &AtomicU64, total: &Self, n: u64) {
+        field(self).fetch_add(n, Ordering::Relaxed);
+        field(total).fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn decode_took(&self, total: &Self, ns: u64) {
+        self.add(|c| &c.decoded, total, 1);
+        self.add(|c| &c.decode_ns, total, ns);
+        self.decode_ns_max.fetch_max(ns, Ordering::Relaxed);
+        total.decode_ns_max.fetch_max(ns, Ordering::Relaxed);
+    }
+
+    /// A JSON view.
+    pub fn snapshot(&self) -> MediaSnapshot {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let decoded = g(&self.decoded);
+        MediaSnapshot {
+            packets: g(&self.packets),
+            decoded,
+            decode_us_mean: if decoded == 0 {
+                0.0
+            } else {
+                g(&self.decode_ns) as f64 / decoded as f64 / 1e3
+            },
+            decode_us_max: g(&self.decode_ns_max) as f64 / 1e3,
+            decode_errors: g(&self.decode_errors),
+            concealed_frames: g(&self.concealed_frames),
+            rtp_gaps: g(&self.rtp_gaps),
+            rtp_lost: g(&self.rtp_lost),
+            rtp_late: g(&self.rtp_late),
+            frames: g(&self.frames),
+        }
+    }
+}
+
+/// [`SessionCounters`] as the admin view shows them.
+#[derive(Debug, Clone, Serialize)]
+pub struct MediaSnapshot {
+    /// Opus packets received.
+    pub packets: u64,
+    /// Opus packets decoded.
+    pub decoded: u64,
+    /// Mean decode time of one packet, µs.
+    pub decode_us_mean: f64,
+    /// Longest decode of one packet, µs.
+    pub decode_us_max: f64,
+    /// Packets the decoder refused.
+    pub decode_errors: u64,
+    /// Frames made by loss concealment.
+    pub concealed_frames: u64,
+    /// RTP sequence gaps.
+    pub rtp_gaps: u64,
+    /// RTP packets missing in the gaps.
+    pub rtp_lost: u64,
+    /// Late or duplicate packets ignored.
+    pub rtp_late: u64,
+    /// 20 ms frames pushed into the stream.
+    pub frames: u64,
+}
+
+/// A request to end a session's stream with `end` (DELETE); the reply comes once the
+/// `end` was handed to NATS (or given up on).
+pub(crate) struct Stop {
+    reply: oneshot::Sender<()>,
+}
+
+/// One WHIP resource in the registry.
+struct Entry {
+    stream_id: StreamId,
+    stop: mpsc::Sender<Stop>,
+    /// Set when the stream ended: the resource answers 404 from then on, even while
+    /// the driver still closes ICE/DTLS.
+    ended: Arc<AtomicBool>,
+    counters: Arc<SessionCounters>,
+}
+
+/// The WHIP resources, bounded by `whip_max_sessions`.
+pub(crate) struct Sessions {
+    map: Mutex<HashMap<String, Entry>>,
+    max: usize,
+}
+
+impl Sessions {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
+        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A session's place under `whip_max_sessions`, released (the resource removed) on
+/// `Drop`. Owned by the driver's session, so it is freed exactly once, when the
+/// session's ICE/DTLS is gone.
+pub(crate) struct SessionSlot {
+    sessions: Arc<Sessions>,
+    key: String,
+}
+
+impl Drop for SessionSlot {
+    fn drop(&mut self) {
+        self.sessions.lock().remove(&self.key);
+    }
+}
+
+/// What the HTTP handlers and the driver share.
+pub(crate) struct Shared {
+    config: WhipConfig,
+    /// The DTLS certificate of every session (its fingerprint is in each answer):
+    /// generated once at start, so that an offer does not pay for a key pair.
+    cert: Option<DtlsCert>,
+    /// The bound UDP address (its port is in every candidate).
+    udp_addr: std::net::SocketAddr,
+    sessions: Arc<Sessions>,
+    counters: Arc<WhipCounters>,
+    driver: mpsc::Sender<driver::Command>,
+}
+
+/// The running WHIP door: the driver task and what the handlers need.
+pub struct Whip {
+    shared: Arc<Shared>,
+    driver: tokio::task::JoinHandle<()>,
+}
+
+/// The WHIP admin view (`/v1/whip`).
+#[derive(Clone)]
+pub struct WhipView {
+    shared: Arc<Shared>,
+}
+
+impl WhipView {
+    /// Sessions, counters and limits as JSON.
+    pub fn snapshot(&self) -> serde_json::Value {
+        let c = &self.shared.counters;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let sessions: Vec<_> = self
+            .shared
+            .sessions
+            .lock()
+            .iter()
+            .map(|(key, e)| {
+                json!({
+                    "resource": key,
+                    "stream_id": e.stream_id.as_str(),
+                    "ended": e.ended.load(Ordering::Relaxed),
+                    "media": e.counters.snapshot(),
+                })
+            })
+            .collect();
+        json!({
+            "udp": self.shared.udp_addr.to_string(),
+            "advertise": self.shared.config.advertise.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "max_sessions": self.shared.sessions.max,
+            "active_sessions": sessions.len(),
+            "sessions_total": g(&c.sessions_total),
+            "offers_refused": g(&c.offers_refused),
+            "sessions_lost": g(&c.sessions_lost),
+            "datagrams": g(&c.datagrams),
+            "datagrams_unmatched": g(&c.datagrams_unmatched),
+            "send_failures": g(&c.send_failures),
+            "packets_dropped_behind": g(&c.packets_dropped_behind),
+            "events_sent": g(&c.events_sent),
+            "events_dropped": g(&c.events_dropped),
+            "media": c.media.snapshot(),
+            "sessions": sessions,
+        })
+    }
+}
+
+impl Whip {
+    /// Binds the UDP socket and starts the driver task.
+    pub async fn start(config: WhipConfig) -> Result<Self, Error> {
+        let socket = UdpSocket::bind(config.udp_listen).await.map_err(|e| {
+            Error::io(
+                format!(
+                    "config key `whip_udp_listen`: cannot bind UDP {}",
+                    config.udp_listen
+                ),
+                e,
+            )
+        })?;
+        let udp_addr = socket
+            .local_addr()
+            .map_err(|e| Error::io("WHIP UDP address", e))?;
+        let counters = Arc::new(WhipCounters::default());
+        let (tx, rx) = mpsc::channel(DRIVER_COMMANDS);
+        let sessions = Arc::new(Sessions {
+            map: Mutex::new(HashMap::new()),
+            max: config.max_sessions.get(),
+        });
+        let driver = tokio::spawn(driver::run(
+            socket,
+            rx,
+            driver::Settings {
+                connect_timeout: config.connect_timeout,
+                disconnect_timeout: config.disconnect_timeout,
+            },
+            Arc::clone(&counters),
+        ));
+        // A session without it generates its own (str0m's default).
+        let cert = str0m::crypto::from_feature_flags()
+            .dtls_provider
+            .generate_certificate();
+        Ok(Self {
+            shared: Arc::new(Shared {
+                config,
+                cert,
+                udp_addr,
+                sessions,
+                counters,
+                driver: tx,
+            }),
+            driver,
+        })
+    }
+
+    /// The bound UDP address.
+    pub fn udp_addr(&self) -> std::net::SocketAddr {
+        self.shared.udp_addr
+    }
+
+    /// The admin view.
+    pub fn view(&self) -> WhipView {
+        WhipView {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// The WHIP routes (without fallbacks; see [`door::with_fallbacks`]).
+    pub fn routes<S: Sink>(
+        &self,
+        ingress: Ingress<S>,
+        auth: Option<Arc<Authenticator>>,
+        retry_after: Duration,
+        tracker: TaskTracker,
+    ) -> Router {
+        let state = WhipState {
+            ingress,
+            auth,
+            retry_after,
+            tracker,
+            shared: Arc::clone(&self.shared),
+        };
+        Router::new()
+            .route(
+                "/v1/whip/{stream_id}",
+                post(offer::<S>)
+                    .options(options_endpoint)
+                    .fallback(|| async { method_not_allowed("POST, OPTIONS") }),
+            )
+            .route(
+                "/v1/whip/{stream_id}/{resource}",
+                delete(delete_session::<S>)
+                    .options(options_resource)
+                    .patch(|| async {
+                        let mut resp = door::error_response(
+                            StatusCode::METHOD_NOT_ALLOWED,
+                            "trickle_not_supported",
+                            "no trickle ICE nor ICE restart: every candidate is in the offer \
+                             and the answer; start a new session instead"
+                                .to_owned(),
+                        );
+                        allow(&mut resp, "DELETE, OPTIONS");
+                        resp
+                    })
+                    .fallback(|| async { method_not_allowed("DELETE, PATCH, OPTIONS") }),
+            )
+            .layer(DefaultBodyLimit::max(MAX_OFFER_BYTES))
+            .with_state(state)
+    }
+
+    /// Waits (at most `bound`) until every session's ICE/DTLS is closed, then stops the
+    /// driver. Call after the streams ended ([`Ingress::shutdown`]).
+    pub async fn shutdown(self, bound: Duration) {
+        let deadline = tokio::time::Instant::now() + bound;
+        while !self.shared.sessions.lock().is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.driver.abort();
+    }
+}
+
+/// Commands queued to the driver (new sessions, events, closes); senders wait when full.
+const DRIVER_COMMANDS: usize = 1024;
+
+/// Opus packets queued from the driver to one pump (1.28 s of 20 ms packets): more
+/// than the `close` policy's wait, so a full channel means the pump is starved of CPU.
+const PUMP_PACKETS: usize = 64;
+
+#[derive(Clone)]
+struct WhipState<S: Sink> {
+    ingress: Ingress<S>,
+    auth: Option<Arc<Authenticator>>,
+    retry_after: Duration,
+    tracker: TaskTracker,
+    shared: Arc<Shared>,
+}
+
+impl<S: Sink> WhipState<S> {
+    fn door(&self) -> door::Door<'_, S> {
+        door::Door {
+            ingress: &self.ingress,
+            auth: self.auth.as_deref(),
+            retry_after: self.retry_after,
+        }
+    }
+}
+
+fn allow(resp: &mut Response, methods: &'static str) {
+    resp.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(methods));
+}
+
+fn method_not_allowed(methods: &'static str) -> Response {
+    let mut resp = door::error_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("this WHIP URL answers {methods}"),
+    );
+    allow(&mut resp, methods);
+    resp
+}
+
+/// CORS for browser publishers on another origin (tokens travel in `Authorization`,
+/// never in cookies, so any origin may call).
+fn cors(resp: &mut Response) {
+    let h = resp.headers_mut();
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_ORIGIN,
+        HeaderValue::from_static("*"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_EXPOSE_HEADERS,
+        HeaderValue::from_static("Location"),
+    );
+}
+
+fn preflight(methods: &'static str) -> Response {
+    let mut resp = StatusCode::NO_CONTENT.into_response();
+    allow(&mut resp, methods);
+    cors(&mut resp);
+    let h = resp.headers_mut();
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static(methods),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_HEADERS,
+        HeaderValue::from_static("Authorization, Content-Type"),
+    );
+    h.insert(
+        header::HeaderName::from_static("accept-post"),
+        HeaderValue::from_static("application/sdp"),
+    );
+    resp
+}
+
+async fn options_endpoint() -> Response {
+    preflight("POST, OPTIONS")
+}
+
+async fn options_resource() -> Response {
+    preflight("DELETE, PATCH, OPTIONS")
+}
+
+fn refused(shared: &Shared, status: StatusCode, code: &str, message: String) -> Response {
+    shared
+        .counters
+        .offers_refused
+        .fetch_add(1, Ordering::Relaxed);
+    door::error_response(status, code, message)
+}
+
+/// Whether a `Content-Type` is `application/sdp` (parameters ignored).
+fn is_sdp(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/sdp"))
+}
+
+/// Whether an SDP answer receives Opus audio: an `m=audio` section with a non-zero
+/// port and an `a=rtpmap:<pt> opus/48000...` line.
+pub fn answer_receives_opus(answer: &str) -> bool {
+    let mut in_audio = false;
+    for line in answer.lines().map(str::trim) {
+        if let Some(m) = line.strip_prefix("m=") {
+            let mut parts = m.split_whitespace();
+            in_audio = parts.next() == Some("audio") && parts.next().is_some_and(|p| p != "0");
+        } else if in_audio
+            && let Some(map) = line.strip_prefix("a=rtpmap:")
+            && map
+                .split_whitespace()
+                .nth(1)
+                .is_some_and(|c| c.to_ascii_lowercase().starts_with("opus/48000"))
+        {
+            return true;
+        }
+    }
+    false
+}
+
+/// A new resource id: 128 random bits, hex (the resource URL is also a capability).
+fn resource_id() -> Option<String> {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b).ok()?;
+    Some(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// The `Rtc` of an accepted offer, and its answer. `Err`: why the offer is refused.
+fn accept(shared: &Shared, sdp: &str) -> Result<(Rtc, String), String> {
+    let port = shared.udp_addr.port();
+    let candidates: Vec<_> = shared
+        .config
+        .advertise
+        .iter()
+        .map(|ip| std::net::SocketAddr::new(*ip, port))
+        .collect();
+    accept_with(&candidates, shared.cert.as_ref(), sdp)
+}
+
+/// [`accept`] with these host candidates and DTLS certificate (`None`: a new one).
+fn accept_with(
+    candidates: &[std::net::SocketAddr],
+    cert: Option<&DtlsCert>,
+    sdp: &str,
+) -> Result<(Rtc, String), String> {
+    let offer = SdpOffer::from_sdp_string(sdp).map_err(|e| format!("not an SDP offer: {e}"))?;
+    // Opus only: anything else is refused in the answer (port 0).
+    let mut config = RtcConfig::new().clear_codecs().enable_opus(true, false);
+    if let Some(cert) = cert {
+        config = config.set_dtls_cert(cert.clone());
+    }
+    let mut rtc = config.build(std::time::Instant::now());
+    for &addr in candidates {
+        let candidate =
+            Candidate::host(addr, "udp").map_err(|e| format!("candidate {addr}: {e}"))?;
+        rtc.add_local_candidate(candidate);
+    }
+    let answer = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rtc.sdp_api().accept_offer(offer)
+    }))
+    .map_err(|_| "the offer could not be negotiated".to_owned())?
+    .map_err(|e| format!("the offer could not be negotiated: {e}"))?
+    .to_sdp_string();
+    if !answer_receives_opus(&answer) {
+        return Err("the offer has no Opus audio to send (m=audio with opus/48000/2)".to_owned());
+    }
+    Ok((rtc, answer))
+}
+
+async fn offer<S: Sink>(
+    State(state): State<WhipState<S>>,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(raw_query): RawQuery,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let shared = &state.shared;
+    let raw_id = path.map(|Path(raw)| raw).map_err(|e| e.body_text());
+    let door = state.door();
+    let admitted = match door.check(raw_id, raw_query.as_deref(), &headers) {
+        Ok(a) => a,
+        Err(resp) => return with_cors(*resp),
+    };
+    if !is_sdp(&headers) {
+        return with_cors(refused(
+            shared,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "a WHIP offer is Content-Type: application/sdp".to_owned(),
+        ));
+    }
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => {
+            let status = e.status();
+            let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                "offer_too_large"
+            } else {
+                "invalid_offer"
+            };
+            return with_cors(refused(
+                shared,
+                status,
+                code,
+                format!("{} (at most {MAX_OFFER_BYTES} bytes)", e.body_text()),
+            ));
+        }
+    };
+    let Ok(sdp) = std::str::from_utf8(&body) else {
+        return with_cors(refused(
+            shared,
+            StatusCode::BAD_REQUEST,
+            "invalid_offer",
+            "the offer is not UTF-8".to_owned(),
+        ));
+    };
+    // The cap before the (costly) negotiation; the slot is released if a later step
+    // refuses.
+    let (stop_tx, stop_rx) = mpsc::channel(1);
+    let ended = Arc::new(AtomicBool::new(false));
+    let counters = Arc::new(SessionCounters::default());
+    let Some(key) = resource_id() else {
+        return with_cors(refused(
+            shared,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "no randomness for a resource id".to_owned(),
+        ));
+    };
+    let slot = {
+        let mut map = shared.sessions.lock();
+        if map.len() >= shared.sessions.max {
+            None
+        } else {
+            map.insert(
+                key.clone(),
+                Entry {
+                    stream_id: admitted.id.clone(),
+                    stop: stop_tx,
+                    ended: Arc::clone(&ended),
+                    counters: Arc::clone(&counters),
+                },
+            );
+            Some(SessionSlot {
+                sessions: Arc::clone(&shared.sessions),
+                key: key.clone(),
+            })
+        }
+    };
+    let Some(slot) = slot else {
+        state.ingress.global().admission_rejected("max_sessions");
+        let mut resp = refused(
+            shared,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "max_sessions",
+            format!(
+                "{} WHIP sessions are active (whip_max_sessions); retry later",
+                shared.sessions.max
+            ),
+        );
+        door::insert_retry_after(&mut resp, state.retry_after);
+        return with_cors(resp);
+    };
+    let (rtc, answer) = match accept(shared, sdp) {
+        Ok(r) => r,
+        Err(message) => {
+            return with_cors(refused(
+                shared,
+                StatusCode::BAD_REQUEST,
+                "invalid_offer",
+                message,
+            ));
+        }
+    };
+    let stream_id = admitted.id.clone();
+    let handle = match door.open(admitted) {
+        Ok(h) => h,
+        Err(resp) => {
+            shared
+                .counters
+                .offers_refused
+                .fetch_add(1, Ordering::Relaxed);
+            return with_cors(*resp);
+        }
+    };
+    let (media_tx, media_rx) = mpsc::channel(PUMP_PACKETS);
+    let session = driver::NewSession {
+        key: key.clone(),
+        rtc,
+        media: media_tx,
+        slot,
+    };
+    if shared
+        .driver
+        .send(driver::Command::Add(Box::new(session)))
+        .await
+        .is_err()
+    {
+        // The driver is gone (shutdown): the handle drops, the stream ends at once.
+        return with_cors(door::error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the WHIP door is stopping".to_owned(),
+        ));
+    }
+    shared
+        .counters
+        .sessions_total
+        .fetch_add(1, Ordering::Relaxed);
+    tokio::spawn(pump::run(pump::Pump {
+        handle,
+        media: media_rx,
+        stop: stop_rx,
+        driver: shared.driver.clone(),
+        key: key.clone(),
+        counters,
+        totals: Arc::clone(&shared.counters),
+        ended,
+        _guard: state.tracker.guard(),
+    }));
+    tracing::info!(stream_id = %stream_id, resource = %key, "WHIP session created");
+    let location = format!("/v1/whip/{stream_id}/{key}");
+    let mut resp = (
+        StatusCode::CREATED,
+        [(header::CONTENT_TYPE, "application/sdp")],
+        answer,
+    )
+        .into_response();
+    if let Ok(v) = HeaderValue::from_str(&location) {
+        resp.headers_mut().insert(header::LOCATION, v);
+    }
+    with_cors(resp)
+}
+
+fn with_cors(mut resp: Response) -> Response {
+    cors(&mut resp);
+    resp
+}
+
+async fn delete_session<S: Sink>(
+    State(state): State<WhipState<S>>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    RawQuery(raw_query): RawQuery,
+    headers: HeaderMap,
+) -> Response {
+    let not_found = || {
+        with_cors(door::error_response(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no such WHIP session (it ended or never existed)".to_owned(),
+        ))
+    };
+    let Ok(Path((raw_id, key))) = path else {
+        return not_found();
+    };
+    // The same token that opened the stream may end it.
+    if let Err(resp) = state
+        .door()
+        .check(Ok(raw_id.clone()), raw_query.as_deref(), &headers)
+    {
+        return with_cors(*resp);
+    }
+    let stop = {
+        let map = state.shared.sessions.lock();
+        match map.get(&key) {
+            Some(e) if e.stream_id.as_str() == raw_id && !e.ended.load(Ordering::Acquire) => {
+                Some(e.stop.clone())
+            }
+            _ => None,
+        }
+    };
+    let Some(stop) = stop else {
+        return not_found();
+    };
+    let (reply, done) = oneshot::channel();
+    if stop.try_send(Stop { reply }).is_err() {
+        // Another DELETE is already ending it, or it is ending by itself.
+        return not_found();
+    }
+    // Bounded: the pump waits at most end_timeout + 500 ms for the `end`.
+    let bound = state.ingress.config().end_timeout() + Duration::from_secs(1);
+    let _ = tokio::time::timeout(bound, done).await;
+    with_cors(StatusCode::OK.into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_receives_opus_only_on_a_live_audio_section() {
+        let ok = "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=rtpmap:111 opus/48000/2\r\n";
+        assert!(answer_receives_opus(ok));
+        assert!(answer_receives_opus(&ok.replace("opus", "OPUS")));
+        assert!(!answer_receives_opus(&ok.replace("m=audio 9", "m=audio 0")));
+        assert!(!answer_receives_opus(&ok.replace("m=audio", "m=video")));
+        assert!(!answer_receives_opus(
+            "m=audio 9 UDP/TLS/RTP/SAVPF 0\r\na=rtpmap:0 PCMU/8000\r\n"
+        ));
+        assert!(!answer_receives_opus(""));
+    }
+
+    /// The shape of OBS's WHIP offer (libdatachannel): `a=group:LS`, ICE credentials
+    /// and fingerprint at session level, the codec spelled `OPUS`, a video section.
+    const OBS_OFFER: &str = "v=0\r\n\
+o=rtc 3481936415 0 IN IP4 127.0.0.1\r\n\
+s=-\r\n\
+t=0 0\r\n\
+a=group:BUNDLE 0 1\r\n\
+a=group:LS 0 1\r\n\
+a=msid-semantic:WMS *\r\n\
+a=setup:actpass\r\n\
+a=ice-ufrag:Xb7u\r\n\
+a=ice-pwd:9f5cHr7vqbWNRRG2Dwkmhg\r\n\
+a=ice-options:ice2,trickle\r\n\
+a=fingerprint:sha-256 5C:C6:19:38:4D:3B:4F:63:AC:59:03:1D:2E:86:15:D9:53:19:55:3A:DE:D3:44:FE:9F:2D:A8:2D:0B:FA:4E:24\r\n\
+m=audio 4000 UDP/TLS/RTP/SAVPF 111\r\n\
+c=IN IP4 127.0.0.1\r\n\
+a=mid:0\r\n\
+a=sendonly\r\n\
+a=ssrc:1717591808 cname:obs-audio\r\n\
+a=msid:obs obs-audio\r\n\
+a=rtcp-mux\r\n\
+a=rtpmap:111 OPUS/48000/2\r\n\
+a=fmtp:111 minptime=10;maxaveragebitrate=96000;stereo=1;sprop-stereo=1;useinbandfec=1\r\n\
+a=candidate:1 1 UDP 2122317823 127.0.0.1 4000 typ host\r\n\
+a=end-of-candidates\r\n\
+m=video 4000 UDP/TLS/RTP/SAVPF 96\r\n\
+c=IN IP4 127.0.0.1\r\n\
+a=mid:1\r\n\
+a=sendonly\r\n\
+a=ssrc:1717591809 cname:obs-video\r\n\
+a=msid:obs obs-video\r\n\
+a=rtcp-mux\r\n\
+a=rtpmap:96 H264/90000\r\n\
+a=fmtp:96 profile-level-id=42e01f;packetization-mode=1;level-asymmetry-allowed=1\r\n\
+";
+
+    #[test]
+    fn an_obs_shaped_offer_gets_an_opus_answer_and_video_is_refused() {
+        let cand: std::net::SocketAddr = "127.0.0.1:9999".parse().expect("addr");
+        let (_rtc, answer) = accept_with(&[cand], None, OBS_OFFER).expect("accepted");
+        assert!(answer_receives_opus(&answer), "{answer}");
+        assert!(answer.contains("a=recvonly"), "{answer}");
+        assert!(answer.contains("127.0.0.1 9999 typ host"), "{answer}");
+        // The video section is answered, disabled (port 0).
+        assert!(
+            answer.lines().any(|l| l.starts_with("m=video 0 ")),
+            "{answer}"
+        );
+        assert!(accept_with(&[cand], None, "v=0\r\n").is_err());
+        let pcmu = OBS_OFFER.replace("OPUS/48000/2", "PCMU/8000");
+        assert!(accept_with(&[cand], None, &pcmu).is_err());
+        // With the shared certificate, every answer carries its fingerprint.
+        let cert = str0m::crypto::from_feature_flags()
+            .dtls_provider
+            .generate_certificate()
+            .expect("certificate");
+        let fingerprint = |a: &str| {
+            a.lines()
+                .find(|l| l.starts_with("a=fingerprint:"))
+                .map(str::to_owned)
+        };
+        let (_, a1) = accept_with(&[cand], Some(&cert), OBS_OFFER).expect("a1");
+        let (_, a2) = accept_with(&[cand], Some(&cert), OBS_OFFER).expect("a2");
+        assert!(fingerprint(&a1).is_some());
+        assert_eq!(fingerprint(&a1), fingerprint(&a2));
+        assert_ne!(fingerprint(&a1), fingerprint(&answer));
+    }
+
+    #[test]
+    fn only_application_sdp_is_an_offer() {
+        let mut h = HeaderMap::new();
+        assert!(!is_sdp(&h));
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("Application/SDP; charset=utf-8"),
+        );
+        assert!(is_sdp(&h));
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        assert!(!is_sdp(&h));
+    }
+}

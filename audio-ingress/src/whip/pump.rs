@@ -1,0 +1,404 @@
+//! The pump: one task per WHIP stream, between the driver and the stream's queue.
+//! Decodes each Opus packet to 16 kHz mono s16le (the mono decoder downmixes the
+//! `opus/48000/2` track), cuts 20 ms frames (320 samples, 640 bytes) and pushes them
+//! with [`StreamHandle::push`] — the same call, queue, policy and publisher as the
+//! WebSocket door. Status changes (gap markers, overload, end) go back to the publisher
+//! as the WebSocket door's JSON events on the `weir` data channel.
+//!
+//! Loss: a jump in the RTP sequence is a gap (counted, with the packets it misses);
+//! up to [`MAX_CONCEALED_PACKETS`] missing packets are replaced by the decoder's loss
+//! concealment (counted as concealed frames), so the stream keeps its timeline across
+//! short losses; a longer hole is not filled. A packet the decoder refuses is counted
+//! and concealed. Late or repeated packets are counted and ignored.
+//!
+//! Decode cost is measured per packet (`decode_us_mean`, `decode_us_max` in the admin
+//! `/v1/whip` view). Decoding runs here, not in the driver: a slow decode delays this
+//! stream only.
+//!
+//! Outcomes (the stream's end reason, then what the publisher sees):
+//! - DELETE: `producer` — `closed` event, session closed, DELETE answered;
+//! - the driver lost the publisher (ICE disconnected or silent, DTLS failure):
+//!   `producer_gone` — session already closed;
+//! - overload (`close` policy): `overload` — `overload` and `closed` events, session
+//!   closed;
+//! - shutdown or any other end: that reason — `closed` event, session closed.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use opus_pure::OpusDecoder;
+use tokio::sync::mpsc;
+use weir_protocol::audio::extension::{EndReason, Overload};
+
+use super::driver::{Command, Media};
+use super::{SessionCounters, Stop, WhipCounters};
+use crate::door;
+use crate::error::PushError;
+use crate::metrics as m;
+use crate::shutdown::TaskGuard;
+use crate::stream::{StreamHandle, StreamSummary};
+
+/// Samples per 20 ms frame at 16 kHz.
+pub const FRAME_SAMPLES: usize = 320;
+/// Most missing packets in one gap that are concealed (100 ms at 20 ms packets).
+pub const MAX_CONCEALED_PACKETS: u64 = 5;
+/// The decoder's output rate.
+const RATE_HZ: u32 = 16_000;
+/// Largest Opus packet: 120 ms, 1,920 samples at 16 kHz.
+const MAX_PACKET_SAMPLES: usize = 1_920;
+
+/// What a pump owns.
+pub(crate) struct Pump {
+    pub handle: StreamHandle,
+    pub media: mpsc::Receiver<Media>,
+    pub stop: mpsc::Receiver<Stop>,
+    pub driver: mpsc::Sender<Command>,
+    pub key: String,
+    pub counters: Arc<SessionCounters>,
+    pub totals: Arc<WhipCounters>,
+    pub ended: Arc<AtomicBool>,
+    pub _guard: TaskGuard,
+}
+
+enum Outcome {
+    Delete(Stop),
+    Gone,
+    Overload(Overload),
+    Closed(EndReason),
+    /// The decoder could not be created.
+    Internal,
+}
+
+/// Opus → 20 ms PCM frames, with the sequence bookkeeping.
+pub struct Decoder {
+    opus: OpusDecoder,
+    last_seq: Option<u64>,
+    /// Samples of the last decoded packet: the length of a concealed one.
+    last_samples: usize,
+    pcm: Vec<i16>,
+    /// Decoded samples not yet cut into a frame.
+    carry: Vec<i16>,
+}
+
+impl Decoder {
+    /// A 16 kHz mono decoder.
+    pub fn new() -> Option<Self> {
+        Some(Self {
+            opus: OpusDecoder::new(RATE_HZ as i32, 1).ok()?,
+            last_seq: None,
+            last_samples: FRAME_SAMPLES,
+            pcm: vec![0; MAX_PACKET_SAMPLES],
+            carry: Vec::with_capacity(2 * MAX_PACKET_SAMPLES),
+        })
+    }
+
+    /// Decodes the packet `seq` (and conceals a short gap before it); complete frames
+    /// go to `out` as s16le bytes.
+    pub fn packet(
+        &mut self,
+        seq: u64,
+        data: &[u8],
+        c: &SessionCounters,
+        t: &SessionCounters,
+        out: &mut Vec<Bytes>,
+    ) {
+        c.add(|x| &x.packets, t, 1);
+        if let Some(last) = self.last_seq {
+            if seq <= last {
+                c.add(|x| &x.rtp_late, t, 1);
+                return;
+            }
+            let missing = seq - last - 1;
+            if missing > 0 {
+                c.add(|x| &x.rtp_gaps, t, 1);
+                c.add(|x| &x.rtp_lost, t, missing);
+                metrics::counter!(m::WHIP_RTP_GAPS_TOTAL).increment(1);
+                metrics::counter!(m::WHIP_RTP_LOST_PACKETS_TOTAL).increment(missing);
+                for _ in 0..missing.min(MAX_CONCEALED_PACKETS) {
+                    self.conceal(c, t, out);
+                }
+            }
+        }
+        self.last_seq = Some(seq);
+        let n = self.decode(data, c, t);
+        if n == 0 {
+            // Refused packet: conceal its place.
+            self.conceal(c, t, out);
+            return;
+        }
+        self.cut(n, out);
+    }
+
+    /// One lost packet's worth of loss concealment, counted.
+    fn conceal(&mut self, c: &SessionCounters, t: &SessionCounters, out: &mut Vec<Bytes>) {
+        let n = self.decode(&[], c, t);
+        let frames = n.div_ceil(FRAME_SAMPLES) as u64;
+        c.add(|x| &x.concealed_frames, t, frames);
+        metrics::counter!(m::WHIP_CONCEALED_FRAMES_TOTAL).increment(frames);
+        self.cut(n, out);
+    }
+
+    /// One decode into `self.pcm`, timed; 0 samples when refused (counted).
+    fn decode(&mut self, data: &[u8], c: &SessionCounters, t: &SessionCounters) -> usize {
+        let started = std::time::Instant::now();
+        // A packet says its own length (at most the buffer); a lost one is concealed
+        // for the length of the last.
+        let frame_size = if data.is_empty() {
+            self.last_samples
+        } else {
+            MAX_PACKET_SAMPLES
+        };
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            self.opus.decode_s16(data, frame_size, &mut self.pcm)
+        }));
+        let ns = started.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+        match result {
+            Ok(Ok(n)) if n <= self.pcm.len() => {
+                c.decode_took(t, ns);
+                metrics::counter!(m::WHIP_PACKETS_DECODED_TOTAL).increment(1);
+                metrics::gauge!(m::WHIP_DECODE_SECONDS_TOTAL).increment(ns as f64 / 1e9);
+                if !data.is_empty() && n > 0 {
+                    self.last_samples = n;
+                }
+                n
+            }
+            Ok(_) => {
+                c.add(|x| &x.decode_errors, t, 1);
+                metrics::counter!(m::WHIP_DECODE_ERRORS_TOTAL).increment(1);
+                0
+            }
+            Err(_) => {
+                // A panic may leave the decoder inconsistent: start afresh.
+                c.add(|x| &x.decode_errors, t, 1);
+                metrics::counter!(m::WHIP_DECODE_ERRORS_TOTAL).increment(1);
+                if let Ok(d) = OpusDecoder::new(RATE_HZ as i32, 1) {
+                    self.opus = d;
+                }
+                0
+            }
+        }
+    }
+
+    /// Appends `n` decoded samples and moves every complete frame to `out`.
+    fn cut(&mut self, n: usize, out: &mut Vec<Bytes>) {
+        self.carry.extend_from_slice(&self.pcm[..n]);
+        let whole = self.carry.len() / FRAME_SAMPLES * FRAME_SAMPLES;
+        for frame in self.carry[..whole].chunks_exact(FRAME_SAMPLES) {
+            let mut b = Vec::with_capacity(FRAME_SAMPLES * 2);
+            for s in frame {
+                b.extend_from_slice(&s.to_le_bytes());
+            }
+            out.push(Bytes::from(b));
+        }
+        self.carry.drain(..whole);
+    }
+}
+
+/// Runs one stream's pump until its [`Outcome`].
+pub(crate) async fn run(mut p: Pump) {
+    let outcome = pump(&mut p).await;
+    p.ended.store(true, Ordering::Release);
+    finish(p, outcome).await;
+}
+
+async fn pump(p: &mut Pump) -> Outcome {
+    let Some(mut decoder) = Decoder::new() else {
+        return Outcome::Internal;
+    };
+    let mut status = p.handle.status();
+    let mut gaps_seen = 0;
+    let mut frames = Vec::new();
+    loop {
+        tokio::select! {
+            // Status first, as the WebSocket door: a flood of packets must not starve
+            // the publisher's events.
+            biased;
+            changed = status.changed() => {
+                let change = door::status_change(changed, &mut status, &mut gaps_seen);
+                if let Some(ev) = change.gap {
+                    event_to(&p.driver, &p.key, ev).await;
+                }
+                match change.stop {
+                    Some(door::StatusStop::Overload(o)) => return Outcome::Overload(o),
+                    Some(door::StatusStop::Closed(r)) => return Outcome::Closed(r),
+                    None => {}
+                }
+            }
+            stop = p.stop.recv() => match stop {
+                Some(stop) => return Outcome::Delete(stop),
+                None => return Outcome::Gone,
+            },
+            m = p.media.recv() => {
+                let Some(m) = m else { return Outcome::Gone };
+                decoder.packet(m.seq, &m.data, &p.counters, &p.totals.media, &mut frames);
+                for frame in frames.drain(..) {
+                    p.counters.add(|x| &x.frames, &p.totals.media, 1);
+                    match p.handle.push(frame).await {
+                        Ok(_) => {}
+                        Err(PushError::Overloaded(o)) => return Outcome::Overload(o),
+                        Err(PushError::Closed(r)) => return Outcome::Closed(r),
+                        // 640-byte frames are always valid and `push` waits instead of
+                        // answering Full; neither can happen, but end cleanly if it does.
+                        Err(PushError::InvalidFrame(_) | PushError::Full { .. }) => {
+                            return Outcome::Closed(EndReason::Error);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn finish(p: Pump, outcome: Outcome) {
+    let Pump {
+        handle,
+        driver,
+        key,
+        ..
+    } = p;
+    let summary = |h: &StreamHandle| StreamSummary {
+        snapshot: h.snapshot(),
+        finished: false,
+    };
+    // The `closed` event (none when the publisher is gone), then the session closes.
+    let (closed, reply) = match outcome {
+        Outcome::Gone => {
+            // Dropping the handle ends the stream with `producer_gone`; the driver
+            // already closed the session.
+            drop(handle);
+            (None, None)
+        }
+        Outcome::Delete(stop) => {
+            let s = handle.finish_with(EndReason::Producer).await;
+            (Some((EndReason::Producer, s)), Some(stop))
+        }
+        Outcome::Overload(o) => {
+            event_to(&driver, &key, door::overload_event(&o, &handle)).await;
+            (Some((EndReason::Overload, summary(&handle))), None)
+        }
+        Outcome::Closed(reason) => {
+            let s = handle.wait_finished(Duration::from_secs(30)).await;
+            (Some((reason, s)), None)
+        }
+        Outcome::Internal => {
+            let mut handle = handle;
+            handle.close(EndReason::Error);
+            (Some((EndReason::Error, summary(&handle))), None)
+        }
+    };
+    if let Some((reason, s)) = closed {
+        event_to(&driver, &key, door::closed_event(reason.as_str(), &s)).await;
+    }
+    close(&driver, &key).await;
+    if let Some(stop) = reply {
+        let _ = stop.reply.send(());
+    }
+}
+
+/// Queues one event for the data channel (bounded: the driver's command channel).
+async fn event_to(driver: &mpsc::Sender<Command>, key: &str, ev: serde_json::Value) {
+    let cmd = Command::Event {
+        key: key.to_owned(),
+        text: ev.to_string(),
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), driver.send(cmd)).await;
+}
+
+async fn close(driver: &mpsc::Sender<Command>, key: &str) {
+    let cmd = Command::Close {
+        key: key.to_owned(),
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), driver.send(cmd)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 20 ms Opus packets (48 kHz stereo, as browsers and aiortc send) of a 440 Hz tone.
+    fn packets(n: usize) -> Vec<Vec<u8>> {
+        let mut enc =
+            opus_pure::OpusEncoder::new(48_000, 2, opus_pure::Application::Audio).expect("enc");
+        (0..n)
+            .map(|f| {
+                let pcm: Vec<i16> = (0..960)
+                    .flat_map(|i| {
+                        let t = (f * 960 + i) as f64 / 48_000.0;
+                        let v = (8_000.0 * (2.0 * std::f64::consts::PI * 440.0 * t).sin()) as i16;
+                        [v, v]
+                    })
+                    .collect();
+                let mut out = vec![0u8; 4_000];
+                let len = enc.encode_s16(&pcm, 960, &mut out).expect("encode");
+                out.truncate(len);
+                out
+            })
+            .collect()
+    }
+
+    #[test]
+    fn gaps_are_counted_and_short_ones_concealed_in_20_ms_frames() {
+        let p = packets(40);
+        let (c, t) = (SessionCounters::default(), SessionCounters::default());
+        let mut d = Decoder::new().expect("decoder");
+        let mut out = Vec::new();
+        // 1..=3, then 4 and 5 lost, then 6..=10.
+        for seq in (1..=3).chain(6..=10) {
+            d.packet(seq, &p[seq as usize - 1], &c, &t, &mut out);
+        }
+        assert_eq!(out.len(), 10, "8 decoded + 2 concealed frames");
+        assert!(out.iter().all(|f| f.len() == FRAME_SAMPLES * 2));
+        let s = c.snapshot();
+        assert_eq!((s.rtp_gaps, s.rtp_lost, s.concealed_frames), (1, 2, 2));
+        assert_eq!(s.packets, 8);
+        // A repeated packet is ignored and counted.
+        d.packet(6, &p[5], &c, &t, &mut out);
+        assert_eq!((out.len(), c.snapshot().rtp_late), (10, 1));
+        // A long hole (20 missing) conceals only MAX_CONCEALED_PACKETS.
+        d.packet(31, &p[30], &c, &t, &mut out);
+        let s = c.snapshot();
+        assert_eq!((s.rtp_gaps, s.rtp_lost), (2, 22));
+        assert_eq!(s.concealed_frames, 2 + MAX_CONCEALED_PACKETS);
+        assert_eq!(out.len() as u64, 10 + MAX_CONCEALED_PACKETS + 1);
+        // Totals follow the session's counters; decode time is measured.
+        assert_eq!(t.snapshot().concealed_frames, s.concealed_frames);
+        assert!(s.decoded >= 9 && s.decode_us_mean > 0.0);
+    }
+
+    #[test]
+    fn the_decoded_tone_is_the_tone() {
+        let p = packets(25);
+        let (c, t) = (SessionCounters::default(), SessionCounters::default());
+        let mut d = Decoder::new().expect("decoder");
+        let mut out = Vec::new();
+        for (i, packet) in p.iter().enumerate() {
+            d.packet(i as u64 + 1, packet, &c, &t, &mut out);
+        }
+        let pcm: Vec<f64> = out
+            .iter()
+            .flat_map(|f| {
+                f.chunks_exact(2)
+                    .map(|b| f64::from(i16::from_le_bytes([b[0], b[1]])))
+            })
+            .collect();
+        assert_eq!(pcm.len(), 25 * FRAME_SAMPLES);
+        // Zero crossings of a 440 Hz tone over the last 0.4 s: 352 (± codec delay).
+        let tail = &pcm[pcm.len() - 6_400..];
+        let crossings = tail
+            .windows(2)
+            .filter(|w| (w[0] < 0.0) != (w[1] < 0.0))
+            .count();
+        assert!(
+            (348..=356).contains(&crossings),
+            "{crossings} zero crossings"
+        );
+        let rms = (tail.iter().map(|x| x * x).sum::<f64>() / tail.len() as f64).sqrt();
+        assert!(
+            (4_500.0..=6_800.0).contains(&rms),
+            "rms {rms} (tone rms 5657)"
+        );
+    }
+}
