@@ -58,7 +58,9 @@
 pub mod admin;
 pub mod admission;
 pub mod backend;
-pub mod client;
+/// The Rust client, its own crate (`weir-llm-client`, beside the Python client in
+/// `clients/python`); re-exported so that `weir_llm_adapter::client` paths keep working.
+pub use weir_llm_client as client;
 pub mod config;
 pub mod metrics;
 pub mod nats_events;

@@ -455,14 +455,8 @@ fn env_id(field: &'static str, v: Option<String>) -> Result<Option<String>, Box<
     }
 }
 
-/// Reply of the cancel endpoint.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct CancelReply {
-    /// The request id.
-    pub request_id: String,
-    /// `queued`, `running` or `not_found`.
-    pub result: String,
-}
+/// Reply of the cancel endpoint (a wire schema: `weir_protocol::llm::CancelReply`).
+pub use weir_protocol::llm::CancelReply;
 
 /// The request id a cancel or status message names: the `Weir-Cancel` header, else
 /// `Weir-Request-Id`, else the body (trimmed).

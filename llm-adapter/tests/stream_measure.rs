@@ -147,9 +147,13 @@ async fn rss_stays_flat_while_100_callers_stream_10000_tokens_each() {
         "{CALLERS} callers x {TOKENS} tokens in {elapsed:?} ({chunks} chunks): RSS idle {before} KiB, at 1 s {warm} KiB, peak {peak} KiB, last sample {last} KiB; samples {:?}",
         samples.iter().map(|(_, r)| *r).collect::<Vec<_>>()
     );
+    // Flat, not a leak: a per-token leak of even 8 bytes would be 8 MB for these 10^6
+    // tokens. The release build holds within 1 MiB (measured +64 KiB); the debug build
+    // on a loaded CI machine grew 1,060 KiB once, so it gets 4 MiB.
+    let limit_kib = if cfg!(debug_assertions) { 4096 } else { 1024 };
     assert!(
-        peak.saturating_sub(warm) < 1024,
-        "RSS grew {} KiB while streaming",
+        peak.saturating_sub(warm) < limit_kib,
+        "RSS grew {} KiB while streaming (limit {limit_kib} KiB)",
         peak.saturating_sub(warm)
     );
 }

@@ -21,6 +21,9 @@ pub mod error;
 pub mod headers;
 pub mod stream;
 
+mod cancel;
+pub use cancel::CancelReply;
+
 pub use envelope::{EnvelopeMeta, ResponseEnvelope};
 pub use error::{ErrorBody, ErrorCode, ErrorDetails, UnknownErrorCode};
 pub use headers::{AdmissionPolicy, HeaderError, HeaderErrorKind};

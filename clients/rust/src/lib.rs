@@ -1,8 +1,9 @@
-//! A Rust client for the adapter.
+//! A Rust client for the adapter (crate `weir-llm-client`: async-nats and the wire
+//! contracts only, so a caller does not build the adapter).
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use weir_llm_adapter::client::{ClientErrorKind, LlmClient};
+//! use weir_llm_client::{ClientErrorKind, LlmClient};
 //! use weir_protocol::llm::ErrorCode;
 //!
 //! # async fn demo(nats: async_nats::Client) -> Result<(), Box<dyn std::error::Error>> {
@@ -50,7 +51,7 @@ use bytes::Bytes;
 use weir_protocol::llm::headers as h;
 use weir_protocol::llm::{AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails, ResponseEnvelope};
 
-use crate::service::CancelReply;
+use weir_protocol::llm::CancelReply;
 
 /// Machine-readable kind of a [`ClientError`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
