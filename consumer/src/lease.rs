@@ -120,7 +120,8 @@ pub(crate) struct Planner {
     timing: Timing,
     started: Instant,
     view: Vec<Option<Seen>>,
-    heard: HashMap<String, Instant>,
+    /// Per peer: when it was first heard (since it was last taken for dead) and last.
+    heard: HashMap<String, (Instant, Instant)>,
     held: BTreeMap<u32, Held>,
     in_flight: BTreeSet<u32>,
 }
@@ -146,9 +147,15 @@ impl Planner {
 
     /// A heartbeat of `worker` arrived.
     pub(crate) fn heard(&mut self, worker: &str, now: Instant) {
-        if worker != self.me {
-            self.heard.insert(worker.to_owned(), now);
+        if worker == self.me {
+            return;
         }
+        let timeout = self.timing.heartbeat_timeout;
+        let entry = self.heard.entry(worker.to_owned()).or_insert((now, now));
+        if now.saturating_duration_since(entry.1) >= timeout {
+            entry.0 = now; // back from the dead: a new life
+        }
+        entry.1 = now;
     }
 
     /// The watcher saw the key of `partition`: `Some((owner, revision))` for a write,
@@ -192,7 +199,9 @@ impl Planner {
         let mut live: BTreeSet<&str> = self
             .heard
             .iter()
-            .filter(|(_, at)| now.saturating_duration_since(**at) < self.timing.heartbeat_timeout)
+            .filter(|(_, (_, last))| {
+                now.saturating_duration_since(*last) < self.timing.heartbeat_timeout
+            })
             .map(|(w, _)| w.as_str())
             .collect();
         live.insert(&self.me);
@@ -212,6 +221,17 @@ impl Planner {
 
     /// What to do now.
     pub(crate) fn plan(&mut self, now: Instant) -> Vec<Action> {
+        self.plan_with(now, true)
+    }
+
+    /// What to do now, releasing nothing: run when a key was freed (deleted), so that
+    /// a worker below its share claims it without waiting for its next tick, while
+    /// releases stay one per tick.
+    pub(crate) fn plan_claims(&mut self, now: Instant) -> Vec<Action> {
+        self.plan_with(now, false)
+    }
+
+    fn plan_with(&mut self, now: Instant, release: bool) -> Vec<Action> {
         let mut actions = Vec::new();
         // 1. Fence what ran out of validity.
         let expired: Vec<u32> = self
@@ -273,16 +293,23 @@ impl Planner {
                 self.in_flight.insert(p);
                 actions.push(action);
             }
-        } else if self.held.len() > share {
+        } else if release && self.held.len() > share {
             let mut counts: HashMap<&str, usize> = live.iter().map(|w| (*w, 0)).collect();
             for s in self.view.iter().flatten() {
                 if let Some(c) = counts.get_mut(s.owner.as_str()) {
                     *c += 1;
                 }
             }
+            // Only towards a worker out of its start grace: before that it claims
+            // nothing, and a partition released to it would sit unread.
+            let settled = |w: &str| {
+                self.heard.get(w).is_some_and(|(first, _)| {
+                    now.saturating_duration_since(*first) >= self.timing.heartbeat_timeout
+                })
+            };
             let someone_below = counts
                 .iter()
-                .any(|(w, c)| *w != self.me.as_str() && *c < share);
+                .any(|(w, c)| *w != self.me.as_str() && *c < share && settled(w));
             let candidate = self
                 .held
                 .iter()
@@ -587,8 +614,19 @@ mod tests {
         for part in 0..4 {
             p.acquired(part, u64::from(part) + 1, now);
         }
-        // A second worker appears with nothing: share 2.
+        // A second worker appears with nothing: share 2, but nothing is released to it
+        // before it is out of its start grace.
         p.heard("c", now);
+        assert!(p.plan(now).is_empty());
+        for _ in 0..3 {
+            let t = step(500).await;
+            p.heard("c", t);
+            p.acquired(0, 1, t);
+            p.acquired(1, 2, t);
+            p.acquired(2, 3, t);
+            p.acquired(3, 4, t);
+        }
+        let now = Instant::now();
         let actions = p.plan(now);
         assert_eq!(
             actions,
@@ -611,6 +649,27 @@ mod tests {
         p.observe(2, Some(("c".into(), 10)), now);
         assert!(p.plan(now).is_empty());
         assert_eq!(p.held().count(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_freed_key_is_claimed_at_once_but_releases_wait_for_the_tick() {
+        let mut p = Planner::new("a".into(), 4, T, Instant::now());
+        let now = step(1_500).await;
+        p.plan(now);
+        for part in 0..4 {
+            p.acquired(part, 1, now);
+        }
+        p.heard("c", now);
+        assert!(p.plan_claims(now).is_empty(), "no release outside the tick");
+        let mut q = Planner::new("c".into(), 4, T, Instant::now());
+        let now = step(1_500).await;
+        q.heard("a", now);
+        for part in 0..4 {
+            q.observe(part, Some(("a".into(), 1)), now);
+        }
+        assert!(q.plan_claims(now).is_empty());
+        q.observe(3, None, now);
+        assert_eq!(q.plan_claims(now), vec![Action::Claim(3)]);
     }
 
     #[tokio::test(start_paused = true)]

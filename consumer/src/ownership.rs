@@ -301,9 +301,7 @@ impl<F: HandlerFactory> Driver<F> {
                         };
                     }
                     let actions = self.planner.plan(now);
-                    for action in actions {
-                        self.apply(action, "expired");
-                    }
+                    self.apply_all(actions);
                     self.publish_state(now);
                 }
             }
@@ -315,6 +313,25 @@ impl<F: HandlerFactory> Driver<F> {
         self.board.set(self.planner.snapshot(now));
         ::metrics::gauge!(m::CONSUMER_LEASES_HELD).set(self.feeds.len() as f64);
         ::metrics::gauge!(m::CONSUMER_LEASE_LIVE_WORKERS).set(self.planner.live_count(now) as f64);
+    }
+
+    /// Applies a plan: a fence followed by the release of the same partition is a
+    /// release, any other fence ran out of validity.
+    fn apply_all(&mut self, actions: Vec<Action>) {
+        let released: Vec<u32> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Release { partition, .. } => Some(*partition),
+                _ => None,
+            })
+            .collect();
+        for action in actions {
+            let reason = match &action {
+                Action::Fence(p) if released.contains(p) => "released",
+                _ => "expired",
+            };
+            self.apply(action, reason);
+        }
     }
 
     fn on_entry(&mut self, entry: kv::Entry) {
@@ -331,8 +348,14 @@ impl<F: HandlerFactory> Driver<F> {
             )),
             kv::Operation::Delete | kv::Operation::Purge => None,
         };
-        if let Some(action) = self.planner.observe(p, value, Instant::now()) {
+        let freed = value.is_none();
+        let now = Instant::now();
+        if let Some(action) = self.planner.observe(p, value, now) {
             self.apply(action, "taken_over");
+        }
+        if freed {
+            let actions = self.planner.plan_claims(now);
+            self.apply_all(actions);
         }
     }
 
