@@ -51,6 +51,8 @@ const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) const RELEASE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Pause before re-creating a failed watcher.
 const WATCH_RETRY: Duration = Duration::from_millis(500);
+/// Watcher entries buffered for the driver (a full buffer makes the watcher wait).
+const WATCH_CHANNEL: usize = 1_024;
 
 /// The lease table, as [`crate::Consumer::leases`] reads it.
 #[derive(Debug, Default)]
@@ -241,8 +243,15 @@ impl<F: HandlerFactory> Driver<F> {
         let mut beat = tokio::time::interval(self.lease.heartbeat_interval);
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let hb_subject = self.lease.heartbeat_subject();
-        let mut watcher: Option<kv::Watch> = None;
-        let mut watch_retry_at = Instant::now();
+        // The watcher runs in its own task (its creation can stall for seconds during a
+        // KV leader election, which must not delay renewals); it ends with the driver.
+        let (entries_tx, mut entries) = tokio::sync::mpsc::channel(WATCH_CHANNEL);
+        let watcher = tokio::spawn(run_watcher(
+            self.kv.clone(),
+            entries_tx,
+            self.lease.renew_interval,
+        ));
+        let _abort_watcher = AbortOnDrop(watcher);
         let deadline = loop {
             tokio::select! {
                 changed = stop.changed() => match changed {
@@ -265,18 +274,7 @@ impl<F: HandlerFactory> Driver<F> {
                         self.planner.heard(id, Instant::now());
                     }
                 }
-                entry = next_entry(&mut watcher) => match entry {
-                    Some(Ok(entry)) => self.on_entry(entry),
-                    Some(Err(e)) => {
-                        tracing::warn!(error = %e, "lease watcher error; re-creating it");
-                        watcher = None;
-                        watch_retry_at = Instant::now() + WATCH_RETRY;
-                    }
-                    None => {
-                        watcher = None;
-                        watch_retry_at = Instant::now() + WATCH_RETRY;
-                    }
-                },
+                Some(entry) = entries.recv() => self.on_entry(entry),
                 _ = beat.tick() => {
                     let id = self.planner.me().to_owned();
                     let publish = self.client.publish(hb_subject.clone(), id.into());
@@ -286,20 +284,6 @@ impl<F: HandlerFactory> Driver<F> {
                 }
                 _ = tick.tick() => {
                     let now = Instant::now();
-                    if watcher.is_none() && now >= watch_retry_at {
-                        watcher = match tokio::time::timeout(
-                            self.lease.renew_interval,
-                            self.kv.watch_with_history(">"),
-                        )
-                        .await
-                        {
-                            Ok(Ok(w)) => Some(w),
-                            _ => {
-                                watch_retry_at = now + WATCH_RETRY;
-                                None
-                            }
-                        };
-                    }
                     let actions = self.planner.plan(now);
                     self.apply_all(actions);
                     self.publish_state(now);
@@ -564,13 +548,43 @@ impl<F: HandlerFactory> Driver<F> {
     }
 }
 
-/// The next watcher entry, or never when there is no watcher.
-async fn next_entry(
-    watcher: &mut Option<kv::Watch>,
-) -> Option<Result<kv::Entry, kv::WatcherError>> {
-    match watcher {
-        Some(w) => w.next().await,
-        None => std::future::pending().await,
+/// Aborts the task when dropped (also when the driver itself is aborted).
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Forwards every change of the bucket to the driver, re-creating the watcher (with
+/// history, so the view is complete again) whenever it fails or ends. Ends when the
+/// driver is gone.
+async fn run_watcher(kv: kv::Store, tx: tokio::sync::mpsc::Sender<kv::Entry>, bound: Duration) {
+    loop {
+        match tokio::time::timeout(bound, kv.watch_with_history(">")).await {
+            Ok(Ok(mut watch)) => {
+                while let Some(item) = watch.next().await {
+                    match item {
+                        Ok(entry) => {
+                            if tx.send(entry).await.is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "lease watcher error; re-creating it");
+                            break;
+                        }
+                    }
+                }
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot create the lease watcher"),
+            Err(_) => tracing::warn!("lease watcher creation timed out"),
+        }
+        if tx.is_closed() {
+            return;
+        }
+        tokio::time::sleep(WATCH_RETRY).await;
     }
 }
 
