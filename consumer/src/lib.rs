@@ -31,7 +31,8 @@
 //!   (`max_pending_bytes`, `max_pending_age_ms`, [`ConsumerPolicy`]), `idle_timeout_ms`,
 //!   `subscription_capacity`, `max_streams`, `max_frame_age_ms` (staleness guard,
 //!   default 1,000 ms, `0` = off), `source` ([`ConsumerSource`]: core subscriptions,
-//!   or ordered JetStream consumers for the ingress's lossless mode).
+//!   or ordered JetStream consumers for the ingress's lossless mode), `ownership`
+//!   ([`Ownership`]: the static `owned` list, the default, or leases — see below).
 //! - [`Consumer::connect`] / [`Consumer::connect_with`] (own async-nats options: auth,
 //!   TLS, timeouts) subscribe to the owned partitions and return once the server has
 //!   registered the subscriptions.
@@ -46,6 +47,9 @@
 //!   streams, `+ frames_refused` from the totals; handled = `frames_delivered`.
 //! - [`Consumer::events`]: a broadcast of [`ConsumerEvent`]s (reaped, overloaded, lost,
 //!   possibly lost, loss declared, stale, restarted, refused, slow consumer).
+//! - [`Consumer::leases`] ([`LeaseInfo`]: owner, revision, held here, time left) and
+//!   [`Consumer::owned_now`] with lease ownership; [`Consumer::abort`] is a crash (no
+//!   drain, no release) for failover drills.
 //! - [`Consumer::shutdown`]: unsubscribe, end every stream with
 //!   [`EndCause::Shutdown`], wait for handlers up to a grace period, return final stats.
 //!
@@ -95,6 +99,16 @@
 //!   stream sequence it delivered on a reconnect or server restart: no loss, no
 //!   duplicate. [`JetStreamStart::New`] (default) starts at messages stored from now
 //!   on; [`JetStreamStart::All`] replays the retained stream. See [`jetstream`].
+//! - **Lease ownership** ([`Ownership::Lease`], docs/scale-out.md): the workers share
+//!   the partitions through a JetStream KV bucket, one key per partition whose revision
+//!   is the fencing token. A worker claims (`create`), renews (`update` from its
+//!   revision) and releases; takes over a worker whose core-NATS heartbeats stopped
+//!   (CAS on its last revision); balances at ⌈P / live workers⌉, one release per tick.
+//!   A partition is fenced — no event handed to its handlers any more — the moment a
+//!   renewal is refused, another worker's newer write is seen, or the local validity
+//!   (last successful renewal's send time + TTL − margin) runs out; its streams end
+//!   with [`EndCause::Handover`]. A stream picked up after a handover starts with a
+//!   [`GapCause::Handover`] gap for the seqs this worker never saw.
 //! - Nothing in this module panics on network input; undecodable packets are counted by
 //!   error kind.
 
