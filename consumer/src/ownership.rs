@@ -46,7 +46,12 @@ use crate::metrics as m;
 use crate::{ConsumerError, Shared, run_subscription};
 
 /// Bound of the bucket setup at start.
-const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bound of one setup attempt (a node that just joined a cluster may leave JetStream
+/// requests unanswered for a while; another attempt may go elsewhere or succeed).
+const SETUP_ATTEMPT: Duration = Duration::from_secs(2);
+/// Pause between two bucket setup attempts.
+const SETUP_RETRY: Duration = Duration::from_millis(250);
 /// How long shutdown waits for the releases after the feeds drained.
 pub(crate) const RELEASE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Pause before re-creating a failed watcher.
@@ -120,10 +125,27 @@ pub(crate) async fn start<F: HandlerFactory>(
         bucket: lease.bucket.clone(),
         reason,
     };
-    let kv = tokio::time::timeout(SETUP_TIMEOUT, open_bucket(&client, &lease))
-        .await
-        .map_err(|_| lease_error(format!("bucket setup took over {SETUP_TIMEOUT:?}")))?
-        .map_err(lease_error)?;
+    // Retried within the bound: right after a cluster starts (or while its meta leader
+    // moves) JetStream answers "temporarily unavailable", and workers starting together
+    // race to create the same stream.
+    let deadline = Instant::now() + SETUP_TIMEOUT;
+    let kv = loop {
+        let attempt = deadline.min(Instant::now() + SETUP_ATTEMPT);
+        let error = match tokio::time::timeout_at(attempt, open_bucket(&client, &lease)).await {
+            Ok(Ok(kv)) => break kv,
+            Ok(Err(e)) => e,
+            Err(_) => format!("no answer within {SETUP_ATTEMPT:?}"),
+        };
+        if Instant::now() + SETUP_RETRY >= deadline {
+            return Err(lease_error(error));
+        }
+        tracing::warn!(
+            bucket = lease.bucket,
+            error,
+            "lease bucket not ready; retrying"
+        );
+        tokio::time::sleep(SETUP_RETRY).await;
+    };
     let heartbeats = weir_service::nats::subscribe_confirmed(
         &client,
         vec![lease.heartbeat_subject()],

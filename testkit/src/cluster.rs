@@ -15,8 +15,8 @@
 //!   file is fixed), and its JetStream store, so a restarted node rejoins as the same
 //!   peer.
 //! - **Ready means a meta leader.** [`start`](NatsCluster::start) returns once every
-//!   node answers on its client port and all of them agree on one JetStream meta
-//!   leader (bounded by the startup timeout).
+//!   node answers on its client port, all of them agree on one JetStream meta leader
+//!   and every node's `/healthz` answers 200 (bounded by the startup timeout).
 //! - Leaders are read from each node's HTTP monitoring endpoint (`/jsz`), which works
 //!   without a system account. A killed or paused node is skipped.
 //! - Dropping the value kills and reaps every node (each is a [`NatsServer`]).
@@ -152,6 +152,7 @@ impl NatsCluster {
             startup_timeout: base.startup_timeout,
         };
         cluster.wait_meta_leader(base.startup_timeout)?;
+        cluster.wait_healthy(base.startup_timeout)?;
         Ok(cluster)
     }
 
@@ -257,6 +258,29 @@ impl NatsCluster {
                 return Err(Error::new(
                     ErrorKind::StartTimeout,
                     format!("no agreed JetStream meta leader within {timeout:?}: {views:?}"),
+                ));
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Waits (bounded) until every reachable node answers `GET /healthz` with 200 (on
+    /// a JetStream node: its JetStream is current with the cluster).
+    pub fn wait_healthy(&self, timeout: Duration) -> Result<(), Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let sick: Vec<&str> = self
+                .reachable()
+                .filter(|&i| http_get(self.ports[i].monitoring, "/healthz").is_err())
+                .map(|i| self.names[i].as_str())
+                .collect();
+            if sick.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::new(
+                    ErrorKind::StartTimeout,
+                    format!("nodes {sick:?} not healthy within {timeout:?}"),
                 ));
             }
             std::thread::sleep(POLL);
