@@ -124,6 +124,9 @@ pub(crate) struct Planner {
     heard: HashMap<String, (Instant, Instant)>,
     held: BTreeMap<u32, Held>,
     in_flight: BTreeSet<u32>,
+    /// Partitions this worker released, and when: not claimed back for a heartbeat
+    /// timeout, so that the worker they were released to gets them (no ping-pong).
+    released: HashMap<u32, Instant>,
 }
 
 impl Planner {
@@ -137,6 +140,7 @@ impl Planner {
             heard: HashMap::new(),
             held: BTreeMap::new(),
             in_flight: BTreeSet::new(),
+            released: HashMap::new(),
         }
     }
 
@@ -178,14 +182,18 @@ impl Planner {
                     revision,
                     at: now,
                 });
-                if owner != self.me
-                    && let Some(h) = self.held.get(&partition)
-                    && revision > h.revision
-                {
-                    self.held.remove(&partition);
-                    return Some(Action::Fence(partition));
+                let h = self.held.get_mut(&partition)?;
+                if revision <= h.revision {
+                    return None;
                 }
-                None
+                if owner == self.me {
+                    // Our own write that we did not hear back about (a renewal that
+                    // timed out but landed): continue from it. Validity is unchanged.
+                    h.revision = revision;
+                    return None;
+                }
+                self.held.remove(&partition);
+                Some(Action::Fence(partition))
             }
             None => {
                 *slot = None;
@@ -261,13 +269,20 @@ impl Planner {
         if now.saturating_duration_since(self.started) < self.timing.heartbeat_timeout {
             return actions;
         }
-        let live = self.live(now);
+        let live: BTreeSet<String> = self.live(now).into_iter().map(str::to_owned).collect();
         let share = (self.partitions as usize).div_ceil(live.len().max(1));
         let claiming = self.in_flight.iter().filter(|p| !self.held.contains_key(p));
         let mine = self.held.len() + claiming.count();
+        let cooldown = self.timing.heartbeat_timeout;
+        self.released
+            .retain(|_, at| now.saturating_duration_since(*at) < cooldown);
         if mine < share {
             let mut free: Vec<(u32, Action)> = (0..self.partitions)
-                .filter(|p| !self.held.contains_key(p) && !self.in_flight.contains(p))
+                .filter(|p| {
+                    !self.held.contains_key(p)
+                        && !self.in_flight.contains(p)
+                        && !self.released.contains_key(p)
+                })
                 .filter_map(|p| {
                     let action = match &self.view[p as usize] {
                         None => Action::Claim(p),
@@ -293,8 +308,10 @@ impl Planner {
                 self.in_flight.insert(p);
                 actions.push(action);
             }
-        } else if release && self.held.len() > share {
-            let mut counts: HashMap<&str, usize> = live.iter().map(|w| (*w, 0)).collect();
+        }
+        if release && self.held.len() >= share {
+            let held = self.held.len();
+            let mut counts: HashMap<&str, usize> = live.iter().map(|w| (w.as_str(), 0)).collect();
             for s in self.view.iter().flatten() {
                 if let Some(c) = counts.get_mut(s.owner.as_str()) {
                     *c += 1;
@@ -307,9 +324,12 @@ impl Planner {
                     now.saturating_duration_since(*first) >= self.timing.heartbeat_timeout
                 })
             };
+            // Moving one partition helps when a settled worker holds at least two
+            // fewer: it is then below the share and claims it, and the spread
+            // narrows (⌈P/n⌉ at most, everyone within one of each other).
             let someone_below = counts
                 .iter()
-                .any(|(w, c)| *w != self.me.as_str() && *c < share && settled(w));
+                .any(|(w, c)| *w != self.me.as_str() && c + 2 <= held && settled(w));
             let candidate = self
                 .held
                 .iter()
@@ -319,6 +339,7 @@ impl Planner {
             if someone_below && let Some((p, revision)) = candidate {
                 self.held.remove(&p);
                 self.in_flight.insert(p);
+                self.released.insert(p, now);
                 actions.push(Action::Fence(p));
                 actions.push(Action::Release {
                     partition: p,
@@ -553,6 +574,14 @@ mod tests {
         p.acquired(0, 5, now);
         p.acquired(1, 6, now);
         assert_eq!(p.renew_refused(0), Some(Action::Fence(0)));
+        // Our own newer write (a renewal that timed out but landed) is adopted.
+        assert_eq!(p.observe(1, Some(("a".into(), 7)), now), None);
+        assert_eq!(
+            p.plan(now)
+                .iter()
+                .find(|a| matches!(a, Action::Renew { .. })),
+            None
+        );
         // An older write delivered late changes nothing; a newer one by b fences.
         assert_eq!(p.observe(1, Some(("b".into(), 4)), now), None);
         assert_eq!(
@@ -670,6 +699,46 @@ mod tests {
         assert!(q.plan_claims(now).is_empty());
         q.observe(3, None, now);
         assert_eq!(q.plan_claims(now), vec![Action::Claim(3)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_its_share_it_still_gives_one_to_a_worker_two_below_and_does_not_take_it_back() {
+        let mut p = Planner::new("a".into(), 7, T, Instant::now());
+        for _ in 0..4 {
+            let now = Instant::now();
+            p.heard("b", now);
+            p.heard("c", now);
+            step(500).await;
+        }
+        let now = Instant::now();
+        p.heard("b", now);
+        p.heard("c", now);
+        for part in 0..3 {
+            p.acquired(part, 1, now);
+        }
+        for part in 3..6 {
+            p.observe(part, Some(("b".into(), 1)), now);
+        }
+        p.observe(6, Some(("c".into(), 1)), now);
+        // ⌈7/3⌉ = 3: a and b at it, c one below... two below a: a gives one.
+        let actions = p.plan(now);
+        assert_eq!(
+            actions,
+            vec![
+                Action::Fence(2),
+                Action::Release {
+                    partition: 2,
+                    revision: 1
+                }
+            ]
+        );
+        p.released(2);
+        p.observe(2, None, now);
+        // a is below its share now, but does not claim back what it just released.
+        assert!(p.plan_claims(now).is_empty());
+        p.observe(2, Some(("c".into(), 2)), now);
+        // 2 / 3 / 2: settled.
+        assert!(p.plan(now).is_empty());
     }
 
     #[tokio::test(start_paused = true)]

@@ -9,11 +9,14 @@
 //!   value is the owner's worker id and whose revision is the fencing token.
 //! - **Operations.** Claim = `create` (only if absent), takeover = `update` from the
 //!   dead owner's revision, renew = `update` from our revision, release =
-//!   `delete_expect_revision`. Each runs in its own task, bounded by the renewal
-//!   interval, so one stalled write never delays the renewal of another partition.
-//!   A renewal refused with `WrongLastRevision` reads the key once: if it still names
-//!   this worker, a renewal that had timed out did land, and its revision is adopted;
-//!   otherwise the partition is fenced.
+//!   `delete_expect_revision`. Each runs in its own task, bounded by a third of the
+//!   renewal interval (1 s by default), so one stalled write never delays the renewal
+//!   of another partition; a renewal that timed out is retried at the next tick.
+//!   A renewal refused with `WrongLastRevision` reads the key once: if it names this
+//!   worker at a newer revision, a renewal that had timed out did land, and its
+//!   revision is adopted; if it names another worker (or is gone), the partition is
+//!   fenced; a read that fails, or shows this worker at an older revision (a direct
+//!   get answered by a lagging replica), is unknown like a timeout.
 //! - **Heartbeats** go on core NATS (`weir.lease.<bucket>.heartbeat`, payload = worker
 //!   id), which keeps flowing while a KV stream elects a new leader; they decide who is
 //!   live. A KV watcher (with history) keeps the view of every key current; expiry by
@@ -86,7 +89,7 @@ fn partition_of(key: &str) -> Option<u32> {
 async fn open_bucket(
     client: &async_nats::Client,
     lease: &LeaseSettings,
-) -> Result<kv::Store, String> {
+) -> Result<(stream::Stream, kv::Store), String> {
     let js = jetstream::new(client.clone());
     let config = stream::Config {
         name: format!("KV_{}", lease.bucket),
@@ -100,12 +103,15 @@ async fn open_bucket(
         num_replicas: lease.replicas,
         ..Default::default()
     };
-    js.get_or_create_stream(config)
+    let stream = js
+        .get_or_create_stream(config)
         .await
         .map_err(|e| format!("cannot create or open stream KV_{}: {e}", lease.bucket))?;
-    js.get_key_value(lease.bucket.clone())
+    let kv = js
+        .get_key_value(lease.bucket.clone())
         .await
-        .map_err(|e| format!("cannot open KV bucket {}: {e}", lease.bucket))
+        .map_err(|e| format!("cannot open KV bucket {}: {e}", lease.bucket))?;
+    Ok((stream, kv))
 }
 
 /// Sets up the bucket and the heartbeat subscription, then spawns the driver.
@@ -129,7 +135,7 @@ pub(crate) async fn start<F: HandlerFactory>(
     // moves) JetStream answers "temporarily unavailable", and workers starting together
     // race to create the same stream.
     let deadline = Instant::now() + SETUP_TIMEOUT;
-    let kv = loop {
+    let (stream, kv) = loop {
         let attempt = deadline.min(Instant::now() + SETUP_ATTEMPT);
         let error = match tokio::time::timeout_at(attempt, open_bucket(&client, &lease)).await {
             Ok(Ok(kv)) => break kv,
@@ -172,6 +178,7 @@ pub(crate) async fn start<F: HandlerFactory>(
         had_owner: vec![false; partitions as usize],
         client,
         kv,
+        stream,
         shared,
         factory,
         lease,
@@ -243,6 +250,8 @@ struct Driver<F: HandlerFactory> {
     had_owner: Vec<bool>,
     client: async_nats::Client,
     kv: kv::Store,
+    /// The bucket's stream, for reads served by its leader.
+    stream: stream::Stream,
     shared: Arc<Shared>,
     factory: Arc<F>,
     lease: LeaseSettings,
@@ -389,9 +398,10 @@ impl<F: HandlerFactory> Driver<F> {
             } => {
                 tracing::info!(partition, revision, from, "taking over a lease");
                 let kv = self.kv.clone();
+                let leader = self.stream.clone();
                 let me = self.planner.me().to_owned();
                 self.spawn_op(partition, OpKind::TakeOver, async move {
-                    update(&kv, partition, &me, revision, false).await
+                    update(&kv, &leader, partition, &me, revision, false).await
                 });
             }
             Action::Renew {
@@ -399,9 +409,10 @@ impl<F: HandlerFactory> Driver<F> {
                 revision,
             } => {
                 let kv = self.kv.clone();
+                let leader = self.stream.clone();
                 let me = self.planner.me().to_owned();
                 self.spawn_op(partition, OpKind::Renew, async move {
-                    update(&kv, partition, &me, revision, true).await
+                    update(&kv, &leader, partition, &me, revision, true).await
                 });
             }
             Action::Release {
@@ -428,7 +439,11 @@ impl<F: HandlerFactory> Driver<F> {
         kind: OpKind,
         op: impl Future<Output = OpResult> + Send + 'static,
     ) {
-        let bound = self.lease.renew_interval;
+        // Short, so that during a KV leader election a retry follows every second and
+        // the first write after the election lands early (a timeout is unknown, never
+        // a loss: validity runs from the last success either way).
+        let bound = (self.lease.renew_interval / 3)
+            .clamp(Duration::from_millis(250), Duration::from_secs(2));
         let sent_at = Instant::now();
         self.ops.spawn(async move {
             let result = tokio::time::timeout(bound, op)
@@ -613,22 +628,38 @@ async fn run_watcher(kv: kv::Store, tx: tokio::sync::mpsc::Sender<kv::Entry>, bo
 /// Compare-and-swap of partition `p` from `revision` to a write naming `me`. For a
 /// renewal, a `WrongLastRevision` is checked against the key once (see the module
 /// docs).
-async fn update(kv: &kv::Store, p: u32, me: &str, revision: u64, renewal: bool) -> OpResult {
+async fn update(
+    kv: &kv::Store,
+    leader: &stream::Stream,
+    p: u32,
+    me: &str,
+    revision: u64,
+    renewal: bool,
+) -> OpResult {
     match kv.update(key(p), me.to_owned().into(), revision).await {
         Ok(rev) => OpResult::Ok(rev),
         Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
             if !renewal {
                 return OpResult::Conflict;
             }
-            match kv.entry(key(p)).await {
-                Ok(Some(entry))
-                    if entry.operation == kv::Operation::Put
-                        && entry.value.as_ref() == me.as_bytes()
-                        && entry.revision > revision =>
-                {
-                    OpResult::Adopt(entry.revision)
+            // Read through the stream's leader (a direct get may be answered by a
+            // replica that lags it, and right after an election may not be answered
+            // at all). Only a read that shows another owner, or a delete, is a
+            // conflict; our own id at an older revision, or no answer, is unknown and
+            // the renewal is retried.
+            let subject = format!("$KV.{}.{}", kv.name, key(p));
+            match leader.get_last_raw_message_by_subject(&subject).await {
+                Ok(msg) => {
+                    let deleted = msg.headers.get("KV-Operation").is_some();
+                    if deleted || msg.payload.as_ref() != me.as_bytes() {
+                        OpResult::Conflict
+                    } else if msg.sequence > revision {
+                        OpResult::Adopt(msg.sequence)
+                    } else {
+                        OpResult::Timeout
+                    }
                 }
-                _ => OpResult::Conflict,
+                Err(_) => OpResult::Timeout,
             }
         }
         Err(e) if e.kind() == kv::UpdateErrorKind::TimedOut => OpResult::Timeout,

@@ -102,11 +102,20 @@ fn addrs(cluster: &NatsCluster, first: usize) -> Vec<async_nats::ServerAddr> {
 }
 
 async fn start_worker(cluster: &NatsCluster, worker: usize, log: &Log) -> Consumer {
+    start_worker_with(cluster, worker, log, LeaseConfig::default()).await
+}
+
+async fn start_worker_with(
+    cluster: &NatsCluster,
+    worker: usize,
+    log: &Log,
+    base: LeaseConfig,
+) -> Consumer {
     let lease = LeaseConfig {
         bucket: BUCKET.into(),
         replicas: 3,
         worker_id: Some(format!("w{worker}")),
-        ..LeaseConfig::default()
+        ..base
     };
     let settings = ConsumerConfig {
         idle_timeout_ms: 30_000,
@@ -327,8 +336,8 @@ async fn a_killed_worker_s_partitions_are_taken_over_within_3_s_without_double_d
     for w in 0..3 {
         workers.push(Some(start_worker(&cluster, w, &log).await));
     }
-    // ⌈64/3⌉ = 22 is each worker's target: 22 + 22 + 20 is as settled as 22 + 21 + 21.
-    wait_spread(&workers, 20, 22, Duration::from_secs(15)).await;
+    // ⌈64/3⌉ ± 1, and nobody two below another (22 + 21 + 21).
+    wait_spread(&workers, 21, 22, Duration::from_secs(15)).await;
     let stop = Arc::new(AtomicBool::new(false));
     let producers = start_producers(&cluster, stop.clone());
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -392,8 +401,8 @@ async fn a_fourth_worker_takes_its_share_gradually_without_concurrent_handling()
     for w in 0..3 {
         workers.push(Some(start_worker(&cluster, w, &log).await));
     }
-    // ⌈64/3⌉ = 22 is each worker's target: 22 + 22 + 20 is as settled as 22 + 21 + 21.
-    wait_spread(&workers, 20, 22, Duration::from_secs(15)).await;
+    // ⌈64/3⌉ ± 1, and nobody two below another (22 + 21 + 21).
+    wait_spread(&workers, 21, 22, Duration::from_secs(15)).await;
     let stop = Arc::new(AtomicBool::new(false));
     let producers = start_producers(&cluster, stop.clone());
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -425,11 +434,21 @@ async fn killing_the_kv_leader_node_changes_no_owner_and_renewals_resume() {
     let cluster = NatsCluster::start(3).expect("cluster");
     let log: Log = Arc::default();
     let mut workers = Vec::new();
+    // TTL 15 s, not the default 10 s: on nats-server 2.9.10 no KV write succeeded for
+    // up to ~8.7 s after the leader's SIGKILL (8 runs of 23 fenced with TTL 10 s, where
+    // a worker's validity can be as short as TTL − margin − renew interval = 6 s at
+    // the kill). See docs/scale-out.md.
+    let lease = LeaseConfig {
+        ttl_ms: 15_000,
+        ..LeaseConfig::default()
+    };
     for w in 0..3 {
-        workers.push(Some(start_worker(&cluster, w, &log).await));
+        workers.push(Some(
+            start_worker_with(&cluster, w, &log, lease.clone()).await,
+        ));
     }
-    // ⌈64/3⌉ = 22 is each worker's target: 22 + 22 + 20 is as settled as 22 + 21 + 21.
-    wait_spread(&workers, 20, 22, Duration::from_secs(15)).await;
+    // ⌈64/3⌉ ± 1, and nobody two below another (22 + 21 + 21).
+    wait_spread(&workers, 21, 22, Duration::from_secs(15)).await;
     let owners = |ws: &[Option<Consumer>]| -> BTreeMap<u32, (usize, u64)> {
         ws.iter()
             .enumerate()
@@ -457,7 +476,7 @@ async fn killing_the_kv_leader_node_changes_no_owner_and_renewals_resume() {
     let mut changes: BTreeMap<u32, (u64, usize)> =
         before.iter().map(|(p, (_, rev))| (*p, (*rev, 0))).collect();
     let mut resumed: BTreeMap<u32, Duration> = BTreeMap::new();
-    while killed_at.elapsed() < Duration::from_secs(14) {
+    while killed_at.elapsed() < Duration::from_secs(16) {
         let now = owners(&workers);
         for (p, (w, rev)) in &now {
             let (w0, _) = before[p];
@@ -475,7 +494,20 @@ async fn killing_the_kv_leader_node_changes_no_owner_and_renewals_resume() {
                 resumed.insert(*p, killed_at.elapsed());
             }
         }
-        assert_eq!(now.len(), PARTITIONS as usize, "a partition was fenced");
+        if now.len() != PARTITIONS as usize {
+            let missing: Vec<(u32, usize)> = before
+                .iter()
+                .filter(|(p, _)| !now.contains_key(p))
+                .map(|(p, (w, _))| (*p, *w))
+                .collect();
+            let w = missing[0].1;
+            let view = workers[w].as_ref().map(|c| c.leases()).unwrap_or_default();
+            panic!(
+                "fenced after {:?}: {missing:?}; worker {w} sees {:?}",
+                killed_at.elapsed(),
+                &view[..4.min(view.len())]
+            );
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let max = resumed.values().max().copied().unwrap_or_default();
