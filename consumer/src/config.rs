@@ -139,6 +139,216 @@ pub enum JetStreamStart {
     All,
 }
 
+/// Who decides which partitions this worker reads.
+///
+/// ```toml
+/// ownership = "static"                         # the default: the `owned` list
+/// ownership = { lease = {} }                   # leases with every default
+/// ownership = { lease = { bucket = "weir_leases", ttl_ms = 10000, renew_interval_ms = 3000,
+///                         margin_ms = 1000, heartbeat_interval_ms = 500,
+///                         heartbeat_timeout_ms = 1500, replicas = 3 } }
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ownership {
+    /// The configured `owned` partitions, for the consumer's life (exactly as before
+    /// leases existed).
+    #[default]
+    Static,
+    /// Lease-based ownership through a JetStream KV bucket, with failover, fencing and
+    /// balancing (see docs/scale-out.md). `owned` is not used.
+    Lease(LeaseConfig),
+}
+
+/// Default lease length (`ttl_ms`): long enough to ride out the ~5 s write stall of a
+/// KV leader election on a 3-node cluster.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+/// Default renewal interval: TTL / 3.
+pub const DEFAULT_LEASE_RENEW_INTERVAL: Duration = Duration::from_secs(3);
+/// Default safety margin subtracted from the local validity (covers clock-rate drift
+/// between this host and the KV leader, and scheduling delays).
+pub const DEFAULT_LEASE_MARGIN: Duration = Duration::from_secs(1);
+/// Default core-NATS heartbeat interval.
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(500);
+/// Default heartbeat timeout after which a worker is taken for dead.
+pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_millis(1_500);
+/// Default KV bucket name.
+pub const DEFAULT_LEASE_BUCKET: &str = "weir_leases";
+/// Allowed range of `ttl_ms`.
+pub const LEASE_TTL_RANGE_MS: (u64, u64) = (1_000, 600_000);
+/// Allowed range of `heartbeat_interval_ms`.
+pub const HEARTBEAT_INTERVAL_RANGE_MS: (u64, u64) = (50, 60_000);
+
+/// Raw lease settings (every key optional).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LeaseConfig {
+    /// KV bucket (the stream `KV_<bucket>` is created if absent). 1..=64 of
+    /// `A-Z a-z 0-9 _ -`.
+    pub bucket: String,
+    /// Lease length, ms (1,000..=600,000): the bucket's `max_age`.
+    pub ttl_ms: u64,
+    /// Renewal interval, ms: at least 100, at most (TTL − margin) / 2 so that a
+    /// renewal that times out is retried before the lease runs out.
+    pub renew_interval_ms: u64,
+    /// Safety margin, ms: the local validity is last renewal send time + TTL − margin.
+    /// At least 1, below TTL / 2.
+    pub margin_ms: u64,
+    /// Core-NATS heartbeat interval, ms (50..=60,000).
+    pub heartbeat_interval_ms: u64,
+    /// A worker not heard for this long is dead and its partitions are taken over, ms:
+    /// at least 2 × the interval, below the TTL.
+    pub heartbeat_timeout_ms: u64,
+    /// Replicas of the bucket's stream (1..=5; 3 on a 3-node cluster).
+    pub replicas: usize,
+    /// This worker's id (1..=64 of `A-Z a-z 0-9 _ -`); default `w<pid>-<random>`.
+    /// Must be unique among live workers.
+    pub worker_id: Option<String>,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        Self {
+            bucket: DEFAULT_LEASE_BUCKET.to_owned(),
+            ttl_ms: ms(DEFAULT_LEASE_TTL),
+            renew_interval_ms: ms(DEFAULT_LEASE_RENEW_INTERVAL),
+            margin_ms: ms(DEFAULT_LEASE_MARGIN),
+            heartbeat_interval_ms: ms(DEFAULT_HEARTBEAT_INTERVAL),
+            heartbeat_timeout_ms: ms(DEFAULT_HEARTBEAT_TIMEOUT),
+            replicas: 1,
+            worker_id: None,
+        }
+    }
+}
+
+/// Validated lease settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseSettings {
+    pub(crate) bucket: String,
+    pub(crate) ttl: Duration,
+    pub(crate) renew_interval: Duration,
+    pub(crate) margin: Duration,
+    pub(crate) heartbeat_interval: Duration,
+    pub(crate) heartbeat_timeout: Duration,
+    pub(crate) replicas: usize,
+    pub(crate) worker_id: String,
+}
+
+impl LeaseSettings {
+    /// This worker's id.
+    pub fn worker_id(&self) -> &str {
+        &self.worker_id
+    }
+
+    /// The KV bucket.
+    pub fn bucket(&self) -> &str {
+        &self.bucket
+    }
+
+    /// The lease length.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The core-NATS subject the workers heartbeat on.
+    pub fn heartbeat_subject(&self) -> String {
+        format!("weir.lease.{}.heartbeat", self.bucket)
+    }
+
+    pub(crate) fn timing(&self) -> crate::lease::Timing {
+        crate::lease::Timing {
+            ttl: self.ttl,
+            renew_interval: self.renew_interval,
+            margin: self.margin,
+            heartbeat_timeout: self.heartbeat_timeout,
+        }
+    }
+}
+
+fn is_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+impl LeaseConfig {
+    /// Validates every key; the error names the first bad key.
+    pub fn validate(&self) -> Result<LeaseSettings, ConsumerError> {
+        if !is_name(&self.bucket) {
+            return Err(ConsumerError::config(
+                "ownership.lease.bucket",
+                format!("{:?}: 1..=64 characters of A-Z a-z 0-9 _ -", self.bucket),
+            ));
+        }
+        let ttl = check_range(
+            "ownership.lease.ttl_ms",
+            self.ttl_ms,
+            LEASE_TTL_RANGE_MS,
+            " ms",
+        )?;
+        if self.margin_ms == 0 || self.margin_ms >= ttl / 2 {
+            return Err(ConsumerError::config(
+                "ownership.lease.margin_ms",
+                format!(
+                    "{} ms; allowed 1..{} ms (below TTL / 2)",
+                    self.margin_ms,
+                    ttl / 2
+                ),
+            ));
+        }
+        let max_renew = (ttl - self.margin_ms) / 2;
+        let renew = check_range(
+            "ownership.lease.renew_interval_ms",
+            self.renew_interval_ms,
+            (100, max_renew),
+            " ms (at most (TTL − margin) / 2)",
+        )?;
+        let hb = check_range(
+            "ownership.lease.heartbeat_interval_ms",
+            self.heartbeat_interval_ms,
+            HEARTBEAT_INTERVAL_RANGE_MS,
+            " ms",
+        )?;
+        let hb_timeout = check_range(
+            "ownership.lease.heartbeat_timeout_ms",
+            self.heartbeat_timeout_ms,
+            (hb.saturating_mul(2), ttl - 1),
+            " ms (2 × heartbeat_interval_ms up to below the TTL)",
+        )?;
+        let replicas = check_range("ownership.lease.replicas", self.replicas, (1, 5), "")?;
+        let worker_id = match &self.worker_id {
+            Some(id) if is_name(id) => id.clone(),
+            Some(id) => {
+                return Err(ConsumerError::config(
+                    "ownership.lease.worker_id",
+                    format!("{id:?}: 1..=64 characters of A-Z a-z 0-9 _ -"),
+                ));
+            }
+            None => default_worker_id(),
+        };
+        Ok(LeaseSettings {
+            bucket: self.bucket.clone(),
+            ttl: Duration::from_millis(ttl),
+            renew_interval: Duration::from_millis(renew),
+            margin: Duration::from_millis(self.margin_ms),
+            heartbeat_interval: Duration::from_millis(hb),
+            heartbeat_timeout: Duration::from_millis(hb_timeout),
+            replicas,
+            worker_id,
+        })
+    }
+}
+
+/// `w<pid>-<nanoseconds of the start time, hex>`: unique per process on a host, and
+/// across hosts with overwhelming probability.
+fn default_worker_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos() ^ (d.as_secs() as u32));
+    format!("w{}-{nanos:08x}", std::process::id())
+}
+
 /// Raw consumer configuration, as read from a file or built in code.
 ///
 /// ```toml
@@ -153,6 +363,7 @@ pub enum JetStreamStart {
 /// max_streams = 10000
 /// max_frame_age_ms = 1000   # 0 = staleness guard off
 /// source = "core"           # or { jetstream = { stream = "WEIR_AUDIO" } }
+/// ownership = "static"      # or { lease = { ... } }, see [`Ownership`]
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -195,6 +406,10 @@ pub struct ConsumerConfig {
     /// Where packets come from: core NATS subscriptions (default) or ordered
     /// JetStream consumers on the ingress's stream (lossless mode).
     pub source: ConsumerSource,
+    /// Who decides the owned partitions: the static `owned` list (default) or leases
+    /// in a JetStream KV bucket ([`Ownership::Lease`], which needs a `{partition}`
+    /// subject and ignores `owned`).
+    pub ownership: Ownership,
 }
 
 impl Default for ConsumerConfig {
@@ -212,6 +427,7 @@ impl Default for ConsumerConfig {
             max_streams: DEFAULT_MAX_STREAMS,
             max_frame_age_ms: ms(DEFAULT_MAX_FRAME_AGE),
             source: ConsumerSource::Core,
+            ownership: Ownership::Static,
         }
     }
 }
@@ -233,6 +449,7 @@ pub struct ConsumerSettings {
     pub(crate) max_streams: NonZeroUsize,
     pub(crate) max_frame_age: Option<Duration>,
     pub(crate) source: ConsumerSource,
+    pub(crate) lease: Option<LeaseSettings>,
 }
 
 /// The bound of one stream's queue.
@@ -276,6 +493,16 @@ impl ConsumerConfig {
         }
     }
 
+    /// A config for a partitioned subject with N partitions owned by lease.
+    pub fn leased(subject: &str, partitions: u32, lease: LeaseConfig) -> Self {
+        Self {
+            subject: subject.to_owned(),
+            partitions,
+            ownership: Ownership::Lease(lease),
+            ..Self::default()
+        }
+    }
+
     /// Validates every key; the error names the first bad key and its allowed range.
     pub fn validate(&self) -> Result<ConsumerSettings, ConsumerError> {
         let subject = SubjectTemplate::parse(&self.subject)
@@ -283,14 +510,35 @@ impl ConsumerConfig {
         let partitions = check_range("partitions", self.partitions, (1, MAX_PARTITIONS), "")?;
         let partitions = NonZeroU32::new(partitions)
             .ok_or_else(|| ConsumerError::config("partitions", "must be at least 1".into()))?;
-        if self.owned.is_empty() {
+        let lease = match &self.ownership {
+            Ownership::Static => None,
+            Ownership::Lease(l) => {
+                if !subject.is_partitioned() {
+                    return Err(ConsumerError::config(
+                        "ownership",
+                        format!(
+                            "lease ownership needs a subject with a {{partition}} token; {:?} has none",
+                            subject.as_str()
+                        ),
+                    ));
+                }
+                if self.source != ConsumerSource::Core {
+                    return Err(ConsumerError::config(
+                        "ownership",
+                        "lease ownership works with source = \"core\" only (not yet with the JetStream source)".into(),
+                    ));
+                }
+                Some(l.validate()?)
+            }
+        };
+        if lease.is_none() && self.owned.is_empty() {
             return Err(ConsumerError::config(
                 "owned",
                 "must list at least one partition".into(),
             ));
         }
         let mut owned = BTreeSet::new();
-        for &p in &self.owned {
+        for &p in self.owned.iter().filter(|_| lease.is_none()) {
             if p >= partitions.get() {
                 return Err(ConsumerError::config(
                     "owned",
@@ -307,7 +555,12 @@ impl ConsumerConfig {
                 ));
             }
         }
-        if !subject.is_partitioned() && owned.len() != partitions.get() as usize {
+        if lease.is_some() {
+            // Decided at run time by the leases.
+            owned.clear();
+        }
+        if lease.is_none() && !subject.is_partitioned() && owned.len() != partitions.get() as usize
+        {
             return Err(ConsumerError::config(
                 "owned",
                 format!(
@@ -394,6 +647,7 @@ impl ConsumerConfig {
             max_streams: NonZeroUsize::new(max_streams).unwrap_or(NonZeroUsize::MIN),
             max_frame_age,
             source: self.source.clone(),
+            lease,
         })
     }
 }
@@ -432,6 +686,11 @@ impl ConsumerSettings {
     /// The staleness guard (`max_frame_age_ms`); `None` when off.
     pub fn max_frame_age(&self) -> Option<Duration> {
         self.max_frame_age
+    }
+
+    /// The lease settings, when ownership is by lease.
+    pub fn lease(&self) -> Option<&LeaseSettings> {
+        self.lease.as_ref()
     }
 
     /// Where packets come from.
@@ -496,6 +755,102 @@ mod tests {
                 e.config_key().unwrap_or_default().to_owned()
             }
         }
+    }
+
+    fn leased(f: impl FnOnce(&mut LeaseConfig)) -> ConsumerConfig {
+        let mut lease = LeaseConfig::default();
+        f(&mut lease);
+        ConsumerConfig::leased("audio.{partition}.{stream}", 64, lease)
+    }
+
+    #[test]
+    fn static_ownership_is_the_default_and_unchanged() {
+        let cfg = ConsumerConfig::default();
+        assert_eq!(cfg.ownership, Ownership::Static);
+        let settings = cfg.validate().expect("valid");
+        assert!(settings.lease().is_none());
+        assert_eq!(settings.owned().collect::<Vec<_>>(), vec![0]);
+        let parsed: ConsumerConfig = toml::from_str("partitions = 1").expect("toml");
+        assert_eq!(parsed.ownership, Ownership::Static);
+    }
+
+    #[test]
+    fn lease_defaults_and_toml() {
+        let settings = leased(|_| {}).validate().expect("valid");
+        let lease = settings.lease().expect("lease");
+        assert_eq!(lease.ttl, DEFAULT_LEASE_TTL);
+        assert_eq!(lease.renew_interval, DEFAULT_LEASE_RENEW_INTERVAL);
+        assert_eq!(lease.heartbeat_timeout, DEFAULT_HEARTBEAT_TIMEOUT);
+        assert_eq!(
+            settings.owned().count(),
+            0,
+            "owned is decided by the leases"
+        );
+        assert!(lease.worker_id().starts_with('w'));
+        let parsed: ConsumerConfig = toml::from_str(
+            "subject = \"a.{partition}.{stream}\"\npartitions = 8\n\
+             ownership = { lease = { bucket = \"b1\", ttl_ms = 6000, renew_interval_ms = 2000, replicas = 3, worker_id = \"x\" } }",
+        )
+        .expect("toml");
+        let s = parsed.validate().expect("valid");
+        let l = s.lease().expect("lease");
+        assert_eq!(
+            (l.bucket(), l.ttl(), l.replicas),
+            ("b1", Duration::from_secs(6), 3)
+        );
+        assert_eq!(l.worker_id(), "x");
+    }
+
+    #[test]
+    fn lease_keys_are_validated_by_name() {
+        assert_eq!(
+            key_of(&leased(|l| l.bucket = "a.b".into())),
+            "ownership.lease.bucket"
+        );
+        assert_eq!(
+            key_of(&leased(|l| l.ttl_ms = 999)),
+            "ownership.lease.ttl_ms"
+        );
+        assert_eq!(
+            key_of(&leased(|l| l.margin_ms = 0)),
+            "ownership.lease.margin_ms"
+        );
+        assert_eq!(
+            key_of(&leased(|l| l.margin_ms = 5_000)),
+            "ownership.lease.margin_ms"
+        );
+        // (10 s − 1 s) / 2 = 4.5 s at most.
+        assert_eq!(
+            key_of(&leased(|l| l.renew_interval_ms = 4_600)),
+            "ownership.lease.renew_interval_ms"
+        );
+        assert_eq!(key_of(&leased(|l| l.renew_interval_ms = 4_500)), "ok");
+        assert_eq!(
+            key_of(&leased(|l| l.heartbeat_interval_ms = 10)),
+            "ownership.lease.heartbeat_interval_ms"
+        );
+        assert_eq!(
+            key_of(&leased(|l| l.heartbeat_timeout_ms = 900)),
+            "ownership.lease.heartbeat_timeout_ms"
+        );
+        assert_eq!(
+            key_of(&leased(|l| l.heartbeat_timeout_ms = 10_000)),
+            "ownership.lease.heartbeat_timeout_ms"
+        );
+        assert_eq!(
+            key_of(&leased(|l| l.replicas = 0)),
+            "ownership.lease.replicas"
+        );
+        assert_eq!(
+            key_of(&leased(|l| l.worker_id = Some("a b".into()))),
+            "ownership.lease.worker_id"
+        );
+        let mut plain = leased(|_| {});
+        plain.subject = "inference.whisper.stream.{stream}".into();
+        assert_eq!(key_of(&plain), "ownership");
+        let mut js = leased(|_| {});
+        js.source = ConsumerSource::jetstream("WEIR_AUDIO");
+        assert_eq!(key_of(&js), "ownership");
     }
 
     #[test]

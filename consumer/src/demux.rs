@@ -35,6 +35,7 @@ use super::event::{
     ConsumerEvent, End, EndCause, Frame, GapCause, GapNotice, LocalOverload, LossDeclaration,
     RefuseReason, StreamEvent, StreamInfo,
 };
+use super::fence::Fence;
 use super::handler::{HandlerFactory, StreamHandler};
 use super::loss::{self, HoleClass, Segment};
 use super::queue::{Push, ReceiverGuard, StreamQueue};
@@ -86,6 +87,11 @@ pub(crate) struct Demux<F: HandlerFactory> {
     streams: HashMap<String, Entry>,
     refused: HashMap<String, Refused>,
     tasks: JoinSet<()>,
+    /// Lease ownership: the partition's fence, checked by every handler task.
+    fence: Option<Arc<Fence>>,
+    /// Lease ownership: the partition was taken over from another worker, so a
+    /// stream's seqs before its first packet here are declared as a handover gap.
+    handover: bool,
 }
 
 impl<F: HandlerFactory> Demux<F> {
@@ -97,6 +103,23 @@ impl<F: HandlerFactory> Demux<F> {
             streams: HashMap::new(),
             refused: HashMap::new(),
             tasks: JoinSet::new(),
+            fence: None,
+            handover: false,
+        }
+    }
+
+    /// A demultiplexer for a leased partition: handlers stop at `fence`; `handover`
+    /// when the partition had another owner before.
+    pub(crate) fn leased(
+        shared: Arc<Shared>,
+        factory: Arc<F>,
+        fence: Arc<Fence>,
+        handover: bool,
+    ) -> Self {
+        Self {
+            fence: Some(fence),
+            handover,
+            ..Self::new(shared, factory)
         }
     }
 
@@ -265,6 +288,7 @@ impl<F: HandlerFactory> Demux<F> {
             std::mem::take(&mut entry.loss.holes_forgotten),
             std::mem::take(&mut entry.loss.declarations_forgotten),
         );
+        let handover_gap = self.handover && leading > 0;
         // All of this packet's stats in one registry lock (the hot path takes no more).
         {
             let mut reg = self.shared.registry();
@@ -274,6 +298,9 @@ impl<F: HandlerFactory> Demux<F> {
                 let c = &mut s.counters;
                 // Seqs and declared samples come from the network: saturate, never panic.
                 c.leading_missing = c.leading_missing.saturating_add(leading);
+                if handover_gap {
+                    c.handover_frames = c.handover_frames.saturating_add(leading);
+                }
                 if lost.is_some() {
                     c.loss_events += 1;
                 }
@@ -318,6 +345,17 @@ impl<F: HandlerFactory> Demux<F> {
             {
                 reg.reclassify_lost(instance, d.reclassified_frames);
             }
+        }
+        if handover_gap {
+            let first = seqs_first(seqs);
+            metrics::counter!(m::CONSUMER_HANDOVER_FRAMES_TOTAL).increment(leading);
+            let notice = StreamEvent::Gap(GapNotice {
+                first_seq: first.saturating_sub(leading),
+                last_seq: first.saturating_sub(1),
+                samples: None,
+                cause: GapCause::Handover,
+            });
+            self.queue_event(token, notice, now);
         }
         if let Some(d) = declaration {
             self.on_declaration(token, d, now);
@@ -574,6 +612,7 @@ impl<F: HandlerFactory> Demux<F> {
             self.shared.clone(),
             instance,
             slot.clone(),
+            self.fence.clone(),
         ));
         metrics::counter!(m::CONSUMER_STREAMS_STARTED_TOTAL).increment(1);
         self.shared.instruments.streams_active.increment(1.0);
@@ -782,13 +821,20 @@ impl<F: HandlerFactory> Demux<F> {
         silent.len()
     }
 
-    /// Ends every live stream with [`EndCause::Shutdown`] and waits for their handler
-    /// tasks until `deadline`; tasks still running then are aborted.
+    /// Ends every live stream with [`EndCause::Shutdown`] (or [`EndCause::Handover`]
+    /// when the partition's fence is closed) and waits for their handler tasks until
+    /// `deadline`; tasks still running then are aborted.
     pub(crate) async fn shutdown(mut self, deadline: Instant) {
         let now = Instant::now();
+        let fenced = self.fence.as_ref().is_some_and(|f| !f.is_open(now));
         let tokens: Vec<String> = self.streams.keys().cloned().collect();
         for token in tokens {
-            self.end_stream(&token, EndCause::Shutdown, now);
+            let cause = if fenced {
+                EndCause::Handover
+            } else {
+                EndCause::Shutdown
+            };
+            self.end_stream(&token, cause, now);
         }
         let drained = tokio::time::timeout_at(deadline, async {
             while self.tasks.join_next().await.is_some() {}
@@ -820,6 +866,9 @@ async fn run_stream<H: StreamHandler>(
     // Held until the handler has seen its end (or the task is aborted): a draining
     // handler still counts against `max_streams`.
     _slot: Arc<StreamSlot>,
+    // Lease ownership: no frame or gap is handed over once it is closed (the end
+    // still is: a handler always sees its end).
+    fence: Option<Arc<Fence>>,
 ) {
     let on_gone_shared = shared.clone();
     // Set while the handler holds a frame: if the task is aborted (or the handler
@@ -840,6 +889,19 @@ async fn run_stream<H: StreamHandler>(
     while let Some(event) = queue.pop().await {
         let is_frame = matches!(event, StreamEvent::Frame(_));
         let is_end = matches!(event, StreamEvent::End(_));
+        if !is_end
+            && let Some(fence) = &fence
+            && !fence.is_open(Instant::now())
+        {
+            if is_frame {
+                shared
+                    .registry()
+                    .update(instance, |s| s.counters.frames_dropped_fenced += 1);
+                metrics::counter!(m::CONSUMER_FRAMES_DROPPED_TOTAL, "reason" => "fenced")
+                    .increment(1);
+            }
+            continue;
+        }
         frame_in_hand.store(is_frame, Ordering::Relaxed);
         handler.on_event(event).await;
         frame_in_hand.store(false, Ordering::Relaxed);
@@ -1329,6 +1391,85 @@ mod tests {
     }
 
     /// A demultiplexer whose wall clock is the returned cell (Unix ms).
+    #[tokio::test(start_paused = true)]
+    async fn handover_declares_the_leading_seqs_and_the_fence_stops_delivery() {
+        let cfg = ConsumerConfig::partitioned("inference.whisper.stream.{stream}", 1, [0]);
+        let shared = Arc::new(Shared::new(cfg.validate().expect("valid config")));
+        let (tx, mut rx) = mpsc::channel(10_000);
+        let now = Instant::now();
+        let fence = Arc::new(Fence::new(now, now + Duration::from_secs(9)));
+        let mut d = Demux::leased(
+            shared.clone(),
+            Arc::new(channel_factory(tx)),
+            fence.clone(),
+            true,
+        );
+        // Picked up mid-stream after a takeover: seqs 1..=40 are a handover gap.
+        feed(&mut d, "s1", frame(41));
+        feed(&mut d, "s1", frame(42));
+        let events = drain(&mut rx).await;
+        let gap = events.iter().find_map(|(_, e)| match e {
+            StreamEvent::Gap(g) => Some(g.clone()),
+            _ => None,
+        });
+        assert_eq!(
+            gap,
+            Some(GapNotice {
+                first_seq: 1,
+                last_seq: 40,
+                samples: None,
+                cause: GapCause::Handover
+            })
+        );
+        let c = snapshot(&shared).totals.counters;
+        assert_eq!((c.leading_missing, c.handover_frames), (40, 40));
+        assert_eq!(c.frames_delivered, 2);
+        // The fence closes: what is queued or arrives later never reaches the handler,
+        // and the end says handover.
+        fence.revoke();
+        feed(&mut d, "s1", frame(43));
+        d.shutdown(Instant::now() + Duration::from_secs(1)).await;
+        let events = drain(&mut rx).await;
+        assert!(
+            events
+                .iter()
+                .all(|(_, e)| !matches!(e, StreamEvent::Frame(_))),
+            "{events:?}"
+        );
+        assert!(matches!(
+            events.last(),
+            Some((
+                _,
+                StreamEvent::End(End {
+                    cause: EndCause::Handover,
+                    ..
+                })
+            ))
+        ));
+        let c = snapshot(&shared).totals.counters;
+        assert_eq!(c.frames_dropped_fenced, 1);
+        assert_eq!(c.frames, c.frames_delivered + c.frames_dropped_fenced);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_previous_owner_a_late_join_stays_leading_missing() {
+        let cfg = ConsumerConfig::partitioned("inference.whisper.stream.{stream}", 1, [0]);
+        let shared = Arc::new(Shared::new(cfg.validate().expect("valid config")));
+        let (tx, mut rx) = mpsc::channel(10_000);
+        let now = Instant::now();
+        let fence = Arc::new(Fence::new(now, now + Duration::from_secs(9)));
+        let mut d = Demux::leased(shared.clone(), Arc::new(channel_factory(tx)), fence, false);
+        feed(&mut d, "s1", frame(5));
+        let events = drain(&mut rx).await;
+        assert!(
+            events
+                .iter()
+                .all(|(_, e)| !matches!(e, StreamEvent::Gap(_)))
+        );
+        let c = snapshot(&shared).totals.counters;
+        assert_eq!((c.leading_missing, c.handover_frames), (4, 0));
+    }
+
     fn setup_clock(
         cfg: ConsumerConfig,
     ) -> (

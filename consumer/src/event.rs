@@ -144,6 +144,12 @@ pub enum GapCause {
     /// policy). May swallow lost or declared gaps that were queued among them; the
     /// stats still count those by their own cause.
     Overload,
+    /// Lease ownership: this worker took the stream's partition over from another
+    /// worker (failover or rebalancing) and the stream's first packet here is not
+    /// seq 1: the seqs before it were handled by the previous owner or lost in the
+    /// handover; this worker never saw them. Counted in `handover_frames` (a part of
+    /// `leading_missing`).
+    Handover,
 }
 
 /// The end of a stream instance: always the handler's last event.
@@ -181,10 +187,15 @@ pub enum EndCause {
     Restarted,
     /// The consumer is shutting down.
     Shutdown,
+    /// Lease ownership: this worker lost (or released) the stream's partition; the
+    /// stream continues on the partition's new owner. Frames still queued here were
+    /// dropped at the fence (`frames_dropped_fenced`).
+    Handover,
 }
 
 impl EndCause {
-    /// Stable snake_case name: `producer`, `idle`, `overload`, `restarted`, `shutdown`.
+    /// Stable snake_case name: `producer`, `idle`, `overload`, `restarted`, `shutdown`,
+    /// `handover`.
     pub fn as_str(&self) -> &'static str {
         match self {
             Self::Producer { .. } => "producer",
@@ -192,6 +203,7 @@ impl EndCause {
             Self::Overload(_) => "overload",
             Self::Restarted => "restarted",
             Self::Shutdown => "shutdown",
+            Self::Handover => "handover",
         }
     }
 }

@@ -31,7 +31,8 @@
 //!   (`max_pending_bytes`, `max_pending_age_ms`, [`ConsumerPolicy`]), `idle_timeout_ms`,
 //!   `subscription_capacity`, `max_streams`, `max_frame_age_ms` (staleness guard,
 //!   default 1,000 ms, `0` = off), `source` ([`ConsumerSource`]: core subscriptions,
-//!   or ordered JetStream consumers for the ingress's lossless mode).
+//!   or ordered JetStream consumers for the ingress's lossless mode), `ownership`
+//!   ([`Ownership`]: the static `owned` list, the default, or leases — see below).
 //! - [`Consumer::connect`] / [`Consumer::connect_with`] (own async-nats options: auth,
 //!   TLS, timeouts) subscribe to the owned partitions and return once the server has
 //!   registered the subscriptions.
@@ -46,6 +47,9 @@
 //!   streams, `+ frames_refused` from the totals; handled = `frames_delivered`.
 //! - [`Consumer::events`]: a broadcast of [`ConsumerEvent`]s (reaped, overloaded, lost,
 //!   possibly lost, loss declared, stale, restarted, refused, slow consumer).
+//! - [`Consumer::leases`] ([`LeaseInfo`]: owner, revision, held here, time left) and
+//!   [`Consumer::owned_now`] with lease ownership; [`Consumer::abort`] is a crash (no
+//!   drain, no release) for failover drills.
 //! - [`Consumer::shutdown`]: unsubscribe, end every stream with
 //!   [`EndCause::Shutdown`], wait for handlers up to a grace period, return final stats.
 //!
@@ -95,16 +99,29 @@
 //!   stream sequence it delivered on a reconnect or server restart: no loss, no
 //!   duplicate. [`JetStreamStart::New`] (default) starts at messages stored from now
 //!   on; [`JetStreamStart::All`] replays the retained stream. See [`jetstream`].
+//! - **Lease ownership** ([`Ownership::Lease`], docs/scale-out.md): the workers share
+//!   the partitions through a JetStream KV bucket, one key per partition whose revision
+//!   is the fencing token. A worker claims (`create`), renews (`update` from its
+//!   revision) and releases; takes over a worker whose core-NATS heartbeats stopped
+//!   (CAS on its last revision); balances at ⌈P / live workers⌉, one release per tick.
+//!   A partition is fenced — no event handed to its handlers any more — the moment a
+//!   renewal is refused, another worker's newer write is seen, or the local validity
+//!   (last successful renewal's send time + TTL − margin) runs out; its streams end
+//!   with [`EndCause::Handover`]. A stream picked up after a handover starts with a
+//!   [`GapCause::Handover`] gap for the seqs this worker never saw.
 //! - Nothing in this module panics on network input; undecodable packets are counted by
 //!   error kind.
 
 mod config;
 mod demux;
 mod event;
+mod fence;
 mod handler;
 pub mod jetstream;
+mod lease;
 mod loss;
 pub mod metrics;
+mod ownership;
 mod queue;
 mod slots;
 mod stats;
@@ -123,16 +140,19 @@ use tokio::time::Instant;
 use weir_protocol::audio::DecodeOptions;
 
 pub use config::{
-    ConsumerConfig, ConsumerPolicy, ConsumerSettings, ConsumerSource, DEFAULT_IDLE_TIMEOUT,
-    DEFAULT_MAX_FRAME_AGE, DEFAULT_MAX_PENDING_AGE, DEFAULT_MAX_PENDING_BYTES, DEFAULT_MAX_STREAMS,
-    DEFAULT_RETAIN_FINISHED, DEFAULT_SUBSCRIPTION_CAPACITY, JetStreamStart, MAX_FRAME_AGE_RANGE_MS,
-    QueueLimits,
+    ConsumerConfig, ConsumerPolicy, ConsumerSettings, ConsumerSource, DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_LEASE_BUCKET, DEFAULT_LEASE_MARGIN,
+    DEFAULT_LEASE_RENEW_INTERVAL, DEFAULT_LEASE_TTL, DEFAULT_MAX_FRAME_AGE,
+    DEFAULT_MAX_PENDING_AGE, DEFAULT_MAX_PENDING_BYTES, DEFAULT_MAX_STREAMS,
+    DEFAULT_RETAIN_FINISHED, DEFAULT_SUBSCRIPTION_CAPACITY, JetStreamStart, LeaseConfig,
+    LeaseSettings, MAX_FRAME_AGE_RANGE_MS, Ownership, QueueLimits,
 };
 pub use event::{
     ConsumerEvent, End, EndCause, Frame, GapCause, GapNotice, LocalOverload, LossDeclaration,
     OverloadBound, RefuseReason, StreamEvent, StreamInfo,
 };
 pub use handler::{ChannelHandler, HandlerFactory, StreamHandler, channel_factory};
+pub use lease::LeaseInfo;
 pub use stats::{ConsumerStats, Counters, StreamState, StreamStats, Totals};
 
 use crate::metrics as m;
@@ -173,6 +193,14 @@ pub enum ConsumerError {
         /// Why.
         reason: String,
     },
+    /// Lease ownership: the KV bucket could not be created or opened.
+    #[error("lease bucket {bucket:?}: {reason}")]
+    Lease {
+        /// The bucket.
+        bucket: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// Machine-readable kind of a [`ConsumerError`].
@@ -184,6 +212,8 @@ pub enum ConsumerErrorKind {
     Connect,
     /// See [`ConsumerError::Subscribe`].
     Subscribe,
+    /// See [`ConsumerError::Lease`].
+    Lease,
 }
 
 impl ConsumerError {
@@ -197,6 +227,7 @@ impl ConsumerError {
             Self::Config { .. } => ConsumerErrorKind::Config,
             Self::Connect { .. } => ConsumerErrorKind::Connect,
             Self::Subscribe { .. } => ConsumerErrorKind::Subscribe,
+            Self::Lease { .. } => ConsumerErrorKind::Lease,
         }
     }
 
@@ -306,6 +337,8 @@ pub struct Consumer {
     client: async_nats::Client,
     stop: watch::Sender<Option<Instant>>,
     tasks: Vec<JoinHandle<()>>,
+    /// Lease ownership: the table the driver keeps current.
+    leases: Option<Arc<ownership::LeaseBoard>>,
 }
 
 impl std::fmt::Debug for Consumer {
@@ -381,6 +414,23 @@ impl Consumer {
         weir_service::metrics::register(crate::metrics::CONSUMER_DECLARED);
         let factory = Arc::new(factory);
         let (stop, stop_rx) = watch::channel(None);
+        if shared.settings.lease.is_some() {
+            let (task, board) =
+                ownership::start(client.clone(), shared.clone(), factory, stop_rx).await?;
+            tracing::info!(
+                subject = %shared.settings.subject,
+                partitions = shared.settings.partitions.get(),
+                worker = shared.settings.lease.as_ref().map(|l| l.worker_id.as_str()),
+                "consumer started with lease ownership"
+            );
+            return Ok(Self {
+                shared,
+                client,
+                stop,
+                tasks: vec![task],
+                leases: Some(board),
+            });
+        }
         let subjects = shared
             .settings
             .subscriptions()
@@ -436,7 +486,37 @@ impl Consumer {
             client,
             stop,
             tasks,
+            leases: None,
         })
+    }
+
+    /// Lease ownership: every partition's lease as this worker sees it (owner,
+    /// revision, whether held here, time left). Empty with static ownership.
+    pub fn leases(&self) -> Vec<LeaseInfo> {
+        self.leases.as_ref().map(|b| b.get()).unwrap_or_default()
+    }
+
+    /// The partitions this worker delivers now: the static `owned` list, or the
+    /// leases it holds.
+    pub fn owned_now(&self) -> Vec<u32> {
+        match &self.leases {
+            None => self.shared.settings.owned().collect(),
+            Some(b) => b
+                .get()
+                .into_iter()
+                .filter(|l| l.held)
+                .map(|l| l.partition)
+                .collect(),
+        }
+    }
+
+    /// Stops every task at once: no drain, no end to the handlers, no lease released,
+    /// no goodbye — what a crash (SIGKILL) of the worker looks like to the rest of the
+    /// cluster, for failover drills and tests. Handlers are aborted at their next await.
+    pub fn abort(self) {
+        for task in &self.tasks {
+            task.abort();
+        }
     }
 
     /// A snapshot of the stats (cheap: one lock, O(streams retained)).
@@ -472,10 +552,14 @@ impl Consumer {
     pub async fn shutdown(self, grace: Duration) -> ConsumerStats {
         let deadline = Instant::now() + grace;
         let _ = self.stop.send(Some(deadline));
+        // Each demultiplexer bounds its own wait by the deadline; the extra margin
+        // covers scheduling, and with leases the releases after the drain.
+        let margin = match self.leases {
+            Some(_) => ownership::RELEASE_TIMEOUT + Duration::from_millis(100),
+            None => Duration::from_millis(100),
+        };
         for task in self.tasks {
-            // Each demultiplexer bounds its own wait by the deadline; the extra margin
-            // only covers scheduling.
-            let _ = tokio::time::timeout_at(deadline + Duration::from_millis(100), task).await;
+            let _ = tokio::time::timeout_at(deadline + margin, task).await;
         }
         self.shared.registry().snapshot(Instant::now())
     }
@@ -487,7 +571,7 @@ const SOURCE_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
 /// Feeds one subscription (core) or ordered consumer (JetStream) into its
 /// demultiplexer until shutdown.
-async fn run_subscription<F: HandlerFactory>(
+pub(crate) async fn run_subscription<F: HandlerFactory>(
     subject: String,
     mut sub: BoxStream<'static, jetstream::Inbound>,
     mut demux: Demux<F>,

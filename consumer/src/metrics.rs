@@ -74,6 +74,22 @@ pub const CONSUMER_JETSTREAM_ERRORS_TOTAL: &str = "weir_consumer_jetstream_error
 /// Counter: messages skipped because they were stored before a `start = "new"`
 /// JetStream consumer started (a replay after an early recreation).
 pub const CONSUMER_JETSTREAM_SKIPPED_TOTAL: &str = "weir_consumer_jetstream_skipped_total";
+/// Counter: seqs declared to handlers as a handover gap (lease ownership: a partition
+/// taken over from another worker).
+pub const CONSUMER_HANDOVER_FRAMES_TOTAL: &str = "weir_consumer_handover_frames_total";
+/// Label of the lease counters: `claim`, `takeover`, `renew`, `release`.
+pub const LABEL_OP: &str = "op";
+/// Label of the lease counters: `ok`, `conflict`, `timeout`, `error`.
+pub const LABEL_OUTCOME: &str = "outcome";
+/// Counter: lease KV operations by `op` and `outcome`.
+pub const CONSUMER_LEASE_OPS_TOTAL: &str = "weir_consumer_lease_ops_total";
+/// Counter: partitions fenced (lease lost, run out, or released) by `reason`
+/// (`conflict`, `expired`, `taken_over`, `released`, `shutdown`).
+pub const CONSUMER_LEASE_FENCES_TOTAL: &str = "weir_consumer_lease_fences_total";
+/// Gauge: partitions this worker holds by lease.
+pub const CONSUMER_LEASES_HELD: &str = "weir_consumer_leases_held";
+/// Gauge: live workers this worker counts (itself included).
+pub const CONSUMER_LEASE_LIVE_WORKERS: &str = "weir_consumer_lease_live_workers";
 
 /// Every consumer-core metric, registered when a consumer starts.
 pub const CONSUMER_DECLARED: &[Declared] = &[
@@ -102,6 +118,11 @@ pub const CONSUMER_DECLARED: &[Declared] = &[
     Declared::counter(CONSUMER_POSSIBLE_LOSS_DECLARATIONS_TOTAL),
     Declared::counter(CONSUMER_JETSTREAM_ERRORS_TOTAL),
     Declared::counter(CONSUMER_JETSTREAM_SKIPPED_TOTAL),
+    Declared::counter(CONSUMER_HANDOVER_FRAMES_TOTAL),
+    Declared::counter(CONSUMER_LEASE_OPS_TOTAL),
+    Declared::counter(CONSUMER_LEASE_FENCES_TOTAL),
+    Declared::gauge(CONSUMER_LEASES_HELD),
+    Declared::gauge(CONSUMER_LEASE_LIVE_WORKERS),
 ];
 
 #[cfg(test)]

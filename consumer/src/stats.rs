@@ -9,7 +9,8 @@
 //!   the producer, declared dropped by the producer in a gap packet, or sent before
 //!   this consumer joined — exactly one of these);
 //! - local fate: `frames = frames_delivered + frames_dropped_overload +
-//!   frames_dropped_closed + frames_dropped_handler_gone + pending_frames`
+//!   frames_dropped_closed + frames_dropped_handler_gone + frames_dropped_fenced +
+//!   pending_frames`
 //!   (every frame received was handed to the handler, dropped here with a reason, or is
 //!   still queued);
 //! - refused streams (over `max_streams`) have no record: their frames are counted in
@@ -58,8 +59,15 @@ pub struct Counters {
     pub frames_dropped_closed: u64,
     /// Frames dropped because the stream's handler task had ended (panicked).
     pub frames_dropped_handler_gone: u64,
+    /// Frames dropped because the partition's lease was lost or released (the fence):
+    /// never handed to the handler here.
+    pub frames_dropped_fenced: u64,
     /// Seqs before the first packet this consumer saw (joined late).
     pub leading_missing: u64,
+    /// The part of `leading_missing` declared to the handler as a
+    /// [`GapCause::Handover`](super::GapCause::Handover) gap (the partition was taken
+    /// over from another worker).
+    pub handover_frames: u64,
     /// Seqs that never arrived and that no declaration covers: undetected loss in
     /// transit.
     pub lost_frames: u64,
@@ -109,7 +117,11 @@ impl Counters {
         self.frames_dropped_handler_gone = self
             .frames_dropped_handler_gone
             .saturating_add(o.frames_dropped_handler_gone);
+        self.frames_dropped_fenced = self
+            .frames_dropped_fenced
+            .saturating_add(o.frames_dropped_fenced);
         self.leading_missing = self.leading_missing.saturating_add(o.leading_missing);
+        self.handover_frames = self.handover_frames.saturating_add(o.handover_frames);
         self.lost_frames = self.lost_frames.saturating_add(o.lost_frames);
         self.possibly_lost_frames = self
             .possibly_lost_frames

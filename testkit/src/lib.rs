@@ -33,6 +33,7 @@
 #![warn(missing_docs)]
 
 pub mod binary;
+pub mod cluster;
 pub mod deploy;
 mod error;
 pub mod process;
@@ -40,5 +41,6 @@ pub mod python;
 pub mod server;
 
 pub use binary::{NatsServerVersion, nats_server_bin, nats_server_version};
+pub use cluster::{NatsCluster, NodePorts};
 pub use error::{Error, ErrorKind};
 pub use server::{Auth, NatsServer, NatsServerOptions};

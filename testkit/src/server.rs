@@ -248,6 +248,18 @@ impl NatsServer {
             .then(|| Layout::new(self.dir.path()).store_dir)
     }
 
+    /// The text of the current process's ports file (`{"nats":[...],"cluster":[...],
+    /// "monitoring":[...]}`), if it was written.
+    pub(crate) fn ports_file_text(&self) -> Option<String> {
+        let pid = self.pid();
+        fs::read_to_string(
+            Layout::new(self.dir.path())
+                .ports_dir
+                .join(format!("nats-server_{pid}.ports")),
+        )
+        .ok()
+    }
+
     /// Whether the process exists (it may be paused).
     pub fn is_running(&self) -> bool {
         let mut state = self.lock();
@@ -648,8 +660,13 @@ fn redact(args: &[String]) -> Vec<String> {
 /// The client port from a ports file: `{"nats":["nats://127.0.0.1:PORT"],...}`.
 /// `None` while the file is incomplete (it is not written atomically).
 fn parse_ports_file(text: &str) -> Option<u16> {
-    let after_key = &text[text.find("\"nats\"")?..];
-    let url_start = after_key.find("nats://")? + "nats://".len();
+    parse_ports_entry(text, "nats")
+}
+
+/// The port of entry `key` (`nats`, `cluster`, `monitoring`) of a ports file.
+pub(crate) fn parse_ports_entry(text: &str, key: &str) -> Option<u16> {
+    let after_key = &text[text.find(&format!("\"{key}\""))?..];
+    let url_start = after_key.find("://")? + "://".len();
     let rest = &after_key[url_start..];
     let host_port = &rest[..rest.find('"')?];
     host_port.rsplit_once(':')?.1.parse().ok()

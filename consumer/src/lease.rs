@@ -1,0 +1,776 @@
+//! Lease-based partition ownership: the pure decision logic (no NATS, no tasks).
+//!
+//! The [`Planner`] holds what one worker knows — the last value it saw of every
+//! partition's lease key, the core-NATS heartbeats it heard, the leases it holds — and
+//! turns the passage of time into [`Action`]s that the NATS driver
+//! ([`crate::ownership`]) executes and reports back. All of it is synchronous and
+//! driven by an injected [`Instant`], so the tests run it on a paused clock.
+//!
+//! Invariants a reader must not break:
+//! - **The revision is the fencing token.** A held lease is valid until
+//!   `last successful renewal *send* time + TTL − margin` (measured on this worker's
+//!   monotonic clock, from before the request left, so a slow reply never extends it).
+//!   The planner answers [`Action::Fence`] at that instant at the latest, and at once
+//!   when a renewal is refused (`WrongLastRevision`) or the watcher shows another
+//!   worker's higher revision for the key. The driver stops delivering the partition's
+//!   frames before anything else.
+//! - **A timeout is unknown, not lost.** A renewal that timed out leaves the lease held
+//!   with its old validity (which keeps running down): a KV leader election stalls
+//!   writes for ~5 s, shorter than TTL − margin with the defaults.
+//! - **Release fences first.** [`Action::Release`] is only emitted together with the
+//!   fence of the same partition, before it: nobody can acquire what this worker still
+//!   delivers.
+//! - **One operation per partition in flight.** No new claim, renewal or release is
+//!   planned for a partition until the previous one reported back.
+//! - **Balance.** Each worker aims at ⌈P / live workers⌉ (live = this worker plus every
+//!   worker whose heartbeat was heard within the heartbeat timeout). It claims free
+//!   partitions up to that share, in a worker-specific order so that survivors do not
+//!   all race for the same keys, and releases at most one partition per tick while it
+//!   is above the share and a live worker is below it (a joining worker takes load
+//!   gradually, no thundering herd).
+//! - **Takeover.** A partition whose owner is not live is taken by compare-and-swap on
+//!   the owner's last revision seen; a key not rewritten for a TTL is taken by
+//!   `create` (it has expired). During the first heartbeat timeout after start the
+//!   planner claims nothing: it has not yet had the chance to hear the others.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use weir_protocol::fnv1a_32;
+
+/// The timing of leases (validated by the config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Timing {
+    pub(crate) ttl: Duration,
+    pub(crate) renew_interval: Duration,
+    pub(crate) margin: Duration,
+    pub(crate) heartbeat_timeout: Duration,
+}
+
+/// What the planner last saw of a partition's key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    owner: String,
+    revision: u64,
+    /// When this worker saw the write (local clock: server timestamps are another
+    /// host's clock).
+    at: Instant,
+}
+
+/// A lease this worker holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Held {
+    revision: u64,
+    /// Fence at this instant unless renewed.
+    valid_until: Instant,
+    /// When the last renewal (successful or not) was sent.
+    last_attempt: Instant,
+}
+
+/// What the driver must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Action {
+    /// Stop delivering the partition's frames now (the lease is, or may be, lost).
+    Fence(u32),
+    /// `create` the key (only if absent).
+    Claim(u32),
+    /// `update` the key from the dead owner's revision (compare-and-swap).
+    TakeOver {
+        partition: u32,
+        revision: u64,
+        from: String,
+    },
+    /// `update` the key from our revision.
+    Renew { partition: u32, revision: u64 },
+    /// Delete the key expecting our revision (after [`Action::Fence`] of it).
+    Release { partition: u32, revision: u64 },
+}
+
+/// One lease as [`crate::Consumer::leases`] shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LeaseInfo {
+    /// The partition.
+    pub partition: u32,
+    /// The worker that owns it, as last seen (`None`: free or expired).
+    pub owner: Option<String>,
+    /// The key's revision: the fencing token.
+    pub revision: Option<u64>,
+    /// Whether this worker holds it.
+    pub held: bool,
+    /// Time left: for a held lease until this worker fences it (local validity), for
+    /// another worker's lease until its key expires unless renewed (estimated from when
+    /// this worker saw the last write).
+    #[serde(serialize_with = "ms")]
+    pub expires_in: Option<Duration>,
+}
+
+fn ms<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_some(&(d.as_millis() as u64)),
+        None => s.serialize_none(),
+    }
+}
+
+/// The decision logic of one worker; see the [module docs](self).
+#[derive(Debug)]
+pub(crate) struct Planner {
+    me: String,
+    partitions: u32,
+    timing: Timing,
+    started: Instant,
+    view: Vec<Option<Seen>>,
+    /// Per peer: when it was first heard (since it was last taken for dead) and last.
+    heard: HashMap<String, (Instant, Instant)>,
+    held: BTreeMap<u32, Held>,
+    in_flight: BTreeSet<u32>,
+    /// Partitions this worker released, and when: not claimed back for a heartbeat
+    /// timeout, so that the worker they were released to gets them (no ping-pong).
+    released: HashMap<u32, Instant>,
+}
+
+impl Planner {
+    pub(crate) fn new(me: String, partitions: u32, timing: Timing, now: Instant) -> Self {
+        Self {
+            me,
+            partitions,
+            timing,
+            started: now,
+            view: vec![None; partitions as usize],
+            heard: HashMap::new(),
+            held: BTreeMap::new(),
+            in_flight: BTreeSet::new(),
+            released: HashMap::new(),
+        }
+    }
+
+    /// This worker's id.
+    pub(crate) fn me(&self) -> &str {
+        &self.me
+    }
+
+    /// A heartbeat of `worker` arrived.
+    pub(crate) fn heard(&mut self, worker: &str, now: Instant) {
+        if worker == self.me {
+            return;
+        }
+        let timeout = self.timing.heartbeat_timeout;
+        let entry = self.heard.entry(worker.to_owned()).or_insert((now, now));
+        if now.saturating_duration_since(entry.1) >= timeout {
+            entry.0 = now; // back from the dead: a new life
+        }
+        entry.1 = now;
+    }
+
+    /// The watcher saw the key of `partition`: `Some((owner, revision))` for a write,
+    /// `None` for a delete or purge. Returns a fence when it shows another worker's
+    /// newer revision of a lease held here.
+    pub(crate) fn observe(
+        &mut self,
+        partition: u32,
+        value: Option<(String, u64)>,
+        now: Instant,
+    ) -> Option<Action> {
+        let slot = self.view.get_mut(partition as usize)?;
+        match value {
+            Some((owner, revision)) => {
+                if slot.as_ref().is_some_and(|s| s.revision > revision) {
+                    return None; // an older write delivered late
+                }
+                *slot = Some(Seen {
+                    owner: owner.clone(),
+                    revision,
+                    at: now,
+                });
+                let h = self.held.get_mut(&partition)?;
+                if revision <= h.revision {
+                    return None;
+                }
+                if owner == self.me {
+                    // Our own write that we did not hear back about (a renewal that
+                    // timed out but landed): continue from it. Validity is unchanged.
+                    h.revision = revision;
+                    return None;
+                }
+                self.held.remove(&partition);
+                Some(Action::Fence(partition))
+            }
+            None => {
+                *slot = None;
+                None
+            }
+        }
+    }
+
+    /// The live workers, this one included.
+    fn live(&self, now: Instant) -> BTreeSet<&str> {
+        let mut live: BTreeSet<&str> = self
+            .heard
+            .iter()
+            .filter(|(_, (_, last))| {
+                now.saturating_duration_since(*last) < self.timing.heartbeat_timeout
+            })
+            .map(|(w, _)| w.as_str())
+            .collect();
+        live.insert(&self.me);
+        live
+    }
+
+    /// How many workers are live, this one included.
+    pub(crate) fn live_count(&self, now: Instant) -> usize {
+        self.live(now).len()
+    }
+
+    /// The partitions held here, ascending.
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> impl Iterator<Item = u32> + '_ {
+        self.held.keys().copied()
+    }
+
+    /// What to do now.
+    pub(crate) fn plan(&mut self, now: Instant) -> Vec<Action> {
+        self.plan_with(now, true)
+    }
+
+    /// What to do now, releasing nothing: run when a key was freed (deleted), so that
+    /// a worker below its share claims it without waiting for its next tick, while
+    /// releases stay one per tick.
+    pub(crate) fn plan_claims(&mut self, now: Instant) -> Vec<Action> {
+        self.plan_with(now, false)
+    }
+
+    fn plan_with(&mut self, now: Instant, release: bool) -> Vec<Action> {
+        let mut actions = Vec::new();
+        // 1. Fence what ran out of validity.
+        let expired: Vec<u32> = self
+            .held
+            .iter()
+            .filter(|(_, h)| now >= h.valid_until)
+            .map(|(p, _)| *p)
+            .collect();
+        for p in expired {
+            self.held.remove(&p);
+            actions.push(Action::Fence(p));
+        }
+        // 2. Renew what is due.
+        for (&p, h) in &mut self.held {
+            if !self.in_flight.contains(&p)
+                && now.saturating_duration_since(h.last_attempt) >= self.timing.renew_interval
+            {
+                h.last_attempt = now;
+                self.in_flight.insert(p);
+                actions.push(Action::Renew {
+                    partition: p,
+                    revision: h.revision,
+                });
+            }
+        }
+        // 3. Balance. Nothing before the others had a chance to be heard.
+        if now.saturating_duration_since(self.started) < self.timing.heartbeat_timeout {
+            return actions;
+        }
+        let live: BTreeSet<String> = self.live(now).into_iter().map(str::to_owned).collect();
+        let share = (self.partitions as usize).div_ceil(live.len().max(1));
+        let claiming = self.in_flight.iter().filter(|p| !self.held.contains_key(p));
+        let mine = self.held.len() + claiming.count();
+        let cooldown = self.timing.heartbeat_timeout;
+        self.released
+            .retain(|_, at| now.saturating_duration_since(*at) < cooldown);
+        if mine < share {
+            let mut free: Vec<(u32, Action)> = (0..self.partitions)
+                .filter(|p| {
+                    !self.held.contains_key(p)
+                        && !self.in_flight.contains(p)
+                        && !self.released.contains_key(p)
+                })
+                .filter_map(|p| {
+                    let action = match &self.view[p as usize] {
+                        None => Action::Claim(p),
+                        Some(s) if now.saturating_duration_since(s.at) >= self.timing.ttl => {
+                            Action::Claim(p)
+                        }
+                        Some(s) if s.owner == self.me || !live.contains(s.owner.as_str()) => {
+                            Action::TakeOver {
+                                partition: p,
+                                revision: s.revision,
+                                from: s.owner.clone(),
+                            }
+                        }
+                        Some(_) => return None,
+                    };
+                    Some((p, action))
+                })
+                .collect();
+            // A worker-specific order (rendezvous hashing): survivors spread over the
+            // orphans instead of all racing for the lowest partition.
+            free.sort_by_key(|(p, _)| fnv1a_32(format!("{}/{p}", self.me).as_bytes()));
+            for (p, action) in free.into_iter().take(share - mine) {
+                self.in_flight.insert(p);
+                actions.push(action);
+            }
+        }
+        if release && self.held.len() >= share {
+            let held = self.held.len();
+            let mut counts: HashMap<&str, usize> = live.iter().map(|w| (w.as_str(), 0)).collect();
+            for s in self.view.iter().flatten() {
+                if let Some(c) = counts.get_mut(s.owner.as_str()) {
+                    *c += 1;
+                }
+            }
+            // Only towards a worker out of its start grace: before that it claims
+            // nothing, and a partition released to it would sit unread.
+            let settled = |w: &str| {
+                self.heard.get(w).is_some_and(|(first, _)| {
+                    now.saturating_duration_since(*first) >= self.timing.heartbeat_timeout
+                })
+            };
+            // Moving one partition helps when a settled worker holds at least two
+            // fewer: it is then below the share and claims it, and the spread
+            // narrows (⌈P/n⌉ at most, everyone within one of each other).
+            let someone_below = counts
+                .iter()
+                .any(|(w, c)| *w != self.me.as_str() && c + 2 <= held && settled(w));
+            let candidate = self
+                .held
+                .iter()
+                .rev()
+                .find(|(p, _)| !self.in_flight.contains(p))
+                .map(|(p, h)| (*p, h.revision));
+            if someone_below && let Some((p, revision)) = candidate {
+                self.held.remove(&p);
+                self.in_flight.insert(p);
+                self.released.insert(p, now);
+                actions.push(Action::Fence(p));
+                actions.push(Action::Release {
+                    partition: p,
+                    revision,
+                });
+            }
+        }
+        actions
+    }
+
+    /// A claim or takeover sent at `sent_at` succeeded with `revision`; returns the
+    /// validity of the new lease.
+    pub(crate) fn acquired(&mut self, partition: u32, revision: u64, sent_at: Instant) -> Instant {
+        self.in_flight.remove(&partition);
+        let valid_until = sent_at + self.validity();
+        self.held.insert(
+            partition,
+            Held {
+                revision,
+                valid_until,
+                last_attempt: sent_at,
+            },
+        );
+        if let Some(slot) = self.view.get_mut(partition as usize) {
+            *slot = Some(Seen {
+                owner: self.me.clone(),
+                revision,
+                at: sent_at,
+            });
+        }
+        valid_until
+    }
+
+    /// A claim or takeover failed (someone else was faster, or no answer).
+    pub(crate) fn not_acquired(&mut self, partition: u32) {
+        self.in_flight.remove(&partition);
+    }
+
+    /// A renewal sent at `sent_at` succeeded; returns the new validity (`None` when
+    /// the lease was fenced meanwhile).
+    pub(crate) fn renewed(
+        &mut self,
+        partition: u32,
+        revision: u64,
+        sent_at: Instant,
+    ) -> Option<Instant> {
+        self.in_flight.remove(&partition);
+        let validity = self.validity();
+        let h = self.held.get_mut(&partition)?;
+        h.revision = revision;
+        h.valid_until = h.valid_until.max(sent_at + validity);
+        if let Some(slot) = self.view.get_mut(partition as usize) {
+            *slot = Some(Seen {
+                owner: self.me.clone(),
+                revision,
+                at: sent_at,
+            });
+        }
+        Some(h.valid_until)
+    }
+
+    /// The key already carries this worker's newer write (a renewal that timed out
+    /// had landed): continue from `revision`, validity unchanged, renew at once.
+    pub(crate) fn adopt(&mut self, partition: u32, revision: u64) {
+        self.in_flight.remove(&partition);
+        if let Some(h) = self.held.get_mut(&partition) {
+            h.revision = h.revision.max(revision);
+            h.last_attempt = h
+                .last_attempt
+                .checked_sub(self.timing.renew_interval)
+                .unwrap_or(h.last_attempt);
+        }
+    }
+
+    /// A renewal was refused (`WrongLastRevision` from another writer): fence now.
+    pub(crate) fn renew_refused(&mut self, partition: u32) -> Option<Action> {
+        self.in_flight.remove(&partition);
+        self.held
+            .remove(&partition)
+            .map(|_| Action::Fence(partition))
+    }
+
+    /// A renewal got no answer in time: unknown. The lease stays held; its validity
+    /// keeps running down from the last success.
+    pub(crate) fn renew_unknown(&mut self, partition: u32) {
+        self.in_flight.remove(&partition);
+    }
+
+    /// A release finished (deleted, or refused because someone else holds the key).
+    pub(crate) fn released(&mut self, partition: u32) {
+        self.in_flight.remove(&partition);
+    }
+
+    /// Every held lease, fenced for shutdown: `(partition, revision)` to release.
+    pub(crate) fn fence_all(&mut self) -> Vec<(u32, u64)> {
+        let held = std::mem::take(&mut self.held);
+        held.into_iter().map(|(p, h)| (p, h.revision)).collect()
+    }
+
+    /// The lease table for [`crate::Consumer::leases`].
+    pub(crate) fn snapshot(&self, now: Instant) -> Vec<LeaseInfo> {
+        (0..self.partitions)
+            .map(|p| {
+                if let Some(h) = self.held.get(&p) {
+                    return LeaseInfo {
+                        partition: p,
+                        owner: Some(self.me.clone()),
+                        revision: Some(h.revision),
+                        held: true,
+                        expires_in: Some(h.valid_until.saturating_duration_since(now)),
+                    };
+                }
+                match &self.view[p as usize] {
+                    Some(s) if now.saturating_duration_since(s.at) < self.timing.ttl => LeaseInfo {
+                        partition: p,
+                        owner: Some(s.owner.clone()),
+                        revision: Some(s.revision),
+                        held: false,
+                        expires_in: Some((s.at + self.timing.ttl).saturating_duration_since(now)),
+                    },
+                    _ => LeaseInfo {
+                        partition: p,
+                        owner: None,
+                        revision: None,
+                        held: false,
+                        expires_in: None,
+                    },
+                }
+            })
+            .collect()
+    }
+
+    fn validity(&self) -> Duration {
+        self.timing.ttl.saturating_sub(self.timing.margin)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Timing = Timing {
+        ttl: Duration::from_secs(10),
+        renew_interval: Duration::from_secs(3),
+        margin: Duration::from_secs(1),
+        heartbeat_timeout: Duration::from_millis(1_500),
+    };
+
+    fn claims(actions: &[Action]) -> Vec<u32> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Claim(p) => Some(*p),
+                Action::TakeOver { partition, .. } => Some(*partition),
+                _ => None,
+            })
+            .collect()
+    }
+
+    async fn step(d: u64) -> Instant {
+        tokio::time::advance(Duration::from_millis(d)).await;
+        Instant::now()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waits_to_hear_peers_then_claims_its_share() {
+        let mut p = Planner::new("a".into(), 8, T, Instant::now());
+        assert!(
+            p.plan(Instant::now()).is_empty(),
+            "nothing during the grace"
+        );
+        let now = step(1_000).await;
+        p.heard("b", now);
+        let now = step(600).await;
+        let actions = p.plan(now);
+        assert_eq!(claims(&actions).len(), 4, "⌈8/2⌉: {actions:?}");
+        // In flight: nothing more is planned for them.
+        assert!(claims(&p.plan(now)).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renews_every_interval_and_fences_when_validity_runs_out() {
+        let start = Instant::now();
+        let mut p = Planner::new("a".into(), 1, T, start);
+        let now = step(1_500).await;
+        assert_eq!(p.plan(now), vec![Action::Claim(0)]);
+        let valid = p.acquired(0, 7, now);
+        assert_eq!(valid, now + Duration::from_secs(9));
+        let now = step(3_000).await;
+        assert_eq!(
+            p.plan(now),
+            vec![Action::Renew {
+                partition: 0,
+                revision: 7
+            }]
+        );
+        // The renewal times out: unknown, still held, no extension.
+        p.renew_unknown(0);
+        assert_eq!(p.held().collect::<Vec<_>>(), vec![0]);
+        let now = step(3_000).await;
+        assert!(matches!(
+            p.plan(now)[..],
+            [Action::Renew { revision: 7, .. }]
+        ));
+        p.renew_unknown(0);
+        // 9 s after the last successful send: fenced, even with no answer at all.
+        let now = step(2_999).await;
+        assert!(!p.plan(now).contains(&Action::Fence(0)));
+        let now = step(1).await;
+        assert!(p.plan(now).contains(&Action::Fence(0)));
+        assert_eq!(p.held().count(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn validity_counts_from_the_send_time_not_the_answer() {
+        let mut p = Planner::new("a".into(), 1, T, Instant::now());
+        let now = step(1_500).await;
+        p.plan(now);
+        p.acquired(0, 1, now);
+        let sent = step(3_000).await;
+        p.plan(sent);
+        // The answer arrives 2 s after the request left.
+        step(2_000).await;
+        assert_eq!(p.renewed(0, 2, sent), Some(sent + Duration::from_secs(9)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn wrong_last_revision_or_a_newer_foreign_write_fences_at_once() {
+        let mut p = Planner::new("a".into(), 2, T, Instant::now());
+        let now = step(1_500).await;
+        p.plan(now);
+        p.acquired(0, 5, now);
+        p.acquired(1, 6, now);
+        assert_eq!(p.renew_refused(0), Some(Action::Fence(0)));
+        // Our own newer write (a renewal that timed out but landed) is adopted.
+        assert_eq!(p.observe(1, Some(("a".into(), 7)), now), None);
+        assert_eq!(
+            p.plan(now)
+                .iter()
+                .find(|a| matches!(a, Action::Renew { .. })),
+            None
+        );
+        // An older write delivered late changes nothing; a newer one by b fences.
+        assert_eq!(p.observe(1, Some(("b".into(), 4)), now), None);
+        assert_eq!(
+            p.observe(1, Some(("b".into(), 9)), now),
+            Some(Action::Fence(1))
+        );
+        assert_eq!(p.held().count(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn takes_over_a_dead_workers_partitions_by_its_revision() {
+        let mut p = Planner::new("a".into(), 4, T, Instant::now());
+        let now = Instant::now();
+        p.heard("b", now);
+        for part in 0..4 {
+            p.observe(part, Some(("b".into(), 10 + u64::from(part))), now);
+        }
+        // b is alive: a claims nothing of b's (share 2, but all 4 are b's and live).
+        let now = step(1_500).await;
+        p.heard("b", now);
+        assert!(claims(&p.plan(now)).is_empty());
+        // b goes silent: after the heartbeat timeout a takes all four by CAS.
+        let now = step(1_500).await;
+        let actions = p.plan(now);
+        let mut taken: Vec<(u32, u64)> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::TakeOver {
+                    partition,
+                    revision,
+                    from,
+                } if from == "b" => Some((*partition, *revision)),
+                _ => None,
+            })
+            .collect();
+        taken.sort_unstable();
+        assert_eq!(taken, vec![(0, 10), (1, 11), (2, 12), (3, 13)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_expired_key_is_claimed_by_create() {
+        let mut p = Planner::new("a".into(), 1, T, Instant::now());
+        let now = Instant::now();
+        p.observe(0, Some(("b".into(), 3)), now);
+        // b keeps heartbeating but stopped renewing (e.g. its KV writes fail).
+        for _ in 0..7 {
+            let now = step(1_400).await;
+            p.heard("b", now);
+        }
+        let now = step(200).await;
+        assert_eq!(p.plan(now), vec![Action::Claim(0)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn above_its_share_it_releases_one_per_tick_fence_first() {
+        let mut p = Planner::new("a".into(), 4, T, Instant::now());
+        let now = step(1_500).await;
+        p.plan(now);
+        for part in 0..4 {
+            p.acquired(part, u64::from(part) + 1, now);
+        }
+        // A second worker appears with nothing: share 2, but nothing is released to it
+        // before it is out of its start grace.
+        p.heard("c", now);
+        assert!(p.plan(now).is_empty());
+        for _ in 0..3 {
+            let t = step(500).await;
+            p.heard("c", t);
+            p.acquired(0, 1, t);
+            p.acquired(1, 2, t);
+            p.acquired(2, 3, t);
+            p.acquired(3, 4, t);
+        }
+        let now = Instant::now();
+        let actions = p.plan(now);
+        assert_eq!(
+            actions,
+            vec![
+                Action::Fence(3),
+                Action::Release {
+                    partition: 3,
+                    revision: 4
+                }
+            ]
+        );
+        p.released(3);
+        p.observe(3, None, now);
+        let actions = p.plan(now);
+        assert_eq!(actions.len(), 2, "{actions:?}");
+        p.released(2);
+        p.observe(2, None, now);
+        // At its share: no more releases, and c now holds what it claimed.
+        p.observe(3, Some(("c".into(), 9)), now);
+        p.observe(2, Some(("c".into(), 10)), now);
+        assert!(p.plan(now).is_empty());
+        assert_eq!(p.held().count(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_freed_key_is_claimed_at_once_but_releases_wait_for_the_tick() {
+        let mut p = Planner::new("a".into(), 4, T, Instant::now());
+        let now = step(1_500).await;
+        p.plan(now);
+        for part in 0..4 {
+            p.acquired(part, 1, now);
+        }
+        p.heard("c", now);
+        assert!(p.plan_claims(now).is_empty(), "no release outside the tick");
+        let mut q = Planner::new("c".into(), 4, T, Instant::now());
+        let now = step(1_500).await;
+        q.heard("a", now);
+        for part in 0..4 {
+            q.observe(part, Some(("a".into(), 1)), now);
+        }
+        assert!(q.plan_claims(now).is_empty());
+        q.observe(3, None, now);
+        assert_eq!(q.plan_claims(now), vec![Action::Claim(3)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_its_share_it_still_gives_one_to_a_worker_two_below_and_does_not_take_it_back() {
+        let mut p = Planner::new("a".into(), 7, T, Instant::now());
+        for _ in 0..4 {
+            let now = Instant::now();
+            p.heard("b", now);
+            p.heard("c", now);
+            step(500).await;
+        }
+        let now = Instant::now();
+        p.heard("b", now);
+        p.heard("c", now);
+        for part in 0..3 {
+            p.acquired(part, 1, now);
+        }
+        for part in 3..6 {
+            p.observe(part, Some(("b".into(), 1)), now);
+        }
+        p.observe(6, Some(("c".into(), 1)), now);
+        // ⌈7/3⌉ = 3: a and b at it, c one below... two below a: a gives one.
+        let actions = p.plan(now);
+        assert_eq!(
+            actions,
+            vec![
+                Action::Fence(2),
+                Action::Release {
+                    partition: 2,
+                    revision: 1
+                }
+            ]
+        );
+        p.released(2);
+        p.observe(2, None, now);
+        // a is below its share now, but does not claim back what it just released.
+        assert!(p.plan_claims(now).is_empty());
+        p.observe(2, Some(("c".into(), 2)), now);
+        // 2 / 3 / 2: settled.
+        assert!(p.plan(now).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn does_not_release_when_nobody_is_below_the_share() {
+        let mut p = Planner::new("a".into(), 5, T, Instant::now());
+        let now = step(1_500).await;
+        p.plan(now);
+        for part in 0..3 {
+            p.acquired(part, 1, now);
+        }
+        p.heard("b", now);
+        p.observe(3, Some(("b".into(), 1)), now);
+        p.observe(4, Some(("b".into(), 1)), now);
+        // share ⌈5/2⌉ = 3: a holds 3, b 2 — balanced, nothing moves.
+        assert!(p.plan(now).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn snapshot_shows_owner_revision_and_expiry() {
+        let mut p = Planner::new("a".into(), 2, T, Instant::now());
+        let now = step(1_500).await;
+        p.plan(now);
+        p.acquired(0, 4, now);
+        p.observe(1, Some(("b".into(), 8)), now);
+        let now = step(1_000).await;
+        let s = p.snapshot(now);
+        assert_eq!(s[0].owner.as_deref(), Some("a"));
+        assert!(s[0].held);
+        assert_eq!(s[0].revision, Some(4));
+        assert_eq!(s[0].expires_in, Some(Duration::from_secs(8)));
+        assert_eq!(s[1].owner.as_deref(), Some("b"));
+        assert!(!s[1].held);
+        assert_eq!(s[1].expires_in, Some(Duration::from_secs(9)));
+    }
+}

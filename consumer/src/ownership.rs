@@ -1,0 +1,668 @@
+//! Lease ownership over NATS (`ownership = { lease = ... }`): the driver that runs the
+//! [`Planner`](crate::lease::Planner) against a JetStream KV bucket and core-NATS
+//! heartbeats, and starts and fences one feed per held partition.
+//!
+//! - **Bucket.** The `KV_<bucket>` stream is created here (async-nats 0.51's
+//!   `create_key_value` cannot parse nats-server 2.9's account info): subjects
+//!   `$KV.<bucket>.>`, one message per subject, `max_age` = TTL, rollup allowed, delete
+//!   denied, direct get, discard new, R replicas. One key per partition, `p.<n>`, whose
+//!   value is the owner's worker id and whose revision is the fencing token.
+//! - **Operations.** Claim = `create` (only if absent), takeover = `update` from the
+//!   dead owner's revision, renew = `update` from our revision, release =
+//!   `delete_expect_revision`. Each runs in its own task, bounded by a third of the
+//!   renewal interval (1 s by default), so one stalled write never delays the renewal
+//!   of another partition; a renewal that timed out is retried at the next tick.
+//!   A renewal refused with `WrongLastRevision` reads the key once: if it names this
+//!   worker at a newer revision, a renewal that had timed out did land, and its
+//!   revision is adopted; if it names another worker (or is gone), the partition is
+//!   fenced; a read that fails, or shows this worker at an older revision (a direct
+//!   get answered by a lagging replica), is unknown like a timeout.
+//! - **Heartbeats** go on core NATS (`weir.lease.<bucket>.heartbeat`, payload = worker
+//!   id), which keeps flowing while a KV stream elects a new leader; they decide who is
+//!   live. A KV watcher (with history) keeps the view of every key current; expiry by
+//!   `max_age` is silent on 2.9/2.10, so the planner also treats a key not rewritten
+//!   for a TTL as expired.
+//! - **Feeds.** A held partition has one core subscription and one demultiplexer task
+//!   behind a [`Fence`]. The fence closes when the planner fences (lost, run out,
+//!   released) and, independently, at the lease's local validity: a handler is never
+//!   handed a frame after it, even if this task is late.
+//! - **Shutdown** drains every feed within the grace period (the leases stay valid
+//!   meanwhile), then fences and deletes every held key, so that the successors take
+//!   over at once instead of after the heartbeat timeout.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, kv, stream};
+use futures::StreamExt;
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
+
+use crate::config::LeaseSettings;
+use crate::demux::Demux;
+use crate::fence::Fence;
+use crate::handler::HandlerFactory;
+use crate::lease::{Action, LeaseInfo, Planner};
+use crate::metrics as m;
+use crate::{ConsumerError, Shared, run_subscription};
+
+/// Bound of the bucket setup at start.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bound of one setup attempt (a node that just joined a cluster may leave JetStream
+/// requests unanswered for a while; another attempt may go elsewhere or succeed).
+const SETUP_ATTEMPT: Duration = Duration::from_secs(2);
+/// Pause between two bucket setup attempts.
+const SETUP_RETRY: Duration = Duration::from_millis(250);
+/// How long shutdown waits for the releases after the feeds drained.
+pub(crate) const RELEASE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Pause before re-creating a failed watcher.
+const WATCH_RETRY: Duration = Duration::from_millis(500);
+/// Watcher entries buffered for the driver (a full buffer makes the watcher wait).
+const WATCH_CHANNEL: usize = 1_024;
+
+/// The lease table, as [`crate::Consumer::leases`] reads it.
+#[derive(Debug, Default)]
+pub(crate) struct LeaseBoard(Mutex<Vec<LeaseInfo>>);
+
+impl LeaseBoard {
+    pub(crate) fn get(&self) -> Vec<LeaseInfo> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set(&self, table: Vec<LeaseInfo>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = table;
+    }
+}
+
+/// The key of partition `p`.
+fn key(p: u32) -> String {
+    format!("p.{p}")
+}
+
+fn partition_of(key: &str) -> Option<u32> {
+    key.strip_prefix("p.")?.parse().ok()
+}
+
+/// Creates the bucket's stream if absent and opens it.
+async fn open_bucket(
+    client: &async_nats::Client,
+    lease: &LeaseSettings,
+) -> Result<(stream::Stream, kv::Store), String> {
+    let js = jetstream::new(client.clone());
+    let config = stream::Config {
+        name: format!("KV_{}", lease.bucket),
+        subjects: vec![format!("$KV.{}.>", lease.bucket)],
+        max_messages_per_subject: 1,
+        max_age: lease.ttl,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        discard: stream::DiscardPolicy::New,
+        num_replicas: lease.replicas,
+        ..Default::default()
+    };
+    let stream = js
+        .get_or_create_stream(config)
+        .await
+        .map_err(|e| format!("cannot create or open stream KV_{}: {e}", lease.bucket))?;
+    let kv = js
+        .get_key_value(lease.bucket.clone())
+        .await
+        .map_err(|e| format!("cannot open KV bucket {}: {e}", lease.bucket))?;
+    Ok((stream, kv))
+}
+
+/// Sets up the bucket and the heartbeat subscription, then spawns the driver.
+pub(crate) async fn start<F: HandlerFactory>(
+    client: async_nats::Client,
+    shared: Arc<Shared>,
+    factory: Arc<F>,
+    stop: watch::Receiver<Option<Instant>>,
+) -> Result<(JoinHandle<()>, Arc<LeaseBoard>), ConsumerError> {
+    let Some(lease) = shared.settings.lease.clone() else {
+        return Err(ConsumerError::config(
+            "ownership",
+            "not lease ownership".into(),
+        ));
+    };
+    let lease_error = |reason: String| ConsumerError::Lease {
+        bucket: lease.bucket.clone(),
+        reason,
+    };
+    // Retried within the bound: right after a cluster starts (or while its meta leader
+    // moves) JetStream answers "temporarily unavailable", and workers starting together
+    // race to create the same stream.
+    let deadline = Instant::now() + SETUP_TIMEOUT;
+    let (stream, kv) = loop {
+        let attempt = deadline.min(Instant::now() + SETUP_ATTEMPT);
+        let error = match tokio::time::timeout_at(attempt, open_bucket(&client, &lease)).await {
+            Ok(Ok(kv)) => break kv,
+            Ok(Err(e)) => e,
+            Err(_) => format!("no answer within {SETUP_ATTEMPT:?}"),
+        };
+        if Instant::now() + SETUP_RETRY >= deadline {
+            return Err(lease_error(error));
+        }
+        tracing::warn!(
+            bucket = lease.bucket,
+            error,
+            "lease bucket not ready; retrying"
+        );
+        tokio::time::sleep(SETUP_RETRY).await;
+    };
+    let heartbeats = weir_service::nats::subscribe_confirmed(
+        &client,
+        vec![lease.heartbeat_subject()],
+        SETUP_TIMEOUT,
+    )
+    .await
+    .map_err(|e| ConsumerError::Subscribe {
+        subject: e.subject,
+        reason: e.reason,
+    })?
+    .into_iter()
+    .next()
+    .map(|(_, sub)| sub)
+    .ok_or_else(|| lease_error("no heartbeat subscription".into()))?;
+    let board = Arc::new(LeaseBoard::default());
+    let partitions = shared.settings.partitions.get();
+    let driver = Driver {
+        planner: Planner::new(
+            lease.worker_id.clone(),
+            partitions,
+            lease.timing(),
+            Instant::now(),
+        ),
+        had_owner: vec![false; partitions as usize],
+        client,
+        kv,
+        stream,
+        shared,
+        factory,
+        lease,
+        feeds: HashMap::new(),
+        feed_tasks: JoinSet::new(),
+        ops: JoinSet::new(),
+        board: board.clone(),
+    };
+    Ok((tokio::spawn(driver.run(heartbeats, stop)), board))
+}
+
+/// One held partition's feed.
+struct Feed {
+    fence: Arc<Fence>,
+    stop: watch::Sender<Option<Instant>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpKind {
+    Claim,
+    TakeOver,
+    Renew,
+    Release,
+}
+
+impl OpKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Claim => "claim",
+            Self::TakeOver => "takeover",
+            Self::Renew => "renew",
+            Self::Release => "release",
+        }
+    }
+}
+
+#[derive(Debug)]
+enum OpResult {
+    Ok(u64),
+    /// The key carries our newer write already (renewal only).
+    Adopt(u64),
+    Conflict,
+    Timeout,
+    Error(String),
+}
+
+impl OpResult {
+    fn label(&self) -> &'static str {
+        match self {
+            Self::Ok(_) | Self::Adopt(_) => "ok",
+            Self::Conflict => "conflict",
+            Self::Timeout => "timeout",
+            Self::Error(_) => "error",
+        }
+    }
+}
+
+struct OpDone {
+    partition: u32,
+    kind: OpKind,
+    sent_at: Instant,
+    result: OpResult,
+}
+
+struct Driver<F: HandlerFactory> {
+    planner: Planner,
+    /// Whether the key of a partition was ever seen (a put, or the delete marker of a
+    /// release): a stream picked up there mid-way is a handover, not a late join.
+    had_owner: Vec<bool>,
+    client: async_nats::Client,
+    kv: kv::Store,
+    /// The bucket's stream, for reads served by its leader.
+    stream: stream::Stream,
+    shared: Arc<Shared>,
+    factory: Arc<F>,
+    lease: LeaseSettings,
+    feeds: HashMap<u32, Feed>,
+    feed_tasks: JoinSet<()>,
+    ops: JoinSet<OpDone>,
+    board: Arc<LeaseBoard>,
+}
+
+impl<F: HandlerFactory> Driver<F> {
+    async fn run(
+        mut self,
+        mut heartbeats: async_nats::Subscriber,
+        mut stop: watch::Receiver<Option<Instant>>,
+    ) {
+        let tick_period = (self.lease.heartbeat_interval / 2)
+            .clamp(Duration::from_millis(20), Duration::from_millis(250));
+        let mut tick = tokio::time::interval(tick_period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut beat = tokio::time::interval(self.lease.heartbeat_interval);
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let hb_subject = self.lease.heartbeat_subject();
+        // The watcher runs in its own task (its creation can stall for seconds during a
+        // KV leader election, which must not delay renewals); it ends with the driver.
+        let (entries_tx, mut entries) = tokio::sync::mpsc::channel(WATCH_CHANNEL);
+        let watcher = tokio::spawn(run_watcher(
+            self.kv.clone(),
+            entries_tx,
+            self.lease.renew_interval,
+        ));
+        let _abort_watcher = AbortOnDrop(watcher);
+        let deadline = loop {
+            tokio::select! {
+                changed = stop.changed() => match changed {
+                    Ok(()) => {
+                        if let Some(deadline) = *stop.borrow() {
+                            break deadline;
+                        }
+                    }
+                    Err(_) => break Instant::now(),
+                },
+                Some(done) = self.ops.join_next(), if !self.ops.is_empty() => {
+                    if let Ok(done) = done {
+                        self.on_done(done);
+                    }
+                }
+                msg = heartbeats.next() => {
+                    if let Some(msg) = msg
+                        && let Ok(id) = std::str::from_utf8(&msg.payload)
+                    {
+                        self.planner.heard(id, Instant::now());
+                    }
+                }
+                Some(entry) = entries.recv() => self.on_entry(entry),
+                _ = beat.tick() => {
+                    let id = self.planner.me().to_owned();
+                    let publish = self.client.publish(hb_subject.clone(), id.into());
+                    if tokio::time::timeout(self.lease.heartbeat_interval, publish).await.is_err() {
+                        tracing::warn!("lease heartbeat not queued in time");
+                    }
+                }
+                _ = tick.tick() => {
+                    let now = Instant::now();
+                    let actions = self.planner.plan(now);
+                    self.apply_all(actions);
+                    self.publish_state(now);
+                }
+            }
+        };
+        self.shutdown(deadline).await;
+    }
+
+    fn publish_state(&self, now: Instant) {
+        self.board.set(self.planner.snapshot(now));
+        ::metrics::gauge!(m::CONSUMER_LEASES_HELD).set(self.feeds.len() as f64);
+        ::metrics::gauge!(m::CONSUMER_LEASE_LIVE_WORKERS).set(self.planner.live_count(now) as f64);
+    }
+
+    /// Applies a plan: a fence followed by the release of the same partition is a
+    /// release, any other fence ran out of validity.
+    fn apply_all(&mut self, actions: Vec<Action>) {
+        let released: Vec<u32> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Release { partition, .. } => Some(*partition),
+                _ => None,
+            })
+            .collect();
+        for action in actions {
+            let reason = match &action {
+                Action::Fence(p) if released.contains(p) => "released",
+                _ => "expired",
+            };
+            self.apply(action, reason);
+        }
+    }
+
+    fn on_entry(&mut self, entry: kv::Entry) {
+        let Some(p) = partition_of(&entry.key) else {
+            return;
+        };
+        if let Some(slot) = self.had_owner.get_mut(p as usize) {
+            *slot = true;
+        }
+        let value = match entry.operation {
+            kv::Operation::Put => Some((
+                String::from_utf8_lossy(&entry.value).into_owned(),
+                entry.revision,
+            )),
+            kv::Operation::Delete | kv::Operation::Purge => None,
+        };
+        let freed = value.is_none();
+        let now = Instant::now();
+        if let Some(action) = self.planner.observe(p, value, now) {
+            self.apply(action, "taken_over");
+        }
+        if freed {
+            let actions = self.planner.plan_claims(now);
+            self.apply_all(actions);
+        }
+    }
+
+    /// Executes one planner action. `fence_reason` labels a fence.
+    fn apply(&mut self, action: Action, fence_reason: &'static str) {
+        match action {
+            Action::Fence(p) => self.fence(p, fence_reason),
+            Action::Claim(p) => {
+                let kv = self.kv.clone();
+                let me = self.planner.me().to_owned();
+                self.spawn_op(p, OpKind::Claim, async move {
+                    match kv.create(key(p), me.into()).await {
+                        Ok(rev) => OpResult::Ok(rev),
+                        Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
+                            OpResult::Conflict
+                        }
+                        Err(e) => OpResult::Error(e.to_string()),
+                    }
+                });
+            }
+            Action::TakeOver {
+                partition,
+                revision,
+                from,
+            } => {
+                tracing::info!(partition, revision, from, "taking over a lease");
+                let kv = self.kv.clone();
+                let leader = self.stream.clone();
+                let me = self.planner.me().to_owned();
+                self.spawn_op(partition, OpKind::TakeOver, async move {
+                    update(&kv, &leader, partition, &me, revision, false).await
+                });
+            }
+            Action::Renew {
+                partition,
+                revision,
+            } => {
+                let kv = self.kv.clone();
+                let leader = self.stream.clone();
+                let me = self.planner.me().to_owned();
+                self.spawn_op(partition, OpKind::Renew, async move {
+                    update(&kv, &leader, partition, &me, revision, true).await
+                });
+            }
+            Action::Release {
+                partition,
+                revision,
+            } => {
+                let kv = self.kv.clone();
+                self.spawn_op(partition, OpKind::Release, async move {
+                    match kv
+                        .delete_expect_revision(key(partition), Some(revision))
+                        .await
+                    {
+                        Ok(()) => OpResult::Ok(revision),
+                        Err(e) => OpResult::Error(e.to_string()),
+                    }
+                });
+            }
+        }
+    }
+
+    fn spawn_op(
+        &mut self,
+        partition: u32,
+        kind: OpKind,
+        op: impl Future<Output = OpResult> + Send + 'static,
+    ) {
+        // Short, so that during a KV leader election a retry follows every second and
+        // the first write after the election lands early (a timeout is unknown, never
+        // a loss: validity runs from the last success either way).
+        let bound = (self.lease.renew_interval / 3)
+            .clamp(Duration::from_millis(250), Duration::from_secs(2));
+        let sent_at = Instant::now();
+        self.ops.spawn(async move {
+            let result = tokio::time::timeout(bound, op)
+                .await
+                .unwrap_or(OpResult::Timeout);
+            OpDone {
+                partition,
+                kind,
+                sent_at,
+                result,
+            }
+        });
+    }
+
+    fn on_done(&mut self, done: OpDone) {
+        let OpDone {
+            partition: p,
+            kind,
+            sent_at,
+            result,
+        } = done;
+        ::metrics::counter!(m::CONSUMER_LEASE_OPS_TOTAL, m::LABEL_OP => kind.as_str(), m::LABEL_OUTCOME => result.label())
+            .increment(1);
+        match (kind, result) {
+            (OpKind::Claim | OpKind::TakeOver, OpResult::Ok(rev)) => {
+                let valid_until = self.planner.acquired(p, rev, sent_at);
+                let handover = kind == OpKind::TakeOver
+                    || self.had_owner.get(p as usize).copied().unwrap_or(false);
+                tracing::info!(
+                    partition = p,
+                    revision = rev,
+                    op = kind.as_str(),
+                    handover,
+                    "lease acquired"
+                );
+                self.start_feed(p, valid_until, handover);
+            }
+            (OpKind::Claim | OpKind::TakeOver, result) => {
+                if let OpResult::Error(e) = &result {
+                    tracing::debug!(partition = p, error = e, "lease claim failed");
+                }
+                self.planner.not_acquired(p);
+            }
+            (OpKind::Renew, OpResult::Ok(rev)) => {
+                if let Some(valid_until) = self.planner.renewed(p, rev, sent_at)
+                    && let Some(feed) = self.feeds.get(&p)
+                {
+                    feed.fence.extend(valid_until);
+                }
+            }
+            (OpKind::Renew, OpResult::Adopt(rev)) => self.planner.adopt(p, rev),
+            (OpKind::Renew, OpResult::Conflict) => {
+                if let Some(action) = self.planner.renew_refused(p) {
+                    self.apply(action, "conflict");
+                }
+            }
+            (OpKind::Renew, result) => {
+                tracing::warn!(
+                    partition = p,
+                    outcome = result.label(),
+                    "lease renewal unknown; retrying"
+                );
+                self.planner.renew_unknown(p);
+            }
+            (OpKind::Release, _) => self.planner.released(p),
+        }
+    }
+
+    fn start_feed(&mut self, p: u32, valid_until: Instant, handover: bool) {
+        let now = Instant::now();
+        let fence = Arc::new(Fence::new(now, valid_until));
+        let (stop_tx, stop_rx) = watch::channel(None);
+        let subject = self.shared.settings.subject.pattern_for_partition(p);
+        let demux = Demux::leased(
+            self.shared.clone(),
+            self.factory.clone(),
+            fence.clone(),
+            handover,
+        );
+        let client = self.client.clone();
+        let idle = self.shared.settings.idle_timeout;
+        self.feed_tasks.spawn(async move {
+            match client.subscribe(subject.clone()).await {
+                Ok(sub) => {
+                    run_subscription(subject, sub.map(Ok).boxed(), demux, idle, stop_rx).await;
+                }
+                Err(e) => {
+                    tracing::warn!(subject, error = %e, "cannot subscribe to a leased partition")
+                }
+            }
+        });
+        self.feeds.insert(
+            p,
+            Feed {
+                fence,
+                stop: stop_tx,
+            },
+        );
+    }
+
+    /// Closes a partition's fence and stops its feed at once.
+    fn fence(&mut self, p: u32, reason: &'static str) {
+        ::metrics::counter!(m::CONSUMER_LEASE_FENCES_TOTAL, m::LABEL_REASON => reason).increment(1);
+        if let Some(feed) = self.feeds.remove(&p) {
+            feed.fence.revoke();
+            let _ = feed.stop.send(Some(Instant::now()));
+            tracing::info!(partition = p, reason, "partition fenced");
+        }
+    }
+
+    async fn shutdown(mut self, deadline: Instant) {
+        // Drain every feed while the leases are still valid...
+        for feed in self.feeds.values() {
+            let _ = feed.stop.send(Some(deadline));
+        }
+        let _ = tokio::time::timeout_at(deadline, async {
+            while self.feed_tasks.join_next().await.is_some() {}
+        })
+        .await;
+        // ... then fence and release every lease, so that successors need not wait.
+        for feed in self.feeds.values() {
+            feed.fence.revoke();
+        }
+        self.feed_tasks.shutdown().await;
+        let held = self.planner.fence_all();
+        ::metrics::counter!(m::CONSUMER_LEASE_FENCES_TOTAL, m::LABEL_REASON => "shutdown")
+            .increment(held.len() as u64);
+        let mut releases = JoinSet::new();
+        for (p, rev) in held {
+            let kv = self.kv.clone();
+            releases.spawn(async move { kv.delete_expect_revision(key(p), Some(rev)).await });
+        }
+        let _ = tokio::time::timeout(RELEASE_TIMEOUT, async {
+            while releases.join_next().await.is_some() {}
+        })
+        .await;
+        self.board.set(self.planner.snapshot(Instant::now()));
+        ::metrics::gauge!(m::CONSUMER_LEASES_HELD).set(0.0);
+    }
+}
+
+/// Aborts the task when dropped (also when the driver itself is aborted).
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Forwards every change of the bucket to the driver, re-creating the watcher (with
+/// history, so the view is complete again) whenever it fails or ends. Ends when the
+/// driver is gone.
+async fn run_watcher(kv: kv::Store, tx: tokio::sync::mpsc::Sender<kv::Entry>, bound: Duration) {
+    loop {
+        match tokio::time::timeout(bound, kv.watch_with_history(">")).await {
+            Ok(Ok(mut watch)) => {
+                while let Some(item) = watch.next().await {
+                    match item {
+                        Ok(entry) => {
+                            if tx.send(entry).await.is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "lease watcher error; re-creating it");
+                            break;
+                        }
+                    }
+                }
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot create the lease watcher"),
+            Err(_) => tracing::warn!("lease watcher creation timed out"),
+        }
+        if tx.is_closed() {
+            return;
+        }
+        tokio::time::sleep(WATCH_RETRY).await;
+    }
+}
+
+/// Compare-and-swap of partition `p` from `revision` to a write naming `me`. For a
+/// renewal, a `WrongLastRevision` is checked against the key once (see the module
+/// docs).
+async fn update(
+    kv: &kv::Store,
+    leader: &stream::Stream,
+    p: u32,
+    me: &str,
+    revision: u64,
+    renewal: bool,
+) -> OpResult {
+    match kv.update(key(p), me.to_owned().into(), revision).await {
+        Ok(rev) => OpResult::Ok(rev),
+        Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+            if !renewal {
+                return OpResult::Conflict;
+            }
+            // Read through the stream's leader (a direct get may be answered by a
+            // replica that lags it, and right after an election may not be answered
+            // at all). Only a read that shows another owner, or a delete, is a
+            // conflict; our own id at an older revision, or no answer, is unknown and
+            // the renewal is retried.
+            let subject = format!("$KV.{}.{}", kv.name, key(p));
+            match leader.get_last_raw_message_by_subject(&subject).await {
+                Ok(msg) => {
+                    let deleted = msg.headers.get("KV-Operation").is_some();
+                    if deleted || msg.payload.as_ref() != me.as_bytes() {
+                        OpResult::Conflict
+                    } else if msg.sequence > revision {
+                        OpResult::Adopt(msg.sequence)
+                    } else {
+                        OpResult::Timeout
+                    }
+                }
+                Err(_) => OpResult::Timeout,
+            }
+        }
+        Err(e) if e.kind() == kv::UpdateErrorKind::TimedOut => OpResult::Timeout,
+        Err(e) => OpResult::Error(e.to_string()),
+    }
+}
