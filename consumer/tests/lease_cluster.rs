@@ -328,8 +328,17 @@ async fn finish(
     last
 }
 
+/// One cluster scenario at a time: each runs 3 nodes, several workers and 200 streams
+/// against 1.5 s heartbeat timeouts; two at once on a 2-core machine measure the
+/// machine, not the protocol. (`cargo test` runs a binary's tests in parallel.)
+async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    SERIAL.lock().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_s_partitions_are_taken_over_within_3_s_without_double_delivery() {
+    let _serial = one_at_a_time().await;
     let cluster = NatsCluster::start(3).expect("cluster");
     let log: Log = Arc::default();
     let mut workers = Vec::new();
@@ -395,6 +404,7 @@ async fn a_killed_worker_s_partitions_are_taken_over_within_3_s_without_double_d
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fourth_worker_takes_its_share_gradually_without_concurrent_handling() {
+    let _serial = one_at_a_time().await;
     let cluster = NatsCluster::start(3).expect("cluster");
     let log: Log = Arc::default();
     let mut workers = Vec::new();
@@ -431,6 +441,7 @@ async fn a_fourth_worker_takes_its_share_gradually_without_concurrent_handling()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_kv_leader_node_changes_no_owner_and_renewals_resume() {
+    let _serial = one_at_a_time().await;
     let cluster = NatsCluster::start(3).expect("cluster");
     let log: Log = Arc::default();
     let mut workers = Vec::new();
