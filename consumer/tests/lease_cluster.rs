@@ -328,6 +328,27 @@ async fn finish(
     last
 }
 
+/// Three lease workers on `cluster`, balanced (⌈64/3⌉ ± 1, and nobody two below
+/// another: 22 + 21 + 21), then the producers: the start of the failover and join
+/// scenarios.
+async fn three_balanced_workers_and_producers(
+    cluster: &NatsCluster,
+    log: &Log,
+) -> (
+    Vec<Option<Consumer>>,
+    Arc<AtomicBool>,
+    tokio::task::JoinHandle<HashMap<String, u64>>,
+) {
+    let mut workers = Vec::new();
+    for w in 0..3 {
+        workers.push(Some(start_worker(cluster, w, log).await));
+    }
+    wait_spread(&workers, 21, 22, Duration::from_secs(15)).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let producers = start_producers(cluster, stop.clone());
+    (workers, stop, producers)
+}
+
 /// One cluster scenario at a time: each runs 3 nodes, several workers and 200 streams
 /// against 1.5 s heartbeat timeouts; two at once on a 2-core machine measure the
 /// machine, not the protocol. (`cargo test` runs a binary's tests in parallel.)
@@ -341,14 +362,7 @@ async fn a_killed_worker_s_partitions_are_taken_over_within_3_s_without_double_d
     let _serial = one_at_a_time().await;
     let cluster = NatsCluster::start(3).expect("cluster");
     let log: Log = Arc::default();
-    let mut workers = Vec::new();
-    for w in 0..3 {
-        workers.push(Some(start_worker(&cluster, w, &log).await));
-    }
-    // ⌈64/3⌉ ± 1, and nobody two below another (22 + 21 + 21).
-    wait_spread(&workers, 21, 22, Duration::from_secs(15)).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let producers = start_producers(&cluster, stop.clone());
+    let (mut workers, stop, producers) = three_balanced_workers_and_producers(&cluster, &log).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     // SIGKILL-equivalent of worker 0.
@@ -407,14 +421,7 @@ async fn a_fourth_worker_takes_its_share_gradually_without_concurrent_handling()
     let _serial = one_at_a_time().await;
     let cluster = NatsCluster::start(3).expect("cluster");
     let log: Log = Arc::default();
-    let mut workers = Vec::new();
-    for w in 0..3 {
-        workers.push(Some(start_worker(&cluster, w, &log).await));
-    }
-    // ⌈64/3⌉ ± 1, and nobody two below another (22 + 21 + 21).
-    wait_spread(&workers, 21, 22, Duration::from_secs(15)).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let producers = start_producers(&cluster, stop.clone());
+    let (mut workers, stop, producers) = three_balanced_workers_and_producers(&cluster, &log).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let joined_at = Instant::now();
