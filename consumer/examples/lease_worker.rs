@@ -42,6 +42,13 @@ impl StreamHandler for Logger {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // The lease driver's decisions (claims, takeovers, fences) on stderr, as
+    // `RUST_LOG` selects (the drill sets `weir_consumer=info`).
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
     let args: Vec<String> = std::env::args().collect();
     let [_, id, log, urls] = args.as_slice() else {
         return Err("usage: lease_worker <worker-id> <log-file> <nats-url>[,...]".into());

@@ -921,6 +921,7 @@ async fn run_stream<H: StreamHandler>(
 mod tests {
     use super::*;
     use crate::config::{ConsumerConfig, ConsumerPolicy};
+    use crate::fence::Liveness;
     use crate::handler::channel_factory;
     use crate::stats::ConsumerStats;
     use std::collections::HashMap as Map;
@@ -1397,7 +1398,11 @@ mod tests {
         let shared = Arc::new(Shared::new(cfg.validate().expect("valid config")));
         let (tx, mut rx) = mpsc::channel(10_000);
         let now = Instant::now();
-        let fence = Arc::new(Fence::new(now, now + Duration::from_secs(9)));
+        let fence = Arc::new(Fence::new(
+            now,
+            now + Duration::from_secs(9),
+            Liveness::for_a_day(now),
+        ));
         let mut d = Demux::leased(
             shared.clone(),
             Arc::new(channel_factory(tx)),
@@ -1457,7 +1462,11 @@ mod tests {
         let shared = Arc::new(Shared::new(cfg.validate().expect("valid config")));
         let (tx, mut rx) = mpsc::channel(10_000);
         let now = Instant::now();
-        let fence = Arc::new(Fence::new(now, now + Duration::from_secs(9)));
+        let fence = Arc::new(Fence::new(
+            now,
+            now + Duration::from_secs(9),
+            Liveness::for_a_day(now),
+        ));
         let mut d = Demux::leased(shared.clone(), Arc::new(channel_factory(tx)), fence, false);
         feed(&mut d, "s1", frame(5));
         let events = drain(&mut rx).await;

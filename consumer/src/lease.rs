@@ -22,6 +22,20 @@
 //!   delivers.
 //! - **One operation per partition in flight.** No new claim, renewal or release is
 //!   planned for a partition until the previous one reported back.
+//! - **Liveness is judged on this worker's own heartbeats heard back** (the *echo
+//!   clock*: the send time of the latest own heartbeat that came back), never on the
+//!   wall clock alone. A peer is dead when a heartbeat this worker sent at least a
+//!   heartbeat timeout after it last heard the peer has come back, and the peer's did
+//!   not come in between. Heartbeats share one subscription, delivered in the order
+//!   they reached the server, so a worker that was stalled (or cut off) judges nobody
+//!   dead on waking: the peers' heartbeats queued during the stall come before its own.
+//!   The other half is the [`Liveness`](crate::fence::Liveness) of each worker: it
+//!   delivers only until the send time of its latest heartbeat heard back + a little
+//!   less than the heartbeat timeout, so a worker that stalls or loses its connection
+//!   stops before anyone can take its partitions over. Together: a takeover never
+//!   overlaps the old owner's deliveries, whether the old owner died, stalled or was
+//!   cut off (what remains, an asymmetric route failure between two nodes, is fenced
+//!   by the watcher and the next renewal; see docs/scale-out.md).
 //! - **Balance.** Each worker aims at ⌈P / live workers⌉ (live = this worker plus every
 //!   worker whose heartbeat was heard within the heartbeat timeout). It claims free
 //!   partitions up to that share, in a worker-specific order so that survivors do not
@@ -30,8 +44,20 @@
 //!   gradually, no thundering herd).
 //! - **Takeover.** A partition whose owner is not live is taken by compare-and-swap on
 //!   the owner's last revision seen; a key not rewritten for a TTL is taken by
-//!   `create` (it has expired). During the first heartbeat timeout after start the
-//!   planner claims nothing: it has not yet had the chance to hear the others.
+//!   `create` (it has expired). Until its echo clock is a heartbeat timeout past its
+//!   start the planner claims nothing: it has not yet had the chance to hear the
+//!   others.
+//! - **Two winners are possible, the later one stands.** Before nats-server 2.9.21 a
+//!   clustered stream checks the expected revision outside its consensus
+//!   (nats-server#4320), so two workers racing for one key can both be told they won.
+//!   An acquisition is therefore not trusted by itself: the planner refuses it when
+//!   the watcher already shows another worker's newer write, fences a held lease when
+//!   one arrives later, and the driver starts delivering only a settle time after the
+//!   watcher showed its own write (the rival's write is committed right after it).
+//! - **A lapse loses everything.** When this worker's liveness ran out (it stalled, or
+//!   its heartbeats stopped coming back), [`Planner::lose_all`] fences every held
+//!   partition; they are taken back by compare-and-swap from this worker's own last
+//!   revision, which fails if anyone took them meanwhile.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -98,6 +124,10 @@ pub struct LeaseInfo {
     pub revision: Option<u64>,
     /// Whether this worker holds it.
     pub held: bool,
+    /// Whether this worker delivers its frames: held, and the acquisition confirmed by
+    /// the watcher (a lease just acquired is held a short settle time before it
+    /// delivers; see the ownership driver).
+    pub delivering: bool,
     /// Time left: for a held lease until this worker fences it (local validity), for
     /// another worker's lease until its key expires unless renewed (estimated from when
     /// this worker saw the last write).
@@ -124,6 +154,8 @@ pub(crate) struct Planner {
     heard: HashMap<String, (Instant, Instant)>,
     held: BTreeMap<u32, Held>,
     in_flight: BTreeSet<u32>,
+    /// The echo clock: the send time of the latest own heartbeat heard back.
+    echo: Option<Instant>,
     /// Partitions this worker released, and when: not claimed back for a heartbeat
     /// timeout, so that the worker they were released to gets them (no ping-pong).
     released: HashMap<u32, Instant>,
@@ -140,6 +172,7 @@ impl Planner {
             heard: HashMap::new(),
             held: BTreeMap::new(),
             in_flight: BTreeSet::new(),
+            echo: None,
             released: HashMap::new(),
         }
     }
@@ -160,6 +193,28 @@ impl Planner {
             entry.0 = now; // back from the dead: a new life
         }
         entry.1 = now;
+    }
+
+    /// This worker's own heartbeat, sent at `sent_at`, came back: the echo clock
+    /// moves to it (never backward).
+    pub(crate) fn echoed(&mut self, sent_at: Instant) {
+        self.echo = Some(self.echo.map_or(sent_at, |e| e.max(sent_at)));
+    }
+
+    /// Whether any own heartbeat came back yet.
+    pub(crate) fn has_echo(&self) -> bool {
+        self.echo.is_some()
+    }
+
+    /// The instant against which peers' heartbeats are judged (see the module docs).
+    fn echo_clock(&self) -> Instant {
+        self.echo.unwrap_or(self.started)
+    }
+
+    /// The liveness ran out: every held lease is fenced (returned, ascending). Claims
+    /// and renewals in flight still report back.
+    pub(crate) fn lose_all(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.held).into_keys().collect()
     }
 
     /// The watcher saw the key of `partition`: `Some((owner, revision))` for a write,
@@ -202,13 +257,14 @@ impl Planner {
         }
     }
 
-    /// The live workers, this one included.
-    fn live(&self, now: Instant) -> BTreeSet<&str> {
+    /// The live workers, this one included, judged on the echo clock.
+    fn live(&self) -> BTreeSet<&str> {
+        let clock = self.echo_clock();
         let mut live: BTreeSet<&str> = self
             .heard
             .iter()
             .filter(|(_, (_, last))| {
-                now.saturating_duration_since(*last) < self.timing.heartbeat_timeout
+                clock.saturating_duration_since(*last) < self.timing.heartbeat_timeout
             })
             .map(|(w, _)| w.as_str())
             .collect();
@@ -217,8 +273,8 @@ impl Planner {
     }
 
     /// How many workers are live, this one included.
-    pub(crate) fn live_count(&self, now: Instant) -> usize {
-        self.live(now).len()
+    pub(crate) fn live_count(&self) -> usize {
+        self.live().len()
     }
 
     /// The partitions held here, ascending.
@@ -266,10 +322,11 @@ impl Planner {
             }
         }
         // 3. Balance. Nothing before the others had a chance to be heard.
-        if now.saturating_duration_since(self.started) < self.timing.heartbeat_timeout {
+        if self.echo_clock().saturating_duration_since(self.started) < self.timing.heartbeat_timeout
+        {
             return actions;
         }
-        let live: BTreeSet<String> = self.live(now).into_iter().map(str::to_owned).collect();
+        let live: BTreeSet<String> = self.live().into_iter().map(str::to_owned).collect();
         let share = (self.partitions as usize).div_ceil(live.len().max(1));
         let claiming = self.in_flight.iter().filter(|p| !self.held.contains_key(p));
         let mine = self.held.len() + claiming.count();
@@ -351,9 +408,25 @@ impl Planner {
     }
 
     /// A claim or takeover sent at `sent_at` succeeded with `revision`; returns the
-    /// validity of the new lease.
-    pub(crate) fn acquired(&mut self, partition: u32, revision: u64, sent_at: Instant) -> Instant {
+    /// validity of the new lease, or `None` when the watcher already showed another
+    /// worker's newer write of the key (two compare-and-swaps from the same revision
+    /// can both succeed on a clustered stream before nats-server 2.9.21 — see
+    /// nats-server#4320 — and the later write is the one that stands).
+    pub(crate) fn acquired(
+        &mut self,
+        partition: u32,
+        revision: u64,
+        sent_at: Instant,
+    ) -> Option<Instant> {
         self.in_flight.remove(&partition);
+        if self
+            .view
+            .get(partition as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|s| s.revision > revision && s.owner != self.me)
+        {
+            return None;
+        }
         let valid_until = sent_at + self.validity();
         self.held.insert(
             partition,
@@ -370,7 +443,12 @@ impl Planner {
                 at: sent_at,
             });
         }
-        valid_until
+        Some(valid_until)
+    }
+
+    /// The local validity of a held lease.
+    pub(crate) fn valid_until(&self, partition: u32) -> Option<Instant> {
+        self.held.get(&partition).map(|h| h.valid_until)
     }
 
     /// A claim or takeover failed (someone else was faster, or no answer).
@@ -449,6 +527,7 @@ impl Planner {
                         owner: Some(self.me.clone()),
                         revision: Some(h.revision),
                         held: true,
+                        delivering: false,
                         expires_in: Some(h.valid_until.saturating_duration_since(now)),
                     };
                 }
@@ -458,6 +537,7 @@ impl Planner {
                         owner: Some(s.owner.clone()),
                         revision: Some(s.revision),
                         held: false,
+                        delivering: false,
                         expires_in: Some((s.at + self.timing.ttl).saturating_duration_since(now)),
                     },
                     _ => LeaseInfo {
@@ -465,6 +545,7 @@ impl Planner {
                         owner: None,
                         revision: None,
                         held: false,
+                        delivering: false,
                         expires_in: None,
                     },
                 }
@@ -499,6 +580,18 @@ mod tests {
             .collect()
     }
 
+    /// Plans at `now` as the driver does after its own heartbeat sent at `now` came
+    /// back (the echo clock keeps up with the wall clock).
+    fn plan(p: &mut Planner, now: Instant) -> Vec<Action> {
+        p.echoed(now);
+        p.plan(now)
+    }
+
+    fn plan_claims(p: &mut Planner, now: Instant) -> Vec<Action> {
+        p.echoed(now);
+        p.plan_claims(now)
+    }
+
     async fn step(d: u64) -> Instant {
         tokio::time::advance(Duration::from_millis(d)).await;
         Instant::now()
@@ -508,16 +601,16 @@ mod tests {
     async fn waits_to_hear_peers_then_claims_its_share() {
         let mut p = Planner::new("a".into(), 8, T, Instant::now());
         assert!(
-            p.plan(Instant::now()).is_empty(),
+            plan(&mut p, Instant::now()).is_empty(),
             "nothing during the grace"
         );
         let now = step(1_000).await;
         p.heard("b", now);
         let now = step(600).await;
-        let actions = p.plan(now);
+        let actions = plan(&mut p, now);
         assert_eq!(claims(&actions).len(), 4, "⌈8/2⌉: {actions:?}");
         // In flight: nothing more is planned for them.
-        assert!(claims(&p.plan(now)).is_empty());
+        assert!(claims(&plan(&mut p, now)).is_empty());
     }
 
     #[tokio::test(start_paused = true)]
@@ -525,12 +618,12 @@ mod tests {
         let start = Instant::now();
         let mut p = Planner::new("a".into(), 1, T, start);
         let now = step(1_500).await;
-        assert_eq!(p.plan(now), vec![Action::Claim(0)]);
+        assert_eq!(plan(&mut p, now), vec![Action::Claim(0)]);
         let valid = p.acquired(0, 7, now);
-        assert_eq!(valid, now + Duration::from_secs(9));
+        assert_eq!(valid, Some(now + Duration::from_secs(9)));
         let now = step(3_000).await;
         assert_eq!(
-            p.plan(now),
+            plan(&mut p, now),
             vec![Action::Renew {
                 partition: 0,
                 revision: 7
@@ -541,15 +634,15 @@ mod tests {
         assert_eq!(p.held().collect::<Vec<_>>(), vec![0]);
         let now = step(3_000).await;
         assert!(matches!(
-            p.plan(now)[..],
+            plan(&mut p, now)[..],
             [Action::Renew { revision: 7, .. }]
         ));
         p.renew_unknown(0);
         // 9 s after the last successful send: fenced, even with no answer at all.
         let now = step(2_999).await;
-        assert!(!p.plan(now).contains(&Action::Fence(0)));
+        assert!(!plan(&mut p, now).contains(&Action::Fence(0)));
         let now = step(1).await;
-        assert!(p.plan(now).contains(&Action::Fence(0)));
+        assert!(plan(&mut p, now).contains(&Action::Fence(0)));
         assert_eq!(p.held().count(), 0);
     }
 
@@ -557,10 +650,10 @@ mod tests {
     async fn validity_counts_from_the_send_time_not_the_answer() {
         let mut p = Planner::new("a".into(), 1, T, Instant::now());
         let now = step(1_500).await;
-        p.plan(now);
+        plan(&mut p, now);
         p.acquired(0, 1, now);
         let sent = step(3_000).await;
-        p.plan(sent);
+        plan(&mut p, sent);
         // The answer arrives 2 s after the request left.
         step(2_000).await;
         assert_eq!(p.renewed(0, 2, sent), Some(sent + Duration::from_secs(9)));
@@ -570,14 +663,14 @@ mod tests {
     async fn wrong_last_revision_or_a_newer_foreign_write_fences_at_once() {
         let mut p = Planner::new("a".into(), 2, T, Instant::now());
         let now = step(1_500).await;
-        p.plan(now);
+        plan(&mut p, now);
         p.acquired(0, 5, now);
         p.acquired(1, 6, now);
         assert_eq!(p.renew_refused(0), Some(Action::Fence(0)));
         // Our own newer write (a renewal that timed out but landed) is adopted.
         assert_eq!(p.observe(1, Some(("a".into(), 7)), now), None);
         assert_eq!(
-            p.plan(now)
+            plan(&mut p, now)
                 .iter()
                 .find(|a| matches!(a, Action::Renew { .. })),
             None
@@ -602,10 +695,10 @@ mod tests {
         // b is alive: a claims nothing of b's (share 2, but all 4 are b's and live).
         let now = step(1_500).await;
         p.heard("b", now);
-        assert!(claims(&p.plan(now)).is_empty());
+        assert!(claims(&plan(&mut p, now)).is_empty());
         // b goes silent: after the heartbeat timeout a takes all four by CAS.
         let now = step(1_500).await;
-        let actions = p.plan(now);
+        let actions = plan(&mut p, now);
         let mut taken: Vec<(u32, u64)> = actions
             .iter()
             .filter_map(|a| match a {
@@ -632,21 +725,21 @@ mod tests {
             p.heard("b", now);
         }
         let now = step(200).await;
-        assert_eq!(p.plan(now), vec![Action::Claim(0)]);
+        assert_eq!(plan(&mut p, now), vec![Action::Claim(0)]);
     }
 
     #[tokio::test(start_paused = true)]
     async fn above_its_share_it_releases_one_per_tick_fence_first() {
         let mut p = Planner::new("a".into(), 4, T, Instant::now());
         let now = step(1_500).await;
-        p.plan(now);
+        plan(&mut p, now);
         for part in 0..4 {
             p.acquired(part, u64::from(part) + 1, now);
         }
         // A second worker appears with nothing: share 2, but nothing is released to it
         // before it is out of its start grace.
         p.heard("c", now);
-        assert!(p.plan(now).is_empty());
+        assert!(plan(&mut p, now).is_empty());
         for _ in 0..3 {
             let t = step(500).await;
             p.heard("c", t);
@@ -656,7 +749,7 @@ mod tests {
             p.acquired(3, 4, t);
         }
         let now = Instant::now();
-        let actions = p.plan(now);
+        let actions = plan(&mut p, now);
         assert_eq!(
             actions,
             vec![
@@ -669,14 +762,14 @@ mod tests {
         );
         p.released(3);
         p.observe(3, None, now);
-        let actions = p.plan(now);
+        let actions = plan(&mut p, now);
         assert_eq!(actions.len(), 2, "{actions:?}");
         p.released(2);
         p.observe(2, None, now);
         // At its share: no more releases, and c now holds what it claimed.
         p.observe(3, Some(("c".into(), 9)), now);
         p.observe(2, Some(("c".into(), 10)), now);
-        assert!(p.plan(now).is_empty());
+        assert!(plan(&mut p, now).is_empty());
         assert_eq!(p.held().count(), 2);
     }
 
@@ -684,21 +777,24 @@ mod tests {
     async fn a_freed_key_is_claimed_at_once_but_releases_wait_for_the_tick() {
         let mut p = Planner::new("a".into(), 4, T, Instant::now());
         let now = step(1_500).await;
-        p.plan(now);
+        plan(&mut p, now);
         for part in 0..4 {
             p.acquired(part, 1, now);
         }
         p.heard("c", now);
-        assert!(p.plan_claims(now).is_empty(), "no release outside the tick");
+        assert!(
+            plan_claims(&mut p, now).is_empty(),
+            "no release outside the tick"
+        );
         let mut q = Planner::new("c".into(), 4, T, Instant::now());
         let now = step(1_500).await;
         q.heard("a", now);
         for part in 0..4 {
             q.observe(part, Some(("a".into(), 1)), now);
         }
-        assert!(q.plan_claims(now).is_empty());
+        assert!(plan_claims(&mut q, now).is_empty());
         q.observe(3, None, now);
-        assert_eq!(q.plan_claims(now), vec![Action::Claim(3)]);
+        assert_eq!(plan_claims(&mut q, now), vec![Action::Claim(3)]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -721,7 +817,7 @@ mod tests {
         }
         p.observe(6, Some(("c".into(), 1)), now);
         // ⌈7/3⌉ = 3: a and b at it, c one below... two below a: a gives one.
-        let actions = p.plan(now);
+        let actions = plan(&mut p, now);
         assert_eq!(
             actions,
             vec![
@@ -735,17 +831,17 @@ mod tests {
         p.released(2);
         p.observe(2, None, now);
         // a is below its share now, but does not claim back what it just released.
-        assert!(p.plan_claims(now).is_empty());
+        assert!(plan_claims(&mut p, now).is_empty());
         p.observe(2, Some(("c".into(), 2)), now);
         // 2 / 3 / 2: settled.
-        assert!(p.plan(now).is_empty());
+        assert!(plan(&mut p, now).is_empty());
     }
 
     #[tokio::test(start_paused = true)]
     async fn does_not_release_when_nobody_is_below_the_share() {
         let mut p = Planner::new("a".into(), 5, T, Instant::now());
         let now = step(1_500).await;
-        p.plan(now);
+        plan(&mut p, now);
         for part in 0..3 {
             p.acquired(part, 1, now);
         }
@@ -753,14 +849,14 @@ mod tests {
         p.observe(3, Some(("b".into(), 1)), now);
         p.observe(4, Some(("b".into(), 1)), now);
         // share ⌈5/2⌉ = 3: a holds 3, b 2 — balanced, nothing moves.
-        assert!(p.plan(now).is_empty());
+        assert!(plan(&mut p, now).is_empty());
     }
 
     #[tokio::test(start_paused = true)]
     async fn snapshot_shows_owner_revision_and_expiry() {
         let mut p = Planner::new("a".into(), 2, T, Instant::now());
         let now = step(1_500).await;
-        p.plan(now);
+        plan(&mut p, now);
         p.acquired(0, 4, now);
         p.observe(1, Some(("b".into(), 8)), now);
         let now = step(1_000).await;
@@ -772,5 +868,88 @@ mod tests {
         assert_eq!(s[1].owner.as_deref(), Some("b"));
         assert!(!s[1].held);
         assert_eq!(s[1].expires_in, Some(Duration::from_secs(9)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_worker_judges_nobody_dead_before_its_own_heartbeats_come_back() {
+        let mut p = Planner::new("a".into(), 4, T, Instant::now());
+        let t0 = step(1_500).await;
+        p.echoed(t0);
+        p.heard("b", t0);
+        for part in 0..4 {
+            p.observe(part, Some(("b".into(), 1 + u64::from(part))), t0);
+        }
+        assert!(claims(&p.plan(t0)).is_empty());
+        // a stalls for 3 s: on waking its tick may run before it read the heartbeats
+        // queued meanwhile. Its echo clock is still t0: b is not dead.
+        let woke = step(3_000).await;
+        assert!(
+            claims(&p.plan(woke)).is_empty(),
+            "no takeover on a stale echo clock"
+        );
+        // b's queued heartbeat comes first, then a's own: still alive.
+        p.heard("b", woke);
+        p.echoed(woke - Duration::from_millis(500));
+        assert!(claims(&p.plan(woke)).is_empty());
+        // b really is silent from now on: taken over once a's heartbeat sent a timeout
+        // after b's last one came back.
+        let t = step(1_499).await;
+        p.echoed(t);
+        assert!(claims(&p.plan(t)).is_empty());
+        let t = step(1).await;
+        p.echoed(t);
+        assert_eq!(claims(&p.plan(t)).len(), 4, "b is dead by a's echo clock");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lapse_loses_every_lease_and_takes_them_back_from_its_own_revision() {
+        let mut p = Planner::new("a".into(), 2, T, Instant::now());
+        let now = step(1_500).await;
+        plan(&mut p, now);
+        p.acquired(0, 5, now);
+        p.acquired(1, 6, now);
+        assert_eq!(p.lose_all(), vec![0, 1]);
+        assert_eq!(p.held().count(), 0);
+        let now = step(100).await;
+        let mut actions = plan(&mut p, now);
+        actions.sort_by_key(|a| format!("{a:?}"));
+        assert_eq!(
+            actions,
+            vec![
+                Action::TakeOver {
+                    partition: 0,
+                    revision: 5,
+                    from: "a".into()
+                },
+                Action::TakeOver {
+                    partition: 1,
+                    revision: 6,
+                    from: "a".into()
+                },
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_its_own_heartbeats_back_a_worker_claims_nothing() {
+        let mut p = Planner::new("a".into(), 2, T, Instant::now());
+        let now = step(10_000).await;
+        assert!(!p.has_echo());
+        assert!(
+            p.plan(now).is_empty(),
+            "the grace never ends without an echo"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_acquisition_behind_a_newer_foreign_write_is_refused() {
+        let mut p = Planner::new("a".into(), 1, T, Instant::now());
+        let now = step(1_500).await;
+        assert_eq!(plan(&mut p, now), vec![Action::Claim(0)]);
+        // Both compare-and-swaps "succeeded"; the watcher showed b's write first.
+        p.observe(0, Some(("b".into(), 74)), now);
+        assert_eq!(p.acquired(0, 73, now), None);
+        assert_eq!(p.held().count(), 0);
+        assert_eq!(p.valid_until(0), None);
     }
 }

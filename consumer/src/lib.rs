@@ -497,14 +497,14 @@ impl Consumer {
     }
 
     /// The partitions this worker delivers now: the static `owned` list, or the
-    /// leases it holds.
+    /// leases it holds whose feed runs.
     pub fn owned_now(&self) -> Vec<u32> {
         match &self.leases {
             None => self.shared.settings.owned().collect(),
             Some(b) => b
                 .get()
                 .into_iter()
-                .filter(|l| l.held)
+                .filter(|l| l.delivering)
                 .map(|l| l.partition)
                 .collect(),
         }

@@ -18,12 +18,21 @@
 //!   fenced; a read that fails, or shows this worker at an older revision (a direct
 //!   get answered by a lagging replica), is unknown like a timeout.
 //! - **Heartbeats** go on core NATS (`weir.lease.<bucket>.heartbeat`, payload = worker
-//!   id), which keeps flowing while a KV stream elects a new leader; they decide who is
-//!   live. A KV watcher (with history) keeps the view of every key current; expiry by
+//!   id, header `Weir-Lease-Beat` = this process's nonce and the send time), which keeps
+//!   flowing while a KV stream elects a new leader; they decide who is live. Every
+//!   worker also hears its own: their send times drive the planner's echo clock and
+//!   the worker's [`Liveness`], which every fence of the worker depends on. When the
+//!   liveness has run out (checked at every tick and before it is renewed), every held
+//!   partition is fenced with reason `stalled` before anything else happens. The
+//!   connection must therefore not be `no_echo`: without its own heartbeats back a
+//!   worker claims nothing (and says so in the log). A KV watcher (with history) keeps the view of every key current; expiry by
 //!   `max_age` is silent on 2.9/2.10, so the planner also treats a key not rewritten
 //!   for a TTL as expired.
 //! - **Feeds.** A held partition has one core subscription and one demultiplexer task
-//!   behind a [`Fence`]. The fence closes when the planner fences (lost, run out,
+//!   behind a [`Fence`]. The feed starts only [`CONFIRM_SETTLE`] after the watcher
+//!   showed this worker's own acquisition write, so that a rival that won the same
+//!   compare-and-swap (nats-server#4320, before 2.9.21) is seen, and this worker fences,
+//!   before either delivers. The fence closes when the planner fences (lost, run out,
 //!   released) and, independently, at the lease's local validity: a handler is never
 //!   handed a frame after it, even if this task is late.
 //! - **Shutdown** drains every feed within the grace period (the leases stay valid
@@ -42,11 +51,12 @@ use tokio::time::Instant;
 
 use crate::config::LeaseSettings;
 use crate::demux::Demux;
-use crate::fence::Fence;
+use crate::fence::{Fence, Liveness};
 use crate::handler::HandlerFactory;
 use crate::lease::{Action, LeaseInfo, Planner};
 use crate::metrics as m;
 use crate::{ConsumerError, Shared, run_subscription};
+use weir_protocol::fnv1a_32;
 
 /// Bound of the bucket setup at start.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -61,6 +71,28 @@ pub(crate) const RELEASE_TIMEOUT: Duration = Duration::from_secs(1);
 const WATCH_RETRY: Duration = Duration::from_millis(500);
 /// Watcher entries buffered for the driver (a full buffer makes the watcher wait).
 const WATCH_CHANNEL: usize = 1_024;
+/// The heartbeat header carrying `<nonce> <send time, µs since the driver started>`.
+const BEAT_HEADER: &str = "Weir-Lease-Beat";
+
+/// How long a heartbeat heard back keeps the worker live: the heartbeat timeout less a
+/// tenth, so that the worker stops before a peer can take it for dead (the peer waits a
+/// whole timeout after its last heartbeat, measured on its own echo clock).
+fn self_validity(heartbeat_timeout: Duration) -> Duration {
+    heartbeat_timeout.saturating_sub(heartbeat_timeout / 10)
+}
+
+/// A value that tells this driver's own heartbeats from those of another process that
+/// (wrongly) uses the same worker id.
+fn nonce() -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!(
+        "{:08x}",
+        fnv1a_32(format!("{}/{t}", std::process::id()).as_bytes())
+    )
+}
 
 /// The lease table, as [`crate::Consumer::leases`] reads it.
 #[derive(Debug, Default)]
@@ -168,13 +200,13 @@ pub(crate) async fn start<F: HandlerFactory>(
     .ok_or_else(|| lease_error("no heartbeat subscription".into()))?;
     let board = Arc::new(LeaseBoard::default());
     let partitions = shared.settings.partitions.get();
+    let started = Instant::now();
     let driver = Driver {
-        planner: Planner::new(
-            lease.worker_id.clone(),
-            partitions,
-            lease.timing(),
-            Instant::now(),
-        ),
+        planner: Planner::new(lease.worker_id.clone(), partitions, lease.timing(), started),
+        started,
+        nonce: nonce(),
+        liveness: Arc::new(Liveness::new(started)),
+        warned_no_echo: false,
         had_owner: vec![false; partitions as usize],
         client,
         kv,
@@ -183,11 +215,28 @@ pub(crate) async fn start<F: HandlerFactory>(
         factory,
         lease,
         feeds: HashMap::new(),
+        pending: HashMap::new(),
+        own_seen: HashMap::new(),
         feed_tasks: JoinSet::new(),
         ops: JoinSet::new(),
         board: board.clone(),
     };
     Ok((tokio::spawn(driver.run(heartbeats, stop)), board))
+}
+
+/// How long after the watcher showed this worker's own acquisition write a partition
+/// starts delivering: a rival write that won the same compare-and-swap (nats-server
+/// #4320) is committed right after ours and shows up in the same watcher well within
+/// it; then this worker fences without ever having delivered.
+const CONFIRM_SETTLE: Duration = Duration::from_millis(250);
+
+/// An acquired lease whose feed has not started yet.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    revision: u64,
+    handover: bool,
+    /// When the watcher showed our write of at least `revision`.
+    confirmed_at: Option<Instant>,
 }
 
 /// One held partition's feed.
@@ -245,6 +294,14 @@ struct OpDone {
 
 struct Driver<F: HandlerFactory> {
     planner: Planner,
+    /// The origin of the send times in this driver's heartbeats.
+    started: Instant,
+    /// This process's heartbeat nonce.
+    nonce: String,
+    /// Shared by every fence: see the module docs.
+    liveness: Arc<Liveness>,
+    /// Whether the missing echo was logged.
+    warned_no_echo: bool,
     /// Whether the key of a partition was ever seen (a put, or the delete marker of a
     /// release): a stream picked up there mid-way is a handover, not a late join.
     had_owner: Vec<bool>,
@@ -256,6 +313,11 @@ struct Driver<F: HandlerFactory> {
     factory: Arc<F>,
     lease: LeaseSettings,
     feeds: HashMap<u32, Feed>,
+    /// Acquired, feed not started yet (see [`CONFIRM_SETTLE`]).
+    pending: HashMap<u32, Pending>,
+    /// Per partition, the newest revision of this worker's own writes the watcher
+    /// showed.
+    own_seen: HashMap<u32, u64>,
     feed_tasks: JoinSet<()>,
     ops: JoinSet<OpDone>,
     board: Arc<LeaseBoard>,
@@ -299,24 +361,29 @@ impl<F: HandlerFactory> Driver<F> {
                     }
                 }
                 msg = heartbeats.next() => {
-                    if let Some(msg) = msg
-                        && let Ok(id) = std::str::from_utf8(&msg.payload)
-                    {
-                        self.planner.heard(id, Instant::now());
+                    if let Some(msg) = msg {
+                        self.on_heartbeat(&msg);
                     }
                 }
                 Some(entry) = entries.recv() => self.on_entry(entry),
                 _ = beat.tick() => {
                     let id = self.planner.me().to_owned();
-                    let publish = self.client.publish(hb_subject.clone(), id.into());
+                    let sent = Instant::now().saturating_duration_since(self.started);
+                    let mut headers = async_nats::HeaderMap::new();
+                    headers.insert(BEAT_HEADER, format!("{} {}", self.nonce, sent.as_micros()));
+                    let publish =
+                        self.client
+                            .publish_with_headers(hb_subject.clone(), headers, id.into());
                     if tokio::time::timeout(self.lease.heartbeat_interval, publish).await.is_err() {
                         tracing::warn!("lease heartbeat not queued in time");
                     }
                 }
                 _ = tick.tick() => {
                     let now = Instant::now();
+                    self.check_liveness(now);
                     let actions = self.planner.plan(now);
                     self.apply_all(actions);
+                    self.start_confirmed(now);
                     self.publish_state(now);
                 }
             }
@@ -325,9 +392,79 @@ impl<F: HandlerFactory> Driver<F> {
     }
 
     fn publish_state(&self, now: Instant) {
-        self.board.set(self.planner.snapshot(now));
+        let mut table = self.planner.snapshot(now);
+        for l in &mut table {
+            l.delivering = l.held && self.feeds.contains_key(&l.partition);
+        }
+        self.board.set(table);
         ::metrics::gauge!(m::CONSUMER_LEASES_HELD).set(self.feeds.len() as f64);
-        ::metrics::gauge!(m::CONSUMER_LEASE_LIVE_WORKERS).set(self.planner.live_count(now) as f64);
+        ::metrics::gauge!(m::CONSUMER_LEASE_LIVE_WORKERS).set(self.planner.live_count() as f64);
+    }
+
+    /// A heartbeat arrived: a peer's is heard, this driver's own moves the echo clock
+    /// and renews the liveness.
+    fn on_heartbeat(&mut self, msg: &async_nats::Message) {
+        let Ok(id) = std::str::from_utf8(&msg.payload) else {
+            return;
+        };
+        let now = Instant::now();
+        if id != self.planner.me() {
+            self.planner.heard(id, now);
+            return;
+        }
+        let beat = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(BEAT_HEADER))
+            .map(|v| v.as_str().to_owned());
+        let sent_us = beat.as_deref().and_then(|v| {
+            let (nonce, us) = v.split_once(' ')?;
+            (nonce == self.nonce).then(|| us.parse::<u64>().ok())?
+        });
+        let Some(us) = sent_us else {
+            tracing::error!(
+                worker = id,
+                "a heartbeat with this worker's id from another process: two workers share one worker_id"
+            );
+            return;
+        };
+        let sent_at = self.started + Duration::from_micros(us);
+        // Revoke before renewing: a liveness that ran out is not revived under the
+        // fences that were open before it did.
+        self.check_liveness(now);
+        self.liveness
+            .renew(sent_at + self_validity(self.lease.heartbeat_timeout));
+        self.planner.echoed(sent_at);
+        // A dead peer is known now: take its partitions without waiting for the tick.
+        let actions = self.planner.plan_claims(now);
+        self.apply_all(actions);
+    }
+
+    /// When the liveness ran out, fences every held partition (reason `stalled`).
+    fn check_liveness(&mut self, now: Instant) {
+        if !self.liveness.has_lapsed(now) {
+            if !self.planner.has_echo()
+                && !self.warned_no_echo
+                && now.saturating_duration_since(self.started) >= 4 * self.lease.heartbeat_timeout
+            {
+                self.warned_no_echo = true;
+                tracing::error!(
+                    "no own lease heartbeat came back: is the NATS connection no_echo? \
+                     lease ownership needs its own heartbeats; claiming nothing"
+                );
+            }
+            return;
+        }
+        let lost = self.planner.lose_all();
+        if !lost.is_empty() {
+            tracing::warn!(
+                partitions = lost.len(),
+                "own heartbeats not heard back in time (stalled or cut off): fencing every lease"
+            );
+        }
+        for p in lost {
+            self.fence(p, "stalled");
+        }
     }
 
     /// Applies a plan: a fence followed by the release of the same partition is a
@@ -365,6 +502,18 @@ impl<F: HandlerFactory> Driver<F> {
         };
         let freed = value.is_none();
         let now = Instant::now();
+        if let Some((owner, revision)) = &value
+            && owner == self.planner.me()
+        {
+            let seen = self.own_seen.entry(p).or_insert(0);
+            *seen = (*seen).max(*revision);
+            if let Some(pending) = self.pending.get_mut(&p)
+                && pending.confirmed_at.is_none()
+                && *revision >= pending.revision
+            {
+                pending.confirmed_at = Some(now);
+            }
+        }
         if let Some(action) = self.planner.observe(p, value, now) {
             self.apply(action, "taken_over");
         }
@@ -419,6 +568,7 @@ impl<F: HandlerFactory> Driver<F> {
                 partition,
                 revision,
             } => {
+                tracing::info!(partition, revision, "releasing a lease");
                 let kv = self.kv.clone();
                 self.spawn_op(partition, OpKind::Release, async move {
                     match kv
@@ -469,9 +619,21 @@ impl<F: HandlerFactory> Driver<F> {
             .increment(1);
         match (kind, result) {
             (OpKind::Claim | OpKind::TakeOver, OpResult::Ok(rev)) => {
-                let valid_until = self.planner.acquired(p, rev, sent_at);
+                if self.planner.acquired(p, rev, sent_at).is_none() {
+                    tracing::warn!(
+                        partition = p,
+                        revision = rev,
+                        op = kind.as_str(),
+                        "lease write accepted but another worker's newer write stands (nats-server#4320); not delivering"
+                    );
+                    ::metrics::counter!(m::CONSUMER_LEASE_FENCES_TOTAL, m::LABEL_REASON => "raced")
+                        .increment(1);
+                    return;
+                }
                 let handover = kind == OpKind::TakeOver
                     || self.had_owner.get(p as usize).copied().unwrap_or(false);
+                let confirmed_at =
+                    (self.own_seen.get(&p).copied().unwrap_or(0) >= rev).then(Instant::now);
                 tracing::info!(
                     partition = p,
                     revision = rev,
@@ -479,7 +641,14 @@ impl<F: HandlerFactory> Driver<F> {
                     handover,
                     "lease acquired"
                 );
-                self.start_feed(p, valid_until, handover);
+                self.pending.insert(
+                    p,
+                    Pending {
+                        revision: rev,
+                        handover,
+                        confirmed_at,
+                    },
+                );
             }
             (OpKind::Claim | OpKind::TakeOver, result) => {
                 if let OpResult::Error(e) = &result {
@@ -512,9 +681,28 @@ impl<F: HandlerFactory> Driver<F> {
         }
     }
 
+    /// Starts the feed of every pending lease whose own write the watcher showed at
+    /// least [`CONFIRM_SETTLE`] ago (and that is still held).
+    fn start_confirmed(&mut self, now: Instant) {
+        let due: Vec<u32> = self
+            .pending
+            .iter()
+            .filter(|(_, w)| w.confirmed_at.is_some_and(|at| now >= at + CONFIRM_SETTLE))
+            .map(|(p, _)| *p)
+            .collect();
+        for p in due {
+            let Some(pending) = self.pending.remove(&p) else {
+                continue;
+            };
+            if let Some(valid_until) = self.planner.valid_until(p) {
+                self.start_feed(p, valid_until, pending.handover);
+            }
+        }
+    }
+
     fn start_feed(&mut self, p: u32, valid_until: Instant, handover: bool) {
         let now = Instant::now();
-        let fence = Arc::new(Fence::new(now, valid_until));
+        let fence = Arc::new(Fence::new(now, valid_until, self.liveness.clone()));
         let (stop_tx, stop_rx) = watch::channel(None);
         let subject = self.shared.settings.subject.pattern_for_partition(p);
         let demux = Demux::leased(
@@ -547,6 +735,13 @@ impl<F: HandlerFactory> Driver<F> {
     /// Closes a partition's fence and stops its feed at once.
     fn fence(&mut self, p: u32, reason: &'static str) {
         ::metrics::counter!(m::CONSUMER_LEASE_FENCES_TOTAL, m::LABEL_REASON => reason).increment(1);
+        if self.pending.remove(&p).is_some() {
+            tracing::info!(
+                partition = p,
+                reason,
+                "pending lease fenced before delivering"
+            );
+        }
         if let Some(feed) = self.feeds.remove(&p) {
             feed.fence.revoke();
             let _ = feed.stop.send(Some(Instant::now()));

@@ -282,6 +282,8 @@ fn audit(log: &Log, last_seq: &HashMap<String, u64>) -> Audit {
         }
     }
     a.double_deliveries = handed.values().filter(|w| w.len() > 1).count();
+    // Where the undetected holes are, for the reader of a failure.
+    let mut holes: BTreeMap<(u32, &str), (u64, u64)> = BTreeMap::new();
     for (stream, &last) in last_seq {
         let ranges = declared.get(stream.as_str());
         for seq in 1..=last {
@@ -289,11 +291,25 @@ fn audit(log: &Log, last_seq: &HashMap<String, u64>) -> Audit {
             let covered = ranges.is_some_and(|r| r.iter().any(|(f, l)| (*f..=*l).contains(&seq)));
             if !got && !covered {
                 a.undeclared += 1;
+                let p = fnv1a_32(stream.as_bytes()) % PARTITIONS;
+                let e = holes.entry((p, stream.as_str())).or_insert((seq, seq));
+                e.1 = seq;
             }
             if !got && covered {
                 a.lost_in_handover += 1;
             }
         }
+    }
+    for ((p, stream), (first, last)) in holes.iter().take(12) {
+        let who: BTreeSet<usize> = handed
+            .iter()
+            .filter(|((s, _), _)| s == stream)
+            .flat_map(|(_, w)| w.iter().copied())
+            .collect();
+        println!(
+            "undeclared: {stream} (partition {p}) seqs within {first}..={last}, handed by {who:?}, gaps {:?}",
+            declared.get(stream)
+        );
     }
     for per_stream in windows.values() {
         let mut w: Vec<(Instant, Instant, usize)> = per_stream

@@ -133,7 +133,7 @@ async fn a_foreign_write_fences_at_once_and_a_silent_writer_is_taken_over() {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let l = &consumer.leases()[p as usize];
-        if l.held && l.revision > Some(rev_before + 1) {
+        if l.delivering && l.revision > Some(rev_before + 1) {
             break;
         }
         assert!(Instant::now() < deadline, "not taken back: {l:?}");

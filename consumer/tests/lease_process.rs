@@ -22,6 +22,8 @@ use std::time::Duration;
 use async_nats::jetstream::{self, kv};
 use consumer_support::pcm;
 use futures::StreamExt;
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
 use tokio::time::Instant;
 use weir_protocol::audio::Packet;
 use weir_protocol::fnv1a_32;
@@ -67,6 +69,11 @@ fn worker_binary() -> PathBuf {
     bin
 }
 
+fn signal(pid: u32, signal: Signal) {
+    let pid = Pid::from_raw(i32::try_from(pid).expect("pid fits"));
+    nix::sys::signal::kill(pid, signal).expect("signal the worker");
+}
+
 /// Kills the worker on drop (a failing test leaves no process behind).
 struct Worker(Child);
 
@@ -82,11 +89,13 @@ fn spawn_worker(bin: &Path, id: &str, log: &Path, cluster: &NatsCluster, first: 
     let list: Vec<String> = (0..urls.len())
         .map(|i| urls[(first + i) % urls.len()].clone())
         .collect();
+    let err = std::fs::File::create(log.with_extension("err")).expect("stderr file");
     let child = Command::new(bin)
         .args([id, &log.display().to_string(), &list.join(",")])
+        .env("RUST_LOG", "weir_consumer=info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
+        .stderr(err)
         .spawn()
         .expect("spawn lease_worker");
     Worker(child)
@@ -108,6 +117,7 @@ async fn watch_owners(client: async_nats::Client) -> Owners {
     let mut watch = store.watch_with_history(">").await.expect("watch");
     let owners: Owners = Arc::default();
     let out = owners.clone();
+    let started = Instant::now();
     tokio::spawn(async move {
         while let Some(Ok(entry)) = watch.next().await {
             let Some(p) = entry.key.strip_prefix("p.").and_then(|p| p.parse().ok()) else {
@@ -117,9 +127,21 @@ async fn watch_owners(client: async_nats::Client) -> Owners {
                 kv::Operation::Put => Some(String::from_utf8_lossy(&entry.value).into_owned()),
                 _ => None,
             };
-            out.lock()
+            let before = out
+                .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(p, owner);
+                .insert(p, owner.clone());
+            if let Some(Some(old)) = before
+                && owner.as_ref() != Some(&old)
+            {
+                // Every change of a held partition's owner, for the audit's reader.
+                println!(
+                    "owner of {p}: {old} -> {} (revision {}) at {:?}",
+                    owner.as_deref().unwrap_or("-"),
+                    entry.revision,
+                    started.elapsed()
+                );
+            }
         }
     });
     owners
@@ -138,14 +160,36 @@ fn counts(owners: &Owners) -> BTreeMap<String, usize> {
     c
 }
 
-// KNOWN BUG, issue 13 open: in a fresh-clone CI run (2 December 2026, 11b9409) this
-// found 132 double deliveries of 12,627 frames after the SIGKILL (0 undeclared); it
-// passed in the run before and in the helper's six runs. Lease ownership is opt-in and
-// must not be used in production until this is understood. Run it by hand:
-// `cargo test -p weir-consumer --test lease_process -- --ignored --nocapture`.
-#[ignore = "known double delivery under SIGKILL (issue 13 open); run with --ignored"]
+/// What happens to worker w0 mid-run.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// SIGKILL: the process is gone.
+    Kill,
+    /// SIGSTOP for this long, then SIGCONT: a process that stalls (a long GC-like
+    /// pause, a starved CPU) past the heartbeat timeout, is taken for dead and
+    /// replaced, and then wakes up with buffered frames and stale leases.
+    Stop(Duration),
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkilled_worker_process_is_replaced_within_3_s_without_double_delivery() {
+    drill(Fault::Kill).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stalled_past_the_heartbeat_timeout_is_replaced_and_never_double_delivers() {
+    drill(Fault::Stop(Duration::from_millis(2_500))).await;
+}
+
+/// One at a time: each drill runs a cluster, three worker processes and 2,000
+/// messages/s, and measures failover times.
+async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}
+
+async fn drill(fault: Fault) {
+    let _serial = one_at_a_time().await;
     let bin = worker_binary();
     let cluster = NatsCluster::start(3).expect("cluster");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -185,6 +229,10 @@ async fn sigkilled_worker_process_is_replaced_within_3_s_without_double_delivery
         assert!(Instant::now() < deadline, "no initial spread: {c:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+
+    // A lease delivers a settle time after its write (see the ownership driver):
+    // frames published before any worker subscribes are lost without anyone knowing.
+    tokio::time::sleep(Duration::from_secs(1)).await;
 
     // Producers: 200 streams, one frame each per 100 ms.
     let stop = Arc::new(AtomicBool::new(false));
@@ -230,7 +278,17 @@ async fn sigkilled_worker_process_is_replaced_within_3_s_without_double_delivery
         .map(|(p, _)| *p)
         .collect();
     let killed_at = Instant::now();
-    drop(workers[0].take()); // SIGKILL + reap
+    let stopped = match fault {
+        Fault::Kill => {
+            drop(workers[0].take()); // SIGKILL + reap
+            None
+        }
+        Fault::Stop(pause) => {
+            let pid = workers[0].as_ref().map(|w| w.0.id()).expect("w0 runs");
+            signal(pid, Signal::SIGSTOP);
+            Some((pid, pause))
+        }
+    };
     let mut again: BTreeMap<u32, Duration> = BTreeMap::new();
     let deadline = killed_at + Duration::from_secs(15);
     while again.len() < orphans.len() {
@@ -252,14 +310,25 @@ async fn sigkilled_worker_process_is_replaced_within_3_s_without_double_delivery
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    if let Some((pid, pause)) = stopped {
+        tokio::time::sleep(pause.saturating_sub(killed_at.elapsed())).await;
+        signal(pid, Signal::SIGCONT);
+        println!("w0 resumed after {:?}", killed_at.elapsed());
+    }
     let max = again.values().max().copied().unwrap_or_default();
     let min = again.values().min().copied().unwrap_or_default();
     println!(
-        "w0 (pid-level SIGKILL) held {} partitions; owned again after min {min:?}, max {max:?}; spread now {:?}",
+        "w0 ({fault:?}) held {} partitions; owned again after min {min:?}, max {max:?}; spread now {:?}",
         orphans.len(),
         counts(&owners)
     );
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // A stalled worker is back: give the rebalancing towards it time to run too.
+    let settle = match fault {
+        Fault::Kill => Duration::from_secs(2),
+        Fault::Stop(_) => Duration::from_secs(4),
+    };
+    tokio::time::sleep(settle).await;
+    println!("spread at the end {:?}", counts(&owners));
     stop.store(true, Ordering::Relaxed);
     let last = tokio::time::timeout(Duration::from_secs(10), producer)
         .await
@@ -297,6 +366,36 @@ async fn sigkilled_worker_process_is_replaced_within_3_s_without_double_delivery
         }
     }
     let double = handed.values().filter(|w| w.len() > 1).count();
+    // Where the doubles are: per stream, the workers and the seq range.
+    let mut doubles: BTreeMap<String, (BTreeSet<usize>, u64, u64, usize)> = BTreeMap::new();
+    for ((stream, seq), w) in handed.iter().filter(|(_, w)| w.len() > 1) {
+        let e = doubles
+            .entry(stream.clone())
+            .or_insert((BTreeSet::new(), u64::MAX, 0, 0));
+        e.0.extend(w.iter().copied());
+        e.1 = e.1.min(*seq);
+        e.2 = e.2.max(*seq);
+        e.3 += 1;
+    }
+    let mut double_partitions = BTreeSet::new();
+    for (stream, (w, lo, hi, n)) in &doubles {
+        let p = fnv1a_32(stream.as_bytes()) % PARTITIONS;
+        double_partitions.insert(p);
+        println!("double: {stream} (partition {p}) workers {w:?} seqs {lo}..={hi} ({n})");
+    }
+    // The workers' own account of those partitions (their lease log on stderr).
+    for (w, log) in logs.iter().enumerate() {
+        let text = std::fs::read_to_string(log.with_extension("err")).unwrap_or_default();
+        for line in text.lines() {
+            let about = double_partitions.iter().any(|p| {
+                line.contains(&format!("partition={p} "))
+                    || line.ends_with(&format!("partition={p}"))
+            });
+            if about || line.contains("WARN") || line.contains("ERROR") {
+                println!("w{w}: {line}");
+            }
+        }
+    }
     let (mut undeclared, mut lost_in_handover) = (0u64, 0u64);
     for (stream, &last) in &last {
         for seq in 1..=last {
