@@ -84,7 +84,9 @@ pub const LABEL_OUTCOME: &str = "outcome";
 /// Counter: lease KV operations by `op` and `outcome`.
 pub const CONSUMER_LEASE_OPS_TOTAL: &str = "weir_consumer_lease_ops_total";
 /// Counter: partitions fenced (lease lost, run out, or released) by `reason`
-/// (`conflict`, `expired`, `taken_over`, `released`, `shutdown`).
+/// (`conflict`, `expired`, `taken_over`, `released`, `shutdown`, `stalled`: the
+/// worker's own heartbeats did not come back in time, `raced`: a claim that the
+/// server accepted but another worker's newer write overrode).
 pub const CONSUMER_LEASE_FENCES_TOTAL: &str = "weir_consumer_lease_fences_total";
 /// Gauge: partitions this worker holds by lease.
 pub const CONSUMER_LEASES_HELD: &str = "weir_consumer_leases_held";

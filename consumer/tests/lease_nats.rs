@@ -231,3 +231,84 @@ async fn a_write_with_our_own_id_is_adopted_not_fenced() {
     assert_eq!(events.len(), 2);
     consumer.shutdown(Duration::from_secs(1)).await;
 }
+
+/// `deploy/nats-server.conf`'s `asr-worker` user has every permission lease ownership
+/// needs (bucket creation, CAS, watch, heartbeats, audio), and `guest` may neither
+/// write a lease nor heartbeat.
+#[tokio::test]
+async fn the_example_server_config_lets_an_asr_worker_lease_and_stops_a_guest() {
+    let server = NatsServer::start_with(NatsServerOptions {
+        jetstream: true,
+        config: Some(include_str!("../../deploy/nats-server.conf").to_owned()),
+        ..Default::default()
+    })
+    .expect("server");
+    let as_user = |user: &'static str, password: &'static str| {
+        async_nats::ConnectOptions::with_user_and_password(user.into(), password.into())
+            .connect(server.url())
+    };
+    let worker = as_user("asr-worker", "asr-secret")
+        .await
+        .expect("asr-worker connects");
+    let settings = ConsumerConfig {
+        max_frame_age_ms: 0,
+        ..ConsumerConfig::leased(
+            "audio.{partition}.{stream}",
+            PARTITIONS,
+            LeaseConfig {
+                bucket: "weir_leases".into(),
+                ..lease()
+            },
+        )
+    }
+    .validate()
+    .expect("valid");
+    let (tx, mut rx) = mpsc::channel(100);
+    let consumer = Consumer::start(worker, settings, channel_factory(tx))
+        .await
+        .expect("the lease bucket is set up with asr-worker's permissions");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while consumer.owned_now().len() < PARTITIONS as usize {
+        assert!(Instant::now() < deadline, "{:?}", consumer.leases());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let guest = as_user("guest", "guest-secret")
+        .await
+        .expect("guest connects");
+    let (_, subj) = subject("s3");
+    publish(&guest, &subj, Packet::frame(1, pcm(1)), &[]).await;
+    let got = until(&mut rx, Duration::from_secs(3), |e| {
+        matches!(e, StreamEvent::Frame(_))
+    })
+    .await;
+    assert!(
+        got.iter().any(|(_, e)| matches!(e, StreamEvent::Frame(_))),
+        "{got:?}"
+    );
+    // Renewals go on (over two renewal intervals every lease was renewed).
+    let before: Vec<Option<u64>> = consumer.leases().iter().map(|l| l.revision).collect();
+    tokio::time::sleep(Duration::from_millis(2_200)).await;
+    let after = consumer.leases();
+    assert!(
+        after
+            .iter()
+            .zip(&before)
+            .all(|(l, b)| l.delivering && l.revision > *b),
+        "{after:?}"
+    );
+    // A guest's lease write (or heartbeat) never reaches the bucket: the server drops
+    // it (a permissions violation), the owner keeps its partitions at its revision.
+    let rev0 = consumer.leases()[0].revision;
+    for subject in ["$KV.weir_leases.p.0", "weir.lease.weir_leases.heartbeat"] {
+        guest
+            .publish(subject, "intruder".into())
+            .await
+            .expect("queued");
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(1), guest.flush()).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let l = &consumer.leases()[0];
+    assert_eq!(l.owner.as_deref(), Some("w0"), "{l:?}");
+    assert!(l.delivering && l.revision >= rev0, "{l:?}");
+    consumer.shutdown(Duration::from_secs(1)).await;
+}
