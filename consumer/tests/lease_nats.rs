@@ -50,12 +50,17 @@ async fn start(url: &str) -> (Consumer, Rx) {
     let consumer = Consumer::connect(url, settings, channel_factory(tx))
         .await
         .expect("consumer starts");
+    delivering_all(&consumer).await;
+    (consumer, rx)
+}
+
+/// Waits (bounded) until the worker delivers every partition.
+async fn delivering_all(consumer: &Consumer) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while consumer.owned_now().len() < PARTITIONS as usize {
         assert!(Instant::now() < deadline, "{:?}", consumer.leases());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    (consumer, rx)
 }
 
 /// Events until `until` matches one (bounded).
@@ -267,11 +272,7 @@ async fn the_example_server_config_lets_an_asr_worker_lease_and_stops_a_guest() 
     let consumer = Consumer::start(worker, settings, channel_factory(tx))
         .await
         .expect("the lease bucket is set up with asr-worker's permissions");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while consumer.owned_now().len() < PARTITIONS as usize {
-        assert!(Instant::now() < deadline, "{:?}", consumer.leases());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    delivering_all(&consumer).await;
     let guest = as_user("guest", "guest-secret")
         .await
         .expect("guest connects");
