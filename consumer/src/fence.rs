@@ -23,8 +23,8 @@ fn us_since(base: Instant, t: Instant) -> u64 {
 }
 
 /// A worker's liveness as its peers can judge it: valid until the send time of its
-/// latest heartbeat heard back + the self-validity (a little less than the heartbeat
-/// timeout after which peers take it for dead and take its partitions over).
+/// latest heartbeat heard back + the self-validity (the heartbeat timeout after which
+/// peers take it for dead and take its partitions over).
 ///
 /// A worker whose heartbeats stop coming back — it stalled, or lost its connection —
 /// stops delivering before anyone can have taken its partitions; see the lease

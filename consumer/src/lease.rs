@@ -30,9 +30,9 @@
 //!   they reached the server, so a worker that was stalled (or cut off) judges nobody
 //!   dead on waking: the peers' heartbeats queued during the stall come before its own.
 //!   The other half is the [`Liveness`](crate::fence::Liveness) of each worker: it
-//!   delivers only until the send time of its latest heartbeat heard back + a little
-//!   less than the heartbeat timeout, so a worker that stalls or loses its connection
-//!   stops before anyone can take its partitions over. Together: a takeover never
+//!   delivers only until the send time of its latest heartbeat heard back + the
+//!   heartbeat timeout, so a worker that stalls or loses its connection stops before a
+//!   new owner can deliver (which waits a settle time after its takeover write). Together: a takeover never
 //!   overlaps the old owner's deliveries, whether the old owner died, stalled or was
 //!   cut off (what remains, an asymmetric route failure between two nodes, is fenced
 //!   by the watcher and the next renewal; see docs/scale-out.md).
@@ -321,7 +321,35 @@ impl Planner {
                 });
             }
         }
-        // 3. Balance. Nothing before the others had a chance to be heard.
+        // 3. Keys that name this worker but are not held here (a claim or takeover
+        //    that timed out but landed; leases lost to a lapse) are taken back by CAS
+        //    from that revision whatever the share: nobody else takes a live worker's
+        //    keys, so left alone they would sit unread until they expire. Balance
+        //    releases them later if they are too many. Not for what was released
+        //    lately (a stale view of our own write), nor keys old enough to have
+        //    expired.
+        let mine_unheld: Vec<(u32, u64)> = (0..self.partitions)
+            .filter(|p| !self.held.contains_key(p) && !self.in_flight.contains(p))
+            .filter(|p| !self.released.contains_key(p))
+            .filter_map(|p| match &self.view[p as usize] {
+                Some(s)
+                    if s.owner == self.me
+                        && now.saturating_duration_since(s.at) < self.timing.ttl =>
+                {
+                    Some((p, s.revision))
+                }
+                _ => None,
+            })
+            .collect();
+        for (p, revision) in mine_unheld {
+            self.in_flight.insert(p);
+            actions.push(Action::TakeOver {
+                partition: p,
+                revision,
+                from: self.me.clone(),
+            });
+        }
+        // 4. Balance. Nothing before the others had a chance to be heard.
         if self.echo_clock().saturating_duration_since(self.started) < self.timing.heartbeat_timeout
         {
             return actions;
@@ -495,6 +523,15 @@ impl Planner {
     /// A renewal was refused (`WrongLastRevision` from another writer): fence now.
     pub(crate) fn renew_refused(&mut self, partition: u32) -> Option<Action> {
         self.in_flight.remove(&partition);
+        self.held
+            .remove(&partition)
+            .map(|_| Action::Fence(partition))
+    }
+
+    /// The lease of `partition` turned out not to be this worker's (a read after an
+    /// acquisition found another write latest): fence it. In-flight operations still
+    /// report back.
+    pub(crate) fn lose(&mut self, partition: u32) -> Option<Action> {
         self.held
             .remove(&partition)
             .map(|_| Action::Fence(partition))
@@ -951,5 +988,30 @@ mod tests {
         assert_eq!(p.acquired(0, 73, now), None);
         assert_eq!(p.held().count(), 0);
         assert_eq!(p.valid_until(0), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_naming_this_worker_is_taken_back_even_at_its_share() {
+        let mut p = Planner::new("a".into(), 2, T, Instant::now());
+        let now = step(1_500).await;
+        p.heard("b", now);
+        let claimed = claims(&plan(&mut p, now));
+        assert_eq!(claimed.len(), 1, "share ⌈2/2⌉ = 1");
+        let (mine, other) = (claimed[0], 1 - claimed[0]);
+        p.acquired(mine, 3, now);
+        p.observe(other, Some(("b".into(), 4)), now);
+        assert!(claims(&plan(&mut p, now)).is_empty(), "at its share");
+        // The other partition now names a, which does not hold it: a takeover of a's
+        // that timed out at a's side but landed. a takes it back by CAS although it is
+        // at its share.
+        p.observe(other, Some(("a".into(), 5)), now);
+        assert_eq!(
+            plan(&mut p, now),
+            vec![Action::TakeOver {
+                partition: other,
+                revision: 5,
+                from: "a".into()
+            }]
+        );
     }
 }

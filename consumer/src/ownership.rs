@@ -74,11 +74,14 @@ const WATCH_CHANNEL: usize = 1_024;
 /// The heartbeat header carrying `<nonce> <send time, µs since the driver started>`.
 const BEAT_HEADER: &str = "Weir-Lease-Beat";
 
-/// How long a heartbeat heard back keeps the worker live: the heartbeat timeout less a
-/// tenth, so that the worker stops before a peer can take it for dead (the peer waits a
-/// whole timeout after its last heartbeat, measured on its own echo clock).
+/// How long a heartbeat heard back keeps the worker live: the heartbeat timeout. A
+/// peer writes a takeover no earlier than a whole timeout after the send time of this
+/// worker's last heartbeat it heard (measured on its own echo clock), and starts
+/// delivering [`CONFIRM_SETTLE`] after its write showed in its watcher: that settle
+/// time and the write's round trip are the margin (clock-rate drift and scheduling).
+/// Any shorter would only fence a worker for a reconnect that its peers forgive.
 fn self_validity(heartbeat_timeout: Duration) -> Duration {
-    heartbeat_timeout.saturating_sub(heartbeat_timeout / 10)
+    heartbeat_timeout
 }
 
 /// A value that tells this driver's own heartbeats from those of another process that
@@ -230,13 +233,21 @@ pub(crate) async fn start<F: HandlerFactory>(
 /// it; then this worker fences without ever having delivered.
 const CONFIRM_SETTLE: Duration = Duration::from_millis(250);
 
+/// A pending lease the watcher did not confirm within this is read through the
+/// stream's leader instead (a watcher being re-created, or lagging).
+const CONFIRM_READ_AFTER: Duration = Duration::from_secs(1);
+
 /// An acquired lease whose feed has not started yet.
 #[derive(Debug, Clone, Copy)]
 struct Pending {
     revision: u64,
     handover: bool,
-    /// When the watcher showed our write of at least `revision`.
+    acquired_at: Instant,
+    /// When the watcher (or a read through the leader) showed our write of at least
+    /// `revision` as the key's latest.
     confirmed_at: Option<Instant>,
+    /// A confirmation read is in flight.
+    reading: bool,
 }
 
 /// One held partition's feed.
@@ -251,6 +262,9 @@ enum OpKind {
     TakeOver,
     Renew,
     Release,
+    /// A read of the key through the stream's leader, for a pending lease the watcher
+    /// did not confirm in time.
+    Confirm,
 }
 
 impl OpKind {
@@ -260,6 +274,7 @@ impl OpKind {
             Self::TakeOver => "takeover",
             Self::Renew => "renew",
             Self::Release => "release",
+            Self::Confirm => "confirm",
         }
     }
 }
@@ -646,7 +661,9 @@ impl<F: HandlerFactory> Driver<F> {
                     Pending {
                         revision: rev,
                         handover,
+                        acquired_at: Instant::now(),
                         confirmed_at,
+                        reading: false,
                     },
                 );
             }
@@ -678,12 +695,64 @@ impl<F: HandlerFactory> Driver<F> {
                 self.planner.renew_unknown(p);
             }
             (OpKind::Release, _) => self.planner.released(p),
+            (OpKind::Confirm, result) => {
+                let Some(pending) = self.pending.get_mut(&p) else {
+                    return;
+                };
+                pending.reading = false;
+                match result {
+                    OpResult::Ok(seq) if seq >= pending.revision => {
+                        pending.confirmed_at.get_or_insert_with(Instant::now);
+                    }
+                    OpResult::Ok(_) | OpResult::Adopt(_) | OpResult::Conflict => {
+                        tracing::warn!(
+                            partition = p,
+                            "pending lease not the key's latest write: not delivering"
+                        );
+                        if let Some(action) = self.planner.lose(p) {
+                            self.apply(action, "raced");
+                        }
+                    }
+                    OpResult::Timeout | OpResult::Error(_) => {} // read again next tick
+                }
+            }
         }
     }
 
     /// Starts the feed of every pending lease whose own write the watcher showed at
     /// least [`CONFIRM_SETTLE`] ago (and that is still held).
     fn start_confirmed(&mut self, now: Instant) {
+        let unconfirmed: Vec<u32> = self
+            .pending
+            .iter()
+            .filter(|(_, w)| {
+                w.confirmed_at.is_none()
+                    && !w.reading
+                    && now.saturating_duration_since(w.acquired_at) >= CONFIRM_READ_AFTER
+            })
+            .map(|(p, _)| *p)
+            .collect();
+        for p in unconfirmed {
+            if let Some(pending) = self.pending.get_mut(&p) {
+                pending.reading = true;
+            }
+            let leader = self.stream.clone();
+            let subject = format!("$KV.{}.{}", self.lease.bucket, key(p));
+            let me = self.planner.me().to_owned();
+            self.spawn_op(p, OpKind::Confirm, async move {
+                match leader.get_last_raw_message_by_subject(&subject).await {
+                    Ok(msg) => {
+                        let deleted = msg.headers.get("KV-Operation").is_some();
+                        if deleted || msg.payload.as_ref() != me.as_bytes() {
+                            OpResult::Conflict
+                        } else {
+                            OpResult::Ok(msg.sequence)
+                        }
+                    }
+                    Err(e) => OpResult::Error(e.to_string()),
+                }
+            });
+        }
         let due: Vec<u32> = self
             .pending
             .iter()
