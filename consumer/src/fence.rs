@@ -29,11 +29,17 @@ fn us_since(base: Instant, t: Instant) -> u64 {
 /// A worker whose heartbeats stop coming back — it stalled, or lost its connection —
 /// stops delivering before anyone can have taken its partitions; see the lease
 /// planner's docs for why the peers' side of that holds.
+///
+/// Whoever finds it run out first — a handler checking its fence, or the driver —
+/// latches that in `lapsed`, so the driver always learns of a lapse that closed a fence
+/// (and drops the leases behind it) even if a heartbeat renewed the liveness meanwhile.
 #[derive(Debug)]
 pub(crate) struct Liveness {
     base: Instant,
     /// Valid until `base` + this many microseconds (0: never heard back yet).
     valid_until_us: AtomicU64,
+    /// It ran out since the driver last dealt with a lapse.
+    lapsed: AtomicBool,
 }
 
 impl Liveness {
@@ -41,19 +47,32 @@ impl Liveness {
         Self {
             base: now,
             valid_until_us: AtomicU64::new(0),
+            lapsed: AtomicBool::new(false),
         }
     }
 
-    /// Whether the worker may deliver at `now`.
+    /// Whether the worker may deliver at `now` (latching a lapse when not).
     pub(crate) fn is_valid(&self, now: Instant) -> bool {
-        us_since(self.base, now) < self.valid_until_us.load(Ordering::Acquire)
+        let until = self.valid_until_us.load(Ordering::Acquire);
+        if us_since(self.base, now) < until {
+            return true;
+        }
+        if until > 0 {
+            self.lapsed.store(true, Ordering::Release);
+        }
+        false
     }
 
-    /// Whether it was valid once and ran out by `now` (as opposed to never having
-    /// been valid).
+    /// Whether it was valid once and ran out (by `now`, or as found by a handler since
+    /// the last [`Self::clear_lapse`]), as opposed to never having been valid.
     pub(crate) fn has_lapsed(&self, now: Instant) -> bool {
         let until = self.valid_until_us.load(Ordering::Acquire);
-        until > 0 && us_since(self.base, now) >= until
+        self.lapsed.load(Ordering::Acquire) || (until > 0 && us_since(self.base, now) >= until)
+    }
+
+    /// The driver dealt with a lapse (every fence revoked, every lease dropped).
+    pub(crate) fn clear_lapse(&self) {
+        self.lapsed.store(false, Ordering::Release);
     }
 
     /// A heartbeat came back: valid until `valid_until` (never moved backward). The
@@ -186,6 +205,11 @@ mod tests {
             "a stalled worker stops at its liveness"
         );
         liveness.renew(later + Duration::from_millis(1_350));
+        assert!(
+            liveness.has_lapsed(later),
+            "the lapse a handler found stays until the driver dealt with it"
+        );
+        liveness.clear_lapse();
         assert!(!liveness.has_lapsed(later));
         assert!(
             !fence.is_open(later),

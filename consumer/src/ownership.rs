@@ -395,7 +395,11 @@ impl<F: HandlerFactory> Driver<F> {
                 }
                 _ = tick.tick() => {
                     let now = Instant::now();
-                    self.check_liveness(now);
+                    // A lapse found here stays latched while the liveness is out:
+                    // what is acquired meanwhile is dropped again, and no feed starts.
+                    if self.check_liveness(now) && self.liveness.is_valid(now) {
+                        self.liveness.clear_lapse();
+                    }
                     let actions = self.planner.plan(now);
                     self.apply_all(actions);
                     self.start_confirmed(now);
@@ -445,18 +449,23 @@ impl<F: HandlerFactory> Driver<F> {
         };
         let sent_at = self.started + Duration::from_micros(us);
         // Revoke before renewing: a liveness that ran out is not revived under the
-        // fences that were open before it did.
-        self.check_liveness(now);
+        // fences that were open before it did. The latch is cleared after the renewal,
+        // so a lapse a handler finds in between is dealt with at the next check.
+        let lapsed = self.check_liveness(now);
         self.liveness
             .renew(sent_at + self_validity(self.lease.heartbeat_timeout));
+        if lapsed {
+            self.liveness.clear_lapse();
+        }
         self.planner.echoed(sent_at);
         // A dead peer is known now: take its partitions without waiting for the tick.
         let actions = self.planner.plan_claims(now);
         self.apply_all(actions);
     }
 
-    /// When the liveness ran out, fences every held partition (reason `stalled`).
-    fn check_liveness(&mut self, now: Instant) {
+    /// When the liveness ran out, fences every held partition (reason `stalled`) and
+    /// returns true.
+    fn check_liveness(&mut self, now: Instant) -> bool {
         if !self.liveness.has_lapsed(now) {
             if !self.planner.has_echo()
                 && !self.warned_no_echo
@@ -468,7 +477,7 @@ impl<F: HandlerFactory> Driver<F> {
                      lease ownership needs its own heartbeats; claiming nothing"
                 );
             }
-            return;
+            return false;
         }
         let lost = self.planner.lose_all();
         if !lost.is_empty() {
@@ -480,6 +489,12 @@ impl<F: HandlerFactory> Driver<F> {
         for p in lost {
             self.fence(p, "stalled");
         }
+        // Whatever else is open (nothing, if the planner and the feeds agree).
+        let stray: Vec<u32> = self.feeds.keys().copied().collect();
+        for p in stray {
+            self.fence(p, "stalled");
+        }
+        true
     }
 
     /// Applies a plan: a fence followed by the release of the same partition is a
@@ -722,6 +737,9 @@ impl<F: HandlerFactory> Driver<F> {
     /// Starts the feed of every pending lease whose own write the watcher showed at
     /// least [`CONFIRM_SETTLE`] ago (and that is still held).
     fn start_confirmed(&mut self, now: Instant) {
+        if !self.liveness.is_valid(now) {
+            return; // not while this worker's own heartbeats are not coming back
+        }
         let unconfirmed: Vec<u32> = self
             .pending
             .iter()
@@ -763,8 +781,16 @@ impl<F: HandlerFactory> Driver<F> {
             let Some(pending) = self.pending.remove(&p) else {
                 continue;
             };
-            if let Some(valid_until) = self.planner.valid_until(p) {
-                self.start_feed(p, valid_until, pending.handover);
+            match self.planner.valid_until(p) {
+                Some(valid_until) => {
+                    tracing::info!(
+                        partition = p,
+                        revision = pending.revision,
+                        "lease delivering"
+                    );
+                    self.start_feed(p, valid_until, pending.handover);
+                }
+                None => tracing::info!(partition = p, "pending lease no longer held"),
             }
         }
     }
