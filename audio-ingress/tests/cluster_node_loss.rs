@@ -34,7 +34,9 @@
 //!   2-core machine (other builds run beside these tests) and is still below what the
 //!   default budget (`max_age_ms` 500) would turn into overloads many times over;
 //! - the ingress is connected to a surviving node afterwards (in `one_url`: a node it
-//!   was never given).
+//!   was never given);
+//! - what it declares possibly lost stays within two budgets per stream (the frames
+//!   unconfirmed at the disconnect and the last round confirmed within `max_age`).
 //!
 //! Printed (one `cluster_node_loss` line per variant): time until frames flow again
 //! (first post-kill frame at the consumer, and the longest arrival pause per stream),
@@ -73,6 +75,9 @@ const SEND_FOR: Duration = Duration::from_secs(7);
 const KILL_AT: Duration = Duration::from_secs(3);
 /// Frames admitted after the kill must reach the consumer within this (module docs).
 const RECOVERY_BOUND: Duration = Duration::from_secs(2);
+/// Frames one stream may be declared possibly lost for one disconnect: two budgets of
+/// 25 frames (`max_age_ms` 500 at 20 ms a frame), see the check.
+const MAX_DECLARED_PER_STREAM: usize = 50;
 /// Bound on one WebSocket send.
 const SEND_TIMEOUT: Duration = Duration::from_secs(3);
 /// After the producers stop: how long to wait for every stream's `end`.
@@ -400,6 +405,17 @@ async fn node_loss(given: Given) {
     if admitted_consumer != admitted_ingress {
         violations.push(format!(
             "the consumer accounts for {admitted_consumer} admitted frames, the ingress admitted {admitted_ingress}"
+        ));
+    }
+    // What the ingress declares is bounded by the budget: the frames unconfirmed at the
+    // disconnect (at most `max_age_ms` = 25 frames of a stream) plus those of the last
+    // round confirmed less than `max_age_ms` before it (25 more). One run found every
+    // frame after the reconnect declared (the window stayed on the old connection).
+    let declared_ingress = f["possibly_lost"].as_u64().unwrap_or(u64::MAX);
+    if declared_ingress > (STREAMS * MAX_DECLARED_PER_STREAM) as u64 {
+        violations.push(format!(
+            "the ingress declared {declared_ingress} frames possibly lost, more than \
+             {MAX_DECLARED_PER_STREAM} per stream"
         ));
     }
     let overload_events = logs
