@@ -4,16 +4,16 @@
 //! Everything is real and in its default shape: a [`NatsCluster`] of three
 //! `nats-server` nodes (weir-testkit); the binary with its **default configuration**
 //! (sim backend, 20 ms per call, 8 workers) plus the NATS URL(s) and a free admin port;
-//! a caller on **another** node sending [`RATE`] requests per second for [`SEND_FOR`],
+//! a caller on **another** node sending [`RATE`] requests per second (6 s; 14 s for a hang),
 //! each with its own `Weir-Request-Id`, `Weir-Timeout-Ms: 2000` and a reply subject of
 //! its own under one wildcard subscription — so every reply is counted per request and
 //! a second answer to one request would be seen.
 //!
-//! Two variants: the adapter is given all three URLs (`all_urls`), or only one
+//! Two SIGKILL variants: the adapter is given all three URLs (`all_urls`), or only one
 //! (`one_url`: after that node dies it must reconnect to a node it learned from the
 //! server's INFO). The node it is connected to is found from the servers' `/connz`
 //! (`NatsCluster::node_of_client`, by the default connection name `weir-llm-adapter`)
-//! and SIGKILLed [`KILL_AT`] after the first request.
+//! and fails [`FAULT_AT`] after the first request.
 //!
 //! Each request ends as one of: `ok`; an adapter error (`Weir-Error-Code`); `no
 //! responders` (the caller's node knew no subscriber on `llm.infer` at that moment: the
@@ -33,11 +33,20 @@
 //! - the adapter is connected to a surviving node afterwards (in `one_url`: a node it
 //!   was never given), and `/readyz` is 200 again.
 //!
+//! A third variant, `node_hang_all_urls`, SIGSTOPs the node instead (a hung host or a
+//! cut network: no FIN, no RST). Only the adapter's pings can tell; with the default
+//! `nats.ping_interval_ms` (2 s) and `nats.connection_timeout_ms` (2 s) it must be on a
+//! surviving node within [`HANG_MOVE_BOUND`] and answer requests from there. It is not
+//! asserted that *every* later request is answered: the caller's node keeps the hung
+//! node's subscription (its route to it looks alive) and sends part of the requests
+//! there until nats-server drops that route — a server-side bound, printed as
+//! `sent_after_move_failed`.
+//!
 //! Printed (one `cluster_node_loss` line per variant): outcomes by kind, the time from
 //! the kill to the first `ok` of a request sent after it, the last failure after the
 //! kill, how long `/readyz` said 503, and the adapter's NATS counters.
 //!
-//! The two variants run one after another (a process-wide lock).
+//! The variants run one after another (a process-wide lock).
 
 mod common;
 
@@ -54,18 +63,21 @@ use weir_testkit::NatsCluster;
 
 /// Requests per second from the caller (the default 8 workers × 20 ms serve 400/s).
 const RATE: u32 = 50;
-/// How long the caller sends.
-const SEND_FOR: Duration = Duration::from_secs(6);
-/// When the adapter's node is killed, from the first request.
-const KILL_AT: Duration = Duration::from_secs(2);
+/// When the adapter's node fails, from the first request.
+const FAULT_AT: Duration = Duration::from_secs(2);
 /// The budget each request carries (`Weir-Timeout-Ms`).
 const BUDGET: Duration = Duration::from_secs(2);
 /// A reply later than budget + this is a caller timeout.
 const REPLY_GRACE: Duration = Duration::from_millis(500);
-/// Requests sent this long after the kill must all be answered `ok` (module docs).
+/// After a kill, requests sent this long after it must all be answered `ok` (module
+/// docs).
 const RECOVERY_BOUND: Duration = Duration::from_secs(2);
-/// How long `/readyz` is watched after the kill, and how often.
-const READY_WATCH: Duration = Duration::from_secs(3);
+/// After a hang, the adapter must be connected to a surviving node within this: its
+/// default ping (2 s) declares the connection dead after 2–3 unanswered pings (≤ 6 s),
+/// a reconnect that tries the hung node first waits one connection timeout (2 s), and
+/// 2 s of margin for a loaded machine.
+const HANG_MOVE_BOUND: Duration = Duration::from_secs(10);
+/// How often `/readyz` is polled after the fault.
 const READY_POLL: Duration = Duration::from_millis(10);
 /// The adapter's default NATS connection name (`nats.name`).
 const CLIENT_NAME: &str = "weir-llm-adapter";
@@ -90,6 +102,25 @@ enum Given {
     One,
 }
 
+/// What happens to the adapter's node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// SIGKILL: the kernel closes its sockets, the client sees EOF at once.
+    Kill,
+    /// SIGSTOP for the rest of the run: a hung host or a cut network.
+    Hang,
+}
+
+impl Fault {
+    /// How long the caller sends.
+    fn send_for(self) -> Duration {
+        match self {
+            Fault::Kill => Duration::from_secs(6),
+            Fault::Hang => Duration::from_secs(14),
+        }
+    }
+}
+
 async fn get(url: &str) -> (u16, String) {
     match tokio::time::timeout(Duration::from_secs(2), reqwest::get(url)).await {
         Ok(Ok(r)) => {
@@ -101,9 +132,9 @@ async fn get(url: &str) -> (u16, String) {
 }
 
 /// Polls `/readyz` from the kill on: (ms until it first said non-200, ms it stayed so).
-async fn watch_ready(readyz: String, from: Instant) -> (Option<u64>, Option<u64>) {
+async fn watch_ready(readyz: String, from: Instant, watch: Duration) -> (Option<u64>, Option<u64>) {
     let mut down_at = None;
-    let end = from + READY_WATCH;
+    let end = from + watch;
     while Instant::now() < end {
         let ok = get(&readyz).await.0 == 200;
         let t = from.elapsed();
@@ -126,7 +157,7 @@ fn metric(text: &str, prefix: &str) -> f64 {
         .sum()
 }
 
-async fn node_loss(given: Given) {
+async fn node_loss(given: Given, fault: Fault) {
     let _serial = SERIAL.lock().await;
     let cluster = Arc::new(
         tokio::task::spawn_blocking(|| NatsCluster::start(3))
@@ -225,20 +256,33 @@ async fn node_loss(given: Given) {
     };
 
     // The caller: RATE requests per second, each to its own reply subject.
-    let total = (SEND_FOR.as_millis() as u64 * u64::from(RATE)) / 1000;
+    let total = (fault.send_for().as_millis() as u64 * u64::from(RATE)) / 1000;
     let interval = Duration::from_secs(1) / RATE;
     let mut sent_at = Vec::with_capacity(total as usize);
     let mut killed: Option<(Instant, Duration)> = None;
     let mut ready_watch = None;
+    let mut moved = None;
     for i in 0..total {
         tokio::time::sleep_until(start + interval * i as u32).await;
-        if killed.is_none() && start.elapsed() >= KILL_AT {
-            cluster.kill(a).expect("kill the adapter's node");
+        if killed.is_none() && start.elapsed() >= FAULT_AT {
+            match fault {
+                Fault::Kill => cluster.kill(a).expect("kill the adapter's node"),
+                Fault::Hang => cluster.pause(a).expect("stop the adapter's node"),
+            }
             let now = Instant::now();
             killed = Some((now, start.elapsed()));
+            let c = Arc::clone(&cluster);
+            moved = Some(tokio::task::spawn_blocking(move || {
+                let r = c.wait_node_of_client(CLIENT_NAME, Some(a), HANG_MOVE_BOUND + STEP);
+                (r, now.elapsed())
+            }));
             ready_watch = Some(tokio::spawn(watch_ready(
                 format!("http://{admin}/readyz"),
                 now,
+                match fault {
+                    Fault::Kill => Duration::from_secs(3),
+                    Fault::Hang => HANG_MOVE_BOUND,
+                },
             )));
         }
         let mut headers = async_nats::HeaderMap::new();
@@ -264,12 +308,10 @@ async fn node_loss(given: Given) {
         Some(w) => w.await.unwrap_or((None, None)),
         None => (None, None),
     };
-    let c = Arc::clone(&cluster);
-    let new_node =
-        tokio::task::spawn_blocking(move || c.wait_node_of_client(CLIENT_NAME, Some(a), STEP))
-            .await
-            .expect("join")
-            .expect("the adapter reconnected to a surviving node");
+    let (new_node, moved_after) = moved.expect("watched").await.expect("join");
+    let new_node = new_node.expect("the adapter reconnected to a surviving node");
+    // Where the adapter is, as seen from the fault.
+    let moved_t = kill_t + moved_after;
     let (ready_now, _) = get(&format!("http://{admin}/readyz")).await;
     let (_, stats) = get(&format!("http://{admin}/v1/stats")).await;
     let stats: Value = serde_json::from_str(&stats).unwrap_or(Value::Null);
@@ -277,6 +319,7 @@ async fn node_loss(given: Given) {
     collector.abort();
     drop(child);
     let _ = killed_instant;
+    let hang_move_ok = moved_after <= HANG_MOVE_BOUND;
 
     // --- figures ---
     let replies = replies.lock().map(|r| r.clone()).unwrap_or_default();
@@ -285,6 +328,8 @@ async fn node_loss(given: Given) {
     let mut late_failures = Vec::new();
     let mut first_ok_after_kill: Option<Duration> = None;
     let mut last_failure_after_kill: Option<Duration> = None;
+    // Requests sent after the adapter was seen on its new node: (ok, not ok).
+    let mut after_move = (0u64, 0u64);
     for (i, &sent) in sent_at.iter().enumerate() {
         let got = replies.get(&(i as u64)).cloned().unwrap_or_default();
         if got.len() > 1 {
@@ -299,6 +344,13 @@ async fn node_loss(given: Given) {
             Some((_, Answer::Error(code))) => format!("error:{code}"),
         };
         *outcomes.entry(kind.clone()).or_default() += 1;
+        if sent >= moved_t {
+            if matches!(answer, Some((_, Answer::Ok))) {
+                after_move.0 += 1;
+            } else {
+                after_move.1 += 1;
+            }
+        }
         if sent >= kill_t {
             match answer {
                 Some((at, Answer::Ok)) => {
@@ -308,7 +360,7 @@ async fn node_loss(given: Given) {
                 }
                 _ => {
                     last_failure_after_kill = Some(sent.saturating_sub(kill_t));
-                    if sent >= kill_t + RECOVERY_BOUND {
+                    if fault == Fault::Kill && sent >= kill_t + RECOVERY_BOUND {
                         late_failures.push(format!(
                             "request {i} sent {:?} after the kill: {kind}",
                             sent.saturating_sub(kill_t)
@@ -320,12 +372,16 @@ async fn node_loss(given: Given) {
     }
     let started = stats["started"].as_u64().unwrap_or(u64::MAX);
     println!(
-        "cluster_node_loss given={given:?} requests={} rate_per_s={RATE} killed=n{a} caller_on=n{b} \
-         reconnected_to=n{new_node} outcomes={outcomes:?} duplicates={} \
+        "cluster_node_loss given={given:?} fault={fault:?} requests={} rate_per_s={RATE} node=n{a} \
+         caller_on=n{b} reconnected_to=n{new_node} seen_on_new_node_after_ms={} \
+         outcomes={outcomes:?} sent_after_move_ok={} sent_after_move_failed={} duplicates={} \
          first_ok_after_kill_ms={:?} last_failed_request_sent_after_kill_ms={:?} \
          readyz_503_after_ms={ready_down_ms:?} readyz_503_for_ms={ready_down_for_ms:?} \
          adapter: offered={} started={} completed={} refused={} nats_disconnects={} reply_failed={}",
         sent_at.len(),
+        moved_after.as_millis(),
+        after_move.0,
+        after_move.1,
         duplicates.len(),
         first_ok_after_kill.map(|d| d.as_millis()),
         last_failure_after_kill.map(|d| d.as_millis()),
@@ -337,6 +393,13 @@ async fn node_loss(given: Given) {
         metric(&metrics_text, "llm_reply_failed_total"),
     );
     assert_ne!(new_node, a);
+    if fault == Fault::Hang {
+        assert!(
+            hang_move_ok,
+            "the adapter left the hung node after {moved_after:?} (bound {HANG_MOVE_BOUND:?})"
+        );
+        assert!(after_move.0 > 0, "nothing answered after the adapter moved");
+    }
     assert!(
         duplicates.is_empty(),
         "answered twice:\n{}",
@@ -363,10 +426,15 @@ async fn node_loss(given: Given) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_loss_all_urls() {
-    node_loss(Given::All).await;
+    node_loss(Given::All, Fault::Kill).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_loss_one_url_reconnects_to_a_discovered_node() {
-    node_loss(Given::One).await;
+    node_loss(Given::One, Fault::Kill).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_hang_all_urls() {
+    node_loss(Given::All, Fault::Hang).await;
 }
