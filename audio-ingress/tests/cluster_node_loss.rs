@@ -20,11 +20,12 @@
 //!   variant sets `nats_ping_interval_ms = 2000` (the default 10 s took 32 s).
 //!
 //! Asserted (the promises):
-//! - **no undeclared loss** after a kill: the consumer core counts 0 `lost_frames`
-//!   (holes the ingress did not declare with `Weir-Possibly-Lost` or a gap marker).
-//!   After a hang this is *not* always true (2 of 9 runs: one stream instance opened
-//!   during the hang had 1, then 10, undeclared missing frames — not diagnosed); it is
-//!   printed and bounded by one budget (25 frames) per stream. Every
+//! - **no undeclared loss**: the consumer core counts 0 `lost_frames` (holes the
+//!   ingress did not declare with `Weir-Possibly-Lost` or a gap marker). (A producer
+//!   that, reopening its stream, sent the audio of the missed slots at once was cut by
+//!   the rate bound; the frames its `close` overload dropped are reported only as a
+//!   count in `Weir-Overload`, which the consumer core counts as undeclared holes. The
+//!   producers here go on with the current slot, as live audio does.) Every
 //!   stream's accounting identity holds at its `end` (`end_seq − 1` = frames +
 //!   declared possible loss + stale + declared gaps + leading missing + undeclared);
 //! - after a kill every stream's `end` reaches the consumer, the consumer's admitted
@@ -156,6 +157,17 @@ async fn run_producer(
             tokio::time::sleep(FRAME_INTERVAL * 5).await;
             continue;
         };
+        // Live audio: a reopened stream goes on with the current 20 ms slot; the audio of
+        // the slots missed while reconnecting is gone. (Sending it all at once would
+        // exceed the rate bound's 0.5 s burst and overload the new stream with reason
+        // `rate` — the ingress doing its job, not what this test measures.)
+        if n > 0 {
+            let now_slot = (start.elapsed().as_millis() / FRAME_INTERVAL.as_millis()) as u32;
+            k = k.max(now_slot);
+            if k >= frames {
+                break;
+            }
+        }
         let (mut tx, mut rx) = ws.split();
         let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let closed_r = Arc::clone(&closed);
@@ -399,7 +411,6 @@ async fn node_loss(given: Given, fault: Fault) {
     let mut first_after_fault_max_ms = 0u64;
     let mut pause_max_ms = 0u64;
     let mut without_end = 0u64;
-    let mut undeclared_after_hang: Vec<String> = Vec::new();
     for (p, log) in logs.iter().enumerate() {
         // Arrivals of this producer, over its stream instances, in arrival order.
         let mut frames: Vec<(u64, Option<u64>, u64)> = log
@@ -471,23 +482,10 @@ async fn node_loss(given: Given, fault: Fault) {
                 }
             }
             if c.lost_frames > 0 {
-                match fault {
-                    Fault::Kill => violations.push(format!(
-                        "{id}: {} frames lost without a declaration",
-                        c.lost_frames
-                    )),
-                    // Known gap (2 of 9 runs: 1 and 10 frames on one stream instance
-                    // opened during the hang): printed, bounded by one budget.
-                    Fault::Hang => {
-                        undeclared_after_hang.push(format!("{id}:{}", c.lost_frames));
-                        if c.lost_frames > 25 {
-                            violations.push(format!(
-                                "{id}: {} frames lost without a declaration (more than one budget)",
-                                c.lost_frames
-                            ));
-                        }
-                    }
-                }
+                violations.push(format!(
+                    "{id}: {} frames lost without a declaration",
+                    c.lost_frames
+                ));
             }
         }
     }
@@ -533,7 +531,6 @@ async fn node_loss(given: Given, fault: Fault) {
          longest_arrival_pause_ms={pause_max_ms} readyz_503_after_ms={ready_down_ms:?} \
          readyz_503_for_ms={ready_down_for_ms:?} stream_instances={instances} \
          overload_events={overload_events} ends_missing_reaped={without_end} ends_lost_counted={ends_lost} \
-         undeclared_streams={undeclared_after_hang:?} \
          frames_sent={sent} consumer: received={} possibly_lost={} lost_undeclared={} stale={} \
          declared_gap={} loss_declarations={} ingress: admitted={} published={} possibly_lost={} \
          dropped={} overloads={} confirm_disconnects={} nats_disconnected_events={} \
