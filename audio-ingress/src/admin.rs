@@ -51,8 +51,12 @@ pub fn router<S: Sink>(state: AdminState<S>) -> Router {
 async fn metrics_text<S: Sink>(State(state): State<AdminState<S>>) -> Response {
     match &state.prometheus {
         Some(h) => {
-            // Refresh the sampled gauge before rendering.
+            // Refresh the sampled gauges before rendering. The connected gauge is also
+            // kept by connection events, which async-nats drops when its event channel
+            // is full: the scrape reads the client's own state.
             state.ingress.oldest_frame_age();
+            metrics::gauge!(crate::metrics::NATS_CONNECTED)
+                .set(f64::from(u8::from(state.ingress.sink().is_connected())));
             weir_service::process::sample();
             (
                 [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],

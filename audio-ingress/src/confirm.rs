@@ -43,6 +43,10 @@
 //! - A permit's bytes are released exactly once, by `Drop`.
 //! - The window task is the only place that settles (confirms or loses) frames; it
 //!   settles a batch entirely before it opens the next round.
+//! - The open batch is on the current connection epoch within [`EPOCH_POLL`] of a
+//!   reconnect, also while the window is idle: a frame handed over on the new
+//!   connection is confirmed by a marker, never declared possibly lost because the
+//!   window still waited on the old connection.
 //! - Nothing here spawns per frame; the window adds one task per ingress.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -199,8 +203,10 @@ struct Handles {
 const ROUND_MAX_US: u64 = 60_000_000;
 /// A round this slow is logged (rate-limited).
 const SLOW_ROUND: Duration = Duration::from_secs(3);
-/// How often a waiting round re-reads the connection epoch.
+/// How often a waiting round, and the idle window task, re-read the connection epoch.
 const EPOCH_POLL: Duration = Duration::from_millis(20);
+/// How often the idle window task refreshes the limit and the gauges.
+const IDLE_REFRESH: Duration = Duration::from_millis(250);
 
 /// The confirmation window of one NATS connection. See the module docs.
 pub struct Window {
@@ -413,7 +419,13 @@ impl Window {
     /// marker can prove otherwise, so they are possibly lost at once.
     pub(crate) fn open_tag(&self, epoch_before: u64) -> Option<u64> {
         let batch = self.batch.load(Ordering::Acquire);
-        (self.open_epoch.load(Ordering::Acquire) == epoch_before).then_some(batch)
+        let same = self.open_epoch.load(Ordering::Acquire) == epoch_before;
+        if !same {
+            // The window task may be idle on the old epoch: wake it so that it opens a
+            // batch on the new one (it also polls every EPOCH_POLL).
+            self.work.notify_one();
+        }
+        same.then_some(batch)
     }
 
     /// Registers `stream` in the open batch (once per batch: `FrameQueue::hand_over`
@@ -572,7 +584,11 @@ pub(crate) async fn run(window: Arc<Window>, confirmer: Arc<dyn Confirmer>, glob
         window.open_epoch.store(epoch, Ordering::Release);
     }
     loop {
-        // Wait for work, refreshing the limit meanwhile.
+        // Wait for work, refreshing the limit meanwhile. A batch taken here (the
+        // connection was replaced while idle, and a stream registered meanwhile) goes
+        // through its round like any other.
+        let mut taken = None;
+        let mut last_limit: Option<Instant> = None;
         loop {
             let work = window.work.notified();
             tokio::pin!(work);
@@ -580,21 +596,43 @@ pub(crate) async fn run(window: Arc<Window>, confirmer: Arc<dyn Confirmer>, glob
             if window.closed.load(Ordering::Acquire) {
                 return;
             }
-            let r = rate.update(global.admitted_bytes());
-            let limit =
-                ((r * window.settings.window.as_secs_f64()) as u64).max(window.settings.min_bytes);
-            window.limit.store(limit, Ordering::Relaxed);
-            window.publish_gauges();
+            if last_limit.is_none_or(|t| t.elapsed() >= IDLE_REFRESH) {
+                last_limit = Some(Instant::now());
+                let r = rate.update(global.admitted_bytes());
+                let limit = ((r * window.settings.window.as_secs_f64()) as u64)
+                    .max(window.settings.min_bytes);
+                window.limit.store(limit, Ordering::Relaxed);
+                window.publish_gauges();
+            }
             if window.has_work() {
                 break;
             }
+            // Reconnected while idle: the open batch still carries the old connection
+            // epoch, so every frame handed over from now on would be tagged `None`
+            // (possibly lost at once) and none would register — the batch would never
+            // get work and never be replaced. Close it: the next one opens on the new
+            // epoch.
+            let now = confirmer.epoch();
+            if now != window.open_epoch.load(Ordering::Acquire) {
+                let batch = window.take_batch(now);
+                if !batch.streams.is_empty() {
+                    taken = Some(batch);
+                    break;
+                }
+                continue;
+            }
             tokio::select! {
                 () = &mut work => {}
-                () = tokio::time::sleep(Duration::from_millis(250)) => {}
+                () = tokio::time::sleep(EPOCH_POLL) => {}
             }
         }
-        tokio::time::sleep_until(last_round + window.settings.interval).await;
-        let batch = window.take_batch(confirmer.epoch());
+        let batch = match taken {
+            Some(batch) => batch,
+            None => {
+                tokio::time::sleep_until(last_round + window.settings.interval).await;
+                window.take_batch(confirmer.epoch())
+            }
+        };
         let started = Instant::now();
         last_round = started;
         let confirmed = loop {

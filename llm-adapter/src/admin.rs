@@ -72,8 +72,11 @@ fn error_response(status: StatusCode, code: &str, message: impl Into<String>) ->
 }
 
 async fn metrics(State(s): State<AdminState>) -> Response {
-    // Publishes the queue-depth and running gauges as of now.
+    // Publishes the queue-depth and running gauges as of now, and the connected gauge
+    // from the client's own state (connection events can be dropped by async-nats).
     let _ = s.view.stats();
+    ::metrics::gauge!(crate::metrics::NATS_CONNECTED)
+        .set(f64::from(u8::from(s.view.nats_connected())));
     weir_service::process::sample();
     match &s.prometheus {
         Some(h) => {

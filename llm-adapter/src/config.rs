@@ -1100,8 +1100,11 @@ fn read_nats(r: &mut Reader<'_>, queue_capacity: usize) -> Result<NatsConfig, Co
         tls_ca_file: n.opt_string("tls_ca_file")?.map(PathBuf::from),
         tls_cert_file,
         tls_key_file,
-        connection_timeout: n.millis("connection_timeout_ms", 5_000, 1..=600_000, "")?,
-        ping_interval: n.millis("ping_interval_ms", 10_000, 100..=3_600_000, "")?,
+        // A node that hangs (host lost, network cut) is noticed after 2–3 pings, and a
+        // reconnect that tries it first waits one connection timeout: 2 s + 2 s keep a
+        // hung node's cost to seconds (it was 20–30 s + 5 s; issue 13).
+        connection_timeout: n.millis("connection_timeout_ms", 2_000, 1..=600_000, "")?,
+        ping_interval: n.millis("ping_interval_ms", 2_000, 100..=3_600_000, "")?,
         subscription_capacity: subscription_capacity(&mut n, queue_capacity)?,
         publish_timeout: n.millis("publish_timeout_ms", 1_000, 1..=600_000, "")?,
         retry_initial_connect: n.boolean("retry_initial_connect", true)?,

@@ -194,7 +194,10 @@ pub async fn connect_with_events(
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
     }
-    ::metrics::gauge!(metrics::NATS_CONNECTED).set(1.0);
+    // Not connected yet when the first connection is retried in the background: the
+    // gauge must say so (the not-ready alert reads it), not 1.
+    let connected = client.connection_state() == async_nats::connection::State::Connected;
+    ::metrics::gauge!(metrics::NATS_CONNECTED).set(f64::from(u8::from(connected)));
     Ok(client)
 }
 

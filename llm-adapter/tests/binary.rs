@@ -264,6 +264,15 @@ async fn starts_with_nats_down_and_serves_once_it_is_up() {
     let ready: serde_json::Value = serde_json::from_str(&line).expect("ready line is JSON");
     let readyz = format!("http://{}/readyz", ready["admin"].as_str().expect("admin"));
     assert_eq!(get(&readyz).await.0, 503, "not ready without NATS");
+    // The gauge the not-ready alert reads says so too (it used to say 1).
+    let metrics_url = readyz.replace("/readyz", "/metrics");
+    let connected = |text: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix("llm_nats_connected "))
+            .map(str::to_owned)
+    };
+    let (_, text) = get(&metrics_url).await;
+    assert_eq!(connected(&text).as_deref(), Some("0"), "llm_nats_connected");
     server.restart().expect("start the server");
     let mut up = false;
     for _ in 0..200 {
@@ -274,6 +283,8 @@ async fn starts_with_nats_down_and_serves_once_it_is_up() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(up, "ready once NATS is up");
+    let (_, text) = get(&metrics_url).await;
+    assert_eq!(connected(&text).as_deref(), Some("1"), "llm_nats_connected");
     let client = LlmClient::new(connect(server.url()).await, "llm.infer");
     let reply = client.request("hello").timeout(STEP).send().await;
     assert_eq!(&reply.expect("answered").body[..], b"hello");

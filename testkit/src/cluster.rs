@@ -18,7 +18,8 @@
 //!   node answers on its client port, all of them agree on one JetStream meta leader
 //!   and every node's `/healthz` answers 200 (bounded by the startup timeout).
 //! - Leaders are read from each node's HTTP monitoring endpoint (`/jsz`), which works
-//!   without a system account. A killed or paused node is skipped.
+//!   without a system account, and which node a client is connected to from `/connz`
+//!   (by the connection name the client sent). A killed or paused node is skipped.
 //! - Dropping the value kills and reaps every node (each is a [`NatsServer`]).
 
 use std::io::{Read, Write};
@@ -314,6 +315,45 @@ impl NatsCluster {
         }
     }
 
+    /// The node a client named `name` (its `CONNECT` name, e.g. async-nats
+    /// `ConnectOptions::name`) is connected to right now, as each reachable node's
+    /// `/connz` reports it; `None` when no reachable node has such a client. With
+    /// several clients of that name, the first node (by index) that has one.
+    pub fn node_of_client(&self, name: &str) -> Option<usize> {
+        self.reachable().find(|&i| {
+            http_get(self.ports[i].monitoring, "/connz?limit=4096")
+                .ok()
+                .and_then(|body| serde_json::from_str::<serde_json::Value>(&body).ok())
+                .is_some_and(|v| has_client(&v, name))
+        })
+    }
+
+    /// Waits (bounded) until a client named `name` is connected to a reachable node
+    /// other than `not` (pass `None` for any node); returns that node's index. A test
+    /// uses it to see a service reconnect to a surviving node after a kill.
+    pub fn wait_node_of_client(
+        &self,
+        name: &str,
+        not: Option<usize>,
+        timeout: Duration,
+    ) -> Result<usize, Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(i) = self.node_of_client(name).filter(|&i| Some(i) != not) {
+                return Ok(i);
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::new(
+                    ErrorKind::StartTimeout,
+                    format!(
+                        "no client named {name:?} on a node other than {not:?} within {timeout:?}"
+                    ),
+                ));
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
     /// The bound the nodes were started with.
     pub fn startup_timeout(&self) -> Duration {
         self.startup_timeout
@@ -336,6 +376,16 @@ fn find_stream_leader(v: &serde_json::Value, stream: &str) -> Option<String> {
         .and_then(|s| s.pointer("/cluster/leader")?.as_str())
         .filter(|l| !l.is_empty())
         .map(str::to_owned)
+}
+
+/// Whether a `/connz` document lists a connection named `name`.
+fn has_client(v: &serde_json::Value, name: &str) -> bool {
+    v.get("connections")
+        .and_then(|c| c.as_array())
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| c.get("name").and_then(|n| n.as_str()) == Some(name))
+        })
 }
 
 /// `GET /jsz<query>` on a monitoring port, parsed as JSON.
@@ -394,5 +444,16 @@ mod tests {
         assert_eq!(find_stream_leader(&v, "KV_x").as_deref(), Some("n2"));
         assert_eq!(find_stream_leader(&v, "A").as_deref(), Some("n0"));
         assert_eq!(find_stream_leader(&v, "B"), None);
+    }
+
+    #[test]
+    fn finds_a_client_by_name_in_connz() {
+        let v: serde_json::Value = serde_json::from_str(
+            r#"{"num_connections":2,"connections":[{"cid":1,"name":"a"},{"cid":2}]}"#,
+        )
+        .unwrap_or_default();
+        assert!(has_client(&v, "a"));
+        assert!(!has_client(&v, "b"));
+        assert!(!has_client(&serde_json::Value::Null, "a"));
     }
 }
