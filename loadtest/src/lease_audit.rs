@@ -225,10 +225,11 @@ pub fn median(sorted: &[f64]) -> Option<f64> {
 /// What a NATS node's death did to the leases.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Renewals {
-    /// Partitions whose holder changed after the kill (fenced, released or taken by
-    /// another instance): should be 0.
+    /// Partitions another instance was seen holding after the kill: should be 0.
     pub owner_changes: usize,
-    /// Of those, partitions the holder fenced or released (held → not held).
+    /// Partitions their holder stopped holding for a while after the kill (fenced at
+    /// its local validity or by a refused renewal; it may take them back by CAS):
+    /// their audio is not delivered meanwhile. Should be 0.
     pub fenced: usize,
     /// Partitions whose holder's revision changed twice after the kill (the first
     /// change may be a renewal sent before it): renewals resumed.
@@ -266,7 +267,6 @@ pub fn renewals(instances: &[Instance], kill_ms: u64, end_ms: u64) -> Renewals {
                     changed = true;
                 }
                 if k == j && !e.held {
-                    changed = true;
                     fenced = true;
                 }
             }
@@ -331,6 +331,10 @@ pub struct FrameAudit {
     pub lost_detected: u64,
     /// Published, handed to nobody, inside no gap: silent losses; must be 0.
     pub undeclared: u64,
+    /// Published after the last frame of a stream whose partition nobody held when the
+    /// run ended, inside no gap: nobody had picked the stream up yet to declare them
+    /// (its next owner would, with a `handover` gap). Not in `undeclared`.
+    pub unowned_at_end: u64,
 }
 
 /// Accumulates the frames logs, one instance at a time.
@@ -376,8 +380,13 @@ impl FrameAuditor {
         self.handed.values().map(|v| v.len() as u64).sum()
     }
 
-    /// The audit against the last seq the producers published per stream.
-    pub fn audit(&self, last_seq: &BTreeMap<String, u64>) -> FrameAudit {
+    /// The audit against the last seq the producers published per stream;
+    /// `unowned` are the streams whose partition nobody held at the end.
+    pub fn audit(
+        &self,
+        last_seq: &BTreeMap<String, u64>,
+        unowned: &BTreeSet<String>,
+    ) -> FrameAudit {
         let mut a = FrameAudit {
             handed: self.handed(),
             ..FrameAudit::default()
@@ -416,9 +425,19 @@ impl FrameAuditor {
                 }
             }
         }
+        let mut last_handed: HashMap<&str, u64> = HashMap::new();
+        for (stream, seq) in self.handed.keys() {
+            let l = last_handed.entry(stream.as_str()).or_insert(0);
+            *l = (*l).max(*seq);
+        }
         for (stream, &last) in last_seq {
             a.published += last;
             let gaps = self.gaps.get(stream);
+            let tail_from = if unowned.contains(stream) {
+                last_handed.get(stream.as_str()).copied().unwrap_or(0) + 1
+            } else {
+                u64::MAX
+            };
             for seq in 1..=last {
                 if self.handed.contains_key(&(stream.clone(), seq)) {
                     continue;
@@ -433,6 +452,8 @@ impl FrameAuditor {
                     a.lost_in_handover += 1;
                 } else if covered(false) {
                     a.lost_detected += 1;
+                } else if seq >= tail_from {
+                    a.unowned_at_end += 1;
                 } else {
                     a.undeclared += 1;
                 }
@@ -507,8 +528,14 @@ mod tests {
         assert_eq!(r.longest_renewal_gap_ms, Some(5000.0));
         let fenced = inst("w0#0", 0, None, "L 10 0 1 5\nL 5000 0 0 5\n");
         let taker = inst("w1#0", 0, None, "L 6000 0 1 9\n");
-        let r = renewals(&[fenced, taker], 3000, 13000);
+        let r = renewals(&[fenced.clone(), taker], 3000, 13000);
         assert_eq!((r.owner_changes, r.fenced, r.resumed), (1, 1, 0));
+        let r = renewals(&[fenced], 3000, 13000);
+        assert_eq!(
+            (r.owner_changes, r.fenced),
+            (0, 1),
+            "fenced, nobody else took it"
+        );
     }
 
     #[test]
@@ -521,7 +548,7 @@ mod tests {
             "G handover s1 1 4\nF s1 3\nF s1 5\nG lost s2 2 2\nF s2 4\n",
         );
         let last = BTreeMap::from([("s1".to_owned(), 5), ("s2".to_owned(), 4)]);
-        let r = a.audit(&last);
+        let r = a.audit(&last, &BTreeSet::new());
         assert_eq!(r.published, 9);
         assert_eq!(r.handed, 7);
         assert_eq!(r.double_deliveries, 1);
@@ -531,5 +558,9 @@ mod tests {
         assert_eq!(r.lost_in_handover, 1, "s1 4");
         assert_eq!(r.lost_detected, 1, "s2 2");
         assert_eq!(r.undeclared, 1, "s2 3");
+        // s1's partition unowned at the end, 3 more seqs published: not "undeclared".
+        let last = BTreeMap::from([("s1".to_owned(), 8), ("s2".to_owned(), 4)]);
+        let r = a.audit(&last, &BTreeSet::from(["s1".to_owned()]));
+        assert_eq!((r.unowned_at_end, r.undeclared), (3, 1));
     }
 }

@@ -680,8 +680,8 @@ pub fn failover_line(r: &RunReport, f: &FailoverReport) -> String {
     };
     format!(
         "[{} {}] {} killed at {:.1} s: {ownership}; frames published {} handed {} double \
-         deliveries {} lost in handover {} (declared {}) detected {} undeclared {}; machine \
-         {:.2} cores",
+         deliveries {} lost in handover {} (declared {}) detected {} undeclared {} unowned at end \
+         {}; machine {:.2} cores",
         r.scenario,
         r.streams,
         f.victim,
@@ -693,6 +693,7 @@ pub fn failover_line(r: &RunReport, f: &FailoverReport) -> String {
         a.handover_declared,
         a.lost_detected,
         a.undeclared,
+        a.unowned_at_end,
         f.cpu.machine_cores
     )
 }
@@ -767,6 +768,9 @@ fn failover_rows() -> Vec<Row> {
             f(r).frames.lost_detected.to_string()
         }),
         ("undeclared losses", |r| f(r).frames.undeclared.to_string()),
+        ("unowned at end (not declared)", |r| {
+            f(r).frames.unowned_at_end.to_string()
+        }),
         ("machine / other cores", |r| {
             let c = f(r).cpu;
             format!("{:.2}/{:.2}", c.machine_cores, c.other_cores)

@@ -606,10 +606,15 @@ pub async fn run(
             "the workers' logs still grew {DRAIN_MAX:?} after the producers stopped"
         ));
     }
+    let audit_ms = unix_ms();
     for w in &mut workers {
         w.kill().await;
     }
     let inst = instances(&workers);
+    let held_at_end: std::collections::BTreeSet<u32> = inst
+        .iter()
+        .flat_map(|i| i.held_at(audit_ms.saturating_sub(1)))
+        .collect();
     let mut auditor = FrameAuditor::default();
     for w in &workers {
         auditor.add(&w.name, &read(&w.frames));
@@ -624,8 +629,13 @@ pub async fn run(
             Err(e) => notes.push(format!("cannot keep the worker logs: {e}")),
         }
     }
+    let unowned: std::collections::BTreeSet<String> = ids
+        .iter()
+        .filter(|id| !held_at_end.contains(&(fnv1a_32(id.as_bytes()) % env.partitions)))
+        .cloned()
+        .collect();
     let last_seqs: BTreeMap<String, u64> = ids.into_iter().map(|id| (id, last_seq)).collect();
-    let frames = auditor.audit(&last_seqs);
+    let frames = auditor.audit(&last_seqs, &unowned);
     let _ = blocking(move || drop(cluster)).await;
     drop(dir);
 
