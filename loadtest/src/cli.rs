@@ -424,6 +424,39 @@ mod tests {
             "a scenario is required"
         );
         assert!(Cli::try_parse_from(["loadtest", "steady", "--streams", "0"]).is_err());
+        let cli = Cli::try_parse_from([
+            "loadtest",
+            "worker-failover",
+            "--workers",
+            "4",
+            "--lease-ttl-ms",
+            "15000",
+            "--fps",
+            "50",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(cli.scenario, Some(Scenario::WorkerFailover));
+        assert_eq!((cli.workers, cli.partitions), (Some(4), None));
+        assert!(Cli::try_parse_from(["loadtest", "node-failover", "--fps", "51"]).is_err());
+        let worker = |url: &str| {
+            Cli::try_parse_from([
+                "loadtest",
+                "lease-worker",
+                "--id",
+                "w0",
+                "--nats-urls",
+                url,
+                "--frames-log",
+                "f",
+                "--leases-log",
+                "l",
+            ])
+        };
+        let cli = worker("nats://127.0.0.1:1,nats://127.0.0.1:2").unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            matches!(cli.internal, Some(Internal::LeaseWorker(ref a)) if a.nats_urls.len() == 2)
+        );
+        assert!(worker("nats://10.0.0.1:4222").is_err(), "loopback only");
         assert!(Cli::try_parse_from(["loadtest", "steady", "--duration", "-1"]).is_err());
     }
 }
