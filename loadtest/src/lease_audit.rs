@@ -6,7 +6,8 @@
 //!   A (stream, seq) handed to two instances is a **double delivery**. A seq of
 //!   1..=last that no instance was handed is lost: *in the handover* when a
 //!   `handover` gap covers it, *detected* when another gap covers it (a `lost` hole the
-//!   consumer saw and declared to its handler), **undeclared** otherwise.
+//!   consumer saw and declared to its handler), **undeclared** otherwise — at the
+//!   *tail* when no frame of the stream was handed to anyone after it.
 //! - **Ownership.** Each instance logged, every 50 ms, the partitions it holds and
 //!   their revisions. An instance holds nothing once it ended (SIGKILL), whatever its
 //!   last line said. Times are Unix ms of this host, shared by every process.
@@ -331,10 +332,12 @@ pub struct FrameAudit {
     pub lost_detected: u64,
     /// Published, handed to nobody, inside no gap: silent losses; must be 0.
     pub undeclared: u64,
-    /// Published after the last frame of a stream whose partition nobody held when the
-    /// run ended, inside no gap: nobody had picked the stream up yet to declare them
-    /// (its next owner would, with a `handover` gap). Not in `undeclared`.
-    pub unowned_at_end: u64,
+    /// Published after a stream's last frame handed to anyone, inside no gap: no
+    /// packet after them reached a worker following the stream, so nobody could detect
+    /// them (the stream's next frame or its `end` at its follower would; an `end`
+    /// reaching a new owner that never saw the stream declares nothing). Not in
+    /// `undeclared`, which counts holes a later frame of the stream was handed after.
+    pub undeclared_tail: u64,
 }
 
 /// Accumulates the frames logs, one instance at a time.
@@ -380,13 +383,8 @@ impl FrameAuditor {
         self.handed.values().map(|v| v.len() as u64).sum()
     }
 
-    /// The audit against the last seq the producers published per stream;
-    /// `unowned` are the streams whose partition nobody held at the end.
-    pub fn audit(
-        &self,
-        last_seq: &BTreeMap<String, u64>,
-        unowned: &BTreeSet<String>,
-    ) -> FrameAudit {
+    /// The audit against the last seq the producers published per stream.
+    pub fn audit(&self, last_seq: &BTreeMap<String, u64>) -> FrameAudit {
         let mut a = FrameAudit {
             handed: self.handed(),
             ..FrameAudit::default()
@@ -433,11 +431,7 @@ impl FrameAuditor {
         for (stream, &last) in last_seq {
             a.published += last;
             let gaps = self.gaps.get(stream);
-            let tail_from = if unowned.contains(stream) {
-                last_handed.get(stream.as_str()).copied().unwrap_or(0) + 1
-            } else {
-                u64::MAX
-            };
+            let tail_from = last_handed.get(stream.as_str()).copied().unwrap_or(0) + 1;
             for seq in 1..=last {
                 if self.handed.contains_key(&(stream.clone(), seq)) {
                     continue;
@@ -453,7 +447,7 @@ impl FrameAuditor {
                 } else if covered(false) {
                     a.lost_detected += 1;
                 } else if seq >= tail_from {
-                    a.unowned_at_end += 1;
+                    a.undeclared_tail += 1;
                 } else {
                     a.undeclared += 1;
                 }
@@ -548,7 +542,7 @@ mod tests {
             "G handover s1 1 4\nF s1 3\nF s1 5\nG lost s2 2 2\nF s2 4\n",
         );
         let last = BTreeMap::from([("s1".to_owned(), 5), ("s2".to_owned(), 4)]);
-        let r = a.audit(&last, &BTreeSet::new());
+        let r = a.audit(&last);
         assert_eq!(r.published, 9);
         assert_eq!(r.handed, 7);
         assert_eq!(r.double_deliveries, 1);
@@ -558,9 +552,9 @@ mod tests {
         assert_eq!(r.lost_in_handover, 1, "s1 4");
         assert_eq!(r.lost_detected, 1, "s2 2");
         assert_eq!(r.undeclared, 1, "s2 3");
-        // s1's partition unowned at the end, 3 more seqs published: not "undeclared".
+        // 3 more seqs of s1 published that nobody was handed, nothing after them.
         let last = BTreeMap::from([("s1".to_owned(), 8), ("s2".to_owned(), 4)]);
-        let r = a.audit(&last, &BTreeSet::from(["s1".to_owned()]));
-        assert_eq!((r.unowned_at_end, r.undeclared), (3, 1));
+        let r = a.audit(&last);
+        assert_eq!((r.undeclared_tail, r.undeclared), (3, 1));
     }
 }

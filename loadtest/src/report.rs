@@ -680,8 +680,8 @@ pub fn failover_line(r: &RunReport, f: &FailoverReport) -> String {
     };
     format!(
         "[{} {}] {} killed at {:.1} s: {ownership}; frames published {} handed {} double \
-         deliveries {} lost in handover {} (declared {}) detected {} undeclared {} unowned at end \
-         {}; machine {:.2} cores",
+         deliveries {} lost in handover {} (declared {}) detected {} undeclared {} mid-stream + {} \
+         at a stream's tail; machine {:.2} cores",
         r.scenario,
         r.streams,
         f.victim,
@@ -693,7 +693,7 @@ pub fn failover_line(r: &RunReport, f: &FailoverReport) -> String {
         a.handover_declared,
         a.lost_detected,
         a.undeclared,
-        a.unowned_at_end,
+        a.undeclared_tail,
         f.cpu.machine_cores
     )
 }
@@ -767,9 +767,12 @@ fn failover_rows() -> Vec<Row> {
         ("lost, detected by consumer", |r| {
             f(r).frames.lost_detected.to_string()
         }),
-        ("undeclared losses", |r| f(r).frames.undeclared.to_string()),
-        ("unowned at end (not declared)", |r| {
-            f(r).frames.unowned_at_end.to_string()
+        ("undeclared losses", |r| {
+            let a = f(r).frames;
+            (a.undeclared + a.undeclared_tail).to_string()
+        }),
+        ("  of which at a stream's tail", |r| {
+            f(r).frames.undeclared_tail.to_string()
         }),
         ("machine / other cores", |r| {
             let c = f(r).cpu;

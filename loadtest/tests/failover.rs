@@ -45,6 +45,9 @@ async fn a_killed_worker_process_s_partitions_are_re_owned_without_double_delive
     assert_eq!(t.reowned, t.orphaned, "every orphan re-owned: {t:?}");
     assert_eq!(a.double_deliveries, 0, "{a:?}; cpu {:?}", f.cpu);
     assert_eq!(a.undeclared, 0, "{a:?}");
+    // A hole at a stream's tail has no later packet to reveal it; a handful may fall
+    // on a partition changing hands at the run's end.
+    assert!(a.undeclared_tail <= a.published / 100, "{a:?}");
     assert!(
         a.handover_declared > 0,
         "the takeover declared its gaps: {a:?}"
