@@ -17,7 +17,7 @@ use crate::llm::{LlmSettings, StreamLoad};
 use crate::plot::{Panel, Series, grid_svg};
 use crate::report::RunReport;
 use crate::scenario::run::{Env, RunOutput, run_one};
-use crate::scenario::{self, Scenario, ceiling};
+use crate::scenario::{self, Scenario, ceiling, failover};
 
 /// Showcase defaults (the demo must fit in 2 minutes of run time).
 /// Steady runs: 5 s of audio.
@@ -45,8 +45,8 @@ pub fn env_from(cli: &Cli) -> Result<Env, String> {
         ingress_bin,
         policy: cli.policy,
         frame_cost: Duration::from_micros(cli.frame_cost_us),
-        fleet_workers: cli.workers,
-        partitions: cli.partitions,
+        fleet_workers: cli.workers.unwrap_or(2),
+        partitions: cli.partitions.unwrap_or(8),
         reconnect: !cli.no_reconnect,
         quiet: cli.quiet,
         llm: LlmSettings {
@@ -64,6 +64,19 @@ pub fn env_from(cli: &Cli) -> Result<Env, String> {
         wait_quiet: cli.wait_quiet,
         transport: cli.transport.into(),
     })
+}
+
+/// The failover scenarios' environment: 3 workers and 64 partitions by default.
+fn failover_env_from(cli: &Cli, env: &Env) -> failover::FailoverEnv {
+    failover::FailoverEnv {
+        self_exe: env.self_exe.clone(),
+        workers: cli.workers.unwrap_or(3),
+        partitions: cli.partitions.unwrap_or(64),
+        lease_ttl: Duration::from_millis(cli.lease_ttl_ms),
+        fps: cli.fps,
+        quiet: cli.quiet,
+        keep_logs: cli.keep_logs.clone(),
+    }
 }
 
 /// The designs to run: `--design`, else `default`; with `--transport whip` the bounded
@@ -86,7 +99,12 @@ pub async fn run(cli: &Cli, results: Results) -> Result<usize, String> {
     let showcase = selection == Scenario::Showcase;
     // Validate every plan before starting anything.
     let mut plans = Vec::new();
+    let mut failovers = Vec::new();
     for s in selection.expand() {
+        if s.is_failover() {
+            failovers.push(failover::plan(s, cli.duration, cli.pause)?);
+            continue;
+        }
         let (duration, pause) = if showcase {
             (
                 cli.duration.or(Some(match s {
@@ -101,6 +119,26 @@ pub async fn run(cli: &Cli, results: Results) -> Result<usize, String> {
         plans.push(scenario::plan(s, duration, pause, cli.llm_factor)?);
     }
     let mut failures = 0;
+    if !failovers.is_empty() {
+        let fenv = failover_env_from(cli, &env);
+        let streams = cli.streams.clone().unwrap_or_else(|| vec![200]);
+        for plan in &failovers {
+            for &n in &streams {
+                match failover::run(&fenv, plan, n).await {
+                    Ok(out) => {
+                        eprintln!("{}", one_line(&out.report));
+                        if let Ok(mut r) = results.lock() {
+                            r.push(out);
+                        }
+                    }
+                    Err(e) => {
+                        failures += 1;
+                        eprintln!("[{} {n}] failed: {e}", plan.scenario.name());
+                    }
+                }
+            }
+        }
+    }
     for plan in plans {
         if plan.scenario == Scenario::Ceiling {
             let designs = designs_for(cli, DesignArg::Bounded)?;
@@ -154,6 +192,9 @@ pub async fn run(cli: &Cli, results: Results) -> Result<usize, String> {
 
 /// A one-line summary printed after each run.
 pub fn one_line(r: &RunReport) -> String {
+    if let Some(f) = &r.failover {
+        return crate::report::failover_line(r, f);
+    }
     format!(
         "[{} {} {}] rss peak {:.1} MiB, pending max {} B, queue wait p99 {:.1} ms, tasks max {}, \
          offered {} published {} received {} dropped {} unaccounted {}",

@@ -1,5 +1,7 @@
 //! Command line: `loadtest <scenario> [flags]`, plus the hidden `naive-ingress`
-//! subcommand that serves the naive design as a separate process.
+//! subcommand that serves the naive design as a separate process and the hidden
+//! `lease-worker` subcommand that runs one lease-owning recognition worker (the
+//! failover scenarios' worker processes).
 //!
 //! Every value is validated before anything starts, with a message that names the flag.
 
@@ -90,8 +92,9 @@ pub struct Cli {
     pub internal: Option<Internal>,
 
     /// What to run: steady | nats-pause | backend-pause | nats-restart | no-end |
-    /// llm-overload | ceiling | all (every scenario but ceiling) | showcase (the demo:
-    /// steady and nats-pause with short runs).
+    /// llm-overload | ceiling | worker-failover | node-failover | all (every scenario
+    /// but ceiling and the two failovers) | showcase (the demo: steady and nats-pause
+    /// with short runs).
     #[arg(value_enum, required = true)]
     pub scenario: Option<Scenario>,
 
@@ -107,13 +110,16 @@ pub struct Cli {
 
     /// Seconds of audio each producer sends per run. Default: 10 for steady, no-end
     /// and llm-overload; for fault scenarios 2 s + --pause + 2 s of recovery; 5 per
-    /// ceiling step; showcase 5 (steady) and 10 (nats-pause).
+    /// ceiling step; showcase 5 (steady) and 10 (nats-pause); worker-failover and
+    /// node-failover 3 s + --pause + 12 s.
     #[arg(long, value_parser = parse_seconds)]
     pub duration: Option<Duration>,
 
     /// Length of the fault in seconds: NATS stopped (nats-pause), backend stalled
-    /// (backend-pause), server down before restart (nats-restart). Default 5 (2 for
-    /// nats-restart, 6 for showcase). The fault starts 2 s into the run.
+    /// (backend-pause), server down before restart (nats-restart), worker process down
+    /// before restart (worker-failover), NATS node down before restart
+    /// (node-failover). Default 5 (2 for nats-restart, 6 for showcase and the
+    /// failovers). The fault starts 2 s into the run (3 s for the failovers).
     #[arg(long, value_parser = parse_seconds)]
     pub pause: Option<Duration>,
 
@@ -145,13 +151,31 @@ pub struct Cli {
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=20_000))]
     pub frame_cost_us: u64,
 
-    /// Recognition workers (NATS consumers) sharing the partitions.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub workers: u32,
+    /// Recognition workers (NATS consumers) sharing the partitions. Default 2 (3 for
+    /// worker-failover and node-failover, which need at least 2).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub workers: Option<u32>,
 
-    /// Partitions of the audio subject (`weir.audio.{partition}.{stream}`).
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096))]
-    pub partitions: u32,
+    /// Partitions of the audio subject (`weir.audio.{partition}.{stream}`). Default 8
+    /// (64 for worker-failover and node-failover).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub partitions: Option<u32>,
+
+    /// worker-failover / node-failover: lease length of the workers, ms (default: the
+    /// consumer core's 10,000); they renew every TTL / 3, as by default.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(3_000..=600_000))]
+    pub lease_ttl_ms: u64,
+
+    /// worker-failover / node-failover: copy the workers' raw logs (frames handed,
+    /// gaps, leases held) into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub keep_logs: Option<PathBuf>,
+
+    /// worker-failover / node-failover: frames per second per stream, published
+    /// straight to NATS (50 is the real 20 ms cadence; 10 keeps 200 streams, 3 nodes
+    /// and the workers well inside 2 shared cores).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=50))]
+    pub fps: u32,
 
     /// llm-overload: offered request rate as a multiple of the backend's capacity.
     #[arg(long, default_value_t = 3.0)]
@@ -244,6 +268,45 @@ pub enum Internal {
     /// `audio-ingress serve`).
     #[command(hide = true)]
     NaiveIngress(NaiveArgs),
+    /// Run one recognition worker with lease ownership that logs what it was handed
+    /// (used by worker-failover and node-failover; see `lease_worker`).
+    #[command(hide = true)]
+    LeaseWorker(LeaseWorkerArgs),
+}
+
+/// Arguments of `lease-worker`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LeaseWorkerArgs {
+    /// Worker id (unique among live workers).
+    #[arg(long)]
+    pub id: String,
+    /// NATS URLs (loopback only), comma-separated, tried in this order.
+    #[arg(long, value_delimiter = ',', required = true, value_parser = parse_nats_url)]
+    pub nats_urls: Vec<String>,
+    /// Frames log (`F <stream> <seq>`, `G <cause> <stream> <first> <last>`).
+    #[arg(long)]
+    pub frames_log: PathBuf,
+    /// Leases log (`S <unix_ms>`, `L <unix_ms> <partition> <held> <revision>`).
+    #[arg(long)]
+    pub leases_log: PathBuf,
+    /// Audio subject template.
+    #[arg(long, default_value = "weir.audio.{partition}.{stream}")]
+    pub subject: String,
+    /// Partitions of the template.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub partitions: u32,
+    /// KV bucket of the leases.
+    #[arg(long, default_value = "weir_leases")]
+    pub bucket: String,
+    /// Replicas of the bucket's stream.
+    #[arg(long, default_value_t = 3)]
+    pub replicas: usize,
+    /// Lease length, ms (renewal every TTL / 3).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(3_000..=600_000))]
+    pub ttl_ms: u64,
+    /// The process ends by itself after this many seconds.
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=7200))]
+    pub max_lifetime_s: u64,
 }
 
 /// Arguments of `naive-ingress`.
@@ -361,6 +424,39 @@ mod tests {
             "a scenario is required"
         );
         assert!(Cli::try_parse_from(["loadtest", "steady", "--streams", "0"]).is_err());
+        let cli = Cli::try_parse_from([
+            "loadtest",
+            "worker-failover",
+            "--workers",
+            "4",
+            "--lease-ttl-ms",
+            "15000",
+            "--fps",
+            "50",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(cli.scenario, Some(Scenario::WorkerFailover));
+        assert_eq!((cli.workers, cli.partitions), (Some(4), None));
+        assert!(Cli::try_parse_from(["loadtest", "node-failover", "--fps", "51"]).is_err());
+        let worker = |url: &str| {
+            Cli::try_parse_from([
+                "loadtest",
+                "lease-worker",
+                "--id",
+                "w0",
+                "--nats-urls",
+                url,
+                "--frames-log",
+                "f",
+                "--leases-log",
+                "l",
+            ])
+        };
+        let cli = worker("nats://127.0.0.1:1,nats://127.0.0.1:2").unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            matches!(cli.internal, Some(Internal::LeaseWorker(ref a)) if a.nats_urls.len() == 2)
+        );
+        assert!(worker("nats://10.0.0.1:4222").is_err(), "loopback only");
         assert!(Cli::try_parse_from(["loadtest", "steady", "--duration", "-1"]).is_err());
     }
 }

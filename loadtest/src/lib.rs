@@ -11,6 +11,8 @@
 //! [`ingress`], or [`naive`]) → NATS → [`fleet`]; [`llm`] on the side; [`sample`] every
 //! 100 ms; [`timeliness`] in the fleet; [`accounting`], [`report`], [`plot`] at the end;
 //! [`scenario`] ties a run together, [`app`] the whole session, [`cli`] the flags.
+//! The failover scenarios ([`scenario::failover`]) run [`lease_worker`] processes on a
+//! 3-node cluster and audit their logs with [`lease_audit`].
 //!
 //! Invariants that hold across the crate:
 //! - only loopback addresses are ever targeted;
@@ -28,6 +30,8 @@ pub mod app;
 pub mod cli;
 pub mod fleet;
 pub mod ingress;
+pub mod lease_audit;
+pub mod lease_worker;
 pub mod llm;
 pub mod naive;
 pub mod plot;

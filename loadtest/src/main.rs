@@ -55,6 +55,15 @@ fn main() -> ExitCode {
                 }
             }
         }),
+        Some(Internal::LeaseWorker(args)) => runtime.block_on(async move {
+            match weir_loadtest::lease_worker::run(args).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("lease-worker: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }),
         None => runtime.block_on(session(cli)),
     }
 }

@@ -339,6 +339,67 @@ pub struct CpuReport {
     pub wall_s: f64,
 }
 
+/// CPU use during a failover run's sending phase, in cores (CPU seconds / wall
+/// seconds; this machine has 2): the conditions a double delivery or a slow takeover
+/// was measured under.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct FailoverCpu {
+    /// The whole machine.
+    pub machine_cores: f64,
+    /// The load test itself (producers, observer).
+    pub loadtest_cores: f64,
+    /// The worker processes (the victim until its death).
+    pub workers_cores: f64,
+    /// The nats-server nodes (the victim node until its death).
+    pub nats_cores: f64,
+    /// Everything else (other builds and tests on the machine).
+    pub other_cores: f64,
+    /// `/proc/loadavg`'s 1-minute figure at the kill.
+    pub loadavg_1m_at_kill: Option<f64>,
+}
+
+/// The `worker-failover` / `node-failover` part of a report (absent for the other
+/// scenarios).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct FailoverReport {
+    /// What was SIGKILLed (`worker w0`, `node n1`).
+    pub victim: String,
+    /// For node-failover: whether the killed node led the KV stream at the kill.
+    pub victim_led_kv: Option<bool>,
+    /// NATS nodes in the cluster.
+    pub nodes: usize,
+    /// Worker processes.
+    pub workers: u32,
+    /// Partitions.
+    pub partitions: u32,
+    /// Frames per second per stream.
+    pub fps: u32,
+    /// The workers' lease length, ms.
+    pub lease_ttl_ms: u64,
+    /// Seconds after the producers started: the kill, the restart.
+    pub killed_at_s: f64,
+    /// See `killed_at_s`.
+    pub restarted_at_s: f64,
+    /// Held partitions per live worker just before the kill.
+    pub spread_before: Vec<usize>,
+    /// Held partitions per live worker just before the restart.
+    pub spread_before_restart: Vec<usize>,
+    /// Held partitions per live worker at the end.
+    pub spread_end: Vec<usize>,
+    /// worker-failover: the victim's partitions and their new owners.
+    pub takeover: Option<crate::lease_audit::Takeover>,
+    /// worker-failover: restart → the restarted worker holds ⌈P/N⌉ − 1 partitions, ms.
+    pub rejoin_share_ms: Option<f64>,
+    /// worker-failover: restart → every partition held once, all within ⌈P/N⌉ ± 1, ms.
+    pub rejoin_balanced_ms: Option<f64>,
+    /// node-failover: owner changes and renewals across the node's death.
+    pub renewals: Option<crate::lease_audit::Renewals>,
+    /// The frames audit: double deliveries, declared and undeclared losses.
+    pub frames: crate::lease_audit::FrameAudit,
+    /// CPU use while the producers sent.
+    pub cpu: FailoverCpu,
+}
+
 /// One (scenario, streams, design) run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RunReport {
@@ -374,6 +435,10 @@ pub struct RunReport {
     /// For `ceiling`: the ramp.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ceiling: Option<CeilingReport>,
+    /// For `worker-failover` and `node-failover`: ownership and the frames audit
+    /// (those runs have no ingress: `ingress`, `frames`, `llm` stay empty).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failover: Option<FailoverReport>,
     /// Explanations of anything unusual.
     pub notes: Vec<String>,
 }
@@ -571,6 +636,151 @@ fn rows() -> Vec<Row> {
     ]
 }
 
+fn opt_ms(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), ms)
+}
+
+fn spread(v: &[usize]) -> String {
+    if v.is_empty() {
+        return "-".into();
+    }
+    v.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// The summary line of a failover run (what `one_line` prints for one).
+pub fn failover_line(r: &RunReport, f: &FailoverReport) -> String {
+    let a = &f.frames;
+    let ownership = match (&f.takeover, &f.renewals) {
+        (Some(t), _) => format!(
+            "{}/{} orphaned partitions re-owned after median {} ms, max {} ms; spread {} → {} → {}; \
+             restarted worker back to its share after {} ms",
+            t.reowned,
+            t.orphaned,
+            opt_ms(t.reowned_ms_median),
+            opt_ms(t.reowned_ms_max),
+            spread(&f.spread_before),
+            spread(&f.spread_before_restart),
+            spread(&f.spread_end),
+            opt_ms(f.rejoin_share_ms)
+        ),
+        (None, Some(n)) => format!(
+            "owner changes {} (fenced {}), renewals resumed on {}/{} after max {} ms, longest \
+             renewal gap {} ms",
+            n.owner_changes,
+            n.fenced,
+            n.resumed,
+            f.partitions,
+            opt_ms(n.resumed_ms_max),
+            opt_ms(n.longest_renewal_gap_ms)
+        ),
+        (None, None) => String::new(),
+    };
+    format!(
+        "[{} {}] {} killed at {:.1} s: {ownership}; frames published {} handed {} double \
+         deliveries {} lost in handover {} (declared {}) detected {} undeclared {} mid-stream + {} \
+         at a stream's tail; machine {:.2} cores",
+        r.scenario,
+        r.streams,
+        f.victim,
+        f.killed_at_s,
+        a.published,
+        a.handed,
+        a.double_deliveries,
+        a.lost_in_handover,
+        a.handover_declared,
+        a.lost_detected,
+        a.undeclared,
+        a.undeclared_tail,
+        f.cpu.machine_cores
+    )
+}
+
+/// The rows of a failover scenario's table.
+fn failover_rows() -> Vec<Row> {
+    fn f(r: &RunReport) -> FailoverReport {
+        r.failover.clone().unwrap_or_default()
+    }
+    vec![
+        ("victim", |r| f(r).victim),
+        ("killed / restarted at s", |r| {
+            let f = f(r);
+            format!("{:.1}/{:.1}", f.killed_at_s, f.restarted_at_s)
+        }),
+        ("workers x partitions", |r| {
+            let f = f(r);
+            format!("{}x{}", f.workers, f.partitions)
+        }),
+        ("spread before kill", |r| spread(&f(r).spread_before)),
+        ("spread before restart", |r| {
+            spread(&f(r).spread_before_restart)
+        }),
+        ("spread at end", |r| spread(&f(r).spread_end)),
+        ("orphans re-owned", |r| {
+            f(r).takeover
+                .map_or_else(|| "-".into(), |t| format!("{}/{}", t.reowned, t.orphaned))
+        }),
+        ("re-owned after p50 ms", |r| {
+            f(r).takeover
+                .map_or_else(|| "-".into(), |t| opt_ms(t.reowned_ms_median))
+        }),
+        ("re-owned after max ms", |r| {
+            f(r).takeover
+                .map_or_else(|| "-".into(), |t| opt_ms(t.reowned_ms_max))
+        }),
+        ("rejoin: share / balanced ms", |r| {
+            let f = f(r);
+            if f.takeover.is_none() {
+                return "-".into();
+            }
+            format!(
+                "{}/{}",
+                opt_ms(f.rejoin_share_ms),
+                opt_ms(f.rejoin_balanced_ms)
+            )
+        }),
+        ("owner changes (fenced)", |r| {
+            f(r).renewals.map_or_else(
+                || "-".into(),
+                |n| format!("{} ({})", n.owner_changes, n.fenced),
+            )
+        }),
+        ("renewals resumed max ms", |r| {
+            f(r).renewals
+                .map_or_else(|| "-".into(), |n| opt_ms(n.resumed_ms_max))
+        }),
+        ("longest renewal gap ms", |r| {
+            f(r).renewals
+                .map_or_else(|| "-".into(), |n| opt_ms(n.longest_renewal_gap_ms))
+        }),
+        ("frames published", |r| f(r).frames.published.to_string()),
+        ("frames handed", |r| f(r).frames.handed.to_string()),
+        ("double deliveries", |r| {
+            f(r).frames.double_deliveries.to_string()
+        }),
+        ("lost in handover (declared)", |r| {
+            let a = f(r).frames;
+            format!("{} ({})", a.lost_in_handover, a.handover_declared)
+        }),
+        ("lost, detected by consumer", |r| {
+            f(r).frames.lost_detected.to_string()
+        }),
+        ("undeclared losses", |r| {
+            let a = f(r).frames;
+            (a.undeclared + a.undeclared_tail).to_string()
+        }),
+        ("  of which at a stream's tail", |r| {
+            f(r).frames.undeclared_tail.to_string()
+        }),
+        ("machine / other cores", |r| {
+            let c = f(r).cpu;
+            format!("{:.2}/{:.2}", c.machine_cores, c.other_cores)
+        }),
+    ]
+}
+
 /// The terminal table: per scenario, one column per (streams, design).
 pub fn table(reports: &[RunReport]) -> String {
     render(reports, false)
@@ -599,6 +809,11 @@ fn render(reports: &[RunReport], md: bool) -> String {
             .map(|f| format!(" — {} {:.0} s at t={:.0} s", f.kind, f.duration_s, f.at_s))
             .unwrap_or_default();
         let title = format!("{scenario} ({:.0} s of audio{fault})", first.duration_s);
+        let rows = if first.failover.is_some() {
+            failover_rows()
+        } else {
+            rows()
+        };
         if md {
             let _ = writeln!(out, "\n#### {title}\n");
         } else {
@@ -616,7 +831,7 @@ fn render(reports: &[RunReport], md: bool) -> String {
                     out.push_str("---:|");
                 }
                 out.push('\n');
-                for (label, f) in rows() {
+                for (label, f) in &rows {
                     let _ = write!(out, "| {} |", label.trim());
                     for r in chunk {
                         let _ = write!(out, " {} |", f(r));
@@ -630,7 +845,7 @@ fn render(reports: &[RunReport], md: bool) -> String {
                     let _ = write!(out, "{:>13}", format!("{} {}", r.streams, r.design));
                 }
                 out.push('\n');
-                for (label, f) in rows() {
+                for (label, f) in &rows {
                     let _ = write!(out, "{label:<31}");
                     for r in chunk {
                         let _ = write!(out, "{:>13}", f(r));
@@ -712,6 +927,7 @@ pub(crate) mod tests {
             cpu: CpuReport::default(),
             max_streams: None,
             ceiling: None,
+            failover: None,
             notes: vec![],
         }
     }

@@ -9,6 +9,8 @@
 //! | `no-end`        | half the streams vanish, no `end`  | none                                           |
 //! | `llm-overload`  | same, plus LLM requests at k × cap | none                                           |
 //! | `ceiling`       | ramp of stream counts              | none (see [`ceiling`])                         |
+//! | `worker-failover` | N streams straight to NATS, lease workers on 3 nodes | worker process SIGKILLed, restarted (see [`failover`]) |
+//! | `node-failover` | same                               | the KV leader node SIGKILLed, restarted        |
 //!
 //! Faults start [`FAULT_AT`] after the producers, and the run keeps sending for at least
 //! [`RECOVERY`] after the fault ends, so that recovery is measured too. A plan is
@@ -16,6 +18,7 @@
 //! with a message naming the flags.
 
 pub mod ceiling;
+pub mod failover;
 pub mod run;
 
 use std::time::Duration;
@@ -54,7 +57,11 @@ pub enum Scenario {
     LlmOverload,
     /// Ramp streams until p99 queue wait exceeds one frame or overloads appear.
     Ceiling,
-    /// Every scenario above except ceiling.
+    /// Lease workers on a 3-node cluster; one worker process SIGKILLed, restarted.
+    WorkerFailover,
+    /// Lease workers on a 3-node cluster; the KV leader node SIGKILLed, restarted.
+    NodeFailover,
+    /// Every scenario above except ceiling and the two failovers.
     All,
     /// The demo: steady and nats-pause, short runs, both designs.
     Showcase,
@@ -71,9 +78,16 @@ impl Scenario {
             Self::NoEnd => "no-end",
             Self::LlmOverload => "llm-overload",
             Self::Ceiling => "ceiling",
+            Self::WorkerFailover => "worker-failover",
+            Self::NodeFailover => "node-failover",
             Self::All => "all",
             Self::Showcase => "showcase",
         }
+    }
+
+    /// Whether the scenario runs lease workers on a cluster ([`failover`]).
+    pub fn is_failover(self) -> bool {
+        matches!(self, Self::WorkerFailover | Self::NodeFailover)
     }
 
     /// The concrete scenarios a selection stands for.
@@ -222,6 +236,10 @@ pub fn plan(
         Scenario::LlmOverload => plain(0.0, Some(LlmLoad { factor: llm_factor })),
         Scenario::All | Scenario::Showcase => Err(format!(
             "{} is a selection, not a scenario",
+            scenario.name()
+        )),
+        Scenario::WorkerFailover | Scenario::NodeFailover => Err(format!(
+            "{} is planned by scenario::failover::plan",
             scenario.name()
         )),
     }

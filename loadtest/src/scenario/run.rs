@@ -667,6 +667,7 @@ pub async fn run_one(
         },
         max_streams: None,
         ceiling: None,
+        failover: None,
         notes,
     };
     Ok(RunOutput { report, samples })
