@@ -165,10 +165,10 @@ if [[ "${1:-}" == "issue13" ]]; then
     }
     failover worker-failover worker-failover --streams 200,200,200
     failover worker-failover-50fps worker-failover --streams 200,200 --fps 50
-    failover node-failover-ttl10 node-failover --streams 200,200,200
-    failover node-failover-ttl15 node-failover --streams 200,200,200 --lease-ttl-ms 15000
-    failover node-failover-down20-ttl10 node-failover --streams 200,200 --pause 20 --duration 26
-    failover node-failover-down20-ttl15 node-failover --streams 200,200 --pause 20 --duration 26 --lease-ttl-ms 15000
+    failover node-failover-ttl10 node-failover --streams 200,200,200 --lease-ttl-ms 10000
+    failover node-failover-ttl15 node-failover --streams 200,200,200
+    failover node-failover-down20-ttl10 node-failover --streams 200,200 --pause 20 --duration 26 --lease-ttl-ms 10000
+    failover node-failover-down20-ttl15 node-failover --streams 200,200 --pause 20 --duration 26
     echo "wrote $out/issue13-* (load average before: $load_before, after: $(cut -d' ' -f1-3 /proc/loadavg))" >&2
     exit 0
 fi

@@ -162,8 +162,8 @@ pub struct Cli {
     pub partitions: Option<u32>,
 
     /// worker-failover / node-failover: lease length of the workers, ms (default: the
-    /// consumer core's 10,000); they renew every TTL / 3, as by default.
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(3_000..=600_000))]
+    /// consumer core's 15,000); they renew every 3 s as by default (TTL / 3 if shorter).
+    #[arg(long, default_value_t = 15_000, value_parser = clap::value_parser!(u64).range(3_000..=600_000))]
     pub lease_ttl_ms: u64,
 
     /// worker-failover / node-failover: copy the workers' raw logs (frames handed,

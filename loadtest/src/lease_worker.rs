@@ -121,7 +121,10 @@ pub async fn run(args: LeaseWorkerArgs) -> Result<(), String> {
                 bucket: args.bucket.clone(),
                 replicas: args.replicas,
                 ttl_ms: args.ttl_ms,
-                renew_interval_ms: args.ttl_ms / 3,
+                // The consumer core's renewal interval (3 s), shorter for short TTLs.
+                renew_interval_ms: (weir_consumer::DEFAULT_LEASE_RENEW_INTERVAL.as_millis()
+                    as u64)
+                    .min(args.ttl_ms / 3),
                 worker_id: Some(args.id.clone()),
                 ..LeaseConfig::default()
             },
