@@ -483,6 +483,76 @@ pub struct TraceConfig {
     pub buffer: NonZeroUsize,
 }
 
+/// `intake`: how inference requests reach this replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Intake {
+    /// Core NATS request/reply on `service.subject` (queue group): the default. A
+    /// request lives in one replica's memory from receipt to answer.
+    Core,
+    /// A JetStream work-queue stream pulled by one durable consumer shared by every
+    /// replica (`docs/llm-adapter.md`, durable intake). A replica that dies mid-request
+    /// hands its work to another after `jetstream.ack_wait_ms`.
+    JetStream(JetStreamIntake),
+}
+
+impl Intake {
+    /// `core` or `jetstream`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Core => "core",
+            Self::JetStream(_) => "jetstream",
+        }
+    }
+
+    /// The JetStream settings when `intake = "jetstream"`.
+    pub fn jetstream(&self) -> Option<&JetStreamIntake> {
+        match self {
+            Self::Core => None,
+            Self::JetStream(j) => Some(j),
+        }
+    }
+}
+
+/// `[jetstream]`: the durable intake (read and validated whatever `intake` says, so
+/// that a file can keep it and switch with `WEIR_LLM_INTAKE`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JetStreamIntake {
+    /// The work-queue stream (created if absent).
+    pub stream: String,
+    /// The subject the stream captures; callers publish requests here.
+    pub subject: String,
+    /// The durable pull consumer every replica shares.
+    pub consumer: String,
+    /// Without an acknowledgement (or progress) for this long, the server hands a
+    /// request to another replica.
+    pub ack_wait: Duration,
+    /// How often a replica sends progress for the requests it holds (and renews their
+    /// session slots); below `ack_wait`.
+    pub progress_interval: Duration,
+    /// The consumer's `max_ack_pending`: requests out at all replicas together. Set it
+    /// to the sum of `workers` over the replicas.
+    pub max_ack_pending: NonZeroUsize,
+    /// Deliveries of one request before the server gives up on it (a request that
+    /// kills every replica that takes it stops there).
+    pub max_deliver: NonZeroUsize,
+    /// How long the stream remembers a `Nats-Msg-Id` (duplicates dropped).
+    pub duplicate_window: Duration,
+    /// Most requests the stream holds; more are refused to the publisher.
+    pub max_messages: NonZeroUsize,
+    /// Most bytes the stream holds.
+    pub max_bytes: NonZeroUsize,
+    /// Stream (and session bucket) replicas on a cluster.
+    pub replicas: NonZeroUsize,
+    /// File storage (survives a server restart) or memory.
+    pub file_storage: bool,
+    /// The KV bucket of cluster-wide session slots (`session.pending_cap` over every
+    /// replica).
+    pub session_bucket: String,
+    /// A core request on `service.subject` is put into the stream by the replica that
+    /// receives it (callers stay unchanged); `false` = only direct publishes.
+    pub forward: bool,
+}
+
 /// The validated configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -518,6 +588,8 @@ pub struct Config {
     pub trace: TraceConfig,
     /// Streamed replies.
     pub stream: StreamConfig,
+    /// How requests arrive: core request/reply or the durable JetStream intake.
+    pub intake: Intake,
 }
 
 /// `[stream]`: streamed replies (`Weir-Stream: 1`).
@@ -716,6 +788,7 @@ impl Config {
             )?,
         };
         st.finish()?;
+        let intake = read_intake(&mut r, workers)?;
         r.finish()?;
 
         Ok(Self {
@@ -735,6 +808,7 @@ impl Config {
             admin,
             trace,
             stream,
+            intake,
         })
     }
 }
@@ -818,6 +892,20 @@ impl Config {
                 "timeout_ms": ms(self.backend.timeout),
             },
             "shutdown_grace_ms": ms(self.shutdown_grace),
+            "intake": match &self.intake {
+                Intake::Core => json!({"kind": "core"}),
+                Intake::JetStream(j) => json!({
+                    "kind": "jetstream",
+                    "stream": j.stream,
+                    "subject": j.subject,
+                    "consumer": j.consumer,
+                    "ack_wait_ms": ms(j.ack_wait),
+                    "max_ack_pending": j.max_ack_pending.get(),
+                    "duplicate_window_ms": ms(j.duplicate_window),
+                    "forward": j.forward,
+                    "reply_to_header": weir_protocol::llm::headers::REPLY_TO,
+                }),
+            },
             "headers": {
                 "request_id": h::REQUEST_ID,
                 "session_id": h::SESSION_ID,
@@ -1200,6 +1288,103 @@ fn read_service(r: &mut Reader<'_>) -> Result<ServiceConfig, ConfigError> {
     }
     s.finish()?;
     Ok(cfg)
+}
+
+/// `intake` and `[jetstream]`.
+fn read_intake(r: &mut Reader<'_>, workers: NonZeroUsize) -> Result<Intake, ConfigError> {
+    let kind = r.string("intake", "core")?;
+    let mut j = r.section("jetstream")?;
+    let stream = j.string("stream", "WEIR_LLM_INTAKE")?;
+    stream_name(&j.key("stream"), &stream)?;
+    let subject_s = subject(&j.key("subject"), j.string("subject", "llm.intake")?, false)?;
+    let consumer = j.string("consumer", "weir-llm")?;
+    stream_name(&j.key("consumer"), &consumer)?;
+    let ack_wait = j.millis("ack_wait_ms", 10_000, 100..=3_600_000, "")?;
+    let progress_default = u64::try_from(ack_wait.as_millis() / 3).unwrap_or(1_000);
+    let progress_interval = j.millis(
+        "progress_interval_ms",
+        progress_default,
+        10..=1_200_000,
+        " (below ack_wait_ms; default ack_wait_ms / 3)",
+    )?;
+    if progress_interval >= ack_wait {
+        return Err(ConfigError::invalid(
+            j.key("progress_interval_ms"),
+            format!(
+                "{} must be below jetstream.ack_wait_ms ({})",
+                progress_interval.as_millis(),
+                ack_wait.as_millis()
+            ),
+        ));
+    }
+    let max_ack_pending = nz(j.uint(
+        "max_ack_pending",
+        workers.get() as u64,
+        1..=1_000_000,
+        " (default workers; set the sum of workers over the replicas)",
+    )?);
+    if max_ack_pending < workers {
+        return Err(ConfigError::invalid(
+            j.key("max_ack_pending"),
+            format!(
+                "{} is below workers ({}): the replica could never fill its workers",
+                max_ack_pending, workers
+            ),
+        ));
+    }
+    let session_bucket = j.string("session_bucket", "weir_llm_sessions")?;
+    stream_name(&j.key("session_bucket"), &session_bucket)?;
+    let cfg = JetStreamIntake {
+        stream,
+        subject: subject_s,
+        consumer,
+        ack_wait,
+        progress_interval,
+        max_ack_pending,
+        max_deliver: nz(j.uint("max_deliver", 5, 1..=1000, "")?),
+        duplicate_window: j.millis("duplicate_window_ms", 120_000, 100..=86_400_000, "")?,
+        max_messages: nz(j.uint("max_messages", 100_000, 1..=100_000_000, "")?),
+        max_bytes: nz(j.uint("max_bytes", 1 << 30, 1024..=(1u64 << 40), "")?),
+        replicas: nz(j.uint("replicas", 1, 1..=5, "")?),
+        file_storage: match j.string("storage", "file")?.as_str() {
+            "file" => true,
+            "memory" => false,
+            other => {
+                return Err(ConfigError::invalid(
+                    j.key("storage"),
+                    format!("expected \"file\" or \"memory\", got {other:?}"),
+                ));
+            }
+        },
+        session_bucket,
+        forward: j.boolean("forward", true)?,
+    };
+    j.finish()?;
+    match kind.as_str() {
+        "core" => Ok(Intake::Core),
+        "jetstream" => Ok(Intake::JetStream(cfg)),
+        other => Err(ConfigError::invalid(
+            r.key("intake"),
+            format!("expected \"core\" or \"jetstream\", got {other:?}"),
+        )),
+    }
+}
+
+/// A stream, consumer or bucket name: `A-Z a-z 0-9 - _` (no dots, spaces or wildcards,
+/// which JetStream refuses in names).
+fn stream_name(key: &str, s: &str) -> Result<(), ConfigError> {
+    if s.is_empty()
+        || s.len() > MAX_NAME_LEN
+        || !s
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(ConfigError::invalid(
+            key,
+            format!("only A-Z a-z 0-9 - _ allowed (1..={MAX_NAME_LEN}), got {s:?}"),
+        ));
+    }
+    Ok(())
 }
 
 fn is_semver(v: &str) -> bool {

@@ -62,6 +62,7 @@ pub mod backend;
 /// `clients/python`); re-exported so that `weir_llm_adapter::client` paths keep working.
 pub use weir_llm_client as client;
 pub mod config;
+mod intake;
 pub mod metrics;
 pub mod nats_events;
 pub mod service;

@@ -53,6 +53,7 @@ use weir_protocol::llm::{
 
 use crate::admission::{Admission, Outcome, RequestStatus, Sink, Submission};
 use crate::config::Config;
+use crate::intake::{Admit, IntakeEdge, Pulled, Settle, TermReason, Ticket};
 use crate::metrics as m;
 use crate::nats_events::NatsEvents;
 use crate::stream::{AckHub, Delivered, NatsStream, StreamLimits};
@@ -70,6 +71,9 @@ pub struct NatsWaiter {
     /// The caller asked for a streamed reply: the answer is `end` (or an error reply
     /// marked `Weir-Stream-Event: error`), which reports what this caller received.
     stream: Option<Arc<Delivered>>,
+    /// A request pulled from the durable intake: acknowledged after its answer was
+    /// published, handed back (`-NAK`, no answer) when this replica stops.
+    intake: Option<Ticket>,
 }
 
 impl NatsWaiter {
@@ -211,6 +215,10 @@ impl Sink for NatsSink {
         outcome: Arc<Outcome>,
     ) -> impl Future<Output = ()> + Send {
         let max_payload = self.max_payload;
+        let intake = waiter.intake.take();
+        // An intake request this replica cannot finish because it stops goes back to
+        // the stream for another replica; its caller is answered by that one.
+        let hand_over = intake.is_some() && outcome.error_code() == Some(ErrorCode::ShuttingDown);
         let envelope = if outcome.result.is_err() {
             waiter.envelope()
         } else {
@@ -258,6 +266,12 @@ impl Sink for NatsSink {
             }
         }
         async move {
+            if hand_over {
+                if let Some(t) = intake {
+                    t.settle(Settle::HandOver).await;
+                }
+                return;
+            }
             if let Some((ch, chunk)) = first_chunk {
                 let _ = bounded(
                     timeout,
@@ -273,6 +287,11 @@ impl Sink for NatsSink {
             if !matches!(sent, Some(Ok(()))) {
                 metrics::counter!(m::REPLY_FAILED_TOTAL).increment(1);
                 tracing::debug!(outcome = outcome.code(), "reply not published");
+            }
+            // Acknowledged after the answer was published: a replica that dies in
+            // between leaves the request to be answered again (at least once).
+            if let Some(t) = intake {
+                t.settle(Settle::Answered).await;
             }
         }
     }
@@ -536,6 +555,8 @@ struct Edge {
     publish_timeout: Duration,
     client: async_nats::Client,
     acks: AckHub,
+    /// `intake = "jetstream"` with `jetstream.forward`: core requests go to the stream.
+    forward: Option<async_nats::jetstream::Context>,
 }
 
 impl Edge {
@@ -564,13 +585,38 @@ impl Edge {
             let target = target.trim().to_owned();
             return self.handle_cancel_of(&req, target).await;
         }
-        let (envelope, sub) = decode(&req.message, &known, received_at);
+        if let Some(js) = &self.forward {
+            return self
+                .forward(js, &req.message, reply, &known, received_at)
+                .await;
+        }
+        self.admit_message(&req.message, reply, &known, received_at, None)
+            .await;
+    }
+
+    /// Decodes one request and submits it (or answers it at once). `intake`: the
+    /// request came from the durable intake; a refusal before admission terminates it.
+    async fn admit_message(
+        &self,
+        message: &async_nats::Message,
+        reply: async_nats::Subject,
+        known: &Known<'_>,
+        received_at: Instant,
+        mut intake: Option<Ticket>,
+    ) {
+        let (envelope, sub) = decode(message, known, received_at);
         let stream = known.stream.map(s::wants_stream).transpose();
+        if sub.is_err() || stream.is_err() {
+            if let Some(t) = &mut intake {
+                t.terminate(TermReason::Invalid);
+            }
+        }
         let mut waiter = NatsWaiter {
             reply,
-            payload: req.message.payload.clone(),
+            payload: message.payload.clone(),
             envelope: envelope.map(|e| e.map(Box::new)),
             stream: matches!(stream, Ok(Some(true))).then(Arc::default),
+            intake,
         };
         match (sub, stream) {
             (Ok(mut sub), Ok(wants)) => {
@@ -649,6 +695,163 @@ impl Edge {
     }
 }
 
+impl Edge {
+    /// `jetstream.forward`: puts a core request into the durable intake, with its reply
+    /// subject in `Weir-Reply-To`, its request id as `Nats-Msg-Id` and its deadline
+    /// made absolute (a relative budget counts from this receipt). A malformed request
+    /// is answered here; one the stream does not store is answered `queue_full`; a
+    /// duplicate (same request id within the duplicate window) is answered
+    /// `request_id_conflict`: the answer goes to the first copy's reply subject.
+    async fn forward(
+        &self,
+        js: &async_nats::jetstream::Context,
+        message: &async_nats::Message,
+        reply: async_nats::Subject,
+        known: &Known<'_>,
+        received_at: Instant,
+    ) {
+        let (envelope, sub) = decode(message, known, received_at);
+        let waiter = |envelope: Option<Option<EnvelopeMeta>>| NatsWaiter {
+            reply: reply.clone(),
+            payload: message.payload.clone(),
+            envelope: envelope.map(|e| e.map(Box::new)),
+            stream: None,
+            intake: None,
+        };
+        let stream = known.stream.map(s::wants_stream).transpose();
+        let sub = match (sub, stream) {
+            (Ok(sub), Ok(_)) => sub,
+            (Err(e), _) => {
+                return self
+                    .admission
+                    .answer_now(waiter(envelope), e, received_at)
+                    .await;
+            }
+            (Ok(_), Err(e)) => {
+                return self
+                    .admission
+                    .answer_now(waiter(envelope), invalid(&e), received_at)
+                    .await;
+            }
+        };
+        let deadline_ms = sub
+            .budget
+            .map(|b| unix_ms_now().saturating_add(whole_ms(b)));
+        let mut headers = crate::intake::set_deadline(
+            message.headers.as_ref().unwrap_or(&HeaderMap::new()),
+            deadline_ms,
+        );
+        put_static(&mut headers, h::REPLY_TO, reply.as_str());
+        if let Some(rid) = &sub.request_id {
+            put_static(&mut headers, h::NATS_MSG_ID, rid);
+            put_static(&mut headers, h::REQUEST_ID, rid);
+        }
+        if let Some(session) = &sub.session {
+            put_static(&mut headers, h::SESSION_ID, session);
+        }
+        let subject = self
+            .config
+            .intake
+            .jetstream()
+            .map(|j| j.subject.clone())
+            .unwrap_or_default();
+        let limit = self.publish_timeout;
+        let stored = tokio::time::timeout(limit, async {
+            js.publish_with_headers(subject, headers, message.payload.clone())
+                .await?
+                .await
+                .map_err(async_nats::Error::from)
+        })
+        .await;
+        let failure = match stored {
+            Ok(Ok(ack)) if ack.duplicate => {
+                metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "duplicate").increment(1);
+                ErrorBody::new(
+                    ErrorCode::RequestIdConflict,
+                    "this request id is already in the durable intake (within \
+                     jetstream.duplicate_window_ms); its answer goes to the first copy's reply subject",
+                )
+            }
+            Ok(Ok(_)) => {
+                metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "stored").increment(1);
+                return;
+            }
+            Ok(Err(e)) => {
+                metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "failed").increment(1);
+                ErrorBody::new(
+                    ErrorCode::QueueFull,
+                    format!("the durable intake did not store the request: {e}"),
+                )
+            }
+            Err(_) => {
+                metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "failed").increment(1);
+                ErrorBody::new(
+                    ErrorCode::QueueFull,
+                    format!(
+                        "the durable intake did not confirm the request within \
+                         nats.publish_timeout_ms ({} ms)",
+                        limit.as_millis()
+                    ),
+                )
+            }
+        };
+        self.admission
+            .answer_now(waiter(envelope), failure, received_at)
+            .await;
+    }
+}
+
+impl Admit for Edge {
+    fn admit(&self, pulled: Pulled) -> impl Future<Output = ()> + Send {
+        async move {
+            let received_at = Instant::now();
+            let Pulled {
+                message,
+                reply,
+                mut ticket,
+            } = pulled;
+            let known = Known::read(message.headers.as_ref());
+            if known.cancel.is_some() {
+                ticket.terminate(TermReason::Invalid);
+                let waiter = NatsWaiter {
+                    reply,
+                    payload: message.payload.clone(),
+                    envelope: None,
+                    stream: None,
+                    intake: Some(ticket),
+                };
+                let e = ErrorBody::new(
+                    ErrorCode::InvalidRequest,
+                    format!(
+                        "{} on the durable intake: send cancellations to {}",
+                        h::CANCEL,
+                        self.config.service.cancel_subject
+                    ),
+                );
+                return self.admission.answer_now(waiter, e, received_at).await;
+            }
+            self.admit_message(&message, reply, &known, received_at, Some(ticket))
+                .await;
+        }
+    }
+
+    fn refuse(
+        &self,
+        pulled: Pulled,
+        error: ErrorBody,
+        received_at: Instant,
+    ) -> impl Future<Output = ()> + Send {
+        let waiter = NatsWaiter {
+            reply: pulled.reply,
+            payload: pulled.message.payload.clone(),
+            envelope: None,
+            stream: None,
+            intake: Some(pulled.ticket),
+        };
+        self.admission.answer_now(waiter, error, received_at)
+    }
+}
+
 /// The running NATS edge.
 pub(crate) struct ServiceEdge {
     service: Option<Service>,
@@ -656,6 +859,8 @@ pub(crate) struct ServiceEdge {
     /// The acknowledgement router: it outlives the endpoints, since running streams
     /// still need their acknowledgements while shutdown drains them.
     acks: Option<JoinHandle<()>>,
+    /// The durable intake's pull loop and keeper (`intake = "jetstream"`).
+    intake: Option<IntakeEdge>,
 }
 
 impl ServiceEdge {
@@ -726,14 +931,28 @@ impl ServiceEdge {
             .await?;
         let (acks, ack_task) = AckHub::start(client, events.clone()).await?;
 
+        let forward = config.intake.jetstream().filter(|j| j.forward).map(|_| {
+            let mut js = async_nats::jetstream::new(client.clone());
+            js.set_timeout(config.nats.publish_timeout);
+            js
+        });
         let edge = Arc::new(Edge {
             admission,
             events,
             publish_timeout: config.nats.publish_timeout,
-            config,
+            config: config.clone(),
             client: client.clone(),
             acks,
+            forward,
         });
+        let intake = match config.intake.jetstream() {
+            None => None,
+            Some(_) => Some(
+                IntakeEdge::start(client, config.clone(), edge.clone())
+                    .await
+                    .map_err(|e| -> async_nats::Error { e.into() })?,
+            ),
+        };
         let mut tasks = Vec::new();
         tasks.push(tokio::spawn({
             let edge = edge.clone();
@@ -796,6 +1015,7 @@ impl ServiceEdge {
             service: Some(service),
             tasks,
             acks: Some(ack_task),
+            intake,
         })
     }
 
@@ -804,11 +1024,17 @@ impl ServiceEdge {
         if let Some(t) = self.acks.take() {
             t.abort();
         }
+        if let Some(i) = &mut self.intake {
+            i.stop_keeper();
+        }
     }
 
     /// Unsubscribes every endpoint; the intake tasks answer what is already buffered and
     /// end. Bounded by `wait`.
     pub(crate) async fn stop(&mut self, wait: Duration) {
+        if let Some(i) = &mut self.intake {
+            i.stop_pulling(wait).await;
+        }
         if let Some(service) = self.service.take() {
             let _ = tokio::time::timeout(wait, service.stop()).await;
         }

@@ -1,0 +1,859 @@
+//! The durable intake (`intake = "jetstream"`): requests wait in a JetStream
+//! work-queue stream instead of one replica's memory, and every replica pulls them
+//! through one durable consumer.
+//!
+//! Wire contract (docs/llm-adapter.md, "Durable intake"): a request is a message on
+//! `jetstream.subject` with the usual `Weir-*` headers, `Weir-Reply-To` = the subject
+//! the answer goes to (JetStream keeps no reply subject) and `Nats-Msg-Id` = the
+//! request id (the stream drops a second copy within `jetstream.duplicate_window_ms`).
+//! With `jetstream.forward` (the default) a core request on `service.subject` is put
+//! into the stream by the replica that receives it, so callers stay unchanged.
+//!
+//! Invariants a reader must not break:
+//! - a replica pulls only as many requests as it has free intake permits (`workers`):
+//!   what waits, waits in the stream, where any replica can take it; the consumer's
+//!   `max_ack_pending` bounds what all replicas hold together;
+//! - a pulled request holds its permit inside its [`Ticket`], which rides in the
+//!   waiter; the permit (and the cluster session slot) is released exactly once, when
+//!   the ticket is dropped after the answer was published;
+//! - every pulled request is settled exactly once: `+ACK` after its answer was
+//!   published, `+TERM` when it is refused before admission (expired deadline,
+//!   malformed headers, no reply subject, cluster session cap), `-NAK` when this
+//!   replica stops (`shutting_down`: another replica answers it; the caller sees
+//!   nothing of it); a replica that dies settles nothing and the server redelivers
+//!   after `ack_wait`;
+//! - while a request is held, the keeper task sends `+WPI` (progress) every
+//!   `progress_interval`, so a long inference is not redelivered while its replica lives;
+//! - a request whose deadline passed in the stream is never started: answered
+//!   `deadline_exceeded` and terminated;
+//! - nothing from the network panics: bad headers are `invalid_request` + `+TERM`,
+//!   counted in `llm_intake_terminated_total{reason}`; a pull error (a missed
+//!   heartbeat, a server restart) is counted and the loop goes on.
+//!
+//! The session cap (`session.pending_cap`) is cluster-wide: [`SessionSlots`], one KV
+//! key per (session, slot index), taken with `create` (only-if-absent), renewed with
+//! compare-and-swap by the keeper, deleted (expecting its revision) when the request
+//! settles, and expiring after `ack_wait` (the bucket's `max_age`) when its replica
+//! died — the same time after which the server redelivers the request, which then
+//! takes its own slot over (the value names the request id).
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_nats::jetstream::{self, AckKind, consumer, kv, stream};
+use async_nats::{HeaderMap, Subject};
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use weir_protocol::llm::headers as h;
+use weir_protocol::llm::{ErrorBody, ErrorCode, ErrorDetails};
+
+use crate::config::{Config, JetStreamIntake, Mode};
+use crate::metrics as m;
+
+/// How long one pull request waits on the server for messages.
+const PULL_EXPIRES: Duration = Duration::from_millis(1000);
+/// Pause after a failed pull request (server gone, consumer deleted) before the next.
+const PULL_RETRY: Duration = Duration::from_millis(250);
+/// A NAK after a session-store error asks for redelivery after this long (not at once:
+/// a KV outage must not burn `max_deliver` in a tight loop).
+const STORE_ERROR_DELAY: Duration = Duration::from_secs(1);
+
+/// Why a pulled request was terminated without admission (`reason` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TermReason {
+    /// Its deadline had passed before it was pulled.
+    Expired,
+    /// A malformed header (answered `invalid_request`).
+    Invalid,
+    /// No valid `Weir-Reply-To`: nothing can be answered.
+    NoReply,
+    /// The cluster-wide session cap was reached (answered `session_queue_full`).
+    SessionCap,
+}
+
+impl TermReason {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Expired => "expired",
+            Self::Invalid => "invalid",
+            Self::NoReply => "no_reply",
+            Self::SessionCap => "session_cap",
+        }
+    }
+}
+
+/// Publishes one acknowledgement to a JetStream message's ack subject, bounded.
+async fn send_ack(client: &async_nats::Client, ack: &Subject, kind: AckKind, limit: Duration) {
+    let label = match kind {
+        AckKind::Ack => "ack",
+        AckKind::Nak(_) => "nak",
+        AckKind::Progress => "progress",
+        AckKind::Term => "term",
+        AckKind::Next => "next",
+    };
+    let sent = tokio::time::timeout(limit, client.publish(ack.clone(), Bytes::from(kind))).await;
+    if matches!(sent, Ok(Ok(()))) {
+        metrics::counter!(m::INTAKE_ACKS_TOTAL, "kind" => label).increment(1);
+    } else {
+        metrics::counter!(m::INTAKE_ACK_FAILED_TOTAL).increment(1);
+    }
+}
+
+/// What the keeper task is told.
+enum KeeperMsg {
+    /// A request now holds this session slot (renew it until released).
+    Slot { ticket: u64, slot: Slot },
+    /// The ticket was dropped: delete its slot, if any.
+    Release { ticket: u64 },
+}
+
+/// One held cluster session slot.
+#[derive(Debug, Clone)]
+struct Slot {
+    key: String,
+    value: Bytes,
+    revision: u64,
+}
+
+/// Shared by the pull loop, the keeper and the tickets.
+pub(crate) struct Hub {
+    client: async_nats::Client,
+    publish_timeout: Duration,
+    /// Ack subjects of the requests this replica holds (progress is sent for each).
+    held: Mutex<HashMap<u64, Subject>>,
+    next_id: AtomicU64,
+    keeper: mpsc::UnboundedSender<KeeperMsg>,
+}
+
+impl Hub {
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Subject>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A pulled request's hold on its stream message, its intake permit and its cluster
+/// session slot. Carried in the waiter; settled by the sink ([`Ticket::settle`]);
+/// dropping it releases the permit and the slot exactly once.
+pub struct Ticket {
+    hub: Arc<Hub>,
+    id: u64,
+    ack: Subject,
+    /// Answer with `+TERM` instead of `+ACK` (refused before admission).
+    term: bool,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl std::fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ticket").field("id", &self.id).finish()
+    }
+}
+
+/// How a ticket is settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settle {
+    /// The answer was published (`+ACK`, or `+TERM` for a refusal before admission).
+    Answered,
+    /// This replica stops: redeliver to another (`-NAK`), no answer published.
+    HandOver,
+}
+
+impl Ticket {
+    /// Marks the request as refused before admission: its answer terminates it
+    /// (`+TERM`, never redelivered). Counted by `reason`.
+    pub(crate) fn terminate(&mut self, reason: TermReason) {
+        if !self.term {
+            self.term = true;
+            metrics::counter!(m::INTAKE_TERMINATED_TOTAL, "reason" => reason.as_str()).increment(1);
+        }
+    }
+
+    /// Sends the acknowledgement; the permit and the slot go when `self` drops.
+    pub(crate) async fn settle(self, how: Settle) {
+        let kind = match how {
+            Settle::HandOver => AckKind::Nak(None),
+            Settle::Answered if self.term => AckKind::Term,
+            Settle::Answered => AckKind::Ack,
+        };
+        send_ack(&self.hub.client, &self.ack, kind, self.hub.publish_timeout).await;
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.hub.held().remove(&self.id);
+        let _ = self.hub.keeper.send(KeeperMsg::Release { ticket: self.id });
+        metrics::gauge!(m::INTAKE_HELD).decrement(1.0);
+    }
+}
+
+/// The cluster-wide session cap: slot keys `s.<hex session>.<i>` for `i` in `0..cap`.
+struct SessionSlots {
+    kv: kv::Store,
+    cap: usize,
+}
+
+/// What acquiring a session slot gave.
+enum SlotResult {
+    Got(Slot),
+    Full,
+}
+
+/// Lower-case hex of `bytes` (session ids are visible ASCII, KV keys allow less).
+fn hex(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// The KV key of slot `i` of `session`.
+pub(crate) fn slot_key(session: &str, i: usize) -> String {
+    format!("s.{}.{i}", hex(session.as_bytes()))
+}
+
+impl SessionSlots {
+    /// Takes a free slot of `session` for `request_id`, or the slot this very request
+    /// held on a replica that died (redelivery: the value names the request id).
+    async fn acquire(
+        &self,
+        session: &str,
+        request_id: Option<&str>,
+        replica: &str,
+    ) -> Result<SlotResult, String> {
+        let value = Bytes::from(format!("{}\n{replica}", request_id.unwrap_or("-")));
+        let mut taken = Vec::new();
+        for i in 0..self.cap {
+            let key = slot_key(session, i);
+            match self.kv.create(&key, value.clone()).await {
+                Ok(revision) => {
+                    metrics::counter!(m::INTAKE_SESSION_SLOTS_TOTAL, "result" => "acquired")
+                        .increment(1);
+                    return Ok(SlotResult::Got(Slot {
+                        key,
+                        value,
+                        revision,
+                    }));
+                }
+                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => taken.push(key),
+                Err(e) => return Err(format!("session slot {key}: {e}")),
+            }
+        }
+        // All taken: one of them may be this request's own, left by a dead replica.
+        if let Some(rid) = request_id {
+            for key in taken {
+                let entry = self
+                    .kv
+                    .entry(&key)
+                    .await
+                    .map_err(|e| format!("session slot {key}: {e}"))?;
+                let Some(entry) = entry else { continue };
+                let owner = entry.value.split(|b| *b == b'\n').next().unwrap_or(&[]);
+                if entry.operation == kv::Operation::Put && owner == rid.as_bytes() {
+                    if let Ok(revision) = self.kv.update(&key, value.clone(), entry.revision).await
+                    {
+                        metrics::counter!(m::INTAKE_SESSION_SLOTS_TOTAL, "result" => "taken_over")
+                            .increment(1);
+                        return Ok(SlotResult::Got(Slot {
+                            key,
+                            value,
+                            revision,
+                        }));
+                    }
+                }
+            }
+        }
+        metrics::counter!(m::INTAKE_SESSION_SLOTS_TOTAL, "result" => "full").increment(1);
+        Ok(SlotResult::Full)
+    }
+}
+
+/// Creates (or opens) the work-queue stream, the durable consumer and, with a session
+/// cap, the session bucket.
+async fn open(
+    js: &jetstream::Context,
+    cfg: &Config,
+    j: &JetStreamIntake,
+) -> Result<(consumer::PullConsumer, Option<SessionSlots>), String> {
+    let max_age = cfg.deadline.max.max(j.duplicate_window);
+    let stream = js
+        .get_or_create_stream(stream::Config {
+            name: j.stream.clone(),
+            subjects: vec![j.subject.clone()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            max_messages: i64::try_from(j.max_messages.get()).unwrap_or(i64::MAX),
+            max_bytes: i64::try_from(j.max_bytes.get()).unwrap_or(i64::MAX),
+            max_age,
+            discard: stream::DiscardPolicy::New,
+            duplicate_window: j.duplicate_window,
+            storage: if j.file_storage {
+                stream::StorageType::File
+            } else {
+                stream::StorageType::Memory
+            },
+            num_replicas: j.replicas.get(),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("jetstream.stream {}: {e}", j.stream))?;
+    let consumer = stream
+        .get_or_create_consumer(
+            &j.consumer,
+            consumer::pull::Config {
+                durable_name: Some(j.consumer.clone()),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ack_wait: j.ack_wait,
+                max_ack_pending: i64::try_from(j.max_ack_pending.get()).unwrap_or(i64::MAX),
+                max_deliver: i64::try_from(j.max_deliver.get()).unwrap_or(i64::MAX),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| format!("jetstream.consumer {}: {e}", j.consumer))?;
+    let slots = match (cfg.session.pending_cap, cfg.mode) {
+        (Some(cap), Mode::Enforce) => {
+            // async-nats 0.51's create_key_value fails on nats-server 2.9 (it reads
+            // account fields 2.9 lacks): create the KV_<bucket> stream, then open it.
+            let bucket = &j.session_bucket;
+            js.get_or_create_stream(stream::Config {
+                name: format!("KV_{bucket}"),
+                subjects: vec![format!("$KV.{bucket}.>")],
+                max_messages_per_subject: 1,
+                max_age: j.ack_wait,
+                allow_rollup: true,
+                deny_delete: true,
+                allow_direct: true,
+                discard: stream::DiscardPolicy::New,
+                num_replicas: j.replicas.get(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| format!("jetstream.session_bucket {bucket}: {e}"))?;
+            let kv = js
+                .get_key_value(bucket.clone())
+                .await
+                .map_err(|e| format!("jetstream.session_bucket {bucket}: {e}"))?;
+            Some(SessionSlots { kv, cap: cap.get() })
+        }
+        _ => None,
+    };
+    Ok((consumer, slots))
+}
+
+/// One pulled message, prepared for the edge: its reply subject, the headers with the
+/// deadline made absolute, and its ticket.
+pub(crate) struct Pulled {
+    /// The message as the core edge decodes it (headers rewritten, see [`absolute_deadline`]).
+    pub(crate) message: async_nats::Message,
+    /// `Weir-Reply-To`.
+    pub(crate) reply: Subject,
+    /// The hold on the stream message.
+    pub(crate) ticket: Ticket,
+}
+
+/// What the pull loop hands each message to (the service edge).
+pub(crate) trait Admit: Send + Sync + 'static {
+    /// Admits one pulled request (or answers it at once); the ticket rides in the waiter.
+    fn admit(&self, pulled: Pulled) -> impl Future<Output = ()> + Send;
+    /// Answers a pulled request at once with `error` (the ticket settles it).
+    fn refuse(
+        &self,
+        pulled: Pulled,
+        error: ErrorBody,
+        received_at: Instant,
+    ) -> impl Future<Output = ()> + Send;
+}
+
+/// The running intake: the pull loop and the keeper.
+pub(crate) struct IntakeEdge {
+    stop: watch::Sender<bool>,
+    pull: Option<JoinHandle<()>>,
+    keeper: Option<JoinHandle<()>>,
+}
+
+/// The effective absolute deadline (unix ms) of a request published at `published_ms`:
+/// the earlier of `Weir-Deadline-Ms` and `published_ms + Weir-Timeout-Ms` (a relative
+/// budget counts from the moment the stream stored the request, so time spent waiting
+/// in the stream, and on a replica that died, counts); without either,
+/// `published_ms + deadline.default_ms` when a default is configured. `Err` = a
+/// malformed header (the edge's decoder answers it, naming the header).
+pub(crate) fn absolute_deadline(
+    deadline: Option<&str>,
+    timeout: Option<&str>,
+    published_ms: u64,
+    default: Option<Duration>,
+) -> Result<Option<u64>, ()> {
+    let d = deadline
+        .map(|v| h::parse_ms(h::DEADLINE_MS, v))
+        .transpose()
+        .map_err(|_| ())?;
+    let t = timeout
+        .map(|v| h::parse_ms(h::TIMEOUT_MS, v))
+        .transpose()
+        .map_err(|_| ())?;
+    let from_timeout = t.map(|t| published_ms.saturating_add(t));
+    Ok(match (d, from_timeout) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (None, None) => default
+            .map(|d| published_ms.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))),
+        (a, b) => a.or(b),
+    })
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Whether `s` can be published to: non-empty dot-separated tokens of visible ASCII,
+/// no wildcards.
+pub(crate) fn valid_reply_subject(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 1024
+        && s.split('.').all(|t| {
+            !t.is_empty() && t != "*" && t != ">" && t.bytes().all(|b| (b'!'..=b'~').contains(&b))
+        })
+}
+
+/// First value of header `name`, compared case-insensitively.
+fn header<'a>(map: Option<&'a HeaderMap>, name: &str) -> Option<&'a str> {
+    map?.iter()
+        .find(|(k, _)| AsRef::<str>::as_ref(*k).eq_ignore_ascii_case(name))
+        .and_then(|(_, v)| v.first())
+        .map(|v| v.as_str())
+}
+
+/// Rewrites the deadline headers of `headers` to one absolute `Weir-Deadline-Ms`
+/// (`deadline_ms`), removing `Weir-Timeout-Ms`.
+pub(crate) fn set_deadline(headers: &HeaderMap, deadline_ms: Option<u64>) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for (name, values) in headers.iter() {
+        let n: &str = name.as_ref();
+        if n.eq_ignore_ascii_case(h::TIMEOUT_MS) || n.eq_ignore_ascii_case(h::DEADLINE_MS) {
+            continue;
+        }
+        for v in values {
+            out.append(name.clone(), v.clone());
+        }
+    }
+    if let Some(d) = deadline_ms {
+        crate::service::put_static(&mut out, h::DEADLINE_MS, &d.to_string());
+    }
+    out
+}
+
+impl IntakeEdge {
+    /// Opens the stream, the consumer and the session bucket, then starts pulling.
+    pub(crate) async fn start<A: Admit>(
+        client: &async_nats::Client,
+        config: Arc<Config>,
+        edge: Arc<A>,
+    ) -> Result<Self, String> {
+        let Some(j) = config.intake.jetstream().cloned() else {
+            return Err("intake is not jetstream".into());
+        };
+        let js = jetstream::new(client.clone());
+        let (consumer, slots) = open(&js, &config, &j).await?;
+        let (keeper_tx, keeper_rx) = mpsc::unbounded_channel();
+        let hub = Arc::new(Hub {
+            client: client.clone(),
+            publish_timeout: config.nats.publish_timeout,
+            held: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            keeper: keeper_tx,
+        });
+        let (stop, stop_rx) = watch::channel(false);
+        let slots = slots.map(Arc::new);
+        let keeper = tokio::spawn(keeper(
+            hub.clone(),
+            slots.clone(),
+            j.progress_interval,
+            keeper_rx,
+        ));
+        let replica = client.new_inbox();
+        let pull = tokio::spawn(pull_loop(PullCtx {
+            consumer,
+            hub,
+            edge,
+            slots,
+            permits: Arc::new(Semaphore::new(config.workers.get())),
+            config,
+            stop: stop_rx,
+            replica,
+        }));
+        Ok(Self {
+            stop,
+            pull: Some(pull),
+            keeper: Some(keeper),
+        })
+    }
+
+    /// Stops pulling (requests still in the last pull are handed over with `-NAK`).
+    /// Bounded by `wait`.
+    pub(crate) async fn stop_pulling(&mut self, wait: Duration) {
+        let _ = self.stop.send(true);
+        if let Some(p) = self.pull.take() {
+            if tokio::time::timeout(wait, p).await.is_err() {
+                tracing::warn!("intake pull loop did not end in time");
+            }
+        }
+    }
+
+    /// Stops the keeper (after the held requests were settled): no more progress.
+    pub(crate) fn stop_keeper(&mut self) {
+        if let Some(k) = self.keeper.take() {
+            k.abort();
+        }
+    }
+}
+
+struct PullCtx<A> {
+    consumer: consumer::PullConsumer,
+    hub: Arc<Hub>,
+    edge: Arc<A>,
+    slots: Option<Arc<SessionSlots>>,
+    permits: Arc<Semaphore>,
+    config: Arc<Config>,
+    stop: watch::Receiver<bool>,
+    /// Names this replica in session slot values (diagnostics).
+    replica: String,
+}
+
+async fn pull_loop<A: Admit>(mut ctx: PullCtx<A>) {
+    loop {
+        if *ctx.stop.borrow() {
+            return;
+        }
+        // Wait for one free permit, then take every other free one: pull exactly as
+        // many requests as this replica can start.
+        let first = tokio::select! {
+            p = ctx.permits.clone().acquire_owned() => p,
+            _ = ctx.stop.changed() => return,
+        };
+        let Ok(first) = first else { return };
+        let mut permits = vec![first];
+        while let Ok(p) = ctx.permits.clone().try_acquire_owned() {
+            permits.push(p);
+        }
+        let batch = ctx
+            .consumer
+            .batch()
+            .max_messages(permits.len())
+            .expires(PULL_EXPIRES)
+            .messages()
+            .await;
+        let mut batch = match batch {
+            Ok(b) => b,
+            Err(e) => {
+                metrics::counter!(m::INTAKE_PULL_ERRORS_TOTAL).increment(1);
+                tracing::warn!(error = %e, "intake pull request failed");
+                drop(permits);
+                tokio::time::sleep(PULL_RETRY).await;
+                continue;
+            }
+        };
+        let mut stopping = false;
+        loop {
+            let item = if stopping {
+                // Drain what the server already sent for this pull and hand it over.
+                tokio::time::timeout(PULL_EXPIRES * 2, batch.next())
+                    .await
+                    .ok()
+                    .flatten()
+            } else {
+                tokio::select! {
+                    item = batch.next() => item,
+                    _ = ctx.stop.changed() => { stopping = true; continue; }
+                }
+            };
+            let Some(item) = item else { break };
+            match item {
+                Ok(msg) => {
+                    let Some(permit) = permits.pop() else {
+                        // More than asked for: cannot happen; hand it back.
+                        if let Some(ack) = msg.message.reply.clone() {
+                            send_ack(&ctx.hub.client, &ack, AckKind::Nak(None), PULL_EXPIRES).await;
+                        }
+                        continue;
+                    };
+                    if stopping || *ctx.stop.borrow() {
+                        stopping = true;
+                        if let Some(ack) = msg.message.reply.clone() {
+                            send_ack(&ctx.hub.client, &ack, AckKind::Nak(None), PULL_EXPIRES).await;
+                        }
+                        drop(permit);
+                        continue;
+                    }
+                    handle(&ctx, msg, permit).await;
+                }
+                Err(e) => {
+                    // A missed heartbeat or a status from the server: count it, pull again.
+                    metrics::counter!(m::INTAKE_PULL_ERRORS_TOTAL).increment(1);
+                    tracing::debug!(error = %e, "intake pull item error");
+                    break;
+                }
+            }
+        }
+        if stopping {
+            return;
+        }
+    }
+}
+
+async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: OwnedSemaphorePermit) {
+    let received_at = Instant::now();
+    metrics::counter!(m::INTAKE_PULLED_TOTAL).increment(1);
+    // The stream's timestamp (the server's clock) and the delivery count, from the ack
+    // subject; a subject that does not parse is treated as a first delivery now.
+    let (delivered, published_ms) = msg.info().map_or_else(
+        |_| (1, unix_ms(SystemTime::now())),
+        |i| {
+            let ms = i.published.unix_timestamp_nanos() / 1_000_000;
+            (i.delivered, u64::try_from(ms).unwrap_or(0))
+        },
+    );
+    let message = msg.message;
+    let Some(ack) = message.reply.clone() else {
+        return;
+    };
+    if delivered > 1 {
+        metrics::counter!(m::INTAKE_REDELIVERED_TOTAL).increment(1);
+    }
+    let id = ctx.hub.next_id.fetch_add(1, Ordering::Relaxed);
+    ctx.hub.held().insert(id, ack.clone());
+    metrics::gauge!(m::INTAKE_HELD).increment(1.0);
+    let mut ticket = Ticket {
+        hub: ctx.hub.clone(),
+        id,
+        ack,
+        term: false,
+        _permit: permit,
+    };
+    let hm = message.headers.as_ref();
+    let reply = header(hm, h::REPLY_TO)
+        .map(str::trim)
+        .filter(|s| valid_reply_subject(s));
+    let Some(reply) = reply.map(Subject::from) else {
+        ticket.terminate(TermReason::NoReply);
+        tracing::debug!("intake message without a valid Weir-Reply-To: terminated");
+        ticket.settle(Settle::Answered).await;
+        return;
+    };
+    let deadline = absolute_deadline(
+        header(hm, h::DEADLINE_MS),
+        header(hm, h::TIMEOUT_MS),
+        published_ms,
+        ctx.config.deadline.default,
+    );
+    let now_ms = unix_ms(SystemTime::now());
+    let (message, expired) = match deadline {
+        // A malformed deadline header: the decoder refuses it, naming the header.
+        Err(()) => (message, false),
+        Ok(d) => {
+            let mut message = message;
+            let headers = set_deadline(message.headers.as_ref().unwrap_or(&HeaderMap::new()), d);
+            message.headers = Some(headers);
+            (message, d.is_some_and(|d| d <= now_ms))
+        }
+    };
+    let mut pulled = Pulled {
+        message,
+        reply,
+        ticket,
+    };
+    if expired {
+        pulled.ticket.terminate(TermReason::Expired);
+        let err = ErrorBody::new(
+            ErrorCode::DeadlineExceeded,
+            "deadline passed while the request waited in the durable intake; not started",
+        )
+        .with_details(ErrorDetails {
+            budget_ms: Some(0),
+            ..Default::default()
+        });
+        ctx.edge.refuse(pulled, err, received_at).await;
+        return;
+    }
+    if let Some(slots) = &ctx.slots {
+        let hm = pulled.message.headers.as_ref();
+        let session = header(hm, h::SESSION_ID).map(str::trim);
+        let rid = header(hm, h::REQUEST_ID).map(str::trim);
+        if let Some(session) = session.filter(|s| h::parse_id(h::SESSION_ID, s).is_ok()) {
+            match slots.acquire(session, rid, &ctx.replica).await {
+                Ok(SlotResult::Got(slot)) => {
+                    let _ = ctx.hub.keeper.send(KeeperMsg::Slot {
+                        ticket: pulled.ticket.id,
+                        slot,
+                    });
+                }
+                Ok(SlotResult::Full) => {
+                    pulled.ticket.terminate(TermReason::SessionCap);
+                    let cap = slots.cap as u64;
+                    let err = ErrorBody::new(
+                        ErrorCode::SessionQueueFull,
+                        format!(
+                            "session has {cap} pending requests over all replicas (limit {cap})"
+                        ),
+                    )
+                    .with_details(ErrorDetails {
+                        limit: Some(cap),
+                        pending: Some(cap),
+                        key: Some(format!("session:{session}")),
+                        ..Default::default()
+                    });
+                    ctx.edge.refuse(pulled, err, received_at).await;
+                    return;
+                }
+                Err(e) => {
+                    metrics::counter!(m::INTAKE_SESSION_SLOTS_TOTAL, "result" => "error")
+                        .increment(1);
+                    tracing::warn!(error = %e, "session slot store failed; request handed back");
+                    let t = pulled.ticket;
+                    send_ack(
+                        &t.hub.client,
+                        &t.ack,
+                        AckKind::Nak(Some(STORE_ERROR_DELAY)),
+                        t.hub.publish_timeout,
+                    )
+                    .await;
+                    return;
+                }
+            }
+        }
+    }
+    ctx.edge.admit(pulled).await;
+}
+
+/// Sends progress for every held request and renews their session slots every
+/// `interval`; deletes a slot when its ticket is released.
+async fn keeper(
+    hub: Arc<Hub>,
+    slots: Option<Arc<SessionSlots>>,
+    interval: Duration,
+    mut rx: mpsc::UnboundedReceiver<KeeperMsg>,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut owned: HashMap<u64, Slot> = HashMap::new();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let acks: Vec<Subject> = hub.held().values().cloned().collect();
+                for ack in &acks {
+                    send_ack(&hub.client, ack, AckKind::Progress, hub.publish_timeout).await;
+                }
+                if let Some(s) = &slots {
+                    for slot in owned.values_mut() {
+                        let renewed = tokio::time::timeout(
+                            hub.publish_timeout,
+                            s.kv.update(&slot.key, slot.value.clone(), slot.revision),
+                        )
+                        .await;
+                        match renewed {
+                            Ok(Ok(rev)) => slot.revision = rev,
+                            Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+                                // Expired and taken by another request: the cap may be
+                                // exceeded by one until this request settles.
+                                metrics::counter!(m::INTAKE_SESSION_SLOTS_TOTAL, "result" => "lost")
+                                    .increment(1);
+                                tracing::warn!(key = %slot.key, "session slot lost before its request settled");
+                            }
+                            // Unknown (timeout, leader election): try again next tick.
+                            _ => {}
+                        }
+                    }
+                }
+            }
+            msg = rx.recv() => match msg {
+                None => return,
+                Some(KeeperMsg::Slot { ticket, slot }) => {
+                    owned.insert(ticket, slot);
+                }
+                Some(KeeperMsg::Release { ticket }) => {
+                    if let (Some(slot), Some(s)) = (owned.remove(&ticket), &slots) {
+                        let _ = tokio::time::timeout(
+                            hub.publish_timeout,
+                            s.kv.delete_expect_revision(&slot.key, Some(slot.revision)),
+                        )
+                        .await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relative_budget_counts_from_the_stream_timestamp() {
+        let published = 1_000_000;
+        assert_eq!(
+            absolute_deadline(None, Some("500"), published, None),
+            Ok(Some(1_000_500))
+        );
+        assert_eq!(
+            absolute_deadline(Some("1000200"), Some("500"), published, None),
+            Ok(Some(1_000_200)),
+            "the earlier wins"
+        );
+        assert_eq!(
+            absolute_deadline(None, None, published, Some(Duration::from_secs(2))),
+            Ok(Some(1_002_000)),
+            "the configured default counts from the stream timestamp too"
+        );
+        assert_eq!(absolute_deadline(None, None, published, None), Ok(None));
+        assert_eq!(
+            absolute_deadline(None, Some("soon"), published, None),
+            Err(())
+        );
+        assert_eq!(
+            absolute_deadline(Some("-1"), None, published, None),
+            Err(())
+        );
+    }
+
+    #[test]
+    fn reply_subjects_are_checked_before_publishing() {
+        assert!(valid_reply_subject("_INBOX.abc.def"));
+        for bad in ["", "a..b", "a.*", "a.>", "a b", ".a", "a.", "é"] {
+            assert!(!valid_reply_subject(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn slot_keys_are_valid_kv_keys_for_any_session_id() {
+        let k = slot_key("call 42/ü.*>", 3);
+        assert!(k.starts_with("s.") && k.ends_with(".3"), "{k}");
+        assert!(
+            k.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_'),
+            "{k}"
+        );
+        assert_ne!(slot_key("a", 0), slot_key("a", 1));
+        assert_ne!(slot_key("ab", 0), slot_key("a", 0));
+    }
+
+    #[test]
+    fn deadline_headers_are_rewritten_to_one_absolute_value() {
+        let mut hm = HeaderMap::new();
+        hm.insert("Weir-Timeout-Ms", "500");
+        hm.insert("weir-deadline-ms", "99");
+        hm.insert("Weir-Session-Id", "s");
+        let out = set_deadline(&hm, Some(1234));
+        assert_eq!(header(Some(&out), h::TIMEOUT_MS), None);
+        assert_eq!(header(Some(&out), h::DEADLINE_MS), Some("1234"));
+        assert_eq!(header(Some(&out), h::SESSION_ID), Some("s"));
+        let none = set_deadline(&hm, None);
+        assert_eq!(header(Some(&none), h::DEADLINE_MS), None);
+    }
+}
