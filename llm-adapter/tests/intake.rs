@@ -10,7 +10,6 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -444,4 +443,258 @@ async fn the_session_cap_holds_over_two_replicas() {
     assert_eq!(codes.values().sum::<usize>(), n);
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// `llm-adapter serve` with `config`, its admin address from the ready line.
+async fn replica(url: &str, config: &std::path::Path) -> (Child, String) {
+    let mut child = Child(
+        std::process::Command::new(BIN)
+            .args(["serve", "--config"])
+            .arg(config)
+            .args(["--admin", "127.0.0.1:0", "--nats-url", url])
+            .env("RUST_LOG", "error")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn"),
+    );
+    let line = first_line(&mut child).await;
+    let ready: serde_json::Value = serde_json::from_str(&line).expect("ready line");
+    let admin = ready["admin"].as_str().expect("admin").to_owned();
+    (child, admin)
+}
+
+/// The value of an unlabelled counter in a Prometheus text page (0 when absent).
+fn counter(page: &str, name: &str) -> f64 {
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Done-when of issue 13 item 4: two adapter binaries on the durable intake, 2× their
+/// capacity, one SIGKILLed mid-run. Every request is answered exactly once (those the
+/// killed replica held are answered by the other after AckWait), no request completes
+/// twice at the backend, and the session cap holds across the replicas.
+#[tokio::test]
+async fn a_replica_sigkilled_at_twice_capacity_hands_its_requests_to_the_other() {
+    let server = js_server();
+    let latency = Duration::from_millis(200);
+    let backend = TestBackend::start(server.url(), "sim.backend", latency).await;
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("llm-intake-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let cfg = dir.join("adapter.toml");
+    let (workers, cap, ack_wait_ms) = (4usize, 2usize, 1500u64);
+    std::fs::write(
+        &cfg,
+        format!(
+            "intake = \"jetstream\"\nworkers = {workers}\n[session]\npending_cap = {cap}\nordering = false\n\
+             [backend]\nkind = \"nats\"\n[backend.nats]\nsubject = \"sim.backend\"\n\
+             [jetstream]\nack_wait_ms = {ack_wait_ms}\nprogress_interval_ms = 300\nmax_ack_pending = {}\nstorage = \"memory\"\n\
+             [nats]\nping_interval_ms = 1000\nconnection_timeout_ms = 500\n",
+            2 * workers
+        ),
+    )
+    .expect("config");
+    let (mut a, _admin_a) = replica(server.url(), &cfg).await;
+    let (_b, admin_b) = replica(server.url(), &cfg).await;
+
+    let caller = connect(server.url()).await;
+    let js = jetstream::new(caller.clone());
+    let inbox = caller.new_inbox();
+    let mut replies = caller.subscribe(format!("{inbox}.>")).await.expect("sub");
+    caller.flush().await.expect("flush");
+    let answers: Arc<Mutex<HashMap<String, Vec<String>>>> = Arc::default();
+    let answered_at: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let collector = tokio::spawn({
+        let answers = answers.clone();
+        let answered_at = answered_at.clone();
+        async move {
+            while let Some(m) = replies.next().await {
+                let rid = rid_of(&m);
+                answered_at
+                    .lock()
+                    .expect("lock")
+                    .insert(rid.clone(), Instant::now());
+                answers
+                    .lock()
+                    .expect("lock")
+                    .entry(rid)
+                    .or_default()
+                    .push(code_of(&m));
+            }
+        }
+    });
+    let mut published_at: HashMap<String, Instant> = HashMap::new();
+
+    // Capacity: 2 replicas × 4 workers / 200 ms = 40 requests/s. Offer 80/s for 4 s,
+    // 8 sessions in turn, a 6 s budget each; kill A after 2 s.
+    let budget_ms = 6000u64;
+    let (rate, secs) = (80u64, 4u64);
+    let total = rate * secs;
+    let mut tick = tokio::time::interval(Duration::from_millis(1000 / rate));
+    let started = Instant::now();
+    let mut killed_at = None;
+    let budget = budget_ms.to_string();
+    for i in 0..total {
+        tick.tick().await;
+        if killed_at.is_none() && started.elapsed() >= Duration::from_secs(2) {
+            a.0.kill().expect("SIGKILL replica A");
+            killed_at = Some(Instant::now());
+        }
+        let session = format!("s{}", i % 8);
+        published_at.insert(format!("k-{i}"), Instant::now());
+        publish(
+            &js,
+            "llm.intake",
+            &format!("{inbox}.{i}"),
+            &format!("k-{i}"),
+            &[(h::SESSION_ID, &session), (h::TIMEOUT_MS, &budget)],
+            b"x",
+        )
+        .await;
+    }
+    let killed_at = killed_at.expect("killed");
+    let sent_at = Instant::now();
+    // Wait (bounded) for every answer: the last budget plus the drain.
+    let until = sent_at + Duration::from_millis(budget_ms) + Duration::from_secs(4);
+    while answers.lock().expect("lock").len() < total as usize && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await; // late duplicates would show
+    collector.abort();
+
+    let answers = answers.lock().expect("lock").clone();
+    let missing: Vec<u64> = (0..total)
+        .filter(|i| !answers.contains_key(&format!("k-{i}")))
+        .collect();
+    let twice: Vec<_> = answers.iter().filter(|(_, v)| v.len() > 1).collect();
+    let mut codes: BTreeMap<String, usize> = BTreeMap::new();
+    for v in answers.values() {
+        for c in v {
+            *codes.entry(c.clone()).or_default() += 1;
+        }
+    }
+    let calls = backend.calls();
+    let mut per_rid: HashMap<&str, Vec<&Call>> = HashMap::new();
+    for c in &calls {
+        per_rid.entry(c.rid.as_str()).or_default().push(c);
+    }
+    let completed_twice = per_rid
+        .values()
+        .filter(|v| v.iter().filter(|c| c.delivered == Some(true)).count() > 1)
+        .count();
+    // Calls whose replica was gone when the backend answered: the killed replica's
+    // (in flight at the kill), or calls a live replica had abandoned at the deadline.
+    let orphaned: Vec<&Call> = calls
+        .iter()
+        .filter(|c| {
+            c.delivered == Some(false)
+                && c.start <= killed_at
+                && c.end.is_some_and(|e| e >= killed_at)
+        })
+        .collect();
+    let abandoned = calls.iter().filter(|c| c.delivered == Some(false)).count() - orphaned.len();
+    for c in &orphaned {
+        eprintln!(
+            "orphaned {} started {:.3} s before the kill, answered {:?}, calls {}",
+            c.rid,
+            (killed_at - c.start).as_secs_f64(),
+            answers.get(&c.rid),
+            per_rid[c.rid.as_str()].len()
+        );
+    }
+    let rerun: Vec<&str> = per_rid
+        .iter()
+        .filter(|(_, v)| v.len() > 1)
+        .map(|(r, _)| *r)
+        .collect();
+    let rerun_ok = rerun
+        .iter()
+        .filter(|r| answers.get(**r).is_some_and(|v| v == &["ok".to_owned()]))
+        .count();
+    let max_session = backend.max_concurrent_per_session();
+    // How late after its deadline an answer came (a deadline that passes in the stream
+    // is answered when a replica reaches the request), and when B answered the
+    // handed-over requests.
+    let answered_at = answered_at.lock().expect("lock").clone();
+    let late_ms = |rid: &str| -> f64 {
+        let deadline = published_at[rid] + Duration::from_millis(budget_ms);
+        answered_at.get(rid).map_or(0.0, |t| {
+            t.saturating_duration_since(deadline).as_secs_f64() * 1e3
+        })
+    };
+    let mut late: Vec<f64> = answers
+        .keys()
+        .map(|r| late_ms(r))
+        .filter(|l| *l > 0.0)
+        .collect();
+    late.sort_by(f64::total_cmp);
+    let handover_ms: Vec<f64> = orphaned
+        .iter()
+        .filter_map(|c| answered_at.get(&c.rid))
+        .map(|t| (*t - killed_at).as_secs_f64() * 1e3)
+        .collect();
+    let page = tokio::time::timeout(STEP, async {
+        reqwest::get(format!("http://{admin_b}/metrics"))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text")
+    })
+    .await
+    .expect("scrape in time");
+    let redelivered = counter(&page, "llm_intake_redelivered_total");
+    eprintln!(
+        "durable intake, 2 replicas x {workers} workers, 200 ms calls, {rate}/s for {secs} s (2x), A SIGKILLed at {:.2} s: \
+         sent {total}, answered {}, missing {}, answered twice {}; answers by code {codes:?}; \
+         backend calls {}, completed twice {completed_twice}, orphaned by the kill {} (rerun by B: {}, answered ok: {rerun_ok}), abandoned at the deadline {abandoned}; \
+         B pulled {redelivered} redelivered, answered {handover_ms:.0?} ms after the kill; most calls of one session at once {max_session} (cap {cap}); \
+         answers after their deadline: {} (max {:.0} ms late)",
+        (killed_at - started).as_secs_f64(),
+        answers.len(),
+        missing.len(),
+        twice.len(),
+        calls.len(),
+        orphaned.len(),
+        rerun.len(),
+        late.len(),
+        late.last().copied().unwrap_or(0.0),
+    );
+    assert!(missing.is_empty(), "unanswered: {missing:?}");
+    assert!(twice.is_empty(), "answered twice: {twice:?}");
+    assert_eq!(
+        completed_twice, 0,
+        "no request completed twice at the backend"
+    );
+    // Every call that ran twice is one the killed replica had started before the kill.
+    for r in &rerun {
+        let v = &per_rid[r];
+        assert_eq!(v.len(), 2, "{r}: {v:?}");
+        assert!(
+            v[0].delivered == Some(false) && v[0].start <= killed_at,
+            "{r}: {v:?}"
+        );
+    }
+    assert!(
+        orphaned.len() <= workers,
+        "at most A's workers were in flight: {}",
+        orphaned.len()
+    );
+    assert!(
+        !orphaned.is_empty(),
+        "the kill caught requests mid-inference"
+    );
+    assert_eq!(
+        rerun_ok,
+        rerun.len(),
+        "each handed-over request answered ok by B"
+    );
+    assert!(redelivered >= 1.0, "B took A's requests: {redelivered}");
+    assert!(
+        max_session <= cap,
+        "session cap {cap} across replicas, saw {max_session}"
+    );
+    assert!(codes.get("ok").copied().unwrap_or(0) > 0);
 }
