@@ -2061,6 +2061,47 @@ mod tests {
     }
 
     #[test]
+    fn intake_defaults_to_core_and_jetstream_keys_are_checked_with_their_names() {
+        assert_eq!(Config::default().intake, Intake::Core);
+        let c = Config::from_toml_str("intake = \"jetstream\"\nworkers = 3").expect("valid");
+        let j = c.intake.jetstream().expect("jetstream");
+        assert_eq!(j.stream, "WEIR_LLM_INTAKE");
+        assert_eq!(j.subject, "llm.intake");
+        assert_eq!(j.consumer, "weir-llm");
+        assert_eq!(j.ack_wait, Duration::from_secs(10));
+        assert_eq!(j.progress_interval, Duration::from_millis(3333));
+        assert_eq!(j.max_ack_pending.get(), 3, "defaults to workers");
+        assert!(j.forward && j.file_storage);
+        assert_eq!(c.capabilities()["intake"]["kind"], "jetstream");
+        assert_eq!(Config::default().capabilities()["intake"]["kind"], "core");
+        for (text, key) in [
+            ("intake = \"kafka\"", "intake"),
+            (
+                "[jetstream]\nack_wait_ms = 1000\nprogress_interval_ms = 1000",
+                "jetstream.progress_interval_ms",
+            ),
+            (
+                "workers = 4\n[jetstream]\nmax_ack_pending = 2",
+                "jetstream.max_ack_pending",
+            ),
+            ("[jetstream]\nstream = \"a.b\"", "jetstream.stream"),
+            ("[jetstream]\nconsumer = \"\"", "jetstream.consumer"),
+            ("[jetstream]\nsubject = \"llm.*\"", "jetstream.subject"),
+            ("[jetstream]\nstorage = \"disk\"", "jetstream.storage"),
+            ("[jetstream]\nack_wait_ms = 5", "jetstream.ack_wait_ms"),
+            (
+                "[jetstream]\nsession_bucket = \"x y\"",
+                "jetstream.session_bucket",
+            ),
+            ("[jetstream]\nmax_deliver = 0", "jetstream.max_deliver"),
+            ("[jetstream]\nwat = 1", "jetstream.wat"),
+        ] {
+            let e = Config::from_toml_str(text).expect_err(text);
+            assert_eq!(e.key(), key, "{text}: {e}");
+        }
+    }
+
+    #[test]
     fn backend_and_service_values_are_checked() {
         assert_eq!(err("[backend]\nkind = \"gpu\"").key(), "backend.kind");
         assert_eq!(

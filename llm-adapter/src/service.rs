@@ -557,6 +557,8 @@ struct Edge {
     acks: AckHub,
     /// `intake = "jetstream"` with `jetstream.forward`: core requests go to the stream.
     forward: Option<async_nats::jetstream::Context>,
+    /// Where forwarded requests wait for the stream's acknowledgement.
+    forward_acks: Option<tokio::sync::mpsc::Sender<PendingForward>>,
 }
 
 impl Edge {
@@ -756,48 +758,127 @@ impl Edge {
             .map(|j| j.subject.clone())
             .unwrap_or_default();
         let limit = self.publish_timeout;
-        let stored = tokio::time::timeout(limit, async {
-            js.publish_with_headers(subject, headers, message.payload.clone())
-                .await?
-                .await
-                .map_err(async_nats::Error::from)
-        })
+        let queued = tokio::time::timeout(
+            limit,
+            js.publish_with_headers(subject, headers, message.payload.clone()),
+        )
         .await;
-        let failure = match stored {
-            Ok(Ok(ack)) if ack.duplicate => {
-                metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "duplicate").increment(1);
-                ErrorBody::new(
-                    ErrorCode::RequestIdConflict,
-                    "this request id is already in the durable intake (within \
-                     jetstream.duplicate_window_ms); its answer goes to the first copy's reply subject",
-                )
-            }
-            Ok(Ok(_)) => {
-                metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "stored").increment(1);
-                return;
-            }
+        let pending = match queued {
+            Ok(Ok(ack)) => PendingForward {
+                ack,
+                waiter: waiter(envelope),
+                received_at,
+            },
             Ok(Err(e)) => {
                 metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "failed").increment(1);
-                ErrorBody::new(
+                let failure = ErrorBody::new(
                     ErrorCode::QueueFull,
                     format!("the durable intake did not store the request: {e}"),
-                )
+                );
+                return self
+                    .admission
+                    .answer_now(waiter(envelope), failure, received_at)
+                    .await;
             }
             Err(_) => {
                 metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "failed").increment(1);
-                ErrorBody::new(
-                    ErrorCode::QueueFull,
-                    format!(
-                        "the durable intake did not confirm the request within \
-                         nats.publish_timeout_ms ({} ms)",
-                        limit.as_millis()
-                    ),
-                )
+                let failure = not_confirmed(limit);
+                return self
+                    .admission
+                    .answer_now(waiter(envelope), failure, received_at)
+                    .await;
             }
         };
-        self.admission
-            .answer_now(waiter(envelope), failure, received_at)
-            .await;
+        // The stream's acknowledgement is awaited by the forwarding task, so that this
+        // intake loop takes the next request meanwhile; the bounded channel makes the
+        // loop wait when FORWARDS_IN_FLIGHT are unconfirmed (a slow stream slows intake
+        // instead of growing a list).
+        if let Some(tx) = &self.forward_acks {
+            if let Err(e) = tx.send(pending).await {
+                let p = e.0;
+                let failure = not_confirmed(limit);
+                self.admission
+                    .answer_now(p.waiter, failure, p.received_at)
+                    .await;
+            }
+        }
+    }
+}
+
+/// Most forwarded requests whose stream acknowledgement is awaited at once.
+const FORWARDS_IN_FLIGHT: usize = 1024;
+
+fn not_confirmed(limit: Duration) -> ErrorBody {
+    ErrorBody::new(
+        ErrorCode::QueueFull,
+        format!(
+            "the durable intake did not confirm the request within nats.publish_timeout_ms ({} ms)",
+            limit.as_millis()
+        ),
+    )
+}
+
+/// A forwarded request waiting for the stream's acknowledgement.
+struct PendingForward {
+    ack: async_nats::jetstream::context::PublishAckFuture,
+    waiter: NatsWaiter,
+    received_at: Instant,
+}
+
+/// Awaits the stream's acknowledgements of forwarded requests (at most `limit` each)
+/// and answers the ones not stored (`queue_full`) or duplicates (`request_id_conflict`).
+/// Ends when the edge is gone and every pending acknowledgement was handled.
+async fn forward_acks(
+    mut rx: tokio::sync::mpsc::Receiver<PendingForward>,
+    admission: Admission<NatsSink>,
+    limit: Duration,
+) {
+    let mut pending = futures::stream::FuturesUnordered::new();
+    let mut open = true;
+    loop {
+        tokio::select! {
+            p = rx.recv(), if open => match p {
+                Some(p) => pending.push(async move {
+                    let r = tokio::time::timeout(limit, p.ack.into_future()).await;
+                    (r, p.waiter, p.received_at)
+                }),
+                None => open = false,
+            },
+            Some((r, waiter, received_at)) = pending.next(), if !pending.is_empty() => {
+                let failure = match r {
+                    Ok(Ok(ack)) if ack.duplicate => {
+                        metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "duplicate")
+                            .increment(1);
+                        ErrorBody::new(
+                            ErrorCode::RequestIdConflict,
+                            "this request id is already in the durable intake (within \
+                             jetstream.duplicate_window_ms); its answer goes to the first copy's \
+                             reply subject",
+                        )
+                    }
+                    Ok(Ok(_)) => {
+                        metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "stored")
+                            .increment(1);
+                        continue;
+                    }
+                    Ok(Err(e)) => {
+                        metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "failed")
+                            .increment(1);
+                        ErrorBody::new(
+                            ErrorCode::QueueFull,
+                            format!("the durable intake did not store the request: {e}"),
+                        )
+                    }
+                    Err(_) => {
+                        metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "failed")
+                            .increment(1);
+                        not_confirmed(limit)
+                    }
+                };
+                admission.answer_now(waiter, failure, received_at).await;
+            }
+            else => return,
+        }
     }
 }
 
@@ -936,6 +1017,16 @@ impl ServiceEdge {
             js.set_timeout(config.nats.publish_timeout);
             js
         });
+        let mut tasks = Vec::new();
+        let forward_acks = forward.as_ref().map(|_| {
+            let (tx, rx) = tokio::sync::mpsc::channel(FORWARDS_IN_FLIGHT);
+            tasks.push(tokio::spawn(forward_acks(
+                rx,
+                admission.clone(),
+                config.nats.publish_timeout,
+            )));
+            tx
+        });
         let edge = Arc::new(Edge {
             admission,
             events,
@@ -944,6 +1035,7 @@ impl ServiceEdge {
             client: client.clone(),
             acks,
             forward,
+            forward_acks,
         });
         let intake = match config.intake.jetstream() {
             None => None,
@@ -953,7 +1045,6 @@ impl ServiceEdge {
                     .map_err(|e| -> async_nats::Error { e.into() })?,
             ),
         };
-        let mut tasks = Vec::new();
         tasks.push(tokio::spawn({
             let edge = edge.clone();
             let mut status = status;

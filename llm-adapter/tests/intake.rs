@@ -26,6 +26,10 @@ use weir_testkit::{NatsServer, NatsServerOptions};
 use common::bin::{BIN, Child, first_line};
 use common::{STEP, connect};
 
+/// The two timing-sensitive tests (2× load with a SIGKILL, the latency measurement) run
+/// one at a time: cargo runs a binary's tests in parallel on 2 shared cores.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn js_server() -> NatsServer {
     NatsServer::start_with(NatsServerOptions {
         jetstream: true,
@@ -213,6 +217,31 @@ async fn direct_publishes_are_answered_once_and_duplicates_are_dropped_by_the_st
         .send()
         .await;
     assert_eq!(&r.expect("forwarded and answered").body[..], b"core");
+    // The same id again within the duplicate window: the stream drops it, and the
+    // forwarding replica says so instead of leaving the caller without an answer.
+    let again = llm
+        .request("core")
+        .request_id("c-1")
+        .session("s")
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await
+        .expect_err("duplicate");
+    assert_eq!(
+        again.kind(),
+        weir_llm_adapter::client::ClientErrorKind::Server(
+            weir_protocol::llm::ErrorCode::RequestIdConflict
+        ),
+        "{again}"
+    );
+    // A malformed core request is answered by the forwarding replica, never stored.
+    let bad = llm
+        .request("core")
+        .request_id("has space")
+        .send()
+        .await
+        .expect_err("invalid");
+    assert!(bad.to_string().contains(h::REQUEST_ID), "{bad}");
     a.shutdown().await;
     b.shutdown().await;
 }
@@ -477,6 +506,7 @@ fn counter(page: &str, name: &str) -> f64 {
 /// twice at the backend, and the session cap holds across the replicas.
 #[tokio::test]
 async fn a_replica_sigkilled_at_twice_capacity_hands_its_requests_to_the_other() {
+    let _serial = SERIAL.lock().await;
     let server = js_server();
     let latency = Duration::from_millis(200);
     let backend = TestBackend::start(server.url(), "sim.backend", latency).await;
@@ -697,4 +727,85 @@ async fn a_replica_sigkilled_at_twice_capacity_hands_its_requests_to_the_other()
         "session cap {cap} across replicas, saw {max_session}"
     );
     assert!(codes.get("ok").copied().unwrap_or(0) > 0);
+}
+
+fn median_p99(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.99))
+}
+
+/// The added latency of the durable intake against core request/reply, measured in
+/// the same run on the same server: sequential requests, a zero-latency backend.
+#[tokio::test]
+async fn durable_intake_latency_against_core_request_reply() {
+    let _serial = SERIAL.lock().await;
+    let server = js_server();
+    let core = adapter(
+        &server,
+        "workers = 2\n[service]\nname = \"core\"\nsubject = \"core.infer\"\ncancel_subject = \"core.cancel\"\ncapabilities_subject = \"core.caps\"\nlimits_subject = \"core.limits\"\nstatus_subject = \"core.status\"\n",
+        Some(0),
+    )
+    .await;
+    let durable = adapter(&server, &format!("workers = 2\n{INTAKE}"), Some(0)).await;
+    let caller = connect(server.url()).await;
+    let js = jetstream::new(caller.clone());
+    let inbox = caller.new_inbox();
+    let mut replies = caller.subscribe(format!("{inbox}.>")).await.expect("sub");
+    caller.flush().await.expect("flush");
+    let n = 300;
+    let (mut c, mut f, mut d) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..n + 20 {
+        let warm = round < 20;
+        for (subject, out) in [("core.infer", &mut c), ("llm.infer", &mut f)] {
+            let t = Instant::now();
+            let mut hm = HeaderMap::new();
+            hm.insert(h::REQUEST_ID, format!("{subject}-{round}").as_str());
+            hm.insert(h::TIMEOUT_MS, "5000");
+            let req = async_nats::Request::new()
+                .payload("x".into())
+                .headers(hm)
+                .inbox(caller.new_inbox());
+            let m = tokio::time::timeout(STEP, caller.send_request(subject.to_owned(), req))
+                .await
+                .expect("in time")
+                .expect("reply");
+            assert_eq!(code_of(&m), "ok");
+            if !warm {
+                out.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        let t = Instant::now();
+        publish(
+            &js,
+            "llm.intake",
+            &format!("{inbox}.{round}"),
+            &format!("d-{round}"),
+            &[(h::TIMEOUT_MS, "5000")],
+            b"x",
+        )
+        .await;
+        let m = tokio::time::timeout(STEP, replies.next())
+            .await
+            .expect("in time")
+            .expect("reply");
+        assert_eq!(code_of(&m), "ok");
+        if !warm {
+            d.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    let (c50, c99) = median_p99(c);
+    let (f50, f99) = median_p99(f);
+    let (d50, d99) = median_p99(d);
+    eprintln!(
+        "sequential, zero-latency backend, {n} each, same run: core request/reply p50 {c50:.3} ms p99 {c99:.3} ms; \
+         durable intake, core request forwarded by the adapter p50 {f50:.3} ms p99 {f99:.3} ms (+{:.3} ms); \
+         durable intake, direct JetStream publish (PubAck, then the reply) p50 {d50:.3} ms p99 {d99:.3} ms (+{:.3} ms)",
+        f50 - c50,
+        d50 - c50
+    );
+    // Loose: a durable request costs a few stream round trips, not a pull period.
+    assert!(f50 < 50.0 && d50 < 50.0, "{f50} / {d50}");
+    core.shutdown().await;
+    durable.shutdown().await;
 }
