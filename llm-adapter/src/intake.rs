@@ -256,17 +256,17 @@ impl SessionSlots {
                     .map_err(|e| format!("session slot {key}: {e}"))?;
                 let Some(entry) = entry else { continue };
                 let owner = entry.value.split(|b| *b == b'\n').next().unwrap_or(&[]);
-                if entry.operation == kv::Operation::Put && owner == rid.as_bytes() {
-                    if let Ok(revision) = self.kv.update(&key, value.clone(), entry.revision).await
-                    {
-                        metrics::counter!(m::INTAKE_SESSION_SLOTS_TOTAL, "result" => "taken_over")
-                            .increment(1);
-                        return Ok(SlotResult::Got(Slot {
-                            key,
-                            value,
-                            revision,
-                        }));
-                    }
+                if entry.operation == kv::Operation::Put
+                    && owner == rid.as_bytes()
+                    && let Ok(revision) = self.kv.update(&key, value.clone(), entry.revision).await
+                {
+                    metrics::counter!(m::INTAKE_SESSION_SLOTS_TOTAL, "result" => "taken_over")
+                        .increment(1);
+                    return Ok(SlotResult::Got(Slot {
+                        key,
+                        value,
+                        revision,
+                    }));
                 }
             }
         }
@@ -499,10 +499,10 @@ impl IntakeEdge {
     /// Bounded by `wait`.
     pub(crate) async fn stop_pulling(&mut self, wait: Duration) {
         let _ = self.stop.send(true);
-        if let Some(p) = self.pull.take() {
-            if tokio::time::timeout(wait, p).await.is_err() {
-                tracing::warn!("intake pull loop did not end in time");
-            }
+        if let Some(p) = self.pull.take()
+            && tokio::time::timeout(wait, p).await.is_err()
+        {
+            tracing::warn!("intake pull loop did not end in time");
         }
     }
 

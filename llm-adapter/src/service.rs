@@ -608,10 +608,10 @@ impl Edge {
     ) {
         let (envelope, sub) = decode(message, known, received_at);
         let stream = known.stream.map(s::wants_stream).transpose();
-        if sub.is_err() || stream.is_err() {
-            if let Some(t) = &mut intake {
-                t.terminate(TermReason::Invalid);
-            }
+        if (sub.is_err() || stream.is_err())
+            && let Some(t) = &mut intake
+        {
+            t.terminate(TermReason::Invalid);
         }
         let mut waiter = NatsWaiter {
             reply,
@@ -793,14 +793,13 @@ impl Edge {
         // intake loop takes the next request meanwhile; the bounded channel makes the
         // loop wait when FORWARDS_IN_FLIGHT are unconfirmed (a slow stream slows intake
         // instead of growing a list).
-        if let Some(tx) = &self.forward_acks {
-            if let Err(e) = tx.send(pending).await {
-                let p = e.0;
-                let failure = not_confirmed(limit);
-                self.admission
-                    .answer_now(p.waiter, failure, p.received_at)
-                    .await;
-            }
+        if let Some(tx) = &self.forward_acks
+            && let Err(e) = tx.send(pending).await
+        {
+            let p = e.0;
+            self.admission
+                .answer_now(p.waiter, not_confirmed(limit), p.received_at)
+                .await;
         }
     }
 }
@@ -883,37 +882,35 @@ async fn forward_acks(
 }
 
 impl Admit for Edge {
-    fn admit(&self, pulled: Pulled) -> impl Future<Output = ()> + Send {
-        async move {
-            let received_at = Instant::now();
-            let Pulled {
-                message,
+    async fn admit(&self, pulled: Pulled) {
+        let received_at = Instant::now();
+        let Pulled {
+            message,
+            reply,
+            mut ticket,
+        } = pulled;
+        let known = Known::read(message.headers.as_ref());
+        if known.cancel.is_some() {
+            ticket.terminate(TermReason::Invalid);
+            let waiter = NatsWaiter {
                 reply,
-                mut ticket,
-            } = pulled;
-            let known = Known::read(message.headers.as_ref());
-            if known.cancel.is_some() {
-                ticket.terminate(TermReason::Invalid);
-                let waiter = NatsWaiter {
-                    reply,
-                    payload: message.payload.clone(),
-                    envelope: None,
-                    stream: None,
-                    intake: Some(ticket),
-                };
-                let e = ErrorBody::new(
-                    ErrorCode::InvalidRequest,
-                    format!(
-                        "{} on the durable intake: send cancellations to {}",
-                        h::CANCEL,
-                        self.config.service.cancel_subject
-                    ),
-                );
-                return self.admission.answer_now(waiter, e, received_at).await;
-            }
-            self.admit_message(&message, reply, &known, received_at, Some(ticket))
-                .await;
+                payload: message.payload.clone(),
+                envelope: None,
+                stream: None,
+                intake: Some(ticket),
+            };
+            let e = ErrorBody::new(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "{} on the durable intake: send cancellations to {}",
+                    h::CANCEL,
+                    self.config.service.cancel_subject
+                ),
+            );
+            return self.admission.answer_now(waiter, e, received_at).await;
         }
+        self.admit_message(&message, reply, &known, received_at, Some(ticket))
+            .await;
     }
 
     fn refuse(
