@@ -242,6 +242,31 @@ async fn direct_publishes_are_answered_once_and_duplicates_are_dropped_by_the_st
         .await
         .expect_err("invalid");
     assert!(bad.to_string().contains(h::REQUEST_ID), "{bad}");
+
+    // The Rust client's durable mode publishes to the stream itself.
+    let durable = LlmClient::new(caller.clone(), "unused").durable("llm.intake");
+    let r = durable
+        .request("durable")
+        .request_id("d-1")
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await;
+    assert_eq!(&r.expect("stored and answered").body[..], b"durable");
+    let r = durable.request("no id").send().await;
+    assert_eq!(&r.expect("an id is made").body[..], b"no id");
+    let again = durable
+        .request("durable")
+        .request_id("d-1")
+        .send()
+        .await
+        .expect_err("duplicate");
+    assert_eq!(
+        again.kind(),
+        weir_llm_adapter::client::ClientErrorKind::Server(
+            weir_protocol::llm::ErrorCode::RequestIdConflict
+        ),
+        "{again}"
+    );
     a.shutdown().await;
     b.shutdown().await;
 }

@@ -38,7 +38,12 @@
 //! - the optional local session cap mirrors the server's advertised
 //!   `session.pending_cap` to fail early without a round trip; it counts only this
 //!   client's requests (a slot is released when the call returns or is dropped), and
-//!   the server stays the authority.
+//!   the server stays the authority;
+//! - [`LlmClient::durable`] sends unary requests through the adapter's durable intake
+//!   (a JetStream work-queue stream): the call returns only after the stream stored
+//!   the request (its acknowledgement), with `Nats-Msg-Id` = the request id (one is
+//!   made when the caller gave none) and the reply subject in `Weir-Reply-To`; the
+//!   reply inbox is subscribed before publishing.
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
@@ -164,6 +169,8 @@ pub struct LlmClient {
     default_timeout: Duration,
     margin: Duration,
     local_cap: Option<Arc<LocalCap>>,
+    /// The durable intake's subject (`None` = core request/reply).
+    intake: Option<String>,
 }
 
 fn put(map: &mut HeaderMap, name: &str, value: &str) {
@@ -190,7 +197,21 @@ impl LlmClient {
             default_timeout: Duration::from_secs(30),
             margin: Duration::from_millis(250),
             local_cap: None,
+            intake: None,
         }
+    }
+
+    /// Sends unary requests ([`RequestBuilder::send`]) through the adapter's durable
+    /// intake: a JetStream publish to `intake_subject` (the adapter's
+    /// `jetstream.subject`, `llm.intake` by default; see `intake` in the capabilities).
+    /// A request is then kept by the stream until a replica answers it, also when the
+    /// replica that took it dies. A second request with the same id within the stream's
+    /// duplicate window is not stored again: it fails at once with
+    /// `Server(RequestIdConflict)` (the answer goes to the first copy's caller).
+    /// Streamed requests ([`RequestBuilder::stream`]) stay on core request/reply.
+    pub fn durable(mut self, intake_subject: impl Into<String>) -> Self {
+        self.intake = Some(intake_subject.into());
+        self
     }
 
     /// Asks the adapter's capabilities subject for its subjects and per-session cap, and
@@ -456,6 +477,9 @@ impl RequestBuilder<'_> {
             Some(s) => c.take_slot(s)?,
             None => None,
         };
+        if let Some(intake) = &c.intake {
+            return self.send_durable(intake).await;
+        }
         let (headers, wait) = self.headers_and_wait();
         let req = async_nats::Request::new()
             .payload(self.body)
@@ -467,6 +491,68 @@ impl RequestBuilder<'_> {
                 .await
                 .map_err(|_| ClientError::new(ClientErrorKind::TimedOut, "no reply in time"))?
                 .map_err(request_error)?;
+        check_error(&msg)?;
+        let headers = msg.headers.unwrap_or_default();
+        Ok(LlmReply {
+            queue_time: get(&headers, h::QUEUE_MS).and_then(h::parse_format_ms),
+            inference_time: get(&headers, h::INFERENCE_MS).and_then(h::parse_format_ms),
+            body: msg.payload,
+            headers,
+        })
+    }
+
+    /// [`Self::send`] through the durable intake.
+    async fn send_durable(self, intake: &str) -> Result<LlmReply, ClientError> {
+        let c = self.client;
+        let (mut headers, wait) = self.headers_and_wait();
+        let inbox = c.nats.new_inbox();
+        let rid = match &self.request_id {
+            Some(r) => r.clone(),
+            // A fresh unique token: the inbox's own.
+            None => {
+                let id = inbox.rsplit('.').next().unwrap_or(&inbox).to_owned();
+                put(&mut headers, h::REQUEST_ID, &id);
+                id
+            }
+        };
+        put(&mut headers, h::NATS_MSG_ID, &rid);
+        put(&mut headers, h::REPLY_TO, &inbox);
+        let transport = |what: &str, e: &dyn std::fmt::Display| {
+            ClientError::new(
+                ClientErrorKind::Transport,
+                format!("durable intake: {what}: {e}"),
+            )
+        };
+        let bound = wait + c.margin;
+        let call = async {
+            let mut sub = c
+                .nats
+                .subscribe(inbox.clone())
+                .await
+                .map_err(|e| transport("subscribe", &e))?;
+            let js = async_nats::jetstream::new(c.nats.clone());
+            let ack = js
+                .publish_with_headers(intake.to_owned(), headers, self.body)
+                .await
+                .map_err(|e| transport("publish", &e))?
+                .await
+                .map_err(|e| transport("not stored", &e))?;
+            if ack.duplicate {
+                return Err(ClientError {
+                    kind: ClientErrorKind::Server(ErrorCode::RequestIdConflict),
+                    body: None,
+                    message: format!(
+                        "request id {rid:?} is already in the durable intake; its answer goes to the first copy's caller"
+                    ),
+                });
+            }
+            futures::StreamExt::next(&mut sub)
+                .await
+                .ok_or_else(|| transport("reply", &"subscription closed"))
+        };
+        let msg = tokio::time::timeout(bound, call)
+            .await
+            .map_err(|_| ClientError::new(ClientErrorKind::TimedOut, "no reply in time"))??;
         check_error(&msg)?;
         let headers = msg.headers.unwrap_or_default();
         Ok(LlmReply {
