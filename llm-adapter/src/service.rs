@@ -1117,6 +1117,15 @@ impl ServiceEdge {
         }
     }
 
+    /// Stops pulling from the durable intake (requests of the last pull are handed back
+    /// with `-NAK`), so that other replicas take what waits in the stream. Bounded by
+    /// `wait`; nothing to do for the core intake.
+    pub(crate) async fn stop_intake(&mut self, wait: Duration) {
+        if let Some(i) = &mut self.intake {
+            i.stop_pulling(wait).await;
+        }
+    }
+
     /// Unsubscribes every endpoint; the intake tasks answer what is already buffered and
     /// end. Bounded by `wait`.
     pub(crate) async fn stop(&mut self, wait: Duration) {

@@ -834,3 +834,54 @@ async fn durable_intake_latency_against_core_request_reply() {
     core.shutdown().await;
     durable.shutdown().await;
 }
+
+/// A replica that shuts down hands what it holds back to the stream at once (`-NAK`),
+/// not after AckWait: the next replica answers everything, nothing `shutting_down`.
+#[tokio::test]
+async fn a_replica_that_shuts_down_hands_its_requests_back() {
+    let server = js_server();
+    let toml = format!("workers = 2\nshutdown_grace_ms = 0\n{INTAKE}");
+    let a = adapter(&server, &toml, Some(400)).await;
+    let caller = connect(server.url()).await;
+    let js = jetstream::new(caller.clone());
+    let inbox = caller.new_inbox();
+    let mut replies = caller.subscribe(format!("{inbox}.>")).await.expect("sub");
+    caller.flush().await.expect("flush");
+    for i in 0..5 {
+        publish(
+            &js,
+            "llm.intake",
+            &format!("{inbox}.{i}"),
+            &format!("h-{i}"),
+            &[(h::TIMEOUT_MS, "8000")],
+            b"x",
+        )
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await; // A runs two of them
+    let t = Instant::now();
+    let report = a.shutdown().await;
+    assert_eq!(report.aborted_running, 2, "{report:?}");
+    let b = adapter(&server, &toml, Some(10)).await;
+    let mut codes: BTreeMap<String, usize> = BTreeMap::new();
+    for _ in 0..5 {
+        let m = tokio::time::timeout(STEP, replies.next())
+            .await
+            .expect("answer")
+            .expect("msg");
+        *codes.entry(code_of(&m)).or_default() += 1;
+    }
+    let took = t.elapsed();
+    assert_eq!(codes, BTreeMap::from([("ok".to_owned(), 5)]), "{codes:?}");
+    assert!(
+        took < Duration::from_millis(1800),
+        "handed back without waiting AckWait (2 s): {took:?}"
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), replies.next())
+            .await
+            .is_err(),
+        "once each"
+    );
+    b.shutdown().await;
+}
