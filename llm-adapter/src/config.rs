@@ -492,7 +492,7 @@ pub enum Intake {
     /// A JetStream work-queue stream pulled by one durable consumer shared by every
     /// replica (`docs/llm-adapter.md`, durable intake). A replica that dies mid-request
     /// hands its work to another after `jetstream.ack_wait_ms`.
-    JetStream(JetStreamIntake),
+    JetStream(Box<JetStreamIntake>),
 }
 
 impl Intake {
@@ -508,7 +508,7 @@ impl Intake {
     pub fn jetstream(&self) -> Option<&JetStreamIntake> {
         match self {
             Self::Core => None,
-            Self::JetStream(j) => Some(j),
+            Self::JetStream(j) => Some(j.as_ref()),
         }
     }
 }
@@ -548,6 +548,10 @@ pub struct JetStreamIntake {
     /// The KV bucket of cluster-wide session slots (`session.pending_cap` over every
     /// replica).
     pub session_bucket: String,
+    /// The KV bucket where each answer is kept for `duplicate_window` (keyed by request
+    /// id), so that a duplicate the stream dropped is answered with the original's
+    /// answer by any replica; `None` (`""`) = not kept.
+    pub reply_bucket: Option<String>,
     /// A core request on `service.subject` is put into the stream by the replica that
     /// receives it (callers stay unchanged); `false` = only direct publishes.
     pub forward: bool,
@@ -1334,6 +1338,19 @@ fn read_intake(r: &mut Reader<'_>, workers: NonZeroUsize) -> Result<Intake, Conf
     }
     let session_bucket = j.string("session_bucket", "weir_llm_sessions")?;
     stream_name(&j.key("session_bucket"), &session_bucket)?;
+    let reply_bucket = j.string("reply_bucket", "weir_llm_replies")?;
+    let reply_bucket = if reply_bucket.is_empty() {
+        None
+    } else {
+        stream_name(&j.key("reply_bucket"), &reply_bucket)?;
+        if reply_bucket == session_bucket {
+            return Err(ConfigError::invalid(
+                j.key("reply_bucket"),
+                "must differ from jetstream.session_bucket",
+            ));
+        }
+        Some(reply_bucket)
+    };
     let cfg = JetStreamIntake {
         stream,
         subject: subject_s,
@@ -1357,12 +1374,13 @@ fn read_intake(r: &mut Reader<'_>, workers: NonZeroUsize) -> Result<Intake, Conf
             }
         },
         session_bucket,
+        reply_bucket,
         forward: j.boolean("forward", true)?,
     };
     j.finish()?;
     match kind.as_str() {
         "core" => Ok(Intake::Core),
-        "jetstream" => Ok(Intake::JetStream(cfg)),
+        "jetstream" => Ok(Intake::JetStream(Box::new(cfg))),
         other => Err(ConfigError::invalid(
             r.key("intake"),
             format!("expected \"core\" or \"jetstream\", got {other:?}"),
@@ -2092,6 +2110,10 @@ mod tests {
             (
                 "[jetstream]\nsession_bucket = \"x y\"",
                 "jetstream.session_bucket",
+            ),
+            (
+                "[jetstream]\nreply_bucket = \"weir_llm_sessions\"",
+                "jetstream.reply_bucket",
             ),
             ("[jetstream]\nmax_deliver = 0", "jetstream.max_deliver"),
             ("[jetstream]\nwat = 1", "jetstream.wat"),

@@ -111,6 +111,8 @@ enum KeeperMsg {
     Slot { ticket: u64, slot: Slot },
     /// The ticket was dropped: delete its slot, if any.
     Release { ticket: u64 },
+    /// Keep this answer in the reply bucket (for duplicates the stream dropped).
+    Reply { key: String, value: Bytes },
 }
 
 /// One held cluster session slot.
@@ -129,6 +131,8 @@ pub(crate) struct Hub {
     held: Mutex<HashMap<u64, Subject>>,
     next_id: AtomicU64,
     keeper: mpsc::UnboundedSender<KeeperMsg>,
+    /// Answers are kept in the reply bucket (`jetstream.reply_bucket`).
+    keep_replies: bool,
 }
 
 impl Hub {
@@ -146,6 +150,8 @@ pub struct Ticket {
     ack: Subject,
     /// Answer with `+TERM` instead of `+ACK` (refused before admission).
     term: bool,
+    /// `Weir-Request-Id` (the answer is kept under it).
+    request_id: Option<String>,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -171,6 +177,23 @@ impl Ticket {
         if !self.term {
             self.term = true;
             metrics::counter!(m::INTAKE_TERMINATED_TOTAL, "reason" => reason.as_str()).increment(1);
+        }
+    }
+
+    /// Whether the answer should be handed to [`Ticket::keep_reply`].
+    pub(crate) fn keeps_replies(&self) -> bool {
+        self.hub.keep_replies && self.request_id.is_some()
+    }
+
+    /// Keeps the published answer in the reply bucket under the request id, for a
+    /// duplicate of this request that the stream dropped (written by the keeper task:
+    /// the worker does not wait for it).
+    pub(crate) fn keep_reply(&self, headers: &HeaderMap, body: &[u8]) {
+        if let (true, Some(rid)) = (self.hub.keep_replies, &self.request_id) {
+            let _ = self.hub.keeper.send(KeeperMsg::Reply {
+                key: reply_key(rid),
+                value: encode_reply(headers, body),
+            });
         }
     }
 
@@ -217,6 +240,120 @@ fn hex(bytes: &[u8]) -> String {
 /// The KV key of slot `i` of `session`.
 pub(crate) fn slot_key(session: &str, i: usize) -> String {
     format!("s.{}.{i}", hex(session.as_bytes()))
+}
+
+/// The reply bucket's key of a request id.
+pub(crate) fn reply_key(request_id: &str) -> String {
+    format!("r.{}", hex(request_id.as_bytes()))
+}
+
+/// A kept answer: `name: value` header lines, an empty line, the body. Header names
+/// and values never contain a newline (the NATS header parser refuses them).
+pub(crate) fn encode_reply(headers: &HeaderMap, body: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(body.len() + 256);
+    for (name, values) in headers.iter() {
+        for v in values {
+            out.extend_from_slice(AsRef::<str>::as_ref(name).as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(v.as_str().as_bytes());
+            out.push(b'\n');
+        }
+    }
+    out.push(b'\n');
+    out.extend_from_slice(body);
+    out.into()
+}
+
+/// The inverse of [`encode_reply`]; `None` for bytes it did not write.
+pub(crate) fn decode_reply(bytes: &Bytes) -> Option<(HeaderMap, Bytes)> {
+    let mut headers = HeaderMap::new();
+    let mut at = 0;
+    loop {
+        let end = at + bytes.get(at..)?.iter().position(|b| *b == b'\n')?;
+        if end == at {
+            return Some((headers, bytes.slice(end + 1..)));
+        }
+        let line = std::str::from_utf8(&bytes[at..end]).ok()?;
+        let (name, value) = line.split_once(": ")?;
+        let name: async_nats::HeaderName = name.parse().ok()?;
+        let value: async_nats::HeaderValue = value.parse().ok()?;
+        headers.append(name, value);
+        at = end + 1;
+    }
+}
+
+/// Creates (if absent) and opens a KV bucket: the `KV_<bucket>` stream directly
+/// (async-nats 0.51's `create_key_value` fails on nats-server 2.9, which lacks account
+/// fields it reads), history 1, `max_age` = how long an entry lives after its last write.
+async fn open_bucket(
+    js: &jetstream::Context,
+    key: &str,
+    bucket: &str,
+    max_age: Duration,
+    replicas: usize,
+) -> Result<kv::Store, String> {
+    js.get_or_create_stream(stream::Config {
+        name: format!("KV_{bucket}"),
+        subjects: vec![format!("$KV.{bucket}.>")],
+        max_messages_per_subject: 1,
+        max_age,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        discard: stream::DiscardPolicy::New,
+        num_replicas: replicas,
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| format!("{key} {bucket}: {e}"))?;
+    js.get_key_value(bucket.to_owned())
+        .await
+        .map_err(|e| format!("{key} {bucket}: {e}"))
+}
+
+/// Opens the reply bucket (`jetstream.reply_bucket`), entries kept for the duplicate
+/// window; `None` when disabled.
+pub(crate) async fn open_reply_bucket(
+    client: &async_nats::Client,
+    j: &JetStreamIntake,
+) -> Result<Option<kv::Store>, String> {
+    let Some(bucket) = &j.reply_bucket else {
+        return Ok(None);
+    };
+    let js = jetstream::new(client.clone());
+    open_bucket(
+        &js,
+        "jetstream.reply_bucket",
+        bucket,
+        j.duplicate_window,
+        j.replicas.get(),
+    )
+    .await
+    .map(Some)
+}
+
+/// Waits until the reply bucket holds the answer of `request_id` (or `until`): what a
+/// forwarding replica answers a duplicate with.
+pub(crate) async fn wait_kept_reply(
+    kv: kv::Store,
+    request_id: String,
+    until: Instant,
+) -> Option<(HeaderMap, Bytes)> {
+    let key = reply_key(&request_id);
+    tokio::time::timeout_at(until, async move {
+        let mut watch = kv.watch_with_history(&key).await.ok()?;
+        while let Some(entry) = watch.next().await {
+            match entry {
+                Ok(e) if e.operation == kv::Operation::Put => return decode_reply(&e.value),
+                Ok(_) => {}
+                Err(_) => return None,
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten()
 }
 
 impl SessionSlots {
@@ -319,27 +456,14 @@ async fn open(
         .map_err(|e| format!("jetstream.consumer {}: {e}", j.consumer))?;
     let slots = match (cfg.session.pending_cap, cfg.mode) {
         (Some(cap), Mode::Enforce) => {
-            // async-nats 0.51's create_key_value fails on nats-server 2.9 (it reads
-            // account fields 2.9 lacks): create the KV_<bucket> stream, then open it.
-            let bucket = &j.session_bucket;
-            js.get_or_create_stream(stream::Config {
-                name: format!("KV_{bucket}"),
-                subjects: vec![format!("$KV.{bucket}.>")],
-                max_messages_per_subject: 1,
-                max_age: j.ack_wait,
-                allow_rollup: true,
-                deny_delete: true,
-                allow_direct: true,
-                discard: stream::DiscardPolicy::New,
-                num_replicas: j.replicas.get(),
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| format!("jetstream.session_bucket {bucket}: {e}"))?;
-            let kv = js
-                .get_key_value(bucket.clone())
-                .await
-                .map_err(|e| format!("jetstream.session_bucket {bucket}: {e}"))?;
+            let kv = open_bucket(
+                js,
+                "jetstream.session_bucket",
+                &j.session_bucket,
+                j.ack_wait,
+                j.replicas.get(),
+            )
+            .await?;
             Some(SessionSlots { kv, cap: cap.get() })
         }
         _ => None,
@@ -455,6 +579,7 @@ impl IntakeEdge {
         client: &async_nats::Client,
         config: Arc<Config>,
         edge: Arc<A>,
+        replies: Option<kv::Store>,
     ) -> Result<Self, String> {
         let Some(j) = config.intake.jetstream().cloned() else {
             return Err("intake is not jetstream".into());
@@ -468,12 +593,14 @@ impl IntakeEdge {
             held: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             keeper: keeper_tx,
+            keep_replies: replies.is_some(),
         });
         let (stop, stop_rx) = watch::channel(false);
         let slots = slots.map(Arc::new);
         let keeper = tokio::spawn(keeper(
             hub.clone(),
             slots.clone(),
+            replies,
             j.progress_interval,
             keeper_rx,
         ));
@@ -629,11 +756,16 @@ async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: Own
     let id = ctx.hub.next_id.fetch_add(1, Ordering::Relaxed);
     ctx.hub.held().insert(id, ack.clone());
     metrics::gauge!(m::INTAKE_HELD).increment(1.0);
+    let request_id = header(message.headers.as_ref(), h::REQUEST_ID)
+        .map(str::trim)
+        .filter(|r| h::parse_id(h::REQUEST_ID, r).is_ok())
+        .map(str::to_owned);
     let mut ticket = Ticket {
         hub: ctx.hub.clone(),
         id,
         ack,
         term: false,
+        request_id,
         _permit: permit,
     };
     let hm = message.headers.as_ref();
@@ -736,6 +868,7 @@ async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: Own
 async fn keeper(
     hub: Arc<Hub>,
     slots: Option<Arc<SessionSlots>>,
+    replies: Option<kv::Store>,
     interval: Duration,
     mut rx: mpsc::UnboundedReceiver<KeeperMsg>,
 ) {
@@ -773,6 +906,13 @@ async fn keeper(
             }
             msg = rx.recv() => match msg {
                 None => return,
+                Some(KeeperMsg::Reply { key, value }) => {
+                    if let Some(kv) = &replies {
+                        let put = tokio::time::timeout(hub.publish_timeout, kv.put(&key, value)).await;
+                        let result = if matches!(put, Ok(Ok(_))) { "kept" } else { "failed" };
+                        metrics::counter!(m::INTAKE_REPLIES_KEPT_TOTAL, "result" => result).increment(1);
+                    }
+                }
                 Some(KeeperMsg::Slot { ticket, slot }) => {
                     owned.insert(ticket, slot);
                 }
@@ -841,6 +981,38 @@ mod tests {
         );
         assert_ne!(slot_key("a", 0), slot_key("a", 1));
         assert_ne!(slot_key("ab", 0), slot_key("a", 0));
+        assert_eq!(reply_key("a."), "r.612e");
+    }
+
+    #[test]
+    fn kept_replies_round_trip_with_headers_and_any_body() {
+        let mut hm = HeaderMap::new();
+        hm.insert("Weir-Queue-Ms", "1.500");
+        hm.insert("Nats-Service-Error", "queue_full: x: y");
+        hm.append("X-Multi", "a");
+        hm.append("X-Multi", "b");
+        let body = Bytes::from_static(b"line1\n\nline3: not a header\n");
+        let (h2, b2) = decode_reply(&encode_reply(&hm, &body)).expect("decodes");
+        assert_eq!(b2, body);
+        assert_eq!(header(Some(&h2), "weir-queue-ms"), Some("1.500"));
+        assert_eq!(
+            header(Some(&h2), "Nats-Service-Error"),
+            Some("queue_full: x: y")
+        );
+        assert_eq!(h2.get_all("X-Multi").count(), 2);
+        let (h3, b3) = decode_reply(&encode_reply(&HeaderMap::new(), b"")).expect("empty");
+        assert_eq!((h3.iter().count(), b3.len()), (0, 0));
+        for junk in [
+            &b""[..],
+            b"no newline",
+            b"bad header\n\nbody",
+            b"\xff: v\n\n",
+        ] {
+            assert!(
+                decode_reply(&Bytes::copy_from_slice(junk)).is_none(),
+                "{junk:?}"
+            );
+        }
     }
 
     #[test]

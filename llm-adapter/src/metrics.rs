@@ -157,6 +157,9 @@ pub const INTAKE_SESSION_SLOTS_TOTAL: &str = "llm_intake_session_slots_total";
 /// Counter: core requests put into the durable intake by this replica
 /// (`jetstream.forward`), label `result` (`stored`, `duplicate`, `failed`).
 pub const INTAKE_FORWARDED_TOTAL: &str = "llm_intake_forwarded_total";
+/// Counter: answers written to the reply bucket (`jetstream.reply_bucket`), label
+/// `result` (`kept`, `failed`).
+pub const INTAKE_REPLIES_KEPT_TOTAL: &str = "llm_intake_replies_kept_total";
 /// Gauge: intake requests this replica holds (pulled, not yet settled).
 pub const INTAKE_HELD: &str = "llm_intake_held";
 
@@ -227,6 +230,7 @@ pub const DECLARED: &[Declared] = &[
     Declared::counter(INTAKE_PULL_ERRORS_TOTAL),
     Declared::counter(INTAKE_SESSION_SLOTS_TOTAL),
     Declared::counter(INTAKE_FORWARDED_TOTAL),
+    Declared::counter(INTAKE_REPLIES_KEPT_TOTAL),
     Declared::gauge(INTAKE_HELD),
     Declared::gauge(weir_service::process::RESIDENT_MEMORY_BYTES),
 ];

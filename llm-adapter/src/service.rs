@@ -279,6 +279,14 @@ impl Sink for NatsSink {
                 )
                 .await;
             }
+            // A unary answer to an intake request is kept for duplicates (not a
+            // streamed one: its text went out in chunks).
+            if let Some(t) = &intake
+                && waiter.stream.is_none()
+                && t.keeps_replies()
+            {
+                t.keep_reply(&headers, &body);
+            }
             let sent = bounded(
                 timeout,
                 client.publish_with_headers(waiter.reply, headers, body),
@@ -768,6 +776,14 @@ impl Edge {
                 ack,
                 waiter: waiter(envelope),
                 received_at,
+                request_id: sub.request_id.clone(),
+                until: received_at
+                    + sub
+                        .budget
+                        .or(self.config.deadline.default)
+                        .unwrap_or(self.config.deadline.max)
+                        .min(self.config.deadline.max)
+                        .saturating_sub(self.config.deadline.reply_margin),
             },
             Ok(Err(e)) => {
                 metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "failed").increment(1);
@@ -822,59 +838,139 @@ struct PendingForward {
     ack: async_nats::jetstream::context::PublishAckFuture,
     waiter: NatsWaiter,
     received_at: Instant,
+    request_id: Option<String>,
+    /// A duplicate waits for the original's kept answer until then.
+    until: Instant,
+}
+
+/// What one forwarded request's future ended with.
+enum Forwarded {
+    /// The stream's acknowledgement (or its timeout).
+    Acked(
+        Result<
+            Result<
+                async_nats::jetstream::publish::PublishAck,
+                async_nats::jetstream::context::PublishError,
+            >,
+            tokio::time::error::Elapsed,
+        >,
+        PendingMeta,
+    ),
+    /// A duplicate's wait for the original's kept answer.
+    Kept(Option<(HeaderMap, Bytes)>, PendingMeta),
+}
+
+struct PendingMeta {
+    waiter: NatsWaiter,
+    received_at: Instant,
+    request_id: Option<String>,
+    until: Instant,
+}
+
+/// Shared by [`forward_acks`]' answers.
+struct ForwardCtx {
+    admission: Admission<NatsSink>,
+    client: async_nats::Client,
+    limit: Duration,
+    replies: Option<async_nats::jetstream::kv::Store>,
 }
 
 /// Awaits the stream's acknowledgements of forwarded requests (at most `limit` each)
-/// and answers the ones not stored (`queue_full`) or duplicates (`request_id_conflict`).
-/// Ends when the edge is gone and every pending acknowledgement was handled.
-async fn forward_acks(
-    mut rx: tokio::sync::mpsc::Receiver<PendingForward>,
-    admission: Admission<NatsSink>,
-    limit: Duration,
-) {
-    let mut pending = futures::stream::FuturesUnordered::new();
+/// and answers the ones not stored (`queue_full`). A duplicate (the stream already has
+/// this request id) is answered with the original's answer from the reply bucket when
+/// it comes before the duplicate's own deadline (`deadline_exceeded` otherwise), or
+/// `request_id_conflict` without a reply bucket. Ends when the edge is gone and every
+/// pending future was handled.
+async fn forward_acks(mut rx: tokio::sync::mpsc::Receiver<PendingForward>, ctx: ForwardCtx) {
+    let mut pending: futures::stream::FuturesUnordered<
+        futures::future::BoxFuture<'static, Forwarded>,
+    > = futures::stream::FuturesUnordered::new();
+    let limit = ctx.limit;
     let mut open = true;
     loop {
         tokio::select! {
             p = rx.recv(), if open => match p {
-                Some(p) => pending.push(async move {
-                    let r = tokio::time::timeout(limit, p.ack.into_future()).await;
-                    (r, p.waiter, p.received_at)
-                }),
+                Some(p) => {
+                    let meta = PendingMeta {
+                        waiter: p.waiter,
+                        received_at: p.received_at,
+                        request_id: p.request_id,
+                        until: p.until,
+                    };
+                    let ack = p.ack;
+                    pending.push(Box::pin(async move {
+                        Forwarded::Acked(tokio::time::timeout(limit, ack.into_future()).await, meta)
+                    }));
+                }
                 None => open = false,
             },
-            Some((r, waiter, received_at)) = pending.next(), if !pending.is_empty() => {
-                let failure = match r {
-                    Ok(Ok(ack)) if ack.duplicate => {
+            Some(done) = pending.next(), if !pending.is_empty() => {
+                let (failure, meta) = match done {
+                    Forwarded::Acked(Ok(Ok(ack)), meta) if ack.duplicate => {
                         metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "duplicate")
                             .increment(1);
-                        ErrorBody::new(
-                            ErrorCode::RequestIdConflict,
-                            "this request id is already in the durable intake (within \
-                             jetstream.duplicate_window_ms); its answer goes to the first copy's \
-                             reply subject",
+                        if let (Some(kv), Some(rid)) = (&ctx.replies, meta.request_id.clone()) {
+                            let (kv, until) = (kv.clone(), meta.until);
+                            pending.push(Box::pin(async move {
+                                let kept = crate::intake::wait_kept_reply(kv, rid, until).await;
+                                Forwarded::Kept(kept, meta)
+                            }));
+                            continue;
+                        }
+                        (
+                            ErrorBody::new(
+                                ErrorCode::RequestIdConflict,
+                                "this request id is already in the durable intake (within \
+                                 jetstream.duplicate_window_ms); its answer goes to the first \
+                                 copy's reply subject",
+                            ),
+                            meta,
                         )
                     }
-                    Ok(Ok(_)) => {
+                    Forwarded::Acked(Ok(Ok(_)), _) => {
                         metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "stored")
                             .increment(1);
                         continue;
                     }
-                    Ok(Err(e)) => {
+                    Forwarded::Acked(Ok(Err(e)), meta) => {
                         metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "failed")
                             .increment(1);
-                        ErrorBody::new(
-                            ErrorCode::QueueFull,
-                            format!("the durable intake did not store the request: {e}"),
+                        (
+                            ErrorBody::new(
+                                ErrorCode::QueueFull,
+                                format!("the durable intake did not store the request: {e}"),
+                            ),
+                            meta,
                         )
                     }
-                    Err(_) => {
+                    Forwarded::Acked(Err(_), meta) => {
                         metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "failed")
                             .increment(1);
-                        not_confirmed(limit)
+                        (not_confirmed(limit), meta)
                     }
+                    Forwarded::Kept(Some((headers, body)), meta) => {
+                        metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "joined")
+                            .increment(1);
+                        let sent = bounded(
+                            limit,
+                            ctx.client.publish_with_headers(meta.waiter.reply, headers, body),
+                        )
+                        .await;
+                        if !matches!(sent, Some(Ok(()))) {
+                            metrics::counter!(m::REPLY_FAILED_TOTAL).increment(1);
+                        }
+                        continue;
+                    }
+                    Forwarded::Kept(None, meta) => (
+                        ErrorBody::new(
+                            ErrorCode::DeadlineExceeded,
+                            "a copy of this request id is in the durable intake and was not \
+                             answered within this request's budget",
+                        ),
+                        meta,
+                    ),
                 };
-                admission.answer_now(waiter, failure, received_at).await;
+                ctx.admission.answer_now(meta.waiter, failure, meta.received_at).await;
             }
             else => return,
         }
@@ -1014,13 +1110,21 @@ impl ServiceEdge {
             js.set_timeout(config.nats.publish_timeout);
             js
         });
+        let replies = match config.intake.jetstream() {
+            Some(j) => crate::intake::open_reply_bucket(client, j).await?,
+            None => None,
+        };
         let mut tasks = Vec::new();
         let forward_acks = forward.as_ref().map(|_| {
             let (tx, rx) = tokio::sync::mpsc::channel(FORWARDS_IN_FLIGHT);
             tasks.push(tokio::spawn(forward_acks(
                 rx,
-                admission.clone(),
-                config.nats.publish_timeout,
+                ForwardCtx {
+                    admission: admission.clone(),
+                    client: client.clone(),
+                    limit: config.nats.publish_timeout,
+                    replies: replies.clone(),
+                },
             )));
             tx
         });
@@ -1037,7 +1141,7 @@ impl ServiceEdge {
         let intake = match config.intake.jetstream() {
             None => None,
             Some(_) => Some(
-                IntakeEdge::start(client, config.clone(), edge.clone())
+                IntakeEdge::start(client, config.clone(), edge.clone(), replies)
                     .await
                     .map_err(|e| -> async_nats::Error { e.into() })?,
             ),

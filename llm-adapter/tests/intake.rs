@@ -218,22 +218,15 @@ async fn direct_publishes_are_answered_once_and_duplicates_are_dropped_by_the_st
         .await;
     assert_eq!(&r.expect("forwarded and answered").body[..], b"core");
     // The same id again within the duplicate window: the stream drops it, and the
-    // forwarding replica says so instead of leaving the caller without an answer.
+    // forwarding replica answers with the first copy's kept answer (the reply bucket).
     let again = llm
         .request("core")
         .request_id("c-1")
         .session("s")
         .timeout(Duration::from_secs(3))
         .send()
-        .await
-        .expect_err("duplicate");
-    assert_eq!(
-        again.kind(),
-        weir_llm_adapter::client::ClientErrorKind::Server(
-            weir_protocol::llm::ErrorCode::RequestIdConflict
-        ),
-        "{again}"
-    );
+        .await;
+    assert_eq!(&again.expect("the kept answer").body[..], b"core");
     // A malformed core request is answered by the forwarding replica, never stored.
     let bad = llm
         .request("core")
@@ -243,8 +236,9 @@ async fn direct_publishes_are_answered_once_and_duplicates_are_dropped_by_the_st
         .expect_err("invalid");
     assert!(bad.to_string().contains(h::REQUEST_ID), "{bad}");
 
-    // The Rust client's durable mode publishes to the stream itself.
-    let durable = LlmClient::new(caller.clone(), "unused").durable("llm.intake");
+    // The Rust client's durable mode publishes to the stream itself; a retry with the
+    // same id (dropped by the stream) gets the first answer through the service subject.
+    let durable = LlmClient::new(caller.clone(), "llm.infer").durable("llm.intake");
     let r = durable
         .request("durable")
         .request_id("d-1")
@@ -257,15 +251,15 @@ async fn direct_publishes_are_answered_once_and_duplicates_are_dropped_by_the_st
     let again = durable
         .request("durable")
         .request_id("d-1")
+        .timeout(Duration::from_secs(3))
         .send()
-        .await
-        .expect_err("duplicate");
+        .await;
+    assert_eq!(&again.expect("the kept answer").body[..], b"durable");
+    let (sa, sb) = (a.stats(), b.stats());
     assert_eq!(
-        again.kind(),
-        weir_llm_adapter::client::ClientErrorKind::Server(
-            weir_protocol::llm::ErrorCode::RequestIdConflict
-        ),
-        "{again}"
+        sa.completed + sb.completed,
+        n as u64 + 3,
+        "the retries did not run again"
     );
     a.shutdown().await;
     b.shutdown().await;
@@ -279,7 +273,8 @@ async fn expired_and_malformed_requests_are_terminated_with_an_answer_and_never_
     let client = connect(server.url()).await;
     let a = weir_llm_adapter::start(
         client,
-        Config::from_toml_str(&format!("workers = 2\n{INTAKE}")).expect("config"),
+        Config::from_toml_str(&format!("workers = 2\n{INTAKE}reply_bucket = \"\"\n"))
+            .expect("config"),
         Arc::new(sim),
     )
     .await
@@ -351,6 +346,31 @@ async fn expired_and_malformed_requests_are_terminated_with_an_answer_and_never_
     );
     assert_eq!(c(3).0, "invalid_request");
     assert_eq!(sim_h.stats().started, 0, "none reached the backend");
+    // Without a reply bucket a duplicate cannot be answered with the first answer: the
+    // forwarding replica says so at once.
+    let llm = LlmClient::new(caller.clone(), "llm.infer");
+    let first = llm
+        .request("x")
+        .request_id("x-1")
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await;
+    assert_eq!(&first.expect("answered").body[..], b"x");
+    let again = llm
+        .request("x")
+        .request_id("x-1")
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await
+        .expect_err("duplicate");
+    assert_eq!(
+        again.kind(),
+        weir_llm_adapter::client::ClientErrorKind::Server(
+            weir_protocol::llm::ErrorCode::RequestIdConflict
+        ),
+        "{again}"
+    );
+    assert_eq!(sim_h.stats().started, 1, "the duplicate did not run");
     assert_eq!(
         wait_empty(&js, "WEIR_LLM_INTAKE").await,
         0,
@@ -883,5 +903,50 @@ async fn a_replica_that_shuts_down_hands_its_requests_back() {
             .is_err(),
         "once each"
     );
+    b.shutdown().await;
+}
+
+/// A retry that arrives while the original still runs (on any replica) waits for the
+/// original's answer instead of running again.
+#[tokio::test]
+async fn a_retry_during_the_original_gets_its_answer_without_running_again() {
+    let server = js_server();
+    let a = adapter(&server, &format!("workers = 2\n{INTAKE}"), Some(400)).await;
+    let b = adapter(&server, &format!("workers = 2\n{INTAKE}"), Some(400)).await;
+    let caller = connect(server.url()).await;
+    let js = jetstream::new(caller.clone());
+    let inbox = caller.new_inbox();
+    let mut first = caller.subscribe(format!("{inbox}.1")).await.expect("sub");
+    caller.flush().await.expect("flush");
+    publish(
+        &js,
+        "llm.intake",
+        &format!("{inbox}.1"),
+        "long-1",
+        &[(h::TIMEOUT_MS, "5000")],
+        b"once",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let t = Instant::now();
+    let retry = LlmClient::new(caller.clone(), "llm.infer")
+        .request("once")
+        .request_id("long-1")
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await;
+    assert_eq!(&retry.expect("the original's answer").body[..], b"once");
+    assert!(
+        t.elapsed() < Duration::from_millis(1000),
+        "waited for the original only: {:?}",
+        t.elapsed()
+    );
+    let m = tokio::time::timeout(STEP, first.next())
+        .await
+        .expect("in time")
+        .expect("msg");
+    assert_eq!(code_of(&m), "ok");
+    assert_eq!(a.stats().started + b.stats().started, 1, "ran once");
+    a.shutdown().await;
     b.shutdown().await;
 }
