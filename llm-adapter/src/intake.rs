@@ -75,6 +75,8 @@ pub(crate) enum TermReason {
     NoReply,
     /// The cluster-wide session cap was reached (answered `session_queue_full`).
     SessionCap,
+    /// A cluster-wide reject-limit was full (answered `concurrency_limit_exceeded`).
+    KeyLimit,
 }
 
 impl TermReason {
@@ -84,6 +86,7 @@ impl TermReason {
             Self::Invalid => "invalid",
             Self::NoReply => "no_reply",
             Self::SessionCap => "session_cap",
+            Self::KeyLimit => "key_limit",
         }
     }
 }
@@ -133,6 +136,8 @@ pub(crate) struct Hub {
     keeper: mpsc::UnboundedSender<KeeperMsg>,
     /// Answers are kept in the reply bucket (`jetstream.reply_bucket`).
     keep_replies: bool,
+    /// Cluster-wide session cap and reject-limits (`None`: none configured, or shadow).
+    slots: Option<Arc<ClusterSlots>>,
 }
 
 impl Hub {
@@ -168,6 +173,8 @@ pub(crate) enum Settle {
     Answered,
     /// This replica stops: redeliver to another (`-NAK`), no answer published.
     HandOver,
+    /// A store this replica needs failed: redeliver after a delay, no answer.
+    Retry,
 }
 
 impl Ticket {
@@ -178,6 +185,81 @@ impl Ticket {
             self.term = true;
             metrics::counter!(m::INTAKE_TERMINATED_TOTAL, "reason" => reason.as_str()).increment(1);
         }
+    }
+
+    /// Takes this request's cluster-wide slots: one of the session's `pending_cap`
+    /// slots, and one slot of each reject-limit key (`keys`, as admission resolves
+    /// them, in the configured order). Slots taken before a refusal are released when
+    /// the ticket drops. `Ok` without a cluster store.
+    pub(crate) async fn take_cluster_slots(
+        &mut self,
+        session: Option<&str>,
+        keys: &[Option<String>],
+    ) -> Result<(), SlotRefusal> {
+        let Some(slots) = self.hub.slots.clone() else {
+            return Ok(());
+        };
+        let rid = self.request_id.clone();
+        let got = |slot: Slot| {
+            let _ = self.hub.keeper.send(KeeperMsg::Slot {
+                ticket: self.id,
+                slot,
+            });
+        };
+        if let (Some(cap), Some(session)) = (slots.session_cap, session) {
+            match slots
+                .acquire(cap, |i| slot_key(session, i), rid.as_deref())
+                .await
+                .map_err(SlotRefusal::Store)?
+            {
+                SlotResult::Got(slot) => got(slot),
+                SlotResult::Full => {
+                    let cap = cap as u64;
+                    let err = ErrorBody::new(
+                        ErrorCode::SessionQueueFull,
+                        format!(
+                            "session has {cap} pending requests over all replicas (limit {cap})"
+                        ),
+                    )
+                    .with_details(ErrorDetails {
+                        limit: Some(cap),
+                        pending: Some(cap),
+                        key: Some(format!("session:{session}")),
+                        ..Default::default()
+                    });
+                    return Err(SlotRefusal::Full(TermReason::SessionCap, Box::new(err)));
+                }
+            }
+        }
+        for (rule, key) in slots.limits.iter().zip(keys) {
+            let (Some((name, limit)), Some(key)) = (rule, key) else {
+                continue;
+            };
+            match slots
+                .acquire(*limit, |i| limit_slot_key(name, key, i), rid.as_deref())
+                .await
+                .map_err(SlotRefusal::Store)?
+            {
+                SlotResult::Got(slot) => got(slot),
+                SlotResult::Full => {
+                    let limit = *limit as u64;
+                    let err = ErrorBody::new(
+                        ErrorCode::ConcurrencyLimitExceeded,
+                        format!(
+                            "limit {name}: {key} has {limit} requests in flight over all replicas (limit {limit})"
+                        ),
+                    )
+                    .with_details(ErrorDetails {
+                        limit: Some(limit),
+                        in_flight: Some(limit),
+                        key: Some(key.clone()),
+                        ..Default::default()
+                    });
+                    return Err(SlotRefusal::Full(TermReason::KeyLimit, Box::new(err)));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Whether the answer should be handed to [`Ticket::keep_reply`].
@@ -201,6 +283,7 @@ impl Ticket {
     pub(crate) async fn settle(self, how: Settle) {
         let kind = match how {
             Settle::HandOver => AckKind::Nak(None),
+            Settle::Retry => AckKind::Nak(Some(STORE_ERROR_DELAY)),
             Settle::Answered if self.term => AckKind::Term,
             Settle::Answered => AckKind::Ack,
         };
@@ -216,10 +299,25 @@ impl Drop for Ticket {
     }
 }
 
-/// The cluster-wide session cap: slot keys `s.<hex session>.<i>` for `i` in `0..cap`.
-struct SessionSlots {
+/// Cluster-wide limits as slot leases in one KV bucket: the session cap (slot keys
+/// `s.<hex session>.<i>` for `i` in `0..pending_cap`) and every `[[limits]]` rule with
+/// `on_busy = "reject"` (`k.<hex rule name>.<hex key>.<i>` for `i` in `0..limit`).
+/// Rules with `on_busy = "wait"` stay per replica (their FIFO wait is local).
+pub(crate) struct ClusterSlots {
     kv: kv::Store,
-    cap: usize,
+    /// Names this replica in slot values (diagnostics).
+    replica: String,
+    session_cap: Option<usize>,
+    /// Per configured limit (same order): `(rule name, limit)` when cluster-wide.
+    limits: Vec<Option<(String, usize)>>,
+}
+
+/// Why [`Ticket::take_cluster_slots`] refused.
+pub(crate) enum SlotRefusal {
+    /// A cluster-wide limit is full: answer this, terminate.
+    Full(TermReason, Box<ErrorBody>),
+    /// The KV store failed: hand the request back for later.
+    Store(String),
 }
 
 /// What acquiring a session slot gave.
@@ -240,6 +338,11 @@ fn hex(bytes: &[u8]) -> String {
 /// The KV key of slot `i` of `session`.
 pub(crate) fn slot_key(session: &str, i: usize) -> String {
     format!("s.{}.{i}", hex(session.as_bytes()))
+}
+
+/// The KV key of slot `i` of `key` under the limit named `rule`.
+pub(crate) fn limit_slot_key(rule: &str, key: &str, i: usize) -> String {
+    format!("k.{}.{}.{i}", hex(rule.as_bytes()), hex(key.as_bytes()))
 }
 
 /// The reply bucket's key of a request id.
@@ -356,22 +459,24 @@ pub(crate) async fn wait_kept_reply(
     .flatten()
 }
 
-impl SessionSlots {
-    /// Takes a free slot of `session` for `request_id`, or the slot this very request
-    /// held on a replica that died (redelivery: the value names the request id).
+impl ClusterSlots {
+    /// Takes a free one of `cap` slots (`key_of(i)`) for `request_id`, or the slot this
+    /// very request held on a replica that died (redelivery: the value names the
+    /// request id).
     async fn acquire(
         &self,
-        session: &str,
+        cap: usize,
+        key_of: impl Fn(usize) -> String,
         request_id: Option<&str>,
-        replica: &str,
     ) -> Result<SlotResult, String> {
+        let replica = &self.replica;
         let value = Bytes::from(format!("{}\n{replica}", request_id.unwrap_or("-")));
         let mut taken = Vec::new();
-        for i in 0..self.cap {
-            let key = slot_key(session, i);
+        for i in 0..cap {
+            let key = key_of(i);
             match self.kv.create(&key, value.clone()).await {
                 Ok(revision) => {
-                    metrics::counter!(m::INTAKE_SESSION_SLOTS_TOTAL, "result" => "acquired")
+                    metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "acquired")
                         .increment(1);
                     return Ok(SlotResult::Got(Slot {
                         key,
@@ -380,7 +485,7 @@ impl SessionSlots {
                     }));
                 }
                 Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => taken.push(key),
-                Err(e) => return Err(format!("session slot {key}: {e}")),
+                Err(e) => return Err(format!("slot {key}: {e}")),
             }
         }
         // All taken: one of them may be this request's own, left by a dead replica.
@@ -390,14 +495,14 @@ impl SessionSlots {
                     .kv
                     .entry(&key)
                     .await
-                    .map_err(|e| format!("session slot {key}: {e}"))?;
+                    .map_err(|e| format!("slot {key}: {e}"))?;
                 let Some(entry) = entry else { continue };
                 let owner = entry.value.split(|b| *b == b'\n').next().unwrap_or(&[]);
                 if entry.operation == kv::Operation::Put
                     && owner == rid.as_bytes()
                     && let Ok(revision) = self.kv.update(&key, value.clone(), entry.revision).await
                 {
-                    metrics::counter!(m::INTAKE_SESSION_SLOTS_TOTAL, "result" => "taken_over")
+                    metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "taken_over")
                         .increment(1);
                     return Ok(SlotResult::Got(Slot {
                         key,
@@ -407,7 +512,7 @@ impl SessionSlots {
                 }
             }
         }
-        metrics::counter!(m::INTAKE_SESSION_SLOTS_TOTAL, "result" => "full").increment(1);
+        metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "full").increment(1);
         Ok(SlotResult::Full)
     }
 }
@@ -418,7 +523,7 @@ async fn open(
     js: &jetstream::Context,
     cfg: &Config,
     j: &JetStreamIntake,
-) -> Result<(consumer::PullConsumer, Option<SessionSlots>), String> {
+) -> Result<(consumer::PullConsumer, Option<ClusterSlots>), String> {
     let max_age = cfg.deadline.max.max(j.duplicate_window);
     let stream = js
         .get_or_create_stream(stream::Config {
@@ -454,21 +559,40 @@ async fn open(
         )
         .await
         .map_err(|e| format!("jetstream.consumer {}: {e}", j.consumer))?;
-    let slots = match (cfg.session.pending_cap, cfg.mode) {
-        (Some(cap), Mode::Enforce) => {
-            let kv = open_bucket(
-                js,
-                "jetstream.session_bucket",
-                &j.session_bucket,
-                j.ack_wait,
-                j.replicas.get(),
-            )
-            .await?;
-            Some(SessionSlots { kv, cap: cap.get() })
-        }
-        _ => None,
+    let limits: Vec<Option<(String, usize)>> = cfg
+        .limits
+        .iter()
+        .map(|l| {
+            matches!(l.on_busy, crate::config::OnBusy::Reject)
+                .then(|| (l.name.clone(), l.limit.get()))
+        })
+        .collect();
+    let session_cap = cfg.session.pending_cap.map(|c| c.get());
+    let wanted = session_cap.is_some() || limits.iter().any(Option::is_some);
+    let slots = if wanted && cfg.mode == Mode::Enforce {
+        let kv = open_bucket(
+            js,
+            "jetstream.session_bucket",
+            &j.session_bucket,
+            j.ack_wait,
+            j.replicas.get(),
+        )
+        .await?;
+        Some(ClusterSlots {
+            kv,
+            replica: js_replica_name(),
+            session_cap,
+            limits,
+        })
+    } else {
+        None
     };
     Ok((consumer, slots))
+}
+
+/// A name for this replica in slot values: process id and a random token.
+fn js_replica_name() -> String {
+    format!("pid {} {:016x}", std::process::id(), rand::random::<u64>())
 }
 
 /// One pulled message, prepared for the edge: its reply subject, the headers with the
@@ -594,26 +718,17 @@ impl IntakeEdge {
             next_id: AtomicU64::new(1),
             keeper: keeper_tx,
             keep_replies: replies.is_some(),
+            slots: slots.map(Arc::new),
         });
         let (stop, stop_rx) = watch::channel(false);
-        let slots = slots.map(Arc::new);
-        let keeper = tokio::spawn(keeper(
-            hub.clone(),
-            slots.clone(),
-            replies,
-            j.progress_interval,
-            keeper_rx,
-        ));
-        let replica = client.new_inbox();
+        let keeper = tokio::spawn(keeper(hub.clone(), replies, j.progress_interval, keeper_rx));
         let pull = tokio::spawn(pull_loop(PullCtx {
             consumer,
             hub,
             edge,
-            slots,
             permits: Arc::new(Semaphore::new(config.workers.get())),
             config,
             stop: stop_rx,
-            replica,
         }));
         Ok(Self {
             stop,
@@ -645,12 +760,9 @@ struct PullCtx<A> {
     consumer: consumer::PullConsumer,
     hub: Arc<Hub>,
     edge: Arc<A>,
-    slots: Option<Arc<SessionSlots>>,
     permits: Arc<Semaphore>,
     config: Arc<Config>,
     stop: watch::Receiver<bool>,
-    /// Names this replica in session slot values (diagnostics).
-    replica: String,
 }
 
 async fn pull_loop<A: Admit>(mut ctx: PullCtx<A>) {
@@ -813,53 +925,6 @@ async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: Own
         ctx.edge.refuse(pulled, err, received_at).await;
         return;
     }
-    if let Some(slots) = &ctx.slots {
-        let hm = pulled.message.headers.as_ref();
-        let session = header(hm, h::SESSION_ID).map(str::trim);
-        let rid = header(hm, h::REQUEST_ID).map(str::trim);
-        if let Some(session) = session.filter(|s| h::parse_id(h::SESSION_ID, s).is_ok()) {
-            match slots.acquire(session, rid, &ctx.replica).await {
-                Ok(SlotResult::Got(slot)) => {
-                    let _ = ctx.hub.keeper.send(KeeperMsg::Slot {
-                        ticket: pulled.ticket.id,
-                        slot,
-                    });
-                }
-                Ok(SlotResult::Full) => {
-                    pulled.ticket.terminate(TermReason::SessionCap);
-                    let cap = slots.cap as u64;
-                    let err = ErrorBody::new(
-                        ErrorCode::SessionQueueFull,
-                        format!(
-                            "session has {cap} pending requests over all replicas (limit {cap})"
-                        ),
-                    )
-                    .with_details(ErrorDetails {
-                        limit: Some(cap),
-                        pending: Some(cap),
-                        key: Some(format!("session:{session}")),
-                        ..Default::default()
-                    });
-                    ctx.edge.refuse(pulled, err, received_at).await;
-                    return;
-                }
-                Err(e) => {
-                    metrics::counter!(m::INTAKE_SESSION_SLOTS_TOTAL, "result" => "error")
-                        .increment(1);
-                    tracing::warn!(error = %e, "session slot store failed; request handed back");
-                    let t = pulled.ticket;
-                    send_ack(
-                        &t.hub.client,
-                        &t.ack,
-                        AckKind::Nak(Some(STORE_ERROR_DELAY)),
-                        t.hub.publish_timeout,
-                    )
-                    .await;
-                    return;
-                }
-            }
-        }
-    }
     ctx.edge.admit(pulled).await;
 }
 
@@ -867,14 +932,14 @@ async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: Own
 /// `interval`; deletes a slot when its ticket is released.
 async fn keeper(
     hub: Arc<Hub>,
-    slots: Option<Arc<SessionSlots>>,
     replies: Option<kv::Store>,
     interval: Duration,
     mut rx: mpsc::UnboundedReceiver<KeeperMsg>,
 ) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut owned: HashMap<u64, Slot> = HashMap::new();
+    let slots = hub.slots.clone();
+    let mut owned: HashMap<u64, Vec<Slot>> = HashMap::new();
     loop {
         tokio::select! {
             _ = tick.tick() => {
@@ -883,7 +948,7 @@ async fn keeper(
                     send_ack(&hub.client, ack, AckKind::Progress, hub.publish_timeout).await;
                 }
                 if let Some(s) = &slots {
-                    for slot in owned.values_mut() {
+                    for slot in owned.values_mut().flatten() {
                         let renewed = tokio::time::timeout(
                             hub.publish_timeout,
                             s.kv.update(&slot.key, slot.value.clone(), slot.revision),
@@ -894,9 +959,9 @@ async fn keeper(
                             Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
                                 // Expired and taken by another request: the cap may be
                                 // exceeded by one until this request settles.
-                                metrics::counter!(m::INTAKE_SESSION_SLOTS_TOTAL, "result" => "lost")
+                                metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "lost")
                                     .increment(1);
-                                tracing::warn!(key = %slot.key, "session slot lost before its request settled");
+                                tracing::warn!(key = %slot.key, "cluster slot lost before its request settled");
                             }
                             // Unknown (timeout, leader election): try again next tick.
                             _ => {}
@@ -914,15 +979,17 @@ async fn keeper(
                     }
                 }
                 Some(KeeperMsg::Slot { ticket, slot }) => {
-                    owned.insert(ticket, slot);
+                    owned.entry(ticket).or_default().push(slot);
                 }
                 Some(KeeperMsg::Release { ticket }) => {
-                    if let (Some(slot), Some(s)) = (owned.remove(&ticket), &slots) {
-                        let _ = tokio::time::timeout(
-                            hub.publish_timeout,
-                            s.kv.delete_expect_revision(&slot.key, Some(slot.revision)),
-                        )
-                        .await;
+                    if let (Some(held), Some(s)) = (owned.remove(&ticket), &slots) {
+                        for slot in held {
+                            let _ = tokio::time::timeout(
+                                hub.publish_timeout,
+                                s.kv.delete_expect_revision(&slot.key, Some(slot.revision)),
+                            )
+                            .await;
+                        }
                     }
                 }
             }

@@ -149,11 +149,11 @@ pub const INTAKE_TERMINATED_TOTAL: &str = "llm_intake_terminated_total";
 /// Counter: pull requests that failed or ended in an error item (a missed heartbeat, a
 /// server restart); the loop pulls again.
 pub const INTAKE_PULL_ERRORS_TOTAL: &str = "llm_intake_pull_errors_total";
-/// Counter: cluster-wide session slot operations, label `result` (`acquired`,
-/// `taken_over` = a redelivered request took its own slot back, `full`, `error` = the
-/// KV store failed and the request was handed back, `lost` = a renewal found the slot
-/// taken).
-pub const INTAKE_SESSION_SLOTS_TOTAL: &str = "llm_intake_session_slots_total";
+/// Counter: cluster-wide slot operations (session cap, reject-limits), label `result`
+/// (`acquired`, `taken_over` = a redelivered request took its own slot back, `full`,
+/// `error` = the KV store failed and the request was handed back, `lost` = a renewal
+/// found the slot taken).
+pub const INTAKE_CLUSTER_SLOTS_TOTAL: &str = "llm_intake_cluster_slots_total";
 /// Counter: core requests put into the durable intake by this replica
 /// (`jetstream.forward`), label `result` (`stored`, `duplicate`, `failed`).
 pub const INTAKE_FORWARDED_TOTAL: &str = "llm_intake_forwarded_total";
@@ -228,7 +228,7 @@ pub const DECLARED: &[Declared] = &[
     Declared::counter(INTAKE_ACK_FAILED_TOTAL),
     Declared::counter(INTAKE_TERMINATED_TOTAL),
     Declared::counter(INTAKE_PULL_ERRORS_TOTAL),
-    Declared::counter(INTAKE_SESSION_SLOTS_TOTAL),
+    Declared::counter(INTAKE_CLUSTER_SLOTS_TOTAL),
     Declared::counter(INTAKE_FORWARDED_TOTAL),
     Declared::counter(INTAKE_REPLIES_KEPT_TOTAL),
     Declared::gauge(INTAKE_HELD),

@@ -53,7 +53,7 @@ use weir_protocol::llm::{
 
 use crate::admission::{Admission, Outcome, RequestStatus, Sink, Submission};
 use crate::config::Config;
-use crate::intake::{Admit, IntakeEdge, Pulled, Settle, TermReason, Ticket};
+use crate::intake::{Admit, IntakeEdge, Pulled, Settle, SlotRefusal, TermReason, Ticket};
 use crate::metrics as m;
 use crate::nats_events::NatsEvents;
 use crate::stream::{AckHub, Delivered, NatsStream, StreamLimits};
@@ -630,6 +630,28 @@ impl Edge {
         };
         match (sub, stream) {
             (Ok(mut sub), Ok(wants)) => {
+                // Durable intake: the cluster-wide session cap and reject-limits, taken
+                // as KV slot leases before the local admission.
+                if let Some(t) = &mut waiter.intake {
+                    let keys = crate::admission::resolve_keys(self.admission.config(), &sub)
+                        .unwrap_or_default();
+                    match t.take_cluster_slots(sub.session.as_deref(), &keys).await {
+                        Ok(()) => {}
+                        Err(SlotRefusal::Full(reason, err)) => {
+                            t.terminate(reason);
+                            return self.admission.answer_now(waiter, *err, received_at).await;
+                        }
+                        Err(SlotRefusal::Store(e)) => {
+                            metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "error")
+                                .increment(1);
+                            tracing::warn!(error = %e, "cluster slot store failed; request handed back");
+                            if let Some(t) = waiter.intake.take() {
+                                t.settle(Settle::Retry).await;
+                            }
+                            return;
+                        }
+                    }
+                }
                 if let (Some(true), Some(sent)) = (wants, &waiter.stream) {
                     let sc = &self.config.stream;
                     sub.stream = Some(Arc::new(NatsStream::new(

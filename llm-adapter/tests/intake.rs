@@ -470,13 +470,19 @@ impl Drop for TestBackend {
     }
 }
 
-#[tokio::test]
-async fn the_session_cap_holds_over_two_replicas() {
+/// Two in-process replicas (4 workers each, a 300 ms NATS backend) with `limits`
+/// (TOML after the intake section), 10 requests at once carrying `headers`: the answer
+/// codes and the most calls of one session (the `Weir-Session-Id` the backend sees)
+/// at once.
+async fn burst_over_two_replicas(
+    limits: &str,
+    headers: &[(&str, &str)],
+) -> (BTreeMap<String, usize>, usize) {
     let server = js_server();
     let backend = TestBackend::start(server.url(), "sim.backend", Duration::from_millis(300)).await;
-    // 4 workers per replica: each alone would run 4 requests of one session at once.
+    // 4 workers per replica: each alone would run 4 requests of one key at once.
     let toml = format!(
-        "workers = 4\n{INTAKE}max_ack_pending = 8\n[session]\npending_cap = 2\nordering = false\n[backend]\nkind = \"nats\"\n[backend.nats]\nsubject = \"sim.backend\"\n"
+        "workers = 4\n{INTAKE}max_ack_pending = 8\n{limits}\n[backend]\nkind = \"nats\"\n[backend.nats]\nsubject = \"sim.backend\"\n"
     );
     let a = adapter(&server, &toml, None).await;
     let b = adapter(&server, &toml, None).await;
@@ -486,13 +492,15 @@ async fn the_session_cap_holds_over_two_replicas() {
     let mut replies = caller.subscribe(format!("{inbox}.>")).await.expect("sub");
     caller.flush().await.expect("flush");
     let n = 10;
+    let mut hs = headers.to_vec();
+    hs.push((h::TIMEOUT_MS, "5000"));
     for i in 0..n {
         publish(
             &js,
             "llm.intake",
             &format!("{inbox}.{i}"),
             &format!("c-{i}"),
-            &[(h::SESSION_ID, "one"), (h::TIMEOUT_MS, "5000")],
+            &hs,
             b"x",
         )
         .await;
@@ -505,7 +513,20 @@ async fn the_session_cap_holds_over_two_replicas() {
             .expect("msg");
         *codes.entry(code_of(&m)).or_default() += 1;
     }
+    assert_eq!(codes.values().sum::<usize>(), n);
     let max = backend.max_concurrent_per_session();
+    a.shutdown().await;
+    b.shutdown().await;
+    (codes, max)
+}
+
+#[tokio::test]
+async fn the_session_cap_holds_over_two_replicas() {
+    let (codes, max) = burst_over_two_replicas(
+        "[session]\npending_cap = 2\nordering = false",
+        &[(h::SESSION_ID, "one")],
+    )
+    .await;
     eprintln!(
         "session cap 2 over 2 replicas x 4 workers, 10 requests at once: {codes:?}, most at once at the backend: {max}"
     );
@@ -514,9 +535,29 @@ async fn the_session_cap_holds_over_two_replicas() {
         codes.get("session_queue_full").copied().unwrap_or(0) >= 1,
         "{codes:?}"
     );
-    assert_eq!(codes.values().sum::<usize>(), n);
-    a.shutdown().await;
-    b.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_reject_limit_holds_over_two_replicas() {
+    // No session cap; one client key limited to 1 with on_busy = "reject". The session
+    // header only lets the backend count per key.
+    let (codes, max) = burst_over_two_replicas(
+        "[session]\npending_cap = 0\nordering = false\n[[limits]]\nname = \"per-tenant\"\nkey = \"client\"\nlimit = 1\non_busy = \"reject\"",
+        &[(h::CLIENT_KEY, "tenant-a"), (h::SESSION_ID, "tenant-a")],
+    )
+    .await;
+    eprintln!(
+        "client limit 1 (reject) over 2 replicas x 4 workers, 10 requests at once: {codes:?}, most at once at the backend: {max}"
+    );
+    assert_eq!(max, 1, "limit 1 across replicas");
+    assert!(
+        codes
+            .get("concurrency_limit_exceeded")
+            .copied()
+            .unwrap_or(0)
+            >= 1,
+        "{codes:?}"
+    );
 }
 
 /// `llm-adapter serve` with `config`, its admin address from the ready line.
