@@ -30,12 +30,17 @@
 //!   counted in `llm_intake_terminated_total{reason}`; a pull error (a missed
 //!   heartbeat, a server restart) is counted and the loop goes on.
 //!
-//! The session cap (`session.pending_cap`) is cluster-wide: [`SessionSlots`], one KV
-//! key per (session, slot index), taken with `create` (only-if-absent), renewed with
-//! compare-and-swap by the keeper, deleted (expecting its revision) when the request
-//! settles, and expiring after `ack_wait` (the bucket's `max_age`) when its replica
-//! died — the same time after which the server redelivers the request, which then
-//! takes its own slot over (the value names the request id).
+//! The session cap (`session.pending_cap`) and every `[[limits]]` rule with
+//! `on_busy = "reject"` are cluster-wide: [`ClusterSlots`], one KV key per (key, slot
+//! index), taken with `create` (only-if-absent) before the local admission, renewed
+//! with compare-and-swap by the keeper, deleted (expecting its revision) when the
+//! request settles, and expiring after `ack_wait` (the bucket's `max_age`) when its
+//! replica died — the same time after which the server redelivers the request, which
+//! then takes its own slot over (the value names the request id).
+//!
+//! Answers are kept in a second KV bucket (`jetstream.reply_bucket`) for the duplicate
+//! window, so that a retry the stream dropped as a duplicate is answered with the
+//! original's answer by the replica that forwarded it ([`wait_kept_reply`]).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -260,6 +265,11 @@ impl Ticket {
             }
         }
         Ok(())
+    }
+
+    /// The request id (`Weir-Request-Id`), when valid.
+    pub(crate) fn request_id(&self) -> Option<&str> {
+        self.request_id.as_deref()
     }
 
     /// Whether the answer should be handed to [`Ticket::keep_reply`].

@@ -225,6 +225,13 @@ impl Sink for NatsSink {
             None
         };
         let (mut headers, mut body) = render(&outcome, envelope, max_payload);
+        // A refusal before admission carries no request id in its outcome; an intake
+        // request's answer always names it (the caller may match answers by id).
+        if outcome.request_id.is_none()
+            && let Some(rid) = intake.as_ref().and_then(Ticket::request_id)
+        {
+            put_static(&mut headers, h::REQUEST_ID, rid);
+        }
         let timeout = self.publish_timeout;
         let client = self.client.clone();
         // A streaming caller whose answer has a body (it joined a unary request, or got
