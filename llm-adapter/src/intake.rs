@@ -139,8 +139,8 @@ pub(crate) struct Hub {
     held: Mutex<HashMap<u64, Subject>>,
     next_id: AtomicU64,
     keeper: mpsc::UnboundedSender<KeeperMsg>,
-    /// Answers are kept in the reply bucket (`jetstream.reply_bucket`).
-    keep_replies: bool,
+    /// The reply bucket (`jetstream.reply_bucket`), where answers are kept.
+    replies: Option<kv::Store>,
     /// Cluster-wide session cap and reject-limits (`None`: none configured, or shadow).
     slots: Option<Arc<ClusterSlots>>,
 }
@@ -274,14 +274,14 @@ impl Ticket {
 
     /// Whether the answer should be handed to [`Ticket::keep_reply`].
     pub(crate) fn keeps_replies(&self) -> bool {
-        self.hub.keep_replies && self.request_id.is_some()
+        self.hub.replies.is_some() && self.request_id.is_some()
     }
 
     /// Keeps the published answer in the reply bucket under the request id, for a
     /// duplicate of this request that the stream dropped (written by the keeper task:
     /// the worker does not wait for it).
     pub(crate) fn keep_reply(&self, headers: &HeaderMap, body: &[u8]) {
-        if let (true, Some(rid)) = (self.hub.keep_replies, &self.request_id) {
+        if let (true, Some(rid)) = (self.hub.replies.is_some(), &self.request_id) {
             let _ = self.hub.keeper.send(KeeperMsg::Reply {
                 key: reply_key(rid),
                 value: encode_reply(headers, body),
@@ -727,7 +727,7 @@ impl IntakeEdge {
             held: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             keeper: keeper_tx,
-            keep_replies: replies.is_some(),
+            replies: replies.clone(),
             slots: slots.map(Arc::new),
         });
         let (stop, stop_rx) = watch::channel(false);
@@ -900,6 +900,27 @@ async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: Own
         ticket.settle(Settle::Answered).await;
         return;
     };
+    // A redelivered request may have been answered by a replica that died before its
+    // `+ACK` reached the server: its kept answer is sent again instead of running it
+    // twice (the caller may receive the same answer twice; it never runs twice).
+    if delivered > 1
+        && let (Some(kv), Some(rid)) = (&ctx.hub.replies, ticket.request_id.as_deref())
+    {
+        let kept = tokio::time::timeout(ctx.hub.publish_timeout, kv.entry(reply_key(rid))).await;
+        if let Ok(Ok(Some(entry))) = kept
+            && entry.operation == kv::Operation::Put
+            && let Some((headers, body)) = decode_reply(&entry.value)
+        {
+            metrics::counter!(m::INTAKE_REPLAYED_TOTAL).increment(1);
+            let _ = tokio::time::timeout(
+                ctx.hub.publish_timeout,
+                ctx.hub.client.publish_with_headers(reply, headers, body),
+            )
+            .await;
+            ticket.settle(Settle::Answered).await;
+            return;
+        }
+    }
     let deadline = absolute_deadline(
         header(hm, h::DEADLINE_MS),
         header(hm, h::TIMEOUT_MS),

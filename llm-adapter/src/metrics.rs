@@ -160,6 +160,9 @@ pub const INTAKE_FORWARDED_TOTAL: &str = "llm_intake_forwarded_total";
 /// Counter: answers written to the reply bucket (`jetstream.reply_bucket`), label
 /// `result` (`kept`, `failed`).
 pub const INTAKE_REPLIES_KEPT_TOTAL: &str = "llm_intake_replies_kept_total";
+/// Counter: redelivered intake requests answered from the reply bucket instead of
+/// running again (a replica answered them and died before its `+ACK` arrived).
+pub const INTAKE_REPLAYED_TOTAL: &str = "llm_intake_replayed_total";
 /// Gauge: intake requests this replica holds (pulled, not yet settled).
 pub const INTAKE_HELD: &str = "llm_intake_held";
 
@@ -231,6 +234,7 @@ pub const DECLARED: &[Declared] = &[
     Declared::counter(INTAKE_CLUSTER_SLOTS_TOTAL),
     Declared::counter(INTAKE_FORWARDED_TOTAL),
     Declared::counter(INTAKE_REPLIES_KEPT_TOTAL),
+    Declared::counter(INTAKE_REPLAYED_TOTAL),
     Declared::gauge(INTAKE_HELD),
     Declared::gauge(weir_service::process::RESIDENT_MEMORY_BYTES),
 ];
