@@ -1122,3 +1122,64 @@ async fn a_redelivered_request_already_answered_is_not_run_again() {
     assert_eq!(wait_empty(&js, "WEIR_LLM_INTAKE").await, 0, "acknowledged");
     b.shutdown().await;
 }
+
+/// The Python client's durable mode (`clients/python/weir_llm.py`, nats-py) against the
+/// binary on the durable intake. Python: `weir_testkit::python::python()`
+/// (`WEIR_PYTHON`, with nats-py).
+#[tokio::test]
+async fn python_client_durable_mode_against_the_binary() {
+    let server = js_server();
+    let dir = tempfile::tempdir().expect("dir");
+    let cfg = dir.path().join("adapter.toml");
+    std::fs::write(
+        &cfg,
+        format!("workers = 2\n{INTAKE}\n[backend.sim]\nlatency_ms = 10\n"),
+    )
+    .expect("config");
+    let (_child, admin) = replica(server.url(), &cfg).await;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let script = root.join("tests/py/durable_check.py");
+    let module_dir = root.join("../clients/python");
+    let py = weir_testkit::python::python();
+    let url = server.url().to_owned();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(&py)
+            .arg(&script)
+            .args(["--nats", &url])
+            .env("PYTHONPATH", &module_dir)
+            .output()
+    });
+    let out = tokio::time::timeout(Duration::from_secs(60), out)
+        .await
+        .expect("the script ends in time")
+        .expect("join")
+        .expect("run python");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "durable_check.py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(stdout.trim().lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("summary JSON ({e}): {stdout}"));
+    eprintln!("python durable client: {v}");
+    assert_eq!(v["first"], "hello");
+    assert_eq!(v["retry"], "hello", "the kept answer");
+    assert_eq!(v["no_id"], "no id");
+    assert_eq!(v["refusal"], "invalid_request");
+    let page = tokio::time::timeout(STEP, async {
+        reqwest::get(format!("http://{admin}/metrics"))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text")
+    })
+    .await
+    .expect("scrape in time");
+    assert_eq!(
+        counter(&page, "llm_inference_started_total"),
+        2.0,
+        "the retry did not run: {page}"
+    );
+}
