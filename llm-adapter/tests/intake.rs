@@ -1183,3 +1183,46 @@ async fn python_client_durable_mode_against_the_binary() {
         "the retry did not run: {page}"
     );
 }
+
+/// `intake = "jetstream"` on a server without JetStream: the binary refuses to start
+/// (exit status non-zero), naming the key of the first JetStream object it could not
+/// create.
+#[tokio::test]
+async fn the_binary_refuses_to_start_without_jetstream() {
+    let server = NatsServer::start().expect("nats-server without JetStream");
+    let dir = tempfile::tempdir().expect("dir");
+    let cfg = dir.path().join("adapter.toml");
+    std::fs::write(
+        &cfg,
+        format!("{INTAKE}[nats]\nconnection_timeout_ms = 500\n"),
+    )
+    .expect("config");
+    let out = tokio::task::spawn_blocking({
+        let url = server.url().to_owned();
+        move || {
+            std::process::Command::new(BIN)
+                .args([
+                    "serve",
+                    "--admin",
+                    "127.0.0.1:0",
+                    "--nats-url",
+                    &url,
+                    "--config",
+                ])
+                .arg(&cfg)
+                .env("RUST_LOG", "error")
+                .output()
+        }
+    });
+    let out = tokio::time::timeout(Duration::from_secs(30), out)
+        .await
+        .expect("exits in time")
+        .expect("join")
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "must not start: {stderr}");
+    assert!(
+        stderr.contains("jetstream.") && stderr.contains("jetstream unavailable"),
+        "{stderr}"
+    );
+}
