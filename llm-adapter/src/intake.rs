@@ -959,8 +959,15 @@ async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: Own
     ctx.edge.admit(pulled).await;
 }
 
-/// Sends progress for every held request and renews their session slots every
-/// `interval`; deletes a slot when its ticket is released.
+/// Most KV writes (kept answers, slot deletes) the keeper has in flight at once.
+const KV_WRITES_IN_FLIGHT: usize = 256;
+
+/// Sends progress for every held request and renews their cluster slots every
+/// `interval`; deletes a slot when its ticket is released; writes kept answers. The
+/// writes are pipelined (at most [`KV_WRITES_IN_FLIGHT`]) and the renewals of one tick
+/// run concurrently, so that a slow KV store (a leader election, a loaded machine)
+/// does not hold back the progress acknowledgements and renewals behind a queue of
+/// writes — a late renewal lets a slot expire under its holder.
 async fn keeper(
     hub: Arc<Hub>,
     replies: Option<kv::Store>,
@@ -970,43 +977,55 @@ async fn keeper(
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let slots = hub.slots.clone();
+    let limit = hub.publish_timeout;
     let mut owned: HashMap<u64, Vec<Slot>> = HashMap::new();
+    let mut writes: futures::stream::FuturesUnordered<futures::future::BoxFuture<'static, ()>> =
+        futures::stream::FuturesUnordered::new();
+    let mut open = true;
     loop {
         tokio::select! {
+            biased;
             _ = tick.tick() => {
                 let acks: Vec<Subject> = hub.held().values().cloned().collect();
                 for ack in &acks {
-                    send_ack(&hub.client, ack, AckKind::Progress, hub.publish_timeout).await;
+                    send_ack(&hub.client, ack, AckKind::Progress, limit).await;
                 }
                 if let Some(s) = &slots {
-                    for slot in owned.values_mut().flatten() {
-                        let renewed = tokio::time::timeout(
-                            hub.publish_timeout,
-                            s.kv.update(&slot.key, slot.value.clone(), slot.revision),
-                        )
-                        .await;
-                        match renewed {
-                            Ok(Ok(rev)) => slot.revision = rev,
-                            Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
-                                // Expired and taken by another request: the cap may be
-                                // exceeded by one until this request settles.
-                                metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "lost")
-                                    .increment(1);
-                                tracing::warn!(key = %slot.key, "cluster slot lost before its request settled");
+                    let renewals = owned.values_mut().flatten().map(|slot| {
+                        let kv = s.kv.clone();
+                        async move {
+                            let renewed = tokio::time::timeout(
+                                limit,
+                                kv.update(&slot.key, slot.value.clone(), slot.revision),
+                            )
+                            .await;
+                            match renewed {
+                                Ok(Ok(rev)) => slot.revision = rev,
+                                Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+                                    // Expired and taken by another request: the limit may be
+                                    // exceeded by one until this request settles.
+                                    metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "lost")
+                                        .increment(1);
+                                    tracing::warn!(key = %slot.key, "cluster slot lost before its request settled");
+                                }
+                                // Unknown (timeout, leader election): try again next tick.
+                                _ => {}
                             }
-                            // Unknown (timeout, leader election): try again next tick.
-                            _ => {}
                         }
-                    }
+                    });
+                    futures::future::join_all(renewals).await;
                 }
             }
-            msg = rx.recv() => match msg {
-                None => return,
+            msg = rx.recv(), if open && writes.len() < KV_WRITES_IN_FLIGHT => match msg {
+                None => open = false,
                 Some(KeeperMsg::Reply { key, value }) => {
-                    if let Some(kv) = &replies {
-                        let put = tokio::time::timeout(hub.publish_timeout, kv.put(&key, value)).await;
-                        let result = if matches!(put, Ok(Ok(_))) { "kept" } else { "failed" };
-                        metrics::counter!(m::INTAKE_REPLIES_KEPT_TOTAL, "result" => result).increment(1);
+                    if let Some(kv) = replies.clone() {
+                        writes.push(Box::pin(async move {
+                            let put = tokio::time::timeout(limit, kv.put(&key, value)).await;
+                            let result = if matches!(put, Ok(Ok(_))) { "kept" } else { "failed" };
+                            metrics::counter!(m::INTAKE_REPLIES_KEPT_TOTAL, "result" => result)
+                                .increment(1);
+                        }));
                     }
                 }
                 Some(KeeperMsg::Slot { ticket, slot }) => {
@@ -1015,15 +1034,20 @@ async fn keeper(
                 Some(KeeperMsg::Release { ticket }) => {
                     if let (Some(held), Some(s)) = (owned.remove(&ticket), &slots) {
                         for slot in held {
-                            let _ = tokio::time::timeout(
-                                hub.publish_timeout,
-                                s.kv.delete_expect_revision(&slot.key, Some(slot.revision)),
-                            )
-                            .await;
+                            let kv = s.kv.clone();
+                            writes.push(Box::pin(async move {
+                                let _ = tokio::time::timeout(
+                                    limit,
+                                    kv.delete_expect_revision(&slot.key, Some(slot.revision)),
+                                )
+                                .await;
+                            }));
                         }
                     }
                 }
-            }
+            },
+            Some(()) = writes.next(), if !writes.is_empty() => {}
+            else => return,
         }
     }
 }

@@ -451,7 +451,15 @@ impl TestBackend {
 
     /// Most calls of one session in progress at once.
     fn max_concurrent_per_session(&self) -> usize {
-        let calls = self.calls();
+        self.max_concurrent_where(|_| true)
+    }
+
+    /// Most calls of one session at once among those a replica still held: without
+    /// the calls a live replica abandoned at the deadline (it answered the caller and
+    /// released the slot; a real backend sees the HTTP request cancelled, this one goes
+    /// on sleeping) — `keep` says which calls count.
+    fn max_concurrent_where(&self, keep: impl Fn(&Call) -> bool) -> usize {
+        let calls: Vec<Call> = self.calls().into_iter().filter(|c| keep(c)).collect();
         let mut best = 0;
         for c in &calls {
             let n = calls
@@ -587,6 +595,15 @@ async fn replica(url: &str, config: &std::path::Path) -> (Child, String) {
 fn counter(page: &str, name: &str) -> f64 {
     page.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The value of a counter with the label `label` (`result="lost"`) in a Prometheus text
+/// page (0 when absent).
+fn labelled(page: &str, name: &str, label: &str) -> f64 {
+    page.lines()
+        .filter(|l| l.starts_with(name) && l.contains(label))
+        .find_map(|l| l.rsplit(' ').next()?.trim().parse().ok())
         .unwrap_or(0.0)
 }
 
@@ -779,7 +796,8 @@ async fn a_replica_sigkilled_at_twice_capacity_hands_its_requests_to_the_other()
         .iter()
         .filter(|r| answers.get(**r).is_some_and(|v| v == &["ok".to_owned()]))
         .count();
-    let max_session = backend.max_concurrent_per_session();
+    let max_session_raw = backend.max_concurrent_per_session();
+    let max_session = backend.max_concurrent_where(|c| c.delivered != Some(false) || caught(c));
     // How late after its deadline an answer came (a deadline that passes in the stream
     // is answered when a replica reaches the request), and when B answered the
     // handed-over requests.
@@ -815,11 +833,12 @@ async fn a_replica_sigkilled_at_twice_capacity_hands_its_requests_to_the_other()
     .await
     .expect("scrape in time");
     let redelivered = counter(&page, "llm_intake_redelivered_total");
+    let lost = labelled(&page, "llm_intake_cluster_slots_total", "result=\"lost\"");
     eprintln!(
         "durable intake, 2 replicas x {workers} workers, 200 ms calls, {rate}/s for {secs} s (2x), A SIGKILLed at {:.2} s: \
          sent {total}, answered {}, missing {}, answered twice {}; answers by code {codes:?}; \
          backend calls {}, completed twice {completed_twice}, caught by the kill on A {} (re-run by B: {}, answered ok: {rerun_ok}), abandoned at the deadline {abandoned}; \
-         B pulled {redelivered} redelivered, answered {handover_ms:.0?} ms after the kill; most calls of one session at once {max_session} (cap {cap}); \
+         B pulled {redelivered} redelivered, answered {handover_ms:.0?} ms after the kill; most calls of one session held at once {max_session} (cap {cap}; {max_session_raw} counting calls abandoned at the deadline), slots B lost to expiry {lost}; \
          answers after their deadline: {} (max {:.0} ms late)",
         (killed_at - started).as_secs_f64(),
         answers.len(),
