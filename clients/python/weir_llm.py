@@ -21,6 +21,13 @@ Every failure raises `LlmError` with `code` (the adapter's error code such as
 `message`, `details` (the numbers: `limit`, `retry_after_ms`, ...) and, when the request
 body was the deployed envelope, `envelope` (the response envelope, `ok: false`).
 
+Durable intake (the adapter's `intake = "jetstream"`): `LlmClient(nc,
+intake_subject="llm.intake")` sends unary requests with a JetStream publish, so the
+stream keeps each request until a replica answers it, also when the replica that took
+it dies (docs/llm-adapter.md, durable intake). A retry with the same request id within
+the stream's duplicate window is answered with the first answer (through the service
+subject), not run again.
+
 Iterating a stream acknowledges its chunks (the adapter's flow control, protocol 8.4):
 a caller that stops iterating is aborted by the adapter after `stream.window` chunks
 and `stream.ack_timeout_ms`. Leaving the `async for` early unsubscribes, which the
@@ -66,6 +73,8 @@ TTFT_MS = "Weir-Ttft-Ms"
 STREAM_CHUNKS = "Weir-Stream-Chunks"
 STREAM_BYTES = "Weir-Stream-Bytes"
 STREAM_OUTCOME = "Weir-Stream-Outcome"
+REPLY_TO = "Weir-Reply-To"
+NATS_MSG_ID = "Nats-Msg-Id"
 
 
 class LlmError(Exception):
@@ -210,8 +219,12 @@ class LlmClient:
         status_subject: str = "llm.status",
         default_timeout: float = 30.0,
         margin: float = 0.25,
+        intake_subject: Optional[str] = None,
     ) -> None:
         self.nc = nc
+        # The durable intake's stream subject (`jetstream.subject`); None = core
+        # request/reply only.
+        self.intake_subject = intake_subject
         self.subject = subject
         self.cancel_subject = cancel_subject
         self.status_subject = status_subject
@@ -254,9 +267,13 @@ class LlmClient:
         client_key: Optional[str] = None,
         admission: Optional[str] = None,
     ) -> Reply:
-        """The unary call: waits for the whole answer."""
+        """The unary call: waits for the whole answer (through the durable intake when
+        the client was made with `intake_subject`)."""
         headers = self._headers(request_id, session_id, timeout_ms, client_key, admission)
-        msg = await self._request(self.subject, body, self._wait(timeout_ms), headers)
+        if self.intake_subject is not None:
+            msg = await self._durable(body, self._wait(timeout_ms), headers)
+        else:
+            msg = await self._request(self.subject, body, self._wait(timeout_ms), headers)
         return Reply(
             body=msg.data,
             queue_ms=_ms(msg.headers, QUEUE_MS),
@@ -352,6 +369,46 @@ class LlmClient:
             raise LlmError("timed_out", "no reply in time") from e
         _check_error(msg)
         return msg
+
+    async def _durable(self, body: bytes, timeout: float, headers: Dict[str, str]):
+        """One request through the durable intake: subscribe the reply inbox, publish to
+        the stream with `Nats-Msg-Id` = the request id and `Weir-Reply-To` = the inbox,
+        wait for the stream's acknowledgement, then for the answer. A duplicate (the
+        stream already has this id) asks the service subject, whose forwarding replica
+        answers with the first copy's kept answer."""
+        import nats.errors
+
+        inbox = self.nc.new_inbox()
+        request_id = headers.get(REQUEST_ID) or inbox.rsplit(".", 1)[-1]
+        headers[REQUEST_ID] = request_id
+        sub = await self.nc.subscribe(inbox, max_msgs=1)
+        try:
+            published = dict(headers)
+            published[NATS_MSG_ID] = request_id
+            published[REPLY_TO] = inbox
+            try:
+                ack = await self.nc.jetstream().publish(
+                    self.intake_subject, body, timeout=timeout, headers=published
+                )
+            except nats.errors.TimeoutError as e:
+                raise LlmError("timed_out", "the durable intake did not confirm the request") from e
+            except nats.errors.NoRespondersError as e:
+                raise LlmError("no_responders", "no stream on the intake subject") from e
+            except Exception as e:  # nats.js.errors.APIError: not stored (full, ...)
+                raise LlmError("transport", f"durable intake: {e}") from e
+            if getattr(ack, "duplicate", False):
+                return await self._request(self.subject, body, timeout, headers)
+            try:
+                msg = await sub.next_msg(timeout=timeout)
+            except nats.errors.TimeoutError as e:
+                raise LlmError("timed_out", "no reply in time") from e
+            _check_error(msg)
+            return msg
+        finally:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # already unsubscribed after its one message
+                pass
 
     async def _by_id(self, subject: str, request_id: str, timeout: float) -> Dict:
         msg = await self._request(subject, b"", timeout, {REQUEST_ID: request_id})

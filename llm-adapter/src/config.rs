@@ -483,6 +483,80 @@ pub struct TraceConfig {
     pub buffer: NonZeroUsize,
 }
 
+/// `intake`: how inference requests reach this replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Intake {
+    /// Core NATS request/reply on `service.subject` (queue group): the default. A
+    /// request lives in one replica's memory from receipt to answer.
+    Core,
+    /// A JetStream work-queue stream pulled by one durable consumer shared by every
+    /// replica (`docs/llm-adapter.md`, durable intake). A replica that dies mid-request
+    /// hands its work to another after `jetstream.ack_wait_ms`.
+    JetStream(Box<JetStreamIntake>),
+}
+
+impl Intake {
+    /// `core` or `jetstream`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Core => "core",
+            Self::JetStream(_) => "jetstream",
+        }
+    }
+
+    /// The JetStream settings when `intake = "jetstream"`.
+    pub fn jetstream(&self) -> Option<&JetStreamIntake> {
+        match self {
+            Self::Core => None,
+            Self::JetStream(j) => Some(j.as_ref()),
+        }
+    }
+}
+
+/// `[jetstream]`: the durable intake (read and validated whatever `intake` says, so
+/// that a file can keep it and switch with `WEIR_LLM_INTAKE`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JetStreamIntake {
+    /// The work-queue stream (created if absent).
+    pub stream: String,
+    /// The subject the stream captures; callers publish requests here.
+    pub subject: String,
+    /// The durable pull consumer every replica shares.
+    pub consumer: String,
+    /// Without an acknowledgement (or progress) for this long, the server hands a
+    /// request to another replica.
+    pub ack_wait: Duration,
+    /// How often a replica sends progress for the requests it holds (and renews their
+    /// session slots); below `ack_wait`.
+    pub progress_interval: Duration,
+    /// The consumer's `max_ack_pending`: requests out at all replicas together. Set it
+    /// to the sum of `workers` over the replicas.
+    pub max_ack_pending: NonZeroUsize,
+    /// Deliveries of one request before the server gives up on it (a request that
+    /// kills every replica that takes it stops there).
+    pub max_deliver: NonZeroUsize,
+    /// How long the stream remembers a `Nats-Msg-Id` (duplicates dropped).
+    pub duplicate_window: Duration,
+    /// Most requests the stream holds; more are refused to the publisher.
+    pub max_messages: NonZeroUsize,
+    /// Most bytes the stream holds.
+    pub max_bytes: NonZeroUsize,
+    /// Stream (and session bucket) replicas on a cluster.
+    pub replicas: NonZeroUsize,
+    /// File storage (survives a server restart) or memory.
+    pub file_storage: bool,
+    /// The KV bucket of cluster-wide session slots (`session.pending_cap` over every
+    /// replica).
+    pub session_bucket: String,
+    /// The KV bucket where each answer is kept for `duplicate_window` (keyed by request
+    /// id), so that a duplicate the stream dropped is answered with the original's
+    /// answer by any replica; `None` (`""`) = not kept.
+    pub reply_bucket: Option<String>,
+    /// A core request on `service.subject` is put into the stream by the replica that
+    /// receives it (callers stay unchanged); `false` = only direct publishes.
+    pub forward: bool,
+}
+
 /// The validated configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -518,6 +592,8 @@ pub struct Config {
     pub trace: TraceConfig,
     /// Streamed replies.
     pub stream: StreamConfig,
+    /// How requests arrive: core request/reply or the durable JetStream intake.
+    pub intake: Intake,
 }
 
 /// `[stream]`: streamed replies (`Weir-Stream: 1`).
@@ -716,6 +792,7 @@ impl Config {
             )?,
         };
         st.finish()?;
+        let intake = read_intake(&mut r, workers)?;
         r.finish()?;
 
         Ok(Self {
@@ -735,6 +812,7 @@ impl Config {
             admin,
             trace,
             stream,
+            intake,
         })
     }
 }
@@ -818,6 +896,20 @@ impl Config {
                 "timeout_ms": ms(self.backend.timeout),
             },
             "shutdown_grace_ms": ms(self.shutdown_grace),
+            "intake": match &self.intake {
+                Intake::Core => json!({"kind": "core"}),
+                Intake::JetStream(j) => json!({
+                    "kind": "jetstream",
+                    "stream": j.stream,
+                    "subject": j.subject,
+                    "consumer": j.consumer,
+                    "ack_wait_ms": ms(j.ack_wait),
+                    "max_ack_pending": j.max_ack_pending.get(),
+                    "duplicate_window_ms": ms(j.duplicate_window),
+                    "forward": j.forward,
+                    "reply_to_header": weir_protocol::llm::headers::REPLY_TO,
+                }),
+            },
             "headers": {
                 "request_id": h::REQUEST_ID,
                 "session_id": h::SESSION_ID,
@@ -1203,6 +1295,117 @@ fn read_service(r: &mut Reader<'_>) -> Result<ServiceConfig, ConfigError> {
     }
     s.finish()?;
     Ok(cfg)
+}
+
+/// `intake` and `[jetstream]`.
+fn read_intake(r: &mut Reader<'_>, workers: NonZeroUsize) -> Result<Intake, ConfigError> {
+    let kind = r.string("intake", "core")?;
+    let mut j = r.section("jetstream")?;
+    let stream = j.string("stream", "WEIR_LLM_INTAKE")?;
+    stream_name(&j.key("stream"), &stream)?;
+    let subject_s = subject(&j.key("subject"), j.string("subject", "llm.intake")?, false)?;
+    let consumer = j.string("consumer", "weir-llm")?;
+    stream_name(&j.key("consumer"), &consumer)?;
+    let ack_wait = j.millis("ack_wait_ms", 10_000, 100..=3_600_000, "")?;
+    let progress_default = u64::try_from(ack_wait.as_millis() / 3).unwrap_or(1_000);
+    let progress_interval = j.millis(
+        "progress_interval_ms",
+        progress_default,
+        10..=1_200_000,
+        " (below ack_wait_ms; default ack_wait_ms / 3)",
+    )?;
+    if progress_interval >= ack_wait {
+        return Err(ConfigError::invalid(
+            j.key("progress_interval_ms"),
+            format!(
+                "{} must be below jetstream.ack_wait_ms ({})",
+                progress_interval.as_millis(),
+                ack_wait.as_millis()
+            ),
+        ));
+    }
+    let max_ack_pending = nz(j.uint(
+        "max_ack_pending",
+        workers.get() as u64,
+        1..=1_000_000,
+        " (default workers; set the sum of workers over the replicas)",
+    )?);
+    if max_ack_pending < workers {
+        return Err(ConfigError::invalid(
+            j.key("max_ack_pending"),
+            format!(
+                "{} is below workers ({}): the replica could never fill its workers",
+                max_ack_pending, workers
+            ),
+        ));
+    }
+    let session_bucket = j.string("session_bucket", "weir_llm_sessions")?;
+    stream_name(&j.key("session_bucket"), &session_bucket)?;
+    let reply_bucket = j.string("reply_bucket", "weir_llm_replies")?;
+    let reply_bucket = if reply_bucket.is_empty() {
+        None
+    } else {
+        stream_name(&j.key("reply_bucket"), &reply_bucket)?;
+        if reply_bucket == session_bucket {
+            return Err(ConfigError::invalid(
+                j.key("reply_bucket"),
+                "must differ from jetstream.session_bucket",
+            ));
+        }
+        Some(reply_bucket)
+    };
+    let cfg = JetStreamIntake {
+        stream,
+        subject: subject_s,
+        consumer,
+        ack_wait,
+        progress_interval,
+        max_ack_pending,
+        max_deliver: nz(j.uint("max_deliver", 5, 1..=1000, "")?),
+        duplicate_window: j.millis("duplicate_window_ms", 120_000, 100..=86_400_000, "")?,
+        max_messages: nz(j.uint("max_messages", 100_000, 1..=100_000_000, "")?),
+        max_bytes: nz(j.uint("max_bytes", 1 << 30, 1024..=(1u64 << 40), "")?),
+        replicas: nz(j.uint("replicas", 1, 1..=5, "")?),
+        file_storage: match j.string("storage", "file")?.as_str() {
+            "file" => true,
+            "memory" => false,
+            other => {
+                return Err(ConfigError::invalid(
+                    j.key("storage"),
+                    format!("expected \"file\" or \"memory\", got {other:?}"),
+                ));
+            }
+        },
+        session_bucket,
+        reply_bucket,
+        forward: j.boolean("forward", true)?,
+    };
+    j.finish()?;
+    match kind.as_str() {
+        "core" => Ok(Intake::Core),
+        "jetstream" => Ok(Intake::JetStream(Box::new(cfg))),
+        other => Err(ConfigError::invalid(
+            r.key("intake"),
+            format!("expected \"core\" or \"jetstream\", got {other:?}"),
+        )),
+    }
+}
+
+/// A stream, consumer or bucket name: `A-Z a-z 0-9 - _` (no dots, spaces or wildcards,
+/// which JetStream refuses in names).
+fn stream_name(key: &str, s: &str) -> Result<(), ConfigError> {
+    if s.is_empty()
+        || s.len() > MAX_NAME_LEN
+        || !s
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(ConfigError::invalid(
+            key,
+            format!("only A-Z a-z 0-9 - _ allowed (1..={MAX_NAME_LEN}), got {s:?}"),
+        ));
+    }
+    Ok(())
 }
 
 fn is_semver(v: &str) -> bool {
@@ -1876,6 +2079,51 @@ mod tests {
         let e =
             err("[[limits]]\nkey = \"client\"\nlimit = 1\n[[limits]]\nkey = \"client\"\nlimit = 2");
         assert_eq!(e.key(), "limits[1].name");
+    }
+
+    #[test]
+    fn intake_defaults_to_core_and_jetstream_keys_are_checked_with_their_names() {
+        assert_eq!(Config::default().intake, Intake::Core);
+        let c = Config::from_toml_str("intake = \"jetstream\"\nworkers = 3").expect("valid");
+        let j = c.intake.jetstream().expect("jetstream");
+        assert_eq!(j.stream, "WEIR_LLM_INTAKE");
+        assert_eq!(j.subject, "llm.intake");
+        assert_eq!(j.consumer, "weir-llm");
+        assert_eq!(j.ack_wait, Duration::from_secs(10));
+        assert_eq!(j.progress_interval, Duration::from_millis(3333));
+        assert_eq!(j.max_ack_pending.get(), 3, "defaults to workers");
+        assert!(j.forward && j.file_storage);
+        assert_eq!(c.capabilities()["intake"]["kind"], "jetstream");
+        assert_eq!(Config::default().capabilities()["intake"]["kind"], "core");
+        for (text, key) in [
+            ("intake = \"kafka\"", "intake"),
+            (
+                "[jetstream]\nack_wait_ms = 1000\nprogress_interval_ms = 1000",
+                "jetstream.progress_interval_ms",
+            ),
+            (
+                "workers = 4\n[jetstream]\nmax_ack_pending = 2",
+                "jetstream.max_ack_pending",
+            ),
+            ("[jetstream]\nstream = \"a.b\"", "jetstream.stream"),
+            ("[jetstream]\nconsumer = \"\"", "jetstream.consumer"),
+            ("[jetstream]\nsubject = \"llm.*\"", "jetstream.subject"),
+            ("[jetstream]\nstorage = \"disk\"", "jetstream.storage"),
+            ("[jetstream]\nack_wait_ms = 5", "jetstream.ack_wait_ms"),
+            (
+                "[jetstream]\nsession_bucket = \"x y\"",
+                "jetstream.session_bucket",
+            ),
+            (
+                "[jetstream]\nreply_bucket = \"weir_llm_sessions\"",
+                "jetstream.reply_bucket",
+            ),
+            ("[jetstream]\nmax_deliver = 0", "jetstream.max_deliver"),
+            ("[jetstream]\nwat = 1", "jetstream.wat"),
+        ] {
+            let e = Config::from_toml_str(text).expect_err(text);
+            assert_eq!(e.key(), key, "{text}: {e}");
+        }
     }
 
     #[test]

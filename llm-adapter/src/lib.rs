@@ -62,6 +62,7 @@ pub mod backend;
 /// `clients/python`); re-exported so that `weir_llm_adapter::client` paths keep working.
 pub use weir_llm_client as client;
 pub mod config;
+mod intake;
 pub mod metrics;
 pub mod nats_events;
 pub mod service;
@@ -284,9 +285,15 @@ impl AdapterHandle {
     /// Graceful shutdown: new requests are answered `shutting_down`, queued ones are
     /// answered `shutting_down` at once, the service unsubscribes (replicas in the queue
     /// group take new requests), running requests finish within `shutdown_grace_ms` and
-    /// are aborted after it; pending replies are flushed.
+    /// are aborted after it; pending replies are flushed. With the durable intake the
+    /// replica first stops pulling, and every request it cannot finish (queued, or
+    /// aborted at the end of the grace) goes back to the stream unanswered (`-NAK`) for
+    /// another replica.
     pub async fn shutdown(mut self) -> ShutdownReport {
         let admission = self.view.admission.clone();
+        // Durable intake: stop taking requests from the stream first; what this replica
+        // holds and cannot finish is handed back (`-NAK`) to the other replicas.
+        self.edge.stop_intake(Duration::from_secs(3)).await;
         admission.stop_admitting().await;
         self.edge.stop(Duration::from_secs(2)).await;
         let report = admission.shutdown().await;

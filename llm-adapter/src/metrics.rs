@@ -130,6 +130,42 @@ pub const ADMIN_CONNECTIONS_OPEN: &str = "llm_admin_connections_open";
 /// Counter: admin accept errors other than a peer's reset (e.g. out of descriptors).
 pub const ADMIN_ACCEPT_ERRORS_TOTAL: &str = "llm_admin_accept_errors_total";
 
+/// Counter: requests pulled from the durable intake stream (`intake = "jetstream"`).
+pub const INTAKE_PULLED_TOTAL: &str = "llm_intake_pulled_total";
+/// Counter: pulled requests the server had delivered before (to a replica that died,
+/// stalled beyond `jetstream.ack_wait_ms`, or stopped and handed them back).
+pub const INTAKE_REDELIVERED_TOTAL: &str = "llm_intake_redelivered_total";
+/// Counter: acknowledgements sent for intake requests, label `kind` (`ack` = answered,
+/// `term` = refused before admission, `nak` = handed to another replica, `progress`
+/// = still working).
+pub const INTAKE_ACKS_TOTAL: &str = "llm_intake_acks_total";
+/// Counter: acknowledgements that could not be published within
+/// `nats.publish_timeout_ms` (the server redelivers such a request after AckWait).
+pub const INTAKE_ACK_FAILED_TOTAL: &str = "llm_intake_ack_failed_total";
+/// Counter: intake requests terminated without admission, label `reason` (`expired` =
+/// its deadline passed in the stream, `invalid` = a malformed header, `no_reply` = no
+/// valid `Weir-Reply-To`, `session_cap` = the cluster-wide session cap).
+pub const INTAKE_TERMINATED_TOTAL: &str = "llm_intake_terminated_total";
+/// Counter: pull requests that failed or ended in an error item (a missed heartbeat, a
+/// server restart); the loop pulls again.
+pub const INTAKE_PULL_ERRORS_TOTAL: &str = "llm_intake_pull_errors_total";
+/// Counter: cluster-wide slot operations (session cap, reject-limits), label `result`
+/// (`acquired`, `taken_over` = a redelivered request took its own slot back, `full`,
+/// `error` = the KV store failed and the request was handed back, `lost` = a renewal
+/// found the slot taken).
+pub const INTAKE_CLUSTER_SLOTS_TOTAL: &str = "llm_intake_cluster_slots_total";
+/// Counter: core requests put into the durable intake by this replica
+/// (`jetstream.forward`), label `result` (`stored`, `duplicate`, `failed`).
+pub const INTAKE_FORWARDED_TOTAL: &str = "llm_intake_forwarded_total";
+/// Counter: answers written to the reply bucket (`jetstream.reply_bucket`), label
+/// `result` (`kept`, `failed`).
+pub const INTAKE_REPLIES_KEPT_TOTAL: &str = "llm_intake_replies_kept_total";
+/// Counter: redelivered intake requests answered from the reply bucket instead of
+/// running again (a replica answered them and died before its `+ACK` arrived).
+pub const INTAKE_REPLAYED_TOTAL: &str = "llm_intake_replayed_total";
+/// Gauge: intake requests this replica holds (pulled, not yet settled).
+pub const INTAKE_HELD: &str = "llm_intake_held";
+
 /// The admin listener's metric names (`weir_service::http::serve`).
 pub const ADMIN_LISTENER: weir_service::http::ListenerMetrics =
     weir_service::http::ListenerMetrics {
@@ -189,6 +225,17 @@ pub const DECLARED: &[Declared] = &[
     Declared::counter(STREAM_ABORTED_TOTAL),
     Declared::counter(STATUS_TOTAL),
     Declared::gauge(MEMORY_BOUND_BYTES),
+    Declared::counter(INTAKE_PULLED_TOTAL),
+    Declared::counter(INTAKE_REDELIVERED_TOTAL),
+    Declared::counter(INTAKE_ACKS_TOTAL),
+    Declared::counter(INTAKE_ACK_FAILED_TOTAL),
+    Declared::counter(INTAKE_TERMINATED_TOTAL),
+    Declared::counter(INTAKE_PULL_ERRORS_TOTAL),
+    Declared::counter(INTAKE_CLUSTER_SLOTS_TOTAL),
+    Declared::counter(INTAKE_FORWARDED_TOTAL),
+    Declared::counter(INTAKE_REPLIES_KEPT_TOTAL),
+    Declared::counter(INTAKE_REPLAYED_TOTAL),
+    Declared::gauge(INTAKE_HELD),
     Declared::gauge(weir_service::process::RESIDENT_MEMORY_BYTES),
 ];
 

@@ -53,6 +53,7 @@ use weir_protocol::llm::{
 
 use crate::admission::{Admission, Outcome, RequestStatus, Sink, Submission};
 use crate::config::Config;
+use crate::intake::{Admit, IntakeEdge, Pulled, Settle, SlotRefusal, TermReason, Ticket};
 use crate::metrics as m;
 use crate::nats_events::NatsEvents;
 use crate::stream::{AckHub, Delivered, NatsStream, StreamLimits};
@@ -70,6 +71,9 @@ pub struct NatsWaiter {
     /// The caller asked for a streamed reply: the answer is `end` (or an error reply
     /// marked `Weir-Stream-Event: error`), which reports what this caller received.
     stream: Option<Arc<Delivered>>,
+    /// A request pulled from the durable intake: acknowledged after its answer was
+    /// published, handed back (`-NAK`, no answer) when this replica stops.
+    intake: Option<Ticket>,
 }
 
 impl NatsWaiter {
@@ -211,12 +215,23 @@ impl Sink for NatsSink {
         outcome: Arc<Outcome>,
     ) -> impl Future<Output = ()> + Send {
         let max_payload = self.max_payload;
+        let intake = waiter.intake.take();
+        // An intake request this replica cannot finish because it stops goes back to
+        // the stream for another replica; its caller is answered by that one.
+        let hand_over = intake.is_some() && outcome.error_code() == Some(ErrorCode::ShuttingDown);
         let envelope = if outcome.result.is_err() {
             waiter.envelope()
         } else {
             None
         };
         let (mut headers, mut body) = render(&outcome, envelope, max_payload);
+        // A refusal before admission carries no request id in its outcome; an intake
+        // request's answer always names it (the caller may match answers by id).
+        if outcome.request_id.is_none()
+            && let Some(rid) = intake.as_ref().and_then(Ticket::request_id)
+        {
+            put_static(&mut headers, h::REQUEST_ID, rid);
+        }
         let timeout = self.publish_timeout;
         let client = self.client.clone();
         // A streaming caller whose answer has a body (it joined a unary request, or got
@@ -258,12 +273,26 @@ impl Sink for NatsSink {
             }
         }
         async move {
+            if hand_over {
+                if let Some(t) = intake {
+                    t.settle(Settle::HandOver).await;
+                }
+                return;
+            }
             if let Some((ch, chunk)) = first_chunk {
                 let _ = bounded(
                     timeout,
                     client.publish_with_headers(waiter.reply.clone(), ch, chunk),
                 )
                 .await;
+            }
+            // A unary answer to an intake request is kept for duplicates (not a
+            // streamed one: its text went out in chunks).
+            if let Some(t) = &intake
+                && waiter.stream.is_none()
+                && t.keeps_replies()
+            {
+                t.keep_reply(&headers, &body);
             }
             let sent = bounded(
                 timeout,
@@ -273,6 +302,11 @@ impl Sink for NatsSink {
             if !matches!(sent, Some(Ok(()))) {
                 metrics::counter!(m::REPLY_FAILED_TOTAL).increment(1);
                 tracing::debug!(outcome = outcome.code(), "reply not published");
+            }
+            // Acknowledged after the answer was published: a replica that dies in
+            // between leaves the request to be answered again (at least once).
+            if let Some(t) = intake {
+                t.settle(Settle::Answered).await;
             }
         }
     }
@@ -536,6 +570,10 @@ struct Edge {
     publish_timeout: Duration,
     client: async_nats::Client,
     acks: AckHub,
+    /// `intake = "jetstream"` with `jetstream.forward`: core requests go to the stream.
+    forward: Option<async_nats::jetstream::Context>,
+    /// Where forwarded requests wait for the stream's acknowledgement.
+    forward_acks: Option<tokio::sync::mpsc::Sender<PendingForward>>,
 }
 
 impl Edge {
@@ -564,16 +602,63 @@ impl Edge {
             let target = target.trim().to_owned();
             return self.handle_cancel_of(&req, target).await;
         }
-        let (envelope, sub) = decode(&req.message, &known, received_at);
+        if let Some(js) = &self.forward {
+            return self
+                .forward(js, &req.message, reply, &known, received_at)
+                .await;
+        }
+        self.admit_message(&req.message, reply, &known, received_at, None)
+            .await;
+    }
+
+    /// Decodes one request and submits it (or answers it at once). `intake`: the
+    /// request came from the durable intake; a refusal before admission terminates it.
+    async fn admit_message(
+        &self,
+        message: &async_nats::Message,
+        reply: async_nats::Subject,
+        known: &Known<'_>,
+        received_at: Instant,
+        mut intake: Option<Ticket>,
+    ) {
+        let (envelope, sub) = decode(message, known, received_at);
         let stream = known.stream.map(s::wants_stream).transpose();
+        if (sub.is_err() || stream.is_err())
+            && let Some(t) = &mut intake
+        {
+            t.terminate(TermReason::Invalid);
+        }
         let mut waiter = NatsWaiter {
             reply,
-            payload: req.message.payload.clone(),
+            payload: message.payload.clone(),
             envelope: envelope.map(|e| e.map(Box::new)),
             stream: matches!(stream, Ok(Some(true))).then(Arc::default),
+            intake,
         };
         match (sub, stream) {
             (Ok(mut sub), Ok(wants)) => {
+                // Durable intake: the cluster-wide session cap and reject-limits, taken
+                // as KV slot leases before the local admission.
+                if let Some(t) = &mut waiter.intake {
+                    let keys = crate::admission::resolve_keys(self.admission.config(), &sub)
+                        .unwrap_or_default();
+                    match t.take_cluster_slots(sub.session.as_deref(), &keys).await {
+                        Ok(()) => {}
+                        Err(SlotRefusal::Full(reason, err)) => {
+                            t.terminate(reason);
+                            return self.admission.answer_now(waiter, *err, received_at).await;
+                        }
+                        Err(SlotRefusal::Store(e)) => {
+                            metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "error")
+                                .increment(1);
+                            tracing::warn!(error = %e, "cluster slot store failed; request handed back");
+                            if let Some(t) = waiter.intake.take() {
+                                t.settle(Settle::Retry).await;
+                            }
+                            return;
+                        }
+                    }
+                }
                 if let (Some(true), Some(sent)) = (wants, &waiter.stream) {
                     let sc = &self.config.stream;
                     sub.stream = Some(Arc::new(NatsStream::new(
@@ -649,6 +734,327 @@ impl Edge {
     }
 }
 
+impl Edge {
+    /// `jetstream.forward`: puts a core request into the durable intake, with its reply
+    /// subject in `Weir-Reply-To`, its request id as `Nats-Msg-Id` and its deadline
+    /// made absolute (a relative budget counts from this receipt). A malformed request
+    /// is answered here; one the stream does not store is answered `queue_full`; a
+    /// duplicate (same request id within the duplicate window) is answered
+    /// `request_id_conflict`: the answer goes to the first copy's reply subject.
+    async fn forward(
+        &self,
+        js: &async_nats::jetstream::Context,
+        message: &async_nats::Message,
+        reply: async_nats::Subject,
+        known: &Known<'_>,
+        received_at: Instant,
+    ) {
+        let (envelope, sub) = decode(message, known, received_at);
+        let waiter = |envelope: Option<Option<EnvelopeMeta>>| NatsWaiter {
+            reply: reply.clone(),
+            payload: message.payload.clone(),
+            envelope: envelope.map(|e| e.map(Box::new)),
+            stream: None,
+            intake: None,
+        };
+        let stream = known.stream.map(s::wants_stream).transpose();
+        let sub = match (sub, stream) {
+            (Ok(sub), Ok(_)) => sub,
+            (Err(e), _) => {
+                return self
+                    .admission
+                    .answer_now(waiter(envelope), e, received_at)
+                    .await;
+            }
+            (Ok(_), Err(e)) => {
+                return self
+                    .admission
+                    .answer_now(waiter(envelope), invalid(&e), received_at)
+                    .await;
+            }
+        };
+        let deadline_ms = sub
+            .budget
+            .map(|b| unix_ms_now().saturating_add(whole_ms(b)));
+        let mut headers = crate::intake::set_deadline(
+            message.headers.as_ref().unwrap_or(&HeaderMap::new()),
+            deadline_ms,
+        );
+        put_static(&mut headers, h::REPLY_TO, reply.as_str());
+        if let Some(rid) = &sub.request_id {
+            put_static(&mut headers, h::NATS_MSG_ID, rid);
+            put_static(&mut headers, h::REQUEST_ID, rid);
+        }
+        if let Some(session) = &sub.session {
+            put_static(&mut headers, h::SESSION_ID, session);
+        }
+        let subject = self
+            .config
+            .intake
+            .jetstream()
+            .map(|j| j.subject.clone())
+            .unwrap_or_default();
+        let limit = self.publish_timeout;
+        let queued = tokio::time::timeout(
+            limit,
+            js.publish_with_headers(subject, headers, message.payload.clone()),
+        )
+        .await;
+        let pending = match queued {
+            Ok(Ok(ack)) => PendingForward {
+                ack,
+                waiter: waiter(envelope),
+                received_at,
+                request_id: sub.request_id.clone(),
+                until: received_at
+                    + sub
+                        .budget
+                        .or(self.config.deadline.default)
+                        .unwrap_or(self.config.deadline.max)
+                        .min(self.config.deadline.max)
+                        .saturating_sub(self.config.deadline.reply_margin),
+            },
+            Ok(Err(e)) => {
+                metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "failed").increment(1);
+                let failure = ErrorBody::new(
+                    ErrorCode::QueueFull,
+                    format!("the durable intake did not store the request: {e}"),
+                );
+                return self
+                    .admission
+                    .answer_now(waiter(envelope), failure, received_at)
+                    .await;
+            }
+            Err(_) => {
+                metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "failed").increment(1);
+                let failure = not_confirmed(limit);
+                return self
+                    .admission
+                    .answer_now(waiter(envelope), failure, received_at)
+                    .await;
+            }
+        };
+        // The stream's acknowledgement is awaited by the forwarding task, so that this
+        // intake loop takes the next request meanwhile; the bounded channel makes the
+        // loop wait when FORWARDS_IN_FLIGHT are unconfirmed (a slow stream slows intake
+        // instead of growing a list).
+        if let Some(tx) = &self.forward_acks
+            && let Err(e) = tx.send(pending).await
+        {
+            let p = e.0;
+            self.admission
+                .answer_now(p.waiter, not_confirmed(limit), p.received_at)
+                .await;
+        }
+    }
+}
+
+/// Most forwarded requests whose stream acknowledgement is awaited at once.
+const FORWARDS_IN_FLIGHT: usize = 1024;
+
+fn not_confirmed(limit: Duration) -> ErrorBody {
+    ErrorBody::new(
+        ErrorCode::QueueFull,
+        format!(
+            "the durable intake did not confirm the request within nats.publish_timeout_ms ({} ms)",
+            limit.as_millis()
+        ),
+    )
+}
+
+/// A forwarded request waiting for the stream's acknowledgement.
+struct PendingForward {
+    ack: async_nats::jetstream::context::PublishAckFuture,
+    waiter: NatsWaiter,
+    received_at: Instant,
+    request_id: Option<String>,
+    /// A duplicate waits for the original's kept answer until then.
+    until: Instant,
+}
+
+/// What one forwarded request's future ended with.
+enum Forwarded {
+    /// The stream's acknowledgement (or its timeout).
+    Acked(
+        Result<
+            Result<
+                async_nats::jetstream::publish::PublishAck,
+                async_nats::jetstream::context::PublishError,
+            >,
+            tokio::time::error::Elapsed,
+        >,
+        PendingMeta,
+    ),
+    /// A duplicate's wait for the original's kept answer.
+    Kept(Option<(HeaderMap, Bytes)>, PendingMeta),
+}
+
+struct PendingMeta {
+    waiter: NatsWaiter,
+    received_at: Instant,
+    request_id: Option<String>,
+    until: Instant,
+}
+
+/// Shared by [`forward_acks`]' answers.
+struct ForwardCtx {
+    admission: Admission<NatsSink>,
+    client: async_nats::Client,
+    limit: Duration,
+    replies: Option<async_nats::jetstream::kv::Store>,
+}
+
+/// Awaits the stream's acknowledgements of forwarded requests (at most `limit` each)
+/// and answers the ones not stored (`queue_full`). A duplicate (the stream already has
+/// this request id) is answered with the original's answer from the reply bucket when
+/// it comes before the duplicate's own deadline (`deadline_exceeded` otherwise), or
+/// `request_id_conflict` without a reply bucket. Ends when the edge is gone and every
+/// pending future was handled.
+async fn forward_acks(mut rx: tokio::sync::mpsc::Receiver<PendingForward>, ctx: ForwardCtx) {
+    let mut pending: futures::stream::FuturesUnordered<
+        futures::future::BoxFuture<'static, Forwarded>,
+    > = futures::stream::FuturesUnordered::new();
+    let limit = ctx.limit;
+    let mut open = true;
+    loop {
+        tokio::select! {
+            p = rx.recv(), if open => match p {
+                Some(p) => {
+                    let meta = PendingMeta {
+                        waiter: p.waiter,
+                        received_at: p.received_at,
+                        request_id: p.request_id,
+                        until: p.until,
+                    };
+                    let ack = p.ack;
+                    pending.push(Box::pin(async move {
+                        Forwarded::Acked(tokio::time::timeout(limit, ack.into_future()).await, meta)
+                    }));
+                }
+                None => open = false,
+            },
+            Some(done) = pending.next(), if !pending.is_empty() => {
+                let (failure, meta) = match done {
+                    Forwarded::Acked(Ok(Ok(ack)), meta) if ack.duplicate => {
+                        metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "duplicate")
+                            .increment(1);
+                        if let (Some(kv), Some(rid)) = (&ctx.replies, meta.request_id.clone()) {
+                            let (kv, until) = (kv.clone(), meta.until);
+                            pending.push(Box::pin(async move {
+                                let kept = crate::intake::wait_kept_reply(kv, rid, until).await;
+                                Forwarded::Kept(kept, meta)
+                            }));
+                            continue;
+                        }
+                        (
+                            ErrorBody::new(
+                                ErrorCode::RequestIdConflict,
+                                "this request id is already in the durable intake (within \
+                                 jetstream.duplicate_window_ms); its answer goes to the first \
+                                 copy's reply subject",
+                            ),
+                            meta,
+                        )
+                    }
+                    Forwarded::Acked(Ok(Ok(_)), _) => {
+                        metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "stored")
+                            .increment(1);
+                        continue;
+                    }
+                    Forwarded::Acked(Ok(Err(e)), meta) => {
+                        metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "failed")
+                            .increment(1);
+                        (
+                            ErrorBody::new(
+                                ErrorCode::QueueFull,
+                                format!("the durable intake did not store the request: {e}"),
+                            ),
+                            meta,
+                        )
+                    }
+                    Forwarded::Acked(Err(_), meta) => {
+                        metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "failed")
+                            .increment(1);
+                        (not_confirmed(limit), meta)
+                    }
+                    Forwarded::Kept(Some((headers, body)), meta) => {
+                        metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "joined")
+                            .increment(1);
+                        let sent = bounded(
+                            limit,
+                            ctx.client.publish_with_headers(meta.waiter.reply, headers, body),
+                        )
+                        .await;
+                        if !matches!(sent, Some(Ok(()))) {
+                            metrics::counter!(m::REPLY_FAILED_TOTAL).increment(1);
+                        }
+                        continue;
+                    }
+                    Forwarded::Kept(None, meta) => (
+                        ErrorBody::new(
+                            ErrorCode::DeadlineExceeded,
+                            "a copy of this request id is in the durable intake and was not \
+                             answered within this request's budget",
+                        ),
+                        meta,
+                    ),
+                };
+                ctx.admission.answer_now(meta.waiter, failure, meta.received_at).await;
+            }
+            else => return,
+        }
+    }
+}
+
+impl Admit for Edge {
+    async fn admit(&self, pulled: Pulled) {
+        let received_at = Instant::now();
+        let Pulled {
+            message,
+            reply,
+            mut ticket,
+        } = pulled;
+        let known = Known::read(message.headers.as_ref());
+        if known.cancel.is_some() {
+            ticket.terminate(TermReason::Invalid);
+            let waiter = NatsWaiter {
+                reply,
+                payload: message.payload.clone(),
+                envelope: None,
+                stream: None,
+                intake: Some(ticket),
+            };
+            let e = ErrorBody::new(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "{} on the durable intake: send cancellations to {}",
+                    h::CANCEL,
+                    self.config.service.cancel_subject
+                ),
+            );
+            return self.admission.answer_now(waiter, e, received_at).await;
+        }
+        self.admit_message(&message, reply, &known, received_at, Some(ticket))
+            .await;
+    }
+
+    fn refuse(
+        &self,
+        pulled: Pulled,
+        error: ErrorBody,
+        received_at: Instant,
+    ) -> impl Future<Output = ()> + Send {
+        let waiter = NatsWaiter {
+            reply: pulled.reply,
+            payload: pulled.message.payload.clone(),
+            envelope: None,
+            stream: None,
+            intake: Some(pulled.ticket),
+        };
+        self.admission.answer_now(waiter, error, received_at)
+    }
+}
+
 /// The running NATS edge.
 pub(crate) struct ServiceEdge {
     service: Option<Service>,
@@ -656,6 +1062,8 @@ pub(crate) struct ServiceEdge {
     /// The acknowledgement router: it outlives the endpoints, since running streams
     /// still need their acknowledgements while shutdown drains them.
     acks: Option<JoinHandle<()>>,
+    /// The durable intake's pull loop and keeper (`intake = "jetstream"`).
+    intake: Option<IntakeEdge>,
 }
 
 impl ServiceEdge {
@@ -726,15 +1134,47 @@ impl ServiceEdge {
             .await?;
         let (acks, ack_task) = AckHub::start(client, events.clone()).await?;
 
+        let forward = config.intake.jetstream().filter(|j| j.forward).map(|_| {
+            let mut js = async_nats::jetstream::new(client.clone());
+            js.set_timeout(config.nats.publish_timeout);
+            js
+        });
+        let replies = match config.intake.jetstream() {
+            Some(j) => crate::intake::open_reply_bucket(client, j).await?,
+            None => None,
+        };
+        let mut tasks = Vec::new();
+        let forward_acks = forward.as_ref().map(|_| {
+            let (tx, rx) = tokio::sync::mpsc::channel(FORWARDS_IN_FLIGHT);
+            tasks.push(tokio::spawn(forward_acks(
+                rx,
+                ForwardCtx {
+                    admission: admission.clone(),
+                    client: client.clone(),
+                    limit: config.nats.publish_timeout,
+                    replies: replies.clone(),
+                },
+            )));
+            tx
+        });
         let edge = Arc::new(Edge {
             admission,
             events,
             publish_timeout: config.nats.publish_timeout,
-            config,
+            config: config.clone(),
             client: client.clone(),
             acks,
+            forward,
+            forward_acks,
         });
-        let mut tasks = Vec::new();
+        let intake = match config.intake.jetstream() {
+            None => None,
+            Some(_) => Some(
+                IntakeEdge::start(client, config.clone(), edge.clone(), replies)
+                    .await
+                    .map_err(|e| -> async_nats::Error { e.into() })?,
+            ),
+        };
         tasks.push(tokio::spawn({
             let edge = edge.clone();
             let mut status = status;
@@ -796,6 +1236,7 @@ impl ServiceEdge {
             service: Some(service),
             tasks,
             acks: Some(ack_task),
+            intake,
         })
     }
 
@@ -804,11 +1245,26 @@ impl ServiceEdge {
         if let Some(t) = self.acks.take() {
             t.abort();
         }
+        if let Some(i) = &mut self.intake {
+            i.stop_keeper();
+        }
+    }
+
+    /// Stops pulling from the durable intake (requests of the last pull are handed back
+    /// with `-NAK`), so that other replicas take what waits in the stream. Bounded by
+    /// `wait`; nothing to do for the core intake.
+    pub(crate) async fn stop_intake(&mut self, wait: Duration) {
+        if let Some(i) = &mut self.intake {
+            i.stop_pulling(wait).await;
+        }
     }
 
     /// Unsubscribes every endpoint; the intake tasks answer what is already buffered and
     /// end. Bounded by `wait`.
     pub(crate) async fn stop(&mut self, wait: Duration) {
+        if let Some(i) = &mut self.intake {
+            i.stop_pulling(wait).await;
+        }
         if let Some(service) = self.service.take() {
             let _ = tokio::time::timeout(wait, service.stop()).await;
         }

@@ -38,7 +38,12 @@
 //! - the optional local session cap mirrors the server's advertised
 //!   `session.pending_cap` to fail early without a round trip; it counts only this
 //!   client's requests (a slot is released when the call returns or is dropped), and
-//!   the server stays the authority.
+//!   the server stays the authority;
+//! - [`LlmClient::durable`] sends unary requests through the adapter's durable intake
+//!   (a JetStream work-queue stream): the call returns only after the stream stored
+//!   the request (its acknowledgement), with `Nats-Msg-Id` = the request id (one is
+//!   made when the caller gave none) and the reply subject in `Weir-Reply-To`; the
+//!   reply inbox is subscribed before publishing.
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
@@ -164,6 +169,8 @@ pub struct LlmClient {
     default_timeout: Duration,
     margin: Duration,
     local_cap: Option<Arc<LocalCap>>,
+    /// The durable intake's subject (`None` = core request/reply).
+    intake: Option<String>,
 }
 
 fn put(map: &mut HeaderMap, name: &str, value: &str) {
@@ -190,7 +197,23 @@ impl LlmClient {
             default_timeout: Duration::from_secs(30),
             margin: Duration::from_millis(250),
             local_cap: None,
+            intake: None,
         }
+    }
+
+    /// Sends unary requests ([`RequestBuilder::send`]) through the adapter's durable
+    /// intake: a JetStream publish to `intake_subject` (the adapter's
+    /// `jetstream.subject`, `llm.intake` by default; see `intake` in the capabilities).
+    /// A request is then kept by the stream until a replica answers it, also when the
+    /// replica that took it dies. A second request with the same id within the stream's
+    /// duplicate window is not stored again: the client then asks the service subject
+    /// (core request/reply), whose forwarding replica answers with the first copy's
+    /// answer once it is kept (`jetstream.reply_bucket`), or `request_id_conflict`
+    /// when the adapter keeps no answers.
+    /// Streamed requests ([`RequestBuilder::stream`]) stay on core request/reply.
+    pub fn durable(mut self, intake_subject: impl Into<String>) -> Self {
+        self.intake = Some(intake_subject.into());
+        self
     }
 
     /// Asks the adapter's capabilities subject for its subjects and per-session cap, and
@@ -456,26 +479,103 @@ impl RequestBuilder<'_> {
             Some(s) => c.take_slot(s)?,
             None => None,
         };
+        if let Some(intake) = &c.intake {
+            return self.send_durable(intake).await;
+        }
         let (headers, wait) = self.headers_and_wait();
-        let req = async_nats::Request::new()
-            .payload(self.body)
-            .headers(headers)
-            .timeout(Some(wait))
-            .inbox(c.nats.new_inbox());
-        let msg =
-            tokio::time::timeout(wait + c.margin, c.nats.send_request(c.subject.clone(), req))
-                .await
-                .map_err(|_| ClientError::new(ClientErrorKind::TimedOut, "no reply in time"))?
-                .map_err(request_error)?;
-        check_error(&msg)?;
-        let headers = msg.headers.unwrap_or_default();
-        Ok(LlmReply {
-            queue_time: get(&headers, h::QUEUE_MS).and_then(h::parse_format_ms),
-            inference_time: get(&headers, h::INFERENCE_MS).and_then(h::parse_format_ms),
-            body: msg.payload,
-            headers,
-        })
+        send_core(c, headers, wait, self.body).await
     }
+
+    /// [`Self::send`] through the durable intake.
+    async fn send_durable(self, intake: &str) -> Result<LlmReply, ClientError> {
+        let c = self.client;
+        let (mut headers, wait) = self.headers_and_wait();
+        let retry_body = self.body.clone();
+        let inbox = c.nats.new_inbox();
+        let rid = match &self.request_id {
+            Some(r) => r.clone(),
+            // A fresh unique token: the inbox's own.
+            None => {
+                let id = inbox.rsplit('.').next().unwrap_or(&inbox).to_owned();
+                put(&mut headers, h::REQUEST_ID, &id);
+                id
+            }
+        };
+        put(&mut headers, h::NATS_MSG_ID, &rid);
+        put(&mut headers, h::REPLY_TO, &inbox);
+        let transport = |what: &str, e: &dyn std::fmt::Display| {
+            ClientError::new(
+                ClientErrorKind::Transport,
+                format!("durable intake: {what}: {e}"),
+            )
+        };
+        let bound = wait + c.margin;
+        let call = async {
+            let mut sub = c
+                .nats
+                .subscribe(inbox.clone())
+                .await
+                .map_err(|e| transport("subscribe", &e))?;
+            let js = async_nats::jetstream::new(c.nats.clone());
+            let ack = js
+                .publish_with_headers(intake.to_owned(), headers, self.body.clone())
+                .await
+                .map_err(|e| transport("publish", &e))?
+                .await
+                .map_err(|e| transport("not stored", &e))?;
+            if ack.duplicate {
+                return Ok(None);
+            }
+            futures::StreamExt::next(&mut sub)
+                .await
+                .map(Some)
+                .ok_or_else(|| transport("reply", &"subscription closed"))
+        };
+        let msg = tokio::time::timeout(bound, call)
+            .await
+            .map_err(|_| ClientError::new(ClientErrorKind::TimedOut, "no reply in time"))??;
+        match msg {
+            Some(msg) => reply_of(msg),
+            // The stream already has this id (a retry): ask the service subject, whose
+            // forwarding replica answers with the original's kept answer.
+            None => {
+                let (mut headers, wait) = self.headers_and_wait();
+                put(&mut headers, h::REQUEST_ID, &rid);
+                send_core(c, headers, wait, retry_body).await
+            }
+        }
+    }
+}
+
+/// One core request/reply to the service subject, bounded by `wait` + the margin.
+async fn send_core(
+    c: &LlmClient,
+    headers: HeaderMap,
+    wait: Duration,
+    body: Bytes,
+) -> Result<LlmReply, ClientError> {
+    let req = async_nats::Request::new()
+        .payload(body)
+        .headers(headers)
+        .timeout(Some(wait))
+        .inbox(c.nats.new_inbox());
+    let msg = tokio::time::timeout(wait + c.margin, c.nats.send_request(c.subject.clone(), req))
+        .await
+        .map_err(|_| ClientError::new(ClientErrorKind::TimedOut, "no reply in time"))?
+        .map_err(request_error)?;
+    reply_of(msg)
+}
+
+/// The reply, or its error.
+fn reply_of(msg: async_nats::Message) -> Result<LlmReply, ClientError> {
+    check_error(&msg)?;
+    let headers = msg.headers.unwrap_or_default();
+    Ok(LlmReply {
+        queue_time: get(&headers, h::QUEUE_MS).and_then(h::parse_format_ms),
+        inference_time: get(&headers, h::INFERENCE_MS).and_then(h::parse_format_ms),
+        body: msg.payload,
+        headers,
+    })
 }
 
 /// One event of a streamed reply ([`RequestBuilder::stream`]).

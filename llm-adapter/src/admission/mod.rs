@@ -51,6 +51,7 @@ pub use estimator::{EstimateSource, EstimateView, Estimator, EstimatorConfig};
 pub use stats::{CacheSnapshot, Percentiles, StatsSnapshot, StreamSnapshot};
 pub use streaming::{PIECES_IN_FLIGHT, StopReason, StreamOut, StreamSettings, StreamStop};
 
+pub(crate) use self::state::resolve_keys;
 use self::state::{Effects, State};
 use self::stats::Stats;
 use crate::backend::{Backend, BackendErrorKind, BackendReply, BackendRequest};

@@ -1984,7 +1984,10 @@ const MAX_KEY_VALUE_LEN: usize = 256;
 
 /// The key of each configured limit for this submission (`None`: rule not applied).
 /// The error is the message of an `invalid_request`.
-fn resolve_keys(cfg: &AdmissionConfig, sub: &Submission) -> Result<Vec<Option<String>>, String> {
+pub(crate) fn resolve_keys(
+    cfg: &AdmissionConfig,
+    sub: &Submission,
+) -> Result<Vec<Option<String>>, String> {
     let mut body: Option<Option<serde_json::Value>> = None;
     let mut keys = Vec::with_capacity(cfg.limits.len());
     for limit in &cfg.limits {

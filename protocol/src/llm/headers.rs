@@ -40,6 +40,14 @@ pub const CLIENT_KEY: &str = "Weir-Client-Key";
 /// Request id to cancel. A message carrying it is a cancellation, not an inference
 /// request.
 pub const CANCEL: &str = "Weir-Cancel";
+/// Durable intake (a request published to the adapter's JetStream work-queue stream):
+/// the subject the answer goes to. JetStream does not keep a publisher's reply
+/// subject, so it travels in this header.
+pub const REPLY_TO: &str = "Weir-Reply-To";
+/// JetStream's deduplication header: on the durable intake it carries the request id,
+/// so that the same request published twice (a retry, two forwarding replicas) is
+/// stored once within the stream's duplicate window.
+pub const NATS_MSG_ID: &str = "Nats-Msg-Id";
 /// Reply: time spent between receipt and the start of inference, in milliseconds.
 pub const QUEUE_MS: &str = "Weir-Queue-Ms";
 /// Reply: time spent in the backend call, in milliseconds.

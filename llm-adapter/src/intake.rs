@@ -1,0 +1,1153 @@
+//! The durable intake (`intake = "jetstream"`): requests wait in a JetStream
+//! work-queue stream instead of one replica's memory, and every replica pulls them
+//! through one durable consumer.
+//!
+//! Wire contract (docs/llm-adapter.md, "Durable intake"): a request is a message on
+//! `jetstream.subject` with the usual `Weir-*` headers, `Weir-Reply-To` = the subject
+//! the answer goes to (JetStream keeps no reply subject) and `Nats-Msg-Id` = the
+//! request id (the stream drops a second copy within `jetstream.duplicate_window_ms`).
+//! With `jetstream.forward` (the default) a core request on `service.subject` is put
+//! into the stream by the replica that receives it, so callers stay unchanged.
+//!
+//! Invariants a reader must not break:
+//! - a replica pulls only as many requests as it has free intake permits (`workers`):
+//!   what waits, waits in the stream, where any replica can take it; the consumer's
+//!   `max_ack_pending` bounds what all replicas hold together;
+//! - a pulled request holds its permit inside its [`Ticket`], which rides in the
+//!   waiter; the permit (and the cluster session slot) is released exactly once, when
+//!   the ticket is dropped after the answer was published;
+//! - every pulled request is settled exactly once: `+ACK` after its answer was
+//!   published, `+TERM` when it is refused before admission (expired deadline,
+//!   malformed headers, no reply subject, cluster session cap), `-NAK` when this
+//!   replica stops (`shutting_down`: another replica answers it; the caller sees
+//!   nothing of it); a replica that dies settles nothing and the server redelivers
+//!   after `ack_wait`;
+//! - while a request is held, the keeper task sends `+WPI` (progress) every
+//!   `progress_interval`, so a long inference is not redelivered while its replica lives;
+//! - a request whose deadline passed in the stream is never started: answered
+//!   `deadline_exceeded` and terminated;
+//! - nothing from the network panics: bad headers are `invalid_request` + `+TERM`,
+//!   counted in `llm_intake_terminated_total{reason}`; a pull error (a missed
+//!   heartbeat, a server restart) is counted and the loop goes on.
+//!
+//! The session cap (`session.pending_cap`) and every `[[limits]]` rule with
+//! `on_busy = "reject"` are cluster-wide: [`ClusterSlots`], one KV key per (key, slot
+//! index), taken with `create` (only-if-absent) before the local admission, renewed
+//! with compare-and-swap by the keeper, deleted (expecting its revision) when the
+//! request settles, and expiring after `ack_wait` (the bucket's `max_age`) when its
+//! replica died — the same time after which the server redelivers the request, which
+//! then takes its own slot over (the value names the request id).
+//!
+//! Answers are kept in a second KV bucket (`jetstream.reply_bucket`) for the duplicate
+//! window, so that a retry the stream dropped as a duplicate is answered with the
+//! original's answer by the replica that forwarded it ([`wait_kept_reply`]).
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_nats::jetstream::{self, AckKind, consumer, kv, stream};
+use async_nats::{HeaderMap, Subject};
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use weir_protocol::llm::headers as h;
+use weir_protocol::llm::{ErrorBody, ErrorCode, ErrorDetails};
+
+use crate::config::{Config, JetStreamIntake, Mode};
+use crate::metrics as m;
+
+/// How long one pull request waits on the server for messages.
+const PULL_EXPIRES: Duration = Duration::from_millis(1000);
+/// Pause after a failed pull request (server gone, consumer deleted) before the next.
+const PULL_RETRY: Duration = Duration::from_millis(250);
+/// A NAK after a session-store error asks for redelivery after this long (not at once:
+/// a KV outage must not burn `max_deliver` in a tight loop).
+const STORE_ERROR_DELAY: Duration = Duration::from_secs(1);
+
+/// Why a pulled request was terminated without admission (`reason` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TermReason {
+    /// Its deadline had passed before it was pulled.
+    Expired,
+    /// A malformed header (answered `invalid_request`).
+    Invalid,
+    /// No valid `Weir-Reply-To`: nothing can be answered.
+    NoReply,
+    /// The cluster-wide session cap was reached (answered `session_queue_full`).
+    SessionCap,
+    /// A cluster-wide reject-limit was full (answered `concurrency_limit_exceeded`).
+    KeyLimit,
+}
+
+impl TermReason {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Expired => "expired",
+            Self::Invalid => "invalid",
+            Self::NoReply => "no_reply",
+            Self::SessionCap => "session_cap",
+            Self::KeyLimit => "key_limit",
+        }
+    }
+}
+
+/// Publishes one acknowledgement to a JetStream message's ack subject, bounded.
+async fn send_ack(client: &async_nats::Client, ack: &Subject, kind: AckKind, limit: Duration) {
+    let label = match kind {
+        AckKind::Ack => "ack",
+        AckKind::Nak(_) => "nak",
+        AckKind::Progress => "progress",
+        AckKind::Term => "term",
+        AckKind::Next => "next",
+    };
+    let sent = tokio::time::timeout(limit, client.publish(ack.clone(), Bytes::from(kind))).await;
+    if matches!(sent, Ok(Ok(()))) {
+        metrics::counter!(m::INTAKE_ACKS_TOTAL, "kind" => label).increment(1);
+    } else {
+        metrics::counter!(m::INTAKE_ACK_FAILED_TOTAL).increment(1);
+    }
+}
+
+/// What the keeper task is told.
+enum KeeperMsg {
+    /// A request now holds this session slot (renew it until released).
+    Slot { ticket: u64, slot: Slot },
+    /// The ticket was dropped: delete its slot, if any.
+    Release { ticket: u64 },
+    /// Keep this answer in the reply bucket (for duplicates the stream dropped).
+    Reply { key: String, value: Bytes },
+}
+
+/// One held cluster session slot.
+#[derive(Debug, Clone)]
+struct Slot {
+    key: String,
+    value: Bytes,
+    revision: u64,
+}
+
+/// Shared by the pull loop, the keeper and the tickets.
+pub(crate) struct Hub {
+    client: async_nats::Client,
+    publish_timeout: Duration,
+    /// Ack subjects of the requests this replica holds (progress is sent for each).
+    held: Mutex<HashMap<u64, Subject>>,
+    next_id: AtomicU64,
+    keeper: mpsc::UnboundedSender<KeeperMsg>,
+    /// The reply bucket (`jetstream.reply_bucket`), where answers are kept.
+    replies: Option<kv::Store>,
+    /// Cluster-wide session cap and reject-limits (`None`: none configured, or shadow).
+    slots: Option<Arc<ClusterSlots>>,
+}
+
+impl Hub {
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Subject>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A pulled request's hold on its stream message, its intake permit and its cluster
+/// session slot. Carried in the waiter; settled by the sink ([`Ticket::settle`]);
+/// dropping it releases the permit and the slot exactly once.
+pub struct Ticket {
+    hub: Arc<Hub>,
+    id: u64,
+    ack: Subject,
+    /// Answer with `+TERM` instead of `+ACK` (refused before admission).
+    term: bool,
+    /// `Weir-Request-Id` (the answer is kept under it).
+    request_id: Option<String>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl std::fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ticket").field("id", &self.id).finish()
+    }
+}
+
+/// How a ticket is settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settle {
+    /// The answer was published (`+ACK`, or `+TERM` for a refusal before admission).
+    Answered,
+    /// This replica stops: redeliver to another (`-NAK`), no answer published.
+    HandOver,
+    /// A store this replica needs failed: redeliver after a delay, no answer.
+    Retry,
+}
+
+impl Ticket {
+    /// Marks the request as refused before admission: its answer terminates it
+    /// (`+TERM`, never redelivered). Counted by `reason`.
+    pub(crate) fn terminate(&mut self, reason: TermReason) {
+        if !self.term {
+            self.term = true;
+            metrics::counter!(m::INTAKE_TERMINATED_TOTAL, "reason" => reason.as_str()).increment(1);
+        }
+    }
+
+    /// Takes this request's cluster-wide slots: one of the session's `pending_cap`
+    /// slots, and one slot of each reject-limit key (`keys`, as admission resolves
+    /// them, in the configured order). Slots taken before a refusal are released when
+    /// the ticket drops. `Ok` without a cluster store.
+    pub(crate) async fn take_cluster_slots(
+        &mut self,
+        session: Option<&str>,
+        keys: &[Option<String>],
+    ) -> Result<(), SlotRefusal> {
+        let Some(slots) = self.hub.slots.clone() else {
+            return Ok(());
+        };
+        let rid = self.request_id.clone();
+        let got = |slot: Slot| {
+            let _ = self.hub.keeper.send(KeeperMsg::Slot {
+                ticket: self.id,
+                slot,
+            });
+        };
+        if let (Some(cap), Some(session)) = (slots.session_cap, session) {
+            match slots
+                .acquire(cap, |i| slot_key(session, i), rid.as_deref())
+                .await
+                .map_err(SlotRefusal::Store)?
+            {
+                SlotResult::Got(slot) => got(slot),
+                SlotResult::Full => {
+                    let cap = cap as u64;
+                    let err = ErrorBody::new(
+                        ErrorCode::SessionQueueFull,
+                        format!(
+                            "session has {cap} pending requests over all replicas (limit {cap})"
+                        ),
+                    )
+                    .with_details(ErrorDetails {
+                        limit: Some(cap),
+                        pending: Some(cap),
+                        key: Some(format!("session:{session}")),
+                        ..Default::default()
+                    });
+                    return Err(SlotRefusal::Full(TermReason::SessionCap, Box::new(err)));
+                }
+            }
+        }
+        for (rule, key) in slots.limits.iter().zip(keys) {
+            let (Some((name, limit)), Some(key)) = (rule, key) else {
+                continue;
+            };
+            match slots
+                .acquire(*limit, |i| limit_slot_key(name, key, i), rid.as_deref())
+                .await
+                .map_err(SlotRefusal::Store)?
+            {
+                SlotResult::Got(slot) => got(slot),
+                SlotResult::Full => {
+                    let limit = *limit as u64;
+                    let err = ErrorBody::new(
+                        ErrorCode::ConcurrencyLimitExceeded,
+                        format!(
+                            "limit {name}: {key} has {limit} requests in flight over all replicas (limit {limit})"
+                        ),
+                    )
+                    .with_details(ErrorDetails {
+                        limit: Some(limit),
+                        in_flight: Some(limit),
+                        key: Some(key.clone()),
+                        ..Default::default()
+                    });
+                    return Err(SlotRefusal::Full(TermReason::KeyLimit, Box::new(err)));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The request id (`Weir-Request-Id`), when valid.
+    pub(crate) fn request_id(&self) -> Option<&str> {
+        self.request_id.as_deref()
+    }
+
+    /// Whether the answer should be handed to [`Ticket::keep_reply`].
+    pub(crate) fn keeps_replies(&self) -> bool {
+        self.hub.replies.is_some() && self.request_id.is_some()
+    }
+
+    /// Keeps the published answer in the reply bucket under the request id, for a
+    /// duplicate of this request that the stream dropped (written by the keeper task:
+    /// the worker does not wait for it).
+    pub(crate) fn keep_reply(&self, headers: &HeaderMap, body: &[u8]) {
+        if let (true, Some(rid)) = (self.hub.replies.is_some(), &self.request_id) {
+            let _ = self.hub.keeper.send(KeeperMsg::Reply {
+                key: reply_key(rid),
+                value: encode_reply(headers, body),
+            });
+        }
+    }
+
+    /// Sends the acknowledgement; the permit and the slot go when `self` drops.
+    pub(crate) async fn settle(self, how: Settle) {
+        let kind = match how {
+            Settle::HandOver => AckKind::Nak(None),
+            Settle::Retry => AckKind::Nak(Some(STORE_ERROR_DELAY)),
+            Settle::Answered if self.term => AckKind::Term,
+            Settle::Answered => AckKind::Ack,
+        };
+        send_ack(&self.hub.client, &self.ack, kind, self.hub.publish_timeout).await;
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.hub.held().remove(&self.id);
+        let _ = self.hub.keeper.send(KeeperMsg::Release { ticket: self.id });
+        metrics::gauge!(m::INTAKE_HELD).decrement(1.0);
+    }
+}
+
+/// Cluster-wide limits as slot leases in one KV bucket: the session cap (slot keys
+/// `s.<hex session>.<i>` for `i` in `0..pending_cap`) and every `[[limits]]` rule with
+/// `on_busy = "reject"` (`k.<hex rule name>.<hex key>.<i>` for `i` in `0..limit`).
+/// Rules with `on_busy = "wait"` stay per replica (their FIFO wait is local).
+pub(crate) struct ClusterSlots {
+    kv: kv::Store,
+    /// Names this replica in slot values (diagnostics).
+    replica: String,
+    session_cap: Option<usize>,
+    /// Per configured limit (same order): `(rule name, limit)` when cluster-wide.
+    limits: Vec<Option<(String, usize)>>,
+}
+
+/// Why [`Ticket::take_cluster_slots`] refused.
+pub(crate) enum SlotRefusal {
+    /// A cluster-wide limit is full: answer this, terminate.
+    Full(TermReason, Box<ErrorBody>),
+    /// The KV store failed: hand the request back for later.
+    Store(String),
+}
+
+/// What acquiring a session slot gave.
+enum SlotResult {
+    Got(Slot),
+    Full,
+}
+
+/// Lower-case hex of `bytes` (session ids are visible ASCII, KV keys allow less).
+fn hex(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// The KV key of slot `i` of `session`.
+pub(crate) fn slot_key(session: &str, i: usize) -> String {
+    format!("s.{}.{i}", hex(session.as_bytes()))
+}
+
+/// The KV key of slot `i` of `key` under the limit named `rule`.
+pub(crate) fn limit_slot_key(rule: &str, key: &str, i: usize) -> String {
+    format!("k.{}.{}.{i}", hex(rule.as_bytes()), hex(key.as_bytes()))
+}
+
+/// The reply bucket's key of a request id.
+pub(crate) fn reply_key(request_id: &str) -> String {
+    format!("r.{}", hex(request_id.as_bytes()))
+}
+
+/// A kept answer: `name: value` header lines, an empty line, the body. Header names
+/// and values never contain a newline (the NATS header parser refuses them).
+pub(crate) fn encode_reply(headers: &HeaderMap, body: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(body.len() + 256);
+    for (name, values) in headers.iter() {
+        for v in values {
+            out.extend_from_slice(AsRef::<str>::as_ref(name).as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(v.as_str().as_bytes());
+            out.push(b'\n');
+        }
+    }
+    out.push(b'\n');
+    out.extend_from_slice(body);
+    out.into()
+}
+
+/// The inverse of [`encode_reply`]; `None` for bytes it did not write.
+pub(crate) fn decode_reply(bytes: &Bytes) -> Option<(HeaderMap, Bytes)> {
+    let mut headers = HeaderMap::new();
+    let mut at = 0;
+    loop {
+        let end = at + bytes.get(at..)?.iter().position(|b| *b == b'\n')?;
+        if end == at {
+            return Some((headers, bytes.slice(end + 1..)));
+        }
+        let line = std::str::from_utf8(&bytes[at..end]).ok()?;
+        let (name, value) = line.split_once(": ")?;
+        let name: async_nats::HeaderName = name.parse().ok()?;
+        let value: async_nats::HeaderValue = value.parse().ok()?;
+        headers.append(name, value);
+        at = end + 1;
+    }
+}
+
+/// Creates (if absent) and opens a KV bucket: the `KV_<bucket>` stream directly
+/// (async-nats 0.51's `create_key_value` fails on nats-server 2.9, which lacks account
+/// fields it reads), history 1, `max_age` = how long an entry lives after its last write.
+async fn open_bucket(
+    js: &jetstream::Context,
+    key: &str,
+    bucket: &str,
+    max_age: Duration,
+    replicas: usize,
+) -> Result<kv::Store, String> {
+    js.get_or_create_stream(stream::Config {
+        name: format!("KV_{bucket}"),
+        subjects: vec![format!("$KV.{bucket}.>")],
+        max_messages_per_subject: 1,
+        max_age,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        discard: stream::DiscardPolicy::New,
+        num_replicas: replicas,
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| format!("{key} {bucket}: {e}"))?;
+    js.get_key_value(bucket.to_owned())
+        .await
+        .map_err(|e| format!("{key} {bucket}: {e}"))
+}
+
+/// Opens the reply bucket (`jetstream.reply_bucket`), entries kept for the duplicate
+/// window; `None` when disabled.
+pub(crate) async fn open_reply_bucket(
+    client: &async_nats::Client,
+    j: &JetStreamIntake,
+) -> Result<Option<kv::Store>, String> {
+    let Some(bucket) = &j.reply_bucket else {
+        return Ok(None);
+    };
+    let js = jetstream::new(client.clone());
+    open_bucket(
+        &js,
+        "jetstream.reply_bucket",
+        bucket,
+        j.duplicate_window,
+        j.replicas.get(),
+    )
+    .await
+    .map(Some)
+}
+
+/// Waits until the reply bucket holds the answer of `request_id` (or `until`): what a
+/// forwarding replica answers a duplicate with.
+pub(crate) async fn wait_kept_reply(
+    kv: kv::Store,
+    request_id: String,
+    until: Instant,
+) -> Option<(HeaderMap, Bytes)> {
+    let key = reply_key(&request_id);
+    tokio::time::timeout_at(until, async move {
+        let mut watch = kv.watch_with_history(&key).await.ok()?;
+        while let Some(entry) = watch.next().await {
+            match entry {
+                Ok(e) if e.operation == kv::Operation::Put => return decode_reply(&e.value),
+                Ok(_) => {}
+                Err(_) => return None,
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+impl ClusterSlots {
+    /// Takes a free one of `cap` slots (`key_of(i)`) for `request_id`, or the slot this
+    /// very request held on a replica that died (redelivery: the value names the
+    /// request id).
+    async fn acquire(
+        &self,
+        cap: usize,
+        key_of: impl Fn(usize) -> String,
+        request_id: Option<&str>,
+    ) -> Result<SlotResult, String> {
+        let replica = &self.replica;
+        let value = Bytes::from(format!("{}\n{replica}", request_id.unwrap_or("-")));
+        let mut taken = Vec::new();
+        for i in 0..cap {
+            let key = key_of(i);
+            match self.kv.create(&key, value.clone()).await {
+                Ok(revision) => {
+                    metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "acquired")
+                        .increment(1);
+                    return Ok(SlotResult::Got(Slot {
+                        key,
+                        value,
+                        revision,
+                    }));
+                }
+                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => taken.push(key),
+                Err(e) => return Err(format!("slot {key}: {e}")),
+            }
+        }
+        // All taken: one of them may be this request's own, left by a dead replica.
+        if let Some(rid) = request_id {
+            for key in taken {
+                let entry = self
+                    .kv
+                    .entry(&key)
+                    .await
+                    .map_err(|e| format!("slot {key}: {e}"))?;
+                let Some(entry) = entry else { continue };
+                let owner = entry.value.split(|b| *b == b'\n').next().unwrap_or(&[]);
+                if entry.operation == kv::Operation::Put
+                    && owner == rid.as_bytes()
+                    && let Ok(revision) = self.kv.update(&key, value.clone(), entry.revision).await
+                {
+                    metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "taken_over")
+                        .increment(1);
+                    return Ok(SlotResult::Got(Slot {
+                        key,
+                        value,
+                        revision,
+                    }));
+                }
+            }
+        }
+        metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "full").increment(1);
+        Ok(SlotResult::Full)
+    }
+}
+
+/// Creates (or opens) the work-queue stream, the durable consumer and, with a session
+/// cap, the session bucket.
+async fn open(
+    js: &jetstream::Context,
+    cfg: &Config,
+    j: &JetStreamIntake,
+) -> Result<(consumer::PullConsumer, Option<ClusterSlots>), String> {
+    let max_age = cfg.deadline.max.max(j.duplicate_window);
+    let stream = js
+        .get_or_create_stream(stream::Config {
+            name: j.stream.clone(),
+            subjects: vec![j.subject.clone()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            max_messages: i64::try_from(j.max_messages.get()).unwrap_or(i64::MAX),
+            max_bytes: i64::try_from(j.max_bytes.get()).unwrap_or(i64::MAX),
+            max_age,
+            discard: stream::DiscardPolicy::New,
+            duplicate_window: j.duplicate_window,
+            storage: if j.file_storage {
+                stream::StorageType::File
+            } else {
+                stream::StorageType::Memory
+            },
+            num_replicas: j.replicas.get(),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("jetstream.stream {}: {e}", j.stream))?;
+    let consumer = stream
+        .get_or_create_consumer(
+            &j.consumer,
+            consumer::pull::Config {
+                durable_name: Some(j.consumer.clone()),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ack_wait: j.ack_wait,
+                max_ack_pending: i64::try_from(j.max_ack_pending.get()).unwrap_or(i64::MAX),
+                max_deliver: i64::try_from(j.max_deliver.get()).unwrap_or(i64::MAX),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| format!("jetstream.consumer {}: {e}", j.consumer))?;
+    let limits: Vec<Option<(String, usize)>> = cfg
+        .limits
+        .iter()
+        .map(|l| {
+            matches!(l.on_busy, crate::config::OnBusy::Reject)
+                .then(|| (l.name.clone(), l.limit.get()))
+        })
+        .collect();
+    let session_cap = cfg.session.pending_cap.map(|c| c.get());
+    let wanted = session_cap.is_some() || limits.iter().any(Option::is_some);
+    let slots = if wanted && cfg.mode == Mode::Enforce {
+        let kv = open_bucket(
+            js,
+            "jetstream.session_bucket",
+            &j.session_bucket,
+            j.ack_wait,
+            j.replicas.get(),
+        )
+        .await?;
+        Some(ClusterSlots {
+            kv,
+            replica: js_replica_name(),
+            session_cap,
+            limits,
+        })
+    } else {
+        None
+    };
+    Ok((consumer, slots))
+}
+
+/// A name for this replica in slot values: process id and a random token.
+fn js_replica_name() -> String {
+    format!("pid {} {:016x}", std::process::id(), rand::random::<u64>())
+}
+
+/// One pulled message, prepared for the edge: its reply subject, the headers with the
+/// deadline made absolute, and its ticket.
+pub(crate) struct Pulled {
+    /// The message as the core edge decodes it (headers rewritten, see [`absolute_deadline`]).
+    pub(crate) message: async_nats::Message,
+    /// `Weir-Reply-To`.
+    pub(crate) reply: Subject,
+    /// The hold on the stream message.
+    pub(crate) ticket: Ticket,
+}
+
+/// What the pull loop hands each message to (the service edge).
+pub(crate) trait Admit: Send + Sync + 'static {
+    /// Admits one pulled request (or answers it at once); the ticket rides in the waiter.
+    fn admit(&self, pulled: Pulled) -> impl Future<Output = ()> + Send;
+    /// Answers a pulled request at once with `error` (the ticket settles it).
+    fn refuse(
+        &self,
+        pulled: Pulled,
+        error: ErrorBody,
+        received_at: Instant,
+    ) -> impl Future<Output = ()> + Send;
+}
+
+/// The running intake: the pull loop and the keeper.
+pub(crate) struct IntakeEdge {
+    stop: watch::Sender<bool>,
+    pull: Option<JoinHandle<()>>,
+    keeper: Option<JoinHandle<()>>,
+}
+
+/// The effective absolute deadline (unix ms) of a request published at `published_ms`:
+/// the earlier of `Weir-Deadline-Ms` and `published_ms + Weir-Timeout-Ms` (a relative
+/// budget counts from the moment the stream stored the request, so time spent waiting
+/// in the stream, and on a replica that died, counts); without either,
+/// `published_ms + deadline.default_ms` when a default is configured. `Err` = a
+/// malformed header (the edge's decoder answers it, naming the header).
+pub(crate) fn absolute_deadline(
+    deadline: Option<&str>,
+    timeout: Option<&str>,
+    published_ms: u64,
+    default: Option<Duration>,
+) -> Result<Option<u64>, ()> {
+    let d = deadline
+        .map(|v| h::parse_ms(h::DEADLINE_MS, v))
+        .transpose()
+        .map_err(|_| ())?;
+    let t = timeout
+        .map(|v| h::parse_ms(h::TIMEOUT_MS, v))
+        .transpose()
+        .map_err(|_| ())?;
+    let from_timeout = t.map(|t| published_ms.saturating_add(t));
+    Ok(match (d, from_timeout) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (None, None) => default
+            .map(|d| published_ms.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))),
+        (a, b) => a.or(b),
+    })
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Whether `s` can be published to: non-empty dot-separated tokens of visible ASCII,
+/// no wildcards.
+pub(crate) fn valid_reply_subject(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 1024
+        && s.split('.').all(|t| {
+            !t.is_empty() && t != "*" && t != ">" && t.bytes().all(|b| (b'!'..=b'~').contains(&b))
+        })
+}
+
+/// First value of header `name`, compared case-insensitively.
+fn header<'a>(map: Option<&'a HeaderMap>, name: &str) -> Option<&'a str> {
+    map?.iter()
+        .find(|(k, _)| AsRef::<str>::as_ref(*k).eq_ignore_ascii_case(name))
+        .and_then(|(_, v)| v.first())
+        .map(|v| v.as_str())
+}
+
+/// Rewrites the deadline headers of `headers` to one absolute `Weir-Deadline-Ms`
+/// (`deadline_ms`), removing `Weir-Timeout-Ms`.
+pub(crate) fn set_deadline(headers: &HeaderMap, deadline_ms: Option<u64>) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for (name, values) in headers.iter() {
+        let n: &str = name.as_ref();
+        if n.eq_ignore_ascii_case(h::TIMEOUT_MS) || n.eq_ignore_ascii_case(h::DEADLINE_MS) {
+            continue;
+        }
+        for v in values {
+            out.append(name.clone(), v.clone());
+        }
+    }
+    if let Some(d) = deadline_ms {
+        crate::service::put_static(&mut out, h::DEADLINE_MS, &d.to_string());
+    }
+    out
+}
+
+impl IntakeEdge {
+    /// Opens the stream, the consumer and the session bucket, then starts pulling.
+    pub(crate) async fn start<A: Admit>(
+        client: &async_nats::Client,
+        config: Arc<Config>,
+        edge: Arc<A>,
+        replies: Option<kv::Store>,
+    ) -> Result<Self, String> {
+        let Some(j) = config.intake.jetstream().cloned() else {
+            return Err("intake is not jetstream".into());
+        };
+        let js = jetstream::new(client.clone());
+        let (consumer, slots) = open(&js, &config, &j).await?;
+        let (keeper_tx, keeper_rx) = mpsc::unbounded_channel();
+        let hub = Arc::new(Hub {
+            client: client.clone(),
+            publish_timeout: config.nats.publish_timeout,
+            held: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            keeper: keeper_tx,
+            replies: replies.clone(),
+            slots: slots.map(Arc::new),
+        });
+        let (stop, stop_rx) = watch::channel(false);
+        let keeper = tokio::spawn(keeper(hub.clone(), replies, j.progress_interval, keeper_rx));
+        let pull = tokio::spawn(pull_loop(PullCtx {
+            consumer,
+            hub,
+            edge,
+            permits: Arc::new(Semaphore::new(config.workers.get())),
+            config,
+            stop: stop_rx,
+        }));
+        Ok(Self {
+            stop,
+            pull: Some(pull),
+            keeper: Some(keeper),
+        })
+    }
+
+    /// Stops pulling (requests still in the last pull are handed over with `-NAK`).
+    /// Bounded by `wait`.
+    pub(crate) async fn stop_pulling(&mut self, wait: Duration) {
+        let _ = self.stop.send(true);
+        if let Some(p) = self.pull.take()
+            && tokio::time::timeout(wait, p).await.is_err()
+        {
+            tracing::warn!("intake pull loop did not end in time");
+        }
+    }
+
+    /// Stops the keeper (after the held requests were settled): no more progress.
+    pub(crate) fn stop_keeper(&mut self) {
+        if let Some(k) = self.keeper.take() {
+            k.abort();
+        }
+    }
+}
+
+struct PullCtx<A> {
+    consumer: consumer::PullConsumer,
+    hub: Arc<Hub>,
+    edge: Arc<A>,
+    permits: Arc<Semaphore>,
+    config: Arc<Config>,
+    stop: watch::Receiver<bool>,
+}
+
+async fn pull_loop<A: Admit>(mut ctx: PullCtx<A>) {
+    loop {
+        if *ctx.stop.borrow() {
+            return;
+        }
+        // Wait for one free permit, then take every other free one: pull exactly as
+        // many requests as this replica can start.
+        let first = tokio::select! {
+            p = ctx.permits.clone().acquire_owned() => p,
+            _ = ctx.stop.changed() => return,
+        };
+        let Ok(first) = first else { return };
+        let mut permits = vec![first];
+        while let Ok(p) = ctx.permits.clone().try_acquire_owned() {
+            permits.push(p);
+        }
+        let batch = ctx
+            .consumer
+            .batch()
+            .max_messages(permits.len())
+            .expires(PULL_EXPIRES)
+            .messages()
+            .await;
+        let mut batch = match batch {
+            Ok(b) => b,
+            Err(e) => {
+                metrics::counter!(m::INTAKE_PULL_ERRORS_TOTAL).increment(1);
+                tracing::warn!(error = %e, "intake pull request failed");
+                drop(permits);
+                tokio::time::sleep(PULL_RETRY).await;
+                continue;
+            }
+        };
+        let mut stopping = false;
+        loop {
+            let item = if stopping {
+                // Drain what the server already sent for this pull and hand it over.
+                tokio::time::timeout(PULL_EXPIRES * 2, batch.next())
+                    .await
+                    .ok()
+                    .flatten()
+            } else {
+                tokio::select! {
+                    item = batch.next() => item,
+                    _ = ctx.stop.changed() => { stopping = true; continue; }
+                }
+            };
+            let Some(item) = item else { break };
+            match item {
+                Ok(msg) => {
+                    let Some(permit) = permits.pop() else {
+                        // More than asked for: cannot happen; hand it back.
+                        if let Some(ack) = msg.message.reply.clone() {
+                            send_ack(&ctx.hub.client, &ack, AckKind::Nak(None), PULL_EXPIRES).await;
+                        }
+                        continue;
+                    };
+                    if stopping || *ctx.stop.borrow() {
+                        stopping = true;
+                        if let Some(ack) = msg.message.reply.clone() {
+                            send_ack(&ctx.hub.client, &ack, AckKind::Nak(None), PULL_EXPIRES).await;
+                        }
+                        drop(permit);
+                        continue;
+                    }
+                    handle(&ctx, msg, permit).await;
+                }
+                Err(e) => {
+                    // A missed heartbeat or a status from the server: count it, pull again.
+                    metrics::counter!(m::INTAKE_PULL_ERRORS_TOTAL).increment(1);
+                    tracing::debug!(error = %e, "intake pull item error");
+                    break;
+                }
+            }
+        }
+        if stopping {
+            return;
+        }
+    }
+}
+
+async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: OwnedSemaphorePermit) {
+    let received_at = Instant::now();
+    metrics::counter!(m::INTAKE_PULLED_TOTAL).increment(1);
+    // The stream's timestamp (the server's clock) and the delivery count, from the ack
+    // subject; a subject that does not parse is treated as a first delivery now.
+    let (delivered, published_ms) = msg.info().map_or_else(
+        |_| (1, unix_ms(SystemTime::now())),
+        |i| {
+            let ms = i.published.unix_timestamp_nanos() / 1_000_000;
+            (i.delivered, u64::try_from(ms).unwrap_or(0))
+        },
+    );
+    let message = msg.message;
+    let Some(ack) = message.reply.clone() else {
+        return;
+    };
+    if delivered > 1 {
+        metrics::counter!(m::INTAKE_REDELIVERED_TOTAL).increment(1);
+    }
+    let id = ctx.hub.next_id.fetch_add(1, Ordering::Relaxed);
+    ctx.hub.held().insert(id, ack.clone());
+    metrics::gauge!(m::INTAKE_HELD).increment(1.0);
+    let request_id = header(message.headers.as_ref(), h::REQUEST_ID)
+        .map(str::trim)
+        .filter(|r| h::parse_id(h::REQUEST_ID, r).is_ok())
+        .map(str::to_owned);
+    let mut ticket = Ticket {
+        hub: ctx.hub.clone(),
+        id,
+        ack,
+        term: false,
+        request_id,
+        _permit: permit,
+    };
+    let hm = message.headers.as_ref();
+    let reply = header(hm, h::REPLY_TO)
+        .map(str::trim)
+        .filter(|s| valid_reply_subject(s));
+    let Some(reply) = reply.map(Subject::from) else {
+        ticket.terminate(TermReason::NoReply);
+        tracing::debug!("intake message without a valid Weir-Reply-To: terminated");
+        ticket.settle(Settle::Answered).await;
+        return;
+    };
+    // A redelivered request may have been answered by a replica that died before its
+    // `+ACK` reached the server: its kept answer is sent again instead of running it
+    // twice (the caller may receive the same answer twice; it never runs twice).
+    if delivered > 1
+        && let (Some(kv), Some(rid)) = (&ctx.hub.replies, ticket.request_id.as_deref())
+    {
+        let kept = tokio::time::timeout(ctx.hub.publish_timeout, kv.entry(reply_key(rid))).await;
+        if let Ok(Ok(Some(entry))) = kept
+            && entry.operation == kv::Operation::Put
+            && let Some((headers, body)) = decode_reply(&entry.value)
+        {
+            metrics::counter!(m::INTAKE_REPLAYED_TOTAL).increment(1);
+            let _ = tokio::time::timeout(
+                ctx.hub.publish_timeout,
+                ctx.hub.client.publish_with_headers(reply, headers, body),
+            )
+            .await;
+            ticket.settle(Settle::Answered).await;
+            return;
+        }
+    }
+    let deadline = absolute_deadline(
+        header(hm, h::DEADLINE_MS),
+        header(hm, h::TIMEOUT_MS),
+        published_ms,
+        ctx.config.deadline.default,
+    );
+    let now_ms = unix_ms(SystemTime::now());
+    let (message, expired) = match deadline {
+        // A malformed deadline header: the decoder refuses it, naming the header.
+        Err(()) => (message, false),
+        Ok(d) => {
+            let mut message = message;
+            let headers = set_deadline(message.headers.as_ref().unwrap_or(&HeaderMap::new()), d);
+            message.headers = Some(headers);
+            (message, d.is_some_and(|d| d <= now_ms))
+        }
+    };
+    let mut pulled = Pulled {
+        message,
+        reply,
+        ticket,
+    };
+    if expired {
+        pulled.ticket.terminate(TermReason::Expired);
+        let err = ErrorBody::new(
+            ErrorCode::DeadlineExceeded,
+            "deadline passed while the request waited in the durable intake; not started",
+        )
+        .with_details(ErrorDetails {
+            budget_ms: Some(0),
+            ..Default::default()
+        });
+        ctx.edge.refuse(pulled, err, received_at).await;
+        return;
+    }
+    ctx.edge.admit(pulled).await;
+}
+
+/// Most KV writes (kept answers, slot deletes) the keeper has in flight at once.
+const KV_WRITES_IN_FLIGHT: usize = 256;
+
+/// Sends progress for every held request and renews their cluster slots every
+/// `interval`; deletes a slot when its ticket is released; writes kept answers. The
+/// writes are pipelined (at most [`KV_WRITES_IN_FLIGHT`]) and the renewals of one tick
+/// run concurrently, so that a slow KV store (a leader election, a loaded machine)
+/// does not hold back the progress acknowledgements and renewals behind a queue of
+/// writes — a late renewal lets a slot expire under its holder.
+async fn keeper(
+    hub: Arc<Hub>,
+    replies: Option<kv::Store>,
+    interval: Duration,
+    mut rx: mpsc::UnboundedReceiver<KeeperMsg>,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let slots = hub.slots.clone();
+    let limit = hub.publish_timeout;
+    let mut owned: HashMap<u64, Vec<Slot>> = HashMap::new();
+    let mut writes: futures::stream::FuturesUnordered<futures::future::BoxFuture<'static, ()>> =
+        futures::stream::FuturesUnordered::new();
+    let mut open = true;
+    loop {
+        tokio::select! {
+            biased;
+            _ = tick.tick() => {
+                let acks: Vec<Subject> = hub.held().values().cloned().collect();
+                for ack in &acks {
+                    send_ack(&hub.client, ack, AckKind::Progress, limit).await;
+                }
+                if let Some(s) = &slots {
+                    let renewals = owned.values_mut().flatten().map(|slot| {
+                        let kv = s.kv.clone();
+                        async move {
+                            let renewed = tokio::time::timeout(
+                                limit,
+                                kv.update(&slot.key, slot.value.clone(), slot.revision),
+                            )
+                            .await;
+                            match renewed {
+                                Ok(Ok(rev)) => slot.revision = rev,
+                                Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+                                    // Expired and taken by another request: the limit may be
+                                    // exceeded by one until this request settles.
+                                    metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "lost")
+                                        .increment(1);
+                                    tracing::warn!(key = %slot.key, "cluster slot lost before its request settled");
+                                }
+                                // Unknown (timeout, leader election): try again next tick.
+                                _ => {}
+                            }
+                        }
+                    });
+                    futures::future::join_all(renewals).await;
+                }
+            }
+            msg = rx.recv(), if open && writes.len() < KV_WRITES_IN_FLIGHT => match msg {
+                None => open = false,
+                Some(KeeperMsg::Reply { key, value }) => {
+                    if let Some(kv) = replies.clone() {
+                        writes.push(Box::pin(async move {
+                            let put = tokio::time::timeout(limit, kv.put(&key, value)).await;
+                            let result = if matches!(put, Ok(Ok(_))) { "kept" } else { "failed" };
+                            metrics::counter!(m::INTAKE_REPLIES_KEPT_TOTAL, "result" => result)
+                                .increment(1);
+                        }));
+                    }
+                }
+                Some(KeeperMsg::Slot { ticket, slot }) => {
+                    owned.entry(ticket).or_default().push(slot);
+                }
+                Some(KeeperMsg::Release { ticket }) => {
+                    if let (Some(held), Some(s)) = (owned.remove(&ticket), &slots) {
+                        for slot in held {
+                            let kv = s.kv.clone();
+                            writes.push(Box::pin(async move {
+                                let _ = tokio::time::timeout(
+                                    limit,
+                                    kv.delete_expect_revision(&slot.key, Some(slot.revision)),
+                                )
+                                .await;
+                            }));
+                        }
+                    }
+                }
+            },
+            Some(()) = writes.next(), if !writes.is_empty() => {}
+            else => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relative_budget_counts_from_the_stream_timestamp() {
+        let published = 1_000_000;
+        assert_eq!(
+            absolute_deadline(None, Some("500"), published, None),
+            Ok(Some(1_000_500))
+        );
+        assert_eq!(
+            absolute_deadline(Some("1000200"), Some("500"), published, None),
+            Ok(Some(1_000_200)),
+            "the earlier wins"
+        );
+        assert_eq!(
+            absolute_deadline(None, None, published, Some(Duration::from_secs(2))),
+            Ok(Some(1_002_000)),
+            "the configured default counts from the stream timestamp too"
+        );
+        assert_eq!(absolute_deadline(None, None, published, None), Ok(None));
+        assert_eq!(
+            absolute_deadline(None, Some("soon"), published, None),
+            Err(())
+        );
+        assert_eq!(
+            absolute_deadline(Some("-1"), None, published, None),
+            Err(())
+        );
+    }
+
+    #[test]
+    fn reply_subjects_are_checked_before_publishing() {
+        assert!(valid_reply_subject("_INBOX.abc.def"));
+        for bad in ["", "a..b", "a.*", "a.>", "a b", ".a", "a.", "é"] {
+            assert!(!valid_reply_subject(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn slot_keys_are_valid_kv_keys_for_any_session_id() {
+        let k = slot_key("call 42/ü.*>", 3);
+        assert!(k.starts_with("s.") && k.ends_with(".3"), "{k}");
+        assert!(
+            k.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_'),
+            "{k}"
+        );
+        assert_ne!(slot_key("a", 0), slot_key("a", 1));
+        assert_ne!(slot_key("ab", 0), slot_key("a", 0));
+        assert_eq!(reply_key("a."), "r.612e");
+    }
+
+    #[test]
+    fn kept_replies_round_trip_with_headers_and_any_body() {
+        let mut hm = HeaderMap::new();
+        hm.insert("Weir-Queue-Ms", "1.500");
+        hm.insert("Nats-Service-Error", "queue_full: x: y");
+        hm.append("X-Multi", "a");
+        hm.append("X-Multi", "b");
+        let body = Bytes::from_static(b"line1\n\nline3: not a header\n");
+        let (h2, b2) = decode_reply(&encode_reply(&hm, &body)).expect("decodes");
+        assert_eq!(b2, body);
+        assert_eq!(header(Some(&h2), "weir-queue-ms"), Some("1.500"));
+        assert_eq!(
+            header(Some(&h2), "Nats-Service-Error"),
+            Some("queue_full: x: y")
+        );
+        assert_eq!(h2.get_all("X-Multi").count(), 2);
+        let (h3, b3) = decode_reply(&encode_reply(&HeaderMap::new(), b"")).expect("empty");
+        assert_eq!((h3.iter().count(), b3.len()), (0, 0));
+        for junk in [
+            &b""[..],
+            b"no newline",
+            b"bad header\n\nbody",
+            b"\xff: v\n\n",
+        ] {
+            assert!(
+                decode_reply(&Bytes::copy_from_slice(junk)).is_none(),
+                "{junk:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn deadline_headers_are_rewritten_to_one_absolute_value() {
+        let mut hm = HeaderMap::new();
+        hm.insert("Weir-Timeout-Ms", "500");
+        hm.insert("weir-deadline-ms", "99");
+        hm.insert("Weir-Session-Id", "s");
+        let out = set_deadline(&hm, Some(1234));
+        assert_eq!(header(Some(&out), h::TIMEOUT_MS), None);
+        assert_eq!(header(Some(&out), h::DEADLINE_MS), Some("1234"));
+        assert_eq!(header(Some(&out), h::SESSION_ID), Some("s"));
+        let none = set_deadline(&hm, None);
+        assert_eq!(header(Some(&none), h::DEADLINE_MS), None);
+    }
+}

@@ -1,0 +1,1247 @@
+//! The durable intake (`intake = "jetstream"`) against a real nats-server with
+//! JetStream: direct publishes and core requests forwarded into the stream, dedup by
+//! `Nats-Msg-Id`, expired and malformed requests terminated, the cluster-wide session
+//! cap over two replicas, and (binary) a replica SIGKILLed mid-run at 2× capacity.
+//!
+//! The backend is a simulated NATS service in the test process ([`TestBackend`]): it
+//! sees every call of every replica, so it counts runs per request id and concurrent
+//! calls per session across processes — including a replica that is SIGKILLed.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_nats::HeaderMap;
+use async_nats::jetstream;
+use futures::StreamExt;
+use tokio::time::Instant;
+use weir_llm_adapter::Config;
+use weir_llm_adapter::backend::sim::SimBackend;
+use weir_llm_adapter::client::LlmClient;
+use weir_protocol::llm::headers as h;
+use weir_testkit::{NatsServer, NatsServerOptions};
+
+use common::bin::{BIN, Child, first_line};
+use common::{STEP, connect};
+
+/// The two timing-sensitive tests (2× load with a SIGKILL, the latency measurement) run
+/// one at a time: cargo runs a binary's tests in parallel on 2 shared cores.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn js_server() -> NatsServer {
+    NatsServer::start_with(NatsServerOptions {
+        jetstream: true,
+        ..Default::default()
+    })
+    .expect("nats-server with JetStream (run scripts/ensure-nats-server)")
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Publishes one request to the intake stream the way a durable caller does; returns
+/// whether the stream called it a duplicate.
+async fn publish(
+    js: &jetstream::Context,
+    subject: &str,
+    reply: &str,
+    rid: &str,
+    extra: &[(&str, &str)],
+    body: &'static [u8],
+) -> bool {
+    let mut hm = HeaderMap::new();
+    hm.insert(h::REPLY_TO, reply);
+    hm.insert(h::NATS_MSG_ID, rid);
+    hm.insert(h::REQUEST_ID, rid);
+    for (k, v) in extra {
+        hm.insert(*k, *v);
+    }
+    let ack = tokio::time::timeout(STEP, async {
+        js.publish_with_headers(subject.to_owned(), hm, body.into())
+            .await
+            .expect("publish")
+            .await
+            .expect("stored")
+    })
+    .await
+    .expect("pub ack in time");
+    ack.duplicate
+}
+
+fn code_of(msg: &async_nats::Message) -> String {
+    msg.headers
+        .as_ref()
+        .and_then(|hm| hm.get(h::ERROR_CODE))
+        .map_or_else(|| "ok".to_owned(), |v| v.as_str().to_owned())
+}
+
+fn rid_of(msg: &async_nats::Message) -> String {
+    msg.headers
+        .as_ref()
+        .and_then(|hm| hm.get(h::REQUEST_ID))
+        .map_or_else(String::new, |v| v.as_str().to_owned())
+}
+
+async fn stream_len(js: &jetstream::Context, name: &str) -> u64 {
+    let mut s = js.get_stream(name).await.expect("stream");
+    s.info().await.expect("info").state.messages
+}
+
+/// Waits (bounded) until the intake stream is empty: every message settled.
+async fn wait_empty(js: &jetstream::Context, name: &str) -> u64 {
+    let until = Instant::now() + STEP;
+    loop {
+        let n = stream_len(js, name).await;
+        if n == 0 || Instant::now() > until {
+            return n;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+const INTAKE: &str =
+    "intake = \"jetstream\"\n[jetstream]\nack_wait_ms = 2000\nstorage = \"memory\"\n";
+
+/// An in-process replica on its own connection; `latency_ms` = the sim backend's, or
+/// `None` for the backend the configuration names.
+async fn adapter(
+    server: &NatsServer,
+    toml: &str,
+    latency_ms: Option<u64>,
+) -> weir_llm_adapter::AdapterHandle {
+    let config = Config::from_toml_str(toml).expect("config");
+    let client = connect(server.url()).await;
+    let backend: Arc<dyn weir_llm_adapter::backend::Backend> = match latency_ms {
+        Some(ms) => Arc::new(SimBackend::fixed(Duration::from_millis(ms))),
+        None => {
+            weir_llm_adapter::backend::from_config(&config.backend, &client)
+                .expect("backend")
+                .backend
+        }
+    };
+    tokio::time::timeout(STEP, weir_llm_adapter::start(client, config, backend))
+        .await
+        .expect("start in time")
+        .expect("start")
+}
+
+#[tokio::test]
+async fn direct_publishes_are_answered_once_and_duplicates_are_dropped_by_the_stream() {
+    let server = js_server();
+    let a = adapter(&server, &format!("workers = 2\n{INTAKE}"), Some(10)).await;
+    let b = adapter(&server, &format!("workers = 2\n{INTAKE}"), Some(10)).await;
+    let caller = connect(server.url()).await;
+    let js = jetstream::new(caller.clone());
+    let inbox = caller.new_inbox();
+    let mut replies = caller.subscribe(format!("{inbox}.>")).await.expect("sub");
+    caller.flush().await.expect("flush");
+    let n = 40;
+    for i in 0..n {
+        let rid = format!("r-{i}");
+        let reply = format!("{inbox}.{i}");
+        assert!(
+            !publish(
+                &js,
+                "llm.intake",
+                &reply,
+                &rid,
+                &[(h::TIMEOUT_MS, "5000")],
+                b"hi"
+            )
+            .await
+        );
+        // A retry of every fourth request: stored once.
+        if i % 4 == 0 {
+            assert!(
+                publish(
+                    &js,
+                    "llm.intake",
+                    &reply,
+                    &rid,
+                    &[(h::TIMEOUT_MS, "5000")],
+                    b"hi"
+                )
+                .await,
+                "the stream drops the second copy"
+            );
+        }
+    }
+    let mut got: BTreeMap<String, usize> = BTreeMap::new();
+    let until = Instant::now() + STEP;
+    while got.values().sum::<usize>() < n && Instant::now() < until {
+        if let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(500), replies.next()).await
+        {
+            assert_eq!(code_of(&m), "ok");
+            assert_eq!(&m.payload[..], b"hi");
+            *got.entry(rid_of(&m)).or_default() += 1;
+        }
+    }
+    // Nothing more arrives.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), replies.next())
+            .await
+            .is_err()
+    );
+    assert_eq!(got.len(), n, "every request answered");
+    assert!(got.values().all(|c| *c == 1), "each once: {got:?}");
+    let (sa, sb) = (a.stats(), b.stats());
+    assert_eq!(
+        sa.completed + sb.completed,
+        n as u64,
+        "run once each over the two replicas"
+    );
+    assert!(
+        sa.completed > 0 && sb.completed > 0,
+        "both replicas pulled: {} / {}",
+        sa.completed,
+        sb.completed
+    );
+    assert_eq!(
+        wait_empty(&js, "WEIR_LLM_INTAKE").await,
+        0,
+        "all acknowledged"
+    );
+
+    // A core request is forwarded into the stream (callers unchanged).
+    let llm = LlmClient::new(caller.clone(), "llm.infer");
+    let r = llm
+        .request("core")
+        .request_id("c-1")
+        .session("s")
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await;
+    assert_eq!(&r.expect("forwarded and answered").body[..], b"core");
+    // The same id again within the duplicate window: the stream drops it, and the
+    // forwarding replica answers with the first copy's kept answer (the reply bucket).
+    let again = llm
+        .request("core")
+        .request_id("c-1")
+        .session("s")
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await;
+    assert_eq!(&again.expect("the kept answer").body[..], b"core");
+    // A malformed core request is answered by the forwarding replica, never stored.
+    let bad = llm
+        .request("core")
+        .request_id("has space")
+        .send()
+        .await
+        .expect_err("invalid");
+    assert!(bad.to_string().contains(h::REQUEST_ID), "{bad}");
+
+    // The Rust client's durable mode publishes to the stream itself; a retry with the
+    // same id (dropped by the stream) gets the first answer through the service subject.
+    let durable = LlmClient::new(caller.clone(), "llm.infer").durable("llm.intake");
+    let r = durable
+        .request("durable")
+        .request_id("d-1")
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await;
+    assert_eq!(&r.expect("stored and answered").body[..], b"durable");
+    let r = durable.request("no id").send().await;
+    assert_eq!(&r.expect("an id is made").body[..], b"no id");
+    let again = durable
+        .request("durable")
+        .request_id("d-1")
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await;
+    assert_eq!(&again.expect("the kept answer").body[..], b"durable");
+    let (sa, sb) = (a.stats(), b.stats());
+    assert_eq!(
+        sa.completed + sb.completed,
+        n as u64 + 3,
+        "the retries did not run again"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test]
+async fn expired_and_malformed_requests_are_terminated_with_an_answer_and_never_started() {
+    let server = js_server();
+    let sim = SimBackend::fixed(Duration::from_millis(10));
+    let sim_h = sim.handle();
+    let client = connect(server.url()).await;
+    let a = weir_llm_adapter::start(
+        client,
+        Config::from_toml_str(&format!("workers = 2\n{INTAKE}reply_bucket = \"\"\n"))
+            .expect("config"),
+        Arc::new(sim),
+    )
+    .await
+    .expect("start");
+    let caller = connect(server.url()).await;
+    let js = jetstream::new(caller.clone());
+    let inbox = caller.new_inbox();
+    let mut replies = caller.subscribe(format!("{inbox}.>")).await.expect("sub");
+    caller.flush().await.expect("flush");
+    let past = (unix_ms() - 1000).to_string();
+    publish(
+        &js,
+        "llm.intake",
+        &format!("{inbox}.1"),
+        "old",
+        &[(h::DEADLINE_MS, &past)],
+        b"x",
+    )
+    .await;
+    publish(
+        &js,
+        "llm.intake",
+        &format!("{inbox}.2"),
+        "bad",
+        &[(h::TIMEOUT_MS, "soon")],
+        b"x",
+    )
+    .await;
+    publish(
+        &js,
+        "llm.intake",
+        &format!("{inbox}.3"),
+        "cancel",
+        &[(h::CANCEL, "old")],
+        b"x",
+    )
+    .await;
+    // No reply subject at all, and a reply subject with a wildcard: terminated, unanswerable.
+    let mut hm = HeaderMap::new();
+    hm.insert(h::NATS_MSG_ID, "noreply");
+    js.publish_with_headers("llm.intake", hm, "x".into())
+        .await
+        .expect("pub")
+        .await
+        .expect("ack");
+    publish(&js, "llm.intake", "bad.*", "wild", &[], b"x").await;
+    let mut codes = BTreeMap::new();
+    for _ in 0..3 {
+        let m = tokio::time::timeout(STEP, replies.next())
+            .await
+            .expect("answer")
+            .expect("msg");
+        let body: serde_json::Value = serde_json::from_slice(&m.payload).expect("json body");
+        assert!(
+            !rid_of(&m).is_empty(),
+            "an intake refusal names its request id"
+        );
+        codes.insert(
+            m.subject.to_string(),
+            (
+                code_of(&m),
+                body["message"].as_str().unwrap_or("").to_owned(),
+            ),
+        );
+    }
+    let c = |i: u32| codes[&format!("{inbox}.{i}")].clone();
+    assert_eq!(c(1).0, "deadline_exceeded", "{codes:?}");
+    assert_eq!(c(2).0, "invalid_request");
+    assert!(
+        c(2).1.contains(h::TIMEOUT_MS),
+        "names the header: {}",
+        c(2).1
+    );
+    assert_eq!(c(3).0, "invalid_request");
+    assert_eq!(sim_h.stats().started, 0, "none reached the backend");
+    // Without a reply bucket a duplicate cannot be answered with the first answer: the
+    // forwarding replica says so at once.
+    let llm = LlmClient::new(caller.clone(), "llm.infer");
+    let first = llm
+        .request("x")
+        .request_id("x-1")
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await;
+    assert_eq!(&first.expect("answered").body[..], b"x");
+    let again = llm
+        .request("x")
+        .request_id("x-1")
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await
+        .expect_err("duplicate");
+    assert_eq!(
+        again.kind(),
+        weir_llm_adapter::client::ClientErrorKind::Server(
+            weir_protocol::llm::ErrorCode::RequestIdConflict
+        ),
+        "{again}"
+    );
+    assert_eq!(sim_h.stats().started, 1, "the duplicate did not run");
+    assert_eq!(
+        wait_empty(&js, "WEIR_LLM_INTAKE").await,
+        0,
+        "all five settled (terminated)"
+    );
+    a.shutdown().await;
+}
+
+/// Calls seen by the simulated NATS backend.
+#[derive(Debug, Clone)]
+struct Call {
+    rid: String,
+    session: String,
+    start: Instant,
+    end: Option<Instant>,
+    /// The reply reached a live replica (the backend asks with a request: no
+    /// responders = the replica that made the call is gone).
+    delivered: Option<bool>,
+}
+
+/// A simulated backend served over NATS from the test process: sleeps `latency`, echoes
+/// the body, and records every call.
+struct TestBackend {
+    calls: Arc<Mutex<Vec<Call>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TestBackend {
+    async fn start(url: &str, subject: &str, latency: Duration) -> Self {
+        let client = connect(url).await;
+        let mut sub = client.subscribe(subject.to_owned()).await.expect("sub");
+        client.flush().await.expect("flush");
+        let calls: Arc<Mutex<Vec<Call>>> = Arc::default();
+        let rec = calls.clone();
+        let task = tokio::spawn(async move {
+            while let Some(msg) = sub.next().await {
+                let hdr = |n: &str| {
+                    msg.headers
+                        .as_ref()
+                        .and_then(|hm| hm.get(n))
+                        .map_or_else(String::new, |v| v.as_str().to_owned())
+                };
+                let idx = {
+                    let mut c = rec.lock().expect("lock");
+                    c.push(Call {
+                        rid: hdr(h::REQUEST_ID),
+                        session: hdr(h::SESSION_ID),
+                        start: Instant::now(),
+                        end: None,
+                        delivered: None,
+                    });
+                    c.len() - 1
+                };
+                let (client, rec) = (client.clone(), rec.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep(latency).await;
+                    rec.lock().expect("lock")[idx].end = Some(Instant::now());
+                    let Some(reply) = msg.reply else { return };
+                    let req = async_nats::Request::new()
+                        .payload(msg.payload)
+                        .timeout(Some(Duration::from_millis(100)));
+                    let r = client.send_request(reply, req).await;
+                    let delivered = !matches!(&r, Err(e) if e.kind() == async_nats::RequestErrorKind::NoResponders);
+                    rec.lock().expect("lock")[idx].delivered = Some(delivered);
+                });
+            }
+        });
+        Self { calls, task }
+    }
+
+    fn calls(&self) -> Vec<Call> {
+        self.calls.lock().expect("lock").clone()
+    }
+
+    /// Most calls of one session in progress at once.
+    fn max_concurrent_per_session(&self) -> usize {
+        self.max_concurrent_where(|_| true)
+    }
+
+    /// Most calls of one session at once among those a replica still held: without
+    /// the calls a live replica abandoned at the deadline (it answered the caller and
+    /// released the slot; a real backend sees the HTTP request cancelled, this one goes
+    /// on sleeping) — `keep` says which calls count.
+    fn max_concurrent_where(&self, keep: impl Fn(&Call) -> bool) -> usize {
+        let calls: Vec<Call> = self.calls().into_iter().filter(|c| keep(c)).collect();
+        let mut best = 0;
+        for c in &calls {
+            let n = calls
+                .iter()
+                .filter(|o| {
+                    o.session == c.session
+                        && o.start <= c.start
+                        && o.end.is_none_or(|e| e > c.start)
+                })
+                .count();
+            best = best.max(n);
+        }
+        best
+    }
+}
+
+impl Drop for TestBackend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Two in-process replicas (4 workers each, a 300 ms NATS backend) with `limits`
+/// (TOML after the intake section), 10 requests at once carrying `headers`: the answer
+/// codes and the most calls of one session (the `Weir-Session-Id` the backend sees)
+/// at once.
+async fn burst_over_two_replicas(
+    limits: &str,
+    headers: &[(&str, &str)],
+) -> (BTreeMap<String, usize>, usize) {
+    let server = js_server();
+    let backend = TestBackend::start(server.url(), "sim.backend", Duration::from_millis(300)).await;
+    // 4 workers per replica: each alone would run 4 requests of one key at once.
+    let toml = format!(
+        "workers = 4\n{INTAKE}max_ack_pending = 8\n{limits}\n[backend]\nkind = \"nats\"\n[backend.nats]\nsubject = \"sim.backend\"\n"
+    );
+    let a = adapter(&server, &toml, None).await;
+    let b = adapter(&server, &toml, None).await;
+    let caller = connect(server.url()).await;
+    let js = jetstream::new(caller.clone());
+    let inbox = caller.new_inbox();
+    let mut replies = caller.subscribe(format!("{inbox}.>")).await.expect("sub");
+    caller.flush().await.expect("flush");
+    let n = 10;
+    let mut hs = headers.to_vec();
+    hs.push((h::TIMEOUT_MS, "5000"));
+    for i in 0..n {
+        publish(
+            &js,
+            "llm.intake",
+            &format!("{inbox}.{i}"),
+            &format!("c-{i}"),
+            &hs,
+            b"x",
+        )
+        .await;
+    }
+    let mut codes: BTreeMap<String, usize> = BTreeMap::new();
+    for _ in 0..n {
+        let m = tokio::time::timeout(STEP, replies.next())
+            .await
+            .expect("answer")
+            .expect("msg");
+        *codes.entry(code_of(&m)).or_default() += 1;
+    }
+    assert_eq!(codes.values().sum::<usize>(), n);
+    let max = backend.max_concurrent_per_session();
+    a.shutdown().await;
+    b.shutdown().await;
+    (codes, max)
+}
+
+#[tokio::test]
+async fn the_session_cap_holds_over_two_replicas() {
+    let (codes, max) = burst_over_two_replicas(
+        "[session]\npending_cap = 2\nordering = false",
+        &[(h::SESSION_ID, "one")],
+    )
+    .await;
+    eprintln!(
+        "session cap 2 over 2 replicas x 4 workers, 10 requests at once: {codes:?}, most at once at the backend: {max}"
+    );
+    assert!(max <= 2, "cap 2 across replicas, saw {max}");
+    assert!(
+        codes.get("session_queue_full").copied().unwrap_or(0) >= 1,
+        "{codes:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_reject_limit_holds_over_two_replicas() {
+    // No session cap; one client key limited to 1 with on_busy = "reject". The session
+    // header only lets the backend count per key.
+    let (codes, max) = burst_over_two_replicas(
+        "[session]\npending_cap = 0\nordering = false\n[[limits]]\nname = \"per-tenant\"\nkey = \"client\"\nlimit = 1\non_busy = \"reject\"",
+        &[(h::CLIENT_KEY, "tenant-a"), (h::SESSION_ID, "tenant-a")],
+    )
+    .await;
+    eprintln!(
+        "client limit 1 (reject) over 2 replicas x 4 workers, 10 requests at once: {codes:?}, most at once at the backend: {max}"
+    );
+    assert_eq!(max, 1, "limit 1 across replicas");
+    assert!(
+        codes
+            .get("concurrency_limit_exceeded")
+            .copied()
+            .unwrap_or(0)
+            >= 1,
+        "{codes:?}"
+    );
+}
+
+/// `llm-adapter serve` with `config`, its admin address from the ready line.
+async fn replica(url: &str, config: &std::path::Path) -> (Child, String) {
+    let mut child = Child(
+        std::process::Command::new(BIN)
+            .args(["serve", "--config"])
+            .arg(config)
+            .args(["--admin", "127.0.0.1:0", "--nats-url", url])
+            .env("RUST_LOG", "error")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn"),
+    );
+    let line = first_line(&mut child).await;
+    let ready: serde_json::Value = serde_json::from_str(&line).expect("ready line");
+    let admin = ready["admin"].as_str().expect("admin").to_owned();
+    (child, admin)
+}
+
+/// The value of an unlabelled counter in a Prometheus text page (0 when absent).
+fn counter(page: &str, name: &str) -> f64 {
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The value of a counter with the label `label` (`result="lost"`) in a Prometheus text
+/// page (0 when absent).
+fn labelled(page: &str, name: &str, label: &str) -> f64 {
+    page.lines()
+        .filter(|l| l.starts_with(name) && l.contains(label))
+        .find_map(|l| l.rsplit(' ').next()?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Done-when of issue 13 item 4: two adapter binaries on the durable intake, 2× their
+/// capacity, one SIGKILLed mid-run. Every request is answered exactly once (those the
+/// killed replica held are answered by the other after AckWait), no request completes
+/// twice at the backend, and the session cap holds across the replicas.
+#[tokio::test]
+async fn a_replica_sigkilled_at_twice_capacity_hands_its_requests_to_the_other() {
+    let _serial = SERIAL.lock().await;
+    let server = js_server();
+    let latency = Duration::from_millis(200);
+    let backend = TestBackend::start(server.url(), "sim.backend", latency).await;
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("llm-intake-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let cfg = dir.join("adapter.toml");
+    let (workers, cap, ack_wait_ms) = (4usize, 2usize, 1500u64);
+    std::fs::write(
+        &cfg,
+        format!(
+            "intake = \"jetstream\"\nworkers = {workers}\n[session]\npending_cap = {cap}\nordering = false\n\
+             [backend]\nkind = \"nats\"\n[backend.nats]\nsubject = \"sim.backend\"\n\
+             [jetstream]\nack_wait_ms = {ack_wait_ms}\nprogress_interval_ms = 300\nmax_ack_pending = {}\nstorage = \"memory\"\n\
+             [nats]\nping_interval_ms = 1000\nconnection_timeout_ms = 500\n",
+            2 * workers
+        ),
+    )
+    .expect("config");
+    let (mut a, _admin_a) = replica(server.url(), &cfg).await;
+    let (_b, admin_b) = replica(server.url(), &cfg).await;
+
+    let caller = connect(server.url()).await;
+    let js = jetstream::new(caller.clone());
+    let inbox = caller.new_inbox();
+    let mut replies = caller.subscribe(format!("{inbox}.>")).await.expect("sub");
+    caller.flush().await.expect("flush");
+    let answers: Arc<Mutex<HashMap<String, Vec<String>>>> = Arc::default();
+    let answered_at: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let collector = tokio::spawn({
+        let answers = answers.clone();
+        let answered_at = answered_at.clone();
+        async move {
+            while let Some(m) = replies.next().await {
+                let rid = rid_of(&m);
+                answered_at
+                    .lock()
+                    .expect("lock")
+                    .insert(rid.clone(), Instant::now());
+                answers
+                    .lock()
+                    .expect("lock")
+                    .entry(rid)
+                    .or_default()
+                    .push(code_of(&m));
+            }
+        }
+    });
+    let mut published_at: HashMap<String, Instant> = HashMap::new();
+
+    // Capacity: 2 replicas × 4 workers / 200 ms = 40 requests/s. Offer 80/s for 4 s,
+    // 8 sessions in turn, a 6 s budget each; kill A after 2 s.
+    let budget_ms = 6000u64;
+    let (rate, secs) = (80u64, 4u64);
+    let total = rate * secs;
+    let mut tick = tokio::time::interval(Duration::from_millis(1000 / rate));
+    let started = Instant::now();
+    let mut killed_at = None;
+    let budget = budget_ms.to_string();
+    for i in 0..total {
+        tick.tick().await;
+        if killed_at.is_none() && started.elapsed() >= Duration::from_secs(2) {
+            a.0.kill().expect("SIGKILL replica A");
+            killed_at = Some(Instant::now());
+        }
+        let session = format!("s{}", i % 8);
+        published_at.insert(format!("k-{i}"), Instant::now());
+        publish(
+            &js,
+            "llm.intake",
+            &format!("{inbox}.{i}"),
+            &format!("k-{i}"),
+            &[(h::SESSION_ID, &session), (h::TIMEOUT_MS, &budget)],
+            b"x",
+        )
+        .await;
+    }
+    let killed_at = killed_at.expect("killed");
+    let sent_at = Instant::now();
+    // Wait (bounded) for every answer: the last budget plus the drain.
+    let until = sent_at + Duration::from_millis(budget_ms) + Duration::from_secs(4);
+    while answers.lock().expect("lock").len() < total as usize && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await; // late duplicates would show
+    collector.abort();
+
+    let answers = answers.lock().expect("lock").clone();
+    let missing: Vec<u64> = (0..total)
+        .filter(|i| !answers.contains_key(&format!("k-{i}")))
+        .collect();
+    let twice: Vec<_> = answers.iter().filter(|(_, v)| v.len() > 1).collect();
+    let mut codes: BTreeMap<String, usize> = BTreeMap::new();
+    for v in answers.values() {
+        for c in v {
+            *codes.entry(c.clone()).or_default() += 1;
+        }
+    }
+    let calls = backend.calls();
+    let mut per_rid: HashMap<&str, Vec<&Call>> = HashMap::new();
+    for c in &calls {
+        per_rid.entry(c.rid.as_str()).or_default().push(c);
+    }
+    for (rid, v) in &per_rid {
+        if v.len() > 1 {
+            let rel = |t: Instant| {
+                if t >= killed_at {
+                    (t - killed_at).as_secs_f64() * 1e3
+                } else {
+                    -((killed_at - t).as_secs_f64() * 1e3)
+                }
+            };
+            let desc: Vec<String> = v
+                .iter()
+                .map(|c| {
+                    format!(
+                        "start {:+.0} ms end {:+.0} ms delivered {:?}",
+                        rel(c.start),
+                        c.end.map_or(f64::NAN, rel),
+                        c.delivered
+                    )
+                })
+                .collect();
+            eprintln!("ran twice {rid} (relative to the kill): {desc:?}");
+        }
+    }
+    // A call the kill caught: started before it, and its answer had not been handled
+    // by A when A died (the backend answered after the kill, or shortly before it — a
+    // reply still in A's socket or queue; 250 ms of slack for a loaded machine).
+    let kill_window = Duration::from_millis(250);
+    let caught =
+        |c: &Call| c.start <= killed_at && c.end.is_none_or(|e| e + kill_window >= killed_at);
+    // Completed twice = two calls whose answers both reached a live replica, other than
+    // a call the kill caught and its re-run.
+    let completed_twice = per_rid
+        .values()
+        .filter(|v| {
+            v.iter()
+                .filter(|c| c.delivered == Some(true) && !caught(c))
+                .count()
+                > 1
+        })
+        .count();
+    // Calls whose replica was gone when the backend answered: the killed replica's
+    // (caught by the kill), or calls a live replica had abandoned at the deadline.
+    let orphaned: Vec<&Call> = calls
+        .iter()
+        .filter(|c| {
+            caught(c)
+                && per_rid[c.rid.as_str()].len() > 1
+                && c.delivered.is_some()
+                && per_rid[c.rid.as_str()][0].start == c.start
+        })
+        .collect();
+    let abandoned = calls
+        .iter()
+        .filter(|c| c.delivered == Some(false) && !caught(c))
+        .count();
+    for c in &orphaned {
+        eprintln!(
+            "caught by the kill: {} started {:.3} s before it, its backend answer {} ({:?}), answered {:?}, calls {}",
+            c.rid,
+            (killed_at - c.start).as_secs_f64(),
+            if c.delivered == Some(true) {
+                "reached A's socket"
+            } else {
+                "found A gone"
+            },
+            c.end.map(|e| e.saturating_duration_since(killed_at)),
+            answers.get(&c.rid),
+            per_rid[c.rid.as_str()].len()
+        );
+    }
+    let rerun: Vec<&str> = per_rid
+        .iter()
+        .filter(|(_, v)| v.len() > 1)
+        .map(|(r, _)| *r)
+        .collect();
+    let rerun_ok = rerun
+        .iter()
+        .filter(|r| answers.get(**r).is_some_and(|v| v == &["ok".to_owned()]))
+        .count();
+    let max_session_raw = backend.max_concurrent_per_session();
+    let max_session = backend.max_concurrent_where(|c| c.delivered != Some(false) || caught(c));
+    // How late after its deadline an answer came (a deadline that passes in the stream
+    // is answered when a replica reaches the request), and when B answered the
+    // handed-over requests.
+    let answered_at = answered_at.lock().expect("lock").clone();
+    let late_ms = |rid: &str| -> f64 {
+        let Some(p) = published_at.get(rid) else {
+            return 0.0; // an answer without a known request id: counted as missing above
+        };
+        let deadline = *p + Duration::from_millis(budget_ms);
+        answered_at.get(rid).map_or(0.0, |t| {
+            t.saturating_duration_since(deadline).as_secs_f64() * 1e3
+        })
+    };
+    let mut late: Vec<f64> = answers
+        .keys()
+        .map(|r| late_ms(r))
+        .filter(|l| *l > 0.0)
+        .collect();
+    late.sort_by(f64::total_cmp);
+    let handover_ms: Vec<f64> = orphaned
+        .iter()
+        .filter_map(|c| answered_at.get(&c.rid))
+        .map(|t| (*t - killed_at).as_secs_f64() * 1e3)
+        .collect();
+    let page = tokio::time::timeout(STEP, async {
+        reqwest::get(format!("http://{admin_b}/metrics"))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text")
+    })
+    .await
+    .expect("scrape in time");
+    let redelivered = counter(&page, "llm_intake_redelivered_total");
+    let lost = labelled(&page, "llm_intake_cluster_slots_total", "result=\"lost\"");
+    eprintln!(
+        "durable intake, 2 replicas x {workers} workers, 200 ms calls, {rate}/s for {secs} s (2x), A SIGKILLed at {:.2} s: \
+         sent {total}, answered {}, missing {}, answered twice {}; answers by code {codes:?}; \
+         backend calls {}, completed twice {completed_twice}, caught by the kill on A {} (re-run by B: {}, answered ok: {rerun_ok}), abandoned at the deadline {abandoned}; \
+         B pulled {redelivered} redelivered, answered {handover_ms:.0?} ms after the kill; most calls of one session held at once {max_session} (cap {cap}; {max_session_raw} counting calls abandoned at the deadline), slots B lost to expiry {lost}; \
+         answers after their deadline: {} (max {:.0} ms late)",
+        (killed_at - started).as_secs_f64(),
+        answers.len(),
+        missing.len(),
+        twice.len(),
+        calls.len(),
+        orphaned.len(),
+        rerun.len(),
+        late.len(),
+        late.last().copied().unwrap_or(0.0),
+    );
+    assert!(missing.is_empty(), "unanswered: {missing:?}");
+    assert!(twice.is_empty(), "answered twice: {twice:?}");
+    assert_eq!(
+        completed_twice, 0,
+        "no request completed twice at the backend"
+    );
+    // Every request that ran twice is one the kill caught on A, re-run once after it.
+    for r in &rerun {
+        let v = &per_rid[r];
+        assert_eq!(v.len(), 2, "{r}: {v:?}");
+        assert!(caught(v[0]) && v[1].start > killed_at, "{r}: {v:?}");
+    }
+    assert!(
+        orphaned.len() <= workers,
+        "at most A's workers were in flight: {}",
+        orphaned.len()
+    );
+    assert!(
+        !orphaned.is_empty(),
+        "the kill caught requests mid-inference"
+    );
+    assert_eq!(
+        rerun_ok,
+        rerun.len(),
+        "each handed-over request answered ok by B"
+    );
+    assert!(redelivered >= 1.0, "B took A's requests: {redelivered}");
+    assert!(
+        max_session <= cap,
+        "session cap {cap} across replicas, saw {max_session}"
+    );
+    assert!(codes.get("ok").copied().unwrap_or(0) > 0);
+}
+
+fn median_p99(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.99))
+}
+
+/// The added latency of the durable intake against core request/reply, measured in
+/// the same run on the same server: sequential requests, a zero-latency backend.
+#[tokio::test]
+async fn durable_intake_latency_against_core_request_reply() {
+    let _serial = SERIAL.lock().await;
+    let server = js_server();
+    let core = adapter(
+        &server,
+        "workers = 2\n[service]\nname = \"core\"\nsubject = \"core.infer\"\ncancel_subject = \"core.cancel\"\ncapabilities_subject = \"core.caps\"\nlimits_subject = \"core.limits\"\nstatus_subject = \"core.status\"\n",
+        Some(0),
+    )
+    .await;
+    let durable = adapter(&server, &format!("workers = 2\n{INTAKE}"), Some(0)).await;
+    let caller = connect(server.url()).await;
+    let js = jetstream::new(caller.clone());
+    let inbox = caller.new_inbox();
+    let mut replies = caller.subscribe(format!("{inbox}.>")).await.expect("sub");
+    caller.flush().await.expect("flush");
+    let n = 300;
+    let (mut c, mut f, mut d) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..n + 20 {
+        let warm = round < 20;
+        for (subject, out) in [("core.infer", &mut c), ("llm.infer", &mut f)] {
+            let t = Instant::now();
+            let mut hm = HeaderMap::new();
+            hm.insert(h::REQUEST_ID, format!("{subject}-{round}").as_str());
+            hm.insert(h::TIMEOUT_MS, "5000");
+            let req = async_nats::Request::new()
+                .payload("x".into())
+                .headers(hm)
+                .inbox(caller.new_inbox());
+            let m = tokio::time::timeout(STEP, caller.send_request(subject.to_owned(), req))
+                .await
+                .expect("in time")
+                .expect("reply");
+            assert_eq!(code_of(&m), "ok");
+            if !warm {
+                out.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        let t = Instant::now();
+        publish(
+            &js,
+            "llm.intake",
+            &format!("{inbox}.{round}"),
+            &format!("d-{round}"),
+            &[(h::TIMEOUT_MS, "5000")],
+            b"x",
+        )
+        .await;
+        let m = tokio::time::timeout(STEP, replies.next())
+            .await
+            .expect("in time")
+            .expect("reply");
+        assert_eq!(code_of(&m), "ok");
+        if !warm {
+            d.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    let (c50, c99) = median_p99(c);
+    let (f50, f99) = median_p99(f);
+    let (d50, d99) = median_p99(d);
+    eprintln!(
+        "sequential, zero-latency backend, {n} each, same run: core request/reply p50 {c50:.3} ms p99 {c99:.3} ms; \
+         durable intake, core request forwarded by the adapter p50 {f50:.3} ms p99 {f99:.3} ms (+{:.3} ms); \
+         durable intake, direct JetStream publish (PubAck, then the reply) p50 {d50:.3} ms p99 {d99:.3} ms (+{:.3} ms)",
+        f50 - c50,
+        d50 - c50
+    );
+    // Loose: a durable request costs a few stream round trips, not a pull period.
+    assert!(f50 < 50.0 && d50 < 50.0, "{f50} / {d50}");
+    core.shutdown().await;
+    durable.shutdown().await;
+}
+
+/// A replica that shuts down hands what it holds back to the stream at once (`-NAK`),
+/// not after AckWait: the next replica answers everything, nothing `shutting_down`.
+#[tokio::test]
+async fn a_replica_that_shuts_down_hands_its_requests_back() {
+    let server = js_server();
+    let toml = format!("workers = 2\nshutdown_grace_ms = 0\n{INTAKE}");
+    let a = adapter(&server, &toml, Some(400)).await;
+    let caller = connect(server.url()).await;
+    let js = jetstream::new(caller.clone());
+    let inbox = caller.new_inbox();
+    let mut replies = caller.subscribe(format!("{inbox}.>")).await.expect("sub");
+    caller.flush().await.expect("flush");
+    for i in 0..5 {
+        publish(
+            &js,
+            "llm.intake",
+            &format!("{inbox}.{i}"),
+            &format!("h-{i}"),
+            &[(h::TIMEOUT_MS, "8000")],
+            b"x",
+        )
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await; // A runs two of them
+    let t = Instant::now();
+    let report = a.shutdown().await;
+    assert_eq!(report.aborted_running, 2, "{report:?}");
+    let b = adapter(&server, &toml, Some(10)).await;
+    let mut codes: BTreeMap<String, usize> = BTreeMap::new();
+    for _ in 0..5 {
+        let m = tokio::time::timeout(STEP, replies.next())
+            .await
+            .expect("answer")
+            .expect("msg");
+        *codes.entry(code_of(&m)).or_default() += 1;
+    }
+    let took = t.elapsed();
+    assert_eq!(codes, BTreeMap::from([("ok".to_owned(), 5)]), "{codes:?}");
+    assert!(
+        took < Duration::from_millis(1800),
+        "handed back without waiting AckWait (2 s): {took:?}"
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), replies.next())
+            .await
+            .is_err(),
+        "once each"
+    );
+    b.shutdown().await;
+}
+
+/// A retry that arrives while the original still runs (on any replica) waits for the
+/// original's answer instead of running again.
+#[tokio::test]
+async fn a_retry_during_the_original_gets_its_answer_without_running_again() {
+    let server = js_server();
+    let a = adapter(&server, &format!("workers = 2\n{INTAKE}"), Some(400)).await;
+    let b = adapter(&server, &format!("workers = 2\n{INTAKE}"), Some(400)).await;
+    let caller = connect(server.url()).await;
+    let js = jetstream::new(caller.clone());
+    let inbox = caller.new_inbox();
+    let mut first = caller.subscribe(format!("{inbox}.1")).await.expect("sub");
+    caller.flush().await.expect("flush");
+    publish(
+        &js,
+        "llm.intake",
+        &format!("{inbox}.1"),
+        "long-1",
+        &[(h::TIMEOUT_MS, "5000")],
+        b"once",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let t = Instant::now();
+    let retry = LlmClient::new(caller.clone(), "llm.infer")
+        .request("once")
+        .request_id("long-1")
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await;
+    assert_eq!(&retry.expect("the original's answer").body[..], b"once");
+    assert!(
+        t.elapsed() < Duration::from_millis(1000),
+        "waited for the original only: {:?}",
+        t.elapsed()
+    );
+    let m = tokio::time::timeout(STEP, first.next())
+        .await
+        .expect("in time")
+        .expect("msg");
+    assert_eq!(code_of(&m), "ok");
+    assert_eq!(a.stats().started + b.stats().started, 1, "ran once");
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// A replica that answered and died before its `+ACK` reached the server: the request
+/// is redelivered after AckWait, and the next replica sends the kept answer again
+/// instead of running it twice.
+#[tokio::test]
+async fn a_redelivered_request_already_answered_is_not_run_again() {
+    let server = js_server();
+    let toml = format!("workers = 2\n{INTAKE}");
+    // Creates the stream, the consumer and the buckets, then goes away.
+    adapter(&server, &toml, Some(10)).await.shutdown().await;
+    let caller = connect(server.url()).await;
+    let js = jetstream::new(caller.clone());
+    let inbox = caller.new_inbox();
+    let mut replies = caller.subscribe(format!("{inbox}.>")).await.expect("sub");
+    caller.flush().await.expect("flush");
+    publish(
+        &js,
+        "llm.intake",
+        &format!("{inbox}.1"),
+        "gone-1",
+        &[(h::TIMEOUT_MS, "8000")],
+        b"x",
+    )
+    .await;
+    // The "replica" that dies: takes the request through the shared durable consumer,
+    // keeps its answer like a replica does, and never acknowledges.
+    let consumer: jetstream::consumer::PullConsumer = js
+        .get_stream("WEIR_LLM_INTAKE")
+        .await
+        .expect("stream")
+        .get_consumer("weir-llm")
+        .await
+        .expect("consumer");
+    let mut batch = consumer
+        .fetch()
+        .max_messages(1)
+        .messages()
+        .await
+        .expect("fetch");
+    let taken = tokio::time::timeout(STEP, batch.next())
+        .await
+        .expect("in time")
+        .expect("one")
+        .expect("msg");
+    let kv = js
+        .get_key_value("weir_llm_replies")
+        .await
+        .expect("reply bucket");
+    let hex: String = "gone-1".bytes().map(|b| format!("{b:02x}")).collect();
+    kv.put(
+        format!("r.{hex}"),
+        "Weir-Request-Id: gone-1\n\nkept answer".into(),
+    )
+    .await
+    .expect("put");
+    drop(taken);
+    let t = Instant::now();
+    let sim = SimBackend::fixed(Duration::from_millis(10));
+    let sim_h = sim.handle();
+    let b = weir_llm_adapter::start(
+        connect(server.url()).await,
+        Config::from_toml_str(&toml).expect("config"),
+        Arc::new(sim),
+    )
+    .await
+    .expect("start");
+    let m = tokio::time::timeout(STEP, replies.next())
+        .await
+        .expect("answer")
+        .expect("msg");
+    assert_eq!(&m.payload[..], b"kept answer");
+    assert_eq!(rid_of(&m), "gone-1");
+    assert!(
+        t.elapsed() < Duration::from_secs(4),
+        "after AckWait (2 s): {:?}",
+        t.elapsed()
+    );
+    assert_eq!(sim_h.stats().started, 0, "not run again");
+    assert_eq!(wait_empty(&js, "WEIR_LLM_INTAKE").await, 0, "acknowledged");
+    b.shutdown().await;
+}
+
+/// The Python client's durable mode (`clients/python/weir_llm.py`, nats-py) against the
+/// binary on the durable intake. Python: `weir_testkit::python::python()`
+/// (`WEIR_PYTHON`, with nats-py).
+#[tokio::test]
+async fn python_client_durable_mode_against_the_binary() {
+    let server = js_server();
+    let dir = tempfile::tempdir().expect("dir");
+    let cfg = dir.path().join("adapter.toml");
+    std::fs::write(
+        &cfg,
+        format!("workers = 2\n{INTAKE}\n[backend.sim]\nlatency_ms = 10\n"),
+    )
+    .expect("config");
+    let (_child, admin) = replica(server.url(), &cfg).await;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let script = root.join("tests/py/durable_check.py");
+    let module_dir = root.join("../clients/python");
+    let py = weir_testkit::python::python();
+    let url = server.url().to_owned();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(&py)
+            .arg(&script)
+            .args(["--nats", &url])
+            .env("PYTHONPATH", &module_dir)
+            .output()
+    });
+    let out = tokio::time::timeout(Duration::from_secs(60), out)
+        .await
+        .expect("the script ends in time")
+        .expect("join")
+        .expect("run python");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "durable_check.py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(stdout.trim().lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("summary JSON ({e}): {stdout}"));
+    eprintln!("python durable client: {v}");
+    assert_eq!(v["first"], "hello");
+    assert_eq!(v["retry"], "hello", "the kept answer");
+    assert_eq!(v["no_id"], "no id");
+    assert_eq!(v["refusal"], "invalid_request");
+    let page = tokio::time::timeout(STEP, async {
+        reqwest::get(format!("http://{admin}/metrics"))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text")
+    })
+    .await
+    .expect("scrape in time");
+    assert_eq!(
+        counter(&page, "llm_inference_started_total"),
+        2.0,
+        "the retry did not run: {page}"
+    );
+}
+
+/// `intake = "jetstream"` on a server without JetStream: the binary refuses to start
+/// (exit status non-zero), naming the key of the first JetStream object it could not
+/// create.
+#[tokio::test]
+async fn the_binary_refuses_to_start_without_jetstream() {
+    let server = NatsServer::start().expect("nats-server without JetStream");
+    let dir = tempfile::tempdir().expect("dir");
+    let cfg = dir.path().join("adapter.toml");
+    std::fs::write(
+        &cfg,
+        format!("{INTAKE}[nats]\nconnection_timeout_ms = 500\n"),
+    )
+    .expect("config");
+    let out = tokio::task::spawn_blocking({
+        let url = server.url().to_owned();
+        move || {
+            std::process::Command::new(BIN)
+                .args([
+                    "serve",
+                    "--admin",
+                    "127.0.0.1:0",
+                    "--nats-url",
+                    &url,
+                    "--config",
+                ])
+                .arg(&cfg)
+                .env("RUST_LOG", "error")
+                .output()
+        }
+    });
+    let out = tokio::time::timeout(Duration::from_secs(30), out)
+        .await
+        .expect("exits in time")
+        .expect("join")
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "must not start: {stderr}");
+    assert!(
+        stderr.contains("jetstream.") && stderr.contains("jetstream unavailable"),
+        "{stderr}"
+    );
+}
