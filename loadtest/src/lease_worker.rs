@@ -122,8 +122,7 @@ pub async fn run(args: LeaseWorkerArgs) -> Result<(), String> {
                 replicas: args.replicas,
                 ttl_ms: args.ttl_ms,
                 // The consumer core's renewal interval (3 s), shorter for short TTLs.
-                renew_interval_ms: (weir_consumer::DEFAULT_LEASE_RENEW_INTERVAL.as_millis()
-                    as u64)
+                renew_interval_ms: (weir_consumer::DEFAULT_LEASE_RENEW_INTERVAL.as_millis() as u64)
                     .min(args.ttl_ms / 3),
                 worker_id: Some(args.id.clone()),
                 ..LeaseConfig::default()
