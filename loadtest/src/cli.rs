@@ -301,8 +301,8 @@ pub struct LeaseWorkerArgs {
     /// Replicas of the bucket's stream.
     #[arg(long, default_value_t = 3)]
     pub replicas: usize,
-    /// Lease length, ms (renewal every TTL / 3).
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(3_000..=600_000))]
+    /// Lease length, ms (renewal every 3 s, or TTL / 3 if shorter).
+    #[arg(long, default_value_t = 15_000, value_parser = clap::value_parser!(u64).range(3_000..=600_000))]
     pub ttl_ms: u64,
     /// The process ends by itself after this many seconds.
     #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=7200))]
