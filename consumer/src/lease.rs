@@ -92,6 +92,10 @@ struct Held {
     valid_until: Instant,
     /// When the last renewal (successful or not) was sent.
     last_attempt: Instant,
+    /// The send time of the first renewal whose outcome is unknown (it timed out)
+    /// since the last one known to have landed: a write of ours found later at a
+    /// newer revision was sent no earlier than this.
+    first_unknown: Option<Instant>,
 }
 
 /// What the driver must do.
@@ -226,6 +230,7 @@ impl Planner {
         value: Option<(String, u64)>,
         now: Instant,
     ) -> Option<Action> {
+        let validity = self.validity();
         let slot = self.view.get_mut(partition as usize)?;
         match value {
             Some((owner, revision)) => {
@@ -243,8 +248,12 @@ impl Planner {
                 }
                 if owner == self.me {
                     // Our own write that we did not hear back about (a renewal that
-                    // timed out but landed): continue from it. Validity is unchanged.
+                    // timed out but landed): continue from it, valid from the first
+                    // unknown renewal's send time (the earliest it can have been sent).
                     h.revision = revision;
+                    if let Some(sent) = h.first_unknown.take() {
+                        h.valid_until = h.valid_until.max(sent + validity);
+                    }
                     return None;
                 }
                 self.held.remove(&partition);
@@ -462,6 +471,7 @@ impl Planner {
                 revision,
                 valid_until,
                 last_attempt: sent_at,
+                first_unknown: None,
             },
         );
         if let Some(slot) = self.view.get_mut(partition as usize) {
@@ -496,6 +506,7 @@ impl Planner {
         let validity = self.validity();
         let h = self.held.get_mut(&partition)?;
         h.revision = revision;
+        h.first_unknown = None;
         h.valid_until = h.valid_until.max(sent_at + validity);
         if let Some(slot) = self.view.get_mut(partition as usize) {
             *slot = Some(Seen {
@@ -511,8 +522,13 @@ impl Planner {
     /// had landed): continue from `revision`, validity unchanged, renew at once.
     pub(crate) fn adopt(&mut self, partition: u32, revision: u64) {
         self.in_flight.remove(&partition);
+        let validity = self.validity();
         if let Some(h) = self.held.get_mut(&partition) {
             h.revision = h.revision.max(revision);
+            // The landed write was sent no earlier than the first unknown renewal.
+            if let Some(sent) = h.first_unknown.take() {
+                h.valid_until = h.valid_until.max(sent + validity);
+            }
             h.last_attempt = h
                 .last_attempt
                 .checked_sub(self.timing.renew_interval)
@@ -539,8 +555,11 @@ impl Planner {
 
     /// A renewal got no answer in time: unknown. The lease stays held; its validity
     /// keeps running down from the last success.
-    pub(crate) fn renew_unknown(&mut self, partition: u32) {
+    pub(crate) fn renew_unknown(&mut self, partition: u32, sent_at: Instant) {
         self.in_flight.remove(&partition);
+        if let Some(h) = self.held.get_mut(&partition) {
+            h.first_unknown.get_or_insert(sent_at);
+        }
     }
 
     /// A release finished (deleted, or refused because someone else holds the key).
@@ -667,14 +686,14 @@ mod tests {
             }]
         );
         // The renewal times out: unknown, still held, no extension.
-        p.renew_unknown(0);
+        p.renew_unknown(0, now);
         assert_eq!(p.held().collect::<Vec<_>>(), vec![0]);
         let now = step(3_000).await;
         assert!(matches!(
             plan(&mut p, now)[..],
             [Action::Renew { revision: 7, .. }]
         ));
-        p.renew_unknown(0);
+        p.renew_unknown(0, now);
         // 9 s after the last successful send: fenced, even with no answer at all.
         let now = step(2_999).await;
         assert!(!plan(&mut p, now).contains(&Action::Fence(0)));
@@ -1013,5 +1032,34 @@ mod tests {
                 from: "a".into()
             }]
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timed_out_renewal_found_landed_extends_from_its_earliest_send_time() {
+        let mut p = Planner::new("a".into(), 1, T, Instant::now());
+        let now = step(1_500).await;
+        plan(&mut p, now);
+        p.acquired(0, 1, now);
+        // Two renewals time out (a KV leader election, acks slower than the bound)...
+        let first = step(3_000).await;
+        plan(&mut p, first);
+        p.renew_unknown(0, first);
+        let second = step(3_000).await;
+        plan(&mut p, second);
+        p.renew_unknown(0, second);
+        assert_eq!(p.valid_until(0), Some(now + Duration::from_secs(9)));
+        // ... but landed: the next one is refused, the key names a at revision 3.
+        p.adopt(0, 3);
+        assert_eq!(
+            p.valid_until(0),
+            Some(first + Duration::from_secs(9)),
+            "valid from the first unknown renewal's send time, not the second's"
+        );
+        // The same through the watcher.
+        let third = step(3_000).await;
+        plan(&mut p, third);
+        p.renew_unknown(0, third);
+        assert_eq!(p.observe(0, Some(("a".into(), 4)), third), None);
+        assert_eq!(p.valid_until(0), Some(third + Duration::from_secs(9)));
     }
 }

@@ -546,6 +546,8 @@ impl<F: HandlerFactory> Driver<F> {
         }
         if let Some(action) = self.planner.observe(p, value, now) {
             self.apply(action, "taken_over");
+        } else {
+            self.sync_fence(p); // our own write may have extended the lease
         }
         if freed {
             let actions = self.planner.plan_claims(now);
@@ -695,7 +697,10 @@ impl<F: HandlerFactory> Driver<F> {
                     feed.fence.extend(valid_until);
                 }
             }
-            (OpKind::Renew, OpResult::Adopt(rev)) => self.planner.adopt(p, rev),
+            (OpKind::Renew, OpResult::Adopt(rev)) => {
+                self.planner.adopt(p, rev);
+                self.sync_fence(p);
+            }
             (OpKind::Renew, OpResult::Conflict) => {
                 if let Some(action) = self.planner.renew_refused(p) {
                     self.apply(action, "conflict");
@@ -707,7 +712,7 @@ impl<F: HandlerFactory> Driver<F> {
                     outcome = result.label(),
                     "lease renewal unknown; retrying"
                 );
-                self.planner.renew_unknown(p);
+                self.planner.renew_unknown(p, sent_at);
             }
             (OpKind::Release, _) => self.planner.released(p),
             (OpKind::Confirm, result) => {
@@ -731,6 +736,13 @@ impl<F: HandlerFactory> Driver<F> {
                     OpResult::Timeout | OpResult::Error(_) => {} // read again next tick
                 }
             }
+        }
+    }
+
+    /// Moves a feed's fence to the planner's validity of its lease (forward only).
+    fn sync_fence(&self, p: u32) {
+        if let (Some(valid_until), Some(feed)) = (self.planner.valid_until(p), self.feeds.get(&p)) {
+            feed.fence.extend(valid_until);
         }
     }
 
