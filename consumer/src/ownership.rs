@@ -400,6 +400,7 @@ impl<F: HandlerFactory> Driver<F> {
                     if self.check_liveness(now) && self.liveness.is_valid(now) {
                         self.liveness.clear_lapse();
                     }
+                    self.reap_closed_fences();
                     let actions = self.planner.plan(now);
                     self.apply_all(actions);
                     self.start_confirmed(now);
@@ -735,6 +736,31 @@ impl<F: HandlerFactory> Driver<F> {
                     }
                     OpResult::Timeout | OpResult::Error(_) => {} // read again next tick
                 }
+            }
+        }
+    }
+
+    /// A handler found a feed's fence run out (its lease's validity, just before a
+    /// late renewal answer extended it in the planner): the planner must not keep
+    /// holding a partition nobody delivers. Fenced here (its streams end `Handover`)
+    /// and then taken back by CAS from this worker's own revision, so its streams
+    /// continue with a declared gap.
+    fn reap_closed_fences(&mut self) {
+        let closed: Vec<u32> = self
+            .feeds
+            .iter()
+            .filter(|(_, f)| f.fence.is_revoked())
+            .map(|(p, _)| *p)
+            .collect();
+        for p in closed {
+            tracing::warn!(
+                partition = p,
+                "lease fence ran out before its renewal answer: re-taking it"
+            );
+            if let Some(action) = self.planner.lose(p) {
+                self.apply(action, "expired");
+            } else {
+                self.fence(p, "expired");
             }
         }
     }
