@@ -41,7 +41,10 @@
 //!   partitions up to that share, in a worker-specific order so that survivors do not
 //!   all race for the same keys, and releases at most one partition per tick while it
 //!   is above the share and a live worker is below it (a joining worker takes load
-//!   gradually, no thundering herd).
+//!   gradually, no thundering herd) — but not within a heartbeat timeout of its own
+//!   last acquisition: right after a failover the others' takeovers are not in its
+//!   view yet, and releasing to a worker that only looks below its share leaves the
+//!   partition unread for the release cool-down.
 //! - **Takeover.** A partition whose owner is not live is taken by compare-and-swap on
 //!   the owner's last revision seen; a key not rewritten for a TTL is taken by
 //!   `create` (it has expired). Until its echo clock is a heartbeat timeout past its
@@ -160,6 +163,10 @@ pub(crate) struct Planner {
     in_flight: BTreeSet<u32>,
     /// The echo clock: the send time of the latest own heartbeat heard back.
     echo: Option<Instant>,
+    /// When this worker last acquired a lease: no release for a heartbeat timeout
+    /// after it (the others' acquisitions of the same failover are not in the view
+    /// yet, and a worker that looks below its share may not be).
+    last_acquired: Option<Instant>,
     /// Partitions this worker released, and when: not claimed back for a heartbeat
     /// timeout, so that the worker they were released to gets them (no ping-pong).
     released: HashMap<u32, Instant>,
@@ -177,6 +184,7 @@ impl Planner {
             held: BTreeMap::new(),
             in_flight: BTreeSet::new(),
             echo: None,
+            last_acquired: None,
             released: HashMap::new(),
         }
     }
@@ -403,7 +411,10 @@ impl Planner {
                 actions.push(action);
             }
         }
-        if release && self.held.len() >= share {
+        let settling = self
+            .last_acquired
+            .is_some_and(|t| now.saturating_duration_since(t) < self.timing.heartbeat_timeout);
+        if release && !settling && self.held.len() >= share {
             let held = self.held.len();
             let mut counts: HashMap<&str, usize> = live.iter().map(|w| (w.as_str(), 0)).collect();
             for s in self.view.iter().flatten() {
@@ -465,6 +476,7 @@ impl Planner {
             return None;
         }
         let valid_until = sent_at + self.validity();
+        self.last_acquired = Some(self.last_acquired.map_or(sent_at, |t| t.max(sent_at)));
         self.held.insert(
             partition,
             Held {
@@ -799,10 +811,6 @@ mod tests {
         for _ in 0..3 {
             let t = step(500).await;
             p.heard("c", t);
-            p.acquired(0, 1, t);
-            p.acquired(1, 2, t);
-            p.acquired(2, 3, t);
-            p.acquired(3, 4, t);
         }
         let now = Instant::now();
         let actions = plan(&mut p, now);
@@ -856,6 +864,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn at_its_share_it_still_gives_one_to_a_worker_two_below_and_does_not_take_it_back() {
         let mut p = Planner::new("a".into(), 7, T, Instant::now());
+        for part in 0..3 {
+            p.acquired(part, 1, Instant::now());
+        }
         for _ in 0..4 {
             let now = Instant::now();
             p.heard("b", now);
@@ -865,9 +876,6 @@ mod tests {
         let now = Instant::now();
         p.heard("b", now);
         p.heard("c", now);
-        for part in 0..3 {
-            p.acquired(part, 1, now);
-        }
         for part in 3..6 {
             p.observe(part, Some(("b".into(), 1)), now);
         }
@@ -1061,5 +1069,31 @@ mod tests {
         p.renew_unknown(0, third);
         assert_eq!(p.observe(0, Some(("a".into(), 4)), third), None);
         assert_eq!(p.valid_until(0), Some(third + Duration::from_secs(9)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_release_within_a_heartbeat_timeout_of_its_own_last_acquisition() {
+        let mut p = Planner::new("a".into(), 4, T, Instant::now());
+        for _ in 0..4 {
+            let now = Instant::now();
+            p.heard("c", now);
+            step(500).await;
+        }
+        let now = Instant::now();
+        p.heard("c", now);
+        for part in 0..4 {
+            p.acquired(part, 1, now);
+        }
+        // c looks two below (its own takeovers may just not be in a's view yet).
+        assert!(plan(&mut p, now).is_empty(), "settling: no release");
+        let t = step(1_499).await;
+        p.heard("c", t);
+        assert!(plan(&mut p, t).is_empty());
+        let t = step(1).await;
+        p.heard("c", t);
+        assert!(
+            plan(&mut p, t).contains(&Action::Fence(3)),
+            "settled: one is released"
+        );
     }
 }

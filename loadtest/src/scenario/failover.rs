@@ -231,7 +231,11 @@ fn spawn_worker(
         .args(["--replicas", &NODES.to_string()])
         .args(["--ttl-ms", &env.lease_ttl.as_millis().to_string()])
         .args(["--max-lifetime-s", &WORKER_LIFETIME.as_secs().to_string()])
-        .env("RUST_LOG", "warn")
+        // WEIR_FAILOVER_LOG=weir_consumer=info logs every lease decision of the workers.
+        .env(
+            "RUST_LOG",
+            std::env::var("WEIR_FAILOVER_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -419,6 +423,10 @@ pub async fn run(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // A lease delivers a settle time (250 ms, then the next planning tick) after it is
+    // held (docs/scale-out.md): frames published before a partition's first owner
+    // reads are lost without a gap (a late join, not a handover).
+    tokio::time::sleep(Duration::from_secs(1)).await;
 
     // The node to kill (node-failover) is the bucket's leader; the producers connect
     // to the other nodes, so that the run measures the leases, not a producer's
