@@ -124,18 +124,10 @@ pub async fn run(cli: &Cli, results: Results) -> Result<usize, String> {
         let streams = cli.streams.clone().unwrap_or_else(|| vec![200]);
         for plan in &failovers {
             for &n in &streams {
-                match failover::run(&fenv, plan, n).await {
-                    Ok(out) => {
-                        eprintln!("{}", one_line(&out.report));
-                        if let Ok(mut r) = results.lock() {
-                            r.push(out);
-                        }
-                    }
-                    Err(e) => {
-                        failures += 1;
-                        eprintln!("[{} {n}] failed: {e}", plan.scenario.name());
-                    }
-                }
+                let outcome = failover::run(&fenv, plan, n).await;
+                failures += record(outcome, &results, || {
+                    format!("{} {n}", plan.scenario.name())
+                });
             }
         }
     }
@@ -172,22 +164,36 @@ pub async fn run(cli: &Cli, results: Results) -> Result<usize, String> {
         let streams = cli.streams.clone().unwrap_or_else(|| vec![1, 10, 50]);
         for &n in &streams {
             for &design in &designs {
-                match run_one(&env, &plan, n, design).await {
-                    Ok(out) => {
-                        eprintln!("{}", one_line(&out.report));
-                        if let Ok(mut r) = results.lock() {
-                            r.push(out);
-                        }
-                    }
-                    Err(e) => {
-                        failures += 1;
-                        eprintln!("[{} {n} {design}] failed: {e}", plan.scenario.name());
-                    }
-                }
+                let outcome = run_one(&env, &plan, n, design).await;
+                failures += record(outcome, &results, || {
+                    format!("{} {n} {design}", plan.scenario.name())
+                });
             }
         }
     }
     Ok(failures)
+}
+
+/// Prints a run's one-line summary and keeps its output, or prints why it failed
+/// (`label` names the run); returns the number of failures (0 or 1).
+fn record(
+    outcome: Result<RunOutput, String>,
+    results: &Results,
+    label: impl FnOnce() -> String,
+) -> usize {
+    match outcome {
+        Ok(out) => {
+            eprintln!("{}", one_line(&out.report));
+            if let Ok(mut r) = results.lock() {
+                r.push(out);
+            }
+            0
+        }
+        Err(e) => {
+            eprintln!("[{}] failed: {e}", label());
+            1
+        }
+    }
 }
 
 /// A one-line summary printed after each run.
