@@ -391,10 +391,11 @@ impl<S: Sink> Publisher<S> {
         )
     }
 
-    /// Adds a pending possible-loss declaration of this stream to `headers`; returns it
-    /// so that it can be restored if the packet is not handed over.
-    fn declare(&self, headers: &mut HeaderMap) -> Option<PossibleLoss> {
-        let d = self.stream.lock().take_declaration()?;
+    /// Adds a pending possible-loss declaration of this stream to `headers` of the
+    /// packet `seq`; returns it so that it can be restored if the packet is not handed
+    /// over.
+    fn declare(&self, headers: &mut HeaderMap, seq: u64) -> Option<PossibleLoss> {
+        let d = self.stream.lock().take_declaration(seq)?;
         if let Some(v) = value(&d.to_header_value()) {
             if headers.get(VERSION).is_none() {
                 headers.insert(VERSION, HeaderValue::from(PROTOCOL_VERSION));
@@ -476,7 +477,7 @@ impl<S: Sink> Publisher<S> {
                 Attempt::Failed(Failure::Expired)
             } else {
                 let mut headers = self.frame_headers(&frame);
-                let declared = self.declare(&mut headers);
+                let declared = self.declare(&mut headers, frame.seq);
                 self.identify(&mut headers, frame.seq);
                 let r = self.attempt(headers, frame.packet.clone(), "frame").await;
                 if matches!(r, Attempt::Failed(_)) {
@@ -552,7 +553,7 @@ impl<S: Sink> Publisher<S> {
                 return;
             };
             let mut headers = base_headers();
-            let declared = self.declare(&mut headers);
+            let declared = self.declare(&mut headers, gap.last_seq);
             self.identify(&mut headers, gap.last_seq);
             let attempt = self.attempt(headers, payload, "gap").await;
             if matches!(attempt, Attempt::Failed(_)) {

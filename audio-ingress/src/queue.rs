@@ -217,6 +217,14 @@ struct ConfirmedRound {
     last: u64,
 }
 
+/// A declaration riding on a packet that the server has not confirmed yet.
+#[derive(Debug, Clone)]
+struct Carried {
+    /// The seq of the packet that carries it.
+    carrier_seq: u64,
+    declaration: PossibleLoss,
+}
+
 /// A frame handed to the NATS client, awaiting the server's confirmation. Keeps its
 /// byte reservation (and its share of the connection window) until settled.
 #[derive(Debug)]
@@ -367,6 +375,9 @@ pub struct FrameQueue {
     unconfirmed: VecDeque<Unconfirmed>,
     /// Possible loss declared and not yet carried by a packet.
     declaration: Option<PossibleLoss>,
+    /// The declaration last handed to the client on a packet, until a frame at or
+    /// after its carrier is confirmed (see [`Self::take_declaration`]).
+    carried: Option<Carried>,
     /// The last range declared (for the cumulative report on `end`).
     last_declared: Option<PossibleLoss>,
     possibly_lost_total: u64,
@@ -415,6 +426,7 @@ impl FrameQueue {
             control_deadline: None,
             unconfirmed: VecDeque::new(),
             declaration: None,
+            carried: None,
             last_declared: None,
             possibly_lost_total: 0,
             last_confirmed: None,
@@ -623,6 +635,11 @@ impl FrameQueue {
             }
         }
         if let Some((first, last)) = range {
+            // The server received every publish made before a confirmed one on the
+            // same connection: a carrier at or before `last` reached it.
+            if self.carried.as_ref().is_some_and(|c| c.carrier_seq <= last) {
+                self.carried = None;
+            }
             self.last_confirmed = Some(ConfirmedRound {
                 at: Instant::now(),
                 first,
@@ -667,11 +684,26 @@ impl FrameQueue {
     }
 
     /// `n` frames in `first..=last` are possibly lost: counted, and declared on the
-    /// next packet (merged with a declaration not yet sent: their hull).
+    /// next packet, merged (their hull) with a declaration not yet sent and with one
+    /// whose carrier the server has not confirmed — that carrier may be among the
+    /// packets lost with this connection, and a consumer that never saw it must still
+    /// find the earlier range declared (seen in CI: frame 51 lost at a server kill was
+    /// declared on packet 61 only, and the `end` named just the later range). A
+    /// consumer that did see the carrier gets the range twice, which changes nothing:
+    /// a declaration re-labels holes, it adds none.
     fn declare_possibly_lost(&mut self, first: u64, last: u64, n: u64) {
         self.account().possibly_lost(n);
         self.possibly_lost_total += n;
-        let declared = match self.declaration.take() {
+        let earlier = match (self.declaration.take(), self.carried.take()) {
+            (Some(d), Some(c)) => Some(PossibleLoss {
+                first_seq: d.first_seq.min(c.declaration.first_seq),
+                last_seq: d.last_seq.max(c.declaration.last_seq),
+                frames: d.frames + c.declaration.frames,
+                ..d
+            }),
+            (d, c) => d.or(c.map(|c| c.declaration)),
+        };
+        let declared = match earlier {
             Some(d) => PossibleLoss {
                 first_seq: d.first_seq.min(first),
                 last_seq: d.last_seq.max(last),
@@ -691,13 +723,22 @@ impl FrameQueue {
         self.declaration = Some(declared);
     }
 
-    /// The declaration the next packet must carry, if any.
-    pub(crate) fn take_declaration(&mut self) -> Option<PossibleLoss> {
-        self.declaration.take()
+    /// The declaration the packet `carrier_seq` must carry, if any. It stays
+    /// *carried* until a frame at or after that packet is confirmed.
+    pub(crate) fn take_declaration(&mut self, carrier_seq: u64) -> Option<PossibleLoss> {
+        let d = self.declaration.take()?;
+        self.carried = Some(Carried {
+            carrier_seq,
+            declaration: d.clone(),
+        });
+        Some(d)
     }
 
     /// A packet that was to carry `d` was not handed over: keep it for the next one.
     pub(crate) fn restore_declaration(&mut self, d: PossibleLoss) {
+        if self.carried.as_ref().is_some_and(|c| c.declaration == d) {
+            self.carried = None;
+        }
         if self.declaration.is_none() {
             self.declaration = Some(d);
         }

@@ -141,6 +141,69 @@ async fn a_reconnect_declares_the_unconfirmed_frames_possibly_lost() {
     assert_eq!(d.total_frames, 5);
 }
 
+/// A second reconnect before the server confirmed the packet that carried the first
+/// declaration: that carrier may be lost too, so the next declaration covers the
+/// earlier range as well (their hull), and so does the `end`. Seen in CI: a frame lost
+/// at a server kill was declared on one packet only, and the `end` named just the
+/// later range.
+#[tokio::test(start_paused = true)]
+async fn a_declaration_whose_carrier_is_unconfirmed_is_declared_again_with_the_next() {
+    let sink = MemorySink::confirming();
+    let ingress = Ingress::new(sink.clone(), StreamConfig::default());
+    let s = ingress.open("r2", None).expect("open");
+    let push = |n: usize| {
+        for _ in 0..n {
+            s.try_push(pcm()).expect("room");
+        }
+    };
+    for _ in 0..10 {
+        push(1);
+        tokio::time::advance(FRAME).await;
+    }
+    settle().await;
+    sink.hold_confirm(true);
+    for _ in 0..5 {
+        push(1);
+        tokio::time::advance(FRAME).await;
+    }
+    settle().await;
+    sink.reconnect();
+    settle().await;
+    tokio::time::advance(Duration::from_millis(50)).await; // the window sees the epoch
+    settle().await;
+    // 16 carries 10..=15; it and 17 are not confirmed when the connection drops again.
+    for _ in 0..2 {
+        push(1);
+        tokio::time::advance(FRAME).await;
+    }
+    settle().await;
+    sink.reconnect();
+    sink.hold_confirm(false);
+    settle().await;
+    assert_eq!(ingress.stats().frames.possibly_lost, 7);
+    push(1);
+    tokio::time::advance(FRAME).await;
+    settle().await;
+    let summary = s.finish().await;
+    assert_eq!(summary.snapshot.frames.possibly_lost, 7);
+    let declared: Vec<_> = sink
+        .sent()
+        .iter()
+        .filter_map(|m| m.ext.possibly_lost.clone().map(|d| (m.packet.seq, d)))
+        .map(|(seq, d)| (seq, d.first_seq, d.last_seq, d.frames, d.total_frames))
+        .collect();
+    // (carrier seq, range, frames, total). 16 carries what the first lost round
+    // declared (its later batches settle after 16 was handed over: the case from CI);
+    // 18 and the end name the hull of everything.
+    assert_eq!(declared.len(), 3, "{declared:?}");
+    assert_eq!((declared[0].0, declared[0].1), (16, 10), "{declared:?}");
+    assert_eq!(
+        declared[1..],
+        [(18, 10, 17, 7, 7), (19, 10, 17, 7, 7)],
+        "{declared:?}"
+    );
+}
+
 /// A reconnect while the window is idle (every frame confirmed, no batch open with
 /// work): frames handed over afterwards, on the new connection, are confirmed and
 /// published — not declared possibly lost. Found on a 3-node cluster (issue 13): the

@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use weir_audio_ingress::config::NatsConfig;
-use weir_protocol::audio::extension::Extensions;
+use weir_protocol::audio::extension::{Extensions, PossibleLoss};
 use weir_protocol::audio::{DecodeOptions, Gap, Packet, PacketBody, decode};
 
 /// Bound on any single await in these tests.
@@ -66,6 +66,8 @@ pub struct StreamLog {
     pub errors: u64,
     /// Everything, in order (frames without PCM to save memory).
     pub seqs: Vec<u64>,
+    /// Every `Weir-Possibly-Lost` declaration seen, with the seq of its carrier.
+    pub declarations: Vec<(u64, PossibleLoss)>,
 }
 
 impl StreamLog {
@@ -157,6 +159,9 @@ impl Collector {
                 match decode(&msg.payload, &DecodeOptions::default()) {
                     Ok(packet) => {
                         log.seqs.push(packet.seq);
+                        if let Some(d) = &ext.possibly_lost {
+                            log.declarations.push((packet.seq, d.clone()));
+                        }
                         match &packet.body {
                             PacketBody::Frame { .. } => log.frames.push(packet.seq),
                             PacketBody::Gap(g) => log.gaps.push(*g),
