@@ -30,9 +30,9 @@
 //!   counted in `llm_intake_terminated_total{reason}`; a pull error (a missed
 //!   heartbeat, a server restart) is counted and the loop goes on.
 //!
-//! The session cap (`session.pending_cap`) and every `[[limits]]` rule with
-//! `on_busy = "reject"` are cluster-wide: [`ClusterSlots`], one KV key per (key, slot
-//! index), taken with `create` (only-if-absent) before the local admission, renewed
+//! The session cap (`session.pending_cap`) and every `[[limits]]` rule are
+//! cluster-wide (a wait-limit waits for a cluster slot, see [`ClusterSlots`]): one KV
+//! key per (key, slot index), taken with `create` (only-if-absent) before the local admission, renewed
 //! with compare-and-swap by the keeper, deleted (expecting its revision) when the
 //! request settles, and expiring after `ack_wait` (the bucket's `max_age`) when its
 //! replica died — the same time after which the server redelivers the request, which
@@ -80,8 +80,13 @@ pub(crate) enum TermReason {
     NoReply,
     /// The cluster-wide session cap was reached (answered `session_queue_full`).
     SessionCap,
-    /// A cluster-wide reject-limit was full (answered `concurrency_limit_exceeded`).
+    /// A cluster-wide limit was full: a reject-limit at once, a wait-limit after its
+    /// `max_wait` or with `max_waiters` already waiting here (answered
+    /// `concurrency_limit_exceeded`).
     KeyLimit,
+    /// Its deadline passed while it waited for a cluster-wide wait-limit slot
+    /// (answered `deadline_exceeded`).
+    WaitExpired,
 }
 
 impl TermReason {
@@ -92,6 +97,7 @@ impl TermReason {
             Self::NoReply => "no_reply",
             Self::SessionCap => "session_cap",
             Self::KeyLimit => "key_limit",
+            Self::WaitExpired => "wait_expired",
         }
     }
 }
@@ -193,9 +199,12 @@ impl Ticket {
     }
 
     /// Takes this request's cluster-wide slots: one of the session's `pending_cap`
-    /// slots, and one slot of each reject-limit key (`keys`, as admission resolves
-    /// them, in the configured order). Slots taken before a refusal are released when
-    /// the ticket drops. `Ok` without a cluster store.
+    /// slots, and one slot of each limit key (`keys`, as admission resolves them, in
+    /// the configured order). A full wait-limit gives [`SlotRefusal::MustWait`]: the
+    /// caller resumes with [`Self::wait_cluster_slots`] where waiting holds up nothing
+    /// else (the intake's admission path must keep reading pulled messages). Slots
+    /// taken before a refusal are released when the ticket drops. `Ok` without a
+    /// cluster store.
     pub(crate) async fn take_cluster_slots(
         &mut self,
         session: Option<&str>,
@@ -205,19 +214,13 @@ impl Ticket {
             return Ok(());
         };
         let rid = self.request_id.clone();
-        let got = |slot: Slot| {
-            let _ = self.hub.keeper.send(KeeperMsg::Slot {
-                ticket: self.id,
-                slot,
-            });
-        };
         if let (Some(cap), Some(session)) = (slots.session_cap, session) {
             match slots
                 .acquire(cap, |i| slot_key(session, i), rid.as_deref())
                 .await
                 .map_err(SlotRefusal::Store)?
             {
-                SlotResult::Got(slot) => got(slot),
+                SlotResult::Got(slot) => self.hold_slot(slot),
                 SlotResult::Full => {
                     let cap = cap as u64;
                     let err = ErrorBody::new(
@@ -236,18 +239,66 @@ impl Ticket {
                 }
             }
         }
-        for (rule, key) in slots.limits.iter().zip(keys) {
-            let (Some((name, limit)), Some(key)) = (rule, key) else {
+        self.take_limit_slots(&slots, 0, keys, None).await
+    }
+
+    /// Resumes [`Self::take_cluster_slots`] after [`SlotRefusal::MustWait`]`(from)`:
+    /// waits for that wait-limit's slot until its `max_wait` or `deadline`, then takes
+    /// the remaining rules' slots (waiting as needed).
+    pub(crate) async fn wait_cluster_slots(
+        &mut self,
+        from: usize,
+        keys: &[Option<String>],
+        deadline: Option<Instant>,
+    ) -> Result<(), SlotRefusal> {
+        let Some(slots) = self.hub.slots.clone() else {
+            return Ok(());
+        };
+        self.take_limit_slots(&slots, from, keys, Some(deadline))
+            .await
+    }
+
+    /// The keeper renews `slot` while this ticket lives and deletes it after.
+    fn hold_slot(&self, slot: Slot) {
+        let _ = self.hub.keeper.send(KeeperMsg::Slot {
+            ticket: self.id,
+            slot,
+        });
+    }
+
+    /// The limit rules' slots from index `from` on; `wait`: `None` = refuse with
+    /// `MustWait` at a full wait-limit, `Some(deadline)` = wait for it.
+    async fn take_limit_slots(
+        &self,
+        slots: &ClusterSlots,
+        from: usize,
+        keys: &[Option<String>],
+        wait: Option<Option<Instant>>,
+    ) -> Result<(), SlotRefusal> {
+        let rid = self.request_id.clone();
+        for (gi, (rule, key)) in slots.limits.iter().zip(keys).enumerate().skip(from) {
+            let (Some(rule), Some(key)) = (rule, key) else {
                 continue;
             };
+            let (name, limit) = (&rule.name, rule.limit);
             match slots
-                .acquire(*limit, |i| limit_slot_key(name, key, i), rid.as_deref())
+                .acquire(limit, |i| limit_slot_key(name, key, i), rid.as_deref())
                 .await
                 .map_err(SlotRefusal::Store)?
             {
-                SlotResult::Got(slot) => got(slot),
+                SlotResult::Got(slot) => self.hold_slot(slot),
+                SlotResult::Full if rule.wait.is_some() => match wait {
+                    None => return Err(SlotRefusal::MustWait(gi)),
+                    Some(deadline) => {
+                        self.hold_slot(
+                            slots
+                                .wait_for(gi, rule, key, rid.as_deref(), deadline)
+                                .await?,
+                        );
+                    }
+                },
                 SlotResult::Full => {
-                    let limit = *limit as u64;
+                    let limit = limit as u64;
                     let err = ErrorBody::new(
                         ErrorCode::ConcurrencyLimitExceeded,
                         format!(
@@ -310,16 +361,55 @@ impl Drop for Ticket {
 }
 
 /// Cluster-wide limits as slot leases in one KV bucket: the session cap (slot keys
-/// `s.<hex session>.<i>` for `i` in `0..pending_cap`) and every `[[limits]]` rule with
-/// `on_busy = "reject"` (`k.<hex rule name>.<hex key>.<i>` for `i` in `0..limit`).
-/// Rules with `on_busy = "wait"` stay per replica (their FIFO wait is local).
+/// `s.<hex session>.<i>` for `i` in `0..pending_cap`) and every `[[limits]]` rule
+/// (`k.<hex rule name>.<hex key>.<i>` for `i` in `0..limit`).
+///
+/// A rule with `on_busy = "wait"` whose slots are all taken waits for one *before* the
+/// local admission ([`ClusterSlots::wait_for`]): woken by a KV watch on the key's
+/// slots (a slot's delete) and polling every [`CLUSTER_WAIT_POLL`] besides (an expiry
+/// by `max_age` is silent on nats-server 2.9), until `max_wait` or the request's
+/// deadline. The wait holds the request's intake permit, as a local wait does; at most
+/// `max_waiters` requests of one key wait *on this replica*. Across replicas the
+/// order is not FIFO: whichever waiter's `create` lands first takes a freed slot.
 pub(crate) struct ClusterSlots {
     kv: kv::Store,
     /// Names this replica in slot values (diagnostics).
     replica: String,
     session_cap: Option<usize>,
-    /// Per configured limit (same order): `(rule name, limit)` when cluster-wide.
-    limits: Vec<Option<(String, usize)>>,
+    /// Per configured limit (same order); `None` outside enforce mode.
+    limits: Vec<Option<ClusterRule>>,
+    /// Requests waiting here for a wait-limit slot, by (rule index, key).
+    waiting: Mutex<HashMap<(usize, String), usize>>,
+}
+
+/// One `[[limits]]` rule, as the cluster slots apply it.
+#[derive(Debug, Clone)]
+struct ClusterRule {
+    name: String,
+    limit: usize,
+    /// `on_busy = "wait"`: `(max_wait, max_waiters)`; `None`: reject.
+    wait: Option<(Duration, usize)>,
+}
+
+/// How often a request waiting for a cluster-wide slot retries besides the watch.
+const CLUSTER_WAIT_POLL: Duration = Duration::from_millis(250);
+
+/// One request counted in [`ClusterSlots::waiting`]; uncounted exactly once, by `Drop`.
+struct WaitingGuard<'a> {
+    slots: &'a ClusterSlots,
+    key: (usize, String),
+}
+
+impl Drop for WaitingGuard<'_> {
+    fn drop(&mut self) {
+        let mut w = self.slots.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = w.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                w.remove(&self.key);
+            }
+        }
+    }
 }
 
 /// Why [`Ticket::take_cluster_slots`] refused.
@@ -328,6 +418,9 @@ pub(crate) enum SlotRefusal {
     Full(TermReason, Box<ErrorBody>),
     /// The KV store failed: hand the request back for later.
     Store(String),
+    /// Asked not to wait, and the wait-limit at this index is full: resume with
+    /// [`Ticket::wait_cluster_slots`] off the caller's path.
+    MustWait(usize),
 }
 
 /// What acquiring a session slot gave.
@@ -525,6 +618,127 @@ impl ClusterSlots {
         metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "full").increment(1);
         Ok(SlotResult::Full)
     }
+
+    /// Waits for a slot of `key` under the wait-limit `rule` (index `gi`), all of whose
+    /// slots were just found taken: see the type's docs. Refuses with
+    /// `concurrency_limit_exceeded` when `max_waiters` already wait here or `max_wait`
+    /// runs out, with `deadline_exceeded` when the deadline comes first.
+    async fn wait_for(
+        &self,
+        gi: usize,
+        rule: &ClusterRule,
+        key: &str,
+        request_id: Option<&str>,
+        deadline: Option<Instant>,
+    ) -> Result<Slot, SlotRefusal> {
+        let Some((max_wait, max_waiters)) = rule.wait else {
+            return Err(SlotRefusal::Store("not a wait-limit".into()));
+        };
+        let name = &rule.name;
+        let limit = rule.limit as u64;
+        let busy = |message: String, waited: Option<Duration>, waiting: usize| {
+            let err = ErrorBody::new(ErrorCode::ConcurrencyLimitExceeded, message).with_details(
+                ErrorDetails {
+                    limit: Some(limit),
+                    in_flight: Some(limit),
+                    waiting: Some(waiting as u64),
+                    waited_ms: waited.map(|w| w.as_millis() as u64),
+                    key: Some(key.to_owned()),
+                    ..Default::default()
+                },
+            );
+            SlotRefusal::Full(TermReason::KeyLimit, Box::new(err))
+        };
+        let _guard = {
+            let mut w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+            let n = w.entry((gi, key.to_owned())).or_default();
+            if *n >= max_waiters {
+                let waiting = *n;
+                drop(w);
+                metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "wait_refused")
+                    .increment(1);
+                return Err(busy(
+                    format!(
+                        "limit {name}: {key} has {limit} requests in flight over all replicas \
+                         and {waiting} waiting on this replica (max_waiters {max_waiters})"
+                    ),
+                    None,
+                    waiting,
+                ));
+            }
+            *n += 1;
+            WaitingGuard {
+                slots: self,
+                key: (gi, key.to_owned()),
+            }
+        };
+        let started = Instant::now();
+        let until_wait = started + max_wait;
+        let until = deadline.map_or(until_wait, |d| d.min(until_wait));
+        // Watch first, then retry: a slot freed in between is seen by the retry.
+        let pattern = format!("k.{}.{}.*", hex(name.as_bytes()), hex(key.as_bytes()));
+        let mut watch = tokio::time::timeout_at(until, self.kv.watch(&pattern))
+            .await
+            .ok()
+            .and_then(Result::ok);
+        loop {
+            if let SlotResult::Got(slot) = self
+                .acquire(rule.limit, |i| limit_slot_key(name, key, i), request_id)
+                .await
+                .map_err(SlotRefusal::Store)?
+            {
+                metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "waited").increment(1);
+                return Ok(slot);
+            }
+            let now = Instant::now();
+            if now >= until {
+                break;
+            }
+            let next = (now + CLUSTER_WAIT_POLL).min(until);
+            match watch.as_mut() {
+                Some(w) => {
+                    // Any change of the key's slots (a delete frees one) wakes the
+                    // retry; a watch that ended leaves the polling.
+                    match tokio::time::timeout_at(next, w.next()).await {
+                        Ok(Some(Ok(_))) | Err(_) => {}
+                        Ok(Some(Err(_)) | None) => watch = None,
+                    }
+                }
+                None => tokio::time::sleep_until(next).await,
+            }
+        }
+        let waited = started.elapsed();
+        metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "wait_timeout").increment(1);
+        let waiting = self
+            .waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(gi, key.to_owned()))
+            .map_or(0, |n| n.saturating_sub(1));
+        if deadline.is_some_and(|d| d < until_wait) {
+            let err = ErrorBody::new(
+                ErrorCode::DeadlineExceeded,
+                format!(
+                    "deadline passed after {} ms waiting for a slot of limit {name} ({key}) over all replicas",
+                    waited.as_millis()
+                ),
+            )
+            .with_details(ErrorDetails {
+                waited_ms: Some(waited.as_millis() as u64),
+                key: Some(key.to_owned()),
+                ..Default::default()
+            });
+            return Err(SlotRefusal::Full(TermReason::WaitExpired, Box::new(err)));
+        }
+        Err(busy(
+            format!(
+                "limit {name}: no slot within max_wait ({} ms) over all replicas",
+                max_wait.as_millis()
+            ),
+            Some(waited),
+            waiting,
+        ))
+    }
 }
 
 /// Creates (or opens) the work-queue stream, the durable consumer and, with a session
@@ -569,12 +783,21 @@ async fn open(
         )
         .await
         .map_err(|e| format!("jetstream.consumer {}: {e}", j.consumer))?;
-    let limits: Vec<Option<(String, usize)>> = cfg
+    let limits: Vec<Option<ClusterRule>> = cfg
         .limits
         .iter()
         .map(|l| {
-            matches!(l.on_busy, crate::config::OnBusy::Reject)
-                .then(|| (l.name.clone(), l.limit.get()))
+            Some(ClusterRule {
+                name: l.name.clone(),
+                limit: l.limit.get(),
+                wait: match l.on_busy {
+                    crate::config::OnBusy::Reject => None,
+                    crate::config::OnBusy::Wait {
+                        max_wait,
+                        max_waiters,
+                    } => Some((max_wait, max_waiters)),
+                },
+            })
         })
         .collect();
     let session_cap = cfg.session.pending_cap.map(|c| c.get());
@@ -593,6 +816,7 @@ async fn open(
             replica: js_replica_name(),
             session_cap,
             limits,
+            waiting: Mutex::default(),
         })
     } else {
         None
@@ -619,7 +843,7 @@ pub(crate) struct Pulled {
 /// What the pull loop hands each message to (the service edge).
 pub(crate) trait Admit: Send + Sync + 'static {
     /// Admits one pulled request (or answers it at once); the ticket rides in the waiter.
-    fn admit(&self, pulled: Pulled) -> impl Future<Output = ()> + Send;
+    fn admit(self: &Arc<Self>, pulled: Pulled) -> impl Future<Output = ()> + Send;
     /// Answers a pulled request at once with `error` (the ticket settles it).
     fn refuse(
         &self,

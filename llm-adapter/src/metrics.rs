@@ -149,10 +149,12 @@ pub const INTAKE_TERMINATED_TOTAL: &str = "llm_intake_terminated_total";
 /// Counter: pull requests that failed or ended in an error item (a missed heartbeat, a
 /// server restart); the loop pulls again.
 pub const INTAKE_PULL_ERRORS_TOTAL: &str = "llm_intake_pull_errors_total";
-/// Counter: cluster-wide slot operations (session cap, reject-limits), label `result`
+/// Counter: cluster-wide slot operations (session cap, limits), label `result`
 /// (`acquired`, `taken_over` = a redelivered request took its own slot back, `full`,
-/// `error` = the KV store failed and the request was handed back, `lost` = a renewal
-/// found the slot taken).
+/// `waited` = a wait-limit slot taken after waiting, `wait_timeout` = none within
+/// `max_wait` or the deadline, `wait_refused` = `max_waiters` already waiting on this
+/// replica, `error` = the KV store failed and the request was handed back, `lost` = a
+/// renewal found the slot taken).
 pub const INTAKE_CLUSTER_SLOTS_TOTAL: &str = "llm_intake_cluster_slots_total";
 /// Counter: core requests put into the durable intake by this replica
 /// (`jetstream.forward`), label `result` (`stored`, `duplicate`, `failed`).

@@ -612,15 +612,20 @@ impl Edge {
     }
 
     /// Decodes one request and submits it (or answers it at once). `intake`: the
-    /// request came from the durable intake; a refusal before admission terminates it.
+    /// request came from the durable intake (`edge` = this edge, shared); a refusal
+    /// before admission terminates it, and a request that must wait for a cluster-wide
+    /// wait-limit slot waits in a task of its own (at most one per intake permit), so
+    /// that the pull loop keeps reading — a pulled message nobody reads gets no
+    /// progress acknowledgement and is redelivered after `ack_wait`.
     async fn admit_message(
         &self,
         message: &async_nats::Message,
         reply: async_nats::Subject,
         known: &Known<'_>,
         received_at: Instant,
-        mut intake: Option<Ticket>,
+        intake: Option<(Ticket, Arc<Self>)>,
     ) {
+        let (mut intake, edge) = intake.unzip();
         let (envelope, sub) = decode(message, known, received_at);
         let stream = known.stream.map(s::wants_stream).transpose();
         if (sub.is_err() || stream.is_err())
@@ -636,45 +641,45 @@ impl Edge {
             intake,
         };
         match (sub, stream) {
-            (Ok(mut sub), Ok(wants)) => {
-                // Durable intake: the cluster-wide session cap and reject-limits, taken
-                // as KV slot leases before the local admission.
+            (Ok(sub), Ok(wants)) => {
+                // Durable intake: the cluster-wide session cap and limits, taken as KV
+                // slot leases before the local admission.
                 if let Some(t) = &mut waiter.intake {
                     let keys = crate::admission::resolve_keys(self.admission.config(), &sub)
                         .unwrap_or_default();
                     match t.take_cluster_slots(sub.session.as_deref(), &keys).await {
                         Ok(()) => {}
-                        Err(SlotRefusal::Full(reason, err)) => {
-                            t.terminate(reason);
-                            return self.admission.answer_now(waiter, *err, received_at).await;
-                        }
-                        Err(SlotRefusal::Store(e)) => {
-                            metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "error")
-                                .increment(1);
-                            tracing::warn!(error = %e, "cluster slot store failed; request handed back");
-                            if let Some(t) = waiter.intake.take() {
-                                t.settle(Settle::Retry).await;
-                            }
+                        Err(SlotRefusal::MustWait(from)) => {
+                            // Some with every intake ticket (they come as a pair).
+                            let Some(edge) = edge else {
+                                return;
+                            };
+                            let dl = &self.config.deadline;
+                            let deadline = sub
+                                .budget
+                                .or(dl.default)
+                                .map(|b| sub.received_at + b.min(dl.max));
+                            tokio::spawn(async move {
+                                let r = match &mut waiter.intake {
+                                    Some(t) => t.wait_cluster_slots(from, &keys, deadline).await,
+                                    None => Ok(()),
+                                };
+                                if let Some(waiter) = edge.after_slots(r, waiter, received_at).await
+                                {
+                                    edge.submit(sub, waiter, wants).await;
+                                }
+                            });
                             return;
+                        }
+                        r => {
+                            let Some(w) = self.after_slots(r, waiter, received_at).await else {
+                                return;
+                            };
+                            waiter = w;
                         }
                     }
                 }
-                if let (Some(true), Some(sent)) = (wants, &waiter.stream) {
-                    let sc = &self.config.stream;
-                    sub.stream = Some(Arc::new(NatsStream::new(
-                        self.client.clone(),
-                        waiter.reply.clone(),
-                        sub.request_id.clone(),
-                        &self.acks,
-                        StreamLimits {
-                            window: sc.window,
-                            ack_timeout: sc.ack_timeout,
-                            publish_timeout: self.publish_timeout,
-                        },
-                        sent.clone(),
-                    )));
-                }
-                self.admission.submit(sub, waiter).await;
+                self.submit(sub, waiter, wants).await;
             }
             (Err(err), _) => self.admission.answer_now(waiter, err, received_at).await,
             (Ok(_), Err(e)) => {
@@ -684,6 +689,57 @@ impl Edge {
                     .await
             }
         }
+    }
+
+    /// Settles a cluster-slot outcome: `Some` = go on to the local admission; `None`
+    /// = answered (`Full`) or handed back (`Store`) here.
+    async fn after_slots(
+        &self,
+        r: Result<(), SlotRefusal>,
+        mut waiter: NatsWaiter,
+        received_at: Instant,
+    ) -> Option<NatsWaiter> {
+        match r {
+            Ok(()) => Some(waiter),
+            Err(SlotRefusal::Full(reason, err)) => {
+                if let Some(t) = &mut waiter.intake {
+                    t.terminate(reason);
+                }
+                self.admission.answer_now(waiter, *err, received_at).await;
+                None
+            }
+            Err(SlotRefusal::Store(e)) => {
+                metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "error").increment(1);
+                tracing::warn!(error = %e, "cluster slot store failed; request handed back");
+                if let Some(t) = waiter.intake.take() {
+                    t.settle(Settle::Retry).await;
+                }
+                None
+            }
+            // Only `take_cluster_slots` asks not to wait; its caller handles this.
+            Err(SlotRefusal::MustWait(_)) => Some(waiter),
+        }
+    }
+
+    /// Hands a decoded request to the local admission (with its reply stream when it
+    /// asked for one).
+    async fn submit(&self, mut sub: Submission, waiter: NatsWaiter, wants: Option<bool>) {
+        if let (Some(true), Some(sent)) = (wants, &waiter.stream) {
+            let sc = &self.config.stream;
+            sub.stream = Some(Arc::new(NatsStream::new(
+                self.client.clone(),
+                waiter.reply.clone(),
+                sub.request_id.clone(),
+                &self.acks,
+                StreamLimits {
+                    window: sc.window,
+                    ack_timeout: sc.ack_timeout,
+                    publish_timeout: self.publish_timeout,
+                },
+                sent.clone(),
+            )));
+        }
+        self.admission.submit(sub, waiter).await;
     }
 
     async fn handle_status(&self, req: async_nats::service::Request) {
@@ -1007,7 +1063,7 @@ async fn forward_acks(mut rx: tokio::sync::mpsc::Receiver<PendingForward>, ctx: 
 }
 
 impl Admit for Edge {
-    async fn admit(&self, pulled: Pulled) {
+    async fn admit(self: &Arc<Self>, pulled: Pulled) {
         let received_at = Instant::now();
         let Pulled {
             message,
@@ -1034,8 +1090,14 @@ impl Admit for Edge {
             );
             return self.admission.answer_now(waiter, e, received_at).await;
         }
-        self.admit_message(&message, reply, &known, received_at, Some(ticket))
-            .await;
+        self.admit_message(
+            &message,
+            reply,
+            &known,
+            received_at,
+            Some((ticket, Arc::clone(self))),
+        )
+        .await;
     }
 
     fn refuse(

@@ -484,12 +484,12 @@ impl Drop for TestBackend {
 
 /// Two in-process replicas (4 workers each, a 300 ms NATS backend) with `limits`
 /// (TOML after the intake section), 10 requests at once carrying `headers`: the answer
-/// codes and the most calls of one session (the `Weir-Session-Id` the backend sees)
-/// at once.
+/// codes, the most calls of one session (the `Weir-Session-Id` the backend sees) at
+/// once, and how many calls the backend saw beyond one per request id.
 async fn burst_over_two_replicas(
     limits: &str,
     headers: &[(&str, &str)],
-) -> (BTreeMap<String, usize>, usize) {
+) -> (BTreeMap<String, usize>, usize, usize) {
     let server = js_server();
     let backend = TestBackend::start(server.url(), "sim.backend", Duration::from_millis(300)).await;
     // 4 workers per replica: each alone would run 4 requests of one key at once.
@@ -527,14 +527,17 @@ async fn burst_over_two_replicas(
     }
     assert_eq!(codes.values().sum::<usize>(), n);
     let max = backend.max_concurrent_per_session();
+    let calls = backend.calls();
+    let distinct: std::collections::HashSet<&str> = calls.iter().map(|c| c.rid.as_str()).collect();
+    let again = calls.len() - distinct.len();
     a.shutdown().await;
     b.shutdown().await;
-    (codes, max)
+    (codes, max, again)
 }
 
 #[tokio::test]
 async fn the_session_cap_holds_over_two_replicas() {
-    let (codes, max) = burst_over_two_replicas(
+    let (codes, max, again) = burst_over_two_replicas(
         "[session]\npending_cap = 2\nordering = false",
         &[(h::SESSION_ID, "one")],
     )
@@ -543,6 +546,7 @@ async fn the_session_cap_holds_over_two_replicas() {
         "session cap 2 over 2 replicas x 4 workers, 10 requests at once: {codes:?}, most at once at the backend: {max}"
     );
     assert!(max <= 2, "cap 2 across replicas, saw {max}");
+    assert_eq!(again, 0, "no request ran twice");
     assert!(
         codes.get("session_queue_full").copied().unwrap_or(0) >= 1,
         "{codes:?}"
@@ -553,7 +557,7 @@ async fn the_session_cap_holds_over_two_replicas() {
 async fn a_reject_limit_holds_over_two_replicas() {
     // No session cap; one client key limited to 1 with on_busy = "reject". The session
     // header only lets the backend count per key.
-    let (codes, max) = burst_over_two_replicas(
+    let (codes, max, again) = burst_over_two_replicas(
         "[session]\npending_cap = 0\nordering = false\n[[limits]]\nname = \"per-tenant\"\nkey = \"client\"\nlimit = 1\non_busy = \"reject\"",
         &[(h::CLIENT_KEY, "tenant-a"), (h::SESSION_ID, "tenant-a")],
     )
@@ -562,6 +566,7 @@ async fn a_reject_limit_holds_over_two_replicas() {
         "client limit 1 (reject) over 2 replicas x 4 workers, 10 requests at once: {codes:?}, most at once at the backend: {max}"
     );
     assert_eq!(max, 1, "limit 1 across replicas");
+    assert_eq!(again, 0, "no request ran twice");
     assert!(
         codes
             .get("concurrency_limit_exceeded")
@@ -570,6 +575,50 @@ async fn a_reject_limit_holds_over_two_replicas() {
             >= 1,
         "{codes:?}"
     );
+}
+
+#[tokio::test]
+async fn a_wait_limit_holds_over_two_replicas_and_its_waiters_are_served() {
+    // One client key limited to 1 with on_busy = "wait" (the default) and room to wait
+    // for all ten (10 x 300 ms < max_wait 4 s < the 5 s deadline): each replica alone
+    // would run 1 at a time, both together 2 — the cluster slot makes it 1, and every
+    // waiter is served in turn.
+    let (codes, max, again) = burst_over_two_replicas(
+        "[session]\npending_cap = 0\nordering = false\n[[limits]]\nname = \"per-tenant\"\nkey = \"client\"\nlimit = 1\nmax_wait_ms = 4000",
+        &[(h::CLIENT_KEY, "tenant-a"), (h::SESSION_ID, "tenant-a")],
+    )
+    .await;
+    eprintln!(
+        "client limit 1 (wait 4 s) over 2 replicas x 4 workers, 10 requests at once: {codes:?}, most at once at the backend: {max}"
+    );
+    assert_eq!(max, 1, "limit 1 across replicas");
+    assert_eq!(codes.get("ok").copied(), Some(10), "{codes:?}");
+    assert_eq!(again, 0, "no request ran twice");
+}
+
+#[tokio::test]
+async fn a_wait_limit_refuses_after_max_wait_over_two_replicas() {
+    // The same key with max_wait 500 ms: one or two run at once at first (300 ms each),
+    // the waiters that get no slot within 500 ms are refused, not left to time out.
+    let (codes, max, again) = burst_over_two_replicas(
+        "[session]\npending_cap = 0\nordering = false\n[[limits]]\nname = \"per-tenant\"\nkey = \"client\"\nlimit = 1\nmax_wait_ms = 500",
+        &[(h::CLIENT_KEY, "tenant-a"), (h::SESSION_ID, "tenant-a")],
+    )
+    .await;
+    eprintln!(
+        "client limit 1 (wait 500 ms) over 2 replicas x 4 workers, 10 requests at once: {codes:?}, most at once at the backend: {max}"
+    );
+    assert_eq!(max, 1, "limit 1 across replicas");
+    let ok = codes.get("ok").copied().unwrap_or(0);
+    let busy = codes
+        .get("concurrency_limit_exceeded")
+        .copied()
+        .unwrap_or(0);
+    // Requests pulled later (a permit freed) wait from then: how many are served
+    // depends on the timing, that some are refused and none times out does not.
+    assert!(ok >= 1 && busy >= 1, "{codes:?}");
+    assert_eq!(ok + busy, 10, "{codes:?}");
+    assert_eq!(again, 0, "no request ran twice");
 }
 
 /// `llm-adapter serve` with `config`, its admin address from the ready line.
