@@ -865,7 +865,7 @@ impl Default for NatsConfig {
             auth: NatsAuth::None,
             tls: NatsTls::default(),
             connection_timeout: Duration::from_secs(2),
-            ping_interval: Duration::from_secs(10),
+            ping_interval: Duration::from_secs(2),
             client_capacity: 1024,
         }
     }
@@ -1331,7 +1331,7 @@ pub const KEYS: &[KeySpec] = &[
     key(
         "nats_ping_interval_ms",
         Int,
-        "10000",
+        "2000",
         "100..=600000",
         "PING interval (a dead server is noticed after 2-3)",
     ),
@@ -2042,7 +2042,7 @@ fn nats_from_raw(raw: &RawValues) -> Result<NatsConfig, ConfigError> {
         ping_interval: Duration::from_millis(int_in(
             raw,
             "nats_ping_interval_ms",
-            10_000,
+            2_000,
             100,
             600_000,
         )?),

@@ -348,6 +348,11 @@ impl Window {
         self.limit.load(Ordering::Relaxed)
     }
 
+    /// Whether [`Self::close`] was called: nothing settles any more.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
     /// Stops the window task (the ingress is gone).
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);

@@ -67,6 +67,10 @@ pub const STREAMS_TOTAL: &str = "weir_ingress_streams_total";
 pub const ADMISSION_REJECTS_TOTAL: &str = "weir_ingress_admission_rejects_total";
 /// Counter: `end` packets handed to NATS, by `reason` (`Weir-End-Reason` values).
 pub const ENDS_TOTAL: &str = "weir_ingress_ends_total";
+/// Counter: `end` packets and gap markers published again because the NATS connection
+/// was replaced before the server confirmed them (the client may have discarded
+/// them), by `packet` (`end`, `gap`).
+pub const CONTROL_REPUBLISHED_TOTAL: &str = "weir_ingress_control_packets_republished_total";
 /// Counter: `end` packets (or gap markers) that could not be handed to NATS before
 /// their deadline, by `packet` (`end`, `gap`).
 pub const CONTROL_LOST_TOTAL: &str = "weir_ingress_control_packets_lost_total";
@@ -160,6 +164,7 @@ pub const DECLARED: &[Declared] = &[
     Declared::counter(ADMISSION_REJECTS_TOTAL),
     Declared::counter(ENDS_TOTAL),
     Declared::counter(CONTROL_LOST_TOTAL),
+    Declared::counter(CONTROL_REPUBLISHED_TOTAL),
     Declared::counter(PUBLISH_TIMEOUTS_TOTAL),
     Declared::counter(PUBLISH_ERRORS_TOTAL),
     Declared::counter(NATS_EVENTS_TOTAL),

@@ -60,7 +60,9 @@ use weir_protocol::audio::extension::{PROTOCOL_VERSION, PossibleLoss, headers};
 use weir_protocol::audio::{AudioFormat, BodyRef, EncodeError, Gap, encode_packet_ref};
 
 use crate::confirm::{Confirmer, NatsConfirmer, Window, WindowPermit};
-use crate::queue::{AfterFailure, EndPacket, Failure, Next, QueuedFrame, StreamState};
+use crate::queue::{
+    AfterFailure, ControlCheck, EndPacket, Failure, Next, QueuedFrame, StreamState,
+};
 use crate::stats::{Account, WaitBatch, WouldReject};
 use crate::stream::{SlotGuard, StreamShared};
 
@@ -172,6 +174,14 @@ pub(crate) fn publish_now<S: Sink>(
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     matches!(fut.as_mut().poll(&mut cx), std::task::Poll::Ready(Ok(())))
 }
+
+/// How often a publisher waiting for the verdict on a control packet looks whether the
+/// window closed.
+const END_RECHECK: Duration = Duration::from_millis(100);
+
+/// How often one gap marker is published again after reconnects (each within its
+/// verdict time).
+const CONTROL_REPUBLISH_MAX: usize = 3;
 
 /// The publisher of one stream.
 pub(crate) struct Publisher<S: Sink> {
@@ -555,12 +565,34 @@ impl<S: Sink> Publisher<S> {
             let mut headers = base_headers();
             let declared = self.declare(&mut headers, gap.last_seq);
             self.identify(&mut headers, gap.last_seq);
-            let attempt = self.attempt(headers, payload, "gap").await;
+            let epoch = self.window.as_ref().map_or(0, |w| w.epoch());
+            let attempt = self.attempt(headers.clone(), payload.clone(), "gap").await;
             if matches!(attempt, Attempt::Failed(_)) {
                 self.undeclare(declared);
             }
             match attempt {
                 Attempt::Ok => {
+                    // Confirmed like a frame; the same marker again if a reconnect came
+                    // first (not re-merged: a consumer that got the first copy sees the
+                    // second as a stale packet, never as new seqs). While the stream is
+                    // open, the verdict is awaited for at most `max_age`.
+                    let verdict_by =
+                        deadline.unwrap_or_else(|| Instant::now() + self.enforced_max_age);
+                    let mut epoch = epoch;
+                    for _ in 0..CONTROL_REPUBLISH_MAX {
+                        if !self
+                            .control_lost_in_reconnect(epoch, Some(verdict_by))
+                            .await
+                        {
+                            break;
+                        }
+                        self.stream.global.control_republished("gap");
+                        epoch = self.window.as_ref().map_or(0, |w| w.epoch());
+                        let again = self.attempt(headers.clone(), payload.clone(), "gap").await;
+                        if matches!(again, Attempt::Failed(_)) {
+                            break;
+                        }
+                    }
                     self.account().gap_published(gap.frames());
                     self.stream.gap_published(gap);
                     return;
@@ -608,6 +640,43 @@ impl<S: Sink> Publisher<S> {
         }
     }
 
+    /// With a confirmation window: waits (at most until `deadline`) for the window's
+    /// verdict on the control packet (`end` or gap marker) just handed over on
+    /// connection `epoch`; `true` when the connection was replaced before a marker
+    /// behind it came back — the client may have discarded it with its write buffer, so
+    /// it must go again. One without a verdict by the deadline (the server stalled)
+    /// stays counted as published.
+    async fn control_lost_in_reconnect(&self, epoch: u64, deadline: Option<Instant>) -> bool {
+        let Some(w) = self.confirming() else {
+            return false;
+        };
+        let register = self.stream.lock().control_handed_over(w.open_tag(epoch));
+        if register {
+            w.register(&self.stream);
+        }
+        loop {
+            let settled = self.stream.settled_notify().notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            match self.stream.lock().control_check() {
+                ControlCheck::Lost => return true,
+                ControlCheck::Confirmed | ControlCheck::None => return false,
+                ControlCheck::Pending(_) => {}
+            }
+            let now = Instant::now();
+            if w.is_closed() || deadline.is_some_and(|d| now >= d) {
+                return false;
+            }
+            // Re-check now and then: a closed window settles nothing and wakes no one.
+            let recheck = now + END_RECHECK;
+            let until = deadline.map_or(recheck, |d| d.min(recheck));
+            tokio::select! {
+                () = &mut settled => {}
+                () = tokio::time::sleep_until(until) => {}
+            }
+        }
+    }
+
     async fn publish_end(&self, end: EndPacket) {
         let Ok(payload) = self.encode(end.seq, None, BodyRef::End) else {
             self.stream.global.control_lost("end");
@@ -632,8 +701,17 @@ impl<S: Sink> Publisher<S> {
         self.identify(&mut headers, end.seq);
         let deadline = self.stream.lock().control_deadline();
         loop {
+            let epoch = self.window.as_ref().map_or(0, |w| w.epoch());
             match self.attempt(headers.clone(), payload.clone(), "end").await {
                 Attempt::Ok => {
+                    if self.control_lost_in_reconnect(epoch, deadline).await {
+                        // Published again on the new connection; a consumer that got
+                        // the first copy ignores the second (an end for an ended stream).
+                        self.stream.global.control_republished("end");
+                        tracing::info!(stream = %self.stream.id, seq = end.seq,
+                            "end handed over before a reconnect: published again");
+                        continue;
+                    }
                     self.stream.global.end_published(end.reason);
                     self.stream.end_delivered();
                     tracing::debug!(stream = %self.stream.id, seq = end.seq, reason = end.reason.as_str(), "end published");

@@ -217,6 +217,20 @@ struct ConfirmedRound {
     last: u64,
 }
 
+/// Where the stream's last control packet (`end` or gap marker) stands with the
+/// confirmation window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ControlCheck {
+    /// Not handed over (or no window).
+    None,
+    /// Handed over in this window batch; no verdict yet.
+    Pending(u64),
+    /// A marker published after it came back on the same connection.
+    Confirmed,
+    /// The connection was replaced before that: the client may have discarded it.
+    Lost,
+}
+
 /// A declaration riding on a packet that the server has not confirmed yet.
 #[derive(Debug, Clone)]
 struct Carried {
@@ -383,6 +397,9 @@ pub struct FrameQueue {
     possibly_lost_total: u64,
     /// The frames the stream's most recent confirmed round covered.
     last_confirmed: Option<ConfirmedRound>,
+    /// The control packet (`end` or gap marker) handed to the client last, awaiting the
+    /// window's verdict ([`Self::control_handed_over`]).
+    control_check: ControlCheck,
     /// The last window batch this stream registered in (see [`Self::hand_over`]).
     registered_batch: Option<u64>,
     /// The publisher is parked with nothing in its hands (its last pop was `Empty`).
@@ -430,6 +447,7 @@ impl FrameQueue {
             last_declared: None,
             possibly_lost_total: 0,
             last_confirmed: None,
+            control_check: ControlCheck::None,
             registered_batch: None,
             publisher_idle: false,
             direct_waits: WaitBatch::default(),
@@ -542,6 +560,26 @@ impl FrameQueue {
         register
     }
 
+    /// A control packet (`end` or gap marker) was handed to the client in window batch
+    /// `tag` (`None`: the connection changed meanwhile, so it may be gone already): the
+    /// window settles it like a frame ([`Self::control_check`]). Returns whether the
+    /// stream must register in that batch.
+    pub(crate) fn control_handed_over(&mut self, tag: Option<u64>) -> bool {
+        let Some(batch) = tag else {
+            self.control_check = ControlCheck::Lost;
+            return false;
+        };
+        self.control_check = ControlCheck::Pending(batch);
+        let register = self.registered_batch != Some(batch);
+        self.registered_batch = Some(batch);
+        register
+    }
+
+    /// The window's verdict on the control packet handed over last.
+    pub(crate) fn control_check(&self) -> ControlCheck {
+        self.control_check
+    }
+
     /// [`Self::hand_over`] for several frames handed over in order, under one lock.
     pub(crate) fn hand_over_all(
         &mut self,
@@ -626,6 +664,9 @@ impl FrameQueue {
     /// The server confirmed every frame handed over in batches up to `batch`: they are
     /// published, their bytes released. Returns how many.
     pub(crate) fn confirm_through(&mut self, batch: u64) -> u64 {
+        if matches!(self.control_check, ControlCheck::Pending(b) if b <= batch) {
+            self.control_check = ControlCheck::Confirmed;
+        }
         let mut n = 0;
         let mut range: Option<(u64, u64)> = None;
         while self.unconfirmed.front().is_some_and(|u| u.batch <= batch) {
@@ -662,6 +703,9 @@ impl FrameQueue {
     /// consumer counts a hole inside the range as possibly lost, not as an undetected
     /// loss.
     pub(crate) fn lose_through(&mut self, batch: u64) -> u64 {
+        if matches!(self.control_check, ControlCheck::Pending(b) if b <= batch) {
+            self.control_check = ControlCheck::Lost;
+        }
         let mut range: Option<(u64, u64)> = None;
         let mut n = 0;
         while self.unconfirmed.front().is_some_and(|u| u.batch <= batch) {

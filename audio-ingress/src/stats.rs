@@ -329,6 +329,7 @@ pub struct Global {
     overloads: AtomicU64,
     ends: [AtomicU64; N_END],
     control_lost: AtomicU64,
+    control_republished: AtomicU64,
     admission_rejects: AtomicU64,
     streams_total: AtomicU64,
     active_streams: AtomicU64,
@@ -368,6 +369,7 @@ impl Global {
             overloads: AtomicU64::new(0),
             ends: Default::default(),
             control_lost: AtomicU64::new(0),
+            control_republished: AtomicU64::new(0),
             admission_rejects: AtomicU64::new(0),
             streams_total: AtomicU64::new(0),
             active_streams: AtomicU64::new(0),
@@ -442,6 +444,17 @@ impl Global {
     pub(crate) fn end_published(&self, reason: EndReason) {
         add(&self.ends[end_index(reason)], 1);
         self.h.ends[end_index(reason)].increment(1);
+    }
+
+    pub(crate) fn control_republished(&self, packet: &'static str) {
+        add(&self.control_republished, 1);
+        metrics::counter!(m::CONTROL_REPUBLISHED_TOTAL, m::LABEL_PACKET => packet).increment(1);
+    }
+
+    /// `end` packets and gap markers published again after a reconnect (see
+    /// `publisher`).
+    pub fn control_packets_republished(&self) -> u64 {
+        get(&self.control_republished)
     }
 
     pub(crate) fn control_lost(&self, packet: &'static str) {

@@ -204,6 +204,75 @@ async fn a_declaration_whose_carrier_is_unconfirmed_is_declared_again_with_the_n
     );
 }
 
+/// An `end` handed to the client before a reconnect that came before its
+/// confirmation may be gone with the client's write buffer: it is published again on
+/// the new connection, and confirmed there. Found on a cluster: a node hang lost the
+/// `end` of every stream open at the time (the consumers reaped them an idle timeout
+/// later).
+#[tokio::test(start_paused = true)]
+async fn an_end_lost_in_a_reconnect_is_published_again() {
+    let sink = MemorySink::confirming();
+    let ingress = Ingress::new(sink.clone(), StreamConfig::default());
+    let s = ingress.open("e1", None).expect("open");
+    for _ in 0..3 {
+        s.try_push(pcm()).expect("room");
+        tokio::time::advance(FRAME).await;
+    }
+    settle().await;
+    sink.hold_confirm(true);
+    let finished = tokio::spawn(s.finish());
+    settle().await;
+    let ends = |sent: &[crate::stream_tests::Sent]| {
+        sent.iter()
+            .filter(|m| m.packet.body == PacketBody::End)
+            .count()
+    };
+    assert_eq!(ends(&sink.sent()), 1, "handed over, not confirmed");
+    sink.reconnect();
+    sink.hold_confirm(false);
+    for _ in 0..10 {
+        tokio::time::advance(Duration::from_millis(20)).await;
+        settle().await;
+    }
+    let summary = finished.await.expect("finish");
+    assert!(summary.snapshot.end_delivered);
+    let sent = sink.sent();
+    assert_eq!(ends(&sent), 2, "published again after the reconnect");
+    assert!(
+        sent.iter()
+            .filter(|m| m.packet.body == PacketBody::End)
+            .all(|m| m.packet.seq == 4),
+        "the same end"
+    );
+    assert_eq!(ingress.global().control_packets_republished(), 1);
+    assert_eq!(
+        ingress.global().ends(EndReason::Producer),
+        1,
+        "counted once"
+    );
+}
+
+/// Without a reconnect the `end` is published once, and `finish` waits for its
+/// confirmation.
+#[tokio::test(start_paused = true)]
+async fn a_confirmed_end_is_published_once() {
+    let sink = MemorySink::confirming();
+    let ingress = Ingress::new(sink.clone(), StreamConfig::default());
+    let s = ingress.open("e2", None).expect("open");
+    s.try_push(pcm()).expect("room");
+    tokio::time::advance(FRAME).await;
+    let summary = s.finish().await;
+    assert!(summary.snapshot.end_delivered);
+    let sent = sink.sent();
+    assert_eq!(
+        sent.iter()
+            .filter(|m| m.packet.body == PacketBody::End)
+            .count(),
+        1
+    );
+    assert_eq!(ingress.global().control_packets_republished(), 0);
+}
+
 /// A reconnect while the window is idle (every frame confirmed, no batch open with
 /// work): frames handed over afterwards, on the new connection, are confirmed and
 /// published — not declared possibly lost. Found on a 3-node cluster (issue 13): the
@@ -300,4 +369,68 @@ async fn gap_keeps_the_timeline_exact_while_unconfirmed() {
     let dropped: u64 = f.dropped.values().sum();
     assert_eq!(f.published + dropped, 270, "{f:?}");
     assert_eq!(f.handed_over, f.published);
+}
+
+/// `gap`: markers handed over while the server does not confirm, then a reconnect:
+/// the client may have discarded them, so each goes again, unchanged (never re-merged,
+/// so a consumer that got the first copy sees a duplicate, not new seqs). Every seq is
+/// still published or inside a marker.
+#[tokio::test(start_paused = true)]
+async fn gap_markers_lost_in_a_reconnect_are_published_again() {
+    let sink = MemorySink::confirming();
+    let cfg = StreamConfig::builder()
+        .policy(Policy::Gap)
+        .extended_consumers(true)
+        .build()
+        .expect("cfg");
+    let ingress = Ingress::new(sink.clone(), cfg);
+    let s = ingress.open("g2", None).expect("open");
+    for _ in 0..10 {
+        s.try_push(pcm()).expect("room");
+        tokio::time::advance(FRAME).await;
+    }
+    sink.hold_confirm(true);
+    for _ in 0..100 {
+        s.try_push(pcm()).expect("gap never refuses");
+        tokio::time::advance(FRAME).await;
+    }
+    let gaps_before = sink
+        .sent()
+        .iter()
+        .filter(|m| matches!(m.packet.body, PacketBody::Gap(_)))
+        .count();
+    assert!(gaps_before > 0, "markers handed over while unconfirmed");
+    sink.reconnect();
+    sink.hold_confirm(false);
+    for _ in 0..20 {
+        s.try_push(pcm()).expect("room");
+        tokio::time::advance(FRAME).await;
+    }
+    let summary = s.finish().await;
+    assert!(summary.snapshot.end_delivered);
+    assert!(ingress.global().control_packets_republished() > 0);
+    let mut covered = [0u8; 131];
+    let mut gaps: Vec<(u64, u64)> = Vec::new();
+    for m in sink.sent() {
+        match &m.packet.body {
+            PacketBody::Frame { .. } => covered[m.packet.seq as usize] += 1,
+            PacketBody::Gap(g) => {
+                if gaps.contains(&(g.first_seq, g.last_seq)) {
+                    continue; // the same marker again
+                }
+                assert!(
+                    gaps.iter()
+                        .all(|(a, b)| g.last_seq < *a || g.first_seq > *b),
+                    "a marker republished unchanged, never overlapping another: {g:?} vs {gaps:?}"
+                );
+                gaps.push((g.first_seq, g.last_seq));
+                (g.first_seq..=g.last_seq).for_each(|q| covered[q as usize] += 1);
+            }
+            PacketBody::End => assert_eq!(m.packet.seq, 131),
+        }
+    }
+    assert!(
+        covered[1..].iter().all(|c| *c >= 1),
+        "each seq published or in a marker"
+    );
 }

@@ -58,8 +58,12 @@ pub struct Received {
 pub struct StreamLog {
     /// Frame sequence numbers, in arrival order.
     pub frames: Vec<u64>,
-    /// Gap markers.
+    /// Gap markers (each once: see `gap_repeats`).
     pub gaps: Vec<Gap>,
+    /// Copies of a gap marker already seen: the ingress publishes a marker again when a
+    /// reconnect came before the server confirmed it, and the first copy may have
+    /// arrived after all.
+    pub gap_repeats: u64,
     /// The end packet, if seen.
     pub end: Option<Received>,
     /// Packets that did not decode.
@@ -158,6 +162,12 @@ impl Collector {
                 t.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 match decode(&msg.payload, &DecodeOptions::default()) {
                     Ok(packet) => {
+                        if let PacketBody::Gap(g) = &packet.body
+                            && log.gaps.contains(g)
+                        {
+                            log.gap_repeats += 1;
+                            continue;
+                        }
                         log.seqs.push(packet.seq);
                         if let Some(d) = &ext.possibly_lost {
                             log.declarations.push((packet.seq, d.clone()));
