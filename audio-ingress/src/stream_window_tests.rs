@@ -321,10 +321,11 @@ async fn a_reconnect_while_idle_does_not_make_later_frames_possibly_lost() {
     assert!(summary.finished);
 }
 
-/// `gap`: with the budget held by unconfirmed frames, new frames go straight into
-/// markers (reason `unconfirmed`); every seq is published or inside a marker.
-#[tokio::test(start_paused = true)]
-async fn gap_keeps_the_timeline_exact_while_unconfirmed() {
+/// A `gap` stream `id` (consumers opted in): 10 frames confirmed, then the server
+/// stops confirming.
+async fn gap_stream_confirmed_then_held(
+    id: &str,
+) -> (MemorySink, Ingress<MemorySink>, crate::stream::StreamHandle) {
     let sink = MemorySink::confirming();
     let cfg = StreamConfig::builder()
         .policy(Policy::Gap)
@@ -332,12 +333,20 @@ async fn gap_keeps_the_timeline_exact_while_unconfirmed() {
         .build()
         .expect("cfg");
     let ingress = Ingress::new(sink.clone(), cfg);
-    let s = ingress.open("g1", None).expect("open");
+    let s = ingress.open(id, None).expect("open");
     for _ in 0..10 {
         s.try_push(pcm()).expect("room");
         tokio::time::advance(FRAME).await;
     }
     sink.hold_confirm(true);
+    (sink, ingress, s)
+}
+
+/// `gap`: with the budget held by unconfirmed frames, new frames go straight into
+/// markers (reason `unconfirmed`); every seq is published or inside a marker.
+#[tokio::test(start_paused = true)]
+async fn gap_keeps_the_timeline_exact_while_unconfirmed() {
+    let (sink, ingress, s) = gap_stream_confirmed_then_held("g1").await;
     for _ in 0..250 {
         s.try_push(pcm()).expect("gap never refuses");
         assert!(s.snapshot().pending_bytes <= 16_000);
@@ -377,19 +386,7 @@ async fn gap_keeps_the_timeline_exact_while_unconfirmed() {
 /// still published or inside a marker.
 #[tokio::test(start_paused = true)]
 async fn gap_markers_lost_in_a_reconnect_are_published_again() {
-    let sink = MemorySink::confirming();
-    let cfg = StreamConfig::builder()
-        .policy(Policy::Gap)
-        .extended_consumers(true)
-        .build()
-        .expect("cfg");
-    let ingress = Ingress::new(sink.clone(), cfg);
-    let s = ingress.open("g2", None).expect("open");
-    for _ in 0..10 {
-        s.try_push(pcm()).expect("room");
-        tokio::time::advance(FRAME).await;
-    }
-    sink.hold_confirm(true);
+    let (sink, ingress, s) = gap_stream_confirmed_then_held("g2").await;
     for _ in 0..100 {
         s.try_push(pcm()).expect("gap never refuses");
         tokio::time::advance(FRAME).await;
