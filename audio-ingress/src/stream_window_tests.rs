@@ -346,7 +346,7 @@ async fn gap_stream_confirmed_then_held(
 /// markers (reason `unconfirmed`); every seq is published or inside a marker.
 #[tokio::test(start_paused = true)]
 async fn gap_keeps_the_timeline_exact_while_unconfirmed() {
-    let (sink, ingress, s) = gap_stream_confirmed_then_held("g1").await;
+    let (sink, _ingress, s) = gap_stream_confirmed_then_held("g1").await;
     for _ in 0..250 {
         s.try_push(pcm()).expect("gap never refuses");
         assert!(s.snapshot().pending_bytes <= 16_000);
