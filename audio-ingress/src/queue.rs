@@ -1092,6 +1092,10 @@ impl FrameQueue {
             return;
         }
         let pending_bytes = self.budget.bytes();
+        let seqs = (
+            self.items.iter().map(|f| f.seq).min(),
+            self.items.iter().map(|f| f.seq).max(),
+        );
         let (frames, samples) = self.drop_all(DropReason::Overload);
         let (rf, rs) = std::mem::take(&mut self.refused_while_full);
         self.global.overloaded(reason);
@@ -1104,6 +1108,8 @@ impl FrameQueue {
                 pending_bytes,
                 max_bytes: self.max_bytes,
                 max_age_ms: self.max_age.as_millis() as u64,
+                dropped_first_seq: seqs.0,
+                dropped_last_seq: seqs.1,
             }),
         };
         self.set_control_deadline(now + self.end_timeout);
@@ -1240,6 +1246,7 @@ impl FrameQueue {
     /// failed): dropped, and added to the overload report if there is one.
     fn drop_inflight_on_overload(&mut self, frame: QueuedFrame) {
         let samples = frame.samples();
+        let seq = frame.seq;
         let reason = if self.overload().is_some() {
             DropReason::Overload
         } else {
@@ -1252,6 +1259,8 @@ impl FrameQueue {
         {
             o.dropped_frames += 1;
             o.dropped_samples += samples;
+            o.dropped_first_seq = Some(o.dropped_first_seq.map_or(seq, |s| s.min(seq)));
+            o.dropped_last_seq = Some(o.dropped_last_seq.map_or(seq, |s| s.max(seq)));
         }
     }
 
@@ -1505,6 +1514,11 @@ mod tests {
         };
         assert_eq!(o.reason, OverloadReason::QueueFull);
         assert_eq!(o.dropped_frames, 25 + 2, "25 queued + 2 refused");
+        assert_eq!(
+            (o.dropped_first_seq, o.dropped_last_seq),
+            (Some(1), Some(25)),
+            "the queued frames' seqs (refused ones have none)"
+        );
         assert_eq!(o.dropped_samples, 27 * 320);
         assert_eq!(
             (o.pending_bytes, o.max_bytes, o.max_age_ms),

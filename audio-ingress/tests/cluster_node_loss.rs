@@ -23,9 +23,8 @@
 //! - **no undeclared loss**: the consumer core counts 0 `lost_frames` (holes the
 //!   ingress did not declare with `Weir-Possibly-Lost` or a gap marker). (A producer
 //!   that, reopening its stream, sent the audio of the missed slots at once was cut by
-//!   the rate bound; the frames its `close` overload dropped are reported only as a
-//!   count in `Weir-Overload`, which the consumer core counts as undeclared holes. The
-//!   producers here go on with the current slot, as live audio does.) Every
+//!   the rate bound. The producers here go on with the current slot, as live audio
+//!   does.) Every
 //!   stream's accounting identity holds at its `end` (`end_seq − 1` = frames +
 //!   declared possible loss + stale + declared gaps + leading missing + undeclared);
 //! - after a kill every stream's `end` reaches the consumer, the consumer's admitted

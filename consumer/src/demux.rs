@@ -280,6 +280,15 @@ impl<F: HandlerFactory> Demux<F> {
                 reclassified_frames: reclassified,
             }
         });
+        // A `close` overload's report (on the `end`) names the seqs of the admitted
+        // frames it dropped: their hole is declared, like a possible loss, not undetected.
+        let overload_moved = match (&packet.body, ext.overload.as_ref()) {
+            (PacketBody::End, Some(o)) => match (o.dropped_first_seq, o.dropped_last_seq) {
+                (Some(a), Some(b)) if a >= 1 && a <= b => entry.loss.declare(a, b),
+                _ => 0,
+            },
+            _ => 0,
+        };
         let segments = lost
             .as_ref()
             .map(|l| entry.loss.hole(*l.start(), *l.end()))
@@ -344,6 +353,9 @@ impl<F: HandlerFactory> Demux<F> {
                 && d.reclassified_frames > 0
             {
                 reg.reclassify_lost(instance, d.reclassified_frames);
+            }
+            if overload_moved > 0 {
+                reg.reclassify_lost(instance, overload_moved);
             }
         }
         if handover_gap {
@@ -1065,6 +1077,34 @@ mod tests {
         );
         // Seqs 2..=5 never arrived and no gap packet declared them: counted as lost.
         assert_eq!(s.counters.lost_frames, 4);
+    }
+
+    /// The report names the seqs the overload dropped (ingresses since they could): the
+    /// hole they leave before the `end` is declared, not an undetected loss.
+    #[tokio::test(start_paused = true)]
+    async fn an_overload_report_with_dropped_seqs_declares_their_hole() {
+        let (mut d, shared, mut rx) = setup(default_cfg());
+        feed(&mut d, "o2", frame(1));
+        feed(&mut d, "o2", frame(2));
+        let report = r#"{"reason":"max_age","dropped_frames":6,"dropped_samples":1920,"pending_bytes":16000,"max_bytes":16000,"max_age_ms":500,"dropped_first_seq":3,"dropped_last_seq":5}"#;
+        feed_with(
+            &mut d,
+            "o2",
+            Packet::end(6),
+            &[
+                (headers::END_REASON, "overload"),
+                (headers::OVERLOAD, report),
+            ],
+        );
+        let _ = drain(&mut rx).await;
+        let snap = snapshot(&shared);
+        let s = snap.stream("o2").next().expect("record");
+        assert_eq!(s.counters.lost_frames, 0, "{:?}", s.counters);
+        assert_eq!(s.counters.possibly_lost_frames, 3, "{:?}", s.counters);
+        assert_eq!(
+            s.producer_overload.as_ref().map(|o| o.dropped_last_seq),
+            Some(Some(5))
+        );
     }
 
     #[tokio::test(start_paused = true)]

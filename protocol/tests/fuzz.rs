@@ -294,6 +294,8 @@ fn fuzz_extension_reports_round_trip() {
                 reason: *reason,
                 dropped_frames: o[0],
                 dropped_samples: o[1],
+                dropped_first_seq: None,
+                dropped_last_seq: None,
                 pending_bytes: o[2],
                 max_bytes: o[3],
                 max_age_ms: o[4],

@@ -114,6 +114,16 @@ pub struct Overload {
     pub max_bytes: u64,
     /// The age budget in milliseconds.
     pub max_age_ms: u64,
+    /// The seqs of the admitted frames the overload dropped (`dropped_first_seq ..=
+    /// dropped_last_seq`; refused frames never got one): a consumer counts the hole they
+    /// leave before the `end` as declared, not as an undetected loss. Absent when no
+    /// admitted frame was dropped, and from producers before this field (readers then
+    /// see an undeclared hole, as before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dropped_first_seq: Option<u64>,
+    /// See `dropped_first_seq`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dropped_last_seq: Option<u64>,
 }
 
 impl Overload {
@@ -272,6 +282,8 @@ mod tests {
                 reason: OverloadReason::QueueFull,
                 dropped_frames: 3,
                 dropped_samples: 960,
+                dropped_first_seq: None,
+                dropped_last_seq: None,
                 pending_bytes: 16_000,
                 max_bytes: 16_000,
                 max_age_ms: 500,
