@@ -1316,16 +1316,17 @@ async fn on_a_three_node_cluster_the_intake_outlives_its_stream_leaders_node() {
     cluster
         .wait_meta_leader(Duration::from_secs(20))
         .expect("meta leader");
-    let toml = format!(
-        "workers = 2\n{INTAKE}replicas = 3\nmax_ack_pending = 4\n[backend]\nkind = \"nats\"\n[backend.nats]\nsubject = \"sim.backend\"\n"
-    );
+    // The default AckWait (10 s): it must outlast the stream's leader election (4.5 to
+    // 7.1 s here), or requests in flight meanwhile are redelivered — with the 2 s of the
+    // other tests a request ran twice in a CI run.
+    let toml = "workers = 2\nintake = \"jetstream\"\n[jetstream]\nstorage = \"memory\"\nreplicas = 3\nmax_ack_pending = 4\n[backend]\nkind = \"nats\"\n[backend.nats]\nsubject = \"sim.backend\"\n";
     // The first replica creates the stream; its leader decides the roles.
-    let first = adapter_at(cluster.url(0), &toml, None).await;
+    let first = adapter_at(cluster.url(0), toml, None).await;
     let leader = cluster
         .wait_stream_leader("WEIR_LLM_INTAKE", Duration::from_secs(20))
         .expect("stream leader");
     let other = if leader == 0 { 1 } else { leader };
-    let second = adapter_at(cluster.url(other), &toml, None).await;
+    let second = adapter_at(cluster.url(other), toml, None).await;
     let safe = (0..3).find(|n| *n != leader).expect("a node");
     let backend =
         TestBackend::start(cluster.url(safe), "sim.backend", Duration::from_millis(100)).await;
