@@ -51,7 +51,16 @@ use weir_audio_ingress::{Delivery, Ingress, StreamConfig};
 use weir_protocol::audio::Packet;
 use weir_testkit::{NatsServer, NatsServerOptions};
 
-const ROUNDS: usize = 7;
+/// Rounds of the core variants (`THROUGHPUT_ROUNDS` overrides); medians over them.
+const ROUNDS: usize = 15;
+/// Warm-up rounds of each core variant, not counted.
+const WARMUP_ROUNDS: usize = 2;
+/// Rounds of lossless mode (each ~3 s).
+const JETSTREAM_ROUNDS: usize = 5;
+
+fn rounds() -> usize {
+    env_or("THROUGHPUT_ROUNDS", ROUNDS as u64) as usize
+}
 
 fn env_or(key: &str, default: u64) -> u64 {
     std::env::var(key)
@@ -139,6 +148,10 @@ fn config(delivery: Delivery) -> StreamConfig {
         .publish_timeout(Duration::from_millis(500))
         // Throughput pushes as fast as possible: no rate bound (max_rate).
         .max_rate_permille(0);
+    let b = match std::env::var("THROUGHPUT_CONFIRM_INTERVAL_MS") {
+        Ok(ms) => b.confirm_interval(Duration::from_millis(ms.parse().expect("ms"))),
+        Err(_) => b,
+    };
     // Lossless mode: the same byte budget (25 frames), but an age bound of 5 s. In
     // this bulk test every stream keeps its 25 frames queued, so a frame waits
     // streams × 25 / rate: at 1,000 streams and ~35,000 stored frames/s that is ~0.7 s,
@@ -209,7 +222,29 @@ async fn ingress_with<S: Sink>(
         );
     }
     client.flush().await.expect("flush");
-    start.elapsed()
+    let took = start.elapsed();
+    if std::env::var_os("THROUGHPUT_DEBUG").is_some() {
+        let w = ingress.stats().window;
+        eprintln!(
+            "  {}: window rounds {}, round p50 {:.1} ms p99 {:.1} ms, limit {} B",
+            delivery.as_str(),
+            w.rounds,
+            w.round_ms.p50,
+            w.round_ms.p99,
+            w.limit_bytes
+        );
+    }
+    took
+}
+
+/// CPU time (user + system) of this process so far: the producers, the ingress and
+/// the NATS client, not the server.
+fn cpu() -> Duration {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let u = getrusage(UsageWho::RUSAGE_SELF).expect("getrusage");
+    let tv =
+        |t: nix::sys::time::TimeVal| Duration::new(t.tv_sec() as u64, t.tv_usec() as u32 * 1_000);
+    tv(u.user_time()) + tv(u.system_time())
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -238,7 +273,8 @@ fn main() {
         let sink = jetstream_sink(&js_client).await;
         let total = (streams() as u64 * frames()) as f64;
         if let Ok(only) = std::env::var("THROUGHPUT_ONLY") {
-            for round in 0..ROUNDS {
+            for round in 0..rounds() {
+                let c0 = cpu();
                 let d = match only.as_str() {
                     "plain" => plain(&client, round).await,
                     "ingress" => ingress(&client, round, Delivery::Confirmed).await,
@@ -246,52 +282,82 @@ fn main() {
                     "null" => ingress_with(NullSink, &client, round, Delivery::Unconfirmed).await,
                     _ => ingress(&client, round, Delivery::Unconfirmed).await,
                 };
-                println!("{only}: {:.0} frames/s", total / d.as_secs_f64());
+                println!(
+                    "{only}: {:.0} frames/s, {:.2} us CPU/frame",
+                    total / d.as_secs_f64(),
+                    (cpu() - c0).as_secs_f64() * 1e6 / total
+                );
             }
             return;
         }
-        // [plain, ingress (default), ingress/unconfirmed, ingress/jetstream]
-        let mut rates: [Vec<f64>; 4] = Default::default();
-        let (mut ratio, mut ratio_off, mut window_cost, mut js_cost) =
-            (vec![], vec![], vec![], vec![]);
-        // Warm-up.
-        plain(&client, 99).await;
-        ingress(&client, 99, Delivery::Confirmed).await;
-        lossless(&sink, &js_client, 99).await;
-        for round in 0..ROUNDS {
-            let mut d = [Duration::ZERO; 4];
+        // The core variants first, rotated, then lossless mode on its own: its file
+        // store's writeback would otherwise run (kernel threads, on the same 2 cores)
+        // during whichever core variant follows it.
+        // [plain, ingress (default), ingress/unconfirmed]
+        let mut rates: [Vec<f64>; 3] = Default::default();
+        let mut cpus: [Vec<f64>; 3] = Default::default();
+        let (mut ratio, mut ratio_off, mut window_cost) = (vec![], vec![], vec![]);
+        // Warm-up: the first rounds of a fresh process and server run slower (allocator
+        // and socket buffers growing), by up to 2x.
+        for w in 0..WARMUP_ROUNDS {
+            plain(&client, 1000 + w).await;
+            ingress(&client, 1000 + w, Delivery::Confirmed).await;
+            ingress(&client, 2000 + w, Delivery::Unconfirmed).await;
+        }
+        let rounds = rounds();
+        for round in 0..rounds {
+            let mut d = [Duration::ZERO; 3];
+            let mut c = [0f64; 3];
             // Rotate the order so no variant always runs first or last.
-            for k in 0..4 {
-                let v = (k + round) % 4;
+            for k in 0..3 {
+                let v = (k + round) % 3;
+                let c0 = cpu();
                 d[v] = match v {
                     0 => plain(&client, round).await,
                     1 => ingress(&client, round, Delivery::Confirmed).await,
-                    2 => ingress(&client, round, Delivery::Unconfirmed).await,
-                    _ => lossless(&sink, &js_client, round).await,
+                    _ => ingress(&client, round, Delivery::Unconfirmed).await,
                 };
+                c[v] = (cpu() - c0).as_secs_f64() * 1e6 / total;
             }
             let f: Vec<f64> = d.iter().map(|x| total / x.as_secs_f64()).collect();
             println!(
-                "round {round}: plain {:.0} frames/s, ingress {:.0}, ingress/unconfirmed {:.0}, ingress/jetstream {:.0}  (ingress/plain {:.2}, unconfirmed/plain {:.2}, ingress/unconfirmed {:.3}, jetstream/ingress {:.3})",
-                f[0], f[1], f[2], f[3], f[1] / f[0], f[2] / f[0], f[1] / f[2], f[3] / f[1]
+                "round {round}: plain {:.0} frames/s, ingress {:.0}, ingress/unconfirmed {:.0}  (ingress/plain {:.2}, unconfirmed/plain {:.2}, ingress/unconfirmed {:.3}); us CPU/frame {:.2}, {:.2}, {:.2}",
+                f[0], f[1], f[2], f[1] / f[0], f[2] / f[0], f[1] / f[2], c[0], c[1], c[2]
             );
             for (r, x) in rates.iter_mut().zip(&f) {
+                r.push(*x);
+            }
+            for (r, x) in cpus.iter_mut().zip(&c) {
                 r.push(*x);
             }
             ratio.push(f[1] / f[0]);
             ratio_off.push(f[2] / f[0]);
             window_cost.push(f[1] / f[2]);
-            js_cost.push(f[3] / f[1]);
         }
-        let [p, ing, off, js] = &mut rates;
+        let mut js = vec![];
+        let mut cjs = vec![];
+        lossless(&sink, &js_client, 99).await;
+        for round in 0..JETSTREAM_ROUNDS {
+            let c0 = cpu();
+            let d = lossless(&sink, &js_client, round).await;
+            cjs.push((cpu() - c0).as_secs_f64() * 1e6 / total);
+            js.push(total / d.as_secs_f64());
+            println!("jetstream round {round}: {:.0} frames/s", js[round]);
+        }
+        let [p, ing, off] = &mut rates;
+        let (p, ing, off, js) = (median(p), median(ing), median(off), median(&mut js));
         println!(
-            "median over {ROUNDS} rounds of {} streams x {} frames: plain {:.0} frames/s, ingress {:.0}, ingress/unconfirmed {:.0}, ingress/jetstream {:.0}",
+            "median over {rounds} rounds of {} streams x {} frames: plain {p:.0} frames/s, ingress {ing:.0}, ingress/unconfirmed {off:.0}; ingress/jetstream {js:.0} ({JETSTREAM_ROUNDS} rounds)",
             streams(),
             frames(),
-            median(p),
-            median(ing),
-            median(off),
-            median(js)
+        );
+        let [cp, cing, coff] = &mut cpus;
+        println!(
+            "median us CPU/frame of this process (producers, ingress, NATS client; not the server): plain {:.2}, ingress {:.2}, ingress/unconfirmed {:.2}, ingress/jetstream {:.2}",
+            median(cp),
+            median(cing),
+            median(coff),
+            median(&mut cjs)
         );
         println!(
             "median ratios: ingress/plain {:.2} (target >= 0.9), ingress(unconfirmed)/plain {:.2}, ingress/ingress(unconfirmed) {:.3} (window cost, target >= 0.95)",
@@ -300,8 +366,8 @@ fn main() {
             median(&mut window_cost)
         );
         println!(
-            "median ratio: ingress/jetstream / ingress {:.3} (the cost of lossless mode; JetStream on a second server, file store)",
-            median(&mut js_cost)
+            "ratio of medians: ingress/jetstream / ingress {:.3} (the cost of lossless mode; JetStream on a second server, file store)",
+            js / ing
         );
     });
 }

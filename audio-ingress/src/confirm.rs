@@ -83,6 +83,9 @@ pub trait Confirmer: Send + Sync + 'static {
 /// subject unique to this ingress on the same connection.
 pub struct NatsConfirmer {
     client: Client,
+    /// The client's statistics, read once: `Client::statistics` clones an `Arc` that
+    /// every publisher would otherwise touch on every hand-over.
+    stats: Arc<async_nats::Statistics>,
     subject: Subject,
     sub: tokio::sync::Mutex<Option<Subscriber>>,
     next: AtomicU64,
@@ -101,6 +104,7 @@ impl NatsConfirmer {
     pub fn new(client: Client) -> Self {
         let subject = Subject::from(format!("{}.weir-confirm", client.new_inbox()));
         Self {
+            stats: client.statistics(),
             client,
             subject,
             sub: tokio::sync::Mutex::new(None),
@@ -148,7 +152,7 @@ impl Confirmer for NatsConfirmer {
     }
 
     fn epoch(&self) -> u64 {
-        self.client.statistics().connects.load(Ordering::Relaxed)
+        self.stats.connects.load(Ordering::Relaxed)
     }
 }
 
@@ -163,21 +167,61 @@ pub struct WindowSettings {
     pub interval: Duration,
 }
 
-/// A frame's bytes inside the window. Released exactly once, by `Drop`.
+/// Frames' bytes inside the window (one frame when acquired; a stream merges the
+/// permits of an unconfirmed run with [`Self::absorb`]). Released exactly once, by
+/// `Drop`.
 #[derive(Debug)]
 pub struct WindowPermit {
     window: Arc<Window>,
     bytes: u64,
+    frames: u64,
+}
+
+impl WindowPermit {
+    /// Takes `bytes` more window room for one more frame if there is room now (no new
+    /// `Arc` clone: a publisher's batch holds one permit).
+    pub(crate) fn try_grow(&mut self, bytes: u64) -> bool {
+        if !self.window.try_take(bytes) {
+            return false;
+        }
+        self.bytes += bytes;
+        self.frames += 1;
+        true
+    }
+
+    /// Gives back the room [`Self::try_grow`] took for a frame that was not handed
+    /// over after all.
+    pub(crate) fn shrink(&mut self, bytes: u64) {
+        let bytes = bytes.min(self.bytes);
+        self.window
+            .unconfirmed_bytes
+            .fetch_sub(bytes, Ordering::Relaxed);
+        self.window
+            .unconfirmed_frames
+            .fetch_sub(1, Ordering::Relaxed);
+        self.bytes -= bytes;
+        self.frames = self.frames.saturating_sub(1);
+    }
+
+    /// Takes over `other`'s bytes (of the same window): released with this permit.
+    pub(crate) fn absorb(&mut self, mut other: WindowPermit) {
+        debug_assert!(Arc::ptr_eq(&self.window, &other.window));
+        self.bytes += std::mem::take(&mut other.bytes);
+        self.frames += std::mem::take(&mut other.frames);
+    }
 }
 
 impl Drop for WindowPermit {
     fn drop(&mut self) {
+        if self.frames == 0 {
+            return;
+        }
         self.window
             .unconfirmed_bytes
             .fetch_sub(self.bytes, Ordering::Relaxed);
         self.window
             .unconfirmed_frames
-            .fetch_sub(1, Ordering::Relaxed);
+            .fetch_sub(self.frames, Ordering::Relaxed);
     }
 }
 
@@ -398,17 +442,30 @@ impl Window {
 
     /// Takes `bytes` of window room if there is room now.
     pub(crate) fn try_acquire(self: &Arc<Self>, bytes: u64) -> Option<WindowPermit> {
-        let limit = self.limit.load(Ordering::Relaxed);
-        self.unconfirmed_bytes
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |cur| {
-                (cur == 0 || cur + bytes <= limit).then_some(cur + bytes)
-            })
-            .ok()?;
-        self.unconfirmed_frames.fetch_add(1, Ordering::Relaxed);
+        if !self.try_take(bytes) {
+            return None;
+        }
         Some(WindowPermit {
             window: Arc::clone(self),
             bytes,
+            frames: 1,
         })
+    }
+
+    /// Counts one frame of `bytes` into the window if there is room now; the caller
+    /// owns the room from then on (in a [`WindowPermit`]).
+    fn try_take(&self, bytes: u64) -> bool {
+        let limit = self.limit.load(Ordering::Relaxed);
+        let took = self
+            .unconfirmed_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |cur| {
+                (cur == 0 || cur + bytes <= limit).then_some(cur + bytes)
+            })
+            .is_ok();
+        if took {
+            self.unconfirmed_frames.fetch_add(1, Ordering::Relaxed);
+        }
+        took
     }
 
     /// The connection epoch now. A publisher reads it *before* handing frames over and

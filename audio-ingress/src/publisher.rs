@@ -288,14 +288,16 @@ impl<S: Sink> Publisher<S> {
         &mut self,
         first: QueuedFrame,
         rest: &mut Vec<QueuedFrame>,
-        handed: &mut Vec<(QueuedFrame, Option<WindowPermit>)>,
+        handed: &mut Vec<QueuedFrame>,
         now: Instant,
     ) {
         let mut slow = None;
         let epoch = self.window.as_ref().map_or(0, |w| w.epoch());
+        // One permit holds the whole batch's window room (grown frame by frame).
+        let mut permit = None;
         let mut frames = std::iter::once(first).chain(rest.drain(..));
         for frame in frames.by_ref() {
-            match self.try_hand_over(frame) {
+            match self.try_hand_over(frame, &mut permit) {
                 Ok(done) => handed.push(done),
                 Err(frame) => {
                     slow = Some(frame);
@@ -308,7 +310,7 @@ impl<S: Sink> Publisher<S> {
         let register = {
             let mut core = self.stream.lock();
             let register = match &window {
-                Some(w) => core.hand_over_all(handed.drain(..), w.open_tag(epoch)),
+                Some(w) => core.hand_over_all(handed.drain(..), permit, w.open_tag(epoch)),
                 None => false,
             };
             core.requeue_front(frames);
@@ -328,21 +330,33 @@ impl<S: Sink> Publisher<S> {
     }
 
     /// One frame through the fast path: not while the channel is congested, window room
-    /// now, and its packet accepted by the client's channel on the first poll. `Err` gives the frame back untouched (a
-    /// publish future dropped before completing did not queue the message).
+    /// now (taken into the batch's `permit`), and its packet accepted by the client's
+    /// channel on the first poll. `Err` gives the frame back untouched, its window room
+    /// returned (a publish future dropped before completing did not queue the message).
     fn try_hand_over(
         &mut self,
         frame: QueuedFrame,
-    ) -> Result<(QueuedFrame, Option<WindowPermit>), QueuedFrame> {
+        permit: &mut Option<WindowPermit>,
+    ) -> Result<QueuedFrame, QueuedFrame> {
         if self.window.as_ref().is_some_and(|w| w.congested()) {
             return Err(frame);
         }
-        let permit = match self.confirming() {
-            Some(w) => match w.try_acquire(crate::queue::charge_of(frame.pcm_len)) {
-                Some(p) => Some(p),
+        let bytes = crate::queue::charge_of(frame.pcm_len);
+        let grown = match (self.confirming(), permit.as_mut()) {
+            (None, _) => false,
+            (Some(_), Some(p)) => {
+                if !p.try_grow(bytes) {
+                    return Err(frame);
+                }
+                true
+            }
+            (Some(w), None) => match w.try_acquire(bytes) {
+                Some(p) => {
+                    *permit = Some(p);
+                    false
+                }
                 None => return Err(frame),
             },
-            None => None,
         };
         if publish_now(
             &self.sink,
@@ -350,8 +364,12 @@ impl<S: Sink> Publisher<S> {
             self.frame_headers(&frame),
             frame.packet.clone(),
         ) {
-            Ok((frame, permit))
+            Ok(frame)
         } else {
+            match permit.as_mut() {
+                Some(p) if grown => p.shrink(bytes),
+                _ => *permit = None,
+            }
             Err(frame)
         }
     }
@@ -369,8 +387,8 @@ impl<S: Sink> Publisher<S> {
     }
 
     /// Accounts frames handed over by the fast path (queue wait, shadow age).
-    fn account_handed(&mut self, handed: &[(QueuedFrame, Option<WindowPermit>)], now: Instant) {
-        for (frame, _) in handed {
+    fn account_handed(&mut self, handed: &[QueuedFrame], now: Instant) {
+        for frame in handed {
             let wait = now.saturating_duration_since(frame.enqueued_at);
             if let Some(max_age) = self.shadow_max_age
                 && wait > max_age

@@ -155,12 +155,15 @@ impl Budget {
     }
 }
 
-/// The bytes of one admitted frame, held against its stream's [`Budget`] (and the
-/// aggregate gauges) until dropped. Released exactly once, by `Drop`.
+/// The bytes of admitted frames (one at admission; several once merged into an
+/// unconfirmed run), held against their stream's [`Budget`] (and the aggregate
+/// counts) until dropped. Released exactly once, by `Drop`; [`Self::absorb`] moves
+/// another reservation's bytes into this one, so they are released with it.
 #[derive(Debug)]
 pub struct Reservation {
     budget: Arc<Budget>,
     bytes: u64,
+    frames: u64,
 }
 
 impl Reservation {
@@ -172,15 +175,26 @@ impl Reservation {
         Self {
             budget: Arc::clone(budget),
             bytes,
+            frames: 1,
         }
+    }
+
+    /// Takes over `other`'s frames (of the same stream): released with this one.
+    fn absorb(&mut self, mut other: Reservation) {
+        debug_assert!(Arc::ptr_eq(&self.budget, &other.budget));
+        self.bytes += std::mem::take(&mut other.bytes);
+        self.frames += std::mem::take(&mut other.frames);
     }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
+        if self.frames == 0 {
+            return;
+        }
         self.budget.bytes.fetch_sub(self.bytes, Ordering::Relaxed);
-        self.budget.frames.fetch_sub(1, Ordering::Relaxed);
-        self.budget.global.release(self.bytes);
+        self.budget.frames.fetch_sub(self.frames, Ordering::Relaxed);
+        self.budget.global.release(self.bytes, self.frames);
     }
 }
 
@@ -242,14 +256,25 @@ struct Carried {
 /// A frame handed to the NATS client, awaiting the server's confirmation. Keeps its
 /// byte reservation (and its share of the connection window) until settled.
 #[derive(Debug)]
+/// A run of consecutive frames handed over in one window batch: settled together, so
+/// they are held together — one reservation and one window permit per run instead of
+/// per frame (the budget's and the window's shared counters move once per run).
 struct Unconfirmed {
-    seq: u64,
-    /// The window batch it was handed over in: settled with that batch (or a later
-    /// one).
+    first_seq: u64,
+    last_seq: u64,
+    /// The window batch its frames were handed over in: settled with that batch (or a
+    /// later one).
     batch: u64,
+    /// When the run's first (oldest) frame was admitted.
     enqueued_at: Instant,
-    _reservation: Reservation,
-    _permit: Option<WindowPermit>,
+    reservation: Reservation,
+    permit: Option<WindowPermit>,
+}
+
+impl Unconfirmed {
+    fn frames(&self) -> u64 {
+        self.last_seq - self.first_seq + 1
+    }
 }
 
 /// What the publisher should do next.
@@ -545,18 +570,32 @@ impl FrameQueue {
         let QueuedFrame {
             seq,
             enqueued_at,
-            _reservation,
+            _reservation: reservation,
             ..
         } = frame;
         let register = self.registered_batch != Some(batch);
         self.registered_batch = Some(batch);
-        self.unconfirmed.push_back(Unconfirmed {
-            seq,
-            batch,
-            enqueued_at,
-            _reservation,
-            _permit: permit,
-        });
+        if let Some(run) = self.unconfirmed.back_mut()
+            && run.batch == batch
+            && run.last_seq + 1 == seq
+        {
+            run.last_seq = seq;
+            run.reservation.absorb(reservation);
+            match (run.permit.as_mut(), permit) {
+                (Some(held), Some(p)) => held.absorb(p),
+                (None, Some(p)) => run.permit = Some(p),
+                (_, None) => {}
+            }
+        } else {
+            self.unconfirmed.push_back(Unconfirmed {
+                first_seq: seq,
+                last_seq: seq,
+                batch,
+                enqueued_at,
+                reservation,
+                permit,
+            });
+        }
         register
     }
 
@@ -580,15 +619,17 @@ impl FrameQueue {
         self.control_check
     }
 
-    /// [`Self::hand_over`] for several frames handed over in order, under one lock.
+    /// [`Self::hand_over`] for several frames handed over in order, under one lock,
+    /// whose window room is held by one `permit` (it goes with the first frame).
     pub(crate) fn hand_over_all(
         &mut self,
-        frames: impl Iterator<Item = (QueuedFrame, Option<WindowPermit>)>,
+        frames: impl Iterator<Item = QueuedFrame>,
+        mut permit: Option<WindowPermit>,
         tag: Option<u64>,
     ) -> bool {
         let mut register = false;
-        for (frame, permit) in frames {
-            register |= self.hand_over(frame, permit, tag);
+        for frame in frames {
+            register |= self.hand_over(frame, permit.take(), tag);
         }
         register
     }
@@ -663,18 +704,25 @@ impl FrameQueue {
 
     /// The server confirmed every frame handed over in batches up to `batch`: they are
     /// published, their bytes released. Returns how many.
-    pub(crate) fn confirm_through(&mut self, batch: u64) -> u64 {
-        if matches!(self.control_check, ControlCheck::Pending(b) if b <= batch) {
-            self.control_check = ControlCheck::Confirmed;
-        }
+    /// Releases the unconfirmed runs of batches `<= batch`: how many frames, and the
+    /// seq range they span.
+    fn settle_runs(&mut self, batch: u64) -> (u64, Option<(u64, u64)>) {
         let mut n = 0;
         let mut range: Option<(u64, u64)> = None;
         while self.unconfirmed.front().is_some_and(|u| u.batch <= batch) {
             if let Some(u) = self.unconfirmed.pop_front() {
-                range = Some(range.map_or((u.seq, u.seq), |(a, _)| (a, u.seq)));
-                n += 1;
+                range = Some(range.map_or((u.first_seq, u.last_seq), |(a, _)| (a, u.last_seq)));
+                n += u.frames();
             }
         }
+        (n, range)
+    }
+
+    pub(crate) fn confirm_through(&mut self, batch: u64) -> u64 {
+        if matches!(self.control_check, ControlCheck::Pending(b) if b <= batch) {
+            self.control_check = ControlCheck::Confirmed;
+        }
+        let (n, range) = self.settle_runs(batch);
         if let Some((first, last)) = range {
             // The server received every publish made before a confirmed one on the
             // same connection: a carrier at or before `last` reached it.
@@ -706,14 +754,7 @@ impl FrameQueue {
         if matches!(self.control_check, ControlCheck::Pending(b) if b <= batch) {
             self.control_check = ControlCheck::Lost;
         }
-        let mut range: Option<(u64, u64)> = None;
-        let mut n = 0;
-        while self.unconfirmed.front().is_some_and(|u| u.batch <= batch) {
-            if let Some(u) = self.unconfirmed.pop_front() {
-                range = Some(range.map_or((u.seq, u.seq), |(a, _)| (a, u.seq)));
-                n += 1;
-            }
-        }
+        let (n, range) = self.settle_runs(batch);
         let Some((mut first, last)) = range else {
             return 0;
         };

@@ -16,17 +16,26 @@
 //! unconfirmed when the connection dropped, declared to consumers with the
 //! `Weir-Possibly-Lost` header. Counters are plain relaxed
 //! atomics: a snapshot taken while frames move may be off by the frames in motion, a
-//! snapshot of a quiet stream is exact. Every counter update also goes to the `metrics`
-//! facade through handles resolved once (so the hot path does no registry lookups).
+//! snapshot of a quiet stream is exact.
+//!
+//! Metrics: nothing on the per-frame path calls the `metrics` facade. The per-frame
+//! counters and the pending gauges are published from these atomics at scrape time
+//! ([`Global::publish_metrics`], called by the admin server before it renders
+//! `/metrics`), and the queue-wait histogram is a
+//! [`weir_service::metrics::DurationHistogram`] fed a batch at a time
+//! ([`Global::record_waits`]) and rendered by [`Global::render_histograms`]. Events
+//! that are rare per frame (overloads, ends, gaps, stream opens) still increment their
+//! handles directly.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
-use metrics::{Counter, Gauge, Histogram as MetricHistogram};
+use metrics::{Counter, Gauge};
 use serde::Serialize;
 use weir_protocol::audio::extension::{EndReason, OverloadReason};
+use weir_service::metrics::DurationHistogram;
 
 use crate::metrics as m;
 
@@ -275,7 +284,6 @@ struct Handles {
     gaps: Counter,
     gap_frames: Counter,
     ends: [Counter; N_END],
-    queue_wait: MetricHistogram,
     pending_bytes: Gauge,
     pending_frames: Gauge,
     oldest_age: Gauge,
@@ -309,7 +317,6 @@ impl Handles {
             gap_frames: metrics::counter!(m::GAP_FRAMES_TOTAL),
             ends: END_REASONS
                 .map(|r| metrics::counter!(m::ENDS_TOTAL, m::LABEL_REASON => r.as_str())),
-            queue_wait: metrics::histogram!(m::QUEUE_WAIT_SECONDS),
             pending_bytes: metrics::gauge!(m::PENDING_BYTES),
             pending_frames: metrics::gauge!(m::PENDING_FRAMES),
             oldest_age: metrics::gauge!(m::OLDEST_FRAME_AGE_SECONDS),
@@ -333,8 +340,10 @@ pub struct Global {
     admission_rejects: AtomicU64,
     streams_total: AtomicU64,
     active_streams: AtomicU64,
-    /// Queue wait in microseconds, cumulative since start.
+    /// Queue wait in microseconds, cumulative since start (the `/v1/stats` view).
     queue_wait_us: Mutex<Option<Histogram<u64>>>,
+    /// The same waits in Prometheus buckets (the `/metrics` view).
+    queue_wait_prom: DurationHistogram,
     h: Handles,
 }
 
@@ -374,6 +383,11 @@ impl Global {
             streams_total: AtomicU64::new(0),
             active_streams: AtomicU64::new(0),
             queue_wait_us: Mutex::new(hist),
+            queue_wait_prom: DurationHistogram::new(
+                m::QUEUE_WAIT_SECONDS,
+                None,
+                m::QUEUE_WAIT_BUCKETS,
+            ),
             h: Handles::new(),
         }
     }
@@ -384,16 +398,12 @@ impl Global {
         add(&self.admitted_bytes, bytes);
         add(&self.pending_bytes, bytes);
         add(&self.pending_frames, 1);
-        self.h.pending_bytes.increment(bytes as f64);
-        self.h.pending_frames.increment(1.0);
     }
 
     /// Bytes/frames released (published or dropped).
-    pub(crate) fn release(&self, bytes: u64) {
+    pub(crate) fn release(&self, bytes: u64, frames: u64) {
         self.pending_bytes.fetch_sub(bytes, Ordering::Relaxed);
-        self.pending_frames.fetch_sub(1, Ordering::Relaxed);
-        self.h.pending_bytes.decrement(bytes as f64);
-        self.h.pending_frames.decrement(1.0);
+        self.pending_frames.fetch_sub(frames, Ordering::Relaxed);
     }
 
     /// Pending bytes over all streams.
@@ -506,6 +516,36 @@ impl Global {
     pub fn admission_rejects(&self) -> u64 {
         get(&self.admission_rejects)
     }
+
+    /// Publishes the per-frame counters and the pending gauges to the `metrics`
+    /// recorder from this ingress's atomics (the admin server calls it before each
+    /// `/metrics` render). Cheap: a few dozen relaxed loads.
+    pub fn publish_metrics(&self) {
+        let c = self.counters.snapshot();
+        self.h.offered.absolute(c.offered);
+        self.h.handed_over.absolute(c.handed_over);
+        self.h.published.absolute(c.published);
+        self.h.possibly_lost.absolute(c.possibly_lost);
+        for (h, n) in self.h.dropped.iter().zip(c.dropped) {
+            h.absolute(n);
+        }
+        self.h.gaps.absolute(c.gaps);
+        self.h.gap_frames.absolute(c.gap_frames);
+        self.h.pending_bytes.set(self.pending_bytes() as f64);
+        self.h.pending_frames.set(self.pending_frames() as f64);
+    }
+
+    /// Appends the queue-wait histogram (`weir_ingress_queue_wait_seconds`) in the
+    /// Prometheus text format. Waits reach it a batch at a time ([`WaitBatch`]), as they
+    /// reach `/v1/stats`.
+    pub fn render_histograms(&self, out: &mut String) {
+        DurationHistogram::render_header(
+            m::QUEUE_WAIT_SECONDS,
+            "Time from admission to the frame being handed to the NATS client.",
+            out,
+        );
+        self.queue_wait_prom.render_samples(out);
+    }
 }
 
 /// Queue waits (µs) not yet merged into the shared histogram. Kept by each publisher;
@@ -532,6 +572,7 @@ impl Global {
                 h.saturating_record(*us);
             }
         }
+        self.queue_wait_prom.record_us(&waits.0);
         waits.0.clear();
     }
 }
@@ -548,7 +589,6 @@ impl Account<'_> {
     pub fn offered(&self) {
         add(&self.stream.offered, 1);
         add(&self.global.counters.offered, 1);
-        self.global.h.offered.increment(1);
     }
 
     pub fn admitted(&self) {
@@ -565,8 +605,6 @@ impl Account<'_> {
     pub fn handed_over(&self, wait: Duration, waits: &mut WaitBatch) {
         add(&self.stream.handed_over, 1);
         add(&self.global.counters.handed_over, 1);
-        self.global.h.handed_over.increment(1);
-        self.global.h.queue_wait.record(wait.as_secs_f64());
         let us = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX).max(1);
         waits.0.push(us.min(QUEUE_WAIT_MAX_US));
         if waits.0.len() >= WaitBatch::CAPACITY {
@@ -578,14 +616,12 @@ impl Account<'_> {
     pub fn published(&self, frames: u64) {
         add(&self.stream.published, frames);
         add(&self.global.counters.published, frames);
-        self.global.h.published.increment(frames);
     }
 
     /// `frames` handed-over frames that were unconfirmed when the connection dropped.
     pub fn possibly_lost(&self, frames: u64) {
         add(&self.stream.possibly_lost, frames);
         add(&self.global.counters.possibly_lost, frames);
-        self.global.h.possibly_lost.increment(frames);
     }
 
     /// `frames` frames (with `samples` samples) not published, for `reason`.
@@ -600,7 +636,6 @@ impl Account<'_> {
             add(&self.stream.dropped_samples, samples);
             add(&self.global.counters.dropped_samples, samples);
         }
-        self.global.h.dropped[i].increment(frames);
     }
 
     pub fn would_reject(&self, reason: WouldReject) {
@@ -619,8 +654,6 @@ impl Account<'_> {
         add(&self.global.counters.gaps, 1);
         add(&self.stream.gap_frames, frames);
         add(&self.global.counters.gap_frames, frames);
-        self.global.h.gaps.increment(1);
-        self.global.h.gap_frames.increment(frames);
     }
 }
 

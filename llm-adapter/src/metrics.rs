@@ -17,10 +17,6 @@
 //! (three atomic adds per sample) rendered in the Prometheus text format and appended to
 //! `/metrics` by the admin server.
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
-
 use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
@@ -288,84 +284,16 @@ pub fn memory_bound_bytes(config: &crate::config::Config) -> u64 {
     16 * MIB + cache + messages * CHAT_MESSAGE_BYTES + running + replies + trace + admin + 2 * MIB
 }
 
-/// A fixed-bucket Prometheus histogram of durations: lock-free, allocation-free
-/// recording, rendered in the text exposition format.
-#[derive(Debug)]
-pub struct DurationHistogram {
+/// The adapter's latency histograms: [`weir_service::metrics::DurationHistogram`]
+/// with [`DURATION_BUCKETS`].
+pub type DurationHistogram = weir_service::metrics::DurationHistogram;
+
+/// A latency histogram `name{label}` with [`DURATION_BUCKETS`].
+pub fn duration_histogram(
     name: &'static str,
     label: Option<(&'static str, &'static str)>,
-    /// Cumulative rendering is done at scrape time; these are per-bucket counts, the
-    /// last one for samples above every bound (`+Inf`).
-    counts: Vec<AtomicU64>,
-    sum_ns: AtomicU64,
-}
-
-impl DurationHistogram {
-    /// A histogram `name{label}` with [`DURATION_BUCKETS`].
-    pub fn new(name: &'static str, label: Option<(&'static str, &'static str)>) -> Self {
-        Self {
-            name,
-            label,
-            counts: (0..=DURATION_BUCKETS.len())
-                .map(|_| AtomicU64::new(0))
-                .collect(),
-            sum_ns: AtomicU64::new(0),
-        }
-    }
-
-    /// Records one duration.
-    pub fn record(&self, d: Duration) {
-        let secs = d.as_secs_f64();
-        let i = DURATION_BUCKETS
-            .iter()
-            .position(|b| secs <= *b)
-            .unwrap_or(DURATION_BUCKETS.len());
-        if let Some(c) = self.counts.get(i) {
-            c.fetch_add(1, Ordering::Relaxed);
-        }
-        self.sum_ns.fetch_add(
-            u64::try_from(d.as_nanos()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
-    }
-
-    /// Appends the `_bucket`, `_sum` and `_count` lines (no HELP/TYPE header).
-    pub fn render_samples(&self, out: &mut String) {
-        let label = |extra: Option<String>| -> String {
-            let mut parts: Vec<String> = Vec::new();
-            if let Some((k, v)) = self.label {
-                parts.push(format!("{k}=\"{v}\""));
-            }
-            parts.extend(extra);
-            if parts.is_empty() {
-                String::new()
-            } else {
-                format!("{{{}}}", parts.join(","))
-            }
-        };
-        let mut cumulative = 0u64;
-        for (i, c) in self.counts.iter().enumerate() {
-            cumulative += c.load(Ordering::Relaxed);
-            let le = DURATION_BUCKETS
-                .get(i)
-                .map_or_else(|| "+Inf".to_owned(), |b| b.to_string());
-            let _ = writeln!(
-                out,
-                "{}_bucket{} {cumulative}",
-                self.name,
-                label(Some(format!("le=\"{le}\"")))
-            );
-        }
-        let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
-        let _ = writeln!(out, "{}_sum{} {sum}", self.name, label(None));
-        let _ = writeln!(out, "{}_count{} {cumulative}", self.name, label(None));
-    }
-
-    /// Appends the HELP and TYPE lines for a histogram family.
-    pub fn render_header(name: &str, help: &str, out: &mut String) {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} histogram");
-    }
+) -> DurationHistogram {
+    DurationHistogram::new(name, label, DURATION_BUCKETS)
 }
 
 #[cfg(test)]

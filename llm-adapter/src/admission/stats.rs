@@ -215,8 +215,8 @@ impl Handles {
             cached: metrics::counter!(m::CACHED_TOTAL),
             started: metrics::counter!(m::INFERENCE_STARTED_TOTAL),
             started_after_deadline: metrics::counter!(m::STARTED_AFTER_DEADLINE_TOTAL),
-            queue_wait: m::DurationHistogram::new(m::QUEUE_WAIT_SECONDS, None),
-            ttft: m::DurationHistogram::new(m::TTFT_SECONDS, None),
+            queue_wait: m::duration_histogram(m::QUEUE_WAIT_SECONDS, None),
+            ttft: m::duration_histogram(m::TTFT_SECONDS, None),
             streams: metrics::counter!(m::STREAMS_TOTAL),
             stream_chunks: metrics::counter!(m::STREAM_CHUNKS_TOTAL),
             stream_bytes: metrics::counter!(m::STREAM_BYTES_TOTAL),
@@ -226,7 +226,7 @@ impl Handles {
                 .collect(),
             inference: outcomes
                 .iter()
-                .map(|o| m::DurationHistogram::new(m::INFERENCE_SECONDS, Some(("outcome", *o))))
+                .map(|o| m::duration_histogram(m::INFERENCE_SECONDS, Some(("outcome", *o))))
                 .collect(),
             limit_reject: rules
                 .iter()
