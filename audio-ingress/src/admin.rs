@@ -57,13 +57,13 @@ async fn metrics_text<S: Sink>(State(state): State<AdminState<S>>) -> Response {
             state.ingress.oldest_frame_age();
             metrics::gauge!(crate::metrics::NATS_CONNECTED)
                 .set(f64::from(u8::from(state.ingress.sink().is_connected())));
-            weir_service::process::sample();
             // The per-frame counters live in the ingress's atomics (no facade call per
             // frame); they and the queue-wait histogram are published here.
             let global = state.ingress.global();
             global.publish_metrics();
             let mut text = h.render();
             global.render_histograms(&mut text);
+            weir_service::process::render(&mut text);
             ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
         }
         // Not a transient state (the process runs without a recorder): 404 with the JSON

@@ -192,7 +192,6 @@ pub const DECLARED: &[Declared] = &[
     Declared::counter(WHIP_RTP_LOST_PACKETS_TOTAL),
     Declared::counter(WHIP_PACKETS_DROPPED_TOTAL),
     Declared::gauge(MEMORY_BOUND_BYTES),
-    Declared::gauge(weir_service::process::RESIDENT_MEMORY_BYTES),
 ];
 
 /// Histogram buckets for [`QUEUE_WAIT_SECONDS`], in seconds.

@@ -52,7 +52,11 @@ async fn rules_and_dashboard_name_only_metrics_the_binary_and_the_consumer_expor
     let (status, text) = http_get(ingress.admin, "/metrics").await;
     assert_eq!(status, 200);
     let scraped = deploy::scraped(&text);
-    let gone = missing(&refs, &["weir_ingress_", "process_"], &scraped);
+    let gone = missing(
+        &refs,
+        &["weir_ingress_", "weir_build_", "process_"],
+        &scraped,
+    );
     assert!(
         gone.is_empty(),
         "not exported by audio-ingress serve: {gone:?}"

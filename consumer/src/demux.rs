@@ -40,7 +40,7 @@ use super::handler::{HandlerFactory, StreamHandler};
 use super::loss::{self, HoleClass, Segment};
 use super::queue::{Push, ReceiverGuard, StreamQueue};
 use super::slots::StreamSlot;
-use super::stats::{StreamState, StreamStats};
+use super::stats::StreamState;
 use super::tracker::{Observation, SeqTracker, Seqs};
 use crate::metrics as mn;
 use crate::metrics as m;
@@ -136,7 +136,7 @@ impl<F: HandlerFactory> Demux<F> {
         lookup: impl Fn(&str) -> Option<&'h str>,
         now: Instant,
     ) {
-        self.shared.registry().message();
+        self.shared.messages.fetch_add(1, Ordering::Relaxed);
         self.shared.instruments.messages.increment(1);
         let settings = &self.shared.settings;
         let Some((token, subject_partition)) = settings.subject.parse_subject(subject) else {
@@ -918,9 +918,8 @@ async fn run_stream<H: StreamHandler>(
         handler.on_event(event).await;
         frame_in_hand.store(false, Ordering::Relaxed);
         if is_frame {
-            shared.registry().update(instance, |s: &mut StreamStats| {
-                s.counters.frames_delivered += 1
-            });
+            // Per frame: the queue's own counter, not the consumer-wide registry lock.
+            queue.count_delivered();
             shared.instruments.delivered.increment(1);
         }
         if is_end {

@@ -281,6 +281,8 @@ pub(crate) struct Shared {
     pub(crate) wall_clock: WallClock,
     pub(crate) decode: DecodeOptions,
     registry: Mutex<Registry>,
+    /// NATS messages received (the registry's counter, counted without its lock).
+    pub(crate) messages: Arc<std::sync::atomic::AtomicU64>,
     pub(crate) events: broadcast::Sender<ConsumerEvent>,
     pub(crate) instruments: Instruments,
     /// `max_streams` slots, one per live stream instance (held by its entry and its
@@ -298,11 +300,13 @@ impl Shared {
     pub(crate) fn with_clock(settings: ConsumerSettings, wall_clock: WallClock) -> Self {
         let retain = settings.retain_finished.get();
         let max_streams = settings.max_streams;
+        let registry = Registry::new(retain);
         Self {
             settings,
             wall_clock,
             decode: DecodeOptions::default(),
-            registry: Mutex::new(Registry::new(retain)),
+            messages: registry.message_counter(),
+            registry: Mutex::new(registry),
             events: broadcast::channel(EVENT_CAPACITY).0,
             instruments: Instruments::new(),
             stream_slots: StreamSlots::new(max_streams),

@@ -15,6 +15,7 @@
 //!   gone ([`ReceiverGuard`] dropped) the queue is emptied and refuses everything.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -79,6 +80,9 @@ pub(crate) struct StreamQueue {
     limits: QueueLimits,
     state: Mutex<State>,
     ready: Notify,
+    /// Frames the handler finished with (counted by the handler task without the
+    /// consumer-wide registry lock; folded into the stream's record when it finishes).
+    delivered: AtomicU64,
 }
 
 fn event_bytes(event: &StreamEvent) -> usize {
@@ -96,7 +100,18 @@ impl StreamQueue {
             limits,
             state: Mutex::new(State::default()),
             ready: Notify::new(),
+            delivered: AtomicU64::new(0),
         }
+    }
+
+    /// Counts one frame the handler finished with.
+    pub(crate) fn count_delivered(&self) {
+        self.delivered.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Frames the handler finished with so far.
+    pub(crate) fn delivered(&self) -> u64 {
+        self.delivered.load(Ordering::Relaxed)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

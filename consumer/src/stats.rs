@@ -30,6 +30,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 use tokio::time::Instant;
@@ -279,7 +280,8 @@ pub(crate) struct Registry {
     retired_overloaded: u64,
     next_instance: u64,
     streams_started: u64,
-    messages: u64,
+    /// Counted by the demux without taking this registry's lock ([`Self::message_counter`]).
+    messages: Arc<AtomicU64>,
     decode_errors_by_kind: BTreeMap<&'static str, u64>,
     unroutable: u64,
     misrouted: u64,
@@ -302,7 +304,7 @@ impl Registry {
             retired_overloaded: 0,
             next_instance: 1,
             streams_started: 0,
-            messages: 0,
+            messages: Arc::new(AtomicU64::new(0)),
             decode_errors_by_kind: BTreeMap::new(),
             unroutable: 0,
             misrouted: 0,
@@ -374,7 +376,10 @@ impl Registry {
             return;
         }
         r.stats.state = StreamState::Finished;
-        r.queue = None;
+        if let Some(q) = r.queue.take() {
+            let c = &mut r.stats.counters;
+            c.frames_delivered = c.frames_delivered.saturating_add(q.delivered());
+        }
         self.finished.push_back(instance);
         while self.finished.len() > self.retain {
             let Some(old) = self.finished.pop_front() else {
@@ -390,9 +395,9 @@ impl Registry {
         }
     }
 
-    /// Counts one NATS message.
-    pub(crate) fn message(&mut self) {
-        self.messages += 1;
+    /// The NATS message counter: the demux counts every message on it, lock-free.
+    pub(crate) fn message_counter(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.messages)
     }
 
     /// Counts an undecodable packet.
@@ -447,7 +452,7 @@ impl Registry {
             streams_end_seen: self.retired_end_seen,
             streams_reaped: self.retired_reaped,
             streams_overloaded: self.retired_overloaded,
-            messages: self.messages,
+            messages: self.messages.load(Ordering::Relaxed),
             decode_errors_by_kind: self
                 .decode_errors_by_kind
                 .iter()
@@ -467,8 +472,13 @@ impl Registry {
         };
         let mut streams = Vec::with_capacity(if with_streams { self.records.len() } else { 0 });
         for r in self.records.values() {
-            let s = &r.stats;
             let fill = r.queue.as_ref().map(|q| q.fill(now)).unwrap_or_default();
+            // An active stream's deliveries are still on its queue's counter.
+            let mut s = std::borrow::Cow::Borrowed(&r.stats);
+            if let Some(q) = &r.queue {
+                let c = &mut s.to_mut().counters;
+                c.frames_delivered = c.frames_delivered.saturating_add(q.delivered());
+            }
             totals.counters.add(&s.counters);
             totals.streams_active += u64::from(s.state != StreamState::Finished);
             totals.streams_end_seen += u64::from(s.end_seen);
@@ -477,7 +487,7 @@ impl Registry {
             totals.pending_bytes += fill.bytes;
             totals.pending_frames += fill.frames;
             if with_streams {
-                let mut s = s.clone();
+                let mut s = s.into_owned();
                 s.pending_bytes = fill.bytes;
                 s.pending_frames = fill.frames;
                 s.oldest_pending_ms = fill.oldest_age.as_secs_f64() * 1000.0;

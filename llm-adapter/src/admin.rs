@@ -77,11 +77,11 @@ async fn metrics(State(s): State<AdminState>) -> Response {
     let _ = s.view.stats();
     ::metrics::gauge!(crate::metrics::NATS_CONNECTED)
         .set(f64::from(u8::from(s.view.nats_connected())));
-    weir_service::process::sample();
     match &s.prometheus {
         Some(h) => {
             let mut text = h.render();
             text.push_str(&s.view.render_histograms());
+            weir_service::process::render(&mut text);
             ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
         }
         None => error_response(

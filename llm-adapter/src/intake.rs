@@ -27,7 +27,7 @@
 //! - a request whose deadline passed in the stream is never started: answered
 //!   `deadline_exceeded` and terminated;
 //! - nothing from the network panics: bad headers are `invalid_request` + `+TERM`,
-//!   counted in `llm_intake_terminated_total{reason}`; a pull error (a missed
+//!   counted in `weir_llm_intake_terminated_total{reason}`; a pull error (a missed
 //!   heartbeat, a server restart) is counted and the loop goes on.
 //!
 //! The session cap (`session.pending_cap`) and every `[[limits]]` rule are

@@ -119,7 +119,7 @@ impl StartError {
 }
 
 /// Connects to NATS with the configured authentication, TLS and timeouts. Connection
-/// events are logged and reflected in the `llm_nats_connected` gauge; the counts of
+/// events are logged and reflected in the `weir_llm_nats_connected` gauge; the counts of
 /// [`NatsEvents`] go nowhere (use [`connect_with_events`] and [`start_with_events`]).
 pub async fn connect(cfg: &NatsConfig) -> Result<async_nats::Client, StartError> {
     connect_with_events(cfg, &NatsEvents::new()).await

@@ -3,7 +3,7 @@
 //!
 //! A request dropped inside async-nats never reaches the adapter, so admission cannot
 //! count it; async-nats emits one `Event::SlowConsumer(sid)` per dropped message, and
-//! this is where they are counted (`llm_nats_dropped_total`, `nats.dropped` in
+//! this is where they are counted (`weir_llm_nats_dropped_total`, `nats.dropped` in
 //! `/v1/stats`). A caller whose request was dropped there gets no answer at all (a
 //! timeout; see docs/llm-adapter.md, "Bursts").
 //!
@@ -21,7 +21,7 @@
 //!   [`LOG_EVERY`]th, never per message.
 //!
 //! A disconnect caused by a malformed message (nats.rs #1572) shows here as a
-//! disconnect (`llm_nats_disconnects_total`); async-nats does not tell the cause apart.
+//! disconnect (`weir_llm_nats_disconnects_total`); async-nats does not tell the cause apart.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -76,7 +76,7 @@ impl NatsEvents {
     }
 
     /// `opts` with an event callback that counts into `self`, logs connection changes
-    /// and keeps the `llm_nats_connected` gauge.
+    /// and keeps the `weir_llm_nats_connected` gauge.
     pub fn attach(&self, opts: async_nats::ConnectOptions) -> async_nats::ConnectOptions {
         let me = self.clone();
         opts.event_callback(move |event| {

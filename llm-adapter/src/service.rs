@@ -23,7 +23,7 @@
 //!   `in_messages − taken` (see [`crate::nats_events`]);
 //! - every reply publish is bounded by `nats.publish_timeout_ms` (a publish waits
 //!   without limit when the client's channel is full); a reply that cannot be published
-//!   is counted (`llm_reply_failed_total`), never retried or waited for;
+//!   is counted (`weir_llm_reply_failed_total`), never retried or waited for;
 //! - nothing from the network can panic the edge: header names/values are built with the
 //!   fallible parsers, ids are validated, oversize replies become `backend_error`.
 //!

@@ -12,7 +12,7 @@
 //!
 //! Invariants: emitting never blocks and never allocates when no sink is enabled (the
 //! event is built lazily); an event that does not fit the channel is dropped and
-//! counted ([`Tracer::dropped`], metric `llm_trace_events_dropped_total`), never waited
+//! counted ([`Tracer::dropped`], metric `weir_llm_trace_events_dropped_total`), never waited
 //! for — tracing must not slow admission down. Request bodies never appear in events.
 
 use std::sync::Arc;

@@ -82,11 +82,11 @@ async fn serve_prints_ready_serves_admin_and_shuts_down_on_sigterm() {
 
     let (_, metrics) = get(&format!("http://{admin}/metrics")).await;
     assert!(
-        metrics.contains("llm_requests_offered_total 1"),
+        metrics.contains("weir_llm_requests_offered_total 1"),
         "{metrics}"
     );
     assert!(
-        metrics.contains("llm_inference_seconds_bucket"),
+        metrics.contains("weir_llm_inference_seconds_bucket"),
         "{metrics}"
     );
     let (_, limits) = get(&format!("http://{admin}/v1/limits?top=3")).await;
@@ -268,11 +268,15 @@ async fn starts_with_nats_down_and_serves_once_it_is_up() {
     let metrics_url = readyz.replace("/readyz", "/metrics");
     let connected = |text: &str| {
         text.lines()
-            .find_map(|l| l.strip_prefix("llm_nats_connected "))
+            .find_map(|l| l.strip_prefix("weir_llm_nats_connected "))
             .map(str::to_owned)
     };
     let (_, text) = get(&metrics_url).await;
-    assert_eq!(connected(&text).as_deref(), Some("0"), "llm_nats_connected");
+    assert_eq!(
+        connected(&text).as_deref(),
+        Some("0"),
+        "weir_llm_nats_connected"
+    );
     server.restart().expect("start the server");
     let mut up = false;
     for _ in 0..200 {
@@ -284,7 +288,11 @@ async fn starts_with_nats_down_and_serves_once_it_is_up() {
     }
     assert!(up, "ready once NATS is up");
     let (_, text) = get(&metrics_url).await;
-    assert_eq!(connected(&text).as_deref(), Some("1"), "llm_nats_connected");
+    assert_eq!(
+        connected(&text).as_deref(),
+        Some("1"),
+        "weir_llm_nats_connected"
+    );
     let client = LlmClient::new(connect(server.url()).await, "llm.infer");
     let reply = client.request("hello").timeout(STEP).send().await;
     assert_eq!(&reply.expect("answered").body[..], b"hello");
@@ -392,7 +400,7 @@ fn list_keys_prints_the_keys_with_defaults() {
 }
 
 /// The deploy kit: `deploy/llm-adapter.toml` passes `check-config` and starts
-/// `serve` (as the systemd unit runs them), and every `llm_*` and `process_*` metric
+/// `serve` (as the systemd unit runs them), and every `weir_llm_*`, `weir_build_info` and `process_*` metric
 /// named by the alerting rules or the dashboard is in its first `/metrics` scrape.
 #[tokio::test]
 async fn deploy_kit_config_starts_and_rules_name_only_exported_metrics() {
@@ -425,7 +433,9 @@ async fn deploy_kit_config_starts_and_rules_name_only_exported_metrics() {
     let gone: Vec<String> = weir_testkit::deploy::referenced()
         .expect("deploy files")
         .into_iter()
-        .filter(|(n, _)| n.starts_with("llm_") || n.starts_with("process_"))
+        .filter(|(n, _)| {
+            n.starts_with("weir_llm_") || n.starts_with("weir_build_") || n.starts_with("process_")
+        })
         .filter(|(n, _)| !scraped.contains(n))
         .map(|(n, f)| format!("{n} (in deploy/{f})"))
         .collect();
@@ -442,7 +452,7 @@ async fn deploy_kit_config_starts_and_rules_name_only_exported_metrics() {
     };
     let (rss, bound) = (
         value("process_resident_memory_bytes"),
-        value("llm_memory_bound_bytes"),
+        value("weir_llm_memory_bound_bytes"),
     );
     assert!(rss > 1e6 && rss < bound, "rss {rss}, bound {bound}");
 }

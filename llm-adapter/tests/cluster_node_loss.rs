@@ -390,7 +390,7 @@ async fn node_loss(given: Given, fault: Fault) {
         stats["completed"],
         stats["refused"],
         stats["nats"]["disconnects"],
-        metric(&metrics_text, "llm_reply_failed_total"),
+        metric(&metrics_text, "weir_llm_reply_failed_total"),
     );
     assert_ne!(new_node, a);
     if fault == Fault::Hang {

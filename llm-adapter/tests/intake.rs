@@ -876,8 +876,12 @@ async fn a_replica_sigkilled_at_twice_capacity_hands_its_requests_to_the_other()
     })
     .await
     .expect("scrape in time");
-    let redelivered = counter(&page, "llm_intake_redelivered_total");
-    let lost = labelled(&page, "llm_intake_cluster_slots_total", "result=\"lost\"");
+    let redelivered = counter(&page, "weir_llm_intake_redelivered_total");
+    let lost = labelled(
+        &page,
+        "weir_llm_intake_cluster_slots_total",
+        "result=\"lost\"",
+    );
     eprintln!(
         "durable intake, 2 replicas x {workers} workers, 200 ms calls, {rate}/s for {secs} s (2x), A SIGKILLed at {:.2} s: \
          sent {total}, answered {}, missing {}, answered twice {}; answers by code {codes:?}; \
@@ -1241,7 +1245,7 @@ async fn python_client_durable_mode_against_the_binary() {
     .await
     .expect("scrape in time");
     assert_eq!(
-        counter(&page, "llm_inference_started_total"),
+        counter(&page, "weir_llm_inference_started_total"),
         2.0,
         "the retry did not run: {page}"
     );

@@ -214,7 +214,7 @@ async fn a_caller_that_stops_reading_is_aborted_within_the_publish_timeout() {
         waited >= Duration::from_millis(480) && waited < Duration::from_millis(800),
         "{waited:?}"
     );
-    // Counted: llm_stream_aborted_total{reason="caller_stalled"} on /metrics.
+    // Counted: weir_llm_stream_aborted_total{reason="caller_stalled"} on /metrics.
     let stats = caller
         .request("$SRV.STATS.weir-llm", "".into())
         .await

@@ -50,7 +50,7 @@ pub fn env_from(cli: &Cli) -> Result<Env, String> {
         reconnect: !cli.no_reconnect,
         quiet: cli.quiet,
         llm: LlmSettings {
-            workers: cli.llm_workers as usize,
+            workers: cli.weir_llm_workers as usize,
             latency: Duration::from_millis(cli.llm_latency_ms),
             shape: cli.llm_latency_shape.into(),
             deadline: Duration::from_millis(cli.llm_deadline_ms),

@@ -183,7 +183,7 @@ pub struct Cli {
 
     /// LLM backend concurrency (simulated GPU slots); capacity = this / latency.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub llm_workers: u32,
+    pub weir_llm_workers: u32,
 
     /// Shape of the simulated inference time: uniform in 0.5–1.5 × --llm-latency-ms,
     /// fixed, or log-normal (median --llm-latency-ms, p99 3 × that).

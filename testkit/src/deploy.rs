@@ -12,7 +12,13 @@ use std::path::{Path, PathBuf};
 pub const FILES: &[&str] = &["prometheus/weir-rules.yml", "grafana/weir-dashboard.json"];
 
 /// Prefixes of the metric names weir's binaries and consumer core export.
-pub const PREFIXES: &[&str] = &["weir_ingress_", "weir_consumer_", "llm_", "process_"];
+pub const PREFIXES: &[&str] = &[
+    "weir_ingress_",
+    "weir_consumer_",
+    "weir_llm_",
+    "weir_build_",
+    "process_",
+];
 
 /// The repository's `deploy/` directory (from a crate directory of this workspace).
 pub fn deploy_dir() -> PathBuf {
@@ -85,15 +91,14 @@ mod tests {
 
     #[test]
     fn tokens_and_scrapes_are_compared_by_series_name() {
-        let rule = r#"expr: sum(rate(weir_ingress_gaps_total[5m])) > 0.8 * on (instance) llm_x_bytes
-  summary: "{{ $labels.instance }}" histogram_quantile(0.95, rate(llm_q_seconds_bucket[1m]))"#;
+        let rule = r#"expr: sum(rate(weir_ingress_gaps_total[5m])) > 0.8 * on (instance) weir_llm_x_bytes
+  summary: "{{ $labels.instance }}" histogram_quantile(0.95, rate(weir_llm_q_seconds_bucket[1m]))"#;
         let t = metric_tokens(rule);
-        assert!(t.contains("weir_ingress_gaps_total") && t.contains("llm_x_bytes"));
-        assert!(t.contains("llm_q_seconds_bucket") && !t.contains("instance"));
-        let scrape =
-            "# TYPE a counter\nweir_ingress_gaps_total 0\nllm_q_seconds_bucket{le=\"0.1\"} 2\n\n";
+        assert!(t.contains("weir_ingress_gaps_total") && t.contains("weir_llm_x_bytes"));
+        assert!(t.contains("weir_llm_q_seconds_bucket") && !t.contains("instance"));
+        let scrape = "# TYPE a counter\nweir_ingress_gaps_total 0\nweir_llm_q_seconds_bucket{le=\"0.1\"} 2\n\n";
         let s = scraped(scrape);
-        assert!(s.contains("weir_ingress_gaps_total") && s.contains("llm_q_seconds_bucket"));
+        assert!(s.contains("weir_ingress_gaps_total") && s.contains("weir_llm_q_seconds_bucket"));
         assert_eq!(s.len(), 2);
     }
 

@@ -144,6 +144,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     }
     // Every metric in the first scrape, so that alerts see a series before any event.
     weir_service::metrics::register(m::DECLARED);
+    weir_service::process::build_info("audio-ingress", env!("CARGO_PKG_VERSION"));
     metrics::gauge!(m::MEMORY_BOUND_BYTES).set(config.memory_bound_bytes() as f64);
     let running = match service::start(config, Some(prometheus)).await {
         Ok(r) => r,

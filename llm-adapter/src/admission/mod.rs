@@ -760,8 +760,8 @@ impl<S: Sink> Admission<S> {
         self.inner.lock().estimate_view()
     }
 
-    /// Appends the latency histograms (`llm_queue_wait_seconds`,
-    /// `llm_inference_seconds`) in the Prometheus text format.
+    /// Appends the latency histograms (`weir_llm_queue_wait_seconds`,
+    /// `weir_llm_inference_seconds`) in the Prometheus text format.
     pub fn render_histograms(&self, out: &mut String) {
         self.inner.stats.render_histograms(out);
     }

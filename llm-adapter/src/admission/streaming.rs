@@ -64,7 +64,7 @@ pub enum StopReason {
 }
 
 impl StopReason {
-    /// The label value of `llm_stream_aborted_total`.
+    /// The label value of `weir_llm_stream_aborted_total`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::CallerGone => "caller_gone",

@@ -114,6 +114,7 @@ async fn serve(config: Config) -> Result<(), String> {
     metrics::set_global_recorder(recorder).map_err(|e| format!("metrics recorder: {e}"))?;
     // Every metric in the first scrape, so that alerts see a series before any event.
     weir_service::metrics::register(m::DECLARED);
+    weir_service::process::build_info("llm-adapter", env!("CARGO_PKG_VERSION"));
     metrics::gauge!(m::MEMORY_BOUND_BYTES).set(m::memory_bound_bytes(&config) as f64);
     let upkeep = prometheus.clone();
     tokio::spawn(async move {
