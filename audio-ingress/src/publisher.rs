@@ -53,6 +53,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use weir_service::ratelimit::LogLimit;
+
 use async_nats::{HeaderMap, HeaderName, HeaderValue, Subject};
 use bytes::Bytes;
 use tokio::time::{Instant, timeout};
@@ -474,7 +476,12 @@ impl<S: Sink> Publisher<S> {
             Ok(Err(e)) => {
                 metrics::counter!(crate::metrics::PUBLISH_ERRORS_TOTAL, crate::metrics::LABEL_PACKET => packet)
                     .increment(1);
-                tracing::warn!(stream = %self.stream.id, packet, error = %e, "NATS publish failed");
+                // Per packet of every stream during an outage: once per 5 s.
+                static PUBLISH_FAILED: LogLimit = LogLimit::new(Duration::from_secs(5));
+                if let Some(suppressed) = PUBLISH_FAILED.allow() {
+                    tracing::warn!(stream = %self.stream.id, packet, error = %e, suppressed,
+                        "NATS publish failed (suppressed: similar lines since the last one)");
+                }
                 Attempt::Failed(Failure::Error)
             }
             Err(_) => {

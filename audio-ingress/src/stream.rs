@@ -605,7 +605,13 @@ impl<S: Sink> Ingress<S> {
                 format!("{}:{instance:x}:", shared.id)
             }),
         };
-        runtime.spawn(publisher.run(slot));
+        // One span per stream: every line its publisher logs carries the ids.
+        let span = tracing::info_span!(
+            "stream",
+            stream = %shared.id,
+            session = shared.session.as_deref().unwrap_or(""),
+        );
+        runtime.spawn(tracing::Instrument::instrument(publisher.run(slot), span));
         Ok(StreamHandle {
             shared,
             closed: false,

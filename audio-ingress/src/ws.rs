@@ -175,10 +175,17 @@ async fn upgrade<S: Sink>(
         // tungstenite's unbounded default (every send is also bounded in time).
         .write_buffer_size(WS_WRITE_BUFFER_BYTES)
         .max_write_buffer_size(WS_MAX_WRITE_BUFFER_BYTES)
-        .on_upgrade(move |socket| async move {
-            let _guard = guard;
-            let conn = Conn::new(socket, state.send_timeout);
-            serve_socket(conn, handle, state.idle_timeout).await;
+        .on_upgrade(move |socket| {
+            // One span per producer connection, with the stream it feeds.
+            let span = tracing::info_span!("ws", stream = %handle.id());
+            tracing::Instrument::instrument(
+                async move {
+                    let _guard = guard;
+                    let conn = Conn::new(socket, state.send_timeout);
+                    serve_socket(conn, handle, state.idle_timeout).await;
+                },
+                span,
+            )
         })
 }
 

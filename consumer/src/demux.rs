@@ -150,11 +150,17 @@ impl<F: HandlerFactory> Demux<F> {
             Some(p) if p != hashed => {
                 self.shared.registry().misrouted();
                 metrics::counter!(m::CONSUMER_MISROUTED_TOTAL).increment(1);
-                tracing::warn!(
-                    subject,
-                    expected = hashed,
-                    "stream arrived on another partition than its hash: partition count differs between producers/server mapping and consumer"
-                );
+                // Per message of such a stream: once per 10 s.
+                static MISROUTED: weir_service::ratelimit::LogLimit =
+                    weir_service::ratelimit::LogLimit::new(std::time::Duration::from_secs(10));
+                if let Some(suppressed) = MISROUTED.allow() {
+                    tracing::warn!(
+                        subject,
+                        expected = hashed,
+                        suppressed,
+                        "stream arrived on another partition than its hash: partition count differs between producers/server mapping and consumer"
+                    );
+                }
                 p
             }
             Some(p) => p,
@@ -618,13 +624,18 @@ impl<F: HandlerFactory> Demux<F> {
             session_id: packet.session_id.clone(),
         };
         let handler = self.factory.open(&info);
-        self.tasks.spawn(run_stream(
-            queue.clone(),
-            handler,
-            self.shared.clone(),
-            instance,
-            slot.clone(),
-            self.fence.clone(),
+        // One span per stream instance: the handler's own log lines carry the ids.
+        let span = tracing::info_span!("stream", stream = token, partition, instance);
+        self.tasks.spawn(tracing::Instrument::instrument(
+            run_stream(
+                queue.clone(),
+                handler,
+                self.shared.clone(),
+                instance,
+                slot.clone(),
+                self.fence.clone(),
+            ),
+            span,
         ));
         metrics::counter!(m::CONSUMER_STREAMS_STARTED_TOTAL).increment(1);
         self.shared.instruments.streams_active.increment(1.0);

@@ -600,7 +600,11 @@ pub(crate) async fn run_subscription<F: HandlerFactory>(
                 }
                 Some(Err(error)) => {
                     ::metrics::counter!(crate::metrics::CONSUMER_JETSTREAM_ERRORS_TOTAL).increment(1);
-                    tracing::warn!(subject, error, "JetStream source error; it recovers by itself");
+                    static SOURCE_ERROR: weir_service::ratelimit::LogLimit =
+                        weir_service::ratelimit::LogLimit::new(Duration::from_secs(10));
+                    if let Some(suppressed) = SOURCE_ERROR.allow() {
+                        tracing::warn!(subject, error, suppressed, "JetStream source error; it recovers by itself");
+                    }
                     tokio::time::sleep(SOURCE_ERROR_PAUSE).await;
                 }
                 None => {

@@ -48,6 +48,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use weir_service::ratelimit::LogLimit;
+
 use async_nats::jetstream::{self, AckKind, consumer, kv, stream};
 use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
@@ -1026,7 +1028,10 @@ async fn pull_loop<A: Admit>(mut ctx: PullCtx<A>) {
             Ok(b) => b,
             Err(e) => {
                 metrics::counter!(m::INTAKE_PULL_ERRORS_TOTAL).increment(1);
-                tracing::warn!(error = %e, "intake pull request failed");
+                static PULL_FAILED: LogLimit = LogLimit::new(Duration::from_secs(10));
+                if let Some(suppressed) = PULL_FAILED.allow() {
+                    tracing::warn!(error = %e, suppressed, "intake pull request failed; retrying");
+                }
                 drop(permits);
                 tokio::time::sleep(PULL_RETRY).await;
                 continue;

@@ -3,7 +3,9 @@
 //! - [`metrics`]: every metric a service declares exists from the start, with a zero
 //!   value, so that alerting rules and dashboards see a series before the first event
 //!   (a rule on a series that does not exist yet is silently never true);
-//! - [`process`]: the process's own figures (resident memory) for `/metrics`;
+//! - [`process`]: the process's own figures (memory, CPU, open files) and build info
+//!   for `/metrics`;
+//! - [`ratelimit`]: warnings in per-packet and retry loops, once per interval;
 //! - [`nats`]: connection-event labels, subscribing with the server's confirmation;
 //! - [`logging`] (feature `logging`): text or JSON logs on stderr;
 //! - [`http`] (feature `http`): the HTTP accept loop with connection caps and timeouts;
@@ -18,4 +20,5 @@ pub mod logging;
 pub mod metrics;
 pub mod nats;
 pub mod process;
+pub mod ratelimit;
 pub mod shutdown;

@@ -625,7 +625,15 @@ async fn worker<S: Sink>(inner: Arc<Inner<S>>) {
         notified.as_mut().enable();
         let (job, exit) = inner.take_job().await;
         if let Some(job) = job {
-            inner.run_job(job).await;
+            // One span per request: the backend call's log lines carry its ids.
+            let span = tracing::info_span!(
+                "llm_request",
+                id = job.id,
+                request_id = job.request.request_id.as_deref().unwrap_or(""),
+                session = job.request.session.as_deref().unwrap_or(""),
+                queue_ms = job.queue_time.as_millis() as u64,
+            );
+            tracing::Instrument::instrument(inner.run_job(job), span).await;
             continue;
         }
         if exit {

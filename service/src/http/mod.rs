@@ -165,7 +165,11 @@ async fn accept_error(options: &HttpOptions, e: &io::Error) {
     }
     metrics::counter!(options.metrics.accept_errors_total, LABEL_LISTENER => options.name)
         .increment(1);
-    tracing::warn!(listener = options.name, error = %e, "accept failed; pausing 50 ms");
+    static ACCEPT_FAILED: crate::ratelimit::LogLimit =
+        crate::ratelimit::LogLimit::new(Duration::from_secs(10));
+    if let Some(suppressed) = ACCEPT_FAILED.allow() {
+        tracing::warn!(listener = options.name, error = %e, suppressed, "accept failed; pausing 50 ms");
+    }
     tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
 }
 
