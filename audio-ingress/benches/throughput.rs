@@ -224,7 +224,7 @@ async fn ingress_with<S: Sink>(
     client.flush().await.expect("flush");
     let took = start.elapsed();
     if std::env::var_os("THROUGHPUT_DEBUG").is_some() {
-        let w = ingress.stats().window;
+        let w = ingress.stats().window.unwrap_or_default();
         eprintln!(
             "  {}: window rounds {}, round p50 {:.1} ms p99 {:.1} ms, limit {} B",
             delivery.as_str(),

@@ -59,7 +59,6 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use hdrhistogram::Histogram;
 use metrics::{Counter, Gauge, Histogram as MetricHistogram};
-use serde::Serialize;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -292,28 +291,8 @@ impl std::fmt::Debug for Window {
     }
 }
 
-/// The `window` object of `/v1/stats`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct WindowStats {
-    /// `confirmed` (the server confirms every frame), `unconfirmed` (off: a frame
-    /// counts as published once handed to the client) or `jetstream` (the window is
-    /// off; each publish returns once the server stored the frame).
-    pub mode: &'static str,
-    /// Bytes handed to NATS and not yet confirmed.
-    pub unconfirmed_bytes: u64,
-    /// Frames handed to NATS and not yet confirmed.
-    pub unconfirmed_frames: u64,
-    /// The current limit on `unconfirmed_bytes`.
-    pub limit_bytes: u64,
-    /// Confirmation rounds completed.
-    pub rounds: u64,
-    /// Round time (marker out → back), ms.
-    pub round_ms: QueueWaitMs,
-    /// Age of the oldest unconfirmed frame (since admission), ms.
-    pub oldest_unconfirmed_age_ms: f64,
-    /// Connection losses that left frames unconfirmed (declared possibly lost).
-    pub disconnects: u64,
-}
+/// The `window` object of `/v1/stats`: the shared admin type.
+pub use weir_protocol::admin::WindowStats;
 
 impl Window {
     /// A window; `enabled = false` when frames count as published at hand-over.
@@ -529,9 +508,9 @@ impl Window {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
-            .map_or_else(QueueWaitMs::default, QueueWaitMs::from_us);
+            .map_or_else(QueueWaitMs::default, crate::stats::percentiles_from_us);
         WindowStats {
-            mode: self.mode,
+            mode: Some(self.mode.to_owned()),
             unconfirmed_bytes: self.unconfirmed_bytes(),
             unconfirmed_frames: self.unconfirmed_frames.load(Ordering::Relaxed),
             limit_bytes: self.limit_bytes(),

@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::admin::{self, AdminState};
@@ -26,11 +25,12 @@ use crate::error::{ConfigError, ConfigErrorKind};
 use crate::jetstream::{JetStreamSink, NatsSink};
 use crate::listener::check_fd_limit;
 use crate::publisher::Sink;
-use crate::shutdown::{TaskTracker, TaskWaiter};
+use crate::shutdown::TaskTracker;
 use crate::stream::{Ingress, ShutdownReport};
 use crate::whip::Whip;
 use crate::ws::{self, WsState};
 use weir_service::http::{ConnLimiter, HttpOptions};
+use weir_service::shutdown::CancellationToken;
 
 /// A running service.
 pub struct RunningService<S: Sink> {
@@ -38,12 +38,13 @@ pub struct RunningService<S: Sink> {
     admin_addr: SocketAddr,
     ingress: Ingress<S>,
     grace: Duration,
-    stop_ws: Option<oneshot::Sender<()>>,
-    stop_admin: Option<oneshot::Sender<()>>,
+    stop_ws: CancellationToken,
+    stop_admin: CancellationToken,
     ws_task: JoinHandle<()>,
     admin_task: JoinHandle<()>,
     upkeep: JoinHandle<()>,
-    waiter: TaskWaiter,
+    /// The WebSocket and WHIP handlers; closed and waited for at shutdown.
+    tracker: TaskTracker,
     whip: Option<Whip>,
 }
 
@@ -114,7 +115,7 @@ pub async fn start_with_sink<S: Sink>(
         .map_err(|e| Error::io("admin address", e))?;
     let max_streams = config.server.max_streams.get();
     let ingress = Ingress::with_max_streams(sink, config.stream.clone(), max_streams);
-    let (tracker, waiter) = TaskTracker::new();
+    let tracker = TaskTracker::new();
 
     let auth = match &config.server.auth {
         None => None,
@@ -135,7 +136,12 @@ pub async fn start_with_sink<S: Sink>(
         auth: auth.clone(),
     });
     if let Some(w) = &whip {
-        routes = routes.merge(w.routes(ingress.clone(), auth, config.server.retry_after, tracker));
+        routes = routes.merge(w.routes(
+            ingress.clone(),
+            auth,
+            config.server.retry_after,
+            tracker.clone(),
+        ));
     }
     let ws_router = door::with_fallbacks(routes);
     let http = |name| HttpOptions {
@@ -152,13 +158,13 @@ pub async fn start_with_sink<S: Sink>(
         config.server.max_connections.get(),
         config.server.max_connections_per_ip.get(),
     );
-    let (stop_ws, ws_stopped) = oneshot::channel::<()>();
+    let stop_ws = CancellationToken::new();
     let ws_task = tokio::spawn(weir_service::http::serve(
         ws_listener,
         ws_router,
         ws_limiter,
         http("ws"),
-        ws_stopped,
+        stop_ws.clone().cancelled_owned(),
     ));
 
     let s = &config.server;
@@ -194,13 +200,13 @@ pub async fn start_with_sink<S: Sink>(
         admin_cap,
         admin_cap,
     );
-    let (stop_admin, admin_stopped) = oneshot::channel::<()>();
+    let stop_admin = CancellationToken::new();
     let admin_task = tokio::spawn(weir_service::http::serve(
         admin_listener,
         admin_router,
         admin_limiter,
         http("admin"),
-        admin_stopped,
+        stop_admin.clone().cancelled_owned(),
     ));
 
     let upkeep_ingress = ingress.clone();
@@ -225,12 +231,12 @@ pub async fn start_with_sink<S: Sink>(
         admin_addr,
         ingress,
         grace: config.server.grace_period,
-        stop_ws: Some(stop_ws),
-        stop_admin: Some(stop_admin),
+        stop_ws,
+        stop_admin,
         ws_task,
         admin_task,
         upkeep,
-        waiter,
+        tracker,
         whip,
     })
 }
@@ -258,28 +264,26 @@ impl<S: Sink> RunningService<S> {
 
     /// The one line printed on stdout when ready (docs/contracts.md).
     pub fn ready_line(&self) -> String {
-        let mut line = serde_json::json!({
-            "event": "ready",
-            "ws": self.ws_addr.to_string(),
-            "admin": self.admin_addr.to_string(),
-        });
-        if let Some(udp) = self.whip_udp_addr() {
-            line["whip_udp"] = serde_json::Value::String(udp.to_string());
-        }
-        line.to_string()
+        weir_protocol::admin::ReadyLine::new(
+            Some(self.ws_addr.to_string()),
+            Some(self.admin_addr.to_string()),
+            self.whip_udp_addr().map(|a| a.to_string()),
+        )
+        .to_line()
     }
 
     /// Graceful shutdown; see the module docs for the order.
     pub async fn shutdown(mut self) -> ShutdownReport {
         tracing::info!(grace_ms = self.grace.as_millis() as u64, "shutting down");
-        if let Some(tx) = self.stop_ws.take() {
-            let _ = tx.send(());
-        }
+        self.stop_ws.cancel();
         let report = self.ingress.shutdown(self.grace).await;
-        // The listener's router holds a tracker clone until the listener stops.
         let _ = tokio::time::timeout(Duration::from_secs(1), &mut self.ws_task).await;
         self.ws_task.abort();
-        let handlers_done = self.waiter.wait(Duration::from_secs(2)).await;
+        // The listener is gone: no handler starts after this.
+        self.tracker.close();
+        let handlers_done = tokio::time::timeout(Duration::from_secs(2), self.tracker.wait())
+            .await
+            .is_ok();
         // The WHIP pumps sent their `closed` events and asked for the sessions to close.
         if let Some(w) = self.whip.take() {
             w.shutdown(Duration::from_secs(2)).await;
@@ -289,9 +293,7 @@ impl<S: Sink> RunningService<S> {
         {
             tracing::warn!(error = %e, "NATS flush timed out at shutdown");
         }
-        if let Some(tx) = self.stop_admin.take() {
-            let _ = tx.send(());
-        }
+        self.stop_admin.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(1), &mut self.admin_task).await;
         self.admin_task.abort();
         self.upkeep.abort();

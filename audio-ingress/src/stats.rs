@@ -499,7 +499,7 @@ impl Global {
         };
         guard
             .as_ref()
-            .map_or_else(QueueWaitMs::default, QueueWaitMs::from_us)
+            .map_or_else(QueueWaitMs::default, percentiles_from_us)
     }
 
     /// Streams open now.
@@ -657,59 +657,27 @@ impl Account<'_> {
     }
 }
 
-/// Queue wait summary (the `queue_wait_ms` object of `/v1/stats`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct QueueWaitMs {
-    /// Frames measured.
-    pub count: u64,
-    /// Median, ms.
-    pub p50: f64,
-    /// 95th percentile, ms.
-    pub p95: f64,
-    /// 99th percentile, ms.
-    pub p99: f64,
-    /// Maximum, ms.
-    pub max: f64,
-}
+/// Queue wait summary (the `queue_wait_ms` object of `/v1/stats`): the shared admin type.
+pub use weir_protocol::admin::Percentiles as QueueWaitMs;
 
-impl QueueWaitMs {
-    /// The summary of a histogram of microseconds (zero when empty).
-    pub fn from_us(h: &Histogram<u64>) -> Self {
-        if h.is_empty() {
-            return Self::default();
-        }
-        let ms = |us: u64| us as f64 / 1000.0;
-        Self {
-            count: h.len(),
-            p50: ms(h.value_at_quantile(0.50)),
-            p95: ms(h.value_at_quantile(0.95)),
-            p99: ms(h.value_at_quantile(0.99)),
-            max: ms(h.max()),
-        }
+/// The summary of a histogram of microseconds, in milliseconds.
+pub fn percentiles_from_us(h: &Histogram<u64>) -> QueueWaitMs {
+    if h.is_empty() {
+        return QueueWaitMs::default();
+    }
+    let ms = |us: u64| us as f64 / 1000.0;
+    QueueWaitMs {
+        count: h.len(),
+        p50: ms(h.value_at_quantile(0.50)),
+        p95: ms(h.value_at_quantile(0.95)),
+        p99: ms(h.value_at_quantile(0.99)),
+        max: ms(h.max()),
+        mean: h.mean() / 1000.0,
     }
 }
 
-/// The `frames` object of `/v1/stats`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct FramesStats {
-    /// Frames offered.
-    pub offered: u64,
-    /// Frames admitted.
-    pub admitted: u64,
-    /// Frames handed to the NATS client.
-    pub handed_over: u64,
-    /// Frames the server confirmed (`delivery = "unconfirmed"`: handed over).
-    pub published: u64,
-    /// Handed over, awaiting the server's confirmation (part of pending).
-    pub unconfirmed: u64,
-    /// Unconfirmed when the NATS connection dropped: declared to consumers
-    /// (`Weir-Possibly-Lost`), never counted as published.
-    pub possibly_lost: u64,
-    /// Frames not published, by reason (refusals and drops; see [`DropReason`]).
-    pub dropped: std::collections::BTreeMap<&'static str, u64>,
-    /// Shadow mode: frames the budget would have refused or dropped.
-    pub would_reject: u64,
-}
+/// The `frames` object of `/v1/stats`: the shared admin type.
+pub use weir_protocol::admin::FrameStats as FramesStats;
 
 /// The top-level keys of the `/v1/stats` JSON that other components (the load test)
 /// rely on; pinned in docs/contracts.md. [`StatsSnapshot`] serialises every one.
@@ -730,58 +698,28 @@ pub const STATS_CONTRACT_KEYS: &[&str] = &[
     "window",
 ];
 
-/// The `/v1/stats` snapshot (schema pinned in docs/contracts.md).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct StatsSnapshot {
-    /// Streams open now.
-    pub active_streams: u64,
-    /// Streams opened since start.
-    pub streams_total: u64,
-    /// Pending bytes over all streams.
-    pub pending_bytes: u64,
-    /// Pending frames over all streams.
-    pub pending_frames: u64,
-    /// The per-stream byte budget.
-    pub pending_bytes_limit_per_stream: u64,
-    /// Age of the oldest pending frame over all streams, ms.
-    pub oldest_frame_age_ms: f64,
-    /// Queue wait since start.
-    pub queue_wait_ms: QueueWaitMs,
-    /// Frame counts.
-    pub frames: FramesStats,
-    /// Stream opens refused (invalid id, already active, max_streams, shutting down).
-    pub admission_rejects: u64,
-    /// Streams ended by the `close` policy.
-    pub overloads: u64,
-    /// Gap markers handed to NATS.
-    pub gaps: u64,
-    /// tokio `RuntimeMetrics::num_alive_tasks()` of the runtime serving the ingress.
-    pub tasks_alive: u64,
-    /// Whether the NATS client is connected.
-    pub nats_connected: bool,
-    /// The server-confirmed window (frames handed to NATS and not yet confirmed).
-    pub window: crate::confirm::WindowStats,
-}
+/// The `/v1/stats` snapshot (schema pinned in docs/contracts.md): the shared admin
+/// type, which the load test reads. The ingress fills every optional field.
+pub use weir_protocol::admin::IngressStats as StatsSnapshot;
 
-impl FramesStats {
-    /// From a counters snapshot: every reason is present (zero included).
-    pub fn from_counters(c: &CountersSnapshot) -> Self {
-        Self {
-            offered: c.offered,
-            admitted: c.admitted,
-            handed_over: c.handed_over,
-            published: c.published,
-            unconfirmed: c
-                .handed_over
-                .saturating_sub(c.published)
-                .saturating_sub(c.possibly_lost),
-            possibly_lost: c.possibly_lost,
-            dropped: DropReason::ALL
-                .iter()
-                .map(|r| (r.as_str(), c.dropped(*r)))
-                .collect(),
-            would_reject: c.would_reject,
-        }
+/// The `frames` object from a counters snapshot: every reason is present (zero
+/// included).
+pub fn frames_from_counters(c: &CountersSnapshot) -> FramesStats {
+    FramesStats {
+        offered: c.offered,
+        admitted: c.admitted,
+        handed_over: Some(c.handed_over),
+        published: c.published,
+        unconfirmed: c
+            .handed_over
+            .saturating_sub(c.published)
+            .saturating_sub(c.possibly_lost),
+        possibly_lost: c.possibly_lost,
+        dropped: DropReason::ALL
+            .iter()
+            .map(|r| (r.as_str().to_owned(), c.dropped(*r)))
+            .collect(),
+        would_reject: c.would_reject,
     }
 }
 
@@ -825,7 +763,7 @@ mod tests {
     #[test]
     fn stats_json_has_the_contract_shape() {
         let snap = StatsSnapshot {
-            frames: FramesStats::from_counters(&CountersSnapshot::default()),
+            frames: frames_from_counters(&CountersSnapshot::default()),
             ..Default::default()
         };
         let v = serde_json::to_value(&snap).expect("json");

@@ -256,7 +256,7 @@ impl StreamShared {
             oldest_frame_age_ms: oldest.map_or(0.0, |t| {
                 now.saturating_duration_since(t).as_secs_f64() * 1e3
             }),
-            frames: FramesStats::from_counters(&self.counters.snapshot()),
+            frames: crate::stats::frames_from_counters(&self.counters.snapshot()),
             gaps: status.gaps,
             overload,
             end_delivered: status.end_delivered,
@@ -671,16 +671,16 @@ impl<S: Sink> Ingress<S> {
             streams_total: g.streams_total(),
             pending_bytes: g.pending_bytes(),
             pending_frames: g.pending_frames(),
-            pending_bytes_limit_per_stream: self.inner.config.max_bytes() as u64,
+            pending_bytes_limit_per_stream: Some(self.inner.config.max_bytes() as u64),
             oldest_frame_age_ms: self.oldest_frame_age().as_secs_f64() * 1e3,
             queue_wait_ms: g.queue_wait(),
-            frames: FramesStats::from_counters(&g.counters.snapshot()),
+            frames: crate::stats::frames_from_counters(&g.counters.snapshot()),
             admission_rejects: g.admission_rejects(),
             overloads: g.overloads(),
             gaps: g.counters.snapshot().gaps,
             tasks_alive,
             nats_connected: self.inner.sink.is_connected(),
-            window: self.inner.window.stats(self.oldest_unconfirmed_age()),
+            window: Some(self.inner.window.stats(self.oldest_unconfirmed_age())),
         }
     }
 

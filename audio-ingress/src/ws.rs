@@ -163,7 +163,7 @@ async fn upgrade<S: Sink>(
         Err(resp) => return *resp,
     };
     let max_frame = state.ingress.config().max_frame_bytes();
-    let guard = state.tracker.guard();
+    let guard = state.tracker.token();
     // Messages a little over max_frame_bytes get a clear 1008; far larger ones are cut
     // by the WebSocket layer itself (bounded memory per connection).
     ws.max_message_size(max_frame + 64 * 1024)

@@ -187,6 +187,22 @@ async fn ws_pcm_in_decodable_packets_out_end_closes_1000() {
         assert!(stats.get(key).is_some(), "stats lacks {key}: {body}");
     }
     assert_eq!(stats["frames"]["published"], 20);
+    // The shared type the load test reads: every field the ingress writes is there.
+    let typed: weir_protocol::admin::IngressStats = serde_json::from_str(&body)
+        .expect("/v1/stats decodes as weir_protocol::admin::IngressStats");
+    assert_eq!(typed.frames.published, 20);
+    assert_eq!(typed.frames.handed_over, Some(20));
+    assert_eq!(typed.pending_bytes_limit_per_stream, Some(16_000));
+    assert_eq!(
+        typed.window.as_ref().and_then(|w| w.mode.as_deref()),
+        Some("confirmed")
+    );
+    assert_eq!(typed.queue_wait_ms.count, 20);
+    assert_eq!(
+        serde_json::to_value(&typed).expect("encodes"),
+        stats,
+        "decoding and encoding the shared type loses nothing the ingress wrote"
+    );
     assert_eq!(stats["queue_wait_ms"]["count"], 20);
     assert_eq!(stats["pending_bytes_limit_per_stream"], 16_000);
     assert_eq!(stats["nats_connected"], true);
@@ -590,7 +606,7 @@ async fn ws_client_that_stops_reading_is_abandoned_within_the_send_timeout() {
         .build()
         .expect("config");
     let ingress = Ingress::with_max_streams(sink.clone(), config, 4);
-    let (tracker, _waiter) = TaskTracker::new();
+    let tracker = TaskTracker::new();
     // Below the kernel's zero-window probe interval (>= 200 ms), so that a pipe that
     // only trickles open as the receiver collapses its queue still counts as stuck.
     let send_timeout = Duration::from_millis(100);

@@ -696,6 +696,7 @@ mod tests {
                 p95: 30.0,
                 p99: 40.0,
                 max: 900.0,
+                mean: 100.0,
             },
         };
         let a = FrameAccounting::default().with_timeliness(t);

@@ -15,7 +15,7 @@
 //! - every wait is bounded: the ready line within [`READY_TIMEOUT`], a stats poll within
 //!   [`STATS_TIMEOUT`].
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -25,8 +25,6 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-
-use crate::stats::Percentiles;
 
 /// How long the child has to print its ready line.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(15);
@@ -64,106 +62,9 @@ impl std::fmt::Display for Design {
     }
 }
 
-/// The `frames` object of `/v1/stats`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct FrameStats {
-    /// Frames received from producers.
-    pub offered: u64,
-    /// Frames accepted into a queue.
-    pub admitted: u64,
-    /// Frames confirmed by the NATS server (with the server-confirmed window); on an
-    /// ingress without the window, frames handed to the NATS client.
-    pub published: u64,
-    /// Frames dropped, by reason.
-    pub dropped: BTreeMap<String, u64>,
-    /// Frames that shadow mode would have refused.
-    pub would_reject: u64,
-    /// Frames handed to the NATS client (`None`: an ingress without the
-    /// server-confirmed window, where `published` means handed over).
-    pub handed_over: Option<u64>,
-    /// Frames handed over and not yet confirmed by the server (part of pending).
-    pub unconfirmed: u64,
-    /// Frames that were unconfirmed when the NATS connection dropped: declared to the
-    /// consumers as possibly lost (`Weir-Possibly-Lost`), never counted as published.
-    pub possibly_lost: u64,
-}
-
-impl FrameStats {
-    /// All drops, whatever the reason.
-    pub fn dropped_total(&self) -> u64 {
-        self.dropped.values().sum()
-    }
-}
-
-/// The JSON snapshot served at `/v1/stats` (contract in `docs/contracts.md`). Unknown
-/// fields are ignored and missing ones default to zero, so a newer or older ingress
-/// still reads.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct IngressStats {
-    /// Streams currently open.
-    pub active_streams: u64,
-    /// Streams ever opened.
-    pub streams_total: u64,
-    /// Bytes of PCM held, all streams: queued, or handed to NATS and not yet confirmed
-    /// by the server (with the server-confirmed window).
-    pub pending_bytes: u64,
-    /// Frames held (queued or unconfirmed), all streams.
-    pub pending_frames: u64,
-    /// The per-stream byte budget (`null`/0 when the design has none).
-    pub pending_bytes_limit_per_stream: Option<u64>,
-    /// Age of the oldest frame held (queued or unconfirmed), in ms.
-    pub oldest_frame_age_ms: f64,
-    /// Queue wait (enqueue → handed to NATS), cumulative since start.
-    pub queue_wait_ms: Percentiles,
-    /// Frame counters.
-    pub frames: FrameStats,
-    /// Connections refused before upgrade (stream cap, duplicate id, bad id).
-    pub admission_rejects: u64,
-    /// Overload signals raised.
-    pub overloads: u64,
-    /// Gap markers sent.
-    pub gaps: u64,
-    /// Tokio tasks alive in the ingress process.
-    pub tasks_alive: u64,
-    /// Whether the ingress's NATS connection is up.
-    pub nats_connected: bool,
-    /// The server-confirmed window (`None` on an ingress without it).
-    pub window: Option<WindowStats>,
-}
-
-/// The `window` object of `/v1/stats`: frames handed to the NATS client and not yet
-/// confirmed by the server (a marker round trip), over the ingress's connection.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct WindowStats {
-    /// `confirmed` (the server confirms every frame), `unconfirmed` (window off: handed
-    /// over counts as published) or `jetstream` (`None` when not reported).
-    pub mode: Option<String>,
-    /// Bytes handed over and unconfirmed now.
-    pub unconfirmed_bytes: u64,
-    /// Frames handed over and unconfirmed now.
-    pub unconfirmed_frames: u64,
-    /// The window's bound, bytes.
-    pub limit_bytes: u64,
-    /// Confirmation rounds completed.
-    pub rounds: u64,
-    /// Duration of a confirmation round (marker out → back), cumulative.
-    pub round_ms: Percentiles,
-    /// Age of the oldest unconfirmed frame, ms.
-    pub oldest_unconfirmed_age_ms: f64,
-    /// NATS disconnects the window went through.
-    pub disconnects: u64,
-}
-
-/// What the child printed when it was ready.
-#[derive(Debug, Clone, Deserialize)]
-struct ReadyLine {
-    event: String,
-    ws: Option<String>,
-    admin: Option<String>,
-}
+/// The `/v1/stats` snapshot and the ready line: the ingress's own types
+/// (`weir_protocol::admin`), so the load test reads exactly what the service writes.
+pub use weir_protocol::admin::{FrameStats, IngressStats, ReadyLine, WindowStats};
 
 /// Why the ingress could not be started or queried.
 #[derive(Debug, thiserror::Error)]

@@ -979,6 +979,7 @@ pub(crate) mod tests {
             p95: 3000.0,
             p99: 5900.0,
             max: 6012.0,
+            mean: 1000.0,
         };
         let mut untimed = example();
         untimed.streams = 50;

@@ -9,7 +9,6 @@
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
-use serde::{Deserialize, Serialize};
 
 /// Highest trackable value, in microseconds (one hour).
 const MAX_MICROS: u64 = 3_600_000_000;
@@ -86,6 +85,7 @@ impl LatencyHistogram {
             p95: ms(self.inner.value_at_quantile(0.95)),
             p99: ms(self.inner.value_at_quantile(0.99)),
             max: ms(self.inner.max()),
+            mean: self.inner.mean() / 1000.0,
         }
     }
 }
@@ -98,21 +98,8 @@ fn unreachable_histogram() -> Histogram<u64> {
     })
 }
 
-/// A latency summary in milliseconds (the shape of `queue_wait_ms` in `/v1/stats`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Percentiles {
-    /// Number of values.
-    pub count: u64,
-    /// Median.
-    pub p50: f64,
-    /// 95th percentile.
-    pub p95: f64,
-    /// 99th percentile.
-    pub p99: f64,
-    /// Largest value.
-    pub max: f64,
-}
+/// A latency summary in milliseconds: the services' own type (`weir_protocol::admin`).
+pub use weir_protocol::admin::Percentiles;
 
 /// The value at quantile `q` (0..=1) of `sorted` (ascending), nearest-rank; `None` when
 /// empty. Used for summaries of sampled series (e.g. RSS over a run).

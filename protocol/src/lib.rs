@@ -7,10 +7,13 @@
 //!   subject templates.
 //! - [`llm`]: the LLM adapter's header names, the deployed JSON envelope and the error
 //!   catalog.
+//! - [`admin`]: the services' ready line and the ingress's `/v1/stats` snapshot, written
+//!   by the services and read by the load test.
 //!
 //! Everything that decodes network input returns a typed error with a `kind()`; nothing
 //! here panics on input.
 
+pub mod admin;
 pub mod audio;
 pub mod llm;
 pub mod partition;

@@ -1,4 +1,11 @@
-//! The one shutdown signal both services stop on.
+//! Shutdown, the same in both services: the one signal they stop on ([`signal`]), a
+//! [`CancellationToken`] per thing to stop (a listener, a loop), and a [`TaskTracker`]
+//! whose tokens the connection handlers hold, so that a service waits (bounded) for
+//! them to say goodbye. Both come from tokio-util.
+
+pub use tokio_util::sync::CancellationToken;
+pub use tokio_util::task::TaskTracker;
+pub use tokio_util::task::task_tracker::TaskTrackerToken;
 
 /// Resolves on SIGTERM or SIGINT (Ctrl-C), logging which.
 pub async fn signal() {

@@ -737,7 +737,7 @@ async fn offer<S: Sink>(
         counters,
         totals: Arc::clone(&shared.counters),
         ended,
-        _guard: state.tracker.guard(),
+        _guard: state.tracker.token(),
     }));
     tracing::info!(stream_id = %stream_id, resource = %key, "WHIP session created");
     let location = format!("/v1/whip/{stream_id}/{key}");

@@ -38,7 +38,7 @@ use super::{SessionCounters, Stop, WhipCounters};
 use crate::door;
 use crate::error::PushError;
 use crate::metrics as m;
-use crate::shutdown::TaskGuard;
+use crate::shutdown::TaskTrackerToken;
 use crate::stream::{StreamHandle, StreamSummary};
 
 /// Samples per 20 ms frame at 16 kHz.
@@ -60,7 +60,7 @@ pub(crate) struct Pump {
     pub counters: Arc<SessionCounters>,
     pub totals: Arc<WhipCounters>,
     pub ended: Arc<AtomicBool>,
-    pub _guard: TaskGuard,
+    pub _guard: TaskTrackerToken,
 }
 
 enum Outcome {

@@ -239,7 +239,7 @@ pub async fn wait_until(bound: Duration, mut cond: impl FnMut() -> bool) -> bool
 }
 
 /// Sum of a `dropped` map.
-pub fn sum(map: &BTreeMap<&'static str, u64>) -> u64 {
+pub fn sum(map: &BTreeMap<String, u64>) -> u64 {
     map.values().sum()
 }
 

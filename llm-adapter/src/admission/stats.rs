@@ -19,22 +19,8 @@ use super::Outcome;
 use super::estimator::EstimateView;
 use crate::metrics as m;
 
-/// Percentiles of a latency histogram, in milliseconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct Percentiles {
-    /// Recorded values.
-    pub count: u64,
-    /// Median.
-    pub p50: f64,
-    /// 95th percentile.
-    pub p95: f64,
-    /// 99th percentile.
-    pub p99: f64,
-    /// Largest value.
-    pub max: f64,
-    /// Mean.
-    pub mean: f64,
-}
+/// Percentiles of a latency histogram, in milliseconds (the shared admin type).
+pub use weir_protocol::admin::Percentiles;
 
 /// A point-in-time copy of the counters.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

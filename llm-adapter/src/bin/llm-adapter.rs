@@ -21,7 +21,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use tokio::sync::watch;
 use weir_llm_adapter::admin::{self, AdminState};
 use weir_llm_adapter::config::{self, Config};
 use weir_llm_adapter::{backend, metrics as m};
@@ -150,19 +149,18 @@ async fn serve(config: Config) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
 
-    let (stop_tx, mut stop_rx) = watch::channel(false);
+    let stop_admin = weir_service::shutdown::CancellationToken::new();
     let admin_task = tokio::spawn(admin::serve(
         listener,
         AdminState {
             view: adapter.view(),
             prometheus: Some(prometheus),
         },
-        async move {
-            let _ = stop_rx.wait_for(|s| *s).await;
-        },
+        stop_admin.clone().cancelled_owned(),
     ));
 
-    let ready = serde_json::json!({"event": "ready", "admin": admin_addr.to_string()});
+    let ready =
+        weir_protocol::admin::ReadyLine::new(None, Some(admin_addr.to_string()), None).to_line();
     let mut out = std::io::stdout().lock();
     writeln!(out, "{ready}").map_err(|e| format!("stdout: {e}"))?;
     out.flush().map_err(|e| format!("stdout: {e}"))?;
@@ -176,7 +174,7 @@ async fn serve(config: Config) -> Result<(), String> {
         aborted_running = report.aborted_running,
         "shutdown complete"
     );
-    let _ = stop_tx.send(true);
+    stop_admin.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(2), admin_task).await;
     Ok(())
 }

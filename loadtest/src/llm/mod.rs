@@ -333,13 +333,7 @@ impl LlmRun {
             }
             Some(Front::Adapter(a)) => {
                 let s = a.stats();
-                let p = |x: &weir_llm_adapter::Percentiles| Percentiles {
-                    count: x.count,
-                    p50: x.p50,
-                    p95: x.p95,
-                    p99: x.p99,
-                    max: x.max,
-                };
+                let p = |x: &weir_llm_adapter::Percentiles| -> Percentiles { *x };
                 (
                     "weir-llm-adapter (bounded queue, fixed workers, deadlines)".to_owned(),
                     p(&s.queue_wait_ms),

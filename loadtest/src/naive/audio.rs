@@ -341,7 +341,12 @@ pub async fn serve(
     let admin_addr = admin_listener.local_addr().map_err(|e| e.to_string())?;
     println!(
         "{}",
-        serde_json::json!({"event": "ready", "ws": ws_addr.to_string(), "admin": admin_addr.to_string()})
+        weir_protocol::admin::ReadyLine::new(
+            Some(ws_addr.to_string()),
+            Some(admin_addr.to_string()),
+            None,
+        )
+        .to_line()
     );
     let ws = tokio::spawn(async move { axum::serve(ws_listener, ws_router).await });
     let adm = tokio::spawn(async move { axum::serve(admin_listener, admin_router).await });
