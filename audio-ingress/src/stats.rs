@@ -661,20 +661,7 @@ impl Account<'_> {
 pub use weir_protocol::admin::Percentiles as QueueWaitMs;
 
 /// The summary of a histogram of microseconds, in milliseconds.
-pub fn percentiles_from_us(h: &Histogram<u64>) -> QueueWaitMs {
-    if h.is_empty() {
-        return QueueWaitMs::default();
-    }
-    let ms = |us: u64| us as f64 / 1000.0;
-    QueueWaitMs {
-        count: h.len(),
-        p50: ms(h.value_at_quantile(0.50)),
-        p95: ms(h.value_at_quantile(0.95)),
-        p99: ms(h.value_at_quantile(0.99)),
-        max: ms(h.max()),
-        mean: h.mean() / 1000.0,
-    }
-}
+pub use weir_service::metrics::percentiles_from_us;
 
 /// The `frames` object of `/v1/stats`: the shared admin type.
 pub use weir_protocol::admin::FrameStats as FramesStats;

@@ -75,18 +75,7 @@ impl LatencyHistogram {
 
     /// p50/p95/p99/max in milliseconds.
     pub fn summary(&self) -> Percentiles {
-        if self.inner.is_empty() {
-            return Percentiles::default();
-        }
-        let ms = |v: u64| v as f64 / 1000.0;
-        Percentiles {
-            count: self.inner.len(),
-            p50: ms(self.inner.value_at_quantile(0.50)),
-            p95: ms(self.inner.value_at_quantile(0.95)),
-            p99: ms(self.inner.value_at_quantile(0.99)),
-            max: ms(self.inner.max()),
-            mean: self.inner.mean() / 1000.0,
-        }
+        weir_service::metrics::percentiles_from_us(&self.inner)
     }
 }
 

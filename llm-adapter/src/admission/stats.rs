@@ -281,20 +281,7 @@ fn histogram() -> Histogram<u64> {
     })
 }
 
-fn percentiles(h: &Histogram<u64>) -> Percentiles {
-    let ms = |us: u64| us as f64 / 1000.0;
-    if h.is_empty() {
-        return Percentiles::default();
-    }
-    Percentiles {
-        count: h.len(),
-        p50: ms(h.value_at_quantile(0.50)),
-        p95: ms(h.value_at_quantile(0.95)),
-        p99: ms(h.value_at_quantile(0.99)),
-        max: ms(h.max()),
-        mean: h.mean() / 1000.0,
-    }
-}
+use weir_service::metrics::percentiles_from_us as percentiles;
 
 impl Stats {
     /// `rules`: every rule name a refusal can be counted under.
