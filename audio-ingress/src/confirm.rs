@@ -192,14 +192,10 @@ impl WindowPermit {
     /// over after all.
     pub(crate) fn shrink(&mut self, bytes: u64) {
         let bytes = bytes.min(self.bytes);
-        self.window
-            .unconfirmed_bytes
-            .fetch_sub(bytes, Ordering::Relaxed);
-        self.window
-            .unconfirmed_frames
-            .fetch_sub(1, Ordering::Relaxed);
+        let frames = self.frames.min(1);
+        self.window.give_back(bytes, frames);
         self.bytes -= bytes;
-        self.frames = self.frames.saturating_sub(1);
+        self.frames -= frames;
     }
 
     /// Takes over `other`'s bytes (of the same window): released with this permit.
@@ -212,15 +208,9 @@ impl WindowPermit {
 
 impl Drop for WindowPermit {
     fn drop(&mut self) {
-        if self.frames == 0 {
-            return;
+        if self.frames > 0 {
+            self.window.give_back(self.bytes, self.frames);
         }
-        self.window
-            .unconfirmed_bytes
-            .fetch_sub(self.bytes, Ordering::Relaxed);
-        self.window
-            .unconfirmed_frames
-            .fetch_sub(self.frames, Ordering::Relaxed);
     }
 }
 
@@ -445,6 +435,12 @@ impl Window {
             self.unconfirmed_frames.fetch_add(1, Ordering::Relaxed);
         }
         took
+    }
+
+    /// Returns room taken by [`Self::try_take`] (only a [`WindowPermit`] calls it).
+    fn give_back(&self, bytes: u64, frames: u64) {
+        self.unconfirmed_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        self.unconfirmed_frames.fetch_sub(frames, Ordering::Relaxed);
     }
 
     /// The connection epoch now. A publisher reads it *before* handing frames over and

@@ -53,13 +53,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use weir_service::ratelimit::LogLimit;
-
 use async_nats::{HeaderMap, HeaderName, HeaderValue, Subject};
 use bytes::Bytes;
 use tokio::time::{Instant, timeout};
 use weir_protocol::audio::extension::{PROTOCOL_VERSION, PossibleLoss, headers};
 use weir_protocol::audio::{AudioFormat, BodyRef, EncodeError, Gap, encode_packet_ref};
+use weir_service::ratelimit::LogLimit;
 
 use crate::confirm::{Confirmer, NatsConfirmer, Window, WindowPermit};
 use crate::queue::{

@@ -599,9 +599,9 @@ impl Account<'_> {
     /// A frame handed to the NATS client after waiting `wait` since admission (the
     /// queue wait: enqueue → handed to NATS).
     ///
-    /// The wait goes to the Prometheus histogram at once and into `waits`, a batch the
-    /// caller hands to [`Global::record_waits`] (one lock per batch instead of one per
-    /// frame on the shared hdrhistogram).
+    /// The wait goes into `waits`, a batch the caller hands to [`Global::record_waits`],
+    /// which feeds both the hdrhistogram (`/v1/stats`) and the Prometheus buckets: one
+    /// lock and a few atomic adds per batch instead of per frame.
     pub fn handed_over(&self, wait: Duration, waits: &mut WaitBatch) {
         add(&self.stream.handed_over, 1);
         add(&self.global.counters.handed_over, 1);

@@ -48,8 +48,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use weir_service::ratelimit::LogLimit;
-
 use async_nats::jetstream::{self, AckKind, consumer, kv, stream};
 use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
@@ -59,6 +57,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use weir_protocol::llm::headers as h;
 use weir_protocol::llm::{ErrorBody, ErrorCode, ErrorDetails};
+use weir_service::ratelimit::LogLimit;
 
 use crate::config::{Config, JetStreamIntake, Mode};
 use crate::metrics as m;
