@@ -16,7 +16,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use weir_audio_ingress::config::{NatsConfig, Policy};
+use weir_audio_ingress::config::{NATS_CLIENT_NAME, NatsConfig, Policy};
 use weir_audio_ingress::{Ingress, StreamConfig};
 use weir_testkit::NatsServer;
 
@@ -48,7 +48,8 @@ async fn scenario(name: &str) {
     let server = NatsServer::start().expect("nats-server (scripts/ensure-nats-server)");
     let mut nats = NatsConfig {
         urls: vec![server.url().to_owned()],
-        ..NatsConfig::default()
+        retry_initial_connect: false,
+        ..NatsConfig::named(NATS_CLIENT_NAME)
     };
     if let Some(c) = std::env::var("STALL_RSS_CLIENT_CAPACITY")
         .ok()
@@ -56,7 +57,7 @@ async fn scenario(name: &str) {
     {
         nats.client_capacity = c;
     }
-    let client = weir_audio_ingress::nats::connect(&nats, false)
+    let client = weir_audio_ingress::nats::connect(&nats)
         .await
         .expect("connect");
     let ingress = Ingress::new(client, cfg);

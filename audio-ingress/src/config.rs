@@ -5,7 +5,9 @@
 //!   using the library needs). Built with [`StreamConfig::builder`]; `Default` is the
 //!   documented default and is valid.
 //! - [`ServerConfig`] — the `serve` front door (listeners, stream cap, timeouts).
-//! - [`NatsConfig`] — the NATS connection (URL, auth, TLS, client timeouts).
+//! - [`NatsConfig`] — the NATS connection (URL, auth, TLS, client timeouts): the
+//!   settings type every weir client shares, `weir_service::nats`; the `nats_*` keys
+//!   fill it and `NatsInput::validate` checks it.
 //! - [`Config`] — all three, loaded by [`Config::load`] from [`ConfigSources`].
 //!
 //! Keys are flat snake_case names listed in [`KEYS`] (with type, default and meaning;
@@ -25,6 +27,9 @@ use std::time::Duration;
 use weir_protocol::SubjectTemplate;
 use weir_protocol::audio::packet::DEFAULT_MAX_PCM_BYTES;
 use weir_protocol::partition::{DEFAULT_STREAM_TEMPLATE, MAX_PARTITIONS};
+
+use weir_service::nats::{FieldErrorKind, NatsInput};
+pub use weir_service::nats::{NatsAuth, NatsConfig, NatsTls};
 
 use crate::error::{ConfigError, ConfigErrorKind};
 
@@ -791,100 +796,11 @@ impl Default for ServerConfig {
     }
 }
 
-/// How the client authenticates to NATS (at most one method).
-#[derive(Clone, PartialEq, Eq, Default)]
-pub enum NatsAuth {
-    /// No credentials.
-    #[default]
-    None,
-    /// `nats_user` + `nats_password`.
-    UserPassword {
-        /// User name.
-        user: String,
-        /// Password.
-        password: String,
-    },
-    /// `nats_token`.
-    Token(String),
-    /// `nats_nkey`: an NKey seed (`SU...`).
-    NKey(String),
-    /// `nats_creds_file`: a `.creds` file (JWT + seed).
-    CredsFile(PathBuf),
-}
-
-impl fmt::Debug for NatsAuth {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Never print secrets.
-        match self {
-            Self::None => f.write_str("None"),
-            Self::UserPassword { user, .. } => write!(f, "UserPassword({user:?}, <redacted>)"),
-            Self::Token(_) => f.write_str("Token(<redacted>)"),
-            Self::NKey(_) => f.write_str("NKey(<redacted>)"),
-            Self::CredsFile(p) => write!(f, "CredsFile({p:?})"),
-        }
-    }
-}
-
-/// TLS settings for the NATS connection.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct NatsTls {
-    /// Require TLS even if the server does not ask for it (`nats_tls_required`).
-    pub required: bool,
-    /// Extra root CA file, PEM (`nats_tls_ca_file`).
-    pub ca_file: Option<PathBuf>,
-    /// Client certificate and key, PEM (`nats_tls_cert_file`, `nats_tls_key_file`).
-    pub client_cert: Option<(PathBuf, PathBuf)>,
-}
-
-/// The validated NATS connection settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NatsConfig {
-    /// Server URLs (`nats_url`, comma-separated).
-    pub urls: Vec<String>,
-    /// Client name shown by the server (`nats_name`).
-    pub name: String,
-    /// Authentication.
-    pub auth: NatsAuth,
-    /// TLS.
-    pub tls: NatsTls,
-    /// Per-attempt connect timeout (`nats_connection_timeout_ms`).
-    pub connection_timeout: Duration,
-    /// PING interval; a dead server is noticed after 2–3 of these (`nats_ping_interval_ms`).
-    pub ping_interval: Duration,
-    /// async-nats command channel capacity (`nats_client_capacity`): how many messages
-    /// the client buffers while the server is slow or gone before `publish` blocks (and
-    /// our publish timeout fires).
-    pub client_capacity: usize,
-}
-
-impl Default for NatsConfig {
-    fn default() -> Self {
-        Self {
-            urls: vec!["nats://127.0.0.1:4222".to_owned()],
-            name: "weir-audio-ingress".to_owned(),
-            auth: NatsAuth::None,
-            tls: NatsTls::default(),
-            connection_timeout: Duration::from_secs(2),
-            ping_interval: Duration::from_secs(2),
-            client_capacity: 1024,
-        }
-    }
-}
-
-impl NatsConfig {
-    /// Settings for tests and local tools: short timeouts (connect 500 ms, ping 1 s).
-    pub fn for_url(url: impl Into<String>) -> Self {
-        Self {
-            urls: vec![url.into()],
-            connection_timeout: Duration::from_millis(500),
-            ping_interval: Duration::from_secs(1),
-            ..Self::default()
-        }
-    }
-}
+/// The client name `serve` connects with (shown by the server).
+pub const NATS_CLIENT_NAME: &str = "weir-audio-ingress";
 
 /// The complete validated configuration of `audio-ingress serve`.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// Per-stream budget and policy.
     pub stream: StreamConfig,
@@ -892,6 +808,16 @@ pub struct Config {
     pub server: ServerConfig,
     /// NATS connection.
     pub nats: NatsConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            stream: StreamConfig::default(),
+            server: ServerConfig::default(),
+            nats: NatsConfig::named(NATS_CLIENT_NAME),
+        }
+    }
 }
 
 /// The type of a configuration key.
@@ -1899,139 +1825,10 @@ fn nonzero(v: u64) -> NonZeroUsize {
     NonZeroUsize::new(usize::try_from(v).unwrap_or(usize::MAX)).unwrap_or(NonZeroUsize::MIN)
 }
 
-fn existing_file(raw: &RawValues, k: &str) -> Result<Option<PathBuf>, ConfigError> {
-    match raw.str(k) {
-        None => Ok(None),
-        Some(p) => {
-            let path = PathBuf::from(p);
-            if path.is_file() {
-                Ok(Some(path))
-            } else {
-                Err(ConfigError::new(
-                    k,
-                    ConfigErrorKind::Invalid,
-                    format!("{p:?} is not a readable file"),
-                ))
-            }
-        }
-    }
-}
-
 fn nats_from_raw(raw: &RawValues) -> Result<NatsConfig, ConfigError> {
-    let d = NatsConfig::default();
-    let urls: Vec<String> = match raw.str("nats_url") {
-        None => d.urls,
-        Some(s) => s
-            .split(',')
-            .map(str::trim)
-            .filter(|u| !u.is_empty())
-            .map(str::to_owned)
-            .collect(),
-    };
-    if urls.is_empty() {
-        return Err(ConfigError::new(
-            "nats_url",
-            ConfigErrorKind::Missing,
-            "at least one URL is required",
-        ));
-    }
-    for u in &urls {
-        async_nats::ServerAddr::from_str(u).map_err(|e| {
-            ConfigError::new(
-                "nats_url",
-                ConfigErrorKind::Invalid,
-                format!("{u:?} is not a NATS URL: {e}"),
-            )
-        })?;
-    }
-    let name = raw.str("nats_name").map_or(d.name, str::to_owned);
-
-    let mut methods = Vec::new();
-    let user = raw.str("nats_user");
-    let password = raw.str("nats_password");
-    let auth_user = match (user, password) {
-        (Some(u), Some(p)) => Some(NatsAuth::UserPassword {
-            user: u.to_owned(),
-            password: p.to_owned(),
-        }),
-        (None, None) => None,
-        (Some(_), None) => {
-            return Err(ConfigError::new(
-                "nats_password",
-                ConfigErrorKind::Missing,
-                "required with nats_user",
-            ));
-        }
-        (None, Some(_)) => {
-            return Err(ConfigError::new(
-                "nats_user",
-                ConfigErrorKind::Missing,
-                "required with nats_password",
-            ));
-        }
-    };
-    if let Some(a) = auth_user {
-        methods.push(("nats_user", a));
-    }
-    if let Some(t) = raw.str("nats_token") {
-        methods.push(("nats_token", NatsAuth::Token(t.to_owned())));
-    }
-    if let Some(s) = raw.str("nats_nkey") {
-        if !s.starts_with("SU") {
-            return Err(ConfigError::new(
-                "nats_nkey",
-                ConfigErrorKind::Invalid,
-                "expected a user NKey seed (starting with SU)",
-            ));
-        }
-        methods.push(("nats_nkey", NatsAuth::NKey(s.to_owned())));
-    }
-    if let Some(p) = existing_file(raw, "nats_creds_file")? {
-        methods.push(("nats_creds_file", NatsAuth::CredsFile(p)));
-    }
-    if methods.len() > 1 {
-        let names: Vec<&str> = methods.iter().map(|(k, _)| *k).collect();
-        return Err(ConfigError::new(
-            methods[1].0,
-            ConfigErrorKind::Conflict,
-            format!(
-                "only one NATS authentication method may be set, got {}",
-                names.join(", ")
-            ),
-        ));
-    }
-    let auth = methods.pop().map_or(NatsAuth::None, |(_, a)| a);
-
-    let cert = existing_file(raw, "nats_tls_cert_file")?;
-    let key = existing_file(raw, "nats_tls_key_file")?;
-    let client_cert = match (cert, key) {
-        (Some(c), Some(k)) => Some((c, k)),
-        (None, None) => None,
-        (Some(_), None) => {
-            return Err(ConfigError::new(
-                "nats_tls_key_file",
-                ConfigErrorKind::Missing,
-                "required with nats_tls_cert_file",
-            ));
-        }
-        (None, Some(_)) => {
-            return Err(ConfigError::new(
-                "nats_tls_cert_file",
-                ConfigErrorKind::Missing,
-                "required with nats_tls_key_file",
-            ));
-        }
-    };
-    let tls = NatsTls {
-        required: raw.bool("nats_tls_required").unwrap_or(false),
-        ca_file: existing_file(raw, "nats_tls_ca_file")?,
-        client_cert,
-    };
-    Ok(NatsConfig {
-        urls,
-        name,
-        auth,
-        tls,
+    let path = |k: &str| raw.str(k).map(Path::new);
+    let base = NatsConfig {
+        name: raw.str("nats_name").unwrap_or(NATS_CLIENT_NAME).to_owned(),
         connection_timeout: Duration::from_millis(int_in(
             raw,
             "nats_connection_timeout_ms",
@@ -2047,6 +1844,28 @@ fn nats_from_raw(raw: &RawValues) -> Result<NatsConfig, ConfigError> {
             600_000,
         )?),
         client_capacity: int_in(raw, "nats_client_capacity", 1024, 16, 1_048_576)? as usize,
+        ..NatsConfig::named(NATS_CLIENT_NAME)
+    };
+    NatsInput {
+        url: raw.str("nats_url"),
+        user: raw.str("nats_user"),
+        password: raw.str("nats_password"),
+        token: raw.str("nats_token"),
+        nkey: raw.str("nats_nkey"),
+        creds_file: path("nats_creds_file"),
+        tls_required: raw.bool("nats_tls_required").unwrap_or(false),
+        tls_ca_file: path("nats_tls_ca_file"),
+        tls_cert_file: path("nats_tls_cert_file"),
+        tls_key_file: path("nats_tls_key_file"),
+    }
+    .validate(base)
+    .map_err(|e| {
+        let kind = match e.kind {
+            FieldErrorKind::Missing => ConfigErrorKind::Missing,
+            FieldErrorKind::Invalid => ConfigErrorKind::Invalid,
+            FieldErrorKind::Conflict => ConfigErrorKind::Conflict,
+        };
+        ConfigError::new(format!("nats_{}", e.field), kind, e.message)
     })
 }
 

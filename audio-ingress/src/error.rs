@@ -218,41 +218,17 @@ pub enum ErrorKind {
     Io,
 }
 
-/// What the `serve` service can fail with.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// Configuration refused.
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    /// NATS options or connection set-up failed.
-    #[error("nats: {0}")]
-    Nats(String),
-    /// I/O (binding a listener, ...).
-    #[error("{context}: {source}")]
-    Io {
-        /// What was being done.
-        context: String,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
+/// What the `serve` service can fail with: the one error shape
+/// (`weir_protocol::Error`), the cause (the I/O or NATS error) kept as `source()`.
+pub type Error = weir_protocol::Error<ErrorKind>;
+
+impl From<ConfigError> for Error {
+    fn from(e: ConfigError) -> Self {
+        Error::with_source(ErrorKind::Config, "configuration refused", e)
+    }
 }
 
-impl Error {
-    /// The kind.
-    pub fn kind(&self) -> ErrorKind {
-        match self {
-            Self::Config(_) => ErrorKind::Config,
-            Self::Nats(_) => ErrorKind::Nats,
-            Self::Io { .. } => ErrorKind::Io,
-        }
-    }
-
-    /// An I/O error with context.
-    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        Self::Io {
-            context: context.into(),
-            source,
-        }
-    }
+/// An I/O error (binding a listener, ...) with what was being done.
+pub fn io(context: impl Into<String>, source: std::io::Error) -> Error {
+    Error::with_source(ErrorKind::Io, context, source)
 }

@@ -1,5 +1,5 @@
-//! The NATS edge: connection options (auth, TLS, timeouts, client capacity) built from
-//! [`NatsConfig`], and connection events made visible in metrics and logs.
+//! The NATS edge: the shared connection (`weir_service::nats`, from [`NatsConfig`])
+//! with connection events made visible in metrics and logs.
 //!
 //! Events (`connected`, `disconnected`, `slow_consumer`, `lame_duck`, errors) arrive
 //! through async-nats's event callback, which feeds a 128-slot channel and drops events
@@ -10,9 +10,8 @@
 //! `weir_service::nats::subscribe_confirmed`.
 
 use async_nats::{Client, ConnectOptions, Event};
+use weir_service::nats::{self, ConnectError, NatsConfig};
 
-use crate::config::{NatsAuth, NatsConfig};
-use crate::error::Error;
 use crate::metrics as m;
 
 /// Records one connection event: counter by `event`, the connected gauge, a log line.
@@ -43,46 +42,14 @@ pub fn record_event(event: &Event) {
 }
 
 /// Connection options from the validated config, with the event callback installed.
-pub async fn connect_options(cfg: &NatsConfig) -> Result<ConnectOptions, Error> {
-    let mut opts = match &cfg.auth {
-        NatsAuth::None => ConnectOptions::new(),
-        NatsAuth::UserPassword { user, password } => {
-            ConnectOptions::with_user_and_password(user.clone(), password.clone())
-        }
-        NatsAuth::Token(t) => ConnectOptions::with_token(t.clone()),
-        NatsAuth::NKey(seed) => ConnectOptions::with_nkey(seed.clone()),
-        NatsAuth::CredsFile(path) => ConnectOptions::with_credentials_file(path)
-            .await
-            .map_err(|e| Error::Nats(format!("nats_creds_file {}: {e}", path.display())))?,
-    };
-    if cfg.tls.required {
-        opts = opts.require_tls(true);
-    }
-    if let Some(ca) = &cfg.tls.ca_file {
-        opts = opts.add_root_certificates(ca.clone());
-    }
-    if let Some((cert, key)) = &cfg.tls.client_cert {
-        opts = opts.add_client_certificate(cert.clone(), key.clone());
-    }
-    Ok(opts
-        .name(&cfg.name)
-        .connection_timeout(cfg.connection_timeout)
-        .ping_interval(cfg.ping_interval)
-        .client_capacity(cfg.client_capacity)
+pub async fn connect_options(cfg: &NatsConfig) -> Result<ConnectOptions, ConnectError> {
+    Ok(nats::options(cfg)
+        .await?
         .event_callback(|event| async move { record_event(&event) }))
 }
 
-/// Connects. With `retry_initial`, returns at once and keeps trying in the background
-/// (the service starts and reports not-ready until connected); without, the first
-/// connection must succeed.
-pub async fn connect(cfg: &NatsConfig, retry_initial: bool) -> Result<Client, Error> {
-    let mut opts = connect_options(cfg).await?;
-    if retry_initial {
-        opts = opts.retry_on_initial_connect();
-    }
-    let urls: Vec<async_nats::ServerAddr> =
-        cfg.urls.iter().filter_map(|u| u.parse().ok()).collect();
-    opts.connect(urls)
-        .await
-        .map_err(|e| Error::Nats(format!("connect to {}: {e}", cfg.urls.join(","))))
+/// Connects, events counted into metrics (first-connect behaviour:
+/// `weir_service::nats::connect`).
+pub async fn connect(cfg: &NatsConfig) -> Result<Client, ConnectError> {
+    nats::connect(cfg, connect_options(cfg).await?).await
 }

@@ -20,8 +20,8 @@ use crate::admin::{self, AdminState};
 use crate::auth::Authenticator;
 use crate::config::{Config, Delivery};
 use crate::door;
-use crate::error::Error;
 use crate::error::{ConfigError, ConfigErrorKind};
+use crate::error::{Error, ErrorKind};
 use crate::jetstream::{JetStreamSink, NatsSink};
 use crate::listener::check_fd_limit;
 use crate::publisher::Sink;
@@ -51,7 +51,7 @@ pub struct RunningService<S: Sink> {
 async fn bind(addr: SocketAddr, key: &str) -> Result<TcpListener, Error> {
     TcpListener::bind(addr)
         .await
-        .map_err(|e| Error::io(format!("config key `{key}`: cannot listen on {addr}"), e))
+        .map_err(|e| crate::error::io(format!("config key `{key}`: cannot listen on {addr}"), e))
 }
 
 /// Connects to NATS (retrying in the background: the service starts not-ready) and
@@ -60,22 +60,20 @@ pub async fn start(
     config: Config,
     prometheus: Option<PrometheusHandle>,
 ) -> Result<RunningService<NatsSink>, Error> {
-    let client = crate::nats::connect(&config.nats, true).await?;
-    // Streams are refused until NATS is connected (readiness gates admission): give
-    // the first connect one connection timeout before the ready line, so that a
+    // Streams are refused until NATS is connected (readiness gates admission): the
+    // first connect gets one connection timeout before the ready line, so that a
     // producer that starts with the service is not refused for nothing. A server that
     // is down does not stop the start: the service reports not-ready instead.
-    let first = tokio::time::Instant::now() + config.nats.connection_timeout;
-    while client.connection_state() != async_nats::connection::State::Connected
-        && tokio::time::Instant::now() < first
-    {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let client = crate::nats::connect(&config.nats)
+        .await
+        .map_err(|e| e.map_kind(ErrorKind::Nats))?;
     let sink = match config.stream.delivery() {
         Delivery::JetStream => NatsSink::JetStream(
             JetStreamSink::new(client, &config.stream.jetstream(), JETSTREAM_API_TIMEOUT)
                 .await
-                .map_err(|e| Error::Nats(e.0))?,
+                .map_err(|e| {
+                    Error::with_source(ErrorKind::Nats, "creating the JetStream stream", e)
+                })?,
         ),
         Delivery::Confirmed | Delivery::Unconfirmed => NatsSink::Core(client),
     };
@@ -109,10 +107,10 @@ pub async fn start_with_sink<S: Sink>(
     let admin_listener = bind(config.server.admin, "admin").await?;
     let ws_addr = ws_listener
         .local_addr()
-        .map_err(|e| Error::io("listen address", e))?;
+        .map_err(|e| crate::error::io("listen address", e))?;
     let admin_addr = admin_listener
         .local_addr()
-        .map_err(|e| Error::io("admin address", e))?;
+        .map_err(|e| crate::error::io("admin address", e))?;
     let max_streams = config.server.max_streams.get();
     let ingress = Ingress::with_max_streams(sink, config.stream.clone(), max_streams);
     let tracker = TaskTracker::new();

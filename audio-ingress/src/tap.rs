@@ -43,6 +43,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use weir_protocol::audio::extension::{Extensions, PossibleLoss, headers};
 use weir_protocol::audio::{DecodeOptions, Packet, PacketBody, decode};
+use weir_service::nats::{FieldError, NatsConfig, NatsInput};
 
 use crate::consumer::tracker::{Observation, SeqTracker, Seqs};
 
@@ -127,42 +128,27 @@ pub struct TapArgs {
 }
 
 impl TapArgs {
-    /// The connection settings, through the same code as `serve`'s (one auth method,
-    /// TLS); the tap's own timeouts and subscription capacity are set on top.
-    fn nats_config(&self) -> crate::config::NatsConfig {
-        use crate::config::{NatsAuth, NatsConfig, NatsTls};
-        let auth = match (
-            &self.user,
-            &self.password,
-            &self.token,
-            &self.nkey,
-            &self.creds_file,
-        ) {
-            (Some(user), Some(password), ..) => NatsAuth::UserPassword {
-                user: user.clone(),
-                password: password.clone(),
-            },
-            (_, _, Some(t), ..) => NatsAuth::Token(t.clone()),
-            (_, _, _, Some(seed), _) => NatsAuth::NKey(seed.clone()),
-            (.., Some(path)) => NatsAuth::CredsFile(path.clone()),
-            _ => NatsAuth::None,
-        };
-        NatsConfig {
-            urls: self
-                .nats_url
-                .split(',')
-                .map(|u| u.trim().to_owned())
-                .collect(),
-            name: "weir-audio-ingress-tap".to_owned(),
-            auth,
-            tls: NatsTls {
-                required: self.tls_required,
-                ca_file: self.tls_ca_file.clone(),
-                client_cert: self.tls_cert_file.clone().zip(self.tls_key_file.clone()),
-            },
-            connection_timeout: CONNECT_TIMEOUT,
-            ..NatsConfig::default()
+    /// The connection settings, validated by the same code as `serve`'s (one auth
+    /// method, files that exist); the tap's own timeouts are set on top.
+    fn nats_config(&self) -> Result<NatsConfig, FieldError> {
+        NatsInput {
+            url: Some(&self.nats_url),
+            user: self.user.as_deref(),
+            password: self.password.as_deref(),
+            token: self.token.as_deref(),
+            nkey: self.nkey.as_deref(),
+            creds_file: self.creds_file.as_deref(),
+            tls_required: self.tls_required,
+            tls_ca_file: self.tls_ca_file.as_deref(),
+            tls_cert_file: self.tls_cert_file.as_deref(),
+            tls_key_file: self.tls_key_file.as_deref(),
         }
+        .validate(NatsConfig {
+            connection_timeout: CONNECT_TIMEOUT,
+            subscription_capacity: Some(TAP_SUBSCRIPTION_CAPACITY),
+            retry_initial_connect: false,
+            ..NatsConfig::named("weir-audio-ingress-tap")
+        })
     }
 }
 
@@ -324,52 +310,41 @@ pub async fn run_with(
     // Server errors (`-ERR`) reach the event callback, not the subscribe call: a
     // refused subscription shows up only there. They are forwarded to the loop.
     let (server_errors, mut refused) = tokio::sync::mpsc::channel::<String>(16);
-    let nats = args.nats_config();
-    let options = crate::nats::connect_options(&nats)
+    let connect_error = |reason: String| TapError::Connect {
+        url: args.nats_url.clone(),
+        reason,
+    };
+    let nats = args.nats_config().map_err(|e| {
+        let flag = match e.field {
+            "url" => "nats-url".to_owned(),
+            f => f.replace('_', "-"),
+        };
+        connect_error(format!("--{flag}: {}", e.message))
+    })?;
+    let options = weir_service::nats::options(&nats)
         .await
-        .map_err(|e| TapError::Connect {
-            url: args.nats_url.clone(),
-            reason: e.to_string(),
-        })?;
-    let urls: Vec<async_nats::ServerAddr> = nats
-        .urls
-        .iter()
-        .map(|u| {
-            u.parse().map_err(|e| TapError::Connect {
-                url: u.clone(),
-                reason: format!("{e}"),
-            })
-        })
-        .collect::<Result<_, _>>()?;
-    let connect = options
-        .subscription_capacity(TAP_SUBSCRIPTION_CAPACITY)
-        .event_callback(move |event| {
-            let server_errors = server_errors.clone();
-            async move {
-                match event {
-                    async_nats::Event::SlowConsumer(_) => {
-                        eprintln!("tap: slow consumer: the NATS client dropped messages");
-                    }
-                    async_nats::Event::ServerError(e) => {
-                        let text = e.to_string();
-                        eprintln!("tap: NATS server error: {}", escape_controls(&text));
-                        let _ = server_errors.try_send(text);
-                    }
-                    other => eprintln!("tap: NATS {other}"),
+        .map_err(|e| connect_error(e.to_string()))?;
+    let options = options.event_callback(move |event| {
+        let server_errors = server_errors.clone();
+        async move {
+            match event {
+                async_nats::Event::SlowConsumer(_) => {
+                    eprintln!("tap: slow consumer: the NATS client dropped messages");
                 }
+                async_nats::Event::ServerError(e) => {
+                    let text = e.to_string();
+                    eprintln!("tap: NATS server error: {}", escape_controls(&text));
+                    let _ = server_errors.try_send(text);
+                }
+                other => eprintln!("tap: NATS {other}"),
             }
-        })
-        .connect(urls);
+        }
+    });
+    let connect = weir_service::nats::connect(&nats, options);
     let client = tokio::time::timeout(CONNECT_TIMEOUT + Duration::from_secs(1), connect)
         .await
-        .map_err(|_| TapError::Connect {
-            url: args.nats_url.clone(),
-            reason: "timed out".into(),
-        })?
-        .map_err(|e| TapError::Connect {
-            url: args.nats_url.clone(),
-            reason: e.to_string(),
-        })?;
+        .map_err(|_| connect_error("timed out".into()))?
+        .map_err(|e| connect_error(e.to_string()))?;
     let mut sub = weir_service::nats::subscribe_confirmed(
         &client,
         vec![args.subject.clone()],

@@ -266,6 +266,43 @@ async fn unreachable_server_is_a_clear_error() {
     assert!(stderr.contains("cannot connect to NATS"), "{stderr}");
 }
 
+/// The tap's connection flags go through the same validation as `serve`'s NATS keys:
+/// a missing credentials file or a bad URL in the list is named before any connect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_flags_are_validated_like_serve() {
+    for (args, expect) in [
+        (
+            vec![
+                "--nats-url",
+                "nats://127.0.0.1:1",
+                "--creds-file",
+                "/nonexistent/x.creds",
+            ],
+            "--creds-file: /nonexistent/x.creds is not a readable file",
+        ),
+        (
+            vec!["--nats-url", "nats://127.0.0.1:1,nats://h:notaport"],
+            "--nats-url: \"nats://h:notaport\" is not a NATS URL",
+        ),
+    ] {
+        let out = tokio::time::timeout(
+            Duration::from_secs(15),
+            Command::new(env!("CARGO_BIN_EXE_audio-ingress"))
+                .arg("tap")
+                .arg("x.*")
+                .args(&args)
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .expect("tap gives up in time")
+        .expect("runs");
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(expect), "{args:?}: {stderr}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tap_reads_the_deployed_python_producer() {
     let server = NatsServer::start().expect("nats-server");

@@ -370,69 +370,20 @@ pub struct BackendConfig {
     pub kind: BackendKind,
 }
 
-/// `[nats]`: the adapter's own connection. `Debug` redacts the password, the token and
-/// the NKey seed (configuration is logged and printed in errors).
-#[derive(Clone, PartialEq, Eq)]
+/// The client name the adapter connects with (shown by the server).
+pub const NATS_CLIENT_NAME: &str = "weir-llm-adapter";
+
+/// `[nats]`: the adapter's own connection. The connection settings are the type every
+/// weir client shares (`weir_service::nats::NatsConfig`: one authentication method,
+/// files that exist, a `Debug` that redacts secrets); the adapter adds its bound on
+/// publishing a reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NatsConfig {
-    /// Server URL(s), comma-separated.
-    pub url: String,
-    /// Connection name shown by the server.
-    pub name: String,
-    /// User for user/password auth.
-    pub user: Option<String>,
-    /// Password for user/password auth.
-    pub password: Option<String>,
-    /// Token auth.
-    pub token: Option<String>,
-    /// NKey seed.
-    pub nkey: Option<String>,
-    /// Credentials file (JWT + NKey).
-    pub creds_file: Option<PathBuf>,
-    /// Require TLS.
-    pub tls_required: bool,
-    /// Extra root certificates (PEM).
-    pub tls_ca_file: Option<PathBuf>,
-    /// Client certificate (PEM), together with `tls_key_file`.
-    pub tls_cert_file: Option<PathBuf>,
-    /// Client key (PEM).
-    pub tls_key_file: Option<PathBuf>,
-    /// Timeout of one connection attempt.
-    pub connection_timeout: Duration,
-    /// Ping interval (a dead server is noticed after 2–3 of them).
-    pub ping_interval: Duration,
-    /// Messages buffered per subscription before the client drops (slow consumer):
-    /// `queue_capacity` + `nats.expected_burst` unless set.
-    pub subscription_capacity: usize,
+    /// Servers, authentication, TLS, timeouts, capacities. `subscription_capacity` is
+    /// always set: `queue_capacity` + `nats.expected_burst` unless configured.
+    pub client: weir_service::nats::NatsConfig,
     /// Bound on publishing one reply (the publish call waits without limit otherwise).
     pub publish_timeout: Duration,
-    /// Start even when no server answers yet, and keep trying in the background
-    /// (`/readyz` answers 503 until connected); `false`: the first connection must
-    /// succeed or the adapter exits.
-    pub retry_initial_connect: bool,
-}
-
-impl std::fmt::Debug for NatsConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let secret = |v: &Option<String>| v.as_ref().map(|_| "<redacted>");
-        f.debug_struct("NatsConfig")
-            .field("url", &self.url)
-            .field("name", &self.name)
-            .field("user", &self.user)
-            .field("password", &secret(&self.password))
-            .field("token", &secret(&self.token))
-            .field("nkey", &secret(&self.nkey))
-            .field("creds_file", &self.creds_file)
-            .field("tls_required", &self.tls_required)
-            .field("tls_ca_file", &self.tls_ca_file)
-            .field("tls_cert_file", &self.tls_cert_file)
-            .field("tls_key_file", &self.tls_key_file)
-            .field("connection_timeout", &self.connection_timeout)
-            .field("ping_interval", &self.ping_interval)
-            .field("subscription_capacity", &self.subscription_capacity)
-            .field("publish_timeout", &self.publish_timeout)
-            .field("retry_initial_connect", &self.retry_initial_connect)
-            .finish()
-    }
 }
 
 /// `[service]`: the NATS micro service.
@@ -1137,69 +1088,46 @@ fn read_sim(s: &mut Reader<'_>) -> Result<SimConfig, ConfigError> {
 
 fn read_nats(r: &mut Reader<'_>, queue_capacity: usize) -> Result<NatsConfig, ConfigError> {
     let mut n = r.section("nats")?;
-    let url = n.string("url", "nats://127.0.0.1:4222")?;
-    if url.trim().is_empty() {
-        return Err(ConfigError::invalid(n.key("url"), "empty"));
-    }
+    let url = n.string("url", weir_service::nats::DEFAULT_URL)?;
     let user = n.opt_string("user")?;
     let password = n.opt_string("password")?;
-    if user.is_some() != password.is_some() {
-        return Err(ConfigError::invalid(
-            n.key(if user.is_some() { "password" } else { "user" }),
-            "user and password go together",
-        ));
-    }
     let token = n.opt_string("token")?;
     let nkey = n.opt_string("nkey")?;
     let creds_file = n.opt_string("creds_file")?.map(PathBuf::from);
-    // Exactly one way to authenticate: the client would otherwise send several, and the
-    // server picks one the operator did not choose (the ingress refuses this too).
-    let methods: Vec<&str> = [
-        (user.is_some(), "user/password"),
-        (token.is_some(), "token"),
-        (nkey.is_some(), "nkey"),
-        (creds_file.is_some(), "creds_file"),
-    ]
-    .into_iter()
-    .filter_map(|(set, name)| set.then_some(name))
-    .collect();
-    if methods.len() > 1 {
-        return Err(ConfigError::invalid(
-            n.key(if token.is_some() { "token" } else { "nkey" }),
-            format!(
-                "one authentication method at a time; set: {}",
-                methods.join(", ")
-            ),
-        ));
-    }
+    let tls_ca_file = n.opt_string("tls_ca_file")?.map(PathBuf::from);
     let tls_cert_file = n.opt_string("tls_cert_file")?.map(PathBuf::from);
     let tls_key_file = n.opt_string("tls_key_file")?.map(PathBuf::from);
-    if tls_cert_file.is_some() != tls_key_file.is_some() {
-        return Err(ConfigError::invalid(
-            n.key("tls_key_file"),
-            "tls_cert_file and tls_key_file go together",
-        ));
-    }
-    let cfg = NatsConfig {
-        url,
-        name: n.string("name", "weir-llm-adapter")?,
-        user,
-        password,
-        token,
-        nkey,
-        creds_file,
-        tls_required: n.boolean("tls_required", false)?,
-        tls_ca_file: n.opt_string("tls_ca_file")?.map(PathBuf::from),
-        tls_cert_file,
-        tls_key_file,
+    let base = weir_service::nats::NatsConfig {
+        name: n.string("name", NATS_CLIENT_NAME)?,
         // A node that hangs (host lost, network cut) is noticed after 2–3 pings, and a
         // reconnect that tries it first waits one connection timeout: 2 s + 2 s keep a
         // hung node's cost to seconds (it was 20–30 s + 5 s; issue 13).
         connection_timeout: n.millis("connection_timeout_ms", 2_000, 1..=600_000, "")?,
         ping_interval: n.millis("ping_interval_ms", 2_000, 100..=3_600_000, "")?,
-        subscription_capacity: subscription_capacity(&mut n, queue_capacity)?,
-        publish_timeout: n.millis("publish_timeout_ms", 1_000, 1..=600_000, "")?,
+        subscription_capacity: Some(subscription_capacity(&mut n, queue_capacity)?),
         retry_initial_connect: n.boolean("retry_initial_connect", true)?,
+        // Replies are published through it, each bounded by `publish_timeout_ms`:
+        // async-nats's own default.
+        client_capacity: 2048,
+        ..weir_service::nats::NatsConfig::named(NATS_CLIENT_NAME)
+    };
+    let client = weir_service::nats::NatsInput {
+        url: Some(url.as_str()),
+        user: user.as_deref(),
+        password: password.as_deref(),
+        token: token.as_deref(),
+        nkey: nkey.as_deref(),
+        creds_file: creds_file.as_deref(),
+        tls_required: n.boolean("tls_required", false)?,
+        tls_ca_file: tls_ca_file.as_deref(),
+        tls_cert_file: tls_cert_file.as_deref(),
+        tls_key_file: tls_key_file.as_deref(),
+    }
+    .validate(base)
+    .map_err(|e| ConfigError::invalid(n.key(e.field), e.message))?;
+    let cfg = NatsConfig {
+        client,
+        publish_timeout: n.millis("publish_timeout_ms", 1_000, 1..=600_000, "")?,
     };
     n.finish()?;
     Ok(cfg)
@@ -1823,7 +1751,7 @@ mod tests {
     fn one_nats_auth_method_at_a_time() {
         let e = err("[nats]\nuser = \"u\"\npassword = \"p\"\ntoken = \"t\"\n");
         assert!(e.to_string().contains("nats.token"), "{e}");
-        assert!(e.to_string().contains("user/password, token"), "{e}");
+        assert!(e.to_string().contains("user, token"), "{e}");
         let e = err("[nats]\ntoken = \"t\"\nnkey = \"SUAK\"\n");
         assert!(e.to_string().contains("one authentication method"), "{e}");
         assert!(Config::from_toml_str("[nats]\ntoken = \"t\"\n").is_ok());
@@ -1831,19 +1759,16 @@ mod tests {
 
     #[test]
     fn nats_secrets_never_appear_in_debug_output() {
-        let mut c = Config::default();
-        c.nats.user = Some("weir".into());
-        c.nats.password = Some("pa55-word".into());
-        c.nats.token = Some("t0ken-value".into());
-        c.nats.nkey = Some("SUAKSEEDVALUE".into());
-        let shown = format!("{c:?}");
-        for secret in ["pa55-word", "t0ken-value", "SUAKSEEDVALUE"] {
+        for (toml, secret) in [
+            ("user = \"weir\"\npassword = \"pa55-word\"", "pa55-word"),
+            ("token = \"t0ken-value\"", "t0ken-value"),
+            ("nkey = \"SUAKSEEDVALUE\"", "SUAKSEEDVALUE"),
+        ] {
+            let c = Config::from_toml_str(&format!("[nats]\n{toml}\n")).expect("valid");
+            let shown = format!("{c:?}");
             assert!(!shown.contains(secret), "{secret} in {shown}");
+            assert!(shown.contains("<redacted>"), "{shown}");
         }
-        assert!(
-            shown.contains("weir") && shown.contains("<redacted>"),
-            "{shown}"
-        );
     }
 
     #[test]
@@ -1981,12 +1906,12 @@ mod tests {
     #[test]
     fn subscription_capacity_follows_the_queue_and_the_expected_burst() {
         let c = Config::default();
-        assert_eq!(c.nats.subscription_capacity, 256 + 65_536);
+        assert_eq!(c.nats.client.subscription_capacity, Some(256 + 65_536));
         let c = Config::from_toml_str("queue_capacity = 1000\n[nats]\nexpected_burst = 20000")
             .expect("valid");
-        assert_eq!(c.nats.subscription_capacity, 21_000);
+        assert_eq!(c.nats.client.subscription_capacity, Some(21_000));
         let c = Config::from_toml_str("[nats]\nsubscription_capacity = 300").expect("valid");
-        assert_eq!(c.nats.subscription_capacity, 300);
+        assert_eq!(c.nats.client.subscription_capacity, Some(300));
         let e = err("queue_capacity = 512\n[nats]\nsubscription_capacity = 500");
         assert_eq!(e.key(), "nats.subscription_capacity");
         assert!(

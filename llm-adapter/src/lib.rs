@@ -84,13 +84,9 @@ use crate::config::NatsConfig;
 use crate::service::{NatsSink, ServiceEdge};
 use crate::trace::Tracer;
 
-/// Why the adapter could not start.
-#[derive(Debug, thiserror::Error)]
-#[error("{kind:?}: {message}")]
-pub struct StartError {
-    kind: StartErrorKind,
-    message: String,
-}
+/// Why the adapter could not start: the one error shape (`weir_protocol::Error`), the
+/// cause (NATS, I/O) kept as `source()`.
+pub type StartError = weir_protocol::Error<StartErrorKind>;
 
 /// Machine-readable kind of a [`StartError`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -101,21 +97,6 @@ pub enum StartErrorKind {
     Service,
     /// The backend could not be built.
     Backend,
-}
-
-impl StartError {
-    /// A new error.
-    pub fn new(kind: StartErrorKind, message: impl Into<String>) -> Self {
-        Self {
-            kind,
-            message: message.into(),
-        }
-    }
-
-    /// The kind, for callers that match on it.
-    pub fn kind(&self) -> StartErrorKind {
-        self.kind
-    }
 }
 
 /// Connects to NATS with the configured authentication, TLS and timeouts. Connection
@@ -132,69 +113,19 @@ pub async fn connect_with_events(
     cfg: &NatsConfig,
     events: &NatsEvents,
 ) -> Result<async_nats::Client, StartError> {
-    let mut opts = events.attach(
-        async_nats::ConnectOptions::new()
-            .name(&cfg.name)
-            .connection_timeout(cfg.connection_timeout)
-            .ping_interval(cfg.ping_interval)
-            .subscription_capacity(cfg.subscription_capacity)
-            .require_tls(cfg.tls_required),
+    let connect_error = |e: weir_service::nats::ConnectError| e.map_kind(StartErrorKind::Connect);
+    let opts = events.attach(
+        weir_service::nats::options(&cfg.client)
+            .await
+            .map_err(connect_error)?,
     );
-    if cfg.retry_initial_connect {
-        opts = opts.retry_on_initial_connect();
-    }
-    if let (Some(u), Some(p)) = (&cfg.user, &cfg.password) {
-        opts = opts.user_and_password(u.clone(), p.clone());
-    }
-    if let Some(t) = &cfg.token {
-        opts = opts.token(t.clone());
-    }
-    if let Some(seed) = &cfg.nkey {
-        opts = opts.nkey(seed.clone());
-    }
-    if let Some(path) = &cfg.creds_file {
-        opts = opts.credentials_file(path).await.map_err(|e| {
-            StartError::new(
-                StartErrorKind::Connect,
-                format!("nats.creds_file {}: {e}", path.display()),
-            )
-        })?;
-    }
-    if let Some(ca) = &cfg.tls_ca_file {
-        opts = opts.add_root_certificates(ca.clone());
-    }
-    if let (Some(cert), Some(key)) = (&cfg.tls_cert_file, &cfg.tls_key_file) {
-        opts = opts.add_client_certificate(cert.clone(), key.clone());
-    }
-    // A comma-separated list: each URL parsed on its own (async-nats reads a single
-    // string as one address, so "nats://a:1,nats://b:2" failed with "invalid port").
-    let urls = cfg
-        .url
-        .split(',')
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-        .map(|u| {
-            u.parse::<async_nats::ServerAddr>().map_err(|e| {
-                StartError::new(StartErrorKind::Connect, format!("nats.url {u:?}: {e}"))
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let client = opts
-        .connect(urls)
+    // With the first connection retried, this waits up to one connection timeout, so
+    // that with a server up the service's subscriptions are in place on return
+    // (callers may send requests right away); with none, `/readyz` says 503 until it
+    // connects.
+    let client = weir_service::nats::connect(&cfg.client, opts)
         .await
-        .map_err(|e| StartError::new(StartErrorKind::Connect, format!("nats {}: {e}", cfg.url)))?;
-    if cfg.retry_initial_connect {
-        // The client returns at once and connects in the background. Give it up to one
-        // connection timeout, so that with a server up the service's subscriptions are
-        // in place when this returns (callers may send requests right away); with none,
-        // go on: `/readyz` says 503 until it connects.
-        let deadline = tokio::time::Instant::now() + cfg.connection_timeout;
-        while client.connection_state() != async_nats::connection::State::Connected
-            && tokio::time::Instant::now() < deadline
-        {
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-    }
+        .map_err(connect_error)?;
     // Not connected yet when the first connection is retried in the background: the
     // gauge must say so (the not-ready alert reads it), not 1.
     let connected = client.connection_state() == async_nats::connection::State::Connected;

@@ -15,6 +15,7 @@ use futures::StreamExt;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use weir_llm_adapter::{AdapterHandle, Config};
+use weir_service::nats::NatsAuth;
 use weir_testkit::{NatsServer, NatsServerOptions};
 
 const EXAMPLE_CONF: &str = include_str!("../../deploy/nats-server.conf");
@@ -22,8 +23,10 @@ const EXAMPLE_CONF: &str = include_str!("../../deploy/nats-server.conf");
 async fn adapter(server: &NatsServer, toml: &str, user: Option<(&str, &str)>) -> AdapterHandle {
     let mut config = Config::from_toml_str(toml).expect("valid config");
     if let Some((u, p)) = user {
-        config.nats.user = Some(u.into());
-        config.nats.password = Some(p.into());
+        config.nats.client.auth = NatsAuth::UserPassword {
+            user: u.into(),
+            password: p.into(),
+        };
     }
     common::adapter_like_the_binary(server, config, Duration::from_millis(1)).await
 }

@@ -309,7 +309,7 @@ impl Whip {
     /// Binds the UDP socket and starts the driver task.
     pub async fn start(config: WhipConfig) -> Result<Self, Error> {
         let socket = UdpSocket::bind(config.udp_listen).await.map_err(|e| {
-            Error::io(
+            crate::error::io(
                 format!(
                     "config key `whip_udp_listen`: cannot bind UDP {}",
                     config.udp_listen
@@ -319,7 +319,7 @@ impl Whip {
         })?;
         let udp_addr = socket
             .local_addr()
-            .map_err(|e| Error::io("WHIP UDP address", e))?;
+            .map_err(|e| crate::error::io("WHIP UDP address", e))?;
         let counters = Arc::new(WhipCounters::default());
         let (tx, rx) = mpsc::channel(DRIVER_COMMANDS);
         let sessions = Arc::new(Sessions {

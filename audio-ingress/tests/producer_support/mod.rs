@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use weir_audio_ingress::config::NatsConfig;
+use weir_audio_ingress::config::{NATS_CLIENT_NAME, NatsConfig};
 use weir_protocol::audio::extension::{Extensions, PossibleLoss};
 use weir_protocol::audio::{DecodeOptions, Gap, Packet, PacketBody, decode};
 
@@ -19,7 +19,7 @@ pub const STEP: Duration = Duration::from_secs(10);
 /// Producer-side NATS settings for tests: connect 500 ms, ping 1 s, and a small
 /// command channel (`client_capacity`) so a stalled server is felt quickly.
 pub fn nats_config(url: &str, client_capacity: usize) -> NatsConfig {
-    let mut c = NatsConfig::for_url(url);
+    let mut c = NatsConfig::for_url(NATS_CLIENT_NAME, url);
     c.client_capacity = client_capacity;
     c
 }
@@ -28,7 +28,7 @@ pub fn nats_config(url: &str, client_capacity: usize) -> NatsConfig {
 pub async fn producer_client(url: &str, client_capacity: usize) -> async_nats::Client {
     tokio::time::timeout(
         STEP,
-        weir_audio_ingress::nats::connect(&nats_config(url, client_capacity), false),
+        weir_audio_ingress::nats::connect(&nats_config(url, client_capacity)),
     )
     .await
     .expect("connect in time")

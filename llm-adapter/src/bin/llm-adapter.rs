@@ -137,7 +137,7 @@ async fn serve(config: Config) -> Result<(), String> {
         .local_addr()
         .map_err(|e| format!("admin address: {e}"))?;
     tracing::info!(
-        nats = %config.nats.url,
+        nats = %config.nats.client.url_list(),
         subject = %config.service.subject,
         backend = config.backend.kind.name(),
         workers = config.workers.get(),

@@ -135,9 +135,9 @@ pub async fn adapter_like_the_binary(
     mut config: Config,
     latency: Duration,
 ) -> AdapterHandle {
-    config.nats.url = server.url().to_owned();
-    config.nats.connection_timeout = Duration::from_millis(500);
-    config.nats.ping_interval = Duration::from_secs(1);
+    config.nats.client.urls = vec![server.url().to_owned()];
+    config.nats.client.connection_timeout = Duration::from_millis(500);
+    config.nats.client.ping_interval = Duration::from_secs(1);
     let events = weir_llm_adapter::NatsEvents::new();
     let client = tokio::time::timeout(
         STEP,

@@ -1,10 +1,20 @@
-//! NATS helpers both services and the consumer core use.
+//! NATS for every weir client: the connection settings, validated once
+//! ([`settings`]), one way to connect ([`connect`]), connection-event labels and
+//! subscribing with the server's confirmation.
+
+mod connect;
+mod settings;
 
 use std::time::Duration;
 
 use async_nats::{Client, Event, Subscriber};
 use bytes::Bytes;
 use futures::StreamExt;
+
+pub use connect::{ConnectError, ConnectErrorKind, connect, options};
+pub use settings::{
+    DEFAULT_URL, FieldError, FieldErrorKind, NatsAuth, NatsConfig, NatsInput, NatsTls, parse_urls,
+};
 
 /// The metric label of an event.
 pub fn event_label(event: &Event) -> &'static str {
