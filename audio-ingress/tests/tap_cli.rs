@@ -245,22 +245,28 @@ async fn sigterm_prints_the_summary() {
     assert_eq!(v[3]["stopped_by"], "signal");
 }
 
+/// `tap x.* <args>` run to its end (bounded at 15 s).
+async fn tap_output(args: &[&str]) -> std::process::Output {
+    tokio::time::timeout(
+        Duration::from_secs(15),
+        Command::new(env!("CARGO_BIN_EXE_audio-ingress"))
+            .args(["tap", "x.*"])
+            .args(args)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("tap gives up in time")
+    .expect("runs")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_server_is_a_clear_error() {
     // A port nobody listens on (the server is started and killed to free one).
     let server = NatsServer::start().expect("nats-server");
     let url = server.url().to_owned();
     drop(server);
-    let out = tokio::time::timeout(
-        Duration::from_secs(15),
-        Command::new(env!("CARGO_BIN_EXE_audio-ingress"))
-            .args(["tap", "x.*", "--nats-url", &url])
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("tap gives up in time")
-    .expect("runs");
+    let out = tap_output(&["--nats-url", &url]).await;
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("cannot connect to NATS"), "{stderr}");
@@ -285,18 +291,7 @@ async fn connection_flags_are_validated_like_serve() {
             "--nats-url: \"nats://h:notaport\" is not a NATS URL",
         ),
     ] {
-        let out = tokio::time::timeout(
-            Duration::from_secs(15),
-            Command::new(env!("CARGO_BIN_EXE_audio-ingress"))
-                .arg("tap")
-                .arg("x.*")
-                .args(&args)
-                .kill_on_drop(true)
-                .output(),
-        )
-        .await
-        .expect("tap gives up in time")
-        .expect("runs");
+        let out = tap_output(&args).await;
         assert!(!out.status.success());
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(expect), "{args:?}: {stderr}");

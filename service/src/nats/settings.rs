@@ -217,6 +217,26 @@ fn existing(field: &'static str, path: Option<&Path>) -> Result<Option<PathBuf>,
     }
 }
 
+/// Two keys that go together: both or neither; one alone names the other as missing.
+fn together<A, B>(
+    (a_field, a): (&'static str, Option<A>),
+    (b_field, b): (&'static str, Option<B>),
+) -> Result<Option<(A, B)>, FieldError> {
+    let missing = |field: &'static str, with: &str| {
+        FieldError::new(
+            field,
+            FieldErrorKind::Missing,
+            format!("required with {with}"),
+        )
+    };
+    match (a, b) {
+        (Some(a), Some(b)) => Ok(Some((a, b))),
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(missing(b_field, a_field)),
+        (None, Some(_)) => Err(missing(a_field, b_field)),
+    }
+}
+
 /// Splits a comma-separated list and checks each URL.
 pub fn parse_urls(list: &str) -> Result<Vec<String>, FieldError> {
     let urls: Vec<String> = list
@@ -253,27 +273,13 @@ impl NatsInput<'_> {
             None => base.urls,
         };
         let auth = self.auth()?;
-        let client_cert = match (
-            existing("tls_cert_file", self.tls_cert_file)?,
-            existing("tls_key_file", self.tls_key_file)?,
-        ) {
-            (Some(c), Some(k)) => Some((c, k)),
-            (None, None) => None,
-            (Some(_), None) => {
-                return Err(FieldError::new(
-                    "tls_key_file",
-                    FieldErrorKind::Missing,
-                    "required with tls_cert_file",
-                ));
-            }
-            (None, Some(_)) => {
-                return Err(FieldError::new(
-                    "tls_cert_file",
-                    FieldErrorKind::Missing,
-                    "required with tls_key_file",
-                ));
-            }
-        };
+        let client_cert = together(
+            (
+                "tls_cert_file",
+                existing("tls_cert_file", self.tls_cert_file)?,
+            ),
+            ("tls_key_file", existing("tls_key_file", self.tls_key_file)?),
+        )?;
         let tls = NatsTls {
             required: self.tls_required,
             ca_file: existing("tls_ca_file", self.tls_ca_file)?,
@@ -289,29 +295,17 @@ impl NatsInput<'_> {
 
     fn auth(&self) -> Result<NatsAuth, FieldError> {
         let mut methods: Vec<(&'static str, NatsAuth)> = Vec::new();
-        match (present(self.user), present(self.password)) {
-            (Some(user), Some(password)) => methods.push((
+        if let Some((user, password)) = together(
+            ("user", present(self.user)),
+            ("password", present(self.password)),
+        )? {
+            methods.push((
                 "user",
                 NatsAuth::UserPassword {
                     user: user.to_owned(),
                     password: password.to_owned(),
                 },
-            )),
-            (None, None) => {}
-            (Some(_), None) => {
-                return Err(FieldError::new(
-                    "password",
-                    FieldErrorKind::Missing,
-                    "required with user",
-                ));
-            }
-            (None, Some(_)) => {
-                return Err(FieldError::new(
-                    "user",
-                    FieldErrorKind::Missing,
-                    "required with password",
-                ));
-            }
+            ));
         }
         if let Some(t) = present(self.token) {
             methods.push(("token", NatsAuth::Token(t.to_owned())));
