@@ -15,6 +15,13 @@ use weir_loadtest::report::{REQUIRED_KEYS, RunReport, missing_keys};
 use weir_loadtest::scenario::run::{Env, PolicyArg, run_one};
 use weir_loadtest::scenario::{Scenario, plan};
 
+/// 3 streams × 2 s × 50 frames/s = 300 nominal; allow for start-up spread.
+const WS_MIN_SENT: u64 = 240;
+/// The same less the WHIP set-up (ICE, DTLS) before the first frame: a fresh-clone CI
+/// run under load sent 230 (the WebSocket floor failed it). Half is the floor: the
+/// point is that frames flowed and every one is accounted for.
+const WHIP_MIN_SENT: u64 = 150;
+
 fn env() -> Env {
     let test_exe = std::env::current_exe().ok();
     Env {
@@ -34,7 +41,9 @@ fn env() -> Env {
     }
 }
 
-fn check_identities(r: &RunReport) {
+/// `min_sent`: the floor on frames the producers sent (the cadence held well enough
+/// for the run to mean something).
+fn check_identities(r: &RunReport, min_sent: u64) {
     let f = &r.frames;
     let e = &f.explained;
     assert_eq!(
@@ -74,10 +83,9 @@ fn check_identities(r: &RunReport) {
     );
     assert!(t.delivered_late <= t.e2e_latency_ms.count, "{t:?}");
     assert_eq!(t.late_after_ms, 700.0, "default max_age + one round");
-    // 3 streams × 2 s × 50 frames/s = 300 nominal; allow for start-up spread.
     assert!(
-        f.sent_by_producers >= 240,
-        "producers kept the cadence: {f:?}"
+        f.sent_by_producers >= min_sent,
+        "producers kept the cadence (at least {min_sent} sent): {f:?}"
     );
     assert!(
         f.received > 0 && f.received <= f.published + f.possibly_lost,
@@ -95,7 +103,7 @@ async fn tiny_steady_run_accounts_for_every_frame() {
     let naive = run_one(&env, &plan, 3, Design::Naive)
         .await
         .expect("naive run");
-    check_identities(&naive.report);
+    check_identities(&naive.report, WS_MIN_SENT);
     assert!(naive.samples.len() >= 15, "sampled every 100 ms");
     assert_eq!(naive.report.ingress.pending_bytes_limit, None);
 
@@ -105,7 +113,7 @@ async fn tiny_steady_run_accounts_for_every_frame() {
                 .await
                 .expect("bounded run");
             let r = &bounded.report;
-            check_identities(r);
+            check_identities(r, WS_MIN_SENT);
             assert_eq!(
                 r.frames.unaccounted, 0,
                 "nothing lost on loopback without faults: {:?}",
@@ -174,13 +182,10 @@ async fn tiny_steady_run_over_whip_accounts_for_every_frame() {
         .await
         .expect("bounded run over WHIP");
     let r = &out.report;
-    check_identities(r);
+    check_identities(r, WHIP_MIN_SENT);
     assert_eq!(r.transport, Transport::Whip);
     assert_eq!(r.producers.connects, 3, "{:?}", r.producers);
-    // 3 streams × 2 s at 50 frames/s = 300 nominal, less the WHIP set-up (ICE, DTLS) at
-    // the start; a fresh-clone CI run under load offered 247. Half is the floor: the
-    // point is that frames flowed and every one is accounted for.
-    assert!(r.frames.offered >= 150, "{:?}", r.frames);
+    assert!(r.frames.offered >= WHIP_MIN_SENT, "{:?}", r.frames);
     assert_eq!(r.frames.unaccounted, 0, "{:?}", r.frames);
     assert_eq!(r.ingress.overloads, 0);
 }
