@@ -40,6 +40,10 @@
 //!   batch and could not hand over come back to the front ([`FrameQueue::requeue_front`]),
 //!   or into the overload report if the stream overloaded meanwhile — never dropped
 //!   unaccounted.
+//!
+//! The queued frames are stored in a [`BoundedQueue`] (`weir-service`, shared with the
+//! consumer's stream queue): order, ages and eviction from the front. The byte bound is
+//! the [`Budget`]'s, which also counts frames in flight and unconfirmed.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -52,6 +56,7 @@ use weir_protocol::audio::extension::{
     EndReason, Overload, OverloadReason, PossibleLoss, PossibleLossReason,
 };
 use weir_protocol::audio::{Gap, GapReason};
+use weir_service::bounded::{BoundedQueue, Charged};
 
 use crate::config::{Policy, StreamConfig};
 use crate::confirm::WindowPermit;
@@ -222,6 +227,16 @@ impl QueuedFrame {
     }
 }
 
+impl Charged for QueuedFrame {
+    fn charge(&self) -> usize {
+        charge_of(self.pcm_len) as usize
+    }
+
+    fn enqueued_at(&self) -> Instant {
+        self.enqueued_at
+    }
+}
+
 /// The frames of this stream the last confirmed round covered (see
 /// [`FrameQueue::lose_through`]).
 #[derive(Debug, Clone, Copy)]
@@ -253,12 +268,11 @@ struct Carried {
     declaration: PossibleLoss,
 }
 
-/// A frame handed to the NATS client, awaiting the server's confirmation. Keeps its
-/// byte reservation (and its share of the connection window) until settled.
+/// A run of consecutive frames handed to the NATS client in one window batch, awaiting
+/// the server's confirmation: settled together, so they are held together until then —
+/// one reservation and one window permit per run instead of per frame (the budget's and
+/// the window's shared counters move once per run).
 #[derive(Debug)]
-/// A run of consecutive frames handed over in one window batch: settled together, so
-/// they are held together — one reservation and one window permit per run instead of
-/// per frame (the budget's and the window's shared counters move once per run).
 struct Unconfirmed {
     first_seq: u64,
     last_seq: u64,
@@ -404,7 +418,7 @@ pub struct FrameQueue {
     end_timeout: Duration,
 
     gaps: VecDeque<Gap>,
-    items: VecDeque<QueuedFrame>,
+    items: BoundedQueue<QueuedFrame>,
     next_seq: u64,
     phase: Phase,
     full_since: Option<Instant>,
@@ -459,7 +473,7 @@ impl FrameQueue {
             max_frame_bytes: cfg.max_frame_bytes(),
             end_timeout: cfg.end_timeout(),
             gaps: VecDeque::new(),
-            items: VecDeque::new(),
+            items: BoundedQueue::default(),
             next_seq: 1,
             phase: Phase::Open,
             full_since: None,
@@ -641,8 +655,7 @@ impl FrameQueue {
         if !self.gaps.is_empty() {
             return;
         }
-        let n = max.min(self.items.len());
-        out.extend(self.items.drain(..n));
+        out.extend(self.items.drain_front(max));
     }
 
     /// Frames taken by [`Self::take_more`] that the publisher did not hand over (its
@@ -702,8 +715,6 @@ impl FrameQueue {
         self.declaration.is_some()
     }
 
-    /// The server confirmed every frame handed over in batches up to `batch`: they are
-    /// published, their bytes released. Returns how many.
     /// Releases the unconfirmed runs of batches `<= batch`: how many frames, and the
     /// seq range they span.
     fn settle_runs(&mut self, batch: u64) -> (u64, Option<(u64, u64)>) {
@@ -718,6 +729,8 @@ impl FrameQueue {
         (n, range)
     }
 
+    /// The server confirmed every frame handed over in batches up to `batch`: they are
+    /// published, their bytes released. Returns how many.
     pub(crate) fn confirm_through(&mut self, batch: u64) -> u64 {
         if matches!(self.control_check, ControlCheck::Pending(b) if b <= batch) {
             self.control_check = ControlCheck::Confirmed;
@@ -986,10 +999,10 @@ impl FrameQueue {
         if pending + len > self.enforced_max_bytes {
             match self.policy {
                 Policy::Gap => {
-                    while self.budget.bytes() + len > self.enforced_max_bytes {
-                        let Some(f) = self.items.pop_front() else {
-                            break;
-                        };
+                    while let Some(f) = self
+                        .items
+                        .pop_front_if(|_| self.budget.bytes() + len > self.enforced_max_bytes)
+                    {
                         self.drop_into_gap(f, DropReason::Evicted, GapReason::QueueFull);
                     }
                     if self.budget.bytes() + len > self.enforced_max_bytes {
@@ -1109,12 +1122,8 @@ impl FrameQueue {
 
     /// Drops every queued frame for `reason`; returns (frames, samples).
     fn drop_all(&mut self, reason: DropReason) -> (u64, u64) {
-        let mut frames = 0;
-        let mut samples = 0;
-        for f in self.items.drain(..) {
-            frames += 1;
-            samples += f.samples();
-        }
+        let frames = self.items.frames() as u64;
+        let samples = self.items.drain_all().map(|f| f.samples()).sum();
         self.account().dropped(reason, frames, samples);
         (frames, samples)
     }
@@ -1159,26 +1168,20 @@ impl FrameQueue {
     /// Applies the age bound to the front of the queue, and (`close`) to the oldest
     /// frame the server has not confirmed: audio that old is stale wherever it waits.
     fn expire(&mut self, now: Instant) {
-        if self.policy == Policy::Close
-            && self
-                .oldest_unconfirmed_at()
-                .is_some_and(|t| now.saturating_duration_since(t) > self.enforced_max_age)
-        {
-            self.trip_overload(OverloadReason::MaxAge, now);
-        }
-        while let Some(front) = self.items.front() {
-            if now.saturating_duration_since(front.enqueued_at) <= self.enforced_max_age {
-                return;
-            }
-            match self.policy {
-                Policy::Gap => {
-                    if let Some(f) = self.items.pop_front() {
-                        self.drop_into_gap(f, DropReason::MaxAge, GapReason::MaxAge);
-                    }
+        let max_age = self.enforced_max_age;
+        match self.policy {
+            Policy::Gap => {
+                while let Some(f) = self.items.pop_expired(now, max_age) {
+                    self.drop_into_gap(f, DropReason::MaxAge, GapReason::MaxAge);
                 }
-                Policy::Close => {
+            }
+            Policy::Close => {
+                let stale = |age: Duration| age > max_age;
+                let unconfirmed = self
+                    .oldest_unconfirmed_at()
+                    .map(|t| now.saturating_duration_since(t));
+                if unconfirmed.is_some_and(stale) || self.items.oldest_age(now).is_some_and(stale) {
                     self.trip_overload(OverloadReason::MaxAge, now);
-                    return;
                 }
             }
         }

@@ -13,14 +13,17 @@
 //!   policy). Every refused or dropped frame is returned to the caller to be counted.
 //! - After [`StreamQueue::close`] nothing else is queued; after the handler task has
 //!   gone ([`ReceiverGuard`] dropped) the queue is emptied and refuses everything.
+//!
+//! Storage, byte and frame totals and ages are [`BoundedQueue`]'s (`weir-service`, shared
+//! with the ingress's frame queue); the policy and the overload notice are this file's.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use weir_service::bounded::{BoundedQueue, Charged};
 
 use super::config::{ConsumerPolicy, QueueLimits};
 use super::event::{End, GapCause, GapNotice, LocalOverload, OverloadBound, StreamEvent};
@@ -31,15 +34,30 @@ pub(crate) const CONTROL_EVENT_BYTES: usize = 64;
 
 struct Queued {
     event: StreamEvent,
-    bytes: usize,
     at: Instant,
+}
+
+impl Charged for Queued {
+    fn charge(&self) -> usize {
+        match &self.event {
+            StreamEvent::Frame(f) => f.pcm.len(),
+            StreamEvent::Gap(_) | StreamEvent::LossDeclared(_) => CONTROL_EVENT_BYTES,
+            StreamEvent::End(_) => 0,
+        }
+    }
+
+    fn enqueued_at(&self) -> Instant {
+        self.at
+    }
+
+    fn frames(&self) -> usize {
+        usize::from(matches!(self.event, StreamEvent::Frame(_)))
+    }
 }
 
 #[derive(Default)]
 struct State {
-    items: VecDeque<Queued>,
-    bytes: usize,
-    frames: usize,
+    items: BoundedQueue<Queued>,
     closed: bool,
     receiver_gone: bool,
 }
@@ -85,14 +103,6 @@ pub(crate) struct StreamQueue {
     delivered: AtomicU64,
 }
 
-fn event_bytes(event: &StreamEvent) -> usize {
-    match event {
-        StreamEvent::Frame(f) => f.pcm.len(),
-        StreamEvent::Gap(_) | StreamEvent::LossDeclared(_) => CONTROL_EVENT_BYTES,
-        StreamEvent::End(_) => 0,
-    }
-}
-
 impl StreamQueue {
     /// An empty queue.
     pub(crate) fn new(limits: QueueLimits) -> Self {
@@ -123,7 +133,8 @@ impl StreamQueue {
     /// Queues `event` (a frame or a gap notice; use [`Self::close`] for the end),
     /// applying the bound and the policy. Never waits.
     pub(crate) fn push(&self, event: StreamEvent, now: Instant) -> Push {
-        let bytes = event_bytes(&event);
+        let item = Queued { event, at: now };
+        let bytes = item.charge();
         let mut st = self.lock();
         if st.receiver_gone {
             return Push::ReceiverGone;
@@ -137,17 +148,10 @@ impl StreamQueue {
             first_overload.get_or_insert(overload);
             match self.limits.policy {
                 ConsumerPolicy::Close => return Push::Overloaded(overload),
-                ConsumerPolicy::Gap => dropped_frames += drop_oldest(&mut st),
+                ConsumerPolicy::Gap => dropped_frames += drop_oldest(&mut st.items),
             }
         }
-        let is_frame = matches!(event, StreamEvent::Frame(_));
-        st.items.push_back(Queued {
-            event,
-            bytes,
-            at: now,
-        });
-        st.bytes += bytes;
-        st.frames += usize::from(is_frame);
+        st.items.push_back(item);
         drop(st);
         self.ready.notify_one();
         Push::Queued {
@@ -162,9 +166,9 @@ impl StreamQueue {
     /// only that notice admits, or dropping could not make progress.
     fn over_bound(&self, st: &State, bytes: usize, now: Instant) -> Option<LocalOverload> {
         st.items.front()?;
-        let oldest = oldest_behind_notice(st);
-        let oldest_age = oldest.map_or(Duration::ZERO, |q| now.saturating_duration_since(q.at));
-        let bound = if st.bytes + bytes > self.limits.max_bytes {
+        let oldest = oldest_age_behind_notice(&st.items, now);
+        let oldest_age = oldest.unwrap_or_default();
+        let bound = if !st.items.fits(bytes, self.limits.max_bytes) {
             oldest?;
             OverloadBound::Bytes
         } else if oldest_age > self.limits.max_age {
@@ -174,7 +178,7 @@ impl StreamQueue {
         };
         Some(LocalOverload {
             bound,
-            pending_bytes: st.bytes,
+            pending_bytes: st.items.bytes(),
             oldest_age,
         })
     }
@@ -189,7 +193,6 @@ impl StreamQueue {
         st.closed = true;
         st.items.push_back(Queued {
             event: StreamEvent::End(end),
-            bytes: 0,
             at: now,
         });
         drop(st);
@@ -204,8 +207,6 @@ impl StreamQueue {
             {
                 let mut st = self.lock();
                 if let Some(q) = st.items.pop_front() {
-                    st.bytes -= q.bytes;
-                    st.frames -= usize::from(matches!(q.event, StreamEvent::Frame(_)));
                     return Some(q.event);
                 }
                 if st.closed || st.receiver_gone {
@@ -222,10 +223,9 @@ impl StreamQueue {
     pub(crate) fn fill(&self, now: Instant) -> Fill {
         let st = self.lock();
         Fill {
-            bytes: st.bytes,
-            frames: st.frames,
-            oldest_age: oldest_behind_notice(&st)
-                .map_or(Duration::ZERO, |q| now.saturating_duration_since(q.at)),
+            bytes: st.items.bytes(),
+            frames: st.items.frames(),
+            oldest_age: oldest_age_behind_notice(&st.items, now).unwrap_or_default(),
         }
     }
 
@@ -233,107 +233,29 @@ impl StreamQueue {
     fn receiver_gone(&self) -> usize {
         let mut st = self.lock();
         st.receiver_gone = true;
-        let frames = st.frames;
-        st.items.clear();
-        st.bytes = 0;
-        st.frames = 0;
-        frames
+        st.items.drain_all().map(|q| q.frames()).sum()
     }
 }
 
-/// The oldest queued event that is not a merged overload notice (those only stand
-/// for audio already dropped).
-fn oldest_behind_notice(st: &State) -> Option<&Queued> {
-    let front = st.items.front()?;
-    if is_overload_notice(&front.event) {
-        st.items.get(1)
-    } else {
-        Some(front)
-    }
-}
-
-fn is_overload_notice(event: &StreamEvent) -> bool {
-    matches!(
-        event,
-        StreamEvent::Gap(GapNotice {
-            cause: GapCause::Overload,
-            ..
-        })
-    )
+/// The age of the oldest queued event that is not a merged overload notice (those only
+/// stand for audio already dropped).
+fn oldest_age_behind_notice(items: &BoundedQueue<Queued>, now: Instant) -> Option<Duration> {
+    let notice = items
+        .front()
+        .is_some_and(|q| matches!(&q.event, StreamEvent::Gap(g) if g.cause == GapCause::Overload));
+    items.age_at(usize::from(notice), now)
 }
 
 /// Drops the oldest events, merging them into one overload notice at the front, until
 /// at least one frame's bytes or one other event was freed. Returns frames dropped.
-fn drop_oldest(st: &mut State) -> u64 {
-    let Some(first) = st.items.pop_front() else {
+fn drop_oldest(items: &mut BoundedQueue<Queued>) -> u64 {
+    let Some(Queued { event, at }) = items.pop_front() else {
         return 0;
     };
-    st.bytes -= first.bytes;
-    if matches!(first.event, StreamEvent::LossDeclared(_)) {
-        // Covers no seq: dropping it frees its bytes and leaves the timeline whole.
-        return 0;
-    }
-    let mut dropped = 0u64;
-    let (mut notice, at) = match first.event {
-        StreamEvent::Gap(
-            g @ GapNotice {
-                cause: GapCause::Overload,
-                ..
-            },
-        ) => (g, first.at),
-        other => {
-            let (n, d) = as_overload_notice(other);
-            dropped += d;
-            st.frames -= d as usize;
-            (n, first.at)
-        }
-    };
-    // A loss declaration right behind our notice covers no seq: drop it (progress).
-    if dropped == 0
-        && st
-            .items
-            .front()
-            .is_some_and(|n| matches!(n.event, StreamEvent::LossDeclared(_)))
-        && let Some(next) = st.items.pop_front()
-    {
-        st.bytes -= next.bytes;
-        st.bytes += CONTROL_EVENT_BYTES;
-        st.items.push_front(Queued {
-            event: StreamEvent::Gap(notice),
-            bytes: CONTROL_EVENT_BYTES,
-            at,
-        });
-        return 0;
-    }
-    // If the front was already our notice, extend it by the next event.
-    if dropped == 0
-        && let Some(next) = st.items.front()
-        && !matches!(next.event, StreamEvent::End(_))
-        && let Some(next) = st.items.pop_front()
-    {
-        st.bytes -= next.bytes;
-        let (n, d) = as_overload_notice(next.event);
-        st.frames -= d as usize;
-        dropped += d;
-        notice.last_seq = n.last_seq;
-        notice.samples = match (notice.samples, n.samples) {
-            // Declared samples come from the network: saturate.
-            (Some(a), Some(b)) => Some(a.saturating_add(b)),
-            _ => None,
-        };
-    }
-    st.bytes += CONTROL_EVENT_BYTES;
-    st.items.push_front(Queued {
-        event: StreamEvent::Gap(notice),
-        bytes: CONTROL_EVENT_BYTES,
-        at,
-    });
-    dropped
-}
-
-/// The overload notice standing for `event`, and how many frames that drops.
-fn as_overload_notice(event: StreamEvent) -> (GapNotice, u64) {
-    match event {
+    let (mut notice, mut dropped) = match event {
+        // A loss declaration covers no seq: dropping it frees its bytes and leaves the
+        // timeline whole. (The end is never queued while pushes are admitted.)
+        StreamEvent::LossDeclared(_) | StreamEvent::End(_) => return 0,
         StreamEvent::Frame(f) => (
             GapNotice {
                 first_seq: f.seq,
@@ -350,27 +272,32 @@ fn as_overload_notice(event: StreamEvent) -> (GapNotice, u64) {
             },
             0,
         ),
-        // `End` is never behind anything and never dropped; callers exclude it. A loss
-        // declaration is dropped before it gets here (`drop_oldest`).
-        StreamEvent::LossDeclared(d) => (
-            GapNotice {
-                first_seq: d.last_seq,
-                last_seq: d.last_seq,
-                samples: Some(0),
-                cause: GapCause::Overload,
-            },
-            0,
-        ),
-        StreamEvent::End(e) => (
-            GapNotice {
-                first_seq: e.last_seq.unwrap_or(0),
-                last_seq: e.last_seq.unwrap_or(0),
-                samples: Some(0),
-                cause: GapCause::Overload,
-            },
-            0,
-        ),
+    };
+    // If the front was a notice, extend it by the next event (never the end); a loss
+    // declaration there covers no seq: it just goes (progress).
+    if dropped == 0
+        && let Some(next) = items.pop_front_if(|q| !matches!(q.event, StreamEvent::End(_)))
+    {
+        let (last_seq, samples) = match next.event {
+            StreamEvent::Frame(f) => {
+                dropped = 1;
+                (f.seq, Some(f.samples))
+            }
+            StreamEvent::Gap(g) => (g.last_seq, g.samples),
+            StreamEvent::LossDeclared(_) | StreamEvent::End(_) => (notice.last_seq, Some(0)),
+        };
+        notice.last_seq = last_seq;
+        // Declared samples come from the network: saturate.
+        notice.samples = notice
+            .samples
+            .zip(samples)
+            .map(|(a, b)| a.saturating_add(b));
     }
+    items.push_front(Queued {
+        event: StreamEvent::Gap(notice),
+        at,
+    });
+    dropped
 }
 
 /// Held by the stream's handler task; when the task ends (normally or by panic) the
@@ -439,8 +366,6 @@ mod tests {
         while let Some(x) = st.items.pop_front() {
             out.push(x.event);
         }
-        st.bytes = 0;
-        st.frames = 0;
         out
     }
 

@@ -5,6 +5,8 @@
 //!   (a rule on a series that does not exist yet is silently never true);
 //! - [`process`]: the process's own figures (memory, CPU, open files) and build info
 //!   for `/metrics`;
+//! - [`bounded`]: the FIFO bounded by bytes and age under both per-stream queues (the
+//!   ingress's frames, the consumer's events), generic over its item;
 //! - [`ratelimit`]: warnings in per-packet and retry loops, once per interval;
 //! - [`nats`]: connection-event labels, subscribing with the server's confirmation;
 //! - [`logging`] (feature `logging`): text or JSON logs on stderr;
@@ -13,6 +15,7 @@
 //!
 //! It never installs a metrics recorder (the binaries do).
 
+pub mod bounded;
 #[cfg(feature = "http")]
 pub mod http;
 #[cfg(feature = "logging")]
