@@ -4,16 +4,24 @@
 //! `/v1/limits` (the configured budget, policy and caps), `/v1/whip` (WHIP sessions and
 //! their media counters: decode cost, concealed frames, RTP gaps).
 //!
+//! The skeleton (`/metrics`, `/healthz`, `/readyz`, the JSON 404/405 refusals, the
+//! request timeout and concurrency limit) is `weir_service::admin`'s, shared with the
+//! LLM adapter; this module gives it the ingress's readiness and metrics text and adds
+//! the `/v1/*` views.
+//!
 //! Read-only: nothing here changes a stream. Every handler is a snapshot of atomics and
 //! short-held locks, so a scrape cannot slow the data path noticeably.
 
+use std::sync::Arc;
+
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
+use weir_service::admin::{Admin, MetricsSource, Readiness, Ready, RequestLimits, error_response};
 
 use crate::publisher::Sink;
 use crate::stream::Ingress;
@@ -34,71 +42,72 @@ pub struct AdminState<S: Sink> {
     pub whip: Option<crate::whip::WhipView>,
 }
 
-/// The admin routes.
+/// The message of the 404 `not_found`.
+const PATHS: &str = "no such admin endpoint; paths: /metrics, /healthz, /readyz, /v1/streams, /v1/stats, /v1/limits, /v1/whip";
+
+/// The admin routes: the shared skeleton with the ingress's `/v1/*` views.
 pub fn router<S: Sink>(state: AdminState<S>) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics_text::<S>))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz::<S>))
+    let views = Router::new()
         .route("/v1/streams", get(streams::<S>))
         .route("/v1/stats", get(stats::<S>))
         .route("/v1/limits", get(limits::<S>))
         .route("/v1/whip", get(whip::<S>))
-        .fallback(|| async { not_found("not_found", "no such admin endpoint") })
-        .with_state(state)
+        .with_state(state.clone());
+    let state = Arc::new(state);
+    weir_service::admin::router(
+        Admin {
+            readiness: Arc::clone(&state) as Arc<dyn Readiness>,
+            metrics: state,
+            not_found: PATHS,
+            limits: RequestLimits::default(),
+        },
+        views,
+    )
 }
 
-async fn metrics_text<S: Sink>(State(state): State<AdminState<S>>) -> Response {
-    match &state.prometheus {
-        Some(h) => {
-            // Refresh the sampled gauges before rendering. The connected gauge is also
-            // kept by connection events, which async-nats drops when its event channel
-            // is full: the scrape reads the client's own state.
-            state.ingress.oldest_frame_age();
-            metrics::gauge!(crate::metrics::NATS_CONNECTED)
-                .set(f64::from(u8::from(state.ingress.sink().is_connected())));
-            // The per-frame counters live in the ingress's atomics (no facade call per
-            // frame); they and the queue-wait histogram are published here.
-            let global = state.ingress.global();
-            global.publish_metrics();
-            let mut text = h.render();
-            global.render_histograms(&mut text);
-            weir_service::process::render(&mut text);
-            ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
-        }
-        // Not a transient state (the process runs without a recorder): 404 with the JSON
-        // error body, the same answer as the LLM adapter's.
-        None => not_found("no_recorder", "no metrics recorder installed"),
+impl<S: Sink> MetricsSource for AdminState<S> {
+    fn render(&self) -> Option<String> {
+        let h = self.prometheus.as_ref()?;
+        // Refresh the sampled gauges before rendering. The connected gauge is also
+        // kept by connection events, which async-nats drops when its event channel is
+        // full: the scrape reads the client's own state.
+        self.ingress.oldest_frame_age();
+        metrics::gauge!(crate::metrics::NATS_CONNECTED)
+            .set(f64::from(u8::from(self.ingress.sink().is_connected())));
+        // The per-frame counters live in the ingress's atomics (no facade call per
+        // frame); they and the queue-wait histogram are published here.
+        let global = self.ingress.global();
+        global.publish_metrics();
+        let mut text = h.render();
+        global.render_histograms(&mut text);
+        Some(text)
     }
 }
 
-/// A 404 with the JSON error body every refusal carries.
-fn not_found(code: &str, message: &str) -> Response {
-    (
-        StatusCode::NOT_FOUND,
-        axum::Json(json!({"error": {"code": code, "message": message}})),
-    )
-        .into_response()
+/// Ready: NATS connected and not shutting down.
+impl<S: Sink> Readiness for AdminState<S> {
+    fn readiness(&self) -> Ready {
+        let connected = self.ingress.sink().is_connected();
+        let shutting_down = self.ingress.is_shutting_down();
+        let mut detail = serde_json::Map::new();
+        detail.insert("nats_connected".to_owned(), connected.into());
+        detail.insert("shutting_down".to_owned(), shutting_down.into());
+        Ready {
+            ready: connected && !shutting_down,
+            detail,
+        }
+    }
 }
 
 async fn whip<S: Sink>(State(state): State<AdminState<S>>) -> Response {
     match &state.whip {
         Some(w) => axum::Json(w.snapshot()).into_response(),
-        None => not_found("whip_off", "WHIP is off (whip_udp_listen is empty)"),
+        None => error_response(
+            StatusCode::NOT_FOUND,
+            "whip_off",
+            "WHIP is off (whip_udp_listen is empty)",
+        ),
     }
-}
-
-async fn readyz<S: Sink>(State(state): State<AdminState<S>>) -> Response {
-    let connected = state.ingress.sink().is_connected();
-    let shutting_down = state.ingress.is_shutting_down();
-    let ready = connected && !shutting_down;
-    let status = if ready {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    let body = json!({"ready": ready, "nats_connected": connected, "shutting_down": shutting_down});
-    (status, axum::Json(body)).into_response()
 }
 
 async fn streams<S: Sink>(State(state): State<AdminState<S>>) -> Response {

@@ -57,14 +57,13 @@ use async_nats::{Client, Subject, Subscriber};
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::future::BoxFuture;
-use hdrhistogram::Histogram;
 use metrics::{Counter, Gauge, Histogram as MetricHistogram};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::metrics as m;
 use crate::publisher::SinkError;
-use crate::stats::{Global, QueueWaitMs};
+use crate::stats::Global;
 use crate::stream::StreamShared;
 
 /// One confirmation round trip through the server, for one connection.
@@ -232,7 +231,7 @@ struct Handles {
     disconnects: Counter,
 }
 
-/// Highest round time the histogram resolves (60 s).
+/// Highest round time recorded for `/v1/stats` (60 s); longer rounds are clamped.
 const ROUND_MAX_US: u64 = 60_000_000;
 /// A round this slow is logged (rate-limited).
 const SLOW_ROUND: Duration = Duration::from_secs(3);
@@ -267,7 +266,8 @@ pub struct Window {
     congested: AtomicBool,
     rounds: AtomicU64,
     disconnects: AtomicU64,
-    round_us: Mutex<Option<Histogram<u64>>>,
+    /// Round times for `/v1/stats` (`round_ms`).
+    round_us: weir_service::metrics::LatencyHistogram,
     h: Handles,
 }
 
@@ -323,7 +323,7 @@ impl Window {
             congested: AtomicBool::new(false),
             rounds: AtomicU64::new(0),
             disconnects: AtomicU64::new(0),
-            round_us: Mutex::new(Histogram::new_with_bounds(1, ROUND_MAX_US, 2).ok()),
+            round_us: weir_service::metrics::LatencyHistogram::new(),
             h,
         }
     }
@@ -499,12 +499,7 @@ impl Window {
     /// The `/v1/stats` view; `oldest_unconfirmed` is computed by the caller over the
     /// streams.
     pub fn stats(&self, oldest_unconfirmed: Duration) -> WindowStats {
-        let round_ms = self
-            .round_us
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .map_or_else(QueueWaitMs::default, crate::stats::percentiles_from_us);
+        let round_ms = self.round_us.percentiles();
         WindowStats {
             mode: Some(self.mode.to_owned()),
             unconfirmed_bytes: self.unconfirmed_bytes(),
@@ -534,14 +529,7 @@ impl Window {
         let us = u64::try_from(took.as_micros())
             .unwrap_or(u64::MAX)
             .clamp(1, ROUND_MAX_US);
-        if let Some(h) = self
-            .round_us
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_mut()
-        {
-            h.saturating_record(us);
-        }
+        self.round_us.record_us(&[us]);
     }
 }
 

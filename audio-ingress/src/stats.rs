@@ -21,21 +21,20 @@
 //! Metrics: nothing on the per-frame path calls the `metrics` facade. The per-frame
 //! counters and the pending gauges are published from these atomics at scrape time
 //! ([`Global::publish_metrics`], called by the admin server before it renders
-//! `/metrics`), and the queue-wait histogram is a
-//! [`weir_service::metrics::DurationHistogram`] fed a batch at a time
-//! ([`Global::record_waits`]) and rendered by [`Global::render_histograms`]. Events
+//! `/metrics`), and the queue wait is one [`weir_service::metrics::LatencyHistogram`]
+//! fed a batch at a time ([`Global::record_waits`]): `/v1/stats` reads its percentiles
+//! ([`Global::queue_wait`]) and `/metrics` its buckets ([`Global::render_histograms`]),
+//! both from the same counts, without a lock. Events
 //! that are rare per frame (overloads, ends, gaps, stream opens) still increment their
 //! handles directly.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use hdrhistogram::Histogram;
 use metrics::{Counter, Gauge};
 use serde::Serialize;
 use weir_protocol::audio::extension::{EndReason, OverloadReason};
-use weir_service::metrics::DurationHistogram;
+use weir_service::metrics::{LatencyHistogram, Series};
 
 use crate::metrics as m;
 
@@ -340,10 +339,8 @@ pub struct Global {
     admission_rejects: AtomicU64,
     streams_total: AtomicU64,
     active_streams: AtomicU64,
-    /// Queue wait in microseconds, cumulative since start (the `/v1/stats` view).
-    queue_wait_us: Mutex<Option<Histogram<u64>>>,
-    /// The same waits in Prometheus buckets (the `/metrics` view).
-    queue_wait_prom: DurationHistogram,
+    /// Queue waits since start: the `/v1/stats` percentiles and the `/metrics` buckets.
+    queue_wait: LatencyHistogram,
     h: Handles,
 }
 
@@ -356,8 +353,16 @@ impl std::fmt::Debug for Global {
     }
 }
 
-/// Highest queue wait the histogram resolves (60 s); longer waits are clamped.
+/// Highest queue wait recorded (60 s); longer waits are clamped (as before the
+/// histogram resolved an hour: `/v1/stats` keeps its 60 s ceiling).
 const QUEUE_WAIT_MAX_US: u64 = 60_000_000;
+
+/// The queue-wait histogram in `/metrics`.
+const QUEUE_WAIT_SERIES: Series = Series {
+    name: m::QUEUE_WAIT_SECONDS,
+    label: None,
+    buckets: m::QUEUE_WAIT_BUCKETS,
+};
 
 impl Default for Global {
     fn default() -> Self {
@@ -368,8 +373,6 @@ impl Default for Global {
 impl Global {
     /// New, all zero. Resolves metric handles under the current recorder.
     pub fn new() -> Self {
-        // Only fails for invalid constant bounds; then the summary stays empty.
-        let hist = Histogram::new_with_bounds(1, QUEUE_WAIT_MAX_US, 2).ok();
         Self {
             counters: Counters::default(),
             pending_bytes: AtomicU64::new(0),
@@ -382,12 +385,7 @@ impl Global {
             admission_rejects: AtomicU64::new(0),
             streams_total: AtomicU64::new(0),
             active_streams: AtomicU64::new(0),
-            queue_wait_us: Mutex::new(hist),
-            queue_wait_prom: DurationHistogram::new(
-                m::QUEUE_WAIT_SECONDS,
-                None,
-                m::QUEUE_WAIT_BUCKETS,
-            ),
+            queue_wait: LatencyHistogram::new(),
             h: Handles::new(),
         }
     }
@@ -494,12 +492,7 @@ impl Global {
 
     /// Queue-wait summary since start, in milliseconds.
     pub fn queue_wait(&self) -> QueueWaitMs {
-        let Ok(guard) = self.queue_wait_us.lock() else {
-            return QueueWaitMs::default();
-        };
-        guard
-            .as_ref()
-            .map_or_else(QueueWaitMs::default, percentiles_from_us)
+        self.queue_wait.percentiles()
     }
 
     /// Streams open now.
@@ -539,12 +532,12 @@ impl Global {
     /// Prometheus text format. Waits reach it a batch at a time ([`WaitBatch`]), as they
     /// reach `/v1/stats`.
     pub fn render_histograms(&self, out: &mut String) {
-        DurationHistogram::render_header(
+        Series::render_header(
             m::QUEUE_WAIT_SECONDS,
             "Time from admission to the frame being handed to the NATS client.",
             out,
         );
-        self.queue_wait_prom.render_samples(out);
+        self.queue_wait.render_samples(&QUEUE_WAIT_SERIES, out);
     }
 }
 
@@ -562,17 +555,7 @@ impl WaitBatch {
 impl Global {
     /// Merges a batch of queue waits into the cumulative histogram and empties it.
     pub fn record_waits(&self, waits: &mut WaitBatch) {
-        if waits.0.is_empty() {
-            return;
-        }
-        if let Ok(mut guard) = self.queue_wait_us.lock()
-            && let Some(h) = guard.as_mut()
-        {
-            for us in &waits.0 {
-                h.saturating_record(*us);
-            }
-        }
-        self.queue_wait_prom.record_us(&waits.0);
+        self.queue_wait.record_us(&waits.0);
         waits.0.clear();
     }
 }
@@ -600,8 +583,8 @@ impl Account<'_> {
     /// queue wait: enqueue → handed to NATS).
     ///
     /// The wait goes into `waits`, a batch the caller hands to [`Global::record_waits`],
-    /// which feeds both the hdrhistogram (`/v1/stats`) and the Prometheus buckets: one
-    /// lock and a few atomic adds per batch instead of per frame.
+    /// which feeds the one histogram behind `/v1/stats` and the Prometheus buckets: a
+    /// few atomic adds per batch instead of per frame.
     pub fn handed_over(&self, wait: Duration, waits: &mut WaitBatch) {
         add(&self.stream.handed_over, 1);
         add(&self.global.counters.handed_over, 1);
@@ -659,9 +642,6 @@ impl Account<'_> {
 
 /// Queue wait summary (the `queue_wait_ms` object of `/v1/stats`): the shared admin type.
 pub use weir_protocol::admin::Percentiles as QueueWaitMs;
-
-/// The summary of a histogram of microseconds, in milliseconds.
-pub use weir_service::metrics::percentiles_from_us;
 
 /// The `frames` object of `/v1/stats`: the shared admin type.
 pub use weir_protocol::admin::FrameStats as FramesStats;
@@ -745,6 +725,13 @@ mod tests {
         let qw = g.queue_wait();
         assert_eq!(qw.count, 1);
         assert!((qw.p50 - 3.0).abs() < 0.1, "{qw:?}");
+    }
+
+    /// Every `le` bound of the queue-wait histogram is a bucket edge of the latency
+    /// histogram, so `/metrics` counts exactly the samples `<= le`.
+    #[test]
+    fn the_queue_wait_buckets_render_exactly() {
+        assert!(QUEUE_WAIT_SERIES.is_exact());
     }
 
     #[test]

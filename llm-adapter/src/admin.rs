@@ -8,20 +8,26 @@
 //!
 //! Every refusal is JSON, `{"error":{"code","message"}}` like the ingress's: an unknown
 //! path (404 `not_found`), a method other than GET (405 `method_not_allowed`), a bad
-//! query (400 `invalid_request`), `/metrics` without a recorder (404 `no_recorder`).
+//! query (400 `invalid_request`), `/metrics` without a recorder (404 `no_recorder`), a
+//! request over the admin concurrency limit or timeout (503 `overloaded`, `timeout`).
+//! The skeleton (`/metrics`, `/healthz`, `/readyz`, the 404/405 refusals, the request
+//! limits) is `weir_service::admin`'s, shared with the ingress; this module gives it
+//! the adapter's readiness and metrics text and adds the `/v1/*` views.
 
 use std::future::Future;
-use weir_service::http::{ConnLimiter, HttpOptions};
+use std::sync::Arc;
 
 use axum::Json;
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
+use weir_service::admin::{Admin, MetricsSource, Readiness, Ready, RequestLimits, error_response};
+use weir_service::http::{ConnLimiter, HttpOptions};
 
 use crate::AdapterView;
 
@@ -39,70 +45,53 @@ struct TopQuery {
     top: Option<usize>,
 }
 
-/// The admin routes.
+/// The admin routes: the shared skeleton with the adapter's `/v1/*` views.
 pub fn router(state: AdminState) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
+    let views = Router::new()
         .route("/v1/capabilities", get(capabilities))
         .route("/v1/limits", get(limits))
         .route("/v1/stats", get(stats))
-        .fallback(|| async {
-            error_response(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                "paths: /metrics, /healthz, /readyz, /v1/capabilities, /v1/limits, /v1/stats",
-            )
-        })
-        .method_not_allowed_fallback(|| async {
-            error_response(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                "the admin endpoints answer GET",
-            )
-        })
-        .with_state(state)
+        .with_state(state.clone());
+    let state = Arc::new(state);
+    weir_service::admin::router(
+        Admin {
+            readiness: Arc::clone(&state) as Arc<dyn Readiness>,
+            metrics: state,
+            not_found: "paths: /metrics, /healthz, /readyz, /v1/capabilities, /v1/limits, /v1/stats",
+            limits: RequestLimits::default(),
+        },
+        views,
+    )
 }
 
-/// A JSON refusal: `{"error":{"code","message"}}`.
-fn error_response(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    let body = serde_json::json!({"error": {"code": code, "message": message.into()}});
-    (status, Json(body)).into_response()
-}
-
-async fn metrics(State(s): State<AdminState>) -> Response {
-    // Publishes the queue-depth and running gauges as of now, and the connected gauge
-    // from the client's own state (connection events can be dropped by async-nats).
-    let _ = s.view.stats();
-    ::metrics::gauge!(crate::metrics::NATS_CONNECTED)
-        .set(f64::from(u8::from(s.view.nats_connected())));
-    match &s.prometheus {
-        Some(h) => {
-            let mut text = h.render();
-            text.push_str(&s.view.render_histograms());
-            weir_service::process::render(&mut text);
-            ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
-        }
-        None => error_response(
-            StatusCode::NOT_FOUND,
-            "no_recorder",
-            "no metrics recorder installed",
-        ),
+impl MetricsSource for AdminState {
+    fn render(&self) -> Option<String> {
+        // Publishes the queue-depth and running gauges as of now, and the connected
+        // gauge from the client's own state (connection events can be dropped by
+        // async-nats).
+        let _ = self.view.stats();
+        ::metrics::gauge!(crate::metrics::NATS_CONNECTED)
+            .set(f64::from(u8::from(self.view.nats_connected())));
+        let h = self.prometheus.as_ref()?;
+        let mut text = h.render();
+        text.push_str(&self.view.render_histograms());
+        Some(text)
     }
 }
 
-async fn readyz(State(s): State<AdminState>) -> Response {
-    let body = serde_json::json!({
-        "ready": s.view.is_ready(),
-        "nats_connected": s.view.nats_connected(),
-    });
-    let code = if s.view.is_ready() {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (code, Json(body)).into_response()
+/// Ready: NATS connected and admitting requests.
+impl Readiness for AdminState {
+    fn readiness(&self) -> Ready {
+        let mut detail = serde_json::Map::new();
+        detail.insert(
+            "nats_connected".to_owned(),
+            self.view.nats_connected().into(),
+        );
+        Ready {
+            ready: self.view.is_ready(),
+            detail,
+        }
+    }
 }
 
 async fn capabilities(State(s): State<AdminState>) -> Response {

@@ -35,7 +35,7 @@
 //! `cached`, `completed`, `refused` (map error code → count), `started`,
 //! `started_after_deadline`, `queued_now`, `running_now`, `would_reject` (shadow mode),
 //! `queue_wait_ms` and `inference_ms` ([`Percentiles`]: `count`, `p50`, `p95`, `p99`,
-//! `max`, `mean`, from hdrhistogram), `backend_busy_ms`, `backend_useful_ms` (time in
+//! `max`, `mean`, within 1%), `backend_busy_ms`, `backend_useful_ms` (time in
 //! calls that answered `ok`), `slots_acquired`, `slots_released`, `refusal_ms`
 //! ([`Percentiles`] of receipt → answer for non-`ok` answers given without a backend
 //! call) and `service_estimate` (the backend's service-time estimate that admission

@@ -13,9 +13,11 @@
 //!
 //! The latency histograms (queue wait, inference, time to first token) are not recorded through the `metrics` facade: the
 //! Prometheus exporter stores every sample (and allocates as it goes), which costs more
-//! per request than the rest of admission. They are fixed-bucket [`DurationHistogram`]s
-//! (three atomic adds per sample) rendered in the Prometheus text format and appended to
-//! `/metrics` by the admin server.
+//! per request than the rest of admission. They are
+//! [`weir_service::metrics::LatencyHistogram`]s (three relaxed atomic operations per
+//! sample), the same ones `/v1/stats` reads its percentiles from, rendered with
+//! [`DURATION_BUCKETS`] ([`latency_series`]) and appended to `/metrics` by the admin
+//! server.
 
 use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
@@ -43,13 +45,13 @@ pub const LIMIT_REJECT_TOTAL: &str = "weir_llm_limit_reject_total";
 pub const INFERENCE_STARTED_TOTAL: &str = "weir_llm_inference_started_total";
 /// Counter: backend calls started after the request's deadline (must stay 0).
 pub const STARTED_AFTER_DEADLINE_TOTAL: &str = "weir_llm_started_after_deadline_total";
-/// Histogram ([`DurationHistogram`]): receipt → start of inference, seconds.
+/// Histogram ([`latency_series`]): receipt → start of inference, seconds.
 pub const QUEUE_WAIT_SECONDS: &str = "weir_llm_queue_wait_seconds";
-/// Histogram ([`DurationHistogram`]): backend call duration, seconds, label `outcome`. The `_sum` of
+/// Histogram ([`latency_series`]): backend call duration, seconds, label `outcome`. The `_sum` of
 /// `outcome="ok"` over the total `_sum` is the share of backend time that produced
 /// answers within their deadline.
 pub const INFERENCE_SECONDS: &str = "weir_llm_inference_seconds";
-/// Histogram ([`DurationHistogram`]): streamed replies, start of inference → first chunk
+/// Histogram ([`latency_series`]): streamed replies, start of inference → first chunk
 /// published to the caller (time to first token), seconds.
 pub const TTFT_SECONDS: &str = "weir_llm_time_to_first_token_seconds";
 /// Counter: streamed replies started (requests with `Weir-Stream: 1` that reached a
@@ -182,7 +184,7 @@ pub const MEMORY_BOUND_BYTES: &str = "weir_llm_memory_bound_bytes";
 
 /// Every metric recorded through the `metrics` facade, registered at start
 /// ([`weir_service::metrics::register`]) so that each is in the first scrape. (The latency
-/// histograms are [`DurationHistogram`]s, always rendered.)
+/// histograms are `LatencyHistogram`s, always rendered.)
 pub const DECLARED: &[Declared] = &[
     Declared::counter(OFFERED_TOTAL),
     Declared::counter(ADMITTED_TOTAL),
@@ -284,16 +286,17 @@ pub fn memory_bound_bytes(config: &crate::config::Config) -> u64 {
     16 * MIB + cache + messages * CHAT_MESSAGE_BYTES + running + replies + trace + admin + 2 * MIB
 }
 
-/// The adapter's latency histograms: [`weir_service::metrics::DurationHistogram`]
-/// with [`DURATION_BUCKETS`].
-pub type DurationHistogram = weir_service::metrics::DurationHistogram;
-
-/// A latency histogram `name{label}` with [`DURATION_BUCKETS`].
-pub fn duration_histogram(
+/// How a latency histogram `name{label}` appears in `/metrics`: with
+/// [`DURATION_BUCKETS`].
+pub fn latency_series(
     name: &'static str,
     label: Option<(&'static str, &'static str)>,
-) -> DurationHistogram {
-    DurationHistogram::new(name, label, DURATION_BUCKETS)
+) -> weir_service::metrics::Series {
+    weir_service::metrics::Series {
+        name,
+        label,
+        buckets: DURATION_BUCKETS,
+    }
 }
 
 #[cfg(test)]
@@ -318,6 +321,13 @@ mod tests {
         names.sort_unstable();
         listed.sort_unstable();
         assert_eq!(listed, names);
+    }
+
+    /// Every `le` bound is a bucket edge of the latency histogram, so `/metrics` counts
+    /// exactly the samples `<= le`.
+    #[test]
+    fn the_duration_buckets_render_exactly() {
+        assert!(latency_series(QUEUE_WAIT_SECONDS, None).is_exact());
     }
 
     #[test]

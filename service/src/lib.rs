@@ -1,8 +1,12 @@
 //! Plumbing that both weir services (`audio-ingress`, `llm-adapter`) share, written once.
 //!
+//! - [`admin`] (feature `http`): the admin router skeleton (`/metrics`, `/healthz`,
+//!   `/readyz`, JSON refusals, request timeout and concurrency limit);
 //! - [`metrics`]: every metric a service declares exists from the start, with a zero
 //!   value, so that alerting rules and dashboards see a series before the first event
-//!   (a rule on a series that does not exist yet is silently never true);
+//!   (a rule on a series that does not exist yet is silently never true), and the one
+//!   latency primitive ([`metrics::LatencyHistogram`]) behind both the JSON percentiles
+//!   and the Prometheus histograms;
 //! - [`process`]: the process's own figures (memory, CPU, open files) and build info
 //!   for `/metrics`;
 //! - [`bounded`]: the FIFO bounded by bytes and age under both per-stream queues (the
@@ -16,6 +20,8 @@
 //! It never installs a metrics recorder (the binaries do).
 
 pub mod bounded;
+#[cfg(feature = "http")]
+pub mod admin;
 #[cfg(feature = "http")]
 pub mod http;
 #[cfg(feature = "logging")]

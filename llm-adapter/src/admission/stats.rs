@@ -1,6 +1,11 @@
 //! Counters and latency histograms of one admission core, and their serialisable
 //! snapshot ([`StatsSnapshot`]) used by the load test and `/v1/stats`.
 //!
+//! Latencies (queue wait, inference by outcome, time to first token, refusals) are
+//! [`LatencyHistogram`]s: lock-free relaxed atomics per request, read as percentiles for
+//! the snapshot and, but for refusals, rendered as the Prometheus histograms of
+//! `/metrics` from the same counts.
+//!
 //! Accounting rule: every submission is answered exactly once, so
 //! `offered = completed + Σ refused + in progress`, where `refused` counts every
 //! non-`ok` answer by code (admission refusals, deadline, cancel, backend errors...).
@@ -11,9 +16,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use weir_protocol::llm::ErrorCode;
+use weir_service::metrics::{LatencyHistogram, Series};
 
 use super::Outcome;
 use super::estimator::EstimateView;
@@ -141,13 +146,25 @@ impl StatsSnapshot {
     }
 }
 
-struct Hists {
-    refusal_us: Histogram<u64>,
-    ttft_us: Histogram<u64>,
-    queue_wait_us: Histogram<u64>,
-    inference_us: Histogram<u64>,
-    busy_us: u64,
-    useful_us: u64,
+/// The latency histograms.
+struct Latencies {
+    /// `weir_llm_queue_wait_seconds`, `queue_wait_ms`.
+    queue_wait: LatencyHistogram,
+    /// `weir_llm_time_to_first_token_seconds`, `stream.ttft_ms`.
+    ttft: LatencyHistogram,
+    /// `weir_llm_inference_seconds{outcome}` (index 0 = `ok`, then [`ErrorCode::ALL`]
+    /// order); `inference_ms` over all, `backend_busy_ms` and `backend_useful_ms` are
+    /// their sums.
+    inference: Vec<LatencyHistogram>,
+    /// `refusal_ms` (no Prometheus series).
+    refusal: LatencyHistogram,
+}
+
+/// The `outcome` label of `Latencies::inference[i]`.
+fn outcome_name(i: usize) -> &'static str {
+    i.checked_sub(1)
+        .and_then(|i| ErrorCode::ALL.get(i))
+        .map_or("ok", |c| c.as_str())
 }
 
 /// Metric handles registered once at start, from the recorder installed at that time.
@@ -160,15 +177,11 @@ struct Handles {
     cached: metrics::Counter,
     started: metrics::Counter,
     started_after_deadline: metrics::Counter,
-    queue_wait: m::DurationHistogram,
-    ttft: m::DurationHistogram,
     streams: metrics::Counter,
     stream_chunks: metrics::Counter,
     stream_bytes: metrics::Counter,
     /// Index 0 = `ok`, then [`ErrorCode::ALL`] order.
     answered: Vec<metrics::Counter>,
-    /// Same indexing as `answered`.
-    inference: Vec<m::DurationHistogram>,
     limit_reject: HashMap<String, metrics::Counter>,
     would_reject: HashMap<String, metrics::Counter>,
     queue_depth: metrics::Gauge,
@@ -201,18 +214,12 @@ impl Handles {
             cached: metrics::counter!(m::CACHED_TOTAL),
             started: metrics::counter!(m::INFERENCE_STARTED_TOTAL),
             started_after_deadline: metrics::counter!(m::STARTED_AFTER_DEADLINE_TOTAL),
-            queue_wait: m::duration_histogram(m::QUEUE_WAIT_SECONDS, None),
-            ttft: m::duration_histogram(m::TTFT_SECONDS, None),
             streams: metrics::counter!(m::STREAMS_TOTAL),
             stream_chunks: metrics::counter!(m::STREAM_CHUNKS_TOTAL),
             stream_bytes: metrics::counter!(m::STREAM_BYTES_TOTAL),
             answered: outcomes
                 .iter()
                 .map(|o| metrics::counter!(m::ANSWERED_TOTAL, "outcome" => *o))
-                .collect(),
-            inference: outcomes
-                .iter()
-                .map(|o| m::duration_histogram(m::INFERENCE_SECONDS, Some(("outcome", *o))))
                 .collect(),
             limit_reject: rules
                 .iter()
@@ -257,7 +264,7 @@ pub(crate) struct Stats {
     started_after_deadline: AtomicU64,
     refused: [AtomicU64; ErrorCode::ALL.len()],
     would_reject: Mutex<BTreeMap<String, u64>>,
-    hists: Mutex<Hists>,
+    latencies: Latencies,
     cache_entries: AtomicU64,
     cache_bytes: AtomicU64,
     cache_max_bytes: AtomicU64,
@@ -269,19 +276,6 @@ pub(crate) struct Stats {
     stream_bytes: AtomicU64,
     stream_aborted: Mutex<BTreeMap<&'static str, u64>>,
 }
-
-fn histogram() -> Histogram<u64> {
-    // 1 µs .. 1 h at 3 significant digits; bounds are constants, so this cannot fail,
-    // but fall back to an auto-resizing histogram rather than panic.
-    Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap_or_else(|_| {
-        let mut h =
-            Histogram::new(3).unwrap_or_else(|_| unreachable!("3 significant digits is valid"));
-        h.auto(true);
-        h
-    })
-}
-
-use weir_service::metrics::percentiles_from_us as percentiles;
 
 impl Stats {
     /// `rules`: every rule name a refusal can be counted under.
@@ -297,14 +291,14 @@ impl Stats {
             started_after_deadline: AtomicU64::new(0),
             refused: std::array::from_fn(|_| AtomicU64::new(0)),
             would_reject: Mutex::new(BTreeMap::new()),
-            hists: Mutex::new(Hists {
-                refusal_us: histogram(),
-                ttft_us: histogram(),
-                queue_wait_us: histogram(),
-                inference_us: histogram(),
-                busy_us: 0,
-                useful_us: 0,
-            }),
+            latencies: Latencies {
+                queue_wait: LatencyHistogram::new(),
+                ttft: LatencyHistogram::new(),
+                inference: (0..=ErrorCode::ALL.len())
+                    .map(|_| LatencyHistogram::new())
+                    .collect(),
+                refusal: LatencyHistogram::new(),
+            },
             cache_entries: AtomicU64::new(0),
             cache_bytes: AtomicU64::new(0),
             cache_max_bytes: AtomicU64::new(0),
@@ -381,22 +375,12 @@ impl Stats {
         if after_deadline {
             self.started_after_deadline.fetch_add(1, Ordering::Relaxed);
         }
-        self.handles.queue_wait.record(queue_wait);
-        let mut h = self.hists.lock().unwrap_or_else(|p| p.into_inner());
-        h.queue_wait_us
-            .saturating_record(queue_wait.as_micros() as u64);
+        self.latencies.queue_wait.record(queue_wait);
     }
 
     pub(crate) fn inference_done(&self, took: Duration, outcome: &'static str) {
-        if let Some(h) = self.handles.inference.get(outcome_index(outcome)) {
+        if let Some(h) = self.latencies.inference.get(outcome_index(outcome)) {
             h.record(took);
-        }
-        let us = took.as_micros() as u64;
-        let mut h = self.hists.lock().unwrap_or_else(|p| p.into_inner());
-        h.inference_us.saturating_record(us);
-        h.busy_us += us;
-        if outcome == "ok" {
-            h.useful_us += us;
         }
     }
 
@@ -413,9 +397,7 @@ impl Stats {
 
     /// The first chunk of a stream was published `ttft` after inference started.
     pub(crate) fn stream_ttft(&self, ttft: Duration) {
-        self.handles.ttft.record(ttft);
-        let mut h = self.hists.lock().unwrap_or_else(|p| p.into_inner());
-        h.ttft_us.saturating_record(ttft.as_micros() as u64);
+        self.latencies.ttft.record(ttft);
     }
 
     /// A stream was aborted because of its caller.
@@ -440,9 +422,7 @@ impl Stats {
                     self.refused[i].fetch_add(1, Ordering::Relaxed);
                 }
                 if outcome.inference_time.is_none() {
-                    let mut h = self.hists.lock().unwrap_or_else(|p| p.into_inner());
-                    h.refusal_us
-                        .saturating_record(outcome.queue_time.as_micros() as u64);
+                    self.latencies.refusal.record(outcome.queue_time);
                 }
             }
         }
@@ -450,26 +430,30 @@ impl Stats {
 
     /// Appends the latency histograms in the Prometheus text format.
     pub(crate) fn render_histograms(&self, out: &mut String) {
-        m::DurationHistogram::render_header(
+        let l = &self.latencies;
+        Series::render_header(
             m::QUEUE_WAIT_SECONDS,
             "Time from receipt to the start of inference, for started requests.",
             out,
         );
-        self.handles.queue_wait.render_samples(out);
-        m::DurationHistogram::render_header(
+        l.queue_wait
+            .render_samples(&m::latency_series(m::QUEUE_WAIT_SECONDS, None), out);
+        Series::render_header(
             m::INFERENCE_SECONDS,
             "Backend call duration by outcome.",
             out,
         );
-        for h in &self.handles.inference {
-            h.render_samples(out);
+        for (i, h) in l.inference.iter().enumerate() {
+            let label = Some(("outcome", outcome_name(i)));
+            h.render_samples(&m::latency_series(m::INFERENCE_SECONDS, label), out);
         }
-        m::DurationHistogram::render_header(
+        Series::render_header(
             m::TTFT_SECONDS,
             "Streamed replies: start of inference to the first chunk published.",
             out,
         );
-        self.handles.ttft.render_samples(out);
+        l.ttft
+            .render_samples(&m::latency_series(m::TTFT_SECONDS, None), out);
     }
 
     /// Publishes the counters and the queue gauges to the metrics recorder. Called when
@@ -517,17 +501,10 @@ impl Stats {
                 (n > 0).then(|| (c.as_str().to_owned(), n))
             })
             .collect();
-        let (refusal_ms, queue_wait_ms, inference_ms, busy, useful, ttft_ms) = {
-            let h = self.hists.lock().unwrap_or_else(|p| p.into_inner());
-            (
-                percentiles(&h.refusal_us),
-                percentiles(&h.queue_wait_us),
-                percentiles(&h.inference_us),
-                h.busy_us,
-                h.useful_us,
-                percentiles(&h.ttft_us),
-            )
-        };
+        let l = &self.latencies;
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let busy_ms: f64 = l.inference.iter().map(|h| ms(h.sum())).sum();
+        let useful_ms = l.inference.first().map_or(0.0, |ok| ms(ok.sum()));
         StatsSnapshot {
             offered: self.offered.load(Ordering::Relaxed),
             admitted: self.admitted.load(Ordering::Relaxed),
@@ -544,13 +521,13 @@ impl Stats {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
-            queue_wait_ms,
-            inference_ms,
-            backend_busy_ms: busy as f64 / 1000.0,
-            backend_useful_ms: useful as f64 / 1000.0,
+            queue_wait_ms: l.queue_wait.percentiles(),
+            inference_ms: LatencyHistogram::merged_percentiles(&l.inference),
+            backend_busy_ms: busy_ms,
+            backend_useful_ms: useful_ms,
             slots_acquired: 0,
             slots_released: 0,
-            refusal_ms,
+            refusal_ms: l.refusal.percentiles(),
             service_estimate: None,
             cache: CacheSnapshot {
                 entries: self.cache_entries.load(Ordering::Relaxed),
@@ -565,7 +542,7 @@ impl Stats {
                 started: self.streams.load(Ordering::Relaxed),
                 chunks: self.stream_chunks.load(Ordering::Relaxed),
                 bytes: self.stream_bytes.load(Ordering::Relaxed),
-                ttft_ms,
+                ttft_ms: l.ttft.percentiles(),
                 aborted: self
                     .stream_aborted
                     .lock()
