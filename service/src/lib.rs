@@ -1,5 +1,8 @@
 //! Plumbing that both weir services (`audio-ingress`, `llm-adapter`) share, written once.
 //!
+//! - [`config`] (feature `config`): configuration layered defaults < TOML file <
+//!   environment < command line into the service's serde struct, refusing unknown keys
+//!   from every layer, and the key table (`--list-keys`, docs) from the same defaults;
 //! - [`metrics`]: every metric a service declares exists from the start, with a zero
 //!   value, so that alerting rules and dashboards see a series before the first event
 //!   (a rule on a series that does not exist yet is silently never true);
@@ -13,6 +16,8 @@
 //!
 //! It never installs a metrics recorder (the binaries do).
 
+#[cfg(feature = "config")]
+pub mod config;
 #[cfg(feature = "http")]
 pub mod http;
 #[cfg(feature = "logging")]
