@@ -83,7 +83,8 @@ pub struct LoadError {
 }
 
 impl LoadError {
-    /// The key (dotted path for a nested key; the path for a file error).
+    /// The key (dotted path for a nested key; the path for a file error; empty when no
+    /// single value explains the refusal).
     pub fn key(&self) -> &str {
         &self.key
     }
@@ -103,11 +104,15 @@ impl LoadError {
 
 impl fmt::Display for LoadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "config key `{}` (from {}): {}",
-            self.key, self.origin, self.message
-        )
+        match self.key.as_str() {
+            // No single value explains the refusal (see `Layers::build`).
+            "" => write!(f, "configuration refused: {}", self.message),
+            key => write!(
+                f,
+                "config key `{key}` (from {}): {}",
+                self.origin, self.message
+            ),
+        }
     }
 }
 
@@ -163,7 +168,13 @@ impl Layers {
         let mut leaves = Vec::new();
         flatten("", &table, &mut leaves);
         for (key, value) in leaves {
-            self.insert(&key, value.clone(), Origin::File(path.to_owned()));
+            // An empty `[section]` of a known section changes nothing (inserting it
+            // would drop the section's defaults); an unknown one is still refused.
+            let empty_known = value.as_table().is_some_and(Table::is_empty)
+                && lookup(&self.merged, &key).is_some_and(Value::is_table);
+            if !empty_known {
+                self.insert(&key, value.clone(), Origin::File(path.to_owned()));
+            }
         }
         Ok(())
     }
@@ -334,13 +345,21 @@ pub(crate) fn flatten<'a>(prefix: &str, table: &'a Table, out: &mut Vec<(String,
     }
 }
 
-/// The known key nearest to `key` (at most two edits away), for "did you mean".
+/// The known key or section nearest to `key` (at most two edits away), for "did you
+/// mean".
 fn nearest(defaults: &Table, key: &str) -> Option<String> {
     let mut leaves = Vec::new();
     flatten("", defaults, &mut leaves);
+    // Sections are candidates too: `[natz]` is nearest to `nats`.
+    let sections: Vec<String> = leaves
+        .iter()
+        .flat_map(|(k, _)| k.match_indices('.').map(|(i, _)| k[..i].to_owned()))
+        .collect();
     leaves
         .into_iter()
-        .map(|(k, _)| (edit_distance(&k, key), k))
+        .map(|(k, _)| k)
+        .chain(sections)
+        .map(|k| (edit_distance(&k, key), k))
         .filter(|(d, _)| *d <= 2)
         .min()
         .map(|(_, k)| k)

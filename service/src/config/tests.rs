@@ -196,6 +196,19 @@ fn unknown_keys_are_refused_from_every_layer() {
     );
     assert!(err.to_string().contains("c.toml"), "{err}");
 
+    // An empty known section keeps its defaults; an empty unknown one is refused.
+    std::fs::write(&path, "[nats]\n").expect("write");
+    let mut layers = Layers::new(&Raw::default());
+    layers.file(&path).expect("TOML");
+    let raw: Raw = layers.build().expect("empty section");
+    assert_eq!(raw.nats, Nats::default());
+    std::fs::write(&path, "[natz]\n").expect("write");
+    let mut layers = Layers::new(&Raw::default());
+    layers.file(&path).expect("TOML");
+    let err = layers.build::<Raw>().expect_err("unknown section");
+    assert_eq!(err.key(), "natz");
+    assert!(err.to_string().contains("did you mean `nats`?"), "{err}");
+
     std::fs::write(&path, "count = ").expect("write");
     let err = Layers::new(&Raw::default())
         .file(&path)
