@@ -10,24 +10,29 @@
 //!   fill it and `NatsInput::validate` checks it.
 //! - [`Config`] — all three, loaded by [`Config::load`] from [`ConfigSources`].
 //!
-//! Keys are flat snake_case names listed in [`KEYS`] (with type, default and meaning;
-//! docs/audio-ingress.md reproduces the table). Precedence, lowest first: defaults, the
-//! file, the environment, `--set key=value` and the dedicated flags. Every refusal is a
-//! [`ConfigError`] naming the key and, for numbers, the allowed range. Durations are
-//! configured in milliseconds (`*_ms`) and carried as [`Duration`] inside the code.
+//! Keys are flat snake_case names, one field each of the private `RawConfig` (serde,
+//! `deny_unknown_fields`), merged by `weir_service::config` with precedence, lowest
+//! first: defaults, the file, the environment, `--set key=value` and the dedicated
+//! flags. Each default is written once, in the typed defaults (`StreamConfigBuilder`,
+//! `ServerConfig`, `NatsConfig::named`) that `RawConfig::default` reads; [`key_table`]
+//! (`--list-keys`, and the tables of docs/audio-ingress.md, which a test keeps equal)
+//! is generated from it and [`SECTIONS`] (range and meaning). Every refusal is a
+//! [`ConfigError`] naming the key (a misspelled variable: the variable), where the
+//! value came from and, for numbers, the allowed range. Durations are configured in
+//! milliseconds (`*_ms`) or seconds (`*_s`) and carried as [`Duration`] inside the code.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::num::{NonZeroU32, NonZeroUsize};
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::time::Duration;
 
 use weir_protocol::SubjectTemplate;
 use weir_protocol::audio::packet::DEFAULT_MAX_PCM_BYTES;
 use weir_protocol::partition::{DEFAULT_STREAM_TEMPLATE, MAX_PARTITIONS};
 
+use weir_service::config::keys::{self, KeyDoc, Section};
+use weir_service::config::{Layers, LoadError, LoadErrorKind, Origin};
 use weir_service::nats::{FieldErrorKind, NatsInput};
 pub use weir_service::nats::{NatsAuth, NatsConfig, NatsTls};
 
@@ -61,7 +66,9 @@ pub const DEFAULT_SHADOW_CEILING_FACTOR: u32 = 8;
 pub const MAX_MAX_BYTES: usize = 64 * 1024 * 1024;
 
 /// What a stream does when its budget is exhausted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Policy {
     /// Wait up to `max_wait` for room, then end the stream with an overload `end`
@@ -83,21 +90,10 @@ impl Policy {
     }
 }
 
-impl FromStr for Policy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "close" => Ok(Self::Close),
-            "gap" => Ok(Self::Gap),
-            other => Err(format!(
-                "{other:?} is not a policy; expected \"close\" or \"gap\""
-            )),
-        }
-    }
-}
-
 /// How a frame counts as published.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Delivery {
     /// A frame is published once the server confirmed it (a marker round trip on the
@@ -110,6 +106,7 @@ pub enum Delivery {
     Unconfirmed,
     /// Lossless: frames go to a JetStream stream and count as published once stored
     /// (see [`crate::jetstream`]).
+    #[serde(rename = "jetstream")]
     JetStream,
 }
 
@@ -120,20 +117,6 @@ impl Delivery {
             Self::Confirmed => "confirmed",
             Self::Unconfirmed => "unconfirmed",
             Self::JetStream => "jetstream",
-        }
-    }
-}
-
-impl FromStr for Delivery {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "confirmed" => Ok(Self::Confirmed),
-            "unconfirmed" => Ok(Self::Unconfirmed),
-            "jetstream" => Ok(Self::JetStream),
-            other => Err(format!(
-                "{other:?} is not a delivery mode; expected \"confirmed\", \"unconfirmed\" or \"jetstream\""
-            )),
         }
     }
 }
@@ -820,466 +803,456 @@ impl Default for Config {
     }
 }
 
-/// The type of a configuration key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyType {
-    /// Non-negative integer.
-    Int,
-    /// `true` / `false`.
-    Bool,
-    /// String.
-    Str,
-    /// Non-negative decimal number (e.g. `1.5`), carried in thousandths.
-    Dec,
+const fn doc(name: &'static str, range: &'static str, help: &'static str) -> KeyDoc {
+    KeyDoc { name, range, help }
 }
 
-/// One configuration key: name, type, default (as shown in docs) and meaning.
-#[derive(Debug, Clone, Copy)]
-pub struct KeySpec {
-    /// The key (TOML name; the environment variable is `WEIR_INGRESS_` + upper case).
-    pub name: &'static str,
-    /// Its type.
-    pub ty: KeyType,
-    /// Default, as text.
-    pub default: &'static str,
-    /// Allowed values, as text.
-    pub range: &'static str,
-    /// What it does.
-    pub help: &'static str,
-}
-
-const fn key(
-    name: &'static str,
-    ty: KeyType,
-    default: &'static str,
-    range: &'static str,
-    help: &'static str,
-) -> KeySpec {
-    KeySpec {
-        name,
-        ty,
-        default,
-        range,
-        help,
-    }
-}
-
-use KeyType::{Bool, Dec, Int, Str};
-
-/// Every configuration key of `audio-ingress serve`.
-pub const KEYS: &[KeySpec] = &[
-    key(
-        "max_bytes",
-        Int,
-        "16000",
-        "2×max_frame_bytes..=67108864",
-        "PCM byte budget per stream (queued + in flight)",
-    ),
-    key(
-        "max_rate",
-        Dec,
-        "1.5",
-        "0 (no bound) or 1.0..=1000",
-        "audio a stream may deliver, in multiples of real time, sustained; burst = max_bytes; beyond: the policy (close: overload, reason rate; gap: dropped into a marker)",
-    ),
-    key(
-        "max_age_ms",
-        Int,
-        "500",
-        "20..=60000",
-        "age budget of the oldest pending frame",
-    ),
-    key(
-        "max_wait_ms",
-        Int,
-        "100",
-        "0..=max_age_ms",
-        "close: how long a full stream waits for room before it overloads",
-    ),
-    key(
-        "policy",
-        Str,
-        "close",
-        "close | gap",
-        "what a stream does when its budget is exhausted",
-    ),
-    key(
-        "extended_consumers",
-        Bool,
-        "false",
-        "true | false",
-        "every consumer speaks the extended protocol (required by policy = gap)",
-    ),
-    key(
-        "shadow",
-        Bool,
-        "false",
-        "true | false",
-        "measure the budget and count would_reject, enforce only the safety ceiling",
-    ),
-    key(
-        "shadow_ceiling_factor",
-        Int,
-        "8",
-        "2..=64",
-        "shadow mode: the policy still applies at this multiple of the budget",
-    ),
-    key(
-        "publish_timeout_ms",
-        Int,
-        "100",
-        "1..=max_age_ms",
-        "bound on one NATS publish call",
-    ),
-    key(
-        "end_timeout_ms",
-        Int,
-        "10000",
-        "100..=300000",
-        "how long a stream keeps trying to hand its end to NATS",
-    ),
-    key(
-        "max_frame_bytes",
-        Int,
-        "3200",
-        "even, 2..=32000",
-        "largest accepted frame (WebSocket binary message)",
-    ),
-    key(
-        "subject",
-        Str,
-        DEFAULT_STREAM_TEMPLATE,
-        "template with {stream}, optional {partition}",
-        "frame subject",
-    ),
-    key(
-        "frame_headers",
-        Bool,
-        "false",
-        "true | false",
-        "frames also carry Weir-Audio-Version and Weir-Captured-At-Ms headers (the capture time is always in the meta; headers halve throughput)",
-    ),
-    key(
-        "delivery",
-        Str,
-        "confirmed",
-        "confirmed | unconfirmed | jetstream",
-        "confirmed: a frame is pending until the server confirms it (the budget holds up to the server); unconfirmed: published once handed to the client; jetstream: lossless, frames stored in a JetStream stream (see jetstream_*)",
-    ),
-    key(
-        "jetstream_stream",
-        Str,
-        DEFAULT_JETSTREAM_STREAM,
-        "1..=64 of A-Z a-z 0-9 _ -",
-        "delivery = jetstream: the stream (created if missing) that captures the subject template",
-    ),
-    key(
-        "jetstream_max_age_s",
-        Int,
-        "3600",
-        "1..=604800",
-        "delivery = jetstream: how long the stream keeps audio",
-    ),
-    key(
-        "jetstream_duplicate_window_s",
-        Int,
-        "120",
-        "1..=jetstream_max_age_s",
-        "delivery = jetstream: Nats-Msg-Id deduplication window (retries within it are stored once)",
-    ),
-    key(
-        "jetstream_replicas",
-        Int,
-        "1",
-        "1..=5",
-        "delivery = jetstream: stream replicas",
-    ),
-    key(
-        "confirm_window_ms",
-        Int,
-        "200",
-        "10..=10000",
-        "unconfirmed bytes per connection are limited to this much of the admitted byte rate",
-    ),
-    key(
-        "confirm_window_min_bytes",
-        Int,
-        "16000",
-        "max_frame_bytes..=67108864",
-        "the smallest limit of the confirmation window",
-    ),
-    key(
-        "confirm_interval_ms",
-        Int,
-        "5",
-        "1..=max_age_ms/4",
-        "minimum spacing of confirmation markers (one in flight at a time)",
-    ),
-    key(
-        "partitions",
-        Int,
-        "1",
-        "1..=4096; required with {partition}",
-        "partition count for {partition}",
-    ),
-    key(
-        "listen",
-        Str,
-        "127.0.0.1:8080",
-        "socket address; port 0 = any free port",
-        "WebSocket listener",
-    ),
-    key(
-        "admin",
-        Str,
-        "127.0.0.1:9090",
-        "socket address; port 0 = any free port",
-        "admin HTTP listener",
-    ),
-    key(
-        "max_streams",
-        Int,
-        "1000",
-        "1..=1000000",
-        "concurrent stream cap (503 + Retry-After above it)",
-    ),
-    key(
-        "retry_after_s",
-        Int,
-        "1",
-        "1..=3600",
-        "Retry-After sent with 503",
-    ),
-    key(
-        "idle_timeout_ms",
-        Int,
-        "30000",
-        "100..=86400000",
-        "a silent WebSocket stream is ended with reason idle",
-    ),
-    key(
-        "ws_send_timeout_ms",
-        Int,
-        "2000",
-        "10..=60000",
-        "bound on one send to a WebSocket client; a client that stops reading is abandoned (stream ends producer_gone)",
-    ),
-    key(
-        "max_connections",
-        Int,
-        "4096",
-        "1..=1000000, + admin_max_connections + 64 <= RLIMIT_NOFILE hard limit",
-        "open TCP connections on the WebSocket port (upgraded or not); above: 503 and close at accept",
-    ),
-    key(
-        "max_connections_per_ip",
-        Int,
-        "1024",
-        "1..=max_connections",
-        "open connections on the WebSocket port from one IPv4 address or IPv6 /64",
-    ),
-    key(
-        "admin_max_connections",
-        Int,
-        "64",
-        "1..=10000",
-        "open TCP connections on the admin port (its own cap: /readyz answers while the WebSocket port is full)",
-    ),
-    key(
-        "http_header_timeout_ms",
-        Int,
-        "5000",
-        "100..=600000",
-        "a connection (either port) must send a complete request head within this; else closed",
-    ),
-    key(
-        "http_idle_timeout_ms",
-        Int,
-        "10000",
-        "100..=3600000",
-        "a connection (either port) that moves no byte for this long before an upgrade is closed",
-    ),
-    key(
-        "http_max_header_bytes",
-        Int,
-        "16384",
-        "8192..=1048576",
-        "largest request head buffered per connection",
-    ),
-    key(
-        "auth_required",
-        Bool,
-        "false",
-        "true | false; true needs one key below",
-        "producers must present a signed token (JWT) before the upgrade: 401 missing/invalid, 403 out of scope",
-    ),
-    key(
-        "auth_hs256_secret",
-        Str,
-        "",
-        "at least 32 bytes; or auth_eddsa_public_key",
-        "HS256 shared secret of producer tokens (never logged)",
-    ),
-    key(
-        "auth_eddsa_public_key",
-        Str,
-        "",
-        "32-byte Ed25519 public key, base64url; or auth_hs256_secret",
-        "EdDSA public key of producer tokens",
-    ),
-    key(
-        "auth_leeway_s",
-        Int,
-        "5",
-        "0..=300",
-        "clock skew allowed on a token's exp",
-    ),
-    key(
-        "whip_udp_listen",
-        Str,
-        "",
-        "UDP socket address; port 0 = any free port; empty = WHIP off",
-        "WHIP ingest (POST /v1/whip/{stream_id} on the listen port): the one UDP socket of every session",
-    ),
-    key(
-        "whip_advertise_ips",
-        Str,
-        "",
-        "comma-separated IP addresses (at most 8); empty = the whip_udp_listen IP, which must then be specified",
-        "ICE host candidates offered to WHIP publishers (public or NAT 1:1 addresses), on the whip_udp_listen port",
-    ),
-    key(
-        "whip_connect_timeout_ms",
-        Int,
-        "10000",
-        "1000..=120000",
-        "a WHIP session that has not connected ICE and DTLS within this ends (producer_gone)",
-    ),
-    key(
-        "whip_disconnect_timeout_ms",
-        Int,
-        "5000",
-        "500..=120000",
-        "ICE disconnected, or no datagram from the publisher, this long ends the stream (producer_gone)",
-    ),
-    key(
-        "whip_max_sessions",
-        Int,
-        "256",
-        "1..=100000",
-        "concurrent WHIP sessions (503 + Retry-After above it); WHIP streams also count in max_streams",
-    ),
-    key(
-        "grace_period_ms",
-        Int,
-        "5000",
-        "0..=600000",
-        "time to finish every stream on SIGTERM/SIGINT",
-    ),
-    key(
-        "nats_url",
-        Str,
-        "nats://127.0.0.1:4222",
-        "comma-separated NATS URLs",
-        "NATS servers",
-    ),
-    key(
-        "nats_name",
-        Str,
-        "weir-audio-ingress",
-        "non-empty",
-        "client name shown by the server",
-    ),
-    key(
-        "nats_user",
-        Str,
-        "",
-        "with nats_password",
-        "user/password authentication",
-    ),
-    key(
-        "nats_password",
-        Str,
-        "",
-        "with nats_user",
-        "user/password authentication",
-    ),
-    key("nats_token", Str, "", "", "token authentication"),
-    key(
-        "nats_nkey",
-        Str,
-        "",
-        "an NKey seed (SU...)",
-        "NKey authentication",
-    ),
-    key(
-        "nats_creds_file",
-        Str,
-        "",
-        "an existing file",
-        "JWT credentials file",
-    ),
-    key(
-        "nats_tls_required",
-        Bool,
-        "false",
-        "true | false",
-        "require TLS",
-    ),
-    key(
-        "nats_tls_ca_file",
-        Str,
-        "",
-        "an existing PEM file",
-        "extra root certificates",
-    ),
-    key(
-        "nats_tls_cert_file",
-        Str,
-        "",
-        "an existing PEM file, with nats_tls_key_file",
-        "client certificate",
-    ),
-    key(
-        "nats_tls_key_file",
-        Str,
-        "",
-        "an existing PEM file, with nats_tls_cert_file",
-        "client key",
-    ),
-    key(
-        "nats_connection_timeout_ms",
-        Int,
-        "2000",
-        "100..=60000",
-        "per-attempt connect timeout",
-    ),
-    key(
-        "nats_ping_interval_ms",
-        Int,
-        "2000",
-        "100..=600000",
-        "PING interval (a dead server is noticed after 2-3)",
-    ),
-    key(
-        "nats_client_capacity",
-        Int,
-        "1024",
-        "16..=1048576",
-        "messages async-nats buffers before publish blocks",
-    ),
+/// Range and meaning of every key, in the order `--list-keys` and the docs show them
+/// (name, type and default come from `RawConfig::default`; a unit test checks that
+/// these cover exactly its fields).
+pub const SECTIONS: &[Section] = &[
+    Section {
+        name: "stream",
+        keys: &[
+            doc(
+                "max_bytes",
+                "2×`max_frame_bytes`..=67108864",
+                "PCM byte budget per stream (queued + in flight + unconfirmed); each frame is charged at least 160 bytes (5 ms), so a stream holds at most `max_bytes` / 160 frames",
+            ),
+            doc(
+                "max_rate",
+                "0 (no bound) or 1.0..=1000",
+                "rate bound in audio time: a stream delivers at most `max_rate` × real time sustained, with a burst of `max_bytes`; beyond it the policy applies (close: overload, reason rate; gap: dropped into a marker). Shadow mode enforces `shadow_ceiling_factor` × it",
+            ),
+            doc(
+                "max_age_ms",
+                "20..=60000",
+                "age budget of the oldest pending frame",
+            ),
+            doc(
+                "max_wait_ms",
+                "0..=`max_age_ms`",
+                "`close`: how long a full stream may stay full before it overloads; what `push` waits at most",
+            ),
+            doc(
+                "policy",
+                "`close` or `gap`",
+                "what a stream does when its budget is exhausted",
+            ),
+            doc(
+                "extended_consumers",
+                "",
+                "every consumer of the subject speaks the extended protocol; required by `policy = \"gap\"`",
+            ),
+            doc(
+                "shadow",
+                "",
+                "measure the budget and count `would_reject`; enforce only the ceiling",
+            ),
+            doc(
+                "shadow_ceiling_factor",
+                "2..=64",
+                "shadow mode: the policy still applies at this multiple of the budget",
+            ),
+            doc(
+                "publish_timeout_ms",
+                "1..=`max_age_ms`",
+                "bound on one NATS publish call",
+            ),
+            doc(
+                "end_timeout_ms",
+                "100..=300000",
+                "how long a closing stream keeps trying to hand its `end` (and last gap marker) to NATS",
+            ),
+            doc(
+                "max_frame_bytes",
+                "even, 2..=32000",
+                "largest accepted frame (WebSocket binary message)",
+            ),
+            doc(
+                "frame_headers",
+                "",
+                "frames also carry the `Weir-Audio-Version` and `Weir-Captured-At-Ms` headers. The capture time is always in the meta (`captured_at_ms`); headers halve throughput. `end` and `gap` always carry headers",
+            ),
+            doc(
+                "delivery",
+                "`confirmed`, `unconfirmed` or `jetstream`",
+                "`confirmed`: a frame is pending until the server confirms it (the budget holds up to the server); `unconfirmed`: published once handed to the client (comparison only); `jetstream`: lossless mode, frames stored in a JetStream stream (see `jetstream_*`)",
+            ),
+            doc(
+                "confirm_window_ms",
+                "10..=10000",
+                "unconfirmed bytes per connection are limited to this much of the admitted byte rate",
+            ),
+            doc(
+                "confirm_window_min_bytes",
+                "`max_frame_bytes`..=67108864",
+                "the window's floor (one stream's budget)",
+            ),
+            doc(
+                "confirm_interval_ms",
+                "1..=`max_age_ms`/4",
+                "minimum spacing of confirmation markers (one in flight)",
+            ),
+            doc(
+                "jetstream_stream",
+                "1..=64 of `A-Za-z0-9_-`",
+                "`delivery = \"jetstream\"`: the stream (created if missing), capturing the subject template",
+            ),
+            doc(
+                "jetstream_max_age_s",
+                "1..=604800",
+                "how long the stream keeps audio",
+            ),
+            doc(
+                "jetstream_duplicate_window_s",
+                "1..=`jetstream_max_age_s`",
+                "`Nats-Msg-Id` deduplication window (retries within it are stored once)",
+            ),
+            doc("jetstream_replicas", "1..=5", "stream replicas"),
+            doc(
+                "subject",
+                "template: `{stream}` once, `{partition}` at most once, no wildcards",
+                "frame subject",
+            ),
+            doc(
+                "partitions",
+                "0 (unset: 1 partition) or 1..=4096 (the consumer core's bound: one subscription per owned partition); required with `{partition}`",
+                "N of `FNV-1a-32(stream id) mod N`",
+            ),
+        ],
+    },
+    Section {
+        name: "server",
+        keys: &[
+            doc(
+                "listen",
+                "socket address; port 0 = any free port",
+                "WebSocket listener",
+            ),
+            doc(
+                "admin",
+                "socket address; port 0 = any free port",
+                "admin HTTP listener",
+            ),
+            doc(
+                "max_streams",
+                "1..=1000000",
+                "concurrent streams (including those still delivering their `end`); above: 503 + `Retry-After`",
+            ),
+            doc("retry_after_s", "1..=3600", "`Retry-After` of a 503"),
+            doc(
+                "idle_timeout_ms",
+                "100..=86400000",
+                "a WebSocket that sends no frame for this long is ended (reason `idle`, close 1001; pings do not count)",
+            ),
+            doc(
+                "ws_send_timeout_ms",
+                "10..=60000",
+                "bound on each send to a WebSocket client (event or close frame); a client that stops reading is abandoned after it (stream ends `producer_gone`)",
+            ),
+            doc(
+                "grace_period_ms",
+                "0..=600000",
+                "SIGTERM/SIGINT: time to finish every stream",
+            ),
+            doc(
+                "whip_udp_listen",
+                "UDP socket address; port 0 = any free port; empty = WHIP off",
+                "WHIP ingest (`POST /v1/whip/{stream_id}` on the listen port): the one UDP socket of every session",
+            ),
+            doc(
+                "whip_advertise_ips",
+                "comma-separated IP addresses (at most 8); empty = the `whip_udp_listen` IP, which must then be specified",
+                "ICE host candidates offered to WHIP publishers (public or NAT 1:1 addresses), on the `whip_udp_listen` port",
+            ),
+            doc(
+                "whip_connect_timeout_ms",
+                "1000..=120000",
+                "a WHIP session that has not connected ICE and DTLS within this ends (`producer_gone`)",
+            ),
+            doc(
+                "whip_disconnect_timeout_ms",
+                "500..=120000",
+                "ICE disconnected, or no datagram from the publisher, this long ends the stream (`producer_gone`)",
+            ),
+            doc(
+                "whip_max_sessions",
+                "1..=100000",
+                "concurrent WHIP sessions (503 + `Retry-After` above it); WHIP streams also count in `max_streams`",
+            ),
+            doc(
+                "auth_required",
+                "`true` needs exactly one key below",
+                "producers must present a signed token (JWT) before the upgrade: 401 missing/invalid, 403 out of scope; on in production",
+            ),
+            doc(
+                "auth_hs256_secret",
+                "at least 32 bytes; or `auth_eddsa_public_key`",
+                "HS256 shared secret of producer tokens; never logged (set it by `WEIR_INGRESS_AUTH_HS256_SECRET` rather than on the command line)",
+            ),
+            doc(
+                "auth_eddsa_public_key",
+                "32-byte Ed25519 public key, base64url (43 characters); or `auth_hs256_secret`",
+                "EdDSA verification key of producer tokens (the signer keeps the private key)",
+            ),
+            doc(
+                "auth_leeway_s",
+                "0..=300",
+                "clock skew allowed on a token's `exp`",
+            ),
+            doc(
+                "max_connections",
+                "1..=1000000; `max_connections` + `admin_max_connections` + 64 <= the hard `RLIMIT_NOFILE`",
+                "open TCP connections on the WebSocket port, upgraded or not; above: refused at accept (503 JSON, closed)",
+            ),
+            doc(
+                "max_connections_per_ip",
+                "1..=`max_connections` (the default is clamped to it)",
+                "open connections on the WebSocket port from one IPv4 address or IPv6 /64",
+            ),
+            doc(
+                "admin_max_connections",
+                "1..=10000",
+                "open TCP connections on the admin port (a separate cap: `/readyz` and `/metrics` answer while the WebSocket port is full)",
+            ),
+            doc(
+                "http_header_timeout_ms",
+                "100..=600000",
+                "both ports: a connection must deliver a complete request head within this, counted from accept (and from the end of the previous response on a keep-alive connection); else it is closed",
+            ),
+            doc(
+                "http_idle_timeout_ms",
+                "100..=3600000",
+                "both ports: a connection that moves no byte in either direction for this long before an upgrade is closed",
+            ),
+            doc(
+                "http_max_header_bytes",
+                "8192..=1048576",
+                "largest request head buffered per connection; a larger one is refused (431)",
+            ),
+        ],
+    },
+    Section {
+        name: "nats",
+        keys: &[
+            doc("nats_url", "comma-separated NATS URLs", "servers"),
+            doc("nats_name", "non-empty", "client name shown by the server"),
+            doc(
+                "nats_user",
+                "with `nats_password`",
+                "user/password authentication",
+            ),
+            doc(
+                "nats_password",
+                "with `nats_user`",
+                "user/password authentication",
+            ),
+            doc("nats_token", "", "token authentication"),
+            doc(
+                "nats_nkey",
+                "an NKey user seed (`SU...`)",
+                "NKey authentication",
+            ),
+            doc(
+                "nats_creds_file",
+                "an existing file",
+                "JWT credentials file",
+            ),
+            doc("nats_tls_required", "", "require TLS"),
+            doc("nats_tls_ca_file", "an existing PEM file", "extra root CAs"),
+            doc(
+                "nats_tls_cert_file",
+                "an existing PEM file, with `nats_tls_key_file`",
+                "client certificate",
+            ),
+            doc(
+                "nats_tls_key_file",
+                "an existing PEM file, with `nats_tls_cert_file`",
+                "client key",
+            ),
+            doc(
+                "nats_connection_timeout_ms",
+                "100..=60000",
+                "per-attempt connect timeout",
+            ),
+            doc(
+                "nats_ping_interval_ms",
+                "100..=600000",
+                "PING interval: a silent server is declared dead after 2–3 of these",
+            ),
+            doc(
+                "nats_client_capacity",
+                "16..=1048576",
+                "messages async-nats buffers (shared by all streams) before `publish` blocks",
+            ),
+        ],
+    },
 ];
 
-fn spec(name: &str) -> Option<&'static KeySpec> {
-    KEYS.iter().find(|k| k.name == name)
+/// Every key with its type, default, range and meaning: aligned text for
+/// `--list-keys`, or the Markdown tables of docs/audio-ingress.md (each between its
+/// `<!-- keys:NAME -->` markers) for `--list-keys --markdown`.
+pub fn key_table(markdown: bool) -> String {
+    let layers = Layers::new(&RawConfig::default());
+    let mut out = String::new();
+    for section in SECTIONS {
+        let rows = keys::rows(layers.defaults(), section);
+        if markdown {
+            out.push_str(&format!(
+                "<!-- keys:{0} -->\n{1}<!-- /keys:{0} -->\n",
+                section.name,
+                keys::markdown(&rows)
+            ));
+        } else {
+            out.push_str(&keys::text(&rows));
+        }
+    }
+    out
 }
 
-/// A typed raw value.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Raw {
-    Int(u64),
-    Bool(bool),
-    Str(String),
+/// Default `auth_leeway_s`: clock skew allowed on a token's `exp`.
+pub const DEFAULT_AUTH_LEEWAY_S: u64 = 5;
+
+/// The keys as read from the layers, before validation: one field per key, flat
+/// snake_case names. `Default` is the documented default of every key (written once:
+/// it reads the typed defaults above), and the key table is generated from it.
+/// Secret fields make a `Debug` impl unwise; there is none.
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawConfig {
+    max_bytes: u64,
+    max_rate: f64,
+    max_age_ms: u64,
+    max_wait_ms: u64,
+    policy: Policy,
+    extended_consumers: bool,
+    shadow: bool,
+    shadow_ceiling_factor: u64,
+    publish_timeout_ms: u64,
+    end_timeout_ms: u64,
+    max_frame_bytes: u64,
+    subject: String,
+    frame_headers: bool,
+    delivery: Delivery,
+    jetstream_stream: String,
+    jetstream_max_age_s: u64,
+    jetstream_duplicate_window_s: u64,
+    jetstream_replicas: u64,
+    confirm_window_ms: u64,
+    confirm_window_min_bytes: u64,
+    confirm_interval_ms: u64,
+    /// 0: unset (1 partition; required with `{partition}`).
+    partitions: u64,
+    listen: String,
+    admin: String,
+    max_streams: u64,
+    retry_after_s: u64,
+    idle_timeout_ms: u64,
+    ws_send_timeout_ms: u64,
+    max_connections: u64,
+    max_connections_per_ip: u64,
+    admin_max_connections: u64,
+    http_header_timeout_ms: u64,
+    http_idle_timeout_ms: u64,
+    http_max_header_bytes: u64,
+    auth_required: bool,
+    auth_hs256_secret: String,
+    auth_eddsa_public_key: String,
+    auth_leeway_s: u64,
+    whip_udp_listen: String,
+    whip_advertise_ips: String,
+    whip_connect_timeout_ms: u64,
+    whip_disconnect_timeout_ms: u64,
+    whip_max_sessions: u64,
+    grace_period_ms: u64,
+    nats_url: String,
+    nats_name: String,
+    nats_user: String,
+    nats_password: String,
+    nats_token: String,
+    nats_nkey: String,
+    nats_creds_file: String,
+    nats_tls_required: bool,
+    nats_tls_ca_file: String,
+    nats_tls_cert_file: String,
+    nats_tls_key_file: String,
+    nats_connection_timeout_ms: u64,
+    nats_ping_interval_ms: u64,
+    nats_client_capacity: u64,
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Default for RawConfig {
+    fn default() -> Self {
+        let b = StreamConfigBuilder::default();
+        let s = ServerConfig::default();
+        let n = NatsConfig::named(NATS_CLIENT_NAME);
+        let count = |v: NonZeroUsize| v.get() as u64;
+        Self {
+            max_bytes: b.max_bytes,
+            max_rate: b.max_rate_permille as f64 / 1000.0,
+            max_age_ms: ms(b.max_age),
+            max_wait_ms: ms(b.max_wait),
+            policy: b.policy,
+            extended_consumers: b.extended_consumers,
+            shadow: b.shadow,
+            shadow_ceiling_factor: b.shadow_ceiling_factor,
+            publish_timeout_ms: ms(b.publish_timeout),
+            end_timeout_ms: ms(b.end_timeout),
+            max_frame_bytes: b.max_frame_bytes,
+            subject: b.subject,
+            frame_headers: b.frame_headers,
+            delivery: b.delivery,
+            jetstream_stream: b.jetstream.stream,
+            jetstream_max_age_s: b.jetstream.max_age.as_secs(),
+            jetstream_duplicate_window_s: b.jetstream.duplicate_window.as_secs(),
+            jetstream_replicas: b.jetstream.replicas,
+            confirm_window_ms: ms(b.confirm_window),
+            confirm_window_min_bytes: b.confirm_window_min_bytes,
+            confirm_interval_ms: ms(b.confirm_interval),
+            partitions: b.partitions.unwrap_or(0),
+            listen: s.listen.to_string(),
+            admin: s.admin.to_string(),
+            max_streams: count(s.max_streams),
+            retry_after_s: s.retry_after.as_secs(),
+            idle_timeout_ms: ms(s.idle_timeout),
+            ws_send_timeout_ms: ms(s.ws_send_timeout),
+            max_connections: count(s.max_connections),
+            max_connections_per_ip: count(s.max_connections_per_ip),
+            admin_max_connections: count(s.admin_max_connections),
+            http_header_timeout_ms: ms(s.http_header_timeout),
+            http_idle_timeout_ms: ms(s.http_idle_timeout),
+            http_max_header_bytes: s.http_max_header_bytes as u64,
+            auth_required: false,
+            auth_hs256_secret: String::new(),
+            auth_eddsa_public_key: String::new(),
+            auth_leeway_s: DEFAULT_AUTH_LEEWAY_S,
+            whip_udp_listen: String::new(),
+            whip_advertise_ips: String::new(),
+            whip_connect_timeout_ms: ms(DEFAULT_WHIP_CONNECT_TIMEOUT),
+            whip_disconnect_timeout_ms: ms(DEFAULT_WHIP_DISCONNECT_TIMEOUT),
+            whip_max_sessions: DEFAULT_WHIP_MAX_SESSIONS as u64,
+            grace_period_ms: ms(s.grace_period),
+            nats_url: n.url_list(),
+            nats_name: n.name,
+            nats_user: String::new(),
+            nats_password: String::new(),
+            nats_token: String::new(),
+            nats_nkey: String::new(),
+            nats_creds_file: String::new(),
+            nats_tls_required: n.tls.required,
+            nats_tls_ca_file: String::new(),
+            nats_tls_cert_file: String::new(),
+            nats_tls_key_file: String::new(),
+            nats_connection_timeout_ms: ms(n.connection_timeout),
+            nats_ping_interval_ms: ms(n.ping_interval),
+            nats_client_capacity: n.client_capacity as u64,
+        }
+    }
 }
 
 /// Where configuration comes from, lowest precedence first.
@@ -1293,101 +1266,9 @@ pub struct ConfigSources {
     pub overrides: Vec<(String, String)>,
 }
 
-fn parse_text(spec: &KeySpec, text: &str, origin: &str) -> Result<Raw, ConfigError> {
-    let wrong = |what: &str| {
-        ConfigError::new(
-            spec.name,
-            ConfigErrorKind::WrongType,
-            format!("{origin}: {text:?} is not {what}"),
-        )
-    };
-    match spec.ty {
-        Int => text
-            .trim()
-            .replace('_', "")
-            .parse::<u64>()
-            .map(Raw::Int)
-            .map_err(|_| wrong("a non-negative integer")),
-        Bool => match text.trim() {
-            "true" | "1" | "yes" => Ok(Raw::Bool(true)),
-            "false" | "0" | "no" => Ok(Raw::Bool(false)),
-            _ => Err(wrong("true or false")),
-        },
-        Str => Ok(Raw::Str(text.to_owned())),
-        Dec => text
-            .trim()
-            .parse::<f64>()
-            .ok()
-            .and_then(permille)
-            .map(Raw::Int)
-            .ok_or_else(|| wrong("a non-negative decimal number")),
-    }
-}
-
-fn parse_toml(spec: &KeySpec, value: &toml::Value, origin: &str) -> Result<Raw, ConfigError> {
-    let wrong = |what: &str| {
-        ConfigError::new(
-            spec.name,
-            ConfigErrorKind::WrongType,
-            format!("{origin}: {value} is not {what}"),
-        )
-    };
-    match (spec.ty, value) {
-        (Int, toml::Value::Integer(i)) => u64::try_from(*i)
-            .map(Raw::Int)
-            .map_err(|_| out_of_range(spec.name, i, spec.range)),
-        (Int, _) => Err(wrong("an integer")),
-        (Bool, toml::Value::Boolean(b)) => Ok(Raw::Bool(*b)),
-        (Bool, _) => Err(wrong("a boolean")),
-        (Str, toml::Value::String(s)) => Ok(Raw::Str(s.clone())),
-        (Str, _) => Err(wrong("a string")),
-        (Dec, toml::Value::Float(f)) => permille(*f)
-            .map(Raw::Int)
-            .ok_or_else(|| wrong("a non-negative decimal number")),
-        (Dec, toml::Value::Integer(i)) => permille(*i as f64)
-            .map(Raw::Int)
-            .ok_or_else(|| wrong("a non-negative decimal number")),
-        (Dec, _) => Err(wrong("a number")),
-    }
-}
-
 /// A decimal value in thousandths (rounded); `None` for a negative, NaN or huge value.
 fn permille(v: f64) -> Option<u64> {
     (v.is_finite() && (0.0..=1e12).contains(&v)).then(|| (v * 1000.0).round() as u64)
-}
-
-/// The merged raw values, one per key that was set somewhere.
-#[derive(Debug, Default)]
-struct RawValues(BTreeMap<&'static str, Raw>);
-
-impl RawValues {
-    fn set(&mut self, name: &str, raw: Raw) {
-        if let Some(spec) = spec(name) {
-            self.0.insert(spec.name, raw);
-        }
-    }
-    fn int(&self, k: &str) -> Option<u64> {
-        match self.0.get(k) {
-            Some(Raw::Int(v)) => Some(*v),
-            _ => None,
-        }
-    }
-    fn bool(&self, k: &str) -> Option<bool> {
-        match self.0.get(k) {
-            Some(Raw::Bool(v)) => Some(*v),
-            _ => None,
-        }
-    }
-    /// A string value; an empty string counts as unset.
-    fn str(&self, k: &str) -> Option<&str> {
-        match self.0.get(k) {
-            Some(Raw::Str(v)) if !v.is_empty() => Some(v),
-            _ => None,
-        }
-    }
-    fn ms(&self, k: &str) -> Option<Duration> {
-        self.int(k).map(Duration::from_millis)
-    }
 }
 
 /// Idle RSS allowance in [`Config::memory_bound_bytes`] (measured idle: ~17 MiB).
@@ -1426,447 +1307,419 @@ impl Config {
         IDLE_ALLOWANCE_BYTES + streams * (per_stream_queue + per_stream_ws) + nats + heads + misc
     }
 
-    /// Loads and validates the configuration from `sources`.
+    /// Loads and validates the configuration from `sources`: every key is refused or
+    /// accepted whichever layer set it, and a refusal names the key and, when the value
+    /// was not a default, where it came from.
     pub fn load(sources: &ConfigSources) -> Result<Self, ConfigError> {
-        let mut raw = RawValues::default();
+        let mut layers = Layers::new(&RawConfig::default());
         if let Some(path) = &sources.file {
-            load_file(path, &mut raw)?;
+            layers.file(path).map_err(from_load)?;
         }
-        for (name, value) in &sources.env {
-            let Some(key) = name.strip_prefix(ENV_PREFIX) else {
-                continue;
-            };
-            if ENV_NOT_KEYS.contains(&key) {
-                continue;
-            }
-            // A misspelled variable is refused like a misspelled key: silently
-            // ignoring it would run with the default the operator meant to change.
-            let spec = spec(&key.to_ascii_lowercase()).ok_or_else(|| unknown_key(name))?;
-            raw.set(spec.name, parse_text(spec, value, name)?);
+        layers.env(ENV_PREFIX, sources.env.iter().cloned(), ENV_NOT_KEYS);
+        for (key, value) in &sources.overrides {
+            layers.set_text(key, value, Origin::CommandLine);
         }
-        for (name, value) in &sources.overrides {
-            let spec = spec(name).ok_or_else(|| unknown_key(name))?;
-            raw.set(spec.name, parse_text(spec, value, "command line")?);
-        }
-        Self::from_raw(&raw)
-    }
-
-    fn from_raw(raw: &RawValues) -> Result<Self, ConfigError> {
-        let mut b = StreamConfig::builder();
-        if let Some(v) = raw.int("max_bytes") {
-            b.max_bytes = v;
-        }
-        if let Some(v) = raw.ms("max_age_ms") {
-            b.max_age = v;
-        }
-        if let Some(v) = raw.ms("max_wait_ms") {
-            b.max_wait = v;
-        }
-        if let Some(v) = raw.str("policy") {
-            b.policy = v
-                .parse()
-                .map_err(|e: String| ConfigError::new("policy", ConfigErrorKind::Invalid, e))?;
-        }
-        if let Some(v) = raw.bool("extended_consumers") {
-            b.extended_consumers = v;
-        }
-        if let Some(v) = raw.bool("shadow") {
-            b.shadow = v;
-        }
-        if let Some(v) = raw.int("shadow_ceiling_factor") {
-            b.shadow_ceiling_factor = v;
-        }
-        if let Some(v) = raw.ms("publish_timeout_ms") {
-            b.publish_timeout = v;
-        }
-        if let Some(v) = raw.ms("end_timeout_ms") {
-            b.end_timeout = v;
-        }
-        if let Some(v) = raw.int("max_frame_bytes") {
-            b.max_frame_bytes = v;
-        }
-        if let Some(v) = raw.str("subject") {
-            b.subject = v.to_owned();
-        }
-        if let Some(v) = raw.int("partitions") {
-            b.partitions = Some(v);
-        }
-        if let Some(v) = raw.bool("frame_headers") {
-            b.frame_headers = v;
-        }
-        if let Some(v) = raw.str("delivery") {
-            b.delivery = v
-                .parse()
-                .map_err(|e: String| ConfigError::new("delivery", ConfigErrorKind::Invalid, e))?;
-        }
-        if let Some(v) = raw.ms("confirm_window_ms") {
-            b.confirm_window = v;
-        }
-        if let Some(v) = raw.int("confirm_window_min_bytes") {
-            b.confirm_window_min_bytes = v;
-        }
-        if let Some(v) = raw.ms("confirm_interval_ms") {
-            b.confirm_interval = v;
-        }
-        if let Some(v) = raw.str("jetstream_stream") {
-            b.jetstream.stream = v.to_owned();
-        }
-        if let Some(v) = raw.int("jetstream_max_age_s") {
-            b.jetstream.max_age = Duration::from_secs(v.min(u64::MAX / 2_000));
-        }
-        if let Some(v) = raw.int("jetstream_duplicate_window_s") {
-            b.jetstream.duplicate_window = Duration::from_secs(v.min(u64::MAX / 2_000));
-        }
-        if let Some(v) = raw.int("jetstream_replicas") {
-            b.jetstream.replicas = v;
-        }
-        if let Some(v) = raw.int("max_rate") {
-            b.max_rate_permille = v;
-        }
-        let stream = b.build()?;
-        let server = server_from_raw(raw)?;
-        let nats = nats_from_raw(raw)?;
-        Ok(Self {
-            stream,
-            server,
-            nats,
+        let raw: RawConfig = layers.build().map_err(from_load)?;
+        raw.validate().map_err(|e| match layers.origin(e.key()) {
+            Origin::Default => e,
+            origin => ConfigError::new(
+                e.key(),
+                e.kind(),
+                format!("{} (from {origin})", e.message()),
+            ),
         })
     }
 }
 
-fn unknown_key(name: &str) -> ConfigError {
-    ConfigError::new(
-        name,
-        ConfigErrorKind::UnknownKey,
-        "not a configuration key (see docs/audio-ingress.md for the list)",
-    )
+/// The loader's refusal in this crate's terms. A misspelled variable is named by the
+/// variable (what the operator has to fix), every other refusal by the key.
+fn from_load(e: LoadError) -> ConfigError {
+    let kind = match e.kind() {
+        LoadErrorKind::UnknownKey => ConfigErrorKind::UnknownKey,
+        LoadErrorKind::WrongType => ConfigErrorKind::WrongType,
+        LoadErrorKind::InvalidValue if e.message().contains("invalid value: integer") => {
+            ConfigErrorKind::OutOfRange
+        }
+        LoadErrorKind::InvalidValue => ConfigErrorKind::Invalid,
+        LoadErrorKind::File => ConfigErrorKind::File,
+    };
+    let hint = match kind {
+        ConfigErrorKind::UnknownKey => " (see `audio-ingress serve --list-keys`)",
+        _ => "",
+    };
+    let (key, message) = match (kind, e.origin()) {
+        // The variable is what the operator has to fix.
+        (ConfigErrorKind::UnknownKey, Origin::Env(var)) => {
+            (var.clone(), format!("{}{hint}", e.message()))
+        }
+        (ConfigErrorKind::File, _) => (e.key().to_owned(), e.message().to_owned()),
+        (_, origin) => (
+            e.key().to_owned(),
+            format!("{} (from {origin}){hint}", e.message()),
+        ),
+    };
+    ConfigError::new(key, kind, message)
 }
 
-fn load_file(path: &Path, raw: &mut RawValues) -> Result<(), ConfigError> {
-    let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        ConfigError::new(&shown, ConfigErrorKind::File, format!("cannot read: {e}"))
-    })?;
-    let table: toml::Table = toml::from_str(&text)
-        .map_err(|e| ConfigError::new(&shown, ConfigErrorKind::File, format!("not TOML: {e}")))?;
-    for (name, value) in &table {
-        let spec = spec(name).ok_or_else(|| unknown_key(name))?;
-        raw.set(spec.name, parse_toml(spec, value, &shown)?);
-    }
-    Ok(())
-}
-
-fn addr(raw: &RawValues, k: &str, default: SocketAddr) -> Result<SocketAddr, ConfigError> {
-    match raw.str(k) {
-        None => Ok(default),
-        Some(s) => s.parse().map_err(|_| {
-            ConfigError::new(
-                k,
-                ConfigErrorKind::Invalid,
-                format!("{s:?} is not a socket address like 127.0.0.1:8080"),
-            )
-        }),
-    }
-}
-
-fn int_in(raw: &RawValues, k: &str, default: u64, min: u64, max: u64) -> Result<u64, ConfigError> {
-    let v = raw.int(k).unwrap_or(default);
+/// `v` of `key` within `min..=max`.
+fn int_in(key: &str, v: u64, min: u64, max: u64) -> Result<u64, ConfigError> {
     if v < min || v > max {
-        return Err(out_of_range(k, v, format!("{min}..={max}")));
+        return Err(out_of_range(key, v, format!("{min}..={max}")));
     }
     Ok(v)
 }
 
-fn server_from_raw(raw: &RawValues) -> Result<ServerConfig, ConfigError> {
-    let d = ServerConfig::default();
-    let max_streams = int_in(raw, "max_streams", 1000, 1, 1_000_000)?;
-    let max_connections = int_in(
-        raw,
-        "max_connections",
-        DEFAULT_MAX_CONNECTIONS as u64,
-        1,
-        1_000_000,
-    )?;
-    let per_ip = int_in(
-        raw,
-        "max_connections_per_ip",
-        (DEFAULT_MAX_CONNECTIONS_PER_IP as u64).min(max_connections),
-        1,
-        1_000_000,
-    )?;
-    if per_ip > max_connections {
-        return Err(ConfigError::new(
-            "max_connections_per_ip",
-            ConfigErrorKind::Conflict,
-            format!("{per_ip} exceeds max_connections = {max_connections}"),
-        ));
-    }
-    Ok(ServerConfig {
-        listen: addr(raw, "listen", d.listen)?,
-        admin: addr(raw, "admin", d.admin)?,
-        max_streams: NonZeroUsize::new(max_streams as usize).unwrap_or(NonZeroUsize::MIN),
-        retry_after: Duration::from_secs(int_in(raw, "retry_after_s", 1, 1, 3600)?),
-        idle_timeout: Duration::from_millis(int_in(
-            raw,
-            "idle_timeout_ms",
-            30_000,
-            100,
-            86_400_000,
-        )?),
-        ws_send_timeout: Duration::from_millis(int_in(
-            raw,
-            "ws_send_timeout_ms",
-            2_000,
-            10,
-            60_000,
-        )?),
-        grace_period: Duration::from_millis(int_in(raw, "grace_period_ms", 5_000, 0, 600_000)?),
-        max_connections: nonzero(max_connections),
-        max_connections_per_ip: nonzero(per_ip),
-        admin_max_connections: nonzero(int_in(
-            raw,
-            "admin_max_connections",
-            DEFAULT_ADMIN_MAX_CONNECTIONS as u64,
-            1,
-            10_000,
-        )?),
-        http_header_timeout: Duration::from_millis(int_in(
-            raw,
-            "http_header_timeout_ms",
-            DEFAULT_HTTP_HEADER_TIMEOUT.as_millis() as u64,
-            100,
-            600_000,
-        )?),
-        http_idle_timeout: Duration::from_millis(int_in(
-            raw,
-            "http_idle_timeout_ms",
-            DEFAULT_HTTP_IDLE_TIMEOUT.as_millis() as u64,
-            100,
-            3_600_000,
-        )?),
-        http_max_header_bytes: int_in(
-            raw,
-            "http_max_header_bytes",
-            DEFAULT_HTTP_MAX_HEADER_BYTES as u64,
-            MIN_HTTP_MAX_HEADER_BYTES as u64,
-            1_048_576,
-        )? as usize,
-        auth: auth_from_raw(raw)?,
-        whip: whip_from_raw(raw)?,
+fn addr(key: &str, text: &str) -> Result<SocketAddr, ConfigError> {
+    text.parse().map_err(|_| {
+        ConfigError::new(
+            key,
+            ConfigErrorKind::Invalid,
+            format!("{text:?} is not a socket address like 127.0.0.1:8080"),
+        )
     })
+}
+
+/// `Some(text)` unless empty (an empty string is "unset" for the optional keys).
+fn set(text: &str) -> Option<&str> {
+    (!text.is_empty()).then_some(text)
+}
+
+/// A path key: `None` when empty.
+fn path(text: &str) -> Option<&Path> {
+    set(text).map(Path::new)
+}
+
+impl RawConfig {
+    /// Validates every value into the typed settings.
+    fn validate(self) -> Result<Config, ConfigError> {
+        Ok(Config {
+            stream: self.stream()?,
+            server: self.server()?,
+            nats: self.nats()?,
+        })
+    }
+
+    fn stream(&self) -> Result<StreamConfig, ConfigError> {
+        let max_rate_permille = permille(self.max_rate)
+            .ok_or_else(|| out_of_range("max_rate", self.max_rate, "0 (no bound) or 1.0..=1000"))?;
+        StreamConfigBuilder {
+            max_bytes: self.max_bytes,
+            max_age: Duration::from_millis(self.max_age_ms),
+            max_wait: Duration::from_millis(self.max_wait_ms),
+            policy: self.policy,
+            shadow: self.shadow,
+            shadow_ceiling_factor: self.shadow_ceiling_factor,
+            extended_consumers: self.extended_consumers,
+            publish_timeout: Duration::from_millis(self.publish_timeout_ms),
+            end_timeout: Duration::from_millis(self.end_timeout_ms),
+            max_frame_bytes: self.max_frame_bytes,
+            subject: self.subject.clone(),
+            partitions: (self.partitions != 0).then_some(self.partitions),
+            frame_headers: self.frame_headers,
+            delivery: self.delivery,
+            confirm_window: Duration::from_millis(self.confirm_window_ms),
+            confirm_window_min_bytes: self.confirm_window_min_bytes,
+            confirm_interval: Duration::from_millis(self.confirm_interval_ms),
+            jetstream: JetStreamKeys {
+                stream: self.jetstream_stream.clone(),
+                max_age: Duration::from_secs(self.jetstream_max_age_s.min(u64::MAX / 2_000)),
+                duplicate_window: Duration::from_secs(
+                    self.jetstream_duplicate_window_s.min(u64::MAX / 2_000),
+                ),
+                replicas: self.jetstream_replicas,
+            },
+            max_rate_permille,
+        }
+        .build()
+    }
+
+    fn server(&self) -> Result<ServerConfig, ConfigError> {
+        let max_connections = int_in("max_connections", self.max_connections, 1, 1_000_000)?;
+        // The default per-address cap is clamped to a smaller global cap; a value set
+        // above it is refused.
+        let per_ip = if self.max_connections_per_ip == DEFAULT_MAX_CONNECTIONS_PER_IP as u64 {
+            self.max_connections_per_ip.min(max_connections)
+        } else {
+            int_in(
+                "max_connections_per_ip",
+                self.max_connections_per_ip,
+                1,
+                1_000_000,
+            )?
+        };
+        if per_ip > max_connections {
+            return Err(ConfigError::new(
+                "max_connections_per_ip",
+                ConfigErrorKind::Conflict,
+                format!("{per_ip} exceeds max_connections = {max_connections}"),
+            ));
+        }
+        let millis = |key: &str, v: u64, min: u64, max: u64| {
+            int_in(key, v, min, max).map(Duration::from_millis)
+        };
+        Ok(ServerConfig {
+            listen: addr("listen", &self.listen)?,
+            admin: addr("admin", &self.admin)?,
+            max_streams: nonzero(int_in("max_streams", self.max_streams, 1, 1_000_000)?),
+            retry_after: Duration::from_secs(int_in("retry_after_s", self.retry_after_s, 1, 3600)?),
+            idle_timeout: millis("idle_timeout_ms", self.idle_timeout_ms, 100, 86_400_000)?,
+            ws_send_timeout: millis("ws_send_timeout_ms", self.ws_send_timeout_ms, 10, 60_000)?,
+            grace_period: millis("grace_period_ms", self.grace_period_ms, 0, 600_000)?,
+            max_connections: nonzero(max_connections),
+            max_connections_per_ip: nonzero(per_ip),
+            admin_max_connections: nonzero(int_in(
+                "admin_max_connections",
+                self.admin_max_connections,
+                1,
+                10_000,
+            )?),
+            http_header_timeout: millis(
+                "http_header_timeout_ms",
+                self.http_header_timeout_ms,
+                100,
+                600_000,
+            )?,
+            http_idle_timeout: millis(
+                "http_idle_timeout_ms",
+                self.http_idle_timeout_ms,
+                100,
+                3_600_000,
+            )?,
+            http_max_header_bytes: int_in(
+                "http_max_header_bytes",
+                self.http_max_header_bytes,
+                MIN_HTTP_MAX_HEADER_BYTES as u64,
+                1_048_576,
+            )? as usize,
+            auth: self.auth()?,
+            whip: self.whip()?,
+        })
+    }
+
+    fn whip(&self) -> Result<Option<WhipConfig>, ConfigError> {
+        let connect_timeout = Duration::from_millis(int_in(
+            "whip_connect_timeout_ms",
+            self.whip_connect_timeout_ms,
+            1_000,
+            120_000,
+        )?);
+        let disconnect_timeout = Duration::from_millis(int_in(
+            "whip_disconnect_timeout_ms",
+            self.whip_disconnect_timeout_ms,
+            500,
+            120_000,
+        )?);
+        let max_sessions = nonzero(int_in(
+            "whip_max_sessions",
+            self.whip_max_sessions,
+            1,
+            100_000,
+        )?);
+        let Some(listen) = set(&self.whip_udp_listen) else {
+            // A WHIP setting without the socket would be silently ignored.
+            let d = Self::default();
+            let changed = [
+                (
+                    "whip_advertise_ips",
+                    self.whip_advertise_ips != d.whip_advertise_ips,
+                ),
+                (
+                    "whip_connect_timeout_ms",
+                    self.whip_connect_timeout_ms != d.whip_connect_timeout_ms,
+                ),
+                (
+                    "whip_disconnect_timeout_ms",
+                    self.whip_disconnect_timeout_ms != d.whip_disconnect_timeout_ms,
+                ),
+                (
+                    "whip_max_sessions",
+                    self.whip_max_sessions != d.whip_max_sessions,
+                ),
+            ];
+            return match changed.into_iter().find(|(_, changed)| *changed) {
+                Some((k, _)) => Err(ConfigError::new(
+                    k,
+                    ConfigErrorKind::Conflict,
+                    "WHIP is off (whip_udp_listen is empty); set whip_udp_listen to use it",
+                )),
+                None => Ok(None),
+            };
+        };
+        let udp_listen: SocketAddr = listen.parse().map_err(|_| {
+            ConfigError::new(
+                "whip_udp_listen",
+                ConfigErrorKind::Invalid,
+                format!("{listen:?} is not a socket address like 127.0.0.1:8443"),
+            )
+        })?;
+        let mut advertise = Vec::new();
+        for part in self
+            .whip_advertise_ips
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+        {
+            let ip: IpAddr = part.parse().map_err(|_| {
+                ConfigError::new(
+                    "whip_advertise_ips",
+                    ConfigErrorKind::Invalid,
+                    format!("{part:?} is not an IP address"),
+                )
+            })?;
+            if ip.is_unspecified() || ip.is_multicast() {
+                return Err(ConfigError::new(
+                    "whip_advertise_ips",
+                    ConfigErrorKind::Invalid,
+                    format!("{ip} cannot be reached by a publisher (unspecified or multicast)"),
+                ));
+            }
+            if !advertise.contains(&ip) {
+                advertise.push(ip);
+            }
+        }
+        if advertise.len() > MAX_WHIP_ADVERTISE_IPS {
+            return Err(ConfigError::new(
+                "whip_advertise_ips",
+                ConfigErrorKind::OutOfRange,
+                format!(
+                    "{} addresses; at most {MAX_WHIP_ADVERTISE_IPS}",
+                    advertise.len()
+                ),
+            ));
+        }
+        if advertise.is_empty() {
+            if udp_listen.ip().is_unspecified() {
+                return Err(ConfigError::new(
+                    "whip_advertise_ips",
+                    ConfigErrorKind::Missing,
+                    format!(
+                        "whip_udp_listen = {udp_listen} listens on every address; name the ones \
+                         publishers reach in whip_advertise_ips"
+                    ),
+                ));
+            }
+            advertise.push(udp_listen.ip());
+        }
+        Ok(Some(WhipConfig {
+            udp_listen,
+            advertise,
+            connect_timeout,
+            disconnect_timeout,
+            max_sessions,
+        }))
+    }
+
+    fn auth(&self) -> Result<Option<crate::auth::AuthConfig>, ConfigError> {
+        use crate::auth::{AuthConfig, AuthKey, MIN_HS256_SECRET_BYTES, b64url_decode};
+        let leeway_s = int_in("auth_leeway_s", self.auth_leeway_s, 0, 300)?;
+        let key = match (
+            set(&self.auth_hs256_secret),
+            set(&self.auth_eddsa_public_key),
+        ) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::new(
+                    "auth_eddsa_public_key",
+                    ConfigErrorKind::Conflict,
+                    "set either auth_hs256_secret or auth_eddsa_public_key, not both",
+                ));
+            }
+            // The secret itself is never part of a message.
+            (Some(s), None) if s.len() < MIN_HS256_SECRET_BYTES => {
+                return Err(ConfigError::new(
+                    "auth_hs256_secret",
+                    ConfigErrorKind::Invalid,
+                    format!(
+                        "too short ({} bytes); at least {MIN_HS256_SECRET_BYTES} bytes",
+                        s.len()
+                    ),
+                ));
+            }
+            (Some(s), None) => Some(AuthKey::Hs256(s.as_bytes().to_vec())),
+            (None, Some(p)) => {
+                let bytes: [u8; 32] = b64url_decode(p)
+                    .and_then(|b| b.try_into().ok())
+                    .ok_or_else(|| {
+                        ConfigError::new(
+                            "auth_eddsa_public_key",
+                            ConfigErrorKind::Invalid,
+                            "expected the 32-byte Ed25519 public key in base64url (43 characters)",
+                        )
+                    })?;
+                Some(AuthKey::EdDsa(bytes))
+            }
+            (None, None) => None,
+        };
+        match (self.auth_required, key) {
+            (true, Some(key)) => Ok(Some(AuthConfig { key, leeway_s })),
+            (false, None) => Ok(None),
+            (true, None) => Err(ConfigError::new(
+                "auth_required",
+                ConfigErrorKind::Missing,
+                "needs auth_hs256_secret or auth_eddsa_public_key",
+            )),
+            (false, Some(_)) => Err(ConfigError::new(
+                "auth_required",
+                ConfigErrorKind::Conflict,
+                "a token key is set but auth_required is false; set auth_required = true to check tokens",
+            )),
+        }
+    }
+
+    fn nats(&self) -> Result<NatsConfig, ConfigError> {
+        let millis = |key: &str, v: u64, min: u64, max: u64| {
+            int_in(key, v, min, max).map(Duration::from_millis)
+        };
+        let base = NatsConfig {
+            name: set(&self.nats_name).unwrap_or(NATS_CLIENT_NAME).to_owned(),
+            connection_timeout: millis(
+                "nats_connection_timeout_ms",
+                self.nats_connection_timeout_ms,
+                100,
+                60_000,
+            )?,
+            ping_interval: millis(
+                "nats_ping_interval_ms",
+                self.nats_ping_interval_ms,
+                100,
+                600_000,
+            )?,
+            client_capacity: int_in(
+                "nats_client_capacity",
+                self.nats_client_capacity,
+                16,
+                1_048_576,
+            )? as usize,
+            ..NatsConfig::named(NATS_CLIENT_NAME)
+        };
+        NatsInput {
+            url: set(&self.nats_url),
+            user: set(&self.nats_user),
+            password: set(&self.nats_password),
+            token: set(&self.nats_token),
+            nkey: set(&self.nats_nkey),
+            creds_file: path(&self.nats_creds_file),
+            tls_required: self.nats_tls_required,
+            tls_ca_file: path(&self.nats_tls_ca_file),
+            tls_cert_file: path(&self.nats_tls_cert_file),
+            tls_key_file: path(&self.nats_tls_key_file),
+        }
+        .validate(base)
+        .map_err(|e| {
+            let kind = match e.kind {
+                FieldErrorKind::Missing => ConfigErrorKind::Missing,
+                FieldErrorKind::Invalid => ConfigErrorKind::Invalid,
+                FieldErrorKind::Conflict => ConfigErrorKind::Conflict,
+            };
+            ConfigError::new(format!("nats_{}", e.field), kind, e.message)
+        })
+    }
 }
 
 /// Most addresses `whip_advertise_ips` takes.
 const MAX_WHIP_ADVERTISE_IPS: usize = 8;
 
-fn whip_from_raw(raw: &RawValues) -> Result<Option<WhipConfig>, ConfigError> {
-    let connect_timeout = Duration::from_millis(int_in(
-        raw,
-        "whip_connect_timeout_ms",
-        DEFAULT_WHIP_CONNECT_TIMEOUT.as_millis() as u64,
-        1_000,
-        120_000,
-    )?);
-    let disconnect_timeout = Duration::from_millis(int_in(
-        raw,
-        "whip_disconnect_timeout_ms",
-        DEFAULT_WHIP_DISCONNECT_TIMEOUT.as_millis() as u64,
-        500,
-        120_000,
-    )?);
-    let max_sessions = nonzero(int_in(
-        raw,
-        "whip_max_sessions",
-        DEFAULT_WHIP_MAX_SESSIONS as u64,
-        1,
-        100_000,
-    )?);
-    let Some(listen) = raw.str("whip_udp_listen") else {
-        // A WHIP setting without the socket would be silently ignored.
-        let set = [
-            "whip_advertise_ips",
-            "whip_connect_timeout_ms",
-            "whip_disconnect_timeout_ms",
-            "whip_max_sessions",
-        ]
-        .into_iter()
-        .find(|k| raw.0.contains_key(k) && (raw.str(k).is_some() || raw.int(k).is_some()));
-        return match set {
-            Some(k) => Err(ConfigError::new(
-                k,
-                ConfigErrorKind::Conflict,
-                "WHIP is off (whip_udp_listen is empty); set whip_udp_listen to use it",
-            )),
-            None => Ok(None),
-        };
-    };
-    let udp_listen: SocketAddr = listen.parse().map_err(|_| {
-        ConfigError::new(
-            "whip_udp_listen",
-            ConfigErrorKind::Invalid,
-            format!("{listen:?} is not a socket address like 127.0.0.1:8443"),
-        )
-    })?;
-    let mut advertise = Vec::new();
-    for part in raw
-        .str("whip_advertise_ips")
-        .unwrap_or("")
-        .split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-    {
-        let ip: IpAddr = part.parse().map_err(|_| {
-            ConfigError::new(
-                "whip_advertise_ips",
-                ConfigErrorKind::Invalid,
-                format!("{part:?} is not an IP address"),
-            )
-        })?;
-        if ip.is_unspecified() || ip.is_multicast() {
-            return Err(ConfigError::new(
-                "whip_advertise_ips",
-                ConfigErrorKind::Invalid,
-                format!("{ip} cannot be reached by a publisher (unspecified or multicast)"),
-            ));
-        }
-        if !advertise.contains(&ip) {
-            advertise.push(ip);
-        }
-    }
-    if advertise.len() > MAX_WHIP_ADVERTISE_IPS {
-        return Err(ConfigError::new(
-            "whip_advertise_ips",
-            ConfigErrorKind::OutOfRange,
-            format!(
-                "{} addresses; at most {MAX_WHIP_ADVERTISE_IPS}",
-                advertise.len()
-            ),
-        ));
-    }
-    if advertise.is_empty() {
-        if udp_listen.ip().is_unspecified() {
-            return Err(ConfigError::new(
-                "whip_advertise_ips",
-                ConfigErrorKind::Missing,
-                format!(
-                    "whip_udp_listen = {udp_listen} listens on every address; name the ones \
-                     publishers reach in whip_advertise_ips"
-                ),
-            ));
-        }
-        advertise.push(udp_listen.ip());
-    }
-    Ok(Some(WhipConfig {
-        udp_listen,
-        advertise,
-        connect_timeout,
-        disconnect_timeout,
-        max_sessions,
-    }))
-}
-
-fn auth_from_raw(raw: &RawValues) -> Result<Option<crate::auth::AuthConfig>, ConfigError> {
-    use crate::auth::{AuthConfig, AuthKey, MIN_HS256_SECRET_BYTES, b64url_decode};
-    let required = raw.bool("auth_required").unwrap_or(false);
-    let leeway_s = int_in(raw, "auth_leeway_s", 5, 0, 300)?;
-    let secret = raw.str("auth_hs256_secret");
-    let public = raw.str("auth_eddsa_public_key");
-    let key = match (secret, public) {
-        (Some(_), Some(_)) => {
-            return Err(ConfigError::new(
-                "auth_eddsa_public_key",
-                ConfigErrorKind::Conflict,
-                "set either auth_hs256_secret or auth_eddsa_public_key, not both",
-            ));
-        }
-        // The secret itself is never part of a message.
-        (Some(s), None) if s.len() < MIN_HS256_SECRET_BYTES => {
-            return Err(ConfigError::new(
-                "auth_hs256_secret",
-                ConfigErrorKind::Invalid,
-                format!(
-                    "too short ({} bytes); at least {MIN_HS256_SECRET_BYTES} bytes",
-                    s.len()
-                ),
-            ));
-        }
-        (Some(s), None) => Some(AuthKey::Hs256(s.as_bytes().to_vec())),
-        (None, Some(p)) => {
-            let bytes: [u8; 32] = b64url_decode(p)
-                .and_then(|b| b.try_into().ok())
-                .ok_or_else(|| {
-                    ConfigError::new(
-                        "auth_eddsa_public_key",
-                        ConfigErrorKind::Invalid,
-                        "expected the 32-byte Ed25519 public key in base64url (43 characters)",
-                    )
-                })?;
-            Some(AuthKey::EdDsa(bytes))
-        }
-        (None, None) => None,
-    };
-    match (required, key) {
-        (true, Some(key)) => Ok(Some(AuthConfig { key, leeway_s })),
-        (false, None) => Ok(None),
-        (true, None) => Err(ConfigError::new(
-            "auth_required",
-            ConfigErrorKind::Missing,
-            "needs auth_hs256_secret or auth_eddsa_public_key",
-        )),
-        (false, Some(_)) => Err(ConfigError::new(
-            "auth_required",
-            ConfigErrorKind::Conflict,
-            "a token key is set but auth_required is false; set auth_required = true to check tokens",
-        )),
-    }
-}
-
 fn nonzero(v: u64) -> NonZeroUsize {
     NonZeroUsize::new(usize::try_from(v).unwrap_or(usize::MAX)).unwrap_or(NonZeroUsize::MIN)
-}
-
-fn nats_from_raw(raw: &RawValues) -> Result<NatsConfig, ConfigError> {
-    let path = |k: &str| raw.str(k).map(Path::new);
-    let base = NatsConfig {
-        name: raw.str("nats_name").unwrap_or(NATS_CLIENT_NAME).to_owned(),
-        connection_timeout: Duration::from_millis(int_in(
-            raw,
-            "nats_connection_timeout_ms",
-            2_000,
-            100,
-            60_000,
-        )?),
-        ping_interval: Duration::from_millis(int_in(
-            raw,
-            "nats_ping_interval_ms",
-            2_000,
-            100,
-            600_000,
-        )?),
-        client_capacity: int_in(raw, "nats_client_capacity", 1024, 16, 1_048_576)? as usize,
-        ..NatsConfig::named(NATS_CLIENT_NAME)
-    };
-    NatsInput {
-        url: raw.str("nats_url"),
-        user: raw.str("nats_user"),
-        password: raw.str("nats_password"),
-        token: raw.str("nats_token"),
-        nkey: raw.str("nats_nkey"),
-        creds_file: path("nats_creds_file"),
-        tls_required: raw.bool("nats_tls_required").unwrap_or(false),
-        tls_ca_file: path("nats_tls_ca_file"),
-        tls_cert_file: path("nats_tls_cert_file"),
-        tls_key_file: path("nats_tls_key_file"),
-    }
-    .validate(base)
-    .map_err(|e| {
-        let kind = match e.kind {
-            FieldErrorKind::Missing => ConfigErrorKind::Missing,
-            FieldErrorKind::Invalid => ConfigErrorKind::Invalid,
-            FieldErrorKind::Conflict => ConfigErrorKind::Conflict,
-        };
-        ConfigError::new(format!("nats_{}", e.field), kind, e.message)
-    })
 }
 
 #[cfg(test)]
@@ -1901,12 +1754,10 @@ mod tests {
             StreamConfigBuilder::default().build().expect("valid"),
             StreamConfig::default()
         );
-        // Every default in KEYS parses as its own type.
-        for k in KEYS {
-            if !k.default.is_empty() {
-                parse_text(k, k.default, "default").expect(k.name);
-            }
-        }
+        // The raw defaults are the typed ones (each written once, in the typed
+        // `Default`s): they validate to the same configuration.
+        let raw = RawConfig::default().validate().expect("raw defaults");
+        assert_eq!(raw, Config::default());
         assert_eq!(weir_protocol::audio::FRAME_BYTES, 640);
     }
 
@@ -2126,10 +1977,13 @@ mod tests {
         assert_eq!(err.key(), "confirm_interval_ms");
         let err = load(&[], &[("confirm_window_min_bytes", "10")]).expect_err("too small");
         assert_eq!(err.key(), "confirm_window_min_bytes");
-        for k in KEYS {
-            assert!(spec(k.name).is_some());
-        }
-        assert_eq!(KEYS.len(), 58);
+        let layers = Layers::new(&RawConfig::default());
+        assert_eq!(
+            keys::uncovered(layers.defaults(), SECTIONS),
+            (Vec::new(), Vec::new()),
+            "SECTIONS documents exactly the keys of RawConfig"
+        );
+        assert_eq!(SECTIONS.iter().map(|s| s.keys.len()).sum::<usize>(), 58);
         let err = load(&[], &[("jetstream_stream", "a.b")]).expect_err("dot");
         assert_eq!(err.key(), "jetstream_stream");
         let err = load(&[], &[("jetstream_duplicate_window_s", "7200")]).expect_err("window");
@@ -2296,6 +2150,85 @@ mod tests {
         .expect_err("per-ip above the cap");
         assert_eq!(err.key(), "max_connections_per_ip");
         assert_eq!(err.kind(), ConfigErrorKind::Conflict);
+    }
+
+    #[test]
+    fn the_docs_tables_are_the_generated_ones() {
+        let doc = include_str!("../../docs/audio-ingress.md");
+        let generated = key_table(true);
+        for section in SECTIONS {
+            let want = keys::docs_section(&generated, section.name).expect("generated");
+            let have = keys::docs_section(doc, section.name).unwrap_or("(markers missing)");
+            assert_eq!(
+                have, want,
+                "docs/audio-ingress.md: the `{}` table differs from the generated one; \
+                 paste the output of `audio-ingress serve --list-keys --markdown`",
+                section.name
+            );
+        }
+    }
+
+    #[test]
+    fn precedence_is_file_then_environment_then_command_line() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "max_bytes = 20000\nmax_age_ms = 700\nmax_streams = 10\n",
+        )
+        .expect("write");
+        let env = |k: &str, v: &str| (k.to_owned(), v.to_owned());
+        let c = Config::load(&ConfigSources {
+            file: Some(path),
+            env: vec![
+                env("WEIR_INGRESS_MAX_BYTES", "24000"),
+                env("WEIR_INGRESS_MAX_AGE_MS", "800"),
+            ],
+            overrides: vec![("max_bytes".to_owned(), "28000".to_owned())],
+        })
+        .expect("valid");
+        assert_eq!(c.stream.max_bytes(), 28_000, "the command line wins");
+        assert_eq!(c.stream.max_age(), Duration::from_millis(800), "env > file");
+        assert_eq!(c.server.max_streams.get(), 10, "file > default");
+        assert_eq!(c.stream.max_wait(), DEFAULT_MAX_WAIT, "the default stays");
+    }
+
+    #[test]
+    fn text_values_take_the_type_of_the_key() {
+        // A secret of digits stays a string; a boolean takes yes/no; a duration in ms
+        // takes TOML integer syntax.
+        let digits = "12345678901234567890123456789012";
+        let c = load(
+            &[
+                ("WEIR_INGRESS_AUTH_HS256_SECRET", digits),
+                ("WEIR_INGRESS_AUTH_REQUIRED", "yes"),
+                ("WEIR_INGRESS_NATS_TOKEN", "0042"),
+                ("WEIR_INGRESS_IDLE_TIMEOUT_MS", "1_500"),
+            ],
+            &[("frame_headers", "1")],
+        )
+        .expect("valid");
+        assert_eq!(
+            c.server.auth.map(|a| a.key),
+            Some(crate::auth::AuthKey::Hs256(digits.as_bytes().to_vec()))
+        );
+        assert_eq!(c.nats.auth, NatsAuth::Token("0042".to_owned()));
+        assert_eq!(c.server.idle_timeout, Duration::from_millis(1_500));
+        assert!(c.stream.frame_headers());
+        for (var, text) in [
+            ("WEIR_INGRESS_IDLE_TIMEOUT_MS", "1500ms"),
+            ("WEIR_INGRESS_SHADOW", "on"),
+            ("WEIR_INGRESS_MAX_RATE", "fast"),
+        ] {
+            let err = load(&[(var, text)], &[]).expect_err(text);
+            assert_eq!(err.kind(), ConfigErrorKind::WrongType, "{err}");
+            assert!(err.to_string().contains(var), "{err}");
+        }
+        let err = load(&[], &[("max_byts", "1")]).expect_err("typo");
+        assert!(
+            err.to_string().contains("did you mean `max_bytes`?"),
+            "{err}"
+        );
     }
 
     #[test]

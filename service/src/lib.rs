@@ -2,6 +2,9 @@
 //!
 //! - [`admin`] (feature `http`): the admin router skeleton (`/metrics`, `/healthz`,
 //!   `/readyz`, JSON refusals, request timeout and concurrency limit);
+//! - [`config`] (feature `config`): configuration layered defaults < TOML file <
+//!   environment < command line into the service's serde struct, refusing unknown keys
+//!   from every layer, and the key table (`--list-keys`, docs) from the same defaults;
 //! - [`metrics`]: every metric a service declares exists from the start, with a zero
 //!   value, so that alerting rules and dashboards see a series before the first event
 //!   (a rule on a series that does not exist yet is silently never true), and the one
@@ -22,6 +25,8 @@
 pub mod bounded;
 #[cfg(feature = "http")]
 pub mod admin;
+#[cfg(feature = "config")]
+pub mod config;
 #[cfg(feature = "http")]
 pub mod http;
 #[cfg(feature = "logging")]

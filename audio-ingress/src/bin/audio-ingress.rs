@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use weir_audio_ingress::config::{Config, ConfigSources, KEYS};
+use weir_audio_ingress::config::{self, Config, ConfigSources};
 use weir_audio_ingress::error::ErrorKind;
 use weir_audio_ingress::{metrics as m, service, tap};
 use weir_service::logging::LogFormat;
@@ -87,9 +87,12 @@ struct ServeArgs {
     /// Any configuration key, e.g. `--set max_bytes=32000` (repeatable; applied last).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
-    /// Print every configuration key with its default and range, then exit.
+    /// Print every configuration key with its type, default and range, then exit.
     #[arg(long)]
     list_keys: bool,
+    /// With --list-keys: print the Markdown tables of docs/audio-ingress.md.
+    #[arg(long, requires = "list_keys")]
+    markdown: bool,
     /// Log format on stderr.
     #[arg(long, env = "WEIR_INGRESS_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
@@ -121,12 +124,7 @@ fn sources(args: &ServeArgs) -> Result<ConfigSources, String> {
 
 async fn serve(args: ServeArgs) -> ExitCode {
     if args.list_keys {
-        for k in KEYS {
-            println!(
-                "{:<28} default {:<36} {}  ({})",
-                k.name, k.default, k.help, k.range
-            );
-        }
+        print!("{}", config::key_table(args.markdown));
         return ExitCode::SUCCESS;
     }
     let config = match sources(&args).and_then(|s| Config::load(&s).map_err(|e| e.to_string())) {

@@ -1,0 +1,165 @@
+//! The key table (`--list-keys`, the docs' configuration tables), generated from the
+//! same defaults the loader starts from.
+//!
+//! Name, type and default come from the serialized `Raw::default()`; range and meaning
+//! from one static [`KeyDoc`] table per section, in the order shown. [`uncovered`]
+//! lists the differences between the two key sets, and each service has a unit test
+//! asserting there are none: a key cannot be added without its documentation, and a
+//! documented key cannot outlive its field.
+
+use std::fmt::Write as _;
+
+use toml::{Table, Value};
+
+/// What the code cannot know about a key: its allowed values and its meaning.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyDoc {
+    /// The key (dotted path for a nested key).
+    pub name: &'static str,
+    /// Allowed values, as text.
+    pub range: &'static str,
+    /// What it does.
+    pub help: &'static str,
+}
+
+/// A group of keys shown as one table.
+#[derive(Debug, Clone, Copy)]
+pub struct Section {
+    /// A short name, used in the docs' markers (`<!-- keys:NAME -->`).
+    pub name: &'static str,
+    /// The keys, in the order shown.
+    pub keys: &'static [KeyDoc],
+}
+
+/// One row of the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRow {
+    /// The key.
+    pub name: String,
+    /// `integer`, `decimal`, `bool`, `string`, `array`, `table`.
+    pub ty: &'static str,
+    /// The default as TOML would write it; `None` for an empty string or array (unset).
+    pub default: Option<String>,
+    /// Allowed values.
+    pub range: &'static str,
+    /// Meaning.
+    pub help: &'static str,
+}
+
+/// The rows of `section`, with types and defaults taken from `defaults`.
+pub fn rows(defaults: &Table, section: &Section) -> Vec<KeyRow> {
+    let mut leaves = Vec::new();
+    super::flatten("", defaults, &mut leaves);
+    section
+        .keys
+        .iter()
+        .map(|doc| {
+            let value = leaves.iter().find(|(k, _)| k == doc.name).map(|(_, v)| *v);
+            KeyRow {
+                name: doc.name.to_owned(),
+                ty: value.map_or("unknown", type_name),
+                default: value.and_then(shown),
+                range: doc.range,
+                help: doc.help,
+            }
+        })
+        .collect()
+}
+
+/// Keys of `defaults` no section documents, and documented keys `defaults` does not
+/// have (both empty when the docs are complete).
+pub fn uncovered(defaults: &Table, sections: &[Section]) -> (Vec<String>, Vec<&'static str>) {
+    let mut leaves = Vec::new();
+    super::flatten("", defaults, &mut leaves);
+    let documented: Vec<&str> = sections
+        .iter()
+        .flat_map(|s| s.keys.iter().map(|k| k.name))
+        .collect();
+    let undocumented = leaves
+        .iter()
+        .map(|(k, _)| k.clone())
+        .filter(|k| !documented.contains(&k.as_str()))
+        .collect();
+    let extra = documented
+        .into_iter()
+        .filter(|d| !leaves.iter().any(|(k, _)| k == d))
+        .collect();
+    (undocumented, extra)
+}
+
+/// The rows as aligned text lines (`--list-keys`).
+pub fn text(rows: &[KeyRow]) -> String {
+    let mut out = String::new();
+    for r in rows {
+        let default = r.default.as_deref().unwrap_or("(unset)");
+        let _ = write!(
+            out,
+            "{:<30} {:<8} default {:<24} {}",
+            r.name, r.ty, default, r.help
+        );
+        let _ = match r.range {
+            "" => writeln!(out),
+            range => writeln!(out, "  ({range})"),
+        };
+    }
+    out
+}
+
+/// The rows as a Markdown table (the docs' configuration tables).
+pub fn markdown(rows: &[KeyRow]) -> String {
+    let mut out =
+        String::from("| key | type | default | range | meaning |\n|---|---|---|---|---|\n");
+    for r in rows {
+        let default = r
+            .default
+            .as_ref()
+            .map_or("—".to_owned(), |d| format!("`{d}`"));
+        let _ = writeln!(
+            out,
+            "| `{}` | {} | {} | {} | {} |",
+            r.name,
+            r.ty,
+            default,
+            cell(r.range),
+            cell(r.help)
+        );
+    }
+    out
+}
+
+/// A table cell: `|` escaped.
+fn cell(text: &str) -> String {
+    text.replace('|', "\\|")
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::String(_) => "string",
+        Value::Integer(_) => "integer",
+        Value::Float(_) => "decimal",
+        Value::Boolean(_) => "bool",
+        Value::Datetime(_) => "datetime",
+        Value::Array(_) => "array",
+        Value::Table(_) => "table",
+    }
+}
+
+/// The default as written in TOML, or `None` when it means "unset".
+fn shown(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) if s.is_empty() => None,
+        Value::Array(a) if a.is_empty() => None,
+        Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
+    }
+}
+
+/// The text between `<!-- keys:NAME -->` and `<!-- /keys:NAME -->` in `doc`, if both
+/// markers are there (for the test that keeps a docs page equal to [`markdown`]).
+pub fn docs_section<'a>(doc: &'a str, name: &str) -> Option<&'a str> {
+    let open = format!("<!-- keys:{name} -->\n");
+    let close = format!("<!-- /keys:{name} -->");
+    let start = doc.find(&open)? + open.len();
+    let len = doc[start..].find(&close)?;
+    Some(&doc[start..start + len])
+}

@@ -1,0 +1,401 @@
+//! Configuration loading, written once for every service: layers merged into one TOML
+//! table, then deserialized into the service's raw serde struct (which the service
+//! validates into its settings types).
+//!
+//! Layers, lowest precedence first: the defaults (`Raw::default()` serialized, so each
+//! default is written once, in `Default`), a TOML file, environment variables
+//! (`PREFIX` + the key in upper case, a nested key's parts joined by `__`), then the
+//! command line (`--set key=value`, a nested key's parts joined by `.`, and the
+//! dedicated flags). [`keys`] prints the same defaults as `--list-keys` and the docs
+//! table.
+//!
+//! Invariants:
+//! - every value set by a layer keeps its [`Origin`], so a refusal names the key *and*
+//!   where the value came from (the file, the variable, the command line);
+//! - nothing is ignored silently: a key the raw struct does not have
+//!   (`#[serde(deny_unknown_fields)]`) is refused whichever layer set it, an environment
+//!   variable under the prefix included (unless the service lists it as not a key);
+//! - text values (environment, command line) take the type of the key's default: a
+//!   string key keeps the text as is (`"0123"` stays a string), a boolean key takes
+//!   `true`/`false` (and `1`/`0`, `yes`/`no`), any other key parses the text as a TOML
+//!   value (`1_000`, `2.5`, `[1, 2]`), falling back to a string that deserialization
+//!   then refuses with the expected type.
+//!
+//! Why not figment or config-rs: neither is in the dependency tree, and what weir needs
+//! (origins, refusal of unknown variables, a key table from the defaults) is this
+//! module over the `toml` crate every service already uses.
+
+pub mod keys;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use toml::{Table, Value};
+
+/// Where a value came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// The built-in default.
+    Default,
+    /// A TOML file.
+    File(PathBuf),
+    /// An environment variable (its name).
+    Env(String),
+    /// The command line (`--set` or a dedicated flag).
+    CommandLine,
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Default => f.write_str("the default"),
+            Self::File(p) => write!(f, "file {}", p.display()),
+            Self::Env(name) => write!(f, "environment variable {name}"),
+            Self::CommandLine => f.write_str("the command line"),
+        }
+    }
+}
+
+/// Machine-readable kind of a [`LoadError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LoadErrorKind {
+    /// Not a configuration key.
+    UnknownKey,
+    /// The value has the wrong type (a string for an integer...).
+    WrongType,
+    /// The value has the right type but is not accepted (a negative count, an unknown
+    /// variant).
+    InvalidValue,
+    /// The file could not be read or is not TOML.
+    File,
+}
+
+/// A layer or the merged configuration was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadError {
+    key: String,
+    origin: Origin,
+    kind: LoadErrorKind,
+    message: String,
+}
+
+impl LoadError {
+    /// The key (dotted path for a nested key; the path for a file error; empty when no
+    /// single value explains the refusal).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+    /// Where the refused value came from.
+    pub fn origin(&self) -> &Origin {
+        &self.origin
+    }
+    /// The kind.
+    pub fn kind(&self) -> LoadErrorKind {
+        self.kind
+    }
+    /// The explanation, without the key and the origin.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.key.as_str() {
+            // No single value explains the refusal (see `Layers::build`).
+            "" => write!(f, "configuration refused: {}", self.message),
+            key => write!(
+                f,
+                "config key `{key}` (from {}): {}",
+                self.origin, self.message
+            ),
+        }
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+/// The layers merged so far, with the origin of every value that is not a default.
+#[derive(Debug, Clone)]
+pub struct Layers {
+    defaults: Table,
+    merged: Table,
+    origins: BTreeMap<String, Origin>,
+}
+
+impl Layers {
+    /// Starts from `defaults` (the raw struct's `Default`), serialized.
+    ///
+    /// # Panics
+    /// Never for a raw struct of TOML-representable fields; a field TOML cannot hold
+    /// (a `u64` above `i64::MAX`, an `Option` inside an array) is a programming error
+    /// that every service's unit tests hit at once.
+    pub fn new<T: Serialize>(defaults: &T) -> Self {
+        let defaults = match Table::try_from(defaults) {
+            Ok(t) => t,
+            Err(e) => panic!("the configuration defaults do not serialize to TOML: {e}"),
+        };
+        Self {
+            merged: defaults.clone(),
+            defaults,
+            origins: BTreeMap::new(),
+        }
+    }
+
+    /// The defaults as a table (for [`keys`]).
+    pub fn defaults(&self) -> &Table {
+        &self.defaults
+    }
+
+    /// Where the value of `key` (a dotted path) came from.
+    pub fn origin(&self, key: &str) -> &Origin {
+        self.origins.get(key).unwrap_or(&Origin::Default)
+    }
+
+    /// Merges a TOML file (nested tables merge key by key).
+    pub fn file(&mut self, path: &Path) -> Result<(), LoadError> {
+        let fail = |message: String| LoadError {
+            key: path.display().to_string(),
+            origin: Origin::File(path.to_owned()),
+            kind: LoadErrorKind::File,
+            message,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| fail(format!("cannot read: {e}")))?;
+        let table: Table = text.parse().map_err(|e| fail(format!("not TOML: {e}")))?;
+        let mut leaves = Vec::new();
+        flatten("", &table, &mut leaves);
+        for (key, value) in leaves {
+            // An empty `[section]` of a known section changes nothing (inserting it
+            // would drop the section's defaults); an unknown one is still refused.
+            let empty_known = value.as_table().is_some_and(Table::is_empty)
+                && lookup(&self.merged, &key).is_some_and(Value::is_table);
+            if !empty_known {
+                self.insert(&key, value.clone(), Origin::File(path.to_owned()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Merges the variables named `prefix` + key: `WEIR_LLM_NATS__URL` sets `nats.url`.
+    /// `not_keys` are suffixes under the prefix that are something else (a flag's
+    /// variable); every other variable under the prefix must be a key.
+    pub fn env(
+        &mut self,
+        prefix: &str,
+        vars: impl IntoIterator<Item = (String, String)>,
+        not_keys: &[&str],
+    ) {
+        for (name, text) in vars {
+            let Some(suffix) = name.strip_prefix(prefix) else {
+                continue;
+            };
+            if not_keys.contains(&suffix) {
+                continue;
+            }
+            let key = suffix.to_ascii_lowercase().replace("__", ".");
+            self.set_text(&key, &text, Origin::Env(name.clone()));
+        }
+    }
+
+    /// Merges one text value (`--set key=value`, a flag, a variable): it takes the type
+    /// of the key's default (see the module invariants).
+    pub fn set_text(&mut self, key: &str, text: &str, origin: Origin) {
+        let value = coerce(text, lookup(&self.defaults, key));
+        self.insert(key, value, origin);
+    }
+
+    fn insert(&mut self, key: &str, value: Value, origin: Origin) {
+        let mut table = &mut self.merged;
+        let mut parts = key.split('.').peekable();
+        while let Some(part) = parts.next() {
+            if parts.peek().is_none() {
+                table.insert(part.to_owned(), value);
+                break;
+            }
+            let slot = table
+                .entry(part.to_owned())
+                .or_insert_with(|| Value::Table(Table::new()));
+            if !slot.is_table() {
+                *slot = Value::Table(Table::new());
+            }
+            let Value::Table(next) = slot else { break };
+            table = next;
+        }
+        self.origins.insert(key.to_owned(), origin);
+    }
+
+    /// Deserializes the merged table into the raw struct. A refusal names the key and
+    /// the origin of its value, and for an unknown key the nearest known one.
+    pub fn build<T: DeserializeOwned>(&self) -> Result<T, LoadError> {
+        let whole = match Value::Table(self.merged.clone()).try_into::<T>() {
+            Ok(raw) => return Ok(raw),
+            Err(e) => e,
+        };
+        // Find the value serde refused: the first one that fails on top of the defaults
+        // alone (the error path is rare; a few dozen small deserializations).
+        for (key, origin) in &self.origins {
+            let Some(value) = lookup(&self.merged, key) else {
+                continue;
+            };
+            let mut probe = Self::new_from(self.defaults.clone());
+            probe.insert(key, value.clone(), origin.clone());
+            if let Err(e) = Value::Table(probe.merged).try_into::<T>() {
+                return Err(self.refusal(key, origin, e.message()));
+            }
+        }
+        Err(LoadError {
+            key: String::new(),
+            origin: Origin::Default,
+            kind: LoadErrorKind::InvalidValue,
+            message: whole.message().trim().to_owned(),
+        })
+    }
+
+    fn new_from(defaults: Table) -> Self {
+        Self {
+            merged: defaults.clone(),
+            defaults,
+            origins: BTreeMap::new(),
+        }
+    }
+
+    fn refusal(&self, key: &str, origin: &Origin, serde_message: &str) -> LoadError {
+        let serde_message = serde_message.trim();
+        let kind = if serde_message.starts_with("unknown field") {
+            LoadErrorKind::UnknownKey
+        } else if serde_message.starts_with("invalid type") {
+            LoadErrorKind::WrongType
+        } else {
+            LoadErrorKind::InvalidValue
+        };
+        // serde names the unknown field; the key is the path down to it (`[section]`
+        // with `x = 1` in it is the unknown key `section`).
+        let key = match (kind, serde_message.split('`').nth(1)) {
+            (LoadErrorKind::UnknownKey, Some(field)) => {
+                let parts: Vec<&str> = key.split('.').collect();
+                match parts.iter().position(|p| *p == field) {
+                    Some(i) => parts[..=i].join("."),
+                    None => key.to_owned(),
+                }
+            }
+            _ => key.to_owned(),
+        };
+        let message = match kind {
+            LoadErrorKind::UnknownKey => {
+                let hint = nearest(&self.defaults, &key)
+                    .map(|k| format!("; did you mean `{k}`?"))
+                    .unwrap_or_default();
+                format!("not a configuration key{hint}")
+            }
+            _ => plain_types(serde_message),
+        };
+        LoadError {
+            key,
+            origin: origin.clone(),
+            kind,
+            message,
+        }
+    }
+}
+
+/// The text as the type of `default`.
+fn coerce(text: &str, default: Option<&Value>) -> Value {
+    let trimmed = text.trim();
+    match default {
+        Some(Value::String(_)) => Value::String(text.to_owned()),
+        Some(Value::Boolean(_)) => match trimmed {
+            "true" | "1" | "yes" => Value::Boolean(true),
+            "false" | "0" | "no" => Value::Boolean(false),
+            _ => Value::String(text.to_owned()),
+        },
+        // A number, an array, a table, a key without a default: a TOML value, or the
+        // text as a string (a bare word like `gap` for an enum without a default).
+        _ if trimmed.contains('\n') => Value::String(text.to_owned()),
+        _ => trimmed
+            .parse::<Value>()
+            .unwrap_or_else(|_| Value::String(text.to_owned())),
+    }
+}
+
+/// The value at a dotted path.
+fn lookup<'a>(table: &'a Table, key: &str) -> Option<&'a Value> {
+    let mut parts = key.split('.');
+    let mut value = table.get(parts.next()?)?;
+    for part in parts {
+        value = value.as_table()?.get(part)?;
+    }
+    Some(value)
+}
+
+/// Every leaf (a value that is not a table) with its dotted path.
+pub(crate) fn flatten<'a>(prefix: &str, table: &'a Table, out: &mut Vec<(String, &'a Value)>) {
+    for (k, v) in table {
+        let key = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match v {
+            Value::Table(t) if !t.is_empty() => flatten(&key, t, out),
+            _ => out.push((key, v)),
+        }
+    }
+}
+
+/// The known key or section nearest to `key` (at most two edits away), for "did you
+/// mean".
+fn nearest(defaults: &Table, key: &str) -> Option<String> {
+    let mut leaves = Vec::new();
+    flatten("", defaults, &mut leaves);
+    // Sections are candidates too: `[natz]` is nearest to `nats`.
+    let sections: Vec<String> = leaves
+        .iter()
+        .flat_map(|(k, _)| k.match_indices('.').map(|(i, _)| k[..i].to_owned()))
+        .collect();
+    leaves
+        .into_iter()
+        .map(|(k, _)| k)
+        .chain(sections)
+        .map(|k| (edit_distance(&k, key), k))
+        .filter(|(d, _)| *d <= 2)
+        .min()
+        .map(|(_, k)| k)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (diagonal + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diagonal = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
+/// serde's Rust type names in words: "expected u64" → "expected a non-negative integer".
+fn plain_types(message: &str) -> String {
+    let mut out = message.to_owned();
+    for (rust, words) in [
+        ("expected u64", "expected a non-negative integer"),
+        ("expected u32", "expected a non-negative integer"),
+        ("expected usize", "expected a non-negative integer"),
+        ("expected i64", "expected an integer"),
+        ("expected f64", "expected a number"),
+    ] {
+        out = out.replace(rust, words);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;
