@@ -347,6 +347,8 @@ struct Known<'a> {
     timeout: Option<&'a str>,
     cancel: Option<&'a str>,
     stream: Option<&'a str>,
+    traceparent: Option<&'a str>,
+    tracestate: Option<&'a str>,
 }
 
 impl<'a> Known<'a> {
@@ -376,6 +378,10 @@ impl<'a> Known<'a> {
                 &mut k.cancel
             } else if n.eq_ignore_ascii_case(s::STREAM) {
                 &mut k.stream
+            } else if n.eq_ignore_ascii_case(h::TRACEPARENT) {
+                &mut k.traceparent
+            } else if n.eq_ignore_ascii_case(h::TRACESTATE) {
+                &mut k.tracestate
             } else {
                 continue;
             };
@@ -434,7 +440,17 @@ fn decode(
             .timeout
             .map(|v| h::parse_ms(h::TIMEOUT_MS, v))
             .transpose())?;
+        // Never a refusal: a malformed `traceparent` is ignored.
+        let trace = h::TraceContext::from_headers(known.traceparent, known.tracestate);
+        let span = crate::trace::request_span(
+            trace.as_ref(),
+            request_id.as_deref(),
+            session.as_deref(),
+            env.and_then(|e| e.trace_id.as_str()),
+        );
         Ok(Submission {
+            span,
+            trace,
             request_id,
             session,
             client_key,
