@@ -440,17 +440,12 @@ fn decode(
             .timeout
             .map(|v| h::parse_ms(h::TIMEOUT_MS, v))
             .transpose())?;
-        // Never a refusal: a malformed `traceparent` is ignored.
-        let trace = h::TraceContext::from_headers(known.traceparent, known.tracestate);
-        let span = crate::trace::request_span(
-            trace.as_ref(),
-            request_id.as_deref(),
-            session.as_deref(),
-            env.and_then(|e| e.trace_id.as_str()),
-        );
         Ok(Submission {
-            span,
-            trace,
+            // Opened by the replica that admits it ([`open_span`]), not by one that
+            // only forwards it to the durable intake.
+            span: tracing::Span::none(),
+            // Never a refusal: a malformed `traceparent` is ignored.
+            trace: h::TraceContext::from_headers(known.traceparent, known.tracestate),
             request_id,
             session,
             client_key,
@@ -468,6 +463,17 @@ fn decode(
     })()
     .map_err(|e| *e);
     (envelope, sub)
+}
+
+/// Opens the request's `llm_request` span ([`crate::trace::request_span`]): child of
+/// its `traceparent`, else of the envelope's W3C `trace_id`.
+fn open_span(sub: &mut Submission, envelope: Option<&EnvelopeMeta>) {
+    sub.span = crate::trace::request_span(
+        sub.trace.as_ref(),
+        sub.request_id.as_deref(),
+        sub.session.as_deref(),
+        envelope.and_then(|e| e.trace_id.as_str()),
+    );
 }
 
 /// The capabilities document of a running adapter: [`Config::capabilities`] plus the
@@ -642,7 +648,10 @@ impl Edge {
         intake: Option<(Ticket, Arc<Self>)>,
     ) {
         let (mut intake, edge) = intake.unzip();
-        let (envelope, sub) = decode(message, known, received_at);
+        let (envelope, mut sub) = decode(message, known, received_at);
+        if let Ok(sub) = &mut sub {
+            open_span(sub, envelope.as_ref().and_then(Option::as_ref));
+        }
         let stream = known.stream.map(s::wants_stream).transpose();
         if (sub.is_err() || stream.is_err())
             && let Some(t) = &mut intake
@@ -1463,6 +1472,35 @@ mod tests {
         let err = sub.expect_err("refused");
         assert_eq!(err.code, ErrorCode::InvalidRequest);
         assert!(err.message.contains(h::TIMEOUT_MS), "{}", err.message);
+    }
+
+    #[test]
+    fn trace_context_is_read_and_a_malformed_one_ignored() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let msg = |traceparent: &str| {
+            let mut hm = HeaderMap::new();
+            put(&mut hm, "TraceParent", traceparent);
+            put(&mut hm, h::TRACESTATE, "v=1");
+            async_nats::Message {
+                subject: "llm.infer".into(),
+                reply: Some("_INBOX.x".into()),
+                payload: Bytes::from_static(b"{}"),
+                headers: Some(hm),
+                status: None,
+                description: None,
+                length: 0,
+            }
+        };
+        let m = msg(tp);
+        let (_, sub) = decode(&m, &Known::read(m.headers.as_ref()), Instant::now());
+        let trace = sub.expect("valid").trace.expect("read, case-insensitively");
+        assert_eq!(trace.parent.to_string(), tp);
+        assert_eq!(trace.state.as_deref(), Some("v=1"));
+        for bad in ["00-xyz-01", "", &tp.to_uppercase()] {
+            let m = msg(bad);
+            let (_, sub) = decode(&m, &Known::read(m.headers.as_ref()), Instant::now());
+            assert_eq!(sub.expect("never refused").trace, None, "{bad:?}");
+        }
     }
 
     #[test]
