@@ -77,6 +77,9 @@ STREAM_CHUNKS = "Weir-Stream-Chunks"
 STREAM_BYTES = "Weir-Stream-Bytes"
 STREAM_OUTCOME = "Weir-Stream-Outcome"
 REPLY_TO = "Weir-Reply-To"
+# W3C Trace Context: passed through as given (the adapter ignores a malformed one).
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
 NATS_MSG_ID = "Nats-Msg-Id"
 
 
@@ -241,8 +244,14 @@ class LlmClient:
         timeout_ms: Optional[int],
         client_key: Optional[str],
         admission: Optional[str],
+        traceparent: Optional[str] = None,
+        tracestate: Optional[str] = None,
     ) -> Dict[str, str]:
         h: Dict[str, str] = {}
+        if traceparent is not None:
+            h[TRACEPARENT] = traceparent
+            if tracestate is not None:
+                h[TRACESTATE] = tracestate
         if request_id is not None:
             h[REQUEST_ID] = request_id
         if session_id is not None:
@@ -269,10 +278,16 @@ class LlmClient:
         timeout_ms: Optional[int] = None,
         client_key: Optional[str] = None,
         admission: Optional[str] = None,
+        traceparent: Optional[str] = None,
+        tracestate: Optional[str] = None,
     ) -> Reply:
         """The unary call: waits for the whole answer (through the durable intake when
-        the client was made with `intake_subject`)."""
-        headers = self._headers(request_id, session_id, timeout_ms, client_key, admission)
+        the client was made with `intake_subject`). `traceparent` / `tracestate`: the
+        caller's W3C trace context, sent as given (e.g. from opentelemetry's
+        `propagate.inject`); the adapter joins that trace."""
+        headers = self._headers(
+            request_id, session_id, timeout_ms, client_key, admission, traceparent, tracestate
+        )
         if self.intake_subject is not None:
             msg = await self._durable(body, self._wait(timeout_ms), headers)
         else:
@@ -293,13 +308,17 @@ class LlmClient:
         timeout_ms: Optional[int] = None,
         client_key: Optional[str] = None,
         admission: Optional[str] = None,
+        traceparent: Optional[str] = None,
+        tracestate: Optional[str] = None,
     ) -> AsyncIterator[Event]:
         """A streamed call (`Weir-Stream: 1`): yields `Queued`, `Started`, `Chunk` ... and
         finally `End`, or raises `LlmError`. The whole stream is bounded by the budget
         (`timeout_ms`, plus a margin) or the default timeout."""
         import nats.errors
 
-        headers = self._headers(request_id, session_id, timeout_ms, client_key, admission)
+        headers = self._headers(
+            request_id, session_id, timeout_ms, client_key, admission, traceparent, tracestate
+        )
         headers[STREAM] = "1"
         loop = asyncio.get_running_loop()
         until = loop.time() + self._wait(timeout_ms) + self.margin

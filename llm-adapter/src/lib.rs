@@ -51,7 +51,8 @@
 //! - [`service`]: the NATS micro edge; [`backend`]: sim, OpenAI-compatible HTTP, NATS;
 //! - [`client`]: the Rust client; [`admin`]: HTTP `/metrics` `/healthz` `/readyz`
 //!   `/v1/capabilities` `/v1/limits` `/v1/stats`; [`metrics`]: every metric name;
-//!   [`trace`]: per-request trace events.
+//!   [`trace`]: per-request trace events, the `llm_request` span and the W3C trace
+//!   context passed on to the backend.
 
 #![forbid(unsafe_code)]
 

@@ -347,6 +347,8 @@ struct Known<'a> {
     timeout: Option<&'a str>,
     cancel: Option<&'a str>,
     stream: Option<&'a str>,
+    traceparent: Option<&'a str>,
+    tracestate: Option<&'a str>,
 }
 
 impl<'a> Known<'a> {
@@ -376,6 +378,10 @@ impl<'a> Known<'a> {
                 &mut k.cancel
             } else if n.eq_ignore_ascii_case(s::STREAM) {
                 &mut k.stream
+            } else if n.eq_ignore_ascii_case(h::TRACEPARENT) {
+                &mut k.traceparent
+            } else if n.eq_ignore_ascii_case(h::TRACESTATE) {
+                &mut k.tracestate
             } else {
                 continue;
             };
@@ -435,6 +441,11 @@ fn decode(
             .map(|v| h::parse_ms(h::TIMEOUT_MS, v))
             .transpose())?;
         Ok(Submission {
+            // Opened by the replica that admits it ([`open_span`]), not by one that
+            // only forwards it to the durable intake.
+            span: tracing::Span::none(),
+            // Never a refusal: a malformed `traceparent` is ignored.
+            trace: h::TraceContext::from_headers(known.traceparent, known.tracestate),
             request_id,
             session,
             client_key,
@@ -452,6 +463,17 @@ fn decode(
     })()
     .map_err(|e| *e);
     (envelope, sub)
+}
+
+/// Opens the request's `llm_request` span ([`crate::trace::request_span`]): child of
+/// its `traceparent`, else of the envelope's W3C `trace_id`.
+fn open_span(sub: &mut Submission, envelope: Option<&EnvelopeMeta>) {
+    sub.span = crate::trace::request_span(
+        sub.trace.as_ref(),
+        sub.request_id.as_deref(),
+        sub.session.as_deref(),
+        envelope.and_then(|e| e.trace_id.as_str()),
+    );
 }
 
 /// The capabilities document of a running adapter: [`Config::capabilities`] plus the
@@ -626,7 +648,10 @@ impl Edge {
         intake: Option<(Ticket, Arc<Self>)>,
     ) {
         let (mut intake, edge) = intake.unzip();
-        let (envelope, sub) = decode(message, known, received_at);
+        let (envelope, mut sub) = decode(message, known, received_at);
+        if let Ok(sub) = &mut sub {
+            open_span(sub, envelope.as_ref().and_then(Option::as_ref));
+        }
         let stream = known.stream.map(s::wants_stream).transpose();
         if (sub.is_err() || stream.is_err())
             && let Some(t) = &mut intake
@@ -1447,6 +1472,35 @@ mod tests {
         let err = sub.expect_err("refused");
         assert_eq!(err.code, ErrorCode::InvalidRequest);
         assert!(err.message.contains(h::TIMEOUT_MS), "{}", err.message);
+    }
+
+    #[test]
+    fn trace_context_is_read_and_a_malformed_one_ignored() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let msg = |traceparent: &str| {
+            let mut hm = HeaderMap::new();
+            put(&mut hm, "TraceParent", traceparent);
+            put(&mut hm, h::TRACESTATE, "v=1");
+            async_nats::Message {
+                subject: "llm.infer".into(),
+                reply: Some("_INBOX.x".into()),
+                payload: Bytes::from_static(b"{}"),
+                headers: Some(hm),
+                status: None,
+                description: None,
+                length: 0,
+            }
+        };
+        let m = msg(tp);
+        let (_, sub) = decode(&m, &Known::read(m.headers.as_ref()), Instant::now());
+        let trace = sub.expect("valid").trace.expect("read, case-insensitively");
+        assert_eq!(trace.parent.to_string(), tp);
+        assert_eq!(trace.state.as_deref(), Some("v=1"));
+        for bad in ["00-xyz-01", "", &tp.to_uppercase()] {
+            let m = msg(bad);
+            let (_, sub) = decode(&m, &Known::read(m.headers.as_ref()), Instant::now());
+            assert_eq!(sub.expect("never refused").trace, None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -7,13 +7,32 @@
 //! `slot_acquired`, `slot_waiting`, `slot_granted` (after waiting, with `waited_ms`),
 //! `slot_released`, `slot_busy` (refused, or counted as would-reject in shadow mode).
 //!
-//! Sinks: `tracing` events (target [`TARGET`], level DEBUG) and, optionally, a bounded
-//! channel drained by a task that publishes each event as JSON on a NATS subject.
+//! Every request has one `llm_request` span ([`request_span`]), opened when the request
+//! is decoded and closed when its last holder (the queue entry, the running job) lets
+//! go, so it covers queueing and inference. The events are emitted *inside* that span
+//! (explicit parent), which `tracing-opentelemetry` exports as span events (feature
+//! `otel`); the backend call runs in a child span `backend_call`.
+//!
+//! Sinks: `tracing` events (target [`TARGET`], level DEBUG; span events with `otel`)
+//! and, optionally, a bounded channel drained by a task that publishes each event as
+//! JSON on a NATS subject (`trace.subject`): kept as the machine-readable event stream
+//! of the default build, which has no OpenTelemetry.
+//!
+//! Trace context (W3C, [`weir_protocol::llm::headers::TraceContext`]): a caller's
+//! valid `traceparent` becomes the remote parent of `llm_request` (feature `otel`); a
+//! malformed one is ignored. Without a `traceparent`, the deployed envelope's
+//! `trace_id`, when it is 32 hex digits, is the trace `llm_request` joins (under a
+//! parent span id derived from it, which no exporter has: tools show `llm_request` as
+//! the entry of that trace). The envelope's `trace_id` is recorded on the span as
+//! `envelope.trace_id` either way. Backends get [`outgoing`]: the `backend_call`
+//! span's context with `otel` and an exporter on; otherwise the caller's
+//! `traceparent` unchanged (so a backend that traces still joins the caller's trace).
 //!
 //! Invariants: emitting never blocks and never allocates when no sink is enabled (the
 //! event is built lazily); an event that does not fit the channel is dropped and
 //! counted ([`Tracer::dropped`], metric `weir_llm_trace_events_dropped_total`), never waited
 //! for — tracing must not slow admission down. Request bodies never appear in events.
+//! Trace-context headers are network input: parsed by total functions, never a refusal.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +40,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 use tokio::sync::mpsc;
+use tracing::Span;
+use tracing::field::Empty;
+use weir_protocol::llm::headers::{self as h, TraceContext};
 
 use crate::metrics as m;
 
@@ -188,8 +210,9 @@ impl Tracer {
         self.inner.tx.is_some() || self.log_enabled()
     }
 
-    /// Emits the event built by `make` if a sink is enabled.
-    pub fn emit(&self, make: impl FnOnce() -> TraceEvent) {
+    /// Emits the event built by `make` if a sink is enabled, inside `span` (the
+    /// request's `llm_request` span).
+    pub fn emit(&self, span: &Span, make: impl FnOnce() -> TraceEvent) {
         if !self.enabled() {
             return;
         }
@@ -197,6 +220,7 @@ impl Tracer {
         if self.log_enabled() {
             tracing::debug!(
                 target: TARGET,
+                parent: span,
                 event = ev.event.as_str(),
                 id = ev.id,
                 request_id = ev.request_id.as_deref(),
@@ -208,6 +232,9 @@ impl Tracer {
                 outcome = ev.outcome,
                 inference_ms = ev.inference_ms,
                 shadow = ev.shadow,
+                // The message names the event: the span event's name once exported.
+                "{}",
+                ev.event.as_str(),
             );
         }
         if let Some(tx) = &self.inner.tx
@@ -222,6 +249,71 @@ impl Tracer {
     pub fn dropped(&self) -> u64 {
         self.inner.dropped.load(Ordering::Relaxed)
     }
+}
+
+/// Opens the `llm_request` span of a request received now: child of the caller's
+/// `traceparent` (`remote`), else of the envelope's W3C `trace_id` (feature `otel`;
+/// without it the span is only local). `id` and `queue_ms` are recorded later.
+pub fn request_span(
+    remote: Option<&TraceContext>,
+    request_id: Option<&str>,
+    session: Option<&str>,
+    envelope_trace_id: Option<&str>,
+) -> Span {
+    // A bounded, printable value only: the envelope is network input.
+    let envelope_trace_id = envelope_trace_id.and_then(|t| h::parse_id("trace_id", t).ok());
+    let span = tracing::info_span!(
+        "llm_request",
+        id = Empty,
+        request_id = request_id.unwrap_or(""),
+        session = session.unwrap_or(""),
+        queue_ms = Empty,
+        envelope.trace_id = envelope_trace_id,
+    );
+    #[cfg(feature = "otel")]
+    {
+        let from_envelope = || {
+            let trace_id = h::parse_trace_id(envelope_trace_id?)?;
+            Some(TraceContext {
+                parent: h::TraceParent {
+                    trace_id,
+                    parent_id: envelope_parent_id(&trace_id),
+                    flags: 1,
+                },
+                state: None,
+            })
+        };
+        if let Some(parent) = remote.cloned().or_else(from_envelope) {
+            weir_service::otel::set_remote_parent(&span, &parent);
+        }
+    }
+    #[cfg(not(feature = "otel"))]
+    let _ = remote;
+    span
+}
+
+/// The parent span id a trace id taken from the envelope is given: its last 8 bytes
+/// (its first 8 if those are zero; a valid trace id is never all zero), so every
+/// request of one envelope trace hangs under the same (absent) parent.
+#[cfg(any(feature = "otel", test))]
+fn envelope_parent_id(trace_id: &[u8; 16]) -> [u8; 8] {
+    let (hi, lo) = trace_id.split_at(8);
+    let pick = if lo.iter().any(|&b| b != 0) { lo } else { hi };
+    let mut id = [0u8; 8];
+    id.copy_from_slice(pick);
+    id
+}
+
+/// The trace context a backend call sends on: the context of `span` (the
+/// `backend_call` span) when OpenTelemetry records it, else the caller's own.
+pub fn outgoing(span: &Span, incoming: Option<&TraceContext>) -> Option<TraceContext> {
+    #[cfg(feature = "otel")]
+    if let Some(cx) = weir_service::otel::traceparent_of(span) {
+        return Some(cx);
+    }
+    #[cfg(not(feature = "otel"))]
+    let _ = span;
+    incoming.cloned()
 }
 
 /// Publishes trace events as JSON on `subject` until the channel closes. Each publish
@@ -256,14 +348,16 @@ mod tests {
     fn disabled_tracer_never_builds_events() {
         let t = Tracer::disabled();
         assert!(!t.enabled());
-        t.emit(|| unreachable!("must not be built"));
+        t.emit(&Span::none(), || unreachable!("must not be built"));
     }
 
     #[test]
     fn channel_overflow_is_counted_not_blocking() {
         let (t, mut rx) = Tracer::with_channel(false, 2);
         for i in 0..5 {
-            t.emit(|| TraceEvent::new(TraceKind::Queued, i, Duration::ZERO));
+            t.emit(&Span::none(), || {
+                TraceEvent::new(TraceKind::Queued, i, Duration::ZERO)
+            });
         }
         assert_eq!(t.dropped(), 3);
         assert_eq!(rx.try_recv().map(|e| e.id).ok(), Some(0));
@@ -276,5 +370,24 @@ mod tests {
         assert_eq!(json["event"], "slot_busy");
         assert_eq!(json["t_ms"], 3.0);
         assert!(json.get("shadow").is_none());
+    }
+
+    #[test]
+    fn without_an_exporter_the_callers_context_is_passed_on_unchanged() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let incoming = TraceContext::from_headers(Some(tp), Some("v=1")).expect("valid");
+        let span = request_span(Some(&incoming), Some("r"), None, Some("t 1"));
+        assert_eq!(outgoing(&span, Some(&incoming)), Some(incoming));
+        assert_eq!(outgoing(&span, None), None);
+    }
+
+    #[test]
+    fn an_envelope_trace_id_gets_a_non_zero_parent_id() {
+        let mut id = [0u8; 16];
+        id[15] = 7;
+        assert_eq!(envelope_parent_id(&id), [0, 0, 0, 0, 0, 0, 0, 7]);
+        let mut id = [0u8; 16];
+        id[0] = 9;
+        assert_eq!(envelope_parent_id(&id), [9, 0, 0, 0, 0, 0, 0, 0]);
     }
 }

@@ -13,8 +13,8 @@ use futures::StreamExt;
 use weir_llm_adapter::backend::openai::OpenAiBackend;
 use weir_llm_adapter::client::{ClientErrorKind, LlmClient};
 use weir_llm_adapter::config::{BackendKind, Config};
-use weir_protocol::llm::ErrorCode;
 use weir_protocol::llm::headers as h;
+use weir_protocol::llm::{ErrorCode, TraceContext};
 
 fn code(
     r: &Result<weir_llm_adapter::client::LlmReply, weir_llm_adapter::client::ClientError>,
@@ -42,9 +42,15 @@ async fn legacy_service(url: &str) -> tokio::task::JoinHandle<()> {
                     .and_then(|hm| hm.get(h::TIMEOUT_MS))
                     .map(|v| v.as_str().to_owned())
                     .unwrap_or_default();
+                let traceparent = msg
+                    .headers
+                    .as_ref()
+                    .and_then(|hm| hm.get(h::TRACEPARENT))
+                    .map_or_else(|| "none".to_owned(), |v| v.as_str().to_owned());
                 let mut hm = async_nats::HeaderMap::new();
                 hm.insert("X-Legacy", "yes");
                 hm.insert("X-Seen-Timeout-Ms", seen.as_str());
+                hm.insert("X-Seen-Traceparent", traceparent.as_str());
                 let body = Bytes::from([b"legacy:".as_slice(), &msg.payload].concat());
                 let _ = client.publish_with_headers(reply, hm, body).await;
             });
@@ -92,6 +98,35 @@ async fn nats_backend_fronts_an_unchanged_service_with_the_remaining_deadline() 
     assert!(
         seen > 2500 && seen <= 3000,
         "forwarded the remaining budget: {seen}"
+    );
+
+    // Without an OpenTelemetry exporter the caller's traceparent reaches the service
+    // unchanged; a malformed one is ignored (answered, nothing forwarded).
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let traced = TraceContext::from_headers(Some(tp), None).expect("valid");
+    let r = llm
+        .request("t")
+        .trace_context(traced)
+        .send()
+        .await
+        .expect("reply");
+    assert_eq!(
+        r.headers.get("X-Seen-Traceparent").map(|v| v.as_str()),
+        Some(tp)
+    );
+    let mut bad = async_nats::HeaderMap::new();
+    bad.insert(h::TRACEPARENT, "00-zz-01");
+    let r = caller
+        .request_with_headers("llm.infer", bad, "u".into())
+        .await
+        .expect("reply");
+    assert_eq!(&r.payload[..], b"legacy:u");
+    assert_eq!(
+        r.headers
+            .as_ref()
+            .and_then(|hm| hm.get("X-Seen-Traceparent"))
+            .map(|v| v.as_str()),
+        Some("none")
     );
 
     let t0 = std::time::Instant::now();
@@ -168,11 +203,17 @@ async fn fake_openai() -> (String, tokio::task::JoinHandle<()>) {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_owned();
+        let traceparent = headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
         axum::Json(serde_json::json!({
             "object": "chat.completion",
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}}],
             "seen_auth": !auth.is_empty(),
             "seen_request_id": rid,
+            "seen_traceparent": traceparent,
         }))
         .into_response()
     }
@@ -209,10 +250,13 @@ async fn openai_backend_passes_bodies_through_and_maps_failures() {
     let llm = LlmClient::new(rig.caller.clone(), "llm.infer");
 
     let body = r#"{"model":"m","messages":[{"role":"user","content":"hello"}]}"#;
+    // The caller's W3C trace context goes on as an HTTP header (no exporter here).
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let r = llm
         .request(body)
         .request_id("req-7")
         .timeout(Duration::from_secs(5))
+        .trace_context(TraceContext::from_headers(Some(tp), None).expect("valid"))
         .send()
         .await
         .expect("reply");
@@ -223,6 +267,7 @@ async fn openai_backend_passes_bodies_through_and_maps_failures() {
     );
     assert_eq!(v["seen_auth"], true);
     assert_eq!(v["seen_request_id"], "req-7");
+    assert_eq!(v["seen_traceparent"], tp);
     assert!(r.inference_time.is_some());
 
     let boom = llm

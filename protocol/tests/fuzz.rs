@@ -234,6 +234,7 @@ fn header_text() -> impl Strategy<Value = String> {
         Just("1764500000123".to_owned()),
         Just("enqueue".to_owned()),
         Just("12.5".to_owned()),
+        Just("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned()),
     ];
     prop_oneof![
         "\\PC{0,64}",
@@ -336,6 +337,13 @@ fn fuzz_llm_headers() {
             );
         }
         let _ = llm::parse_ms(llm::DEADLINE_MS, v);
+        // A trace context that parses formats back to the same parent (version 00).
+        if let Some(tc) = llm::TraceContext::from_headers(Some(v), Some(v)) {
+            let again = llm::TraceParent::parse(&tc.parent.to_string()).expect("own format");
+            assert_eq!(again, tc.parent);
+            assert!(tc.state.is_none_or(|s| s.len() <= llm::MAX_TRACESTATE_LEN));
+        }
+        let _ = llm::parse_trace_id(v);
         if let Some(d) = llm::parse_format_ms(v) {
             let back = llm::parse_format_ms(&llm::format_ms(d)).expect("own format parses");
             // f64 milliseconds: exact to the microsecond up to years, then relative.

@@ -17,6 +17,7 @@
 //! - [`ratelimit`]: warnings in per-packet and retry loops, once per interval;
 //! - [`nats`]: connection-event labels, subscribing with the server's confirmation;
 //! - [`logging`] (feature `logging`): text or JSON logs on stderr;
+//! - [`otel`] (feature `otel`): spans exported over OTLP/HTTP, W3C trace-context glue;
 //! - [`http`] (feature `http`): the HTTP accept loop with connection caps and timeouts;
 //! - [`shutdown`]: the signal both services stop on.
 //!
@@ -33,6 +34,8 @@ pub mod http;
 pub mod logging;
 pub mod metrics;
 pub mod nats;
+#[cfg(feature = "otel")]
+pub mod otel;
 pub mod process;
 pub mod ratelimit;
 pub mod shutdown;

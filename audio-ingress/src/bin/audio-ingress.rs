@@ -237,7 +237,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => args.log_format,
         Command::Tap(_) | Command::Token(_) => LogFormat::Text,
     };
-    weir_service::logging::init(log_format);
+    let _telemetry = weir_service::logging::init(log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

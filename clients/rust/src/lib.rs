@@ -43,7 +43,11 @@
 //!   (a JetStream work-queue stream): the call returns only after the stream stored
 //!   the request (its acknowledgement), with `Nats-Msg-Id` = the request id (one is
 //!   made when the caller gave none) and the reply subject in `Weir-Reply-To`; the
-//!   reply inbox is subscribed before publishing.
+//!   reply inbox is subscribed before publishing;
+//! - W3C trace context: a request carries `traceparent` (and `tracestate`) when the
+//!   caller gave one ([`RequestBuilder::trace_context`]) or, with the feature `otel`,
+//!   from the current `tracing` span when an OpenTelemetry layer records it; the
+//!   adapter's `llm_request` span becomes its child.
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
@@ -54,8 +58,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
+#[cfg(feature = "otel")]
+use weir_protocol::llm::TraceParent;
 use weir_protocol::llm::headers as h;
-use weir_protocol::llm::{AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails, ResponseEnvelope};
+use weir_protocol::llm::{
+    AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails, ResponseEnvelope, TraceContext,
+};
 
 use weir_protocol::llm::CancelReply;
 
@@ -180,6 +188,33 @@ fn put(map: &mut HeaderMap, name: &str, value: &str) {
     }
 }
 
+/// The current `tracing` span's W3C context, when an OpenTelemetry layer records it.
+#[cfg(feature = "otel")]
+fn current_trace_context() -> Option<TraceContext> {
+    use opentelemetry::trace::TraceContextExt;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let cx = tracing::Span::current().context();
+    let sc = cx.span().span_context().clone();
+    if !sc.is_valid() {
+        return None;
+    }
+    let state = sc.trace_state().header();
+    Some(TraceContext {
+        parent: TraceParent {
+            trace_id: sc.trace_id().to_bytes(),
+            parent_id: sc.span_id().to_bytes(),
+            flags: sc.trace_flags().to_u8(),
+        },
+        state: (!state.is_empty()).then_some(state),
+    })
+}
+
+/// Without the feature `otel` only an explicit [`RequestBuilder::trace_context`] is sent.
+#[cfg(not(feature = "otel"))]
+fn current_trace_context() -> Option<TraceContext> {
+    None
+}
+
 fn get<'a>(map: &'a HeaderMap, name: &str) -> Option<&'a str> {
     HeaderName::from_str(name)
         .ok()
@@ -293,6 +328,7 @@ impl LlmClient {
             deadline: None,
             policy: None,
             client_key: None,
+            trace: None,
         }
     }
 
@@ -405,6 +441,7 @@ pub struct RequestBuilder<'a> {
     deadline: Option<SystemTime>,
     policy: Option<AdmissionPolicy>,
     client_key: Option<String>,
+    trace: Option<TraceContext>,
 }
 
 impl RequestBuilder<'_> {
@@ -444,10 +481,24 @@ impl RequestBuilder<'_> {
         self
     }
 
+    /// The W3C trace context to send as `traceparent` / `tracestate` (e.g. one received
+    /// from upstream). Without it, the feature `otel` sends the current `tracing`
+    /// span's context when an OpenTelemetry layer records it; otherwise none is sent.
+    pub fn trace_context(mut self, trace: TraceContext) -> Self {
+        self.trace = Some(trace);
+        self
+    }
+
     /// The request headers and how long to wait for the answer.
     fn headers_and_wait(&self) -> (HeaderMap, Duration) {
         let c = self.client;
         let mut headers = HeaderMap::new();
+        if let Some(t) = self.trace.clone().or_else(current_trace_context) {
+            put(&mut headers, h::TRACEPARENT, &t.parent.to_string());
+            if let Some(state) = &t.state {
+                put(&mut headers, h::TRACESTATE, state);
+            }
+        }
         if let Some(r) = &self.request_id {
             put(&mut headers, h::REQUEST_ID, r);
         }

@@ -45,7 +45,7 @@ use serde::Serialize;
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use weir_protocol::llm::{AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails};
+use weir_protocol::llm::{AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails, TraceContext};
 
 pub use estimator::{EstimateSource, EstimateView, Estimator, EstimatorConfig};
 pub use stats::{CacheSnapshot, Percentiles, StatsSnapshot, StreamSnapshot};
@@ -139,6 +139,11 @@ pub struct Submission {
     pub body: Bytes,
     /// Where a streamed reply goes (`Weir-Stream: 1`); `None` = a unary reply.
     pub stream: Option<Arc<dyn StreamOut>>,
+    /// The request's `llm_request` span ([`crate::trace::request_span`]): the trace
+    /// events are emitted inside it, the backend call runs in a child of it.
+    pub span: tracing::Span,
+    /// The caller's W3C trace context (`traceparent`), passed on to the backend.
+    pub trace: Option<TraceContext>,
 }
 
 impl Submission {
@@ -153,6 +158,8 @@ impl Submission {
             received_at: Instant::now(),
             body: body.into(),
             stream: None,
+            span: crate::trace::request_span(None, None, None, None),
+            trace: None,
         }
     }
 
@@ -313,6 +320,8 @@ pub(crate) struct Job {
     pub(crate) abort: oneshot::Receiver<AbortReason>,
     /// Where the reply is streamed, for a streamed request.
     pub(crate) stream: Option<Arc<dyn StreamOut>>,
+    /// The request's `llm_request` span.
+    pub(crate) span: tracing::Span,
 }
 
 /// Where answers go. The NATS edge publishes a reply; [`ChannelSink`] sends on a
@@ -497,7 +506,13 @@ impl<S: Sink> Inner<S> {
             queue_time,
             mut abort,
             stream,
+            span: _,
         } = job;
+        let mut request = request;
+        // The backend call's own span, child of `llm_request` (the current span); its
+        // context is what the backend receives as `traceparent`.
+        let backend_span = tracing::info_span!("backend_call", backend = self.backend.name());
+        request.trace = crate::trace::outgoing(&backend_span, request.trace.as_ref());
         let backend_end = started_at + self.cfg.backend_timeout;
         let (limit_at, deadline_first) = match deadline {
             Some(d) if d <= backend_end => (d, true),
@@ -540,7 +555,10 @@ impl<S: Sink> Inner<S> {
         // answer, then the deadline / backend timeout.
         let result = match stream {
             None => {
-                let call = self.backend.call(request);
+                let call = tracing::Instrument::instrument(
+                    backend_span.in_scope(|| self.backend.call(request)),
+                    backend_span,
+                );
                 tokio::select! {
                     biased;
                     reason = &mut abort => Err(aborted(reason)),
@@ -557,14 +575,17 @@ impl<S: Sink> Inner<S> {
                     }
                 };
                 out.started(queue_time).await;
-                streaming::run_stream(
-                    &*self.backend,
-                    request,
-                    &*out,
-                    &self.stats,
-                    self.cfg.stream,
-                    started_at,
-                    stop,
+                tracing::Instrument::instrument(
+                    streaming::run_stream(
+                        &*self.backend,
+                        request,
+                        &*out,
+                        &self.stats,
+                        self.cfg.stream,
+                        started_at,
+                        stop,
+                    ),
+                    backend_span,
                 )
                 .await
             }
@@ -625,14 +646,10 @@ async fn worker<S: Sink>(inner: Arc<Inner<S>>) {
         notified.as_mut().enable();
         let (job, exit) = inner.take_job().await;
         if let Some(job) = job {
-            // One span per request: the backend call's log lines carry its ids.
-            let span = tracing::info_span!(
-                "llm_request",
-                id = job.id,
-                request_id = job.request.request_id.as_deref().unwrap_or(""),
-                session = job.request.session.as_deref().unwrap_or(""),
-                queue_ms = job.queue_time.as_millis() as u64,
-            );
+            // The request's span (opened at receipt): the backend call's log lines
+            // carry its ids.
+            let span = job.span.clone();
+            span.record("queue_ms", job.queue_time.as_millis() as u64);
             tracing::Instrument::instrument(inner.run_job(job), span).await;
             continue;
         }

@@ -206,6 +206,8 @@ struct Entry<W> {
     stream: Option<Arc<dyn StreamOut>>,
     /// The position last sent in a `queued` event, and when.
     notified: Option<(usize, Instant)>,
+    /// The request's `llm_request` span: its trace events are emitted inside it.
+    span: tracing::Span,
 }
 
 struct Gate {
@@ -604,7 +606,7 @@ impl<W> State<W> {
         now: Instant,
         fill: impl FnOnce(&mut TraceEvent),
     ) {
-        self.tracer.emit(|| {
+        self.tracer.emit(&e.span, || {
             let mut ev = TraceEvent::new(kind, e.id, now.saturating_duration_since(e.received_at));
             ev.request_id = e.request_id.clone();
             ev.session = e.session.clone();
@@ -719,8 +721,16 @@ impl<W> State<W> {
                 }
                 e.joined.push(waiter);
                 self.stats.joined();
-                let e = &self.entries[&id];
-                self.emit(TraceKind::Joined, e, now, |_| {});
+                // In the joiner's own span: its caller's trace shows that it joined.
+                sub.span.record("id", id);
+                let (rid, session) = (Some(rid.clone()), sub.session.clone());
+                let t_ms = now.saturating_duration_since(self.entries[&id].received_at);
+                self.tracer.emit(&sub.span, || {
+                    let mut ev = TraceEvent::new(TraceKind::Joined, id, t_ms);
+                    ev.request_id = rid;
+                    ev.session = session;
+                    ev
+                });
                 return Admitted::Joined;
             }
             if let Some(c) = self.cache.get(rid) {
@@ -731,7 +741,7 @@ impl<W> State<W> {
                 self.stats.cached();
                 fx.deliveries.reserve_exact(1);
                 fx.deliveries.push((waiter, c.outcome.clone()));
-                self.tracer.emit(|| {
+                self.tracer.emit(&sub.span, || {
                     let mut ev = TraceEvent::new(TraceKind::Cached, 0, waited);
                     ev.request_id = Some(rid.clone());
                     ev.session = sub.session.clone();
@@ -746,7 +756,7 @@ impl<W> State<W> {
             let pending = self.session_slots.in_use(s);
             if pending >= cap.get() {
                 let shadow = self.shadow();
-                self.tracer.emit(|| {
+                self.tracer.emit(&sub.span, || {
                     let mut ev = TraceEvent::new(TraceKind::SlotBusy, 0, waited);
                     ev.request_id = sub.request_id.clone();
                     ev.session = Some(s.clone());
@@ -785,7 +795,7 @@ impl<W> State<W> {
         {
             let waiting = order.fifo.len() as u64;
             let shadow = self.shadow();
-            self.tracer.emit(|| {
+            self.tracer.emit(&sub.span, || {
                 let mut ev = TraceEvent::new(TraceKind::SlotBusy, 0, waited);
                 ev.request_id = sub.request_id.clone();
                 ev.session = Some(s.clone());
@@ -910,7 +920,9 @@ impl<W> State<W> {
             session: sub.session.clone(),
             deadline,
             max_reply_bytes: self.cfg.max_reply_bytes,
+            trace: sub.trace,
         };
+        sub.span.record("id", id);
         let mut entry = Entry {
             id,
             request_id: sub.request_id,
@@ -936,6 +948,7 @@ impl<W> State<W> {
             deadline_timer: None,
             stream: sub.stream,
             notified: None,
+            span: sub.span,
         };
         if let Some(by) = answer_by {
             let t = Timer {
@@ -1553,6 +1566,7 @@ impl<W> State<W> {
             self.emit(TraceKind::Started, e, now, |ev| {
                 ev.waited_ms = Some(ms(queue_time));
             });
+            let span = e.span.clone();
             self.stream_queued.remove(&id);
             let request = request?;
             return Some(Job {
@@ -1563,6 +1577,7 @@ impl<W> State<W> {
                 queue_time,
                 abort: rx,
                 stream,
+                span,
             });
         }
         None

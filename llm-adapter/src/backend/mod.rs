@@ -19,6 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
+use weir_protocol::llm::TraceContext;
 
 use crate::config::{BackendConfig, BackendKind};
 
@@ -41,6 +42,10 @@ pub struct BackendRequest {
     /// headers). A backend that reads a body stops at this many bytes and fails with
     /// [`BackendErrorKind::TooLarge`] instead of holding more; `usize::MAX` = no cap.
     pub max_reply_bytes: usize,
+    /// The W3C trace context to send on (`traceparent`, `tracestate`): set by the
+    /// worker from [`crate::trace::outgoing`] just before the call. A backend that can
+    /// carry headers sends it; `None` = send none.
+    pub trace: Option<TraceContext>,
 }
 
 impl BackendRequest {

@@ -5,7 +5,9 @@
 //! timeout equal to the remaining deadline (capped by `backend.timeout_ms`), so an
 //! unchanged service gets a bounded front. The adapter's headers `Weir-Request-Id`,
 //! `Weir-Session-Id` and `Weir-Timeout-Ms` (the remaining budget) are forwarded; services
-//! that do not know them ignore headers. The service's reply — body and headers,
+//! that do not know them ignore headers, and so are the W3C `traceparent` / `tracestate`
+//! of [`BackendRequest::trace`] (the `backend_call` span with the feature `otel`, else
+//! the caller's own). The service's reply — body and headers,
 //! including its own `Nats-Service-Error` headers if any — is passed back unchanged.
 
 use std::time::Duration;
@@ -58,6 +60,12 @@ impl Backend for NatsBackend {
                 headers.insert(h::SESSION_ID, s.as_str());
             }
             headers.insert(h::TIMEOUT_MS, budget.as_millis().to_string().as_str());
+            if let Some(t) = &request.trace {
+                headers.insert(h::TRACEPARENT, t.parent.to_string().as_str());
+                if let Some(state) = &t.state {
+                    headers.insert(h::TRACESTATE, state.as_str());
+                }
+            }
             let req = async_nats::Request::new()
                 .payload(request.body)
                 .headers(headers)

@@ -3,7 +3,8 @@
 //!
 //! The request body is POSTed unchanged to `base_url + path` with
 //! `Content-Type: application/json` (plus `Authorization: Bearer …` when an API key
-//! variable is configured, and `X-Request-Id` when the caller sent a request id). A 2xx
+//! variable is configured, `X-Request-Id` when the caller sent a request id, and the W3C
+//! `traceparent` / `tracestate` of [`BackendRequest::trace`]). A 2xx
 //! answer's body is the reply, unchanged. HTTPS uses rustls with the ring provider (the
 //! one async-nats already brings in), the system's roots plus `tls_ca_file`, and a client
 //! certificate when `tls_cert_file` + `tls_key_file` are set.
@@ -35,6 +36,7 @@ use std::time::{Duration, SystemTime};
 use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
 use tokio::time::Instant;
+use weir_protocol::llm::headers as h;
 
 use super::{
     Backend, BackendError, BackendErrorKind, BackendReply, BackendRequest, ChunkTx, send_piece,
@@ -135,6 +137,12 @@ impl OpenAiBackend {
         }
         if let Some(rid) = &request.request_id {
             rb = rb.header("X-Request-Id", rid.as_str());
+        }
+        if let Some(t) = &request.trace {
+            rb = rb.header(h::TRACEPARENT, t.parent.to_string());
+            if let Some(state) = &t.state {
+                rb = rb.header(h::TRACESTATE, state.as_str());
+            }
         }
         rb
     }

@@ -324,6 +324,7 @@ mod tests {
             session: None,
             deadline: None,
             max_reply_bytes: usize::MAX,
+            trace: None,
         }
     }
 

@@ -240,7 +240,7 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    weir_service::logging::init(args.log_format);
+    let _telemetry = weir_service::logging::init(args.log_format);
     let config = match load(args) {
         Ok(c) => c,
         Err(e) => {

@@ -119,7 +119,9 @@ async def main() -> None:
     out["status_after"] = (await llm.status("py-b"))["status"]
     out["status_unknown"] = (await llm.status("nobody"))["status"]
 
-    reply = await llm.request(b'{"hello":1}', timeout_ms=2000)
+    # A caller's W3C trace context is sent as given (the adapter accepts it).
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    reply = await llm.request(b'{"hello":1}', timeout_ms=2000, traceparent=tp)
     assert reply.body == b'{"hello":1}', reply
     out["unary_ok"] = reply.body == b'{"hello":1}' and reply.queue_ms is not None
 

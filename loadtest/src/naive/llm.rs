@@ -155,6 +155,7 @@ impl NaiveLlmFront {
                             session: None,
                             deadline,
                             max_reply_bytes: usize::MAX,
+                            trace: None,
                         })
                         .await;
                     let inference = started.elapsed();

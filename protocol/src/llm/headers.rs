@@ -12,13 +12,16 @@
 //! | [`CLIENT_KEY`] `Weir-Client-Key` | caller identity for per-client limits |
 //! | [`CANCEL`] `Weir-Cancel` | request id to cancel (cancel messages only) |
 //! | [`crate::llm::stream::STREAM`] `Weir-Stream` | `1`: a streamed reply (events in [`crate::llm::stream`]) |
+//! | [`TRACEPARENT`] `traceparent` | W3C Trace Context: the caller's span ([`TraceParent`]) |
+//! | [`TRACESTATE`] `tracestate` | W3C Trace Context vendor state, kept only beside a valid `traceparent` |
 //!
 //! Reply headers: [`QUEUE_MS`], [`INFERENCE_MS`] (milliseconds with three decimals),
 //! [`REQUEST_ID`] (echoed), and on errors [`ERROR_CODE`] plus the service-API headers
 //! [`NATS_SERVICE_ERROR`] and [`NATS_SERVICE_ERROR_CODE`].
 //!
 //! Invariants: every parser here is total — a malformed value gives a [`HeaderError`]
-//! naming the header, never a panic. Ids are limited to [`MAX_ID_LEN`] bytes of visible
+//! naming the header, never a panic (the trace-context parsers give `None`: a malformed
+//! `traceparent` is ignored, never refused). Ids are limited to [`MAX_ID_LEN`] bytes of visible
 //! ASCII so they can be echoed in headers and logs safely.
 
 use std::fmt;
@@ -58,6 +61,16 @@ pub const ERROR_CODE: &str = "Weir-Error-Code";
 pub const NATS_SERVICE_ERROR: &str = "Nats-Service-Error";
 /// NATS service-API convention: numeric error code (HTTP-like).
 pub const NATS_SERVICE_ERROR_CODE: &str = "Nats-Service-Error-Code";
+
+/// W3C Trace Context (<https://www.w3.org/TR/trace-context/>): the caller's trace and
+/// span, `00-<32 hex trace id>-<16 hex span id>-<2 hex flags>`. The adapter makes its
+/// `llm_request` span a child of it and passes a `traceparent` on to the backend.
+pub const TRACEPARENT: &str = "traceparent";
+/// W3C Trace Context vendor state; only meaningful beside a valid [`TRACEPARENT`].
+pub const TRACESTATE: &str = "tracestate";
+/// Longest [`TRACESTATE`] value kept (the W3C limit: 32 members of at most 256 bytes
+/// need not be kept; 512 bytes is what the spec asks a vendor to propagate at least).
+pub const MAX_TRACESTATE_LEN: usize = 512;
 
 /// Longest accepted id (request id, session id, client key), in bytes.
 pub const MAX_ID_LEN: usize = 256;
@@ -248,6 +261,120 @@ pub fn parse_format_ms(value: &str) -> Option<Duration> {
     Some(Duration::from_secs_f64(ms / 1000.0))
 }
 
+/// A parsed W3C `traceparent`: which trace a request belongs to and which span sent it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TraceParent {
+    /// The trace id (16 bytes, never all zero).
+    pub trace_id: [u8; 16],
+    /// The sender's span id (8 bytes, never all zero).
+    pub parent_id: [u8; 8],
+    /// Trace flags; bit 0 = sampled.
+    pub flags: u8,
+}
+
+impl TraceParent {
+    /// Parses a `traceparent` value as the W3C spec says a receiver must: lowercase hex,
+    /// version `00` exactly 55 characters; a higher version (not `ff`) may append
+    /// `-`-separated fields, which are ignored; all-zero ids are invalid. Surrounding
+    /// spaces are allowed. `None` for anything else (the caller then ignores it).
+    pub fn parse(value: &str) -> Option<Self> {
+        let v = value.trim_matches([' ', '\t']).as_bytes();
+        if v.len() < 55 || v[2] != b'-' || v[35] != b'-' || v[52] != b'-' {
+            return None;
+        }
+        let version = hex::<1>(&v[0..2])?[0];
+        match version {
+            0xff => return None,
+            0 if v.len() != 55 => return None,
+            _ if v.len() > 55 && v[55] != b'-' => return None,
+            _ => {}
+        }
+        let trace_id = hex::<16>(&v[3..35])?;
+        let parent_id = hex::<8>(&v[36..52])?;
+        let flags = hex::<1>(&v[53..55])?[0];
+        if trace_id == [0; 16] || parent_id == [0; 8] {
+            return None;
+        }
+        Some(Self {
+            trace_id,
+            parent_id,
+            flags,
+        })
+    }
+
+    /// Whether the sender sampled the trace (flag bit 0).
+    pub fn sampled(&self) -> bool {
+        self.flags & 1 == 1
+    }
+}
+
+/// Formats as a version-`00` header value.
+impl fmt::Display for TraceParent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("00-")?;
+        write_hex(f, &self.trace_id)?;
+        f.write_str("-")?;
+        write_hex(f, &self.parent_id)?;
+        write!(f, "-{:02x}", self.flags)
+    }
+}
+
+/// Parses a trace id written as 32 hex digits (either case; the deployed envelope's
+/// `trace_id` when it is a W3C one). `None` when it is anything else or all zero.
+pub fn parse_trace_id(value: &str) -> Option<[u8; 16]> {
+    let v = value.trim().to_ascii_lowercase();
+    let id = (v.len() == 32).then(|| hex::<16>(v.as_bytes())).flatten()?;
+    (id != [0; 16]).then_some(id)
+}
+
+/// The trace context a request carried: a valid `traceparent` and, beside it, a
+/// `tracestate` that is at most [`MAX_TRACESTATE_LEN`] bytes of printable ASCII.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceContext {
+    /// The caller's span.
+    pub parent: TraceParent,
+    /// Vendor state, passed on unchanged.
+    pub state: Option<String>,
+}
+
+impl TraceContext {
+    /// Reads the two header values. A malformed `traceparent` gives `None` (ignored);
+    /// a malformed `tracestate` is dropped while the `traceparent` is kept (the spec's
+    /// rule: the state never invalidates the parent).
+    pub fn from_headers(traceparent: Option<&str>, tracestate: Option<&str>) -> Option<Self> {
+        let parent = TraceParent::parse(traceparent?)?;
+        let state = tracestate
+            .map(str::trim)
+            .filter(|s| {
+                !s.is_empty()
+                    && s.len() <= MAX_TRACESTATE_LEN
+                    && s.bytes().all(|b| (b' '..=b'~').contains(&b))
+            })
+            .map(str::to_owned);
+        Some(Self { parent, state })
+    }
+}
+
+fn hex<const N: usize>(digits: &[u8]) -> Option<[u8; N]> {
+    if digits.len() != 2 * N {
+        return None;
+    }
+    let nibble = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    let mut out = [0u8; N];
+    for (o, pair) in out.iter_mut().zip(digits.chunks_exact(2)) {
+        *o = nibble(pair[0])? << 4 | nibble(pair[1])?;
+    }
+    Some(out)
+}
+
+fn write_hex(f: &mut fmt::Formatter<'_>, bytes: &[u8]) -> fmt::Result {
+    bytes.iter().try_for_each(|b| write!(f, "{b:02x}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -365,5 +492,80 @@ mod tests {
         assert_eq!(parse_format_ms("-1"), None);
         assert_eq!(parse_format_ms("nan"), None);
         assert_eq!(parse_format_ms(""), None);
+    }
+
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn traceparent_round_trips() {
+        let tp = TraceParent::parse(TP).expect("valid");
+        assert_eq!(tp.trace_id[0], 0x4b);
+        assert_eq!(tp.parent_id[7], 0xb7);
+        assert!(tp.sampled());
+        assert_eq!(tp.to_string(), TP);
+        assert_eq!(TraceParent::parse(&format!("  {TP} ")), Some(tp));
+        // A future version may append fields; they are ignored, the version written is 00.
+        let v1 = TraceParent::parse(&format!("01{}-extra", &TP[2..])).expect("future version");
+        assert_eq!(v1.to_string(), TP);
+        assert!(
+            !TraceParent::parse(&TP.replace("-01", "-00"))
+                .expect("valid")
+                .sampled()
+        );
+    }
+
+    #[test]
+    fn malformed_traceparents_are_ignored_not_errors() {
+        let long = format!("{TP}-x");
+        let bad = [
+            "",
+            "00",
+            "garbage",
+            &TP[..54],
+            &long,                                                     // version 00 with more
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", // forbidden version
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01", // uppercase
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01", // zero trace id
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01", // zero span id
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0g",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473é-00f067aa0ba902b-01",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x",
+        ];
+        for b in bad {
+            assert_eq!(TraceParent::parse(b), None, "{b:?}");
+            assert_eq!(
+                TraceContext::from_headers(Some(b), Some("a=b")),
+                None,
+                "{b:?}"
+            );
+        }
+        assert_eq!(TraceContext::from_headers(None, Some("a=b")), None);
+    }
+
+    #[test]
+    fn tracestate_is_kept_only_when_printable_and_bounded() {
+        let ok = TraceContext::from_headers(Some(TP), Some(" vendor=a1,other=b ")).expect("kept");
+        assert_eq!(ok.state.as_deref(), Some("vendor=a1,other=b"));
+        let big = "a=".to_owned() + &"x".repeat(MAX_TRACESTATE_LEN);
+        for bad in ["", "a=\u{7}", big.as_str(), "é=1"] {
+            let tc = TraceContext::from_headers(Some(TP), Some(bad)).expect("parent kept");
+            assert_eq!(tc.state, None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn trace_ids_parse_in_either_case() {
+        let id = parse_trace_id("4BF92F3577B34DA6A3CE929D0E0E4736").expect("valid");
+        assert_eq!(Some(id), parse_trace_id("4bf92f3577b34da6a3ce929d0e0e4736"));
+        for bad in [
+            "",
+            "t",
+            "4bf92f3577b34da6a3ce929d0e0e473",
+            "0".repeat(32).as_str(),
+        ] {
+            assert_eq!(parse_trace_id(bad), None, "{bad:?}");
+        }
+        assert_eq!(parse_trace_id("4bf92f3577b34da6a3ce929d0e0e473é"), None);
     }
 }

@@ -26,5 +26,5 @@ pub use cancel::CancelReply;
 
 pub use envelope::{EnvelopeMeta, ResponseEnvelope};
 pub use error::{ErrorBody, ErrorCode, ErrorDetails, UnknownErrorCode};
-pub use headers::{AdmissionPolicy, HeaderError, HeaderErrorKind};
+pub use headers::{AdmissionPolicy, HeaderError, HeaderErrorKind, TraceContext, TraceParent};
 pub use stream::StreamEvent;
