@@ -23,9 +23,9 @@
 //!
 //! It never installs a metrics recorder (the binaries do).
 
-pub mod bounded;
 #[cfg(feature = "http")]
 pub mod admin;
+pub mod bounded;
 #[cfg(feature = "config")]
 pub mod config;
 #[cfg(feature = "http")]
