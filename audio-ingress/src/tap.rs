@@ -322,7 +322,7 @@ pub async fn run_with(
         .await
         .map_err(|_| connect_error("timed out".into()))?
         .map_err(|e| connect_error(e.into()))?;
-    let subscribe_error = |cause: String| {
+    let subscribe_error = |cause: weir_protocol::error::Source| {
         TapError::with_source(
             TapErrorKind::Subscribe,
             format!("cannot subscribe to {:?}", args.subject),
@@ -335,7 +335,7 @@ pub async fn run_with(
         SUBSCRIBE_TIMEOUT,
     )
     .await
-    .map_err(|e| subscribe_error(e.reason))?
+    .map_err(|e| subscribe_error(e.into()))?
     .pop()
     .map(|(_, sub)| sub)
     .ok_or_else(|| subscribe_error("no subscription".into()))?;
@@ -345,10 +345,9 @@ pub async fn run_with(
     if let Ok(Some(e)) = tokio::time::timeout(REFUSAL_GRACE, refused.recv()).await
         && is_subscription_refusal(&e)
     {
-        return Err(subscribe_error(format!(
-            "the server refused it: {}",
-            escape_controls(&e)
-        )));
+        return Err(subscribe_error(
+            format!("the server refused it: {}", escape_controls(&e)).into(),
+        ));
     }
     eprintln!("tap: subscribed to {} on {}", args.subject, args.nats_url);
 
@@ -386,10 +385,9 @@ pub async fn run_with(
             },
             Some(e) = refused.recv() => {
                 if is_subscription_refusal(&e) {
-                    return Err(subscribe_error(format!(
-                        "the server refused it: {}",
-                        escape_controls(&e)
-                    )));
+                    return Err(subscribe_error(
+                        format!("the server refused it: {}", escape_controls(&e)).into(),
+                    ));
                 }
             }
             () = &mut until_deadline => break "duration",

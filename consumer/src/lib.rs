@@ -453,7 +453,7 @@ impl Consumer {
                     ConsumerError::operation(
                         ConsumerErrorKind::Subscribe,
                         format!("cannot subscribe to {:?}", e.subject),
-                        e.reason,
+                        e,
                     )
                 })?
                 .into_iter()

@@ -208,7 +208,7 @@ pub(crate) async fn start<F: HandlerFactory>(
         ConsumerError::operation(
             ConsumerErrorKind::Subscribe,
             format!("cannot subscribe to {:?}", e.subject),
-            e.reason,
+            e,
         )
     })?
     .into_iter()

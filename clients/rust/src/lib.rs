@@ -58,8 +58,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
-#[cfg(feature = "otel")]
-use weir_protocol::llm::TraceParent;
 use weir_protocol::llm::headers as h;
 use weir_protocol::llm::{
     AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails, ResponseEnvelope, TraceContext,
@@ -224,22 +222,7 @@ fn put(map: &mut HeaderMap, name: &str, value: &str) {
 /// The current `tracing` span's W3C context, when an OpenTelemetry layer records it.
 #[cfg(feature = "otel")]
 fn current_trace_context() -> Option<TraceContext> {
-    use opentelemetry::trace::TraceContextExt;
-    use tracing_opentelemetry::OpenTelemetrySpanExt;
-    let cx = tracing::Span::current().context();
-    let sc = cx.span().span_context().clone();
-    if !sc.is_valid() {
-        return None;
-    }
-    let state = sc.trace_state().header();
-    Some(TraceContext {
-        parent: TraceParent {
-            trace_id: sc.trace_id().to_bytes(),
-            parent_id: sc.span_id().to_bytes(),
-            flags: sc.trace_flags().to_u8(),
-        },
-        state: (!state.is_empty()).then_some(state),
-    })
+    weir_service::trace_context::traceparent_of(&tracing::Span::current())
 }
 
 /// Without the feature `otel` only an explicit [`RequestBuilder::trace_context`] is sent.
