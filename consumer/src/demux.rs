@@ -740,14 +740,22 @@ impl<F: HandlerFactory> Demux<F> {
     }
 
     fn report_overload(&self, token: &str, overload: LocalOverload, closed: bool) {
-        tracing::warn!(
-            stream = token,
-            bound = ?overload.bound,
-            pending_bytes = overload.pending_bytes,
-            oldest_age_ms = overload.oldest_age.as_millis() as u64,
-            closed,
-            "stream handler behind its bound"
-        );
+        // Per packet under the `gap` policy (every push over the bound drops and reports):
+        // one line per interval for the whole consumer; the event below and the drop
+        // counters carry every occurrence.
+        static BEHIND: weir_service::ratelimit::LogLimit =
+            weir_service::ratelimit::LogLimit::new(std::time::Duration::from_secs(5));
+        if let Some(suppressed) = BEHIND.allow() {
+            tracing::warn!(
+                stream = token,
+                bound = ?overload.bound,
+                pending_bytes = overload.pending_bytes,
+                oldest_age_ms = overload.oldest_age.as_millis() as u64,
+                closed,
+                suppressed,
+                "stream handler behind its bound"
+            );
+        }
         let _ = self.shared.events.send(ConsumerEvent::StreamOverloaded {
             stream: token.to_owned(),
             overload,
