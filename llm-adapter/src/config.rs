@@ -296,21 +296,17 @@ pub struct SimStream {
 
 impl Default for SimStream {
     fn default() -> Self {
-        Self {
-            first_token: Duration::from_millis(20),
-            tokens: 16,
-            tokens_per_second: 50.0,
-        }
+        SimConfig::default().stream
     }
 }
 
 impl Default for SimConfig {
+    /// The defaults of `[backend.sim]`.
     fn default() -> Self {
-        Self {
-            latency: Latency::Fixed(Duration::from_millis(20)),
-            error_rate: 0.0,
-            seed: 1,
-            stream: SimStream::default(),
+        match RawSim::default().validate() {
+            Ok(c) => c,
+            // The defaults are inside their ranges; a test pins this.
+            Err(e) => unreachable!("default [backend.sim] is invalid: {e}"),
         }
     }
 }
@@ -944,13 +940,13 @@ enum Storage {
 
 /// One section of the raw configuration, written once: the serde struct
 /// (`deny_unknown_fields`, every field defaulted), its `Default`, and the key
-/// documentation `$docs` (range and meaning), one entry per key:
+/// documentation `$docs` (the docs' section `$section`: range and meaning), one entry per key:
 /// `field: type = default, "range", "meaning";`. `nested` fields are sections (their
 /// own `raw_section!`), not keys.
 macro_rules! raw_section {
     (
         $(#[$meta:meta])*
-        $name:ident, $docs:ident, $prefix:literal {
+        $name:ident, $docs:ident, $section:literal, $prefix:literal {
             $($field:ident: $ty:ty = $default:expr, $range:literal, $help:literal;)*
         }
         $(nested { $($sub:ident: $sub_ty:ty),* $(,)? })?
@@ -972,17 +968,20 @@ macro_rules! raw_section {
             }
         }
 
-        const $docs: &[KeyDoc] = &[$(KeyDoc {
-            name: concat!($prefix, stringify!($field)),
-            range: $range,
-            help: $help,
-        }),*];
+        const $docs: Section = Section {
+            name: $section,
+            keys: &[$(KeyDoc {
+                name: concat!($prefix, stringify!($field)),
+                range: $range,
+                help: $help,
+            }),*],
+        };
     };
 }
 
 raw_section! {
     /// The configuration as written: the top-level keys and the sections.
-    RawConfig, GENERAL, "" {
+    RawConfig, GENERAL, "general", "" {
         workers: u64 = 8, "1..=4096",
             "fixed number of workers (concurrent backend calls); match the backend's parallel \
             slots";
@@ -1010,7 +1009,7 @@ raw_section! {
 }
 
 raw_section! {
-    RawSession, SESSION, "session." {
+    RawSession, SESSION, "session", "session." {
         pending_cap: u64 = 5, "0..=1000000 (0 = unlimited)",
             "most accepted-but-unsettled requests per session";
         ordering: bool = true, "", "one running request per session, the rest FIFO";
@@ -1018,7 +1017,7 @@ raw_section! {
 }
 
 raw_section! {
-    RawDeadline, DEADLINE, "deadline." {
+    RawDeadline, DEADLINE, "deadline", "deadline." {
         max_ms: u64 = 120_000, "1..=86400000",
             "longest budget accepted; longer ones are shortened to this";
         default_ms: u64 = 30_000, "0..=86400000 (0 = no default); at most `deadline.max_ms`",
@@ -1041,7 +1040,7 @@ raw_section! {
 }
 
 raw_section! {
-    RawEstimator, ESTIMATOR, "estimator." {
+    RawEstimator, ESTIMATOR, "estimator", "estimator." {
         initial_ms: u64 = EstimatorConfig::default().initial.map_or(0, ms),
             "0..=3600000 (0 = no estimate before the first call)",
             "the estimate before the first call finishes (nothing is refused on a prediction until \
@@ -1056,7 +1055,7 @@ raw_section! {
 }
 
 raw_section! {
-    RawIdempotency, IDEMPOTENCY, "idempotency." {
+    RawIdempotency, IDEMPOTENCY, "idempotency", "idempotency." {
         enabled: bool = true, "", "answer a retry with the same request id from the cache";
         window_ms: u64 = 60_000, "0..=86400000 (0 = no cache after completion)",
             "how long a successful reply is kept for retries (0 = join only while queued/running)";
@@ -1071,7 +1070,7 @@ raw_section! {
 raw_section! {
     /// One `[[limits]]` entry. Every field has a default (the loader tries an element's
 /// value alone to name a refused one); `key` and `limit` are required by `validate`.
-    RawLimit, LIMITS, "limits[]." {
+    RawLimit, LIMITS, "limits", "limits[]." {
         key: String = String::new(),
             "`client`, `session`, `service`, `body:/json/pointer` (required)",
             "where the key comes from: the `Weir-Client-Key` header, the session id, one key for \
@@ -1089,7 +1088,7 @@ raw_section! {
 }
 
 raw_section! {
-    RawBackend, BACKEND, "backend." {
+    RawBackend, BACKEND, "backend", "backend." {
         timeout_ms: u64 = 60_000, "1..=3600000",
             "the backend's own per-call timeout (used when shorter than the deadline)";
         kind: BackendName = BackendName::default(), "`sim`, `openai`, `nats`",
@@ -1100,8 +1099,8 @@ raw_section! {
 }
 
 raw_section! {
-    RawSim, SIM, "backend.sim." {
-        latency_ms: u64 = default_latency_ms(), "0..=3600000",
+    RawSim, SIM, "sim", "backend.sim." {
+        latency_ms: u64 = 20, "0..=3600000",
             "simulated latency (`fixed`), upper bound default (`uniform`), median (`lognormal`)";
         distribution: Distribution = Distribution::default(), "`fixed`, `uniform`, `lognormal`",
             "simulated latency distribution";
@@ -1110,21 +1109,21 @@ raw_section! {
             "`uniform`: upper bound; default = the larger of `latency_ms` and `min_ms`";
         p99_ms: Option<u64> = None, "0..=3600000; at least `backend.sim.latency_ms`",
             "`lognormal`: 99th percentile; default = 3 × `latency_ms`";
-        error_rate: f64 = SimConfig::default().error_rate, "0.0..=1.0",
+        error_rate: f64 = 0.0, "0.0..=1.0",
             "share of calls that fail with a backend error";
-        seed: u64 = SimConfig::default().seed, "0..=9223372036854775807",
+        seed: u64 = 1, "0..=9223372036854775807",
             "random seed (latency and errors are reproducible)";
-        first_token_ms: u64 = ms(SimConfig::default().stream.first_token), "0..=3600000",
+        first_token_ms: u64 = 20, "0..=3600000",
             "streamed replies: delay before the first token";
-        tokens: u64 = u64::from(SimConfig::default().stream.tokens), "1..=1000000",
+        tokens: u64 = 16, "1..=1000000",
             "streamed replies: tokens when the body has no `max_tokens`";
-        tokens_per_second: f64 = SimConfig::default().stream.tokens_per_second, "0.001..=1000000",
+        tokens_per_second: f64 = 50.0, "0.001..=1000000",
             "streamed replies: tokens per second after the first";
     }
 }
 
 raw_section! {
-    RawOpenAi, OPENAI, "backend.openai." {
+    RawOpenAi, OPENAI, "openai", "backend.openai." {
         base_url: String = "http://127.0.0.1:8000".into(),
             "`http://host:port` or `https://host[:port]`",
             "the OpenAI-compatible server (vLLM, llama.cpp server, Ollama, a hosted endpoint); \
@@ -1148,7 +1147,7 @@ raw_section! {
 }
 
 raw_section! {
-    RawBackendNats, BACKEND_NATS, "backend.nats." {
+    RawBackendNats, BACKEND_NATS, "backend_nats", "backend.nats." {
         subject: String = String::new(),
             "a NATS subject without wildcards; required when `kind = \"nats\"`",
             "subject of the existing service requests are forwarded to";
@@ -1156,7 +1155,7 @@ raw_section! {
 }
 
 raw_section! {
-    RawNats, NATS, "nats." {
+    RawNats, NATS, "nats", "nats." {
         url: String = weir_service::nats::DEFAULT_URL.into(),
             "`nats://`, `tls://`, `ws://` URLs, comma-separated",
             "NATS server(s); each URL parsed on its own (`--nats-url` too)";
@@ -1196,7 +1195,7 @@ raw_section! {
 }
 
 raw_section! {
-    RawService, SERVICE, "service." {
+    RawService, SERVICE, "service", "service." {
         name: String = "weir-llm".into(), "1..=128 of `A-Z a-z 0-9 - _`", "NATS micro service name";
         version: String = env!("CARGO_PKG_VERSION").into(), "a semantic version like 1.2.3",
             "version advertised in `$SRV.INFO`";
@@ -1217,7 +1216,7 @@ raw_section! {
 }
 
 raw_section! {
-    RawAdmin, ADMIN, "admin." {
+    RawAdmin, ADMIN, "admin", "admin." {
         listen: String = "127.0.0.1:9091".into(),
             "an address like 127.0.0.1:9091 (port 0 = any free port)",
             "admin HTTP server";
@@ -1238,7 +1237,7 @@ raw_section! {
 }
 
 raw_section! {
-    RawTrace, TRACE, "trace." {
+    RawTrace, TRACE, "trace", "trace." {
         log: bool = true, "",
             "per-request events as `tracing` DEBUG events (target `weir_llm_adapter::trace`) inside \
             the request's `llm_request` span (span events with the feature `otel`)";
@@ -1250,7 +1249,7 @@ raw_section! {
 }
 
 raw_section! {
-    RawStream, STREAM, "stream." {
+    RawStream, STREAM, "stream", "stream." {
         chunk_interval_ms: u64 = 20, "0..=10000 (0 = no coalescing by time)",
             "after a `chunk`, the next waits this long unless `chunk_max_bytes` are pending; the \
             first bytes after a quiet period go at once";
@@ -1266,7 +1265,7 @@ raw_section! {
 }
 
 raw_section! {
-    RawJetStream, JETSTREAM, "jetstream." {
+    RawJetStream, JETSTREAM, "jetstream", "jetstream." {
         stream: String = "WEIR_LLM_INTAKE".into(), "1..=128 of `A-Z a-z 0-9 - _`",
             "the work-queue stream (created if absent)";
         subject: String = "llm.intake".into(), "a NATS subject without wildcards",
@@ -1305,80 +1304,23 @@ raw_section! {
 /// The range and meaning of every key, by section, in the order shown. `validate`
 /// reads each numeric range from here (the bounds a range text starts with).
 pub const SECTIONS: &[Section] = &[
-    Section {
-        name: "general",
-        keys: GENERAL,
-    },
-    Section {
-        name: "session",
-        keys: SESSION,
-    },
-    Section {
-        name: "deadline",
-        keys: DEADLINE,
-    },
-    Section {
-        name: "estimator",
-        keys: ESTIMATOR,
-    },
-    Section {
-        name: "idempotency",
-        keys: IDEMPOTENCY,
-    },
-    Section {
-        name: "limits",
-        keys: LIMITS,
-    },
-    Section {
-        name: "backend",
-        keys: BACKEND,
-    },
-    Section {
-        name: "sim",
-        keys: SIM,
-    },
-    Section {
-        name: "openai",
-        keys: OPENAI,
-    },
-    Section {
-        name: "backend_nats",
-        keys: BACKEND_NATS,
-    },
-    Section {
-        name: "nats",
-        keys: NATS,
-    },
-    Section {
-        name: "service",
-        keys: SERVICE,
-    },
-    Section {
-        name: "admin",
-        keys: ADMIN,
-    },
-    Section {
-        name: "trace",
-        keys: TRACE,
-    },
-    Section {
-        name: "stream",
-        keys: STREAM,
-    },
-    Section {
-        name: "jetstream",
-        keys: JETSTREAM,
-    },
+    GENERAL,
+    SESSION,
+    DEADLINE,
+    ESTIMATOR,
+    IDEMPOTENCY,
+    LIMITS,
+    BACKEND,
+    SIM,
+    OPENAI,
+    BACKEND_NATS,
+    NATS,
+    SERVICE,
+    ADMIN,
+    TRACE,
+    STREAM,
+    JETSTREAM,
 ];
-
-/// `backend.sim.latency_ms` of [`SimConfig::default`].
-fn default_latency_ms() -> u64 {
-    match SimConfig::default().latency {
-        Latency::Fixed(d)
-        | Latency::Uniform { max: d, .. }
-        | Latency::LogNormal { median: d, .. } => ms(d),
-    }
-}
 
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
