@@ -638,6 +638,7 @@ fn layers() -> Layers {
         },
         backend: RawBackend {
             sim: RawSim {
+                min_ms: Some(0),
                 max_ms: Some(0),
                 p99_ms: Some(0),
                 ..RawSim::default()
@@ -1104,7 +1105,7 @@ raw_section! {
             "simulated latency (`fixed`), upper bound default (`uniform`), median (`lognormal`)";
         distribution: Distribution = Distribution::default(), "`fixed`, `uniform`, `lognormal`",
             "simulated latency distribution";
-        min_ms: u64 = 0, "0..=3600000", "`uniform`: lower bound";
+        min_ms: Option<u64> = None, "0..=3600000", "`uniform`: lower bound; default = 0";
         max_ms: Option<u64> = None, "0..=3600000; at least `backend.sim.min_ms`",
             "`uniform`: upper bound; default = the larger of `latency_ms` and `min_ms`";
         p99_ms: Option<u64> = None, "0..=3600000; at least `backend.sim.latency_ms`",
@@ -1508,10 +1509,26 @@ impl RawBackend {
 impl RawSim {
     fn validate(&self) -> Result<SimConfig, ConfigError> {
         let latency = int("backend.sim.latency_ms", self.latency_ms)?;
+        // A bound of another distribution would be ignored: refused instead.
+        let unused = match self.distribution {
+            Distribution::Fixed => vec![
+                ("min_ms", self.min_ms),
+                ("max_ms", self.max_ms),
+                ("p99_ms", self.p99_ms),
+            ],
+            Distribution::Uniform => vec![("p99_ms", self.p99_ms)],
+            Distribution::LogNormal => vec![("min_ms", self.min_ms), ("max_ms", self.max_ms)],
+        };
+        if let Some((key, _)) = unused.iter().find(|(_, v)| v.is_some()) {
+            return Err(ConfigError::invalid(
+                format!("backend.sim.{key}"),
+                "set, but backend.sim.distribution does not use it",
+            ));
+        }
         let latency = match self.distribution {
             Distribution::Fixed => Latency::Fixed(Duration::from_millis(latency)),
             Distribution::Uniform => {
-                let min = int("backend.sim.min_ms", self.min_ms)?;
+                let min = int("backend.sim.min_ms", self.min_ms.unwrap_or(0))?;
                 let max = int(
                     "backend.sim.max_ms",
                     self.max_ms.unwrap_or(latency.max(min)),
@@ -2445,6 +2462,28 @@ url = \"nats://file:4222\"
         assert_eq!(
             err("[backend.sim]\nerror_rate = 1.5").key(),
             "backend.sim.error_rate"
+        );
+        assert_eq!(
+            err("[backend.sim]\np99_ms = 50").key(),
+            "backend.sim.p99_ms"
+        );
+        assert_eq!(
+            err("[backend.sim]\ndistribution = \"lognormal\"\nmin_ms = 5").key(),
+            "backend.sim.min_ms"
+        );
+        let c = Config::from_toml_str(
+            "[backend.sim]\ndistribution = \"uniform\"\nmin_ms = 5\nlatency_ms = 30",
+        )
+        .expect("uniform");
+        let BackendKind::Sim(sim) = c.backend.kind else {
+            panic!("sim expected");
+        };
+        assert_eq!(
+            sim.latency,
+            Latency::Uniform {
+                min: Duration::from_millis(5),
+                max: Duration::from_millis(30)
+            }
         );
         assert_eq!(
             err("[service]\nsubject = \"a..b\"").key(),
