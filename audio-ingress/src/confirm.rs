@@ -62,7 +62,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::metrics as m;
-use crate::publisher::SinkError;
+use crate::publisher::{SinkError, SinkErrorKind};
 use crate::stats::Global;
 use crate::stream::StreamShared;
 
@@ -122,21 +122,31 @@ impl Confirmer for NatsConfirmer {
                     .client
                     .subscribe(self.subject.clone())
                     .await
-                    .map_err(|e| SinkError(format!("confirmation subscribe: {e}")))?;
+                    .map_err(|e| {
+                        SinkError::with_source(SinkErrorKind::Confirm, "confirmation subscribe", e)
+                    })?;
                 *guard = Some(sub);
             }
             let n = self.next.fetch_add(1, Ordering::Relaxed) + 1;
             self.client
                 .publish(self.subject.clone(), Bytes::from(n.to_string()))
                 .await
-                .map_err(|e| SinkError(format!("confirmation marker: {e}")))?;
+                .map_err(|e| {
+                    SinkError::with_source(SinkErrorKind::Confirm, "confirmation marker", e)
+                })?;
             let Some(sub) = guard.as_mut() else {
-                return Err(SinkError("confirmation subscription missing".into()));
+                return Err(SinkError::new(
+                    SinkErrorKind::Confirm,
+                    "confirmation subscription missing",
+                ));
             };
             loop {
                 let Some(msg) = sub.next().await else {
                     *guard = None;
-                    return Err(SinkError("confirmation subscription closed".into()));
+                    return Err(SinkError::new(
+                        SinkErrorKind::Confirm,
+                        "confirmation subscription closed",
+                    ));
                 };
                 // Markers of abandoned rounds may still arrive: skip them.
                 let got = std::str::from_utf8(&msg.payload)
@@ -693,7 +703,7 @@ pub(crate) async fn run(window: Arc<Window>, confirmer: Arc<dyn Confirmer>, glob
                 None => break false,
                 Some(Err(e)) => {
                     if last_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
-                        tracing::warn!(error = %e.0, "confirmation round failed; retrying");
+                        tracing::warn!(error = %e, "confirmation round failed; retrying");
                         last_warn = Some(Instant::now());
                     }
                     if confirmer.epoch() != batch.epoch {

@@ -28,7 +28,7 @@ use async_nats::jetstream::{self, Context, stream};
 use async_nats::{Client, HeaderMap, Subject};
 use bytes::Bytes;
 
-use crate::publisher::{Sink, SinkError};
+use crate::publisher::{Sink, SinkError, SinkErrorKind};
 
 /// The JetStream stream weir publishes audio into.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,9 +82,13 @@ impl JetStreamSink {
             discard: stream::DiscardPolicy::Old,
             ..Default::default()
         };
-        js.get_or_create_stream(config)
-            .await
-            .map_err(|e| SinkError(format!("JetStream stream {:?}: {e}", settings.stream)))?;
+        js.get_or_create_stream(config).await.map_err(|e| {
+            SinkError::with_source(
+                SinkErrorKind::Stream,
+                format!("JetStream stream {:?}", settings.stream),
+                e,
+            )
+        })?;
         Ok(Self {
             client,
             js: std::sync::Arc::new(js),
@@ -103,8 +107,12 @@ impl Sink for JetStreamSink {
             .js
             .publish_with_headers(subject, headers, payload)
             .await
-            .map_err(|e| SinkError(e.to_string()))?;
-        ack.await.map_err(|e| SinkError(e.to_string()))?;
+            .map_err(|e| {
+                SinkError::with_source(SinkErrorKind::Publish, "JetStream publish failed", e)
+            })?;
+        ack.await.map_err(|e| {
+            SinkError::with_source(SinkErrorKind::Ack, "JetStream did not store it", e)
+        })?;
         Ok(())
     }
 
@@ -116,7 +124,7 @@ impl Sink for JetStreamSink {
         self.client
             .flush()
             .await
-            .map_err(|e| SinkError(e.to_string()))
+            .map_err(|e| SinkError::with_source(SinkErrorKind::Flush, "flush failed", e))
     }
 
     fn lossless(&self) -> bool {
@@ -170,5 +178,36 @@ impl Sink for NatsSink {
 
     fn lossless(&self) -> bool {
         matches!(self, Self::JetStream(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_stream_failure_keeps_the_jetstream_error_as_source() {
+        // A server without JetStream: creating the stream fails.
+        let server = weir_testkit::NatsServer::start().expect("nats-server");
+        let client = async_nats::connect(server.url()).await.expect("connect");
+        let settings = JetStreamSettings {
+            stream: "WEIR_ERR_TEST".into(),
+            subjects: vec!["err.test.*".into()],
+            max_age: Duration::from_secs(60),
+            duplicate_window: Duration::from_secs(60),
+            replicas: 1,
+        };
+        let e = JetStreamSink::new(client, &settings, Duration::from_secs(2))
+            .await
+            .expect_err("no JetStream on this server");
+        assert_eq!(e.kind(), SinkErrorKind::Stream);
+        assert_eq!(e.message(), "JetStream stream \"WEIR_ERR_TEST\"");
+        let cause = std::error::Error::source(&e).expect("source kept");
+        assert!(
+            cause
+                .downcast_ref::<jetstream::context::CreateStreamError>()
+                .is_some(),
+            "{cause:?}"
+        );
     }
 }

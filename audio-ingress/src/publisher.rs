@@ -67,10 +67,25 @@ use crate::queue::{
 use crate::stats::{Account, WaitBatch, WouldReject};
 use crate::stream::{SlotGuard, StreamShared};
 
-/// Why the NATS client refused a publish.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("publish failed: {0}")]
-pub struct SinkError(pub String);
+/// Why a sink operation failed: a [`SinkErrorKind`], a short message and the client's
+/// error as [`std::error::Error::source`]. Built only on failure, so the publish path
+/// pays nothing for it when publishes succeed.
+pub type SinkError = weir_protocol::Error<SinkErrorKind>;
+
+/// Machine-readable kind of a [`SinkError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SinkErrorKind {
+    /// The client refused the message (core NATS), or the JetStream publish failed.
+    Publish,
+    /// JetStream did not acknowledge storing the message.
+    Ack,
+    /// Flushing the client's buffer failed.
+    Flush,
+    /// The JetStream stream could not be created or opened.
+    Stream,
+    /// A confirmation round (see [`crate::confirm`]) failed.
+    Confirm,
+}
 
 /// Where packets go: the NATS client, or a test double.
 pub trait Sink: Clone + Send + Sync + 'static {
@@ -118,7 +133,7 @@ impl Sink for async_nats::Client {
     ) -> Result<(), SinkError> {
         self.publish_with_headers(subject, headers, payload)
             .await
-            .map_err(|e| SinkError(e.to_string()))
+            .map_err(|e| SinkError::with_source(SinkErrorKind::Publish, "publish failed", e))
     }
 
     fn is_connected(&self) -> bool {
@@ -128,7 +143,7 @@ impl Sink for async_nats::Client {
     async fn flush(&self) -> Result<(), SinkError> {
         async_nats::Client::flush(self)
             .await
-            .map_err(|e| SinkError(e.to_string()))
+            .map_err(|e| SinkError::with_source(SinkErrorKind::Flush, "flush failed", e))
     }
 
     fn confirmer(&self) -> Option<Arc<dyn Confirmer>> {

@@ -12,7 +12,7 @@ use weir_protocol::audio::{DecodeOptions, Packet, PacketBody, decode};
 
 use crate::config::{Policy, StreamConfig};
 use crate::error::{OpenErrorKind, PushError};
-use crate::publisher::{Sink, SinkError};
+use crate::publisher::{Sink, SinkError, SinkErrorKind};
 use crate::stats::DropReason;
 use crate::stream::Ingress;
 
@@ -102,10 +102,10 @@ impl Sink for MemorySink {
         let mut rx = self.stalled.subscribe();
         let _ = rx.wait_for(|s| !*s).await;
         if *self.failing.lock().expect("lock") {
-            return Err(SinkError("failing".into()));
+            return Err(SinkError::new(SinkErrorKind::Publish, "failing"));
         }
-        let packet =
-            decode(&payload, &DecodeOptions::default()).map_err(|e| SinkError(e.to_string()))?;
+        let packet = decode(&payload, &DecodeOptions::default())
+            .map_err(|e| SinkError::with_source(SinkErrorKind::Publish, "undecodable", e))?;
         let ext = Extensions::read(|k| headers.get(k).map(|v| v.as_str()));
         self.sent.lock().expect("lock").push(Sent {
             subject: subject.to_string(),

@@ -43,6 +43,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use weir_protocol::audio::extension::{Extensions, PossibleLoss, headers};
 use weir_protocol::audio::{DecodeOptions, Packet, PacketBody, decode};
+use weir_protocol::error::Source;
 use weir_service::nats::{FieldError, NatsConfig, NatsInput};
 
 use crate::consumer::tracker::{Observation, SeqTracker, Seqs};
@@ -164,56 +165,26 @@ fn parse_seconds(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
-/// Why the tap failed.
-#[derive(Debug, thiserror::Error)]
-pub enum TapError {
-    /// The subject pattern is not a valid NATS subject.
-    #[error("invalid subject pattern {0:?}")]
-    InvalidSubject(String),
-    /// Could not connect.
-    #[error("cannot connect to NATS at {url}: {reason}")]
-    Connect {
-        /// The URL.
-        url: String,
-        /// Why.
-        reason: String,
-    },
-    /// Could not subscribe.
-    #[error("cannot subscribe to {subject:?}: {reason}")]
-    Subscribe {
-        /// The pattern.
-        subject: String,
-        /// Why.
-        reason: String,
-    },
-    /// Could not write the output.
-    #[error("cannot write output: {0}")]
-    Output(#[from] std::io::Error),
-}
+/// Why the tap failed: a [`TapErrorKind`], a message, and the cause (the NATS connect
+/// error, the server's refusal, the I/O error) as [`std::error::Error::source`].
+pub type TapError = weir_protocol::Error<TapErrorKind>;
 
 /// Machine-readable kind of a [`TapError`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TapErrorKind {
-    /// See [`TapError::InvalidSubject`].
+    /// The subject pattern is not a valid NATS subject (refused before connecting).
     InvalidSubject,
-    /// See [`TapError::Connect`].
+    /// Could not connect (bad settings, or no server).
     Connect,
-    /// See [`TapError::Subscribe`].
+    /// Could not subscribe, or the server refused the subscription.
     Subscribe,
-    /// See [`TapError::Output`].
+    /// Could not write the output.
     Output,
 }
 
-impl TapError {
-    /// The kind, for callers that match on it.
-    pub fn kind(&self) -> TapErrorKind {
-        match self {
-            Self::InvalidSubject(_) => TapErrorKind::InvalidSubject,
-            Self::Connect { .. } => TapErrorKind::Connect,
-            Self::Subscribe { .. } => TapErrorKind::Subscribe,
-            Self::Output(_) => TapErrorKind::Output,
-        }
-    }
+/// A failed write of the output.
+fn output_error(e: std::io::Error) -> TapError {
+    TapError::with_source(TapErrorKind::Output, "cannot write output", e)
 }
 
 /// Per-subject summary.
@@ -305,25 +276,31 @@ pub async fn run_with(
     stop: impl std::future::Future<Output = ()> + Send,
 ) -> Result<TapSummary, TapError> {
     if !valid_pattern(&args.subject) {
-        return Err(TapError::InvalidSubject(args.subject));
+        return Err(TapError::new(
+            TapErrorKind::InvalidSubject,
+            format!("invalid subject pattern {:?}", args.subject),
+        ));
     }
     // Server errors (`-ERR`) reach the event callback, not the subscribe call: a
     // refused subscription shows up only there. They are forwarded to the loop.
     let (server_errors, mut refused) = tokio::sync::mpsc::channel::<String>(16);
-    let connect_error = |reason: String| TapError::Connect {
-        url: args.nats_url.clone(),
-        reason,
+    let connect_error = |cause: Source| {
+        TapError::with_source(
+            TapErrorKind::Connect,
+            format!("cannot connect to NATS at {}", args.nats_url),
+            cause,
+        )
     };
     let nats = args.nats_config().map_err(|e| {
         let flag = match e.field {
             "url" => "nats-url".to_owned(),
             f => f.replace('_', "-"),
         };
-        connect_error(format!("--{flag}: {}", e.message))
+        connect_error(format!("--{flag}: {}", e.message).into())
     })?;
     let options = weir_service::nats::options(&nats)
         .await
-        .map_err(|e| connect_error(e.to_string()))?;
+        .map_err(|e| connect_error(e.into()))?;
     let options = options.event_callback(move |event| {
         let server_errors = server_errors.clone();
         async move {
@@ -344,33 +321,33 @@ pub async fn run_with(
     let client = tokio::time::timeout(CONNECT_TIMEOUT + Duration::from_secs(1), connect)
         .await
         .map_err(|_| connect_error("timed out".into()))?
-        .map_err(|e| connect_error(e.to_string()))?;
+        .map_err(|e| connect_error(e.into()))?;
+    let subscribe_error = |cause: weir_protocol::error::Source| {
+        TapError::with_source(
+            TapErrorKind::Subscribe,
+            format!("cannot subscribe to {:?}", args.subject),
+            cause,
+        )
+    };
     let mut sub = weir_service::nats::subscribe_confirmed(
         &client,
         vec![args.subject.clone()],
         SUBSCRIBE_TIMEOUT,
     )
     .await
-    .map_err(|e| TapError::Subscribe {
-        subject: args.subject.clone(),
-        reason: e.reason,
-    })?
+    .map_err(|e| subscribe_error(e.into()))?
     .pop()
     .map(|(_, sub)| sub)
-    .ok_or_else(|| TapError::Subscribe {
-        subject: args.subject.clone(),
-        reason: "no subscription".into(),
-    })?;
+    .ok_or_else(|| subscribe_error("no subscription".into()))?;
     // The server answers a subscription it refuses (permissions, a subject it finds
     // invalid) with -ERR before the probe came back; the callback may run a little
     // later, so wait for it briefly before declaring success.
     if let Ok(Some(e)) = tokio::time::timeout(REFUSAL_GRACE, refused.recv()).await
         && is_subscription_refusal(&e)
     {
-        return Err(TapError::Subscribe {
-            subject: args.subject.clone(),
-            reason: format!("the server refused it: {}", escape_controls(&e)),
-        });
+        return Err(subscribe_error(
+            format!("the server refused it: {}", escape_controls(&e)).into(),
+        ));
     }
     eprintln!("tap: subscribed to {} on {}", args.subject, args.nats_url);
 
@@ -399,19 +376,18 @@ pub async fn run_with(
                         crate::consumer::system_unix_ms(),
                     );
                     if args.json {
-                        writeln!(out, "{line}")?;
+                        writeln!(out, "{line}").map_err(output_error)?;
                     } else {
-                        writeln!(out, "{}", escape_controls(&line))?;
+                        writeln!(out, "{}", escape_controls(&line)).map_err(output_error)?;
                     }
                 }
                 None => break "closed",
             },
             Some(e) = refused.recv() => {
                 if is_subscription_refusal(&e) {
-                    return Err(TapError::Subscribe {
-                        subject: args.subject.clone(),
-                        reason: format!("the server refused it: {}", escape_controls(&e)),
-                    });
+                    return Err(subscribe_error(
+                        format!("the server refused it: {}", escape_controls(&e)).into(),
+                    ));
                 }
             }
             () = &mut until_deadline => break "duration",
@@ -421,10 +397,10 @@ pub async fn run_with(
     drop(sub);
     let summary = tap.finish(stopped_by);
     for s in &summary.subjects {
-        writeln!(out, "{}", escape_controls(&summary_line(s, args.json)))?;
+        writeln!(out, "{}", escape_controls(&summary_line(s, args.json))).map_err(output_error)?;
     }
-    writeln!(out, "{}", escape_controls(&total_line(&summary, args.json)))?;
-    out.flush()?;
+    writeln!(out, "{}", escape_controls(&total_line(&summary, args.json))).map_err(output_error)?;
+    out.flush().map_err(output_error)?;
     Ok(summary)
 }
 
@@ -908,5 +884,61 @@ mod tests {
         assert!(parse_seconds("-3").is_err());
         assert!(parse_seconds("nan").is_err());
         assert!(parse_seconds("x").is_err());
+    }
+
+    fn args_for(url: &str) -> TapArgs {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            tap: TapArgs,
+        }
+        Cli::parse_from(["tap", "audio.*", "--nats-url", url]).tap
+    }
+
+    #[tokio::test]
+    async fn a_connect_failure_keeps_the_nats_error_as_source() {
+        // A port that was free a moment ago: nothing listens there.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let args = args_for(&format!("nats://127.0.0.1:{port}"));
+        let e = run_with(args, &mut Vec::new(), std::future::pending())
+            .await
+            .expect_err("nothing listens");
+        assert_eq!(e.kind(), TapErrorKind::Connect);
+        assert!(
+            e.to_string()
+                .starts_with("cannot connect to NATS at nats://127.0.0.1:")
+        );
+        let mut cause = std::error::Error::source(&e);
+        let mut found = false;
+        while let Some(c) = cause {
+            found |= c.downcast_ref::<async_nats::ConnectError>().is_some();
+            cause = c.source();
+        }
+        assert!(found, "async_nats::ConnectError reachable from {e:?}");
+    }
+
+    #[tokio::test]
+    async fn an_invalid_pattern_has_no_source() {
+        let mut args = args_for("nats://127.0.0.1:1");
+        args.subject = "a..b".into();
+        let e = run_with(args, &mut Vec::new(), std::future::pending())
+            .await
+            .expect_err("invalid");
+        assert_eq!(e.kind(), TapErrorKind::InvalidSubject);
+        assert!(std::error::Error::source(&e).is_none());
+    }
+
+    #[test]
+    fn an_output_failure_keeps_the_io_error() {
+        let e = output_error(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        assert_eq!(e.kind(), TapErrorKind::Output);
+        let io = std::error::Error::source(&e)
+            .and_then(|c| c.downcast_ref::<std::io::Error>())
+            .expect("io::Error kept");
+        assert_eq!(io.kind(), std::io::ErrorKind::BrokenPipe);
     }
 }

@@ -568,13 +568,14 @@ impl weir_audio_ingress::publisher::Sink for RefuseFrames {
         headers: async_nats::HeaderMap,
         payload: bytes::Bytes,
     ) -> Result<(), weir_audio_ingress::publisher::SinkError> {
+        use weir_audio_ingress::publisher::{SinkError, SinkErrorKind};
         use weir_protocol::audio::{DecodeOptions, PacketBody, decode};
         let packet = decode(&payload, &DecodeOptions::default())
-            .map_err(|e| weir_audio_ingress::publisher::SinkError(e.to_string()))?;
+            .map_err(|e| SinkError::with_source(SinkErrorKind::Publish, "undecodable", e))?;
         match packet.body {
-            PacketBody::Frame { .. } => Err(weir_audio_ingress::publisher::SinkError(
-                "frames refused".into(),
-            )),
+            PacketBody::Frame { .. } => {
+                Err(SinkError::new(SinkErrorKind::Publish, "frames refused"))
+            }
             PacketBody::Gap(_) => Ok(()),
             PacketBody::End => {
                 let ext = weir_protocol::audio::extension::Extensions::read(|k| {

@@ -28,8 +28,8 @@ use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::push};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 
-use super::ConsumerError;
 use super::config::JetStreamStart;
+use super::{ConsumerError, ConsumerErrorKind};
 
 /// One item of a feed: a message, or a transient error of the source (logged and
 /// counted; the source recovers by itself).
@@ -52,11 +52,14 @@ pub(crate) async fn ordered_feeds(
         let handle = js
             .get_stream(stream)
             .await
-            .map_err(|e| ConsumerError::Subscribe {
-                subject: all.clone(),
-                reason: format!(
-                    "JetStream stream {stream:?}: {e} (the ingress with delivery = \"jetstream\" creates it)"
-                ),
+            .map_err(|e| {
+                ConsumerError::operation(
+                    ConsumerErrorKind::Subscribe,
+                    format!(
+                        "cannot subscribe to {all:?}: JetStream stream {stream:?} (the ingress with delivery = \"jetstream\" creates it)"
+                    ),
+                    e,
+                )
             })?;
         let (deliver_policy, floor) = match start {
             JetStreamStart::All => (DeliverPolicy::All, None),
@@ -73,9 +76,14 @@ pub(crate) async fn ordered_feeds(
         };
         let mut feeds = Vec::with_capacity(subjects.len());
         for subject in subjects {
-            let fail = |what: &str, e: &dyn std::fmt::Display| ConsumerError::Subscribe {
-                subject: subject.clone(),
-                reason: format!("JetStream ordered consumer on {stream:?} ({what}): {e}"),
+            let fail = |what: &str, e: weir_protocol::error::Source| {
+                ConsumerError::operation(
+                    ConsumerErrorKind::Subscribe,
+                    format!(
+                        "cannot subscribe to {subject:?}: JetStream ordered consumer on {stream:?} ({what})"
+                    ),
+                    e,
+                )
             };
             let consumer = handle
                 .create_consumer(push::OrderedConfig {
@@ -86,21 +94,23 @@ pub(crate) async fn ordered_feeds(
                     ..Default::default()
                 })
                 .await
-                .map_err(|e| fail("create", &e))?;
+                .map_err(|e| fail("create", e.into()))?;
             let ordered = consumer
                 .messages()
                 .await
-                .map_err(|e| fail("subscribe", &e))?;
+                .map_err(|e| fail("subscribe", e.into()))?;
             feeds.push((subject, feed(ordered, floor.filter(|&f| f > 0))));
         }
         Ok(feeds)
     };
-    tokio::time::timeout(bound, work)
-        .await
-        .map_err(|_| ConsumerError::Subscribe {
-            subject: all.clone(),
-            reason: format!("JetStream consumers not created within {bound:?}"),
-        })?
+    tokio::time::timeout(bound, work).await.map_err(|_| {
+        ConsumerError::Operation(weir_protocol::Error::new(
+            ConsumerErrorKind::Subscribe,
+            format!(
+                "cannot subscribe to {all:?}: JetStream consumers not created within {bound:?}"
+            ),
+        ))
+    })?
 }
 
 /// Maps the ordered consumer's items to [`Inbound`], skipping messages at or below

@@ -166,6 +166,12 @@ const EVENT_CAPACITY: usize = 1_024;
 const SUBSCRIBE_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why the consumer could not start.
+///
+/// Two shapes, on purpose: an invalid config is a value (the key and what is wrong,
+/// matched structurally by the validation code and by callers that show the key), so
+/// it stays a data variant; an operation that failed (connect, subscribe, the lease
+/// bucket) is weir's one error shape, [`weir_protocol::Error`], whose
+/// [`source`](std::error::Error::source) is the async-nats or JetStream error itself.
 #[derive(Debug, thiserror::Error)]
 pub enum ConsumerError {
     /// A config key is invalid.
@@ -176,43 +182,27 @@ pub enum ConsumerError {
         /// What is wrong and the allowed range.
         reason: String,
     },
-    /// The NATS connection failed.
-    #[error("cannot connect to NATS at {url}: {source}")]
-    Connect {
-        /// The server URL.
-        url: String,
-        /// The client's error.
-        #[source]
-        source: async_nats::ConnectError,
-    },
-    /// A subscription could not be made or confirmed.
-    #[error("cannot subscribe to {subject:?}: {reason}")]
-    Subscribe {
-        /// The subject.
-        subject: String,
-        /// Why.
-        reason: String,
-    },
-    /// Lease ownership: the KV bucket could not be created or opened.
-    #[error("lease bucket {bucket:?}: {reason}")]
-    Lease {
-        /// The bucket.
-        bucket: String,
-        /// Why.
-        reason: String,
-    },
+    /// Connecting, subscribing or opening the lease bucket failed: its kind says
+    /// which ([`ConsumerErrorKind::Connect`], [`ConsumerErrorKind::Subscribe`] or
+    /// [`ConsumerErrorKind::Lease`]), its source is the client's error.
+    #[error(transparent)]
+    Operation(OperationError),
 }
+
+/// A failed operation of the consumer (see [`ConsumerError::Operation`]).
+pub type OperationError = weir_protocol::Error<ConsumerErrorKind>;
 
 /// Machine-readable kind of a [`ConsumerError`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ConsumerErrorKind {
     /// See [`ConsumerError::Config`].
     Config,
-    /// See [`ConsumerError::Connect`].
+    /// The NATS connection failed (source: `async_nats::ConnectError`).
     Connect,
-    /// See [`ConsumerError::Subscribe`].
+    /// A subscription (core, or a JetStream ordered consumer) could not be made or
+    /// confirmed.
     Subscribe,
-    /// See [`ConsumerError::Lease`].
+    /// Lease ownership: the KV bucket could not be created or opened.
     Lease,
 }
 
@@ -221,13 +211,20 @@ impl ConsumerError {
         Self::Config { key, reason }
     }
 
+    /// An operation failed because of `source`.
+    pub(crate) fn operation(
+        kind: ConsumerErrorKind,
+        message: impl Into<String>,
+        source: impl Into<weir_protocol::error::Source>,
+    ) -> Self {
+        Self::Operation(OperationError::with_source(kind, message, source))
+    }
+
     /// The kind, for callers that match on it.
     pub fn kind(&self) -> ConsumerErrorKind {
         match self {
             Self::Config { .. } => ConsumerErrorKind::Config,
-            Self::Connect { .. } => ConsumerErrorKind::Connect,
-            Self::Subscribe { .. } => ConsumerErrorKind::Subscribe,
-            Self::Lease { .. } => ConsumerErrorKind::Lease,
+            Self::Operation(e) => e.kind(),
         }
     }
 
@@ -235,7 +232,7 @@ impl ConsumerError {
     pub fn config_key(&self) -> Option<&'static str> {
         match self {
             Self::Config { key, .. } => Some(key),
-            _ => None,
+            Self::Operation(_) => None,
         }
     }
 }
@@ -391,9 +388,12 @@ impl Consumer {
             })
             .connect(url)
             .await
-            .map_err(|source| ConsumerError::Connect {
-                url: url.to_owned(),
-                source,
+            .map_err(|source| {
+                ConsumerError::operation(
+                    ConsumerErrorKind::Connect,
+                    format!("cannot connect to NATS at {url}"),
+                    source,
+                )
             })?;
         Self::start_shared(client, shared, factory).await
     }
@@ -449,9 +449,12 @@ impl Consumer {
                     SUBSCRIBE_CONFIRM_TIMEOUT,
                 )
                 .await
-                .map_err(|e| ConsumerError::Subscribe {
-                    subject: e.subject,
-                    reason: e.reason,
+                .map_err(|e| {
+                    ConsumerError::operation(
+                        ConsumerErrorKind::Subscribe,
+                        format!("cannot subscribe to {:?}", e.subject),
+                        e,
+                    )
                 })?
                 .into_iter()
                 .map(|(subject, sub)| (subject, sub.map(Ok).boxed()))
@@ -630,4 +633,88 @@ pub(crate) async fn run_subscription<F: HandlerFactory>(
     drop(sub);
     tracing::debug!(subject, streams = demux.active(), "subscription stopping");
     demux.shutdown(deadline).await;
+}
+
+#[cfg(test)]
+mod error_tests {
+    use super::*;
+
+    fn settings(source: ConsumerSource) -> ConsumerSettings {
+        let mut cfg = ConsumerConfig::partitioned("err.{partition}.{stream}", 1, [0]);
+        cfg.source = source;
+        cfg.validate().expect("valid config")
+    }
+
+    /// Walks the `source()` chain for an error of type `T`.
+    fn find_cause<T: std::error::Error + 'static>(e: &ConsumerError) -> bool {
+        let mut cause = std::error::Error::source(e);
+        while let Some(c) = cause {
+            if c.downcast_ref::<T>().is_some() {
+                return true;
+            }
+            cause = c.source();
+        }
+        false
+    }
+
+    #[tokio::test]
+    async fn a_connect_failure_keeps_the_connect_error_as_source() {
+        // A port that was free a moment ago: nothing listens there.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let url = format!("nats://127.0.0.1:{port}");
+        let factory = |_: &StreamInfo| ignore_events();
+        let Err(e) = Consumer::connect(&url, settings(ConsumerSource::Core), factory).await else {
+            panic!("nothing listens on {url}");
+        };
+        assert_eq!(e.kind(), ConsumerErrorKind::Connect);
+        assert_eq!(e.config_key(), None);
+        assert!(
+            e.to_string()
+                .starts_with(&format!("cannot connect to NATS at {url}: "))
+        );
+        assert!(find_cause::<async_nats::ConnectError>(&e), "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn a_missing_jetstream_stream_keeps_the_jetstream_error_as_source() {
+        // A server without JetStream: the ordered consumers cannot be made.
+        let server = weir_testkit::NatsServer::start().expect("nats-server");
+        let factory = |_: &StreamInfo| ignore_events();
+        let Err(e) = Consumer::connect(
+            server.url(),
+            settings(ConsumerSource::jetstream("WEIR_AUDIO")),
+            factory,
+        )
+        .await
+        else {
+            panic!("no JetStream on this server");
+        };
+        assert_eq!(e.kind(), ConsumerErrorKind::Subscribe);
+        assert!(
+            find_cause::<async_nats::jetstream::context::GetStreamError>(&e),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_config_error_stays_a_value() {
+        let mut cfg = ConsumerConfig::partitioned("err.{partition}.{stream}", 1, [0]);
+        cfg.max_streams = 0;
+        let e = cfg.validate().expect_err("invalid");
+        assert_eq!(e.kind(), ConsumerErrorKind::Config);
+        assert_eq!(e.config_key(), Some("max_streams"));
+        assert!(std::error::Error::source(&e).is_none());
+    }
+
+    /// A handler that drops every event.
+    fn ignore_events() -> impl StreamHandler {
+        struct Ignore;
+        impl StreamHandler for Ignore {
+            async fn on_event(&mut self, _: StreamEvent) {}
+        }
+        Ignore
+    }
 }

@@ -55,7 +55,7 @@ use crate::fence::{Fence, Liveness};
 use crate::handler::HandlerFactory;
 use crate::lease::{Action, LeaseInfo, Planner};
 use crate::metrics as m;
-use crate::{ConsumerError, Shared, run_subscription};
+use crate::{ConsumerError, ConsumerErrorKind, OperationError, Shared, run_subscription};
 use weir_protocol::fnv1a_32;
 
 /// Bound of the bucket setup at start.
@@ -124,7 +124,7 @@ fn partition_of(key: &str) -> Option<u32> {
 async fn open_bucket(
     client: &async_nats::Client,
     lease: &LeaseSettings,
-) -> Result<(stream::Stream, kv::Store), String> {
+) -> Result<(stream::Stream, kv::Store), OperationError> {
     let js = jetstream::new(client.clone());
     let config = stream::Config {
         name: format!("KV_{}", lease.bucket),
@@ -138,14 +138,23 @@ async fn open_bucket(
         num_replicas: lease.replicas,
         ..Default::default()
     };
-    let stream = js
-        .get_or_create_stream(config)
-        .await
-        .map_err(|e| format!("cannot create or open stream KV_{}: {e}", lease.bucket))?;
-    let kv = js
-        .get_key_value(lease.bucket.clone())
-        .await
-        .map_err(|e| format!("cannot open KV bucket {}: {e}", lease.bucket))?;
+    let stream = js.get_or_create_stream(config).await.map_err(|e| {
+        OperationError::with_source(
+            ConsumerErrorKind::Lease,
+            format!(
+                "lease bucket {:?}: cannot create or open stream KV_{}",
+                lease.bucket, lease.bucket
+            ),
+            e,
+        )
+    })?;
+    let kv = js.get_key_value(lease.bucket.clone()).await.map_err(|e| {
+        OperationError::with_source(
+            ConsumerErrorKind::Lease,
+            format!("lease bucket {:?}: cannot open it", lease.bucket),
+            e,
+        )
+    })?;
     Ok((stream, kv))
 }
 
@@ -162,10 +171,6 @@ pub(crate) async fn start<F: HandlerFactory>(
             "not lease ownership".into(),
         ));
     };
-    let lease_error = |reason: String| ConsumerError::Lease {
-        bucket: lease.bucket.clone(),
-        reason,
-    };
     // Retried within the bound: right after a cluster starts (or while its meta leader
     // moves) JetStream answers "temporarily unavailable", and workers starting together
     // race to create the same stream.
@@ -175,14 +180,20 @@ pub(crate) async fn start<F: HandlerFactory>(
         let error = match tokio::time::timeout_at(attempt, open_bucket(&client, &lease)).await {
             Ok(Ok(kv)) => break kv,
             Ok(Err(e)) => e,
-            Err(_) => format!("no answer within {SETUP_ATTEMPT:?}"),
+            Err(_) => OperationError::new(
+                ConsumerErrorKind::Lease,
+                format!(
+                    "lease bucket {:?}: no answer within {SETUP_ATTEMPT:?}",
+                    lease.bucket
+                ),
+            ),
         };
         if Instant::now() + SETUP_RETRY >= deadline {
-            return Err(lease_error(error));
+            return Err(ConsumerError::Operation(error));
         }
         tracing::warn!(
             bucket = lease.bucket,
-            error,
+            error = %error,
             "lease bucket not ready; retrying"
         );
         tokio::time::sleep(SETUP_RETRY).await;
@@ -193,14 +204,22 @@ pub(crate) async fn start<F: HandlerFactory>(
         SETUP_TIMEOUT,
     )
     .await
-    .map_err(|e| ConsumerError::Subscribe {
-        subject: e.subject,
-        reason: e.reason,
+    .map_err(|e| {
+        ConsumerError::operation(
+            ConsumerErrorKind::Subscribe,
+            format!("cannot subscribe to {:?}", e.subject),
+            e,
+        )
     })?
     .into_iter()
     .next()
     .map(|(_, sub)| sub)
-    .ok_or_else(|| lease_error("no heartbeat subscription".into()))?;
+    .ok_or_else(|| {
+        ConsumerError::Operation(OperationError::new(
+            ConsumerErrorKind::Lease,
+            format!("lease bucket {:?}: no heartbeat subscription", lease.bucket),
+        ))
+    })?;
     let board = Arc::new(LeaseBoard::default());
     let partitions = shared.settings.partitions.get();
     let started = Instant::now();

@@ -17,7 +17,9 @@
 //! - [`ratelimit`]: warnings in per-packet and retry loops, once per interval;
 //! - [`nats`]: connection-event labels, subscribing with the server's confirmation;
 //! - [`logging`] (feature `logging`): text or JSON logs on stderr;
-//! - [`otel`] (feature `otel`): spans exported over OTLP/HTTP, W3C trace-context glue;
+//! - [`otel`] (feature `otel`): spans exported over OTLP/HTTP;
+//! - [`trace_context`] (feature `trace-context`, part of `otel`): the W3C trace context
+//!   between NATS headers and OpenTelemetry spans;
 //! - [`http`] (feature `http`): the HTTP accept loop with connection caps and timeouts;
 //! - [`shutdown`]: the signal both services stop on.
 //!
@@ -39,3 +41,5 @@ pub mod otel;
 pub mod process;
 pub mod ratelimit;
 pub mod shutdown;
+#[cfg(feature = "trace-context")]
+pub mod trace_context;

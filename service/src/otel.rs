@@ -15,18 +15,17 @@
 //! Invariants: exporting never blocks a request (the batch processor drops spans when
 //! its queue is full, counted by the SDK, never waited for); the [`OtelGuard`] flushes
 //! and shuts the exporter down exactly once, when it is dropped at the end of `main`.
-//! [`traceparent_of`] and [`set_remote_parent`] are the only places that convert
-//! between the wire's [`TraceContext`] and OpenTelemetry's.
+//! [`traceparent_of`] and [`set_remote_parent`] (in [`crate::trace_context`], which a
+//! caller can use without the SDK) are the only places that convert between the wire's
+//! `TraceContext` and OpenTelemetry's.
 
-use opentelemetry::trace::{
-    SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, TracerProvider as _,
-};
+use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::Layer;
 use tracing_subscriber::registry::LookupSpan;
-use weir_protocol::llm::headers::{TraceContext, TraceParent};
+
+pub use crate::trace_context::{set_remote_parent, traceparent_of};
 
 /// What reaches the collector unless `WEIR_OTEL_FILTER` says otherwise: INFO spans and
 /// events, plus the adapter's per-request trace events (DEBUG) as span events.
@@ -99,44 +98,4 @@ fn default_service_name() -> String {
         .ok()
         .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
         .unwrap_or_else(|| "weir".into())
-}
-
-/// The W3C context of `span`, to send on; `None` when no OpenTelemetry layer records it
-/// (export off) — then there is no span of ours to name as a parent.
-pub fn traceparent_of(span: &tracing::Span) -> Option<TraceContext> {
-    let cx = span.context();
-    let sc = cx.span().span_context().clone();
-    if !sc.is_valid() {
-        return None;
-    }
-    let state = sc.trace_state().header();
-    Some(TraceContext {
-        parent: TraceParent {
-            trace_id: sc.trace_id().to_bytes(),
-            parent_id: sc.span_id().to_bytes(),
-            flags: sc.trace_flags().to_u8(),
-        },
-        state: (!state.is_empty()).then_some(state),
-    })
-}
-
-/// Makes `span` a child of the remote `parent` (a caller's `traceparent`). Must be
-/// called before `span` is first entered; a later call, or one without an
-/// OpenTelemetry layer, changes nothing. A `tracestate` the SDK cannot parse is
-/// dropped, the parent kept.
-pub fn set_remote_parent(span: &tracing::Span, parent: &TraceContext) {
-    let state = parent
-        .state
-        .as_deref()
-        .and_then(|s| s.parse::<TraceState>().ok())
-        .unwrap_or_default();
-    let sc = SpanContext::new(
-        TraceId::from_bytes(parent.parent.trace_id),
-        SpanId::from_bytes(parent.parent.parent_id),
-        TraceFlags::new(parent.parent.flags),
-        true,
-        state,
-    );
-    let cx = opentelemetry::Context::new().with_remote_span_context(sc);
-    let _ = span.set_parent(cx);
 }

@@ -1,4 +1,5 @@
-//! The one error type of the testkit, with a [`kind()`](Error::kind) to match on.
+//! The one error type of the testkit: weir's one error shape
+//! ([`weir_protocol::Error`]) with the testkit's [`ErrorKind`] to match on.
 //!
 //! Messages are written for a person reading a failed test: they say what was tried,
 //! what happened, and — when the binary is missing — how to install it.
@@ -44,42 +45,26 @@ impl fmt::Display for ErrorKind {
     }
 }
 
-type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+/// An error from the testkit: a [`kind`](weir_protocol::Error::kind), a human message
+/// and, where there is one, the underlying error (I/O, a signal, a spawn failure) as
+/// [`source`](std::error::Error::source). `Display` is the message, then `: ` and the
+/// cause.
+pub type Error = weir_protocol::Error<ErrorKind>;
 
-/// An error from the testkit: a [`kind`](Error::kind), a human message and, where there
-/// is one, the underlying error as [`source`](std::error::Error::source).
-#[derive(Debug, thiserror::Error)]
-#[error("{message}")]
-pub struct Error {
-    kind: ErrorKind,
-    message: String,
-    #[source]
-    source: Option<BoxError>,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl Error {
-    /// What went wrong.
-    pub fn kind(&self) -> ErrorKind {
-        self.kind
-    }
-
-    pub(crate) fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self {
-            kind,
-            message: message.into(),
-            source: None,
-        }
-    }
-
-    pub(crate) fn with_source(
-        kind: ErrorKind,
-        message: impl Into<String>,
-        source: impl Into<BoxError>,
-    ) -> Self {
-        Self {
-            kind,
-            message: message.into(),
-            source: Some(source.into()),
-        }
+    #[test]
+    fn keeps_the_cause_as_source() {
+        let io = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "denied");
+        let e = Error::with_source(ErrorKind::Spawn, "could not start nats-server", io);
+        assert_eq!(e.kind(), ErrorKind::Spawn);
+        assert_eq!(e.to_string(), "could not start nats-server: denied");
+        let cause = std::error::Error::source(&e).expect("source kept");
+        let io = cause
+            .downcast_ref::<std::io::Error>()
+            .expect("an io::Error");
+        assert_eq!(io.kind(), std::io::ErrorKind::PermissionDenied);
     }
 }

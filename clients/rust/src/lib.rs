@@ -58,8 +58,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
-#[cfg(feature = "otel")]
-use weir_protocol::llm::TraceParent;
 use weir_protocol::llm::headers as h;
 use weir_protocol::llm::{
     AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails, ResponseEnvelope, TraceContext,
@@ -87,27 +85,60 @@ pub enum ClientErrorKind {
     InvalidReply,
 }
 
-/// A failed call.
-#[derive(Debug, thiserror::Error)]
-#[error("{message}")]
+/// A failed call: weir's one error shape ([`weir_protocol::Error`]: a kind, a message,
+/// the async-nats or decoding error as [`source`](std::error::Error::source)) plus,
+/// when the adapter refused the request, its error body. Callers read that body (the
+/// code's details: limit, pending, retry hint), which is why this stays its own type
+/// rather than a bare `weir_protocol::Error<ClientErrorKind>`.
+#[derive(Debug)]
 pub struct ClientError {
-    kind: ClientErrorKind,
+    inner: weir_protocol::Error<ClientErrorKind>,
     body: Option<Box<ErrorBody>>,
-    message: String,
+}
+
+impl std::fmt::Display for ClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+impl std::error::Error for ClientError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.inner.source()
+    }
 }
 
 impl ClientError {
     fn new(kind: ClientErrorKind, message: impl Into<String>) -> Self {
         Self {
-            kind,
+            inner: weir_protocol::Error::new(kind, message),
             body: None,
-            message: message.into(),
+        }
+    }
+
+    /// An error caused by `source` (kept as [`std::error::Error::source`]).
+    fn with_source(
+        kind: ClientErrorKind,
+        message: impl Into<String>,
+        source: impl Into<weir_protocol::error::Source>,
+    ) -> Self {
+        Self {
+            inner: weir_protocol::Error::with_source(kind, message, source),
+            body: None,
+        }
+    }
+
+    /// A refusal, with the adapter's (or the local cap's) error body.
+    fn refused(kind: ClientErrorKind, message: impl Into<String>, body: Option<ErrorBody>) -> Self {
+        Self {
+            inner: weir_protocol::Error::new(kind, message),
+            body: body.map(Box::new),
         }
     }
 
     /// The kind, for callers that match on it.
     pub fn kind(&self) -> ClientErrorKind {
-        self.kind
+        self.inner.kind()
     }
 
     /// The adapter's error (code, message, details), when it sent one.
@@ -191,22 +222,7 @@ fn put(map: &mut HeaderMap, name: &str, value: &str) {
 /// The current `tracing` span's W3C context, when an OpenTelemetry layer records it.
 #[cfg(feature = "otel")]
 fn current_trace_context() -> Option<TraceContext> {
-    use opentelemetry::trace::TraceContextExt;
-    use tracing_opentelemetry::OpenTelemetrySpanExt;
-    let cx = tracing::Span::current().context();
-    let sc = cx.span().span_context().clone();
-    if !sc.is_valid() {
-        return None;
-    }
-    let state = sc.trace_state().header();
-    Some(TraceContext {
-        parent: TraceParent {
-            trace_id: sc.trace_id().to_bytes(),
-            parent_id: sc.span_id().to_bytes(),
-            flags: sc.trace_flags().to_u8(),
-        },
-        state: (!state.is_empty()).then_some(state),
-    })
+    weir_service::trace_context::traceparent_of(&tracing::Span::current())
 }
 
 /// Without the feature `otel` only an explicit [`RequestBuilder::trace_context`] is sent.
@@ -270,7 +286,7 @@ impl LlmClient {
         .map_err(|_| ClientError::new(ClientErrorKind::TimedOut, "capabilities: no reply"))?
         .map_err(request_error)?;
         let caps: serde_json::Value = serde_json::from_slice(&msg.payload).map_err(|e| {
-            ClientError::new(ClientErrorKind::InvalidReply, format!("capabilities: {e}"))
+            ClientError::with_source(ClientErrorKind::InvalidReply, "capabilities", e)
         })?;
         let subject = caps["service"]["subject"].as_str().ok_or_else(|| {
             ClientError::new(
@@ -349,9 +365,8 @@ impl LlmClient {
         .map_err(|_| ClientError::new(ClientErrorKind::TimedOut, "cancel: no reply"))?
         .map_err(request_error)?;
         check_error(&msg)?;
-        serde_json::from_slice(&msg.payload).map_err(|e| {
-            ClientError::new(ClientErrorKind::InvalidReply, format!("cancel reply: {e}"))
-        })
+        serde_json::from_slice(&msg.payload)
+            .map_err(|e| ClientError::with_source(ClientErrorKind::InvalidReply, "cancel reply", e))
     }
 
     fn take_slot(&self, session: &str) -> Result<Option<LocalSlot>, ClientError> {
@@ -362,9 +377,10 @@ impl LlmClient {
         let n = p.entry(session.to_owned()).or_insert(0);
         if *n >= cap.cap {
             let pending = *n as u64;
-            return Err(ClientError {
-                kind: ClientErrorKind::LocalSessionCap,
-                body: Some(Box::new(
+            return Err(ClientError::refused(
+                ClientErrorKind::LocalSessionCap,
+                format!("local session cap {} reached", cap.cap),
+                Some(
                     ErrorBody::new(
                         ErrorCode::SessionQueueFull,
                         format!(
@@ -376,9 +392,8 @@ impl LlmClient {
                         pending: Some(pending),
                         ..Default::default()
                     }),
-                )),
-                message: format!("local session cap {} reached", cap.cap),
-            });
+                ),
+            ));
         }
         *n += 1;
         Ok(Some(LocalSlot {
@@ -395,7 +410,7 @@ fn request_error(e: async_nats::RequestError) -> ClientError {
         K::NoResponders => ClientErrorKind::NoResponders,
         _ => ClientErrorKind::Transport,
     };
-    ClientError::new(kind, format!("NATS request: {e}"))
+    ClientError::with_source(kind, "NATS request", e)
 }
 
 /// Turns an error reply into a [`ClientError`].
@@ -416,13 +431,12 @@ fn check_error(msg: &async_nats::Message) -> Result<(), ClientError> {
         .map(|b| b.code)
         .or_else(|| get(hm, h::ERROR_CODE).and_then(|c| c.parse().ok()));
     Err(match code {
-        Some(code) => ClientError {
-            kind: ClientErrorKind::Server(code),
-            message: body
-                .as_ref()
+        Some(code) => ClientError::refused(
+            ClientErrorKind::Server(code),
+            body.as_ref()
                 .map_or_else(|| status.to_owned(), ToString::to_string),
-            body: body.map(Box::new),
-        },
+            body,
+        ),
         None => ClientError::new(
             ClientErrorKind::ServiceError,
             format!("service error: {status}"),
@@ -555,10 +569,11 @@ impl RequestBuilder<'_> {
         };
         put(&mut headers, h::NATS_MSG_ID, &rid);
         put(&mut headers, h::REPLY_TO, &inbox);
-        let transport = |what: &str, e: &dyn std::fmt::Display| {
-            ClientError::new(
+        let transport = |what: &str, e: weir_protocol::error::Source| {
+            ClientError::with_source(
                 ClientErrorKind::Transport,
-                format!("durable intake: {what}: {e}"),
+                format!("durable intake: {what}"),
+                e,
             )
         };
         let bound = wait + c.margin;
@@ -570,7 +585,7 @@ impl RequestBuilder<'_> {
                 .nats
                 .subscribe(inbox.clone())
                 .await
-                .map_err(|e| transport("subscribe", &e))?;
+                .map_err(|e| transport("subscribe", e.into()))?;
             let js = async_nats::jetstream::new(c.nats.clone());
             // While the stream elects a new leader (a node died: 4.5-6.3 s measured on
             // a 3-node cluster) a publish fails with no responders or times out: again
@@ -595,7 +610,7 @@ impl RequestBuilder<'_> {
                     {
                         tokio::time::sleep(DURABLE_RETRY).await;
                     }
-                    Err(e) => return Err(transport("not stored", &e)),
+                    Err(e) => return Err(transport("not stored", e.into())),
                 }
             };
             if ack.duplicate {
@@ -604,7 +619,12 @@ impl RequestBuilder<'_> {
             futures::StreamExt::next(&mut sub)
                 .await
                 .map(Some)
-                .ok_or_else(|| transport("reply", &"subscription closed"))
+                .ok_or_else(|| {
+                    ClientError::new(
+                        ClientErrorKind::Transport,
+                        "durable intake: reply: subscription closed",
+                    )
+                })
         };
         let msg = tokio::time::timeout(bound, call)
             .await
@@ -861,7 +881,7 @@ impl RequestBuilder<'_> {
         let sub = tokio::time::timeout(wait, c.nats.subscribe(inbox.clone()))
             .await
             .map_err(|_| ClientError::new(ClientErrorKind::TimedOut, "subscribe timed out"))?
-            .map_err(|e| ClientError::new(ClientErrorKind::Transport, format!("subscribe: {e}")))?;
+            .map_err(|e| ClientError::with_source(ClientErrorKind::Transport, "subscribe", e))?;
         tokio::time::timeout(
             wait,
             c.nats
@@ -869,7 +889,7 @@ impl RequestBuilder<'_> {
         )
         .await
         .map_err(|_| ClientError::new(ClientErrorKind::TimedOut, "publish timed out"))?
-        .map_err(|e| ClientError::new(ClientErrorKind::Transport, format!("publish: {e}")))?;
+        .map_err(|e| ClientError::with_source(ClientErrorKind::Transport, "publish", e))?;
         let state = StreamState {
             sub,
             nats: c.nats.clone(),
@@ -935,5 +955,36 @@ mod tests {
         put(&mut other, h::NATS_SERVICE_ERROR, "boom");
         let e = check_error(&msg(Some(other), b"")).expect_err("error");
         assert_eq!(e.kind(), ClientErrorKind::ServiceError);
+    }
+
+    #[test]
+    fn a_nats_failure_keeps_the_request_error_as_source() {
+        let e = request_error(async_nats::RequestError::new(
+            async_nats::RequestErrorKind::NoResponders,
+        ));
+        assert_eq!(e.kind(), ClientErrorKind::NoResponders);
+        assert!(e.body().is_none());
+        let cause = std::error::Error::source(&e)
+            .and_then(|c| c.downcast_ref::<async_nats::RequestError>())
+            .expect("RequestError kept");
+        assert_eq!(cause.kind(), async_nats::RequestErrorKind::NoResponders);
+        assert_eq!(e.to_string(), format!("NATS request: {cause}"));
+    }
+
+    #[test]
+    fn a_refusal_keeps_its_body_and_has_no_source() {
+        let mut hm = HeaderMap::new();
+        put(&mut hm, h::NATS_SERVICE_ERROR, "session_queue_full: full");
+        let e = check_error(&msg(
+            Some(hm),
+            br#"{"code":"session_queue_full","message":"full","details":{"limit":2,"pending":2}}"#,
+        ))
+        .expect_err("error");
+        assert_eq!(
+            e.kind(),
+            ClientErrorKind::Server(ErrorCode::SessionQueueFull)
+        );
+        assert_eq!(e.details().limit, Some(2));
+        assert!(std::error::Error::source(&e).is_none());
     }
 }

@@ -617,10 +617,10 @@ pub(crate) fn backend_failure(
                 "deadline passed during inference; backend call aborted",
             )
         }
-        BackendErrorKind::Timeout => ErrorBody::new(ErrorCode::BackendTimeout, e.message()),
+        BackendErrorKind::Timeout => ErrorBody::new(ErrorCode::BackendTimeout, e.to_string()),
         // The backend's own overload: retryable after its `Retry-After` (kept as
         // `backend_error` so that callers built before the distinction still match).
-        BackendErrorKind::Overloaded => ErrorBody::new(ErrorCode::BackendError, e.message())
+        BackendErrorKind::Overloaded => ErrorBody::new(ErrorCode::BackendError, e.to_string())
             .with_details(ErrorDetails {
                 retry_after_ms: e
                     .retry_after()
@@ -629,7 +629,7 @@ pub(crate) fn backend_failure(
                 ..Default::default()
             }),
         BackendErrorKind::TooLarge | BackendErrorKind::Failed | BackendErrorKind::Unavailable => {
-            ErrorBody::new(ErrorCode::BackendError, e.message()).with_details(ErrorDetails {
+            ErrorBody::new(ErrorCode::BackendError, e.to_string()).with_details(ErrorDetails {
                 backend_status: e.status(),
                 limit: e.limit(),
                 ..Default::default()

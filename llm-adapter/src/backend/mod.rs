@@ -75,15 +75,38 @@ impl BackendReply {
     }
 }
 
-/// Why a backend call failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{kind:?}: {message}")]
+/// Why a backend call failed: weir's one error shape ([`weir_protocol::Error`]: a
+/// kind, a message, the HTTP or NATS client's error as
+/// [`source`](std::error::Error::source)) plus what the admission reads to answer the
+/// caller — the backend's retry hint, its status and the limit that was hit. That data
+/// is why this stays its own type rather than a bare
+/// `weir_protocol::Error<BackendErrorKind>`.
+///
+/// `Display` is the message, then `: ` and the cause, on one line (carriage returns and
+/// line feeds of the cause are shown as spaces): it goes into the caller's error body.
+#[derive(Debug)]
 pub struct BackendError {
-    kind: BackendErrorKind,
-    message: String,
+    inner: weir_protocol::Error<BackendErrorKind>,
     retry_after: Option<Duration>,
     status: Option<u16>,
     limit: Option<u64>,
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.inner.message())?;
+        if let Some(cause) = std::error::Error::source(&self.inner) {
+            let cause = cause.to_string();
+            write!(f, ": {}", cause.replace(['\r', '\n'], " "))?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.inner)
+    }
 }
 
 /// Machine-readable kind of a [`BackendError`].
@@ -108,8 +131,25 @@ impl BackendError {
         let mut message: String = message.into();
         message.retain(|c| c != '\r' && c != '\n');
         Self {
-            kind,
-            message,
+            inner: weir_protocol::Error::new(kind, message),
+            retry_after: None,
+            status: None,
+            limit: None,
+        }
+    }
+
+    /// A new error caused by `source` (the HTTP or NATS client's error), which stays
+    /// reachable through [`std::error::Error::source`]. `message` must not contain
+    /// request bodies.
+    pub fn with_source(
+        kind: BackendErrorKind,
+        message: impl Into<String>,
+        source: impl Into<weir_protocol::error::Source>,
+    ) -> Self {
+        let mut message: String = message.into();
+        message.retain(|c| c != '\r' && c != '\n');
+        Self {
+            inner: weir_protocol::Error::with_source(kind, message, source),
             retry_after: None,
             status: None,
             limit: None,
@@ -151,12 +191,12 @@ impl BackendError {
 
     /// The kind, for callers that match on it.
     pub fn kind(&self) -> BackendErrorKind {
-        self.kind
+        self.inner.kind()
     }
 
-    /// The explanation.
+    /// The explanation, without the cause (`to_string()` has both).
     pub fn message(&self) -> &str {
-        &self.message
+        self.inner.message()
     }
 }
 

@@ -92,7 +92,7 @@ impl Backend for NatsBackend {
                         K::NoResponders => BackendErrorKind::Unavailable,
                         _ => BackendErrorKind::Failed,
                     };
-                    return Err(BackendError::new(kind, format!("NATS request failed: {e}")));
+                    return Err(BackendError::with_source(kind, "NATS request failed", e));
                 }
                 Ok(Ok(msg)) => msg,
             };

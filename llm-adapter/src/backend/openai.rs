@@ -61,8 +61,16 @@ fn unavailable(message: String) -> BackendError {
     BackendError::new(BackendErrorKind::Unavailable, message)
 }
 
+/// A setup failure caused by `source` (an I/O or TLS error).
+fn unavailable_because(
+    message: String,
+    source: impl Into<weir_protocol::error::Source>,
+) -> BackendError {
+    BackendError::with_source(BackendErrorKind::Unavailable, message, source)
+}
+
 fn read_file(key: &str, path: &std::path::Path) -> Result<Vec<u8>, BackendError> {
-    std::fs::read(path).map_err(|e| unavailable(format!("{key} {}: {e}", path.display())))
+    std::fs::read(path).map_err(|e| unavailable_because(format!("{key} {}", path.display()), e))
 }
 
 impl OpenAiBackend {
@@ -88,10 +96,7 @@ impl OpenAiBackend {
         if let Some(path) = &cfg.tls_ca_file {
             let pem = read_file("backend.openai.tls_ca_file", path)?;
             let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
-                unavailable(format!(
-                    "backend.openai.tls_ca_file {}: {e}",
-                    path.display()
-                ))
+                unavailable_because(format!("backend.openai.tls_ca_file {}", path.display()), e)
             })?;
             if certs.is_empty() {
                 return Err(unavailable(format!(
@@ -108,17 +113,20 @@ impl OpenAiBackend {
             pem.push(b'\n');
             pem.extend(read_file("backend.openai.tls_key_file", key)?);
             let id = reqwest::Identity::from_pem(&pem).map_err(|e| {
-                unavailable(format!(
-                    "backend.openai.tls_cert_file / tls_key_file ({}, {}): {e}",
-                    cert.display(),
-                    key.display()
-                ))
+                unavailable_because(
+                    format!(
+                        "backend.openai.tls_cert_file / tls_key_file ({}, {})",
+                        cert.display(),
+                        key.display()
+                    ),
+                    e,
+                )
             })?;
             builder = builder.identity(id);
         }
         let client = builder
             .build()
-            .map_err(|e| unavailable(format!("HTTP client: {e}")))?;
+            .map_err(|e| unavailable_because("HTTP client".into(), e))?;
         Ok(Self {
             client,
             url: format!("{}{}", cfg.base_url, cfg.path),
@@ -186,7 +194,7 @@ async fn next_chunk(
     }
     resp.chunk()
         .await
-        .map_err(|e| BackendError::new(classify(&e), format!("HTTP body failed: {e}")))
+        .map_err(|e| BackendError::with_source(classify(&e), "HTTP body failed", e))
 }
 
 fn too_large(limit: usize) -> BackendError {
@@ -261,7 +269,7 @@ async fn send(
     let resp = rb
         .send()
         .await
-        .map_err(|e| BackendError::new(classify(&e), format!("HTTP request failed: {e}")))?;
+        .map_err(|e| BackendError::with_source(classify(&e), "HTTP request failed", e))?;
     if resp.status().is_success() {
         Ok(resp)
     } else {
@@ -322,5 +330,38 @@ mod tests {
         );
         let past = httpdate::fmt_http_date(now - Duration::from_secs(30));
         assert_eq!(retry_after(Some(&past), now), Some(Duration::ZERO));
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_keeps_the_http_error_as_source() {
+        // A port that was free a moment ago: nothing listens there.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let rb = reqwest::Client::new().post(format!("http://127.0.0.1:{port}/v1/chat"));
+        let e = send(rb, None).await.expect_err("nothing listens");
+        assert_eq!(e.kind(), BackendErrorKind::Unavailable);
+        assert_eq!(e.message(), "HTTP request failed");
+        let cause = std::error::Error::source(&e)
+            .and_then(|c| c.downcast_ref::<reqwest::Error>())
+            .expect("reqwest::Error kept");
+        assert!(cause.is_connect(), "{cause:?}");
+        assert!(e.to_string().starts_with("HTTP request failed: "));
+        assert!(!e.to_string().contains(['\r', '\n']));
+    }
+
+    #[test]
+    fn an_unreadable_file_keeps_the_io_error() {
+        let e = read_file(
+            "backend.openai.tls_ca_file",
+            std::path::Path::new("/nonexistent/ca.pem"),
+        )
+        .expect_err("no such file");
+        assert_eq!(e.kind(), BackendErrorKind::Unavailable);
+        let io = std::error::Error::source(&e)
+            .and_then(|c| c.downcast_ref::<std::io::Error>())
+            .expect("io::Error kept");
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
     }
 }

@@ -30,13 +30,45 @@ pub fn event_label(event: &Event) -> &'static str {
     }
 }
 
-/// A subscription that could not be made or confirmed in time.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Which step of [`subscribe_confirmed`] failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SubscribeErrorKind {
+    /// The client refused a `subscribe` (closed client, invalid subject).
+    Subscribe,
+    /// The probe that confirms the subscriptions could not be subscribed or published.
+    Probe,
+    /// The server did not confirm the subscriptions within the bound.
+    Timeout,
+}
+
+/// A subscription that could not be made or confirmed in time: the subject (or the
+/// probe inbox, or every subject for a timeout) and the client's error kept as
+/// `source()`.
+#[derive(Debug)]
 pub struct SubscribeError {
     /// The subject (or the probe inbox) that failed.
     pub subject: String,
-    /// Why.
-    pub reason: String,
+    /// What failed, with the client's error as its source.
+    pub error: weir_protocol::Error<SubscribeErrorKind>,
+}
+
+impl SubscribeError {
+    /// Which step failed.
+    pub fn kind(&self) -> SubscribeErrorKind {
+        self.error.kind()
+    }
+}
+
+impl std::fmt::Display for SubscribeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "subscription to {:?}: {}", self.subject, self.error)
+    }
+}
+
+impl std::error::Error for SubscribeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.error)
+    }
 }
 
 /// Subscribes to every subject in `subjects`, then waits until the server has processed
@@ -59,37 +91,53 @@ pub async fn subscribe_confirmed(
                 Err(e) => {
                     return Err(SubscribeError {
                         subject,
-                        reason: e.to_string(),
+                        error: weir_protocol::Error::with_source(
+                            SubscribeErrorKind::Subscribe,
+                            "the client refused the subscription",
+                            e,
+                        ),
                     });
                 }
             }
         }
         let inbox = client.new_inbox();
-        let fail = |reason: String| SubscribeError {
+        let fail = |error| SubscribeError {
             subject: inbox.clone(),
-            reason,
+            error,
+        };
+        let probe_failed = |what: &str, e: Box<dyn std::error::Error + Send + Sync>| {
+            fail(weir_protocol::Error::with_source(
+                SubscribeErrorKind::Probe,
+                format!("the confirmation probe's {what} failed"),
+                e,
+            ))
         };
         let mut probe = client
             .subscribe(inbox.clone())
             .await
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|e| probe_failed("subscription", e.into()))?;
         client
             .publish(inbox.clone(), Bytes::new())
             .await
-            .map_err(|e| fail(e.to_string()))?;
-        probe
-            .next()
-            .await
-            .ok_or_else(|| fail("probe subscription closed".into()))?;
+            .map_err(|e| probe_failed("publish", e.into()))?;
+        probe.next().await.ok_or_else(|| {
+            fail(weir_protocol::Error::new(
+                SubscribeErrorKind::Probe,
+                "the confirmation probe's subscription closed",
+            ))
+        })?;
         Ok(subs)
     };
     tokio::time::timeout(bound, work)
         .await
         .map_err(|_| SubscribeError {
             subject: all,
-            reason: format!(
-                "the server did not confirm the subscriptions within {} ms",
-                bound.as_millis()
+            error: weir_protocol::Error::new(
+                SubscribeErrorKind::Timeout,
+                format!(
+                    "the server did not confirm the subscriptions within {} ms",
+                    bound.as_millis()
+                ),
             ),
         })?
 }
