@@ -40,6 +40,9 @@ pub struct AdminState<S: Sink> {
     pub edge: serde_json::Value,
     /// The WHIP door's view (`None`: WHIP is off; `/v1/whip` answers 404).
     pub whip: Option<crate::whip::WhipView>,
+    /// The admin routes' timeout and concurrency limit (`admin_request_timeout_ms`,
+    /// `admin_max_concurrent_requests`).
+    pub limits: RequestLimits,
 }
 
 /// The message of the 404 `not_found`.
@@ -53,13 +56,14 @@ pub fn router<S: Sink>(state: AdminState<S>) -> Router {
         .route("/v1/limits", get(limits::<S>))
         .route("/v1/whip", get(whip::<S>))
         .with_state(state.clone());
+    let limits = state.limits;
     let state = Arc::new(state);
     weir_service::admin::router(
         Admin {
             readiness: Arc::clone(&state) as Arc<dyn Readiness>,
             metrics: state,
             not_found: PATHS,
-            limits: RequestLimits::default(),
+            limits,
         },
         views,
     )
@@ -174,6 +178,7 @@ mod tests {
             max_streams: 1,
             edge: serde_json::Value::Null,
             whip: None,
+            limits: RequestLimits::default(),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

@@ -31,6 +31,7 @@ use weir_protocol::SubjectTemplate;
 use weir_protocol::audio::packet::DEFAULT_MAX_PCM_BYTES;
 use weir_protocol::partition::{DEFAULT_STREAM_TEMPLATE, MAX_PARTITIONS};
 
+use weir_service::admin::RequestLimits;
 use weir_service::config::keys::{self, KeyDoc, Section};
 use weir_service::config::{Layers, LoadError, LoadErrorKind, Origin};
 use weir_service::nats::{FieldErrorKind, NatsInput};
@@ -709,6 +710,9 @@ pub struct ServerConfig {
     pub http_idle_timeout: Duration,
     /// Largest request head buffered (`http_max_header_bytes`).
     pub http_max_header_bytes: usize,
+    /// Per-request bounds of the admin routes (`admin_request_timeout_ms`,
+    /// `admin_max_concurrent_requests`).
+    pub admin_request_limits: RequestLimits,
     /// Producer authentication (`auth_required` and its keys); `None`: off.
     pub auth: Option<crate::auth::AuthConfig>,
     /// WHIP ingest (`whip_udp_listen` and the `whip_*` keys); `None`: off.
@@ -773,6 +777,7 @@ impl Default for ServerConfig {
             http_header_timeout: DEFAULT_HTTP_HEADER_TIMEOUT,
             http_idle_timeout: DEFAULT_HTTP_IDLE_TIMEOUT,
             http_max_header_bytes: DEFAULT_HTTP_MAX_HEADER_BYTES,
+            admin_request_limits: RequestLimits::default(),
             auth: None,
             whip: None,
         }
@@ -1017,6 +1022,16 @@ pub const SECTIONS: &[Section] = &[
                 "open TCP connections on the admin port (a separate cap: `/readyz` and `/metrics` answer while the WebSocket port is full)",
             ),
             doc(
+                "admin_request_timeout_ms",
+                "100..=600000",
+                "an admin request (probes included) still running after this is answered `503` `timeout`",
+            ),
+            doc(
+                "admin_max_concurrent_requests",
+                "1..=1024",
+                "admin requests to `/metrics` and `/v1/*` running at once; one more is answered `503` `overloaded` (`/healthz`, `/readyz` not counted)",
+            ),
+            doc(
                 "http_header_timeout_ms",
                 "100..=600000",
                 "both ports: a connection must deliver a complete request head within this, counted from accept (and from the end of the previous response on a keep-alive connection); else it is closed",
@@ -1097,7 +1112,7 @@ pub fn key_table(markdown: bool) -> String {
     let layers = Layers::new(&RawConfig::default());
     let mut out = String::new();
     for section in SECTIONS {
-        let rows = keys::rows(layers.defaults(), section);
+        let rows = keys::rows(&layers, section);
         if markdown {
             out.push_str(&format!(
                 "<!-- keys:{0} -->\n{1}<!-- /keys:{0} -->\n",
@@ -1156,6 +1171,8 @@ struct RawConfig {
     http_header_timeout_ms: u64,
     http_idle_timeout_ms: u64,
     http_max_header_bytes: u64,
+    admin_request_timeout_ms: u64,
+    admin_max_concurrent_requests: u64,
     auth_required: bool,
     auth_hs256_secret: String,
     auth_eddsa_public_key: String,
@@ -1227,6 +1244,8 @@ impl Default for RawConfig {
             http_header_timeout_ms: ms(s.http_header_timeout),
             http_idle_timeout_ms: ms(s.http_idle_timeout),
             http_max_header_bytes: s.http_max_header_bytes as u64,
+            admin_request_timeout_ms: ms(s.admin_request_limits.timeout),
+            admin_max_concurrent_requests: count(s.admin_request_limits.max_concurrent),
             auth_required: false,
             auth_hs256_secret: String::new(),
             auth_eddsa_public_key: String::new(),
@@ -1491,6 +1510,20 @@ impl RawConfig {
                 MIN_HTTP_MAX_HEADER_BYTES as u64,
                 1_048_576,
             )? as usize,
+            admin_request_limits: RequestLimits {
+                timeout: millis(
+                    "admin_request_timeout_ms",
+                    self.admin_request_timeout_ms,
+                    100,
+                    600_000,
+                )?,
+                max_concurrent: nonzero(int_in(
+                    "admin_max_concurrent_requests",
+                    self.admin_max_concurrent_requests,
+                    1,
+                    1024,
+                )?),
+            },
             auth: self.auth()?,
             whip: self.whip()?,
         })
@@ -1741,6 +1774,24 @@ mod tests {
     }
 
     #[test]
+    fn admin_request_limits_default_to_the_shared_ones_and_flow_from_the_keys() {
+        let c = load(&[], &[]).expect("defaults");
+        assert_eq!(c.server.admin_request_limits, RequestLimits::default());
+        let c = load(
+            &[("WEIR_INGRESS_ADMIN_REQUEST_TIMEOUT_MS", "2500")],
+            &[("admin_max_concurrent_requests", "3")],
+        )
+        .expect("valid");
+        assert_eq!(
+            c.server.admin_request_limits,
+            RequestLimits {
+                timeout: Duration::from_millis(2500),
+                max_concurrent: NonZeroUsize::new(3).expect("3 > 0"),
+            }
+        );
+    }
+
+    #[test]
     fn defaults_are_valid_and_documented() {
         let c = load(&[], &[]).expect("defaults");
         assert_eq!(c, Config::default());
@@ -1784,6 +1835,9 @@ mod tests {
             ("http_header_timeout_ms", "10"),
             ("http_idle_timeout_ms", "0"),
             ("http_max_header_bytes", "4096"),
+            ("admin_request_timeout_ms", "99"),
+            ("admin_max_concurrent_requests", "0"),
+            ("admin_max_concurrent_requests", "1025"),
         ];
         for (k, v) in cases {
             let err = load(&[], &[(k, v)]).expect_err(k);
@@ -1979,11 +2033,11 @@ mod tests {
         assert_eq!(err.key(), "confirm_window_min_bytes");
         let layers = Layers::new(&RawConfig::default());
         assert_eq!(
-            keys::uncovered(layers.defaults(), SECTIONS),
+            keys::uncovered(&layers, SECTIONS),
             (Vec::new(), Vec::new()),
             "SECTIONS documents exactly the keys of RawConfig"
         );
-        assert_eq!(SECTIONS.iter().map(|s| s.keys.len()).sum::<usize>(), 58);
+        assert_eq!(SECTIONS.iter().map(|s| s.keys.len()).sum::<usize>(), 60);
         let err = load(&[], &[("jetstream_stream", "a.b")]).expect_err("dot");
         assert_eq!(err.key(), "jetstream_stream");
         let err = load(&[], &[("jetstream_duplicate_window_s", "7200")]).expect_err("window");

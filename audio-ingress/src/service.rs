@@ -189,6 +189,7 @@ pub async fn start_with_sink<S: Sink>(
         edge,
         max_streams,
         whip: whip.as_ref().map(Whip::view),
+        limits: config.server.admin_request_limits,
     });
     // Per address = the whole cap: the admin port is for local scrapers and probes.
     let admin_cap = config.server.admin_max_connections.get();

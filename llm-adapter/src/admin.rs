@@ -26,7 +26,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
-use weir_service::admin::{Admin, MetricsSource, Readiness, Ready, RequestLimits, error_response};
+use weir_service::admin::{Admin, MetricsSource, Readiness, Ready, error_response};
 use weir_service::http::{ConnLimiter, HttpOptions};
 
 use crate::AdapterView;
@@ -52,13 +52,14 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/limits", get(limits))
         .route("/v1/stats", get(stats))
         .with_state(state.clone());
+    let limits = state.view.config().admin.request_limits;
     let state = Arc::new(state);
     weir_service::admin::router(
         Admin {
             readiness: Arc::clone(&state) as Arc<dyn Readiness>,
             metrics: state,
             not_found: "paths: /metrics, /healthz, /readyz, /v1/capabilities, /v1/limits, /v1/stats",
-            limits: RequestLimits::default(),
+            limits,
         },
         views,
     )

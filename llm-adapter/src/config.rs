@@ -1,15 +1,27 @@
-//! Configuration: a TOML table (file, then `WEIR_LLM_*` environment overrides, then
-//! command-line flags) validated once into a [`Config`].
+//! Configuration: defaults < a TOML file < `WEIR_LLM_*` environment variables <
+//! command-line flags, merged by the loader every weir service shares
+//! (`weir_service::config`) into the private `RawConfig` (serde,
+//! `deny_unknown_fields`), then validated once into a [`Config`].
+//!
+//! Each default is written once, in `RawConfig::default` (from the typed defaults where
+//! they exist: [`SimConfig`], [`EstimatorConfig`], `RequestLimits`); each range once, in
+//! [`SECTIONS`], which `validate` reads the bounds from. [`key_table`] (`--list-keys`,
+//! and the tables of docs/llm-adapter.md, which a test keeps equal) is generated from
+//! both. A key whose default follows another (`stream.ack_timeout_ms`,
+//! `nats.subscription_capacity`, ...) is an `Option` unset by default and resolved in
+//! `validate`; its meaning states the rule.
 //!
 //! Invariants:
-//! - every error names the full key (`session.pending_cap`, `limits[1].max_wait_ms`) and
-//!   the allowed range; unknown keys are errors, never ignored (a typo must not silently
-//!   leave a limit disabled);
+//! - every error names the full key (`session.pending_cap`, `limits[1].max_wait_ms`),
+//!   where a value not a default came from, and the allowed range; unknown keys are
+//!   errors whichever layer set them, never ignored (a typo must not silently leave a
+//!   limit disabled);
 //! - numbers are whole, non-negative and inside their range: `-1`, `2.5`, `"five"` and
-//!   `true` are refused for an integer key;
-//! - a [`Config`] built by [`Config::from_table`] / [`Config::from_toml_str`] satisfies
-//!   every range below. Its fields are public for reading and for programmatic tweaks in
-//!   tests; the numeric types (`NonZeroUsize`, `Duration`, enums) keep such tweaks valid.
+//!   `true` are refused for an integer key; a text value (environment, `--set`) takes
+//!   the type of the key (`WEIR_LLM_NATS__TOKEN=123456` is a string);
+//! - a [`Config`] built by [`Config::load`] / [`Config::from_toml_str`] satisfies every
+//!   range. Its fields are public for reading and for programmatic tweaks in tests; the
+//!   numeric types (`NonZeroUsize`, `Duration`, enums) keep such tweaks valid.
 //!
 //! `0` means "unlimited"/"disabled" only where the reference says so
 //! (`session.pending_cap`, `deadline.default_ms`, `idempotency.window_ms`).
@@ -18,27 +30,30 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
-use std::ops::RangeInclusive;
 use std::path::PathBuf;
-use std::sync::LazyLock;
 use std::time::Duration;
 
-use serde::Serialize;
-use toml::{Table, Value};
+use serde::{Deserialize, Serialize};
+use weir_service::admin::RequestLimits;
+use weir_service::config::keys::{self, KeyDoc, Section};
+use weir_service::config::{Layers, LoadError, LoadErrorKind, Origin};
 
 pub use crate::admission::EstimatorConfig;
 
 /// Prefix of environment overrides: `WEIR_LLM_QUEUE_CAPACITY=64`,
-/// `WEIR_LLM_SESSION__PENDING_CAP=5` (`__` separates sections).
+/// `WEIR_LLM_SESSION__PENDING_CAP=5` (`__` separates sections). A variable under it
+/// that is not a key is refused, except those in [`ENV_NOT_KEYS`].
 pub const ENV_PREFIX: &str = "WEIR_LLM_";
 
-/// Default `idempotency.max_bytes`: 64 MiB.
-const DEFAULT_CACHE_MAX_BYTES: u64 = 64 * 1024 * 1024;
-/// Largest accepted `idempotency.max_bytes`: 64 GiB.
-const MAX_CACHE_MAX_BYTES: u64 = 64 * 1024 * 1024 * 1024;
+/// Variables under [`ENV_PREFIX`] that are not configuration keys: those of the
+/// command-line flags (`WEIR_LLM_CONFIG`, `WEIR_LLM_NATS_URL`, ...).
+pub const ENV_NOT_KEYS: &[&str] = &["CONFIG", "NATS_URL", "ADMIN", "THREADS", "LOG_FORMAT"];
 
 /// Longest accepted limit name, subject or service name.
 const MAX_NAME_LEN: usize = 128;
+
+/// Most `[[limits]]` entries.
+const MAX_LIMITS: usize = 16;
 
 /// A configuration value that was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -69,14 +84,6 @@ impl ConfigError {
         }
     }
 
-    fn syntax(key: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            key: key.into(),
-            kind: ConfigErrorKind::Syntax,
-            message: message.into(),
-        }
-    }
-
     /// The full key that was refused (`limits[0].limit`), or the file for syntax errors.
     pub fn key(&self) -> &str {
         &self.key
@@ -89,7 +96,7 @@ impl ConfigError {
 }
 
 /// Enforce the limits, or only count what they would refuse.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
     /// Refuse what the limits refuse. The default.
@@ -212,7 +219,7 @@ pub struct DeadlineConfig {
 
 /// Order in which admitted requests that passed their session and key gates get a
 /// worker (`queue_order`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum QueueOrder {
     /// Arrival order (in the ready queue): no later request overtakes. Under mixed
@@ -289,21 +296,17 @@ pub struct SimStream {
 
 impl Default for SimStream {
     fn default() -> Self {
-        Self {
-            first_token: Duration::from_millis(20),
-            tokens: 16,
-            tokens_per_second: 50.0,
-        }
+        SimConfig::default().stream
     }
 }
 
 impl Default for SimConfig {
+    /// The defaults of `[backend.sim]`.
     fn default() -> Self {
-        Self {
-            latency: Latency::Fixed(Duration::from_millis(20)),
-            error_rate: 0.0,
-            seed: 1,
-            stream: SimStream::default(),
+        match RawSim::default().validate() {
+            Ok(c) => c,
+            // The defaults are inside their ranges; a test pins this.
+            Err(e) => unreachable!("default [backend.sim] is invalid: {e}"),
         }
     }
 }
@@ -420,6 +423,9 @@ pub struct AdminConfig {
     pub header_timeout: Duration,
     /// A connection that moves no byte for this long is closed.
     pub idle_timeout: Duration,
+    /// Per-request timeout and concurrency limit of the admin routes
+    /// (`admin.request_timeout_ms`, `admin.max_concurrent_requests`).
+    pub request_limits: RequestLimits,
 }
 
 /// `[trace]`.
@@ -560,212 +566,215 @@ pub struct StreamConfig {
     pub ack_timeout: Duration,
 }
 
+/// Where configuration comes from, lowest precedence first.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigSources {
+    /// A TOML file.
+    pub file: Option<PathBuf>,
+    /// Environment variables (pass `std::env::vars()`); only `WEIR_LLM_*` are read.
+    pub env: Vec<(String, String)>,
+    /// `key=value` overrides from the command line (dotted keys), applied last in order.
+    pub overrides: Vec<(String, String)>,
+}
+
 impl Default for Config {
     /// The documented defaults (an empty file).
     fn default() -> Self {
-        match Self::from_table(&Table::new()) {
+        match RawConfig::default().validate() {
             Ok(c) => c,
-            // The defaults are constants inside their ranges; a test pins this.
+            // The defaults are inside their ranges; a test pins this.
             Err(e) => unreachable!("default configuration is invalid: {e}"),
         }
     }
 }
 
 impl Config {
-    /// Parses and validates TOML text.
-    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
-        let table: Table =
-            toml::from_str(text).map_err(|e| ConfigError::syntax("<toml>", e.to_string()))?;
-        Self::from_table(&table)
+    /// Loads and validates the configuration from `sources`. A refusal names the key,
+    /// where its value came from and the allowed values.
+    pub fn load(sources: &ConfigSources) -> Result<Self, ConfigError> {
+        let mut layers = layers();
+        if let Some(path) = &sources.file {
+            layers.file(path).map_err(from_load)?;
+        }
+        layers.env(ENV_PREFIX, sources.env.iter().cloned(), ENV_NOT_KEYS);
+        for (key, value) in &sources.overrides {
+            layers.set_text(key, value, Origin::CommandLine);
+        }
+        Self::build(&layers)
     }
 
-    /// Validates a TOML table (file contents with overrides applied).
-    pub fn from_table(table: &Table) -> Result<Self, ConfigError> {
-        let mut r = Reader::root(table);
-        let workers = nz(r.uint("workers", 8, 1..=4096, "")?);
-        let queue_capacity = nz(r.uint("queue_capacity", 256, 1..=1_000_000, "")?);
-        let mode = match r.string("mode", "enforce")?.as_str() {
-            "enforce" => Mode::Enforce,
-            "shadow" => Mode::Shadow,
-            other => {
-                return Err(ConfigError::invalid(
-                    r.key("mode"),
-                    format!("expected \"enforce\" or \"shadow\", got {other:?}"),
-                ));
-            }
-        };
-        let shutdown_grace = r.millis("shutdown_grace_ms", 10_000, 0..=3_600_000, "")?;
-        let queue_order = match r.string("queue_order", "edf")?.as_str() {
-            "edf" => QueueOrder::Edf,
-            "fifo" => QueueOrder::Fifo,
-            other => {
-                return Err(ConfigError::invalid(
-                    r.key("queue_order"),
-                    format!("expected \"edf\" or \"fifo\", got {other:?}"),
-                ));
-            }
-        };
-
-        let mut s = r.section("session")?;
-        let cap = s.uint("pending_cap", 5, 0..=1_000_000, " (0 = unlimited)")?;
-        let session = SessionConfig {
-            pending_cap: NonZeroUsize::new(usize_of(cap)),
-            ordering: s.boolean("ordering", true)?,
-        };
-        s.finish()?;
-
-        let mut d = r.section("deadline")?;
-        let max = d.millis("max_ms", 120_000, 1..=86_400_000, "")?;
-        let default_ms = d.uint("default_ms", 30_000, 0..=86_400_000, " (0 = no default)")?;
-        if default_ms > max.as_millis() as u64 {
-            return Err(ConfigError::invalid(
-                d.key("default_ms"),
-                format!(
-                    "{default_ms} is larger than deadline.max_ms ({})",
-                    max.as_millis()
-                ),
-            ));
-        }
-        let min_start_budget = match d.get("min_start_budget_ms") {
-            None => None,
-            Some(_) => Some(d.millis(
-                "min_start_budget_ms",
-                0,
-                0..=3_600_000,
-                " (unset = adaptive)",
-            )?),
-        };
-        let deadline = DeadlineConfig {
-            default: (default_ms > 0).then(|| Duration::from_millis(default_ms)),
-            max,
-            min_start_budget,
-            reply_margin: d.millis("reply_margin_ms", 20, 0..=60_000, "")?,
-            predict: d.boolean("predict", true)?,
-            overtake_share_pct: u8::try_from(d.uint("overtake_share_pct", 50, 0..=90, "")?)
-                .unwrap_or(90),
-        };
-        d.finish()?;
-
-        let mut e = r.section("estimator")?;
-        let initial_ms = e.uint(
-            "initial_ms",
-            0,
-            0..=3_600_000,
-            " (0 = no estimate before the first call)",
-        )?;
-        let window = usize_of(e.uint("window", 64, 1..=4096, "")?);
-        let half_life = e.uint("half_life", 16, 1..=4096, "")?;
-        if usize_of(half_life) > window {
-            return Err(ConfigError::invalid(
-                e.key("half_life"),
-                format!("{half_life} is larger than estimator.window ({window})"),
-            ));
-        }
-        let estimator = EstimatorConfig {
-            initial: (initial_ms > 0).then(|| Duration::from_millis(initial_ms)),
-            window,
-            half_life: half_life as f64,
-            quantile: e.float("quantile", 0.9, 0.5..=0.999)?,
-        };
-        e.finish()?;
-
-        let mut i = r.section("idempotency")?;
-        let enabled = i.boolean("enabled", true)?;
-        let window = i.millis(
-            "window_ms",
-            60_000,
-            0..=86_400_000,
-            " (0 = no cache after completion)",
-        )?;
-        let max_entries = nz(i.uint("max_entries", 10_000, 1..=10_000_000, "")?);
-        let max_bytes = nz(i.uint(
-            "max_bytes",
-            DEFAULT_CACHE_MAX_BYTES,
-            1024..=MAX_CACHE_MAX_BYTES,
-            "",
-        )?);
-        let idempotency = enabled.then_some(IdempotencyConfig {
-            window,
-            max_entries,
-            max_bytes,
-        });
-        i.finish()?;
-
-        let limits = read_limits(&mut r)?;
-        let backend = read_backend(&mut r)?;
-        let nats = read_nats(&mut r, queue_capacity.get())?;
-        let service = read_service(&mut r)?;
-
-        let mut a = r.section("admin")?;
-        let listen_s = a.string("listen", "127.0.0.1:9091")?;
-        let listen = listen_s.parse::<SocketAddr>().map_err(|_| {
-            ConfigError::invalid(
-                a.key("listen"),
-                format!("expected an address like 127.0.0.1:9091, got {listen_s:?}"),
-            )
+    /// Parses and validates TOML text (every key optional).
+    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError {
+            key: "<toml>".into(),
+            kind: ConfigErrorKind::Syntax,
+            message: e.to_string(),
         })?;
-        let admin = AdminConfig {
-            listen,
-            max_connections: nz(a.uint("max_connections", 64, 1..=4096, "")?),
-            header_timeout: a.millis("header_timeout_ms", 5_000, 100..=600_000, "")?,
-            idle_timeout: a.millis("idle_timeout_ms", 10_000, 100..=3_600_000, "")?,
-        };
-        a.finish()?;
+        let mut layers = layers();
+        layers.table(&table, &Origin::File("<toml>".into()));
+        Self::build(&layers)
+    }
 
-        let mut t = r.section("trace")?;
-        let trace = TraceConfig {
-            log: t.boolean("log", true)?,
-            subject: t
-                .opt_string("subject")?
-                .map(|s| subject(&t.key("subject"), s, false))
-                .transpose()?,
-            buffer: nz(t.uint("buffer", 4096, 1..=1_000_000, "")?),
-        };
-        t.finish()?;
-
-        let mut st = r.section("stream")?;
-        let stream = StreamConfig {
-            settings: crate::admission::StreamSettings {
-                interval: st.millis(
-                    "chunk_interval_ms",
-                    20,
-                    0..=10_000,
-                    " (0 = no coalescing by time)",
-                )?,
-                max_bytes: usize_of(st.uint("chunk_max_bytes", 4096, 1..=1_048_576, "")?),
+    fn build(layers: &Layers) -> Result<Self, ConfigError> {
+        let raw: RawConfig = layers.build().map_err(from_load)?;
+        raw.validate().map_err(|e| match layers.origin(&e.key) {
+            Origin::Default => e,
+            origin => ConfigError {
+                message: format!("{} (from {origin})", e.message),
+                ..e
             },
-            window: usize_of(st.uint("window", 16, 0..=100_000, " (0 = no acknowledgements)")?),
-            ack_timeout: st.millis(
-                "ack_timeout_ms",
-                nats.publish_timeout.as_millis().try_into().unwrap_or(1_000),
-                1..=600_000,
-                "",
-            )?,
-        };
-        st.finish()?;
-        let intake = read_intake(&mut r, workers)?;
-        r.finish()?;
-
-        Ok(Self {
-            workers,
-            queue_capacity,
-            mode,
-            session,
-            limits,
-            deadline,
-            queue_order,
-            estimator,
-            idempotency,
-            backend,
-            shutdown_grace,
-            nats,
-            service,
-            admin,
-            trace,
-            stream,
-            intake,
         })
     }
+}
+
+/// The loader over `RawConfig`: its defaults, and a schema with every optional key and
+/// one `[[limits]]` element (for the key table, typing and "did you mean").
+fn layers() -> Layers {
+    let schema = RawConfig {
+        limits: vec![RawLimit::default()],
+        deadline: RawDeadline {
+            min_start_budget_ms: Some(0),
+            ..RawDeadline::default()
+        },
+        backend: RawBackend {
+            sim: RawSim {
+                min_ms: Some(0),
+                max_ms: Some(0),
+                p99_ms: Some(0),
+                ..RawSim::default()
+            },
+            ..RawBackend::default()
+        },
+        nats: RawNats {
+            subscription_capacity: Some(0),
+            ..RawNats::default()
+        },
+        stream: RawStream {
+            ack_timeout_ms: Some(0),
+            ..RawStream::default()
+        },
+        jetstream: RawJetStream {
+            progress_interval_ms: Some(0),
+            max_ack_pending: Some(0),
+            ..RawJetStream::default()
+        },
+        ..RawConfig::default()
+    };
+    Layers::new(&RawConfig::default()).with_schema(&schema)
+}
+
+/// The loader's refusal in this crate's terms, with the allowed values of the key.
+fn from_load(e: LoadError) -> ConfigError {
+    let kind = match e.kind() {
+        LoadErrorKind::UnknownKey => ConfigErrorKind::UnknownKey,
+        LoadErrorKind::File => ConfigErrorKind::Syntax,
+        LoadErrorKind::WrongType | LoadErrorKind::InvalidValue => ConfigErrorKind::InvalidValue,
+    };
+    let message = match (kind, e.origin()) {
+        (ConfigErrorKind::Syntax, _) => e.message().to_owned(),
+        (ConfigErrorKind::UnknownKey, origin) => format!(
+            "{} (from {origin}; see `llm-adapter serve --list-keys`)",
+            e.message()
+        ),
+        (_, origin) => match documented(e.key())
+            .map(|d| d.range)
+            .filter(|r| !r.is_empty())
+        {
+            Some(range) => format!("{} (from {origin}); allowed: {range}", e.message()),
+            None => format!("{} (from {origin})", e.message()),
+        },
+    };
+    ConfigError {
+        key: e.key().to_owned(),
+        kind,
+        message,
+    }
+}
+
+/// The documentation of `key` (`limits[2].limit` is `limits[].limit`).
+fn documented(key: &str) -> Option<&'static KeyDoc> {
+    let name = match key.strip_prefix("limits[").and_then(|r| r.split_once("].")) {
+        Some((_, field)) => format!("limits[].{field}"),
+        None => key.to_owned(),
+    };
+    SECTIONS
+        .iter()
+        .flat_map(|s| s.keys)
+        .find(|d| d.name == name)
+}
+
+/// The bounds `a..=b` a range text starts with.
+fn bounds<T: std::str::FromStr>(range: &str) -> Option<(T, T)> {
+    let text = range.split([' ', ';']).next()?;
+    let (low, high) = text.split_once("..=")?;
+    Some((low.parse().ok()?, high.parse().ok()?))
+}
+
+/// `v` of `key` inside the range [`SECTIONS`] documents for it.
+fn int(key: &str, v: u64) -> Result<u64, ConfigError> {
+    let range = documented(key).map_or("", |d| d.range);
+    match bounds::<u64>(range) {
+        Some((low, high)) if (low..=high).contains(&v) => Ok(v),
+        _ => Err(ConfigError::invalid(
+            key,
+            format!("expected a whole number in {range}, got {v}"),
+        )),
+    }
+}
+
+/// [`int`] as a count that is not zero.
+fn count(key: &str, v: u64) -> Result<NonZeroUsize, ConfigError> {
+    let v = usize::try_from(int(key, v)?).unwrap_or(usize::MAX);
+    NonZeroUsize::new(v)
+        .ok_or_else(|| ConfigError::invalid(key, "expected a whole number above 0, got 0"))
+}
+
+/// [`int`] as milliseconds.
+fn millis(key: &str, v: u64) -> Result<Duration, ConfigError> {
+    int(key, v).map(Duration::from_millis)
+}
+
+/// [`int`] as a `usize`.
+fn size(key: &str, v: u64) -> Result<usize, ConfigError> {
+    int(key, v).map(|v| usize::try_from(v).unwrap_or(usize::MAX))
+}
+
+/// `v` of `key` inside the decimal range [`SECTIONS`] documents for it.
+fn decimal(key: &str, v: f64) -> Result<f64, ConfigError> {
+    let range = documented(key).map_or("", |d| d.range);
+    match bounds::<f64>(range) {
+        Some((low, high)) if (low..=high).contains(&v) => Ok(v),
+        _ => Err(ConfigError::invalid(
+            key,
+            format!("expected a number in {range}, got {v}"),
+        )),
+    }
+}
+
+/// `Some(text)` unless empty (an empty string is "unset" for the optional keys).
+fn set(text: &str) -> Option<String> {
+    (!text.is_empty()).then(|| text.to_owned())
+}
+
+/// Every key with its type, default, range and meaning: aligned text for
+/// `--list-keys`, or the Markdown tables of docs/llm-adapter.md (each between its
+/// `<!-- keys:NAME -->` markers) for `--list-keys --markdown`.
+pub fn key_table(markdown: bool) -> String {
+    let layers = layers();
+    let mut out = String::new();
+    for section in SECTIONS {
+        let rows = keys::rows(&layers, section);
+        if markdown {
+            out.push_str(&format!(
+                "<!-- keys:{0} -->\n{1}<!-- /keys:{0} -->\n",
+                section.name,
+                keys::markdown(&rows)
+            ));
+        } else {
+            out.push_str(&keys::text(&rows));
+        }
+    }
+    out
 }
 
 impl Config {
@@ -880,442 +889,968 @@ impl Config {
     }
 }
 
-fn read_limits(r: &mut Reader<'_>) -> Result<Vec<KeyLimit>, ConfigError> {
-    let Some(v) = r.get("limits") else {
-        return Ok(Vec::new());
-    };
-    let Value::Array(items) = v else {
-        return Err(ConfigError::invalid(
-            r.key("limits"),
-            "expected an array of tables ([[limits]])",
-        ));
-    };
-    if items.len() > 16 {
-        return Err(ConfigError::invalid(r.key("limits"), "at most 16 limits"));
-    }
-    let mut names = BTreeSet::new();
-    let mut out = Vec::with_capacity(items.len());
-    for (n, item) in items.iter().enumerate() {
-        let prefix = format!("limits[{n}]");
-        let Value::Table(t) = item else {
-            return Err(ConfigError::invalid(prefix, "expected a table"));
-        };
-        let mut l = Reader::new(prefix, t);
-        let key_s = l.required_string("key")?;
-        let key = KeySource::parse(&l.key("key"), &key_s)?;
-        let name = l.string("name", &key.describe())?;
-        name_check(&l.key("name"), &name)?;
-        if !names.insert(name.clone()) {
-            return Err(ConfigError::invalid(
-                l.key("name"),
-                format!("duplicate limit name {name:?}"),
-            ));
+/// `intake`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum IntakeKind {
+    #[default]
+    Core,
+    #[serde(rename = "jetstream")]
+    JetStream,
+}
+
+/// `backend.kind`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum BackendName {
+    #[default]
+    Sim,
+    #[serde(rename = "openai")]
+    OpenAi,
+    Nats,
+}
+
+/// `backend.sim.distribution`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Distribution {
+    #[default]
+    Fixed,
+    Uniform,
+    #[serde(rename = "lognormal")]
+    LogNormal,
+}
+
+/// `limits[].on_busy`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum OnBusyKind {
+    #[default]
+    Wait,
+    Reject,
+}
+
+/// `jetstream.storage`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Storage {
+    #[default]
+    File,
+    Memory,
+}
+
+/// One section of the raw configuration, written once: the serde struct
+/// (`deny_unknown_fields`, every field defaulted), its `Default`, and the key
+/// documentation `$docs` (the docs' section `$section`: range and meaning), one entry per key:
+/// `field: type = default, "range", "meaning";`. `nested` fields are sections (their
+/// own `raw_section!`), not keys.
+macro_rules! raw_section {
+    (
+        $(#[$meta:meta])*
+        $name:ident, $docs:ident, $section:literal, $prefix:literal {
+            $($field:ident: $ty:ty = $default:expr, $range:literal, $help:literal;)*
         }
-        let limit = nz(l.required_uint("limit", 1..=1_000_000)?);
-        let on_busy = match l.string("on_busy", "wait")?.as_str() {
-            "reject" => OnBusy::Reject,
-            "wait" => OnBusy::Wait {
-                max_wait: l.millis("max_wait_ms", 1_000, 1..=3_600_000, "")?,
-                max_waiters: usize_of(l.uint("max_waiters", 100, 0..=1_000_000, "")?),
+        $(nested { $($sub:ident: $sub_ty:ty),* $(,)? })?
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        struct $name {
+            $($field: $ty,)*
+            $($($sub: $sub_ty,)*)?
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self {
+                    $($field: $default,)*
+                    $($($sub: Default::default(),)*)?
+                }
+            }
+        }
+
+        const $docs: Section = Section {
+            name: $section,
+            keys: &[$(KeyDoc {
+                name: concat!($prefix, stringify!($field)),
+                range: $range,
+                help: $help,
+            }),*],
+        };
+    };
+}
+
+raw_section! {
+    /// The configuration as written: the top-level keys and the sections.
+    RawConfig, GENERAL, "general", "" {
+        workers: u64 = 8, "1..=4096",
+            "fixed number of workers (concurrent backend calls); match the backend's parallel \
+            slots";
+        queue_capacity: u64 = 256, "1..=1000000",
+            "most requests admitted but not yet started, over all sessions and keys";
+        mode: Mode = Mode::default(), "`enforce`, `shadow`",
+            "`shadow`: count `would_reject` for the session cap, per-key limits and the session \
+            `reject` policy, and admit anyway (the queue bound and deadlines stay enforced)";
+        shutdown_grace_ms: u64 = 10_000, "0..=3600000",
+            "grace period for running requests at shutdown";
+        queue_order: QueueOrder = QueueOrder::default(), "`edf`, `fifo`",
+            "the order in which workers take ready requests: `edf` (earliest deadline first within \
+            a bound; no deadline = due at `deadline.max_ms`) or `fifo`; see \
+            [fairness](#fairness-under-mixed-deadlines)";
+        intake: IntakeKind = IntakeKind::default(), "`core`, `jetstream`",
+            "core request/reply on `service.subject`, or the durable JetStream intake \
+            (`[jetstream]`)";
+    }
+    nested {
+        session: RawSession, deadline: RawDeadline, estimator: RawEstimator,
+        idempotency: RawIdempotency, limits: Vec<RawLimit>, backend: RawBackend, nats: RawNats,
+        service: RawService, admin: RawAdmin, trace: RawTrace, stream: RawStream,
+        jetstream: RawJetStream,
+    }
+}
+
+raw_section! {
+    RawSession, SESSION, "session", "session." {
+        pending_cap: u64 = 5, "0..=1000000 (0 = unlimited)",
+            "most accepted-but-unsettled requests per session";
+        ordering: bool = true, "", "one running request per session, the rest FIFO";
+    }
+}
+
+raw_section! {
+    RawDeadline, DEADLINE, "deadline", "deadline." {
+        max_ms: u64 = 120_000, "1..=86400000",
+            "longest budget accepted; longer ones are shortened to this";
+        default_ms: u64 = 30_000, "0..=86400000 (0 = no default); at most `deadline.max_ms`",
+            "budget of requests that carry no deadline";
+        min_start_budget_ms: Option<u64> = None, "0..=3600000 (unset = adaptive)",
+            "unset = **adaptive**: the service-time estimate is the start budget, and a queued \
+            request is answered `deadline_exceeded` once less than it is left; set = a fixed start \
+            budget (0 = start anything with budget left)";
+        reply_margin_ms: u64 = 20, "0..=60000",
+            "time kept for the answer to reach the caller: decisions and aborts happen by `deadline \
+            − reply_margin_ms`";
+        predict: bool = true, "",
+            "refuse at admission a request predicted not to finish before its deadline";
+        overtake_share_pct: u64 = 50, "0..=90",
+            "under `queue_order = \"edf\"`: the largest share of a request's slack kept for \
+            requests with earlier deadlines (the share applied is that of recent requests with at \
+            most half its budget, up to this; one budget class alone keeps none). 0 = EDF with \
+            protected slack only. See [fairness](#fairness-under-mixed-deadlines)";
+    }
+}
+
+raw_section! {
+    RawEstimator, ESTIMATOR, "estimator", "estimator." {
+        initial_ms: u64 = EstimatorConfig::default().initial.map_or(0, ms),
+            "0..=3600000 (0 = no estimate before the first call)",
+            "the estimate before the first call finishes (nothing is refused on a prediction until \
+            the backend was measured when 0)";
+        window: u64 = EstimatorConfig::default().window as u64, "1..=4096", "samples kept";
+        half_life: u64 = EstimatorConfig::default().half_life as u64,
+            "1..=4096; at most `estimator.window`",
+            "age (in samples) at which a sample weighs half as much as the newest";
+        quantile: f64 = EstimatorConfig::default().quantile, "0.5..=0.999",
+            "the quantile of the weighted window taken as the estimate";
+    }
+}
+
+raw_section! {
+    RawIdempotency, IDEMPOTENCY, "idempotency", "idempotency." {
+        enabled: bool = true, "", "answer a retry with the same request id from the cache";
+        window_ms: u64 = 60_000, "0..=86400000 (0 = no cache after completion)",
+            "how long a successful reply is kept for retries (0 = join only while queued/running)";
+        max_entries: u64 = 10_000, "1..=10000000",
+            "most cached replies; the oldest is evicted first";
+        max_bytes: u64 = 64 << 20, "1024..=68719476736",
+            "bytes held by cached replies (body + headers + key + 256 B per entry), oldest evicted; \
+            a reply larger than this is not cached. See [Memory](#memory)";
+    }
+}
+
+raw_section! {
+    /// One `[[limits]]` entry. Every field has a default (the loader tries an element's
+/// value alone to name a refused one); `key` and `limit` are required by `validate`.
+    RawLimit, LIMITS, "limits", "limits[]." {
+        key: String = String::new(),
+            "`client`, `session`, `service`, `body:/json/pointer` (required)",
+            "where the key comes from: the `Weir-Client-Key` header, the session id, one key for \
+            the service, or a JSON pointer into the body";
+        name: String = String::new(), "1..=128 visible ASCII characters, unique",
+            "name in metrics, traces and the limits view; default: the `key` text";
+        limit: u64 = 0, "1..=1000000 (required)", "most requests holding a slot of one key";
+        on_busy: OnBusyKind = OnBusyKind::default(), "`wait`, `reject`",
+            "when all slots of a key are taken: wait in FIFO order, or refuse at once";
+        max_wait_ms: u64 = 1_000, "1..=3600000",
+            "`wait`: longest wait for a slot, then `concurrency_limit_exceeded`";
+        max_waiters: u64 = 100, "0..=1000000",
+            "`wait`: most requests waiting per key; one more is refused at once";
+    }
+}
+
+raw_section! {
+    RawBackend, BACKEND, "backend", "backend." {
+        timeout_ms: u64 = 60_000, "1..=3600000",
+            "the backend's own per-call timeout (used when shorter than the deadline)";
+        kind: BackendName = BackendName::default(), "`sim`, `openai`, `nats`",
+            "which backend serves inference; every `[backend.*]` section present is validated \
+            whichever is selected";
+    }
+    nested { sim: RawSim, openai: RawOpenAi, nats: RawBackendNats }
+}
+
+raw_section! {
+    RawSim, SIM, "sim", "backend.sim." {
+        latency_ms: u64 = 20, "0..=3600000",
+            "simulated latency (`fixed`), upper bound default (`uniform`), median (`lognormal`)";
+        distribution: Distribution = Distribution::default(), "`fixed`, `uniform`, `lognormal`",
+            "simulated latency distribution";
+        min_ms: Option<u64> = None, "0..=3600000", "`uniform`: lower bound; default = 0";
+        max_ms: Option<u64> = None, "0..=3600000; at least `backend.sim.min_ms`",
+            "`uniform`: upper bound; default = the larger of `latency_ms` and `min_ms`";
+        p99_ms: Option<u64> = None, "0..=3600000; at least `backend.sim.latency_ms`",
+            "`lognormal`: 99th percentile; default = 3 × `latency_ms`";
+        error_rate: f64 = 0.0, "0.0..=1.0",
+            "share of calls that fail with a backend error";
+        seed: u64 = 1, "0..=9223372036854775807",
+            "random seed (latency and errors are reproducible)";
+        first_token_ms: u64 = 20, "0..=3600000",
+            "streamed replies: delay before the first token";
+        tokens: u64 = 16, "1..=1000000",
+            "streamed replies: tokens when the body has no `max_tokens`";
+        tokens_per_second: f64 = 50.0, "0.001..=1000000",
+            "streamed replies: tokens per second after the first";
+    }
+}
+
+raw_section! {
+    RawOpenAi, OPENAI, "openai", "backend.openai." {
+        base_url: String = "http://127.0.0.1:8000".into(),
+            "`http://host:port` or `https://host[:port]`",
+            "the OpenAI-compatible server (vLLM, llama.cpp server, Ollama, a hosted endpoint); \
+            HTTPS with rustls (the system roots plus `tls_ca_file`)";
+        path: String = "/v1/chat/completions".into(), "starts with `/`",
+            "path the body is POSTed to";
+        api_key_env: String = String::new(), "",
+            "name of the environment variable holding a bearer token";
+        connect_timeout_ms: u64 = 2_000, "1..=600000", "TCP connect timeout";
+        pool_max_idle_per_host: u64 = 64, "0..=100000", "idle pooled connections kept per host";
+        pool_idle_timeout_ms: u64 = 90_000, "1..=3600000",
+            "how long an idle pooled connection is kept";
+        tls_ca_file: String = String::new(), "https only",
+            "PEM file of CA certificates trusted beside the system roots (a private CA, a \
+            self-signed server); unreadable or empty → exit 1 naming the key";
+        tls_cert_file: String = String::new(), "https only; with `tls_key_file`",
+            "PEM client certificate (chain)";
+        tls_key_file: String = String::new(), "with `tls_cert_file`",
+            "PEM private key of `tls_cert_file`";
+    }
+}
+
+raw_section! {
+    RawBackendNats, BACKEND_NATS, "backend_nats", "backend.nats." {
+        subject: String = String::new(),
+            "a NATS subject without wildcards; required when `kind = \"nats\"`",
+            "subject of the existing service requests are forwarded to";
+    }
+}
+
+raw_section! {
+    RawNats, NATS, "nats", "nats." {
+        url: String = weir_service::nats::DEFAULT_URL.into(),
+            "`nats://`, `tls://`, `ws://` URLs, comma-separated",
+            "NATS server(s); each URL parsed on its own (`--nats-url` too)";
+        name: String = NATS_CLIENT_NAME.into(), "", "client name shown by the server";
+        user: String = String::new(), "with `nats.password`; one authentication method",
+            "user name (secrets show as `<redacted>` in `Debug` output and logs)";
+        password: String = String::new(), "with `nats.user`", "password";
+        token: String = String::new(), "one authentication method", "token";
+        nkey: String = String::new(), "one authentication method", "NKey seed";
+        creds_file: String = String::new(), "an existing file; one authentication method",
+            "credentials file (JWT + NKey)";
+        tls_required: bool = false, "", "require TLS";
+        tls_ca_file: String = String::new(), "an existing file",
+            "PEM CA certificates trusted for the server";
+        tls_cert_file: String = String::new(), "an existing file; with `nats.tls_key_file`",
+            "PEM client certificate";
+        tls_key_file: String = String::new(), "an existing file; with `nats.tls_cert_file`",
+            "PEM private key of the client certificate";
+        connection_timeout_ms: u64 = 2_000, "1..=600000",
+            "bound on connecting to one server (a reconnect that tries a hung node first waits this \
+            long)";
+        ping_interval_ms: u64 = 2_000, "100..=3600000",
+            "a dead server is noticed after 2–3 pings: 4–6 s for a hung node; see \
+            [operations.md](operations.md#ingress-and-adapter-on-a-cluster)";
+        expected_burst: u64 = 65_536, "0..=1000000",
+            "requests that may arrive at once beyond `queue_capacity`; sizes the subscription (see \
+            [Bursts](#bursts))";
+        subscription_capacity: Option<u64> = None, "16..=2000000; at least `queue_capacity`",
+            "messages buffered per subscription; beyond it the NATS client drops (counted, no \
+            answer); default = `queue_capacity` + `nats.expected_burst` (65792)";
+        retry_initial_connect: bool = true, "",
+            "start even when no server answers yet and keep trying: the adapter waits up to \
+            `nats.connection_timeout_ms` for the first connection, then starts anyway (`/readyz` \
+            503 until connected); `false`: exit 1 if the first connection fails";
+        publish_timeout_ms: u64 = 1_000, "1..=600000", "bound on publishing one reply";
+    }
+}
+
+raw_section! {
+    RawService, SERVICE, "service", "service." {
+        name: String = "weir-llm".into(), "1..=128 of `A-Z a-z 0-9 - _`", "NATS micro service name";
+        version: String = env!("CARGO_PKG_VERSION").into(), "a semantic version like 1.2.3",
+            "version advertised in `$SRV.INFO`";
+        description: String = "weir bounded LLM adapter".into(), "",
+            "description advertised in `$SRV.INFO`";
+        queue_group: String = "q".into(), "1..=128 visible ASCII characters",
+            "queue group shared by replicas";
+        subject: String = "llm.infer".into(), "a NATS subject; the five subjects differ",
+            "inference requests";
+        cancel_subject: String = "llm.cancel".into(), "a NATS subject",
+            "cancellation by request id";
+        capabilities_subject: String = "llm.capabilities".into(), "a NATS subject",
+            "capabilities (every limit, `null` when disabled)";
+        limits_subject: String = "llm.limits".into(), "a NATS subject", "busiest keys";
+        status_subject: String = "llm.status".into(), "a NATS subject",
+            "where a request is, by request id";
+    }
+}
+
+raw_section! {
+    RawAdmin, ADMIN, "admin", "admin." {
+        listen: String = "127.0.0.1:9091".into(),
+            "an address like 127.0.0.1:9091 (port 0 = any free port)",
+            "admin HTTP server";
+        max_connections: u64 = 64, "1..=4096",
+            "open admin connections; more get 503 + `Retry-After` (JSON) at once";
+        header_timeout_ms: u64 = 5_000, "100..=600000",
+            "bound on receiving a request head (at accept and between keep-alive requests)";
+        idle_timeout_ms: u64 = 10_000, "100..=3600000",
+            "a connection that moves no byte for this long is closed";
+        request_timeout_ms: u64 = ms(RequestLimits::default().timeout), "100..=600000",
+            "an admin request (probes included) still running after this is answered `503` \
+            `timeout`";
+        max_concurrent_requests: u64 = RequestLimits::default().max_concurrent.get() as u64,
+            "1..=1024",
+            "admin requests to `/metrics` and `/v1/*` running at once; one more is answered `503` \
+            `overloaded` (`/healthz`, `/readyz` not counted)";
+    }
+}
+
+raw_section! {
+    RawTrace, TRACE, "trace", "trace." {
+        log: bool = true, "",
+            "per-request events as `tracing` DEBUG events (target `weir_llm_adapter::trace`) inside \
+            the request's `llm_request` span (span events with the feature `otel`)";
+        subject: String = String::new(), "a NATS subject without wildcards",
+            "also publish them as JSON on this subject";
+        buffer: u64 = 4096, "1..=1000000",
+            "events buffered for the NATS publisher; overflow is counted and dropped";
+    }
+}
+
+raw_section! {
+    RawStream, STREAM, "stream", "stream." {
+        chunk_interval_ms: u64 = 20, "0..=10000 (0 = no coalescing by time)",
+            "after a `chunk`, the next waits this long unless `chunk_max_bytes` are pending; the \
+            first bytes after a quiet period go at once";
+        chunk_max_bytes: u64 = 4096, "1..=1048576",
+            "pending bytes that go at once; a chunk is also capped at `max_payload` − 1 KiB";
+        window: u64 = 16, "0..=100000 (0 = no acknowledgements)",
+            "chunks a caller may leave unacknowledged (0 = callers do not acknowledge; only a gone \
+            caller and a publish timeout abort)";
+        ack_timeout_ms: Option<u64> = None, "1..=600000",
+            "how long a full window waits for an acknowledgement before the stream is aborted \
+            (`caller_stalled`); default = `nats.publish_timeout_ms`";
+    }
+}
+
+raw_section! {
+    RawJetStream, JETSTREAM, "jetstream", "jetstream." {
+        stream: String = "WEIR_LLM_INTAKE".into(), "1..=128 of `A-Z a-z 0-9 - _`",
+            "the work-queue stream (created if absent)";
+        subject: String = "llm.intake".into(), "a NATS subject without wildcards",
+            "the subject the stream captures; callers publish requests here";
+        consumer: String = "weir-llm".into(), "1..=128 of `A-Z a-z 0-9 - _`",
+            "the durable pull consumer every replica shares";
+        ack_wait_ms: u64 = 10_000, "100..=3600000",
+            "without `+ACK`/progress for this long, the request goes to another replica";
+        progress_interval_ms: Option<u64> = None, "10..=1200000; below `jetstream.ack_wait_ms`",
+            "progress for held requests, renewal of their session slots; default = `ack_wait_ms` / \
+            3";
+        max_ack_pending: Option<u64> = None, "1..=1000000; at least `workers`",
+            "requests out at all replicas together (set the sum of `workers` over the replicas); \
+            default = `workers`";
+        max_deliver: u64 = 5, "1..=1000",
+            "deliveries of one request before the server gives up on it";
+        duplicate_window_ms: u64 = 120_000, "100..=86400000",
+            "how long the stream remembers a `Nats-Msg-Id`";
+        max_messages: u64 = 100_000, "1..=100000000", "requests the stream holds (discard new)";
+        max_bytes: u64 = 1 << 30, "1024..=1099511627776", "most bytes the stream holds";
+        replicas: u64 = 1, "1..=5", "stream (and bucket) replicas on a cluster";
+        storage: Storage = Storage::default(), "`file`, `memory`", "stream storage";
+        session_bucket: String = "weir_llm_sessions".into(), "1..=128 of `A-Z a-z 0-9 - _`",
+            "KV bucket of the cluster-wide slots (session cap, limits); entries live `ack_wait_ms` \
+            after their last renewal";
+        reply_bucket: String = "weir_llm_replies".into(),
+            "1..=128 of `A-Z a-z 0-9 - _`, not the session bucket; empty = not kept",
+            "KV bucket where each intake answer is kept for `duplicate_window_ms` (a duplicate is \
+            answered with it); `\"\"` = keep none (duplicates get `request_id_conflict`)";
+        forward: bool = true, "",
+            "a core request on `service.subject` is put into the stream (callers unchanged); \
+            `false` = core requests are served in memory";
+    }
+}
+
+/// The range and meaning of every key, by section, in the order shown. `validate`
+/// reads each numeric range from here (the bounds a range text starts with).
+pub const SECTIONS: &[Section] = &[
+    GENERAL,
+    SESSION,
+    DEADLINE,
+    ESTIMATOR,
+    IDEMPOTENCY,
+    LIMITS,
+    BACKEND,
+    SIM,
+    OPENAI,
+    BACKEND_NATS,
+    NATS,
+    SERVICE,
+    ADMIN,
+    TRACE,
+    STREAM,
+    JETSTREAM,
+];
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl RawConfig {
+    /// Validates every value into the typed settings; a refusal names the key.
+    fn validate(self) -> Result<Config, ConfigError> {
+        let workers = count("workers", self.workers)?;
+        let queue_capacity = count("queue_capacity", self.queue_capacity)?;
+        let nats = self.nats.validate(queue_capacity.get())?;
+        Ok(Config {
+            workers,
+            queue_capacity,
+            mode: self.mode,
+            session: SessionConfig {
+                pending_cap: NonZeroUsize::new(size(
+                    "session.pending_cap",
+                    self.session.pending_cap,
+                )?),
+                ordering: self.session.ordering,
             },
-            other => {
+            limits: self.limits()?,
+            deadline: self.deadline.validate()?,
+            queue_order: self.queue_order,
+            estimator: self.estimator.validate()?,
+            idempotency: self.idempotency.validate()?,
+            backend: self.backend.validate()?,
+            shutdown_grace: millis("shutdown_grace_ms", self.shutdown_grace_ms)?,
+            service: self.service.validate()?,
+            admin: self.admin.validate()?,
+            trace: TraceConfig {
+                log: self.trace.log,
+                subject: set(&self.trace.subject)
+                    .map(|s| subject("trace.subject", s, false))
+                    .transpose()?,
+                buffer: count("trace.buffer", self.trace.buffer)?,
+            },
+            stream: StreamConfig {
+                settings: crate::admission::StreamSettings {
+                    interval: millis("stream.chunk_interval_ms", self.stream.chunk_interval_ms)?,
+                    max_bytes: size("stream.chunk_max_bytes", self.stream.chunk_max_bytes)?,
+                },
+                window: size("stream.window", self.stream.window)?,
+                ack_timeout: match self.stream.ack_timeout_ms {
+                    Some(v) => millis("stream.ack_timeout_ms", v)?,
+                    None => nats.publish_timeout,
+                },
+            },
+            intake: match self.intake {
+                IntakeKind::Core => {
+                    self.jetstream.validate(workers)?;
+                    Intake::Core
+                }
+                IntakeKind::JetStream => {
+                    Intake::JetStream(Box::new(self.jetstream.validate(workers)?))
+                }
+            },
+            nats,
+        })
+    }
+
+    fn limits(&self) -> Result<Vec<KeyLimit>, ConfigError> {
+        if self.limits.len() > MAX_LIMITS {
+            return Err(ConfigError::invalid(
+                "limits",
+                format!("at most {MAX_LIMITS} limits"),
+            ));
+        }
+        let mut names = BTreeSet::new();
+        let mut out = Vec::with_capacity(self.limits.len());
+        for (n, l) in self.limits.iter().enumerate() {
+            let key_of = |field: &str| format!("limits[{n}].{field}");
+            let key = KeySource::parse(&key_of("key"), &l.key)?;
+            let name = set(&l.name).unwrap_or_else(|| key.describe());
+            name_check(&key_of("name"), &name)?;
+            if !names.insert(name.clone()) {
                 return Err(ConfigError::invalid(
-                    l.key("on_busy"),
-                    format!("expected \"wait\" or \"reject\", got {other:?}"),
+                    key_of("name"),
+                    format!("duplicate limit name {name:?}"),
                 ));
+            }
+            out.push(KeyLimit {
+                name,
+                key,
+                limit: count(&key_of("limit"), l.limit)?,
+                on_busy: match l.on_busy {
+                    OnBusyKind::Reject => OnBusy::Reject,
+                    OnBusyKind::Wait => OnBusy::Wait {
+                        max_wait: millis(&key_of("max_wait_ms"), l.max_wait_ms)?,
+                        max_waiters: size(&key_of("max_waiters"), l.max_waiters)?,
+                    },
+                },
+            });
+        }
+        Ok(out)
+    }
+}
+
+impl RawDeadline {
+    fn validate(&self) -> Result<DeadlineConfig, ConfigError> {
+        let max = millis("deadline.max_ms", self.max_ms)?;
+        let default = int("deadline.default_ms", self.default_ms)?;
+        if default > self.max_ms {
+            return Err(ConfigError::invalid(
+                "deadline.default_ms",
+                format!("{default} is larger than deadline.max_ms ({})", self.max_ms),
+            ));
+        }
+        Ok(DeadlineConfig {
+            default: (default > 0).then(|| Duration::from_millis(default)),
+            max,
+            min_start_budget: self
+                .min_start_budget_ms
+                .map(|v| millis("deadline.min_start_budget_ms", v))
+                .transpose()?,
+            reply_margin: millis("deadline.reply_margin_ms", self.reply_margin_ms)?,
+            predict: self.predict,
+            overtake_share_pct: u8::try_from(int(
+                "deadline.overtake_share_pct",
+                self.overtake_share_pct,
+            )?)
+            .unwrap_or(90),
+        })
+    }
+}
+
+impl RawEstimator {
+    fn validate(&self) -> Result<EstimatorConfig, ConfigError> {
+        let initial = int("estimator.initial_ms", self.initial_ms)?;
+        let window = size("estimator.window", self.window)?;
+        let half_life = int("estimator.half_life", self.half_life)?;
+        if half_life > self.window {
+            return Err(ConfigError::invalid(
+                "estimator.half_life",
+                format!("{half_life} is larger than estimator.window ({window})"),
+            ));
+        }
+        Ok(EstimatorConfig {
+            initial: (initial > 0).then(|| Duration::from_millis(initial)),
+            window,
+            half_life: half_life as f64,
+            quantile: decimal("estimator.quantile", self.quantile)?,
+        })
+    }
+}
+
+impl RawIdempotency {
+    fn validate(&self) -> Result<Option<IdempotencyConfig>, ConfigError> {
+        let cfg = IdempotencyConfig {
+            window: millis("idempotency.window_ms", self.window_ms)?,
+            max_entries: count("idempotency.max_entries", self.max_entries)?,
+            max_bytes: count("idempotency.max_bytes", self.max_bytes)?,
+        };
+        Ok(self.enabled.then_some(cfg))
+    }
+}
+
+impl RawBackend {
+    /// Every backend section is validated, whichever is selected, so a file may keep
+    /// several and switch with `kind` (e.g. `WEIR_LLM_BACKEND__KIND=openai`).
+    fn validate(&self) -> Result<BackendConfig, ConfigError> {
+        let timeout = millis("backend.timeout_ms", self.timeout_ms)?;
+        let sim = self.sim.validate()?;
+        let openai = self.openai.validate()?;
+        let nats_subject = set(&self.nats.subject)
+            .map(|s| subject("backend.nats.subject", s, false))
+            .transpose()?;
+        let kind = match self.kind {
+            BackendName::Sim => BackendKind::Sim(sim),
+            BackendName::OpenAi => BackendKind::OpenAi(openai),
+            BackendName::Nats => BackendKind::Nats(NatsBackendConfig {
+                subject: nats_subject.ok_or_else(|| {
+                    ConfigError::invalid(
+                        "backend.nats.subject",
+                        "required when backend.kind = \"nats\"",
+                    )
+                })?,
+            }),
+        };
+        Ok(BackendConfig { timeout, kind })
+    }
+}
+
+impl RawSim {
+    fn validate(&self) -> Result<SimConfig, ConfigError> {
+        let latency = int("backend.sim.latency_ms", self.latency_ms)?;
+        // A bound of another distribution would be ignored: refused instead.
+        let unused = match self.distribution {
+            Distribution::Fixed => vec![
+                ("min_ms", self.min_ms),
+                ("max_ms", self.max_ms),
+                ("p99_ms", self.p99_ms),
+            ],
+            Distribution::Uniform => vec![("p99_ms", self.p99_ms)],
+            Distribution::LogNormal => vec![("min_ms", self.min_ms), ("max_ms", self.max_ms)],
+        };
+        if let Some((key, _)) = unused.iter().find(|(_, v)| v.is_some()) {
+            return Err(ConfigError::invalid(
+                format!("backend.sim.{key}"),
+                "set, but backend.sim.distribution does not use it",
+            ));
+        }
+        let latency = match self.distribution {
+            Distribution::Fixed => Latency::Fixed(Duration::from_millis(latency)),
+            Distribution::Uniform => {
+                let min = int("backend.sim.min_ms", self.min_ms.unwrap_or(0))?;
+                let max = int(
+                    "backend.sim.max_ms",
+                    self.max_ms.unwrap_or(latency.max(min)),
+                )?;
+                if max < min {
+                    return Err(ConfigError::invalid(
+                        "backend.sim.max_ms",
+                        format!("{max} is below min_ms {min}"),
+                    ));
+                }
+                Latency::Uniform {
+                    min: Duration::from_millis(min),
+                    max: Duration::from_millis(max),
+                }
+            }
+            Distribution::LogNormal => {
+                let p99 = int(
+                    "backend.sim.p99_ms",
+                    self.p99_ms.unwrap_or(latency.saturating_mul(3)),
+                )?;
+                if p99 < latency {
+                    return Err(ConfigError::invalid(
+                        "backend.sim.p99_ms",
+                        format!("{p99} is below the median latency_ms {latency}"),
+                    ));
+                }
+                Latency::LogNormal {
+                    median: Duration::from_millis(latency),
+                    p99: Duration::from_millis(p99),
+                }
             }
         };
-        l.finish()?;
-        out.push(KeyLimit {
-            name,
-            key,
-            limit,
-            on_busy,
-        });
+        Ok(SimConfig {
+            latency,
+            error_rate: decimal("backend.sim.error_rate", self.error_rate)?,
+            seed: int("backend.sim.seed", self.seed)?,
+            stream: SimStream {
+                first_token: millis("backend.sim.first_token_ms", self.first_token_ms)?,
+                tokens: u32::try_from(int("backend.sim.tokens", self.tokens)?).unwrap_or(u32::MAX),
+                tokens_per_second: decimal(
+                    "backend.sim.tokens_per_second",
+                    self.tokens_per_second,
+                )?,
+            },
+        })
     }
-    Ok(out)
 }
 
-fn read_backend(r: &mut Reader<'_>) -> Result<BackendConfig, ConfigError> {
-    let mut b = r.section("backend")?;
-    let timeout = b.millis("timeout_ms", 60_000, 1..=3_600_000, "")?;
-    let kind_s = b.string("kind", "sim")?;
-    // Every backend section present is validated, whichever is selected, so a file may
-    // keep several and switch with `kind` (e.g. WEIR_LLM_BACKEND__KIND=openai).
-    let mut sim = b.section("sim")?;
-    let sim_cfg = read_sim(&mut sim)?;
-    sim.finish()?;
-    let mut openai = b.section("openai")?;
-    let openai_cfg = read_openai(&mut openai)?;
-    openai.finish()?;
-    let mut nats = b.section("nats")?;
-    let nats_subject = nats
-        .opt_string("subject")?
-        .map(|s| subject(&nats.key("subject"), s, false))
-        .transpose()?;
-    let nats_key = nats.key("subject");
-    nats.finish()?;
-    let kind = match kind_s.as_str() {
-        "sim" => BackendKind::Sim(sim_cfg),
-        "openai" => BackendKind::OpenAi(openai_cfg),
-        "nats" => BackendKind::Nats(NatsBackendConfig {
-            subject: nats_subject.ok_or_else(|| {
-                ConfigError::invalid(nats_key, "required when backend.kind = \"nats\"")
-            })?,
-        }),
-        other => {
+impl RawOpenAi {
+    fn validate(&self) -> Result<OpenAiConfig, ConfigError> {
+        let base_url = &self.base_url;
+        let host = base_url
+            .strip_prefix("https://")
+            .or_else(|| base_url.strip_prefix("http://"));
+        if host.is_none_or(|h| h.trim_end_matches('/').is_empty()) {
             return Err(ConfigError::invalid(
-                b.key("kind"),
-                format!("expected \"sim\", \"openai\" or \"nats\", got {other:?}"),
+                "backend.openai.base_url",
+                format!("expected http://host:port or https://host[:port], got {base_url:?}"),
             ));
         }
-    };
-    b.finish()?;
-    Ok(BackendConfig { timeout, kind })
-}
-
-fn read_openai(openai: &mut Reader<'_>) -> Result<OpenAiConfig, ConfigError> {
-    let base_url = openai.string("base_url", "http://127.0.0.1:8000")?;
-    let host = base_url
-        .strip_prefix("https://")
-        .or_else(|| base_url.strip_prefix("http://"));
-    if host.is_none_or(|h| h.trim_end_matches('/').is_empty()) {
-        return Err(ConfigError::invalid(
-            openai.key("base_url"),
-            format!("expected http://host:port or https://host[:port], got {base_url:?}"),
-        ));
-    }
-    let tls_ca_file = openai.opt_string("tls_ca_file")?.map(PathBuf::from);
-    let tls_cert_file = openai.opt_string("tls_cert_file")?.map(PathBuf::from);
-    let tls_key_file = openai.opt_string("tls_key_file")?.map(PathBuf::from);
-    if tls_cert_file.is_some() != tls_key_file.is_some() {
-        return Err(ConfigError::invalid(
-            openai.key(if tls_cert_file.is_some() {
-                "tls_key_file"
+        let tls_ca_file = set(&self.tls_ca_file).map(PathBuf::from);
+        let tls_cert_file = set(&self.tls_cert_file).map(PathBuf::from);
+        let tls_key_file = set(&self.tls_key_file).map(PathBuf::from);
+        if tls_cert_file.is_some() != tls_key_file.is_some() {
+            let missing = if tls_cert_file.is_some() {
+                "backend.openai.tls_key_file"
             } else {
-                "tls_cert_file"
-            }),
-            "tls_cert_file and tls_key_file go together",
-        ));
-    }
-    if !base_url.starts_with("https://")
-        && let Some(k) = [
-            ("tls_ca_file", tls_ca_file.is_some()),
-            ("tls_cert_file", tls_cert_file.is_some()),
-        ]
-        .into_iter()
-        .find_map(|(k, set)| set.then_some(k))
-    {
-        return Err(ConfigError::invalid(
-            openai.key(k),
-            "set, but base_url is not https:// (it would be ignored)",
-        ));
-    }
-    let path = openai.string("path", "/v1/chat/completions")?;
-    if !path.starts_with('/') {
-        return Err(ConfigError::invalid(
-            openai.key("path"),
-            "must start with '/'",
-        ));
-    }
-    Ok(OpenAiConfig {
-        base_url: base_url.trim_end_matches('/').to_owned(),
-        path,
-        api_key_env: openai.opt_string("api_key_env")?,
-        connect_timeout: openai.millis("connect_timeout_ms", 2_000, 1..=600_000, "")?,
-        pool_max_idle_per_host: usize_of(openai.uint(
-            "pool_max_idle_per_host",
-            64,
-            0..=100_000,
-            "",
-        )?),
-        pool_idle_timeout: openai.millis("pool_idle_timeout_ms", 90_000, 1..=3_600_000, "")?,
-        tls_ca_file,
-        tls_cert_file,
-        tls_key_file,
-    })
-}
-
-fn read_sim(s: &mut Reader<'_>) -> Result<SimConfig, ConfigError> {
-    let latency_ms = s.uint("latency_ms", 20, 0..=3_600_000, "")?;
-    let latency = match s.string("distribution", "fixed")?.as_str() {
-        "fixed" => Latency::Fixed(Duration::from_millis(latency_ms)),
-        "uniform" => {
-            let min = s.uint("min_ms", 0, 0..=3_600_000, "")?;
-            let max = s.uint("max_ms", latency_ms.max(min), 0..=3_600_000, "")?;
-            if max < min {
-                return Err(ConfigError::invalid(
-                    s.key("max_ms"),
-                    format!("{max} is below min_ms {min}"),
-                ));
-            }
-            Latency::Uniform {
-                min: Duration::from_millis(min),
-                max: Duration::from_millis(max),
-            }
-        }
-        "lognormal" => {
-            let p99 = s.uint("p99_ms", latency_ms.saturating_mul(3), 0..=3_600_000, "")?;
-            if p99 < latency_ms {
-                return Err(ConfigError::invalid(
-                    s.key("p99_ms"),
-                    format!("{p99} is below the median latency_ms {latency_ms}"),
-                ));
-            }
-            Latency::LogNormal {
-                median: Duration::from_millis(latency_ms),
-                p99: Duration::from_millis(p99),
-            }
-        }
-        other => {
+                "backend.openai.tls_cert_file"
+            };
             return Err(ConfigError::invalid(
-                s.key("distribution"),
-                format!("expected \"fixed\", \"uniform\" or \"lognormal\", got {other:?}"),
+                missing,
+                "tls_cert_file and tls_key_file go together",
             ));
         }
-    };
-    Ok(SimConfig {
-        latency,
-        error_rate: s.float("error_rate", 0.0, 0.0..=1.0)?,
-        seed: s.uint("seed", 1, 0..=u64::MAX, "")?,
-        stream: SimStream {
-            first_token: s.millis("first_token_ms", 20, 0..=3_600_000, "")?,
-            tokens: u32::try_from(s.uint("tokens", 16, 1..=1_000_000, "")?).unwrap_or(16),
-            tokens_per_second: s.float("tokens_per_second", 50.0, 0.001..=1_000_000.0)?,
-        },
-    })
-}
-
-fn read_nats(r: &mut Reader<'_>, queue_capacity: usize) -> Result<NatsConfig, ConfigError> {
-    let mut n = r.section("nats")?;
-    let url = n.string("url", weir_service::nats::DEFAULT_URL)?;
-    let user = n.opt_string("user")?;
-    let password = n.opt_string("password")?;
-    let token = n.opt_string("token")?;
-    let nkey = n.opt_string("nkey")?;
-    let creds_file = n.opt_string("creds_file")?.map(PathBuf::from);
-    let tls_ca_file = n.opt_string("tls_ca_file")?.map(PathBuf::from);
-    let tls_cert_file = n.opt_string("tls_cert_file")?.map(PathBuf::from);
-    let tls_key_file = n.opt_string("tls_key_file")?.map(PathBuf::from);
-    let base = weir_service::nats::NatsConfig {
-        name: n.string("name", NATS_CLIENT_NAME)?,
-        // A node that hangs (host lost, network cut) is noticed after 2–3 pings, and a
-        // reconnect that tries it first waits one connection timeout: 2 s + 2 s keep a
-        // hung node's cost to seconds (it was 20–30 s + 5 s; issue 13).
-        connection_timeout: n.millis("connection_timeout_ms", 2_000, 1..=600_000, "")?,
-        ping_interval: n.millis("ping_interval_ms", 2_000, 100..=3_600_000, "")?,
-        subscription_capacity: Some(subscription_capacity(&mut n, queue_capacity)?),
-        retry_initial_connect: n.boolean("retry_initial_connect", true)?,
-        // Replies are published through it, each bounded by `publish_timeout_ms`:
-        // async-nats's own default.
-        client_capacity: 2048,
-        ..weir_service::nats::NatsConfig::named(NATS_CLIENT_NAME)
-    };
-    let client = weir_service::nats::NatsInput {
-        url: Some(url.as_str()),
-        user: user.as_deref(),
-        password: password.as_deref(),
-        token: token.as_deref(),
-        nkey: nkey.as_deref(),
-        creds_file: creds_file.as_deref(),
-        tls_required: n.boolean("tls_required", false)?,
-        tls_ca_file: tls_ca_file.as_deref(),
-        tls_cert_file: tls_cert_file.as_deref(),
-        tls_key_file: tls_key_file.as_deref(),
-    }
-    .validate(base)
-    .map_err(|e| ConfigError::invalid(n.key(e.field), e.message))?;
-    let cfg = NatsConfig {
-        client,
-        publish_timeout: n.millis("publish_timeout_ms", 1_000, 1..=600_000, "")?,
-    };
-    n.finish()?;
-    Ok(cfg)
-}
-
-/// `nats.subscription_capacity`: by default `queue_capacity` + `nats.expected_burst`, so
-/// that a burst of that many requests arriving at once is buffered by the client and
-/// answered (a refusal is fast; a message the client drops gets no answer at all). Set
-/// explicitly, it must hold at least `queue_capacity` messages.
-fn subscription_capacity(n: &mut Reader<'_>, queue_capacity: usize) -> Result<usize, ConfigError> {
-    let burst = usize_of(n.uint("expected_burst", 65_536, 0..=1_000_000, "")?);
-    let explicit = n.uint("subscription_capacity", 0, 16..=2_000_000, "")?;
-    if explicit == 0 {
-        return Ok(queue_capacity.saturating_add(burst).max(16));
-    }
-    let cap = usize_of(explicit);
-    if cap < queue_capacity {
-        return Err(ConfigError::invalid(
-            n.key("subscription_capacity"),
-            format!(
-                "{cap} is smaller than queue_capacity ({queue_capacity}): the client would drop \
-                 requests (no answer) before the queue refuses them; use at least \
-                 queue_capacity + the largest burst expected"
-            ),
-        ));
-    }
-    Ok(cap)
-}
-
-fn read_service(r: &mut Reader<'_>) -> Result<ServiceConfig, ConfigError> {
-    let mut s = r.section("service")?;
-    let name = s.string("name", "weir-llm")?;
-    if name.is_empty()
-        || name.len() > MAX_NAME_LEN
-        || !name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-    {
-        return Err(ConfigError::invalid(
-            s.key("name"),
-            format!("only A-Z a-z 0-9 - _ allowed (1..={MAX_NAME_LEN}), got {name:?}"),
-        ));
-    }
-    let version = s.string("version", env!("CARGO_PKG_VERSION"))?;
-    if !is_semver(&version) {
-        return Err(ConfigError::invalid(
-            s.key("version"),
-            format!("expected a semantic version like 1.2.3, got {version:?}"),
-        ));
-    }
-    let queue_group = s.string("queue_group", "q")?;
-    name_check(&s.key("queue_group"), &queue_group)?;
-    let cfg = ServiceConfig {
-        name,
-        version,
-        description: s.string("description", "weir bounded LLM adapter")?,
-        queue_group,
-        subject: subject(&s.key("subject"), s.string("subject", "llm.infer")?, true)?,
-        cancel_subject: subject(
-            &s.key("cancel_subject"),
-            s.string("cancel_subject", "llm.cancel")?,
-            true,
-        )?,
-        capabilities_subject: subject(
-            &s.key("capabilities_subject"),
-            s.string("capabilities_subject", "llm.capabilities")?,
-            true,
-        )?,
-        limits_subject: subject(
-            &s.key("limits_subject"),
-            s.string("limits_subject", "llm.limits")?,
-            true,
-        )?,
-        status_subject: subject(
-            &s.key("status_subject"),
-            s.string("status_subject", "llm.status")?,
-            true,
-        )?,
-    };
-    let all = [
-        &cfg.subject,
-        &cfg.cancel_subject,
-        &cfg.capabilities_subject,
-        &cfg.limits_subject,
-        &cfg.status_subject,
-    ];
-    let distinct: BTreeSet<&String> = all.iter().copied().collect();
-    if distinct.len() != all.len() {
-        return Err(ConfigError::invalid(
-            s.key("subject"),
-            "the five service subjects must differ",
-        ));
-    }
-    s.finish()?;
-    Ok(cfg)
-}
-
-/// `intake` and `[jetstream]`.
-fn read_intake(r: &mut Reader<'_>, workers: NonZeroUsize) -> Result<Intake, ConfigError> {
-    let kind = r.string("intake", "core")?;
-    let mut j = r.section("jetstream")?;
-    let stream = j.string("stream", "WEIR_LLM_INTAKE")?;
-    stream_name(&j.key("stream"), &stream)?;
-    let subject_s = subject(&j.key("subject"), j.string("subject", "llm.intake")?, false)?;
-    let consumer = j.string("consumer", "weir-llm")?;
-    stream_name(&j.key("consumer"), &consumer)?;
-    let ack_wait = j.millis("ack_wait_ms", 10_000, 100..=3_600_000, "")?;
-    let progress_default = u64::try_from(ack_wait.as_millis() / 3).unwrap_or(1_000);
-    let progress_interval = j.millis(
-        "progress_interval_ms",
-        progress_default,
-        10..=1_200_000,
-        " (below ack_wait_ms; default ack_wait_ms / 3)",
-    )?;
-    if progress_interval >= ack_wait {
-        return Err(ConfigError::invalid(
-            j.key("progress_interval_ms"),
-            format!(
-                "{} must be below jetstream.ack_wait_ms ({})",
-                progress_interval.as_millis(),
-                ack_wait.as_millis()
-            ),
-        ));
-    }
-    let max_ack_pending = nz(j.uint(
-        "max_ack_pending",
-        workers.get() as u64,
-        1..=1_000_000,
-        " (default workers; set the sum of workers over the replicas)",
-    )?);
-    if max_ack_pending < workers {
-        return Err(ConfigError::invalid(
-            j.key("max_ack_pending"),
-            format!(
-                "{} is below workers ({}): the replica could never fill its workers",
-                max_ack_pending, workers
-            ),
-        ));
-    }
-    let session_bucket = j.string("session_bucket", "weir_llm_sessions")?;
-    stream_name(&j.key("session_bucket"), &session_bucket)?;
-    let reply_bucket = j.string("reply_bucket", "weir_llm_replies")?;
-    let reply_bucket = if reply_bucket.is_empty() {
-        None
-    } else {
-        stream_name(&j.key("reply_bucket"), &reply_bucket)?;
-        if reply_bucket == session_bucket {
+        if !base_url.starts_with("https://")
+            && let Some(k) = [
+                ("backend.openai.tls_ca_file", tls_ca_file.is_some()),
+                ("backend.openai.tls_cert_file", tls_cert_file.is_some()),
+            ]
+            .into_iter()
+            .find_map(|(k, set)| set.then_some(k))
+        {
             return Err(ConfigError::invalid(
-                j.key("reply_bucket"),
-                "must differ from jetstream.session_bucket",
+                k,
+                "set, but base_url is not https:// (it would be ignored)",
             ));
         }
-        Some(reply_bucket)
-    };
-    let cfg = JetStreamIntake {
-        stream,
-        subject: subject_s,
-        consumer,
-        ack_wait,
-        progress_interval,
-        max_ack_pending,
-        max_deliver: nz(j.uint("max_deliver", 5, 1..=1000, "")?),
-        duplicate_window: j.millis("duplicate_window_ms", 120_000, 100..=86_400_000, "")?,
-        max_messages: nz(j.uint("max_messages", 100_000, 1..=100_000_000, "")?),
-        max_bytes: nz(j.uint("max_bytes", 1 << 30, 1024..=(1u64 << 40), "")?),
-        replicas: nz(j.uint("replicas", 1, 1..=5, "")?),
-        file_storage: match j.string("storage", "file")?.as_str() {
-            "file" => true,
-            "memory" => false,
-            other => {
-                return Err(ConfigError::invalid(
-                    j.key("storage"),
-                    format!("expected \"file\" or \"memory\", got {other:?}"),
-                ));
+        if !self.path.starts_with('/') {
+            return Err(ConfigError::invalid(
+                "backend.openai.path",
+                "must start with '/'",
+            ));
+        }
+        Ok(OpenAiConfig {
+            base_url: base_url.trim_end_matches('/').to_owned(),
+            path: self.path.clone(),
+            api_key_env: set(&self.api_key_env),
+            connect_timeout: millis("backend.openai.connect_timeout_ms", self.connect_timeout_ms)?,
+            pool_max_idle_per_host: size(
+                "backend.openai.pool_max_idle_per_host",
+                self.pool_max_idle_per_host,
+            )?,
+            pool_idle_timeout: millis(
+                "backend.openai.pool_idle_timeout_ms",
+                self.pool_idle_timeout_ms,
+            )?,
+            tls_ca_file,
+            tls_cert_file,
+            tls_key_file,
+        })
+    }
+}
+
+impl RawNats {
+    fn validate(&self, queue_capacity: usize) -> Result<NatsConfig, ConfigError> {
+        let base = weir_service::nats::NatsConfig {
+            name: self.name.clone(),
+            connection_timeout: millis("nats.connection_timeout_ms", self.connection_timeout_ms)?,
+            ping_interval: millis("nats.ping_interval_ms", self.ping_interval_ms)?,
+            subscription_capacity: Some(self.subscription_capacity(queue_capacity)?),
+            retry_initial_connect: self.retry_initial_connect,
+            // Replies are published through it, each bounded by `publish_timeout_ms`:
+            // async-nats's own default.
+            client_capacity: 2048,
+            ..weir_service::nats::NatsConfig::named(NATS_CLIENT_NAME)
+        };
+        let path = |s: &str| set(s).map(PathBuf::from);
+        let (creds_file, tls_ca_file, tls_cert_file, tls_key_file) = (
+            path(&self.creds_file),
+            path(&self.tls_ca_file),
+            path(&self.tls_cert_file),
+            path(&self.tls_key_file),
+        );
+        let (user, password, token, nkey) = (
+            set(&self.user),
+            set(&self.password),
+            set(&self.token),
+            set(&self.nkey),
+        );
+        let client = weir_service::nats::NatsInput {
+            url: Some(self.url.as_str()),
+            user: user.as_deref(),
+            password: password.as_deref(),
+            token: token.as_deref(),
+            nkey: nkey.as_deref(),
+            creds_file: creds_file.as_deref(),
+            tls_required: self.tls_required,
+            tls_ca_file: tls_ca_file.as_deref(),
+            tls_cert_file: tls_cert_file.as_deref(),
+            tls_key_file: tls_key_file.as_deref(),
+        }
+        .validate(base)
+        .map_err(|e| ConfigError::invalid(format!("nats.{}", e.field), e.message))?;
+        Ok(NatsConfig {
+            client,
+            publish_timeout: millis("nats.publish_timeout_ms", self.publish_timeout_ms)?,
+        })
+    }
+
+    /// `nats.subscription_capacity`: by default `queue_capacity` +
+    /// `nats.expected_burst`, so that a burst of that many requests arriving at once is
+    /// buffered by the client and answered (a refusal is fast; a message the client
+    /// drops gets no answer at all). Set explicitly, it must hold at least
+    /// `queue_capacity` messages.
+    fn subscription_capacity(&self, queue_capacity: usize) -> Result<usize, ConfigError> {
+        let burst = size("nats.expected_burst", self.expected_burst)?;
+        let Some(explicit) = self.subscription_capacity else {
+            return Ok(queue_capacity.saturating_add(burst).max(16));
+        };
+        let cap = size("nats.subscription_capacity", explicit)?;
+        if cap < queue_capacity {
+            return Err(ConfigError::invalid(
+                "nats.subscription_capacity",
+                format!(
+                    "{cap} is smaller than queue_capacity ({queue_capacity}): the client would \
+                     drop requests (no answer) before the queue refuses them; use at least \
+                     queue_capacity + the largest burst expected"
+                ),
+            ));
+        }
+        Ok(cap)
+    }
+}
+
+impl RawService {
+    fn validate(&self) -> Result<ServiceConfig, ConfigError> {
+        stream_name("service.name", &self.name)?;
+        if !is_semver(&self.version) {
+            return Err(ConfigError::invalid(
+                "service.version",
+                format!(
+                    "expected a semantic version like 1.2.3, got {:?}",
+                    self.version
+                ),
+            ));
+        }
+        name_check("service.queue_group", &self.queue_group)?;
+        let endpoint = |key: &str, s: &String| subject(key, s.clone(), true);
+        let cfg = ServiceConfig {
+            name: self.name.clone(),
+            version: self.version.clone(),
+            description: self.description.clone(),
+            queue_group: self.queue_group.clone(),
+            subject: endpoint("service.subject", &self.subject)?,
+            cancel_subject: endpoint("service.cancel_subject", &self.cancel_subject)?,
+            capabilities_subject: endpoint(
+                "service.capabilities_subject",
+                &self.capabilities_subject,
+            )?,
+            limits_subject: endpoint("service.limits_subject", &self.limits_subject)?,
+            status_subject: endpoint("service.status_subject", &self.status_subject)?,
+        };
+        let all = [
+            &cfg.subject,
+            &cfg.cancel_subject,
+            &cfg.capabilities_subject,
+            &cfg.limits_subject,
+            &cfg.status_subject,
+        ];
+        let distinct: BTreeSet<&String> = all.iter().copied().collect();
+        if distinct.len() != all.len() {
+            return Err(ConfigError::invalid(
+                "service.subject",
+                "the five service subjects must differ",
+            ));
+        }
+        Ok(cfg)
+    }
+}
+
+impl RawAdmin {
+    fn validate(&self) -> Result<AdminConfig, ConfigError> {
+        let listen = self.listen.parse::<SocketAddr>().map_err(|_| {
+            ConfigError::invalid(
+                "admin.listen",
+                format!(
+                    "expected an address like 127.0.0.1:9091, got {:?}",
+                    self.listen
+                ),
+            )
+        })?;
+        Ok(AdminConfig {
+            listen,
+            max_connections: count("admin.max_connections", self.max_connections)?,
+            header_timeout: millis("admin.header_timeout_ms", self.header_timeout_ms)?,
+            idle_timeout: millis("admin.idle_timeout_ms", self.idle_timeout_ms)?,
+            request_limits: RequestLimits {
+                timeout: millis("admin.request_timeout_ms", self.request_timeout_ms)?,
+                max_concurrent: count(
+                    "admin.max_concurrent_requests",
+                    self.max_concurrent_requests,
+                )?,
+            },
+        })
+    }
+}
+
+impl RawJetStream {
+    /// `[jetstream]`, read and validated whatever `intake` says (so that a file can
+    /// keep it and switch with `WEIR_LLM_INTAKE`).
+    fn validate(&self, workers: NonZeroUsize) -> Result<JetStreamIntake, ConfigError> {
+        stream_name("jetstream.stream", &self.stream)?;
+        let subject_s = subject("jetstream.subject", self.subject.clone(), false)?;
+        stream_name("jetstream.consumer", &self.consumer)?;
+        let ack_wait = millis("jetstream.ack_wait_ms", self.ack_wait_ms)?;
+        let progress_interval = millis(
+            "jetstream.progress_interval_ms",
+            self.progress_interval_ms.unwrap_or(self.ack_wait_ms / 3),
+        )?;
+        if progress_interval >= ack_wait {
+            return Err(ConfigError::invalid(
+                "jetstream.progress_interval_ms",
+                format!(
+                    "{} must be below jetstream.ack_wait_ms ({})",
+                    progress_interval.as_millis(),
+                    ack_wait.as_millis()
+                ),
+            ));
+        }
+        let max_ack_pending = count(
+            "jetstream.max_ack_pending",
+            self.max_ack_pending.unwrap_or(workers.get() as u64),
+        )?;
+        if max_ack_pending < workers {
+            return Err(ConfigError::invalid(
+                "jetstream.max_ack_pending",
+                format!(
+                    "{max_ack_pending} is below workers ({workers}): the replica could never fill its workers"
+                ),
+            ));
+        }
+        stream_name("jetstream.session_bucket", &self.session_bucket)?;
+        let reply_bucket = match set(&self.reply_bucket) {
+            None => None,
+            Some(b) => {
+                stream_name("jetstream.reply_bucket", &b)?;
+                if b == self.session_bucket {
+                    return Err(ConfigError::invalid(
+                        "jetstream.reply_bucket",
+                        "must differ from jetstream.session_bucket",
+                    ));
+                }
+                Some(b)
             }
-        },
-        session_bucket,
-        reply_bucket,
-        forward: j.boolean("forward", true)?,
-    };
-    j.finish()?;
-    match kind.as_str() {
-        "core" => Ok(Intake::Core),
-        "jetstream" => Ok(Intake::JetStream(Box::new(cfg))),
-        other => Err(ConfigError::invalid(
-            r.key("intake"),
-            format!("expected \"core\" or \"jetstream\", got {other:?}"),
-        )),
+        };
+        Ok(JetStreamIntake {
+            stream: self.stream.clone(),
+            subject: subject_s,
+            consumer: self.consumer.clone(),
+            ack_wait,
+            progress_interval,
+            max_ack_pending,
+            max_deliver: count("jetstream.max_deliver", self.max_deliver)?,
+            duplicate_window: millis("jetstream.duplicate_window_ms", self.duplicate_window_ms)?,
+            max_messages: count("jetstream.max_messages", self.max_messages)?,
+            max_bytes: count("jetstream.max_bytes", self.max_bytes)?,
+            replicas: count("jetstream.replicas", self.replicas)?,
+            file_storage: self.storage == Storage::File,
+            session_bucket: self.session_bucket.clone(),
+            reply_bucket,
+            forward: self.forward,
+        })
     }
 }
 
@@ -1374,360 +1909,6 @@ fn name_check(key: &str, s: &str) -> Result<(), ConfigError> {
         ));
     }
     Ok(())
-}
-
-fn nz(v: u64) -> NonZeroUsize {
-    NonZeroUsize::new(usize_of(v)).unwrap_or(NonZeroUsize::MIN)
-}
-
-fn usize_of(v: u64) -> usize {
-    usize::try_from(v).unwrap_or(usize::MAX)
-}
-
-static EMPTY: LazyLock<Table> = LazyLock::new(Table::new);
-
-/// Reads typed values out of one TOML table, remembering which keys were used so that
-/// [`Reader::finish`] can refuse the unknown ones with their full path.
-struct Reader<'a> {
-    prefix: String,
-    table: &'a Table,
-    seen: Vec<&'a str>,
-}
-
-/// One configuration key as [`list_keys`] reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct KeyDoc {
-    /// Dotted key (`stream.window`), as in the file; `WEIR_LLM_STREAM__WINDOW` in the
-    /// environment.
-    pub key: String,
-    /// The default.
-    pub default: String,
-    /// Allowed values.
-    pub allowed: String,
-}
-
-thread_local! {
-    /// Set while [`list_keys`] runs: every key the parser reads is noted here.
-    static KEY_LOG: std::cell::RefCell<Option<Vec<KeyDoc>>> = const { std::cell::RefCell::new(None) };
-}
-
-/// Notes a key the parser reads (only while [`list_keys`] runs; the closures cost
-/// nothing otherwise).
-fn note_key(
-    key: impl FnOnce() -> String,
-    default: impl FnOnce() -> String,
-    allowed: impl FnOnce() -> String,
-) {
-    KEY_LOG.with(|log| {
-        if let Some(v) = log.borrow_mut().as_mut() {
-            let key = key();
-            if !v.iter().any(|k| k.key == key) {
-                v.push(KeyDoc {
-                    key,
-                    default: default(),
-                    allowed: allowed(),
-                });
-            }
-        }
-    });
-}
-
-/// Every key the parser reads for an empty file, with its default and range, in
-/// reading order: the list comes from the parser itself, so it cannot drift from it.
-/// Keys read only in some cases (the `[[limits]]` entries, `backend.sim.min_ms` and
-/// the other distribution-specific keys, `backend.nats.subject` when required) are in
-/// docs/llm-adapter.md; `--list-keys` prints this list.
-pub fn list_keys() -> Vec<KeyDoc> {
-    KEY_LOG.with(|log| *log.borrow_mut() = Some(Vec::new()));
-    let _ = Config::from_table(&Table::new());
-    KEY_LOG.with(|log| log.borrow_mut().take().unwrap_or_default())
-}
-
-impl<'a> Reader<'a> {
-    fn root(table: &'a Table) -> Self {
-        Self::new(String::new(), table)
-    }
-
-    fn new(prefix: String, table: &'a Table) -> Self {
-        Self {
-            prefix,
-            table,
-            seen: Vec::new(),
-        }
-    }
-
-    fn key(&self, name: &str) -> String {
-        if self.prefix.is_empty() {
-            name.to_owned()
-        } else {
-            format!("{}.{name}", self.prefix)
-        }
-    }
-
-    fn get(&mut self, name: &str) -> Option<&'a Value> {
-        let (k, v) = self.table.get_key_value(name)?;
-        self.seen.push(k.as_str());
-        Some(v)
-    }
-
-    fn section(&mut self, name: &str) -> Result<Reader<'a>, ConfigError> {
-        match self.get(name) {
-            None => Ok(Reader::new(self.key(name), &EMPTY)),
-            Some(Value::Table(t)) => Ok(Reader::new(self.key(name), t)),
-            Some(_) => Err(ConfigError::invalid(
-                self.key(name),
-                "expected a table (section)",
-            )),
-        }
-    }
-
-    fn finish(self) -> Result<(), ConfigError> {
-        for k in self.table.keys() {
-            if !self.seen.contains(&k.as_str()) {
-                return Err(ConfigError {
-                    key: if self.prefix.is_empty() {
-                        k.clone()
-                    } else {
-                        format!("{}.{k}", self.prefix)
-                    },
-                    kind: ConfigErrorKind::UnknownKey,
-                    message: "unknown key (see docs/llm-adapter.md for the reference)".into(),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    fn uint(
-        &mut self,
-        name: &str,
-        default: u64,
-        range: RangeInclusive<u64>,
-        note: &str,
-    ) -> Result<u64, ConfigError> {
-        note_key(
-            || self.key(name),
-            || default.to_string(),
-            || format!("{}..={}{note}", range.start(), range.end()),
-        );
-        match self.get(name) {
-            None => Ok(default),
-            Some(v) => uint_of(&self.key(name), v, &range, note),
-        }
-    }
-
-    fn required_uint(
-        &mut self,
-        name: &str,
-        range: RangeInclusive<u64>,
-    ) -> Result<u64, ConfigError> {
-        match self.get(name) {
-            None => Err(ConfigError::invalid(
-                self.key(name),
-                format!(
-                    "required; a whole number in {}..={}",
-                    range.start(),
-                    range.end()
-                ),
-            )),
-            Some(v) => uint_of(&self.key(name), v, &range, ""),
-        }
-    }
-
-    fn millis(
-        &mut self,
-        name: &str,
-        default: u64,
-        range: RangeInclusive<u64>,
-        note: &str,
-    ) -> Result<Duration, ConfigError> {
-        self.uint(name, default, range, note)
-            .map(Duration::from_millis)
-    }
-
-    fn float(
-        &mut self,
-        name: &str,
-        default: f64,
-        range: RangeInclusive<f64>,
-    ) -> Result<f64, ConfigError> {
-        let key = self.key(name);
-        note_key(
-            || key.clone(),
-            || default.to_string(),
-            || format!("{}..={}", range.start(), range.end()),
-        );
-        let v = match self.get(name) {
-            None => return Ok(default),
-            Some(Value::Float(f)) => *f,
-            Some(Value::Integer(i)) => *i as f64,
-            Some(other) => {
-                return Err(ConfigError::invalid(
-                    key,
-                    format!(
-                        "expected a number in {}..={}, got {}",
-                        range.start(),
-                        range.end(),
-                        describe(other)
-                    ),
-                ));
-            }
-        };
-        if !range.contains(&v) {
-            return Err(ConfigError::invalid(
-                key,
-                format!(
-                    "expected a number in {}..={}, got {v}",
-                    range.start(),
-                    range.end()
-                ),
-            ));
-        }
-        Ok(v)
-    }
-
-    fn boolean(&mut self, name: &str, default: bool) -> Result<bool, ConfigError> {
-        note_key(
-            || self.key(name),
-            || default.to_string(),
-            || "true, false".into(),
-        );
-        match self.get(name) {
-            None => Ok(default),
-            Some(Value::Boolean(b)) => Ok(*b),
-            Some(other) => Err(ConfigError::invalid(
-                self.key(name),
-                format!("expected true or false, got {}", describe(other)),
-            )),
-        }
-    }
-
-    fn opt_string(&mut self, name: &str) -> Result<Option<String>, ConfigError> {
-        note_key(|| self.key(name), || "none".into(), || "string".into());
-        match self.get(name) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(other) => Err(ConfigError::invalid(
-                self.key(name),
-                format!("expected a string, got {}", describe(other)),
-            )),
-        }
-    }
-
-    fn string(&mut self, name: &str, default: &str) -> Result<String, ConfigError> {
-        note_key(
-            || self.key(name),
-            || format!("{default:?}"),
-            || "string".into(),
-        );
-        Ok(self.opt_string(name)?.unwrap_or_else(|| default.to_owned()))
-    }
-
-    fn required_string(&mut self, name: &str) -> Result<String, ConfigError> {
-        self.opt_string(name)?
-            .ok_or_else(|| ConfigError::invalid(self.key(name), "required"))
-    }
-}
-
-fn uint_of(
-    key: &str,
-    v: &Value,
-    range: &RangeInclusive<u64>,
-    note: &str,
-) -> Result<u64, ConfigError> {
-    let expected = format!(
-        "expected a whole number in {}..={}{note}",
-        range.start(),
-        range.end()
-    );
-    match v {
-        Value::Integer(i) if *i >= 0 && range.contains(&(*i as u64)) => Ok(*i as u64),
-        Value::Integer(i) => Err(ConfigError::invalid(key, format!("{expected}, got {i}"))),
-        Value::Float(f) => Err(ConfigError::invalid(
-            key,
-            format!("{expected}, got {f} (fractional values are refused)"),
-        )),
-        other => Err(ConfigError::invalid(
-            key,
-            format!("{expected}, got {}", describe(other)),
-        )),
-    }
-}
-
-fn describe(v: &Value) -> String {
-    match v {
-        Value::String(s) => format!("the string {s:?}"),
-        Value::Integer(i) => i.to_string(),
-        Value::Float(f) => f.to_string(),
-        Value::Boolean(b) => b.to_string(),
-        Value::Datetime(d) => format!("the date {d}"),
-        Value::Array(_) => "an array".into(),
-        Value::Table(_) => "a table".into(),
-    }
-}
-
-/// Applies `WEIR_LLM_*` environment overrides to `table`.
-///
-/// `WEIR_LLM_A__B=v` sets key `a.b`. Values are typed like TOML scalars: `42` is an
-/// integer, `0.5` a float, `true`/`false` booleans, anything else a string. Variables
-/// in `skip` (those that clap reads for flags) are left alone. `[[limits]]` cannot be
-/// set from the environment.
-pub fn apply_env<I>(table: &mut Table, vars: I, skip: &[&str]) -> Result<(), ConfigError>
-where
-    I: IntoIterator<Item = (String, String)>,
-{
-    for (name, value) in vars {
-        let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
-            continue;
-        };
-        if skip.contains(&name.as_str()) || rest.is_empty() {
-            continue;
-        }
-        let path: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
-        if path.iter().any(String::is_empty) || path[0] == "limits" {
-            return Err(ConfigError::invalid(
-                name.clone(),
-                "cannot map this variable to a key ([[limits]] only from the file)",
-            ));
-        }
-        set_path(table, &path, scalar(&value))
-            .map_err(|m| ConfigError::invalid(name.clone(), m))?;
-    }
-    Ok(())
-}
-
-/// Sets `path` (e.g. `["nats","url"]`) to `value`, creating sections as needed.
-pub fn set_path(table: &mut Table, path: &[String], value: Value) -> Result<(), String> {
-    let Some((last, parents)) = path.split_last() else {
-        return Err("empty key".into());
-    };
-    let mut t = table;
-    for p in parents {
-        let entry = t
-            .entry(p.clone())
-            .or_insert_with(|| Value::Table(Table::new()));
-        t = match entry {
-            Value::Table(inner) => inner,
-            _ => return Err(format!("`{p}` is not a section")),
-        };
-    }
-    t.insert(last.clone(), value);
-    Ok(())
-}
-
-fn scalar(s: &str) -> Value {
-    if let Ok(i) = s.parse::<i64>() {
-        Value::Integer(i)
-    } else if let Ok(f) = s.parse::<f64>()
-        && s.contains(['.', 'e', 'E'])
-        && f.is_finite()
-    {
-        Value::Float(f)
-    } else if s == "true" || s == "false" {
-        Value::Boolean(s == "true")
-    } else {
-        Value::String(s.to_owned())
-    }
 }
 
 impl fmt::Display for Mode {
@@ -1936,36 +2117,228 @@ mod tests {
     }
 
     #[test]
-    fn list_keys_comes_from_the_parser_with_defaults_and_ranges() {
-        let keys = list_keys();
+    fn the_key_table_lists_every_key_with_its_default_and_range() {
+        let (undocumented, extra) = keys::uncovered(&layers(), SECTIONS);
+        assert!(
+            undocumented.is_empty(),
+            "keys without docs: {undocumented:?}"
+        );
+        assert!(extra.is_empty(), "docs without keys: {extra:?}");
+        let layers = layers();
+        let rows: Vec<keys::KeyRow> = SECTIONS
+            .iter()
+            .flat_map(|s| keys::rows(&layers, s))
+            .collect();
         let get = |k: &str| {
-            keys.iter()
-                .find(|d| d.key == k)
+            rows.iter()
+                .find(|r| r.name == k)
                 .unwrap_or_else(|| panic!("{k} listed"))
         };
-        assert_eq!(get("stream.window").default, "16");
+        assert_eq!(get("stream.window").default.as_deref(), Some("16"));
         assert_eq!(
-            get("stream.window").allowed,
+            get("stream.window").range,
             "0..=100000 (0 = no acknowledgements)"
         );
-        assert_eq!(get("stream.ack_timeout_ms").default, "1000");
-        assert_eq!(get("stream.chunk_interval_ms").default, "20");
-        assert_eq!(get("backend.openai.tls_ca_file").default, "none");
-        assert_eq!(
-            get("backend.openai.base_url").default,
-            "\"http://127.0.0.1:8000\""
+        assert_eq!(get("stream.ack_timeout_ms").default, None, "follows nats");
+        assert!(
+            get("stream.ack_timeout_ms")
+                .help
+                .contains("nats.publish_timeout_ms")
         );
-        assert_eq!(get("backend.sim.first_token_ms").default, "20");
-        assert_eq!(get("service.status_subject").default, "\"llm.status\"");
-        assert_eq!(get("workers").allowed, "1..=4096");
-        let mut names: Vec<&str> = keys.iter().map(|k| k.key.as_str()).collect();
-        let n = names.len();
-        names.dedup();
-        assert_eq!(names.len(), n, "each key once");
-        assert!(n > 60, "{n} keys");
-        // Not recording outside list_keys.
-        let _ = Config::default();
-        assert_eq!(list_keys().len(), n);
+        assert_eq!(get("stream.ack_timeout_ms").ty, "integer");
+        assert_eq!(get("backend.openai.tls_ca_file").default, None);
+        assert_eq!(
+            get("backend.openai.base_url").default.as_deref(),
+            Some("http://127.0.0.1:8000")
+        );
+        assert_eq!(
+            get("backend.sim.first_token_ms").default.as_deref(),
+            Some("20")
+        );
+        assert_eq!(get("backend.sim.p99_ms").ty, "integer");
+        assert_eq!(
+            get("service.status_subject").default.as_deref(),
+            Some("llm.status")
+        );
+        assert_eq!(get("workers").range, "1..=4096");
+        assert_eq!(get("limits[].max_wait_ms").default.as_deref(), Some("1000"));
+        assert_eq!(get("limits[].on_busy").default.as_deref(), Some("wait"));
+        assert_eq!(
+            get("admin.request_timeout_ms").default.as_deref(),
+            Some("10000")
+        );
+        assert_eq!(
+            get("admin.max_concurrent_requests").default.as_deref(),
+            Some("8")
+        );
+        assert!(rows.len() > 100, "{} keys", rows.len());
+        // Every numeric range `validate` reads parses.
+        for r in &rows {
+            if r.ty == "integer" {
+                assert!(bounds::<u64>(r.range).is_some(), "{}: {}", r.name, r.range);
+            }
+            if r.ty == "decimal" {
+                assert!(bounds::<f64>(r.range).is_some(), "{}: {}", r.name, r.range);
+            }
+        }
+    }
+
+    /// docs/llm-adapter.md holds the tables `--list-keys --markdown` prints; this
+    /// fails when they differ (regenerate them with that command).
+    #[test]
+    fn the_docs_tables_are_the_generated_ones() {
+        let doc = include_str!("../../docs/llm-adapter.md");
+        let generated = key_table(true);
+        for section in SECTIONS {
+            let want = keys::docs_section(&generated, section.name).expect("generated");
+            let have = keys::docs_section(doc, section.name).unwrap_or("(markers missing)");
+            assert_eq!(
+                have, want,
+                "docs/llm-adapter.md section {} differs from `llm-adapter serve --list-keys --markdown`",
+                section.name
+            );
+        }
+    }
+
+    #[test]
+    fn admin_request_limits_default_to_the_shared_ones_and_flow_from_the_keys() {
+        assert_eq!(
+            Config::default().admin.request_limits,
+            RequestLimits::default()
+        );
+        let c = Config::from_toml_str(
+            "[admin]
+request_timeout_ms = 2500
+max_concurrent_requests = 3",
+        )
+        .expect("valid");
+        assert_eq!(
+            c.admin.request_limits,
+            RequestLimits {
+                timeout: Duration::from_millis(2500),
+                max_concurrent: NonZeroUsize::new(3).expect("3 > 0"),
+            }
+        );
+        for bad in [
+            "request_timeout_ms = 99",
+            "max_concurrent_requests = 0",
+            "max_concurrent_requests = 1025",
+        ] {
+            let e = err(&format!("[admin]\n{bad}"));
+            assert!(e.key().starts_with("admin."), "{e}");
+            assert!(bad.starts_with(e.key().trim_start_matches("admin.")), "{e}");
+        }
+    }
+
+    fn load(
+        file: Option<&str>,
+        env: &[(&str, &str)],
+        set: &[(&str, &str)],
+    ) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("adapter.toml");
+        if let Some(text) = file {
+            std::fs::write(&path, text).expect("write");
+        }
+        let pairs = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+            v.iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        Config::load(&ConfigSources {
+            file: file.map(|_| path.clone()),
+            env: pairs(env),
+            overrides: pairs(set),
+        })
+    }
+
+    #[test]
+    fn precedence_is_file_then_environment_then_command_line() {
+        let file = "workers = 2
+queue_capacity = 100
+[session]
+pending_cap = 7
+[nats]
+url = \"nats://file:4222\"
+";
+        let c = load(
+            Some(file),
+            &[
+                ("WEIR_LLM_QUEUE_CAPACITY", "200"),
+                ("WEIR_LLM_WORKERS", "3"),
+            ],
+            &[("workers", "4"), ("nats.url", "nats://flag:4222")],
+        )
+        .expect("valid");
+        assert_eq!(c.workers.get(), 4, "the command line beats the environment");
+        assert_eq!(
+            c.queue_capacity.get(),
+            200,
+            "the environment beats the file"
+        );
+        assert_eq!(
+            c.session.pending_cap.map(NonZeroUsize::get),
+            Some(7),
+            "the file beats the default"
+        );
+        assert_eq!(c.nats.client.url_list(), "nats://flag:4222");
+        assert_eq!(
+            c.deadline.max,
+            Duration::from_secs(120),
+            "the default stays"
+        );
+        // A refusal says where the value came from.
+        let e = load(Some("workers = 0\n"), &[], &[]).expect_err("zero");
+        assert!(e.to_string().contains("adapter.toml"), "{e}");
+        let e = load(None, &[("WEIR_LLM_WORKERS", "0")], &[]).expect_err("zero");
+        assert!(e.to_string().contains("WEIR_LLM_WORKERS"), "{e}");
+    }
+
+    /// The old loader typed environment values by their text alone: a numeric token
+    /// was an integer, refused as "expected a string". A value takes its key's type.
+    #[test]
+    fn a_numeric_nats_token_from_the_environment_is_a_string() {
+        let c = load(None, &[("WEIR_LLM_NATS__TOKEN", "123456")], &[]).expect("valid");
+        let shown = format!("{:?}", c.nats.client);
+        assert!(!shown.contains("123456"), "redacted: {shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
+        let c = load(
+            None,
+            &[
+                ("WEIR_LLM_SERVICE__VERSION", "1.2.3"),
+                ("WEIR_LLM_SERVICE__NAME", "42"),
+            ],
+            &[],
+        )
+        .expect("valid");
+        assert_eq!(
+            (c.service.version.as_str(), c.service.name.as_str()),
+            ("1.2.3", "42")
+        );
+    }
+
+    #[test]
+    fn limits_elements_are_keys_with_their_index() {
+        let file = "[[limits]]\nkey = \"client\"\nlimit = 1\n[[limits]]\nkey = \"session\"\nlimit = 2\nmax_wait_ms = -3\n";
+        let e = load(Some(file), &[], &[]).expect_err("negative");
+        assert_eq!(e.key(), "limits[1].max_wait_ms", "{e}");
+        assert!(e.to_string().contains("1..=3600000"), "{e}");
+        let file = "[[limits]]\nkey = \"client\"\nlimit = 1\n";
+        let c = load(
+            Some(file),
+            &[],
+            &[("limits[0].limit", "5"), ("limits[0].on_busy", "reject")],
+        )
+        .expect("valid");
+        assert_eq!(c.limits[0].limit.get(), 5);
+        assert_eq!(c.limits[0].on_busy, OnBusy::Reject);
+        let e = load(Some(file), &[], &[("limits[0].max_waiter", "5")]).expect_err("typo");
+        assert_eq!(
+            (e.key(), e.kind()),
+            ("limits[0].max_waiter", ConfigErrorKind::UnknownKey)
+        );
+        assert!(e.to_string().contains("`limits[].max_waiters`"), "{e}");
+        assert_eq!(err("[[limits]]\nlimit = 1").key(), "limits[0].key");
     }
 
     #[test]
@@ -2091,6 +2464,28 @@ mod tests {
             "backend.sim.error_rate"
         );
         assert_eq!(
+            err("[backend.sim]\np99_ms = 50").key(),
+            "backend.sim.p99_ms"
+        );
+        assert_eq!(
+            err("[backend.sim]\ndistribution = \"lognormal\"\nmin_ms = 5").key(),
+            "backend.sim.min_ms"
+        );
+        let c = Config::from_toml_str(
+            "[backend.sim]\ndistribution = \"uniform\"\nmin_ms = 5\nlatency_ms = 30",
+        )
+        .expect("uniform");
+        let BackendKind::Sim(sim) = c.backend.kind else {
+            panic!("sim expected");
+        };
+        assert_eq!(
+            sim.latency,
+            Latency::Uniform {
+                min: Duration::from_millis(5),
+                max: Duration::from_millis(30)
+            }
+        );
+        assert_eq!(
             err("[service]\nsubject = \"a..b\"").key(),
             "service.subject"
         );
@@ -2117,24 +2512,20 @@ mod tests {
 
     #[test]
     fn env_overrides_are_typed_and_nested() {
-        let mut t: Table = toml::from_str("workers = 2").expect("toml");
-        apply_env(
-            &mut t,
-            [
-                ("WEIR_LLM_WORKERS".to_string(), "3".to_string()),
-                ("WEIR_LLM_SESSION__PENDING_CAP".to_string(), "0".to_string()),
-                (
-                    "WEIR_LLM_BACKEND__SIM__ERROR_RATE".to_string(),
-                    "0.25".to_string(),
-                ),
-                ("WEIR_LLM_MODE".to_string(), "shadow".to_string()),
-                ("WEIR_LLM_NATS_URL".to_string(), "nats://x".to_string()),
-                ("OTHER".to_string(), "1".to_string()),
+        let c = load(
+            Some("workers = 2"),
+            &[
+                ("WEIR_LLM_WORKERS", "3"),
+                ("WEIR_LLM_SESSION__PENDING_CAP", "0"),
+                ("WEIR_LLM_BACKEND__SIM__ERROR_RATE", "0.25"),
+                ("WEIR_LLM_MODE", "shadow"),
+                ("WEIR_LLM_NATS_URL", "nats://x"),
+                ("WEIR_LLM_CONFIG", "ignored.toml"),
+                ("OTHER", "1"),
             ],
-            &["WEIR_LLM_NATS_URL"],
+            &[],
         )
-        .expect("applies");
-        let c = Config::from_table(&t).expect("valid");
+        .expect("valid");
         assert_eq!(c.workers.get(), 3);
         assert_eq!(c.session.pending_cap, None);
         assert_eq!(c.mode, Mode::Shadow);
@@ -2142,21 +2533,19 @@ mod tests {
             BackendKind::Sim(s) => assert_eq!(s.error_rate, 0.25),
             other => panic!("unexpected {other:?}"),
         }
-
-        let mut t = Table::new();
-        apply_env(
-            &mut t,
-            [("WEIR_LLM_SESSION__PENDING_CAP".into(), "-2".into())],
-            &[],
-        )
-        .expect("applies");
+        let e = load(None, &[("WEIR_LLM_SESSION__PENDING_CAP", "-2")], &[]).expect_err("refused");
+        assert_eq!(e.key(), "session.pending_cap");
+        let e = load(None, &[("WEIR_LLM_LIMITS__0", "1")], &[]).expect_err("refused");
+        assert!(e.to_string().contains("WEIR_LLM_LIMITS__0"), "{e}");
+        let e = load(None, &[("WEIR_LLM_QUEUE_CAPACTY", "5")], &[]).expect_err("typo");
         assert_eq!(
-            Config::from_table(&t).expect_err("refused").key(),
-            "session.pending_cap"
+            (e.key(), e.kind()),
+            ("queue_capacty", ConfigErrorKind::UnknownKey)
         );
-        let mut t = Table::new();
-        let e = apply_env(&mut t, [("WEIR_LLM_LIMITS__0".into(), "1".into())], &[])
-            .expect_err("refused");
-        assert_eq!(e.key(), "WEIR_LLM_LIMITS__0");
+        assert!(e.to_string().contains("WEIR_LLM_QUEUE_CAPACTY"), "{e}");
+        assert!(
+            e.to_string().contains("did you mean `queue_capacity`?"),
+            "{e}"
+        );
     }
 }

@@ -161,6 +161,17 @@ fn invalid_configuration_is_refused_with_the_key_named() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(key), "{var}={value}: {err}");
     }
+    // A numeric token is a string (the old loader typed it as an integer and refused it).
+    let out = Command::new(BIN)
+        .args(["check-config"])
+        .env("WEIR_LLM_NATS__TOKEN", "123456")
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = Command::new(BIN)
         .args(["check-config"])
         .env("WEIR_LLM_SESSION__PENDING_CAP", "0")
@@ -365,8 +376,9 @@ async fn a_10_mb_backend_reply_is_refused_and_rss_grows_less_than_1_mb() {
     );
 }
 
-/// `serve --list-keys` prints every key the parser reads, with default and range, and
-/// exits 0 without connecting anywhere.
+/// `serve --list-keys` prints every key (the `[[limits]]` fields and every sim
+/// distribution key included), with default and range, and exits 0 without connecting
+/// anywhere.
 #[test]
 fn list_keys_prints_the_keys_with_defaults() {
     let out = Command::new(BIN)
@@ -383,6 +395,11 @@ fn list_keys_prints_the_keys_with_defaults() {
         "backend.openai.tls_cert_file ",
         "service.status_subject ",
         "backend.sim.tokens_per_second ",
+        "backend.sim.p99_ms ",
+        "backend.sim.min_ms ",
+        "limits[].limit ",
+        "limits[].max_wait_ms ",
+        "admin.request_timeout_ms ",
     ] {
         assert!(
             text.lines().any(|l| l.starts_with(key)),

@@ -1,10 +1,13 @@
-//! `llm-adapter serve [--config FILE] [--nats-url URL] [--admin ADDR]`
-//! (`--list-keys` prints every configuration key with its default and range)
+//! `llm-adapter serve [--config FILE] [--nats-url URL] [--admin ADDR] [--set KEY=VALUE]...`
+//! (`--list-keys` prints every configuration key with its type, default and range;
+//! `--list-keys --markdown` the tables of docs/llm-adapter.md)
 //!
 //! Configuration precedence: built-in defaults < the TOML file < `WEIR_LLM_*`
 //! environment variables (`WEIR_LLM_QUEUE_CAPACITY=64`, `WEIR_LLM_SESSION__PENDING_CAP=5`;
-//! `__` separates sections) < flags. Every value is validated before anything starts;
-//! an error names the key and exits with status 2.
+//! `__` separates sections) < flags (`--set`, `--nats-url`, `--admin`), merged by
+//! `weir_service::config` (`config::Config::load`). Every value is validated before
+//! anything starts; an error names the key, where the value came from, and exits with
+//! status 2.
 //!
 //! When ready, one line goes to stdout: `{"event":"ready","admin":"127.0.0.1:PORT"}`.
 //! Logs go to stderr (`RUST_LOG`, default `info`; `--log-format json` for JSON lines).
@@ -22,7 +25,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use weir_llm_adapter::admin::{self, AdminState};
-use weir_llm_adapter::config::{self, Config};
+use weir_llm_adapter::config::{self, Config, ConfigSources};
 use weir_llm_adapter::{backend, metrics as m};
 use weir_service::logging::LogFormat;
 
@@ -64,48 +67,37 @@ struct ServeArgs {
     /// Log format on stderr.
     #[arg(long, env = "WEIR_LLM_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
-    /// Print every configuration key with its default and allowed values, then exit.
+    /// Any configuration key, e.g. `--set session.pending_cap=3` or
+    /// `--set limits[0].limit=4` (repeatable; applied last, in order).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Print every configuration key with its type, default and range, then exit.
     #[arg(long)]
     list_keys: bool,
+    /// With --list-keys: print the Markdown tables of docs/llm-adapter.md.
+    #[arg(long, requires = "list_keys")]
+    markdown: bool,
 }
 
-/// Environment variables read by clap, not by the generic `WEIR_LLM_*` mapping.
-const FLAG_VARS: &[&str] = &[
-    "WEIR_LLM_CONFIG",
-    "WEIR_LLM_NATS_URL",
-    "WEIR_LLM_ADMIN",
-    "WEIR_LLM_LOG_FORMAT",
-    "WEIR_LLM_THREADS",
-];
-
 fn load(args: &ServeArgs) -> Result<Config, String> {
-    let mut table = match &args.config {
-        None => toml::Table::new(),
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("config file {}: {e}", path.display()))?;
-            toml::from_str::<toml::Table>(&text)
-                .map_err(|e| format!("config file {}: {e}", path.display()))?
+    let mut overrides = Vec::new();
+    for (key, value) in [("nats.url", &args.nats_url), ("admin.listen", &args.admin)] {
+        if let Some(v) = value {
+            overrides.push((key.to_owned(), v.clone()));
         }
-    };
-    config::apply_env(&mut table, std::env::vars(), FLAG_VARS).map_err(|e| e.to_string())?;
-    if let Some(url) = &args.nats_url {
-        config::set_path(
-            &mut table,
-            &["nats".into(), "url".into()],
-            toml::Value::String(url.clone()),
-        )
-        .map_err(|e| format!("--nats-url: {e}"))?;
     }
-    if let Some(addr) = &args.admin {
-        config::set_path(
-            &mut table,
-            &["admin".into(), "listen".into()],
-            toml::Value::String(addr.clone()),
-        )
-        .map_err(|e| format!("--admin: {e}"))?;
+    for kv in &args.set {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("--set {kv:?}: expected KEY=VALUE"))?;
+        overrides.push((k.trim().to_owned(), v.to_owned()));
     }
-    Config::from_table(&table).map_err(|e| e.to_string())
+    Config::load(&ConfigSources {
+        file: args.config.clone(),
+        env: std::env::vars().collect(),
+        overrides,
+    })
+    .map_err(|e| e.to_string())
 }
 
 async fn serve(config: Config) -> Result<(), String> {
@@ -231,13 +223,10 @@ fn main() -> ExitCode {
         Cmd::CheckConfig(a) => (a, true),
     };
     if args.list_keys {
-        let mut out = std::io::stdout().lock();
-        for k in config::list_keys() {
-            // A closed pipe (`| head`) ends the listing; it is not an error.
-            if writeln!(out, "{:<44} default {:<26} {}", k.key, k.default, k.allowed).is_err() {
-                break;
-            }
-        }
+        // A closed pipe (`| head`) ends the listing; it is not an error.
+        let _ = std::io::stdout()
+            .lock()
+            .write_all(config::key_table(args.markdown).as_bytes());
         return ExitCode::SUCCESS;
     }
     let _telemetry = weir_service::logging::init(args.log_format);

@@ -1,15 +1,20 @@
 //! The key table (`--list-keys`, the docs' configuration tables), generated from the
 //! same defaults the loader starts from.
 //!
-//! Name, type and default come from the serialized `Raw::default()`; range and meaning
-//! from one static [`KeyDoc`] table per section, in the order shown. [`uncovered`]
+//! Name and type come from the loader's schema (the serialized `Raw::default()`, or the
+//! value given to [`super::Layers::with_schema`]), the default from the defaults (for a
+//! key of an array's element, from the schema's element; a key the defaults leave out
+//! is shown unset); range and meaning from one static [`KeyDoc`] table per section, in
+//! the order shown. An element key is named `limits[].key`. [`uncovered`]
 //! lists the differences between the two key sets, and each service has a unit test
 //! asserting there are none: a key cannot be added without its documentation, and a
 //! documented key cannot outlive its field.
 
 use std::fmt::Write as _;
 
-use toml::{Table, Value};
+use toml::Value;
+
+use super::{Layers, any_element};
 
 /// What the code cannot know about a key: its allowed values and its meaning.
 #[derive(Debug, Clone, Copy)]
@@ -46,19 +51,37 @@ pub struct KeyRow {
     pub help: &'static str,
 }
 
-/// The rows of `section`, with types and defaults taken from `defaults`.
-pub fn rows(defaults: &Table, section: &Section) -> Vec<KeyRow> {
+/// Every leaf of `table` by its key-table name (`limits[].key`).
+fn leaves(table: &toml::Table) -> Vec<(String, &Value)> {
     let mut leaves = Vec::new();
-    super::flatten("", defaults, &mut leaves);
+    super::flatten("", table, &mut leaves);
+    leaves
+        .into_iter()
+        .map(|(k, v)| (any_element(&k, "[]"), v))
+        .collect()
+}
+
+/// The rows of `section`, with types and defaults taken from `layers`.
+pub fn rows(layers: &Layers, section: &Section) -> Vec<KeyRow> {
+    let schema = leaves(layers.schema());
+    let defaults = leaves(layers.defaults());
     section
         .keys
         .iter()
         .map(|doc| {
-            let value = leaves.iter().find(|(k, _)| k == doc.name).map(|(_, v)| *v);
+            let ty = schema.iter().find(|(k, _)| k == doc.name).map(|(_, v)| *v);
+            let default = if doc.name.contains("[]") {
+                ty
+            } else {
+                defaults
+                    .iter()
+                    .find(|(k, _)| k == doc.name)
+                    .map(|(_, v)| *v)
+            };
             KeyRow {
                 name: doc.name.to_owned(),
-                ty: value.map_or("unknown", type_name),
-                default: value.and_then(shown),
+                ty: ty.map_or("unknown", type_name),
+                default: default.and_then(shown),
                 range: doc.range,
                 help: doc.help,
             }
@@ -66,11 +89,10 @@ pub fn rows(defaults: &Table, section: &Section) -> Vec<KeyRow> {
         .collect()
 }
 
-/// Keys of `defaults` no section documents, and documented keys `defaults` does not
+/// Keys of the schema no section documents, and documented keys the schema does not
 /// have (both empty when the docs are complete).
-pub fn uncovered(defaults: &Table, sections: &[Section]) -> (Vec<String>, Vec<&'static str>) {
-    let mut leaves = Vec::new();
-    super::flatten("", defaults, &mut leaves);
+pub fn uncovered(layers: &Layers, sections: &[Section]) -> (Vec<String>, Vec<&'static str>) {
+    let leaves = leaves(layers.schema());
     let documented: Vec<&str> = sections
         .iter()
         .flat_map(|s| s.keys.iter().map(|k| k.name))

@@ -20,6 +20,14 @@
 //!   `true`/`false` (and `1`/`0`, `yes`/`no`), any other key parses the text as a TOML
 //!   value (`1_000`, `2.5`, `[1, 2]`), falling back to a string that deserialization
 //!   then refuses with the expected type.
+//! - an array of tables (`[[limits]]`) is addressed per element: `limits[1].key` is a
+//!   key like any other (origin, refusal, `--set`); the raw struct's element type must
+//!   have a default for every field, so that one element's value can be tried alone.
+//!
+//! Keys the defaults do not show (an `Option` that is unset by default, the fields of
+//! an array's elements) are known from the *schema*: a value of the raw struct with
+//! every key present, given by [`Layers::with_schema`] (by default the defaults). Its
+//! element keys are named `limits[].key` in the key table.
 //!
 //! Why not figment or config-rs: neither is in the dependency tree, and what weir needs
 //! (origins, refusal of unknown variables, a key table from the defaults) is this
@@ -122,6 +130,7 @@ impl std::error::Error for LoadError {}
 #[derive(Debug, Clone)]
 pub struct Layers {
     defaults: Table,
+    schema: Table,
     merged: Table,
     origins: BTreeMap<String, Origin>,
 }
@@ -138,16 +147,32 @@ impl Layers {
             Ok(t) => t,
             Err(e) => panic!("the configuration defaults do not serialize to TOML: {e}"),
         };
-        Self {
-            merged: defaults.clone(),
-            defaults,
-            origins: BTreeMap::new(),
-        }
+        Self::new_from(defaults)
     }
 
-    /// The defaults as a table (for [`keys`]).
+    /// Declares the keys the defaults do not show: `schema` is a value of the raw
+    /// struct with every optional key set and one element in each array of tables
+    /// (whose fields are the element defaults). It types text values, is searched for
+    /// "did you mean" and is listed by [`keys`].
+    ///
+    /// # Panics
+    /// As [`Layers::new`].
+    pub fn with_schema<T: Serialize>(mut self, schema: &T) -> Self {
+        self.schema = match Table::try_from(schema) {
+            Ok(t) => t,
+            Err(e) => panic!("the configuration schema does not serialize to TOML: {e}"),
+        };
+        self
+    }
+
+    /// The defaults as a table.
     pub fn defaults(&self) -> &Table {
         &self.defaults
+    }
+
+    /// The schema (see [`Layers::with_schema`]).
+    pub fn schema(&self) -> &Table {
+        &self.schema
     }
 
     /// Where the value of `key` (a dotted path) came from.
@@ -165,18 +190,24 @@ impl Layers {
         };
         let text = std::fs::read_to_string(path).map_err(|e| fail(format!("cannot read: {e}")))?;
         let table: Table = text.parse().map_err(|e| fail(format!("not TOML: {e}")))?;
+        self.table(&table, &Origin::File(path.to_owned()));
+        Ok(())
+    }
+
+    /// Merges a parsed TOML table (a file's contents) key by key, each value with
+    /// `origin`.
+    pub fn table(&mut self, table: &Table, origin: &Origin) {
         let mut leaves = Vec::new();
-        flatten("", &table, &mut leaves);
+        flatten("", table, &mut leaves);
         for (key, value) in leaves {
             // An empty `[section]` of a known section changes nothing (inserting it
             // would drop the section's defaults); an unknown one is still refused.
             let empty_known = value.as_table().is_some_and(Table::is_empty)
                 && lookup(&self.merged, &key).is_some_and(Value::is_table);
             if !empty_known {
-                self.insert(&key, value.clone(), Origin::File(path.to_owned()));
+                self.insert(&key, value.clone(), origin.clone());
             }
         }
-        Ok(())
     }
 
     /// Merges the variables named `prefix` + key: `WEIR_LLM_NATS__URL` sets `nats.url`.
@@ -203,21 +234,42 @@ impl Layers {
     /// Merges one text value (`--set key=value`, a flag, a variable): it takes the type
     /// of the key's default (see the module invariants).
     pub fn set_text(&mut self, key: &str, text: &str, origin: Origin) {
-        let value = coerce(text, lookup(&self.defaults, key));
+        let value = coerce(text, lookup(&self.schema, &first_element(key)));
         self.insert(key, value, origin);
     }
 
     fn insert(&mut self, key: &str, value: Value, origin: Origin) {
         let mut table = &mut self.merged;
-        let mut parts = key.split('.').peekable();
-        while let Some(part) = parts.next() {
-            if parts.peek().is_none() {
-                table.insert(part.to_owned(), value);
+        let mut parts = key.split('.').map(part).peekable();
+        while let Some((name, index)) = parts.next() {
+            let last = parts.peek().is_none();
+            let slot = match (index, last) {
+                (None, true) => {
+                    table.insert(name.to_owned(), value);
+                    break;
+                }
+                (None, false) => table
+                    .entry(name.to_owned())
+                    .or_insert_with(|| Value::Table(Table::new())),
+                // `name[i]`: element `i` of an array of tables, created up to `i`.
+                (Some(i), _) => {
+                    let array = table
+                        .entry(name.to_owned())
+                        .or_insert_with(|| Value::Array(Vec::new()));
+                    if !array.is_array() {
+                        *array = Value::Array(Vec::new());
+                    }
+                    let Value::Array(items) = array else { break };
+                    if items.len() <= i {
+                        items.resize(i + 1, Value::Table(Table::new()));
+                    }
+                    &mut items[i]
+                }
+            };
+            if index.is_some() && last {
+                *slot = value;
                 break;
             }
-            let slot = table
-                .entry(part.to_owned())
-                .or_insert_with(|| Value::Table(Table::new()));
             if !slot.is_table() {
                 *slot = Value::Table(Table::new());
             }
@@ -241,6 +293,7 @@ impl Layers {
                 continue;
             };
             let mut probe = Self::new_from(self.defaults.clone());
+            probe.schema.clone_from(&self.schema);
             probe.insert(key, value.clone(), origin.clone());
             if let Err(e) = Value::Table(probe.merged).try_into::<T>() {
                 return Err(self.refusal(key, origin, e.message()));
@@ -257,6 +310,7 @@ impl Layers {
     fn new_from(defaults: Table) -> Self {
         Self {
             merged: defaults.clone(),
+            schema: defaults.clone(),
             defaults,
             origins: BTreeMap::new(),
         }
@@ -285,7 +339,7 @@ impl Layers {
         };
         let message = match kind {
             LoadErrorKind::UnknownKey => {
-                let hint = nearest(&self.defaults, &key)
+                let hint = nearest(&self.schema, &key)
                     .map(|k| format!("; did you mean `{k}`?"))
                     .unwrap_or_default();
                 format!("not a configuration key{hint}")
@@ -320,17 +374,54 @@ fn coerce(text: &str, default: Option<&Value>) -> Value {
     }
 }
 
-/// The value at a dotted path.
+/// One part of a dotted path: `limits[1]` is `("limits", Some(1))`.
+fn part(text: &str) -> (&str, Option<usize>) {
+    match text.strip_suffix(']').and_then(|t| t.split_once('[')) {
+        Some((name, index)) => match index.parse() {
+            Ok(i) => (name, Some(i)),
+            Err(_) => (text, None),
+        },
+        None => (text, None),
+    }
+}
+
+/// `key` with every element index replaced by `replacement` (`limits[1].key` →
+/// `limits[].key` with `"[]"`).
+pub(crate) fn any_element(key: &str, replacement: &str) -> String {
+    key.split('.')
+        .map(|p| match part(p) {
+            (name, Some(_)) => format!("{name}{replacement}"),
+            (name, None) => name.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// `key` addressing the schema's one element of each array (`limits[3].key` →
+/// `limits[0].key`).
+fn first_element(key: &str) -> String {
+    any_element(key, "[0]")
+}
+
+/// The value at a dotted path (`limits[1].key` included).
 fn lookup<'a>(table: &'a Table, key: &str) -> Option<&'a Value> {
-    let mut parts = key.split('.');
-    let mut value = table.get(parts.next()?)?;
-    for part in parts {
-        value = value.as_table()?.get(part)?;
+    let mut parts = key.split('.').map(part);
+    let (name, index) = parts.next()?;
+    let mut value = table.get(name)?;
+    if let Some(i) = index {
+        value = value.as_array()?.get(i)?;
+    }
+    for (name, index) in parts {
+        value = value.as_table()?.get(name)?;
+        if let Some(i) = index {
+            value = value.as_array()?.get(i)?;
+        }
     }
     Some(value)
 }
 
-/// Every leaf (a value that is not a table) with its dotted path.
+/// Every leaf (a value that is neither a table nor an array of tables) with its dotted
+/// path; the elements of an array of tables are `name[i]`.
 pub(crate) fn flatten<'a>(prefix: &str, table: &'a Table, out: &mut Vec<(String, &'a Value)>) {
     for (k, v) in table {
         let key = if prefix.is_empty() {
@@ -340,6 +431,15 @@ pub(crate) fn flatten<'a>(prefix: &str, table: &'a Table, out: &mut Vec<(String,
         };
         match v {
             Value::Table(t) if !t.is_empty() => flatten(&key, t, out),
+            Value::Array(items) if !items.is_empty() && items.iter().all(Value::is_table) => {
+                for (i, item) in items.iter().enumerate() {
+                    let element = format!("{key}[{i}]");
+                    match item {
+                        Value::Table(t) if !t.is_empty() => flatten(&element, t, out),
+                        _ => out.push((element, item)),
+                    }
+                }
+            }
             _ => out.push((key, v)),
         }
     }
@@ -350,16 +450,20 @@ pub(crate) fn flatten<'a>(prefix: &str, table: &'a Table, out: &mut Vec<(String,
 fn nearest(defaults: &Table, key: &str) -> Option<String> {
     let mut leaves = Vec::new();
     flatten("", defaults, &mut leaves);
+    let leaves: Vec<String> = leaves
+        .into_iter()
+        .map(|(k, _)| any_element(&k, "[]"))
+        .collect();
     // Sections are candidates too: `[natz]` is nearest to `nats`.
     let sections: Vec<String> = leaves
         .iter()
-        .flat_map(|(k, _)| k.match_indices('.').map(|(i, _)| k[..i].to_owned()))
+        .flat_map(|k| k.match_indices('.').map(|(i, _)| k[..i].to_owned()))
         .collect();
+    let key = any_element(key, "[]");
     leaves
         .into_iter()
-        .map(|(k, _)| k)
         .chain(sections)
-        .map(|k| (edit_distance(&k, key), k))
+        .map(|k| (edit_distance(&k, &key), k))
         .filter(|(d, _)| *d <= 2)
         .min()
         .map(|(_, k)| k)

@@ -239,7 +239,7 @@ fn the_key_table_comes_from_the_defaults() {
         keys: DOCS,
     };
     let layers = Layers::new(&Raw::default());
-    let rows = keys::rows(layers.defaults(), &section);
+    let rows = keys::rows(&layers, &section);
     assert_eq!(rows[0].ty, "integer");
     assert_eq!(rows[0].default.as_deref(), Some("4"));
     assert_eq!(rows[1].default, None, "an empty string is unset");
@@ -250,7 +250,7 @@ fn the_key_table_comes_from_the_defaults() {
     );
     assert!(md.contains("| `nats.token` | string | — |"), "{md}");
     assert!(keys::text(&rows).contains("(unset)"));
-    let (undocumented, extra) = keys::uncovered(layers.defaults(), &[section]);
+    let (undocumented, extra) = keys::uncovered(&layers, &[section]);
     assert_eq!(
         undocumented,
         ["name", "nats.url", "on", "rate", "timeout_ms"]
@@ -266,4 +266,142 @@ fn did_you_mean_is_within_two_edits() {
     assert_eq!(edit_distance("max_byte", "max_bytes"), 1);
     assert_eq!(edit_distance("kitten", "sitting"), 3);
     assert_eq!(edit_distance("", "abc"), 3);
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct WithArray {
+    count: u64,
+    /// Unset by default: resolved from `count` by the service.
+    follows: Option<u64>,
+    rules: Vec<Rule>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct Rule {
+    key: String,
+    limit: u64,
+}
+
+fn with_array() -> Layers {
+    let schema = WithArray {
+        follows: Some(0),
+        rules: vec![Rule::default()],
+        ..WithArray::default()
+    };
+    Layers::new(&WithArray::default()).with_schema(&schema)
+}
+
+#[test]
+fn arrays_of_tables_are_addressed_per_element() {
+    let mut layers = with_array();
+    let file: Table = "[[rules]]\nkey = \"a\"\nlimit = 1\n[[rules]]\nkey = \"b\"\nlimit = 2\n"
+        .parse()
+        .expect("toml");
+    layers.table(&file, &Origin::File("c.toml".into()));
+    assert_eq!(
+        layers.origin("rules[1].limit"),
+        &Origin::File("c.toml".into())
+    );
+    // Text takes the element field's type from the schema: `7` stays a string key's
+    // text, `3` is an integer for `limit`.
+    layers.set_text("rules[1].limit", "3", Origin::CommandLine);
+    layers.set_text("rules[2].key", "7", Origin::CommandLine);
+    layers.set_text("follows", "9", Origin::CommandLine);
+    let raw: WithArray = layers.build().expect("valid");
+    assert_eq!(raw.follows, Some(9));
+    assert_eq!(
+        raw.rules,
+        [
+            Rule {
+                key: "a".into(),
+                limit: 1
+            },
+            Rule {
+                key: "b".into(),
+                limit: 3
+            },
+            Rule {
+                key: "7".into(),
+                limit: 0
+            },
+        ]
+    );
+    assert_eq!(
+        with_array().build::<WithArray>().expect("defaults").follows,
+        None
+    );
+
+    // A refused element value is named with its index, an unknown one with a hint.
+    let mut layers = with_array();
+    let file: Table = "[[rules]]\nkey = \"a\"\n[[rules]]\nlimit = -3\n"
+        .parse()
+        .expect("toml");
+    layers.table(&file, &Origin::File("c.toml".into()));
+    let err = layers.build::<WithArray>().expect_err("negative");
+    assert_eq!(
+        (err.key(), err.kind()),
+        ("rules[1].limit", LoadErrorKind::InvalidValue),
+        "{err}"
+    );
+    let mut layers = with_array();
+    layers.set_text("rules[0].limits", "3", Origin::CommandLine);
+    let err = layers.build::<WithArray>().expect_err("unknown");
+    assert_eq!(
+        (err.key(), err.kind()),
+        ("rules[0].limits", LoadErrorKind::UnknownKey),
+        "{err}"
+    );
+    assert!(err.to_string().contains("`rules[].limit`"), "{err}");
+}
+
+#[test]
+fn the_key_table_lists_element_and_unset_keys_from_the_schema() {
+    const DOCS: &[KeyDoc] = &[
+        KeyDoc {
+            name: "count",
+            range: "",
+            help: "",
+        },
+        KeyDoc {
+            name: "follows",
+            range: "",
+            help: "default: = count",
+        },
+        KeyDoc {
+            name: "rules[].key",
+            range: "",
+            help: "",
+        },
+        KeyDoc {
+            name: "rules[].limit",
+            range: "",
+            help: "",
+        },
+    ];
+    let section = Section {
+        name: "t",
+        keys: DOCS,
+    };
+    let layers = with_array();
+    let rows = keys::rows(&layers, &section);
+    let shown: Vec<(&str, &str, Option<&str>)> = rows
+        .iter()
+        .map(|r| (r.name.as_str(), r.ty, r.default.as_deref()))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("count", "integer", Some("0")),
+            ("follows", "integer", None),
+            ("rules[].key", "string", None),
+            ("rules[].limit", "integer", Some("0")),
+        ]
+    );
+    let (undocumented, extra) = keys::uncovered(&layers, &[section]);
+    assert!(
+        undocumented.is_empty() && extra.is_empty(),
+        "{undocumented:?} {extra:?}"
+    );
 }
