@@ -1109,21 +1109,7 @@ pub const SECTIONS: &[Section] = &[
 /// `--list-keys`, or the Markdown tables of docs/audio-ingress.md (each between its
 /// `<!-- keys:NAME -->` markers) for `--list-keys --markdown`.
 pub fn key_table(markdown: bool) -> String {
-    let layers = Layers::new(&RawConfig::default());
-    let mut out = String::new();
-    for section in SECTIONS {
-        let rows = keys::rows(&layers, section);
-        if markdown {
-            out.push_str(&format!(
-                "<!-- keys:{0} -->\n{1}<!-- /keys:{0} -->\n",
-                section.name,
-                keys::markdown(&rows)
-            ));
-        } else {
-            out.push_str(&keys::text(&rows));
-        }
-    }
-    out
+    keys::table(&Layers::new(&RawConfig::default()), SECTIONS, markdown)
 }
 
 /// Default `auth_leeway_s`: clock skew allowed on a token's `exp`.

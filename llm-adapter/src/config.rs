@@ -760,21 +760,7 @@ fn set(text: &str) -> Option<String> {
 /// `--list-keys`, or the Markdown tables of docs/llm-adapter.md (each between its
 /// `<!-- keys:NAME -->` markers) for `--list-keys --markdown`.
 pub fn key_table(markdown: bool) -> String {
-    let layers = layers();
-    let mut out = String::new();
-    for section in SECTIONS {
-        let rows = keys::rows(&layers, section);
-        if markdown {
-            out.push_str(&format!(
-                "<!-- keys:{0} -->\n{1}<!-- /keys:{0} -->\n",
-                section.name,
-                keys::markdown(&rows)
-            ));
-        } else {
-            out.push_str(&keys::text(&rows));
-        }
-    }
-    out
+    keys::table(&layers(), SECTIONS, markdown)
 }
 
 impl Config {

@@ -99,22 +99,14 @@ struct ServeArgs {
 }
 
 fn sources(args: &ServeArgs) -> Result<ConfigSources, String> {
-    let mut overrides = Vec::new();
-    for (key, value) in [
-        ("nats_url", &args.nats_url),
-        ("listen", &args.listen),
-        ("admin", &args.admin),
-    ] {
-        if let Some(v) = value {
-            overrides.push((key.to_owned(), v.clone()));
-        }
-    }
-    for kv in &args.set {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| format!("--set {kv:?}: expected KEY=VALUE"))?;
-        overrides.push((k.trim().to_owned(), v.to_owned()));
-    }
+    let overrides = weir_service::config::cli_overrides(
+        &[
+            ("nats_url", &args.nats_url),
+            ("listen", &args.listen),
+            ("admin", &args.admin),
+        ],
+        &args.set,
+    )?;
     Ok(ConfigSources {
         file: args.config.clone(),
         env: std::env::vars().collect(),

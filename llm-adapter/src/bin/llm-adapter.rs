@@ -80,18 +80,10 @@ struct ServeArgs {
 }
 
 fn load(args: &ServeArgs) -> Result<Config, String> {
-    let mut overrides = Vec::new();
-    for (key, value) in [("nats.url", &args.nats_url), ("admin.listen", &args.admin)] {
-        if let Some(v) = value {
-            overrides.push((key.to_owned(), v.clone()));
-        }
-    }
-    for kv in &args.set {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| format!("--set {kv:?}: expected KEY=VALUE"))?;
-        overrides.push((k.trim().to_owned(), v.to_owned()));
-    }
+    let overrides = weir_service::config::cli_overrides(
+        &[("nats.url", &args.nats_url), ("admin.listen", &args.admin)],
+        &args.set,
+    )?;
     Config::load(&ConfigSources {
         file: args.config.clone(),
         env: std::env::vars().collect(),

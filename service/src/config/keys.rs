@@ -109,6 +109,26 @@ pub fn uncovered(layers: &Layers, sections: &[Section]) -> (Vec<String>, Vec<&'s
     (undocumented, extra)
 }
 
+/// Every key of `sections` with its type, default, range and meaning: aligned text for
+/// `--list-keys`, or (`markdown`) the Markdown tables of a service's docs page, each
+/// between its `<!-- keys:NAME -->` markers (see [`docs_section`]).
+pub fn table(layers: &Layers, sections: &[Section], markdown: bool) -> String {
+    let mut out = String::new();
+    for section in sections {
+        let rows = rows(layers, section);
+        if markdown {
+            out.push_str(&format!(
+                "<!-- keys:{0} -->\n{1}<!-- /keys:{0} -->\n",
+                section.name,
+                self::markdown(&rows)
+            ));
+        } else {
+            out.push_str(&text(&rows));
+        }
+    }
+    out
+}
+
 /// The rows as aligned text lines (`--list-keys`).
 pub fn text(rows: &[KeyRow]) -> String {
     let mut out = String::new();
