@@ -75,7 +75,19 @@ impl LatencyHistogram {
 
     /// p50/p95/p99/max in milliseconds.
     pub fn summary(&self) -> Percentiles {
-        weir_service::metrics::percentiles_from_us(&self.inner)
+        let h = &self.inner;
+        if h.is_empty() {
+            return Percentiles::default();
+        }
+        let ms = |us: u64| us as f64 / 1000.0;
+        Percentiles {
+            count: h.len(),
+            p50: ms(h.value_at_quantile(0.50)),
+            p95: ms(h.value_at_quantile(0.95)),
+            p99: ms(h.value_at_quantile(0.99)),
+            max: ms(h.max()),
+            mean: h.mean() / 1000.0,
+        }
     }
 }
 

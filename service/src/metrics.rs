@@ -95,45 +95,9 @@ pub fn names_in_source<'a>(source: &'a str, prefixes: &[&str]) -> Vec<&'a str> {
         .collect()
 }
 
-/// The `/v1/stats`-style summary (`weir_protocol::admin::Percentiles`, in ms) of an
-/// hdrhistogram of microseconds: for the load test, which keeps hdrhistogram (the
-/// services use [`LatencyHistogram::percentiles`]).
-pub fn percentiles_from_us(h: &hdrhistogram::Histogram<u64>) -> weir_protocol::admin::Percentiles {
-    if h.is_empty() {
-        return weir_protocol::admin::Percentiles::default();
-    }
-    let ms = |us: u64| us as f64 / 1000.0;
-    weir_protocol::admin::Percentiles {
-        count: h.len(),
-        p50: ms(h.value_at_quantile(0.50)),
-        p95: ms(h.value_at_quantile(0.95)),
-        p99: ms(h.value_at_quantile(0.99)),
-        max: ms(h.max()),
-        mean: h.mean() / 1000.0,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn percentiles_are_read_in_milliseconds() {
-        let mut h = hdrhistogram::Histogram::<u64>::new(2).expect("histogram");
-        for us in [1_000, 2_000, 3_000, 4_000] {
-            h.record(us).expect("record");
-        }
-        let p = percentiles_from_us(&h);
-        assert_eq!(p.count, 4);
-        assert!(
-            (p.max - 4.0).abs() < 0.05 && (p.mean - 2.5).abs() < 0.05,
-            "{p:?}"
-        );
-        assert_eq!(
-            percentiles_from_us(&hdrhistogram::Histogram::new(2).expect("h")),
-            weir_protocol::admin::Percentiles::default()
-        );
-    }
 
     #[test]
     fn names_are_read_from_const_lines_with_a_known_prefix() {
