@@ -205,3 +205,14 @@ pub fn docs_section<'a>(doc: &'a str, name: &str) -> Option<&'a str> {
     let len = doc[start..].find(&close)?;
     Some(&doc[start..start + len])
 }
+
+/// The sections of `sections` whose table in `doc` (between its markers) is not the one
+/// in `generated` (the `--markdown` output), markers missing included: what a docs test
+/// asserts is empty.
+pub fn stale_docs_sections(doc: &str, generated: &str, sections: &[Section]) -> Vec<&'static str> {
+    sections
+        .iter()
+        .filter(|s| docs_section(doc, s.name) != docs_section(generated, s.name))
+        .map(|s| s.name)
+        .collect()
+}
