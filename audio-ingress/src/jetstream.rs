@@ -28,6 +28,7 @@ use async_nats::jetstream::{self, Context, stream};
 use async_nats::{Client, HeaderMap, Subject};
 use bytes::Bytes;
 
+use crate::coalesce::Coalescer;
 use crate::publisher::{Sink, SinkError, SinkErrorKind};
 
 /// The JetStream stream weir publishes audio into.
@@ -136,8 +137,9 @@ impl Sink for JetStreamSink {
 /// JetStream.
 #[derive(Clone, Debug)]
 pub enum NatsSink {
-    /// Core NATS (`delivery = "confirmed"` or `"unconfirmed"`).
-    Core(Client),
+    /// Core NATS (`delivery = "confirmed"` or `"unconfirmed"`), through one
+    /// [`Coalescer`] per connection.
+    Core(Coalescer),
     /// JetStream (`delivery = "jetstream"`).
     JetStream(JetStreamSink),
 }

@@ -27,6 +27,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod coalesce;
 pub mod config;
 pub mod confirm;
 /// The consumer core, now its own crate (`weir-consumer`, what a recognition worker
