@@ -431,101 +431,60 @@ fn check_ms(key: &str, d: Duration, min_ms: u64, max_ms: u64) -> Result<(), Conf
     Ok(())
 }
 
+/// Builder setters: `name(v: T) => field = expr;` writes `pub fn name(mut self, v: T)
+/// -> Self` that stores `expr` (validated in [`StreamConfigBuilder::build`]).
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident($v:ident: $ty:ty) => $($field:ident).+ = $value:expr;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(mut self, $v: $ty) -> Self {
+                self.$($field).+ = $value;
+                self
+            }
+        )*
+    };
+}
+
 impl StreamConfigBuilder {
-    /// `max_rate` in thousandths of real time (1,500 = 1.5×; 0 = no rate bound).
-    pub fn max_rate_permille(mut self, v: u32) -> Self {
-        self.max_rate_permille = u64::from(v);
-        self
-    }
-    /// `max_bytes`: byte budget per stream.
-    pub fn max_bytes(mut self, v: usize) -> Self {
-        self.max_bytes = v as u64;
-        self
-    }
-    /// `max_age_ms`: age budget of the oldest pending frame.
-    pub fn max_age(mut self, v: Duration) -> Self {
-        self.max_age = v;
-        self
-    }
-    /// `max_wait_ms`: how long a full stream waits for room (`close`).
-    pub fn max_wait(mut self, v: Duration) -> Self {
-        self.max_wait = v;
-        self
-    }
-    /// `policy`.
-    pub fn policy(mut self, v: Policy) -> Self {
-        self.policy = v;
-        self
-    }
-    /// `shadow`.
-    pub fn shadow(mut self, v: bool) -> Self {
-        self.shadow = v;
-        self
-    }
-    /// `shadow_ceiling_factor`.
-    pub fn shadow_ceiling_factor(mut self, v: u32) -> Self {
-        self.shadow_ceiling_factor = u64::from(v);
-        self
-    }
-    /// `extended_consumers`.
-    pub fn extended_consumers(mut self, v: bool) -> Self {
-        self.extended_consumers = v;
-        self
-    }
-    /// `publish_timeout_ms`.
-    pub fn publish_timeout(mut self, v: Duration) -> Self {
-        self.publish_timeout = v;
-        self
-    }
-    /// `end_timeout_ms`.
-    pub fn end_timeout(mut self, v: Duration) -> Self {
-        self.end_timeout = v;
-        self
-    }
-    /// `max_frame_bytes`.
-    pub fn max_frame_bytes(mut self, v: usize) -> Self {
-        self.max_frame_bytes = v as u64;
-        self
-    }
-    /// `subject`: the frame subject template.
-    pub fn subject(mut self, v: impl Into<String>) -> Self {
-        self.subject = v.into();
-        self
-    }
-    /// `partitions`: required when the subject has `{partition}`.
-    pub fn partitions(mut self, v: u32) -> Self {
-        self.partitions = Some(u64::from(v));
-        self
-    }
-    /// `frame_headers`: see [`StreamConfig::frame_headers`].
-    pub fn frame_headers(mut self, v: bool) -> Self {
-        self.frame_headers = v;
-        self
-    }
-    /// `delivery`: see [`StreamConfig::delivery`].
-    pub fn delivery(mut self, v: Delivery) -> Self {
-        self.delivery = v;
-        self
-    }
-    /// `confirm_window_ms`.
-    pub fn confirm_window(mut self, v: Duration) -> Self {
-        self.confirm_window = v;
-        self
-    }
-    /// `confirm_window_min_bytes`.
-    pub fn confirm_window_min_bytes(mut self, v: u64) -> Self {
-        self.confirm_window_min_bytes = v;
-        self
-    }
-    /// `confirm_interval_ms`.
-    pub fn confirm_interval(mut self, v: Duration) -> Self {
-        self.confirm_interval = v;
-        self
-    }
-    /// `jetstream_stream`.
-    pub fn jetstream_stream(mut self, v: impl Into<String>) -> Self {
-        self.jetstream.stream = v.into();
-        self
+    setters! {
+        /// `max_rate` in thousandths of real time (1,500 = 1.5×; 0 = no rate bound).
+        max_rate_permille(v: u32) => max_rate_permille = u64::from(v);
+        /// `max_bytes`: byte budget per stream.
+        max_bytes(v: usize) => max_bytes = v as u64;
+        /// `max_age_ms`: age budget of the oldest pending frame.
+        max_age(v: Duration) => max_age = v;
+        /// `max_wait_ms`: how long a full stream waits for room (`close`).
+        max_wait(v: Duration) => max_wait = v;
+        /// `policy`.
+        policy(v: Policy) => policy = v;
+        /// `shadow`.
+        shadow(v: bool) => shadow = v;
+        /// `shadow_ceiling_factor`.
+        shadow_ceiling_factor(v: u32) => shadow_ceiling_factor = u64::from(v);
+        /// `extended_consumers`.
+        extended_consumers(v: bool) => extended_consumers = v;
+        /// `publish_timeout_ms`.
+        publish_timeout(v: Duration) => publish_timeout = v;
+        /// `end_timeout_ms`.
+        end_timeout(v: Duration) => end_timeout = v;
+        /// `max_frame_bytes`.
+        max_frame_bytes(v: usize) => max_frame_bytes = v as u64;
+        /// `subject`: the frame subject template.
+        subject(v: impl Into<String>) => subject = v.into();
+        /// `partitions`: required when the subject has `{partition}`.
+        partitions(v: u32) => partitions = Some(u64::from(v));
+        /// `frame_headers`: see [`StreamConfig::frame_headers`].
+        frame_headers(v: bool) => frame_headers = v;
+        /// `delivery`: see [`StreamConfig::delivery`].
+        delivery(v: Delivery) => delivery = v;
+        /// `confirm_window_ms`.
+        confirm_window(v: Duration) => confirm_window = v;
+        /// `confirm_window_min_bytes`.
+        confirm_window_min_bytes(v: u64) => confirm_window_min_bytes = v;
+        /// `confirm_interval_ms`.
+        confirm_interval(v: Duration) => confirm_interval = v;
+        /// `jetstream_stream`.
+        jetstream_stream(v: impl Into<String>) => jetstream.stream = v.into();
     }
 
     /// Validates every value; the error names the key and the allowed range.

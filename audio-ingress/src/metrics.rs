@@ -14,7 +14,7 @@
 //! Nothing on the per-frame path calls the `metrics` facade: the frame counters and
 //! the pending gauges are relaxed atomics of [`crate::stats::Global`], published when
 //! `/metrics` is scraped ([`crate::stats::Global::publish_metrics`]), and
-//! [`QUEUE_WAIT_SECONDS`] is a [`weir_service::metrics::DurationHistogram`] the admin
+//! [`QUEUE_WAIT_SECONDS`] is a [`weir_service::metrics::LatencyHistogram`] the admin
 //! server appends to the exporter's text. Per-event metrics (overloads, ends, gaps,
 //! confirmation rounds, connections) go through the facade as they happen.
 
