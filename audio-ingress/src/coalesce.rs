@@ -41,10 +41,11 @@ use tokio::sync::Notify;
 use crate::confirm::{Confirmer, NatsConfirmer};
 use crate::publisher::{Sink, SinkError, SinkErrorKind};
 
-/// Payload bytes the FIFO (with the batch being handed over) holds at most: ~7 ms of
-/// 1,000 real-time streams. Below the confirmation window's minimum, so that with the
-/// window on it never binds first.
-pub const MAX_BYTES: usize = 256 * 1024;
+/// Payload bytes the FIFO (with the batch being handed over) holds at most: ~30 ms of
+/// 1,000 real-time streams, ~1,500 frames — less than the client's own command channel
+/// (2,048 messages). With the window on (the default) the window's limit bounds it
+/// too: everything here is unconfirmed.
+pub const MAX_BYTES: usize = 1024 * 1024;
 
 /// A [`Sink`] on one async-nats client that coalesces each tick's publishes. Cheap to
 /// clone; the writer task ends when the last clone is dropped.
