@@ -150,9 +150,10 @@ impl Coalescer {
             ));
         }
         let size = payload + header_wire_len(headers);
-        let max = self.client().server_info().max_payload;
-        // 0: not connected yet; async-nats then checks against its own default.
-        if max > 0 && size > max {
+        // The server's limit once connected (async-nats's 1 MiB default before): one
+        // atomic load, the same value the client checks against.
+        let max = self.client().max_payload();
+        if size > max {
             return Err(SinkError::new(
                 SinkErrorKind::Publish,
                 format!("message of {size} bytes exceeds the server's max_payload {max}"),
@@ -351,8 +352,7 @@ mod tests {
             .await
             .expect_err("invalid subject");
         assert_eq!(e.kind(), SinkErrorKind::Publish);
-        let max = c.client().server_info().max_payload;
-        assert!(max > 0, "connected: the server's max_payload is known");
+        let max = c.client().max_payload();
         let e = c
             .publish(
                 Subject::from("ok"),
