@@ -616,11 +616,13 @@ impl RateMeter {
 fn settle(id: u64, streams: Vec<Arc<StreamShared>>, confirmed: bool) -> (u64, u64) {
     let mut frames = 0;
     let mut touched = 0;
+    // One clock read per round, not per stream.
+    let now = Instant::now();
     for stream in streams {
         let n = {
             let mut core = stream.lock();
             if confirmed {
-                core.confirm_through(id)
+                core.confirm_through(id, now)
             } else {
                 core.lose_through(id)
             }

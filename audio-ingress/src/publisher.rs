@@ -660,9 +660,7 @@ impl<S: Sink> Publisher<S> {
             return;
         }
         loop {
-            let settled = self.stream.settled_notify().notified();
-            tokio::pin!(settled);
-            settled.as_mut().enable();
+            let mut settled = self.stream.settled_notified();
             if !self.stream.lock().has_unconfirmed() {
                 return;
             }
@@ -694,9 +692,7 @@ impl<S: Sink> Publisher<S> {
             w.register(&self.stream);
         }
         loop {
-            let settled = self.stream.settled_notify().notified();
-            tokio::pin!(settled);
-            settled.as_mut().enable();
+            let mut settled = self.stream.settled_notified();
             match self.stream.lock().control_check() {
                 ControlCheck::Lost => return true,
                 ControlCheck::Confirmed | ControlCheck::None => return false,

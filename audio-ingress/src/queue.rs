@@ -731,7 +731,7 @@ impl FrameQueue {
 
     /// The server confirmed every frame handed over in batches up to `batch`: they are
     /// published, their bytes released. Returns how many.
-    pub(crate) fn confirm_through(&mut self, batch: u64) -> u64 {
+    pub(crate) fn confirm_through(&mut self, batch: u64, now: Instant) -> u64 {
         if matches!(self.control_check, ControlCheck::Pending(b) if b <= batch) {
             self.control_check = ControlCheck::Confirmed;
         }
@@ -743,7 +743,7 @@ impl FrameQueue {
                 self.carried = None;
             }
             self.last_confirmed = Some(ConfirmedRound {
-                at: Instant::now(),
+                at: now,
                 first,
                 last,
             });

@@ -109,6 +109,10 @@ pub(crate) struct StreamShared {
     pub room_wanted: AtomicBool,
     /// Wakes the publisher waiting for its frames to be confirmed (before `end`).
     settled: Notify,
+    /// Set by the publisher about to wait on `settled`; the window notifies only then
+    /// (a `notify_waiters` takes a lock, and the window settles every stream of a
+    /// round).
+    settle_wanted: AtomicBool,
     status: watch::Sender<StreamStatus>,
     opened_at: Instant,
     /// The direct path; `None` for a lossless sink or with `frame_headers`.
@@ -147,7 +151,11 @@ impl StreamShared {
 
     /// The confirmation window settled frames of this stream: their bytes are free.
     pub fn settled(&self) {
-        self.settled.notify_waiters();
+        // SeqCst with the store in `settled_notified`: either the waiter sees this
+        // round's settlement under the stream lock, or this swap sees its flag.
+        if self.settle_wanted.swap(false, Ordering::SeqCst) {
+            self.settled.notify_waiters();
+        }
         if self.room_wanted.swap(false, Ordering::AcqRel) {
             self.room.notify_one();
         }
@@ -164,9 +172,13 @@ impl StreamShared {
         }
     }
 
-    /// What [`Self::settled`] notifies.
-    pub fn settled_notify(&self) -> &Notify {
-        &self.settled
+    /// A wait for [`Self::settled`], already enabled: check the condition under the
+    /// stream lock after this call, then await it.
+    pub fn settled_notified(&self) -> std::pin::Pin<Box<tokio::sync::futures::Notified<'_>>> {
+        let mut n = Box::pin(self.settled.notified());
+        n.as_mut().enable();
+        self.settle_wanted.store(true, Ordering::SeqCst);
+        n
     }
 
     /// The direct path for `frame`, just admitted and taken out of the queue
@@ -546,6 +558,7 @@ impl<S: Sink> Ingress<S> {
             room: Notify::new(),
             room_wanted: AtomicBool::new(false),
             settled: Notify::new(),
+            settle_wanted: AtomicBool::new(false),
             status,
             opened_at: Instant::now(),
             direct: (!self.inner.sink.lossless() && !cfg.frame_headers()).then(|| {
