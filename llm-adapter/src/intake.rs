@@ -70,36 +70,25 @@ const PULL_RETRY: Duration = Duration::from_millis(250);
 /// a KV outage must not burn `max_deliver` in a tight loop).
 const STORE_ERROR_DELAY: Duration = Duration::from_secs(1);
 
-/// Why a pulled request was terminated without admission (`reason` label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TermReason {
-    /// Its deadline had passed before it was pulled.
-    Expired,
-    /// A malformed header (answered `invalid_request`).
-    Invalid,
-    /// No valid `Weir-Reply-To`: nothing can be answered.
-    NoReply,
-    /// The cluster-wide session cap was reached (answered `session_queue_full`).
-    SessionCap,
-    /// A cluster-wide limit was full: a reject-limit at once, a wait-limit after its
-    /// `max_wait` or with `max_waiters` already waiting here (answered
-    /// `concurrency_limit_exceeded`).
-    KeyLimit,
-    /// Its deadline passed while it waited for a cluster-wide wait-limit slot
-    /// (answered `deadline_exceeded`).
-    WaitExpired,
-}
-
-impl TermReason {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Expired => "expired",
-            Self::Invalid => "invalid",
-            Self::NoReply => "no_reply",
-            Self::SessionCap => "session_cap",
-            Self::KeyLimit => "key_limit",
-            Self::WaitExpired => "wait_expired",
-        }
+named! {
+    /// Why a pulled request was terminated without admission (`reason` label).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum TermReason {
+        /// Its deadline had passed before it was pulled.
+        Expired = "expired",
+        /// A malformed header (answered `invalid_request`).
+        Invalid = "invalid",
+        /// No valid `Weir-Reply-To`: nothing can be answered.
+        NoReply = "no_reply",
+        /// The cluster-wide session cap was reached (answered `session_queue_full`).
+        SessionCap = "session_cap",
+        /// A cluster-wide limit was full: a reject-limit at once, a wait-limit after its
+        /// `max_wait` or with `max_waiters` already waiting here (answered
+        /// `concurrency_limit_exceeded`).
+        KeyLimit = "key_limit",
+        /// Its deadline passed while it waited for a cluster-wide wait-limit slot
+        /// (answered `deadline_exceeded`).
+        WaitExpired = "wait_expired",
     }
 }
 

@@ -241,26 +241,17 @@ pub enum Admitted {
     Refused(ErrorCode),
 }
 
-/// What [`Admission::cancel`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CancelResult {
-    /// It was queued; it has been answered `cancelled`.
-    Queued,
-    /// It was running; the backend call is being aborted and answered `cancelled`.
-    Running,
-    /// No queued or running request has this id.
-    NotFound,
-}
-
-impl CancelResult {
-    /// The snake_case name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Queued => "queued",
-            Self::Running => "running",
-            Self::NotFound => "not_found",
-        }
+named! {
+    /// What [`Admission::cancel`] found.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum CancelResult {
+        /// It was queued; it has been answered `cancelled`.
+        Queued = "queued",
+        /// It was running; the backend call is being aborted and answered `cancelled`.
+        Running = "running",
+        /// No queued or running request has this id.
+        NotFound = "not_found",
     }
 }
 
@@ -798,7 +789,7 @@ impl<S: Sink> Admission<S> {
 
     /// Answers a request that could not be decoded (counted as offered and answered).
     pub async fn answer_now(&self, waiter: S::Waiter, error: ErrorBody, received_at: Instant) {
-        self.inner.stats.offered();
+        self.inner.stats.offered.add(1);
         let outcome = Arc::new(Outcome {
             result: Err(error),
             queue_time: received_at.elapsed(),

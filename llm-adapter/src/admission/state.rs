@@ -615,6 +615,56 @@ impl<W> State<W> {
         });
     }
 
+    /// An event of a submission that has no entry (yet): `id` 0 unless it joined one.
+    fn emit_sub(
+        &self,
+        sub: &Submission,
+        kind: TraceKind,
+        id: u64,
+        since_received: Duration,
+        fill: impl FnOnce(&mut TraceEvent),
+    ) {
+        self.tracer.emit(&sub.span, || {
+            let mut ev = TraceEvent::new(kind, id, since_received);
+            ev.request_id = sub.request_id.clone();
+            ev.session = sub.session.clone();
+            fill(&mut ev);
+            ev
+        });
+    }
+
+    /// A session rule is busy for `sub`: emits `slot_busy` and counts the refusal, or in
+    /// shadow mode the would-be refusal. `true` = enforce it (refuse).
+    fn busy(&self, sub: &Submission, waited: Duration, rule: &str, key: Option<&str>) -> bool {
+        let shadow = self.shadow();
+        self.emit_sub(sub, TraceKind::SlotBusy, 0, waited, |ev| {
+            ev.rule = Some(rule.to_owned());
+            ev.key = key.map(str::to_owned);
+            ev.shadow = shadow;
+        });
+        if shadow {
+            self.stats.would_reject(rule);
+        } else {
+            self.stats.limit_reject(rule);
+        }
+        !shadow
+    }
+
+    /// A slot event of `rule` (and its `key`) for `e`.
+    fn emit_slot(
+        &self,
+        kind: TraceKind,
+        e: &Entry<W>,
+        now: Instant,
+        rule: &str,
+        key: Option<&str>,
+    ) {
+        self.emit(kind, e, now, |ev| {
+            ev.rule = Some(rule.to_owned());
+            ev.key = key.map(str::to_owned);
+        });
+    }
+
     fn add_timer(&mut self, t: Timer, fx: &mut Effects<W>) {
         if self.timers.first().is_none_or(|first| t < *first) {
             fx.timers_changed = true;
@@ -644,7 +694,7 @@ impl<W> State<W> {
         now: Instant,
         fx: &mut Effects<W>,
     ) -> Admitted {
-        self.stats.offered();
+        self.stats.offered.add(1);
         self.cache.purge(now);
         let waited = now.saturating_duration_since(sub.received_at);
         let immediate = |fx: &mut Effects<W>, waiter: W, err: ErrorBody, sub: &Submission| {
@@ -661,11 +711,7 @@ impl<W> State<W> {
         };
 
         if self.shutting_down {
-            let err = ErrorBody::new(
-                ErrorCode::ShuttingDown,
-                "this replica is shutting down; retry on another one",
-            );
-            immediate(fx, waiter, err, &sub);
+            immediate(fx, waiter, shutting_down(), &sub);
             return Admitted::Refused(ErrorCode::ShuttingDown);
         }
 
@@ -720,17 +766,11 @@ impl<W> State<W> {
                     return Admitted::Refused(ErrorCode::RequestIdConflict);
                 }
                 e.joined.push(waiter);
-                self.stats.joined();
+                self.stats.joined.add(1);
                 // In the joiner's own span: its caller's trace shows that it joined.
                 sub.span.record("id", id);
-                let (rid, session) = (Some(rid.clone()), sub.session.clone());
-                let t_ms = now.saturating_duration_since(self.entries[&id].received_at);
-                self.tracer.emit(&sub.span, || {
-                    let mut ev = TraceEvent::new(TraceKind::Joined, id, t_ms);
-                    ev.request_id = rid;
-                    ev.session = session;
-                    ev
-                });
+                let t = now.saturating_duration_since(self.entries[&id].received_at);
+                self.emit_sub(&sub, TraceKind::Joined, id, t, |_| {});
                 return Admitted::Joined;
             }
             if let Some(c) = self.cache.get(rid) {
@@ -738,15 +778,10 @@ impl<W> State<W> {
                     immediate(fx, waiter, conflict(rid), &sub);
                     return Admitted::Refused(ErrorCode::RequestIdConflict);
                 }
-                self.stats.cached();
+                self.stats.cached.add(1);
                 fx.deliveries.reserve_exact(1);
                 fx.deliveries.push((waiter, c.outcome.clone()));
-                self.tracer.emit(&sub.span, || {
-                    let mut ev = TraceEvent::new(TraceKind::Cached, 0, waited);
-                    ev.request_id = Some(rid.clone());
-                    ev.session = sub.session.clone();
-                    ev
-                });
+                self.emit_sub(&sub, TraceKind::Cached, 0, waited, |_| {});
                 return Admitted::Cached;
             }
         }
@@ -754,35 +789,23 @@ impl<W> State<W> {
         // Per-session pending cap.
         if let (Some(s), Some(cap)) = (&sub.session, self.cfg.session.pending_cap) {
             let pending = self.session_slots.in_use(s);
-            if pending >= cap.get() {
-                let shadow = self.shadow();
-                self.tracer.emit(&sub.span, || {
-                    let mut ev = TraceEvent::new(TraceKind::SlotBusy, 0, waited);
-                    ev.request_id = sub.request_id.clone();
-                    ev.session = Some(s.clone());
-                    ev.rule = Some(RULE_SESSION_CAP.into());
-                    ev.key = Some(format!("session:{s}"));
-                    ev.shadow = shadow;
-                    ev
-                });
-                if shadow {
-                    self.stats.would_reject(RULE_SESSION_CAP);
-                } else {
-                    self.stats.limit_reject(RULE_SESSION_CAP);
-                    let err = refusal(
-                        ErrorCode::SessionQueueFull,
-                        format!("session has {pending} pending requests (limit {cap})"),
-                        ErrorDetails {
-                            limit: Some(cap.get() as u64),
-                            pending: Some(pending as u64),
-                            retry_after_ms: self.retry_after(1.0),
-                            key: Some(format!("session:{s}")),
-                            ..Default::default()
-                        },
-                    );
-                    immediate(fx, waiter, err, &sub);
-                    return Admitted::Refused(ErrorCode::SessionQueueFull);
-                }
+            let key = (pending >= cap.get()).then(|| format!("session:{s}"));
+            if let Some(key) = key
+                && self.busy(&sub, waited, RULE_SESSION_CAP, Some(&key))
+            {
+                let err = refusal(
+                    ErrorCode::SessionQueueFull,
+                    format!("session has {pending} pending requests (limit {cap})"),
+                    ErrorDetails {
+                        limit: Some(cap.get() as u64),
+                        pending: Some(pending as u64),
+                        retry_after_ms: self.retry_after(1.0),
+                        key: Some(key),
+                        ..Default::default()
+                    },
+                );
+                immediate(fx, waiter, err, &sub);
+                return Admitted::Refused(ErrorCode::SessionQueueFull);
             }
         }
 
@@ -794,19 +817,7 @@ impl<W> State<W> {
             && order.active.is_some()
         {
             let waiting = order.fifo.len() as u64;
-            let shadow = self.shadow();
-            self.tracer.emit(&sub.span, || {
-                let mut ev = TraceEvent::new(TraceKind::SlotBusy, 0, waited);
-                ev.request_id = sub.request_id.clone();
-                ev.session = Some(s.clone());
-                ev.rule = Some(RULE_SESSION_ORDER.into());
-                ev.shadow = shadow;
-                ev
-            });
-            if shadow {
-                self.stats.would_reject(RULE_SESSION_ORDER);
-            } else {
-                self.stats.limit_reject(RULE_SESSION_ORDER);
+            if self.busy(&sub, waited, RULE_SESSION_ORDER, None) {
                 let err = refusal(
                     ErrorCode::ConcurrencyLimitExceeded,
                     "session is busy and the request asked for `reject`".into(),
@@ -963,12 +974,10 @@ impl<W> State<W> {
             self.by_request_id.insert(rid.clone(), id);
         }
         self.queued += 1;
-        self.stats.admitted();
+        self.stats.admitted.add(1);
         self.emit(TraceKind::Queued, &entry, now, |_| {});
         if entry.session_slot.is_some() {
-            self.emit(TraceKind::SlotAcquired, &entry, now, |ev| {
-                ev.rule = Some(RULE_SESSION_CAP.into());
-            });
+            self.emit_slot(TraceKind::SlotAcquired, &entry, now, RULE_SESSION_CAP, None);
         }
 
         // Session order: wait behind the active request, or become it.
@@ -985,9 +994,13 @@ impl<W> State<W> {
             }
         }
         if behind_session {
-            self.emit(TraceKind::SlotWaiting, &entry, now, |ev| {
-                ev.rule = Some(RULE_SESSION_ORDER.into());
-            });
+            self.emit_slot(
+                TraceKind::SlotWaiting,
+                &entry,
+                now,
+                RULE_SESSION_ORDER,
+                None,
+            );
         }
         self.entries.insert(id, entry);
         if !behind_session {
@@ -1206,10 +1219,7 @@ impl<W> State<W> {
                     e.key_slots.push((gi, guard));
                 }
                 let e = &self.entries[&id];
-                self.emit(TraceKind::SlotAcquired, e, now, |ev| {
-                    ev.rule = Some(limit.name.clone());
-                    ev.key = Some(key.clone());
-                });
+                self.emit_slot(TraceKind::SlotAcquired, e, now, &limit.name, Some(&key));
                 continue;
             }
             // Busy.
@@ -1226,7 +1236,6 @@ impl<W> State<W> {
                     max_wait,
                     max_waiters,
                 } if waiting < max_waiters => {
-                    let name = limit.name.clone();
                     self.gates[gi]
                         .waiters
                         .entry(key.clone())
@@ -1244,14 +1253,11 @@ impl<W> State<W> {
                     }
                     self.add_timer(t, fx);
                     let e = &self.entries[&id];
-                    self.emit(TraceKind::SlotWaiting, e, now, |ev| {
-                        ev.rule = Some(name);
-                        ev.key = Some(key);
-                    });
+                    self.emit_slot(TraceKind::SlotWaiting, e, now, &limit.name, Some(&key));
                     return;
                 }
                 _ => {
-                    let name = limit.name.clone();
+                    let name = &limit.name;
                     let message = match limit.on_busy {
                         OnBusy::Reject => {
                             format!("limit {name:?}: {in_use} in flight (limit {})", limit.limit)
@@ -1260,12 +1266,9 @@ impl<W> State<W> {
                             "limit {name:?}: {in_use} in flight and {waiting} waiting (max waiters reached)"
                         ),
                     };
-                    self.stats.limit_reject(&name);
+                    self.stats.limit_reject(name);
                     let e = &self.entries[&id];
-                    self.emit(TraceKind::SlotBusy, e, now, |ev| {
-                        ev.rule = Some(name);
-                        ev.key = Some(key);
-                    });
+                    self.emit_slot(TraceKind::SlotBusy, e, now, name, Some(&key));
                     let err = refusal(ErrorCode::ConcurrencyLimitExceeded, message, details);
                     self.retire(id, Err(err), now, fx);
                     return;
@@ -1454,17 +1457,13 @@ impl<W> State<W> {
         for (gi, guard) in std::mem::take(&mut e.key_slots) {
             let key = guard.key().to_owned();
             drop(guard);
-            self.emit(TraceKind::SlotReleased, &e, now, |ev| {
-                ev.rule = Some(self.cfg.limits[gi].name.clone());
-                ev.key = Some(key.clone());
-            });
+            let rule = &self.cfg.limits[gi].name;
+            self.emit_slot(TraceKind::SlotReleased, &e, now, rule, Some(&key));
             fx.todo.push_back(Action::Pump { gate: gi, key });
         }
         if let Some(guard) = e.session_slot.take() {
             drop(guard);
-            self.emit(TraceKind::SlotReleased, &e, now, |ev| {
-                ev.rule = Some(RULE_SESSION_CAP.into());
-            });
+            self.emit_slot(TraceKind::SlotReleased, &e, now, RULE_SESSION_CAP, None);
         }
         let n = usize::from(e.waiter.is_some()) + e.joined.len();
         fx.deliveries.reserve_exact(n);
@@ -1854,32 +1853,28 @@ impl<W> State<W> {
         });
         keys.truncate(top);
 
-        let mut sessions: HashMap<String, SessionView> = HashMap::new();
-        for (s, pending) in self.session_slots.snapshot() {
-            sessions.insert(
-                s.clone(),
-                SessionView {
-                    session: s,
-                    pending,
-                    limit: self.cfg.session.pending_cap.map(|c| c.get()),
-                    waiting: 0,
-                    longest_wait_ms: 0.0,
-                },
-            );
-        }
+        let view = |session: &String, pending| SessionView {
+            session: session.clone(),
+            pending,
+            limit: self.cfg.session.pending_cap.map(|c| c.get()),
+            waiting: 0,
+            longest_wait_ms: 0.0,
+        };
+        let mut sessions: HashMap<String, SessionView> = self
+            .session_slots
+            .snapshot()
+            .into_iter()
+            .map(|(s, pending)| (s.clone(), view(&s, pending)))
+            .collect();
         for (s, order) in &self.sessions {
             let longest = order
                 .fifo
                 .front()
                 .and_then(|id| self.entries.get(id))
                 .map_or(0.0, |e| ms(now.saturating_duration_since(e.stage_since)));
-            let v = sessions.entry(s.clone()).or_insert_with(|| SessionView {
-                session: s.clone(),
-                pending: usize::from(order.active.is_some()) + order.fifo.len(),
-                limit: self.cfg.session.pending_cap.map(|c| c.get()),
-                waiting: 0,
-                longest_wait_ms: 0.0,
-            });
+            let v = sessions
+                .entry(s.clone())
+                .or_insert_with(|| view(s, usize::from(order.active.is_some()) + order.fifo.len()));
             v.waiting = order.fifo.len();
             v.longest_wait_ms = longest;
         }

@@ -52,25 +52,17 @@ impl Default for StreamSettings {
     }
 }
 
-/// Why a stream was aborted because of its caller.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum StopReason {
-    /// Nobody is subscribed to the reply subject any more (NATS no-responders).
-    CallerGone,
-    /// The caller did not acknowledge chunks in time with its window full.
-    CallerStalled,
-    /// The NATS client did not take the chunk within the publish timeout.
-    PublishTimeout,
-}
-
-impl StopReason {
-    /// The label value of `weir_llm_stream_aborted_total`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::CallerGone => "caller_gone",
-            Self::CallerStalled => "caller_stalled",
-            Self::PublishTimeout => "publish_timeout",
-        }
+named! {
+    /// Why a stream was aborted because of its caller (`as_str`: the label value of
+    /// `weir_llm_stream_aborted_total`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum StopReason {
+        /// Nobody is subscribed to the reply subject any more (NATS no-responders).
+        CallerGone = "caller_gone",
+        /// The caller did not acknowledge chunks in time with its window full.
+        CallerStalled = "caller_stalled",
+        /// The NATS client did not take the chunk within the publish timeout.
+        PublishTimeout = "publish_timeout",
     }
 }
 
@@ -119,7 +111,7 @@ pub(crate) async fn run_stream(
     started_at: Instant,
     stop: impl Future<Output = ErrorBody>,
 ) -> Result<BackendReply, ErrorBody> {
-    stats.stream_started();
+    stats.streams.add(1);
     let deadline = request.deadline;
     let max_message = request.max_reply_bytes;
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(PIECES_IN_FLIGHT);

@@ -12,10 +12,9 @@
 
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use weir_protocol::llm::headers as h;
 
-use super::{Backend, BackendError, BackendErrorKind, BackendReply, BackendRequest};
+use super::{Backend, BackendError, BackendErrorKind, BackendReply, BackendRequest, Call};
 
 /// The NATS forwarding backend.
 #[derive(Debug, Clone)]
@@ -42,10 +41,7 @@ impl Backend for NatsBackend {
         "nats"
     }
 
-    fn call(
-        &self,
-        request: BackendRequest,
-    ) -> BoxFuture<'static, Result<BackendReply, BackendError>> {
+    fn call(&self, request: BackendRequest) -> Call {
         let client = self.client.clone();
         let subject = self.subject.clone();
         let budget = request

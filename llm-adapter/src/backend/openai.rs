@@ -34,12 +34,12 @@
 use std::time::{Duration, SystemTime};
 
 use bytes::{Bytes, BytesMut};
-use futures::future::BoxFuture;
 use tokio::time::Instant;
 use weir_protocol::llm::headers as h;
 
 use super::{
-    Backend, BackendError, BackendErrorKind, BackendReply, BackendRequest, ChunkTx, send_piece,
+    Backend, BackendError, BackendErrorKind, BackendReply, BackendRequest, Call, ChunkTx,
+    send_piece,
 };
 use crate::config::OpenAiConfig;
 
@@ -282,10 +282,7 @@ impl Backend for OpenAiBackend {
         "openai"
     }
 
-    fn call(
-        &self,
-        request: BackendRequest,
-    ) -> BoxFuture<'static, Result<BackendReply, BackendError>> {
+    fn call(&self, request: BackendRequest) -> Call {
         let rb = self.post(&request);
         Box::pin(async move {
             let mut resp = send(rb, request.deadline).await?;
@@ -294,11 +291,7 @@ impl Backend for OpenAiBackend {
         })
     }
 
-    fn call_stream(
-        &self,
-        request: BackendRequest,
-        chunks: ChunkTx,
-    ) -> BoxFuture<'static, Result<BackendReply, BackendError>> {
+    fn call_stream(&self, request: BackendRequest, chunks: ChunkTx) -> Call {
         let rb = self.post(&request);
         Box::pin(async move {
             let mut resp = send(rb, request.deadline).await?;

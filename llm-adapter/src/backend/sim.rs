@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -23,7 +22,8 @@ use tokio::time::Instant;
 use bytes::Bytes;
 
 use super::{
-    Backend, BackendError, BackendErrorKind, BackendReply, BackendRequest, ChunkTx, send_piece,
+    Backend, BackendError, BackendErrorKind, BackendReply, BackendRequest, Call, ChunkTx,
+    send_piece,
 };
 use crate::config::{Latency, SimConfig};
 
@@ -241,10 +241,7 @@ impl Backend for SimBackend {
         "sim"
     }
 
-    fn call(
-        &self,
-        request: BackendRequest,
-    ) -> BoxFuture<'static, Result<BackendReply, BackendError>> {
+    fn call(&self, request: BackendRequest) -> Call {
         let inner = self.inner.clone();
         Box::pin(async move {
             let mut guard = CallGuard::begin(&inner, &request);
@@ -267,11 +264,7 @@ impl Backend for SimBackend {
     /// Streaming mode: `tokens` SSE deltas (the body's `max_tokens` if it has one),
     /// the first after `first_token_ms`, then at `tokens_per_second` on a fixed
     /// schedule (no drift), then `data: [DONE]`. A pause stalls the stream.
-    fn call_stream(
-        &self,
-        request: BackendRequest,
-        chunks: ChunkTx,
-    ) -> BoxFuture<'static, Result<BackendReply, BackendError>> {
+    fn call_stream(&self, request: BackendRequest, chunks: ChunkTx) -> Call {
         let inner = self.inner.clone();
         Box::pin(async move {
             let mut guard = CallGuard::begin(&inner, &request);
