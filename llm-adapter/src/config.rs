@@ -33,6 +33,7 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::millis::whole_ms as ms;
 use serde::{Deserialize, Serialize};
 use weir_service::admin::RequestLimits;
 use weir_service::config::keys::{self, KeyDoc, Section};
@@ -769,7 +770,6 @@ impl Config {
     pub fn capabilities(&self) -> serde_json::Value {
         use serde_json::json;
         use weir_protocol::llm::headers as h;
-        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let limits: Vec<serde_json::Value> = self
             .limits
             .iter()
@@ -1308,10 +1308,6 @@ pub const SECTIONS: &[Section] = &[
     STREAM,
     JETSTREAM,
 ];
-
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
 
 impl RawConfig {
     /// Validates every value into the typed settings; a refusal names the key.

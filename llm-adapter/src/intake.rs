@@ -46,7 +46,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind, consumer, kv, stream};
 use async_nats::{HeaderMap, Subject};
@@ -61,6 +61,7 @@ use weir_service::ratelimit::LogLimit;
 
 use crate::config::{Config, JetStreamIntake, Mode};
 use crate::metrics as m;
+use crate::millis::{unix_ms_now, whole_ms};
 
 /// How long one pull request waits on the server for messages.
 const PULL_EXPIRES: Duration = Duration::from_millis(1000);
@@ -203,31 +204,23 @@ impl Ticket {
         let Some(slots) = self.hub.slots.clone() else {
             return Ok(());
         };
-        let rid = self.request_id.clone();
-        if let (Some(cap), Some(session)) = (slots.session_cap, session) {
-            match slots
-                .acquire(cap, |i| slot_key(session, i), rid.as_deref())
-                .await
-                .map_err(SlotRefusal::Store)?
-            {
-                SlotResult::Got(slot) => self.hold_slot(slot),
-                SlotResult::Full => {
-                    let cap = cap as u64;
-                    let err = ErrorBody::new(
-                        ErrorCode::SessionQueueFull,
-                        format!(
-                            "session has {cap} pending requests over all replicas (limit {cap})"
-                        ),
-                    )
-                    .with_details(ErrorDetails {
-                        limit: Some(cap),
-                        pending: Some(cap),
-                        key: Some(format!("session:{session}")),
-                        ..Default::default()
-                    });
-                    return Err(SlotRefusal::Full(TermReason::SessionCap, Box::new(err)));
-                }
-            }
+        if let (Some(cap), Some(session)) = (slots.session_cap, session)
+            && !self
+                .take_slot(&slots, cap, |i| slot_key(session, i))
+                .await?
+        {
+            let cap = cap as u64;
+            return Err(SlotRefusal::full(
+                TermReason::SessionCap,
+                ErrorCode::SessionQueueFull,
+                format!("session has {cap} pending requests over all replicas (limit {cap})"),
+                ErrorDetails {
+                    limit: Some(cap),
+                    pending: Some(cap),
+                    key: Some(format!("session:{session}")),
+                    ..Default::default()
+                },
+            ));
         }
         self.take_limit_slots(&slots, 0, keys, None).await
     }
@@ -248,6 +241,24 @@ impl Ticket {
             .await
     }
 
+    /// Takes one of `cap` slots (`key_of(i)`) and holds it; `false` = all are taken.
+    async fn take_slot(
+        &self,
+        slots: &ClusterSlots,
+        cap: usize,
+        key_of: impl Fn(usize) -> String,
+    ) -> Result<bool, SlotRefusal> {
+        let rid = self.request_id.as_deref();
+        match slots.acquire(cap, key_of, rid).await {
+            Ok(SlotResult::Got(slot)) => {
+                self.hold_slot(slot);
+                Ok(true)
+            }
+            Ok(SlotResult::Full) => Ok(false),
+            Err(e) => Err(SlotRefusal::Store(e)),
+        }
+    }
+
     /// The keeper renews `slot` while this ticket lives and deletes it after.
     fn hold_slot(&self, slot: Slot) {
         let _ = self.hub.keeper.send(KeeperMsg::Slot {
@@ -265,43 +276,38 @@ impl Ticket {
         keys: &[Option<String>],
         wait: Option<Option<Instant>>,
     ) -> Result<(), SlotRefusal> {
-        let rid = self.request_id.clone();
         for (gi, (rule, key)) in slots.limits.iter().zip(keys).enumerate().skip(from) {
             let (Some(rule), Some(key)) = (rule, key) else {
                 continue;
             };
             let (name, limit) = (&rule.name, rule.limit);
-            match slots
-                .acquire(limit, |i| limit_slot_key(name, key, i), rid.as_deref())
-                .await
-                .map_err(SlotRefusal::Store)?
+            if self
+                .take_slot(slots, limit, |i| limit_slot_key(name, key, i))
+                .await?
             {
-                SlotResult::Got(slot) => self.hold_slot(slot),
-                SlotResult::Full if rule.wait.is_some() => match wait {
-                    None => return Err(SlotRefusal::MustWait(gi)),
-                    Some(deadline) => {
-                        self.hold_slot(
-                            slots
-                                .wait_for(gi, rule, key, rid.as_deref(), deadline)
-                                .await?,
-                        );
-                    }
-                },
-                SlotResult::Full => {
+                continue;
+            }
+            match (rule.wait, wait) {
+                (Some(_), None) => return Err(SlotRefusal::MustWait(gi)),
+                (Some(_), Some(deadline)) => {
+                    let rid = self.request_id.as_deref();
+                    self.hold_slot(slots.wait_for(gi, rule, key, rid, deadline).await?);
+                }
+                (None, _) => {
                     let limit = limit as u64;
-                    let err = ErrorBody::new(
+                    return Err(SlotRefusal::full(
+                        TermReason::KeyLimit,
                         ErrorCode::ConcurrencyLimitExceeded,
                         format!(
                             "limit {name}: {key} has {limit} requests in flight over all replicas (limit {limit})"
                         ),
-                    )
-                    .with_details(ErrorDetails {
-                        limit: Some(limit),
-                        in_flight: Some(limit),
-                        key: Some(key.clone()),
-                        ..Default::default()
-                    });
-                    return Err(SlotRefusal::Full(TermReason::KeyLimit, Box::new(err)));
+                        ErrorDetails {
+                            limit: Some(limit),
+                            in_flight: Some(limit),
+                            key: Some(key.clone()),
+                            ..Default::default()
+                        },
+                    ));
                 }
             }
         }
@@ -413,10 +419,33 @@ pub(crate) enum SlotRefusal {
     MustWait(usize),
 }
 
+impl SlotRefusal {
+    /// [`SlotRefusal::Full`]: the refusal `code` with its `message` and `details`.
+    fn full(reason: TermReason, code: ErrorCode, message: String, details: ErrorDetails) -> Self {
+        Self::Full(
+            reason,
+            Box::new(ErrorBody::new(code, message).with_details(details)),
+        )
+    }
+}
+
 /// What acquiring a session slot gave.
 enum SlotResult {
     Got(Slot),
     Full,
+}
+
+impl SlotResult {
+    /// A slot taken (`result`: `acquired`, or `taken_over` from this request's dead
+    /// replica), counted.
+    fn got(result: &'static str, key: String, value: Bytes, revision: u64) -> Self {
+        metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => result).increment(1);
+        Self::Got(Slot {
+            key,
+            value,
+            revision,
+        })
+    }
 }
 
 /// Lower-case hex of `bytes` (session ids are visible ASCII, KV keys allow less).
@@ -568,15 +597,7 @@ impl ClusterSlots {
         for i in 0..cap {
             let key = key_of(i);
             match self.kv.create(&key, value.clone()).await {
-                Ok(revision) => {
-                    metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "acquired")
-                        .increment(1);
-                    return Ok(SlotResult::Got(Slot {
-                        key,
-                        value,
-                        revision,
-                    }));
-                }
+                Ok(revision) => return Ok(SlotResult::got("acquired", key, value, revision)),
                 Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => taken.push(key),
                 Err(e) => return Err(format!("slot {key}: {e}")),
             }
@@ -595,13 +616,7 @@ impl ClusterSlots {
                     && owner == rid.as_bytes()
                     && let Ok(revision) = self.kv.update(&key, value.clone(), entry.revision).await
                 {
-                    metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "taken_over")
-                        .increment(1);
-                    return Ok(SlotResult::Got(Slot {
-                        key,
-                        value,
-                        revision,
-                    }));
+                    return Ok(SlotResult::got("taken_over", key, value, revision));
                 }
             }
         }
@@ -627,17 +642,16 @@ impl ClusterSlots {
         let name = &rule.name;
         let limit = rule.limit as u64;
         let busy = |message: String, waited: Option<Duration>, waiting: usize| {
-            let err = ErrorBody::new(ErrorCode::ConcurrencyLimitExceeded, message).with_details(
-                ErrorDetails {
-                    limit: Some(limit),
-                    in_flight: Some(limit),
-                    waiting: Some(waiting as u64),
-                    waited_ms: waited.map(|w| w.as_millis() as u64),
-                    key: Some(key.to_owned()),
-                    ..Default::default()
-                },
-            );
-            SlotRefusal::Full(TermReason::KeyLimit, Box::new(err))
+            let details = ErrorDetails {
+                limit: Some(limit),
+                in_flight: Some(limit),
+                waiting: Some(waiting as u64),
+                waited_ms: waited.map(|w| w.as_millis() as u64),
+                key: Some(key.to_owned()),
+                ..Default::default()
+            };
+            let code = ErrorCode::ConcurrencyLimitExceeded;
+            SlotRefusal::full(TermReason::KeyLimit, code, message, details)
         };
         let _guard = {
             let mut w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
@@ -706,19 +720,19 @@ impl ClusterSlots {
             .get(&(gi, key.to_owned()))
             .map_or(0, |n| n.saturating_sub(1));
         if deadline.is_some_and(|d| d < until_wait) {
-            let err = ErrorBody::new(
+            return Err(SlotRefusal::full(
+                TermReason::WaitExpired,
                 ErrorCode::DeadlineExceeded,
                 format!(
                     "deadline passed after {} ms waiting for a slot of limit {name} ({key}) over all replicas",
                     waited.as_millis()
                 ),
-            )
-            .with_details(ErrorDetails {
-                waited_ms: Some(waited.as_millis() as u64),
-                key: Some(key.to_owned()),
-                ..Default::default()
-            });
-            return Err(SlotRefusal::Full(TermReason::WaitExpired, Box::new(err)));
+                ErrorDetails {
+                    waited_ms: Some(waited.as_millis() as u64),
+                    key: Some(key.to_owned()),
+                    ..Default::default()
+                },
+            ));
         }
         Err(busy(
             format!(
@@ -873,15 +887,9 @@ pub(crate) fn absolute_deadline(
     let from_timeout = t.map(|t| published_ms.saturating_add(t));
     Ok(match (d, from_timeout) {
         (Some(a), Some(b)) => Some(a.min(b)),
-        (None, None) => default
-            .map(|d| published_ms.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))),
+        (None, None) => default.map(|d| published_ms.saturating_add(whole_ms(d))),
         (a, b) => a.or(b),
     })
-}
-
-fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Whether `s` can be published to: non-empty dot-separated tokens of visible ASCII,
@@ -1079,7 +1087,7 @@ async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: Own
     // The stream's timestamp (the server's clock) and the delivery count, from the ack
     // subject; a subject that does not parse is treated as a first delivery now.
     let (delivered, published_ms) = msg.info().map_or_else(
-        |_| (1, unix_ms(SystemTime::now())),
+        |_| (1, unix_ms_now()),
         |i| {
             let ms = i.published.unix_timestamp_nanos() / 1_000_000;
             (i.delivered, u64::try_from(ms).unwrap_or(0))
@@ -1144,7 +1152,7 @@ async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: Own
         published_ms,
         ctx.config.deadline.default,
     );
-    let now_ms = unix_ms(SystemTime::now());
+    let now_ms = unix_ms_now();
     let (message, expired) = match deadline {
         // A malformed deadline header: the decoder refuses it, naming the header.
         Err(()) => (message, false),

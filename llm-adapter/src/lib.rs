@@ -90,6 +90,7 @@ pub use weir_llm_client as client;
 pub mod config;
 mod intake;
 pub mod metrics;
+mod millis;
 pub mod nats_events;
 pub mod service;
 pub mod stream;

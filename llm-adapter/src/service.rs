@@ -37,7 +37,7 @@
 use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_nats::service::{Request, Service, ServiceExt};
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
@@ -56,6 +56,7 @@ use crate::admission::{Admission, Outcome, RequestStatus, Sink, Submission};
 use crate::config::Config;
 use crate::intake::{Admit, IntakeEdge, Pulled, Settle, SlotRefusal, TermReason, Ticket};
 use crate::metrics as m;
+use crate::millis::{unix_ms_now, whole_ms};
 use crate::nats_events::NatsEvents;
 use crate::stream::{AckHub, Delivered, NatsStream, StreamLimits};
 
@@ -374,39 +375,24 @@ impl<'a> Known<'a> {
                 continue;
             };
             let n: &str = name.as_ref();
-            let slot = if n.eq_ignore_ascii_case(h::REQUEST_ID) {
-                &mut k.request_id
-            } else if n.eq_ignore_ascii_case(h::SESSION_ID) {
-                &mut k.session
-            } else if n.eq_ignore_ascii_case(h::CLIENT_KEY) {
-                &mut k.client_key
-            } else if n.eq_ignore_ascii_case(h::ADMISSION) {
-                &mut k.admission
-            } else if n.eq_ignore_ascii_case(h::DEADLINE_MS) {
-                &mut k.deadline
-            } else if n.eq_ignore_ascii_case(h::TIMEOUT_MS) {
-                &mut k.timeout
-            } else if n.eq_ignore_ascii_case(h::CANCEL) {
-                &mut k.cancel
-            } else if n.eq_ignore_ascii_case(s::STREAM) {
-                &mut k.stream
-            } else if n.eq_ignore_ascii_case(h::TRACEPARENT) {
-                &mut k.traceparent
-            } else if n.eq_ignore_ascii_case(h::TRACESTATE) {
-                &mut k.tracestate
-            } else {
-                continue;
-            };
-            slot.get_or_insert(v);
+            let slots = [
+                (h::REQUEST_ID, &mut k.request_id),
+                (h::SESSION_ID, &mut k.session),
+                (h::CLIENT_KEY, &mut k.client_key),
+                (h::ADMISSION, &mut k.admission),
+                (h::DEADLINE_MS, &mut k.deadline),
+                (h::TIMEOUT_MS, &mut k.timeout),
+                (h::CANCEL, &mut k.cancel),
+                (s::STREAM, &mut k.stream),
+                (h::TRACEPARENT, &mut k.traceparent),
+                (h::TRACESTATE, &mut k.tracestate),
+            ];
+            if let Some((_, slot)) = slots.into_iter().find(|(h, _)| n.eq_ignore_ascii_case(h)) {
+                slot.get_or_insert(v);
+            }
         }
         k
     }
-}
-
-fn unix_ms_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn invalid(e: &HeaderError) -> ErrorBody {
@@ -563,10 +549,6 @@ pub struct StatusReply {
     /// `running`: time since inference started, ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub elapsed_ms: Option<u64>,
-}
-
-fn whole_ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl StatusReply {

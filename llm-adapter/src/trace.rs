@@ -49,33 +49,50 @@ use crate::metrics as m;
 /// The `tracing` target of trace events.
 pub const TARGET: &str = "weir_llm_adapter::trace";
 
-named! {
-    /// What happened.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-    #[serde(rename_all = "snake_case")]
-    pub enum TraceKind {
-        /// Accepted into the queue.
-        Queued = "queued",
-        /// Passed every gate; waiting for a worker.
-        Admitted = "admitted",
-        /// The backend call started.
-        Started = "started",
-        /// Answered (any outcome).
-        Finished = "finished",
-        /// Joined an identical request (same request id).
-        Joined = "joined",
-        /// Answered from the completion cache.
-        Cached = "cached",
-        /// A slot was taken without waiting.
-        SlotAcquired = "slot_acquired",
-        /// Waiting for a slot.
-        SlotWaiting = "slot_waiting",
-        /// A slot was granted after waiting.
-        SlotGranted = "slot_granted",
-        /// A slot was given back.
-        SlotReleased = "slot_released",
-        /// A slot was not available and the request was refused (or would have been).
-        SlotBusy = "slot_busy",
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TraceKind {
+    /// Accepted into the queue.
+    Queued,
+    /// Passed every gate; waiting for a worker.
+    Admitted,
+    /// The backend call started.
+    Started,
+    /// Answered (any outcome).
+    Finished,
+    /// Joined an identical request (same request id).
+    Joined,
+    /// Answered from the completion cache.
+    Cached,
+    /// A slot was taken without waiting.
+    SlotAcquired,
+    /// Waiting for a slot.
+    SlotWaiting,
+    /// A slot was granted after waiting.
+    SlotGranted,
+    /// A slot was given back.
+    SlotReleased,
+    /// A slot was not available and the request was refused (or would have been).
+    SlotBusy,
+}
+
+impl TraceKind {
+    /// The snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Admitted => "admitted",
+            Self::Started => "started",
+            Self::Finished => "finished",
+            Self::Joined => "joined",
+            Self::Cached => "cached",
+            Self::SlotAcquired => "slot_acquired",
+            Self::SlotWaiting => "slot_waiting",
+            Self::SlotGranted => "slot_granted",
+            Self::SlotReleased => "slot_released",
+            Self::SlotBusy => "slot_busy",
+        }
     }
 }
 

@@ -527,9 +527,7 @@ impl<S: Sink> Inner<S> {
                     "deadline passed during inference; backend call aborted",
                 )
                 .with_details(ErrorDetails {
-                    waited_ms: Some(
-                        u64::try_from((limit_at - started_at).as_millis()).unwrap_or(u64::MAX),
-                    ),
+                    waited_ms: Some(crate::millis::whole_ms(limit_at - started_at)),
                     ..Default::default()
                 })
             } else {
@@ -613,9 +611,7 @@ pub(crate) fn backend_failure(
         // `backend_error` so that callers built before the distinction still match).
         BackendErrorKind::Overloaded => ErrorBody::new(ErrorCode::BackendError, e.to_string())
             .with_details(ErrorDetails {
-                retry_after_ms: e
-                    .retry_after()
-                    .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                retry_after_ms: e.retry_after().map(crate::millis::whole_ms),
                 backend_status: e.status(),
                 ..Default::default()
             }),

@@ -74,6 +74,7 @@ use super::{
 };
 use crate::backend::{BackendReply, BackendRequest};
 use crate::config::{KeySource, Mode, OnBusy, QueueOrder};
+use crate::millis::whole_ms as millis;
 use crate::trace::{TraceEvent, TraceKind, Tracer, ms};
 
 /// Rule names used in traces, would-reject counts and metrics.
@@ -281,10 +282,6 @@ pub(crate) struct Prediction {
     pub(crate) order: ReadyKey,
 }
 
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 fn millis_ceil(d: Duration) -> u64 {
     let ms = millis(d);
     if Duration::from_millis(ms) < d {
@@ -296,6 +293,15 @@ fn millis_ceil(d: Duration) -> u64 {
 
 fn refusal(code: ErrorCode, message: String, details: ErrorDetails) -> ErrorBody {
     ErrorBody::new(code, message).with_details(details)
+}
+
+/// A refusal whose one detail is how long the request waited.
+fn after_wait(code: ErrorCode, message: &str, waited: Duration) -> ErrorBody {
+    let details = ErrorDetails {
+        waited_ms: Some(millis(waited)),
+        ..Default::default()
+    };
+    refusal(code, message.into(), details)
 }
 
 impl<W> State<W> {
@@ -727,14 +733,8 @@ impl<W> State<W> {
         if let Some(d) = deadline
             && d <= now
         {
-            let err = refusal(
-                ErrorCode::DeadlineExceeded,
-                "deadline already passed at admission".into(),
-                ErrorDetails {
-                    waited_ms: Some(millis(waited)),
-                    ..Default::default()
-                },
-            );
+            let message = "deadline already passed at admission";
+            let err = after_wait(ErrorCode::DeadlineExceeded, message, waited);
             immediate(fx, waiter, err, &sub);
             return Admitted::Refused(ErrorCode::DeadlineExceeded);
         }
@@ -1765,14 +1765,7 @@ impl<W> State<W> {
             return CancelResult::Running;
         }
         let waited = now.saturating_duration_since(e.received_at);
-        let err = refusal(
-            ErrorCode::Cancelled,
-            "cancelled while queued".into(),
-            ErrorDetails {
-                waited_ms: Some(millis(waited)),
-                ..Default::default()
-            },
-        );
+        let err = after_wait(ErrorCode::Cancelled, "cancelled while queued", waited);
         self.retire(id, Err(err), now, fx);
         self.run(now, fx);
         CancelResult::Queued
