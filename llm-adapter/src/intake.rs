@@ -1049,24 +1049,18 @@ async fn pull_loop<A: Admit>(mut ctx: PullCtx<A>) {
             };
             let Some(item) = item else { break };
             match item {
-                Ok(msg) => {
-                    let Some(permit) = permits.pop() else {
-                        // More than asked for: cannot happen; hand it back.
-                        if let Some(ack) = msg.message.reply.clone() {
-                            send_ack(&ctx.hub.client, &ack, AckKind::Nak(None), PULL_EXPIRES).await;
-                        }
-                        continue;
-                    };
-                    if stopping || *ctx.stop.borrow() {
-                        stopping = true;
-                        if let Some(ack) = msg.message.reply.clone() {
-                            send_ack(&ctx.hub.client, &ack, AckKind::Nak(None), PULL_EXPIRES).await;
-                        }
-                        drop(permit);
-                        continue;
+                Ok(msg) => match permits.pop() {
+                    Some(permit) if !stopping && !*ctx.stop.borrow() => {
+                        handle(&ctx, msg, permit).await;
                     }
-                    handle(&ctx, msg, permit).await;
-                }
+                    // Stopping, or more than asked for (cannot happen): hand it back.
+                    permit => {
+                        stopping |= permit.is_some();
+                        if let Some(ack) = msg.message.reply.clone() {
+                            send_ack(&ctx.hub.client, &ack, AckKind::Nak(None), PULL_EXPIRES).await;
+                        }
+                    }
+                },
                 Err(e) => {
                     // A missed heartbeat or a status from the server: count it, pull again.
                     metrics::counter!(m::INTAKE_PULL_ERRORS_TOTAL).increment(1);

@@ -116,11 +116,6 @@ impl AckHub {
         self.lock().insert(id, state.clone());
         (id, state)
     }
-
-    /// Streams registered now (tests, leak checks).
-    pub fn open_streams(&self) -> usize {
-        self.lock().len()
-    }
 }
 
 /// Flow-control settings of one stream.
@@ -208,25 +203,19 @@ impl NatsStream {
     }
 
     async fn publish(&self, headers: HeaderMap, body: Bytes, with_ack: bool) -> bool {
-        let reply = self.reply.clone();
-        let sent = if with_ack {
-            tokio::time::timeout(
-                self.limits.publish_timeout,
-                self.client.publish_with_reply_and_headers(
-                    reply,
-                    self.ack_subject.clone(),
-                    headers,
-                    body,
-                ),
-            )
-            .await
-        } else {
-            tokio::time::timeout(
-                self.limits.publish_timeout,
-                self.client.publish_with_headers(reply, headers, body),
-            )
-            .await
-        };
+        let (reply, client) = (self.reply.clone(), &self.client);
+        let sent = tokio::time::timeout(self.limits.publish_timeout, async move {
+            match with_ack {
+                true => {
+                    let ack = self.ack_subject.clone();
+                    client
+                        .publish_with_reply_and_headers(reply, ack, headers, body)
+                        .await
+                }
+                false => client.publish_with_headers(reply, headers, body).await,
+            }
+        })
+        .await;
         let ok = matches!(sent, Ok(Ok(())));
         if !ok {
             ::metrics::counter!(m::REPLY_FAILED_TOTAL).increment(1);

@@ -453,6 +453,18 @@ impl<S: Sink> Inner<S> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Runs one state transition at `now` under the lock, then (the lock released)
+    /// carries out its effects.
+    async fn step<R>(
+        &self,
+        transition: impl FnOnce(&mut State<S::Waiter>, Instant, &mut Effects<S::Waiter>) -> R,
+    ) -> R {
+        let mut fx = Effects::default();
+        let r = transition(&mut self.lock(), Instant::now(), &mut fx);
+        self.apply(fx).await;
+        r
+    }
+
     async fn apply(&self, fx: Effects<S::Waiter>) {
         for _ in 0..fx.ready_added {
             self.work.notify_one();
@@ -579,16 +591,11 @@ impl<S: Sink> Inner<S> {
                 .await
             }
         };
-        let now = Instant::now();
-        let mut fx = Effects::default();
-        self.lock().finish(
-            id,
-            result,
-            now.saturating_duration_since(started_at),
-            now,
-            &mut fx,
-        );
-        self.apply(fx).await;
+        self.step(|st, now, fx| {
+            let took = now.saturating_duration_since(started_at);
+            st.finish(id, result, took, now, fx);
+        })
+        .await;
     }
 }
 
@@ -652,13 +659,12 @@ async fn sweeper<S: Sink>(inner: Arc<Inner<S>>) {
         let notified = inner.timers.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let mut fx = Effects::default();
-        let next = {
-            let mut st = inner.lock();
-            st.expire(Instant::now(), &mut fx);
-            st.next_wake()
-        };
-        inner.apply(fx).await;
+        let next = inner
+            .step(|st, now, fx| {
+                st.expire(now, fx);
+                st.next_wake()
+            })
+            .await;
         if inner.stopped.load(Ordering::Acquire) {
             return;
         }
@@ -727,23 +733,17 @@ impl<S: Sink> Admission<S> {
     /// Offers one request. Immediate answers (refusal, cached reply) are delivered
     /// before this returns; otherwise the waiter is answered later.
     pub async fn submit(&self, sub: Submission, waiter: S::Waiter) -> Admitted {
-        let mut fx = Effects::default();
-        let admitted = self
-            .inner
-            .lock()
-            .submit(sub, waiter, Instant::now(), &mut fx);
-        self.inner.apply(fx).await;
-        admitted
+        self.inner
+            .step(|st, now, fx| st.submit(sub, waiter, now, fx))
+            .await
     }
 
     /// Cancels the queued or running request with this request id.
     pub async fn cancel(&self, request_id: &str) -> CancelResult {
-        let mut fx = Effects::default();
         let r = self
             .inner
-            .lock()
-            .cancel(request_id, Instant::now(), &mut fx);
-        self.inner.apply(fx).await;
+            .step(|st, now, fx| st.cancel(request_id, now, fx))
+            .await;
         metrics::counter!(m::CANCEL_TOTAL, "result" => r.as_str()).increment(1);
         r
     }
@@ -800,9 +800,7 @@ impl<S: Sink> Admission<S> {
     /// `shutting_down`, and every queued request is answered `shutting_down` now.
     /// Running requests continue. Returns how many queued requests were answered.
     pub async fn stop_admitting(&self) -> usize {
-        let mut fx = Effects::default();
-        let n = self.inner.lock().begin_shutdown(Instant::now(), &mut fx);
-        self.inner.apply(fx).await;
+        let n = self.inner.step(State::begin_shutdown).await;
         self.inner
             .answered_at_shutdown
             .fetch_add(n, Ordering::Relaxed);
