@@ -59,9 +59,10 @@ use weir_protocol::llm::headers as h;
 use weir_protocol::llm::{ErrorBody, ErrorCode, ErrorDetails};
 use weir_service::ratelimit::LogLimit;
 
-use crate::config::{Config, JetStreamIntake, Mode};
+use crate::config::{Config, JetStreamIntake, KeyLimit, Mode, OnBusy};
 use crate::metrics as m;
 use crate::millis::{unix_ms_now, whole_ms};
+use crate::service::header;
 
 /// How long one pull request waits on the server for messages.
 const PULL_EXPIRES: Duration = Duration::from_millis(1000);
@@ -277,23 +278,23 @@ impl Ticket {
         wait: Option<Option<Instant>>,
     ) -> Result<(), SlotRefusal> {
         for (gi, (rule, key)) in slots.limits.iter().zip(keys).enumerate().skip(from) {
-            let (Some(rule), Some(key)) = (rule, key) else {
+            let Some(key) = key else {
                 continue;
             };
-            let (name, limit) = (&rule.name, rule.limit);
+            let (name, limit) = (&rule.name, rule.limit.get());
             if self
                 .take_slot(slots, limit, |i| limit_slot_key(name, key, i))
                 .await?
             {
                 continue;
             }
-            match (rule.wait, wait) {
-                (Some(_), None) => return Err(SlotRefusal::MustWait(gi)),
-                (Some(_), Some(deadline)) => {
+            match (rule.on_busy, wait) {
+                (OnBusy::Wait { .. }, None) => return Err(SlotRefusal::MustWait(gi)),
+                (OnBusy::Wait { .. }, Some(deadline)) => {
                     let rid = self.request_id.as_deref();
                     self.hold_slot(slots.wait_for(gi, rule, key, rid, deadline).await?);
                 }
-                (None, _) => {
+                (OnBusy::Reject, _) => {
                     let limit = limit as u64;
                     return Err(SlotRefusal::full(
                         TermReason::KeyLimit,
@@ -372,19 +373,10 @@ pub(crate) struct ClusterSlots {
     /// Names this replica in slot values (diagnostics).
     replica: String,
     session_cap: Option<usize>,
-    /// Per configured limit (same order); `None` outside enforce mode.
-    limits: Vec<Option<ClusterRule>>,
+    /// The configured limits (same order).
+    limits: Vec<KeyLimit>,
     /// Requests waiting here for a wait-limit slot, by (rule index, key).
     waiting: Mutex<HashMap<(usize, String), usize>>,
-}
-
-/// One `[[limits]]` rule, as the cluster slots apply it.
-#[derive(Debug, Clone)]
-struct ClusterRule {
-    name: String,
-    limit: usize,
-    /// `on_busy = "wait"`: `(max_wait, max_waiters)`; `None`: reject.
-    wait: Option<(Duration, usize)>,
 }
 
 /// How often a request waiting for a cluster-wide slot retries besides the watch.
@@ -631,16 +623,20 @@ impl ClusterSlots {
     async fn wait_for(
         &self,
         gi: usize,
-        rule: &ClusterRule,
+        rule: &KeyLimit,
         key: &str,
         request_id: Option<&str>,
         deadline: Option<Instant>,
     ) -> Result<Slot, SlotRefusal> {
-        let Some((max_wait, max_waiters)) = rule.wait else {
+        let OnBusy::Wait {
+            max_wait,
+            max_waiters,
+        } = rule.on_busy
+        else {
             return Err(SlotRefusal::Store("not a wait-limit".into()));
         };
         let name = &rule.name;
-        let limit = rule.limit as u64;
+        let limit = rule.limit.get() as u64;
         let busy = |message: String, waited: Option<Duration>, waiting: usize| {
             let details = ErrorDetails {
                 limit: Some(limit),
@@ -687,7 +683,11 @@ impl ClusterSlots {
             .and_then(Result::ok);
         loop {
             if let SlotResult::Got(slot) = self
-                .acquire(rule.limit, |i| limit_slot_key(name, key, i), request_id)
+                .acquire(
+                    rule.limit.get(),
+                    |i| limit_slot_key(name, key, i),
+                    request_id,
+                )
                 .await
                 .map_err(SlotRefusal::Store)?
             {
@@ -787,25 +787,8 @@ async fn open(
         )
         .await
         .map_err(|e| format!("jetstream.consumer {}: {e}", j.consumer))?;
-    let limits: Vec<Option<ClusterRule>> = cfg
-        .limits
-        .iter()
-        .map(|l| {
-            Some(ClusterRule {
-                name: l.name.clone(),
-                limit: l.limit.get(),
-                wait: match l.on_busy {
-                    crate::config::OnBusy::Reject => None,
-                    crate::config::OnBusy::Wait {
-                        max_wait,
-                        max_waiters,
-                    } => Some((max_wait, max_waiters)),
-                },
-            })
-        })
-        .collect();
     let session_cap = cfg.session.pending_cap.map(|c| c.get());
-    let wanted = session_cap.is_some() || limits.iter().any(Option::is_some);
+    let wanted = session_cap.is_some() || !cfg.limits.is_empty();
     let slots = if wanted && cfg.mode == Mode::Enforce {
         let kv = open_bucket(
             js,
@@ -819,7 +802,7 @@ async fn open(
             kv,
             replica: js_replica_name(),
             session_cap,
-            limits,
+            limits: cfg.limits.clone(),
             waiting: Mutex::default(),
         })
     } else {
@@ -900,14 +883,6 @@ pub(crate) fn valid_reply_subject(s: &str) -> bool {
         && s.split('.').all(|t| {
             !t.is_empty() && t != "*" && t != ">" && t.bytes().all(|b| (b'!'..=b'~').contains(&b))
         })
-}
-
-/// First value of header `name`, compared case-insensitively.
-fn header<'a>(map: Option<&'a HeaderMap>, name: &str) -> Option<&'a str> {
-    map?.iter()
-        .find(|(k, _)| AsRef::<str>::as_ref(*k).eq_ignore_ascii_case(name))
-        .and_then(|(_, v)| v.first())
-        .map(|v| v.as_str())
 }
 
 /// Rewrites the deadline headers of `headers` to one absolute `Weir-Deadline-Ms`

@@ -337,7 +337,7 @@ fn stream_chunks(reply: &crate::backend::BackendReply) -> u64 {
 
 /// Looks a header up by exact name, then case-insensitively (Go clients canonicalise,
 /// others may not).
-fn header<'a>(map: Option<&'a HeaderMap>, name: &'static str) -> Option<&'a str> {
+pub(crate) fn header<'a>(map: Option<&'a HeaderMap>, name: &'static str) -> Option<&'a str> {
     let map = map?;
     if let Some(v) = map.get(HeaderName::from_static(name)) {
         return Some(v.as_str());

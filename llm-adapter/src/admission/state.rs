@@ -703,7 +703,9 @@ impl<W> State<W> {
         self.stats.offered.add(1);
         self.cache.purge(now);
         let waited = now.saturating_duration_since(sub.received_at);
+        // A refusal answered at once.
         let immediate = |fx: &mut Effects<W>, waiter: W, err: ErrorBody, sub: &Submission| {
+            let code = err.code;
             fx.deliveries.reserve_exact(1);
             fx.deliveries.push((
                 waiter,
@@ -714,11 +716,11 @@ impl<W> State<W> {
                     request_id: sub.request_id.clone(),
                 }),
             ));
+            Admitted::Refused(code)
         };
 
         if self.shutting_down {
-            immediate(fx, waiter, shutting_down(), &sub);
-            return Admitted::Refused(ErrorCode::ShuttingDown);
+            return immediate(fx, waiter, shutting_down(), &sub);
         }
 
         // Deadline: the caller's budget (or the default), never above the maximum.
@@ -735,20 +737,14 @@ impl<W> State<W> {
         {
             let message = "deadline already passed at admission";
             let err = after_wait(ErrorCode::DeadlineExceeded, message, waited);
-            immediate(fx, waiter, err, &sub);
-            return Admitted::Refused(ErrorCode::DeadlineExceeded);
+            return immediate(fx, waiter, err, &sub);
         }
 
         let keys = match resolve_keys(&self.cfg, &sub) {
             Ok(k) => k,
             Err(message) => {
-                immediate(
-                    fx,
-                    waiter,
-                    ErrorBody::new(ErrorCode::InvalidRequest, message),
-                    &sub,
-                );
-                return Admitted::Refused(ErrorCode::InvalidRequest);
+                let err = ErrorBody::new(ErrorCode::InvalidRequest, message);
+                return immediate(fx, waiter, err, &sub);
             }
         };
 
@@ -762,8 +758,7 @@ impl<W> State<W> {
                 && let Some(e) = self.entries.get_mut(&id)
             {
                 if e.fingerprint.as_ref() != Some(fp) {
-                    immediate(fx, waiter, conflict(rid), &sub);
-                    return Admitted::Refused(ErrorCode::RequestIdConflict);
+                    return immediate(fx, waiter, conflict(rid), &sub);
                 }
                 e.joined.push(waiter);
                 self.stats.joined.add(1);
@@ -775,8 +770,7 @@ impl<W> State<W> {
             }
             if let Some(c) = self.cache.get(rid) {
                 if c.fingerprint != *fp {
-                    immediate(fx, waiter, conflict(rid), &sub);
-                    return Admitted::Refused(ErrorCode::RequestIdConflict);
+                    return immediate(fx, waiter, conflict(rid), &sub);
                 }
                 self.stats.cached.add(1);
                 fx.deliveries.reserve_exact(1);
@@ -804,8 +798,7 @@ impl<W> State<W> {
                         ..Default::default()
                     },
                 );
-                immediate(fx, waiter, err, &sub);
-                return Admitted::Refused(ErrorCode::SessionQueueFull);
+                return immediate(fx, waiter, err, &sub);
             }
         }
 
@@ -830,8 +823,7 @@ impl<W> State<W> {
                         ..Default::default()
                     },
                 );
-                immediate(fx, waiter, err, &sub);
-                return Admitted::Refused(ErrorCode::ConcurrencyLimitExceeded);
+                return immediate(fx, waiter, err, &sub);
             }
         }
 
@@ -849,8 +841,7 @@ impl<W> State<W> {
                     ..Default::default()
                 },
             );
-            immediate(fx, waiter, err, &sub);
-            return Admitted::Refused(ErrorCode::QueueFull);
+            return immediate(fx, waiter, err, &sub);
         }
 
         // Predictive admission: refuse now what the work ahead would make late. An idle
@@ -909,8 +900,7 @@ impl<W> State<W> {
                             ..Default::default()
                         },
                     );
-                    immediate(fx, waiter, err, &sub);
-                    return Admitted::Refused(ErrorCode::DeadlineExceeded);
+                    return immediate(fx, waiter, err, &sub);
                 }
             }
         }

@@ -92,17 +92,15 @@ impl Backend for NatsBackend {
                 }
                 Ok(Ok(msg)) => msg,
             };
-            let mut passthrough = Vec::new();
-            if let Some(hm) = &msg.headers {
-                for (name, values) in hm.iter() {
-                    for v in values {
-                        passthrough.push((name.to_string(), v.as_str().to_owned()));
-                    }
-                }
-            }
+            let headers = (msg.headers.iter().flat_map(|hm| hm.iter()))
+                .flat_map(|(n, vs)| {
+                    vs.iter()
+                        .map(move |v| (n.to_string(), v.as_str().to_owned()))
+                })
+                .collect();
             Ok(BackendReply {
                 body: msg.payload,
-                headers: passthrough,
+                headers,
             })
         })
     }

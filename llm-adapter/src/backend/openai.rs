@@ -78,14 +78,15 @@ impl OpenAiBackend {
     /// a CA / client certificate file cannot be read or parsed (the message names the
     /// key).
     pub fn new(cfg: &OpenAiConfig, timeout: Duration) -> Result<Self, BackendError> {
-        let api_key = match &cfg.api_key_env {
-            None => None,
-            Some(var) => Some(std::env::var(var).map_err(|_| {
-                unavailable(format!(
-                    "backend.openai.api_key_env names {var}, which is not set"
-                ))
-            })?),
-        };
+        let api_key = (cfg.api_key_env.as_ref())
+            .map(|var| {
+                std::env::var(var).map_err(|_| {
+                    unavailable(format!(
+                        "backend.openai.api_key_env names {var}, which is not set"
+                    ))
+                })
+            })
+            .transpose()?;
         let mut builder = reqwest::Client::builder()
             .use_rustls_tls()
             .connect_timeout(cfg.connect_timeout)
