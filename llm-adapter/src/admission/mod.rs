@@ -534,14 +534,12 @@ impl<S: Sink> Inner<S> {
         };
         let limited = || {
             if deadline_first {
-                ErrorBody::new(
-                    ErrorCode::DeadlineExceeded,
-                    "deadline passed during inference; backend call aborted",
+                ErrorBody::new(ErrorCode::DeadlineExceeded, DEADLINE_DURING_INFERENCE).with_details(
+                    ErrorDetails {
+                        waited_ms: Some(crate::millis::whole_ms(limit_at - started_at)),
+                        ..Default::default()
+                    },
                 )
-                .with_details(ErrorDetails {
-                    waited_ms: Some(crate::millis::whole_ms(limit_at - started_at)),
-                    ..Default::default()
-                })
             } else {
                 ErrorBody::new(
                     ErrorCode::BackendTimeout,
@@ -599,6 +597,9 @@ impl<S: Sink> Inner<S> {
     }
 }
 
+/// The message of a call aborted (or timed out) at its deadline.
+const DEADLINE_DURING_INFERENCE: &str = "deadline passed during inference; backend call aborted";
+
 /// The answer for a failed backend call.
 pub(crate) fn backend_failure(
     e: &crate::backend::BackendError,
@@ -608,10 +609,7 @@ pub(crate) fn backend_failure(
         // A backend that bounds its call by the remaining budget (the NATS backend)
         // times out at the deadline: that is the deadline's doing.
         BackendErrorKind::Timeout if deadline.is_some_and(|d| Instant::now() >= d) => {
-            ErrorBody::new(
-                ErrorCode::DeadlineExceeded,
-                "deadline passed during inference; backend call aborted",
-            )
+            ErrorBody::new(ErrorCode::DeadlineExceeded, DEADLINE_DURING_INFERENCE)
         }
         BackendErrorKind::Timeout => ErrorBody::new(ErrorCode::BackendTimeout, e.to_string()),
         // The backend's own overload: retryable after its `Retry-After` (kept as

@@ -211,6 +211,7 @@ struct Entry<W> {
     span: tracing::Span,
 }
 
+#[derive(Default)]
 struct Gate {
     slots: SlotTable,
     waiters: HashMap<String, VecDeque<u64>>,
@@ -306,20 +307,11 @@ fn after_wait(code: ErrorCode, message: &str, waited: Duration) -> ErrorBody {
 
 impl<W> State<W> {
     pub(crate) fn new(cfg: Arc<AdmissionConfig>, stats: Arc<Stats>, tracer: Tracer) -> Self {
-        let gates = cfg
-            .limits
-            .iter()
-            .map(|_| Gate {
-                slots: SlotTable::default(),
-                waiters: HashMap::new(),
-            })
-            .collect();
+        let gates = cfg.limits.iter().map(|_| Gate::default()).collect();
         let estimator = Estimator::new(cfg.estimator);
-        let cache = cfg
-            .idempotency
-            .map_or(CompletionCache::new(0, 0, stats.clone()), |i| {
-                CompletionCache::new(i.max_entries.get(), i.max_bytes.get(), stats.clone())
-            });
+        let (entries, bytes) =
+            (cfg.idempotency).map_or((0, 0), |i| (i.max_entries.get(), i.max_bytes.get()));
+        let cache = CompletionCache::new(entries, bytes, stats.clone());
         Self {
             cfg,
             stats,
@@ -450,7 +442,7 @@ impl<W> State<W> {
         let left = |started: &Instant| {
             (e - now.saturating_duration_since(*started).as_secs_f64()).max(0.0)
         };
-        let running: f64 = self.running_since.values().map(left).sum();
+        let running = self.running_left(e, now);
         // Every queued request counts, not only the ready ones: a request waiting behind
         // its session or at a key gate reaches the ready queue later, possibly while
         // this one still waits behind its own session or gate (measured: with session
@@ -499,6 +491,12 @@ impl<W> State<W> {
             estimate: est,
             order,
         })
+    }
+
+    /// What is left of the running calls at `now`, in seconds, with `e` s per call.
+    fn running_left(&self, e: f64, now: Instant) -> f64 {
+        let left = |s: &Instant| (e - now.saturating_duration_since(*s).as_secs_f64()).max(0.0);
+        self.running_since.values().map(left).sum()
     }
 
     /// The global term of the prediction, in seconds, for a request with `ahead`
@@ -1029,11 +1027,7 @@ impl<W> State<W> {
     /// (the global term of [`State::predict`]); `None` without an estimate.
     fn predicted_start(&self, ahead: usize, now: Instant) -> Option<Duration> {
         let e = self.estimator.estimate()?.as_secs_f64();
-        let running: f64 = self
-            .running_since
-            .values()
-            .map(|s| (e - now.saturating_duration_since(*s).as_secs_f64()).max(0.0))
-            .sum();
+        let running = self.running_left(e, now);
         Duration::try_from_secs_f64(self.global_start(ahead, e, running)).ok()
     }
 

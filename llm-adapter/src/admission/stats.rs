@@ -232,7 +232,9 @@ pub(crate) struct Stats {
     running: metrics::Gauge,
     estimate: metrics::Gauge,
     estimate_samples: metrics::Gauge,
+    /// Replies the idempotency cache holds now, and their gauge.
     cache_entries: (AtomicU64, metrics::Gauge),
+    /// Bytes the idempotency cache holds now, and their gauge.
     cache_bytes: (AtomicU64, metrics::Gauge),
     cache_max_bytes: AtomicU64,
     cache_evicted_bytes: Tally,

@@ -169,15 +169,13 @@ pub(crate) async fn run_stream(
     match result {
         Some(Ok(mut reply)) => {
             reply.body = Bytes::new();
-            if let Some(t) = ttft {
-                reply.headers.push((s::TTFT_MS.to_owned(), h::format_ms(t)));
-            }
-            reply
-                .headers
-                .push((s::STREAM_CHUNKS.to_owned(), seq.to_string()));
-            reply
-                .headers
-                .push((s::STREAM_BYTES.to_owned(), sent_bytes.to_string()));
+            let ttft = ttft.map(|t| (s::TTFT_MS, h::format_ms(t)));
+            let figures = [
+                (s::STREAM_CHUNKS, seq.to_string()),
+                (s::STREAM_BYTES, sent_bytes.to_string()),
+            ];
+            let figures = ttft.into_iter().chain(figures);
+            (reply.headers).extend(figures.map(|(n, v)| (n.to_owned(), v)));
             Ok(reply)
         }
         Some(Err(e)) => Err(super::backend_failure(&e, deadline)),

@@ -247,19 +247,14 @@ async fn failure(mut resp: reqwest::Response, deadline: Option<Instant>) -> Back
         }
     }
     let text = String::from_utf8_lossy(&text).into_owned();
-    let overloaded = matches!(status.as_u16(), 429 | 503);
-    let kind = if overloaded {
-        BackendErrorKind::Overloaded
-    } else {
-        BackendErrorKind::Failed
+    // Only an overloaded backend's retry hint is passed on.
+    let (kind, retry) = match status.as_u16() {
+        429 | 503 => (BackendErrorKind::Overloaded, retry),
+        _ => (BackendErrorKind::Failed, None),
     };
-    let e = BackendError::new(kind, format!("backend answered HTTP {status}: {text}"))
-        .with_status(status.as_u16());
-    if overloaded {
-        e.with_retry_after(retry)
-    } else {
-        e
-    }
+    BackendError::new(kind, format!("backend answered HTTP {status}: {text}"))
+        .with_status(status.as_u16())
+        .with_retry_after(retry)
 }
 
 /// Sends the request; a non-2xx answer is the error ([`failure`]).
