@@ -298,12 +298,6 @@ pub struct SimStream {
     pub tokens_per_second: f64,
 }
 
-impl Default for SimStream {
-    fn default() -> Self {
-        SimConfig::default().stream
-    }
-}
-
 impl Default for SimConfig {
     /// The defaults of `[backend.sim]`.
     fn default() -> Self {

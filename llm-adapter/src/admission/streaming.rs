@@ -43,15 +43,6 @@ pub struct StreamSettings {
     pub max_bytes: usize,
 }
 
-impl Default for StreamSettings {
-    fn default() -> Self {
-        Self {
-            interval: Duration::from_millis(20),
-            max_bytes: 4096,
-        }
-    }
-}
-
 named! {
     /// Why a stream was aborted because of its caller (`as_str`: the label value of
     /// `weir_llm_stream_aborted_total`).
