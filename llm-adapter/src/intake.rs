@@ -63,6 +63,7 @@ use crate::config::{Config, JetStreamIntake, KeyLimit, Mode, OnBusy};
 use crate::metrics as m;
 use crate::millis::{unix_ms_now, whole_ms};
 use crate::service::header;
+use crate::sync::locked;
 
 /// How long one pull request waits on the server for messages.
 const PULL_EXPIRES: Duration = Duration::from_millis(1000);
@@ -145,7 +146,7 @@ pub(crate) struct Hub {
 
 impl Hub {
     fn held(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Subject>> {
-        self.held.lock().unwrap_or_else(|p| p.into_inner())
+        locked(&self.held)
     }
 }
 
@@ -390,7 +391,7 @@ struct WaitingGuard<'a> {
 
 impl Drop for WaitingGuard<'_> {
     fn drop(&mut self) {
-        let mut w = self.slots.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = locked(&self.slots.waiting);
         if let Some(n) = w.get_mut(&self.key) {
             *n = n.saturating_sub(1);
             if *n == 0 {
@@ -650,7 +651,7 @@ impl ClusterSlots {
             SlotRefusal::full(TermReason::KeyLimit, code, message, details)
         };
         let _guard = {
-            let mut w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+            let mut w = locked(&self.waiting);
             let n = w.entry((gi, key.to_owned())).or_default();
             if *n >= max_waiters {
                 let waiting = *n;
@@ -713,10 +714,7 @@ impl ClusterSlots {
         }
         let waited = started.elapsed();
         metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "wait_timeout").increment(1);
-        let waiting = self
-            .waiting
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let waiting = locked(&self.waiting)
             .get(&(gi, key.to_owned()))
             .map_or(0, |n| n.saturating_sub(1));
         if deadline.is_some_and(|d| d < until_wait) {

@@ -94,6 +94,7 @@ mod millis;
 pub mod nats_events;
 pub mod service;
 pub mod stream;
+mod sync;
 pub mod trace;
 
 use std::sync::Arc;

@@ -39,6 +39,7 @@ use crate::admission::{StopReason, StreamOut, StreamStop};
 use crate::metrics as m;
 use crate::nats_events::NatsEvents;
 use crate::service::put_static as put;
+use crate::sync::locked;
 
 /// What the caller has acknowledged of one stream.
 #[derive(Debug, Default)]
@@ -82,7 +83,7 @@ impl AckHub {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<AckState>>> {
-        self.streams.lock().unwrap_or_else(|p| p.into_inner())
+        locked(&self.streams)
     }
 
     fn route(&self, msg: &async_nats::Message) {

@@ -59,6 +59,7 @@ use crate::config::{
     Config, DeadlineConfig, IdempotencyConfig, KeyLimit, Mode, QueueOrder, SessionConfig,
 };
 use crate::metrics as m;
+use crate::sync::locked;
 use crate::trace::Tracer;
 
 /// The part of [`Config`] the admission core uses.
@@ -450,7 +451,7 @@ impl<S: Sink> Inner<S> {
     fn lock(&self) -> MutexGuard<'_, State<S::Waiter>> {
         // A poisoned lock means a bug panicked mid-transition; keep serving rather
         // than turning one bug into a crash of every request.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        locked(&self.state)
     }
 
     /// Runs one state transition at `now` under the lock, then (the lock released)
@@ -717,9 +718,8 @@ impl<S: Sink> Admission<S> {
         let workers = (0..inner.cfg.workers.get())
             .map(|_| tokio::spawn(worker(inner.clone())))
             .collect();
-        *inner.workers.lock().unwrap_or_else(|p| p.into_inner()) = workers;
-        *inner.sweeper.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(tokio::spawn(sweeper(inner.clone())));
+        *locked(&inner.workers) = workers;
+        *locked(&inner.sweeper) = Some(tokio::spawn(sweeper(inner.clone())));
         Self { inner }
     }
 
@@ -817,8 +817,7 @@ impl<S: Sink> Admission<S> {
     /// Calling it again is harmless.
     pub async fn shutdown(&self) -> ShutdownReport {
         self.stop_admitting().await;
-        let workers: Vec<JoinHandle<()>> =
-            std::mem::take(&mut *self.inner.workers.lock().unwrap_or_else(|p| p.into_inner()));
+        let workers: Vec<JoinHandle<()>> = std::mem::take(&mut *locked(&self.inner.workers));
         let mut all = futures::future::join_all(workers);
         let mut aborted_running = 0;
         if tokio::time::timeout(self.inner.cfg.shutdown_grace, &mut all)
@@ -831,12 +830,7 @@ impl<S: Sink> Admission<S> {
         }
         self.inner.stopped.store(true, Ordering::Release);
         self.inner.timers.notify_one();
-        let sweeper = self
-            .inner
-            .sweeper
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let sweeper = locked(&self.inner.sweeper).take();
         if let Some(h) = sweeper {
             let _ = tokio::time::timeout(Duration::from_secs(1), h).await;
         }

@@ -23,6 +23,7 @@ use weir_service::metrics::{LatencyHistogram, Series};
 use super::Outcome;
 use super::estimator::EstimateView;
 use crate::metrics as m;
+use crate::sync::locked;
 
 /// Percentiles of a latency histogram, in milliseconds (the shared admin type).
 pub use weir_protocol::admin::Percentiles;
@@ -318,7 +319,7 @@ impl Stats {
     }
 
     pub(crate) fn would_reject(&self, rule: &str) {
-        let mut w = self.would_reject.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = locked(&self.would_reject);
         *w.entry(rule.to_owned()).or_insert(0) += 1;
         rule_counter(&self.would_reject_handles, m::WOULD_REJECT_TOTAL, rule);
     }
@@ -353,12 +354,7 @@ impl Stats {
     /// A stream was aborted because of its caller.
     pub(crate) fn stream_aborted(&self, reason: &'static str) {
         metrics::counter!(m::STREAM_ABORTED_TOTAL, "reason" => reason).increment(1);
-        *self
-            .stream_aborted
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(reason)
-            .or_default() += 1;
+        *locked(&self.stream_aborted).entry(reason).or_default() += 1;
     }
 
     /// Counts one answer (one waiter).
@@ -456,11 +452,7 @@ impl Stats {
             started_after_deadline: self.started_after_deadline.get(),
             queued_now: 0,
             running_now: 0,
-            would_reject: self
-                .would_reject
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
+            would_reject: locked(&self.would_reject).clone(),
             queue_wait_ms: l.queue_wait.percentiles(),
             inference_ms: LatencyHistogram::merged_percentiles(&l.inference),
             backend_busy_ms: busy_ms,
@@ -483,10 +475,7 @@ impl Stats {
                 chunks: self.stream_chunks.get(),
                 bytes: self.stream_bytes.get(),
                 ttft_ms: l.ttft.percentiles(),
-                aborted: self
-                    .stream_aborted
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
+                aborted: locked(&self.stream_aborted)
                     .iter()
                     .map(|(k, v)| ((*k).to_owned(), *v))
                     .collect(),

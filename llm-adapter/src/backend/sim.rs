@@ -26,6 +26,7 @@ use super::{
     send_piece,
 };
 use crate::config::{Latency, SimConfig};
+use crate::sync::locked;
 
 /// The simulated backend.
 #[derive(Debug, Clone)]
@@ -150,7 +151,7 @@ impl SimInner {
         if let (Latency::Fixed(d), 0.0) = (self.cfg.latency, self.cfg.error_rate) {
             return (d, false);
         }
-        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        let mut rng = locked(&self.rng);
         let latency = match self.cfg.latency {
             Latency::Fixed(d) => d,
             Latency::Uniform { min, max } => {
