@@ -144,6 +144,20 @@ async fn bounded<F: std::future::Future>(limit: Duration, fut: F) -> Option<F::O
     tokio::time::timeout(limit, fut).await.ok()
 }
 
+/// Publishes one reply within `limit` ([`bounded`]); a reply that is not published
+/// (timeout, connection closed) is counted (`weir_llm_reply_failed_total`), never
+/// retried. `true` = published.
+pub(crate) async fn publish_reply<E>(
+    limit: Duration,
+    publish: impl Future<Output = Result<(), E>>,
+) -> bool {
+    let sent = matches!(bounded(limit, publish).await, Some(Ok(())));
+    if !sent {
+        metrics::counter!(m::REPLY_FAILED_TOTAL).increment(1);
+    }
+    sent
+}
+
 /// Inserts a header if name and value are valid; silently skips otherwise (values
 /// built here are always valid; passthrough values come from parsed headers).
 fn put(map: &mut HeaderMap, name: &str, value: &str) {
@@ -307,13 +321,8 @@ impl Sink for NatsSink {
             {
                 t.keep_reply(&headers, &body);
             }
-            let sent = bounded(
-                timeout,
-                client.publish_with_headers(waiter.reply, headers, body),
-            )
-            .await;
-            if !matches!(sent, Some(Ok(()))) {
-                metrics::counter!(m::REPLY_FAILED_TOTAL).increment(1);
+            let publish = client.publish_with_headers(waiter.reply, headers, body);
+            if !publish_reply(timeout, publish).await {
                 tracing::debug!(outcome = outcome.code(), "reply not published");
             }
             // Acknowledged after the answer was published: a replica that dies in
@@ -597,14 +606,8 @@ impl Edge {
         let body = serde_json::to_vec(value).unwrap_or_default();
         let mut headers = HeaderMap::new();
         put(&mut headers, "Content-Type", "application/json");
-        let sent = tokio::time::timeout(
-            self.publish_timeout,
-            req.respond_with_headers(Ok(body.into()), headers),
-        )
-        .await;
-        if !matches!(sent, Ok(Ok(()))) {
-            metrics::counter!(m::REPLY_FAILED_TOTAL).increment(1);
-        }
+        let respond = req.respond_with_headers(Ok(body.into()), headers);
+        publish_reply(self.publish_timeout, respond).await;
     }
 
     async fn handle_infer(&self, req: Request) {
@@ -1054,14 +1057,9 @@ async fn forward_acks(mut rx: tokio::sync::mpsc::Receiver<PendingForward>, ctx: 
                     Forwarded::Kept(Some((headers, body)), meta) => {
                         metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "joined")
                             .increment(1);
-                        let sent = bounded(
-                            limit,
-                            ctx.client.publish_with_headers(meta.waiter.reply, headers, body),
-                        )
-                        .await;
-                        if !matches!(sent, Some(Ok(()))) {
-                            metrics::counter!(m::REPLY_FAILED_TOTAL).increment(1);
-                        }
+                        let reply = meta.waiter.reply;
+                        let publish = ctx.client.publish_with_headers(reply, headers, body);
+                        publish_reply(limit, publish).await;
                         continue;
                     }
                     Forwarded::Kept(None, meta) => (

@@ -36,9 +36,8 @@ use weir_protocol::llm::headers as h;
 use weir_protocol::llm::stream::{self as s, StreamEvent};
 
 use crate::admission::{StopReason, StreamOut, StreamStop};
-use crate::metrics as m;
 use crate::nats_events::NatsEvents;
-use crate::service::put_static as put;
+use crate::service::{publish_reply, put_static as put};
 use crate::sync::locked;
 
 /// What the caller has acknowledged of one stream.
@@ -205,7 +204,7 @@ impl NatsStream {
 
     async fn publish(&self, headers: HeaderMap, body: Bytes, with_ack: bool) -> bool {
         let (reply, client) = (self.reply.clone(), &self.client);
-        let sent = tokio::time::timeout(self.limits.publish_timeout, async move {
+        let publish = async move {
             match with_ack {
                 true => {
                     let ack = self.ack_subject.clone();
@@ -215,13 +214,8 @@ impl NatsStream {
                 }
                 false => client.publish_with_headers(reply, headers, body).await,
             }
-        })
-        .await;
-        let ok = matches!(sent, Ok(Ok(())));
-        if !ok {
-            ::metrics::counter!(m::REPLY_FAILED_TOTAL).increment(1);
-        }
-        ok
+        };
+        publish_reply(self.limits.publish_timeout, publish).await
     }
 
     fn gone(&self) -> Option<StreamStop> {
