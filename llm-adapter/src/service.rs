@@ -439,14 +439,9 @@ fn decode(
         let client_key = inv(id(h::CLIENT_KEY, known.client_key))?;
         let policy =
             inv(known.admission.map(AdmissionPolicy::parse).transpose())?.unwrap_or_default();
-        let deadline = inv(known
-            .deadline
-            .map(|v| h::parse_ms(h::DEADLINE_MS, v))
-            .transpose())?;
-        let timeout = inv(known
-            .timeout
-            .map(|v| h::parse_ms(h::TIMEOUT_MS, v))
-            .transpose())?;
+        let ms = |name, v: Option<&str>| inv(v.map(|v| h::parse_ms(name, v)).transpose());
+        let deadline = ms(h::DEADLINE_MS, known.deadline)?;
+        let timeout = ms(h::TIMEOUT_MS, known.timeout)?;
         Ok(Submission {
             // Opened by the replica that admits it ([`open_span`]), not by one that
             // only forwards it to the durable intake.
