@@ -296,6 +296,24 @@ fn refusal(code: ErrorCode, message: String, details: ErrorDetails) -> ErrorBody
     ErrorBody::new(code, message).with_details(details)
 }
 
+/// `deadline_exceeded` for a queued request that is not started: how long it waited,
+/// the budget left at `now` and the service-time estimate.
+fn not_started(
+    message: String,
+    waited: Duration,
+    deadline: Option<Instant>,
+    now: Instant,
+    estimate: Option<Duration>,
+) -> ErrorBody {
+    let details = ErrorDetails {
+        waited_ms: Some(millis(waited)),
+        budget_ms: deadline.map(|d| millis(d.saturating_duration_since(now))),
+        estimate_ms: estimate.map(millis_ceil),
+        ..Default::default()
+    };
+    refusal(ErrorCode::DeadlineExceeded, message, details)
+}
+
 /// A refusal whose one detail is how long the request waited.
 fn after_wait(code: ErrorCode, message: &str, waited: Duration) -> ErrorBody {
     let details = ErrorDetails {
@@ -1508,16 +1526,7 @@ impl<W> State<W> {
                     if by > now {
                         self.stats.limit_reject(RULE_START_BUDGET);
                     }
-                    let err = refusal(
-                        ErrorCode::DeadlineExceeded,
-                        message,
-                        ErrorDetails {
-                            waited_ms: Some(millis(waited)),
-                            budget_ms: Some(millis(d.saturating_duration_since(now))),
-                            estimate_ms: estimate.map(millis_ceil),
-                            ..Default::default()
-                        },
-                    );
+                    let err = not_started(message, waited, Some(d), now, estimate);
                     self.retire(id, Err(err), now, fx);
                     self.run(now, fx);
                     continue;
@@ -1669,16 +1678,7 @@ impl<W> State<W> {
                         self.arm_deadline(t.id, fx);
                         continue;
                     };
-                    let err = refusal(
-                        ErrorCode::DeadlineExceeded,
-                        message,
-                        ErrorDetails {
-                            waited_ms: Some(millis(waited)),
-                            budget_ms: deadline.map(|d| millis(d.saturating_duration_since(now))),
-                            estimate_ms: estimate.map(millis_ceil),
-                            ..Default::default()
-                        },
-                    );
+                    let err = not_started(message, waited, deadline, now, estimate);
                     self.retire(t.id, Err(err), now, fx);
                 }
                 TimerKind::GateWait => {
