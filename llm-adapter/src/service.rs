@@ -120,9 +120,7 @@ impl NatsSink {
             max_payload,
         }
     }
-}
 
-impl NatsSink {
     /// The largest reply body that fits a NATS message with the reply's headers: what a
     /// backend may read for a unary reply before it stops ([`crate::backend::BackendRequest::max_reply_bytes`]).
     pub fn max_reply_bytes(&self) -> usize {
