@@ -83,14 +83,13 @@ impl MetricsSource for AdminState {
 /// Ready: NATS connected and admitting requests.
 impl Readiness for AdminState {
     fn readiness(&self) -> Ready {
-        let mut detail = serde_json::Map::new();
-        detail.insert(
+        let connected = (
             "nats_connected".to_owned(),
             self.view.nats_connected().into(),
         );
         Ready {
             ready: self.view.is_ready(),
-            detail,
+            detail: serde_json::Map::from_iter([connected]),
         }
     }
 }

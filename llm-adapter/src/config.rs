@@ -30,9 +30,10 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::millis::whole_ms as ms;
 use serde::{Deserialize, Serialize};
 use weir_service::admin::RequestLimits;
 use weir_service::config::keys::{self, KeyDoc, Section};
@@ -95,16 +96,19 @@ impl ConfigError {
     }
 }
 
-/// Enforce the limits, or only count what they would refuse.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Mode {
-    /// Refuse what the limits refuse. The default.
-    #[default]
-    Enforce,
-    /// Count `would_reject` for the session cap, per-key limits and the session `reject`
-    /// policy, and admit anyway. The global queue bound and deadlines stay enforced.
-    Shadow,
+named! {
+    /// Enforce the limits, or only count what they would refuse.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum Mode {
+        /// Refuse what the limits refuse. The default.
+        #[default]
+        Enforce = "enforce",
+        /// Count `would_reject` for the session cap, per-key limits and the session
+        /// `reject` policy, and admit anyway. The global queue bound and deadlines stay
+        /// enforced.
+        Shadow = "shadow",
+    }
 }
 
 /// Where a per-key limit takes its key from.
@@ -294,20 +298,19 @@ pub struct SimStream {
     pub tokens_per_second: f64,
 }
 
-impl Default for SimStream {
-    fn default() -> Self {
-        SimConfig::default().stream
-    }
-}
-
 impl Default for SimConfig {
     /// The defaults of `[backend.sim]`.
     fn default() -> Self {
-        match RawSim::default().validate() {
-            Ok(c) => c,
-            // The defaults are inside their ranges; a test pins this.
-            Err(e) => unreachable!("default [backend.sim] is invalid: {e}"),
-        }
+        valid_default(RawSim::default().validate())
+    }
+}
+
+/// A configuration built from the defaults. They are inside their ranges; a test pins
+/// this.
+fn valid_default<T>(built: Result<T, ConfigError>) -> T {
+    match built {
+        Ok(c) => c,
+        Err(e) => unreachable!("the default configuration is invalid: {e}"),
     }
 }
 
@@ -580,11 +583,7 @@ pub struct ConfigSources {
 impl Default for Config {
     /// The documented defaults (an empty file).
     fn default() -> Self {
-        match RawConfig::default().validate() {
-            Ok(c) => c,
-            // The defaults are inside their ranges; a test pins this.
-            Err(e) => unreachable!("default configuration is invalid: {e}"),
-        }
+        valid_default(RawConfig::default().validate())
     }
 }
 
@@ -710,16 +709,24 @@ fn bounds<T: std::str::FromStr>(range: &str) -> Option<(T, T)> {
     Some((low.parse().ok()?, high.parse().ok()?))
 }
 
-/// `v` of `key` inside the range [`SECTIONS`] documents for it.
-fn int(key: &str, v: u64) -> Result<u64, ConfigError> {
+/// `v` of `key` inside the range [`SECTIONS`] documents for it (`what` it is).
+fn in_range<T>(key: &str, v: T, what: &str) -> Result<T, ConfigError>
+where
+    T: std::str::FromStr + PartialOrd + Copy + fmt::Display,
+{
     let range = documented(key).map_or("", |d| d.range);
-    match bounds::<u64>(range) {
+    match bounds::<T>(range) {
         Some((low, high)) if (low..=high).contains(&v) => Ok(v),
         _ => Err(ConfigError::invalid(
             key,
-            format!("expected a whole number in {range}, got {v}"),
+            format!("expected {what} in {range}, got {v}"),
         )),
     }
+}
+
+/// [`in_range`] for an integer key.
+fn int(key: &str, v: u64) -> Result<u64, ConfigError> {
+    in_range(key, v, "a whole number")
 }
 
 /// [`int`] as a count that is not zero.
@@ -739,16 +746,9 @@ fn size(key: &str, v: u64) -> Result<usize, ConfigError> {
     int(key, v).map(|v| usize::try_from(v).unwrap_or(usize::MAX))
 }
 
-/// `v` of `key` inside the decimal range [`SECTIONS`] documents for it.
+/// [`in_range`] for a decimal key.
 fn decimal(key: &str, v: f64) -> Result<f64, ConfigError> {
-    let range = documented(key).map_or("", |d| d.range);
-    match bounds::<f64>(range) {
-        Some((low, high)) if (low..=high).contains(&v) => Ok(v),
-        _ => Err(ConfigError::invalid(
-            key,
-            format!("expected a number in {range}, got {v}"),
-        )),
-    }
+    in_range(key, v, "a number")
 }
 
 /// `Some(text)` unless empty (an empty string is "unset" for the optional keys).
@@ -769,7 +769,6 @@ impl Config {
     pub fn capabilities(&self) -> serde_json::Value {
         use serde_json::json;
         use weir_protocol::llm::headers as h;
-        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let limits: Vec<serde_json::Value> = self
             .limits
             .iter()
@@ -1309,10 +1308,6 @@ pub const SECTIONS: &[Section] = &[
     JETSTREAM,
 ];
 
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 impl RawConfig {
     /// Validates every value into the typed settings; a refusal names the key.
     fn validate(self) -> Result<Config, ConfigError> {
@@ -1629,7 +1624,7 @@ impl RawOpenAi {
 }
 
 impl RawNats {
-    fn validate(&self, queue_capacity: usize) -> Result<NatsConfig, ConfigError> {
+    fn validate<'a>(&'a self, queue_capacity: usize) -> Result<NatsConfig, ConfigError> {
         let base = weir_service::nats::NatsConfig {
             name: self.name.clone(),
             connection_timeout: millis("nats.connection_timeout_ms", self.connection_timeout_ms)?,
@@ -1641,30 +1636,20 @@ impl RawNats {
             client_capacity: 2048,
             ..weir_service::nats::NatsConfig::named(NATS_CLIENT_NAME)
         };
-        let path = |s: &str| set(s).map(PathBuf::from);
-        let (creds_file, tls_ca_file, tls_cert_file, tls_key_file) = (
-            path(&self.creds_file),
-            path(&self.tls_ca_file),
-            path(&self.tls_cert_file),
-            path(&self.tls_key_file),
-        );
-        let (user, password, token, nkey) = (
-            set(&self.user),
-            set(&self.password),
-            set(&self.token),
-            set(&self.nkey),
-        );
+        // An empty string is "unset".
+        let text = |s: &'a String| (!s.is_empty()).then_some(s.as_str());
+        let path = |s: &'a String| text(s).map(Path::new);
         let client = weir_service::nats::NatsInput {
             url: Some(self.url.as_str()),
-            user: user.as_deref(),
-            password: password.as_deref(),
-            token: token.as_deref(),
-            nkey: nkey.as_deref(),
-            creds_file: creds_file.as_deref(),
+            user: text(&self.user),
+            password: text(&self.password),
+            token: text(&self.token),
+            nkey: text(&self.nkey),
+            creds_file: path(&self.creds_file),
             tls_required: self.tls_required,
-            tls_ca_file: tls_ca_file.as_deref(),
-            tls_cert_file: tls_cert_file.as_deref(),
-            tls_key_file: tls_key_file.as_deref(),
+            tls_ca_file: path(&self.tls_ca_file),
+            tls_cert_file: path(&self.tls_cert_file),
+            tls_key_file: path(&self.tls_key_file),
         }
         .validate(base)
         .map_err(|e| ConfigError::invalid(format!("nats.{}", e.field), e.message))?;
@@ -1899,10 +1884,7 @@ fn name_check(key: &str, s: &str) -> Result<(), ConfigError> {
 
 impl fmt::Display for Mode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Enforce => "enforce",
-            Self::Shadow => "shadow",
-        })
+        f.write_str(self.as_str())
     }
 }
 

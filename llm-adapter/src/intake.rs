@@ -46,7 +46,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind, consumer, kv, stream};
 use async_nats::{HeaderMap, Subject};
@@ -59,8 +59,11 @@ use weir_protocol::llm::headers as h;
 use weir_protocol::llm::{ErrorBody, ErrorCode, ErrorDetails};
 use weir_service::ratelimit::LogLimit;
 
-use crate::config::{Config, JetStreamIntake, Mode};
+use crate::config::{Config, JetStreamIntake, KeyLimit, Mode, OnBusy};
 use crate::metrics as m;
+use crate::millis::{unix_ms_now, whole_ms};
+use crate::service::header;
+use crate::sync::locked;
 
 /// How long one pull request waits on the server for messages.
 const PULL_EXPIRES: Duration = Duration::from_millis(1000);
@@ -70,36 +73,25 @@ const PULL_RETRY: Duration = Duration::from_millis(250);
 /// a KV outage must not burn `max_deliver` in a tight loop).
 const STORE_ERROR_DELAY: Duration = Duration::from_secs(1);
 
-/// Why a pulled request was terminated without admission (`reason` label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TermReason {
-    /// Its deadline had passed before it was pulled.
-    Expired,
-    /// A malformed header (answered `invalid_request`).
-    Invalid,
-    /// No valid `Weir-Reply-To`: nothing can be answered.
-    NoReply,
-    /// The cluster-wide session cap was reached (answered `session_queue_full`).
-    SessionCap,
-    /// A cluster-wide limit was full: a reject-limit at once, a wait-limit after its
-    /// `max_wait` or with `max_waiters` already waiting here (answered
-    /// `concurrency_limit_exceeded`).
-    KeyLimit,
-    /// Its deadline passed while it waited for a cluster-wide wait-limit slot
-    /// (answered `deadline_exceeded`).
-    WaitExpired,
-}
-
-impl TermReason {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Expired => "expired",
-            Self::Invalid => "invalid",
-            Self::NoReply => "no_reply",
-            Self::SessionCap => "session_cap",
-            Self::KeyLimit => "key_limit",
-            Self::WaitExpired => "wait_expired",
-        }
+named! {
+    /// Why a pulled request was terminated without admission (`reason` label).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum TermReason {
+        /// Its deadline had passed before it was pulled.
+        Expired = "expired",
+        /// A malformed header (answered `invalid_request`).
+        Invalid = "invalid",
+        /// No valid `Weir-Reply-To`: nothing can be answered.
+        NoReply = "no_reply",
+        /// The cluster-wide session cap was reached (answered `session_queue_full`).
+        SessionCap = "session_cap",
+        /// A cluster-wide limit was full: a reject-limit at once, a wait-limit after its
+        /// `max_wait` or with `max_waiters` already waiting here (answered
+        /// `concurrency_limit_exceeded`).
+        KeyLimit = "key_limit",
+        /// Its deadline passed while it waited for a cluster-wide wait-limit slot
+        /// (answered `deadline_exceeded`).
+        WaitExpired = "wait_expired",
     }
 }
 
@@ -154,7 +146,7 @@ pub(crate) struct Hub {
 
 impl Hub {
     fn held(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Subject>> {
-        self.held.lock().unwrap_or_else(|p| p.into_inner())
+        locked(&self.held)
     }
 }
 
@@ -214,31 +206,23 @@ impl Ticket {
         let Some(slots) = self.hub.slots.clone() else {
             return Ok(());
         };
-        let rid = self.request_id.clone();
-        if let (Some(cap), Some(session)) = (slots.session_cap, session) {
-            match slots
-                .acquire(cap, |i| slot_key(session, i), rid.as_deref())
-                .await
-                .map_err(SlotRefusal::Store)?
-            {
-                SlotResult::Got(slot) => self.hold_slot(slot),
-                SlotResult::Full => {
-                    let cap = cap as u64;
-                    let err = ErrorBody::new(
-                        ErrorCode::SessionQueueFull,
-                        format!(
-                            "session has {cap} pending requests over all replicas (limit {cap})"
-                        ),
-                    )
-                    .with_details(ErrorDetails {
-                        limit: Some(cap),
-                        pending: Some(cap),
-                        key: Some(format!("session:{session}")),
-                        ..Default::default()
-                    });
-                    return Err(SlotRefusal::Full(TermReason::SessionCap, Box::new(err)));
-                }
-            }
+        if let (Some(cap), Some(session)) = (slots.session_cap, session)
+            && !self
+                .take_slot(&slots, cap, |i| slot_key(session, i))
+                .await?
+        {
+            let cap = cap as u64;
+            return Err(SlotRefusal::full(
+                TermReason::SessionCap,
+                ErrorCode::SessionQueueFull,
+                format!("session has {cap} pending requests over all replicas (limit {cap})"),
+                ErrorDetails {
+                    limit: Some(cap),
+                    pending: Some(cap),
+                    key: Some(format!("session:{session}")),
+                    ..Default::default()
+                },
+            ));
         }
         self.take_limit_slots(&slots, 0, keys, None).await
     }
@@ -259,6 +243,24 @@ impl Ticket {
             .await
     }
 
+    /// Takes one of `cap` slots (`key_of(i)`) and holds it; `false` = all are taken.
+    async fn take_slot(
+        &self,
+        slots: &ClusterSlots,
+        cap: usize,
+        key_of: impl Fn(usize) -> String,
+    ) -> Result<bool, SlotRefusal> {
+        let rid = self.request_id.as_deref();
+        match slots.acquire(cap, key_of, rid).await {
+            Ok(SlotResult::Got(slot)) => {
+                self.hold_slot(slot);
+                Ok(true)
+            }
+            Ok(SlotResult::Full) => Ok(false),
+            Err(e) => Err(SlotRefusal::Store(e)),
+        }
+    }
+
     /// The keeper renews `slot` while this ticket lives and deletes it after.
     fn hold_slot(&self, slot: Slot) {
         let _ = self.hub.keeper.send(KeeperMsg::Slot {
@@ -276,43 +278,38 @@ impl Ticket {
         keys: &[Option<String>],
         wait: Option<Option<Instant>>,
     ) -> Result<(), SlotRefusal> {
-        let rid = self.request_id.clone();
         for (gi, (rule, key)) in slots.limits.iter().zip(keys).enumerate().skip(from) {
-            let (Some(rule), Some(key)) = (rule, key) else {
+            let Some(key) = key else {
                 continue;
             };
-            let (name, limit) = (&rule.name, rule.limit);
-            match slots
-                .acquire(limit, |i| limit_slot_key(name, key, i), rid.as_deref())
-                .await
-                .map_err(SlotRefusal::Store)?
+            let (name, limit) = (&rule.name, rule.limit.get());
+            if self
+                .take_slot(slots, limit, |i| limit_slot_key(name, key, i))
+                .await?
             {
-                SlotResult::Got(slot) => self.hold_slot(slot),
-                SlotResult::Full if rule.wait.is_some() => match wait {
-                    None => return Err(SlotRefusal::MustWait(gi)),
-                    Some(deadline) => {
-                        self.hold_slot(
-                            slots
-                                .wait_for(gi, rule, key, rid.as_deref(), deadline)
-                                .await?,
-                        );
-                    }
-                },
-                SlotResult::Full => {
+                continue;
+            }
+            match (rule.on_busy, wait) {
+                (OnBusy::Wait { .. }, None) => return Err(SlotRefusal::MustWait(gi)),
+                (OnBusy::Wait { .. }, Some(deadline)) => {
+                    let rid = self.request_id.as_deref();
+                    self.hold_slot(slots.wait_for(gi, rule, key, rid, deadline).await?);
+                }
+                (OnBusy::Reject, _) => {
                     let limit = limit as u64;
-                    let err = ErrorBody::new(
+                    return Err(SlotRefusal::full(
+                        TermReason::KeyLimit,
                         ErrorCode::ConcurrencyLimitExceeded,
                         format!(
                             "limit {name}: {key} has {limit} requests in flight over all replicas (limit {limit})"
                         ),
-                    )
-                    .with_details(ErrorDetails {
-                        limit: Some(limit),
-                        in_flight: Some(limit),
-                        key: Some(key.clone()),
-                        ..Default::default()
-                    });
-                    return Err(SlotRefusal::Full(TermReason::KeyLimit, Box::new(err)));
+                        ErrorDetails {
+                            limit: Some(limit),
+                            in_flight: Some(limit),
+                            key: Some(key.clone()),
+                            ..Default::default()
+                        },
+                    ));
                 }
             }
         }
@@ -377,19 +374,10 @@ pub(crate) struct ClusterSlots {
     /// Names this replica in slot values (diagnostics).
     replica: String,
     session_cap: Option<usize>,
-    /// Per configured limit (same order); `None` outside enforce mode.
-    limits: Vec<Option<ClusterRule>>,
+    /// The configured limits (same order).
+    limits: Vec<KeyLimit>,
     /// Requests waiting here for a wait-limit slot, by (rule index, key).
     waiting: Mutex<HashMap<(usize, String), usize>>,
-}
-
-/// One `[[limits]]` rule, as the cluster slots apply it.
-#[derive(Debug, Clone)]
-struct ClusterRule {
-    name: String,
-    limit: usize,
-    /// `on_busy = "wait"`: `(max_wait, max_waiters)`; `None`: reject.
-    wait: Option<(Duration, usize)>,
 }
 
 /// How often a request waiting for a cluster-wide slot retries besides the watch.
@@ -403,7 +391,7 @@ struct WaitingGuard<'a> {
 
 impl Drop for WaitingGuard<'_> {
     fn drop(&mut self) {
-        let mut w = self.slots.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = locked(&self.slots.waiting);
         if let Some(n) = w.get_mut(&self.key) {
             *n = n.saturating_sub(1);
             if *n == 0 {
@@ -424,10 +412,33 @@ pub(crate) enum SlotRefusal {
     MustWait(usize),
 }
 
+impl SlotRefusal {
+    /// [`SlotRefusal::Full`]: the refusal `code` with its `message` and `details`.
+    fn full(reason: TermReason, code: ErrorCode, message: String, details: ErrorDetails) -> Self {
+        Self::Full(
+            reason,
+            Box::new(ErrorBody::new(code, message).with_details(details)),
+        )
+    }
+}
+
 /// What acquiring a session slot gave.
 enum SlotResult {
     Got(Slot),
     Full,
+}
+
+impl SlotResult {
+    /// A slot taken (`result`: `acquired`, or `taken_over` from this request's dead
+    /// replica), counted.
+    fn got(result: &'static str, key: String, value: Bytes, revision: u64) -> Self {
+        metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => result).increment(1);
+        Self::Got(Slot {
+            key,
+            value,
+            revision,
+        })
+    }
 }
 
 /// Lower-case hex of `bytes` (session ids are visible ASCII, KV keys allow less).
@@ -579,15 +590,7 @@ impl ClusterSlots {
         for i in 0..cap {
             let key = key_of(i);
             match self.kv.create(&key, value.clone()).await {
-                Ok(revision) => {
-                    metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "acquired")
-                        .increment(1);
-                    return Ok(SlotResult::Got(Slot {
-                        key,
-                        value,
-                        revision,
-                    }));
-                }
+                Ok(revision) => return Ok(SlotResult::got("acquired", key, value, revision)),
                 Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => taken.push(key),
                 Err(e) => return Err(format!("slot {key}: {e}")),
             }
@@ -606,13 +609,7 @@ impl ClusterSlots {
                     && owner == rid.as_bytes()
                     && let Ok(revision) = self.kv.update(&key, value.clone(), entry.revision).await
                 {
-                    metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "taken_over")
-                        .increment(1);
-                    return Ok(SlotResult::Got(Slot {
-                        key,
-                        value,
-                        revision,
-                    }));
+                    return Ok(SlotResult::got("taken_over", key, value, revision));
                 }
             }
         }
@@ -627,31 +624,34 @@ impl ClusterSlots {
     async fn wait_for(
         &self,
         gi: usize,
-        rule: &ClusterRule,
+        rule: &KeyLimit,
         key: &str,
         request_id: Option<&str>,
         deadline: Option<Instant>,
     ) -> Result<Slot, SlotRefusal> {
-        let Some((max_wait, max_waiters)) = rule.wait else {
+        let OnBusy::Wait {
+            max_wait,
+            max_waiters,
+        } = rule.on_busy
+        else {
             return Err(SlotRefusal::Store("not a wait-limit".into()));
         };
         let name = &rule.name;
-        let limit = rule.limit as u64;
+        let limit = rule.limit.get() as u64;
         let busy = |message: String, waited: Option<Duration>, waiting: usize| {
-            let err = ErrorBody::new(ErrorCode::ConcurrencyLimitExceeded, message).with_details(
-                ErrorDetails {
-                    limit: Some(limit),
-                    in_flight: Some(limit),
-                    waiting: Some(waiting as u64),
-                    waited_ms: waited.map(|w| w.as_millis() as u64),
-                    key: Some(key.to_owned()),
-                    ..Default::default()
-                },
-            );
-            SlotRefusal::Full(TermReason::KeyLimit, Box::new(err))
+            let details = ErrorDetails {
+                limit: Some(limit),
+                in_flight: Some(limit),
+                waiting: Some(waiting as u64),
+                waited_ms: waited.map(|w| w.as_millis() as u64),
+                key: Some(key.to_owned()),
+                ..Default::default()
+            };
+            let code = ErrorCode::ConcurrencyLimitExceeded;
+            SlotRefusal::full(TermReason::KeyLimit, code, message, details)
         };
         let _guard = {
-            let mut w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+            let mut w = locked(&self.waiting);
             let n = w.entry((gi, key.to_owned())).or_default();
             if *n >= max_waiters {
                 let waiting = *n;
@@ -684,7 +684,11 @@ impl ClusterSlots {
             .and_then(Result::ok);
         loop {
             if let SlotResult::Got(slot) = self
-                .acquire(rule.limit, |i| limit_slot_key(name, key, i), request_id)
+                .acquire(
+                    rule.limit.get(),
+                    |i| limit_slot_key(name, key, i),
+                    request_id,
+                )
                 .await
                 .map_err(SlotRefusal::Store)?
             {
@@ -710,26 +714,23 @@ impl ClusterSlots {
         }
         let waited = started.elapsed();
         metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "wait_timeout").increment(1);
-        let waiting = self
-            .waiting
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let waiting = locked(&self.waiting)
             .get(&(gi, key.to_owned()))
             .map_or(0, |n| n.saturating_sub(1));
         if deadline.is_some_and(|d| d < until_wait) {
-            let err = ErrorBody::new(
+            return Err(SlotRefusal::full(
+                TermReason::WaitExpired,
                 ErrorCode::DeadlineExceeded,
                 format!(
                     "deadline passed after {} ms waiting for a slot of limit {name} ({key}) over all replicas",
                     waited.as_millis()
                 ),
-            )
-            .with_details(ErrorDetails {
-                waited_ms: Some(waited.as_millis() as u64),
-                key: Some(key.to_owned()),
-                ..Default::default()
-            });
-            return Err(SlotRefusal::Full(TermReason::WaitExpired, Box::new(err)));
+                ErrorDetails {
+                    waited_ms: Some(waited.as_millis() as u64),
+                    key: Some(key.to_owned()),
+                    ..Default::default()
+                },
+            ));
         }
         Err(busy(
             format!(
@@ -784,25 +785,8 @@ async fn open(
         )
         .await
         .map_err(|e| format!("jetstream.consumer {}: {e}", j.consumer))?;
-    let limits: Vec<Option<ClusterRule>> = cfg
-        .limits
-        .iter()
-        .map(|l| {
-            Some(ClusterRule {
-                name: l.name.clone(),
-                limit: l.limit.get(),
-                wait: match l.on_busy {
-                    crate::config::OnBusy::Reject => None,
-                    crate::config::OnBusy::Wait {
-                        max_wait,
-                        max_waiters,
-                    } => Some((max_wait, max_waiters)),
-                },
-            })
-        })
-        .collect();
     let session_cap = cfg.session.pending_cap.map(|c| c.get());
-    let wanted = session_cap.is_some() || limits.iter().any(Option::is_some);
+    let wanted = session_cap.is_some() || !cfg.limits.is_empty();
     let slots = if wanted && cfg.mode == Mode::Enforce {
         let kv = open_bucket(
             js,
@@ -816,7 +800,7 @@ async fn open(
             kv,
             replica: js_replica_name(),
             session_cap,
-            limits,
+            limits: cfg.limits.clone(),
             waiting: Mutex::default(),
         })
     } else {
@@ -884,15 +868,9 @@ pub(crate) fn absolute_deadline(
     let from_timeout = t.map(|t| published_ms.saturating_add(t));
     Ok(match (d, from_timeout) {
         (Some(a), Some(b)) => Some(a.min(b)),
-        (None, None) => default
-            .map(|d| published_ms.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))),
+        (None, None) => default.map(|d| published_ms.saturating_add(whole_ms(d))),
         (a, b) => a.or(b),
     })
-}
-
-fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Whether `s` can be published to: non-empty dot-separated tokens of visible ASCII,
@@ -903,14 +881,6 @@ pub(crate) fn valid_reply_subject(s: &str) -> bool {
         && s.split('.').all(|t| {
             !t.is_empty() && t != "*" && t != ">" && t.bytes().all(|b| (b'!'..=b'~').contains(&b))
         })
-}
-
-/// First value of header `name`, compared case-insensitively.
-fn header<'a>(map: Option<&'a HeaderMap>, name: &str) -> Option<&'a str> {
-    map?.iter()
-        .find(|(k, _)| AsRef::<str>::as_ref(*k).eq_ignore_ascii_case(name))
-        .and_then(|(_, v)| v.first())
-        .map(|v| v.as_str())
 }
 
 /// Rewrites the deadline headers of `headers` to one absolute `Weir-Deadline-Ms`
@@ -1052,24 +1022,18 @@ async fn pull_loop<A: Admit>(mut ctx: PullCtx<A>) {
             };
             let Some(item) = item else { break };
             match item {
-                Ok(msg) => {
-                    let Some(permit) = permits.pop() else {
-                        // More than asked for: cannot happen; hand it back.
-                        if let Some(ack) = msg.message.reply.clone() {
-                            send_ack(&ctx.hub.client, &ack, AckKind::Nak(None), PULL_EXPIRES).await;
-                        }
-                        continue;
-                    };
-                    if stopping || *ctx.stop.borrow() {
-                        stopping = true;
-                        if let Some(ack) = msg.message.reply.clone() {
-                            send_ack(&ctx.hub.client, &ack, AckKind::Nak(None), PULL_EXPIRES).await;
-                        }
-                        drop(permit);
-                        continue;
+                Ok(msg) => match permits.pop() {
+                    Some(permit) if !stopping && !*ctx.stop.borrow() => {
+                        handle(&ctx, msg, permit).await;
                     }
-                    handle(&ctx, msg, permit).await;
-                }
+                    // Stopping, or more than asked for (cannot happen): hand it back.
+                    permit => {
+                        stopping |= permit.is_some();
+                        if let Some(ack) = msg.message.reply.clone() {
+                            send_ack(&ctx.hub.client, &ack, AckKind::Nak(None), PULL_EXPIRES).await;
+                        }
+                    }
+                },
                 Err(e) => {
                     // A missed heartbeat or a status from the server: count it, pull again.
                     metrics::counter!(m::INTAKE_PULL_ERRORS_TOTAL).increment(1);
@@ -1090,7 +1054,7 @@ async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: Own
     // The stream's timestamp (the server's clock) and the delivery count, from the ack
     // subject; a subject that does not parse is treated as a first delivery now.
     let (delivered, published_ms) = msg.info().map_or_else(
-        |_| (1, unix_ms(SystemTime::now())),
+        |_| (1, unix_ms_now()),
         |i| {
             let ms = i.published.unix_timestamp_nanos() / 1_000_000;
             (i.delivered, u64::try_from(ms).unwrap_or(0))
@@ -1155,7 +1119,7 @@ async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: Own
         published_ms,
         ctx.config.deadline.default,
     );
-    let now_ms = unix_ms(SystemTime::now());
+    let now_ms = unix_ms_now();
     let (message, expired) = match deadline {
         // A malformed deadline header: the decoder refuses it, naming the header.
         Err(()) => (message, false),

@@ -56,6 +56,31 @@
 
 #![forbid(unsafe_code)]
 
+/// An enum of unit variants with the name of each (`Variant = "name"`), written once:
+/// `as_str` returns it (a metric label, a wire value, a trace event name).
+macro_rules! named {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident {
+            $($(#[$vmeta:meta])* $variant:ident = $text:literal,)*
+        }
+    ) => {
+        $(#[$meta])*
+        $vis enum $name {
+            $($(#[$vmeta])* $variant,)*
+        }
+
+        impl $name {
+            /// The name (snake_case).
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $text,)*
+                }
+            }
+        }
+    };
+}
+
 pub mod admin;
 pub mod admission;
 pub mod backend;
@@ -65,9 +90,11 @@ pub use weir_llm_client as client;
 pub mod config;
 mod intake;
 pub mod metrics;
+mod millis;
 pub mod nats_events;
 pub mod service;
 pub mod stream;
+mod sync;
 pub mod trace;
 
 use std::sync::Arc;

@@ -24,147 +24,171 @@ use metrics_exporter_prometheus::{
 };
 use weir_service::metrics::Declared;
 
-/// Counter: requests received on the inference subject (every attempt, joins included).
-pub const OFFERED_TOTAL: &str = "weir_llm_requests_offered_total";
-/// Counter: requests admitted into the queue.
-pub const ADMITTED_TOTAL: &str = "weir_llm_requests_admitted_total";
-/// Counter: requests that joined an identical request already queued or running.
-pub const JOINED_TOTAL: &str = "weir_llm_requests_joined_total";
-/// Counter: retries answered from the completion cache.
-pub const CACHED_TOTAL: &str = "weir_llm_requests_cached_total";
-/// Counter: answers sent, label `outcome` = `ok` or the error code.
-pub const ANSWERED_TOTAL: &str = "weir_llm_requests_answered_total";
-/// Counter: limits that would have refused in shadow mode, label `rule`.
-pub const WOULD_REJECT_TOTAL: &str = "weir_llm_would_reject_total";
-/// Counter: refusals by a limit in enforce mode, label `rule` (a limit name,
-/// `session_cap`, `session_order`, `queue`, `deadline_predicted` = refused at admission
-/// on the prediction, `start_budget` = answered while queued or at the start of
-/// inference because its remaining budget fell below the start budget).
-pub const LIMIT_REJECT_TOTAL: &str = "weir_llm_limit_reject_total";
-/// Counter: backend calls started.
-pub const INFERENCE_STARTED_TOTAL: &str = "weir_llm_inference_started_total";
-/// Counter: backend calls started after the request's deadline (must stay 0).
-pub const STARTED_AFTER_DEADLINE_TOTAL: &str = "weir_llm_started_after_deadline_total";
+/// Declares each metric recorded through the `metrics` facade once: its name constant
+/// and its kind, collected into [`DECLARED`].
+macro_rules! declared {
+    ($($(#[$doc:meta])* $kind:ident pub const $name:ident: &str = $value:literal;)*) => {
+        $($(#[$doc])* pub const $name: &str = $value;)*
+
+        /// Every metric recorded through the `metrics` facade, registered at start
+        /// ([`weir_service::metrics::register`]) so that each is in the first scrape. (The latency
+        /// histograms are `LatencyHistogram`s, always rendered.)
+        pub const DECLARED: &[Declared] = &[$(Declared::$kind($name)),*];
+    };
+}
+
+declared! {
+    /// Counter: requests received on the inference subject (every attempt, joins included).
+    counter pub const OFFERED_TOTAL: &str = "weir_llm_requests_offered_total";
+    /// Counter: requests admitted into the queue.
+    counter pub const ADMITTED_TOTAL: &str = "weir_llm_requests_admitted_total";
+    /// Counter: requests that joined an identical request already queued or running.
+    counter pub const JOINED_TOTAL: &str = "weir_llm_requests_joined_total";
+    /// Counter: retries answered from the completion cache.
+    counter pub const CACHED_TOTAL: &str = "weir_llm_requests_cached_total";
+    /// Counter: answers sent, label `outcome` = `ok` or the error code.
+    counter pub const ANSWERED_TOTAL: &str = "weir_llm_requests_answered_total";
+    /// Counter: limits that would have refused in shadow mode, label `rule`.
+    counter pub const WOULD_REJECT_TOTAL: &str = "weir_llm_would_reject_total";
+    /// Counter: refusals by a limit in enforce mode, label `rule` (a limit name,
+    /// `session_cap`, `session_order`, `queue`, `deadline_predicted` = refused at admission
+    /// on the prediction, `start_budget` = answered while queued or at the start of
+    /// inference because its remaining budget fell below the start budget).
+    counter pub const LIMIT_REJECT_TOTAL: &str = "weir_llm_limit_reject_total";
+    /// Counter: backend calls started.
+    counter pub const INFERENCE_STARTED_TOTAL: &str = "weir_llm_inference_started_total";
+    /// Counter: backend calls started after the request's deadline (must stay 0).
+    counter pub const STARTED_AFTER_DEADLINE_TOTAL: &str = "weir_llm_started_after_deadline_total";
+    /// Counter: streamed replies started (requests with `Weir-Stream: 1` that reached a
+    /// worker).
+    counter pub const STREAMS_TOTAL: &str = "weir_llm_streams_total";
+    /// Counter: `chunk` messages published to streaming callers.
+    counter pub const STREAM_CHUNKS_TOTAL: &str = "weir_llm_stream_chunks_total";
+    /// Counter: body bytes published in `chunk` messages.
+    counter pub const STREAM_BYTES_TOTAL: &str = "weir_llm_stream_bytes_total";
+    /// Counter: streams aborted because of the caller, label `reason` (`caller_gone` = no
+    /// subscriber on its reply subject, `caller_stalled` = no acknowledgement within
+    /// `stream.ack_timeout_ms` with the window full, `publish_timeout` = the NATS client
+    /// could not take a chunk within `nats.publish_timeout_ms`).
+    counter pub const STREAM_ABORTED_TOTAL: &str = "weir_llm_stream_aborted_total";
+    /// Counter: `llm.status` queries, label `result` (`queued`, `running`, `done`,
+    /// `not_found`).
+    counter pub const STATUS_TOTAL: &str = "weir_llm_status_requests_total";
+    /// Gauge: requests admitted and not yet started (published when stats are read, e.g.
+    /// on every `/metrics` scrape).
+    gauge pub const QUEUE_DEPTH: &str = "weir_llm_queue_depth";
+    /// Gauge: backend calls in progress (published like [`QUEUE_DEPTH`]).
+    gauge pub const RUNNING: &str = "weir_llm_running";
+    /// Gauge: configured queue capacity.
+    gauge pub const QUEUE_CAPACITY: &str = "weir_llm_queue_capacity";
+    /// Gauge: configured worker count.
+    gauge pub const WORKERS: &str = "weir_llm_workers";
+    /// Gauge: the backend's service-time estimate (decaying p90 of recent calls), seconds,
+    /// label `backend` (`sim`, `openai`, `nats`); 0 while there is none (see
+    /// [`SERVICE_ESTIMATE_SAMPLES`]). Published like [`QUEUE_DEPTH`].
+    gauge pub const SERVICE_ESTIMATE_SECONDS: &str = "weir_llm_service_time_estimate_seconds";
+    /// Gauge: samples behind [`SERVICE_ESTIMATE_SECONDS`], label `backend`.
+    gauge pub const SERVICE_ESTIMATE_SAMPLES: &str = "weir_llm_service_time_estimate_samples";
+    /// Counter: cancellation requests, label `result` (`queued`, `running`, `not_found`).
+    counter pub const CANCEL_TOTAL: &str = "weir_llm_cancel_requests_total";
+    /// Counter: replies that could not be published (timeout or connection closed).
+    counter pub const REPLY_FAILED_TOTAL: &str = "weir_llm_reply_failed_total";
+    /// Counter: requests without a reply subject (nothing can be answered; dropped).
+    counter pub const NO_REPLY_SUBJECT_TOTAL: &str = "weir_llm_requests_without_reply_total";
+    /// Counter: trace events dropped because the NATS trace publisher fell behind.
+    counter pub const TRACE_DROPPED_TOTAL: &str = "weir_llm_trace_events_dropped_total";
+    /// Gauge: replies held by the idempotency cache (published like [`QUEUE_DEPTH`]).
+    gauge pub const CACHE_ENTRIES: &str = "weir_llm_idempotency_cache_entries";
+    /// Gauge: bytes held by the idempotency cache (body + headers + key + per-entry
+    /// overhead), never above `idempotency.max_bytes`.
+    gauge pub const CACHE_BYTES: &str = "weir_llm_idempotency_cache_bytes";
+    /// Counter: cached replies evicted before their window ended, label `reason`
+    /// (`max_bytes`, `max_entries`).
+    counter pub const CACHE_EVICTED_TOTAL: &str = "weir_llm_idempotency_cache_evicted_total";
+    /// Counter: successful replies not cached because one alone exceeds
+    /// `idempotency.max_bytes`.
+    counter pub const CACHE_TOO_LARGE_TOTAL: &str = "weir_llm_idempotency_cache_too_large_total";
+    /// Counter: messages the NATS client dropped because a subscription's channel
+    /// (`nats.subscription_capacity`) was full (slow consumer). A request dropped there
+    /// gets no answer; it is counted here and in `/v1/stats` `nats.dropped`.
+    counter pub const NATS_DROPPED_TOTAL: &str = "weir_llm_nats_dropped_total";
+    /// Counter: messages the NATS client received, every subscription (published when
+    /// stats are read).
+    counter pub const NATS_IN_MESSAGES_TOTAL: &str = "weir_llm_nats_in_messages_total";
+    /// Counter: messages the endpoint loops took from their subscriptions. At rest,
+    /// `weir_llm_nats_in_messages_total − weir_llm_intake_taken_total` is the exact number the
+    /// client dropped (plus `$SRV` requests and NATS-backend replies).
+    counter pub const INTAKE_TAKEN_TOTAL: &str = "weir_llm_intake_taken_total";
+    /// Counter: NATS connections lost (a malformed message, nats.rs #1572, shows here).
+    counter pub const NATS_DISCONNECTS_TOTAL: &str = "weir_llm_nats_disconnects_total";
+    /// Counter: admin connections refused because `admin.max_connections` were open
+    /// (labels `listener` = `admin`, `reason` = `max_connections`).
+    counter pub const ADMIN_CONNECTIONS_REFUSED_TOTAL: &str = "weir_llm_admin_connections_refused_total";
+    /// Counter: admin connections closed by a timeout, label `reason` (`header`, `idle`).
+    counter pub const ADMIN_CONNECTIONS_TIMED_OUT_TOTAL: &str = "weir_llm_admin_connections_timed_out_total";
+    /// Counter: admin connections accepted.
+    counter pub const ADMIN_CONNECTIONS_TOTAL: &str = "weir_llm_admin_connections_total";
+    /// Gauge: admin connections open.
+    gauge pub const ADMIN_CONNECTIONS_OPEN: &str = "weir_llm_admin_connections_open";
+    /// Counter: admin accept errors other than a peer's reset (e.g. out of descriptors).
+    counter pub const ADMIN_ACCEPT_ERRORS_TOTAL: &str = "weir_llm_admin_accept_errors_total";
+    /// Counter: requests pulled from the durable intake stream (`intake = "jetstream"`).
+    counter pub const INTAKE_PULLED_TOTAL: &str = "weir_llm_intake_pulled_total";
+    /// Counter: pulled requests the server had delivered before (to a replica that died,
+    /// stalled beyond `jetstream.ack_wait_ms`, or stopped and handed them back).
+    counter pub const INTAKE_REDELIVERED_TOTAL: &str = "weir_llm_intake_redelivered_total";
+    /// Counter: acknowledgements sent for intake requests, label `kind` (`ack` = answered,
+    /// `term` = refused before admission, `nak` = handed to another replica, `progress`
+    /// = still working).
+    counter pub const INTAKE_ACKS_TOTAL: &str = "weir_llm_intake_acks_total";
+    /// Counter: acknowledgements that could not be published within
+    /// `nats.publish_timeout_ms` (the server redelivers such a request after AckWait).
+    counter pub const INTAKE_ACK_FAILED_TOTAL: &str = "weir_llm_intake_ack_failed_total";
+    /// Counter: intake requests terminated without admission, label `reason` (`expired` =
+    /// its deadline passed in the stream, `invalid` = a malformed header, `no_reply` = no
+    /// valid `Weir-Reply-To`, `session_cap` = the cluster-wide session cap).
+    counter pub const INTAKE_TERMINATED_TOTAL: &str = "weir_llm_intake_terminated_total";
+    /// Counter: pull requests that failed or ended in an error item (a missed heartbeat, a
+    /// server restart); the loop pulls again.
+    counter pub const INTAKE_PULL_ERRORS_TOTAL: &str = "weir_llm_intake_pull_errors_total";
+    /// Counter: cluster-wide slot operations (session cap, limits), label `result`
+    /// (`acquired`, `taken_over` = a redelivered request took its own slot back, `full`,
+    /// `waited` = a wait-limit slot taken after waiting, `wait_timeout` = none within
+    /// `max_wait` or the deadline, `wait_refused` = `max_waiters` already waiting on this
+    /// replica, `error` = the KV store failed and the request was handed back, `lost` = a
+    /// renewal found the slot taken).
+    counter pub const INTAKE_CLUSTER_SLOTS_TOTAL: &str = "weir_llm_intake_cluster_slots_total";
+    /// Counter: core requests put into the durable intake by this replica
+    /// (`jetstream.forward`), label `result` (`stored`, `duplicate`, `failed`).
+    counter pub const INTAKE_FORWARDED_TOTAL: &str = "weir_llm_intake_forwarded_total";
+    /// Counter: answers written to the reply bucket (`jetstream.reply_bucket`), label
+    /// `result` (`kept`, `failed`).
+    counter pub const INTAKE_REPLIES_KEPT_TOTAL: &str = "weir_llm_intake_replies_kept_total";
+    /// Counter: redelivered intake requests answered from the reply bucket instead of
+    /// running again (a replica answered them and died before its `+ACK` arrived).
+    counter pub const INTAKE_REPLAYED_TOTAL: &str = "weir_llm_intake_replayed_total";
+    /// Gauge: intake requests this replica holds (pulled, not yet settled).
+    gauge pub const INTAKE_HELD: &str = "weir_llm_intake_held";
+    /// Gauge: 1 while the NATS connection is up.
+    gauge pub const NATS_CONNECTED: &str = "weir_llm_nats_connected";
+    /// Gauge: the most memory this replica's configuration lets it hold above idle at
+    /// chat-sized requests, plus an idle allowance, in bytes (docs/operations.md § Memory;
+    /// [`memory_bound_bytes`]). Compare
+    /// `process_resident_memory_bytes` with it.
+    gauge pub const MEMORY_BOUND_BYTES: &str = "weir_llm_memory_bound_bytes";
+}
+
 /// Histogram ([`latency_series`]): receipt → start of inference, seconds.
 pub const QUEUE_WAIT_SECONDS: &str = "weir_llm_queue_wait_seconds";
+
 /// Histogram ([`latency_series`]): backend call duration, seconds, label `outcome`. The `_sum` of
 /// `outcome="ok"` over the total `_sum` is the share of backend time that produced
 /// answers within their deadline.
 pub const INFERENCE_SECONDS: &str = "weir_llm_inference_seconds";
+
 /// Histogram ([`latency_series`]): streamed replies, start of inference → first chunk
 /// published to the caller (time to first token), seconds.
 pub const TTFT_SECONDS: &str = "weir_llm_time_to_first_token_seconds";
-/// Counter: streamed replies started (requests with `Weir-Stream: 1` that reached a
-/// worker).
-pub const STREAMS_TOTAL: &str = "weir_llm_streams_total";
-/// Counter: `chunk` messages published to streaming callers.
-pub const STREAM_CHUNKS_TOTAL: &str = "weir_llm_stream_chunks_total";
-/// Counter: body bytes published in `chunk` messages.
-pub const STREAM_BYTES_TOTAL: &str = "weir_llm_stream_bytes_total";
-/// Counter: streams aborted because of the caller, label `reason` (`caller_gone` = no
-/// subscriber on its reply subject, `caller_stalled` = no acknowledgement within
-/// `stream.ack_timeout_ms` with the window full, `publish_timeout` = the NATS client
-/// could not take a chunk within `nats.publish_timeout_ms`).
-pub const STREAM_ABORTED_TOTAL: &str = "weir_llm_stream_aborted_total";
-/// Counter: `llm.status` queries, label `result` (`queued`, `running`, `done`,
-/// `not_found`).
-pub const STATUS_TOTAL: &str = "weir_llm_status_requests_total";
-/// Gauge: requests admitted and not yet started (published when stats are read, e.g.
-/// on every `/metrics` scrape).
-pub const QUEUE_DEPTH: &str = "weir_llm_queue_depth";
-/// Gauge: backend calls in progress (published like [`QUEUE_DEPTH`]).
-pub const RUNNING: &str = "weir_llm_running";
-/// Gauge: configured queue capacity.
-pub const QUEUE_CAPACITY: &str = "weir_llm_queue_capacity";
-/// Gauge: configured worker count.
-pub const WORKERS: &str = "weir_llm_workers";
-/// Gauge: the backend's service-time estimate (decaying p90 of recent calls), seconds,
-/// label `backend` (`sim`, `openai`, `nats`); 0 while there is none (see
-/// [`SERVICE_ESTIMATE_SAMPLES`]). Published like [`QUEUE_DEPTH`].
-pub const SERVICE_ESTIMATE_SECONDS: &str = "weir_llm_service_time_estimate_seconds";
-/// Gauge: samples behind [`SERVICE_ESTIMATE_SECONDS`], label `backend`.
-pub const SERVICE_ESTIMATE_SAMPLES: &str = "weir_llm_service_time_estimate_samples";
-/// Counter: cancellation requests, label `result` (`queued`, `running`, `not_found`).
-pub const CANCEL_TOTAL: &str = "weir_llm_cancel_requests_total";
-/// Counter: replies that could not be published (timeout or connection closed).
-pub const REPLY_FAILED_TOTAL: &str = "weir_llm_reply_failed_total";
-/// Counter: requests without a reply subject (nothing can be answered; dropped).
-pub const NO_REPLY_SUBJECT_TOTAL: &str = "weir_llm_requests_without_reply_total";
-/// Counter: trace events dropped because the NATS trace publisher fell behind.
-pub const TRACE_DROPPED_TOTAL: &str = "weir_llm_trace_events_dropped_total";
-/// Gauge: replies held by the idempotency cache (published like [`QUEUE_DEPTH`]).
-pub const CACHE_ENTRIES: &str = "weir_llm_idempotency_cache_entries";
-/// Gauge: bytes held by the idempotency cache (body + headers + key + per-entry
-/// overhead), never above `idempotency.max_bytes`.
-pub const CACHE_BYTES: &str = "weir_llm_idempotency_cache_bytes";
-/// Counter: cached replies evicted before their window ended, label `reason`
-/// (`max_bytes`, `max_entries`).
-pub const CACHE_EVICTED_TOTAL: &str = "weir_llm_idempotency_cache_evicted_total";
-/// Counter: successful replies not cached because one alone exceeds
-/// `idempotency.max_bytes`.
-pub const CACHE_TOO_LARGE_TOTAL: &str = "weir_llm_idempotency_cache_too_large_total";
-/// Counter: messages the NATS client dropped because a subscription's channel
-/// (`nats.subscription_capacity`) was full (slow consumer). A request dropped there
-/// gets no answer; it is counted here and in `/v1/stats` `nats.dropped`.
-pub const NATS_DROPPED_TOTAL: &str = "weir_llm_nats_dropped_total";
-/// Counter: messages the NATS client received, every subscription (published when
-/// stats are read).
-pub const NATS_IN_MESSAGES_TOTAL: &str = "weir_llm_nats_in_messages_total";
-/// Counter: messages the endpoint loops took from their subscriptions. At rest,
-/// `weir_llm_nats_in_messages_total − weir_llm_intake_taken_total` is the exact number the
-/// client dropped (plus `$SRV` requests and NATS-backend replies).
-pub const INTAKE_TAKEN_TOTAL: &str = "weir_llm_intake_taken_total";
-/// Counter: NATS connections lost (a malformed message, nats.rs #1572, shows here).
-pub const NATS_DISCONNECTS_TOTAL: &str = "weir_llm_nats_disconnects_total";
-/// Counter: admin connections refused because `admin.max_connections` were open
-/// (labels `listener` = `admin`, `reason` = `max_connections`).
-pub const ADMIN_CONNECTIONS_REFUSED_TOTAL: &str = "weir_llm_admin_connections_refused_total";
-/// Counter: admin connections closed by a timeout, label `reason` (`header`, `idle`).
-pub const ADMIN_CONNECTIONS_TIMED_OUT_TOTAL: &str = "weir_llm_admin_connections_timed_out_total";
-/// Counter: admin connections accepted.
-pub const ADMIN_CONNECTIONS_TOTAL: &str = "weir_llm_admin_connections_total";
-/// Gauge: admin connections open.
-pub const ADMIN_CONNECTIONS_OPEN: &str = "weir_llm_admin_connections_open";
-/// Counter: admin accept errors other than a peer's reset (e.g. out of descriptors).
-pub const ADMIN_ACCEPT_ERRORS_TOTAL: &str = "weir_llm_admin_accept_errors_total";
-
-/// Counter: requests pulled from the durable intake stream (`intake = "jetstream"`).
-pub const INTAKE_PULLED_TOTAL: &str = "weir_llm_intake_pulled_total";
-/// Counter: pulled requests the server had delivered before (to a replica that died,
-/// stalled beyond `jetstream.ack_wait_ms`, or stopped and handed them back).
-pub const INTAKE_REDELIVERED_TOTAL: &str = "weir_llm_intake_redelivered_total";
-/// Counter: acknowledgements sent for intake requests, label `kind` (`ack` = answered,
-/// `term` = refused before admission, `nak` = handed to another replica, `progress`
-/// = still working).
-pub const INTAKE_ACKS_TOTAL: &str = "weir_llm_intake_acks_total";
-/// Counter: acknowledgements that could not be published within
-/// `nats.publish_timeout_ms` (the server redelivers such a request after AckWait).
-pub const INTAKE_ACK_FAILED_TOTAL: &str = "weir_llm_intake_ack_failed_total";
-/// Counter: intake requests terminated without admission, label `reason` (`expired` =
-/// its deadline passed in the stream, `invalid` = a malformed header, `no_reply` = no
-/// valid `Weir-Reply-To`, `session_cap` = the cluster-wide session cap).
-pub const INTAKE_TERMINATED_TOTAL: &str = "weir_llm_intake_terminated_total";
-/// Counter: pull requests that failed or ended in an error item (a missed heartbeat, a
-/// server restart); the loop pulls again.
-pub const INTAKE_PULL_ERRORS_TOTAL: &str = "weir_llm_intake_pull_errors_total";
-/// Counter: cluster-wide slot operations (session cap, limits), label `result`
-/// (`acquired`, `taken_over` = a redelivered request took its own slot back, `full`,
-/// `waited` = a wait-limit slot taken after waiting, `wait_timeout` = none within
-/// `max_wait` or the deadline, `wait_refused` = `max_waiters` already waiting on this
-/// replica, `error` = the KV store failed and the request was handed back, `lost` = a
-/// renewal found the slot taken).
-pub const INTAKE_CLUSTER_SLOTS_TOTAL: &str = "weir_llm_intake_cluster_slots_total";
-/// Counter: core requests put into the durable intake by this replica
-/// (`jetstream.forward`), label `result` (`stored`, `duplicate`, `failed`).
-pub const INTAKE_FORWARDED_TOTAL: &str = "weir_llm_intake_forwarded_total";
-/// Counter: answers written to the reply bucket (`jetstream.reply_bucket`), label
-/// `result` (`kept`, `failed`).
-pub const INTAKE_REPLIES_KEPT_TOTAL: &str = "weir_llm_intake_replies_kept_total";
-/// Counter: redelivered intake requests answered from the reply bucket instead of
-/// running again (a replica answered them and died before its `+ACK` arrived).
-pub const INTAKE_REPLAYED_TOTAL: &str = "weir_llm_intake_replayed_total";
-/// Gauge: intake requests this replica holds (pulled, not yet settled).
-pub const INTAKE_HELD: &str = "weir_llm_intake_held";
 
 /// The admin listener's metric names (`weir_service::http::serve`).
 pub const ADMIN_LISTENER: weir_service::http::ListenerMetrics =
@@ -174,69 +198,6 @@ pub const ADMIN_LISTENER: weir_service::http::ListenerMetrics =
         timed_out_total: ADMIN_CONNECTIONS_TIMED_OUT_TOTAL,
         accept_errors_total: ADMIN_ACCEPT_ERRORS_TOTAL,
     };
-/// Gauge: 1 while the NATS connection is up.
-pub const NATS_CONNECTED: &str = "weir_llm_nats_connected";
-/// Gauge: the most memory this replica's configuration lets it hold above idle at
-/// chat-sized requests, plus an idle allowance, in bytes (docs/operations.md § Memory;
-/// [`memory_bound_bytes`]). Compare
-/// `process_resident_memory_bytes` with it.
-pub const MEMORY_BOUND_BYTES: &str = "weir_llm_memory_bound_bytes";
-
-/// Every metric recorded through the `metrics` facade, registered at start
-/// ([`weir_service::metrics::register`]) so that each is in the first scrape. (The latency
-/// histograms are `LatencyHistogram`s, always rendered.)
-pub const DECLARED: &[Declared] = &[
-    Declared::counter(OFFERED_TOTAL),
-    Declared::counter(ADMITTED_TOTAL),
-    Declared::counter(JOINED_TOTAL),
-    Declared::counter(CACHED_TOTAL),
-    Declared::counter(ANSWERED_TOTAL),
-    Declared::counter(WOULD_REJECT_TOTAL),
-    Declared::counter(LIMIT_REJECT_TOTAL),
-    Declared::counter(INFERENCE_STARTED_TOTAL),
-    Declared::counter(STARTED_AFTER_DEADLINE_TOTAL),
-    Declared::gauge(QUEUE_DEPTH),
-    Declared::gauge(RUNNING),
-    Declared::gauge(QUEUE_CAPACITY),
-    Declared::gauge(WORKERS),
-    Declared::gauge(SERVICE_ESTIMATE_SECONDS),
-    Declared::gauge(SERVICE_ESTIMATE_SAMPLES),
-    Declared::counter(CANCEL_TOTAL),
-    Declared::counter(REPLY_FAILED_TOTAL),
-    Declared::counter(NO_REPLY_SUBJECT_TOTAL),
-    Declared::counter(TRACE_DROPPED_TOTAL),
-    Declared::gauge(CACHE_ENTRIES),
-    Declared::gauge(CACHE_BYTES),
-    Declared::counter(CACHE_EVICTED_TOTAL),
-    Declared::counter(CACHE_TOO_LARGE_TOTAL),
-    Declared::counter(NATS_DROPPED_TOTAL),
-    Declared::counter(NATS_IN_MESSAGES_TOTAL),
-    Declared::counter(INTAKE_TAKEN_TOTAL),
-    Declared::counter(NATS_DISCONNECTS_TOTAL),
-    Declared::counter(ADMIN_CONNECTIONS_REFUSED_TOTAL),
-    Declared::counter(ADMIN_CONNECTIONS_TIMED_OUT_TOTAL),
-    Declared::counter(ADMIN_CONNECTIONS_TOTAL),
-    Declared::gauge(ADMIN_CONNECTIONS_OPEN),
-    Declared::counter(ADMIN_ACCEPT_ERRORS_TOTAL),
-    Declared::gauge(NATS_CONNECTED),
-    Declared::counter(STREAMS_TOTAL),
-    Declared::counter(STREAM_CHUNKS_TOTAL),
-    Declared::counter(STREAM_BYTES_TOTAL),
-    Declared::counter(STREAM_ABORTED_TOTAL),
-    Declared::counter(STATUS_TOTAL),
-    Declared::gauge(MEMORY_BOUND_BYTES),
-    Declared::counter(INTAKE_PULLED_TOTAL),
-    Declared::counter(INTAKE_REDELIVERED_TOTAL),
-    Declared::counter(INTAKE_ACKS_TOTAL),
-    Declared::counter(INTAKE_ACK_FAILED_TOTAL),
-    Declared::counter(INTAKE_TERMINATED_TOTAL),
-    Declared::counter(INTAKE_PULL_ERRORS_TOTAL),
-    Declared::counter(INTAKE_CLUSTER_SLOTS_TOTAL),
-    Declared::counter(INTAKE_FORWARDED_TOTAL),
-    Declared::counter(INTAKE_REPLIES_KEPT_TOTAL),
-    Declared::counter(INTAKE_REPLAYED_TOTAL),
-    Declared::gauge(INTAKE_HELD),
-];
 
 /// Histogram buckets for [`QUEUE_WAIT_SECONDS`] and [`INFERENCE_SECONDS`]: from 1 ms
 /// (zero-latency backends, queue hops) to a minute (long generations).

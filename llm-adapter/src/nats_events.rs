@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 
 use crate::metrics as m;
+use crate::sync::locked;
 
 /// One log line per this many dropped messages of one subscription.
 pub const LOG_EVERY: u64 = 10_000;
@@ -92,7 +93,7 @@ impl NatsEvents {
                 self.inner.dropped.fetch_add(1, Ordering::Relaxed);
                 metrics::counter!(m::NATS_DROPPED_TOTAL).increment(1);
                 let n = {
-                    let mut map = self.inner.by_sid.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut map = locked(&self.inner.by_sid);
                     let n = map.entry(*sid).or_insert(0);
                     *n += 1;
                     *n
@@ -141,12 +142,7 @@ impl NatsEvents {
             in_messages: 0,
             not_taken: 0,
             dropped: self.inner.dropped.load(Ordering::Relaxed),
-            dropped_by_sid: self
-                .inner
-                .by_sid
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
+            dropped_by_sid: locked(&self.inner.by_sid).clone(),
             disconnects: self.inner.disconnects.load(Ordering::Relaxed),
         }
     }

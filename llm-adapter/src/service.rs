@@ -34,11 +34,12 @@
 //! published by the workers straight to the reply subject (the service `Request` is not
 //! kept while a request waits — a waiter is just the reply subject and the body).
 
+use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use async_nats::service::{Service, ServiceExt};
+use async_nats::service::{Request, Service, ServiceExt};
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
 use futures::StreamExt;
@@ -55,6 +56,7 @@ use crate::admission::{Admission, Outcome, RequestStatus, Sink, Submission};
 use crate::config::Config;
 use crate::intake::{Admit, IntakeEdge, Pulled, Settle, SlotRefusal, TermReason, Ticket};
 use crate::metrics as m;
+use crate::millis::{unix_ms_now, whole_ms};
 use crate::nats_events::NatsEvents;
 use crate::stream::{AckHub, Delivered, NatsStream, StreamLimits};
 
@@ -77,6 +79,17 @@ pub struct NatsWaiter {
 }
 
 impl NatsWaiter {
+    /// A unary waiter whose envelope is not looked for yet.
+    fn new(reply: async_nats::Subject, payload: Bytes, intake: Option<Ticket>) -> Self {
+        Self {
+            reply,
+            payload,
+            envelope: None,
+            stream: None,
+            intake,
+        }
+    }
+
     fn envelope(&mut self) -> Option<&EnvelopeMeta> {
         let payload = &self.payload;
         self.envelope
@@ -107,9 +120,7 @@ impl NatsSink {
             max_payload,
         }
     }
-}
 
-impl NatsSink {
     /// The largest reply body that fits a NATS message with the reply's headers: what a
     /// backend may read for a unary reply before it stops ([`crate::backend::BackendRequest::max_reply_bytes`]).
     pub fn max_reply_bytes(&self) -> usize {
@@ -129,6 +140,20 @@ async fn bounded<F: std::future::Future>(limit: Duration, fut: F) -> Option<F::O
         return Some(v);
     }
     tokio::time::timeout(limit, fut).await.ok()
+}
+
+/// Publishes one reply within `limit` ([`bounded`]); a reply that is not published
+/// (timeout, connection closed) is counted (`weir_llm_reply_failed_total`), never
+/// retried. `true` = published.
+pub(crate) async fn publish_reply<E>(
+    limit: Duration,
+    publish: impl Future<Output = Result<(), E>>,
+) -> bool {
+    let sent = matches!(bounded(limit, publish).await, Some(Ok(())));
+    if !sent {
+        metrics::counter!(m::REPLY_FAILED_TOTAL).increment(1);
+    }
+    sent
 }
 
 /// Inserts a header if name and value are valid; silently skips otherwise (values
@@ -294,13 +319,8 @@ impl Sink for NatsSink {
             {
                 t.keep_reply(&headers, &body);
             }
-            let sent = bounded(
-                timeout,
-                client.publish_with_headers(waiter.reply, headers, body),
-            )
-            .await;
-            if !matches!(sent, Some(Ok(()))) {
-                metrics::counter!(m::REPLY_FAILED_TOTAL).increment(1);
+            let publish = client.publish_with_headers(waiter.reply, headers, body);
+            if !publish_reply(timeout, publish).await {
                 tracing::debug!(outcome = outcome.code(), "reply not published");
             }
             // Acknowledged after the answer was published: a replica that dies in
@@ -324,7 +344,7 @@ fn stream_chunks(reply: &crate::backend::BackendReply) -> u64 {
 
 /// Looks a header up by exact name, then case-insensitively (Go clients canonicalise,
 /// others may not).
-fn header<'a>(map: Option<&'a HeaderMap>, name: &'static str) -> Option<&'a str> {
+pub(crate) fn header<'a>(map: Option<&'a HeaderMap>, name: &'static str) -> Option<&'a str> {
     let map = map?;
     if let Some(v) = map.get(HeaderName::from_static(name)) {
         return Some(v.as_str());
@@ -362,39 +382,24 @@ impl<'a> Known<'a> {
                 continue;
             };
             let n: &str = name.as_ref();
-            let slot = if n.eq_ignore_ascii_case(h::REQUEST_ID) {
-                &mut k.request_id
-            } else if n.eq_ignore_ascii_case(h::SESSION_ID) {
-                &mut k.session
-            } else if n.eq_ignore_ascii_case(h::CLIENT_KEY) {
-                &mut k.client_key
-            } else if n.eq_ignore_ascii_case(h::ADMISSION) {
-                &mut k.admission
-            } else if n.eq_ignore_ascii_case(h::DEADLINE_MS) {
-                &mut k.deadline
-            } else if n.eq_ignore_ascii_case(h::TIMEOUT_MS) {
-                &mut k.timeout
-            } else if n.eq_ignore_ascii_case(h::CANCEL) {
-                &mut k.cancel
-            } else if n.eq_ignore_ascii_case(s::STREAM) {
-                &mut k.stream
-            } else if n.eq_ignore_ascii_case(h::TRACEPARENT) {
-                &mut k.traceparent
-            } else if n.eq_ignore_ascii_case(h::TRACESTATE) {
-                &mut k.tracestate
-            } else {
-                continue;
-            };
-            slot.get_or_insert(v);
+            let slots = [
+                (h::REQUEST_ID, &mut k.request_id),
+                (h::SESSION_ID, &mut k.session),
+                (h::CLIENT_KEY, &mut k.client_key),
+                (h::ADMISSION, &mut k.admission),
+                (h::DEADLINE_MS, &mut k.deadline),
+                (h::TIMEOUT_MS, &mut k.timeout),
+                (h::CANCEL, &mut k.cancel),
+                (s::STREAM, &mut k.stream),
+                (h::TRACEPARENT, &mut k.traceparent),
+                (h::TRACESTATE, &mut k.tracestate),
+            ];
+            if let Some((_, slot)) = slots.into_iter().find(|(h, _)| n.eq_ignore_ascii_case(h)) {
+                slot.get_or_insert(v);
+            }
         }
         k
     }
-}
-
-fn unix_ms_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn invalid(e: &HeaderError) -> ErrorBody {
@@ -432,14 +437,9 @@ fn decode(
         let client_key = inv(id(h::CLIENT_KEY, known.client_key))?;
         let policy =
             inv(known.admission.map(AdmissionPolicy::parse).transpose())?.unwrap_or_default();
-        let deadline = inv(known
-            .deadline
-            .map(|v| h::parse_ms(h::DEADLINE_MS, v))
-            .transpose())?;
-        let timeout = inv(known
-            .timeout
-            .map(|v| h::parse_ms(h::TIMEOUT_MS, v))
-            .transpose())?;
+        let ms = |name, v: Option<&str>| inv(v.map(|v| h::parse_ms(name, v)).transpose());
+        let deadline = ms(h::DEADLINE_MS, known.deadline)?;
+        let timeout = ms(h::TIMEOUT_MS, known.timeout)?;
         Ok(Submission {
             // Opened by the replica that admits it ([`open_span`]), not by one that
             // only forwards it to the durable intake.
@@ -516,7 +516,7 @@ pub use weir_protocol::llm::CancelReply;
 
 /// The request id a cancel or status message names: the `Weir-Cancel` header, else
 /// `Weir-Request-Id`, else the body (trimmed).
-fn request_id_of(req: &async_nats::service::Request) -> String {
+fn request_id_of(req: &Request) -> String {
     let hm = req.message.headers.as_ref();
     header(hm, h::CANCEL)
         .or_else(|| header(hm, h::REQUEST_ID))
@@ -551,10 +551,6 @@ pub struct StatusReply {
     /// `running`: time since inference started, ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub elapsed_ms: Option<u64>,
-}
-
-fn whole_ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl StatusReply {
@@ -599,21 +595,15 @@ struct Edge {
 }
 
 impl Edge {
-    async fn reply_json(&self, req: &async_nats::service::Request, value: &impl Serialize) {
+    async fn reply_json(&self, req: &Request, value: &impl Serialize) {
         let body = serde_json::to_vec(value).unwrap_or_default();
         let mut headers = HeaderMap::new();
         put(&mut headers, "Content-Type", "application/json");
-        let sent = tokio::time::timeout(
-            self.publish_timeout,
-            req.respond_with_headers(Ok(body.into()), headers),
-        )
-        .await;
-        if !matches!(sent, Ok(Ok(()))) {
-            metrics::counter!(m::REPLY_FAILED_TOTAL).increment(1);
-        }
+        let respond = req.respond_with_headers(Ok(body.into()), headers);
+        publish_reply(self.publish_timeout, respond).await;
     }
 
-    async fn handle_infer(&self, req: async_nats::service::Request) {
+    async fn handle_infer(&self, req: Request) {
         let received_at = Instant::now();
         let Some(reply) = req.message.reply.clone() else {
             metrics::counter!(m::NO_REPLY_SUBJECT_TOTAL).increment(1);
@@ -659,11 +649,9 @@ impl Edge {
             t.terminate(TermReason::Invalid);
         }
         let mut waiter = NatsWaiter {
-            reply,
-            payload: message.payload.clone(),
             envelope: envelope.map(|e| e.map(Box::new)),
             stream: matches!(stream, Ok(Some(true))).then(Arc::default),
-            intake,
+            ..NatsWaiter::new(reply, message.payload.clone(), intake)
         };
         match (sub, stream) {
             (Ok(sub), Ok(wants)) => {
@@ -767,7 +755,7 @@ impl Edge {
         self.admission.submit(sub, waiter).await;
     }
 
-    async fn handle_status(&self, req: async_nats::service::Request) {
+    async fn handle_status(&self, req: Request) {
         let target = request_id_of(&req);
         if let Err(e) = h::parse_id(h::REQUEST_ID, &target) {
             return self.reply_invalid(&req, &e).await;
@@ -778,13 +766,30 @@ impl Edge {
         self.reply_json(&req, &reply).await;
     }
 
-    async fn handle_cancel(&self, req: async_nats::service::Request) {
-        let target = request_id_of(&req);
-        self.handle_cancel_of(&req, target).await;
+    /// Answers one request taken from `route`'s endpoint.
+    async fn serve(&self, route: Route, req: Request) {
+        match route {
+            Route::Infer => self.handle_infer(req).await,
+            Route::Cancel => self.handle_cancel_of(&req, request_id_of(&req)).await,
+            Route::Capabilities => {
+                let value = capabilities(&self.config, &self.admission);
+                self.reply_json(&req, &value).await;
+            }
+            Route::Limits => {
+                let top = std::str::from_utf8(&req.message.payload)
+                    .ok()
+                    .and_then(|s| s.trim().parse::<usize>().ok())
+                    .unwrap_or(20)
+                    .clamp(1, 1000);
+                self.reply_json(&req, &self.admission.limits_view(top))
+                    .await;
+            }
+            Route::Status => self.handle_status(req).await,
+        }
     }
 
     /// Answers `invalid_request` for a bad request id on the cancel or status subject.
-    async fn reply_invalid(&self, req: &async_nats::service::Request, e: &HeaderError) {
+    async fn reply_invalid(&self, req: &Request, e: &HeaderError) {
         let (headers, body) = render(
             &Outcome {
                 result: Err(invalid(e)),
@@ -802,7 +807,7 @@ impl Edge {
         .await;
     }
 
-    async fn handle_cancel_of(&self, req: &async_nats::service::Request, target: String) {
+    async fn handle_cancel_of(&self, req: &Request, target: String) {
         if let Err(e) = h::parse_id(h::CANCEL, &target) {
             return self.reply_invalid(req, &e).await;
         }
@@ -832,25 +837,16 @@ impl Edge {
     ) {
         let (envelope, sub) = decode(message, known, received_at);
         let waiter = |envelope: Option<Option<EnvelopeMeta>>| NatsWaiter {
-            reply: reply.clone(),
-            payload: message.payload.clone(),
             envelope: envelope.map(|e| e.map(Box::new)),
-            stream: None,
-            intake: None,
+            ..NatsWaiter::new(reply.clone(), message.payload.clone(), None)
         };
         let stream = known.stream.map(s::wants_stream).transpose();
-        let sub = match (sub, stream) {
+        let sub = match (sub, stream.map_err(|e| invalid(&e))) {
             (Ok(sub), Ok(_)) => sub,
-            (Err(e), _) => {
+            (Err(e), _) | (Ok(_), Err(e)) => {
                 return self
                     .admission
                     .answer_now(waiter(envelope), e, received_at)
-                    .await;
-            }
-            (Ok(_), Err(e)) => {
-                return self
-                    .admission
-                    .answer_now(waiter(envelope), invalid(&e), received_at)
                     .await;
             }
         };
@@ -881,58 +877,58 @@ impl Edge {
             js.publish_with_headers(subject, headers, message.payload.clone()),
         )
         .await;
-        let pending = match queued {
-            Ok(Ok(ack)) => PendingForward {
-                ack,
-                waiter: waiter(envelope),
-                received_at,
-                request_id: sub.request_id.clone(),
-                until: received_at
-                    + sub
-                        .budget
-                        .or(self.config.deadline.default)
-                        .unwrap_or(self.config.deadline.max)
-                        .min(self.config.deadline.max)
-                        .saturating_sub(self.config.deadline.reply_margin),
-            },
-            Ok(Err(e)) => {
-                metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "failed").increment(1);
-                let failure = ErrorBody::new(
-                    ErrorCode::QueueFull,
-                    format!("the durable intake did not store the request: {e}"),
-                );
-                return self
-                    .admission
-                    .answer_now(waiter(envelope), failure, received_at)
-                    .await;
+        let failure = match queued {
+            Ok(Ok(ack)) => {
+                let dl = &self.config.deadline;
+                let pending = PendingForward {
+                    ack,
+                    waiter: waiter(envelope),
+                    received_at,
+                    request_id: sub.request_id.clone(),
+                    until: received_at
+                        + sub
+                            .budget
+                            .or(dl.default)
+                            .unwrap_or(dl.max)
+                            .min(dl.max)
+                            .saturating_sub(dl.reply_margin),
+                };
+                // The stream's acknowledgement is awaited by the forwarding task, so
+                // that this intake loop takes the next request meanwhile; the bounded
+                // channel makes the loop wait when FORWARDS_IN_FLIGHT are unconfirmed (a
+                // slow stream slows intake instead of growing a list).
+                if let Some(tx) = &self.forward_acks
+                    && let Err(e) = tx.send(pending).await
+                {
+                    let p = e.0;
+                    self.admission
+                        .answer_now(p.waiter, not_confirmed(limit), p.received_at)
+                        .await;
+                }
+                return;
             }
-            Err(_) => {
-                metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "failed").increment(1);
-                let failure = not_confirmed(limit);
-                return self
-                    .admission
-                    .answer_now(waiter(envelope), failure, received_at)
-                    .await;
-            }
+            Ok(Err(e)) => not_stored(&e),
+            Err(_) => not_confirmed(limit),
         };
-        // The stream's acknowledgement is awaited by the forwarding task, so that this
-        // intake loop takes the next request meanwhile; the bounded channel makes the
-        // loop wait when FORWARDS_IN_FLIGHT are unconfirmed (a slow stream slows intake
-        // instead of growing a list).
-        if let Some(tx) = &self.forward_acks
-            && let Err(e) = tx.send(pending).await
-        {
-            let p = e.0;
-            self.admission
-                .answer_now(p.waiter, not_confirmed(limit), p.received_at)
-                .await;
-        }
+        metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "failed").increment(1);
+        self.admission
+            .answer_now(waiter(envelope), failure, received_at)
+            .await;
     }
 }
 
 /// Most forwarded requests whose stream acknowledgement is awaited at once.
 const FORWARDS_IN_FLIGHT: usize = 1024;
 
+/// `queue_full`: the stream refused a forwarded request.
+fn not_stored(e: &impl std::fmt::Display) -> ErrorBody {
+    ErrorBody::new(
+        ErrorCode::QueueFull,
+        format!("the durable intake did not store the request: {e}"),
+    )
+}
+
+/// `queue_full`: the stream did not acknowledge a forwarded request in time.
 fn not_confirmed(limit: Duration) -> ErrorBody {
     ErrorBody::new(
         ErrorCode::QueueFull,
@@ -1042,33 +1038,21 @@ async fn forward_acks(mut rx: tokio::sync::mpsc::Receiver<PendingForward>, ctx: 
                             .increment(1);
                         continue;
                     }
-                    Forwarded::Acked(Ok(Err(e)), meta) => {
+                    Forwarded::Acked(failed, meta) => {
                         metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "failed")
                             .increment(1);
-                        (
-                            ErrorBody::new(
-                                ErrorCode::QueueFull,
-                                format!("the durable intake did not store the request: {e}"),
-                            ),
-                            meta,
-                        )
-                    }
-                    Forwarded::Acked(Err(_), meta) => {
-                        metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "failed")
-                            .increment(1);
-                        (not_confirmed(limit), meta)
+                        let failure = match failed {
+                            Ok(Err(e)) => not_stored(&e),
+                            _ => not_confirmed(limit),
+                        };
+                        (failure, meta)
                     }
                     Forwarded::Kept(Some((headers, body)), meta) => {
                         metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "joined")
                             .increment(1);
-                        let sent = bounded(
-                            limit,
-                            ctx.client.publish_with_headers(meta.waiter.reply, headers, body),
-                        )
-                        .await;
-                        if !matches!(sent, Some(Ok(()))) {
-                            metrics::counter!(m::REPLY_FAILED_TOTAL).increment(1);
-                        }
+                        let reply = meta.waiter.reply;
+                        let publish = ctx.client.publish_with_headers(reply, headers, body);
+                        publish_reply(limit, publish).await;
                         continue;
                     }
                     Forwarded::Kept(None, meta) => (
@@ -1098,13 +1082,7 @@ impl Admit for Edge {
         let known = Known::read(message.headers.as_ref());
         if known.cancel.is_some() {
             ticket.terminate(TermReason::Invalid);
-            let waiter = NatsWaiter {
-                reply,
-                payload: message.payload.clone(),
-                envelope: None,
-                stream: None,
-                intake: Some(ticket),
-            };
+            let waiter = NatsWaiter::new(reply, message.payload.clone(), Some(ticket));
             let e = ErrorBody::new(
                 ErrorCode::InvalidRequest,
                 format!(
@@ -1131,16 +1109,23 @@ impl Admit for Edge {
         error: ErrorBody,
         received_at: Instant,
     ) -> impl Future<Output = ()> + Send {
-        let waiter = NatsWaiter {
-            reply: pulled.reply,
-            payload: pulled.message.payload.clone(),
-            envelope: None,
-            stream: None,
-            intake: Some(pulled.ticket),
-        };
+        let waiter = NatsWaiter::new(pulled.reply, pulled.message.payload, Some(pulled.ticket));
         self.admission.answer_now(waiter, error, received_at)
     }
 }
+
+/// The service's endpoints, each served by one task ([`Edge::serve`]).
+#[derive(Debug, Clone, Copy)]
+enum Route {
+    Infer,
+    Cancel,
+    Capabilities,
+    Limits,
+    Status,
+}
+
+/// The inference endpoint's name (its `$SRV.STATS` data is the admission's stats).
+const INFER_ENDPOINT: &str = "infer";
 
 /// The running NATS edge.
 pub(crate) struct ServiceEdge {
@@ -1163,62 +1148,44 @@ impl ServiceEdge {
     ) -> Result<Self, async_nats::Error> {
         let sc = &config.service;
         let stats_admission = admission.clone();
-        let infer_name = "infer".to_owned();
         let service = client
             .service_builder()
             .description(&sc.description)
             .queue_group(&sc.queue_group)
-            .metadata(
-                [
-                    (
-                        "weir.capabilities_subject".to_owned(),
-                        sc.capabilities_subject.clone(),
-                    ),
-                    (
-                        "weir.backend".to_owned(),
-                        config.backend.kind.name().to_owned(),
-                    ),
-                ]
-                .into_iter()
-                .collect(),
-            )
-            .stats_handler({
-                let infer_name = infer_name.clone();
-                move |endpoint, _| {
-                    if endpoint == infer_name {
-                        serde_json::to_value(stats_admission.stats()).unwrap_or_default()
-                    } else {
-                        serde_json::Value::Null
-                    }
+            .metadata(HashMap::from([
+                (
+                    "weir.capabilities_subject".to_owned(),
+                    sc.capabilities_subject.clone(),
+                ),
+                (
+                    "weir.backend".to_owned(),
+                    config.backend.kind.name().to_owned(),
+                ),
+            ]))
+            .stats_handler(move |endpoint, _| {
+                if endpoint == INFER_ENDPOINT {
+                    serde_json::to_value(stats_admission.stats()).unwrap_or_default()
+                } else {
+                    serde_json::Value::Null
                 }
             })
             .start(&sc.name, &sc.version)
             .await?;
-        let infer = service
-            .endpoint_builder()
-            .name(&infer_name)
-            .add(&sc.subject)
-            .await?;
-        let cancel = service
-            .endpoint_builder()
-            .name("cancel")
-            .add(&sc.cancel_subject)
-            .await?;
-        let caps = service
-            .endpoint_builder()
-            .name("capabilities")
-            .add(&sc.capabilities_subject)
-            .await?;
-        let limits = service
-            .endpoint_builder()
-            .name("limits")
-            .add(&sc.limits_subject)
-            .await?;
-        let status = service
-            .endpoint_builder()
-            .name("status")
-            .add(&sc.status_subject)
-            .await?;
+        let mut endpoints = Vec::new();
+        for (route, name, subject) in [
+            (Route::Infer, INFER_ENDPOINT, &sc.subject),
+            (Route::Cancel, "cancel", &sc.cancel_subject),
+            (
+                Route::Capabilities,
+                "capabilities",
+                &sc.capabilities_subject,
+            ),
+            (Route::Limits, "limits", &sc.limits_subject),
+            (Route::Status, "status", &sc.status_subject),
+        ] {
+            let endpoint = service.endpoint_builder().name(name).add(subject).await?;
+            endpoints.push((route, endpoint));
+        }
         let (acks, ack_task) = AckHub::start(client, events.clone()).await?;
 
         let forward = config.intake.jetstream().filter(|j| j.forward).map(|_| {
@@ -1262,63 +1229,15 @@ impl ServiceEdge {
                     .map_err(|e| -> async_nats::Error { e.into() })?,
             ),
         };
-        tasks.push(tokio::spawn({
+        for (route, mut endpoint) in endpoints {
             let edge = edge.clone();
-            let mut status = status;
-            async move {
-                while let Some(req) = status.next().await {
+            tasks.push(tokio::spawn(async move {
+                while let Some(req) = endpoint.next().await {
                     edge.events.took();
-                    edge.handle_status(req).await;
+                    edge.serve(route, req).await;
                 }
-            }
-        }));
-        tasks.push(tokio::spawn({
-            let edge = edge.clone();
-            let mut infer = infer;
-            async move {
-                while let Some(req) = infer.next().await {
-                    edge.events.took();
-                    edge.handle_infer(req).await;
-                }
-            }
-        }));
-        tasks.push(tokio::spawn({
-            let edge = edge.clone();
-            let mut cancel = cancel;
-            async move {
-                while let Some(req) = cancel.next().await {
-                    edge.events.took();
-                    edge.handle_cancel(req).await;
-                }
-            }
-        }));
-        tasks.push(tokio::spawn({
-            let edge = edge.clone();
-            let mut caps = caps;
-            async move {
-                while let Some(req) = caps.next().await {
-                    edge.events.took();
-                    let value = capabilities(&edge.config, &edge.admission);
-                    edge.reply_json(&req, &value).await;
-                }
-            }
-        }));
-        tasks.push(tokio::spawn({
-            let edge = edge.clone();
-            let mut limits = limits;
-            async move {
-                while let Some(req) = limits.next().await {
-                    edge.events.took();
-                    let top = std::str::from_utf8(&req.message.payload)
-                        .ok()
-                        .and_then(|s| s.trim().parse::<usize>().ok())
-                        .unwrap_or(20)
-                        .clamp(1, 1000);
-                    let view = edge.admission.limits_view(top);
-                    edge.reply_json(&req, &view).await;
-                }
-            }
-        }));
+            }));
+        }
         Ok(Self {
             service: Some(service),
             tasks,

@@ -36,9 +36,9 @@ use weir_protocol::llm::headers as h;
 use weir_protocol::llm::stream::{self as s, StreamEvent};
 
 use crate::admission::{StopReason, StreamOut, StreamStop};
-use crate::metrics as m;
 use crate::nats_events::NatsEvents;
-use crate::service::put_static as put;
+use crate::service::{publish_reply, put_static as put};
+use crate::sync::locked;
 
 /// What the caller has acknowledged of one stream.
 #[derive(Debug, Default)]
@@ -82,7 +82,7 @@ impl AckHub {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<AckState>>> {
-        self.streams.lock().unwrap_or_else(|p| p.into_inner())
+        locked(&self.streams)
     }
 
     fn route(&self, msg: &async_nats::Message) {
@@ -115,11 +115,6 @@ impl AckHub {
         let state = Arc::new(AckState::default());
         self.lock().insert(id, state.clone());
         (id, state)
-    }
-
-    /// Streams registered now (tests, leak checks).
-    pub fn open_streams(&self) -> usize {
-        self.lock().len()
     }
 }
 
@@ -208,30 +203,19 @@ impl NatsStream {
     }
 
     async fn publish(&self, headers: HeaderMap, body: Bytes, with_ack: bool) -> bool {
-        let reply = self.reply.clone();
-        let sent = if with_ack {
-            tokio::time::timeout(
-                self.limits.publish_timeout,
-                self.client.publish_with_reply_and_headers(
-                    reply,
-                    self.ack_subject.clone(),
-                    headers,
-                    body,
-                ),
-            )
-            .await
-        } else {
-            tokio::time::timeout(
-                self.limits.publish_timeout,
-                self.client.publish_with_headers(reply, headers, body),
-            )
-            .await
+        let (reply, client) = (self.reply.clone(), &self.client);
+        let publish = async move {
+            match with_ack {
+                true => {
+                    let ack = self.ack_subject.clone();
+                    client
+                        .publish_with_reply_and_headers(reply, ack, headers, body)
+                        .await
+                }
+                false => client.publish_with_headers(reply, headers, body).await,
+            }
         };
-        let ok = matches!(sent, Ok(Ok(())));
-        if !ok {
-            ::metrics::counter!(m::REPLY_FAILED_TOTAL).increment(1);
-        }
-        ok
+        publish_reply(self.limits.publish_timeout, publish).await
     }
 
     fn gone(&self) -> Option<StreamStop> {

@@ -174,31 +174,22 @@ impl Tracer {
         Self::default()
     }
 
+    fn new(log: bool, tx: Option<mpsc::Sender<TraceEvent>>) -> Self {
+        let dropped = AtomicU64::new(0);
+        let inner = Arc::new(TracerInner { log, tx, dropped });
+        Self { inner }
+    }
+
     /// `tracing` events only (when `log`).
     pub fn logging(log: bool) -> Self {
-        Self {
-            inner: Arc::new(TracerInner {
-                log,
-                tx: None,
-                dropped: AtomicU64::new(0),
-            }),
-        }
+        Self::new(log, None)
     }
 
     /// `tracing` events (when `log`) and a bounded channel of `capacity` events; the
     /// receiver is drained by the NATS trace publisher or by a test.
     pub fn with_channel(log: bool, capacity: usize) -> (Self, mpsc::Receiver<TraceEvent>) {
         let (tx, rx) = mpsc::channel(capacity.max(1));
-        (
-            Self {
-                inner: Arc::new(TracerInner {
-                    log,
-                    tx: Some(tx),
-                    dropped: AtomicU64::new(0),
-                }),
-            },
-            rx,
-        )
+        (Self::new(log, Some(tx)), rx)
     }
 
     fn log_enabled(&self) -> bool {

@@ -124,7 +124,7 @@ impl<F> CompletionCache<F> {
             return;
         }
         if bytes > self.max_bytes {
-            self.stats.cache_too_large();
+            self.stats.cache_too_large.add(1);
             return;
         }
         let outcome = Arc::new(private_copy(&e.1));

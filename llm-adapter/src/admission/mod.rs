@@ -59,6 +59,7 @@ use crate::config::{
     Config, DeadlineConfig, IdempotencyConfig, KeyLimit, Mode, QueueOrder, SessionConfig,
 };
 use crate::metrics as m;
+use crate::sync::locked;
 use crate::trace::Tracer;
 
 /// The part of [`Config`] the admission core uses.
@@ -241,26 +242,17 @@ pub enum Admitted {
     Refused(ErrorCode),
 }
 
-/// What [`Admission::cancel`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CancelResult {
-    /// It was queued; it has been answered `cancelled`.
-    Queued,
-    /// It was running; the backend call is being aborted and answered `cancelled`.
-    Running,
-    /// No queued or running request has this id.
-    NotFound,
-}
-
-impl CancelResult {
-    /// The snake_case name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Queued => "queued",
-            Self::Running => "running",
-            Self::NotFound => "not_found",
-        }
+named! {
+    /// What [`Admission::cancel`] found.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum CancelResult {
+        /// It was queued; it has been answered `cancelled`.
+        Queued = "queued",
+        /// It was running; the backend call is being aborted and answered `cancelled`.
+        Running = "running",
+        /// No queued or running request has this id.
+        NotFound = "not_found",
     }
 }
 
@@ -459,7 +451,19 @@ impl<S: Sink> Inner<S> {
     fn lock(&self) -> MutexGuard<'_, State<S::Waiter>> {
         // A poisoned lock means a bug panicked mid-transition; keep serving rather
         // than turning one bug into a crash of every request.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        locked(&self.state)
+    }
+
+    /// Runs one state transition at `now` under the lock, then (the lock released)
+    /// carries out its effects.
+    async fn step<R>(
+        &self,
+        transition: impl FnOnce(&mut State<S::Waiter>, Instant, &mut Effects<S::Waiter>) -> R,
+    ) -> R {
+        let mut fx = Effects::default();
+        let r = transition(&mut self.lock(), Instant::now(), &mut fx);
+        self.apply(fx).await;
+        r
     }
 
     async fn apply(&self, fx: Effects<S::Waiter>) {
@@ -531,16 +535,12 @@ impl<S: Sink> Inner<S> {
         };
         let limited = || {
             if deadline_first {
-                ErrorBody::new(
-                    ErrorCode::DeadlineExceeded,
-                    "deadline passed during inference; backend call aborted",
+                ErrorBody::new(ErrorCode::DeadlineExceeded, DEADLINE_DURING_INFERENCE).with_details(
+                    ErrorDetails {
+                        waited_ms: Some(crate::millis::whole_ms(limit_at - started_at)),
+                        ..Default::default()
+                    },
                 )
-                .with_details(ErrorDetails {
-                    waited_ms: Some(
-                        u64::try_from((limit_at - started_at).as_millis()).unwrap_or(u64::MAX),
-                    ),
-                    ..Default::default()
-                })
             } else {
                 ErrorBody::new(
                     ErrorCode::BackendTimeout,
@@ -590,18 +590,16 @@ impl<S: Sink> Inner<S> {
                 .await
             }
         };
-        let now = Instant::now();
-        let mut fx = Effects::default();
-        self.lock().finish(
-            id,
-            result,
-            now.saturating_duration_since(started_at),
-            now,
-            &mut fx,
-        );
-        self.apply(fx).await;
+        self.step(|st, now, fx| {
+            let took = now.saturating_duration_since(started_at);
+            st.finish(id, result, took, now, fx);
+        })
+        .await;
     }
 }
+
+/// The message of a call aborted (or timed out) at its deadline.
+const DEADLINE_DURING_INFERENCE: &str = "deadline passed during inference; backend call aborted";
 
 /// The answer for a failed backend call.
 pub(crate) fn backend_failure(
@@ -612,19 +610,14 @@ pub(crate) fn backend_failure(
         // A backend that bounds its call by the remaining budget (the NATS backend)
         // times out at the deadline: that is the deadline's doing.
         BackendErrorKind::Timeout if deadline.is_some_and(|d| Instant::now() >= d) => {
-            ErrorBody::new(
-                ErrorCode::DeadlineExceeded,
-                "deadline passed during inference; backend call aborted",
-            )
+            ErrorBody::new(ErrorCode::DeadlineExceeded, DEADLINE_DURING_INFERENCE)
         }
         BackendErrorKind::Timeout => ErrorBody::new(ErrorCode::BackendTimeout, e.to_string()),
         // The backend's own overload: retryable after its `Retry-After` (kept as
         // `backend_error` so that callers built before the distinction still match).
         BackendErrorKind::Overloaded => ErrorBody::new(ErrorCode::BackendError, e.to_string())
             .with_details(ErrorDetails {
-                retry_after_ms: e
-                    .retry_after()
-                    .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                retry_after_ms: e.retry_after().map(crate::millis::whole_ms),
                 backend_status: e.status(),
                 ..Default::default()
             }),
@@ -665,13 +658,12 @@ async fn sweeper<S: Sink>(inner: Arc<Inner<S>>) {
         let notified = inner.timers.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let mut fx = Effects::default();
-        let next = {
-            let mut st = inner.lock();
-            st.expire(Instant::now(), &mut fx);
-            st.next_wake()
-        };
-        inner.apply(fx).await;
+        let next = inner
+            .step(|st, now, fx| {
+                st.expire(now, fx);
+                st.next_wake()
+            })
+            .await;
         if inner.stopped.load(Ordering::Acquire) {
             return;
         }
@@ -726,9 +718,8 @@ impl<S: Sink> Admission<S> {
         let workers = (0..inner.cfg.workers.get())
             .map(|_| tokio::spawn(worker(inner.clone())))
             .collect();
-        *inner.workers.lock().unwrap_or_else(|p| p.into_inner()) = workers;
-        *inner.sweeper.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(tokio::spawn(sweeper(inner.clone())));
+        *locked(&inner.workers) = workers;
+        *locked(&inner.sweeper) = Some(tokio::spawn(sweeper(inner.clone())));
         Self { inner }
     }
 
@@ -740,23 +731,17 @@ impl<S: Sink> Admission<S> {
     /// Offers one request. Immediate answers (refusal, cached reply) are delivered
     /// before this returns; otherwise the waiter is answered later.
     pub async fn submit(&self, sub: Submission, waiter: S::Waiter) -> Admitted {
-        let mut fx = Effects::default();
-        let admitted = self
-            .inner
-            .lock()
-            .submit(sub, waiter, Instant::now(), &mut fx);
-        self.inner.apply(fx).await;
-        admitted
+        self.inner
+            .step(|st, now, fx| st.submit(sub, waiter, now, fx))
+            .await
     }
 
     /// Cancels the queued or running request with this request id.
     pub async fn cancel(&self, request_id: &str) -> CancelResult {
-        let mut fx = Effects::default();
         let r = self
             .inner
-            .lock()
-            .cancel(request_id, Instant::now(), &mut fx);
-        self.inner.apply(fx).await;
+            .step(|st, now, fx| st.cancel(request_id, now, fx))
+            .await;
         metrics::counter!(m::CANCEL_TOTAL, "result" => r.as_str()).increment(1);
         r
     }
@@ -798,7 +783,7 @@ impl<S: Sink> Admission<S> {
 
     /// Answers a request that could not be decoded (counted as offered and answered).
     pub async fn answer_now(&self, waiter: S::Waiter, error: ErrorBody, received_at: Instant) {
-        self.inner.stats.offered();
+        self.inner.stats.offered.add(1);
         let outcome = Arc::new(Outcome {
             result: Err(error),
             queue_time: received_at.elapsed(),
@@ -813,9 +798,7 @@ impl<S: Sink> Admission<S> {
     /// `shutting_down`, and every queued request is answered `shutting_down` now.
     /// Running requests continue. Returns how many queued requests were answered.
     pub async fn stop_admitting(&self) -> usize {
-        let mut fx = Effects::default();
-        let n = self.inner.lock().begin_shutdown(Instant::now(), &mut fx);
-        self.inner.apply(fx).await;
+        let n = self.inner.step(State::begin_shutdown).await;
         self.inner
             .answered_at_shutdown
             .fetch_add(n, Ordering::Relaxed);
@@ -834,8 +817,7 @@ impl<S: Sink> Admission<S> {
     /// Calling it again is harmless.
     pub async fn shutdown(&self) -> ShutdownReport {
         self.stop_admitting().await;
-        let workers: Vec<JoinHandle<()>> =
-            std::mem::take(&mut *self.inner.workers.lock().unwrap_or_else(|p| p.into_inner()));
+        let workers: Vec<JoinHandle<()>> = std::mem::take(&mut *locked(&self.inner.workers));
         let mut all = futures::future::join_all(workers);
         let mut aborted_running = 0;
         if tokio::time::timeout(self.inner.cfg.shutdown_grace, &mut all)
@@ -848,12 +830,7 @@ impl<S: Sink> Admission<S> {
         }
         self.inner.stopped.store(true, Ordering::Release);
         self.inner.timers.notify_one();
-        let sweeper = self
-            .inner
-            .sweeper
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let sweeper = locked(&self.inner.sweeper).take();
         if let Some(h) = sweeper {
             let _ = tokio::time::timeout(Duration::from_secs(1), h).await;
         }

@@ -14,6 +14,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::sync::locked;
+
 /// Counts of held slots per key.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct SlotTable {
@@ -31,7 +33,7 @@ impl SlotInner {
     fn counts(&self) -> MutexGuard<'_, HashMap<String, usize>> {
         // A poisoned lock only means a panic elsewhere while holding it; the counts
         // themselves are always consistent (single insert/decrement operations).
-        self.counts.lock().unwrap_or_else(|p| p.into_inner())
+        locked(&self.counts)
     }
 }
 

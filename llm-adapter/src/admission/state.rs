@@ -74,6 +74,7 @@ use super::{
 };
 use crate::backend::{BackendReply, BackendRequest};
 use crate::config::{KeySource, Mode, OnBusy, QueueOrder};
+use crate::millis::whole_ms as millis;
 use crate::trace::{TraceEvent, TraceKind, Tracer, ms};
 
 /// Rule names used in traces, would-reject counts and metrics.
@@ -210,6 +211,7 @@ struct Entry<W> {
     span: tracing::Span,
 }
 
+#[derive(Default)]
 struct Gate {
     slots: SlotTable,
     waiters: HashMap<String, VecDeque<u64>>,
@@ -281,10 +283,6 @@ pub(crate) struct Prediction {
     pub(crate) order: ReadyKey,
 }
 
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 fn millis_ceil(d: Duration) -> u64 {
     let ms = millis(d);
     if Duration::from_millis(ms) < d {
@@ -298,22 +296,40 @@ fn refusal(code: ErrorCode, message: String, details: ErrorDetails) -> ErrorBody
     ErrorBody::new(code, message).with_details(details)
 }
 
+/// `deadline_exceeded` for a queued request that is not started: how long it waited,
+/// the budget left at `now` and the service-time estimate.
+fn not_started(
+    message: String,
+    waited: Duration,
+    deadline: Option<Instant>,
+    now: Instant,
+    estimate: Option<Duration>,
+) -> ErrorBody {
+    let details = ErrorDetails {
+        waited_ms: Some(millis(waited)),
+        budget_ms: deadline.map(|d| millis(d.saturating_duration_since(now))),
+        estimate_ms: estimate.map(millis_ceil),
+        ..Default::default()
+    };
+    refusal(ErrorCode::DeadlineExceeded, message, details)
+}
+
+/// A refusal whose one detail is how long the request waited.
+fn after_wait(code: ErrorCode, message: &str, waited: Duration) -> ErrorBody {
+    let details = ErrorDetails {
+        waited_ms: Some(millis(waited)),
+        ..Default::default()
+    };
+    refusal(code, message.into(), details)
+}
+
 impl<W> State<W> {
     pub(crate) fn new(cfg: Arc<AdmissionConfig>, stats: Arc<Stats>, tracer: Tracer) -> Self {
-        let gates = cfg
-            .limits
-            .iter()
-            .map(|_| Gate {
-                slots: SlotTable::default(),
-                waiters: HashMap::new(),
-            })
-            .collect();
+        let gates = cfg.limits.iter().map(|_| Gate::default()).collect();
         let estimator = Estimator::new(cfg.estimator);
-        let cache = cfg
-            .idempotency
-            .map_or(CompletionCache::new(0, 0, stats.clone()), |i| {
-                CompletionCache::new(i.max_entries.get(), i.max_bytes.get(), stats.clone())
-            });
+        let (entries, bytes) =
+            (cfg.idempotency).map_or((0, 0), |i| (i.max_entries.get(), i.max_bytes.get()));
+        let cache = CompletionCache::new(entries, bytes, stats.clone());
         Self {
             cfg,
             stats,
@@ -444,7 +460,7 @@ impl<W> State<W> {
         let left = |started: &Instant| {
             (e - now.saturating_duration_since(*started).as_secs_f64()).max(0.0)
         };
-        let running: f64 = self.running_since.values().map(left).sum();
+        let running = self.running_left(e, now);
         // Every queued request counts, not only the ready ones: a request waiting behind
         // its session or at a key gate reaches the ready queue later, possibly while
         // this one still waits behind its own session or gate (measured: with session
@@ -493,6 +509,12 @@ impl<W> State<W> {
             estimate: est,
             order,
         })
+    }
+
+    /// What is left of the running calls at `now`, in seconds, with `e` s per call.
+    fn running_left(&self, e: f64, now: Instant) -> f64 {
+        let left = |s: &Instant| (e - now.saturating_duration_since(*s).as_secs_f64()).max(0.0);
+        self.running_since.values().map(left).sum()
     }
 
     /// The global term of the prediction, in seconds, for a request with `ahead`
@@ -615,6 +637,56 @@ impl<W> State<W> {
         });
     }
 
+    /// An event of a submission that has no entry (yet): `id` 0 unless it joined one.
+    fn emit_sub(
+        &self,
+        sub: &Submission,
+        kind: TraceKind,
+        id: u64,
+        since_received: Duration,
+        fill: impl FnOnce(&mut TraceEvent),
+    ) {
+        self.tracer.emit(&sub.span, || {
+            let mut ev = TraceEvent::new(kind, id, since_received);
+            ev.request_id = sub.request_id.clone();
+            ev.session = sub.session.clone();
+            fill(&mut ev);
+            ev
+        });
+    }
+
+    /// A session rule is busy for `sub`: emits `slot_busy` and counts the refusal, or in
+    /// shadow mode the would-be refusal. `true` = enforce it (refuse).
+    fn busy(&self, sub: &Submission, waited: Duration, rule: &str, key: Option<&str>) -> bool {
+        let shadow = self.shadow();
+        self.emit_sub(sub, TraceKind::SlotBusy, 0, waited, |ev| {
+            ev.rule = Some(rule.to_owned());
+            ev.key = key.map(str::to_owned);
+            ev.shadow = shadow;
+        });
+        if shadow {
+            self.stats.would_reject(rule);
+        } else {
+            self.stats.limit_reject(rule);
+        }
+        !shadow
+    }
+
+    /// A slot event of `rule` (and its `key`) for `e`.
+    fn emit_slot(
+        &self,
+        kind: TraceKind,
+        e: &Entry<W>,
+        now: Instant,
+        rule: &str,
+        key: Option<&str>,
+    ) {
+        self.emit(kind, e, now, |ev| {
+            ev.rule = Some(rule.to_owned());
+            ev.key = key.map(str::to_owned);
+        });
+    }
+
     fn add_timer(&mut self, t: Timer, fx: &mut Effects<W>) {
         if self.timers.first().is_none_or(|first| t < *first) {
             fx.timers_changed = true;
@@ -644,10 +716,12 @@ impl<W> State<W> {
         now: Instant,
         fx: &mut Effects<W>,
     ) -> Admitted {
-        self.stats.offered();
+        self.stats.offered.add(1);
         self.cache.purge(now);
         let waited = now.saturating_duration_since(sub.received_at);
+        // A refusal answered at once.
         let immediate = |fx: &mut Effects<W>, waiter: W, err: ErrorBody, sub: &Submission| {
+            let code = err.code;
             fx.deliveries.reserve_exact(1);
             fx.deliveries.push((
                 waiter,
@@ -658,15 +732,11 @@ impl<W> State<W> {
                     request_id: sub.request_id.clone(),
                 }),
             ));
+            Admitted::Refused(code)
         };
 
         if self.shutting_down {
-            let err = ErrorBody::new(
-                ErrorCode::ShuttingDown,
-                "this replica is shutting down; retry on another one",
-            );
-            immediate(fx, waiter, err, &sub);
-            return Admitted::Refused(ErrorCode::ShuttingDown);
+            return immediate(fx, waiter, shutting_down(), &sub);
         }
 
         // Deadline: the caller's budget (or the default), never above the maximum.
@@ -681,28 +751,16 @@ impl<W> State<W> {
         if let Some(d) = deadline
             && d <= now
         {
-            let err = refusal(
-                ErrorCode::DeadlineExceeded,
-                "deadline already passed at admission".into(),
-                ErrorDetails {
-                    waited_ms: Some(millis(waited)),
-                    ..Default::default()
-                },
-            );
-            immediate(fx, waiter, err, &sub);
-            return Admitted::Refused(ErrorCode::DeadlineExceeded);
+            let message = "deadline already passed at admission";
+            let err = after_wait(ErrorCode::DeadlineExceeded, message, waited);
+            return immediate(fx, waiter, err, &sub);
         }
 
         let keys = match resolve_keys(&self.cfg, &sub) {
             Ok(k) => k,
             Err(message) => {
-                immediate(
-                    fx,
-                    waiter,
-                    ErrorBody::new(ErrorCode::InvalidRequest, message),
-                    &sub,
-                );
-                return Admitted::Refused(ErrorCode::InvalidRequest);
+                let err = ErrorBody::new(ErrorCode::InvalidRequest, message);
+                return immediate(fx, waiter, err, &sub);
             }
         };
 
@@ -716,37 +774,24 @@ impl<W> State<W> {
                 && let Some(e) = self.entries.get_mut(&id)
             {
                 if e.fingerprint.as_ref() != Some(fp) {
-                    immediate(fx, waiter, conflict(rid), &sub);
-                    return Admitted::Refused(ErrorCode::RequestIdConflict);
+                    return immediate(fx, waiter, conflict(rid), &sub);
                 }
                 e.joined.push(waiter);
-                self.stats.joined();
+                self.stats.joined.add(1);
                 // In the joiner's own span: its caller's trace shows that it joined.
                 sub.span.record("id", id);
-                let (rid, session) = (Some(rid.clone()), sub.session.clone());
-                let t_ms = now.saturating_duration_since(self.entries[&id].received_at);
-                self.tracer.emit(&sub.span, || {
-                    let mut ev = TraceEvent::new(TraceKind::Joined, id, t_ms);
-                    ev.request_id = rid;
-                    ev.session = session;
-                    ev
-                });
+                let t = now.saturating_duration_since(self.entries[&id].received_at);
+                self.emit_sub(&sub, TraceKind::Joined, id, t, |_| {});
                 return Admitted::Joined;
             }
             if let Some(c) = self.cache.get(rid) {
                 if c.fingerprint != *fp {
-                    immediate(fx, waiter, conflict(rid), &sub);
-                    return Admitted::Refused(ErrorCode::RequestIdConflict);
+                    return immediate(fx, waiter, conflict(rid), &sub);
                 }
-                self.stats.cached();
+                self.stats.cached.add(1);
                 fx.deliveries.reserve_exact(1);
                 fx.deliveries.push((waiter, c.outcome.clone()));
-                self.tracer.emit(&sub.span, || {
-                    let mut ev = TraceEvent::new(TraceKind::Cached, 0, waited);
-                    ev.request_id = Some(rid.clone());
-                    ev.session = sub.session.clone();
-                    ev
-                });
+                self.emit_sub(&sub, TraceKind::Cached, 0, waited, |_| {});
                 return Admitted::Cached;
             }
         }
@@ -754,35 +799,22 @@ impl<W> State<W> {
         // Per-session pending cap.
         if let (Some(s), Some(cap)) = (&sub.session, self.cfg.session.pending_cap) {
             let pending = self.session_slots.in_use(s);
-            if pending >= cap.get() {
-                let shadow = self.shadow();
-                self.tracer.emit(&sub.span, || {
-                    let mut ev = TraceEvent::new(TraceKind::SlotBusy, 0, waited);
-                    ev.request_id = sub.request_id.clone();
-                    ev.session = Some(s.clone());
-                    ev.rule = Some(RULE_SESSION_CAP.into());
-                    ev.key = Some(format!("session:{s}"));
-                    ev.shadow = shadow;
-                    ev
-                });
-                if shadow {
-                    self.stats.would_reject(RULE_SESSION_CAP);
-                } else {
-                    self.stats.limit_reject(RULE_SESSION_CAP);
-                    let err = refusal(
-                        ErrorCode::SessionQueueFull,
-                        format!("session has {pending} pending requests (limit {cap})"),
-                        ErrorDetails {
-                            limit: Some(cap.get() as u64),
-                            pending: Some(pending as u64),
-                            retry_after_ms: self.retry_after(1.0),
-                            key: Some(format!("session:{s}")),
-                            ..Default::default()
-                        },
-                    );
-                    immediate(fx, waiter, err, &sub);
-                    return Admitted::Refused(ErrorCode::SessionQueueFull);
-                }
+            let key = (pending >= cap.get()).then(|| format!("session:{s}"));
+            if let Some(key) = key
+                && self.busy(&sub, waited, RULE_SESSION_CAP, Some(&key))
+            {
+                let err = refusal(
+                    ErrorCode::SessionQueueFull,
+                    format!("session has {pending} pending requests (limit {cap})"),
+                    ErrorDetails {
+                        limit: Some(cap.get() as u64),
+                        pending: Some(pending as u64),
+                        retry_after_ms: self.retry_after(1.0),
+                        key: Some(key),
+                        ..Default::default()
+                    },
+                );
+                return immediate(fx, waiter, err, &sub);
             }
         }
 
@@ -794,19 +826,7 @@ impl<W> State<W> {
             && order.active.is_some()
         {
             let waiting = order.fifo.len() as u64;
-            let shadow = self.shadow();
-            self.tracer.emit(&sub.span, || {
-                let mut ev = TraceEvent::new(TraceKind::SlotBusy, 0, waited);
-                ev.request_id = sub.request_id.clone();
-                ev.session = Some(s.clone());
-                ev.rule = Some(RULE_SESSION_ORDER.into());
-                ev.shadow = shadow;
-                ev
-            });
-            if shadow {
-                self.stats.would_reject(RULE_SESSION_ORDER);
-            } else {
-                self.stats.limit_reject(RULE_SESSION_ORDER);
+            if self.busy(&sub, waited, RULE_SESSION_ORDER, None) {
                 let err = refusal(
                     ErrorCode::ConcurrencyLimitExceeded,
                     "session is busy and the request asked for `reject`".into(),
@@ -819,8 +839,7 @@ impl<W> State<W> {
                         ..Default::default()
                     },
                 );
-                immediate(fx, waiter, err, &sub);
-                return Admitted::Refused(ErrorCode::ConcurrencyLimitExceeded);
+                return immediate(fx, waiter, err, &sub);
             }
         }
 
@@ -838,8 +857,7 @@ impl<W> State<W> {
                     ..Default::default()
                 },
             );
-            immediate(fx, waiter, err, &sub);
-            return Admitted::Refused(ErrorCode::QueueFull);
+            return immediate(fx, waiter, err, &sub);
         }
 
         // Predictive admission: refuse now what the work ahead would make late. An idle
@@ -898,8 +916,7 @@ impl<W> State<W> {
                             ..Default::default()
                         },
                     );
-                    immediate(fx, waiter, err, &sub);
-                    return Admitted::Refused(ErrorCode::DeadlineExceeded);
+                    return immediate(fx, waiter, err, &sub);
                 }
             }
         }
@@ -963,12 +980,10 @@ impl<W> State<W> {
             self.by_request_id.insert(rid.clone(), id);
         }
         self.queued += 1;
-        self.stats.admitted();
+        self.stats.admitted.add(1);
         self.emit(TraceKind::Queued, &entry, now, |_| {});
         if entry.session_slot.is_some() {
-            self.emit(TraceKind::SlotAcquired, &entry, now, |ev| {
-                ev.rule = Some(RULE_SESSION_CAP.into());
-            });
+            self.emit_slot(TraceKind::SlotAcquired, &entry, now, RULE_SESSION_CAP, None);
         }
 
         // Session order: wait behind the active request, or become it.
@@ -985,9 +1000,13 @@ impl<W> State<W> {
             }
         }
         if behind_session {
-            self.emit(TraceKind::SlotWaiting, &entry, now, |ev| {
-                ev.rule = Some(RULE_SESSION_ORDER.into());
-            });
+            self.emit_slot(
+                TraceKind::SlotWaiting,
+                &entry,
+                now,
+                RULE_SESSION_ORDER,
+                None,
+            );
         }
         self.entries.insert(id, entry);
         if !behind_session {
@@ -1026,11 +1045,7 @@ impl<W> State<W> {
     /// (the global term of [`State::predict`]); `None` without an estimate.
     fn predicted_start(&self, ahead: usize, now: Instant) -> Option<Duration> {
         let e = self.estimator.estimate()?.as_secs_f64();
-        let running: f64 = self
-            .running_since
-            .values()
-            .map(|s| (e - now.saturating_duration_since(*s).as_secs_f64()).max(0.0))
-            .sum();
+        let running = self.running_left(e, now);
         Duration::try_from_secs_f64(self.global_start(ahead, e, running)).ok()
     }
 
@@ -1206,10 +1221,7 @@ impl<W> State<W> {
                     e.key_slots.push((gi, guard));
                 }
                 let e = &self.entries[&id];
-                self.emit(TraceKind::SlotAcquired, e, now, |ev| {
-                    ev.rule = Some(limit.name.clone());
-                    ev.key = Some(key.clone());
-                });
+                self.emit_slot(TraceKind::SlotAcquired, e, now, &limit.name, Some(&key));
                 continue;
             }
             // Busy.
@@ -1226,7 +1238,6 @@ impl<W> State<W> {
                     max_wait,
                     max_waiters,
                 } if waiting < max_waiters => {
-                    let name = limit.name.clone();
                     self.gates[gi]
                         .waiters
                         .entry(key.clone())
@@ -1244,14 +1255,11 @@ impl<W> State<W> {
                     }
                     self.add_timer(t, fx);
                     let e = &self.entries[&id];
-                    self.emit(TraceKind::SlotWaiting, e, now, |ev| {
-                        ev.rule = Some(name);
-                        ev.key = Some(key);
-                    });
+                    self.emit_slot(TraceKind::SlotWaiting, e, now, &limit.name, Some(&key));
                     return;
                 }
                 _ => {
-                    let name = limit.name.clone();
+                    let name = &limit.name;
                     let message = match limit.on_busy {
                         OnBusy::Reject => {
                             format!("limit {name:?}: {in_use} in flight (limit {})", limit.limit)
@@ -1260,12 +1268,9 @@ impl<W> State<W> {
                             "limit {name:?}: {in_use} in flight and {waiting} waiting (max waiters reached)"
                         ),
                     };
-                    self.stats.limit_reject(&name);
+                    self.stats.limit_reject(name);
                     let e = &self.entries[&id];
-                    self.emit(TraceKind::SlotBusy, e, now, |ev| {
-                        ev.rule = Some(name);
-                        ev.key = Some(key);
-                    });
+                    self.emit_slot(TraceKind::SlotBusy, e, now, name, Some(&key));
                     let err = refusal(ErrorCode::ConcurrencyLimitExceeded, message, details);
                     self.retire(id, Err(err), now, fx);
                     return;
@@ -1454,17 +1459,13 @@ impl<W> State<W> {
         for (gi, guard) in std::mem::take(&mut e.key_slots) {
             let key = guard.key().to_owned();
             drop(guard);
-            self.emit(TraceKind::SlotReleased, &e, now, |ev| {
-                ev.rule = Some(self.cfg.limits[gi].name.clone());
-                ev.key = Some(key.clone());
-            });
+            let rule = &self.cfg.limits[gi].name;
+            self.emit_slot(TraceKind::SlotReleased, &e, now, rule, Some(&key));
             fx.todo.push_back(Action::Pump { gate: gi, key });
         }
         if let Some(guard) = e.session_slot.take() {
             drop(guard);
-            self.emit(TraceKind::SlotReleased, &e, now, |ev| {
-                ev.rule = Some(RULE_SESSION_CAP.into());
-            });
+            self.emit_slot(TraceKind::SlotReleased, &e, now, RULE_SESSION_CAP, None);
         }
         let n = usize::from(e.waiter.is_some()) + e.joined.len();
         fx.deliveries.reserve_exact(n);
@@ -1525,16 +1526,7 @@ impl<W> State<W> {
                     if by > now {
                         self.stats.limit_reject(RULE_START_BUDGET);
                     }
-                    let err = refusal(
-                        ErrorCode::DeadlineExceeded,
-                        message,
-                        ErrorDetails {
-                            waited_ms: Some(millis(waited)),
-                            budget_ms: Some(millis(d.saturating_duration_since(now))),
-                            estimate_ms: estimate.map(millis_ceil),
-                            ..Default::default()
-                        },
-                    );
+                    let err = not_started(message, waited, Some(d), now, estimate);
                     self.retire(id, Err(err), now, fx);
                     self.run(now, fx);
                     continue;
@@ -1686,16 +1678,7 @@ impl<W> State<W> {
                         self.arm_deadline(t.id, fx);
                         continue;
                     };
-                    let err = refusal(
-                        ErrorCode::DeadlineExceeded,
-                        message,
-                        ErrorDetails {
-                            waited_ms: Some(millis(waited)),
-                            budget_ms: deadline.map(|d| millis(d.saturating_duration_since(now))),
-                            estimate_ms: estimate.map(millis_ceil),
-                            ..Default::default()
-                        },
-                    );
+                    let err = not_started(message, waited, deadline, now, estimate);
                     self.retire(t.id, Err(err), now, fx);
                 }
                 TimerKind::GateWait => {
@@ -1766,14 +1749,7 @@ impl<W> State<W> {
             return CancelResult::Running;
         }
         let waited = now.saturating_duration_since(e.received_at);
-        let err = refusal(
-            ErrorCode::Cancelled,
-            "cancelled while queued".into(),
-            ErrorDetails {
-                waited_ms: Some(millis(waited)),
-                ..Default::default()
-            },
-        );
+        let err = after_wait(ErrorCode::Cancelled, "cancelled while queued", waited);
         self.retire(id, Err(err), now, fx);
         self.run(now, fx);
         CancelResult::Queued
@@ -1854,32 +1830,28 @@ impl<W> State<W> {
         });
         keys.truncate(top);
 
-        let mut sessions: HashMap<String, SessionView> = HashMap::new();
-        for (s, pending) in self.session_slots.snapshot() {
-            sessions.insert(
-                s.clone(),
-                SessionView {
-                    session: s,
-                    pending,
-                    limit: self.cfg.session.pending_cap.map(|c| c.get()),
-                    waiting: 0,
-                    longest_wait_ms: 0.0,
-                },
-            );
-        }
+        let view = |session: &String, pending| SessionView {
+            session: session.clone(),
+            pending,
+            limit: self.cfg.session.pending_cap.map(|c| c.get()),
+            waiting: 0,
+            longest_wait_ms: 0.0,
+        };
+        let mut sessions: HashMap<String, SessionView> = self
+            .session_slots
+            .snapshot()
+            .into_iter()
+            .map(|(s, pending)| (s.clone(), view(&s, pending)))
+            .collect();
         for (s, order) in &self.sessions {
             let longest = order
                 .fifo
                 .front()
                 .and_then(|id| self.entries.get(id))
                 .map_or(0.0, |e| ms(now.saturating_duration_since(e.stage_since)));
-            let v = sessions.entry(s.clone()).or_insert_with(|| SessionView {
-                session: s.clone(),
-                pending: usize::from(order.active.is_some()) + order.fifo.len(),
-                limit: self.cfg.session.pending_cap.map(|c| c.get()),
-                waiting: 0,
-                longest_wait_ms: 0.0,
-            });
+            let v = sessions
+                .entry(s.clone())
+                .or_insert_with(|| view(s, usize::from(order.active.is_some()) + order.fifo.len()));
             v.waiting = order.fifo.len();
             v.longest_wait_ms = longest;
         }

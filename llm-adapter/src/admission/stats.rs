@@ -23,6 +23,7 @@ use weir_service::metrics::{LatencyHistogram, Series};
 use super::Outcome;
 use super::estimator::EstimateView;
 use crate::metrics as m;
+use crate::sync::locked;
 
 /// Percentiles of a latency histogram, in milliseconds (the shared admin type).
 pub use weir_protocol::admin::Percentiles;
@@ -167,34 +168,8 @@ fn outcome_name(i: usize) -> &'static str {
         .map_or("ok", |c| c.as_str())
 }
 
-/// Metric handles registered once at start, from the recorder installed at that time.
-/// Counters are set from the atomics below when stats are read (`absolute`), so a
-/// request costs no metrics-facade call at all.
-struct Handles {
-    offered: metrics::Counter,
-    admitted: metrics::Counter,
-    joined: metrics::Counter,
-    cached: metrics::Counter,
-    started: metrics::Counter,
-    started_after_deadline: metrics::Counter,
-    streams: metrics::Counter,
-    stream_chunks: metrics::Counter,
-    stream_bytes: metrics::Counter,
-    /// Index 0 = `ok`, then [`ErrorCode::ALL`] order.
-    answered: Vec<metrics::Counter>,
-    limit_reject: HashMap<String, metrics::Counter>,
-    would_reject: HashMap<String, metrics::Counter>,
-    queue_depth: metrics::Gauge,
-    running: metrics::Gauge,
-    estimate: metrics::Gauge,
-    estimate_samples: metrics::Gauge,
-    cache_entries: metrics::Gauge,
-    cache_bytes: metrics::Gauge,
-    cache_evicted_bytes: metrics::Counter,
-    cache_evicted_entries: metrics::Counter,
-    cache_too_large: metrics::Counter,
-}
-
+/// The index of `outcome` (`ok` or an error code) in `Stats::answered` and
+/// `Latencies::inference`.
 fn outcome_index(outcome: &str) -> usize {
     ErrorCode::ALL
         .iter()
@@ -202,95 +177,102 @@ fn outcome_index(outcome: &str) -> usize {
         .map_or(0, |i| i + 1)
 }
 
-impl Handles {
-    fn new(rules: &[String], backend: &'static str) -> Self {
-        let outcomes: Vec<&'static str> = std::iter::once("ok")
-            .chain(ErrorCode::ALL.iter().map(|c| c.as_str()))
-            .collect();
+/// A counter kept as a plain atomic (a request pays one relaxed add, no metrics-facade
+/// call) and set on its handle, registered once at start from the recorder installed
+/// then, when stats are read (`absolute`).
+pub(crate) struct Tally {
+    n: AtomicU64,
+    handle: metrics::Counter,
+}
+
+impl Tally {
+    fn new(handle: metrics::Counter) -> Self {
         Self {
-            offered: metrics::counter!(m::OFFERED_TOTAL),
-            admitted: metrics::counter!(m::ADMITTED_TOTAL),
-            joined: metrics::counter!(m::JOINED_TOTAL),
-            cached: metrics::counter!(m::CACHED_TOTAL),
-            started: metrics::counter!(m::INFERENCE_STARTED_TOTAL),
-            started_after_deadline: metrics::counter!(m::STARTED_AFTER_DEADLINE_TOTAL),
-            streams: metrics::counter!(m::STREAMS_TOTAL),
-            stream_chunks: metrics::counter!(m::STREAM_CHUNKS_TOTAL),
-            stream_bytes: metrics::counter!(m::STREAM_BYTES_TOTAL),
-            answered: outcomes
-                .iter()
-                .map(|o| metrics::counter!(m::ANSWERED_TOTAL, "outcome" => *o))
-                .collect(),
-            limit_reject: rules
-                .iter()
-                .map(|r| {
-                    (
-                        r.clone(),
-                        metrics::counter!(m::LIMIT_REJECT_TOTAL, "rule" => r.clone()),
-                    )
-                })
-                .collect(),
-            would_reject: rules
-                .iter()
-                .map(|r| {
-                    (
-                        r.clone(),
-                        metrics::counter!(m::WOULD_REJECT_TOTAL, "rule" => r.clone()),
-                    )
-                })
-                .collect(),
-            queue_depth: metrics::gauge!(m::QUEUE_DEPTH),
-            running: metrics::gauge!(m::RUNNING),
-            estimate: metrics::gauge!(m::SERVICE_ESTIMATE_SECONDS, "backend" => backend),
-            estimate_samples: metrics::gauge!(m::SERVICE_ESTIMATE_SAMPLES, "backend" => backend),
-            cache_entries: metrics::gauge!(m::CACHE_ENTRIES),
-            cache_bytes: metrics::gauge!(m::CACHE_BYTES),
-            cache_evicted_bytes: metrics::counter!(m::CACHE_EVICTED_TOTAL, "reason" => "max_bytes"),
-            cache_evicted_entries: metrics::counter!(m::CACHE_EVICTED_TOTAL, "reason" => "max_entries"),
-            cache_too_large: metrics::counter!(m::CACHE_TOO_LARGE_TOTAL),
+            n: AtomicU64::new(0),
+            handle,
         }
+    }
+
+    pub(crate) fn add(&self, n: u64) {
+        self.n.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> u64 {
+        self.n.load(Ordering::Relaxed)
+    }
+
+    fn publish(&self) {
+        self.handle.absolute(self.get());
+    }
+}
+
+/// The counter of `rule` in `handles`, or a new handle for a rule not known at start.
+fn rule_counter(handles: &HashMap<String, metrics::Counter>, name: &'static str, rule: &str) {
+    match handles.get(rule) {
+        Some(c) => c.increment(1),
+        None => metrics::counter!(name, "rule" => rule.to_owned()).increment(1),
     }
 }
 
 /// The live counters.
 pub(crate) struct Stats {
-    handles: Handles,
-    offered: AtomicU64,
-    admitted: AtomicU64,
-    joined: AtomicU64,
-    cached: AtomicU64,
-    completed: AtomicU64,
-    started: AtomicU64,
-    started_after_deadline: AtomicU64,
-    refused: [AtomicU64; ErrorCode::ALL.len()],
+    pub(crate) offered: Tally,
+    pub(crate) admitted: Tally,
+    pub(crate) joined: Tally,
+    pub(crate) cached: Tally,
+    started: Tally,
+    started_after_deadline: Tally,
+    /// Answers by outcome: index 0 = `ok` (`completed`), then [`ErrorCode::ALL`] order
+    /// (`refused`).
+    answered: Vec<Tally>,
     would_reject: Mutex<BTreeMap<String, u64>>,
+    limit_reject_handles: HashMap<String, metrics::Counter>,
+    would_reject_handles: HashMap<String, metrics::Counter>,
     latencies: Latencies,
-    cache_entries: AtomicU64,
-    cache_bytes: AtomicU64,
+    queue_depth: metrics::Gauge,
+    running: metrics::Gauge,
+    estimate: metrics::Gauge,
+    estimate_samples: metrics::Gauge,
+    /// Replies the idempotency cache holds now, and their gauge.
+    cache_entries: (AtomicU64, metrics::Gauge),
+    /// Bytes the idempotency cache holds now, and their gauge.
+    cache_bytes: (AtomicU64, metrics::Gauge),
     cache_max_bytes: AtomicU64,
-    cache_evicted_bytes: AtomicU64,
-    cache_evicted_entries: AtomicU64,
-    cache_too_large: AtomicU64,
-    streams: AtomicU64,
-    stream_chunks: AtomicU64,
-    stream_bytes: AtomicU64,
+    cache_evicted_bytes: Tally,
+    cache_evicted_entries: Tally,
+    pub(crate) cache_too_large: Tally,
+    pub(crate) streams: Tally,
+    stream_chunks: Tally,
+    stream_bytes: Tally,
     stream_aborted: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 impl Stats {
     /// `rules`: every rule name a refusal can be counted under.
     pub(crate) fn new(rules: &[String], backend: &'static str) -> Self {
+        let by_rule = |name: &'static str| {
+            rules
+                .iter()
+                .map(|r| (r.clone(), metrics::counter!(name, "rule" => r.clone())))
+                .collect()
+        };
+        let evicted =
+            |reason| Tally::new(metrics::counter!(m::CACHE_EVICTED_TOTAL, "reason" => reason));
         Self {
-            handles: Handles::new(rules, backend),
-            offered: AtomicU64::new(0),
-            admitted: AtomicU64::new(0),
-            joined: AtomicU64::new(0),
-            cached: AtomicU64::new(0),
-            completed: AtomicU64::new(0),
-            started: AtomicU64::new(0),
-            started_after_deadline: AtomicU64::new(0),
-            refused: std::array::from_fn(|_| AtomicU64::new(0)),
+            offered: Tally::new(metrics::counter!(m::OFFERED_TOTAL)),
+            admitted: Tally::new(metrics::counter!(m::ADMITTED_TOTAL)),
+            joined: Tally::new(metrics::counter!(m::JOINED_TOTAL)),
+            cached: Tally::new(metrics::counter!(m::CACHED_TOTAL)),
+            started: Tally::new(metrics::counter!(m::INFERENCE_STARTED_TOTAL)),
+            started_after_deadline: Tally::new(metrics::counter!(m::STARTED_AFTER_DEADLINE_TOTAL)),
+            answered: (0..=ErrorCode::ALL.len())
+                .map(|i| {
+                    Tally::new(metrics::counter!(m::ANSWERED_TOTAL, "outcome" => outcome_name(i)))
+                })
+                .collect(),
             would_reject: Mutex::new(BTreeMap::new()),
+            limit_reject_handles: by_rule(m::LIMIT_REJECT_TOTAL),
+            would_reject_handles: by_rule(m::WOULD_REJECT_TOTAL),
             latencies: Latencies {
                 queue_wait: LatencyHistogram::new(),
                 ttft: LatencyHistogram::new(),
@@ -299,15 +281,19 @@ impl Stats {
                     .collect(),
                 refusal: LatencyHistogram::new(),
             },
-            cache_entries: AtomicU64::new(0),
-            cache_bytes: AtomicU64::new(0),
+            queue_depth: metrics::gauge!(m::QUEUE_DEPTH),
+            running: metrics::gauge!(m::RUNNING),
+            estimate: metrics::gauge!(m::SERVICE_ESTIMATE_SECONDS, "backend" => backend),
+            estimate_samples: metrics::gauge!(m::SERVICE_ESTIMATE_SAMPLES, "backend" => backend),
+            cache_entries: (AtomicU64::new(0), metrics::gauge!(m::CACHE_ENTRIES)),
+            cache_bytes: (AtomicU64::new(0), metrics::gauge!(m::CACHE_BYTES)),
             cache_max_bytes: AtomicU64::new(0),
-            cache_evicted_bytes: AtomicU64::new(0),
-            cache_evicted_entries: AtomicU64::new(0),
-            cache_too_large: AtomicU64::new(0),
-            streams: AtomicU64::new(0),
-            stream_chunks: AtomicU64::new(0),
-            stream_bytes: AtomicU64::new(0),
+            cache_evicted_bytes: evicted("max_bytes"),
+            cache_evicted_entries: evicted("max_entries"),
+            cache_too_large: Tally::new(metrics::counter!(m::CACHE_TOO_LARGE_TOTAL)),
+            streams: Tally::new(metrics::counter!(m::STREAMS_TOTAL)),
+            stream_chunks: Tally::new(metrics::counter!(m::STREAM_CHUNKS_TOTAL)),
+            stream_bytes: Tally::new(metrics::counter!(m::STREAM_BYTES_TOTAL)),
             stream_aborted: Mutex::new(BTreeMap::new()),
         }
     }
@@ -318,8 +304,10 @@ impl Stats {
     }
 
     pub(crate) fn cache_now(&self, entries: usize, bytes: usize) {
-        self.cache_entries.store(entries as u64, Ordering::Relaxed);
-        self.cache_bytes.store(bytes as u64, Ordering::Relaxed);
+        self.cache_entries
+            .0
+            .store(entries as u64, Ordering::Relaxed);
+        self.cache_bytes.0.store(bytes as u64, Ordering::Relaxed);
     }
 
     pub(crate) fn cache_evicted(&self, reason: CacheEviction) {
@@ -327,54 +315,22 @@ impl Stats {
             CacheEviction::MaxBytes => &self.cache_evicted_bytes,
             CacheEviction::MaxEntries => &self.cache_evicted_entries,
         }
-        .fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn cache_too_large(&self) {
-        self.cache_too_large.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn offered(&self) {
-        self.offered.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn admitted(&self) {
-        self.admitted.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn joined(&self) {
-        self.joined.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn cached(&self) {
-        self.cached.fetch_add(1, Ordering::Relaxed);
+        .add(1);
     }
 
     pub(crate) fn would_reject(&self, rule: &str) {
-        let mut w = self.would_reject.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = locked(&self.would_reject);
         *w.entry(rule.to_owned()).or_insert(0) += 1;
-        match self.handles.would_reject.get(rule) {
-            Some(c) => c.increment(1),
-            None => {
-                metrics::counter!(m::WOULD_REJECT_TOTAL, "rule" => rule.to_owned()).increment(1)
-            }
-        }
+        rule_counter(&self.would_reject_handles, m::WOULD_REJECT_TOTAL, rule);
     }
 
     pub(crate) fn limit_reject(&self, rule: &str) {
-        match self.handles.limit_reject.get(rule) {
-            Some(c) => c.increment(1),
-            None => {
-                metrics::counter!(m::LIMIT_REJECT_TOTAL, "rule" => rule.to_owned()).increment(1)
-            }
-        }
+        rule_counter(&self.limit_reject_handles, m::LIMIT_REJECT_TOTAL, rule);
     }
 
     pub(crate) fn started(&self, queue_wait: Duration, after_deadline: bool) {
-        self.started.fetch_add(1, Ordering::Relaxed);
-        if after_deadline {
-            self.started_after_deadline.fetch_add(1, Ordering::Relaxed);
-        }
+        self.started.add(1);
+        self.started_after_deadline.add(u64::from(after_deadline));
         self.latencies.queue_wait.record(queue_wait);
     }
 
@@ -384,15 +340,10 @@ impl Stats {
         }
     }
 
-    /// A streamed reply reached a worker.
-    pub(crate) fn stream_started(&self) {
-        self.streams.fetch_add(1, Ordering::Relaxed);
-    }
-
     /// One `chunk` message of `bytes` body bytes was published.
     pub(crate) fn stream_chunk(&self, bytes: usize) {
-        self.stream_chunks.fetch_add(1, Ordering::Relaxed);
-        self.stream_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.stream_chunks.add(1);
+        self.stream_bytes.add(bytes as u64);
     }
 
     /// The first chunk of a stream was published `ttft` after inference started.
@@ -403,28 +354,16 @@ impl Stats {
     /// A stream was aborted because of its caller.
     pub(crate) fn stream_aborted(&self, reason: &'static str) {
         metrics::counter!(m::STREAM_ABORTED_TOTAL, "reason" => reason).increment(1);
-        *self
-            .stream_aborted
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(reason)
-            .or_default() += 1;
+        *locked(&self.stream_aborted).entry(reason).or_default() += 1;
     }
 
     /// Counts one answer (one waiter).
     pub(crate) fn answered(&self, outcome: &Outcome) {
-        match &outcome.result {
-            Ok(_) => {
-                self.completed.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(e) => {
-                if let Some(i) = ErrorCode::ALL.iter().position(|c| *c == e.code) {
-                    self.refused[i].fetch_add(1, Ordering::Relaxed);
-                }
-                if outcome.inference_time.is_none() {
-                    self.latencies.refusal.record(outcome.queue_time);
-                }
-            }
+        if let Some(t) = self.answered.get(outcome_index(outcome.code())) {
+            t.add(1);
+        }
+        if outcome.result.is_err() && outcome.inference_time.is_none() {
+            self.latencies.refusal.record(outcome.queue_time);
         }
     }
 
@@ -459,45 +398,42 @@ impl Stats {
     /// Publishes the counters and the queue gauges to the metrics recorder. Called when
     /// stats are read (every scrape): per-request work stays at plain atomic adds.
     pub(crate) fn publish(&self, queued: usize, running: usize, estimate: &EstimateView) {
-        let h = &self.handles;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        h.offered.absolute(get(&self.offered));
-        h.admitted.absolute(get(&self.admitted));
-        h.joined.absolute(get(&self.joined));
-        h.cached.absolute(get(&self.cached));
-        h.started.absolute(get(&self.started));
-        h.started_after_deadline
-            .absolute(get(&self.started_after_deadline));
-        if let Some(ok) = h.answered.first() {
-            ok.absolute(get(&self.completed));
+        for t in [
+            &self.offered,
+            &self.admitted,
+            &self.joined,
+            &self.cached,
+            &self.started,
+            &self.started_after_deadline,
+            &self.cache_evicted_bytes,
+            &self.cache_evicted_entries,
+            &self.cache_too_large,
+            &self.streams,
+            &self.stream_chunks,
+            &self.stream_bytes,
+        ]
+        .into_iter()
+        .chain(&self.answered)
+        {
+            t.publish();
         }
-        for (c, n) in h.answered.iter().skip(1).zip(&self.refused) {
-            c.absolute(get(n));
-        }
-        h.queue_depth.set(queued as f64);
-        h.running.set(running as f64);
+        self.queue_depth.set(queued as f64);
+        self.running.set(running as f64);
         // No estimate yet: NaN would break dashboards' arithmetic; 0 with 0 samples.
-        h.estimate
+        self.estimate
             .set(estimate.service_time_ms.map_or(0.0, |ms| ms / 1000.0));
-        h.estimate_samples.set(estimate.samples as f64);
-        h.cache_entries.set(get(&self.cache_entries) as f64);
-        h.cache_bytes.set(get(&self.cache_bytes) as f64);
-        h.cache_evicted_bytes
-            .absolute(get(&self.cache_evicted_bytes));
-        h.cache_evicted_entries
-            .absolute(get(&self.cache_evicted_entries));
-        h.cache_too_large.absolute(get(&self.cache_too_large));
-        h.streams.absolute(get(&self.streams));
-        h.stream_chunks.absolute(get(&self.stream_chunks));
-        h.stream_bytes.absolute(get(&self.stream_bytes));
+        self.estimate_samples.set(estimate.samples as f64);
+        for (n, gauge) in [&self.cache_entries, &self.cache_bytes] {
+            gauge.set(n.load(Ordering::Relaxed) as f64);
+        }
     }
 
     pub(crate) fn snapshot(&self) -> StatsSnapshot {
         let refused = ErrorCode::ALL
             .iter()
-            .zip(&self.refused)
+            .zip(self.answered.iter().skip(1))
             .filter_map(|(c, n)| {
-                let n = n.load(Ordering::Relaxed);
+                let n = n.get();
                 (n > 0).then(|| (c.as_str().to_owned(), n))
             })
             .collect();
@@ -506,21 +442,17 @@ impl Stats {
         let busy_ms: f64 = l.inference.iter().map(|h| ms(h.sum())).sum();
         let useful_ms = l.inference.first().map_or(0.0, |ok| ms(ok.sum()));
         StatsSnapshot {
-            offered: self.offered.load(Ordering::Relaxed),
-            admitted: self.admitted.load(Ordering::Relaxed),
-            joined: self.joined.load(Ordering::Relaxed),
-            cached: self.cached.load(Ordering::Relaxed),
-            completed: self.completed.load(Ordering::Relaxed),
+            offered: self.offered.get(),
+            admitted: self.admitted.get(),
+            joined: self.joined.get(),
+            cached: self.cached.get(),
+            completed: self.answered.first().map_or(0, Tally::get),
             refused,
-            started: self.started.load(Ordering::Relaxed),
-            started_after_deadline: self.started_after_deadline.load(Ordering::Relaxed),
+            started: self.started.get(),
+            started_after_deadline: self.started_after_deadline.get(),
             queued_now: 0,
             running_now: 0,
-            would_reject: self
-                .would_reject
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
+            would_reject: locked(&self.would_reject).clone(),
             queue_wait_ms: l.queue_wait.percentiles(),
             inference_ms: LatencyHistogram::merged_percentiles(&l.inference),
             backend_busy_ms: busy_ms,
@@ -530,23 +462,20 @@ impl Stats {
             refusal_ms: l.refusal.percentiles(),
             service_estimate: None,
             cache: CacheSnapshot {
-                entries: self.cache_entries.load(Ordering::Relaxed),
-                bytes: self.cache_bytes.load(Ordering::Relaxed),
+                entries: self.cache_entries.0.load(Ordering::Relaxed),
+                bytes: self.cache_bytes.0.load(Ordering::Relaxed),
                 max_bytes: self.cache_max_bytes.load(Ordering::Relaxed),
-                evicted_max_bytes: self.cache_evicted_bytes.load(Ordering::Relaxed),
-                evicted_max_entries: self.cache_evicted_entries.load(Ordering::Relaxed),
-                too_large: self.cache_too_large.load(Ordering::Relaxed),
+                evicted_max_bytes: self.cache_evicted_bytes.get(),
+                evicted_max_entries: self.cache_evicted_entries.get(),
+                too_large: self.cache_too_large.get(),
             },
             nats: Default::default(),
             stream: StreamSnapshot {
-                started: self.streams.load(Ordering::Relaxed),
-                chunks: self.stream_chunks.load(Ordering::Relaxed),
-                bytes: self.stream_bytes.load(Ordering::Relaxed),
+                started: self.streams.get(),
+                chunks: self.stream_chunks.get(),
+                bytes: self.stream_bytes.get(),
                 ttft_ms: l.ttft.percentiles(),
-                aborted: self
-                    .stream_aborted
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
+                aborted: locked(&self.stream_aborted)
                     .iter()
                     .map(|(k, v)| ((*k).to_owned(), *v))
                     .collect(),

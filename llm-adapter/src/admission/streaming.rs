@@ -43,34 +43,17 @@ pub struct StreamSettings {
     pub max_bytes: usize,
 }
 
-impl Default for StreamSettings {
-    fn default() -> Self {
-        Self {
-            interval: Duration::from_millis(20),
-            max_bytes: 4096,
-        }
-    }
-}
-
-/// Why a stream was aborted because of its caller.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum StopReason {
-    /// Nobody is subscribed to the reply subject any more (NATS no-responders).
-    CallerGone,
-    /// The caller did not acknowledge chunks in time with its window full.
-    CallerStalled,
-    /// The NATS client did not take the chunk within the publish timeout.
-    PublishTimeout,
-}
-
-impl StopReason {
-    /// The label value of `weir_llm_stream_aborted_total`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::CallerGone => "caller_gone",
-            Self::CallerStalled => "caller_stalled",
-            Self::PublishTimeout => "publish_timeout",
-        }
+named! {
+    /// Why a stream was aborted because of its caller (`as_str`: the label value of
+    /// `weir_llm_stream_aborted_total`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum StopReason {
+        /// Nobody is subscribed to the reply subject any more (NATS no-responders).
+        CallerGone = "caller_gone",
+        /// The caller did not acknowledge chunks in time with its window full.
+        CallerStalled = "caller_stalled",
+        /// The NATS client did not take the chunk within the publish timeout.
+        PublishTimeout = "publish_timeout",
     }
 }
 
@@ -119,7 +102,7 @@ pub(crate) async fn run_stream(
     started_at: Instant,
     stop: impl Future<Output = ErrorBody>,
 ) -> Result<BackendReply, ErrorBody> {
-    stats.stream_started();
+    stats.streams.add(1);
     let deadline = request.deadline;
     let max_message = request.max_reply_bytes;
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(PIECES_IN_FLIGHT);
@@ -177,15 +160,13 @@ pub(crate) async fn run_stream(
     match result {
         Some(Ok(mut reply)) => {
             reply.body = Bytes::new();
-            if let Some(t) = ttft {
-                reply.headers.push((s::TTFT_MS.to_owned(), h::format_ms(t)));
-            }
-            reply
-                .headers
-                .push((s::STREAM_CHUNKS.to_owned(), seq.to_string()));
-            reply
-                .headers
-                .push((s::STREAM_BYTES.to_owned(), sent_bytes.to_string()));
+            let ttft = ttft.map(|t| (s::TTFT_MS, h::format_ms(t)));
+            let figures = [
+                (s::STREAM_CHUNKS, seq.to_string()),
+                (s::STREAM_BYTES, sent_bytes.to_string()),
+            ];
+            let figures = ttft.into_iter().chain(figures);
+            (reply.headers).extend(figures.map(|(n, v)| (n.to_owned(), v)));
             Ok(reply)
         }
         Some(Err(e)) => Err(super::backend_failure(&e, deadline)),

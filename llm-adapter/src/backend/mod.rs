@@ -109,6 +109,13 @@ impl std::error::Error for BackendError {
     }
 }
 
+/// `message` on one line (it goes into the caller's error body).
+fn one_line(message: impl Into<String>) -> String {
+    let mut message: String = message.into();
+    message.retain(|c| c != '\r' && c != '\n');
+    message
+}
+
 /// Machine-readable kind of a [`BackendError`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BackendErrorKind {
@@ -128,14 +135,7 @@ pub enum BackendErrorKind {
 impl BackendError {
     /// A new error. `message` must not contain request bodies.
     pub fn new(kind: BackendErrorKind, message: impl Into<String>) -> Self {
-        let mut message: String = message.into();
-        message.retain(|c| c != '\r' && c != '\n');
-        Self {
-            inner: weir_protocol::Error::new(kind, message),
-            retry_after: None,
-            status: None,
-            limit: None,
-        }
+        Self::from_inner(weir_protocol::Error::new(kind, one_line(message)))
     }
 
     /// A new error caused by `source` (the HTTP or NATS client's error), which stays
@@ -146,10 +146,16 @@ impl BackendError {
         message: impl Into<String>,
         source: impl Into<weir_protocol::error::Source>,
     ) -> Self {
-        let mut message: String = message.into();
-        message.retain(|c| c != '\r' && c != '\n');
+        Self::from_inner(weir_protocol::Error::with_source(
+            kind,
+            one_line(message),
+            source,
+        ))
+    }
+
+    fn from_inner(inner: weir_protocol::Error<BackendErrorKind>) -> Self {
         Self {
-            inner: weir_protocol::Error::with_source(kind, message, source),
+            inner,
             retry_after: None,
             status: None,
             limit: None,
@@ -206,10 +212,7 @@ pub trait Backend: Send + Sync + 'static {
     fn name(&self) -> &'static str;
 
     /// Runs one call. Dropping the returned future aborts the call.
-    fn call(
-        &self,
-        request: BackendRequest,
-    ) -> BoxFuture<'static, Result<BackendReply, BackendError>>;
+    fn call(&self, request: BackendRequest) -> Call;
 
     /// Runs one call whose reply body is handed to `chunks` piece by piece as it
     /// arrives (for a streamed reply: the SSE bytes, unchanged), and returns the reply
@@ -219,11 +222,7 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// The default runs [`Backend::call`] and sends its body as pieces of at most
     /// [`MAX_PIECE`] bytes: correct for backends that cannot stream (the NATS one).
-    fn call_stream(
-        &self,
-        request: BackendRequest,
-        chunks: ChunkTx,
-    ) -> BoxFuture<'static, Result<BackendReply, BackendError>> {
+    fn call_stream(&self, request: BackendRequest, chunks: ChunkTx) -> Call {
         let call = self.call(request);
         Box::pin(async move {
             let mut reply = call.await?;
@@ -238,6 +237,9 @@ pub trait Backend: Send + Sync + 'static {
         })
     }
 }
+
+/// A running backend call: dropping it aborts the call.
+pub type Call = BoxFuture<'static, Result<BackendReply, BackendError>>;
 
 /// Where [`Backend::call_stream`] puts the pieces of a reply body.
 pub type ChunkTx = tokio::sync::mpsc::Sender<Bytes>;

@@ -12,10 +12,9 @@
 
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use weir_protocol::llm::headers as h;
 
-use super::{Backend, BackendError, BackendErrorKind, BackendReply, BackendRequest};
+use super::{Backend, BackendError, BackendErrorKind, BackendReply, BackendRequest, Call};
 
 /// The NATS forwarding backend.
 #[derive(Debug, Clone)]
@@ -42,10 +41,7 @@ impl Backend for NatsBackend {
         "nats"
     }
 
-    fn call(
-        &self,
-        request: BackendRequest,
-    ) -> BoxFuture<'static, Result<BackendReply, BackendError>> {
+    fn call(&self, request: BackendRequest) -> Call {
         let client = self.client.clone();
         let subject = self.subject.clone();
         let budget = request
@@ -96,17 +92,15 @@ impl Backend for NatsBackend {
                 }
                 Ok(Ok(msg)) => msg,
             };
-            let mut passthrough = Vec::new();
-            if let Some(hm) = &msg.headers {
-                for (name, values) in hm.iter() {
-                    for v in values {
-                        passthrough.push((name.to_string(), v.as_str().to_owned()));
-                    }
-                }
-            }
+            let headers = (msg.headers.iter().flat_map(|hm| hm.iter()))
+                .flat_map(|(n, vs)| {
+                    vs.iter()
+                        .map(move |v| (n.to_string(), v.as_str().to_owned()))
+                })
+                .collect();
             Ok(BackendReply {
                 body: msg.payload,
-                headers: passthrough,
+                headers,
             })
         })
     }

@@ -34,12 +34,12 @@
 use std::time::{Duration, SystemTime};
 
 use bytes::{Bytes, BytesMut};
-use futures::future::BoxFuture;
 use tokio::time::Instant;
 use weir_protocol::llm::headers as h;
 
 use super::{
-    Backend, BackendError, BackendErrorKind, BackendReply, BackendRequest, ChunkTx, send_piece,
+    Backend, BackendError, BackendErrorKind, BackendReply, BackendRequest, Call, ChunkTx,
+    send_piece,
 };
 use crate::config::OpenAiConfig;
 
@@ -78,14 +78,15 @@ impl OpenAiBackend {
     /// a CA / client certificate file cannot be read or parsed (the message names the
     /// key).
     pub fn new(cfg: &OpenAiConfig, timeout: Duration) -> Result<Self, BackendError> {
-        let api_key = match &cfg.api_key_env {
-            None => None,
-            Some(var) => Some(std::env::var(var).map_err(|_| {
-                unavailable(format!(
-                    "backend.openai.api_key_env names {var}, which is not set"
-                ))
-            })?),
-        };
+        let api_key = (cfg.api_key_env.as_ref())
+            .map(|var| {
+                std::env::var(var).map_err(|_| {
+                    unavailable(format!(
+                        "backend.openai.api_key_env names {var}, which is not set"
+                    ))
+                })
+            })
+            .transpose()?;
         let mut builder = reqwest::Client::builder()
             .use_rustls_tls()
             .connect_timeout(cfg.connect_timeout)
@@ -246,19 +247,14 @@ async fn failure(mut resp: reqwest::Response, deadline: Option<Instant>) -> Back
         }
     }
     let text = String::from_utf8_lossy(&text).into_owned();
-    let overloaded = matches!(status.as_u16(), 429 | 503);
-    let kind = if overloaded {
-        BackendErrorKind::Overloaded
-    } else {
-        BackendErrorKind::Failed
+    // Only an overloaded backend's retry hint is passed on.
+    let (kind, retry) = match status.as_u16() {
+        429 | 503 => (BackendErrorKind::Overloaded, retry),
+        _ => (BackendErrorKind::Failed, None),
     };
-    let e = BackendError::new(kind, format!("backend answered HTTP {status}: {text}"))
-        .with_status(status.as_u16());
-    if overloaded {
-        e.with_retry_after(retry)
-    } else {
-        e
-    }
+    BackendError::new(kind, format!("backend answered HTTP {status}: {text}"))
+        .with_status(status.as_u16())
+        .with_retry_after(retry)
 }
 
 /// Sends the request; a non-2xx answer is the error ([`failure`]).
@@ -282,10 +278,7 @@ impl Backend for OpenAiBackend {
         "openai"
     }
 
-    fn call(
-        &self,
-        request: BackendRequest,
-    ) -> BoxFuture<'static, Result<BackendReply, BackendError>> {
+    fn call(&self, request: BackendRequest) -> Call {
         let rb = self.post(&request);
         Box::pin(async move {
             let mut resp = send(rb, request.deadline).await?;
@@ -294,11 +287,7 @@ impl Backend for OpenAiBackend {
         })
     }
 
-    fn call_stream(
-        &self,
-        request: BackendRequest,
-        chunks: ChunkTx,
-    ) -> BoxFuture<'static, Result<BackendReply, BackendError>> {
+    fn call_stream(&self, request: BackendRequest, chunks: ChunkTx) -> Call {
         let rb = self.post(&request);
         Box::pin(async move {
             let mut resp = send(rb, request.deadline).await?;

@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -23,9 +22,11 @@ use tokio::time::Instant;
 use bytes::Bytes;
 
 use super::{
-    Backend, BackendError, BackendErrorKind, BackendReply, BackendRequest, ChunkTx, send_piece,
+    Backend, BackendError, BackendErrorKind, BackendReply, BackendRequest, Call, ChunkTx,
+    send_piece,
 };
 use crate::config::{Latency, SimConfig};
+use crate::sync::locked;
 
 /// The simulated backend.
 #[derive(Debug, Clone)]
@@ -150,7 +151,7 @@ impl SimInner {
         if let (Latency::Fixed(d), 0.0) = (self.cfg.latency, self.cfg.error_rate) {
             return (d, false);
         }
-        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        let mut rng = locked(&self.rng);
         let latency = match self.cfg.latency {
             Latency::Fixed(d) => d,
             Latency::Uniform { min, max } => {
@@ -241,10 +242,7 @@ impl Backend for SimBackend {
         "sim"
     }
 
-    fn call(
-        &self,
-        request: BackendRequest,
-    ) -> BoxFuture<'static, Result<BackendReply, BackendError>> {
+    fn call(&self, request: BackendRequest) -> Call {
         let inner = self.inner.clone();
         Box::pin(async move {
             let mut guard = CallGuard::begin(&inner, &request);
@@ -267,11 +265,7 @@ impl Backend for SimBackend {
     /// Streaming mode: `tokens` SSE deltas (the body's `max_tokens` if it has one),
     /// the first after `first_token_ms`, then at `tokens_per_second` on a fixed
     /// schedule (no drift), then `data: [DONE]`. A pause stalls the stream.
-    fn call_stream(
-        &self,
-        request: BackendRequest,
-        chunks: ChunkTx,
-    ) -> BoxFuture<'static, Result<BackendReply, BackendError>> {
+    fn call_stream(&self, request: BackendRequest, chunks: ChunkTx) -> Call {
         let inner = self.inner.clone();
         Box::pin(async move {
             let mut guard = CallGuard::begin(&inner, &request);
