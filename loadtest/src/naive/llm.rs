@@ -24,8 +24,8 @@ use tokio::time::Instant;
 use weir_llm_adapter::backend::{Backend, BackendRequest};
 use weir_protocol::llm::headers;
 
-use crate::fleet::unix_ms;
-use crate::stats::{LatencyHistogram, Percentiles};
+use crate::stats::{LatencyHistogram, Percentiles, summary};
+use crate::timeliness::unix_ms;
 
 /// Counters of the naive front.
 #[derive(Debug, Default)]
@@ -49,18 +49,12 @@ pub struct NaiveLlmStats {
 impl NaiveLlmStats {
     /// Queue wait (received → inference started).
     pub fn queue_wait(&self) -> Percentiles {
-        self.queue_wait
-            .lock()
-            .map(|h| h.summary())
-            .unwrap_or_default()
+        summary(&self.queue_wait)
     }
 
     /// Inference time.
     pub fn inference(&self) -> Percentiles {
-        self.inference
-            .lock()
-            .map(|h| h.summary())
-            .unwrap_or_default()
+        summary(&self.inference)
     }
 }
 
