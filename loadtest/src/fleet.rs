@@ -41,7 +41,7 @@ use weir_audio_ingress::consumer::{
     Consumer, ConsumerConfig, ConsumerError, ConsumerPolicy, StreamEvent, StreamHandler, StreamInfo,
 };
 
-use crate::stats::{LatencyHistogram, Percentiles, summary};
+use crate::stats::{LatencyHistogram, Percentiles, record, summary};
 use crate::timeliness::{Timeliness, TimelinessSummary, unix_ms, unix_us};
 
 /// Fleet settings.
@@ -108,12 +108,8 @@ impl StreamHandler for Recogniser {
         spin(self.shared.cost);
         if let Some(at) = frame.captured_at_ms {
             let d = Duration::from_millis(unix_ms().saturating_sub(at));
-            if let Ok(mut h) = self.shared.latency_total.lock() {
-                h.record(d);
-            }
-            if let Ok(mut h) = self.shared.latency_window.lock() {
-                h.record(d);
-            }
+            record(&self.shared.latency_total, d);
+            record(&self.shared.latency_window, d);
         }
     }
 }

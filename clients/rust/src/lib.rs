@@ -110,10 +110,7 @@ impl std::error::Error for ClientError {
 
 impl ClientError {
     fn new(kind: ClientErrorKind, message: impl Into<String>) -> Self {
-        Self {
-            inner: weir_protocol::Error::new(kind, message),
-            body: None,
-        }
+        Self::refused(kind, message, None)
     }
 
     /// An error caused by `source` (kept as [`std::error::Error::source`]).

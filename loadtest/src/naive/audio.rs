@@ -41,7 +41,7 @@ use weir_protocol::audio::extension::{PROTOCOL_VERSION, headers};
 use weir_protocol::audio::{Packet, PacketBody};
 use weir_protocol::{StreamId, SubjectTemplate, partition_of};
 
-use crate::stats::{LatencyHistogram, summary};
+use crate::stats::{LatencyHistogram, record, summary};
 use crate::timeliness::unix_ms;
 
 /// Settings of the naive ingress.
@@ -251,9 +251,7 @@ fn spawn_publish(
             }
             _ => Err(()),
         };
-        if let Ok(mut hist) = state.queue_wait.lock() {
-            hist.record(pending.since.elapsed());
-        }
+        record(&state.queue_wait, pending.since.elapsed());
         match result {
             Ok(()) => {
                 if is_frame {

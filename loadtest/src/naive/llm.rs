@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use weir_llm_adapter::backend::{Backend, BackendRequest};
 use weir_protocol::llm::headers;
 
-use crate::stats::{LatencyHistogram, Percentiles, summary};
+use crate::stats::{LatencyHistogram, Percentiles, record, summary};
 use crate::timeliness::unix_ms;
 
 /// Counters of the naive front.
@@ -136,9 +136,7 @@ impl NaiveLlmFront {
                         return;
                     };
                     let started = Instant::now();
-                    if let Ok(mut h) = s.queue_wait.lock() {
-                        h.record(started - received);
-                    }
+                    record(&s.queue_wait, started - received);
                     if deadline.is_some_and(|d| started >= d) {
                         s.started_after_deadline.fetch_add(1, Ordering::Relaxed);
                     }
@@ -153,9 +151,7 @@ impl NaiveLlmFront {
                         })
                         .await;
                     let inference = started.elapsed();
-                    if let Ok(mut h) = s.inference.lock() {
-                        h.record(inference);
-                    }
+                    record(&s.inference, inference);
                     let Some(reply) = msg.reply else { return };
                     let mut h = async_nats::HeaderMap::new();
                     h.insert(
