@@ -40,6 +40,22 @@ md="$(mktemp -d)"
 load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
 trap 'rm -rf "$md"' EXIT
 
+# Replaces the block between `<!-- $1:begin -->` and `<!-- $1:end -->` of
+# docs/loadtest.md with $md/section.md.
+splice_section() {
+    python3 - "$root/docs/loadtest.md" "$md/section.md" "$1" <<'EOF'
+import sys, re
+doc_path, section_path, marker = sys.argv[1:4]
+doc = open(doc_path).read()
+section = open(section_path).read().rstrip("\n")
+pattern = rf"<!-- {marker}:begin -->.*?<!-- {marker}:end -->"
+new, n = re.subn(pattern, lambda m: section, doc, flags=re.S)
+if n != 1:
+    sys.exit(f"docs/loadtest.md: {marker} markers not found exactly once")
+open(doc_path, "w").write(new)
+EOF
+}
+
 if [[ "${1:-}" == "issue8" ]]; then
     wait_quiet="${WAIT_QUIET:-30}"
     mkdir -p "$out/plots"
@@ -141,16 +157,7 @@ EOF2
         cat "$md/steady.md"
         echo "<!-- issue8:end -->"
     } >"$md/section.md"
-    python3 - "$root/docs/loadtest.md" "$md/section.md" <<'EOF2'
-import sys, re
-doc_path, section_path = sys.argv[1], sys.argv[2]
-doc = open(doc_path).read()
-section = open(section_path).read().rstrip("\n")
-new, n = re.subn(r"<!-- issue8:begin -->.*?<!-- issue8:end -->", lambda m: section, doc, flags=re.S)
-if n != 1:
-    sys.exit("docs/loadtest.md: issue8 markers not found exactly once")
-open(doc_path, "w").write(new)
-EOF2
+    splice_section issue8
     echo "updated docs/loadtest.md (issue8 block) and $out/issue8-*" >&2
     exit 0
 fi
@@ -260,14 +267,5 @@ EOF
     echo "<!-- results:end -->"
 } >"$md/section.md"
 
-python3 - "$root/docs/loadtest.md" "$md/section.md" <<'EOF'
-import sys, re
-doc_path, section_path = sys.argv[1], sys.argv[2]
-doc = open(doc_path).read()
-section = open(section_path).read().rstrip("\n")
-new, n = re.subn(r"<!-- results:begin -->.*?<!-- results:end -->", lambda m: section, doc, flags=re.S)
-if n != 1:
-    sys.exit("docs/loadtest.md: results markers not found exactly once")
-open(doc_path, "w").write(new)
-EOF
+splice_section results
 echo "updated docs/loadtest.md and $out" >&2

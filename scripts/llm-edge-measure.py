@@ -77,6 +77,16 @@ def start_adapter(url, extra_env):
     return proc, admin
 
 
+def stop(proc):
+    """SIGTERM, and SIGKILL if the process has not exited 15 s later."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def rss_mb(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -191,13 +201,8 @@ async def main():
         else:
             sys.exit(__doc__)
     finally:
-        aproc.terminate()
-        try:
-            aproc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            aproc.kill()
-        nproc.terminate()
-        nproc.wait()
+        for proc in (aproc, nproc):
+            stop(proc)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -268,22 +268,26 @@ impl LeaseSettings {
     }
 }
 
-fn is_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 64
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+/// A bucket, stream or worker name: 1..=64 characters of `A-Z a-z 0-9 _ -`; the error
+/// names `key` and starts its reason with `what`.
+fn check_name(key: &'static str, what: &str, name: &str) -> Result<(), ConsumerError> {
+    let valid = (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    match valid {
+        true => Ok(()),
+        false => Err(ConsumerError::config(
+            key,
+            format!("{what}{name:?}: 1..=64 characters of A-Z a-z 0-9 _ -"),
+        )),
+    }
 }
 
 impl LeaseConfig {
     /// Validates every key; the error names the first bad key.
     pub fn validate(&self) -> Result<LeaseSettings, ConsumerError> {
-        if !is_name(&self.bucket) {
-            return Err(ConsumerError::config(
-                "ownership.lease.bucket",
-                format!("{:?}: 1..=64 characters of A-Z a-z 0-9 _ -", self.bucket),
-            ));
-        }
+        check_name("ownership.lease.bucket", "", &self.bucket)?;
         let ttl = check_range(
             "ownership.lease.ttl_ms",
             self.ttl_ms,
@@ -321,13 +325,7 @@ impl LeaseConfig {
         )?;
         let replicas = check_range("ownership.lease.replicas", self.replicas, (1, 5), "")?;
         let worker_id = match &self.worker_id {
-            Some(id) if is_name(id) => id.clone(),
-            Some(id) => {
-                return Err(ConsumerError::config(
-                    "ownership.lease.worker_id",
-                    format!("{id:?}: 1..=64 characters of A-Z a-z 0-9 _ -"),
-                ));
-            }
+            Some(id) => check_name("ownership.lease.worker_id", "", id).map(|()| id.clone())?,
             None => default_worker_id(),
         };
         Ok(LeaseSettings {
@@ -623,17 +621,8 @@ impl ConsumerConfig {
                 })?,
             )),
         };
-        if let ConsumerSource::JetStream { stream, .. } = &self.source
-            && (stream.is_empty()
-                || stream.len() > 64
-                || !stream
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
-        {
-            return Err(ConsumerError::config(
-                "source",
-                format!("JetStream stream name {stream:?}: 1..=64 characters of A-Z a-z 0-9 _ -"),
-            ));
+        if let ConsumerSource::JetStream { stream, .. } = &self.source {
+            check_name("source", "JetStream stream name ", stream)?;
         }
         Ok(ConsumerSettings {
             subject,

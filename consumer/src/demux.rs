@@ -42,7 +42,6 @@ use super::queue::{Push, ReceiverGuard, StreamQueue};
 use super::slots::StreamSlot;
 use super::stats::StreamState;
 use super::tracker::{Observation, SeqTracker, Seqs};
-use crate::metrics as mn;
 use crate::metrics as m;
 
 /// One live stream instance, as the demultiplexer sees it.
@@ -422,9 +421,9 @@ impl<F: HandlerFactory> Demux<F> {
     /// Reports a producer's possible-loss declaration: metrics, a consumer event, and a
     /// [`StreamEvent::LossDeclared`] for the handler.
     fn on_declaration(&mut self, token: &str, d: LossDeclaration, now: Instant) {
-        metrics::counter!(mn::CONSUMER_POSSIBLE_LOSS_DECLARATIONS_TOTAL).increment(1);
+        metrics::counter!(m::CONSUMER_POSSIBLE_LOSS_DECLARATIONS_TOTAL).increment(1);
         if d.reclassified_frames > 0 {
-            metrics::counter!(mn::CONSUMER_FRAMES_POSSIBLY_LOST_TOTAL)
+            metrics::counter!(m::CONSUMER_FRAMES_POSSIBLY_LOST_TOTAL)
                 .increment(d.reclassified_frames);
         }
         tracing::info!(
@@ -461,7 +460,7 @@ impl<F: HandlerFactory> Demux<F> {
                 GapCause::Lost
             }
             HoleClass::PossiblyLost => {
-                metrics::counter!(mn::CONSUMER_FRAMES_POSSIBLY_LOST_TOTAL).increment(seg.frames());
+                metrics::counter!(m::CONSUMER_FRAMES_POSSIBLY_LOST_TOTAL).increment(seg.frames());
                 let _ = self.shared.events.send(ConsumerEvent::FramesPossiblyLost {
                     stream: token.to_owned(),
                     first_seq,

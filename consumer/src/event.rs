@@ -234,20 +234,13 @@ fn duration_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Err
     s.serialize_f64(d.as_secs_f64() * 1000.0)
 }
 
-/// Why a new stream was refused (no handler was created for it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RefuseReason {
-    /// `max_streams` live stream instances already.
-    MaxStreams,
-}
-
-impl RefuseReason {
-    /// Stable snake_case name (metric label and stats key): `max_streams`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::MaxStreams => "max_streams",
-        }
+weir_protocol::wire_names! {
+    /// Why a new stream was refused (no handler was created for it).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum RefuseReason {
+        /// `max_streams` live stream instances already.
+        MaxStreams = "max_streams",
     }
 }
 

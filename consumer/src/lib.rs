@@ -237,6 +237,23 @@ impl ConsumerError {
     }
 }
 
+/// Core subscriptions to `subjects`, confirmed by the server within `timeout`.
+pub(crate) async fn subscribe(
+    client: &async_nats::Client,
+    subjects: Vec<String>,
+    timeout: std::time::Duration,
+) -> Result<Vec<(String, async_nats::Subscriber)>, ConsumerError> {
+    weir_service::nats::subscribe_confirmed(client, subjects, timeout)
+        .await
+        .map_err(|e| {
+            ConsumerError::operation(
+                ConsumerErrorKind::Subscribe,
+                format!("cannot subscribe to {:?}", e.subject),
+                e,
+            )
+        })
+}
+
 /// Metric handles of the per-packet path, resolved once (under the recorder installed
 /// when the consumer starts); the rare paths use the `metrics` macros directly.
 pub(crate) struct Instruments {
@@ -443,22 +460,11 @@ impl Consumer {
             .collect();
         let feeds: Vec<(String, BoxStream<'static, jetstream::Inbound>)> =
             match &shared.settings.source {
-                ConsumerSource::Core => weir_service::nats::subscribe_confirmed(
-                    &client,
-                    subjects,
-                    SUBSCRIBE_CONFIRM_TIMEOUT,
-                )
-                .await
-                .map_err(|e| {
-                    ConsumerError::operation(
-                        ConsumerErrorKind::Subscribe,
-                        format!("cannot subscribe to {:?}", e.subject),
-                        e,
-                    )
-                })?
-                .into_iter()
-                .map(|(subject, sub)| (subject, sub.map(Ok).boxed()))
-                .collect(),
+                ConsumerSource::Core => subscribe(&client, subjects, SUBSCRIBE_CONFIRM_TIMEOUT)
+                    .await?
+                    .into_iter()
+                    .map(|(subject, sub)| (subject, sub.map(Ok).boxed()))
+                    .collect(),
                 ConsumerSource::JetStream { stream, start } => {
                     jetstream::ordered_feeds(
                         &client,

@@ -198,28 +198,17 @@ pub(crate) async fn start<F: HandlerFactory>(
         );
         tokio::time::sleep(SETUP_RETRY).await;
     };
-    let heartbeats = weir_service::nats::subscribe_confirmed(
-        &client,
-        vec![lease.heartbeat_subject()],
-        SETUP_TIMEOUT,
-    )
-    .await
-    .map_err(|e| {
-        ConsumerError::operation(
-            ConsumerErrorKind::Subscribe,
-            format!("cannot subscribe to {:?}", e.subject),
-            e,
-        )
-    })?
-    .into_iter()
-    .next()
-    .map(|(_, sub)| sub)
-    .ok_or_else(|| {
-        ConsumerError::Operation(OperationError::new(
-            ConsumerErrorKind::Lease,
-            format!("lease bucket {:?}: no heartbeat subscription", lease.bucket),
-        ))
-    })?;
+    let heartbeats = crate::subscribe(&client, vec![lease.heartbeat_subject()], SETUP_TIMEOUT)
+        .await?
+        .into_iter()
+        .next()
+        .map(|(_, sub)| sub)
+        .ok_or_else(|| {
+            ConsumerError::Operation(OperationError::new(
+                ConsumerErrorKind::Lease,
+                format!("lease bucket {:?}: no heartbeat subscription", lease.bucket),
+            ))
+        })?;
     let board = Arc::new(LeaseBoard::default());
     let partitions = shared.settings.partitions.get();
     let started = Instant::now();
@@ -275,26 +264,16 @@ struct Feed {
     stop: watch::Sender<Option<Instant>>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum OpKind {
-    Claim,
-    TakeOver,
-    Renew,
-    Release,
-    /// A read of the key through the stream's leader, for a pending lease the watcher
-    /// did not confirm in time.
-    Confirm,
-}
-
-impl OpKind {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Claim => "claim",
-            Self::TakeOver => "takeover",
-            Self::Renew => "renew",
-            Self::Release => "release",
-            Self::Confirm => "confirm",
-        }
+weir_protocol::wire_names! {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum OpKind {
+        Claim = "claim",
+        TakeOver = "takeover",
+        Renew = "renew",
+        Release = "release",
+        /// A read of the key through the stream's leader, for a pending lease the watcher
+        /// did not confirm in time.
+        Confirm = "confirm",
     }
 }
 
@@ -598,24 +577,12 @@ impl<F: HandlerFactory> Driver<F> {
                 from,
             } => {
                 tracing::info!(partition, revision, from, "taking over a lease");
-                let kv = self.kv.clone();
-                let leader = self.stream.clone();
-                let me = self.planner.me().to_owned();
-                self.spawn_op(partition, OpKind::TakeOver, async move {
-                    update(&kv, &leader, partition, &me, revision, false).await
-                });
+                self.spawn_update(partition, revision, OpKind::TakeOver);
             }
             Action::Renew {
                 partition,
                 revision,
-            } => {
-                let kv = self.kv.clone();
-                let leader = self.stream.clone();
-                let me = self.planner.me().to_owned();
-                self.spawn_op(partition, OpKind::Renew, async move {
-                    update(&kv, &leader, partition, &me, revision, true).await
-                });
-            }
+            } => self.spawn_update(partition, revision, OpKind::Renew),
             Action::Release {
                 partition,
                 revision,
@@ -633,6 +600,16 @@ impl<F: HandlerFactory> Driver<F> {
                 });
             }
         }
+    }
+
+    /// Spawns the compare-and-swap of a takeover or a renewal (see [`update`]).
+    fn spawn_update(&mut self, p: u32, revision: u64, kind: OpKind) {
+        let (kv, leader) = (self.kv.clone(), self.stream.clone());
+        let me = self.planner.me().to_owned();
+        let renewal = kind == OpKind::Renew;
+        self.spawn_op(p, kind, async move {
+            update(&kv, &leader, p, &me, revision, renewal).await
+        });
     }
 
     fn spawn_op(
@@ -811,20 +788,13 @@ impl<F: HandlerFactory> Driver<F> {
             if let Some(pending) = self.pending.get_mut(&p) {
                 pending.reading = true;
             }
-            let leader = self.stream.clone();
-            let subject = format!("$KV.{}.{}", self.lease.bucket, key(p));
+            let (leader, bucket) = (self.stream.clone(), self.lease.bucket.clone());
             let me = self.planner.me().to_owned();
             self.spawn_op(p, OpKind::Confirm, async move {
-                match leader.get_last_raw_message_by_subject(&subject).await {
-                    Ok(msg) => {
-                        let deleted = msg.headers.get("KV-Operation").is_some();
-                        if deleted || msg.payload.as_ref() != me.as_bytes() {
-                            OpResult::Conflict
-                        } else {
-                            OpResult::Ok(msg.sequence)
-                        }
-                    }
-                    Err(e) => OpResult::Error(e.to_string()),
+                match read_own(&leader, &bucket, p, &me).await {
+                    Ok(Some(seq)) => OpResult::Ok(seq),
+                    Ok(None) => OpResult::Conflict,
+                    Err(e) => OpResult::Error(e),
                 }
             });
         }
@@ -972,6 +942,24 @@ async fn run_watcher(kv: kv::Store, tx: tokio::sync::mpsc::Sender<kv::Entry>, bo
     }
 }
 
+/// Reads the key of partition `p` through the bucket stream's leader: `Some(revision)`
+/// when its latest write names `me`, `None` when it names another worker or was
+/// deleted.
+async fn read_own(
+    leader: &stream::Stream,
+    bucket: &str,
+    p: u32,
+    me: &str,
+) -> Result<Option<u64>, String> {
+    let subject = format!("$KV.{bucket}.{}", key(p));
+    let msg = leader
+        .get_last_raw_message_by_subject(&subject)
+        .await
+        .map_err(|e| e.to_string())?;
+    let deleted = msg.headers.get("KV-Operation").is_some();
+    Ok((!deleted && msg.payload.as_ref() == me.as_bytes()).then_some(msg.sequence))
+}
+
 /// Compare-and-swap of partition `p` from `revision` to a write naming `me`. For a
 /// renewal, a `WrongLastRevision` is checked against the key once (see the module
 /// docs).
@@ -994,19 +982,10 @@ async fn update(
             // at all). Only a read that shows another owner, or a delete, is a
             // conflict; our own id at an older revision, or no answer, is unknown and
             // the renewal is retried.
-            let subject = format!("$KV.{}.{}", kv.name, key(p));
-            match leader.get_last_raw_message_by_subject(&subject).await {
-                Ok(msg) => {
-                    let deleted = msg.headers.get("KV-Operation").is_some();
-                    if deleted || msg.payload.as_ref() != me.as_bytes() {
-                        OpResult::Conflict
-                    } else if msg.sequence > revision {
-                        OpResult::Adopt(msg.sequence)
-                    } else {
-                        OpResult::Timeout
-                    }
-                }
-                Err(_) => OpResult::Timeout,
+            match read_own(leader, &kv.name, p, me).await {
+                Ok(None) => OpResult::Conflict,
+                Ok(Some(seq)) if seq > revision => OpResult::Adopt(seq),
+                Ok(Some(_)) | Err(_) => OpResult::Timeout,
             }
         }
         Err(e) if e.kind() == kv::UpdateErrorKind::TimedOut => OpResult::Timeout,

@@ -102,49 +102,23 @@ pub struct Counters {
 impl Counters {
     /// Adds `o` field by field. Saturating: some counts derive from sequence numbers
     /// and declared samples sent over the network (near `u64::MAX` from a hostile
-    /// producer), and a sum must never panic.
+    /// producer), and a sum must never panic. The list is exhaustive (a destructuring):
+    /// a new counter that is not summed does not compile.
     fn add(&mut self, o: &Self) {
-        self.frames = self.frames.saturating_add(o.frames);
-        self.samples = self.samples.saturating_add(o.samples);
-        self.stale_frames = self.stale_frames.saturating_add(o.stale_frames);
-        self.stale_samples = self.stale_samples.saturating_add(o.stale_samples);
-        self.frames_delivered = self.frames_delivered.saturating_add(o.frames_delivered);
-        self.frames_dropped_overload = self
-            .frames_dropped_overload
-            .saturating_add(o.frames_dropped_overload);
-        self.frames_dropped_closed = self
-            .frames_dropped_closed
-            .saturating_add(o.frames_dropped_closed);
-        self.frames_dropped_handler_gone = self
-            .frames_dropped_handler_gone
-            .saturating_add(o.frames_dropped_handler_gone);
-        self.frames_dropped_fenced = self
-            .frames_dropped_fenced
-            .saturating_add(o.frames_dropped_fenced);
-        self.leading_missing = self.leading_missing.saturating_add(o.leading_missing);
-        self.handover_frames = self.handover_frames.saturating_add(o.handover_frames);
-        self.lost_frames = self.lost_frames.saturating_add(o.lost_frames);
-        self.possibly_lost_frames = self
-            .possibly_lost_frames
-            .saturating_add(o.possibly_lost_frames);
-        self.loss_events = self.loss_events.saturating_add(o.loss_events);
-        self.possible_loss_declarations = self
-            .possible_loss_declarations
-            .saturating_add(o.possible_loss_declarations);
-        self.holes_forgotten = self.holes_forgotten.saturating_add(o.holes_forgotten);
-        self.declarations_forgotten = self
-            .declarations_forgotten
-            .saturating_add(o.declarations_forgotten);
-        self.declared_gaps = self.declared_gaps.saturating_add(o.declared_gaps);
-        self.declared_gap_frames = self
-            .declared_gap_frames
-            .saturating_add(o.declared_gap_frames);
-        self.declared_gap_samples = self
-            .declared_gap_samples
-            .saturating_add(o.declared_gap_samples);
-        self.stale_packets = self.stale_packets.saturating_add(o.stale_packets);
-        self.decode_errors = self.decode_errors.saturating_add(o.decode_errors);
-        self.overloads = self.overloads.saturating_add(o.overloads);
+        macro_rules! add {
+            ($($field:ident),* $(,)?) => {
+                let Self { $($field),* } = *o;
+                $(self.$field = self.$field.saturating_add($field);)*
+            };
+        }
+        add! {
+            frames, samples, stale_frames, stale_samples, frames_delivered,
+            frames_dropped_overload, frames_dropped_closed, frames_dropped_handler_gone,
+            frames_dropped_fenced, leading_missing, handover_frames, lost_frames,
+            possibly_lost_frames, loss_events, possible_loss_declarations, holes_forgotten,
+            declarations_forgotten, declared_gaps, declared_gap_frames, declared_gap_samples,
+            stale_packets, decode_errors, overloads,
+        }
     }
 }
 

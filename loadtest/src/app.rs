@@ -10,11 +10,12 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::cli::{Cli, DesignArg, TransportArg};
+use crate::cli::{Cli, DesignArg};
 use crate::ingress::Design;
 use crate::ingress::find_ingress_bin;
 use crate::llm::{LlmSettings, StreamLoad};
 use crate::plot::{Panel, Series, grid_svg};
+use crate::producers::Transport;
 use crate::report::RunReport;
 use crate::scenario::run::{Env, RunOutput, run_one};
 use crate::scenario::{self, Scenario, ceiling, failover};
@@ -52,7 +53,7 @@ pub fn env_from(cli: &Cli) -> Result<Env, String> {
         llm: LlmSettings {
             workers: cli.weir_llm_workers as usize,
             latency: Duration::from_millis(cli.llm_latency_ms),
-            shape: cli.llm_latency_shape.into(),
+            shape: cli.llm_latency_shape,
             deadline: Duration::from_millis(cli.llm_deadline_ms),
             stream: cli.stream.then(|| StreamLoad {
                 first_token: Duration::from_millis(cli.llm_first_token_ms),
@@ -62,7 +63,7 @@ pub fn env_from(cli: &Cli) -> Result<Env, String> {
         },
         ingress_set: cli.ingress_set.clone(),
         wait_quiet: cli.wait_quiet,
-        transport: cli.transport.into(),
+        transport: cli.transport,
     })
 }
 
@@ -83,12 +84,12 @@ fn failover_env_from(cli: &Cli, env: &Env) -> failover::FailoverEnv {
 /// one only (the naive ingress has no WHIP door).
 fn designs_for(cli: &Cli, default: DesignArg) -> Result<Vec<Design>, String> {
     match (cli.transport, cli.design) {
-        (TransportArg::Whip, Some(DesignArg::Naive | DesignArg::Both)) => Err(
+        (Transport::Whip, Some(DesignArg::Naive | DesignArg::Both)) => Err(
             "--transport whip runs the bounded design only (the naive ingress has no WHIP door)"
                 .to_owned(),
         ),
-        (TransportArg::Whip, _) => Ok(vec![Design::Bounded]),
-        (TransportArg::Ws, d) => Ok(d.unwrap_or(default).designs()),
+        (Transport::Whip, _) => Ok(vec![Design::Bounded]),
+        (Transport::Ws, d) => Ok(d.unwrap_or(default).designs()),
     }
 }
 
@@ -126,7 +127,7 @@ pub async fn run(cli: &Cli, results: Results) -> Result<usize, String> {
             for &n in &streams {
                 let outcome = failover::run(&fenv, plan, n).await;
                 failures += record(outcome, &results, || {
-                    format!("{} {n}", plan.scenario.name())
+                    format!("{} {n}", plan.scenario.as_str())
                 });
             }
         }
@@ -166,7 +167,7 @@ pub async fn run(cli: &Cli, results: Results) -> Result<usize, String> {
             for &design in &designs {
                 let outcome = run_one(&env, &plan, n, design).await;
                 failures += record(outcome, &results, || {
-                    format!("{} {n} {design}", plan.scenario.name())
+                    format!("{} {n} {design}", plan.scenario.as_str())
                 });
             }
         }

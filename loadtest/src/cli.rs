@@ -15,24 +15,6 @@ use crate::ingress::Design;
 use crate::scenario::Scenario;
 use crate::scenario::run::PolicyArg;
 
-/// `--transport`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum TransportArg {
-    /// WebSocket producers.
-    Ws,
-    /// WHIP producers.
-    Whip,
-}
-
-impl From<TransportArg> for crate::producers::Transport {
-    fn from(t: TransportArg) -> Self {
-        match t {
-            TransportArg::Ws => Self::Ws,
-            TransportArg::Whip => Self::Whip,
-        }
-    }
-}
-
 /// Which designs to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DesignArg {
@@ -51,27 +33,6 @@ impl DesignArg {
             Self::Bounded => vec![Design::Bounded],
             Self::Naive => vec![Design::Naive],
             Self::Both => vec![Design::Bounded, Design::Naive],
-        }
-    }
-}
-
-/// Shape of the simulated LLM inference time (`--llm-latency-shape`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LatencyShapeArg {
-    /// Uniform in 0.5–1.5 × the latency.
-    Uniform,
-    /// Always the latency.
-    Fixed,
-    /// Log-normal: median = the latency, p99 = 3 × it.
-    Lognormal,
-}
-
-impl From<LatencyShapeArg> for crate::llm::LatencyShape {
-    fn from(a: LatencyShapeArg) -> Self {
-        match a {
-            LatencyShapeArg::Uniform => Self::Uniform,
-            LatencyShapeArg::Fixed => Self::Fixed,
-            LatencyShapeArg::Lognormal => Self::LogNormal,
         }
     }
 }
@@ -188,7 +149,7 @@ pub struct Cli {
     /// Shape of the simulated inference time: uniform in 0.5–1.5 × --llm-latency-ms,
     /// fixed, or log-normal (median --llm-latency-ms, p99 3 × that).
     #[arg(long, value_enum, default_value = "uniform")]
-    pub llm_latency_shape: LatencyShapeArg,
+    pub llm_latency_shape: crate::llm::LatencyShape,
 
     /// Mean simulated inference time (the median for log-normal), milliseconds.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=60_000))]
@@ -223,7 +184,7 @@ pub struct Cli {
     /// (a WHIP session per stream, Opus over WebRTC on loopback UDP; the bounded design
     /// only: the naive ingress has no WHIP door).
     #[arg(long, value_enum, default_value = "ws")]
-    pub transport: TransportArg,
+    pub transport: crate::producers::Transport,
 
     /// Producers do not reconnect after the server ended or refused their stream.
     #[arg(long)]

@@ -32,7 +32,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde::Serialize;
 use tokio::sync::watch;
@@ -41,8 +41,8 @@ use weir_audio_ingress::consumer::{
     Consumer, ConsumerConfig, ConsumerError, ConsumerPolicy, StreamEvent, StreamHandler, StreamInfo,
 };
 
-use crate::stats::{LatencyHistogram, Percentiles};
-use crate::timeliness::{Timeliness, TimelinessSummary, unix_us};
+use crate::stats::{LatencyHistogram, Percentiles, record, summary};
+use crate::timeliness::{Timeliness, TimelinessSummary, unix_ms, unix_us};
 
 /// Fleet settings.
 #[derive(Debug, Clone)]
@@ -108,12 +108,8 @@ impl StreamHandler for Recogniser {
         spin(self.shared.cost);
         if let Some(at) = frame.captured_at_ms {
             let d = Duration::from_millis(unix_ms().saturating_sub(at));
-            if let Ok(mut h) = self.shared.latency_total.lock() {
-                h.record(d);
-            }
-            if let Ok(mut h) = self.shared.latency_window.lock() {
-                h.record(d);
-            }
+            record(&self.shared.latency_total, d);
+            record(&self.shared.latency_window, d);
         }
     }
 }
@@ -334,12 +330,7 @@ impl Fleet {
                 *s.ends_by_reason.entry(reason).or_default() += 1;
             }
         }
-        s.latency_ms = self
-            .shared
-            .latency_total
-            .lock()
-            .map(|h| h.summary())
-            .unwrap_or_default();
+        s.latency_ms = summary(&self.shared.latency_total);
         s.timeliness = self
             .shared
             .timeliness
@@ -369,12 +360,4 @@ fn spin(cost: Duration) {
     while std::time::Instant::now() < until {
         std::hint::spin_loop();
     }
-}
-
-/// Milliseconds since the Unix epoch.
-pub fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }

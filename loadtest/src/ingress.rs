@@ -35,30 +35,17 @@ pub const INGRESS_BIN_ENV: &str = "WEIR_INGRESS_BIN";
 /// Lines of child stderr kept for error messages.
 const STDERR_TAIL: usize = 40;
 
-/// Which ingress design runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Design {
-    /// weir's `audio-ingress`: one queue and one publisher per stream, bounded by bytes
-    /// and age, publishes with a timeout.
-    Bounded,
-    /// The deployed shape: a task per frame behind a per-stream semaphore of 3.
-    Naive,
-}
-
-impl Design {
-    /// The name used on the command line and in reports.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Bounded => "bounded",
-            Self::Naive => "naive",
-        }
-    }
-}
-
-impl std::fmt::Display for Design {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+weir_protocol::wire_names! {
+    /// Which ingress design runs.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum Design {
+        /// weir's `audio-ingress`: one queue and one publisher per stream, bounded by bytes
+        /// and age, publishes with a timeout.
+        #[default]
+        Bounded = "bounded",
+        /// The deployed shape: a task per frame behind a per-stream semaphore of 3.
+        Naive = "naive",
     }
 }
 

@@ -22,24 +22,28 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use weir_consumer::{
     Consumer, ConsumerConfig, GapCause, LeaseConfig, StreamEvent, StreamHandler, StreamInfo,
 };
 
 use crate::cli::LeaseWorkerArgs;
+use crate::timeliness::unix_ms;
 
 /// How often the worker writes its view of the leases (the resolution of every
 /// ownership time the scenarios report).
 pub const LEASE_POLL: Duration = Duration::from_millis(50);
 
-/// Milliseconds since the Unix epoch on this host (every process of a run shares the
-/// clock: they all run on this machine).
-pub fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+/// The client options of the workers and the failover producers, the same as the
+/// consumer crate's lease tests: a dead node is noticed within about a second and
+/// another one is tried at once.
+pub(crate) fn connect_options() -> async_nats::ConnectOptions {
+    async_nats::ConnectOptions::new()
+        .connection_timeout(Duration::from_millis(500))
+        .ping_interval(Duration::from_secs(1))
+        .retain_servers_order()
+        .reconnect_delay_callback(|attempt| Duration::from_millis(50 * attempt.min(10) as u64))
 }
 
 type Log = Arc<Mutex<std::fs::File>>;
@@ -95,16 +99,10 @@ pub async fn run(args: LeaseWorkerArgs) -> Result<(), String> {
                 .map_err(|e| format!("--nats-urls {u}: {e}"))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    // The same client options as the consumer crate's lease tests: a dead node is
-    // noticed within about a second and another one is tried at once.
     let client = tokio::time::timeout(
         Duration::from_secs(10),
-        async_nats::ConnectOptions::new()
-            .connection_timeout(Duration::from_millis(500))
-            .ping_interval(Duration::from_secs(1))
-            .retain_servers_order()
+        connect_options()
             .subscription_capacity(65_536)
-            .reconnect_delay_callback(|attempt| Duration::from_millis(50 * attempt.min(10) as u64))
             .connect(addrs),
     )
     .await

@@ -97,42 +97,30 @@ fn fmt_tick(v: f64) -> String {
     }
 }
 
+/// Every point of every series of `panels`.
+fn points<'a>(panels: &'a [&Panel]) -> impl Iterator<Item = (f64, f64)> + 'a {
+    panels
+        .iter()
+        .flat_map(|p| &p.series)
+        .flat_map(|s| s.points.iter().copied())
+}
+
 /// The y range of a set of panels (from 0, widened when flat).
 fn y_range(panels: &[&Panel]) -> (f64, f64) {
-    let mut hi: f64 = 0.0;
-    for p in panels {
-        for s in &p.series {
-            for (_, y) in &s.points {
-                if y.is_finite() {
-                    hi = hi.max(*y);
-                }
-            }
-        }
-        if let Some((r, _)) = &p.reference
-            && r.is_finite()
-        {
-            hi = hi.max(*r);
-        }
-    }
-    if hi <= 0.0 {
-        hi = 1.0;
-    }
-    (0.0, hi * 1.08)
+    let references = panels
+        .iter()
+        .filter_map(|p| p.reference.as_ref().map(|r| r.0));
+    let hi = points(panels)
+        .map(|(_, y)| y)
+        .chain(references)
+        .filter(|y| y.is_finite())
+        .fold(0.0, f64::max);
+    (0.0, if hi <= 0.0 { 1.0 } else { hi } * 1.08)
 }
 
 fn x_range(panels: &[&Panel]) -> (f64, f64) {
-    let mut lo = f64::MAX;
-    let mut hi = f64::MIN;
-    for p in panels {
-        for s in &p.series {
-            for (x, _) in &s.points {
-                if x.is_finite() {
-                    lo = lo.min(*x);
-                    hi = hi.max(*x);
-                }
-            }
-        }
-    }
+    let xs = points(panels).map(|(x, _)| x).filter(|x| x.is_finite());
+    let (lo, hi) = xs.fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)));
     if lo >= hi {
         (0.0, 1.0)
     } else {

@@ -47,24 +47,16 @@ use crate::speech::SpeechClip;
 mod whip;
 pub use whip::OpusClip;
 
-/// How the producers reach the ingress (`--transport`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Transport {
-    /// One WebSocket per stream, PCM frames (`/v1/streams/{id}`).
-    #[default]
-    Ws,
-    /// One WHIP session per stream, Opus over WebRTC (`/v1/whip/{id}`).
-    Whip,
-}
-
-impl Transport {
-    /// The name on the command line and in reports.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Ws => "ws",
-            Self::Whip => "whip",
-        }
+weir_protocol::wire_names! {
+    /// How the producers reach the ingress (`--transport`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, clap::ValueEnum)]
+    #[serde(rename_all = "snake_case")]
+    pub enum Transport {
+        /// One WebSocket per stream, PCM frames (`/v1/streams/{id}`).
+        #[default]
+        Ws = "ws",
+        /// One WHIP session per stream, Opus over WebRTC (`/v1/whip/{id}`).
+        Whip = "whip",
     }
 }
 
@@ -100,116 +92,81 @@ pub struct ProducerConfig {
     pub transport: Transport,
 }
 
-/// Counters shared by all producers (atomics, read by the sampler while running).
-#[derive(Debug, Default)]
-pub struct ProducerCounters {
-    /// Connections established.
-    pub connects: AtomicU64,
-    /// Connection attempts refused before the upgrade (503, 409, 400...).
-    pub refused: AtomicU64,
-    /// Connection attempts that failed otherwise (TCP error, timeout).
-    pub connect_errors: AtomicU64,
-    /// Frames written to a socket.
-    pub frames_sent: AtomicU64,
-    /// Ticks at which the stream was down (refused, ended by the server, reconnecting).
-    pub frames_not_sent: AtomicU64,
-    /// Ticks skipped because the producer task ran late.
-    pub ticks_missed: AtomicU64,
-    /// `overload` events received.
-    pub overload_events: AtomicU64,
-    /// `gap` events received.
-    pub gap_events: AtomicU64,
-    /// `closed` events received.
-    pub closed_events: AtomicU64,
-    /// Streams ended with `{"type":"end"}`.
-    pub ended: AtomicU64,
-    /// Streams dropped without `end` on purpose.
-    pub vanished: AtomicU64,
-    /// Streams ended early by the server (overload or close before `end`).
-    pub ended_by_server: AtomicU64,
-    /// Streams that broke (send error, socket error).
-    pub broken: AtomicU64,
-    /// Sum of `frames_published` reported in `closed` events.
-    pub server_reported_published: AtomicU64,
-    /// Sum of `frames_dropped` reported in `closed` events.
-    pub server_reported_dropped: AtomicU64,
-    /// Producers still running.
-    pub active: AtomicU64,
-    close_codes: Mutex<BTreeMap<u16, u64>>,
-    refusals: Mutex<BTreeMap<u16, u64>>,
+/// Declares the producers' counters once: [`ProducerCounters`] (atomics, read by the
+/// sampler while the producers run), [`ProducerSnapshot`] (a plain copy, the same
+/// fields in the same order) and [`ProducerCounters::snapshot`].
+macro_rules! producer_counters {
+    ($( $(#[$doc:meta])* $field:ident, )*) => {
+        /// Counters shared by all producers (atomics, read by the sampler while running).
+        #[derive(Debug, Default)]
+        pub struct ProducerCounters {
+            $( $(#[$doc])* pub $field: AtomicU64, )*
+            close_codes: Mutex<BTreeMap<u16, u64>>,
+            refusals: Mutex<BTreeMap<u16, u64>>,
+        }
+
+        /// A plain copy of [`ProducerCounters`].
+        #[derive(Debug, Clone, Default, PartialEq, Serialize)]
+        pub struct ProducerSnapshot {
+            $( $(#[$doc])* pub $field: u64, )*
+            /// Close codes received from the server, by code.
+            pub close_codes: BTreeMap<u16, u64>,
+            /// HTTP statuses of refused connection attempts, by status.
+            pub refusals: BTreeMap<u16, u64>,
+        }
+
+        impl ProducerCounters {
+            /// A copy of every counter.
+            pub fn snapshot(&self) -> ProducerSnapshot {
+                let copy = |m: &Mutex<BTreeMap<u16, u64>>| {
+                    m.lock().map(|m| m.clone()).unwrap_or_default()
+                };
+                ProducerSnapshot {
+                    $( $field: self.$field.load(Ordering::Relaxed), )*
+                    close_codes: copy(&self.close_codes),
+                    refusals: copy(&self.refusals),
+                }
+            }
+        }
+    };
 }
 
-/// A plain copy of [`ProducerCounters`].
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct ProducerSnapshot {
+producer_counters! {
     /// Connections established.
-    pub connects: u64,
-    /// Connection attempts refused before the upgrade.
-    pub refused: u64,
-    /// Connection attempts that failed otherwise.
-    pub connect_errors: u64,
+    connects,
+    /// Connection attempts refused before the upgrade (503, 409, 400...).
+    refused,
+    /// Connection attempts that failed otherwise (TCP error, timeout).
+    connect_errors,
     /// Frames written to a socket.
-    pub frames_sent: u64,
-    /// Ticks at which the stream was down.
-    pub frames_not_sent: u64,
-    /// Ticks skipped because the producer ran late.
-    pub ticks_missed: u64,
+    frames_sent,
+    /// Ticks at which the stream was down (refused, ended by the server, reconnecting).
+    frames_not_sent,
+    /// Ticks skipped because the producer task ran late.
+    ticks_missed,
     /// `overload` events received.
-    pub overload_events: u64,
+    overload_events,
     /// `gap` events received.
-    pub gap_events: u64,
+    gap_events,
     /// `closed` events received.
-    pub closed_events: u64,
-    /// Streams ended with `end`.
-    pub ended: u64,
-    /// Streams dropped without `end`.
-    pub vanished: u64,
-    /// Streams ended early by the server.
-    pub ended_by_server: u64,
-    /// Streams that broke.
-    pub broken: u64,
-    /// Sum of `frames_published` in `closed` events.
-    pub server_reported_published: u64,
-    /// Sum of `frames_dropped` in `closed` events.
-    pub server_reported_dropped: u64,
+    closed_events,
+    /// Streams ended with `{"type":"end"}`.
+    ended,
+    /// Streams dropped without `end` on purpose.
+    vanished,
+    /// Streams ended early by the server (overload or close before `end`).
+    ended_by_server,
+    /// Streams that broke (send error, socket error).
+    broken,
+    /// Sum of `frames_published` reported in `closed` events.
+    server_reported_published,
+    /// Sum of `frames_dropped` reported in `closed` events.
+    server_reported_dropped,
     /// Producers still running.
-    pub active: u64,
-    /// Close codes received from the server, by code.
-    pub close_codes: BTreeMap<u16, u64>,
-    /// HTTP statuses of refused connection attempts, by status.
-    pub refusals: BTreeMap<u16, u64>,
+    active,
 }
 
 impl ProducerCounters {
-    /// A copy of every counter.
-    pub fn snapshot(&self) -> ProducerSnapshot {
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        ProducerSnapshot {
-            connects: l(&self.connects),
-            refused: l(&self.refused),
-            connect_errors: l(&self.connect_errors),
-            frames_sent: l(&self.frames_sent),
-            frames_not_sent: l(&self.frames_not_sent),
-            ticks_missed: l(&self.ticks_missed),
-            overload_events: l(&self.overload_events),
-            gap_events: l(&self.gap_events),
-            closed_events: l(&self.closed_events),
-            ended: l(&self.ended),
-            vanished: l(&self.vanished),
-            ended_by_server: l(&self.ended_by_server),
-            broken: l(&self.broken),
-            server_reported_published: l(&self.server_reported_published),
-            server_reported_dropped: l(&self.server_reported_dropped),
-            active: l(&self.active),
-            close_codes: self
-                .close_codes
-                .lock()
-                .map(|m| m.clone())
-                .unwrap_or_default(),
-            refusals: self.refusals.lock().map(|m| m.clone()).unwrap_or_default(),
-        }
-    }
-
     pub(crate) fn count_close(&self, code: u16) {
         if let Ok(mut m) = self.close_codes.lock() {
             *m.entry(code).or_default() += 1;
@@ -220,6 +177,25 @@ impl ProducerCounters {
         if let Ok(mut m) = self.refusals.lock() {
             *m.entry(status).or_default() += 1;
         }
+    }
+
+    /// Counts one server event (a JSON message on the WebSocket or the WHIP data
+    /// channel); returns its `type` (`overload`, `gap`, `closed`, ...).
+    pub(crate) fn count_event<'v>(&self, v: &'v serde_json::Value) -> Option<&'v str> {
+        let kind = v.get("type").and_then(|t| t.as_str());
+        let n = |k: &str| v.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+        let add = |c: &AtomicU64, n: u64| c.fetch_add(n, Ordering::Relaxed);
+        match kind {
+            Some("overload") => add(&self.overload_events, 1),
+            Some("gap") => add(&self.gap_events, 1),
+            Some("closed") => {
+                add(&self.server_reported_published, n("frames_published"));
+                add(&self.server_reported_dropped, n("frames_dropped"));
+                add(&self.closed_events, 1)
+            }
+            _ => 0,
+        };
+        kind
     }
 }
 
@@ -358,21 +334,11 @@ impl Producer {
         let ws = match connected {
             Ok(Ok((ws, _))) => ws,
             Ok(Err(tokio_tungstenite::tungstenite::Error::Http(resp))) => {
-                self.counters.refused.fetch_add(1, Ordering::Relaxed);
-                self.counters.count_refusal(resp.status().as_u16());
-                let hint = resp
-                    .headers()
-                    .get("retry-after")
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .map(Duration::from_secs)
-                    .unwrap_or(Duration::ZERO);
-                return ConnectionEnd::Retry(self.backoff(hint));
+                let retry_after = resp.headers().get("retry-after");
+                let retry_after = retry_after.and_then(|v| v.to_str().ok());
+                return self.refused(resp.status().as_u16(), retry_after);
             }
-            Ok(Err(_)) | Err(_) => {
-                self.counters.connect_errors.fetch_add(1, Ordering::Relaxed);
-                return ConnectionEnd::Retry(self.backoff(Duration::ZERO));
-            }
+            Ok(Err(_)) | Err(_) => return self.connect_failed(),
         };
         self.counters.connects.fetch_add(1, Ordering::Relaxed);
         let (mut sink, mut source) = ws.split();
@@ -392,9 +358,8 @@ impl Producer {
                         Ok(Message::Text(text)) => {
                             let v: serde_json::Value =
                                 serde_json::from_str(text.as_str()).unwrap_or_default();
-                            match v.get("type").and_then(|t| t.as_str()) {
+                            match counters.count_event(&v) {
                                 Some("overload") => {
-                                    counters.overload_events.fetch_add(1, Ordering::Relaxed);
                                     if let Some(ms) =
                                         v.get("retry_after_ms").and_then(|x| x.as_u64())
                                     {
@@ -402,39 +367,20 @@ impl Producer {
                                     }
                                     server_done.store(true, Ordering::Relaxed);
                                 }
-                                Some("gap") => {
-                                    counters.gap_events.fetch_add(1, Ordering::Relaxed);
-                                }
-                                Some("closed") => {
-                                    counters.closed_events.fetch_add(1, Ordering::Relaxed);
-                                    let n =
-                                        |k: &str| v.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
-                                    counters
-                                        .server_reported_published
-                                        .fetch_add(n("frames_published"), Ordering::Relaxed);
-                                    counters
-                                        .server_reported_dropped
-                                        .fetch_add(n("frames_dropped"), Ordering::Relaxed);
-                                    got_closed_event.notify_one();
-                                }
+                                Some("closed") => got_closed_event.notify_one(),
                                 _ => {}
                             }
                         }
                         Ok(Message::Close(frame)) => {
                             let code = frame.as_ref().map(|f| u16::from(f.code)).unwrap_or(1005);
                             counters.count_close(code);
-                            server_done.store(true, Ordering::Relaxed);
-                            got_closed_event.notify_one();
                             break;
                         }
                         Ok(_) => {}
-                        Err(_) => {
-                            server_done.store(true, Ordering::Relaxed);
-                            got_closed_event.notify_one();
-                            break;
-                        }
+                        Err(_) => break,
                     }
                 }
+                // The stream is over for the server (close frame, error or EOF).
                 server_done.store(true, Ordering::Relaxed);
                 got_closed_event.notify_one();
                 retry_hint
@@ -473,12 +419,7 @@ impl Producer {
                 }
             }
         }
-        let ended_at = Instant::now().min(self.stop_at);
-        let expected = ((ended_at.saturating_duration_since(began)).as_micros()
-            / FRAME_DURATION.as_micros()) as u64;
-        self.counters
-            .ticks_missed
-            .fetch_add(expected.saturating_sub(sent_here), Ordering::Relaxed);
+        self.count_missed(began, sent_here);
 
         match outcome {
             Some(_) => {
@@ -521,6 +462,34 @@ impl Producer {
                 ConnectionEnd::Finished
             }
         }
+    }
+
+    /// Counts the ticks from `began` to now (at most the stop time) that sent no frame,
+    /// `sent` having been sent.
+    pub(crate) fn count_missed(&self, began: Instant, sent: u64) {
+        let ended_at = Instant::now().min(self.stop_at);
+        let expected = (ended_at.saturating_duration_since(began).as_micros()
+            / FRAME_DURATION.as_micros()) as u64;
+        self.counters
+            .ticks_missed
+            .fetch_add(expected.saturating_sub(sent), Ordering::Relaxed);
+    }
+
+    /// The connection was refused with HTTP `status`: counted; retried after the
+    /// back-off, or the server's `Retry-After` (seconds) when longer.
+    pub(crate) fn refused(&self, status: u16, retry_after: Option<&str>) -> ConnectionEnd {
+        self.counters.refused.fetch_add(1, Ordering::Relaxed);
+        self.counters.count_refusal(status);
+        let hint = retry_after
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(Duration::ZERO, Duration::from_secs);
+        ConnectionEnd::Retry(self.backoff(hint))
+    }
+
+    /// The connection failed otherwise (TCP error, timeout): counted, retried.
+    pub(crate) fn connect_failed(&self) -> ConnectionEnd {
+        self.counters.connect_errors.fetch_add(1, Ordering::Relaxed);
+        ConnectionEnd::Retry(self.backoff(Duration::ZERO))
     }
 
     fn backoff(&self, hint: Duration) -> Duration {

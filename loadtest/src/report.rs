@@ -312,6 +312,17 @@ pub struct CeilingStep {
     pub limited_by: Vec<String>,
 }
 
+impl CeilingStep {
+    /// The step at `streams`, sustainable when nothing limited it.
+    pub fn new(streams: usize, limited_by: Vec<String>) -> Self {
+        Self {
+            streams,
+            sustainable: limited_by.is_empty(),
+            limited_by,
+        }
+    }
+}
+
 /// The ceiling verdict, attached to every ceiling report object.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct CeilingReport {
@@ -401,7 +412,7 @@ pub struct FailoverReport {
 }
 
 /// One (scenario, streams, design) run.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct RunReport {
     /// Scenario name.
     pub scenario: String,
@@ -483,6 +494,16 @@ fn timed(r: &RunReport, v: f64) -> String {
     }
 }
 
+/// An LLM figure, or `-` when the LLM side did not run.
+fn llm(r: &RunReport, f: impl Fn(&LlmReport) -> String) -> String {
+    if r.llm.enabled { f(&r.llm) } else { "-".into() }
+}
+
+/// A figure of an optional part, or `-` without it.
+fn or_dash<T>(v: Option<T>, f: impl FnOnce(T) -> String) -> String {
+    v.map_or_else(|| "-".into(), f)
+}
+
 /// One row of the table: a label and how to read it from a report.
 type Row = (&'static str, fn(&RunReport) -> String);
 
@@ -518,8 +539,8 @@ fn rows() -> Vec<Row> {
                 (None, None) => "-".into(),
                 (u, l) => format!(
                     "{}/{}",
-                    u.map_or_else(|| "-".into(), |v| v.to_string()),
-                    l.map_or_else(|| "-".into(), |v| v.to_string())
+                    or_dash(u, |v| v.to_string()),
+                    or_dash(l, |v| v.to_string())
                 ),
             }
         }),
@@ -578,66 +599,36 @@ fn rows() -> Vec<Row> {
         }),
         ("ingress CPU s", |r| format!("{:.1}", r.ingress.cpu_seconds)),
         ("llm offered/completed", |r| {
-            if r.llm.enabled {
-                format!("{}/{}", r.llm.offered, r.llm.completed)
-            } else {
-                "-".into()
-            }
+            llm(r, |l| format!("{}/{}", l.offered, l.completed))
         }),
-        ("llm refused", |r| {
-            if r.llm.enabled {
-                r.llm.refused.to_string()
-            } else {
-                "-".into()
-            }
-        }),
+        ("llm refused", |r| llm(r, |l| l.refused.to_string())),
         ("llm started after deadline", |r| {
-            if r.llm.enabled {
-                r.llm.started_after_deadline.to_string()
-            } else {
-                "-".into()
-            }
+            llm(r, |l| l.started_after_deadline.to_string())
         }),
         ("llm answered after deadline", |r| {
-            if r.llm.enabled {
-                r.llm.answered_after_deadline.to_string()
-            } else {
-                "-".into()
-            }
+            llm(r, |l| l.answered_after_deadline.to_string())
         }),
         ("llm refusal p50/p99 ms", |r| {
-            if r.llm.enabled {
-                format!("{}/{}", ms(r.llm.refusal_ms.p50), ms(r.llm.refusal_ms.p99))
-            } else {
-                "-".into()
-            }
+            llm(r, |l| {
+                format!("{}/{}", ms(l.refusal_ms.p50), ms(l.refusal_ms.p99))
+            })
         }),
         ("llm queue wait p95 ms", |r| {
-            if r.llm.enabled {
-                ms(r.llm.queue_wait_ms.p95)
-            } else {
-                "-".into()
-            }
+            llm(r, |l| ms(l.queue_wait_ms.p95))
         }),
         ("llm ttft p50/p99 ms", |r| {
-            if r.llm.enabled {
-                format!("{}/{}", ms(r.llm.ttft_ms.p50), ms(r.llm.ttft_ms.p99))
-            } else {
-                "-".into()
-            }
+            llm(r, |l| {
+                format!("{}/{}", ms(l.ttft_ms.p50), ms(l.ttft_ms.p99))
+            })
         }),
         ("llm goodput /s", |r| {
-            if r.llm.enabled {
-                format!("{:.1}", r.llm.goodput_per_s)
-            } else {
-                "-".into()
-            }
+            llm(r, |l| format!("{:.1}", l.goodput_per_s))
         }),
     ]
 }
 
 fn opt_ms(v: Option<f64>) -> String {
-    v.map_or_else(|| "-".into(), ms)
+    or_dash(v, ms)
 }
 
 fn spread(v: &[usize]) -> String {
@@ -719,16 +710,13 @@ fn failover_rows() -> Vec<Row> {
         }),
         ("spread at end", |r| spread(&f(r).spread_end)),
         ("orphans re-owned", |r| {
-            f(r).takeover
-                .map_or_else(|| "-".into(), |t| format!("{}/{}", t.reowned, t.orphaned))
+            or_dash(f(r).takeover, |t| format!("{}/{}", t.reowned, t.orphaned))
         }),
         ("re-owned after p50 ms", |r| {
-            f(r).takeover
-                .map_or_else(|| "-".into(), |t| opt_ms(t.reowned_ms_median))
+            or_dash(f(r).takeover, |t| opt_ms(t.reowned_ms_median))
         }),
         ("re-owned after max ms", |r| {
-            f(r).takeover
-                .map_or_else(|| "-".into(), |t| opt_ms(t.reowned_ms_max))
+            or_dash(f(r).takeover, |t| opt_ms(t.reowned_ms_max))
         }),
         ("rejoin: share / balanced ms", |r| {
             let f = f(r);
@@ -742,18 +730,15 @@ fn failover_rows() -> Vec<Row> {
             )
         }),
         ("owner changes (fenced)", |r| {
-            f(r).renewals.map_or_else(
-                || "-".into(),
-                |n| format!("{} ({})", n.owner_changes, n.fenced),
-            )
+            or_dash(f(r).renewals, |n| {
+                format!("{} ({})", n.owner_changes, n.fenced)
+            })
         }),
         ("renewals resumed max ms", |r| {
-            f(r).renewals
-                .map_or_else(|| "-".into(), |n| opt_ms(n.resumed_ms_max))
+            or_dash(f(r).renewals, |n| opt_ms(n.resumed_ms_max))
         }),
         ("longest renewal gap ms", |r| {
-            f(r).renewals
-                .map_or_else(|| "-".into(), |n| opt_ms(n.longest_renewal_gap_ms))
+            or_dash(f(r).renewals, |n| opt_ms(n.longest_renewal_gap_ms))
         }),
         ("frames published", |r| f(r).frames.published.to_string()),
         ("frames handed", |r| f(r).frames.handed.to_string()),
@@ -799,6 +784,7 @@ fn render(reports: &[RunReport], md: bool) -> String {
             scenarios.push(&r.scenario);
         }
     }
+    let bullet = if md { "- " } else { "  " };
     for scenario in scenarios {
         let mut cols: Vec<&RunReport> = reports.iter().filter(|r| r.scenario == scenario).collect();
         cols.sort_by_key(|r| (r.streams, r.design));
@@ -870,8 +856,7 @@ fn render(reports: &[RunReport], md: bool) -> String {
             for step in &c.steps {
                 let _ = writeln!(
                     out,
-                    "{}{:>5} streams: {}",
-                    if md { "- " } else { "  " },
+                    "{bullet}{:>5} streams: {}",
                     step.streams,
                     if step.sustainable {
                         "sustainable".to_owned()
@@ -881,7 +866,7 @@ fn render(reports: &[RunReport], md: bool) -> String {
                 );
             }
             for l in &c.limited_by {
-                let _ = writeln!(out, "{}limited by: {l}", if md { "- " } else { "  " });
+                let _ = writeln!(out, "{bullet}limited by: {l}");
             }
         }
         if md {
@@ -891,11 +876,8 @@ fn render(reports: &[RunReport], md: bool) -> String {
             for n in &r.notes {
                 let _ = writeln!(
                     out,
-                    "{}note [{} {} {}]: {n}",
-                    if md { "- " } else { "  " },
-                    r.scenario,
-                    r.streams,
-                    r.design
+                    "{bullet}note [{} {} {}]: {n}",
+                    r.scenario, r.streams, r.design
                 );
             }
         }

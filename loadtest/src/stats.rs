@@ -91,6 +91,18 @@ impl LatencyHistogram {
     }
 }
 
+/// Records `d` in a shared histogram (nothing if its lock was poisoned).
+pub fn record(h: &std::sync::Mutex<LatencyHistogram>, d: Duration) {
+    if let Ok(mut h) = h.lock() {
+        h.record(d);
+    }
+}
+
+/// The summary of a shared histogram (empty if its lock was poisoned).
+pub fn summary(h: &std::sync::Mutex<LatencyHistogram>) -> Percentiles {
+    h.lock().map(|h| h.summary()).unwrap_or_default()
+}
+
 /// Never reached: `Histogram::new(3)` only fails for sigfig > 5.
 fn unreachable_histogram() -> Histogram<u64> {
     Histogram::new_with_max(MAX_MICROS, 2).unwrap_or_else(|_| {

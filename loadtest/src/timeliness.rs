@@ -43,6 +43,12 @@ pub fn late_after(max_age: Duration) -> Duration {
     max_age + CONFIRMATION_ROUND_BUDGET
 }
 
+/// Milliseconds since the Unix epoch on this host (every process of a run shares the
+/// clock: they all run on this machine).
+pub fn unix_ms() -> u64 {
+    unix_us() / 1_000
+}
+
 /// Unix time in microseconds.
 pub fn unix_us() -> u64 {
     SystemTime::now()

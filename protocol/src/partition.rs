@@ -48,8 +48,6 @@ pub const PARTITION_PLACEHOLDER: &str = "{partition}";
 
 /// The deployed frame subject.
 pub const DEFAULT_STREAM_TEMPLATE: &str = "inference.whisper.stream.{stream}";
-/// The deployed transcript subject.
-pub const DEFAULT_TEXT_TEMPLATE: &str = "inference.whisper.text.{stream}";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Token {

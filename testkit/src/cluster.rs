@@ -41,6 +41,21 @@ const HTTP_TIMEOUT: Duration = Duration::from_millis(500);
 /// Poll interval of the leader waits.
 const POLL: Duration = Duration::from_millis(50);
 
+/// Calls `probe` every [`POLL`] until it answers `Ok`, for at most `timeout`; then
+/// its last `Err` (what is not so yet) is the [`ErrorKind::StartTimeout`] message.
+fn poll<T>(timeout: Duration, mut probe: impl FnMut() -> Result<T, String>) -> Result<T, Error> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match probe() {
+            Ok(v) => return Ok(v),
+            Err(why) if Instant::now() >= deadline => {
+                return Err(Error::new(ErrorKind::StartTimeout, why));
+            }
+            Err(_) => std::thread::sleep(POLL),
+        }
+    }
+}
+
 /// The fixed ports of one node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NodePorts {
@@ -223,69 +238,50 @@ impl NatsCluster {
 
     /// The JetStream meta leader's name, as the first reachable node reports it.
     pub fn meta_leader(&self) -> Option<String> {
-        self.reachable()
-            .find_map(|i| jsz(self.ports[i].monitoring, "").ok())
-            .and_then(|v| {
-                v.pointer("/meta_cluster/leader")
-                    .and_then(|l| l.as_str())
-                    .filter(|l| !l.is_empty())
-                    .map(str::to_owned)
-            })
+        self.reachable().find_map(|i| self.meta_leader_of(i))
+    }
+
+    /// The meta leader node `i` names (`None`: unreachable, or no leader).
+    fn meta_leader_of(&self, i: usize) -> Option<String> {
+        let v = jsz(self.ports[i].monitoring, "").ok()?;
+        v.pointer("/meta_cluster/leader")
+            .and_then(|l| l.as_str())
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
     }
 
     /// Waits (bounded) until every reachable node names the same meta leader; returns
     /// its node index.
     pub fn wait_meta_leader(&self, timeout: Duration) -> Result<usize, Error> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let views: Vec<Option<String>> = self
-                .reachable()
-                .map(|i| {
-                    jsz(self.ports[i].monitoring, "").ok().and_then(|v| {
-                        v.pointer("/meta_cluster/leader")
-                            .and_then(|l| l.as_str())
-                            .filter(|l| !l.is_empty())
-                            .map(str::to_owned)
-                    })
-                })
-                .collect();
+        poll(timeout, || {
+            let views: Vec<Option<String>> =
+                self.reachable().map(|i| self.meta_leader_of(i)).collect();
             if let Some(Some(first)) = views.first()
                 && views.iter().all(|v| v.as_deref() == Some(first))
                 && let Some(i) = self.index_of(first)
             {
                 return Ok(i);
             }
-            if Instant::now() >= deadline {
-                return Err(Error::new(
-                    ErrorKind::StartTimeout,
-                    format!("no agreed JetStream meta leader within {timeout:?}: {views:?}"),
-                ));
-            }
-            std::thread::sleep(POLL);
-        }
+            Err(format!(
+                "no agreed JetStream meta leader within {timeout:?}: {views:?}"
+            ))
+        })
     }
 
     /// Waits (bounded) until every reachable node answers `GET /healthz` with 200 (on
     /// a JetStream node: its JetStream is current with the cluster).
     pub fn wait_healthy(&self, timeout: Duration) -> Result<(), Error> {
-        let deadline = Instant::now() + timeout;
-        loop {
+        poll(timeout, || {
             let sick: Vec<&str> = self
                 .reachable()
                 .filter(|&i| http_get(self.ports[i].monitoring, "/healthz").is_err())
                 .map(|i| self.names[i].as_str())
                 .collect();
-            if sick.is_empty() {
-                return Ok(());
+            match sick.is_empty() {
+                true => Ok(()),
+                false => Err(format!("nodes {sick:?} not healthy within {timeout:?}")),
             }
-            if Instant::now() >= deadline {
-                return Err(Error::new(
-                    ErrorKind::StartTimeout,
-                    format!("nodes {sick:?} not healthy within {timeout:?}"),
-                ));
-            }
-            std::thread::sleep(POLL);
-        }
+        })
     }
 
     /// The node index leading stream `stream` (in the default account), as the first
@@ -300,19 +296,10 @@ impl NatsCluster {
 
     /// Waits (bounded) until stream `stream` has a leader; returns its node index.
     pub fn wait_stream_leader(&self, stream: &str, timeout: Duration) -> Result<usize, Error> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(i) = self.stream_leader(stream) {
-                return Ok(i);
-            }
-            if Instant::now() >= deadline {
-                return Err(Error::new(
-                    ErrorKind::StartTimeout,
-                    format!("stream {stream:?} has no leader within {timeout:?}"),
-                ));
-            }
-            std::thread::sleep(POLL);
-        }
+        poll(timeout, || {
+            self.stream_leader(stream)
+                .ok_or_else(|| format!("stream {stream:?} has no leader within {timeout:?}"))
+        })
     }
 
     /// The node a client named `name` (its `CONNECT` name, e.g. async-nats
@@ -337,21 +324,15 @@ impl NatsCluster {
         not: Option<usize>,
         timeout: Duration,
     ) -> Result<usize, Error> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(i) = self.node_of_client(name).filter(|&i| Some(i) != not) {
-                return Ok(i);
-            }
-            if Instant::now() >= deadline {
-                return Err(Error::new(
-                    ErrorKind::StartTimeout,
+        poll(timeout, || {
+            self.node_of_client(name)
+                .filter(|&i| Some(i) != not)
+                .ok_or_else(|| {
                     format!(
                         "no client named {name:?} on a node other than {not:?} within {timeout:?}"
-                    ),
-                ));
-            }
-            std::thread::sleep(POLL);
-        }
+                    )
+                })
+        })
     }
 
     /// The bound the nodes were started with.

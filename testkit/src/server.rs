@@ -175,19 +175,10 @@ impl NatsServer {
             .tempdir()
             .map_err(|e| io_error("could not create a temporary directory", e))?;
         let layout = Layout::new(dir.path());
-        fs::create_dir_all(&layout.ports_dir).map_err(|e| {
-            io_error(
-                &format!("could not create {}", layout.ports_dir.display()),
-                e,
-            )
-        })?;
+        fs::create_dir_all(&layout.ports_dir).map_err(io_error_at("create", &layout.ports_dir))?;
         if let Some(config) = &options.config {
-            fs::write(&layout.config_file, config).map_err(|e| {
-                io_error(
-                    &format!("could not write {}", layout.config_file.display()),
-                    e,
-                )
-            })?;
+            fs::write(&layout.config_file, config)
+                .map_err(io_error_at("write", &layout.config_file))?;
         }
         let launch = Launch {
             binary: &binary,
@@ -278,25 +269,32 @@ impl NatsServer {
     /// nothing (the kernel still completes new TCP handshakes into the listen backlog).
     /// Returns once the process is seen stopped. Pausing a paused server is a no-op.
     pub fn pause(&self) -> Result<(), Error> {
-        let mut state = self.lock();
-        let pid = running_pid(&mut state)?;
-        if state.paused {
-            return Ok(());
-        }
-        send_signal(pid, Signal::SIGSTOP)?;
-        wait_proc_state(pid, true)?;
-        state.paused = true;
-        Ok(())
+        self.set_paused(true)
     }
 
     /// Continues a paused process with SIGCONT; returns once it is no longer stopped.
     /// Resuming a running server is a no-op.
     pub fn resume(&self) -> Result<(), Error> {
+        self.set_paused(false)
+    }
+
+    /// SIGSTOP (`paused`) or SIGCONT, then waits until the process state shows it.
+    fn set_paused(&self, paused: bool) -> Result<(), Error> {
         let mut state = self.lock();
         let pid = running_pid(&mut state)?;
-        send_signal(pid, Signal::SIGCONT)?;
-        wait_proc_state(pid, false)?;
-        state.paused = false;
+        if paused && state.paused {
+            return Ok(());
+        }
+        send_signal(
+            pid,
+            if paused {
+                Signal::SIGSTOP
+            } else {
+                Signal::SIGCONT
+            },
+        )?;
+        wait_proc_state(pid, paused)?;
+        state.paused = paused;
         Ok(())
     }
 
@@ -552,14 +550,14 @@ impl Launch<'_> {
             .create(true)
             .append(true)
             .open(path)
-            .map_err(|e| io_error(&format!("could not open {}", path.display()), e))?;
+            .map_err(io_error_at("open", path))?;
         writeln!(
             log,
             "{LAUNCH_MARKER} {} {} ---",
             self.binary.display(),
             redact(args).join(" ")
         )
-        .map_err(|e| io_error(&format!("could not write {}", path.display()), e))?;
+        .map_err(io_error_at("write", path))?;
         Ok(log)
     }
 
@@ -688,6 +686,12 @@ fn probe_info(port: u16) -> bool {
 
 fn io_error(what: &str, e: std::io::Error) -> Error {
     Error::with_source(ErrorKind::Io, what.to_owned(), e)
+}
+
+/// An I/O error of `could not <verb> <path>`.
+fn io_error_at(verb: &str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
+    let what = format!("could not {verb} {}", path.display());
+    move |e| io_error(&what, e)
 }
 
 #[cfg(test)]

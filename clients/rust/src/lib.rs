@@ -110,10 +110,7 @@ impl std::error::Error for ClientError {
 
 impl ClientError {
     fn new(kind: ClientErrorKind, message: impl Into<String>) -> Self {
-        Self {
-            inner: weir_protocol::Error::new(kind, message),
-            body: None,
-        }
+        Self::refused(kind, message, None)
     }
 
     /// An error caused by `source` (kept as [`std::error::Error::source`]).
@@ -275,16 +272,17 @@ impl LlmClient {
         capabilities_subject: &str,
         timeout: Duration,
     ) -> Result<Self, ClientError> {
-        let req = async_nats::Request::new()
-            .timeout(Some(timeout))
-            .inbox(nats.new_inbox());
-        let msg = tokio::time::timeout(
-            timeout + Duration::from_millis(100),
-            nats.send_request(capabilities_subject.to_owned(), req),
+        let req = async_nats::Request::new();
+        let bound = timeout + Duration::from_millis(100);
+        let msg = request(
+            &nats,
+            capabilities_subject,
+            req,
+            timeout,
+            bound,
+            "capabilities: no reply",
         )
-        .await
-        .map_err(|_| ClientError::new(ClientErrorKind::TimedOut, "capabilities: no reply"))?
-        .map_err(request_error)?;
+        .await?;
         let caps: serde_json::Value = serde_json::from_slice(&msg.payload).map_err(|e| {
             ClientError::with_source(ClientErrorKind::InvalidReply, "capabilities", e)
         })?;
@@ -353,24 +351,25 @@ impl LlmClient {
         let mut headers = HeaderMap::new();
         put(&mut headers, h::CANCEL, request_id);
         let t = Duration::from_secs(2);
-        let req = async_nats::Request::new()
-            .headers(headers)
-            .timeout(Some(t))
-            .inbox(self.nats.new_inbox());
-        let msg = tokio::time::timeout(
+        let req = async_nats::Request::new().headers(headers);
+        let subject = &self.cancel_subject;
+        let msg = request(
+            &self.nats,
+            subject,
+            req,
+            t,
             t + self.margin,
-            self.nats.send_request(self.cancel_subject.clone(), req),
+            "cancel: no reply",
         )
-        .await
-        .map_err(|_| ClientError::new(ClientErrorKind::TimedOut, "cancel: no reply"))?
-        .map_err(request_error)?;
+        .await?;
         check_error(&msg)?;
         serde_json::from_slice(&msg.payload)
             .map_err(|e| ClientError::with_source(ClientErrorKind::InvalidReply, "cancel reply", e))
     }
 
-    fn take_slot(&self, session: &str) -> Result<Option<LocalSlot>, ClientError> {
-        let Some(cap) = &self.local_cap else {
+    /// A local session slot, when the cap is on and the request names a session.
+    fn take_slot(&self, session: Option<&str>) -> Result<Option<LocalSlot>, ClientError> {
+        let (Some(cap), Some(session)) = (&self.local_cap, session) else {
             return Ok(None);
         };
         let mut p = cap.pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -458,49 +457,39 @@ pub struct RequestBuilder<'a> {
     trace: Option<TraceContext>,
 }
 
+/// Setters of optional request fields: `fn $name(self, value) -> Self` stores
+/// `Some(value.into())` in `$field`.
+macro_rules! setters {
+    ($( $(#[$doc:meta])* $name:ident => $field:ident: $ty:ty, )*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(mut self, value: $ty) -> Self {
+                self.$field = Some(value.into());
+                self
+            }
+        )*
+    };
+}
+
 impl RequestBuilder<'_> {
-    /// The session (per-session cap and ordering).
-    pub fn session(mut self, session: impl Into<String>) -> Self {
-        self.session = Some(session.into());
-        self
-    }
-
-    /// The request id (idempotent retries, cancellation).
-    pub fn request_id(mut self, id: impl Into<String>) -> Self {
-        self.request_id = Some(id.into());
-        self
-    }
-
-    /// Relative budget (`Weir-Timeout-Ms`), also the NATS wait (plus a margin).
-    pub fn timeout(mut self, budget: Duration) -> Self {
-        self.budget = Some(budget);
-        self
-    }
-
-    /// Absolute deadline (`Weir-Deadline-Ms`; needs synchronised clocks).
-    pub fn deadline(mut self, at: SystemTime) -> Self {
-        self.deadline = Some(at);
-        self
-    }
-
-    /// `enqueue` (default) or `reject` when the session is busy.
-    pub fn policy(mut self, policy: AdmissionPolicy) -> Self {
-        self.policy = Some(policy);
-        self
-    }
-
-    /// The caller's identity for client-keyed limits.
-    pub fn client_key(mut self, key: impl Into<String>) -> Self {
-        self.client_key = Some(key.into());
-        self
-    }
-
-    /// The W3C trace context to send as `traceparent` / `tracestate` (e.g. one received
-    /// from upstream). Without it, the feature `otel` sends the current `tracing`
-    /// span's context when an OpenTelemetry layer records it; otherwise none is sent.
-    pub fn trace_context(mut self, trace: TraceContext) -> Self {
-        self.trace = Some(trace);
-        self
+    setters! {
+        /// The session (per-session cap and ordering).
+        session => session: impl Into<String>,
+        /// The request id (idempotent retries, cancellation).
+        request_id => request_id: impl Into<String>,
+        /// Relative budget (`Weir-Timeout-Ms`), also the NATS wait (plus a margin).
+        timeout => budget: Duration,
+        /// Absolute deadline (`Weir-Deadline-Ms`; needs synchronised clocks).
+        deadline => deadline: SystemTime,
+        /// `enqueue` (default) or `reject` when the session is busy.
+        policy => policy: AdmissionPolicy,
+        /// The caller's identity for client-keyed limits.
+        client_key => client_key: impl Into<String>,
+        /// The W3C trace context to send as `traceparent` / `tracestate` (e.g. one
+        /// received from upstream). Without it, the feature `otel` sends the current
+        /// `tracing` span's context when an OpenTelemetry layer records it; otherwise
+        /// none is sent.
+        trace_context => trace: TraceContext,
     }
 
     /// The request headers and how long to wait for the answer.
@@ -541,10 +530,7 @@ impl RequestBuilder<'_> {
     /// Sends the request and waits for the answer.
     pub async fn send(self) -> Result<LlmReply, ClientError> {
         let c = self.client;
-        let _slot = match &self.session {
-            Some(s) => c.take_slot(s)?,
-            None => None,
-        };
+        let _slot = c.take_slot(self.session.as_deref())?;
         if let Some(intake) = &c.intake {
             return self.send_durable(intake).await;
         }
@@ -653,16 +639,27 @@ async fn send_core(
     wait: Duration,
     body: Bytes,
 ) -> Result<LlmReply, ClientError> {
-    let req = async_nats::Request::new()
-        .payload(body)
-        .headers(headers)
-        .timeout(Some(wait))
-        .inbox(c.nats.new_inbox());
-    let msg = tokio::time::timeout(wait + c.margin, c.nats.send_request(c.subject.clone(), req))
+    let req = async_nats::Request::new().payload(body).headers(headers);
+    let bound = wait + c.margin;
+    reply_of(request(&c.nats, &c.subject, req, wait, bound, "no reply in time").await?)
+}
+
+/// One NATS request on its own inbox: the server-side wait is `wait`, the whole call
+/// (including queuing the publish) is bounded by `bound`; `timed_out` is the message
+/// when that bound passes.
+async fn request(
+    nats: &async_nats::Client,
+    subject: &str,
+    req: async_nats::Request,
+    wait: Duration,
+    bound: Duration,
+    timed_out: &str,
+) -> Result<async_nats::Message, ClientError> {
+    let req = req.timeout(Some(wait)).inbox(nats.new_inbox());
+    tokio::time::timeout(bound, nats.send_request(subject.to_owned(), req))
         .await
-        .map_err(|_| ClientError::new(ClientErrorKind::TimedOut, "no reply in time"))?
-        .map_err(request_error)?;
-    reply_of(msg)
+        .map_err(|_| ClientError::new(ClientErrorKind::TimedOut, timed_out))?
+        .map_err(request_error)
 }
 
 /// The reply, or its error.
@@ -757,109 +754,101 @@ fn ms_header(hm: &HeaderMap, name: &str) -> Option<Duration> {
     get(hm, name).and_then(h::parse_format_ms)
 }
 
+/// A numeric header, `0` when absent or not a number.
+fn num_header<T: FromStr + Default>(hm: &HeaderMap, name: &str) -> T {
+    get(hm, name)
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_default()
+}
+
 impl StreamState {
-    /// The next event, or `None` once the stream is over.
+    /// The next event, or `None` once the stream is over (after `end` or an error).
     async fn next(&mut self) -> Option<Result<LlmEvent, ClientError>> {
-        use futures::StreamExt;
-        use weir_protocol::llm::stream::{self as s, StreamEvent};
         while !self.done {
-            let msg = match tokio::time::timeout_at(self.until, self.sub.next()).await {
-                Err(_) => {
+            match self.step().await {
+                Ok(None) => {}
+                Ok(Some(event)) => {
+                    self.done = matches!(event, LlmEvent::End(_));
+                    return Some(Ok(event));
+                }
+                Err(e) => {
                     self.done = true;
-                    return Some(Err(ClientError::new(
-                        ClientErrorKind::TimedOut,
-                        "stream did not end in time",
-                    )));
+                    return Some(Err(e));
                 }
-                Ok(None) => {
-                    self.done = true;
-                    return Some(Err(ClientError::new(
-                        ClientErrorKind::Transport,
-                        "subscription closed",
-                    )));
-                }
-                Ok(Some(m)) => m,
-            };
-            if msg.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
-                self.done = true;
-                return Some(Err(ClientError::new(
-                    ClientErrorKind::NoResponders,
-                    "no adapter is listening on the subject",
-                )));
-            }
-            if let Err(e) = check_error(&msg) {
-                self.done = true;
-                return Some(Err(e));
-            }
-            let hm = msg.headers.clone().unwrap_or_default();
-            let event = get(&hm, s::STREAM_EVENT).and_then(StreamEvent::parse);
-            match event {
-                Some(StreamEvent::Queued) => {
-                    return Some(Ok(LlmEvent::Queued {
-                        position: get(&hm, s::QUEUE_POSITION)
-                            .and_then(|v| v.trim().parse().ok())
-                            .unwrap_or(0),
-                        predicted_start: ms_header(&hm, s::PREDICTED_START_MS),
-                    }));
-                }
-                Some(StreamEvent::Started) => {
-                    return Some(Ok(LlmEvent::Started {
-                        queue_time: ms_header(&hm, h::QUEUE_MS),
-                    }));
-                }
-                Some(StreamEvent::Chunk) => {
-                    let seq: u64 = get(&hm, s::STREAM_SEQ)
-                        .and_then(|v| v.trim().parse().ok())
-                        .unwrap_or(0);
-                    if seq != self.next_seq {
-                        self.done = true;
-                        return Some(Err(ClientError::new(
-                            ClientErrorKind::InvalidReply,
-                            format!("chunk {seq} arrived, {} expected (lost)", self.next_seq),
-                        )));
-                    }
-                    self.next_seq += 1;
-                    if let Some(ack) = msg.reply.clone() {
-                        // Best effort: a lost acknowledgement is repaired by the next.
-                        let _ = tokio::time::timeout(
-                            self.ack_timeout,
-                            self.nats.publish(ack, seq.to_string().into()),
-                        )
-                        .await;
-                    }
-                    return Some(Ok(LlmEvent::Chunk {
-                        seq,
-                        data: msg.payload,
-                    }));
-                }
-                Some(StreamEvent::End) => {
-                    self.done = true;
-                    let chunks = get(&hm, s::STREAM_CHUNKS)
-                        .and_then(|v| v.trim().parse().ok())
-                        .unwrap_or(0);
-                    if chunks != self.next_seq - 1 {
-                        return Some(Err(ClientError::new(
-                            ClientErrorKind::InvalidReply,
-                            format!("end says {chunks} chunks, {} arrived", self.next_seq - 1),
-                        )));
-                    }
-                    return Some(Ok(LlmEvent::End(StreamEnd {
-                        queue_time: ms_header(&hm, h::QUEUE_MS),
-                        inference_time: ms_header(&hm, h::INFERENCE_MS),
-                        ttft: ms_header(&hm, s::TTFT_MS),
-                        chunks,
-                        bytes: get(&hm, s::STREAM_BYTES)
-                            .and_then(|v| v.trim().parse().ok())
-                            .unwrap_or(0),
-                        joined: get(&hm, s::STREAM_OUTCOME).is_some_and(|v| v.trim() == "joined"),
-                    })));
-                }
-                // An error reply was handled above; unknown events (a newer adapter)
-                // are skipped.
-                Some(StreamEvent::Error) | None => {}
             }
         }
         None
+    }
+
+    /// Reads one message: its event, `None` for one to skip, or the error that ends
+    /// the stream.
+    async fn step(&mut self) -> Result<Option<LlmEvent>, ClientError> {
+        use futures::StreamExt;
+        use weir_protocol::llm::stream::{self as s, StreamEvent};
+        let msg = tokio::time::timeout_at(self.until, self.sub.next())
+            .await
+            .map_err(|_| ClientError::new(ClientErrorKind::TimedOut, "stream did not end in time"))?
+            .ok_or_else(|| ClientError::new(ClientErrorKind::Transport, "subscription closed"))?;
+        if msg.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
+            return Err(ClientError::new(
+                ClientErrorKind::NoResponders,
+                "no adapter is listening on the subject",
+            ));
+        }
+        check_error(&msg)?;
+        let hm = msg.headers.clone().unwrap_or_default();
+        let event = match get(&hm, s::STREAM_EVENT).and_then(StreamEvent::parse) {
+            Some(StreamEvent::Queued) => LlmEvent::Queued {
+                position: num_header(&hm, s::QUEUE_POSITION),
+                predicted_start: ms_header(&hm, s::PREDICTED_START_MS),
+            },
+            Some(StreamEvent::Started) => LlmEvent::Started {
+                queue_time: ms_header(&hm, h::QUEUE_MS),
+            },
+            Some(StreamEvent::Chunk) => {
+                let seq: u64 = num_header(&hm, s::STREAM_SEQ);
+                if seq != self.next_seq {
+                    return Err(ClientError::new(
+                        ClientErrorKind::InvalidReply,
+                        format!("chunk {seq} arrived, {} expected (lost)", self.next_seq),
+                    ));
+                }
+                self.next_seq += 1;
+                if let Some(ack) = msg.reply.clone() {
+                    // Best effort: a lost acknowledgement is repaired by the next.
+                    let _ = tokio::time::timeout(
+                        self.ack_timeout,
+                        self.nats.publish(ack, seq.to_string().into()),
+                    )
+                    .await;
+                }
+                LlmEvent::Chunk {
+                    seq,
+                    data: msg.payload,
+                }
+            }
+            Some(StreamEvent::End) => {
+                let chunks = num_header(&hm, s::STREAM_CHUNKS);
+                if chunks != self.next_seq - 1 {
+                    return Err(ClientError::new(
+                        ClientErrorKind::InvalidReply,
+                        format!("end says {chunks} chunks, {} arrived", self.next_seq - 1),
+                    ));
+                }
+                LlmEvent::End(StreamEnd {
+                    queue_time: ms_header(&hm, h::QUEUE_MS),
+                    inference_time: ms_header(&hm, h::INFERENCE_MS),
+                    ttft: ms_header(&hm, s::TTFT_MS),
+                    chunks,
+                    bytes: num_header(&hm, s::STREAM_BYTES),
+                    joined: get(&hm, s::STREAM_OUTCOME).is_some_and(|v| v.trim() == "joined"),
+                })
+            }
+            // An error reply was handled above; unknown events (a newer adapter) are
+            // skipped.
+            Some(StreamEvent::Error) | None => return Ok(None),
+        };
+        Ok(Some(event))
     }
 }
 
@@ -871,10 +860,7 @@ impl RequestBuilder<'_> {
     pub async fn stream(self) -> Result<LlmStream, ClientError> {
         use weir_protocol::llm::stream as s;
         let c = self.client;
-        let slot = match &self.session {
-            Some(s) => c.take_slot(s)?,
-            None => None,
-        };
+        let slot = c.take_slot(self.session.as_deref())?;
         let (mut headers, wait) = self.headers_and_wait();
         put(&mut headers, s::STREAM, "1");
         let inbox = c.nats.new_inbox();

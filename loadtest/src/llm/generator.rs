@@ -22,8 +22,8 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use weir_protocol::llm::headers;
 
-use crate::fleet::unix_ms;
-use crate::stats::{LatencyHistogram, Percentiles};
+use crate::stats::{LatencyHistogram, Percentiles, record, summary};
+use crate::timeliness::unix_ms;
 
 /// Extra time a caller waits after the deadline before giving up.
 pub const REPLY_MARGIN: Duration = Duration::from_millis(500);
@@ -66,37 +66,28 @@ impl GeneratorCounters {
 
     /// Caller-side latency of refusals (send → reply).
     pub fn refusal_ms(&self) -> Percentiles {
-        self.refusal_latency
-            .lock()
-            .map(|h| h.summary())
-            .unwrap_or_default()
+        summary(&self.refusal_latency)
     }
 
     /// Caller-side latency of completed requests.
     pub fn latency(&self) -> Percentiles {
-        self.latency.lock().map(|h| h.summary()).unwrap_or_default()
+        summary(&self.latency)
     }
 
     /// Caller-side time to the first token (streamed: send → first chunk; unary: send
     /// → the reply), completed requests.
     pub fn ttft(&self) -> Percentiles {
-        self.ttft.lock().map(|h| h.summary()).unwrap_or_default()
+        summary(&self.ttft)
     }
 
     /// Queue wait reported in reply headers (`Weir-Queue-Ms`).
     pub fn reply_queue_ms(&self) -> Percentiles {
-        self.reply_queue_ms
-            .lock()
-            .map(|h| h.summary())
-            .unwrap_or_default()
+        summary(&self.reply_queue_ms)
     }
 
     /// Inference time reported in reply headers (`Weir-Inference-Ms`).
     pub fn reply_inference_ms(&self) -> Percentiles {
-        self.reply_inference_ms
-            .lock()
-            .map(|h| h.summary())
-            .unwrap_or_default()
+        summary(&self.reply_inference_ms)
     }
 
     /// A reply with a result arrived `elapsed` after it was sent.
@@ -110,6 +101,19 @@ impl GeneratorCounters {
     fn refuse(&self, code: &str) {
         if let Ok(mut m) = self.refused.lock() {
             *m.entry(code.to_owned()).or_default() += 1;
+        }
+    }
+
+    /// A refusal with `code` arrived `elapsed` after the request was sent.
+    fn refused_after(&self, code: &str, elapsed: Duration) {
+        self.refuse(code);
+        record(&self.refusal_latency, elapsed);
+    }
+
+    /// A reply (any outcome) arrived `elapsed` after the request was sent.
+    fn answered(&self, elapsed: Duration, deadline: Duration) {
+        if elapsed > deadline {
+            self.answered_after_deadline.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -207,12 +211,7 @@ async fn one_stream(
     use futures::StreamExt;
     use weir_llm_adapter::client::{ClientErrorKind, LlmEvent};
     let sent = Instant::now();
-    let refused = |code: &str| {
-        counters.refuse(code);
-        if let Ok(mut l) = counters.refusal_latency.lock() {
-            l.record(sent.elapsed());
-        }
-    };
+    let refused = |code: &str| counters.refused_after(code, sent.elapsed());
     let failed = |kind: ClientErrorKind| match kind {
         ClientErrorKind::Server(code) => refused(code.as_str()),
         ClientErrorKind::TimedOut => {
@@ -239,11 +238,7 @@ async fn one_stream(
             Ok(LlmEvent::Chunk { .. }) if first.is_none() => first = Some(sent.elapsed()),
             Ok(LlmEvent::End(end)) => {
                 let elapsed = sent.elapsed();
-                if elapsed > deadline {
-                    counters
-                        .answered_after_deadline
-                        .fetch_add(1, Ordering::Relaxed);
-                }
+                counters.answered(elapsed, deadline);
                 counters.completed(elapsed, deadline);
                 for (hist, d) in [
                     (&counters.latency, Some(elapsed)),
@@ -251,8 +246,8 @@ async fn one_stream(
                     (&counters.reply_queue_ms, end.queue_time),
                     (&counters.reply_inference_ms, end.inference_time),
                 ] {
-                    if let (Some(d), Ok(mut h)) = (d, hist.lock()) {
-                        h.record(d);
+                    if let Some(d) = d {
+                        record(hist, d);
                     }
                 }
                 return;
@@ -302,26 +297,15 @@ async fn one_request(
                     .map(|v| v.as_str().to_owned())
             };
             let elapsed = sent.elapsed();
-            if elapsed > deadline {
-                counters
-                    .answered_after_deadline
-                    .fetch_add(1, Ordering::Relaxed);
-            }
+            counters.answered(elapsed, deadline);
             if let Some(code) =
                 get(headers::ERROR_CODE).or_else(|| get(headers::NATS_SERVICE_ERROR_CODE))
             {
-                counters.refuse(&code);
-                if let Ok(mut l) = counters.refusal_latency.lock() {
-                    l.record(elapsed);
-                }
-                return;
+                return counters.refused_after(&code, elapsed);
             }
             counters.completed(elapsed, deadline);
-            for hist in [&counters.latency, &counters.ttft] {
-                if let Ok(mut l) = hist.lock() {
-                    l.record(elapsed);
-                }
-            }
+            record(&counters.latency, elapsed);
+            record(&counters.ttft, elapsed);
             for (name, hist) in [
                 (headers::QUEUE_MS, &counters.reply_queue_ms),
                 (headers::INFERENCE_MS, &counters.reply_inference_ms),

@@ -33,8 +33,9 @@ use generator::{GeneratorConfig, GeneratorCounters};
 /// Request subject of the LLM front.
 pub const LLM_SUBJECT: &str = "weir.llm.generate";
 
-/// Shape of the simulated inference time around `LlmSettings::latency`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Shape of the simulated inference time around `LlmSettings::latency`
+/// (`--llm-latency-shape`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum LatencyShape {
     /// Uniform in 0.5–1.5 × the latency (mean = the latency).
     #[default]
@@ -42,6 +43,7 @@ pub enum LatencyShape {
     /// Always the latency.
     Fixed,
     /// Log-normal with the latency as median and 3 × it as p99.
+    #[value(name = "lognormal")]
     LogNormal,
 }
 
@@ -333,11 +335,10 @@ impl LlmRun {
             }
             Some(Front::Adapter(a)) => {
                 let s = a.stats();
-                let p = |x: &weir_llm_adapter::Percentiles| -> Percentiles { *x };
                 (
                     "weir-llm-adapter (bounded queue, fixed workers, deadlines)".to_owned(),
-                    p(&s.queue_wait_ms),
-                    p(&s.inference_ms),
+                    s.queue_wait_ms,
+                    s.inference_ms,
                     self.in_flight_max
                         .load(Ordering::Relaxed)
                         .max(s.queued_now + s.running_now),

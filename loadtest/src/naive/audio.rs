@@ -41,8 +41,8 @@ use weir_protocol::audio::extension::{PROTOCOL_VERSION, headers};
 use weir_protocol::audio::{Packet, PacketBody};
 use weir_protocol::{StreamId, SubjectTemplate, partition_of};
 
-use crate::fleet::unix_ms;
-use crate::stats::LatencyHistogram;
+use crate::stats::{LatencyHistogram, record, summary};
+use crate::timeliness::unix_ms;
 
 /// Settings of the naive ingress.
 #[derive(Debug, Clone)]
@@ -251,9 +251,7 @@ fn spawn_publish(
             }
             _ => Err(()),
         };
-        if let Ok(mut hist) = state.queue_wait.lock() {
-            hist.record(pending.since.elapsed());
-        }
+        record(&state.queue_wait, pending.since.elapsed());
         match result {
             Ok(()) => {
                 if is_frame {
@@ -282,11 +280,7 @@ async fn stats(State(state): State<Arc<NaiveState>>) -> Response {
                 .map(|t| t.elapsed().as_secs_f64() * 1000.0)
         })
         .unwrap_or(0.0);
-    let queue_wait = state
-        .queue_wait
-        .lock()
-        .map(|h| h.summary())
-        .unwrap_or_default();
+    let queue_wait = summary(&state.queue_wait);
     let active = state.active.lock().map(|a| a.len()).unwrap_or(0);
     let body = serde_json::json!({
         "design": "naive",

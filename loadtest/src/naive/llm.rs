@@ -24,8 +24,8 @@ use tokio::time::Instant;
 use weir_llm_adapter::backend::{Backend, BackendRequest};
 use weir_protocol::llm::headers;
 
-use crate::fleet::unix_ms;
-use crate::stats::{LatencyHistogram, Percentiles};
+use crate::stats::{LatencyHistogram, Percentiles, record, summary};
+use crate::timeliness::unix_ms;
 
 /// Counters of the naive front.
 #[derive(Debug, Default)]
@@ -49,18 +49,12 @@ pub struct NaiveLlmStats {
 impl NaiveLlmStats {
     /// Queue wait (received → inference started).
     pub fn queue_wait(&self) -> Percentiles {
-        self.queue_wait
-            .lock()
-            .map(|h| h.summary())
-            .unwrap_or_default()
+        summary(&self.queue_wait)
     }
 
     /// Inference time.
     pub fn inference(&self) -> Percentiles {
-        self.inference
-            .lock()
-            .map(|h| h.summary())
-            .unwrap_or_default()
+        summary(&self.inference)
     }
 }
 
@@ -142,9 +136,7 @@ impl NaiveLlmFront {
                         return;
                     };
                     let started = Instant::now();
-                    if let Ok(mut h) = s.queue_wait.lock() {
-                        h.record(started - received);
-                    }
+                    record(&s.queue_wait, started - received);
                     if deadline.is_some_and(|d| started >= d) {
                         s.started_after_deadline.fetch_add(1, Ordering::Relaxed);
                     }
@@ -159,9 +151,7 @@ impl NaiveLlmFront {
                         })
                         .await;
                     let inference = started.elapsed();
-                    if let Ok(mut h) = s.inference.lock() {
-                        h.record(inference);
-                    }
+                    record(&s.inference, inference);
                     let Some(reply) = msg.reply else { return };
                     let mut h = async_nats::HeaderMap::new();
                     h.insert(

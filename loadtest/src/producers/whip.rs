@@ -54,20 +54,8 @@ impl Producer {
         frame_index: &mut u64,
     ) -> ConnectionEnd {
         let counters = &self.counters;
-        let refused = |status: u16, retry_after: Option<&str>| {
-            counters.refused.fetch_add(1, Ordering::Relaxed);
-            counters.count_refusal(status);
-            let hint = retry_after
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map_or(Duration::ZERO, Duration::from_secs);
-            ConnectionEnd::Retry(self.backoff(hint))
-        };
-        let failed = || {
-            counters.connect_errors.fetch_add(1, Ordering::Relaxed);
-            ConnectionEnd::Retry(self.backoff(Duration::ZERO))
-        };
         let Ok(offer) = Offer::new(std::net::SocketAddr::from(([127, 0, 0, 1], 0))).await else {
-            return failed();
+            return self.connect_failed();
         };
         let base = format!("http://{}", self.config.ws_addr);
         let post = self
@@ -85,7 +73,7 @@ impl Producer {
                     .map(str::to_owned);
                 match (location, r.text().await) {
                     (Some(l), Ok(body)) => (l, body),
-                    _ => return failed(),
+                    _ => return self.connect_failed(),
                 }
             }
             Ok(Ok(r)) => {
@@ -94,18 +82,18 @@ impl Producer {
                     .get("retry-after")
                     .and_then(|v| v.to_str().ok())
                     .map(str::to_owned);
-                return refused(r.status().as_u16(), hint.as_deref());
+                return self.refused(r.status().as_u16(), hint.as_deref());
             }
-            _ => return failed(),
+            _ => return self.connect_failed(),
         };
         let Ok(mut client) = offer.answered(&answer) else {
-            return failed();
+            return self.connect_failed();
         };
         let connect_by = Instant::now() + CONNECT_TIMEOUT;
         loop {
             match client.next_event(connect_by).await {
                 Some(ClientEvent::Connected) => break,
-                Some(ClientEvent::Closed) | None => return failed(),
+                Some(ClientEvent::Closed) | None => return self.connect_failed(),
                 Some(_) => {}
             }
         }
@@ -139,12 +127,7 @@ impl Producer {
                 next += FRAME_DURATION * behind as u32;
             }
         }
-        let ended_at = Instant::now().min(self.stop_at);
-        let expected = (ended_at.saturating_duration_since(began).as_micros()
-            / FRAME_DURATION.as_micros()) as u64;
-        counters
-            .ticks_missed
-            .fetch_add(expected.saturating_sub(sent_here), Ordering::Relaxed);
+        self.count_missed(began, sent_here);
 
         if server_done {
             counters.ended_by_server.fetch_add(1, Ordering::Relaxed);
@@ -181,26 +164,10 @@ impl Producer {
 
     /// Counts one session event: (the server ended the stream, it was `closed`).
     fn whip_event(&self, ev: ClientEvent) -> (bool, bool) {
-        let c = &self.counters;
         match ev {
-            ClientEvent::Message(v) => match v.get("type").and_then(|t| t.as_str()) {
-                Some("overload") => {
-                    c.overload_events.fetch_add(1, Ordering::Relaxed);
-                    (true, false)
-                }
-                Some("gap") => {
-                    c.gap_events.fetch_add(1, Ordering::Relaxed);
-                    (false, false)
-                }
-                Some("closed") => {
-                    c.closed_events.fetch_add(1, Ordering::Relaxed);
-                    let n = |k: &str| v.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
-                    c.server_reported_published
-                        .fetch_add(n("frames_published"), Ordering::Relaxed);
-                    c.server_reported_dropped
-                        .fetch_add(n("frames_dropped"), Ordering::Relaxed);
-                    (true, true)
-                }
+            ClientEvent::Message(v) => match self.counters.count_event(&v) {
+                Some("overload") => (true, false),
+                Some("closed") => (true, true),
                 _ => (false, false),
             },
             ClientEvent::Closed => (true, false),

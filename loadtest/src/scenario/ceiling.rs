@@ -140,11 +140,7 @@ pub async fn run(
             out = run_one(env, &plan, n, design).await?;
             why = judge(&out.report);
         }
-        verdict.steps.push(CeilingStep {
-            streams: n,
-            sustainable: why.is_empty(),
-            limited_by: why.clone(),
-        });
+        verdict.steps.push(CeilingStep::new(n, why.clone()));
         outputs.push(out);
         if why.is_empty() {
             best = Some(best.map_or(n, |b| b.max(n)));
@@ -162,11 +158,7 @@ pub async fn run(
         if why.is_empty() {
             best = Some(good.max(mid));
         }
-        verdict.steps.push(CeilingStep {
-            streams: mid,
-            sustainable: why.is_empty(),
-            limited_by: why,
-        });
+        verdict.steps.push(CeilingStep::new(mid, why));
         outputs.push(out);
     }
     match &failed {

@@ -41,15 +41,15 @@ use weir_protocol::audio::Packet;
 use weir_protocol::fnv1a_32;
 use weir_testkit::NatsCluster;
 
-use crate::ingress::{Design, cpu_time, machine_busy};
+use crate::ingress::{cpu_time, machine_busy};
 use crate::lease_audit::{self, FrameAuditor, Instance};
-use crate::lease_worker::unix_ms;
+use crate::lease_worker::connect_options;
 use crate::report::{
-    ConsumerReport, CpuReport, FailoverCpu, FailoverReport, FaultReport, IngressReport,
-    ProducerReport, RunReport,
+    CpuReport, FailoverCpu, FailoverReport, FaultReport, ProducerReport, RunReport,
 };
 use crate::scenario::Scenario;
-use crate::scenario::run::RunOutput;
+use crate::scenario::run::{RunOutput, TempDir, blocking};
+use crate::timeliness::unix_ms;
 
 /// When the victim is killed, after the producers started.
 pub const FAULT_AT: Duration = Duration::from_secs(3);
@@ -64,6 +64,8 @@ pub const MIN_AFTER_RESTART: Duration = Duration::from_secs(3);
 pub const NODES: usize = 3;
 /// The lease bucket (its stream is `KV_<bucket>`).
 pub const BUCKET: &str = "weir_leases";
+/// The bucket's stream, `KV_<bucket>`.
+const KV_STREAM: &str = "KV_weir_leases";
 /// Longest wait for the initial spread.
 pub const SPREAD_WAIT: Duration = Duration::from_secs(30);
 /// Longest drain after the producers stopped.
@@ -104,7 +106,7 @@ pub fn plan(
     let victim = match scenario {
         Scenario::WorkerFailover => Victim::Worker,
         Scenario::NodeFailover => Victim::Node,
-        s => return Err(format!("{} is not a failover scenario", s.name())),
+        s => return Err(format!("{} is not a failover scenario", s.as_str())),
     };
     let down = pause.unwrap_or(DEFAULT_DOWN);
     let needed = FAULT_AT + down + MIN_AFTER_RESTART;
@@ -115,7 +117,7 @@ pub fn plan(
              down --pause {:.1} s, and at least {} s follow the restart; use --duration {:.0} \
              or more",
             duration.as_secs_f64(),
-            scenario.name(),
+            scenario.as_str(),
             FAULT_AT.as_secs(),
             down.as_secs_f64(),
             MIN_AFTER_RESTART.as_secs(),
@@ -148,25 +150,6 @@ pub struct FailoverEnv {
     /// Copy the workers' logs (frames, leases, stderr) into this directory at the end
     /// (`--keep-logs`): the raw evidence behind the audit.
     pub keep_logs: Option<PathBuf>,
-}
-
-/// The run's directory of logs, removed on drop.
-struct LogDir(PathBuf);
-
-impl LogDir {
-    fn create() -> Result<Self, String> {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("weir-failover-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        Ok(Self(dir))
-    }
-}
-
-impl Drop for LogDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// One worker process life.
@@ -280,12 +263,6 @@ fn frames_bytes(workers: &[WorkerProc]) -> u64 {
         .sum()
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| format!("blocking task failed: {e}"))
-}
-
 /// The producers' streams: (id, subject).
 fn streams_of(n: usize, partitions: u32) -> Vec<(String, String)> {
     (0..n)
@@ -329,26 +306,31 @@ async fn produce(
         let Ok(payload) = Packet::frame(seq, pcm.clone()).encode() else {
             break;
         };
-        for (_, subject) in &streams {
-            let _ = tokio::time::timeout(
-                Duration::from_secs(1),
-                client.publish(subject.clone(), payload.clone()),
-            )
-            .await;
-        }
+        publish_all(&client, &streams, &payload).await;
         sent.fetch_add(streams.len() as u64, Ordering::Relaxed);
     }
     if let Ok(end) = Packet::end(seq + 1).encode() {
-        for (_, subject) in &streams {
-            let _ = tokio::time::timeout(
-                Duration::from_secs(1),
-                client.publish(subject.clone(), end.clone()),
-            )
-            .await;
-        }
+        publish_all(&client, &streams, &end).await;
     }
     let _ = tokio::time::timeout(Duration::from_secs(2), client.flush()).await;
     seq
+}
+
+/// Runs `f` on the cluster off the runtime's worker threads (its calls block).
+async fn on_cluster<T: Send + 'static>(
+    cluster: &Arc<NatsCluster>,
+    f: impl FnOnce(&NatsCluster) -> T + Send + 'static,
+) -> Result<T, String> {
+    let cluster = cluster.clone();
+    blocking(move || f(&cluster)).await
+}
+
+/// Publishes `payload` to every stream, each publish bounded by 1 s.
+async fn publish_all(client: &async_nats::Client, streams: &[(String, String)], payload: &Bytes) {
+    for (_, subject) in streams {
+        let publish = client.publish(subject.clone(), payload.clone());
+        let _ = tokio::time::timeout(Duration::from_secs(1), publish).await;
+    }
 }
 
 fn loadavg_1m() -> Option<f64> {
@@ -360,21 +342,13 @@ fn loadavg_1m() -> Option<f64> {
         .ok()
 }
 
-fn connect_options() -> async_nats::ConnectOptions {
-    async_nats::ConnectOptions::new()
-        .connection_timeout(Duration::from_millis(500))
-        .ping_interval(Duration::from_secs(1))
-        .retain_servers_order()
-        .reconnect_delay_callback(|attempt| Duration::from_millis(50 * attempt.min(10) as u64))
-}
-
 /// Runs one failover scenario with `streams` streams.
 pub async fn run(
     env: &FailoverEnv,
     plan: &FailoverPlan,
     streams: usize,
 ) -> Result<RunOutput, String> {
-    let label = format!("{} {streams}", plan.scenario.name());
+    let label = format!("{} {streams}", plan.scenario.as_str());
     if env.workers < 2 {
         return Err(format!(
             "{label}: --workers must be at least 2 (one is killed)"
@@ -391,7 +365,7 @@ pub async fn run(
             .map_err(|e| format!("cannot start a {NODES}-node nats-server cluster: {e}"))?,
     );
     let urls = cluster.urls();
-    let dir = LogDir::create()?;
+    let dir = TempDir::create("weir-failover")?;
 
     // 2. The workers, and the initial spread.
     let mut workers = Vec::new();
@@ -431,17 +405,14 @@ pub async fn run(
     // The node to kill (node-failover) is the bucket's leader; the producers connect
     // to the other nodes, so that the run measures the leases, not a producer's
     // reconnect (issue 13, item 3 measures that).
-    let kv_stream = format!("KV_{BUCKET}");
     let planned_node = match plan.victim {
-        Victim::Node => {
-            let c = cluster.clone();
-            let s = kv_stream.clone();
-            Some(
-                blocking(move || c.wait_stream_leader(&s, Duration::from_secs(10)))
-                    .await?
-                    .map_err(|e| format!("{label}: {e}"))?,
-            )
-        }
+        Victim::Node => Some(
+            on_cluster(&cluster, |c| {
+                c.wait_stream_leader(KV_STREAM, Duration::from_secs(10))
+            })
+            .await?
+            .map_err(|e| format!("{label}: {e}"))?,
+        ),
         Victim::Worker => None,
     };
     let producer_urls: Vec<async_nats::ServerAddr> = (0..urls.len())
@@ -522,9 +493,7 @@ pub async fn run(
                     workers[0].kill().await;
                 }
                 Victim::Node => {
-                    let c = cluster.clone();
-                    let s = kv_stream.clone();
-                    let leader = blocking(move || c.stream_leader(&s)).await?;
+                    let leader = on_cluster(&cluster, |c| c.stream_leader(KV_STREAM)).await?;
                     let node = planned_node.unwrap_or(0);
                     victim_led_kv = Some(leader == Some(node));
                     if leader != Some(node) {
@@ -540,8 +509,7 @@ pub async fn run(
                         .unwrap_or_default()
                         .saturating_sub(nats0[node]);
                     kill_ms = unix_ms();
-                    let c = cluster.clone();
-                    blocking(move || c.kill(node))
+                    on_cluster(&cluster, move |c| c.kill(node))
                         .await?
                         .map_err(|e| format!("{label}: cannot kill node {node}: {e}"))?;
                     killed_node = Some(node);
@@ -557,11 +525,10 @@ pub async fn run(
                     workers.push(spawn_worker(env, &dir.0, 0, 1, &urls)?);
                 }
                 Victim::Node => {
-                    if let Some(node) = killed_node {
-                        let c = cluster.clone();
-                        if let Err(e) = blocking(move || c.restart(node)).await? {
-                            notes.push(format!("node {node} did not restart: {e}"));
-                        }
+                    if let Some(node) = killed_node
+                        && let Err(e) = on_cluster(&cluster, move |c| c.restart(node)).await?
+                    {
+                        notes.push(format!("node {node} did not restart: {e}"));
                     }
                 }
             }
@@ -717,10 +684,8 @@ pub async fn run(
             .into(),
     );
     let run = RunReport {
-        scenario: plan.scenario.name().to_owned(),
+        scenario: plan.scenario.as_str().to_owned(),
         streams,
-        design: Design::Bounded,
-        transport: crate::producers::Transport::Ws,
         duration_s: plan.duration.as_secs_f64(),
         wall_s,
         fault: Some(FaultReport {
@@ -731,9 +696,6 @@ pub async fn run(
             at_s: report.killed_at_s,
             duration_s: plan.down.as_secs_f64(),
         }),
-        ingress: IngressReport::default(),
-        frames: Default::default(),
-        consumer: ConsumerReport::default(),
         producers: ProducerReport {
             nominal_frames: streams as u64 * u64::from(env.fps) * plan.duration.as_secs(),
             frames_sent: sent.load(Ordering::Relaxed),
@@ -747,10 +709,9 @@ pub async fn run(
             wall_s,
             ..CpuReport::default()
         },
-        max_streams: None,
-        ceiling: None,
         failover: Some(report),
         notes,
+        ..RunReport::default()
     };
     Ok(RunOutput {
         report: run,
@@ -820,6 +781,11 @@ fn tail(s: &str, n: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_kv_stream_is_the_buckets() {
+        assert_eq!(KV_STREAM, format!("KV_{BUCKET}"));
+    }
 
     #[test]
     fn plans_leave_room_for_the_restart() {

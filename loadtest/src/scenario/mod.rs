@@ -39,52 +39,37 @@ pub const DEFAULT_RESTART_DOWN: Duration = Duration::from_secs(2);
 /// Share of producers that vanish in `no-end`.
 pub const NO_END_SHARE: f64 = 0.5;
 
-/// A scenario (the first argument).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Scenario {
-    /// N streams at the real cadence, nothing injected.
-    Steady,
-    /// nats-server stopped (SIGSTOP) for --pause seconds mid-run.
-    NatsPause,
-    /// Recognisers and the LLM backend stall for --pause seconds.
-    BackendPause,
-    /// nats-server killed and restarted on the same port after --pause seconds.
-    NatsRestart,
-    /// Half the producers vanish without `end`.
-    NoEnd,
-    /// LLM requests offered at k × the backend's capacity, with deadlines.
-    LlmOverload,
-    /// Ramp streams until p99 queue wait exceeds one frame or overloads appear.
-    Ceiling,
-    /// Lease workers on a 3-node cluster; one worker process SIGKILLed, restarted.
-    WorkerFailover,
-    /// Lease workers on a 3-node cluster; the KV leader node SIGKILLed, restarted.
-    NodeFailover,
-    /// Every scenario above except ceiling and the two failovers.
-    All,
-    /// The demo: steady and nats-pause, short runs, both designs.
-    Showcase,
+weir_protocol::wire_names! {
+    /// A scenario (the first argument).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum, Serialize)]
+    #[serde(rename_all = "kebab-case")]
+    pub enum Scenario {
+        /// N streams at the real cadence, nothing injected.
+        Steady = "steady",
+        /// nats-server stopped (SIGSTOP) for --pause seconds mid-run.
+        NatsPause = "nats-pause",
+        /// Recognisers and the LLM backend stall for --pause seconds.
+        BackendPause = "backend-pause",
+        /// nats-server killed and restarted on the same port after --pause seconds.
+        NatsRestart = "nats-restart",
+        /// Half the producers vanish without `end`.
+        NoEnd = "no-end",
+        /// LLM requests offered at k × the backend's capacity, with deadlines.
+        LlmOverload = "llm-overload",
+        /// Ramp streams until p99 queue wait exceeds one frame or overloads appear.
+        Ceiling = "ceiling",
+        /// Lease workers on a 3-node cluster; one worker process SIGKILLed, restarted.
+        WorkerFailover = "worker-failover",
+        /// Lease workers on a 3-node cluster; the KV leader node SIGKILLed, restarted.
+        NodeFailover = "node-failover",
+        /// Every scenario above except ceiling and the two failovers.
+        All = "all",
+        /// The demo: steady and nats-pause, short runs, both designs.
+        Showcase = "showcase",
+    }
 }
 
 impl Scenario {
-    /// The name on the command line and in reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Steady => "steady",
-            Self::NatsPause => "nats-pause",
-            Self::BackendPause => "backend-pause",
-            Self::NatsRestart => "nats-restart",
-            Self::NoEnd => "no-end",
-            Self::LlmOverload => "llm-overload",
-            Self::Ceiling => "ceiling",
-            Self::WorkerFailover => "worker-failover",
-            Self::NodeFailover => "node-failover",
-            Self::All => "all",
-            Self::Showcase => "showcase",
-        }
-    }
-
     /// Whether the scenario runs lease workers on a cluster ([`failover`]).
     pub fn is_failover(self) -> bool {
         matches!(self, Self::WorkerFailover | Self::NodeFailover)
@@ -107,28 +92,21 @@ impl Scenario {
     }
 }
 
-/// What a fault does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FaultKind {
-    /// SIGSTOP then SIGCONT the nats-server.
-    NatsPause,
-    /// SIGKILL the nats-server, start it again on the same port.
-    NatsRestart,
-    /// Pause the recognisers and the LLM backend.
-    BackendPause,
+weir_protocol::wire_names! {
+    /// What a fault does.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum FaultKind {
+        /// SIGSTOP then SIGCONT the nats-server.
+        NatsPause = "nats_pause",
+        /// SIGKILL the nats-server, start it again on the same port.
+        NatsRestart = "nats_restart",
+        /// Pause the recognisers and the LLM backend.
+        BackendPause = "backend_pause",
+    }
 }
 
 impl FaultKind {
-    /// Report name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::NatsPause => "nats_pause",
-            Self::NatsRestart => "nats_restart",
-            Self::BackendPause => "backend_pause",
-        }
-    }
-
     /// Whether the fault needs control of the nats-server process.
     pub fn needs_embedded_server(self) -> bool {
         matches!(self, Self::NatsPause | Self::NatsRestart)
@@ -181,7 +159,7 @@ pub fn plan(
     let faulted = |kind: FaultKind, default_len: Duration| -> Result<Plan, String> {
         let length = pause.unwrap_or(default_len);
         if length.is_zero() {
-            return Err(format!("--pause must be above 0 for {}", scenario.name()));
+            return Err(format!("--pause must be above 0 for {}", scenario.as_str()));
         }
         let needed = FAULT_AT + length + RECOVERY;
         let duration = duration.unwrap_or(needed);
@@ -190,7 +168,7 @@ pub fn plan(
                 "--duration {:.1} s is too short for {}: the fault starts at {} s and lasts \
                  --pause {:.1} s, and {} s of recovery follow; use --duration {:.0} or more",
                 duration.as_secs_f64(),
-                scenario.name(),
+                scenario.as_str(),
                 FAULT_AT.as_secs(),
                 length.as_secs_f64(),
                 RECOVERY.as_secs(),
@@ -236,11 +214,11 @@ pub fn plan(
         Scenario::LlmOverload => plain(0.0, Some(LlmLoad { factor: llm_factor })),
         Scenario::All | Scenario::Showcase => Err(format!(
             "{} is a selection, not a scenario",
-            scenario.name()
+            scenario.as_str()
         )),
         Scenario::WorkerFailover | Scenario::NodeFailover => Err(format!(
             "{} is planned by scenario::failover::plan",
-            scenario.name()
+            scenario.as_str()
         )),
     }
 }

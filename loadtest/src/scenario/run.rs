@@ -118,15 +118,16 @@ pub struct RunOutput {
     pub samples: Vec<Sample>,
 }
 
-/// The directory of a run's config file, removed on drop (also when the run is
-/// interrupted).
-struct TempDir(PathBuf);
+/// A run's scratch directory (its config file, a failover run's worker logs), removed
+/// on drop (also when the run is interrupted).
+pub(crate) struct TempDir(pub(crate) PathBuf);
 
 impl TempDir {
-    fn create() -> Result<Self, String> {
+    /// A new directory `<tmp>/<prefix>-<pid>-<n>`.
+    pub(crate) fn create(prefix: &str) -> Result<Self, String> {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("weir-loadtest-{}-{n}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("{prefix}-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         Ok(Self(dir))
     }
@@ -160,7 +161,10 @@ impl Nats {
     }
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
+/// Runs blocking `f` (the testkit's servers) off the runtime's worker threads.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, String> {
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| format!("blocking task failed: {e}"))
@@ -201,58 +205,45 @@ fn launch(
     streams: usize,
     config_dir: &std::path::Path,
 ) -> Result<Launch, String> {
-    let common = |args: &mut Vec<String>| {
-        args.extend(
-            [
-                "--nats-url",
-                nats_url,
-                "--listen",
-                "127.0.0.1:0",
-                "--admin",
-                "127.0.0.1:0",
-            ]
-            .map(String::from),
-        );
-    };
-    let env_vars = vec![("RUST_LOG".to_owned(), "warn".to_owned())];
-    match design {
+    let (program, mut args) = match design {
         Design::Bounded => {
             let program = env.ingress_bin.clone()?;
             let path = config_dir.join("audio-ingress.toml");
             std::fs::write(&path, bounded_config(env, streams))
                 .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-            let mut args = vec![
-                "serve".to_owned(),
-                "--config".to_owned(),
-                path.display().to_string(),
-            ];
-            common(&mut args);
+            let config = path.display().to_string();
+            let mut args: Vec<String> = ["serve", "--config", &config].map(String::from).to_vec();
             for kv in &env.ingress_set {
-                args.push("--set".to_owned());
-                args.push(kv.clone());
+                args.extend(["--set".to_owned(), kv.clone()]);
             }
-            Ok(Launch {
-                program,
-                args,
-                env: env_vars,
-            })
+            (program, args)
         }
         Design::Naive => {
-            let mut args = vec!["naive-ingress".to_owned()];
-            common(&mut args);
-            args.extend([
-                "--subject".to_owned(),
-                SUBJECT_TEMPLATE.to_owned(),
-                "--partitions".to_owned(),
-                env.partitions.to_string(),
-            ]);
-            Ok(Launch {
-                program: env.self_exe.clone(),
-                args,
-                env: env_vars,
-            })
+            let partitions = env.partitions.to_string();
+            let args = [
+                "naive-ingress",
+                "--subject",
+                SUBJECT_TEMPLATE,
+                "--partitions",
+                &partitions,
+            ];
+            (env.self_exe.clone(), args.map(String::from).to_vec())
         }
-    }
+    };
+    let common = [
+        "--nats-url",
+        nats_url,
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+    ];
+    args.extend(common.map(String::from));
+    Ok(Launch {
+        program,
+        args,
+        env: vec![("RUST_LOG".to_owned(), "warn".to_owned())],
+    })
 }
 
 /// Runs one (plan, streams, design).
@@ -263,8 +254,8 @@ pub async fn run_one(
     design: Design,
 ) -> Result<RunOutput, String> {
     let label = match env.transport {
-        Transport::Ws => format!("{} {} {}", plan.scenario.name(), streams, design),
-        Transport::Whip => format!("{} {} {} whip", plan.scenario.name(), streams, design),
+        Transport::Ws => format!("{} {} {}", plan.scenario.as_str(), streams, design),
+        Transport::Whip => format!("{} {} {} whip", plan.scenario.as_str(), streams, design),
     };
     if !env.wait_quiet.is_zero() {
         let busy = wait_quiet(env.wait_quiet).await;
@@ -281,7 +272,7 @@ pub async fn run_one(
                 return Err(format!(
                     "{} needs to stop and restart nats-server, which is only possible with the \
                      server the load test starts itself: drop --nats-url",
-                    plan.scenario.name()
+                    plan.scenario.as_str()
                 ));
             }
             Nats::External(url.clone())
@@ -319,7 +310,7 @@ pub async fn run_one(
     );
 
     // 3. Ingress.
-    let config_dir = TempDir::create()?;
+    let config_dir = TempDir::create("weir-loadtest")?;
     let ingress = Arc::new(
         IngressProcess::spawn(&launch(env, design, &nats_url, streams, &config_dir.0)?)
             .await
@@ -612,7 +603,7 @@ pub async fn run_one(
     let mut consumer = ConsumerReport::from(&fleet_snapshot);
     consumer.latency_window_p99_max_ms = series.latency_window_p99_max_ms;
     let report = RunReport {
-        scenario: plan.scenario.name().to_owned(),
+        scenario: plan.scenario.as_str().to_owned(),
         streams,
         design,
         transport: env.transport,
@@ -665,10 +656,8 @@ pub async fn run_one(
             .max(0.0),
             wall_s: cpu_wall.as_secs_f64(),
         },
-        max_streams: None,
-        ceiling: None,
-        failover: None,
         notes,
+        ..RunReport::default()
     };
     Ok(RunOutput { report, samples })
 }

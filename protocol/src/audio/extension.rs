@@ -37,48 +37,30 @@ pub mod headers {
     pub const POSSIBLY_LOST: &str = "Weir-Possibly-Lost";
 }
 
-/// Why a stream ended, carried on the `end` packet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EndReason {
-    /// The producer finished the stream.
-    Producer,
-    /// The ingress ended the stream because it could not keep within its budget.
-    Overload,
-    /// The ingress is shutting down.
-    Shutdown,
-    /// The producer disappeared without ending the stream (socket dropped).
-    ProducerGone,
-    /// The producer was silent for longer than the idle timeout.
-    Idle,
-    /// An internal error ended the stream.
-    Error,
+crate::wire_names! {
+    /// Why a stream ended, carried on the `end` packet.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum EndReason {
+        /// The producer finished the stream.
+        Producer = "producer",
+        /// The ingress ended the stream because it could not keep within its budget.
+        Overload = "overload",
+        /// The ingress is shutting down.
+        Shutdown = "shutdown",
+        /// The producer disappeared without ending the stream (socket dropped).
+        ProducerGone = "producer_gone",
+        /// The producer was silent for longer than the idle timeout.
+        Idle = "idle",
+        /// An internal error ended the stream.
+        Error = "error",
+    }
 }
 
 impl EndReason {
-    /// The header value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Producer => "producer",
-            Self::Overload => "overload",
-            Self::Shutdown => "shutdown",
-            Self::ProducerGone => "producer_gone",
-            Self::Idle => "idle",
-            Self::Error => "error",
-        }
-    }
-
     /// Parses a header value; `None` for unknown values.
     pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "producer" => Self::Producer,
-            "overload" => Self::Overload,
-            "shutdown" => Self::Shutdown,
-            "producer_gone" => Self::ProducerGone,
-            "idle" => Self::Idle,
-            "error" => Self::Error,
-            _ => return None,
-        })
+        Self::ALL.into_iter().find(|r| r.as_str() == s)
     }
 }
 
@@ -161,24 +143,16 @@ pub struct PossibleLoss {
     pub reason: PossibleLossReason,
 }
 
-/// Why packets are possibly lost.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PossibleLossReason {
-    /// The connection dropped (reconnect) before the server confirmed them.
-    UnconfirmedAtDisconnect,
-    /// A reason this version does not know.
-    #[serde(other)]
-    Other,
-}
-
-impl PossibleLossReason {
-    /// The wire name (also the drop-reason label).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::UnconfirmedAtDisconnect => "unconfirmed_at_disconnect",
-            Self::Other => "other",
-        }
+crate::wire_names! {
+    /// Why packets are possibly lost.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum PossibleLossReason {
+        /// The connection dropped (reconnect) before the server confirmed them.
+        UnconfirmedAtDisconnect = "unconfirmed_at_disconnect",
+        /// A reason this version does not know.
+        #[serde(other)]
+        Other = "other",
     }
 }
 

@@ -70,34 +70,23 @@ impl Default for AudioFormat {
     }
 }
 
-/// Why frames are missing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum GapReason {
-    /// The producer's queue was full (bytes bound); the oldest frames were dropped.
-    QueueFull,
-    /// Frames outlived the age bound before they could be published.
-    MaxAge,
-    /// Publishing to NATS failed or timed out.
-    PublishFailed,
-    /// The producer sent audio faster than its rate bound (`max_rate` × real time
-    /// beyond the burst); the frames over it were dropped.
-    Rate,
-    /// A reason this version does not know (sent by a newer producer).
-    #[serde(other)]
-    Other,
-}
-
-impl GapReason {
-    /// The wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::QueueFull => "queue_full",
-            Self::MaxAge => "max_age",
-            Self::PublishFailed => "publish_failed",
-            Self::Rate => "rate",
-            Self::Other => "other",
-        }
+crate::wire_names! {
+    /// Why frames are missing.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum GapReason {
+        /// The producer's queue was full (bytes bound); the oldest frames were dropped.
+        QueueFull = "queue_full",
+        /// Frames outlived the age bound before they could be published.
+        MaxAge = "max_age",
+        /// Publishing to NATS failed or timed out.
+        PublishFailed = "publish_failed",
+        /// The producer sent audio faster than its rate bound (`max_rate` × real time
+        /// beyond the burst); the frames over it were dropped.
+        Rate = "rate",
+        /// A reason this version does not know (sent by a newer producer).
+        #[serde(other)]
+        Other = "other",
     }
 }
 
@@ -157,37 +146,30 @@ pub struct Packet {
 }
 
 impl Packet {
-    /// A frame in the deployed format.
-    pub fn frame(seq: u64, pcm: Bytes) -> Self {
+    /// A packet in the deployed format, without session id or capture time.
+    fn deployed(seq: u64, body: PacketBody) -> Self {
         Self {
             seq,
             format: AudioFormat::DEPLOYED,
             session_id: None,
             captured_at_ms: None,
-            body: PacketBody::Frame { pcm },
+            body,
         }
+    }
+
+    /// A frame in the deployed format.
+    pub fn frame(seq: u64, pcm: Bytes) -> Self {
+        Self::deployed(seq, PacketBody::Frame { pcm })
     }
 
     /// An end packet in the deployed format.
     pub fn end(seq: u64) -> Self {
-        Self {
-            seq,
-            format: AudioFormat::DEPLOYED,
-            session_id: None,
-            captured_at_ms: None,
-            body: PacketBody::End,
-        }
+        Self::deployed(seq, PacketBody::End)
     }
 
     /// A gap packet; its `seq` is `gap.last_seq`.
     pub fn gap(gap: Gap) -> Self {
-        Self {
-            seq: gap.last_seq,
-            format: AudioFormat::DEPLOYED,
-            session_id: None,
-            captured_at_ms: None,
-            body: PacketBody::Gap(gap),
-        }
+        Self::deployed(gap.last_seq, PacketBody::Gap(gap))
     }
 
     /// Sets the session id.
@@ -448,64 +430,42 @@ impl Default for DecodeOptions {
     }
 }
 
-/// Machine-readable reason a packet was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DecodeErrorKind {
-    /// Fewer than 4 bytes: no length prefix.
-    Truncated,
-    /// The length prefix points past the end of the payload.
-    MetaLengthOutOfRange,
-    /// The meta is larger than allowed.
-    MetaTooLarge,
-    /// The meta is not UTF-8.
-    InvalidUtf8,
-    /// The meta is not a JSON object, or a field has the wrong JSON type.
-    InvalidJson,
-    /// A required field is missing.
-    MissingField,
-    /// `type` is not `frame`, `end` or `gap`.
-    UnknownType,
-    /// `seq` is 0.
-    InvalidSeq,
-    /// `sample_rate` is not the expected one.
-    UnsupportedSampleRate,
-    /// `sample_width` is not the expected one.
-    UnsupportedSampleWidth,
-    /// `channels` is not the expected one.
-    UnsupportedChannels,
-    /// The PCM length is not a multiple of the sample size.
-    PartialSample,
-    /// The PCM is larger than allowed.
-    PcmTooLarge,
-    /// An `end` or `gap` packet carries PCM.
-    UnexpectedPcm,
-    /// The gap fields are inconsistent.
-    InvalidGap,
-    /// `session_id` is longer than allowed.
-    SessionIdTooLong,
-}
-
-impl DecodeErrorKind {
-    /// A stable snake_case name (for logs, metrics labels and JSON).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Truncated => "truncated",
-            Self::MetaLengthOutOfRange => "meta_length_out_of_range",
-            Self::MetaTooLarge => "meta_too_large",
-            Self::InvalidUtf8 => "invalid_utf8",
-            Self::InvalidJson => "invalid_json",
-            Self::MissingField => "missing_field",
-            Self::UnknownType => "unknown_type",
-            Self::InvalidSeq => "invalid_seq",
-            Self::UnsupportedSampleRate => "unsupported_sample_rate",
-            Self::UnsupportedSampleWidth => "unsupported_sample_width",
-            Self::UnsupportedChannels => "unsupported_channels",
-            Self::PartialSample => "partial_sample",
-            Self::PcmTooLarge => "pcm_too_large",
-            Self::UnexpectedPcm => "unexpected_pcm",
-            Self::InvalidGap => "invalid_gap",
-            Self::SessionIdTooLong => "session_id_too_long",
-        }
+crate::wire_names! {
+    /// Machine-readable reason a packet was refused.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum DecodeErrorKind {
+        /// Fewer than 4 bytes: no length prefix.
+        Truncated = "truncated",
+        /// The length prefix points past the end of the payload.
+        MetaLengthOutOfRange = "meta_length_out_of_range",
+        /// The meta is larger than allowed.
+        MetaTooLarge = "meta_too_large",
+        /// The meta is not UTF-8.
+        InvalidUtf8 = "invalid_utf8",
+        /// The meta is not a JSON object, or a field has the wrong JSON type.
+        InvalidJson = "invalid_json",
+        /// A required field is missing.
+        MissingField = "missing_field",
+        /// `type` is not `frame`, `end` or `gap`.
+        UnknownType = "unknown_type",
+        /// `seq` is 0.
+        InvalidSeq = "invalid_seq",
+        /// `sample_rate` is not the expected one.
+        UnsupportedSampleRate = "unsupported_sample_rate",
+        /// `sample_width` is not the expected one.
+        UnsupportedSampleWidth = "unsupported_sample_width",
+        /// `channels` is not the expected one.
+        UnsupportedChannels = "unsupported_channels",
+        /// The PCM length is not a multiple of the sample size.
+        PartialSample = "partial_sample",
+        /// The PCM is larger than allowed.
+        PcmTooLarge = "pcm_too_large",
+        /// An `end` or `gap` packet carries PCM.
+        UnexpectedPcm = "unexpected_pcm",
+        /// The gap fields are inconsistent.
+        InvalidGap = "invalid_gap",
+        /// `session_id` is longer than allowed.
+        SessionIdTooLong = "session_id_too_long",
     }
 }
 
@@ -595,30 +555,23 @@ pub fn decode(data: &Bytes, opts: &DecodeOptions) -> Result<Packet, DecodeError>
         channels: required(raw.channels, "channels")?,
     };
     let want = opts.format;
-    if format.sample_rate != want.sample_rate {
-        return Err(DecodeError::new(
-            K::UnsupportedSampleRate,
-            format!(
-                "sample_rate {}, expected {}",
-                format.sample_rate, want.sample_rate
-            ),
-        ));
-    }
-    if format.sample_width != want.sample_width {
-        return Err(DecodeError::new(
-            K::UnsupportedSampleWidth,
-            format!(
-                "sample_width {}, expected {}",
-                format.sample_width, want.sample_width
-            ),
-        ));
-    }
-    if format.channels != want.channels {
-        return Err(DecodeError::new(
-            K::UnsupportedChannels,
-            format!("channels {}, expected {}", format.channels, want.channels),
-        ));
-    }
+    let expect = |kind, name: &str, got: u32, want: u32| match got == want {
+        true => Ok(()),
+        false => Err(DecodeError::new(
+            kind,
+            format!("{name} {got}, expected {want}"),
+        )),
+    };
+    expect(
+        K::UnsupportedSampleRate,
+        "sample_rate",
+        format.sample_rate,
+        want.sample_rate,
+    )?;
+    let (width, want_width) = (format.sample_width.into(), want.sample_width.into());
+    expect(K::UnsupportedSampleWidth, "sample_width", width, want_width)?;
+    let (channels, want_channels) = (format.channels.into(), want.channels.into());
+    expect(K::UnsupportedChannels, "channels", channels, want_channels)?;
     if let Some(s) = &raw.session_id
         && s.len() > MAX_SESSION_ID_LEN
     {

@@ -41,21 +41,6 @@ pub struct EnvelopeMeta {
     pub ts_ms: Value,
 }
 
-/// Only the members detection looks at; the rest of the object is skipped.
-#[derive(Deserialize)]
-struct Probe {
-    #[serde(default)]
-    trace_id: Value,
-    #[serde(default)]
-    request_id: Value,
-    #[serde(default)]
-    correlation_id: Value,
-    #[serde(default)]
-    session_id: Value,
-    #[serde(default)]
-    ts_ms: Value,
-}
-
 impl EnvelopeMeta {
     /// Recognises a deployed envelope in a request body. Returns `None` for anything
     /// else (not JSON, not an object, required members missing or `null`).
@@ -64,17 +49,11 @@ impl EnvelopeMeta {
         if *first != b'{' || !contains(body, b"\"trace_id\"") {
             return None;
         }
-        let p: Probe = serde_json::from_slice(body).ok()?;
-        if p.trace_id.is_null() || p.request_id.is_null() || p.ts_ms.is_null() {
-            return None;
-        }
-        Some(Self {
-            trace_id: p.trace_id,
-            request_id: p.request_id,
-            correlation_id: p.correlation_id,
-            session_id: p.session_id,
-            ts_ms: p.ts_ms,
-        })
+        // Only the five members are read; the rest of the object is skipped. A missing
+        // required member fails to deserialize, a `null` one is refused here.
+        let meta: Self = serde_json::from_slice(body).ok()?;
+        let required = [&meta.trace_id, &meta.request_id, &meta.ts_ms];
+        (!required.iter().any(|v| v.is_null())).then_some(meta)
     }
 
     /// `request_id` as a string id, if it is a non-empty string or an integer.

@@ -23,63 +23,35 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-/// Machine-readable error code.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorCode {
-    /// The global queue is full.
-    QueueFull,
-    /// The session's pending cap is reached.
-    SessionQueueFull,
-    /// A per-key concurrency limit (or a busy session under `reject`) refused the request.
-    ConcurrencyLimitExceeded,
-    /// The deadline passed before the request could be answered.
-    DeadlineExceeded,
-    /// The request was cancelled by its request id.
-    Cancelled,
-    /// The request id is already used by a request with another session or body.
-    RequestIdConflict,
-    /// The backend answered with an error or could not be reached.
-    BackendError,
-    /// The backend's own timeout elapsed (before the request's deadline).
-    BackendTimeout,
-    /// A header or the body could not be used.
-    InvalidRequest,
-    /// The adapter is shutting down and admits nothing new.
-    ShuttingDown,
+crate::wire_names! {
+    /// Machine-readable error code.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum ErrorCode {
+        /// The global queue is full.
+        QueueFull = "queue_full",
+        /// The session's pending cap is reached.
+        SessionQueueFull = "session_queue_full",
+        /// A per-key concurrency limit (or a busy session under `reject`) refused the request.
+        ConcurrencyLimitExceeded = "concurrency_limit_exceeded",
+        /// The deadline passed before the request could be answered.
+        DeadlineExceeded = "deadline_exceeded",
+        /// The request was cancelled by its request id.
+        Cancelled = "cancelled",
+        /// The request id is already used by a request with another session or body.
+        RequestIdConflict = "request_id_conflict",
+        /// The backend answered with an error or could not be reached.
+        BackendError = "backend_error",
+        /// The backend's own timeout elapsed (before the request's deadline).
+        BackendTimeout = "backend_timeout",
+        /// A header or the body could not be used.
+        InvalidRequest = "invalid_request",
+        /// The adapter is shutting down and admits nothing new.
+        ShuttingDown = "shutting_down",
+    }
 }
 
 impl ErrorCode {
-    /// Every code, in catalog order.
-    pub const ALL: [ErrorCode; 10] = [
-        Self::QueueFull,
-        Self::SessionQueueFull,
-        Self::ConcurrencyLimitExceeded,
-        Self::DeadlineExceeded,
-        Self::Cancelled,
-        Self::RequestIdConflict,
-        Self::BackendError,
-        Self::BackendTimeout,
-        Self::InvalidRequest,
-        Self::ShuttingDown,
-    ];
-
-    /// The stable snake_case name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::QueueFull => "queue_full",
-            Self::SessionQueueFull => "session_queue_full",
-            Self::ConcurrencyLimitExceeded => "concurrency_limit_exceeded",
-            Self::DeadlineExceeded => "deadline_exceeded",
-            Self::Cancelled => "cancelled",
-            Self::RequestIdConflict => "request_id_conflict",
-            Self::BackendError => "backend_error",
-            Self::BackendTimeout => "backend_timeout",
-            Self::InvalidRequest => "invalid_request",
-            Self::ShuttingDown => "shutting_down",
-        }
-    }
-
     /// The numeric code sent in `Nats-Service-Error-Code` (HTTP-like).
     pub fn nats_code(self) -> u16 {
         match self {
@@ -116,12 +88,6 @@ impl ErrorCode {
                 | Self::BackendTimeout
                 | Self::ShuttingDown
         )
-    }
-}
-
-impl fmt::Display for ErrorCode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

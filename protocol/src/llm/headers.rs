@@ -75,44 +75,26 @@ pub const MAX_TRACESTATE_LEN: usize = 512;
 /// Longest accepted id (request id, session id, client key), in bytes.
 pub const MAX_ID_LEN: usize = 256;
 
-/// Per-request choice when the session already has a request running.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub enum AdmissionPolicy {
-    /// Wait behind the running request (FIFO per session). The default.
-    #[default]
-    Enqueue,
-    /// Refuse at once with `concurrency_limit_exceeded` instead of waiting.
-    Reject,
+crate::wire_names! {
+    /// Per-request choice when the session already has a request running.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+    pub enum AdmissionPolicy {
+        /// Wait behind the running request (FIFO per session). The default.
+        #[default]
+        Enqueue = "enqueue",
+        /// Refuse at once with `concurrency_limit_exceeded` instead of waiting.
+        Reject = "reject",
+    }
 }
 
 impl AdmissionPolicy {
-    /// The header value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Enqueue => "enqueue",
-            Self::Reject => "reject",
-        }
-    }
-
     /// Parses the [`ADMISSION`] header value (case-insensitive, surrounding spaces ignored).
     pub fn parse(value: &str) -> Result<Self, HeaderError> {
         let v = value.trim();
-        if v.eq_ignore_ascii_case("enqueue") {
-            Ok(Self::Enqueue)
-        } else if v.eq_ignore_ascii_case("reject") {
-            Ok(Self::Reject)
-        } else {
-            Err(HeaderError::invalid(
-                ADMISSION,
-                "expected `enqueue` or `reject`",
-            ))
-        }
-    }
-}
-
-impl fmt::Display for AdmissionPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str().eq_ignore_ascii_case(v))
+            .ok_or_else(|| HeaderError::invalid(ADMISSION, "expected `enqueue` or `reject`"))
     }
 }
 
@@ -137,12 +119,16 @@ pub enum HeaderErrorKind {
 }
 
 impl HeaderError {
-    pub(crate) fn invalid(header: &'static str, reason: impl Into<String>) -> Self {
+    fn new(header: &'static str, kind: HeaderErrorKind, reason: impl Into<String>) -> Self {
         Self {
             header,
-            kind: HeaderErrorKind::Invalid,
+            kind,
             reason: reason.into(),
         }
+    }
+
+    pub(crate) fn invalid(header: &'static str, reason: impl Into<String>) -> Self {
+        Self::new(header, HeaderErrorKind::Invalid, reason)
     }
 
     /// The header that carried the bad value.
@@ -160,18 +146,15 @@ impl HeaderError {
 /// [`CANCEL`]): 1..=[`MAX_ID_LEN`] bytes of visible ASCII (`!`..=`~`), no whitespace.
 pub fn parse_id<'a>(header: &'static str, value: &'a str) -> Result<&'a str, HeaderError> {
     if value.is_empty() {
-        return Err(HeaderError {
+        return Err(HeaderError::new(
             header,
-            kind: HeaderErrorKind::Empty,
-            reason: "empty value".into(),
-        });
+            HeaderErrorKind::Empty,
+            "empty value",
+        ));
     }
     if value.len() > MAX_ID_LEN {
-        return Err(HeaderError {
-            header,
-            kind: HeaderErrorKind::TooLong,
-            reason: format!("{} bytes; at most {MAX_ID_LEN} allowed", value.len()),
-        });
+        let reason = format!("{} bytes; at most {MAX_ID_LEN} allowed", value.len());
+        return Err(HeaderError::new(header, HeaderErrorKind::TooLong, reason));
     }
     if let Some((i, b)) = value
         .bytes()
@@ -191,11 +174,11 @@ pub fn parse_id<'a>(header: &'static str, value: &'a str) -> Result<&'a str, Hea
 pub fn parse_ms(header: &'static str, value: &str) -> Result<u64, HeaderError> {
     let v = value.trim();
     if v.is_empty() {
-        return Err(HeaderError {
+        return Err(HeaderError::new(
             header,
-            kind: HeaderErrorKind::Empty,
-            reason: "empty value".into(),
-        });
+            HeaderErrorKind::Empty,
+            "empty value",
+        ));
     }
     if v.len() > 20 || !v.bytes().all(|b| b.is_ascii_digit()) {
         return Err(HeaderError::invalid(

@@ -17,8 +17,6 @@
 //! Invariants: [`StreamEvent::parse`] is total (unknown names give `None`, so a newer
 //! adapter's events are skipped by an older client, never mistaken for another).
 
-use std::fmt;
-
 /// Request header: `1` asks for a streamed reply. Absent (or `0`): the unary reply.
 pub const STREAM: &str = "Weir-Stream";
 /// Every streamed message: which event it is ([`StreamEvent`]).
@@ -42,52 +40,28 @@ pub const STREAM_BYTES: &str = "Weir-Stream-Bytes";
 /// received no chunk (errors are sent as error replies instead of `end`).
 pub const STREAM_OUTCOME: &str = "Weir-Stream-Outcome";
 
-/// One event of a streamed reply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum StreamEvent {
-    /// Accepted and waiting; carries the position.
-    Queued,
-    /// Inference started; carries the queue wait.
-    Started,
-    /// Part of the reply body.
-    Chunk,
-    /// The reply is complete; carries the timings.
-    End,
-    /// The request failed or was refused; the message is the usual error reply.
-    Error,
+crate::wire_names! {
+    /// One event of a streamed reply.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum StreamEvent {
+        /// Accepted and waiting; carries the position.
+        Queued = "queued",
+        /// Inference started; carries the queue wait.
+        Started = "started",
+        /// Part of the reply body.
+        Chunk = "chunk",
+        /// The reply is complete; carries the timings.
+        End = "end",
+        /// The request failed or was refused; the message is the usual error reply.
+        Error = "error",
+    }
 }
 
 impl StreamEvent {
-    /// Every event, in protocol order.
-    pub const ALL: [StreamEvent; 5] = [
-        Self::Queued,
-        Self::Started,
-        Self::Chunk,
-        Self::End,
-        Self::Error,
-    ];
-
-    /// The header value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Queued => "queued",
-            Self::Started => "started",
-            Self::Chunk => "chunk",
-            Self::End => "end",
-            Self::Error => "error",
-        }
-    }
-
     /// Reads a header value; `None` for anything else.
     pub fn parse(value: &str) -> Option<Self> {
         let v = value.trim();
         Self::ALL.into_iter().find(|e| e.as_str() == v)
-    }
-}
-
-impl fmt::Display for StreamEvent {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
