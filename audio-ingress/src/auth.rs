@@ -106,6 +106,20 @@ impl AuthError {
     }
 }
 
+/// `Err` when no JWT crypto provider is compiled in.
+fn crypto_provider() -> Result<(), String> {
+    match jsonwebtoken::crypto::CryptoProvider::try_get_default() {
+        Some(_) => Ok(()),
+        None => Err("no JWT crypto provider compiled in".into()),
+    }
+}
+
+/// A token's `max_rate` in thousandths of real time; `None` outside 1.0..=1000.
+pub fn max_rate_permille(max_rate: f64) -> Option<u32> {
+    (max_rate.is_finite() && (1.0..=1000.0).contains(&max_rate))
+        .then(|| (max_rate * 1000.0).round() as u32)
+}
+
 /// Checks producer tokens.
 pub struct Authenticator {
     key: DecodingKey,
@@ -123,9 +137,7 @@ impl fmt::Debug for Authenticator {
 impl Authenticator {
     /// The authenticator of a validated configuration.
     pub fn new(config: &AuthConfig) -> Result<Self, String> {
-        if jsonwebtoken::crypto::CryptoProvider::try_get_default().is_none() {
-            return Err("no JWT crypto provider compiled in".into());
-        }
+        crypto_provider()?;
         let (key, alg) = match &config.key {
             AuthKey::Hs256(secret) => (
                 DecodingKey::from_secret(secret).map_err(|e| e.to_string())?,
@@ -157,16 +169,13 @@ impl Authenticator {
                 ));
             }
         };
-        let max_rate_permille = match c.max_rate {
-            None => None,
-            Some(r) if r.is_finite() && (1.0..=1000.0).contains(&r) => {
-                Some((r * 1000.0).round() as u32)
-            }
-            Some(_) => {
+        let max_rate_permille = match c.max_rate.map(max_rate_permille) {
+            Some(None) => {
                 return Err(AuthError::Invalid(
                     "`max_rate` must be a number in 1.0..=1000".into(),
                 ));
             }
+            checked => checked.flatten(),
         };
         if !covered {
             return Err(AuthError::OutOfScope(stream_id.to_owned()));
@@ -196,9 +205,7 @@ pub enum SigningKey<'a> {
 
 /// Mints a token (the `audio-ingress token` subcommand and tests).
 pub fn mint(key: SigningKey<'_>, claims: &Claims) -> Result<String, String> {
-    if jsonwebtoken::crypto::CryptoProvider::try_get_default().is_none() {
-        return Err("no JWT crypto provider compiled in".into());
-    }
+    crypto_provider()?;
     let (key, alg) = match key {
         SigningKey::Hs256(secret) => (
             EncodingKey::from_secret(secret).map_err(|e| e.to_string())?,

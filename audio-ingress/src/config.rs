@@ -16,10 +16,12 @@
 //! flags. Each default is written once, in the typed defaults (`StreamConfigBuilder`,
 //! `ServerConfig`, `NatsConfig::named`) that `RawConfig::default` reads; [`key_table`]
 //! (`--list-keys`, and the tables of docs/audio-ingress.md, which a test keeps equal)
-//! is generated from it and [`SECTIONS`] (range and meaning). Every refusal is a
-//! [`ConfigError`] naming the key (a misspelled variable: the variable), where the
-//! value came from and, for numbers, the allowed range. Durations are configured in
-//! milliseconds (`*_ms`) or seconds (`*_s`) and carried as [`Duration`] inside the code.
+//! is generated from it and [`SECTIONS`] (range and meaning); a fixed integer range
+//! there (`min..=max`) is also the one the validation checks, written nowhere else.
+//! Every refusal is a [`ConfigError`] naming the key (a misspelled variable: the
+//! variable), where the value came from and, for numbers, the allowed range. Durations
+//! are configured in milliseconds (`*_ms`) or seconds (`*_s`) and carried as
+//! [`Duration`] inside the code.
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -38,6 +40,7 @@ use weir_service::nats::{FieldErrorKind, NatsInput};
 pub use weir_service::nats::{NatsAuth, NatsConfig, NatsTls};
 
 use crate::error::{ConfigError, ConfigErrorKind};
+use crate::stats::labelled;
 
 /// Prefix of the environment variables: `WEIR_INGRESS_MAX_BYTES` sets `max_bytes`. A
 /// variable under it that is not a key is refused (exit 2, naming it), except those in
@@ -66,59 +69,43 @@ pub const DEFAULT_SHADOW_CEILING_FACTOR: u32 = 8;
 /// Largest byte budget accepted (64 MiB): anything above is a typo.
 pub const MAX_MAX_BYTES: usize = 64 * 1024 * 1024;
 
-/// What a stream does when its budget is exhausted.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum Policy {
-    /// Wait up to `max_wait` for room, then end the stream with an overload `end`
-    /// (frames too old are an overload too). The default; safe for every consumer.
-    #[default]
-    Close,
-    /// Drop the oldest frames to stay in budget and publish a `gap` packet with the exact
-    /// missing range. Only for consumers that speak the extended protocol.
-    Gap,
-}
-
-impl Policy {
-    /// The config value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Close => "close",
-            Self::Gap => "gap",
-        }
+labelled! {
+    /// What a stream does when its budget is exhausted.
+    #[derive(
+        Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+    )]
+    #[serde(rename_all = "snake_case")]
+    pub enum Policy {
+        /// Wait up to `max_wait` for room, then end the stream with an overload `end`
+        /// (frames too old are an overload too). The default; safe for every consumer.
+        #[default]
+        Close = "close",
+        /// Drop the oldest frames to stay in budget and publish a `gap` packet with the
+        /// exact missing range. Only for consumers that speak the extended protocol.
+        Gap = "gap",
     }
 }
 
-/// How a frame counts as published.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum Delivery {
-    /// A frame is published once the server confirmed it (a marker round trip on the
-    /// same connection); until then it counts against the stream's budget. The
-    /// default: the bound holds up to the server. See [`crate::confirm`].
-    #[default]
-    Confirmed,
-    /// A frame counts as published once handed to the NATS client (the budget ends at
-    /// the client; a stall can hold seconds of audio in its buffers). For comparison.
-    Unconfirmed,
-    /// Lossless: frames go to a JetStream stream and count as published once stored
-    /// (see [`crate::jetstream`]).
-    #[serde(rename = "jetstream")]
-    JetStream,
-}
-
-impl Delivery {
-    /// The config value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Confirmed => "confirmed",
-            Self::Unconfirmed => "unconfirmed",
-            Self::JetStream => "jetstream",
-        }
+labelled! {
+    /// How a frame counts as published.
+    #[derive(
+        Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+    )]
+    #[serde(rename_all = "snake_case")]
+    pub enum Delivery {
+        /// A frame is published once the server confirmed it (a marker round trip on the
+        /// same connection); until then it counts against the stream's budget. The
+        /// default: the bound holds up to the server. See [`crate::confirm`].
+        #[default]
+        Confirmed = "confirmed",
+        /// A frame counts as published once handed to the NATS client (the budget ends
+        /// at the client; a stall can hold seconds of audio in its buffers). For
+        /// comparison.
+        Unconfirmed = "unconfirmed",
+        /// Lossless: frames go to a JetStream stream and count as published once stored
+        /// (see [`crate::jetstream`]).
+        #[serde(rename = "jetstream")]
+        JetStream = "jetstream",
     }
 }
 
@@ -172,42 +159,12 @@ struct JetStreamKeys {
     replicas: u64,
 }
 
-impl Default for JetStreamKeys {
-    fn default() -> Self {
-        Self {
-            stream: DEFAULT_JETSTREAM_STREAM.to_owned(),
-            max_age: DEFAULT_JETSTREAM_MAX_AGE,
-            duplicate_window: DEFAULT_JETSTREAM_DUPLICATE_WINDOW,
-            replicas: 1,
-        }
-    }
-}
-
 impl Default for StreamConfig {
-    /// The documented defaults, built directly (they are valid: a unit test checks
-    /// that the builder's defaults validate to this same value).
+    /// The documented defaults: the builder's, assembled without validation (they are
+    /// valid: a unit test checks that the builder's defaults validate to this same
+    /// value).
     fn default() -> Self {
-        Self {
-            max_bytes: NonZeroUsize::MIN.saturating_add(DEFAULT_MAX_BYTES - 1),
-            max_age: DEFAULT_MAX_AGE,
-            max_wait: DEFAULT_MAX_WAIT,
-            policy: Policy::Close,
-            shadow: false,
-            shadow_ceiling_factor: DEFAULT_SHADOW_CEILING_FACTOR,
-            extended_consumers: false,
-            publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
-            end_timeout: DEFAULT_END_TIMEOUT,
-            max_frame_bytes: NonZeroUsize::MIN.saturating_add(DEFAULT_MAX_FRAME_BYTES - 1),
-            subject: SubjectTemplate::deployed(),
-            partitions: NonZeroU32::MIN,
-            frame_headers: false,
-            delivery: Delivery::Confirmed,
-            confirm_window: DEFAULT_CONFIRM_WINDOW,
-            confirm_window_min_bytes: DEFAULT_CONFIRM_WINDOW_MIN_BYTES,
-            confirm_interval: DEFAULT_CONFIRM_INTERVAL,
-            jetstream: JetStreamKeys::default(),
-            max_rate_permille: DEFAULT_MAX_RATE_PERMILLE,
-        }
+        StreamConfigBuilder::default().assemble(SubjectTemplate::deployed(), NonZeroU32::MIN)
     }
 }
 
@@ -215,6 +172,19 @@ impl Default for StreamConfig {
 pub const DEFAULT_MAX_RATE_PERMILLE: u32 = 1500;
 /// Largest `max_rate` accepted (1,000 × real time), in thousandths.
 pub const MAX_MAX_RATE_PERMILLE: u32 = 1_000_000;
+
+/// Getters of Copy fields: `name: T;` writes `pub fn name(&self) -> T` returning the
+/// field.
+macro_rules! getters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(&self) -> $ty {
+                self.$name
+            }
+        )*
+    };
+}
 
 impl StreamConfig {
     /// A builder starting from the defaults.
@@ -226,40 +196,6 @@ impl StreamConfig {
     pub fn max_bytes(&self) -> usize {
         self.max_bytes.get()
     }
-    /// Age budget of the oldest pending frame, `max_age_ms`.
-    pub fn max_age(&self) -> Duration {
-        self.max_age
-    }
-    /// How long a full stream waits for room before overloading (`close`), `max_wait_ms`.
-    pub fn max_wait(&self) -> Duration {
-        self.max_wait
-    }
-    /// The full-queue policy.
-    pub fn policy(&self) -> Policy {
-        self.policy
-    }
-    /// Shadow mode: the budget is measured and `would_reject` counted, not enforced.
-    /// A safety ceiling of `shadow_ceiling_factor` × the budget still applies the
-    /// policy, so memory stays bounded even in shadow mode.
-    pub fn shadow(&self) -> bool {
-        self.shadow
-    }
-    /// The shadow-mode safety factor.
-    pub fn shadow_ceiling_factor(&self) -> u32 {
-        self.shadow_ceiling_factor
-    }
-    /// Whether every consumer speaks the extended protocol (required for `gap`).
-    pub fn extended_consumers(&self) -> bool {
-        self.extended_consumers
-    }
-    /// Bound on one NATS publish call.
-    pub fn publish_timeout(&self) -> Duration {
-        self.publish_timeout
-    }
-    /// How long a stream keeps trying to hand its `end` to NATS.
-    pub fn end_timeout(&self) -> Duration {
-        self.end_timeout
-    }
     /// Largest accepted frame, in bytes.
     pub fn max_frame_bytes(&self) -> usize {
         self.max_frame_bytes.get()
@@ -268,55 +204,62 @@ impl StreamConfig {
     pub fn subject(&self) -> &SubjectTemplate {
         &self.subject
     }
-    /// Partition count for a `{partition}` template.
-    pub fn partitions(&self) -> NonZeroU32 {
-        self.partitions
-    }
-    /// Whether frames also carry the weir headers (`Weir-Audio-Version`,
-    /// `Weir-Captured-At-Ms`). Default `false`: the capture time travels in the packet
-    /// meta (`captured_at_ms`) at no header cost — async-nats serialises a header map
-    /// per message in its single connection task, which halves the publish rate. `end`
-    /// and `gap` packets always carry headers.
-    pub fn frame_headers(&self) -> bool {
-        self.frame_headers
+
+    getters! {
+        /// Age budget of the oldest pending frame, `max_age_ms`.
+        max_age: Duration;
+        /// How long a full stream waits for room before overloading (`close`), `max_wait_ms`.
+        max_wait: Duration;
+        /// The full-queue policy.
+        policy: Policy;
+        /// Shadow mode: the budget is measured and `would_reject` counted, not enforced.
+        /// A safety ceiling of `shadow_ceiling_factor` × the budget still applies the
+        /// policy, so memory stays bounded even in shadow mode.
+        shadow: bool;
+        /// The shadow-mode safety factor.
+        shadow_ceiling_factor: u32;
+        /// Whether every consumer speaks the extended protocol (required for `gap`).
+        extended_consumers: bool;
+        /// Bound on one NATS publish call.
+        publish_timeout: Duration;
+        /// How long a stream keeps trying to hand its `end` to NATS.
+        end_timeout: Duration;
+        /// Partition count for a `{partition}` template.
+        partitions: NonZeroU32;
+        /// Whether frames also carry the weir headers (`Weir-Audio-Version`,
+        /// `Weir-Captured-At-Ms`). Default `false`: the capture time travels in the packet
+        /// meta (`captured_at_ms`) at no header cost — async-nats serialises a header map
+        /// per message in its single connection task, which halves the publish rate. `end`
+        /// and `gap` packets always carry headers.
+        frame_headers: bool;
+        /// How a frame counts as published (`delivery`).
+        delivery: Delivery;
+        /// The confirmation window's share of the admitted byte rate (`confirm_window_ms`).
+        confirm_window: Duration;
+        /// The confirmation window's smallest limit (`confirm_window_min_bytes`).
+        confirm_window_min_bytes: u64;
+        /// Minimum spacing of confirmation markers (`confirm_interval_ms`).
+        confirm_interval: Duration;
+        /// The rate bound in thousandths of real time (`max_rate` × 1000; 0 = no bound):
+        /// a stream delivers at most this much audio per unit of time, sustained, with a
+        /// burst of `max_bytes`. See [`crate::rate`].
+        max_rate_permille: u32;
     }
 
-    /// How a frame counts as published (`delivery`).
-    pub fn delivery(&self) -> Delivery {
-        self.delivery
-    }
-
-    /// The confirmation window's share of the admitted byte rate (`confirm_window_ms`).
-    pub fn confirm_window(&self) -> Duration {
-        self.confirm_window
-    }
-
-    /// The confirmation window's smallest limit (`confirm_window_min_bytes`).
-    pub fn confirm_window_min_bytes(&self) -> u64 {
-        self.confirm_window_min_bytes
-    }
-
-    /// Minimum spacing of confirmation markers (`confirm_interval_ms`).
-    pub fn confirm_interval(&self) -> Duration {
-        self.confirm_interval
-    }
-
-    /// The rate bound in thousandths of real time (`max_rate` × 1000; 0 = no bound):
-    /// a stream delivers at most this much audio per unit of time, sustained, with a
-    /// burst of `max_bytes`. See [`crate::rate`].
-    pub fn max_rate_permille(&self) -> u32 {
-        self.max_rate_permille
+    /// The multiple of the budget actually enforced: the shadow-ceiling factor in
+    /// shadow mode, else 1.
+    fn ceiling(&self) -> u32 {
+        if self.shadow {
+            self.shadow_ceiling_factor
+        } else {
+            1
+        }
     }
 
     /// The rate bound applied: [`Self::max_rate_permille`], times the
     /// shadow-ceiling factor in shadow mode (0 = no bound).
     pub fn enforced_max_rate_permille(&self) -> u32 {
-        if self.shadow {
-            self.max_rate_permille
-                .saturating_mul(self.shadow_ceiling_factor)
-        } else {
-            self.max_rate_permille
-        }
+        self.max_rate_permille.saturating_mul(self.ceiling())
     }
 
     /// The JetStream stream for `delivery = "jetstream"`: it captures every subject of
@@ -333,31 +276,17 @@ impl StreamConfig {
 
     /// The byte bound actually enforced (the budget, or the shadow ceiling).
     pub fn enforced_max_bytes(&self) -> usize {
-        if self.shadow {
-            self.max_bytes
-                .get()
-                .saturating_mul(self.shadow_ceiling_factor as usize)
-        } else {
-            self.max_bytes.get()
-        }
+        self.max_bytes.get().saturating_mul(self.ceiling() as usize)
     }
 
     /// The age bound actually enforced (the budget, or the shadow ceiling).
     pub fn enforced_max_age(&self) -> Duration {
-        if self.shadow {
-            self.max_age.saturating_mul(self.shadow_ceiling_factor)
-        } else {
-            self.max_age
-        }
+        self.max_age.saturating_mul(self.ceiling())
     }
 
     /// The wait bound actually enforced (the budget, or the shadow ceiling).
     pub fn enforced_max_wait(&self) -> Duration {
-        if self.shadow {
-            self.max_wait.saturating_mul(self.shadow_ceiling_factor)
-        } else {
-            self.max_wait
-        }
+        self.max_wait.saturating_mul(self.ceiling())
     }
 }
 
@@ -405,7 +334,12 @@ impl Default for StreamConfigBuilder {
             confirm_window: DEFAULT_CONFIRM_WINDOW,
             confirm_window_min_bytes: DEFAULT_CONFIRM_WINDOW_MIN_BYTES,
             confirm_interval: DEFAULT_CONFIRM_INTERVAL,
-            jetstream: JetStreamKeys::default(),
+            jetstream: JetStreamKeys {
+                stream: DEFAULT_JETSTREAM_STREAM.to_owned(),
+                max_age: DEFAULT_JETSTREAM_MAX_AGE,
+                duplicate_window: DEFAULT_JETSTREAM_DUPLICATE_WINDOW,
+                replicas: 1,
+            },
             max_rate_permille: u64::from(DEFAULT_MAX_RATE_PERMILLE),
         }
     }
@@ -417,6 +351,12 @@ fn out_of_range(key: &str, shown: impl fmt::Display, range: impl fmt::Display) -
         ConfigErrorKind::OutOfRange,
         format!("{shown} is out of range; allowed {range}"),
     )
+}
+
+/// `d` of `key` within the range [`SECTIONS`] gives it, in milliseconds.
+fn documented_ms(key: &str, d: Duration) -> Result<(), ConfigError> {
+    let (min_ms, max_ms) = documented_range(key)?;
+    check_ms(key, d, min_ms, max_ms)
 }
 
 fn check_ms(key: &str, d: Duration, min_ms: u64, max_ms: u64) -> Result<(), ConfigError> {
@@ -518,12 +458,12 @@ impl StreamConfigBuilder {
                 ),
             ));
         }
-        check_ms("max_age_ms", self.max_age, 20, 60_000)?;
+        documented_ms("max_age_ms", self.max_age)?;
         let max_age_ms = self.max_age.as_millis() as u64;
         check_ms("max_wait_ms", self.max_wait, 0, max_age_ms)?;
         check_ms("publish_timeout_ms", self.publish_timeout, 1, max_age_ms)?;
-        check_ms("end_timeout_ms", self.end_timeout, 100, 300_000)?;
-        check_ms("confirm_window_ms", self.confirm_window, 10, 10_000)?;
+        documented_ms("end_timeout_ms", self.end_timeout)?;
+        documented_ms("confirm_window_ms", self.confirm_window)?;
         // A marker per round: at most every max_age / 4, so a stall is seen well within
         // the age budget.
         check_ms(
@@ -553,9 +493,7 @@ impl StreamConfigBuilder {
             1_000,
             js.max_age.as_millis() as u64,
         )?;
-        if !(1..=5).contains(&js.replicas) {
-            return Err(out_of_range("jetstream_replicas", js.replicas, "1..=5"));
-        }
+        int_in("jetstream_replicas", js.replicas)?;
         let min_window = self.max_frame_bytes;
         if self.confirm_window_min_bytes < min_window
             || self.confirm_window_min_bytes > MAX_MAX_BYTES as u64
@@ -566,13 +504,7 @@ impl StreamConfigBuilder {
                 format!("{min_window}..={MAX_MAX_BYTES} (at least max_frame_bytes)"),
             ));
         }
-        if !(2..=64).contains(&self.shadow_ceiling_factor) {
-            return Err(out_of_range(
-                "shadow_ceiling_factor",
-                self.shadow_ceiling_factor,
-                "2..=64",
-            ));
-        }
+        int_in("shadow_ceiling_factor", self.shadow_ceiling_factor)?;
         if self.policy == Policy::Gap && !self.extended_consumers {
             return Err(ConfigError::new(
                 "policy",
@@ -592,8 +524,7 @@ impl StreamConfigBuilder {
                     "required because subject contains {partition}",
                 ));
             }
-            (_, None) => 1,
-            (_, Some(p)) => p,
+            (_, p) => p.unwrap_or(1),
         };
         if !(1..=u64::from(MAX_PARTITIONS)).contains(&partitions) {
             return Err(out_of_range(
@@ -611,9 +542,15 @@ impl StreamConfigBuilder {
                 "0 (no bound) or 1.0..=1000",
             ));
         }
-        let nz = |v: u64| NonZeroUsize::new(v as usize).unwrap_or(NonZeroUsize::MIN);
-        Ok(StreamConfig {
-            max_bytes: nz(self.max_bytes),
+        let partitions = NonZeroU32::new(partitions as u32).unwrap_or(NonZeroU32::MIN);
+        Ok(self.assemble(subject, partitions))
+    }
+
+    /// The [`StreamConfig`] of these values, with the parsed subject and partitions;
+    /// [`Self::build`] validates them first.
+    fn assemble(self, subject: SubjectTemplate, partitions: NonZeroU32) -> StreamConfig {
+        StreamConfig {
+            max_bytes: nonzero(self.max_bytes),
             max_age: self.max_age,
             max_wait: self.max_wait,
             policy: self.policy,
@@ -622,9 +559,9 @@ impl StreamConfigBuilder {
             extended_consumers: self.extended_consumers,
             publish_timeout: self.publish_timeout,
             end_timeout: self.end_timeout,
-            max_frame_bytes: nz(self.max_frame_bytes),
+            max_frame_bytes: nonzero(self.max_frame_bytes),
             subject,
-            partitions: NonZeroU32::new(partitions as u32).unwrap_or(NonZeroU32::MIN),
+            partitions,
             frame_headers: self.frame_headers,
             delivery: self.delivery,
             confirm_window: self.confirm_window,
@@ -632,7 +569,7 @@ impl StreamConfigBuilder {
             confirm_interval: self.confirm_interval,
             jetstream: self.jetstream,
             max_rate_permille: self.max_rate_permille as u32,
-        })
+        }
     }
 }
 
@@ -715,8 +652,6 @@ pub const DEFAULT_HTTP_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_HTTP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default `http_max_header_bytes`.
 pub const DEFAULT_HTTP_MAX_HEADER_BYTES: usize = 16 * 1024;
-/// Smallest `http_max_header_bytes` hyper accepts.
-pub const MIN_HTTP_MAX_HEADER_BYTES: usize = 8 * 1024;
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -1246,15 +1181,10 @@ impl Config {
     pub fn memory_bound_bytes(&self) -> u64 {
         let s = &self.stream;
         let streams = self.server.max_streams.get() as u64;
-        let max_bytes = s.max_bytes() as u64;
         // The PCM budget (× the shadow ceiling in shadow mode), charged at least 160 B a
         // frame; each queued frame also costs ~200 B of meta and slot, and a stream
         // holds up to one packet arena (4 KiB) and its gap markers (40 B a frame).
-        let budget = if s.shadow() {
-            max_bytes * u64::from(s.shadow_ceiling_factor())
-        } else {
-            max_bytes
-        };
+        let budget = s.enforced_max_bytes() as u64;
         let frames = budget / crate::queue::MIN_FRAME_CHARGE as u64 + 1;
         let per_stream_queue = budget + frames * (200 + 40) + 4096;
         // WebSocket buffers: read up to the largest message, write up to 64 KiB.
@@ -1334,19 +1264,60 @@ fn from_load(e: LoadError) -> ConfigError {
 }
 
 /// `v` of `key` within `min..=max`.
-fn int_in(key: &str, v: u64, min: u64, max: u64) -> Result<u64, ConfigError> {
+fn int_between(key: &str, v: u64, min: u64, max: u64) -> Result<u64, ConfigError> {
     if v < min || v > max {
         return Err(out_of_range(key, v, format!("{min}..={max}")));
     }
     Ok(v)
 }
 
-fn addr(key: &str, text: &str) -> Result<SocketAddr, ConfigError> {
+/// `v` of `key` within the range [`SECTIONS`] gives it: the key table and the
+/// validation read the same `min..=max` (the range text up to a `;`).
+fn int_in(key: &str, v: u64) -> Result<u64, ConfigError> {
+    let (min, max) = documented_range(key)?;
+    int_between(key, v, min, max)
+}
+
+/// The `min..=max` written for `key` in [`SECTIONS`]; a key without a numeric range
+/// there is a bug, refused rather than left unchecked (every key that is checked this
+/// way is read when the defaults load, which a unit test does).
+fn documented_range(key: &str) -> Result<(u64, u64), ConfigError> {
+    let range = SECTIONS.iter().flat_map(|s| s.keys).find(|d| d.name == key);
+    range
+        .and_then(|d| d.range.split(';').next()?.split_once("..="))
+        .and_then(|(min, max)| Some((min.trim().parse().ok()?, max.trim().parse().ok()?)))
+        .ok_or_else(|| ConfigError::new(key, ConfigErrorKind::Invalid, "no documented range"))
+}
+
+/// `int!(raw, key)`: [`int_in`] of the field `key`, named by the field;
+/// `millis!(raw, key)`: the same as a [`Duration`] of milliseconds.
+macro_rules! int {
+    ($raw:ident, $key:ident) => {
+        int_in(stringify!($key), $raw.$key)
+    };
+}
+macro_rules! millis {
+    ($raw:ident, $key:ident) => {
+        int!($raw, $key).map(Duration::from_millis)
+    };
+}
+
+/// The first of `keys` whose value differs between two [`RawConfig`]s, by name.
+macro_rules! first_changed {
+    ($a:ident, $b:ident, $($key:ident),+) => {
+        [$((stringify!($key), $a.$key != $b.$key)),+]
+            .into_iter()
+            .find_map(|(key, changed)| changed.then_some(key))
+    };
+}
+
+/// A socket address key; the refusal shows `example`.
+fn addr(key: &str, text: &str, example: &str) -> Result<SocketAddr, ConfigError> {
     text.parse().map_err(|_| {
         ConfigError::new(
             key,
             ConfigErrorKind::Invalid,
-            format!("{text:?} is not a socket address like 127.0.0.1:8080"),
+            format!("{text:?} is not a socket address like {example}"),
         )
     })
 }
@@ -1406,13 +1377,13 @@ impl RawConfig {
     }
 
     fn server(&self) -> Result<ServerConfig, ConfigError> {
-        let max_connections = int_in("max_connections", self.max_connections, 1, 1_000_000)?;
+        let max_connections = int!(self, max_connections)?;
         // The default per-address cap is clamped to a smaller global cap; a value set
         // above it is refused.
         let per_ip = if self.max_connections_per_ip == DEFAULT_MAX_CONNECTIONS_PER_IP as u64 {
             self.max_connections_per_ip.min(max_connections)
         } else {
-            int_in(
+            int_between(
                 "max_connections_per_ip",
                 self.max_connections_per_ip,
                 1,
@@ -1426,56 +1397,24 @@ impl RawConfig {
                 format!("{per_ip} exceeds max_connections = {max_connections}"),
             ));
         }
-        let millis = |key: &str, v: u64, min: u64, max: u64| {
-            int_in(key, v, min, max).map(Duration::from_millis)
-        };
         Ok(ServerConfig {
-            listen: addr("listen", &self.listen)?,
-            admin: addr("admin", &self.admin)?,
-            max_streams: nonzero(int_in("max_streams", self.max_streams, 1, 1_000_000)?),
-            retry_after: Duration::from_secs(int_in("retry_after_s", self.retry_after_s, 1, 3600)?),
-            idle_timeout: millis("idle_timeout_ms", self.idle_timeout_ms, 100, 86_400_000)?,
-            ws_send_timeout: millis("ws_send_timeout_ms", self.ws_send_timeout_ms, 10, 60_000)?,
-            grace_period: millis("grace_period_ms", self.grace_period_ms, 0, 600_000)?,
+            listen: addr("listen", &self.listen, "127.0.0.1:8080")?,
+            admin: addr("admin", &self.admin, "127.0.0.1:8080")?,
+            max_streams: nonzero(int!(self, max_streams)?),
+            retry_after: Duration::from_secs(int!(self, retry_after_s)?),
+            idle_timeout: millis!(self, idle_timeout_ms)?,
+            ws_send_timeout: millis!(self, ws_send_timeout_ms)?,
+            grace_period: millis!(self, grace_period_ms)?,
             max_connections: nonzero(max_connections),
             max_connections_per_ip: nonzero(per_ip),
-            admin_max_connections: nonzero(int_in(
-                "admin_max_connections",
-                self.admin_max_connections,
-                1,
-                10_000,
-            )?),
-            http_header_timeout: millis(
-                "http_header_timeout_ms",
-                self.http_header_timeout_ms,
-                100,
-                600_000,
-            )?,
-            http_idle_timeout: millis(
-                "http_idle_timeout_ms",
-                self.http_idle_timeout_ms,
-                100,
-                3_600_000,
-            )?,
-            http_max_header_bytes: int_in(
-                "http_max_header_bytes",
-                self.http_max_header_bytes,
-                MIN_HTTP_MAX_HEADER_BYTES as u64,
-                1_048_576,
-            )? as usize,
+            admin_max_connections: nonzero(int!(self, admin_max_connections)?),
+            http_header_timeout: millis!(self, http_header_timeout_ms)?,
+            http_idle_timeout: millis!(self, http_idle_timeout_ms)?,
+            // At least 8 KiB: hyper accepts no smaller head buffer.
+            http_max_header_bytes: int!(self, http_max_header_bytes)? as usize,
             admin_request_limits: RequestLimits {
-                timeout: millis(
-                    "admin_request_timeout_ms",
-                    self.admin_request_timeout_ms,
-                    100,
-                    600_000,
-                )?,
-                max_concurrent: nonzero(int_in(
-                    "admin_max_concurrent_requests",
-                    self.admin_max_concurrent_requests,
-                    1,
-                    1024,
-                )?),
+                timeout: millis!(self, admin_request_timeout_ms)?,
+                max_concurrent: nonzero(int!(self, admin_max_concurrent_requests)?),
             },
             auth: self.auth()?,
             whip: self.whip()?,
@@ -1483,47 +1422,22 @@ impl RawConfig {
     }
 
     fn whip(&self) -> Result<Option<WhipConfig>, ConfigError> {
-        let connect_timeout = Duration::from_millis(int_in(
-            "whip_connect_timeout_ms",
-            self.whip_connect_timeout_ms,
-            1_000,
-            120_000,
-        )?);
-        let disconnect_timeout = Duration::from_millis(int_in(
-            "whip_disconnect_timeout_ms",
-            self.whip_disconnect_timeout_ms,
-            500,
-            120_000,
-        )?);
-        let max_sessions = nonzero(int_in(
-            "whip_max_sessions",
-            self.whip_max_sessions,
-            1,
-            100_000,
-        )?);
+        let connect_timeout = millis!(self, whip_connect_timeout_ms)?;
+        let disconnect_timeout = millis!(self, whip_disconnect_timeout_ms)?;
+        let max_sessions = nonzero(int!(self, whip_max_sessions)?);
         let Some(listen) = set(&self.whip_udp_listen) else {
             // A WHIP setting without the socket would be silently ignored.
             let d = Self::default();
-            let changed = [
-                (
-                    "whip_advertise_ips",
-                    self.whip_advertise_ips != d.whip_advertise_ips,
-                ),
-                (
-                    "whip_connect_timeout_ms",
-                    self.whip_connect_timeout_ms != d.whip_connect_timeout_ms,
-                ),
-                (
-                    "whip_disconnect_timeout_ms",
-                    self.whip_disconnect_timeout_ms != d.whip_disconnect_timeout_ms,
-                ),
-                (
-                    "whip_max_sessions",
-                    self.whip_max_sessions != d.whip_max_sessions,
-                ),
-            ];
-            return match changed.into_iter().find(|(_, changed)| *changed) {
-                Some((k, _)) => Err(ConfigError::new(
+            let changed = first_changed!(
+                self,
+                d,
+                whip_advertise_ips,
+                whip_connect_timeout_ms,
+                whip_disconnect_timeout_ms,
+                whip_max_sessions
+            );
+            return match changed {
+                Some(k) => Err(ConfigError::new(
                     k,
                     ConfigErrorKind::Conflict,
                     "WHIP is off (whip_udp_listen is empty); set whip_udp_listen to use it",
@@ -1531,13 +1445,8 @@ impl RawConfig {
                 None => Ok(None),
             };
         };
-        let udp_listen: SocketAddr = listen.parse().map_err(|_| {
-            ConfigError::new(
-                "whip_udp_listen",
-                ConfigErrorKind::Invalid,
-                format!("{listen:?} is not a socket address like 127.0.0.1:8443"),
-            )
-        })?;
+        let udp_listen = addr("whip_udp_listen", listen, "127.0.0.1:8443")?;
+        let refuse = |kind, message| ConfigError::new("whip_advertise_ips", kind, message);
         let mut advertise = Vec::new();
         for part in self
             .whip_advertise_ips
@@ -1546,15 +1455,13 @@ impl RawConfig {
             .filter(|p| !p.is_empty())
         {
             let ip: IpAddr = part.parse().map_err(|_| {
-                ConfigError::new(
-                    "whip_advertise_ips",
+                refuse(
                     ConfigErrorKind::Invalid,
                     format!("{part:?} is not an IP address"),
                 )
             })?;
             if ip.is_unspecified() || ip.is_multicast() {
-                return Err(ConfigError::new(
-                    "whip_advertise_ips",
+                return Err(refuse(
                     ConfigErrorKind::Invalid,
                     format!("{ip} cannot be reached by a publisher (unspecified or multicast)"),
                 ));
@@ -1564,8 +1471,7 @@ impl RawConfig {
             }
         }
         if advertise.len() > MAX_WHIP_ADVERTISE_IPS {
-            return Err(ConfigError::new(
-                "whip_advertise_ips",
+            return Err(refuse(
                 ConfigErrorKind::OutOfRange,
                 format!(
                     "{} addresses; at most {MAX_WHIP_ADVERTISE_IPS}",
@@ -1575,8 +1481,7 @@ impl RawConfig {
         }
         if advertise.is_empty() {
             if udp_listen.ip().is_unspecified() {
-                return Err(ConfigError::new(
-                    "whip_advertise_ips",
+                return Err(refuse(
                     ConfigErrorKind::Missing,
                     format!(
                         "whip_udp_listen = {udp_listen} listens on every address; name the ones \
@@ -1597,7 +1502,7 @@ impl RawConfig {
 
     fn auth(&self) -> Result<Option<crate::auth::AuthConfig>, ConfigError> {
         use crate::auth::{AuthConfig, AuthKey, MIN_HS256_SECRET_BYTES, b64url_decode};
-        let leeway_s = int_in("auth_leeway_s", self.auth_leeway_s, 0, 300)?;
+        let leeway_s = int!(self, auth_leeway_s)?;
         let key = match (
             set(&self.auth_hs256_secret),
             set(&self.auth_eddsa_public_key),
@@ -1652,29 +1557,11 @@ impl RawConfig {
     }
 
     fn nats(&self) -> Result<NatsConfig, ConfigError> {
-        let millis = |key: &str, v: u64, min: u64, max: u64| {
-            int_in(key, v, min, max).map(Duration::from_millis)
-        };
         let base = NatsConfig {
             name: set(&self.nats_name).unwrap_or(NATS_CLIENT_NAME).to_owned(),
-            connection_timeout: millis(
-                "nats_connection_timeout_ms",
-                self.nats_connection_timeout_ms,
-                100,
-                60_000,
-            )?,
-            ping_interval: millis(
-                "nats_ping_interval_ms",
-                self.nats_ping_interval_ms,
-                100,
-                600_000,
-            )?,
-            client_capacity: int_in(
-                "nats_client_capacity",
-                self.nats_client_capacity,
-                16,
-                1_048_576,
-            )? as usize,
+            connection_timeout: millis!(self, nats_connection_timeout_ms)?,
+            ping_interval: millis!(self, nats_ping_interval_ms)?,
+            client_capacity: int!(self, nats_client_capacity)? as usize,
             ..NatsConfig::named(NATS_CLIENT_NAME)
         };
         NatsInput {

@@ -4,20 +4,24 @@
 //! events a producer receives (`overload`, `gap`, `closed`).
 //!
 //! Admission, in this order, nothing opened for a refused request:
-//! 1. [`check`]: `400 invalid_stream_id` (an unsafe id), `400 invalid_request` (a query
-//!    that is not UTF-8 once percent-decoded, or repeats a parameter), then the producer
-//!    token when `auth_required` (`401` + `WWW-Authenticate: Bearer`, `403`);
+//! 1. [`Door::check`] (run by the [`Admitted`] extractor): `400 invalid_stream_id` (an
+//!    unsafe id), `400 invalid_request` (a query that is not UTF-8 once percent-decoded,
+//!    or repeats a parameter), then the producer token when `auth_required` (`401` +
+//!    `WWW-Authenticate: Bearer`, `403`);
 //! 2. the door's own checks (the WebSocket upgrade; the WHIP offer and session cap);
-//! 3. [`open`]: `503 not_ready` + `Retry-After` while NATS is not connected, then the
-//!    registry: `409 stream_active`, `503 max_streams` / `shutting_down` + `Retry-After`.
+//! 3. [`Door::open`]: `503 not_ready` + `Retry-After` while NATS is not connected, then
+//!    the registry: `409 stream_active`, `503 max_streams` / `shutting_down` +
+//!    `Retry-After`.
 //!
 //! Invariant: both doors call these functions; a rule changed here changes for both.
 
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::{FromRequestParts, Path};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde_json::json;
 use weir_protocol::StreamId;
 use weir_protocol::audio::extension::{EndReason, Overload};
@@ -28,11 +32,9 @@ use crate::publisher::Sink;
 use crate::stream::{Ingress, StreamHandle, StreamStatus, StreamSummary};
 use crate::ws_query::UpgradeQuery;
 
-/// The JSON error body every refusal carries: `{"error":{"code":..,"message":..}}`.
-pub fn error_response(status: StatusCode, code: &str, message: String) -> Response {
-    let body = json!({"error": {"code": code, "message": message}});
-    (status, axum::Json(body)).into_response()
-}
+/// The JSON error body every refusal carries: `{"error":{"code":..,"message":..}}`,
+/// the admin port's too.
+pub use weir_service::admin::error_response;
 
 /// Adds `Retry-After` (whole seconds, at least 1).
 pub fn insert_retry_after(resp: &mut Response, retry_after: Duration) {
@@ -62,7 +64,7 @@ pub fn open_refusal(e: &OpenError, retry_after: Duration) -> Response {
 /// A refusal: the complete answer (boxed: a `Response` is large).
 pub type Refused = Box<Response>;
 
-/// A request that passed [`check`]: who may open what.
+/// A request that passed [`Door::check`]: who may open what.
 #[derive(Debug)]
 pub struct Admitted {
     /// The stream id.
@@ -83,64 +85,103 @@ pub struct Door<'a, S: Sink> {
     pub retry_after: Duration,
 }
 
+/// The state of a door's routes: the [`Door`] it admits with. With it, [`Admitted`]
+/// is an extractor: step 1 of the admission, done before the handler runs.
+pub trait HasDoor: Send + Sync {
+    /// The producer core's NATS side.
+    type Sink: Sink;
+    /// The door.
+    fn door(&self) -> Door<'_, Self::Sink>;
+}
+
+/// `has_door!(State)`: [`HasDoor`] for a door's state `State<S>` with the fields
+/// `ingress`, `auth` (`Option<Arc<Authenticator>>`) and `retry_after`.
+macro_rules! has_door {
+    ($state:ident) => {
+        impl<S: Sink> $crate::door::HasDoor for $state<S> {
+            type Sink = S;
+
+            fn door(&self) -> $crate::door::Door<'_, S> {
+                $crate::door::Door {
+                    ingress: &self.ingress,
+                    auth: self.auth.as_deref(),
+                    retry_after: self.retry_after,
+                }
+            }
+        }
+    };
+}
+pub(crate) use has_door;
+
+/// [`Door::check`] of the request's `{stream_id}` path segment (the path extractor's
+/// refusal included), query and headers; a refusal is the door's complete answer.
+impl<T: HasDoor> FromRequestParts<T> for Admitted {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &T) -> Result<Self, Response> {
+        let path = Path::<String>::from_request_parts(parts, state).await;
+        let raw_id = path.map(|Path(raw)| raw).map_err(|e| e.body_text());
+        let door = state.door();
+        door.check(raw_id, parts.uri.query(), &parts.headers)
+            .map_err(|refused| *refused)
+    }
+}
+
 impl<S: Sink> Door<'_, S> {
-    /// [`check`] with this door's settings.
+    /// Step 1 of the admission: the stream id (`raw_id`: the path segment, or the path
+    /// extractor's refusal), the query and the producer token. Counted refusals.
     pub fn check(
         &self,
         raw_id: Result<String, String>,
         raw_query: Option<&str>,
         headers: &HeaderMap,
     ) -> Result<Admitted, Refused> {
-        check(self.ingress, self.auth, raw_id, raw_query, headers)
+        let refuse = |label: &'static str, code: &str, message: String| {
+            self.ingress.global().admission_rejected(label);
+            Box::new(error_response(StatusCode::BAD_REQUEST, code, message))
+        };
+        let id = raw_id
+            .and_then(|raw| StreamId::parse(&raw).map_err(|e| e.to_string()))
+            .map_err(|message| refuse("invalid_id", "invalid_stream_id", message))?;
+        let query = UpgradeQuery::parse(raw_query)
+            .map_err(|e| refuse("invalid_session", "invalid_request", e.to_string()))?;
+        // Authentication before anything else is looked at or opened.
+        let grant = match self.auth {
+            None => None,
+            Some(auth) => Some(authenticate(self.ingress, auth, &id, &query, headers)?),
+        };
+        Ok(Admitted {
+            id,
+            session: query.session_id,
+            grant,
+        })
     }
 
-    /// [`open`] with this door's settings.
+    /// Step 3 of the admission: readiness, then the registry; applies the token's rate
+    /// class to the opened stream.
     pub fn open(&self, admitted: Admitted) -> Result<StreamHandle, Refused> {
-        open(self.ingress, self.retry_after, admitted)
+        let ingress = self.ingress;
+        // Readiness gates admission: a stream opened while NATS is disconnected (or
+        // before the first connect) could only queue into the client; refuse it like a
+        // full cap.
+        if !ingress.sink().is_connected() {
+            ingress.global().admission_rejected("not_ready");
+            let mut resp = error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not_ready",
+                "not connected to NATS; retry later",
+            );
+            insert_retry_after(&mut resp, self.retry_after);
+            return Err(Box::new(resp));
+        }
+        let handle = ingress
+            .open_id(admitted.id, admitted.session)
+            .map_err(|e| Box::new(open_refusal(&e, self.retry_after)))?;
+        if let Some(permille) = admitted.grant.and_then(|g| g.max_rate_permille) {
+            handle.limit_rate(permille);
+        }
+        Ok(handle)
     }
-}
-
-/// Step 1 of the admission: the stream id (`raw_id`: the path segment, or the path
-/// extractor's refusal), the query and the producer token. Counted refusals.
-pub fn check<S: Sink>(
-    ingress: &Ingress<S>,
-    auth: Option<&Authenticator>,
-    raw_id: Result<String, String>,
-    raw_query: Option<&str>,
-    headers: &HeaderMap,
-) -> Result<Admitted, Refused> {
-    let id = match raw_id.and_then(|raw| StreamId::parse(&raw).map_err(|e| e.to_string())) {
-        Ok(id) => id,
-        Err(message) => {
-            ingress.global().admission_rejected("invalid_id");
-            return Err(Box::new(error_response(
-                StatusCode::BAD_REQUEST,
-                "invalid_stream_id",
-                message,
-            )));
-        }
-    };
-    let query = match UpgradeQuery::parse(raw_query) {
-        Ok(q) => q,
-        Err(e) => {
-            ingress.global().admission_rejected("invalid_session");
-            return Err(Box::new(error_response(
-                StatusCode::BAD_REQUEST,
-                "invalid_request",
-                e.to_string(),
-            )));
-        }
-    };
-    // Authentication before anything else is looked at or opened.
-    let grant = match auth {
-        None => None,
-        Some(auth) => Some(authenticate(ingress, auth, &id, &query, headers)?),
-    };
-    Ok(Admitted {
-        id,
-        session: query.session_id,
-        grant,
-    })
 }
 
 /// The producer token of a request (`Authorization: Bearer`, else `access_token`)
@@ -172,34 +213,6 @@ fn authenticate<S: Sink>(
     })
 }
 
-/// Step 3 of the admission: readiness, then the registry; applies the token's rate
-/// class to the opened stream.
-pub fn open<S: Sink>(
-    ingress: &Ingress<S>,
-    retry_after: Duration,
-    admitted: Admitted,
-) -> Result<StreamHandle, Refused> {
-    // Readiness gates admission: a stream opened while NATS is disconnected (or before
-    // the first connect) could only queue into the client; refuse it like a full cap.
-    if !ingress.sink().is_connected() {
-        ingress.global().admission_rejected("not_ready");
-        let mut resp = error_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not_ready",
-            "not connected to NATS; retry later".to_owned(),
-        );
-        insert_retry_after(&mut resp, retry_after);
-        return Err(Box::new(resp));
-    }
-    let handle = ingress
-        .open_id(admitted.id, admitted.session)
-        .map_err(|e| Box::new(open_refusal(&e, retry_after)))?;
-    if let Some(permille) = admitted.grant.and_then(|g| g.max_rate_permille) {
-        handle.limit_rate(permille);
-    }
-    Ok(handle)
-}
-
 /// The routes of both doors, with the JSON `404` and `405` answers.
 pub fn with_fallbacks(routes: Router) -> Router {
     routes
@@ -207,16 +220,14 @@ pub fn with_fallbacks(routes: Router) -> Router {
             error_response(
                 StatusCode::NOT_FOUND,
                 "not_found",
-                "the paths are /v1/streams/{stream_id} (WebSocket) and /v1/whip/{stream_id} (WHIP)"
-                    .to_owned(),
+                "the paths are /v1/streams/{stream_id} (WebSocket) and /v1/whip/{stream_id} (WHIP)",
             )
         })
         .method_not_allowed_fallback(|| async {
             error_response(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
-                "a stream is opened with GET (WebSocket upgrade) on /v1/streams/{stream_id}"
-                    .to_owned(),
+                "a stream is opened with GET (WebSocket upgrade) on /v1/streams/{stream_id}",
             )
         })
 }
@@ -246,6 +257,15 @@ pub fn closed_event(reason: &str, summary: &StreamSummary) -> serde_json::Value 
         "frames_dropped": f.dropped.values().sum::<u64>(),
         "end_delivered": summary.snapshot.end_delivered,
     })
+}
+
+/// A stream's summary now, before it finished (the `closed` event of an overload or a
+/// refusal does not wait for the `end`).
+pub fn unfinished(handle: &StreamHandle) -> StreamSummary {
+    StreamSummary {
+        snapshot: handle.snapshot(),
+        finished: false,
+    }
 }
 
 /// What a door does after its stream's status changed: send the `gap` event, if any,

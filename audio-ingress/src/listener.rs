@@ -29,17 +29,16 @@ pub fn check_fd_limit(
     admin_max_connections: usize,
 ) -> Result<FdLimit, ConfigError> {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let refuse = |kind, message| ConfigError::new("max_connections", kind, message);
     let needed = max_connections as u64 + admin_max_connections as u64 + FD_RESERVE;
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(|e| {
-        ConfigError::new(
-            "max_connections",
+        refuse(
             ConfigErrorKind::Invalid,
             format!("cannot read RLIMIT_NOFILE: {e}"),
         )
     })?;
     if needed > hard {
-        return Err(ConfigError::new(
-            "max_connections",
+        return Err(refuse(
             ConfigErrorKind::OutOfRange,
             format!(
                 "max_connections {max_connections} + admin_max_connections \
@@ -49,29 +48,25 @@ pub fn check_fd_limit(
             ),
         ));
     }
-    if needed <= soft {
-        return Ok(FdLimit {
-            soft,
-            hard,
-            needed,
-            raised_from: None,
-        });
-    }
-    setrlimit(Resource::RLIMIT_NOFILE, needed, hard).map_err(|e| {
-        ConfigError::new(
-            "max_connections",
-            ConfigErrorKind::OutOfRange,
-            format!(
-                "{needed} file descriptors needed, RLIMIT_NOFILE soft limit {soft} could \
-                 not be raised: {e}"
-            ),
-        )
-    })?;
+    let raised_from = if needed <= soft {
+        None
+    } else {
+        setrlimit(Resource::RLIMIT_NOFILE, needed, hard).map_err(|e| {
+            refuse(
+                ConfigErrorKind::OutOfRange,
+                format!(
+                    "{needed} file descriptors needed, RLIMIT_NOFILE soft limit {soft} could \
+                     not be raised: {e}"
+                ),
+            )
+        })?;
+        Some(soft)
+    };
     Ok(FdLimit {
-        soft: needed,
+        soft: soft.max(needed),
         hard,
         needed,
-        raised_from: Some(soft),
+        raised_from,
     })
 }
 

@@ -21,122 +21,137 @@
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 use weir_service::metrics::Declared;
 
-// ---------------------------------------------------------------------------------
-// Producer side (queue, publisher, WebSocket front door, NATS connection)
-// ---------------------------------------------------------------------------------
+/// The declared metrics: each `kind pub const NAME: &str = "…";` is the name's constant
+/// and its entry in [`DECLARED`], with `kind` the [`Declared`] constructor.
+macro_rules! declared {
+    ($($(#[$doc:meta])* $kind:ident pub const $name:ident: &str = $value:literal;)*) => {
+        $($(#[$doc])* pub const $name: &str = $value;)*
 
-/// Gauge: PCM bytes admitted and not yet handed to NATS, summed over all streams
-/// (queued + the one frame each publisher may hold in flight).
-pub const PENDING_BYTES: &str = "weir_ingress_pending_bytes";
-/// Gauge: frames admitted and not yet handed to NATS, summed over all streams.
-pub const PENDING_FRAMES: &str = "weir_ingress_pending_frames";
-/// Gauge: age of the oldest pending frame over all streams, in seconds (sampled).
-pub const OLDEST_FRAME_AGE_SECONDS: &str = "weir_ingress_oldest_frame_age_seconds";
+        /// Every producer-side metric of the `serve` binary, registered at start
+        /// ([`weir_service::metrics::register`]) so that each is in the first scrape.
+        pub const DECLARED: &[Declared] = &[$(Declared::$kind($name)),*];
+    };
+}
+
+declared! {
+    // ---------------------------------------------------------------------------------
+    // Producer side (queue, publisher, WebSocket front door, NATS connection)
+    // ---------------------------------------------------------------------------------
+
+    /// Gauge: PCM bytes admitted and not yet handed to NATS, summed over all streams
+    /// (queued + the one frame each publisher may hold in flight).
+    gauge pub const PENDING_BYTES: &str = "weir_ingress_pending_bytes";
+    /// Gauge: frames admitted and not yet handed to NATS, summed over all streams.
+    gauge pub const PENDING_FRAMES: &str = "weir_ingress_pending_frames";
+    /// Gauge: age of the oldest pending frame over all streams, in seconds (sampled).
+    gauge pub const OLDEST_FRAME_AGE_SECONDS: &str = "weir_ingress_oldest_frame_age_seconds";
+    /// Counter: frames handed to the NATS client (confirmed or not).
+    counter pub const FRAMES_HANDED_OVER_TOTAL: &str = "weir_ingress_frames_handed_over_total";
+    /// Gauge: bytes handed to the NATS client and not yet confirmed by the server.
+    gauge pub const UNCONFIRMED_BYTES: &str = "weir_ingress_unconfirmed_bytes";
+    /// Gauge: frames handed to the NATS client and not yet confirmed by the server.
+    gauge pub const UNCONFIRMED_FRAMES: &str = "weir_ingress_unconfirmed_frames";
+    /// Gauge: the confirmation window's current byte limit.
+    gauge pub const CONFIRM_WINDOW_LIMIT_BYTES: &str = "weir_ingress_confirm_window_limit_bytes";
+    /// Counter: confirmation rounds (markers that came back through the server).
+    counter pub const CONFIRM_ROUNDS_TOTAL: &str = "weir_ingress_confirm_rounds_total";
+    /// Histogram: duration of one confirmation round (marker out → back), seconds.
+    histogram pub const CONFIRM_ROUND_SECONDS: &str = "weir_ingress_confirm_round_seconds";
+    /// Counter: connection losses that left frames unconfirmed (declared possibly lost).
+    counter pub const CONFIRM_DISCONNECTS_TOTAL: &str = "weir_ingress_confirm_disconnects_total";
+    /// Counter: frames by `outcome` (`published` = confirmed by the server, `possibly_lost`,
+    /// `dropped`, `rejected`) and `reason` (see [`crate::stats::DropReason`]; `none` for
+    /// published, `unconfirmed_at_disconnect` for possibly lost).
+    counter pub const FRAMES_TOTAL: &str = "weir_ingress_frames_total";
+    /// Counter: frames offered to a stream (admitted or not).
+    counter pub const FRAMES_OFFERED_TOTAL: &str = "weir_ingress_frames_offered_total";
+    /// Counter: streams ended by the `close` policy, by `reason`
+    /// (`queue_full`, `max_age`, `publish_timeout`).
+    counter pub const OVERLOADS_TOTAL: &str = "weir_ingress_overloads_total";
+    /// Counter: gap markers handed to NATS (`gap` policy).
+    counter pub const GAPS_TOTAL: &str = "weir_ingress_gaps_total";
+    /// Counter: frames covered by gap markers handed to NATS.
+    counter pub const GAP_FRAMES_TOTAL: &str = "weir_ingress_gap_frames_total";
+    /// Counter: shadow mode — frames the budget would have refused or dropped, by `reason`
+    /// (`bytes`, `age`, `publish_timeout`). Nothing is enforced for them.
+    counter pub const WOULD_REJECT_TOTAL: &str = "weir_ingress_would_reject_total";
+    /// Gauge: streams open (including those still delivering their `end`).
+    gauge pub const ACTIVE_STREAMS: &str = "weir_ingress_active_streams";
+    /// Counter: streams opened.
+    counter pub const STREAMS_TOTAL: &str = "weir_ingress_streams_total";
+    /// Counter: stream opens refused, by `reason` (`invalid_id`, `already_active`,
+    /// `max_streams`, `shutting_down`).
+    counter pub const ADMISSION_REJECTS_TOTAL: &str = "weir_ingress_admission_rejects_total";
+    /// Counter: `end` packets handed to NATS, by `reason` (`Weir-End-Reason` values).
+    counter pub const ENDS_TOTAL: &str = "weir_ingress_ends_total";
+    /// Counter: `end` packets and gap markers published again because the NATS connection
+    /// was replaced before the server confirmed them (the client may have discarded
+    /// them), by `packet` (`end`, `gap`).
+    counter pub const CONTROL_REPUBLISHED_TOTAL: &str = "weir_ingress_control_packets_republished_total";
+    /// Counter: `end` packets (or gap markers) that could not be handed to NATS before
+    /// their deadline, by `packet` (`end`, `gap`).
+    counter pub const CONTROL_LOST_TOTAL: &str = "weir_ingress_control_packets_lost_total";
+    /// Counter: NATS publish attempts that hit the publish timeout, by `packet`.
+    counter pub const PUBLISH_TIMEOUTS_TOTAL: &str = "weir_ingress_publish_timeouts_total";
+    /// Counter: NATS publish calls that returned an error, by `packet`.
+    counter pub const PUBLISH_ERRORS_TOTAL: &str = "weir_ingress_publish_errors_total";
+    /// Counter: NATS client events, by `event` (`connected`, `disconnected`,
+    /// `slow_consumer`, `lame_duck`, `server_error`, `client_error`, `draining`, `closed`).
+    counter pub const NATS_EVENTS_TOTAL: &str = "weir_ingress_nats_events_total";
+    /// Gauge: 1 while the NATS client is connected, else 0.
+    gauge pub const NATS_CONNECTED: &str = "weir_ingress_nats_connected";
+    /// Counter: WebSocket connections closed, by `code` (1000, 1001, 1003, 1008, 1011, 1013).
+    counter pub const WS_CLOSES_TOTAL: &str = "weir_ingress_ws_closes_total";
+    /// Counter: sends to a WebSocket client (event or close frame) that did not complete
+    /// within `ws_send_timeout_ms`; the connection was abandoned.
+    counter pub const WS_SEND_TIMEOUTS_TOTAL: &str = "weir_ingress_ws_send_timeouts_total";
+    /// Gauge: open TCP connections of an HTTP listener, by `listener` (`ws`, `admin`),
+    /// upgraded WebSockets included (see `weir_service::http`).
+    gauge pub const HTTP_CONNECTIONS_OPEN: &str = "weir_ingress_http_connections_open";
+    /// Counter: TCP connections accepted and given a slot, by `listener`.
+    counter pub const HTTP_CONNECTIONS_TOTAL: &str = "weir_ingress_http_connections_total";
+    /// Counter: TCP connections refused at accept, by `listener` and `reason`
+    /// (`max_connections`, `per_ip`).
+    counter pub const HTTP_CONNECTIONS_REFUSED_TOTAL: &str = "weir_ingress_http_connections_refused_total";
+    /// Counter: connections closed before an upgrade by a timeout, by `listener` and
+    /// `reason` (`header`: no complete request head within `http_header_timeout_ms`;
+    /// `idle`: no byte moved for `http_idle_timeout_ms`).
+    counter pub const HTTP_CONNECTIONS_TIMED_OUT_TOTAL: &str = "weir_ingress_http_connections_timed_out_total";
+    /// Counter: `accept` failures other than a peer's reset (e.g. out of file descriptors),
+    /// by `listener`.
+    counter pub const HTTP_ACCEPT_ERRORS_TOTAL: &str = "weir_ingress_http_accept_errors_total";
+    /// Counter: WHIP sessions created (offer answered 201).
+    counter pub const WHIP_SESSIONS_TOTAL: &str = "weir_ingress_whip_sessions_total";
+    /// Counter: WHIP sessions the driver ended because the publisher was lost (ICE
+    /// disconnected or silent past `whip_disconnect_timeout_ms`, never connected within
+    /// `whip_connect_timeout_ms`, DTLS or SRTP failure).
+    counter pub const WHIP_SESSIONS_LOST_TOTAL: &str = "weir_ingress_whip_sessions_lost_total";
+    /// Counter: Opus packets decoded by the WHIP pumps.
+    counter pub const WHIP_PACKETS_DECODED_TOTAL: &str = "weir_ingress_whip_packets_decoded_total";
+    /// Gauge that only grows (a counter of fractional seconds): time spent decoding Opus
+    /// (÷ packets decoded = cost per packet).
+    gauge pub const WHIP_DECODE_SECONDS_TOTAL: &str = "weir_ingress_whip_decode_seconds_total";
+    /// Counter: Opus packets the decoder refused (each concealed).
+    counter pub const WHIP_DECODE_ERRORS_TOTAL: &str = "weir_ingress_whip_decode_errors_total";
+    /// Counter: 20 ms frames made by Opus loss concealment instead of decoded audio.
+    counter pub const WHIP_CONCEALED_FRAMES_TOTAL: &str = "weir_ingress_whip_concealed_frames_total";
+    /// Counter: RTP sequence gaps (one per jump).
+    counter pub const WHIP_RTP_GAPS_TOTAL: &str = "weir_ingress_whip_rtp_gaps_total";
+    /// Counter: RTP packets missing in those gaps.
+    counter pub const WHIP_RTP_LOST_PACKETS_TOTAL: &str = "weir_ingress_whip_rtp_lost_packets_total";
+    /// Counter: Opus packets dropped before decoding because a pump was behind (its
+    /// bounded channel was full); the pump sees them as an RTP gap.
+    counter pub const WHIP_PACKETS_DROPPED_TOTAL: &str = "weir_ingress_whip_packets_dropped_total";
+    /// Gauge: the most memory this replica's configuration lets it hold above idle, plus an
+    /// idle allowance, in bytes: the sum of docs/operations.md § Memory
+    /// ([`crate::config::Config::memory_bound_bytes`]). Compare `process_resident_memory_bytes`
+    /// with it: RSS near it means a buffer the table misses.
+    gauge pub const MEMORY_BOUND_BYTES: &str = "weir_ingress_memory_bound_bytes";
+}
+
 /// Histogram: time from admission (`try_push`/`push`) to the frame being handed to
 /// the NATS client, in seconds.
 pub const QUEUE_WAIT_SECONDS: &str = "weir_ingress_queue_wait_seconds";
-/// Counter: frames handed to the NATS client (confirmed or not).
-pub const FRAMES_HANDED_OVER_TOTAL: &str = "weir_ingress_frames_handed_over_total";
-/// Gauge: bytes handed to the NATS client and not yet confirmed by the server.
-pub const UNCONFIRMED_BYTES: &str = "weir_ingress_unconfirmed_bytes";
-/// Gauge: frames handed to the NATS client and not yet confirmed by the server.
-pub const UNCONFIRMED_FRAMES: &str = "weir_ingress_unconfirmed_frames";
-/// Gauge: the confirmation window's current byte limit.
-pub const CONFIRM_WINDOW_LIMIT_BYTES: &str = "weir_ingress_confirm_window_limit_bytes";
-/// Counter: confirmation rounds (markers that came back through the server).
-pub const CONFIRM_ROUNDS_TOTAL: &str = "weir_ingress_confirm_rounds_total";
-/// Histogram: duration of one confirmation round (marker out → back), seconds.
-pub const CONFIRM_ROUND_SECONDS: &str = "weir_ingress_confirm_round_seconds";
-/// Counter: connection losses that left frames unconfirmed (declared possibly lost).
-pub const CONFIRM_DISCONNECTS_TOTAL: &str = "weir_ingress_confirm_disconnects_total";
-/// Counter: frames by `outcome` (`published` = confirmed by the server, `possibly_lost`,
-/// `dropped`, `rejected`) and `reason` (see [`crate::stats::DropReason`]; `none` for
-/// published, `unconfirmed_at_disconnect` for possibly lost).
-pub const FRAMES_TOTAL: &str = "weir_ingress_frames_total";
-/// Counter: frames offered to a stream (admitted or not).
-pub const FRAMES_OFFERED_TOTAL: &str = "weir_ingress_frames_offered_total";
-/// Counter: streams ended by the `close` policy, by `reason`
-/// (`queue_full`, `max_age`, `publish_timeout`).
-pub const OVERLOADS_TOTAL: &str = "weir_ingress_overloads_total";
-/// Counter: gap markers handed to NATS (`gap` policy).
-pub const GAPS_TOTAL: &str = "weir_ingress_gaps_total";
-/// Counter: frames covered by gap markers handed to NATS.
-pub const GAP_FRAMES_TOTAL: &str = "weir_ingress_gap_frames_total";
-/// Counter: shadow mode — frames the budget would have refused or dropped, by `reason`
-/// (`bytes`, `age`, `publish_timeout`). Nothing is enforced for them.
-pub const WOULD_REJECT_TOTAL: &str = "weir_ingress_would_reject_total";
-/// Gauge: streams open (including those still delivering their `end`).
-pub const ACTIVE_STREAMS: &str = "weir_ingress_active_streams";
-/// Counter: streams opened.
-pub const STREAMS_TOTAL: &str = "weir_ingress_streams_total";
-/// Counter: stream opens refused, by `reason` (`invalid_id`, `already_active`,
-/// `max_streams`, `shutting_down`).
-pub const ADMISSION_REJECTS_TOTAL: &str = "weir_ingress_admission_rejects_total";
-/// Counter: `end` packets handed to NATS, by `reason` (`Weir-End-Reason` values).
-pub const ENDS_TOTAL: &str = "weir_ingress_ends_total";
-/// Counter: `end` packets and gap markers published again because the NATS connection
-/// was replaced before the server confirmed them (the client may have discarded
-/// them), by `packet` (`end`, `gap`).
-pub const CONTROL_REPUBLISHED_TOTAL: &str = "weir_ingress_control_packets_republished_total";
-/// Counter: `end` packets (or gap markers) that could not be handed to NATS before
-/// their deadline, by `packet` (`end`, `gap`).
-pub const CONTROL_LOST_TOTAL: &str = "weir_ingress_control_packets_lost_total";
-/// Counter: NATS publish attempts that hit the publish timeout, by `packet`.
-pub const PUBLISH_TIMEOUTS_TOTAL: &str = "weir_ingress_publish_timeouts_total";
-/// Counter: NATS publish calls that returned an error, by `packet`.
-pub const PUBLISH_ERRORS_TOTAL: &str = "weir_ingress_publish_errors_total";
-/// Counter: NATS client events, by `event` (`connected`, `disconnected`,
-/// `slow_consumer`, `lame_duck`, `server_error`, `client_error`, `draining`, `closed`).
-pub const NATS_EVENTS_TOTAL: &str = "weir_ingress_nats_events_total";
-/// Gauge: 1 while the NATS client is connected, else 0.
-pub const NATS_CONNECTED: &str = "weir_ingress_nats_connected";
-/// Counter: WebSocket connections closed, by `code` (1000, 1001, 1003, 1008, 1011, 1013).
-pub const WS_CLOSES_TOTAL: &str = "weir_ingress_ws_closes_total";
-/// Counter: sends to a WebSocket client (event or close frame) that did not complete
-/// within `ws_send_timeout_ms`; the connection was abandoned.
-pub const WS_SEND_TIMEOUTS_TOTAL: &str = "weir_ingress_ws_send_timeouts_total";
-/// Gauge: open TCP connections of an HTTP listener, by `listener` (`ws`, `admin`),
-/// upgraded WebSockets included (see `weir_service::http`).
-pub const HTTP_CONNECTIONS_OPEN: &str = "weir_ingress_http_connections_open";
-/// Counter: TCP connections accepted and given a slot, by `listener`.
-pub const HTTP_CONNECTIONS_TOTAL: &str = "weir_ingress_http_connections_total";
-/// Counter: TCP connections refused at accept, by `listener` and `reason`
-/// (`max_connections`, `per_ip`).
-pub const HTTP_CONNECTIONS_REFUSED_TOTAL: &str = "weir_ingress_http_connections_refused_total";
-/// Counter: connections closed before an upgrade by a timeout, by `listener` and
-/// `reason` (`header`: no complete request head within `http_header_timeout_ms`;
-/// `idle`: no byte moved for `http_idle_timeout_ms`).
-pub const HTTP_CONNECTIONS_TIMED_OUT_TOTAL: &str = "weir_ingress_http_connections_timed_out_total";
-/// Counter: `accept` failures other than a peer's reset (e.g. out of file descriptors),
-/// by `listener`.
-pub const HTTP_ACCEPT_ERRORS_TOTAL: &str = "weir_ingress_http_accept_errors_total";
-/// Counter: WHIP sessions created (offer answered 201).
-pub const WHIP_SESSIONS_TOTAL: &str = "weir_ingress_whip_sessions_total";
-/// Counter: WHIP sessions the driver ended because the publisher was lost (ICE
-/// disconnected or silent past `whip_disconnect_timeout_ms`, never connected within
-/// `whip_connect_timeout_ms`, DTLS or SRTP failure).
-pub const WHIP_SESSIONS_LOST_TOTAL: &str = "weir_ingress_whip_sessions_lost_total";
-/// Counter: Opus packets decoded by the WHIP pumps.
-pub const WHIP_PACKETS_DECODED_TOTAL: &str = "weir_ingress_whip_packets_decoded_total";
-/// Gauge that only grows (a counter of fractional seconds): time spent decoding Opus
-/// (÷ packets decoded = cost per packet).
-pub const WHIP_DECODE_SECONDS_TOTAL: &str = "weir_ingress_whip_decode_seconds_total";
-/// Counter: Opus packets the decoder refused (each concealed).
-pub const WHIP_DECODE_ERRORS_TOTAL: &str = "weir_ingress_whip_decode_errors_total";
-/// Counter: 20 ms frames made by Opus loss concealment instead of decoded audio.
-pub const WHIP_CONCEALED_FRAMES_TOTAL: &str = "weir_ingress_whip_concealed_frames_total";
-/// Counter: RTP sequence gaps (one per jump).
-pub const WHIP_RTP_GAPS_TOTAL: &str = "weir_ingress_whip_rtp_gaps_total";
-/// Counter: RTP packets missing in those gaps.
-pub const WHIP_RTP_LOST_PACKETS_TOTAL: &str = "weir_ingress_whip_rtp_lost_packets_total";
-/// Counter: Opus packets dropped before decoding because a pump was behind (its
-/// bounded channel was full); the pump sees them as an RTP gap.
-pub const WHIP_PACKETS_DROPPED_TOTAL: &str = "weir_ingress_whip_packets_dropped_total";
-/// Gauge: the most memory this replica's configuration lets it hold above idle, plus an
-/// idle allowance, in bytes: the sum of docs/operations.md § Memory
-/// ([`crate::config::Config::memory_bound_bytes`]). Compare `process_resident_memory_bytes`
-/// with it: RSS near it means a buffer the table misses.
-pub const MEMORY_BOUND_BYTES: &str = "weir_ingress_memory_bound_bytes";
 
 /// The names of both HTTP listeners' metrics, labelled `listener` = `ws` | `admin`.
 pub const LISTENER: weir_service::http::ListenerMetrics = weir_service::http::ListenerMetrics {
@@ -145,54 +160,6 @@ pub const LISTENER: weir_service::http::ListenerMetrics = weir_service::http::Li
     timed_out_total: HTTP_CONNECTIONS_TIMED_OUT_TOTAL,
     accept_errors_total: HTTP_ACCEPT_ERRORS_TOTAL,
 };
-
-/// Every producer-side metric of the `serve` binary, registered at start
-/// ([`weir_service::metrics::register`]) so that each is in the first scrape.
-pub const DECLARED: &[Declared] = &[
-    Declared::gauge(PENDING_BYTES),
-    Declared::gauge(PENDING_FRAMES),
-    Declared::gauge(OLDEST_FRAME_AGE_SECONDS),
-    Declared::counter(FRAMES_HANDED_OVER_TOTAL),
-    Declared::gauge(UNCONFIRMED_BYTES),
-    Declared::gauge(UNCONFIRMED_FRAMES),
-    Declared::gauge(CONFIRM_WINDOW_LIMIT_BYTES),
-    Declared::counter(CONFIRM_ROUNDS_TOTAL),
-    Declared::histogram(CONFIRM_ROUND_SECONDS),
-    Declared::counter(CONFIRM_DISCONNECTS_TOTAL),
-    Declared::counter(FRAMES_TOTAL),
-    Declared::counter(FRAMES_OFFERED_TOTAL),
-    Declared::counter(OVERLOADS_TOTAL),
-    Declared::counter(GAPS_TOTAL),
-    Declared::counter(GAP_FRAMES_TOTAL),
-    Declared::counter(WOULD_REJECT_TOTAL),
-    Declared::gauge(ACTIVE_STREAMS),
-    Declared::counter(STREAMS_TOTAL),
-    Declared::counter(ADMISSION_REJECTS_TOTAL),
-    Declared::counter(ENDS_TOTAL),
-    Declared::counter(CONTROL_LOST_TOTAL),
-    Declared::counter(CONTROL_REPUBLISHED_TOTAL),
-    Declared::counter(PUBLISH_TIMEOUTS_TOTAL),
-    Declared::counter(PUBLISH_ERRORS_TOTAL),
-    Declared::counter(NATS_EVENTS_TOTAL),
-    Declared::gauge(NATS_CONNECTED),
-    Declared::counter(WS_CLOSES_TOTAL),
-    Declared::counter(WS_SEND_TIMEOUTS_TOTAL),
-    Declared::gauge(HTTP_CONNECTIONS_OPEN),
-    Declared::counter(HTTP_CONNECTIONS_TOTAL),
-    Declared::counter(HTTP_CONNECTIONS_REFUSED_TOTAL),
-    Declared::counter(HTTP_CONNECTIONS_TIMED_OUT_TOTAL),
-    Declared::counter(HTTP_ACCEPT_ERRORS_TOTAL),
-    Declared::counter(WHIP_SESSIONS_TOTAL),
-    Declared::counter(WHIP_SESSIONS_LOST_TOTAL),
-    Declared::counter(WHIP_PACKETS_DECODED_TOTAL),
-    Declared::gauge(WHIP_DECODE_SECONDS_TOTAL),
-    Declared::counter(WHIP_DECODE_ERRORS_TOTAL),
-    Declared::counter(WHIP_CONCEALED_FRAMES_TOTAL),
-    Declared::counter(WHIP_RTP_GAPS_TOTAL),
-    Declared::counter(WHIP_RTP_LOST_PACKETS_TOTAL),
-    Declared::counter(WHIP_PACKETS_DROPPED_TOTAL),
-    Declared::gauge(MEMORY_BOUND_BYTES),
-];
 
 /// Histogram buckets for [`QUEUE_WAIT_SECONDS`], in seconds.
 pub const QUEUE_WAIT_BUCKETS: &[f64] = &[0.001, 0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0];

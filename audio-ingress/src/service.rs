@@ -48,10 +48,41 @@ pub struct RunningService<S: Sink> {
     whip: Option<Whip>,
 }
 
-async fn bind(addr: SocketAddr, key: &str) -> Result<TcpListener, Error> {
-    TcpListener::bind(addr)
+/// The listener of config key `key` and its bound address.
+async fn bind(addr: SocketAddr, key: &str) -> Result<(TcpListener, SocketAddr), Error> {
+    let listener = TcpListener::bind(addr)
         .await
-        .map_err(|e| crate::error::io(format!("config key `{key}`: cannot listen on {addr}"), e))
+        .map_err(|e| crate::error::io(format!("config key `{key}`: cannot listen on {addr}"), e))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| crate::error::io(format!("{key} address"), e))?;
+    Ok((listener, bound))
+}
+
+/// Serves `router` on `listener` with `options`, at most `max` connections (`per_ip`
+/// from one address), until the returned token is cancelled.
+fn serve_http(
+    listener: TcpListener,
+    router: axum::Router,
+    options: HttpOptions,
+    max: usize,
+    per_ip: usize,
+) -> (CancellationToken, JoinHandle<()>) {
+    let limiter = ConnLimiter::new(
+        options.name,
+        crate::metrics::HTTP_CONNECTIONS_OPEN,
+        max,
+        per_ip,
+    );
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(weir_service::http::serve(
+        listener,
+        router,
+        limiter,
+        options,
+        stop.clone().cancelled_owned(),
+    ));
+    (stop, task)
 }
 
 /// Connects to NATS (retrying in the background: the service starts not-ready) and
@@ -105,14 +136,8 @@ pub async fn start_with_sink<S: Sink>(
         admin_max_connections = server.admin_max_connections.get(),
         "open-file limit checked"
     );
-    let ws_listener = bind(config.server.listen, "listen").await?;
-    let admin_listener = bind(config.server.admin, "admin").await?;
-    let ws_addr = ws_listener
-        .local_addr()
-        .map_err(|e| crate::error::io("listen address", e))?;
-    let admin_addr = admin_listener
-        .local_addr()
-        .map_err(|e| crate::error::io("admin address", e))?;
+    let (ws_listener, ws_addr) = bind(config.server.listen, "listen").await?;
+    let (admin_listener, admin_addr) = bind(config.server.admin, "admin").await?;
     let max_streams = config.server.max_streams.get();
     let ingress = Ingress::with_max_streams(sink, config.stream.clone(), max_streams);
     let tracker = TaskTracker::new();
@@ -152,20 +177,13 @@ pub async fn start_with_sink<S: Sink>(
         retry_after: config.server.retry_after,
         metrics: crate::metrics::LISTENER,
     };
-    let ws_limiter = ConnLimiter::new(
-        "ws",
-        crate::metrics::HTTP_CONNECTIONS_OPEN,
-        config.server.max_connections.get(),
-        config.server.max_connections_per_ip.get(),
-    );
-    let stop_ws = CancellationToken::new();
-    let ws_task = tokio::spawn(weir_service::http::serve(
+    let (stop_ws, ws_task) = serve_http(
         ws_listener,
         ws_router,
-        ws_limiter,
         http("ws"),
-        stop_ws.clone().cancelled_owned(),
-    ));
+        server.max_connections.get(),
+        server.max_connections_per_ip.get(),
+    );
 
     let s = &config.server;
     let edge = serde_json::json!({
@@ -194,21 +212,14 @@ pub async fn start_with_sink<S: Sink>(
         limits: config.server.admin_request_limits,
     });
     // Per address = the whole cap: the admin port is for local scrapers and probes.
-    let admin_cap = config.server.admin_max_connections.get();
-    let admin_limiter = ConnLimiter::new(
-        "admin",
-        crate::metrics::HTTP_CONNECTIONS_OPEN,
+    let admin_cap = server.admin_max_connections.get();
+    let (stop_admin, admin_task) = serve_http(
+        admin_listener,
+        admin_router,
+        http("admin"),
         admin_cap,
         admin_cap,
     );
-    let stop_admin = CancellationToken::new();
-    let admin_task = tokio::spawn(weir_service::http::serve(
-        admin_listener,
-        admin_router,
-        admin_limiter,
-        http("admin"),
-        stop_admin.clone().cancelled_owned(),
-    ));
 
     let upkeep_ingress = ingress.clone();
     let upkeep = tokio::spawn(async move {

@@ -38,72 +38,69 @@ use weir_service::metrics::{LatencyHistogram, Series};
 
 use crate::metrics as m;
 
-/// Why an offered frame was not published. The first three are refusals (the frame
-/// was never admitted and has no sequence number); the rest are drops of admitted
-/// frames (their sequence numbers are missing downstream, covered by a gap marker in
-/// the `gap` policy or followed by an `end` in `close`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DropReason {
-    /// Refused: the byte budget was full (`close` policy, `try_push`).
-    QueueFull,
-    /// Refused: the stream was overloaded, ending or ended.
-    Closed,
-    /// Refused: not a valid PCM frame.
-    Invalid,
-    /// Dropped: oldest frame evicted to make room (`gap` policy).
-    Evicted,
-    /// Dropped: older than `max_age` before it could be published (`gap` policy).
-    MaxAge,
-    /// Dropped: pending when the stream overloaded (`close` policy).
-    Overload,
-    /// Dropped: NATS did not take it within `publish_timeout` (`gap` policy).
-    PublishTimeout,
-    /// Dropped: the NATS client returned an error for it.
-    PublishError,
-    /// Dropped: still pending when the shutdown grace period ran out.
-    Shutdown,
-    /// Dropped: the stream's byte budget was held by frames the server had not
-    /// confirmed yet (`gap` policy; covered by a gap marker).
-    Unconfirmed,
-    /// Dropped: over the stream's rate bound (`max_rate`, `gap` policy; covered by a
-    /// gap marker).
-    Rate,
+/// A fieldless enum with a label per variant (`Variant = "label"`): the enum, its
+/// `ALL` (declaration order, which indexing by `as usize` relies on) and `as_str`.
+macro_rules! labelled {
+    ($(#[$meta:meta])* pub enum $name:ident {
+        $($(#[$doc:meta])* $variant:ident = $label:literal,)+
+    }) => {
+        $(#[$meta])*
+        pub enum $name {
+            $($(#[$doc])* $variant,)+
+        }
+
+        impl $name {
+            /// Every variant, in label order.
+            pub const ALL: [Self; [$($label),+].len()] = [$(Self::$variant),+];
+
+            /// The label (JSON key, metric label or config value).
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $label,)+
+                }
+            }
+        }
+    };
+}
+
+pub(crate) use labelled;
+
+labelled! {
+    /// Why an offered frame was not published. The first three are refusals (the frame
+    /// was never admitted and has no sequence number); the rest are drops of admitted
+    /// frames (their sequence numbers are missing downstream, covered by a gap marker in
+    /// the `gap` policy or followed by an `end` in `close`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum DropReason {
+        /// Refused: the byte budget was full (`close` policy, `try_push`).
+        QueueFull = "queue_full",
+        /// Refused: the stream was overloaded, ending or ended.
+        Closed = "closed",
+        /// Refused: not a valid PCM frame.
+        Invalid = "invalid",
+        /// Dropped: oldest frame evicted to make room (`gap` policy).
+        Evicted = "evicted",
+        /// Dropped: older than `max_age` before it could be published (`gap` policy).
+        MaxAge = "max_age",
+        /// Dropped: pending when the stream overloaded (`close` policy).
+        Overload = "overload",
+        /// Dropped: NATS did not take it within `publish_timeout` (`gap` policy).
+        PublishTimeout = "publish_timeout",
+        /// Dropped: the NATS client returned an error for it.
+        PublishError = "publish_error",
+        /// Dropped: still pending when the shutdown grace period ran out.
+        Shutdown = "shutdown",
+        /// Dropped: the stream's byte budget was held by frames the server had not
+        /// confirmed yet (`gap` policy; covered by a gap marker).
+        Unconfirmed = "unconfirmed",
+        /// Dropped: over the stream's rate bound (`max_rate`, `gap` policy; covered by a
+        /// gap marker).
+        Rate = "rate",
+    }
 }
 
 impl DropReason {
-    /// All reasons, in label order.
-    pub const ALL: [DropReason; 11] = [
-        Self::QueueFull,
-        Self::Closed,
-        Self::Invalid,
-        Self::Evicted,
-        Self::MaxAge,
-        Self::Overload,
-        Self::PublishTimeout,
-        Self::PublishError,
-        Self::Shutdown,
-        Self::Unconfirmed,
-        Self::Rate,
-    ];
-
-    /// The label / JSON key.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::QueueFull => "queue_full",
-            Self::Closed => "closed",
-            Self::Invalid => "invalid",
-            Self::Evicted => "evicted",
-            Self::MaxAge => "max_age",
-            Self::Overload => "overload",
-            Self::PublishTimeout => "publish_timeout",
-            Self::PublishError => "publish_error",
-            Self::Shutdown => "shutdown",
-            Self::Unconfirmed => "unconfirmed",
-            Self::Rate => "rate",
-        }
-    }
-
     /// Whether the frame was refused at admission (no sequence number).
     pub fn is_refusal(self) -> bool {
         matches!(self, Self::QueueFull | Self::Closed | Self::Invalid)
@@ -114,29 +111,17 @@ impl DropReason {
     }
 }
 
-/// Why shadow mode would have refused or dropped a frame.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WouldReject {
-    /// Over the byte budget.
-    Bytes,
-    /// Older than the age budget.
-    Age,
-    /// A publish timed out.
-    PublishTimeout,
-}
-
-impl WouldReject {
-    /// All reasons.
-    pub const ALL: [WouldReject; 3] = [Self::Bytes, Self::Age, Self::PublishTimeout];
-
-    /// The label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Bytes => "bytes",
-            Self::Age => "age",
-            Self::PublishTimeout => "publish_timeout",
-        }
+labelled! {
+    /// Why shadow mode would have refused or dropped a frame.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum WouldReject {
+        /// Over the byte budget.
+        Bytes = "bytes",
+        /// Older than the age budget.
+        Age = "age",
+        /// A publish timed out.
+        PublishTimeout = "publish_timeout",
     }
 }
 
@@ -242,26 +227,18 @@ impl CountersSnapshot {
             .map(|r| self.dropped(*r))
             .sum()
     }
-    /// Every frame offered and not published.
-    pub fn not_published_total(&self) -> u64 {
-        self.dropped.iter().sum()
-    }
 }
 
 impl Counters {
     /// A copy of the counters.
     pub fn snapshot(&self) -> CountersSnapshot {
-        let mut dropped = [0; N_DROP];
-        for (d, a) in dropped.iter_mut().zip(&self.dropped) {
-            *d = get(a);
-        }
         CountersSnapshot {
             offered: get(&self.offered),
             admitted: get(&self.admitted),
             handed_over: get(&self.handed_over),
             published: get(&self.published),
             possibly_lost: get(&self.possibly_lost),
-            dropped,
+            dropped: self.dropped.each_ref().map(get),
             dropped_samples: get(&self.dropped_samples),
             would_reject: get(&self.would_reject),
             gaps: get(&self.gaps),
@@ -323,6 +300,19 @@ impl Handles {
             streams_total: metrics::counter!(m::STREAMS_TOTAL),
         }
     }
+}
+
+/// Counter readers: `name => field;` writes `pub fn name(&self) -> u64` reading the
+/// atomic `field`.
+macro_rules! counts {
+    ($($(#[$doc:meta])* $name:ident => $field:ident;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(&self) -> u64 {
+                get(&self.$field)
+            }
+        )*
+    };
 }
 
 /// Aggregate accounting shared by every stream of one ingress.
@@ -404,22 +394,6 @@ impl Global {
         self.pending_frames.fetch_sub(frames, Ordering::Relaxed);
     }
 
-    /// Pending bytes over all streams.
-    pub fn pending_bytes(&self) -> u64 {
-        get(&self.pending_bytes)
-    }
-
-    /// Pending frames over all streams.
-    pub fn pending_frames(&self) -> u64 {
-        get(&self.pending_frames)
-    }
-
-    /// Bytes of PCM admitted since start (the offered rate that sizes the confirmation
-    /// window).
-    pub fn admitted_bytes(&self) -> u64 {
-        get(&self.admitted_bytes)
-    }
-
     pub(crate) fn stream_opened(&self) {
         add(&self.streams_total, 1);
         add(&self.active_streams, 1);
@@ -459,12 +433,6 @@ impl Global {
         metrics::counter!(m::CONTROL_REPUBLISHED_TOTAL, m::LABEL_PACKET => packet).increment(1);
     }
 
-    /// `end` packets and gap markers published again after a reconnect (see
-    /// `publisher`).
-    pub fn control_packets_republished(&self) -> u64 {
-        get(&self.control_republished)
-    }
-
     pub(crate) fn control_lost(&self, packet: &'static str) {
         add(&self.control_lost, 1);
         metrics::counter!(m::CONTROL_LOST_TOTAL, m::LABEL_PACKET => packet).increment(1);
@@ -480,34 +448,32 @@ impl Global {
         get(&self.ends[end_index(reason)])
     }
 
-    /// Overloads so far.
-    pub fn overloads(&self) -> u64 {
-        get(&self.overloads)
-    }
-
-    /// End or gap packets that could not be handed to NATS in time.
-    pub fn control_packets_lost(&self) -> u64 {
-        get(&self.control_lost)
+    counts! {
+        /// Pending bytes over all streams.
+        pending_bytes => pending_bytes;
+        /// Pending frames over all streams.
+        pending_frames => pending_frames;
+        /// Bytes of PCM admitted since start (the offered rate that sizes the confirmation
+        /// window).
+        admitted_bytes => admitted_bytes;
+        /// `end` packets and gap markers published again after a reconnect (see
+        /// `publisher`).
+        control_packets_republished => control_republished;
+        /// Overloads so far.
+        overloads => overloads;
+        /// End or gap packets that could not be handed to NATS in time.
+        control_packets_lost => control_lost;
+        /// Streams open now.
+        active_streams => active_streams;
+        /// Streams opened since start.
+        streams_total => streams_total;
+        /// Stream opens refused.
+        admission_rejects => admission_rejects;
     }
 
     /// Queue-wait summary since start, in milliseconds.
     pub fn queue_wait(&self) -> QueueWaitMs {
         self.queue_wait.percentiles()
-    }
-
-    /// Streams open now.
-    pub fn active_streams(&self) -> u64 {
-        get(&self.active_streams)
-    }
-
-    /// Streams opened since start.
-    pub fn streams_total(&self) -> u64 {
-        get(&self.streams_total)
-    }
-
-    /// Stream opens refused.
-    pub fn admission_rejects(&self) -> u64 {
-        get(&self.admission_rejects)
     }
 
     /// Publishes the per-frame counters and the pending gauges to the `metrics`
@@ -569,14 +535,18 @@ pub(crate) struct Account<'a> {
 }
 
 impl Account<'_> {
+    /// Adds `n` to a counter of the stream and the same counter of the aggregate.
+    fn both(&self, counter: impl Fn(&Counters) -> &AtomicU64, n: u64) {
+        add(counter(self.stream), n);
+        add(counter(&self.global.counters), n);
+    }
+
     pub fn offered(&self) {
-        add(&self.stream.offered, 1);
-        add(&self.global.counters.offered, 1);
+        self.both(|c| &c.offered, 1);
     }
 
     pub fn admitted(&self) {
-        add(&self.stream.admitted, 1);
-        add(&self.global.counters.admitted, 1);
+        self.both(|c| &c.admitted, 1);
     }
 
     /// A frame handed to the NATS client after waiting `wait` since admission (the
@@ -586,8 +556,7 @@ impl Account<'_> {
     /// which feeds the one histogram behind `/v1/stats` and the Prometheus buckets: a
     /// few atomic adds per batch instead of per frame.
     pub fn handed_over(&self, wait: Duration, waits: &mut WaitBatch) {
-        add(&self.stream.handed_over, 1);
-        add(&self.global.counters.handed_over, 1);
+        self.both(|c| &c.handed_over, 1);
         let us = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX).max(1);
         waits.0.push(us.min(QUEUE_WAIT_MAX_US));
         if waits.0.len() >= WaitBatch::CAPACITY {
@@ -597,14 +566,12 @@ impl Account<'_> {
 
     /// `frames` handed-over frames the server confirmed.
     pub fn published(&self, frames: u64) {
-        add(&self.stream.published, frames);
-        add(&self.global.counters.published, frames);
+        self.both(|c| &c.published, frames);
     }
 
     /// `frames` handed-over frames that were unconfirmed when the connection dropped.
     pub fn possibly_lost(&self, frames: u64) {
-        add(&self.stream.possibly_lost, frames);
-        add(&self.global.counters.possibly_lost, frames);
+        self.both(|c| &c.possibly_lost, frames);
     }
 
     /// `frames` frames (with `samples` samples) not published, for `reason`.
@@ -613,30 +580,21 @@ impl Account<'_> {
             return;
         }
         let i = reason.index();
-        add(&self.stream.dropped[i], frames);
-        add(&self.global.counters.dropped[i], frames);
+        self.both(|c| &c.dropped[i], frames);
         if !reason.is_refusal() {
-            add(&self.stream.dropped_samples, samples);
-            add(&self.global.counters.dropped_samples, samples);
+            self.both(|c| &c.dropped_samples, samples);
         }
     }
 
     pub fn would_reject(&self, reason: WouldReject) {
-        add(&self.stream.would_reject, 1);
-        add(&self.global.counters.would_reject, 1);
-        let i = match reason {
-            WouldReject::Bytes => 0,
-            WouldReject::Age => 1,
-            WouldReject::PublishTimeout => 2,
-        };
-        self.global.h.would_reject[i].increment(1);
+        self.both(|c| &c.would_reject, 1);
+        // The handles are in `WouldReject::ALL` order, the declaration order.
+        self.global.h.would_reject[reason as usize].increment(1);
     }
 
     pub fn gap_published(&self, frames: u64) {
-        add(&self.stream.gaps, 1);
-        add(&self.global.counters.gaps, 1);
-        add(&self.stream.gap_frames, frames);
-        add(&self.global.counters.gap_frames, frames);
+        self.both(|c| &c.gaps, 1);
+        self.both(|c| &c.gap_frames, frames);
     }
 }
 

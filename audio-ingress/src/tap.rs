@@ -65,8 +65,12 @@ const SHOWN_HEADERS: [&str; 5] = [
     headers::POSSIBLY_LOST,
 ];
 
-/// Arguments of `audio-ingress tap`.
+/// Arguments of `audio-ingress tap`. One NATS authentication method at a time: the
+/// group `auth`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(group(
+    clap::ArgGroup::new("auth").multiple(false).args(["user", "token", "nkey", "creds_file"])
+))]
 pub struct TapArgs {
     /// Subject pattern to subscribe to; NATS wildcards allowed
     /// (e.g. `inference.whisper.stream.*` or `audio.3.*`).
@@ -88,8 +92,7 @@ pub struct TapArgs {
     #[arg(long = "for", value_name = "SECONDS", value_parser = parse_seconds)]
     pub duration: Option<Duration>,
     /// NATS user (with `--password`); one authentication method at a time.
-    #[arg(long, env = "WEIR_TAP_NATS_USER", requires = "password",
-          conflicts_with_all = ["token", "nkey", "creds_file"])]
+    #[arg(long, env = "WEIR_TAP_NATS_USER", requires = "password")]
     pub user: Option<String>,
     /// NATS password (with `--user`); better from the environment.
     #[arg(
@@ -100,16 +103,10 @@ pub struct TapArgs {
     )]
     pub password: Option<String>,
     /// NATS token; better from the environment.
-    #[arg(long, env = "WEIR_TAP_NATS_TOKEN", hide_env_values = true,
-          conflicts_with_all = ["nkey", "creds_file"])]
+    #[arg(long, env = "WEIR_TAP_NATS_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// NATS NKey seed; better from the environment.
-    #[arg(
-        long,
-        env = "WEIR_TAP_NATS_NKEY",
-        hide_env_values = true,
-        conflicts_with = "creds_file"
-    )]
+    #[arg(long, env = "WEIR_TAP_NATS_NKEY", hide_env_values = true)]
     pub nkey: Option<String>,
     /// NATS credentials file (JWT + NKey).
     #[arg(long = "creds-file", env = "WEIR_TAP_NATS_CREDS_FILE")]
@@ -243,30 +240,14 @@ pub struct TapSummary {
 
 /// Runs the tap, printing to stdout, until Ctrl-C, `--count` or `--for`.
 pub async fn run(args: TapArgs) -> Result<TapSummary, TapError> {
-    let stop = async {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{SignalKind, signal};
-            match signal(SignalKind::terminate()) {
-                Ok(mut term) => {
-                    tokio::select! {
-                        _ = tokio::signal::ctrl_c() => {}
-                        _ = term.recv() => {}
-                    }
-                }
-                Err(_) => {
-                    let _ = tokio::signal::ctrl_c().await;
-                }
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    };
     // `Stdout` (not its lock) is `Send`; it is line-buffered, so every packet line
     // reaches a pipe as soon as it is printed.
-    run_with(args, &mut std::io::stdout(), stop).await
+    run_with(
+        args,
+        &mut std::io::stdout(),
+        weir_service::shutdown::signal(),
+    )
+    .await
 }
 
 /// Runs the tap writing to `out` until `stop` completes, `--count` or `--for`.
@@ -329,6 +310,8 @@ pub async fn run_with(
             cause,
         )
     };
+    let refused_by_server =
+        |e: &str| subscribe_error(format!("the server refused it: {}", escape_controls(e)).into());
     let mut sub = weir_service::nats::subscribe_confirmed(
         &client,
         vec![args.subject.clone()],
@@ -345,9 +328,7 @@ pub async fn run_with(
     if let Ok(Some(e)) = tokio::time::timeout(REFUSAL_GRACE, refused.recv()).await
         && is_subscription_refusal(&e)
     {
-        return Err(subscribe_error(
-            format!("the server refused it: {}", escape_controls(&e)).into(),
-        ));
+        return Err(refused_by_server(&e));
     }
     eprintln!("tap: subscribed to {} on {}", args.subject, args.nats_url);
 
@@ -385,9 +366,7 @@ pub async fn run_with(
             },
             Some(e) = refused.recv() => {
                 if is_subscription_refusal(&e) {
-                    return Err(subscribe_error(
-                        format!("the server refused it: {}", escape_controls(&e)).into(),
-                    ));
+                    return Err(refused_by_server(&e));
                 }
             }
             () = &mut until_deadline => break "duration",

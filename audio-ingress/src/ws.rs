@@ -50,11 +50,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::rejection::PathRejection;
+use axum::extract::State;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, RawQuery, State};
-use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::get;
 use futures::SinkExt;
@@ -63,7 +61,7 @@ use tokio::time::Instant;
 use weir_protocol::audio::extension::{EndReason, Overload};
 
 use crate::auth::Authenticator;
-use crate::door;
+use crate::door::{self, HasDoor};
 use crate::error::PushError;
 use crate::metrics as m;
 use crate::publisher::Sink;
@@ -110,15 +108,7 @@ pub struct WsState<S: Sink> {
     pub auth: Option<Arc<Authenticator>>,
 }
 
-impl<S: Sink> WsState<S> {
-    fn door(&self) -> door::Door<'_, S> {
-        door::Door {
-            ingress: &self.ingress,
-            auth: self.auth.as_deref(),
-            retry_after: self.retry_after,
-        }
-    }
-}
+door::has_door!(WsState);
 
 /// The front door's routes, with the JSON 404/405 answers (a WebSocket-only router;
 /// `serve` merges [`routes`] with the WHIP routes instead).
@@ -133,32 +123,19 @@ pub fn routes<S: Sink>(state: WsState<S>) -> Router {
         .with_state(state)
 }
 
+/// Every refusal carries the JSON body, including the extractors' own (a path that is
+/// not UTF-8 once percent-decoded, a bad upgrade request): [`door::Admitted`] answers
+/// with the door's.
 async fn upgrade<S: Sink>(
     State(state): State<WsState<S>>,
-    path: Result<Path<String>, PathRejection>,
-    RawQuery(raw_query): RawQuery,
-    headers: HeaderMap,
+    admitted: door::Admitted,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
-    // Every refusal below carries the JSON body, including the extractors' own
-    // (a path that is not UTF-8 once percent-decoded, a bad upgrade request).
-    let raw_id = path.map(|Path(raw)| raw).map_err(|e| e.body_text());
-    let door = state.door();
-    let admitted = match door.check(raw_id, raw_query.as_deref(), &headers) {
-        Ok(a) => a,
-        Err(resp) => return *resp,
-    };
     let ws = match ws {
         Ok(ws) => ws,
-        Err(rejection) => {
-            return door::error_response(
-                rejection.status(),
-                "invalid_upgrade",
-                rejection.body_text(),
-            );
-        }
+        Err(e) => return door::error_response(e.status(), "invalid_upgrade", e.body_text()),
     };
-    let handle = match door.open(admitted) {
+    let handle = match state.door().open(admitted) {
         Ok(h) => h,
         Err(resp) => return *resp,
     };
@@ -181,7 +158,12 @@ async fn upgrade<S: Sink>(
             tracing::Instrument::instrument(
                 async move {
                     let _guard = guard;
-                    let conn = Conn::new(socket, state.send_timeout);
+                    let send_timeout = state.send_timeout;
+                    let conn = Conn {
+                        socket,
+                        send_timeout,
+                        abandoned: false,
+                    };
                     serve_socket(conn, handle, state.idle_timeout).await;
                 },
                 span,
@@ -196,12 +178,9 @@ enum Outcome {
     /// The socket closed or failed without `end`, or a send to it timed out (the
     /// client stopped reading).
     Gone,
-    /// A bad binary frame.
-    BadFrame(String),
-    /// A bad text message.
-    BadText(String),
-    /// The client broke the WebSocket protocol: close `code` (1002, 1007, 1009).
-    Violation {
+    /// A bad message (binary frame: close 1008; text: 1003) or a broken WebSocket
+    /// protocol (1002, 1007, 1009): the stream ends `error` ([`refuse`]).
+    Refused {
         /// The close code.
         code: u16,
         /// The `error` event's code.
@@ -245,8 +224,22 @@ fn parse_control(text: &str) -> Result<(), String> {
     }
 }
 
+/// [`Outcome::Refused`].
+fn refused(code: u16, error_code: &'static str, message: String) -> Outcome {
+    Outcome::Refused {
+        code,
+        error_code,
+        message,
+    }
+}
+
+/// A bad binary frame: close 1008.
+fn bad_frame(message: String) -> Outcome {
+    refused(close_code::POLICY, "bad_frame", message)
+}
+
 /// How a failed read ends the connection: the client broke the protocol
-/// (`Outcome::Violation`) or the connection is simply gone.
+/// (`Outcome::Refused`) or the connection is simply gone.
 fn read_failure(e: axum::Error) -> Outcome {
     use tungstenite::error::{Error as WsError, ProtocolError};
     let Ok(e) = e.into_inner().downcast::<WsError>() else {
@@ -259,11 +252,7 @@ fn read_failure(e: axum::Error) -> Outcome {
         WsError::Protocol(_) => (close_code::PROTOCOL, "protocol_error"),
         _ => return Outcome::Gone,
     };
-    Outcome::Violation {
-        code,
-        error_code,
-        message: e.to_string(),
-    }
+    refused(code, error_code, e.to_string())
 }
 
 /// The server side of one connection. Every send is bounded by `send_timeout`; after
@@ -276,14 +265,6 @@ struct Conn {
 }
 
 impl Conn {
-    fn new(socket: WebSocket, send_timeout: Duration) -> Self {
-        Self {
-            socket,
-            send_timeout,
-            abandoned: false,
-        }
-    }
-
     /// Sends `message` within the send timeout. `false` when the socket is (now)
     /// abandoned.
     async fn send(&mut self, message: Message) -> bool {
@@ -308,6 +289,12 @@ impl Conn {
     /// Sends one JSON text event (see [`Self::send`]).
     async fn send_json(&mut self, value: serde_json::Value) -> bool {
         self.send(Message::Text(value.to_string().into())).await
+    }
+
+    /// Sends the `closed` event for `reason` (see [`Self::send`]).
+    async fn send_closed(&mut self, reason: EndReason, summary: &StreamSummary) -> bool {
+        self.send_json(door::closed_event(reason.as_str(), summary))
+            .await
     }
 
     /// Sends what the WebSocket layer queued by itself (the echo of a client's close),
@@ -395,15 +382,15 @@ async fn serve_socket(mut socket: Conn, handle: StreamHandle, idle_timeout: Dura
                     idle.as_mut().reset(Instant::now() + idle_timeout);
                     match handle.push(data).await {
                         Ok(_) => {}
-                        Err(PushError::InvalidFrame(e)) => break Outcome::BadFrame(e.to_string()),
+                        Err(PushError::InvalidFrame(e)) => break bad_frame(e.to_string()),
                         Err(PushError::Overloaded(o)) => break Outcome::Overload(o),
                         Err(PushError::Closed(r)) => break Outcome::Closed(r),
-                        Err(e @ PushError::Full { .. }) => break Outcome::BadFrame(e.to_string()),
+                        Err(e @ PushError::Full { .. }) => break bad_frame(e.to_string()),
                     }
                 }
                 Some(Ok(Message::Text(text))) => match parse_control(text.as_str()) {
                     Ok(()) => break Outcome::End,
-                    Err(e) => break Outcome::BadText(e),
+                    Err(e) => break refused(close_code::UNSUPPORTED, "bad_message", e),
                 },
                 Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
             },
@@ -429,7 +416,7 @@ async fn finish_socket(mut socket: Conn, handle: StreamHandle, outcome: Outcome)
             // Dropping the handle ends the stream (`producer_gone` unless closed above).
             drop(handle);
         }
-        Outcome::Violation {
+        Outcome::Refused {
             code,
             error_code,
             message,
@@ -437,49 +424,27 @@ async fn finish_socket(mut socket: Conn, handle: StreamHandle, outcome: Outcome)
             refuse(socket, handle, code, error_code, message).await;
         }
         Outcome::End => {
-            let summary = handle.finish().await;
             socket
-                .send_json(door::closed_event(EndReason::Producer.as_str(), &summary))
+                .send_closed(EndReason::Producer, &handle.finish().await)
                 .await;
             socket.close(close_code::NORMAL, "end").await;
         }
         Outcome::Overload(o) => {
             socket.send_json(door::overload_event(&o, &handle)).await;
-            let summary = StreamSummary {
-                snapshot: handle.snapshot(),
-                finished: false,
-            };
             socket
-                .send_json(door::closed_event(EndReason::Overload.as_str(), &summary))
+                .send_closed(EndReason::Overload, &door::unfinished(&handle))
                 .await;
             socket.close(close_code::TRY_AGAIN_LATER, "overload").await;
         }
-        Outcome::BadFrame(message) => {
-            refuse(socket, handle, close_code::POLICY, "bad_frame", message).await;
-        }
-        Outcome::BadText(message) => {
-            refuse(
-                socket,
-                handle,
-                close_code::UNSUPPORTED,
-                "bad_message",
-                message,
-            )
-            .await;
-        }
         Outcome::Idle => {
             let summary = handle.finish_with(EndReason::Idle).await;
-            socket
-                .send_json(door::closed_event(EndReason::Idle.as_str(), &summary))
-                .await;
+            socket.send_closed(EndReason::Idle, &summary).await;
             socket.close(close_code::GOING_AWAY, "idle").await;
         }
         Outcome::Closed(reason) => {
             let bound = Duration::from_secs(30);
             let summary = handle.wait_finished(bound).await;
-            socket
-                .send_json(door::closed_event(reason.as_str(), &summary))
-                .await;
+            socket.send_closed(reason, &summary).await;
             let code = match reason {
                 EndReason::Shutdown | EndReason::Idle => close_code::GOING_AWAY,
                 EndReason::Overload => close_code::TRY_AGAIN_LATER,
@@ -505,12 +470,8 @@ async fn refuse(
     socket
         .send_json(json!({"type": "error", "code": error_code, "message": message}))
         .await;
-    let summary = StreamSummary {
-        snapshot: handle.snapshot(),
-        finished: false,
-    };
     socket
-        .send_json(door::closed_event(EndReason::Error.as_str(), &summary))
+        .send_closed(EndReason::Error, &door::unfinished(&handle))
         .await;
     socket.close(code, error_code).await;
 }

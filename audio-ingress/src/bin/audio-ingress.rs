@@ -163,16 +163,6 @@ async fn serve(args: ServeArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-async fn run_tap(args: tap::TapArgs) -> ExitCode {
-    match tap::run(args).await {
-        Ok(_) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("audio-ingress tap: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
 fn mint_token(args: &TokenArgs) -> ExitCode {
     use weir_audio_ingress::auth::{self, Claims, SigningKey};
     let fail = |e: &str| {
@@ -193,8 +183,9 @@ fn mint_token(args: &TokenArgs) -> ExitCode {
         }
         return fail("--print-public-key needs --eddsa-seed");
     }
-    if let Some(r) = args.max_rate
-        && !(r.is_finite() && (1.0..=1000.0).contains(&r))
+    if args
+        .max_rate
+        .is_some_and(|r| auth::max_rate_permille(r).is_none())
     {
         return fail("--max-rate: allowed 1.0..=1000");
     }
@@ -243,7 +234,13 @@ fn main() -> ExitCode {
     runtime.block_on(async move {
         match cli.command {
             Command::Serve(args) => serve(args).await,
-            Command::Tap(args) => run_tap(args).await,
+            Command::Tap(args) => match tap::run(args).await {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("audio-ingress tap: {e}");
+                    ExitCode::FAILURE
+                }
+            },
             Command::Token(args) => mint_token(&args),
         }
     })

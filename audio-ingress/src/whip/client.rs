@@ -131,11 +131,6 @@ pub struct Client {
 }
 
 impl Client {
-    /// Packets written so far.
-    pub fn packets_sent(&self) -> u64 {
-        self.packets
-    }
-
     /// Writes one 20 ms Opus packet (RTP time advances 960 ticks per packet). `false`
     /// when it could not be written (not connected yet, or the session is gone).
     pub fn send_opus(&mut self, packet: &[u8]) -> bool {

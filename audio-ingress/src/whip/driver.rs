@@ -23,7 +23,6 @@ use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use str0m::channel::ChannelId;
@@ -32,7 +31,7 @@ use str0m::{Event, IceConnectionState, Input, Output, Rtc};
 use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 
-use super::{EVENTS_CHANNEL, SessionSlot, WhipCounters};
+use super::{EVENTS_CHANNEL, SessionSlot, WhipCounters, count};
 use crate::metrics as m;
 
 /// One Opus packet for a pump.
@@ -206,7 +205,7 @@ fn drain(s: &mut Session, socket: &UdpSocket, counters: &WhipCounters) -> Result
             }
             Output::Transmit(t) => {
                 if socket.try_send_to(&t.contents, t.destination).is_err() {
-                    counters.send_failures.fetch_add(1, Ordering::Relaxed);
+                    count(&counters.send_failures);
                 }
             }
             Output::Event(e) => event(s, e, counters),
@@ -230,9 +229,7 @@ fn event(s: &mut Session, e: Event, counters: &WhipCounters) {
                 data: m.data,
             };
             if tx.try_send(packet).is_err() {
-                counters
-                    .packets_dropped_behind
-                    .fetch_add(1, Ordering::Relaxed);
+                count(&counters.packets_dropped_behind);
                 metrics::counter!(m::WHIP_PACKETS_DROPPED_TOTAL, m::LABEL_REASON => "behind")
                     .increment(1);
             }
@@ -258,12 +255,12 @@ fn flush_events(s: &mut Session, counters: &WhipCounters) {
         };
         match ch.write(false, text.as_bytes()) {
             Ok(true) => {
-                counters.events_sent.fetch_add(1, Ordering::Relaxed);
+                count(&counters.events_sent);
                 s.events.pop_front();
             }
             Ok(false) => return,
             Err(_) => {
-                counters.events_dropped.fetch_add(1, Ordering::Relaxed);
+                count(&counters.events_dropped);
                 s.events.pop_front();
             }
         }
@@ -283,12 +280,10 @@ fn channel_drained(s: &mut Session) -> bool {
 
 impl Driver {
     fn datagram(&mut self, data: &[u8], source: SocketAddr) {
-        self.counters.datagrams.fetch_add(1, Ordering::Relaxed);
+        count(&self.counters.datagrams);
         let now = Instant::now();
         let Ok(contents) = data.try_into() else {
-            self.counters
-                .datagrams_unmatched
-                .fetch_add(1, Ordering::Relaxed);
+            count(&self.counters.datagrams_unmatched);
             return;
         };
         let input = Input::Receive(
@@ -312,9 +307,7 @@ impl Driver {
                 .map(|(k, _)| k.clone())
         });
         let Some(key) = key else {
-            self.counters
-                .datagrams_unmatched
-                .fetch_add(1, Ordering::Relaxed);
+            count(&self.counters.datagrams_unmatched);
             tracing::debug!(%source, first_byte = data.first().copied().unwrap_or(0), len = data.len(), "WHIP datagram no session accepts");
             return;
         };
@@ -365,7 +358,7 @@ impl Driver {
                 };
                 if s.events.len() >= MAX_QUEUED_EVENTS {
                     s.events.pop_front();
-                    self.counters.events_dropped.fetch_add(1, Ordering::Relaxed);
+                    count(&self.counters.events_dropped);
                 }
                 s.events.push_back(text);
                 flush_events(s, &self.counters);
@@ -450,7 +443,7 @@ impl Driver {
         if let Some(s) = self.sessions.get_mut(key) {
             // Counted once, for a session that was live (not one already closing).
             if matches!(s.phase, Phase::Live) {
-                self.counters.sessions_lost.fetch_add(1, Ordering::Relaxed);
+                count(&self.counters.sessions_lost);
                 metrics::counter!(m::WHIP_SESSIONS_LOST_TOTAL).increment(1);
             }
             s.media = None;

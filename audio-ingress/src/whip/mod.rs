@@ -60,7 +60,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, post};
 use serde::Serialize;
@@ -74,7 +74,7 @@ use weir_protocol::StreamId;
 
 use crate::auth::Authenticator;
 use crate::config::WhipConfig;
-use crate::door;
+use crate::door::{self, HasDoor};
 use crate::error::Error;
 use crate::publisher::Sink;
 use crate::shutdown::TaskTracker;
@@ -111,6 +111,11 @@ pub struct WhipCounters {
     pub sessions_lost: AtomicU64,
     /// Total over every pump (see [`SessionCounters`]).
     pub media: SessionCounters,
+}
+
+/// One more event on a relaxed counter.
+pub(crate) fn count(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Media counters of one session (and, summed, of all).
@@ -158,11 +163,8 @@ impl SessionCounters {
         MediaSnapshot {
             packets: g(&self.packets),
             decoded,
-            decode_us_mean: if decoded == 0 {
-                0.0
-            } else {
-                g(&self.decode_ns) as f64 / decoded as f64 / 1e3
-            },
+            // Decode time is only added with a decoded packet: 0 when none was.
+            decode_us_mean: g(&self.decode_ns) as f64 / decoded.max(1) as f64 / 1e3,
             decode_us_max: g(&self.decode_ns_max) as f64 / 1e3,
             decode_errors: g(&self.decode_errors),
             concealed_frames: g(&self.concealed_frames),
@@ -308,12 +310,10 @@ impl WhipView {
 impl Whip {
     /// Binds the UDP socket and starts the driver task.
     pub async fn start(config: WhipConfig) -> Result<Self, Error> {
-        let socket = UdpSocket::bind(config.udp_listen).await.map_err(|e| {
+        let listen = config.udp_listen;
+        let socket = UdpSocket::bind(listen).await.map_err(|e| {
             crate::error::io(
-                format!(
-                    "config key `whip_udp_listen`: cannot bind UDP {}",
-                    config.udp_listen
-                ),
+                format!("config key `whip_udp_listen`: cannot bind UDP {listen}"),
                 e,
             )
         })?;
@@ -434,19 +434,18 @@ struct WhipState<S: Sink> {
     shared: Arc<Shared>,
 }
 
-impl<S: Sink> WhipState<S> {
-    fn door(&self) -> door::Door<'_, S> {
-        door::Door {
-            ingress: &self.ingress,
-            auth: self.auth.as_deref(),
-            retry_after: self.retry_after,
-        }
+door::has_door!(WhipState);
+
+/// Sets each header to its value.
+fn set_headers<const N: usize>(resp: &mut Response, headers: [(HeaderName, &'static str); N]) {
+    for (name, value) in headers {
+        resp.headers_mut()
+            .insert(name, HeaderValue::from_static(value));
     }
 }
 
 fn allow(resp: &mut Response, methods: &'static str) {
-    resp.headers_mut()
-        .insert(header::ALLOW, HeaderValue::from_static(methods));
+    set_headers(resp, [(header::ALLOW, methods)]);
 }
 
 fn method_not_allowed(methods: &'static str) -> Response {
@@ -462,33 +461,29 @@ fn method_not_allowed(methods: &'static str) -> Response {
 /// CORS for browser publishers on another origin (tokens travel in `Authorization`,
 /// never in cookies, so any origin may call).
 fn cors(resp: &mut Response) {
-    let h = resp.headers_mut();
-    h.insert(
-        header::ACCESS_CONTROL_ALLOW_ORIGIN,
-        HeaderValue::from_static("*"),
-    );
-    h.insert(
-        header::ACCESS_CONTROL_EXPOSE_HEADERS,
-        HeaderValue::from_static("Location"),
+    set_headers(
+        resp,
+        [
+            (header::ACCESS_CONTROL_ALLOW_ORIGIN, "*"),
+            (header::ACCESS_CONTROL_EXPOSE_HEADERS, "Location"),
+        ],
     );
 }
 
 fn preflight(methods: &'static str) -> Response {
     let mut resp = StatusCode::NO_CONTENT.into_response();
-    allow(&mut resp, methods);
     cors(&mut resp);
-    let h = resp.headers_mut();
-    h.insert(
-        header::ACCESS_CONTROL_ALLOW_METHODS,
-        HeaderValue::from_static(methods),
-    );
-    h.insert(
-        header::ACCESS_CONTROL_ALLOW_HEADERS,
-        HeaderValue::from_static("Authorization, Content-Type"),
-    );
-    h.insert(
-        header::HeaderName::from_static("accept-post"),
-        HeaderValue::from_static("application/sdp"),
+    set_headers(
+        &mut resp,
+        [
+            (header::ALLOW, methods),
+            (header::ACCESS_CONTROL_ALLOW_METHODS, methods),
+            (
+                header::ACCESS_CONTROL_ALLOW_HEADERS,
+                "Authorization, Content-Type",
+            ),
+            (HeaderName::from_static("accept-post"), "application/sdp"),
+        ],
     );
     resp
 }
@@ -501,11 +496,13 @@ async fn options_resource() -> Response {
     preflight("DELETE, PATCH, OPTIONS")
 }
 
-fn refused(shared: &Shared, status: StatusCode, code: &str, message: String) -> Response {
-    shared
-        .counters
-        .offers_refused
-        .fetch_add(1, Ordering::Relaxed);
+fn refused(
+    shared: &Shared,
+    status: StatusCode,
+    code: &str,
+    message: impl Into<String>,
+) -> Response {
+    count(&shared.counters.offers_refused);
     door::error_response(status, code, message)
 }
 
@@ -588,64 +585,61 @@ fn accept_with(
     Ok((rtc, answer))
 }
 
+/// `POST /v1/whip/{stream_id}`: every answer, refusals included, carries CORS.
 async fn offer<S: Sink>(
     State(state): State<WhipState<S>>,
-    path: Result<Path<String>, PathRejection>,
-    RawQuery(raw_query): RawQuery,
+    admitted: Result<door::Admitted, Response>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    with_cors(
+        create_session(&state, admitted, &headers, body)
+            .await
+            .unwrap_or_else(|r| r),
+    )
+}
+
+async fn create_session<S: Sink>(
+    state: &WhipState<S>,
+    admitted: Result<door::Admitted, Response>,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Response> {
     let shared = &state.shared;
-    let raw_id = path.map(|Path(raw)| raw).map_err(|e| e.body_text());
-    let door = state.door();
-    let admitted = match door.check(raw_id, raw_query.as_deref(), &headers) {
-        Ok(a) => a,
-        Err(resp) => return with_cors(*resp),
-    };
-    if !is_sdp(&headers) {
-        return with_cors(refused(
+    let invalid_offer =
+        |message: String| refused(shared, StatusCode::BAD_REQUEST, "invalid_offer", message);
+    let admitted = admitted?;
+    if !is_sdp(headers) {
+        return Err(refused(
             shared,
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "unsupported_media_type",
-            "a WHIP offer is Content-Type: application/sdp".to_owned(),
+            "a WHIP offer is Content-Type: application/sdp",
         ));
     }
-    let body = match body {
-        Ok(b) => b,
-        Err(e) => {
-            let status = e.status();
-            let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
-                "offer_too_large"
-            } else {
-                "invalid_offer"
-            };
-            return with_cors(refused(
-                shared,
-                status,
-                code,
-                format!("{} (at most {MAX_OFFER_BYTES} bytes)", e.body_text()),
-            ));
-        }
-    };
-    let Ok(sdp) = std::str::from_utf8(&body) else {
-        return with_cors(refused(
-            shared,
-            StatusCode::BAD_REQUEST,
-            "invalid_offer",
-            "the offer is not UTF-8".to_owned(),
-        ));
-    };
+    let body = body.map_err(|e| {
+        let status = e.status();
+        let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            "offer_too_large"
+        } else {
+            "invalid_offer"
+        };
+        let message = format!("{} (at most {MAX_OFFER_BYTES} bytes)", e.body_text());
+        refused(shared, status, code, message)
+    })?;
+    let sdp = std::str::from_utf8(&body)
+        .map_err(|_| invalid_offer("the offer is not UTF-8".to_owned()))?;
     // The cap before the (costly) negotiation; the slot is released if a later step
     // refuses.
     let (stop_tx, stop_rx) = mpsc::channel(1);
     let ended = Arc::new(AtomicBool::new(false));
     let counters = Arc::new(SessionCounters::default());
     let Some(key) = resource_id() else {
-        return with_cors(refused(
+        return Err(refused(
             shared,
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",
-            "no randomness for a resource id".to_owned(),
+            "no randomness for a resource id",
         ));
     };
     let slot = {
@@ -680,30 +674,14 @@ async fn offer<S: Sink>(
             ),
         );
         door::insert_retry_after(&mut resp, state.retry_after);
-        return with_cors(resp);
+        return Err(resp);
     };
-    let (rtc, answer) = match accept(shared, sdp) {
-        Ok(r) => r,
-        Err(message) => {
-            return with_cors(refused(
-                shared,
-                StatusCode::BAD_REQUEST,
-                "invalid_offer",
-                message,
-            ));
-        }
-    };
+    let (rtc, answer) = accept(shared, sdp).map_err(invalid_offer)?;
     let stream_id = admitted.id.clone();
-    let handle = match door.open(admitted) {
-        Ok(h) => h,
-        Err(resp) => {
-            shared
-                .counters
-                .offers_refused
-                .fetch_add(1, Ordering::Relaxed);
-            return with_cors(*resp);
-        }
-    };
+    let handle = state.door().open(admitted).map_err(|resp| {
+        count(&shared.counters.offers_refused);
+        *resp
+    })?;
     let (media_tx, media_rx) = mpsc::channel(PUMP_PACKETS);
     let session = driver::NewSession {
         key: key.clone(),
@@ -718,16 +696,13 @@ async fn offer<S: Sink>(
         .is_err()
     {
         // The driver is gone (shutdown): the handle drops, the stream ends at once.
-        return with_cors(door::error_response(
+        return Err(door::error_response(
             StatusCode::SERVICE_UNAVAILABLE,
             "shutting_down",
-            "the WHIP door is stopping".to_owned(),
+            "the WHIP door is stopping",
         ));
     }
-    shared
-        .counters
-        .sessions_total
-        .fetch_add(1, Ordering::Relaxed);
+    count(&shared.counters.sessions_total);
     tokio::spawn(pump::run(pump::Pump {
         handle,
         media: media_rx,
@@ -750,7 +725,7 @@ async fn offer<S: Sink>(
     if let Ok(v) = HeaderValue::from_str(&location) {
         resp.headers_mut().insert(header::LOCATION, v);
     }
-    with_cors(resp)
+    Ok(resp)
 }
 
 fn with_cors(mut resp: Response) -> Response {
@@ -768,7 +743,7 @@ async fn delete_session<S: Sink>(
         with_cors(door::error_response(
             StatusCode::NOT_FOUND,
             "not_found",
-            "no such WHIP session (it ended or never existed)".to_owned(),
+            "no such WHIP session (it ended or never existed)",
         ))
     };
     let Ok(Path((raw_id, key))) = path else {

@@ -39,7 +39,7 @@ use crate::door;
 use crate::error::PushError;
 use crate::metrics as m;
 use crate::shutdown::TaskTrackerToken;
-use crate::stream::{StreamHandle, StreamSummary};
+use crate::stream::StreamHandle;
 
 /// Samples per 20 ms frame at 16 kHz.
 pub const FRAME_SAMPLES: usize = 320;
@@ -259,10 +259,6 @@ async fn finish(p: Pump, outcome: Outcome) {
         key,
         ..
     } = p;
-    let summary = |h: &StreamHandle| StreamSummary {
-        snapshot: h.snapshot(),
-        finished: false,
-    };
     // The `closed` event (none when the publisher is gone), then the session closes.
     let (closed, reply) = match outcome {
         Outcome::Gone => {
@@ -277,7 +273,7 @@ async fn finish(p: Pump, outcome: Outcome) {
         }
         Outcome::Overload(o) => {
             event_to(&driver, &key, door::overload_event(&o, &handle)).await;
-            (Some((EndReason::Overload, summary(&handle))), None)
+            (Some((EndReason::Overload, door::unfinished(&handle))), None)
         }
         Outcome::Closed(reason) => {
             let s = handle.wait_finished(Duration::from_secs(30)).await;
@@ -286,31 +282,33 @@ async fn finish(p: Pump, outcome: Outcome) {
         Outcome::Internal => {
             let mut handle = handle;
             handle.close(EndReason::Error);
-            (Some((EndReason::Error, summary(&handle))), None)
+            (Some((EndReason::Error, door::unfinished(&handle))), None)
         }
     };
     if let Some((reason, s)) = closed {
         event_to(&driver, &key, door::closed_event(reason.as_str(), &s)).await;
     }
-    close(&driver, &key).await;
+    command(&driver, Command::Close { key }).await;
     if let Some(stop) = reply {
         let _ = stop.reply.send(());
     }
 }
 
-/// Queues one event for the data channel (bounded: the driver's command channel).
+/// Queues one event for the data channel.
 async fn event_to(driver: &mpsc::Sender<Command>, key: &str, ev: serde_json::Value) {
-    let cmd = Command::Event {
-        key: key.to_owned(),
-        text: ev.to_string(),
-    };
-    let _ = tokio::time::timeout(Duration::from_secs(1), driver.send(cmd)).await;
+    let key = key.to_owned();
+    command(
+        driver,
+        Command::Event {
+            key,
+            text: ev.to_string(),
+        },
+    )
+    .await;
 }
 
-async fn close(driver: &mpsc::Sender<Command>, key: &str) {
-    let cmd = Command::Close {
-        key: key.to_owned(),
-    };
+/// Queues one command for the driver (bounded: the driver's command channel, 1 s).
+async fn command(driver: &mpsc::Sender<Command>, cmd: Command) {
     let _ = tokio::time::timeout(Duration::from_secs(1), driver.send(cmd)).await;
 }
 
