@@ -8,8 +8,7 @@
 //!
 //! - `plain`: 10 tasks, each encodes its stream's packets (deployed layout, as the
 //!   Python producer does) and calls `client.publish` — the naive producer;
-//! - `ingress`: the streams of the producer core with the **default** configuration
-//!   and the service's sink (the client behind one coalescer, [`Coalescer`])
+//! - `ingress`: 10 streams of the producer core with the **default** configuration
 //!   (`push`, which waits for room in the 16,000-byte budget; a publisher task per
 //!   stream: encode with the capture time in the meta, publish under the timeout, the
 //!   server-confirmed window, accounting). A frame counts only once the server
@@ -46,8 +45,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use weir_audio_ingress::coalesce::Coalescer;
-use weir_audio_ingress::jetstream::{JetStreamSink, NatsSink};
+use weir_audio_ingress::jetstream::JetStreamSink;
 use weir_audio_ingress::publisher::Sink;
 use weir_audio_ingress::{Delivery, Ingress, StreamConfig};
 use weir_protocol::audio::Packet;
@@ -116,14 +114,8 @@ async fn plain(client: &async_nats::Client, round: usize) -> Duration {
     start.elapsed()
 }
 
-/// The ingress on the service's own sink: the client behind one [`Coalescer`]
-/// (`THROUGHPUT_SINK=client`: the client directly, as before the coalescer).
 async fn ingress(client: &async_nats::Client, round: usize, delivery: Delivery) -> Duration {
-    if std::env::var("THROUGHPUT_SINK").as_deref() == Ok("client") {
-        return ingress_with(client.clone(), client, round, delivery).await;
-    }
-    let sink = NatsSink::Core(Coalescer::new(client.clone()));
-    ingress_with(sink, client, round, delivery).await
+    ingress_with(client.clone(), client, round, delivery).await
 }
 
 /// A sink that takes every message at once and drops it: the ingress alone.

@@ -53,7 +53,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use async_nats::{Client, HeaderMap, Subject, Subscriber};
+use async_nats::{Client, Subject, Subscriber};
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::future::BoxFuture;
@@ -61,9 +61,8 @@ use metrics::{Counter, Gauge, Histogram as MetricHistogram};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::coalesce::Coalescer;
 use crate::metrics as m;
-use crate::publisher::{Sink, SinkError, SinkErrorKind};
+use crate::publisher::{SinkError, SinkErrorKind};
 use crate::stats::Global;
 use crate::stream::StreamShared;
 
@@ -88,9 +87,6 @@ pub struct NatsConfirmer {
     subject: Subject,
     sub: tokio::sync::Mutex<Option<Subscriber>>,
     next: AtomicU64,
-    /// The coalescer the frames go through: markers must take the same path, behind
-    /// them ([`crate::coalesce`]). `None`: frames go to the client directly.
-    through: Option<Coalescer>,
 }
 
 impl std::fmt::Debug for NatsConfirmer {
@@ -102,8 +98,7 @@ impl std::fmt::Debug for NatsConfirmer {
 }
 
 impl NatsConfirmer {
-    /// A confirmer on `client`'s connection, for frames published to the client
-    /// directly (subscribes on the first round).
+    /// A confirmer on `client`'s connection (subscribes on the first round).
     pub fn new(client: Client) -> Self {
         let subject = Subject::from(format!("{}.weir-confirm", client.new_inbox()));
         Self {
@@ -112,16 +107,6 @@ impl NatsConfirmer {
             subject,
             sub: tokio::sync::Mutex::new(None),
             next: AtomicU64::new(0),
-            through: None,
-        }
-    }
-
-    /// A confirmer for frames published through `coalescer`: its markers queue
-    /// behind them in the same FIFO.
-    pub fn through(coalescer: Coalescer) -> Self {
-        Self {
-            through: Some(coalescer.clone()),
-            ..Self::new(coalescer.client().clone())
         }
     }
 }
@@ -143,22 +128,12 @@ impl Confirmer for NatsConfirmer {
                 *guard = Some(sub);
             }
             let n = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-            let marker = Bytes::from(n.to_string());
-            match &self.through {
-                Some(c) => c
-                    .publish(self.subject.clone(), HeaderMap::new(), marker)
-                    .await
-                    .map_err(|e| {
-                        SinkError::with_source(SinkErrorKind::Confirm, "confirmation marker", e)
-                    })?,
-                None => self
-                    .client
-                    .publish(self.subject.clone(), marker)
-                    .await
-                    .map_err(|e| {
-                        SinkError::with_source(SinkErrorKind::Confirm, "confirmation marker", e)
-                    })?,
-            }
+            self.client
+                .publish(self.subject.clone(), Bytes::from(n.to_string()))
+                .await
+                .map_err(|e| {
+                    SinkError::with_source(SinkErrorKind::Confirm, "confirmation marker", e)
+                })?;
             let Some(sub) = guard.as_mut() else {
                 return Err(SinkError::new(
                     SinkErrorKind::Confirm,

@@ -28,7 +28,6 @@ use async_nats::jetstream::{self, Context, stream};
 use async_nats::{Client, HeaderMap, Subject};
 use bytes::Bytes;
 
-use crate::coalesce::Coalescer;
 use crate::publisher::{Sink, SinkError, SinkErrorKind};
 
 /// The JetStream stream weir publishes audio into.
@@ -137,9 +136,8 @@ impl Sink for JetStreamSink {
 /// JetStream.
 #[derive(Clone, Debug)]
 pub enum NatsSink {
-    /// Core NATS (`delivery = "confirmed"` or `"unconfirmed"`), through one
-    /// [`Coalescer`] per connection.
-    Core(Coalescer),
+    /// Core NATS (`delivery = "confirmed"` or `"unconfirmed"`).
+    Core(Client),
     /// JetStream (`delivery = "jetstream"`).
     JetStream(JetStreamSink),
 }

@@ -27,7 +27,6 @@
 
 pub mod admin;
 pub mod auth;
-pub mod coalesce;
 pub mod config;
 pub mod confirm;
 /// The consumer core, now its own crate (`weir-consumer`, what a recognition worker

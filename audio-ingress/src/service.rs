@@ -106,9 +106,7 @@ pub async fn start(
                     Error::with_source(ErrorKind::Nats, "creating the JetStream stream", e)
                 })?,
         ),
-        Delivery::Confirmed | Delivery::Unconfirmed => {
-            NatsSink::Core(crate::coalesce::Coalescer::new(client))
-        }
+        Delivery::Confirmed | Delivery::Unconfirmed => NatsSink::Core(client),
     };
     start_with_sink(config, sink, prometheus).await
 }
