@@ -40,7 +40,6 @@ use weir_service::nats::{FieldErrorKind, NatsInput};
 pub use weir_service::nats::{NatsAuth, NatsConfig, NatsTls};
 
 use crate::error::{ConfigError, ConfigErrorKind};
-use crate::stats::labelled;
 
 /// Prefix of the environment variables: `WEIR_INGRESS_MAX_BYTES` sets `max_bytes`. A
 /// variable under it that is not a key is refused (exit 2, naming it), except those in
@@ -69,7 +68,7 @@ pub const DEFAULT_SHADOW_CEILING_FACTOR: u32 = 8;
 /// Largest byte budget accepted (64 MiB): anything above is a typo.
 pub const MAX_MAX_BYTES: usize = 64 * 1024 * 1024;
 
-labelled! {
+weir_protocol::wire_names! {
     /// What a stream does when its budget is exhausted.
     #[derive(
         Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
@@ -86,7 +85,7 @@ labelled! {
     }
 }
 
-labelled! {
+weir_protocol::wire_names! {
     /// How a frame counts as published.
     #[derive(
         Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,

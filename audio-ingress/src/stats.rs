@@ -38,34 +38,7 @@ use weir_service::metrics::{LatencyHistogram, Series};
 
 use crate::metrics as m;
 
-/// A fieldless enum with a label per variant (`Variant = "label"`): the enum, its
-/// `ALL` (declaration order, which indexing by `as usize` relies on) and `as_str`.
-macro_rules! labelled {
-    ($(#[$meta:meta])* pub enum $name:ident {
-        $($(#[$doc:meta])* $variant:ident = $label:literal,)+
-    }) => {
-        $(#[$meta])*
-        pub enum $name {
-            $($(#[$doc])* $variant,)+
-        }
-
-        impl $name {
-            /// Every variant, in label order.
-            pub const ALL: [Self; [$($label),+].len()] = [$(Self::$variant),+];
-
-            /// The label (JSON key, metric label or config value).
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $(Self::$variant => $label,)+
-                }
-            }
-        }
-    };
-}
-
-pub(crate) use labelled;
-
-labelled! {
+weir_protocol::wire_names! {
     /// Why an offered frame was not published. The first three are refusals (the frame
     /// was never admitted and has no sequence number); the rest are drops of admitted
     /// frames (their sequence numbers are missing downstream, covered by a gap marker in
@@ -111,7 +84,7 @@ impl DropReason {
     }
 }
 
-labelled! {
+weir_protocol::wire_names! {
     /// Why shadow mode would have refused or dropped a frame.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
     #[serde(rename_all = "snake_case")]

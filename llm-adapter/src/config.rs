@@ -96,7 +96,7 @@ impl ConfigError {
     }
 }
 
-named! {
+weir_protocol::wire_names! {
     /// Enforce the limits, or only count what they would refuse.
     #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
     #[serde(rename_all = "snake_case")]
@@ -1880,12 +1880,6 @@ fn name_check(key: &str, s: &str) -> Result<(), ConfigError> {
         ));
     }
     Ok(())
-}
-
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
 }
 
 #[cfg(test)]

@@ -73,7 +73,7 @@ const PULL_RETRY: Duration = Duration::from_millis(250);
 /// a KV outage must not burn `max_deliver` in a tight loop).
 const STORE_ERROR_DELAY: Duration = Duration::from_secs(1);
 
-named! {
+weir_protocol::wire_names! {
     /// Why a pulled request was terminated without admission (`reason` label).
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub(crate) enum TermReason {

@@ -56,31 +56,6 @@
 
 #![forbid(unsafe_code)]
 
-/// An enum of unit variants with the name of each (`Variant = "name"`), written once:
-/// `as_str` returns it (a metric label, a wire value, a trace event name).
-macro_rules! named {
-    (
-        $(#[$meta:meta])*
-        $vis:vis enum $name:ident {
-            $($(#[$vmeta:meta])* $variant:ident = $text:literal,)*
-        }
-    ) => {
-        $(#[$meta])*
-        $vis enum $name {
-            $($(#[$vmeta])* $variant,)*
-        }
-
-        impl $name {
-            /// The name (snake_case).
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $(Self::$variant => $text,)*
-                }
-            }
-        }
-    };
-}
-
 pub mod admin;
 pub mod admission;
 pub mod backend;

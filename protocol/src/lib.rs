@@ -12,7 +12,7 @@
 //! - [`error`]: the one error shape of weir's operations (`Error<Kind>`, the cause kept).
 //! - [`wire_names!`]: a fieldless enum whose variants have stable wire names, with
 //!   `ALL`, `as_str` and `Display` generated from one table (the protocol's codes and
-//!   reasons; also the consumer's and the load test's label enums).
+//!   reasons; also the label enums of the services, the consumer and the load test).
 //!
 //! Everything that decodes network input returns a typed error with a `kind()`; nothing
 //! here panics on input.

@@ -242,7 +242,7 @@ pub enum Admitted {
     Refused(ErrorCode),
 }
 
-named! {
+weir_protocol::wire_names! {
     /// What [`Admission::cancel`] found.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
     #[serde(rename_all = "snake_case")]

@@ -43,7 +43,7 @@ pub struct StreamSettings {
     pub max_bytes: usize,
 }
 
-named! {
+weir_protocol::wire_names! {
     /// Why a stream was aborted because of its caller (`as_str`: the label value of
     /// `weir_llm_stream_aborted_total`).
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
