@@ -343,19 +343,20 @@ const WS_MAX_WRITE_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Runs one connection: frames in, events out, until an [`Outcome`].
 async fn serve_socket(mut socket: Conn, handle: StreamHandle, idle_timeout: Duration) {
-    let mut status = handle.status();
-    let mut gaps_seen = 0;
-    // One timer for the connection, pushed back on every message (not one per message).
+    let mut status = door::StatusWatch::new(&handle);
+    // One timer for the connection. A message only records its time; the timer is
+    // moved when it fires early (resetting it for every frame cost a timer-wheel
+    // update per frame).
     let idle = tokio::time::sleep(idle_timeout);
     tokio::pin!(idle);
+    let mut last_message = Instant::now();
     let outcome = loop {
         tokio::select! {
             // Status first: a producer that floods frames must not starve its own
             // gap/overload events (an unbiased select picks the ready socket read
             // almost every time under load).
             biased;
-            changed = status.changed() => {
-                let change = door::status_change(changed, &mut status, &mut gaps_seen);
+            change = status.next() => {
                 if let Some(ev) = change.gap
                     && !socket.send_json(ev).await
                 {
@@ -379,7 +380,7 @@ async fn serve_socket(mut socket: Conn, handle: StreamHandle, idle_timeout: Dura
                     break Outcome::ClientClosed { violation };
                 }
                 Some(Ok(Message::Binary(data))) => {
-                    idle.as_mut().reset(Instant::now() + idle_timeout);
+                    last_message = Instant::now();
                     match handle.push(data).await {
                         Ok(_) => {}
                         Err(PushError::InvalidFrame(e)) => break bad_frame(e.to_string()),
@@ -394,7 +395,13 @@ async fn serve_socket(mut socket: Conn, handle: StreamHandle, idle_timeout: Dura
                 },
                 Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
             },
-            () = &mut idle => break Outcome::Idle,
+            () = &mut idle => {
+                let due = last_message + idle_timeout;
+                if due <= Instant::now() {
+                    break Outcome::Idle;
+                }
+                idle.as_mut().reset(due);
+            }
         }
     };
     finish_socket(socket, handle, outcome).await;

@@ -450,6 +450,36 @@ async fn ws_idle_stream_is_ended_with_reason_idle() {
     svc.shutdown().await;
 }
 
+/// Frames keep a connection alive: the idle timer only fires `idle_timeout` after the
+/// *last* frame (the timer is moved lazily when it fires, not reset per frame).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ws_frames_sent_more_often_than_the_idle_timeout_keep_the_stream_open() {
+    let server = NatsServer::start().expect("nats-server");
+    let collector = Collector::start(server.url(), "inference.whisper.stream.*").await;
+    let svc = start_service(server.url(), &[("idle_timeout_ms", "1000")]).await;
+    let mut ws = connect(&svc, "/v1/streams/ws-busy").await.expect("upgrade");
+    // 1.5 s of frames, one per 100 ms: longer than the timeout, never silent for it.
+    for i in 1..=15 {
+        ws.send(Message::Binary(pcm(i))).await.expect("send");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (events, code) = events_until_close(&mut ws).await;
+    assert_eq!(code, Some(1001));
+    assert_eq!(
+        events.last().map(|e| e["reason"].clone()),
+        Some("idle".into())
+    );
+    assert!(collector.wait_ends(1, STEP).await);
+    let log = collector.log("ws-busy");
+    assert_eq!(log.frames, (1..=15).collect::<Vec<u64>>());
+    let end = log.end.expect("end");
+    assert_eq!(
+        (end.packet.seq, end.ext.end_reason),
+        (16, Some(EndReason::Idle))
+    );
+    svc.shutdown().await;
+}
+
 /// The real binary: ready line on stdout, SIGTERM → every stream ends with `shutdown`
 /// (an `end` reaches NATS, the client gets `closed` + 1001), exit 0. A bad key exits 2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -208,16 +208,14 @@ async fn pump(p: &mut Pump) -> Outcome {
     let Some(mut decoder) = Decoder::new() else {
         return Outcome::Internal;
     };
-    let mut status = p.handle.status();
-    let mut gaps_seen = 0;
+    let mut status = door::StatusWatch::new(&p.handle);
     let mut frames = Vec::new();
     loop {
         tokio::select! {
             // Status first, as the WebSocket door: a flood of packets must not starve
             // the publisher's events.
             biased;
-            changed = status.changed() => {
-                let change = door::status_change(changed, &mut status, &mut gaps_seen);
+            change = status.next() => {
                 if let Some(ev) = change.gap {
                     event_to(&p.driver, &p.key, ev).await;
                 }
