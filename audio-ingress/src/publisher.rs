@@ -56,6 +56,7 @@ use std::time::Duration;
 use async_nats::{HeaderMap, HeaderName, HeaderValue, Subject};
 use bytes::Bytes;
 use tokio::time::{Instant, timeout};
+use weir_protocol::WireName;
 use weir_protocol::audio::extension::{PROTOCOL_VERSION, PossibleLoss, headers};
 use weir_protocol::audio::{AudioFormat, BodyRef, EncodeError, Gap, encode_packet_ref};
 use weir_service::ratelimit::LogLimit;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
 use tokio::sync::watch;
+use weir_protocol::WireName;
 use weir_protocol::audio::extension::{EndReason, Extensions, OverloadReason};
 use weir_protocol::audio::{DecodeOptions, Packet, PacketBody, decode};
 

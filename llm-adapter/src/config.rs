@@ -96,19 +96,19 @@ impl ConfigError {
     }
 }
 
-weir_protocol::wire_names! {
-    /// Enforce the limits, or only count what they would refuse.
-    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-    #[serde(rename_all = "snake_case")]
-    pub enum Mode {
-        /// Refuse what the limits refuse. The default.
-        #[default]
-        Enforce = "enforce",
-        /// Count `would_reject` for the session cap, per-key limits and the session
-        /// `reject` policy, and admit anyway. The global queue bound and deadlines stay
-        /// enforced.
-        Shadow = "shadow",
-    }
+/// Enforce the limits, or only count what they would refuse.
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Refuse what the limits refuse. The default.
+    #[default]
+    Enforce,
+    /// Count `would_reject` for the session cap, per-key limits and the session
+    /// `reject` policy, and admit anyway. The global queue bound and deadlines stay
+    /// enforced.
+    Shadow,
 }
 
 /// Where a per-key limit takes its key from.
@@ -1885,6 +1885,40 @@ fn name_check(key: &str, s: &str) -> Result<(), ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use weir_protocol::WireName;
+
+    /// `as_str` and `Display` of every variant are its serde name (the metric labels
+    /// and JSON strings cannot drift apart).
+    fn assert_serde_names<T: WireName + std::fmt::Display + serde::Serialize>() {
+        for &v in T::ALL {
+            assert_eq!(serde_json::to_value(v).ok(), Some(v.as_str().into()), "{v}");
+            assert_eq!(v.to_string(), v.as_str());
+        }
+    }
+
+    #[test]
+    fn wire_names_are_the_serde_names_or_unchanged() {
+        use crate::admission::{CancelResult, StopReason};
+        use crate::intake::TermReason;
+        assert_serde_names::<Mode>();
+        assert_serde_names::<CancelResult>();
+        let names = |all: &[&'static str]| all.to_vec();
+        let stops: Vec<_> = StopReason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(
+            stops,
+            names(&["caller_gone", "caller_stalled", "publish_timeout"])
+        );
+        let terms: Vec<_> = TermReason::ALL.iter().map(|r| r.to_string()).collect();
+        let want = [
+            "expired",
+            "invalid",
+            "no_reply",
+            "session_cap",
+            "key_limit",
+            "wait_expired",
+        ];
+        assert_eq!(terms, want);
+    }
 
     fn err(text: &str) -> ConfigError {
         Config::from_toml_str(text).expect_err("must be refused")

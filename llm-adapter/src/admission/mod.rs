@@ -45,6 +45,7 @@ use serde::Serialize;
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use weir_protocol::WireName;
 use weir_protocol::llm::{AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails, TraceContext};
 
 pub use estimator::{EstimateSource, EstimateView, Estimator, EstimatorConfig};
@@ -242,18 +243,18 @@ pub enum Admitted {
     Refused(ErrorCode),
 }
 
-weir_protocol::wire_names! {
-    /// What [`Admission::cancel`] found.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-    #[serde(rename_all = "snake_case")]
-    pub enum CancelResult {
-        /// It was queued; it has been answered `cancelled`.
-        Queued = "queued",
-        /// It was running; the backend call is being aborted and answered `cancelled`.
-        Running = "running",
-        /// No queued or running request has this id.
-        NotFound = "not_found",
-    }
+/// What [`Admission::cancel`] found.
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelResult {
+    /// It was queued; it has been answered `cancelled`.
+    Queued,
+    /// It was running; the backend call is being aborted and answered `cancelled`.
+    Running,
+    /// No queued or running request has this id.
+    NotFound,
 }
 
 /// Where a request is, by request id (`llm.status`).

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::time::Instant;
+use weir_protocol::WireName;
 use weir_protocol::llm::headers;
 
 use crate::stats::{LatencyHistogram, Percentiles, record, summary};
