@@ -73,6 +73,9 @@ use crate::stream::{SlotGuard, StreamShared};
 /// pays nothing for it when publishes succeed.
 pub type SinkError = weir_protocol::Error<SinkErrorKind>;
 
+/// What every [`Sink`] operation returns.
+pub type SinkResult = Result<(), SinkError>;
+
 /// Machine-readable kind of a [`SinkError`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SinkErrorKind {
@@ -97,7 +100,7 @@ pub trait Sink: Clone + Send + Sync + 'static {
         subject: Subject,
         headers: HeaderMap,
         payload: Bytes,
-    ) -> impl Future<Output = Result<(), SinkError>> + Send;
+    ) -> impl Future<Output = SinkResult> + Send;
 
     /// Whether the sink is connected (for `/readyz` and `/v1/stats`).
     fn is_connected(&self) -> bool {
@@ -106,7 +109,7 @@ pub trait Sink: Clone + Send + Sync + 'static {
 
     /// Pushes buffered messages towards the server (called at shutdown, bounded by the
     /// caller).
-    fn flush(&self) -> impl Future<Output = Result<(), SinkError>> + Send {
+    fn flush(&self) -> impl Future<Output = SinkResult> + Send {
         async { Ok(()) }
     }
 
@@ -126,12 +129,7 @@ pub trait Sink: Clone + Send + Sync + 'static {
 }
 
 impl Sink for async_nats::Client {
-    async fn publish(
-        &self,
-        subject: Subject,
-        headers: HeaderMap,
-        payload: Bytes,
-    ) -> Result<(), SinkError> {
+    async fn publish(&self, subject: Subject, headers: HeaderMap, payload: Bytes) -> SinkResult {
         self.publish_with_headers(subject, headers, payload)
             .await
             .map_err(|e| SinkError::with_source(SinkErrorKind::Publish, "publish failed", e))
@@ -141,7 +139,7 @@ impl Sink for async_nats::Client {
         self.connection_state() == async_nats::connection::State::Connected
     }
 
-    async fn flush(&self) -> Result<(), SinkError> {
+    async fn flush(&self) -> SinkResult {
         async_nats::Client::flush(self)
             .await
             .map_err(|e| SinkError::with_source(SinkErrorKind::Flush, "flush failed", e))
