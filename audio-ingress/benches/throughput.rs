@@ -48,6 +48,7 @@ use bytes::Bytes;
 use weir_audio_ingress::jetstream::JetStreamSink;
 use weir_audio_ingress::publisher::Sink;
 use weir_audio_ingress::{Delivery, Ingress, StreamConfig};
+use weir_protocol::WireName;
 use weir_protocol::audio::Packet;
 use weir_testkit::{NatsServer, NatsServerOptions};
 

@@ -68,44 +68,45 @@ pub const DEFAULT_SHADOW_CEILING_FACTOR: u32 = 8;
 /// Largest byte budget accepted (64 MiB): anything above is a typo.
 pub const MAX_MAX_BYTES: usize = 64 * 1024 * 1024;
 
-weir_protocol::wire_names! {
-    /// What a stream does when its budget is exhausted.
-    #[derive(
-        Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
-    )]
-    #[serde(rename_all = "snake_case")]
-    pub enum Policy {
-        /// Wait up to `max_wait` for room, then end the stream with an overload `end`
-        /// (frames too old are an overload too). The default; safe for every consumer.
-        #[default]
-        Close = "close",
-        /// Drop the oldest frames to stay in budget and publish a `gap` packet with the
-        /// exact missing range. Only for consumers that speak the extended protocol.
-        Gap = "gap",
-    }
+/// What a stream does when its budget is exhausted.
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// Wait up to `max_wait` for room, then end the stream with an overload `end`
+    /// (frames too old are an overload too). The default; safe for every consumer.
+    #[default]
+    Close,
+    /// Drop the oldest frames to stay in budget and publish a `gap` packet with the
+    /// exact missing range. Only for consumers that speak the extended protocol.
+    Gap,
 }
 
-weir_protocol::wire_names! {
-    /// How a frame counts as published.
-    #[derive(
-        Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
-    )]
-    #[serde(rename_all = "snake_case")]
-    pub enum Delivery {
-        /// A frame is published once the server confirmed it (a marker round trip on the
-        /// same connection); until then it counts against the stream's budget. The
-        /// default: the bound holds up to the server. See [`crate::confirm`].
-        #[default]
-        Confirmed = "confirmed",
-        /// A frame counts as published once handed to the NATS client (the budget ends
-        /// at the client; a stall can hold seconds of audio in its buffers). For
-        /// comparison.
-        Unconfirmed = "unconfirmed",
-        /// Lossless: frames go to a JetStream stream and count as published once stored
-        /// (see [`crate::jetstream`]).
-        #[serde(rename = "jetstream")]
-        JetStream = "jetstream",
-    }
+/// How a frame counts as published.
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    /// A frame is published once the server confirmed it (a marker round trip on the
+    /// same connection); until then it counts against the stream's budget. The
+    /// default: the bound holds up to the server. See [`crate::confirm`].
+    #[default]
+    Confirmed,
+    /// A frame counts as published once handed to the NATS client (the budget ends
+    /// at the client; a stall can hold seconds of audio in its buffers). For
+    /// comparison.
+    Unconfirmed,
+    /// Lossless: frames go to a JetStream stream and count as published once stored
+    /// (see [`crate::jetstream`]).
+    #[serde(rename = "jetstream")]
+    #[strum(serialize = "jetstream")]
+    JetStream,
 }
 
 /// Default `confirm_window_ms`: the window holds this much of the admitted byte rate.

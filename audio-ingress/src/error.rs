@@ -9,6 +9,7 @@
 //! - [`Error`]: what the `serve` service can fail with at start-up.
 
 use weir_protocol::StreamIdError;
+use weir_protocol::WireName;
 use weir_protocol::audio::extension::{EndReason, Overload};
 
 /// Machine-readable kind of a [`ConfigError`].

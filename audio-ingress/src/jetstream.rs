@@ -28,7 +28,7 @@ use async_nats::jetstream::{self, Context, stream};
 use async_nats::{Client, HeaderMap, Subject};
 use bytes::Bytes;
 
-use crate::publisher::{Sink, SinkError, SinkErrorKind};
+use crate::publisher::{Sink, SinkError, SinkErrorKind, SinkResult};
 
 /// The JetStream stream weir publishes audio into.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,12 +97,7 @@ impl JetStreamSink {
 }
 
 impl Sink for JetStreamSink {
-    async fn publish(
-        &self,
-        subject: Subject,
-        headers: HeaderMap,
-        payload: Bytes,
-    ) -> Result<(), SinkError> {
+    async fn publish(&self, subject: Subject, headers: HeaderMap, payload: Bytes) -> SinkResult {
         let ack = self
             .js
             .publish_with_headers(subject, headers, payload)
@@ -120,7 +115,7 @@ impl Sink for JetStreamSink {
         self.client.connection_state() == async_nats::connection::State::Connected
     }
 
-    async fn flush(&self) -> Result<(), SinkError> {
+    async fn flush(&self) -> SinkResult {
         self.client
             .flush()
             .await
@@ -143,12 +138,7 @@ pub enum NatsSink {
 }
 
 impl Sink for NatsSink {
-    async fn publish(
-        &self,
-        subject: Subject,
-        headers: HeaderMap,
-        payload: Bytes,
-    ) -> Result<(), SinkError> {
+    async fn publish(&self, subject: Subject, headers: HeaderMap, payload: Bytes) -> SinkResult {
         match self {
             Self::Core(c) => Sink::publish(c, subject, headers, payload).await,
             Self::JetStream(j) => j.publish(subject, headers, payload).await,
@@ -162,7 +152,7 @@ impl Sink for NatsSink {
         }
     }
 
-    async fn flush(&self) -> Result<(), SinkError> {
+    async fn flush(&self) -> SinkResult {
         match self {
             Self::Core(c) => Sink::flush(c).await,
             Self::JetStream(j) => Sink::flush(j).await,

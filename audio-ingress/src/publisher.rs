@@ -56,6 +56,7 @@ use std::time::Duration;
 use async_nats::{HeaderMap, HeaderName, HeaderValue, Subject};
 use bytes::Bytes;
 use tokio::time::{Instant, timeout};
+use weir_protocol::WireName;
 use weir_protocol::audio::extension::{PROTOCOL_VERSION, PossibleLoss, headers};
 use weir_protocol::audio::{AudioFormat, BodyRef, EncodeError, Gap, encode_packet_ref};
 use weir_service::ratelimit::LogLimit;
@@ -71,6 +72,9 @@ use crate::stream::{SlotGuard, StreamShared};
 /// error as [`std::error::Error::source`]. Built only on failure, so the publish path
 /// pays nothing for it when publishes succeed.
 pub type SinkError = weir_protocol::Error<SinkErrorKind>;
+
+/// What every [`Sink`] operation returns.
+pub type SinkResult = Result<(), SinkError>;
 
 /// Machine-readable kind of a [`SinkError`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -96,7 +100,7 @@ pub trait Sink: Clone + Send + Sync + 'static {
         subject: Subject,
         headers: HeaderMap,
         payload: Bytes,
-    ) -> impl Future<Output = Result<(), SinkError>> + Send;
+    ) -> impl Future<Output = SinkResult> + Send;
 
     /// Whether the sink is connected (for `/readyz` and `/v1/stats`).
     fn is_connected(&self) -> bool {
@@ -105,7 +109,7 @@ pub trait Sink: Clone + Send + Sync + 'static {
 
     /// Pushes buffered messages towards the server (called at shutdown, bounded by the
     /// caller).
-    fn flush(&self) -> impl Future<Output = Result<(), SinkError>> + Send {
+    fn flush(&self) -> impl Future<Output = SinkResult> + Send {
         async { Ok(()) }
     }
 
@@ -125,12 +129,7 @@ pub trait Sink: Clone + Send + Sync + 'static {
 }
 
 impl Sink for async_nats::Client {
-    async fn publish(
-        &self,
-        subject: Subject,
-        headers: HeaderMap,
-        payload: Bytes,
-    ) -> Result<(), SinkError> {
+    async fn publish(&self, subject: Subject, headers: HeaderMap, payload: Bytes) -> SinkResult {
         self.publish_with_headers(subject, headers, payload)
             .await
             .map_err(|e| SinkError::with_source(SinkErrorKind::Publish, "publish failed", e))
@@ -140,7 +139,7 @@ impl Sink for async_nats::Client {
         self.connection_state() == async_nats::connection::State::Connected
     }
 
-    async fn flush(&self) -> Result<(), SinkError> {
+    async fn flush(&self) -> SinkResult {
         async_nats::Client::flush(self)
             .await
             .map_err(|e| SinkError::with_source(SinkErrorKind::Flush, "flush failed", e))

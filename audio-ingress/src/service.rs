@@ -29,6 +29,7 @@ use crate::shutdown::TaskTracker;
 use crate::stream::{Ingress, ShutdownReport};
 use crate::whip::Whip;
 use crate::ws::{self, WsState};
+use weir_protocol::WireName;
 use weir_service::http::{ConnLimiter, HttpOptions};
 use weir_service::shutdown::CancellationToken;
 

@@ -33,44 +33,45 @@ use std::time::Duration;
 
 use metrics::{Counter, Gauge};
 use serde::Serialize;
+use weir_protocol::WireName;
 use weir_protocol::audio::extension::{EndReason, OverloadReason};
 use weir_service::metrics::{LatencyHistogram, Series};
 
 use crate::metrics as m;
 
-weir_protocol::wire_names! {
-    /// Why an offered frame was not published. The first three are refusals (the frame
-    /// was never admitted and has no sequence number); the rest are drops of admitted
-    /// frames (their sequence numbers are missing downstream, covered by a gap marker in
-    /// the `gap` policy or followed by an `end` in `close`).
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-    #[serde(rename_all = "snake_case")]
-    pub enum DropReason {
-        /// Refused: the byte budget was full (`close` policy, `try_push`).
-        QueueFull = "queue_full",
-        /// Refused: the stream was overloaded, ending or ended.
-        Closed = "closed",
-        /// Refused: not a valid PCM frame.
-        Invalid = "invalid",
-        /// Dropped: oldest frame evicted to make room (`gap` policy).
-        Evicted = "evicted",
-        /// Dropped: older than `max_age` before it could be published (`gap` policy).
-        MaxAge = "max_age",
-        /// Dropped: pending when the stream overloaded (`close` policy).
-        Overload = "overload",
-        /// Dropped: NATS did not take it within `publish_timeout` (`gap` policy).
-        PublishTimeout = "publish_timeout",
-        /// Dropped: the NATS client returned an error for it.
-        PublishError = "publish_error",
-        /// Dropped: still pending when the shutdown grace period ran out.
-        Shutdown = "shutdown",
-        /// Dropped: the stream's byte budget was held by frames the server had not
-        /// confirmed yet (`gap` policy; covered by a gap marker).
-        Unconfirmed = "unconfirmed",
-        /// Dropped: over the stream's rate bound (`max_rate`, `gap` policy; covered by a
-        /// gap marker).
-        Rate = "rate",
-    }
+/// Why an offered frame was not published. The first three are refusals (the frame
+/// was never admitted and has no sequence number); the rest are drops of admitted
+/// frames (their sequence numbers are missing downstream, covered by a gap marker in
+/// the `gap` policy or followed by an `end` in `close`).
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DropReason {
+    /// Refused: the byte budget was full (`close` policy, `try_push`).
+    QueueFull,
+    /// Refused: the stream was overloaded, ending or ended.
+    Closed,
+    /// Refused: not a valid PCM frame.
+    Invalid,
+    /// Dropped: oldest frame evicted to make room (`gap` policy).
+    Evicted,
+    /// Dropped: older than `max_age` before it could be published (`gap` policy).
+    MaxAge,
+    /// Dropped: pending when the stream overloaded (`close` policy).
+    Overload,
+    /// Dropped: NATS did not take it within `publish_timeout` (`gap` policy).
+    PublishTimeout,
+    /// Dropped: the NATS client returned an error for it.
+    PublishError,
+    /// Dropped: still pending when the shutdown grace period ran out.
+    Shutdown,
+    /// Dropped: the stream's byte budget was held by frames the server had not
+    /// confirmed yet (`gap` policy; covered by a gap marker).
+    Unconfirmed,
+    /// Dropped: over the stream's rate bound (`max_rate`, `gap` policy; covered by a
+    /// gap marker).
+    Rate,
 }
 
 impl DropReason {
@@ -84,18 +85,18 @@ impl DropReason {
     }
 }
 
-weir_protocol::wire_names! {
-    /// Why shadow mode would have refused or dropped a frame.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-    #[serde(rename_all = "snake_case")]
-    pub enum WouldReject {
-        /// Over the byte budget.
-        Bytes = "bytes",
-        /// Older than the age budget.
-        Age = "age",
-        /// A publish timed out.
-        PublishTimeout = "publish_timeout",
-    }
+/// Why shadow mode would have refused or dropped a frame.
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WouldReject {
+    /// Over the byte budget.
+    Bytes,
+    /// Older than the age budget.
+    Age,
+    /// A publish timed out.
+    PublishTimeout,
 }
 
 const N_DROP: usize = DropReason::ALL.len();
@@ -228,7 +229,7 @@ struct Handles {
     published: Counter,
     possibly_lost: Counter,
     dropped: [Counter; N_DROP],
-    would_reject: [Counter; 3],
+    would_reject: [Counter; WouldReject::ALL.len()],
     overloads: [Counter; 5],
     gaps: Counter,
     gap_frames: Counter,
@@ -242,8 +243,13 @@ struct Handles {
 
 impl Handles {
     fn new() -> Self {
-        let dropped = DropReason::ALL.map(|r| {
-            let outcome = if r.is_refusal() { "rejected" } else { "dropped" };
+        let dropped = std::array::from_fn(|i| {
+            let r = DropReason::ALL[i];
+            let outcome = if r.is_refusal() {
+                "rejected"
+            } else {
+                "dropped"
+            };
             metrics::counter!(m::FRAMES_TOTAL, m::LABEL_OUTCOME => outcome, m::LABEL_REASON => r.as_str())
         });
         Self {
@@ -252,8 +258,10 @@ impl Handles {
             published: metrics::counter!(m::FRAMES_TOTAL, m::LABEL_OUTCOME => "published", m::LABEL_REASON => "none"),
             possibly_lost: metrics::counter!(m::FRAMES_TOTAL, m::LABEL_OUTCOME => "possibly_lost", m::LABEL_REASON => "unconfirmed_at_disconnect"),
             dropped,
-            would_reject: WouldReject::ALL
-                .map(|r| metrics::counter!(m::WOULD_REJECT_TOTAL, m::LABEL_REASON => r.as_str())),
+            would_reject: std::array::from_fn(|i| {
+                let r = WouldReject::ALL[i].as_str();
+                metrics::counter!(m::WOULD_REJECT_TOTAL, m::LABEL_REASON => r)
+            }),
             overloads: [
                 OverloadReason::QueueFull,
                 OverloadReason::MaxAge,
@@ -624,6 +632,23 @@ pub fn frames_from_counters(c: &CountersSnapshot) -> FramesStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `as_str` and `Display` of every variant are its serde name (the metric labels
+    /// and JSON strings cannot drift apart).
+    fn assert_serde_names<T: WireName + std::fmt::Display + serde::Serialize>() {
+        for &v in T::ALL {
+            assert_eq!(serde_json::to_value(v).ok(), Some(v.as_str().into()), "{v}");
+            assert_eq!(v.to_string(), v.as_str());
+        }
+    }
+
+    #[test]
+    fn wire_names_are_the_serde_names() {
+        assert_serde_names::<DropReason>();
+        assert_serde_names::<WouldReject>();
+        assert_serde_names::<crate::config::Policy>();
+        assert_serde_names::<crate::config::Delivery>();
+    }
 
     #[test]
     fn account_updates_stream_and_global_together() {

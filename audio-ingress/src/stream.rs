@@ -39,6 +39,7 @@ use bytes::{Bytes, BytesMut};
 use serde::Serialize;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
+use weir_protocol::WireName;
 use weir_protocol::audio::extension::{EndReason, Overload};
 use weir_protocol::audio::packet::MAX_SESSION_ID_LEN;
 use weir_protocol::audio::{AudioFormat, BodyRef, Gap, encode_packet_in};

@@ -7,12 +7,13 @@ use std::time::Duration;
 use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
 use tokio::sync::watch;
+use weir_protocol::WireName;
 use weir_protocol::audio::extension::{EndReason, Extensions, OverloadReason};
 use weir_protocol::audio::{DecodeOptions, Packet, PacketBody, decode};
 
 use crate::config::{Policy, StreamConfig};
 use crate::error::{OpenErrorKind, PushError};
-use crate::publisher::{Sink, SinkError, SinkErrorKind};
+use crate::publisher::{Sink, SinkError, SinkErrorKind, SinkResult};
 use crate::stats::DropReason;
 use crate::stream::Ingress;
 
@@ -41,7 +42,7 @@ pub(crate) struct MemoryConfirmer {
 }
 
 impl crate::confirm::Confirmer for MemoryConfirmer {
-    fn round(&self) -> futures::future::BoxFuture<'_, Result<(), SinkError>> {
+    fn round(&self) -> futures::future::BoxFuture<'_, SinkResult> {
         Box::pin(async move {
             let mut rx = self.held.subscribe();
             let _ = rx.wait_for(|h| !*h).await;
@@ -93,12 +94,7 @@ impl MemorySink {
 }
 
 impl Sink for MemorySink {
-    async fn publish(
-        &self,
-        subject: Subject,
-        headers: HeaderMap,
-        payload: Bytes,
-    ) -> Result<(), SinkError> {
+    async fn publish(&self, subject: Subject, headers: HeaderMap, payload: Bytes) -> SinkResult {
         let mut rx = self.stalled.subscribe();
         let _ = rx.wait_for(|s| !*s).await;
         if *self.failing.lock().expect("lock") {

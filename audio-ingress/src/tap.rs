@@ -41,6 +41,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use serde::Serialize;
 use serde_json::{Value, json};
+use weir_protocol::WireName;
 use weir_protocol::audio::extension::{Extensions, PossibleLoss, headers};
 use weir_protocol::audio::{DecodeOptions, Packet, PacketBody, decode};
 use weir_protocol::error::Source;

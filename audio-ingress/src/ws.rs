@@ -58,6 +58,7 @@ use axum::routing::get;
 use futures::SinkExt;
 use serde_json::json;
 use tokio::time::Instant;
+use weir_protocol::WireName;
 use weir_protocol::audio::extension::{EndReason, Overload};
 
 use crate::auth::Authenticator;

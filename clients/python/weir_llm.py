@@ -39,9 +39,10 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Dict, Optional, Union
+from typing import Any, AsyncIterator, Dict, Optional, Union
 
 __all__ = [
+    "CallOptions",
     "LlmClient",
     "LlmError",
     "Reply",
@@ -214,6 +215,40 @@ def _check_error(msg) -> None:
     raise LlmError(code, message, details, nats_code, envelope)
 
 
+@dataclass(frozen=True)
+class CallOptions:
+    """The keyword arguments of `LlmClient.request` and `LlmClient.stream`, each sent in
+    its header when given: `request_id`, `session_id`, `timeout_ms` (the budget; the
+    client waits that long plus its margin), `client_key`, `admission` (`enqueue` or
+    `reject`), and `traceparent` / `tracestate`: the caller's W3C trace context, sent as
+    given (e.g. from opentelemetry's `propagate.inject`); the adapter joins that trace."""
+
+    request_id: Optional[str] = None
+    session_id: Optional[str] = None
+    timeout_ms: Optional[int] = None
+    client_key: Optional[str] = None
+    admission: Optional[str] = None
+    traceparent: Optional[str] = None
+    tracestate: Optional[str] = None
+
+    def headers(self) -> Dict[str, str]:
+        h: Dict[str, str] = {}
+        if self.traceparent is not None:
+            h[TRACEPARENT] = self.traceparent
+            if self.tracestate is not None:
+                h[TRACESTATE] = self.tracestate
+        for name, value in (
+            (REQUEST_ID, self.request_id),
+            (SESSION_ID, self.session_id),
+            (TIMEOUT_MS, None if self.timeout_ms is None else str(int(self.timeout_ms))),
+            (CLIENT_KEY, self.client_key),
+            (ADMISSION, self.admission),
+        ):
+            if value is not None:
+                h[name] = value
+        return h
+
+
 class LlmClient:
     """A client of one adapter service on a nats-py connection."""
 
@@ -237,61 +272,20 @@ class LlmClient:
         self.default_timeout = default_timeout
         self.margin = margin
 
-    def _headers(
-        self,
-        request_id: Optional[str],
-        session_id: Optional[str],
-        timeout_ms: Optional[int],
-        client_key: Optional[str],
-        admission: Optional[str],
-        traceparent: Optional[str] = None,
-        tracestate: Optional[str] = None,
-    ) -> Dict[str, str]:
-        h: Dict[str, str] = {}
-        if traceparent is not None:
-            h[TRACEPARENT] = traceparent
-            if tracestate is not None:
-                h[TRACESTATE] = tracestate
-        if request_id is not None:
-            h[REQUEST_ID] = request_id
-        if session_id is not None:
-            h[SESSION_ID] = session_id
-        if timeout_ms is not None:
-            h[TIMEOUT_MS] = str(int(timeout_ms))
-        if client_key is not None:
-            h[CLIENT_KEY] = client_key
-        if admission is not None:
-            h[ADMISSION] = admission
-        return h
-
     def _wait(self, timeout_ms: Optional[int]) -> float:
         if timeout_ms is None:
             return self.default_timeout
         return timeout_ms / 1000.0 + self.margin
 
-    async def request(
-        self,
-        body: bytes,
-        *,
-        request_id: Optional[str] = None,
-        session_id: Optional[str] = None,
-        timeout_ms: Optional[int] = None,
-        client_key: Optional[str] = None,
-        admission: Optional[str] = None,
-        traceparent: Optional[str] = None,
-        tracestate: Optional[str] = None,
-    ) -> Reply:
+    async def request(self, body: bytes, **options: Any) -> Reply:
         """The unary call: waits for the whole answer (through the durable intake when
-        the client was made with `intake_subject`). `traceparent` / `tracestate`: the
-        caller's W3C trace context, sent as given (e.g. from opentelemetry's
-        `propagate.inject`); the adapter joins that trace."""
-        headers = self._headers(
-            request_id, session_id, timeout_ms, client_key, admission, traceparent, tracestate
-        )
+        the client was made with `intake_subject`). The options: `CallOptions`."""
+        opts = CallOptions(**options)
+        headers, wait = opts.headers(), self._wait(opts.timeout_ms)
         if self.intake_subject is not None:
-            msg = await self._durable(body, self._wait(timeout_ms), headers)
+            msg = await self._durable(body, wait, headers)
         else:
-            msg = await self._request(self.subject, body, self._wait(timeout_ms), headers)
+            msg = await self._request(self.subject, body, wait, headers)
         return Reply(
             body=msg.data,
             queue_ms=_ms(msg.headers, QUEUE_MS),
@@ -299,29 +293,17 @@ class LlmClient:
             headers=dict(msg.headers or {}),
         )
 
-    async def stream(
-        self,
-        body: bytes,
-        *,
-        request_id: Optional[str] = None,
-        session_id: Optional[str] = None,
-        timeout_ms: Optional[int] = None,
-        client_key: Optional[str] = None,
-        admission: Optional[str] = None,
-        traceparent: Optional[str] = None,
-        tracestate: Optional[str] = None,
-    ) -> AsyncIterator[Event]:
+    async def stream(self, body: bytes, **options: Any) -> AsyncIterator[Event]:
         """A streamed call (`Weir-Stream: 1`): yields `Queued`, `Started`, `Chunk` ... and
         finally `End`, or raises `LlmError`. The whole stream is bounded by the budget
-        (`timeout_ms`, plus a margin) or the default timeout."""
+        (`timeout_ms`, plus a margin) or the default timeout. The options: `CallOptions`."""
         import nats.errors
 
-        headers = self._headers(
-            request_id, session_id, timeout_ms, client_key, admission, traceparent, tracestate
-        )
+        opts = CallOptions(**options)
+        headers = opts.headers()
         headers[STREAM] = "1"
         loop = asyncio.get_running_loop()
-        until = loop.time() + self._wait(timeout_ms) + self.margin
+        until = loop.time() + self._wait(opts.timeout_ms) + self.margin
         inbox = self.nc.new_inbox()
         sub = await self.nc.subscribe(inbox)
         try:

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use bytes::Bytes;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use weir_protocol::WireName;
 use weir_protocol::audio::extension::Extensions;
 use weir_protocol::audio::{Packet, PacketBody};
 use weir_protocol::fnv1a_32;

@@ -234,14 +234,14 @@ fn duration_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Err
     s.serialize_f64(d.as_secs_f64() * 1000.0)
 }
 
-weir_protocol::wire_names! {
-    /// Why a new stream was refused (no handler was created for it).
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-    #[serde(rename_all = "snake_case")]
-    pub enum RefuseReason {
-        /// `max_streams` live stream instances already.
-        MaxStreams = "max_streams",
-    }
+/// Why a new stream was refused (no handler was created for it).
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefuseReason {
+    /// `max_streams` live stream instances already.
+    MaxStreams,
 }
 
 /// Something the consumer reports about itself (see [`super::Consumer::events`]).

@@ -56,6 +56,7 @@ use crate::handler::HandlerFactory;
 use crate::lease::{Action, LeaseInfo, Planner};
 use crate::metrics as m;
 use crate::{ConsumerError, ConsumerErrorKind, OperationError, Shared, run_subscription};
+use weir_protocol::WireName;
 use weir_protocol::fnv1a_32;
 
 /// Bound of the bucket setup at start.
@@ -264,17 +265,18 @@ struct Feed {
     stop: watch::Sender<Option<Instant>>,
 }
 
-weir_protocol::wire_names! {
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    enum OpKind {
-        Claim = "claim",
-        TakeOver = "takeover",
-        Renew = "renew",
-        Release = "release",
-        /// A read of the key through the stream's leader, for a pending lease the watcher
-        /// did not confirm in time.
-        Confirm = "confirm",
-    }
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OpKind {
+    Claim,
+    #[strum(serialize = "takeover")]
+    TakeOver,
+    Renew,
+    Release,
+    /// A read of the key through the stream's leader, for a pending lease the watcher
+    /// did not confirm in time.
+    Confirm,
 }
 
 #[derive(Debug)]

@@ -476,6 +476,26 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use weir_protocol::WireName;
+
+    /// `as_str` and `Display` of every variant are its serde name (the metric labels
+    /// and JSON strings cannot drift apart).
+    fn assert_serde_names<T: WireName + std::fmt::Display + serde::Serialize>() {
+        for &v in T::ALL {
+            assert_eq!(serde_json::to_value(v).ok(), Some(v.as_str().into()), "{v}");
+            assert_eq!(v.to_string(), v.as_str());
+        }
+    }
+
+    #[test]
+    fn wire_names_are_the_serde_names_or_unchanged() {
+        assert_serde_names::<crate::RefuseReason>();
+        let ops: Vec<_> = crate::ownership::OpKind::ALL
+            .iter()
+            .map(|k| k.to_string())
+            .collect();
+        assert_eq!(ops, ["claim", "takeover", "renew", "release", "confirm"]);
+    }
     use crate::config::{ConsumerPolicy, QueueLimits};
     use std::time::Duration;
 

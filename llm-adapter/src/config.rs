@@ -39,7 +39,7 @@ use weir_service::admin::RequestLimits;
 use weir_service::config::keys::{self, KeyDoc, Section};
 use weir_service::config::{Layers, LoadError, LoadErrorKind, Origin};
 
-pub use crate::admission::EstimatorConfig;
+pub use crate::admission::{AdmissionConfig, EstimatorConfig};
 
 /// Prefix of environment overrides: `WEIR_LLM_QUEUE_CAPACITY=64`,
 /// `WEIR_LLM_SESSION__PENDING_CAP=5` (`__` separates sections). A variable under it
@@ -96,19 +96,19 @@ impl ConfigError {
     }
 }
 
-weir_protocol::wire_names! {
-    /// Enforce the limits, or only count what they would refuse.
-    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-    #[serde(rename_all = "snake_case")]
-    pub enum Mode {
-        /// Refuse what the limits refuse. The default.
-        #[default]
-        Enforce = "enforce",
-        /// Count `would_reject` for the session cap, per-key limits and the session
-        /// `reject` policy, and admit anyway. The global queue bound and deadlines stay
-        /// enforced.
-        Shadow = "shadow",
-    }
+/// Enforce the limits, or only count what they would refuse.
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Refuse what the limits refuse. The default.
+    #[default]
+    Enforce,
+    /// Count `would_reject` for the session cap, per-key limits and the session
+    /// `reject` policy, and admit anyway. The global queue bound and deadlines stay
+    /// enforced.
+    Shadow,
 }
 
 /// Where a per-key limit takes its key from.
@@ -517,31 +517,15 @@ pub struct JetStreamIntake {
     pub forward: bool,
 }
 
-/// The validated configuration.
+/// The validated configuration: the admission core's part, which `Config` derefs to
+/// (`config.workers`, `config.deadline`, ...), and the edges around it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
-    /// Fixed number of workers (concurrent backend calls).
-    pub workers: NonZeroUsize,
-    /// Most requests admitted but not yet started, over all sessions and keys.
-    pub queue_capacity: NonZeroUsize,
-    /// Enforce or shadow.
-    pub mode: Mode,
-    /// Per-session rules.
-    pub session: SessionConfig,
-    /// Per-key limits, applied in order (narrow key first).
-    pub limits: Vec<KeyLimit>,
-    /// Deadlines.
-    pub deadline: DeadlineConfig,
-    /// Which ready request a free worker takes first.
-    pub queue_order: QueueOrder,
-    /// The service-time estimator.
-    pub estimator: EstimatorConfig,
-    /// Idempotency; `None` = disabled.
-    pub idempotency: Option<IdempotencyConfig>,
+    /// Workers, queue, mode, session, limits, deadlines, order, estimator,
+    /// idempotency, shutdown grace, `backend.timeout` and the streams' coalescing.
+    pub admission: AdmissionConfig,
     /// Backend.
     pub backend: BackendConfig,
-    /// Grace period for running requests at shutdown.
-    pub shutdown_grace: Duration,
     /// NATS connection.
     pub nats: NatsConfig,
     /// NATS service.
@@ -556,11 +540,18 @@ pub struct Config {
     pub intake: Intake,
 }
 
-/// `[stream]`: streamed replies (`Weir-Stream: 1`).
+impl std::ops::Deref for Config {
+    type Target = AdmissionConfig;
+
+    fn deref(&self) -> &AdmissionConfig {
+        &self.admission
+    }
+}
+
+/// `[stream]`: streamed replies (`Weir-Stream: 1`); the coalescing
+/// (`chunk_interval_ms`, `chunk_max_bytes`) is [`AdmissionConfig::stream`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StreamConfig {
-    /// Coalescing: `chunk_interval_ms`, `chunk_max_bytes`.
-    pub settings: crate::admission::StreamSettings,
     /// Chunks a caller may leave unacknowledged; when that many are, the adapter waits
     /// for an acknowledgement up to `ack_timeout`, then aborts. 0 = callers do not
     /// acknowledge (a gone caller is still noticed by no-responders).
@@ -802,8 +793,8 @@ impl Config {
                 "status_subject": self.service.status_subject,
             },
             "stream": {
-                "chunk_interval_ms": ms(self.stream.settings.interval),
-                "chunk_max_bytes": self.stream.settings.max_bytes,
+                "chunk_interval_ms": ms(self.admission.stream.interval),
+                "chunk_max_bytes": self.admission.stream.max_bytes,
                 "window": self.stream.window,
                 "ack_timeout_ms": ms(self.stream.ack_timeout),
             },
@@ -1314,24 +1305,33 @@ impl RawConfig {
         let workers = count("workers", self.workers)?;
         let queue_capacity = count("queue_capacity", self.queue_capacity)?;
         let nats = self.nats.validate(queue_capacity.get())?;
+        let backend = self.backend.validate()?;
         Ok(Config {
-            workers,
-            queue_capacity,
-            mode: self.mode,
-            session: SessionConfig {
-                pending_cap: NonZeroUsize::new(size(
-                    "session.pending_cap",
-                    self.session.pending_cap,
-                )?),
-                ordering: self.session.ordering,
+            admission: AdmissionConfig {
+                workers,
+                queue_capacity,
+                mode: self.mode,
+                session: SessionConfig {
+                    pending_cap: NonZeroUsize::new(size(
+                        "session.pending_cap",
+                        self.session.pending_cap,
+                    )?),
+                    ordering: self.session.ordering,
+                },
+                limits: self.limits()?,
+                deadline: self.deadline.validate()?,
+                queue_order: self.queue_order,
+                estimator: self.estimator.validate()?,
+                idempotency: self.idempotency.validate()?,
+                backend_timeout: backend.timeout,
+                shutdown_grace: millis("shutdown_grace_ms", self.shutdown_grace_ms)?,
+                max_reply_bytes: usize::MAX,
+                stream: crate::admission::StreamSettings {
+                    interval: millis("stream.chunk_interval_ms", self.stream.chunk_interval_ms)?,
+                    max_bytes: size("stream.chunk_max_bytes", self.stream.chunk_max_bytes)?,
+                },
             },
-            limits: self.limits()?,
-            deadline: self.deadline.validate()?,
-            queue_order: self.queue_order,
-            estimator: self.estimator.validate()?,
-            idempotency: self.idempotency.validate()?,
-            backend: self.backend.validate()?,
-            shutdown_grace: millis("shutdown_grace_ms", self.shutdown_grace_ms)?,
+            backend,
             service: self.service.validate()?,
             admin: self.admin.validate()?,
             trace: TraceConfig {
@@ -1342,10 +1342,6 @@ impl RawConfig {
                 buffer: count("trace.buffer", self.trace.buffer)?,
             },
             stream: StreamConfig {
-                settings: crate::admission::StreamSettings {
-                    interval: millis("stream.chunk_interval_ms", self.stream.chunk_interval_ms)?,
-                    max_bytes: size("stream.chunk_max_bytes", self.stream.chunk_max_bytes)?,
-                },
                 window: size("stream.window", self.stream.window)?,
                 ack_timeout: match self.stream.ack_timeout_ms {
                     Some(v) => millis("stream.ack_timeout_ms", v)?,
@@ -1885,6 +1881,40 @@ fn name_check(key: &str, s: &str) -> Result<(), ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use weir_protocol::WireName;
+
+    /// `as_str` and `Display` of every variant are its serde name (the metric labels
+    /// and JSON strings cannot drift apart).
+    fn assert_serde_names<T: WireName + std::fmt::Display + serde::Serialize>() {
+        for &v in T::ALL {
+            assert_eq!(serde_json::to_value(v).ok(), Some(v.as_str().into()), "{v}");
+            assert_eq!(v.to_string(), v.as_str());
+        }
+    }
+
+    #[test]
+    fn wire_names_are_the_serde_names_or_unchanged() {
+        use crate::admission::{CancelResult, StopReason};
+        use crate::intake::TermReason;
+        assert_serde_names::<Mode>();
+        assert_serde_names::<CancelResult>();
+        let names = |all: &[&'static str]| all.to_vec();
+        let stops: Vec<_> = StopReason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(
+            stops,
+            names(&["caller_gone", "caller_stalled", "publish_timeout"])
+        );
+        let terms: Vec<_> = TermReason::ALL.iter().map(|r| r.to_string()).collect();
+        let want = [
+            "expired",
+            "invalid",
+            "no_reply",
+            "session_cap",
+            "key_limit",
+            "wait_expired",
+        ];
+        assert_eq!(terms, want);
+    }
 
     fn err(text: &str) -> ConfigError {
         Config::from_toml_str(text).expect_err("must be refused")

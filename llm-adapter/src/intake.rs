@@ -55,6 +55,7 @@ use futures::StreamExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use weir_protocol::WireName;
 use weir_protocol::llm::headers as h;
 use weir_protocol::llm::{ErrorBody, ErrorCode, ErrorDetails};
 use weir_service::ratelimit::LogLimit;
@@ -73,26 +74,26 @@ const PULL_RETRY: Duration = Duration::from_millis(250);
 /// a KV outage must not burn `max_deliver` in a tight loop).
 const STORE_ERROR_DELAY: Duration = Duration::from_secs(1);
 
-weir_protocol::wire_names! {
-    /// Why a pulled request was terminated without admission (`reason` label).
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    pub(crate) enum TermReason {
-        /// Its deadline had passed before it was pulled.
-        Expired = "expired",
-        /// A malformed header (answered `invalid_request`).
-        Invalid = "invalid",
-        /// No valid `Weir-Reply-To`: nothing can be answered.
-        NoReply = "no_reply",
-        /// The cluster-wide session cap was reached (answered `session_queue_full`).
-        SessionCap = "session_cap",
-        /// A cluster-wide limit was full: a reject-limit at once, a wait-limit after its
-        /// `max_wait` or with `max_waiters` already waiting here (answered
-        /// `concurrency_limit_exceeded`).
-        KeyLimit = "key_limit",
-        /// Its deadline passed while it waited for a cluster-wide wait-limit slot
-        /// (answered `deadline_exceeded`).
-        WaitExpired = "wait_expired",
-    }
+/// Why a pulled request was terminated without admission (`reason` label).
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TermReason {
+    /// Its deadline had passed before it was pulled.
+    Expired,
+    /// A malformed header (answered `invalid_request`).
+    Invalid,
+    /// No valid `Weir-Reply-To`: nothing can be answered.
+    NoReply,
+    /// The cluster-wide session cap was reached (answered `session_queue_full`).
+    SessionCap,
+    /// A cluster-wide limit was full: a reject-limit at once, a wait-limit after its
+    /// `max_wait` or with `max_waiters` already waiting here (answered
+    /// `concurrency_limit_exceeded`).
+    KeyLimit,
+    /// Its deadline passed while it waited for a cluster-wide wait-limit slot
+    /// (answered `deadline_exceeded`).
+    WaitExpired,
 }
 
 /// Publishes one acknowledgement to a JetStream message's ack subject, bounded.

@@ -46,6 +46,7 @@ use futures::StreamExt;
 use serde::Serialize;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use weir_protocol::WireName;
 use weir_protocol::llm::headers as h;
 use weir_protocol::llm::stream as s;
 use weir_protocol::llm::{

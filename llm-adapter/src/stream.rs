@@ -32,6 +32,7 @@ use async_nats::{HeaderMap, StatusCode, Subject};
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::future::BoxFuture;
+use weir_protocol::WireName;
 use weir_protocol::llm::headers as h;
 use weir_protocol::llm::stream::{self as s, StreamEvent};
 

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use common::{STEP, eventually};
 use futures::StreamExt;
 use weir_llm_adapter::{AdapterHandle, Config};
+use weir_protocol::WireName;
 use weir_protocol::llm::headers as h;
 use weir_protocol::llm::{ErrorBody, ErrorCode};
 use weir_testkit::NatsServer;

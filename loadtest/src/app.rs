@@ -19,6 +19,7 @@ use crate::producers::Transport;
 use crate::report::RunReport;
 use crate::scenario::run::{Env, RunOutput, run_one};
 use crate::scenario::{self, Scenario, ceiling, failover};
+use weir_protocol::WireName;
 
 /// Showcase defaults (the demo must fit in 2 minutes of run time).
 /// Steady runs: 5 s of audio.

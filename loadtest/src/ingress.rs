@@ -35,18 +35,20 @@ pub const INGRESS_BIN_ENV: &str = "WEIR_INGRESS_BIN";
 /// Lines of child stderr kept for error messages.
 const STDERR_TAIL: usize = 40;
 
-weir_protocol::wire_names! {
-    /// Which ingress design runs.
-    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-    #[serde(rename_all = "snake_case")]
-    pub enum Design {
-        /// weir's `audio-ingress`: one queue and one publisher per stream, bounded by bytes
-        /// and age, publishes with a timeout.
-        #[default]
-        Bounded = "bounded",
-        /// The deployed shape: a task per frame behind a per-stream semaphore of 3.
-        Naive = "naive",
-    }
+/// Which ingress design runs.
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Design {
+    /// weir's `audio-ingress`: one queue and one publisher per stream, bounded by bytes
+    /// and age, publishes with a timeout.
+    #[default]
+    Bounded,
+    /// The deployed shape: a task per frame behind a per-stream semaphore of 3.
+    Naive,
 }
 
 /// The `/v1/stats` snapshot and the ready line: the ingress's own types

@@ -47,17 +47,17 @@ use crate::speech::SpeechClip;
 mod whip;
 pub use whip::OpusClip;
 
-weir_protocol::wire_names! {
-    /// How the producers reach the ingress (`--transport`).
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, clap::ValueEnum)]
-    #[serde(rename_all = "snake_case")]
-    pub enum Transport {
-        /// One WebSocket per stream, PCM frames (`/v1/streams/{id}`).
-        #[default]
-        Ws = "ws",
-        /// One WHIP session per stream, Opus over WebRTC (`/v1/whip/{id}`).
-        Whip = "whip",
-    }
+/// How the producers reach the ingress (`--transport`).
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Transport {
+    /// One WebSocket per stream, PCM frames (`/v1/streams/{id}`).
+    #[default]
+    Ws,
+    /// One WHIP session per stream, Opus over WebRTC (`/v1/whip/{id}`).
+    Whip,
 }
 
 /// How long a producer waits for the `closed` event after sending `end`.

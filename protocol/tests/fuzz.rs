@@ -25,6 +25,7 @@ use bytes::Bytes;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+use weir_protocol::WireName;
 use weir_protocol::audio::extension::{
     EndReason, Extensions, Overload, OverloadReason, PossibleLoss, PossibleLossReason, headers,
 };

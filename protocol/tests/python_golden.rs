@@ -19,6 +19,7 @@ use std::process::Command;
 
 use bytes::Bytes;
 use serde_json::Value;
+use weir_protocol::WireName;
 use weir_protocol::audio::{DecodeOptions, Gap, GapReason, Packet, PacketBody, decode};
 
 fn golden_dir() -> PathBuf {

@@ -2,6 +2,7 @@
 //!
 //! - [`admin`] (feature `http`): the admin router skeleton (`/metrics`, `/healthz`,
 //!   `/readyz`, JSON refusals, request timeout and concurrency limit);
+//! - [`cli`] (feature `cli`): the `serve` flags `--set`, `--list-keys`, `--markdown`;
 //! - [`config`] (feature `config`): configuration layered defaults < TOML file <
 //!   environment < command line into the service's serde struct, refusing unknown keys
 //!   from every layer, and the key table (`--list-keys`, docs) from the same defaults;
@@ -28,6 +29,8 @@
 #[cfg(feature = "http")]
 pub mod admin;
 pub mod bounded;
+#[cfg(feature = "cli")]
+pub mod cli;
 #[cfg(feature = "config")]
 pub mod config;
 #[cfg(feature = "http")]

@@ -15,6 +15,7 @@ use clap::{Args, Parser, Subcommand};
 use weir_audio_ingress::config::{self, Config, ConfigSources};
 use weir_audio_ingress::error::ErrorKind;
 use weir_audio_ingress::{metrics as m, service, tap};
+use weir_service::cli::ConfigFlags;
 use weir_service::logging::LogFormat;
 
 #[derive(Parser)]
@@ -71,6 +72,8 @@ struct TokenArgs {
 
 /// Every configuration key can also be set by `WEIR_INGRESS_<KEY>` or `--set key=value`.
 #[derive(Args)]
+#[command(mut_arg("set", |a| a.help("Any configuration key, e.g. `--set max_bytes=32000` (repeatable; applied last)")))]
+#[command(mut_arg("markdown", |a| a.help("With --list-keys: print the Markdown tables of docs/audio-ingress.md")))]
 struct ServeArgs {
     /// TOML configuration file (flat `key = value` lines).
     #[arg(long, value_name = "FILE")]
@@ -84,15 +87,8 @@ struct ServeArgs {
     /// Admin HTTP listen address (key `admin`); port 0 picks a free port.
     #[arg(long, value_name = "ADDR")]
     admin: Option<String>,
-    /// Any configuration key, e.g. `--set max_bytes=32000` (repeatable; applied last).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    set: Vec<String>,
-    /// Print every configuration key with its type, default and range, then exit.
-    #[arg(long)]
-    list_keys: bool,
-    /// With --list-keys: print the Markdown tables of docs/audio-ingress.md.
-    #[arg(long, requires = "list_keys")]
-    markdown: bool,
+    #[command(flatten)]
+    keys: ConfigFlags,
     /// Log format on stderr.
     #[arg(long, env = "WEIR_INGRESS_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
@@ -105,7 +101,7 @@ fn sources(args: &ServeArgs) -> Result<ConfigSources, String> {
             ("listen", &args.listen),
             ("admin", &args.admin),
         ],
-        &args.set,
+        &args.keys.set,
     )?;
     Ok(ConfigSources {
         file: args.config.clone(),
@@ -115,8 +111,7 @@ fn sources(args: &ServeArgs) -> Result<ConfigSources, String> {
 }
 
 async fn serve(args: ServeArgs) -> ExitCode {
-    if args.list_keys {
-        print!("{}", config::key_table(args.markdown));
+    if args.keys.print_key_table(config::key_table) {
         return ExitCode::SUCCESS;
     }
     let config = match sources(&args).and_then(|s| Config::load(&s).map_err(|e| e.to_string())) {

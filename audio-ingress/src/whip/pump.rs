@@ -31,6 +31,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use opus_pure::OpusDecoder;
 use tokio::sync::mpsc;
+use weir_protocol::WireName;
 use weir_protocol::audio::extension::{EndReason, Overload};
 
 use super::driver::{Command, Media};

@@ -58,6 +58,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
+use weir_protocol::WireName;
 use weir_protocol::llm::headers as h;
 use weir_protocol::llm::{
     AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails, ResponseEnvelope, TraceContext,

@@ -45,6 +45,7 @@ use serde::Serialize;
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use weir_protocol::WireName;
 use weir_protocol::llm::{AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails, TraceContext};
 
 pub use estimator::{EstimateSource, EstimateView, Estimator, EstimatorConfig};
@@ -62,18 +63,18 @@ use crate::metrics as m;
 use crate::sync::locked;
 use crate::trace::Tracer;
 
-/// The part of [`Config`] the admission core uses.
+/// The part of [`Config`] the admission core uses (`Config::admission`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct AdmissionConfig {
-    /// Worker tasks (concurrent backend calls).
+    /// Fixed number of workers (concurrent backend calls).
     pub workers: NonZeroUsize,
-    /// Most requests admitted and not yet started.
+    /// Most requests admitted but not yet started, over all sessions and keys.
     pub queue_capacity: NonZeroUsize,
     /// Enforce or shadow.
     pub mode: Mode,
-    /// Per-session cap and ordering.
+    /// Per-session rules: cap and ordering.
     pub session: SessionConfig,
-    /// Per-key limits, in order.
+    /// Per-key limits, applied in order (narrow key first).
     pub limits: Vec<KeyLimit>,
     /// Deadlines.
     pub deadline: DeadlineConfig,
@@ -81,43 +82,30 @@ pub struct AdmissionConfig {
     pub queue_order: QueueOrder,
     /// The backend's service-time estimator.
     pub estimator: EstimatorConfig,
-    /// Idempotency.
+    /// Idempotency; `None` = disabled.
     pub idempotency: Option<IdempotencyConfig>,
-    /// The backend's own per-call timeout.
+    /// The backend's own per-call timeout (`backend.timeout`).
     pub backend_timeout: Duration,
-    /// How long running requests may finish at shutdown.
+    /// Grace period for running requests at shutdown.
     pub shutdown_grace: Duration,
     /// Most bytes of a unary reply body the backend may read
     /// ([`BackendRequest::max_reply_bytes`]); set from the NATS `max_payload` by
     /// [`crate::start`], `usize::MAX` (no cap) otherwise. Also the largest `chunk`.
     pub max_reply_bytes: usize,
-    /// How streamed replies are coalesced.
+    /// How streamed replies are coalesced (`stream.chunk_interval_ms`,
+    /// `stream.chunk_max_bytes`).
     pub stream: StreamSettings,
 }
 
 impl From<&Config> for AdmissionConfig {
     fn from(c: &Config) -> Self {
-        Self {
-            workers: c.workers,
-            queue_capacity: c.queue_capacity,
-            mode: c.mode,
-            session: c.session,
-            limits: c.limits.clone(),
-            deadline: c.deadline,
-            queue_order: c.queue_order,
-            estimator: c.estimator,
-            idempotency: c.idempotency,
-            backend_timeout: c.backend.timeout,
-            shutdown_grace: c.shutdown_grace,
-            max_reply_bytes: usize::MAX,
-            stream: c.stream.settings,
-        }
+        c.admission.clone()
     }
 }
 
 impl Default for AdmissionConfig {
     fn default() -> Self {
-        Self::from(&Config::default())
+        Config::default().admission
     }
 }
 
@@ -242,18 +230,18 @@ pub enum Admitted {
     Refused(ErrorCode),
 }
 
-weir_protocol::wire_names! {
-    /// What [`Admission::cancel`] found.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-    #[serde(rename_all = "snake_case")]
-    pub enum CancelResult {
-        /// It was queued; it has been answered `cancelled`.
-        Queued = "queued",
-        /// It was running; the backend call is being aborted and answered `cancelled`.
-        Running = "running",
-        /// No queued or running request has this id.
-        NotFound = "not_found",
-    }
+/// What [`Admission::cancel`] found.
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelResult {
+    /// It was queued; it has been answered `cancelled`.
+    Queued,
+    /// It was running; the backend call is being aborted and answered `cancelled`.
+    Running,
+    /// No queued or running request has this id.
+    NotFound,
 }
 
 /// Where a request is, by request id (`llm.status`).

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use weir_protocol::WireName;
 use weir_protocol::llm::ErrorCode;
 use weir_service::metrics::{LatencyHistogram, Series};
 

@@ -23,6 +23,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
+use weir_protocol::WireName;
 use weir_protocol::llm::stream as s;
 use weir_protocol::llm::{ErrorBody, ErrorCode, headers as h};
 
@@ -43,18 +44,18 @@ pub struct StreamSettings {
     pub max_bytes: usize,
 }
 
-weir_protocol::wire_names! {
-    /// Why a stream was aborted because of its caller (`as_str`: the label value of
-    /// `weir_llm_stream_aborted_total`).
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-    pub enum StopReason {
-        /// Nobody is subscribed to the reply subject any more (NATS no-responders).
-        CallerGone = "caller_gone",
-        /// The caller did not acknowledge chunks in time with its window full.
-        CallerStalled = "caller_stalled",
-        /// The NATS client did not take the chunk within the publish timeout.
-        PublishTimeout = "publish_timeout",
-    }
+/// Why a stream was aborted because of its caller (`as_str`: the label value of
+/// `weir_llm_stream_aborted_total`).
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StopReason {
+    /// Nobody is subscribed to the reply subject any more (NATS no-responders).
+    CallerGone,
+    /// The caller did not acknowledge chunks in time with its window full.
+    CallerStalled,
+    /// The NATS client did not take the chunk within the publish timeout.
+    PublishTimeout,
 }
 
 /// A stream that cannot go on.

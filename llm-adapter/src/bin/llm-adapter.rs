@@ -27,6 +27,7 @@ use clap::{Args, Parser, Subcommand};
 use weir_llm_adapter::admin::{self, AdminState};
 use weir_llm_adapter::config::{self, Config, ConfigSources};
 use weir_llm_adapter::{backend, metrics as m};
+use weir_service::cli::ConfigFlags;
 use weir_service::logging::LogFormat;
 
 #[derive(Parser)]
@@ -49,6 +50,8 @@ enum Cmd {
 }
 
 #[derive(Args)]
+#[command(mut_arg("set", |a| a.help("Any configuration key, e.g. `--set session.pending_cap=3` or `--set limits[0].limit=4` (repeatable; applied last, in order)")))]
+#[command(mut_arg("markdown", |a| a.help("With --list-keys: print the Markdown tables of docs/llm-adapter.md")))]
 struct ServeArgs {
     /// TOML configuration file.
     #[arg(long, env = "WEIR_LLM_CONFIG")]
@@ -67,22 +70,14 @@ struct ServeArgs {
     /// Log format on stderr.
     #[arg(long, env = "WEIR_LLM_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
-    /// Any configuration key, e.g. `--set session.pending_cap=3` or
-    /// `--set limits[0].limit=4` (repeatable; applied last, in order).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    set: Vec<String>,
-    /// Print every configuration key with its type, default and range, then exit.
-    #[arg(long)]
-    list_keys: bool,
-    /// With --list-keys: print the Markdown tables of docs/llm-adapter.md.
-    #[arg(long, requires = "list_keys")]
-    markdown: bool,
+    #[command(flatten)]
+    keys: ConfigFlags,
 }
 
 fn load(args: &ServeArgs) -> Result<Config, String> {
     let overrides = weir_service::config::cli_overrides(
         &[("nats.url", &args.nats_url), ("admin.listen", &args.admin)],
-        &args.set,
+        &args.keys.set,
     )?;
     Config::load(&ConfigSources {
         file: args.config.clone(),
@@ -214,11 +209,7 @@ fn main() -> ExitCode {
         Cmd::Serve(a) => (a, false),
         Cmd::CheckConfig(a) => (a, true),
     };
-    if args.list_keys {
-        // A closed pipe (`| head`) ends the listing; it is not an error.
-        let _ = std::io::stdout()
-            .lock()
-            .write_all(config::key_table(args.markdown).as_bytes());
+    if args.keys.print_key_table(config::key_table) {
         return ExitCode::SUCCESS;
     }
     let _telemetry = weir_service::logging::init(args.log_format);

@@ -20,6 +20,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::time::Instant;
+use weir_llm_adapter::client::LlmClient;
+use weir_protocol::WireName;
 use weir_protocol::llm::headers;
 
 use crate::stats::{LatencyHistogram, Percentiles, record, summary};
@@ -150,7 +152,7 @@ pub async fn run(
     let mut n: u64 = 0;
     let mut tasks = tokio::task::JoinSet::new();
     let sessions = config.sessions.max(1) as u64;
-    let llm = weir_llm_adapter::client::LlmClient::new(client.clone(), config.subject.clone());
+    let llm = LlmClient::new(client.clone(), config.subject.clone());
     while !stop.load(Ordering::Relaxed) {
         tick.tick().await;
         credit += per_tick;
@@ -165,7 +167,6 @@ pub async fn run(
             counters.outstanding.fetch_add(1, Ordering::Relaxed);
             let (client, counters) = (client.clone(), counters.clone());
             let subject = config.subject.clone();
-            let deadline = config.deadline;
             let session = format!("conv{}", n % sessions);
             let body = Bytes::from(format!(
                 r#"{{"prompt":"transcript {n} of {session}","max_tokens":{}{}}}"#,
@@ -176,12 +177,18 @@ pub async fn run(
                     ""
                 }
             ));
+            let call = Call {
+                request_id: format!("lt-{n}"),
+                session,
+                body,
+                deadline: config.deadline,
+            };
             let (llm, stream) = (llm.clone(), config.stream);
             tasks.spawn(async move {
                 if stream {
-                    one_stream(&llm, n, session, body, deadline, &counters).await;
+                    one_stream(&llm, call, &counters).await;
                 } else {
-                    one_request(&client, subject, n, session, body, deadline, &counters).await;
+                    one_request(&client, subject, call, &counters).await;
                 }
                 counters.outstanding.fetch_sub(1, Ordering::Relaxed);
             });
@@ -198,16 +205,19 @@ pub async fn run(
     tasks.abort_all();
 }
 
-/// One streamed request through the Rust client: TTFT = send → first chunk; completed
-/// = `end` received (in the deadline or not).
-async fn one_stream(
-    llm: &weir_llm_adapter::client::LlmClient,
-    n: u64,
+/// One request the generator offers, streamed or not.
+struct Call {
+    /// `lt-{n}`, n counting the requests offered.
+    request_id: String,
     session: String,
     body: Bytes,
+    /// From when it is sent.
     deadline: Duration,
-    counters: &GeneratorCounters,
-) {
+}
+
+/// One streamed request through the Rust client: TTFT = send → first chunk; completed
+/// = `end` received (in the deadline or not).
+async fn one_stream(llm: &LlmClient, call: Call, counters: &GeneratorCounters) {
     use futures::StreamExt;
     use weir_llm_adapter::client::{ClientErrorKind, LlmEvent};
     let sent = Instant::now();
@@ -220,11 +230,11 @@ async fn one_stream(
         ClientErrorKind::NoResponders => refused("no_responders"),
         _ => refused("request_error"),
     };
-    let at = std::time::SystemTime::now() + deadline;
+    let at = std::time::SystemTime::now() + call.deadline;
     let stream = llm
-        .request(body)
-        .request_id(format!("lt-{n}"))
-        .session(session)
+        .request(call.body)
+        .request_id(call.request_id)
+        .session(call.session)
         .deadline(at)
         .stream()
         .await;
@@ -238,8 +248,8 @@ async fn one_stream(
             Ok(LlmEvent::Chunk { .. }) if first.is_none() => first = Some(sent.elapsed()),
             Ok(LlmEvent::End(end)) => {
                 let elapsed = sent.elapsed();
-                counters.answered(elapsed, deadline);
-                counters.completed(elapsed, deadline);
+                counters.answered(elapsed, call.deadline);
+                counters.completed(elapsed, call.deadline);
                 for (hist, d) in [
                     (&counters.latency, Some(elapsed)),
                     (&counters.ttft, first),
@@ -261,30 +271,27 @@ async fn one_stream(
 async fn one_request(
     client: &async_nats::Client,
     subject: String,
-    n: u64,
-    session: String,
-    body: Bytes,
-    deadline: Duration,
+    call: Call,
     counters: &GeneratorCounters,
 ) {
     let sent = Instant::now();
     let mut h = async_nats::HeaderMap::new();
-    h.insert(headers::REQUEST_ID, format!("lt-{n}").as_str());
-    h.insert(headers::SESSION_ID, session.as_str());
+    h.insert(headers::REQUEST_ID, call.request_id.as_str());
+    h.insert(headers::SESSION_ID, call.session.as_str());
     h.insert(
         headers::DEADLINE_MS,
-        (unix_ms() + deadline.as_millis() as u64)
+        (unix_ms() + call.deadline.as_millis() as u64)
             .to_string()
             .as_str(),
     );
     let request = async_nats::Request::new()
         .headers(h)
-        .payload(body)
-        .timeout(Some(deadline + REPLY_MARGIN))
+        .payload(call.body)
+        .timeout(Some(call.deadline + REPLY_MARGIN))
         .inbox(client.new_inbox());
     // Bound the whole call, not only the wait after it was queued.
     let result = tokio::time::timeout(
-        deadline + REPLY_MARGIN + Duration::from_millis(200),
+        call.deadline + REPLY_MARGIN + Duration::from_millis(200),
         client.send_request(subject, request),
     )
     .await;
@@ -297,13 +304,13 @@ async fn one_request(
                     .map(|v| v.as_str().to_owned())
             };
             let elapsed = sent.elapsed();
-            counters.answered(elapsed, deadline);
+            counters.answered(elapsed, call.deadline);
             if let Some(code) =
                 get(headers::ERROR_CODE).or_else(|| get(headers::NATS_SERVICE_ERROR_CODE))
             {
                 return counters.refused_after(&code, elapsed);
             }
-            counters.completed(elapsed, deadline);
+            counters.completed(elapsed, call.deadline);
             record(&counters.latency, elapsed);
             record(&counters.ttft, elapsed);
             for (name, hist) in [

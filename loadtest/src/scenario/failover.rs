@@ -37,6 +37,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
+use weir_protocol::WireName;
 use weir_protocol::audio::Packet;
 use weir_protocol::fnv1a_32;
 use weir_testkit::NatsCluster;

@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 use serde::Serialize;
+use weir_protocol::WireName;
 
 /// When a fault starts, after the producers started.
 pub const FAULT_AT: Duration = Duration::from_secs(2);
@@ -39,34 +40,34 @@ pub const DEFAULT_RESTART_DOWN: Duration = Duration::from_secs(2);
 /// Share of producers that vanish in `no-end`.
 pub const NO_END_SHARE: f64 = 0.5;
 
-weir_protocol::wire_names! {
-    /// A scenario (the first argument).
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum, Serialize)]
-    #[serde(rename_all = "kebab-case")]
-    pub enum Scenario {
-        /// N streams at the real cadence, nothing injected.
-        Steady = "steady",
-        /// nats-server stopped (SIGSTOP) for --pause seconds mid-run.
-        NatsPause = "nats-pause",
-        /// Recognisers and the LLM backend stall for --pause seconds.
-        BackendPause = "backend-pause",
-        /// nats-server killed and restarted on the same port after --pause seconds.
-        NatsRestart = "nats-restart",
-        /// Half the producers vanish without `end`.
-        NoEnd = "no-end",
-        /// LLM requests offered at k × the backend's capacity, with deadlines.
-        LlmOverload = "llm-overload",
-        /// Ramp streams until p99 queue wait exceeds one frame or overloads appear.
-        Ceiling = "ceiling",
-        /// Lease workers on a 3-node cluster; one worker process SIGKILLed, restarted.
-        WorkerFailover = "worker-failover",
-        /// Lease workers on a 3-node cluster; the KV leader node SIGKILLed, restarted.
-        NodeFailover = "node-failover",
-        /// Every scenario above except ceiling and the two failovers.
-        All = "all",
-        /// The demo: steady and nats-pause, short runs, both designs.
-        Showcase = "showcase",
-    }
+/// A scenario (the first argument).
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    /// N streams at the real cadence, nothing injected.
+    Steady,
+    /// nats-server stopped (SIGSTOP) for --pause seconds mid-run.
+    NatsPause,
+    /// Recognisers and the LLM backend stall for --pause seconds.
+    BackendPause,
+    /// nats-server killed and restarted on the same port after --pause seconds.
+    NatsRestart,
+    /// Half the producers vanish without `end`.
+    NoEnd,
+    /// LLM requests offered at k × the backend's capacity, with deadlines.
+    LlmOverload,
+    /// Ramp streams until p99 queue wait exceeds one frame or overloads appear.
+    Ceiling,
+    /// Lease workers on a 3-node cluster; one worker process SIGKILLed, restarted.
+    WorkerFailover,
+    /// Lease workers on a 3-node cluster; the KV leader node SIGKILLed, restarted.
+    NodeFailover,
+    /// Every scenario above except ceiling and the two failovers.
+    All,
+    /// The demo: steady and nats-pause, short runs, both designs.
+    Showcase,
 }
 
 impl Scenario {
@@ -92,18 +93,18 @@ impl Scenario {
     }
 }
 
-weir_protocol::wire_names! {
-    /// What a fault does.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-    #[serde(rename_all = "snake_case")]
-    pub enum FaultKind {
-        /// SIGSTOP then SIGCONT the nats-server.
-        NatsPause = "nats_pause",
-        /// SIGKILL the nats-server, start it again on the same port.
-        NatsRestart = "nats_restart",
-        /// Pause the recognisers and the LLM backend.
-        BackendPause = "backend_pause",
-    }
+/// What a fault does.
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// SIGSTOP then SIGCONT the nats-server.
+    NatsPause,
+    /// SIGKILL the nats-server, start it again on the same port.
+    NatsRestart,
+    /// Pause the recognisers and the LLM backend.
+    BackendPause,
 }
 
 impl FaultKind {
@@ -226,6 +227,27 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `as_str` and `Display` of every variant are its serde name (the metric labels
+    /// and JSON strings cannot drift apart).
+    fn assert_serde_names<T: WireName + std::fmt::Display + serde::Serialize>() {
+        for &v in T::ALL {
+            assert_eq!(serde_json::to_value(v).ok(), Some(v.as_str().into()), "{v}");
+            assert_eq!(v.to_string(), v.as_str());
+        }
+    }
+
+    #[test]
+    fn wire_names_are_the_serde_and_clap_names() {
+        assert_serde_names::<Scenario>();
+        assert_serde_names::<FaultKind>();
+        assert_serde_names::<crate::ingress::Design>();
+        assert_serde_names::<crate::producers::Transport>();
+        for &s in Scenario::ALL {
+            let clap = s.to_possible_value().map(|v| v.get_name().to_owned());
+            assert_eq!(clap.as_deref(), Some(s.as_str()));
+        }
+    }
 
     #[test]
     fn fault_scenarios_get_room_for_the_fault_and_recovery() {

@@ -36,6 +36,7 @@ use crate::report::{
 use crate::sample::{self, IngressSample, Sample};
 use crate::scenario::{FaultKind, Plan};
 use crate::timeliness::{DEFAULT_MAX_AGE, late_after};
+use weir_protocol::WireName;
 
 /// Longest drain after the producers stopped, beyond the wait for the fleet to reap
 /// streams that never sent `end` (its idle timeout + [`REAP_MARGIN`]).

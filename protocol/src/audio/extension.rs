@@ -18,6 +18,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::WireName;
+
 /// The extension version weir writes in [`headers::VERSION`].
 pub const PROTOCOL_VERSION: u32 = 1;
 
@@ -37,30 +39,30 @@ pub mod headers {
     pub const POSSIBLY_LOST: &str = "Weir-Possibly-Lost";
 }
 
-crate::wire_names! {
-    /// Why a stream ended, carried on the `end` packet.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-    #[serde(rename_all = "snake_case")]
-    pub enum EndReason {
-        /// The producer finished the stream.
-        Producer = "producer",
-        /// The ingress ended the stream because it could not keep within its budget.
-        Overload = "overload",
-        /// The ingress is shutting down.
-        Shutdown = "shutdown",
-        /// The producer disappeared without ending the stream (socket dropped).
-        ProducerGone = "producer_gone",
-        /// The producer was silent for longer than the idle timeout.
-        Idle = "idle",
-        /// An internal error ended the stream.
-        Error = "error",
-    }
+/// Why a stream ended, carried on the `end` packet.
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndReason {
+    /// The producer finished the stream.
+    Producer,
+    /// The ingress ended the stream because it could not keep within its budget.
+    Overload,
+    /// The ingress is shutting down.
+    Shutdown,
+    /// The producer disappeared without ending the stream (socket dropped).
+    ProducerGone,
+    /// The producer was silent for longer than the idle timeout.
+    Idle,
+    /// An internal error ended the stream.
+    Error,
 }
 
 impl EndReason {
     /// Parses a header value; `None` for unknown values.
     pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|r| r.as_str() == s)
+        Self::ALL.iter().copied().find(|r| r.as_str() == s)
     }
 }
 
@@ -143,17 +145,17 @@ pub struct PossibleLoss {
     pub reason: PossibleLossReason,
 }
 
-crate::wire_names! {
-    /// Why packets are possibly lost.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-    #[serde(rename_all = "snake_case")]
-    pub enum PossibleLossReason {
-        /// The connection dropped (reconnect) before the server confirmed them.
-        UnconfirmedAtDisconnect = "unconfirmed_at_disconnect",
-        /// A reason this version does not know.
-        #[serde(other)]
-        Other = "other",
-    }
+/// Why packets are possibly lost.
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PossibleLossReason {
+    /// The connection dropped (reconnect) before the server confirmed them.
+    UnconfirmedAtDisconnect,
+    /// A reason this version does not know.
+    #[serde(other)]
+    Other,
 }
 
 impl PossibleLoss {

@@ -20,6 +20,8 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::Deserialize;
 
+use crate::WireName;
+
 /// Sample rate of the deployed stack, in Hz.
 pub const SAMPLE_RATE: u32 = 16_000;
 /// Bytes per sample (s16le).
@@ -70,24 +72,24 @@ impl Default for AudioFormat {
     }
 }
 
-crate::wire_names! {
-    /// Why frames are missing.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, Deserialize)]
-    #[serde(rename_all = "snake_case")]
-    pub enum GapReason {
-        /// The producer's queue was full (bytes bound); the oldest frames were dropped.
-        QueueFull = "queue_full",
-        /// Frames outlived the age bound before they could be published.
-        MaxAge = "max_age",
-        /// Publishing to NATS failed or timed out.
-        PublishFailed = "publish_failed",
-        /// The producer sent audio faster than its rate bound (`max_rate` × real time
-        /// beyond the burst); the frames over it were dropped.
-        Rate = "rate",
-        /// A reason this version does not know (sent by a newer producer).
-        #[serde(other)]
-        Other = "other",
-    }
+/// Why frames are missing.
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GapReason {
+    /// The producer's queue was full (bytes bound); the oldest frames were dropped.
+    QueueFull,
+    /// Frames outlived the age bound before they could be published.
+    MaxAge,
+    /// Publishing to NATS failed or timed out.
+    PublishFailed,
+    /// The producer sent audio faster than its rate bound (`max_rate` × real time
+    /// beyond the burst); the frames over it were dropped.
+    Rate,
+    /// A reason this version does not know (sent by a newer producer).
+    #[serde(other)]
+    Other,
 }
 
 /// A declared gap: frames `first_seq..=last_seq` were dropped by the producer on
@@ -430,43 +432,43 @@ impl Default for DecodeOptions {
     }
 }
 
-crate::wire_names! {
-    /// Machine-readable reason a packet was refused.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-    pub enum DecodeErrorKind {
-        /// Fewer than 4 bytes: no length prefix.
-        Truncated = "truncated",
-        /// The length prefix points past the end of the payload.
-        MetaLengthOutOfRange = "meta_length_out_of_range",
-        /// The meta is larger than allowed.
-        MetaTooLarge = "meta_too_large",
-        /// The meta is not UTF-8.
-        InvalidUtf8 = "invalid_utf8",
-        /// The meta is not a JSON object, or a field has the wrong JSON type.
-        InvalidJson = "invalid_json",
-        /// A required field is missing.
-        MissingField = "missing_field",
-        /// `type` is not `frame`, `end` or `gap`.
-        UnknownType = "unknown_type",
-        /// `seq` is 0.
-        InvalidSeq = "invalid_seq",
-        /// `sample_rate` is not the expected one.
-        UnsupportedSampleRate = "unsupported_sample_rate",
-        /// `sample_width` is not the expected one.
-        UnsupportedSampleWidth = "unsupported_sample_width",
-        /// `channels` is not the expected one.
-        UnsupportedChannels = "unsupported_channels",
-        /// The PCM length is not a multiple of the sample size.
-        PartialSample = "partial_sample",
-        /// The PCM is larger than allowed.
-        PcmTooLarge = "pcm_too_large",
-        /// An `end` or `gap` packet carries PCM.
-        UnexpectedPcm = "unexpected_pcm",
-        /// The gap fields are inconsistent.
-        InvalidGap = "invalid_gap",
-        /// `session_id` is longer than allowed.
-        SessionIdTooLong = "session_id_too_long",
-    }
+/// Machine-readable reason a packet was refused.
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DecodeErrorKind {
+    /// Fewer than 4 bytes: no length prefix.
+    Truncated,
+    /// The length prefix points past the end of the payload.
+    MetaLengthOutOfRange,
+    /// The meta is larger than allowed.
+    MetaTooLarge,
+    /// The meta is not UTF-8.
+    InvalidUtf8,
+    /// The meta is not a JSON object, or a field has the wrong JSON type.
+    InvalidJson,
+    /// A required field is missing.
+    MissingField,
+    /// `type` is not `frame`, `end` or `gap`.
+    UnknownType,
+    /// `seq` is 0.
+    InvalidSeq,
+    /// `sample_rate` is not the expected one.
+    UnsupportedSampleRate,
+    /// `sample_width` is not the expected one.
+    UnsupportedSampleWidth,
+    /// `channels` is not the expected one.
+    UnsupportedChannels,
+    /// The PCM length is not a multiple of the sample size.
+    PartialSample,
+    /// The PCM is larger than allowed.
+    PcmTooLarge,
+    /// An `end` or `gap` packet carries PCM.
+    UnexpectedPcm,
+    /// The gap fields are inconsistent.
+    InvalidGap,
+    /// `session_id` is longer than allowed.
+    SessionIdTooLong,
 }
 
 /// A packet could not be decoded; [`DecodeError::kind`] says why.

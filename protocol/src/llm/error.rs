@@ -23,32 +23,34 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-crate::wire_names! {
-    /// Machine-readable error code.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-    #[serde(rename_all = "snake_case")]
-    pub enum ErrorCode {
-        /// The global queue is full.
-        QueueFull = "queue_full",
-        /// The session's pending cap is reached.
-        SessionQueueFull = "session_queue_full",
-        /// A per-key concurrency limit (or a busy session under `reject`) refused the request.
-        ConcurrencyLimitExceeded = "concurrency_limit_exceeded",
-        /// The deadline passed before the request could be answered.
-        DeadlineExceeded = "deadline_exceeded",
-        /// The request was cancelled by its request id.
-        Cancelled = "cancelled",
-        /// The request id is already used by a request with another session or body.
-        RequestIdConflict = "request_id_conflict",
-        /// The backend answered with an error or could not be reached.
-        BackendError = "backend_error",
-        /// The backend's own timeout elapsed (before the request's deadline).
-        BackendTimeout = "backend_timeout",
-        /// A header or the body could not be used.
-        InvalidRequest = "invalid_request",
-        /// The adapter is shutting down and admits nothing new.
-        ShuttingDown = "shutting_down",
-    }
+use crate::WireName;
+
+/// Machine-readable error code.
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The global queue is full.
+    QueueFull,
+    /// The session's pending cap is reached.
+    SessionQueueFull,
+    /// A per-key concurrency limit (or a busy session under `reject`) refused the request.
+    ConcurrencyLimitExceeded,
+    /// The deadline passed before the request could be answered.
+    DeadlineExceeded,
+    /// The request was cancelled by its request id.
+    Cancelled,
+    /// The request id is already used by a request with another session or body.
+    RequestIdConflict,
+    /// The backend answered with an error or could not be reached.
+    BackendError,
+    /// The backend's own timeout elapsed (before the request's deadline).
+    BackendTimeout,
+    /// A header or the body could not be used.
+    InvalidRequest,
+    /// The adapter is shutting down and admits nothing new.
+    ShuttingDown,
 }
 
 impl ErrorCode {
@@ -101,6 +103,8 @@ impl FromStr for ErrorCode {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Self::ALL
+            .iter()
+            .copied()
             .into_iter()
             .find(|c| c.as_str() == s)
             .ok_or_else(|| UnknownErrorCode(s.to_owned()))
@@ -223,7 +227,7 @@ mod tests {
 
     #[test]
     fn codes_round_trip_through_strings_and_serde() {
-        for code in ErrorCode::ALL {
+        for &code in ErrorCode::ALL {
             assert_eq!(code.as_str().parse::<ErrorCode>(), Ok(code));
             let json = serde_json::to_string(&code).expect("test value");
             assert_eq!(json, format!("\"{}\"", code.as_str()));
@@ -267,7 +271,7 @@ mod tests {
 
     #[test]
     fn overload_codes_are_retryable() {
-        for code in ErrorCode::ALL {
+        for &code in ErrorCode::ALL {
             if code.is_overload() {
                 assert!(code.is_retryable(), "{code}");
             }

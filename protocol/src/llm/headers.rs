@@ -27,6 +27,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::WireName;
+
 /// Caller-chosen request id (idempotency key; also the id to cancel).
 pub const REQUEST_ID: &str = "Weir-Request-Id";
 /// Session id: the per-session pending cap and per-session ordering use it.
@@ -75,16 +77,16 @@ pub const MAX_TRACESTATE_LEN: usize = 512;
 /// Longest accepted id (request id, session id, client key), in bytes.
 pub const MAX_ID_LEN: usize = 256;
 
-crate::wire_names! {
-    /// Per-request choice when the session already has a request running.
-    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-    pub enum AdmissionPolicy {
-        /// Wait behind the running request (FIFO per session). The default.
-        #[default]
-        Enqueue = "enqueue",
-        /// Refuse at once with `concurrency_limit_exceeded` instead of waiting.
-        Reject = "reject",
-    }
+/// Per-request choice when the session already has a request running.
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum AdmissionPolicy {
+    /// Wait behind the running request (FIFO per session). The default.
+    #[default]
+    Enqueue,
+    /// Refuse at once with `concurrency_limit_exceeded` instead of waiting.
+    Reject,
 }
 
 impl AdmissionPolicy {
@@ -92,6 +94,8 @@ impl AdmissionPolicy {
     pub fn parse(value: &str) -> Result<Self, HeaderError> {
         let v = value.trim();
         Self::ALL
+            .iter()
+            .copied()
             .into_iter()
             .find(|p| p.as_str().eq_ignore_ascii_case(v))
             .ok_or_else(|| HeaderError::invalid(ADMISSION, "expected `enqueue` or `reject`"))

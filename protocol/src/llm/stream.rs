@@ -17,6 +17,8 @@
 //! Invariants: [`StreamEvent::parse`] is total (unknown names give `None`, so a newer
 //! adapter's events are skipped by an older client, never mistaken for another).
 
+use crate::WireName;
+
 /// Request header: `1` asks for a streamed reply. Absent (or `0`): the unary reply.
 pub const STREAM: &str = "Weir-Stream";
 /// Every streamed message: which event it is ([`StreamEvent`]).
@@ -40,28 +42,28 @@ pub const STREAM_BYTES: &str = "Weir-Stream-Bytes";
 /// received no chunk (errors are sent as error replies instead of `end`).
 pub const STREAM_OUTCOME: &str = "Weir-Stream-Outcome";
 
-crate::wire_names! {
-    /// One event of a streamed reply.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-    pub enum StreamEvent {
-        /// Accepted and waiting; carries the position.
-        Queued = "queued",
-        /// Inference started; carries the queue wait.
-        Started = "started",
-        /// Part of the reply body.
-        Chunk = "chunk",
-        /// The reply is complete; carries the timings.
-        End = "end",
-        /// The request failed or was refused; the message is the usual error reply.
-        Error = "error",
-    }
+/// One event of a streamed reply.
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StreamEvent {
+    /// Accepted and waiting; carries the position.
+    Queued,
+    /// Inference started; carries the queue wait.
+    Started,
+    /// Part of the reply body.
+    Chunk,
+    /// The reply is complete; carries the timings.
+    End,
+    /// The request failed or was refused; the message is the usual error reply.
+    Error,
 }
 
 impl StreamEvent {
     /// Reads a header value; `None` for anything else.
     pub fn parse(value: &str) -> Option<Self> {
         let v = value.trim();
-        Self::ALL.into_iter().find(|e| e.as_str() == v)
+        Self::ALL.iter().copied().find(|e| e.as_str() == v)
     }
 }
 
@@ -87,7 +89,7 @@ mod tests {
 
     #[test]
     fn events_round_trip_and_unknown_names_are_none() {
-        for e in StreamEvent::ALL {
+        for &e in StreamEvent::ALL {
             assert_eq!(StreamEvent::parse(e.as_str()), Some(e));
         }
         assert_eq!(StreamEvent::parse(" chunk "), Some(StreamEvent::Chunk));
