@@ -398,12 +398,9 @@ pub async fn run_one(
     // 6. Wait for the producers (bounded), then drain.
     let producers_deadline =
         start + plan.duration + spread + producers::END_GRACE + Duration::from_secs(5);
-    while Instant::now() < producers_deadline {
-        match tokio::time::timeout_at(producers_deadline, producer_set.join_next()).await {
-            Ok(Some(_)) => {}
-            Ok(None) | Err(_) => break,
-        }
-    }
+    while let Ok(Some(_)) =
+        tokio::time::timeout_at(producers_deadline, producer_set.join_next()).await
+    {}
     let producers_late = !producer_set.is_empty();
     producer_set.abort_all();
     let mut notes = Vec::new();
