@@ -308,7 +308,7 @@ impl<F: HandlerFactory> Demux<F> {
         {
             let mut reg = self.shared.registry();
             reg.update(instance, |s| {
-                s.first_seq.get_or_insert(seqs_first(seqs));
+                s.first_seq.get_or_insert(seqs.first());
                 s.last_seq = last_seq;
                 let c = &mut s.counters;
                 // Seqs and declared samples come from the network: saturate, never panic.
@@ -365,7 +365,7 @@ impl<F: HandlerFactory> Demux<F> {
             }
         }
         if handover_gap {
-            let first = seqs_first(seqs);
+            let first = seqs.first();
             metrics::counter!(m::CONSUMER_HANDOVER_FRAMES_TOTAL).increment(leading);
             let notice = StreamEvent::Gap(GapNotice {
                 first_seq: first.saturating_sub(leading),
@@ -878,13 +878,6 @@ impl<F: HandlerFactory> Demux<F> {
             );
             self.tasks.shutdown().await;
         }
-    }
-}
-
-fn seqs_first(seqs: Seqs) -> u64 {
-    match seqs {
-        Seqs::Single(s) => s,
-        Seqs::Range { first, .. } => first,
     }
 }
 

@@ -143,10 +143,7 @@ pub struct LeaseInfo {
 }
 
 fn ms<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-    match d {
-        Some(d) => s.serialize_some(&(d.as_millis() as u64)),
-        None => s.serialize_none(),
-    }
+    serde::Serialize::serialize(&d.map(|d| d.as_millis() as u64), s)
 }
 
 /// The decision logic of one worker; see the [module docs](self).

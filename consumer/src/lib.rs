@@ -578,6 +578,13 @@ impl Consumer {
     }
 }
 
+/// Waits for the stop signal: the drain deadline [`Consumer::shutdown`] sent, or now
+/// when the handle was dropped.
+pub(crate) async fn stopped(stop: &mut watch::Receiver<Option<Instant>>) -> Instant {
+    let deadline = stop.wait_for(Option::is_some).await.map(|d| *d);
+    deadline.ok().flatten().unwrap_or_else(Instant::now)
+}
+
 /// Pause after an error of the JetStream source, so that a source that keeps failing
 /// cannot spin (each error already means its feed is interrupted).
 const SOURCE_ERROR_PAUSE: Duration = Duration::from_millis(100);
@@ -624,15 +631,7 @@ pub(crate) async fn run_subscription<F: HandlerFactory>(
             _ = tick.tick() => {
                 demux.reap(Instant::now());
             }
-            changed = stop.changed() => match changed {
-                Ok(()) => {
-                    if let Some(deadline) = *stop.borrow() {
-                        break deadline;
-                    }
-                }
-                // The handle was dropped: stop now.
-                Err(_) => break Instant::now(),
-            },
+            deadline = stopped(&mut stop) => break deadline,
         }
     };
     // Dropping the subscriber unsubscribes without waiting on the client's channel.

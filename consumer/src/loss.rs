@@ -48,6 +48,10 @@ pub(crate) struct Segment {
 }
 
 impl Segment {
+    fn new(first: u64, last: u64, class: HoleClass) -> Self {
+        Self { first, last, class }
+    }
+
     pub(crate) fn frames(&self) -> u64 {
         frames(self.first, self.last)
     }
@@ -126,28 +130,16 @@ impl Memory {
             }
             let a = a.max(next);
             if a > next {
-                out.push(Segment {
-                    first: next,
-                    last: a - 1,
-                    class: HoleClass::Lost,
-                });
+                out.push(Segment::new(next, a - 1, HoleClass::Lost));
             }
-            out.push(Segment {
-                first: a,
-                last: b,
-                class: HoleClass::PossiblyLost,
-            });
+            out.push(Segment::new(a, b, HoleClass::PossiblyLost));
             match b.checked_add(1) {
                 Some(n) if n <= last => next = n,
                 _ => done = true,
             }
         }
         if !done && next <= last {
-            out.push(Segment {
-                first: next,
-                last,
-                class: HoleClass::Lost,
-            });
+            out.push(Segment::new(next, last, HoleClass::Lost));
         }
         // Merge adjacent possibly-lost parts from overlapping declarations.
         out.dedup_by(|b, a| {

@@ -55,7 +55,7 @@ use crate::fence::{Fence, Liveness};
 use crate::handler::HandlerFactory;
 use crate::lease::{Action, LeaseInfo, Planner};
 use crate::metrics as m;
-use crate::{ConsumerError, ConsumerErrorKind, OperationError, Shared, run_subscription};
+use crate::{ConsumerError, ConsumerErrorKind, OperationError, Shared, run_subscription, stopped};
 use weir_protocol::WireName;
 use weir_protocol::fnv1a_32;
 
@@ -74,16 +74,6 @@ const WATCH_RETRY: Duration = Duration::from_millis(500);
 const WATCH_CHANNEL: usize = 1_024;
 /// The heartbeat header carrying `<nonce> <send time, µs since the driver started>`.
 const BEAT_HEADER: &str = "Weir-Lease-Beat";
-
-/// How long a heartbeat heard back keeps the worker live: the heartbeat timeout. A
-/// peer writes a takeover no earlier than a whole timeout after the send time of this
-/// worker's last heartbeat it heard (measured on its own echo clock), and starts
-/// delivering [`CONFIRM_SETTLE`] after its write showed in its watcher: that settle
-/// time and the write's round trip are the margin (clock-rate drift and scheduling).
-/// Any shorter would only fence a worker for a reconnect that its peers forgive.
-fn self_validity(heartbeat_timeout: Duration) -> Duration {
-    heartbeat_timeout
-}
 
 /// A value that tells this driver's own heartbeats from those of another process that
 /// (wrongly) uses the same worker id.
@@ -362,14 +352,7 @@ impl<F: HandlerFactory> Driver<F> {
         let _abort_watcher = AbortOnDrop(watcher);
         let deadline = loop {
             tokio::select! {
-                changed = stop.changed() => match changed {
-                    Ok(()) => {
-                        if let Some(deadline) = *stop.borrow() {
-                            break deadline;
-                        }
-                    }
-                    Err(_) => break Instant::now(),
-                },
+                deadline = stopped(&mut stop) => break deadline,
                 Some(done) = self.ops.join_next(), if !self.ops.is_empty() => {
                     if let Ok(done) = done {
                         self.on_done(done);
@@ -453,8 +436,14 @@ impl<F: HandlerFactory> Driver<F> {
         // fences that were open before it did. The latch is cleared after the renewal,
         // so a lapse a handler finds in between is dealt with at the next check.
         let lapsed = self.check_liveness(now);
-        self.liveness
-            .renew(sent_at + self_validity(self.lease.heartbeat_timeout));
+        // A heartbeat heard back keeps the worker live for the heartbeat timeout. A peer
+        // writes a takeover no earlier than a whole timeout after the send time of this
+        // worker's last heartbeat it heard (measured on its own echo clock), and starts
+        // delivering [`CONFIRM_SETTLE`] after its write showed in its watcher: that
+        // settle time and the write's round trip are the margin (clock-rate drift and
+        // scheduling). Any shorter would only fence a worker for a reconnect that its
+        // peers forgive.
+        self.liveness.renew(sent_at + self.lease.heartbeat_timeout);
         if lapsed {
             self.liveness.clear_lapse();
         }

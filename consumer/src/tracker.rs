@@ -55,7 +55,8 @@ pub enum Seqs {
 }
 
 impl Seqs {
-    fn first(self) -> u64 {
+    /// The first seq it occupies.
+    pub(crate) fn first(self) -> u64 {
         match self {
             Self::Single(s) => s,
             Self::Range { first, .. } => first,

@@ -858,14 +858,9 @@ pub(crate) fn absolute_deadline(
     published_ms: u64,
     default: Option<Duration>,
 ) -> Result<Option<u64>, ()> {
-    let d = deadline
-        .map(|v| h::parse_ms(h::DEADLINE_MS, v))
-        .transpose()
-        .map_err(|_| ())?;
-    let t = timeout
-        .map(|v| h::parse_ms(h::TIMEOUT_MS, v))
-        .transpose()
-        .map_err(|_| ())?;
+    let parse = |name, v: Option<&str>| v.map(|v| h::parse_ms(name, v)).transpose();
+    let d = parse(h::DEADLINE_MS, deadline).map_err(|_| ())?;
+    let t = parse(h::TIMEOUT_MS, timeout).map_err(|_| ())?;
     let from_timeout = t.map(|t| published_ms.saturating_add(t));
     Ok(match (d, from_timeout) {
         (Some(a), Some(b)) => Some(a.min(b)),

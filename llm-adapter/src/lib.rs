@@ -31,7 +31,7 @@
 //! # let _ = report; Ok(()) }
 //! ```
 //!
-//! [`AdapterHandle::stats`] returns a [`StatsSnapshot`]: `offered`, `admitted`, `joined`,
+//! [`AdapterView::stats`] (also on the [`AdapterHandle`]) returns a [`StatsSnapshot`]: `offered`, `admitted`, `joined`,
 //! `cached`, `completed`, `refused` (map error code → count), `started`,
 //! `started_after_deadline`, `queued_now`, `running_now`, `would_reject` (shadow mode),
 //! `queue_wait_ms` and `inference_ms` ([`Percentiles`]: `count`, `p50`, `p95`, `p99`,
@@ -146,7 +146,8 @@ pub struct AdapterView {
 }
 
 impl AdapterView {
-    /// Counters and histograms, with the NATS client's drops and disconnects.
+    /// Counters and histograms (see the crate docs for the fields), with the NATS
+    /// client's drops and disconnects.
     pub fn stats(&self) -> StatsSnapshot {
         let mut s = self.admission.stats();
         s.nats = self.events.snapshot_with(&self.client);
@@ -195,22 +196,16 @@ pub struct AdapterHandle {
     trace_task: Option<JoinHandle<()>>,
 }
 
+/// The read-only view's methods (`stats`, `limits`, `capabilities`, ...) on the handle.
+impl std::ops::Deref for AdapterHandle {
+    type Target = AdapterView;
+
+    fn deref(&self) -> &AdapterView {
+        &self.view
+    }
+}
+
 impl AdapterHandle {
-    /// Counters and histograms (see the crate docs for the fields).
-    pub fn stats(&self) -> StatsSnapshot {
-        self.view.stats()
-    }
-
-    /// The busiest keys and sessions.
-    pub fn limits(&self, top: usize) -> LimitsView {
-        self.view.limits(top)
-    }
-
-    /// The capabilities document.
-    pub fn capabilities(&self) -> serde_json::Value {
-        self.view.capabilities()
-    }
-
     /// A cloneable read-only view (for the admin server).
     pub fn view(&self) -> AdapterView {
         self.view.clone()

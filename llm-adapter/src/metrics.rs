@@ -209,14 +209,10 @@ pub const DURATION_BUCKETS: &[f64] = &[
 /// installs it (`metrics::set_global_recorder`) and keeps the handle for `/metrics`
 /// and for periodic `run_upkeep()`.
 pub fn prometheus_recorder() -> (PrometheusRecorder, PrometheusHandle) {
-    let builder = PrometheusBuilder::new();
-    // Both calls only fail on an empty bucket list, which DURATION_BUCKETS is not.
-    let builder = match builder
+    // This only fails on an empty bucket list, which DURATION_BUCKETS is not.
+    let builder = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), DURATION_BUCKETS)
-    {
-        Ok(b) => b,
-        Err(_) => PrometheusBuilder::new(),
-    };
+        .unwrap_or_else(|_| PrometheusBuilder::new());
     let recorder = builder.build_recorder();
     let handle = recorder.handle();
     (recorder, handle)

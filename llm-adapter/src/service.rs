@@ -39,6 +39,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_nats::jetstream::context::{PublishAckFuture, PublishError};
+use async_nats::jetstream::publish::PublishAck;
 use async_nats::service::{Request, Service, ServiceExt};
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
@@ -46,6 +48,7 @@ use futures::StreamExt;
 use serde::Serialize;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tokio::time::error::Elapsed;
 use weir_protocol::WireName;
 use weir_protocol::llm::headers as h;
 use weir_protocol::llm::stream as s;
@@ -533,7 +536,7 @@ fn request_id_of(req: &Request) -> String {
 }
 
 /// Reply of the status endpoint (`llm.status`): where a request is.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize, PartialEq)]
 pub struct StatusReply {
     /// The request id asked about.
     pub request_id: String,
@@ -559,10 +562,7 @@ impl StatusReply {
         let mut r = Self {
             request_id,
             status: status.as_str().to_owned(),
-            position: None,
-            predicted_start_ms: None,
-            waited_ms: None,
-            elapsed_ms: None,
+            ..Self::default()
         };
         match status {
             RequestStatus::Queued {
@@ -881,8 +881,7 @@ impl Edge {
         let failure = match queued {
             Ok(Ok(ack)) => {
                 let dl = &self.config.deadline;
-                let pending = PendingForward {
-                    ack,
+                let meta = PendingMeta {
                     waiter: waiter(envelope),
                     received_at,
                     request_id: sub.request_id.clone(),
@@ -899,9 +898,9 @@ impl Edge {
                 // channel makes the loop wait when FORWARDS_IN_FLIGHT are unconfirmed (a
                 // slow stream slows intake instead of growing a list).
                 if let Some(tx) = &self.forward_acks
-                    && let Err(e) = tx.send(pending).await
+                    && let Err(e) = tx.send((ack, meta)).await
                 {
-                    let p = e.0;
+                    let (_, p) = e.0;
                     self.admission
                         .answer_now(p.waiter, not_confirmed(limit), p.received_at)
                         .await;
@@ -941,36 +940,25 @@ fn not_confirmed(limit: Duration) -> ErrorBody {
 }
 
 /// A forwarded request waiting for the stream's acknowledgement.
-struct PendingForward {
-    ack: async_nats::jetstream::context::PublishAckFuture,
-    waiter: NatsWaiter,
-    received_at: Instant,
-    request_id: Option<String>,
-    /// A duplicate waits for the original's kept answer until then.
-    until: Instant,
-}
+type PendingForward = (PublishAckFuture, PendingMeta);
 
 /// What one forwarded request's future ended with.
 enum Forwarded {
     /// The stream's acknowledgement (or its timeout).
     Acked(
-        Result<
-            Result<
-                async_nats::jetstream::publish::PublishAck,
-                async_nats::jetstream::context::PublishError,
-            >,
-            tokio::time::error::Elapsed,
-        >,
+        Result<Result<PublishAck, PublishError>, Elapsed>,
         PendingMeta,
     ),
     /// A duplicate's wait for the original's kept answer.
     Kept(Option<(HeaderMap, Bytes)>, PendingMeta),
 }
 
+/// A forwarded request: who waits for its answer.
 struct PendingMeta {
     waiter: NatsWaiter,
     received_at: Instant,
     request_id: Option<String>,
+    /// A duplicate waits for the original's kept answer until then.
     until: Instant,
 }
 
@@ -997,14 +985,7 @@ async fn forward_acks(mut rx: tokio::sync::mpsc::Receiver<PendingForward>, ctx: 
     loop {
         tokio::select! {
             p = rx.recv(), if open => match p {
-                Some(p) => {
-                    let meta = PendingMeta {
-                        waiter: p.waiter,
-                        received_at: p.received_at,
-                        request_id: p.request_id,
-                        until: p.until,
-                    };
-                    let ack = p.ack;
+                Some((ack, meta)) => {
                     pending.push(Box::pin(async move {
                         Forwarded::Acked(tokio::time::timeout(limit, ack.into_future()).await, meta)
                     }));
@@ -1269,9 +1250,7 @@ impl ServiceEdge {
     /// Unsubscribes every endpoint; the intake tasks answer what is already buffered and
     /// end. Bounded by `wait`.
     pub(crate) async fn stop(&mut self, wait: Duration) {
-        if let Some(i) = &mut self.intake {
-            i.stop_pulling(wait).await;
-        }
+        self.stop_intake(wait).await;
         if let Some(service) = self.service.take() {
             let _ = tokio::time::timeout(wait, service.stop()).await;
         }

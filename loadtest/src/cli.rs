@@ -329,8 +329,7 @@ pub fn parse_nats_url(s: &str) -> Result<String, String> {
     let loopback = host == "localhost"
         || host
             .parse::<std::net::IpAddr>()
-            .map(|ip| ip.is_loopback())
-            .unwrap_or(false);
+            .is_ok_and(|ip| ip.is_loopback());
     if !loopback {
         return Err(format!(
             "{s:?}: the load test only targets loopback addresses"

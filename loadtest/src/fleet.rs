@@ -73,6 +73,7 @@ pub struct FleetConfig {
     pub max_frame_age: Option<Duration>,
 }
 
+#[derive(Debug)]
 struct Shared {
     paused: watch::Receiver<bool>,
     cost: Duration,
@@ -182,19 +183,12 @@ pub struct FleetSnapshot {
 }
 
 /// A running fleet.
+#[derive(Debug)]
 pub struct Fleet {
     consumers: Vec<Consumer>,
     shared: Arc<Shared>,
     pause: watch::Sender<bool>,
     max_frame_age_ms: Option<u64>,
-}
-
-impl std::fmt::Debug for Fleet {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Fleet")
-            .field("workers", &self.consumers.len())
-            .finish_non_exhaustive()
-    }
 }
 
 impl Fleet {
@@ -256,14 +250,11 @@ impl Fleet {
 
     /// End-to-end latency of the frames handled since the previous call.
     pub fn take_window_latency(&self) -> Percentiles {
-        match self.shared.latency_window.lock() {
-            Ok(mut h) => {
-                let s = h.summary();
-                h.reset();
-                s
-            }
-            Err(_) => Percentiles::default(),
-        }
+        self.shared
+            .latency_window
+            .lock()
+            .map(|mut h| std::mem::take(&mut *h).summary())
+            .unwrap_or_default()
     }
 
     /// Distinct frames received in order so far, fresh and stale (cheap enough for

@@ -96,6 +96,7 @@ pub struct Launch {
 }
 
 /// A running ingress child process.
+#[derive(Debug)]
 pub struct IngressProcess {
     child: Child,
     pid: u32,
@@ -104,16 +105,6 @@ pub struct IngressProcess {
     http: reqwest::Client,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
     program: String,
-}
-
-impl std::fmt::Debug for IngressProcess {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IngressProcess")
-            .field("pid", &self.pid)
-            .field("ws", &self.ws)
-            .field("admin", &self.admin)
-            .finish()
-    }
 }
 
 impl IngressProcess {
@@ -149,13 +140,10 @@ impl IngressProcess {
                 }
             });
         }
-        let not_ready = |why: String, tail: &Arc<Mutex<VecDeque<String>>>| IngressError::NotReady {
+        let not_ready = |why: String, tail: &Mutex<VecDeque<String>>| IngressError::NotReady {
             bin: program.clone(),
             why,
-            stderr: tail
-                .lock()
-                .map(|t| t.iter().cloned().collect::<Vec<_>>().join("\n"))
-                .unwrap_or_default(),
+            stderr: joined(tail),
         };
         let Some(stdout) = child.stdout.take() else {
             return Err(not_ready("no stdout pipe".into(), &stderr_tail));
@@ -243,18 +231,12 @@ impl IngressProcess {
     /// One `/v1/stats` snapshot.
     pub async fn stats(&self) -> Result<IngressStats, IngressError> {
         let url = format!("http://{}/v1/stats", self.admin);
-        let resp = self
-            .http
-            .get(&url)
-            .send()
-            .await
-            .map_err(|e| IngressError::Stats(e.to_string()))?;
+        let failed = |e: reqwest::Error| IngressError::Stats(e.to_string());
+        let resp = self.http.get(&url).send().await.map_err(failed)?;
         if !resp.status().is_success() {
             return Err(IngressError::Stats(format!("status {}", resp.status())));
         }
-        resp.json::<IngressStats>()
-            .await
-            .map_err(|e| IngressError::Stats(e.to_string()))
+        resp.json::<IngressStats>().await.map_err(failed)
     }
 
     /// Resident set size of the process, from `/proc/<pid>/status`.
@@ -274,10 +256,7 @@ impl IngressProcess {
 
     /// The last lines the process wrote to stderr.
     pub fn stderr_tail(&self) -> String {
-        self.stderr_tail
-            .lock()
-            .map(|t| t.iter().cloned().collect::<Vec<_>>().join("\n"))
-            .unwrap_or_default()
+        joined(&self.stderr_tail)
     }
 
     /// The program that runs.
@@ -290,6 +269,13 @@ impl IngressProcess {
         let _ = self.child.start_kill();
         let _ = tokio::time::timeout(Duration::from_secs(2), self.child.wait()).await;
     }
+}
+
+/// The kept stderr lines as one text.
+fn joined(tail: &Mutex<VecDeque<String>>) -> String {
+    tail.lock()
+        .map(|t| t.iter().cloned().collect::<Vec<_>>().join("\n"))
+        .unwrap_or_default()
 }
 
 pub use weir_testkit::process::{parse_vm_rss, rss_bytes};
@@ -311,6 +297,16 @@ pub fn parse_cpu_ticks(stat: &str) -> Option<u64> {
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
     Some(utime + stime)
+}
+
+/// CPU time process `pid` used since [`cpu_time`] read `start` (0 when unreadable).
+pub fn cpu_since(pid: u32, start: Duration) -> Duration {
+    cpu_time(pid).unwrap_or_default().saturating_sub(start)
+}
+
+/// Busy CPU time of the machine since [`machine_busy`] read `start`.
+pub fn machine_busy_since(start: Duration) -> Duration {
+    machine_busy().unwrap_or_default().saturating_sub(start)
 }
 
 /// CPU time the whole machine spent busy (all cores: user, nice, system, irq,

@@ -166,19 +166,14 @@ producer_counters! {
     active,
 }
 
+/// Counts one close code or refused HTTP status in its map.
+fn count_code(map: &Mutex<BTreeMap<u16, u64>>, code: u16) {
+    if let Ok(mut m) = map.lock() {
+        *m.entry(code).or_default() += 1;
+    }
+}
+
 impl ProducerCounters {
-    pub(crate) fn count_close(&self, code: u16) {
-        if let Ok(mut m) = self.close_codes.lock() {
-            *m.entry(code).or_default() += 1;
-        }
-    }
-
-    pub(crate) fn count_refusal(&self, status: u16) {
-        if let Ok(mut m) = self.refusals.lock() {
-            *m.entry(status).or_default() += 1;
-        }
-    }
-
     /// Counts one server event (a JSON message on the WebSocket or the WHIP data
     /// channel); returns its `type` (`overload`, `gap`, `closed`, ...).
     pub(crate) fn count_event<'v>(&self, v: &'v serde_json::Value) -> Option<&'v str> {
@@ -373,7 +368,7 @@ impl Producer {
                         }
                         Ok(Message::Close(frame)) => {
                             let code = frame.as_ref().map(|f| u16::from(f.code)).unwrap_or(1005);
-                            counters.count_close(code);
+                            count_code(&counters.close_codes, code);
                             break;
                         }
                         Ok(_) => {}
@@ -479,7 +474,7 @@ impl Producer {
     /// back-off, or the server's `Retry-After` (seconds) when longer.
     pub(crate) fn refused(&self, status: u16, retry_after: Option<&str>) -> ConnectionEnd {
         self.counters.refused.fetch_add(1, Ordering::Relaxed);
-        self.counters.count_refusal(status);
+        count_code(&self.counters.refusals, status);
         let hint = retry_after
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map_or(Duration::ZERO, Duration::from_secs);

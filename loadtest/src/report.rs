@@ -458,14 +458,9 @@ pub struct RunReport {
 pub fn missing_keys(value: &serde_json::Value, keys: &[&str]) -> Vec<String> {
     keys.iter()
         .filter(|k| {
-            let mut v = value;
-            for part in k.split('.') {
-                match v.get(part) {
-                    Some(next) => v = next,
-                    None => return true,
-                }
-            }
-            false
+            value
+                .pointer(&format!("/{}", k.replace('.', "/")))
+                .is_none()
         })
         .map(|k| (*k).to_owned())
         .collect()

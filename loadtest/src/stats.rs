@@ -1,93 +1,43 @@
 //! Latency histograms and percentile summaries.
 //!
-//! Every latency in the load test is recorded in microseconds in an hdrhistogram with
-//! 3 significant digits and reported in milliseconds. Values above the histogram's range
-//! (one hour) are clamped, never refused, so a stuck frame still shows up as the maximum.
+//! Every latency in the load test is recorded in the services' own histogram
+//! ([`weir_service::metrics::LatencyHistogram`]: whole microseconds, three significant
+//! digits) and reported in milliseconds. Values above its range (one hour) share its
+//! overflow bucket, never refused, so a stuck frame still shows up as the maximum.
 //! An empty histogram summarises to all zeros with `count == 0`: a reader must check the
 //! count before reading a zero p99 as "fast".
 
 use std::time::Duration;
 
-use hdrhistogram::Histogram;
-
-/// Highest trackable value, in microseconds (one hour).
-const MAX_MICROS: u64 = 3_600_000_000;
-
-/// A latency histogram in microseconds.
-#[derive(Debug, Clone)]
-pub struct LatencyHistogram {
-    inner: Histogram<u64>,
-}
-
-impl Default for LatencyHistogram {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+/// A latency histogram (the services' one, behind the load test's `&mut` interface).
+#[derive(Debug, Default)]
+pub struct LatencyHistogram(weir_service::metrics::LatencyHistogram);
 
 impl LatencyHistogram {
     /// An empty histogram (1 µs .. 1 h, 3 significant digits).
     pub fn new() -> Self {
-        // The bounds are constants that hdrhistogram accepts; fall back to an
-        // auto-resizing histogram should a future version disagree.
-        let inner = Histogram::new_with_bounds(1, MAX_MICROS, 3)
-            .or_else(|_| Histogram::new(3))
-            .unwrap_or_else(|_| unreachable_histogram());
-        Self { inner }
+        Self::default()
     }
 
-    /// Records one duration (clamped to the range).
+    /// Records one duration.
     pub fn record(&mut self, d: Duration) {
-        let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1);
-        self.inner.saturating_record(micros);
+        self.0.record(d);
     }
 
-    /// Records a value already in milliseconds (negative values count as zero).
+    /// Records a value already in milliseconds (negative values and NaN count as zero).
     pub fn record_ms(&mut self, ms: f64) {
-        let micros = if ms.is_finite() && ms > 0.0 {
-            (ms * 1000.0) as u64
-        } else {
-            1
-        };
-        self.inner.saturating_record(micros.max(1));
-    }
-
-    /// Adds every value of `other`.
-    pub fn merge(&mut self, other: &LatencyHistogram) {
-        // Same bounds on both sides, so `add` cannot fail; clamp defensively otherwise.
-        if self.inner.add(&other.inner).is_err() {
-            for v in other.inner.iter_recorded() {
-                self.inner
-                    .saturating_record(v.value_iterated_to().min(MAX_MICROS));
-            }
-        }
-    }
-
-    /// Forgets everything recorded.
-    pub fn reset(&mut self) {
-        self.inner.reset();
+        self.0
+            .record(Duration::try_from_secs_f64(ms / 1000.0).unwrap_or(Duration::ZERO));
     }
 
     /// Number of values recorded.
     pub fn count(&self) -> u64 {
-        self.inner.len()
+        self.0.count()
     }
 
     /// p50/p95/p99/max in milliseconds.
     pub fn summary(&self) -> Percentiles {
-        let h = &self.inner;
-        if h.is_empty() {
-            return Percentiles::default();
-        }
-        let ms = |us: u64| us as f64 / 1000.0;
-        Percentiles {
-            count: h.len(),
-            p50: ms(h.value_at_quantile(0.50)),
-            p95: ms(h.value_at_quantile(0.95)),
-            p99: ms(h.value_at_quantile(0.99)),
-            max: ms(h.max()),
-            mean: h.mean() / 1000.0,
-        }
+        self.0.percentiles()
     }
 }
 
@@ -101,14 +51,6 @@ pub fn record(h: &std::sync::Mutex<LatencyHistogram>, d: Duration) {
 /// The summary of a shared histogram (empty if its lock was poisoned).
 pub fn summary(h: &std::sync::Mutex<LatencyHistogram>) -> Percentiles {
     h.lock().map(|h| h.summary()).unwrap_or_default()
-}
-
-/// Never reached: `Histogram::new(3)` only fails for sigfig > 5.
-fn unreachable_histogram() -> Histogram<u64> {
-    Histogram::new_with_max(MAX_MICROS, 2).unwrap_or_else(|_| {
-        // The crate documents this cannot fail for sigfig 2 and a max ≥ 2.
-        Histogram::new(2).unwrap_or_else(|e| panic!("hdrhistogram refuses sigfig 2: {e}"))
-    })
 }
 
 /// A latency summary in milliseconds: the services' own type (`weir_protocol::admin`).
@@ -158,17 +100,6 @@ mod tests {
         h.record_ms(f64::NAN);
         assert_eq!(h.count(), 3);
         assert!(h.summary().max >= 3_599_000.0);
-    }
-
-    #[test]
-    fn merge_adds_counts() {
-        let mut a = LatencyHistogram::new();
-        let mut b = LatencyHistogram::new();
-        a.record(Duration::from_millis(1));
-        b.record(Duration::from_millis(30));
-        a.merge(&b);
-        assert_eq!(a.count(), 2);
-        assert!((a.summary().max - 30.0).abs() < 0.1);
     }
 
     #[test]

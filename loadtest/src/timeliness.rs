@@ -44,10 +44,8 @@ pub fn late_after(max_age: Duration) -> Duration {
 }
 
 /// Milliseconds since the Unix epoch on this host (every process of a run shares the
-/// clock: they all run on this machine).
-pub fn unix_ms() -> u64 {
-    unix_us() / 1_000
-}
+/// clock: they all run on this machine): the consumer core's clock.
+pub use weir_consumer::system_unix_ms as unix_ms;
 
 /// Unix time in microseconds.
 pub fn unix_us() -> u64 {
@@ -70,7 +68,7 @@ pub fn is_late(captured_at_ms: u64, received_unix_us: u64, late_after: Duration)
 }
 
 /// Accumulates the timeliness of the frames handed to recognition handlers.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Timeliness {
     late_after: Duration,
     delivered_late: u64,

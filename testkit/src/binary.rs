@@ -94,9 +94,7 @@ fn search_path(path_var: &OsStr) -> Option<PathBuf> {
 
 /// A regular file (after following links) with an execute bit.
 fn is_executable(path: &Path) -> bool {
-    std::fs::metadata(path)
-        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        .unwrap_or(false)
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// A nats-server release number, e.g. `2.9.10`.

@@ -173,7 +173,10 @@ impl NatsServer {
         let dir = tempfile::Builder::new()
             .prefix("weir-nats-")
             .tempdir()
-            .map_err(|e| io_error("could not create a temporary directory", e))?;
+            .map_err(because(
+                ErrorKind::Io,
+                "could not create a temporary directory".into(),
+            ))?;
         let layout = Layout::new(dir.path());
         fs::create_dir_all(&layout.ports_dir).map_err(io_error_at("create", &layout.ports_dir))?;
         if let Some(config) = &options.config {
@@ -254,10 +257,7 @@ impl NatsServer {
     /// Whether the process exists (it may be paused).
     pub fn is_running(&self) -> bool {
         let mut state = self.lock();
-        match state.child.as_mut() {
-            Some(child) => matches!(child.try_wait(), Ok(None)),
-            None => false,
-        }
+        (state.child.as_mut()).is_some_and(|child| matches!(child.try_wait(), Ok(None)))
     }
 
     /// Whether the process is paused by [`pause`](Self::pause).
@@ -285,14 +285,12 @@ impl NatsServer {
         if paused && state.paused {
             return Ok(());
         }
-        send_signal(
-            pid,
-            if paused {
-                Signal::SIGSTOP
-            } else {
-                Signal::SIGCONT
-            },
-        )?;
+        let signal = if paused {
+            Signal::SIGSTOP
+        } else {
+            Signal::SIGCONT
+        };
+        send_signal(pid, signal)?;
         wait_proc_state(pid, paused)?;
         state.paused = paused;
         Ok(())
@@ -302,8 +300,7 @@ impl NatsServer {
     /// it. The port is free afterwards until [`restart`](Self::restart). Killing a
     /// killed server is a no-op.
     pub fn kill(&self) -> Result<(), Error> {
-        let mut state = self.lock();
-        stop(&mut state)
+        stop(&mut self.lock())
     }
 
     /// Kills the process if it runs, then starts a new one on the same port with the
@@ -371,11 +368,10 @@ fn running_pid(state: &mut State) -> Result<u32, Error> {
                 child.id()
             ),
         )),
-        Err(e) => Err(Error::with_source(
+        Err(e) => Err(because(
             ErrorKind::Signal,
             format!("could not query nats-server (pid {})", child.id()),
-            e,
-        )),
+        )(e)),
     }
 }
 
@@ -395,32 +391,20 @@ fn stop(state: &mut State) -> Result<(), Error> {
 
 fn kill_and_reap(child: &mut Child) -> Result<(), Error> {
     // `kill` on a child that already exited (but is not reaped) returns Ok.
-    child.kill().map_err(|e| {
-        Error::with_source(
-            ErrorKind::Signal,
-            format!("could not SIGKILL nats-server (pid {})", child.id()),
-            e,
-        )
-    })?;
-    child.wait().map(drop).map_err(|e| {
-        Error::with_source(
-            ErrorKind::Signal,
-            format!("could not reap nats-server (pid {})", child.id()),
-            e,
-        )
-    })
+    let pid = child.id();
+    let signal_error = |what| because(ErrorKind::Signal, format!("could not {what} (pid {pid})"));
+    child.kill().map_err(signal_error("SIGKILL nats-server"))?;
+    child
+        .wait()
+        .map(drop)
+        .map_err(signal_error("reap nats-server"))
 }
 
 fn send_signal(pid: u32, sig: Signal) -> Result<(), Error> {
     let raw = i32::try_from(pid)
         .map_err(|_| Error::new(ErrorKind::Signal, format!("pid {pid} out of range")))?;
-    signal::kill(Pid::from_raw(raw), sig).map_err(|e| {
-        Error::with_source(
-            ErrorKind::Signal,
-            format!("could not send {sig} to nats-server (pid {pid})"),
-            e,
-        )
-    })
+    let what = format!("could not send {sig} to nats-server (pid {pid})");
+    signal::kill(Pid::from_raw(raw), sig).map_err(because(ErrorKind::Signal, what))
 }
 
 /// Waits until `/proc/<pid>/stat` says the process is stopped (`want_stopped`) or not.
@@ -486,20 +470,21 @@ struct Launch<'a> {
 impl Launch<'_> {
     /// The command line; `port = None` lets the server choose (`-p -1`).
     fn args(&self, port: Option<u16>) -> Vec<String> {
+        let path = |p: &Path| p.display().to_string();
         let mut args = Vec::new();
         if self.options.config.is_some() {
-            args.push("-c".to_owned());
-            args.push(self.layout.config_file.display().to_string());
+            args.extend(["-c".to_owned(), path(&self.layout.config_file)]);
         }
-        args.extend(["-a".to_owned(), Ipv4Addr::LOCALHOST.to_string()]);
-        args.push("-p".to_owned());
-        args.push(port.map_or_else(|| "-1".to_owned(), |p| p.to_string()));
-        args.push("--ports_file_dir".to_owned());
-        args.push(self.layout.ports_dir.display().to_string());
+        let port = port.map_or_else(|| "-1".to_owned(), |p| p.to_string());
+        args.extend([
+            "-a".to_owned(),
+            Ipv4Addr::LOCALHOST.to_string(),
+            "-p".into(),
+            port,
+        ]);
+        args.extend(["--ports_file_dir".to_owned(), path(&self.layout.ports_dir)]);
         if self.options.jetstream {
-            args.push("-js".to_owned());
-            args.push("-sd".to_owned());
-            args.push(self.layout.store_dir.display().to_string());
+            args.extend(["-js".to_owned(), "-sd".into(), path(&self.layout.store_dir)]);
         }
         match &self.options.auth {
             Some(Auth::UserPassword { user, password }) => {
@@ -518,22 +503,20 @@ impl Launch<'_> {
     fn run(&self, port: Option<u16>, deadline: Instant) -> Result<(Child, u16), Error> {
         let args = self.args(port);
         let log = self.open_log(&args)?;
-        let stdout = log
-            .try_clone()
-            .map_err(|e| io_error("could not duplicate the log file handle", e))?;
+        let stdout = log.try_clone().map_err(because(
+            ErrorKind::Io,
+            "could not duplicate the log file handle".into(),
+        ))?;
         let mut child = Command::new(self.binary)
             .args(&args)
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(log)
             .spawn()
-            .map_err(|e| {
-                Error::with_source(
-                    ErrorKind::Spawn,
-                    format!("could not start {}", self.binary.display()),
-                    e,
-                )
-            })?;
+            .map_err(because(
+                ErrorKind::Spawn,
+                format!("could not start {}", self.binary.display()),
+            ))?;
         match self.wait_ready(&mut child, port, deadline) {
             Ok(port) => Ok((child, port)),
             Err(e) => {
@@ -575,9 +558,8 @@ impl Launch<'_> {
             .join(format!("nats-server_{pid}.ports"));
         let mut port = None;
         loop {
-            if let Some(status) = child.try_wait().map_err(|e| {
-                Error::with_source(ErrorKind::Signal, "could not query nats-server", e)
-            })? {
+            let query_error = because(ErrorKind::Signal, "could not query nats-server".into());
+            if let Some(status) = child.try_wait().map_err(query_error)? {
                 return Err(self.exited(pid, status));
             }
             if port.is_none() {
@@ -684,14 +666,20 @@ fn probe_info(port: u16) -> bool {
     matches!(reader.read_line(&mut line), Ok(n) if n > 0) && line.starts_with("INFO ")
 }
 
-fn io_error(what: &str, e: std::io::Error) -> Error {
-    Error::with_source(ErrorKind::Io, what.to_owned(), e)
+/// An error of `kind` saying `what`, caused by the error it is applied to.
+fn because<E: Into<weir_protocol::error::Source>>(
+    kind: ErrorKind,
+    what: String,
+) -> impl FnOnce(E) -> Error {
+    move |e| Error::with_source(kind, what, e)
 }
 
 /// An I/O error of `could not <verb> <path>`.
 fn io_error_at(verb: &str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
-    let what = format!("could not {verb} {}", path.display());
-    move |e| io_error(&what, e)
+    because(
+        ErrorKind::Io,
+        format!("could not {verb} {}", path.display()),
+    )
 }
 
 #[cfg(test)]

@@ -90,10 +90,7 @@ impl<F> CompletionCache<F> {
 
     /// Drops entries that expired at or before `now`.
     pub(crate) fn purge(&mut self, now: Instant) {
-        while let Some((at, _, _)) = self.order.front() {
-            if *at > now {
-                break;
-            }
+        while self.order.front().is_some_and(|(at, _, _)| *at <= now) {
             self.pop_front(None);
         }
         self.publish();

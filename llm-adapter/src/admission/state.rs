@@ -1030,12 +1030,22 @@ impl<W> State<W> {
         e.order.unwrap_or((self.epoch, e.id))
     }
 
+    /// The queued (not running) entries.
+    fn queued_entries(&self) -> impl Iterator<Item = &Entry<W>> {
+        self.entries.values().filter(|e| e.stage != Stage::Running)
+    }
+
+    /// The ids of the queued entries, ascending.
+    fn queued_ids(&self) -> Vec<u64> {
+        let mut ids: Vec<u64> = self.queued_entries().map(|e| e.id).collect();
+        ids.sort_unstable();
+        ids
+    }
+
     /// Every queued entry's order key, sorted.
     fn queued_keys(&self) -> Vec<ReadyKey> {
         let mut keys: Vec<ReadyKey> = self
-            .entries
-            .values()
-            .filter(|e| e.stage != Stage::Running)
+            .queued_entries()
             .map(|e| self.position_key(e))
             .collect();
         keys.sort_unstable();
@@ -1199,20 +1209,15 @@ impl<W> State<W> {
                         OnBusy::Wait { max_waiters, .. } => over >= max_waiters,
                     };
                     let e = &self.entries[&id];
-                    self.emit(
-                        if refused {
-                            TraceKind::SlotBusy
-                        } else {
-                            TraceKind::SlotWaiting
-                        },
-                        e,
-                        now,
-                        |ev| {
-                            ev.rule = Some(limit.name.clone());
-                            ev.key = Some(key.clone());
-                            ev.shadow = true;
-                        },
-                    );
+                    let kind = match refused {
+                        true => TraceKind::SlotBusy,
+                        false => TraceKind::SlotWaiting,
+                    };
+                    self.emit(kind, e, now, |ev| {
+                        ev.rule = Some(limit.name.clone());
+                        ev.key = Some(key.clone());
+                        ev.shadow = true;
+                    });
                     if refused {
                         self.stats.would_reject(&limit.name);
                     }
@@ -1486,7 +1491,7 @@ impl<W> State<W> {
     /// passed (or that could no longer finish in time) on the way.
     pub(crate) fn start_next(&mut self, now: Instant, fx: &mut Effects<W>) -> Option<Job> {
         let estimate = self.estimator.estimate();
-        while let Some((key, id)) = self.ready.pop_first() {
+        while let Some((_, id)) = self.ready.pop_first() {
             let Some(e) = self.entries.get_mut(&id) else {
                 continue;
             };
@@ -1494,7 +1499,6 @@ impl<W> State<W> {
                 continue;
             }
             e.ready_key = None;
-            let _ = key;
             if let (Some(d), Some(by)) = (e.deadline, e.answer_by) {
                 let waited = now.saturating_duration_since(e.received_at);
                 let left = by.saturating_duration_since(now);
@@ -1596,13 +1600,7 @@ impl<W> State<W> {
         self.estimator.observe(took);
         if cold && self.adaptive() {
             // First estimate: the queued requests' timers move to `answer_by − estimate`.
-            let ids: Vec<u64> = self
-                .entries
-                .values()
-                .filter(|e| e.stage != Stage::Running && e.answer_by.is_some())
-                .map(|e| e.id)
-                .collect();
-            for id in ids {
+            for id in self.queued_ids() {
                 self.arm_deadline(id, fx);
             }
         }
@@ -1761,13 +1759,7 @@ impl<W> State<W> {
     /// Stops admitting and answers every queued request `shutting_down`.
     pub(crate) fn begin_shutdown(&mut self, now: Instant, fx: &mut Effects<W>) -> usize {
         self.shutting_down = true;
-        let mut queued: Vec<u64> = self
-            .entries
-            .values()
-            .filter(|e| e.stage != Stage::Running)
-            .map(|e| e.id)
-            .collect();
-        queued.sort_unstable();
+        let queued = self.queued_ids();
         let n = queued.len();
         for id in queued {
             self.retire(id, Err(shutting_down()), now, fx);

@@ -227,11 +227,9 @@ pub trait Backend: Send + Sync + 'static {
         Box::pin(async move {
             let mut reply = call.await?;
             let body = std::mem::take(&mut reply.body);
-            let mut at = 0;
-            while at < body.len() {
+            for at in (0..body.len()).step_by(MAX_PIECE) {
                 let end = (at + MAX_PIECE).min(body.len());
                 send_piece(&chunks, body.slice(at..end)).await?;
-                at = end;
             }
             Ok(reply)
         })

@@ -39,6 +39,11 @@ struct SimInner {
     cfg: SimConfig,
     rng: Mutex<SmallRng>,
     paused: watch::Sender<bool>,
+    n: Counters,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
     started: AtomicU64,
     completed: AtomicU64,
     failed: AtomicU64,
@@ -85,14 +90,7 @@ impl SimBackend {
                 cfg,
                 rng: Mutex::new(SmallRng::seed_from_u64(cfg.seed)),
                 paused,
-                started: AtomicU64::new(0),
-                completed: AtomicU64::new(0),
-                failed: AtomicU64::new(0),
-                aborted: AtomicU64::new(0),
-                started_after_deadline: AtomicU64::new(0),
-                concurrent: AtomicUsize::new(0),
-                max_concurrent: AtomicUsize::new(0),
-                busy_us: AtomicU64::new(0),
+                n: Counters::default(),
             }),
         }
     }
@@ -131,7 +129,7 @@ impl SimHandle {
 
     /// The counters.
     pub fn stats(&self) -> SimStats {
-        let i = &self.inner;
+        let i = &self.inner.n;
         SimStats {
             started: i.started.load(Ordering::Relaxed),
             completed: i.completed.load(Ordering::Relaxed),
@@ -190,13 +188,13 @@ struct CallGuard {
 impl CallGuard {
     /// Counts a call starting now (and whether it started after its deadline).
     fn begin(inner: &Arc<SimInner>, request: &BackendRequest) -> Self {
-        let now = Instant::now();
-        inner.started.fetch_add(1, Ordering::Relaxed);
+        let (now, n) = (Instant::now(), &inner.n);
+        n.started.fetch_add(1, Ordering::Relaxed);
         if request.deadline.is_some_and(|d| now >= d) {
-            inner.started_after_deadline.fetch_add(1, Ordering::Relaxed);
+            n.started_after_deadline.fetch_add(1, Ordering::Relaxed);
         }
-        let c = inner.concurrent.fetch_add(1, Ordering::Relaxed) + 1;
-        inner.max_concurrent.fetch_max(c, Ordering::Relaxed);
+        let c = n.concurrent.fetch_add(1, Ordering::Relaxed) + 1;
+        n.max_concurrent.fetch_max(c, Ordering::Relaxed);
         Self {
             inner: inner.clone(),
             started: now,
@@ -208,13 +206,13 @@ impl CallGuard {
     fn finish(&mut self, fail: bool) -> Result<(), BackendError> {
         self.finished = true;
         if fail {
-            self.inner.failed.fetch_add(1, Ordering::Relaxed);
+            self.inner.n.failed.fetch_add(1, Ordering::Relaxed);
             Err(BackendError::new(
                 BackendErrorKind::Failed,
                 "simulated backend error",
             ))
         } else {
-            self.inner.completed.fetch_add(1, Ordering::Relaxed);
+            self.inner.n.completed.fetch_add(1, Ordering::Relaxed);
             Ok(())
         }
     }
@@ -222,7 +220,7 @@ impl CallGuard {
 
 impl Drop for CallGuard {
     fn drop(&mut self) {
-        let i = &self.inner;
+        let i = &self.inner.n;
         i.concurrent.fetch_sub(1, Ordering::Relaxed);
         i.busy_us
             .fetch_add(self.started.elapsed().as_micros() as u64, Ordering::Relaxed);

@@ -253,6 +253,8 @@ impl LlmRun {
         let client = connect(nats_url).await?;
         let counters = Arc::new(GeneratorCounters::default());
         let stop = Arc::new(AtomicBool::new(false));
+        // The naive front cannot stream; its callers wait for the whole reply.
+        let streamed = settings.stream.is_some() && design == Design::Bounded;
         let generator = tokio::spawn(generator::run(
             client,
             GeneratorConfig {
@@ -260,8 +262,7 @@ impl LlmRun {
                 rate: factor * settings.capacity(),
                 sessions: streams.max(10),
                 deadline: settings.deadline,
-                // The naive front cannot stream; its callers wait for the whole reply.
-                stream: settings.stream.is_some() && design == Design::Bounded,
+                stream: streamed,
                 max_tokens: settings.stream.map_or(32, |s| s.tokens),
             },
             counters.clone(),
@@ -275,7 +276,7 @@ impl LlmRun {
             generator,
             factor,
             in_flight_max: AtomicU64::new(0),
-            streamed: settings.stream.is_some() && design == Design::Bounded,
+            streamed,
         })
     }
 

@@ -180,9 +180,7 @@ async fn handle(state: Arc<NaiveState>, stream: StreamId, mut socket: WebSocket)
             }
             Ok(Message::Text(text)) => {
                 let is_end = serde_json::from_str::<serde_json::Value>(text.as_str())
-                    .ok()
-                    .and_then(|v| v.get("type").and_then(|t| t.as_str()).map(|t| t == "end"))
-                    .unwrap_or(false);
+                    .is_ok_and(|v| v["type"] == "end");
                 if !is_end {
                     continue;
                 }

@@ -75,15 +75,10 @@ impl Drop for InFlight {
 }
 
 /// A running naive front. Dropping it stops accepting (tasks already spawned finish).
+#[derive(Debug)]
 pub struct NaiveLlmFront {
     stats: Arc<NaiveLlmStats>,
     task: tokio::task::JoinHandle<()>,
-}
-
-impl std::fmt::Debug for NaiveLlmFront {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NaiveLlmFront").finish_non_exhaustive()
-    }
 }
 
 impl Drop for NaiveLlmFront {

@@ -42,7 +42,7 @@ use weir_protocol::audio::Packet;
 use weir_protocol::fnv1a_32;
 use weir_testkit::NatsCluster;
 
-use crate::ingress::{cpu_time, machine_busy};
+use crate::ingress::{cpu_since, cpu_time, machine_busy, machine_busy_since};
 use crate::lease_audit::{self, FrameAuditor, Instance};
 use crate::lease_worker::connect_options;
 use crate::report::{
@@ -548,14 +548,8 @@ pub async fn run(
     };
     let wall = start.elapsed();
     let end_ms = unix_ms();
-    let machine = machine_busy()
-        .unwrap_or_default()
-        .saturating_sub(machine0)
-        .as_secs_f64();
-    let own = cpu_time(std::process::id())
-        .unwrap_or_default()
-        .saturating_sub(self0)
-        .as_secs_f64();
+    let machine = machine_busy_since(machine0).as_secs_f64();
+    let own = cpu_since(std::process::id(), self0).as_secs_f64();
     let workers_cpu: f64 = workers
         .iter()
         .filter_map(WorkerProc::cpu_now)
@@ -567,9 +561,7 @@ pub async fn run(
                 // Its first life until the kill, plus its restarted process.
                 nats_cpu_dead + cpu_time(cluster.node(i).pid()).unwrap_or_default()
             } else {
-                cpu_time(cluster.node(i).pid())
-                    .unwrap_or_default()
-                    .saturating_sub(nats0[i])
+                cpu_since(cluster.node(i).pid(), nats0[i])
             }
         })
         .map(|d| d.as_secs_f64())

@@ -27,7 +27,9 @@ use tokio::time::Instant;
 
 use crate::accounting::{FrameAccounting, FrameCounts};
 use crate::fleet::{DEFAULT_MAX_FRAME_AGE, Fleet, FleetConfig};
-use crate::ingress::{Design, IngressProcess, Launch, cpu_time, machine_busy};
+use crate::ingress::{
+    Design, IngressProcess, Launch, cpu_since, cpu_time, machine_busy, machine_busy_since,
+};
 use crate::llm::{LlmRun, LlmSettings};
 use crate::producers::{self, ProducerConfig, ProducerCounters, Transport};
 use crate::report::{
@@ -101,8 +103,7 @@ pub async fn wait_quiet(max: Duration) -> f64 {
     while Instant::now() < deadline {
         let a = machine_busy().unwrap_or_default();
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let b = machine_busy().unwrap_or_default();
-        busy = b.saturating_sub(a).as_secs_f64();
+        busy = machine_busy_since(a).as_secs_f64();
         if busy < 0.3 {
             break;
         }
@@ -398,12 +399,9 @@ pub async fn run_one(
     // 6. Wait for the producers (bounded), then drain.
     let producers_deadline =
         start + plan.duration + spread + producers::END_GRACE + Duration::from_secs(5);
-    while Instant::now() < producers_deadline {
-        match tokio::time::timeout_at(producers_deadline, producer_set.join_next()).await {
-            Ok(Some(_)) => {}
-            Ok(None) | Err(_) => break,
-        }
-    }
+    while let Ok(Some(_)) =
+        tokio::time::timeout_at(producers_deadline, producer_set.join_next()).await
+    {}
     let producers_late = !producer_set.is_empty();
     producer_set.abort_all();
     let mut notes = Vec::new();
@@ -426,12 +424,8 @@ pub async fn run_one(
     let producers_done = Instant::now();
     // CPU is measured over the sending phase (set-up and drain excluded).
     let cpu_end = ingress.cpu_time().unwrap_or_default();
-    let machine = machine_busy()
-        .unwrap_or_default()
-        .saturating_sub(machine_start);
-    let self_cpu = cpu_time(std::process::id())
-        .unwrap_or_default()
-        .saturating_sub(self_cpu_start);
+    let machine = machine_busy_since(machine_start);
+    let self_cpu = cpu_since(std::process::id(), self_cpu_start);
     // After a restart the server is a new process: its CPU is counted from its start.
     let nats_cpu = nats
         .pid()
