@@ -517,8 +517,8 @@ pub struct JetStreamIntake {
     pub forward: bool,
 }
 
-/// The validated configuration: the admission core's part, which `Config` derefs to
-/// (`config.workers`, `config.deadline`, ...), and the edges around it.
+/// The validated configuration: the admission core's part (`config.admission.workers`,
+/// `config.admission.deadline`, ...) and the edges around it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// Workers, queue, mode, session, limits, deadlines, order, estimator,
@@ -538,14 +538,6 @@ pub struct Config {
     pub stream: StreamConfig,
     /// How requests arrive: core request/reply or the durable JetStream intake.
     pub intake: Intake,
-}
-
-impl std::ops::Deref for Config {
-    type Target = AdmissionConfig;
-
-    fn deref(&self) -> &AdmissionConfig {
-        &self.admission
-    }
 }
 
 /// `[stream]`: streamed replies (`Weir-Stream: 1`); the coalescing
@@ -761,6 +753,7 @@ impl Config {
         use serde_json::json;
         use weir_protocol::llm::headers as h;
         let limits: Vec<serde_json::Value> = self
+            .admission
             .limits
             .iter()
             .map(|l| {
@@ -798,31 +791,31 @@ impl Config {
                 "window": self.stream.window,
                 "ack_timeout_ms": ms(self.stream.ack_timeout),
             },
-            "mode": self.mode,
-            "workers": self.workers.get(),
-            "queue_capacity": self.queue_capacity.get(),
+            "mode": self.admission.mode,
+            "workers": self.admission.workers.get(),
+            "queue_capacity": self.admission.queue_capacity.get(),
             "session": {
-                "pending_cap": self.session.pending_cap.map(NonZeroUsize::get),
-                "ordering": self.session.ordering,
+                "pending_cap": self.admission.session.pending_cap.map(NonZeroUsize::get),
+                "ordering": self.admission.session.ordering,
             },
             "limits": limits,
             "deadline": {
-                "default_ms": self.deadline.default.map(ms),
-                "max_ms": ms(self.deadline.max),
-                "min_start_budget_ms": self.deadline.min_start_budget.map(ms),
-                "start_budget": if self.deadline.min_start_budget.is_some() { "fixed" } else { "adaptive" },
-                "reply_margin_ms": ms(self.deadline.reply_margin),
-                "predict": self.deadline.predict,
-                "overtake_share_pct": self.deadline.overtake_share_pct,
+                "default_ms": self.admission.deadline.default.map(ms),
+                "max_ms": ms(self.admission.deadline.max),
+                "min_start_budget_ms": self.admission.deadline.min_start_budget.map(ms),
+                "start_budget": if self.admission.deadline.min_start_budget.is_some() { "fixed" } else { "adaptive" },
+                "reply_margin_ms": ms(self.admission.deadline.reply_margin),
+                "predict": self.admission.deadline.predict,
+                "overtake_share_pct": self.admission.deadline.overtake_share_pct,
             },
-            "queue_order": self.queue_order,
+            "queue_order": self.admission.queue_order,
             "estimator": {
-                "initial_ms": self.estimator.initial.map(ms),
-                "window": self.estimator.window,
-                "half_life": self.estimator.half_life,
-                "quantile": self.estimator.quantile,
+                "initial_ms": self.admission.estimator.initial.map(ms),
+                "window": self.admission.estimator.window,
+                "half_life": self.admission.estimator.half_life,
+                "quantile": self.admission.estimator.quantile,
             },
-            "idempotency": self.idempotency.map(|i| json!({
+            "idempotency": self.admission.idempotency.map(|i| json!({
                 "window_ms": ms(i.window),
                 "max_entries": i.max_entries.get(),
                 "max_bytes": i.max_bytes.get(),
@@ -831,7 +824,7 @@ impl Config {
                 "kind": self.backend.kind.name(),
                 "timeout_ms": ms(self.backend.timeout),
             },
-            "shutdown_grace_ms": ms(self.shutdown_grace),
+            "shutdown_grace_ms": ms(self.admission.shutdown_grace),
             "intake": match &self.intake {
                 Intake::Core => json!({"kind": "core"}),
                 Intake::JetStream(j) => json!({
@@ -1947,13 +1940,16 @@ mod tests {
     #[test]
     fn defaults_are_valid_and_documented_values() {
         let c = Config::default();
-        assert_eq!(c.workers.get(), 8);
-        assert_eq!(c.queue_capacity.get(), 256);
-        assert_eq!(c.session.pending_cap.map(NonZeroUsize::get), Some(5));
-        assert!(c.session.ordering);
-        assert_eq!(c.deadline.default, Some(Duration::from_secs(30)));
-        assert_eq!(c.mode, Mode::Enforce);
-        assert!(c.limits.is_empty());
+        assert_eq!(c.admission.workers.get(), 8);
+        assert_eq!(c.admission.queue_capacity.get(), 256);
+        assert_eq!(
+            c.admission.session.pending_cap.map(NonZeroUsize::get),
+            Some(5)
+        );
+        assert!(c.admission.session.ordering);
+        assert_eq!(c.admission.deadline.default, Some(Duration::from_secs(30)));
+        assert_eq!(c.admission.mode, Mode::Enforce);
+        assert!(c.admission.limits.is_empty());
         assert_eq!(c.backend.kind.name(), "sim");
         assert_eq!(c.service.subject, "llm.infer");
         assert_eq!(c.admin.listen.to_string(), "127.0.0.1:9091");
@@ -1965,12 +1961,15 @@ mod tests {
     #[test]
     fn deadline_defaults_are_adaptive_and_the_new_keys_are_checked() {
         let c = Config::default();
-        assert_eq!(c.deadline.min_start_budget, None, "unset = adaptive");
-        assert_eq!(c.deadline.reply_margin, Duration::from_millis(20));
-        assert!(c.deadline.predict);
-        assert_eq!(c.queue_order, QueueOrder::Edf);
-        assert_eq!(c.deadline.overtake_share_pct, 50);
-        assert_eq!(c.estimator, EstimatorConfig::default());
+        assert_eq!(
+            c.admission.deadline.min_start_budget, None,
+            "unset = adaptive"
+        );
+        assert_eq!(c.admission.deadline.reply_margin, Duration::from_millis(20));
+        assert!(c.admission.deadline.predict);
+        assert_eq!(c.admission.queue_order, QueueOrder::Edf);
+        assert_eq!(c.admission.deadline.overtake_share_pct, 50);
+        assert_eq!(c.admission.estimator, EstimatorConfig::default());
         let v = c.capabilities();
         assert_eq!(v["deadline"]["start_budget"], "adaptive");
         assert_eq!(v["deadline"]["reply_margin_ms"], 20);
@@ -1984,17 +1983,26 @@ mod tests {
         )
         .expect("valid");
         assert_eq!(
-            c.deadline.min_start_budget,
+            c.admission.deadline.min_start_budget,
             Some(Duration::ZERO),
             "set = fixed"
         );
         assert_eq!(c.capabilities()["deadline"]["start_budget"], "fixed");
-        assert_eq!(c.deadline.reply_margin, Duration::from_millis(5));
-        assert!(!c.deadline.predict);
-        assert_eq!(c.queue_order, QueueOrder::Fifo);
-        assert_eq!(c.deadline.overtake_share_pct, 0);
-        assert_eq!(c.estimator.initial, Some(Duration::from_millis(80)));
-        assert_eq!((c.estimator.window, c.estimator.half_life), (32, 8.0));
+        assert_eq!(c.admission.deadline.reply_margin, Duration::from_millis(5));
+        assert!(!c.admission.deadline.predict);
+        assert_eq!(c.admission.queue_order, QueueOrder::Fifo);
+        assert_eq!(c.admission.deadline.overtake_share_pct, 0);
+        assert_eq!(
+            c.admission.estimator.initial,
+            Some(Duration::from_millis(80))
+        );
+        assert_eq!(
+            (
+                c.admission.estimator.window,
+                c.admission.estimator.half_life
+            ),
+            (32, 8.0)
+        );
 
         assert_eq!(err("queue_order = \"lifo\"").key(), "queue_order");
         assert_eq!(
@@ -2020,7 +2028,7 @@ mod tests {
     #[test]
     fn session_cap_zero_means_unlimited() {
         let c = Config::from_toml_str("[session]\npending_cap = 0").expect("valid");
-        assert_eq!(c.session.pending_cap, None);
+        assert_eq!(c.admission.session.pending_cap, None);
     }
 
     #[test]
@@ -2061,14 +2069,17 @@ mod tests {
     #[test]
     fn idempotency_max_bytes_defaults_to_64_mib_and_is_range_checked() {
         let c = Config::default();
-        let i = c.idempotency.expect("enabled by default");
+        let i = c.admission.idempotency.expect("enabled by default");
         assert_eq!(i.max_bytes.get(), 64 * 1024 * 1024);
         assert_eq!(
             c.capabilities()["idempotency"]["max_bytes"],
             64 * 1024 * 1024
         );
         let c = Config::from_toml_str("[idempotency]\nmax_bytes = 1048576").expect("valid");
-        assert_eq!(c.idempotency.map(|i| i.max_bytes.get()), Some(1 << 20));
+        assert_eq!(
+            c.admission.idempotency.map(|i| i.max_bytes.get()),
+            Some(1 << 20)
+        );
         for bad in ["0", "1023", "-1", "\"64MiB\"", "68719476737"] {
             let e = err(&format!("[idempotency]\nmax_bytes = {bad}"));
             assert_eq!(e.key(), "idempotency.max_bytes", "{bad}");
@@ -2258,20 +2269,24 @@ url = \"nats://file:4222\"
             &[("workers", "4"), ("nats.url", "nats://flag:4222")],
         )
         .expect("valid");
-        assert_eq!(c.workers.get(), 4, "the command line beats the environment");
         assert_eq!(
-            c.queue_capacity.get(),
+            c.admission.workers.get(),
+            4,
+            "the command line beats the environment"
+        );
+        assert_eq!(
+            c.admission.queue_capacity.get(),
             200,
             "the environment beats the file"
         );
         assert_eq!(
-            c.session.pending_cap.map(NonZeroUsize::get),
+            c.admission.session.pending_cap.map(NonZeroUsize::get),
             Some(7),
             "the file beats the default"
         );
         assert_eq!(c.nats.client.url_list(), "nats://flag:4222");
         assert_eq!(
-            c.deadline.max,
+            c.admission.deadline.max,
             Duration::from_secs(120),
             "the default stays"
         );
@@ -2318,8 +2333,8 @@ url = \"nats://file:4222\"
             &[("limits[0].limit", "5"), ("limits[0].on_busy", "reject")],
         )
         .expect("valid");
-        assert_eq!(c.limits[0].limit.get(), 5);
-        assert_eq!(c.limits[0].on_busy, OnBusy::Reject);
+        assert_eq!(c.admission.limits[0].limit.get(), 5);
+        assert_eq!(c.admission.limits[0].on_busy, OnBusy::Reject);
         let e = load(Some(file), &[], &[("limits[0].max_waiter", "5")]).expect_err("typo");
         assert_eq!(
             (e.key(), e.kind()),
@@ -2344,17 +2359,17 @@ url = \"nats://file:4222\"
             "#,
         )
         .expect("valid");
-        assert_eq!(c.limits.len(), 2);
-        assert_eq!(c.limits[0].name, "client");
+        assert_eq!(c.admission.limits.len(), 2);
+        assert_eq!(c.admission.limits[0].name, "client");
         assert_eq!(
-            c.limits[0].on_busy,
+            c.admission.limits[0].on_busy,
             OnBusy::Wait {
                 max_wait: Duration::from_secs(1),
                 max_waiters: 100
             }
         );
-        assert_eq!(c.limits[1].key, KeySource::Body("/model".into()));
-        assert_eq!(c.limits[1].on_busy, OnBusy::Reject);
+        assert_eq!(c.admission.limits[1].key, KeySource::Body("/model".into()));
+        assert_eq!(c.admission.limits[1].on_busy, OnBusy::Reject);
 
         let e = err("[[limits]]\nkey = \"client\"");
         assert_eq!(e.key(), "limits[0].limit");
@@ -2514,9 +2529,9 @@ url = \"nats://file:4222\"
             &[],
         )
         .expect("valid");
-        assert_eq!(c.workers.get(), 3);
-        assert_eq!(c.session.pending_cap, None);
-        assert_eq!(c.mode, Mode::Shadow);
+        assert_eq!(c.admission.workers.get(), 3);
+        assert_eq!(c.admission.session.pending_cap, None);
+        assert_eq!(c.admission.mode, Mode::Shadow);
         match c.backend.kind {
             BackendKind::Sim(s) => assert_eq!(s.error_rate, 0.25),
             other => panic!("unexpected {other:?}"),

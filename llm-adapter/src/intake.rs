@@ -751,7 +751,7 @@ async fn open(
     cfg: &Config,
     j: &JetStreamIntake,
 ) -> Result<(consumer::PullConsumer, Option<ClusterSlots>), String> {
-    let max_age = cfg.deadline.max.max(j.duplicate_window);
+    let max_age = cfg.admission.deadline.max.max(j.duplicate_window);
     let stream = js
         .get_or_create_stream(stream::Config {
             name: j.stream.clone(),
@@ -786,9 +786,9 @@ async fn open(
         )
         .await
         .map_err(|e| format!("jetstream.consumer {}: {e}", j.consumer))?;
-    let session_cap = cfg.session.pending_cap.map(|c| c.get());
-    let wanted = session_cap.is_some() || !cfg.limits.is_empty();
-    let slots = if wanted && cfg.mode == Mode::Enforce {
+    let session_cap = cfg.admission.session.pending_cap.map(|c| c.get());
+    let wanted = session_cap.is_some() || !cfg.admission.limits.is_empty();
+    let slots = if wanted && cfg.admission.mode == Mode::Enforce {
         let kv = open_bucket(
             js,
             "jetstream.session_bucket",
@@ -801,7 +801,7 @@ async fn open(
             kv,
             replica: js_replica_name(),
             session_cap,
-            limits: cfg.limits.clone(),
+            limits: cfg.admission.limits.clone(),
             waiting: Mutex::default(),
         })
     } else {
@@ -927,7 +927,7 @@ impl IntakeEdge {
             consumer,
             hub,
             edge,
-            permits: Arc::new(Semaphore::new(config.workers.get())),
+            permits: Arc::new(Semaphore::new(config.admission.workers.get())),
             config,
             stop: stop_rx,
         }));
@@ -1113,7 +1113,7 @@ async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: Own
         header(hm, h::DEADLINE_MS),
         header(hm, h::TIMEOUT_MS),
         published_ms,
-        ctx.config.deadline.default,
+        ctx.config.admission.deadline.default,
     );
     let now_ms = unix_ms_now();
     let (message, expired) = match deadline {

@@ -229,13 +229,14 @@ const CHAT_MESSAGE_BYTES: u64 = 1024 + 256;
 pub fn memory_bound_bytes(config: &crate::config::Config) -> u64 {
     const MIB: u64 = 1 << 20;
     let cache = config
+        .admission
         .idempotency
         .as_ref()
         .map_or(0, |i| i.max_bytes.get() as u64);
     let messages = (config.nats.client.subscription_capacity.unwrap_or(0)
-        + config.queue_capacity.get()) as u64;
+        + config.admission.queue_capacity.get()) as u64;
     // Running calls hold a request and a reply of up to the NATS max_payload (1 MiB).
-    let running = config.workers.get() as u64 * 2 * MIB;
+    let running = config.admission.workers.get() as u64 * 2 * MIB;
     // async-nats command channel (2,048 replies), trace events, admin request heads.
     let replies = 2048 * CHAT_MESSAGE_BYTES;
     let trace = config.trace.buffer.get() as u64 * 300;

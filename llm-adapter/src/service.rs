@@ -668,7 +668,7 @@ impl Edge {
                             let Some(edge) = edge else {
                                 return;
                             };
-                            let dl = &self.config.deadline;
+                            let dl = &self.config.admission.deadline;
                             let deadline = sub
                                 .budget
                                 .or(dl.default)
@@ -880,7 +880,7 @@ impl Edge {
         .await;
         let failure = match queued {
             Ok(Ok(ack)) => {
-                let dl = &self.config.deadline;
+                let dl = &self.config.admission.deadline;
                 let meta = PendingMeta {
                     waiter: waiter(envelope),
                     received_at,

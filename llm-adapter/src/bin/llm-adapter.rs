@@ -119,9 +119,9 @@ async fn serve(config: Config) -> Result<(), String> {
         nats = %config.nats.client.url_list(),
         subject = %config.service.subject,
         backend = config.backend.kind.name(),
-        workers = config.workers.get(),
-        queue_capacity = config.queue_capacity.get(),
-        mode = %config.mode,
+        workers = config.admission.workers.get(),
+        queue_capacity = config.admission.queue_capacity.get(),
+        mode = %config.admission.mode,
         "starting"
     );
     let adapter = weir_llm_adapter::start_with_events(client, events, config, built.backend)
