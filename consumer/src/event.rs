@@ -164,7 +164,8 @@ pub struct End {
 }
 
 /// Why a stream instance ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum EndCause {
     /// The producer sent `end`. `reason` and `overload` come from the
     /// `Weir-End-Reason` / `Weir-Overload` headers (absent from deployed producers).
@@ -197,14 +198,7 @@ impl EndCause {
     /// Stable snake_case name: `producer`, `idle`, `overload`, `restarted`, `shutdown`,
     /// `handover`.
     pub fn as_str(&self) -> &'static str {
-        match self {
-            Self::Producer { .. } => "producer",
-            Self::Idle { .. } => "idle",
-            Self::Overload(_) => "overload",
-            Self::Restarted => "restarted",
-            Self::Shutdown => "shutdown",
-            Self::Handover => "handover",
-        }
+        self.into()
     }
 }
 
@@ -335,4 +329,41 @@ pub enum ConsumerEvent {
         /// The subscription id reported by async-nats.
         sid: u64,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn end_cause_names_are_unchanged() {
+        let overload = LocalOverload {
+            bound: OverloadBound::Age,
+            pending_bytes: 0,
+            oldest_age: Duration::ZERO,
+        };
+        let causes = [
+            EndCause::Producer {
+                reason: None,
+                overload: None,
+            },
+            EndCause::Idle {
+                silent_for: Duration::ZERO,
+            },
+            EndCause::Overload(overload),
+            EndCause::Restarted,
+            EndCause::Shutdown,
+            EndCause::Handover,
+        ];
+        let names: Vec<_> = causes.iter().map(EndCause::as_str).collect();
+        let want = [
+            "producer",
+            "idle",
+            "overload",
+            "restarted",
+            "shutdown",
+            "handover",
+        ];
+        assert_eq!(names, want);
+    }
 }
