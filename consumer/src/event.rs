@@ -33,7 +33,8 @@ pub struct StreamInfo {
 }
 
 /// One event of a stream, delivered in order to its handler.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum StreamEvent {
     /// Audio.
     Frame(Frame),
@@ -52,12 +53,7 @@ pub enum StreamEvent {
 impl StreamEvent {
     /// Short name: `frame`, `gap`, `end` or `loss_declared`.
     pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Frame(_) => "frame",
-            Self::Gap(_) => "gap",
-            Self::End(_) => "end",
-            Self::LossDeclared(_) => "loss_declared",
-        }
+        self.into()
     }
 }
 
@@ -365,5 +361,44 @@ mod tests {
             "handover",
         ];
         assert_eq!(names, want);
+    }
+
+    #[test]
+    fn event_kinds_are_unchanged() {
+        let frame = Frame {
+            seq: 1,
+            pcm: Bytes::new(),
+            samples: 0,
+            format: AudioFormat::DEPLOYED,
+            captured_at_ms: None,
+            received_at: Instant::now(),
+        };
+        let gap = GapNotice {
+            first_seq: 2,
+            last_seq: 2,
+            samples: None,
+            cause: GapCause::Lost,
+        };
+        let loss = LossDeclaration {
+            first_seq: 2,
+            last_seq: 2,
+            frames: 1,
+            total_frames: 1,
+            reason: PossibleLossReason::Other,
+            reclassified_frames: 0,
+        };
+        let end = End {
+            seq: None,
+            last_seq: Some(2),
+            cause: EndCause::Shutdown,
+        };
+        let events = [
+            StreamEvent::Frame(frame),
+            StreamEvent::Gap(gap),
+            StreamEvent::End(end),
+            StreamEvent::LossDeclared(loss),
+        ];
+        let kinds: Vec<_> = events.iter().map(StreamEvent::kind).collect();
+        assert_eq!(kinds, ["frame", "gap", "end", "loss_declared"]);
     }
 }
