@@ -502,10 +502,6 @@ impl Window {
         closed
     }
 
-    fn has_work(&self) -> bool {
-        !self.lock_open().streams.is_empty()
-    }
-
     /// The `/v1/stats` view; `oldest_unconfirmed` is computed by the caller over the
     /// streams.
     pub fn stats(&self, oldest_unconfirmed: Duration) -> WindowStats {
@@ -641,7 +637,7 @@ pub(crate) async fn run(window: Arc<Window>, confirmer: Arc<dyn Confirmer>, glob
                 window.limit.store(limit, Ordering::Relaxed);
                 window.publish_gauges();
             }
-            if window.has_work() {
+            if !window.lock_open().streams.is_empty() {
                 break;
             }
             // Reconnected while idle: the open batch still carries the old connection

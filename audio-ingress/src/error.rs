@@ -67,8 +67,10 @@ impl ConfigError {
     }
 }
 
-/// Machine-readable kind of an [`OpenError`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Machine-readable kind of an [`OpenError`]; its wire name is the metric label of the
+/// refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
 pub enum OpenErrorKind {
     /// See [`OpenError::InvalidId`].
     InvalidId,
@@ -77,6 +79,7 @@ pub enum OpenErrorKind {
     /// See [`OpenError::AlreadyActive`].
     AlreadyActive,
     /// See [`OpenError::TooManyStreams`].
+    #[strum(serialize = "max_streams")]
     TooManyStreams,
     /// See [`OpenError::ShuttingDown`].
     ShuttingDown,
@@ -125,14 +128,7 @@ impl OpenError {
 
     /// The metric label for this refusal.
     pub fn as_label(&self) -> &'static str {
-        match self.kind() {
-            OpenErrorKind::InvalidId => "invalid_id",
-            OpenErrorKind::InvalidSession => "invalid_session",
-            OpenErrorKind::AlreadyActive => "already_active",
-            OpenErrorKind::TooManyStreams => "max_streams",
-            OpenErrorKind::ShuttingDown => "shutting_down",
-            OpenErrorKind::NoRuntime => "no_runtime",
-        }
+        self.kind().as_str()
     }
 }
 

@@ -263,11 +263,6 @@ impl<S: Sink> RunningService<S> {
         self.admin_addr
     }
 
-    /// The WHIP UDP socket's address, when WHIP is on.
-    pub fn whip_udp_addr(&self) -> Option<SocketAddr> {
-        self.whip.as_ref().map(Whip::udp_addr)
-    }
-
     /// The producer core.
     pub fn ingress(&self) -> &Ingress<S> {
         &self.ingress
@@ -278,7 +273,7 @@ impl<S: Sink> RunningService<S> {
         weir_protocol::admin::ReadyLine::new(
             Some(self.ws_addr.to_string()),
             Some(self.admin_addr.to_string()),
-            self.whip_udp_addr().map(|a| a.to_string()),
+            self.whip.as_ref().map(|w| w.udp_addr().to_string()),
         )
         .to_line()
     }

@@ -100,36 +100,14 @@ pub enum WouldReject {
 }
 
 const N_DROP: usize = DropReason::ALL.len();
-const N_END: usize = 6;
+const N_END: usize = EndReason::ALL.len();
 
-fn end_index(r: EndReason) -> usize {
-    match r {
-        EndReason::Producer => 0,
-        EndReason::Overload => 1,
-        EndReason::Shutdown => 2,
-        EndReason::ProducerGone => 3,
-        EndReason::Idle => 4,
-        EndReason::Error => 5,
-    }
-}
-
-const END_REASONS: [EndReason; N_END] = [
-    EndReason::Producer,
-    EndReason::Overload,
-    EndReason::Shutdown,
-    EndReason::ProducerGone,
-    EndReason::Idle,
-    EndReason::Error,
-];
-
-fn overload_label(r: OverloadReason) -> &'static str {
-    match r {
-        OverloadReason::QueueFull => "queue_full",
-        OverloadReason::MaxAge => "max_age",
-        OverloadReason::PublishTimeout => "publish_timeout",
-        OverloadReason::Rate => "rate",
-        OverloadReason::Other => "other",
-    }
+/// One handle per variant of a [`WireName`] enum, in `ALL` (declaration) order, so that
+/// `variant as usize` is its index.
+fn per_variant<T: WireName, const N: usize>(
+    counter: impl Fn(&'static str) -> Counter,
+) -> [Counter; N] {
+    std::array::from_fn(|i| counter(T::ALL[i].as_str()))
 }
 
 /// Frame counters of one stream (also used, summed, for the aggregate).
@@ -185,21 +163,22 @@ impl CountersSnapshot {
     pub fn dropped(&self, r: DropReason) -> u64 {
         self.dropped[r.index()]
     }
+}
+
+/// The tests' sums of the counters.
+#[cfg(test)]
+impl CountersSnapshot {
     /// Refused frames (all refusal reasons).
     pub fn rejected_total(&self) -> u64 {
-        DropReason::ALL
-            .iter()
-            .filter(|r| r.is_refusal())
-            .map(|r| self.dropped(*r))
-            .sum()
+        self.dropped_where(true)
     }
     /// Admitted frames that were dropped (all drop reasons).
     pub fn dropped_admitted_total(&self) -> u64 {
-        DropReason::ALL
-            .iter()
-            .filter(|r| !r.is_refusal())
-            .map(|r| self.dropped(*r))
-            .sum()
+        self.dropped_where(false)
+    }
+    fn dropped_where(&self, refusal: bool) -> u64 {
+        let reasons = DropReason::ALL.iter().filter(|r| r.is_refusal() == refusal);
+        reasons.map(|r| self.dropped(*r)).sum()
     }
 }
 
@@ -230,7 +209,7 @@ struct Handles {
     possibly_lost: Counter,
     dropped: [Counter; N_DROP],
     would_reject: [Counter; WouldReject::ALL.len()],
-    overloads: [Counter; 5],
+    overloads: [Counter; OverloadReason::ALL.len()],
     gaps: Counter,
     gap_frames: Counter,
     ends: [Counter; N_END],
@@ -258,22 +237,17 @@ impl Handles {
             published: metrics::counter!(m::FRAMES_TOTAL, m::LABEL_OUTCOME => "published", m::LABEL_REASON => "none"),
             possibly_lost: metrics::counter!(m::FRAMES_TOTAL, m::LABEL_OUTCOME => "possibly_lost", m::LABEL_REASON => "unconfirmed_at_disconnect"),
             dropped,
-            would_reject: std::array::from_fn(|i| {
-                let r = WouldReject::ALL[i].as_str();
-                metrics::counter!(m::WOULD_REJECT_TOTAL, m::LABEL_REASON => r)
-            }),
-            overloads: [
-                OverloadReason::QueueFull,
-                OverloadReason::MaxAge,
-                OverloadReason::PublishTimeout,
-                OverloadReason::Other,
-                OverloadReason::Rate,
-            ]
-            .map(|r| metrics::counter!(m::OVERLOADS_TOTAL, m::LABEL_REASON => overload_label(r))),
+            would_reject: per_variant::<WouldReject, _>(
+                |r| metrics::counter!(m::WOULD_REJECT_TOTAL, m::LABEL_REASON => r),
+            ),
+            overloads: per_variant::<OverloadReason, _>(
+                |r| metrics::counter!(m::OVERLOADS_TOTAL, m::LABEL_REASON => r),
+            ),
             gaps: metrics::counter!(m::GAPS_TOTAL),
             gap_frames: metrics::counter!(m::GAP_FRAMES_TOTAL),
-            ends: END_REASONS
-                .map(|r| metrics::counter!(m::ENDS_TOTAL, m::LABEL_REASON => r.as_str())),
+            ends: per_variant::<EndReason, _>(
+                |r| metrics::counter!(m::ENDS_TOTAL, m::LABEL_REASON => r),
+            ),
             pending_bytes: metrics::gauge!(m::PENDING_BYTES),
             pending_frames: metrics::gauge!(m::PENDING_FRAMES),
             oldest_age: metrics::gauge!(m::OLDEST_FRAME_AGE_SECONDS),
@@ -394,19 +368,12 @@ impl Global {
 
     pub(crate) fn overloaded(&self, reason: OverloadReason) {
         add(&self.overloads, 1);
-        let i = match reason {
-            OverloadReason::QueueFull => 0,
-            OverloadReason::MaxAge => 1,
-            OverloadReason::PublishTimeout => 2,
-            OverloadReason::Other => 3,
-            OverloadReason::Rate => 4,
-        };
-        self.h.overloads[i].increment(1);
+        self.h.overloads[reason as usize].increment(1);
     }
 
     pub(crate) fn end_published(&self, reason: EndReason) {
-        add(&self.ends[end_index(reason)], 1);
-        self.h.ends[end_index(reason)].increment(1);
+        add(&self.ends[reason as usize], 1);
+        self.h.ends[reason as usize].increment(1);
     }
 
     pub(crate) fn control_republished(&self, packet: &'static str) {
@@ -426,7 +393,7 @@ impl Global {
 
     /// `end` packets handed to NATS, by reason.
     pub fn ends(&self, reason: EndReason) -> u64 {
-        get(&self.ends[end_index(reason)])
+        get(&self.ends[reason as usize])
     }
 
     counts! {
@@ -648,6 +615,19 @@ mod tests {
         assert_serde_names::<WouldReject>();
         assert_serde_names::<crate::config::Policy>();
         assert_serde_names::<crate::config::Delivery>();
+        let refusals: Vec<_> = crate::error::OpenErrorKind::ALL
+            .iter()
+            .map(|k| k.as_str())
+            .collect();
+        let want = [
+            "invalid_id",
+            "invalid_session",
+            "already_active",
+            "max_streams",
+            "shutting_down",
+            "no_runtime",
+        ];
+        assert_eq!(refusals, want);
     }
 
     #[test]

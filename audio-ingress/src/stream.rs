@@ -138,7 +138,7 @@ impl StreamShared {
     pub fn sync_status(&self, core: &FrameQueue) {
         let state = core.state();
         let overload = core.overload().cloned();
-        let end_reason = core_end_reason(core);
+        let end_reason = core.end_reason();
         self.status.send_if_modified(|s| {
             if s.state == state && s.end_reason == end_reason && s.overload == overload {
                 return false;
@@ -275,10 +275,6 @@ impl StreamShared {
             end_delivered: status.end_delivered,
         }
     }
-}
-
-fn core_end_reason(core: &FrameQueue) -> Option<EndReason> {
-    core.end_reason()
 }
 
 /// One stream in the admin `/v1/streams` view.

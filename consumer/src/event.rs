@@ -33,7 +33,8 @@ pub struct StreamInfo {
 }
 
 /// One event of a stream, delivered in order to its handler.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum StreamEvent {
     /// Audio.
     Frame(Frame),
@@ -52,12 +53,7 @@ pub enum StreamEvent {
 impl StreamEvent {
     /// Short name: `frame`, `gap`, `end` or `loss_declared`.
     pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Frame(_) => "frame",
-            Self::Gap(_) => "gap",
-            Self::End(_) => "end",
-            Self::LossDeclared(_) => "loss_declared",
-        }
+        self.into()
     }
 }
 
@@ -164,7 +160,8 @@ pub struct End {
 }
 
 /// Why a stream instance ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum EndCause {
     /// The producer sent `end`. `reason` and `overload` come from the
     /// `Weir-End-Reason` / `Weir-Overload` headers (absent from deployed producers).
@@ -197,14 +194,7 @@ impl EndCause {
     /// Stable snake_case name: `producer`, `idle`, `overload`, `restarted`, `shutdown`,
     /// `handover`.
     pub fn as_str(&self) -> &'static str {
-        match self {
-            Self::Producer { .. } => "producer",
-            Self::Idle { .. } => "idle",
-            Self::Overload(_) => "overload",
-            Self::Restarted => "restarted",
-            Self::Shutdown => "shutdown",
-            Self::Handover => "handover",
-        }
+        self.into()
     }
 }
 
@@ -335,4 +325,80 @@ pub enum ConsumerEvent {
         /// The subscription id reported by async-nats.
         sid: u64,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn end_cause_names_are_unchanged() {
+        let overload = LocalOverload {
+            bound: OverloadBound::Age,
+            pending_bytes: 0,
+            oldest_age: Duration::ZERO,
+        };
+        let causes = [
+            EndCause::Producer {
+                reason: None,
+                overload: None,
+            },
+            EndCause::Idle {
+                silent_for: Duration::ZERO,
+            },
+            EndCause::Overload(overload),
+            EndCause::Restarted,
+            EndCause::Shutdown,
+            EndCause::Handover,
+        ];
+        let names: Vec<_> = causes.iter().map(EndCause::as_str).collect();
+        let want = [
+            "producer",
+            "idle",
+            "overload",
+            "restarted",
+            "shutdown",
+            "handover",
+        ];
+        assert_eq!(names, want);
+    }
+
+    #[test]
+    fn event_kinds_are_unchanged() {
+        let frame = Frame {
+            seq: 1,
+            pcm: Bytes::new(),
+            samples: 0,
+            format: AudioFormat::DEPLOYED,
+            captured_at_ms: None,
+            received_at: Instant::now(),
+        };
+        let gap = GapNotice {
+            first_seq: 2,
+            last_seq: 2,
+            samples: None,
+            cause: GapCause::Lost,
+        };
+        let loss = LossDeclaration {
+            first_seq: 2,
+            last_seq: 2,
+            frames: 1,
+            total_frames: 1,
+            reason: PossibleLossReason::Other,
+            reclassified_frames: 0,
+        };
+        let end = End {
+            seq: None,
+            last_seq: Some(2),
+            cause: EndCause::Shutdown,
+        };
+        let events = [
+            StreamEvent::Frame(frame),
+            StreamEvent::Gap(gap),
+            StreamEvent::End(end),
+            StreamEvent::LossDeclared(loss),
+        ];
+        let kinds: Vec<_> = events.iter().map(StreamEvent::kind).collect();
+        assert_eq!(kinds, ["frame", "gap", "end", "loss_declared"]);
+    }
 }

@@ -58,6 +58,7 @@ use crate::metrics as m;
 use crate::{ConsumerError, ConsumerErrorKind, OperationError, Shared, run_subscription, stopped};
 use weir_protocol::WireName;
 use weir_protocol::fnv1a_32;
+use weir_service::nats::kv_stream_config;
 
 /// Bound of the bucket setup at start.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -117,18 +118,7 @@ async fn open_bucket(
     lease: &LeaseSettings,
 ) -> Result<(stream::Stream, kv::Store), OperationError> {
     let js = jetstream::new(client.clone());
-    let config = stream::Config {
-        name: format!("KV_{}", lease.bucket),
-        subjects: vec![format!("$KV.{}.>", lease.bucket)],
-        max_messages_per_subject: 1,
-        max_age: lease.ttl,
-        allow_rollup: true,
-        deny_delete: true,
-        allow_direct: true,
-        discard: stream::DiscardPolicy::New,
-        num_replicas: lease.replicas,
-        ..Default::default()
-    };
+    let config = kv_stream_config(&lease.bucket, lease.ttl, lease.replicas);
     let stream = js.get_or_create_stream(config).await.map_err(|e| {
         OperationError::with_source(
             ConsumerErrorKind::Lease,

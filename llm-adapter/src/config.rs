@@ -346,11 +346,13 @@ pub struct NatsBackendConfig {
 }
 
 /// Which backend serves inference.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum BackendKind {
     /// Simulated backend.
     Sim(SimConfig),
     /// OpenAI-compatible HTTP server.
+    #[strum(serialize = "openai")]
     OpenAi(OpenAiConfig),
     /// An existing NATS service.
     Nats(NatsBackendConfig),
@@ -359,11 +361,7 @@ pub enum BackendKind {
 impl BackendKind {
     /// `sim`, `openai` or `nats`.
     pub fn name(&self) -> &'static str {
-        match self {
-            Self::Sim(_) => "sim",
-            Self::OpenAi(_) => "openai",
-            Self::Nats(_) => "nats",
-        }
+        self.into()
     }
 }
 
@@ -456,14 +454,6 @@ pub enum Intake {
 }
 
 impl Intake {
-    /// `core` or `jetstream`.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::Core => "core",
-            Self::JetStream(_) => "jetstream",
-        }
-    }
-
     /// The JetStream settings when `intake = "jetstream"`.
     pub fn jetstream(&self) -> Option<&JetStreamIntake> {
         match self {
@@ -1891,6 +1881,7 @@ mod tests {
         use crate::intake::TermReason;
         assert_serde_names::<Mode>();
         assert_serde_names::<CancelResult>();
+        assert_serde_names::<crate::trace::TraceKind>();
         let names = |all: &[&'static str]| all.to_vec();
         let stops: Vec<_> = StopReason::ALL.iter().map(|r| r.as_str()).collect();
         assert_eq!(
@@ -1907,6 +1898,16 @@ mod tests {
             "wait_expired",
         ];
         assert_eq!(terms, want);
+    }
+
+    #[test]
+    fn backend_kind_names_are_unchanged() {
+        let kind = |text: &str| Config::from_toml_str(text).expect("valid").backend.kind;
+        assert_eq!(Config::default().backend.kind.name(), "sim");
+        let nats = kind("[backend]\nkind = \"nats\"\n[backend.nats]\nsubject = \"svc\"");
+        assert_eq!(nats.name(), "nats");
+        let openai = "[backend]\nkind = \"openai\"\n[backend.openai]\nbase_url = \"https://x/\"";
+        assert_eq!(kind(openai).name(), "openai");
     }
 
     fn err(text: &str) -> ConfigError {

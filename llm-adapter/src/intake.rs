@@ -58,6 +58,7 @@ use tokio::time::Instant;
 use weir_protocol::WireName;
 use weir_protocol::llm::headers as h;
 use weir_protocol::llm::{ErrorBody, ErrorCode, ErrorDetails};
+use weir_service::nats::kv_stream_config;
 use weir_service::ratelimit::LogLimit;
 
 use crate::config::{Config, JetStreamIntake, KeyLimit, Mode, OnBusy};
@@ -502,8 +503,8 @@ pub(crate) fn decode_reply(bytes: &Bytes) -> Option<(HeaderMap, Bytes)> {
 }
 
 /// Creates (if absent) and opens a KV bucket: the `KV_<bucket>` stream directly
-/// (async-nats 0.51's `create_key_value` fails on nats-server 2.9, which lacks account
-/// fields it reads), history 1, `max_age` = how long an entry lives after its last write.
+/// ([`weir_service::nats::kv_stream_config`]), `max_age` = how long an entry lives
+/// after its last write.
 async fn open_bucket(
     js: &jetstream::Context,
     key: &str,
@@ -511,20 +512,9 @@ async fn open_bucket(
     max_age: Duration,
     replicas: usize,
 ) -> Result<kv::Store, String> {
-    js.get_or_create_stream(stream::Config {
-        name: format!("KV_{bucket}"),
-        subjects: vec![format!("$KV.{bucket}.>")],
-        max_messages_per_subject: 1,
-        max_age,
-        allow_rollup: true,
-        deny_delete: true,
-        allow_direct: true,
-        discard: stream::DiscardPolicy::New,
-        num_replicas: replicas,
-        ..Default::default()
-    })
-    .await
-    .map_err(|e| format!("{key} {bucket}: {e}"))?;
+    js.get_or_create_stream(kv_stream_config(bucket, max_age, replicas))
+        .await
+        .map_err(|e| format!("{key} {bucket}: {e}"))?;
     js.get_key_value(bucket.to_owned())
         .await
         .map_err(|e| format!("{key} {bucket}: {e}"))

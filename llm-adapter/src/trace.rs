@@ -42,6 +42,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 use tracing::Span;
 use tracing::field::Empty;
+use weir_protocol::WireName;
 use weir_protocol::llm::headers::{self as h, TraceContext};
 
 use crate::metrics as m;
@@ -49,7 +50,9 @@ use crate::metrics as m;
 /// The `tracing` target of trace events.
 pub const TARGET: &str = "weir_llm_adapter::trace";
 
-/// What happened.
+/// What happened; its snake_case name is [`WireName::as_str`].
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TraceKind {
@@ -75,25 +78,6 @@ pub enum TraceKind {
     SlotReleased,
     /// A slot was not available and the request was refused (or would have been).
     SlotBusy,
-}
-
-impl TraceKind {
-    /// The snake_case name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Queued => "queued",
-            Self::Admitted => "admitted",
-            Self::Started => "started",
-            Self::Finished => "finished",
-            Self::Joined => "joined",
-            Self::Cached => "cached",
-            Self::SlotAcquired => "slot_acquired",
-            Self::SlotWaiting => "slot_waiting",
-            Self::SlotGranted => "slot_granted",
-            Self::SlotReleased => "slot_released",
-            Self::SlotBusy => "slot_busy",
-        }
-    }
 }
 
 /// One trace event.

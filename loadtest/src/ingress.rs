@@ -278,7 +278,7 @@ fn joined(tail: &Mutex<VecDeque<String>>) -> String {
         .unwrap_or_default()
 }
 
-pub use weir_testkit::process::{parse_vm_rss, rss_bytes};
+pub use weir_testkit::process::rss_bytes;
 
 /// User + system CPU time of a process, from `/proc/<pid>/stat` (clock ticks of 10 ms
 /// on Linux).

@@ -10,7 +10,7 @@
 //! - [`admin`]: the services' ready line and the ingress's `/v1/stats` snapshot, written
 //!   by the services and read by the load test;
 //! - [`error`]: the one error shape of weir's operations (`Error<Kind>`, the cause kept).
-//! - [`WireName`]: `ALL` and `as_str` of a fieldless enum whose variants have stable
+//! - [`WireName`]: `ALL`, `as_str` and `from_wire` of a fieldless enum whose variants have stable
 //!   wire names, derived with strum (the protocol's codes and reasons; also the label
 //!   enums of the services, the consumer and the load test).
 //!
@@ -31,6 +31,12 @@ pub trait WireName: Copy + strum::VariantArray + Into<&'static str> {
     fn as_str(self) -> &'static str {
         self.into()
     }
+
+    /// The variant whose wire name is exactly `name`; `None` for any other string
+    /// (total: a name this build does not know is not an error here).
+    fn from_wire(name: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|v| v.as_str() == name)
+    }
 }
 
 impl<T: Copy + strum::VariantArray + Into<&'static str>> WireName for T {}
@@ -49,7 +55,7 @@ pub use stream_id::{StreamId, StreamIdError};
 #[cfg(test)]
 mod tests {
     use super::WireName;
-    use crate::audio::extension::{EndReason, PossibleLossReason};
+    use crate::audio::extension::{EndReason, OverloadReason, PossibleLossReason};
     use crate::audio::{DecodeErrorKind, GapReason};
     use crate::llm::error::ErrorCode;
     use crate::llm::headers::AdmissionPolicy;
@@ -77,6 +83,9 @@ mod tests {
         assert_eq!(names::<ErrorCode>(), serde_names::<ErrorCode>());
         assert_eq!(names::<GapReason>(), serde_names::<GapReason>());
         assert_eq!(names::<EndReason>(), serde_names::<EndReason>());
+        let overload = ["queue_full", "max_age", "publish_timeout", "rate", "other"];
+        assert_eq!(names::<OverloadReason>(), overload);
+        assert_eq!(overload, serde_names::<OverloadReason>().as_slice());
         let loss = names::<PossibleLossReason>();
         assert_eq!(loss, serde_names::<PossibleLossReason>());
     }

@@ -321,7 +321,7 @@ fn fuzz_extension_reports_round_trip() {
                 Some(loss)
             );
             for r in [EndReason::Producer, EndReason::Error, EndReason::Idle] {
-                assert_eq!(EndReason::parse(r.as_str()), Some(r));
+                assert_eq!(EndReason::from_wire(r.as_str()), Some(r));
             }
         },
     );

@@ -42,7 +42,9 @@ pub fn resident_memory_bytes() -> Option<u64> {
     parse_vm_rss(&status)
 }
 
-fn parse_vm_rss(status: &str) -> Option<u64> {
+/// Parses the `VmRSS:   1234 kB` line of a `/proc/<pid>/status` into bytes (the
+/// kernel writes it in kB).
+pub fn parse_vm_rss(status: &str) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     kib.checked_mul(1024)

@@ -4,9 +4,9 @@
 //! Messages are written for a person reading a failed test: they say what was tried,
 //! what happened, and — when the binary is missing — how to install it.
 
-use std::fmt;
-
-/// What went wrong, for callers that match on it.
+/// What went wrong, for callers that match on it; `Display` is the snake_case name.
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorKind {
@@ -29,22 +29,6 @@ pub enum ErrorKind {
     Io,
 }
 
-impl fmt::Display for ErrorKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = match self {
-            Self::BinaryNotFound => "binary_not_found",
-            Self::Version => "version",
-            Self::Spawn => "spawn",
-            Self::Exited => "exited",
-            Self::StartTimeout => "start_timeout",
-            Self::NotRunning => "not_running",
-            Self::Signal => "signal",
-            Self::Io => "io",
-        };
-        f.write_str(name)
-    }
-}
-
 /// An error from the testkit: a [`kind`](weir_protocol::Error::kind), a human message
 /// and, where there is one, the underlying error (I/O, a signal, a spawn failure) as
 /// [`source`](std::error::Error::source). `Display` is the message, then `: ` and the
@@ -54,6 +38,24 @@ pub type Error = weir_protocol::Error<ErrorKind>;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use weir_protocol::WireName;
+
+    #[test]
+    fn kind_names_are_unchanged() {
+        let names: Vec<_> = ErrorKind::ALL.iter().map(|k| k.to_string()).collect();
+        let want = [
+            "binary_not_found",
+            "version",
+            "spawn",
+            "exited",
+            "start_timeout",
+            "not_running",
+            "signal",
+            "io",
+        ];
+        assert_eq!(names, want);
+        assert!(ErrorKind::ALL.iter().all(|k| k.as_str() == k.to_string()));
+    }
 
     #[test]
     fn keeps_the_cause_as_source() {

@@ -1,25 +1,12 @@
 //! Facts about running processes, from `/proc` (Linux): what the load test and the
 //! memory tests measure a binary with.
 
+use weir_service::process::parse_vm_rss;
+
 /// VmRSS of a process in bytes.
 pub fn rss_bytes(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     parse_vm_rss(&status)
-}
-
-/// Parses the `VmRSS:   1234 kB` line of `/proc/<pid>/status`.
-pub fn parse_vm_rss(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let mut parts = line.split_whitespace().skip(1);
-    let value: u64 = parts.next()?.parse().ok()?;
-    let unit = parts.next().unwrap_or("kB");
-    let mult = match unit {
-        "kB" => 1024,
-        "mB" | "MB" => 1024 * 1024,
-        "B" => 1,
-        _ => return None,
-    };
-    Some(value * mult)
 }
 
 #[cfg(test)]

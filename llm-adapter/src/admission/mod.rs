@@ -245,7 +245,8 @@ pub enum CancelResult {
 }
 
 /// Where a request is, by request id (`llm.status`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum RequestStatus {
     /// Admitted, waiting to start.
     Queued {
@@ -272,12 +273,7 @@ pub enum RequestStatus {
 impl RequestStatus {
     /// `queued`, `running`, `done` or `not_found`.
     pub fn as_str(&self) -> &'static str {
-        match self {
-            Self::Queued { .. } => "queued",
-            Self::Running { .. } => "running",
-            Self::Done => "done",
-            Self::NotFound => "not_found",
-        }
+        self.into()
     }
 }
 

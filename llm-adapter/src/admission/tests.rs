@@ -1596,3 +1596,23 @@ async fn a_stalled_stream_ends_at_its_deadline_and_frees_the_worker() {
     assert!(answer(rx).await.result.is_ok());
     a.check_invariants();
 }
+
+#[test]
+fn request_status_names_are_unchanged() {
+    let queued = RequestStatus::Queued {
+        position: 1,
+        predicted_start: None,
+        waited: Duration::ZERO,
+    };
+    let running = RequestStatus::Running {
+        elapsed: Duration::ZERO,
+    };
+    let all = [
+        queued,
+        running,
+        RequestStatus::Done,
+        RequestStatus::NotFound,
+    ];
+    let names: Vec<_> = all.iter().map(RequestStatus::as_str).collect();
+    assert_eq!(names, ["queued", "running", "done", "not_found"]);
+}

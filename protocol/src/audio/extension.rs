@@ -59,14 +59,9 @@ pub enum EndReason {
     Error,
 }
 
-impl EndReason {
-    /// Parses a header value; `None` for unknown values.
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.iter().copied().find(|r| r.as_str() == s)
-    }
-}
-
 /// What tripped the overload.
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OverloadReason {
@@ -207,7 +202,7 @@ impl Extensions {
             ext.malformed += u32::from(ext.captured_at_ms.is_none());
         }
         if let Some(v) = get(headers::END_REASON) {
-            ext.end_reason = EndReason::parse(v.trim());
+            ext.end_reason = EndReason::from_wire(v.trim());
             ext.malformed += u32::from(ext.end_reason.is_none());
         }
         if let Some(v) = get(headers::OVERLOAD) {

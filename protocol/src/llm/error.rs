@@ -102,12 +102,7 @@ impl FromStr for ErrorCode {
     type Err = UnknownErrorCode;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .iter()
-            .copied()
-            .into_iter()
-            .find(|c| c.as_str() == s)
-            .ok_or_else(|| UnknownErrorCode(s.to_owned()))
+        Self::from_wire(s).ok_or_else(|| UnknownErrorCode(s.to_owned()))
     }
 }
 

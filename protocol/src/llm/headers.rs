@@ -96,7 +96,6 @@ impl AdmissionPolicy {
         Self::ALL
             .iter()
             .copied()
-            .into_iter()
             .find(|p| p.as_str().eq_ignore_ascii_case(v))
             .ok_or_else(|| HeaderError::invalid(ADMISSION, "expected `enqueue` or `reject`"))
     }

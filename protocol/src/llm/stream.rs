@@ -60,10 +60,9 @@ pub enum StreamEvent {
 }
 
 impl StreamEvent {
-    /// Reads a header value; `None` for anything else.
+    /// Reads a header value (surrounding spaces ignored); `None` for anything else.
     pub fn parse(value: &str) -> Option<Self> {
-        let v = value.trim();
-        Self::ALL.iter().copied().find(|e| e.as_str() == v)
+        Self::from_wire(value.trim())
     }
 }
 

@@ -1,12 +1,13 @@
 //! NATS for every weir client: the connection settings, validated once
-//! ([`settings`]), one way to connect ([`connect`]), connection-event labels and
-//! subscribing with the server's confirmation.
+//! ([`settings`]), one way to connect ([`connect`]), connection-event labels,
+//! subscribing with the server's confirmation and the stream of a KV bucket.
 
 mod connect;
 mod settings;
 
 use std::time::Duration;
 
+use async_nats::jetstream::stream;
 use async_nats::{Client, Event, Subscriber};
 use bytes::Bytes;
 use futures::StreamExt;
@@ -27,6 +28,26 @@ pub fn event_label(event: &Event) -> &'static str {
         Event::SlowConsumer(_) => "slow_consumer",
         Event::ServerError(_) => "server_error",
         Event::ClientError(_) => "client_error",
+    }
+}
+
+/// The `KV_<bucket>` stream of a JetStream KV bucket, for `get_or_create_stream` before
+/// `get_key_value` (async-nats 0.51's `create_key_value` cannot parse nats-server 2.9's
+/// account info): subjects `$KV.<bucket>.>`, history 1 (one message per subject),
+/// `max_age` = how long an entry lives after its last write, rollup allowed, delete
+/// denied, direct get, `discard: new`.
+pub fn kv_stream_config(bucket: &str, max_age: Duration, replicas: usize) -> stream::Config {
+    stream::Config {
+        name: format!("KV_{bucket}"),
+        subjects: vec![format!("$KV.{bucket}.>")],
+        max_messages_per_subject: 1,
+        max_age,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        discard: stream::DiscardPolicy::New,
+        num_replicas: replicas,
+        ..Default::default()
     }
 }
 
