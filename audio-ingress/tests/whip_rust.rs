@@ -124,6 +124,12 @@ async fn a_rust_publisher_streams_opus_and_delete_ends_the_stream() {
         w["media"]["decode_us_mean"], w["media"]["decode_us_max"]
     );
     assert!(w["media"]["decode_us_mean"].as_f64().expect("mean") > 0.0);
+    // The Prometheus view counts what the JSON view counts.
+    assert_eq!(bin.metric("weir_ingress_whip_sessions_total").await, 1.0);
+    assert_eq!(
+        bin.metric("weir_ingress_whip_packets_decoded_total").await,
+        100.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

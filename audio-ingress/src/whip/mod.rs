@@ -703,6 +703,7 @@ async fn create_session<S: Sink>(
         ));
     }
     count(&shared.counters.sessions_total);
+    metrics::counter!(crate::metrics::WHIP_SESSIONS_TOTAL).increment(1);
     tokio::spawn(pump::run(pump::Pump {
         handle,
         media: media_rx,
