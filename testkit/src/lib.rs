@@ -36,6 +36,7 @@ pub mod binary;
 pub mod cluster;
 pub mod deploy;
 mod error;
+pub mod names;
 pub mod process;
 pub mod python;
 pub mod server;

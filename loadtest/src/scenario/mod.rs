@@ -228,14 +228,7 @@ pub fn plan(
 mod tests {
     use super::*;
 
-    /// `as_str` and `Display` of every variant are its serde name (the metric labels
-    /// and JSON strings cannot drift apart).
-    fn assert_serde_names<T: WireName + std::fmt::Display + serde::Serialize>() {
-        for &v in T::ALL {
-            assert_eq!(serde_json::to_value(v).ok(), Some(v.as_str().into()), "{v}");
-            assert_eq!(v.to_string(), v.as_str());
-        }
-    }
+    use weir_testkit::names::assert_serde_names;
 
     #[test]
     fn wire_names_are_the_serde_and_clap_names() {
