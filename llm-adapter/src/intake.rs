@@ -17,7 +17,7 @@
 //!   waiter; the permit (and the cluster session slot) is released exactly once, when
 //!   the ticket is dropped after the answer was published;
 //! - every pulled request is settled exactly once: `+ACK` after its answer was
-//!   published, `+TERM` when it is refused before admission (expired deadline,
+//!   published (and kept, see below), `+TERM` when it is refused before admission (expired deadline,
 //!   malformed headers, no reply subject, cluster session cap), `-NAK` when this
 //!   replica stops (`shutting_down`: another replica answers it; the caller sees
 //!   nothing of it); a replica that dies settles nothing and the server redelivers
@@ -40,7 +40,15 @@
 //!
 //! Answers are kept in a second KV bucket (`jetstream.reply_bucket`) for the duplicate
 //! window, so that a retry the stream dropped as a duplicate is answered with the
-//! original's answer by the replica that forwarded it ([`wait_kept_reply`]).
+//! original's answer by the replica that forwarded it ([`wait_kept_reply`]), and a
+//! redelivered request that was already answered is answered from it, not run again:
+//! - a unary answer with a request id is kept *before* its `+ACK`, retried while the
+//!   keeper sends progress for it, for at most `ack_wait` ([`Ticket::settle`]): an ack
+//!   lost with a dying node (a leader election) then always finds the answer kept;
+//! - the redelivered copy reads the bucket through its stream leader (not a direct get
+//!   a lagging follower may answer); when that read fails it is handed back for later
+//!   (`-NAK` after [`STORE_ERROR_DELAY`]) unless it is the last delivery
+//!   (`max_deliver`), which runs: at least once rather than never.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -74,6 +82,8 @@ const PULL_RETRY: Duration = Duration::from_millis(250);
 /// A NAK after a session-store error asks for redelivery after this long (not at once:
 /// a KV outage must not burn `max_deliver` in a tight loop).
 const STORE_ERROR_DELAY: Duration = Duration::from_secs(1);
+/// Pause between two attempts to keep an answer in the reply bucket.
+const KEEP_RETRY: Duration = Duration::from_millis(250);
 
 /// Why a pulled request was terminated without admission (`reason` label).
 #[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
@@ -120,8 +130,6 @@ enum KeeperMsg {
     Slot { ticket: u64, slot: Slot },
     /// The ticket was dropped: delete its slot, if any.
     Release { ticket: u64 },
-    /// Keep this answer in the reply bucket (for duplicates the stream dropped).
-    Reply { key: String, value: Bytes },
 }
 
 /// One held cluster session slot.
@@ -142,6 +150,9 @@ pub(crate) struct Hub {
     keeper: mpsc::UnboundedSender<KeeperMsg>,
     /// The reply bucket (`jetstream.reply_bucket`), where answers are kept.
     replies: Option<kv::Store>,
+    /// How long an answer is retried into the reply bucket before its `+ACK` goes
+    /// without it (`jetstream.ack_wait_ms`).
+    keep_limit: Duration,
     /// Cluster-wide session cap and reject-limits (`None`: none configured, or shadow).
     slots: Option<Arc<ClusterSlots>>,
 }
@@ -163,6 +174,8 @@ pub struct Ticket {
     term: bool,
     /// `Weir-Request-Id` (the answer is kept under it).
     request_id: Option<String>,
+    /// The answer to keep before the `+ACK` ([`Ticket::keep_reply`]).
+    kept: Option<Bytes>,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -323,25 +336,39 @@ impl Ticket {
         self.request_id.as_deref()
     }
 
-    /// Whether the answer should be handed to [`Ticket::keep_reply`].
-    pub(crate) fn keeps_replies(&self) -> bool {
-        self.hub.replies.is_some() && self.request_id.is_some()
-    }
-
-    /// Keeps the published answer in the reply bucket under the request id, for a
-    /// duplicate of this request that the stream dropped (written by the keeper task:
-    /// the worker does not wait for it).
-    pub(crate) fn keep_reply(&self, headers: &HeaderMap, body: &[u8]) {
-        if let (true, Some(rid)) = (self.hub.replies.is_some(), &self.request_id) {
-            let _ = self.hub.keeper.send(KeeperMsg::Reply {
-                key: reply_key(rid),
-                value: encode_reply(headers, body),
-            });
+    /// Keeps the answer (to be published) in the reply bucket under the request id,
+    /// for a duplicate the stream dropped and for a redelivery of this request: written
+    /// when the ticket is settled, before its `+ACK`.
+    pub(crate) fn keep_reply(&mut self, headers: &HeaderMap, body: &[u8]) {
+        if self.hub.replies.is_some() && self.request_id.is_some() {
+            self.kept = Some(encode_reply(headers, body));
         }
     }
 
     /// Sends the acknowledgement; the permit and the slot go when `self` drops.
-    pub(crate) async fn settle(self, how: Settle) {
+    ///
+    /// An answer to keep ([`Self::keep_reply`]) is written to the reply bucket first,
+    /// in a task of its own (the worker does not wait): retried every [`KEEP_RETRY`]
+    /// until the bucket confirms it or `keep_limit` passed, the request held (the
+    /// keeper sends its progress) until then. An `+ACK` can be lost (its node dies in a
+    /// leader election) and the request is then redelivered: it must find the answer.
+    pub(crate) async fn settle(mut self, how: Settle) {
+        if how == Settle::Answered
+            && !self.term
+            && let Some(value) = self.kept.take()
+        {
+            tokio::spawn(async move {
+                self.keep(value).await;
+                send_ack(
+                    &self.hub.client,
+                    &self.ack,
+                    AckKind::Ack,
+                    self.hub.publish_timeout,
+                )
+                .await;
+            });
+            return;
+        }
         let kind = match how {
             Settle::HandOver => AckKind::Nak(None),
             Settle::Retry => AckKind::Nak(Some(STORE_ERROR_DELAY)),
@@ -349,6 +376,37 @@ impl Ticket {
             Settle::Answered => AckKind::Ack,
         };
         send_ack(&self.hub.client, &self.ack, kind, self.hub.publish_timeout).await;
+    }
+
+    /// Writes `value` under this request's reply key until the bucket confirms it or
+    /// `keep_limit` passed (counted `kept`, `retried` per further attempt, `failed`).
+    async fn keep(&self, value: Bytes) {
+        let (Some(kv), Some(rid)) = (&self.hub.replies, &self.request_id) else {
+            return;
+        };
+        let key = reply_key(rid);
+        let until = Instant::now() + self.hub.keep_limit;
+        loop {
+            let put = tokio::time::timeout(self.hub.publish_timeout, kv.put(&key, value.clone()));
+            if matches!(put.await, Ok(Ok(_))) {
+                metrics::counter!(m::INTAKE_REPLIES_KEPT_TOTAL, "result" => "kept").increment(1);
+                return;
+            }
+            if Instant::now() + KEEP_RETRY >= until {
+                metrics::counter!(m::INTAKE_REPLIES_KEPT_TOTAL, "result" => "failed").increment(1);
+                static KEEP_FAILED: LogLimit = LogLimit::new(Duration::from_secs(10));
+                if let Some(suppressed) = KEEP_FAILED.allow() {
+                    tracing::warn!(
+                        request_id = %rid,
+                        suppressed,
+                        "answer not kept in the reply bucket; a redelivery would run it again"
+                    );
+                }
+                return;
+            }
+            metrics::counter!(m::INTAKE_REPLIES_KEPT_TOTAL, "result" => "retried").increment(1);
+            tokio::time::sleep(KEEP_RETRY).await;
+        }
     }
 }
 
@@ -540,6 +598,36 @@ pub(crate) async fn open_reply_bucket(
     .await
     .map(Some)
 }
+
+/// The kept answer of `request_id`, read through the bucket stream's leader (a direct
+/// get may be answered by a follower that has not stored the latest write yet):
+/// `Ok(None)` = none kept, `Err` = the bucket did not answer within `limit`.
+async fn read_kept_reply(
+    kv: &kv::Store,
+    request_id: &str,
+    limit: Duration,
+) -> Result<Option<(HeaderMap, Bytes)>, String> {
+    let subject = format!("{}{}", kv.prefix, reply_key(request_id));
+    let read = tokio::time::timeout(limit, kv.stream.get_last_raw_message_by_subject(&subject));
+    match read.await {
+        Ok(Ok(msg)) => {
+            let op = msg
+                .headers
+                .get(KV_OPERATION)
+                .map_or("", |v| v.as_str())
+                .to_owned();
+            Ok((op.is_empty() || op == "PUT")
+                .then(|| decode_reply(&msg.payload))
+                .flatten())
+        }
+        Ok(Err(e)) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {} ms", whole_ms(limit))),
+    }
+}
+
+/// The header that marks a KV delete or purge (absent or `PUT` on a value).
+const KV_OPERATION: &str = "KV-Operation";
 
 /// Waits until the reply bucket holds the answer of `request_id` (or `until`): what a
 /// forwarding replica answers a duplicate with.
@@ -834,6 +922,9 @@ pub(crate) struct IntakeEdge {
     stop: watch::Sender<bool>,
     pull: Option<JoinHandle<()>>,
     keeper: Option<JoinHandle<()>>,
+    /// The intake permits (`workers`): all free again = every ticket settled.
+    permits: Arc<Semaphore>,
+    workers: u32,
 }
 
 /// The effective absolute deadline (unix ms) of a request published at `published_ms`:
@@ -908,16 +999,19 @@ impl IntakeEdge {
             held: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             keeper: keeper_tx,
-            replies: replies.clone(),
+            replies,
+            keep_limit: j.ack_wait,
             slots: slots.map(Arc::new),
         });
         let (stop, stop_rx) = watch::channel(false);
-        let keeper = tokio::spawn(keeper(hub.clone(), replies, j.progress_interval, keeper_rx));
+        let keeper = tokio::spawn(keeper(hub.clone(), j.progress_interval, keeper_rx));
+        let workers = config.admission.workers.get();
+        let permits = Arc::new(Semaphore::new(workers));
         let pull = tokio::spawn(pull_loop(PullCtx {
             consumer,
             hub,
             edge,
-            permits: Arc::new(Semaphore::new(config.admission.workers.get())),
+            permits: permits.clone(),
             config,
             stop: stop_rx,
         }));
@@ -925,6 +1019,8 @@ impl IntakeEdge {
             stop,
             pull: Some(pull),
             keeper: Some(keeper),
+            permits,
+            workers: u32::try_from(workers).unwrap_or(u32::MAX),
         })
     }
 
@@ -939,8 +1035,16 @@ impl IntakeEdge {
         }
     }
 
-    /// Stops the keeper (after the held requests were settled): no more progress.
-    pub(crate) fn stop_keeper(&mut self) {
+    /// Stops the keeper once every held request was settled (their answers kept and
+    /// acknowledged), or after `wait`: no more progress.
+    pub(crate) async fn stop_keeper(&mut self, wait: Duration) {
+        // Permits in use are held by tickets (the pull loop has stopped).
+        let settled = tokio::time::timeout(wait, self.permits.acquire_many(self.workers)).await;
+        if settled.is_err() {
+            tracing::warn!(
+                "intake requests still unsettled at shutdown; the server redelivers them"
+            );
+        }
         if let Some(k) = self.keeper.take() {
             k.abort();
         }
@@ -1066,6 +1170,7 @@ async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: Own
         ack,
         term: false,
         request_id,
+        kept: None,
         _permit: permit,
     };
     let hm = message.headers.as_ref();
@@ -1078,25 +1183,37 @@ async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: Own
         ticket.settle(Settle::Answered).await;
         return;
     };
-    // A redelivered request may have been answered by a replica that died before its
-    // `+ACK` reached the server: its kept answer is sent again instead of running it
-    // twice (the caller may receive the same answer twice; it never runs twice).
+    // A redelivered request may have been answered by a replica that died (or whose
+    // `+ACK` was lost) after its answer was kept: the kept answer is sent again instead
+    // of running it twice (the caller may receive the same answer twice).
     if delivered > 1
         && let (Some(kv), Some(rid)) = (&ctx.hub.replies, ticket.request_id.as_deref())
     {
-        let kept = tokio::time::timeout(ctx.hub.publish_timeout, kv.entry(reply_key(rid))).await;
-        if let Ok(Ok(Some(entry))) = kept
-            && entry.operation == kv::Operation::Put
-            && let Some((headers, body)) = decode_reply(&entry.value)
-        {
-            metrics::counter!(m::INTAKE_REPLAYED_TOTAL).increment(1);
-            let _ = tokio::time::timeout(
-                ctx.hub.publish_timeout,
-                ctx.hub.client.publish_with_headers(reply, headers, body),
-            )
-            .await;
-            ticket.settle(Settle::Answered).await;
-            return;
+        match read_kept_reply(kv, rid, ctx.hub.publish_timeout).await {
+            Ok(Some((headers, body))) => {
+                metrics::counter!(m::INTAKE_REPLAYED_TOTAL).increment(1);
+                let _ = tokio::time::timeout(
+                    ctx.hub.publish_timeout,
+                    ctx.hub.client.publish_with_headers(reply, headers, body),
+                )
+                .await;
+                ticket.settle(Settle::Answered).await;
+                return;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                metrics::counter!(m::INTAKE_REPLAY_CHECK_FAILED_TOTAL).increment(1);
+                let last = ctx.config.intake.jetstream().is_none_or(|j| {
+                    delivered >= i64::try_from(j.max_deliver.get()).unwrap_or(i64::MAX)
+                });
+                tracing::warn!(error = %e, request_id = %rid, delivered, last,
+                    "reply bucket unreadable for a redelivered request; {}",
+                    if last { "last delivery: running it" } else { "handed back for later" });
+                if !last {
+                    ticket.settle(Settle::Retry).await;
+                    return;
+                }
+            }
         }
     }
     let deadline = absolute_deadline(
@@ -1137,21 +1254,16 @@ async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: Own
     ctx.edge.admit(pulled).await;
 }
 
-/// Most KV writes (kept answers, slot deletes) the keeper has in flight at once.
+/// Most KV writes (slot deletes) the keeper has in flight at once.
 const KV_WRITES_IN_FLIGHT: usize = 256;
 
 /// Sends progress for every held request and renews their cluster slots every
-/// `interval`; deletes a slot when its ticket is released; writes kept answers. The
+/// `interval`; deletes a slot when its ticket is released. The
 /// writes are pipelined (at most [`KV_WRITES_IN_FLIGHT`]) and the renewals of one tick
 /// run concurrently, so that a slow KV store (a leader election, a loaded machine)
 /// does not hold back the progress acknowledgements and renewals behind a queue of
 /// writes — a late renewal lets a slot expire under its holder.
-async fn keeper(
-    hub: Arc<Hub>,
-    replies: Option<kv::Store>,
-    interval: Duration,
-    mut rx: mpsc::UnboundedReceiver<KeeperMsg>,
-) {
+async fn keeper(hub: Arc<Hub>, interval: Duration, mut rx: mpsc::UnboundedReceiver<KeeperMsg>) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let slots = hub.slots.clone();
@@ -1196,16 +1308,6 @@ async fn keeper(
             }
             msg = rx.recv(), if open && writes.len() < KV_WRITES_IN_FLIGHT => match msg {
                 None => open = false,
-                Some(KeeperMsg::Reply { key, value }) => {
-                    if let Some(kv) = replies.clone() {
-                        writes.push(Box::pin(async move {
-                            let put = tokio::time::timeout(limit, kv.put(&key, value)).await;
-                            let result = if matches!(put, Ok(Ok(_))) { "kept" } else { "failed" };
-                            metrics::counter!(m::INTAKE_REPLIES_KEPT_TOTAL, "result" => result)
-                                .increment(1);
-                        }));
-                    }
-                }
                 Some(KeeperMsg::Slot { ticket, slot }) => {
                     owned.entry(ticket).or_default().push(slot);
                 }

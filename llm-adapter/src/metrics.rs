@@ -161,12 +161,17 @@ declared! {
     /// Counter: core requests put into the durable intake by this replica
     /// (`jetstream.forward`), label `result` (`stored`, `duplicate`, `failed`).
     counter pub const INTAKE_FORWARDED_TOTAL: &str = "weir_llm_intake_forwarded_total";
-    /// Counter: answers written to the reply bucket (`jetstream.reply_bucket`), label
-    /// `result` (`kept`, `failed`).
+    /// Counter: writes of answers to the reply bucket (`jetstream.reply_bucket`), label
+    /// `result` (`kept`; `retried` = an attempt failed and is made again; `failed` = not
+    /// kept within `jetstream.ack_wait_ms`, acknowledged without it).
     counter pub const INTAKE_REPLIES_KEPT_TOTAL: &str = "weir_llm_intake_replies_kept_total";
     /// Counter: redelivered intake requests answered from the reply bucket instead of
     /// running again (a replica answered them and died before its `+ACK` arrived).
     counter pub const INTAKE_REPLAYED_TOTAL: &str = "weir_llm_intake_replayed_total";
+    /// Counter: redelivered intake requests whose reply-bucket read failed: handed back
+    /// for later (`-NAK`), or run on their last delivery (`jetstream.max_deliver`).
+    counter pub const INTAKE_REPLAY_CHECK_FAILED_TOTAL: &str =
+        "weir_llm_intake_replay_check_failed_total";
     /// Gauge: intake requests this replica holds (pulled, not yet settled).
     gauge pub const INTAKE_HELD: &str = "weir_llm_intake_held";
     /// Gauge: 1 while the NATS connection is up.

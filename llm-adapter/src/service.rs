@@ -244,7 +244,7 @@ impl Sink for NatsSink {
         outcome: Arc<Outcome>,
     ) -> impl Future<Output = ()> + Send {
         let max_payload = self.max_payload;
-        let intake = waiter.intake.take();
+        let mut intake = waiter.intake.take();
         // An intake request this replica cannot finish because it stops goes back to
         // the stream for another replica; its caller is answered by that one.
         let hand_over = intake.is_some() && outcome.error_code() == Some(ErrorCode::ShuttingDown);
@@ -317,9 +317,8 @@ impl Sink for NatsSink {
             }
             // A unary answer to an intake request is kept for duplicates (not a
             // streamed one: its text went out in chunks).
-            if let Some(t) = &intake
+            if let Some(t) = &mut intake
                 && waiter.stream.is_none()
-                && t.keeps_replies()
             {
                 t.keep_reply(&headers, &body);
             }
@@ -1228,13 +1227,14 @@ impl ServiceEdge {
         })
     }
 
-    /// Stops routing stream acknowledgements (after the running requests ended).
-    pub(crate) fn stop_acks(&mut self) {
+    /// Stops routing stream acknowledgements (after the running requests ended) and,
+    /// once the intake's requests are settled (bounded by `wait`), their progress.
+    pub(crate) async fn stop_acks(&mut self, wait: Duration) {
         if let Some(t) = self.acks.take() {
             t.abort();
         }
         if let Some(i) = &mut self.intake {
-            i.stop_keeper();
+            i.stop_keeper(wait).await;
         }
     }
 

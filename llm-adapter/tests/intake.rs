@@ -1190,6 +1190,84 @@ async fn a_redelivered_request_already_answered_is_not_run_again() {
     b.shutdown().await;
 }
 
+/// An answer the reply bucket cannot take yet (its stream is gone, as in a leader
+/// election) is kept before the request is acknowledged: the request stays held (with
+/// progress, not redelivered) until the bucket is back and takes the answer, then it is
+/// acknowledged. (Acknowledged at once, an `+ACK` lost with the dying node would have the
+/// request redelivered and run again: seen in a CI run of the 3-node test below.)
+#[tokio::test]
+async fn an_answer_is_kept_before_its_request_is_acknowledged() {
+    let server = js_server();
+    let toml = format!("workers = 2\n{INTAKE}");
+    let sim = SimBackend::fixed(Duration::from_millis(10));
+    let sim_h = sim.handle();
+    let a = weir_llm_adapter::start(
+        connect(server.url()).await,
+        Config::from_toml_str(&toml).expect("config"),
+        Arc::new(sim),
+    )
+    .await
+    .expect("start");
+    let caller = connect(server.url()).await;
+    let js = jetstream::new(caller.clone());
+    let bucket = js.get_stream("KV_weir_llm_replies").await.expect("bucket");
+    let bucket_config = bucket.cached_info().config.clone();
+    assert!(
+        js.delete_stream("KV_weir_llm_replies")
+            .await
+            .expect("delete")
+            .success
+    );
+    let inbox = caller.new_inbox();
+    let mut replies = caller.subscribe(format!("{inbox}.>")).await.expect("sub");
+    caller.flush().await.expect("flush");
+    publish(
+        &js,
+        "llm.intake",
+        &format!("{inbox}.1"),
+        "keep-1",
+        &[(h::TIMEOUT_MS, "8000")],
+        b"x",
+    )
+    .await;
+    let m = tokio::time::timeout(STEP, replies.next())
+        .await
+        .expect("answer")
+        .expect("msg");
+    assert_eq!(code_of(&m), "ok");
+    // Answered, not acknowledged: the answer could not be kept.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(stream_len(&js, "WEIR_LLM_INTAKE").await, 1, "still held");
+    js.create_stream(bucket_config).await.expect("bucket back");
+    assert_eq!(
+        wait_empty(&js, "WEIR_LLM_INTAKE").await,
+        0,
+        "acknowledged once kept"
+    );
+    let kv = js
+        .get_key_value("weir_llm_replies")
+        .await
+        .expect("reply bucket");
+    let hex: String = "keep-1".bytes().map(|b| format!("{b:02x}")).collect();
+    let kept = kv
+        .get(format!("r.{hex}"))
+        .await
+        .expect("get")
+        .expect("kept");
+    assert!(
+        kept.ends_with(&m.payload),
+        "the answer that was published is kept"
+    );
+    assert_eq!(sim_h.stats().started, 1, "run once");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), replies.next())
+            .await
+            .is_err(),
+        "answered once"
+    );
+    a.shutdown().await;
+}
+
 /// The Python client's durable mode (`clients/python/weir_llm.py`, nats-py) against the
 /// binary on the durable intake. Python: `weir_testkit::python::python()`
 /// (`WEIR_PYTHON`, with nats-py).
@@ -1423,6 +1501,19 @@ async fn on_a_three_node_cluster_the_intake_outlives_its_stream_leaders_node() {
         e.1 += usize::from(c.delivered == Some(true));
     }
     let ran_twice = runs.values().filter(|(r, _)| *r > 1).count();
+    // When each run of a request that ran twice started, relative to the kill.
+    let twice: Vec<String> = runs
+        .iter()
+        .filter(|(_, (r, _))| *r > 1)
+        .map(|(rid, _)| {
+            let at: Vec<String> = calls
+                .iter()
+                .filter(|c| c.rid == *rid)
+                .map(|c| format!("{:+.2}s", secs_from(killed_at, c.start)))
+                .collect();
+            format!("{rid} at {}", at.join(", "))
+        })
+        .collect();
     let completed_twice = runs.values().filter(|(_, d)| *d > 1).count();
     let mut codes: BTreeMap<String, usize> = BTreeMap::new();
     for v in answers.values() {
@@ -1434,7 +1525,8 @@ async fn on_a_three_node_cluster_the_intake_outlives_its_stream_leaders_node() {
         "intake on a 3-node cluster, stream leader n{leader} SIGKILLed: {} of {n} answered ({codes:?}), \
          answered twice {answered_twice}, ran twice {ran_twice}, completed twice {completed_twice}, \
          last first answer {last_answer:?} after the kill, longest publish until stored {longest_store:?}; \
-         Rust durable client sent at the kill: {client_result:?} after {client_took:?}",
+         Rust durable client sent at the kill: {client_result:?} after {client_took:?}; \
+         ran twice: {twice:?}",
         answers.len()
     );
     first.shutdown().await;
@@ -1452,4 +1544,13 @@ async fn on_a_three_node_cluster_the_intake_outlives_its_stream_leaders_node() {
         "every copy is the answer"
     );
     assert!(client_result.is_ok(), "durable client: {client_result:?}");
+}
+
+/// Seconds from `from` to `t` (negative when `t` is earlier).
+fn secs_from(from: Instant, t: Instant) -> f64 {
+    if t >= from {
+        (t - from).as_secs_f64()
+    } else {
+        -(from - t).as_secs_f64()
+    }
 }
