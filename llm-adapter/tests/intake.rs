@@ -139,16 +139,69 @@ async fn adapter_at(
         .expect("start")
 }
 
+/// A caller on its own connection: its JetStream context and a subscription to its
+/// inbox (answers come to `<inbox>.<i>`), confirmed by a flush.
+struct Caller {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    inbox: String,
+    replies: async_nats::Subscriber,
+}
+
+impl Caller {
+    async fn at(url: &str) -> Self {
+        let client = connect(url).await;
+        let inbox = client.new_inbox();
+        let replies = client.subscribe(format!("{inbox}.>")).await.expect("sub");
+        client.flush().await.expect("flush");
+        Self {
+            js: jetstream::new(client.clone()),
+            client,
+            inbox,
+            replies,
+        }
+    }
+}
+
+/// The next answer on `replies`, within [`STEP`].
+async fn next_answer(replies: &mut async_nats::Subscriber) -> async_nats::Message {
+    tokio::time::timeout(STEP, replies.next())
+        .await
+        .expect("answer in time")
+        .expect("subscription open")
+}
+
+/// An in-process replica with a 10 ms sim backend whose calls the test counts.
+async fn counted_adapter(
+    server: &NatsServer,
+    toml: &str,
+) -> (
+    weir_llm_adapter::AdapterHandle,
+    weir_llm_adapter::backend::sim::SimHandle,
+) {
+    let sim = SimBackend::fixed(Duration::from_millis(10));
+    let handle = sim.handle();
+    let a = weir_llm_adapter::start(
+        connect(server.url()).await,
+        Config::from_toml_str(toml).expect("config"),
+        Arc::new(sim),
+    )
+    .await
+    .expect("start");
+    (a, handle)
+}
+
 #[tokio::test]
 async fn direct_publishes_are_answered_once_and_duplicates_are_dropped_by_the_stream() {
     let server = js_server();
     let a = adapter(&server, &format!("workers = 2\n{INTAKE}"), Some(10)).await;
     let b = adapter(&server, &format!("workers = 2\n{INTAKE}"), Some(10)).await;
-    let caller = connect(server.url()).await;
-    let js = jetstream::new(caller.clone());
-    let inbox = caller.new_inbox();
-    let mut replies = caller.subscribe(format!("{inbox}.>")).await.expect("sub");
-    caller.flush().await.expect("flush");
+    let Caller {
+        client: caller,
+        js,
+        inbox,
+        mut replies,
+    } = Caller::at(server.url()).await;
     let n = 40;
     for i in 0..n {
         let rid = format!("r-{i}");
@@ -277,22 +330,14 @@ async fn direct_publishes_are_answered_once_and_duplicates_are_dropped_by_the_st
 #[tokio::test]
 async fn expired_and_malformed_requests_are_terminated_with_an_answer_and_never_started() {
     let server = js_server();
-    let sim = SimBackend::fixed(Duration::from_millis(10));
-    let sim_h = sim.handle();
-    let client = connect(server.url()).await;
-    let a = weir_llm_adapter::start(
-        client,
-        Config::from_toml_str(&format!("workers = 2\n{INTAKE}reply_bucket = \"\"\n"))
-            .expect("config"),
-        Arc::new(sim),
-    )
-    .await
-    .expect("start");
-    let caller = connect(server.url()).await;
-    let js = jetstream::new(caller.clone());
-    let inbox = caller.new_inbox();
-    let mut replies = caller.subscribe(format!("{inbox}.>")).await.expect("sub");
-    caller.flush().await.expect("flush");
+    let toml = format!("workers = 2\n{INTAKE}reply_bucket = \"\"\n");
+    let (a, sim_h) = counted_adapter(&server, &toml).await;
+    let Caller {
+        client: caller,
+        js,
+        inbox,
+        mut replies,
+    } = Caller::at(server.url()).await;
     let past = (unix_ms() - 1000).to_string();
     publish(
         &js,
@@ -332,10 +377,7 @@ async fn expired_and_malformed_requests_are_terminated_with_an_answer_and_never_
     publish(&js, "llm.intake", "bad.*", "wild", &[], b"x").await;
     let mut codes = BTreeMap::new();
     for _ in 0..3 {
-        let m = tokio::time::timeout(STEP, replies.next())
-            .await
-            .expect("answer")
-            .expect("msg");
+        let m = next_answer(&mut replies).await;
         let body: serde_json::Value = serde_json::from_slice(&m.payload).expect("json body");
         assert!(
             !rid_of(&m).is_empty(),
@@ -507,11 +549,12 @@ async fn burst_over_two_replicas(
     );
     let a = adapter(&server, &toml, None).await;
     let b = adapter(&server, &toml, None).await;
-    let caller = connect(server.url()).await;
-    let js = jetstream::new(caller.clone());
-    let inbox = caller.new_inbox();
-    let mut replies = caller.subscribe(format!("{inbox}.>")).await.expect("sub");
-    caller.flush().await.expect("flush");
+    let Caller {
+        js,
+        inbox,
+        mut replies,
+        ..
+    } = Caller::at(server.url()).await;
     let n = 10;
     let mut hs = headers.to_vec();
     hs.push((h::TIMEOUT_MS, "5000"));
@@ -528,10 +571,7 @@ async fn burst_over_two_replicas(
     }
     let mut codes: BTreeMap<String, usize> = BTreeMap::new();
     for _ in 0..n {
-        let m = tokio::time::timeout(STEP, replies.next())
-            .await
-            .expect("answer")
-            .expect("msg");
+        let m = next_answer(&mut replies).await;
         *codes.entry(code_of(&m)).or_default() += 1;
     }
     assert_eq!(codes.values().sum::<usize>(), n);
@@ -680,11 +720,12 @@ async fn a_replica_sigkilled_at_twice_capacity_hands_its_requests_to_the_other()
     let (mut a, _admin_a) = replica(server.url(), &cfg).await;
     let (_b, admin_b) = replica(server.url(), &cfg).await;
 
-    let caller = connect(server.url()).await;
-    let js = jetstream::new(caller.clone());
-    let inbox = caller.new_inbox();
-    let mut replies = caller.subscribe(format!("{inbox}.>")).await.expect("sub");
-    caller.flush().await.expect("flush");
+    let Caller {
+        js,
+        inbox,
+        mut replies,
+        ..
+    } = Caller::at(server.url()).await;
     let answers: Arc<Mutex<HashMap<String, Vec<String>>>> = Arc::default();
     let answered_at: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let collector = tokio::spawn({
@@ -951,11 +992,12 @@ async fn durable_intake_latency_against_core_request_reply() {
     )
     .await;
     let durable = adapter(&server, &format!("workers = 2\n{INTAKE}"), Some(0)).await;
-    let caller = connect(server.url()).await;
-    let js = jetstream::new(caller.clone());
-    let inbox = caller.new_inbox();
-    let mut replies = caller.subscribe(format!("{inbox}.>")).await.expect("sub");
-    caller.flush().await.expect("flush");
+    let Caller {
+        client: caller,
+        js,
+        inbox,
+        mut replies,
+    } = Caller::at(server.url()).await;
     let n = 300;
     let (mut c, mut f, mut d) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..n + 20 {
@@ -988,10 +1030,7 @@ async fn durable_intake_latency_against_core_request_reply() {
             b"x",
         )
         .await;
-        let m = tokio::time::timeout(STEP, replies.next())
-            .await
-            .expect("in time")
-            .expect("reply");
+        let m = next_answer(&mut replies).await;
         assert_eq!(code_of(&m), "ok");
         if !warm {
             d.push(t.elapsed().as_secs_f64() * 1e3);
@@ -1020,11 +1059,12 @@ async fn a_replica_that_shuts_down_hands_its_requests_back() {
     let server = js_server();
     let toml = format!("workers = 2\nshutdown_grace_ms = 0\n{INTAKE}");
     let a = adapter(&server, &toml, Some(400)).await;
-    let caller = connect(server.url()).await;
-    let js = jetstream::new(caller.clone());
-    let inbox = caller.new_inbox();
-    let mut replies = caller.subscribe(format!("{inbox}.>")).await.expect("sub");
-    caller.flush().await.expect("flush");
+    let Caller {
+        js,
+        inbox,
+        mut replies,
+        ..
+    } = Caller::at(server.url()).await;
     for i in 0..5 {
         publish(
             &js,
@@ -1043,10 +1083,7 @@ async fn a_replica_that_shuts_down_hands_its_requests_back() {
     let b = adapter(&server, &toml, Some(10)).await;
     let mut codes: BTreeMap<String, usize> = BTreeMap::new();
     for _ in 0..5 {
-        let m = tokio::time::timeout(STEP, replies.next())
-            .await
-            .expect("answer")
-            .expect("msg");
+        let m = next_answer(&mut replies).await;
         *codes.entry(code_of(&m)).or_default() += 1;
     }
     let took = t.elapsed();
@@ -1071,11 +1108,12 @@ async fn a_retry_during_the_original_gets_its_answer_without_running_again() {
     let server = js_server();
     let a = adapter(&server, &format!("workers = 2\n{INTAKE}"), Some(400)).await;
     let b = adapter(&server, &format!("workers = 2\n{INTAKE}"), Some(400)).await;
-    let caller = connect(server.url()).await;
-    let js = jetstream::new(caller.clone());
-    let inbox = caller.new_inbox();
-    let mut first = caller.subscribe(format!("{inbox}.1")).await.expect("sub");
-    caller.flush().await.expect("flush");
+    let Caller {
+        client: caller,
+        js,
+        inbox,
+        replies: mut first,
+    } = Caller::at(server.url()).await;
     publish(
         &js,
         "llm.intake",
@@ -1099,10 +1137,7 @@ async fn a_retry_during_the_original_gets_its_answer_without_running_again() {
         "waited for the original only: {:?}",
         t.elapsed()
     );
-    let m = tokio::time::timeout(STEP, first.next())
-        .await
-        .expect("in time")
-        .expect("msg");
+    let m = next_answer(&mut first).await;
     assert_eq!(code_of(&m), "ok");
     assert_eq!(a.stats().started + b.stats().started, 1, "ran once");
     a.shutdown().await;
@@ -1118,11 +1153,12 @@ async fn a_redelivered_request_already_answered_is_not_run_again() {
     let toml = format!("workers = 2\n{INTAKE}");
     // Creates the stream, the consumer and the buckets, then goes away.
     adapter(&server, &toml, Some(10)).await.shutdown().await;
-    let caller = connect(server.url()).await;
-    let js = jetstream::new(caller.clone());
-    let inbox = caller.new_inbox();
-    let mut replies = caller.subscribe(format!("{inbox}.>")).await.expect("sub");
-    caller.flush().await.expect("flush");
+    let Caller {
+        js,
+        inbox,
+        mut replies,
+        ..
+    } = Caller::at(server.url()).await;
     publish(
         &js,
         "llm.intake",
@@ -1165,19 +1201,8 @@ async fn a_redelivered_request_already_answered_is_not_run_again() {
     .expect("put");
     drop(taken);
     let t = Instant::now();
-    let sim = SimBackend::fixed(Duration::from_millis(10));
-    let sim_h = sim.handle();
-    let b = weir_llm_adapter::start(
-        connect(server.url()).await,
-        Config::from_toml_str(&toml).expect("config"),
-        Arc::new(sim),
-    )
-    .await
-    .expect("start");
-    let m = tokio::time::timeout(STEP, replies.next())
-        .await
-        .expect("answer")
-        .expect("msg");
+    let (b, sim_h) = counted_adapter(&server, &toml).await;
+    let m = next_answer(&mut replies).await;
     assert_eq!(&m.payload[..], b"kept answer");
     assert_eq!(rid_of(&m), "gone-1");
     assert!(
@@ -1199,17 +1224,13 @@ async fn a_redelivered_request_already_answered_is_not_run_again() {
 async fn an_answer_is_kept_before_its_request_is_acknowledged() {
     let server = js_server();
     let toml = format!("workers = 2\n{INTAKE}");
-    let sim = SimBackend::fixed(Duration::from_millis(10));
-    let sim_h = sim.handle();
-    let a = weir_llm_adapter::start(
-        connect(server.url()).await,
-        Config::from_toml_str(&toml).expect("config"),
-        Arc::new(sim),
-    )
-    .await
-    .expect("start");
-    let caller = connect(server.url()).await;
-    let js = jetstream::new(caller.clone());
+    let (a, sim_h) = counted_adapter(&server, &toml).await;
+    let Caller {
+        js,
+        inbox,
+        mut replies,
+        ..
+    } = Caller::at(server.url()).await;
     let bucket = js.get_stream("KV_weir_llm_replies").await.expect("bucket");
     let bucket_config = bucket.cached_info().config.clone();
     assert!(
@@ -1218,9 +1239,6 @@ async fn an_answer_is_kept_before_its_request_is_acknowledged() {
             .expect("delete")
             .success
     );
-    let inbox = caller.new_inbox();
-    let mut replies = caller.subscribe(format!("{inbox}.>")).await.expect("sub");
-    caller.flush().await.expect("flush");
     publish(
         &js,
         "llm.intake",
@@ -1230,10 +1248,7 @@ async fn an_answer_is_kept_before_its_request_is_acknowledged() {
         b"x",
     )
     .await;
-    let m = tokio::time::timeout(STEP, replies.next())
-        .await
-        .expect("answer")
-        .expect("msg");
+    let m = next_answer(&mut replies).await;
     assert_eq!(code_of(&m), "ok");
     // Answered, not acknowledged: the answer could not be kept.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -1398,11 +1413,12 @@ async fn on_a_three_node_cluster_the_intake_outlives_its_stream_leaders_node() {
     let safe = (0..3).find(|n| *n != leader).expect("a node");
     let backend =
         TestBackend::start(cluster.url(safe), "sim.backend", Duration::from_millis(100)).await;
-    let caller = connect(cluster.url(safe)).await;
-    let js = jetstream::new(caller.clone());
-    let inbox = caller.new_inbox();
-    let mut replies = caller.subscribe(format!("{inbox}.>")).await.expect("sub");
-    caller.flush().await.expect("flush");
+    let Caller {
+        client: caller,
+        js,
+        inbox,
+        mut replies,
+    } = Caller::at(cluster.url(safe)).await;
 
     // 60 requests at 15/s (capacity 40/s); the leader's node dies after 2 s.
     let n = 60;
