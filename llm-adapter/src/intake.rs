@@ -17,11 +17,11 @@
 //!   waiter; the permit (and the cluster session slot) is released exactly once, when
 //!   the ticket is dropped after the answer was published;
 //! - every pulled request is settled exactly once: `+ACK` after its answer was
-//!   published (and kept, see below), `+TERM` when it is refused before admission (expired deadline,
-//!   malformed headers, no reply subject, cluster session cap), `-NAK` when this
-//!   replica stops (`shutting_down`: another replica answers it; the caller sees
-//!   nothing of it); a replica that dies settles nothing and the server redelivers
-//!   after `ack_wait`;
+//!   published (and kept, see below), `+TERM` when it is refused before admission
+//!   (expired deadline, malformed headers, no reply subject, cluster session cap),
+//!   `-NAK` when this replica stops (`shutting_down`: another replica answers it; the
+//!   caller sees nothing of it); a replica that dies settles nothing and the server
+//!   redelivers after `ack_wait`;
 //! - while a request is held, the keeper task sends `+WPI` (progress) every
 //!   `progress_interval`, so a long inference is not redelivered while its replica lives;
 //! - a request whose deadline passed in the stream is never started: answered
