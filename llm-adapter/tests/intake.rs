@@ -1223,8 +1223,10 @@ async fn a_redelivered_request_already_answered_is_not_run_again() {
 #[tokio::test]
 async fn an_answer_is_kept_before_its_request_is_acknowledged() {
     let server = js_server();
-    let toml = format!("workers = 2\n{INTAKE}");
-    let (a, sim_h) = counted_adapter(&server, &toml).await;
+    // AckWait (the longest an answer is retried into the bucket) well above the half
+    // second the bucket stays away, for a loaded machine.
+    let toml = "workers = 2\nintake = \"jetstream\"\n[jetstream]\nack_wait_ms = 8000\nstorage = \"memory\"\n";
+    let (a, sim_h) = counted_adapter(&server, toml).await;
     let Caller {
         js,
         inbox,
