@@ -428,6 +428,16 @@ async fn ws_socket_dropped_without_end_publishes_producer_gone() {
     svc.shutdown().await;
 }
 
+/// The door closes `ws` with 1001 (going away), its last event naming reason `idle`.
+async fn assert_closed_idle(ws: &mut Ws) {
+    let (events, code) = events_until_close(ws).await;
+    assert_eq!(code, Some(1001));
+    assert_eq!(
+        events.last().map(|e| e["reason"].clone()),
+        Some("idle".into())
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ws_idle_stream_is_ended_with_reason_idle() {
     let server = NatsServer::start().expect("nats-server");
@@ -435,12 +445,7 @@ async fn ws_idle_stream_is_ended_with_reason_idle() {
     let svc = start_service(server.url(), &[("idle_timeout_ms", "300")]).await;
     let mut ws = connect(&svc, "/v1/streams/ws-idle").await.expect("upgrade");
     ws.send(Message::Binary(pcm(1))).await.expect("send");
-    let (events, code) = events_until_close(&mut ws).await;
-    assert_eq!(code, Some(1001));
-    assert_eq!(
-        events.last().map(|e| e["reason"].clone()),
-        Some("idle".into())
-    );
+    assert_closed_idle(&mut ws).await;
     assert!(collector.wait_ends(1, STEP).await);
     let end = collector.log("ws-idle").end.expect("end");
     assert_eq!(
@@ -463,12 +468,7 @@ async fn ws_frames_sent_more_often_than_the_idle_timeout_keep_the_stream_open() 
         ws.send(Message::Binary(pcm(i))).await.expect("send");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (events, code) = events_until_close(&mut ws).await;
-    assert_eq!(code, Some(1001));
-    assert_eq!(
-        events.last().map(|e| e["reason"].clone()),
-        Some("idle".into())
-    );
+    assert_closed_idle(&mut ws).await;
     assert!(collector.wait_ends(1, STEP).await);
     let log = collector.log("ws-busy");
     assert_eq!(log.frames, (1..=15).collect::<Vec<u64>>());
