@@ -63,6 +63,7 @@ pub fn env_from(cli: &Cli) -> Result<Env, String> {
             }),
         },
         ingress_set: cli.ingress_set.clone(),
+        naive_floor: cli.naive_floor,
         wait_quiet: cli.wait_quiet,
         transport: cli.transport,
     })

@@ -12,6 +12,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::ingress::Design;
+use crate::naive::audio::Floor;
 use crate::scenario::Scenario;
 use crate::scenario::run::PolicyArg;
 
@@ -206,6 +207,14 @@ pub struct Cli {
     #[arg(long, value_name = "SECONDS", default_value = "0", value_parser = parse_wait)]
     pub wait_quiet: Duration,
 
+    /// Measurement only: the naive ingress runs in floor mode instead of the naive
+    /// design. `discard` reads each WebSocket message and drops it; `publish` also
+    /// encodes the deployed `frame` packet and publishes it inline, with no header,
+    /// queue or task. The report's "ingress CPU
+    /// µs/frame" is then the least any ingress on this stack pays per frame.
+    #[arg(long, value_enum, value_name = "WHAT")]
+    pub naive_floor: Option<Floor>,
+
     /// No progress line.
     #[arg(long, short)]
     pub quiet: bool,
@@ -291,6 +300,9 @@ pub struct NaiveArgs {
     /// Publishes in flight per stream (3 as deployed).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub in_flight: u64,
+    /// Floor mode, measurement only: see `loadtest --naive-floor`.
+    #[arg(long, value_enum)]
+    pub floor: Option<Floor>,
 }
 
 fn parse_streams(s: &str) -> Result<usize, String> {
@@ -379,6 +391,10 @@ mod tests {
         let cli = Cli::try_parse_from(["loadtest", "naive-ingress", "--listen", "127.0.0.1:0"])
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(matches!(cli.internal, Some(Internal::NaiveIngress(_))));
+        let floor = |v: &str| Cli::try_parse_from(["loadtest", "steady", "--naive-floor", v]);
+        let cli = floor("publish").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(cli.naive_floor, Some(Floor::Publish));
+        assert!(floor("nothing").is_err(), "only discard or publish");
         assert!(
             Cli::try_parse_from(["loadtest"]).is_err(),
             "a scenario is required"

@@ -46,6 +46,7 @@ fn main() -> ExitCode {
                 partitions: std::num::NonZeroU32::new(args.partitions)
                     .unwrap_or(std::num::NonZeroU32::MIN),
                 in_flight: args.in_flight as usize,
+                floor: args.floor,
             };
             match serve(&args.nats_url, args.listen, args.admin, config).await {
                 Ok(()) => ExitCode::SUCCESS,

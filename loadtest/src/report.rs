@@ -593,6 +593,10 @@ fn rows() -> Vec<Row> {
             timed(r, r.frames.timeliness.e2e_latency_ms.max)
         }),
         ("ingress CPU s", |r| format!("{:.1}", r.ingress.cpu_seconds)),
+        ("ingress CPU µs/frame", |r| match r.frames.offered {
+            0 => "-".to_owned(),
+            n => format!("{:.2}", r.ingress.cpu_seconds * 1e6 / n as f64),
+        }),
         ("llm offered/completed", |r| {
             llm(r, |l| format!("{}/{}", l.offered, l.completed))
         }),

@@ -36,6 +36,7 @@ fn env() -> Env {
         quiet: true,
         llm: LlmSettings::default(),
         ingress_set: Vec::new(),
+        naive_floor: None,
         wait_quiet: Duration::ZERO,
         transport: Transport::Ws,
     }
@@ -246,4 +247,24 @@ fn bad_flags_are_refused_with_the_flag_named() {
         .expect("runs");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
+}
+
+/// `--naive-floor publish`: the measurement mode reads each message and publishes the
+/// deployed `frame` packet inline; every frame reaches the consumer, decodable, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_publish_floor_delivers_every_frame() {
+    let env = Env {
+        naive_floor: Some(weir_loadtest::naive::audio::Floor::Publish),
+        ..env()
+    };
+    let plan = plan(Scenario::Steady, Some(Duration::from_secs(2)), None, 1.0).expect("plan");
+    let out = run_one(&env, &plan, 3, Design::Naive)
+        .await
+        .expect("floor run");
+    let f = &out.report.frames;
+    assert!(f.offered >= WS_MIN_SENT, "{f:?}");
+    assert_eq!(f.published, f.offered, "{f:?}");
+    assert_eq!(f.received, f.published, "{f:?}");
+    assert_eq!(out.report.consumer.out_of_order_refused, 0);
+    assert!(out.report.ingress.cpu_seconds > 0.0);
 }

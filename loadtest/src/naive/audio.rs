@@ -22,6 +22,15 @@
 //!
 //! Invariant: a frame's pending bytes are released exactly once, by the drop of its
 //! `Pending` guard, whatever way its task ends.
+//!
+//! **Floor mode** (`--naive-floor`, measurement only, not a design): the same process,
+//! HTTP/WebSocket stack and NATS client, with the WebSocket sized like weir's door, does
+//! the least any ingress must do with a frame: read it and drop it (`discard`), or read
+//! it, encode the deployed `frame` packet and `publish` it inline with no header, queue
+//! or task (`publish`). Its CPU
+//! per frame is the floor under which no ingress on this stack and protocol can go: one
+//! socket read per 20 ms message, plus one hand-over to the NATS client. Frames are
+//! counted as offered (and as published), nothing else is accounted.
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
@@ -44,6 +53,21 @@ use weir_protocol::{StreamId, SubjectTemplate, partition_of};
 use crate::stats::{LatencyHistogram, record, summary};
 use crate::timeliness::unix_ms;
 
+/// What the naive ingress does with a frame in floor mode (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Floor {
+    /// Read each WebSocket message and drop it.
+    Discard,
+    /// Read each message, encode the deployed `frame` packet and `publish` it inline: no
+    /// header, queue or task.
+    Publish,
+}
+
+/// weir's door sizes (`audio-ingress/src/ws.rs`), so that the floor reads as weir does
+/// (tungstenite zero-fills its read buffer before every read: 128 KiB by default).
+const FLOOR_READ_BUFFER_BYTES: usize = 2 * 1024;
+const FLOOR_WRITE_BUFFER_BYTES: usize = 8 * 1024;
+
 /// Settings of the naive ingress.
 #[derive(Debug, Clone)]
 pub struct NaiveConfig {
@@ -53,6 +77,8 @@ pub struct NaiveConfig {
     pub partitions: NonZeroU32,
     /// Publishes in flight per stream (3 as deployed).
     pub in_flight: usize,
+    /// Floor mode: measurement only (see the module docs); `None` = the naive design.
+    pub floor: Option<Floor>,
 }
 
 struct NaiveState {
@@ -151,6 +177,12 @@ async fn upgrade(
         }
     }
     state.streams_total.fetch_add(1, Ordering::Relaxed);
+    let ws = match state.config.floor {
+        Some(_) => ws
+            .read_buffer_size(FLOOR_READ_BUFFER_BYTES)
+            .write_buffer_size(FLOOR_WRITE_BUFFER_BYTES),
+        None => ws,
+    };
     ws.on_upgrade(move |socket| async move {
         handle(state.clone(), stream, socket).await;
         if let Ok(mut active) = state.active.lock() {
@@ -165,8 +197,21 @@ async fn handle(state: Arc<NaiveState>, stream: StreamId, mut socket: WebSocket)
     let semaphore = Arc::new(Semaphore::new(state.config.in_flight.max(1)));
     let mut seq: u64 = 0;
     let published_here = Arc::new(AtomicU64::new(0));
+    let floor = state.config.floor;
     while let Some(msg) = socket.recv().await {
         match msg {
+            Ok(Message::Binary(pcm)) if floor.is_some() => {
+                seq += 1;
+                state.offered.fetch_add(1, Ordering::Relaxed);
+                if floor == Some(Floor::Publish) {
+                    let Ok(payload) = Packet::frame(seq, pcm).encode() else {
+                        continue;
+                    };
+                    if state.client.publish(subject.clone(), payload).await.is_ok() {
+                        state.published.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
             Ok(Message::Binary(pcm)) => {
                 seq += 1;
                 state.offered.fetch_add(1, Ordering::Relaxed);
@@ -281,7 +326,11 @@ async fn stats(State(state): State<Arc<NaiveState>>) -> Response {
     let queue_wait = summary(&state.queue_wait);
     let active = state.active.lock().map(|a| a.len()).unwrap_or(0);
     let body = serde_json::json!({
-        "design": "naive",
+        "design": match state.config.floor {
+            None => "naive",
+            Some(Floor::Discard) => "floor_discard",
+            Some(Floor::Publish) => "floor_publish",
+        },
         "active_streams": active,
         "streams_total": l(&state.streams_total),
         "pending_bytes": l(&state.pending_bytes),

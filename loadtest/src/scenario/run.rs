@@ -88,6 +88,8 @@ pub struct Env {
     pub llm: LlmSettings,
     /// Extra `key=value` settings for the bounded ingress (`--ingress-set`).
     pub ingress_set: Vec<String>,
+    /// `--naive-floor`: the naive ingress in floor mode (measurement only).
+    pub naive_floor: Option<crate::naive::audio::Floor>,
     /// Before each run, wait up to this long for the machine to be quiet (`--wait-quiet`).
     pub wait_quiet: Duration,
     /// How the producers reach the ingress (`--transport`).
@@ -222,14 +224,22 @@ fn launch(
         }
         Design::Naive => {
             let partitions = env.partitions.to_string();
-            let args = [
+            let mut args = [
                 "naive-ingress",
                 "--subject",
                 SUBJECT_TEMPLATE,
                 "--partitions",
                 &partitions,
-            ];
-            (env.self_exe.clone(), args.map(String::from).to_vec())
+            ]
+            .map(String::from)
+            .to_vec();
+            if let Some(floor) = env.naive_floor {
+                let value = clap::ValueEnum::to_possible_value(&floor)
+                    .map(|v| v.get_name().to_owned())
+                    .unwrap_or_default();
+                args.extend(["--floor".to_owned(), value]);
+            }
+            (env.self_exe.clone(), args)
         }
     };
     let common = [
