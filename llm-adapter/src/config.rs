@@ -1889,6 +1889,7 @@ mod tests {
             "session_cap",
             "key_limit",
             "wait_expired",
+            "slot_store",
         ];
         assert_eq!(terms, want);
     }

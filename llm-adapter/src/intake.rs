@@ -20,8 +20,9 @@
 //!   published (and kept, see below), `+TERM` when it is refused before admission
 //!   (expired deadline, malformed headers, no reply subject, cluster session cap),
 //!   `-NAK` when this replica stops (`shutting_down`: another replica answers it; the
-//!   caller sees nothing of it); a replica that dies settles nothing and the server
-//!   redelivers after `ack_wait`;
+//!   caller sees nothing of it) or a store it needs fails (except on its last delivery:
+//!   then it is refused and terminated); a replica that dies settles nothing and the
+//!   server redelivers after `ack_wait`;
 //! - while a request is held, the keeper task sends `+WPI` (progress) every
 //!   `progress_interval`, so a long inference is not redelivered while its replica lives;
 //! - a request whose deadline passed in the stream is never started: answered
@@ -42,9 +43,10 @@
 //! window, so that a retry the stream dropped as a duplicate is answered with the
 //! original's answer by the replica that forwarded it ([`wait_kept_reply`]), and a
 //! redelivered request that was already answered is answered from it, not run again:
-//! - a unary answer with a request id is kept *before* its `+ACK`, retried while the
-//!   keeper sends progress for it, for at most `ack_wait` ([`Ticket::settle`]): an ack
-//!   lost with a dying node (a leader election) then always finds the answer kept;
+//! - a unary answer with a request id, a refusal too, is kept *before* its `+ACK`
+//!   (`+TERM`), retried while the keeper sends progress for it, for at most `ack_wait`
+//!   ([`Ticket::settle`]): an ack lost with a dying node (a leader election) then
+//!   always finds the answer kept; shutdown waits for these settlements;
 //! - the redelivered copy reads the bucket through its stream leader (not a direct get
 //!   a lagging follower may answer); when that read fails it is handed back for later
 //!   (`-NAK` after [`STORE_ERROR_DELAY`]) unless it is the last delivery
@@ -105,6 +107,9 @@ pub(crate) enum TermReason {
     /// Its deadline passed while it waited for a cluster-wide wait-limit slot
     /// (answered `deadline_exceeded`).
     WaitExpired,
+    /// The cluster slot store failed on its last delivery (`max_deliver`): answered
+    /// `queue_full` rather than left unanswered in the stream.
+    SlotStore,
 }
 
 /// Publishes one acknowledgement to a JetStream message's ack subject, bounded.
@@ -176,6 +181,9 @@ pub struct Ticket {
     request_id: Option<String>,
     /// The answer to keep before the `+ACK` ([`Ticket::keep_reply`]).
     kept: Option<Bytes>,
+    /// This is the request's last delivery (`max_deliver`): a store failure must not
+    /// hand it back, the server would not deliver it again.
+    last_delivery: bool,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -336,6 +344,11 @@ impl Ticket {
         self.request_id.as_deref()
     }
 
+    /// Whether this is the request's last delivery (`jetstream.max_deliver`).
+    pub(crate) fn last_delivery(&self) -> bool {
+        self.last_delivery
+    }
+
     /// Keeps the answer (to be published) in the reply bucket under the request id,
     /// for a duplicate the stream dropped and for a redelivery of this request: written
     /// when the ticket is settled, before its `+ACK`.
@@ -352,20 +365,19 @@ impl Ticket {
     /// until the bucket confirms it or `keep_limit` passed, the request held (the
     /// keeper sends its progress) until then. An `+ACK` can be lost (its node dies in a
     /// leader election) and the request is then redelivered: it must find the answer.
+    /// A refusal (`+TERM`) is kept the same way: a retry with its id gets the refusal.
     pub(crate) async fn settle(mut self, how: Settle) {
         if how == Settle::Answered
-            && !self.term
             && let Some(value) = self.kept.take()
         {
+            let kind = if self.term {
+                AckKind::Term
+            } else {
+                AckKind::Ack
+            };
             tokio::spawn(async move {
                 self.keep(value).await;
-                send_ack(
-                    &self.hub.client,
-                    &self.ack,
-                    AckKind::Ack,
-                    self.hub.publish_timeout,
-                )
-                .await;
+                send_ack(&self.hub.client, &self.ack, kind, self.hub.publish_timeout).await;
             });
             return;
         }
@@ -925,6 +937,9 @@ pub(crate) struct IntakeEdge {
     /// The intake permits (`workers`): all free again = every ticket settled.
     permits: Arc<Semaphore>,
     workers: u32,
+    /// The longest a ticket can take to settle once answered: its answer's keep
+    /// (`keep_limit`), then the `+ACK` (`publish_timeout`).
+    settle_limit: Duration,
 }
 
 /// The effective absolute deadline (unix ms) of a request published at `published_ms`:
@@ -1006,6 +1021,7 @@ impl IntakeEdge {
         let (stop, stop_rx) = watch::channel(false);
         let keeper = tokio::spawn(keeper(hub.clone(), j.progress_interval, keeper_rx));
         let workers = config.admission.workers.get();
+        let settle_limit = j.ack_wait + config.nats.publish_timeout;
         let permits = Arc::new(Semaphore::new(workers));
         let pull = tokio::spawn(pull_loop(PullCtx {
             consumer,
@@ -1021,6 +1037,7 @@ impl IntakeEdge {
             keeper: Some(keeper),
             permits,
             workers: u32::try_from(workers).unwrap_or(u32::MAX),
+            settle_limit,
         })
     }
 
@@ -1036,10 +1053,14 @@ impl IntakeEdge {
     }
 
     /// Stops the keeper once every held request was settled (their answers kept and
-    /// acknowledged), or after `wait`: no more progress.
-    pub(crate) async fn stop_keeper(&mut self, wait: Duration) {
+    /// acknowledged), or after the longest a settlement can take (AckWait +
+    /// `publish_timeout`; milliseconds unless the reply bucket is failing): no more
+    /// progress. Stopping it earlier would let the runtime drop an answer's keep with
+    /// its `+ACK`, and the request would be redelivered and run again.
+    pub(crate) async fn stop_keeper(&mut self) {
         // Permits in use are held by tickets (the pull loop has stopped).
-        let settled = tokio::time::timeout(wait, self.permits.acquire_many(self.workers)).await;
+        let settled =
+            tokio::time::timeout(self.settle_limit, self.permits.acquire_many(self.workers)).await;
         if settled.is_err() {
             tracing::warn!(
                 "intake requests still unsettled at shutdown; the server redelivers them"
@@ -1164,6 +1185,11 @@ async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: Own
         .map(str::trim)
         .filter(|r| h::parse_id(h::REQUEST_ID, r).is_ok())
         .map(str::to_owned);
+    let last_delivery = ctx
+        .config
+        .intake
+        .jetstream()
+        .is_none_or(|j| delivered >= i64::try_from(j.max_deliver.get()).unwrap_or(i64::MAX));
     let mut ticket = Ticket {
         hub: ctx.hub.clone(),
         id,
@@ -1171,6 +1197,7 @@ async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: Own
         term: false,
         request_id,
         kept: None,
+        last_delivery,
         _permit: permit,
     };
     let hm = message.headers.as_ref();
@@ -1203,9 +1230,7 @@ async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: Own
             Ok(None) => {}
             Err(e) => {
                 metrics::counter!(m::INTAKE_REPLAY_CHECK_FAILED_TOTAL).increment(1);
-                let last = ctx.config.intake.jetstream().is_none_or(|j| {
-                    delivered >= i64::try_from(j.max_deliver.get()).unwrap_or(i64::MAX)
-                });
+                let last = ticket.last_delivery;
                 tracing::warn!(error = %e, request_id = %rid, delivered, last,
                     "reply bucket unreadable for a redelivered request; {}",
                     if last { "last delivery: running it" } else { "handed back for later" });

@@ -226,7 +226,7 @@ impl AdapterHandle {
         admission.stop_admitting().await;
         self.edge.stop(Duration::from_secs(2)).await;
         let report = admission.shutdown().await;
-        self.edge.stop_acks(Duration::from_secs(2)).await;
+        self.edge.stop_acks().await;
         let _ = tokio::time::timeout(Duration::from_secs(2), self.view.client.flush()).await;
         if let Some(t) = self.trace_task.take() {
             t.abort();

@@ -723,6 +723,19 @@ impl Edge {
             }
             Err(SlotRefusal::Store(e)) => {
                 metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "error").increment(1);
+                // On its last delivery the server would not deliver it again: answer it.
+                if let Some(t) = waiter.intake.as_mut().filter(|t| t.last_delivery()) {
+                    tracing::warn!(error = %e, "cluster slot store failed on a request's last delivery; refused");
+                    t.terminate(TermReason::SlotStore);
+                    let err = ErrorBody::new(
+                        ErrorCode::QueueFull,
+                        format!(
+                            "the cluster slot store failed on this request's last delivery; not started: {e}"
+                        ),
+                    );
+                    self.admission.answer_now(waiter, err, received_at).await;
+                    return None;
+                }
                 tracing::warn!(error = %e, "cluster slot store failed; request handed back");
                 if let Some(t) = waiter.intake.take() {
                     t.settle(Settle::Retry).await;
@@ -1228,13 +1241,14 @@ impl ServiceEdge {
     }
 
     /// Stops routing stream acknowledgements (after the running requests ended) and,
-    /// once the intake's requests are settled (bounded by `wait`), their progress.
-    pub(crate) async fn stop_acks(&mut self, wait: Duration) {
+    /// once the intake's requests are settled (bounded: see
+    /// [`IntakeEdge::stop_keeper`]), their progress.
+    pub(crate) async fn stop_acks(&mut self) {
         if let Some(t) = self.acks.take() {
             t.abort();
         }
         if let Some(i) = &mut self.intake {
-            i.stop_keeper(wait).await;
+            i.stop_keeper().await;
         }
     }
 

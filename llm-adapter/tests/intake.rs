@@ -1144,6 +1144,102 @@ async fn a_retry_during_the_original_gets_its_answer_without_running_again() {
     b.shutdown().await;
 }
 
+/// A refusal is an answer too: it is kept under its request id like any other, so a
+/// retry with the same id gets the same refusal at once (the stream drops the retry as
+/// a duplicate; the forwarding replica reads the kept answer) instead of waiting out
+/// its own budget for an answer that was never kept.
+#[tokio::test]
+async fn a_refusal_is_kept_and_a_retry_gets_it_at_once() {
+    let server = js_server();
+    let (a, sim_h) = counted_adapter(&server, &format!("workers = 2\n{INTAKE}")).await;
+    let Caller {
+        client: caller,
+        js,
+        inbox,
+        mut replies,
+    } = Caller::at(server.url()).await;
+    publish(
+        &js,
+        "llm.intake",
+        &format!("{inbox}.1"),
+        "refused-1",
+        &[(h::TIMEOUT_MS, "soon")],
+        b"x",
+    )
+    .await;
+    let m = next_answer(&mut replies).await;
+    assert_eq!(code_of(&m), "invalid_request");
+    let t = Instant::now();
+    let again = LlmClient::new(caller.clone(), "llm.infer")
+        .request("x")
+        .request_id("refused-1")
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await
+        .expect_err("the kept refusal");
+    assert_eq!(
+        again.kind(),
+        weir_llm_adapter::client::ClientErrorKind::Server(
+            weir_protocol::llm::ErrorCode::InvalidRequest
+        ),
+        "{again}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_millis(1500),
+        "answered from the bucket, not after the retry's budget: {:?}",
+        t.elapsed()
+    );
+    assert_eq!(sim_h.stats().started, 0, "neither reached the backend");
+    assert_eq!(wait_empty(&js, "WEIR_LLM_INTAKE").await, 0, "terminated");
+    a.shutdown().await;
+}
+
+/// A request whose cluster slot cannot be taken (the session bucket is sealed) goes back
+/// to the stream for later, but not on its last delivery: the server would not deliver
+/// it again and it would sit unanswered until `max_age`. There it is refused
+/// `queue_full` (and terminated).
+#[tokio::test]
+async fn a_slot_store_failure_on_the_last_delivery_is_answered() {
+    let server = js_server();
+    let toml = format!("workers = 2\n{INTAKE}max_deliver = 2\n[session]\npending_cap = 2\n");
+    let (a, sim_h) = counted_adapter(&server, &toml).await;
+    let Caller {
+        js,
+        inbox,
+        mut replies,
+        ..
+    } = Caller::at(server.url()).await;
+    // A sealed stream refuses every write at once: the slot store fails.
+    let mut bucket = js
+        .get_stream("KV_weir_llm_sessions")
+        .await
+        .expect("the session bucket's stream");
+    let mut sealed = bucket.info().await.expect("info").config.clone();
+    sealed.sealed = true;
+    js.update_stream(sealed).await.expect("seal it");
+    let t = Instant::now();
+    publish(
+        &js,
+        "llm.intake",
+        &format!("{inbox}.1"),
+        "no-slot-1",
+        &[(h::TIMEOUT_MS, "20000"), (h::SESSION_ID, "s-1")],
+        b"x",
+    )
+    .await;
+    let m = next_answer(&mut replies).await;
+    assert_eq!(code_of(&m), "queue_full");
+    assert_eq!(rid_of(&m), "no-slot-1");
+    assert!(
+        t.elapsed() >= Duration::from_millis(900),
+        "handed back once (1 s) before its last delivery: {:?}",
+        t.elapsed()
+    );
+    assert_eq!(sim_h.stats().started, 0, "never started");
+    assert_eq!(wait_empty(&js, "WEIR_LLM_INTAKE").await, 0, "terminated");
+    a.shutdown().await;
+}
+
 /// A replica that answered and died before its `+ACK` reached the server: the request
 /// is redelivered after AckWait, and the next replica sends the kept answer again
 /// instead of running it twice.
