@@ -48,9 +48,11 @@
 //!   ([`Ticket::settle`]): an ack lost with a dying node (a leader election) then
 //!   always finds the answer kept; shutdown waits for these settlements;
 //! - the redelivered copy reads the bucket through its stream leader (not a direct get
-//!   a lagging follower may answer); when that read fails it is handed back for later
-//!   (`-NAK` after [`STORE_ERROR_DELAY`]) unless it is the last delivery
-//!   (`max_deliver`), which runs: at least once rather than never.
+//!   a lagging follower may answer), in a task of its own (off the pull loop); a failed
+//!   read is retried while the request is held, for at most `ack_wait`, then the
+//!   request is handed back for later (`-NAK` after [`STORE_ERROR_DELAY`]) unless it
+//!   is the last delivery (`max_deliver`), which runs: at least once rather than never
+//!   ([`replay_kept`]).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -1212,40 +1214,80 @@ async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: Own
     };
     // A redelivered request may have been answered by a replica that died (or whose
     // `+ACK` was lost) after its answer was kept: the kept answer is sent again instead
-    // of running it twice (the caller may receive the same answer twice).
-    if delivered > 1
-        && let (Some(kv), Some(rid)) = (&ctx.hub.replies, ticket.request_id.as_deref())
-    {
-        match read_kept_reply(kv, rid, ctx.hub.publish_timeout).await {
+    // of running it twice (the caller may receive the same answer twice). The check runs
+    // off the pull loop: a bucket in a leader election answers no read for seconds, and
+    // the batch's other requests must not wait behind it (nor go without progress).
+    if delivered > 1 && ctx.hub.replies.is_some() && ticket.request_id.is_some() {
+        let (hub, edge, config) = (ctx.hub.clone(), ctx.edge.clone(), ctx.config.clone());
+        tokio::spawn(async move {
+            if let Some(ticket) = replay_kept(&hub, ticket, &reply, delivered).await {
+                let pulled = (message, reply, ticket);
+                admit_pulled(&edge, &config, pulled, published_ms, received_at).await;
+            }
+        });
+        return;
+    }
+    let pulled = (message, reply, ticket);
+    admit_pulled(&ctx.edge, &ctx.config, pulled, published_ms, received_at).await;
+}
+
+/// Answers a redelivered request from the reply bucket when its answer is kept (and
+/// settles it): `None`. `Some(ticket)` = nothing kept, run it. An unreadable bucket is
+/// read again every [`KEEP_RETRY`] while the request stays held (the keeper sends its
+/// progress), for at most `keep_limit`; then the request goes back to the stream for
+/// later (`-NAK` after [`STORE_ERROR_DELAY`]), or runs on its last delivery (at least
+/// once rather than never).
+async fn replay_kept(hub: &Hub, ticket: Ticket, reply: &Subject, delivered: i64) -> Option<Ticket> {
+    let (Some(kv), Some(rid)) = (&hub.replies, ticket.request_id.clone()) else {
+        return Some(ticket);
+    };
+    let until = Instant::now() + hub.keep_limit;
+    loop {
+        match read_kept_reply(kv, &rid, hub.publish_timeout).await {
             Ok(Some((headers, body))) => {
                 metrics::counter!(m::INTAKE_REPLAYED_TOTAL).increment(1);
-                let _ = tokio::time::timeout(
-                    ctx.hub.publish_timeout,
-                    ctx.hub.client.publish_with_headers(reply, headers, body),
-                )
-                .await;
+                let publish = hub
+                    .client
+                    .publish_with_headers(reply.clone(), headers, body);
+                let _ = tokio::time::timeout(hub.publish_timeout, publish).await;
                 ticket.settle(Settle::Answered).await;
-                return;
+                return None;
             }
-            Ok(None) => {}
+            Ok(None) => return Some(ticket),
+            Err(_) if Instant::now() + KEEP_RETRY < until => {
+                tokio::time::sleep(KEEP_RETRY).await;
+            }
             Err(e) => {
                 metrics::counter!(m::INTAKE_REPLAY_CHECK_FAILED_TOTAL).increment(1);
                 let last = ticket.last_delivery;
                 tracing::warn!(error = %e, request_id = %rid, delivered, last,
                     "reply bucket unreadable for a redelivered request; {}",
                     if last { "last delivery: running it" } else { "handed back for later" });
-                if !last {
-                    ticket.settle(Settle::Retry).await;
-                    return;
+                if last {
+                    return Some(ticket);
                 }
+                ticket.settle(Settle::Retry).await;
+                return None;
             }
         }
     }
+}
+
+/// The rest of a pulled request's way in: its deadline made absolute (refused and
+/// terminated when it passed in the stream), then the edge's admission.
+async fn admit_pulled<A: Admit>(
+    edge: &Arc<A>,
+    config: &Config,
+    (message, reply, ticket): (async_nats::Message, Subject, Ticket),
+    published_ms: u64,
+    received_at: Instant,
+) {
+    let hm = message.headers.as_ref();
     let deadline = absolute_deadline(
         header(hm, h::DEADLINE_MS),
         header(hm, h::TIMEOUT_MS),
         published_ms,
-        ctx.config.admission.deadline.default,
+        config.admission.deadline.default,
     );
     let now_ms = unix_ms_now();
     let (message, expired) = match deadline {
@@ -1273,10 +1315,10 @@ async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: Own
             budget_ms: Some(0),
             ..Default::default()
         });
-        ctx.edge.refuse(pulled, err, received_at).await;
+        edge.refuse(pulled, err, received_at).await;
         return;
     }
-    ctx.edge.admit(pulled).await;
+    edge.admit(pulled).await;
 }
 
 /// Most KV writes (slot deletes) the keeper has in flight at once.

@@ -1311,6 +1311,84 @@ async fn a_redelivered_request_already_answered_is_not_run_again() {
     b.shutdown().await;
 }
 
+/// A redelivered request whose reply bucket cannot be read (its stream is gone, as in a
+/// leader election) is held and read again until the bucket answers, for up to
+/// AckWait, instead of being handed back at once or run: with `max_deliver = 2` its
+/// second delivery is its last, and running it there would run it twice.
+#[tokio::test]
+async fn a_redelivery_waits_for_an_unreadable_reply_bucket_instead_of_running() {
+    let server = js_server();
+    let toml = "workers = 2\nintake = \"jetstream\"\n[jetstream]\nack_wait_ms = 4000\n\
+                storage = \"memory\"\nmax_deliver = 2\n";
+    // Creates the stream, the consumer and the buckets, then goes away.
+    adapter(&server, toml, Some(10)).await.shutdown().await;
+    let Caller {
+        js,
+        inbox,
+        mut replies,
+        ..
+    } = Caller::at(server.url()).await;
+    publish(
+        &js,
+        "llm.intake",
+        &format!("{inbox}.1"),
+        "held-1",
+        &[(h::TIMEOUT_MS, "20000")],
+        b"x",
+    )
+    .await;
+    // The "replica" that answered and died: takes the request, never acknowledges.
+    let consumer: jetstream::consumer::PullConsumer = js
+        .get_stream("WEIR_LLM_INTAKE")
+        .await
+        .expect("stream")
+        .get_consumer("weir-llm")
+        .await
+        .expect("consumer");
+    let mut batch = consumer
+        .fetch()
+        .max_messages(1)
+        .messages()
+        .await
+        .expect("fetch");
+    let taken = tokio::time::timeout(STEP, batch.next())
+        .await
+        .expect("in time")
+        .expect("one")
+        .expect("msg");
+    let taken_at = Instant::now();
+    drop(taken);
+    let (b, sim_h) = counted_adapter(&server, toml).await;
+    // The bucket is gone when the request comes back (AckWait = 4 s after the take)...
+    let bucket = js.get_stream("KV_weir_llm_replies").await.expect("bucket");
+    let bucket_config = bucket.cached_info().config.clone();
+    assert!(
+        js.delete_stream("KV_weir_llm_replies")
+            .await
+            .expect("delete")
+            .success
+    );
+    // ... and back, with the dead replica's answer, a second after.
+    tokio::time::sleep_until(taken_at + Duration::from_secs(5)).await;
+    js.create_stream(bucket_config).await.expect("bucket back");
+    let kv = js
+        .get_key_value("weir_llm_replies")
+        .await
+        .expect("reply bucket");
+    let hex: String = "held-1".bytes().map(|b| format!("{b:02x}")).collect();
+    kv.put(
+        format!("r.{hex}"),
+        "Weir-Request-Id: held-1\n\nkept answer".into(),
+    )
+    .await
+    .expect("put");
+    let m = next_answer(&mut replies).await;
+    assert_eq!(&m.payload[..], b"kept answer");
+    assert_eq!(sim_h.stats().started, 0, "not run again");
+    assert_eq!(wait_empty(&js, "WEIR_LLM_INTAKE").await, 0, "acknowledged");
+    b.shutdown().await;
+}
+
 /// An answer the reply bucket cannot take yet (its stream is gone, as in a leader
 /// election) is kept before the request is acknowledged: the request stays held (with
 /// progress, not redelivered) until the bucket is back and takes the answer, then it is
