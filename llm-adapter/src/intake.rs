@@ -1183,9 +1183,13 @@ async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: Own
     let id = ctx.hub.next_id.fetch_add(1, Ordering::Relaxed);
     ctx.hub.held().insert(id, ack.clone());
     metrics::gauge!(m::INTAKE_HELD).increment(1.0);
-    let request_id = header(message.headers.as_ref(), h::REQUEST_ID)
+    // The request id: `Weir-Request-Id`, else `Nats-Msg-Id` (the wire contract makes
+    // them the same; a direct publisher may set only the one the stream dedups on).
+    let request_id = [h::REQUEST_ID, h::NATS_MSG_ID]
+        .into_iter()
+        .filter_map(|name| header(message.headers.as_ref(), name))
         .map(str::trim)
-        .filter(|r| h::parse_id(h::REQUEST_ID, r).is_ok())
+        .find(|r| h::parse_id(h::REQUEST_ID, r).is_ok())
         .map(str::to_owned);
     let last_delivery = ctx
         .config

@@ -1311,6 +1311,43 @@ async fn a_redelivered_request_already_answered_is_not_run_again() {
     b.shutdown().await;
 }
 
+/// A direct publisher that sets only `Nats-Msg-Id` (the id the stream dedups on, the
+/// request id by the wire contract) has its answer kept under it like any other.
+#[tokio::test]
+async fn an_answer_is_kept_under_nats_msg_id_without_a_request_id_header() {
+    let server = js_server();
+    let (a, _sim) = counted_adapter(&server, &format!("workers = 2\n{INTAKE}")).await;
+    let Caller {
+        js,
+        inbox,
+        mut replies,
+        ..
+    } = Caller::at(server.url()).await;
+    let mut hm = HeaderMap::new();
+    hm.insert(h::REPLY_TO, format!("{inbox}.1").as_str());
+    hm.insert(h::NATS_MSG_ID, "msg-only-1");
+    hm.insert(h::TIMEOUT_MS, "5000");
+    js.publish_with_headers("llm.intake", hm, "x".into())
+        .await
+        .expect("pub")
+        .await
+        .expect("stored");
+    let m = next_answer(&mut replies).await;
+    assert_eq!(code_of(&m), "ok");
+    assert_eq!(wait_empty(&js, "WEIR_LLM_INTAKE").await, 0, "acknowledged");
+    let kv = js
+        .get_key_value("weir_llm_replies")
+        .await
+        .expect("reply bucket");
+    let hex: String = "msg-only-1".bytes().map(|b| format!("{b:02x}")).collect();
+    let kept = kv.get(format!("r.{hex}")).await.expect("get");
+    assert!(
+        kept.is_some_and(|v| v.ends_with(&m.payload)),
+        "kept under the Nats-Msg-Id"
+    );
+    a.shutdown().await;
+}
+
 /// A redelivered request whose reply bucket cannot be read (its stream is gone, as in a
 /// leader election) is held and read again until the bucket answers, for up to
 /// AckWait, instead of being handed back at once or run: with `max_deliver = 2` its
