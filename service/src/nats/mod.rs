@@ -8,7 +8,7 @@ mod settings;
 use std::time::Duration;
 
 use async_nats::jetstream::stream;
-use async_nats::{Client, Event, Subscriber};
+use async_nats::{Client, ClientError, Event, Subscriber};
 use bytes::Bytes;
 use futures::StreamExt;
 
@@ -17,7 +17,9 @@ pub use settings::{
     DEFAULT_URL, FieldError, FieldErrorKind, NatsAuth, NatsConfig, NatsInput, NatsTls, parse_urls,
 };
 
-/// The metric label of an event.
+/// The metric label of an event. `malformed_message`: the server relayed a message the
+/// client could not read (a non-UTF-8 subject or reply subject: skipped; a malformed
+/// header block: delivered without headers); the connection stayed up (vendor/README.md).
 pub fn event_label(event: &Event) -> &'static str {
     match event {
         Event::Connected => "connected",
@@ -27,6 +29,7 @@ pub fn event_label(event: &Event) -> &'static str {
         Event::Closed => "closed",
         Event::SlowConsumer(_) => "slow_consumer",
         Event::ServerError(_) => "server_error",
+        Event::ClientError(ClientError::MalformedMessage(_)) => "malformed_message",
         Event::ClientError(_) => "client_error",
     }
 }
