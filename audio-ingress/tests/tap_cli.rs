@@ -20,6 +20,14 @@ use weir_testkit::{Auth, NatsServer, NatsServerOptions};
 
 /// Starts `audio-ingress tap <args>` and waits until it has subscribed.
 async fn start_tap(url: &str, args: &[&str]) -> Child {
+    start_tap_logged(url, args).await.0
+}
+
+/// [`start_tap`], keeping every stderr line written after the subscription.
+async fn start_tap_logged(
+    url: &str,
+    args: &[&str],
+) -> (Child, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_audio-ingress"))
         .arg("tap")
         .args(args)
@@ -43,8 +51,14 @@ async fn start_tap(url: &str, args: &[&str]) -> Child {
     .expect("tap subscribes within 10 s");
     assert!(ready, "tap exited before subscribing");
     // Keep draining stderr so the child never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    child
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = log.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            keep.lock().expect("log").push(line);
+        }
+    });
+    (child, log)
 }
 
 /// Waits (bounded) for the tap to exit and returns (success, stdout lines).
@@ -528,4 +542,64 @@ async fn tap_reaches_a_nats_that_requires_a_password() {
     )
     .await;
     assert_eq!(code, Some(2), "two auth methods: {stderr}");
+}
+
+/// Malformed messages under the tapped wildcard (a non-UTF-8 subject token, a
+/// non-UTF-8 reply subject, a broken header block) cost the tap nothing: it keeps its
+/// connection (async-nats 0.51 dropped it; vendor/README.md), reports each on stderr,
+/// and another stream's frames all arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_messages_do_not_cost_the_tap_its_connection() {
+    const FRAMES: u64 = 100;
+    let server = NatsServer::start().expect("nats-server");
+    let prefix = "inference.whisper.stream";
+    let (tap, log) = start_tap_logged(
+        server.url(),
+        &[&format!("{prefix}.>"), "--json", "--for", "3"],
+    )
+    .await;
+    let nc = client(server.url()).await;
+    let mut bad = vec![weir_testkit::raw::non_utf8_subject(prefix)];
+    bad.extend(weir_testkit::raw::malformed_messages(&format!(
+        "{prefix}.evil"
+    )));
+    let port = server.port();
+    let injector = tokio::task::spawn_blocking(move || {
+        let mut raw = weir_testkit::raw::RawConnection::connect(port, None).expect("raw");
+        for m in bad.iter().cycle().take(10) {
+            std::thread::sleep(Duration::from_millis(100));
+            raw.send(m).expect("send");
+        }
+        raw.ping().expect("pong")
+    });
+    let good = format!("{prefix}.good");
+    let mut tick = tokio::time::interval(Duration::from_millis(12));
+    for seq in 1..=FRAMES {
+        tick.tick().await;
+        publish(&nc, &good, Packet::frame(seq, pcm(seq)), &[]).await;
+    }
+    publish(&nc, &good, Packet::end(FRAMES + 1), &[]).await;
+    flush(&nc).await;
+    let seen = injector.await.expect("injector");
+    assert!(!seen.contains("-ERR"), "{seen}");
+    let (ok, lines) = finish(tap, Duration::from_secs(10)).await;
+    assert!(ok, "tap exit status");
+    let v = json_lines(&lines);
+    let summary = v
+        .iter()
+        .find(|p| p["type"] == "summary" && p["subject"] == good.as_str())
+        .expect("a summary of the good stream");
+    assert_eq!(summary["frames"], FRAMES, "{summary}");
+    assert_eq!(summary["missing"], 0, "{summary}");
+    assert_eq!(summary["end_seen"], true, "{summary}");
+    let log = log.lock().expect("log").clone();
+    assert!(
+        !log.iter().any(|l| l.contains("disconnected")),
+        "the tap kept its connection: {log:#?}"
+    );
+    let reported = log
+        .iter()
+        .filter(|l| l.starts_with("tap: NATS client error"))
+        .count();
+    assert_eq!(reported, 10, "each bad message reported once: {log:#?}");
 }

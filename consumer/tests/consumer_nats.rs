@@ -663,3 +663,83 @@ async fn server_restart_losses_show_as_sequence_gaps() {
     assert_eq!(rec.end.as_deref(), Some("producer"));
     consumer.shutdown(GRACE).await;
 }
+
+/// Malformed messages on the audio subjects (a non-UTF-8 stream token under the
+/// wildcard, a non-UTF-8 reply subject, a broken header block) from a publisher allowed
+/// there cost the other streams nothing: the consumer keeps its connection (async-nats
+/// 0.51 dropped it, and every frame buffered with it; vendor/README.md) and 20 real-time
+/// streams arrive whole and in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_messages_lose_no_frame_of_other_streams() {
+    const STREAMS: u64 = 20;
+    const FRAMES: u64 = 100;
+    const MALFORMED: usize = 10;
+    let server = NatsServer::start().expect("nats-server");
+    let book = Book::default();
+    let settings = ConsumerConfig::default().validate().expect("valid");
+    let consumer = start(server.url(), settings, "c", &book).await;
+    let nc = client(server.url()).await;
+    let prefix = "inference.whisper.stream";
+    let mut bad = vec![weir_testkit::raw::non_utf8_subject(prefix)];
+    bad.extend(weir_testkit::raw::malformed_messages(&format!(
+        "{prefix}.evil"
+    )));
+    let port = server.port();
+    let injector = tokio::task::spawn_blocking(move || {
+        let mut raw = weir_testkit::raw::RawConnection::connect(port, None).expect("raw");
+        for m in bad.iter().cycle().take(MALFORMED) {
+            std::thread::sleep(Duration::from_millis(150));
+            raw.send(m).expect("send");
+        }
+        raw.ping().expect("pong")
+    });
+    // One frame of every stream each 20 ms (real time), for 2 s.
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    for seq in 1..=FRAMES + 1 {
+        tick.tick().await;
+        for k in 0..STREAMS {
+            let packet = if seq <= FRAMES {
+                Packet::frame(seq, pcm(seq))
+            } else {
+                Packet::end(seq)
+            };
+            publish(&nc, &format!("{prefix}.good-{k}"), packet, &[]).await;
+        }
+    }
+    flush(&nc).await;
+    let seen = injector.await.expect("injector");
+    assert!(!seen.contains("-ERR"), "{seen}");
+    let ended = wait_until(Duration::from_secs(5), || {
+        consumer.stats().totals.streams_end_seen >= STREAMS
+    })
+    .await;
+    let connects = consumer
+        .client()
+        .statistics()
+        .connects
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let book = book.lock().expect("book").clone();
+    let good: Vec<_> = book
+        .values()
+        .filter(|s| {
+            s.info
+                .as_ref()
+                .is_some_and(|i| i.stream.starts_with("good-"))
+        })
+        .collect();
+    let frames: u64 = good.iter().map(|s| s.frames.len() as u64).sum();
+    eprintln!(
+        "good streams: {} instances, {frames} of {} frames, connects {connects}",
+        good.len(),
+        STREAMS * FRAMES
+    );
+    assert!(ended, "every stream's end arrives");
+    assert_eq!(connects, 1, "one connection for the whole run");
+    assert_eq!(good.len() as u64, STREAMS, "one instance per stream");
+    for s in good {
+        assert_eq!(s.end.as_deref(), Some("producer"), "{:?}", s.info);
+        assert!(s.frames.iter().copied().eq(1..=FRAMES), "whole, in order");
+        assert!(s.gaps.is_empty(), "{:?}", s.gaps);
+    }
+    consumer.shutdown(GRACE).await;
+}

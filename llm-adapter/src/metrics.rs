@@ -119,8 +119,12 @@ declared! {
     /// `weir_llm_nats_in_messages_total − weir_llm_intake_taken_total` is the exact number the
     /// client dropped (plus `$SRV` requests and NATS-backend replies).
     counter pub const INTAKE_TAKEN_TOTAL: &str = "weir_llm_intake_taken_total";
-    /// Counter: NATS connections lost (a malformed message, nats.rs #1572, shows here).
+    /// Counter: NATS connections lost.
     counter pub const NATS_DISCONNECTS_TOTAL: &str = "weir_llm_nats_disconnects_total";
+    /// Counter: messages the NATS client could not read (a non-UTF-8 subject or reply
+    /// subject: skipped; a malformed header block: delivered without headers); the
+    /// connection stays up (vendor/README.md).
+    counter pub const NATS_MALFORMED_TOTAL: &str = "weir_llm_nats_malformed_total";
     /// Counter: admin connections refused because `admin.max_connections` were open
     /// (labels `listener` = `admin`, `reason` = `max_connections`).
     counter pub const ADMIN_CONNECTIONS_REFUSED_TOTAL: &str = "weir_llm_admin_connections_refused_total";

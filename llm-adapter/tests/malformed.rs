@@ -1,199 +1,177 @@
-//! Issue 10, finding 3 over a real nats-server: one malformed message on a subscribed
-//! subject makes async-nats (0.51, the newest release; nats.rs #1572 / PR #1573) drop
-//! its connection. These tests show the effect per case with a raw TCP publisher, that
-//! the disconnect is counted, that the service answers again after the forced
-//! reconnect, and that the subject permissions of `deploy/nats-server.conf` refuse the
-//! bad publisher before anything reaches the adapter.
+//! Malformed messages cost the adapter nothing, over a real nats-server: a client
+//! allowed to publish sends messages whose framing is valid but whose content no NATS
+//! client library would write (a non-UTF-8 reply subject, a header block that is not
+//! one, a non-UTF-8 header value, a non-UTF-8 subject under a wildcard service
+//! subject), while callers keep the adapter busy. nats-server relays them unchecked;
+//! async-nats 0.51 dropped its connection on each, losing every request in flight
+//! (docs/operations.md, "A malformed message and the NATS client"). With the vendored
+//! client (vendor/README.md) the adapter keeps its connection: 0 disconnects, every
+//! caller answered, each bad message counted in `nats.malformed`.
 
 mod common;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use common::{STEP, eventually};
-use futures::StreamExt;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
 use weir_llm_adapter::{AdapterHandle, Config};
-use weir_service::nats::NatsAuth;
-use weir_testkit::{NatsServer, NatsServerOptions};
+use weir_testkit::NatsServer;
+use weir_testkit::raw::{RawConnection, malformed_messages, non_utf8_subject};
 
-const EXAMPLE_CONF: &str = include_str!("../../deploy/nats-server.conf");
+/// Requests the callers send during one case, at least (they go on until the last
+/// malformed message was sent).
+const REQUESTS: u64 = 400;
+/// Callers sending at once (each waits for its answer before the next request).
+const CALLERS: u64 = 20;
+/// Malformed messages injected during one case.
+const MALFORMED: usize = 10;
+/// A caller's bound on one request (every answer takes milliseconds here).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 
-async fn adapter(server: &NatsServer, toml: &str, user: Option<(&str, &str)>) -> AdapterHandle {
-    let mut config = Config::from_toml_str(toml).expect("valid config");
-    if let Some((u, p)) = user {
-        config.nats.client.auth = NatsAuth::UserPassword {
-            user: u.into(),
-            password: p.into(),
-        };
-    }
+async fn adapter(server: &NatsServer, toml: &str) -> AdapterHandle {
+    let config = Config::from_toml_str(toml).expect("valid config");
     common::adapter_like_the_binary(server, config, Duration::from_millis(1)).await
 }
 
-/// A raw NATS connection: sends `CONNECT` (with `user`), then `frames` verbatim, then
-/// `PING`, and returns what the server answered up to the `PONG`.
-async fn raw_publish(port: u16, user: Option<(&str, &str)>, frames: &[u8]) -> String {
-    let stream = tokio::time::timeout(STEP, TcpStream::connect(("127.0.0.1", port)))
-        .await
-        .expect("connect in time")
-        .expect("connect");
-    let (r, mut w) = stream.into_split();
-    let mut r = BufReader::new(r);
-    let mut line = String::new();
-    r.read_line(&mut line).await.expect("INFO");
-    assert!(line.starts_with("INFO"), "{line}");
-    let connect = match user {
-        Some((u, p)) => format!(
-            "CONNECT {{\"verbose\":false,\"headers\":true,\"user\":\"{u}\",\"pass\":\"{p}\"}}\r\n"
-        ),
-        None => "CONNECT {\"verbose\":false,\"headers\":true}\r\n".to_owned(),
-    };
-    w.write_all(connect.as_bytes()).await.expect("write");
-    w.write_all(frames).await.expect("write");
-    w.write_all(b"PING\r\n").await.expect("write");
-    let mut seen = String::new();
-    tokio::time::timeout(STEP, async {
-        loop {
-            let mut l = String::new();
-            if r.read_line(&mut l).await.unwrap_or(0) == 0 {
-                break;
-            }
-            seen.push_str(&l);
-            if l.starts_with("PONG") {
-                break;
-            }
-        }
-    })
-    .await
-    .expect("PONG in time");
-    seen
+/// What one case measured.
+#[derive(Debug)]
+struct Outcome {
+    sent: u64,
+    answered: u64,
+    lost: u64,
+    disconnects: u64,
+    malformed: u64,
 }
 
-/// Requests until one is answered (the adapter may still be reconnecting).
-async fn answered_again(caller: &async_nats::Client, subject: &str) {
-    let t0 = std::time::Instant::now();
-    loop {
-        let r = tokio::time::timeout(
-            Duration::from_millis(500),
-            caller.request(subject.to_owned(), Bytes::from_static(b"{}")),
-        )
-        .await;
-        if matches!(r, Ok(Ok(_))) {
-            return;
-        }
-        assert!(t0.elapsed() < STEP, "no answer after the reconnect");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// One case: the bad frame makes the adapter's client drop its connection (counted);
-/// the service comes back and answers.
-async fn case(toml: &str, subject: &str, frame: &[u8]) {
+/// Starts the adapter on `toml`, runs [`REQUESTS`] requests to `subject` from
+/// [`CALLERS`] callers and meanwhile sends [`MALFORMED`] messages, cycling through
+/// `bad`, from a raw connection.
+async fn under_load(toml: &str, subject: &'static str, bad: Vec<Vec<u8>>) -> Outcome {
     let server = NatsServer::start().expect("nats-server");
-    let a = adapter(&server, toml, None).await;
+    let a = adapter(&server, toml).await;
     let caller = common::connect(server.url()).await;
-    answered_again(&caller, subject).await;
-    assert_eq!(a.stats().nats.disconnects, 0);
-    raw_publish(server.port(), None, frame).await;
-    eventually(STEP, || a.stats().nats.disconnects >= 1).await;
-    answered_again(&caller, subject).await;
+    let answered = Arc::new(AtomicU64::new(0));
+    let lost = Arc::new(AtomicU64::new(0));
+    let injected = Arc::new(AtomicBool::new(false));
+    let mut callers = Vec::new();
+    for _ in 0..CALLERS {
+        let (caller, answered, lost) = (caller.clone(), answered.clone(), lost.clone());
+        let injected = injected.clone();
+        callers.push(tokio::spawn(async move {
+            let mut sent = 0;
+            // Bounded: the injector takes about MALFORMED × 20 ms.
+            while sent < REQUESTS / CALLERS || (!injected.load(Ordering::Relaxed) && sent < 10_000)
+            {
+                sent += 1;
+                let request = caller.request(subject, Bytes::from_static(b"{}"));
+                match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
+                    Ok(Ok(_)) => answered.fetch_add(1, Ordering::Relaxed),
+                    _ => lost.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+        }));
+    }
+    // Inject while the callers run: after the first answers, one message every 20 ms.
+    eventually(STEP, || answered.load(Ordering::Relaxed) >= CALLERS).await;
+    let port = server.port();
+    let injector = tokio::task::spawn_blocking(move || {
+        let mut raw = RawConnection::connect(port, None).expect("raw connection");
+        for m in bad.iter().cycle().take(MALFORMED) {
+            raw.send(m).expect("send");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        raw.ping().expect("the server took every message")
+    });
+    let seen = injector.await.expect("injector");
+    injected.store(true, Ordering::Relaxed);
+    assert!(
+        !seen.contains("-ERR"),
+        "the server refused a message: {seen}"
+    );
+    for c in callers {
+        tokio::time::timeout(STEP * 3, c)
+            .await
+            .expect("callers finish")
+            .expect("caller task");
+    }
+    eventually(STEP, || a.stats().nats.malformed >= MALFORMED as u64).await;
+    let nats = a.stats().nats;
+    let (answered, lost) = (
+        answered.load(Ordering::Relaxed),
+        lost.load(Ordering::Relaxed),
+    );
+    let outcome = Outcome {
+        sent: answered + lost,
+        answered,
+        lost,
+        disconnects: nats.disconnects,
+        malformed: nats.malformed,
+    };
+    eprintln!("{subject}: {outcome:?}");
     a.shutdown().await;
+    outcome
 }
 
-#[tokio::test]
-async fn a_non_utf8_reply_subject_drops_the_connection_and_the_service_comes_back() {
-    case(
-        "",
-        "llm.infer",
-        b"PUB llm.infer _INBOX.\xff\xfe 2\r\n{}\r\n",
-    )
-    .await;
+fn assert_cost_nothing(o: &Outcome) {
+    assert_eq!(o.disconnects, 0, "{o:?}");
+    assert_eq!(o.lost, 0, "{o:?}");
+    assert!(o.answered >= REQUESTS && o.answered == o.sent, "{o:?}");
+    assert_eq!(
+        o.malformed, MALFORMED as u64,
+        "each bad message counted once: {o:?}"
+    );
 }
 
-#[tokio::test]
-async fn a_malformed_header_block_drops_the_connection_and_the_service_comes_back() {
-    // 12 header bytes that are not a `NATS/1.0` status line.
-    case(
-        "",
-        "llm.infer",
-        b"HPUB llm.infer _INBOX.x 12 14\r\nGARBAGE\xff\r\n\r\n{}\r\n",
-    )
-    .await;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_reply_subjects_and_header_blocks_on_the_service_subject_lose_nothing() {
+    let o = under_load("", "llm.infer", malformed_messages("llm.infer")).await;
+    assert_cost_nothing(&o);
 }
 
-#[tokio::test]
-async fn a_non_utf8_subject_under_a_wildcard_drops_the_connection_and_it_comes_back() {
-    case(
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_utf8_subject_under_a_wildcard_service_subject_loses_nothing() {
+    let o = under_load(
         "[service]\nsubject = \"wild.*\"\n",
         "wild.a",
-        b"PUB wild.\xff _INBOX.x 2\r\n{}\r\n",
+        vec![non_utf8_subject("wild")],
     )
     .await;
+    assert_cost_nothing(&o);
 }
 
-#[tokio::test]
-async fn the_example_permissions_refuse_the_bad_publisher_and_the_adapter_stays_up() {
-    let server = NatsServer::start_with(NatsServerOptions {
-        config: Some(EXAMPLE_CONF.to_owned()),
-        ..Default::default()
+/// A request whose header block the client cannot read arrives without headers and is
+/// answered like any request without them (as nats.go passes such a message through).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_with_a_broken_header_block_is_answered_without_its_headers() {
+    let server = NatsServer::start().expect("nats-server");
+    let a = adapter(&server, "").await;
+    let watcher = common::connect(server.url()).await;
+    let mut replies = watcher.subscribe("_INBOX.watch").await.expect("subscribe");
+    watcher.flush().await.expect("flush");
+    let port = server.port();
+    tokio::task::spawn_blocking(move || {
+        let mut raw = RawConnection::connect(port, None).expect("raw connection");
+        raw.send(b"HPUB llm.infer _INBOX.watch 12 14\r\nGARBAGE\xff\r\n\r\n{}\r\n")
+            .expect("send");
+        raw.ping().expect("pong")
     })
-    .expect("nats-server with the example configuration");
-    let a = adapter(
-        &server,
-        "[service]\nsubject = \"llm.infer\"\n",
-        Some(("llm-adapter", "adapter-secret")),
-    )
-    .await;
-    let caller =
-        async_nats::ConnectOptions::with_user_and_password("caller".into(), "caller-secret".into())
-            .connect(server.url())
-            .await
-            .expect("caller connects");
-    answered_again(&caller, "llm.infer").await;
-    // A client without publish rights on the service subjects: every case is refused.
-    for frame in [
-        &b"PUB llm.infer _INBOX.\xff 2\r\n{}\r\n"[..],
-        b"HPUB llm.infer _INBOX.x 12 14\r\nGARBAGE\xff\r\n\r\n{}\r\n",
-        b"PUB llm.\xff _INBOX.x 2\r\n{}\r\n",
-    ] {
-        let seen = raw_publish(server.port(), Some(("guest", "guest-secret")), frame).await;
-        assert!(seen.contains("Permissions Violation"), "{seen}");
-    }
-    // The trusted caller may publish only the exact service subjects: no wildcard hole.
-    let seen = raw_publish(
-        server.port(),
-        Some(("caller", "caller-secret")),
-        b"PUB llm.\xff _INBOX.x 2\r\n{}\r\n",
-    )
-    .await;
-    assert!(seen.contains("Permissions Violation"), "{seen}");
-    answered_again(&caller, "llm.infer").await;
-    assert_eq!(a.stats().nats.disconnects, 0, "the adapter never lost NATS");
-    // The trusted caller streams through the example permissions: its acknowledgements
-    // are allowed (40 tokens make more chunks than the default window of 16), and the
-    // status subject is served.
-    let llm = weir_llm_adapter::client::LlmClient::new(caller.clone(), "llm.infer");
-    let mut st = llm
-        .request(common::stream_body(40))
-        .request_id("perm-1")
-        .timeout(Duration::from_secs(10))
-        .stream()
+    .await
+    .expect("raw");
+    let reply = tokio::time::timeout(STEP, futures::StreamExt::next(&mut replies))
         .await
-        .expect("stream");
-    let mut end = None;
-    while let Some(ev) = st.next().await {
-        if let weir_llm_adapter::client::LlmEvent::End(e) = ev.expect("event") {
-            end = Some(e);
-        }
-    }
-    let end = end.expect("end");
-    assert!(end.chunks > 16, "{end:?}");
-    let status = caller
-        .request("llm.status", "perm-1".into())
-        .await
-        .expect("status answered");
-    let v: serde_json::Value = serde_json::from_slice(&status.payload).expect("json");
-    assert_eq!(v["status"], "done");
+        .expect("answered in time")
+        .expect("a reply");
+    assert!(
+        reply
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Nats-Service-Error-Code"))
+            .is_none(),
+        "served like a request without headers: {reply:?}"
+    );
+    assert_eq!(a.stats().nats.disconnects, 0);
+    assert_eq!(a.stats().nats.malformed, 1);
     a.shutdown().await;
 }

@@ -39,6 +39,7 @@ mod error;
 pub mod names;
 pub mod process;
 pub mod python;
+pub mod raw;
 pub mod server;
 
 pub use binary::{NatsServerVersion, nats_server_bin, nats_server_version};
