@@ -96,7 +96,8 @@ declared! {
     /// Counter: NATS publish calls that returned an error, by `packet`.
     counter pub const PUBLISH_ERRORS_TOTAL: &str = "weir_ingress_publish_errors_total";
     /// Counter: NATS client events, by `event` (`connected`, `disconnected`,
-    /// `slow_consumer`, `lame_duck`, `server_error`, `client_error`, `draining`, `closed`).
+    /// `slow_consumer`, `lame_duck`, `server_error`, `client_error`, `malformed_message`,
+    /// `draining`, `closed`).
     counter pub const NATS_EVENTS_TOTAL: &str = "weir_ingress_nats_events_total";
     /// Gauge: 1 while the NATS client is connected, else 0.
     gauge pub const NATS_CONNECTED: &str = "weir_ingress_nats_connected";
