@@ -228,9 +228,8 @@ impl Connection {
                 }));
             };
 
-            let length = payload_len
-                + reply.as_ref().map(|reply| reply.len()).unwrap_or(0)
-                + subject.len();
+            let length =
+                payload_len + reply.as_ref().map(|reply| reply.len()).unwrap_or(0) + subject.len();
 
             trace!(
                 subject = %subject,
@@ -799,7 +798,6 @@ where
     }
 }
 
-
 /// Why a message was skipped or delivered without its header block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum MalformedReason {
@@ -814,7 +812,9 @@ pub(crate) enum MalformedReason {
 impl Display for MalformedReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Subject => f.write_str("message with a non-UTF-8 subject or reply subject skipped"),
+            Self::Subject => {
+                f.write_str("message with a non-UTF-8 subject or reply subject skipped")
+            }
             Self::HeaderBlock => {
                 f.write_str("message with a malformed header block delivered without headers")
             }
