@@ -19,7 +19,7 @@
 //! | client sent `{"type":"end"}` | `closed` (after the `end` is handed to NATS) | 1000 |
 //! | overload (`close` policy) | `overload`, `closed` | 1013 |
 //! | bad binary frame (odd, empty, too large) | `error`, `closed` | 1008 |
-//! | bad text message (also `["end"]`: only the object is an end) | `error`, `closed` | 1003 |
+//! | bad text message (also `["end"]`, or any object that repeats a key: [`control`]) | `error`, `closed` | 1003 |
 //! | protocol violation (unmasked frame, reserved bits, ...) | `error`, `closed` | 1002 |
 //! | text (or close reason) not UTF-8 | `error`, `closed` | 1007 |
 //! | message over the WebSocket limit (`max_frame_bytes` + 64 KiB) | `error`, `closed` | 1009 |
@@ -68,6 +68,8 @@ use crate::metrics as m;
 use crate::publisher::Sink;
 use crate::shutdown::TaskTracker;
 use crate::stream::{Ingress, StreamHandle, StreamSummary};
+
+mod control;
 
 /// Close codes used by the front door.
 pub mod close_code {
@@ -202,27 +204,6 @@ enum Outcome {
     Closed(EndReason),
     /// No frame for `idle_timeout`.
     Idle,
-}
-
-/// A text message: the only valid one is the JSON object `{"type":"end"}` (other
-/// members are ignored). `Err` says what is wrong.
-fn parse_control(text: &str) -> Result<(), String> {
-    let value: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| format!("not a JSON control message: {e}"))?;
-    let ty = value
-        .as_object()
-        .ok_or_else(|| "a control message is a JSON object, {\"type\":\"end\"}".to_owned())?
-        .get("type");
-    match ty.and_then(serde_json::Value::as_str) {
-        Some("end") => Ok(()),
-        Some(other) => Err(format!(
-            "unknown message type {other:?}; the only text message is {{\"type\":\"end\"}}"
-        )),
-        None => Err(
-            "a control message needs a string \"type\"; the only one is {\"type\":\"end\"}"
-                .to_owned(),
-        ),
-    }
 }
 
 /// [`Outcome::Refused`].
@@ -390,7 +371,7 @@ async fn serve_socket(mut socket: Conn, handle: StreamHandle, idle_timeout: Dura
                         Err(e @ PushError::Full { .. }) => break bad_frame(e.to_string()),
                     }
                 }
-                Some(Ok(Message::Text(text))) => match parse_control(text.as_str()) {
+                Some(Ok(Message::Text(text))) => match control::parse(text.as_str()) {
                     Ok(()) => break Outcome::End,
                     Err(e) => break refused(close_code::UNSUPPORTED, "bad_message", e),
                 },
