@@ -898,7 +898,7 @@ pub const SECTIONS: &[Section] = &[
             doc(
                 "auth_leeway_s",
                 "0..=300",
-                "clock skew allowed on a token's `exp`",
+                "clock skew allowed on a token's `exp` and `nbf`",
             ),
             doc(
                 "max_connections",
@@ -1006,7 +1006,7 @@ pub fn key_table(markdown: bool) -> String {
     keys::table(&Layers::new(&RawConfig::default()), SECTIONS, markdown)
 }
 
-/// Default `auth_leeway_s`: clock skew allowed on a token's `exp`.
+/// Default `auth_leeway_s`: clock skew allowed on a token's `exp` and `nbf`.
 pub const DEFAULT_AUTH_LEEWAY_S: u64 = 5;
 
 /// The keys as read from the layers, before validation: one field per key, flat
