@@ -242,7 +242,8 @@ impl StreamConfig {
         confirm_interval: Duration;
         /// The rate bound in thousandths of real time (`max_rate` × 1000; 0 = no bound):
         /// a stream delivers at most this much audio per unit of time, sustained, with a
-        /// burst of `max_bytes`. See [`crate::rate`].
+        /// burst of `max_bytes` + 2 s of audio (a producer catching up after a network
+        /// stall). See [`crate::rate`].
         max_rate_permille: u32;
     }
 
@@ -721,7 +722,7 @@ pub const SECTIONS: &[Section] = &[
             doc(
                 "max_rate",
                 "0 (no bound) or 1.0..=1000",
-                "rate bound in audio time: a stream delivers at most `max_rate` × real time sustained, with a burst of `max_bytes`; beyond it the policy applies (close: overload, reason rate; gap: dropped into a marker). Shadow mode enforces `shadow_ceiling_factor` × it",
+                "rate bound in audio time: a stream delivers at most `max_rate` × real time sustained, with a burst of `max_bytes` + 2 s of audio (catching up after a network stall); beyond it the policy applies (close: overload, reason rate; gap: dropped into a marker). Shadow mode enforces `shadow_ceiling_factor` × it",
             ),
             doc(
                 "max_age_ms",
