@@ -908,6 +908,17 @@ impl StreamHandle {
         self.wait_finished(bound).await
     }
 
+    /// Waits until the publisher has finished — every frame settled (confirmed by the
+    /// server or declared possibly lost), the `end` handed over and confirmed, or given
+    /// up at `end_timeout` — at most the stream's finish bound, and returns the
+    /// summary. Does not close the stream: for one already ending (overload, a bad
+    /// message), so that its `closed` event reports what was published, not what was
+    /// confirmed at the moment it stopped.
+    pub async fn wait_ended(&self) -> StreamSummary {
+        self.wait_finished(self.finish_bound + Duration::from_millis(500))
+            .await
+    }
+
     /// Waits (at most `bound`) for the publisher to exit and returns the summary.
     /// Does not close the stream.
     pub async fn wait_finished(&self, bound: Duration) -> StreamSummary {

@@ -17,8 +17,8 @@
 //! | outcome | events | close code |
 //! |---|---|---|
 //! | client sent `{"type":"end"}` | `closed` (after the `end` is handed to NATS) | 1000 |
-//! | overload (`close` policy) | `overload`, `closed` | 1013 |
-//! | bad binary frame (odd, empty, too large) | `error`, `closed` | 1008 |
+//! | overload (`close` policy) | `overload`, `closed` (after the `end` is handed to NATS) | 1013 |
+//! | bad binary frame (odd, empty, too large) | `error`, `closed` (likewise) | 1008 |
 //! | bad text message (also `["end"]`, or any object that repeats a key: [`control`]) | `error`, `closed` | 1003 |
 //! | protocol violation (unmasked frame, reserved bits, ...) | `error`, `closed` | 1002 |
 //! | text (or close reason) not UTF-8 | `error`, `closed` | 1007 |
@@ -28,6 +28,12 @@
 //! | service shutting down | `closed` | 1001 |
 //! | no frame for `idle_timeout` | `closed` | 1001 |
 //! | internal error | `closed` | 1011 |
+//!
+//! `closed` is sent once the stream has finished (or its finish bound passed:
+//! `max_age` + 2 × `publish_timeout` + `end_timeout`), whatever ended it: its
+//! `frames_published` counts the frames the server confirmed, including those handed
+//! over before an overload and confirmed after it, and `end_delivered` says whether the
+//! `end` got through.
 //!
 //! A socket that drops without `end` ends the stream with `producer_gone` (queued
 //! frames are still published). Frames are pushed with `push`, which waits at most
@@ -419,10 +425,12 @@ async fn finish_socket(mut socket: Conn, handle: StreamHandle, outcome: Outcome)
             socket.close(close_code::NORMAL, "end").await;
         }
         Outcome::Overload(o) => {
+            // The `overload` event at once; `closed` once the stream has finished, so
+            // that it counts the frames the server confirmed after the overload (those
+            // handed over before it) and says whether the `end` got through.
             socket.send_json(door::overload_event(&o, &handle)).await;
-            socket
-                .send_closed(EndReason::Overload, &door::unfinished(&handle))
-                .await;
+            let summary = handle.wait_ended().await;
+            socket.send_closed(EndReason::Overload, &summary).await;
             socket.close(close_code::TRY_AGAIN_LATER, "overload").await;
         }
         Outcome::Idle => {
@@ -446,7 +454,8 @@ async fn finish_socket(mut socket: Conn, handle: StreamHandle, outcome: Outcome)
 }
 
 /// Ends the stream (reason `error`) after a bad message: `error` event, `closed`
-/// event, close `code`. What was admitted before is still published.
+/// event (once the stream has finished), close `code`. What was admitted before is
+/// still published.
 async fn refuse(
     mut socket: Conn,
     mut handle: StreamHandle,
@@ -459,8 +468,9 @@ async fn refuse(
     socket
         .send_json(json!({"type": "error", "code": error_code, "message": message}))
         .await;
-    socket
-        .send_closed(EndReason::Error, &door::unfinished(&handle))
-        .await;
+    // `closed` reports the finished stream (what was published, whether the `end` was
+    // delivered), as after an `end` from the client.
+    let summary = handle.wait_ended().await;
+    socket.send_closed(EndReason::Error, &summary).await;
     socket.close(code, error_code).await;
 }

@@ -316,6 +316,14 @@ async fn a_text_message_with_a_duplicate_key_is_refused_1003_not_an_end() {
             "{shown}: {events:?}"
         );
         assert_eq!(closed_reason(&events), Some("error"), "{shown}: {events:?}");
+        // `closed` comes once the stream has finished: the frame before the bad
+        // message is published, the `end` delivered.
+        let closed = events
+            .iter()
+            .find(|e| e["type"] == "closed")
+            .expect("closed");
+        assert_eq!(closed["frames_published"], 1, "{shown}: {closed}");
+        assert_eq!(closed["end_delivered"], true, "{shown}: {closed}");
     }
     assert!(ends(&bin, "error", cases.len() as f64).await);
     assert_eq!(
