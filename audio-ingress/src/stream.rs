@@ -904,16 +904,12 @@ impl StreamHandle {
     /// [`finish`](Self::finish) with another end reason (e.g. `idle`, `error`).
     pub async fn finish_with(mut self, reason: EndReason) -> StreamSummary {
         self.close(reason);
-        let bound = self.finish_bound + Duration::from_millis(500);
-        self.wait_finished(bound).await
+        self.wait_ended().await
     }
 
-    /// Waits until the publisher has finished — every frame settled (confirmed by the
-    /// server or declared possibly lost), the `end` handed over and confirmed, or given
-    /// up at `end_timeout` — at most the stream's finish bound, and returns the
-    /// summary. Does not close the stream: for one already ending (overload, a bad
-    /// message), so that its `closed` event reports what was published, not what was
-    /// confirmed at the moment it stopped.
+    /// Waits (at most the finish bound) until every frame settled and the `end` was
+    /// confirmed or given up; the summary. Does not close the stream: a `closed` event
+    /// after an overload reports the final counts, not those at the stop.
     pub async fn wait_ended(&self) -> StreamSummary {
         self.wait_finished(self.finish_bound + Duration::from_millis(500))
             .await
