@@ -9,19 +9,20 @@
 //! | claim | meaning |
 //! |---|---|
 //! | `exp` | required: expiry, seconds since the Unix epoch (`auth_leeway_s` of clock skew allowed) |
+//! | `nbf` | optional: not before, seconds since the Unix epoch; a token is refused until then, with the same `auth_leeway_s` of skew (a number, else the token is malformed) |
 //! | `stream` | the one stream id the token may open, or |
 //! | `stream_prefix` | a non-empty prefix of the stream ids it may open (exactly one of the two) |
 //! | `max_rate` | optional rate class: this stream's `max_rate` (multiple of real time), at most the configured one — a token can only lower it |
 //!
 //! Outcomes: no token → 401 `unauthorized`; a token that does not verify (signature,
-//! algorithm, expiry, malformed claims) → 401 `unauthorized`; a valid token whose scope
+//! algorithm, expiry, not yet valid, malformed claims) → 401 `unauthorized`; a valid token whose scope
 //! does not cover the stream id → 403 `forbidden`. Nothing is opened for a refused
 //! request.
 //!
 //! Invariants: the secret and the tokens are never logged nor shown by `Debug`; only
 //! the configured algorithm is accepted (a token cannot choose `none` or switch from
 //! EdDSA to HS256); every check is synchronous and bounded (no network, no clock but
-//! the system's for `exp`).
+//! the system's for `exp` and `nbf`).
 
 use std::fmt;
 
@@ -55,7 +56,7 @@ impl fmt::Debug for AuthKey {
 pub struct AuthConfig {
     /// The key.
     pub key: AuthKey,
-    /// Clock skew allowed on `exp`, seconds (`auth_leeway_s`).
+    /// Clock skew allowed on `exp` and `nbf`, seconds (`auth_leeway_s`).
     pub leeway_s: u64,
 }
 
@@ -150,6 +151,9 @@ impl Authenticator {
         };
         let mut validation = Validation::new(alg);
         validation.leeway = config.leeway_s;
+        // jsonwebtoken checks `nbf` only when asked: a token minted for later must not
+        // open a stream now (same leeway as `exp`; a malformed `nbf` is refused).
+        validation.validate_nbf = true;
         validation.validate_aud = false;
         Ok(Self { key, validation })
     }
@@ -203,8 +207,9 @@ pub enum SigningKey<'a> {
     EdDsa(&'a [u8; 32]),
 }
 
-/// Mints a token (the `audio-ingress token` subcommand and tests).
-pub fn mint(key: SigningKey<'_>, claims: &Claims) -> Result<String, String> {
+/// Mints a token (the `audio-ingress token` subcommand and tests): `claims` is
+/// usually [`Claims`]; tests pass other JSON to probe the checks.
+pub fn mint<C: Serialize>(key: SigningKey<'_>, claims: &C) -> Result<String, String> {
     crypto_provider()?;
     let (key, alg) = match key {
         SigningKey::Hs256(secret) => (
@@ -340,6 +345,34 @@ mod tests {
             a.check(Some(&empty_prefix), "s"),
             Err(AuthError::Invalid(_))
         ));
+    }
+
+    #[test]
+    fn a_token_is_refused_before_its_nbf_beyond_the_leeway() {
+        let a = Authenticator::new(&AuthConfig {
+            key: AuthKey::Hs256(SECRET.to_vec()),
+            leeway_s: 5,
+        })
+        .expect("authenticator");
+        let now = unix_now_s();
+        let with_nbf = |nbf: serde_json::Value| {
+            let c = serde_json::json!({"exp": now + 7200, "stream": "s", "nbf": nbf});
+            mint(SigningKey::Hs256(SECRET), &c).expect("mint")
+        };
+        for (nbf, ok) in [
+            (serde_json::json!(now + 3600), false),
+            (serde_json::json!(now + 60), false),
+            (serde_json::json!("tomorrow"), false),
+            (serde_json::json!(now + 5), true),
+            (serde_json::json!(now), true),
+            (serde_json::json!(now - 3600), true),
+        ] {
+            let r = a.check(Some(&with_nbf(nbf.clone())), "s");
+            assert_eq!(r.is_ok(), ok, "nbf {nbf}: {r:?}");
+            if !ok {
+                assert_eq!(r.map_err(|e| e.code()), Err("unauthorized"), "nbf {nbf}");
+            }
+        }
     }
 
     #[test]

@@ -242,7 +242,8 @@ impl StreamConfig {
         confirm_interval: Duration;
         /// The rate bound in thousandths of real time (`max_rate` × 1000; 0 = no bound):
         /// a stream delivers at most this much audio per unit of time, sustained, with a
-        /// burst of `max_bytes`. See [`crate::rate`].
+        /// burst of `max_bytes` + 2 s of audio (a producer catching up after a network
+        /// stall). See [`crate::rate`].
         max_rate_permille: u32;
     }
 
@@ -721,7 +722,7 @@ pub const SECTIONS: &[Section] = &[
             doc(
                 "max_rate",
                 "0 (no bound) or 1.0..=1000",
-                "rate bound in audio time: a stream delivers at most `max_rate` × real time sustained, with a burst of `max_bytes`; beyond it the policy applies (close: overload, reason rate; gap: dropped into a marker). Shadow mode enforces `shadow_ceiling_factor` × it",
+                "rate bound in audio time: a stream delivers at most `max_rate` × real time sustained, with a burst of `max_bytes` + 2 s of audio (catching up after a network stall); beyond it the policy applies (close: overload, reason rate; gap: dropped into a marker). Shadow mode enforces `shadow_ceiling_factor` × it",
             ),
             doc(
                 "max_age_ms",
@@ -898,7 +899,7 @@ pub const SECTIONS: &[Section] = &[
             doc(
                 "auth_leeway_s",
                 "0..=300",
-                "clock skew allowed on a token's `exp`",
+                "clock skew allowed on a token's `exp` and `nbf`",
             ),
             doc(
                 "max_connections",
@@ -1006,7 +1007,7 @@ pub fn key_table(markdown: bool) -> String {
     keys::table(&Layers::new(&RawConfig::default()), SECTIONS, markdown)
 }
 
-/// Default `auth_leeway_s`: clock skew allowed on a token's `exp`.
+/// Default `auth_leeway_s`: clock skew allowed on a token's `exp` and `nbf`.
 pub const DEFAULT_AUTH_LEEWAY_S: u64 = 5;
 
 /// The keys as read from the layers, before validation: one field per key, flat

@@ -31,7 +31,7 @@
 //! - In `close`, a stream that stays full for `max_wait` (no room appeared) overloads:
 //!   the queue is emptied, and the next item is the `end` with the overload report.
 //! - A frame over the rate bound ([`crate::rate`], `max_rate` × real time, burst =
-//!   the budget) is never admitted as if nothing had happened: `gap` drops it into a
+//!   the budget + 2 s of audio to catch up after a network stall) is never admitted as if nothing had happened: `gap` drops it into a
 //!   marker (reason `rate`), `close` overloads the stream (reason `rate`).
 //! - Shadow mode measures the budget (counts `would_reject`) and enforces only the
 //!   ceiling (`shadow_ceiling_factor` × the budget), so memory stays bounded.
@@ -494,7 +494,7 @@ impl FrameQueue {
             arena: BytesMut::new(),
             rate: RateBucket::new(
                 cfg.enforced_max_rate_permille(),
-                samples_of(cfg.enforced_max_bytes()),
+                crate::rate::burst_samples(cfg.enforced_max_bytes() as u64),
             ),
             budget: Arc::new(Budget::new(Arc::clone(&global))),
             counters,
@@ -1064,7 +1064,7 @@ impl FrameQueue {
         {
             return;
         }
-        let burst = self.enforced_max_bytes / 2;
+        let burst = crate::rate::burst_samples(self.enforced_max_bytes);
         self.rate = RateBucket::new(max_rate_permille, burst);
     }
 
@@ -1465,7 +1465,7 @@ mod tests {
 
     #[test]
     fn tiny_frames_are_charged_the_floor_so_the_frame_count_is_bounded() {
-        // The byte budget alone (the rate bound's burst ends at the same count).
+        // The byte budget alone (the rate bound's burst is larger: budget + catch-up).
         let c = StreamConfig::builder()
             .max_rate_permille(0)
             .build()
@@ -1485,21 +1485,29 @@ mod tests {
 
     #[test]
     fn tiny_frames_are_charged_the_floor_by_the_rate_bound_too() {
-        // A roomy budget so only the rate bound (1.5x, burst = the budget) can refuse.
+        // A roomy budget so only the rate bound (1.5x, burst = the budget + 2 s of
+        // catch-up) can refuse: frames are popped (released) as they come.
         let c = StreamConfig::builder()
             .max_bytes(1_600_000)
+            .delivery(crate::config::Delivery::Unconfirmed)
             .build()
             .expect("cfg");
         let (mut q, counters, _) = queue(&c);
         let t0 = Instant::now();
         let tiny = Bytes::from_static(&[0, 0]);
-        // Burst: 800,000 samples = 10,000 frames at the 80-sample floor.
+        // Burst: 800,000 + 32,000 samples = 10,400 frames at the 80-sample floor.
         let mut admitted = 0u64;
         while q.offer(&tiny, t0, OfferMode::Try).is_ok() {
             admitted += 1;
             assert!(admitted <= 20_000, "the rate bound never refused");
+            while let Next::Frame(f) = q.pop(t0) {
+                drop(f);
+            }
         }
-        assert_eq!(admitted, 1_600_000 / MIN_FRAME_CHARGE as u64);
+        assert_eq!(
+            admitted,
+            crate::rate::burst_samples(1_600_000) / (MIN_FRAME_CHARGE as u64 / 2)
+        );
         assert_eq!(q.state(), StreamState::Ending, "over rate: overloaded");
         assert_eq!(counters.snapshot().admitted, admitted);
     }

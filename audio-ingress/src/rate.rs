@@ -1,11 +1,16 @@
 //! The per-stream rate bound in audio time: a token bucket counted in samples.
 //!
 //! A stream may deliver at most `max_rate` × real time sustained (16,000 samples per
-//! second × `max_rate`, default 1.5), with a burst of the stream's byte budget in
-//! samples (`max_bytes / 2`: a producer that catches up after a network hiccup may send
-//! one budget at once). A frame the bucket has no tokens for is *over rate*: the queue
-//! applies its policy (`close`: overload, reason `rate`; `gap`: the frame is dropped
-//! into a marker, reason `rate`). See [`crate::queue`] for the hook.
+//! second × `max_rate`, default 1.5), with a burst of [`burst_samples`]: the stream's
+//! byte budget in samples (`max_bytes / 2`) plus [`CATCH_UP`] (2 s) of audio. The
+//! catch-up part is for the producer after a network stall: TCP delivers its whole
+//! backlog at once, and a real-time producer that stalled 2 s sends 2 s of audio in an
+//! instant. The rate bound lets it through; what happens to that late audio is the
+//! byte and age budget's business ([`crate::queue`]: `push` waits for room, frames
+//! older than `max_age` are handled by the policy), not a close. A frame the bucket has
+//! no tokens for is *over rate*: the queue applies its policy (`close`: overload,
+//! reason `rate`; `gap`: the frame is dropped into a marker, reason `rate`). See
+//! [`crate::queue`] for the hook.
 //!
 //! Pure and synchronous: every call takes `now`, nothing sleeps; unit-tested with a
 //! paused clock. Integer arithmetic in milli-samples, so no rounding drifts with time.
@@ -13,11 +18,26 @@
 //! Invariants: tokens never exceed the burst; a frame either takes all its samples or
 //! nothing (a frame refused for another reason, e.g. a full queue that `push` retries,
 //! costs no tokens: the queue checks with [`RateBucket::has`] and takes on admission);
-//! the bucket starts full at the first frame.
+//! the bucket starts full at the first frame; a real-time producer (which drains 1×
+//! while the bucket refills at `max_rate` ≥ 1×) finds it full again whenever it stalls,
+//! so a stall of up to [`CATCH_UP`] followed by its backlog is never over rate, while
+//! a producer sustained above `max_rate` is, once the burst is spent.
+
+use std::time::Duration;
 
 use tokio::time::Instant;
 
 use weir_protocol::audio::SAMPLE_RATE;
+
+/// The network stall a producer may catch up from at once: the burst holds this much
+/// audio on top of the byte budget.
+pub const CATCH_UP: Duration = Duration::from_secs(2);
+
+/// The bucket's burst for a stream whose (enforced) byte budget is `max_bytes`: the
+/// budget in samples plus [`CATCH_UP`] of audio (40,000 samples, 2.5 s, by default).
+pub fn burst_samples(max_bytes: u64) -> u64 {
+    max_bytes / 2 + u64::from(SAMPLE_RATE) * CATCH_UP.as_secs()
+}
 
 /// Milli-samples per sample (the bucket's unit).
 const MILLI: u128 = 1000;

@@ -904,8 +904,15 @@ impl StreamHandle {
     /// [`finish`](Self::finish) with another end reason (e.g. `idle`, `error`).
     pub async fn finish_with(mut self, reason: EndReason) -> StreamSummary {
         self.close(reason);
-        let bound = self.finish_bound + Duration::from_millis(500);
-        self.wait_finished(bound).await
+        self.wait_ended().await
+    }
+
+    /// Waits (at most the finish bound) until every frame settled and the `end` was
+    /// confirmed or given up; the summary. Does not close the stream: a `closed` event
+    /// after an overload reports the final counts, not those at the stop.
+    pub async fn wait_ended(&self) -> StreamSummary {
+        self.wait_finished(self.finish_bound + Duration::from_millis(500))
+            .await
     }
 
     /// Waits (at most `bound`) for the publisher to exit and returns the summary.

@@ -17,9 +17,9 @@
 //! | outcome | events | close code |
 //! |---|---|---|
 //! | client sent `{"type":"end"}` | `closed` (after the `end` is handed to NATS) | 1000 |
-//! | overload (`close` policy) | `overload`, `closed` | 1013 |
-//! | bad binary frame (odd, empty, too large) | `error`, `closed` | 1008 |
-//! | bad text message (also `["end"]`: only the object is an end) | `error`, `closed` | 1003 |
+//! | overload (`close` policy) | `overload`, `closed` (after the `end` is handed to NATS) | 1013 |
+//! | bad binary frame (odd, empty, too large) | `error`, `closed` (likewise) | 1008 |
+//! | bad text message (also `["end"]`, or any object that repeats a key: [`control`]) | `error`, `closed` | 1003 |
 //! | protocol violation (unmasked frame, reserved bits, ...) | `error`, `closed` | 1002 |
 //! | text (or close reason) not UTF-8 | `error`, `closed` | 1007 |
 //! | message over the WebSocket limit (`max_frame_bytes` + 64 KiB) | `error`, `closed` | 1009 |
@@ -28,6 +28,12 @@
 //! | service shutting down | `closed` | 1001 |
 //! | no frame for `idle_timeout` | `closed` | 1001 |
 //! | internal error | `closed` | 1011 |
+//!
+//! `closed` is sent once the stream has finished (or its finish bound passed:
+//! `max_age` + 2 × `publish_timeout` + `end_timeout`), whatever ended it: its
+//! `frames_published` counts the frames the server confirmed, including those handed
+//! over before an overload and confirmed after it, and `end_delivered` says whether the
+//! `end` got through.
 //!
 //! A socket that drops without `end` ends the stream with `producer_gone` (queued
 //! frames are still published). Frames are pushed with `push`, which waits at most
@@ -68,6 +74,8 @@ use crate::metrics as m;
 use crate::publisher::Sink;
 use crate::shutdown::TaskTracker;
 use crate::stream::{Ingress, StreamHandle, StreamSummary};
+
+mod control;
 
 /// Close codes used by the front door.
 pub mod close_code {
@@ -202,27 +210,6 @@ enum Outcome {
     Closed(EndReason),
     /// No frame for `idle_timeout`.
     Idle,
-}
-
-/// A text message: the only valid one is the JSON object `{"type":"end"}` (other
-/// members are ignored). `Err` says what is wrong.
-fn parse_control(text: &str) -> Result<(), String> {
-    let value: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| format!("not a JSON control message: {e}"))?;
-    let ty = value
-        .as_object()
-        .ok_or_else(|| "a control message is a JSON object, {\"type\":\"end\"}".to_owned())?
-        .get("type");
-    match ty.and_then(serde_json::Value::as_str) {
-        Some("end") => Ok(()),
-        Some(other) => Err(format!(
-            "unknown message type {other:?}; the only text message is {{\"type\":\"end\"}}"
-        )),
-        None => Err(
-            "a control message needs a string \"type\"; the only one is {\"type\":\"end\"}"
-                .to_owned(),
-        ),
-    }
 }
 
 /// [`Outcome::Refused`].
@@ -390,7 +377,7 @@ async fn serve_socket(mut socket: Conn, handle: StreamHandle, idle_timeout: Dura
                         Err(e @ PushError::Full { .. }) => break bad_frame(e.to_string()),
                     }
                 }
-                Some(Ok(Message::Text(text))) => match parse_control(text.as_str()) {
+                Some(Ok(Message::Text(text))) => match control::parse(text.as_str()) {
                     Ok(()) => break Outcome::End,
                     Err(e) => break refused(close_code::UNSUPPORTED, "bad_message", e),
                 },
@@ -438,10 +425,12 @@ async fn finish_socket(mut socket: Conn, handle: StreamHandle, outcome: Outcome)
             socket.close(close_code::NORMAL, "end").await;
         }
         Outcome::Overload(o) => {
+            // The `overload` event at once; `closed` once the stream has finished, so
+            // that it counts the frames the server confirmed after the overload (those
+            // handed over before it) and says whether the `end` got through.
             socket.send_json(door::overload_event(&o, &handle)).await;
-            socket
-                .send_closed(EndReason::Overload, &door::unfinished(&handle))
-                .await;
+            let summary = handle.wait_ended().await;
+            socket.send_closed(EndReason::Overload, &summary).await;
             socket.close(close_code::TRY_AGAIN_LATER, "overload").await;
         }
         Outcome::Idle => {
@@ -465,7 +454,8 @@ async fn finish_socket(mut socket: Conn, handle: StreamHandle, outcome: Outcome)
 }
 
 /// Ends the stream (reason `error`) after a bad message: `error` event, `closed`
-/// event, close `code`. What was admitted before is still published.
+/// event (once the stream has finished), close `code`. What was admitted before is
+/// still published.
 async fn refuse(
     mut socket: Conn,
     mut handle: StreamHandle,
@@ -478,8 +468,9 @@ async fn refuse(
     socket
         .send_json(json!({"type": "error", "code": error_code, "message": message}))
         .await;
-    socket
-        .send_closed(EndReason::Error, &door::unfinished(&handle))
-        .await;
+    // `closed` reports the finished stream (what was published, whether the `end` was
+    // delivered), as after an `end` from the client.
+    let summary = handle.wait_ended().await;
+    socket.send_closed(EndReason::Error, &summary).await;
     socket.close(code, error_code).await;
 }

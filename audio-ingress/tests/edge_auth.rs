@@ -219,3 +219,54 @@ async fn eddsa_tokens_and_the_secret_never_logged() {
     assert!(!stderr.contains(SECRET), "secret logged");
     assert!(!stderr.contains(&t), "token logged");
 }
+
+/// An HS256 token with exactly these claims (JSON), signed with [`SECRET`].
+fn raw_token(claims: &Value) -> String {
+    weir_audio_ingress::auth::mint(
+        weir_audio_ingress::auth::SigningKey::Hs256(SECRET.as_bytes()),
+        claims,
+    )
+    .expect("mint")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_not_yet_valid_is_refused_401_beyond_the_leeway() {
+    let nats = NatsServer::start().expect("nats-server");
+    let bin = Binary::start_ready(
+        nats.url(),
+        &[
+            ("auth_required", "true"),
+            ("auth_hs256_secret", SECRET),
+            ("auth_leeway_s", "5"),
+        ],
+    )
+    .await;
+    let now = weir_audio_ingress::auth::unix_now_s();
+    let exp = now + 7200;
+    let with_nbf = |id: &str, nbf: Value| {
+        raw_token(&serde_json::json!({"exp": exp, "stream": id, "nbf": nbf}))
+    };
+    // An hour ahead: not valid yet.
+    let t = with_nbf("nbf-hour", (now + 3600).into());
+    assert_eq!(open(&bin, "nbf-hour", Some(&t), "").await, Err(401));
+    let (status, v, _) = refusal_body(
+        &bin,
+        "/v1/streams/nbf-hour",
+        &format!("\r\nAuthorization: Bearer {t}"),
+    )
+    .await;
+    assert_eq!(status, 401, "{v}");
+    assert_eq!(v["error"]["code"], "unauthorized", "{v}");
+    // Past the leeway by a minute: refused; a malformed `nbf` too.
+    let t = with_nbf("nbf-min", (now + 65).into());
+    assert_eq!(open(&bin, "nbf-min", Some(&t), "").await, Err(401));
+    let t = with_nbf("nbf-text", "soon".into());
+    assert_eq!(open(&bin, "nbf-text", Some(&t), "").await, Err(401));
+    // Within the leeway (clock skew), or already reached: accepted.
+    let t = with_nbf("nbf-skew", (now + 2).into());
+    assert_eq!(open(&bin, "nbf-skew", Some(&t), "").await, Ok(1000));
+    let t = with_nbf("nbf-past", (now - 60).into());
+    assert_eq!(open(&bin, "nbf-past", Some(&t), "").await, Ok(1000));
+    let rejects = "weir_ingress_admission_rejects_total{reason=\"unauthorized\"}";
+    assert_eq!(bin.metric(rejects).await, 4.0);
+}

@@ -1,7 +1,8 @@
 //! Rate in audio time (issue 10, finding 5), against the real binary and a real
 //! nats-server with the default configuration (`max_rate = 1.5`): a WebSocket producer
 //! pushing 100× real time is overloaded (`close`, reason `rate`) or gapped (`gap`,
-//! reason `rate`) within 1 s; a real-time producer is not.
+//! reason `rate`) within 1 s; a real-time producer is not, even when it flushes the
+//! backlog of a 2 s network stall at once.
 
 mod support;
 
@@ -15,7 +16,9 @@ use tokio_tungstenite::tungstenite::Message;
 use weir_testkit::NatsServer;
 
 /// Pushes 640-byte frames at `per_2ms` frames every 2 ms (10 = 100× real time) for at
-/// most `bound`, until an event of `kind` arrives; returns (time to it, event).
+/// most `bound`, until an event of `kind` with reason `rate` arrives; returns (time to
+/// it, event). (In `gap`, markers for `queue_full` may come first: at 100× the byte
+/// budget fills before the rate bound's burst — the budget + 2 s of audio — is spent.)
 async fn push_until(
     ws: std::net::SocketAddr,
     id: &str,
@@ -38,7 +41,7 @@ async fn push_until(
             msg = socket.next() => match msg {
                 Some(Ok(Message::Text(t))) => {
                     let v: Value = serde_json::from_str(t.as_str()).expect("json");
-                    if v["type"] == kind {
+                    if v["type"] == kind && v["reason"] == "rate" {
                         return Some((t0.elapsed(), v));
                     }
                 }
@@ -125,4 +128,61 @@ async fn a_producer_at_100x_real_time_is_gapped_with_reason_rate_within_1s() {
     eprintln!("edge_rate gap: first gap after {after:?}: {ev}");
     assert_eq!(ev["reason"], "rate", "{ev}");
     assert!(after < Duration::from_secs(1), "{after:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_time_producer_flushing_a_two_second_stall_is_not_closed() {
+    let nats = NatsServer::start().expect("nats-server");
+    let bin = Binary::start_ready(nats.url(), &[]).await;
+    let (mut socket, _) = tokio::time::timeout(
+        STEP,
+        tokio_tungstenite::connect_async(format!("ws://{}/v1/streams/stalled", bin.ws)),
+    )
+    .await
+    .expect("in time")
+    .expect("upgrade");
+    let frame = || Message::Binary(vec![0u8; 640].into());
+    // 1 s of real time, a 2 s network stall, its 100-frame backlog at once (what TCP
+    // delivers after the hiccup), then 1 s of real time and `end`.
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    for _ in 0..50 {
+        tick.tick().await;
+        socket.send(frame()).await.expect("frame");
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for _ in 0..100 {
+        socket.feed(frame()).await.expect("backlog");
+    }
+    socket.flush().await.expect("flush");
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    for _ in 0..50 {
+        tick.tick().await;
+        socket.send(frame()).await.expect("frame");
+    }
+    socket
+        .send(Message::Text(r#"{"type":"end"}"#.into()))
+        .await
+        .expect("end");
+    let mut events = Vec::new();
+    while let Some(Ok(m)) = tokio::time::timeout(STEP, socket.next())
+        .await
+        .expect("in time")
+    {
+        if let Message::Text(t) = m {
+            events.push(serde_json::from_str::<Value>(t.as_str()).expect("json"));
+        }
+    }
+    eprintln!("edge_rate stall: {events:?}");
+    assert!(events.iter().all(|e| e["type"] != "overload"), "{events:?}");
+    let closed = events
+        .iter()
+        .find(|e| e["type"] == "closed")
+        .expect("closed");
+    assert_eq!(closed["reason"], "producer", "{closed}");
+    assert_eq!(closed["frames_published"], 200, "{closed}");
+    assert_eq!(
+        bin.metric("weir_ingress_overloads_total{reason=\"rate\"}")
+            .await,
+        0.0
+    );
 }

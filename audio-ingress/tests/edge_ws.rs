@@ -286,3 +286,50 @@ async fn every_refusal_before_the_upgrade_has_the_json_body() {
         assert!(body["error"]["message"].is_string(), "{line}: {body}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_text_message_with_a_duplicate_key_is_refused_1003_not_an_end() {
+    let nats = NatsServer::start().expect("nats-server");
+    let bin = Binary::start_ready(nats.url(), &[]).await;
+    // A parser that keeps the last (or the first) duplicate decides differently from
+    // one that keeps the other: any repeated key, at any depth and however it is
+    // escaped, is a bad message.
+    let cases: [&[u8]; 5] = [
+        br#"{"type":"x","type":"end"}"#,
+        br#"{"type":"end","type":"x"}"#,
+        br#"{"type":"end","type":"end"}"#,
+        br#"{"type":"end","t\u0079pe":"end"}"#,
+        br#"{"type":"end","meta":{"k":1,"k":2}}"#,
+    ];
+    for (i, text) in cases.iter().enumerate() {
+        let mut ws = RawWs::connect(bin.ws, &format!("/v1/streams/dup-key-{i}")).await;
+        ws.send(BINARY, &[0u8; 640], true).await;
+        ws.send(TEXT, text, true).await;
+        let (events, code) = ws.until_close().await;
+        let shown = String::from_utf8_lossy(text);
+        assert_eq!(code, Some(1003), "{shown}: {events:?}");
+        assert_eq!(events[0]["code"], "bad_message", "{shown}: {events:?}");
+        assert!(
+            events[0]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("duplicate")),
+            "{shown}: {events:?}"
+        );
+        assert_eq!(closed_reason(&events), Some("error"), "{shown}: {events:?}");
+        // `closed` comes once the stream has finished: the frame before the bad
+        // message is published, the `end` delivered.
+        let closed = events
+            .iter()
+            .find(|e| e["type"] == "closed")
+            .expect("closed");
+        assert_eq!(closed["frames_published"], 1, "{shown}: {closed}");
+        assert_eq!(closed["end_delivered"], true, "{shown}: {closed}");
+    }
+    assert!(ends(&bin, "error", cases.len() as f64).await);
+    assert_eq!(
+        bin.metric("weir_ingress_ends_total{reason=\"producer\"}")
+            .await,
+        0.0,
+        "none ended as a producer's end"
+    );
+}

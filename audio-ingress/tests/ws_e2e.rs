@@ -355,21 +355,9 @@ async fn ws_overload_sends_an_overload_event_and_closes_1013() {
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     server.pause().expect("pause");
-    let mut events = Vec::new();
-    let code = loop {
-        match tokio::time::timeout(STEP, rx.next())
-            .await
-            .expect("event in time")
-        {
-            Some(Ok(Message::Text(t))) => {
-                events.push(serde_json::from_str::<Value>(t.as_str()).expect("json"))
-            }
-            Some(Ok(Message::Close(f))) => break f.map(|f| u16::from(f.code)),
-            Some(Ok(_)) => {}
-            None | Some(Err(_)) => break None,
-        }
-    };
-    server.resume().expect("resume");
+    // `closed` follows once the `end` is delivered (or given up at `end_timeout_ms`):
+    // the server is resumed at the `overload` event.
+    let (events, code) = overload_then_close(&mut rx, &server).await;
     sender.abort();
     assert_eq!(code, Some(1013), "{events:?}");
     let overload = events
@@ -400,6 +388,100 @@ async fn ws_overload_sends_an_overload_event_and_closes_1013() {
     let end = collector.log("ws-ov").end.expect("end");
     assert_eq!(end.ext.end_reason, Some(EndReason::Overload));
     assert!(end.ext.overload.is_some());
+    svc.shutdown().await;
+}
+
+/// Reads events until the close frame; resumes the paused `server` at the `overload`
+/// event: (text events, close code).
+async fn overload_then_close(
+    rx: &mut futures::stream::SplitStream<Ws>,
+    server: &NatsServer,
+) -> (Vec<Value>, Option<u16>) {
+    let mut events = Vec::new();
+    let mut resumed = false;
+    let code = loop {
+        match tokio::time::timeout(STEP, rx.next())
+            .await
+            .expect("event in time")
+        {
+            Some(Ok(Message::Text(t))) => {
+                let v = serde_json::from_str::<Value>(t.as_str()).expect("json");
+                if v["type"] == "overload" && !resumed {
+                    server.resume().expect("resume");
+                    resumed = true;
+                }
+                events.push(v);
+            }
+            Some(Ok(Message::Close(f))) => break f.map(|f| u16::from(f.code)),
+            Some(Ok(_)) => {}
+            None | Some(Err(_)) => break None,
+        }
+    };
+    if !resumed {
+        server.resume().expect("resume");
+    }
+    (events, code)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ws_closed_after_an_overload_reports_what_the_subscriber_received() {
+    let server = NatsServer::start().expect("nats-server");
+    let collector = Collector::start(server.url(), "inference.whisper.stream.*").await;
+    // A long ping, so that the short stall below is not taken for a dead connection
+    // (no reconnect: nothing is declared possibly lost, every count is exact).
+    let svc = start_service(server.url(), &[("nats_ping_interval_ms", "10000")]).await;
+    let ws = connect(&svc, "/v1/streams/ws-ov-count")
+        .await
+        .expect("upgrade");
+    let (mut tx, mut rx) = ws.split();
+    let sender = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(20));
+        for seq in 1..=1000 {
+            tick.tick().await;
+            if tx.send(Message::Binary(pcm(seq))).await.is_err() {
+                break;
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Stopped: the budget's frames are handed to the client, unconfirmed, until the
+    // stream overloads (max_age); they reach the subscriber once the server resumes.
+    server.pause().expect("pause");
+    let (events, code) = overload_then_close(&mut rx, &server).await;
+    sender.abort();
+    assert_eq!(code, Some(1013), "{events:?}");
+    let closed = events
+        .iter()
+        .find(|e| e["type"] == "closed")
+        .expect("closed event")
+        .clone();
+    assert_eq!(closed["reason"], "overload", "{closed}");
+    assert!(collector.wait_ends(1, STEP).await, "the end reached NATS");
+    let log = collector.log("ws-ov-count");
+    let received = log.frames.len() as u64;
+    let declared = log
+        .end
+        .as_ref()
+        .and_then(|e| e.ext.possibly_lost.as_ref())
+        .map_or(0, |d| d.total_frames);
+    let published = closed["frames_published"].as_u64().expect("count");
+    eprintln!(
+        "closed after overload: {closed}; subscriber: {received} frames, end {}, {declared} declared",
+        log.end.is_some()
+    );
+    assert!(received > 0);
+    // `frames_published` = confirmed by the server: each of them reached the
+    // subscriber; a frame received beyond them must have been declared possibly lost.
+    assert!(
+        published <= received && received <= published + declared,
+        "{closed}: subscriber got {received}, {declared} declared"
+    );
+    assert_eq!(declared, 0, "no reconnect at a 10 s ping: exact counts");
+    assert_eq!(
+        closed["end_delivered"],
+        log.end.is_some(),
+        "{closed}: the subscriber got the end"
+    );
     svc.shutdown().await;
 }
 
