@@ -139,14 +139,16 @@ async fn the_example_permissions_refuse_the_bad_publisher_and_the_adapter_stays_
         ..Default::default()
     })
     .expect("nats-server with the example configuration");
+    // Each user with its own inbox prefix, as the example requires.
     let a = adapter(
         &server,
-        "[service]\nsubject = \"llm.infer\"\n",
+        "[service]\nsubject = \"llm.infer\"\n[nats]\ninbox_prefix = \"_INBOX.llm-adapter\"\n",
         Some(("llm-adapter", "adapter-secret")),
     )
     .await;
     let caller =
         async_nats::ConnectOptions::with_user_and_password("caller".into(), "caller-secret".into())
+            .custom_inbox_prefix("_INBOX.caller")
             .connect(server.url())
             .await
             .expect("caller connects");
