@@ -228,7 +228,11 @@ async fn a_guest_reads_no_replies_meant_for_callers() {
     // Anything the guest could read would have arrived with the caller's replies.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(all.load(Ordering::Relaxed), 0, "guest read _INBOX.>");
-    assert_eq!(callers.load(Ordering::Relaxed), 0, "guest read _INBOX.caller.>");
+    assert_eq!(
+        callers.load(Ordering::Relaxed),
+        0,
+        "guest read _INBOX.caller.>"
+    );
     assert_eq!(kit.disconnects().await, 0);
 }
 
@@ -301,9 +305,13 @@ async fn a_reply_subject_cannot_aim_the_adapter_at_an_internal_subject() {
 
     // Unary and streamed requests whose reply subject names an internal subject.
     let mut ids = Vec::new();
-    for (i, reply) in ["weir.lease.weir_leases.heartbeat", "audio.x", "$KV.weir_leases.p.0"]
-        .iter()
-        .enumerate()
+    for (i, reply) in [
+        "weir.lease.weir_leases.heartbeat",
+        "audio.x",
+        "$KV.weir_leases.p.0",
+    ]
+    .iter()
+    .enumerate()
     {
         for stream in [false, true] {
             let id = format!("aim-{i}-{stream}");
@@ -342,8 +350,16 @@ async fn a_reply_subject_cannot_aim_the_adapter_at_an_internal_subject() {
     }
     answered(&caller).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(heartbeat.load(Ordering::Relaxed), 0, "the adapter heartbeat");
-    assert_eq!(audio.load(Ordering::Relaxed), 0, "the adapter published audio");
+    assert_eq!(
+        heartbeat.load(Ordering::Relaxed),
+        0,
+        "the adapter heartbeat"
+    );
+    assert_eq!(
+        audio.load(Ordering::Relaxed),
+        0,
+        "the adapter published audio"
+    );
     assert_eq!(kit.disconnects().await, 0);
 }
 
@@ -404,6 +420,10 @@ async fn malformed_messages_from_a_caller_lose_no_request() {
         .await
         .expect("load in time")
         .expect("load");
-    assert_eq!(answered_ok.load(Ordering::Relaxed), REQUESTS, "requests lost");
+    assert_eq!(
+        answered_ok.load(Ordering::Relaxed),
+        REQUESTS,
+        "requests lost"
+    );
     assert_eq!(kit.disconnects().await, 0, "adapter disconnects");
 }

@@ -125,8 +125,7 @@ pub fn parse_inbox_prefix(prefix: &str) -> Result<String, FieldError> {
     }
     let safe = |t: &str| {
         !t.is_empty()
-            && t
-                .bytes()
+            && t.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
     };
     if let Some(bad) = tokens.iter().find(|t| !safe(t)) {
@@ -491,7 +490,12 @@ mod tests {
     fn the_inbox_prefix_is_a_literal_subject_of_safe_tokens() {
         let c = NatsInput::default().validate(base()).expect("valid");
         assert_eq!(c.inbox_prefix, DEFAULT_INBOX_PREFIX);
-        for ok in ["_INBOX.caller", "_INBOX.llm-adapter", "replies", "a.b-c.D_9"] {
+        for ok in [
+            "_INBOX.caller",
+            "_INBOX.llm-adapter",
+            "replies",
+            "a.b-c.D_9",
+        ] {
             let c = NatsInput {
                 inbox_prefix: Some(ok),
                 ..NatsInput::default()
