@@ -427,3 +427,51 @@ async fn malformed_messages_from_a_caller_lose_no_request() {
     );
     assert_eq!(kit.disconnects().await, 0, "adapter disconnects");
 }
+
+/// Runs tests/py/deploy_kit_caller.py (the Python client as `caller`) with nats-py's
+/// `inbox_prefix`; its JSON summary.
+async fn python_caller(kit: &Kit, inbox_prefix: &str) -> serde_json::Value {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let script = root.join("tests/py/deploy_kit_caller.py");
+    let module_dir = root.join("../clients/python");
+    let py = weir_testkit::python::python();
+    let url = kit.server.url().to_owned();
+    let prefix = inbox_prefix.to_owned();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(&py)
+            .arg(&script)
+            .args(["--nats", &url, "--inbox-prefix", &prefix])
+            .env("PYTHONPATH", &module_dir)
+            .output()
+    });
+    let out = tokio::time::timeout(Duration::from_secs(60), out)
+        .await
+        .expect("the script ends in time")
+        .expect("join")
+        .expect("run python");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "deploy_kit_caller.py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.trim().lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("summary JSON ({e}): {stdout}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_client_is_answered_with_its_users_inbox_prefix_only() {
+    let kit = kit().await;
+    answered(&caller(&kit).await).await;
+    let v = python_caller(&kit, "_INBOX.caller").await;
+    assert_eq!(
+        (&v["unary"], &v["stream"]),
+        (&"ok".into(), &"ok".into()),
+        "{v}"
+    );
+    assert!(v["chunks"].as_u64().unwrap_or(0) > 16, "{v}");
+    // With the default prefix its reply inbox is refused: no answer reaches it.
+    let v = python_caller(&kit, "_INBOX").await;
+    assert_eq!(v["unary"], "timed_out", "{v}");
+    assert_eq!(kit.disconnects().await, 0);
+}
