@@ -475,3 +475,32 @@ async fn the_python_client_is_answered_with_its_users_inbox_prefix_only() {
     assert_eq!(v["unary"], "timed_out", "{v}");
     assert_eq!(kit.disconnects().await, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_discovers_and_reads_but_may_not_infer_or_cancel() {
+    let kit = kit().await;
+    answered(&caller(&kit).await).await;
+    let operator = user(&kit, "operator", "operator-secret", Arc::default()).await;
+    // Discovery and stats answered to the operator's own inbox.
+    for subject in [
+        "$SRV.PING",
+        "$SRV.INFO.weir-llm",
+        "$SRV.STATS.weir-llm",
+        "llm.limits",
+    ] {
+        let r = tokio::time::timeout(STEP, operator.request(subject, Bytes::new()))
+            .await
+            .expect("in time")
+            .unwrap_or_else(|e| panic!("{subject}: {e}"));
+        assert!(!r.payload.is_empty(), "{subject}");
+    }
+    for frame in [
+        &b"PUB llm.infer _INBOX.operator.x 2\r\n{}\r\n"[..],
+        b"PUB llm.cancel _INBOX.operator.x 2\r\nid\r\n",
+        b"PUB _INBOX.llm-adapter.x.1 2\r\n17\r\n",
+    ] {
+        let seen = raw_publish(kit.server.port(), ("operator", "operator-secret"), frame).await;
+        assert!(seen.contains("Permissions Violation for Publish"), "{seen}");
+    }
+    assert_eq!(kit.disconnects().await, 0);
+}
