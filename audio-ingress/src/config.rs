@@ -982,6 +982,13 @@ pub const SECTIONS: &[Section] = &[
                 "client key",
             ),
             doc(
+                "nats_inbox_prefix",
+                "1..=8 tokens of `A-Z a-z 0-9 _ -`, dot-separated, ≤ 128 bytes",
+                "prefix of the client's inboxes (the confirmation marker \
+                 `<prefix>.<nuid>.weir-confirm`): the user's own, e.g. `_INBOX.ingress` \
+                 (deploy/nats-server.conf)",
+            ),
+            doc(
                 "nats_connection_timeout_ms",
                 "100..=60000",
                 "per-attempt connect timeout",
@@ -1075,6 +1082,7 @@ struct RawConfig {
     nats_tls_ca_file: String,
     nats_tls_cert_file: String,
     nats_tls_key_file: String,
+    nats_inbox_prefix: String,
     nats_connection_timeout_ms: u64,
     nats_ping_interval_ms: u64,
     nats_client_capacity: u64,
@@ -1148,6 +1156,7 @@ impl Default for RawConfig {
             nats_tls_ca_file: String::new(),
             nats_tls_cert_file: String::new(),
             nats_tls_key_file: String::new(),
+            nats_inbox_prefix: n.inbox_prefix,
             nats_connection_timeout_ms: ms(n.connection_timeout),
             nats_ping_interval_ms: ms(n.ping_interval),
             nats_client_capacity: n.client_capacity as u64,
@@ -1568,6 +1577,7 @@ impl RawConfig {
             tls_ca_file: path(&self.nats_tls_ca_file),
             tls_cert_file: path(&self.nats_tls_cert_file),
             tls_key_file: path(&self.nats_tls_key_file),
+            inbox_prefix: set(&self.nats_inbox_prefix),
         }
         .validate(base)
         .map_err(|e| {

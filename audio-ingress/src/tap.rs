@@ -124,6 +124,10 @@ pub struct TapArgs {
     /// Client key, PEM (with `--tls-cert-file`).
     #[arg(long, value_name = "FILE", requires = "tls_cert_file")]
     pub tls_key_file: Option<std::path::PathBuf>,
+    /// Prefix of the client's inboxes (default `_INBOX`): the user's own where the
+    /// server allows each user only its prefix, e.g. `_INBOX.operator`.
+    #[arg(long, value_name = "PREFIX", env = "WEIR_TAP_NATS_INBOX_PREFIX")]
+    pub inbox_prefix: Option<String>,
 }
 
 impl TapArgs {
@@ -141,6 +145,7 @@ impl TapArgs {
             tls_ca_file: self.tls_ca_file.as_deref(),
             tls_cert_file: self.tls_cert_file.as_deref(),
             tls_key_file: self.tls_key_file.as_deref(),
+            inbox_prefix: self.inbox_prefix.as_deref(),
         }
         .validate(NatsConfig {
             connection_timeout: CONNECT_TIMEOUT,

@@ -21,6 +21,15 @@ Every failure raises `LlmError` with `code` (the adapter's error code such as
 `message`, `details` (the numbers: `limit`, `retry_after_ms`, ...) and, when the request
 body was the deployed envelope, `envelope` (the response envelope, `ok: false`).
 
+Inbox prefix: every reply subject this client uses (unary replies, streamed events,
+the durable intake's `Weir-Reply-To`) is an inbox of the connection, so it follows
+nats-py's `inbox_prefix`. Where the server lets each user subscribe only to its own
+inboxes (deploy/nats-server.conf: user `caller`, `_INBOX.caller.>`), connect with that
+prefix, or no reply can reach you:
+
+    nc = await nats.connect(url, user="caller", password=secret,
+                            inbox_prefix="_INBOX.caller")
+
 Durable intake (the adapter's `intake = "jetstream"`): `LlmClient(nc,
 intake_subject="llm.intake")` sends unary requests with a JetStream publish, so the
 stream keeps each request until a replica answers it, also when the replica that took

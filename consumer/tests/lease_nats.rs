@@ -238,8 +238,9 @@ async fn a_write_with_our_own_id_is_adopted_not_fenced() {
 }
 
 /// `deploy/nats-server.conf`'s `asr-worker` user has every permission lease ownership
-/// needs (bucket creation, CAS, watch, heartbeats, audio), and `guest` may neither
-/// write a lease nor heartbeat.
+/// needs (bucket creation, CAS, watch, heartbeats, audio from a `producer`) with its
+/// own inbox prefix and no `allow_responses`, and `guest` may neither write a lease
+/// nor heartbeat.
 #[tokio::test]
 async fn the_example_server_config_lets_an_asr_worker_lease_and_stops_a_guest() {
     let server = NatsServer::start_with(NatsServerOptions {
@@ -248,8 +249,10 @@ async fn the_example_server_config_lets_an_asr_worker_lease_and_stops_a_guest() 
         ..Default::default()
     })
     .expect("server");
+    // Each user subscribes only to its own inboxes: `_INBOX.<user>`.
     let as_user = |user: &'static str, password: &'static str| {
         async_nats::ConnectOptions::with_user_and_password(user.into(), password.into())
+            .custom_inbox_prefix(format!("_INBOX.{user}"))
             .connect(server.url())
     };
     let worker = as_user("asr-worker", "asr-secret")
@@ -276,8 +279,11 @@ async fn the_example_server_config_lets_an_asr_worker_lease_and_stops_a_guest() 
     let guest = as_user("guest", "guest-secret")
         .await
         .expect("guest connects");
+    let producer = as_user("producer", "producer-secret")
+        .await
+        .expect("producer connects");
     let (_, subj) = subject("s3");
-    publish(&guest, &subj, Packet::frame(1, pcm(1)), &[]).await;
+    publish(&producer, &subj, Packet::frame(1, pcm(1)), &[]).await;
     let got = until(&mut rx, Duration::from_secs(3), |e| {
         matches!(e, StreamEvent::Frame(_))
     })

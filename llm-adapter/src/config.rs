@@ -1134,6 +1134,11 @@ raw_section! {
             "PEM client certificate";
         tls_key_file: String = String::new(), "an existing file; with `nats.tls_cert_file`",
             "PEM private key of the client certificate";
+        inbox_prefix: String = weir_service::nats::DEFAULT_INBOX_PREFIX.into(),
+            "1..=8 tokens of `A-Z a-z 0-9 _ -`, dot-separated, ≤ 128 bytes",
+            "prefix of the adapter's inboxes (NATS-backend replies, streaming acknowledgements \
+            `<prefix>.<nuid>.<stream id>`): the user's own, e.g. `_INBOX.llm-adapter` \
+            (deploy/nats-server.conf)";
         connection_timeout_ms: u64 = 2_000, "1..=600000",
             "bound on connecting to one server (a reconnect that tries a hung node first waits this \
             long)";
@@ -1629,6 +1634,7 @@ impl RawNats {
             tls_ca_file: path(&self.tls_ca_file),
             tls_cert_file: path(&self.tls_cert_file),
             tls_key_file: path(&self.tls_key_file),
+            inbox_prefix: text(&self.inbox_prefix),
         }
         .validate(base)
         .map_err(|e| ConfigError::invalid(format!("nats.{}", e.field), e.message))?;

@@ -1,5 +1,6 @@
 //! Connecting with a validated [`NatsConfig`]: one set of options (authentication, TLS,
-//! timeouts, capacities) for every weir client, and one first-connect behaviour.
+//! timeouts, capacities, inbox prefix) for every weir client, and one first-connect
+//! behaviour.
 //!
 //! A caller adds its own event callback to [`options`] (the ingress counts events into
 //! metrics, the adapter into its `NatsEvents` too) and passes the result to [`connect`].
@@ -58,7 +59,8 @@ pub async fn options(cfg: &NatsConfig) -> Result<ConnectOptions, ConnectError> {
         .name(&cfg.name)
         .connection_timeout(cfg.connection_timeout)
         .ping_interval(cfg.ping_interval)
-        .client_capacity(cfg.client_capacity))
+        .client_capacity(cfg.client_capacity)
+        .custom_inbox_prefix(&cfg.inbox_prefix))
 }
 
 /// Connects with `options` (from [`options`], plus the caller's callback).

@@ -14,7 +14,9 @@ use futures::StreamExt;
 
 pub use connect::{ConnectError, ConnectErrorKind, connect, options};
 pub use settings::{
-    DEFAULT_URL, FieldError, FieldErrorKind, NatsAuth, NatsConfig, NatsInput, NatsTls, parse_urls,
+    DEFAULT_INBOX_PREFIX, DEFAULT_URL, FieldError, FieldErrorKind, MAX_INBOX_PREFIX_LEN,
+    MAX_INBOX_PREFIX_TOKENS, NatsAuth, NatsConfig, NatsInput, NatsTls, parse_inbox_prefix,
+    parse_urls,
 };
 
 /// The metric label of an event. `malformed_message`: the server relayed a message the

@@ -8,6 +8,10 @@
 //!   several and the server would pick one the operator did not choose;
 //! - a password goes with a user, a client key with a client certificate;
 //! - every file named (credentials, CA, certificate, key) exists when validated;
+//! - the inbox prefix is a literal subject of 1..=[`MAX_INBOX_PREFIX_TOKENS`] tokens of
+//!   `A-Z a-z 0-9 _ -` (no wildcard, no empty token, at most [`MAX_INBOX_PREFIX_LEN`]
+//!   bytes): every reply subject the client makes starts with it, and server
+//!   permissions (`_INBOX.caller.>`) are written against it;
 //! - `Debug` never prints a password, token or NKey seed (configuration is logged and
 //!   printed in errors).
 //!
@@ -88,6 +92,49 @@ pub struct NatsConfig {
     /// service reports not-ready until connected); `false`: the first connection must
     /// succeed.
     pub retry_initial_connect: bool,
+    /// Prefix of every inbox (reply subject) the client makes: `<prefix>.<unique>`.
+    /// One prefix per NATS user lets the server allow each user only its own replies
+    /// (deploy/nats-server.conf). Default [`DEFAULT_INBOX_PREFIX`].
+    pub inbox_prefix: String,
+}
+
+/// The inbox prefix of every NATS client unless configured.
+pub const DEFAULT_INBOX_PREFIX: &str = "_INBOX";
+
+/// Longest inbox prefix accepted, in bytes.
+pub const MAX_INBOX_PREFIX_LEN: usize = 128;
+
+/// Most tokens an inbox prefix may have.
+pub const MAX_INBOX_PREFIX_TOKENS: usize = 8;
+
+/// Checks an inbox prefix (see the module invariants).
+pub fn parse_inbox_prefix(prefix: &str) -> Result<String, FieldError> {
+    let invalid = |why: String| FieldError::new("inbox_prefix", FieldErrorKind::Invalid, why);
+    if prefix.len() > MAX_INBOX_PREFIX_LEN {
+        return Err(invalid(format!(
+            "{} bytes; at most {MAX_INBOX_PREFIX_LEN}",
+            prefix.len()
+        )));
+    }
+    let tokens: Vec<&str> = prefix.split('.').collect();
+    if tokens.len() > MAX_INBOX_PREFIX_TOKENS {
+        return Err(invalid(format!(
+            "{prefix:?} has {} tokens; at most {MAX_INBOX_PREFIX_TOKENS}",
+            tokens.len()
+        )));
+    }
+    let safe = |t: &str| {
+        !t.is_empty()
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    };
+    if let Some(bad) = tokens.iter().find(|t| !safe(t)) {
+        return Err(invalid(format!(
+            "{prefix:?}: token {bad:?} is not 1 or more of A-Z a-z 0-9 _ - (a literal \
+             subject such as `_INBOX.caller`, no wildcard)"
+        )));
+    }
+    Ok(prefix.to_owned())
 }
 
 /// The default server.
@@ -109,6 +156,7 @@ impl NatsConfig {
             client_capacity: 1024,
             subscription_capacity: None,
             retry_initial_connect: true,
+            inbox_prefix: DEFAULT_INBOX_PREFIX.to_owned(),
         }
     }
 
@@ -154,6 +202,8 @@ pub struct NatsInput<'a> {
     pub tls_cert_file: Option<&'a Path>,
     /// Client key (with `tls_cert_file`).
     pub tls_key_file: Option<&'a Path>,
+    /// Inbox prefix (`None`: keep the base's).
+    pub inbox_prefix: Option<&'a str>,
 }
 
 /// Why a connection key was refused.
@@ -265,8 +315,9 @@ pub fn parse_urls(list: &str) -> Result<Vec<String>, FieldError> {
 }
 
 impl NatsInput<'_> {
-    /// `base` with the URLs, authentication and TLS of this input, validated (see the
-    /// module invariants); `base` keeps its name, timeouts and capacities.
+    /// `base` with the URLs, authentication, TLS and inbox prefix of this input,
+    /// validated (see the module invariants); `base` keeps its name, timeouts and
+    /// capacities.
     pub fn validate(&self, base: NatsConfig) -> Result<NatsConfig, FieldError> {
         let urls = match present(self.url) {
             Some(list) => parse_urls(list)?,
@@ -285,10 +336,15 @@ impl NatsInput<'_> {
             ca_file: existing("tls_ca_file", self.tls_ca_file)?,
             client_cert,
         };
+        let inbox_prefix = match present(self.inbox_prefix) {
+            Some(p) => parse_inbox_prefix(p)?,
+            None => base.inbox_prefix,
+        };
         Ok(NatsConfig {
             urls,
             auth,
             tls,
+            inbox_prefix,
             ..base
         })
     }
@@ -428,6 +484,56 @@ mod tests {
         .expect("valid");
         assert!(c.tls.required);
         assert_eq!(c.tls.client_cert, Some((file.clone(), file)));
+    }
+
+    #[test]
+    fn the_inbox_prefix_is_a_literal_subject_of_safe_tokens() {
+        let c = NatsInput::default().validate(base()).expect("valid");
+        assert_eq!(c.inbox_prefix, DEFAULT_INBOX_PREFIX);
+        for ok in [
+            "_INBOX.caller",
+            "_INBOX.llm-adapter",
+            "replies",
+            "a.b-c.D_9",
+        ] {
+            let c = NatsInput {
+                inbox_prefix: Some(ok),
+                ..NatsInput::default()
+            }
+            .validate(base())
+            .expect(ok);
+            assert_eq!(c.inbox_prefix, ok);
+        }
+        let long = "a".repeat(MAX_INBOX_PREFIX_LEN + 1);
+        let many = ["a"; MAX_INBOX_PREFIX_TOKENS + 1].join(".");
+        for bad in [
+            "_INBOX.>",
+            "_INBOX.*",
+            "_INBOX.",
+            ".x",
+            "a..b",
+            "a b",
+            "caf\u{e9}",
+            "$SRV",
+            long.as_str(),
+            many.as_str(),
+        ] {
+            let e = NatsInput {
+                inbox_prefix: Some(bad),
+                ..NatsInput::default()
+            }
+            .validate(base())
+            .expect_err(bad);
+            assert_eq!((e.field, e.kind), ("inbox_prefix", FieldErrorKind::Invalid));
+        }
+        // Empty is absent: the base's prefix stays.
+        let c = NatsInput {
+            inbox_prefix: Some(""),
+            ..NatsInput::default()
+        }
+        .validate(base())
+        .expect("valid");
+        assert_eq!(c.inbox_prefix, DEFAULT_INBOX_PREFIX);
     }
 
     #[test]
