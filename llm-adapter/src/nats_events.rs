@@ -20,8 +20,9 @@
 //! - a log line is written for the first drop of each subscription and then for every
 //!   [`LOG_EVERY`]th, never per message.
 //!
-//! A disconnect caused by a malformed message (nats.rs #1572) shows here as a
-//! disconnect (`weir_llm_nats_disconnects_total`); async-nats does not tell the cause apart.
+//! A message the client could not read (a non-UTF-8 subject or reply subject, a broken
+//! header block) no longer drops the connection (the vendored async-nats skips it, or
+//! delivers it without headers); it is counted here (`weir_llm_nats_malformed_total`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,6 +47,7 @@ struct Inner {
     taken: AtomicU64,
     dropped: AtomicU64,
     disconnects: AtomicU64,
+    malformed: AtomicU64,
     by_sid: Mutex<BTreeMap<u64, u64>>,
 }
 
@@ -58,6 +60,10 @@ pub struct NatsEventsSnapshot {
     pub dropped_by_sid: BTreeMap<u64, u64>,
     /// Connections lost (each is followed by a reconnect attempt).
     pub disconnects: u64,
+    /// Messages the client could not read (skipped, or delivered without headers); the
+    /// connection stayed up.
+    #[serde(default)]
+    pub malformed: u64,
     /// Messages the client received from the server, every subscription
     /// (async-nats `Statistics::in_messages`).
     pub in_messages: u64,
@@ -116,6 +122,15 @@ impl NatsEvents {
                 metrics::gauge!(m::NATS_CONNECTED).set(0.0);
                 tracing::warn!(event = %event, "nats connection event");
             }
+            Event::ClientError(async_nats::ClientError::MalformedMessage(_)) => {
+                self.inner.malformed.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!(m::NATS_MALFORMED_TOTAL).increment(1);
+                static MALFORMED: weir_service::ratelimit::LogLimit =
+                    weir_service::ratelimit::LogLimit::new(std::time::Duration::from_secs(10));
+                if let Some(suppressed) = MALFORMED.allow() {
+                    tracing::warn!(event = %event, suppressed, "nats message the client could not read");
+                }
+            }
             _ => tracing::info!(event = %event, "nats connection event"),
         }
     }
@@ -144,6 +159,7 @@ impl NatsEvents {
             dropped: self.inner.dropped.load(Ordering::Relaxed),
             dropped_by_sid: locked(&self.inner.by_sid).clone(),
             disconnects: self.inner.disconnects.load(Ordering::Relaxed),
+            malformed: self.inner.malformed.load(Ordering::Relaxed),
         }
     }
 }
@@ -160,7 +176,11 @@ mod tests {
         }
         e.on_event(&async_nats::Event::Disconnected);
         e.on_event(&async_nats::Event::Connected);
+        e.on_event(&async_nats::Event::ClientError(
+            async_nats::ClientError::MalformedMessage("header block".into()),
+        ));
         let s = e.snapshot();
+        assert_eq!(s.malformed, 1);
         assert_eq!(s.dropped, 3);
         assert_eq!(s.dropped_by_sid, BTreeMap::from([(3, 2), (5, 1)]));
         assert_eq!(s.disconnects, 1);
