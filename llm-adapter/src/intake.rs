@@ -75,8 +75,8 @@ use weir_service::ratelimit::LogLimit;
 
 mod kept;
 
-pub(crate) use self::kept::{KeptReply, fingerprint};
-use self::kept::{decode_reply, encode_reply};
+pub(crate) use self::kept::{KeptReply, conflict, fingerprint, wait_kept_reply};
+use self::kept::{Replay, encode_reply, replay_kept};
 use crate::config::{Config, JetStreamIntake, KeyLimit, Mode, OnBusy};
 use crate::metrics as m;
 use crate::millis::{unix_ms_now, whole_ms};
@@ -589,60 +589,6 @@ pub(crate) async fn open_reply_bucket(
     )
     .await
     .map(Some)
-}
-
-/// The kept answer of `request_id`, read through the bucket stream's leader (a direct
-/// get may be answered by a follower that has not stored the latest write yet):
-/// `Ok(None)` = none kept, `Err` = the bucket did not answer within `limit`.
-async fn read_kept_reply(
-    kv: &kv::Store,
-    request_id: &str,
-    limit: Duration,
-) -> Result<Option<KeptReply>, String> {
-    let subject = format!("{}{}", kv.prefix, reply_key(request_id));
-    let read = tokio::time::timeout(limit, kv.stream.get_last_raw_message_by_subject(&subject));
-    match read.await {
-        Ok(Ok(msg)) => {
-            let op = msg
-                .headers
-                .get(KV_OPERATION)
-                .map_or("", |v| v.as_str())
-                .to_owned();
-            Ok((op.is_empty() || op == "PUT")
-                .then(|| decode_reply(&msg.payload))
-                .flatten())
-        }
-        Ok(Err(e)) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no answer within {} ms", whole_ms(limit))),
-    }
-}
-
-/// The header that marks a KV delete or purge (absent or `PUT` on a value).
-const KV_OPERATION: &str = "KV-Operation";
-
-/// Waits until the reply bucket holds the answer of `request_id` (or `until`): what a
-/// forwarding replica answers a duplicate with.
-pub(crate) async fn wait_kept_reply(
-    kv: kv::Store,
-    request_id: String,
-    until: Instant,
-) -> Option<KeptReply> {
-    let key = reply_key(&request_id);
-    tokio::time::timeout_at(until, async move {
-        let mut watch = kv.watch_with_history(&key).await.ok()?;
-        while let Some(entry) = watch.next().await {
-            match entry {
-                Ok(e) if e.operation == kv::Operation::Put => return decode_reply(&e.value),
-                Ok(_) => {}
-                Err(_) => return None,
-            }
-        }
-        None
-    })
-    .await
-    .ok()
-    .flatten()
 }
 
 impl ClusterSlots {
@@ -1245,73 +1191,6 @@ async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: Own
     }
     let pulled = (message, reply, ticket);
     admit_pulled(&ctx.edge, &ctx.config, pulled, published_ms, received_at).await;
-}
-
-/// What [`replay_kept`] found.
-enum Replay {
-    /// The kept answer was sent again and the request settled.
-    Done,
-    /// Nothing kept for this request (or the bucket stayed unreadable on its last
-    /// delivery): run it.
-    Run(Ticket),
-    /// The request id's kept answer is another request's (another body or session):
-    /// refuse it `request_id_conflict`.
-    Conflict(Ticket),
-}
-
-/// The refusal of a request whose id has an answer kept for another request.
-pub(crate) fn conflict(rid: &str) -> ErrorBody {
-    ErrorBody::new(
-        ErrorCode::RequestIdConflict,
-        format!(
-            "request id {rid:?} was used with a different session or body within \
-             jetstream.duplicate_window_ms; its answer goes only to that request"
-        ),
-    )
-}
-
-/// Answers a request from the reply bucket when its own answer is kept (and settles
-/// it). A kept answer whose fingerprint is another request's is never sent:
-/// [`Replay::Conflict`]; one kept without a fingerprint (an earlier version) counts as
-/// nothing kept. An unreadable bucket is read again every [`KEEP_RETRY`] while the
-/// request stays held (the keeper sends its progress), for at most `keep_limit`; then
-/// the request goes back to the stream for later (`-NAK` after [`STORE_ERROR_DELAY`]),
-/// or runs on its last delivery (at least once rather than never).
-async fn replay_kept(hub: &Hub, ticket: Ticket, reply: &Subject, delivered: i64) -> Replay {
-    let (Some(kv), Some(rid)) = (&hub.replies, ticket.request_id.clone()) else {
-        return Replay::Run(ticket);
-    };
-    let until = Instant::now() + hub.keep_limit;
-    loop {
-        match read_kept_reply(kv, &rid, hub.publish_timeout).await {
-            Ok(Some(kept)) if kept.answers(&ticket.fingerprint) => {
-                metrics::counter!(m::INTAKE_REPLAYED_TOTAL).increment(1);
-                let publish =
-                    hub.client
-                        .publish_with_headers(reply.clone(), kept.headers, kept.body);
-                let _ = tokio::time::timeout(hub.publish_timeout, publish).await;
-                ticket.settle(Settle::Answered).await;
-                return Replay::Done;
-            }
-            Ok(Some(kept)) if kept.fingerprint.is_some() => return Replay::Conflict(ticket),
-            Ok(_) => return Replay::Run(ticket),
-            Err(_) if Instant::now() + KEEP_RETRY < until => {
-                tokio::time::sleep(KEEP_RETRY).await;
-            }
-            Err(e) => {
-                metrics::counter!(m::INTAKE_REPLAY_CHECK_FAILED_TOTAL).increment(1);
-                let last = ticket.last_delivery;
-                tracing::warn!(error = %e, request_id = %rid, delivered, last,
-                    "reply bucket unreadable for a redelivered request; {}",
-                    if last { "last delivery: running it" } else { "handed back for later" });
-                if last {
-                    return Replay::Run(ticket);
-                }
-                ticket.settle(Settle::Retry).await;
-                return Replay::Done;
-            }
-        }
-    }
 }
 
 /// The rest of a pulled request's way in: its deadline made absolute (refused and

@@ -1,6 +1,8 @@
 //! Answers kept in the reply bucket, and the fingerprint of the request each answers:
 //! what makes two requests with the same request id "the same request", as the core
-//! path's idempotency compares them (session and body).
+//! path's idempotency compares them (session and body). Reading them back: a
+//! forwarding replica waiting for a duplicate's answer ([`wait_kept_reply`]), a pulled
+//! request checked before it runs ([`replay_kept`]).
 //!
 //! A kept value is `name: value` header lines, an empty line, the body; its first line
 //! is the request's fingerprint ([`FINGERPRINT_HEADER`]), which is taken out when the
@@ -19,10 +21,19 @@
 //!   version) never matches.
 
 use std::fmt::Write as _;
+use std::time::Duration;
 
-use async_nats::HeaderMap;
+use async_nats::jetstream::{kv, stream};
+use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
+use futures::StreamExt;
 use ring::digest::{Context, SHA256};
+use tokio::time::Instant;
+use weir_protocol::llm::{ErrorBody, ErrorCode};
+
+use super::{Hub, KEEP_RETRY, Settle, Ticket, reply_key};
+use crate::metrics as m;
+use crate::millis::whole_ms;
 
 /// The line of a kept answer that carries its request's fingerprint; never published
 /// to a caller.
@@ -114,6 +125,132 @@ pub(crate) fn decode_reply(bytes: &Bytes) -> Option<KeptReply> {
             headers.append(name, value);
         }
         at = end + 1;
+    }
+}
+
+/// The kept answer of `request_id`, read through the bucket stream's leader (a direct
+/// get may be answered by a follower that has not stored the latest write yet):
+/// `Ok(None)` = none kept, `Err` = the bucket did not answer within `limit`.
+pub(super) async fn read_kept_reply(
+    kv: &kv::Store,
+    request_id: &str,
+    limit: Duration,
+) -> Result<Option<KeptReply>, String> {
+    let subject = format!("{}{}", kv.prefix, reply_key(request_id));
+    let read = tokio::time::timeout(limit, kv.stream.get_last_raw_message_by_subject(&subject));
+    match read.await {
+        Ok(Ok(msg)) => {
+            let op = msg
+                .headers
+                .get(KV_OPERATION)
+                .map_or("", |v| v.as_str())
+                .to_owned();
+            Ok((op.is_empty() || op == "PUT")
+                .then(|| decode_reply(&msg.payload))
+                .flatten())
+        }
+        Ok(Err(e)) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {} ms", whole_ms(limit))),
+    }
+}
+
+/// The header that marks a KV delete or purge (absent or `PUT` on a value).
+const KV_OPERATION: &str = "KV-Operation";
+
+/// Waits until the reply bucket holds the answer of `request_id` (or `until`): what a
+/// forwarding replica answers a duplicate with.
+pub(crate) async fn wait_kept_reply(
+    kv: kv::Store,
+    request_id: String,
+    until: Instant,
+) -> Option<KeptReply> {
+    let key = reply_key(&request_id);
+    tokio::time::timeout_at(until, async move {
+        let mut watch = kv.watch_with_history(&key).await.ok()?;
+        while let Some(entry) = watch.next().await {
+            match entry {
+                Ok(e) if e.operation == kv::Operation::Put => return decode_reply(&e.value),
+                Ok(_) => {}
+                Err(_) => return None,
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// What [`replay_kept`] found.
+pub(super) enum Replay {
+    /// The kept answer was sent again and the request settled.
+    Done,
+    /// Nothing kept for this request (or the bucket stayed unreadable on its last
+    /// delivery): run it.
+    Run(Ticket),
+    /// The request id's kept answer is another request's (another body or session):
+    /// refuse it `request_id_conflict`.
+    Conflict(Ticket),
+}
+
+/// The refusal of a request whose id has an answer kept for another request.
+pub(crate) fn conflict(rid: &str) -> ErrorBody {
+    ErrorBody::new(
+        ErrorCode::RequestIdConflict,
+        format!(
+            "request id {rid:?} was used with a different session or body within \
+             jetstream.duplicate_window_ms; its answer goes only to that request"
+        ),
+    )
+}
+
+/// Answers a request from the reply bucket when its own answer is kept (and settles
+/// it). A kept answer whose fingerprint is another request's is never sent:
+/// [`Replay::Conflict`]; one kept without a fingerprint (an earlier version) counts as
+/// nothing kept. An unreadable bucket is read again every [`KEEP_RETRY`] while the
+/// request stays held (the keeper sends its progress), for at most `keep_limit`; then
+/// the request goes back to the stream for later (`-NAK` after [`super::STORE_ERROR_DELAY`]),
+/// or runs on its last delivery (at least once rather than never).
+pub(super) async fn replay_kept(
+    hub: &Hub,
+    ticket: Ticket,
+    reply: &Subject,
+    delivered: i64,
+) -> Replay {
+    let (Some(kv), Some(rid)) = (&hub.replies, ticket.request_id.clone()) else {
+        return Replay::Run(ticket);
+    };
+    let until = Instant::now() + hub.keep_limit;
+    loop {
+        match read_kept_reply(kv, &rid, hub.publish_timeout).await {
+            Ok(Some(kept)) if kept.answers(&ticket.fingerprint) => {
+                metrics::counter!(m::INTAKE_REPLAYED_TOTAL).increment(1);
+                let publish =
+                    hub.client
+                        .publish_with_headers(reply.clone(), kept.headers, kept.body);
+                let _ = tokio::time::timeout(hub.publish_timeout, publish).await;
+                ticket.settle(Settle::Answered).await;
+                return Replay::Done;
+            }
+            Ok(Some(kept)) if kept.fingerprint.is_some() => return Replay::Conflict(ticket),
+            Ok(_) => return Replay::Run(ticket),
+            Err(_) if Instant::now() + KEEP_RETRY < until => {
+                tokio::time::sleep(KEEP_RETRY).await;
+            }
+            Err(e) => {
+                metrics::counter!(m::INTAKE_REPLAY_CHECK_FAILED_TOTAL).increment(1);
+                let last = ticket.last_delivery;
+                tracing::warn!(error = %e, request_id = %rid, delivered, last,
+                    "reply bucket unreadable for a redelivered request; {}",
+                    if last { "last delivery: running it" } else { "handed back for later" });
+                if last {
+                    return Replay::Run(ticket);
+                }
+                ticket.settle(Settle::Retry).await;
+                return Replay::Done;
+            }
+        }
     }
 }
 
