@@ -1892,6 +1892,8 @@ mod tests {
             "expired",
             "invalid",
             "no_reply",
+            "no_headers",
+            "request_id_conflict",
             "session_cap",
             "key_limit",
             "wait_expired",

@@ -73,6 +73,10 @@ use weir_protocol::llm::{ErrorBody, ErrorCode, ErrorDetails};
 use weir_service::nats::kv_stream_config;
 use weir_service::ratelimit::LogLimit;
 
+mod kept;
+
+pub(crate) use self::kept::{KeptReply, conflict, fingerprint, wait_kept_reply};
+use self::kept::{Replay, encode_reply, replay_kept};
 use crate::config::{Config, JetStreamIntake, KeyLimit, Mode, OnBusy};
 use crate::metrics as m;
 use crate::millis::{unix_ms_now, whole_ms};
@@ -100,6 +104,13 @@ pub(crate) enum TermReason {
     Invalid,
     /// No valid `Weir-Reply-To`: nothing can be answered.
     NoReply,
+    /// No readable header block (none, or one the NATS client could not decode and
+    /// delivered without headers, e.g. a value that is not UTF-8): nothing can be
+    /// answered.
+    NoHeaders,
+    /// Its request id has an answer kept for another body or session (answered
+    /// `request_id_conflict`; that answer is not sent, nor replaced).
+    RequestIdConflict,
     /// The cluster-wide session cap was reached (answered `session_queue_full`).
     SessionCap,
     /// A cluster-wide limit was full: a reject-limit at once, a wait-limit after its
@@ -181,6 +192,8 @@ pub struct Ticket {
     term: bool,
     /// `Weir-Request-Id` (the answer is kept under it).
     request_id: Option<String>,
+    /// The request's fingerprint ([`fingerprint`]), kept with its answer.
+    fingerprint: String,
     /// The answer to keep before the `+ACK` ([`Ticket::keep_reply`]).
     kept: Option<Bytes>,
     /// This is the request's last delivery (`max_deliver`): a store failure must not
@@ -356,7 +369,7 @@ impl Ticket {
     /// when the ticket is settled, before its `+ACK`.
     pub(crate) fn keep_reply(&mut self, headers: &HeaderMap, body: &[u8]) {
         if self.hub.replies.is_some() && self.request_id.is_some() {
-            self.kept = Some(encode_reply(headers, body));
+            self.kept = Some(encode_reply(headers, body, &self.fingerprint));
         }
     }
 
@@ -539,41 +552,6 @@ pub(crate) fn reply_key(request_id: &str) -> String {
     format!("r.{}", hex(request_id.as_bytes()))
 }
 
-/// A kept answer: `name: value` header lines, an empty line, the body. Header names
-/// and values never contain a newline (the NATS header parser refuses them).
-pub(crate) fn encode_reply(headers: &HeaderMap, body: &[u8]) -> Bytes {
-    let mut out = Vec::with_capacity(body.len() + 256);
-    for (name, values) in headers.iter() {
-        for v in values {
-            out.extend_from_slice(AsRef::<str>::as_ref(name).as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(v.as_str().as_bytes());
-            out.push(b'\n');
-        }
-    }
-    out.push(b'\n');
-    out.extend_from_slice(body);
-    out.into()
-}
-
-/// The inverse of [`encode_reply`]; `None` for bytes it did not write.
-pub(crate) fn decode_reply(bytes: &Bytes) -> Option<(HeaderMap, Bytes)> {
-    let mut headers = HeaderMap::new();
-    let mut at = 0;
-    loop {
-        let end = at + bytes.get(at..)?.iter().position(|b| *b == b'\n')?;
-        if end == at {
-            return Some((headers, bytes.slice(end + 1..)));
-        }
-        let line = std::str::from_utf8(&bytes[at..end]).ok()?;
-        let (name, value) = line.split_once(": ")?;
-        let name: async_nats::HeaderName = name.parse().ok()?;
-        let value: async_nats::HeaderValue = value.parse().ok()?;
-        headers.append(name, value);
-        at = end + 1;
-    }
-}
-
 /// Creates (if absent) and opens a KV bucket: the `KV_<bucket>` stream directly
 /// ([`weir_service::nats::kv_stream_config`]), `max_age` = how long an entry lives
 /// after its last write.
@@ -611,60 +589,6 @@ pub(crate) async fn open_reply_bucket(
     )
     .await
     .map(Some)
-}
-
-/// The kept answer of `request_id`, read through the bucket stream's leader (a direct
-/// get may be answered by a follower that has not stored the latest write yet):
-/// `Ok(None)` = none kept, `Err` = the bucket did not answer within `limit`.
-async fn read_kept_reply(
-    kv: &kv::Store,
-    request_id: &str,
-    limit: Duration,
-) -> Result<Option<(HeaderMap, Bytes)>, String> {
-    let subject = format!("{}{}", kv.prefix, reply_key(request_id));
-    let read = tokio::time::timeout(limit, kv.stream.get_last_raw_message_by_subject(&subject));
-    match read.await {
-        Ok(Ok(msg)) => {
-            let op = msg
-                .headers
-                .get(KV_OPERATION)
-                .map_or("", |v| v.as_str())
-                .to_owned();
-            Ok((op.is_empty() || op == "PUT")
-                .then(|| decode_reply(&msg.payload))
-                .flatten())
-        }
-        Ok(Err(e)) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no answer within {} ms", whole_ms(limit))),
-    }
-}
-
-/// The header that marks a KV delete or purge (absent or `PUT` on a value).
-const KV_OPERATION: &str = "KV-Operation";
-
-/// Waits until the reply bucket holds the answer of `request_id` (or `until`): what a
-/// forwarding replica answers a duplicate with.
-pub(crate) async fn wait_kept_reply(
-    kv: kv::Store,
-    request_id: String,
-    until: Instant,
-) -> Option<(HeaderMap, Bytes)> {
-    let key = reply_key(&request_id);
-    tokio::time::timeout_at(until, async move {
-        let mut watch = kv.watch_with_history(&key).await.ok()?;
-        while let Some(entry) = watch.next().await {
-            match entry {
-                Ok(e) if e.operation == kv::Operation::Put => return decode_reply(&e.value),
-                Ok(_) => {}
-                Err(_) => return None,
-            }
-        }
-        None
-    })
-    .await
-    .ok()
-    .flatten()
 }
 
 impl ClusterSlots {
@@ -1196,12 +1120,20 @@ async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: Own
         .intake
         .jetstream()
         .is_none_or(|j| delivered >= i64::try_from(j.max_deliver.get()).unwrap_or(i64::MAX));
+    // The stream dedups on `Nats-Msg-Id`: only when it is the request id can no other
+    // stored message carry this request id within the duplicate window.
+    let deduped =
+        header(message.headers.as_ref(), h::NATS_MSG_ID).map(str::trim) == request_id.as_deref();
     let mut ticket = Ticket {
         hub: ctx.hub.clone(),
         id,
         ack,
         term: false,
         request_id,
+        fingerprint: fingerprint(
+            crate::service::session_of(&message).as_deref(),
+            &message.payload,
+        ),
         kept: None,
         last_delivery,
         _permit: permit,
@@ -1211,70 +1143,54 @@ async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: Own
         .map(str::trim)
         .filter(|s| valid_reply_subject(s));
     let Some(reply) = reply.map(Subject::from) else {
-        ticket.terminate(TermReason::NoReply);
-        tracing::debug!("intake message without a valid Weir-Reply-To: terminated");
+        // Without a readable header block (the NATS client delivers a block it cannot
+        // decode as none) there is no reply subject either: terminated on this first
+        // delivery, never redelivered.
+        let reason = match hm {
+            None => TermReason::NoHeaders,
+            Some(_) => TermReason::NoReply,
+        };
+        ticket.terminate(reason);
+        tracing::debug!(
+            reason = reason.as_str(),
+            "intake message without a valid Weir-Reply-To: terminated"
+        );
         ticket.settle(Settle::Answered).await;
         return;
     };
     // A redelivered request may have been answered by a replica that died (or whose
     // `+ACK` was lost) after its answer was kept: the kept answer is sent again instead
-    // of running it twice (the caller may receive the same answer twice). The check runs
-    // off the pull loop: a bucket in a leader election answers no read for seconds, and
-    // the batch's other requests must not wait behind it (nor go without progress).
-    if delivered > 1 && ctx.hub.replies.is_some() && ticket.request_id.is_some() {
+    // of running it twice (the caller may receive the same answer twice). So is a
+    // request whose id the stream does not dedup on (`Nats-Msg-Id` absent or another
+    // value), on any delivery. A kept answer of another body or session refuses it
+    // `request_id_conflict`. The check runs off the pull loop: a bucket in a leader
+    // election answers no read for seconds, and the batch's other requests must not
+    // wait behind it (nor go without progress).
+    if (delivered > 1 || !deduped) && ctx.hub.replies.is_some() && ticket.request_id.is_some() {
         let (hub, edge, config) = (ctx.hub.clone(), ctx.edge.clone(), ctx.config.clone());
         tokio::spawn(async move {
-            if let Some(ticket) = replay_kept(&hub, ticket, &reply, delivered).await {
-                let pulled = (message, reply, ticket);
-                admit_pulled(&edge, &config, pulled, published_ms, received_at).await;
+            match replay_kept(&hub, ticket, &reply, delivered).await {
+                Replay::Done => {}
+                Replay::Run(ticket) => {
+                    let pulled = (message, reply, ticket);
+                    admit_pulled(&edge, &config, pulled, published_ms, received_at).await;
+                }
+                Replay::Conflict(mut ticket) => {
+                    ticket.terminate(TermReason::RequestIdConflict);
+                    let rid = ticket.request_id.clone().unwrap_or_default();
+                    let pulled = Pulled {
+                        message,
+                        reply,
+                        ticket,
+                    };
+                    edge.refuse(pulled, conflict(&rid), received_at).await;
+                }
             }
         });
         return;
     }
     let pulled = (message, reply, ticket);
     admit_pulled(&ctx.edge, &ctx.config, pulled, published_ms, received_at).await;
-}
-
-/// Answers a redelivered request from the reply bucket when its answer is kept (and
-/// settles it): `None`. `Some(ticket)` = nothing kept, run it. An unreadable bucket is
-/// read again every [`KEEP_RETRY`] while the request stays held (the keeper sends its
-/// progress), for at most `keep_limit`; then the request goes back to the stream for
-/// later (`-NAK` after [`STORE_ERROR_DELAY`]), or runs on its last delivery (at least
-/// once rather than never).
-async fn replay_kept(hub: &Hub, ticket: Ticket, reply: &Subject, delivered: i64) -> Option<Ticket> {
-    let (Some(kv), Some(rid)) = (&hub.replies, ticket.request_id.clone()) else {
-        return Some(ticket);
-    };
-    let until = Instant::now() + hub.keep_limit;
-    loop {
-        match read_kept_reply(kv, &rid, hub.publish_timeout).await {
-            Ok(Some((headers, body))) => {
-                metrics::counter!(m::INTAKE_REPLAYED_TOTAL).increment(1);
-                let publish = hub
-                    .client
-                    .publish_with_headers(reply.clone(), headers, body);
-                let _ = tokio::time::timeout(hub.publish_timeout, publish).await;
-                ticket.settle(Settle::Answered).await;
-                return None;
-            }
-            Ok(None) => return Some(ticket),
-            Err(_) if Instant::now() + KEEP_RETRY < until => {
-                tokio::time::sleep(KEEP_RETRY).await;
-            }
-            Err(e) => {
-                metrics::counter!(m::INTAKE_REPLAY_CHECK_FAILED_TOTAL).increment(1);
-                let last = ticket.last_delivery;
-                tracing::warn!(error = %e, request_id = %rid, delivered, last,
-                    "reply bucket unreadable for a redelivered request; {}",
-                    if last { "last delivery: running it" } else { "handed back for later" });
-                if last {
-                    return Some(ticket);
-                }
-                ticket.settle(Settle::Retry).await;
-                return None;
-            }
-        }
-    }
 }
 
 /// The rest of a pulled request's way in: its deadline made absolute (refused and
@@ -1455,37 +1371,6 @@ mod tests {
         assert_ne!(slot_key("a", 0), slot_key("a", 1));
         assert_ne!(slot_key("ab", 0), slot_key("a", 0));
         assert_eq!(reply_key("a."), "r.612e");
-    }
-
-    #[test]
-    fn kept_replies_round_trip_with_headers_and_any_body() {
-        let mut hm = HeaderMap::new();
-        hm.insert("Weir-Queue-Ms", "1.500");
-        hm.insert("Nats-Service-Error", "queue_full: x: y");
-        hm.append("X-Multi", "a");
-        hm.append("X-Multi", "b");
-        let body = Bytes::from_static(b"line1\n\nline3: not a header\n");
-        let (h2, b2) = decode_reply(&encode_reply(&hm, &body)).expect("decodes");
-        assert_eq!(b2, body);
-        assert_eq!(header(Some(&h2), "weir-queue-ms"), Some("1.500"));
-        assert_eq!(
-            header(Some(&h2), "Nats-Service-Error"),
-            Some("queue_full: x: y")
-        );
-        assert_eq!(h2.get_all("X-Multi").count(), 2);
-        let (h3, b3) = decode_reply(&encode_reply(&HeaderMap::new(), b"")).expect("empty");
-        assert_eq!((h3.iter().count(), b3.len()), (0, 0));
-        for junk in [
-            &b""[..],
-            b"no newline",
-            b"bad header\n\nbody",
-            b"\xff: v\n\n",
-        ] {
-            assert!(
-                decode_reply(&Bytes::copy_from_slice(junk)).is_none(),
-                "{junk:?}"
-            );
-        }
     }
 
     #[test]

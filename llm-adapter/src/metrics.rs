@@ -123,7 +123,7 @@ declared! {
     counter pub const NATS_DISCONNECTS_TOTAL: &str = "weir_llm_nats_disconnects_total";
     /// Counter: messages the NATS client could not read (a non-UTF-8 subject or reply
     /// subject: skipped; a malformed header block: delivered without headers); the
-    /// connection stays up (vendor/README.md).
+    /// connection stays up (the vendored async-nats, vendor/README.md).
     counter pub const NATS_MALFORMED_TOTAL: &str = "weir_llm_nats_malformed_total";
     /// Counter: admin connections refused because `admin.max_connections` were open
     /// (labels `listener` = `admin`, `reason` = `max_connections`).
@@ -150,7 +150,9 @@ declared! {
     counter pub const INTAKE_ACK_FAILED_TOTAL: &str = "weir_llm_intake_ack_failed_total";
     /// Counter: intake requests terminated without admission, label `reason` (`expired` =
     /// its deadline passed in the stream, `invalid` = a malformed header, `no_reply` = no
-    /// valid `Weir-Reply-To`, `session_cap` = the cluster-wide session cap).
+    /// valid `Weir-Reply-To`, `no_headers` = no readable header block,
+    /// `request_id_conflict` = its id has another request's answer kept, `session_cap` =
+    /// the cluster-wide session cap, `key_limit`, `wait_expired`, `slot_store`).
     counter pub const INTAKE_TERMINATED_TOTAL: &str = "weir_llm_intake_terminated_total";
     /// Counter: pull requests that failed or ended in an error item (a missed heartbeat, a
     /// server restart); the loop pulls again.
@@ -163,7 +165,8 @@ declared! {
     /// renewal found the slot taken).
     counter pub const INTAKE_CLUSTER_SLOTS_TOTAL: &str = "weir_llm_intake_cluster_slots_total";
     /// Counter: core requests put into the durable intake by this replica
-    /// (`jetstream.forward`), label `result` (`stored`, `duplicate`, `failed`).
+    /// (`jetstream.forward`), label `result` (`stored`, `duplicate`, `failed`, `joined`,
+    /// `conflict` = a duplicate with another body or session).
     counter pub const INTAKE_FORWARDED_TOTAL: &str = "weir_llm_intake_forwarded_total";
     /// Counter: writes of answers to the reply bucket (`jetstream.reply_bucket`), label
     /// `result` (`kept`; `retried` = an attempt failed and is made again; `failed` = not

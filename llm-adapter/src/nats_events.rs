@@ -21,8 +21,8 @@
 //!   [`LOG_EVERY`]th, never per message.
 //!
 //! A message the client could not read (a non-UTF-8 subject or reply subject, a broken
-//! header block: `ClientError::MalformedMessage` of the vendored async-nats) is counted
-//! in `malformed` (`weir_llm_nats_malformed_total`); the connection stays up.
+//! header block) no longer drops the connection (the vendored async-nats skips it, or
+//! delivers it without headers); it is counted here (`weir_llm_nats_malformed_total`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,8 +60,8 @@ pub struct NatsEventsSnapshot {
     pub dropped_by_sid: BTreeMap<u64, u64>,
     /// Connections lost (each is followed by a reconnect attempt).
     pub disconnects: u64,
-    /// Messages the client could not read: skipped (a non-UTF-8 subject or reply
-    /// subject) or delivered without their header block.
+    /// Messages the client could not read (skipped, or delivered without headers); the
+    /// connection stayed up.
     #[serde(default)]
     pub malformed: u64,
     /// Messages the client received from the server, every subscription
@@ -122,11 +122,13 @@ impl NatsEvents {
                 metrics::gauge!(m::NATS_CONNECTED).set(0.0);
                 tracing::warn!(event = %event, "nats connection event");
             }
-            Event::ClientError(async_nats::ClientError::MalformedMessage(why)) => {
-                let n = self.inner.malformed.fetch_add(1, Ordering::Relaxed) + 1;
+            Event::ClientError(async_nats::ClientError::MalformedMessage(_)) => {
+                self.inner.malformed.fetch_add(1, Ordering::Relaxed);
                 metrics::counter!(m::NATS_MALFORMED_TOTAL).increment(1);
-                if n == 1 || n.is_multiple_of(LOG_EVERY) {
-                    tracing::warn!(malformed = n, "nats client could not read a message: {why}");
+                static MALFORMED: weir_service::ratelimit::LogLimit =
+                    weir_service::ratelimit::LogLimit::new(std::time::Duration::from_secs(10));
+                if let Some(suppressed) = MALFORMED.allow() {
+                    tracing::warn!(event = %event, suppressed, "nats message the client could not read");
                 }
             }
             _ => tracing::info!(event = %event, "nats connection event"),
@@ -174,7 +176,11 @@ mod tests {
         }
         e.on_event(&async_nats::Event::Disconnected);
         e.on_event(&async_nats::Event::Connected);
+        e.on_event(&async_nats::Event::ClientError(
+            async_nats::ClientError::MalformedMessage("header block".into()),
+        ));
         let s = e.snapshot();
+        assert_eq!(s.malformed, 1);
         assert_eq!(s.dropped, 3);
         assert_eq!(s.dropped_by_sid, BTreeMap::from([(3, 2), (5, 1)]));
         assert_eq!(s.disconnects, 1);

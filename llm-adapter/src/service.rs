@@ -248,6 +248,7 @@ impl Sink for NatsSink {
         // An intake request this replica cannot finish because it stops goes back to
         // the stream for another replica; its caller is answered by that one.
         let hand_over = intake.is_some() && outcome.error_code() == Some(ErrorCode::ShuttingDown);
+        let conflict = outcome.error_code() == Some(ErrorCode::RequestIdConflict);
         let envelope = if outcome.result.is_err() {
             waiter.envelope()
         } else {
@@ -316,9 +317,11 @@ impl Sink for NatsSink {
                 .await;
             }
             // A unary answer to an intake request is kept for duplicates (not a
-            // streamed one: its text went out in chunks).
+            // streamed one: its text went out in chunks). Never a `request_id_conflict`:
+            // the id's kept answer, if any, is the other request's and stays.
             if let Some(t) = &mut intake
                 && waiter.stream.is_none()
+                && !conflict
             {
                 t.keep_reply(&headers, &body);
             }
@@ -466,6 +469,17 @@ fn decode(
     })()
     .map_err(|e| *e);
     (envelope, sub)
+}
+
+/// The session a request decodes to (the header, else the envelope's `session_id`),
+/// unvalidated: what the durable intake's request fingerprint names
+/// ([`crate::intake::fingerprint`]). For a valid request it equals
+/// [`Submission::session`].
+pub(crate) fn session_of(msg: &async_nats::Message) -> Option<String> {
+    match Known::read(msg.headers.as_ref()).session {
+        Some(s) => Some(s.trim().to_owned()),
+        None => EnvelopeMeta::detect(&msg.payload).and_then(|e| e.session_id_str()),
+    }
 }
 
 /// Opens the request's `llm_request` span ([`crate::trace::request_span`]): child of
@@ -897,6 +911,7 @@ impl Edge {
                     waiter: waiter(envelope),
                     received_at,
                     request_id: sub.request_id.clone(),
+                    fingerprint: crate::intake::fingerprint(sub.session.as_deref(), &sub.body),
                     until: received_at
                         + sub
                             .budget
@@ -962,7 +977,7 @@ enum Forwarded {
         PendingMeta,
     ),
     /// A duplicate's wait for the original's kept answer.
-    Kept(Option<(HeaderMap, Bytes)>, PendingMeta),
+    Kept(Option<crate::intake::KeptReply>, PendingMeta),
 }
 
 /// A forwarded request: who waits for its answer.
@@ -970,6 +985,9 @@ struct PendingMeta {
     waiter: NatsWaiter,
     received_at: Instant,
     request_id: Option<String>,
+    /// The request's fingerprint: a duplicate gets the kept answer only when it is
+    /// this request's.
+    fingerprint: String,
     /// A duplicate waits for the original's kept answer until then.
     until: Instant,
 }
@@ -1041,13 +1059,21 @@ async fn forward_acks(mut rx: tokio::sync::mpsc::Receiver<PendingForward>, ctx: 
                         };
                         (failure, meta)
                     }
-                    Forwarded::Kept(Some((headers, body)), meta) => {
+                    Forwarded::Kept(Some(kept), meta) if kept.answers(&meta.fingerprint) => {
                         metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "joined")
                             .increment(1);
                         let reply = meta.waiter.reply;
-                        let publish = ctx.client.publish_with_headers(reply, headers, body);
+                        let publish = ctx.client.publish_with_headers(reply, kept.headers, kept.body);
                         publish_reply(limit, publish).await;
                         continue;
+                    }
+                    // Another request's answer (another body or session), or one that
+                    // cannot be told apart (kept by an earlier version): never sent.
+                    Forwarded::Kept(Some(_), meta) => {
+                        metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "conflict")
+                            .increment(1);
+                        let rid = meta.request_id.clone().unwrap_or_default();
+                        (crate::intake::conflict(&rid), meta)
                     }
                     Forwarded::Kept(None, meta) => (
                         ErrorBody::new(

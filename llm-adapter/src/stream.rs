@@ -21,7 +21,9 @@
 //! Invariants: one subscription per adapter for every acknowledgement (no per-stream
 //! subscription); a stream's entry in the [`AckHub`] lives exactly as long as its
 //! [`NatsStream`] (removed by `Drop`); every publish is bounded by the publish timeout;
-//! an acknowledgement that does not parse is ignored, never trusted.
+//! an acknowledgement that does not parse (canonical ASCII decimal only,
+//! [`s::parse_ack`]) or that names a chunk not yet sent is ignored, never trusted, so no
+//! acknowledgement can credit chunks ahead of time and switch the stall guard off.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -45,8 +47,18 @@ use crate::sync::locked;
 #[derive(Debug, Default)]
 struct AckState {
     acked: AtomicU64,
+    /// The highest chunk sequence number handed to NATS so far (set before its
+    /// publish): an acknowledgement above it is ignored.
+    sent: AtomicU64,
     gone: AtomicBool,
     changed: tokio::sync::Notify,
+}
+
+impl AckState {
+    /// Whether chunk `seq` fits a window of `window` unacknowledged chunks.
+    fn has_room(&self, seq: u64, window: u64) -> bool {
+        seq <= self.acked.load(Ordering::Acquire).saturating_add(window)
+    }
 }
 
 /// Routes acknowledgements (and no-responders statuses) from the adapter's one
@@ -100,9 +112,8 @@ impl AckHub {
         };
         if msg.status == Some(StatusCode::NO_RESPONDERS) {
             state.gone.store(true, Ordering::Release);
-        } else if let Some(seq) = std::str::from_utf8(&msg.payload)
-            .ok()
-            .and_then(|t| t.trim().parse::<u64>().ok())
+        } else if let Some(seq) = s::parse_ack(&msg.payload)
+            && seq <= state.sent.load(Ordering::Acquire)
         {
             state.acked.fetch_max(seq, Ordering::AcqRel);
         } else {
@@ -240,7 +251,7 @@ impl NatsStream {
                 if let Some(stop) = self.gone() {
                     return Err(stop);
                 }
-                if seq <= self.state.acked.load(Ordering::Acquire) + window {
+                if self.state.has_room(seq, window) {
                     return Ok(());
                 }
                 changed.await;
@@ -282,6 +293,9 @@ impl StreamOut for NatsStream {
     fn chunk(&self, seq: u64, data: Bytes) -> BoxFuture<'_, Result<(), StreamStop>> {
         Box::pin(async move {
             self.credit(seq).await?;
+            // Before the publish: the caller may acknowledge the chunk as soon as it
+            // arrives.
+            self.state.sent.fetch_max(seq, Ordering::AcqRel);
             let mut hm = event_headers(StreamEvent::Chunk, self.request_id.as_deref());
             put(&mut hm, s::STREAM_SEQ, &seq.to_string());
             let len = data.len() as u64;
@@ -298,5 +312,60 @@ impl StreamOut for NatsStream {
             self.sent.chunks.fetch_add(1, Ordering::AcqRel);
             self.gone().map_or(Ok(()), Err)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hub() -> AckHub {
+        AckHub {
+            prefix: "_INBOX.ack".into(),
+            next: Arc::new(AtomicU64::new(1)),
+            streams: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    fn ack(id: u64, body: &'static [u8]) -> async_nats::Message {
+        async_nats::Message {
+            subject: Subject::from(format!("_INBOX.ack.{id}")),
+            reply: None,
+            payload: Bytes::from_static(body),
+            headers: None,
+            status: None,
+            description: None,
+            length: body.len(),
+        }
+    }
+
+    #[test]
+    fn an_acknowledgement_counts_only_for_chunks_sent_and_only_in_canonical_decimal() {
+        let hub = hub();
+        let (id, st) = hub.register();
+        let window = 4;
+        // Chunks 1..=4 sent, none acknowledged: chunk 5 must wait.
+        st.sent.store(4, Ordering::Release);
+        assert!(!st.has_room(5, window));
+        // Far ahead of what was sent: ignored, the stall guard stays on.
+        hub.route(&ack(id, b"1000000"));
+        hub.route(&ack(id, b"5"));
+        assert_eq!(st.acked.load(Ordering::Acquire), 0);
+        assert!(!st.has_room(5, window));
+        // Signed, padded or spaced numbers are ignored.
+        for body in [&b"+3"[..], b"03", b" 3", b"3 ", b"3\n"] {
+            hub.route(&ack(id, body));
+        }
+        assert_eq!(st.acked.load(Ordering::Acquire), 0);
+        // A canonical number up to the last chunk sent counts, and never goes back.
+        hub.route(&ack(id, b"3"));
+        hub.route(&ack(id, b"2"));
+        assert_eq!(st.acked.load(Ordering::Acquire), 3);
+        assert!(st.has_room(7, window) && !st.has_room(8, window));
+        hub.route(&ack(id, b"4"));
+        assert_eq!(st.acked.load(Ordering::Acquire), 4);
+        // An acknowledgement for an unknown stream or a bad subject changes nothing.
+        hub.route(&ack(id + 1, b"1"));
+        assert_eq!(st.acked.load(Ordering::Acquire), 4);
     }
 }

@@ -1289,9 +1289,12 @@ async fn a_redelivered_request_already_answered_is_not_run_again() {
         .await
         .expect("reply bucket");
     let hex: String = "gone-1".bytes().map(|b| format!("{b:02x}")).collect();
+    // The kept value names its request's fingerprint: SHA-256 of a 0 byte (no
+    // session) and the body `x` (the encoding is pinned by the adapter's unit test).
+    let fp = "v1:3c7e9bc930dc93f01fa69985ef242d9f9e861f3c5355aa24ce5ef4b4b8a70ccb";
     kv.put(
         format!("r.{hex}"),
-        "Weir-Request-Id: gone-1\n\nkept answer".into(),
+        format!("Weir-Intake-Fingerprint: {fp}\nWeir-Request-Id: gone-1\n\nkept answer").into(),
     )
     .await
     .expect("put");
@@ -1413,9 +1416,11 @@ async fn a_redelivery_waits_for_an_unreadable_reply_bucket_instead_of_running() 
         .await
         .expect("reply bucket");
     let hex: String = "held-1".bytes().map(|b| format!("{b:02x}")).collect();
+    // Its fingerprint: body `x`, no session (as in the test above).
+    let fp = "v1:3c7e9bc930dc93f01fa69985ef242d9f9e861f3c5355aa24ce5ef4b4b8a70ccb";
     kv.put(
         format!("r.{hex}"),
-        "Weir-Request-Id: held-1\n\nkept answer".into(),
+        format!("Weir-Intake-Fingerprint: {fp}\nWeir-Request-Id: held-1\n\nkept answer").into(),
     )
     .await
     .expect("put");
@@ -1782,4 +1787,245 @@ fn secs_from(from: Instant, t: Instant) -> f64 {
     } else {
         -(from - t).as_secs_f64()
     }
+}
+
+/// Publishes one request to the intake stream with the given headers as they are (no
+/// `Nats-Msg-Id` unless given), waiting for the stream's acknowledgement.
+async fn publish_raw(js: &jetstream::Context, headers: &[(&str, &str)], body: &'static [u8]) {
+    let mut hm = HeaderMap::new();
+    for (k, v) in headers {
+        hm.insert(*k, *v);
+    }
+    tokio::time::timeout(STEP, async {
+        js.publish_with_headers("llm.intake", hm, body.into())
+            .await
+            .expect("publish")
+            .await
+            .expect("stored")
+    })
+    .await
+    .expect("pub ack in time");
+}
+
+/// A second caller that reuses a request id with another body (or session) must not
+/// receive the first caller's answer: the core path answers `request_id_conflict`, and
+/// so does the durable intake, whether the reuse comes through a forwarding replica
+/// (the stream drops it as a duplicate) or as a second stored message (the stream does
+/// not dedup on that id). The first caller's own retry still gets its answer.
+#[tokio::test]
+async fn a_reused_request_id_with_another_body_is_refused_not_answered_with_the_first() {
+    use weir_llm_adapter::client::ClientErrorKind;
+    use weir_protocol::llm::ErrorCode;
+    let server = js_server();
+    let (a, sim_h) = counted_adapter(&server, &format!("workers = 2\n{INTAKE}")).await;
+    let Caller {
+        client: caller,
+        js,
+        inbox,
+        mut replies,
+    } = Caller::at(server.url()).await;
+    let llm = LlmClient::new(caller.clone(), "llm.infer");
+    let send = |body: &'static str, session: Option<&'static str>| {
+        let mut r = llm
+            .request(body)
+            .request_id("shared-1")
+            .timeout(Duration::from_secs(3));
+        if let Some(s) = session {
+            r = r.session(s);
+        }
+        r.send()
+    };
+    let first = send("secret of caller one", Some("s-1"))
+        .await
+        .expect("first");
+    assert_eq!(&first.body[..], b"secret of caller one");
+    // Through the forwarding replica: the stream drops each as a duplicate.
+    for (body, session) in [
+        ("another body", Some("s-1")),
+        ("secret of caller one", Some("s-2")),
+        ("secret of caller one", None),
+    ] {
+        let e = send(body, session)
+            .await
+            .expect_err("another request's answer is not handed out");
+        assert_eq!(
+            e.kind(),
+            ClientErrorKind::Server(ErrorCode::RequestIdConflict),
+            "{body:?} {session:?}: {e}"
+        );
+    }
+    let again = send("secret of caller one", Some("s-1"))
+        .await
+        .expect("retry");
+    assert_eq!(
+        &again.body[..],
+        b"secret of caller one",
+        "the kept answer stays"
+    );
+    assert_eq!(sim_h.stats().started, 1);
+
+    // Direct publishes with the same Weir-Request-Id and different Nats-Msg-Ids: the
+    // stream stores each; the second, with another body, is refused and terminated.
+    let rid = (h::REQUEST_ID, "shared-2");
+    let to = |i: u32| format!("{inbox}.{i}");
+    let (r1, r2, r3) = (to(1), to(2), to(3));
+    publish_raw(
+        &js,
+        &[rid, (h::REPLY_TO, &r1), (h::NATS_MSG_ID, "m-1")],
+        b"one",
+    )
+    .await;
+    let m = next_answer(&mut replies).await;
+    assert_eq!(
+        (code_of(&m), &m.payload[..]),
+        ("ok".to_owned(), &b"one"[..])
+    );
+    publish_raw(
+        &js,
+        &[rid, (h::REPLY_TO, &r2), (h::NATS_MSG_ID, "m-2")],
+        b"two",
+    )
+    .await;
+    let m = next_answer(&mut replies).await;
+    assert_eq!(m.subject.as_str(), r2);
+    assert_eq!(code_of(&m), "request_id_conflict");
+    assert!(!String::from_utf8_lossy(&m.payload).contains("one"));
+    // The same body again, without a Nats-Msg-Id: the kept answer, not a second run.
+    publish_raw(&js, &[rid, (h::REPLY_TO, &r3)], b"one").await;
+    let m = next_answer(&mut replies).await;
+    assert_eq!(m.subject.as_str(), r3);
+    assert_eq!(
+        (code_of(&m), &m.payload[..]),
+        ("ok".to_owned(), &b"one"[..])
+    );
+    assert_eq!(
+        sim_h.stats().started,
+        2,
+        "\"two\" never ran, \"one\" ran once"
+    );
+    assert_eq!(wait_empty(&js, "WEIR_LLM_INTAKE").await, 0, "all settled");
+    a.shutdown().await;
+}
+
+/// The `/metrics` page of a replica's admin listener.
+async fn scrape(admin: &str) -> String {
+    tokio::time::timeout(STEP, async {
+        reqwest::get(format!("http://{admin}/metrics"))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text")
+    })
+    .await
+    .expect("scrape in time")
+}
+
+/// Publishes `frame` verbatim on a raw NATS connection (no client library), then waits
+/// for the server's `PONG`: the server has processed the frame.
+async fn raw_nats_publish(port: u16, frame: &[u8]) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let stream = tokio::time::timeout(STEP, tokio::net::TcpStream::connect(("127.0.0.1", port)))
+        .await
+        .expect("connect in time")
+        .expect("connect");
+    let (r, mut w) = stream.into_split();
+    let mut r = BufReader::new(r);
+    let mut line = String::new();
+    r.read_line(&mut line).await.expect("INFO");
+    assert!(line.starts_with("INFO"), "{line}");
+    w.write_all(b"CONNECT {\"verbose\":false,\"headers\":true}\r\n")
+        .await
+        .expect("write");
+    w.write_all(frame).await.expect("write");
+    w.write_all(b"PING\r\n").await.expect("write");
+    tokio::time::timeout(STEP, async {
+        loop {
+            let mut l = String::new();
+            assert!(r.read_line(&mut l).await.unwrap_or(0) > 0, "closed");
+            assert!(!l.starts_with("-ERR"), "{l}");
+            if l.starts_with("PONG") {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("PONG in time");
+}
+
+/// A stored request whose header block the NATS client cannot read (a `Weir-Reply-To`
+/// value that is not UTF-8) costs nothing: the adapter's connection stays up, the
+/// message is terminated on its first delivery (counted `no_headers`), never
+/// redelivered, and the next request is answered.
+#[tokio::test]
+async fn a_stored_message_with_an_unreadable_header_block_is_terminated_on_its_first_delivery() {
+    let server = js_server();
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("llm-intake-malformed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let cfg = dir.join("adapter.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "workers = 2\n{INTAKE}progress_interval_ms = 300\n\
+             [nats]\nping_interval_ms = 1000\nconnection_timeout_ms = 500\n"
+        ),
+    )
+    .expect("config");
+    let (_replica, admin) = replica(server.url(), &cfg).await;
+    let Caller {
+        js,
+        inbox,
+        mut replies,
+        ..
+    } = Caller::at(server.url()).await;
+    // A plain (core) publish to the stream's subject: the stream stores it as it is.
+    let headers = b"NATS/1.0\r\nWeir-Reply-To: _INBOX.\xff\xfe\r\nNats-Msg-Id: bad-1\r\n\r\n";
+    let body = b"{}";
+    let mut frame = format!(
+        "HPUB llm.intake {} {}\r\n",
+        headers.len(),
+        headers.len() + body.len()
+    )
+    .into_bytes();
+    frame.extend_from_slice(headers);
+    frame.extend_from_slice(body);
+    frame.extend_from_slice(b"\r\n");
+    raw_nats_publish(server.port(), &frame).await;
+    // A good request after it is answered.
+    publish(
+        &js,
+        "llm.intake",
+        &format!("{inbox}.1"),
+        "good-1",
+        &[(h::TIMEOUT_MS, "5000")],
+        b"x",
+    )
+    .await;
+    let m = next_answer(&mut replies).await;
+    assert_eq!(
+        (code_of(&m), rid_of(&m)),
+        ("ok".to_owned(), "good-1".to_owned())
+    );
+    assert_eq!(wait_empty(&js, "WEIR_LLM_INTAKE").await, 0, "both settled");
+    // Past AckWait (2 s): a message left unsettled would have come back by now.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let page = scrape(&admin).await;
+    let terminated = |reason: &str| {
+        labelled(
+            &page,
+            "weir_llm_intake_terminated_total",
+            &format!("reason=\"{reason}\""),
+        )
+    };
+    assert_eq!(terminated("no_headers"), 1.0, "{page}");
+    assert_eq!(terminated("no_reply"), 0.0);
+    assert_eq!(counter(&page, "weir_llm_intake_pulled_total"), 2.0);
+    assert_eq!(counter(&page, "weir_llm_intake_redelivered_total"), 0.0);
+    assert_eq!(counter(&page, "weir_llm_nats_disconnects_total"), 0.0);
+    assert_eq!(counter(&page, "weir_llm_nats_malformed_total"), 1.0);
+    assert_eq!(
+        labelled(&page, "weir_llm_intake_acks_total", "kind=\"term\""),
+        1.0
+    );
 }

@@ -432,3 +432,56 @@ async fn a_streaming_retry_with_the_same_id_joins_and_is_told_so() {
     assert_eq!(rig.sim().stats().started, 1, "inference ran once");
     rig.shutdown().await;
 }
+
+/// The queue time of a unary request, from its `Weir-Queue-Ms` reply header.
+async fn unary_queue_ms(client: &async_nats::Client) -> f64 {
+    let r = tokio::time::timeout(STEP, client.request("llm.infer", Bytes::from_static(b"{}")))
+        .await
+        .expect("in time")
+        .expect("reply");
+    let hm = r.headers.expect("headers");
+    assert_eq!(hm.get("Weir-Error-Code"), None, "{hm:?}");
+    hm.get(weir_protocol::llm::headers::QUEUE_MS)
+        .and_then(|v| v.as_str().parse().ok())
+        .expect("Weir-Queue-Ms")
+}
+
+#[tokio::test]
+async fn a_running_stream_never_holds_back_a_unary_request_while_a_worker_is_free() {
+    // Two workers, idle and waiting; a stream of 20 tokens at 10/s holds one ~2 s.
+    let mut rig = Rig::with_sim_stream("workers = 2", 0, 10).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let llm = LlmClient::new(rig.caller.clone(), "llm.infer");
+    let t0 = Instant::now();
+    let st = llm
+        .request(stream_body(20))
+        .timeout(STEP)
+        .stream()
+        .await
+        .expect("stream");
+    // Read (and so acknowledge) the stream meanwhile.
+    let reader = tokio::spawn(collect(st));
+    eventually(STEP, || rig.adapter().stats().running_now == 1).await;
+    // Unary requests one after the other: each finds the other worker free.
+    let mut queue_ms = Vec::new();
+    for _ in 0..3 {
+        queue_ms.push(unary_queue_ms(&rig.caller).await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let events = reader.await.expect("reader");
+    let stream_took = t0.elapsed();
+    assert!(
+        matches!(events.last(), Some(Ok(LlmEvent::End(_)))),
+        "{events:?}"
+    );
+    eprintln!("unary queue times behind a {stream_took:?} stream: {queue_ms:?} ms");
+    assert!(
+        stream_took >= Duration::from_millis(1500),
+        "{stream_took:?}"
+    );
+    assert!(
+        queue_ms.iter().all(|&q| q < 200.0),
+        "a unary request waited for the stream: {queue_ms:?} ms"
+    );
+    rig.shutdown().await;
+}

@@ -617,21 +617,38 @@ pub(crate) fn backend_failure(
 
 async fn worker<S: Sink>(inner: Arc<Inner<S>>) {
     loop {
+        let Some(job) = next_job(&inner).await else {
+            return;
+        };
+        // The request's span (opened at receipt): the backend call's log lines
+        // carry its ids.
+        let span = job.span.clone();
+        span.record("queue_ms", job.queue_time.as_millis() as u64);
+        tracing::Instrument::instrument(inner.run_job(job), span).await;
+    }
+}
+
+/// Waits for the next job; `None` when the worker should exit (shutting down and
+/// nothing left to start).
+///
+/// The wake-up registration lives only while the worker is idle. A worker that held it
+/// through a job would be a waiter that cannot act: `notify_one` hands a newly ready
+/// request's wake-up to the longest-registered waiter, which can be that busy worker,
+/// and the request would then wait for its call to end while other workers sleep.
+/// Dropping the registration before the job forwards a wake-up it already received to
+/// another waiter (tokio's `Notified` does so on drop).
+async fn next_job<S: Sink>(inner: &Inner<S>) -> Option<Job> {
+    loop {
         // Register before looking, so a request made ready in between is not missed.
         let notified = inner.work.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         let (job, exit) = inner.take_job().await;
-        if let Some(job) = job {
-            // The request's span (opened at receipt): the backend call's log lines
-            // carry its ids.
-            let span = job.span.clone();
-            span.record("queue_ms", job.queue_time.as_millis() as u64);
-            tracing::Instrument::instrument(inner.run_job(job), span).await;
-            continue;
+        if job.is_some() {
+            return job;
         }
         if exit {
-            return;
+            return None;
         }
         notified.await;
     }

@@ -1616,3 +1616,44 @@ fn request_status_names_are_unchanged() {
     let names: Vec<_> = all.iter().map(RequestStatus::as_str).collect();
     assert_eq!(names, ["queued", "running", "done", "not_found"]);
 }
+
+/// A worker busy with a long call must not hold a wake-up meant for an idle one: with
+/// two workers, one busy for 2 s (streamed or unary) and the other idle again after a
+/// short call, the next request starts at once.
+#[tokio::test(start_paused = true)]
+async fn a_long_call_never_holds_back_a_queued_request_while_a_worker_is_idle() {
+    for streamed in [false, true] {
+        // The sim streams 10 tokens at 5/s: ~2 s; the script sleeps 2 s.
+        let a = if streamed {
+            start(cfg(2, 8), sim_stream(0, 5.0))
+        } else {
+            start(cfg(2, 8), Script::default())
+        };
+        // Both workers idle and waiting, as in a service that has run for a while.
+        settle().await;
+        let long = if streamed {
+            Submission::new(r#"{"max_tokens":10}"#).stream(Arc::new(Recorder::default()))
+        } else {
+            Submission::new("ok:2000")
+        };
+        let (_, long_rx) = a.call(long).await;
+        settle().await;
+        assert_eq!(a.stats().running_now, 1);
+        // The other worker serves a short call and goes idle again.
+        let (_, rx) = a.call(Submission::new("ok:10")).await;
+        assert!(answer(rx).await.result.is_ok());
+        settle().await;
+        // The next request finds that worker idle: it starts without waiting.
+        let (_, rx) = a.call(Submission::new("ok:0")).await;
+        let o = answer(rx).await;
+        assert!(o.result.is_ok(), "{:?}", o.result);
+        assert!(
+            o.queue_time < Duration::from_millis(5),
+            "streamed={streamed}: queued {:?} behind a busy worker",
+            o.queue_time
+        );
+        assert!(answer(long_rx).await.result.is_ok());
+        a.check_invariants();
+        a.shutdown().await;
+    }
+}

@@ -82,9 +82,55 @@ pub fn wants_stream(value: &str) -> Result<bool, super::HeaderError> {
     }
 }
 
+/// Reads a streaming acknowledgement body: the sequence number of the last chunk taken,
+/// in canonical ASCII decimal (`0` or a non-zero digit followed by digits; no sign, no
+/// leading zero, no space, nothing else) that fits a `u64`. Anything else is `None`:
+/// the adapter ignores it, as it ignores a number above the last chunk it sent.
+pub fn parse_ack(body: &[u8]) -> Option<u64> {
+    let canonical = match body {
+        [] => false,
+        [b'0'] => true,
+        [first, rest @ ..] => (b'1'..=b'9').contains(first) && rest.iter().all(u8::is_ascii_digit),
+    };
+    if !canonical {
+        return None;
+    }
+    std::str::from_utf8(body).ok()?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn acknowledgements_parse_only_in_canonical_decimal() {
+        for (body, want) in [
+            (&b"0"[..], Some(0)),
+            (b"1", Some(1)),
+            (b"17", Some(17)),
+            (b"100", Some(100)),
+            (b"18446744073709551615", Some(u64::MAX)),
+        ] {
+            assert_eq!(parse_ack(body), want, "{:?}", String::from_utf8_lossy(body));
+        }
+        for body in [
+            &b""[..],
+            b"+100",
+            b"-1",
+            b"0100",
+            b"00",
+            b" 100",
+            b"100 ",
+            b"100\n",
+            b"1e3",
+            b"0x10",
+            b"18446744073709551616",
+            b"\xff1",
+            "\u{0661}".as_bytes(),
+        ] {
+            assert_eq!(parse_ack(body), None, "{:?}", String::from_utf8_lossy(body));
+        }
+    }
 
     #[test]
     fn events_round_trip_and_unknown_names_are_none() {
