@@ -17,9 +17,16 @@
 //!    `http_max_header_bytes` are buffered for it. Silent and slowloris connections are
 //!    closed when it expires.
 //! 3. Before an upgrade, a connection that moves no byte in either direction for
-//!    `http_idle_timeout_ms` is closed (a slow body, a client that does not read its
+//!    `http_idle_timeout_ms` is closed (a stalled body, a client that does not read its
 //!    response).
-//! 4. After a WebSocket upgrade the socket belongs to the WebSocket handler (the
+//! 4. Every request body is bounded ([`body`]): complete within `http_body_timeout_ms`
+//!    of its head, and at least `http_body_min_rate` bytes/s after a 1 s grace; a body
+//!    that trickles fails where the handler reads it, and the connection is closed
+//!    after the answer. Each request carries its client's address ([`PeerAddr`]).
+//! 5. With [`ConnLimiter::evict_silent_when_full`] (the admin ports), a new connection
+//!    to a full cap takes the slot of the one that has waited longest for a request
+//!    head, which is closed.
+//! 6. After a WebSocket upgrade the socket belongs to the WebSocket handler (the
 //!    ingress's, with its own idle timeout and send timeout); the permit lives inside
 //!    the socket's I/O object and is released when the socket is closed.
 //!
@@ -27,8 +34,9 @@
 //! connection holds exactly one permit, released exactly once by `Drop`; the number of
 //! open connections, hence of file descriptors, is bounded by the cap (the ingress keeps
 //! it below `RLIMIT_NOFILE` at start); every await before the upgrade is bounded by the
-//! header or idle timeout.
+//! header, body or idle timeout.
 
+pub mod body;
 pub mod conn_limit;
 
 use std::io;
@@ -39,14 +47,19 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
+use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-pub use conn_limit::{ConnLimiter, ConnPermit, ConnRefused};
+pub use body::{BodyLimits, BodyTimeout};
+pub use conn_limit::{Client, ConnLimiter, ConnPermit, ConnRefused, SlotHandle};
+
+/// The client address of a request, in its extensions (`axum::Extension<PeerAddr>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr(pub std::net::SocketAddr);
 
 /// Label of every listener metric: which listener (`ws`, `admin`).
 pub const LABEL_LISTENER: &str = "listener";
@@ -62,7 +75,9 @@ pub struct ListenerMetrics {
     pub connections_total: &'static str,
     /// Counter: connections refused at accept, by [`LABEL_REASON`].
     pub refused_total: &'static str,
-    /// Counter: connections closed by the header or idle timeout, by [`LABEL_REASON`].
+    /// Counter: connections closed by the header or idle timeout, bodies cut off by the
+    /// body bounds (`body`, `body_rate`), admin connections evicted (`evicted`), by
+    /// [`LABEL_REASON`].
     pub timed_out_total: &'static str,
     /// Counter: accept errors other than a peer's reset (e.g. out of descriptors).
     pub accept_errors_total: &'static str,
@@ -79,6 +94,8 @@ pub struct HttpOptions {
     pub idle_timeout: Duration,
     /// Largest buffered request head (at least 8,192).
     pub max_header_bytes: usize,
+    /// Bounds on reading a request body.
+    pub body: BodyLimits,
     /// `Retry-After` of the refusal when the cap is full.
     pub retry_after: Duration,
     /// The listener's metric names.
@@ -107,7 +124,6 @@ pub async fn serve(
         "too many open connections from this address; retry later",
         options.retry_after,
     );
-    let service = TowerToHyperService::new(router);
     let options = Arc::new(options);
     tokio::pin!(stop);
     loop {
@@ -128,8 +144,9 @@ pub async fn serve(
                     .increment(1);
                 let conn = serve_connection(
                     stream,
+                    peer,
                     permit,
-                    service.clone(),
+                    router.clone(),
                     Arc::clone(&options),
                     stopping.clone(),
                 );
@@ -190,12 +207,36 @@ fn refusal_response(code: &str, message: &str, retry_after: Duration) -> Vec<u8>
 /// Serves one connection until it closes, upgrades, times out or the listener stops.
 async fn serve_connection(
     stream: TcpStream,
+    peer: std::net::SocketAddr,
     permit: ConnPermit,
-    service: TowerToHyperService<Router>,
+    router: Router,
     options: Arc<HttpOptions>,
     mut stopping: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
+    let slot = permit.handle();
+    let service = {
+        let slot = slot.clone();
+        let limits = options.body;
+        let report = body::Report {
+            listener: options.name,
+            counter: options.metrics.timed_out_total,
+        };
+        hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+            let slot = slot.clone();
+            let router = router.clone();
+            async move {
+                slot.request_started();
+                let mut req = req.map(|b| {
+                    axum::body::Body::new(body::DeadlineBody::new(b, limits, Some(report)))
+                });
+                req.extensions_mut().insert(PeerAddr(peer));
+                let response = tower::ServiceExt::oneshot(router, req).await;
+                slot.request_answered();
+                response
+            }
+        })
+    };
     let active = Arc::new(AtomicBool::new(true));
     let io = TokioIo::new(TrackedIo {
         stream,
@@ -254,6 +295,10 @@ async fn serve_connection(
                 hard_stop.as_mut().reset(tokio::time::Instant::now() + SHUTDOWN_BOUND);
             }
             () = &mut hard_stop => return,
+            () = slot.evicted() => {
+                timed_out(&options, "evicted");
+                return;
+            }
         }
     }
 }
