@@ -385,6 +385,109 @@ impl AsyncWrite for TrackedIo {
 mod tests {
     use super::*;
 
+    /// A listener whose one route reads the whole body, with these body bounds.
+    async fn listener_reading_bodies(body: BodyLimits) -> std::net::SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let router = Router::new().route(
+            "/",
+            axum::routing::post(|b: axum::body::Bytes| async move { b.len().to_string() }),
+        );
+        let options = HttpOptions {
+            name: "test",
+            header_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(10),
+            max_header_bytes: 16 * 1024,
+            body,
+            retry_after: Duration::from_secs(1),
+            metrics: ListenerMetrics {
+                connections_total: "t_total",
+                refused_total: "t_refused",
+                timed_out_total: "t_timed_out",
+                accept_errors_total: "t_errors",
+            },
+        };
+        let limiter = ConnLimiter::new("test", "t_open", 16, 16);
+        tokio::spawn(serve(
+            listener,
+            router,
+            limiter,
+            options,
+            std::future::pending::<()>(),
+        ));
+        addr
+    }
+
+    /// Sends a head announcing 60,000 bytes and then one byte every 50 ms: how long
+    /// until the server closed, and what it answered.
+    async fn trickle(addr: std::net::SocketAddr) -> (Duration, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        let t0 = tokio::time::Instant::now();
+        s.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 60000\r\n\r\na")
+            .await
+            .expect("head");
+        let mut got = Vec::new();
+        let mut buf = [0u8; 512];
+        let mut tick = tokio::time::interval(Duration::from_millis(50));
+        let r = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                tokio::select! {
+                    r = s.read(&mut buf) => match r {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    },
+                    _ = tick.tick() => { let _ = s.write_all(b"a").await; }
+                }
+            }
+        })
+        .await;
+        assert!(r.is_ok(), "closed within 5 s");
+        (t0.elapsed(), String::from_utf8_lossy(&got).into_owned())
+    }
+
+    #[tokio::test]
+    async fn a_trickling_body_is_cut_off_by_the_deadline_and_the_connection_closed() {
+        let addr = listener_reading_bodies(BodyLimits {
+            timeout: Duration::from_millis(300),
+            min_rate: 0,
+        })
+        .await;
+        let (took, answer) = trickle(addr).await;
+        assert!(took >= Duration::from_millis(300), "{took:?}");
+        assert!(took < Duration::from_secs(3), "{took:?}");
+        assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+    }
+
+    #[tokio::test]
+    async fn a_trickling_body_is_cut_off_by_the_minimum_rate() {
+        // 20 bytes/s sent, 1,000 needed after the 1 s grace.
+        let addr = listener_reading_bodies(BodyLimits {
+            timeout: Duration::from_secs(60),
+            min_rate: 1000,
+        })
+        .await;
+        let (took, _) = trickle(addr).await;
+        assert!(took >= body::BODY_RATE_GRACE, "{took:?}");
+        assert!(took < Duration::from_secs(4), "{took:?}");
+    }
+
+    #[tokio::test]
+    async fn a_body_within_the_bounds_is_read_whole() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let addr = listener_reading_bodies(BodyLimits::default()).await;
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        let body = "x".repeat(60_000);
+        let req = format!(
+            "POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 60000\r\n\r\n{body}"
+        );
+        s.write_all(req.as_bytes()).await.expect("write");
+        let mut got = String::new();
+        s.read_to_string(&mut got).await.expect("read");
+        assert!(got.starts_with("HTTP/1.1 200 "), "{got}");
+        assert!(got.ends_with("60000"), "{got}");
+    }
+
     #[test]
     fn refusal_is_complete_http_with_a_json_body() {
         let r = refusal_response("max_connections", "full", Duration::from_millis(300));
