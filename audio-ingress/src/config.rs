@@ -1243,9 +1243,21 @@ impl Config {
         let heads = (self.server.max_connections.get() + self.server.admin_max_connections.get())
             as u64
             * (self.server.http_max_header_bytes as u64 + (12 << 10));
+        // With WHIP on, every connection may be reading an offer (at most 64 KiB
+        // buffered, for at most `http_body_timeout_ms`).
+        let offers = if self.server.whip.is_some() {
+            self.server.max_connections.get() as u64 * crate::whip::MAX_OFFER_BYTES as u64
+        } else {
+            0
+        };
         // Metrics, per-address table, `/v1/streams`, confirmation markers.
         let misc = 5 << 20;
-        IDLE_ALLOWANCE_BYTES + streams * (per_stream_queue + per_stream_ws) + nats + heads + misc
+        IDLE_ALLOWANCE_BYTES
+            + streams * (per_stream_queue + per_stream_ws)
+            + nats
+            + heads
+            + offers
+            + misc
     }
 
     /// Loads and validates the configuration from `sources`: every key is refused or
@@ -1659,6 +1671,17 @@ mod tests {
         let mib = Config::default().memory_bound_bytes() as f64 / f64::from(1 << 20);
         println!("memory bound at the defaults: {mib:.1} MiB");
         assert!((323.0..328.0).contains(&mib), "{mib:.1} MiB");
+        // WHIP on: every connection may buffer an offer (4,096 × 64 KiB).
+        let mut whip = Config::default();
+        whip.server.whip = load(&[], &[("whip_udp_listen", "127.0.0.1:0")])
+            .expect("whip on")
+            .server
+            .whip;
+        let with_offers = whip.memory_bound_bytes() as f64 / f64::from(1 << 20);
+        assert!(
+            (mib + 255.0..mib + 257.0).contains(&with_offers),
+            "{with_offers:.1}"
+        );
     }
 
     fn load(env: &[(&str, &str)], overrides: &[(&str, &str)]) -> Result<Config, ConfigError> {
