@@ -36,6 +36,7 @@ use weir_protocol::partition::{DEFAULT_STREAM_TEMPLATE, MAX_PARTITIONS};
 use weir_service::admin::RequestLimits;
 use weir_service::config::keys::{self, KeyDoc, Section};
 use weir_service::config::{Layers, LoadError, LoadErrorKind, Origin};
+use weir_service::http::BodyLimits;
 use weir_service::nats::{FieldErrorKind, NatsInput};
 pub use weir_service::nats::{NatsAuth, NatsConfig, NatsTls};
 
@@ -595,7 +596,8 @@ pub struct ServerConfig {
     /// Open TCP connections on the WebSocket port, upgraded or not (`max_connections`).
     pub max_connections: NonZeroUsize,
     /// Open TCP connections on the WebSocket port from one client address, IPv4 or
-    /// IPv6 /64 (`max_connections_per_ip`); at most `max_connections`.
+    /// IPv6 /64 (`max_connections_per_ip`; unset: a quarter of `max_connections`); at
+    /// most `max_connections`.
     pub max_connections_per_ip: NonZeroUsize,
     /// Open TCP connections on the admin port (`admin_max_connections`); a separate
     /// cap, so `/readyz` and `/metrics` answer while the WebSocket port is full.
@@ -607,6 +609,9 @@ pub struct ServerConfig {
     pub http_idle_timeout: Duration,
     /// Largest request head buffered (`http_max_header_bytes`).
     pub http_max_header_bytes: usize,
+    /// Bounds on reading a request body, both ports (`http_body_timeout_ms`,
+    /// `http_body_min_rate`).
+    pub http_body: BodyLimits,
     /// Per-request bounds of the admin routes (`admin_request_timeout_ms`,
     /// `admin_max_concurrent_requests`).
     pub admin_request_limits: RequestLimits,
@@ -632,6 +637,12 @@ pub struct WhipConfig {
     pub disconnect_timeout: Duration,
     /// Concurrent WHIP sessions (`whip_max_sessions`).
     pub max_sessions: NonZeroUsize,
+    /// Concurrent WHIP sessions from one client address, IPv4 or IPv6 /64
+    /// (`whip_max_sessions_per_ip`; unset: a quarter of `whip_max_sessions`).
+    pub max_sessions_per_ip: NonZeroUsize,
+    /// Whether the ICE agent may check candidates on addresses other than the HTTP
+    /// client's (`whip_allow_foreign_candidates`).
+    pub allow_foreign_candidates: bool,
 }
 
 /// Default `whip_connect_timeout_ms`.
@@ -644,7 +655,12 @@ pub const DEFAULT_WHIP_MAX_SESSIONS: usize = 256;
 /// Default `max_connections`.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// Default `max_connections_per_ip`: a quarter of the connection cap.
-pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 1024;
+pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = DEFAULT_MAX_CONNECTIONS / 4;
+
+/// A quarter of `max`, at least 1: the default per-address share of a cap.
+pub fn quarter_of(max: u64) -> u64 {
+    (max / 4).max(1)
+}
 /// Default `admin_max_connections`.
 pub const DEFAULT_ADMIN_MAX_CONNECTIONS: usize = 64;
 /// Default `http_header_timeout_ms`.
@@ -672,6 +688,7 @@ impl Default for ServerConfig {
             http_header_timeout: DEFAULT_HTTP_HEADER_TIMEOUT,
             http_idle_timeout: DEFAULT_HTTP_IDLE_TIMEOUT,
             http_max_header_bytes: DEFAULT_HTTP_MAX_HEADER_BYTES,
+            http_body: BodyLimits::default(),
             admin_request_limits: RequestLimits::default(),
             auth: None,
             whip: None,
@@ -882,6 +899,16 @@ pub const SECTIONS: &[Section] = &[
                 "concurrent WHIP sessions (503 + `Retry-After` above it); WHIP streams also count in `max_streams`",
             ),
             doc(
+                "whip_max_sessions_per_ip",
+                "0..=100000; at most `whip_max_sessions`; 0 = a quarter of `whip_max_sessions`",
+                "concurrent WHIP sessions from one IPv4 address or IPv6 /64 (503 `max_sessions_per_ip` + `Retry-After` above it)",
+            ),
+            doc(
+                "whip_allow_foreign_candidates",
+                "`true` or `false`",
+                "`false`: the ICE agent checks only the offer's candidates on the HTTP client's own address (others are dropped from the offer, so no STUN goes to a third party); `true`: every candidate (a publisher behind an HTTP proxy or on another network path)",
+            ),
+            doc(
                 "auth_required",
                 "`true` needs exactly one key below",
                 "producers must present a signed token (JWT) before the upgrade: 401 missing/invalid, 403 out of scope; on in production",
@@ -908,13 +935,13 @@ pub const SECTIONS: &[Section] = &[
             ),
             doc(
                 "max_connections_per_ip",
-                "1..=`max_connections` (the default is clamped to it)",
+                "0..=1000000; at most `max_connections`; 0 = a quarter of `max_connections`",
                 "open connections on the WebSocket port from one IPv4 address or IPv6 /64",
             ),
             doc(
                 "admin_max_connections",
                 "1..=10000",
-                "open TCP connections on the admin port (a separate cap: `/readyz` and `/metrics` answer while the WebSocket port is full)",
+                "open TCP connections on the admin port (a separate cap: `/readyz` and `/metrics` answer while the WebSocket port is full); when it is full, a new connection takes the slot of the one that has waited longest for a request head",
             ),
             doc(
                 "admin_request_timeout_ms",
@@ -935,6 +962,16 @@ pub const SECTIONS: &[Section] = &[
                 "http_idle_timeout_ms",
                 "100..=3600000",
                 "both ports: a connection that moves no byte in either direction for this long before an upgrade is closed",
+            ),
+            doc(
+                "http_body_timeout_ms",
+                "100..=600000",
+                "both ports: a request body must be complete within this of its head; else the request fails (WHIP: 408 `body_timeout`) and the connection is closed",
+            ),
+            doc(
+                "http_body_min_rate",
+                "0..=1073741824",
+                "both ports: bytes/s a request body must average from 1 s after its head on (0 = no rate bound); slower: as `http_body_timeout_ms`",
             ),
             doc(
                 "http_max_header_bytes",
@@ -1059,6 +1096,8 @@ struct RawConfig {
     http_header_timeout_ms: u64,
     http_idle_timeout_ms: u64,
     http_max_header_bytes: u64,
+    http_body_timeout_ms: u64,
+    http_body_min_rate: u64,
     admin_request_timeout_ms: u64,
     admin_max_concurrent_requests: u64,
     auth_required: bool,
@@ -1070,6 +1109,9 @@ struct RawConfig {
     whip_connect_timeout_ms: u64,
     whip_disconnect_timeout_ms: u64,
     whip_max_sessions: u64,
+    /// 0: a quarter of `whip_max_sessions`.
+    whip_max_sessions_per_ip: u64,
+    whip_allow_foreign_candidates: bool,
     grace_period_ms: u64,
     nats_url: String,
     nats_name: String,
@@ -1128,11 +1170,14 @@ impl Default for RawConfig {
             idle_timeout_ms: ms(s.idle_timeout),
             ws_send_timeout_ms: ms(s.ws_send_timeout),
             max_connections: count(s.max_connections),
-            max_connections_per_ip: count(s.max_connections_per_ip),
+            // Unset: derived from `max_connections` as it is configured.
+            max_connections_per_ip: 0,
             admin_max_connections: count(s.admin_max_connections),
             http_header_timeout_ms: ms(s.http_header_timeout),
             http_idle_timeout_ms: ms(s.http_idle_timeout),
             http_max_header_bytes: s.http_max_header_bytes as u64,
+            http_body_timeout_ms: ms(s.http_body.timeout),
+            http_body_min_rate: s.http_body.min_rate,
             admin_request_timeout_ms: ms(s.admin_request_limits.timeout),
             admin_max_concurrent_requests: count(s.admin_request_limits.max_concurrent),
             auth_required: false,
@@ -1144,6 +1189,8 @@ impl Default for RawConfig {
             whip_connect_timeout_ms: ms(DEFAULT_WHIP_CONNECT_TIMEOUT),
             whip_disconnect_timeout_ms: ms(DEFAULT_WHIP_DISCONNECT_TIMEOUT),
             whip_max_sessions: DEFAULT_WHIP_MAX_SESSIONS as u64,
+            whip_max_sessions_per_ip: 0,
+            whip_allow_foreign_candidates: false,
             grace_period_ms: ms(s.grace_period),
             nats_url: n.url_list(),
             nats_name: n.name,
@@ -1206,9 +1253,21 @@ impl Config {
         let heads = (self.server.max_connections.get() + self.server.admin_max_connections.get())
             as u64
             * (self.server.http_max_header_bytes as u64 + (12 << 10));
+        // With WHIP on, every connection may be reading an offer (at most 64 KiB
+        // buffered, for at most `http_body_timeout_ms`).
+        let offers = if self.server.whip.is_some() {
+            self.server.max_connections.get() as u64 * crate::whip::MAX_OFFER_BYTES as u64
+        } else {
+            0
+        };
         // Metrics, per-address table, `/v1/streams`, confirmation markers.
         let misc = 5 << 20;
-        IDLE_ALLOWANCE_BYTES + streams * (per_stream_queue + per_stream_ws) + nats + heads + misc
+        IDLE_ALLOWANCE_BYTES
+            + streams * (per_stream_queue + per_stream_ws)
+            + nats
+            + heads
+            + offers
+            + misc
     }
 
     /// Loads and validates the configuration from `sources`: every key is refused or
@@ -1380,17 +1439,12 @@ impl RawConfig {
 
     fn server(&self) -> Result<ServerConfig, ConfigError> {
         let max_connections = int!(self, max_connections)?;
-        // The default per-address cap is clamped to a smaller global cap; a value set
-        // above it is refused.
-        let per_ip = if self.max_connections_per_ip == DEFAULT_MAX_CONNECTIONS_PER_IP as u64 {
-            self.max_connections_per_ip.min(max_connections)
-        } else {
-            int_between(
-                "max_connections_per_ip",
-                self.max_connections_per_ip,
-                1,
-                1_000_000,
-            )?
+        // Unset (0), the per-address cap is a quarter of the configured global cap, so
+        // one address never takes every slot by default; a value set above the global
+        // cap is refused.
+        let per_ip = match int!(self, max_connections_per_ip)? {
+            0 => quarter_of(max_connections),
+            n => n,
         };
         if per_ip > max_connections {
             return Err(ConfigError::new(
@@ -1414,6 +1468,10 @@ impl RawConfig {
             http_idle_timeout: millis!(self, http_idle_timeout_ms)?,
             // At least 8 KiB: hyper accepts no smaller head buffer.
             http_max_header_bytes: int!(self, http_max_header_bytes)? as usize,
+            http_body: BodyLimits {
+                timeout: millis!(self, http_body_timeout_ms)?,
+                min_rate: int!(self, http_body_min_rate)?,
+            },
             admin_request_limits: RequestLimits {
                 timeout: millis!(self, admin_request_timeout_ms)?,
                 max_concurrent: nonzero(int!(self, admin_max_concurrent_requests)?),
@@ -1426,7 +1484,19 @@ impl RawConfig {
     fn whip(&self) -> Result<Option<WhipConfig>, ConfigError> {
         let connect_timeout = millis!(self, whip_connect_timeout_ms)?;
         let disconnect_timeout = millis!(self, whip_disconnect_timeout_ms)?;
-        let max_sessions = nonzero(int!(self, whip_max_sessions)?);
+        let max_sessions_raw = int!(self, whip_max_sessions)?;
+        let max_sessions = nonzero(max_sessions_raw);
+        let per_ip = match int!(self, whip_max_sessions_per_ip)? {
+            0 => quarter_of(max_sessions_raw),
+            n if n > max_sessions_raw => {
+                return Err(ConfigError::new(
+                    "whip_max_sessions_per_ip",
+                    ConfigErrorKind::Conflict,
+                    format!("{n} exceeds whip_max_sessions = {max_sessions_raw}"),
+                ));
+            }
+            n => n,
+        };
         let Some(listen) = set(&self.whip_udp_listen) else {
             // A WHIP setting without the socket would be silently ignored.
             let d = Self::default();
@@ -1436,7 +1506,9 @@ impl RawConfig {
                 whip_advertise_ips,
                 whip_connect_timeout_ms,
                 whip_disconnect_timeout_ms,
-                whip_max_sessions
+                whip_max_sessions,
+                whip_max_sessions_per_ip,
+                whip_allow_foreign_candidates
             );
             return match changed {
                 Some(k) => Err(ConfigError::new(
@@ -1499,6 +1571,8 @@ impl RawConfig {
             connect_timeout,
             disconnect_timeout,
             max_sessions,
+            max_sessions_per_ip: nonzero(per_ip),
+            allow_foreign_candidates: self.whip_allow_foreign_candidates,
         }))
     }
 
@@ -1608,6 +1682,17 @@ mod tests {
         let mib = Config::default().memory_bound_bytes() as f64 / f64::from(1 << 20);
         println!("memory bound at the defaults: {mib:.1} MiB");
         assert!((323.0..328.0).contains(&mib), "{mib:.1} MiB");
+        // WHIP on: every connection may buffer an offer (4,096 × 64 KiB).
+        let mut whip = Config::default();
+        whip.server.whip = load(&[], &[("whip_udp_listen", "127.0.0.1:0")])
+            .expect("whip on")
+            .server
+            .whip;
+        let with_offers = whip.memory_bound_bytes() as f64 / f64::from(1 << 20);
+        assert!(
+            (mib + 255.0..mib + 257.0).contains(&with_offers),
+            "{with_offers:.1}"
+        );
     }
 
     fn load(env: &[(&str, &str)], overrides: &[(&str, &str)]) -> Result<Config, ConfigError> {
@@ -1888,7 +1973,7 @@ mod tests {
             (Vec::new(), Vec::new()),
             "SECTIONS documents exactly the keys of RawConfig"
         );
-        assert_eq!(SECTIONS.iter().map(|s| s.keys.len()).sum::<usize>(), 60);
+        assert_eq!(SECTIONS.iter().map(|s| s.keys.len()).sum::<usize>(), 64);
         let err = load(&[], &[("jetstream_stream", "a.b")]).expect_err("dot");
         assert_eq!(err.key(), "jetstream_stream");
         let err = load(&[], &[("jetstream_duplicate_window_s", "7200")]).expect_err("window");
@@ -1909,6 +1994,33 @@ mod tests {
         assert_eq!(w.connect_timeout, DEFAULT_WHIP_CONNECT_TIMEOUT);
         assert_eq!(w.disconnect_timeout, DEFAULT_WHIP_DISCONNECT_TIMEOUT);
         assert_eq!(w.max_sessions.get(), DEFAULT_WHIP_MAX_SESSIONS);
+        assert_eq!(w.max_sessions_per_ip.get(), DEFAULT_WHIP_MAX_SESSIONS / 4);
+        assert!(!w.allow_foreign_candidates);
+        let c = load(
+            &[],
+            &[
+                ("whip_udp_listen", "127.0.0.1:0"),
+                ("whip_max_sessions", "10"),
+                ("whip_allow_foreign_candidates", "true"),
+            ],
+        )
+        .expect("on");
+        let w = c.server.whip.expect("whip on");
+        assert_eq!(w.max_sessions_per_ip.get(), 2, "a quarter of 10");
+        assert!(w.allow_foreign_candidates);
+        let err = load(
+            &[],
+            &[
+                ("whip_udp_listen", "127.0.0.1:0"),
+                ("whip_max_sessions", "10"),
+                ("whip_max_sessions_per_ip", "11"),
+            ],
+        )
+        .expect_err("above the cap");
+        assert_eq!(
+            (err.key(), err.kind()),
+            ("whip_max_sessions_per_ip", ConfigErrorKind::Conflict)
+        );
         let c = load(
             &[(
                 "WEIR_INGRESS_WHIP_ADVERTISE_IPS",
@@ -2042,9 +2154,37 @@ mod tests {
         assert_eq!(c.server.max_connections_per_ip.get(), 1024);
         assert_eq!(c.server.admin_max_connections.get(), 64);
         assert_eq!(c.server.http_header_timeout, Duration::from_secs(5));
-        // A small cap clamps the per-address default instead of refusing it.
-        let c = load(&[], &[("max_connections", "100")]).expect("small cap");
+        assert_eq!(c.server.http_body, BodyLimits::default());
+        assert_eq!(c.server.http_body.timeout, Duration::from_secs(10));
+        assert_eq!(c.server.http_body.min_rate, 1024);
+        // Unset, the per-address cap is a quarter of the configured cap: one address
+        // never takes every slot.
+        for (max, per_ip) in [("100", 25), ("896", 224), ("3", 1), ("1", 1)] {
+            let c = load(&[], &[("max_connections", max)]).expect("small cap");
+            assert_eq!(c.server.max_connections_per_ip.get(), per_ip, "{max}");
+        }
+        let c = load(
+            &[],
+            &[
+                ("max_connections", "100"),
+                ("max_connections_per_ip", "100"),
+            ],
+        )
+        .expect("set explicitly, up to the cap");
         assert_eq!(c.server.max_connections_per_ip.get(), 100);
+        let c = load(
+            &[],
+            &[("http_body_timeout_ms", "500"), ("http_body_min_rate", "0")],
+        )
+        .expect("body bounds");
+        assert_eq!(c.server.http_body.timeout, Duration::from_millis(500));
+        assert_eq!(c.server.http_body.min_rate, 0);
+        assert_eq!(
+            load(&[], &[("http_body_timeout_ms", "10")])
+                .expect_err("too short")
+                .key(),
+            "http_body_timeout_ms"
+        );
         let err = load(
             &[],
             &[

@@ -116,7 +116,9 @@ declared! {
     counter pub const HTTP_CONNECTIONS_REFUSED_TOTAL: &str = "weir_ingress_http_connections_refused_total";
     /// Counter: connections closed before an upgrade by a timeout, by `listener` and
     /// `reason` (`header`: no complete request head within `http_header_timeout_ms`;
-    /// `idle`: no byte moved for `http_idle_timeout_ms`).
+    /// `idle`: no byte moved for `http_idle_timeout_ms`; `body` / `body_rate`: a request
+    /// body cut off by `http_body_timeout_ms` / `http_body_min_rate`; `evicted`: an
+    /// admin connection waiting for a head, whose slot a new connection took).
     counter pub const HTTP_CONNECTIONS_TIMED_OUT_TOTAL: &str = "weir_ingress_http_connections_timed_out_total";
     /// Counter: `accept` failures other than a peer's reset (e.g. out of file descriptors),
     /// by `listener`.

@@ -61,20 +61,25 @@ async fn bind(addr: SocketAddr, key: &str) -> Result<(TcpListener, SocketAddr), 
 }
 
 /// Serves `router` on `listener` with `options`, at most `max` connections (`per_ip`
-/// from one address), until the returned token is cancelled.
+/// from one address; `evict_silent`: see `ConnLimiter::evict_silent_when_full`),
+/// until the returned token is cancelled.
 fn serve_http(
     listener: TcpListener,
     router: axum::Router,
     options: HttpOptions,
     max: usize,
     per_ip: usize,
+    evict_silent: bool,
 ) -> (CancellationToken, JoinHandle<()>) {
-    let limiter = ConnLimiter::new(
+    let mut limiter = ConnLimiter::new(
         options.name,
         crate::metrics::HTTP_CONNECTIONS_OPEN,
         max,
         per_ip,
     );
+    if evict_silent {
+        limiter = limiter.evict_silent_when_full();
+    }
     let stop = CancellationToken::new();
     let task = tokio::spawn(weir_service::http::serve(
         listener,
@@ -173,6 +178,7 @@ pub async fn start_with_sink<S: Sink>(
         header_timeout: config.server.http_header_timeout,
         idle_timeout: config.server.http_idle_timeout,
         max_header_bytes: config.server.http_max_header_bytes,
+        body: config.server.http_body,
         retry_after: config.server.retry_after,
         metrics: crate::metrics::LISTENER,
     };
@@ -182,6 +188,7 @@ pub async fn start_with_sink<S: Sink>(
         http("ws"),
         server.max_connections.get(),
         server.max_connections_per_ip.get(),
+        false,
     );
 
     let s = &config.server;
@@ -192,6 +199,8 @@ pub async fn start_with_sink<S: Sink>(
         "http_header_timeout_ms": s.http_header_timeout.as_millis() as u64,
         "http_idle_timeout_ms": s.http_idle_timeout.as_millis() as u64,
         "http_max_header_bytes": s.http_max_header_bytes,
+        "http_body_timeout_ms": s.http_body.timeout.as_millis() as u64,
+        "http_body_min_rate": s.http_body.min_rate,
         "rlimit_nofile": fd.soft,
         "auth_required": s.auth.is_some(),
         "whip": s.whip.as_ref().map(|w| serde_json::json!({
@@ -200,6 +209,8 @@ pub async fn start_with_sink<S: Sink>(
             "connect_timeout_ms": w.connect_timeout.as_millis() as u64,
             "disconnect_timeout_ms": w.disconnect_timeout.as_millis() as u64,
             "max_sessions": w.max_sessions.get(),
+            "max_sessions_per_ip": w.max_sessions_per_ip.get(),
+            "allow_foreign_candidates": w.allow_foreign_candidates,
         })),
     });
     let admin_router = admin::router(AdminState {
@@ -211,6 +222,7 @@ pub async fn start_with_sink<S: Sink>(
         limits: config.server.admin_request_limits,
     });
     // Per address = the whole cap: the admin port is for local scrapers and probes.
+    // Silent connections are evicted when it is full, so probes are always let in.
     let admin_cap = server.admin_max_connections.get();
     let (stop_admin, admin_task) = serve_http(
         admin_listener,
@@ -218,6 +230,7 @@ pub async fn start_with_sink<S: Sink>(
         http("admin"),
         admin_cap,
         admin_cap,
+        true,
     );
 
     let upkeep_ingress = ingress.clone();

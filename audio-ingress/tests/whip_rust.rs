@@ -135,7 +135,14 @@ async fn a_rust_publisher_streams_opus_and_delete_ends_the_stream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_match_the_websocket_door_and_the_whip_rules() {
     let nats = NatsServer::start().expect("nats-server");
-    let sets = [WHIP, &[("whip_max_sessions", "2")]].concat();
+    let sets = [
+        WHIP,
+        &[
+            ("whip_max_sessions", "2"),
+            ("whip_max_sessions_per_ip", "2"),
+        ],
+    ]
+    .concat();
     let bin = Binary::start_ready(nats.url(), &sets).await;
     let o = offer().await;
 
@@ -450,4 +457,77 @@ async fn sigterm_ends_whip_streams_with_shutdown_and_closes_the_sessions() {
         logs.lock().expect("logs")["sd"].end.as_deref(),
         Some("shutdown")
     );
+}
+
+/// `POST /v1/whip/{id}` from the loopback address 127.0.0.`last`: the status and the
+/// error code (0 and "" when not answered within 5 s).
+async fn post_from(last: u8, to: std::net::SocketAddr, id: &str, sdp: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let attempt = async {
+        let socket = tokio::net::TcpSocket::new_v4().ok()?;
+        socket
+            .bind(std::net::SocketAddr::from(([127, 0, 0, last], 0)))
+            .ok()?;
+        let mut s = socket.connect(to).await.ok()?;
+        let req = format!(
+            "POST /v1/whip/{id} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+             Content-Type: application/sdp\r\nContent-Length: {}\r\n\r\n{sdp}",
+            sdp.len()
+        );
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let status = text.split_whitespace().nth(1)?.parse().ok()?;
+        let code = text
+            .split_once("\r\n\r\n")
+            .and_then(|(_, b)| serde_json::from_str::<serde_json::Value>(b).ok())
+            .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
+            .unwrap_or_default();
+        Some((status, code))
+    };
+    tokio::time::timeout(Duration::from_secs(5), attempt)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or((0, String::new()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_cannot_take_every_whip_session_nor_aim_stun_elsewhere() {
+    let nats = NatsServer::start().expect("nats-server");
+    // The default caps: 256 sessions, 64 from one address; connect timeout 10 s.
+    let bin = Binary::start_ready(nats.url(), &[("whip_udp_listen", "127.0.0.1:0")]).await;
+    // 300 offers that never connect, from 127.0.0.2; their one candidate is on
+    // 127.0.0.1, not the HTTP client's address, so it is dropped.
+    let sdp = offer().await.sdp;
+    let mut created = 0;
+    let mut per_ip = 0;
+    for i in 0..300 {
+        match post_from(2, bin.ws, &format!("flood-{i}"), &sdp).await {
+            (201, _) => created += 1,
+            (503, code) if code == "max_sessions_per_ip" => per_ip += 1,
+            other => panic!("offer {i}: {other:?}"),
+        }
+    }
+    assert_eq!((created, per_ip), (64, 236));
+    let w = whip_json(&bin).await;
+    assert_eq!(w["active_sessions"], 64, "{w}");
+    assert_eq!(w["max_sessions_per_ip"], 64, "{w}");
+    assert_eq!(w["candidates_dropped"], 64, "one per accepted offer: {w}");
+    // A publisher from another address is created and connects at once.
+    let o = offer().await;
+    let answer = post_offer(bin.ws, "legit", &o.sdp, &[]).await;
+    assert_eq!(answer.status, 201, "{answer:?}");
+    let publisher = o.answered(&answer);
+    let seen = publisher.seen.clone();
+    let started = Instant::now();
+    let task =
+        tokio::spawn(publisher.run(opus_packets(&tone(0.2)), 10, false, Duration::from_secs(3)));
+    let _ = task.await;
+    let connected = seen.lock().expect("seen").connected;
+    let connected = connected.expect("the publisher connected");
+    eprintln!("connected {:?} after the answer", connected - started);
+    assert!(connected - started < Duration::from_secs(3));
+    assert_eq!(whip_json(&bin).await["candidates_dropped"], 64);
 }

@@ -27,7 +27,7 @@ use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
 use weir_service::admin::{Admin, MetricsSource, Readiness, Ready, error_response};
-use weir_service::http::{ConnLimiter, HttpOptions};
+use weir_service::http::{BodyLimits, ConnLimiter, HttpOptions};
 
 use crate::AdapterView;
 
@@ -118,7 +118,10 @@ pub const ADMIN_MAX_HEADER_BYTES: usize = 16 * 1024;
 /// Serves the admin routes on `listener` until `shutdown` resolves, with the
 /// connection hygiene of `admin.*` (connection cap, header and idle timeouts): the
 /// accept loop the ingress's listeners use too (`weir_service::http`). Every client
-/// address may use the whole cap (the port is for local scrapers and probes).
+/// address may use the whole cap (the port is for local scrapers and probes); when it
+/// is full, a new connection takes the slot of the one that has waited longest for a
+/// request head, so silent connections never keep a probe out. Request bodies have the
+/// default bounds (`BodyLimits`: 10 s, 1,024 bytes/s).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AdminState,
@@ -126,12 +129,14 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let cfg = state.view.config().admin;
     let cap = cfg.max_connections.get();
-    let limiter = ConnLimiter::new("admin", crate::metrics::ADMIN_CONNECTIONS_OPEN, cap, cap);
+    let limiter = ConnLimiter::new("admin", crate::metrics::ADMIN_CONNECTIONS_OPEN, cap, cap)
+        .evict_silent_when_full();
     let options = HttpOptions {
         name: "admin",
         header_timeout: cfg.header_timeout,
         idle_timeout: cfg.idle_timeout,
         max_header_bytes: ADMIN_MAX_HEADER_BYTES,
+        body: BodyLimits::default(),
         retry_after: std::time::Duration::from_secs(1),
         metrics: crate::metrics::ADMIN_LISTENER,
     };

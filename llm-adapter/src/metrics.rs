@@ -128,7 +128,8 @@ declared! {
     /// Counter: admin connections refused because `admin.max_connections` were open
     /// (labels `listener` = `admin`, `reason` = `max_connections`).
     counter pub const ADMIN_CONNECTIONS_REFUSED_TOTAL: &str = "weir_llm_admin_connections_refused_total";
-    /// Counter: admin connections closed by a timeout, label `reason` (`header`, `idle`).
+    /// Counter: admin connections closed by a timeout, label `reason` (`header`, `idle`,
+    /// `body`, `body_rate`), or evicted by a new connection on a full cap (`evicted`).
     counter pub const ADMIN_CONNECTIONS_TIMED_OUT_TOTAL: &str = "weir_llm_admin_connections_timed_out_total";
     /// Counter: admin connections accepted.
     counter pub const ADMIN_CONNECTIONS_TOTAL: &str = "weir_llm_admin_connections_total";

@@ -145,7 +145,7 @@ async fn invalid_envelope_ids_are_refused_naming_the_field() {
 }
 
 #[tokio::test]
-async fn the_admin_listener_caps_connections_and_closes_silent_ones() {
+async fn the_admin_listener_caps_connections_and_silent_ones_never_keep_probes_out() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let server = NatsServer::start().expect("nats-server");
     let a = adapter(
@@ -168,52 +168,48 @@ async fn the_admin_listener_caps_connections_and_closes_silent_ones() {
             let _ = stop_rx.await;
         },
     ));
-    // Two silent connections take both slots ...
-    let mut silent = Vec::new();
-    for _ in 0..2 {
-        silent.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
-    }
-    // ... so a third is refused at once with a JSON 503 (polled: the accept loop must
-    // have taken the first two).
-    let t0 = std::time::Instant::now();
-    loop {
-        let mut third = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let probe = |path: &'static str| async move {
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let req = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.expect("write");
         let mut buf = Vec::new();
-        let _ = tokio::time::timeout(Duration::from_millis(200), third.read_to_end(&mut buf)).await;
-        let text = String::from_utf8_lossy(&buf).into_owned();
-        if text.starts_with("HTTP/1.1 503") {
-            assert!(text.contains("\"code\":\"max_connections\""), "{text}");
-            break;
-        }
-        assert!(
-            t0.elapsed() < STEP,
-            "third connection never refused: {text:?}"
-        );
+        tokio::time::timeout(STEP, s.read_to_end(&mut buf))
+            .await
+            .expect("in time")
+            .expect("read");
+        String::from_utf8_lossy(&buf).into_owned()
+    };
+    // Twice the cap's worth of silent connections: the last two took the slots of
+    // the first two, which were closed without a response.
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        silent.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // The silent ones are closed by the header timeout (300 ms), well within a second.
+    // Every probe is answered: each takes the slot of the longest-silent connection.
+    for i in 0..20 {
+        let (path, text) = if i % 2 == 0 {
+            ("/healthz", probe("/healthz").await)
+        } else {
+            ("/readyz", probe("/readyz").await)
+        };
+        assert!(!text.contains("max_connections"), "{path}: {text}");
+        if path == "/healthz" {
+            assert!(text.starts_with("HTTP/1.1 200"), "{path}: {text}");
+        } else {
+            assert!(text.contains("\"ready\""), "{path}: {text}");
+        }
+    }
+    // The silent ones are closed (evicted, or by the header timeout), without a
+    // response.
     for mut s in silent {
         let mut buf = [0u8; 64];
         let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf))
             .await
-            .expect("closed by the header timeout")
+            .expect("closed")
             .unwrap_or(0);
         assert_eq!(n, 0, "closed without a response");
     }
-    // Then the port answers again.
-    let mut ok = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    ok.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
-        .await
-        .expect("write");
-    let mut buf = Vec::new();
-    tokio::time::timeout(STEP, ok.read_to_end(&mut buf))
-        .await
-        .expect("in time")
-        .expect("read");
-    assert!(
-        buf.starts_with(b"HTTP/1.1 200"),
-        "{}",
-        String::from_utf8_lossy(&buf)
-    );
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(STEP, task).await;
     a.shutdown().await;

@@ -11,12 +11,19 @@
 //! | `OPTIONS` on either | `204` with `Allow`, `Accept-Post` and CORS headers |
 //! | `PATCH` on the `Location` | `405`: no trickle ICE nor ICE restart (every candidate is in the offer and the answer) |
 //!
-//! Refusals before anything is opened (JSON body `{"error":{"code","message"}}`): the
-//! same admission as the WebSocket door ([`crate::door`]: 400 id/query, 401/403 token,
-//! 503 `not_ready`, 409 `stream_active`, 503 `max_streams`/`shutting_down`, with
-//! `Retry-After`), plus `415` (not `application/sdp`), `413` (offer over 64 KiB), `400
-//! invalid_offer` (not SDP, or no Opus audio to receive) and `503 max_sessions` +
-//! `Retry-After` (`whip_max_sessions`).
+//! Refusals before anything is opened (JSON body `{"error":{"code","message"}}`), in
+//! this order, the body read only after the cheap ones: the same admission as the
+//! WebSocket door ([`crate::door`]: 400 id/query, 401/403 token), `415` (not
+//! `application/sdp`), `413` (a `Content-Length` over 64 KiB), `503 max_sessions` /
+//! `max_sessions_per_ip` + `Retry-After` (`whip_max_sessions`,
+//! `whip_max_sessions_per_ip`); then the body ([`offer_guard`]: `408 body_timeout`
+//! under the listener's body bounds, `413` over 64 KiB), `400 invalid_offer` (not SDP,
+//! or no Opus audio to receive; the message never quotes a parser's internals), then
+//! 503 `not_ready`, 409 `stream_active`, 503 `max_streams`/`shutting_down`.
+//!
+//! Candidates: unless `whip_allow_foreign_candidates`, the offer's ICE candidates on
+//! any address other than the HTTP client's are dropped before negotiation, so the
+//! server sends connectivity checks only to the client that made the offer.
 //!
 //! Media path, per session: one `str0m::Rtc` in the **one driver task**
 //! ([`driver`]) that owns the UDP socket; its Opus packets go through a bounded channel
@@ -49,16 +56,20 @@
 
 pub mod client;
 pub mod driver;
+mod offer_guard;
 pub mod pump;
+mod sessions;
 
-use std::collections::HashMap;
+pub(crate) use sessions::SessionSlot;
+use sessions::{Full, Sessions};
+
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -79,6 +90,7 @@ use crate::error::Error;
 use crate::publisher::Sink;
 use crate::shutdown::TaskTracker;
 use crate::stream::Ingress;
+use weir_service::http::{Client, PeerAddr};
 
 /// Largest SDP offer accepted (a browser's audio offer is 3–6 KiB).
 pub const MAX_OFFER_BYTES: usize = 64 * 1024;
@@ -109,6 +121,8 @@ pub struct WhipCounters {
     pub events_sent: AtomicU64,
     /// Sessions ended by the driver, because ICE/DTLS failed or timed out.
     pub sessions_lost: AtomicU64,
+    /// Offer candidates dropped because they were not on the HTTP client's address.
+    pub candidates_dropped: AtomicU64,
     /// Total over every pump (see [`SessionCounters`]).
     pub media: SessionCounters,
 }
@@ -208,39 +222,13 @@ pub(crate) struct Stop {
 }
 
 /// One WHIP resource in the registry.
-struct Entry {
+pub(crate) struct Entry {
     stream_id: StreamId,
     stop: mpsc::Sender<Stop>,
     /// Set when the stream ended: the resource answers 404 from then on, even while
     /// the driver still closes ICE/DTLS.
     ended: Arc<AtomicBool>,
     counters: Arc<SessionCounters>,
-}
-
-/// The WHIP resources, bounded by `whip_max_sessions`.
-pub(crate) struct Sessions {
-    map: Mutex<HashMap<String, Entry>>,
-    max: usize,
-}
-
-impl Sessions {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
-        self.map.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// A session's place under `whip_max_sessions`, released (the resource removed) on
-/// `Drop`. Owned by the driver's session, so it is freed exactly once, when the
-/// session's ICE/DTLS is gone.
-pub(crate) struct SessionSlot {
-    sessions: Arc<Sessions>,
-    key: String,
-}
-
-impl Drop for SessionSlot {
-    fn drop(&mut self) {
-        self.sessions.lock().remove(&self.key);
-    }
 }
 
 /// What the HTTP handlers and the driver share.
@@ -291,6 +279,9 @@ impl WhipView {
             "udp": self.shared.udp_addr.to_string(),
             "advertise": self.shared.config.advertise.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "max_sessions": self.shared.sessions.max,
+            "max_sessions_per_ip": self.shared.sessions.per_ip,
+            "allow_foreign_candidates": self.shared.config.allow_foreign_candidates,
+            "candidates_dropped": g(&c.candidates_dropped),
             "active_sessions": sessions.len(),
             "sessions_total": g(&c.sessions_total),
             "offers_refused": g(&c.offers_refused),
@@ -322,10 +313,10 @@ impl Whip {
             .map_err(|e| crate::error::io("WHIP UDP address", e))?;
         let counters = Arc::new(WhipCounters::default());
         let (tx, rx) = mpsc::channel(DRIVER_COMMANDS);
-        let sessions = Arc::new(Sessions {
-            map: Mutex::new(HashMap::new()),
-            max: config.max_sessions.get(),
-        });
+        let sessions = Arc::new(Sessions::new(
+            config.max_sessions.get(),
+            config.max_sessions_per_ip.get(),
+        ));
         let driver = tokio::spawn(driver::run(
             socket,
             rx,
@@ -543,8 +534,27 @@ fn resource_id() -> Option<String> {
     Some(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
-/// The `Rtc` of an accepted offer, and its answer. `Err`: why the offer is refused.
-fn accept(shared: &Shared, sdp: &str) -> Result<(Rtc, String), String> {
+/// The `Rtc` of an accepted offer from `client`, and its answer. `Err`: why the offer
+/// is refused. Unless foreign candidates are allowed, only the offer's candidates on
+/// `client`'s address are kept (`None`, the address unknown: none is).
+fn accept(
+    shared: &Shared,
+    sdp: &str,
+    client: Option<std::net::IpAddr>,
+) -> Result<(Rtc, String), String> {
+    let filtered;
+    let sdp = if shared.config.allow_foreign_candidates {
+        sdp
+    } else {
+        let unspecified = std::net::IpAddr::from([0u8, 0, 0, 0]);
+        let (kept, dropped) = offer_guard::keep_own_candidates(sdp, client.unwrap_or(unspecified));
+        shared
+            .counters
+            .candidates_dropped
+            .fetch_add(dropped as u64, Ordering::Relaxed);
+        filtered = kept;
+        filtered.as_str()
+    };
     let port = shared.udp_addr.port();
     let candidates: Vec<_> = shared
         .config
@@ -561,7 +571,12 @@ fn accept_with(
     cert: Option<&DtlsCert>,
     sdp: &str,
 ) -> Result<(Rtc, String), String> {
-    let offer = SdpOffer::from_sdp_string(sdp).map_err(|e| format!("not an SDP offer: {e}"))?;
+    // The parser's and negotiation's errors are logged, never answered: their text
+    // can carry internals (heap addresses in a parser's Debug output).
+    let offer = SdpOffer::from_sdp_string(sdp).map_err(|e| {
+        tracing::debug!(error = %e, "WHIP offer is not SDP");
+        "the offer is not a valid SDP offer".to_owned()
+    })?;
     // Opus only: anything else is refused in the answer (port 0).
     let mut config = RtcConfig::new().clear_codecs().enable_opus(true, false);
     if let Some(cert) = cert {
@@ -577,7 +592,10 @@ fn accept_with(
         rtc.sdp_api().accept_offer(offer)
     }))
     .map_err(|_| "the offer could not be negotiated".to_owned())?
-    .map_err(|e| format!("the offer could not be negotiated: {e}"))?
+    .map_err(|e| {
+        tracing::debug!(error = %e, "WHIP offer not negotiated");
+        "the offer could not be negotiated".to_owned()
+    })?
     .to_sdp_string();
     if !answer_receives_opus(&answer) {
         return Err("the offer has no Opus audio to send (m=audio with opus/48000/2)".to_owned());
@@ -589,25 +607,66 @@ fn accept_with(
 async fn offer<S: Sink>(
     State(state): State<WhipState<S>>,
     admitted: Result<door::Admitted, Response>,
+    peer: Option<axum::Extension<PeerAddr>>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
+    let client = peer.map(|axum::Extension(PeerAddr(addr))| addr.ip());
     with_cors(
-        create_session(&state, admitted, &headers, body)
+        create_session(&state, admitted, client, &headers, body)
             .await
             .unwrap_or_else(|r| r),
     )
 }
 
+/// The `503` of a full session cap.
+fn sessions_full<S: Sink>(state: &WhipState<S>, full: Full) -> Response {
+    let (label, code, message) = match full {
+        Full::All(max) => (
+            "max_sessions",
+            "max_sessions",
+            format!("{max} WHIP sessions are active (whip_max_sessions); retry later"),
+        ),
+        Full::PerIp(max) => (
+            "max_sessions_per_ip",
+            "max_sessions_per_ip",
+            format!(
+                "{max} WHIP sessions are active from this address                  (whip_max_sessions_per_ip); retry later"
+            ),
+        ),
+    };
+    state.ingress.global().admission_rejected(label);
+    let mut resp = refused(
+        &state.shared,
+        StatusCode::SERVICE_UNAVAILABLE,
+        code,
+        message,
+    );
+    door::insert_retry_after(&mut resp, state.retry_after);
+    resp
+}
+
+/// Whether the request announces a body over [`MAX_OFFER_BYTES`].
+fn announced_too_large(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .is_some_and(|n| n > MAX_OFFER_BYTES as u64)
+}
+
 async fn create_session<S: Sink>(
     state: &WhipState<S>,
     admitted: Result<door::Admitted, Response>,
+    client: Option<std::net::IpAddr>,
     headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Response, Response> {
     let shared = &state.shared;
     let invalid_offer =
         |message: String| refused(shared, StatusCode::BAD_REQUEST, "invalid_offer", message);
+    // Every cheap refusal before a byte of the body is read: the id, query and token,
+    // the content type, the announced length, the session caps.
     let admitted = admitted?;
     if !is_sdp(headers) {
         return Err(refused(
@@ -617,16 +676,19 @@ async fn create_session<S: Sink>(
             "a WHIP offer is Content-Type: application/sdp",
         ));
     }
-    let body = body.map_err(|e| {
-        let status = e.status();
-        let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
-            "offer_too_large"
-        } else {
-            "invalid_offer"
-        };
-        let message = format!("{} (at most {MAX_OFFER_BYTES} bytes)", e.body_text());
-        refused(shared, status, code, message)
-    })?;
+    if announced_too_large(headers) {
+        let (status, code, message) = offer_guard::too_large();
+        return Err(refused(shared, status, code, message));
+    }
+    // An unknown address (not served by the accept loop) counts as one client.
+    let who = Client::of(client.unwrap_or(std::net::IpAddr::from([0u8, 0, 0, 0])));
+    shared
+        .sessions
+        .room_for(who)
+        .map_err(|full| sessions_full(state, full))?;
+    let body = offer_guard::read_offer(body)
+        .await
+        .map_err(|(status, code, message)| refused(shared, status, code, message))?;
     let sdp = std::str::from_utf8(&body)
         .map_err(|_| invalid_offer("the offer is not UTF-8".to_owned()))?;
     // The cap before the (costly) negotiation; the slot is released if a later step
@@ -642,41 +704,17 @@ async fn create_session<S: Sink>(
             "no randomness for a resource id",
         ));
     };
-    let slot = {
-        let mut map = shared.sessions.lock();
-        if map.len() >= shared.sessions.max {
-            None
-        } else {
-            map.insert(
-                key.clone(),
-                Entry {
-                    stream_id: admitted.id.clone(),
-                    stop: stop_tx,
-                    ended: Arc::clone(&ended),
-                    counters: Arc::clone(&counters),
-                },
-            );
-            Some(SessionSlot {
-                sessions: Arc::clone(&shared.sessions),
-                key: key.clone(),
-            })
-        }
+    let entry = Entry {
+        stream_id: admitted.id.clone(),
+        stop: stop_tx,
+        ended: Arc::clone(&ended),
+        counters: Arc::clone(&counters),
     };
-    let Some(slot) = slot else {
-        state.ingress.global().admission_rejected("max_sessions");
-        let mut resp = refused(
-            shared,
-            StatusCode::SERVICE_UNAVAILABLE,
-            "max_sessions",
-            format!(
-                "{} WHIP sessions are active (whip_max_sessions); retry later",
-                shared.sessions.max
-            ),
-        );
-        door::insert_retry_after(&mut resp, state.retry_after);
-        return Err(resp);
-    };
-    let (rtc, answer) = accept(shared, sdp).map_err(invalid_offer)?;
+    let slot = shared
+        .sessions
+        .reserve(who, key.clone(), entry)
+        .map_err(|full| sessions_full(state, full))?;
+    let (rtc, answer) = accept(shared, sdp, client).map_err(invalid_offer)?;
     let stream_id = admitted.id.clone();
     let handle = state.door().open(admitted).map_err(|resp| {
         count(&shared.counters.offers_refused);
@@ -863,6 +901,36 @@ a=fmtp:96 profile-level-id=42e01f;packetization-mode=1;level-asymmetry-allowed=1
         assert!(fingerprint(&a1).is_some());
         assert_eq!(fingerprint(&a1), fingerprint(&a2));
         assert_ne!(fingerprint(&a1), fingerprint(&answer));
+    }
+
+    #[test]
+    fn a_refused_offer_is_answered_without_the_parsers_internals() {
+        let cand: std::net::SocketAddr = "127.0.0.1:9999".parse().expect("addr");
+        for garbage in [
+            "v=0\r\n",
+            "v=0\r\no=- 1 1 IN IP4 x\r\nm=audio\r\n",
+            "hello",
+            "v=0\r\na=candidate:\u{1}\r\nm=audio 9 UDP/TLS/RTP/SAVPF x\r\n",
+        ] {
+            let e = accept_with(&[cand], None, garbage).expect_err("refused");
+            assert!(
+                e == "the offer is not a valid SDP offer"
+                    || e == "the offer could not be negotiated"
+                    || e.starts_with("the offer has no Opus audio"),
+                "{garbage:?} -> {e}"
+            );
+            assert!(!e.contains("0x") && !e.contains("Pointer"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_content_length_over_the_offer_bound_is_refused_before_the_body() {
+        let mut h = HeaderMap::new();
+        assert!(!announced_too_large(&h));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("65536"));
+        assert!(!announced_too_large(&h));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("65537"));
+        assert!(announced_too_large(&h));
     }
 
     #[test]

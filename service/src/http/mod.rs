@@ -17,9 +17,16 @@
 //!    `http_max_header_bytes` are buffered for it. Silent and slowloris connections are
 //!    closed when it expires.
 //! 3. Before an upgrade, a connection that moves no byte in either direction for
-//!    `http_idle_timeout_ms` is closed (a slow body, a client that does not read its
+//!    `http_idle_timeout_ms` is closed (a stalled body, a client that does not read its
 //!    response).
-//! 4. After a WebSocket upgrade the socket belongs to the WebSocket handler (the
+//! 4. Every request body is bounded ([`body`]): complete within `http_body_timeout_ms`
+//!    of its head, and at least `http_body_min_rate` bytes/s after a 1 s grace; a body
+//!    that trickles fails where the handler reads it, and the connection is closed
+//!    after the answer. Each request carries its client's address ([`PeerAddr`]).
+//! 5. With [`ConnLimiter::evict_silent_when_full`] (the admin ports), a new connection
+//!    to a full cap takes the slot of the one that has waited longest for a request
+//!    head, which is closed.
+//! 6. After a WebSocket upgrade the socket belongs to the WebSocket handler (the
 //!    ingress's, with its own idle timeout and send timeout); the permit lives inside
 //!    the socket's I/O object and is released when the socket is closed.
 //!
@@ -27,8 +34,9 @@
 //! connection holds exactly one permit, released exactly once by `Drop`; the number of
 //! open connections, hence of file descriptors, is bounded by the cap (the ingress keeps
 //! it below `RLIMIT_NOFILE` at start); every await before the upgrade is bounded by the
-//! header or idle timeout.
+//! header, body or idle timeout.
 
+pub mod body;
 pub mod conn_limit;
 
 use std::io;
@@ -39,14 +47,19 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
+use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-pub use conn_limit::{ConnLimiter, ConnPermit, ConnRefused};
+pub use body::{BodyLimits, BodyTimeout};
+pub use conn_limit::{Client, ConnLimiter, ConnPermit, ConnRefused, SlotHandle};
+
+/// The client address of a request, in its extensions (`axum::Extension<PeerAddr>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr(pub std::net::SocketAddr);
 
 /// Label of every listener metric: which listener (`ws`, `admin`).
 pub const LABEL_LISTENER: &str = "listener";
@@ -62,7 +75,9 @@ pub struct ListenerMetrics {
     pub connections_total: &'static str,
     /// Counter: connections refused at accept, by [`LABEL_REASON`].
     pub refused_total: &'static str,
-    /// Counter: connections closed by the header or idle timeout, by [`LABEL_REASON`].
+    /// Counter: connections closed by the header or idle timeout, bodies cut off by the
+    /// body bounds (`body`, `body_rate`), admin connections evicted (`evicted`), by
+    /// [`LABEL_REASON`].
     pub timed_out_total: &'static str,
     /// Counter: accept errors other than a peer's reset (e.g. out of descriptors).
     pub accept_errors_total: &'static str,
@@ -79,6 +94,8 @@ pub struct HttpOptions {
     pub idle_timeout: Duration,
     /// Largest buffered request head (at least 8,192).
     pub max_header_bytes: usize,
+    /// Bounds on reading a request body.
+    pub body: BodyLimits,
     /// `Retry-After` of the refusal when the cap is full.
     pub retry_after: Duration,
     /// The listener's metric names.
@@ -107,7 +124,6 @@ pub async fn serve(
         "too many open connections from this address; retry later",
         options.retry_after,
     );
-    let service = TowerToHyperService::new(router);
     let options = Arc::new(options);
     tokio::pin!(stop);
     loop {
@@ -128,8 +144,9 @@ pub async fn serve(
                     .increment(1);
                 let conn = serve_connection(
                     stream,
+                    peer,
                     permit,
-                    service.clone(),
+                    router.clone(),
                     Arc::clone(&options),
                     stopping.clone(),
                 );
@@ -190,12 +207,36 @@ fn refusal_response(code: &str, message: &str, retry_after: Duration) -> Vec<u8>
 /// Serves one connection until it closes, upgrades, times out or the listener stops.
 async fn serve_connection(
     stream: TcpStream,
+    peer: std::net::SocketAddr,
     permit: ConnPermit,
-    service: TowerToHyperService<Router>,
+    router: Router,
     options: Arc<HttpOptions>,
     mut stopping: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
+    let slot = permit.handle();
+    let service = {
+        let slot = slot.clone();
+        let limits = options.body;
+        let report = body::Report {
+            listener: options.name,
+            counter: options.metrics.timed_out_total,
+        };
+        hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+            let slot = slot.clone();
+            let router = router.clone();
+            async move {
+                slot.request_started();
+                let mut req = req.map(|b| {
+                    axum::body::Body::new(body::DeadlineBody::new(b, limits, Some(report)))
+                });
+                req.extensions_mut().insert(PeerAddr(peer));
+                let response = tower::ServiceExt::oneshot(router, req).await;
+                slot.request_answered();
+                response
+            }
+        })
+    };
     let active = Arc::new(AtomicBool::new(true));
     let io = TokioIo::new(TrackedIo {
         stream,
@@ -254,6 +295,10 @@ async fn serve_connection(
                 hard_stop.as_mut().reset(tokio::time::Instant::now() + SHUTDOWN_BOUND);
             }
             () = &mut hard_stop => return,
+            () = slot.evicted() => {
+                timed_out(&options, "evicted");
+                return;
+            }
         }
     }
 }
@@ -339,6 +384,109 @@ impl AsyncWrite for TrackedIo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A listener whose one route reads the whole body, with these body bounds.
+    async fn listener_reading_bodies(body: BodyLimits) -> std::net::SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let router = Router::new().route(
+            "/",
+            axum::routing::post(|b: axum::body::Bytes| async move { b.len().to_string() }),
+        );
+        let options = HttpOptions {
+            name: "test",
+            header_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(10),
+            max_header_bytes: 16 * 1024,
+            body,
+            retry_after: Duration::from_secs(1),
+            metrics: ListenerMetrics {
+                connections_total: "t_total",
+                refused_total: "t_refused",
+                timed_out_total: "t_timed_out",
+                accept_errors_total: "t_errors",
+            },
+        };
+        let limiter = ConnLimiter::new("test", "t_open", 16, 16);
+        tokio::spawn(serve(
+            listener,
+            router,
+            limiter,
+            options,
+            std::future::pending::<()>(),
+        ));
+        addr
+    }
+
+    /// Sends a head announcing 60,000 bytes and then one byte every 50 ms: how long
+    /// until the server closed, and what it answered.
+    async fn trickle(addr: std::net::SocketAddr) -> (Duration, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        let t0 = tokio::time::Instant::now();
+        s.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 60000\r\n\r\na")
+            .await
+            .expect("head");
+        let mut got = Vec::new();
+        let mut buf = [0u8; 512];
+        let mut tick = tokio::time::interval(Duration::from_millis(50));
+        let r = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                tokio::select! {
+                    r = s.read(&mut buf) => match r {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    },
+                    _ = tick.tick() => { let _ = s.write_all(b"a").await; }
+                }
+            }
+        })
+        .await;
+        assert!(r.is_ok(), "closed within 5 s");
+        (t0.elapsed(), String::from_utf8_lossy(&got).into_owned())
+    }
+
+    #[tokio::test]
+    async fn a_trickling_body_is_cut_off_by_the_deadline_and_the_connection_closed() {
+        let addr = listener_reading_bodies(BodyLimits {
+            timeout: Duration::from_millis(300),
+            min_rate: 0,
+        })
+        .await;
+        let (took, answer) = trickle(addr).await;
+        assert!(took >= Duration::from_millis(300), "{took:?}");
+        assert!(took < Duration::from_secs(3), "{took:?}");
+        assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+    }
+
+    #[tokio::test]
+    async fn a_trickling_body_is_cut_off_by_the_minimum_rate() {
+        // 20 bytes/s sent, 1,000 needed after the 1 s grace.
+        let addr = listener_reading_bodies(BodyLimits {
+            timeout: Duration::from_secs(60),
+            min_rate: 1000,
+        })
+        .await;
+        let (took, _) = trickle(addr).await;
+        assert!(took >= body::BODY_RATE_GRACE, "{took:?}");
+        assert!(took < Duration::from_secs(4), "{took:?}");
+    }
+
+    #[tokio::test]
+    async fn a_body_within_the_bounds_is_read_whole() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let addr = listener_reading_bodies(BodyLimits::default()).await;
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        let body = "x".repeat(60_000);
+        let req = format!(
+            "POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 60000\r\n\r\n{body}"
+        );
+        s.write_all(req.as_bytes()).await.expect("write");
+        let mut got = String::new();
+        s.read_to_string(&mut got).await.expect("read");
+        assert!(got.starts_with("HTTP/1.1 200 "), "{got}");
+        assert!(got.ends_with("60000"), "{got}");
+    }
 
     #[test]
     fn refusal_is_complete_http_with_a_json_body() {
