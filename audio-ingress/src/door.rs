@@ -261,15 +261,6 @@ pub fn closed_event(reason: &str, summary: &StreamSummary) -> serde_json::Value 
     })
 }
 
-/// A stream's summary now, before it finished (the `closed` event of an overload or a
-/// refusal does not wait for the `end`).
-pub fn unfinished(handle: &StreamHandle) -> StreamSummary {
-    StreamSummary {
-        snapshot: handle.snapshot(),
-        finished: false,
-    }
-}
-
 /// What a door does after its stream's status changed: send the `gap` event, if any,
 /// then stop on an overload or an end (in that order).
 #[derive(Debug)]

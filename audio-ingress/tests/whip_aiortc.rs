@@ -300,6 +300,19 @@ async fn nats_paused_under_10_whip_streams_signals_every_publisher_over_the_data
         assert_eq!(types, ["overload", "closed"], "{id}");
         let log = &logs[id];
         assert_eq!(log.end.as_deref(), Some("overload"), "{id}");
+        // `closed` waits for the stream to finish: it reports the frames the server
+        // confirmed (none counted that the subscriber did not get) and the `end`
+        // delivered after the resume.
+        let closed = &dc[1]["data"];
+        assert_eq!(closed["end_delivered"], true, "{id}: {closed}");
+        let published = closed["frames_published"]
+            .as_u64()
+            .expect("frames_published");
+        assert!(
+            published > 0 && published <= log.frames.len() as u64,
+            "{id}: closed says {published} published, the subscriber got {}",
+            log.frames.len()
+        );
         let stale = log.ages_ms.iter().filter(|&&a| a > STALE_AFTER_MS).count();
         assert!(
             stale <= MAX_STALE_PER_STREAM,

@@ -271,8 +271,11 @@ async fn finish(p: Pump, outcome: Outcome) {
             (Some((EndReason::Producer, s)), Some(stop))
         }
         Outcome::Overload(o) => {
+            // The `overload` event at once; `closed` once the stream has finished, so
+            // that it counts what the server confirmed after the overload and says
+            // whether the `end` got through (as the WebSocket door does).
             event_to(&driver, &key, door::overload_event(&o, &handle)).await;
-            (Some((EndReason::Overload, door::unfinished(&handle))), None)
+            (Some((EndReason::Overload, handle.wait_ended().await)), None)
         }
         Outcome::Closed(reason) => {
             let s = handle.wait_finished(Duration::from_secs(30)).await;
@@ -281,7 +284,7 @@ async fn finish(p: Pump, outcome: Outcome) {
         Outcome::Internal => {
             let mut handle = handle;
             handle.close(EndReason::Error);
-            (Some((EndReason::Error, door::unfinished(&handle))), None)
+            (Some((EndReason::Error, handle.wait_ended().await)), None)
         }
     };
     if let Some((reason, s)) = closed {
