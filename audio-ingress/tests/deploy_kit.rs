@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use consumer_support::{Book, Recorder, connect_options};
 use support::{Binary, STEP, http_get};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use weir_audio_ingress::config::{NATS_CLIENT_NAME, NatsConfig};
 use weir_audio_ingress::consumer::{Consumer, ConsumerConfig};
 use weir_audio_ingress::{Ingress, StreamConfig};
@@ -103,40 +103,9 @@ async fn rules_and_dashboard_name_only_metrics_the_binary_and_the_consumer_expor
 }
 
 /// A raw NATS connection as `user`: `CONNECT`, `frames` verbatim, `PING`; what the
-/// server answered up to the `PONG`.
+/// server answered up to the `PONG` (blocking, bounded: `weir_testkit::raw`).
 async fn raw_publish(port: u16, user: (&str, &str), frames: &[u8]) -> String {
-    let stream = tokio::time::timeout(STEP, tokio::net::TcpStream::connect(("127.0.0.1", port)))
-        .await
-        .expect("connect in time")
-        .expect("connect");
-    let (r, mut w) = stream.into_split();
-    let mut r = BufReader::new(r);
-    let mut line = String::new();
-    r.read_line(&mut line).await.expect("INFO");
-    let connect = format!(
-        "CONNECT {{\"verbose\":false,\"headers\":true,\"user\":\"{}\",\"pass\":\"{}\"}}\r\n",
-        user.0, user.1
-    );
-    w.write_all(connect.as_bytes()).await.expect("write");
-    w.write_all(frames).await.expect("write");
-    w.write_all(b"PING\r\n").await.expect("write");
-    let mut seen = String::new();
-    tokio::time::timeout(STEP, async {
-        loop {
-            let mut l = Vec::new();
-            if r.read_until(b'\n', &mut l).await.unwrap_or(0) == 0 {
-                break;
-            }
-            let l = String::from_utf8_lossy(&l).into_owned();
-            seen.push_str(&l);
-            if l.starts_with("PONG") {
-                break;
-            }
-        }
-    })
-    .await
-    .expect("PONG in time");
-    seen
+    weir_testkit::raw::publish(port, Some(user), &[frames.to_vec()]).expect("raw publish")
 }
 
 /// 640 bytes of PCM.

@@ -21,8 +21,6 @@ use bytes::Bytes;
 use common::STEP;
 use common::bin::{BIN, Child, first_line};
 use futures::StreamExt;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
 use weir_testkit::{NatsServer, NatsServerOptions};
 
 const EXAMPLE_CONF: &str = include_str!("../../deploy/nats-server.conf");
@@ -137,41 +135,10 @@ async fn count_on(client: &Client, subject: &str) -> Arc<AtomicUsize> {
     n
 }
 
-/// A raw NATS connection as `user`: `CONNECT`, `frames` verbatim, `PING`; returns what
-/// the server answered up to the `PONG`.
+/// A raw NATS connection as `user`: `CONNECT`, `frames` verbatim, `PING`; what the
+/// server answered up to the `PONG` (blocking, bounded: `weir_testkit::raw`).
 async fn raw_publish(port: u16, user: (&str, &str), frames: &[u8]) -> String {
-    let stream = tokio::time::timeout(STEP, TcpStream::connect(("127.0.0.1", port)))
-        .await
-        .expect("connect in time")
-        .expect("connect");
-    let (r, mut w) = stream.into_split();
-    let mut r = BufReader::new(r);
-    let mut line = String::new();
-    r.read_line(&mut line).await.expect("INFO");
-    let connect = format!(
-        "CONNECT {{\"verbose\":false,\"headers\":true,\"user\":\"{}\",\"pass\":\"{}\"}}\r\n",
-        user.0, user.1
-    );
-    w.write_all(connect.as_bytes()).await.expect("write");
-    w.write_all(frames).await.expect("write");
-    w.write_all(b"PING\r\n").await.expect("write");
-    let mut seen = String::new();
-    tokio::time::timeout(STEP, async {
-        loop {
-            let mut l = Vec::new();
-            if r.read_until(b'\n', &mut l).await.unwrap_or(0) == 0 {
-                break;
-            }
-            let l = String::from_utf8_lossy(&l).into_owned();
-            seen.push_str(&l);
-            if l.starts_with("PONG") {
-                break;
-            }
-        }
-    })
-    .await
-    .expect("PONG in time");
-    seen
+    weir_testkit::raw::publish(port, Some(user), &[frames.to_vec()]).expect("raw publish")
 }
 
 /// Waits until `n` reaches `want` (bounded by `STEP`).

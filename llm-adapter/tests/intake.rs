@@ -1924,33 +1924,8 @@ async fn scrape(admin: &str) -> String {
 /// Publishes `frame` verbatim on a raw NATS connection (no client library), then waits
 /// for the server's `PONG`: the server has processed the frame.
 async fn raw_nats_publish(port: u16, frame: &[u8]) {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-    let stream = tokio::time::timeout(STEP, tokio::net::TcpStream::connect(("127.0.0.1", port)))
-        .await
-        .expect("connect in time")
-        .expect("connect");
-    let (r, mut w) = stream.into_split();
-    let mut r = BufReader::new(r);
-    let mut line = String::new();
-    r.read_line(&mut line).await.expect("INFO");
-    assert!(line.starts_with("INFO"), "{line}");
-    w.write_all(b"CONNECT {\"verbose\":false,\"headers\":true}\r\n")
-        .await
-        .expect("write");
-    w.write_all(frame).await.expect("write");
-    w.write_all(b"PING\r\n").await.expect("write");
-    tokio::time::timeout(STEP, async {
-        loop {
-            let mut l = String::new();
-            assert!(r.read_line(&mut l).await.unwrap_or(0) > 0, "closed");
-            assert!(!l.starts_with("-ERR"), "{l}");
-            if l.starts_with("PONG") {
-                return;
-            }
-        }
-    })
-    .await
-    .expect("PONG in time");
+    let seen = weir_testkit::raw::publish(port, None, &[frame.to_vec()]).expect("raw publish");
+    assert!(!seen.contains("-ERR"), "{seen}");
 }
 
 /// A stored request whose header block the NATS client cannot read (a `Weir-Reply-To`
