@@ -1,6 +1,6 @@
 //! Offered load from half to five times the backend's capacity, every request with a
 //! deadline, against the adapter's **defaults** (only `workers` set to the backend's
-//! parallelism, as in issue 11).
+//! parallelism).
 //!
 //! Open-loop callers (a fixed arrival rate, like users, not waiting for each other)
 //! send `factor × capacity` requests per second with `Weir-Timeout-Ms` = the budget and

@@ -29,12 +29,12 @@
 //! `lost_declared` is the consumers' own count: the sequence holes a `Weir-Possibly-Lost`
 //! declaration covered (the consumer core's `possibly_lost_frames`), capped by what the
 //! ingress's counters allow (`possibly_lost_not_received = clamp(lost_after_publish, 0,
-//! possibly_lost)`: some possibly-lost frames do arrive). So `lost_undetected` means what
-//! issue 8 asks: lost, and the consumer could not tell it from an undeclared hole — also
+//! possibly_lost)`: some possibly-lost frames do arrive). So `lost_undetected` means:
+//! lost, and the consumer could not tell it from an undeclared hole — also
 //! when the ingress did declare it but the declaration never reached the consumer. A
 //! consumer that does not report the count (`None`) falls back to the ingress's view.
 //!
-//! With the server-confirmed window (issue 8) the ingress reports `handed_over` (given to
+//! With the server-confirmed window the ingress reports `handed_over` (given to
 //! the NATS client), `published` (confirmed by the server), `unconfirmed` (handed over,
 //! awaiting confirmation; part of pending) and `possibly_lost`. An ingress without the
 //! window (and the naive design) reports none of them: `published` then means "handed

@@ -1,7 +1,7 @@
 //! The report of a run: the JSON object (one per scenario × streams × design) and the
 //! terminal table that puts the designs side by side.
 //!
-//! The JSON keys listed in issue 5 are a contract with the README and
+//! The JSON keys below are a contract with the README and
 //! `docs/loadtest.md`; [`REQUIRED_KEYS`] lists them and a test checks that a report
 //! carries every one. Figures are never invented: a value the run could not measure is
 //! `null` (e.g. `pending_bytes_limit` for the naive design, which has none) and the
@@ -18,7 +18,7 @@ use crate::ingress::Design;
 use crate::producers::ProducerSnapshot;
 use crate::stats::Percentiles;
 
-/// Dotted paths every report object must contain (issue 5, "Output").
+/// Dotted paths every report object must contain (docs/loadtest.md, "What every number means").
 pub const REQUIRED_KEYS: &[&str] = &[
     "scenario",
     "streams",

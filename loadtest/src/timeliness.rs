@@ -1,7 +1,7 @@
 //! Timeliness of delivered audio: how old each frame was when the recognition fleet got
 //! it, measured against the capture time the ingress put on the frame.
 //!
-//! Two figures per run (issue 8, load-test item 5):
+//! Two figures per run:
 //! - `delivered_late`: frames delivered to a recognition handler that the consumer had
 //!   *received* (NATS message in, before its own queue: `Frame::received_at`) more than
 //!   [`late_after`] after capture, that is more than the ingress's `max_age` plus one

@@ -26,11 +26,9 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Inbox prefix: every reply subject is an inbox of the given `async_nats::Client`
-//! (`Client::new_inbox`), so it follows the connection's
-//! `ConnectOptions::custom_inbox_prefix`. Where the server lets each user subscribe
-//! only to its own inboxes (deploy/nats-server.conf: user `caller`, `_INBOX.caller.>`),
-//! connect with that prefix, or no reply can reach the client.
+//! Reply subjects are inboxes of the given client (`Client::new_inbox`), so they follow
+//! its `custom_inbox_prefix`: where each user may subscribe only to its own inboxes
+//! (deploy/nats-server.conf: `caller`, `_INBOX.caller.>`), connect with that prefix.
 //!
 //! Invariants:
 //! - every request uses its own inbox (`Request::inbox(client.new_inbox())`): async-nats

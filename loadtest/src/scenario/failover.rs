@@ -405,7 +405,7 @@ pub async fn run(
 
     // The node to kill (node-failover) is the bucket's leader; the producers connect
     // to the other nodes, so that the run measures the leases, not a producer's
-    // reconnect (issue 13, item 3 measures that).
+    // reconnect (the failover drill measures that).
     let planned_node = match plan.victim {
         Victim::Node => Some(
             on_cluster(&cluster, |c| {
