@@ -26,14 +26,11 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Reply subjects are inboxes of the given client (`Client::new_inbox`), so they follow
-//! its `custom_inbox_prefix`: where each user may subscribe only to its own inboxes
-//! (deploy/nats-server.conf: `caller`, `_INBOX.caller.>`), connect with that prefix.
-//!
 //! Invariants:
 //! - every request uses its own inbox (`Request::inbox(client.new_inbox())`): async-nats
 //!   keeps an entry for every muxed request that is never answered, for the life of the
-//!   connection;
+//!   connection; inboxes follow the client's `custom_inbox_prefix` (set it where each
+//!   user may read only its own, e.g. `_INBOX.caller` in deploy/nats-server.conf);
 //! - the NATS wait is the request's budget plus a small margin, so the server's own
 //!   `deadline_exceeded` answer arrives before the client gives up; the whole call
 //!   (including queuing the publish) is bounded;
