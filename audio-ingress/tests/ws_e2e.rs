@@ -343,16 +343,8 @@ async fn ws_overload_sends_an_overload_event_and_closes_1013() {
     )
     .await;
     let ws = connect(&svc, "/v1/streams/ws-ov").await.expect("upgrade");
-    let (mut tx, mut rx) = ws.split();
-    let sender = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_millis(20));
-        for seq in 1..=1000 {
-            tick.tick().await;
-            if tx.send(Message::Binary(pcm(seq))).await.is_err() {
-                break;
-            }
-        }
-    });
+    let (tx, mut rx) = ws.split();
+    let sender = real_time_frames(tx);
     tokio::time::sleep(Duration::from_millis(300)).await;
     server.pause().expect("pause");
     // `closed` follows once the `end` is delivered (or given up at `end_timeout_ms`):
@@ -433,16 +425,8 @@ async fn ws_closed_after_an_overload_reports_what_the_subscriber_received() {
     let ws = connect(&svc, "/v1/streams/ws-ov-count")
         .await
         .expect("upgrade");
-    let (mut tx, mut rx) = ws.split();
-    let sender = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_millis(20));
-        for seq in 1..=1000 {
-            tick.tick().await;
-            if tx.send(Message::Binary(pcm(seq))).await.is_err() {
-                break;
-            }
-        }
-    });
+    let (tx, mut rx) = ws.split();
+    let sender = real_time_frames(tx);
     tokio::time::sleep(Duration::from_millis(300)).await;
     // Stopped: the budget's frames are handed to the client, unconfirmed, until the
     // stream overloads (max_age); they reach the subscriber once the server resumes.
@@ -796,4 +780,20 @@ async fn ws_client_that_stops_reading_is_abandoned_within_the_send_timeout() {
     assert!(timeouts >= 1.0, "send timeout counted ({released_after:?})");
     flood.abort();
     server.abort();
+}
+
+/// Sends up to 1,000 frames at real time (one per 20 ms) until the socket refuses one.
+fn real_time_frames<S>(mut tx: S) -> tokio::task::JoinHandle<()>
+where
+    S: futures::Sink<Message> + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(20));
+        for seq in 1..=1000 {
+            tick.tick().await;
+            if tx.send(Message::Binary(pcm(seq))).await.is_err() {
+                break;
+            }
+        }
+    })
 }
