@@ -1,5 +1,5 @@
 //! The simulated recognition fleet: shard consumers built on weir's consumer core
-//! (`weir_audio_ingress::consumer`), with a configurable cost per frame, pausable.
+//! (`weir_audio_consumer`), with a configurable cost per frame, pausable.
 //!
 //! `workers` consumers (one NATS connection each, as separate ASR processes would
 //! have) share the partitions of the audio subject statically: partition `p` belongs
@@ -36,8 +36,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 use tokio::sync::watch;
-pub use weir_audio_ingress::consumer::DEFAULT_MAX_FRAME_AGE;
-use weir_audio_ingress::consumer::{
+pub use weir_audio_consumer::DEFAULT_MAX_FRAME_AGE;
+use weir_audio_consumer::{
     Consumer, ConsumerConfig, ConsumerError, ConsumerPolicy, StreamEvent, StreamHandler, StreamInfo,
 };
 

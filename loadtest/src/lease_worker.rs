@@ -2,7 +2,7 @@
 //! as a process of its own, so that the `worker-failover` scenario can SIGKILL it for
 //! real (see [`crate::scenario::failover`]).
 //!
-//! The worker runs weir's consumer core (`weir_consumer`) with [`Ownership::Lease`]
+//! The worker runs weir's consumer core (`weir_audio_consumer`) with [`Ownership::Lease`]
 //! and a handler that does no work but write what it was handed. It writes two logs,
 //! one unbuffered `write` per line, so that a SIGKILL loses nothing that was written:
 //!
@@ -17,14 +17,14 @@
 //! on SIGINT (graceful: drain, release), on SIGKILL, or after `--max-lifetime-s` (so
 //! that a worker whose load test died does not stay behind).
 //!
-//! [`Ownership::Lease`]: weir_consumer::Ownership::Lease
+//! [`Ownership::Lease`]: weir_audio_consumer::Ownership::Lease
 
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use weir_consumer::{
+use weir_audio_consumer::{
     Consumer, ConsumerConfig, GapCause, LeaseConfig, StreamEvent, StreamHandler, StreamInfo,
 };
 
@@ -120,7 +120,8 @@ pub async fn run(args: LeaseWorkerArgs) -> Result<(), String> {
                 replicas: args.replicas,
                 ttl_ms: args.ttl_ms,
                 // The consumer core's renewal interval (3 s), shorter for short TTLs.
-                renew_interval_ms: (weir_consumer::DEFAULT_LEASE_RENEW_INTERVAL.as_millis() as u64)
+                renew_interval_ms: (weir_audio_consumer::DEFAULT_LEASE_RENEW_INTERVAL.as_millis()
+                    as u64)
                     .min(args.ttl_ms / 3),
                 worker_id: Some(args.id.clone()),
                 ..LeaseConfig::default()

@@ -17,7 +17,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new("warn,weir_audio_ingress::consumer=error")
+                tracing_subscriber::EnvFilter::new("warn,weir_audio_consumer=error")
             }),
         )
         .with_writer(std::io::stderr)

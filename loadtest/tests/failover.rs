@@ -19,7 +19,7 @@ async fn a_killed_worker_process_s_partitions_are_re_owned_without_double_delive
         self_exe: PathBuf::from(env!("CARGO_BIN_EXE_loadtest")),
         workers: 3,
         partitions: 16,
-        lease_ttl: weir_consumer::DEFAULT_LEASE_TTL,
+        lease_ttl: weir_audio_consumer::DEFAULT_LEASE_TTL,
         fps: 10,
         quiet: true,
         // WEIR_FAILOVER_KEEP_LOGS=DIR keeps the workers' logs of a failing run.

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::time::Instant;
-use weir_llm_adapter::client::LlmClient;
+use weir_llm_client::LlmClient;
 use weir_protocol::WireName;
 use weir_protocol::llm::headers;
 
@@ -219,7 +219,7 @@ struct Call {
 /// = `end` received (in the deadline or not).
 async fn one_stream(llm: &LlmClient, call: Call, counters: &GeneratorCounters) {
     use futures::StreamExt;
-    use weir_llm_adapter::client::{ClientErrorKind, LlmEvent};
+    use weir_llm_client::{ClientErrorKind, LlmEvent};
     let sent = Instant::now();
     let refused = |code: &str| counters.refused_after(code, sent.elapsed());
     let failed = |kind: ClientErrorKind| match kind {

@@ -63,7 +63,7 @@ pub enum Floor {
     Publish,
 }
 
-/// weir's door sizes (`audio-ingress/src/ws.rs`), so that the floor reads as weir does
+/// weir's door sizes (`audio-ingress/ingress/src/ws.rs`), so that the floor reads as weir does
 /// (tungstenite zero-fills its read buffer before every read: 128 KiB by default).
 const FLOOR_READ_BUFFER_BYTES: usize = 2 * 1024;
 const FLOOR_WRITE_BUFFER_BYTES: usize = 8 * 1024;

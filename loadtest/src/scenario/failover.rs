@@ -215,7 +215,7 @@ fn spawn_worker(
         .args(["--replicas", &NODES.to_string()])
         .args(["--ttl-ms", &env.lease_ttl.as_millis().to_string()])
         .args(["--max-lifetime-s", &WORKER_LIFETIME.as_secs().to_string()])
-        // WEIR_FAILOVER_LOG=weir_consumer=info logs every lease decision of the workers.
+        // WEIR_FAILOVER_LOG=weir_audio_consumer=info logs every lease decision of the workers.
         .env(
             "RUST_LOG",
             std::env::var("WEIR_FAILOVER_LOG").unwrap_or_else(|_| "warn".into()),
@@ -798,13 +798,13 @@ mod tests {
 
     #[test]
     fn stderr_is_summarised_by_message() {
-        let text = "2026-12-02T03:11:00.632700Z  WARN weir_consumer::ownership: lease renewal unknown; retrying partition=37 outcome=\"error\"\n\
-                    2026-12-02T03:11:00.632800Z  WARN weir_consumer::ownership: lease renewal unknown; retrying partition=38 outcome=\"error\"\n\
-                    2026-12-02T03:11:01.0Z  WARN weir_consumer::demux: aborting them tasks=3\n";
+        let text = "2026-12-02T03:11:00.632700Z  WARN weir_audio_consumer::ownership: lease renewal unknown; retrying partition=37 outcome=\"error\"\n\
+                    2026-12-02T03:11:00.632800Z  WARN weir_audio_consumer::ownership: lease renewal unknown; retrying partition=38 outcome=\"error\"\n\
+                    2026-12-02T03:11:01.0Z  WARN weir_audio_consumer::demux: aborting them tasks=3\n";
         assert_eq!(
             summarise_stderr(text),
-            "2 × WARN weir_consumer::ownership: lease renewal unknown; retrying; \
-             1 × WARN weir_consumer::demux: aborting them"
+            "2 × WARN weir_audio_consumer::ownership: lease renewal unknown; retrying; \
+             1 × WARN weir_audio_consumer::demux: aborting them"
         );
     }
 

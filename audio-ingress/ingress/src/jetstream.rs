@@ -1,0 +1,203 @@
+//! Lossless delivery (`delivery = "jetstream"`): frames go to a JetStream stream and
+//! count as published once the server acknowledged storing them.
+//!
+//! - Every packet carries `Nats-Msg-Id: <stream id>:<instance>:<seq>` (the instance
+//!   tells two lives of one stream id apart). A publish whose ack does not come back in
+//!   `publish_timeout` — a stalled or restarting server — is **retried with the same
+//!   id**; the server drops a duplicate within the stream's `duplicate_window`, so a
+//!   frame is stored exactly once.
+//! - **One ack in flight per stream.** A stream's next packet is handed over only after
+//!   the previous one was acknowledged. Pipelining would be faster, but across a
+//!   reconnect the client discards its unsent buffer while later messages still in its
+//!   channel get stored: a replay of the lost ones would land *after* them and break the
+//!   per-stream order the recognition workers depend on. At 50 frames/s per stream the
+//!   ack round trip (~0.1–0.2 ms on loopback) is far below the 20 ms cadence; the cost
+//!   shows only in bulk throughput (measured in docs/audio-ingress.md).
+//! - The byte and age budget still applies: the frame being retried and the ones behind
+//!   it are pending; when the budget runs out the policy acts (`close`: overload).
+//! - Consumers read through an ordered JetStream consumer, in stream order: with the
+//!   consumer core, `source = { jetstream = { stream = "WEIR_AUDIO" } }`
+//!   ([`weir_audio_consumer::ConsumerSource::JetStream`]).
+//! - Works on nats-server 2.9.10 (`get_or_create_stream` is fine there; only KV
+//!   creation trips over the account-info query) and 2.15.1: see
+//!   `tests/lossless_jetstream.rs`.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, Context, stream};
+use async_nats::{Client, HeaderMap, Subject};
+use bytes::Bytes;
+
+use crate::publisher::{Sink, SinkError, SinkErrorKind, SinkResult};
+
+/// The JetStream stream weir publishes audio into.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JetStreamSettings {
+    /// Stream name (`jetstream_stream`).
+    pub stream: String,
+    /// Subjects the stream captures (from the subject template: `{stream}` → `*`).
+    pub subjects: Vec<String>,
+    /// How long the server keeps frames (`jetstream_max_age_s`).
+    pub max_age: Duration,
+    /// Deduplication window for `Nats-Msg-Id` (`jetstream_duplicate_window_s`).
+    pub duplicate_window: Duration,
+    /// Replicas (`jetstream_replicas`).
+    pub replicas: usize,
+}
+
+/// A [`Sink`] that publishes to JetStream and returns once the server stored the
+/// message (its ack). Cheap to clone.
+#[derive(Clone)]
+pub struct JetStreamSink {
+    client: Client,
+    /// Boxed behind an `Arc`: the context is large, and [`NatsSink`] holds either it or
+    /// a plain client.
+    js: std::sync::Arc<Context>,
+}
+
+impl std::fmt::Debug for JetStreamSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JetStreamSink").finish_non_exhaustive()
+    }
+}
+
+impl JetStreamSink {
+    /// Creates (or reuses) the stream and returns the sink. `ack_timeout` bounds the
+    /// JetStream API calls; publishes are bounded by the publisher's timeout.
+    pub async fn new(
+        client: Client,
+        settings: &JetStreamSettings,
+        ack_timeout: Duration,
+    ) -> Result<Self, SinkError> {
+        let js = jetstream::ContextBuilder::new()
+            .timeout(ack_timeout)
+            .build(client.clone());
+        let config = stream::Config {
+            name: settings.stream.clone(),
+            subjects: settings.subjects.clone(),
+            storage: stream::StorageType::File,
+            max_age: settings.max_age,
+            duplicate_window: settings.duplicate_window,
+            num_replicas: settings.replicas,
+            discard: stream::DiscardPolicy::Old,
+            ..Default::default()
+        };
+        js.get_or_create_stream(config).await.map_err(|e| {
+            SinkError::with_source(
+                SinkErrorKind::Stream,
+                format!("JetStream stream {:?}", settings.stream),
+                e,
+            )
+        })?;
+        Ok(Self {
+            client,
+            js: std::sync::Arc::new(js),
+        })
+    }
+}
+
+impl Sink for JetStreamSink {
+    async fn publish(&self, subject: Subject, headers: HeaderMap, payload: Bytes) -> SinkResult {
+        let ack = self
+            .js
+            .publish_with_headers(subject, headers, payload)
+            .await
+            .map_err(|e| {
+                SinkError::with_source(SinkErrorKind::Publish, "JetStream publish failed", e)
+            })?;
+        ack.await.map_err(|e| {
+            SinkError::with_source(SinkErrorKind::Ack, "JetStream did not store it", e)
+        })?;
+        Ok(())
+    }
+
+    fn is_connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    async fn flush(&self) -> SinkResult {
+        self.client
+            .flush()
+            .await
+            .map_err(|e| SinkError::with_source(SinkErrorKind::Flush, "flush failed", e))
+    }
+
+    fn lossless(&self) -> bool {
+        true
+    }
+}
+
+/// The sink `serve` publishes to: core NATS with the confirmation window, or
+/// JetStream.
+#[derive(Clone, Debug)]
+pub enum NatsSink {
+    /// Core NATS (`delivery = "confirmed"` or `"unconfirmed"`).
+    Core(Client),
+    /// JetStream (`delivery = "jetstream"`).
+    JetStream(JetStreamSink),
+}
+
+impl Sink for NatsSink {
+    async fn publish(&self, subject: Subject, headers: HeaderMap, payload: Bytes) -> SinkResult {
+        match self {
+            Self::Core(c) => Sink::publish(c, subject, headers, payload).await,
+            Self::JetStream(j) => j.publish(subject, headers, payload).await,
+        }
+    }
+
+    fn is_connected(&self) -> bool {
+        match self {
+            Self::Core(c) => Sink::is_connected(c),
+            Self::JetStream(j) => j.is_connected(),
+        }
+    }
+
+    async fn flush(&self) -> SinkResult {
+        match self {
+            Self::Core(c) => Sink::flush(c).await,
+            Self::JetStream(j) => Sink::flush(j).await,
+        }
+    }
+
+    fn confirmer(&self) -> Option<std::sync::Arc<dyn crate::confirm::Confirmer>> {
+        match self {
+            Self::Core(c) => Sink::confirmer(c),
+            Self::JetStream(_) => None,
+        }
+    }
+
+    fn lossless(&self) -> bool {
+        matches!(self, Self::JetStream(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_stream_failure_keeps_the_jetstream_error_as_source() {
+        // A server without JetStream: creating the stream fails.
+        let server = weir_testkit::NatsServer::start().expect("nats-server");
+        let client = async_nats::connect(server.url()).await.expect("connect");
+        let settings = JetStreamSettings {
+            stream: "WEIR_ERR_TEST".into(),
+            subjects: vec!["err.test.*".into()],
+            max_age: Duration::from_secs(60),
+            duplicate_window: Duration::from_secs(60),
+            replicas: 1,
+        };
+        let e = JetStreamSink::new(client, &settings, Duration::from_secs(2))
+            .await
+            .expect_err("no JetStream on this server");
+        assert_eq!(e.kind(), SinkErrorKind::Stream);
+        assert_eq!(e.message(), "JetStream stream \"WEIR_ERR_TEST\"");
+        let cause = std::error::Error::source(&e).expect("source kept");
+        assert!(
+            cause
+                .downcast_ref::<jetstream::context::CreateStreamError>()
+                .is_some(),
+            "{cause:?}"
+        );
+    }
+}
