@@ -3,7 +3,8 @@
 //! consumer's `StreamQueue`). It keeps the items in order with their running byte and
 //! frame totals and answers "how old is the oldest" and "would this fit"; what happens
 //! over the bound (refuse, evict into a gap marker, overload the stream) is the
-//! caller's policy, applied with the items this queue hands back.
+//! caller's policy ([`WhenFull`], with the budget in [`QueueLimits`]: one declaration
+//! for both queues), applied with the items this queue hands back.
 //!
 //! Pure and synchronous: whatever looks at time takes `now` (a tokio [`Instant`], so a
 //! paused clock drives it); nothing spawns, sleeps or locks, and nothing allocates but
@@ -25,6 +26,10 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+mod policy;
+
+pub use policy::{QueueLimits, WhenFull};
 
 /// What a [`BoundedQueue`] needs to know of its item.
 pub trait Charged {

@@ -60,26 +60,9 @@ pub const MAX_FRAME_AGE_RANGE_MS: (u64, u64) = (50, 600_000);
 /// Largest accepted `partitions` (the same bound as the producer's).
 pub use weir_protocol::partition::MAX_PARTITIONS;
 
-/// What a stream's queue does when its handler falls behind its bytes/age bound.
-///
-/// The consumer never waits for room: one subscription carries many streams, and
-/// waiting for one slow handler would stall all of them (head-of-line blocking).
-/// There is deliberately no "shadow" mode here: without enforcement the queue would
-/// be unbounded.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ConsumerPolicy {
-    /// End the stream for this handler: it receives the frames already queued, then an
-    /// [`End`](super::End) with [`EndCause::Overload`](super::EndCause::Overload); the
-    /// rest of the stream is dropped and counted until the producer's `end` (or the
-    /// idle timeout).
-    #[default]
-    Close,
-    /// Drop the oldest queued frames to stay within the bound and deliver a
-    /// [`GapNotice`](super::GapNotice) with [`GapCause::Overload`](super::GapCause::Overload)
-    /// in their place, so the handler keeps its timeline.
-    Gap,
-}
+/// What a stream's queue does when its handler falls behind its bytes/age bound (the
+/// type both queues share).
+pub use weir_service::bounded::WhenFull as ConsumerPolicy;
 
 /// Where the consumer reads the audio packets from.
 ///
@@ -453,16 +436,8 @@ pub struct ConsumerSettings {
     pub(crate) lease: Option<LeaseSettings>,
 }
 
-/// The bound of one stream's queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QueueLimits {
-    /// Queued PCM bytes (plus a nominal size per control event).
-    pub max_bytes: usize,
-    /// Age of the oldest queued frame.
-    pub max_age: Duration,
-    /// What to do when over the bound.
-    pub policy: ConsumerPolicy,
-}
+/// The bound of one stream's queue (the type both queues share).
+pub use weir_service::bounded::QueueLimits;
 
 fn check_range<T: PartialOrd + std::fmt::Display + Copy>(
     key: &'static str,

@@ -14,8 +14,9 @@
 //! - After [`StreamQueue::close`] nothing else is queued; after the handler task has
 //!   gone ([`ReceiverGuard`] dropped) the queue is emptied and refuses everything.
 //!
-//! Storage, byte and frame totals and ages are [`BoundedQueue`]'s (`weir-service`, shared
-//! with the ingress's frame queue); the policy and the overload notice are this file's.
+//! Storage, byte and frame totals and ages are [`BoundedQueue`]'s, and the budget and
+//! its policy are [`QueueLimits`] and [`WhenFull`] (`weir-service`, shared with the
+//! ingress's frame queue); applying them and the overload notice are this file's.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -23,9 +24,8 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use weir_service::bounded::{BoundedQueue, Charged};
+use weir_service::bounded::{BoundedQueue, Charged, QueueLimits, WhenFull};
 
-use super::config::{ConsumerPolicy, QueueLimits};
 use super::event::{End, GapCause, GapNotice, LocalOverload, OverloadBound, StreamEvent};
 
 /// Bytes a gap notice counts against the bound (it carries no PCM, but an unbounded
@@ -147,8 +147,8 @@ impl StreamQueue {
         while let Some(overload) = self.over_bound(&st, bytes, now) {
             first_overload.get_or_insert(overload);
             match self.limits.policy {
-                ConsumerPolicy::Close => return Push::Overloaded(overload),
-                ConsumerPolicy::Gap => dropped_frames += drop_oldest(&mut st.items),
+                WhenFull::Close => return Push::Overloaded(overload),
+                WhenFull::Gap => dropped_frames += drop_oldest(&mut st.items),
             }
         }
         st.items.push_back(item);
@@ -171,7 +171,7 @@ impl StreamQueue {
         let bound = if !st.items.fits(bytes, self.limits.max_bytes) {
             oldest?;
             OverloadBound::Bytes
-        } else if oldest_age > self.limits.max_age {
+        } else if self.limits.too_old(oldest_age) {
             OverloadBound::Age
         } else {
             return None;
@@ -333,7 +333,7 @@ mod tests {
     use bytes::Bytes;
     use weir_protocol::audio::AudioFormat;
 
-    fn limits(policy: ConsumerPolicy) -> QueueLimits {
+    fn limits(policy: WhenFull) -> QueueLimits {
         QueueLimits {
             max_bytes: 3_200,
             max_age: Duration::from_millis(500),
@@ -371,7 +371,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn close_policy_refuses_over_bytes() {
-        let q = StreamQueue::new(limits(ConsumerPolicy::Close));
+        let q = StreamQueue::new(limits(WhenFull::Close));
         let now = Instant::now();
         for s in 1..=5 {
             assert!(matches!(
@@ -395,7 +395,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn close_policy_refuses_over_age() {
-        let q = StreamQueue::new(limits(ConsumerPolicy::Close));
+        let q = StreamQueue::new(limits(WhenFull::Close));
         let t0 = Instant::now();
         q.push(frame(1, t0), t0);
         tokio::time::advance(Duration::from_millis(501)).await;
@@ -409,7 +409,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn gap_policy_drops_oldest_into_one_notice() {
-        let q = StreamQueue::new(limits(ConsumerPolicy::Gap));
+        let q = StreamQueue::new(limits(WhenFull::Gap));
         let now = Instant::now();
         for s in 1..=5 {
             q.push(frame(s, now), now);
@@ -476,7 +476,7 @@ mod tests {
                 reclassified_frames: 0,
             })
         };
-        let q = StreamQueue::new(limits(ConsumerPolicy::Gap));
+        let q = StreamQueue::new(limits(WhenFull::Gap));
         let now = Instant::now();
         q.push(declared(), now);
         q.push(frame(1, now), now);
@@ -502,7 +502,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn gap_policy_drops_stale_frames_by_age() {
-        let q = StreamQueue::new(limits(ConsumerPolicy::Gap));
+        let q = StreamQueue::new(limits(WhenFull::Gap));
         let t0 = Instant::now();
         q.push(frame(1, t0), t0);
         q.push(frame(2, t0), t0);
@@ -529,7 +529,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn pop_waits_and_end_is_last() {
-        let q = std::sync::Arc::new(StreamQueue::new(limits(ConsumerPolicy::Close)));
+        let q = std::sync::Arc::new(StreamQueue::new(limits(WhenFull::Close)));
         let q2 = q.clone();
         let reader = tokio::spawn(async move {
             let mut kinds = Vec::new();
@@ -549,7 +549,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn receiver_gone_frees_and_refuses() {
-        let q = StreamQueue::new(limits(ConsumerPolicy::Close));
+        let q = StreamQueue::new(limits(WhenFull::Close));
         let now = Instant::now();
         q.push(frame(1, now), now);
         q.push(frame(2, now), now);

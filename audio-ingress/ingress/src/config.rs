@@ -69,22 +69,8 @@ pub const DEFAULT_SHADOW_CEILING_FACTOR: u32 = 8;
 /// Largest byte budget accepted (64 MiB): anything above is a typo.
 pub const MAX_MAX_BYTES: usize = 64 * 1024 * 1024;
 
-/// What a stream does when its budget is exhausted.
-#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
-#[strum(serialize_all = "snake_case")]
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum Policy {
-    /// Wait up to `max_wait` for room, then end the stream with an overload `end`
-    /// (frames too old are an overload too). The default; safe for every consumer.
-    #[default]
-    Close,
-    /// Drop the oldest frames to stay in budget and publish a `gap` packet with the
-    /// exact missing range. Only for consumers that speak the extended protocol.
-    Gap,
-}
+/// What a stream does when its budget is exhausted (the type both queues share).
+pub use weir_service::bounded::WhenFull as Policy;
 
 /// How a frame counts as published.
 #[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]

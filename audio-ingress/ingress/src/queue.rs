@@ -56,9 +56,9 @@ use weir_protocol::audio::extension::{
     EndReason, Overload, OverloadReason, PossibleLoss, PossibleLossReason,
 };
 use weir_protocol::audio::{Gap, GapReason};
-use weir_service::bounded::{BoundedQueue, Charged};
+use weir_service::bounded::{BoundedQueue, Charged, QueueLimits, WhenFull};
 
-use crate::config::{Policy, StreamConfig};
+use crate::config::StreamConfig;
 use crate::confirm::WindowPermit;
 use crate::error::FrameError;
 use crate::rate::RateBucket;
@@ -407,12 +407,12 @@ pub enum StreamState {
 /// One stream's queue. See the module docs for the invariants.
 #[derive(Debug)]
 pub struct FrameQueue {
-    policy: Policy,
+    /// The enforced budget (in shadow mode the ceiling) and the policy over it.
+    limits: QueueLimits,
     shadow: bool,
+    /// The nominal budget (what shadow mode measures).
     max_bytes: u64,
-    enforced_max_bytes: u64,
     max_age: Duration,
-    enforced_max_age: Duration,
     enforced_max_wait: Duration,
     max_frame_bytes: usize,
     end_timeout: Duration,
@@ -463,12 +463,14 @@ impl FrameQueue {
     /// An empty queue for a new stream.
     pub fn new(cfg: &StreamConfig, counters: Arc<Counters>, global: Arc<Global>) -> Self {
         Self {
-            policy: cfg.policy(),
+            limits: QueueLimits {
+                max_bytes: cfg.enforced_max_bytes(),
+                max_age: cfg.enforced_max_age(),
+                policy: cfg.policy(),
+            },
             shadow: cfg.shadow(),
             max_bytes: cfg.max_bytes() as u64,
-            enforced_max_bytes: cfg.enforced_max_bytes() as u64,
             max_age: cfg.max_age(),
-            enforced_max_age: cfg.enforced_max_age(),
             enforced_max_wait: cfg.enforced_max_wait(),
             max_frame_bytes: cfg.max_frame_bytes(),
             end_timeout: cfg.end_timeout(),
@@ -500,6 +502,11 @@ impl FrameQueue {
             counters,
             global,
         }
+    }
+
+    /// The enforced byte budget.
+    fn enforced_max_bytes(&self) -> u64 {
+        self.limits.max_bytes as u64
     }
 
     fn account(&self) -> Account<'_> {
@@ -996,16 +1003,17 @@ impl FrameQueue {
                 self.account().would_reject(WouldReject::Age);
             }
         }
-        if pending + len > self.enforced_max_bytes {
-            match self.policy {
-                Policy::Gap => {
+        let max_bytes = self.enforced_max_bytes();
+        if pending + len > max_bytes {
+            match self.limits.policy {
+                WhenFull::Gap => {
                     while let Some(f) = self
                         .items
-                        .pop_front_if(|_| self.budget.bytes() + len > self.enforced_max_bytes)
+                        .pop_front_if(|_| self.budget.bytes() + len > max_bytes)
                     {
                         self.drop_into_gap(f, DropReason::Evicted, GapReason::QueueFull);
                     }
-                    if self.budget.bytes() + len > self.enforced_max_bytes {
+                    if self.budget.bytes() + len > max_bytes {
                         // Nothing queued is left to evict: the budget is held by the
                         // frame in flight and frames the server has not confirmed. The
                         // new frame takes its seq and goes straight into a marker, so
@@ -1022,7 +1030,7 @@ impl FrameQueue {
                         return Ok(None);
                     }
                 }
-                Policy::Close => {
+                WhenFull::Close => {
                     let since = *self.full_since.get_or_insert(now);
                     let overload_at = since + self.enforced_max_wait;
                     if now >= overload_at {
@@ -1039,7 +1047,7 @@ impl FrameQueue {
                     }
                     return Err(Refusal::Full {
                         pending_bytes: pending,
-                        max_bytes: self.enforced_max_bytes,
+                        max_bytes,
                         overload_at,
                     });
                 }
@@ -1064,7 +1072,7 @@ impl FrameQueue {
         {
             return;
         }
-        let burst = crate::rate::burst_samples(self.enforced_max_bytes);
+        let burst = crate::rate::burst_samples(self.enforced_max_bytes());
         self.rate = RateBucket::new(max_rate_permille, burst);
     }
 
@@ -1080,14 +1088,14 @@ impl FrameQueue {
     /// counted in the report.
     fn over_rate(&mut self, pcm_len: usize, now: Instant) -> Result<Option<u64>, Refusal> {
         let samples = samples_of(pcm_len);
-        match self.policy {
-            Policy::Gap => {
+        match self.limits.policy {
+            WhenFull::Gap => {
                 let seq = self.next_seq;
                 self.next_seq += 1;
                 self.drop_seq_into_gap(seq, samples, DropReason::Rate, GapReason::Rate);
                 Ok(None)
             }
-            Policy::Close => {
+            WhenFull::Close => {
                 self.refused_while_full.0 += 1;
                 self.refused_while_full.1 += samples;
                 self.trip_overload(OverloadReason::Rate, now);
@@ -1168,15 +1176,15 @@ impl FrameQueue {
     /// Applies the age bound to the front of the queue, and (`close`) to the oldest
     /// frame the server has not confirmed: audio that old is stale wherever it waits.
     fn expire(&mut self, now: Instant) {
-        let max_age = self.enforced_max_age;
-        match self.policy {
-            Policy::Gap => {
+        let max_age = self.limits.max_age;
+        match self.limits.policy {
+            WhenFull::Gap => {
                 while let Some(f) = self.items.pop_expired(now, max_age) {
                     self.drop_into_gap(f, DropReason::MaxAge, GapReason::MaxAge);
                 }
             }
-            Policy::Close => {
-                let stale = |age: Duration| age > max_age;
+            WhenFull::Close => {
+                let stale = |age: Duration| self.limits.too_old(age);
                 let unconfirmed = self
                     .oldest_unconfirmed_at()
                     .map(|t| now.saturating_duration_since(t));
@@ -1249,13 +1257,13 @@ impl FrameQueue {
             self.drop_inflight_on_overload(frame);
             return AfterFailure::Dropped;
         }
-        if self.shadow && failure != Failure::Error && age <= self.enforced_max_age {
+        if self.shadow && failure != Failure::Error && !self.limits.too_old(age) {
             self.account().would_reject(WouldReject::PublishTimeout);
             self.inflight_since = Some(frame.enqueued_at);
             return AfterFailure::Retry(frame);
         }
-        match (self.policy, failure) {
-            (Policy::Gap, f) => {
+        match (self.limits.policy, failure) {
+            (WhenFull::Gap, f) => {
                 let (drop, gap) = match f {
                     Failure::Timeout => (DropReason::PublishTimeout, GapReason::PublishFailed),
                     Failure::Error => (DropReason::PublishError, GapReason::PublishFailed),
@@ -1263,15 +1271,15 @@ impl FrameQueue {
                 };
                 self.prepend_gap(frame, drop, gap);
             }
-            (Policy::Close, Failure::Expired) => {
+            (WhenFull::Close, Failure::Expired) => {
                 self.trip_overload(OverloadReason::MaxAge, now);
                 self.drop_inflight_on_overload(frame);
             }
-            (Policy::Close, Failure::Timeout) => {
+            (WhenFull::Close, Failure::Timeout) => {
                 self.trip_overload(OverloadReason::PublishTimeout, now);
                 self.drop_inflight_on_overload(frame);
             }
-            (Policy::Close, Failure::Error) => {
+            (WhenFull::Close, Failure::Error) => {
                 self.account()
                     .dropped(DropReason::PublishError, 1, frame.samples());
                 drop(frame);
@@ -1648,7 +1656,7 @@ mod tests {
     }
 
     fn gap_cfg() -> StreamConfig {
-        cfg(|b| b.policy(Policy::Gap).extended_consumers(true))
+        cfg(|b| b.policy(WhenFull::Gap).extended_consumers(true))
     }
 
     #[test]
