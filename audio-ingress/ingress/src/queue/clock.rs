@@ -1,0 +1,49 @@
+//! Capture times: monotonic instants mapped to Unix milliseconds.
+//!
+//! Invariant: a capture time is derived from an anchor at most
+//! [`WallClock::REANCHOR`] old, so a wall-clock step shows within a second; reading
+//! it costs no clock read per frame beyond the caller's `now`.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::time::Instant;
+
+/// Maps monotonic instants to Unix milliseconds without two clock reads per frame: an
+/// anchor (instant, Unix ms) taken at most [`WallClock::REANCHOR`] ago, so wall-clock
+/// steps are followed within a second.
+#[derive(Debug)]
+pub(crate) struct WallClock {
+    at: Instant,
+    unix_ms: u64,
+}
+
+impl WallClock {
+    const REANCHOR: Duration = Duration::from_secs(1);
+
+    pub(crate) fn new() -> Self {
+        Self {
+            at: Instant::now(),
+            unix_ms: unix_ms_now(),
+        }
+    }
+
+    /// Unix ms of `t` (an instant near `now`); re-anchors when the anchor is old.
+    pub(crate) fn unix_ms(&mut self, t: Instant, now: Instant) -> u64 {
+        if now.saturating_duration_since(self.at) >= Self::REANCHOR {
+            *self = Self::new();
+        }
+        if t >= self.at {
+            self.unix_ms + t.duration_since(self.at).as_millis() as u64
+        } else {
+            self.unix_ms
+                .saturating_sub(self.at.duration_since(t).as_millis() as u64)
+        }
+    }
+}
+
+/// Now, in Unix milliseconds.
+pub(crate) fn unix_ms_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
