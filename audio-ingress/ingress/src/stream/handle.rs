@@ -1,0 +1,212 @@
+//! The producer's end of one stream: pushing frames (the hot path), the rate class,
+//! closing and finishing.
+//!
+//! Invariants (with the parent module's): `try_push` takes one mutex and never awaits;
+//! `push` waits only for room, bounded by `max_wait`; a handle dropped without
+//! `finish` ends its stream with reason `producer_gone`, exactly once.
+
+use super::*;
+
+/// The producer's end of one stream. Not `Clone`: one producer per stream.
+///
+/// Dropping it without [`finish`](Self::finish) ends the stream with reason
+/// `producer_gone` (what is queued is still published, then the `end`).
+pub struct StreamHandle {
+    pub(super) shared: Arc<StreamShared>,
+    pub(super) closed: bool,
+    pub(super) finish_bound: Duration,
+}
+
+impl std::fmt::Debug for StreamHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamHandle")
+            .field("id", &self.shared.id)
+            .field("subject", &self.shared.subject)
+            .finish_non_exhaustive()
+    }
+}
+
+fn to_push_error(r: Refusal) -> PushError {
+    match r {
+        Refusal::Full {
+            pending_bytes,
+            max_bytes,
+            ..
+        } => PushError::Full {
+            pending_bytes,
+            max_bytes,
+        },
+        Refusal::Overloaded(o) => PushError::Overloaded(o),
+        Refusal::Closed(r) => PushError::Closed(r),
+        Refusal::Invalid(e) => PushError::InvalidFrame(e),
+    }
+}
+
+impl StreamHandle {
+    /// The stream id.
+    pub fn id(&self) -> &StreamId {
+        &self.shared.id
+    }
+
+    /// The NATS subject the stream publishes to.
+    pub fn subject(&self) -> &str {
+        self.shared.subject.as_str()
+    }
+
+    /// Offers one frame of s16le mono PCM (even length, 2..=`max_frame_bytes`).
+    /// Synchronous: never blocks, never spawns. `Ok(seq)` when admitted.
+    ///
+    /// - `close`: a full queue refuses with [`PushError::Full`]; a queue that stays
+    ///   full for `max_wait` overloads the stream ([`PushError::Overloaded`], now and
+    ///   for every later push).
+    /// - `gap`: never `Full`; the oldest frames make room (declared in a gap marker).
+    pub fn try_push(&self, pcm: Bytes) -> Result<u64, PushError> {
+        self.offer(&pcm, OfferMode::Try).map_err(to_push_error)
+    }
+
+    /// Like [`try_push`](Self::try_push), but a full `close` queue waits for room for
+    /// at most `max_wait`, then overloads the stream.
+    pub async fn push(&self, pcm: Bytes) -> Result<u64, PushError> {
+        // Fast path: room now. No waiter registration, no `room_wanted` flag (so the
+        // publisher does not notify per frame).
+        match self.offer(&pcm, OfferMode::Wait) {
+            Err(Refusal::Full { .. }) => {}
+            other => return other.map_err(to_push_error),
+        }
+        loop {
+            let room = self.shared.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            // Before offering: a frame taken after this store is followed by a notify.
+            self.shared.room_wanted.store(true, Ordering::Release);
+            match self.offer(&pcm, OfferMode::Wait) {
+                Err(Refusal::Full { overload_at, .. }) => {
+                    tokio::select! {
+                        () = &mut room => {}
+                        () = tokio::time::sleep_until(overload_at) => {}
+                    }
+                }
+                other => return other.map_err(to_push_error),
+            }
+        }
+    }
+
+    /// Offers `pcm`: admitted frames are encoded here, once, in the producer's task
+    /// (the packet the publisher and any retry hand over), and handed to NATS right
+    /// away when the direct path allows it.
+    fn offer(&self, pcm: &Bytes, mode: OfferMode) -> Result<u64, Refusal> {
+        let shared = &self.shared;
+        let encode = |arena: &mut BytesMut, seq, captured_at_ms| {
+            if arena.capacity() == 0 {
+                *arena = BytesMut::with_capacity(PACKET_ARENA_BYTES);
+            }
+            encode_packet_in(
+                arena,
+                seq,
+                AudioFormat::DEPLOYED,
+                shared.session.as_deref(),
+                Some(captured_at_ms),
+                BodyRef::Frame(pcm),
+            )
+            .ok()
+        };
+        let (result, wake, register) = {
+            let mut core = shared.lock();
+            let was_empty = core.is_empty();
+            let result = core.offer_with(pcm.len(), Instant::now(), mode, encode);
+            let mut wake = match &result {
+                Ok(_) => was_empty,
+                Err(Refusal::Overloaded(_)) => {
+                    shared.sync_status(&core);
+                    true
+                }
+                Err(_) => false,
+            };
+            let mut register = false;
+            if let (Ok(seq), Some(direct)) = (&result, &shared.direct)
+                && was_empty
+                && let Some(frame) = core.take_direct(*seq)
+            {
+                match shared.hand_over_direct(direct, &mut core, frame) {
+                    Ok(r) => {
+                        register = r;
+                        wake = false;
+                    }
+                    Err(frame) => core.restore_direct(frame),
+                }
+            }
+            (result, wake, register)
+        };
+        if register && let Some(d) = &shared.direct {
+            d.window.register(shared);
+        }
+        if wake {
+            shared.wake.notify_one();
+        }
+        result
+    }
+
+    /// Lowers this stream's rate bound (`max_rate`, in thousandths of real time) — a
+    /// producer token's rate class; see [`crate::auth`].
+    pub fn limit_rate(&self, max_rate_permille: u32) {
+        self.shared.lock().limit_rate(max_rate_permille);
+    }
+
+    /// A watch on the stream's status (overload, gaps published, end delivered).
+    pub fn status(&self) -> watch::Receiver<StreamStatus> {
+        self.shared.status.subscribe()
+    }
+
+    /// The stream as the admin view shows it.
+    pub fn snapshot(&self) -> StreamSnapshot {
+        self.shared.snapshot()
+    }
+
+    /// Ends the stream without waiting: no more frames; what is queued is published,
+    /// then `end` with `reason`. Later pushes are refused.
+    pub fn close(&mut self, reason: EndReason) {
+        if !self.closed {
+            self.closed = true;
+            self.shared.close(reason, None, None);
+        }
+    }
+
+    /// Ends the stream (reason `producer`) and waits until its publisher has handed
+    /// the `end` to NATS (or given up at `end_timeout`).
+    pub async fn finish(self) -> StreamSummary {
+        self.finish_with(EndReason::Producer).await
+    }
+
+    /// [`finish`](Self::finish) with another end reason (e.g. `idle`, `error`).
+    pub async fn finish_with(mut self, reason: EndReason) -> StreamSummary {
+        self.close(reason);
+        self.wait_ended().await
+    }
+
+    /// Waits (at most the finish bound) until every frame settled and the `end` was
+    /// confirmed or given up; the summary. Does not close the stream: a `closed` event
+    /// after an overload reports the final counts, not those at the stop.
+    pub async fn wait_ended(&self) -> StreamSummary {
+        self.wait_finished(self.finish_bound + Duration::from_millis(500))
+            .await
+    }
+
+    /// Waits (at most `bound`) for the publisher to exit and returns the summary.
+    /// Does not close the stream.
+    pub async fn wait_finished(&self, bound: Duration) -> StreamSummary {
+        let mut rx = self.status();
+        let finished = tokio::time::timeout(bound, rx.wait_for(|s| s.finished))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        StreamSummary {
+            snapshot: self.shared.snapshot(),
+            finished,
+        }
+    }
+}
+
+impl Drop for StreamHandle {
+    fn drop(&mut self) {
+        self.close(EndReason::ProducerGone);
+    }
+}
