@@ -107,11 +107,22 @@ impl AuthError {
     }
 }
 
+/// Why a key cannot check or mint tokens.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// The build has no JWT crypto provider.
+    #[error("no JWT crypto provider compiled in")]
+    NoCryptoProvider,
+    /// The key was refused, or a token could not be encoded with it.
+    #[error("{0}")]
+    Jwt(#[from] jsonwebtoken::errors::Error),
+}
+
 /// `Err` when no JWT crypto provider is compiled in.
-fn crypto_provider() -> Result<(), String> {
+fn crypto_provider() -> Result<(), KeyError> {
     match jsonwebtoken::crypto::CryptoProvider::try_get_default() {
         Some(_) => Ok(()),
-        None => Err("no JWT crypto provider compiled in".into()),
+        None => Err(KeyError::NoCryptoProvider),
     }
 }
 
@@ -137,15 +148,12 @@ impl fmt::Debug for Authenticator {
 
 impl Authenticator {
     /// The authenticator of a validated configuration.
-    pub fn new(config: &AuthConfig) -> Result<Self, String> {
+    pub fn new(config: &AuthConfig) -> Result<Self, KeyError> {
         crypto_provider()?;
         let (key, alg) = match &config.key {
-            AuthKey::Hs256(secret) => (
-                DecodingKey::from_secret(secret).map_err(|e| e.to_string())?,
-                Algorithm::HS256,
-            ),
+            AuthKey::Hs256(secret) => (DecodingKey::from_secret(secret)?, Algorithm::HS256),
             AuthKey::EdDsa(public) => (
-                DecodingKey::from_ed_components(&b64url(public)).map_err(|e| e.to_string())?,
+                DecodingKey::from_ed_components(&b64url(public))?,
                 Algorithm::EdDSA,
             ),
         };
@@ -209,13 +217,10 @@ pub enum SigningKey<'a> {
 
 /// Mints a token (the `audio-ingress token` subcommand and tests): `claims` is
 /// usually [`Claims`]; tests pass other JSON to probe the checks.
-pub fn mint<C: Serialize>(key: SigningKey<'_>, claims: &C) -> Result<String, String> {
+pub fn mint<C: Serialize>(key: SigningKey<'_>, claims: &C) -> Result<String, KeyError> {
     crypto_provider()?;
     let (key, alg) = match key {
-        SigningKey::Hs256(secret) => (
-            EncodingKey::from_secret(secret).map_err(|e| e.to_string())?,
-            Algorithm::HS256,
-        ),
+        SigningKey::Hs256(secret) => (EncodingKey::from_secret(secret)?, Algorithm::HS256),
         SigningKey::EdDsa(seed) => {
             // PKCS#8 v1 wrapping of an Ed25519 seed (RFC 8410): a fixed 16-byte prefix.
             let mut der = ED25519_PKCS8_PREFIX.to_vec();
@@ -223,7 +228,7 @@ pub fn mint<C: Serialize>(key: SigningKey<'_>, claims: &C) -> Result<String, Str
             (EncodingKey::from_ed_der(&der), Algorithm::EdDSA)
         }
     };
-    jsonwebtoken::encode(&Header::new(alg), claims, &key).map_err(|e| e.to_string())
+    Ok(jsonwebtoken::encode(&Header::new(alg), claims, &key)?)
 }
 
 const ED25519_PKCS8_PREFIX: [u8; 16] = [

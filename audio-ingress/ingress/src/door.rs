@@ -18,6 +18,7 @@
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{FromRequestParts, Path};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -122,7 +123,7 @@ impl<T: HasDoor> FromRequestParts<T> for Admitted {
 
     async fn from_request_parts(parts: &mut Parts, state: &T) -> Result<Self, Response> {
         let path = Path::<String>::from_request_parts(parts, state).await;
-        let raw_id = path.map(|Path(raw)| raw).map_err(|e| e.body_text());
+        let raw_id = path.map(|Path(raw)| raw);
         let door = state.door();
         door.check(raw_id, parts.uri.query(), &parts.headers)
             .map_err(|refused| *refused)
@@ -134,7 +135,7 @@ impl<S: Sink> Door<'_, S> {
     /// extractor's refusal), the query and the producer token. Counted refusals.
     pub fn check(
         &self,
-        raw_id: Result<String, String>,
+        raw_id: Result<String, PathRejection>,
         raw_query: Option<&str>,
         headers: &HeaderMap,
     ) -> Result<Admitted, Refused> {
@@ -143,6 +144,7 @@ impl<S: Sink> Door<'_, S> {
             Box::new(error_response(StatusCode::BAD_REQUEST, code, message))
         };
         let id = raw_id
+            .map_err(|e| e.body_text())
             .and_then(|raw| StreamId::parse(&raw).map_err(|e| e.to_string()))
             .map_err(|message| refuse("invalid_id", "invalid_stream_id", message))?;
         let query = UpgradeQuery::parse(raw_query)

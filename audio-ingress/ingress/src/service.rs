@@ -149,7 +149,7 @@ pub async fn start_with_sink<S: Sink>(
     let auth = match &config.server.auth {
         None => None,
         Some(a) => Some(Arc::new(Authenticator::new(a).map_err(|e| {
-            ConfigError::new("auth_required", ConfigErrorKind::Invalid, e)
+            ConfigError::new("auth_required", ConfigErrorKind::Invalid, e.to_string())
         })?)),
     };
     let whip = match &config.server.whip {

@@ -379,7 +379,9 @@ async fn serve_socket(mut socket: Conn, handle: StreamHandle, idle_timeout: Dura
                 }
                 Some(Ok(Message::Text(text))) => match control::parse(text.as_str()) {
                     Ok(()) => break Outcome::End,
-                    Err(e) => break refused(close_code::UNSUPPORTED, "bad_message", e),
+                    Err(e) => {
+                        break refused(close_code::UNSUPPORTED, "bad_message", e.to_string());
+                    }
                 },
                 Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
             },

@@ -205,7 +205,7 @@ fn mint_token(args: &TokenArgs) -> ExitCode {
             println!("{token}");
             ExitCode::SUCCESS
         }
-        Err(e) => fail(&e),
+        Err(e) => fail(&e.to_string()),
     }
 }
 

@@ -182,23 +182,34 @@ fn drive(
     input: Option<Input<'_>>,
     socket: &UdpSocket,
     counters: &WhipCounters,
-) -> Result<(), String> {
+) -> Result<(), SessionError> {
     catch_unwind(AssertUnwindSafe(|| {
         if let Some(input) = input {
-            s.rtc.handle_input(input).map_err(|e| e.to_string())?;
+            s.rtc.handle_input(input)?;
         }
         drain(s, socket, counters)
     }))
-    .unwrap_or_else(|_| Err("str0m panicked".to_owned()))
+    .unwrap_or(Err(SessionError::Panicked))
+}
+
+/// Why a session failed (it is then dropped).
+#[derive(Debug, thiserror::Error)]
+enum SessionError {
+    /// str0m refused an input or failed to produce output.
+    #[error("{0}")]
+    Rtc(#[from] str0m::RtcError),
+    /// str0m panicked (caught: one session must not take the driver down).
+    #[error("str0m panicked")]
+    Panicked,
 }
 
 /// Polls `s` until `Output::Timeout`.
-fn drain(s: &mut Session, socket: &UdpSocket, counters: &WhipCounters) -> Result<(), String> {
+fn drain(s: &mut Session, socket: &UdpSocket, counters: &WhipCounters) -> Result<(), SessionError> {
     loop {
         if !s.rtc.is_alive() {
             return Ok(());
         }
-        match s.rtc.poll_output().map_err(|e| e.to_string())? {
+        match s.rtc.poll_output()? {
             Output::Timeout(t) => {
                 s.next = t;
                 return Ok(());

@@ -15,27 +15,37 @@ use std::fmt;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 
+/// Why a text message is not a control message (its text is the close reason).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum ControlError {
+    /// Not one JSON value, or one with a duplicate key (the parser's explanation).
+    #[error("not a JSON control message: {0}")]
+    NotJson(String),
+    /// A `type` other than `end`.
+    #[error("unknown message type {0:?}; the only text message is {{\"type\":\"end\"}}")]
+    UnknownType(String),
+    /// An object without a string `type`.
+    #[error("a control message needs a string \"type\"; the only one is {{\"type\":\"end\"}}")]
+    NeedsType,
+    /// Not an object.
+    #[error("a control message is a JSON object, {{\"type\":\"end\"}}")]
+    NotAnObject,
+}
+
 /// Checks a text message: `Ok` for `{"type":"end"}`; `Err` says what is wrong.
-pub(super) fn parse(text: &str) -> Result<(), String> {
+pub(super) fn parse(text: &str) -> Result<(), ControlError> {
     let value: Checked =
-        serde_json::from_str(text).map_err(|e| format!("not a JSON control message: {e}"))?;
+        serde_json::from_str(text).map_err(|e| ControlError::NotJson(e.to_string()))?;
     match value {
         Checked::Object(Some(ty)) => match *ty {
             Checked::Str(s) if s == "end" => Ok(()),
-            Checked::Str(other) => Err(format!(
-                "unknown message type {other:?}; the only text message is {{\"type\":\"end\"}}"
-            )),
-            _ => Err(NEEDS_TYPE.to_owned()),
+            Checked::Str(other) => Err(ControlError::UnknownType(other)),
+            _ => Err(ControlError::NeedsType),
         },
-        Checked::Object(None) => Err(NEEDS_TYPE.to_owned()),
-        Checked::Str(_) | Checked::Other => {
-            Err("a control message is a JSON object, {\"type\":\"end\"}".to_owned())
-        }
+        Checked::Object(None) => Err(ControlError::NeedsType),
+        Checked::Str(_) | Checked::Other => Err(ControlError::NotAnObject),
     }
 }
-
-const NEEDS_TYPE: &str =
-    "a control message needs a string \"type\"; the only one is {\"type\":\"end\"}";
 
 /// A JSON value checked for duplicate keys, reduced to what the door reads.
 enum Checked {
@@ -148,7 +158,7 @@ mod tests {
             r#"{"type":"end","m":{"k":1,"k":2}}"#,
             r#"{"type":"end","l":[{"k":1},{"k":2,"k":3}]}"#,
         ] {
-            let e = parse(bad).expect_err(bad);
+            let e = parse(bad).expect_err(bad).to_string();
             assert!(e.contains("duplicate key"), "{bad}: {e}");
         }
         // The same key in sibling objects is not a duplicate.
