@@ -33,7 +33,7 @@ use super::{ConsumerError, ConsumerErrorKind};
 
 /// One item of a feed: a message, or a transient error of the source (logged and
 /// counted; the source recovers by itself).
-pub(crate) type Inbound = Result<async_nats::Message, String>;
+pub(crate) type Inbound = Result<async_nats::Message, push::OrderedError>;
 
 /// Creates one ordered consumer per subject on `stream` and returns their feeds,
 /// bounded as a whole by `bound`.
@@ -133,7 +133,7 @@ fn feed(ordered: push::Ordered, mut floor: Option<u64>) -> BoxStream<'static, In
                         }
                     }
                 },
-                Err(e) => Some(Err(e.to_string())),
+                Err(e) => Some(Err(e)),
             };
             futures::future::ready(out)
         })

@@ -619,7 +619,7 @@ pub(crate) async fn run_subscription<F: HandlerFactory>(
                     static SOURCE_ERROR: weir_service::ratelimit::LogLimit =
                         weir_service::ratelimit::LogLimit::new(Duration::from_secs(10));
                     if let Some(suppressed) = SOURCE_ERROR.allow() {
-                        tracing::warn!(subject, error, suppressed, "JetStream source error; it recovers by itself");
+                        tracing::warn!(subject, %error, suppressed, "JetStream source error; it recovers by itself");
                     }
                     tokio::time::sleep(SOURCE_ERROR_PAUSE).await;
                 }

@@ -743,7 +743,7 @@ impl<F: HandlerFactory> Driver<F> {
                 match read_own(&leader, &bucket, p, &me).await {
                     Ok(Some(seq)) => OpResult::Ok(seq),
                     Ok(None) => OpResult::Conflict,
-                    Err(e) => OpResult::Error(e),
+                    Err(e) => OpResult::Error(e.to_string()),
                 }
             });
         }

@@ -97,12 +97,9 @@ pub(super) async fn read_own(
     bucket: &str,
     p: u32,
     me: &str,
-) -> Result<Option<u64>, String> {
+) -> Result<Option<u64>, stream::LastRawMessageError> {
     let subject = format!("$KV.{bucket}.{}", key(p));
-    let msg = leader
-        .get_last_raw_message_by_subject(&subject)
-        .await
-        .map_err(|e| e.to_string())?;
+    let msg = leader.get_last_raw_message_by_subject(&subject).await?;
     let deleted = msg.headers.get("KV-Operation").is_some();
     Ok((!deleted && msg.payload.as_ref() == me.as_bytes()).then_some(msg.sequence))
 }

@@ -4,7 +4,7 @@
 //! [`Offer::answered`], DELETE the `Location`), so any HTTP client fits.
 //!
 //! ```no_run
-//! # async fn demo(answer_sdp: &str, packets: Vec<Vec<u8>>) -> Result<(), String> {
+//! # async fn demo(answer_sdp: &str, packets: Vec<Vec<u8>>) -> Result<(), weir_audio_ingress::whip::client::ClientError> {
 //! use weir_audio_ingress::whip::client::{Offer, ClientEvent};
 //! let offer = Offer::new("127.0.0.1:0".parse().unwrap()).await?;
 //! // POST offer.sdp to /v1/whip/{stream_id}; the 201's body is the answer.
@@ -63,24 +63,51 @@ pub struct Offer {
     pub sdp: String,
 }
 
+/// Why a WHIP publisher could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The UDP socket could not be bound, or has no address.
+    #[error("bind {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The socket error.
+        source: std::io::Error,
+    },
+    /// The host candidate was refused.
+    #[error("{0}")]
+    Candidate(#[from] str0m::error::IceError),
+    /// str0m had no offer to make.
+    #[error("no offer to make")]
+    NoOffer,
+    /// The answer is not SDP.
+    #[error("answer: {0}")]
+    Answer(#[from] str0m::error::SdpError),
+    /// The answer does not fit the offer.
+    #[error("answer refused: {0}")]
+    AnswerRefused(#[from] str0m::RtcError),
+    /// The Opus encoder refused.
+    #[error("{0}")]
+    Opus(#[from] opus_pure::Error),
+}
+
 impl Offer {
     /// Binds a UDP socket at `bind` (its address is the one host candidate) and makes
     /// the offer: audio send-only (Opus) and the `weir` data channel.
-    pub async fn new(bind: SocketAddr) -> Result<Self, String> {
-        let socket = UdpSocket::bind(bind)
-            .await
-            .map_err(|e| format!("bind {bind}: {e}"))?;
-        let local = socket.local_addr().map_err(|e| e.to_string())?;
+    pub async fn new(bind: SocketAddr) -> Result<Self, ClientError> {
+        let bind_error = |source| ClientError::Bind { addr: bind, source };
+        let socket = UdpSocket::bind(bind).await.map_err(bind_error)?;
+        let local = socket.local_addr().map_err(bind_error)?;
         let mut rtc = RtcConfig::new()
             .clear_codecs()
             .enable_opus(true, false)
             .build(Instant::now());
-        let candidate = Candidate::host(local, "udp").map_err(|e| e.to_string())?;
+        let candidate = Candidate::host(local, "udp")?;
         rtc.add_local_candidate(candidate);
         let mut api = rtc.sdp_api();
         let mid = api.add_media(MediaKind::Audio, Direction::SendOnly, None, None, None);
         let channel = api.add_channel(EVENTS_CHANNEL.to_owned());
-        let (offer, pending) = api.apply().ok_or("no offer to make")?;
+        let (offer, pending) = api.apply().ok_or(ClientError::NoOffer)?;
         Ok(Self {
             rtc,
             socket,
@@ -93,12 +120,9 @@ impl Offer {
     }
 
     /// Applies the WHIP answer (the 201's body).
-    pub fn answered(mut self, answer: &str) -> Result<Client, String> {
-        let sdp = SdpAnswer::from_sdp_string(answer).map_err(|e| format!("answer: {e}"))?;
-        self.rtc
-            .sdp_api()
-            .accept_answer(self.pending, sdp)
-            .map_err(|e| format!("answer refused: {e}"))?;
+    pub fn answered(mut self, answer: &str) -> Result<Client, ClientError> {
+        let sdp = SdpAnswer::from_sdp_string(answer)?;
+        self.rtc.sdp_api().accept_answer(self.pending, sdp)?;
         Ok(Client {
             rtc: self.rtc,
             socket: self.socket,
@@ -238,15 +262,12 @@ impl Client {
 /// 20 ms Opus packets of 16 kHz mono s16 PCM (one per 320 samples; a trailing partial
 /// frame is left out), encoded once by opus-pure — what a producer sends with
 /// [`Client::send_opus`]. `Err` when the encoder refuses.
-pub fn opus_packets(pcm: &[i16]) -> Result<Vec<Vec<u8>>, String> {
-    let mut enc = opus_pure::OpusEncoder::new(16_000, 1, opus_pure::Application::Audio)
-        .map_err(|e| e.to_string())?;
+pub fn opus_packets(pcm: &[i16]) -> Result<Vec<Vec<u8>>, ClientError> {
+    let mut enc = opus_pure::OpusEncoder::new(16_000, 1, opus_pure::Application::Audio)?;
     let mut out = vec![0u8; opus_pure::MAX_PACKET_BYTES];
     pcm.chunks_exact(crate::whip::pump::FRAME_SAMPLES)
         .map(|frame| {
-            let n = enc
-                .encode_s16(frame, frame.len(), &mut out)
-                .map_err(|e| e.to_string())?;
+            let n = enc.encode_s16(frame, frame.len(), &mut out)?;
             Ok(out[..n].to_vec())
         })
         .collect()

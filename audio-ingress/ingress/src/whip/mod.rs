@@ -534,6 +534,30 @@ fn resource_id() -> Option<String> {
     Some(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
+/// Why an offer is refused: the text is the `400 invalid_offer` answer, so it never
+/// carries the parser's or the negotiation's own text (internals, heap addresses in a
+/// parser's Debug output); those are logged.
+#[derive(Debug, thiserror::Error)]
+enum OfferRefused {
+    /// Not an SDP offer.
+    #[error("the offer is not a valid SDP offer")]
+    NotSdp,
+    /// str0m could not negotiate it (or panicked trying).
+    #[error("the offer could not be negotiated")]
+    NotNegotiated,
+    /// The answer would receive no Opus audio.
+    #[error("the offer has no Opus audio to send (m=audio with opus/48000/2)")]
+    NoOpus,
+    /// A configured host candidate was refused.
+    #[error("candidate {addr}: {source}")]
+    Candidate {
+        /// The advertised address.
+        addr: std::net::SocketAddr,
+        /// str0m's refusal.
+        source: str0m::error::IceError,
+    },
+}
+
 /// The `Rtc` of an accepted offer from `client`, and its answer. `Err`: why the offer
 /// is refused. Unless foreign candidates are allowed, only the offer's candidates on
 /// `client`'s address are kept (`None`, the address unknown: none is).
@@ -541,7 +565,7 @@ fn accept(
     shared: &Shared,
     sdp: &str,
     client: Option<std::net::IpAddr>,
-) -> Result<(Rtc, String), String> {
+) -> Result<(Rtc, String), OfferRefused> {
     let filtered;
     let sdp = if shared.config.allow_foreign_candidates {
         sdp
@@ -570,12 +594,12 @@ fn accept_with(
     candidates: &[std::net::SocketAddr],
     cert: Option<&DtlsCert>,
     sdp: &str,
-) -> Result<(Rtc, String), String> {
+) -> Result<(Rtc, String), OfferRefused> {
     // The parser's and negotiation's errors are logged, never answered: their text
     // can carry internals (heap addresses in a parser's Debug output).
     let offer = SdpOffer::from_sdp_string(sdp).map_err(|e| {
         tracing::debug!(error = %e, "WHIP offer is not SDP");
-        "the offer is not a valid SDP offer".to_owned()
+        OfferRefused::NotSdp
     })?;
     // Opus only: anything else is refused in the answer (port 0).
     let mut config = RtcConfig::new().clear_codecs().enable_opus(true, false);
@@ -584,21 +608,21 @@ fn accept_with(
     }
     let mut rtc = config.build(std::time::Instant::now());
     for &addr in candidates {
-        let candidate =
-            Candidate::host(addr, "udp").map_err(|e| format!("candidate {addr}: {e}"))?;
+        let candidate = Candidate::host(addr, "udp")
+            .map_err(|source| OfferRefused::Candidate { addr, source })?;
         rtc.add_local_candidate(candidate);
     }
     let answer = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         rtc.sdp_api().accept_offer(offer)
     }))
-    .map_err(|_| "the offer could not be negotiated".to_owned())?
+    .map_err(|_| OfferRefused::NotNegotiated)?
     .map_err(|e| {
         tracing::debug!(error = %e, "WHIP offer not negotiated");
-        "the offer could not be negotiated".to_owned()
+        OfferRefused::NotNegotiated
     })?
     .to_sdp_string();
     if !answer_receives_opus(&answer) {
-        return Err("the offer has no Opus audio to send (m=audio with opus/48000/2)".to_owned());
+        return Err(OfferRefused::NoOpus);
     }
     Ok((rtc, answer))
 }
@@ -714,7 +738,7 @@ async fn create_session<S: Sink>(
         .sessions
         .reserve(who, key.clone(), entry)
         .map_err(|full| sessions_full(state, full))?;
-    let (rtc, answer) = accept(shared, sdp, client).map_err(invalid_offer)?;
+    let (rtc, answer) = accept(shared, sdp, client).map_err(|e| invalid_offer(e.to_string()))?;
     let stream_id = admitted.id.clone();
     let handle = state.door().open(admitted).map_err(|resp| {
         count(&shared.counters.offers_refused);
@@ -912,7 +936,9 @@ a=fmtp:96 profile-level-id=42e01f;packetization-mode=1;level-asymmetry-allowed=1
             "hello",
             "v=0\r\na=candidate:\u{1}\r\nm=audio 9 UDP/TLS/RTP/SAVPF x\r\n",
         ] {
-            let e = accept_with(&[cand], None, garbage).expect_err("refused");
+            let e = accept_with(&[cand], None, garbage)
+                .expect_err("refused")
+                .to_string();
             assert!(
                 e == "the offer is not a valid SDP offer"
                     || e == "the offer could not be negotiated"
