@@ -125,6 +125,7 @@ mod ownership;
 mod queue;
 mod slots;
 mod stats;
+mod stop;
 /// Per-stream sequence tracking (loss, duplicates, restarts); also used by
 /// `audio-ingress tap`.
 pub mod tracker;
@@ -134,7 +135,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use tokio::sync::{broadcast, watch};
+use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use weir_protocol::audio::DecodeOptions;
@@ -353,7 +354,7 @@ impl Shared {
 pub struct Consumer {
     shared: Arc<Shared>,
     client: async_nats::Client,
-    stop: watch::Sender<Option<Instant>>,
+    stop: stop::StopSender,
     tasks: Vec<JoinHandle<()>>,
     /// Lease ownership: the table the driver keeps current.
     leases: Option<Arc<ownership::LeaseBoard>>,
@@ -434,7 +435,7 @@ impl Consumer {
         // Every consumer metric in the worker's first scrape (no-op without a recorder).
         weir_service::metrics::register(crate::metrics::CONSUMER_DECLARED);
         let factory = Arc::new(factory);
-        let (stop, stop_rx) = watch::channel(None);
+        let (stop, stop_rx) = stop::channel();
         if shared.settings.lease.is_some() {
             let (task, board) =
                 ownership::start(client.clone(), shared.clone(), factory, stop_rx).await?;
@@ -564,7 +565,7 @@ impl Consumer {
     /// final stats.
     pub async fn shutdown(self, grace: Duration) -> ConsumerStats {
         let deadline = Instant::now() + grace;
-        let _ = self.stop.send(Some(deadline));
+        self.stop.stop(deadline);
         // Each demultiplexer bounds its own wait by the deadline; the extra margin
         // covers scheduling, and with leases the releases after the drain.
         let margin = match self.leases {
@@ -578,13 +579,6 @@ impl Consumer {
     }
 }
 
-/// Waits for the stop signal: the drain deadline [`Consumer::shutdown`] sent, or now
-/// when the handle was dropped.
-pub(crate) async fn stopped(stop: &mut watch::Receiver<Option<Instant>>) -> Instant {
-    let deadline = stop.wait_for(Option::is_some).await.map(|d| *d);
-    deadline.ok().flatten().unwrap_or_else(Instant::now)
-}
-
 /// Pause after an error of the JetStream source, so that a source that keeps failing
 /// cannot spin (each error already means its feed is interrupted).
 const SOURCE_ERROR_PAUSE: Duration = Duration::from_millis(100);
@@ -596,7 +590,7 @@ pub(crate) async fn run_subscription<F: HandlerFactory>(
     mut sub: BoxStream<'static, jetstream::Inbound>,
     mut demux: Demux<F>,
     idle_timeout: Duration,
-    mut stop: watch::Receiver<Option<Instant>>,
+    stop: stop::StopSignal,
 ) {
     let period = (idle_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
     let mut tick = tokio::time::interval(period);
@@ -631,7 +625,7 @@ pub(crate) async fn run_subscription<F: HandlerFactory>(
             _ = tick.tick() => {
                 demux.reap(Instant::now());
             }
-            deadline = stopped(&mut stop) => break deadline,
+            deadline = stop.stopped() => break deadline,
         }
     };
     // Dropping the subscriber unsubscribes without waiting on the client's channel.

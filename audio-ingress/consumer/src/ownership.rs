@@ -45,7 +45,6 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, kv, stream};
 use futures::StreamExt;
-use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
@@ -55,7 +54,8 @@ use crate::fence::{Fence, Liveness};
 use crate::handler::HandlerFactory;
 use crate::lease::{Action, LeaseInfo, Planner};
 use crate::metrics as m;
-use crate::{ConsumerError, ConsumerErrorKind, OperationError, Shared, run_subscription, stopped};
+use crate::stop::{self, StopSender, StopSignal};
+use crate::{ConsumerError, ConsumerErrorKind, OperationError, Shared, run_subscription};
 use weir_protocol::WireName;
 use weir_protocol::fnv1a_32;
 use weir_service::nats::kv_stream_config;
@@ -112,7 +112,7 @@ pub(crate) async fn start<F: HandlerFactory>(
     client: async_nats::Client,
     shared: Arc<Shared>,
     factory: Arc<F>,
-    stop: watch::Receiver<Option<Instant>>,
+    stop: StopSignal,
 ) -> Result<(JoinHandle<()>, Arc<LeaseBoard>), ConsumerError> {
     let Some(lease) = shared.settings.lease.clone() else {
         return Err(ConsumerError::config(
@@ -210,7 +210,7 @@ struct Pending {
 /// One held partition's feed.
 struct Feed {
     fence: Arc<Fence>,
-    stop: watch::Sender<Option<Instant>>,
+    stop: StopSender,
 }
 
 #[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
@@ -287,11 +287,7 @@ struct Driver<F: HandlerFactory> {
 }
 
 impl<F: HandlerFactory> Driver<F> {
-    async fn run(
-        mut self,
-        mut heartbeats: async_nats::Subscriber,
-        mut stop: watch::Receiver<Option<Instant>>,
-    ) {
+    async fn run(mut self, mut heartbeats: async_nats::Subscriber, stop: StopSignal) {
         let tick_period = (self.lease.heartbeat_interval / 2)
             .clamp(Duration::from_millis(20), Duration::from_millis(250));
         let mut tick = tokio::time::interval(tick_period);
@@ -310,7 +306,7 @@ impl<F: HandlerFactory> Driver<F> {
         let _abort_watcher = AbortOnDrop(watcher);
         let deadline = loop {
             tokio::select! {
-                deadline = stopped(&mut stop) => break deadline,
+                deadline = stop.stopped() => break deadline,
                 Some(done) = self.ops.join_next(), if !self.ops.is_empty() => {
                     if let Ok(done) = done {
                         self.on_done(done);
@@ -774,7 +770,7 @@ impl<F: HandlerFactory> Driver<F> {
     fn start_feed(&mut self, p: u32, valid_until: Instant, handover: bool) {
         let now = Instant::now();
         let fence = Arc::new(Fence::new(now, valid_until, self.liveness.clone()));
-        let (stop_tx, stop_rx) = watch::channel(None);
+        let (stop_tx, stop_rx) = stop::channel();
         let subject = self.shared.settings.subject.pattern_for_partition(p);
         let demux = Demux::leased(
             self.shared.clone(),
@@ -815,7 +811,7 @@ impl<F: HandlerFactory> Driver<F> {
         }
         if let Some(feed) = self.feeds.remove(&p) {
             feed.fence.revoke();
-            let _ = feed.stop.send(Some(Instant::now()));
+            feed.stop.stop(Instant::now());
             tracing::info!(partition = p, reason, "partition fenced");
         }
     }
@@ -823,7 +819,7 @@ impl<F: HandlerFactory> Driver<F> {
     async fn shutdown(mut self, deadline: Instant) {
         // Drain every feed while the leases are still valid...
         for feed in self.feeds.values() {
-            let _ = feed.stop.send(Some(deadline));
+            feed.stop.stop(deadline);
         }
         let _ = tokio::time::timeout_at(deadline, async {
             while self.feed_tasks.join_next().await.is_some() {}

@@ -60,6 +60,7 @@ use futures::future::BoxFuture;
 use metrics::{Counter, Gauge, Histogram as MetricHistogram};
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use weir_service::shutdown::CancellationToken;
 
 use crate::metrics as m;
 use crate::publisher::{SinkError, SinkErrorKind};
@@ -270,7 +271,8 @@ pub struct Window {
     work: Notify,
     /// Wakes publishers waiting for room.
     room: Notify,
-    closed: AtomicBool,
+    /// Cancelled by [`Self::close`]: the window task stops.
+    closed: CancellationToken,
     /// The client's command channel was full at the last publish that had to wait
     /// (see [`Self::congested`]).
     congested: AtomicBool,
@@ -329,7 +331,7 @@ impl Window {
             }),
             work: Notify::new(),
             room: Notify::new(),
-            closed: AtomicBool::new(false),
+            closed: CancellationToken::new(),
             congested: AtomicBool::new(false),
             rounds: AtomicU64::new(0),
             disconnects: AtomicU64::new(0),
@@ -373,12 +375,12 @@ impl Window {
 
     /// Whether [`Self::close`] was called: nothing settles any more.
     pub(crate) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+        self.closed.is_cancelled()
     }
 
     /// Stops the window task (the ingress is gone).
     pub(crate) fn close(&self) {
-        self.closed.store(true, Ordering::Release);
+        self.closed.cancel();
         self.work.notify_one();
     }
 
@@ -626,7 +628,7 @@ pub(crate) async fn run(window: Arc<Window>, confirmer: Arc<dyn Confirmer>, glob
             let work = window.work.notified();
             tokio::pin!(work);
             work.as_mut().enable();
-            if window.closed.load(Ordering::Acquire) {
+            if window.closed.is_cancelled() {
                 return;
             }
             if last_limit.is_none_or(|t| t.elapsed() >= IDLE_REFRESH) {
@@ -675,7 +677,7 @@ pub(crate) async fn run(window: Arc<Window>, confirmer: Arc<dyn Confirmer>, glob
                 tokio::select! {
                     r = &mut round => break Some(r),
                     () = tokio::time::sleep(EPOCH_POLL) => {
-                        if confirmer.epoch() != batch.epoch || window.closed.load(Ordering::Acquire) {
+                        if confirmer.epoch() != batch.epoch || window.closed.is_cancelled() {
                             break None;
                         }
                         let waited = started.elapsed();
@@ -693,7 +695,7 @@ pub(crate) async fn run(window: Arc<Window>, confirmer: Arc<dyn Confirmer>, glob
                     }
                 }
             };
-            if window.closed.load(Ordering::Acquire) {
+            if window.closed.is_cancelled() {
                 return;
             }
             match outcome {

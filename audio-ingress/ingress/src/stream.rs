@@ -44,6 +44,7 @@ use weir_protocol::audio::extension::{EndReason, Overload};
 use weir_protocol::audio::packet::MAX_SESSION_ID_LEN;
 use weir_protocol::audio::{AudioFormat, BodyRef, Gap, encode_packet_in};
 use weir_protocol::{StreamId, partition_of};
+use weir_service::shutdown::CancellationToken;
 
 /// The size of a stream's packet arena: admitted frames' packets are carved from it, so
 /// the allocator is called once per ~5 frames (or not at all when every packet of the
@@ -368,7 +369,8 @@ struct IngressInner<S: Sink> {
     sink: S,
     registry: Arc<Registry>,
     max_streams: usize,
-    shutting_down: AtomicBool,
+    /// Cancelled by [`Ingress::shutdown`]: no stream is admitted any more.
+    shutting_down: CancellationToken,
     window: Arc<Window>,
     /// The window task's confirmer, taken when the task starts (first `open`).
     confirmer: Mutex<Option<Arc<dyn Confirmer>>>,
@@ -451,7 +453,7 @@ impl<S: Sink> Ingress<S> {
                     global,
                 }),
                 max_streams,
-                shutting_down: AtomicBool::new(false),
+                shutting_down: CancellationToken::new(),
             }),
         }
     }
@@ -483,7 +485,7 @@ impl<S: Sink> Ingress<S> {
 
     /// Whether [`Self::shutdown`] was called.
     pub fn is_shutting_down(&self) -> bool {
-        self.inner.shutting_down.load(Ordering::Acquire)
+        self.inner.shutting_down.is_cancelled()
     }
 
     /// Validates `id` and opens a stream. See [`Self::open_id`].
@@ -702,7 +704,7 @@ impl<S: Sink> Ingress<S> {
     /// for their publishers. Within `grace`: the first half drains queues (frames still
     /// queued then are dropped, reason `shutdown`), the rest delivers the `end`s.
     pub async fn shutdown(&self, grace: Duration) -> ShutdownReport {
-        self.inner.shutting_down.store(true, Ordering::Release);
+        self.inner.shutting_down.cancel();
         let now = Instant::now();
         let drain = now + grace / 2;
         let control = now + grace;
