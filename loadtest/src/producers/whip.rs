@@ -37,7 +37,9 @@ impl OpusClip {
                     .collect::<Vec<_>>()
             })
             .collect();
-        Ok(Self(Arc::new(opus_packets(&pcm).map_err(|e| e.to_string())?)))
+        Ok(Self(Arc::new(
+            opus_packets(&pcm).map_err(|e| e.to_string())?,
+        )))
     }
 
     fn packet(&self, index: u64) -> &[u8] {

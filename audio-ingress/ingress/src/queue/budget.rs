@@ -27,11 +27,13 @@ use crate::stats::Global;
 pub const MIN_FRAME_CHARGE: usize = 160;
 
 /// Bytes a frame of `pcm_len` PCM bytes takes from the budget.
+#[inline]
 pub(crate) fn charge_of(pcm_len: usize) -> u64 {
     pcm_len.max(MIN_FRAME_CHARGE) as u64
 }
 
 /// Samples in `len` bytes of s16le mono.
+#[inline]
 pub(crate) fn samples_of(len: usize) -> u64 {
     (len / 2) as u64
 }
@@ -58,6 +60,7 @@ impl Budget {
     }
 
     /// Bytes pending (queued + in flight).
+    #[inline]
     pub fn bytes(&self) -> u64 {
         self.bytes.load(Ordering::Relaxed)
     }
@@ -85,6 +88,7 @@ pub struct Reservation {
 }
 
 impl Reservation {
+    #[inline]
     pub(super) fn new(budget: &Arc<Budget>, bytes: u64) -> Self {
         let now = budget.bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
         budget.frames.fetch_add(1, Ordering::Relaxed);

@@ -28,6 +28,7 @@ impl WallClock {
     }
 
     /// Unix ms of `t` (an instant near `now`); re-anchors when the anchor is old.
+    #[inline]
     pub(crate) fn unix_ms(&mut self, t: Instant, now: Instant) -> u64 {
         if now.saturating_duration_since(self.at) >= Self::REANCHOR {
             *self = Self::new();
