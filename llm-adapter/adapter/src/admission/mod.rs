@@ -30,6 +30,7 @@
 mod cache;
 mod coalesce;
 mod estimator;
+mod gates;
 mod slots;
 mod state;
 mod stats;
@@ -52,7 +53,8 @@ pub use estimator::{EstimateSource, EstimateView, Estimator, EstimatorConfig};
 pub use stats::{CacheSnapshot, Percentiles, StatsSnapshot, StreamSnapshot};
 pub use streaming::{PIECES_IN_FLIGHT, StopReason, StreamOut, StreamSettings, StreamStop};
 
-pub(crate) use self::state::resolve_keys;
+pub use self::gates::key_limits::KeyError;
+pub(crate) use self::gates::key_limits::resolve_keys;
 use self::state::{Effects, State};
 use self::stats::Stats;
 use crate::backend::{Backend, BackendErrorKind, BackendReply, BackendRequest};
@@ -690,11 +692,11 @@ impl<S: Sink> Admission<S> {
     ) -> Self {
         let cfg = Arc::new(cfg);
         let mut rules: Vec<String> = [
-            state::RULE_QUEUE,
-            state::RULE_SESSION_CAP,
-            state::RULE_SESSION_ORDER,
-            state::RULE_PREDICTED,
-            state::RULE_START_BUDGET,
+            gates::RULE_QUEUE,
+            gates::RULE_SESSION_CAP,
+            gates::RULE_SESSION_ORDER,
+            gates::RULE_PREDICTED,
+            gates::RULE_START_BUDGET,
         ]
         .into_iter()
         .map(str::to_owned)
