@@ -40,6 +40,7 @@
 mod positions;
 mod timers;
 mod views;
+mod workers;
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -49,7 +50,6 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
-use weir_protocol::WireName;
 use weir_protocol::llm::{ErrorBody, ErrorCode};
 
 pub(crate) use self::positions::Notice;
@@ -61,16 +61,14 @@ use super::gates::key_limits::{KeyAsk, KeyLimits, KeyPass, resolve_keys};
 use super::gates::queue_bound::QueueBound;
 use super::gates::session_cap::SessionCap;
 use super::gates::session_order::SessionOrder;
-use super::gates::start_budget::{self, StartBudget};
+use super::gates::start_budget::StartBudget;
 use super::gates::{
     Ask, Enforce, Gate, RULE_SESSION_CAP, RULE_SESSION_ORDER, Refusal, after_wait, conflict,
     shutting_down,
 };
 use super::slots::SlotGuard;
 use super::stats::Stats;
-use super::{
-    AbortReason, AdmissionConfig, Admitted, CancelResult, Job, Outcome, StreamOut, Submission,
-};
+use super::{AbortReason, AdmissionConfig, Admitted, Outcome, StreamOut, Submission};
 use crate::backend::{BackendReply, BackendRequest};
 use crate::config::{Mode, QueueOrder};
 use crate::trace::{TraceEvent, TraceKind, Tracer, ms};
@@ -384,7 +382,7 @@ impl<W> State<W> {
         shadow_pass: P,
         sub: &Submission,
         waited: Duration,
-    ) -> Result<P, ErrorBody> {
+    ) -> Result<P, Box<ErrorBody>> {
         let r = match verdict {
             Ok(pass) => return Ok(pass),
             Err(r) => r,
@@ -463,7 +461,7 @@ impl<W> State<W> {
         };
         let placement = match self.gates(&ask, waited) {
             Ok(p) => p,
-            Err(err) => return fx.refuse_now(waiter, err, &sub, waited),
+            Err(err) => return fx.refuse_now(waiter, *err, &sub, waited),
         };
         let answer_by = ask.answer_by;
         let admit = Admit {
@@ -519,7 +517,7 @@ impl<W> State<W> {
 
     /// The admission gates, in their order of precedence: the session cap, the
     /// session order (`reject`), the queue bound, the deadline prediction.
-    fn gates(&self, ask: &Ask<'_>, waited: Duration) -> Result<Placement, ErrorBody> {
+    fn gates(&self, ask: &Ask<'_>, waited: Duration) -> Result<Placement, Box<ErrorBody>> {
         let sub = ask.sub;
         self.verdict(self.session_cap.check(ask), (), sub, waited)?;
         self.verdict(self.session_order.check(ask), (), sub, waited)?;
@@ -697,7 +695,7 @@ impl<W> State<W> {
                     self.count(&r);
                     let (e, rule) = (&self.entries[&id], &self.keys.limit(gate).name);
                     self.emit_slot(TraceKind::SlotBusy, e, now, rule, Some(&key));
-                    self.retire(id, Err(r.body), now, fx);
+                    self.retire(id, Err(*r.body), now, fx);
                     return;
                 }
             }
@@ -886,186 +884,5 @@ impl<W> State<W> {
         {
             self.by_request_id.remove(rid);
         }
-    }
-
-    // ----------------------------------------------------------------- workers
-
-    /// Hands the next ready request to a worker, answering the ones whose deadline
-    /// passed (or that could no longer finish in time) on the way.
-    pub(crate) fn start_next(&mut self, now: Instant, fx: &mut Effects<W>) -> Option<Job> {
-        let estimate = self.estimator.estimate();
-        while let Some((_, id)) = self.ready.pop_first() {
-            let Some(e) = self.entries.get_mut(&id) else {
-                continue;
-            };
-            if e.stage != Stage::Ready {
-                continue;
-            }
-            e.ready_key = None;
-            if let (Some(deadline), Some(answer_by)) = (e.deadline, e.answer_by) {
-                let queued = start_budget::Queued {
-                    deadline,
-                    answer_by,
-                    probe: e.probe,
-                    waited: now.saturating_duration_since(e.received_at),
-                    now,
-                    estimate,
-                };
-                if let Err(r) = self.start_budget.check(&queued) {
-                    self.count(&r);
-                    self.retire(id, Err(r.body), now, fx);
-                    self.run(now, fx);
-                    continue;
-                }
-            }
-            return self.start(id, now);
-        }
-        None
-    }
-
-    /// Marks ready entry `id` Running and makes its job.
-    fn start(&mut self, id: u64, now: Instant) -> Option<Job> {
-        let e = self.entries.get_mut(&id)?;
-        let order = e.order.take();
-        let stream = e.stream.clone();
-        e.stage = Stage::Running;
-        e.started_at = Some(now);
-        e.stage_since = now;
-        let (tx, rx) = oneshot::channel();
-        e.abort = Some(tx);
-        let timer = e.deadline_timer.take();
-        let request = e.request.take();
-        let deadline = e.deadline;
-        let answer_by = e.answer_by;
-        let queue_time = now.saturating_duration_since(e.received_at);
-        if let Some(k) = order {
-            self.deadline.leave(k);
-        }
-        if let Some(t) = timer {
-            self.timers.remove(&t);
-        }
-        self.queued -= 1;
-        self.running += 1;
-        self.running_since.insert(id, now);
-        self.stats
-            .started(queue_time, deadline.is_some_and(|d| now >= d));
-        let e = &self.entries[&id];
-        self.emit(TraceKind::Started, e, now, |ev| {
-            ev.waited_ms = Some(ms(queue_time));
-        });
-        let span = e.span.clone();
-        self.stream_queued.remove(&id);
-        Some(Job {
-            id,
-            request: request?,
-            answer_by,
-            started_at: now,
-            queue_time,
-            abort: rx,
-            stream,
-            span,
-        })
-    }
-
-    /// Whether a worker has anything to pick.
-    pub(crate) fn has_ready(&self) -> bool {
-        !self.ready.is_empty()
-    }
-
-    /// Feeds the estimator with a finished call: `ok` and the calls ended by a deadline
-    /// or the backend timeout (those are lower bounds of the service time, and a slow
-    /// backend shows up only through them). Failures, cancels and shutdown aborts say
-    /// nothing about how long an answer takes.
-    fn observe(&mut self, took: Duration, code: &str, fx: &mut Effects<W>) {
-        let counts = code == "ok"
-            || code == ErrorCode::DeadlineExceeded.as_str()
-            || code == ErrorCode::BackendTimeout.as_str();
-        if !counts {
-            return;
-        }
-        let cold = self.estimator.estimate().is_none();
-        self.estimator.observe(took);
-        if cold && self.start_budget.adaptive() {
-            // First estimate: the queued requests' timers move to `answer_by − estimate`.
-            for id in self.queued_ids() {
-                self.arm_deadline(id, fx);
-            }
-        }
-    }
-
-    /// Settles a running request with the backend's result.
-    pub(crate) fn finish(
-        &mut self,
-        id: u64,
-        result: Result<BackendReply, ErrorBody>,
-        took: Duration,
-        now: Instant,
-        fx: &mut Effects<W>,
-    ) {
-        let code = match &result {
-            Ok(_) => "ok",
-            Err(e) => e.code.as_str(),
-        };
-        self.stats.inference_done(took, code);
-        self.observe(took, code, fx);
-        self.retire(id, result, now, fx);
-        self.run(now, fx);
-    }
-
-    // ------------------------------------------------------------ cancellation
-
-    /// Cancels the request with `request_id`: a queued one is answered `cancelled` now,
-    /// a running one is told to abort (its worker answers `cancelled`).
-    pub(crate) fn cancel(
-        &mut self,
-        request_id: &str,
-        now: Instant,
-        fx: &mut Effects<W>,
-    ) -> CancelResult {
-        let Some(&id) = self.by_request_id.get(request_id) else {
-            return CancelResult::NotFound;
-        };
-        let Some(e) = self.entries.get_mut(&id) else {
-            return CancelResult::NotFound;
-        };
-        if e.stage == Stage::Running {
-            if let Some(tx) = e.abort.take() {
-                let _ = tx.send(AbortReason::Cancelled);
-            }
-            return CancelResult::Running;
-        }
-        let waited = now.saturating_duration_since(e.received_at);
-        let err = after_wait(ErrorCode::Cancelled, "cancelled while queued", waited);
-        self.retire(id, Err(err), now, fx);
-        self.run(now, fx);
-        CancelResult::Queued
-    }
-
-    // ---------------------------------------------------------------- shutdown
-
-    /// Stops admitting and answers every queued request `shutting_down`.
-    pub(crate) fn begin_shutdown(&mut self, now: Instant, fx: &mut Effects<W>) -> usize {
-        self.shutting_down = true;
-        let queued = self.queued_ids();
-        let n = queued.len();
-        for id in queued {
-            self.retire(id, Err(shutting_down()), now, fx);
-            self.run(now, fx);
-        }
-        n
-    }
-
-    /// Tells every running request to abort with `shutting_down`; returns how many.
-    pub(crate) fn abort_running(&mut self) -> usize {
-        let mut n = 0;
-        for e in self.entries.values_mut() {
-            if e.stage == Stage::Running
-                && let Some(tx) = e.abort.take()
-            {
-                let _ = tx.send(AbortReason::ShuttingDown);
-                n += 1;
-            }
-        }
-        n
     }
 }

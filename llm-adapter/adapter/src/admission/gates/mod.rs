@@ -103,8 +103,8 @@ pub(crate) struct Refusal {
     pub(crate) rule: Option<Cow<'static, str>>,
     /// Whether shadow mode lets the request through.
     pub(crate) enforce: Enforce,
-    /// The answer.
-    pub(crate) body: ErrorBody,
+    /// The answer (boxed: a refusal travels through `Result`s).
+    pub(crate) body: Box<ErrorBody>,
 }
 
 /// Whether shadow mode enforces a refusal.
@@ -123,7 +123,7 @@ impl Refusal {
         Self {
             rule: Some(Cow::Borrowed(rule)),
             enforce: Enforce::Always,
-            body,
+            body: Box::new(body),
         }
     }
 
@@ -136,7 +136,7 @@ impl Refusal {
         Self {
             rule: Some(rule.into()),
             enforce: Enforce::UnlessShadow { key },
-            body,
+            body: Box::new(body),
         }
     }
 
@@ -145,7 +145,7 @@ impl Refusal {
         Self {
             rule: None,
             enforce: Enforce::Always,
-            body,
+            body: Box::new(body),
         }
     }
 }

@@ -130,7 +130,7 @@ impl<W> State<W> {
         match self.start_budget.at_timer(&queued) {
             AtTimer::Refuse(r) => {
                 self.count(&r);
-                self.retire(id, Err(r.body), now, fx);
+                self.retire(id, Err(*r.body), now, fx);
             }
             AtTimer::Rearm => self.arm_deadline(id, fx),
         }
@@ -162,6 +162,6 @@ impl<W> State<W> {
             ev.key = Some(key.clone());
             ev.waited_ms = Some(ms(waited));
         });
-        self.retire(id, Err(r.body), now, fx);
+        self.retire(id, Err(*r.body), now, fx);
     }
 }
