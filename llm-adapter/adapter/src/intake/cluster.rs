@@ -112,6 +112,27 @@ impl SlotResult {
     }
 }
 
+/// `concurrency_limit_exceeded` of a full cluster-wide wait-limit `rule` at `key`.
+fn busy(
+    rule: &KeyLimit,
+    key: &str,
+    message: String,
+    waited: Option<Duration>,
+    waiting: usize,
+) -> SlotRefusal {
+    let limit = rule.limit.get() as u64;
+    let details = ErrorDetails {
+        limit: Some(limit),
+        in_flight: Some(limit),
+        waiting: Some(waiting as u64),
+        waited_ms: waited.map(|w| w.as_millis() as u64),
+        key: Some(key.to_owned()),
+        ..Default::default()
+    };
+    let code = ErrorCode::ConcurrencyLimitExceeded;
+    SlotRefusal::full(TermReason::KeyLimit, code, message, details)
+}
+
 /// A failed read or write of slot `key`.
 fn slot_failed(key: &str, e: impl std::error::Error + Send + Sync + 'static) -> IntakeError {
     IntakeError::with_source(IntakeErrorKind::Slot, format!("slot {key}"), e)
@@ -184,6 +205,26 @@ pub(crate) async fn open_reply_bucket(
 }
 
 impl ClusterSlots {
+    /// Counts a request waiting here for a slot of `key` under limit `gi`; `Err` with
+    /// how many already wait when `max_waiters` do.
+    fn enter_wait(
+        &self,
+        gi: usize,
+        key: &str,
+        max_waiters: usize,
+    ) -> Result<WaitingGuard<'_>, usize> {
+        let mut w = locked(&self.waiting);
+        let n = w.entry((gi, key.to_owned())).or_default();
+        if *n >= max_waiters {
+            return Err(*n);
+        }
+        *n += 1;
+        Ok(WaitingGuard {
+            slots: self,
+            key: (gi, key.to_owned()),
+        })
+    }
+
     /// Takes a free one of `cap` slots (`key_of(i)`) for `request_id`, or the slot this
     /// very request held on a replica that died (redelivery: the value names the
     /// request id).
@@ -249,23 +290,11 @@ impl ClusterSlots {
         let name = &rule.name;
         let limit = rule.limit.get() as u64;
         let busy = |message: String, waited: Option<Duration>, waiting: usize| {
-            let details = ErrorDetails {
-                limit: Some(limit),
-                in_flight: Some(limit),
-                waiting: Some(waiting as u64),
-                waited_ms: waited.map(|w| w.as_millis() as u64),
-                key: Some(key.to_owned()),
-                ..Default::default()
-            };
-            let code = ErrorCode::ConcurrencyLimitExceeded;
-            SlotRefusal::full(TermReason::KeyLimit, code, message, details)
+            busy(rule, key, message, waited, waiting)
         };
-        let _guard = {
-            let mut w = locked(&self.waiting);
-            let n = w.entry((gi, key.to_owned())).or_default();
-            if *n >= max_waiters {
-                let waiting = *n;
-                drop(w);
+        let _guard = match self.enter_wait(gi, key, max_waiters) {
+            Ok(guard) => guard,
+            Err(waiting) => {
                 metrics::counter!(m::INTAKE_CLUSTER_SLOTS_TOTAL, "result" => "wait_refused")
                     .increment(1);
                 return Err(busy(
@@ -276,11 +305,6 @@ impl ClusterSlots {
                     None,
                     waiting,
                 ));
-            }
-            *n += 1;
-            WaitingGuard {
-                slots: self,
-                key: (gi, key.to_owned()),
             }
         };
         let started = Instant::now();

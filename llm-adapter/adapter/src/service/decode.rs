@@ -161,9 +161,9 @@ pub(super) fn open_span(sub: &mut Submission, envelope: Option<&EnvelopeMeta>) {
 }
 
 /// Validates an id taken from the JSON envelope like the header ids: an envelope id
-/// that is not 1..=[`h::MAX_ID_LEN`] bytes of visible ASCII is refused with `invalid_request` naming
-/// the envelope field (it used to be ignored, silently turning off the session cap,
-/// ordering and idempotency for that request).
+/// that is not 1..=[`h::MAX_ID_LEN`] bytes of visible ASCII is refused with
+/// `invalid_request` naming the envelope field, never ignored (ignoring it would
+/// silently turn off the session cap, ordering and idempotency for that request).
 pub(super) fn env_id(
     field: &'static str,
     v: Option<String>,
