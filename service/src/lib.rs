@@ -11,7 +11,7 @@
 //!   (a rule on a series that does not exist yet is silently never true), and the one
 //!   latency primitive ([`metrics::LatencyHistogram`]) behind both the JSON percentiles
 //!   and the Prometheus histograms;
-//! - [`process`]: the process's own figures (memory, CPU, open files) and build info
+//! - [`process`] (feature `process`, part of `http`): the process's own figures (memory, CPU, open files) and build info
 //!   for `/metrics`;
 //! - [`bounded`]: the FIFO bounded by bytes and age under both per-stream queues (the
 //!   ingress's frames, the consumer's events), generic over its item;
@@ -41,6 +41,7 @@ pub mod metrics;
 pub mod nats;
 #[cfg(feature = "otel")]
 pub mod otel;
+#[cfg(feature = "process")]
 pub mod process;
 pub mod ratelimit;
 pub mod shutdown;

@@ -19,21 +19,12 @@
 //! confirmation rounds, connections) go through the facade as they happen.
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
-use weir_service::metrics::Declared;
 
-/// The declared metrics: each `kind pub const NAME: &str = "…";` is the name's constant
-/// and its entry in [`DECLARED`], with `kind` the [`Declared`] constructor.
-macro_rules! declared {
-    ($($(#[$doc:meta])* $kind:ident pub const $name:ident: &str = $value:literal;)*) => {
-        $($(#[$doc])* pub const $name: &str = $value;)*
+weir_service::declare_metrics! {
+    /// Every producer-side metric of the `serve` binary, registered at start
+    /// ([`weir_service::metrics::register`]) so that each is in the first scrape.
+    pub const DECLARED;
 
-        /// Every producer-side metric of the `serve` binary, registered at start
-        /// ([`weir_service::metrics::register`]) so that each is in the first scrape.
-        pub const DECLARED: &[Declared] = &[$(Declared::$kind($name)),*];
-    };
-}
-
-declared! {
     // ---------------------------------------------------------------------------------
     // Producer side (queue, publisher, WebSocket front door, NATS connection)
     // ---------------------------------------------------------------------------------

@@ -22,22 +22,13 @@
 use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
-use weir_service::metrics::Declared;
 
-/// Declares each metric recorded through the `metrics` facade once: its name constant
-/// and its kind, collected into [`DECLARED`].
-macro_rules! declared {
-    ($($(#[$doc:meta])* $kind:ident pub const $name:ident: &str = $value:literal;)*) => {
-        $($(#[$doc])* pub const $name: &str = $value;)*
+weir_service::declare_metrics! {
+    /// Every metric recorded through the `metrics` facade, registered at start
+    /// ([`weir_service::metrics::register`]) so that each is in the first scrape. (The
+    /// latency histograms are `LatencyHistogram`s, always rendered.)
+    pub const DECLARED;
 
-        /// Every metric recorded through the `metrics` facade, registered at start
-        /// ([`weir_service::metrics::register`]) so that each is in the first scrape. (The latency
-        /// histograms are `LatencyHistogram`s, always rendered.)
-        pub const DECLARED: &[Declared] = &[$(Declared::$kind($name)),*];
-    };
-}
-
-declared! {
     /// Counter: requests received on the inference subject (every attempt, joins included).
     counter pub const OFFERED_TOTAL: &str = "weir_llm_requests_offered_total";
     /// Counter: requests admitted into the queue.
