@@ -16,8 +16,8 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use procfs::{Current as _, CurrentSI as _};
 use procfs::process::{LimitValue, Process};
+use procfs::{Current as _, CurrentSI as _};
 
 /// Gauge: resident set size of this process, in bytes (`VmRSS` of `/proc/self/status`).
 pub const RESIDENT_MEMORY_BYTES: &str = "process_resident_memory_bytes";
@@ -88,7 +88,13 @@ pub fn open_fds() -> Option<u64> {
 
 /// The soft open-files limit.
 pub fn max_fds() -> Option<u64> {
-    match Process::myself().ok()?.limits().ok()?.max_open_files.soft_limit {
+    match Process::myself()
+        .ok()?
+        .limits()
+        .ok()?
+        .max_open_files
+        .soft_limit
+    {
         LimitValue::Value(n) => Some(n),
         LimitValue::Unlimited => None,
     }
@@ -98,10 +104,17 @@ pub fn max_fds() -> Option<u64> {
 /// steal; not idle or iowait).
 pub fn machine_busy() -> Option<Duration> {
     let t = procfs::KernelStats::current().ok()?.total;
-    let busy = [Some(t.user), Some(t.nice), Some(t.system), t.irq, t.softirq, t.steal]
-        .into_iter()
-        .flatten()
-        .fold(0u64, u64::saturating_add);
+    let busy = [
+        Some(t.user),
+        Some(t.nice),
+        Some(t.system),
+        t.irq,
+        t.softirq,
+        t.steal,
+    ]
+    .into_iter()
+    .flatten()
+    .fold(0u64, u64::saturating_add);
     Some(ticks(busy))
 }
 
@@ -160,7 +173,10 @@ mod tests {
         if cfg!(target_os = "linux") {
             let rss = resident_memory_bytes().expect("VmRSS");
             assert!(rss > 1024 * 1024, "{rss}");
-            assert_eq!(rss_bytes_of(Some(std::process::id())).map(|b| b > 0), Some(true));
+            assert_eq!(
+                rss_bytes_of(Some(std::process::id())).map(|b| b > 0),
+                Some(true)
+            );
             let mut text = String::new();
             render(&mut text);
             for name in [RESIDENT_MEMORY_BYTES, CPU_SECONDS_TOTAL, OPEN_FDS, MAX_FDS] {
