@@ -1993,8 +1993,15 @@ async fn a_stored_message_with_an_unreadable_header_block_is_terminated_on_its_f
     assert_eq!(terminated("no_reply"), 0.0);
     assert_eq!(counter(&page, "weir_llm_intake_pulled_total"), 2.0);
     assert_eq!(counter(&page, "weir_llm_intake_redelivered_total"), 0.0);
-    assert_eq!(counter(&page, "weir_llm_nats_disconnects_total"), 0.0);
-    assert_eq!(counter(&page, "weir_llm_nats_malformed_total"), 1.0);
+    let nats_event = |event: &str| {
+        labelled(
+            &page,
+            "weir_llm_nats_events_total",
+            &format!("event=\"{event}\""),
+        )
+    };
+    assert_eq!(nats_event("disconnected"), 0.0);
+    assert_eq!(nats_event("malformed_message"), 1.0);
     assert_eq!(
         labelled(&page, "weir_llm_intake_acks_total", "kind=\"term\""),
         1.0
