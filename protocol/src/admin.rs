@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 /// `{"event":"ready","ws":"127.0.0.1:4000","admin":"127.0.0.1:4001"}`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ReadyLine {
     /// Always `ready`.
     pub event: String,
@@ -59,6 +60,7 @@ impl ReadyLine {
 /// `/v1/stats`, the adapter's latency objects).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Percentiles {
     /// Number of values.
     pub count: u64,
@@ -77,6 +79,7 @@ pub struct Percentiles {
 /// The ingress's `/v1/stats` snapshot.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct IngressStats {
     /// Streams open now.
     pub active_streams: u64,
@@ -112,6 +115,7 @@ pub struct IngressStats {
 /// The `frames` object of the ingress's `/v1/stats`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct FrameStats {
     /// Frames offered by producers.
     pub offered: u64,
@@ -143,6 +147,7 @@ impl FrameStats {
 /// The `window` object of the ingress's `/v1/stats`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct WindowStats {
     /// `confirmed`, `unconfirmed` (window off: handed over counts as published) or
     /// `jetstream` (`None` when not reported).
