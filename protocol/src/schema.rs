@@ -20,11 +20,11 @@
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema, schema_for};
 use serde::Deserialize;
 
-use crate::admin::{IngressStats, ReadyLine};
+use crate::admin::{AdapterStats, IngressStats, ReadyLine};
 use crate::audio::GapReason;
 use crate::audio::extension::{Overload, PossibleLoss};
 use crate::audio::ws;
-use crate::llm::{CancelReply, EnvelopeMeta, ErrorBody, ErrorCode, ResponseEnvelope};
+use crate::llm::{CancelReply, Capabilities, EnvelopeMeta, ErrorBody, ErrorCode, ResponseEnvelope};
 
 /// Every contract's schema, by file name (without `.json`), in a fixed order.
 pub fn all() -> Vec<(&'static str, Schema)> {
@@ -38,9 +38,11 @@ pub fn all() -> Vec<(&'static str, Schema)> {
         ("llm-response-envelope", schema_for!(ResponseEnvelope)),
         ("llm-error-body", schema_for!(ErrorBody)),
         ("llm-cancel-reply", schema_for!(CancelReply)),
+        ("llm-capabilities", schema_for!(Capabilities)),
         ("llm-request-headers", schema_for!(LlmRequestHeaders)),
         ("llm-stream-event-headers", schema_for!(StreamEventHeaders)),
         ("ingress-stats", schema_for!(IngressStats)),
+        ("adapter-stats", schema_for!(AdapterStats)),
         ("ready-line", schema_for!(ReadyLine)),
     ]
 }

@@ -23,13 +23,16 @@ use bytes::Bytes;
 use serde::Serialize;
 use serde_json::{Value, json};
 use weir_protocol::WireName;
-use weir_protocol::admin::{FrameStats, IngressStats, Percentiles, ReadyLine, WindowStats};
+use weir_protocol::admin::{
+    AdapterStats, CacheStats, EstimateSource, FrameStats, IngressStats, NatsClientStats,
+    Percentiles, ReadyLine, ServiceEstimate, StreamStats, WindowStats,
+};
 use weir_protocol::audio::extension::{
     EndReason, Overload, OverloadReason, PossibleLoss, PossibleLossReason,
 };
 use weir_protocol::audio::{DecodeOptions, Gap, GapReason, Packet, decode, ws};
 use weir_protocol::llm::{
-    CancelReply, EnvelopeMeta, ErrorBody, ErrorCode, ErrorDetails, ResponseEnvelope,
+    CancelReply, Capabilities, EnvelopeMeta, ErrorBody, ErrorCode, ErrorDetails, ResponseEnvelope,
 };
 
 fn protocol_dir() -> PathBuf {
@@ -160,6 +163,8 @@ fn golden_cases() -> Vec<(&'static str, String, Value)> {
     }
     add("ingress-stats", "default", to(&IngressStats::default()));
     add("ingress-stats", "full", to(&ingress_stats()));
+    add("adapter-stats", "default", to(&AdapterStats::default()));
+    add("adapter-stats", "full", to(&adapter_stats()));
     let ready = ReadyLine::new(
         Some("127.0.0.1:4000".into()),
         Some("127.0.0.1:4001".into()),
@@ -313,6 +318,67 @@ fn ingress_stats() -> IngressStats {
     }
 }
 
+fn adapter_stats() -> AdapterStats {
+    let p = Percentiles {
+        count: 200,
+        p50: 120.0,
+        p95: 300.0,
+        p99: 410.0,
+        max: 500.0,
+        mean: 140.0,
+    };
+    AdapterStats {
+        offered: 260,
+        admitted: 220,
+        joined: 5,
+        cached: 3,
+        completed: 200,
+        refused: BTreeMap::from([("queue_full".into(), 40), ("deadline_exceeded".into(), 10)]),
+        started: 210,
+        started_after_deadline: 0,
+        queued_now: 4,
+        running_now: 6,
+        would_reject: BTreeMap::new(),
+        queue_wait_ms: p,
+        inference_ms: p,
+        backend_busy_ms: 29_400.0,
+        backend_useful_ms: 28_000.0,
+        slots_acquired: 215,
+        slots_released: 209,
+        refusal_ms: p,
+        service_estimate: Some(ServiceEstimate {
+            service_time_ms: Some(300.0),
+            source: EstimateSource::Observed,
+            samples: 64,
+            samples_total: 210,
+            quantile: 0.9,
+            window: 64,
+            half_life: 16.0,
+        }),
+        cache: CacheStats {
+            entries: 12,
+            bytes: 40_960,
+            max_bytes: 1 << 20,
+            ..Default::default()
+        },
+        nats: NatsClientStats {
+            dropped: 2,
+            dropped_by_sid: BTreeMap::from([(3, 2)]),
+            in_messages: 262,
+            taken: 260,
+            not_taken: 2,
+            ..Default::default()
+        },
+        stream: StreamStats {
+            started: 20,
+            chunks: 400,
+            bytes: 81_920,
+            ttft_ms: p,
+            aborted: BTreeMap::from([("caller_gone".into(), 1)]),
+        },
+    }
+}
+
 #[test]
 fn golden_json_vectors_are_what_the_types_write_and_validate() {
     let mut stale = Vec::new();
@@ -332,7 +398,7 @@ fn golden_json_vectors_are_what_the_types_write_and_validate() {
         stale.is_empty(),
         "golden vectors differ from what the types write (WEIR_BLESS=1 rewrites them): {stale:#?}"
     );
-    // Every vector on disk is one of the cases (none left over from a removed case).
+    // Every vector on disk validates, also those captured from a service (below).
     for (schema, _) in weir_protocol::schema::all() {
         let dir = golden_json_dir().join(schema);
         let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -360,6 +426,7 @@ fn golden_json_vectors_are_what_the_types_write_and_validate() {
         "audio-ws-control",
         "audio-ws-event",
         "ingress-stats",
+        "adapter-stats",
         "ready-line",
     ];
     for schema in typed {
@@ -368,6 +435,49 @@ fn golden_json_vectors_are_what_the_types_write_and_validate() {
             "no vector for {schema}"
         );
     }
+}
+
+/// `golden/json/llm-capabilities/adapter-*.json` are the adapter's own capabilities
+/// documents (`weir_llm_adapter::Config::capabilities` of the default configuration
+/// and of one with the JetStream intake, shadow mode, FIFO order and per-key limits),
+/// captured from it: the protocol type reads each and writes it back unchanged, so the
+/// type (and its schema) is the document the adapter serves.
+#[test]
+fn the_capabilities_type_is_the_adapters_document() {
+    let dir = golden_json_dir().join("llm-capabilities");
+    let v = validator("llm-capabilities");
+    let mut captured = 0;
+    for entry in std::fs::read_dir(&dir).expect("golden/json/llm-capabilities") {
+        let path = entry.expect("entry").path();
+        let name = path
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        if !name.starts_with("adapter-") {
+            continue;
+        }
+        let doc: Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("json");
+        assert_valid(&v, "llm-capabilities", &name, &doc);
+        let mut typed: Capabilities =
+            serde_json::from_value(doc.clone()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(to(&typed), doc, "{name} does not round-trip");
+        // The running service adds the backend kind and the live estimate.
+        typed.estimator.backend = Some("sim".into());
+        typed.estimator.current = Some(ServiceEstimate {
+            service_time_ms: None,
+            source: EstimateSource::None,
+            samples: 0,
+            samples_total: 0,
+            quantile: 0.9,
+            window: 64,
+            half_life: 16.0,
+        });
+        assert_valid(&v, "llm-capabilities", &name, &to(&typed));
+        captured += 1;
+    }
+    assert!(captured >= 2, "{captured} captured documents");
 }
 
 #[test]

@@ -28,8 +28,6 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use serde::{Deserialize, Serialize};
-
 use crate::metrics as m;
 use crate::sync::locked;
 
@@ -51,30 +49,8 @@ struct Inner {
     by_sid: Mutex<BTreeMap<u64, u64>>,
 }
 
-/// A snapshot of [`NatsEvents`], part of `/v1/stats`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NatsEventsSnapshot {
-    /// Messages the NATS client dropped (slow consumer), all subscriptions.
-    pub dropped: u64,
-    /// The same, by subscription id (the service's endpoints and its `$SRV` handlers).
-    pub dropped_by_sid: BTreeMap<u64, u64>,
-    /// Connections lost (each is followed by a reconnect attempt).
-    pub disconnects: u64,
-    /// Messages the client could not read (skipped, or delivered without headers); the
-    /// connection stayed up.
-    #[serde(default)]
-    pub malformed: u64,
-    /// Messages the client received from the server, every subscription
-    /// (async-nats `Statistics::in_messages`).
-    pub in_messages: u64,
-    /// Messages the adapter's endpoint loops took from their subscriptions.
-    pub taken: u64,
-    /// `in_messages − taken`: dropped by the client, still buffered, or for a
-    /// subscription the endpoint loops do not read (`$SRV` requests, replies of a NATS
-    /// backend). At rest and without such traffic it equals the messages dropped — the
-    /// exact count; `dropped` above can be lower (see the module docs).
-    pub not_taken: u64,
-}
+/// A snapshot of [`NatsEvents`], part of `/v1/stats` (the shared admin type).
+pub use weir_protocol::admin::NatsClientStats as NatsEventsSnapshot;
 
 impl NatsEvents {
     /// Fresh counters.
