@@ -441,7 +441,13 @@ fn golden_json_vectors_are_what_the_types_write_and_validate() {
 /// documents (`weir_llm_adapter::Config::capabilities` of the default configuration
 /// and of one with the JetStream intake, shadow mode, FIFO order and per-key limits),
 /// captured from it: the protocol type reads each and writes it back unchanged, so the
-/// type (and its schema) is the document the adapter serves.
+/// type (and its schema) is the document the adapter serves. To capture them again,
+/// pretty-print `Config::default().capabilities()` and that of `Config::from_toml_str`
+/// of: `intake = "jetstream"`, `mode = "shadow"`, `queue_order = "fifo"`,
+/// `[session] pending_cap = 0`, `[deadline] default_ms = 0, min_start_budget_ms = 50`,
+/// `[idempotency] enabled = false`, `[estimator] initial_ms = 300`, and two `[[limits]]`:
+/// `key = "client", limit = 2, on_busy = "reject"` and `key = "body:/model", limit = 4,
+/// max_wait_ms = 500, max_waiters = 8`.
 #[test]
 fn the_capabilities_type_is_the_adapters_document() {
     let dir = golden_json_dir().join("llm-capabilities");
