@@ -1,7 +1,8 @@
 //! The services' admin and stdout contracts (docs/contracts.md): the ready line both
 //! binaries print, latency percentiles, and the `/v1/stats` snapshots of the ingress
 //! ([`IngressStats`]) and of the LLM adapter ([`AdapterStats`]) — one definition,
-//! written by the services and read by the load test and by operators' tools.
+//! written by the services and read by the load test and by operators' tools; and the
+//! JSON body of every HTTP refusal ([`HttpRefusal`]).
 //!
 //! Compatibility rules, as for the wire packets: fields are only ever added. Readers
 //! ignore unknown fields and default missing ones (`#[serde(default)]` on every type),
@@ -169,6 +170,26 @@ pub struct WindowStats {
     pub oldest_unconfirmed_age_ms: f64,
     /// Connection losses that left frames unconfirmed (declared possibly lost).
     pub disconnects: u64,
+}
+
+/// The body of every refusal of the services' HTTP ports (admin, the WebSocket and WHIP
+/// doors): `{"error":{"code":..,"message":..}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct HttpRefusal {
+    /// What was refused.
+    pub error: HttpRefusalError,
+}
+
+/// The `error` member of an [`HttpRefusal`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct HttpRefusalError {
+    /// A stable snake_case code (`not_found`, `method_not_allowed`, `overloaded`,
+    /// `timeout`, `invalid_request`, `not_ready`, `stream_active`, ...); match on it.
+    pub code: String,
+    /// For humans; never parse it.
+    pub message: String,
 }
 
 /// The LLM adapter's `/v1/stats` snapshot: a point-in-time copy of its counters.

@@ -20,7 +20,7 @@
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema, schema_for};
 use serde::Deserialize;
 
-use crate::admin::{AdapterStats, IngressStats, ReadyLine};
+use crate::admin::{AdapterStats, HttpRefusal, IngressStats, ReadyLine};
 use crate::audio::GapReason;
 use crate::audio::extension::{Overload, PossibleLoss};
 use crate::audio::ws;
@@ -44,6 +44,7 @@ pub fn all() -> Vec<(&'static str, Schema)> {
         ("ingress-stats", schema_for!(IngressStats)),
         ("adapter-stats", schema_for!(AdapterStats)),
         ("ready-line", schema_for!(ReadyLine)),
+        ("http-refusal", schema_for!(HttpRefusal)),
     ]
 }
 

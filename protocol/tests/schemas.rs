@@ -24,8 +24,9 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use weir_protocol::WireName;
 use weir_protocol::admin::{
-    AdapterStats, CacheStats, EstimateSource, FrameStats, IngressStats, NatsClientStats,
-    Percentiles, ReadyLine, ServiceEstimate, StreamStats, WindowStats,
+    AdapterStats, CacheStats, EstimateSource, FrameStats, HttpRefusal, HttpRefusalError,
+    IngressStats, NatsClientStats, Percentiles, ReadyLine, ServiceEstimate, StreamStats,
+    WindowStats,
 };
 use weir_protocol::audio::extension::{
     EndReason, Overload, OverloadReason, PossibleLoss, PossibleLossReason,
@@ -176,6 +177,19 @@ fn golden_cases() -> Vec<(&'static str, String, Value)> {
         "adapter",
         to(&ReadyLine::new(None, Some("127.0.0.1:9".into()), None)),
     );
+    for (code, message) in [
+        ("not_found", "paths: /metrics, /healthz, /readyz, /v1/stats"),
+        ("overloaded", "admin request limit reached"),
+        ("stream_active", "stream s1 is already active"),
+    ] {
+        let refusal = HttpRefusal {
+            error: HttpRefusalError {
+                code: code.into(),
+                message: message.into(),
+            },
+        };
+        add("http-refusal", code, to(&refusal));
+    }
     cases
 }
 
@@ -428,6 +442,7 @@ fn golden_json_vectors_are_what_the_types_write_and_validate() {
         "ingress-stats",
         "adapter-stats",
         "ready-line",
+        "http-refusal",
     ];
     for schema in typed {
         assert!(
