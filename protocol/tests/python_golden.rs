@@ -10,12 +10,12 @@
 //!   them back with the deployed reading code (`golden/read_packets.py`: `struct` +
 //!   `json`).
 //!
-//! Python: [`weir_testkit::python::python`] (`WEIR_PYTHON`, else
-//! `scripts/ensure-python-env`, else `python3` on PATH; only the standard library is
-//! needed here). No Python at all fails the test with a message.
+//! Python: `support::python` (only the standard library is needed here). No Python at
+//! all fails the test with a message.
+
+mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use bytes::Bytes;
 use serde_json::Value;
@@ -27,20 +27,7 @@ fn golden_dir() -> PathBuf {
 }
 
 fn run_python(args: &[&std::ffi::OsStr]) -> String {
-    let py = weir_testkit::python::python();
-    let out = Command::new(&py)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", py.display()));
-    assert!(
-        out.status.success(),
-        "{} {:?} failed: {}{}",
-        py.display(),
-        args,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("python prints UTF-8")
+    support::run_python(args, None)
 }
 
 /// A scratch directory removed on drop (the crate has no tempfile dependency).

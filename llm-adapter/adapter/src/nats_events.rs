@@ -19,11 +19,9 @@
 //! delivers it without headers); it is counted
 //! (`weir_llm_nats_events_total{event="malformed_message"}`, `nats.malformed`).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use serde::{Deserialize, Serialize};
 use weir_service::nats::EventMetrics;
 
 use crate::metrics as m;
@@ -48,30 +46,8 @@ impl Default for NatsEvents {
     }
 }
 
-/// A snapshot of [`NatsEvents`], part of `/v1/stats`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NatsEventsSnapshot {
-    /// Messages the NATS client dropped (slow consumer), all subscriptions.
-    pub dropped: u64,
-    /// The same, by subscription id (the service's endpoints and its `$SRV` handlers).
-    pub dropped_by_sid: BTreeMap<u64, u64>,
-    /// Connections lost (each is followed by a reconnect attempt).
-    pub disconnects: u64,
-    /// Messages the client could not read (skipped, or delivered without headers); the
-    /// connection stayed up.
-    #[serde(default)]
-    pub malformed: u64,
-    /// Messages the client received from the server, every subscription
-    /// (async-nats `Statistics::in_messages`).
-    pub in_messages: u64,
-    /// Messages the adapter's endpoint loops took from their subscriptions.
-    pub taken: u64,
-    /// `in_messages − taken`: dropped by the client, still buffered, or for a
-    /// subscription the endpoint loops do not read (`$SRV` requests, replies of a NATS
-    /// backend). At rest and without such traffic it equals the messages dropped — the
-    /// exact count; `dropped` above can be lower (see the module docs).
-    pub not_taken: u64,
-}
+/// A snapshot of [`NatsEvents`], part of `/v1/stats` (the shared admin type).
+pub use weir_protocol::admin::NatsClientStats as NatsEventsSnapshot;
 
 impl NatsEvents {
     /// Fresh counters.
@@ -125,6 +101,7 @@ impl NatsEvents {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     #[test]
     fn slow_consumer_events_are_counted_per_sid_and_disconnects_apart() {
