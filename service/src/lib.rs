@@ -2,6 +2,8 @@
 //!
 //! - [`admin`] (feature `http`): the admin router skeleton (`/metrics`, `/healthz`,
 //!   `/readyz`, JSON refusals, request timeout and concurrency limit);
+//! - [`app`] (feature `app`): the one start-up path of every binary (logging, runtime
+//!   and `--threads`, recorder, ready line, exit status);
 //! - [`cli`] (feature `cli`): the `serve` flags `--set`, `--list-keys`, `--markdown`;
 //! - [`config`] (feature `config`): configuration layered defaults < TOML file <
 //!   environment < command line into the service's serde struct, refusing unknown keys
@@ -28,6 +30,8 @@
 
 #[cfg(feature = "http")]
 pub mod admin;
+#[cfg(feature = "app")]
+pub mod app;
 pub mod bounded;
 #[cfg(feature = "cli")]
 pub mod cli;
