@@ -14,17 +14,41 @@ use std::fmt::Write as _;
 
 use toml::Value;
 
-use super::{Layers, any_element};
+use super::{Layers, Range, any_element};
 
 /// What the code cannot know about a key: its allowed values and its meaning.
 #[derive(Debug, Clone, Copy)]
 pub struct KeyDoc {
     /// The key (dotted path for a nested key).
     pub name: &'static str,
-    /// Allowed values, as text.
-    pub range: &'static str,
+    /// Allowed values: the bounds the validation checks, or words.
+    pub range: Range,
     /// What it does.
     pub help: &'static str,
+}
+
+impl KeyDoc {
+    /// A key's documentation.
+    pub const fn new(name: &'static str, range: Range, help: &'static str) -> Self {
+        Self { name, range, help }
+    }
+}
+
+/// The documentation of `key` among `sections`; an element key (`limits[2].limit`) is
+/// found as `limits[].limit`.
+pub fn find<'a>(sections: &'a [Section], key: &str) -> Option<&'a KeyDoc> {
+    let name = any_element(key, "[]");
+    sections
+        .iter()
+        .flat_map(|s| s.keys)
+        .find(|d| d.name == name)
+}
+
+/// The range documented for `key` among `sections` ([`Range::Any`] when none: a
+/// range check of it then refuses, naming the key, which a unit test of every service
+/// reaches by loading the defaults).
+pub fn range(sections: &[Section], key: &str) -> Range {
+    find(sections, key).map_or(Range::Any, |d| d.range)
 }
 
 /// A group of keys shown as one table.
@@ -46,7 +70,7 @@ pub struct KeyRow {
     /// The default as TOML would write it; `None` for an empty string or array (unset).
     pub default: Option<String>,
     /// Allowed values.
-    pub range: &'static str,
+    pub range: String,
     /// Meaning.
     pub help: &'static str,
 }
@@ -82,7 +106,7 @@ pub fn rows(layers: &Layers, section: &Section) -> Vec<KeyRow> {
                 name: doc.name.to_owned(),
                 ty: ty.map_or("unknown", type_name),
                 default: default.and_then(shown),
-                range: doc.range,
+                range: doc.range.to_string(),
                 help: doc.help,
             }
         })
@@ -139,7 +163,7 @@ pub fn text(rows: &[KeyRow]) -> String {
             "{:<30} {:<8} default {:<24} {}",
             r.name, r.ty, default, r.help
         );
-        let _ = match r.range {
+        let _ = match r.range.as_str() {
             "" => writeln!(out),
             range => writeln!(out, "  ({range})"),
         };
@@ -162,7 +186,7 @@ pub fn markdown(rows: &[KeyRow]) -> String {
             r.name,
             r.ty,
             default,
-            cell(r.range),
+            cell(&r.range),
             cell(r.help)
         );
     }
