@@ -40,7 +40,7 @@ pub fn find<'a>(sections: &'a [Section], key: &str) -> Option<&'a KeyDoc> {
     let name = any_element(key, "[]");
     sections
         .iter()
-        .flat_map(|s| s.keys)
+        .flat_map(Section::docs)
         .find(|d| d.name == name)
 }
 
@@ -58,6 +58,34 @@ pub struct Section {
     pub name: &'static str,
     /// The keys, in the order shown.
     pub keys: &'static [KeyDoc],
+    /// Keys a binary adds to a shared section (`[nats]` of the adapter), shown after
+    /// [`Section::keys`] in the same table.
+    pub extra: &'static [KeyDoc],
+}
+
+impl Section {
+    /// A section of `keys`.
+    pub const fn new(name: &'static str, keys: &'static [KeyDoc]) -> Self {
+        Self {
+            name,
+            keys,
+            extra: &[],
+        }
+    }
+
+    /// A shared section's `keys` followed by a binary's own `extra` keys.
+    pub const fn with_extra(
+        name: &'static str,
+        keys: &'static [KeyDoc],
+        extra: &'static [KeyDoc],
+    ) -> Self {
+        Self { name, keys, extra }
+    }
+
+    /// Every key, in the order shown.
+    pub fn docs(&self) -> impl Iterator<Item = &'static KeyDoc> {
+        self.keys.iter().chain(self.extra)
+    }
 }
 
 /// One row of the table.
@@ -90,8 +118,7 @@ pub fn rows(layers: &Layers, section: &Section) -> Vec<KeyRow> {
     let schema = leaves(layers.schema());
     let defaults = leaves(layers.defaults());
     section
-        .keys
-        .iter()
+        .docs()
         .map(|doc| {
             let ty = schema.iter().find(|(k, _)| k == doc.name).map(|(_, v)| *v);
             let default = if doc.name.contains("[]") {
@@ -119,7 +146,7 @@ pub fn uncovered(layers: &Layers, sections: &[Section]) -> (Vec<String>, Vec<&'s
     let leaves = leaves(layers.schema());
     let documented: Vec<&str> = sections
         .iter()
-        .flat_map(|s| s.keys.iter().map(|k| k.name))
+        .flat_map(|s| s.docs().map(|k| k.name))
         .collect();
     let undocumented = leaves
         .iter()

@@ -233,6 +233,7 @@ fn the_key_table_comes_from_the_defaults() {
         },
     ];
     let section = Section {
+        extra: &[],
         name: "test",
         keys: DOCS,
     };
@@ -379,6 +380,7 @@ fn the_key_table_lists_element_and_unset_keys_from_the_schema() {
         },
     ];
     let section = Section {
+        extra: &[],
         name: "t",
         keys: DOCS,
     };

@@ -13,9 +13,9 @@ const fn doc(name: &'static str, range: Range, help: &'static str) -> KeyDoc {
 
 /// Every key, by section.
 pub const SECTIONS: &[Section] = &[
-    Section {
-        name: "stream",
-        keys: &[
+    Section::new(
+        "stream",
+        &[
             doc(
                 "max_bytes",
                 Range::text("2×`max_frame_bytes`..=67108864"),
@@ -125,10 +125,10 @@ pub const SECTIONS: &[Section] = &[
                 "N of `FNV-1a-32(stream id) mod N`",
             ),
         ],
-    },
-    Section {
-        name: "server",
-        keys: &[
+    ),
+    Section::new(
+        "server",
+        &[
             doc(
                 "listen",
                 Range::text("socket address; port 0 = any free port"),
@@ -248,17 +248,8 @@ pub const SECTIONS: &[Section] = &[
                 "largest request head buffered per connection; a larger one is refused (431)",
             ),
         ],
-    },
-    Section {
-        name: "admin",
-        keys: ADMIN_KEYS,
-    },
-    Section {
-        name: "nats",
-        keys: NATS_KEYS,
-    },
-    Section {
-        name: "log",
-        keys: LOG_KEYS,
-    },
+    ),
+    Section::new("admin", ADMIN_KEYS),
+    Section::new("nats", NATS_KEYS),
+    Section::new("log", LOG_KEYS),
 ];
