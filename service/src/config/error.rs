@@ -33,9 +33,12 @@ pub enum ConfigErrorKind {
     File,
 }
 
-/// A configuration value was refused.
+/// A configuration value was refused (boxed: a `Result` of it stays small).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
+pub struct ConfigError(Box<Inner>);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Inner {
     key: String,
     kind: ConfigErrorKind,
     message: String,
@@ -47,14 +50,14 @@ pub struct ConfigError {
 impl ConfigError {
     /// A refusal of `key`.
     pub fn new(key: impl Into<String>, kind: ConfigErrorKind, message: impl Into<String>) -> Self {
-        Self {
+        Self(Box::new(Inner {
             key: key.into(),
             kind,
             message: message.into(),
             origin: Origin::Default,
             value: None,
             allowed: None,
-        }
+        }))
     }
 
     /// `value` of `key` is outside `allowed` (both shown with their unit).
@@ -64,22 +67,21 @@ impl ConfigError {
         allowed: impl fmt::Display,
     ) -> Self {
         let (value, allowed) = (value.to_string(), allowed.to_string());
-        Self {
-            value: Some(value.clone()),
-            allowed: Some(allowed.clone()),
-            ..Self::new(
-                key,
-                ConfigErrorKind::OutOfRange,
-                format!("{value} is out of range; allowed {allowed}"),
-            )
-        }
+        let mut e = Self::new(
+            key,
+            ConfigErrorKind::OutOfRange,
+            format!("{value} is out of range; allowed {allowed}"),
+        );
+        e.0.value = Some(value);
+        e.0.allowed = Some(allowed);
+        e
     }
 
     /// The same refusal of a value that came from `origin` (kept when one is set).
     #[must_use]
     pub fn with_origin(mut self, origin: &Origin) -> Self {
-        if self.origin == Origin::Default {
-            self.origin = origin.clone();
+        if self.0.origin == Origin::Default {
+            self.0.origin = origin.clone();
         }
         self
     }
@@ -89,7 +91,7 @@ impl ConfigError {
     pub fn with_allowed(mut self, allowed: impl Into<String>) -> Self {
         let allowed = allowed.into();
         if !allowed.is_empty() {
-            self.allowed = Some(allowed);
+            self.0.allowed = Some(allowed);
         }
         self
     }
@@ -97,56 +99,56 @@ impl ConfigError {
     /// The same refusal under another name (a flag, a variable, a qualified key).
     #[must_use]
     pub fn with_key(mut self, key: impl Into<String>) -> Self {
-        self.key = key.into();
+        self.0.key = key.into();
         self
     }
 
     /// The same refusal with `text` after the message.
     #[must_use]
     pub fn with_hint(mut self, text: &str) -> Self {
-        self.message.push_str(text);
+        self.0.message.push_str(text);
         self
     }
 
     /// The refused key (dotted path), the variable, or the file; empty when no single
     /// value explains the refusal.
     pub fn key(&self) -> &str {
-        &self.key
+        &self.0.key
     }
     /// The kind.
     pub fn kind(&self) -> ConfigErrorKind {
-        self.kind
+        self.0.kind
     }
     /// The explanation, without the key and the origin.
     pub fn message(&self) -> &str {
-        &self.message
+        &self.0.message
     }
     /// Where the refused value came from.
     pub fn origin(&self) -> &Origin {
-        &self.origin
+        &self.0.origin
     }
     /// The refused value, with its unit, when it is a number.
     pub fn value(&self) -> Option<&str> {
-        self.value.as_deref()
+        self.0.value.as_deref()
     }
     /// The allowed values, when the key has a range.
     pub fn allowed(&self) -> Option<&str> {
-        self.allowed.as_deref()
+        self.0.allowed.as_deref()
     }
 }
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.key.is_empty() {
-            return write!(f, "configuration refused: {}", self.message);
+        if self.0.key.is_empty() {
+            return write!(f, "configuration refused: {}", self.0.message);
         }
-        write!(f, "config key `{}`", self.key)?;
-        if self.origin != Origin::Default {
-            write!(f, " (from {})", self.origin)?;
+        write!(f, "config key `{}`", self.0.key)?;
+        if self.0.origin != Origin::Default {
+            write!(f, " (from {})", self.0.origin)?;
         }
-        write!(f, ": {}", self.message)?;
-        match &self.allowed {
-            Some(allowed) if !self.message.contains(allowed.as_str()) => {
+        write!(f, ": {}", self.0.message)?;
+        match &self.0.allowed {
+            Some(allowed) if !self.0.message.contains(allowed.as_str()) => {
                 write!(f, "; allowed: {allowed}")
             }
             _ => Ok(()),

@@ -333,11 +333,10 @@ impl Config {
             layers.set_text(key, value, Origin::CommandLine);
         }
         let raw: RawConfig = layers.build().map_err(from_load)?;
-        let config = raw
-            .validate()
-            .map_err(|e| match layers.origin(e.key()).clone() {
-                origin => e.with_origin(&origin),
-            })?;
+        let config = raw.validate().map_err(|e| {
+            let origin = layers.origin(e.key()).clone();
+            e.with_origin(&origin)
+        })?;
         Ok((config, layers.warnings().to_vec()))
     }
 }

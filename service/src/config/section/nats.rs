@@ -241,6 +241,11 @@ pub const NATS_KEYS: &[KeyDoc] = &[
     ),
 ];
 
+/// `Some(s)` unless empty (an empty string is unset).
+fn text(s: &str) -> Option<&str> {
+    (!s.is_empty()).then_some(s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,9 +296,4 @@ mod tests {
         assert!(!shown.contains("secret"), "{shown}");
         assert!(shown.contains("alice"), "{shown}");
     }
-}
-
-/// `Some(s)` unless empty (an empty string is unset).
-fn text(s: &str) -> Option<&str> {
-    (!s.is_empty()).then_some(s)
 }
