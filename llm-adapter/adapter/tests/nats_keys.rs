@@ -2,6 +2,8 @@
 //! `audio-ingress` print the same `nats.*` keys with the same types, ranges and
 //! defaults (except the client name and the client's buffer, each binary's own), and
 //! the same `[admin]` and `[log]` keys. The adapter adds keys of its own beside them.
+//! Both binaries' `check-config` print a warning for a seeded bad timeout chain,
+//! naming its keys, and none for the defaults.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -106,4 +108,60 @@ fn both_binaries_print_the_same_nats_admin_and_log_keys() {
         assert!(!b.is_empty());
     }
     assert!(keys(&ingress, "admin.")["admin.max_connections"].contains("(1..=10000)"));
+}
+
+/// `check-config` of `bin` with `args`: (exit status, stderr).
+fn check(bin: &PathBuf, args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(bin)
+        .arg("check-config")
+        .args(args)
+        .env_remove("WEIR_LLM_CONFIG")
+        .output()
+        .expect("run check-config");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn check_config_warns_on_a_bad_timeout_chain_and_not_on_the_defaults() {
+    let llm = PathBuf::from(env!("CARGO_BIN_EXE_llm-adapter"));
+    let ingress = ingress_bin();
+    for bin in [&llm, &ingress] {
+        let (code, stderr) = check(bin, &[]);
+        assert_eq!(code, Some(0), "{stderr}");
+        assert!(!stderr.contains("warning"), "{stderr}");
+    }
+    let (code, stderr) = check(&llm, &["--set", "backend.timeout_ms=200000"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("warning: backend.timeout_ms = 200000")
+            && stderr.contains("deadline.max_ms = 120000"),
+        "{stderr}"
+    );
+    let (code, stderr) = check(
+        &ingress,
+        &["--set", "max_age_ms=100", "--set", "publish_timeout_ms=80"],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("publish_timeout_ms = 80") && stderr.contains("max_age_ms = 100"),
+        "{stderr}"
+    );
+    let (_, stderr) = check(&ingress, &["--consumer-idle-timeout-ms", "5000"]);
+    assert!(
+        stderr.contains("idle_timeout_ms = 5000") && stderr.contains("nats.ping_interval_ms"),
+        "{stderr}"
+    );
+    // An old key name loads, with a warning that names the new one.
+    let (code, stderr) = check(&ingress, &["--set", "nats_url=nats://127.0.0.1:4222"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("`nats_url`") && stderr.contains("`nats.url`"),
+        "{stderr}"
+    );
+    // A refusal stays an error.
+    let (code, _) = check(&llm, &["--set", "nats.connection_timeout_ms=99"]);
+    assert_eq!(code, Some(2));
 }
