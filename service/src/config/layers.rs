@@ -84,7 +84,12 @@ impl Layers {
         let mut leaves = Vec::new();
         flatten("", table, &mut leaves);
         for (key, value) in leaves {
-            let key = self.resolve(&key, origin);
+            // A renamed key is a value, never a section (`admin` → `admin.listen`, while
+            // an empty `[admin]` stays the section).
+            let key = match value {
+                Value::Table(_) => key,
+                _ => self.resolve(&key, origin),
+            };
             // An empty `[section]` of a known section changes nothing (inserting it
             // would drop the section's defaults); an unknown one is still refused.
             let empty_known = value.as_table().is_some_and(Table::is_empty)

@@ -637,6 +637,24 @@ fn the_flat_nats_and_admin_names_load_for_one_release_with_a_warning() {
             "{shown:?}"
         );
     }
+    // An empty `[admin]` section is the section, not the old `admin` key.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("c.toml");
+    std::fs::write(
+        &file,
+        "max_streams = 7\n[admin]\n[nats]\nurl = \"nats://h:1\"\n",
+    )
+    .expect("write");
+    let (c, warnings) = Config::load_checked(&ConfigSources {
+        file: Some(file),
+        ..ConfigSources::default()
+    })
+    .expect("loads");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(
+        (c.server.max_streams.get(), c.nats.urls[0].as_str()),
+        (7, "nats://h:1")
+    );
     // A refusal names the new key.
     let err = load(&[], &[("nats_user", "u")]).expect_err("no password");
     assert_eq!(err.key(), "nats.password");
