@@ -5,9 +5,10 @@
 //! - [`app`] (feature `app`): the one start-up path of every binary (logging, runtime
 //!   and `--threads`, recorder, ready line, exit status);
 //! - [`cli`] (feature `cli`): the `serve` flags `--set`, `--list-keys`, `--markdown`;
-//! - [`config`] (feature `config`): configuration layered defaults < TOML file <
-//!   environment < command line into the service's serde struct, refusing unknown keys
-//!   from every layer, and the key table (`--list-keys`, docs) from the same defaults;
+//! - [`config`]: the one configuration error and typed ranges; with the feature
+//!   `config`, configuration layered defaults < TOML file < environment < command line
+//!   into the service's serde struct, refusing unknown keys from every layer, the key
+//!   table (`--list-keys`, docs) from the same defaults, and the shared sections;
 //! - [`metrics`]: every metric a service declares exists from the start, with a zero
 //!   value, so that alerting rules and dashboards see a series before the first event
 //!   (a rule on a series that does not exist yet is silently never true), and the one
@@ -35,7 +36,6 @@ pub mod app;
 pub mod bounded;
 #[cfg(feature = "cli")]
 pub mod cli;
-#[cfg(feature = "config")]
 pub mod config;
 #[cfg(feature = "http")]
 pub mod http;

@@ -25,10 +25,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use weir_llm_adapter::admin::{self, AdminState};
-use weir_llm_adapter::config::{self, Config, ConfigSources};
+use weir_llm_adapter::config::{self, Config, ConfigSources, ConfigWarning};
 use weir_llm_adapter::{backend, metrics as m};
 use weir_service::cli::ConfigFlags;
-use weir_service::logging::LogFormat;
 
 #[derive(Parser)]
 #[command(
@@ -45,7 +44,8 @@ struct Cli {
 enum Cmd {
     /// Run the adapter.
     Serve(ServeArgs),
-    /// Validate the configuration and print the capabilities document.
+    /// Validate the configuration, print its warnings on stderr and the capabilities
+    /// document on stdout.
     CheckConfig(ServeArgs),
 }
 
@@ -67,19 +67,23 @@ struct ServeArgs {
     /// a good choice on small machines shared with nats-server).
     #[arg(long, env = "WEIR_LLM_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     threads: Option<u16>,
-    /// Log format on stderr.
-    #[arg(long, env = "WEIR_LLM_LOG_FORMAT", default_value = "text")]
-    log_format: LogFormat,
+    /// Log format on stderr, `text` or `json` (overrides `log.format`).
+    #[arg(long, env = "WEIR_LLM_LOG_FORMAT", value_name = "FORMAT")]
+    log_format: Option<String>,
     #[command(flatten)]
     keys: ConfigFlags,
 }
 
-fn load(args: &ServeArgs) -> Result<Config, String> {
+fn load(args: &ServeArgs) -> Result<(Config, Vec<ConfigWarning>), String> {
     let overrides = weir_service::config::cli_overrides(
-        &[("nats.url", &args.nats_url), ("admin.listen", &args.admin)],
+        &[
+            ("nats.url", &args.nats_url),
+            ("admin.listen", &args.admin),
+            ("log.format", &args.log_format),
+        ],
         &args.keys.set,
     )?;
-    Config::load(&ConfigSources {
+    Config::load_checked(&ConfigSources {
         file: args.config.clone(),
         env: std::env::vars().collect(),
         overrides,
@@ -212,20 +216,27 @@ fn main() -> ExitCode {
     if args.keys.print_key_table(config::key_table) {
         return ExitCode::SUCCESS;
     }
-    let _telemetry = weir_service::logging::init(args.log_format);
-    let config = match load(args) {
-        Ok(c) => c,
+    let (config, mut warnings) = match load(args) {
+        Ok(loaded) => loaded,
         Err(e) => {
             eprintln!("llm-adapter: invalid configuration: {e}");
             return ExitCode::from(2);
         }
     };
+    warnings.extend(config.warnings());
     if check_only {
+        for w in &warnings {
+            eprintln!("llm-adapter: {w}");
+        }
         println!(
             "{}",
             serde_json::to_string_pretty(&config.capabilities()).unwrap_or_default()
         );
         return ExitCode::SUCCESS;
+    }
+    let _telemetry = weir_service::logging::init(config.log);
+    for w in &warnings {
+        tracing::warn!("{w}");
     }
     let runtime = match runtime_builder(args.threads).enable_all().build() {
         Ok(r) => r,
