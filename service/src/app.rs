@@ -5,7 +5,7 @@
 //! The order, the same in every binary:
 //! 1. logging on stderr, text or JSON, and OpenTelemetry export when built with it
 //!    ([`crate::logging::init`]);
-//! 2. the tokio runtime: `--threads N` workers (1 = a current-thread runtime), one per
+//! 2. the tokio runtime: `--threads N` workers ([`RunFlags`]) (1 = a current-thread runtime), one per
 //!    core by default;
 //! 3. the body: configuration, then [`install_recorder`] (the recorder, every declared
 //!    metric at zero, the build-info series) before any metric handle exists, the
@@ -22,26 +22,15 @@ use std::process::ExitCode;
 
 use crate::logging::LogFormat;
 
-/// The flags every serving binary takes: `--threads` and `--log-format`. A binary
-/// flattens them into its arguments and names their environment variables with
-/// `mut_arg` (`WEIR_INGRESS_THREADS`, `WEIR_LLM_THREADS`, ...).
-#[derive(Debug, Clone, clap::Args)]
+/// `--threads`: the flag every serving binary takes for its runtime. A binary flattens
+/// it into its arguments and names its environment variable with `mut_arg`
+/// (`WEIR_INGRESS_THREADS`, `WEIR_LLM_THREADS`). The log format is a configuration key
+/// (`log.format`, the shared log section), known once the configuration is loaded.
+#[derive(Debug, Clone, Copy, Default, clap::Args)]
 pub struct RunFlags {
     /// Tokio worker threads (1 = a current-thread runtime); default: one per core.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
-    /// Log format on stderr.
-    #[arg(long, default_value = "text")]
-    pub log_format: LogFormat,
-}
-
-impl Default for RunFlags {
-    fn default() -> Self {
-        Self {
-            threads: None,
-            log_format: LogFormat::Text,
-        }
-    }
 }
 
 /// Why a binary stopped before or instead of a graceful shutdown.
@@ -91,13 +80,18 @@ pub fn runtime(threads: Option<u16>) -> std::io::Result<tokio::runtime::Runtime>
     builder.enable_all().build()
 }
 
-/// Runs a binary's body: logging, the runtime, the body, the exit status. `name`
-/// prefixes the one line a failure prints on stderr.
-pub fn run<F>(name: &str, flags: &RunFlags, body: impl FnOnce() -> F) -> ExitCode
+/// Runs a binary's body: logging in `log_format`, the runtime, the body, the exit
+/// status. `name` prefixes the one line a failure prints on stderr.
+pub fn run<F>(
+    name: &str,
+    flags: RunFlags,
+    log_format: LogFormat,
+    body: impl FnOnce() -> F,
+) -> ExitCode
 where
     F: Future<Output = Result<(), Failure>>,
 {
-    let _telemetry = crate::logging::init(flags.log_format);
+    let _telemetry = crate::logging::init(log_format);
     let runtime = match runtime(flags.threads) {
         Ok(rt) => rt,
         Err(e) => {
@@ -172,15 +166,13 @@ mod tests {
 
     #[test]
     fn the_body_runs_on_the_runtime_and_its_failure_is_the_exit_status() {
-        let flags = RunFlags {
-            threads: Some(1),
-            ..RunFlags::default()
-        };
-        let code = run("test", &flags, || async {
+        let flags = RunFlags { threads: Some(1) };
+        let code = run("test", flags, LogFormat::Text, || async {
             tokio::task::yield_now().await;
             Err(Failure::Config("bad".into()))
         });
         assert_eq!(code, ExitCode::from(2));
-        assert_eq!(run("test", &flags, || async { Ok(()) }), ExitCode::SUCCESS);
+        let ok = run("test", flags, LogFormat::Text, || async { Ok(()) });
+        assert_eq!(ok, ExitCode::SUCCESS);
     }
 }

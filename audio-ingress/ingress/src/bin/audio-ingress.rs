@@ -8,7 +8,6 @@
 //! stderr (`RUST_LOG` filters, default `info`). Exit codes: 0 after a graceful
 //! shutdown, 2 for a configuration error, 1 for any other start-up failure.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -17,6 +16,7 @@ use clap::{Args, Parser, Subcommand};
 use weir_audio_ingress::config::{self, Config, ConfigSources, ConfigWarning};
 use weir_audio_ingress::error::ErrorKind;
 use weir_audio_ingress::{metrics as m, service, tap};
+use weir_service::app::{self, Failure, RunFlags};
 use weir_service::cli::ConfigFlags;
 use weir_service::logging::LogFormat;
 
@@ -78,6 +78,7 @@ struct TokenArgs {
 #[derive(Args)]
 #[command(mut_arg("set", |a| a.help("Any configuration key, e.g. `--set max_bytes=32000` (repeatable; applied last)")))]
 #[command(mut_arg("markdown", |a| a.help("With --list-keys: print the Markdown tables of docs/audio-ingress.md")))]
+#[command(mut_arg("threads", |a| a.env("WEIR_INGRESS_THREADS")))]
 struct ServeArgs {
     /// TOML configuration file (flat `key = value` lines).
     #[arg(long, value_name = "FILE")]
@@ -96,6 +97,8 @@ struct ServeArgs {
     /// Log format on stderr, `text` or `json` (key `log.format`).
     #[arg(long, env = "WEIR_INGRESS_LOG_FORMAT", value_name = "FORMAT")]
     log_format: Option<String>,
+    #[command(flatten)]
+    run: RunFlags,
 }
 
 /// `audio-ingress check-config`: the `serve` configuration, checked.
@@ -152,36 +155,26 @@ fn check_config(args: &CheckArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-async fn serve(config: Config, warnings: Vec<ConfigWarning>) -> ExitCode {
+async fn serve(config: Config, warnings: Vec<ConfigWarning>) -> Result<(), Failure> {
     for w in warnings.iter().chain(&config.warnings(None)) {
         tracing::warn!("{w}");
     }
-    // The recorder is installed once per process, before any metric handle exists.
     let recorder = m::prometheus_recorder();
     let prometheus = recorder.handle();
-    if metrics::set_global_recorder(recorder).is_err() {
-        tracing::warn!("a metrics recorder was already installed; /metrics may be incomplete");
-    }
-    // Every metric in the first scrape, so that alerts see a series before any event.
-    weir_service::metrics::register(m::DECLARED);
-    weir_service::process::build_info("audio-ingress", env!("CARGO_PKG_VERSION"));
+    app::install_recorder(
+        recorder,
+        m::DECLARED,
+        "audio-ingress",
+        env!("CARGO_PKG_VERSION"),
+    );
     metrics::gauge!(m::MEMORY_BOUND_BYTES).set(config.memory_bound_bytes() as f64);
-    let running = match service::start(config, Some(prometheus)).await {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("audio-ingress: {e}");
-            return if e.kind() == ErrorKind::Config {
-                ExitCode::from(2)
-            } else {
-                ExitCode::FAILURE
-            };
-        }
-    };
-    {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{}", running.ready_line());
-        let _ = out.flush();
-    }
+    let running = service::start(config, Some(prometheus))
+        .await
+        .map_err(|e| match e.kind() {
+            ErrorKind::Config => Failure::Config(e.to_string()),
+            _ => Failure::Start(e.to_string()),
+        })?;
+    app::print_ready(&running.ready_line())?;
     weir_service::shutdown::signal().await;
     let report = running.shutdown().await;
     if report.unfinished > 0 {
@@ -190,7 +183,7 @@ async fn serve(config: Config, warnings: Vec<ConfigWarning>) -> ExitCode {
             "streams still open at the end of the grace period"
         );
     }
-    ExitCode::SUCCESS
+    Ok(())
 }
 
 fn mint_token(args: &TokenArgs) -> ExitCode {
@@ -246,48 +239,29 @@ fn mint_token(args: &TokenArgs) -> ExitCode {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let serve_config = match &cli.command {
-        Command::Serve(args) if args.keys.print_key_table(config::key_table) => {
-            return ExitCode::SUCCESS;
-        }
-        Command::Serve(args) => match load(args) {
-            Ok(loaded) => Some(loaded),
-            Err(code) => return code,
+    match cli.command {
+        Command::Serve(args) if args.keys.print_key_table(config::key_table) => ExitCode::SUCCESS,
+        Command::Serve(args) => match load(&args) {
+            Ok((config, warnings)) => app::run("audio-ingress", args.run, config.log, || {
+                serve(config, warnings)
+            }),
+            Err(code) => code,
         },
         Command::CheckConfig(args) if args.serve.keys.print_key_table(config::key_table) => {
-            return ExitCode::SUCCESS;
+            ExitCode::SUCCESS
         }
-        Command::CheckConfig(args) => return check_config(args),
-        Command::Tap(_) | Command::Token(_) => None,
-    };
-    let log_format = serve_config
-        .as_ref()
-        .map_or(LogFormat::Text, |(config, _)| config.log);
-    let _telemetry = weir_service::logging::init(log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("audio-ingress: cannot start the tokio runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    runtime.block_on(async move {
-        match cli.command {
-            Command::Serve(_) | Command::CheckConfig(_) => match serve_config {
-                Some((config, warnings)) => serve(config, warnings).await,
-                None => ExitCode::FAILURE,
+        Command::CheckConfig(args) => check_config(&args),
+        Command::Tap(args) => app::run(
+            "audio-ingress tap",
+            RunFlags::default(),
+            LogFormat::Text,
+            || async {
+                tap::run(args)
+                    .await
+                    .map(drop)
+                    .map_err(|e| Failure::Start(e.to_string()))
             },
-            Command::Tap(args) => match tap::run(args).await {
-                Ok(_) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("audio-ingress tap: {e}");
-                    ExitCode::FAILURE
-                }
-            },
-            Command::Token(args) => mint_token(&args),
-        }
-    })
+        ),
+        Command::Token(args) => mint_token(&args),
+    }
 }

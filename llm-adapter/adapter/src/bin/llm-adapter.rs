@@ -17,7 +17,6 @@
 //! `MALLOC_MMAP_THRESHOLD_=131072` unless that variable is set (see
 //! `fixed_mmap_threshold`): freed large buffers then leave RSS.
 
-use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -27,6 +26,7 @@ use clap::{Args, Parser, Subcommand};
 use weir_llm_adapter::admin::{self, AdminState};
 use weir_llm_adapter::config::{self, Config, ConfigSources, ConfigWarning};
 use weir_llm_adapter::{backend, metrics as m};
+use weir_service::app::{self, Failure, RunFlags};
 use weir_service::cli::ConfigFlags;
 
 #[derive(Parser)]
@@ -52,6 +52,7 @@ enum Cmd {
 #[derive(Args)]
 #[command(mut_arg("set", |a| a.help("Any configuration key, e.g. `--set session.pending_cap=3` or `--set limits[0].limit=4` (repeatable; applied last, in order)")))]
 #[command(mut_arg("markdown", |a| a.help("With --list-keys: print the Markdown tables of docs/llm-adapter.md")))]
+#[command(mut_arg("threads", |a| a.env("WEIR_LLM_THREADS").help("Runtime worker threads (default: one per core; 1 = a single-threaded runtime, a good choice on small machines shared with nats-server)")))]
 struct ServeArgs {
     /// TOML configuration file.
     #[arg(long, env = "WEIR_LLM_CONFIG")]
@@ -63,10 +64,8 @@ struct ServeArgs {
     /// `admin.listen`).
     #[arg(long, env = "WEIR_LLM_ADMIN")]
     admin: Option<String>,
-    /// Runtime worker threads (default: one per core; 1 = a single-threaded runtime,
-    /// a good choice on small machines shared with nats-server).
-    #[arg(long, env = "WEIR_LLM_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
-    threads: Option<u16>,
+    #[command(flatten)]
+    run: RunFlags,
     /// Log format on stderr, `text` or `json` (overrides `log.format`).
     #[arg(long, env = "WEIR_LLM_LOG_FORMAT", value_name = "FORMAT")]
     log_format: Option<String>,
@@ -91,12 +90,14 @@ fn load(args: &ServeArgs) -> Result<(Config, Vec<ConfigWarning>), String> {
     .map_err(|e| e.to_string())
 }
 
-async fn serve(config: Config) -> Result<(), String> {
+async fn serve(config: Config) -> Result<(), Failure> {
     let (recorder, prometheus) = m::prometheus_recorder();
-    metrics::set_global_recorder(recorder).map_err(|e| format!("metrics recorder: {e}"))?;
-    // Every metric in the first scrape, so that alerts see a series before any event.
-    weir_service::metrics::register(m::DECLARED);
-    weir_service::process::build_info("llm-adapter", env!("CARGO_PKG_VERSION"));
+    app::install_recorder(
+        recorder,
+        m::DECLARED,
+        "llm-adapter",
+        env!("CARGO_PKG_VERSION"),
+    );
     metrics::gauge!(m::MEMORY_BOUND_BYTES).set(m::memory_bound_bytes(&config) as f64);
     let upkeep = prometheus.clone();
     tokio::spawn(async move {
@@ -110,15 +111,15 @@ async fn serve(config: Config) -> Result<(), String> {
     let events = weir_llm_adapter::NatsEvents::new();
     let client = weir_llm_adapter::connect_with_events(&config.nats, &events)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Failure::Start(e.to_string()))?;
     let built =
-        backend::from_config(&config.backend, &client).map_err(|e| format!("backend: {e}"))?;
+        backend::from_config(&config.backend, &client).map_err(|e| Failure::start("backend", e))?;
     let listener = tokio::net::TcpListener::bind(config.admin.listen)
         .await
-        .map_err(|e| format!("admin.listen {}: {e}", config.admin.listen))?;
+        .map_err(|e| Failure::start(format_args!("admin.listen {}", config.admin.listen), e))?;
     let admin_addr = listener
         .local_addr()
-        .map_err(|e| format!("admin address: {e}"))?;
+        .map_err(|e| Failure::start("admin address", e))?;
     tracing::info!(
         nats = %config.nats.client.url_list(),
         subject = %config.service.subject,
@@ -130,7 +131,7 @@ async fn serve(config: Config) -> Result<(), String> {
     );
     let adapter = weir_llm_adapter::start_with_events(client, events, config, built.backend)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Failure::Start(e.to_string()))?;
 
     let stop_admin = weir_service::shutdown::CancellationToken::new();
     let admin_task = tokio::spawn(admin::serve(
@@ -144,10 +145,7 @@ async fn serve(config: Config) -> Result<(), String> {
 
     let ready =
         weir_protocol::admin::ReadyLine::new(None, Some(admin_addr.to_string()), None).to_line();
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{ready}").map_err(|e| format!("stdout: {e}"))?;
-    out.flush().map_err(|e| format!("stdout: {e}"))?;
-    drop(out);
+    app::print_ready(&ready)?;
 
     weir_service::shutdown::signal().await;
     tracing::info!("shutting down: refusing new requests, draining");
@@ -192,20 +190,6 @@ fn fixed_mmap_threshold() {
     eprintln!("llm-adapter: re-exec with {MALLOC_MMAP_VAR} failed ({err}); continuing");
 }
 
-/// The runtime `--threads` asks for: 1 = the current-thread runtime, N = N workers,
-/// unset = one worker per core. (The option used to be parsed and ignored.)
-fn runtime_builder(threads: Option<u16>) -> tokio::runtime::Builder {
-    match threads {
-        Some(1) => tokio::runtime::Builder::new_current_thread(),
-        Some(n) => {
-            let mut b = tokio::runtime::Builder::new_multi_thread();
-            b.worker_threads(usize::from(n.max(1)));
-            b
-        }
-        None => tokio::runtime::Builder::new_multi_thread(),
-    }
-}
-
 fn main() -> ExitCode {
     fixed_mmap_threshold();
     let cli = Cli::parse();
@@ -234,22 +218,10 @@ fn main() -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    let _telemetry = weir_service::logging::init(config.log);
-    for w in &warnings {
-        tracing::warn!("{w}");
-    }
-    let runtime = match runtime_builder(args.threads).enable_all().build() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("llm-adapter: tokio runtime: {e}");
-            return ExitCode::from(1);
+    app::run("llm-adapter", args.run, config.log, || async move {
+        for w in &warnings {
+            tracing::warn!("{w}");
         }
-    };
-    match runtime.block_on(serve(config)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("llm-adapter: {e}");
-            ExitCode::from(1)
-        }
-    }
+        serve(config).await
+    })
 }
