@@ -32,6 +32,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "audio")]
+pub mod audio;
 pub mod binary;
 pub mod cluster;
 pub mod deploy;
