@@ -48,14 +48,7 @@ const BUCKET: &str = "weir_leases";
 fn worker_binary() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
-        .args([
-            "build",
-            "-q",
-            "-p",
-            "weir-audio-consumer",
-            "--example",
-            "lease_worker",
-        ])
+        .args(["build", "-q", "--workspace", "--example", "lease_worker"])
         .status()
         .expect("run cargo build");
     assert!(
