@@ -44,10 +44,31 @@ fn frame_every() -> Duration {
 }
 const BUCKET: &str = "weir_leases";
 
-/// Builds the example with the cargo running this test and returns its path.
+/// Builds the example with the cargo running this test and returns its path. The build
+/// is the workspace's (the features of the test run's own build, so it finds the example
+/// up to date) and runs without the variables cargo sets for this test binary: a build
+/// script that watches one of them (ring watches `CARGO_MANIFEST_DIR`) would otherwise
+/// see it change, rebuild half the dependency tree, and starve every test beside this one.
 fn worker_binary() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
+    let mut build = Command::new(cargo);
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if [
+            "CARGO_MANIFEST_",
+            "CARGO_PKG_",
+            "CARGO_CRATE_",
+            "CARGO_BIN_",
+            "CARGO_PRIMARY_",
+        ]
+        .iter()
+        .any(|p| name.starts_with(p))
+            || name == "CARGO_TARGET_TMPDIR"
+        {
+            build.env_remove(name.as_ref());
+        }
+    }
+    let status = build
         .args(["build", "-q", "--workspace", "--example", "lease_worker"])
         .status()
         .expect("run cargo build");
