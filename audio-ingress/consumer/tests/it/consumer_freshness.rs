@@ -1,4 +1,4 @@
-//! Consumer core against a real nats-server, issue 8: the staleness guard
+//! Consumer core against a real nats-server: the staleness guard
 //! (`max_frame_age_ms`, capture time from the meta key `captured_at_ms` or the
 //! `Weir-Captured-At-Ms` header) and declared possible loss (`Weir-Possibly-Lost`).
 //! Hand-made packets published with async-nats; counters and events asserted exactly.

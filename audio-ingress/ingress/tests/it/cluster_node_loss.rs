@@ -1,4 +1,4 @@
-//! Issue 13, item 3: the real `audio-ingress serve` binary on a 3-node NATS cluster
+//! The real `audio-ingress serve` binary on a 3-node NATS cluster
 //! loses the node it is connected to, mid-run. What does it cost?
 //!
 //! Everything is real and in its default shape: a [`NatsCluster`] of three

@@ -1,4 +1,4 @@
-//! Producer authentication (issue 10, deliverable 2), against the real binary: with
+//! Producer authentication, against the real binary: with
 //! `auth_required`, a stream needs a signed token before the upgrade — 401 without or
 //! with a bad one, 403 out of scope — from the `Authorization` header or the
 //! `access_token` query parameter; `audio-ingress token` mints them (HS256 and EdDSA);

@@ -1,4 +1,4 @@
-//! Connection hygiene of the real binary (issue 10, finding 1): silent and slowloris
+//! Connection hygiene of the real binary: silent and slowloris
 //! connections on the WebSocket port while a real producer opens a stream and the
 //! admin port answers `/readyz`.
 //!

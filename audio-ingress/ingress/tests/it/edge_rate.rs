@@ -1,4 +1,4 @@
-//! Rate in audio time (issue 10, finding 5), against the real binary and a real
+//! Rate in audio time, against the real binary and a real
 //! nats-server with the default configuration (`max_rate = 1.5`): a WebSocket producer
 //! pushing 100× real time is overloaded (`close`, reason `rate`) or gapped (`gap`,
 //! reason `rate`) within 1 s; a real-time producer is not, even when it flushes the

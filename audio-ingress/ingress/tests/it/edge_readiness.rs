@@ -1,4 +1,4 @@
-//! Readiness gates admission (issue 10, finding 6), against the real binary and a real
+//! Readiness gates admission, against the real binary and a real
 //! nats-server: before the first connect and while NATS is down, a new WebSocket
 //! stream is refused before the upgrade with 503 + `Retry-After` and the JSON body;
 //! a stream already open follows the end-to-end bound (it overloads); once NATS is

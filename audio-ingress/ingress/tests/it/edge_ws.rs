@@ -1,4 +1,4 @@
-//! WebSocket consistency (issue 10, findings 8 and 9), against the real binary with the
+//! WebSocket consistency, against the real binary with the
 //! default configuration: protocol violations close with 1002 / 1007 / 1009 and end the
 //! stream with `error`; a client's close is echoed; `["end"]` is not an end; every
 //! refusal before the upgrade carries the JSON body. The client is a raw socket that

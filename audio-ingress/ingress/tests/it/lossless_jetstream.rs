@@ -1,4 +1,4 @@
-//! Lossless mode end to end (issue 8, item 7, "Done when"): nats-server with JetStream
+//! Lossless mode end to end: nats-server with JetStream
 //! and a **file** store is killed (SIGKILL) and restarted during a 50-stream run at the
 //! real 20 ms cadence; the consumer core reads through ordered JetStream consumers.
 //!

@@ -1,4 +1,4 @@
-//! Acceptance test of issue 8 ("Done when", first bullet): a stalled NATS server never
+//! The stall bound, end to end: a stalled NATS server never
 //! yields stale audio without a signal, at 1, 10 and 50 streams.
 //!
 //! Everything is real and in its default shape, as a new user would run it:

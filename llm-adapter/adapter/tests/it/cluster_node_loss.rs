@@ -1,4 +1,4 @@
-//! Issue 13, item 3: the real `llm-adapter serve` binary on a 3-node NATS cluster
+//! The real `llm-adapter serve` binary on a 3-node NATS cluster
 //! loses the node it is connected to (SIGKILL, mid-run). What does it cost the callers?
 //!
 //! Everything is real and in its default shape: a [`NatsCluster`] of three

@@ -1,4 +1,4 @@
-//! Issue 10 at the adapter's NATS edge, over a real nats-server: bursts are answered or
+//! Hostile traffic at the adapter's NATS edge, over a real nats-server: bursts are answered or
 //! counted (never dropped silently), invalid envelope ids are refused.
 
 use crate::common;

@@ -689,7 +689,7 @@ fn labelled(page: &str, name: &str, label: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Done-when of issue 13 item 4: two adapter binaries on the durable intake, 2× their
+/// Two adapter binaries on the durable intake, 2× their
 /// capacity, one SIGKILLed mid-run. Every request is answered exactly once (those the
 /// killed replica held are answered by the other after AckWait), no request completes
 /// twice at the backend, and the session cap holds across the replicas.

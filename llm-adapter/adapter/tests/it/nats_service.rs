@@ -685,7 +685,7 @@ async fn connect_applies_the_configured_credentials() {
     assert_eq!(bad.expect_err("refused").kind(), StartErrorKind::Connect);
 }
 
-/// Issue 11 in counts and codes (the timing targets live in the overload bench and the
+/// Overload in counts and codes (the timing targets live in the overload bench and the
 /// nats-py check): with the defaults and only `workers = 1`, a burst beyond what fits
 /// in the budget is answered — every request, `ok` or `deadline_exceeded` — and the
 /// excess is refused at admission on the prediction, with the numbers that explain it.
