@@ -125,6 +125,8 @@ mod ownership;
 mod queue;
 mod slots;
 mod stats;
+#[cfg(feature = "testing")]
+pub mod testing;
 /// Per-stream sequence tracking (loss, duplicates, restarts); also used by
 /// `audio-ingress tap`.
 pub mod tracker;
