@@ -1,28 +1,32 @@
 #!/usr/bin/env bash
-# Regenerates the Results section of docs/loadtest.md from runs of the load test itself:
-# figures are never typed in by hand.
+# Regenerates the load-test result pages under docs/results/ from runs of the load test
+# itself: figures are never typed in by hand.
 #
 #   1. builds the load test and the audio ingress (release) and finds nats-server;
 #   2. runs the showcase, nats-pause at 50 streams for 5 s and 10 s, every scenario at
 #      10 and 50 streams, and the ceiling (about 12 minutes on 2 cores);
 #   3. writes the JSON reports and charts into loadtest/results/ (committed, so the
 #      docs can link to them) and splices the generated Markdown between the
-#      `results:begin` / `results:end` markers of docs/loadtest.md.
+#      `results:begin` / `results:end` markers of docs/results/loadtest-full-run.md.
 #
-# Usage: loadtest/results.sh            everything above (the full Results section)
-#        loadtest/results.sh issue8     only the runs issue 8's "Done when" asks for (about
-#                                       6 minutes plus the quiet waits): nats-pause at 10
-#                                       streams bounded 10 times, nats-pause 1,10,50 both,
-#                                       steady 1,10,50 bounded. Writes loadtest/results/issue8-*
-#                                       and splices the `issue8:begin` / `issue8:end` block of
-#                                       docs/loadtest.md; the rest of the section is untouched.
-#                                       WAIT_QUIET (seconds, default 30) bounds each quiet wait.
-#        loadtest/results.sh issue13    only the failover runs of issue 13, item 5 (about 10
-#                                       minutes): worker-failover 3 runs at 10 frames/s and 2
-#                                       at 50; node-failover 3 runs each with TTL 10 s and
-#                                       15 s, and 2 each with the node kept down 20 s. Writes
-#                                       loadtest/results/issue13-*.json and -*.md (the
-#                                       tables); the docs quote them, nothing is spliced.
+# Usage: loadtest/results.sh              everything above (the full run)
+#        loadtest/results.sh stall-bound  only the runs that check the server-confirmed
+#                                         window under a NATS stall (about 6 minutes plus
+#                                         the quiet waits): nats-pause at 10 streams
+#                                         bounded 10 times, nats-pause 1,10,50 both,
+#                                         steady 1,10,50 bounded. Writes
+#                                         loadtest/results/stall-bound-* and splices the
+#                                         `stall-bound:begin` / `stall-bound:end` block
+#                                         of docs/results/stall-bound.md.
+#                                         WAIT_QUIET (seconds, default 30) bounds each
+#                                         quiet wait.
+#        loadtest/results.sh failover     only the lease failover runs (about 10
+#                                         minutes): worker-failover 3 runs at 10 frames/s
+#                                         and 2 at 50; node-failover 3 runs each with TTL
+#                                         10 s and 15 s, and 2 each with the node kept
+#                                         down 20 s. Writes loadtest/results/failover-*.json
+#                                         and -*.md (the tables); docs/results/failover.md
+#                                         quotes them, nothing is spliced.
 # Run it on a quiet machine: anything else using the CPU changes the figures. Each run
 # waits up to 30 s for the machine to be quiet (--wait-quiet 30) and records what
 # other processes used anyway (cpu.other_s in the JSON, a note in the tables).
@@ -64,10 +68,10 @@ provenance() {
     echo "$("$NATS_SERVER_BIN" --version 2>/dev/null | head -n1), release build;"
 }
 
-# Replaces the block between `<!-- $1:begin -->` and `<!-- $1:end -->` of
-# docs/loadtest.md with $md/section.md.
+# Replaces the block between `<!-- $1:begin -->` and `<!-- $1:end -->` of the page
+# docs/results/$2 with $md/section.md.
 splice_section() {
-    python3 - "$root/docs/loadtest.md" "$md/section.md" "$1" <<'EOF'
+    python3 - "$root/docs/results/$2" "$md/section.md" "$1" <<'EOF'
 import sys, re
 doc_path, section_path, marker = sys.argv[1:4]
 doc = open(doc_path).read()
@@ -75,22 +79,22 @@ section = open(section_path).read().rstrip("\n")
 pattern = rf"<!-- {marker}:begin -->.*?<!-- {marker}:end -->"
 new, n = re.subn(pattern, lambda m: section, doc, flags=re.S)
 if n != 1:
-    sys.exit(f"docs/loadtest.md: {marker} markers not found exactly once")
+    sys.exit(f"{doc_path}: {marker} markers not found exactly once")
 open(doc_path, "w").write(new)
 EOF
 }
 
-if [[ "${1:-}" == "issue8" ]]; then
+if [[ "${1:-}" == "stall-bound" ]]; then
     wait_quiet="${WAIT_QUIET:-30}"
     mkdir -p "$out/plots"
-    rm -f "$out"/issue8-*.json
+    rm -f "$out"/stall-bound-*.json
     runs="$(mktemp -d)"
     trap 'rm -rf "$md" "$runs"' EXIT
     for i in $(seq 1 10); do
         printf '\n==> loadtest nats-pause --streams 10 --design bounded (run %s of 10)\n' "$i" >&2
         "$lt" nats-pause --streams 10 --design bounded -q --wait-quiet "$wait_quiet" --json "$runs/$i.json" >/dev/null
     done
-    python3 - "$runs" "$out/issue8-nats-pause-10-bounded-x10.json" <<'EOF2'
+    python3 - "$runs" "$out/stall-bound-nats-pause-10-bounded-x10.json" <<'EOF2'
 import json, sys, pathlib
 d = pathlib.Path(sys.argv[1])
 rows = [json.loads((d / f"{i}.json").read_text())[0] for i in range(1, 11)]
@@ -98,18 +102,18 @@ pathlib.Path(sys.argv[2]).write_text(json.dumps(rows, indent=2) + "\n")
 EOF2
     printf '\n==> loadtest nats-pause --streams 1,10,50 --design both\n' >&2
     "$lt" nats-pause --streams 1,10,50 --design both -q --wait-quiet "$wait_quiet" \
-        --json "$out/issue8-nats-pause.json" --markdown "$md/pause.md" --plot "$out/plots/issue8" >/dev/null
+        --json "$out/stall-bound-nats-pause.json" --markdown "$md/pause.md" --plot "$out/plots/stall-bound" >/dev/null
     printf '\n==> loadtest steady --streams 1,10,50 --design bounded\n' >&2
     "$lt" steady --streams 1,10,50 --design bounded -q --wait-quiet "$wait_quiet" \
-        --json "$out/issue8-steady.json" --markdown "$md/steady.md" --plot "$out/plots/issue8" >/dev/null
-    report "$out" >"$md/issue8.md" <<'EOF2'
+        --json "$out/stall-bound-steady.json" --markdown "$md/steady.md" --plot "$out/plots/stall-bound" >/dev/null
+    report "$out" >"$md/stall-bound.md" <<'EOF2'
 def other_cores(r):
     c = r["cpu"]
     return c["other_s"] / max(c["wall_s"], 0.001)
 def med(xs):
     return statistics.median(xs)
 lines = []
-x10 = load("issue8-nats-pause-10-bounded-x10")
+x10 = load("stall-bound-nats-pause-10-bounded-x10")
 ok = sum(1 for r in x10 if r["frames"]["unaccounted"] == 0 and r["frames"]["explained"]["lost_undetected"] == 0)
 lines.append("#### `loadtest nats-pause --streams 10 --design bounded`, 10 runs (5 s SIGSTOP at t = 2 s)")
 lines.append("")
@@ -137,7 +141,7 @@ lines.append(
 lines.append("")
 lines.append("#### The checks, read from the JSON")
 lines.append("")
-for r in load("issue8-nats-pause"):
+for r in load("stall-bound-nats-pause"):
     f, g = r["frames"], r["ingress"]
     l = f["e2e_latency_ms"]
     lines.append(
@@ -146,7 +150,7 @@ for r in load("issue8-nats-pause"):
         f" {f['stale_dropped_by_consumer']}, delivered late {f['delivered_late']}, unaccounted {f['unaccounted']},"
         f" lost undetected {f['explained']['lost_undetected']}; other processes {other_cores(r):.2f} cores"
     )
-for r in load("issue8-steady"):
+for r in load("stall-bound-steady"):
     g = r["ingress"]
     rnd = g["confirm_round_ms"] or {}
     lines.append(
@@ -159,33 +163,33 @@ for r in load("issue8-steady"):
 print("\n".join(lines))
 EOF2
     {
-        echo "<!-- issue8:begin -->"
-        provenance "loadtest/results.sh issue8"
+        echo "<!-- stall-bound:begin -->"
+        provenance "loadtest/results.sh stall-bound"
         echo "load average before the runs: $load_before; each run waited up to ${wait_quiet} s for a quiet machine."
         echo "The consumers' staleness guard runs at its default (max_frame_age_ms = 1000)."
-        echo "JSON: [loadtest/results/issue8-*.json](../loadtest/results/)."
+        echo "JSON: [loadtest/results/stall-bound-*.json](../../loadtest/results/)."
         echo
-        cat "$md/issue8.md"
+        cat "$md/stall-bound.md"
         echo
         echo "#### \`loadtest nats-pause --streams 1,10,50 --design both\`"
         cat "$md/pause.md"
         echo
         echo "#### \`loadtest steady --streams 1,10,50 --design bounded\`"
         cat "$md/steady.md"
-        echo "<!-- issue8:end -->"
+        echo "<!-- stall-bound:end -->"
     } >"$md/section.md"
-    splice_section issue8
-    echo "updated docs/loadtest.md (issue8 block) and $out/issue8-*" >&2
+    splice_section stall-bound stall-bound.md
+    echo "updated docs/results/stall-bound.md and $out/stall-bound-*" >&2
     exit 0
 fi
 
-if [[ "${1:-}" == "issue13" ]]; then
-    rm -f "$out"/issue13-*
+if [[ "${1:-}" == "failover" ]]; then
+    rm -f "$out"/failover-*
     failover() {
         local name="$1"
         shift
         printf '\n==> loadtest %s\n' "$*" >&2
-        "$lt" "$@" -q --json "$out/issue13-$name.json" --markdown "$out/issue13-$name.md" >/dev/null
+        "$lt" "$@" -q --json "$out/failover-$name.json" --markdown "$out/failover-$name.md" >/dev/null
     }
     failover worker-failover worker-failover --streams 200,200,200
     failover worker-failover-50fps worker-failover --streams 200,200 --fps 50
@@ -193,16 +197,18 @@ if [[ "${1:-}" == "issue13" ]]; then
     failover node-failover-ttl15 node-failover --streams 200,200,200
     failover node-failover-down20-ttl10 node-failover --streams 200,200 --pause 20 --duration 26 --lease-ttl-ms 10000
     failover node-failover-down20-ttl15 node-failover --streams 200,200 --pause 20 --duration 26
-    echo "wrote $out/issue13-* (load average before: $load_before, after: $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+    echo "wrote $out/failover-* (load average before: $load_before, after: $(cut -d' ' -f1-3 /proc/loadavg))" >&2
     exit 0
 fi
 
-# Everything but the issue8 and issue13 files (regenerated by `results.sh issue8` and
-# `results.sh issue13`).
+# Everything but the stall-bound and failover files (regenerated by `results.sh
+# stall-bound` and `results.sh failover`) and the LLM admission runs (llm-admission*,
+# made by the commands docs/results/llm-overload.md quotes).
 mkdir -p "$out/plots"
-# Only what this run rewrites goes: the per-issue measurements (issue*) are kept.
-find "$out" -mindepth 1 -maxdepth 1 ! -name 'issue*' ! -name plots -exec rm -rf {} +
-find "$out/plots" -mindepth 1 -maxdepth 1 ! -name 'issue8*' -exec rm -rf {} +
+# Only what this run rewrites goes.
+find "$out" -mindepth 1 -maxdepth 1 ! -name 'stall-bound-*' ! -name 'failover-*' \
+    ! -name 'llm-admission*' ! -name plots -exec rm -rf {} +
+find "$out/plots" -mindepth 1 -maxdepth 1 ! -name 'stall-bound' -exec rm -rf {} +
 
 run() {
     local name="$1"
@@ -219,7 +225,8 @@ run nats-pause-10s-no-reconnect nats-pause --streams 50 --pause 10 --no-reconnec
 run all all --streams 10,50
 run ceiling ceiling
 
-# The figures the issue's "Done when" asks for, read from the JSON just written.
+# The headline figures (memory and tasks under a stall, accounting, LLM refusals, the
+# ceiling), read from the JSON just written.
 report "$out" >"$md/summary.md" <<'EOF'
 def mib(b):
     return f"{b / 1048576:.1f} MiB"
@@ -264,9 +271,9 @@ EOF
     echo "<!-- results:begin -->"
     provenance "loadtest/results.sh"
     echo "load average before the runs: $load_before (anything else running on the 2 cores lowers these figures)."
-    echo "JSON reports and charts: [loadtest/results/](../loadtest/results/)."
+    echo "JSON reports and charts: [loadtest/results/](../../loadtest/results/)."
     echo
-    echo "### The figures the issue asks for"
+    echo "### Headline figures"
     echo
     cat "$md/summary.md"
     for name in showcase nats-pause-5s nats-pause-10s nats-pause-10s-no-reconnect all ceiling; do
@@ -277,5 +284,5 @@ EOF
     echo "<!-- results:end -->"
 } >"$md/section.md"
 
-splice_section results
-echo "updated docs/loadtest.md and $out" >&2
+splice_section results loadtest-full-run.md
+echo "updated docs/results/loadtest-full-run.md and $out" >&2

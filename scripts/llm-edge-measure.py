@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Measured runs of the llm-adapter edge against the real release binary (issue 10).
+"""Measured runs of the llm-adapter edge against the real release binary.
 
 Starts a nats-server (loopback, free port) and `target/release/llm-adapter serve` with
 the DEFAULT configuration (only the NATS URL and a free admin port are given), then

@@ -280,23 +280,9 @@ fn joined(tail: &Mutex<VecDeque<String>>) -> String {
 
 pub use weir_testkit::process::rss_bytes;
 
-/// User + system CPU time of a process, from `/proc/<pid>/stat` (clock ticks of 10 ms
-/// on Linux).
+/// User + system CPU time of a process.
 pub fn cpu_time(pid: u32) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_cpu_ticks(&stat).map(|ticks| Duration::from_millis(ticks * 10))
-}
-
-/// utime + stime from a `/proc/<pid>/stat` line; the command name may contain spaces,
-/// so fields are counted after the last `)`.
-pub fn parse_cpu_ticks(stat: &str) -> Option<u64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // After ")": state(3) ppid(4) ... utime is field 14, stime 15 (1-based overall),
-    // i.e. indexes 11 and 12 here.
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
+    weir_service::process::cpu_time_of(Some(pid))
 }
 
 /// CPU time process `pid` used since [`cpu_time`] read `start` (0 when unreadable).
@@ -310,23 +296,9 @@ pub fn machine_busy_since(start: Duration) -> Duration {
 }
 
 /// CPU time the whole machine spent busy (all cores: user, nice, system, irq,
-/// softirq, steal), from the first line of `/proc/stat` (10 ms ticks).
+/// softirq, steal).
 pub fn machine_busy() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    parse_machine_busy_ticks(stat.lines().next()?).map(|t| Duration::from_millis(t * 10))
-}
-
-/// Busy ticks from the aggregate `cpu` line of `/proc/stat` (everything but idle and
-/// iowait).
-pub fn parse_machine_busy_ticks(line: &str) -> Option<u64> {
-    let mut f = line.split_whitespace();
-    if f.next()? != "cpu" {
-        return None;
-    }
-    let v: Vec<u64> = f.map(|x| x.parse().ok()).collect::<Option<Vec<u64>>>()?;
-    // user nice system idle iowait irq softirq steal [guest guest_nice]
-    let get = |i: usize| v.get(i).copied().unwrap_or(0);
-    Some(get(0) + get(1) + get(2) + get(5) + get(6) + get(7))
+    weir_service::process::machine_busy()
 }
 
 /// Finds the `audio-ingress` binary: `WEIR_INGRESS_BIN`, else next to `exe` (the
@@ -363,21 +335,6 @@ pub fn find_ingress_bin(exe: Option<&Path>) -> Result<PathBuf, IngressError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_cpu_ticks_with_spaces_in_name() {
-        let s = "42 (a b) S 1 42 42 0 -1 4194560 100 0 0 0 7 3 0 0 20 0 1 0 5 0 0";
-        assert_eq!(parse_cpu_ticks(s), Some(10));
-    }
-
-    #[test]
-    fn parses_machine_busy_ticks() {
-        assert_eq!(
-            parse_machine_busy_ticks("cpu  100 5 20 999 7 1 2 3 0 0"),
-            Some(100 + 5 + 20 + 1 + 2 + 3)
-        );
-        assert_eq!(parse_machine_busy_ticks("cpu0 1 2 3"), None);
-    }
 
     #[test]
     fn stats_tolerate_missing_and_extra_fields() {

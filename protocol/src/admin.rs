@@ -1,7 +1,8 @@
 //! The services' admin and stdout contracts (docs/contracts.md): the ready line both
-//! binaries print, latency percentiles, and the ingress's `/v1/stats` snapshot — one
-//! definition, written by the services and read by the load test and by operators'
-//! tools.
+//! binaries print, latency percentiles, and the `/v1/stats` snapshots of the ingress
+//! ([`IngressStats`]) and of the LLM adapter ([`AdapterStats`]) — one definition,
+//! written by the services and read by the load test and by operators' tools; and the
+//! JSON body of every HTTP refusal ([`HttpRefusal`]).
 //!
 //! Compatibility rules, as for the wire packets: fields are only ever added. Readers
 //! ignore unknown fields and default missing ones (`#[serde(default)]` on every type),
@@ -12,10 +13,14 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::WireName;
+use crate::llm::ErrorCode;
+
 /// The one line each service prints on stdout once it is ready, e.g.
 /// `{"event":"ready","ws":"127.0.0.1:4000","admin":"127.0.0.1:4001"}`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ReadyLine {
     /// Always `ready`.
     pub event: String,
@@ -59,6 +64,7 @@ impl ReadyLine {
 /// `/v1/stats`, the adapter's latency objects).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Percentiles {
     /// Number of values.
     pub count: u64,
@@ -77,6 +83,7 @@ pub struct Percentiles {
 /// The ingress's `/v1/stats` snapshot.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct IngressStats {
     /// Streams open now.
     pub active_streams: u64,
@@ -112,6 +119,7 @@ pub struct IngressStats {
 /// The `frames` object of the ingress's `/v1/stats`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct FrameStats {
     /// Frames offered by producers.
     pub offered: u64,
@@ -143,6 +151,7 @@ impl FrameStats {
 /// The `window` object of the ingress's `/v1/stats`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct WindowStats {
     /// `confirmed`, `unconfirmed` (window off: handed over counts as published) or
     /// `jetstream` (`None` when not reported).
@@ -161,6 +170,201 @@ pub struct WindowStats {
     pub oldest_unconfirmed_age_ms: f64,
     /// Connection losses that left frames unconfirmed (declared possibly lost).
     pub disconnects: u64,
+}
+
+/// The body of every refusal of the services' HTTP ports (admin, the WebSocket and WHIP
+/// doors): `{"error":{"code":..,"message":..}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct HttpRefusal {
+    /// What was refused.
+    pub error: HttpRefusalError,
+}
+
+/// The `error` member of an [`HttpRefusal`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct HttpRefusalError {
+    /// A stable snake_case code (`not_found`, `method_not_allowed`, `overloaded`,
+    /// `timeout`, `invalid_request`, `not_ready`, `stream_active`, ...); match on it.
+    pub code: String,
+    /// For humans; never parse it.
+    pub message: String,
+}
+
+/// The LLM adapter's `/v1/stats` snapshot: a point-in-time copy of its counters.
+///
+/// Accounting rule: every submission is answered exactly once, so
+/// `offered = completed + Σ refused + in progress`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct AdapterStats {
+    /// Submissions received (every attempt).
+    pub offered: u64,
+    /// Submissions that entered the queue (new inferences).
+    pub admitted: u64,
+    /// Submissions that joined a queued or running request with the same id.
+    pub joined: u64,
+    /// Submissions answered from the completion cache.
+    pub cached: u64,
+    /// Answers `ok`.
+    pub completed: u64,
+    /// Answers other than `ok`, by error code.
+    pub refused: BTreeMap<String, u64>,
+    /// Backend calls started.
+    pub started: u64,
+    /// Backend calls started after the request's deadline (must be 0).
+    pub started_after_deadline: u64,
+    /// Requests admitted and not yet started, now.
+    pub queued_now: u64,
+    /// Backend calls in progress, now.
+    pub running_now: u64,
+    /// Shadow mode: refusals that were counted but not enforced, by rule.
+    pub would_reject: BTreeMap<String, u64>,
+    /// Receipt → start of inference, for started requests.
+    pub queue_wait_ms: Percentiles,
+    /// Backend call duration.
+    pub inference_ms: Percentiles,
+    /// Total time spent in backend calls, milliseconds.
+    pub backend_busy_ms: f64,
+    /// Time spent in backend calls that answered `ok` (within the deadline), milliseconds.
+    pub backend_useful_ms: f64,
+    /// Slots taken and given back (session cap + per-key limits); equal when idle.
+    pub slots_acquired: u64,
+    /// See `slots_acquired`.
+    pub slots_released: u64,
+    /// Receipt → answer, for answers other than `ok` given without a backend call
+    /// (refusals at admission, in the queue, at the start of inference).
+    #[serde(default)]
+    pub refusal_ms: Percentiles,
+    /// The backend's service-time estimate (what admission predicts with).
+    #[serde(default)]
+    pub service_estimate: Option<ServiceEstimate>,
+    /// The idempotency cache: size now, bound, evictions.
+    #[serde(default)]
+    pub cache: CacheStats,
+    /// The NATS client's own drops (slow consumer) and disconnects.
+    #[serde(default)]
+    pub nats: NatsClientStats,
+    /// Streamed replies: started, chunks and bytes sent, time to first token, aborts.
+    #[serde(default)]
+    pub stream: StreamStats,
+}
+
+impl AdapterStats {
+    /// Σ refused.
+    pub fn refused_total(&self) -> u64 {
+        self.refused.values().sum()
+    }
+
+    /// `refused[code]`, 0 when absent.
+    pub fn refused_of(&self, code: ErrorCode) -> u64 {
+        self.refused.get(code.as_str()).copied().unwrap_or(0)
+    }
+
+    /// Share of backend time spent on calls that answered `ok` (1.0 when idle).
+    pub fn useful_backend_share(&self) -> f64 {
+        if self.backend_busy_ms > 0.0 {
+            self.backend_useful_ms / self.backend_busy_ms
+        } else {
+            1.0
+        }
+    }
+}
+
+/// Streamed replies in an [`AdapterStats`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct StreamStats {
+    /// Streamed replies that reached a worker.
+    pub started: u64,
+    /// `chunk` messages published.
+    pub chunks: u64,
+    /// Body bytes published in chunks.
+    pub bytes: u64,
+    /// Start of inference → first chunk published.
+    pub ttft_ms: Percentiles,
+    /// Streams aborted because of the caller, by reason (`caller_gone`,
+    /// `caller_stalled`, `publish_timeout`).
+    pub aborted: BTreeMap<String, u64>,
+}
+
+/// The idempotency (completion) cache in an [`AdapterStats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct CacheStats {
+    /// Replies held now.
+    pub entries: u64,
+    /// Bytes held now (body + headers + key + a fixed per-entry overhead).
+    pub bytes: u64,
+    /// `idempotency.max_bytes`.
+    pub max_bytes: u64,
+    /// Replies evicted (oldest first) to stay within `max_bytes`.
+    pub evicted_max_bytes: u64,
+    /// Replies evicted (oldest first) to stay within `max_entries`.
+    pub evicted_max_entries: u64,
+    /// Replies not stored because one alone exceeds `max_bytes`.
+    pub too_large: u64,
+}
+
+/// The NATS client's own events in an [`AdapterStats`] (`nats`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct NatsClientStats {
+    /// Messages the NATS client dropped (slow consumer), all subscriptions.
+    pub dropped: u64,
+    /// The same, by subscription id (the service's endpoints and its `$SRV` handlers).
+    pub dropped_by_sid: BTreeMap<u64, u64>,
+    /// Connections lost (each is followed by a reconnect attempt).
+    pub disconnects: u64,
+    /// Messages the client could not read (skipped, or delivered without headers); the
+    /// connection stayed up.
+    #[serde(default)]
+    pub malformed: u64,
+    /// Messages the client received from the server, every subscription
+    /// (async-nats `Statistics::in_messages`).
+    pub in_messages: u64,
+    /// Messages the adapter's endpoint loops took from their subscriptions.
+    pub taken: u64,
+    /// `in_messages − taken`: dropped by the client, still buffered, or for a
+    /// subscription the endpoint loops do not read (`$SRV` requests, replies of a NATS
+    /// backend). At rest and without such traffic it equals the messages dropped — the
+    /// exact count; `dropped` above can be lower.
+    pub not_taken: u64,
+}
+
+/// Where the service-time estimate comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub enum EstimateSource {
+    /// No sample and no seed: no estimate.
+    None,
+    /// `estimator.initial_ms`, no sample yet.
+    Seed,
+    /// Measured inference times.
+    Observed,
+}
+
+/// The adapter's service-time estimator, as shown in `/v1/stats` and the capabilities
+/// document.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct ServiceEstimate {
+    /// The estimate of one inference, milliseconds (`null` = none yet).
+    pub service_time_ms: Option<f64>,
+    /// Where it comes from.
+    pub source: EstimateSource,
+    /// Samples in the window.
+    pub samples: usize,
+    /// Samples taken since start.
+    pub samples_total: u64,
+    /// The quantile taken.
+    pub quantile: f64,
+    /// Window size, samples.
+    pub window: usize,
+    /// Half-life, samples.
+    pub half_life: f64,
 }
 
 #[cfg(test)]

@@ -9,6 +9,8 @@
 //!   catalog.
 //! - [`admin`]: the services' ready line and the ingress's `/v1/stats` snapshot, written
 //!   by the services and read by the load test;
+//! - `schema` (feature `schema`): the JSON Schemas of these contracts, generated from
+//!   the types (`protocol/schemas/`).
 //! - [`error`]: the one error shape of weir's operations (`Error<Kind>`, the cause kept).
 //! - [`WireName`]: `ALL`, `as_str` and `from_wire` of a fieldless enum whose variants have stable
 //!   wire names, derived with strum (the protocol's codes and reasons; also the label
@@ -46,6 +48,8 @@ pub mod audio;
 pub mod error;
 pub mod llm;
 pub mod partition;
+#[cfg(feature = "schema")]
+pub mod schema;
 pub mod stream_id;
 
 pub use error::Error;

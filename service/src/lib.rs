@@ -2,16 +2,19 @@
 //!
 //! - [`admin`] (feature `http`): the admin router skeleton (`/metrics`, `/healthz`,
 //!   `/readyz`, JSON refusals, request timeout and concurrency limit);
+//! - [`app`] (feature `app`): the one start-up path of every binary (logging, runtime
+//!   and `--threads`, recorder, ready line, exit status);
 //! - [`cli`] (feature `cli`): the `serve` flags `--set`, `--list-keys`, `--markdown`;
-//! - [`config`] (feature `config`): configuration layered defaults < TOML file <
-//!   environment < command line into the service's serde struct, refusing unknown keys
-//!   from every layer, and the key table (`--list-keys`, docs) from the same defaults;
+//! - [`config`]: the one configuration error and typed ranges; with the feature
+//!   `config`, configuration layered defaults < TOML file < environment < command line
+//!   into the service's serde struct, refusing unknown keys from every layer, the key
+//!   table (`--list-keys`, docs) from the same defaults, and the shared sections;
 //! - [`metrics`]: every metric a service declares exists from the start, with a zero
 //!   value, so that alerting rules and dashboards see a series before the first event
 //!   (a rule on a series that does not exist yet is silently never true), and the one
 //!   latency primitive ([`metrics::LatencyHistogram`]) behind both the JSON percentiles
 //!   and the Prometheus histograms;
-//! - [`process`]: the process's own figures (memory, CPU, open files) and build info
+//! - [`process`] (feature `process`, part of `http`): the process's own figures (memory, CPU, open files) and build info
 //!   for `/metrics`;
 //! - [`bounded`]: the FIFO bounded by bytes and age under both per-stream queues (the
 //!   ingress's frames, the consumer's events), generic over its item;
@@ -28,10 +31,11 @@
 
 #[cfg(feature = "http")]
 pub mod admin;
+#[cfg(feature = "app")]
+pub mod app;
 pub mod bounded;
 #[cfg(feature = "cli")]
 pub mod cli;
-#[cfg(feature = "config")]
 pub mod config;
 #[cfg(feature = "http")]
 pub mod http;
@@ -41,6 +45,7 @@ pub mod metrics;
 pub mod nats;
 #[cfg(feature = "otel")]
 pub mod otel;
+#[cfg(feature = "process")]
 pub mod process;
 pub mod ratelimit;
 pub mod shutdown;

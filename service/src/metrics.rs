@@ -64,6 +64,34 @@ impl Declared {
     }
 }
 
+/// Declares a crate's metrics once: each `kind pub const NAME: &str = "…";` (with its
+/// doc comment) becomes the name's constant and an entry, [`Declared`]`::kind(NAME)`, of
+/// the list named first, which the crate hands to [`register`] at start. `kind` is
+/// `counter`, `gauge` or `histogram`.
+///
+/// ```
+/// weir_service::declare_metrics! {
+///     /// Every metric of this example.
+///     pub const DECLARED;
+///     /// Counter: things done.
+///     counter pub const DONE_TOTAL: &str = "weir_example_done_total";
+/// }
+/// assert_eq!(DECLARED[0].name, DONE_TOTAL);
+/// ```
+#[macro_export]
+macro_rules! declare_metrics {
+    (
+        $(#[$list_doc:meta])* pub const $list:ident;
+        $($(#[$doc:meta])* $kind:ident pub const $name:ident: &str = $value:literal;)*
+    ) => {
+        $($(#[$doc])* pub const $name: &str = $value;)*
+
+        $(#[$list_doc])*
+        pub const $list: &[$crate::metrics::Declared] =
+            &[$($crate::metrics::Declared::$kind($name)),*];
+    };
+}
+
 /// Registers every metric of `declared` with the installed recorder (a no-op without
 /// one). Registering does not change a value that already exists.
 pub fn register(declared: &[Declared]) {

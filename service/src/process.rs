@@ -1,4 +1,8 @@
-//! The process's own figures, for `/metrics`, and the build-info series.
+//! Every figure weir reads from `/proc` (Linux), in one place: the process's own for
+//! `/metrics` and the build-info series, and another process's by pid (what the tests
+//! and the load test measure a binary with). CPU times are converted at the kernel's
+//! clock tick rate (`sysconf(_SC_CLK_TCK)`), not an assumed 100 Hz; the parsing is the
+//! `procfs` crate's.
 //!
 //! The names are the ones every Prometheus client library's process collector uses
 //! (`process_resident_memory_bytes`, `process_cpu_seconds_total`, `process_open_fds`,
@@ -10,6 +14,10 @@
 //! `*_memory_bound_bytes`.
 
 use std::fmt::Write as _;
+use std::time::Duration;
+
+use procfs::process::{LimitValue, Process};
+use procfs::{Current as _, CurrentSI as _};
 
 /// Gauge: resident set size of this process, in bytes (`VmRSS` of `/proc/self/status`).
 pub const RESIDENT_MEMORY_BYTES: &str = "process_resident_memory_bytes";
@@ -31,57 +39,88 @@ pub const NAMES: &[&str] = &[
     BUILD_INFO,
 ];
 
-/// Clock ticks per second of `/proc/self/stat`'s `utime`/`stime` (`USER_HZ`, fixed at
-/// 100 in the Linux ABI on every architecture weir builds for).
-const USER_HZ: f64 = 100.0;
-
-/// This process's resident set size in bytes, from `/proc/self/status` (Linux); `None`
-/// elsewhere or if it cannot be read.
-pub fn resident_memory_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    parse_vm_rss(&status)
+/// A process's `/proc` entry: this process or another one by pid.
+fn process(pid: Option<u32>) -> Option<Process> {
+    match pid {
+        None => Process::myself().ok(),
+        Some(pid) => Process::new(i32::try_from(pid).ok()?).ok(),
+    }
 }
 
-/// Parses the `VmRSS:   1234 kB` line of a `/proc/<pid>/status` into bytes (the
-/// kernel writes it in kB).
-pub fn parse_vm_rss(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
+/// The kernel's clock tick rate for `/proc` CPU times (`sysconf(_SC_CLK_TCK)`).
+fn ticks(n: u64) -> Duration {
+    let per_second = procfs::ticks_per_second().max(1);
+    Duration::from_secs(n / per_second)
+        + Duration::from_nanos((n % per_second) * 1_000_000_000 / per_second)
+}
+
+/// This process's resident set size in bytes (`VmRSS`); `None` where `/proc` cannot be
+/// read.
+pub fn resident_memory_bytes() -> Option<u64> {
+    rss_bytes_of(None)
+}
+
+/// The resident set size of process `pid` (or this process for `None`), in bytes.
+pub fn rss_bytes_of(pid: Option<u32>) -> Option<u64> {
+    process(pid)?.status().ok()?.vmrss?.checked_mul(1024)
 }
 
 /// This process's CPU time (user + system) in seconds.
 pub fn cpu_seconds() -> Option<f64> {
-    parse_cpu_seconds(&std::fs::read_to_string("/proc/self/stat").ok()?)
+    cpu_time_of(None).map(|d| d.as_secs_f64())
 }
 
-/// `utime` and `stime` are fields 14 and 15 of `/proc/<pid>/stat`; the command name
-/// (field 2) is in parentheses and may contain spaces, so count after its `)`.
-fn parse_cpu_seconds(stat: &str) -> Option<f64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace().skip(11);
-    let utime: u64 = fields.next()?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    Some((utime + stime) as f64 / USER_HZ)
+/// The CPU time (user + system) process `pid` (or this process for `None`) has used.
+pub fn cpu_time_of(pid: Option<u32>) -> Option<Duration> {
+    let stat = process(pid)?.stat().ok()?;
+    Some(ticks(stat.utime.saturating_add(stat.stime)))
+}
+
+/// The one-letter scheduler state of process `pid` (`R`, `S`, `T` for stopped, ...).
+pub fn state_of(pid: u32) -> Option<char> {
+    Some(process(Some(pid))?.stat().ok()?.state)
 }
 
 /// Open file descriptors of this process.
 pub fn open_fds() -> Option<u64> {
-    Some(std::fs::read_dir("/proc/self/fd").ok()?.count() as u64)
+    Some(Process::myself().ok()?.fd_count().ok()? as u64)
 }
 
 /// The soft open-files limit.
 pub fn max_fds() -> Option<u64> {
-    parse_max_fds(&std::fs::read_to_string("/proc/self/limits").ok()?)
+    match Process::myself()
+        .ok()?
+        .limits()
+        .ok()?
+        .max_open_files
+        .soft_limit
+    {
+        LimitValue::Value(n) => Some(n),
+        LimitValue::Unlimited => None,
+    }
 }
 
-fn parse_max_fds(limits: &str) -> Option<u64> {
-    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
-    line.trim_start_matches("Max open files")
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
+/// CPU time the whole machine spent busy (all cores: user, nice, system, irq, softirq,
+/// steal; not idle or iowait).
+pub fn machine_busy() -> Option<Duration> {
+    let t = procfs::KernelStats::current().ok()?.total;
+    let busy = [
+        Some(t.user),
+        Some(t.nice),
+        Some(t.system),
+        t.irq,
+        t.softirq,
+        t.steal,
+    ]
+    .into_iter()
+    .flatten()
+    .fold(0u64, u64::saturating_add);
+    Some(ticks(busy))
+}
+
+/// The one-minute load average.
+pub fn load_average_1m() -> Option<f64> {
+    Some(f64::from(procfs::LoadAverage::current().ok()?.one))
 }
 
 /// Appends the process metrics, as of now, in the Prometheus text format.
@@ -130,41 +169,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn vm_rss_is_read_in_kib() {
-        let status = "Name:\tx\nVmHWM:\t  9000 kB\nVmRSS:\t   1234 kB\nThreads:\t3\n";
-        assert_eq!(parse_vm_rss(status), Some(1234 * 1024));
-        assert_eq!(parse_vm_rss("Name:\tx\n"), None);
-        assert_eq!(parse_vm_rss("VmRSS:\tlots kB\n"), None);
-    }
-
-    #[test]
-    fn cpu_time_is_read_after_the_command_name() {
-        // A command name with spaces and a parenthesis; utime 250, stime 50 ticks.
-        let stat = "42 (a (b) c) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 3 0";
-        assert_eq!(parse_cpu_seconds(stat), Some(3.0));
-        assert_eq!(parse_cpu_seconds("42 (x) S 1"), None);
-    }
-
-    #[test]
-    fn the_soft_open_files_limit_is_read() {
-        let limits = "Limit                     Soft Limit           Hard Limit           Units\n\
-                      Max cpu time              unlimited            unlimited            seconds\n\
-                      Max open files            1024                 524288               files\n";
-        assert_eq!(parse_max_fds(limits), Some(1024));
-        assert_eq!(parse_max_fds("Limit\n"), None);
-    }
-
-    #[test]
     fn this_process_renders_every_figure_on_linux() {
         if cfg!(target_os = "linux") {
             let rss = resident_memory_bytes().expect("VmRSS");
             assert!(rss > 1024 * 1024, "{rss}");
+            assert_eq!(
+                rss_bytes_of(Some(std::process::id())).map(|b| b > 0),
+                Some(true)
+            );
             let mut text = String::new();
             render(&mut text);
             for name in [RESIDENT_MEMORY_BYTES, CPU_SECONDS_TOTAL, OPEN_FDS, MAX_FDS] {
                 assert!(text.contains(&format!("# TYPE {name} ")), "{name}: {text}");
             }
             assert!(open_fds().expect("fds") >= 3);
+            assert!(matches!(state_of(std::process::id()), Some('R' | 'S')));
+            assert!(machine_busy().expect("/proc/stat") > Duration::ZERO);
+            assert!(load_average_1m().is_some());
+        }
+    }
+
+    #[test]
+    fn cpu_ticks_are_converted_at_the_kernels_rate() {
+        let hz = procfs::ticks_per_second();
+        assert_eq!(ticks(hz), Duration::from_secs(1));
+        assert_eq!(ticks(hz * 3 / 2), Duration::from_millis(1500));
+        if cfg!(target_os = "linux") {
+            let first = cpu_time_of(None).expect("stat");
+            assert!(cpu_time_of(None).expect("stat") >= first);
         }
     }
 }

@@ -433,12 +433,9 @@ fn wait_proc_state(pid: u32, want_stopped: bool) -> Result<(), Error> {
     }
 }
 
-/// The one-letter process state from `/proc/<pid>/stat` (`R`, `S`, `T`, ...).
+/// The one-letter process state (`R`, `S`, `T`, ...).
 fn proc_state(pid: u32) -> Option<char> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // "pid (comm) S ...": comm may contain spaces and parentheses, so split at the last ')'.
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.trim_start().chars().next()
+    weir_service::process::state_of(pid)
 }
 
 /// Paths inside the server's temporary directory.

@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 use weir_protocol::SubjectTemplate;
 use weir_protocol::partition::DEFAULT_STREAM_TEMPLATE;
 
+use weir_service::config::Range;
+
 use super::ConsumerError;
 
 /// Default per-stream byte bound: 0.5 s of 16 kHz s16le mono.
@@ -45,18 +47,19 @@ pub const DEFAULT_MAX_FRAME_AGE: Duration = Duration::from_millis(1_000);
 
 /// Allowed range of `max_pending_bytes`: at least one 100 ms frame (3,200 bytes), at
 /// most 60 s of audio per stream.
-pub const MAX_PENDING_BYTES_RANGE: (usize, usize) = (3_200, 1_920_000);
+pub const MAX_PENDING_BYTES_RANGE: Range = Range::bytes(3_200, 1_920_000);
 /// Allowed range of `max_pending_age_ms`.
-pub const MAX_PENDING_AGE_RANGE_MS: (u64, u64) = (20, 60_000);
+pub const MAX_PENDING_AGE_RANGE_MS: Range = Range::ms(20, 60_000);
 /// Allowed range of `idle_timeout_ms`.
-pub const IDLE_TIMEOUT_RANGE_MS: (u64, u64) = (50, 3_600_000);
+pub const IDLE_TIMEOUT_RANGE_MS: Range = Range::ms(50, 3_600_000);
 /// Allowed range of `subscription_capacity`.
-pub const SUBSCRIPTION_CAPACITY_RANGE: (usize, usize) = (64, 1_048_576);
+pub const SUBSCRIPTION_CAPACITY_RANGE: Range = Range::int(64, 1_048_576);
 /// Allowed range of `max_streams`.
-pub const MAX_STREAMS_RANGE: (usize, usize) = (1, 1_000_000);
+pub const MAX_STREAMS_RANGE: Range = Range::int(1, 1_000_000);
 /// Allowed range of `max_frame_age_ms` when not `0` (off): at least 50 ms (below that
 /// ordinary scheduling would make every frame stale), at most 10 minutes.
-pub const MAX_FRAME_AGE_RANGE_MS: (u64, u64) = (50, 600_000);
+pub const MAX_FRAME_AGE_RANGE_MS: Range =
+    Range::ms(50, 600_000).note(", or 0 to turn the staleness guard off");
 /// Largest accepted `partitions` (the same bound as the producer's).
 pub use weir_protocol::partition::MAX_PARTITIONS;
 
@@ -161,9 +164,9 @@ pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_millis(1_500);
 /// Default KV bucket name.
 pub const DEFAULT_LEASE_BUCKET: &str = "weir_leases";
 /// Allowed range of `ttl_ms`.
-pub const LEASE_TTL_RANGE_MS: (u64, u64) = (1_000, 600_000);
+pub const LEASE_TTL_RANGE_MS: Range = Range::ms(1_000, 600_000);
 /// Allowed range of `heartbeat_interval_ms`.
-pub const HEARTBEAT_INTERVAL_RANGE_MS: (u64, u64) = (50, 60_000);
+pub const HEARTBEAT_INTERVAL_RANGE_MS: Range = Range::ms(50, 60_000);
 
 /// Raw lease settings (every key optional).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -271,12 +274,7 @@ impl LeaseConfig {
     /// Validates every key; the error names the first bad key.
     pub fn validate(&self) -> Result<LeaseSettings, ConsumerError> {
         check_name("ownership.lease.bucket", "", &self.bucket)?;
-        let ttl = check_range(
-            "ownership.lease.ttl_ms",
-            self.ttl_ms,
-            LEASE_TTL_RANGE_MS,
-            " ms",
-        )?;
+        let ttl = check_range("ownership.lease.ttl_ms", self.ttl_ms, LEASE_TTL_RANGE_MS)?;
         if self.margin_ms == 0 || self.margin_ms >= ttl / 2 {
             return Err(ConsumerError::config(
                 "ownership.lease.margin_ms",
@@ -291,22 +289,20 @@ impl LeaseConfig {
         let renew = check_range(
             "ownership.lease.renew_interval_ms",
             self.renew_interval_ms,
-            (100, max_renew),
-            " ms (at most (TTL − margin) / 2)",
+            Range::ms(100, max_renew).note(" (at most (TTL − margin) / 2)"),
         )?;
         let hb = check_range(
             "ownership.lease.heartbeat_interval_ms",
             self.heartbeat_interval_ms,
             HEARTBEAT_INTERVAL_RANGE_MS,
-            " ms",
         )?;
         let hb_timeout = check_range(
             "ownership.lease.heartbeat_timeout_ms",
             self.heartbeat_timeout_ms,
-            (hb.saturating_mul(2), ttl - 1),
-            " ms (2 × heartbeat_interval_ms up to below the TTL)",
+            Range::ms(hb.saturating_mul(2), ttl - 1)
+                .note(" (2 × heartbeat_interval_ms up to below the TTL)"),
         )?;
-        let replicas = check_range("ownership.lease.replicas", self.replicas, (1, 5), "")?;
+        let replicas = check_size("ownership.lease.replicas", self.replicas, Range::int(1, 5))?;
         let worker_id = match &self.worker_id {
             Some(id) => check_name("ownership.lease.worker_id", "", id).map(|()| id.clone())?,
             None => default_worker_id(),
@@ -439,19 +435,14 @@ pub struct ConsumerSettings {
 /// The bound of one stream's queue (the type both queues share).
 pub use weir_service::bounded::QueueLimits;
 
-fn check_range<T: PartialOrd + std::fmt::Display + Copy>(
-    key: &'static str,
-    value: T,
-    (lo, hi): (T, T),
-    unit: &str,
-) -> Result<T, ConsumerError> {
-    if value < lo || value > hi {
-        return Err(ConsumerError::config(
-            key,
-            format!("{value}{unit} is out of range; allowed {lo}..={hi}{unit}"),
-        ));
-    }
-    Ok(value)
+/// `value` of `key` inside `range`; the refusal names the key, the value and the range.
+fn check_range(key: &'static str, value: u64, range: Range) -> Result<u64, ConsumerError> {
+    range.check(key, value).map_err(ConsumerError::Config)
+}
+
+/// [`check_range`] of a `usize` value.
+fn check_size(key: &'static str, value: usize, range: Range) -> Result<usize, ConsumerError> {
+    check_range(key, value as u64, range).map(|v| v as usize)
 }
 
 impl ConsumerConfig {
@@ -483,7 +474,11 @@ impl ConsumerConfig {
     pub fn validate(&self) -> Result<ConsumerSettings, ConsumerError> {
         let subject = SubjectTemplate::parse(&self.subject)
             .map_err(|e| ConsumerError::config("subject", e.to_string()))?;
-        let partitions = check_range("partitions", self.partitions, (1, MAX_PARTITIONS), "")?;
+        let partitions = check_range(
+            "partitions",
+            u64::from(self.partitions),
+            Range::int(1, u64::from(MAX_PARTITIONS)),
+        )? as u32;
         let partitions = NonZeroU32::new(partitions)
             .ok_or_else(|| ConsumerError::config("partitions", "must be at least 1".into()))?;
         let lease = match &self.ownership {
@@ -548,23 +543,20 @@ impl ConsumerConfig {
                 ),
             ));
         }
-        let max_bytes = check_range(
+        let max_bytes = check_size(
             "max_pending_bytes",
             self.max_pending_bytes,
             MAX_PENDING_BYTES_RANGE,
-            " bytes",
         )?;
         let max_age_ms = check_range(
             "max_pending_age_ms",
             self.max_pending_age_ms,
             MAX_PENDING_AGE_RANGE_MS,
-            " ms",
         )?;
         let idle_ms = check_range(
             "idle_timeout_ms",
             self.idle_timeout_ms,
             IDLE_TIMEOUT_RANGE_MS,
-            " ms",
         )?;
         if idle_ms <= max_age_ms {
             return Err(ConsumerError::config(
@@ -572,29 +564,22 @@ impl ConsumerConfig {
                 format!("{idle_ms} ms must be above max_pending_age_ms ({max_age_ms} ms)"),
             ));
         }
-        let capacity = check_range(
+        let capacity = check_size(
             "subscription_capacity",
             self.subscription_capacity,
             SUBSCRIPTION_CAPACITY_RANGE,
-            "",
         )?;
         let retain_finished = NonZeroUsize::new(self.retain_finished_streams).ok_or_else(|| {
             ConsumerError::config("retain_finished_streams", "must be at least 1".into())
         })?;
-        let max_streams = check_range("max_streams", self.max_streams, MAX_STREAMS_RANGE, "")?;
+        let max_streams = check_size("max_streams", self.max_streams, MAX_STREAMS_RANGE)?;
         let max_frame_age = match self.max_frame_age_ms {
             0 => None,
-            v => Some(Duration::from_millis(
-                check_range("max_frame_age_ms", v, MAX_FRAME_AGE_RANGE_MS, " ms").map_err(|e| {
-                    match e {
-                        ConsumerError::Config { key, reason } => ConsumerError::Config {
-                            key,
-                            reason: format!("{reason}, or 0 to turn the staleness guard off"),
-                        },
-                        other => other,
-                    }
-                })?,
-            )),
+            v => Some(Duration::from_millis(check_range(
+                "max_frame_age_ms",
+                v,
+                MAX_FRAME_AGE_RANGE_MS,
+            )?)),
         };
         if let ConsumerSource::JetStream { stream, .. } = &self.source {
             check_name("source", "JetStream stream name ", stream)?;

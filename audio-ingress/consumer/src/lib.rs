@@ -126,6 +126,8 @@ mod queue;
 mod slots;
 mod stats;
 mod stop;
+#[cfg(feature = "testing")]
+pub mod testing;
 /// Per-stream sequence tracking (loss, duplicates, restarts); also used by
 /// `audio-ingress tap`.
 pub mod tracker;
@@ -139,6 +141,7 @@ use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use weir_protocol::audio::DecodeOptions;
+use weir_service::config::{ConfigError, ConfigErrorKind};
 
 pub use config::{
     ConsumerConfig, ConsumerPolicy, ConsumerSettings, ConsumerSource, DEFAULT_HEARTBEAT_INTERVAL,
@@ -175,14 +178,10 @@ const SUBSCRIBE_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 /// [`source`](std::error::Error::source) is the async-nats or JetStream error itself.
 #[derive(Debug, thiserror::Error)]
 pub enum ConsumerError {
-    /// A config key is invalid.
-    #[error("invalid consumer config `{key}`: {reason}")]
-    Config {
-        /// The key.
-        key: &'static str,
-        /// What is wrong and the allowed range.
-        reason: String,
-    },
+    /// A config key is invalid: the one configuration error of every weir component
+    /// (the key, the value and the allowed range).
+    #[error("invalid consumer {0}")]
+    Config(ConfigError),
     /// Connecting, subscribing or opening the lease bucket failed: its kind says
     /// which ([`ConsumerErrorKind::Connect`], [`ConsumerErrorKind::Subscribe`] or
     /// [`ConsumerErrorKind::Lease`]), its source is the client's error.
@@ -209,7 +208,7 @@ pub enum ConsumerErrorKind {
 
 impl ConsumerError {
     pub(crate) fn config(key: &'static str, reason: String) -> Self {
-        Self::Config { key, reason }
+        Self::Config(ConfigError::new(key, ConfigErrorKind::Invalid, reason))
     }
 
     /// An operation failed because of `source`.
@@ -224,15 +223,15 @@ impl ConsumerError {
     /// The kind, for callers that match on it.
     pub fn kind(&self) -> ConsumerErrorKind {
         match self {
-            Self::Config { .. } => ConsumerErrorKind::Config,
+            Self::Config(_) => ConsumerErrorKind::Config,
             Self::Operation(e) => e.kind(),
         }
     }
 
     /// The config key at fault, for [`ConsumerErrorKind::Config`].
-    pub fn config_key(&self) -> Option<&'static str> {
+    pub fn config_key(&self) -> Option<&str> {
         match self {
-            Self::Config { key, .. } => Some(key),
+            Self::Config(e) => Some(e.key()),
             Self::Operation(_) => None,
         }
     }

@@ -23,15 +23,7 @@ use weir_testkit::NatsServer;
 const STREAMS: usize = 50;
 
 fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
+    weir_service::process::resident_memory_bytes().unwrap_or(0)
 }
 
 async fn scenario(name: &str) {

@@ -12,60 +12,9 @@ use weir_protocol::StreamIdError;
 use weir_protocol::WireName;
 use weir_protocol::audio::extension::{EndReason, Overload};
 
-/// Machine-readable kind of a [`ConfigError`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ConfigErrorKind {
-    /// The key is not a known configuration key.
-    UnknownKey,
-    /// The value has the wrong type (e.g. a string where an integer is expected).
-    WrongType,
-    /// The value is outside the allowed range.
-    OutOfRange,
-    /// The value is malformed (an address, a subject template, a URL...).
-    Invalid,
-    /// The value contradicts another key.
-    Conflict,
-    /// A required key is missing.
-    Missing,
-    /// The configuration file could not be read or parsed.
-    File,
-}
-
-/// A configuration value was refused. The message names the key and, for ranges, the
-/// allowed range.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("config key `{key}`: {message}")]
-pub struct ConfigError {
-    key: String,
-    kind: ConfigErrorKind,
-    message: String,
-}
-
-impl ConfigError {
-    /// A new error for `key`.
-    pub fn new(key: impl Into<String>, kind: ConfigErrorKind, message: impl Into<String>) -> Self {
-        Self {
-            key: key.into(),
-            kind,
-            message: message.into(),
-        }
-    }
-
-    /// The refused key (for a file error, the file path).
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
-    /// The kind.
-    pub fn kind(&self) -> ConfigErrorKind {
-        self.kind
-    }
-
-    /// The explanation without the key.
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-}
+/// A configuration value was refused: the one configuration error of every weir
+/// component (names the key, the value and the allowed range).
+pub use weir_service::config::{ConfigError, ConfigErrorKind};
 
 /// Machine-readable kind of an [`OpenError`]; its wire name is the metric label of the
 /// refusal.
@@ -219,10 +168,9 @@ pub enum ErrorKind {
 /// (`weir_protocol::Error`), the cause (the I/O or NATS error) kept as `source()`.
 pub type Error = weir_protocol::Error<ErrorKind>;
 
-impl From<ConfigError> for Error {
-    fn from(e: ConfigError) -> Self {
-        Error::with_source(ErrorKind::Config, "configuration refused", e)
-    }
+/// A refused configuration value as a start-up failure.
+pub fn config(e: ConfigError) -> Error {
+    Error::with_source(ErrorKind::Config, "configuration refused", e)
 }
 
 /// An I/O error (binding a listener, ...) with what was being done.

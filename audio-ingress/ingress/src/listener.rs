@@ -41,7 +41,7 @@ pub fn check_fd_limit(
         return Err(refuse(
             ConfigErrorKind::OutOfRange,
             format!(
-                "max_connections {max_connections} + admin_max_connections \
+                "max_connections {max_connections} + admin.max_connections \
                  {admin_max_connections} + {FD_RESERVE} reserved file descriptors = {needed} \
                  exceeds the open-file limit (RLIMIT_NOFILE soft {soft}, hard {hard}); lower \
                  max_connections or raise the limit (ulimit -n, systemd LimitNOFILE)"

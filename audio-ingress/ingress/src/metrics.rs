@@ -19,29 +19,24 @@
 //! confirmation rounds, connections) go through the facade as they happen.
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
-use weir_service::metrics::Declared;
 
-/// The declared metrics: each `kind pub const NAME: &str = "…";` is the name's constant
-/// and its entry in [`DECLARED`], with `kind` the [`Declared`] constructor.
-macro_rules! declared {
-    ($($(#[$doc:meta])* $kind:ident pub const $name:ident: &str = $value:literal;)*) => {
-        $($(#[$doc])* pub const $name: &str = $value;)*
+weir_service::declare_metrics! {
+    /// Every producer-side metric of the `serve` binary, registered at start
+    /// ([`weir_service::metrics::register`]) so that each is in the first scrape.
+    pub const DECLARED;
 
-        /// Every producer-side metric of the `serve` binary, registered at start
-        /// ([`weir_service::metrics::register`]) so that each is in the first scrape.
-        pub const DECLARED: &[Declared] = &[$(Declared::$kind($name)),*];
-    };
-}
-
-declared! {
     // ---------------------------------------------------------------------------------
     // Producer side (queue, publisher, WebSocket front door, NATS connection)
     // ---------------------------------------------------------------------------------
 
-    /// Gauge: PCM bytes admitted and not yet handed to NATS, summed over all streams
-    /// (queued + the one frame each publisher may hold in flight).
+    /// Gauge: bytes charged for the frames admitted and not yet settled, summed over all
+    /// streams: queued, the one frame each publisher may hold in flight, and handed to
+    /// NATS but not yet confirmed by the server. Each frame is charged
+    /// `max(PCM bytes, 160)`; a frame leaves when it is confirmed, declared possibly
+    /// lost or dropped.
     gauge pub const PENDING_BYTES: &str = "weir_ingress_pending_bytes";
-    /// Gauge: frames admitted and not yet handed to NATS, summed over all streams.
+    /// Gauge: frames admitted and not yet settled (queued, in flight, or handed to NATS
+    /// and unconfirmed), summed over all streams.
     gauge pub const PENDING_FRAMES: &str = "weir_ingress_pending_frames";
     /// Gauge: age of the oldest pending frame over all streams, in seconds (sampled).
     gauge pub const OLDEST_FRAME_AGE_SECONDS: &str = "weir_ingress_oldest_frame_age_seconds";

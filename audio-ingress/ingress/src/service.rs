@@ -130,7 +130,8 @@ pub async fn start_with_sink<S: Sink>(
     let fd = check_fd_limit(
         server.max_connections.get(),
         server.admin_max_connections.get(),
-    )?;
+    )
+    .map_err(crate::error::config)?;
     tracing::info!(
         rlimit_nofile_soft = fd.soft,
         rlimit_nofile_hard = fd.hard,
@@ -149,7 +150,11 @@ pub async fn start_with_sink<S: Sink>(
     let auth = match &config.server.auth {
         None => None,
         Some(a) => Some(Arc::new(Authenticator::new(a).map_err(|e| {
-            ConfigError::new("auth_required", ConfigErrorKind::Invalid, e.to_string())
+            crate::error::config(ConfigError::new(
+                "auth_required",
+                ConfigErrorKind::Invalid,
+                e.to_string(),
+            ))
         })?)),
     };
     let whip = match &config.server.whip {

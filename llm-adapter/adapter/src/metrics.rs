@@ -22,22 +22,13 @@
 use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
-use weir_service::metrics::Declared;
 
-/// Declares each metric recorded through the `metrics` facade once: its name constant
-/// and its kind, collected into [`DECLARED`].
-macro_rules! declared {
-    ($($(#[$doc:meta])* $kind:ident pub const $name:ident: &str = $value:literal;)*) => {
-        $($(#[$doc])* pub const $name: &str = $value;)*
+weir_service::declare_metrics! {
+    /// Every metric recorded through the `metrics` facade, registered at start
+    /// ([`weir_service::metrics::register`]) so that each is in the first scrape. (The
+    /// latency histograms are `LatencyHistogram`s, always rendered.)
+    pub const DECLARED;
 
-        /// Every metric recorded through the `metrics` facade, registered at start
-        /// ([`weir_service::metrics::register`]) so that each is in the first scrape. (The latency
-        /// histograms are `LatencyHistogram`s, always rendered.)
-        pub const DECLARED: &[Declared] = &[$(Declared::$kind($name)),*];
-    };
-}
-
-declared! {
     /// Counter: requests received on the inference subject (every attempt, joins included).
     counter pub const OFFERED_TOTAL: &str = "weir_llm_requests_offered_total";
     /// Counter: requests admitted into the queue.
@@ -108,10 +99,12 @@ declared! {
     /// Counter: successful replies not cached because one alone exceeds
     /// `idempotency.max_bytes`.
     counter pub const CACHE_TOO_LARGE_TOTAL: &str = "weir_llm_idempotency_cache_too_large_total";
-    /// Counter: messages the NATS client dropped because a subscription's channel
-    /// (`nats.subscription_capacity`) was full (slow consumer). A request dropped there
-    /// gets no answer; it is counted here and in `/v1/stats` `nats.dropped`.
-    counter pub const NATS_DROPPED_TOTAL: &str = "weir_llm_nats_dropped_total";
+    /// Counter: the NATS client's events, label `event` (`connected`, `disconnected`,
+    /// `slow_consumer` = one message dropped because a subscription's channel,
+    /// `nats.subscription_capacity`, was full: a request dropped there gets no answer,
+    /// also `/v1/stats` `nats.dropped`; `malformed_message` = a message the client could
+    /// not read, skipped or delivered without headers, the connection stays up; ...).
+    counter pub const NATS_EVENTS_TOTAL: &str = "weir_llm_nats_events_total";
     /// Counter: messages the NATS client received, every subscription (published when
     /// stats are read).
     counter pub const NATS_IN_MESSAGES_TOTAL: &str = "weir_llm_nats_in_messages_total";
@@ -119,12 +112,6 @@ declared! {
     /// `weir_llm_nats_in_messages_total − weir_llm_intake_taken_total` is the exact number the
     /// client dropped (plus `$SRV` requests and NATS-backend replies).
     counter pub const INTAKE_TAKEN_TOTAL: &str = "weir_llm_intake_taken_total";
-    /// Counter: NATS connections lost.
-    counter pub const NATS_DISCONNECTS_TOTAL: &str = "weir_llm_nats_disconnects_total";
-    /// Counter: messages the NATS client could not read (a non-UTF-8 subject or reply
-    /// subject: skipped; a malformed header block: delivered without headers); the
-    /// connection stays up (the vendored async-nats, vendor/README.md).
-    counter pub const NATS_MALFORMED_TOTAL: &str = "weir_llm_nats_malformed_total";
     /// Counter: admin connections refused because `admin.max_connections` were open
     /// (labels `listener` = `admin`, `reason` = `max_connections`).
     counter pub const ADMIN_CONNECTIONS_REFUSED_TOTAL: &str = "weir_llm_admin_connections_refused_total";

@@ -1,9 +1,10 @@
-//! Counters of the NATS client's own events: messages the client dropped because a
-//! subscription's channel was full (slow consumer), and disconnects.
+//! The adapter's view of its NATS client's events: the one event handler
+//! ([`weir_service::nats::NatsEvents`], counting `weir_llm_nats_events_total{event}` and
+//! `weir_llm_nats_connected`) plus the messages the endpoint loops took.
 //!
 //! A request dropped inside async-nats never reaches the adapter, so admission cannot
-//! count it; async-nats emits one `Event::SlowConsumer(sid)` per dropped message, and
-//! this is where they are counted (`weir_llm_nats_dropped_total`, `nats.dropped` in
+//! count it; async-nats emits one `Event::SlowConsumer(sid)` per dropped message
+//! (`weir_llm_nats_events_total{event="slow_consumer"}`, `nats.dropped` in
 //! `/v1/stats`). A caller whose request was dropped there gets no answer at all (a
 //! timeout; see docs/llm-adapter.md, "Bursts").
 //!
@@ -13,131 +14,58 @@
 //! client's own statistics: `not_taken` = messages the client received − messages the
 //! endpoint loops took ([`NatsEvents::took`]).
 //!
-//! Invariants:
-//! - the event callback does only atomic adds and a map update under a short lock (no
-//!   I/O per event): async-nats delivers events through a 128-slot channel and discards
-//!   events when the callback falls behind, which would make the count low;
-//! - a log line is written for the first drop of each subscription and then for every
-//!   [`LOG_EVERY`]th, never per message.
-//!
 //! A message the client could not read (a non-UTF-8 subject or reply subject, a broken
-//! header block) no longer drops the connection (the vendored async-nats skips it, or
-//! delivers it without headers); it is counted here (`weir_llm_nats_malformed_total`).
+//! header block) does not drop the connection (the vendored async-nats skips it, or
+//! delivers it without headers); it is counted
+//! (`weir_llm_nats_events_total{event="malformed_message"}`, `nats.malformed`).
 
-use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
-use serde::{Deserialize, Serialize};
+use weir_service::nats::EventMetrics;
 
 use crate::metrics as m;
-use crate::sync::locked;
 
-/// One log line per this many dropped messages of one subscription.
-pub const LOG_EVERY: u64 = 10_000;
+/// The names the adapter counts its NATS client's events under.
+pub const EVENT_METRICS: EventMetrics = EventMetrics {
+    events_total: m::NATS_EVENTS_TOTAL,
+    connected: m::NATS_CONNECTED,
+};
 
-/// Counters of one client's events. Cheap to clone (shared).
-#[derive(Clone, Default)]
+/// Counters of one client's events and of the messages the endpoint loops took. Cheap
+/// to clone (shared).
+#[derive(Clone, Debug)]
 pub struct NatsEvents {
-    inner: Arc<Inner>,
+    events: weir_service::nats::NatsEvents,
+    taken: Arc<AtomicU64>,
 }
 
-#[derive(Default)]
-struct Inner {
-    taken: AtomicU64,
-    dropped: AtomicU64,
-    disconnects: AtomicU64,
-    malformed: AtomicU64,
-    by_sid: Mutex<BTreeMap<u64, u64>>,
+impl Default for NatsEvents {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
-/// A snapshot of [`NatsEvents`], part of `/v1/stats`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NatsEventsSnapshot {
-    /// Messages the NATS client dropped (slow consumer), all subscriptions.
-    pub dropped: u64,
-    /// The same, by subscription id (the service's endpoints and its `$SRV` handlers).
-    pub dropped_by_sid: BTreeMap<u64, u64>,
-    /// Connections lost (each is followed by a reconnect attempt).
-    pub disconnects: u64,
-    /// Messages the client could not read (skipped, or delivered without headers); the
-    /// connection stayed up.
-    #[serde(default)]
-    pub malformed: u64,
-    /// Messages the client received from the server, every subscription
-    /// (async-nats `Statistics::in_messages`).
-    pub in_messages: u64,
-    /// Messages the adapter's endpoint loops took from their subscriptions.
-    pub taken: u64,
-    /// `in_messages − taken`: dropped by the client, still buffered, or for a
-    /// subscription the endpoint loops do not read (`$SRV` requests, replies of a NATS
-    /// backend). At rest and without such traffic it equals the messages dropped — the
-    /// exact count; `dropped` above can be lower (see the module docs).
-    pub not_taken: u64,
-}
+/// A snapshot of [`NatsEvents`], part of `/v1/stats` (the shared admin type).
+pub use weir_protocol::admin::NatsClientStats as NatsEventsSnapshot;
 
 impl NatsEvents {
     /// Fresh counters.
     pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// `opts` with an event callback that counts into `self`, logs connection changes
-    /// and keeps the `weir_llm_nats_connected` gauge.
-    pub fn attach(&self, opts: async_nats::ConnectOptions) -> async_nats::ConnectOptions {
-        let me = self.clone();
-        opts.event_callback(move |event| {
-            let me = me.clone();
-            async move { me.on_event(&event) }
-        })
-    }
-
-    fn on_event(&self, event: &async_nats::Event) {
-        use async_nats::Event;
-        match event {
-            Event::SlowConsumer(sid) => {
-                self.inner.dropped.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!(m::NATS_DROPPED_TOTAL).increment(1);
-                let n = {
-                    let mut map = locked(&self.inner.by_sid);
-                    let n = map.entry(*sid).or_insert(0);
-                    *n += 1;
-                    *n
-                };
-                if n == 1 || n % LOG_EVERY == 0 {
-                    tracing::warn!(
-                        sid,
-                        dropped = n,
-                        "nats client dropped messages (slow consumer): callers get no answer"
-                    );
-                }
-            }
-            Event::Connected => {
-                metrics::gauge!(m::NATS_CONNECTED).set(1.0);
-                tracing::info!(event = %event, "nats connection event");
-            }
-            Event::Disconnected => {
-                self.inner.disconnects.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!(m::NATS_DISCONNECTS_TOTAL).increment(1);
-                metrics::gauge!(m::NATS_CONNECTED).set(0.0);
-                tracing::warn!(event = %event, "nats connection event");
-            }
-            Event::ClientError(async_nats::ClientError::MalformedMessage(_)) => {
-                self.inner.malformed.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!(m::NATS_MALFORMED_TOTAL).increment(1);
-                static MALFORMED: weir_service::ratelimit::LogLimit =
-                    weir_service::ratelimit::LogLimit::new(std::time::Duration::from_secs(10));
-                if let Some(suppressed) = MALFORMED.allow() {
-                    tracing::warn!(event = %event, suppressed, "nats message the client could not read");
-                }
-            }
-            _ => tracing::info!(event = %event, "nats connection event"),
+        Self {
+            events: weir_service::nats::NatsEvents::new(EVENT_METRICS),
+            taken: Arc::default(),
         }
+    }
+
+    /// `opts` with the event handler installed.
+    pub fn attach(&self, opts: async_nats::ConnectOptions) -> async_nats::ConnectOptions {
+        self.events.attach(opts)
     }
 
     /// One message taken by an endpoint loop.
     pub(crate) fn took(&self) {
-        self.inner.taken.fetch_add(1, Ordering::Relaxed);
+        self.taken.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The counters now, with the client's received-message count.
@@ -152,21 +80,28 @@ impl NatsEvents {
 
     /// The counters now (`in_messages` = 0: see [`NatsEvents::snapshot_with`]).
     pub fn snapshot(&self) -> NatsEventsSnapshot {
+        let c = self.events.counts();
         NatsEventsSnapshot {
-            taken: self.inner.taken.load(Ordering::Relaxed),
+            taken: self.taken.load(Ordering::Relaxed),
             in_messages: 0,
             not_taken: 0,
-            dropped: self.inner.dropped.load(Ordering::Relaxed),
-            dropped_by_sid: locked(&self.inner.by_sid).clone(),
-            disconnects: self.inner.disconnects.load(Ordering::Relaxed),
-            malformed: self.inner.malformed.load(Ordering::Relaxed),
+            dropped: c.slow_consumer,
+            dropped_by_sid: c.slow_consumer_by_sid,
+            disconnects: c.disconnects,
+            malformed: c.malformed,
         }
+    }
+
+    #[cfg(test)]
+    fn on_event(&self, event: &async_nats::Event) {
+        self.events.record(event);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     #[test]
     fn slow_consumer_events_are_counted_per_sid_and_disconnects_apart() {

@@ -8,6 +8,7 @@
 //! A real nats-server, the adapter in-process. The subscriber is the process-wide one
 //! (the adapter's workers run on other threads), so this binary holds one test.
 
+#[path = "it/common/mod.rs"]
 mod common;
 
 use std::time::Duration;

@@ -335,12 +335,7 @@ async fn publish_all(client: &async_nats::Client, streams: &[(String, String)], 
 }
 
 fn loadavg_1m() -> Option<f64> {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
+    weir_service::process::load_average_1m()
 }
 
 /// Runs one failover scenario with `streams` streams.

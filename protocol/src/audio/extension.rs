@@ -44,6 +44,7 @@ pub mod headers {
 #[strum(serialize_all = "snake_case")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum EndReason {
     /// The producer finished the stream.
     Producer,
@@ -64,6 +65,7 @@ pub enum EndReason {
 #[strum(serialize_all = "snake_case")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum OverloadReason {
     /// The byte budget stayed full for longer than `max_wait`.
     QueueFull,
@@ -80,6 +82,7 @@ pub enum OverloadReason {
 
 /// The overload report carried in [`headers::OVERLOAD`] and sent to the producer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Overload {
     /// What tripped it.
     pub reason: OverloadReason,
@@ -127,6 +130,7 @@ impl Overload {
 /// Header [`headers::POSSIBLY_LOST`], compact JSON:
 /// `{"first_seq":101,"last_seq":125,"frames":25,"total_frames":25,"reason":"unconfirmed_at_disconnect"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct PossibleLoss {
     /// First seq of the range declared by this packet.
     pub first_seq: u64,
@@ -145,6 +149,7 @@ pub struct PossibleLoss {
 #[strum(serialize_all = "snake_case")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum PossibleLossReason {
     /// The connection dropped (reconnect) before the server confirmed them.
     UnconfirmedAtDisconnect,

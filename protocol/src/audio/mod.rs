@@ -1,8 +1,9 @@
 //! Audio packets: the deployed codec ([`packet`]) and the versioned extensions
-//! ([`extension`]).
+//! ([`extension`]); the producer doors' JSON messages ([`ws`]).
 
 pub mod extension;
 pub mod packet;
+pub mod ws;
 
 pub use packet::{
     AudioFormat, BodyRef, CHANNELS, DecodeError, DecodeErrorKind, DecodeOptions, EncodeError,

@@ -77,6 +77,7 @@ impl Default for AudioFormat {
 #[strum(serialize_all = "snake_case")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum GapReason {
     /// The producer's queue was full (bytes bound); the oldest frames were dropped.
     QueueFull,

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// Reply of the cancel endpoint.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct CancelReply {
     /// The request id.
     pub request_id: String,

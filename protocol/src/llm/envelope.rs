@@ -26,10 +26,13 @@ use super::error::ErrorBody;
 
 /// The five envelope fields of a request, as the caller sent them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct EnvelopeMeta {
     /// Trace id (echoed unchanged).
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::non_null"))]
     pub trace_id: Value,
     /// Request id (echoed unchanged).
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::non_null"))]
     pub request_id: Value,
     /// Correlation id (echoed unchanged; `null` when absent).
     #[serde(default)]
@@ -38,6 +41,7 @@ pub struct EnvelopeMeta {
     #[serde(default)]
     pub session_id: Value,
     /// Timestamp in unix milliseconds (echoed unchanged).
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::non_null"))]
     pub ts_ms: Value,
 }
 
@@ -81,6 +85,7 @@ fn value_as_id(v: &Value) -> Option<String> {
 
 /// A response envelope: the request's five fields, then `ok`, `data`, `error`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ResponseEnvelope {
     /// The request's envelope fields, echoed.
     #[serde(flatten)]

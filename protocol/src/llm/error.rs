@@ -30,6 +30,7 @@ use crate::WireName;
 #[strum(serialize_all = "snake_case")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum ErrorCode {
     /// The global queue is full.
     QueueFull,
@@ -108,6 +109,7 @@ impl FromStr for ErrorCode {
 
 /// The numbers that explain a refusal. Only the fields that apply are set.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ErrorDetails {
     /// The limit that was hit (queue capacity, session cap, per-key limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -158,6 +160,7 @@ impl ErrorDetails {
 /// A complete error: code, message and details. This is the JSON error body
 /// (`{"code":..,"message":..,"details":{..}}`) and the `error` member of an envelope.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ErrorBody {
     /// The machine-readable code.
     pub code: ErrorCode,

@@ -16,6 +16,7 @@
 //! Nothing here panics on input: header values and bodies that do not parse give a typed
 //! error or `None`.
 
+pub mod capabilities;
 pub mod envelope;
 pub mod error;
 pub mod headers;
@@ -23,6 +24,7 @@ pub mod stream;
 
 mod cancel;
 pub use cancel::CancelReply;
+pub use capabilities::Capabilities;
 
 pub use envelope::{EnvelopeMeta, ResponseEnvelope};
 pub use error::{ErrorBody, ErrorCode, ErrorDetails, UnknownErrorCode};

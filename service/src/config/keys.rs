@@ -14,17 +14,41 @@ use std::fmt::Write as _;
 
 use toml::Value;
 
-use super::{Layers, any_element};
+use super::{Layers, Range, any_element};
 
 /// What the code cannot know about a key: its allowed values and its meaning.
 #[derive(Debug, Clone, Copy)]
 pub struct KeyDoc {
     /// The key (dotted path for a nested key).
     pub name: &'static str,
-    /// Allowed values, as text.
-    pub range: &'static str,
+    /// Allowed values: the bounds the validation checks, or words.
+    pub range: Range,
     /// What it does.
     pub help: &'static str,
+}
+
+impl KeyDoc {
+    /// A key's documentation.
+    pub const fn new(name: &'static str, range: Range, help: &'static str) -> Self {
+        Self { name, range, help }
+    }
+}
+
+/// The documentation of `key` among `sections`; an element key (`limits[2].limit`) is
+/// found as `limits[].limit`.
+pub fn find<'a>(sections: &'a [Section], key: &str) -> Option<&'a KeyDoc> {
+    let name = any_element(key, "[]");
+    sections
+        .iter()
+        .flat_map(Section::docs)
+        .find(|d| d.name == name)
+}
+
+/// The range documented for `key` among `sections` ([`Range::Any`] when none: a
+/// range check of it then refuses, naming the key, which a unit test of every service
+/// reaches by loading the defaults).
+pub fn range(sections: &[Section], key: &str) -> Range {
+    find(sections, key).map_or(Range::Any, |d| d.range)
 }
 
 /// A group of keys shown as one table.
@@ -34,6 +58,34 @@ pub struct Section {
     pub name: &'static str,
     /// The keys, in the order shown.
     pub keys: &'static [KeyDoc],
+    /// Keys a binary adds to a shared section (`[nats]` of the adapter), shown after
+    /// [`Section::keys`] in the same table.
+    pub extra: &'static [KeyDoc],
+}
+
+impl Section {
+    /// A section of `keys`.
+    pub const fn new(name: &'static str, keys: &'static [KeyDoc]) -> Self {
+        Self {
+            name,
+            keys,
+            extra: &[],
+        }
+    }
+
+    /// A shared section's `keys` followed by a binary's own `extra` keys.
+    pub const fn with_extra(
+        name: &'static str,
+        keys: &'static [KeyDoc],
+        extra: &'static [KeyDoc],
+    ) -> Self {
+        Self { name, keys, extra }
+    }
+
+    /// Every key, in the order shown.
+    pub fn docs(&self) -> impl Iterator<Item = &'static KeyDoc> {
+        self.keys.iter().chain(self.extra)
+    }
 }
 
 /// One row of the table.
@@ -46,7 +98,7 @@ pub struct KeyRow {
     /// The default as TOML would write it; `None` for an empty string or array (unset).
     pub default: Option<String>,
     /// Allowed values.
-    pub range: &'static str,
+    pub range: String,
     /// Meaning.
     pub help: &'static str,
 }
@@ -66,8 +118,7 @@ pub fn rows(layers: &Layers, section: &Section) -> Vec<KeyRow> {
     let schema = leaves(layers.schema());
     let defaults = leaves(layers.defaults());
     section
-        .keys
-        .iter()
+        .docs()
         .map(|doc| {
             let ty = schema.iter().find(|(k, _)| k == doc.name).map(|(_, v)| *v);
             let default = if doc.name.contains("[]") {
@@ -82,7 +133,7 @@ pub fn rows(layers: &Layers, section: &Section) -> Vec<KeyRow> {
                 name: doc.name.to_owned(),
                 ty: ty.map_or("unknown", type_name),
                 default: default.and_then(shown),
-                range: doc.range,
+                range: doc.range.to_string(),
                 help: doc.help,
             }
         })
@@ -95,7 +146,7 @@ pub fn uncovered(layers: &Layers, sections: &[Section]) -> (Vec<String>, Vec<&'s
     let leaves = leaves(layers.schema());
     let documented: Vec<&str> = sections
         .iter()
-        .flat_map(|s| s.keys.iter().map(|k| k.name))
+        .flat_map(|s| s.docs().map(|k| k.name))
         .collect();
     let undocumented = leaves
         .iter()
@@ -139,7 +190,7 @@ pub fn text(rows: &[KeyRow]) -> String {
             "{:<30} {:<8} default {:<24} {}",
             r.name, r.ty, default, r.help
         );
-        let _ = match r.range {
+        let _ = match r.range.as_str() {
             "" => writeln!(out),
             range => writeln!(out, "  ({range})"),
         };
@@ -162,7 +213,7 @@ pub fn markdown(rows: &[KeyRow]) -> String {
             r.name,
             r.ty,
             default,
-            cell(r.range),
+            cell(&r.range),
             cell(r.help)
         );
     }

@@ -1,6 +1,14 @@
-//! Configuration loading, written once for every service: layers merged into one TOML
-//! table, then deserialized into the service's raw serde struct (which the service
-//! validates into its settings types).
+//! Configuration, written once for every service: the loader, the one error type, typed
+//! ranges, and the sections every binary composes.
+//!
+//! - [`ConfigError`] (with [`ConfigErrorKind`]) is the only refusal of a configuration
+//!   value, in every crate; [`ConfigWarning`] is the tier beside it (`check-config`).
+//! - [`Range`] is a key's allowed values as data: the validation and the key table read
+//!   the same bounds.
+//! - [`Layers`] (feature `config`) merges the layers into one TOML table, then
+//!   deserializes it into the service's raw serde struct (which the service validates
+//!   into its settings types). [`keys`] prints the key table; [`section`] holds the
+//!   sections both binaries compose (`[nats]`, `[admin]`, `[log]`).
 //!
 //! Layers, lowest precedence first: the defaults (`Raw::default()` serialized, so each
 //! default is written once, in `Default`), a TOML file, environment variables
@@ -12,9 +20,11 @@
 //! Invariants:
 //! - every value set by a layer keeps its [`Origin`], so a refusal names the key *and*
 //!   where the value came from (the file, the variable, the command line);
-//! - nothing is ignored silently: a key the raw struct does not have
-//!   (`#[serde(deny_unknown_fields)]`) is refused whichever layer set it, an environment
-//!   variable under the prefix included (unless the service lists it as not a key);
+//! - nothing is ignored silently: a key the schema does not have is refused whichever
+//!   layer set it, an environment variable under the prefix included (unless the
+//!   service lists it as not a key);
+//! - a renamed key ([`Alias`]) still loads under its old name for one release, setting
+//!   the new key, and leaves a [`ConfigWarning`] naming both;
 //! - text values (environment, command line) take the type of the key's default: a
 //!   string key keeps the text as is (`"0123"` stays a string), a boolean key takes
 //!   `true`/`false` (and `1`/`0`, `yes`/`no`), any other key parses the text as a TOML
@@ -33,15 +43,27 @@
 //! (origins, refusal of unknown variables, a key table from the defaults) is this
 //! module over the `toml` crate every service already uses.
 
-pub mod keys;
+mod error;
+mod range;
 
-use std::collections::BTreeMap;
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use serde::Serialize;
-use serde::de::DeserializeOwned;
-use toml::{Table, Value};
+pub use error::{ConfigError, ConfigErrorKind, ConfigWarning};
+pub use range::{Range, Unit};
+
+#[cfg(feature = "config")]
+pub mod keys;
+#[cfg(feature = "config")]
+mod layers;
+#[cfg(feature = "config")]
+pub mod section;
+#[cfg(all(test, feature = "config"))]
+use layers::edit_distance;
+#[cfg(feature = "config")]
+pub use layers::{Alias, Layers, cli_overrides};
+#[cfg(feature = "config")]
+pub(crate) use layers::{any_element, flatten};
 
 /// Where a value came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,459 +89,5 @@ impl fmt::Display for Origin {
     }
 }
 
-/// Machine-readable kind of a [`LoadError`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum LoadErrorKind {
-    /// Not a configuration key.
-    UnknownKey,
-    /// The value has the wrong type (a string for an integer...).
-    WrongType,
-    /// The value has the right type but is not accepted (a negative count, an unknown
-    /// variant).
-    InvalidValue,
-    /// The file could not be read or is not TOML.
-    File,
-}
-
-/// A layer or the merged configuration was refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LoadError {
-    key: String,
-    origin: Origin,
-    kind: LoadErrorKind,
-    message: String,
-}
-
-impl LoadError {
-    /// The key (dotted path for a nested key; the path for a file error; empty when no
-    /// single value explains the refusal).
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-    /// Where the refused value came from.
-    pub fn origin(&self) -> &Origin {
-        &self.origin
-    }
-    /// The kind.
-    pub fn kind(&self) -> LoadErrorKind {
-        self.kind
-    }
-    /// The explanation, without the key and the origin.
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-}
-
-impl fmt::Display for LoadError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.key.as_str() {
-            // No single value explains the refusal (see `Layers::build`).
-            "" => write!(f, "configuration refused: {}", self.message),
-            key => write!(
-                f,
-                "config key `{key}` (from {}): {}",
-                self.origin, self.message
-            ),
-        }
-    }
-}
-
-impl std::error::Error for LoadError {}
-
-/// The layers merged so far, with the origin of every value that is not a default.
-#[derive(Debug, Clone)]
-pub struct Layers {
-    defaults: Table,
-    schema: Table,
-    merged: Table,
-    origins: BTreeMap<String, Origin>,
-}
-
-impl Layers {
-    /// Starts from `defaults` (the raw struct's `Default`), serialized.
-    ///
-    /// # Panics
-    /// Never for a raw struct of TOML-representable fields; a field TOML cannot hold
-    /// (a `u64` above `i64::MAX`, an `Option` inside an array) is a programming error
-    /// that every service's unit tests hit at once.
-    pub fn new<T: Serialize>(defaults: &T) -> Self {
-        let defaults = match Table::try_from(defaults) {
-            Ok(t) => t,
-            Err(e) => panic!("the configuration defaults do not serialize to TOML: {e}"),
-        };
-        Self::new_from(defaults)
-    }
-
-    /// Declares the keys the defaults do not show: `schema` is a value of the raw
-    /// struct with every optional key set and one element in each array of tables
-    /// (whose fields are the element defaults). It types text values, is searched for
-    /// "did you mean" and is listed by [`keys`].
-    ///
-    /// # Panics
-    /// As [`Layers::new`].
-    pub fn with_schema<T: Serialize>(mut self, schema: &T) -> Self {
-        self.schema = match Table::try_from(schema) {
-            Ok(t) => t,
-            Err(e) => panic!("the configuration schema does not serialize to TOML: {e}"),
-        };
-        self
-    }
-
-    /// The defaults as a table.
-    pub fn defaults(&self) -> &Table {
-        &self.defaults
-    }
-
-    /// The schema (see [`Layers::with_schema`]).
-    pub fn schema(&self) -> &Table {
-        &self.schema
-    }
-
-    /// Where the value of `key` (a dotted path) came from.
-    pub fn origin(&self, key: &str) -> &Origin {
-        self.origins.get(key).unwrap_or(&Origin::Default)
-    }
-
-    /// Merges a TOML file (nested tables merge key by key).
-    pub fn file(&mut self, path: &Path) -> Result<(), LoadError> {
-        let fail = |message: String| LoadError {
-            key: path.display().to_string(),
-            origin: Origin::File(path.to_owned()),
-            kind: LoadErrorKind::File,
-            message,
-        };
-        let text = std::fs::read_to_string(path).map_err(|e| fail(format!("cannot read: {e}")))?;
-        let table: Table = text.parse().map_err(|e| fail(format!("not TOML: {e}")))?;
-        self.table(&table, &Origin::File(path.to_owned()));
-        Ok(())
-    }
-
-    /// Merges a parsed TOML table (a file's contents) key by key, each value with
-    /// `origin`.
-    pub fn table(&mut self, table: &Table, origin: &Origin) {
-        let mut leaves = Vec::new();
-        flatten("", table, &mut leaves);
-        for (key, value) in leaves {
-            // An empty `[section]` of a known section changes nothing (inserting it
-            // would drop the section's defaults); an unknown one is still refused.
-            let empty_known = value.as_table().is_some_and(Table::is_empty)
-                && lookup(&self.merged, &key).is_some_and(Value::is_table);
-            if !empty_known {
-                self.insert(&key, value.clone(), origin.clone());
-            }
-        }
-    }
-
-    /// Merges the variables named `prefix` + key: `WEIR_LLM_NATS__URL` sets `nats.url`.
-    /// `not_keys` are suffixes under the prefix that are something else (a flag's
-    /// variable); every other variable under the prefix must be a key.
-    pub fn env(
-        &mut self,
-        prefix: &str,
-        vars: impl IntoIterator<Item = (String, String)>,
-        not_keys: &[&str],
-    ) {
-        for (name, text) in vars {
-            let Some(suffix) = name.strip_prefix(prefix) else {
-                continue;
-            };
-            if not_keys.contains(&suffix) {
-                continue;
-            }
-            let key = suffix.to_ascii_lowercase().replace("__", ".");
-            self.set_text(&key, &text, Origin::Env(name.clone()));
-        }
-    }
-
-    /// Merges one text value (`--set key=value`, a flag, a variable): it takes the type
-    /// of the key's default (see the module invariants).
-    pub fn set_text(&mut self, key: &str, text: &str, origin: Origin) {
-        let value = coerce(text, lookup(&self.schema, &first_element(key)));
-        self.insert(key, value, origin);
-    }
-
-    fn insert(&mut self, key: &str, value: Value, origin: Origin) {
-        let mut table = &mut self.merged;
-        let mut parts = key.split('.').map(part).peekable();
-        while let Some((name, index)) = parts.next() {
-            let last = parts.peek().is_none();
-            let slot = match (index, last) {
-                (None, true) => {
-                    table.insert(name.to_owned(), value);
-                    break;
-                }
-                (None, false) => table
-                    .entry(name.to_owned())
-                    .or_insert_with(|| Value::Table(Table::new())),
-                // `name[i]`: element `i` of an array of tables, created up to `i`.
-                (Some(i), _) => {
-                    let array = table
-                        .entry(name.to_owned())
-                        .or_insert_with(|| Value::Array(Vec::new()));
-                    if !array.is_array() {
-                        *array = Value::Array(Vec::new());
-                    }
-                    let Value::Array(items) = array else { break };
-                    if items.len() <= i {
-                        items.resize(i + 1, Value::Table(Table::new()));
-                    }
-                    &mut items[i]
-                }
-            };
-            if index.is_some() && last {
-                *slot = value;
-                break;
-            }
-            if !slot.is_table() {
-                *slot = Value::Table(Table::new());
-            }
-            let Value::Table(next) = slot else { break };
-            table = next;
-        }
-        self.origins.insert(key.to_owned(), origin);
-    }
-
-    /// Deserializes the merged table into the raw struct. A refusal names the key and
-    /// the origin of its value, and for an unknown key the nearest known one.
-    pub fn build<T: DeserializeOwned>(&self) -> Result<T, LoadError> {
-        let whole = match Value::Table(self.merged.clone()).try_into::<T>() {
-            Ok(raw) => return Ok(raw),
-            Err(e) => e,
-        };
-        // Find the value serde refused: the first one that fails on top of the defaults
-        // alone (the error path is rare; a few dozen small deserializations).
-        for (key, origin) in &self.origins {
-            let Some(value) = lookup(&self.merged, key) else {
-                continue;
-            };
-            let mut probe = Self::new_from(self.defaults.clone());
-            probe.schema.clone_from(&self.schema);
-            probe.insert(key, value.clone(), origin.clone());
-            if let Err(e) = Value::Table(probe.merged).try_into::<T>() {
-                return Err(self.refusal(key, origin, e.message()));
-            }
-        }
-        Err(LoadError {
-            key: String::new(),
-            origin: Origin::Default,
-            kind: LoadErrorKind::InvalidValue,
-            message: whole.message().trim().to_owned(),
-        })
-    }
-
-    fn new_from(defaults: Table) -> Self {
-        Self {
-            merged: defaults.clone(),
-            schema: defaults.clone(),
-            defaults,
-            origins: BTreeMap::new(),
-        }
-    }
-
-    fn refusal(&self, key: &str, origin: &Origin, serde_message: &str) -> LoadError {
-        let serde_message = serde_message.trim();
-        let kind = if serde_message.starts_with("unknown field") {
-            LoadErrorKind::UnknownKey
-        } else if serde_message.starts_with("invalid type") {
-            LoadErrorKind::WrongType
-        } else {
-            LoadErrorKind::InvalidValue
-        };
-        // serde names the unknown field; the key is the path down to it (`[section]`
-        // with `x = 1` in it is the unknown key `section`).
-        let key = match (kind, serde_message.split('`').nth(1)) {
-            (LoadErrorKind::UnknownKey, Some(field)) => {
-                let parts: Vec<&str> = key.split('.').collect();
-                match parts.iter().position(|p| *p == field) {
-                    Some(i) => parts[..=i].join("."),
-                    None => key.to_owned(),
-                }
-            }
-            _ => key.to_owned(),
-        };
-        let message = match kind {
-            LoadErrorKind::UnknownKey => {
-                let hint = nearest(&self.schema, &key)
-                    .map(|k| format!("; did you mean `{k}`?"))
-                    .unwrap_or_default();
-                format!("not a configuration key{hint}")
-            }
-            _ => plain_types(serde_message),
-        };
-        LoadError {
-            key,
-            origin: origin.clone(),
-            kind,
-            message,
-        }
-    }
-}
-
-/// The text as the type of `default`.
-fn coerce(text: &str, default: Option<&Value>) -> Value {
-    let trimmed = text.trim();
-    match default {
-        Some(Value::String(_)) => Value::String(text.to_owned()),
-        Some(Value::Boolean(_)) => match trimmed {
-            "true" | "1" | "yes" => Value::Boolean(true),
-            "false" | "0" | "no" => Value::Boolean(false),
-            _ => Value::String(text.to_owned()),
-        },
-        // A number, an array, a table, a key without a default: a TOML value, or the
-        // text as a string (a bare word like `gap` for an enum without a default).
-        _ if trimmed.contains('\n') => Value::String(text.to_owned()),
-        _ => trimmed
-            .parse::<Value>()
-            .unwrap_or_else(|_| Value::String(text.to_owned())),
-    }
-}
-
-/// One part of a dotted path: `limits[1]` is `("limits", Some(1))`.
-fn part(text: &str) -> (&str, Option<usize>) {
-    match text.strip_suffix(']').and_then(|t| t.split_once('[')) {
-        Some((name, index)) => match index.parse() {
-            Ok(i) => (name, Some(i)),
-            Err(_) => (text, None),
-        },
-        None => (text, None),
-    }
-}
-
-/// `key` with every element index replaced by `replacement` (`limits[1].key` →
-/// `limits[].key` with `"[]"`).
-pub(crate) fn any_element(key: &str, replacement: &str) -> String {
-    key.split('.')
-        .map(|p| match part(p) {
-            (name, Some(_)) => format!("{name}{replacement}"),
-            (name, None) => name.to_owned(),
-        })
-        .collect::<Vec<_>>()
-        .join(".")
-}
-
-/// `key` addressing the schema's one element of each array (`limits[3].key` →
-/// `limits[0].key`).
-fn first_element(key: &str) -> String {
-    any_element(key, "[0]")
-}
-
-/// The value at a dotted path (`limits[1].key` included).
-fn lookup<'a>(table: &'a Table, key: &str) -> Option<&'a Value> {
-    let mut parts = key.split('.').map(part);
-    let (name, index) = parts.next()?;
-    let mut value = table.get(name)?;
-    if let Some(i) = index {
-        value = value.as_array()?.get(i)?;
-    }
-    for (name, index) in parts {
-        value = value.as_table()?.get(name)?;
-        if let Some(i) = index {
-            value = value.as_array()?.get(i)?;
-        }
-    }
-    Some(value)
-}
-
-/// Every leaf (a value that is neither a table nor an array of tables) with its dotted
-/// path; the elements of an array of tables are `name[i]`.
-pub(crate) fn flatten<'a>(prefix: &str, table: &'a Table, out: &mut Vec<(String, &'a Value)>) {
-    for (k, v) in table {
-        let key = if prefix.is_empty() {
-            k.clone()
-        } else {
-            format!("{prefix}.{k}")
-        };
-        match v {
-            Value::Table(t) if !t.is_empty() => flatten(&key, t, out),
-            Value::Array(items) if !items.is_empty() && items.iter().all(Value::is_table) => {
-                for (i, item) in items.iter().enumerate() {
-                    let element = format!("{key}[{i}]");
-                    match item {
-                        Value::Table(t) if !t.is_empty() => flatten(&element, t, out),
-                        _ => out.push((element, item)),
-                    }
-                }
-            }
-            _ => out.push((key, v)),
-        }
-    }
-}
-
-/// The known key or section nearest to `key` (at most two edits away), for "did you
-/// mean".
-fn nearest(defaults: &Table, key: &str) -> Option<String> {
-    let mut leaves = Vec::new();
-    flatten("", defaults, &mut leaves);
-    let leaves: Vec<String> = leaves
-        .into_iter()
-        .map(|(k, _)| any_element(&k, "[]"))
-        .collect();
-    // Sections are candidates too: `[natz]` is nearest to `nats`.
-    let sections: Vec<String> = leaves
-        .iter()
-        .flat_map(|k| k.match_indices('.').map(|(i, _)| k[..i].to_owned()))
-        .collect();
-    let key = any_element(key, "[]");
-    leaves
-        .into_iter()
-        .chain(sections)
-        .map(|k| (edit_distance(&k, &key), k))
-        .filter(|(d, _)| *d <= 2)
-        .min()
-        .map(|(_, k)| k)
-}
-
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let next = (diagonal + usize::from(ca != *cb))
-                .min(row[j] + 1)
-                .min(row[j + 1] + 1);
-            diagonal = row[j + 1];
-            row[j + 1] = next;
-        }
-    }
-    row[b.len()]
-}
-
-/// serde's Rust type names in words: "expected u64" → "expected a non-negative integer".
-fn plain_types(message: &str) -> String {
-    let mut out = message.to_owned();
-    for (rust, words) in [
-        ("expected u64", "expected a non-negative integer"),
-        ("expected u32", "expected a non-negative integer"),
-        ("expected usize", "expected a non-negative integer"),
-        ("expected i64", "expected an integer"),
-        ("expected f64", "expected a number"),
-    ] {
-        out = out.replace(rust, words);
-    }
-    out
-}
-
-#[cfg(test)]
+#[cfg(all(test, feature = "config"))]
 mod tests;
-
-/// The command line's overrides, in order: the dedicated flags that were given
-/// (`(key, value)`), then each `--set KEY=VALUE`; a `--set` without `=` is refused
-/// naming it.
-pub fn cli_overrides(
-    flags: &[(&str, &Option<String>)],
-    sets: &[String],
-) -> Result<Vec<(String, String)>, String> {
-    let mut out: Vec<(String, String)> = flags
-        .iter()
-        .filter_map(|(key, value)| value.as_ref().map(|v| ((*key).to_owned(), v.clone())))
-        .collect();
-    for kv in sets {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| format!("--set {kv:?}: expected KEY=VALUE"))?;
-        out.push((k.trim().to_owned(), v.to_owned()));
-    }
-    Ok(out)
-}

@@ -2,6 +2,7 @@ use serde::{Deserialize, Serialize};
 
 use super::keys::{self, KeyDoc, Section};
 use super::*;
+use toml::Table;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -131,7 +132,7 @@ fn wrong_types_name_the_key_the_origin_and_the_expected_type() {
         let err = env(&[(var, text)]).build::<Raw>().expect_err(text);
         assert_eq!(
             (err.key(), err.kind()),
-            (key, LoadErrorKind::WrongType),
+            (key, ConfigErrorKind::WrongType),
             "{err}"
         );
         assert_eq!(err.origin(), &Origin::Env(var.to_owned()));
@@ -148,10 +149,7 @@ fn wrong_types_name_the_key_the_origin_and_the_expected_type() {
     let mut layers = Layers::new(&Raw::default());
     layers.set_text("count", "-5", Origin::CommandLine);
     let err = layers.build::<Raw>().expect_err("negative");
-    assert_eq!(
-        (err.key(), err.kind()),
-        ("count", LoadErrorKind::InvalidValue)
-    );
+    assert_eq!((err.key(), err.kind()), ("count", ConfigErrorKind::Invalid));
     assert!(err.to_string().contains("the command line"), "{err}");
 }
 
@@ -162,7 +160,7 @@ fn unknown_keys_are_refused_from_every_layer() {
         .expect_err("env typo");
     assert_eq!(
         (err.key(), err.kind()),
-        ("coutn", LoadErrorKind::UnknownKey)
+        ("coutn", ConfigErrorKind::UnknownKey)
     );
     assert_eq!(err.origin(), &Origin::Env("WEIR_TEST_COUTN".to_owned()));
     assert!(
@@ -180,7 +178,7 @@ fn unknown_keys_are_refused_from_every_layer() {
     let err = layers.build::<Raw>().expect_err("flag");
     assert_eq!(
         (err.key(), err.kind()),
-        ("colour", LoadErrorKind::UnknownKey)
+        ("colour", ConfigErrorKind::UnknownKey)
     );
     assert!(!err.to_string().contains("did you mean"), "{err}");
 
@@ -192,7 +190,7 @@ fn unknown_keys_are_refused_from_every_layer() {
     let err = layers.build::<Raw>().expect_err("file");
     assert_eq!(
         (err.key(), err.kind()),
-        ("section", LoadErrorKind::UnknownKey)
+        ("section", ConfigErrorKind::UnknownKey)
     );
     assert!(err.to_string().contains("c.toml"), "{err}");
 
@@ -213,11 +211,11 @@ fn unknown_keys_are_refused_from_every_layer() {
     let err = Layers::new(&Raw::default())
         .file(&path)
         .expect_err("not TOML");
-    assert_eq!(err.kind(), LoadErrorKind::File);
+    assert_eq!(err.kind(), ConfigErrorKind::File);
     let err = Layers::new(&Raw::default())
         .file(&dir.path().join("missing.toml"))
         .expect_err("missing");
-    assert_eq!(err.kind(), LoadErrorKind::File);
+    assert_eq!(err.kind(), ConfigErrorKind::File);
 }
 
 #[test]
@@ -225,16 +223,17 @@ fn the_key_table_comes_from_the_defaults() {
     const DOCS: &[KeyDoc] = &[
         KeyDoc {
             name: "count",
-            range: "1..=8",
+            range: Range::int(1, 8),
             help: "how many | or fewer",
         },
         KeyDoc {
             name: "nats.token",
-            range: "",
+            range: Range::Any,
             help: "token",
         },
     ];
     let section = Section {
+        extra: &[],
         name: "test",
         keys: DOCS,
     };
@@ -342,7 +341,7 @@ fn arrays_of_tables_are_addressed_per_element() {
     let err = layers.build::<WithArray>().expect_err("negative");
     assert_eq!(
         (err.key(), err.kind()),
-        ("rules[1].limit", LoadErrorKind::InvalidValue),
+        ("rules[1].limit", ConfigErrorKind::Invalid),
         "{err}"
     );
     let mut layers = with_array();
@@ -350,7 +349,7 @@ fn arrays_of_tables_are_addressed_per_element() {
     let err = layers.build::<WithArray>().expect_err("unknown");
     assert_eq!(
         (err.key(), err.kind()),
-        ("rules[0].limits", LoadErrorKind::UnknownKey),
+        ("rules[0].limits", ConfigErrorKind::UnknownKey),
         "{err}"
     );
     assert!(err.to_string().contains("`rules[].limit`"), "{err}");
@@ -361,26 +360,27 @@ fn the_key_table_lists_element_and_unset_keys_from_the_schema() {
     const DOCS: &[KeyDoc] = &[
         KeyDoc {
             name: "count",
-            range: "",
+            range: Range::Any,
             help: "",
         },
         KeyDoc {
             name: "follows",
-            range: "",
+            range: Range::Any,
             help: "default: = count",
         },
         KeyDoc {
             name: "rules[].key",
-            range: "",
+            range: Range::Any,
             help: "",
         },
         KeyDoc {
             name: "rules[].limit",
-            range: "",
+            range: Range::Any,
             help: "",
         },
     ];
     let section = Section {
+        extra: &[],
         name: "t",
         keys: DOCS,
     };
@@ -404,4 +404,33 @@ fn the_key_table_lists_element_and_unset_keys_from_the_schema() {
         undocumented.is_empty() && extra.is_empty(),
         "{undocumented:?} {extra:?}"
     );
+}
+
+#[test]
+fn a_renamed_key_loads_under_its_old_name_with_a_warning_naming_the_new_one() {
+    static ALIASES: &[Alias] = &[
+        Alias::new("nats_url", "nats.url"),
+        Alias::new("total", "count"),
+    ];
+    let mut layers = Layers::new(&Raw::default()).with_aliases(ALIASES);
+    layers.env(
+        PREFIX,
+        [("WEIR_TEST_NATS_URL".to_owned(), "nats://h:1".to_owned())],
+        &[],
+    );
+    layers.set_text("total", "7", Origin::CommandLine);
+    let raw: Raw = layers.build().expect("loads");
+    assert_eq!((raw.nats.url.as_str(), raw.count), ("nats://h:1", 7));
+    let shown: Vec<String> = layers.warnings().iter().map(ToString::to_string).collect();
+    assert_eq!(shown.len(), 2, "{shown:?}");
+    assert!(
+        shown[0].contains("`nats_url`") && shown[0].contains("`nats.url`"),
+        "{shown:?}"
+    );
+    assert!(shown[0].contains("WEIR_TEST_NATS_URL"), "{shown:?}");
+    assert_eq!(layers.warnings()[1].keys(), ["total", "count"]);
+    // The new name alone: no warning.
+    let mut layers = Layers::new(&Raw::default()).with_aliases(ALIASES);
+    layers.set_text("nats.url", "nats://h:2", Origin::CommandLine);
+    assert!(layers.warnings().is_empty());
 }

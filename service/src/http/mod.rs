@@ -102,10 +102,22 @@ pub struct HttpOptions {
     pub metrics: ListenerMetrics,
 }
 
-/// Serves `router` on `listener` until `stop` resolves (a oneshot receiver also
-/// resolves when its sender is dropped): the accept loop stops, and connections that have not upgraded finish their current
-/// request and close (idle ones close at once; any still open 500 ms later is
-/// dropped).
+/// Accepts connections on `listener` and serves `router` on each, until `stop`
+/// resolves (a oneshot receiver also resolves when its sender is dropped).
+///
+/// - Each accepted connection takes a permit from `limiter` (which may evict a silent
+///   connection to make room, if the limiter was built to). When the cap (total or per
+///   IP) is full, the socket gets a fixed `503` with a JSON error body and `Retry-After`,
+///   is closed, and is counted in `refused_total{reason}`; it is never queued.
+/// - A served connection runs in its own task with HTTP/1.1 and upgrades, the header
+///   timeout, the head-size bound, the body bounds and the idle watchdog of `options`;
+///   its permit follows the socket through an upgrade.
+/// - A failed accept of one connection is skipped; any other accept error is counted
+///   and logged (rate-limited) and the loop pauses 50 ms before accepting again.
+/// - On `stop` the accept loop ends and the function returns at once, without waiting
+///   for the connections: those that have not upgraded finish the request in progress
+///   and close (idle keep-alive ones at once), and any still open 500 ms later is
+///   dropped. Upgraded connections are not ended here; their owner stops them.
 pub async fn serve(
     listener: TcpListener,
     router: Router,

@@ -1,8 +1,10 @@
 //! NATS for every weir client: the connection settings, validated once
-//! ([`settings`]), one way to connect ([`connect`]), connection-event labels,
+//! ([`settings`]), one way to connect ([`connect`]), one handler of the client's
+//! events ([`events`]) and their labels,
 //! subscribing with the server's confirmation and the stream of a KV bucket.
 
 mod connect;
+pub mod events;
 mod settings;
 
 use std::time::Duration;
@@ -13,6 +15,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 
 pub use connect::{ConnectError, ConnectErrorKind, connect, options};
+pub use events::{EventCounts, EventMetrics, NatsEvents};
 pub use settings::{
     DEFAULT_INBOX_PREFIX, DEFAULT_URL, FieldError, FieldErrorKind, MAX_INBOX_PREFIX_LEN,
     MAX_INBOX_PREFIX_TOKENS, NatsAuth, NatsConfig, NatsInput, NatsTls, parse_inbox_prefix,

@@ -1,20 +1,22 @@
 //! `audio-ingress`: `serve` (WebSocket front door + admin HTTP, publishing to NATS),
-//! `tap` (print decoded packets of a subject pattern) and `token` (mint a producer
-//! token for `auth_required`).
+//! `check-config` (the same configuration validated, its warnings printed), `tap`
+//! (print decoded packets of a subject pattern) and `token` (mint a producer token for
+//! `auth_required`).
 //!
 //! `serve` prints exactly one line on stdout when ready:
 //! `{"event":"ready","ws":"127.0.0.1:PORT","admin":"127.0.0.1:PORT"}`; logs go to
 //! stderr (`RUST_LOG` filters, default `info`). Exit codes: 0 after a graceful
 //! shutdown, 2 for a configuration error, 1 for any other start-up failure.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use weir_audio_ingress::config::{self, Config, ConfigSources};
+use weir_audio_ingress::config::{self, Config, ConfigSources, ConfigWarning};
 use weir_audio_ingress::error::ErrorKind;
 use weir_audio_ingress::{metrics as m, service, tap};
+use weir_service::app::{self, Failure, RunFlags};
 use weir_service::cli::ConfigFlags;
 use weir_service::logging::LogFormat;
 
@@ -33,6 +35,8 @@ struct Cli {
 enum Command {
     /// Run the WebSocket front door and the admin HTTP endpoint.
     Serve(ServeArgs),
+    /// Validate the configuration and print its warnings (exit 2 if refused).
+    CheckConfig(CheckArgs),
     /// Subscribe to a subject pattern and print decoded packets.
     Tap(tap::TapArgs),
     /// Mint a producer token (for tests and tooling; see `auth_required`).
@@ -74,32 +78,47 @@ struct TokenArgs {
 #[derive(Args)]
 #[command(mut_arg("set", |a| a.help("Any configuration key, e.g. `--set max_bytes=32000` (repeatable; applied last)")))]
 #[command(mut_arg("markdown", |a| a.help("With --list-keys: print the Markdown tables of docs/audio-ingress.md")))]
+#[command(mut_arg("threads", |a| a.env("WEIR_INGRESS_THREADS")))]
 struct ServeArgs {
     /// TOML configuration file (flat `key = value` lines).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// NATS server URL(s), comma-separated (key `nats_url`).
+    /// NATS server URL(s), comma-separated (key `nats.url`).
     #[arg(long, value_name = "URL")]
     nats_url: Option<String>,
     /// WebSocket listen address (key `listen`); port 0 picks a free port.
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
-    /// Admin HTTP listen address (key `admin`); port 0 picks a free port.
+    /// Admin HTTP listen address (key `admin.listen`); port 0 picks a free port.
     #[arg(long, value_name = "ADDR")]
     admin: Option<String>,
     #[command(flatten)]
     keys: ConfigFlags,
-    /// Log format on stderr.
-    #[arg(long, env = "WEIR_INGRESS_LOG_FORMAT", default_value = "text")]
-    log_format: LogFormat,
+    /// Log format on stderr, `text` or `json` (key `log.format`).
+    #[arg(long, env = "WEIR_INGRESS_LOG_FORMAT", value_name = "FORMAT")]
+    log_format: Option<String>,
+    #[command(flatten)]
+    run: RunFlags,
+}
+
+/// `audio-ingress check-config`: the `serve` configuration, checked.
+#[derive(Args)]
+struct CheckArgs {
+    #[command(flatten)]
+    serve: ServeArgs,
+    /// The consumers' `idle_timeout_ms`, to check it against the ingress's NATS hang
+    /// detection.
+    #[arg(long, value_name = "MS")]
+    consumer_idle_timeout_ms: Option<u64>,
 }
 
 fn sources(args: &ServeArgs) -> Result<ConfigSources, String> {
     let overrides = weir_service::config::cli_overrides(
         &[
-            ("nats_url", &args.nats_url),
+            ("nats.url", &args.nats_url),
             ("listen", &args.listen),
-            ("admin", &args.admin),
+            ("admin.listen", &args.admin),
+            ("log.format", &args.log_format),
         ],
         &args.keys.set,
     )?;
@@ -110,43 +129,52 @@ fn sources(args: &ServeArgs) -> Result<ConfigSources, String> {
     })
 }
 
-async fn serve(args: ServeArgs) -> ExitCode {
-    if args.keys.print_key_table(config::key_table) {
-        return ExitCode::SUCCESS;
-    }
-    let config = match sources(&args).and_then(|s| Config::load(&s).map_err(|e| e.to_string())) {
-        Ok(c) => c,
-        Err(e) => {
+/// The configuration of `args` with the warnings of its load; a refusal is printed.
+fn load(args: &ServeArgs) -> Result<(Config, Vec<ConfigWarning>), ExitCode> {
+    sources(args)
+        .and_then(|s| Config::load_checked(&s).map_err(|e| e.to_string()))
+        .map_err(|e| {
             eprintln!("audio-ingress: invalid configuration: {e}");
-            return ExitCode::from(2);
-        }
+            ExitCode::from(2)
+        })
+}
+
+/// `check-config`: refusals exit 2, warnings are printed on stderr (exit 0), and the
+/// last line on stdout says which.
+fn check_config(args: &CheckArgs) -> ExitCode {
+    let (config, mut warnings) = match load(&args.serve) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
     };
-    // The recorder is installed once per process, before any metric handle exists.
+    let idle = args.consumer_idle_timeout_ms.map(Duration::from_millis);
+    warnings.extend(config.warnings(idle));
+    for w in &warnings {
+        eprintln!("audio-ingress: {w}");
+    }
+    println!("configuration valid; {} warning(s)", warnings.len());
+    ExitCode::SUCCESS
+}
+
+async fn serve(config: Config, warnings: Vec<ConfigWarning>) -> Result<(), Failure> {
+    for w in warnings.iter().chain(&config.warnings(None)) {
+        tracing::warn!("{w}");
+    }
     let recorder = m::prometheus_recorder();
     let prometheus = recorder.handle();
-    if metrics::set_global_recorder(recorder).is_err() {
-        tracing::warn!("a metrics recorder was already installed; /metrics may be incomplete");
-    }
-    // Every metric in the first scrape, so that alerts see a series before any event.
-    weir_service::metrics::register(m::DECLARED);
-    weir_service::process::build_info("audio-ingress", env!("CARGO_PKG_VERSION"));
+    app::install_recorder(
+        recorder,
+        m::DECLARED,
+        "audio-ingress",
+        env!("CARGO_PKG_VERSION"),
+    );
     metrics::gauge!(m::MEMORY_BOUND_BYTES).set(config.memory_bound_bytes() as f64);
-    let running = match service::start(config, Some(prometheus)).await {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("audio-ingress: {e}");
-            return if e.kind() == ErrorKind::Config {
-                ExitCode::from(2)
-            } else {
-                ExitCode::FAILURE
-            };
-        }
-    };
-    {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{}", running.ready_line());
-        let _ = out.flush();
-    }
+    let running = service::start(config, Some(prometheus))
+        .await
+        .map_err(|e| match e.kind() {
+            ErrorKind::Config => Failure::Config(e.to_string()),
+            _ => Failure::Start(e.to_string()),
+        })?;
+    app::print_ready(&running.ready_line())?;
     weir_service::shutdown::signal().await;
     let report = running.shutdown().await;
     if report.unfinished > 0 {
@@ -155,7 +183,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
             "streams still open at the end of the grace period"
         );
     }
-    ExitCode::SUCCESS
+    Ok(())
 }
 
 fn mint_token(args: &TokenArgs) -> ExitCode {
@@ -211,32 +239,29 @@ fn mint_token(args: &TokenArgs) -> ExitCode {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let log_format = match &cli.command {
-        Command::Serve(args) => args.log_format,
-        Command::Tap(_) | Command::Token(_) => LogFormat::Text,
-    };
-    let _telemetry = weir_service::logging::init(log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("audio-ingress: cannot start the tokio runtime: {e}");
-            return ExitCode::FAILURE;
+    match cli.command {
+        Command::Serve(args) if args.keys.print_key_table(config::key_table) => ExitCode::SUCCESS,
+        Command::Serve(args) => match load(&args) {
+            Ok((config, warnings)) => app::run("audio-ingress", args.run, config.log, || {
+                serve(config, warnings)
+            }),
+            Err(code) => code,
+        },
+        Command::CheckConfig(args) if args.serve.keys.print_key_table(config::key_table) => {
+            ExitCode::SUCCESS
         }
-    };
-    runtime.block_on(async move {
-        match cli.command {
-            Command::Serve(args) => serve(args).await,
-            Command::Tap(args) => match tap::run(args).await {
-                Ok(_) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("audio-ingress tap: {e}");
-                    ExitCode::FAILURE
-                }
+        Command::CheckConfig(args) => check_config(&args),
+        Command::Tap(args) => app::run(
+            "audio-ingress tap",
+            RunFlags::default(),
+            LogFormat::Text,
+            || async {
+                tap::run(args)
+                    .await
+                    .map(drop)
+                    .map_err(|e| Failure::Start(e.to_string()))
             },
-            Command::Token(args) => mint_token(&args),
-        }
-    })
+        ),
+        Command::Token(args) => mint_token(&args),
+    }
 }

@@ -49,14 +49,8 @@ pub fn install_metrics() {
     let _ = metrics::set_global_recorder(recorder);
 }
 
-/// CPU time (user + system) of a process so far, in seconds, from `/proc/<pid>/stat`
-/// (`None` where that is not available). Resolution: one clock tick (usually 10 ms).
+/// CPU time (user + system) of a process so far, in seconds (`None` where `/proc` is
+/// not available). Resolution: one clock tick (usually 10 ms).
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    // After the command: state is field 3, utime 14, stime 15 (1-based in proc(5)).
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / 100.0)
+    weir_service::process::cpu_time_of(Some(pid)).map(|d| d.as_secs_f64())
 }

@@ -19,8 +19,6 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 /// Settings of the estimator (`[estimator]`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EstimatorConfig {
@@ -45,36 +43,9 @@ impl Default for EstimatorConfig {
     }
 }
 
-/// Where the current estimate comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EstimateSource {
-    /// No sample and no seed: no estimate.
-    None,
-    /// `estimator.initial_ms`, no sample yet.
-    Seed,
-    /// Measured inference times.
-    Observed,
-}
-
-/// The estimator's state, as shown in `/v1/stats` and the capabilities document.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct EstimateView {
-    /// The estimate of one inference, milliseconds (`null` = none yet).
-    pub service_time_ms: Option<f64>,
-    /// Where it comes from.
-    pub source: EstimateSource,
-    /// Samples in the window.
-    pub samples: usize,
-    /// Samples taken since start.
-    pub samples_total: u64,
-    /// The quantile taken.
-    pub quantile: f64,
-    /// Window size, samples.
-    pub window: usize,
-    /// Half-life, samples.
-    pub half_life: f64,
-}
+/// The estimator's state, as shown in `/v1/stats` and the capabilities document (the
+/// shared admin types).
+pub use weir_protocol::admin::{EstimateSource, ServiceEstimate as EstimateView};
 
 /// A decaying quantile of recent service times.
 #[derive(Debug, Clone)]

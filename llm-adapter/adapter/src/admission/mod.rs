@@ -30,13 +30,14 @@
 mod cache;
 mod coalesce;
 mod estimator;
+mod gates;
 mod slots;
 mod state;
 mod stats;
 mod streaming;
 
 use std::num::NonZeroUsize;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -45,6 +46,7 @@ use serde::Serialize;
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use weir_protocol::WireName;
 use weir_protocol::llm::{AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails, TraceContext};
 
@@ -52,7 +54,8 @@ pub use estimator::{EstimateSource, EstimateView, Estimator, EstimatorConfig};
 pub use stats::{CacheSnapshot, Percentiles, StatsSnapshot, StreamSnapshot};
 pub use streaming::{PIECES_IN_FLIGHT, StopReason, StreamOut, StreamSettings, StreamStop};
 
-pub(crate) use self::state::resolve_keys;
+pub use self::gates::key_limits::KeyError;
+pub(crate) use self::gates::key_limits::resolve_keys;
 use self::state::{Effects, State};
 use self::stats::Stats;
 use crate::backend::{Backend, BackendErrorKind, BackendReply, BackendRequest};
@@ -410,9 +413,10 @@ struct Inner<S: Sink> {
     sink: Arc<S>,
     /// Wakes idle workers when requests become ready.
     work: Notify,
-    /// Wakes the sweeper when an earlier timer was added, or to stop it.
+    /// Wakes the sweeper when an earlier timer was added.
     timers: Notify,
-    stopped: AtomicBool,
+    /// Stops the sweeper (shutdown, once the workers are done).
+    stop: CancellationToken,
     answered_at_shutdown: AtomicUsize,
     workers: Mutex<Vec<JoinHandle<()>>>,
     sweeper: Mutex<Option<JoinHandle<()>>>,
@@ -665,17 +669,21 @@ async fn sweeper<S: Sink>(inner: Arc<Inner<S>>) {
                 st.next_wake()
             })
             .await;
-        if inner.stopped.load(Ordering::Acquire) {
+        if inner.stop.is_cancelled() {
             return;
         }
-        match next {
-            Some(at) => {
-                tokio::select! {
-                    _ = tokio::time::sleep_until(at) => {}
-                    _ = &mut notified => {}
-                }
+        // Woken by the first timer, an earlier one, or the stop: one more pass, then
+        // the stop is seen above.
+        let first = async {
+            match next {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
             }
-            None => notified.await,
+        };
+        tokio::select! {
+            _ = first => {}
+            _ = &mut notified => {}
+            _ = inner.stop.cancelled() => {}
         }
     }
 }
@@ -690,11 +698,11 @@ impl<S: Sink> Admission<S> {
     ) -> Self {
         let cfg = Arc::new(cfg);
         let mut rules: Vec<String> = [
-            state::RULE_QUEUE,
-            state::RULE_SESSION_CAP,
-            state::RULE_SESSION_ORDER,
-            state::RULE_PREDICTED,
-            state::RULE_START_BUDGET,
+            gates::RULE_QUEUE,
+            gates::RULE_SESSION_CAP,
+            gates::RULE_SESSION_ORDER,
+            gates::RULE_PREDICTED,
+            gates::RULE_START_BUDGET,
         ]
         .into_iter()
         .map(str::to_owned)
@@ -711,7 +719,7 @@ impl<S: Sink> Admission<S> {
             sink,
             work: Notify::new(),
             timers: Notify::new(),
-            stopped: AtomicBool::new(false),
+            stop: CancellationToken::new(),
             answered_at_shutdown: AtomicUsize::new(0),
             workers: Mutex::new(Vec::new()),
             sweeper: Mutex::new(None),
@@ -829,8 +837,7 @@ impl<S: Sink> Admission<S> {
             // Aborted calls are answered at once; bound the wait anyway.
             let _ = tokio::time::timeout(Duration::from_secs(5), all).await;
         }
-        self.inner.stopped.store(true, Ordering::Release);
-        self.inner.timers.notify_one();
+        self.inner.stop.cancel();
         let sweeper = locked(&self.inner.sweeper).take();
         if let Some(h) = sweeper {
             let _ = tokio::time::timeout(Duration::from_secs(1), h).await;

@@ -16,7 +16,6 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use weir_protocol::WireName;
 use weir_protocol::llm::ErrorCode;
 use weir_service::metrics::{LatencyHistogram, Series};
@@ -29,94 +28,10 @@ use crate::sync::locked;
 /// Percentiles of a latency histogram, in milliseconds (the shared admin type).
 pub use weir_protocol::admin::Percentiles;
 
-/// A point-in-time copy of the counters.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct StatsSnapshot {
-    /// Submissions received (every attempt).
-    pub offered: u64,
-    /// Submissions that entered the queue (new inferences).
-    pub admitted: u64,
-    /// Submissions that joined a queued or running request with the same id.
-    pub joined: u64,
-    /// Submissions answered from the completion cache.
-    pub cached: u64,
-    /// Answers `ok`.
-    pub completed: u64,
-    /// Answers other than `ok`, by error code.
-    pub refused: BTreeMap<String, u64>,
-    /// Backend calls started.
-    pub started: u64,
-    /// Backend calls started after the request's deadline (must be 0).
-    pub started_after_deadline: u64,
-    /// Requests admitted and not yet started, now.
-    pub queued_now: u64,
-    /// Backend calls in progress, now.
-    pub running_now: u64,
-    /// Shadow mode: refusals that were counted but not enforced, by rule.
-    pub would_reject: BTreeMap<String, u64>,
-    /// Receipt → start of inference, for started requests.
-    pub queue_wait_ms: Percentiles,
-    /// Backend call duration.
-    pub inference_ms: Percentiles,
-    /// Total time spent in backend calls, milliseconds.
-    pub backend_busy_ms: f64,
-    /// Time spent in backend calls that answered `ok` (within the deadline), milliseconds.
-    pub backend_useful_ms: f64,
-    /// Slots taken and given back (session cap + per-key limits); equal when idle.
-    pub slots_acquired: u64,
-    /// See `slots_acquired`.
-    pub slots_released: u64,
-    /// Receipt → answer, for answers other than `ok` given without a backend call
-    /// (refusals at admission, in the queue, at the start of inference).
-    #[serde(default)]
-    pub refusal_ms: Percentiles,
-    /// The backend's service-time estimate (what admission predicts with).
-    #[serde(default)]
-    pub service_estimate: Option<EstimateView>,
-    /// The idempotency cache: size now, bound, evictions.
-    #[serde(default)]
-    pub cache: CacheSnapshot,
-    /// The NATS client's own drops (slow consumer) and disconnects; filled in by
-    /// [`crate::AdapterView::stats`].
-    #[serde(default)]
-    pub nats: crate::nats_events::NatsEventsSnapshot,
-    /// Streamed replies: started, chunks and bytes sent, time to first token, aborts.
-    #[serde(default)]
-    pub stream: StreamSnapshot,
-}
-
-/// Streamed replies in a [`StatsSnapshot`].
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct StreamSnapshot {
-    /// Streamed replies that reached a worker.
-    pub started: u64,
-    /// `chunk` messages published.
-    pub chunks: u64,
-    /// Body bytes published in chunks.
-    pub bytes: u64,
-    /// Start of inference → first chunk published.
-    pub ttft_ms: Percentiles,
-    /// Streams aborted because of the caller, by reason (`caller_gone`,
-    /// `caller_stalled`, `publish_timeout`).
-    pub aborted: BTreeMap<String, u64>,
-}
-
-/// The idempotency (completion) cache in a [`StatsSnapshot`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CacheSnapshot {
-    /// Replies held now.
-    pub entries: u64,
-    /// Bytes held now (body + headers + key + a fixed per-entry overhead).
-    pub bytes: u64,
-    /// `idempotency.max_bytes`.
-    pub max_bytes: u64,
-    /// Replies evicted (oldest first) to stay within `max_bytes`.
-    pub evicted_max_bytes: u64,
-    /// Replies evicted (oldest first) to stay within `max_entries`.
-    pub evicted_max_entries: u64,
-    /// Replies not stored because one alone exceeds `max_bytes`.
-    pub too_large: u64,
-}
+/// The `/v1/stats` snapshot and its parts: the shared admin types.
+pub use weir_protocol::admin::{
+    AdapterStats as StatsSnapshot, CacheStats as CacheSnapshot, StreamStats as StreamSnapshot,
+};
 
 /// Why a reply left the cache before its window ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,27 +40,6 @@ pub(crate) enum CacheEviction {
     MaxBytes,
     /// `idempotency.max_entries`.
     MaxEntries,
-}
-
-impl StatsSnapshot {
-    /// Σ refused.
-    pub fn refused_total(&self) -> u64 {
-        self.refused.values().sum()
-    }
-
-    /// `refused[code]`, 0 when absent.
-    pub fn refused_of(&self, code: ErrorCode) -> u64 {
-        self.refused.get(code.as_str()).copied().unwrap_or(0)
-    }
-
-    /// Share of backend time spent on calls that answered `ok` (1.0 when idle).
-    pub fn useful_backend_share(&self) -> f64 {
-        if self.backend_busy_ms > 0.0 {
-            self.backend_useful_ms / self.backend_busy_ms
-        } else {
-            1.0
-        }
-    }
 }
 
 /// The latency histograms.

@@ -17,7 +17,6 @@
 //! `MALLOC_MMAP_THRESHOLD_=131072` unless that variable is set (see
 //! `fixed_mmap_threshold`): freed large buffers then leave RSS.
 
-use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -25,10 +24,10 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use weir_llm_adapter::admin::{self, AdminState};
-use weir_llm_adapter::config::{self, Config, ConfigSources};
+use weir_llm_adapter::config::{self, Config, ConfigSources, ConfigWarning};
 use weir_llm_adapter::{backend, metrics as m};
+use weir_service::app::{self, Failure, RunFlags};
 use weir_service::cli::ConfigFlags;
-use weir_service::logging::LogFormat;
 
 #[derive(Parser)]
 #[command(
@@ -45,13 +44,15 @@ struct Cli {
 enum Cmd {
     /// Run the adapter.
     Serve(ServeArgs),
-    /// Validate the configuration and print the capabilities document.
+    /// Validate the configuration, print its warnings on stderr and the capabilities
+    /// document on stdout.
     CheckConfig(ServeArgs),
 }
 
 #[derive(Args)]
 #[command(mut_arg("set", |a| a.help("Any configuration key, e.g. `--set session.pending_cap=3` or `--set limits[0].limit=4` (repeatable; applied last, in order)")))]
 #[command(mut_arg("markdown", |a| a.help("With --list-keys: print the Markdown tables of docs/llm-adapter.md")))]
+#[command(mut_arg("threads", |a| a.env("WEIR_LLM_THREADS").help("Runtime worker threads (default: one per core; 1 = a single-threaded runtime, a good choice on small machines shared with nats-server)")))]
 struct ServeArgs {
     /// TOML configuration file.
     #[arg(long, env = "WEIR_LLM_CONFIG")]
@@ -63,23 +64,25 @@ struct ServeArgs {
     /// `admin.listen`).
     #[arg(long, env = "WEIR_LLM_ADMIN")]
     admin: Option<String>,
-    /// Runtime worker threads (default: one per core; 1 = a single-threaded runtime,
-    /// a good choice on small machines shared with nats-server).
-    #[arg(long, env = "WEIR_LLM_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
-    threads: Option<u16>,
-    /// Log format on stderr.
-    #[arg(long, env = "WEIR_LLM_LOG_FORMAT", default_value = "text")]
-    log_format: LogFormat,
+    #[command(flatten)]
+    run: RunFlags,
+    /// Log format on stderr, `text` or `json` (overrides `log.format`).
+    #[arg(long, env = "WEIR_LLM_LOG_FORMAT", value_name = "FORMAT")]
+    log_format: Option<String>,
     #[command(flatten)]
     keys: ConfigFlags,
 }
 
-fn load(args: &ServeArgs) -> Result<Config, String> {
+fn load(args: &ServeArgs) -> Result<(Config, Vec<ConfigWarning>), String> {
     let overrides = weir_service::config::cli_overrides(
-        &[("nats.url", &args.nats_url), ("admin.listen", &args.admin)],
+        &[
+            ("nats.url", &args.nats_url),
+            ("admin.listen", &args.admin),
+            ("log.format", &args.log_format),
+        ],
         &args.keys.set,
     )?;
-    Config::load(&ConfigSources {
+    Config::load_checked(&ConfigSources {
         file: args.config.clone(),
         env: std::env::vars().collect(),
         overrides,
@@ -87,12 +90,14 @@ fn load(args: &ServeArgs) -> Result<Config, String> {
     .map_err(|e| e.to_string())
 }
 
-async fn serve(config: Config) -> Result<(), String> {
+async fn serve(config: Config) -> Result<(), Failure> {
     let (recorder, prometheus) = m::prometheus_recorder();
-    metrics::set_global_recorder(recorder).map_err(|e| format!("metrics recorder: {e}"))?;
-    // Every metric in the first scrape, so that alerts see a series before any event.
-    weir_service::metrics::register(m::DECLARED);
-    weir_service::process::build_info("llm-adapter", env!("CARGO_PKG_VERSION"));
+    app::install_recorder(
+        recorder,
+        m::DECLARED,
+        "llm-adapter",
+        env!("CARGO_PKG_VERSION"),
+    );
     metrics::gauge!(m::MEMORY_BOUND_BYTES).set(m::memory_bound_bytes(&config) as f64);
     let upkeep = prometheus.clone();
     tokio::spawn(async move {
@@ -106,15 +111,15 @@ async fn serve(config: Config) -> Result<(), String> {
     let events = weir_llm_adapter::NatsEvents::new();
     let client = weir_llm_adapter::connect_with_events(&config.nats, &events)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Failure::Start(e.to_string()))?;
     let built =
-        backend::from_config(&config.backend, &client).map_err(|e| format!("backend: {e}"))?;
+        backend::from_config(&config.backend, &client).map_err(|e| Failure::start("backend", e))?;
     let listener = tokio::net::TcpListener::bind(config.admin.listen)
         .await
-        .map_err(|e| format!("admin.listen {}: {e}", config.admin.listen))?;
+        .map_err(|e| Failure::start(format_args!("admin.listen {}", config.admin.listen), e))?;
     let admin_addr = listener
         .local_addr()
-        .map_err(|e| format!("admin address: {e}"))?;
+        .map_err(|e| Failure::start("admin address", e))?;
     tracing::info!(
         nats = %config.nats.client.url_list(),
         subject = %config.service.subject,
@@ -126,7 +131,7 @@ async fn serve(config: Config) -> Result<(), String> {
     );
     let adapter = weir_llm_adapter::start_with_events(client, events, config, built.backend)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Failure::Start(e.to_string()))?;
 
     let stop_admin = weir_service::shutdown::CancellationToken::new();
     let admin_task = tokio::spawn(admin::serve(
@@ -140,10 +145,7 @@ async fn serve(config: Config) -> Result<(), String> {
 
     let ready =
         weir_protocol::admin::ReadyLine::new(None, Some(admin_addr.to_string()), None).to_line();
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{ready}").map_err(|e| format!("stdout: {e}"))?;
-    out.flush().map_err(|e| format!("stdout: {e}"))?;
-    drop(out);
+    app::print_ready(&ready)?;
 
     weir_service::shutdown::signal().await;
     tracing::info!("shutting down: refusing new requests, draining");
@@ -188,20 +190,6 @@ fn fixed_mmap_threshold() {
     eprintln!("llm-adapter: re-exec with {MALLOC_MMAP_VAR} failed ({err}); continuing");
 }
 
-/// The runtime `--threads` asks for: 1 = the current-thread runtime, N = N workers,
-/// unset = one worker per core. (The option used to be parsed and ignored.)
-fn runtime_builder(threads: Option<u16>) -> tokio::runtime::Builder {
-    match threads {
-        Some(1) => tokio::runtime::Builder::new_current_thread(),
-        Some(n) => {
-            let mut b = tokio::runtime::Builder::new_multi_thread();
-            b.worker_threads(usize::from(n.max(1)));
-            b
-        }
-        None => tokio::runtime::Builder::new_multi_thread(),
-    }
-}
-
 fn main() -> ExitCode {
     fixed_mmap_threshold();
     let cli = Cli::parse();
@@ -212,33 +200,28 @@ fn main() -> ExitCode {
     if args.keys.print_key_table(config::key_table) {
         return ExitCode::SUCCESS;
     }
-    let _telemetry = weir_service::logging::init(args.log_format);
-    let config = match load(args) {
-        Ok(c) => c,
+    let (config, mut warnings) = match load(args) {
+        Ok(loaded) => loaded,
         Err(e) => {
             eprintln!("llm-adapter: invalid configuration: {e}");
             return ExitCode::from(2);
         }
     };
+    warnings.extend(config.warnings());
     if check_only {
+        for w in &warnings {
+            eprintln!("llm-adapter: {w}");
+        }
         println!(
             "{}",
             serde_json::to_string_pretty(&config.capabilities()).unwrap_or_default()
         );
         return ExitCode::SUCCESS;
     }
-    let runtime = match runtime_builder(args.threads).enable_all().build() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("llm-adapter: tokio runtime: {e}");
-            return ExitCode::from(1);
+    app::run("llm-adapter", args.run, config.log, || async move {
+        for w in &warnings {
+            tracing::warn!("{w}");
         }
-    };
-    match runtime.block_on(serve(config)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("llm-adapter: {e}");
-            ExitCode::from(1)
-        }
-    }
+        serve(config).await
+    })
 }

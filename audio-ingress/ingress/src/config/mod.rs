@@ -1,0 +1,430 @@
+//! Configuration: raw values (TOML file, `WEIR_INGRESS_<KEY>` environment variables,
+//! command-line overrides) validated once into typed values that cannot be invalid.
+//!
+//! - [`StreamConfig`] — the producer core's budget and policy (what a Rust producer
+//!   using the library needs). Built with [`StreamConfig::builder`]; `Default` is the
+//!   documented default and is valid.
+//! - [`ServerConfig`] — the `serve` front door (listeners, stream cap, timeouts).
+//! - [`NatsConfig`] — the NATS connection (URL, auth, TLS, client timeouts): the
+//!   settings type every weir client shares, `weir_service::nats`; the `nats_*` keys
+//!   fill it and `NatsInput::validate` checks it.
+//! - [`Config`] — all three, loaded by [`Config::load`] from [`ConfigSources`].
+//!
+//! Keys are snake_case names, flat for the ingress's own (`max_bytes`) and in the
+//! shared sections every weir binary composes (`[nats]`, `[admin]`, `[log]`, from
+//! `weir_service::config::section`). They are the fields of the private `RawConfig`
+//! (serde, `deny_unknown_fields`), merged by `weir_service::config` with precedence,
+//! lowest first: defaults, the file, the environment, `--set key=value` and the
+//! dedicated flags. The flat names the `[nats]` and `[admin]` keys had (`nats_url`,
+//! `admin`, ...) still load for one release ([`ALIASES`]), each with a warning naming
+//! the new key. Each default is written once, in the typed defaults
+//! (`StreamConfigBuilder`, `ServerConfig`, `NatsConfig::named`) that
+//! `RawConfig::default` reads; [`key_table`] (`--list-keys`, and the tables of
+//! docs/audio-ingress.md, which a test keeps equal) is generated from it and
+//! [`SECTIONS`] (range and meaning); a numeric range there is a typed `Range`, the one
+//! the validation checks, written nowhere else. Every refusal is a [`ConfigError`]
+//! naming the key (a misspelled variable: the variable), where the value came from
+//! and, for numbers, the allowed range. [`Config::warnings`] is the tier beside the
+//! refusals (`check-config`). Durations are configured in milliseconds (`*_ms`) or
+//! seconds (`*_s`) and carried as [`Duration`] inside the code.
+
+mod check;
+mod docs;
+mod server;
+mod stream;
+
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use weir_service::config::keys;
+use weir_service::config::section::{AdminSection, LogSection, NatsSection};
+use weir_service::config::{Alias, Layers, Origin, Range};
+pub use weir_service::config::{ConfigError, ConfigErrorKind, ConfigWarning};
+use weir_service::logging::LogFormat;
+pub use weir_service::nats::{NatsAuth, NatsConfig, NatsTls};
+
+pub use docs::SECTIONS;
+pub use server::*;
+use stream::JetStreamKeys;
+pub use stream::*;
+
+/// Prefix of the environment variables: `WEIR_INGRESS_MAX_BYTES` sets `max_bytes`. A
+/// variable under it that is not a key is refused (exit 2, naming it), except those in
+/// [`ENV_NOT_KEYS`].
+pub const ENV_PREFIX: &str = "WEIR_INGRESS_";
+
+/// Variables under [`ENV_PREFIX`] that are not configuration keys: `WEIR_INGRESS_BIN`
+/// (where the load test finds this binary; it is inherited by the ingress it starts)
+/// and the variable of the `--log-format` flag (`WEIR_INGRESS_LOG_FORMAT`).
+pub const ENV_NOT_KEYS: &[&str] = &["BIN", "LOG_FORMAT"];
+
+/// The client name `serve` connects with (shown by the server).
+pub const NATS_CLIENT_NAME: &str = "weir-audio-ingress";
+
+/// The complete validated configuration of `audio-ingress serve`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Per-stream budget and policy.
+    pub stream: StreamConfig,
+    /// Front door.
+    pub server: ServerConfig,
+    /// NATS connection.
+    pub nats: NatsConfig,
+    /// Log format (`log.format`).
+    pub log: LogFormat,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            stream: StreamConfig::default(),
+            server: ServerConfig::default(),
+            nats: NatsConfig::named(NATS_CLIENT_NAME),
+            log: LogFormat::Text,
+        }
+    }
+}
+
+/// The renamed keys, read under their old flat name for one release (with a warning
+/// naming the new key): the `nats_*` keys are the shared `[nats]` section's, the
+/// `admin*` keys the shared `[admin]` section's.
+pub const ALIASES: &[Alias] = &[
+    Alias::new("nats_url", "nats.url"),
+    Alias::new("nats_name", "nats.name"),
+    Alias::new("nats_user", "nats.user"),
+    Alias::new("nats_password", "nats.password"),
+    Alias::new("nats_token", "nats.token"),
+    Alias::new("nats_nkey", "nats.nkey"),
+    Alias::new("nats_creds_file", "nats.creds_file"),
+    Alias::new("nats_tls_required", "nats.tls_required"),
+    Alias::new("nats_tls_ca_file", "nats.tls_ca_file"),
+    Alias::new("nats_tls_cert_file", "nats.tls_cert_file"),
+    Alias::new("nats_tls_key_file", "nats.tls_key_file"),
+    Alias::new("nats_inbox_prefix", "nats.inbox_prefix"),
+    Alias::new("nats_connection_timeout_ms", "nats.connection_timeout_ms"),
+    Alias::new("nats_ping_interval_ms", "nats.ping_interval_ms"),
+    Alias::new("nats_client_capacity", "nats.client_capacity"),
+    Alias::new("admin", "admin.listen"),
+    Alias::new("admin_max_connections", "admin.max_connections"),
+    Alias::new("admin_request_timeout_ms", "admin.request_timeout_ms"),
+    Alias::new(
+        "admin_max_concurrent_requests",
+        "admin.max_concurrent_requests",
+    ),
+];
+
+/// Every key with its type, default, range and meaning: aligned text for
+/// `--list-keys`, or the Markdown tables of docs/audio-ingress.md (each between its
+/// `<!-- keys:NAME -->` markers) for `--list-keys --markdown`.
+pub fn key_table(markdown: bool) -> String {
+    keys::table(&Layers::new(&RawConfig::default()), SECTIONS, markdown)
+}
+
+/// Default `auth_leeway_s`: clock skew allowed on a token's `exp` and `nbf`.
+pub const DEFAULT_AUTH_LEEWAY_S: u64 = 5;
+
+/// The keys as read from the layers, before validation: one field per key, flat
+/// snake_case names and the shared sections. `Default` is the documented default of
+/// every key (written once: it reads the typed defaults), and the key table is
+/// generated from it. Secret fields make a `Debug` impl unwise; there is none.
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawConfig {
+    max_bytes: u64,
+    max_rate: f64,
+    max_age_ms: u64,
+    max_wait_ms: u64,
+    policy: Policy,
+    extended_consumers: bool,
+    shadow: bool,
+    shadow_ceiling_factor: u64,
+    publish_timeout_ms: u64,
+    end_timeout_ms: u64,
+    max_frame_bytes: u64,
+    subject: String,
+    frame_headers: bool,
+    delivery: Delivery,
+    jetstream_stream: String,
+    jetstream_max_age_s: u64,
+    jetstream_duplicate_window_s: u64,
+    jetstream_replicas: u64,
+    confirm_window_ms: u64,
+    confirm_window_min_bytes: u64,
+    confirm_interval_ms: u64,
+    /// 0: unset (1 partition; required with `{partition}`).
+    partitions: u64,
+    listen: String,
+    max_streams: u64,
+    retry_after_s: u64,
+    idle_timeout_ms: u64,
+    ws_send_timeout_ms: u64,
+    max_connections: u64,
+    max_connections_per_ip: u64,
+    http_header_timeout_ms: u64,
+    http_idle_timeout_ms: u64,
+    http_max_header_bytes: u64,
+    http_body_timeout_ms: u64,
+    http_body_min_rate: u64,
+    auth_required: bool,
+    auth_hs256_secret: String,
+    auth_eddsa_public_key: String,
+    auth_leeway_s: u64,
+    whip_udp_listen: String,
+    whip_advertise_ips: String,
+    whip_connect_timeout_ms: u64,
+    whip_disconnect_timeout_ms: u64,
+    whip_max_sessions: u64,
+    /// 0: a quarter of `whip_max_sessions`.
+    whip_max_sessions_per_ip: u64,
+    whip_allow_foreign_candidates: bool,
+    grace_period_ms: u64,
+    admin: AdminSection,
+    nats: NatsSection,
+    log: LogSection,
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Default for RawConfig {
+    fn default() -> Self {
+        let b = StreamConfigBuilder::default();
+        let s = ServerConfig::default();
+        let count = |v: NonZeroUsize| v.get() as u64;
+        Self {
+            max_bytes: b.max_bytes,
+            max_rate: b.max_rate_permille as f64 / 1000.0,
+            max_age_ms: ms(b.max_age),
+            max_wait_ms: ms(b.max_wait),
+            policy: b.policy,
+            extended_consumers: b.extended_consumers,
+            shadow: b.shadow,
+            shadow_ceiling_factor: b.shadow_ceiling_factor,
+            publish_timeout_ms: ms(b.publish_timeout),
+            end_timeout_ms: ms(b.end_timeout),
+            max_frame_bytes: b.max_frame_bytes,
+            subject: b.subject,
+            frame_headers: b.frame_headers,
+            delivery: b.delivery,
+            jetstream_stream: b.jetstream.stream,
+            jetstream_max_age_s: b.jetstream.max_age.as_secs(),
+            jetstream_duplicate_window_s: b.jetstream.duplicate_window.as_secs(),
+            jetstream_replicas: b.jetstream.replicas,
+            confirm_window_ms: ms(b.confirm_window),
+            confirm_window_min_bytes: b.confirm_window_min_bytes,
+            confirm_interval_ms: ms(b.confirm_interval),
+            partitions: b.partitions.unwrap_or(0),
+            listen: s.listen.to_string(),
+            max_streams: count(s.max_streams),
+            retry_after_s: s.retry_after.as_secs(),
+            idle_timeout_ms: ms(s.idle_timeout),
+            ws_send_timeout_ms: ms(s.ws_send_timeout),
+            max_connections: count(s.max_connections),
+            // Unset: derived from `max_connections` as it is configured.
+            max_connections_per_ip: 0,
+            http_header_timeout_ms: ms(s.http_header_timeout),
+            http_idle_timeout_ms: ms(s.http_idle_timeout),
+            http_max_header_bytes: s.http_max_header_bytes as u64,
+            http_body_timeout_ms: ms(s.http_body.timeout),
+            http_body_min_rate: s.http_body.min_rate,
+            auth_required: false,
+            auth_hs256_secret: String::new(),
+            auth_eddsa_public_key: String::new(),
+            auth_leeway_s: DEFAULT_AUTH_LEEWAY_S,
+            whip_udp_listen: String::new(),
+            whip_advertise_ips: String::new(),
+            whip_connect_timeout_ms: ms(DEFAULT_WHIP_CONNECT_TIMEOUT),
+            whip_disconnect_timeout_ms: ms(DEFAULT_WHIP_DISCONNECT_TIMEOUT),
+            whip_max_sessions: DEFAULT_WHIP_MAX_SESSIONS as u64,
+            whip_max_sessions_per_ip: 0,
+            whip_allow_foreign_candidates: false,
+            grace_period_ms: ms(s.grace_period),
+            admin: AdminSection {
+                listen: s.admin.to_string(),
+                max_connections: count(s.admin_max_connections),
+                request_timeout_ms: ms(s.admin_request_limits.timeout),
+                max_concurrent_requests: count(s.admin_request_limits.max_concurrent),
+            },
+            nats: NatsSection::from_config(&NatsConfig::named(NATS_CLIENT_NAME)),
+            log: LogSection::default(),
+        }
+    }
+}
+
+/// Where configuration comes from, lowest precedence first.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigSources {
+    /// A TOML file of `key = value` lines.
+    pub file: Option<PathBuf>,
+    /// Environment variables (pass `std::env::vars()`); only `WEIR_INGRESS_*` are read.
+    pub env: Vec<(String, String)>,
+    /// `key=value` overrides from the command line, applied last in order.
+    pub overrides: Vec<(String, String)>,
+}
+
+/// A decimal value in thousandths (rounded); `None` for a negative, NaN or huge value.
+fn permille(v: f64) -> Option<u64> {
+    (v.is_finite() && (0.0..=1e12).contains(&v)).then(|| (v * 1000.0).round() as u64)
+}
+
+/// Idle RSS allowance in [`Config::memory_bound_bytes`] (measured idle: ~17 MiB).
+const IDLE_ALLOWANCE_BYTES: u64 = 32 << 20;
+
+impl Config {
+    /// The most memory this configuration lets one `serve` replica hold: an idle
+    /// allowance (32 MiB) plus the worst case of every buffer in docs/operations.md
+    /// § Memory, computed from these settings (≈ 325 MiB at the defaults). Exported as
+    /// `weir_ingress_memory_bound_bytes` for the "RSS near the bound" alert.
+    pub fn memory_bound_bytes(&self) -> u64 {
+        let s = &self.stream;
+        let streams = self.server.max_streams.get() as u64;
+        // The PCM budget (× the shadow ceiling in shadow mode), charged at least 160 B a
+        // frame; each queued frame also costs ~200 B of meta and slot, and a stream
+        // holds up to one packet arena (4 KiB) and its gap markers (40 B a frame).
+        let budget = s.enforced_max_bytes() as u64;
+        let frames = budget / crate::queue::MIN_FRAME_CHARGE as u64 + 1;
+        let per_stream_queue = budget + frames * (200 + 40) + 4096;
+        // WebSocket buffers: read up to the largest message, write up to 64 KiB.
+        let per_stream_ws = s.max_frame_bytes() as u64 + (64 << 10) + (64 << 10);
+        // The NATS client's command channel: every slot a largest packet (+ meta,
+        // headers).
+        let nats = self.nats.client_capacity as u64 * (s.max_frame_bytes() as u64 + 1024);
+        // Request heads of open connections on both ports (+ ~12 KiB of state each).
+        let heads = (self.server.max_connections.get() + self.server.admin_max_connections.get())
+            as u64
+            * (self.server.http_max_header_bytes as u64 + (12 << 10));
+        // With WHIP on, every connection may be reading an offer (at most 64 KiB
+        // buffered, for at most `http_body_timeout_ms`).
+        let offers = if self.server.whip.is_some() {
+            self.server.max_connections.get() as u64 * crate::whip::MAX_OFFER_BYTES as u64
+        } else {
+            0
+        };
+        // Metrics, per-address table, `/v1/streams`, confirmation markers.
+        let misc = 5 << 20;
+        IDLE_ALLOWANCE_BYTES
+            + streams * (per_stream_queue + per_stream_ws)
+            + nats
+            + heads
+            + offers
+            + misc
+    }
+
+    /// Loads and validates the configuration from `sources`: every key is refused or
+    /// accepted whichever layer set it, and a refusal names the key and, when the value
+    /// was not a default, where it came from.
+    pub fn load(sources: &ConfigSources) -> Result<Self, ConfigError> {
+        Self::load_checked(sources).map(|(config, _)| config)
+    }
+
+    /// [`Config::load`], with the warnings of the load: each renamed key set under its
+    /// old name (the timeout chains are [`Config::warnings`]).
+    pub fn load_checked(
+        sources: &ConfigSources,
+    ) -> Result<(Self, Vec<ConfigWarning>), ConfigError> {
+        let mut layers = Layers::new(&RawConfig::default()).with_aliases(ALIASES);
+        if let Some(path) = &sources.file {
+            layers.file(path).map_err(from_load)?;
+        }
+        layers.env(ENV_PREFIX, sources.env.iter().cloned(), ENV_NOT_KEYS);
+        for (key, value) in &sources.overrides {
+            layers.set_text(key, value, Origin::CommandLine);
+        }
+        let raw: RawConfig = layers.build().map_err(from_load)?;
+        let config = raw.validate().map_err(|e| {
+            let origin = layers.origin(e.key()).clone();
+            e.with_origin(&origin)
+        })?;
+        Ok((config, layers.warnings().to_vec()))
+    }
+}
+
+/// The loader's refusal as the operator has to fix it: a misspelled variable is named
+/// by the variable, every other refusal by the key; an integer serde refused (`-1`) is
+/// out of range.
+fn from_load(e: ConfigError) -> ConfigError {
+    match (e.kind(), e.origin()) {
+        (ConfigErrorKind::UnknownKey, Origin::Env(var)) => ConfigError::new(
+            var.clone(),
+            ConfigErrorKind::UnknownKey,
+            format!("{} (see `audio-ingress serve --list-keys`)", e.message()),
+        ),
+        (ConfigErrorKind::UnknownKey, _) => e.with_hint(" (see `audio-ingress serve --list-keys`)"),
+        (ConfigErrorKind::Invalid, origin) if e.message().contains("invalid value: integer") => {
+            ConfigError::new(e.key(), ConfigErrorKind::OutOfRange, e.message())
+                .with_origin(origin)
+                .with_allowed(range(e.key()).to_string())
+        }
+        _ => {
+            let allowed = range(e.key()).to_string();
+            e.with_allowed(allowed)
+        }
+    }
+}
+
+/// The range [`SECTIONS`] gives `key`: the key table and the validation read the same
+/// bounds ([`Range::Any`] for a key without one, which a range check refuses).
+fn range(key: &str) -> Range {
+    keys::range(SECTIONS, key)
+}
+
+/// `v` of `key` within the range [`SECTIONS`] gives it.
+fn int_in(key: &str, v: u64) -> Result<u64, ConfigError> {
+    range(key).check(key, v)
+}
+
+impl RawConfig {
+    /// Validates every value into the typed settings.
+    fn validate(self) -> Result<Config, ConfigError> {
+        Ok(Config {
+            stream: self.stream()?,
+            server: self.server()?,
+            nats: self.nats.validate(NatsConfig::named(NATS_CLIENT_NAME))?,
+            log: self.log.validate()?,
+        })
+    }
+
+    fn stream(&self) -> Result<StreamConfig, ConfigError> {
+        let max_rate_permille = permille(self.max_rate).ok_or_else(|| {
+            ConfigError::out_of_range("max_rate", self.max_rate, "0 (no bound) or 1.0..=1000")
+        })?;
+        StreamConfigBuilder {
+            max_bytes: self.max_bytes,
+            max_age: Duration::from_millis(self.max_age_ms),
+            max_wait: Duration::from_millis(self.max_wait_ms),
+            policy: self.policy,
+            shadow: self.shadow,
+            shadow_ceiling_factor: self.shadow_ceiling_factor,
+            extended_consumers: self.extended_consumers,
+            publish_timeout: Duration::from_millis(self.publish_timeout_ms),
+            end_timeout: Duration::from_millis(self.end_timeout_ms),
+            max_frame_bytes: self.max_frame_bytes,
+            subject: self.subject.clone(),
+            partitions: (self.partitions != 0).then_some(self.partitions),
+            frame_headers: self.frame_headers,
+            delivery: self.delivery,
+            confirm_window: Duration::from_millis(self.confirm_window_ms),
+            confirm_window_min_bytes: self.confirm_window_min_bytes,
+            confirm_interval: Duration::from_millis(self.confirm_interval_ms),
+            jetstream: JetStreamKeys {
+                stream: self.jetstream_stream.clone(),
+                max_age: Duration::from_secs(self.jetstream_max_age_s.min(u64::MAX / 2_000)),
+                duplicate_window: Duration::from_secs(
+                    self.jetstream_duplicate_window_s.min(u64::MAX / 2_000),
+                ),
+                replicas: self.jetstream_replicas,
+            },
+            max_rate_permille,
+        }
+        .build()
+    }
+}
+
+fn nonzero(v: u64) -> NonZeroUsize {
+    NonZeroUsize::new(usize::try_from(v).unwrap_or(usize::MAX)).unwrap_or(NonZeroUsize::MIN)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,368 @@
+//! The `serve` front door's settings: listeners, caps, timeouts, producer
+//! authentication and WHIP ingest, validated from the raw keys.
+
+use std::net::{IpAddr, SocketAddr};
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use weir_service::admin::RequestLimits;
+use weir_service::http::BodyLimits;
+
+use super::{ConfigError, ConfigErrorKind, RawConfig, int_in, nonzero};
+
+/// The validated settings of the `serve` front door.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// WebSocket listener (`listen`).
+    pub listen: SocketAddr,
+    /// Admin HTTP listener (`admin`).
+    pub admin: SocketAddr,
+    /// Concurrent stream cap (`max_streams`).
+    pub max_streams: NonZeroUsize,
+    /// `Retry-After` sent with a 503 (`retry_after_s`).
+    pub retry_after: Duration,
+    /// A WebSocket silent for this long is ended with reason `idle` (`idle_timeout_ms`).
+    pub idle_timeout: Duration,
+    /// Bound on one send to a WebSocket client (`ws_send_timeout_ms`): a client that
+    /// stops reading is abandoned after it, its stream ended with `producer_gone`.
+    pub ws_send_timeout: Duration,
+    /// Time allowed to finish every stream on SIGTERM/SIGINT (`grace_period_ms`).
+    pub grace_period: Duration,
+    /// Open TCP connections on the WebSocket port, upgraded or not (`max_connections`).
+    pub max_connections: NonZeroUsize,
+    /// Open TCP connections on the WebSocket port from one client address, IPv4 or
+    /// IPv6 /64 (`max_connections_per_ip`; unset: a quarter of `max_connections`); at
+    /// most `max_connections`.
+    pub max_connections_per_ip: NonZeroUsize,
+    /// Open TCP connections on the admin port (`admin_max_connections`); a separate
+    /// cap, so `/readyz` and `/metrics` answer while the WebSocket port is full.
+    pub admin_max_connections: NonZeroUsize,
+    /// Bound on receiving a request head on either port (`http_header_timeout_ms`).
+    pub http_header_timeout: Duration,
+    /// A connection that moves no byte for this long before an upgrade is closed
+    /// (`http_idle_timeout_ms`).
+    pub http_idle_timeout: Duration,
+    /// Largest request head buffered (`http_max_header_bytes`).
+    pub http_max_header_bytes: usize,
+    /// Bounds on reading a request body, both ports (`http_body_timeout_ms`,
+    /// `http_body_min_rate`).
+    pub http_body: BodyLimits,
+    /// Per-request bounds of the admin routes (`admin_request_timeout_ms`,
+    /// `admin_max_concurrent_requests`).
+    pub admin_request_limits: RequestLimits,
+    /// Producer authentication (`auth_required` and its keys); `None`: off.
+    pub auth: Option<crate::auth::AuthConfig>,
+    /// WHIP ingest (`whip_udp_listen` and the `whip_*` keys); `None`: off.
+    pub whip: Option<WhipConfig>,
+}
+
+/// The validated settings of WHIP ingest ([`crate::whip`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WhipConfig {
+    /// The one UDP socket of every WHIP session (`whip_udp_listen`).
+    pub udp_listen: SocketAddr,
+    /// The addresses offered to publishers as ICE host candidates, with the UDP port
+    /// (`whip_advertise_ips`; default the listen address).
+    pub advertise: Vec<IpAddr>,
+    /// A session that has not connected ICE and DTLS within this ends
+    /// (`whip_connect_timeout_ms`).
+    pub connect_timeout: Duration,
+    /// ICE disconnected, or no datagram from the publisher, for this long ends the
+    /// stream with `producer_gone` (`whip_disconnect_timeout_ms`).
+    pub disconnect_timeout: Duration,
+    /// Concurrent WHIP sessions (`whip_max_sessions`).
+    pub max_sessions: NonZeroUsize,
+    /// Concurrent WHIP sessions from one client address, IPv4 or IPv6 /64
+    /// (`whip_max_sessions_per_ip`; unset: a quarter of `whip_max_sessions`).
+    pub max_sessions_per_ip: NonZeroUsize,
+    /// Whether the ICE agent may check candidates on addresses other than the HTTP
+    /// client's (`whip_allow_foreign_candidates`).
+    pub allow_foreign_candidates: bool,
+}
+
+/// Default `whip_connect_timeout_ms`.
+pub const DEFAULT_WHIP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `whip_disconnect_timeout_ms`.
+pub const DEFAULT_WHIP_DISCONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default `whip_max_sessions`.
+pub const DEFAULT_WHIP_MAX_SESSIONS: usize = 256;
+
+/// Default `max_connections`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Default `max_connections_per_ip`: a quarter of the connection cap.
+pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = DEFAULT_MAX_CONNECTIONS / 4;
+
+/// A quarter of `max`, at least 1: the default per-address share of a cap.
+pub fn quarter_of(max: u64) -> u64 {
+    (max / 4).max(1)
+}
+/// Default `admin_max_connections`.
+pub const DEFAULT_ADMIN_MAX_CONNECTIONS: usize = 64;
+/// Default `http_header_timeout_ms`.
+pub const DEFAULT_HTTP_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default `http_idle_timeout_ms`.
+pub const DEFAULT_HTTP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `http_max_header_bytes`.
+pub const DEFAULT_HTTP_MAX_HEADER_BYTES: usize = 16 * 1024;
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            admin: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            max_streams: NonZeroUsize::MIN.saturating_add(999),
+            retry_after: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(30),
+            ws_send_timeout: Duration::from_secs(2),
+            grace_period: Duration::from_secs(5),
+            max_connections: NonZeroUsize::MIN.saturating_add(DEFAULT_MAX_CONNECTIONS - 1),
+            max_connections_per_ip: NonZeroUsize::MIN
+                .saturating_add(DEFAULT_MAX_CONNECTIONS_PER_IP - 1),
+            admin_max_connections: NonZeroUsize::MIN
+                .saturating_add(DEFAULT_ADMIN_MAX_CONNECTIONS - 1),
+            http_header_timeout: DEFAULT_HTTP_HEADER_TIMEOUT,
+            http_idle_timeout: DEFAULT_HTTP_IDLE_TIMEOUT,
+            http_max_header_bytes: DEFAULT_HTTP_MAX_HEADER_BYTES,
+            http_body: BodyLimits::default(),
+            admin_request_limits: RequestLimits::default(),
+            auth: None,
+            whip: None,
+        }
+    }
+}
+
+/// `int!(raw, key)`: [`int_in`] of the field `key`, named by the field;
+/// `millis!(raw, key)`: the same as a [`Duration`] of milliseconds.
+macro_rules! int {
+    ($raw:ident, $key:ident) => {
+        int_in(stringify!($key), $raw.$key)
+    };
+}
+macro_rules! millis {
+    ($raw:ident, $key:ident) => {
+        int!($raw, $key).map(Duration::from_millis)
+    };
+}
+
+/// The first of `keys` whose value differs between two [`RawConfig`]s, by name.
+macro_rules! first_changed {
+    ($a:ident, $b:ident, $($key:ident),+) => {
+        [$((stringify!($key), $a.$key != $b.$key)),+]
+            .into_iter()
+            .find_map(|(key, changed)| changed.then_some(key))
+    };
+}
+
+/// A socket address key; the refusal shows `example`.
+fn addr(key: &str, text: &str, example: &str) -> Result<SocketAddr, ConfigError> {
+    text.parse().map_err(|_| {
+        ConfigError::new(
+            key,
+            ConfigErrorKind::Invalid,
+            format!("{text:?} is not a socket address like {example}"),
+        )
+    })
+}
+
+/// `Some(text)` unless empty (an empty string is "unset" for the optional keys).
+fn set(text: &str) -> Option<&str> {
+    (!text.is_empty()).then_some(text)
+}
+
+impl RawConfig {
+    pub(super) fn server(&self) -> Result<ServerConfig, ConfigError> {
+        let admin = self.admin.validate()?;
+        let max_connections = int!(self, max_connections)?;
+        // Unset (0), the per-address cap is a quarter of the configured global cap, so
+        // one address never takes every slot by default; a value set above the global
+        // cap is refused.
+        let per_ip = match int!(self, max_connections_per_ip)? {
+            0 => quarter_of(max_connections),
+            n => n,
+        };
+        if per_ip > max_connections {
+            return Err(ConfigError::new(
+                "max_connections_per_ip",
+                ConfigErrorKind::Conflict,
+                format!("{per_ip} exceeds max_connections = {max_connections}"),
+            ));
+        }
+        Ok(ServerConfig {
+            listen: addr("listen", &self.listen, "127.0.0.1:8080")?,
+            admin: admin.listen,
+            max_streams: nonzero(int!(self, max_streams)?),
+            retry_after: Duration::from_secs(int!(self, retry_after_s)?),
+            idle_timeout: millis!(self, idle_timeout_ms)?,
+            ws_send_timeout: millis!(self, ws_send_timeout_ms)?,
+            grace_period: millis!(self, grace_period_ms)?,
+            max_connections: nonzero(max_connections),
+            max_connections_per_ip: nonzero(per_ip),
+            admin_max_connections: admin.max_connections,
+            http_header_timeout: millis!(self, http_header_timeout_ms)?,
+            http_idle_timeout: millis!(self, http_idle_timeout_ms)?,
+            // At least 8 KiB: hyper accepts no smaller head buffer.
+            http_max_header_bytes: int!(self, http_max_header_bytes)? as usize,
+            http_body: BodyLimits {
+                timeout: millis!(self, http_body_timeout_ms)?,
+                min_rate: int!(self, http_body_min_rate)?,
+            },
+            admin_request_limits: admin.request_limits,
+            auth: self.auth()?,
+            whip: self.whip()?,
+        })
+    }
+
+    fn whip(&self) -> Result<Option<WhipConfig>, ConfigError> {
+        let connect_timeout = millis!(self, whip_connect_timeout_ms)?;
+        let disconnect_timeout = millis!(self, whip_disconnect_timeout_ms)?;
+        let max_sessions_raw = int!(self, whip_max_sessions)?;
+        let max_sessions = nonzero(max_sessions_raw);
+        let per_ip = match int!(self, whip_max_sessions_per_ip)? {
+            0 => quarter_of(max_sessions_raw),
+            n if n > max_sessions_raw => {
+                return Err(ConfigError::new(
+                    "whip_max_sessions_per_ip",
+                    ConfigErrorKind::Conflict,
+                    format!("{n} exceeds whip_max_sessions = {max_sessions_raw}"),
+                ));
+            }
+            n => n,
+        };
+        let Some(listen) = set(&self.whip_udp_listen) else {
+            // A WHIP setting without the socket would be silently ignored.
+            let d = Self::default();
+            let changed = first_changed!(
+                self,
+                d,
+                whip_advertise_ips,
+                whip_connect_timeout_ms,
+                whip_disconnect_timeout_ms,
+                whip_max_sessions,
+                whip_max_sessions_per_ip,
+                whip_allow_foreign_candidates
+            );
+            return match changed {
+                Some(k) => Err(ConfigError::new(
+                    k,
+                    ConfigErrorKind::Conflict,
+                    "WHIP is off (whip_udp_listen is empty); set whip_udp_listen to use it",
+                )),
+                None => Ok(None),
+            };
+        };
+        let udp_listen = addr("whip_udp_listen", listen, "127.0.0.1:8443")?;
+        let refuse = |kind, message| ConfigError::new("whip_advertise_ips", kind, message);
+        let mut advertise = Vec::new();
+        for part in self
+            .whip_advertise_ips
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+        {
+            let ip: IpAddr = part.parse().map_err(|_| {
+                refuse(
+                    ConfigErrorKind::Invalid,
+                    format!("{part:?} is not an IP address"),
+                )
+            })?;
+            if ip.is_unspecified() || ip.is_multicast() {
+                return Err(refuse(
+                    ConfigErrorKind::Invalid,
+                    format!("{ip} cannot be reached by a publisher (unspecified or multicast)"),
+                ));
+            }
+            if !advertise.contains(&ip) {
+                advertise.push(ip);
+            }
+        }
+        if advertise.len() > MAX_WHIP_ADVERTISE_IPS {
+            return Err(refuse(
+                ConfigErrorKind::OutOfRange,
+                format!(
+                    "{} addresses; at most {MAX_WHIP_ADVERTISE_IPS}",
+                    advertise.len()
+                ),
+            ));
+        }
+        if advertise.is_empty() {
+            if udp_listen.ip().is_unspecified() {
+                return Err(refuse(
+                    ConfigErrorKind::Missing,
+                    format!(
+                        "whip_udp_listen = {udp_listen} listens on every address; name the ones \
+                         publishers reach in whip_advertise_ips"
+                    ),
+                ));
+            }
+            advertise.push(udp_listen.ip());
+        }
+        Ok(Some(WhipConfig {
+            udp_listen,
+            advertise,
+            connect_timeout,
+            disconnect_timeout,
+            max_sessions,
+            max_sessions_per_ip: nonzero(per_ip),
+            allow_foreign_candidates: self.whip_allow_foreign_candidates,
+        }))
+    }
+
+    fn auth(&self) -> Result<Option<crate::auth::AuthConfig>, ConfigError> {
+        use crate::auth::{AuthConfig, AuthKey, MIN_HS256_SECRET_BYTES, b64url_decode};
+        let leeway_s = int!(self, auth_leeway_s)?;
+        let key = match (
+            set(&self.auth_hs256_secret),
+            set(&self.auth_eddsa_public_key),
+        ) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::new(
+                    "auth_eddsa_public_key",
+                    ConfigErrorKind::Conflict,
+                    "set either auth_hs256_secret or auth_eddsa_public_key, not both",
+                ));
+            }
+            // The secret itself is never part of a message.
+            (Some(s), None) if s.len() < MIN_HS256_SECRET_BYTES => {
+                return Err(ConfigError::new(
+                    "auth_hs256_secret",
+                    ConfigErrorKind::Invalid,
+                    format!(
+                        "too short ({} bytes); at least {MIN_HS256_SECRET_BYTES} bytes",
+                        s.len()
+                    ),
+                ));
+            }
+            (Some(s), None) => Some(AuthKey::Hs256(s.as_bytes().to_vec())),
+            (None, Some(p)) => {
+                let bytes: [u8; 32] = b64url_decode(p)
+                    .and_then(|b| b.try_into().ok())
+                    .ok_or_else(|| {
+                        ConfigError::new(
+                            "auth_eddsa_public_key",
+                            ConfigErrorKind::Invalid,
+                            "expected the 32-byte Ed25519 public key in base64url (43 characters)",
+                        )
+                    })?;
+                Some(AuthKey::EdDsa(bytes))
+            }
+            (None, None) => None,
+        };
+        match (self.auth_required, key) {
+            (true, Some(key)) => Ok(Some(AuthConfig { key, leeway_s })),
+            (false, None) => Ok(None),
+            (true, None) => Err(ConfigError::new(
+                "auth_required",
+                ConfigErrorKind::Missing,
+                "needs auth_hs256_secret or auth_eddsa_public_key",
+            )),
+            (false, Some(_)) => Err(ConfigError::new(
+                "auth_required",
+                ConfigErrorKind::Conflict,
+                "a token key is set but auth_required is false; set auth_required = true to check tokens",
+            )),
+        }
+    }
+}
+
+/// Most addresses `whip_advertise_ips` takes.
+const MAX_WHIP_ADVERTISE_IPS: usize = 8;

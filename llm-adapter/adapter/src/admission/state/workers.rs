@@ -1,0 +1,199 @@
+//! The transitions driven from outside the admission path: a worker takes the next
+//! ready request ([`State::start_next`], which checks the start budget under the same
+//! lock that marks it Running) and settles it ([`State::finish`], which feeds the
+//! estimator); a cancel and shutdown answer queued requests and abort running ones.
+
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use weir_protocol::WireName;
+use weir_protocol::llm::{ErrorBody, ErrorCode};
+
+use super::{Effects, Stage, State};
+use crate::admission::gates::start_budget::Queued;
+use crate::admission::gates::{Gate, after_wait, shutting_down};
+use crate::admission::{AbortReason, CancelResult, Job};
+use crate::backend::BackendReply;
+use crate::trace::{TraceKind, ms};
+
+impl<W> State<W> {
+    /// Hands the next ready request to a worker, answering the ones whose deadline
+    /// passed (or that could no longer finish in time) on the way.
+    pub(crate) fn start_next(&mut self, now: Instant, fx: &mut Effects<W>) -> Option<Job> {
+        let estimate = self.estimator.estimate();
+        while let Some((_, id)) = self.ready.pop_first() {
+            let Some(e) = self.entries.get_mut(&id) else {
+                continue;
+            };
+            if e.stage != Stage::Ready {
+                continue;
+            }
+            e.ready_key = None;
+            if let (Some(deadline), Some(answer_by)) = (e.deadline, e.answer_by) {
+                let queued = Queued {
+                    deadline,
+                    answer_by,
+                    probe: e.probe,
+                    waited: now.saturating_duration_since(e.received_at),
+                    now,
+                    estimate,
+                };
+                if let Err(r) = self.start_budget.check(&queued) {
+                    self.count(&r);
+                    self.retire(id, Err(*r.body), now, fx);
+                    self.run(now, fx);
+                    continue;
+                }
+            }
+            return self.start(id, now);
+        }
+        None
+    }
+
+    /// Marks ready entry `id` Running and makes its job.
+    fn start(&mut self, id: u64, now: Instant) -> Option<Job> {
+        let e = self.entries.get_mut(&id)?;
+        let order = e.order.take();
+        let stream = e.stream.clone();
+        e.stage = Stage::Running;
+        e.started_at = Some(now);
+        e.stage_since = now;
+        let (tx, rx) = oneshot::channel();
+        e.abort = Some(tx);
+        let timer = e.deadline_timer.take();
+        let request = e.request.take();
+        let deadline = e.deadline;
+        let answer_by = e.answer_by;
+        let queue_time = now.saturating_duration_since(e.received_at);
+        if let Some(k) = order {
+            self.deadline.leave(k);
+        }
+        if let Some(t) = timer {
+            self.timers.remove(&t);
+        }
+        self.queued -= 1;
+        self.running += 1;
+        self.running_since.insert(id, now);
+        self.stats
+            .started(queue_time, deadline.is_some_and(|d| now >= d));
+        let e = &self.entries[&id];
+        self.emit(TraceKind::Started, e, now, |ev| {
+            ev.waited_ms = Some(ms(queue_time));
+        });
+        let span = e.span.clone();
+        self.stream_queued.remove(&id);
+        Some(Job {
+            id,
+            request: request?,
+            answer_by,
+            started_at: now,
+            queue_time,
+            abort: rx,
+            stream,
+            span,
+        })
+    }
+
+    /// Whether a worker has anything to pick.
+    pub(crate) fn has_ready(&self) -> bool {
+        !self.ready.is_empty()
+    }
+
+    /// Feeds the estimator with a finished call: `ok` and the calls ended by a deadline
+    /// or the backend timeout (those are lower bounds of the service time, and a slow
+    /// backend shows up only through them). Failures, cancels and shutdown aborts say
+    /// nothing about how long an answer takes.
+    fn observe(&mut self, took: Duration, code: &str, fx: &mut Effects<W>) {
+        let counts = code == "ok"
+            || code == ErrorCode::DeadlineExceeded.as_str()
+            || code == ErrorCode::BackendTimeout.as_str();
+        if !counts {
+            return;
+        }
+        let cold = self.estimator.estimate().is_none();
+        self.estimator.observe(took);
+        if cold && self.start_budget.adaptive() {
+            // First estimate: the queued requests' timers move to `answer_by − estimate`.
+            for id in self.queued_ids() {
+                self.arm_deadline(id, fx);
+            }
+        }
+    }
+
+    /// Settles a running request with the backend's result.
+    pub(crate) fn finish(
+        &mut self,
+        id: u64,
+        result: Result<BackendReply, ErrorBody>,
+        took: Duration,
+        now: Instant,
+        fx: &mut Effects<W>,
+    ) {
+        let code = match &result {
+            Ok(_) => "ok",
+            Err(e) => e.code.as_str(),
+        };
+        self.stats.inference_done(took, code);
+        self.observe(took, code, fx);
+        self.retire(id, result, now, fx);
+        self.run(now, fx);
+    }
+
+    // ------------------------------------------------------------ cancellation
+
+    /// Cancels the request with `request_id`: a queued one is answered `cancelled` now,
+    /// a running one is told to abort (its worker answers `cancelled`).
+    pub(crate) fn cancel(
+        &mut self,
+        request_id: &str,
+        now: Instant,
+        fx: &mut Effects<W>,
+    ) -> CancelResult {
+        let Some(&id) = self.by_request_id.get(request_id) else {
+            return CancelResult::NotFound;
+        };
+        let Some(e) = self.entries.get_mut(&id) else {
+            return CancelResult::NotFound;
+        };
+        if e.stage == Stage::Running {
+            if let Some(tx) = e.abort.take() {
+                let _ = tx.send(AbortReason::Cancelled);
+            }
+            return CancelResult::Running;
+        }
+        let waited = now.saturating_duration_since(e.received_at);
+        let err = after_wait(ErrorCode::Cancelled, "cancelled while queued", waited);
+        self.retire(id, Err(err), now, fx);
+        self.run(now, fx);
+        CancelResult::Queued
+    }
+
+    // ---------------------------------------------------------------- shutdown
+
+    /// Stops admitting and answers every queued request `shutting_down`.
+    pub(crate) fn begin_shutdown(&mut self, now: Instant, fx: &mut Effects<W>) -> usize {
+        self.shutting_down = true;
+        let queued = self.queued_ids();
+        let n = queued.len();
+        for id in queued {
+            self.retire(id, Err(shutting_down()), now, fx);
+            self.run(now, fx);
+        }
+        n
+    }
+
+    /// Tells every running request to abort with `shutting_down`; returns how many.
+    pub(crate) fn abort_running(&mut self) -> usize {
+        let mut n = 0;
+        for e in self.entries.values_mut() {
+            if e.stage == Stage::Running
+                && let Some(tx) = e.abort.take()
+            {
+                let _ = tx.send(AbortReason::ShuttingDown);
+                n += 1;
+            }
+        }
+        n
+    }
+}

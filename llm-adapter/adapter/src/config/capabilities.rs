@@ -1,0 +1,115 @@
+//! The capabilities document of a [`Config`].
+
+use super::*;
+
+impl Config {
+    /// The capabilities document: every limit (`null` when disabled), the subjects and
+    /// the header names. Served on the capabilities subject and `/v1/capabilities`.
+    pub fn capabilities(&self) -> serde_json::Value {
+        use serde_json::json;
+        use weir_protocol::llm::headers as h;
+        let limits: Vec<serde_json::Value> = self
+            .admission
+            .limits
+            .iter()
+            .map(|l| {
+                let (on_busy, max_wait_ms, max_waiters) = match l.on_busy {
+                    OnBusy::Reject => ("reject", None, None),
+                    OnBusy::Wait {
+                        max_wait,
+                        max_waiters,
+                    } => ("wait", Some(ms(max_wait)), Some(max_waiters)),
+                };
+                json!({
+                    "name": l.name,
+                    "key": l.key.describe(),
+                    "limit": l.limit.get(),
+                    "on_busy": on_busy,
+                    "max_wait_ms": max_wait_ms,
+                    "max_waiters": max_waiters,
+                })
+            })
+            .collect();
+        json!({
+            "service": {
+                "name": self.service.name,
+                "version": self.service.version,
+                "queue_group": self.service.queue_group,
+                "subject": self.service.subject,
+                "cancel_subject": self.service.cancel_subject,
+                "capabilities_subject": self.service.capabilities_subject,
+                "limits_subject": self.service.limits_subject,
+                "status_subject": self.service.status_subject,
+            },
+            "stream": {
+                "chunk_interval_ms": ms(self.admission.stream.interval),
+                "chunk_max_bytes": self.admission.stream.max_bytes,
+                "window": self.stream.window,
+                "ack_timeout_ms": ms(self.stream.ack_timeout),
+            },
+            "mode": self.admission.mode,
+            "workers": self.admission.workers.get(),
+            "queue_capacity": self.admission.queue_capacity.get(),
+            "session": {
+                "pending_cap": self.admission.session.pending_cap.map(NonZeroUsize::get),
+                "ordering": self.admission.session.ordering,
+            },
+            "limits": limits,
+            "deadline": {
+                "default_ms": self.admission.deadline.default.map(ms),
+                "max_ms": ms(self.admission.deadline.max),
+                "min_start_budget_ms": self.admission.deadline.min_start_budget.map(ms),
+                "start_budget": if self.admission.deadline.min_start_budget.is_some() { "fixed" } else { "adaptive" },
+                "reply_margin_ms": ms(self.admission.deadline.reply_margin),
+                "predict": self.admission.deadline.predict,
+                "overtake_share_pct": self.admission.deadline.overtake_share_pct,
+            },
+            "queue_order": self.admission.queue_order,
+            "estimator": {
+                "initial_ms": self.admission.estimator.initial.map(ms),
+                "window": self.admission.estimator.window,
+                "half_life": self.admission.estimator.half_life,
+                "quantile": self.admission.estimator.quantile,
+            },
+            "idempotency": self.admission.idempotency.map(|i| json!({
+                "window_ms": ms(i.window),
+                "max_entries": i.max_entries.get(),
+                "max_bytes": i.max_bytes.get(),
+            })),
+            "backend": {
+                "kind": self.backend.kind.name(),
+                "timeout_ms": ms(self.backend.timeout),
+            },
+            "shutdown_grace_ms": ms(self.admission.shutdown_grace),
+            "intake": match &self.intake {
+                Intake::Core => json!({"kind": "core"}),
+                Intake::JetStream(j) => json!({
+                    "kind": "jetstream",
+                    "stream": j.stream,
+                    "subject": j.subject,
+                    "consumer": j.consumer,
+                    "ack_wait_ms": ms(j.ack_wait),
+                    "max_ack_pending": j.max_ack_pending.get(),
+                    "duplicate_window_ms": ms(j.duplicate_window),
+                    "forward": j.forward,
+                    "reply_to_header": weir_protocol::llm::headers::REPLY_TO,
+                }),
+            },
+            "headers": {
+                "request_id": h::REQUEST_ID,
+                "session_id": h::SESSION_ID,
+                "deadline_ms": h::DEADLINE_MS,
+                "timeout_ms": h::TIMEOUT_MS,
+                "admission": h::ADMISSION,
+                "client_key": h::CLIENT_KEY,
+                "cancel": h::CANCEL,
+                "queue_ms": h::QUEUE_MS,
+                "inference_ms": h::INFERENCE_MS,
+                "error_code": h::ERROR_CODE,
+                "stream": weir_protocol::llm::stream::STREAM,
+                "stream_event": weir_protocol::llm::stream::STREAM_EVENT,
+                "stream_seq": weir_protocol::llm::stream::STREAM_SEQ,
+            },
+        })
+    }
+}

@@ -1,0 +1,5 @@
+//! The load test's integration tests, one binary: short runs of the built `loadtest`
+//! binary against real nats-server processes.
+
+mod end_to_end;
+mod failover;
