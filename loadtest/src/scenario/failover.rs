@@ -42,6 +42,7 @@ use weir_protocol::audio::Packet;
 use weir_protocol::fnv1a_32;
 use weir_testkit::NatsCluster;
 
+use crate::error::{Error, ErrorKind, io, usage};
 use crate::ingress::{cpu_since, cpu_time, machine_busy, machine_busy_since};
 use crate::lease_audit::{self, FrameAuditor, Instance};
 use crate::lease_worker::connect_options;
@@ -103,17 +104,17 @@ pub fn plan(
     scenario: Scenario,
     duration: Option<Duration>,
     pause: Option<Duration>,
-) -> Result<FailoverPlan, String> {
+) -> Result<FailoverPlan, Error> {
     let victim = match scenario {
         Scenario::WorkerFailover => Victim::Worker,
         Scenario::NodeFailover => Victim::Node,
-        s => return Err(format!("{} is not a failover scenario", s.as_str())),
+        s => return Err(usage(format!("{} is not a failover scenario", s.as_str()))),
     };
     let down = pause.unwrap_or(DEFAULT_DOWN);
     let needed = FAULT_AT + down + MIN_AFTER_RESTART;
     let duration = duration.unwrap_or(FAULT_AT + down + AFTER_RESTART);
     if duration < needed {
-        return Err(format!(
+        return Err(usage(format!(
             "--duration {:.1} s is too short for {}: the kill is at {} s, the victim stays \
              down --pause {:.1} s, and at least {} s follow the restart; use --duration {:.0} \
              or more",
@@ -123,7 +124,7 @@ pub fn plan(
             down.as_secs_f64(),
             MIN_AFTER_RESTART.as_secs(),
             needed.as_secs_f64().ceil()
-        ));
+        )));
     }
     Ok(FailoverPlan {
         scenario,
@@ -189,14 +190,13 @@ fn spawn_worker(
     worker: usize,
     life: usize,
     urls: &[String],
-) -> Result<WorkerProc, String> {
+) -> Result<WorkerProc, Error> {
     let name = format!("w{worker}#{life}");
     let base = dir.join(format!("w{worker}-{life}"));
     let frames = base.with_extension("frames");
     let leases = base.with_extension("leases");
     let stderr_path = base.with_extension("stderr");
-    let stderr = std::fs::File::create(&stderr_path)
-        .map_err(|e| format!("{}: {e}", stderr_path.display()))?;
+    let stderr = std::fs::File::create(&stderr_path).map_err(|e| io(&stderr_path, e))?;
     // Worker i connects to node i mod 3 first, then the others.
     let list: Vec<String> = (0..urls.len())
         .map(|k| urls[(worker + k) % urls.len()].clone())
@@ -226,7 +226,13 @@ fn spawn_worker(
         .stderr(stderr)
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", env.self_exe.display()))?;
+        .map_err(|e| {
+            Error::with_source(
+                ErrorKind::Process,
+                format!("cannot start {}", env.self_exe.display()),
+                e,
+            )
+        })?;
     let pid = child.id();
     Ok(WorkerProc {
         name,
@@ -321,7 +327,7 @@ async fn produce(
 async fn on_cluster<T: Send + 'static>(
     cluster: &Arc<NatsCluster>,
     f: impl FnOnce(&NatsCluster) -> T + Send + 'static,
-) -> Result<T, String> {
+) -> Result<T, Error> {
     let cluster = cluster.clone();
     blocking(move || f(&cluster)).await
 }
@@ -343,23 +349,27 @@ pub async fn run(
     env: &FailoverEnv,
     plan: &FailoverPlan,
     streams: usize,
-) -> Result<RunOutput, String> {
+) -> Result<RunOutput, Error> {
     let label = format!("{} {streams}", plan.scenario.as_str());
     if env.workers < 2 {
-        return Err(format!(
+        return Err(usage(format!(
             "{label}: --workers must be at least 2 (one is killed)"
-        ));
+        )));
     }
     if env.workers > env.partitions {
-        return Err(format!("{label}: --workers must not exceed --partitions"));
+        return Err(usage(format!(
+            "{label}: --workers must not exceed --partitions"
+        )));
     }
     let mut notes = Vec::new();
     // 1. The cluster.
-    let cluster = Arc::new(
-        blocking(|| NatsCluster::start(NODES))
-            .await?
-            .map_err(|e| format!("cannot start a {NODES}-node nats-server cluster: {e}"))?,
-    );
+    let cluster = Arc::new(blocking(|| NatsCluster::start(NODES)).await?.map_err(|e| {
+        Error::with_source(
+            ErrorKind::Process,
+            format!("cannot start a {NODES}-node nats-server cluster"),
+            e,
+        )
+    })?);
     let urls = cluster.urls();
     let dir = TempDir::create("weir-failover")?;
 
@@ -383,12 +393,15 @@ pub async fn run(
                 .iter()
                 .map(|w| format!("{}: {}", w.name, tail(&read(&w.stderr), 400)))
                 .collect();
-            return Err(format!(
-                "{label}: the workers did not share the {} partitions ({lo}..={hi} each) within \
+            return Err(Error::new(
+                ErrorKind::Run,
+                format!(
+                    "{label}: the workers did not share the {} partitions ({lo}..={hi} each) within \
                  {SPREAD_WAIT:?}: {:?}; stderr: {}",
-                env.partitions,
-                lease_audit::spread_at(&inst, now),
-                tails.join(" | ")
+                    env.partitions,
+                    lease_audit::spread_at(&inst, now),
+                    tails.join(" | ")
+                ),
             ));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -407,7 +420,7 @@ pub async fn run(
                 c.wait_stream_leader(KV_STREAM, Duration::from_secs(10))
             })
             .await?
-            .map_err(|e| format!("{label}: {e}"))?,
+            .map_err(|e| Error::with_source(ErrorKind::Nats, label.clone(), e))?,
         ),
         Victim::Worker => None,
     };
@@ -420,8 +433,19 @@ pub async fn run(
         connect_options().connect(producer_urls),
     )
     .await
-    .map_err(|_| format!("{label}: the producers cannot connect within 5 s"))?
-    .map_err(|e| format!("{label}: the producers cannot connect: {e}"))?;
+    .map_err(|_| {
+        Error::new(
+            ErrorKind::Nats,
+            format!("{label}: the producers cannot connect within 5 s"),
+        )
+    })?
+    .map_err(|e| {
+        Error::with_source(
+            ErrorKind::Nats,
+            format!("{label}: the producers cannot connect"),
+            e,
+        )
+    })?;
 
     // 3. Producers, progress, CPU.
     let stream_list = streams_of(streams, env.partitions);
@@ -507,7 +531,13 @@ pub async fn run(
                     kill_ms = unix_ms();
                     on_cluster(&cluster, move |c| c.kill(node))
                         .await?
-                        .map_err(|e| format!("{label}: cannot kill node {node}: {e}"))?;
+                        .map_err(|e| {
+                            Error::with_source(
+                                ErrorKind::Process,
+                                format!("{label}: cannot kill node {node}"),
+                                e,
+                            )
+                        })?;
                     killed_node = Some(node);
                 }
             }
@@ -539,7 +569,12 @@ pub async fn run(
     stop.store(true, Ordering::Relaxed);
     let last_seq = match tokio::time::timeout(Duration::from_secs(10), producer).await {
         Ok(Ok(seq)) => seq,
-        _ => return Err(format!("{label}: the producers did not stop within 10 s")),
+        _ => {
+            return Err(Error::new(
+                ErrorKind::Run,
+                format!("{label}: the producers did not stop within 10 s"),
+            ));
+        }
     };
     let wall = start.elapsed();
     let end_ms = unix_ms();
@@ -716,14 +751,13 @@ fn keep_logs(
     start_ms: u64,
     kill_ms: u64,
     restart_ms: u64,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, Error> {
     let to = keep.join(format!("{}-{start_ms}", label.replace(' ', "-")));
-    std::fs::create_dir_all(&to).map_err(|e| format!("{}: {e}", to.display()))?;
+    std::fs::create_dir_all(&to).map_err(|e| io(&to, e))?;
     for w in workers {
         for from in [&w.frames, &w.leases, &w.stderr] {
             if let Some(name) = from.file_name() {
-                std::fs::copy(from, to.join(name))
-                    .map_err(|e| format!("{}: {e}", from.display()))?;
+                std::fs::copy(from, to.join(name)).map_err(|e| io(from, e))?;
             }
         }
     }
@@ -731,7 +765,7 @@ fn keep_logs(
         to.join("times"),
         format!("start {start_ms}\nkill {kill_ms}\nrestart {restart_ms}\n"),
     )
-    .map_err(|e| format!("{}: {e}", to.display()))?;
+    .map_err(|e| io(&to, e))?;
     Ok(to)
 }
 
@@ -785,8 +819,9 @@ mod tests {
             Some(Duration::from_secs(5)),
             Some(Duration::from_secs(4)),
         )
-        .err()
-        .unwrap_or_default();
+        .unwrap_err();
+        assert_eq!(e.kind(), crate::error::ErrorKind::Usage);
+        let e = e.to_string();
         assert!(e.contains("--duration") && e.contains("10"), "{e}");
         assert!(plan(Scenario::Steady, None, None).is_err());
     }

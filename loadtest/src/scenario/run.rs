@@ -26,6 +26,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::accounting::{FrameAccounting, FrameCounts};
+use crate::error::{Error, ErrorKind, io, usage};
 use crate::fleet::{DEFAULT_MAX_FRAME_AGE, Fleet, FleetConfig};
 use crate::ingress::{
     Design, IngressProcess, Launch, cpu_since, cpu_time, machine_busy, machine_busy_since,
@@ -64,14 +65,14 @@ pub enum PolicyArg {
 }
 
 /// Everything a run needs besides its plan.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Env {
     /// An external NATS server (`--nats-url`); `None` starts one per run.
     pub nats_url: Option<String>,
     /// This executable (the naive ingress is its hidden subcommand).
     pub self_exe: PathBuf,
-    /// The `audio-ingress` binary, when found.
-    pub ingress_bin: Result<PathBuf, String>,
+    /// The `audio-ingress` binary, or why it was not found (reported by a bounded run).
+    pub ingress_bin: Result<PathBuf, Error>,
     /// Bounded design's policy.
     pub policy: PolicyArg,
     /// Simulated recognition cost per frame.
@@ -128,11 +129,11 @@ pub(crate) struct TempDir(pub(crate) PathBuf);
 
 impl TempDir {
     /// A new directory `<tmp>/<prefix>-<pid>-<n>`.
-    pub(crate) fn create(prefix: &str) -> Result<Self, String> {
+    pub(crate) fn create(prefix: &str) -> Result<Self, Error> {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("{prefix}-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
         Ok(Self(dir))
     }
 }
@@ -168,10 +169,10 @@ impl Nats {
 /// Runs blocking `f` (the testkit's servers) off the runtime's worker threads.
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, String> {
+) -> Result<T, Error> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| format!("blocking task failed: {e}"))
+        .map_err(|e| Error::with_source(ErrorKind::Run, "blocking task failed", e))
 }
 
 /// Writes the bounded ingress's config file for this run.
@@ -208,13 +209,18 @@ fn launch(
     nats_url: &str,
     streams: usize,
     config_dir: &std::path::Path,
-) -> Result<Launch, String> {
+) -> Result<Launch, Error> {
     let (program, mut args) = match design {
         Design::Bounded => {
-            let program = env.ingress_bin.clone()?;
+            let program = env
+                .ingress_bin
+                .as_ref()
+                .map_err(|e| Error::new(e.kind(), e.to_string()))?
+                .clone();
             let path = config_dir.join("audio-ingress.toml");
-            std::fs::write(&path, bounded_config(env, streams))
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            std::fs::write(&path, bounded_config(env, streams)).map_err(|e| {
+                Error::with_source(ErrorKind::Io, format!("cannot write {}", path.display()), e)
+            })?;
             let config = path.display().to_string();
             let mut args: Vec<String> = ["serve", "--config", &config].map(String::from).to_vec();
             for kv in &env.ingress_set {
@@ -264,7 +270,7 @@ pub async fn run_one(
     plan: &Plan,
     streams: usize,
     design: Design,
-) -> Result<RunOutput, String> {
+) -> Result<RunOutput, Error> {
     let label = match env.transport {
         Transport::Ws => format!("{} {} {}", plan.scenario.as_str(), streams, design),
         Transport::Whip => format!("{} {} {} whip", plan.scenario.as_str(), streams, design),
@@ -281,18 +287,20 @@ pub async fn run_one(
             if let Some(f) = plan.fault
                 && f.kind.needs_embedded_server()
             {
-                return Err(format!(
+                return Err(usage(format!(
                     "{} needs to stop and restart nats-server, which is only possible with the \
                      server the load test starts itself: drop --nats-url",
                     plan.scenario.as_str()
-                ));
+                )));
             }
             Nats::External(url.clone())
         }
         None => Nats::Embedded(Arc::new(
             blocking(weir_testkit::NatsServer::start)
                 .await?
-                .map_err(|e| format!("cannot start nats-server: {e}"))?,
+                .map_err(|e| {
+                    Error::with_source(ErrorKind::Process, "cannot start nats-server", e)
+                })?,
         )),
     };
     let nats_url = nats.url();
@@ -318,7 +326,9 @@ pub async fn run_one(
             },
         )
         .await
-        .map_err(|e| format!("cannot start the recognition fleet: {e}"))?,
+        .map_err(|e| {
+            Error::with_source(ErrorKind::Nats, "cannot start the recognition fleet", e)
+        })?,
     );
 
     // 3. Ingress.
@@ -326,7 +336,7 @@ pub async fn run_one(
     let ingress = Arc::new(
         IngressProcess::spawn(&launch(env, design, &nats_url, streams, &config_dir.0)?)
             .await
-            .map_err(|e| e.to_string())?,
+            .map_err(Error::from)?,
     );
     let cpu_start = ingress.cpu_time().unwrap_or_default();
     let self_cpu_start = cpu_time(std::process::id()).unwrap_or_default();
@@ -496,9 +506,12 @@ pub async fn run_one(
         }
     }
     let final_stats = final_stats.ok_or_else(|| {
-        format!(
-            "[{label}] the ingress did not answer /v1/stats at the end; its stderr:\n{}",
-            ingress.stderr_tail()
+        Error::new(
+            ErrorKind::Process,
+            format!(
+                "[{label}] the ingress did not answer /v1/stats at the end; its stderr:\n{}",
+                ingress.stderr_tail()
+            ),
         )
     })?;
     let wall = start.elapsed();
@@ -728,10 +741,12 @@ async fn apply_fault(
     server: Option<Arc<weir_testkit::NatsServer>>,
     fleet: &Fleet,
     llm: Option<&LlmRun>,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     match kind {
         FaultKind::NatsPause | FaultKind::NatsRestart => {
-            let server = server.ok_or("no embedded nats-server to act on")?;
+            let server = server.ok_or_else(|| {
+                Error::new(ErrorKind::Process, "no embedded nats-server to act on")
+            })?;
             blocking(move || match (kind, start) {
                 (FaultKind::NatsPause, true) => server.pause(),
                 (FaultKind::NatsPause, false) => server.resume(),
@@ -739,7 +754,7 @@ async fn apply_fault(
                 (_, false) => server.restart(),
             })
             .await?
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.map_kind(ErrorKind::Process))
         }
         FaultKind::BackendPause => {
             if start {
