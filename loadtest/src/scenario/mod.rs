@@ -19,6 +19,7 @@
 
 pub mod ceiling;
 pub mod failover;
+mod figures;
 pub mod run;
 
 use std::time::Duration;
