@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::cli::{Cli, DesignArg};
+use crate::error::{Error, ErrorKind, io, usage};
 use crate::ingress::Design;
 use crate::ingress::find_ingress_bin;
 use crate::llm::{LlmSettings, StreamLoad};
@@ -33,13 +34,16 @@ const SHOWCASE_PAUSE: Duration = Duration::from_secs(6);
 pub type Results = Arc<Mutex<Vec<RunOutput>>>;
 
 /// Builds the run environment from the command line.
-pub fn env_from(cli: &Cli) -> Result<Env, String> {
-    let self_exe =
-        std::env::current_exe().map_err(|e| format!("cannot find my own executable: {e}"))?;
+pub fn env_from(cli: &Cli) -> Result<Env, Error> {
+    let self_exe = std::env::current_exe()
+        .map_err(|e| Error::with_source(ErrorKind::Io, "cannot find my own executable", e))?;
     let ingress_bin = match &cli.ingress_bin {
         Some(p) if p.is_file() => Ok(p.clone()),
-        Some(p) => Err(format!("--ingress-bin {} is not a file", p.display())),
-        None => find_ingress_bin(Some(&self_exe)).map_err(|e| e.to_string()),
+        Some(p) => Err(usage(format!(
+            "--ingress-bin {} is not a file",
+            p.display()
+        ))),
+        None => find_ingress_bin(Some(&self_exe)).map_err(Error::from),
     };
     Ok(Env {
         nats_url: cli.nats_url.clone(),
@@ -84,20 +88,21 @@ fn failover_env_from(cli: &Cli, env: &Env) -> failover::FailoverEnv {
 
 /// The designs to run: `--design`, else `default`; with `--transport whip` the bounded
 /// one only (the naive ingress has no WHIP door).
-fn designs_for(cli: &Cli, default: DesignArg) -> Result<Vec<Design>, String> {
+fn designs_for(cli: &Cli, default: DesignArg) -> Result<Vec<Design>, Error> {
     match (cli.transport, cli.design) {
-        (Transport::Whip, Some(DesignArg::Naive | DesignArg::Both)) => Err(
-            "--transport whip runs the bounded design only (the naive ingress has no WHIP door)"
-                .to_owned(),
-        ),
+        (Transport::Whip, Some(DesignArg::Naive | DesignArg::Both)) => Err(usage(
+            "--transport whip runs the bounded design only (the naive ingress has no WHIP door)",
+        )),
         (Transport::Whip, _) => Ok(vec![Design::Bounded]),
         (Transport::Ws, d) => Ok(d.unwrap_or(default).designs()),
     }
 }
 
 /// Runs the selection; returns the number of runs that failed.
-pub async fn run(cli: &Cli, results: Results) -> Result<usize, String> {
-    let selection = cli.scenario.ok_or("a scenario is required (see --help)")?;
+pub async fn run(cli: &Cli, results: Results) -> Result<usize, Error> {
+    let selection = cli
+        .scenario
+        .ok_or_else(|| usage("a scenario is required (see --help)"))?;
     let env = env_from(cli)?;
     let showcase = selection == Scenario::Showcase;
     // Validate every plan before starting anything.
@@ -180,7 +185,7 @@ pub async fn run(cli: &Cli, results: Results) -> Result<usize, String> {
 /// Prints a run's one-line summary and keeps its output, or prints why it failed
 /// (`label` names the run); returns the number of failures (0 or 1).
 fn record(
-    outcome: Result<RunOutput, String>,
+    outcome: Result<RunOutput, Error>,
     results: &Results,
     label: impl FnOnce() -> String,
 ) -> usize {
@@ -223,17 +228,18 @@ pub fn one_line(r: &RunReport) -> String {
 }
 
 /// Writes the JSON array.
-pub fn write_json(path: &Path, reports: &[&RunReport]) -> Result<(), String> {
+pub fn write_json(path: &Path, reports: &[&RunReport]) -> Result<(), Error> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     }
-    let json = serde_json::to_string_pretty(reports).map_err(|e| e.to_string())?;
-    std::fs::write(path, json + "\n").map_err(|e| format!("{}: {e}", path.display()))
+    let json = serde_json::to_string_pretty(reports)
+        .map_err(|e| Error::new(ErrorKind::Io, e.to_string()))?;
+    std::fs::write(path, json + "\n").map_err(|e| io(path, e))
 }
 
 /// Writes one SVG per (scenario, streams): rows = metrics, columns = designs.
-pub fn write_plots(dir: &Path, outputs: &[RunOutput]) -> Result<Vec<String>, String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+pub fn write_plots(dir: &Path, outputs: &[RunOutput]) -> Result<Vec<String>, Error> {
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let mut groups: BTreeMap<(String, usize), Vec<&RunOutput>> = BTreeMap::new();
     for o in outputs.iter().filter(|o| o.report.scenario != "ceiling") {
         groups
@@ -253,7 +259,7 @@ pub fn write_plots(dir: &Path, outputs: &[RunOutput]) -> Result<Vec<String>, Str
         );
         let name = format!("{scenario}-{streams}.svg");
         let path = dir.join(&name);
-        std::fs::write(&path, svg).map_err(|e| format!("{}: {e}", path.display()))?;
+        std::fs::write(&path, svg).map_err(|e| io(&path, e))?;
         written.push(path.display().to_string());
     }
     Ok(written)

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use crate::error::{Error, usage};
 use crate::ingress::Design;
 use crate::naive::audio::Floor;
 use crate::scenario::Scenario;
@@ -220,13 +221,13 @@ pub struct Cli {
     pub quiet: bool,
 }
 
-fn parse_wait(s: &str) -> Result<Duration, String> {
+fn parse_wait(s: &str) -> Result<Duration, Error> {
     let v: u64 = s
         .trim()
         .parse()
-        .map_err(|_| format!("{s:?} is not a whole number of seconds"))?;
+        .map_err(|_| usage(format!("{s:?} is not a whole number of seconds")))?;
     if v > 3600 {
-        return Err(format!("{v} s is out of range; allowed 0..=3600"));
+        return Err(usage(format!("{v} s is out of range; allowed 0..=3600")));
     }
     Ok(Duration::from_secs(v))
 }
@@ -305,33 +306,35 @@ pub struct NaiveArgs {
     pub floor: Option<Floor>,
 }
 
-fn parse_streams(s: &str) -> Result<usize, String> {
+fn parse_streams(s: &str) -> Result<usize, Error> {
     let n: usize = s
         .trim()
         .parse()
-        .map_err(|_| format!("{s:?} is not a stream count"))?;
+        .map_err(|_| usage(format!("{s:?} is not a stream count")))?;
     if !(1..=20_000).contains(&n) {
-        return Err(format!("{n} streams is out of range; allowed 1..=20000"));
+        return Err(usage(format!(
+            "{n} streams is out of range; allowed 1..=20000"
+        )));
     }
     Ok(n)
 }
 
-fn parse_seconds(s: &str) -> Result<Duration, String> {
+fn parse_seconds(s: &str) -> Result<Duration, Error> {
     let v: f64 = s
         .trim()
         .parse()
-        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+        .map_err(|_| usage(format!("{s:?} is not a number of seconds")))?;
     if !(v.is_finite() && v > 0.0 && v <= 3600.0) {
-        return Err(format!("{v} s is out of range; allowed (0, 3600]"));
+        return Err(usage(format!("{v} s is out of range; allowed (0, 3600]")));
     }
     Ok(Duration::from_secs_f64(v))
 }
 
 /// Accepts only `nats://` URLs on a loopback host.
-pub fn parse_nats_url(s: &str) -> Result<String, String> {
+pub fn parse_nats_url(s: &str) -> Result<String, Error> {
     let rest = s
         .strip_prefix("nats://")
-        .ok_or_else(|| format!("{s:?} must start with nats://"))?;
+        .ok_or_else(|| usage(format!("{s:?} must start with nats://")))?;
     let hostport = rest.rsplit('@').next().unwrap_or(rest);
     let host = if let Some(h) = hostport.strip_prefix('[') {
         h.split(']').next().unwrap_or("")
@@ -343,9 +346,9 @@ pub fn parse_nats_url(s: &str) -> Result<String, String> {
             .parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.is_loopback());
     if !loopback {
-        return Err(format!(
+        return Err(usage(format!(
             "{s:?}: the load test only targets loopback addresses"
-        ));
+        )));
     }
     Ok(s.to_owned())
 }

@@ -84,6 +84,14 @@ pub enum IngressError {
     Stats(String),
 }
 
+impl From<IngressError> for crate::error::Error {
+    /// The load test's error of kind [`Process`](crate::error::ErrorKind::Process),
+    /// with the same text.
+    fn from(e: IngressError) -> Self {
+        Self::new(crate::error::ErrorKind::Process, e.to_string())
+    }
+}
+
 /// How to launch the ingress process.
 #[derive(Debug, Clone)]
 pub struct Launch {

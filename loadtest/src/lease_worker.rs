@@ -29,6 +29,7 @@ use weir_audio_consumer::{
 };
 
 use crate::cli::LeaseWorkerArgs;
+use crate::error::{Error, ErrorKind, io};
 use crate::timeliness::unix_ms;
 
 /// How often the worker writes its view of the leases (the resolution of every
@@ -78,17 +79,17 @@ impl StreamHandler for Recorder {
     }
 }
 
-fn open(path: &std::path::Path) -> Result<Log, String> {
+fn open(path: &std::path::Path) -> Result<Log, Error> {
     std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
         .map(|f| Arc::new(Mutex::new(f)))
-        .map_err(|e| format!("{}: {e}", path.display()))
+        .map_err(|e| io(path, e))
 }
 
 /// Runs the worker until SIGINT or its maximum lifetime.
-pub async fn run(args: LeaseWorkerArgs) -> Result<(), String> {
+pub async fn run(args: LeaseWorkerArgs) -> Result<(), Error> {
     let frames = open(&args.frames_log)?;
     let leases_log = open(&args.leases_log)?;
     let addrs = args
@@ -96,7 +97,7 @@ pub async fn run(args: LeaseWorkerArgs) -> Result<(), String> {
         .iter()
         .map(|u| {
             u.parse::<async_nats::ServerAddr>()
-                .map_err(|e| format!("--nats-urls {u}: {e}"))
+                .map_err(|e| Error::with_source(ErrorKind::Usage, format!("--nats-urls {u}"), e))
         })
         .collect::<Result<Vec<_>, _>>()?;
     let client = tokio::time::timeout(
@@ -106,8 +107,8 @@ pub async fn run(args: LeaseWorkerArgs) -> Result<(), String> {
             .connect(addrs),
     )
     .await
-    .map_err(|_| "cannot connect to NATS within 10 s".to_owned())?
-    .map_err(|e| format!("cannot connect to NATS: {e}"))?;
+    .map_err(|_| Error::new(ErrorKind::Nats, "cannot connect to NATS within 10 s"))?
+    .map_err(|e| Error::with_source(ErrorKind::Nats, "cannot connect to NATS", e))?;
     let settings = ConsumerConfig {
         // Streams stay alive across the whole run; frames carry no capture time.
         idle_timeout_ms: 60_000,
@@ -129,7 +130,7 @@ pub async fn run(args: LeaseWorkerArgs) -> Result<(), String> {
         )
     }
     .validate()
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| Error::new(ErrorKind::Usage, e.to_string()))?;
     let consumer = tokio::time::timeout(
         Duration::from_secs(20),
         Consumer::start(client, settings, move |info: &StreamInfo| Recorder {
@@ -138,8 +139,8 @@ pub async fn run(args: LeaseWorkerArgs) -> Result<(), String> {
         }),
     )
     .await
-    .map_err(|_| "the consumer did not start within 20 s".to_owned())?
-    .map_err(|e| e.to_string())?;
+    .map_err(|_| Error::new(ErrorKind::Nats, "the consumer did not start within 20 s"))?
+    .map_err(|e| Error::new(ErrorKind::Nats, e.to_string()))?;
     write_line(&leases_log, &format!("S {}\n", unix_ms()));
     // Partition → revision, for the partitions held here.
     let mut seen: BTreeMap<u32, u64> = BTreeMap::new();

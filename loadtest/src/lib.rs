@@ -10,7 +10,8 @@
 //! Modules, in data-flow order: [`speech`] → [`producers`] → (ingress process:
 //! [`ingress`], or [`naive`]) → NATS → [`fleet`]; [`llm`] on the side; [`sample`] every
 //! 100 ms; [`timeliness`] in the fleet; [`accounting`], [`report`], [`plot`] at the end;
-//! [`scenario`] ties a run together, [`app`] the whole session, [`cli`] the flags.
+//! [`scenario`] ties a run together, [`app`] the whole session, [`cli`] the flags;
+//! [`error`] is the one error type.
 //! The failover scenarios ([`scenario::failover`]) run [`lease_worker`] processes on a
 //! 3-node cluster and audit their logs with [`lease_audit`].
 //!
@@ -28,6 +29,7 @@
 pub mod accounting;
 pub mod app;
 pub mod cli;
+pub mod error;
 pub mod fleet;
 pub mod ingress;
 pub mod lease_audit;

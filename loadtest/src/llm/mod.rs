@@ -24,6 +24,7 @@ use weir_llm_adapter::backend::Backend;
 use weir_llm_adapter::backend::sim::{SimBackend, SimHandle};
 use weir_llm_adapter::config::{Latency, SimConfig, SimStream};
 
+use crate::error::{Error, ErrorKind};
 use crate::ingress::Design;
 use crate::naive::llm::NaiveLlmFront;
 use crate::report::LlmReport;
@@ -193,12 +194,12 @@ impl std::fmt::Debug for LlmRun {
     }
 }
 
-async fn connect(url: &str) -> Result<async_nats::Client, String> {
+async fn connect(url: &str) -> Result<async_nats::Client, Error> {
     async_nats::ConnectOptions::new()
         .connection_timeout(Duration::from_millis(500))
         .connect(url)
         .await
-        .map_err(|e| format!("cannot connect to NATS: {e}"))
+        .map_err(|e| Error::with_source(ErrorKind::Nats, "cannot connect to NATS", e))
 }
 
 impl LlmRun {
@@ -209,7 +210,7 @@ impl LlmRun {
         streams: usize,
         factor: f64,
         settings: &LlmSettings,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, Error> {
         let mut sim_cfg = SimConfig {
             latency: settings.sim_latency(),
             error_rate: 0.0,
@@ -236,20 +237,26 @@ impl LlmRun {
                     settings.workers,
                 )
                 .await
-                .map_err(|e| format!("naive LLM front: {e}"))?,
+                .map_err(|e| Error::with_source(ErrorKind::Nats, "naive LLM front", e))?,
             ),
             Design::Bounded => {
                 let config = weir_llm_adapter::Config::from_toml_str(&adapter_config(settings))
-                    .map_err(|e| format!("LLM adapter config: {e}"))?;
+                    .map_err(|e| Error::with_source(ErrorKind::Usage, "LLM adapter config", e))?;
                 Front::Adapter(Box::new(
                     weir_llm_adapter::start(front_client.clone(), config, backend)
                         .await
-                        .map_err(|e| format!("LLM adapter: {e}"))?,
+                        .map_err(|e| Error::with_source(ErrorKind::Nats, "LLM adapter", e))?,
                 ))
             }
         };
         // Make sure the front's subscription is registered before requests flow.
-        front_client.flush().await.map_err(|e| e.to_string())?;
+        front_client.flush().await.map_err(|e| {
+            Error::with_source(
+                ErrorKind::Nats,
+                "cannot flush the LLM front's connection",
+                e,
+            )
+        })?;
         let client = connect(nats_url).await?;
         let counters = Arc::new(GeneratorCounters::default());
         let stop = Arc::new(AtomicBool::new(false));

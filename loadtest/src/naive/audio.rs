@@ -50,6 +50,7 @@ use weir_protocol::audio::extension::{PROTOCOL_VERSION, headers};
 use weir_protocol::audio::{Packet, PacketBody};
 use weir_protocol::{StreamId, SubjectTemplate, partition_of};
 
+use crate::error::{Error, ErrorKind, usage};
 use crate::stats::{LatencyHistogram, record, summary};
 use crate::timeliness::unix_ms;
 
@@ -361,25 +362,33 @@ pub async fn serve(
     listen: SocketAddr,
     admin: SocketAddr,
     config: NaiveConfig,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     for (what, a) in [("--listen", listen), ("--admin", admin)] {
         if !a.ip().is_loopback() {
-            return Err(format!("{what} {a} is not a loopback address"));
+            return Err(usage(format!("{what} {a} is not a loopback address")));
         }
     }
     // As deployed: library defaults.
-    let client = async_nats::connect(nats_url)
-        .await
-        .map_err(|e| format!("cannot connect to NATS at {nats_url}: {e}"))?;
+    let client = async_nats::connect(nats_url).await.map_err(|e| {
+        Error::with_source(
+            ErrorKind::Nats,
+            format!("cannot connect to NATS at {nats_url}"),
+            e,
+        )
+    })?;
     let (ws_router, admin_router) = routers(client, config);
     let ws_listener = tokio::net::TcpListener::bind(listen)
         .await
-        .map_err(|e| format!("--listen {listen}: {e}"))?;
+        .map_err(|e| Error::with_source(ErrorKind::Io, format!("--listen {listen}"), e))?;
     let admin_listener = tokio::net::TcpListener::bind(admin)
         .await
-        .map_err(|e| format!("--admin {admin}: {e}"))?;
-    let ws_addr = ws_listener.local_addr().map_err(|e| e.to_string())?;
-    let admin_addr = admin_listener.local_addr().map_err(|e| e.to_string())?;
+        .map_err(|e| Error::with_source(ErrorKind::Io, format!("--admin {admin}"), e))?;
+    let ws_addr = ws_listener
+        .local_addr()
+        .map_err(|e| Error::with_source(ErrorKind::Io, format!("--listen {listen}"), e))?;
+    let admin_addr = admin_listener
+        .local_addr()
+        .map_err(|e| Error::with_source(ErrorKind::Io, format!("--admin {admin}"), e))?;
     println!(
         "{}",
         weir_protocol::admin::ReadyLine::new(
@@ -405,13 +414,13 @@ pub async fn serve(
         let _ = stdin_tx.send(());
     });
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Error::with_source(ErrorKind::Io, "cannot watch SIGTERM", e))?;
     tokio::select! {
         _ = stdin_closed => {}
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
-        r = ws => return Err(format!("WebSocket server stopped: {r:?}")),
-        r = adm => return Err(format!("admin server stopped: {r:?}")),
+        r = ws => return Err(Error::new(ErrorKind::Run, format!("WebSocket server stopped: {r:?}"))),
+        r = adm => return Err(Error::new(ErrorKind::Run, format!("admin server stopped: {r:?}"))),
     }
     Ok(())
 }

@@ -20,6 +20,7 @@ use weir_audio_ingress::whip::client::{ClientEvent, Offer, opus_packets};
 use weir_protocol::audio::FRAME_DURATION;
 
 use super::{CONNECT_TIMEOUT, ConnectionEnd, END_GRACE, Producer};
+use crate::error::{Error, ErrorKind};
 use crate::speech::SpeechClip;
 
 /// A clip's frames as Opus packets, encoded once (shared by every producer of the clip).
@@ -28,7 +29,7 @@ pub struct OpusClip(Arc<Vec<Vec<u8>>>);
 
 impl OpusClip {
     /// Encodes every frame of `clip` (one 20 ms packet per 640-byte frame).
-    pub fn encode(clip: &SpeechClip) -> Result<Self, String> {
+    pub fn encode(clip: &SpeechClip) -> Result<Self, Error> {
         let pcm: Vec<i16> = (0..clip.frames() as u64)
             .flat_map(|i| {
                 let f = clip.frame(i);
@@ -37,9 +38,8 @@ impl OpusClip {
                     .collect::<Vec<_>>()
             })
             .collect();
-        Ok(Self(Arc::new(
-            opus_packets(&pcm).map_err(|e| e.to_string())?,
-        )))
+        let packets = opus_packets(&pcm).map_err(|e| Error::new(ErrorKind::Run, e.to_string()))?;
+        Ok(Self(Arc::new(packets)))
     }
 
     fn packet(&self, index: u64) -> &[u8] {

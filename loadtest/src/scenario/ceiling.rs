@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::error::Error;
 use crate::ingress::Design;
 use crate::report::{CeilingReport, CeilingStep, RunReport};
 use crate::scenario::run::{Env, RunOutput, run_one, wait_quiet};
@@ -111,7 +112,7 @@ pub async fn run(
     steps: &[usize],
     step_duration: Duration,
     design: Design,
-) -> Result<Vec<RunOutput>, String> {
+) -> Result<Vec<RunOutput>, Error> {
     let started = Instant::now();
     let plan = Plan {
         scenario: Scenario::Ceiling,

@@ -25,29 +25,37 @@
 //! leases each instance held (polled every 50 ms — the resolution of every ownership
 //! time). Double deliveries are counted from the frames' (stream, seq), never inferred
 //! from ownership, and are reported whatever their number.
+//!
+//! [`run`] reads as these steps in order, each a function of its own; `workers` holds
+//! the worker processes and their logs, `figures` turns what was measured into the
+//! report.
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::process::{Child, Command};
 use tokio::time::Instant;
 use weir_protocol::WireName;
 use weir_protocol::audio::Packet;
 use weir_protocol::fnv1a_32;
 use weir_testkit::NatsCluster;
 
-use crate::ingress::{cpu_since, cpu_time, machine_busy, machine_busy_since};
-use crate::lease_audit::{self, FrameAuditor, Instance};
-use crate::lease_worker::connect_options;
-use crate::report::{
-    CpuReport, FailoverCpu, FailoverReport, FaultReport, ProducerReport, RunReport,
+mod figures;
+mod workers;
+
+use figures::{Measured, PhaseCpu, run_report};
+use workers::{
+    WorkerProc, drain_logs, instances, keep_logs, read, spawn_worker, summarise_stderr, tail,
 };
+
+use crate::error::{Error, ErrorKind, usage};
+use crate::ingress::{cpu_time, machine_busy};
+use crate::lease_audit::{self, FrameAudit, FrameAuditor, Instance};
+use crate::lease_worker::connect_options;
 use crate::scenario::Scenario;
 use crate::scenario::run::{RunOutput, TempDir, blocking};
 use crate::timeliness::unix_ms;
@@ -103,17 +111,17 @@ pub fn plan(
     scenario: Scenario,
     duration: Option<Duration>,
     pause: Option<Duration>,
-) -> Result<FailoverPlan, String> {
+) -> Result<FailoverPlan, Error> {
     let victim = match scenario {
         Scenario::WorkerFailover => Victim::Worker,
         Scenario::NodeFailover => Victim::Node,
-        s => return Err(format!("{} is not a failover scenario", s.as_str())),
+        s => return Err(usage(format!("{} is not a failover scenario", s.as_str()))),
     };
     let down = pause.unwrap_or(DEFAULT_DOWN);
     let needed = FAULT_AT + down + MIN_AFTER_RESTART;
     let duration = duration.unwrap_or(FAULT_AT + down + AFTER_RESTART);
     if duration < needed {
-        return Err(format!(
+        return Err(usage(format!(
             "--duration {:.1} s is too short for {}: the kill is at {} s, the victim stays \
              down --pause {:.1} s, and at least {} s follow the restart; use --duration {:.0} \
              or more",
@@ -123,7 +131,7 @@ pub fn plan(
             down.as_secs_f64(),
             MIN_AFTER_RESTART.as_secs(),
             needed.as_secs_f64().ceil()
-        ));
+        )));
     }
     Ok(FailoverPlan {
         scenario,
@@ -151,117 +159,6 @@ pub struct FailoverEnv {
     /// Copy the workers' logs (frames, leases, stderr) into this directory at the end
     /// (`--keep-logs`): the raw evidence behind the audit.
     pub keep_logs: Option<PathBuf>,
-}
-
-/// One worker process life.
-struct WorkerProc {
-    name: String,
-    frames: PathBuf,
-    leases: PathBuf,
-    stderr: PathBuf,
-    child: Option<Child>,
-    pid: Option<u32>,
-    /// CPU it used, sampled before it was killed.
-    cpu: Option<Duration>,
-    ended_ms: Option<u64>,
-}
-
-impl WorkerProc {
-    fn cpu_now(&self) -> Option<Duration> {
-        self.pid.and_then(cpu_time).or(self.cpu)
-    }
-
-    /// SIGKILL and reap (bounded).
-    async fn kill(&mut self) {
-        self.cpu = self.cpu_now();
-        if let Some(mut c) = self.child.take() {
-            let _ = c.start_kill();
-            self.ended_ms = Some(unix_ms());
-            let _ = tokio::time::timeout(Duration::from_secs(5), c.wait()).await;
-        }
-        self.pid = None;
-    }
-}
-
-fn spawn_worker(
-    env: &FailoverEnv,
-    dir: &Path,
-    worker: usize,
-    life: usize,
-    urls: &[String],
-) -> Result<WorkerProc, String> {
-    let name = format!("w{worker}#{life}");
-    let base = dir.join(format!("w{worker}-{life}"));
-    let frames = base.with_extension("frames");
-    let leases = base.with_extension("leases");
-    let stderr_path = base.with_extension("stderr");
-    let stderr = std::fs::File::create(&stderr_path)
-        .map_err(|e| format!("{}: {e}", stderr_path.display()))?;
-    // Worker i connects to node i mod 3 first, then the others.
-    let list: Vec<String> = (0..urls.len())
-        .map(|k| urls[(worker + k) % urls.len()].clone())
-        .collect();
-    let child = Command::new(&env.self_exe)
-        .arg("lease-worker")
-        .args(["--id", &format!("w{worker}")])
-        .args(["--nats-urls", &list.join(",")])
-        .arg("--frames-log")
-        .arg(&frames)
-        .arg("--leases-log")
-        .arg(&leases)
-        .args(["--subject", SUBJECT])
-        .args(["--partitions", &env.partitions.to_string()])
-        .args(["--bucket", BUCKET])
-        .args(["--replicas", &NODES.to_string()])
-        .args(["--ttl-ms", &env.lease_ttl.as_millis().to_string()])
-        .args(["--max-lifetime-s", &WORKER_LIFETIME.as_secs().to_string()])
-        // WEIR_FAILOVER_LOG=weir_audio_consumer=info logs every lease decision of the workers.
-        .env(
-            "RUST_LOG",
-            std::env::var("WEIR_FAILOVER_LOG").unwrap_or_else(|_| "warn".into()),
-        )
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", env.self_exe.display()))?;
-    let pid = child.id();
-    Ok(WorkerProc {
-        name,
-        frames,
-        leases,
-        stderr: stderr_path,
-        child: Some(child),
-        pid,
-        cpu: None,
-        ended_ms: None,
-    })
-}
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_default()
-}
-
-/// The instances' ownership timelines as logged so far.
-fn instances(workers: &[WorkerProc]) -> Vec<Instance> {
-    workers
-        .iter()
-        .map(|w| {
-            let mut i = lease_audit::parse_leases(&w.name, &read(&w.leases));
-            i.ended_ms = w.ended_ms;
-            i
-        })
-        .collect()
-}
-
-fn frames_bytes(workers: &[WorkerProc]) -> u64 {
-    workers
-        .iter()
-        .filter_map(|w| std::fs::metadata(&w.frames).ok())
-        .map(|m| m.len())
-        .sum()
 }
 
 /// The producers' streams: (id, subject).
@@ -321,7 +218,7 @@ async fn produce(
 async fn on_cluster<T: Send + 'static>(
     cluster: &Arc<NatsCluster>,
     f: impl FnOnce(&NatsCluster) -> T + Send + 'static,
-) -> Result<T, String> {
+) -> Result<T, Error> {
     let cluster = cluster.clone();
     blocking(move || f(&cluster)).await
 }
@@ -343,23 +240,27 @@ pub async fn run(
     env: &FailoverEnv,
     plan: &FailoverPlan,
     streams: usize,
-) -> Result<RunOutput, String> {
+) -> Result<RunOutput, Error> {
     let label = format!("{} {streams}", plan.scenario.as_str());
     if env.workers < 2 {
-        return Err(format!(
+        return Err(usage(format!(
             "{label}: --workers must be at least 2 (one is killed)"
-        ));
+        )));
     }
     if env.workers > env.partitions {
-        return Err(format!("{label}: --workers must not exceed --partitions"));
+        return Err(usage(format!(
+            "{label}: --workers must not exceed --partitions"
+        )));
     }
     let mut notes = Vec::new();
     // 1. The cluster.
-    let cluster = Arc::new(
-        blocking(|| NatsCluster::start(NODES))
-            .await?
-            .map_err(|e| format!("cannot start a {NODES}-node nats-server cluster: {e}"))?,
-    );
+    let cluster = Arc::new(blocking(|| NatsCluster::start(NODES)).await?.map_err(|e| {
+        Error::with_source(
+            ErrorKind::Process,
+            format!("cannot start a {NODES}-node nats-server cluster"),
+            e,
+        )
+    })?);
     let urls = cluster.urls();
     let dir = TempDir::create("weir-failover")?;
 
@@ -368,31 +269,8 @@ pub async fn run(
     for w in 0..env.workers as usize {
         workers.push(spawn_worker(env, &dir.0, w, 0, &urls)?);
     }
-    let (lo, hi) = lease_audit::share_bounds(env.partitions, env.workers as usize);
-    let spread_deadline = Instant::now() + SPREAD_WAIT;
-    loop {
-        let now = unix_ms();
-        let inst = instances(&workers);
-        if lease_audit::balanced_at(&inst, now, env.partitions, lo, hi)
-            && inst.iter().all(|i| i.alive_at(now))
-        {
-            break;
-        }
-        if Instant::now() >= spread_deadline {
-            let tails: Vec<String> = workers
-                .iter()
-                .map(|w| format!("{}: {}", w.name, tail(&read(&w.stderr), 400)))
-                .collect();
-            return Err(format!(
-                "{label}: the workers did not share the {} partitions ({lo}..={hi} each) within \
-                 {SPREAD_WAIT:?}: {:?}; stderr: {}",
-                env.partitions,
-                lease_audit::spread_at(&inst, now),
-                tails.join(" | ")
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let share = lease_audit::share_bounds(env.partitions, env.workers as usize);
+    wait_for_spread(env, &workers, share, &label).await?;
     // A lease delivers a settle time (250 ms, then the next planning tick) after it is
     // held (docs/scale-out.md): frames published before a partition's first owner
     // reads are lost without a gap (a late join, not a handover).
@@ -407,21 +285,11 @@ pub async fn run(
                 c.wait_stream_leader(KV_STREAM, Duration::from_secs(10))
             })
             .await?
-            .map_err(|e| format!("{label}: {e}"))?,
+            .map_err(|e| Error::with_source(ErrorKind::Nats, label.clone(), e))?,
         ),
         Victim::Worker => None,
     };
-    let producer_urls: Vec<async_nats::ServerAddr> = (0..urls.len())
-        .filter(|i| Some(*i) != planned_node)
-        .filter_map(|i| urls[i].parse().ok())
-        .collect();
-    let producer_client = tokio::time::timeout(
-        Duration::from_secs(5),
-        connect_options().connect(producer_urls),
-    )
-    .await
-    .map_err(|_| format!("{label}: the producers cannot connect within 5 s"))?
-    .map_err(|e| format!("{label}: the producers cannot connect: {e}"))?;
+    let producer_client = connect_producers(&urls, planned_node, &label).await?;
 
     // 3. Producers, progress, CPU.
     let stream_list = streams_of(streams, env.partitions);
@@ -444,85 +312,274 @@ pub async fn run(
         plan.duration + Duration::from_secs(5),
     ));
     let tty = std::io::stderr().is_terminal();
-    let progress = |workers: &[WorkerProc], phase: &str| {
-        if env.quiet {
+
+    // 4.–5. The kill and the restart, with a progress line every second.
+    let phase = Phase {
+        env,
+        plan,
+        cluster: &cluster,
+        dir: &dir.0,
+        urls: &urls,
+        planned_node,
+        nats0: &nats0,
+        start,
+        label: &label,
+        sent: &sent,
+        tty,
+    };
+    let fault = kill_and_restart(&phase, &mut workers, &mut notes).await?;
+    stop.store(true, Ordering::Relaxed);
+    let last_seq = match tokio::time::timeout(Duration::from_secs(10), producer).await {
+        Ok(Ok(seq)) => seq,
+        _ => {
+            return Err(Error::new(
+                ErrorKind::Run,
+                format!("{label}: the producers did not stop within 10 s"),
+            ));
+        }
+    };
+    let wall = start.elapsed();
+    let end_ms = unix_ms();
+    let cpu = PhaseCpu::measure(machine0, self0, &workers, &phase, &fault);
+    if !env.quiet && tty {
+        eprint!("\r{:<110}\r", "");
+    }
+
+    // 6. Drain, then the audit.
+    let (inst, frames) = audit(
+        &phase,
+        &mut workers,
+        ids,
+        last_seq,
+        start_ms,
+        &fault,
+        &mut notes,
+    )
+    .await;
+    let _ = blocking(move || drop(cluster)).await;
+    drop(dir);
+
+    let measured = Measured {
+        inst,
+        fault,
+        frames,
+        cpu,
+        wall_s: wall.as_secs_f64().max(0.001),
+        start_ms,
+        end_ms,
+        share,
+        sent: sent.load(Ordering::Relaxed),
+    };
+    Ok(RunOutput {
+        report: run_report(env, plan, streams, measured, notes),
+        samples: Vec::new(),
+    })
+}
+
+/// Step 6: waits for the workers' logs to stop growing, kills the workers, then audits
+/// every frame of `ids` up to `last_seq` and reads each worker's lease history; keeps
+/// the logs when asked. What is unusual goes to `notes`.
+async fn audit(
+    p: &Phase<'_>,
+    workers: &mut [WorkerProc],
+    ids: Vec<String>,
+    last_seq: u64,
+    start_ms: u64,
+    f: &FaultLog,
+    notes: &mut Vec<String>,
+) -> (Vec<Instance>, FrameAudit) {
+    if !drain_logs(workers).await {
+        notes.push(format!(
+            "the workers' logs still grew {DRAIN_MAX:?} after the producers stopped"
+        ));
+    }
+    for w in workers.iter_mut() {
+        w.kill().await;
+    }
+    let inst = instances(workers);
+    let mut auditor = FrameAuditor::default();
+    for w in workers.iter() {
+        auditor.add(&w.name, &read(&w.frames));
+        let err = summarise_stderr(&read(&w.stderr));
+        if !err.is_empty() {
+            notes.push(format!("{} stderr: {err}", w.name));
+        }
+    }
+    if let Some(keep) = &p.env.keep_logs {
+        match keep_logs(workers, keep, p.label, start_ms, f.kill_ms, f.restart_ms) {
+            Ok(to) => notes.push(format!("worker logs kept in {}", to.display())),
+            Err(e) => notes.push(format!("cannot keep the worker logs: {e}")),
+        }
+    }
+    let last_seqs: BTreeMap<String, u64> = ids.into_iter().map(|id| (id, last_seq)).collect();
+    (inst, auditor.audit(&last_seqs))
+}
+
+/// Step 2: waits until the live workers hold every partition between `share.0` and
+/// `share.1` each; refused (with the workers' stderr) after [`SPREAD_WAIT`].
+async fn wait_for_spread(
+    env: &FailoverEnv,
+    workers: &[WorkerProc],
+    (lo, hi): (usize, usize),
+    label: &str,
+) -> Result<(), Error> {
+    let spread_deadline = Instant::now() + SPREAD_WAIT;
+    loop {
+        let now = unix_ms();
+        let inst = instances(workers);
+        if lease_audit::balanced_at(&inst, now, env.partitions, lo, hi)
+            && inst.iter().all(|i| i.alive_at(now))
+        {
+            return Ok(());
+        }
+        if Instant::now() >= spread_deadline {
+            let tails: Vec<String> = workers
+                .iter()
+                .map(|w| format!("{}: {}", w.name, tail(&read(&w.stderr), 400)))
+                .collect();
+            return Err(Error::new(
+                ErrorKind::Run,
+                format!(
+                    "{label}: the workers did not share the {} partitions ({lo}..={hi} each) \
+                     within {SPREAD_WAIT:?}: {:?}; stderr: {}",
+                    env.partitions,
+                    lease_audit::spread_at(&inst, now),
+                    tails.join(" | ")
+                ),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The producers' connection, to every node but `skip` (the node to be killed).
+async fn connect_producers(
+    urls: &[String],
+    skip: Option<usize>,
+    label: &str,
+) -> Result<async_nats::Client, Error> {
+    let producer_urls: Vec<async_nats::ServerAddr> = (0..urls.len())
+        .filter(|i| Some(*i) != skip)
+        .filter_map(|i| urls[i].parse().ok())
+        .collect();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        connect_options().connect(producer_urls),
+    )
+    .await
+    .map_err(|_| {
+        Error::new(
+            ErrorKind::Nats,
+            format!("{label}: the producers cannot connect within 5 s"),
+        )
+    })?
+    .map_err(|e| {
+        Error::with_source(
+            ErrorKind::Nats,
+            format!("{label}: the producers cannot connect"),
+            e,
+        )
+    })
+}
+
+/// What the kill-and-restart phase works on.
+struct Phase<'a> {
+    env: &'a FailoverEnv,
+    plan: &'a FailoverPlan,
+    cluster: &'a Arc<NatsCluster>,
+    /// The workers' log directory.
+    dir: &'a Path,
+    urls: &'a [String],
+    /// The node to kill (node-failover).
+    planned_node: Option<usize>,
+    /// Each node's CPU time at the start.
+    nats0: &'a [Duration],
+    start: Instant,
+    /// The run's label, for messages.
+    label: &'a str,
+    /// Frames sent so far.
+    sent: &'a AtomicU64,
+    /// Whether stderr is a terminal (the progress line then rewrites itself).
+    tty: bool,
+}
+
+impl Phase<'_> {
+    /// The progress line: time, frames sent, partitions held per live worker, `phase`.
+    fn progress(&self, workers: &[WorkerProc], phase: &str) {
+        if self.env.quiet {
             return;
         }
         let spread = lease_audit::spread_at(&instances(workers), unix_ms());
         let line = format!(
-            "[{label}] {:>5.1}/{:.0} s  sent {}  held {:?}  {phase}",
-            start.elapsed().as_secs_f64(),
-            plan.duration.as_secs_f64(),
-            sent.load(Ordering::Relaxed),
+            "[{}] {:>5.1}/{:.0} s  sent {}  held {:?}  {phase}",
+            self.label,
+            self.start.elapsed().as_secs_f64(),
+            self.plan.duration.as_secs_f64(),
+            self.sent.load(Ordering::Relaxed),
             spread
         );
-        if tty {
+        if self.tty {
             eprint!("\r{line:<110}");
         } else {
             eprintln!("{line}");
         }
-    };
+    }
+}
 
-    // 4.–5. The kill and the restart, with a progress line every second.
-    let kill_at = start + FAULT_AT;
-    let restart_at = kill_at + plan.down;
-    let stop_at = start + plan.duration;
-    let mut kill_ms = 0;
-    let mut restart_ms = 0;
-    let mut loadavg_at_kill = None;
-    let mut victim_led_kv = None;
-    let mut victim_name = String::new();
-    let mut killed_node = None;
-    let mut nats_cpu_dead = Duration::ZERO;
-    let mut restarted_idx = None;
+/// What the kill and the restart did.
+#[derive(Debug, Default)]
+struct FaultLog {
+    kill_ms: u64,
+    restart_ms: u64,
+    loadavg_at_kill: Option<f64>,
+    /// Whether the killed node led the KV stream (node-failover).
+    victim_led_kv: Option<bool>,
+    victim_name: String,
+    killed_node: Option<usize>,
+    /// CPU the killed node used in its first life.
+    nats_cpu_dead: Duration,
+    /// Index in the workers of the restarted worker (worker-failover).
+    restarted_idx: Option<usize>,
+}
+
+/// Steps 4–5: kills the victim at [`FAULT_AT`], restarts it after the plan's `down`,
+/// and prints a progress line every second, until the plan's duration is over.
+async fn kill_and_restart(
+    p: &Phase<'_>,
+    workers: &mut Vec<WorkerProc>,
+    notes: &mut Vec<String>,
+) -> Result<FaultLog, Error> {
+    let kill_at = p.start + FAULT_AT;
+    let restart_at = kill_at + p.plan.down;
+    let stop_at = p.start + p.plan.duration;
+    let mut f = FaultLog::default();
     let mut phase = "";
-    let mut next_progress = start + Duration::from_secs(1);
+    let mut next_progress = p.start + Duration::from_secs(1);
     // Bounded: the loop ends at `stop_at`; each step is bounded.
     while Instant::now() < stop_at {
         let now = Instant::now();
-        if kill_ms == 0 && now >= kill_at {
-            loadavg_at_kill = loadavg_1m();
-            match plan.victim {
+        if f.kill_ms == 0 && now >= kill_at {
+            f.loadavg_at_kill = loadavg_1m();
+            match p.plan.victim {
                 Victim::Worker => {
-                    victim_name = "worker w0".into();
-                    kill_ms = unix_ms();
+                    f.victim_name = "worker w0".into();
+                    f.kill_ms = unix_ms();
                     workers[0].kill().await;
                 }
-                Victim::Node => {
-                    let leader = on_cluster(&cluster, |c| c.stream_leader(KV_STREAM)).await?;
-                    let node = planned_node.unwrap_or(0);
-                    victim_led_kv = Some(leader == Some(node));
-                    if leader != Some(node) {
-                        notes.push(format!(
-                            "the KV stream's leader moved before the kill (now {:?}); node {} \
-                             was killed anyway",
-                            leader.map(|l| cluster.name(l).to_owned()),
-                            cluster.name(node)
-                        ));
-                    }
-                    victim_name = format!("node {}", cluster.name(node));
-                    nats_cpu_dead = cpu_time(cluster.node(node).pid())
-                        .unwrap_or_default()
-                        .saturating_sub(nats0[node]);
-                    kill_ms = unix_ms();
-                    on_cluster(&cluster, move |c| c.kill(node))
-                        .await?
-                        .map_err(|e| format!("{label}: cannot kill node {node}: {e}"))?;
-                    killed_node = Some(node);
-                }
+                Victim::Node => kill_node(p, &mut f, notes).await?,
             }
             phase = "KILLED";
         }
-        if kill_ms != 0 && restart_ms == 0 && now >= restart_at {
-            restart_ms = unix_ms();
-            match plan.victim {
+        if f.kill_ms != 0 && f.restart_ms == 0 && now >= restart_at {
+            f.restart_ms = unix_ms();
+            match p.plan.victim {
                 Victim::Worker => {
-                    restarted_idx = Some(workers.len());
-                    workers.push(spawn_worker(env, &dir.0, 0, 1, &urls)?);
+                    f.restarted_idx = Some(workers.len());
+                    workers.push(spawn_worker(p.env, p.dir, 0, 1, p.urls)?);
                 }
                 Victim::Node => {
-                    if let Some(node) = killed_node
-                        && let Err(e) = on_cluster(&cluster, move |c| c.restart(node)).await?
+                    if let Some(node) = f.killed_node
+                        && let Err(e) = on_cluster(p.cluster, move |c| c.restart(node)).await?
                     {
                         notes.push(format!("node {node} did not restart: {e}"));
                     }
@@ -531,239 +588,46 @@ pub async fn run(
             phase = "restarted";
         }
         if now >= next_progress {
-            progress(&workers, phase);
+            p.progress(workers, phase);
             next_progress += Duration::from_secs(1);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    stop.store(true, Ordering::Relaxed);
-    let last_seq = match tokio::time::timeout(Duration::from_secs(10), producer).await {
-        Ok(Ok(seq)) => seq,
-        _ => return Err(format!("{label}: the producers did not stop within 10 s")),
-    };
-    let wall = start.elapsed();
-    let end_ms = unix_ms();
-    let machine = machine_busy_since(machine0).as_secs_f64();
-    let own = cpu_since(std::process::id(), self0).as_secs_f64();
-    let workers_cpu: f64 = workers
-        .iter()
-        .filter_map(WorkerProc::cpu_now)
-        .map(|d| d.as_secs_f64())
-        .sum();
-    let nats_cpu: f64 = (0..NODES)
-        .map(|i| {
-            if Some(i) == killed_node {
-                // Its first life until the kill, plus its restarted process.
-                nats_cpu_dead + cpu_time(cluster.node(i).pid()).unwrap_or_default()
-            } else {
-                cpu_since(cluster.node(i).pid(), nats0[i])
-            }
-        })
-        .map(|d| d.as_secs_f64())
-        .sum();
-    if !env.quiet && tty {
-        eprint!("\r{:<110}\r", "");
-    }
-
-    // 6. Drain: the logs stop growing.
-    let drain_deadline = Instant::now() + DRAIN_MAX;
-    let mut last = u64::MAX;
-    let mut stable = 0;
-    while Instant::now() < drain_deadline && stable < 3 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let b = frames_bytes(&workers);
-        stable = if b == last { stable + 1 } else { 0 };
-        last = b;
-    }
-    if stable < 3 {
-        notes.push(format!(
-            "the workers' logs still grew {DRAIN_MAX:?} after the producers stopped"
-        ));
-    }
-    for w in &mut workers {
-        w.kill().await;
-    }
-    let inst = instances(&workers);
-    let mut auditor = FrameAuditor::default();
-    for w in &workers {
-        auditor.add(&w.name, &read(&w.frames));
-        let err = summarise_stderr(&read(&w.stderr));
-        if !err.is_empty() {
-            notes.push(format!("{} stderr: {err}", w.name));
-        }
-    }
-    if let Some(keep) = &env.keep_logs {
-        match keep_logs(&workers, keep, &label, start_ms, kill_ms, restart_ms) {
-            Ok(to) => notes.push(format!("worker logs kept in {}", to.display())),
-            Err(e) => notes.push(format!("cannot keep the worker logs: {e}")),
-        }
-    }
-    let last_seqs: BTreeMap<String, u64> = ids.into_iter().map(|id| (id, last_seq)).collect();
-    let frames = auditor.audit(&last_seqs);
-    let _ = blocking(move || drop(cluster)).await;
-    drop(dir);
-
-    let wall_s = wall.as_secs_f64().max(0.001);
-    let mut report = FailoverReport {
-        victim: victim_name,
-        victim_led_kv,
-        nodes: NODES,
-        workers: env.workers,
-        partitions: env.partitions,
-        fps: env.fps,
-        lease_ttl_ms: env.lease_ttl.as_millis() as u64,
-        killed_at_s: kill_ms.saturating_sub(start_ms) as f64 / 1000.0,
-        restarted_at_s: restart_ms.saturating_sub(start_ms) as f64 / 1000.0,
-        spread_before: lease_audit::spread_at(&inst, kill_ms.saturating_sub(1)),
-        spread_before_restart: lease_audit::spread_at(&inst, restart_ms.saturating_sub(1)),
-        spread_end: lease_audit::spread_at(&inst, end_ms),
-        frames,
-        cpu: FailoverCpu {
-            machine_cores: machine / wall_s,
-            loadtest_cores: own / wall_s,
-            workers_cores: workers_cpu / wall_s,
-            nats_cores: nats_cpu / wall_s,
-            other_cores: ((machine - own - workers_cpu - nats_cpu) / wall_s).max(0.0),
-            loadavg_1m_at_kill: loadavg_at_kill,
-        },
-        ..FailoverReport::default()
-    };
-    match plan.victim {
-        Victim::Worker => {
-            report.takeover = Some(lease_audit::takeover(&inst, 0, restarted_idx, kill_ms));
-            if let Some(r) = restarted_idx {
-                let started = inst[r].started_ms.unwrap_or(restart_ms);
-                let share_lo = lo;
-                report.rejoin_share_ms = inst[r]
-                    .events
-                    .iter()
-                    .map(|e| e.at_ms)
-                    .find(|&t| inst[r].held_at(t).len() >= share_lo)
-                    .map(|t| t.saturating_sub(restart_ms) as f64);
-                report.rejoin_balanced_ms =
-                    lease_audit::first_balanced(&inst, started, end_ms, env.partitions, lo, hi)
-                        .map(|t| t.saturating_sub(restart_ms) as f64);
-            }
-        }
-        Victim::Node => {
-            report.renewals = Some(lease_audit::renewals(&inst, kill_ms, end_ms));
-        }
-    }
-    if report.cpu.other_cores > 0.25 {
-        notes.push(format!(
-            "other processes used {:.2} cores on average during this run: the machine was not quiet",
-            report.cpu.other_cores
-        ));
-    }
-    if report.frames.double_deliveries > 0 {
-        notes.push(format!(
-            "{} frames were handed to two workers ({:?}; e.g. {:?}) — machine {:.2} cores busy, \
-             load average {:?} at the kill",
-            report.frames.double_deliveries,
-            report.frames.double_by_instances,
-            report.frames.double_examples,
-            report.cpu.machine_cores,
-            report.cpu.loadavg_1m_at_kill
-        ));
-    }
-    notes.push(
-        "no ingress in this scenario: producers publish straight to NATS; the ingress, \
-         frames and llm sections are empty, the figures are under failover"
-            .into(),
-    );
-    let run = RunReport {
-        scenario: plan.scenario.as_str().to_owned(),
-        streams,
-        duration_s: plan.duration.as_secs_f64(),
-        wall_s,
-        fault: Some(FaultReport {
-            kind: match plan.victim {
-                Victim::Worker => "worker_kill".into(),
-                Victim::Node => "node_kill".into(),
-            },
-            at_s: report.killed_at_s,
-            duration_s: plan.down.as_secs_f64(),
-        }),
-        producers: ProducerReport {
-            nominal_frames: streams as u64 * u64::from(env.fps) * plan.duration.as_secs(),
-            frames_sent: sent.load(Ordering::Relaxed),
-            ..ProducerReport::default()
-        },
-        llm: crate::llm::not_run(),
-        cpu: CpuReport {
-            loadtest_s: own,
-            nats_server_s: Some(nats_cpu),
-            other_s: (machine - own - workers_cpu - nats_cpu).max(0.0),
-            wall_s,
-            ..CpuReport::default()
-        },
-        failover: Some(report),
-        notes,
-        ..RunReport::default()
-    };
-    Ok(RunOutput {
-        report: run,
-        samples: Vec::new(),
-    })
+    Ok(f)
 }
 
-/// Copies every worker log into `<keep>/<scenario>-<streams>-<start_ms>/`, with a
-/// `times` file (start, kill, restart in Unix ms).
-fn keep_logs(
-    workers: &[WorkerProc],
-    keep: &Path,
-    label: &str,
-    start_ms: u64,
-    kill_ms: u64,
-    restart_ms: u64,
-) -> Result<PathBuf, String> {
-    let to = keep.join(format!("{}-{start_ms}", label.replace(' ', "-")));
-    std::fs::create_dir_all(&to).map_err(|e| format!("{}: {e}", to.display()))?;
-    for w in workers {
-        for from in [&w.frames, &w.leases, &w.stderr] {
-            if let Some(name) = from.file_name() {
-                std::fs::copy(from, to.join(name))
-                    .map_err(|e| format!("{}: {e}", from.display()))?;
-            }
-        }
+/// Kills the planned node (the KV stream's leader when planned), noting if the leader
+/// moved in between.
+async fn kill_node(p: &Phase<'_>, f: &mut FaultLog, notes: &mut Vec<String>) -> Result<(), Error> {
+    let label = p.label;
+    let cluster = p.cluster;
+    let leader = on_cluster(cluster, |c| c.stream_leader(KV_STREAM)).await?;
+    let node = p.planned_node.unwrap_or(0);
+    f.victim_led_kv = Some(leader == Some(node));
+    if leader != Some(node) {
+        notes.push(format!(
+            "the KV stream's leader moved before the kill (now {:?}); node {} \
+             was killed anyway",
+            leader.map(|l| cluster.name(l).to_owned()),
+            cluster.name(node)
+        ));
     }
-    std::fs::write(
-        to.join("times"),
-        format!("start {start_ms}\nkill {kill_ms}\nrestart {restart_ms}\n"),
-    )
-    .map_err(|e| format!("{}: {e}", to.display()))?;
-    Ok(to)
-}
-
-/// A worker's stderr in one line: each distinct message (timestamp and `key=value`
-/// fields left out) with how often it appeared, most frequent first, at most 6.
-fn summarise_stderr(text: &str) -> String {
-    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let key = line
-            .split_whitespace()
-            .skip(1)
-            .filter(|t| !t.contains('='))
-            .collect::<Vec<_>>()
-            .join(" ");
-        *counts.entry(key).or_insert(0) += 1;
-    }
-    let mut v: Vec<(String, usize)> = counts.into_iter().collect();
-    v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    v.iter()
-        .take(6)
-        .map(|(k, n)| format!("{n} × {k}"))
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
-/// The last `n` bytes of `s` (on a char boundary), on one line.
-fn tail(s: &str, n: usize) -> String {
-    let mut start = s.len().saturating_sub(n);
-    while !s.is_char_boundary(start) {
-        start += 1;
-    }
-    s[start..].trim().replace('\n', " / ")
+    f.victim_name = format!("node {}", cluster.name(node));
+    f.nats_cpu_dead = cpu_time(cluster.node(node).pid())
+        .unwrap_or_default()
+        .saturating_sub(p.nats0[node]);
+    f.kill_ms = unix_ms();
+    on_cluster(cluster, move |c| c.kill(node))
+        .await?
+        .map_err(|e| {
+            Error::with_source(
+                ErrorKind::Process,
+                format!("{label}: cannot kill node {node}"),
+                e,
+            )
+        })?;
+    f.killed_node = Some(node);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -785,8 +649,9 @@ mod tests {
             Some(Duration::from_secs(5)),
             Some(Duration::from_secs(4)),
         )
-        .err()
-        .unwrap_or_default();
+        .unwrap_err();
+        assert_eq!(e.kind(), crate::error::ErrorKind::Usage);
+        let e = e.to_string();
         assert!(e.contains("--duration") && e.contains("10"), "{e}");
         assert!(plan(Scenario::Steady, None, None).is_err());
     }

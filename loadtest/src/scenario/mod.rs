@@ -19,10 +19,12 @@
 
 pub mod ceiling;
 pub mod failover;
+mod figures;
 pub mod run;
 
 use std::time::Duration;
 
+use crate::error::{Error, usage};
 use clap::ValueEnum;
 use serde::Serialize;
 use weir_protocol::WireName;
@@ -156,16 +158,19 @@ pub fn plan(
     duration: Option<Duration>,
     pause: Option<Duration>,
     llm_factor: f64,
-) -> Result<Plan, String> {
-    let faulted = |kind: FaultKind, default_len: Duration| -> Result<Plan, String> {
+) -> Result<Plan, Error> {
+    let faulted = |kind: FaultKind, default_len: Duration| -> Result<Plan, Error> {
         let length = pause.unwrap_or(default_len);
         if length.is_zero() {
-            return Err(format!("--pause must be above 0 for {}", scenario.as_str()));
+            return Err(usage(format!(
+                "--pause must be above 0 for {}",
+                scenario.as_str()
+            )));
         }
         let needed = FAULT_AT + length + RECOVERY;
         let duration = duration.unwrap_or(needed);
         if duration < needed {
-            return Err(format!(
+            return Err(usage(format!(
                 "--duration {:.1} s is too short for {}: the fault starts at {} s and lasts \
                  --pause {:.1} s, and {} s of recovery follow; use --duration {:.0} or more",
                 duration.as_secs_f64(),
@@ -174,7 +179,7 @@ pub fn plan(
                 length.as_secs_f64(),
                 RECOVERY.as_secs(),
                 needed.as_secs_f64().ceil()
-            ));
+            )));
         }
         Ok(Plan {
             scenario,
@@ -188,10 +193,10 @@ pub fn plan(
             llm: (kind == FaultKind::BackendPause).then_some(LlmLoad { factor: 0.5 }),
         })
     };
-    let plain = |vanish_share: f64, llm: Option<LlmLoad>| -> Result<Plan, String> {
+    let plain = |vanish_share: f64, llm: Option<LlmLoad>| -> Result<Plan, Error> {
         let duration = duration.unwrap_or(DEFAULT_DURATION);
         if duration < Duration::from_secs(1) {
-            return Err("--duration must be at least 1 second".into());
+            return Err(usage("--duration must be at least 1 second"));
         }
         Ok(Plan {
             scenario,
@@ -202,9 +207,9 @@ pub fn plan(
         })
     };
     if !(llm_factor.is_finite() && llm_factor > 0.0 && llm_factor <= 100.0) {
-        return Err(format!(
+        return Err(usage(format!(
             "--llm-factor {llm_factor} is out of range; allowed (0, 100]"
-        ));
+        )));
     }
     match scenario {
         Scenario::Steady | Scenario::Ceiling => plain(0.0, None),
@@ -213,14 +218,14 @@ pub fn plan(
         Scenario::NatsRestart => faulted(FaultKind::NatsRestart, DEFAULT_RESTART_DOWN),
         Scenario::NoEnd => plain(NO_END_SHARE, None),
         Scenario::LlmOverload => plain(0.0, Some(LlmLoad { factor: llm_factor })),
-        Scenario::All | Scenario::Showcase => Err(format!(
+        Scenario::All | Scenario::Showcase => Err(usage(format!(
             "{} is a selection, not a scenario",
             scenario.as_str()
-        )),
-        Scenario::WorkerFailover | Scenario::NodeFailover => Err(format!(
+        ))),
+        Scenario::WorkerFailover | Scenario::NodeFailover => Err(usage(format!(
             "{} is planned by scenario::failover::plan",
             scenario.as_str()
-        )),
+        ))),
     }
 }
 
@@ -267,8 +272,9 @@ mod tests {
             Some(Duration::from_secs(4)),
             3.0,
         )
-        .err()
-        .unwrap_or_default();
+        .unwrap_err();
+        assert_eq!(e.kind(), crate::error::ErrorKind::Usage);
+        let e = e.to_string();
         assert!(
             e.contains("--duration") && e.contains("--pause") && e.contains("8"),
             "{e}"

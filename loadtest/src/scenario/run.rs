@@ -15,7 +15,10 @@
 //!    [`REAP_MARGIN`] (at most [`DRAIN_MAX`] plus that wait): such streams are reported
 //!    as reaped, not missing;
 //! 7. final snapshots, then everything is stopped: the ingress child is killed, the
-//!    fleet shut down, the nats-server killed (all also on drop, e.g. on Ctrl-C).
+//!    fleet shut down, the nats-server killed (all also on drop, e.g. on Ctrl-C);
+//!    `figures` turns what was measured into the report.
+//!
+//! [`run_one`] reads as these steps in order; each step is a function of its own.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -25,17 +28,17 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::accounting::{FrameAccounting, FrameCounts};
-use crate::fleet::{DEFAULT_MAX_FRAME_AGE, Fleet, FleetConfig};
+use crate::error::{Error, ErrorKind, io, usage};
+use crate::fleet::{DEFAULT_MAX_FRAME_AGE, Fleet, FleetConfig, FleetSnapshot};
 use crate::ingress::{
-    Design, IngressProcess, Launch, cpu_since, cpu_time, machine_busy, machine_busy_since,
+    Design, IngressProcess, IngressStats, Launch, cpu_since, cpu_time, machine_busy,
+    machine_busy_since,
 };
 use crate::llm::{LlmRun, LlmSettings};
 use crate::producers::{self, ProducerConfig, ProducerCounters, Transport};
-use crate::report::{
-    ConsumerReport, CpuReport, FaultReport, IngressReport, ProducerReport, RunReport,
-};
+use crate::report::RunReport;
 use crate::sample::{self, IngressSample, Sample};
+use crate::scenario::figures::{self, CpuUsed, Measured};
 use crate::scenario::{FaultKind, Plan};
 use crate::timeliness::{DEFAULT_MAX_AGE, late_after};
 use weir_protocol::WireName;
@@ -64,14 +67,14 @@ pub enum PolicyArg {
 }
 
 /// Everything a run needs besides its plan.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Env {
     /// An external NATS server (`--nats-url`); `None` starts one per run.
     pub nats_url: Option<String>,
     /// This executable (the naive ingress is its hidden subcommand).
     pub self_exe: PathBuf,
-    /// The `audio-ingress` binary, when found.
-    pub ingress_bin: Result<PathBuf, String>,
+    /// The `audio-ingress` binary, or why it was not found (reported by a bounded run).
+    pub ingress_bin: Result<PathBuf, Error>,
     /// Bounded design's policy.
     pub policy: PolicyArg,
     /// Simulated recognition cost per frame.
@@ -128,11 +131,11 @@ pub(crate) struct TempDir(pub(crate) PathBuf);
 
 impl TempDir {
     /// A new directory `<tmp>/<prefix>-<pid>-<n>`.
-    pub(crate) fn create(prefix: &str) -> Result<Self, String> {
+    pub(crate) fn create(prefix: &str) -> Result<Self, Error> {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("{prefix}-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
         Ok(Self(dir))
     }
 }
@@ -168,10 +171,10 @@ impl Nats {
 /// Runs blocking `f` (the testkit's servers) off the runtime's worker threads.
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, String> {
+) -> Result<T, Error> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| format!("blocking task failed: {e}"))
+        .map_err(|e| Error::with_source(ErrorKind::Run, "blocking task failed", e))
 }
 
 /// Writes the bounded ingress's config file for this run.
@@ -208,13 +211,18 @@ fn launch(
     nats_url: &str,
     streams: usize,
     config_dir: &std::path::Path,
-) -> Result<Launch, String> {
+) -> Result<Launch, Error> {
     let (program, mut args) = match design {
         Design::Bounded => {
-            let program = env.ingress_bin.clone()?;
+            let program = env
+                .ingress_bin
+                .as_ref()
+                .map_err(|e| Error::new(e.kind(), e.to_string()))?
+                .clone();
             let path = config_dir.join("audio-ingress.toml");
-            std::fs::write(&path, bounded_config(env, streams))
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            std::fs::write(&path, bounded_config(env, streams)).map_err(|e| {
+                Error::with_source(ErrorKind::Io, format!("cannot write {}", path.display()), e)
+            })?;
             let config = path.display().to_string();
             let mut args: Vec<String> = ["serve", "--config", &config].map(String::from).to_vec();
             for kv in &env.ingress_set {
@@ -264,7 +272,7 @@ pub async fn run_one(
     plan: &Plan,
     streams: usize,
     design: Design,
-) -> Result<RunOutput, String> {
+) -> Result<RunOutput, Error> {
     let label = match env.transport {
         Transport::Ws => format!("{} {} {}", plan.scenario.as_str(), streams, design),
         Transport::Whip => format!("{} {} {} whip", plan.scenario.as_str(), streams, design),
@@ -276,76 +284,31 @@ pub async fn run_one(
         }
     }
     // 1. NATS.
-    let nats = match &env.nats_url {
-        Some(url) => {
-            if let Some(f) = plan.fault
-                && f.kind.needs_embedded_server()
-            {
-                return Err(format!(
-                    "{} needs to stop and restart nats-server, which is only possible with the \
-                     server the load test starts itself: drop --nats-url",
-                    plan.scenario.as_str()
-                ));
-            }
-            Nats::External(url.clone())
-        }
-        None => Nats::Embedded(Arc::new(
-            blocking(weir_testkit::NatsServer::start)
-                .await?
-                .map_err(|e| format!("cannot start nats-server: {e}"))?,
-        )),
-    };
+    let nats = start_nats(env, plan).await?;
     let nats_url = nats.url();
 
     // 2. Fleet.
     let fleet_idle = FLEET_IDLE_TIMEOUT + plan.fault.map_or(Duration::ZERO, |f| f.length);
-    let max_age = ingress_max_age(&env.ingress_set);
-    let fleet = Arc::new(
-        Fleet::start(
-            &nats_url,
-            &FleetConfig {
-                template: SUBJECT_TEMPLATE.to_owned(),
-                partitions: env.partitions,
-                workers: env.fleet_workers,
-                cost_per_frame: env.frame_cost,
-                idle_timeout: fleet_idle,
-                subscription_capacity: 65_536,
-                max_pending_bytes: 16_000,
-                max_pending_age: Duration::from_millis(500),
-                late_after: late_after(max_age),
-                // The consumer core's staleness guard at the product default (1 s).
-                max_frame_age: Some(DEFAULT_MAX_FRAME_AGE),
-            },
-        )
-        .await
-        .map_err(|e| format!("cannot start the recognition fleet: {e}"))?,
-    );
+    let fleet = Arc::new(start_fleet(env, &nats_url, fleet_idle).await?);
 
     // 3. Ingress.
     let config_dir = TempDir::create("weir-loadtest")?;
     let ingress = Arc::new(
         IngressProcess::spawn(&launch(env, design, &nats_url, streams, &config_dir.0)?)
             .await
-            .map_err(|e| e.to_string())?,
+            .map_err(Error::from)?,
     );
-    let cpu_start = ingress.cpu_time().unwrap_or_default();
-    let self_cpu_start = cpu_time(std::process::id()).unwrap_or_default();
-    let machine_start = machine_busy().unwrap_or_default();
-    let nats_cpu_start = nats.pid().and_then(cpu_time);
+    let cpu_start = CpuStart::take(&ingress, &nats);
 
     // 4. LLM side.
-    let mut llm_unavailable = None;
-    let llm = match plan.llm {
+    let (llm, llm_unavailable) = match plan.llm {
         Some(load) => {
             match LlmRun::start(&nats_url, design, streams, load.factor, &env.llm).await {
-                Ok(l) => Some(Arc::new(l)),
-                Err(e) => {
-                    llm_unavailable = Some(format!("LLM side not run: {e}"));
-                    None
-                }
+                Ok(l) => (Some(Arc::new(l)), None),
+                Err(e) => (None, Some(format!("LLM side not run: {e}"))),
             }
         }
-        None => None,
+        None => (None, None),
     };
 
     // 5. Sampler, producers, fault.
@@ -372,7 +335,7 @@ pub async fn run_one(
     // Connections are spread over up to 1 s so that N streams do not all connect (and
     // tick) in the same millisecond.
     let spread = Duration::from_millis((streams as u64).clamp(20, 1000));
-    let mut producer_set = producers::start(
+    let producer_set = producers::start(
         ProducerConfig {
             ws_addr: ingress.ws_addr(),
             streams,
@@ -387,10 +350,129 @@ pub async fn run_one(
         streams as u64,
         counters.clone(),
     );
-    let fault_task = plan.fault.map(|f| {
+    let fault_task = spawn_fault(plan, start, &nats, &fleet, &llm, &fault_active);
+
+    // 6. Wait for the producers (bounded), then drain.
+    let producers_deadline =
+        start + plan.duration + spread + producers::END_GRACE + Duration::from_secs(5);
+    let mut notes = Vec::new();
+    await_producers(producer_set, producers_deadline, fault_task, &mut notes).await;
+    if let Some(llm) = &llm {
+        llm.stop_offering();
+    }
+    let producers_done = Instant::now();
+    // CPU is measured over the sending phase (set-up and drain excluded).
+    let cpu = cpu_start.used(&ingress, &nats, producers_done - start);
+    // Streams whose `end` never arrives are reaped `fleet_idle` after their last packet,
+    // which is at the latest when the producers stopped or the fault ended.
+    let fault_end = plan.fault.map_or(start, |f| start + f.at + f.length);
+    let reap_wait = producers_done.max(fault_end) + fleet_idle + REAP_MARGIN;
+    let drain_deadline = producers_done + DRAIN_MAX + (reap_wait - producers_done);
+    if !drain(&ingress, &fleet, llm.as_deref(), drain_deadline, reap_wait).await {
+        notes.push(format!(
+            "the drain did not settle within {:.0} s; figures are as of its end",
+            (drain_deadline - producers_done).as_secs_f64()
+        ));
+    }
+
+    // 7. Final snapshots.
+    let _ = stop_sampler.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(3), sampler).await;
+    let final_stats = final_stats(&ingress, &label).await?;
+    let wall = start.elapsed();
+    let llm_report = match (&llm, &llm_unavailable) {
+        (Some(l), _) => l.report(wall),
+        (None, Some(why)) => crate::llm::not_run_because(why),
+        (None, None) => crate::llm::not_run(),
+    };
+    if let Some(why) = llm_unavailable {
+        notes.push(why);
+    }
+    let fleet_snapshot = stop_all(llm, fleet, ingress, nats).await;
+    drop(config_dir);
+
+    let samples = samples.lock().map(|s| s.clone()).unwrap_or_default();
+    let report = figures::report(
+        Measured {
+            env,
+            plan,
+            streams,
+            design,
+            wall,
+            series: sample::summarise(&samples),
+            final_stats,
+            fleet: fleet_snapshot,
+            producers: counters.snapshot(),
+            llm: llm_report,
+            cpu,
+        },
+        notes,
+    );
+    Ok(RunOutput { report, samples })
+}
+
+/// Step 1: the run's NATS server, embedded unless `--nats-url` names one.
+async fn start_nats(env: &Env, plan: &Plan) -> Result<Nats, Error> {
+    Ok(match &env.nats_url {
+        Some(url) => {
+            if let Some(f) = plan.fault
+                && f.kind.needs_embedded_server()
+            {
+                return Err(usage(format!(
+                    "{} needs to stop and restart nats-server, which is only possible with the \
+                     server the load test starts itself: drop --nats-url",
+                    plan.scenario.as_str()
+                )));
+            }
+            Nats::External(url.clone())
+        }
+        None => Nats::Embedded(Arc::new(
+            blocking(weir_testkit::NatsServer::start)
+                .await?
+                .map_err(|e| {
+                    Error::with_source(ErrorKind::Process, "cannot start nats-server", e)
+                })?,
+        )),
+    })
+}
+
+/// Step 2: the recognition fleet, subscribed; `idle` is its stream idle timeout.
+async fn start_fleet(env: &Env, nats_url: &str, idle: Duration) -> Result<Fleet, Error> {
+    let max_age = ingress_max_age(&env.ingress_set);
+    Fleet::start(
+        nats_url,
+        &FleetConfig {
+            template: SUBJECT_TEMPLATE.to_owned(),
+            partitions: env.partitions,
+            workers: env.fleet_workers,
+            cost_per_frame: env.frame_cost,
+            idle_timeout: idle,
+            subscription_capacity: 65_536,
+            max_pending_bytes: 16_000,
+            max_pending_age: Duration::from_millis(500),
+            late_after: late_after(max_age),
+            // The consumer core's staleness guard at the product default (1 s).
+            max_frame_age: Some(DEFAULT_MAX_FRAME_AGE),
+        },
+    )
+    .await
+    .map_err(|e| Error::with_source(ErrorKind::Nats, "cannot start the recognition fleet", e))
+}
+
+/// The fault task of step 5: injects the plan's fault at its time and reverts it after
+/// its length, flagging `fault_active` in between.
+fn spawn_fault(
+    plan: &Plan,
+    start: Instant,
+    nats: &Nats,
+    fleet: &Arc<Fleet>,
+    llm: &Option<Arc<LlmRun>>,
+    fault_active: &Arc<AtomicBool>,
+) -> Option<tokio::task::JoinHandle<Result<(), Error>>> {
+    plan.fault.map(|f| {
         let fleet = fleet.clone();
         let llm = llm.clone();
-        let server = match &nats {
+        let server = match nats {
             Nats::Embedded(s) => Some(s.clone()),
             Nats::External(_) => None,
         };
@@ -404,17 +486,20 @@ pub async fn run_one(
             fault_active.store(false, Ordering::Relaxed);
             r.and(r2)
         })
-    });
+    })
+}
 
-    // 6. Wait for the producers (bounded), then drain.
-    let producers_deadline =
-        start + plan.duration + spread + producers::END_GRACE + Duration::from_secs(5);
-    while let Ok(Some(_)) =
-        tokio::time::timeout_at(producers_deadline, producer_set.join_next()).await
-    {}
+/// Step 6, first half: waits for the producers until `deadline` (aborting the late
+/// ones), then for the fault task (15 s); what went wrong goes to `notes`.
+async fn await_producers(
+    mut producer_set: tokio::task::JoinSet<()>,
+    deadline: Instant,
+    fault_task: Option<tokio::task::JoinHandle<Result<(), Error>>>,
+    notes: &mut Vec<String>,
+) {
+    while let Ok(Some(_)) = tokio::time::timeout_at(deadline, producer_set.join_next()).await {}
     let producers_late = !producer_set.is_empty();
     producer_set.abort_all();
-    let mut notes = Vec::new();
     if producers_late {
         notes.push(
             "some producers had not finished 5 s after their grace period and were aborted".into(),
@@ -428,32 +513,21 @@ pub async fn run_one(
             Err(_) => notes.push("fault task did not finish in 15 s".into()),
         }
     }
-    if let Some(llm) = &llm {
-        llm.stop_offering();
-    }
-    let producers_done = Instant::now();
-    // CPU is measured over the sending phase (set-up and drain excluded).
-    let cpu_end = ingress.cpu_time().unwrap_or_default();
-    let machine = machine_busy_since(machine_start);
-    let self_cpu = cpu_since(std::process::id(), self_cpu_start);
-    // After a restart the server is a new process: its CPU is counted from its start.
-    let nats_cpu = nats
-        .pid()
-        .and_then(cpu_time)
-        .map(|end| match nats_cpu_start {
-            Some(s) if end >= s => end - s,
-            _ => end,
-        });
-    let cpu_wall = producers_done - start;
-    // Streams whose `end` never arrives are reaped `fleet_idle` after their last packet,
-    // which is at the latest when the producers stopped or the fault ended.
-    let fault_end = plan.fault.map_or(start, |f| start + f.at + f.length);
-    let reap_wait = producers_done.max(fault_end) + fleet_idle + REAP_MARGIN;
-    let drain_deadline = producers_done + DRAIN_MAX + (reap_wait - producers_done);
+}
+
+/// Step 6, second half: polls until the ingress holds nothing, the fleet's count is
+/// stable, the LLM side is idle and every stream ended or was reaped (or `reap_wait`
+/// passed); gives up at `deadline`. Returns whether it settled.
+async fn drain(
+    ingress: &IngressProcess,
+    fleet: &Fleet,
+    llm: Option<&LlmRun>,
+    deadline: Instant,
+    reap_wait: Instant,
+) -> bool {
     let mut last_received = u64::MAX;
     let mut stable = 0;
-    let mut drained = false;
-    while Instant::now() < drain_deadline {
+    while Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let pending = ingress
             .stats()
@@ -467,49 +541,24 @@ pub async fn run_one(
             0
         };
         last_received = received;
-        let llm_idle = llm.as_ref().is_none_or(|l| l.idle());
+        let llm_idle = llm.is_none_or(|l| l.idle());
         // Every stream ended or reaped, or the reaper had its chance.
         let streams_settled = fleet.streams_active() == 0 || Instant::now() >= reap_wait;
         if pending == 0 && stable >= 3 && llm_idle && streams_settled {
-            drained = true;
-            break;
+            return true;
         }
     }
-    if !drained {
-        notes.push(format!(
-            "the drain did not settle within {:.0} s; figures are as of its end",
-            (drain_deadline - producers_done).as_secs_f64()
-        ));
-    }
+    false
+}
 
-    // 7. Final snapshots.
-    let _ = stop_sampler.send(true);
-    let _ = tokio::time::timeout(Duration::from_secs(3), sampler).await;
-    let mut final_stats = None;
-    for _ in 0..3 {
-        match ingress.stats().await {
-            Ok(s) => {
-                final_stats = Some(s);
-                break;
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
-    let final_stats = final_stats.ok_or_else(|| {
-        format!(
-            "[{label}] the ingress did not answer /v1/stats at the end; its stderr:\n{}",
-            ingress.stderr_tail()
-        )
-    })?;
-    let wall = start.elapsed();
-    let llm_report = match (&llm, &llm_unavailable) {
-        (Some(l), _) => l.report(wall),
-        (None, Some(why)) => crate::llm::not_run_because(why),
-        (None, None) => crate::llm::not_run(),
-    };
-    if let Some(why) = llm_unavailable {
-        notes.push(why);
-    }
+/// Step 7, the end: stops the LLM side, the fleet, the ingress and the embedded
+/// nats-server; returns the fleet's final snapshot.
+async fn stop_all(
+    llm: Option<Arc<LlmRun>>,
+    fleet: Arc<Fleet>,
+    ingress: Arc<IngressProcess>,
+    nats: Nats,
+) -> FleetSnapshot {
     if let Some(Ok(l)) = llm.map(Arc::try_unwrap) {
         l.stop().await;
     }
@@ -523,148 +572,60 @@ pub async fn run_one(
     if let Nats::Embedded(s) = nats {
         let _ = blocking(move || drop(s)).await;
     }
-    drop(config_dir);
+    fleet_snapshot
+}
 
-    let samples = samples.lock().map(|s| s.clone()).unwrap_or_default();
-    let series = sample::summarise(&samples);
-    let producer_snapshot = counters.snapshot();
-    let frames = FrameAccounting::from_counts(&FrameCounts {
-        sent_by_producers: producer_snapshot.frames_sent,
-        offered: final_stats.frames.offered,
-        handed_over: final_stats.frames.handed_over,
-        published: final_stats.frames.published,
-        possibly_lost: final_stats.frames.possibly_lost,
-        unconfirmed_at_end: final_stats.frames.unconfirmed,
-        consumer_possibly_lost: Some(fleet_snapshot.possibly_lost_frames),
-        dropped: final_stats
-            .frames
-            .dropped
-            .clone()
-            .into_iter()
-            .filter(|(_, n)| *n > 0)
-            .collect(),
-        pending_at_end: final_stats.pending_frames,
-        // Fresh and stale: the staleness guard's frames were delivered, then dropped.
-        received: fleet_snapshot.frames_received,
-        stale_at_consumer: fleet_snapshot.stale_frames,
-        handed_to_handler: fleet_snapshot.frames_handled,
-        // Everything the consumers saw missing, counted and not declared, including the
-        // frames of streams refused over their cap.
-        consumer_detected_holes: fleet_snapshot.lost_frames
-            + fleet_snapshot.leading_missing
-            + fleet_snapshot.frames_refused,
-        refused_out_of_order: fleet_snapshot.stale_packets,
-        declared_in_gaps: fleet_snapshot.gap_frames,
-    })
-    .with_timeliness(fleet_snapshot.timeliness);
-    notes.extend(frames.notes());
-    let limit_per_stream = final_stats
-        .pending_bytes_limit_per_stream
-        .filter(|l| *l > 0 && design == Design::Bounded);
-    let pending_bytes_max = series.pending_bytes_max.max(final_stats.pending_bytes);
-    let window_limit_max = series
-        .window_limit_bytes_max
-        .or(final_stats.window.as_ref().map(|w| w.limit_bytes));
-    if let Some(note) = pending_over_limit_note(
-        pending_bytes_max,
-        limit_per_stream.map(|l| l * streams as u64),
-        window_limit_max,
-        env.reconnect,
-    ) {
-        notes.push(note);
+/// Step 7: the ingress's last `/v1/stats` (3 tries, 200 ms apart).
+async fn final_stats(ingress: &IngressProcess, label: &str) -> Result<IngressStats, Error> {
+    for _ in 0..3 {
+        match ingress.stats().await {
+            Ok(s) => return Ok(s),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
     }
-    if design == Design::Bounded && env.policy == PolicyArg::Shadow {
-        notes.push(
-            "shadow mode: the budget is measured, not enforced (only its safety ceiling is)".into(),
-        );
+    Err(Error::new(
+        ErrorKind::Process,
+        format!(
+            "[{label}] the ingress did not answer /v1/stats at the end; its stderr:\n{}",
+            ingress.stderr_tail()
+        ),
+    ))
+}
+
+/// CPU counters at the start of the sending phase.
+struct CpuStart {
+    ingress: Duration,
+    loadtest: Duration,
+    machine: Duration,
+    nats: Option<Duration>,
+}
+
+impl CpuStart {
+    fn take(ingress: &IngressProcess, nats: &Nats) -> Self {
+        Self {
+            ingress: ingress.cpu_time().unwrap_or_default(),
+            loadtest: cpu_time(std::process::id()).unwrap_or_default(),
+            machine: machine_busy().unwrap_or_default(),
+            nats: nats.pid().and_then(cpu_time),
+        }
     }
-    if series.failed_polls > 0 {
-        notes.push(format!(
-            "{} of {} stats polls failed or timed out (the ingress did not answer within {:?})",
-            series.failed_polls,
-            series.samples,
-            crate::ingress::STATS_TIMEOUT
-        ));
+
+    /// The CPU used since `self`, over `wall`.
+    fn used(&self, ingress: &IngressProcess, nats: &Nats, wall: Duration) -> CpuUsed {
+        let ingress_end = ingress.cpu_time().unwrap_or_default();
+        CpuUsed {
+            ingress: ingress_end.saturating_sub(self.ingress),
+            machine: machine_busy_since(self.machine),
+            loadtest: cpu_since(std::process::id(), self.loadtest),
+            // After a restart the server is a new process: its CPU is counted from its
+            // start.
+            nats: nats.pid().and_then(cpu_time).map(|end| match self.nats {
+                Some(s) if end >= s => end - s,
+                _ => end,
+            }),
+            wall,
+        }
     }
-    let nominal = producers::nominal_frames(streams, plan.duration);
-    let other_cores = cpu_other_cores(
-        machine,
-        cpu_end.saturating_sub(cpu_start),
-        self_cpu,
-        nats_cpu,
-        cpu_wall,
-    );
-    if other_cores > 0.25 {
-        notes.push(format!(
-            "other processes used {other_cores:.2} cores on average during this run: the machine was not quiet"
-        ));
-    }
-    if producer_snapshot.ticks_missed > nominal / 50 {
-        notes.push(format!(
-            "the load generator missed {} of {} frame ticks (it shares the CPU with everything else)",
-            producer_snapshot.ticks_missed, nominal
-        ));
-    }
-    let mut consumer = ConsumerReport::from(&fleet_snapshot);
-    consumer.latency_window_p99_max_ms = series.latency_window_p99_max_ms;
-    let report = RunReport {
-        scenario: plan.scenario.as_str().to_owned(),
-        streams,
-        design,
-        transport: env.transport,
-        duration_s: plan.duration.as_secs_f64(),
-        wall_s: wall.as_secs_f64(),
-        fault: plan.fault.map(|f| FaultReport {
-            kind: f.kind.as_str().to_owned(),
-            at_s: f.at.as_secs_f64(),
-            duration_s: f.length.as_secs_f64(),
-        }),
-        ingress: IngressReport {
-            rss_peak_bytes: series.rss_peak_bytes,
-            rss_start_bytes: series.rss_start_bytes,
-            rss_end_bytes: series.rss_end_bytes,
-            rss_before_fault_bytes: plan.fault.map(|_| series.rss_before_fault_bytes),
-            pending_bytes_max,
-            pending_bytes_limit: limit_per_stream.map(|l| l * streams as u64),
-            pending_bytes_limit_per_stream: limit_per_stream,
-            pending_frames_max: series.pending_frames_max,
-            queue_wait_ms: final_stats.queue_wait_ms,
-            oldest_frame_age_ms_max: series.oldest_frame_age_ms_max,
-            admission_rejects: final_stats.admission_rejects,
-            overloads: final_stats.overloads,
-            gaps: final_stats.gaps,
-            would_reject: final_stats.frames.would_reject,
-            tasks_max: series.tasks_max.max(final_stats.tasks_alive),
-            cpu_seconds: cpu_end.saturating_sub(cpu_start).as_secs_f64(),
-            samples: series.samples,
-            failed_polls: series.failed_polls,
-            nats_disconnected_samples: series.nats_disconnected_samples,
-            unconfirmed_bytes_max: series.unconfirmed_bytes_max,
-            window_limit_bytes: final_stats.window.as_ref().map(|w| w.limit_bytes),
-            window_limit_bytes_max: series.window_limit_bytes_max,
-            window_mode: final_stats.window.as_ref().and_then(|w| w.mode.clone()),
-            confirm_round_ms: final_stats.window.as_ref().map(|w| w.round_ms),
-            window_disconnects: final_stats.window.as_ref().map(|w| w.disconnects),
-        },
-        frames,
-        consumer,
-        producers: ProducerReport::new(&producer_snapshot, nominal),
-        llm: llm_report,
-        cpu: CpuReport {
-            ingress_s: cpu_end.saturating_sub(cpu_start).as_secs_f64(),
-            loadtest_s: self_cpu.as_secs_f64(),
-            nats_server_s: nats_cpu.map(|d| d.as_secs_f64()),
-            other_s: (machine.as_secs_f64()
-                - cpu_end.saturating_sub(cpu_start).as_secs_f64()
-                - self_cpu.as_secs_f64()
-                - nats_cpu.map_or(0.0, |d| d.as_secs_f64()))
-            .max(0.0),
-            wall_s: cpu_wall.as_secs_f64(),
-        },
-        notes,
-        ..RunReport::default()
-    };
-    Ok(RunOutput { report, samples })
 }
 
 /// The bounded ingress's `max_age` for this run: the last `max_age_ms=N` of
@@ -680,58 +641,18 @@ fn ingress_max_age(ingress_set: &[String]) -> Duration {
         .map_or(DEFAULT_MAX_AGE, Duration::from_millis)
 }
 
-/// Explains a `pending_bytes_max` above `streams × per-stream limit`. Pending bytes
-/// include frames handed to NATS and not yet confirmed. A stream instance that ended
-/// (overloaded) keeps its unconfirmed frames' bytes until the server confirms them, and
-/// a reconnecting producer opens a new instance with a budget of its own: while the
-/// server is stalled the aggregate can then exceed `streams × limit`, by at most the
-/// window's bound (all unconfirmed bytes of the connection). Beyond that, the bound did
-/// not hold.
-fn pending_over_limit_note(
-    pending_max: u64,
-    limit: Option<u64>,
-    window_limit: Option<u64>,
-    reconnect: bool,
-) -> Option<String> {
-    let limit = limit?;
-    let over = pending_max.checked_sub(limit).filter(|o| *o > 0)?;
-    Some(match window_limit {
-        Some(w) if over <= w && reconnect => format!(
-            "pending bytes (queued + unconfirmed) peaked {over} B above streams × per-stream \
-             limit ({limit} B), within the confirmation window's bound ({w} B): stream \
-             instances that had ended (overloaded) still held their unconfirmed frames while \
-             their producers reconnected as new instances"
-        ),
-        _ => format!(
-            "pending bytes peaked {over} B above streams × per-stream limit ({limit} B){}: \
-             the bound did not hold",
-            window_limit.map_or_else(String::new, |w| format!(", beyond the window's {w} B"))
-        ),
-    })
-}
-
-/// Average cores used by everything but the ingress, the load test and nats-server.
-fn cpu_other_cores(
-    machine: Duration,
-    ingress: Duration,
-    loadtest: Duration,
-    nats: Option<Duration>,
-    wall: Duration,
-) -> f64 {
-    let mine = ingress + loadtest + nats.unwrap_or_default();
-    machine.saturating_sub(mine).as_secs_f64() / wall.as_secs_f64().max(0.001)
-}
-
 async fn apply_fault(
     kind: FaultKind,
     start: bool,
     server: Option<Arc<weir_testkit::NatsServer>>,
     fleet: &Fleet,
     llm: Option<&LlmRun>,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     match kind {
         FaultKind::NatsPause | FaultKind::NatsRestart => {
-            let server = server.ok_or("no embedded nats-server to act on")?;
+            let server = server.ok_or_else(|| {
+                Error::new(ErrorKind::Process, "no embedded nats-server to act on")
+            })?;
             blocking(move || match (kind, start) {
                 (FaultKind::NatsPause, true) => server.pause(),
                 (FaultKind::NatsPause, false) => server.resume(),
@@ -739,7 +660,7 @@ async fn apply_fault(
                 (_, false) => server.restart(),
             })
             .await?
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.map_kind(ErrorKind::Process))
         }
         FaultKind::BackendPause => {
             if start {
@@ -842,27 +763,6 @@ fn progress_line(label: &str, total: Duration, x: &Sample) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pending_over_the_limit_is_explained_or_flagged() {
-        assert_eq!(
-            pending_over_limit_note(160_000, Some(160_000), Some(65_536), true),
-            None
-        );
-        assert_eq!(pending_over_limit_note(9, None, None, true), None);
-        let n =
-            pending_over_limit_note(215_680, Some(160_000), Some(65_536), true).unwrap_or_default();
-        assert!(
-            n.contains("55680 B above") && n.contains("reconnected"),
-            "{n}"
-        );
-        let n =
-            pending_over_limit_note(300_000, Some(160_000), Some(65_536), true).unwrap_or_default();
-        assert!(n.contains("did not hold"), "{n}");
-        let n = pending_over_limit_note(200_000, Some(160_000), Some(65_536), false)
-            .unwrap_or_default();
-        assert!(n.contains("did not hold"), "{n}");
-    }
 
     #[test]
     fn max_age_comes_from_ingress_set_or_the_default() {

@@ -8,6 +8,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use weir_loadtest::error::Error;
 use weir_loadtest::ingress::{Design, find_ingress_bin};
 use weir_loadtest::llm::LlmSettings;
 use weir_loadtest::producers::Transport;
@@ -27,7 +28,7 @@ fn env() -> Env {
     Env {
         nats_url: None,
         self_exe: PathBuf::from(env!("CARGO_BIN_EXE_loadtest")),
-        ingress_bin: find_ingress_bin(test_exe.as_deref()).map_err(|e| e.to_string()),
+        ingress_bin: find_ingress_bin(test_exe.as_deref()).map_err(Error::from),
         policy: PolicyArg::Close,
         frame_cost: Duration::ZERO,
         fleet_workers: 2,
