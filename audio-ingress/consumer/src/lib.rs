@@ -142,6 +142,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use weir_protocol::audio::DecodeOptions;
 use weir_service::config::{ConfigError, ConfigErrorKind};
+use weir_service::nats::{EventMetrics, NatsEvents};
 
 pub use config::{
     ConsumerConfig, ConsumerPolicy, ConsumerSettings, ConsumerSource, DEFAULT_HEARTBEAT_INTERVAL,
@@ -163,6 +164,13 @@ use crate::metrics as m;
 use demux::Demux;
 use slots::StreamSlots;
 use stats::Registry;
+
+/// The names the consumer counts its NATS client's events under (the one event handler,
+/// `weir_service::nats::NatsEvents`).
+const EVENT_METRICS: EventMetrics = EventMetrics {
+    events_total: m::CONSUMER_NATS_EVENTS_TOTAL,
+    connected: m::CONSUMER_NATS_CONNECTED,
+};
 
 /// Capacity of the [`Consumer::events`] broadcast.
 const EVENT_CAPACITY: usize = 1_024;
@@ -334,17 +342,12 @@ impl Shared {
         self.registry.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn on_client_event(&self, event: &async_nats::Event) {
-        let name = weir_service::nats::event_label(event);
-        ::metrics::counter!(m::CONSUMER_NATS_EVENTS_TOTAL, m::LABEL_EVENT => name).increment(1);
-        if let async_nats::Event::SlowConsumer(sid) = event {
-            self.registry().slow_consumer();
-            ::metrics::counter!(m::CONSUMER_SLOW_CONSUMER_TOTAL).increment(1);
-            tracing::warn!(sid, "NATS client dropped messages: slow consumer");
-            let _ = self.events.send(ConsumerEvent::SlowConsumer { sid: *sid });
-        } else {
-            tracing::info!(event = %event, "NATS connection event");
-        }
+    /// A slow-consumer event (one message the client dropped), after the shared event
+    /// handler counted it: into the stats, the consumer's own counter and its events.
+    fn on_slow_consumer(&self, sid: u64) {
+        self.registry().slow_consumer();
+        ::metrics::counter!(m::CONSUMER_SLOW_CONSUMER_TOTAL).increment(1);
+        let _ = self.events.send(ConsumerEvent::SlowConsumer { sid });
     }
 }
 
@@ -393,16 +396,13 @@ impl Consumer {
     ) -> Result<Self, ConsumerError> {
         let shared = Arc::new(Shared::new(settings));
         let cb_shared = Arc::downgrade(&shared);
-        let client = options
-            .subscription_capacity(shared.settings.subscription_capacity.get())
-            .event_callback(move |event| {
-                let shared = cb_shared.upgrade();
-                async move {
-                    if let Some(shared) = shared {
-                        shared.on_client_event(&event);
-                    }
-                }
-            })
+        let events = NatsEvents::new(EVENT_METRICS).on_slow_consumer(move |sid| {
+            if let Some(shared) = cb_shared.upgrade() {
+                shared.on_slow_consumer(sid);
+            }
+        });
+        let client = events
+            .attach(options.subscription_capacity(shared.settings.subscription_capacity.get()))
             .connect(url)
             .await
             .map_err(|source| {

@@ -64,6 +64,8 @@ weir_service::declare_metrics! {
     counter pub const CONSUMER_SLOW_CONSUMER_TOTAL: &str = "weir_consumer_slow_consumer_events_total";
     /// Counter: NATS client events seen by the consumer's connection, by `event`.
     counter pub const CONSUMER_NATS_EVENTS_TOTAL: &str = "weir_consumer_nats_events_total";
+    /// Gauge: 1 while the consumer's NATS connection is up, 0 after a disconnect.
+    gauge pub const CONSUMER_NATS_CONNECTED: &str = "weir_consumer_nats_connected";
     /// Counter: frames dropped before the handler because they were older than
     /// `max_frame_age_ms` (the [`Counters::stale_frames`](crate::Counters::stale_frames)).
     counter pub const CONSUMER_FRAMES_STALE_TOTAL: &str = "weir_consumer_frames_stale_total";
