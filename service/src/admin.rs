@@ -23,8 +23,7 @@
 //!   `Retry-After: 1`. `/healthz` and `/readyz` are not counted: they are O(1), and an
 //!   orchestrator must not see a service as unready because scrapers are busy.
 //!
-//! Invariants: the JSON shapes above are the ones both services answered before this
-//! module existed (their tests pin them); a concurrency permit is held by the request's
+//! Invariants: the JSON shapes above are pinned by both services' tests; a concurrency permit is held by the request's
 //! future and released by `Drop` when it completes, times out or its connection closes.
 
 use std::num::NonZeroUsize;

@@ -1,6 +1,6 @@
 //! Paused-clock tests of the confirmation window ([`crate::confirm`]) through the
 //! producer core: a sink whose "server" stops confirming while the client still takes
-//! messages (the case that used to deliver seconds-old audio unsignalled), and a
+//! messages (without the window, seconds-old audio would be delivered unsignalled), and a
 //! reconnect that discards what was unconfirmed.
 
 use std::time::Duration;
@@ -275,7 +275,7 @@ async fn a_confirmed_end_is_published_once() {
 
 /// A reconnect while the window is idle (every frame confirmed, no batch open with
 /// work): frames handed over afterwards, on the new connection, are confirmed and
-/// published — not declared possibly lost. Found on a 3-node cluster (issue 13): the
+/// published — not declared possibly lost. Seen on a 3-node cluster: the
 /// window kept its empty batch on the old connection epoch, so every later frame of
 /// the process was declared possibly lost at once and none counted published.
 #[tokio::test(start_paused = true)]

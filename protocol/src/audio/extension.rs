@@ -99,8 +99,8 @@ pub struct Overload {
     /// The seqs of the admitted frames the overload dropped (`dropped_first_seq ..=
     /// dropped_last_seq`; refused frames never got one): a consumer counts the hole they
     /// leave before the `end` as declared, not as an undetected loss. Absent when no
-    /// admitted frame was dropped, and from producers before this field (readers then
-    /// see an undeclared hole, as before).
+    /// admitted frame was dropped, and from producers that do not write the field (readers
+    /// then see an undeclared hole).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dropped_first_seq: Option<u64>,
     /// See `dropped_first_seq`.

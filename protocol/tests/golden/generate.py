@@ -55,7 +55,7 @@ def vectors():
     # An empty session_id is falsy: the deployed code omits the key.
     ok.append(("frame_empty_session_omitted", deployed_packet("frame", 6, frame_pcm, session_id=""),
                {"type": "frame", "seq": 6, "session_id": None, "samples": 320}, frame_pcm))
-    # The capture-time extension (weir >= issue 8): the meta key captured_at_ms, Unix ms,
+    # The capture-time extension (weir producers that stamp capture time): the meta key captured_at_ms, Unix ms,
     # written after session_id. The deployed reader ignores it (json.loads + key
     # lookups); weir's decoder reads it, and treats a value of the wrong type as absent.
     ok.append(("frame_captured_at_ms",

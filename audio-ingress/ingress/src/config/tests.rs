@@ -145,7 +145,7 @@ fn partitions_are_bounded_like_the_consumer() {
     let partitioned = ("subject", "audio.{partition}.{stream}");
     let ok = load(&[], &[partitioned, ("partitions", "4096")]).expect("4096");
     assert_eq!(ok.stream.partitions().get(), 4_096);
-    // The producer used to accept up to 65,536: streams no consumer could own.
+    // Above the consumers' partition bound: streams no consumer could own.
     let err = load(&[], &[partitioned, ("partitions", "4097")]).expect_err("over");
     assert_eq!(err.kind(), ConfigErrorKind::OutOfRange);
     assert!(err.to_string().contains("partitions"), "{err}");
@@ -176,7 +176,7 @@ fn unknown_keys_and_bad_files_are_refused() {
     let err = load(&[], &[("max_byte", "1")]).expect_err("typo");
     assert_eq!(err.kind(), ConfigErrorKind::UnknownKey);
     assert_eq!(err.key(), "max_byte");
-    // A misspelled environment variable too (it used to be ignored silently).
+    // A misspelled environment variable too (never ignored silently).
     let err = load(&[("WEIR_INGRESS_MAX_BYTE", "32000")], &[]).expect_err("typo");
     assert_eq!(err.kind(), ConfigErrorKind::UnknownKey);
     assert_eq!(err.key(), "WEIR_INGRESS_MAX_BYTE");

@@ -17,7 +17,7 @@
 //!   server discovery);
 //! - `node_hang_all_urls`: the node is SIGSTOPped for the rest of the run — a hung host
 //!   or a cut network, where no FIN or RST tells the client; only its pings can (the
-//!   default `nats_ping_interval_ms` 2000; the earlier default 10 s took 32 s).
+//!   default `nats.ping_interval_ms` 2000).
 //!
 //! Asserted (the promises):
 //! - **no undeclared loss**: the consumer core counts 0 `lost_frames` (holes the

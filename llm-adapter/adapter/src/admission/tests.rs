@@ -994,7 +994,7 @@ async fn random_workload_keeps_invariants_and_answers_everyone_once() {
 // ------------------------------------------------------------- the predictor
 //
 // These run with the adapter's defaults (adaptive start budget, 20 ms reply margin,
-// prediction on, FIFO) and only `workers` set, like the deployment in issue 11.
+// prediction on, FIFO) and only `workers` set, like the deployment the overload check models.
 
 fn defaults(workers: usize) -> AdmissionConfig {
     AdmissionConfig {

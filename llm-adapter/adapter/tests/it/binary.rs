@@ -193,7 +193,7 @@ fn runtime_workers(pid: u32) -> usize {
         .count()
 }
 
-/// `--threads` sizes the runtime (it used to be parsed and ignored): 1 runs the
+/// `--threads` sizes the runtime: 1 runs the
 /// adapter on the current thread (no worker threads), 3 starts 3 workers; 0 is refused.
 #[tokio::test]
 async fn threads_flag_sizes_the_runtime() {
@@ -217,7 +217,7 @@ async fn threads_flag_sizes_the_runtime() {
 }
 
 /// `--nats-url` takes a comma-separated list, as the docs say: the adapter connects to
-/// whichever server answers (it used to exit 1 with "invalid port number").
+/// whichever server answers (not an "invalid port number" exit).
 #[tokio::test]
 async fn nats_url_list_connects_to_a_live_server() {
     let server = weir_testkit::NatsServer::start().expect("nats-server");
@@ -261,7 +261,7 @@ async fn readyz_is_503_while_nats_is_gone() {
     assert!(wait_for(200).await, "ready again after the restart");
 }
 
-/// NATS down at start: the adapter starts anyway (it used to exit 1), answers `/readyz`
+/// NATS down at start: the adapter starts anyway, answers `/readyz`
 /// 503, connects when the server appears, and serves.
 #[tokio::test]
 async fn starts_with_nats_down_and_serves_once_it_is_up() {
@@ -274,7 +274,7 @@ async fn starts_with_nats_down_and_serves_once_it_is_up() {
     let ready: serde_json::Value = serde_json::from_str(&line).expect("ready line is JSON");
     let readyz = format!("http://{}/readyz", ready["admin"].as_str().expect("admin"));
     assert_eq!(get(&readyz).await.0, 503, "not ready without NATS");
-    // The gauge the not-ready alert reads says so too (it used to say 1).
+    // The gauge the not-ready alert reads says so too.
     let metrics_url = readyz.replace("/readyz", "/metrics");
     let connected = |text: &str| {
         text.lines()

@@ -1,4 +1,4 @@
-"""Issue 11's headline check, from outside the process, with a plain nats-py caller.
+"""The adapter's overload headline check, from outside the process, with a plain nats-py caller.
 
 Starts a `nats-server` on a free loopback port and the real `llm-adapter serve` binary
 with the DEFAULT configuration except `workers = 1` and the sim backend at a fixed
@@ -102,7 +102,7 @@ def main():
     )
     adapter = None
     try:
-        tmp = tempfile.mkdtemp(prefix="weir-issue11-")
+        tmp = tempfile.mkdtemp(prefix="weir-overload-")
         cfg = os.path.join(tmp, "adapter.toml")
         sim = f"latency_ms = {args.latency_ms}\n"
         if args.distribution == "lognormal":
