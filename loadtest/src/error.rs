@@ -1,4 +1,4 @@
-//! The one error type of the load test: weir's error shape ([`weir_protocol::Error`])
+//! The one error type of the load test: weir's error shape ([`weir_service::Error`])
 //! with the load test's [`ErrorKind`] to match on.
 //!
 //! Messages are written for the person at the terminal: they name the flag, file,
@@ -27,11 +27,11 @@ pub enum ErrorKind {
     Run,
 }
 
-/// An error from the load test: a [`kind`](weir_protocol::Error::kind), a message for
+/// An error from the load test: a [`kind`](weir_service::Error::kind), a message for
 /// the terminal and, where there is one, the cause as
 /// [`source`](std::error::Error::source). `Display` is the message, then `: ` and the
 /// cause.
-pub type Error = weir_protocol::Error<ErrorKind>;
+pub type Error = weir_service::Error<ErrorKind>;
 
 /// An [`ErrorKind::Usage`] error with `message`.
 pub(crate) fn usage(message: impl Into<String>) -> Error {

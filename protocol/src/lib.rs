@@ -11,7 +11,6 @@
 //!   by the services and read by the load test;
 //! - `schema` (feature `schema`): the JSON Schemas of these contracts, generated from
 //!   the types (`protocol/schemas/`).
-//! - [`error`]: the one error shape of weir's operations (`Error<Kind>`, the cause kept).
 //! - [`WireName`]: `ALL`, `as_str` and `from_wire` of a fieldless enum whose variants have stable
 //!   wire names, derived with strum (the protocol's codes and reasons; also the label
 //!   enums of the services, the consumer and the load test).
@@ -45,14 +44,12 @@ impl<T: Copy + strum::VariantArray + Into<&'static str>> WireName for T {}
 
 pub mod admin;
 pub mod audio;
-pub mod error;
 pub mod llm;
 pub mod partition;
 #[cfg(feature = "schema")]
 pub mod schema;
 pub mod stream_id;
 
-pub use error::Error;
 pub use partition::{SubjectTemplate, fnv1a_32, partition_of};
 pub use stream_id::{StreamId, StreamIdError};
 

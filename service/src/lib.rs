@@ -16,6 +16,8 @@
 //!   and the Prometheus histograms;
 //! - [`process`] (feature `process`, part of `http`): the process's own figures (memory, CPU, open files) and build info
 //!   for `/metrics`;
+//! - [`error`]: the one error shape of weir's operations ([`Error`]`<Kind>`, the cause
+//!   kept as `source()`);
 //! - [`bounded`]: the FIFO bounded by bytes and age under both per-stream queues (the
 //!   ingress's frames, the consumer's events), generic over its item;
 //! - [`ratelimit`]: warnings in per-packet and retry loops, once per interval;
@@ -37,6 +39,7 @@ pub mod bounded;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod config;
+pub mod error;
 #[cfg(feature = "http")]
 pub mod http;
 #[cfg(feature = "logging")]
@@ -51,3 +54,5 @@ pub mod ratelimit;
 pub mod shutdown;
 #[cfg(feature = "trace-context")]
 pub mod trace_context;
+
+pub use error::Error;

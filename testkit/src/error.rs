@@ -1,5 +1,5 @@
 //! The one error type of the testkit: weir's one error shape
-//! ([`weir_protocol::Error`]) with the testkit's [`ErrorKind`] to match on.
+//! ([`weir_service::Error`]) with the testkit's [`ErrorKind`] to match on.
 //!
 //! Messages are written for a person reading a failed test: they say what was tried,
 //! what happened, and — when the binary is missing — how to install it.
@@ -29,11 +29,11 @@ pub enum ErrorKind {
     Io,
 }
 
-/// An error from the testkit: a [`kind`](weir_protocol::Error::kind), a human message
+/// An error from the testkit: a [`kind`](weir_service::Error::kind), a human message
 /// and, where there is one, the underlying error (I/O, a signal, a spawn failure) as
 /// [`source`](std::error::Error::source). `Display` is the message, then `: ` and the
 /// cause.
-pub type Error = weir_protocol::Error<ErrorKind>;
+pub type Error = weir_service::Error<ErrorKind>;
 
 #[cfg(test)]
 mod tests {

@@ -664,7 +664,7 @@ fn probe_info(port: u16) -> bool {
 }
 
 /// An error of `kind` saying `what`, caused by the error it is applied to.
-fn because<E: Into<weir_protocol::error::Source>>(
+fn because<E: Into<weir_service::error::Source>>(
     kind: ErrorKind,
     what: String,
 ) -> impl FnOnce(E) -> Error {

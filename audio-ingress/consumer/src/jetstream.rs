@@ -76,7 +76,7 @@ pub(crate) async fn ordered_feeds(
         };
         let mut feeds = Vec::with_capacity(subjects.len());
         for subject in subjects {
-            let fail = |what: &str, e: weir_protocol::error::Source| {
+            let fail = |what: &str, e: weir_service::error::Source| {
                 ConsumerError::operation(
                     ConsumerErrorKind::Subscribe,
                     format!(
@@ -104,7 +104,7 @@ pub(crate) async fn ordered_feeds(
         Ok(feeds)
     };
     tokio::time::timeout(bound, work).await.map_err(|_| {
-        ConsumerError::Operation(weir_protocol::Error::new(
+        ConsumerError::Operation(weir_service::Error::new(
             ConsumerErrorKind::Subscribe,
             format!(
                 "cannot subscribe to {all:?}: JetStream consumers not created within {bound:?}"

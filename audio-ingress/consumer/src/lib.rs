@@ -182,7 +182,7 @@ const SUBSCRIBE_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 /// Two shapes, on purpose: an invalid config is a value (the key and what is wrong,
 /// matched structurally by the validation code and by callers that show the key), so
 /// it stays a data variant; an operation that failed (connect, subscribe, the lease
-/// bucket) is weir's one error shape, [`weir_protocol::Error`], whose
+/// bucket) is weir's one error shape, [`weir_service::Error`], whose
 /// [`source`](std::error::Error::source) is the async-nats or JetStream error itself.
 #[derive(Debug, thiserror::Error)]
 pub enum ConsumerError {
@@ -198,7 +198,7 @@ pub enum ConsumerError {
 }
 
 /// A failed operation of the consumer (see [`ConsumerError::Operation`]).
-pub type OperationError = weir_protocol::Error<ConsumerErrorKind>;
+pub type OperationError = weir_service::Error<ConsumerErrorKind>;
 
 /// Machine-readable kind of a [`ConsumerError`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -223,7 +223,7 @@ impl ConsumerError {
     pub(crate) fn operation(
         kind: ConsumerErrorKind,
         message: impl Into<String>,
-        source: impl Into<weir_protocol::error::Source>,
+        source: impl Into<weir_service::error::Source>,
     ) -> Self {
         Self::Operation(OperationError::with_source(kind, message, source))
     }

@@ -165,8 +165,8 @@ pub enum ErrorKind {
 }
 
 /// What the `serve` service can fail with: the one error shape
-/// (`weir_protocol::Error`), the cause (the I/O or NATS error) kept as `source()`.
-pub type Error = weir_protocol::Error<ErrorKind>;
+/// (`weir_service::Error`), the cause (the I/O or NATS error) kept as `source()`.
+pub type Error = weir_service::Error<ErrorKind>;
 
 /// A refused configuration value as a start-up failure.
 pub fn config(e: ConfigError) -> Error {

@@ -71,7 +71,7 @@ use crate::stream::{SlotGuard, StreamShared};
 /// Why a sink operation failed: a [`SinkErrorKind`], a short message and the client's
 /// error as [`std::error::Error::source`]. Built only on failure, so the publish path
 /// pays nothing for it when publishes succeed.
-pub type SinkError = weir_protocol::Error<SinkErrorKind>;
+pub type SinkError = weir_service::Error<SinkErrorKind>;
 
 /// What every [`Sink`] operation returns.
 pub type SinkResult = Result<(), SinkError>;

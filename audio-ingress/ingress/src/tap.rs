@@ -44,7 +44,7 @@ use serde_json::{Value, json};
 use weir_protocol::WireName;
 use weir_protocol::audio::extension::{Extensions, PossibleLoss, headers};
 use weir_protocol::audio::{DecodeOptions, Packet, PacketBody, decode};
-use weir_protocol::error::Source;
+use weir_service::error::Source;
 use weir_service::nats::{FieldError, NatsConfig, NatsInput};
 
 use weir_audio_consumer::tracker::{Observation, SeqTracker, Seqs};
@@ -179,7 +179,7 @@ fn parse_seconds(s: &str) -> Result<Duration, SecondsError> {
 
 /// Why the tap failed: a [`TapErrorKind`], a message, and the cause (the NATS connect
 /// error, the server's refusal, the I/O error) as [`std::error::Error::source`].
-pub type TapError = weir_protocol::Error<TapErrorKind>;
+pub type TapError = weir_service::Error<TapErrorKind>;
 
 /// Machine-readable kind of a [`TapError`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -318,7 +318,7 @@ pub async fn run_with(
         .await
         .map_err(|_| connect_error("timed out".into()))?
         .map_err(|e| connect_error(e.into()))?;
-    let subscribe_error = |cause: weir_protocol::error::Source| {
+    let subscribe_error = |cause: weir_service::error::Source| {
         TapError::with_source(
             TapErrorKind::Subscribe,
             format!("cannot subscribe to {:?}", args.subject),

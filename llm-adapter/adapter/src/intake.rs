@@ -100,7 +100,7 @@ const KEEP_RETRY: Duration = Duration::from_millis(250);
 
 /// Why the durable intake could not be set up, or a store it uses failed: the cause
 /// (a JetStream or KV error) kept as `source()`.
-pub(crate) type IntakeError = weir_protocol::Error<IntakeErrorKind>;
+pub(crate) type IntakeError = weir_service::Error<IntakeErrorKind>;
 
 /// Machine-readable kind of an [`IntakeError`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -84,9 +84,9 @@ use crate::config::NatsConfig;
 use crate::service::{NatsSink, ServiceEdge};
 use crate::trace::Tracer;
 
-/// Why the adapter could not start: the one error shape (`weir_protocol::Error`), the
+/// Why the adapter could not start: the one error shape (`weir_service::Error`), the
 /// cause (NATS, I/O) kept as `source()`.
-pub type StartError = weir_protocol::Error<StartErrorKind>;
+pub type StartError = weir_service::Error<StartErrorKind>;
 
 /// Machine-readable kind of a [`StartError`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -87,14 +87,14 @@ pub enum ClientErrorKind {
     InvalidReply,
 }
 
-/// A failed call: weir's one error shape ([`weir_protocol::Error`]: a kind, a message,
+/// A failed call: weir's one error shape ([`weir_service::Error`]: a kind, a message,
 /// the async-nats or decoding error as [`source`](std::error::Error::source)) plus,
 /// when the adapter refused the request, its error body. Callers read that body (the
 /// code's details: limit, pending, retry hint), which is why this stays its own type
-/// rather than a bare `weir_protocol::Error<ClientErrorKind>`.
+/// rather than a bare `weir_service::Error<ClientErrorKind>`.
 #[derive(Debug)]
 pub struct ClientError {
-    inner: weir_protocol::Error<ClientErrorKind>,
+    inner: weir_service::Error<ClientErrorKind>,
     body: Option<Box<ErrorBody>>,
 }
 
@@ -119,10 +119,10 @@ impl ClientError {
     fn with_source(
         kind: ClientErrorKind,
         message: impl Into<String>,
-        source: impl Into<weir_protocol::error::Source>,
+        source: impl Into<weir_service::error::Source>,
     ) -> Self {
         Self {
-            inner: weir_protocol::Error::with_source(kind, message, source),
+            inner: weir_service::Error::with_source(kind, message, source),
             body: None,
         }
     }
@@ -130,7 +130,7 @@ impl ClientError {
     /// A refusal, with the adapter's (or the local cap's) error body.
     fn refused(kind: ClientErrorKind, message: impl Into<String>, body: Option<ErrorBody>) -> Self {
         Self {
-            inner: weir_protocol::Error::new(kind, message),
+            inner: weir_service::Error::new(kind, message),
             body: body.map(Box::new),
         }
     }
@@ -557,7 +557,7 @@ impl RequestBuilder<'_> {
         };
         put(&mut headers, h::NATS_MSG_ID, &rid);
         put(&mut headers, h::REPLY_TO, &inbox);
-        let transport = |what: &str, e: weir_protocol::error::Source| {
+        let transport = |what: &str, e: weir_service::error::Source| {
             ClientError::with_source(
                 ClientErrorKind::Transport,
                 format!("durable intake: {what}"),

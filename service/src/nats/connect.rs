@@ -21,7 +21,7 @@ pub enum ConnectErrorKind {
 }
 
 /// Why a client could not be set up; the async-nats or I/O error is its `source()`.
-pub type ConnectError = weir_protocol::Error<ConnectErrorKind>;
+pub type ConnectError = crate::Error<ConnectErrorKind>;
 
 /// The connection options of `cfg`, without an event callback.
 pub async fn options(cfg: &NatsConfig) -> Result<ConnectOptions, ConnectError> {

@@ -78,7 +78,7 @@ pub struct SubscribeError {
     /// The subject (or the probe inbox) that failed.
     pub subject: String,
     /// What failed, with the client's error as its source.
-    pub error: weir_protocol::Error<SubscribeErrorKind>,
+    pub error: crate::Error<SubscribeErrorKind>,
 }
 
 impl SubscribeError {
@@ -120,7 +120,7 @@ pub async fn subscribe_confirmed(
                 Err(e) => {
                     return Err(SubscribeError {
                         subject,
-                        error: weir_protocol::Error::with_source(
+                        error: crate::Error::with_source(
                             SubscribeErrorKind::Subscribe,
                             "the client refused the subscription",
                             e,
@@ -135,7 +135,7 @@ pub async fn subscribe_confirmed(
             error,
         };
         let probe_failed = |what: &str, e: Box<dyn std::error::Error + Send + Sync>| {
-            fail(weir_protocol::Error::with_source(
+            fail(crate::Error::with_source(
                 SubscribeErrorKind::Probe,
                 format!("the confirmation probe's {what} failed"),
                 e,
@@ -150,7 +150,7 @@ pub async fn subscribe_confirmed(
             .await
             .map_err(|e| probe_failed("publish", e.into()))?;
         probe.next().await.ok_or_else(|| {
-            fail(weir_protocol::Error::new(
+            fail(crate::Error::new(
                 SubscribeErrorKind::Probe,
                 "the confirmation probe's subscription closed",
             ))
@@ -161,7 +161,7 @@ pub async fn subscribe_confirmed(
         .await
         .map_err(|_| SubscribeError {
             subject: all,
-            error: weir_protocol::Error::new(
+            error: crate::Error::new(
                 SubscribeErrorKind::Timeout,
                 format!(
                     "the server did not confirm the subscriptions within {} ms",

@@ -75,18 +75,18 @@ impl BackendReply {
     }
 }
 
-/// Why a backend call failed: weir's one error shape ([`weir_protocol::Error`]: a
+/// Why a backend call failed: weir's one error shape ([`weir_service::Error`]: a
 /// kind, a message, the HTTP or NATS client's error as
 /// [`source`](std::error::Error::source)) plus what the admission reads to answer the
 /// caller — the backend's retry hint, its status and the limit that was hit. That data
 /// is why this stays its own type rather than a bare
-/// `weir_protocol::Error<BackendErrorKind>`.
+/// `weir_service::Error<BackendErrorKind>`.
 ///
 /// `Display` is the message, then `: ` and the cause, on one line (carriage returns and
 /// line feeds of the cause are shown as spaces): it goes into the caller's error body.
 #[derive(Debug)]
 pub struct BackendError {
-    inner: weir_protocol::Error<BackendErrorKind>,
+    inner: weir_service::Error<BackendErrorKind>,
     retry_after: Option<Duration>,
     status: Option<u16>,
     limit: Option<u64>,
@@ -135,7 +135,7 @@ pub enum BackendErrorKind {
 impl BackendError {
     /// A new error. `message` must not contain request bodies.
     pub fn new(kind: BackendErrorKind, message: impl Into<String>) -> Self {
-        Self::from_inner(weir_protocol::Error::new(kind, one_line(message)))
+        Self::from_inner(weir_service::Error::new(kind, one_line(message)))
     }
 
     /// A new error caused by `source` (the HTTP or NATS client's error), which stays
@@ -144,16 +144,16 @@ impl BackendError {
     pub fn with_source(
         kind: BackendErrorKind,
         message: impl Into<String>,
-        source: impl Into<weir_protocol::error::Source>,
+        source: impl Into<weir_service::error::Source>,
     ) -> Self {
-        Self::from_inner(weir_protocol::Error::with_source(
+        Self::from_inner(weir_service::Error::with_source(
             kind,
             one_line(message),
             source,
         ))
     }
 
-    fn from_inner(inner: weir_protocol::Error<BackendErrorKind>) -> Self {
+    fn from_inner(inner: weir_service::Error<BackendErrorKind>) -> Self {
         Self {
             inner,
             retry_after: None,

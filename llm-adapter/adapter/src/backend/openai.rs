@@ -64,7 +64,7 @@ fn unavailable(message: String) -> BackendError {
 /// A setup failure caused by `source` (an I/O or TLS error).
 fn unavailable_because(
     message: String,
-    source: impl Into<weir_protocol::error::Source>,
+    source: impl Into<weir_service::error::Source>,
 ) -> BackendError {
     BackendError::with_source(BackendErrorKind::Unavailable, message, source)
 }

@@ -172,7 +172,7 @@ pub(super) async fn open_bucket(
     max_age: Duration,
     replicas: usize,
 ) -> Result<kv::Store, IntakeError> {
-    let failed = |e: weir_protocol::error::Source| {
+    let failed = |e: weir_service::error::Source| {
         IntakeError::with_source(IntakeErrorKind::Bucket, format!("{key} {bucket}"), e)
     };
     js.get_or_create_stream(kv_stream_config(bucket, max_age, replicas))
