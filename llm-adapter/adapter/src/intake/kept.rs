@@ -31,7 +31,7 @@ use ring::digest::{Context, SHA256};
 use tokio::time::Instant;
 use weir_protocol::llm::{ErrorBody, ErrorCode};
 
-use super::{Hub, KEEP_RETRY, Settle, Ticket, reply_key};
+use super::{Hub, IntakeError, IntakeErrorKind, KEEP_RETRY, Settle, Ticket, reply_key};
 use crate::metrics as m;
 use crate::millis::whole_ms;
 
@@ -135,7 +135,7 @@ pub(super) async fn read_kept_reply(
     kv: &kv::Store,
     request_id: &str,
     limit: Duration,
-) -> Result<Option<KeptReply>, String> {
+) -> Result<Option<KeptReply>, IntakeError> {
     let subject = format!("{}{}", kv.prefix, reply_key(request_id));
     let read = tokio::time::timeout(limit, kv.stream.get_last_raw_message_by_subject(&subject));
     match read.await {
@@ -150,8 +150,18 @@ pub(super) async fn read_kept_reply(
                 .flatten())
         }
         Ok(Err(e)) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no answer within {} ms", whole_ms(limit))),
+        Ok(Err(e)) => Err(IntakeError::with_source(
+            IntakeErrorKind::Bucket,
+            "cannot read the reply bucket",
+            e,
+        )),
+        Err(_) => Err(IntakeError::new(
+            IntakeErrorKind::Bucket,
+            format!(
+                "the reply bucket gave no answer within {} ms",
+                whole_ms(limit)
+            ),
+        )),
     }
 }
 
