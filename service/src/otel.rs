@@ -25,6 +25,8 @@ use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::Layer;
 use tracing_subscriber::registry::LookupSpan;
 
+use crate::config::{ConfigError, ConfigErrorKind};
+
 pub use crate::trace_context::{set_remote_parent, traceparent_of};
 
 /// What reaches the collector unless `WEIR_OTEL_FILTER` says otherwise: INFO spans and
@@ -55,8 +57,10 @@ pub fn enabled_by_env() -> bool {
     !disabled && (set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 }
 
-/// The OTLP layer and its guard, when [`enabled_by_env`]; `Ok(None)` otherwise.
-pub fn layer_from_env<S>() -> Result<Option<(impl Layer<S>, OtelGuard)>, String>
+/// The OTLP layer and its guard, when [`enabled_by_env`]; `Ok(None)` otherwise. A
+/// refusal names the variable: `OTEL_EXPORTER_OTLP_ENDPOINT` when the exporter cannot
+/// be built from the `OTEL_*` variables, `WEIR_OTEL_FILTER` when its directive is not one.
+pub fn layer_from_env<S>() -> Result<Option<(impl Layer<S>, OtelGuard)>, ConfigError>
 where
     S: tracing::Subscriber + for<'a> LookupSpan<'a>,
 {
@@ -66,7 +70,13 @@ where
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .build()
-        .map_err(|e| format!("OTLP exporter: {e}"))?;
+        .map_err(|e| {
+            ConfigError::new(
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                ConfigErrorKind::Invalid,
+                format!("no OTLP exporter: {e}"),
+            )
+        })?;
     let mut resource = Resource::builder();
     if std::env::var("OTEL_SERVICE_NAME").is_err() {
         resource = resource.with_service_name(default_service_name());
@@ -76,8 +86,13 @@ where
         .with_resource(resource.build())
         .build();
     let filter = std::env::var("WEIR_OTEL_FILTER").unwrap_or_else(|_| DEFAULT_FILTER.into());
-    let filter = tracing_subscriber::EnvFilter::try_new(&filter)
-        .map_err(|e| format!("WEIR_OTEL_FILTER {filter:?}: {e}"))?;
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter).map_err(|e| {
+        ConfigError::new(
+            "WEIR_OTEL_FILTER",
+            ConfigErrorKind::Invalid,
+            format!("{filter:?} is not a filter directive: {e}"),
+        )
+    })?;
     Ok(Some((
         layer(&provider).with_filter(filter),
         OtelGuard { provider },

@@ -35,6 +35,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -44,8 +45,10 @@ use serde_json::{Value, json};
 use weir_protocol::WireName;
 use weir_protocol::audio::extension::{Extensions, PossibleLoss, headers};
 use weir_protocol::audio::{DecodeOptions, Packet, PacketBody, decode};
+use weir_service::config::ConfigError;
+use weir_service::config::section::NatsSection;
 use weir_service::error::Source;
-use weir_service::nats::{FieldError, NatsConfig, NatsInput};
+use weir_service::nats::NatsConfig;
 
 use weir_audio_consumer::tracker::{Observation, SeqTracker, Seqs};
 
@@ -111,19 +114,19 @@ pub struct TapArgs {
     pub nkey: Option<String>,
     /// NATS credentials file (JWT + NKey).
     #[arg(long = "creds-file", env = "WEIR_TAP_NATS_CREDS_FILE")]
-    pub creds_file: Option<std::path::PathBuf>,
+    pub creds_file: Option<PathBuf>,
     /// Require TLS.
     #[arg(long)]
     pub tls_required: bool,
     /// Extra root CA, PEM.
     #[arg(long, value_name = "FILE")]
-    pub tls_ca_file: Option<std::path::PathBuf>,
+    pub tls_ca_file: Option<PathBuf>,
     /// Client certificate, PEM (with `--tls-key-file`).
     #[arg(long, value_name = "FILE", requires = "tls_key_file")]
-    pub tls_cert_file: Option<std::path::PathBuf>,
+    pub tls_cert_file: Option<PathBuf>,
     /// Client key, PEM (with `--tls-cert-file`).
     #[arg(long, value_name = "FILE", requires = "tls_cert_file")]
-    pub tls_key_file: Option<std::path::PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
     /// Prefix of the client's inboxes (default `_INBOX`): the user's own where the
     /// server allows each user only its prefix, e.g. `_INBOX.operator`.
     #[arg(long, value_name = "PREFIX", env = "WEIR_TAP_NATS_INBOX_PREFIX")]
@@ -131,27 +134,39 @@ pub struct TapArgs {
 }
 
 impl TapArgs {
-    /// The connection settings, validated by the same code as `serve`'s (one auth
-    /// method, files that exist); the tap's own timeouts are set on top.
-    fn nats_config(&self) -> Result<NatsConfig, FieldError> {
-        NatsInput {
-            url: Some(&self.nats_url),
-            user: self.user.as_deref(),
-            password: self.password.as_deref(),
-            token: self.token.as_deref(),
-            nkey: self.nkey.as_deref(),
-            creds_file: self.creds_file.as_deref(),
-            tls_required: self.tls_required,
-            tls_ca_file: self.tls_ca_file.as_deref(),
-            tls_cert_file: self.tls_cert_file.as_deref(),
-            tls_key_file: self.tls_key_file.as_deref(),
-            inbox_prefix: self.inbox_prefix.as_deref(),
-        }
-        .validate(NatsConfig {
+    /// The connection settings, validated by the same code as `serve`'s `[nats]` (one
+    /// auth method, files that exist); the tap's own timeouts are set on top.
+    fn nats_config(&self) -> Result<NatsConfig, ConfigError> {
+        let base = NatsConfig {
             connection_timeout: CONNECT_TIMEOUT,
             subscription_capacity: Some(TAP_SUBSCRIPTION_CAPACITY),
             retry_initial_connect: false,
             ..NatsConfig::named("weir-audio-ingress-tap")
+        };
+        let text = |v: &Option<String>| v.clone().unwrap_or_default();
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        NatsSection {
+            url: self.nats_url.clone(),
+            user: text(&self.user),
+            password: text(&self.password),
+            token: text(&self.token),
+            nkey: text(&self.nkey),
+            creds_file: path(&self.creds_file).unwrap_or_default(),
+            tls_required: self.tls_required,
+            tls_ca_file: path(&self.tls_ca_file).unwrap_or_default(),
+            tls_cert_file: path(&self.tls_cert_file).unwrap_or_default(),
+            tls_key_file: path(&self.tls_key_file).unwrap_or_default(),
+            inbox_prefix: text(&self.inbox_prefix),
+            ..NatsSection::from_config(&base)
+        }
+        .validate(base)
+        .map_err(|e| {
+            // `nats.url` is `--nats-url`, `nats.tls_key_file` is `--tls-key-file`.
+            let flag = match e.key().trim_start_matches("nats.") {
+                "url" => "nats-url".to_owned(),
+                field => field.replace('_', "-"),
+            };
+            e.with_key(format!("--{flag}"))
         })
     }
 }
@@ -287,13 +302,9 @@ pub async fn run_with(
             cause,
         )
     };
-    let nats = args.nats_config().map_err(|e| {
-        let flag = match e.field {
-            "url" => "nats-url".to_owned(),
-            f => f.replace('_', "-"),
-        };
-        connect_error(format!("--{flag}: {}", e.message).into())
-    })?;
+    let nats = args
+        .nats_config()
+        .map_err(|e| connect_error(format!("{}: {}", e.key(), e.message()).into()))?;
     let options = weir_service::nats::options(&nats)
         .await
         .map_err(|e| connect_error(e.into()))?;

@@ -465,19 +465,23 @@ fn plain_types(message: &str) -> String {
 
 /// The command line's overrides, in order: the dedicated flags that were given
 /// (`(key, value)`), then each `--set KEY=VALUE`; a `--set` without `=` is refused
-/// naming it.
+/// naming it (key `--set`, kind [`ConfigErrorKind::Invalid`]).
 pub fn cli_overrides(
     flags: &[(&str, &Option<String>)],
     sets: &[String],
-) -> Result<Vec<(String, String)>, String> {
+) -> Result<Vec<(String, String)>, ConfigError> {
     let mut out: Vec<(String, String)> = flags
         .iter()
         .filter_map(|(key, value)| value.as_ref().map(|v| ((*key).to_owned(), v.clone())))
         .collect();
     for kv in sets {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| format!("--set {kv:?}: expected KEY=VALUE"))?;
+        let (k, v) = kv.split_once('=').ok_or_else(|| {
+            ConfigError::new(
+                "--set",
+                ConfigErrorKind::Invalid,
+                format!("{kv:?} is not KEY=VALUE"),
+            )
+        })?;
         out.push((k.trim().to_owned(), v.to_owned()));
     }
     Ok(out)

@@ -1,5 +1,5 @@
-//! NATS for every weir client: the connection settings, validated once
-//! ([`settings`]), one way to connect ([`connect`]), one handler of the client's
+//! NATS for every weir client: the connection settings (validated once, by
+//! [`crate::config::section::NatsSection`]), one way to connect ([`connect`]), one handler of the client's
 //! events ([`events`]) and their labels,
 //! subscribing with the server's confirmation and the stream of a KV bucket.
 
@@ -17,9 +17,8 @@ use futures::StreamExt;
 pub use connect::{ConnectError, ConnectErrorKind, connect, options};
 pub use events::{EventCounts, EventMetrics, NatsEvents};
 pub use settings::{
-    DEFAULT_INBOX_PREFIX, DEFAULT_URL, FieldError, FieldErrorKind, MAX_INBOX_PREFIX_LEN,
-    MAX_INBOX_PREFIX_TOKENS, NatsAuth, NatsConfig, NatsInput, NatsTls, parse_inbox_prefix,
-    parse_urls,
+    DEFAULT_INBOX_PREFIX, DEFAULT_URL, MAX_INBOX_PREFIX_LEN, MAX_INBOX_PREFIX_TOKENS, NatsAuth,
+    NatsConfig, NatsTls,
 };
 
 /// The metric label of an event. `malformed_message`: the server relayed a message the

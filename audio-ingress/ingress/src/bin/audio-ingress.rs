@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use weir_audio_ingress::config::{self, Config, ConfigSources, ConfigWarning};
+use weir_audio_ingress::config::{self, Config, ConfigError, ConfigSources, ConfigWarning};
 use weir_audio_ingress::error::ErrorKind;
 use weir_audio_ingress::{metrics as m, service, tap};
 use weir_service::app::{self, Failure, RunFlags};
@@ -112,7 +112,7 @@ struct CheckArgs {
     consumer_idle_timeout_ms: Option<u64>,
 }
 
-fn sources(args: &ServeArgs) -> Result<ConfigSources, String> {
+fn sources(args: &ServeArgs) -> Result<ConfigSources, ConfigError> {
     let overrides = weir_service::config::cli_overrides(
         &[
             ("nats.url", &args.nats_url),
@@ -132,7 +132,7 @@ fn sources(args: &ServeArgs) -> Result<ConfigSources, String> {
 /// The configuration of `args` with the warnings of its load; a refusal is printed.
 fn load(args: &ServeArgs) -> Result<(Config, Vec<ConfigWarning>), ExitCode> {
     sources(args)
-        .and_then(|s| Config::load_checked(&s).map_err(|e| e.to_string()))
+        .and_then(|s| Config::load_checked(&s))
         .map_err(|e| {
             eprintln!("audio-ingress: invalid configuration: {e}");
             ExitCode::from(2)

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use weir_llm_adapter::admin::{self, AdminState};
-use weir_llm_adapter::config::{self, Config, ConfigSources, ConfigWarning};
+use weir_llm_adapter::config::{self, Config, ConfigError, ConfigSources, ConfigWarning};
 use weir_llm_adapter::{backend, metrics as m};
 use weir_service::app::{self, Failure, RunFlags};
 use weir_service::cli::ConfigFlags;
@@ -73,7 +73,7 @@ struct ServeArgs {
     keys: ConfigFlags,
 }
 
-fn load(args: &ServeArgs) -> Result<(Config, Vec<ConfigWarning>), String> {
+fn load(args: &ServeArgs) -> Result<(Config, Vec<ConfigWarning>), ConfigError> {
     let overrides = weir_service::config::cli_overrides(
         &[
             ("nats.url", &args.nats_url),
@@ -87,7 +87,6 @@ fn load(args: &ServeArgs) -> Result<(Config, Vec<ConfigWarning>), String> {
         env: std::env::vars().collect(),
         overrides,
     })
-    .map_err(|e| e.to_string())
 }
 
 async fn serve(config: Config) -> Result<(), Failure> {

@@ -5,13 +5,13 @@
 //! `nats.<field>`; `Debug` never prints a password, token or NKey seed.
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::config::keys::KeyDoc;
 use crate::config::{ConfigError, ConfigErrorKind, Range};
-use crate::nats::{FieldErrorKind, NatsConfig, NatsInput};
+use crate::nats::{MAX_INBOX_PREFIX_LEN, MAX_INBOX_PREFIX_TOKENS, NatsAuth, NatsConfig, NatsTls};
 
 /// `nats.connection_timeout_ms`: below 100 ms no real network connects, above 60 s a
 /// reconnect that tries a hung node first stalls for a minute.
@@ -118,44 +118,179 @@ impl NatsSection {
     }
 
     /// Validates the keys into `base` (which keeps what the section has no key for:
-    /// `subscription_capacity`). A refusal names `nats.<field>`.
+    /// `subscription_capacity`), with the invariants of [`NatsConfig`]. An empty string
+    /// is unset: the base's URLs and inbox prefix stay. A refusal names `nats.<field>`.
     pub fn validate(&self, base: NatsConfig) -> Result<NatsConfig, ConfigError> {
-        let key = |field: &str| format!("nats.{field}");
-        let base = NatsConfig {
-            name: match self.name.as_str() {
-                "" => base.name,
-                name => name.to_owned(),
-            },
-            connection_timeout: CONNECTION_TIMEOUT
-                .millis(&key("connection_timeout_ms"), self.connection_timeout_ms)?,
-            ping_interval: PING_INTERVAL.millis(&key("ping_interval_ms"), self.ping_interval_ms)?,
-            client_capacity: CLIENT_CAPACITY.size(&key("client_capacity"), self.client_capacity)?,
-            retry_initial_connect: self.retry_initial_connect,
-            ..base
+        let connection_timeout =
+            CONNECTION_TIMEOUT.millis(&key("connection_timeout_ms"), self.connection_timeout_ms)?;
+        let ping_interval =
+            PING_INTERVAL.millis(&key("ping_interval_ms"), self.ping_interval_ms)?;
+        let client_capacity =
+            CLIENT_CAPACITY.size(&key("client_capacity"), self.client_capacity)?;
+        let urls = match text(&self.url) {
+            Some(list) => urls(list)?,
+            None => base.urls,
         };
-        NatsInput {
-            url: Some(self.url.as_str()),
-            user: text(&self.user),
-            password: text(&self.password),
-            token: text(&self.token),
-            nkey: text(&self.nkey),
-            creds_file: text(&self.creds_file).map(Path::new),
-            tls_required: self.tls_required,
-            tls_ca_file: text(&self.tls_ca_file).map(Path::new),
-            tls_cert_file: text(&self.tls_cert_file).map(Path::new),
-            tls_key_file: text(&self.tls_key_file).map(Path::new),
-            inbox_prefix: text(&self.inbox_prefix),
-        }
-        .validate(base)
-        .map_err(|e| {
-            let kind = match e.kind {
-                FieldErrorKind::Missing => ConfigErrorKind::Missing,
-                FieldErrorKind::Invalid => ConfigErrorKind::Invalid,
-                FieldErrorKind::Conflict => ConfigErrorKind::Conflict,
-            };
-            ConfigError::new(key(e.field), kind, e.message)
+        let auth = self.auth()?;
+        let client_cert = together(
+            ("tls_cert_file", file("tls_cert_file", &self.tls_cert_file)?),
+            ("tls_key_file", file("tls_key_file", &self.tls_key_file)?),
+        )?;
+        let tls = NatsTls {
+            required: self.tls_required,
+            ca_file: file("tls_ca_file", &self.tls_ca_file)?,
+            client_cert,
+        };
+        let inbox_prefix = match text(&self.inbox_prefix) {
+            Some(prefix) => inbox_prefix(prefix)?,
+            None => base.inbox_prefix,
+        };
+        Ok(NatsConfig {
+            urls,
+            name: text(&self.name).map_or(base.name, str::to_owned),
+            auth,
+            tls,
+            connection_timeout,
+            ping_interval,
+            client_capacity,
+            subscription_capacity: base.subscription_capacity,
+            retry_initial_connect: self.retry_initial_connect,
+            inbox_prefix,
         })
     }
+
+    /// The one authentication method set, or none.
+    fn auth(&self) -> Result<NatsAuth, ConfigError> {
+        let mut methods: Vec<(&str, NatsAuth)> = Vec::new();
+        if let Some((user, password)) = together(
+            ("user", text(&self.user)),
+            ("password", text(&self.password)),
+        )? {
+            let (user, password) = (user.to_owned(), password.to_owned());
+            methods.push(("user", NatsAuth::UserPassword { user, password }));
+        }
+        if let Some(t) = text(&self.token) {
+            methods.push(("token", NatsAuth::Token(t.to_owned())));
+        }
+        if let Some(seed) = text(&self.nkey) {
+            if !seed.starts_with("SU") {
+                return Err(refuse(
+                    "nkey",
+                    ConfigErrorKind::Invalid,
+                    "expected a user NKey seed (starting with SU)",
+                ));
+            }
+            methods.push(("nkey", NatsAuth::NKey(seed.to_owned())));
+        }
+        if let Some(path) = file("creds_file", &self.creds_file)? {
+            methods.push(("creds_file", NatsAuth::CredsFile(path)));
+        }
+        if let [(_, _), (second, _), ..] = methods.as_slice() {
+            let names: Vec<&str> = methods.iter().map(|(k, _)| *k).collect();
+            return Err(refuse(
+                second,
+                ConfigErrorKind::Conflict,
+                format!(
+                    "one authentication method at a time; set: {}",
+                    names.join(", ")
+                ),
+            ));
+        }
+        Ok(methods.pop().map_or(NatsAuth::None, |(_, a)| a))
+    }
+}
+
+/// `nats.<field>`.
+fn key(field: &str) -> String {
+    format!("nats.{field}")
+}
+
+/// A refusal of `nats.<field>`.
+fn refuse(field: &str, kind: ConfigErrorKind, message: impl Into<String>) -> ConfigError {
+    ConfigError::new(key(field), kind, message)
+}
+
+/// A comma-separated list of server URLs, each parsed on its own (async-nats reads one
+/// string as one address).
+fn urls(list: &str) -> Result<Vec<String>, ConfigError> {
+    let urls: Vec<String> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if urls.is_empty() {
+        let why = "at least one URL is required";
+        return Err(refuse("url", ConfigErrorKind::Missing, why));
+    }
+    for u in &urls {
+        u.parse::<async_nats::ServerAddr>().map_err(|e| {
+            let why = format!("{u:?} is not a NATS URL: {e}");
+            refuse("url", ConfigErrorKind::Invalid, why)
+        })?;
+    }
+    Ok(urls)
+}
+
+/// A named file that exists (unset when empty).
+fn file(field: &str, path: &str) -> Result<Option<PathBuf>, ConfigError> {
+    match text(path).map(Path::new) {
+        None => Ok(None),
+        Some(p) if p.is_file() => Ok(Some(p.to_path_buf())),
+        Some(p) => Err(refuse(
+            field,
+            ConfigErrorKind::Invalid,
+            format!("{} is not a readable file", p.display()),
+        )),
+    }
+}
+
+/// Two keys that go together: both or neither; one alone names the other as missing.
+fn together<A, B>(
+    (a_field, a): (&str, Option<A>),
+    (b_field, b): (&str, Option<B>),
+) -> Result<Option<(A, B)>, ConfigError> {
+    let missing = |field: &str, with: &str| {
+        let why = format!("required with nats.{with}");
+        refuse(field, ConfigErrorKind::Missing, why)
+    };
+    match (a, b) {
+        (Some(a), Some(b)) => Ok(Some((a, b))),
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(missing(b_field, a_field)),
+        (None, Some(_)) => Err(missing(a_field, b_field)),
+    }
+}
+
+/// An inbox prefix: a literal subject of 1..=[`MAX_INBOX_PREFIX_TOKENS`] tokens of
+/// `A-Z a-z 0-9 _ -`, at most [`MAX_INBOX_PREFIX_LEN`] bytes.
+fn inbox_prefix(prefix: &str) -> Result<String, ConfigError> {
+    let invalid = |why: String| refuse("inbox_prefix", ConfigErrorKind::Invalid, why);
+    if prefix.len() > MAX_INBOX_PREFIX_LEN {
+        return Err(invalid(format!(
+            "{} bytes; at most {MAX_INBOX_PREFIX_LEN}",
+            prefix.len()
+        )));
+    }
+    let tokens: Vec<&str> = prefix.split('.').collect();
+    if tokens.len() > MAX_INBOX_PREFIX_TOKENS {
+        return Err(invalid(format!(
+            "{prefix:?} has {} tokens; at most {MAX_INBOX_PREFIX_TOKENS}",
+            tokens.len()
+        )));
+    }
+    let safe = |t: &str| {
+        !t.is_empty()
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    };
+    if let Some(bad) = tokens.iter().find(|t| !safe(t)) {
+        return Err(invalid(format!(
+            "{prefix:?}: token {bad:?} is not 1 or more of A-Z a-z 0-9 _ - (a literal \
+             subject such as `_INBOX.caller`, no wildcard)"
+        )));
+    }
+    Ok(prefix.to_owned())
 }
 
 /// Range and meaning of every `[nats]` key, in the order shown.
@@ -281,6 +416,105 @@ mod tests {
             (e.key(), e.kind()),
             ("nats.nkey", ConfigErrorKind::Conflict)
         );
+    }
+
+    /// The section with `edit` applied, validated against the defaults.
+    fn validated(edit: impl FnOnce(&mut NatsSection)) -> Result<NatsConfig, ConfigError> {
+        let mut s = section();
+        edit(&mut s);
+        s.validate(NatsConfig::named("t"))
+    }
+
+    /// The refused key (without `nats.`) and the kind.
+    fn refused(edit: impl FnOnce(&mut NatsSection)) -> (String, ConfigErrorKind) {
+        let e = validated(edit).expect_err("refused");
+        (e.key().trim_start_matches("nats.").to_owned(), e.kind())
+    }
+
+    #[test]
+    fn a_url_list_is_split_and_each_url_checked() {
+        let c = validated(|s| s.url = " nats://h:1 , nats://h:2,".into()).expect("valid");
+        assert_eq!(c.urls, ["nats://h:1", "nats://h:2"]);
+        let bad_port = refused(|s| s.url = "nats://h:notaport".into());
+        assert_eq!(bad_port, ("url".into(), ConfigErrorKind::Invalid));
+        let commas = refused(|s| s.url = " , ".into());
+        assert_eq!(commas, ("url".into(), ConfigErrorKind::Missing));
+        // No URL given: the base's.
+        let c = validated(|s| s.url.clear()).expect("valid");
+        assert_eq!(c.urls, [crate::nats::DEFAULT_URL]);
+    }
+
+    #[test]
+    fn exactly_one_authentication_method() {
+        let e = validated(|s| (s.token, s.nkey) = ("t".into(), "SUAK".into()))
+            .expect_err("two methods");
+        assert_eq!(
+            (e.key(), e.kind()),
+            ("nats.nkey", ConfigErrorKind::Conflict)
+        );
+        assert!(e.message().contains("token, nkey"), "{e}");
+        let user_alone = refused(|s| s.user = "u".into());
+        assert_eq!(user_alone, ("password".into(), ConfigErrorKind::Missing));
+        let public_key = refused(|s| s.nkey = "UAB".into());
+        assert_eq!(public_key, ("nkey".into(), ConfigErrorKind::Invalid));
+        // Empty values are absent (an unset environment variable exported empty).
+        let c = validated(|s| s.token = "t".into()).expect("one method");
+        assert_eq!(c.auth, NatsAuth::Token("t".into()));
+    }
+
+    #[test]
+    fn files_must_exist_and_certificate_goes_with_key() {
+        let missing = refused(|s| s.creds_file = "/nonexistent/weir.creds".into());
+        assert_eq!(missing, ("creds_file".into(), ConfigErrorKind::Invalid));
+        let file = std::env::current_exe().expect("exe");
+        let path = file.display().to_string();
+        let no_key = refused(|s| s.tls_cert_file = path.clone());
+        assert_eq!(no_key, ("tls_key_file".into(), ConfigErrorKind::Missing));
+        let c = validated(|s| {
+            s.tls_required = true;
+            (s.tls_cert_file, s.tls_key_file) = (path.clone(), path.clone());
+        })
+        .expect("valid");
+        assert!(c.tls.required);
+        assert_eq!(c.tls.client_cert, Some((file.clone(), file)));
+    }
+
+    #[test]
+    fn the_inbox_prefix_is_a_literal_subject_of_safe_tokens() {
+        let default = crate::nats::DEFAULT_INBOX_PREFIX;
+        for ok in [
+            "_INBOX.caller",
+            "_INBOX.llm-adapter",
+            "replies",
+            "a.b-c.D_9",
+        ] {
+            let c = validated(|s| s.inbox_prefix = ok.into()).expect(ok);
+            assert_eq!(c.inbox_prefix, ok);
+        }
+        let long = "a".repeat(MAX_INBOX_PREFIX_LEN + 1);
+        let many = ["a"; MAX_INBOX_PREFIX_TOKENS + 1].join(".");
+        for bad in [
+            "_INBOX.>",
+            "_INBOX.*",
+            "_INBOX.",
+            ".x",
+            "a..b",
+            "a b",
+            "caf\u{e9}",
+            "$SRV",
+            &long,
+            &many,
+        ] {
+            let e = refused(|s| s.inbox_prefix = bad.into());
+            assert_eq!(
+                e,
+                ("inbox_prefix".into(), ConfigErrorKind::Invalid),
+                "{bad}"
+            );
+        }
+        // Empty is absent: the base's prefix stays.
+        let c = validated(|s| s.inbox_prefix.clear()).expect("valid");
+        assert_eq!(c.inbox_prefix, default);
     }
 
     #[test]
