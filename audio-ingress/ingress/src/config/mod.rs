@@ -6,8 +6,8 @@
 //!   documented default and is valid.
 //! - [`ServerConfig`] — the `serve` front door (listeners, stream cap, timeouts).
 //! - [`NatsConfig`] — the NATS connection (URL, auth, TLS, client timeouts): the
-//!   settings type every weir client shares, `weir_service::nats`; the `nats_*` keys
-//!   fill it and `NatsInput::validate` checks it.
+//!   settings type every weir client shares, `weir_service::nats`; the `[nats]` keys
+//!   fill it and `NatsSection::validate` checks it.
 //! - [`Config`] — all three, loaded by [`Config::load`] from [`ConfigSources`].
 //!
 //! Keys are snake_case names, flat for the ingress's own (`max_bytes`) and in the
