@@ -248,6 +248,14 @@ impl ServiceEdge {
                 }
             }));
         }
+        // A round trip on this connection: once the server answered, it holds every
+        // subscription above, so a request sent after `start` returned is served, not
+        // refused with no-responders. Bounded: with the server unreachable the
+        // subscriptions are sent on (re)connect, and the start goes on.
+        let confirmed = tokio::time::timeout(config.nats.publish_timeout, client.flush()).await;
+        if !matches!(confirmed, Ok(Ok(()))) {
+            tracing::warn!("the server did not confirm the subscriptions yet (NATS unreachable)");
+        }
         Ok(Self {
             service: Some(service),
             tasks,
