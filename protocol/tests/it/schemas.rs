@@ -12,7 +12,10 @@
 //!   the error replies of the schema (every code, plain and enveloped) are read by its
 //!   refusal handling as what they say.
 //!
-//! Validator: the `jsonschema` crate (draft 2020-12, no remote references).
+//! Validator: the Python `jsonschema` package (`tests/python/validate.py`, run by
+//! `support::python`: `WEIR_PYTHON`, else the environment `scripts/ensure-python-env`
+//! pins): draft 2020-12, `format` an annotation only, no remote references. Each test
+//! validates all its instances in one run of the script ([`Batch`]).
 
 use crate::support;
 
@@ -63,25 +66,87 @@ fn pretty(v: &impl Serialize) -> String {
     serde_json::to_string_pretty(v).expect("json") + "\n"
 }
 
-/// The validator of a checked-in schema.
-fn validator(name: &str) -> jsonschema::Validator {
-    let path = protocol_dir().join(format!("schemas/{name}.json"));
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (WEIR_BLESS=1 writes it)", path.display()));
-    let schema: Value = serde_json::from_str(&text).expect("schema JSON");
-    jsonschema::validator_for(&schema).unwrap_or_else(|e| panic!("{name}: not a schema: {e}"))
+fn validate_script() -> PathBuf {
+    protocol_dir().join("tests/python/validate.py")
 }
 
-/// Panics unless `instance` is valid, listing every violation.
-fn assert_valid(v: &jsonschema::Validator, schema: &str, what: &str, instance: &Value) {
-    let errors: Vec<String> = v
-        .iter_errors(instance)
-        .map(|e| format!("{} at {}", e, e.instance_path()))
-        .collect();
-    assert!(
-        errors.is_empty(),
-        "{what} is not a valid {schema}: {errors:#?}\n{instance}"
-    );
+/// Instances to validate against checked-in schemas, each expected valid or invalid;
+/// [`Batch::check`] validates them all in one run of `tests/python/validate.py`.
+#[derive(Default)]
+struct Batch {
+    cases: Vec<Case>,
+}
+
+struct Case {
+    schema: String,
+    label: String,
+    instance: Value,
+    valid: bool,
+}
+
+impl Batch {
+    /// `instance` (named `label` in failures) must be a valid `schema`.
+    fn valid(&mut self, schema: &str, label: impl Into<String>, instance: &Value) {
+        self.push(schema, label.into(), instance, true);
+    }
+
+    /// `instance` (named `label` in failures) must be refused by `schema`.
+    fn invalid(&mut self, schema: &str, label: impl Into<String>, instance: &Value) {
+        self.push(schema, label.into(), instance, false);
+    }
+
+    fn push(&mut self, schema: &str, label: String, instance: &Value, valid: bool) {
+        self.cases.push(Case {
+            schema: schema.to_owned(),
+            label,
+            instance: instance.clone(),
+            valid,
+        });
+    }
+
+    /// Validates every case; panics naming each case whose outcome is not the expected
+    /// one (schema, label, the violations of an instance expected valid, the instance).
+    fn check(self) {
+        let mut stdin = Vec::new();
+        for c in &self.cases {
+            let line = json!({"schema": c.schema, "label": c.label, "instance": c.instance});
+            serde_json::to_writer(&mut stdin, &line).expect("json");
+            stdin.push(b'\n');
+        }
+        let out = support::run_python(&[validate_script().as_os_str()], Some(&stdin));
+        let results: Vec<Value> = out
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("validate.py: {e}: {l}")))
+            .collect();
+        assert_eq!(
+            results.len(),
+            self.cases.len(),
+            "validate.py answered {} of {} cases:\n{out}",
+            results.len(),
+            self.cases.len()
+        );
+        let mut failures = Vec::new();
+        for (c, got) in self.cases.iter().zip(&results) {
+            let (schema, label, instance) = (&c.schema, &c.label, &c.instance);
+            assert_eq!(got["label"], label.as_str(), "validate.py out of order");
+            let errors: Vec<&str> = got["errors"]
+                .as_array()
+                .expect("errors")
+                .iter()
+                .map(|e| e.as_str().expect("error text"))
+                .collect();
+            match (c.valid, errors.is_empty()) {
+                (true, false) => failures.push(format!(
+                    "{label} is not a valid {schema}: {errors:#?}\n{instance}"
+                )),
+                (false, true) => {
+                    failures.push(format!("{label} is valid against {schema}: {instance}"))
+                }
+                _ => {}
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
 }
 
 #[test]
@@ -397,21 +462,13 @@ fn adapter_stats() -> AdapterStats {
 fn golden_json_vectors_are_what_the_types_write_and_validate() {
     let mut stale = Vec::new();
     let mut checked: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut batch = Batch::default();
     for (schema, case, value) in golden_cases() {
         let path = golden_json_dir().join(format!("{schema}/{case}.json"));
         stale.extend(check_or_bless(&path, &pretty(&value)));
-        assert_valid(
-            &validator(schema),
-            schema,
-            &path.display().to_string(),
-            &value,
-        );
+        batch.valid(schema, path.display().to_string(), &value);
         *checked.entry(schema).or_default() += 1;
     }
-    assert!(
-        stale.is_empty(),
-        "golden vectors differ from what the types write (WEIR_BLESS=1 rewrites them): {stale:#?}"
-    );
     // Every vector on disk validates, also those captured from a service (below).
     for (schema, _) in weir_protocol::schema::all() {
         let dir = golden_json_dir().join(schema);
@@ -422,14 +479,14 @@ fn golden_json_vectors_are_what_the_types_write_and_validate() {
             let path = entry.expect("entry").path();
             let text = std::fs::read_to_string(&path).expect("read");
             let value: Value = serde_json::from_str(&text).expect("golden JSON");
-            assert_valid(
-                &validator(schema),
-                schema,
-                &path.display().to_string(),
-                &value,
-            );
+            batch.valid(schema, path.display().to_string(), &value);
         }
     }
+    batch.check();
+    assert!(
+        stale.is_empty(),
+        "golden vectors differ from what the types write (WEIR_BLESS=1 rewrites them): {stale:#?}"
+    );
     let typed = [
         "llm-error-body",
         "llm-request-envelope",
@@ -466,7 +523,7 @@ fn golden_json_vectors_are_what_the_types_write_and_validate() {
 #[test]
 fn the_capabilities_type_is_the_adapters_document() {
     let dir = golden_json_dir().join("llm-capabilities");
-    let v = validator("llm-capabilities");
+    let mut batch = Batch::default();
     let mut captured = 0;
     for entry in std::fs::read_dir(&dir).expect("golden/json/llm-capabilities") {
         let path = entry.expect("entry").path();
@@ -480,7 +537,7 @@ fn the_capabilities_type_is_the_adapters_document() {
         }
         let doc: Value =
             serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("json");
-        assert_valid(&v, "llm-capabilities", &name, &doc);
+        batch.valid("llm-capabilities", &name, &doc);
         let mut typed: Capabilities =
             serde_json::from_value(doc.clone()).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(to(&typed), doc, "{name} does not round-trip");
@@ -495,9 +552,10 @@ fn the_capabilities_type_is_the_adapters_document() {
             window: 64,
             half_life: 16.0,
         });
-        assert_valid(&v, "llm-capabilities", &name, &to(&typed));
+        batch.valid("llm-capabilities", format!("{name} (served)"), &to(&typed));
         captured += 1;
     }
+    batch.check();
     assert!(captured >= 2, "{captured} captured documents");
 }
 
@@ -505,6 +563,7 @@ fn the_capabilities_type_is_the_adapters_document() {
 fn invalid_golden_vectors_are_refused() {
     let dir = golden_json_dir().join("invalid");
     let mut refused = 0;
+    let mut batch = Batch::default();
     for schema_dir in std::fs::read_dir(&dir).expect("golden/json/invalid") {
         let schema_dir = schema_dir.expect("entry").path();
         let schema = schema_dir
@@ -512,19 +571,15 @@ fn invalid_golden_vectors_are_refused() {
             .expect("name")
             .to_string_lossy()
             .into_owned();
-        let v = validator(&schema);
         for entry in std::fs::read_dir(&schema_dir).expect("dir") {
             let path = entry.expect("entry").path();
             let value: Value =
                 serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("json");
-            assert!(
-                !v.is_valid(&value),
-                "{} is valid against {schema}",
-                path.display()
-            );
+            batch.invalid(&schema, path.display().to_string(), &value);
             refused += 1;
         }
     }
+    batch.check();
     assert!(refused >= 8, "only {refused} invalid vectors");
 }
 
@@ -555,7 +610,7 @@ fn audio_golden_packets_validate_exactly_when_the_decoder_takes_their_meta() {
     let golden = protocol_dir().join("tests/golden");
     let manifest = std::fs::read_to_string(golden.join("vectors.json")).expect("vectors.json");
     let vectors: Vec<Value> = serde_json::from_str(&manifest).expect("manifest");
-    let v = validator("audio-packet-meta");
+    let mut batch = Batch::default();
     let (mut valid, mut invalid) = (0, 0);
     for vector in &vectors {
         let name = vector["name"].as_str().expect("name");
@@ -571,16 +626,16 @@ fn audio_golden_packets_validate_exactly_when_the_decoder_takes_their_meta() {
         };
         match error {
             Some(e) if META_ERRORS.contains(&e) => {
-                assert!(!v.is_valid(&meta), "{name} ({e}) validates: {meta}");
+                batch.invalid("audio-packet-meta", format!("{name} ({e})"), &meta);
                 invalid += 1;
             }
             None => {
-                assert_valid(&v, "audio-packet-meta", name, &meta);
+                batch.valid("audio-packet-meta", name, &meta);
                 valid += 1;
             }
             Some(e) => {
                 assert!(PCM_ERRORS.contains(&e), "{name}: unexpected error {e}");
-                assert_valid(&v, "audio-packet-meta", name, &meta);
+                batch.valid("audio-packet-meta", name, &meta);
                 valid += 1;
             }
         }
@@ -607,8 +662,9 @@ fn audio_golden_packets_validate_exactly_when_the_decoder_takes_their_meta() {
         let data = p.encode().expect("encodable");
         decode(&data, &DecodeOptions::default()).expect("decodes");
         let meta = packet_meta(&data).expect("meta");
-        assert_valid(&v, "audio-packet-meta", p.type_name(), &meta);
+        batch.valid("audio-packet-meta", p.type_name(), &meta);
     }
+    batch.check();
 }
 
 fn client_script() -> PathBuf {
@@ -618,11 +674,11 @@ fn client_script() -> PathBuf {
 #[test]
 fn the_python_clients_request_headers_validate() {
     let out = support::run_python(&[client_script().as_os_str(), "headers".as_ref()], None);
-    let v = validator("llm-request-headers");
+    let mut batch = Batch::default();
     let mut n = 0;
     for line in out.lines() {
         let msg: Value = serde_json::from_str(line).expect("script JSON");
-        assert_valid(&v, "llm-request-headers", line, &msg["headers"]);
+        batch.valid("llm-request-headers", line, &msg["headers"]);
         n += 1;
     }
     assert!(n >= 18, "{n} header sets");
@@ -633,8 +689,9 @@ fn the_python_clients_request_headers_validate() {
         json!({"Weir-Stream": "yes"}),
         json!({"Weir-Session-Id": "x".repeat(257)}),
     ] {
-        assert!(!v.is_valid(&bad), "{bad}");
+        batch.invalid("llm-request-headers", bad.to_string(), &bad);
     }
+    batch.check();
 }
 
 /// The error replies the adapter sends: headers, then the plain body or the envelope.
@@ -659,33 +716,27 @@ fn error_replies() -> Vec<(ErrorBody, Option<Value>, Value)> {
 
 #[test]
 fn the_python_client_reads_every_schema_valid_error_reply() {
-    let plain = validator("llm-error-body");
-    let enveloped = validator("llm-response-envelope");
-    let events = validator("llm-stream-event-headers");
+    let mut batch = Batch::default();
     let mut input = Vec::new();
     for (body, envelope, headers) in error_replies() {
         let wire = match &envelope {
             Some(env) => {
-                assert_valid(&enveloped, "llm-response-envelope", body.code.as_str(), env);
+                batch.valid("llm-response-envelope", body.code.as_str(), env);
                 env.clone()
             }
             None => {
                 let v = serde_json::to_value(&body).expect("json");
-                assert_valid(&plain, "llm-error-body", body.code.as_str(), &v);
+                batch.valid("llm-error-body", body.code.as_str(), &v);
                 v
             }
         };
         // As the last message of a streamed reply, with the event header.
         let mut streamed = headers.clone();
         streamed["Weir-Stream-Event"] = json!("error");
-        assert_valid(
-            &events,
-            "llm-stream-event-headers",
-            body.code.as_str(),
-            &streamed,
-        );
+        batch.valid("llm-stream-event-headers", body.code.as_str(), &streamed);
         input.push(json!({"headers": headers, "body": wire.to_string()}));
     }
+    batch.check();
     let stdin = serde_json::to_vec(&input).expect("json");
     let args = [client_script().into_os_string(), "refusals".into()];
     let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
@@ -716,7 +767,7 @@ fn the_python_client_reads_every_schema_valid_error_reply() {
 
 #[test]
 fn stream_event_headers_of_each_event_validate() {
-    let v = validator("llm-stream-event-headers");
+    let mut batch = Batch::default();
     for ok in [
         json!({"Weir-Stream-Event": "queued", "Weir-Queue-Position": "3", "Weir-Predicted-Start-Ms": "1200"}),
         json!({"Weir-Stream-Event": "queued", "Weir-Queue-Position": "1"}),
@@ -728,7 +779,7 @@ fn stream_event_headers_of_each_event_validate() {
         json!({"Weir-Stream-Event": "end", "Weir-Stream-Chunks": "0", "Weir-Stream-Bytes": "0",
                "Weir-Stream-Outcome": "joined"}),
     ] {
-        assert_valid(&v, "llm-stream-event-headers", &ok.to_string(), &ok);
+        batch.valid("llm-stream-event-headers", ok.to_string(), &ok);
     }
     for bad in [
         json!({"Weir-Stream-Event": "progress"}),
@@ -738,6 +789,7 @@ fn stream_event_headers_of_each_event_validate() {
                "Weir-Stream-Outcome": "maybe"}),
         json!({"Weir-Stream-Event": "error", "Weir-Error-Code": "teapot"}),
     ] {
-        assert!(!v.is_valid(&bad), "{bad}");
+        batch.invalid("llm-stream-event-headers", bad.to_string(), &bad);
     }
+    batch.check();
 }
