@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
-use weir_audio_ingress::publisher::{Sink, SinkError};
-use weir_audio_ingress::{Ingress, StreamConfig};
+use weir_audio_producer::publisher::{Sink, SinkError};
+use weir_audio_producer::{Ingress, StreamConfig};
 
 #[derive(Clone)]
 struct NullSink;

@@ -23,8 +23,8 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 use weir_service::admin::{Admin, MetricsSource, Readiness, Ready, RequestLimits, error_response};
 
-use crate::publisher::Sink;
-use crate::stream::Ingress;
+use weir_audio_producer::publisher::Sink;
+use weir_audio_producer::stream::Ingress;
 
 /// What the admin endpoint reads.
 #[derive(Clone)]
@@ -76,7 +76,7 @@ impl<S: Sink> MetricsSource for AdminState<S> {
         // kept by connection events, which async-nats drops when its event channel is
         // full: the scrape reads the client's own state.
         self.ingress.oldest_frame_age();
-        metrics::gauge!(crate::metrics::NATS_CONNECTED)
+        metrics::gauge!(weir_audio_producer::metrics::NATS_CONNECTED)
             .set(f64::from(u8::from(self.ingress.sink().is_connected())));
         // The per-frame counters live in the ingress's atomics (no facade call per
         // frame); they and the queue-wait histogram are published here.
@@ -148,9 +148,21 @@ async fn limits<S: Sink>(State(state): State<AdminState<S>>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::StreamConfig;
-    use crate::stream_tests::MemorySink;
+    use async_nats::{HeaderMap, Subject};
+    use bytes::Bytes;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use weir_audio_producer::StreamConfig;
+    use weir_audio_producer::publisher::SinkError;
+
+    /// A connected sink that takes every message (the test opens no stream).
+    #[derive(Clone)]
+    struct NullSink;
+
+    impl Sink for NullSink {
+        async fn publish(&self, _: Subject, _: HeaderMap, _: Bytes) -> Result<(), SinkError> {
+            Ok(())
+        }
+    }
 
     async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, serde_json::Value) {
         let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
@@ -173,7 +185,7 @@ mod tests {
     #[tokio::test]
     async fn metrics_without_a_recorder_and_unknown_paths_are_json_404s() {
         let app = router(AdminState {
-            ingress: Ingress::new(MemorySink::confirming(), StreamConfig::default()),
+            ingress: Ingress::new(NullSink, StreamConfig::default()),
             prometheus: None,
             max_streams: 1,
             edge: serde_json::Value::Null,

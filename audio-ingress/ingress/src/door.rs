@@ -30,10 +30,10 @@ use weir_protocol::StreamId;
 use weir_protocol::audio::extension::{EndReason, Overload};
 
 use crate::auth::{Authenticator, Grant};
-use crate::error::OpenError;
-use crate::publisher::Sink;
-use crate::stream::{Ingress, StreamHandle, StreamStatus, StreamSummary};
 use crate::ws_query::UpgradeQuery;
+use weir_audio_producer::error::OpenError;
+use weir_audio_producer::publisher::Sink;
+use weir_audio_producer::stream::{Ingress, StreamHandle, StreamStatus, StreamSummary};
 
 /// The JSON error body every refusal carries: `{"error":{"code":..,"message":..}}`,
 /// the admin port's too.

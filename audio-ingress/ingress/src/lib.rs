@@ -1,26 +1,26 @@
-//! weir audio ingress: bounded per-stream publishing of 16 kHz s16le mono audio to NATS
-//! (the producer core and the `serve` front door), and the shard-affine consumer core.
+//! weir audio ingress: the `serve` front door (WebSocket and WHIP doors, admin HTTP)
+//! on the producer core (`weir_audio_producer`: the bounded per-stream queue and
+//! publisher), and `tap`, the operator's packet viewer.
 //!
-//! Producer side, in data-flow order:
-//! - [`config`]: validated budget, policy, listeners, NATS options;
-//! - [`queue`]: the pure per-stream queue bounded by bytes and age;
-//! - [`rate`]: the per-stream rate bound in audio time (a token bucket in samples);
-//! - [`stream`]: [`Ingress`] (opens streams, one publisher task each) and
-//!   [`StreamHandle`] (`try_push`, `push`, `finish`);
-//! - [`publisher`]: the per-stream task that hands packets to NATS under a timeout;
-//! - [`confirm`]: the server-confirmed window (the budget holds up to the server);
-//! - [`nats`]: connection options (auth, TLS) and connection events;
+//! In data-flow order, the producer core's side being `weir_audio_producer`:
+//! - [`config`]: the validated configuration of `serve` (the producer core's
+//!   `StreamConfig`, listeners, NATS options) loaded from file, environment and command
+//!   line;
 //! - [`ws`], [`whip`], [`admin`], [`shutdown`], [`service`]: the `serve` service (the
-//!   WebSocket and WHIP doors share their admission through [`door`]);
+//!   WebSocket and WHIP doors share their admission through [`door`]); each door opens
+//!   streams on one `weir_audio_producer::Ingress` and pushes frames to their handles;
 //! - [`listener`]: the open-file limit the listeners need (their accept loop, timeouts
 //!   and connection caps are `weir_service::http`); [`auth`]: producer tokens checked
 //!   before the upgrade;
-//! - [`stats`], [`metrics`]: accounting and metric names.
+//! - [`metrics`]: the service's metric names (the producer core's are
+//!   `weir_audio_producer::metrics`); [`error`]: what `serve` fails with at start-up;
+//! - [`tap`]: subscribes to the audio subjects and shows every packet.
 //!
-//! Invariants: the number of tasks depends on the number of streams, never on the
-//! number of frames; pending memory per stream is bounded by its byte budget; a frame
-//! offered is published, refused/dropped and counted with a reason, or covered by a gap
-//! marker — never lost silently.
+//! Invariants: every frame a door reads goes to its stream's handle, so the producer
+//! core's bounds are the service's (the number of tasks depends on the number of
+//! streams, never on the number of frames; pending memory per stream is bounded by its
+//! byte budget; a frame offered is published, refused/dropped and counted with a
+//! reason, or covered by a gap marker — never lost silently).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -28,31 +28,15 @@
 pub mod admin;
 pub mod auth;
 pub mod config;
-pub mod confirm;
 pub mod door;
 pub mod error;
-pub mod jetstream;
 pub mod listener;
 pub mod metrics;
-pub mod nats;
-pub mod publisher;
-pub mod queue;
-pub mod rate;
-#[cfg(test)]
-mod rate_tests;
 pub mod service;
 pub mod shutdown;
-pub mod stats;
-pub mod stream;
-#[cfg(test)]
-mod stream_tests;
-#[cfg(test)]
-mod stream_window_tests;
 pub mod tap;
 pub mod whip;
 pub mod ws;
 pub mod ws_query;
 
-pub use config::{Config, Delivery, Policy, StreamConfig};
-pub use error::{OpenError, PushError};
-pub use stream::{Ingress, StreamHandle};
+pub use config::Config;

@@ -18,17 +18,18 @@ use tokio::task::JoinHandle;
 
 use crate::admin::{self, AdminState};
 use crate::auth::Authenticator;
-use crate::config::{Config, Delivery};
+use crate::config::Config;
 use crate::door;
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::error::{Error, ErrorKind};
-use crate::jetstream::{JetStreamSink, NatsSink};
 use crate::listener::check_fd_limit;
-use crate::publisher::Sink;
 use crate::shutdown::TaskTracker;
-use crate::stream::{Ingress, ShutdownReport};
 use crate::whip::Whip;
 use crate::ws::{self, WsState};
+use weir_audio_producer::config::Delivery;
+use weir_audio_producer::jetstream::{JetStreamSink, NatsSink};
+use weir_audio_producer::publisher::Sink;
+use weir_audio_producer::stream::{Ingress, ShutdownReport};
 use weir_protocol::WireName;
 use weir_service::http::{ConnLimiter, HttpOptions};
 use weir_service::shutdown::CancellationToken;
@@ -101,7 +102,7 @@ pub async fn start(
     // first connect gets one connection timeout before the ready line, so that a
     // producer that starts with the service is not refused for nothing. A server that
     // is down does not stop the start: the service reports not-ready instead.
-    let client = crate::nats::connect(&config.nats)
+    let client = weir_audio_producer::nats::connect(&config.nats)
         .await
         .map_err(|e| e.map_kind(ErrorKind::Nats))?;
     let sink = match config.stream.delivery() {

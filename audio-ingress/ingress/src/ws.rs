@@ -69,11 +69,11 @@ use weir_protocol::audio::extension::{EndReason, Overload};
 
 use crate::auth::Authenticator;
 use crate::door::{self, HasDoor};
-use crate::error::PushError;
 use crate::metrics as m;
-use crate::publisher::Sink;
 use crate::shutdown::TaskTracker;
-use crate::stream::{Ingress, StreamHandle, StreamSummary};
+use weir_audio_producer::error::PushError;
+use weir_audio_producer::publisher::Sink;
+use weir_audio_producer::stream::{Ingress, StreamHandle, StreamSummary};
 
 mod control;
 

@@ -167,6 +167,8 @@ async fn serve(config: Config, warnings: Vec<ConfigWarning>) -> Result<(), Failu
         "audio-ingress",
         env!("CARGO_PKG_VERSION"),
     );
+    // The producer core's names beside the front door's: every one in the first scrape.
+    weir_service::metrics::register(weir_audio_producer::metrics::DECLARED);
     metrics::gauge!(m::MEMORY_BOUND_BYTES).set(config.memory_bound_bytes() as f64);
     let running = service::start(config, Some(prometheus))
         .await

@@ -1,9 +1,9 @@
 //! Configuration: raw values (TOML file, `WEIR_INGRESS_<KEY>` environment variables,
 //! command-line overrides) validated once into typed values that cannot be invalid.
 //!
-//! - [`StreamConfig`] — the producer core's budget and policy (what a Rust producer
-//!   using the library needs). Built with [`StreamConfig::builder`]; `Default` is the
-//!   documented default and is valid.
+//! - [`StreamConfig`] — the producer core's budget and policy
+//!   (`weir_audio_producer::config`, whose builder validates the `stream` keys against
+//!   the ranges of its `KEYS`); `Default` is the documented default and is valid.
 //! - [`ServerConfig`] — the `serve` front door (listeners, stream cap, timeouts).
 //! - [`NatsConfig`] — the NATS connection (URL, auth, TLS, client timeouts): the
 //!   settings type every weir client shares, `weir_service::nats`; the `[nats]` keys
@@ -31,7 +31,6 @@
 mod check;
 mod docs;
 mod server;
-mod stream;
 
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
@@ -46,8 +45,9 @@ pub use weir_service::nats::{NatsAuth, NatsConfig, NatsTls};
 
 pub use docs::SECTIONS;
 pub use server::*;
-use stream::JetStreamKeys;
-pub use stream::*;
+use weir_audio_producer::config::{
+    Delivery, JetStreamKeys, Policy, StreamConfig, StreamConfigBuilder,
+};
 
 /// Prefix of the environment variables: `WEIR_INGRESS_MAX_BYTES` sets `max_bytes`. A
 /// variable under it that is not a key is refused (exit 2, naming it), except those in
@@ -284,7 +284,7 @@ impl Config {
         // frame; each queued frame also costs ~200 B of meta and slot, and a stream
         // holds up to one packet arena (4 KiB) and its gap markers (40 B a frame).
         let budget = s.enforced_max_bytes() as u64;
-        let frames = budget / crate::queue::MIN_FRAME_CHARGE as u64 + 1;
+        let frames = budget / weir_audio_producer::queue::MIN_FRAME_CHARGE as u64 + 1;
         let per_stream_queue = budget + frames * (200 + 40) + 4096;
         // WebSocket buffers: read up to the largest message, write up to 64 KiB.
         let per_stream_ws = s.max_frame_bytes() as u64 + (64 << 10) + (64 << 10);

@@ -241,7 +241,7 @@ fn event(s: &mut Session, e: Event, counters: &WhipCounters) {
             };
             if tx.try_send(packet).is_err() {
                 count(&counters.packets_dropped_behind);
-                metrics::counter!(m::WHIP_PACKETS_DROPPED_TOTAL, m::LABEL_REASON => "behind")
+                metrics::counter!(m::WHIP_PACKETS_DROPPED_TOTAL, weir_audio_producer::metrics::LABEL_REASON => "behind")
                     .increment(1);
             }
         }

@@ -87,9 +87,9 @@ use crate::auth::Authenticator;
 use crate::config::WhipConfig;
 use crate::door::{self, HasDoor};
 use crate::error::Error;
-use crate::publisher::Sink;
 use crate::shutdown::TaskTracker;
-use crate::stream::Ingress;
+use weir_audio_producer::publisher::Sink;
+use weir_audio_producer::stream::Ingress;
 use weir_service::http::{Client, PeerAddr};
 
 /// Largest SDP offer accepted (a browser's audio offer is 3–6 KiB).

@@ -37,10 +37,10 @@ use weir_protocol::audio::extension::{EndReason, Overload};
 use super::driver::{Command, Media};
 use super::{SessionCounters, Stop, WhipCounters};
 use crate::door;
-use crate::error::PushError;
 use crate::metrics as m;
 use crate::shutdown::TaskTrackerToken;
-use crate::stream::StreamHandle;
+use weir_audio_producer::error::PushError;
+use weir_audio_producer::stream::StreamHandle;
 
 /// Samples per 20 ms frame at 16 kHz.
 pub const FRAME_SAMPLES: usize = 320;

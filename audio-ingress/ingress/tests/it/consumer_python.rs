@@ -23,8 +23,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 use weir_audio_consumer::testing::{Book, Recorder, connect_options, python, wait_until};
 use weir_audio_consumer::{Consumer, ConsumerConfig, StreamEvent, StreamHandler, StreamInfo};
-use weir_audio_ingress::StreamConfig;
-use weir_audio_ingress::stream::Ingress;
+use weir_audio_producer::StreamConfig;
+use weir_audio_producer::stream::Ingress;
 use weir_testkit::NatsServer;
 
 const GRACE: Duration = Duration::from_secs(2);

@@ -19,7 +19,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use weir_audio_consumer::testing::{Book, Recorder, connect_options};
 use weir_audio_consumer::{Consumer, ConsumerConfig};
 use weir_audio_ingress::config::{NATS_CLIENT_NAME, NatsConfig};
-use weir_audio_ingress::{Ingress, StreamConfig};
+use weir_audio_producer::{Ingress, StreamConfig};
 use weir_service::nats::NatsAuth;
 use weir_testkit::deploy;
 use weir_testkit::{NatsServer, NatsServerOptions};
@@ -181,7 +181,7 @@ async fn the_example_permissions_carry_audio_for_its_users_and_refuse_a_guest() 
         password: "producer-secret".into(),
     };
     nats.inbox_prefix = "_INBOX.producer".into();
-    let client = tokio::time::timeout(STEP, weir_audio_ingress::nats::connect(&nats))
+    let client = tokio::time::timeout(STEP, weir_audio_producer::nats::connect(&nats))
         .await
         .expect("connect in time")
         .expect("producer connects");

@@ -2,12 +2,9 @@
 //! service running in process (`service::start`) against a real nats-server, and a NATS
 //! subscriber that decodes what comes out.
 
-use crate::producer_support;
-
 use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
-use producer_support::{Collector, STEP, pcm, wait_until};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -15,6 +12,7 @@ use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use weir_audio_ingress::config::{Config, ConfigSources};
 use weir_audio_ingress::service::{self, RunningService};
+use weir_audio_producer::testing::{Collector, STEP, pcm, wait_until};
 use weir_protocol::audio::extension::EndReason;
 use weir_testkit::NatsServer;
 
@@ -25,7 +23,7 @@ type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 async fn start_service(
     nats_url: &str,
     extra: &[(&str, &str)],
-) -> RunningService<weir_audio_ingress::jetstream::NatsSink> {
+) -> RunningService<weir_audio_producer::jetstream::NatsSink> {
     let mut overrides = vec![
         ("nats_url".to_owned(), nats_url.to_owned()),
         ("listen".to_owned(), "127.0.0.1:0".to_owned()),
@@ -57,14 +55,14 @@ async fn start_service(
 }
 
 fn async_nats_connected(
-    ingress: &weir_audio_ingress::Ingress<weir_audio_ingress::jetstream::NatsSink>,
+    ingress: &weir_audio_producer::Ingress<weir_audio_producer::jetstream::NatsSink>,
 ) -> bool {
-    use weir_audio_ingress::publisher::Sink;
+    use weir_audio_producer::publisher::Sink;
     ingress.sink().is_connected()
 }
 
 async fn connect(
-    svc: &RunningService<weir_audio_ingress::jetstream::NatsSink>,
+    svc: &RunningService<weir_audio_producer::jetstream::NatsSink>,
     path: &str,
 ) -> Result<Ws, tungstenite::Error> {
     let url = format!("ws://{}{path}", svc.ws_addr());
@@ -76,7 +74,7 @@ async fn connect(
 
 /// The HTTP status (and `Retry-After`, body) of a refused upgrade.
 async fn refused(
-    svc: &RunningService<weir_audio_ingress::jetstream::NatsSink>,
+    svc: &RunningService<weir_audio_producer::jetstream::NatsSink>,
     path: &str,
 ) -> (u16, Option<String>, Value) {
     support::refusal(path, connect(svc, path).await)
@@ -167,7 +165,7 @@ async fn ws_pcm_in_decodable_packets_out_end_closes_1000() {
     let (status, body) = http_get(admin, "/v1/stats").await;
     assert_eq!(status, 200);
     let stats: Value = serde_json::from_str(&body).expect("stats JSON");
-    for key in weir_audio_ingress::stats::STATS_CONTRACT_KEYS {
+    for key in weir_audio_producer::stats::STATS_CONTRACT_KEYS {
         assert!(stats.get(key).is_some(), "stats lacks {key}: {body}");
     }
     assert_eq!(stats["frames"]["published"], 20);
@@ -193,9 +191,9 @@ async fn ws_pcm_in_decodable_packets_out_end_closes_1000() {
     let (status, metrics) = http_get(admin, "/metrics").await;
     assert_eq!(status, 200);
     for name in [
-        weir_audio_ingress::metrics::FRAMES_TOTAL,
-        weir_audio_ingress::metrics::QUEUE_WAIT_SECONDS,
-        weir_audio_ingress::metrics::PENDING_BYTES,
+        weir_audio_producer::metrics::FRAMES_TOTAL,
+        weir_audio_producer::metrics::QUEUE_WAIT_SECONDS,
+        weir_audio_producer::metrics::PENDING_BYTES,
     ] {
         assert!(metrics.contains(name), "/metrics lacks {name}");
     }
@@ -641,14 +639,14 @@ struct RefuseFrames {
     ends: std::sync::Arc<std::sync::Mutex<Vec<Option<EndReason>>>>,
 }
 
-impl weir_audio_ingress::publisher::Sink for RefuseFrames {
+impl weir_audio_producer::publisher::Sink for RefuseFrames {
     async fn publish(
         &self,
         _subject: async_nats::Subject,
         headers: async_nats::HeaderMap,
         payload: bytes::Bytes,
-    ) -> Result<(), weir_audio_ingress::publisher::SinkError> {
-        use weir_audio_ingress::publisher::{SinkError, SinkErrorKind};
+    ) -> Result<(), weir_audio_producer::publisher::SinkError> {
+        use weir_audio_producer::publisher::{SinkError, SinkErrorKind};
         use weir_protocol::audio::{DecodeOptions, PacketBody, decode};
         let packet = decode(&payload, &DecodeOptions::default())
             .map_err(|e| SinkError::with_source(SinkErrorKind::Publish, "undecodable", e))?;
@@ -677,7 +675,7 @@ impl weir_audio_ingress::publisher::Sink for RefuseFrames {
 async fn ws_client_that_stops_reading_is_abandoned_within_the_send_timeout() {
     use weir_audio_ingress::shutdown::TaskTracker;
     use weir_audio_ingress::ws::{WsState, router};
-    use weir_audio_ingress::{Ingress, Policy, StreamConfig};
+    use weir_audio_producer::{Ingress, Policy, StreamConfig};
 
     let prometheus = support::prometheus();
     let sink = RefuseFrames::default();

@@ -361,7 +361,9 @@ impl Global {
         self.h.active_streams.decrement(1.0);
     }
 
-    pub(crate) fn admission_rejected(&self, label: &'static str) {
+    /// A stream open refused, by `label`: an [`OpenError`](crate::OpenError)'s, or a
+    /// front door's own (not ready, a refused token).
+    pub fn admission_rejected(&self, label: &'static str) {
         add(&self.admission_rejects, 1);
         metrics::counter!(m::ADMISSION_REJECTS_TOTAL, m::LABEL_REASON => label).increment(1);
     }

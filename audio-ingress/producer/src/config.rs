@@ -1,6 +1,10 @@
 //! The producer core's budget and policy ([`StreamConfig`], built with
-//! [`StreamConfig::builder`]): what a Rust producer using the library needs. `Default`
-//! is the documented default and is valid.
+//! [`StreamConfig::builder`]): what a producer using the library needs. `Default` is the
+//! documented default and is valid.
+//!
+//! [`StreamConfigBuilder::build`] is the one validation of these values: a refusal is a
+//! [`ConfigError`] naming the key and the allowed range, the range of [`KEYS`] where
+//! the key has a numeric one (the `serve` binary's key table shows the same [`KEYS`]).
 
 use std::num::{NonZeroU32, NonZeroUsize};
 use std::time::Duration;
@@ -9,7 +13,11 @@ use weir_protocol::SubjectTemplate;
 use weir_protocol::audio::packet::DEFAULT_MAX_PCM_BYTES;
 use weir_protocol::partition::{DEFAULT_STREAM_TEMPLATE, MAX_PARTITIONS};
 
-use super::{ConfigError, ConfigErrorKind, nonzero};
+use weir_service::config::{ConfigError, ConfigErrorKind};
+
+mod keys;
+
+pub use keys::KEYS;
 
 /// Default byte budget per stream: 0.5 s of 16 kHz s16le mono (25 frames of 20 ms).
 pub const DEFAULT_MAX_BYTES: usize = 16_000;
@@ -96,13 +104,17 @@ pub struct StreamConfig {
     max_rate_permille: u32,
 }
 
-/// The `jetstream_*` keys (used with `delivery = "jetstream"`).
+/// The `jetstream_*` keys (used with `delivery = "jetstream"`), as configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct JetStreamKeys {
-    pub(super) stream: String,
-    pub(super) max_age: Duration,
-    pub(super) duplicate_window: Duration,
-    pub(super) replicas: u64,
+pub struct JetStreamKeys {
+    /// `jetstream_stream`.
+    pub stream: String,
+    /// `jetstream_max_age_s`.
+    pub max_age: Duration,
+    /// `jetstream_duplicate_window_s`.
+    pub duplicate_window: Duration,
+    /// `jetstream_replicas`.
+    pub replicas: u64,
 }
 
 impl Default for StreamConfig {
@@ -238,27 +250,51 @@ impl StreamConfig {
 }
 
 /// Builds a [`StreamConfig`]; [`build`](Self::build) validates every value.
+///
+/// The fields are the keys' values as configured, in the widths a configuration file
+/// can hold (what a loader fills, and where `Default` shows the documented defaults);
+/// the setters are the typed way to set them. Nothing is checked before
+/// [`build`](Self::build).
 #[derive(Debug, Clone)]
 pub struct StreamConfigBuilder {
-    pub(super) max_bytes: u64,
-    pub(super) max_age: Duration,
-    pub(super) max_wait: Duration,
-    pub(super) policy: Policy,
-    pub(super) shadow: bool,
-    pub(super) shadow_ceiling_factor: u64,
-    pub(super) extended_consumers: bool,
-    pub(super) publish_timeout: Duration,
-    pub(super) end_timeout: Duration,
-    pub(super) max_frame_bytes: u64,
-    pub(super) subject: String,
-    pub(super) partitions: Option<u64>,
-    pub(super) frame_headers: bool,
-    pub(super) delivery: Delivery,
-    pub(super) confirm_window: Duration,
-    pub(super) confirm_window_min_bytes: u64,
-    pub(super) confirm_interval: Duration,
-    pub(super) jetstream: JetStreamKeys,
-    pub(super) max_rate_permille: u64,
+    /// `max_bytes`.
+    pub max_bytes: u64,
+    /// `max_age_ms`.
+    pub max_age: Duration,
+    /// `max_wait_ms`.
+    pub max_wait: Duration,
+    /// `policy`.
+    pub policy: Policy,
+    /// `shadow`.
+    pub shadow: bool,
+    /// `shadow_ceiling_factor`.
+    pub shadow_ceiling_factor: u64,
+    /// `extended_consumers`.
+    pub extended_consumers: bool,
+    /// `publish_timeout_ms`.
+    pub publish_timeout: Duration,
+    /// `end_timeout_ms`.
+    pub end_timeout: Duration,
+    /// `max_frame_bytes`.
+    pub max_frame_bytes: u64,
+    /// `subject`.
+    pub subject: String,
+    /// `partitions` (`None`: unset, 1 partition; required with `{partition}`).
+    pub partitions: Option<u64>,
+    /// `frame_headers`.
+    pub frame_headers: bool,
+    /// `delivery`.
+    pub delivery: Delivery,
+    /// `confirm_window_ms`.
+    pub confirm_window: Duration,
+    /// `confirm_window_min_bytes`.
+    pub confirm_window_min_bytes: u64,
+    /// `confirm_interval_ms`.
+    pub confirm_interval: Duration,
+    /// The `jetstream_*` keys.
+    pub jetstream: JetStreamKeys,
+    /// `max_rate` in thousandths of real time (0: no bound).
+    pub max_rate_permille: u64,
 }
 
 impl Default for StreamConfigBuilder {
@@ -292,14 +328,23 @@ impl Default for StreamConfigBuilder {
     }
 }
 
-/// `d` of `key` within the range [`super::SECTIONS`] gives it, in milliseconds.
+/// `d` of `key` within the range [`KEYS`] gives it, in milliseconds.
 fn documented_ms(key: &str, d: Duration) -> Result<(), ConfigError> {
     let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     match ms {
         // A sub-millisecond duration is below any range that starts above 0.
-        0 if !d.is_zero() => super::range(key).check(key, 0).map(drop),
-        ms => super::range(key).check(key, ms).map(drop),
+        0 if !d.is_zero() => keys::range(key).check(key, 0).map(drop),
+        ms => keys::range(key).check(key, ms).map(drop),
     }
+}
+
+/// `v` of `key` within the range [`KEYS`] gives it.
+fn int_in(key: &str, v: u64) -> Result<u64, ConfigError> {
+    keys::range(key).check(key, v)
+}
+
+fn nonzero(v: u64) -> NonZeroUsize {
+    NonZeroUsize::new(usize::try_from(v).unwrap_or(usize::MAX)).unwrap_or(NonZeroUsize::MIN)
 }
 
 fn check_ms(key: &str, d: Duration, min_ms: u64, max_ms: u64) -> Result<(), ConfigError> {
@@ -436,7 +481,7 @@ impl StreamConfigBuilder {
             1_000,
             js.max_age.as_millis() as u64,
         )?;
-        super::int_in("jetstream_replicas", js.replicas)?;
+        int_in("jetstream_replicas", js.replicas)?;
         let min_window = self.max_frame_bytes;
         if self.confirm_window_min_bytes < min_window
             || self.confirm_window_min_bytes > MAX_MAX_BYTES as u64
@@ -447,7 +492,7 @@ impl StreamConfigBuilder {
                 format!("{min_window}..={MAX_MAX_BYTES} (at least max_frame_bytes)"),
             ));
         }
-        super::int_in("shadow_ceiling_factor", self.shadow_ceiling_factor)?;
+        int_in("shadow_ceiling_factor", self.shadow_ceiling_factor)?;
         if self.policy == Policy::Gap && !self.extended_consumers {
             return Err(ConfigError::new(
                 "policy",

@@ -7,14 +7,12 @@
 //!   restart arrive on every stream), whatever was lost is visible to the consumer as
 //!   missing sequence numbers, and the producer's own accounting is complete.
 
-use crate::producer_support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use producer_support::{Collector, STEP, pcm, producer_client, sum, wait_until};
-use weir_audio_ingress::{Ingress, StreamConfig};
+use weir_audio_producer::testing::{Collector, STEP, pcm, producer_client, sum, wait_until};
+use weir_audio_producer::{Ingress, StreamConfig};
 use weir_protocol::audio::extension::EndReason;
 use weir_testkit::NatsServer;
 

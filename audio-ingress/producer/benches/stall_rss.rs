@@ -1,7 +1,7 @@
 //! RSS growth of the producer during a 10 s NATS stall (SIGSTOP) at 50 streams, against
 //! the bound 50 × the byte budget (+ a small constant).
 //!
-//! `cargo bench -p weir-audio-ingress --bench stall_rss` (runs `gap`, `close` and
+//! `cargo bench -p weir-audio-producer --bench stall_rss` (runs `gap`, `close` and
 //! `shadow`, each in a fresh child process so one scenario's heap does not hide
 //! another's; `-- gap` runs one).
 //!
@@ -16,11 +16,14 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use weir_audio_ingress::config::{NATS_CLIENT_NAME, NatsConfig, Policy};
-use weir_audio_ingress::{Ingress, StreamConfig};
+use weir_audio_producer::config::Policy;
+use weir_audio_producer::{Ingress, StreamConfig};
+use weir_service::nats::NatsConfig;
 use weir_testkit::NatsServer;
 
 const STREAMS: usize = 50;
+/// The name the bench's NATS client connects with (shown by the server).
+const CLIENT_NAME: &str = "weir-stall-rss";
 
 fn rss_bytes() -> u64 {
     weir_service::process::resident_memory_bytes().unwrap_or(0)
@@ -41,7 +44,7 @@ async fn scenario(name: &str) {
     let mut nats = NatsConfig {
         urls: vec![server.url().to_owned()],
         retry_initial_connect: false,
-        ..NatsConfig::named(NATS_CLIENT_NAME)
+        ..NatsConfig::named(CLIENT_NAME)
     };
     if let Some(c) = std::env::var("STALL_RSS_CLIENT_CAPACITY")
         .ok()
@@ -49,7 +52,7 @@ async fn scenario(name: &str) {
     {
         nats.client_capacity = c;
     }
-    let client = weir_audio_ingress::nats::connect(&nats)
+    let client = weir_audio_producer::nats::connect(&nats)
         .await
         .expect("connect");
     let ingress = Ingress::new(client, cfg);

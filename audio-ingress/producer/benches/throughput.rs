@@ -1,7 +1,7 @@
 //! Ingress throughput vs plain async-nats publish of the same 640-byte frames to the same
 //! nats-server, in the same run.
 //!
-//! `cargo bench -p weir-audio-ingress --bench throughput`
+//! `cargo bench -p weir-audio-producer --bench throughput`
 //!
 //! A fresh nats-server (weir-testkit, loopback) and one client per variant. Each round
 //! sends 1,000 streams × 200 frames (200,000 packets) three ways, in rotating order:
@@ -45,9 +45,9 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use weir_audio_ingress::jetstream::JetStreamSink;
-use weir_audio_ingress::publisher::Sink;
-use weir_audio_ingress::{Delivery, Ingress, StreamConfig};
+use weir_audio_producer::jetstream::JetStreamSink;
+use weir_audio_producer::publisher::Sink;
+use weir_audio_producer::{Delivery, Ingress, StreamConfig};
 use weir_protocol::WireName;
 use weir_protocol::audio::Packet;
 use weir_testkit::{NatsServer, NatsServerOptions};
@@ -129,7 +129,7 @@ impl Sink for NullSink {
         _subject: async_nats::Subject,
         _headers: async_nats::HeaderMap,
         payload: Bytes,
-    ) -> Result<(), weir_audio_ingress::publisher::SinkError> {
+    ) -> Result<(), weir_audio_producer::publisher::SinkError> {
         drop(payload);
         Ok(())
     }

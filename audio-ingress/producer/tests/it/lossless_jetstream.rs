@@ -18,8 +18,6 @@
 //!
 //! Run against another server with `NATS_SERVER_BIN=/path/to/nats-server`.
 
-use crate::producer_support;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -29,11 +27,11 @@ use tokio::time::Instant;
 use weir_audio_consumer::{
     Consumer, ConsumerConfig, ConsumerSource, EndCause, StreamEvent, StreamHandler, StreamInfo,
 };
-use weir_audio_ingress::jetstream::{JetStreamSettings, JetStreamSink};
-use weir_audio_ingress::{Delivery, Ingress, PushError, StreamConfig};
+use weir_audio_producer::jetstream::{JetStreamSettings, JetStreamSink};
+use weir_audio_producer::{Delivery, Ingress, PushError, StreamConfig};
 use weir_testkit::{NatsServer, NatsServerOptions};
 
-use producer_support::{STEP, pcm, producer_client};
+use weir_audio_producer::testing::{STEP, pcm, producer_client};
 
 const STREAMS: usize = 50;
 const RUN: Duration = Duration::from_secs(8);

@@ -9,15 +9,13 @@
 //! - `gap`: pending bytes never exceed the budget; the gap markers the consumer receives
 //!   account for exactly the frames the producer dropped.
 
-use crate::producer_support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use producer_support::{Collector, STEP, pcm, producer_client, sum};
 use tokio::time::Instant;
-use weir_audio_ingress::config::Policy;
-use weir_audio_ingress::{Ingress, PushError, StreamConfig, StreamHandle};
+use weir_audio_producer::config::Policy;
+use weir_audio_producer::testing::{Collector, STEP, pcm, producer_client, sum};
+use weir_audio_producer::{Ingress, PushError, StreamConfig, StreamHandle};
 use weir_protocol::audio::extension::{EndReason, Overload, OverloadReason};
 use weir_testkit::NatsServer;
 
@@ -72,7 +70,7 @@ async fn produce(handle: StreamHandle, until: Instant, stop_on_overload: bool) -
 /// Frames may arrive out of order across a reconnect (frames stuck in the server's
 /// read buffer of the old connection are routed after the new connection's), so the
 /// tests check for duplicates and seqs beyond the end, and report reordering.
-fn assert_no_duplicates_and_end_last(id: &str, log: &producer_support::StreamLog) {
+fn assert_no_duplicates_and_end_last(id: &str, log: &weir_audio_producer::testing::StreamLog) {
     let end = log.end.as_ref().expect("end").packet.seq;
     let mut seen = std::collections::HashSet::new();
     for s in &log.frames {

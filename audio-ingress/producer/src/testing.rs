@@ -1,7 +1,11 @@
-//! Helpers shared by the producer-side integration tests (`producer_*.rs`, `ws_*.rs`):
-//! NATS clients with short timeouts, and a collector that records every packet of a
-//! subject pattern, per stream.
-#![allow(dead_code)]
+//! Test support (feature `testing`, never in a production build), shared by the
+//! integration tests of `weir-audio-producer` and `weir-audio-ingress`: NATS clients
+//! with short timeouts, and a [`Collector`] that records every packet of a subject
+//! pattern, per stream.
+//!
+//! Every wait here is bounded ([`STEP`], or the bound the caller gives): a helper that
+//! cannot finish in time panics with what it was waiting for, so a broken test fails
+//! instead of hanging.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -9,17 +13,20 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use weir_audio_ingress::config::{NATS_CLIENT_NAME, NatsConfig};
 use weir_protocol::audio::extension::{Extensions, PossibleLoss};
 use weir_protocol::audio::{DecodeOptions, Gap, Packet, PacketBody, decode};
+use weir_service::nats::NatsConfig;
 
 /// Bound on any single await in these tests.
 pub const STEP: Duration = Duration::from_secs(10);
 
+/// The name the producer's test client connects with (shown by the server).
+pub const CLIENT_NAME: &str = "weir-audio-producer-test";
+
 /// Producer-side NATS settings for tests: connect 500 ms, ping 1 s, and a small
 /// command channel (`client_capacity`) so a stalled server is felt quickly.
 pub fn nats_config(url: &str, client_capacity: usize) -> NatsConfig {
-    let mut c = NatsConfig::for_url(NATS_CLIENT_NAME, url);
+    let mut c = NatsConfig::for_url(CLIENT_NAME, url);
     c.client_capacity = client_capacity;
     c
 }
@@ -28,7 +35,7 @@ pub fn nats_config(url: &str, client_capacity: usize) -> NatsConfig {
 pub async fn producer_client(url: &str, client_capacity: usize) -> async_nats::Client {
     tokio::time::timeout(
         STEP,
-        weir_audio_ingress::nats::connect(&nats_config(url, client_capacity)),
+        crate::nats::connect(&nats_config(url, client_capacity)),
     )
     .await
     .expect("connect in time")

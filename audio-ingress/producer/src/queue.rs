@@ -564,7 +564,7 @@ impl FrameQueue {
     }
 
     /// Lowers the stream's rate bound to `max_rate_permille` (a producer token's rate
-    /// class, [`crate::auth`]); never raises it; ignored in shadow mode.
+    /// class, given by the front door that authenticated the producer); never raises it; ignored in shadow mode.
     pub fn limit_rate(&mut self, max_rate_permille: u32) {
         if self.shadow
             || self

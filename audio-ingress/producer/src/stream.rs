@@ -4,7 +4,7 @@
 //!
 //! ```no_run
 //! # async fn demo(client: async_nats::Client) -> Result<(), Box<dyn std::error::Error>> {
-//! use weir_audio_ingress::{Ingress, StreamConfig};
+//! use weir_audio_producer::{Ingress, StreamConfig};
 //! let ingress = Ingress::new(client, StreamConfig::default());
 //! let stream = ingress.open("call-42", Some("session-7".into()))?;
 //! stream.try_push(bytes::Bytes::from(vec![0u8; 640]))?;       // never blocks

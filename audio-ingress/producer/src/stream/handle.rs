@@ -147,7 +147,7 @@ impl StreamHandle {
     }
 
     /// Lowers this stream's rate bound (`max_rate`, in thousandths of real time) — a
-    /// producer token's rate class; see [`crate::auth`].
+    /// producer token's rate class, given by the front door that authenticated it.
     pub fn limit_rate(&self, max_rate_permille: u32) {
         self.shared.lock().limit_rate(max_rate_permille);
     }
