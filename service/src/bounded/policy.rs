@@ -1,5 +1,5 @@
 //! The budget of one per-stream queue and what happens over it: one declaration for
-//! both per-stream queues, the producer's (`weir-audio-ingress`'s `FrameQueue`) and
+//! both per-stream queues, the producer's (`weir-audio-producer`'s `FrameQueue`) and
 //! the consumer's (`weir-audio-consumer`'s `StreamQueue`).
 //!
 //! Invariants a change must not break:
