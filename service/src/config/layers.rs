@@ -2,13 +2,26 @@
 //! serde struct (see the module above for the layers and invariants).
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use toml::{Table, Value};
 
 use super::{ConfigError, ConfigErrorKind, ConfigWarning, Origin};
+
+/// Where a binary's configuration comes from, lowest precedence first
+/// ([`Layers::load`]).
+#[derive(Debug, Clone, Default)]
+pub struct ConfigSources {
+    /// A TOML file.
+    pub file: Option<PathBuf>,
+    /// Environment variables (pass `std::env::vars()`); only those under the binary's
+    /// prefix are read.
+    pub env: Vec<(String, String)>,
+    /// `key=value` overrides from the command line (dotted keys), applied last in order.
+    pub overrides: Vec<(String, String)>,
+}
 
 /// The layers merged so far, with the origin of every value that is not a default.
 #[derive(Debug, Clone)]
@@ -98,6 +111,26 @@ impl Layers {
                 self.insert(&key, value.clone(), origin.clone());
             }
         }
+    }
+
+    /// Merges `sources` in precedence order: the file, the variables under `env_prefix`
+    /// (but `env_not_keys`, see [`Layers::env`]), then the command line's overrides. A
+    /// refusal is the file's (unreadable, not TOML); the values are checked by
+    /// [`Layers::build`].
+    pub fn load(
+        &mut self,
+        sources: &ConfigSources,
+        env_prefix: &str,
+        env_not_keys: &[&str],
+    ) -> Result<(), ConfigError> {
+        if let Some(path) = &sources.file {
+            self.file(path)?;
+        }
+        self.env(env_prefix, sources.env.iter().cloned(), env_not_keys);
+        for (key, value) in &sources.overrides {
+            self.set_text(key, value, Origin::CommandLine);
+        }
+        Ok(())
     }
 
     /// Merges the variables named `prefix` + key: `WEIR_LLM_NATS__URL` sets `nats.url`.

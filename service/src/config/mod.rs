@@ -61,7 +61,7 @@ pub mod section;
 #[cfg(all(test, feature = "config"))]
 use layers::edit_distance;
 #[cfg(feature = "config")]
-pub use layers::{Alias, Layers, cli_overrides};
+pub use layers::{Alias, ConfigSources, Layers, cli_overrides};
 #[cfg(feature = "config")]
 pub(crate) use layers::{any_element, flatten};
 

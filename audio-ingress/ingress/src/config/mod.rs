@@ -33,13 +33,12 @@ mod docs;
 mod server;
 
 use std::num::NonZeroUsize;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use weir_service::config::keys;
 use weir_service::config::section::{AdminSection, LogSection, NatsSection};
 use weir_service::config::{Alias, Layers, Origin, Range};
-pub use weir_service::config::{ConfigError, ConfigErrorKind, ConfigWarning};
+pub use weir_service::config::{ConfigError, ConfigErrorKind, ConfigSources, ConfigWarning};
 use weir_service::logging::LogFormat;
 pub use weir_service::nats::{NatsAuth, NatsConfig, NatsTls};
 
@@ -253,17 +252,6 @@ impl Default for RawConfig {
     }
 }
 
-/// Where configuration comes from, lowest precedence first.
-#[derive(Debug, Clone, Default)]
-pub struct ConfigSources {
-    /// A TOML file of `key = value` lines.
-    pub file: Option<PathBuf>,
-    /// Environment variables (pass `std::env::vars()`); only `WEIR_INGRESS_*` are read.
-    pub env: Vec<(String, String)>,
-    /// `key=value` overrides from the command line, applied last in order.
-    pub overrides: Vec<(String, String)>,
-}
-
 /// A decimal value in thousandths (rounded); `None` for a negative, NaN or huge value.
 fn permille(v: f64) -> Option<u64> {
     (v.is_finite() && (0.0..=1e12).contains(&v)).then(|| (v * 1000.0).round() as u64)
@@ -325,13 +313,9 @@ impl Config {
         sources: &ConfigSources,
     ) -> Result<(Self, Vec<ConfigWarning>), ConfigError> {
         let mut layers = Layers::new(&RawConfig::default()).with_aliases(ALIASES);
-        if let Some(path) = &sources.file {
-            layers.file(path).map_err(from_load)?;
-        }
-        layers.env(ENV_PREFIX, sources.env.iter().cloned(), ENV_NOT_KEYS);
-        for (key, value) in &sources.overrides {
-            layers.set_text(key, value, Origin::CommandLine);
-        }
+        layers
+            .load(sources, ENV_PREFIX, ENV_NOT_KEYS)
+            .map_err(from_load)?;
         let raw: RawConfig = layers.build().map_err(from_load)?;
         let config = raw.validate().map_err(|e| {
             let origin = layers.origin(e.key()).clone();

@@ -48,7 +48,7 @@ pub use crate::admission::{AdmissionConfig, EstimatorConfig};
 pub use raw::SECTIONS;
 use raw::{RawBackend, RawConfig, RawDeadline, RawJetStream, RawLimit, RawNats, RawSim, RawStream};
 pub use types::*;
-pub use weir_service::config::{ConfigError, ConfigErrorKind, ConfigWarning};
+pub use weir_service::config::{ConfigError, ConfigErrorKind, ConfigSources, ConfigWarning};
 
 /// Prefix of environment overrides: `WEIR_LLM_QUEUE_CAPACITY=64`,
 /// `WEIR_LLM_SESSION__PENDING_CAP=5` (`__` separates sections). A variable under it
@@ -85,13 +85,9 @@ impl Config {
         sources: &ConfigSources,
     ) -> Result<(Self, Vec<ConfigWarning>), ConfigError> {
         let mut layers = layers();
-        if let Some(path) = &sources.file {
-            layers.file(path).map_err(from_load)?;
-        }
-        layers.env(ENV_PREFIX, sources.env.iter().cloned(), ENV_NOT_KEYS);
-        for (key, value) in &sources.overrides {
-            layers.set_text(key, value, Origin::CommandLine);
-        }
+        layers
+            .load(sources, ENV_PREFIX, ENV_NOT_KEYS)
+            .map_err(from_load)?;
         let config = Self::build(&layers)?;
         Ok((config, layers.warnings().to_vec()))
     }
