@@ -82,25 +82,30 @@ pub struct StreamInfo {
     pub ack_timeout_ms: u64,
 }
 
-/// `mode` of [`Capabilities`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// `mode` of [`Capabilities`], and the adapter's `mode` key (default `enforce`).
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum AdmissionMode {
     /// Refuse what the limits refuse.
+    #[default]
     Enforce,
     /// Count what the session cap and per-key limits would refuse, and admit anyway.
     Shadow,
 }
 
-/// `queue_order` of [`Capabilities`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// `queue_order` of [`Capabilities`], and the adapter's `queue_order` key (default
+/// `edf`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum QueueOrder {
     /// Arrival order.
     Fifo,
     /// Earliest deadline first, within a bound.
+    #[default]
     Edf,
 }
 

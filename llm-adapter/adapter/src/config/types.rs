@@ -5,27 +5,18 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use weir_service::admin::RequestLimits;
 use weir_service::logging::LogFormat;
 
 use super::raw::RawSim;
 use super::{AdmissionConfig, ConfigError, MAX_NAME_LEN, invalid};
 
-/// Enforce the limits, or only count what they would refuse.
-#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
-#[strum(serialize_all = "snake_case")]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Mode {
-    /// Refuse what the limits refuse. The default.
-    #[default]
-    Enforce,
-    /// Count `would_reject` for the session cap, per-key limits and the session
-    /// `reject` policy, and admit anyway. The global queue bound and deadlines stay
-    /// enforced.
-    Shadow,
-}
+/// Enforce the limits (`enforce`, the default), or (`shadow`) count `would_reject` for
+/// the session cap, per-key limits and the session `reject` policy and admit anyway; the
+/// global queue bound and deadlines stay enforced. The wire type of `mode` in the
+/// capabilities document.
+pub use weir_protocol::llm::capabilities::AdmissionMode as Mode;
 
 /// Where a per-key limit takes its key from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -138,22 +129,16 @@ pub struct DeadlineConfig {
 }
 
 /// Order in which admitted requests that passed their session and key gates get a
-/// worker (`queue_order`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum QueueOrder {
-    /// Arrival order (in the ready queue): no later request overtakes. Under mixed
-    /// deadlines, long budgets fill the queue and short ones are refused.
-    Fifo,
-    /// Earliest deadline first, within a bound (the default): a request without a
-    /// deadline counts as due at `deadline.max_ms`; ties in admission order. A new
-    /// request overtakes queued ones only as far as each of them still starts in time
-    /// (otherwise it goes behind the last one it would make late), so an admitted
-    /// request is not displaced into a refusal; how much of a request's wait earlier
-    /// deadlines may take is bounded by `deadline.overtake_share_pct`.
-    #[default]
-    Edf,
-}
+/// worker (`queue_order`): `fifo`, arrival order (no later request overtakes; under mixed
+/// deadlines long budgets fill the queue and short ones are refused), or `edf`, the
+/// default: earliest deadline first within a bound. Under `edf` a request without a
+/// deadline counts as due at `deadline.max_ms`, ties go in admission order, and a new
+/// request overtakes queued ones only as far as each of them still starts in time
+/// (otherwise it goes behind the last one it would make late), so an admitted request is
+/// not displaced into a refusal; how much of a request's wait earlier deadlines may take
+/// is bounded by `deadline.overtake_share_pct`. The wire type of `queue_order` in the
+/// capabilities document.
+pub use weir_protocol::llm::capabilities::QueueOrder;
 
 /// Idempotency by request id (`[idempotency]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -458,15 +443,4 @@ pub struct StreamConfig {
     pub window: usize,
     /// How long a full window waits for an acknowledgement.
     pub ack_timeout: Duration,
-}
-
-/// Where configuration comes from, lowest precedence first.
-#[derive(Debug, Clone, Default)]
-pub struct ConfigSources {
-    /// A TOML file.
-    pub file: Option<PathBuf>,
-    /// Environment variables (pass `std::env::vars()`); only `WEIR_LLM_*` are read.
-    pub env: Vec<(String, String)>,
-    /// `key=value` overrides from the command line (dotted keys), applied last in order.
-    pub overrides: Vec<(String, String)>,
 }
