@@ -80,7 +80,7 @@ pub use nats_events::{NatsEvents, NatsEventsSnapshot};
 
 use crate::admission::{Admission, AdmissionConfig};
 use crate::backend::Backend;
-use crate::config::NatsConfig;
+use crate::config::AdapterNats;
 use crate::service::{NatsSink, ServiceEdge};
 use crate::trace::Tracer;
 
@@ -102,7 +102,7 @@ pub enum StartErrorKind {
 /// Connects to NATS with the configured authentication, TLS and timeouts. Connection
 /// events are logged and reflected in the `weir_llm_nats_connected` gauge; the counts of
 /// [`NatsEvents`] go nowhere (use [`connect_with_events`] and [`start_with_events`]).
-pub async fn connect(cfg: &NatsConfig) -> Result<async_nats::Client, StartError> {
+pub async fn connect(cfg: &AdapterNats) -> Result<async_nats::Client, StartError> {
     connect_with_events(cfg, &NatsEvents::new()).await
 }
 
@@ -110,7 +110,7 @@ pub async fn connect(cfg: &NatsConfig) -> Result<async_nats::Client, StartError>
 /// `events`; pass the same `events` to [`start_with_events`] so that `/v1/stats` and
 /// the metrics show them.
 pub async fn connect_with_events(
-    cfg: &NatsConfig,
+    cfg: &AdapterNats,
     events: &NatsEvents,
 ) -> Result<async_nats::Client, StartError> {
     let connect_error = |e: weir_service::nats::ConnectError| e.map_kind(StartErrorKind::Connect);

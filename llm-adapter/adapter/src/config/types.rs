@@ -283,7 +283,7 @@ pub const NATS_CLIENT_NAME: &str = "weir-llm-adapter";
 /// files that exist, a `Debug` that redacts secrets); the adapter adds its bound on
 /// publishing a reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NatsConfig {
+pub struct AdapterNats {
     /// Servers, authentication, TLS, timeouts, capacities. `subscription_capacity` is
     /// always set: `queue_capacity` + `nats.expected_burst` unless configured.
     pub client: weir_service::nats::NatsConfig,
@@ -418,7 +418,7 @@ pub struct Config {
     /// Backend.
     pub backend: BackendConfig,
     /// NATS connection.
-    pub nats: NatsConfig,
+    pub nats: AdapterNats,
     /// NATS service.
     pub service: ServiceConfig,
     /// Admin HTTP.

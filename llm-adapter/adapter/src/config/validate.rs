@@ -325,10 +325,10 @@ impl RawOpenAi {
 }
 
 impl RawNats {
-    pub(super) fn validate(&self, queue_capacity: usize) -> Result<NatsConfig, ConfigError> {
+    pub(super) fn validate(&self, queue_capacity: usize) -> Result<AdapterNats, ConfigError> {
         let mut client = self.common.validate(adapter_nats_defaults())?;
         client.subscription_capacity = Some(self.subscription_capacity(queue_capacity)?);
-        Ok(NatsConfig {
+        Ok(AdapterNats {
             client,
             publish_timeout: millis("nats.publish_timeout_ms", self.publish_timeout_ms)?,
         })
