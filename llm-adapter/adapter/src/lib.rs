@@ -76,7 +76,7 @@ use tokio::task::JoinHandle;
 
 pub use admission::{LimitsView, Percentiles, ShutdownReport, StatsSnapshot};
 pub use config::Config;
-pub use nats_events::{NatsEvents, NatsEventsSnapshot};
+pub use nats_events::{AdapterEvents, NatsEventsSnapshot};
 
 use crate::admission::{Admission, AdmissionConfig};
 use crate::backend::Backend;
@@ -101,9 +101,9 @@ pub enum StartErrorKind {
 
 /// Connects to NATS with the configured authentication, TLS and timeouts. Connection
 /// events are logged and reflected in the `weir_llm_nats_connected` gauge; the counts of
-/// [`NatsEvents`] go nowhere (use [`connect_with_events`] and [`start_with_events`]).
+/// [`AdapterEvents`] go nowhere (use [`connect_with_events`] and [`start_with_events`]).
 pub async fn connect(cfg: &AdapterNats) -> Result<async_nats::Client, StartError> {
-    connect_with_events(cfg, &NatsEvents::new()).await
+    connect_with_events(cfg, &AdapterEvents::new()).await
 }
 
 /// [`connect`], counting the client's events (slow-consumer drops, disconnects) into
@@ -111,7 +111,7 @@ pub async fn connect(cfg: &AdapterNats) -> Result<async_nats::Client, StartError
 /// the metrics show them.
 pub async fn connect_with_events(
     cfg: &AdapterNats,
-    events: &NatsEvents,
+    events: &AdapterEvents,
 ) -> Result<async_nats::Client, StartError> {
     let connect_error = |e: weir_service::nats::ConnectError| e.map_kind(StartErrorKind::Connect);
     let opts = events.attach(
@@ -139,7 +139,7 @@ pub struct AdapterView {
     admission: Admission<NatsSink>,
     client: async_nats::Client,
     config: Arc<Config>,
-    events: NatsEvents,
+    events: AdapterEvents,
 }
 
 impl AdapterView {
@@ -235,20 +235,20 @@ impl AdapterHandle {
 /// Starts the adapter on an existing connection: the admission core (workers, timers),
 /// the NATS service and its endpoints, and the trace publisher if configured. The
 /// client's own drops are not counted (`nats` in the stats stays 0) unless the client
-/// was made with [`NatsEvents::attach`]: then use [`start_with_events`].
+/// was made with [`AdapterEvents::attach`]: then use [`start_with_events`].
 pub async fn start(
     client: async_nats::Client,
     config: Config,
     backend: Arc<dyn Backend>,
 ) -> Result<AdapterHandle, StartError> {
-    start_with_events(client, NatsEvents::new(), config, backend).await
+    start_with_events(client, AdapterEvents::new(), config, backend).await
 }
 
 /// [`start`] with the counters the client's event callback writes to
-/// ([`connect_with_events`] or [`NatsEvents::attach`]).
+/// ([`connect_with_events`] or [`AdapterEvents::attach`]).
 pub async fn start_with_events(
     client: async_nats::Client,
-    events: NatsEvents,
+    events: AdapterEvents,
     config: Config,
     backend: Arc<dyn Backend>,
 ) -> Result<AdapterHandle, StartError> {

@@ -12,7 +12,7 @@
 //! that overflows a subscription emits thousands within microseconds: `dropped` is then
 //! a lower bound (measured: 384 of 7,437 drops seen). The exact figure comes from the
 //! client's own statistics: `not_taken` = messages the client received − messages the
-//! endpoint loops took ([`NatsEvents::took`]).
+//! endpoint loops took ([`AdapterEvents::took`]).
 //!
 //! A message the client could not read (a non-UTF-8 subject or reply subject, a broken
 //! header block) does not drop the connection (the vendored async-nats skips it, or
@@ -35,21 +35,21 @@ pub const EVENT_METRICS: EventMetrics = EventMetrics {
 /// Counters of one client's events and of the messages the endpoint loops took. Cheap
 /// to clone (shared).
 #[derive(Clone, Debug)]
-pub struct NatsEvents {
+pub struct AdapterEvents {
     events: weir_service::nats::NatsEvents,
     taken: Arc<AtomicU64>,
 }
 
-impl Default for NatsEvents {
+impl Default for AdapterEvents {
     fn default() -> Self {
         Self::new()
     }
 }
 
-/// A snapshot of [`NatsEvents`], part of `/v1/stats` (the shared admin type).
+/// A snapshot of [`AdapterEvents`], part of `/v1/stats` (the shared admin type).
 pub use weir_protocol::admin::NatsClientStats as NatsEventsSnapshot;
 
-impl NatsEvents {
+impl AdapterEvents {
     /// Fresh counters.
     pub fn new() -> Self {
         Self {
@@ -78,7 +78,7 @@ impl NatsEvents {
         s
     }
 
-    /// The counters now (`in_messages` = 0: see [`NatsEvents::snapshot_with`]).
+    /// The counters now (`in_messages` = 0: see [`AdapterEvents::snapshot_with`]).
     pub fn snapshot(&self) -> NatsEventsSnapshot {
         let c = self.events.counts();
         NatsEventsSnapshot {
@@ -105,7 +105,7 @@ mod tests {
 
     #[test]
     fn slow_consumer_events_are_counted_per_sid_and_disconnects_apart() {
-        let e = NatsEvents::new();
+        let e = AdapterEvents::new();
         for sid in [3, 3, 5] {
             e.on_event(&async_nats::Event::SlowConsumer(sid));
         }

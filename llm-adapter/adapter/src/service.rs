@@ -18,7 +18,7 @@
 //! Invariants:
 //! - intake never spawns per message: each endpoint has one task that decodes, submits
 //!   and moves on; answers are published by whoever settles the request;
-//! - every message an endpoint loop takes is counted ([`NatsEvents::took`]), so that
+//! - every message an endpoint loop takes is counted ([`AdapterEvents::took`]), so that
 //!   messages the NATS client received but dropped (slow consumer) are counted too:
 //!   `in_messages − taken` (see [`crate::nats_events`]);
 //! - every reply publish is bounded by `nats.publish_timeout_ms` (a publish waits
@@ -47,7 +47,7 @@ use crate::admission::{Admission, RequestStatus, Sink};
 use crate::config::Config;
 use crate::intake::IntakeEdge;
 use crate::millis::whole_ms;
-use crate::nats_events::NatsEvents;
+use crate::nats_events::AdapterEvents;
 use crate::stream::AckHub;
 
 mod decode;
@@ -154,7 +154,7 @@ impl ServiceEdge {
         client: &async_nats::Client,
         config: Arc<Config>,
         admission: Admission<NatsSink>,
-        events: NatsEvents,
+        events: AdapterEvents,
     ) -> Result<Self, async_nats::Error> {
         let sc = &config.service;
         let stats_admission = admission.clone();

@@ -39,7 +39,7 @@ use weir_protocol::llm::headers as h;
 use weir_protocol::llm::stream::{self as s, StreamEvent};
 
 use crate::admission::{StopReason, StreamOut, StreamStop};
-use crate::nats_events::NatsEvents;
+use crate::nats_events::AdapterEvents;
 use crate::service::{publish_reply, put_static as put};
 use crate::sync::locked;
 
@@ -75,7 +75,7 @@ impl AckHub {
     /// arrives there. Every message it takes is counted in `events`.
     pub async fn start(
         client: &async_nats::Client,
-        events: NatsEvents,
+        events: AdapterEvents,
     ) -> Result<(Self, tokio::task::JoinHandle<()>), async_nats::SubscribeError> {
         let prefix = client.new_inbox();
         let mut sub = client.subscribe(format!("{prefix}.*")).await?;

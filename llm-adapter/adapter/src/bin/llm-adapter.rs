@@ -107,7 +107,7 @@ async fn serve(config: Config) -> Result<(), Failure> {
         }
     });
 
-    let events = weir_llm_adapter::NatsEvents::new();
+    let events = weir_llm_adapter::AdapterEvents::new();
     let client = weir_llm_adapter::connect_with_events(&config.nats, &events)
         .await
         .map_err(|e| Failure::Start(e.to_string()))?;

@@ -27,13 +27,13 @@ use crate::config::Config;
 use crate::intake::{Admit, Pulled, Settle, SlotRefusal, TermReason, Ticket};
 use crate::metrics as m;
 use crate::millis::{unix_ms_now, whole_ms};
-use crate::nats_events::NatsEvents;
+use crate::nats_events::AdapterEvents;
 use crate::stream::{AckHub, NatsStream, StreamLimits};
 
 /// Shared by the endpoint tasks.
 pub(super) struct Edge {
     pub(super) admission: Admission<NatsSink>,
-    pub(super) events: NatsEvents,
+    pub(super) events: AdapterEvents,
     pub(super) config: Arc<Config>,
     pub(super) publish_timeout: Duration,
     pub(super) client: async_nats::Client,

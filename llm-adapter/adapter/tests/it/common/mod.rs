@@ -128,7 +128,7 @@ pub async fn eventually(within: Duration, mut f: impl FnMut() -> bool) {
 }
 
 /// The adapter started the way the binary starts it (its client counts its own events,
-/// `NatsEvents`), on `server` with `config` (the URL and short timeouts are set here),
+/// `AdapterEvents`), on `server` with `config` (the URL and short timeouts are set here),
 /// the sim backend at a fixed `latency`.
 pub async fn adapter_like_the_binary(
     server: &NatsServer,
@@ -138,7 +138,7 @@ pub async fn adapter_like_the_binary(
     config.nats.client.urls = vec![server.url().to_owned()];
     config.nats.client.connection_timeout = Duration::from_millis(500);
     config.nats.client.ping_interval = Duration::from_secs(1);
-    let events = weir_llm_adapter::NatsEvents::new();
+    let events = weir_llm_adapter::AdapterEvents::new();
     let client = tokio::time::timeout(
         STEP,
         weir_llm_adapter::connect_with_events(&config.nats, &events),
