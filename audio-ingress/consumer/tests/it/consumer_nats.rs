@@ -477,8 +477,25 @@ async fn slow_consumer_drops_are_counted_and_show_as_lost_frames() {
     std::thread::sleep(Duration::from_millis(1_500));
     publisher.join().expect("publisher thread");
 
-    // Now let the consumer run; then send the end on its own.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Now let the consumer run until it has read the backlog the server held for it
+    // (what it took or was told it lost stops changing for 500 ms; at most 15 s); then
+    // send the end on its own, so that it does not meet a subscription still full of the
+    // burst (a fixed 300 ms was too short on a loaded machine: the end was dropped too).
+    let mut last = (u64::MAX, tokio::time::Instant::now());
+    let settled = wait_until(Duration::from_secs(15), || {
+        let t = consumer.stats().totals;
+        let seen = t.messages + t.slow_consumer_events;
+        if seen != last.0 {
+            last = (seen, tokio::time::Instant::now());
+        }
+        last.1.elapsed() >= Duration::from_millis(500)
+    })
+    .await;
+    assert!(
+        settled,
+        "the backlog kept arriving: {:?}",
+        consumer.stats().totals
+    );
     let nc = client(server.url()).await;
     publish(
         &nc,
