@@ -5,6 +5,8 @@
 //! - [`stream_id`]: stream ids as safe NATS subject tokens.
 //! - [`partition`]: the FNV-1a shard key (identical to nats-server `partition()`) and
 //!   subject templates.
+//! - [`capacity`]: what a recognition worker announces about its capacity, and the
+//!   notice of a stream it refused.
 //! - [`llm`]: the LLM adapter's header names, the deployed JSON envelope and the error
 //!   catalog.
 //! - [`admin`]: the services' ready line and the ingress's `/v1/stats` snapshot, written
@@ -44,6 +46,7 @@ impl<T: Copy + strum::VariantArray + Into<&'static str>> WireName for T {}
 
 pub mod admin;
 pub mod audio;
+pub mod capacity;
 pub mod llm;
 pub mod partition;
 #[cfg(feature = "schema")]

@@ -24,6 +24,7 @@ use crate::admin::{AdapterStats, HttpRefusal, IngressStats, ReadyLine};
 use crate::audio::GapReason;
 use crate::audio::extension::{Overload, PossibleLoss};
 use crate::audio::ws;
+use crate::capacity::{Announcement, Refusal};
 use crate::llm::{CancelReply, Capabilities, EnvelopeMeta, ErrorBody, ErrorCode, ResponseEnvelope};
 
 /// Every contract's schema, by file name (without `.json`), in a fixed order.
@@ -45,6 +46,8 @@ pub fn all() -> Vec<(&'static str, Schema)> {
         ("adapter-stats", schema_for!(AdapterStats)),
         ("ready-line", schema_for!(ReadyLine)),
         ("http-refusal", schema_for!(HttpRefusal)),
+        ("capacity-announcement", schema_for!(Announcement)),
+        ("capacity-refusal", schema_for!(Refusal)),
     ]
 }
 

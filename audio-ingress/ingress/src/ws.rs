@@ -446,7 +446,7 @@ async fn finish_socket(mut socket: Conn, handle: StreamHandle, outcome: Outcome)
             socket.send_closed(reason, &summary).await;
             let code = match reason {
                 EndReason::Shutdown | EndReason::Idle => close_code::GOING_AWAY,
-                EndReason::Overload => close_code::TRY_AGAIN_LATER,
+                EndReason::Overload | EndReason::NoCapacity => close_code::TRY_AGAIN_LATER,
                 EndReason::Producer | EndReason::ProducerGone => close_code::NORMAL,
                 EndReason::Error => close_code::INTERNAL,
             };

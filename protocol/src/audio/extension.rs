@@ -58,6 +58,9 @@ pub enum EndReason {
     Idle,
     /// An internal error ended the stream.
     Error,
+    /// The recognition worker that owns the stream's partition refused it (every slot
+    /// taken): the door ended it rather than publish audio nobody will recognise.
+    NoCapacity,
 }
 
 /// What tripped the overload.

@@ -61,6 +61,23 @@ pub enum Event {
         /// Gap markers published on this stream so far.
         gaps_total: u64,
     },
+    /// The recognition worker serving this stream fell behind: its lag (age of the
+    /// oldest frame not yet taken by its handler) went above the door's threshold.
+    /// Sent once when it crosses, then at most once per worker announcement while it
+    /// stays above; `recovered` follows when it is back below.
+    Degraded {
+        /// The stream's lag at the worker, ms.
+        lag_ms: u64,
+        /// The door's threshold (`capacity.max_lag_ms`), ms.
+        threshold_ms: u64,
+        /// The worker's id.
+        worker: String,
+    },
+    /// The worker's lag for this stream is back below the threshold.
+    Recovered {
+        /// The stream's lag at the worker, ms.
+        lag_ms: u64,
+    },
     /// A bad message or a broken WebSocket protocol ends the stream (reason `error`).
     Error {
         /// `bad_frame`, `bad_message`, `invalid_utf8`, `message_too_big` or

@@ -1,0 +1,507 @@
+//! Recognition capacity: what a recognition worker announces about itself, and the
+//! notice it sends when it refuses a stream (docs/protocol.md §5.1).
+//!
+//! - **Announcement** ([`Announcement`]), on core NATS, about once a second, subject
+//!   [`announce_subject`] = `<prefix>.announce.<worker>` (prefix default
+//!   [`DEFAULT_PREFIX`]): the worker's slots (`max_streams`), its load (live streams
+//!   and the lag of each: the age of the oldest frame not yet taken by its handler),
+//!   its real-time factor (handler busy time over audio time, a decaying p95) and the
+//!   partitions it delivers now. A worker not heard for [`gone_after`] its own
+//!   interval is gone.
+//! - **Refusal** ([`Refusal`]), subject [`refused_subject`] =
+//!   `<prefix>.refused.<stream>`: a worker at `max_streams` refused a new stream; the
+//!   door that holds the stream's producer ends it with an explicit refusal.
+//!
+//! Invariants of the decoding ([`Announcement::decode`], [`Refusal::decode`]): the
+//! payload is at most [`MAX_PAYLOAD_BYTES`]; the JSON is one object with exactly the
+//! documented members (an unknown member refuses the message: a reader must not admit
+//! on numbers it half understands); `v` is [`VERSION`]; the worker id is the subject's
+//! last token and a safe id; every number is inside its documented range;
+//! [`Announcement::check_fresh`] refuses a message sent too long ago (or too far in the
+//! future) on the reader's clock. Each refusal is a [`CapacityError`] whose
+//! [`kind`](CapacityError::kind) a reader counts. Nothing here panics on input.
+
+use serde::{Deserialize, Serialize};
+
+use crate::partition::MAX_PARTITIONS;
+use crate::stream_id::StreamId;
+
+/// The default subject prefix of announcements and refusals.
+pub const DEFAULT_PREFIX: &str = "weir.capacity";
+/// The version this build writes and reads (`v`).
+pub const VERSION: u32 = 1;
+/// Largest payload a reader decodes; anything longer is refused unread.
+pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
+/// At most this many live streams are listed in `streams` (the rest only counted, with
+/// `streams_truncated`).
+pub const MAX_LISTED_STREAMS: usize = 512;
+/// Default announcement interval.
+pub const DEFAULT_INTERVAL_MS: u64 = 1_000;
+/// Allowed `interval_ms`.
+pub const INTERVAL_RANGE_MS: (u64, u64) = (100, 60_000);
+/// Largest `max_streams` (the consumer core's own cap).
+pub const MAX_SLOTS: u64 = 1_000_000;
+/// Largest lag a worker may report, ms (one hour).
+pub const MAX_LAG_MS: u64 = 3_600_000;
+/// Largest real-time factor a worker may report.
+pub const MAX_RTF: f64 = 1_000.0;
+/// How far ahead of the reader's clock `sent_at_ms` may be (clock skew), ms.
+pub const MAX_CLOCK_AHEAD_MS: u64 = 5_000;
+/// Longest worker id and instance nonce.
+pub const MAX_ID_LEN: usize = 64;
+
+/// Missed intervals after which a silent worker is gone: [`gone_after`].
+pub const GONE_AFTER_INTERVALS: f64 = 2.5;
+
+/// How long after its last announcement a worker announcing every `interval_ms` is
+/// gone: 2.5 intervals (2.5 s with the default), so a killed worker's slots leave a
+/// reader's view within 3 s while one late announcement does not.
+pub fn gone_after(interval_ms: u64) -> std::time::Duration {
+    std::time::Duration::from_millis(interval_ms.saturating_mul(5) / 2)
+}
+
+/// `<prefix>.announce.<worker>`.
+pub fn announce_subject(prefix: &str, worker: &str) -> String {
+    format!("{prefix}.announce.{worker}")
+}
+
+/// `<prefix>.announce.*`: every worker's announcements.
+pub fn announce_wildcard(prefix: &str) -> String {
+    format!("{prefix}.announce.*")
+}
+
+/// `<prefix>.refused.<stream>`.
+pub fn refused_subject(prefix: &str, stream: &StreamId) -> String {
+    format!("{prefix}.refused.{}", stream.as_str())
+}
+
+/// `<prefix>.refused.*`: every refusal.
+pub fn refused_wildcard(prefix: &str) -> String {
+    format!("{prefix}.refused.*")
+}
+
+/// The last token of `subject` (the worker id of an announcement, the stream id of a
+/// refusal).
+pub fn last_token(subject: &str) -> &str {
+    subject.rsplit('.').next().unwrap_or(subject)
+}
+
+/// Whether `id` is a safe worker id or instance nonce: 1..=64 of `A-Z a-z 0-9 _ -`
+/// (the lease worker id's rule: a NATS subject token with no wildcard).
+pub fn is_valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_ID_LEN
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Whether a subject prefix is usable: 1..=128 bytes of dot-separated non-empty tokens
+/// without wildcards or whitespace.
+pub fn is_valid_prefix(prefix: &str) -> bool {
+    !prefix.is_empty()
+        && prefix.len() <= 128
+        && prefix.split('.').all(|t| {
+            !t.is_empty()
+                && t.bytes()
+                    .all(|b| b.is_ascii_graphic() && b != b'*' && b != b'>')
+        })
+}
+
+/// How the worker's partitions are decided.
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub enum OwnershipKind {
+    /// A configured list (`owned`).
+    Static,
+    /// Leases in a JetStream KV bucket (`lease_bucket`), one key `p.<n>` per partition
+    /// whose value is the owner's worker id.
+    Lease,
+}
+
+/// One live stream of a worker and its lag.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct StreamLoad {
+    /// The stream id.
+    pub id: String,
+    /// Age of the oldest frame of this stream not yet taken by its handler, ms (0 when
+    /// none is waiting).
+    pub lag_ms: u64,
+}
+
+/// A worker's capacity, announced about once a second on [`announce_subject`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Announcement {
+    /// [`VERSION`].
+    pub v: u32,
+    /// The worker id (equal to the subject's last token).
+    pub worker: String,
+    /// A nonce drawn at the worker's start (same rule as a worker id): tells a
+    /// restarted worker, or a second process claiming the same id, from the first.
+    pub instance: String,
+    /// 1 for the first announcement of an instance, then +1 each.
+    pub seq: u64,
+    /// Send time, Unix ms on the worker's clock.
+    pub sent_at_ms: u64,
+    /// The worker's announcement interval, ms (100..=60,000).
+    pub interval_ms: u64,
+    /// The subject template the worker reads (e.g. `audio.{partition}.{stream}`).
+    pub subject: String,
+    /// Partition count N of the template (1..=4096).
+    pub partitions_total: u32,
+    /// How the worker's partitions are decided.
+    pub ownership: OwnershipKind,
+    /// The lease bucket (`ownership = lease` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_bucket: Option<String>,
+    /// The partitions it delivers now (each `< partitions_total`, no duplicates).
+    pub partitions: Vec<u32>,
+    /// Its slots: live streams it follows at once (1..=1,000,000).
+    pub max_streams: u64,
+    /// Its live streams now (`<= max_streams`).
+    pub live_streams: u64,
+    /// The largest lag of its live streams, ms (0..=3,600,000).
+    pub lag_ms: u64,
+    /// Handler busy time over audio time, a decaying p95 (0..=1,000; 0 before any
+    /// audio).
+    pub rtf_p95: f64,
+    /// Its live streams with their lag, at most [`MAX_LISTED_STREAMS`].
+    pub streams: Vec<StreamLoad>,
+    /// Whether `streams` lists fewer than `live_streams` (only the first
+    /// [`MAX_LISTED_STREAMS`]).
+    pub streams_truncated: bool,
+}
+
+/// Why a worker refused a stream.
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub enum RefusalReason {
+    /// Every slot (`max_streams`) was taken.
+    MaxStreams,
+}
+
+/// A worker refused a new stream; sent once per refused stream instance on
+/// [`refused_subject`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Refusal {
+    /// [`VERSION`].
+    pub v: u32,
+    /// The refusing worker's id.
+    pub worker: String,
+    /// The refused stream (equal to the subject's last token).
+    pub stream: String,
+    /// Why.
+    pub reason: RefusalReason,
+    /// The worker's slots.
+    pub max_streams: u64,
+    /// Its live streams when it refused.
+    pub live_streams: u64,
+    /// Send time, Unix ms on the worker's clock.
+    pub sent_at_ms: u64,
+}
+
+/// Why a capacity message was ignored.
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CapacityErrorKind {
+    /// Longer than [`MAX_PAYLOAD_BYTES`].
+    TooLarge,
+    /// Not one JSON object of the documented shape (a negative number, a string for a
+    /// number, a missing member, ...).
+    InvalidJson,
+    /// A member this version does not know.
+    UnknownField,
+    /// `v` is not [`VERSION`].
+    UnsupportedVersion,
+    /// The worker (or stream) id in the body is not the subject's last token.
+    SubjectMismatch,
+    /// A worker id, instance, stream id, subject or bucket name that is not safe.
+    InvalidId,
+    /// A number outside its documented range, or inconsistent with another.
+    OutOfRange,
+    /// Sent too long ago, or too far in the future, on the reader's clock.
+    Stale,
+}
+
+/// A refused capacity message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("capacity message ignored ({}): {detail}", kind.as_str())]
+pub struct CapacityError {
+    kind: CapacityErrorKind,
+    detail: String,
+}
+
+impl CapacityError {
+    fn new(kind: CapacityErrorKind, detail: impl Into<String>) -> Self {
+        Self {
+            kind,
+            detail: detail.into(),
+        }
+    }
+
+    /// Why the message was ignored.
+    pub fn kind(&self) -> CapacityErrorKind {
+        self.kind
+    }
+}
+
+use crate::WireName as _;
+
+fn out_of_range(detail: String) -> CapacityError {
+    CapacityError::new(CapacityErrorKind::OutOfRange, detail)
+}
+
+/// Decodes one JSON object of type `T` with the refusals of this module.
+fn decode_json<T: for<'de> Deserialize<'de>>(payload: &[u8]) -> Result<T, CapacityError> {
+    if payload.len() > MAX_PAYLOAD_BYTES {
+        return Err(CapacityError::new(
+            CapacityErrorKind::TooLarge,
+            format!("{} bytes, at most {MAX_PAYLOAD_BYTES}", payload.len()),
+        ));
+    }
+    serde_json::from_slice(payload).map_err(|e| {
+        let text = e.to_string();
+        let kind = if text.starts_with("unknown field") {
+            CapacityErrorKind::UnknownField
+        } else {
+            CapacityErrorKind::InvalidJson
+        };
+        CapacityError::new(kind, text)
+    })
+}
+
+fn check_version(v: u32) -> Result<(), CapacityError> {
+    if v == VERSION {
+        Ok(())
+    } else {
+        Err(CapacityError::new(
+            CapacityErrorKind::UnsupportedVersion,
+            format!("v = {v}, this reader knows {VERSION}"),
+        ))
+    }
+}
+
+fn check_id(what: &str, id: &str) -> Result<(), CapacityError> {
+    if is_valid_id(id) {
+        Ok(())
+    } else {
+        Err(CapacityError::new(
+            CapacityErrorKind::InvalidId,
+            format!("{what} {id:?}: 1..={MAX_ID_LEN} of A-Z a-z 0-9 _ -"),
+        ))
+    }
+}
+
+fn check_subject_token(what: &str, body: &str, subject_token: &str) -> Result<(), CapacityError> {
+    if body == subject_token {
+        Ok(())
+    } else {
+        Err(CapacityError::new(
+            CapacityErrorKind::SubjectMismatch,
+            format!("{what} {body:?} announced on the subject of {subject_token:?}"),
+        ))
+    }
+}
+
+impl Announcement {
+    /// Decodes and validates an announcement received on `subject` (its last token is
+    /// the worker id). Freshness is the reader's call: [`Announcement::check_fresh`].
+    pub fn decode(subject: &str, payload: &[u8]) -> Result<Self, CapacityError> {
+        let a: Self = decode_json(payload)?;
+        a.validate()?;
+        check_subject_token("worker", &a.worker, last_token(subject))?;
+        Ok(a)
+    }
+
+    /// The JSON bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        // A struct of strings, numbers and lists always serializes.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Every rule of the module doc but the subject's and the clock's.
+    pub fn validate(&self) -> Result<(), CapacityError> {
+        check_version(self.v)?;
+        check_id("worker", &self.worker)?;
+        check_id("instance", &self.instance)?;
+        if self.seq == 0 {
+            return Err(out_of_range("seq 0: the first announcement is 1".into()));
+        }
+        let (lo, hi) = INTERVAL_RANGE_MS;
+        if !(lo..=hi).contains(&self.interval_ms) {
+            return Err(out_of_range(format!(
+                "interval_ms {} outside {lo}..={hi}",
+                self.interval_ms
+            )));
+        }
+        if crate::SubjectTemplate::parse(&self.subject).is_err() {
+            return Err(CapacityError::new(
+                CapacityErrorKind::InvalidId,
+                format!("subject {:?} is not a subject template", self.subject),
+            ));
+        }
+        if !(1..=MAX_PARTITIONS).contains(&self.partitions_total) {
+            return Err(out_of_range(format!(
+                "partitions_total {} outside 1..={MAX_PARTITIONS}",
+                self.partitions_total
+            )));
+        }
+        match (self.ownership, &self.lease_bucket) {
+            (OwnershipKind::Lease, Some(b)) => check_id("lease_bucket", b)?,
+            (OwnershipKind::Lease, None) => {
+                return Err(out_of_range("ownership lease without lease_bucket".into()));
+            }
+            (OwnershipKind::Static, Some(_)) => {
+                return Err(out_of_range("lease_bucket with ownership static".into()));
+            }
+            (OwnershipKind::Static, None) => {}
+        }
+        self.validate_partitions()?;
+        self.validate_load()
+    }
+
+    fn validate_partitions(&self) -> Result<(), CapacityError> {
+        if self.partitions.len() > self.partitions_total as usize {
+            return Err(out_of_range(format!(
+                "{} partitions of {}",
+                self.partitions.len(),
+                self.partitions_total
+            )));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for &p in &self.partitions {
+            if p >= self.partitions_total || !seen.insert(p) {
+                return Err(out_of_range(format!(
+                    "partition {p}: out of 0..{} or listed twice",
+                    self.partitions_total
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_load(&self) -> Result<(), CapacityError> {
+        if !(1..=MAX_SLOTS).contains(&self.max_streams) {
+            return Err(out_of_range(format!(
+                "max_streams {} outside 1..={MAX_SLOTS}",
+                self.max_streams
+            )));
+        }
+        if self.live_streams > self.max_streams {
+            return Err(out_of_range(format!(
+                "live_streams {} above max_streams {}",
+                self.live_streams, self.max_streams
+            )));
+        }
+        if self.lag_ms > MAX_LAG_MS {
+            return Err(out_of_range(format!(
+                "lag_ms {} above {MAX_LAG_MS}",
+                self.lag_ms
+            )));
+        }
+        if !self.rtf_p95.is_finite() || !(0.0..=MAX_RTF).contains(&self.rtf_p95) {
+            return Err(out_of_range(format!(
+                "rtf_p95 {} outside 0..={MAX_RTF}",
+                self.rtf_p95
+            )));
+        }
+        let listed = self.streams.len();
+        if listed > MAX_LISTED_STREAMS || listed as u64 > self.live_streams {
+            return Err(out_of_range(format!(
+                "{listed} streams listed for {} live (at most {MAX_LISTED_STREAMS})",
+                self.live_streams
+            )));
+        }
+        if self.streams_truncated != ((listed as u64) < self.live_streams) {
+            return Err(out_of_range(format!(
+                "streams_truncated {} with {listed} of {} live listed",
+                self.streams_truncated, self.live_streams
+            )));
+        }
+        for s in &self.streams {
+            if StreamId::parse(&s.id).is_err() {
+                return Err(CapacityError::new(
+                    CapacityErrorKind::InvalidId,
+                    format!("stream id {:?} is not a safe stream id", s.id),
+                ));
+            }
+            if s.lag_ms > self.lag_ms {
+                return Err(out_of_range(format!(
+                    "stream {} lag_ms {} above the worker's {}",
+                    s.id, s.lag_ms, self.lag_ms
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses (kind `stale`) an announcement sent more than [`gone_after`] its
+    /// interval before `now_ms`, or more than [`MAX_CLOCK_AHEAD_MS`] after it (both
+    /// Unix ms): a replayed or delayed announcement never counts as current capacity.
+    pub fn check_fresh(&self, now_ms: u64) -> Result<(), CapacityError> {
+        let max_age = u64::try_from(gone_after(self.interval_ms).as_millis()).unwrap_or(u64::MAX);
+        if self.sent_at_ms.saturating_add(max_age) < now_ms {
+            return Err(CapacityError::new(
+                CapacityErrorKind::Stale,
+                format!("sent {} ms ago", now_ms - self.sent_at_ms),
+            ));
+        }
+        if self.sent_at_ms > now_ms.saturating_add(MAX_CLOCK_AHEAD_MS) {
+            return Err(CapacityError::new(
+                CapacityErrorKind::Stale,
+                format!("sent {} ms in the future", self.sent_at_ms - now_ms),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Slots not taken by a live stream.
+    pub fn free_slots(&self) -> u64 {
+        self.max_streams.saturating_sub(self.live_streams)
+    }
+}
+
+impl Refusal {
+    /// Decodes and validates a refusal received on `subject` (its last token is the
+    /// stream id).
+    pub fn decode(subject: &str, payload: &[u8]) -> Result<Self, CapacityError> {
+        let r: Self = decode_json(payload)?;
+        check_version(r.v)?;
+        check_id("worker", &r.worker)?;
+        if StreamId::parse(&r.stream).is_err() {
+            return Err(CapacityError::new(
+                CapacityErrorKind::InvalidId,
+                format!("stream id {:?} is not a safe stream id", r.stream),
+            ));
+        }
+        check_subject_token("stream", &r.stream, last_token(subject))?;
+        if !(1..=MAX_SLOTS).contains(&r.max_streams) || r.live_streams > r.max_streams {
+            return Err(out_of_range(format!(
+                "max_streams {} / live_streams {}",
+                r.max_streams, r.live_streams
+            )));
+        }
+        Ok(r)
+    }
+
+    /// The JSON bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests;
