@@ -19,7 +19,7 @@ use crate::plot::{Panel, Series, grid_svg};
 use crate::producers::Transport;
 use crate::report::RunReport;
 use crate::scenario::run::{Env, RunOutput, run_one};
-use crate::scenario::{self, Scenario, ceiling, failover};
+use crate::scenario::{self, Scenario, asr, ceiling, failover};
 use weir_protocol::WireName;
 
 /// Showcase defaults (the demo must fit in 2 minutes of run time).
@@ -108,7 +108,12 @@ pub async fn run(cli: &Cli, results: Results) -> Result<usize, Error> {
     // Validate every plan before starting anything.
     let mut plans = Vec::new();
     let mut failovers = Vec::new();
+    let mut asr_runs = Vec::new();
     for s in selection.expand() {
+        if s.is_asr() {
+            asr_runs.push(s);
+            continue;
+        }
         if s.is_failover() {
             failovers.push(failover::plan(s, cli.duration, cli.pause)?);
             continue;
@@ -140,43 +145,99 @@ pub async fn run(cli: &Cli, results: Results) -> Result<usize, Error> {
         }
     }
     for plan in plans {
-        if plan.scenario == Scenario::Ceiling {
-            let designs = designs_for(cli, DesignArg::Bounded)?;
-            let steps = cli
-                .streams
-                .clone()
-                .unwrap_or_else(|| ceiling::DEFAULT_STEPS.to_vec());
-            let step_duration = cli.duration.unwrap_or(ceiling::DEFAULT_STEP_DURATION);
-            for design in designs {
-                match ceiling::run(&env, &steps, step_duration, design).await {
-                    Ok(outs) => {
-                        if let Some(o) = outs.last() {
-                            eprintln!(
-                                "ceiling ({design}): largest sustainable stream count {}",
-                                o.report.max_streams.unwrap_or(0)
-                            );
-                        }
-                        if let Ok(mut r) = results.lock() {
-                            r.extend(outs);
-                        }
-                    }
-                    Err(e) => {
-                        failures += 1;
-                        eprintln!("ceiling ({design}) failed: {e}");
-                    }
-                }
-            }
+        failures += run_plan(cli, &env, &plan, &results).await?;
+    }
+    if !asr_runs.is_empty() {
+        failures += run_asr(cli, &env, &asr_runs, showcase, &results).await;
+    }
+    Ok(failures)
+}
+
+/// Runs the recognition-capacity scenarios; returns the number of runs that failed.
+async fn run_asr(
+    cli: &Cli,
+    env: &Env,
+    scenarios: &[Scenario],
+    showcase: bool,
+    results: &Results,
+) -> usize {
+    let settings = asr::AsrSettings {
+        workers: cli.asr_workers,
+        model: crate::gpu::GpuModel {
+            slots: cli.asr_slots,
+            rtf: cli.asr_rtf,
+        },
+        partitions: cli.partitions.unwrap_or(8),
+        duration: match (showcase, cli.duration) {
+            (false, Some(d)) => d,
+            _ => asr::DEFAULT_DURATION,
+        },
+    };
+    let streams = match (showcase, &cli.streams) {
+        (false, Some(s)) => s.clone(),
+        _ => vec![asr::DEFAULT_STREAMS],
+    };
+    let mut failures = 0;
+    for &s in scenarios {
+        if s == Scenario::AsrChurn {
+            let outcome = asr::churn::run(env, &settings).await;
+            failures += record(outcome, results, || "asr-churn".to_owned());
             continue;
         }
-        let designs = designs_for(cli, DesignArg::Both)?;
-        let streams = cli.streams.clone().unwrap_or_else(|| vec![1, 10, 50]);
         for &n in &streams {
-            for &design in &designs {
-                let outcome = run_one(&env, &plan, n, design).await;
-                failures += record(outcome, &results, || {
-                    format!("{} {n} {design}", plan.scenario.as_str())
-                });
+            for outcome in asr::shortfall::run(env, &settings, n).await {
+                failures += record(outcome, results, || format!("asr-shortfall {n}"));
             }
+        }
+    }
+    failures
+}
+
+/// Runs one plan (a ceiling ramp, or every stream count × design); returns the
+/// number of runs that failed.
+async fn run_plan(
+    cli: &Cli,
+    env: &Env,
+    plan: &scenario::Plan,
+    results: &Results,
+) -> Result<usize, Error> {
+    let mut failures = 0;
+    if plan.scenario == Scenario::Ceiling {
+        let designs = designs_for(cli, DesignArg::Bounded)?;
+        let steps = cli
+            .streams
+            .clone()
+            .unwrap_or_else(|| ceiling::DEFAULT_STEPS.to_vec());
+        let step_duration = cli.duration.unwrap_or(ceiling::DEFAULT_STEP_DURATION);
+        for design in designs {
+            match ceiling::run(env, &steps, step_duration, design).await {
+                Ok(outs) => {
+                    if let Some(o) = outs.last() {
+                        eprintln!(
+                            "ceiling ({design}): largest sustainable stream count {}",
+                            o.report.max_streams.unwrap_or(0)
+                        );
+                    }
+                    if let Ok(mut r) = results.lock() {
+                        r.extend(outs);
+                    }
+                }
+                Err(e) => {
+                    failures += 1;
+                    eprintln!("ceiling ({design}) failed: {e}");
+                }
+            }
+        }
+        return Ok(failures);
+    }
+    let designs = designs_for(cli, DesignArg::Both)?;
+    let streams = cli.streams.clone().unwrap_or_else(|| vec![1, 10, 50]);
+    for &n in &streams {
+        for &design in &designs {
+            let outcome = run_one(env, plan, n, design).await;
+            failures += record(outcome, results, || {
+                format!("{} {n} {design}", plan.scenario.as_str())
+            });
         }
     }
     Ok(failures)
@@ -208,6 +269,9 @@ fn record(
 pub fn one_line(r: &RunReport) -> String {
     if let Some(f) = &r.failover {
         return crate::report::failover_line(r, f);
+    }
+    if let Some(line) = asr::summary_line(r) {
+        return line;
     }
     format!(
         "[{} {} {}] rss peak {:.1} MiB, pending max {} B, queue wait p99 {:.1} ms, tasks max {}, \
@@ -241,7 +305,10 @@ pub fn write_json(path: &Path, reports: &[&RunReport]) -> Result<(), Error> {
 pub fn write_plots(dir: &Path, outputs: &[RunOutput]) -> Result<Vec<String>, Error> {
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let mut groups: BTreeMap<(String, usize), Vec<&RunOutput>> = BTreeMap::new();
-    for o in outputs.iter().filter(|o| o.report.scenario != "ceiling") {
+    for o in outputs
+        .iter()
+        .filter(|o| o.report.scenario != "ceiling" && !o.samples.is_empty())
+    {
         groups
             .entry((o.report.scenario.clone(), o.report.streams))
             .or_default()
@@ -249,13 +316,22 @@ pub fn write_plots(dir: &Path, outputs: &[RunOutput]) -> Result<Vec<String>, Err
     }
     let mut written = Vec::new();
     for ((scenario, streams), mut runs) in groups {
-        runs.sort_by_key(|o| o.report.design);
+        runs.sort_by_key(|o| (o.report.asr.as_ref().map(|a| a.design), o.report.design));
+        let asr = runs.iter().any(|o| o.report.asr.is_some());
+        let (designs, rows) = if asr {
+            ("naive, weir-off and weir-on", asr_chart_rows(&runs))
+        } else {
+            (
+                "bounded (weir) beside naive (task per frame)",
+                chart_rows(&runs),
+            )
+        };
         let svg = grid_svg(
             &format!(
-                "{scenario}, {streams} stream{} — bounded (weir) beside naive (task per frame)",
+                "{scenario}, {streams} stream{} — {designs}",
                 if streams == 1 { "" } else { "s" }
             ),
-            &chart_rows(&runs),
+            &rows,
         );
         let name = format!("{scenario}-{streams}.svg");
         let path = dir.join(&name);
@@ -265,9 +341,32 @@ pub fn write_plots(dir: &Path, outputs: &[RunOutput]) -> Result<Vec<String>, Err
     Ok(written)
 }
 
+/// A sample's value, if it has one.
+type Metric = fn(&crate::sample::Sample) -> Option<f64>;
+
+/// One panel: `series` (label, metric) of `o` over time.
+fn panel(o: &RunOutput, title: String, series: &[(String, Metric)]) -> Panel {
+    let r = &o.report;
+    Panel {
+        title,
+        series: series
+            .iter()
+            .map(|(label, f)| Series {
+                label: label.clone(),
+                points: o
+                    .samples
+                    .iter()
+                    .filter_map(|s| f(s).map(|y| (s.t_s, y)))
+                    .collect(),
+            })
+            .collect(),
+        shade: r.fault.as_ref().map(|f| (f.at_s, f.at_s + f.duration_s)),
+        reference: None,
+    }
+}
+
 fn chart_rows(runs: &[&RunOutput]) -> Vec<Vec<Panel>> {
-    type Metric = (&'static str, fn(&crate::sample::Sample) -> Option<f64>);
-    let metrics: [Metric; 4] = [
+    let metrics: [(&str, Metric); 4] = [
         ("pending bytes (KiB)", |s| {
             s.ingress.as_ref().map(|i| i.pending_bytes as f64 / 1024.0)
         }),
@@ -288,25 +387,59 @@ fn chart_rows(runs: &[&RunOutput]) -> Vec<Vec<Panel>> {
             runs.iter()
                 .map(|o| {
                     let r = &o.report;
-                    let reference = match (row, r.ingress.pending_bytes_limit) {
-                        (0, Some(l)) => Some((l as f64 / 1024.0, "limit".to_owned())),
-                        _ => None,
+                    let split = o.samples.iter().any(|s| {
+                        s.ingress
+                            .as_ref()
+                            .is_some_and(|i| i.oldest_live_ms.is_some())
+                    });
+                    // weir's oldest frame: what it holds for live streams apart from
+                    // what the NATS client holds for ended instances (whose frames wait
+                    // for the server, however long it is stopped).
+                    let series: Vec<(String, Metric)> = match row {
+                        1 if split => vec![
+                            ("weir holds, live streams".to_owned(), |s| {
+                                s.ingress.as_ref().and_then(|i| i.oldest_live_ms)
+                            }),
+                            ("NATS client holds, ended instances".to_owned(), |s| {
+                                s.ingress.as_ref().and_then(|i| i.oldest_ended_ms)
+                            }),
+                        ],
+                        _ => vec![(r.design.to_string(), *f)],
                     };
-                    Panel {
-                        title: format!("{}: {title}", r.design),
-                        series: vec![Series {
-                            label: r.design.to_string(),
-                            points: o
-                                .samples
-                                .iter()
-                                .filter_map(|s| f(s).map(|y| (s.t_s, y)))
-                                .collect(),
-                        }],
-                        shade: r.fault.as_ref().map(|f| (f.at_s, f.at_s + f.duration_s)),
-                        reference,
+                    let mut p = panel(o, format!("{}: {title}", r.design), &series);
+                    if let (0, Some(l)) = (row, r.ingress.pending_bytes_limit) {
+                        p.reference = Some((l as f64 / 1024.0, "limit".to_owned()));
                     }
+                    p
                 })
                 .collect()
         })
         .collect()
+}
+
+/// The asr-shortfall charts: lag of the frames the GPU started per 100 ms, and the
+/// frames sent and started so far, one column per design.
+fn asr_chart_rows(runs: &[&RunOutput]) -> Vec<Vec<Panel>> {
+    let label = |o: &RunOutput| asr::column_label(&o.report);
+    let lag: Metric = |s| (s.latency_window_ms.count > 0).then_some(s.latency_window_ms.p99);
+    let sent: Metric = |s| Some(s.frames_sent as f64);
+    let handed: Metric = |s| Some(s.frames_received as f64);
+    vec![
+        runs.iter()
+            .map(|o| {
+                let title = format!("{}: lag p99 per 100 ms (ms)", label(o));
+                panel(o, title, &[(label(o), lag)])
+            })
+            .collect(),
+        runs.iter()
+            .map(|o| {
+                let title = format!("{}: frames so far", label(o));
+                let series = [
+                    ("sent".to_owned(), sent),
+                    ("started by GPU".to_owned(), handed),
+                ];
+                panel(o, title, &series)
+            })
+            .collect(),
+    ]
 }

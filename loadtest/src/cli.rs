@@ -1,7 +1,8 @@
 //! Command line: `loadtest <scenario> [flags]`, plus the hidden `naive-ingress`
 //! subcommand that serves the naive design as a separate process and the hidden
 //! `lease-worker` subcommand that runs one lease-owning recognition worker (the
-//! failover scenarios' worker processes).
+//! failover scenarios' worker processes), and the hidden `asr-worker` subcommand that
+//! runs one recognition worker with a GPU model (`asr-churn`'s worker processes).
 //!
 //! Every value is validated before anything starts, with a message that names the flag.
 
@@ -55,9 +56,10 @@ pub struct Cli {
     pub internal: Option<Internal>,
 
     /// What to run: steady | nats-pause | backend-pause | nats-restart | no-end |
-    /// llm-overload | ceiling | worker-failover | node-failover | all (every scenario
-    /// but ceiling and the two failovers) | showcase (the demo: steady and nats-pause
-    /// with short runs).
+    /// llm-overload | ceiling | worker-failover | node-failover | asr-shortfall |
+    /// asr-churn | all (every scenario but ceiling, the two failovers and the two asr
+    /// ones) | showcase (the demo: steady and nats-pause with short runs, and
+    /// asr-shortfall).
     #[arg(value_enum, required = true)]
     pub scenario: Option<Scenario>,
 
@@ -216,9 +218,39 @@ pub struct Cli {
     #[arg(long, value_enum, value_name = "WHAT")]
     pub naive_floor: Option<Floor>,
 
+    /// asr-shortfall / asr-churn: recognition workers, each a GPU with --asr-slots
+    /// slots at --asr-rtf.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub asr_workers: u32,
+
+    /// asr-shortfall / asr-churn: slots per worker (streams its GPU batches; weir-on
+    /// workers run with max_streams = this).
+    #[arg(long, default_value_t = crate::gpu::DEFAULT_SLOTS, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub asr_slots: u32,
+
+    /// asr-shortfall / asr-churn: real-time factor of one slot: a 20 ms frame costs
+    /// rtf × 20 ms / slots of the worker's GPU time, so a worker keeps up with
+    /// slots / rtf streams.
+    #[arg(long, default_value_t = crate::gpu::DEFAULT_RTF, value_parser = parse_rtf)]
+    pub asr_rtf: f64,
+
     /// No progress line.
     #[arg(long, short)]
     pub quiet: bool,
+}
+
+fn parse_rtf(s: &str) -> Result<f64, Error> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| usage(format!("{s:?} is not a real-time factor")))?;
+    if !(v.is_finite() && crate::gpu::RTF_RANGE.contains(&v)) {
+        return Err(usage(format!(
+            "--asr-rtf {v} is out of range; allowed {:?}",
+            crate::gpu::RTF_RANGE
+        )));
+    }
+    Ok(v)
 }
 
 fn parse_wait(s: &str) -> Result<Duration, Error> {
@@ -243,6 +275,36 @@ pub enum Internal {
     /// (used by worker-failover and node-failover; see `lease_worker`).
     #[command(hide = true)]
     LeaseWorker(LeaseWorkerArgs),
+    /// Run one recognition worker with a GPU model (used by asr-churn; see
+    /// `asr_worker`).
+    #[command(hide = true)]
+    AsrWorker(AsrWorkerArgs),
+}
+
+/// Arguments of `asr-worker`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AsrWorkerArgs {
+    /// NATS URL (loopback only).
+    #[arg(long, value_parser = parse_nats_url)]
+    pub nats_url: String,
+    /// Audio subject template.
+    #[arg(long, default_value = "weir.audio.{partition}.{stream}")]
+    pub subject: String,
+    /// Partitions of the template.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub partitions: u32,
+    /// The partitions this worker owns, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub owned: Vec<u32>,
+    /// Slots (`max_streams`).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub slots: u32,
+    /// Real-time factor of one slot.
+    #[arg(long, value_parser = parse_rtf)]
+    pub rtf: f64,
+    /// The process ends by itself after this many seconds.
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=7200))]
+    pub max_lifetime_s: u64,
 }
 
 /// Arguments of `lease-worker`.

@@ -15,7 +15,8 @@
 //! test reports those frames (`frames.stale_dropped_by_consumer`); they are received,
 //! never hidden, and never timed as delivered.
 //!
-//! The handler — the "recogniser" — busy-waits `cost_per_frame` per frame and records
+//! The handler — the "recogniser" — busy-waits `cost_per_frame` per frame (or, with a
+//! GPU model, waits its turn on the worker's serial GPU timeline, [`crate::gpu`]) and records
 //! the end-to-end latency (the frame's capture time → handled here) per sampling window
 //! and for the whole run. On entry, before any pause or work, it also records the
 //! frame's timeliness ([`crate::timeliness`]): whether the consumer received it later
@@ -41,6 +42,7 @@ use weir_audio_consumer::{
     Consumer, ConsumerConfig, ConsumerError, ConsumerPolicy, StreamEvent, StreamHandler, StreamInfo,
 };
 
+use crate::gpu::{AsrMeter, GpuModel, GpuTimeline};
 use crate::stats::{LatencyHistogram, Percentiles, record, summary};
 use crate::timeliness::{Timeliness, TimelinessSummary, unix_ms, unix_us};
 
@@ -71,6 +73,20 @@ pub struct FleetConfig {
     /// turns the guard off. The load test runs the product default,
     /// [`DEFAULT_MAX_FRAME_AGE`].
     pub max_frame_age: Option<Duration>,
+    /// The recognisers as GPU wall time ([`crate::gpu`]) instead of CPU: one serial
+    /// timeline per worker; `None` burns `cost_per_frame` instead.
+    pub asr: Option<FleetAsr>,
+}
+
+/// The GPU model of the fleet's workers (the `asr-shortfall` scenario).
+#[derive(Debug, Clone)]
+pub struct FleetAsr {
+    /// Slots and real-time factor of each worker.
+    pub model: GpuModel,
+    /// The consumers' `max_streams` (`None`: the consumer core's default).
+    pub max_streams: Option<usize>,
+    /// Where every worker's handlers record the lag of the frames they start.
+    pub meter: Arc<AsrMeter>,
 }
 
 #[derive(Debug)]
@@ -85,6 +101,8 @@ struct Shared {
 /// The handler of one stream: a simulated recogniser.
 struct Recogniser {
     shared: Arc<Shared>,
+    /// The worker's GPU timeline and the meter, when the fleet models a GPU.
+    gpu: Option<(Arc<GpuTimeline>, Arc<AsrMeter>)>,
 }
 
 impl StreamHandler for Recogniser {
@@ -106,7 +124,10 @@ impl StreamHandler for Recogniser {
                 return;
             }
         }
-        spin(self.shared.cost);
+        match &self.gpu {
+            Some((timeline, meter)) => meter.run_frame(timeline, frame.captured_at_ms).await,
+            None => spin(self.shared.cost),
+        }
         if let Some(at) = frame.captured_at_ms {
             let d = Duration::from_millis(unix_ms().saturating_sub(at));
             record(&self.shared.latency_total, d);
@@ -220,6 +241,13 @@ impl Fleet {
             cc.policy = ConsumerPolicy::Gap;
             // The staleness guard: 0 turns it off.
             cc.max_frame_age_ms = max_frame_age_ms.unwrap_or(0);
+            if let Some(n) = config.asr.as_ref().and_then(|a| a.max_streams) {
+                cc.max_streams = n;
+            }
+            let gpu = config
+                .asr
+                .as_ref()
+                .map(|a| (Arc::new(GpuTimeline::new(a.model)), a.meter.clone()));
             let settings = cc.validate()?;
             // Default ping interval on purpose: a short one would make the fleet itself
             // disconnect (and lose what is in flight) while the server is SIGSTOPped.
@@ -227,7 +255,10 @@ impl Fleet {
             let options =
                 async_nats::ConnectOptions::new().connection_timeout(Duration::from_millis(500));
             let s = shared.clone();
-            let factory = move |_: &StreamInfo| Recogniser { shared: s.clone() };
+            let factory = move |_: &StreamInfo| Recogniser {
+                shared: s.clone(),
+                gpu: gpu.clone(),
+            };
             consumers.push(Consumer::connect_with(options, nats_url, settings, factory).await?);
         }
         Ok(Self {

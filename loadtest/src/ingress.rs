@@ -247,6 +247,30 @@ impl IngressProcess {
         resp.json::<IngressStats>().await.map_err(failed)
     }
 
+    /// The admin port's `/metrics` (Prometheus text).
+    pub async fn metrics(&self) -> Result<String, IngressError> {
+        self.admin_text("/metrics").await
+    }
+
+    /// The admin port's `/v1/streams` (one object per stream the ingress holds).
+    pub async fn streams(&self) -> Result<Vec<serde_json::Value>, IngressError> {
+        let text = self.admin_text("/v1/streams").await?;
+        serde_json::from_str(&text).map_err(|e| IngressError::Stats(e.to_string()))
+    }
+
+    async fn admin_text(&self, path: &str) -> Result<String, IngressError> {
+        let url = format!("http://{}{path}", self.admin);
+        let failed = |e: reqwest::Error| IngressError::Stats(e.to_string());
+        let resp = self.http.get(&url).send().await.map_err(failed)?;
+        if !resp.status().is_success() {
+            return Err(IngressError::Stats(format!(
+                "{path}: status {}",
+                resp.status()
+            )));
+        }
+        resp.text().await.map_err(failed)
+    }
+
     /// Resident set size of the process, from `/proc/<pid>/status`.
     pub fn rss_bytes(&self) -> Option<u64> {
         rss_bytes(self.pid)

@@ -13,7 +13,9 @@
 //! [`scenario`] ties a run together, [`app`] the whole session, [`cli`] the flags;
 //! [`error`] is the one error type.
 //! The failover scenarios ([`scenario::failover`]) run [`lease_worker`] processes on a
-//! 3-node cluster and audit their logs with [`lease_audit`].
+//! 3-node cluster and audit their logs with [`lease_audit`]. The recognition-capacity
+//! scenarios ([`scenario::asr`]) model recognisers as GPU time ([`gpu`]): in-process
+//! ([`fleet`], [`naive::asr`]) or as [`asr_worker`] processes.
 //!
 //! Invariants that hold across the crate:
 //! - only loopback addresses are ever targeted;
@@ -28,9 +30,11 @@
 
 pub mod accounting;
 pub mod app;
+pub mod asr_worker;
 pub mod cli;
 pub mod error;
 pub mod fleet;
+pub mod gpu;
 pub mod ingress;
 pub mod lease_audit;
 pub mod lease_worker;

@@ -65,6 +65,15 @@ fn main() -> ExitCode {
                 }
             }
         }),
+        Some(Internal::AsrWorker(args)) => runtime.block_on(async move {
+            match weir_loadtest::asr_worker::run(args).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("asr-worker: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }),
         None => runtime.block_on(session(cli)),
     }
 }

@@ -43,6 +43,7 @@ use tokio_tungstenite::tungstenite::Message;
 use weir_protocol::audio::FRAME_DURATION;
 
 use crate::speech::SpeechClip;
+use crate::stats::{LatencyHistogram, Percentiles, record, summary};
 
 mod whip;
 pub use whip::OpusClip;
@@ -90,6 +91,9 @@ pub struct ProducerConfig {
     pub start_spread: Duration,
     /// WebSocket or WHIP.
     pub transport: Transport,
+    /// The stream ids, one per stream (`None`: `{id_prefix}{index}`); a reconnect
+    /// appends `r1`, `r2`, ...
+    pub ids: Option<Arc<Vec<String>>>,
 }
 
 /// Declares the producers' counters once: [`ProducerCounters`] (atomics, read by the
@@ -103,6 +107,9 @@ macro_rules! producer_counters {
             $( $(#[$doc])* pub $field: AtomicU64, )*
             close_codes: Mutex<BTreeMap<u16, u64>>,
             refusals: Mutex<BTreeMap<u16, u64>>,
+            refusal_codes: Mutex<BTreeMap<String, u64>>,
+            closed_reasons: Mutex<BTreeMap<String, u64>>,
+            refusal_latency: Mutex<LatencyHistogram>,
         }
 
         /// A plain copy of [`ProducerCounters`].
@@ -113,6 +120,15 @@ macro_rules! producer_counters {
             pub close_codes: BTreeMap<u16, u64>,
             /// HTTP statuses of refused connection attempts, by status.
             pub refusals: BTreeMap<u16, u64>,
+            /// Refused WebSocket attempts by the `error.code` of the refusal body
+            /// (`no_capacity`, `overloaded`, ...; `none` without a readable body).
+            pub refusal_codes: BTreeMap<String, u64>,
+            /// `closed` events by their `reason` (`producer`, `overload`,
+            /// `no_capacity`, ...).
+            pub closed_reasons: BTreeMap<String, u64>,
+            /// WebSocket attempts refused by HTTP status: connect → the refusal
+            /// received, as the caller measures it.
+            pub refusal_ms: Percentiles,
         }
 
         impl ProducerCounters {
@@ -125,6 +141,9 @@ macro_rules! producer_counters {
                     $( $field: self.$field.load(Ordering::Relaxed), )*
                     close_codes: copy(&self.close_codes),
                     refusals: copy(&self.refusals),
+                    refusal_codes: self.refusal_codes.lock().map(|m| m.clone()).unwrap_or_default(),
+                    closed_reasons: self.closed_reasons.lock().map(|m| m.clone()).unwrap_or_default(),
+                    refusal_ms: summary(&self.refusal_latency),
                 }
             }
         }
@@ -164,6 +183,20 @@ producer_counters! {
     server_reported_dropped,
     /// Producers still running.
     active,
+    /// Refused WebSocket attempts whose refusal carried a `Retry-After`.
+    refusals_with_retry_after,
+    /// Streams the server ended with reason `no_capacity` (a worker refused them after
+    /// the door admitted them).
+    ended_no_capacity,
+    /// Frames written on those streams before they were ended.
+    frames_sent_ended_no_capacity,
+}
+
+/// Counts one occurrence of `key` in its map.
+fn count_key(map: &Mutex<BTreeMap<String, u64>>, key: &str) {
+    if let Ok(mut m) = map.lock() {
+        *m.entry(key.to_owned()).or_default() += 1;
+    }
 }
 
 /// Counts one close code or refused HTTP status in its map.
@@ -184,6 +217,8 @@ impl ProducerCounters {
             Some("overload") => add(&self.overload_events, 1),
             Some("gap") => add(&self.gap_events, 1),
             Some("closed") => {
+                let reason = v.get("reason").and_then(|r| r.as_str()).unwrap_or("none");
+                count_key(&self.closed_reasons, reason);
                 add(&self.server_reported_published, n("frames_published"));
                 add(&self.server_reported_dropped, n("frames_dropped"));
                 add(&self.closed_events, 1)
@@ -282,10 +317,14 @@ impl Producer {
         // Bounded: every iteration either finishes, or waits at least the back-off
         // before the next; the loop ends at the stop time.
         while Instant::now() < self.stop_at {
+            let base = match &self.config.ids {
+                Some(ids) => ids.get(self.index).cloned().unwrap_or_default(),
+                None => format!("{}{}", self.config.id_prefix, self.index),
+            };
             let id = if attempt == 0 {
-                format!("{}{}", self.config.id_prefix, self.index)
+                base
             } else {
-                format!("{}{}r{}", self.config.id_prefix, self.index, attempt)
+                format!("{base}r{attempt}")
             };
             attempt += 1;
             let end = match (&self.config.transport, &self.opus) {
@@ -324,13 +363,29 @@ impl Producer {
 
     async fn connection(&self, id: &str, frame_index: &mut u64) -> ConnectionEnd {
         let url = format!("ws://{}/v1/streams/{}", self.config.ws_addr, id);
+        let asked = Instant::now();
         let connected =
             tokio::time::timeout(CONNECT_TIMEOUT, tokio_tungstenite::connect_async(&url)).await;
         let ws = match connected {
             Ok(Ok((ws, _))) => ws,
             Ok(Err(tokio_tungstenite::tungstenite::Error::Http(resp))) => {
+                record(&self.counters.refusal_latency, asked.elapsed());
+                let code = resp
+                    .body()
+                    .as_deref()
+                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
+                    .and_then(|v| v["error"]["code"].as_str().map(str::to_owned));
+                count_key(
+                    &self.counters.refusal_codes,
+                    code.as_deref().unwrap_or("none"),
+                );
                 let retry_after = resp.headers().get("retry-after");
                 let retry_after = retry_after.and_then(|v| v.to_str().ok());
+                if retry_after.is_some() {
+                    self.counters
+                        .refusals_with_retry_after
+                        .fetch_add(1, Ordering::Relaxed);
+                }
                 return self.refused(resp.status().as_u16(), retry_after);
             }
             Ok(Err(_)) | Err(_) => return self.connect_failed(),
@@ -341,10 +396,12 @@ impl Producer {
         // The reader counts server events and tells the sender to stop when the server
         // ends the stream.
         let server_done = Arc::new(AtomicBool::new(false));
+        let no_capacity = Arc::new(AtomicBool::new(false));
         let got_closed_event = Arc::new(tokio::sync::Notify::new());
         let reader = {
             let counters = self.counters.clone();
             let server_done = server_done.clone();
+            let no_capacity = no_capacity.clone();
             let got_closed_event = got_closed_event.clone();
             tokio::spawn(async move {
                 let mut retry_hint = Duration::ZERO;
@@ -362,7 +419,13 @@ impl Producer {
                                     }
                                     server_done.store(true, Ordering::Relaxed);
                                 }
-                                Some("closed") => got_closed_event.notify_one(),
+                                Some("closed") => {
+                                    if v["reason"] == "no_capacity" {
+                                        no_capacity.store(true, Ordering::Relaxed);
+                                        server_done.store(true, Ordering::Relaxed);
+                                    }
+                                    got_closed_event.notify_one()
+                                }
                                 _ => {}
                             }
                         }
@@ -428,6 +491,14 @@ impl Producer {
                     .ok()
                     .and_then(Result::ok)
                     .unwrap_or(Duration::ZERO);
+                if no_capacity.load(Ordering::Relaxed) {
+                    self.counters
+                        .ended_no_capacity
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.counters
+                        .frames_sent_ended_no_capacity
+                        .fetch_add(sent_here, Ordering::Relaxed);
+                }
                 if Instant::now() >= self.stop_at {
                     ConnectionEnd::Stop
                 } else {

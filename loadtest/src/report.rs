@@ -450,6 +450,12 @@ pub struct RunReport {
     /// (those runs have no ingress: `ingress`, `frames`, `llm` stay empty).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failover: Option<FailoverReport>,
+    /// For `asr-shortfall`: admissions, refusals and timeliness of the design.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub asr: Option<crate::scenario::asr::AsrReport>,
+    /// For `asr-churn`: the door's fleet view across a worker's death and addition.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub churn: Option<crate::scenario::asr::ChurnReport>,
     /// Explanations of anything unusual.
     pub notes: Vec<String>,
 }
@@ -470,7 +476,7 @@ fn mib(b: u64) -> String {
     format!("{:.1}", b as f64 / (1024.0 * 1024.0))
 }
 
-fn ms(v: f64) -> String {
+pub(crate) fn ms(v: f64) -> String {
     if v >= 100.0 {
         format!("{v:.0}")
     } else if v >= 10.0 {
@@ -500,7 +506,7 @@ fn or_dash<T>(v: Option<T>, f: impl FnOnce(T) -> String) -> String {
 }
 
 /// One row of the table: a label and how to read it from a report.
-type Row = (&'static str, fn(&RunReport) -> String);
+pub(crate) type Row = (&'static str, fn(&RunReport) -> String);
 
 fn rows() -> Vec<Row> {
     vec![
@@ -626,7 +632,7 @@ fn rows() -> Vec<Row> {
     ]
 }
 
-fn opt_ms(v: Option<f64>) -> String {
+pub(crate) fn opt_ms(v: Option<f64>) -> String {
     or_dash(v, ms)
 }
 
@@ -786,7 +792,7 @@ fn render(reports: &[RunReport], md: bool) -> String {
     let bullet = if md { "- " } else { "  " };
     for scenario in scenarios {
         let mut cols: Vec<&RunReport> = reports.iter().filter(|r| r.scenario == scenario).collect();
-        cols.sort_by_key(|r| (r.streams, r.design));
+        cols.sort_by_key(|r| (r.streams, r.asr.as_ref().map(|a| a.design), r.design));
         let first = cols[0];
         let fault = first
             .fault
@@ -796,6 +802,8 @@ fn render(reports: &[RunReport], md: bool) -> String {
         let title = format!("{scenario} ({:.0} s of audio{fault})", first.duration_s);
         let rows = if first.failover.is_some() {
             failover_rows()
+        } else if first.asr.is_some() || first.churn.is_some() {
+            crate::scenario::asr::table_rows(first)
         } else {
             rows()
         };
@@ -809,7 +817,7 @@ fn render(reports: &[RunReport], md: bool) -> String {
             if md {
                 out.push_str("| |");
                 for r in chunk {
-                    let _ = write!(out, " {} {} |", r.streams, r.design);
+                    let _ = write!(out, " {} |", crate::scenario::asr::column_label(r));
                 }
                 out.push_str("\n|---|");
                 for _ in chunk {
@@ -827,7 +835,7 @@ fn render(reports: &[RunReport], md: bool) -> String {
             } else {
                 let _ = write!(out, "{:<31}", "");
                 for r in chunk {
-                    let _ = write!(out, "{:>13}", format!("{} {}", r.streams, r.design));
+                    let _ = write!(out, "{:>13}", crate::scenario::asr::column_label(r));
                 }
                 out.push('\n');
                 for (label, f) in &rows {
@@ -873,11 +881,8 @@ fn render(reports: &[RunReport], md: bool) -> String {
         }
         for r in &cols {
             for n in &r.notes {
-                let _ = writeln!(
-                    out,
-                    "{bullet}note [{} {} {}]: {n}",
-                    r.scenario, r.streams, r.design
-                );
+                let col = crate::scenario::asr::column_label(r);
+                let _ = writeln!(out, "{bullet}note [{} {col}]: {n}", r.scenario);
             }
         }
     }
@@ -909,6 +914,8 @@ pub(crate) mod tests {
             max_streams: None,
             ceiling: None,
             failover: None,
+            asr: None,
+            churn: None,
             notes: vec![],
         }
     }

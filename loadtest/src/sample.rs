@@ -40,6 +40,29 @@ pub struct IngressSample {
     pub unconfirmed_bytes: Option<u64>,
     /// The window's current bound, bytes (`None` without the window).
     pub window_limit_bytes: Option<u64>,
+    /// Age of the oldest frame weir still holds for *live* stream instances (open or
+    /// draining: queued, or handed to NATS and not yet confirmed), ms, from
+    /// `/v1/streams` (`None`: not polled, e.g. the naive ingress).
+    pub oldest_live_ms: Option<f64>,
+    /// Age of the oldest frame of *ended* instances (overloaded or failed, their `end`
+    /// next) that still sits unconfirmed in the NATS client, ms (`None`: not polled).
+    pub oldest_ended_ms: Option<f64>,
+}
+
+/// The oldest pending frame of live and of ended stream instances, ms, from the
+/// ingress's `/v1/streams` (`state` and `oldest_frame_age_ms` of each): live = `open`
+/// or `draining`, ended = `ending` or `ended`. 0 when none holds a frame.
+pub fn oldest_by_liveness(streams: &[serde_json::Value]) -> (f64, f64) {
+    let (mut live, mut ended) = (0.0f64, 0.0f64);
+    for s in streams {
+        let age = s["oldest_frame_age_ms"].as_f64().unwrap_or(0.0);
+        match s["state"].as_str() {
+            Some("open" | "draining") => live = live.max(age),
+            Some(_) => ended = ended.max(age),
+            None => {}
+        }
+    }
+    (live, ended)
 }
 
 impl From<&IngressStats> for IngressSample {
@@ -56,6 +79,8 @@ impl From<&IngressStats> for IngressSample {
             nats_connected: s.nats_connected,
             unconfirmed_bytes: s.window.as_ref().map(|w| w.unconfirmed_bytes),
             window_limit_bytes: s.window.as_ref().map(|w| w.limit_bytes),
+            oldest_live_ms: None,
+            oldest_ended_ms: None,
         }
     }
 }

@@ -11,12 +11,15 @@
 //! | `ceiling`       | ramp of stream counts              | none (see [`ceiling`])                         |
 //! | `worker-failover` | N streams straight to NATS, lease workers on 3 nodes | worker process SIGKILLed, restarted (see [`failover`]) |
 //! | `node-failover` | same                               | the KV leader node SIGKILLed, restarted        |
+//! | `asr-shortfall` | 20 calls, GPU fleet of 12 slots, 3 designs | none: capacity below the offered calls (see [`asr`]) |
+//! | `asr-churn`     | calls and probes, weir-on          | a worker process SIGKILLed, another added      |
 //!
 //! Faults start [`FAULT_AT`] after the producers, and the run keeps sending for at least
 //! [`RECOVERY`] after the fault ends, so that recovery is measured too. A plan is
 //! validated before anything starts: a `--duration` too short for the fault is refused
 //! with a message naming the flags.
 
+pub mod asr;
 pub mod ceiling;
 pub mod failover;
 mod figures;
@@ -66,9 +69,13 @@ pub enum Scenario {
     WorkerFailover,
     /// Lease workers on a 3-node cluster; the KV leader node SIGKILLed, restarted.
     NodeFailover,
-    /// Every scenario above except ceiling and the two failovers.
+    /// Calls against GPU recognisers with fewer slots: naive, weir-off, weir-on.
+    AsrShortfall,
+    /// weir-on with worker processes: one SIGKILLed, then one added.
+    AsrChurn,
+    /// Every scenario above except ceiling, the two failovers and the two asr ones.
     All,
-    /// The demo: steady and nats-pause, short runs, both designs.
+    /// The demo: steady and nats-pause, short runs, both designs; asr-shortfall.
     Showcase,
 }
 
@@ -76,6 +83,11 @@ impl Scenario {
     /// Whether the scenario runs lease workers on a cluster ([`failover`]).
     pub fn is_failover(self) -> bool {
         matches!(self, Self::WorkerFailover | Self::NodeFailover)
+    }
+
+    /// Whether the scenario models recognisers as GPU time ([`asr`]).
+    pub fn is_asr(self) -> bool {
+        matches!(self, Self::AsrShortfall | Self::AsrChurn)
     }
 
     /// The concrete scenarios a selection stands for.
@@ -89,7 +101,7 @@ impl Scenario {
                 Self::NoEnd,
                 Self::LlmOverload,
             ],
-            Self::Showcase => vec![Self::Steady, Self::NatsPause],
+            Self::Showcase => vec![Self::Steady, Self::NatsPause, Self::AsrShortfall],
             s => vec![s],
         }
     }
@@ -226,6 +238,10 @@ pub fn plan(
             "{} is planned by scenario::failover::plan",
             scenario.as_str()
         ))),
+        Scenario::AsrShortfall | Scenario::AsrChurn => Err(usage(format!(
+            "{} is run by scenario::asr",
+            scenario.as_str()
+        ))),
     }
 }
 
@@ -302,7 +318,11 @@ mod tests {
     fn selections_expand() {
         assert_eq!(
             Scenario::Showcase.expand(),
-            vec![Scenario::Steady, Scenario::NatsPause]
+            vec![
+                Scenario::Steady,
+                Scenario::NatsPause,
+                Scenario::AsrShortfall
+            ]
         );
         assert_eq!(Scenario::All.expand().len(), 6);
         assert!(!Scenario::All.expand().contains(&Scenario::Ceiling));

@@ -346,6 +346,7 @@ pub async fn run_one(
             reconnect_delay: Duration::from_millis(500),
             start_spread: spread,
             transport: env.transport,
+            ids: None,
         },
         streams as u64,
         counters.clone(),
@@ -453,6 +454,7 @@ async fn start_fleet(env: &Env, nats_url: &str, idle: Duration) -> Result<Fleet,
             late_after: late_after(max_age),
             // The consumer core's staleness guard at the product default (1 s).
             max_frame_age: Some(DEFAULT_MAX_FRAME_AGE),
+            asr: None,
         },
     )
     .await
@@ -705,10 +707,19 @@ async fn sampler(s: SamplerInputs, mut stop: tokio::sync::watch::Receiver<bool>)
             _ = stop.changed() => break,
         }
         let stats = s.ingress.stats().await.ok();
+        let mut ingress = stats.as_ref().map(IngressSample::from);
+        // weir's ingress lists its stream instances: what it holds for live ones apart
+        // from what the NATS client holds for ended ones.
+        if let Some(i) = ingress.as_mut().filter(|i| i.unconfirmed_bytes.is_some())
+            && let Ok(streams) = s.ingress.streams().await
+        {
+            let (live, ended) = sample::oldest_by_liveness(&streams);
+            (i.oldest_live_ms, i.oldest_ended_ms) = (Some(live), Some(ended));
+        }
         let fault = s.fault_active.load(Ordering::Relaxed);
         let x = Sample {
             t_s: s.start.elapsed().as_secs_f64(),
-            ingress: stats.as_ref().map(IngressSample::from),
+            ingress,
             rss_bytes: s.ingress.rss_bytes(),
             ingress_cpu_s: s
                 .ingress

@@ -1,0 +1,433 @@
+//! `asr-shortfall`: one run per design, the same calls against the same GPU fleet.
+//!
+//! Order of events, each step bounded in time:
+//! 1. a fresh nats-server on a free loopback port (unless `--nats-url`);
+//! 2. the recognisers subscribe: weir's fleet on the consumer core ([`crate::fleet`],
+//!    GPU handlers) or the naive recognisers ([`crate::naive::asr`]);
+//! 3. the ingress process starts: `audio-ingress serve` (weir-off with
+//!    `--set capacity.mode=off`) or `loadtest naive-ingress`; weir-on waits (at most
+//!    [`VIEW_WAIT`]) until the door's `/metrics` shows the fleet's slots;
+//! 4. the producers start (the [`balanced_ids`](super::balanced_ids), no reconnects),
+//!    a sample every 100 ms and a progress line every second;
+//! 5. after the producers, a drain until the recognisers are idle (at most
+//!    [`DRAIN_MAX`]: the naive buffers can hold seconds of audio);
+//! 6. everything is stopped (also on drop) and the figures are made.
+
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{AsrDesign, AsrReport, AsrSettings, balanced_ids, churn};
+use crate::error::{Error, ErrorKind};
+use crate::fleet::{DEFAULT_MAX_FRAME_AGE, Fleet, FleetAsr, FleetConfig, FleetSnapshot};
+use crate::gpu::{AsrCounts, AsrMeter};
+use crate::ingress::{Design, IngressProcess, Launch};
+use crate::naive::asr::NaiveAsr;
+use crate::producers::{self, ProducerConfig, ProducerCounters, ProducerSnapshot, Transport};
+use crate::report::{ConsumerReport, ProducerReport, RunReport};
+use crate::sample::Sample;
+use crate::scenario::run::{Env, RunOutput, SUBJECT_TEMPLATE, TempDir, blocking};
+use crate::timeliness::DEFAULT_MAX_AGE;
+
+/// Longest drain after the producers stopped.
+pub const DRAIN_MAX: Duration = Duration::from_secs(30);
+/// Longest wait for the door to see the fleet (weir-on).
+pub const VIEW_WAIT: Duration = Duration::from_secs(5);
+
+/// The recognisers of one design.
+enum Recognisers {
+    Weir(Fleet),
+    Naive(NaiveAsr),
+}
+
+impl Recognisers {
+    /// Frames received and not yet started by the GPU.
+    fn backlog(&self) -> u64 {
+        match self {
+            Self::Weir(f) => f.snapshot().pending_frames,
+            Self::Naive(n) => n.buffered_frames(),
+        }
+    }
+}
+
+/// The run's NATS server: an embedded one, or `--nats-url`.
+pub(crate) struct RunNats {
+    pub(crate) url: String,
+    pub(crate) server: Option<Arc<weir_testkit::NatsServer>>,
+}
+
+impl RunNats {
+    pub(crate) async fn start(env: &Env) -> Result<Self, Error> {
+        if let Some(url) = &env.nats_url {
+            return Ok(Self {
+                url: url.clone(),
+                server: None,
+            });
+        }
+        let server = blocking(weir_testkit::NatsServer::start)
+            .await?
+            .map_err(|e| Error::with_source(ErrorKind::Process, "cannot start nats-server", e))?;
+        Ok(Self {
+            url: server.url().to_owned(),
+            server: Some(Arc::new(server)),
+        })
+    }
+
+    pub(crate) async fn stop(self) {
+        if let Some(s) = self.server {
+            let _ = blocking(move || drop(s)).await;
+        }
+    }
+}
+
+/// The ingress of `design` for this run (`dir` holds its config file).
+pub(crate) fn launch(
+    env: &Env,
+    design: AsrDesign,
+    nats_url: &str,
+    partitions: u32,
+    dir: &std::path::Path,
+) -> Result<Launch, Error> {
+    let common = [
+        "--nats-url",
+        nats_url,
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+    ]
+    .map(String::from);
+    let (program, mut args) = match design {
+        AsrDesign::Naive => {
+            let args = [
+                "naive-ingress",
+                "--subject",
+                SUBJECT_TEMPLATE,
+                "--partitions",
+                &partitions.to_string(),
+            ]
+            .map(String::from)
+            .to_vec();
+            (env.self_exe.clone(), args)
+        }
+        AsrDesign::WeirOff | AsrDesign::WeirOn => {
+            let program = env
+                .ingress_bin
+                .as_ref()
+                .map_err(|e| Error::new(e.kind(), e.to_string()))?
+                .clone();
+            let path = dir.join("audio-ingress.toml");
+            let config = format!(
+                "# written by weir-loadtest for one asr run\n\
+                 subject = \"{SUBJECT_TEMPLATE}\"\n\
+                 partitions = {partitions}\n\
+                 extended_consumers = true\n\
+                 max_streams = 1000\n"
+            );
+            std::fs::write(&path, config).map_err(|e| crate::error::io(&path, e))?;
+            let mut args: Vec<String> = vec!["serve".into(), "--config".into()];
+            args.push(path.display().to_string());
+            if design == AsrDesign::WeirOff {
+                args.extend(["--set".to_owned(), "capacity.mode=off".to_owned()]);
+            }
+            for kv in &env.ingress_set {
+                args.extend(["--set".to_owned(), kv.clone()]);
+            }
+            (program, args)
+        }
+    };
+    args.extend(common);
+    Ok(Launch {
+        program,
+        args,
+        env: vec![("RUST_LOG".to_owned(), "warn".to_owned())],
+    })
+}
+
+async fn start_recognisers(
+    design: AsrDesign,
+    settings: &AsrSettings,
+    nats_url: &str,
+    meter: &Arc<AsrMeter>,
+) -> Result<Recognisers, Error> {
+    if design == AsrDesign::Naive {
+        let n = NaiveAsr::start(
+            nats_url,
+            SUBJECT_TEMPLATE,
+            settings.partitions,
+            settings.workers,
+            settings.model,
+            meter.clone(),
+        )
+        .await?;
+        return Ok(Recognisers::Naive(n));
+    }
+    let config = FleetConfig {
+        template: SUBJECT_TEMPLATE.to_owned(),
+        partitions: settings.partitions,
+        workers: settings.workers,
+        cost_per_frame: Duration::ZERO,
+        idle_timeout: Duration::from_secs(2),
+        subscription_capacity: 65_536,
+        max_pending_bytes: weir_audio_consumer::DEFAULT_MAX_PENDING_BYTES,
+        max_pending_age: weir_audio_consumer::DEFAULT_MAX_PENDING_AGE,
+        late_after: crate::timeliness::late_after(DEFAULT_MAX_AGE),
+        max_frame_age: Some(DEFAULT_MAX_FRAME_AGE),
+        asr: Some(FleetAsr {
+            model: settings.model,
+            max_streams: (design == AsrDesign::WeirOn).then_some(settings.model.slots as usize),
+            meter: meter.clone(),
+        }),
+    };
+    Fleet::start(nats_url, &config)
+        .await
+        .map(Recognisers::Weir)
+        .map_err(|e| Error::with_source(ErrorKind::Nats, "cannot start the recognition fleet", e))
+}
+
+/// Runs the three designs one after the other with `streams` calls.
+pub async fn run(
+    env: &Env,
+    settings: &AsrSettings,
+    streams: usize,
+) -> Vec<Result<RunOutput, Error>> {
+    let mut out = Vec::new();
+    for design in [AsrDesign::Naive, AsrDesign::WeirOff, AsrDesign::WeirOn] {
+        out.push(run_design(env, settings, streams, design).await);
+    }
+    out
+}
+
+/// One design.
+pub async fn run_design(
+    env: &Env,
+    settings: &AsrSettings,
+    streams: usize,
+    design: AsrDesign,
+) -> Result<RunOutput, Error> {
+    let label = format!("asr-shortfall {streams} {design}");
+    if !env.wait_quiet.is_zero() {
+        crate::scenario::run::wait_quiet(env.wait_quiet).await;
+    }
+    let nats = RunNats::start(env).await?;
+    let meter = Arc::new(AsrMeter::new(DEFAULT_MAX_FRAME_AGE));
+    let recognisers = start_recognisers(design, settings, &nats.url, &meter).await?;
+    let dir = TempDir::create("weir-loadtest-asr")?;
+    let ingress = IngressProcess::spawn(&launch(
+        env,
+        design,
+        &nats.url,
+        settings.partitions,
+        &dir.0,
+    )?)
+    .await
+    .map_err(Error::from)?;
+    let mut notes = Vec::new();
+    let fleet_slots = f64::from(settings.workers * settings.model.slots);
+    let door_slots_seen = match design {
+        AsrDesign::WeirOn => {
+            let seen = churn::wait_for_slots(&ingress, |s| s >= fleet_slots, VIEW_WAIT).await;
+            if seen.is_none_or(|s| s < fleet_slots) {
+                notes.push(format!(
+                    "the door did not show {fleet_slots} slots within {} s before the calls \
+                     started (saw {seen:?})",
+                    VIEW_WAIT.as_secs()
+                ));
+            }
+            seen
+        }
+        _ => None,
+    };
+
+    let start = Instant::now();
+    let counters = Arc::new(ProducerCounters::default());
+    let spread = Duration::from_millis((streams as u64).clamp(20, 1000));
+    let mut producer_set = producers::start(
+        ProducerConfig {
+            ws_addr: ingress.ws_addr(),
+            streams,
+            id_prefix: "s".into(),
+            duration: settings.duration,
+            vanish_share: 0.0,
+            reconnect: false,
+            reconnect_delay: Duration::from_millis(500),
+            start_spread: spread,
+            transport: Transport::Ws,
+            ids: Some(Arc::new(balanced_ids(
+                "s",
+                streams,
+                settings.partitions,
+                settings.workers,
+            ))),
+        },
+        streams as u64,
+        counters.clone(),
+    );
+    // Sending, sampled every 100 ms (bounded by the producers' deadline).
+    let deadline =
+        start + settings.duration + spread + producers::END_GRACE + Duration::from_secs(5);
+    let mut samples = Vec::new();
+    let mut tick = tokio::time::interval(crate::sample::PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let tty = std::io::stderr().is_terminal();
+    loop {
+        tokio::select! {
+            next = producer_set.join_next() => if next.is_none() { break },
+            _ = tick.tick() => {
+                samples.push(sample(start, &counters, &meter));
+                if !env.quiet && samples.len() % 10 == 0 {
+                    let line = progress(&label, start, settings.duration, &counters, &meter, &recognisers);
+                    if tty { eprint!("\r{line:<120}") } else { eprintln!("{line}") }
+                }
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                notes.push("some producers had not finished in time and were aborted".into());
+                producer_set.abort_all();
+                break;
+            }
+        }
+    }
+    // Drain: the recognisers' backlog to zero and nothing new for 300 ms.
+    let drain_deadline = Instant::now() + DRAIN_MAX;
+    let mut last = u64::MAX;
+    let mut stable = 0;
+    while Instant::now() < drain_deadline {
+        tick.tick().await;
+        samples.push(sample(start, &counters, &meter));
+        let handed = meter.handed();
+        stable = if handed == last { stable + 1 } else { 0 };
+        last = handed;
+        if stable >= 3 && recognisers.backlog() == 0 {
+            break;
+        }
+    }
+    if recognisers.backlog() > 0 {
+        notes.push(format!(
+            "the recognisers still held {} frames {} s after the calls ended",
+            recognisers.backlog(),
+            DRAIN_MAX.as_secs()
+        ));
+    }
+    if !env.quiet && tty {
+        eprint!("\r{:<120}\r", "");
+    }
+    let wall = start.elapsed();
+    let (fleet, naive_max) = match recognisers {
+        Recognisers::Weir(f) => (Some(f.stop().await), None),
+        Recognisers::Naive(n) => (None, Some(n.snapshot().buffered_frames_max)),
+    };
+    ingress.stop().await;
+    nats.stop().await;
+    drop(dir);
+    let p = counters.snapshot();
+    let mut asr = figures(design, settings, &p, &meter.counts(), fleet.as_ref());
+    asr.naive_buffered_frames_max = naive_max;
+    asr.door_slots_seen = door_slots_seen;
+    let report = RunReport {
+        scenario: "asr-shortfall".into(),
+        streams,
+        design: match design {
+            AsrDesign::Naive => Design::Naive,
+            _ => Design::Bounded,
+        },
+        transport: Transport::Ws,
+        duration_s: settings.duration.as_secs_f64(),
+        wall_s: wall.as_secs_f64(),
+        consumer: fleet.as_ref().map(ConsumerReport::from).unwrap_or_default(),
+        producers: ProducerReport::new(&p, producers::nominal_frames(streams, settings.duration)),
+        llm: crate::llm::not_run(),
+        asr: Some(asr),
+        notes,
+        ..RunReport::default()
+    };
+    Ok(RunOutput { report, samples })
+}
+
+/// A 100 ms sample: frames sent and started, and the lag of the frames started since
+/// the previous one (`latency_window_ms`).
+fn sample(start: Instant, counters: &ProducerCounters, meter: &AsrMeter) -> Sample {
+    Sample {
+        t_s: start.elapsed().as_secs_f64(),
+        frames_sent: counters
+            .frames_sent
+            .load(std::sync::atomic::Ordering::Relaxed),
+        frames_received: meter.handed(),
+        latency_window_ms: meter.take_window(),
+        ..Sample::default()
+    }
+}
+
+fn progress(
+    label: &str,
+    start: Instant,
+    total: Duration,
+    counters: &ProducerCounters,
+    meter: &AsrMeter,
+    recognisers: &Recognisers,
+) -> String {
+    let p = counters.snapshot();
+    let c = meter.counts();
+    format!(
+        "[{label}] {:>5.1}/{:.0} s  connected {}  refused {}  sent {}  handed {}  lag p99 {:.0} ms  \
+         backlog {}",
+        start.elapsed().as_secs_f64(),
+        total.as_secs_f64(),
+        p.connects,
+        p.refused + p.ended_no_capacity,
+        p.frames_sent,
+        c.handed,
+        c.lag_ms.p99,
+        recognisers.backlog()
+    )
+}
+
+/// The design's figures from the producers' and the recognisers' counts (pure).
+pub fn figures(
+    design: AsrDesign,
+    settings: &AsrSettings,
+    p: &ProducerSnapshot,
+    c: &AsrCounts,
+    fleet: Option<&FleetSnapshot>,
+) -> AsrReport {
+    let refused_at_door = p.refusal_codes.get("no_capacity").copied().unwrap_or(0);
+    let offered = p.connects + p.refused + p.connect_errors;
+    let admitted = p.connects.saturating_sub(p.ended_no_capacity);
+    let sent = p
+        .frames_sent
+        .saturating_sub(p.frames_sent_ended_no_capacity);
+    let stale_drops = fleet.map_or(0, |f| f.stale_frames + f.dropped_by_consumer);
+    AsrReport {
+        design,
+        workers: settings.workers,
+        slots: settings.model.slots,
+        rtf: settings.model.rtf,
+        streams_at_real_time: f64::from(settings.workers) * settings.model.streams_at_real_time(),
+        partitions: settings.partitions,
+        offered,
+        admitted,
+        refused: refused_at_door + p.ended_no_capacity,
+        refused_at_door,
+        refused_later: p.ended_no_capacity,
+        refusal_codes: p.refusal_codes.clone(),
+        refusals_with_retry_after: p.refusals_with_retry_after,
+        refusal_ms: p.refusal_ms,
+        frames_sent_admitted: sent,
+        frames_handed: c.handed,
+        frames_within_max_age: c.within_max_age,
+        within_max_age_pct: (sent > 0).then(|| 100.0 * c.within_max_age as f64 / sent as f64),
+        stale_drops,
+        stale_drops_per_admitted: if admitted == 0 {
+            0.0
+        } else {
+            stale_drops as f64 / admitted as f64
+        },
+        handed_late: c.handed.saturating_sub(c.within_max_age + c.untimed),
+        frames_refused_by_workers: fleet.map_or(0, |f| f.frames_refused),
+        lag_ms: c.lag_ms,
+        max_frame_age_ms: DEFAULT_MAX_FRAME_AGE.as_millis() as u64,
+        naive_buffered_frames_max: None,
+        door_slots_seen: None,
+    }
+}
