@@ -112,6 +112,7 @@
 //! - Nothing in this module panics on network input; undecodable packets are counted by
 //!   error kind.
 
+mod capacity;
 mod config;
 mod demux;
 mod event;
@@ -145,10 +146,10 @@ use weir_service::config::{ConfigError, ConfigErrorKind};
 use weir_service::nats::{EventMetrics, NatsEvents};
 
 pub use config::{
-    ConsumerConfig, ConsumerPolicy, ConsumerSettings, ConsumerSource, DEFAULT_HEARTBEAT_INTERVAL,
-    DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_LEASE_BUCKET, DEFAULT_LEASE_MARGIN,
-    DEFAULT_LEASE_RENEW_INTERVAL, DEFAULT_LEASE_TTL, DEFAULT_MAX_FRAME_AGE,
-    DEFAULT_MAX_PENDING_AGE, DEFAULT_MAX_PENDING_BYTES, DEFAULT_MAX_STREAMS,
+    CapacityConfig, CapacitySettings, ConsumerConfig, ConsumerPolicy, ConsumerSettings,
+    ConsumerSource, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_LEASE_BUCKET, DEFAULT_LEASE_MARGIN, DEFAULT_LEASE_RENEW_INTERVAL, DEFAULT_LEASE_TTL,
+    DEFAULT_MAX_FRAME_AGE, DEFAULT_MAX_PENDING_AGE, DEFAULT_MAX_PENDING_BYTES, DEFAULT_MAX_STREAMS,
     DEFAULT_RETAIN_FINISHED, DEFAULT_SUBSCRIPTION_CAPACITY, JetStreamStart, LeaseConfig,
     LeaseSettings, MAX_FRAME_AGE_RANGE_MS, Ownership, QueueLimits,
 };
@@ -312,6 +313,9 @@ pub(crate) struct Shared {
     pub(crate) stream_slots: Arc<StreamSlots>,
     /// `max_streams` slots for remembering refused stream ids.
     pub(crate) refused_slots: Arc<StreamSlots>,
+    /// Capacity: the announcements' nonce and seq, the real-time factor, the refusal
+    /// notes for the announcer.
+    pub(crate) capacity: capacity::CapacityState,
 }
 
 impl Shared {
@@ -323,7 +327,9 @@ impl Shared {
         let retain = settings.retain_finished.get();
         let max_streams = settings.max_streams;
         let registry = Registry::new(retain);
+        let capacity = capacity::CapacityState::new(&settings.capacity);
         Self {
+            capacity,
             settings,
             wall_clock,
             decode: DecodeOptions::default(),
@@ -360,6 +366,8 @@ pub struct Consumer {
     tasks: Vec<JoinHandle<()>>,
     /// Lease ownership: the table the driver keeps current.
     leases: Option<Arc<ownership::LeaseBoard>>,
+    /// The capacity announcer (`None` with `capacity.announce = false`).
+    announcer: Option<capacity::announcer::Announcer>,
 }
 
 impl std::fmt::Debug for Consumer {
@@ -444,12 +452,15 @@ impl Consumer {
                 worker = shared.settings.lease.as_ref().map(|l| l.worker_id.as_str()),
                 "consumer started with lease ownership"
             );
+            let announcer =
+                capacity::announcer::spawn(client.clone(), shared.clone(), Some(board.clone()));
             return Ok(Self {
                 shared,
                 client,
                 stop,
                 tasks: vec![task],
                 leases: Some(board),
+                announcer,
             });
         }
         let subjects = shared
@@ -494,12 +505,14 @@ impl Consumer {
             source = ?shared.settings.source,
             "consumer subscribed"
         );
+        let announcer = capacity::announcer::spawn(client.clone(), shared.clone(), None);
         Ok(Self {
             shared,
             client,
             stop,
             tasks,
             leases: None,
+            announcer,
         })
     }
 
@@ -512,21 +525,25 @@ impl Consumer {
     /// The partitions this worker delivers now: the static `owned` list, or the
     /// leases it holds whose feed runs.
     pub fn owned_now(&self) -> Vec<u32> {
-        match &self.leases {
-            None => self.shared.settings.owned().collect(),
-            Some(b) => b
-                .get()
-                .into_iter()
-                .filter(|l| l.delivering)
-                .map(|l| l.partition)
-                .collect(),
-        }
+        capacity::announcer::delivering(&self.shared, self.leases.as_deref())
+    }
+
+    /// What this worker's next capacity announcement would say now (its `seq` is the
+    /// next one; `sent_at_ms` is now): slots, live streams with their lag, the
+    /// real-time factor's p95 and the partitions delivered now. Available with
+    /// `capacity.announce = false` too (nothing is published then).
+    pub fn capacity(&self) -> weir_protocol::capacity::Announcement {
+        let seq = self.shared.capacity.peek_seq();
+        capacity::announcer::announcement(&self.shared, self.leases.as_deref(), seq, Instant::now())
     }
 
     /// Stops every task at once: no drain, no end to the handlers, no lease released,
     /// no goodbye — what a crash (SIGKILL) of the worker looks like to the rest of the
     /// cluster, for failover drills and tests. Handlers are aborted at their next await.
     pub fn abort(self) {
+        if let Some(announcer) = &self.announcer {
+            announcer.abort();
+        }
         for task in &self.tasks {
             task.abort();
         }
@@ -559,11 +576,17 @@ impl Consumer {
         &self.shared.settings
     }
 
-    /// Stops: unsubscribes, ends every live stream with [`EndCause::Shutdown`], waits
+    /// Stops: sends the last capacity announcement (no partition, no live stream),
+    /// unsubscribes, ends every live stream with [`EndCause::Shutdown`], waits
     /// up to `grace` for the handlers to finish (aborting the rest) and returns the
     /// final stats.
     pub async fn shutdown(self, grace: Duration) -> ConsumerStats {
         let deadline = Instant::now() + grace;
+        // First the last announcement (no partition, no live stream): the doors stop
+        // sending new streams here while this worker drains.
+        if let Some(announcer) = self.announcer {
+            announcer.finish().await;
+        }
         self.stop.stop(deadline);
         // Each demultiplexer bounds its own wait by the deadline; the extra margin
         // covers scheduling, and with leases the releases after the drain.

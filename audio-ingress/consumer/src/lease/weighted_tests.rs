@@ -84,7 +84,9 @@ impl Cluster {
                 Some(_) => self.workers[i].0.not_acquired(p),
             },
             Action::TakeOver {
-                partition, revision, ..
+                partition,
+                revision,
+                ..
             } => match &self.keys[partition as usize] {
                 Some((_, r)) if *r == revision => {
                     let rev = self.write(partition, Some(&me));
@@ -129,7 +131,11 @@ fn the_share_is_proportional_to_slots_and_whole_when_equal() {
     assert_eq!(weighted_share(20, 4, 20), 4);
     assert_eq!(weighted_share(20, 16, 20), 16);
     assert_eq!(weighted_share(8, 1, 2), 4, "equal slots: ⌈P / n⌉");
-    assert_eq!(weighted_share(7, 5, 15), 3, "⌈7/3⌉ whatever the equal slots");
+    assert_eq!(
+        weighted_share(7, 5, 15),
+        3,
+        "⌈7/3⌉ whatever the equal slots"
+    );
     assert_eq!(weighted_share(10, 1, 3), 4);
     assert_eq!(weighted_share(4, 1_000_000, 1_000_001), 4, "never above P");
     assert_eq!(weighted_share(4, 1, 0), 4, "no division by zero");
