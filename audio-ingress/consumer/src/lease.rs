@@ -464,41 +464,14 @@ impl Planner {
         let settling = self
             .last_acquired
             .is_some_and(|t| now.saturating_duration_since(t) < self.timing.heartbeat_timeout);
-        if release && !settling && self.held.len() >= share {
-            let held = self.held.len();
-            let mut counts: HashMap<&str, usize> = live.iter().map(|w| (w.as_str(), 0)).collect();
-            for s in self.view.iter().flatten() {
-                if let Some(c) = counts.get_mut(s.owner.as_str()) {
-                    *c += 1;
-                }
-            }
-            // Only towards a worker out of its start grace: before that it claims
-            // nothing, and a partition released to it would sit unread.
-            let settled = |w: &str| {
-                self.heard.get(w).is_some_and(|(first, _)| {
-                    now.saturating_duration_since(*first) >= self.timing.heartbeat_timeout
-                })
-            };
-            // Moving one partition helps when a settled worker is below its own share
-            // (so it claims it) and, after the move, still carries no more partitions
-            // per slot than this worker: with equal slots, when it holds at least two
-            // fewer (⌈P/n⌉ at most, everyone within one of each other). Never back
-            // and forth: the move keeps the receiver at or below this worker's load.
-            let me_slots = u128::from(self.slots);
-            let someone_below = counts.iter().any(|(w, c)| {
-                let (slots_w, share_w) = weights.get(*w).copied().unwrap_or((self.slots, 0));
-                *w != self.me.as_str()
-                    && *c < share_w
-                    && (held as u128 - 1) * u128::from(slots_w) >= (*c as u128 + 1) * me_slots
-                    && settled(w)
-            });
+        if release && !settling && self.held.len() >= share && self.someone_below(now, &weights) {
             let candidate = self
                 .held
                 .iter()
                 .rev()
                 .find(|(p, _)| !self.in_flight.contains(p))
                 .map(|(p, h)| (*p, h.revision));
-            if someone_below && let Some((p, revision)) = candidate {
+            if let Some((p, revision)) = candidate {
                 self.held.remove(&p);
                 self.in_flight.insert(p);
                 self.released.insert(p, now);
@@ -510,6 +483,37 @@ impl Planner {
             }
         }
         actions
+    }
+
+    /// Whether releasing one partition helps a live worker (`weights`: its slots and
+    /// share): a settled worker below its own share (so it claims it) that, after the
+    /// move, still carries no more partitions per slot than this worker — with equal
+    /// slots, one that holds at least two fewer (⌈P/n⌉ at most, everyone within one of
+    /// each other). Never back and forth: the move keeps the receiver at or below this
+    /// worker's load.
+    fn someone_below(&self, now: Instant, weights: &HashMap<String, (u64, usize)>) -> bool {
+        let held = self.held.len() as u128;
+        let mut counts: HashMap<&str, usize> = weights.keys().map(|w| (w.as_str(), 0)).collect();
+        for s in self.view.iter().flatten() {
+            if let Some(c) = counts.get_mut(s.owner.as_str()) {
+                *c += 1;
+            }
+        }
+        // Only towards a worker out of its start grace: before that it claims nothing,
+        // and a partition released to it would sit unread.
+        let settled = |w: &str| {
+            self.heard.get(w).is_some_and(|(first, _)| {
+                now.saturating_duration_since(*first) >= self.timing.heartbeat_timeout
+            })
+        };
+        let me_slots = u128::from(self.slots);
+        counts.iter().any(|(w, c)| {
+            let (slots_w, share_w) = weights.get(*w).copied().unwrap_or((self.slots, 0));
+            *w != self.me.as_str()
+                && *c < share_w
+                && held.saturating_sub(1) * u128::from(slots_w) >= (*c as u128 + 1) * me_slots
+                && settled(w)
+        })
     }
 
     /// A claim or takeover sent at `sent_at` succeeded with `revision`; returns the

@@ -32,7 +32,9 @@
 //!   `subscription_capacity`, `max_streams`, `max_frame_age_ms` (staleness guard,
 //!   default 1,000 ms, `0` = off), `source` ([`ConsumerSource`]: core subscriptions,
 //!   or ordered JetStream consumers for the ingress's lossless mode), `ownership`
-//!   ([`Ownership`]: the static `owned` list, the default, or leases — see below).
+//!   ([`Ownership`]: the static `owned` list, the default, or leases — see below),
+//!   `capacity` ([`CapacityConfig`]: `announce`, default on; `prefix`, default
+//!   `weir.capacity`; `interval_ms`, default 1,000; `worker_id`).
 //! - [`Consumer::connect`] / [`Consumer::connect_with`] (own async-nats options: auth,
 //!   TLS, timeouts) subscribe to the owned partitions and return once the server has
 //!   registered the subscriptions.
@@ -50,7 +52,10 @@
 //! - [`Consumer::leases`] ([`LeaseInfo`]: owner, revision, held here, time left) and
 //!   [`Consumer::owned_now`] with lease ownership; [`Consumer::abort`] is a crash (no
 //!   drain, no release) for failover drills.
-//! - [`Consumer::shutdown`]: unsubscribe, end every stream with
+//! - [`Consumer::capacity`] → [`weir_protocol::capacity::Announcement`]: what the next
+//!   capacity announcement would say (slots = `max_streams`, live streams and their
+//!   lag, real-time factor p95, partitions delivered now).
+//! - [`Consumer::shutdown`]: last capacity announcement (empty), unsubscribe, end every stream with
 //!   [`EndCause::Shutdown`], wait for handlers up to a grace period, return final stats.
 //!
 //! # How it works and what it guarantees
@@ -103,12 +108,27 @@
 //!   the partitions through a JetStream KV bucket, one key per partition whose revision
 //!   is the fencing token. A worker claims (`create`), renews (`update` from its
 //!   revision) and releases; takes over a worker whose core-NATS heartbeats stopped
-//!   (CAS on its last revision); balances at ⌈P / live workers⌉, one release per tick.
+//!   (CAS on its last revision); balances in proportion to slots (`max_streams`,
+//!   carried by the heartbeats): ⌈P × slots / Σ slots of the live workers⌉, which is
+//!   ⌈P / live workers⌉ with equal slots, one release per tick.
 //!   A partition is fenced — no event handed to its handlers any more — the moment a
 //!   renewal is refused, another worker's newer write is seen, or the local validity
 //!   (last successful renewal's send time + TTL − margin) runs out; its streams end
 //!   with [`EndCause::Handover`]. A stream picked up after a handover starts with a
 //!   [`GapCause::Handover`] gap for the seqs this worker never saw.
+//! - **Capacity** (docs/protocol.md §5.1): one announcer task per consumer publishes
+//!   its [`Announcement`](weir_protocol::capacity::Announcement) on
+//!   `<prefix>.announce.<worker>` right after the subscriptions (or the lease driver)
+//!   are set up and then every `interval_ms`: slots (`max_streams`), live streams and
+//!   the lag of each (age of its oldest event not yet taken by its handler, read from
+//!   its queue), the worker's decaying p95 real-time factor (handler busy time over
+//!   audio time, measured per stream without a lock or an allocation per frame), the
+//!   partitions delivered now (lease: held and feed started), `seq` from 1, a random
+//!   `instance` per consumer. A failed publish is counted, never fatal. A stream
+//!   refused for `max_streams` gets one [`Refusal`](weir_protocol::capacity::Refusal)
+//!   on `<prefix>.refused.<stream>` per instance, so the door can tell its producer.
+//!   `shutdown` sends a last announcement with no partition and no live stream;
+//!   `abort` sends nothing; `announce = false` sends nothing at all.
 //! - Nothing in this module panics on network input; undecodable packets are counted by
 //!   error kind.
 

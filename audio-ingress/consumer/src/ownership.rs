@@ -18,7 +18,8 @@
 //!   fenced; a read that fails, or shows this worker at an older revision (a direct
 //!   get answered by a lagging replica), is unknown like a timeout.
 //! - **Heartbeats** go on core NATS (`weir.lease.<bucket>.heartbeat`, payload = worker
-//!   id, header `Weir-Lease-Beat` = this process's nonce and the send time), which keeps
+//!   id, header `Weir-Lease-Beat` = this process's nonce and the send time, header
+//!   `Weir-Lease-Slots` = its `max_streams`, its weight in the balance), which keeps
 //!   flowing while a KV stream elects a new leader; they decide who is live. Every
 //!   worker also hears its own: their send times drive the planner's echo clock and
 //!   the worker's [`Liveness`], which every fence of the worker depends on. When the
