@@ -223,13 +223,17 @@ impl CapacityState {
             live_streams,
             remembered,
         };
-        if tx.try_send(note).is_err() {
-            ::metrics::counter!(
-                crate::metrics::CONSUMER_CAPACITY_REFUSALS_UNSENT_TOTAL,
-                crate::metrics::LABEL_REASON => "buffer_full"
-            )
-            .increment(1);
-        }
+        let reason = match tx.try_send(note) {
+            Ok(()) => return,
+            Err(mpsc::error::TrySendError::Full(_)) => "buffer_full",
+            // The announcer has stopped (shutdown).
+            Err(mpsc::error::TrySendError::Closed(_)) => "stopped",
+        };
+        ::metrics::counter!(
+            crate::metrics::CONSUMER_CAPACITY_REFUSALS_UNSENT_TOTAL,
+            crate::metrics::LABEL_REASON => reason
+        )
+        .increment(1);
     }
 
     /// The announcer's end of the refusal notes (taken once).

@@ -105,8 +105,9 @@ weir_service::declare_metrics! {
     /// instance refused for `max_streams`.
     counter pub const CONSUMER_CAPACITY_REFUSALS_TOTAL: &str = "weir_consumer_capacity_refusals_published_total";
     /// Counter: refusal notices not sent, by `reason` (`publish_failed`, `buffer_full`:
-    /// more than 1,024 waiting for the announcer, `memory_full`: more refused ids at once
-    /// than the bounded memory of notified ones, `invalid_stream_id`).
+    /// more than 1,024 waiting for the announcer, `stopped`: refused during shutdown,
+    /// after the last announcement, `memory_full`: more refused ids at once than the
+    /// bounded memory of notified ones, `invalid_stream_id`).
     counter pub const CONSUMER_CAPACITY_REFUSALS_UNSENT_TOTAL: &str = "weir_consumer_capacity_refusals_unsent_total";
     /// Gauge: the worker's slots (`max_streams`), as last announced.
     gauge pub const CONSUMER_CAPACITY_SLOTS: &str = "weir_consumer_capacity_slots";
