@@ -15,6 +15,7 @@ use weir_protocol::partition::DEFAULT_STREAM_TEMPLATE;
 use weir_service::config::Range;
 
 use super::ConsumerError;
+pub use crate::capacity::{CapacityConfig, CapacitySettings};
 
 /// Default per-stream byte bound: 0.5 s of 16 kHz s16le mono.
 pub const DEFAULT_MAX_PENDING_BYTES: usize = 16_000;
@@ -322,7 +323,7 @@ impl LeaseConfig {
 
 /// `w<pid>-<nanoseconds of the start time, hex>`: unique per process on a host, and
 /// across hosts with overwhelming probability.
-fn default_worker_id() -> String {
+pub(crate) fn default_worker_id() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos() ^ (d.as_secs() as u32));
@@ -344,6 +345,8 @@ fn default_worker_id() -> String {
 /// max_frame_age_ms = 1000   # 0 = staleness guard off
 /// source = "core"           # or { jetstream = { stream = "WEIR_AUDIO" } }
 /// ownership = "static"      # or { lease = { ... } }, see [`Ownership`]
+/// capacity = { announce = true, prefix = "weir.capacity", interval_ms = 1000 }
+///                           # see [`CapacityConfig`]
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -374,7 +377,9 @@ pub struct ConsumerConfig {
     pub retain_finished_streams: usize,
     /// Live stream instances this consumer follows at once, over all its
     /// subscriptions (1..=1,000,000). A new stream beyond it is refused: no handler,
-    /// its frames counted as `frames_refused`, a [`ConsumerEvent::StreamRefused`](super::ConsumerEvent::StreamRefused).
+    /// its frames counted as `frames_refused`, a [`ConsumerEvent::StreamRefused`](super::ConsumerEvent::StreamRefused)
+    /// and one capacity refusal notice. These are the worker's slots: announced to the
+    /// doors, and its weight in the lease balance.
     pub max_streams: usize,
     /// Staleness guard, ms: a frame whose capture time (meta `captured_at_ms`, else
     /// the `Weir-Captured-At-Ms` header) is older than this on the consumer's wall
@@ -390,6 +395,12 @@ pub struct ConsumerConfig {
     /// in a JetStream KV bucket ([`Ownership::Lease`], which needs a `{partition}`
     /// subject and ignores `owned`).
     pub ownership: Ownership,
+    /// Capacity announcements and refusal notices ([`CapacityConfig`]: `announce`,
+    /// `prefix`, `interval_ms`, `worker_id`): the worker's slots (`max_streams`), live
+    /// streams with their lag, and real-time factor on `<prefix>.announce.<worker>`
+    /// every interval, and a notice on `<prefix>.refused.<stream>` per stream refused
+    /// for `max_streams`. On by default.
+    pub capacity: CapacityConfig,
 }
 
 impl Default for ConsumerConfig {
@@ -408,6 +419,7 @@ impl Default for ConsumerConfig {
             max_frame_age_ms: ms(DEFAULT_MAX_FRAME_AGE),
             source: ConsumerSource::Core,
             ownership: Ownership::Static,
+            capacity: CapacityConfig::default(),
         }
     }
 }
@@ -430,6 +442,7 @@ pub struct ConsumerSettings {
     pub(crate) max_frame_age: Option<Duration>,
     pub(crate) source: ConsumerSource,
     pub(crate) lease: Option<LeaseSettings>,
+    pub(crate) capacity: CapacitySettings,
 }
 
 /// The bound of one stream's queue (the type both queues share).
@@ -584,6 +597,9 @@ impl ConsumerConfig {
         if let ConsumerSource::JetStream { stream, .. } = &self.source {
             check_name("source", "JetStream stream name ", stream)?;
         }
+        let capacity_settings = self
+            .capacity
+            .validate(lease.as_ref().map(|l| l.worker_id.as_str()))?;
         Ok(ConsumerSettings {
             subject,
             partitions,
@@ -600,6 +616,7 @@ impl ConsumerConfig {
             max_frame_age,
             source: self.source.clone(),
             lease,
+            capacity: capacity_settings,
         })
     }
 }
@@ -643,6 +660,11 @@ impl ConsumerSettings {
     /// The lease settings, when ownership is by lease.
     pub fn lease(&self) -> Option<&LeaseSettings> {
         self.lease.as_ref()
+    }
+
+    /// The capacity announcement settings.
+    pub fn capacity(&self) -> &CapacitySettings {
+        &self.capacity
     }
 
     /// Where packets come from.

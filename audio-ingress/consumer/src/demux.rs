@@ -562,6 +562,10 @@ impl<F: HandlerFactory> Demux<F> {
             // so its next packet is refused (and counted) as a new stream again.
             None => false,
         };
+        let live = self.shared.stream_slots.taken() as u64;
+        if reason == RefuseReason::MaxStreams {
+            self.shared.capacity.refused(token, live, remembered);
+        }
         self.shared.registry().stream_refused(name);
         metrics::counter!(m::CONSUMER_STREAMS_REFUSED_TOTAL, m::LABEL_REASON => name).increment(1);
         self.count_refused_frames(&packet.body, reason);

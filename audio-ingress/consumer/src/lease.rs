@@ -36,15 +36,22 @@
 //!   overlaps the old owner's deliveries, whether the old owner died, stalled or was
 //!   cut off (what remains, an asymmetric route failure between two nodes, is fenced
 //!   by the watcher and the next renewal; see docs/scale-out.md).
-//! - **Balance.** Each worker aims at ⌈P / live workers⌉ (live = this worker plus every
-//!   worker whose heartbeat was heard within the heartbeat timeout). It claims free
-//!   partitions up to that share, in a worker-specific order so that survivors do not
+//! - **Balance, weighted by slots.** Each worker aims at its share
+//!   ⌈P × slots / Σ slots of the live workers⌉ (live = this worker plus every worker
+//!   whose heartbeat was heard within the heartbeat timeout; a worker's slots are its
+//!   `max_streams`, carried by its heartbeats, and a heartbeat without them counts as
+//!   this worker's own slots, so equal workers — and workers of a version that does not
+//!   send them — share ⌈P / live workers⌉ exactly as without weights). It claims free
+//!   partitions up to its share, in a worker-specific order so that survivors do not
 //!   all race for the same keys, and releases at most one partition per tick while it
-//!   is above the share and a live worker is below it (a joining worker takes load
-//!   gradually, no thundering herd) — but not within a heartbeat timeout of its own
-//!   last acquisition: right after a failover the others' takeovers are not in its
-//!   view yet, and releasing to a worker that only looks below its share leaves the
-//!   partition unread for the release cool-down.
+//!   is at or above its share and a settled live worker is below its own share and
+//!   would, after the move, still carry no more partitions per slot than this worker
+//!   (`(held − 1) × slots_w ≥ (count_w + 1) × slots_self`; with equal slots: two
+//!   fewer) — a joining worker takes load gradually, no thundering herd, no ping-pong —
+//!   but not within a heartbeat timeout of its own last acquisition: right after a
+//!   failover the others' takeovers are not in its view yet, and releasing to a worker
+//!   that only looks below its share leaves the partition unread for the release
+//!   cool-down.
 //! - **Takeover.** A partition whose owner is not live is taken by compare-and-swap on
 //!   the owner's last revision seen; a key not rewritten for a TTL is taken by
 //!   `create` (it has expired). Until its echo clock is a heartbeat timeout past its
@@ -156,6 +163,10 @@ pub(crate) struct Planner {
     view: Vec<Option<Seen>>,
     /// Per peer: when it was first heard (since it was last taken for dead) and last.
     heard: HashMap<String, (Instant, Instant)>,
+    /// This worker's slots (`max_streams`): its weight in the balance.
+    slots: u64,
+    /// Per peer: the slots its last heartbeat carried (absent: counted as `slots`).
+    peer_slots: HashMap<String, u64>,
     held: BTreeMap<u32, Held>,
     in_flight: BTreeSet<u32>,
     /// The echo clock: the send time of the latest own heartbeat heard back.
@@ -178,6 +189,8 @@ impl Planner {
             started: now,
             view: vec![None; partitions as usize],
             heard: HashMap::new(),
+            slots: 1,
+            peer_slots: HashMap::new(),
             held: BTreeMap::new(),
             in_flight: BTreeSet::new(),
             echo: None,
@@ -191,10 +204,31 @@ impl Planner {
         &self.me
     }
 
-    /// A heartbeat of `worker` arrived.
+    /// This worker's slots (`max_streams`, at least 1): its weight in the balance.
+    pub(crate) fn with_slots(mut self, slots: u64) -> Self {
+        self.slots = slots.max(1);
+        self
+    }
+
+    /// A heartbeat of `worker` without slots arrived (it counts as this worker's own).
+    #[cfg(test)]
     pub(crate) fn heard(&mut self, worker: &str, now: Instant) {
+        self.heard_with_slots(worker, None, now);
+    }
+
+    /// A heartbeat of `worker` arrived, carrying its slots (`None`: counted as this
+    /// worker's own).
+    pub(crate) fn heard_with_slots(&mut self, worker: &str, slots: Option<u64>, now: Instant) {
         if worker == self.me {
             return;
+        }
+        match slots {
+            Some(s) => {
+                self.peer_slots.insert(worker.to_owned(), s.max(1));
+            }
+            None => {
+                self.peer_slots.remove(worker);
+            }
         }
         let timeout = self.timing.heartbeat_timeout;
         let entry = self.heard.entry(worker.to_owned()).or_insert((now, now));
@@ -286,6 +320,15 @@ impl Planner {
         live
     }
 
+    /// The slots of `worker` as its heartbeats announced them (this worker's own when
+    /// it sent none).
+    fn slots_of(&self, worker: &str) -> u64 {
+        match worker == self.me {
+            true => self.slots,
+            false => self.peer_slots.get(worker).copied().unwrap_or(self.slots),
+        }
+    }
+
     /// How many workers are live, this one included.
     pub(crate) fn live_count(&self) -> usize {
         self.live().len()
@@ -369,7 +412,17 @@ impl Planner {
             return actions;
         }
         let live: BTreeSet<String> = self.live().into_iter().map(str::to_owned).collect();
-        let share = (self.partitions as usize).div_ceil(live.len().max(1));
+        let total_slots: u64 = live.iter().map(|w| self.slots_of(w)).sum();
+        // Per live worker: (slots, share).
+        let weights: HashMap<String, (u64, usize)> = live
+            .iter()
+            .map(|w| {
+                let slots = self.slots_of(w);
+                let share = weighted_share(self.partitions, slots, total_slots);
+                (w.clone(), (slots, share))
+            })
+            .collect();
+        let share = weights.get(&self.me).map_or(0, |(_, share)| *share);
         let claiming = self.in_flight.iter().filter(|p| !self.held.contains_key(p));
         let mine = self.held.len() + claiming.count();
         let cooldown = self.timing.heartbeat_timeout;
@@ -411,34 +464,14 @@ impl Planner {
         let settling = self
             .last_acquired
             .is_some_and(|t| now.saturating_duration_since(t) < self.timing.heartbeat_timeout);
-        if release && !settling && self.held.len() >= share {
-            let held = self.held.len();
-            let mut counts: HashMap<&str, usize> = live.iter().map(|w| (w.as_str(), 0)).collect();
-            for s in self.view.iter().flatten() {
-                if let Some(c) = counts.get_mut(s.owner.as_str()) {
-                    *c += 1;
-                }
-            }
-            // Only towards a worker out of its start grace: before that it claims
-            // nothing, and a partition released to it would sit unread.
-            let settled = |w: &str| {
-                self.heard.get(w).is_some_and(|(first, _)| {
-                    now.saturating_duration_since(*first) >= self.timing.heartbeat_timeout
-                })
-            };
-            // Moving one partition helps when a settled worker holds at least two
-            // fewer: it is then below the share and claims it, and the spread
-            // narrows (⌈P/n⌉ at most, everyone within one of each other).
-            let someone_below = counts
-                .iter()
-                .any(|(w, c)| *w != self.me.as_str() && c + 2 <= held && settled(w));
+        if release && !settling && self.held.len() >= share && self.someone_below(now, &weights) {
             let candidate = self
                 .held
                 .iter()
                 .rev()
                 .find(|(p, _)| !self.in_flight.contains(p))
                 .map(|(p, h)| (*p, h.revision));
-            if someone_below && let Some((p, revision)) = candidate {
+            if let Some((p, revision)) = candidate {
                 self.held.remove(&p);
                 self.in_flight.insert(p);
                 self.released.insert(p, now);
@@ -450,6 +483,37 @@ impl Planner {
             }
         }
         actions
+    }
+
+    /// Whether releasing one partition helps a live worker (`weights`: its slots and
+    /// share): a settled worker below its own share (so it claims it) that, after the
+    /// move, still carries no more partitions per slot than this worker — with equal
+    /// slots, one that holds at least two fewer (⌈P/n⌉ at most, everyone within one of
+    /// each other). Never back and forth: the move keeps the receiver at or below this
+    /// worker's load.
+    fn someone_below(&self, now: Instant, weights: &HashMap<String, (u64, usize)>) -> bool {
+        let held = self.held.len() as u128;
+        let mut counts: HashMap<&str, usize> = weights.keys().map(|w| (w.as_str(), 0)).collect();
+        for s in self.view.iter().flatten() {
+            if let Some(c) = counts.get_mut(s.owner.as_str()) {
+                *c += 1;
+            }
+        }
+        // Only towards a worker out of its start grace: before that it claims nothing,
+        // and a partition released to it would sit unread.
+        let settled = |w: &str| {
+            self.heard.get(w).is_some_and(|(first, _)| {
+                now.saturating_duration_since(*first) >= self.timing.heartbeat_timeout
+            })
+        };
+        let me_slots = u128::from(self.slots);
+        counts.iter().any(|(w, c)| {
+            let (slots_w, share_w) = weights.get(*w).copied().unwrap_or((self.slots, 0));
+            *w != self.me.as_str()
+                && *c < share_w
+                && held.saturating_sub(1) * u128::from(slots_w) >= (*c as u128 + 1) * me_slots
+                && settled(w)
+        })
     }
 
     /// A claim or takeover sent at `sent_at` succeeded with `revision`; returns the
@@ -621,6 +685,14 @@ impl Planner {
     fn validity(&self) -> Duration {
         self.timing.ttl.saturating_sub(self.timing.margin)
     }
+}
+
+/// ⌈partitions × slots / total_slots⌉: a worker's share of the partitions (the whole
+/// share of ⌈P / n⌉ when every worker has the same slots).
+pub(crate) fn weighted_share(partitions: u32, slots: u64, total_slots: u64) -> usize {
+    let p = u128::from(partitions);
+    let share = (p * u128::from(slots)).div_ceil(u128::from(total_slots.max(1)));
+    usize::try_from(share.min(p)).unwrap_or(usize::MAX)
 }
 
 #[cfg(test)]
@@ -1094,3 +1166,6 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod weighted_tests;

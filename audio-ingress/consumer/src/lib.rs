@@ -32,7 +32,9 @@
 //!   `subscription_capacity`, `max_streams`, `max_frame_age_ms` (staleness guard,
 //!   default 1,000 ms, `0` = off), `source` ([`ConsumerSource`]: core subscriptions,
 //!   or ordered JetStream consumers for the ingress's lossless mode), `ownership`
-//!   ([`Ownership`]: the static `owned` list, the default, or leases — see below).
+//!   ([`Ownership`]: the static `owned` list, the default, or leases — see below),
+//!   `capacity` ([`CapacityConfig`]: `announce`, default on; `prefix`, default
+//!   `weir.capacity`; `interval_ms`, default 1,000; `worker_id`).
 //! - [`Consumer::connect`] / [`Consumer::connect_with`] (own async-nats options: auth,
 //!   TLS, timeouts) subscribe to the owned partitions and return once the server has
 //!   registered the subscriptions.
@@ -50,7 +52,10 @@
 //! - [`Consumer::leases`] ([`LeaseInfo`]: owner, revision, held here, time left) and
 //!   [`Consumer::owned_now`] with lease ownership; [`Consumer::abort`] is a crash (no
 //!   drain, no release) for failover drills.
-//! - [`Consumer::shutdown`]: unsubscribe, end every stream with
+//! - [`Consumer::capacity`] → [`weir_protocol::capacity::Announcement`]: what the next
+//!   capacity announcement would say (slots = `max_streams`, live streams and their
+//!   lag, real-time factor p95, partitions delivered now).
+//! - [`Consumer::shutdown`]: last capacity announcement (empty), unsubscribe, end every stream with
 //!   [`EndCause::Shutdown`], wait for handlers up to a grace period, return final stats.
 //!
 //! # How it works and what it guarantees
@@ -103,15 +108,31 @@
 //!   the partitions through a JetStream KV bucket, one key per partition whose revision
 //!   is the fencing token. A worker claims (`create`), renews (`update` from its
 //!   revision) and releases; takes over a worker whose core-NATS heartbeats stopped
-//!   (CAS on its last revision); balances at ⌈P / live workers⌉, one release per tick.
+//!   (CAS on its last revision); balances in proportion to slots (`max_streams`,
+//!   carried by the heartbeats): ⌈P × slots / Σ slots of the live workers⌉, which is
+//!   ⌈P / live workers⌉ with equal slots, one release per tick.
 //!   A partition is fenced — no event handed to its handlers any more — the moment a
 //!   renewal is refused, another worker's newer write is seen, or the local validity
 //!   (last successful renewal's send time + TTL − margin) runs out; its streams end
 //!   with [`EndCause::Handover`]. A stream picked up after a handover starts with a
 //!   [`GapCause::Handover`] gap for the seqs this worker never saw.
+//! - **Capacity** (docs/protocol.md §5.1): one announcer task per consumer publishes
+//!   its [`Announcement`](weir_protocol::capacity::Announcement) on
+//!   `<prefix>.announce.<worker>` right after the subscriptions (or the lease driver)
+//!   are set up and then every `interval_ms`: slots (`max_streams`), live streams and
+//!   the lag of each (age of its oldest event not yet taken by its handler, read from
+//!   its queue), the worker's decaying p95 real-time factor (handler busy time over
+//!   audio time, measured per stream without a lock or an allocation per frame), the
+//!   partitions delivered now (lease: held and feed started), `seq` from 1, a random
+//!   `instance` per consumer. A failed publish is counted, never fatal. A stream
+//!   refused for `max_streams` gets one [`Refusal`](weir_protocol::capacity::Refusal)
+//!   on `<prefix>.refused.<stream>` per instance, so the door can tell its producer.
+//!   `shutdown` sends a last announcement with no partition and no live stream;
+//!   `abort` sends nothing; `announce = false` sends nothing at all.
 //! - Nothing in this module panics on network input; undecodable packets are counted by
 //!   error kind.
 
+mod capacity;
 mod config;
 mod demux;
 mod event;
@@ -145,10 +166,10 @@ use weir_service::config::{ConfigError, ConfigErrorKind};
 use weir_service::nats::{EventMetrics, NatsEvents};
 
 pub use config::{
-    ConsumerConfig, ConsumerPolicy, ConsumerSettings, ConsumerSource, DEFAULT_HEARTBEAT_INTERVAL,
-    DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_LEASE_BUCKET, DEFAULT_LEASE_MARGIN,
-    DEFAULT_LEASE_RENEW_INTERVAL, DEFAULT_LEASE_TTL, DEFAULT_MAX_FRAME_AGE,
-    DEFAULT_MAX_PENDING_AGE, DEFAULT_MAX_PENDING_BYTES, DEFAULT_MAX_STREAMS,
+    CapacityConfig, CapacitySettings, ConsumerConfig, ConsumerPolicy, ConsumerSettings,
+    ConsumerSource, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_LEASE_BUCKET, DEFAULT_LEASE_MARGIN, DEFAULT_LEASE_RENEW_INTERVAL, DEFAULT_LEASE_TTL,
+    DEFAULT_MAX_FRAME_AGE, DEFAULT_MAX_PENDING_AGE, DEFAULT_MAX_PENDING_BYTES, DEFAULT_MAX_STREAMS,
     DEFAULT_RETAIN_FINISHED, DEFAULT_SUBSCRIPTION_CAPACITY, JetStreamStart, LeaseConfig,
     LeaseSettings, MAX_FRAME_AGE_RANGE_MS, Ownership, QueueLimits,
 };
@@ -312,6 +333,9 @@ pub(crate) struct Shared {
     pub(crate) stream_slots: Arc<StreamSlots>,
     /// `max_streams` slots for remembering refused stream ids.
     pub(crate) refused_slots: Arc<StreamSlots>,
+    /// Capacity: the announcements' nonce and seq, the real-time factor, the refusal
+    /// notes for the announcer.
+    pub(crate) capacity: capacity::CapacityState,
 }
 
 impl Shared {
@@ -323,7 +347,9 @@ impl Shared {
         let retain = settings.retain_finished.get();
         let max_streams = settings.max_streams;
         let registry = Registry::new(retain);
+        let capacity = capacity::CapacityState::new(&settings.capacity);
         Self {
+            capacity,
             settings,
             wall_clock,
             decode: DecodeOptions::default(),
@@ -360,6 +386,8 @@ pub struct Consumer {
     tasks: Vec<JoinHandle<()>>,
     /// Lease ownership: the table the driver keeps current.
     leases: Option<Arc<ownership::LeaseBoard>>,
+    /// The capacity announcer (`None` with `capacity.announce = false`).
+    announcer: Option<capacity::announcer::Announcer>,
 }
 
 impl std::fmt::Debug for Consumer {
@@ -444,12 +472,15 @@ impl Consumer {
                 worker = shared.settings.lease.as_ref().map(|l| l.worker_id.as_str()),
                 "consumer started with lease ownership"
             );
+            let announcer =
+                capacity::announcer::spawn(client.clone(), shared.clone(), Some(board.clone()));
             return Ok(Self {
                 shared,
                 client,
                 stop,
                 tasks: vec![task],
                 leases: Some(board),
+                announcer,
             });
         }
         let subjects = shared
@@ -494,12 +525,14 @@ impl Consumer {
             source = ?shared.settings.source,
             "consumer subscribed"
         );
+        let announcer = capacity::announcer::spawn(client.clone(), shared.clone(), None);
         Ok(Self {
             shared,
             client,
             stop,
             tasks,
             leases: None,
+            announcer,
         })
     }
 
@@ -512,21 +545,25 @@ impl Consumer {
     /// The partitions this worker delivers now: the static `owned` list, or the
     /// leases it holds whose feed runs.
     pub fn owned_now(&self) -> Vec<u32> {
-        match &self.leases {
-            None => self.shared.settings.owned().collect(),
-            Some(b) => b
-                .get()
-                .into_iter()
-                .filter(|l| l.delivering)
-                .map(|l| l.partition)
-                .collect(),
-        }
+        capacity::announcer::delivering(&self.shared, self.leases.as_deref())
+    }
+
+    /// What this worker's next capacity announcement would say now (its `seq` is the
+    /// next one; `sent_at_ms` is now): slots, live streams with their lag, the
+    /// real-time factor's p95 and the partitions delivered now. Available with
+    /// `capacity.announce = false` too (nothing is published then).
+    pub fn capacity(&self) -> weir_protocol::capacity::Announcement {
+        let seq = self.shared.capacity.peek_seq();
+        capacity::announcer::announcement(&self.shared, self.leases.as_deref(), seq, Instant::now())
     }
 
     /// Stops every task at once: no drain, no end to the handlers, no lease released,
     /// no goodbye — what a crash (SIGKILL) of the worker looks like to the rest of the
     /// cluster, for failover drills and tests. Handlers are aborted at their next await.
     pub fn abort(self) {
+        if let Some(announcer) = &self.announcer {
+            announcer.abort();
+        }
         for task in &self.tasks {
             task.abort();
         }
@@ -559,11 +596,17 @@ impl Consumer {
         &self.shared.settings
     }
 
-    /// Stops: unsubscribes, ends every live stream with [`EndCause::Shutdown`], waits
+    /// Stops: sends the last capacity announcement (no partition, no live stream),
+    /// unsubscribes, ends every live stream with [`EndCause::Shutdown`], waits
     /// up to `grace` for the handlers to finish (aborting the rest) and returns the
     /// final stats.
     pub async fn shutdown(self, grace: Duration) -> ConsumerStats {
         let deadline = Instant::now() + grace;
+        // First the last announcement (no partition, no live stream): the doors stop
+        // sending new streams here while this worker drains.
+        if let Some(announcer) = self.announcer {
+            announcer.finish().await;
+        }
         self.stop.stop(deadline);
         // Each demultiplexer bounds its own wait by the deadline; the extra margin
         // covers scheduling, and with leases the releases after the drain.

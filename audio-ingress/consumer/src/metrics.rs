@@ -96,6 +96,28 @@ weir_service::declare_metrics! {
     gauge pub const CONSUMER_LEASES_HELD: &str = "weir_consumer_leases_held";
     /// Gauge: live workers this worker counts (itself included).
     gauge pub const CONSUMER_LEASE_LIVE_WORKERS: &str = "weir_consumer_lease_live_workers";
+    /// Counter: capacity announcements published (`<prefix>.announce.<worker>`).
+    counter pub const CONSUMER_CAPACITY_ANNOUNCEMENTS_TOTAL: &str = "weir_consumer_capacity_announcements_total";
+    /// Counter: capacity announcements that could not be published (logged at most once
+    /// per 10 s; the next interval tries again).
+    counter pub const CONSUMER_CAPACITY_ANNOUNCE_FAILURES_TOTAL: &str = "weir_consumer_capacity_announce_failures_total";
+    /// Counter: refusal notices published (`<prefix>.refused.<stream>`), one per stream
+    /// instance refused for `max_streams`.
+    counter pub const CONSUMER_CAPACITY_REFUSALS_TOTAL: &str = "weir_consumer_capacity_refusals_published_total";
+    /// Counter: refusal notices not sent, by `reason` (`publish_failed`, `buffer_full`:
+    /// more than 1,024 waiting for the announcer, `stopped`: refused during shutdown,
+    /// after the last announcement, `memory_full`: more refused ids at once than the
+    /// bounded memory of notified ones, `invalid_stream_id`).
+    counter pub const CONSUMER_CAPACITY_REFUSALS_UNSENT_TOTAL: &str = "weir_consumer_capacity_refusals_unsent_total";
+    /// Gauge: the worker's slots (`max_streams`), as last announced.
+    gauge pub const CONSUMER_CAPACITY_SLOTS: &str = "weir_consumer_capacity_slots";
+    /// Gauge: live streams, as last announced.
+    gauge pub const CONSUMER_CAPACITY_LIVE_STREAMS: &str = "weir_consumer_capacity_live_streams";
+    /// Gauge: the largest lag of a live stream (age of its oldest frame not yet taken by
+    /// its handler), seconds, as last announced.
+    gauge pub const CONSUMER_CAPACITY_MAX_LAG_SECONDS: &str = "weir_consumer_capacity_max_lag_seconds";
+    /// Gauge: handler busy time over audio time, decaying p95, as last announced.
+    gauge pub const CONSUMER_CAPACITY_RTF_P95: &str = "weir_consumer_capacity_rtf_p95";
 }
 
 #[cfg(test)]

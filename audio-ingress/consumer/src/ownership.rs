@@ -18,7 +18,8 @@
 //!   fenced; a read that fails, or shows this worker at an older revision (a direct
 //!   get answered by a lagging replica), is unknown like a timeout.
 //! - **Heartbeats** go on core NATS (`weir.lease.<bucket>.heartbeat`, payload = worker
-//!   id, header `Weir-Lease-Beat` = this process's nonce and the send time), which keeps
+//!   id, header `Weir-Lease-Beat` = this process's nonce and the send time, header
+//!   `Weir-Lease-Slots` = its `max_streams`, its weight in the balance), which keeps
 //!   flowing while a KV stream elects a new leader; they decide who is live. Every
 //!   worker also hears its own: their send times drive the planner's echo clock and
 //!   the worker's [`Liveness`], which every fence of the worker depends on. When the
@@ -79,6 +80,9 @@ const WATCH_RETRY: Duration = Duration::from_millis(500);
 const WATCH_CHANNEL: usize = 1_024;
 /// The heartbeat header carrying `<nonce> <send time, µs since the driver started>`.
 const BEAT_HEADER: &str = "Weir-Lease-Beat";
+/// The heartbeat header carrying the worker's slots (`max_streams`), its weight in the
+/// balance; a heartbeat without it (an older worker) counts as equal to the reader's.
+pub(crate) const SLOTS_HEADER: &str = "Weir-Lease-Slots";
 
 /// A value that tells this driver's own heartbeats from those of another process that
 /// (wrongly) uses the same worker id.
@@ -162,7 +166,8 @@ pub(crate) async fn start<F: HandlerFactory>(
     let partitions = shared.settings.partitions.get();
     let started = Instant::now();
     let driver = Driver {
-        planner: Planner::new(lease.worker_id.clone(), partitions, lease.timing(), started),
+        planner: Planner::new(lease.worker_id.clone(), partitions, lease.timing(), started)
+            .with_slots(shared.settings.max_streams.get() as u64),
         started,
         nonce: nonce(),
         liveness: Arc::new(Liveness::new(started)),
@@ -323,6 +328,7 @@ impl<F: HandlerFactory> Driver<F> {
                     let sent = Instant::now().saturating_duration_since(self.started);
                     let mut headers = async_nats::HeaderMap::new();
                     headers.insert(BEAT_HEADER, format!("{} {}", self.nonce, sent.as_micros()));
+                    headers.insert(SLOTS_HEADER, self.shared.settings.max_streams.to_string());
                     let publish =
                         self.client
                             .publish_with_headers(hb_subject.clone(), headers, id.into());
@@ -366,7 +372,14 @@ impl<F: HandlerFactory> Driver<F> {
         };
         let now = Instant::now();
         if id != self.planner.me() {
-            self.planner.heard(id, now);
+            // Slots out of 1..=MAX_SLOTS (or unreadable) count as absent: equal.
+            let slots = msg
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(SLOTS_HEADER))
+                .and_then(|v| v.as_str().trim().parse::<u64>().ok())
+                .filter(|s| (1..=weir_protocol::capacity::MAX_SLOTS).contains(s));
+            self.planner.heard_with_slots(id, slots, now);
             return;
         }
         let beat = msg

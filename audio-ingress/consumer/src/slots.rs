@@ -45,7 +45,6 @@ impl StreamSlots {
     }
 
     /// Slots taken now.
-    #[cfg(test)]
     pub(crate) fn taken(&self) -> usize {
         self.taken.load(Ordering::Acquire)
     }

@@ -31,6 +31,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use serde::Serialize;
 use tokio::time::Instant;
@@ -237,6 +238,17 @@ impl ConsumerStats {
     }
 }
 
+/// The live streams' load ([`Registry::loads`]).
+#[derive(Debug, Default)]
+pub(crate) struct Loads {
+    /// Live stream instances.
+    pub(crate) live: u64,
+    /// The largest lag.
+    pub(crate) max_lag: Duration,
+    /// `(stream id, lag)`, the most lagging first, at most the limit asked for.
+    pub(crate) listed: Vec<(String, Duration)>,
+}
+
 struct Record {
     stats: StreamStats,
     queue: Option<Arc<StreamQueue>>,
@@ -407,6 +419,36 @@ impl Registry {
     /// Counts a slow-consumer event.
     pub(crate) fn slow_consumer(&mut self) {
         self.slow_consumer += 1;
+    }
+
+    /// The live streams (whose handler task runs) and their lag: the count, the
+    /// largest lag, and up to `max_listed` of them, the most lagging first.
+    pub(crate) fn loads(&self, now: Instant, max_listed: usize) -> Loads {
+        let mut all: Vec<(Duration, &str)> = self
+            .records
+            .values()
+            .filter_map(|r| {
+                Some((
+                    r.queue.as_ref()?.fill(now).oldest_age,
+                    r.stats.stream.as_str(),
+                ))
+            })
+            .collect();
+        let live = all.len() as u64;
+        let max_lag = all.iter().map(|(lag, _)| *lag).max().unwrap_or_default();
+        if all.len() > max_listed {
+            all.select_nth_unstable_by(max_listed, |a, b| b.0.cmp(&a.0));
+            all.truncate(max_listed);
+        }
+        all.sort_unstable_by_key(|(lag, _)| std::cmp::Reverse(*lag));
+        Loads {
+            live,
+            max_lag,
+            listed: all
+                .into_iter()
+                .map(|(lag, s)| (s.to_owned(), lag))
+                .collect(),
+        }
     }
 
     /// The snapshot.

@@ -35,6 +35,7 @@ use weir_protocol::audio::extension::{
     EndReason, Overload, OverloadReason, PossibleLoss, PossibleLossReason,
 };
 use weir_protocol::audio::{DecodeOptions, Gap, GapReason, Packet, decode, ws};
+use weir_protocol::capacity;
 use weir_protocol::llm::{
     CancelReply, Capabilities, EnvelopeMeta, ErrorBody, ErrorCode, ErrorDetails, ResponseEnvelope,
 };
@@ -227,6 +228,10 @@ fn golden_cases() -> Vec<(&'static str, String, Value)> {
     for (case, event) in ws_events() {
         add("audio-ws-event", case, to(&event));
     }
+    for (case, announcement) in capacity_announcements() {
+        add("capacity-announcement", case, to(&announcement));
+    }
+    add("capacity-refusal", "max_streams", to(&capacity_refusal()));
     add("ingress-stats", "default", to(&IngressStats::default()));
     add("ingress-stats", "full", to(&ingress_stats()));
     add("adapter-stats", "default", to(&AdapterStats::default()));
@@ -341,6 +346,24 @@ fn ws_events() -> Vec<(&'static str, ws::Event)> {
             },
         ),
         (
+            "degraded",
+            ws::Event::Degraded {
+                lag_ms: 740,
+                threshold_ms: 500,
+                worker: "gpu-a".into(),
+            },
+        ),
+        ("recovered", ws::Event::Recovered { lag_ms: 60 }),
+        (
+            "closed_no_capacity",
+            ws::Event::Closed {
+                reason: EndReason::NoCapacity,
+                frames_published: 3,
+                frames_dropped: 0,
+                end_delivered: true,
+            },
+        ),
+        (
             "closed",
             ws::Event::Closed {
                 reason: EndReason::ProducerGone,
@@ -350,6 +373,86 @@ fn ws_events() -> Vec<(&'static str, ws::Event)> {
             },
         ),
     ]
+}
+
+/// A lease-mode worker with two live streams, and a static-mode one with none.
+fn capacity_announcements() -> Vec<(&'static str, capacity::Announcement)> {
+    let lease = capacity::Announcement {
+        v: capacity::VERSION,
+        worker: "gpu-a".into(),
+        instance: "7f3a9c01".into(),
+        seq: 42,
+        sent_at_ms: 1_700_000_000_000,
+        interval_ms: capacity::DEFAULT_INTERVAL_MS,
+        subject: "audio.{partition}.{stream}".into(),
+        partitions_total: 16,
+        ownership: capacity::OwnershipKind::Lease,
+        lease_bucket: Some("weir_leases".into()),
+        partitions: vec![0, 3, 7, 12],
+        max_streams: 6,
+        live_streams: 2,
+        lag_ms: 140,
+        rtf_p95: 0.61,
+        streams: vec![
+            capacity::StreamLoad {
+                id: "call-17".into(),
+                lag_ms: 140,
+            },
+            capacity::StreamLoad {
+                id: "call-23".into(),
+                lag_ms: 20,
+            },
+        ],
+        streams_truncated: false,
+    };
+    let idle = capacity::Announcement {
+        worker: "gpu-b".into(),
+        instance: "c0ffee".into(),
+        seq: 1,
+        ownership: capacity::OwnershipKind::Static,
+        lease_bucket: None,
+        partitions: (0..16).collect(),
+        max_streams: 16,
+        live_streams: 0,
+        lag_ms: 0,
+        rtf_p95: 0.0,
+        streams: Vec::new(),
+        ..lease.clone()
+    };
+    vec![("lease", lease), ("static_idle", idle)]
+}
+
+fn capacity_refusal() -> capacity::Refusal {
+    capacity::Refusal {
+        v: capacity::VERSION,
+        worker: "gpu-a".into(),
+        stream: "call-31".into(),
+        reason: capacity::RefusalReason::MaxStreams,
+        max_streams: 6,
+        live_streams: 6,
+        sent_at_ms: 1_700_000_000_500,
+    }
+}
+
+/// The golden capacity messages decode with the reader's rules: what a worker in
+/// another language writes from docs/protocol.md is what the door takes.
+#[test]
+fn golden_capacity_messages_decode() {
+    for (case, a) in capacity_announcements() {
+        let subject = capacity::announce_subject(capacity::DEFAULT_PREFIX, &a.worker);
+        let path = golden_json_dir().join(format!("capacity-announcement/{case}.json"));
+        let bytes = std::fs::read(&path).expect("golden announcement");
+        assert_eq!(
+            capacity::Announcement::decode(&subject, &bytes),
+            Ok(a),
+            "{case}"
+        );
+    }
+    let r = capacity_refusal();
+    let path = golden_json_dir().join("capacity-refusal/max_streams.json");
+    let bytes = std::fs::read(&path).expect("golden refusal");
+    let subject = format!("{}.refused.{}", capacity::DEFAULT_PREFIX, r.stream);
+    assert_eq!(capacity::Refusal::decode(&subject, &bytes), Ok(r));
 }
 
 fn ingress_stats() -> IngressStats {
@@ -500,6 +603,8 @@ fn golden_json_vectors_are_what_the_types_write_and_validate() {
         "adapter-stats",
         "ready-line",
         "http-refusal",
+        "capacity-announcement",
+        "capacity-refusal",
     ];
     for schema in typed {
         assert!(

@@ -5,6 +5,7 @@
 //! panic) its queue is emptied and refuses everything ([`ReceiverGuard`]).
 
 use super::*;
+use crate::capacity::rtf::StreamMeter;
 
 /// One stream's handler task: pops events in order and awaits the handler on each.
 pub(super) async fn run_stream<H: StreamHandler>(
@@ -35,6 +36,10 @@ pub(super) async fn run_stream<H: StreamHandler>(
         }
         reg.finish(instance);
     });
+    // Handler busy time over audio time, in this task's own variables: one ratio per
+    // second of audio goes into the consumer's histogram (no lock per frame).
+    let mut meter = StreamMeter::default();
+    let rtf = &shared.capacity.rtf;
     while let Some(event) = queue.pop().await {
         let is_frame = matches!(event, StreamEvent::Frame(_));
         let is_end = matches!(event, StreamEvent::End(_));
@@ -52,8 +57,21 @@ pub(super) async fn run_stream<H: StreamHandler>(
             continue;
         }
         frame_in_hand.store(is_frame, Ordering::Relaxed);
+        let audio = match &event {
+            StreamEvent::Frame(f) => Some((f.samples, f.format.sample_rate)),
+            _ => None,
+        };
+        let started = Instant::now();
         handler.on_event(event).await;
         frame_in_hand.store(false, Ordering::Relaxed);
+        if let Some((samples, rate)) = audio
+            && let Some(ratio) = meter.frame(started.elapsed(), samples, rate)
+        {
+            rtf.record(ratio);
+        }
+        if is_end && let Some(ratio) = meter.flush() {
+            rtf.record(ratio);
+        }
         if is_frame {
             // Per frame: the queue's own counter, not the consumer-wide registry lock.
             queue.count_delivered();

@@ -1,0 +1,370 @@
+//! The announcer task: a consumer's capacity on `<prefix>.announce.<worker>` every
+//! interval, and one notice on `<prefix>.refused.<stream>` per refused stream
+//! instance. See the [module docs](super) for the invariants.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use weir_protocol::StreamId;
+use weir_protocol::capacity::{
+    self as proto, Announcement, MAX_LAG_MS, MAX_LISTED_STREAMS, MAX_RTF, OwnershipKind, Refusal,
+    RefusalReason, StreamLoad,
+};
+use weir_service::ratelimit::LogLimit;
+
+use super::RefusedNote;
+use crate::Shared;
+use crate::metrics as m;
+use crate::ownership::LeaseBoard;
+
+/// Refused ids remembered as notified while they keep sending (only those the
+/// demultiplexer could not remember itself: more refused at once than `max_streams`).
+pub(crate) const NOTIFIED_CAPACITY: usize = 4_096;
+/// How long the last announcement and its flush may take at shutdown.
+const LAST_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Publish failures are logged at most once per this long (all are counted).
+static PUBLISH_FAILED: LogLimit = LogLimit::new(Duration::from_secs(10));
+
+/// The running announcer of one consumer.
+pub(crate) struct Announcer {
+    task: JoinHandle<()>,
+    stop: oneshot::Sender<()>,
+}
+
+/// The partitions delivered now: the static `owned` list, or the leases held whose feed
+/// runs.
+pub(crate) fn delivering(shared: &Shared, leases: Option<&LeaseBoard>) -> Vec<u32> {
+    match leases {
+        None => shared.settings.owned().collect(),
+        Some(b) => b
+            .get()
+            .into_iter()
+            .filter(|l| l.delivering)
+            .map(|l| l.partition)
+            .collect(),
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// What an announcement with `seq` says now.
+pub(crate) fn announcement(
+    shared: &Shared,
+    leases: Option<&LeaseBoard>,
+    seq: u64,
+    now: Instant,
+) -> Announcement {
+    let settings = &shared.settings;
+    let cap = &settings.capacity;
+    let max_streams = settings.max_streams.get() as u64;
+    let loads = shared.registry().loads(now, MAX_LISTED_STREAMS);
+    let live_streams = loads.live.min(max_streams);
+    let lag_ms = ms(loads.max_lag).min(MAX_LAG_MS);
+    let streams: Vec<StreamLoad> = loads
+        .listed
+        .into_iter()
+        .filter(|(id, _)| StreamId::parse(id).is_ok())
+        .take(live_streams as usize)
+        .map(|(id, lag)| StreamLoad {
+            id,
+            lag_ms: ms(lag).min(lag_ms),
+        })
+        .collect();
+    let mut partitions = delivering(shared, leases);
+    partitions.sort_unstable();
+    partitions.dedup();
+    shared.capacity.rtf.decay_to(now);
+    let rtf_p95 = shared.capacity.rtf.p95().clamp(0.0, MAX_RTF);
+    Announcement {
+        v: proto::VERSION,
+        worker: cap.worker_id.clone(),
+        instance: shared.capacity.instance.clone(),
+        seq,
+        sent_at_ms: crate::system_unix_ms(),
+        interval_ms: ms(cap.interval),
+        subject: settings.subject.as_str().to_owned(),
+        partitions_total: settings.partitions.get(),
+        ownership: match &settings.lease {
+            None => OwnershipKind::Static,
+            Some(_) => OwnershipKind::Lease,
+        },
+        lease_bucket: settings.lease.as_ref().map(|l| l.bucket.clone()),
+        partitions,
+        max_streams,
+        live_streams,
+        lag_ms,
+        rtf_p95,
+        streams_truncated: (streams.len() as u64) < live_streams,
+        streams,
+    }
+}
+
+/// Starts the announcer (`None` with `announce = false`). The first announcement goes
+/// out at once.
+pub(crate) fn spawn(
+    client: async_nats::Client,
+    shared: Arc<Shared>,
+    leases: Option<Arc<LeaseBoard>>,
+) -> Option<Announcer> {
+    if !shared.settings.capacity.announce {
+        return None;
+    }
+    let refused = shared.capacity.take_refused();
+    let (stop, stop_rx) = oneshot::channel();
+    let task = Task {
+        client,
+        notified: Notified::new(shared.settings.idle_timeout),
+        shared,
+        leases,
+    };
+    Some(Announcer {
+        task: tokio::spawn(task.run(refused, stop_rx)),
+        stop,
+    })
+}
+
+impl Announcer {
+    /// Sends the last announcement (no partition, no live stream) and stops.
+    pub(crate) async fn finish(self) {
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(LAST_TIMEOUT * 2, self.task).await;
+    }
+
+    /// Stops at once, sending nothing (a crash drill).
+    pub(crate) fn abort(&self) {
+        self.task.abort();
+    }
+}
+
+struct Task {
+    client: async_nats::Client,
+    shared: Arc<Shared>,
+    leases: Option<Arc<LeaseBoard>>,
+    notified: Notified,
+}
+
+impl Task {
+    async fn run(
+        mut self,
+        mut refused: Option<mpsc::Receiver<RefusedNote>>,
+        mut stop: oneshot::Receiver<()>,
+    ) {
+        let mut tick = tokio::time::interval(self.shared.settings.capacity.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                stopped = &mut stop => {
+                    // Dropped without `finish` (the consumer was dropped): quietly.
+                    if stopped.is_ok() {
+                        self.last().await;
+                    }
+                    return;
+                }
+                _ = tick.tick() => {
+                    let seq = self.shared.capacity.take_seq();
+                    let a = announcement(&self.shared, self.leases.as_deref(), seq, Instant::now());
+                    set_gauges(&a);
+                    self.publish_announcement(&a).await;
+                }
+                Some(note) = recv(&mut refused) => self.on_refused(note).await,
+            }
+        }
+    }
+
+    /// The last announcement: no partition, no live stream (the door stops sending
+    /// new streams here at once instead of after 2.5 intervals), flushed.
+    async fn last(&self) {
+        let seq = self.shared.capacity.take_seq();
+        let mut a = announcement(&self.shared, None, seq, Instant::now());
+        a.partitions.clear();
+        a.live_streams = 0;
+        a.lag_ms = 0;
+        a.streams.clear();
+        a.streams_truncated = false;
+        set_gauges(&a);
+        self.publish_announcement(&a).await;
+        let _ = tokio::time::timeout(LAST_TIMEOUT, self.client.flush()).await;
+    }
+
+    async fn publish_announcement(&self, a: &Announcement) {
+        let subject = self.shared.settings.capacity.announce_subject();
+        match self.publish(subject, a.encode()).await {
+            Ok(()) => ::metrics::counter!(m::CONSUMER_CAPACITY_ANNOUNCEMENTS_TOTAL).increment(1),
+            Err(error) => {
+                ::metrics::counter!(m::CONSUMER_CAPACITY_ANNOUNCE_FAILURES_TOTAL).increment(1);
+                if let Some(suppressed) = PUBLISH_FAILED.allow() {
+                    tracing::warn!(%error, suppressed, "capacity announcement not sent");
+                }
+            }
+        }
+    }
+
+    /// Publishes within one interval.
+    async fn publish(&self, subject: String, payload: Vec<u8>) -> Result<(), String> {
+        let bound = self.shared.settings.capacity.interval;
+        match tokio::time::timeout(bound, self.client.publish(subject, payload.into())).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("not queued within {bound:?}")),
+        }
+    }
+
+    async fn on_refused(&mut self, note: RefusedNote) {
+        let unsent = |reason: &'static str| {
+            ::metrics::counter!(m::CONSUMER_CAPACITY_REFUSALS_UNSENT_TOTAL, m::LABEL_REASON => reason)
+                .increment(1);
+        };
+        let Ok(stream) = StreamId::parse(&note.stream) else {
+            // The door cannot hold a producer of a stream id that is not safe.
+            return unsent("invalid_stream_id");
+        };
+        match self.notified.admit(&note, Instant::now()) {
+            Admit::Send => {}
+            Admit::AlreadySent => return,
+            Admit::MemoryFull => return unsent("memory_full"),
+        }
+        let max_streams = self.shared.settings.max_streams.get() as u64;
+        let refusal = Refusal {
+            v: proto::VERSION,
+            worker: self.shared.settings.capacity.worker_id.clone(),
+            stream: note.stream,
+            reason: RefusalReason::MaxStreams,
+            max_streams,
+            live_streams: note.live_streams.min(max_streams),
+            sent_at_ms: crate::system_unix_ms(),
+        };
+        let subject = proto::refused_subject(&self.shared.settings.capacity.prefix, &stream);
+        match self.publish(subject, refusal.encode()).await {
+            Ok(()) => ::metrics::counter!(m::CONSUMER_CAPACITY_REFUSALS_TOTAL).increment(1),
+            Err(error) => {
+                unsent("publish_failed");
+                if let Some(suppressed) = PUBLISH_FAILED.allow() {
+                    tracing::warn!(%error, suppressed, "refusal notice not sent");
+                }
+            }
+        }
+    }
+}
+
+/// The next refusal note, or never when there is no channel.
+async fn recv(rx: &mut Option<mpsc::Receiver<RefusedNote>>) -> Option<RefusedNote> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn set_gauges(a: &Announcement) {
+    ::metrics::gauge!(m::CONSUMER_CAPACITY_SLOTS).set(a.max_streams as f64);
+    ::metrics::gauge!(m::CONSUMER_CAPACITY_LIVE_STREAMS).set(a.live_streams as f64);
+    ::metrics::gauge!(m::CONSUMER_CAPACITY_MAX_LAG_SECONDS).set(a.lag_ms as f64 / 1_000.0);
+    ::metrics::gauge!(m::CONSUMER_CAPACITY_RTF_P95).set(a.rtf_p95);
+}
+
+/// Whether a refusal note is sent.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Admit {
+    Send,
+    AlreadySent,
+    MemoryFull,
+}
+
+/// The refused ids notified lately that the demultiplexer does not remember (bounded).
+#[derive(Debug)]
+pub(crate) struct Notified {
+    seen: HashMap<String, Instant>,
+    /// Forgotten after this long without a note (the consumer's idle timeout, after
+    /// which a silent refused stream is a new one).
+    ttl: Duration,
+}
+
+impl Notified {
+    pub(crate) fn new(ttl: Duration) -> Self {
+        Self {
+            seen: HashMap::new(),
+            ttl,
+        }
+    }
+
+    /// A note remembered by the demultiplexer is the one of its instance: sent. Another
+    /// is sent unless its id was notified within the TTL (refreshed), and only while
+    /// the memory has room.
+    pub(crate) fn admit(&mut self, note: &RefusedNote, now: Instant) -> Admit {
+        if note.remembered {
+            self.seen.remove(&note.stream);
+            return Admit::Send;
+        }
+        if let Some(at) = self.seen.get_mut(&note.stream) {
+            let fresh = now.saturating_duration_since(*at) < self.ttl;
+            *at = now;
+            if fresh {
+                return Admit::AlreadySent;
+            }
+            return Admit::Send;
+        }
+        if self.seen.len() >= NOTIFIED_CAPACITY {
+            let ttl = self.ttl;
+            self.seen
+                .retain(|_, at| now.saturating_duration_since(*at) < ttl);
+            if self.seen.len() >= NOTIFIED_CAPACITY {
+                return Admit::MemoryFull;
+            }
+        }
+        self.seen.insert(note.stream.clone(), now);
+        Admit::Send
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn note(stream: &str, remembered: bool) -> RefusedNote {
+        RefusedNote {
+            stream: stream.into(),
+            live_streams: 1,
+            remembered,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unremembered_refused_stream_is_notified_once_while_it_keeps_sending() {
+        let mut n = Notified::new(Duration::from_secs(5));
+        let now = Instant::now();
+        assert_eq!(n.admit(&note("s1", false), now), Admit::Send);
+        for _ in 0..10 {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            assert_eq!(
+                n.admit(&note("s1", false), Instant::now()),
+                Admit::AlreadySent
+            );
+        }
+        // Silent for the TTL: a new instance, notified again.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(n.admit(&note("s1", false), Instant::now()), Admit::Send);
+        // Remembered by the demultiplexer: its one note is always sent.
+        assert_eq!(n.admit(&note("s2", true), Instant::now()), Admit::Send);
+        assert_eq!(n.admit(&note("s2", true), Instant::now()), Admit::Send);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_memory_is_bounded_and_frees_what_went_silent() {
+        let mut n = Notified::new(Duration::from_secs(5));
+        let now = Instant::now();
+        for i in 0..NOTIFIED_CAPACITY {
+            assert_eq!(n.admit(&note(&format!("s{i}"), false), now), Admit::Send);
+        }
+        assert_eq!(n.admit(&note("extra", false), now), Admit::MemoryFull);
+        assert_eq!(n.seen.len(), NOTIFIED_CAPACITY);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(n.admit(&note("extra", false), Instant::now()), Admit::Send);
+        assert_eq!(n.seen.len(), 1);
+    }
+}
