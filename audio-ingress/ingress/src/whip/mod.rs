@@ -85,6 +85,7 @@ use weir_protocol::StreamId;
 
 use crate::auth::Authenticator;
 use crate::config::WhipConfig;
+use crate::capacity::Capacity;
 use crate::door::{self, HasDoor};
 use crate::error::Error;
 use crate::shutdown::TaskTracker;
@@ -362,11 +363,13 @@ impl Whip {
         auth: Option<Arc<Authenticator>>,
         retry_after: Duration,
         tracker: TaskTracker,
+        capacity: Option<Arc<Capacity>>,
     ) -> Router {
         let state = WhipState {
             ingress,
             auth,
             retry_after,
+            capacity,
             tracker,
             shared: Arc::clone(&self.shared),
         };
@@ -421,6 +424,7 @@ struct WhipState<S: Sink> {
     ingress: Ingress<S>,
     auth: Option<Arc<Authenticator>>,
     retry_after: Duration,
+    capacity: Option<Arc<Capacity>>,
     tracker: TaskTracker,
     shared: Arc<Shared>,
 }
@@ -740,7 +744,7 @@ async fn create_session<S: Sink>(
         .map_err(|full| sessions_full(state, full))?;
     let (rtc, answer) = accept(shared, sdp, client).map_err(|e| invalid_offer(e.to_string()))?;
     let stream_id = admitted.id.clone();
-    let handle = state.door().open(admitted).map_err(|resp| {
+    let (handle, ticket) = state.door().open(admitted).map_err(|resp| {
         count(&shared.counters.offers_refused);
         *resp
     })?;
@@ -768,6 +772,7 @@ async fn create_session<S: Sink>(
     metrics::counter!(crate::metrics::WHIP_SESSIONS_TOTAL).increment(1);
     tokio::spawn(pump::run(pump::Pump {
         handle,
+        ticket,
         media: media_rx,
         stop: stop_rx,
         driver: shared.driver.clone(),
