@@ -5,6 +5,7 @@
 //! over NATS are in `audio-ingress/producer/tests/it`. Python scripts stay in `tests/python/`.
 
 mod cluster_node_loss;
+mod capacity;
 mod config_cli;
 mod consumer_python;
 mod deploy_kit;
