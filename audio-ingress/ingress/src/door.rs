@@ -102,7 +102,9 @@ pub struct Door<'a, S: Sink> {
 pub fn no_capacity_refusal(refusal: &NoCapacity) -> Response {
     let reason: &'static str = refusal.reason.into();
     let message = match &refusal.worker {
-        Some(w) => format!("no recognition capacity for this stream ({reason}, worker {w}); retry later"),
+        Some(w) => {
+            format!("no recognition capacity for this stream ({reason}, worker {w}); retry later")
+        }
         None => format!("no recognition capacity for this stream ({reason}); retry later"),
     };
     let mut resp = error_response(StatusCode::SERVICE_UNAVAILABLE, "no_capacity", message);

@@ -109,11 +109,13 @@ pub async fn start(
         .map_err(|e| e.map_kind(ErrorKind::Nats))?;
     let sink = match config.stream.delivery() {
         Delivery::JetStream => NatsSink::JetStream(
-            JetStreamSink::new(client.clone(), &config.stream.jetstream(), JETSTREAM_API_TIMEOUT)
-                .await
-                .map_err(|e| {
-                    Error::with_source(ErrorKind::Nats, "creating the JetStream stream", e)
-                })?,
+            JetStreamSink::new(
+                client.clone(),
+                &config.stream.jetstream(),
+                JETSTREAM_API_TIMEOUT,
+            )
+            .await
+            .map_err(|e| Error::with_source(ErrorKind::Nats, "creating the JetStream stream", e))?,
         ),
         Delivery::Confirmed | Delivery::Unconfirmed => NatsSink::Core(client.clone()),
     };

@@ -482,6 +482,11 @@ impl Fleet {
         self.held.get(id).map(|h| h.tx.clone())
     }
 
+    /// Whether `worker` is known and live at `now`.
+    pub fn is_live(&self, worker: &str, now: Instant) -> bool {
+        self.workers.get(worker).is_some_and(|w| w.live(now))
+    }
+
     /// Streams held.
     pub fn held_count(&self) -> usize {
         self.held.len()

@@ -62,7 +62,9 @@ async fn run(client: async_nats::Client, bucket: String, shared: Arc<Shared>) {
                     }
                 }
             }
-            Ok(Err(e)) => tracing::warn!(bucket, error = %e, "capacity: cannot watch the lease bucket"),
+            Ok(Err(e)) => {
+                tracing::warn!(bucket, error = %e, "capacity: cannot watch the lease bucket")
+            }
             Err(_) => tracing::warn!(bucket, "capacity: opening the lease bucket timed out"),
         }
         tokio::time::sleep(RETRY).await;

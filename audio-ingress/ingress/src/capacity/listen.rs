@@ -109,7 +109,11 @@ fn on_announcement(shared: &Shared, subject: &str, payload: &[u8]) -> Option<Str
             a.watch_bucket
         }
         Err(kind) => {
-            tracing::debug!(kind, worker = last_token(subject), "capacity: announcement ignored");
+            tracing::debug!(
+                kind,
+                worker = last_token(subject),
+                "capacity: announcement ignored"
+            );
             ignored(kind);
             None
         }
@@ -140,8 +144,12 @@ fn on_refusal(shared: &Shared, subject: &str, payload: &[u8]) {
                 }
                 Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => return,
             }
-            tracing::info!(stream = refusal.stream, worker = refusal.worker,
-                max_streams = refusal.max_streams, "capacity: the worker refused the stream; ending it");
+            tracing::info!(
+                stream = refusal.stream,
+                worker = refusal.worker,
+                max_streams = refusal.max_streams,
+                "capacity: the worker refused the stream; ending it"
+            );
             metrics::counter!(m::CAPACITY_WORKER_REFUSALS_APPLIED_TOTAL).increment(1);
         }
         None => ignored("refusal_not_held"),

@@ -157,6 +157,11 @@ impl Capacity {
         self.shared.fleet().held_count()
     }
 
+    /// Whether `worker` is in the view and live.
+    pub fn is_live(&self, worker: &str) -> bool {
+        self.shared.fleet().is_live(worker, Instant::now())
+    }
+
     /// The totals of the gauges now.
     pub fn totals(&self) -> fleet::FleetTotals {
         self.shared.fleet().totals(Instant::now())

@@ -15,7 +15,9 @@ use super::{ConfigError, ConfigErrorKind, int_in};
 /// What the door does with the recognition workers' announcements (`capacity.mode`).
 #[derive(strum::IntoStaticStr, strum::Display)]
 #[strum(serialize_all = "snake_case")]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum CapacityMode {
     /// No check and no subscription: streams are admitted as if no worker announced.

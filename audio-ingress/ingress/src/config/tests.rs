@@ -706,7 +706,10 @@ fn the_capacity_section_is_typed_and_validated() {
     assert_eq!(c.capacity.max_lag, Duration::from_millis(500));
     let c = load(
         &[("WEIR_INGRESS_CAPACITY__MODE", "shadow")],
-        &[("capacity.max_lag_ms", "250"), ("capacity.prefix", "asr.cap")],
+        &[
+            ("capacity.max_lag_ms", "250"),
+            ("capacity.prefix", "asr.cap"),
+        ],
     )
     .expect("valid");
     assert_eq!(c.capacity.mode, CapacityMode::Shadow);

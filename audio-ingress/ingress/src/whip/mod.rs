@@ -84,8 +84,8 @@ use tokio::sync::{mpsc, oneshot};
 use weir_protocol::StreamId;
 
 use crate::auth::Authenticator;
-use crate::config::WhipConfig;
 use crate::capacity::Capacity;
+use crate::config::WhipConfig;
 use crate::door::{self, HasDoor};
 use crate::error::Error;
 use crate::shutdown::TaskTracker;

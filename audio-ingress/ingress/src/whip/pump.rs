@@ -41,9 +41,9 @@ use weir_protocol::audio::extension::{EndReason, Overload};
 
 use super::driver::{Command, Media};
 use super::{SessionCounters, Stop, WhipCounters};
+use crate::capacity::{Notice, Ticket};
 use crate::door;
 use crate::metrics as m;
-use crate::capacity::{Notice, Ticket};
 use crate::shutdown::TaskTrackerToken;
 use weir_audio_producer::error::PushError;
 use weir_audio_producer::stream::StreamHandle;

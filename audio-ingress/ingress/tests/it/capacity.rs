@@ -96,8 +96,21 @@ fn ann(worker: &str, seq: u64, partitions: Vec<u32>, max: u64, live: u64) -> Ann
     }
 }
 
-async fn announce(client: &async_nats::Client, a: &Announcement) {
-    publish(client, announce_subject(PREFIX, &a.worker), a.encode()).await;
+/// Publishes `a` (its `seq` moved on and sent now, so that a repeat is not a replay)
+/// until the service's view has its worker live: the service's subscription may not
+/// be on the server yet when the test publishes first.
+async fn announce(svc: &Svc, client: &async_nats::Client, a: &mut Announcement) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        a.seq += 1;
+        a.sent_at_ms = unix_ms();
+        publish(client, announce_subject(PREFIX, &a.worker), a.encode()).await;
+        let cap = svc.capacity().expect("capacity on");
+        if wait_until(Duration::from_millis(100), || cap.is_live(&a.worker)).await {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{} never heard", a.worker);
+    }
 }
 
 async fn publish(client: &async_nats::Client, subject: String, payload: Vec<u8>) {
@@ -117,7 +130,10 @@ fn id_in(p: u32, tag: &str) -> String {
     (0..)
         .map(|i| format!("{tag}-{i}"))
         .find(|s| {
-            partition_of(&StreamId::parse(s).expect("id"), NonZeroU32::new(4).expect("4")) == p
+            partition_of(
+                &StreamId::parse(s).expect("id"),
+                NonZeroU32::new(4).expect("4"),
+            ) == p
         })
         .expect("an id")
 }
@@ -150,7 +166,11 @@ fn assert_no_capacity(refusal: &(u16, Option<String>, Value)) {
     let (status, retry, body) = refusal;
     assert_eq!(*status, 503, "{body}");
     assert_eq!(body["error"]["code"], "no_capacity", "{body}");
-    let secs: u64 = retry.as_deref().expect("Retry-After").parse().expect("secs");
+    let secs: u64 = retry
+        .as_deref()
+        .expect("Retry-After")
+        .parse()
+        .expect("secs");
     assert!((1..=30).contains(&secs), "Retry-After {secs}");
 }
 
@@ -175,31 +195,48 @@ async fn nothing_heard_admits_then_full_gone_and_lagging_refuse() {
 
     // Full: partition 0's worker has every slot taken.
     let full = id_in(0, "full");
-    announce(&nc, &ann("w-full", 1, vec![0], 2, 2)).await;
+    announce(&svc, &nc, &mut ann("w-full", 0, vec![0], 2, 2)).await;
     let refusal = refused_eventually(&svc, &full).await;
     assert_no_capacity(&refusal);
-    assert!(refusal.2["error"]["message"].as_str().expect("m").contains("full"));
+    assert!(
+        refusal.2["error"]["message"]
+            .as_str()
+            .expect("m")
+            .contains("full")
+    );
 
     // Lagging: partition 1's worker is 2 s behind.
-    let mut lagging = ann("w-lag", 1, vec![1], 8, 1);
+    let mut lagging = ann("w-lag", 0, vec![1], 8, 1);
     lagging.lag_ms = 2_000;
-    announce(&nc, &lagging).await;
+    announce(&svc, &nc, &mut lagging).await;
     let refusal = refused_eventually(&svc, &id_in(1, "lag")).await;
     assert_no_capacity(&refusal);
-    assert!(refusal.2["error"]["message"].as_str().expect("m").contains("lagging"));
+    assert!(
+        refusal.2["error"]["message"]
+            .as_str()
+            .expect("m")
+            .contains("lagging")
+    );
 
     // A worker with free slots admits on its partition; silent, it is gone after
     // 2.5 intervals and its partition is refused.
-    announce(&nc, &ann("w-free", 1, vec![2], 8, 0)).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    announce(&svc, &nc, &mut ann("w-free", 0, vec![2], 8, 0)).await;
     let mut ws = connect(&svc, &id_in(2, "free")).await.expect("admitted");
     ws.close(None).await.expect("close");
     let silent_since = Instant::now();
     let refusal = refused_eventually(&svc, &id_in(2, "gone")).await;
     let took = silent_since.elapsed();
     assert_no_capacity(&refusal);
-    assert!(refusal.2["error"]["message"].as_str().expect("m").contains("gone"));
-    assert!(took < Duration::from_millis(1_500), "left the view after {took:?}");
+    assert!(
+        refusal.2["error"]["message"]
+            .as_str()
+            .expect("m")
+            .contains("gone")
+    );
+    assert!(
+        took < Duration::from_millis(1_500),
+        "left the view after {took:?}"
+    );
     assert_eq!(svc.capacity().expect("on").totals().live_workers, 0);
     assert!(metric("weir_ingress_capacity_refused_total", "reason=\"full\"") >= 1.0);
     svc.shutdown().await;
@@ -210,7 +247,7 @@ async fn shadow_admits_and_counts() {
     let nats = NatsServer::start().expect("nats-server");
     let svc = start(nats.url(), &[("capacity.mode", "shadow")]).await;
     let nc = client(&nats).await;
-    announce(&nc, &ann("w-shadow", 1, vec![3], 1, 1)).await;
+    announce(&svc, &nc, &mut ann("w-shadow", 0, vec![3], 1, 1)).await;
     let before = metric(
         "weir_ingress_capacity_shadow_would_reject_total",
         "reason=\"full\"",
@@ -235,7 +272,7 @@ async fn bad_and_spoofed_announcements_are_ignored_counted_and_never_admitted_on
     let svc = start(nats.url(), &[]).await;
     let nc = client(&nats).await;
     // The real worker of partition 0 is full.
-    announce(&nc, &ann("w-real", 1, vec![0], 1, 1)).await;
+    announce(&svc, &nc, &mut ann("w-real", 0, vec![0], 1, 1)).await;
     let stream = id_in(0, "spoof");
     assert_no_capacity(&refused_eventually(&svc, &stream).await);
     let kinds = [
@@ -247,7 +284,12 @@ async fn bad_and_spoofed_announcements_are_ignored_counted_and_never_admitted_on
     ];
     let before: Vec<f64> = kinds
         .iter()
-        .map(|k| metric("weir_ingress_capacity_ignored_total", &format!("kind=\"{k}\"")))
+        .map(|k| {
+            metric(
+                "weir_ingress_capacity_ignored_total",
+                &format!("kind=\"{k}\""),
+            )
+        })
         .collect();
     let free = ann("w-fake", 1, vec![0], 1_000, 0);
     let subject = announce_subject(PREFIX, "w-fake");
@@ -303,16 +345,16 @@ async fn a_lease_worker_cannot_claim_partitions_the_bucket_gives_another() {
     kv.put("p.1", "w-spoofer".into()).await.expect("put");
     let svc = start(nats.url(), &[]).await;
     let lease = |w: &str, parts: Vec<u32>, max, live| {
-        let mut a = ann(w, 1, parts, max, live);
+        let mut a = ann(w, 0, parts, max, live);
         a.ownership = OwnershipKind::Lease;
         a.lease_bucket = Some("leases".into());
         a
     };
     let before = metric("weir_ingress_capacity_ignored_total", "kind=\"not_owned\"");
-    announce(&nc, &lease("w-owner", vec![0], 1, 1)).await;
+    announce(&svc, &nc, &mut lease("w-owner", vec![0], 1, 1)).await;
     assert_no_capacity(&refused_eventually(&svc, &id_in(0, "lease")).await);
     // The spoofer announces partition 0 with free slots: not trusted, still refused.
-    announce(&nc, &lease("w-spoofer", vec![0, 1], 100, 0)).await;
+    announce(&svc, &nc, &mut lease("w-spoofer", vec![0, 1], 100, 0)).await;
     let deadline = Instant::now() + Duration::from_secs(3);
     while metric("weir_ingress_capacity_ignored_total", "kind=\"not_owned\"") <= before {
         assert!(Instant::now() < deadline, "not_owned not counted");
@@ -330,7 +372,12 @@ async fn a_lease_worker_cannot_claim_partitions_the_bucket_gives_another() {
     // Partition 2 has no owner in the bucket: orphaned.
     let refusal = support::refusal("p2", connect(&svc, &id_in(2, "lease4")).await);
     assert_no_capacity(&refusal);
-    assert!(refusal.2["error"]["message"].as_str().expect("m").contains("orphaned"));
+    assert!(
+        refusal.2["error"]["message"]
+            .as_str()
+            .expect("m")
+            .contains("orphaned")
+    );
     svc.shutdown().await;
 }
 
@@ -352,12 +399,12 @@ async fn degraded_recovered_and_a_worker_refusal_reach_the_producer() {
     let nats = NatsServer::start().expect("nats-server");
     let svc = start(nats.url(), &[]).await;
     let nc = client(&nats).await;
-    let mut a = ann("w-events", 1, vec![0, 1, 2, 3], 8, 0);
-    announce(&nc, &a).await;
+    let mut a = ann("w-events", 0, vec![0, 1, 2, 3], 8, 0);
+    announce(&svc, &nc, &mut a).await;
     let id = "events-1";
     let mut ws = connect(&svc, id).await.expect("admitted");
     ws.send(Message::Binary(pcm(1))).await.expect("frame");
-    a.seq = 2;
+    a.seq += 1;
     a.live_streams = 1;
     a.lag_ms = 900;
     a.streams = vec![StreamLoad {
@@ -366,17 +413,17 @@ async fn degraded_recovered_and_a_worker_refusal_reach_the_producer() {
     }];
     a.streams_truncated = false;
     a.sent_at_ms = unix_ms();
-    announce(&nc, &a).await;
+    publish(&nc, announce_subject(PREFIX, &a.worker), a.encode()).await;
     let ev = next_event(&mut ws).await;
     assert_eq!(ev["type"], "degraded", "{ev}");
     assert_eq!(ev["lag_ms"], 900);
     assert_eq!(ev["threshold_ms"], 500);
     assert_eq!(ev["worker"], "w-events");
-    a.seq = 3;
+    a.seq += 1;
     a.lag_ms = 20;
     a.streams[0].lag_ms = 20;
     a.sent_at_ms = unix_ms();
-    announce(&nc, &a).await;
+    publish(&nc, announce_subject(PREFIX, &a.worker), a.encode()).await;
     let ev = next_event(&mut ws).await;
     assert_eq!(ev, serde_json::json!({"type": "recovered", "lag_ms": 20}));
 
@@ -391,24 +438,105 @@ async fn degraded_recovered_and_a_worker_refusal_reach_the_producer() {
         live_streams: 8,
         sent_at_ms: unix_ms(),
     };
-    let before = metric("weir_ingress_capacity_ignored_total", "kind=\"refusal_not_held\"");
-    publish(&nc, refused_subject(PREFIX, &other), refusal("not-here").encode()).await;
+    let before = metric(
+        "weir_ingress_capacity_ignored_total",
+        "kind=\"refusal_not_held\"",
+    );
+    publish(
+        &nc,
+        refused_subject(PREFIX, &other),
+        refusal("not-here").encode(),
+    )
+    .await;
     let sid = StreamId::parse(id).expect("id");
     publish(&nc, refused_subject(PREFIX, &sid), refusal(id).encode()).await;
     let ev = next_event(&mut ws).await;
     assert_eq!(ev["type"], "closed", "{ev}");
     assert_eq!(ev["reason"], "no_capacity");
     let close = loop {
-        match tokio::time::timeout(STEP, ws.next()).await.expect("close in time") {
+        match tokio::time::timeout(STEP, ws.next())
+            .await
+            .expect("close in time")
+        {
             Some(Ok(Message::Close(f))) => break f.map(|f| u16::from(f.code)),
             Some(Ok(_)) => {}
             _ => break None,
         }
     };
     assert_eq!(close, Some(1013));
-    assert!(metric("weir_ingress_capacity_ignored_total", "kind=\"refusal_not_held\"") > before);
+    assert!(
+        metric(
+            "weir_ingress_capacity_ignored_total",
+            "kind=\"refusal_not_held\""
+        ) > before
+    );
     // The slot is released once the stream finished.
     let cap = svc.capacity().expect("on");
     assert!(wait_until(STEP, || cap.held() == 0).await);
     svc.shutdown().await;
+}
+
+/// Runs `tests/python/capacity_client.py SCENARIO` against a fresh service with the
+/// default configuration (`capacity.mode = enforce`); its JSON line.
+async fn python_scenario(scenario: &str) -> Value {
+    let nats = NatsServer::start().expect("nats-server");
+    let config = Config::load(&ConfigSources {
+        overrides: vec![
+            ("nats.url".into(), nats.url().into()),
+            ("listen".into(), "127.0.0.1:0".into()),
+            ("admin.listen".into(), "127.0.0.1:0".into()),
+        ],
+        ..Default::default()
+    })
+    .expect("config");
+    let svc = tokio::time::timeout(STEP, service::start(config, Some(support::prometheus())))
+        .await
+        .expect("start in time")
+        .expect("start");
+    let ingress = svc.ingress().clone();
+    assert!(
+        wait_until(STEP, || {
+            use weir_audio_producer::publisher::Sink;
+            ingress.sink().is_connected()
+        })
+        .await
+    );
+    let out = tokio::time::timeout(
+        STEP,
+        tokio::process::Command::new(weir_audio_consumer::testing::python())
+            .arg(support::script("capacity_client.py"))
+            .args(["--ws", &format!("ws://{}", svc.ws_addr())])
+            .args(["--nats", nats.url(), scenario])
+            .output(),
+    )
+    .await
+    .expect("python in time")
+    .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{scenario}: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    svc.shutdown().await;
+    serde_json::from_str(stdout.lines().last().expect("a line")).expect("JSON")
+}
+
+#[tokio::test]
+async fn python_a_silent_nats_py_recogniser_gets_every_frame_by_default() {
+    let seen = python_scenario("silent").await;
+    assert_eq!(seen["frames_received"], 25, "{seen}");
+}
+
+#[tokio::test]
+async fn python_a_full_nats_py_worker_refuses_a_websockets_producer() {
+    let seen = python_scenario("full").await;
+    assert_eq!(seen["status"], 503, "{seen}");
+    assert_eq!(seen["body"]["error"]["code"], "no_capacity", "{seen}");
+}
+
+#[tokio::test]
+async fn python_a_nats_py_refusal_ends_a_websockets_producer_with_1013() {
+    let seen = python_scenario("refusal").await;
+    assert_eq!(seen["close"], 1013, "{seen}");
 }

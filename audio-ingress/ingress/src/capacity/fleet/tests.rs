@@ -57,7 +57,8 @@ fn nothing_heard_admits_and_a_silent_partition_is_admitted() {
     let mut f = fleet(2);
     let now = Instant::now();
     assert_eq!(f.decide(&id_in(0), now), Decision::Admit(None));
-    f.accept(ann("w1", 1, vec![0], 2, 0), now).expect("accepted");
+    f.accept(ann("w1", 1, vec![0], 2, 0), now)
+        .expect("accepted");
     assert_eq!(f.decide(&id_in(0), now), Decision::Admit(Some("w1".into())));
     // Partition 1 is nobody's announced partition: a silent worker may serve it.
     assert_eq!(f.decide(&id_in(1), now), Decision::Admit(None));
@@ -67,7 +68,8 @@ fn nothing_heard_admits_and_a_silent_partition_is_admitted() {
 fn full_counts_the_streams_admitted_but_not_listed_yet() {
     let mut f = fleet(2);
     let now = Instant::now();
-    f.accept(ann("w1", 1, vec![0, 1], 2, 1), now).expect("accepted");
+    f.accept(ann("w1", 1, vec![0, 1], 2, 1), now)
+        .expect("accepted");
     let a = id("a");
     let Decision::Admit(w) = f.decide(&a, now) else {
         panic!("admitted")
@@ -116,14 +118,18 @@ fn lagging_and_gone_refuse_with_a_bounded_retry_after() {
 fn replays_other_subjects_and_second_instances_are_ignored() {
     let mut f = fleet(2);
     let now = Instant::now();
-    f.accept(ann("w1", 2, vec![0], 4, 0), now).expect("accepted");
+    f.accept(ann("w1", 2, vec![0], 4, 0), now)
+        .expect("accepted");
     assert_eq!(
         f.accept(ann("w1", 2, vec![0], 4, 0), now).err(),
         Some("seq_not_increasing")
     );
     let mut other = ann("w1", 9, vec![0], 4, 0);
     other.instance = "intruder".into();
-    assert_eq!(f.accept(other.clone(), now).err(), Some("instance_conflict"));
+    assert_eq!(
+        f.accept(other.clone(), now).err(),
+        Some("instance_conflict")
+    );
     // Once the first is gone, the second instance takes over.
     let later = now + Duration::from_secs(3);
     assert!(f.accept(other, later).is_ok());
@@ -147,11 +153,16 @@ fn the_lease_bucket_decides_the_owner_and_claims_of_others_are_not_trusted() {
     f.set_owner(0, Some("full".into()));
     f.set_lease_synced(true);
     // A spoofer claims partition 0 with free slots: the bucket says it is `full`'s.
-    let spoof = f.accept(lease("spoofer", vec![0], 100, 0), now).expect("ok");
+    let spoof = f
+        .accept(lease("spoofer", vec![0], 100, 0), now)
+        .expect("ok");
     assert_eq!(spoof.not_owned, 1);
     assert_eq!(refused(&f.decide(&id_in(0), now)), Some(RefuseReason::Full));
     // Partition 1 has no owner: orphaned.
-    assert_eq!(refused(&f.decide(&id_in(1), now)), Some(RefuseReason::Orphaned));
+    assert_eq!(
+        refused(&f.decide(&id_in(1), now)),
+        Some(RefuseReason::Orphaned)
+    );
     // An owner that never announced (a silent worker) is admitted.
     f.set_owner(1, Some("silent".into()));
     assert_eq!(f.decide(&id_in(1), now), Decision::Admit(None));
@@ -172,7 +183,10 @@ fn listed_streams_get_degraded_then_recovered() {
     }];
     a.streams_truncated = false;
     assert_eq!(f.accept(a.clone(), now).expect("ok").degraded_sent, 1);
-    assert!(matches!(rx.try_recv(), Ok(Notice::Degraded { lag_ms: 800, .. })));
+    assert!(matches!(
+        rx.try_recv(),
+        Ok(Notice::Degraded { lag_ms: 800, .. })
+    ));
     a.seq = 3;
     a.lag_ms = 10;
     a.streams[0].lag_ms = 10;
