@@ -156,6 +156,9 @@ pub struct Fleet {
     lease: Option<Lease>,
     heard: bool,
     held: HashMap<String, Held>,
+    /// Per worker, the held streams its latest announcement does not list (recounted
+    /// at each announcement, moved on by `hold` and `release`).
+    unlisted: HashMap<String, u64>,
     next_token: u64,
     /// Slots freed (a live count going down) with their time, for `Retry-After`.
     frees: VecDeque<(Instant, u64)>,
@@ -181,6 +184,7 @@ impl Fleet {
             lease: None,
             heard: false,
             held: HashMap::new(),
+            unlisted: HashMap::new(),
             next_token: 0,
             frees: VecDeque::new(),
         }
@@ -311,6 +315,12 @@ impl Fleet {
                 let _ = h.tx.try_send(Notice::Recovered { lag_ms: s.lag_ms });
             }
         }
+        self.unlisted.clear();
+        for h in self.held.values().filter(|h| !h.listed) {
+            if let Some(w) = &h.worker {
+                *self.unlisted.entry(w.clone()).or_default() += 1;
+            }
+        }
         sent
     }
 
@@ -389,11 +399,7 @@ impl Fleet {
         if Duration::from_millis(w.ann.lag_ms) > self.settings.max_lag {
             return self.refuse(RefuseReason::Lagging, Some(w), now);
         }
-        let unlisted = self
-            .held
-            .values()
-            .filter(|h| !h.listed && h.worker.as_deref() == Some(w.ann.worker.as_str()))
-            .count() as u64;
+        let unlisted = self.unlisted.get(&w.ann.worker).copied().unwrap_or(0);
         if w.ann.live_streams.saturating_add(unlisted) >= w.ann.max_streams {
             return self.refuse(RefuseReason::Full, Some(w), now);
         }
@@ -457,6 +463,9 @@ impl Fleet {
         }
         self.next_token += 1;
         let token = self.next_token;
+        if let Some(w) = &worker {
+            *self.unlisted.entry(w.clone()).or_default() += 1;
+        }
         self.held.insert(
             id.as_str().to_owned(),
             Held {
@@ -472,8 +481,16 @@ impl Fleet {
 
     /// Releases the stream held with `token`.
     pub fn release(&mut self, id: &str, token: u64) {
-        if self.held.get(id).is_some_and(|h| h.token == token) {
-            self.held.remove(id);
+        if self.held.get(id).is_some_and(|h| h.token == token)
+            && let Some(h) = self.held.remove(id)
+            && !h.listed
+            && let Some(w) = h.worker
+            && let Some(n) = self.unlisted.get_mut(&w)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.unlisted.remove(&w);
+            }
         }
     }
 

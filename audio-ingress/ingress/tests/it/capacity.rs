@@ -540,3 +540,65 @@ async fn python_a_nats_py_refusal_ends_a_websockets_producer_with_1013() {
     let seen = python_scenario("refusal").await;
     assert_eq!(seen["close"], 1013, "{seen}");
 }
+
+/// Median and p99 of `samples`, ms.
+fn median_p99(mut samples: Vec<Duration>) -> (f64, f64) {
+    samples.sort_unstable();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    (
+        ms(samples[samples.len() / 2]),
+        ms(samples[(samples.len() * 99 / 100).min(samples.len() - 1)]),
+    )
+}
+
+/// Not a timed assertion: prints the door's refusal latency (`503 no_capacity`, from
+/// the upgrade request to the answer) and the admission latency (upgrade to `101`) with
+/// the check on (a worker with free slots heard) and off, over real TCP.
+#[tokio::test]
+async fn admission_and_refusal_latency_figures() {
+    const N: usize = 200;
+    let nats = NatsServer::start().expect("nats-server");
+    let mut figures = Vec::new();
+    for mode in ["enforce", "off"] {
+        let svc = start(nats.url(), &[("capacity.mode", mode)]).await;
+        let nc = client(&nats).await;
+        let mut free = ann(&format!("w-free-{mode}"), 0, vec![0, 1, 2], 1_000, 0);
+        if mode == "enforce" {
+            announce(&svc, &nc, &mut free).await;
+        }
+        let mut admitted = Vec::with_capacity(N);
+        for i in 0..N {
+            let id = id_in(i as u32 % 3, &format!("lat-{mode}-{i}"));
+            let t = Instant::now();
+            let mut ws = connect(&svc, &id).await.expect("admitted");
+            admitted.push(t.elapsed());
+            ws.close(None).await.expect("close");
+        }
+        let (m, p) = median_p99(admitted);
+        figures.push(format!("admission, capacity.mode={mode}: median {m:.3} ms, p99 {p:.3} ms"));
+        if mode == "enforce" {
+            let mut full = ann("w-full-lat", 0, vec![3], 1, 1);
+            announce(&svc, &nc, &mut full).await;
+            let mut refused = Vec::with_capacity(N);
+            for i in 0..N {
+                let id = id_in(3, &format!("lat-full-{i}"));
+                let t = Instant::now();
+                let r = connect(&svc, &id).await;
+                refused.push(t.elapsed());
+                assert_no_capacity(&support::refusal(&id, r));
+                if i % 50 == 49 {
+                    // Stay live (gone after 500 ms).
+                    full.seq += 1;
+                    full.sent_at_ms = unix_ms();
+                    publish(&nc, announce_subject(PREFIX, &full.worker), full.encode()).await;
+                }
+            }
+            let (m, p) = median_p99(refused);
+            figures.push(format!("refusal 503 no_capacity: median {m:.3} ms, p99 {p:.3} ms"));
+        }
+        svc.shutdown().await;
+    }
+    for f in figures {
+        println!("{f}");
+    }
+}
