@@ -575,7 +575,9 @@ async fn admission_and_refusal_latency_figures() {
             ws.close(None).await.expect("close");
         }
         let (m, p) = median_p99(admitted);
-        figures.push(format!("admission, capacity.mode={mode}: median {m:.3} ms, p99 {p:.3} ms"));
+        figures.push(format!(
+            "admission, capacity.mode={mode}: median {m:.3} ms, p99 {p:.3} ms"
+        ));
         if mode == "enforce" {
             let mut full = ann("w-full-lat", 0, vec![3], 1, 1);
             announce(&svc, &nc, &mut full).await;
@@ -594,7 +596,9 @@ async fn admission_and_refusal_latency_figures() {
                 }
             }
             let (m, p) = median_p99(refused);
-            figures.push(format!("refusal 503 no_capacity: median {m:.3} ms, p99 {p:.3} ms"));
+            figures.push(format!(
+                "refusal 503 no_capacity: median {m:.3} ms, p99 {p:.3} ms"
+            ));
         }
         svc.shutdown().await;
     }

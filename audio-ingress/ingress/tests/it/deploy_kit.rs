@@ -314,7 +314,12 @@ async fn the_example_permissions_let_a_worker_announce_to_the_ingress_and_refuse
     frame.extend_from_slice(b"\r\n");
     let seen = raw_publish(server.port(), guest, &frame).await;
     assert!(seen.contains("Permissions Violation for Publish"), "{seen}");
-    let seen = raw_publish(server.port(), guest, b"PUB weir.capacity.refused.x 2\r\n{}\r\n").await;
+    let seen = raw_publish(
+        server.port(),
+        guest,
+        b"PUB weir.capacity.refused.x 2\r\n{}\r\n",
+    )
+    .await;
     assert!(seen.contains("Permissions Violation for Publish"), "{seen}");
     assert_eq!(ingress.metric("weir_ingress_capacity_workers").await, 0.0);
 
@@ -342,7 +347,10 @@ async fn the_example_permissions_let_a_worker_announce_to_the_ingress_and_refuse
         if ingress.metric("weir_ingress_capacity_workers").await == 1.0 {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "the ingress never heard the worker");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the ingress never heard the worker"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let seen = raw_publish(
