@@ -133,8 +133,8 @@ fn on_refusal(shared: &Shared, subject: &str, payload: &[u8]) {
     let tx = shared.fleet().held_sender(&refusal.stream);
     match tx {
         Some(tx) => {
-            // A full notice queue holds only lag notices: make room is not possible
-            // from here, so the refusal waits in a task (bounded by the queue).
+            // A full queue holds lag notices the door has not taken yet: the refusal
+            // waits for room in a task, at most one second.
             match tx.try_send(Notice::Refused) {
                 Ok(()) => {}
                 Err(tokio::sync::mpsc::error::TrySendError::Full(n)) => {
