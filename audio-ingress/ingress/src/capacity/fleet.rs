@@ -10,10 +10,12 @@
 //! - a worker is live for [`gone_after`] its interval after the receipt (monotonic
 //!   clock) of its last valid announcement; a gone worker's slots count nowhere;
 //! - in lease mode, once the bucket's view is complete, a partition's worker is the
-//!   bucket's owner and nothing a worker announces about partitions changes that;
+//!   bucket's owner and nothing a worker announces about partitions changes that
+//!   (until it is complete — at start, or while the watcher is re-created — the
+//!   announced partitions decide, as in static mode);
 //! - nothing was heard → every stream is admitted; a partition whose worker never
 //!   announced (a silent worker) is admitted;
-//! - a held stream is in [`Fleet::held`] from its admission until its ticket drops, and
+//! - a held stream is in the view from its admission until its ticket drops, and
 //!   counts against its worker's slots until that worker's announcement lists it;
 //! - the maps are bounded: at most [`MAX_WORKERS`] workers, the partitions of the
 //!   template, the streams the registry admitted.
@@ -162,6 +164,8 @@ pub struct Fleet {
     next_token: u64,
     /// Slots freed (a live count going down) with their time, for `Retry-After`.
     frees: VecDeque<(Instant, u64)>,
+    /// The first announcement accepted: the start of the free-rate window.
+    first_heard: Option<Instant>,
 }
 
 /// What an accepted announcement changed.
@@ -187,6 +191,7 @@ impl Fleet {
             unlisted: HashMap::new(),
             next_token: 0,
             frees: VecDeque::new(),
+            first_heard: None,
         }
     }
 
@@ -262,6 +267,7 @@ impl Fleet {
             ann.partitions.clone()
         };
         self.heard = true;
+        self.first_heard.get_or_insert(now);
         self.workers.insert(
             ann.worker.clone(),
             Worker {
@@ -415,7 +421,8 @@ impl Fleet {
     }
 
     /// The `Retry-After` estimate (docs/audio-ingress.md § Recognition capacity):
-    /// `full`: the time one slot takes to free at the fleet's rate over the last 30 s;
+    /// `full`: the time one slot takes to free at the fleet's rate over the last 30 s
+    /// (or since the first announcement, when that is shorter);
     /// `lagging`: the lag above the threshold; `gone`/`orphaned`: a worker's
     /// [`gone_after`] (a lease taken over, a worker restarted); the worker's interval
     /// without a better figure; always within [`RETRY_AFTER_RANGE`].
@@ -428,11 +435,10 @@ impl Fleet {
             RefuseReason::Full => {
                 let freed: u64 = self.frees.iter().map(|(_, n)| n).sum();
                 let span = self
-                    .frees
-                    .front()
-                    .map(|(t, _)| now.saturating_duration_since(*t))
+                    .first_heard
+                    .map(|t| now.saturating_duration_since(t))
                     .unwrap_or_default()
-                    .max(interval);
+                    .clamp(interval, FREE_RATE_WINDOW.max(interval));
                 if freed == 0 {
                     interval
                 } else {

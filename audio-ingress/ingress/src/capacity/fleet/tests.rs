@@ -193,3 +193,37 @@ fn listed_streams_get_degraded_then_recovered() {
     f.accept(a, now).expect("ok");
     assert_eq!(rx.try_recv().ok(), Some(Notice::Recovered { lag_ms: 10 }));
 }
+
+#[test]
+fn retry_after_of_a_full_worker_follows_the_rate_slots_free() {
+    let mut f = fleet(2);
+    let t0 = Instant::now();
+    let mut a = ann("w1", 1, vec![0, 1], 4, 4);
+    f.accept(a.clone(), t0).expect("ok");
+    let retry = |f: &Fleet, now| match f.decide(&id("x"), now) {
+        Decision::Refuse {
+            reason: RefuseReason::Full,
+            retry_after,
+            ..
+        } => retry_after,
+        d => panic!("{d:?}"),
+    };
+    // Nothing freed yet: the announcement interval.
+    assert_eq!(retry(&f, t0), Duration::from_secs(1));
+    // One slot freed and retaken, every 4 s: about 4 s a slot.
+    for k in 1..=3u64 {
+        let now = t0 + Duration::from_secs(4 * k);
+        a.seq += 1;
+        a.live_streams = 3;
+        f.accept(a.clone(), now - Duration::from_millis(10))
+            .expect("ok");
+        a.seq += 1;
+        a.live_streams = 4;
+        f.accept(a.clone(), now).expect("ok");
+    }
+    let r = retry(&f, t0 + Duration::from_secs(12));
+    assert!(
+        Duration::from_secs(3) <= r && r <= Duration::from_secs(5),
+        "{r:?}"
+    );
+}
