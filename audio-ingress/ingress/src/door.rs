@@ -10,8 +10,14 @@
 //!    `WWW-Authenticate: Bearer`, `403`);
 //! 2. the door's own checks (the WebSocket upgrade; the WHIP offer and session cap);
 //! 3. [`Door::open`]: `503 not_ready` + `Retry-After` while NATS is not connected, then
-//!    the registry: `409 stream_active`, `503 max_streams` / `shutting_down` +
-//!    `Retry-After`.
+//!    the recognition capacity ([`crate::capacity`], `capacity.mode = enforce`):
+//!    `503 no_capacity` + an estimated `Retry-After`, then the registry: `409
+//!    stream_active`, `503 max_streams` / `shutting_down` + `Retry-After`.
+//!
+//! An opened stream comes with its capacity [`Ticket`]: the door keeps it until the
+//! stream finished (its slot is held until then) and forwards its notices
+//! ([`notice_event`](crate::capacity::notice_event): `degraded`, `recovered`; a worker's
+//! refusal ends the stream with `no_capacity`).
 //!
 //! Invariant: both doors call these functions; a rule changed here changes for both.
 
@@ -30,6 +36,7 @@ use weir_protocol::StreamId;
 use weir_protocol::audio::extension::{EndReason, Overload};
 
 use crate::auth::{Authenticator, Grant};
+use crate::capacity::{Capacity, NoCapacity, Ticket};
 use crate::ws_query::UpgradeQuery;
 use weir_audio_producer::error::OpenError;
 use weir_audio_producer::publisher::Sink;
@@ -86,6 +93,23 @@ pub struct Door<'a, S: Sink> {
     pub auth: Option<&'a Authenticator>,
     /// `Retry-After` of a 503.
     pub retry_after: Duration,
+    /// The recognition-capacity check (`None`: `capacity.mode = off`).
+    pub capacity: Option<&'a Capacity>,
+}
+
+/// The answer to a stream refused for recognition capacity: `503 no_capacity` with
+/// the estimated `Retry-After`.
+pub fn no_capacity_refusal(refusal: &NoCapacity) -> Response {
+    let reason: &'static str = refusal.reason.into();
+    let message = match &refusal.worker {
+        Some(w) => {
+            format!("no recognition capacity for this stream ({reason}, worker {w}); retry later")
+        }
+        None => format!("no recognition capacity for this stream ({reason}); retry later"),
+    };
+    let mut resp = error_response(StatusCode::SERVICE_UNAVAILABLE, "no_capacity", message);
+    insert_retry_after(&mut resp, refusal.retry_after);
+    resp
 }
 
 /// The state of a door's routes: the [`Door`] it admits with. With it, [`Admitted`]
@@ -98,7 +122,8 @@ pub trait HasDoor: Send + Sync {
 }
 
 /// `has_door!(State)`: [`HasDoor`] for a door's state `State<S>` with the fields
-/// `ingress`, `auth` (`Option<Arc<Authenticator>>`) and `retry_after`.
+/// `ingress`, `auth` (`Option<Arc<Authenticator>>`), `retry_after` and `capacity`
+/// (`Option<Arc<Capacity>>`).
 macro_rules! has_door {
     ($state:ident) => {
         impl<S: Sink> $crate::door::HasDoor for $state<S> {
@@ -109,6 +134,7 @@ macro_rules! has_door {
                     ingress: &self.ingress,
                     auth: self.auth.as_deref(),
                     retry_after: self.retry_after,
+                    capacity: self.capacity.as_deref(),
                 }
             }
         }
@@ -161,9 +187,10 @@ impl<S: Sink> Door<'_, S> {
         })
     }
 
-    /// Step 3 of the admission: readiness, then the registry; applies the token's rate
-    /// class to the opened stream.
-    pub fn open(&self, admitted: Admitted) -> Result<StreamHandle, Refused> {
+    /// Step 3 of the admission: readiness, the recognition capacity, then the
+    /// registry; applies the token's rate class to the opened stream. The ticket holds
+    /// the stream's capacity slot: keep it until the stream finished.
+    pub fn open(&self, admitted: Admitted) -> Result<(StreamHandle, Ticket), Refused> {
         let ingress = self.ingress;
         // Readiness gates admission: a stream opened while NATS is disconnected (or
         // before the first connect) could only queue into the client; refuse it like a
@@ -178,13 +205,22 @@ impl<S: Sink> Door<'_, S> {
             insert_retry_after(&mut resp, self.retry_after);
             return Err(Box::new(resp));
         }
+        // In memory (no NATS round trip); a refused stream opens nothing.
+        let ticket = match self.capacity {
+            None => Ticket::none(),
+            Some(c) => c.admit(&admitted.id).map_err(|r| {
+                ingress.global().admission_rejected("no_capacity");
+                Box::new(no_capacity_refusal(&r))
+            })?,
+        };
+        // A registry refusal drops the ticket: the slot is released.
         let handle = ingress
             .open_id(admitted.id, admitted.session)
             .map_err(|e| Box::new(open_refusal(&e, self.retry_after)))?;
         if let Some(permille) = admitted.grant.and_then(|g| g.max_rate_permille) {
             handle.limit_rate(permille);
         }
-        Ok(handle)
+        Ok((handle, ticket))
     }
 }
 
@@ -234,6 +270,22 @@ pub fn with_fallbacks(routes: Router) -> Router {
                 "a stream is opened with GET (WebSocket upgrade) on /v1/streams/{stream_id}",
             )
         })
+}
+
+/// Bound on holding a capacity slot after the door let go of its stream (the
+/// stream's own finish bound is shorter).
+const RELEASE_BOUND: Duration = Duration::from_secs(30);
+
+/// Keeps `ticket` (the stream's capacity slot) until the stream of `status` finished
+/// (at most 30 s), then drops it; at once when it already finished.
+pub fn release_when_finished(ticket: Ticket, mut status: watch::Receiver<StreamStatus>) {
+    if !ticket.holds() || status.borrow().finished {
+        return;
+    }
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(RELEASE_BOUND, status.wait_for(|s| s.finished)).await;
+        drop(ticket);
+    });
 }
 
 /// The `overload` event.

@@ -12,6 +12,8 @@
 //! - [`listener`]: the open-file limit the listeners need (their accept loop, timeouts
 //!   and connection caps are `weir_service::http`); [`auth`]: producer tokens checked
 //!   before the upgrade;
+//! - [`capacity`]: admission by recognition capacity (the workers' announcements, the
+//!   lease bucket, worker refusals), asked by [`door`] before the registry;
 //! - [`metrics`]: the service's metric names (the producer core's are
 //!   `weir_audio_producer::metrics`); [`error`]: what `serve` fails with at start-up;
 //! - [`tap`]: subscribes to the audio subjects and shows every packet.
@@ -27,6 +29,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod capacity;
 pub mod config;
 pub mod door;
 pub mod error;

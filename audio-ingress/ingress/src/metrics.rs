@@ -69,6 +69,36 @@ weir_service::declare_metrics! {
     /// ([`crate::config::Config::memory_bound_bytes`]). Compare `process_resident_memory_bytes`
     /// with it: RSS near it means a buffer the table misses.
     gauge pub const MEMORY_BOUND_BYTES: &str = "weir_ingress_memory_bound_bytes";
+    /// Gauge: recognition workers announcing for this door's subject and partitions,
+    /// live (heard within 2.5 of their intervals).
+    gauge pub const CAPACITY_WORKERS: &str = "weir_ingress_capacity_workers";
+    /// Gauge: slots (`max_streams`) of the live workers.
+    gauge pub const CAPACITY_SLOTS: &str = "weir_ingress_capacity_slots";
+    /// Gauge: slots of the live workers not taken by a live stream.
+    gauge pub const CAPACITY_FREE_SLOTS: &str = "weir_ingress_capacity_free_slots";
+    /// Gauge: p99 of the lag of the streams the live workers list, in seconds.
+    gauge pub const CAPACITY_LAG_P99_SECONDS: &str = "weir_ingress_capacity_lag_p99_seconds";
+    /// Counter: streams refused `503 no_capacity`, by `reason` (`gone`, `orphaned`,
+    /// `full`, `lagging`).
+    counter pub const CAPACITY_REFUSED_TOTAL: &str = "weir_ingress_capacity_refused_total";
+    /// Counter: streams `capacity.mode = shadow` admitted that `enforce` would have
+    /// refused, by `reason`.
+    counter pub const CAPACITY_SHADOW_WOULD_REJECT_TOTAL: &str = "weir_ingress_capacity_shadow_would_reject_total";
+    /// Counter: capacity messages ignored, by `kind` (the decoding's kinds: `too_large`,
+    /// `invalid_json`, `unknown_field`, `unsupported_version`, `subject_mismatch`,
+    /// `invalid_id`, `out_of_range`, `stale`; the view's: `other_subject`,
+    /// `instance_conflict`, `seq_not_increasing`, `other_bucket`, `too_many_workers`,
+    /// `not_owned` (one per partition a worker claims that the lease bucket gives to
+    /// another), `refusal_not_held` (a refusal for a stream this door does not hold),
+    /// `bad_lease_key`).
+    counter pub const CAPACITY_IGNORED_TOTAL: &str = "weir_ingress_capacity_ignored_total";
+    /// Counter: valid worker refusals received (`<prefix>.refused.*`).
+    counter pub const CAPACITY_WORKER_REFUSALS_TOTAL: &str = "weir_ingress_capacity_worker_refusals_total";
+    /// Counter: worker refusals that ended a stream of this door (`closed`
+    /// `no_capacity`).
+    counter pub const CAPACITY_WORKER_REFUSALS_APPLIED_TOTAL: &str = "weir_ingress_capacity_worker_refusals_applied_total";
+    /// Counter: `degraded` events sent to producers.
+    counter pub const CAPACITY_DEGRADED_EVENTS_TOTAL: &str = "weir_ingress_capacity_degraded_events_total";
 }
 
 /// The names of both HTTP listeners' metrics, labelled `listener` = `ws` | `admin`.
@@ -81,6 +111,10 @@ pub const LISTENER: weir_service::http::ListenerMetrics = weir_service::http::Li
 
 /// Label key for a WebSocket close code.
 pub const LABEL_CODE: &str = "code";
+/// Label key of a refusal reason.
+pub const LABEL_REASON: &str = "reason";
+/// Label key of an ignored capacity message's kind.
+pub const LABEL_KIND: &str = "kind";
 /// Label key for an HTTP listener (`ws`, `admin`).
 pub const LABEL_LISTENER: &str = "listener";
 

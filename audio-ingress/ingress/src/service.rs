@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 
 use crate::admin::{self, AdminState};
 use crate::auth::Authenticator;
+use crate::capacity::Capacity;
 use crate::config::Config;
 use crate::door;
 use crate::error::{ConfigError, ConfigErrorKind};
@@ -48,6 +49,7 @@ pub struct RunningService<S: Sink> {
     /// The WebSocket and WHIP handlers; closed and waited for at shutdown.
     tracker: TaskTracker,
     whip: Option<Whip>,
+    capacity: Option<Arc<Capacity>>,
 }
 
 /// The listener of config key `key` and its bound address.
@@ -107,25 +109,45 @@ pub async fn start(
         .map_err(|e| e.map_kind(ErrorKind::Nats))?;
     let sink = match config.stream.delivery() {
         Delivery::JetStream => NatsSink::JetStream(
-            JetStreamSink::new(client, &config.stream.jetstream(), JETSTREAM_API_TIMEOUT)
-                .await
-                .map_err(|e| {
-                    Error::with_source(ErrorKind::Nats, "creating the JetStream stream", e)
-                })?,
+            JetStreamSink::new(
+                client.clone(),
+                &config.stream.jetstream(),
+                JETSTREAM_API_TIMEOUT,
+            )
+            .await
+            .map_err(|e| Error::with_source(ErrorKind::Nats, "creating the JetStream stream", e))?,
         ),
-        Delivery::Confirmed | Delivery::Unconfirmed => NatsSink::Core(client),
+        Delivery::Confirmed | Delivery::Unconfirmed => NatsSink::Core(client.clone()),
     };
-    start_with_sink(config, sink, prometheus).await
+    let stream = &config.stream;
+    let capacity = Capacity::start(
+        client,
+        &config.capacity,
+        stream.subject().as_str(),
+        stream.partitions(),
+    );
+    start_with(config, sink, prometheus, capacity).await
 }
 
 /// Bound on the JetStream API calls at start (creating the stream).
 const JETSTREAM_API_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Starts the service publishing to `sink`.
+/// Starts the service publishing to `sink`, without the recognition-capacity check
+/// (it listens on a NATS client: [`start`]).
 pub async fn start_with_sink<S: Sink>(
     config: Config,
     sink: S,
     prometheus: Option<PrometheusHandle>,
+) -> Result<RunningService<S>, Error> {
+    start_with(config, sink, prometheus, None).await
+}
+
+/// Starts the service publishing to `sink`, admitting by `capacity`.
+async fn start_with<S: Sink>(
+    config: Config,
+    sink: S,
+    prometheus: Option<PrometheusHandle>,
+    capacity: Option<Arc<Capacity>>,
 ) -> Result<RunningService<S>, Error> {
     let server = &config.server;
     let fd = check_fd_limit(
@@ -169,6 +191,7 @@ pub async fn start_with_sink<S: Sink>(
         send_timeout: config.server.ws_send_timeout,
         tracker: tracker.clone(),
         auth: auth.clone(),
+        capacity: capacity.clone(),
     });
     if let Some(w) = &whip {
         routes = routes.merge(w.routes(
@@ -176,6 +199,7 @@ pub async fn start_with_sink<S: Sink>(
             auth,
             config.server.retry_after,
             tracker.clone(),
+            capacity.clone(),
         ));
     }
     let ws_router = door::with_fallbacks(routes);
@@ -268,6 +292,7 @@ pub async fn start_with_sink<S: Sink>(
         upkeep,
         tracker,
         whip,
+        capacity,
     })
 }
 
@@ -285,6 +310,11 @@ impl<S: Sink> RunningService<S> {
     /// The producer core.
     pub fn ingress(&self) -> &Ingress<S> {
         &self.ingress
+    }
+
+    /// The recognition-capacity check (`None`: `capacity.mode = off`).
+    pub fn capacity(&self) -> Option<&Capacity> {
+        self.capacity.as_deref()
     }
 
     /// The one line printed on stdout when ready (docs/contracts.md).

@@ -4,7 +4,8 @@
 //! Before the upgrade (nothing is opened for a refused request):
 //! `400` unsafe stream id or session id, `409` id already active, `503` + `Retry-After`
 //! when NATS is not connected (`not_ready`: disconnected, or before the first
-//! connect), when `max_streams` are active or the service is shutting down; `400`
+//! connect), when no recognition worker can take the stream (`no_capacity`), when
+//! `max_streams` are active or the service is shutting down; `400`
 //! `invalid_request` for a query that is not UTF-8 once percent-decoded or repeats
 //! `session_id` ([`crate::ws_query`]); the upgrade extractor's own refusals
 //! (`invalid_upgrade`), `404`, `405`. Every body is `{"error":{"code":..,"message":..}}`.
@@ -12,7 +13,8 @@
 //! After the upgrade, client → server: each binary message is one frame of s16le mono
 //! 16 kHz PCM (even length, 2..=`max_frame_bytes`); the text message `{"type":"end"}`
 //! ends the stream. Server → client: JSON text events `overload`, `gap`, `error`,
-//! `closed`, then a close frame:
+//! `closed`, then a close frame; while the stream runs, `degraded` and `recovered`
+//! when its recognition worker's lag crosses `capacity.max_lag_ms` ([`crate::capacity`]):
 //!
 //! | outcome | events | close code |
 //! |---|---|---|
@@ -25,6 +27,7 @@
 //! | message over the WebSocket limit (`max_frame_bytes` + 64 KiB) | `error`, `closed` | 1009 |
 //! | client close with a code it may not send | — (echo 1002) | stream ends `error` |
 //! | client close without `end` | — (echo of its close) | stream ends `producer_gone` |
+//! | the recognition worker refused the stream (`<prefix>.refused.<stream>`) | `closed` (reason `no_capacity`) | 1013 |
 //! | service shutting down | `closed` | 1001 |
 //! | no frame for `idle_timeout` | `closed` | 1001 |
 //! | internal error | `closed` | 1011 |
@@ -68,6 +71,7 @@ use weir_protocol::WireName;
 use weir_protocol::audio::extension::{EndReason, Overload};
 
 use crate::auth::Authenticator;
+use crate::capacity::{Capacity, Notice, Ticket};
 use crate::door::{self, HasDoor};
 use crate::metrics as m;
 use crate::shutdown::TaskTracker;
@@ -115,6 +119,8 @@ pub struct WsState<S: Sink> {
     pub tracker: TaskTracker,
     /// Producer tokens are checked before the upgrade (`auth_required`); `None`: off.
     pub auth: Option<Arc<Authenticator>>,
+    /// The recognition-capacity check; `None`: `capacity.mode = off`.
+    pub capacity: Option<Arc<Capacity>>,
 }
 
 door::has_door!(WsState);
@@ -144,8 +150,8 @@ async fn upgrade<S: Sink>(
         Ok(ws) => ws,
         Err(e) => return door::error_response(e.status(), "invalid_upgrade", e.body_text()),
     };
-    let handle = match state.door().open(admitted) {
-        Ok(h) => h,
+    let (handle, ticket) = match state.door().open(admitted) {
+        Ok(opened) => opened,
         Err(resp) => return *resp,
     };
     let max_frame = state.ingress.config().max_frame_bytes();
@@ -173,7 +179,7 @@ async fn upgrade<S: Sink>(
                         send_timeout,
                         abandoned: false,
                     };
-                    serve_socket(conn, handle, state.idle_timeout).await;
+                    serve_socket(conn, handle, ticket, state.idle_timeout).await;
                 },
                 span,
             )
@@ -329,8 +335,14 @@ const WS_WRITE_BUFFER_BYTES: usize = 8 * 1024;
 /// a send fail at this size, or time out first).
 const WS_MAX_WRITE_BUFFER_BYTES: usize = 64 * 1024;
 
-/// Runs one connection: frames in, events out, until an [`Outcome`].
-async fn serve_socket(mut socket: Conn, handle: StreamHandle, idle_timeout: Duration) {
+/// Runs one connection: frames in, events out, until an [`Outcome`]. The capacity
+/// ticket is held until the stream finished.
+async fn serve_socket(
+    mut socket: Conn,
+    mut handle: StreamHandle,
+    mut ticket: Ticket,
+    idle_timeout: Duration,
+) {
     let mut status = door::StatusWatch::new(&handle);
     // One timer for the connection. A message only records its time; the timer is
     // moved when it fires early (resetting it for every frame cost a timer-wheel
@@ -358,6 +370,18 @@ async fn serve_socket(mut socket: Conn, handle: StreamHandle, idle_timeout: Dura
                     None => {}
                 }
             }
+            notice = ticket.next() => match crate::capacity::notice_event(&notice) {
+                Some(ev) => {
+                    if !socket.send_json(ev).await {
+                        break Outcome::Gone;
+                    }
+                }
+                None => {
+                    debug_assert_eq!(notice, Notice::Refused);
+                    handle.close(EndReason::NoCapacity);
+                    break Outcome::Closed(EndReason::NoCapacity);
+                }
+            },
             msg = socket.recv() => match msg {
                 None => break Outcome::Gone,
                 Some(Err(e)) => break read_failure(e),
@@ -394,7 +418,9 @@ async fn serve_socket(mut socket: Conn, handle: StreamHandle, idle_timeout: Dura
             }
         }
     };
+    let status = handle.status();
     finish_socket(socket, handle, outcome).await;
+    door::release_when_finished(ticket, status);
 }
 
 async fn finish_socket(mut socket: Conn, handle: StreamHandle, outcome: Outcome) {

@@ -140,5 +140,6 @@ pub const SECTIONS: &[Section] = &[
     ),
     Section::new("admin", ADMIN_KEYS),
     Section::new("nats", NATS_KEYS),
+    Section::new("capacity", super::CAPACITY_KEYS),
     Section::new("log", LOG_KEYS),
 ];

@@ -8,7 +8,9 @@
 //! - [`NatsConfig`] — the NATS connection (URL, auth, TLS, client timeouts): the
 //!   settings type every weir client shares, `weir_service::nats`; the `[nats]` keys
 //!   fill it and `NatsSection::validate` checks it.
-//! - [`Config`] — all three, loaded by [`Config::load`] from [`ConfigSources`].
+//! - [`CapacityConfig`] — admission by recognition capacity (`[capacity]`,
+//!   [`crate::capacity`]).
+//! - [`Config`] — all of them, loaded by [`Config::load`] from [`ConfigSources`].
 //!
 //! Keys are snake_case names, flat for the ingress's own (`max_bytes`) and in the
 //! shared sections every weir binary composes (`[nats]`, `[admin]`, `[log]`, from
@@ -28,6 +30,7 @@
 //! refusals (`check-config`). Durations are configured in milliseconds (`*_ms`) or
 //! seconds (`*_s`) and carried as [`Duration`] inside the code.
 
+mod capacity;
 mod check;
 mod docs;
 mod server;
@@ -42,6 +45,7 @@ pub use weir_service::config::{ConfigError, ConfigErrorKind, ConfigSources, Conf
 use weir_service::logging::LogFormat;
 pub use weir_service::nats::{NatsAuth, NatsConfig, NatsTls};
 
+pub use capacity::{CAPACITY_KEYS, CapacityConfig, CapacityMode, DEFAULT_MAX_LAG_MS};
 pub use docs::SECTIONS;
 pub use server::*;
 use weir_audio_producer::config::{
@@ -70,6 +74,8 @@ pub struct Config {
     pub server: ServerConfig,
     /// NATS connection.
     pub nats: NatsConfig,
+    /// Admission by recognition capacity (`[capacity]`).
+    pub capacity: CapacityConfig,
     /// Log format (`log.format`).
     pub log: LogFormat,
 }
@@ -80,6 +86,7 @@ impl Default for Config {
             stream: StreamConfig::default(),
             server: ServerConfig::default(),
             nats: NatsConfig::named(NATS_CLIENT_NAME),
+            capacity: CapacityConfig::default(),
             log: LogFormat::Text,
         }
     }
@@ -180,6 +187,7 @@ struct RawConfig {
     grace_period_ms: u64,
     admin: AdminSection,
     nats: NatsSection,
+    capacity: capacity::CapacitySection,
     log: LogSection,
 }
 
@@ -247,6 +255,7 @@ impl Default for RawConfig {
                 max_concurrent_requests: count(s.admin_request_limits.max_concurrent),
             },
             nats: NatsSection::from_config(&NatsConfig::named(NATS_CLIENT_NAME)),
+            capacity: capacity::CapacitySection::default(),
             log: LogSection::default(),
         }
     }
@@ -366,6 +375,7 @@ impl RawConfig {
             stream: self.stream()?,
             server: self.server()?,
             nats: self.nats.validate(NatsConfig::named(NATS_CLIENT_NAME))?,
+            capacity: self.capacity.validate()?,
             log: self.log.validate()?,
         })
     }

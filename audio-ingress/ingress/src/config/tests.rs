@@ -303,7 +303,7 @@ fn every_key_is_settable() {
         (Vec::new(), Vec::new()),
         "SECTIONS documents exactly the keys of RawConfig"
     );
-    assert_eq!(SECTIONS.iter().map(|s| s.docs().count()).sum::<usize>(), 67);
+    assert_eq!(SECTIONS.iter().map(|s| s.docs().count()).sum::<usize>(), 70);
     let err = load(&[], &[("jetstream_stream", "a.b")]).expect_err("dot");
     assert_eq!(err.key(), "jetstream_stream");
     let err = load(&[], &[("jetstream_duplicate_window_s", "7200")]).expect_err("window");
@@ -696,4 +696,34 @@ fn a_bad_timeout_chain_is_a_warning_naming_both_keys_and_the_numbers() {
             && text.contains("= 8000 ms"),
         "{text}"
     );
+}
+
+#[test]
+fn the_capacity_section_is_typed_and_validated() {
+    let c = Config::default();
+    assert_eq!(c.capacity.mode, CapacityMode::Enforce);
+    assert_eq!(c.capacity.prefix, "weir.capacity");
+    assert_eq!(c.capacity.max_lag, Duration::from_millis(500));
+    let c = load(
+        &[("WEIR_INGRESS_CAPACITY__MODE", "shadow")],
+        &[
+            ("capacity.max_lag_ms", "250"),
+            ("capacity.prefix", "asr.cap"),
+        ],
+    )
+    .expect("valid");
+    assert_eq!(c.capacity.mode, CapacityMode::Shadow);
+    assert_eq!(c.capacity.max_lag, Duration::from_millis(250));
+    assert_eq!(c.capacity.prefix, "asr.cap");
+    let c = load(&[], &[("capacity.mode", "off")]).expect("off");
+    assert_eq!(c.capacity.mode, CapacityMode::Off);
+    let err = load(&[], &[("capacity.mode", "maybe")]).expect_err("mode");
+    assert_eq!(err.key(), "capacity.mode");
+    let err = load(&[], &[("capacity.max_lag_ms", "5")]).expect_err("lag");
+    assert_eq!(
+        (err.key(), err.kind()),
+        ("capacity.max_lag_ms", ConfigErrorKind::OutOfRange)
+    );
+    let err = load(&[], &[("capacity.prefix", "weir.*")]).expect_err("prefix");
+    assert_eq!(err.key(), "capacity.prefix");
 }

@@ -21,7 +21,12 @@
 //!   `producer_gone` — session already closed;
 //! - overload (`close` policy): `overload` — `overload` and `closed` events, session
 //!   closed;
+//! - the recognition worker refused the stream: `no_capacity` — `closed` event,
+//!   session closed;
 //! - shutdown or any other end: that reason — `closed` event, session closed.
+//!
+//! While the stream runs, its capacity notices go to the data channel as `degraded`
+//! and `recovered` events.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -36,6 +41,7 @@ use weir_protocol::audio::extension::{EndReason, Overload};
 
 use super::driver::{Command, Media};
 use super::{SessionCounters, Stop, WhipCounters};
+use crate::capacity::{Notice, Ticket};
 use crate::door;
 use crate::metrics as m;
 use crate::shutdown::TaskTrackerToken;
@@ -54,6 +60,8 @@ const MAX_PACKET_SAMPLES: usize = 1_920;
 /// What a pump owns.
 pub(crate) struct Pump {
     pub handle: StreamHandle,
+    /// The stream's capacity slot and notices; dropped once the stream finished.
+    pub ticket: Ticket,
     pub media: mpsc::Receiver<Media>,
     pub stop: mpsc::Receiver<Stop>,
     pub driver: mpsc::Sender<Command>,
@@ -226,6 +234,14 @@ async fn pump(p: &mut Pump) -> Outcome {
                     None => {}
                 }
             }
+            notice = p.ticket.next() => match crate::capacity::notice_event(&notice) {
+                Some(ev) => event_to(&p.driver, &p.key, ev).await,
+                None => {
+                    debug_assert_eq!(notice, Notice::Refused);
+                    p.handle.close(EndReason::NoCapacity);
+                    return Outcome::Closed(EndReason::NoCapacity);
+                }
+            },
             stop = p.stop.recv() => match stop {
                 Some(stop) => return Outcome::Delete(stop),
                 None => return Outcome::Gone,
@@ -254,10 +270,12 @@ async fn pump(p: &mut Pump) -> Outcome {
 async fn finish(p: Pump, outcome: Outcome) {
     let Pump {
         handle,
+        ticket,
         driver,
         key,
         ..
     } = p;
+    door::release_when_finished(ticket, handle.status());
     // The `closed` event (none when the publisher is gone), then the session closes.
     let (closed, reply) = match outcome {
         Outcome::Gone => {

@@ -26,7 +26,7 @@ fn list_keys_prints_every_key_with_its_default() {
         .expect("run audio-ingress");
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(text.lines().count(), 67, "{text}");
+    assert_eq!(text.lines().count(), 70, "{text}");
     let line = |key: &str| {
         text.lines()
             .find(|l| l.split_whitespace().next() == Some(key))
@@ -36,4 +36,5 @@ fn list_keys_prints_every_key_with_its_default() {
     assert!(line("max_bytes").contains("default 16000"), "{text}");
     assert!(line("max_rate").contains("decimal  default 1.5"), "{text}");
     assert!(line("nats.token").contains("(unset)"), "{text}");
+    assert!(line("capacity.mode").contains("default enforce"), "{text}");
 }

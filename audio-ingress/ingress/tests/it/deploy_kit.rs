@@ -5,7 +5,8 @@
 //! by the consumer core (what a recognition worker embeds) from its start. And
 //! `deploy/nats-server.conf`: the ingress binary starts as `ingress` with the example
 //! configuration's inbox prefix, a producer core publishes as `producer`, `tap` reads
-//! as `operator`, and `guest` may publish no audio.
+//! as `operator`, and `guest` may publish no audio; `asr-worker` announces its
+//! capacity and the ingress hears it, `guest` may not announce.
 
 // The consumer core's test helpers live with it (audio-ingress/consumer/tests).
 use crate::support;
@@ -251,4 +252,112 @@ async fn the_example_permissions_carry_audio_for_its_users_and_refuse_a_guest() 
             .any(|v| v["subject"] == "inference.whisper.stream.dk" && v["type"] == "end"),
         "{out}"
     );
+}
+
+/// A capacity announcement of a static worker `worker` for the default template.
+fn announcement(worker: &str, seq: u64) -> weir_protocol::capacity::Announcement {
+    use weir_protocol::capacity::{Announcement, OwnershipKind, VERSION};
+    Announcement {
+        v: VERSION,
+        worker: worker.into(),
+        instance: "dk-1".into(),
+        seq,
+        sent_at_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as u64,
+        interval_ms: 200,
+        subject: weir_protocol::partition::DEFAULT_STREAM_TEMPLATE.into(),
+        partitions_total: 1,
+        ownership: OwnershipKind::Static,
+        lease_bucket: None,
+        partitions: vec![0],
+        max_streams: 4,
+        live_streams: 0,
+        lag_ms: 0,
+        rtf_p95: 0.3,
+        streams: Vec::new(),
+        streams_truncated: false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_permissions_let_a_worker_announce_to_the_ingress_and_refuse_a_guest() {
+    let server = NatsServer::start_with(NatsServerOptions {
+        config: Some(include_str!("../../../../deploy/nats-server.conf").to_owned()),
+        ..Default::default()
+    })
+    .expect("nats-server with the example configuration");
+    let args = deploy::unit_exec_args("audio-ingress.service", "ExecStart").expect("unit");
+    let args: Vec<&str> = args[1..].iter().map(String::as_str).collect();
+    let ingress = Binary::start_with(
+        &args,
+        &[
+            (
+                "WEIR_INGRESS_AUTH_HS256_SECRET",
+                "deploy-kit-test-secret-of-at-least-32-bytes",
+            ),
+            ("WEIR_INGRESS_NATS_USER", "ingress"),
+            ("WEIR_INGRESS_NATS_PASSWORD", "ingress-secret"),
+        ],
+        server.url(),
+        &[],
+    )
+    .await;
+    assert!(ingress.wait_ready(200).await, "ready as `ingress`");
+
+    // A guest may neither announce capacity nor refuse a stream (spoofing).
+    let guest = ("guest", "guest-secret");
+    let body = announcement("w-guest", 1).encode();
+    let mut frame = format!("PUB weir.capacity.announce.w-guest {}\r\n", body.len()).into_bytes();
+    frame.extend_from_slice(&body);
+    frame.extend_from_slice(b"\r\n");
+    let seen = raw_publish(server.port(), guest, &frame).await;
+    assert!(seen.contains("Permissions Violation for Publish"), "{seen}");
+    let seen = raw_publish(
+        server.port(),
+        guest,
+        b"PUB weir.capacity.refused.x 2\r\n{}\r\n",
+    )
+    .await;
+    assert!(seen.contains("Permissions Violation for Publish"), "{seen}");
+    assert_eq!(ingress.metric("weir_ingress_capacity_workers").await, 0.0);
+
+    // `asr-worker` announces; the ingress (allowed to subscribe) sees one live worker.
+    let worker = async_nats::ConnectOptions::with_user_and_password(
+        "asr-worker".into(),
+        "asr-secret".into(),
+    )
+    .custom_inbox_prefix("_INBOX.asr-worker")
+    .connect(server.url())
+    .await
+    .expect("asr-worker connects");
+    let deadline = tokio::time::Instant::now() + STEP;
+    let mut seq = 0;
+    loop {
+        seq += 1;
+        worker
+            .publish(
+                "weir.capacity.announce.w-dk",
+                announcement("w-dk", seq).encode().into(),
+            )
+            .await
+            .expect("publish");
+        worker.flush().await.expect("flush");
+        if ingress.metric("weir_ingress_capacity_workers").await == 1.0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the ingress never heard the worker"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let seen = raw_publish(
+        server.port(),
+        ("asr-worker", "asr-secret"),
+        b"PUB weir.capacity.refused.x 2\r\n{}\r\n",
+    )
+    .await;
+    assert!(!seen.contains("-ERR"), "{seen}");
 }

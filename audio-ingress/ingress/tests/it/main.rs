@@ -4,6 +4,7 @@
 //! `weir_audio_consumer::testing` (the consumer side). The producer core's own tests
 //! over NATS are in `audio-ingress/producer/tests/it`. Python scripts stay in `tests/python/`.
 
+mod capacity;
 mod cluster_node_loss;
 mod config_cli;
 mod consumer_python;

@@ -531,3 +531,132 @@ async fn one_address_cannot_take_every_whip_session_nor_aim_stun_elsewhere() {
     assert!(connected - started < Duration::from_secs(3));
     assert_eq!(whip_json(&bin).await["candidates_dropped"], 64);
 }
+
+/// An announcement of worker `w-whip` for the default template (one partition).
+fn whip_worker(seq: u64, max: u64, live: u64, listed: &[(&str, u64)]) -> Vec<u8> {
+    use weir_protocol::capacity::{Announcement, OwnershipKind, StreamLoad, VERSION};
+    let streams: Vec<StreamLoad> = listed
+        .iter()
+        .map(|(id, lag_ms)| StreamLoad {
+            id: (*id).into(),
+            lag_ms: *lag_ms,
+        })
+        .collect();
+    Announcement {
+        v: VERSION,
+        worker: "w-whip".into(),
+        instance: "w-whip-1".into(),
+        seq,
+        sent_at_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as u64,
+        interval_ms: 1_000,
+        subject: weir_protocol::partition::DEFAULT_STREAM_TEMPLATE.into(),
+        partitions_total: 1,
+        ownership: OwnershipKind::Static,
+        lease_bucket: None,
+        partitions: vec![0],
+        max_streams: max,
+        live_streams: live,
+        lag_ms: streams.iter().map(|s| s.lag_ms).max().unwrap_or(0),
+        rtf_p95: 0.5,
+        streams_truncated: (streams.len() as u64) < live,
+        streams,
+    }
+    .encode()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_events_reach_the_data_channel_and_a_full_worker_refuses_the_offer() {
+    use weir_protocol::capacity::{Refusal, RefusalReason, VERSION};
+    let nats = NatsServer::start().expect("nats-server");
+    let bin = Binary::start_ready(nats.url(), WHIP).await;
+    let nc = async_nats::connect(nats.url()).await.expect("connect");
+    let packets = opus_packets(&tone(8.0));
+    let o = offer().await;
+    // Nothing announced yet: admitted.
+    let answer = post_offer(bin.ws, "wcap", &o.sdp, &[]).await;
+    let publisher = o.answered(&answer);
+    let seen = std::sync::Arc::clone(&publisher.seen);
+    let task = tokio::spawn(publisher.run(packets, 400, false, Duration::from_secs(12)));
+    let has = |t: &str| seen.lock().expect("seen").types().iter().any(|x| x == t);
+    // The worker lists the stream 900 ms behind (threshold 500 ms): `degraded`.
+    let mut seq = 0;
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while !has("degraded") {
+        assert!(Instant::now() < deadline, "no degraded event");
+        seq += 1;
+        let body = whip_worker(seq, 8, 1, &[("wcap", 900)]);
+        nc.publish("weir.capacity.announce.w-whip", body.into())
+            .await
+            .expect("publish");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The worker refuses the stream: `closed` with `no_capacity`, then the session ends.
+    let refusal = Refusal {
+        v: VERSION,
+        worker: "w-whip".into(),
+        stream: "wcap".into(),
+        reason: RefusalReason::MaxStreams,
+        max_streams: 8,
+        live_streams: 8,
+        sent_at_ms: unix_now_s() * 1_000,
+    };
+    nc.publish("weir.capacity.refused.wcap", refusal.encode().into())
+        .await
+        .expect("publish");
+    let seen = tokio::time::timeout(Duration::from_secs(12), task)
+        .await
+        .expect("publisher ends")
+        .expect("task");
+    let closed: Vec<_> = seen
+        .events
+        .iter()
+        .map(|(_, e)| e)
+        .filter(|e| e["type"] == "closed")
+        .collect();
+    assert_eq!(closed.len(), 1, "{:?}", seen.types());
+    assert_eq!(closed[0]["reason"], "no_capacity");
+    let degraded = seen
+        .events
+        .iter()
+        .map(|(_, e)| e)
+        .find(|e| e["type"] == "degraded")
+        .expect("degraded");
+    assert_eq!(degraded["lag_ms"], 900);
+    assert_eq!(degraded["threshold_ms"], 500);
+    assert_eq!(degraded["worker"], "w-whip");
+    assert!(
+        seen.closed.is_some(),
+        "the session ended: {:?}",
+        seen.types()
+    );
+
+    // Every slot taken: a new offer is refused 503 `no_capacity` with `Retry-After`.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let refused = loop {
+        seq += 1;
+        nc.publish(
+            "weir.capacity.announce.w-whip",
+            whip_worker(seq, 1, 1, &[]).into(),
+        )
+        .await
+        .expect("publish");
+        nc.flush().await.expect("flush");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let o = offer().await;
+        let answer = post_offer(bin.ws, "wfull", &o.sdp, &[]).await;
+        if answer.status == 503 {
+            break answer;
+        }
+        assert_eq!(answer.status, 201, "{answer:?}");
+        assert_eq!(
+            delete(&bin, &answer.headers["location"], &[]).await.status,
+            200
+        );
+        assert!(Instant::now() < deadline, "never refused");
+    };
+    assert_eq!(refused.code(), "no_capacity", "{refused:?}");
+    assert!(refused.headers.contains_key("retry-after"), "{refused:?}");
+}

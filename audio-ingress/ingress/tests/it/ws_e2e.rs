@@ -696,6 +696,7 @@ async fn ws_client_that_stops_reading_is_abandoned_within_the_send_timeout() {
         send_timeout,
         tracker,
         auth: None,
+        capacity: None,
     });
     // Accepted sockets inherit the listener's small send buffer (Linux).
     let listener = tokio::net::TcpSocket::new_v4().expect("socket");

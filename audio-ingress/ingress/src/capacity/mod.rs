@@ -1,0 +1,231 @@
+//! Admission by recognition capacity: the door listens to the recognition workers'
+//! announcements (`<prefix>.announce.*`, `weir_protocol::capacity`) and refuses a new
+//! stream (`503 no_capacity` + `Retry-After`) when the worker that would serve its
+//! partition is gone, full or lagging; it tells admitted producers when their worker
+//! falls behind (`degraded`, `recovered`) and ends a stream its worker refused
+//! (`<prefix>.refused.<stream>`: `closed` with reason `no_capacity`).
+//!
+//! - [`fleet`]: the in-memory view and the decision (pure, clock as a parameter);
+//! - [`listen`]: the NATS side: the two subscriptions, decoding, counting;
+//! - [`lease`]: the read-only watch of the lease bucket the announcements name;
+//! - [`Ticket`]: an admitted stream's hold on its slot and its notices.
+//!
+//! Invariants:
+//! - the decision is in memory: [`Capacity::admit`] takes one mutex, never waits on
+//!   NATS;
+//! - with nothing heard it admits: recognisers that announce nothing are unaffected;
+//! - `shadow` decides and counts exactly as `enforce`, and admits;
+//! - an admitted stream is held from [`Capacity::admit`] until its [`Ticket`] drops
+//!   (the door drops it once the stream finished): released exactly once, by `Drop`;
+//! - every message ignored is counted by kind (`weir_ingress_capacity_ignored_total`).
+
+pub mod fleet;
+pub mod lease;
+pub mod listen;
+
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use weir_protocol::StreamId;
+use weir_protocol::audio::ws::Event;
+
+use crate::config::{CapacityConfig, CapacityMode};
+use crate::metrics as m;
+pub use fleet::{Decision, Fleet, FleetSettings, Notice, RefuseReason};
+
+/// Notices queued per held stream; more are dropped (`degraded` repeats with the next
+/// announcement).
+const NOTICES_PER_STREAM: usize = 8;
+
+/// What [`Capacity`] and its tasks share.
+pub(crate) struct Shared {
+    mode: CapacityMode,
+    fleet: Mutex<Fleet>,
+}
+
+impl Shared {
+    fn fleet(&self) -> MutexGuard<'_, Fleet> {
+        // A panic while holding it leaves a consistent map (every update is one
+        // insert or remove): keep using it.
+        self.fleet.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A refused stream: why, and when to retry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoCapacity {
+    /// Why.
+    pub reason: RefuseReason,
+    /// The estimated `Retry-After`.
+    pub retry_after: Duration,
+    /// The worker concerned, if any.
+    pub worker: Option<String>,
+}
+
+/// The door's capacity check (`capacity.mode` = `shadow` or `enforce`); its tasks stop
+/// when it drops.
+pub struct Capacity {
+    shared: Arc<Shared>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Capacity {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Capacity {
+    /// Starts listening on `client` for the door's subject template `subject` and
+    /// `partitions`; `None` when `capacity.mode = off`.
+    pub fn start(
+        client: async_nats::Client,
+        config: &CapacityConfig,
+        subject: &str,
+        partitions: NonZeroU32,
+    ) -> Option<Arc<Self>> {
+        if config.mode == CapacityMode::Off {
+            return None;
+        }
+        let shared = Arc::new(Shared {
+            mode: config.mode,
+            fleet: Mutex::new(Fleet::new(FleetSettings {
+                subject: subject.to_owned(),
+                partitions,
+                max_lag: config.max_lag,
+            })),
+        });
+        let task = tokio::spawn(listen::run(
+            client,
+            Arc::clone(&shared),
+            config.prefix.clone(),
+        ));
+        Some(Arc::new(Self { shared, task }))
+    }
+
+    /// `shadow` or `enforce`.
+    pub fn mode(&self) -> CapacityMode {
+        self.shared.mode
+    }
+
+    /// The admission of stream `id`: a [`Ticket`] holding its slot, or the refusal
+    /// (`enforce` only; `shadow` counts it and admits). Counted.
+    pub fn admit(&self, id: &StreamId) -> Result<Ticket, NoCapacity> {
+        let mut fleet = self.shared.fleet();
+        let worker = match fleet.decide(id, Instant::now()) {
+            Decision::Admit(w) => w,
+            Decision::Refuse {
+                reason,
+                retry_after,
+                worker,
+            } => {
+                let label: &'static str = reason.into();
+                if self.shared.mode == CapacityMode::Enforce {
+                    drop(fleet);
+                    metrics::counter!(m::CAPACITY_REFUSED_TOTAL, m::LABEL_REASON => label)
+                        .increment(1);
+                    return Err(NoCapacity {
+                        reason,
+                        retry_after,
+                        worker,
+                    });
+                }
+                metrics::counter!(m::CAPACITY_SHADOW_WOULD_REJECT_TOTAL, m::LABEL_REASON => label)
+                    .increment(1);
+                worker
+            }
+        };
+        let (tx, rx) = mpsc::channel(NOTICES_PER_STREAM);
+        let Some(token) = fleet.hold(id, worker, tx) else {
+            return Ok(Ticket::none());
+        };
+        Ok(Ticket {
+            held: Some(HeldTicket {
+                shared: Arc::clone(&self.shared),
+                id: id.as_str().to_owned(),
+                token,
+                rx,
+            }),
+        })
+    }
+
+    /// Streams held (admitted, not finished).
+    pub fn held(&self) -> usize {
+        self.shared.fleet().held_count()
+    }
+
+    /// Whether `worker` is in the view and live.
+    pub fn is_live(&self, worker: &str) -> bool {
+        self.shared.fleet().is_live(worker, Instant::now())
+    }
+
+    /// The totals of the gauges now.
+    pub fn totals(&self) -> fleet::FleetTotals {
+        self.shared.fleet().totals(Instant::now())
+    }
+}
+
+struct HeldTicket {
+    shared: Arc<Shared>,
+    id: String,
+    token: u64,
+    rx: mpsc::Receiver<Notice>,
+}
+
+/// An admitted stream's hold on its worker's slot, and the notices for its producer.
+/// The slot is released when it drops: the door keeps it until the stream finished.
+pub struct Ticket {
+    held: Option<HeldTicket>,
+}
+
+impl Ticket {
+    /// A ticket that holds nothing and never has a notice (`capacity.mode = off`).
+    pub fn none() -> Self {
+        Self { held: None }
+    }
+
+    /// Whether it holds a slot.
+    pub fn holds(&self) -> bool {
+        self.held.is_some()
+    }
+
+    /// The next notice (cancel-safe; never resolves for a ticket that holds nothing).
+    pub async fn next(&mut self) -> Notice {
+        match &mut self.held {
+            Some(h) => match h.rx.recv().await {
+                Some(n) => n,
+                None => std::future::pending().await,
+            },
+            None => std::future::pending().await,
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if let Some(h) = self.held.take() {
+            h.shared.fleet().release(&h.id, h.token);
+        }
+    }
+}
+
+/// The producer event of a notice (`None` for a refusal: the stream ends instead).
+pub fn notice_event(notice: &Notice) -> Option<serde_json::Value> {
+    let event = match notice {
+        Notice::Degraded {
+            lag_ms,
+            threshold_ms,
+            worker,
+        } => Event::Degraded {
+            lag_ms: *lag_ms,
+            threshold_ms: *threshold_ms,
+            worker: worker.clone(),
+        },
+        Notice::Recovered { lag_ms } => Event::Recovered { lag_ms: *lag_ms },
+        Notice::Refused => return None,
+    };
+    serde_json::to_value(event).ok()
+}

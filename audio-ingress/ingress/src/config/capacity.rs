@@ -1,0 +1,126 @@
+//! The `[capacity]` section: admission by recognition capacity ([`crate::capacity`]).
+//!
+//! Invariants: `capacity.prefix` is a usable subject prefix (no wildcard, no empty
+//! token), `capacity.max_lag_ms` is inside the range of [`CAPACITY_KEYS`]; the
+//! defaults validate.
+
+use std::time::Duration;
+
+use weir_protocol::capacity::{DEFAULT_PREFIX, is_valid_prefix};
+use weir_service::config::Range;
+use weir_service::config::keys::KeyDoc;
+
+use super::{ConfigError, ConfigErrorKind, int_in};
+
+/// What the door does with the recognition workers' announcements (`capacity.mode`).
+#[derive(strum::IntoStaticStr, strum::Display)]
+#[strum(serialize_all = "snake_case")]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum CapacityMode {
+    /// No check and no subscription: streams are admitted as if no worker announced.
+    Off,
+    /// The check runs; a stream it would refuse is counted
+    /// (`weir_ingress_capacity_shadow_would_reject_total`) and admitted.
+    Shadow,
+    /// The check refuses (`503 no_capacity`). With no announcement heard it never
+    /// refuses, so recognisers that announce nothing are unaffected.
+    #[default]
+    Enforce,
+}
+
+/// Default `capacity.max_lag_ms`: a worker whose oldest waiting frame is older than
+/// this is lagging (half the consumer core's default `max_frame_age_ms`, 1 s, so the
+/// door stops adding streams before the worker starts dropping stale frames).
+pub const DEFAULT_MAX_LAG_MS: u64 = 500;
+
+/// The validated `[capacity]` settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapacityConfig {
+    /// `capacity.mode`.
+    pub mode: CapacityMode,
+    /// `capacity.prefix`: announcements on `<prefix>.announce.*`, refusals on
+    /// `<prefix>.refused.*`.
+    pub prefix: String,
+    /// `capacity.max_lag_ms`: above it a worker is lagging (new streams refused,
+    /// `degraded` sent to its producers).
+    pub max_lag: Duration,
+}
+
+impl Default for CapacityConfig {
+    fn default() -> Self {
+        Self {
+            mode: CapacityMode::default(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            max_lag: Duration::from_millis(DEFAULT_MAX_LAG_MS),
+        }
+    }
+}
+
+/// The `[capacity]` keys as read from the layers.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct CapacitySection {
+    mode: CapacityMode,
+    prefix: String,
+    max_lag_ms: u64,
+}
+
+impl Default for CapacitySection {
+    fn default() -> Self {
+        let c = CapacityConfig::default();
+        Self {
+            mode: c.mode,
+            prefix: c.prefix,
+            max_lag_ms: u64::try_from(c.max_lag.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+}
+
+impl CapacitySection {
+    /// The typed settings, or the refusal naming the key.
+    pub(super) fn validate(&self) -> Result<CapacityConfig, ConfigError> {
+        if !is_valid_prefix(&self.prefix) {
+            return Err(ConfigError::new(
+                "capacity.prefix",
+                ConfigErrorKind::Invalid,
+                format!(
+                    "{:?}: 1..=128 bytes of dot-separated tokens without `*`, `>` or whitespace",
+                    self.prefix
+                ),
+            ));
+        }
+        let max_lag_ms = int_in("capacity.max_lag_ms", self.max_lag_ms)?;
+        Ok(CapacityConfig {
+            mode: self.mode,
+            prefix: self.prefix.clone(),
+            max_lag: Duration::from_millis(max_lag_ms),
+        })
+    }
+}
+
+/// Range and meaning of every `[capacity]` key.
+pub const CAPACITY_KEYS: &[KeyDoc] = &[
+    KeyDoc::new(
+        "capacity.mode",
+        Range::text("`off`, `shadow` or `enforce`"),
+        "admission by recognition capacity: `enforce` refuses a stream whose partition's \
+         announcing worker is gone, full or lagging (`503 no_capacity` + `Retry-After`); \
+         `shadow` counts those and admits; `off` does not listen. With no announcement \
+         heard nothing is refused, so recognisers that announce nothing are unaffected",
+    ),
+    KeyDoc::new(
+        "capacity.prefix",
+        Range::text("a subject prefix without wildcards"),
+        "subject prefix of the workers' announcements (`<prefix>.announce.<worker>`) and \
+         refusals (`<prefix>.refused.<stream>`)",
+    ),
+    KeyDoc::new(
+        "capacity.max_lag_ms",
+        Range::ms(10, 3600000),
+        "a worker whose announced lag is above this is lagging: new streams on its \
+         partitions are refused and its live streams' producers get `degraded`",
+    ),
+];
