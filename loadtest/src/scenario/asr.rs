@@ -192,8 +192,14 @@ pub struct ChurnReport {
     pub slots_after_kill: Option<f64>,
     /// See `slots_before`.
     pub slots_end: Option<f64>,
-    /// Kill → the victim's slots left the door's view (polled every 100 ms).
+    /// Kill → the victim's slots left the door's `/metrics` gauge (polled every
+    /// 100 ms; the door sets its gauges once a second).
     pub slots_left_view_ms: Option<f64>,
+    /// Kill → the first probe on the victim's partitions refused `no_capacity`: the
+    /// admission decision's own view (probes every 100 ms).
+    pub first_refused_ms: Option<f64>,
+    /// Kill → the last probe on the victim's partitions admitted before the new worker.
+    pub last_admitted_ms: Option<f64>,
     /// Probe calls on the victim's partitions after the kill: admitted / refused with
     /// `no_capacity` / refused otherwise, before and after its slots left the view.
     pub probes_admitted_before_left: u64,

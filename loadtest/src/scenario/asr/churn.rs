@@ -6,9 +6,10 @@
 //! every worker keep part of the slots busy ([`CALLS_PER_WORKER`] each). Then:
 //!
 //! 1. at [`KILL_AT`], worker `w0` is SIGKILLed; the door's `/metrics` is polled every
-//!    100 ms for the slots in its fleet view ([`SLOTS_GAUGE`]) until `w0`'s are gone;
-//!    meanwhile a probe call every 100 ms on `w0`'s partitions records whether the door
-//!    admits it (then it ends at once) or refuses it, and when;
+//!    100 ms for the slots in its fleet view ([`SLOTS_GAUGE`], set by the door once a
+//!    second) until `w0`'s are gone; meanwhile a probe call every 100 ms on `w0`'s
+//!    partitions records whether the door admits it (then it ends at once) or refuses
+//!    it, and when (the admission decision's own view, without the gauge's period);
 //! 2. [`ADD_AFTER`] later a new worker process takes `w0`'s partitions; the probes go
 //!    on until one is admitted (admissions resumed), at most [`RESUME_MAX`].
 //!
@@ -238,7 +239,16 @@ pub async fn run(env: &Env, settings: &AsrSettings) -> Result<RunOutput, Error> 
             report.slots_left_view_ms = Some(ms(killed.elapsed()));
         }
         if let Some(id) = probe_ids.next() {
-            match probe(ingress.ws_addr(), id).await {
+            let outcome = probe(ingress.ws_addr(), id).await;
+            let at = Some(ms(killed.elapsed()));
+            match outcome {
+                Probe::Admitted => report.last_admitted_ms = at,
+                Probe::NoCapacity => {
+                    report.first_refused_ms = report.first_refused_ms.or(at);
+                }
+                Probe::Other => {}
+            }
+            match outcome {
                 Probe::Admitted if left_at.is_none() => report.probes_admitted_before_left += 1,
                 Probe::Admitted => report.probes_admitted_after_left += 1,
                 Probe::NoCapacity => report.probes_refused_no_capacity += 1,

@@ -95,13 +95,15 @@ fn churn_rows() -> Vec<Row> {
                 slots(c.slots_end)
             )
         }),
-        ("slots left the view ms", |r| {
+        ("slots left the gauge ms", |r| {
             opt_ms(c(r).slots_left_view_ms)
         }),
-        ("probes admitted before left", |r| {
+        ("first probe refused ms", |r| opt_ms(c(r).first_refused_ms)),
+        ("last probe admitted ms", |r| opt_ms(c(r).last_admitted_ms)),
+        ("probes admitted before gauge", |r| {
             c(r).probes_admitted_before_left.to_string()
         }),
-        ("probes admitted after left", |r| {
+        ("probes admitted after gauge", |r| {
             c(r).probes_admitted_after_left.to_string()
         }),
         ("probes refused no_capacity", |r| {
@@ -121,11 +123,13 @@ fn churn_rows() -> Vec<Row> {
 pub fn summary_line(r: &RunReport) -> Option<String> {
     if let Some(c) = &r.churn {
         return Some(format!(
-            "[asr-churn] worker killed at {:.1} s: its slots left the door's view after {} ms; \
-             probes on its partitions admitted {} before / {} after that, refused no_capacity {}; \
+            "[asr-churn] worker killed at {:.1} s: its slots left the door's gauge after {} ms, \
+             the first probe on its partitions was refused after {} ms; probes admitted {} \
+             before / {} after the gauge, refused no_capacity {}; \
              worker added at {:.1} s: admissions resumed after {} ms, slots back after {} ms",
             c.killed_at_s,
             opt_ms(c.slots_left_view_ms),
+            opt_ms(c.first_refused_ms),
             c.probes_admitted_before_left,
             c.probes_admitted_after_left,
             c.probes_refused_no_capacity,
