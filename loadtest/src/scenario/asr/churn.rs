@@ -5,7 +5,8 @@
 //! the partitions `p mod workers == w`, `max_streams` = slots, announcing). Calls on
 //! every worker keep part of the slots busy ([`CALLS_PER_WORKER`] each). Then:
 //!
-//! 1. at [`KILL_AT`], worker `w0` is SIGKILLed; the door's `/metrics` is polled every
+//! 1. at [`KILL_AT`] plus a random 0–1 s (a random phase against the announcements and
+//!    the door's gauge tick), worker `w0` is SIGKILLed; the door's `/metrics` is polled every
 //!    100 ms for the slots in its fleet view ([`SLOTS_GAUGE`], set by the door once a
 //!    second) until `w0`'s are gone; meanwhile a probe call every 100 ms on `w0`'s
 //!    partitions records whether the door admits it (then it ends at once) or refuses
@@ -37,7 +38,7 @@ use crate::scenario::run::{Env, RunOutput, SUBJECT_TEMPLATE, TempDir};
 pub const SLOTS_GAUGE: &str = "weir_ingress_capacity_slots";
 /// Calls kept on each worker during the run.
 pub const CALLS_PER_WORKER: usize = 3;
-/// When the victim is killed, after the calls started.
+/// When the victim is killed, after the calls started (plus a random 0–1 s).
 pub const KILL_AT: Duration = Duration::from_secs(3);
 /// When the new worker is started, after the kill.
 pub const ADD_AFTER: Duration = Duration::from_secs(5);
@@ -224,7 +225,10 @@ pub async fn run(env: &Env, settings: &AsrSettings) -> Result<RunOutput, Error> 
     let mut probe_ids = probes.iter();
 
     // 1. The kill, then probes and polls until the victim's slots left the view.
-    tokio::time::sleep_until(start + KILL_AT).await;
+    // A random phase against the workers' announcements and the door's gauge tick, as
+    // a real crash has.
+    let jitter = Duration::from_millis(rand::Rng::random_range(&mut rand::rng(), 0..1_000));
+    tokio::time::sleep_until(start + KILL_AT + jitter).await;
     let victim = workers.remove(0);
     let mut victim = victim;
     let _ = victim.start_kill();
