@@ -93,7 +93,7 @@ pub struct Door<'a, S: Sink> {
     pub auth: Option<&'a Authenticator>,
     /// `Retry-After` of a 503.
     pub retry_after: Duration,
-    /// The recognition-capacity check (`None`: `capacity.mode = off`).
+    /// The recognition-capacity check (`None`: a service started without one).
     pub capacity: Option<&'a Capacity>,
 }
 

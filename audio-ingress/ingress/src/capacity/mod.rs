@@ -14,7 +14,9 @@
 //! - the decision is in memory: [`Capacity::admit`] takes one mutex, never waits on
 //!   NATS;
 //! - with nothing heard it admits: recognisers that announce nothing are unaffected;
-//! - `shadow` decides and counts exactly as `enforce`, and admits;
+//! - `shadow` decides and counts exactly as `enforce`, and admits; `off` decides
+//!   nothing, but still listens: a worker's refusal and lag reach the producer in
+//!   every mode;
 //! - an admitted stream is held from [`Capacity::admit`] until its [`Ticket`] drops
 //!   (the door drops it once the stream finished): released exactly once, by `Drop`;
 //! - every message ignored is counted by kind (`weir_ingress_capacity_ignored_total`).
@@ -80,16 +82,15 @@ impl Drop for Capacity {
 
 impl Capacity {
     /// Starts listening on `client` for the door's subject template `subject` and
-    /// `partitions`; `None` when `capacity.mode = off`.
+    /// `partitions`. Every mode listens: with `capacity.mode = off` nothing is decided
+    /// at admission, but a worker's refusal still ends its stream for the producer,
+    /// and its lag still reaches it.
     pub fn start(
         client: async_nats::Client,
         config: &CapacityConfig,
         subject: &str,
         partitions: NonZeroU32,
-    ) -> Option<Arc<Self>> {
-        if config.mode == CapacityMode::Off {
-            return None;
-        }
+    ) -> Arc<Self> {
         let shared = Arc::new(Shared {
             mode: config.mode,
             fleet: Mutex::new(Fleet::new(FleetSettings {
@@ -103,19 +104,24 @@ impl Capacity {
             Arc::clone(&shared),
             config.prefix.clone(),
         ));
-        Some(Arc::new(Self { shared, task }))
+        Arc::new(Self { shared, task })
     }
 
-    /// `shadow` or `enforce`.
+    /// `off`, `shadow` or `enforce`.
     pub fn mode(&self) -> CapacityMode {
         self.shared.mode
     }
 
     /// The admission of stream `id`: a [`Ticket`] holding its slot, or the refusal
-    /// (`enforce` only; `shadow` counts it and admits). Counted.
+    /// (`enforce` only; `shadow` counts it and admits; `off` decides nothing and
+    /// holds the stream only to route its notices). Counted.
     pub fn admit(&self, id: &StreamId) -> Result<Ticket, NoCapacity> {
         let mut fleet = self.shared.fleet();
-        let worker = match fleet.decide(id, Instant::now()) {
+        let decision = match self.shared.mode {
+            CapacityMode::Off => Decision::Admit(None),
+            CapacityMode::Shadow | CapacityMode::Enforce => fleet.decide(id, Instant::now()),
+        };
+        let worker = match decision {
             Decision::Admit(w) => w,
             Decision::Refuse {
                 reason,
@@ -182,7 +188,8 @@ pub struct Ticket {
 }
 
 impl Ticket {
-    /// A ticket that holds nothing and never has a notice (`capacity.mode = off`).
+    /// A ticket that holds nothing and never has a notice (no capacity check: a
+    /// service started without one).
     pub fn none() -> Self {
         Self { held: None }
     }

@@ -108,8 +108,9 @@ pub const CAPACITY_KEYS: &[KeyDoc] = &[
         Range::text("`off`, `shadow` or `enforce`"),
         "admission by recognition capacity: `enforce` refuses a stream whose partition's \
          announcing worker is gone, full or lagging (`503 no_capacity` + `Retry-After`); \
-         `shadow` counts those and admits; `off` does not listen. With no announcement \
-         heard nothing is refused, so recognisers that announce nothing are unaffected",
+         `shadow` counts those and admits; `off` decides nothing (a worker's refusal and \
+         lag still reach the producer in every mode). With no announcement heard \
+         nothing is refused, so recognisers that announce nothing are unaffected",
     ),
     KeyDoc::new(
         "capacity.prefix",
