@@ -214,9 +214,11 @@ impl<S: Sink> Door<'_, S> {
             })?,
         };
         // A registry refusal drops the ticket: the slot is released.
+        let mut ticket = ticket;
         let handle = ingress
             .open_id(admitted.id, admitted.session)
             .map_err(|e| Box::new(open_refusal(&e, self.retry_after)))?;
+        ticket.bind();
         if let Some(permille) = admitted.grant.and_then(|g| g.max_rate_permille) {
             handle.limit_rate(permille);
         }

@@ -19,6 +19,9 @@
 //!   every mode;
 //! - an admitted stream is held from [`Capacity::admit`] until its [`Ticket`] drops
 //!   (the door drops it once the stream finished): released exactly once, by `Drop`;
+//!   its notices reach the ticket once [`Ticket::bind`] ran (after the registry
+//!   opened the stream, so a duplicate id the registry refuses never takes over the
+//!   notices of the stream that holds the id);
 //! - every message ignored is counted by kind (`weir_ingress_capacity_ignored_total`).
 
 pub mod fleet;
@@ -144,16 +147,15 @@ impl Capacity {
                 worker
             }
         };
+        let token = fleet.reserve(worker);
         let (tx, rx) = mpsc::channel(NOTICES_PER_STREAM);
-        let Some(token) = fleet.hold(id, worker, tx) else {
-            return Ok(Ticket::none());
-        };
         Ok(Ticket {
             held: Some(HeldTicket {
                 shared: Arc::clone(&self.shared),
-                id: id.as_str().to_owned(),
+                id: id.clone(),
                 token,
                 rx,
+                tx: Some(tx),
             }),
         })
     }
@@ -176,9 +178,11 @@ impl Capacity {
 
 struct HeldTicket {
     shared: Arc<Shared>,
-    id: String,
+    id: StreamId,
     token: u64,
     rx: mpsc::Receiver<Notice>,
+    /// Handed to the fleet by [`Ticket::bind`].
+    tx: Option<mpsc::Sender<Notice>>,
 }
 
 /// An admitted stream's hold on its worker's slot, and the notices for its producer.
@@ -199,6 +203,17 @@ impl Ticket {
         self.held.is_some()
     }
 
+    /// The registry opened the stream: from now on its notices (a worker's refusal,
+    /// `degraded`) reach this ticket. Called once, after the open; a ticket never
+    /// bound still holds its slot until it drops.
+    pub fn bind(&mut self) {
+        if let Some(h) = &mut self.held
+            && let Some(tx) = h.tx.take()
+        {
+            h.shared.fleet().bind(&h.id, h.token, tx);
+        }
+    }
+
     /// The next notice (cancel-safe; never resolves for a ticket that holds nothing).
     pub async fn next(&mut self) -> Notice {
         match &mut self.held {
@@ -214,7 +229,7 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         if let Some(h) = self.held.take() {
-            h.shared.fleet().release(&h.id, h.token);
+            h.shared.fleet().release(h.id.as_str(), h.token);
         }
     }
 }

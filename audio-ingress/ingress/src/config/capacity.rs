@@ -20,7 +20,8 @@ use super::{ConfigError, ConfigErrorKind, int_in};
 )]
 #[serde(rename_all = "snake_case")]
 pub enum CapacityMode {
-    /// No check and no subscription: streams are admitted as if no worker announced.
+    /// No check at admission: streams are admitted as if no worker announced. The
+    /// door still listens, so a worker's refusal and lag reach the producer.
     Off,
     /// The check runs; a stream it would refuse is counted
     /// (`weir_ingress_capacity_shadow_would_reject_total`) and admitted.
