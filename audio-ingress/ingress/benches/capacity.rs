@@ -59,7 +59,7 @@ fn main() {
             panic!("admitted")
         };
         let (tx, rx) = tokio::sync::mpsc::channel(8);
-        fleet.hold(&id, w, tx).expect("held");
+        fleet.hold(&id, w, tx);
         keep.push(rx);
     }
     let ids: Vec<StreamId> = (0..SAMPLES + 2_000)
@@ -74,7 +74,7 @@ fn main() {
             Decision::Admit(w) => w,
             Decision::Refuse { worker, .. } => worker,
         };
-        let token = fleet.hold(id, worker, tx).expect("held");
+        let token = fleet.hold(id, worker, tx);
         fleet.release(id.as_str(), token);
         let elapsed = start.elapsed();
         if i >= 2_000 {

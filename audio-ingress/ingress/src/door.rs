@@ -93,7 +93,7 @@ pub struct Door<'a, S: Sink> {
     pub auth: Option<&'a Authenticator>,
     /// `Retry-After` of a 503.
     pub retry_after: Duration,
-    /// The recognition-capacity check (`None`: `capacity.mode = off`).
+    /// The recognition-capacity check (`None`: a service started without one).
     pub capacity: Option<&'a Capacity>,
 }
 
@@ -214,9 +214,11 @@ impl<S: Sink> Door<'_, S> {
             })?,
         };
         // A registry refusal drops the ticket: the slot is released.
+        let mut ticket = ticket;
         let handle = ingress
             .open_id(admitted.id, admitted.session)
             .map_err(|e| Box::new(open_refusal(&e, self.retry_after)))?;
+        ticket.bind();
         if let Some(permille) = admitted.grant.and_then(|g| g.max_rate_permille) {
             handle.limit_rate(permille);
         }

@@ -78,6 +78,11 @@ weir_service::declare_metrics! {
     gauge pub const CAPACITY_FREE_SLOTS: &str = "weir_ingress_capacity_free_slots";
     /// Gauge: p99 of the lag of the streams the live workers list, in seconds.
     gauge pub const CAPACITY_LAG_P99_SECONDS: &str = "weir_ingress_capacity_lag_p99_seconds";
+    /// Gauge: 1 while lease-mode workers are heard but the door's view of their lease
+    /// bucket is not complete (at start, while its watcher is re-created, or for ever
+    /// when NATS permissions deny the watch: the door then decides on the partitions
+    /// the workers announce, which it cannot check); 0 otherwise.
+    gauge pub const CAPACITY_LEASE_UNSYNCED: &str = "weir_ingress_capacity_lease_unsynced";
     /// Counter: streams refused `503 no_capacity`, by `reason` (`gone`, `orphaned`,
     /// `full`, `lagging`).
     counter pub const CAPACITY_REFUSED_TOTAL: &str = "weir_ingress_capacity_refused_total";
@@ -90,6 +95,7 @@ weir_service::declare_metrics! {
     /// `instance_conflict`, `seq_not_increasing`, `other_bucket`, `too_many_workers`,
     /// `not_owned` (one per partition a worker claims that the lease bucket gives to
     /// another), `refusal_not_held` (a refusal for a stream this door does not hold),
+    /// `refusal_other_worker` (a refusal from a worker that does not serve the stream),
     /// `bad_lease_key`).
     counter pub const CAPACITY_IGNORED_TOTAL: &str = "weir_ingress_capacity_ignored_total";
     /// Counter: valid worker refusals received (`<prefix>.refused.*`).

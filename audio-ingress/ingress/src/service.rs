@@ -120,12 +120,12 @@ pub async fn start(
         Delivery::Confirmed | Delivery::Unconfirmed => NatsSink::Core(client.clone()),
     };
     let stream = &config.stream;
-    let capacity = Capacity::start(
+    let capacity = Some(Capacity::start(
         client,
         &config.capacity,
         stream.subject().as_str(),
         stream.partitions(),
-    );
+    ));
     start_with(config, sink, prometheus, capacity).await
 }
 
@@ -312,7 +312,7 @@ impl<S: Sink> RunningService<S> {
         &self.ingress
     }
 
-    /// The recognition-capacity check (`None`: `capacity.mode = off`).
+    /// The recognition-capacity check (`None`: a service started without one).
     pub fn capacity(&self) -> Option<&Capacity> {
         self.capacity.as_deref()
     }

@@ -119,7 +119,7 @@ pub struct WsState<S: Sink> {
     pub tracker: TaskTracker,
     /// Producer tokens are checked before the upgrade (`auth_required`); `None`: off.
     pub auth: Option<Arc<Authenticator>>,
-    /// The recognition-capacity check; `None`: `capacity.mode = off`.
+    /// The recognition-capacity check; `None`: a service started without one.
     pub capacity: Option<Arc<Capacity>>,
 }
 

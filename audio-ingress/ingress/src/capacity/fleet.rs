@@ -15,8 +15,16 @@
 //!   announced partitions decide, as in static mode);
 //! - nothing was heard → every stream is admitted; a partition whose worker never
 //!   announced (a silent worker) is admitted;
-//! - a held stream is in the view from its admission until its ticket drops, and
-//!   counts against its worker's slots until that worker's announcement lists it;
+//! - an admitted stream is reserved from its admission, bound to its id once the
+//!   registry opened it (replacing a finished stream of the same id whose ticket has
+//!   not dropped yet), and released exactly once when its ticket drops (a token tells
+//!   a stale release from the current one); it counts against its worker's slots until
+//!   that worker's announcement lists it;
+//! - a worker delivers a partition only while its latest announcement lists it: a
+//!   worker that stops listing a partition it claimed (it is shutting down, or lost
+//!   the lease) gets no new stream there;
+//! - a worker's refusal ends a held stream only when it comes from the worker the
+//!   stream was admitted to or the one serving its partition now;
 //! - the maps are bounded: at most [`MAX_WORKERS`] workers, the partitions of the
 //!   template, the streams the registry admitted.
 
@@ -43,9 +51,11 @@ const FREE_RATE_WINDOW: Duration = Duration::from_secs(30);
 #[strum(serialize_all = "snake_case")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RefuseReason {
-    /// The partition's worker stopped announcing.
+    /// The partition's worker stopped announcing, or announces that it no longer
+    /// delivers it (shutting down).
     Gone,
-    /// The partition has no owner in the lease bucket.
+    /// The partition has no owner in the lease bucket, or its owner does not deliver
+    /// it (yet).
     Orphaned,
     /// The worker's slots are taken (its live streams plus those this door admitted
     /// that it has not listed yet).
@@ -158,8 +168,10 @@ pub struct Fleet {
     lease: Option<Lease>,
     heard: bool,
     held: HashMap<String, Held>,
-    /// Per worker, the held streams its latest announcement does not list (recounted
-    /// at each announcement, moved on by `hold` and `release`).
+    /// Admitted streams the registry has not opened yet: token → their worker.
+    reserved: HashMap<u64, Option<String>>,
+    /// Per worker, the held and reserved streams its latest announcement does not list
+    /// (recounted at each announcement, moved on by `reserve`, `bind` and `release`).
     unlisted: HashMap<String, u64>,
     next_token: u64,
     /// Slots freed (a live count going down) with their time, for `Retry-After`.
@@ -188,6 +200,7 @@ impl Fleet {
             lease: None,
             heard: false,
             held: HashMap::new(),
+            reserved: HashMap::new(),
             unlisted: HashMap::new(),
             next_token: 0,
             frees: VecDeque::new(),
@@ -316,16 +329,20 @@ impl Fleet {
                 if h.tx.try_send(notice).is_ok() {
                     sent += 1;
                 }
-            } else if h.degraded {
+            } else if h.degraded
+                && h.tx
+                    .try_send(Notice::Recovered { lag_ms: s.lag_ms })
+                    .is_ok()
+            {
+                // Still `degraded` when the queue was full: `recovered` goes with the
+                // next announcement.
                 h.degraded = false;
-                let _ = h.tx.try_send(Notice::Recovered { lag_ms: s.lag_ms });
             }
         }
         self.unlisted.clear();
-        for h in self.held.values().filter(|h| !h.listed) {
-            if let Some(w) = &h.worker {
-                *self.unlisted.entry(w.clone()).or_default() += 1;
-            }
+        let unlisted = self.held.values().filter(|h| !h.listed).map(|h| &h.worker);
+        for w in unlisted.chain(self.reserved.values()).flatten() {
+            *self.unlisted.entry(w.clone()).or_default() += 1;
         }
         sent
     }
@@ -366,6 +383,11 @@ impl Fleet {
                 Some(owner) => match self.workers.get(owner) {
                     None => Decision::Admit(None),
                     Some(w) if !w.live(now) => self.refuse(RefuseReason::Gone, Some(w), now),
+                    // The owner is not delivering it: shutting down, or its feed not
+                    // started yet after a takeover.
+                    Some(w) if !w.ann.partitions.contains(&p) => {
+                        self.refuse(RefuseReason::Orphaned, Some(w), now)
+                    }
                     Some(w) => self.check(w, now),
                 },
             },
@@ -378,13 +400,13 @@ impl Fleet {
         let mut gone = None;
         let mut best: Option<Decision> = None;
         for w in self.workers.values() {
-            if !w.live(now) {
+            let delivers = w.ann.partitions.contains(&p);
+            if !w.live(now) || !delivers {
+                // Gone, or leaving: it claimed `p` and its latest announcement no
+                // longer lists it.
                 if w.claimed.contains(&p) {
                     gone = Some(w);
                 }
-                continue;
-            }
-            if !w.ann.partitions.contains(&p) {
                 continue;
             }
             let d = self.check(w, now);
@@ -456,21 +478,28 @@ impl Fleet {
         estimate.clamp(RETRY_AFTER_RANGE.0, RETRY_AFTER_RANGE.1)
     }
 
-    /// Holds admitted stream `id` (served by `worker`); its token, or `None` when a
-    /// stream of that id is already held (the registry then refuses the duplicate).
-    pub fn hold(
-        &mut self,
-        id: &StreamId,
-        worker: Option<String>,
-        tx: mpsc::Sender<Notice>,
-    ) -> Option<u64> {
-        if self.held.contains_key(id.as_str()) {
-            return None;
-        }
+    /// Reserves a slot of `worker` (`None`: no announcing worker serves it) for a
+    /// stream just admitted; its token.
+    pub fn reserve(&mut self, worker: Option<String>) -> u64 {
         self.next_token += 1;
         let token = self.next_token;
         if let Some(w) = &worker {
             *self.unlisted.entry(w.clone()).or_default() += 1;
+        }
+        self.reserved.insert(token, worker);
+        token
+    }
+
+    /// Binds reservation `token` to stream `id`, which the registry has just opened:
+    /// from now on the stream's notices go to `tx`. A stream of the same id still held
+    /// (finished, its ticket not dropped yet) is let go first. `false` when `token`
+    /// is not reserved (already bound or released).
+    pub fn bind(&mut self, id: &StreamId, token: u64, tx: mpsc::Sender<Notice>) -> bool {
+        let Some(worker) = self.reserved.remove(&token) else {
+            return false;
+        };
+        if let Some(old) = self.held.remove(id.as_str()) {
+            self.unaccount(&old);
         }
         self.held.insert(
             id.as_str().to_owned(),
@@ -482,27 +511,81 @@ impl Fleet {
                 tx,
             },
         );
-        Some(token)
+        true
     }
 
-    /// Releases the stream held with `token`.
+    /// Reserves and binds at once (a stream opened without a registry in between).
+    pub fn hold(&mut self, id: &StreamId, worker: Option<String>, tx: mpsc::Sender<Notice>) -> u64 {
+        let token = self.reserve(worker);
+        self.bind(id, token, tx);
+        token
+    }
+
+    /// Releases the stream reserved or held with `token` (a token bound to `id` that
+    /// a newer stream of the same id has replaced releases nothing).
     pub fn release(&mut self, id: &str, token: u64) {
-        if self.held.get(id).is_some_and(|h| h.token == token)
+        if let Some(worker) = self.reserved.remove(&token) {
+            self.uncount(worker.as_deref());
+        } else if self.held.get(id).is_some_and(|h| h.token == token)
             && let Some(h) = self.held.remove(id)
-            && !h.listed
-            && let Some(w) = h.worker
-            && let Some(n) = self.unlisted.get_mut(&w)
+        {
+            self.unaccount(&h);
+        }
+    }
+
+    /// Takes a held stream that is let go out of its worker's unlisted count.
+    fn unaccount(&mut self, h: &Held) {
+        if !h.listed {
+            self.uncount(h.worker.as_deref());
+        }
+    }
+
+    fn uncount(&mut self, worker: Option<&str>) {
+        if let Some(w) = worker
+            && let Some(n) = self.unlisted.get_mut(w)
         {
             *n = n.saturating_sub(1);
             if *n == 0 {
-                self.unlisted.remove(&w);
+                self.unlisted.remove(w);
             }
         }
     }
 
-    /// The notice channel of held stream `id` (a worker's refusal for it).
-    pub fn held_sender(&self, id: &str) -> Option<mpsc::Sender<Notice>> {
-        self.held.get(id).map(|h| h.tx.clone())
+    /// The notice channel of held stream `id` for a refusal from `worker`:
+    /// `Err("refusal_not_held")` when this door does not hold it,
+    /// `Err("refusal_other_worker")` when `worker` is neither the one it was admitted
+    /// to nor the one serving its partition now (a stream with no known worker takes a
+    /// refusal from any).
+    pub fn refusal_sender(
+        &self,
+        id: &StreamId,
+        worker: &str,
+    ) -> Result<mpsc::Sender<Notice>, &'static str> {
+        let h = self.held.get(id.as_str()).ok_or("refusal_not_held")?;
+        let admitted_to = h.worker.as_deref();
+        if admitted_to.is_none() || admitted_to == Some(worker) || self.serves(worker, id) {
+            Ok(h.tx.clone())
+        } else {
+            Err("refusal_other_worker")
+        }
+    }
+
+    /// Whether `worker` serves `id`'s partition now: the lease bucket's owner once the
+    /// view is complete, else a worker whose announcement lists the partition.
+    fn serves(&self, worker: &str, id: &StreamId) -> bool {
+        let p = partition_of(id, self.settings.partitions);
+        match &self.lease {
+            Some(l) if l.synced => l.owners.get(&p).is_some_and(|o| o == worker),
+            _ => self
+                .workers
+                .get(worker)
+                .is_some_and(|w| w.ann.partitions.contains(&p)),
+        }
+    }
+
+    /// Whether the lease bucket's view is complete (`None`: no lease-mode worker heard).
+    pub fn lease_synced(&self) -> Option<bool> {
+        self.lease.as_ref().map(|l| l.synced)
     }
 
     /// Whether `worker` is known and live at `now`.

@@ -17,6 +17,8 @@ use weir_protocol::capacity::{
     Announcement, Refusal, announce_wildcard, last_token, refused_wildcard,
 };
 
+use weir_protocol::StreamId;
+
 use super::{Notice, Shared};
 use crate::metrics as m;
 
@@ -130,9 +132,12 @@ fn on_refusal(shared: &Shared, subject: &str, payload: &[u8]) {
         }
     };
     metrics::counter!(m::CAPACITY_WORKER_REFUSALS_TOTAL).increment(1);
-    let tx = shared.fleet().held_sender(&refusal.stream);
+    let Ok(stream) = StreamId::parse(&refusal.stream) else {
+        return ignored("invalid_id");
+    };
+    let tx = shared.fleet().refusal_sender(&stream, &refusal.worker);
     match tx {
-        Some(tx) => {
+        Ok(tx) => {
             // A full queue holds lag notices the door has not taken yet: the refusal
             // waits for room in a task, at most one second.
             match tx.try_send(Notice::Refused) {
@@ -152,12 +157,17 @@ fn on_refusal(shared: &Shared, subject: &str, payload: &[u8]) {
             );
             metrics::counter!(m::CAPACITY_WORKER_REFUSALS_APPLIED_TOTAL).increment(1);
         }
-        None => ignored("refusal_not_held"),
+        Err(kind) => ignored(kind),
     }
 }
 
 fn set_gauges(shared: &Shared) {
-    let t = shared.fleet().totals(Instant::now());
+    let (t, synced) = {
+        let fleet = shared.fleet();
+        (fleet.totals(Instant::now()), fleet.lease_synced())
+    };
+    let unsynced = synced == Some(false);
+    metrics::gauge!(m::CAPACITY_LEASE_UNSYNCED).set(if unsynced { 1.0 } else { 0.0 });
     metrics::gauge!(m::CAPACITY_WORKERS).set(t.live_workers as f64);
     metrics::gauge!(m::CAPACITY_SLOTS).set(t.slots as f64);
     metrics::gauge!(m::CAPACITY_FREE_SLOTS).set(t.free_slots as f64);

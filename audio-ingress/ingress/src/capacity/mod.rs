@@ -14,9 +14,14 @@
 //! - the decision is in memory: [`Capacity::admit`] takes one mutex, never waits on
 //!   NATS;
 //! - with nothing heard it admits: recognisers that announce nothing are unaffected;
-//! - `shadow` decides and counts exactly as `enforce`, and admits;
+//! - `shadow` decides and counts exactly as `enforce`, and admits; `off` decides
+//!   nothing, but still listens: a worker's refusal and lag reach the producer in
+//!   every mode;
 //! - an admitted stream is held from [`Capacity::admit`] until its [`Ticket`] drops
 //!   (the door drops it once the stream finished): released exactly once, by `Drop`;
+//!   its notices reach the ticket once [`Ticket::bind`] ran (after the registry
+//!   opened the stream, so a duplicate id the registry refuses never takes over the
+//!   notices of the stream that holds the id);
 //! - every message ignored is counted by kind (`weir_ingress_capacity_ignored_total`).
 
 pub mod fleet;
@@ -80,16 +85,15 @@ impl Drop for Capacity {
 
 impl Capacity {
     /// Starts listening on `client` for the door's subject template `subject` and
-    /// `partitions`; `None` when `capacity.mode = off`.
+    /// `partitions`. Every mode listens: with `capacity.mode = off` nothing is decided
+    /// at admission, but a worker's refusal still ends its stream for the producer,
+    /// and its lag still reaches it.
     pub fn start(
         client: async_nats::Client,
         config: &CapacityConfig,
         subject: &str,
         partitions: NonZeroU32,
-    ) -> Option<Arc<Self>> {
-        if config.mode == CapacityMode::Off {
-            return None;
-        }
+    ) -> Arc<Self> {
         let shared = Arc::new(Shared {
             mode: config.mode,
             fleet: Mutex::new(Fleet::new(FleetSettings {
@@ -103,19 +107,24 @@ impl Capacity {
             Arc::clone(&shared),
             config.prefix.clone(),
         ));
-        Some(Arc::new(Self { shared, task }))
+        Arc::new(Self { shared, task })
     }
 
-    /// `shadow` or `enforce`.
+    /// `off`, `shadow` or `enforce`.
     pub fn mode(&self) -> CapacityMode {
         self.shared.mode
     }
 
     /// The admission of stream `id`: a [`Ticket`] holding its slot, or the refusal
-    /// (`enforce` only; `shadow` counts it and admits). Counted.
+    /// (`enforce` only; `shadow` counts it and admits; `off` decides nothing and
+    /// holds the stream only to route its notices). Counted.
     pub fn admit(&self, id: &StreamId) -> Result<Ticket, NoCapacity> {
         let mut fleet = self.shared.fleet();
-        let worker = match fleet.decide(id, Instant::now()) {
+        let decision = match self.shared.mode {
+            CapacityMode::Off => Decision::Admit(None),
+            CapacityMode::Shadow | CapacityMode::Enforce => fleet.decide(id, Instant::now()),
+        };
+        let worker = match decision {
             Decision::Admit(w) => w,
             Decision::Refuse {
                 reason,
@@ -138,16 +147,15 @@ impl Capacity {
                 worker
             }
         };
+        let token = fleet.reserve(worker);
         let (tx, rx) = mpsc::channel(NOTICES_PER_STREAM);
-        let Some(token) = fleet.hold(id, worker, tx) else {
-            return Ok(Ticket::none());
-        };
         Ok(Ticket {
             held: Some(HeldTicket {
                 shared: Arc::clone(&self.shared),
-                id: id.as_str().to_owned(),
+                id: id.clone(),
                 token,
                 rx,
+                tx: Some(tx),
             }),
         })
     }
@@ -170,9 +178,11 @@ impl Capacity {
 
 struct HeldTicket {
     shared: Arc<Shared>,
-    id: String,
+    id: StreamId,
     token: u64,
     rx: mpsc::Receiver<Notice>,
+    /// Handed to the fleet by [`Ticket::bind`].
+    tx: Option<mpsc::Sender<Notice>>,
 }
 
 /// An admitted stream's hold on its worker's slot, and the notices for its producer.
@@ -182,7 +192,8 @@ pub struct Ticket {
 }
 
 impl Ticket {
-    /// A ticket that holds nothing and never has a notice (`capacity.mode = off`).
+    /// A ticket that holds nothing and never has a notice (no capacity check: a
+    /// service started without one).
     pub fn none() -> Self {
         Self { held: None }
     }
@@ -190,6 +201,17 @@ impl Ticket {
     /// Whether it holds a slot.
     pub fn holds(&self) -> bool {
         self.held.is_some()
+    }
+
+    /// The registry opened the stream: from now on its notices (a worker's refusal,
+    /// `degraded`) reach this ticket. Called once, after the open; a ticket never
+    /// bound still holds its slot until it drops.
+    pub fn bind(&mut self) {
+        if let Some(h) = &mut self.held
+            && let Some(tx) = h.tx.take()
+        {
+            h.shared.fleet().bind(&h.id, h.token, tx);
+        }
     }
 
     /// The next notice (cancel-safe; never resolves for a ticket that holds nothing).
@@ -207,7 +229,7 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         if let Some(h) = self.held.take() {
-            h.shared.fleet().release(&h.id, h.token);
+            h.shared.fleet().release(h.id.as_str(), h.token);
         }
     }
 }

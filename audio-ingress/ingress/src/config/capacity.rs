@@ -20,7 +20,8 @@ use super::{ConfigError, ConfigErrorKind, int_in};
 )]
 #[serde(rename_all = "snake_case")]
 pub enum CapacityMode {
-    /// No check and no subscription: streams are admitted as if no worker announced.
+    /// No check at admission: streams are admitted as if no worker announced. The
+    /// door still listens, so a worker's refusal and lag reach the producer.
     Off,
     /// The check runs; a stream it would refuse is counted
     /// (`weir_ingress_capacity_shadow_would_reject_total`) and admitted.
@@ -108,8 +109,9 @@ pub const CAPACITY_KEYS: &[KeyDoc] = &[
         Range::text("`off`, `shadow` or `enforce`"),
         "admission by recognition capacity: `enforce` refuses a stream whose partition's \
          announcing worker is gone, full or lagging (`503 no_capacity` + `Retry-After`); \
-         `shadow` counts those and admits; `off` does not listen. With no announcement \
-         heard nothing is refused, so recognisers that announce nothing are unaffected",
+         `shadow` counts those and admits; `off` decides nothing (a worker's refusal and \
+         lag still reach the producer in every mode). With no announcement heard \
+         nothing is refused, so recognisers that announce nothing are unaffected",
     ),
     KeyDoc::new(
         "capacity.prefix",

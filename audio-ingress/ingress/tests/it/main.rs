@@ -5,6 +5,7 @@
 //! over NATS are in `audio-ingress/producer/tests/it`. Python scripts stay in `tests/python/`.
 
 mod capacity;
+mod capacity_worker;
 mod cluster_node_loss;
 mod config_cli;
 mod consumer_python;

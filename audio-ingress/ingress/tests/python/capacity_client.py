@@ -15,6 +15,13 @@ SCENARIO:
   (`weir.capacity.refused.<stream>`); the producer gets `closed` with reason
   `no_capacity` and close code 1013.
 
+- `worker-door`: against a real worker (the consumer core, one slot) that announces:
+  a first producer streams; once the worker's announcement lists it, a second producer
+  is refused `503 no_capacity` at the door (`capacity.mode = enforce`, the default);
+- `worker-refusal`: the same worker with the door's check off (`capacity.mode = off`):
+  the second producer is admitted, the worker refuses it for `max_streams`, and the
+  producer gets `closed` with reason `no_capacity` and close code 1013 — never silence.
+
 Prints one JSON line with what it saw and exits 0 when the scenario holds, 1 otherwise.
 """
 import argparse
@@ -125,14 +132,66 @@ async def refusal(args, nc):
     return ok, {"events": events, "close": code}
 
 
+async def first_stream_announced(args, nc):
+    """Opens the first producer, streams until the worker announces it live."""
+    live = asyncio.Event()
+
+    async def on_announcement(msg):
+        if json.loads(msg.data).get("live_streams", 0) >= 1:
+            live.set()
+
+    sub = await nc.subscribe(PREFIX + ".announce.*", cb=on_announcement)
+    ws = await connect(args.ws + "/v1/streams/py-first")
+    seq = 0
+    deadline = time.monotonic() + 5
+    while not live.is_set() and time.monotonic() < deadline:
+        seq += 1
+        await ws.send(frame(seq))
+        await asyncio.sleep(0.02)
+    await sub.unsubscribe()
+    return ws, live.is_set()
+
+
+async def worker_door(args, nc):
+    first, announced = await first_stream_announced(args, nc)
+    try:
+        async with connect(args.ws + "/v1/streams/py-second") as ws:
+            await ws.close()
+        seen = {"status": 101}
+        ok = False
+    except InvalidStatus as e:
+        r = e.response
+        body = json.loads(r.body.decode("utf-8"))
+        retry = r.headers.get("Retry-After")
+        seen = {"status": r.status_code, "body": body, "retry_after": retry}
+        ok = r.status_code == 503 and body["error"]["code"] == "no_capacity" and retry
+    await first.close()
+    return bool(ok and announced), {"announced": announced, **seen}
+
+
+async def worker_refusal(args, nc):
+    first, announced = await first_stream_announced(args, nc)
+    async with connect(args.ws + "/v1/streams/py-second") as ws:
+        for seq in range(1, 6):
+            await ws.send(frame(seq))
+        events, code = await events_until_close(ws)
+    await first.close()
+    closed = [e for e in events if e["type"] == "closed"]
+    ok = (announced and code == 1013 and len(closed) == 1
+          and closed[0]["reason"] == "no_capacity")
+    return ok, {"announced": announced, "events": events, "close": code}
+
+
 async def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ws", required=True)
     ap.add_argument("--nats", required=True)
-    ap.add_argument("scenario", choices=["silent", "full", "refusal"])
+    ap.add_argument("scenario", choices=["silent", "full", "refusal", "worker-door",
+                                         "worker-refusal"])
     args = ap.parse_args()
     nc = await nats.connect(args.nats, connect_timeout=2, max_reconnect_attempts=0)
-    run = {"silent": silent, "full": full, "refusal": refusal}[args.scenario]
+    run = {"silent": silent, "full": full, "refusal": refusal, "worker-door": worker_door,
+           "worker-refusal": worker_refusal}[args.scenario]
     ok, seen = await run(args, nc)
     await nc.close()
     print(json.dumps({"scenario": args.scenario, "ok": ok, **seen}), flush=True)

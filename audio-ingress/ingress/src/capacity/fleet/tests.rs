@@ -75,7 +75,7 @@ fn full_counts_the_streams_admitted_but_not_listed_yet() {
         panic!("admitted")
     };
     let (tx, _rx) = mpsc::channel(1);
-    let token = f.hold(&a, w, tx).expect("held");
+    let token = f.hold(&a, w, tx);
     assert_eq!(refused(&f.decide(&id("b"), now)), Some(RefuseReason::Full));
     f.release("a", token);
     assert_eq!(refused(&f.decide(&id("b"), now)), None);
@@ -174,7 +174,7 @@ fn listed_streams_get_degraded_then_recovered() {
     let now = Instant::now();
     f.accept(ann("w1", 1, vec![0, 1], 4, 0), now).expect("ok");
     let (tx, mut rx) = mpsc::channel(4);
-    f.hold(&id("a"), Some("w1".into()), tx).expect("held");
+    f.hold(&id("a"), Some("w1".into()), tx);
     let mut a = ann("w1", 2, vec![0, 1], 4, 1);
     a.lag_ms = 800;
     a.streams = vec![StreamLoad {
@@ -225,5 +225,111 @@ fn retry_after_of_a_full_worker_follows_the_rate_slots_free() {
     assert!(
         Duration::from_secs(3) <= r && r <= Duration::from_secs(5),
         "{r:?}"
+    );
+}
+
+#[test]
+fn a_reused_id_is_bound_to_the_new_stream_and_the_old_ticket_releases_nothing() {
+    let mut f = fleet(2);
+    let now = Instant::now();
+    f.accept(ann("w1", 1, vec![0, 1], 3, 0), now).expect("ok");
+    let a = id("a");
+    let (tx1, _rx1) = mpsc::channel(1);
+    let old = f.hold(&a, Some("w1".into()), tx1);
+    // The first stream finished; its ticket has not dropped when the id comes back.
+    let new = f.reserve(Some("w1".into()));
+    let (tx2, mut rx2) = mpsc::channel(1);
+    assert!(f.bind(&a, new, tx2));
+    assert_eq!(f.unlisted.get("w1"), Some(&1), "the old stream let go");
+    f.release("a", old);
+    let tx = f.refusal_sender(&a, "w1").expect("still held");
+    tx.try_send(Notice::Refused).expect("sent");
+    assert_eq!(rx2.try_recv().ok(), Some(Notice::Refused));
+    f.release("a", new);
+    assert_eq!(f.held_count(), 0);
+    assert!(f.unlisted.is_empty());
+}
+
+#[test]
+fn a_duplicate_refused_by_the_registry_leaves_the_holder_alone() {
+    let mut f = fleet(2);
+    let now = Instant::now();
+    f.accept(ann("w1", 1, vec![0, 1], 2, 0), now).expect("ok");
+    let a = id("a");
+    let (tx, _rx) = mpsc::channel(1);
+    let holder = f.hold(&a, Some("w1".into()), tx);
+    // A second connection for the same id: reserved, never bound (409), dropped.
+    let dup = f.reserve(Some("w1".into()));
+    assert_eq!(refused(&f.decide(&id("b"), now)), Some(RefuseReason::Full));
+    f.release("a", dup);
+    assert!(f.refusal_sender(&a, "w1").is_ok());
+    assert_eq!(refused(&f.decide(&id("b"), now)), None);
+    f.release("a", holder);
+    assert!(f.unlisted.is_empty());
+}
+
+#[test]
+fn a_worker_that_stops_listing_its_partitions_gets_no_new_stream() {
+    let mut f = fleet(2);
+    let now = Instant::now();
+    f.accept(ann("w1", 1, vec![0, 1], 4, 0), now).expect("ok");
+    assert_eq!(refused(&f.decide(&id_in(0), now)), None);
+    // Its last announcement at shutdown: live, no partitions.
+    f.accept(ann("w1", 2, vec![], 4, 0), now).expect("ok");
+    assert_eq!(refused(&f.decide(&id_in(0), now)), Some(RefuseReason::Gone));
+    assert_eq!(refused(&f.decide(&id_in(1), now)), Some(RefuseReason::Gone));
+}
+
+#[test]
+fn a_lease_owner_not_delivering_the_partition_gets_no_new_stream() {
+    let mut f = fleet(2);
+    let now = Instant::now();
+    let mut a = ann("w1", 1, vec![0], 4, 0);
+    a.ownership = OwnershipKind::Lease;
+    a.lease_bucket = Some("weir_leases".into());
+    f.accept(a, now).expect("ok");
+    f.set_owner(0, Some("w1".into()));
+    f.set_owner(1, Some("w1".into()));
+    f.set_lease_synced(true);
+    assert_eq!(refused(&f.decide(&id_in(0), now)), None);
+    // Partition 1 was taken over, its feed not started yet.
+    assert_eq!(
+        refused(&f.decide(&id_in(1), now)),
+        Some(RefuseReason::Orphaned)
+    );
+}
+
+#[test]
+fn recovered_waits_for_room_and_a_refusal_from_another_worker_is_ignored() {
+    let mut f = fleet(2);
+    let now = Instant::now();
+    f.accept(ann("w1", 1, vec![0, 1], 4, 0), now).expect("ok");
+    f.accept(ann("w2", 1, vec![], 4, 0), now).expect("ok");
+    let (tx, mut rx) = mpsc::channel(1);
+    f.hold(&id("a"), Some("w1".into()), tx);
+    let listed = |seq, lag| {
+        let mut a = ann("w1", seq, vec![0, 1], 4, 1);
+        a.lag_ms = lag;
+        a.streams = vec![StreamLoad {
+            id: "a".into(),
+            lag_ms: lag,
+        }];
+        a.streams_truncated = false;
+        a
+    };
+    f.accept(listed(2, 900), now).expect("ok");
+    // The producer has not taken `degraded` yet: the queue (1) is full.
+    f.accept(listed(3, 10), now).expect("ok");
+    assert!(matches!(rx.try_recv(), Ok(Notice::Degraded { .. })));
+    f.accept(listed(4, 10), now).expect("ok");
+    assert_eq!(rx.try_recv().ok(), Some(Notice::Recovered { lag_ms: 10 }));
+    assert_eq!(
+        f.refusal_sender(&id("a"), "w2").err(),
+        Some("refusal_other_worker")
+    );
+    assert!(f.refusal_sender(&id("a"), "w1").is_ok());
+    assert_eq!(
+        f.refusal_sender(&id("zz"), "w1").err(),
+        Some("refusal_not_held")
     );
 }
