@@ -159,6 +159,44 @@ fn spawn_worker(env: &Env, settings: &AsrSettings, nats_url: &str, w: u32) -> Re
         .map_err(|e| Error::with_source(ErrorKind::Process, "cannot start an asr-worker", e))
 }
 
+/// Phase 1 after the kill (until [`ADD_AFTER`]): polls the door's slots until the
+/// victim's (`remaining` left) are gone, and probes the victim's partitions every
+/// [`POLL`].
+async fn watch_after_kill<'a>(
+    ingress: &IngressProcess,
+    probe_ids: &mut impl Iterator<Item = &'a String>,
+    killed: Instant,
+    remaining: f64,
+    report: &mut ChurnReport,
+) {
+    let mut left_at = None;
+    while killed.elapsed() < ADD_AFTER {
+        let tick = Instant::now();
+        if left_at.is_none() && door_slots(ingress).await.is_some_and(|s| s <= remaining) {
+            left_at = Some(Instant::now());
+            report.slots_left_view_ms = Some(ms(killed.elapsed()));
+        }
+        if let Some(id) = probe_ids.next() {
+            let outcome = probe(ingress.ws_addr(), id).await;
+            let at = Some(ms(killed.elapsed()));
+            match outcome {
+                Probe::Admitted => report.last_admitted_ms = at,
+                Probe::NoCapacity => {
+                    report.first_refused_ms = report.first_refused_ms.or(at);
+                }
+                Probe::Other => {}
+            }
+            match outcome {
+                Probe::Admitted if left_at.is_none() => report.probes_admitted_before_left += 1,
+                Probe::Admitted => report.probes_admitted_after_left += 1,
+                Probe::NoCapacity => report.probes_refused_no_capacity += 1,
+                Probe::Other => report.probes_refused_other += 1,
+            }
+        }
+        tokio::time::sleep_until(tick + POLL).await;
+    }
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -229,38 +267,12 @@ pub async fn run(env: &Env, settings: &AsrSettings) -> Result<RunOutput, Error> 
     // a real crash has.
     let jitter = Duration::from_millis(rand::Rng::random_range(&mut rand::rng(), 0..1_000));
     tokio::time::sleep_until(start + KILL_AT + jitter).await;
-    let victim = workers.remove(0);
-    let mut victim = victim;
+    let mut victim = workers.remove(0);
     let _ = victim.start_kill();
     let killed = Instant::now();
     report.killed_at_s = (killed - start).as_secs_f64();
     let remaining = fleet_slots - f64::from(settings.model.slots);
-    let mut left_at = None;
-    while killed.elapsed() < ADD_AFTER {
-        let tick = Instant::now();
-        if left_at.is_none() && door_slots(&ingress).await.is_some_and(|s| s <= remaining) {
-            left_at = Some(Instant::now());
-            report.slots_left_view_ms = Some(ms(killed.elapsed()));
-        }
-        if let Some(id) = probe_ids.next() {
-            let outcome = probe(ingress.ws_addr(), id).await;
-            let at = Some(ms(killed.elapsed()));
-            match outcome {
-                Probe::Admitted => report.last_admitted_ms = at,
-                Probe::NoCapacity => {
-                    report.first_refused_ms = report.first_refused_ms.or(at);
-                }
-                Probe::Other => {}
-            }
-            match outcome {
-                Probe::Admitted if left_at.is_none() => report.probes_admitted_before_left += 1,
-                Probe::Admitted => report.probes_admitted_after_left += 1,
-                Probe::NoCapacity => report.probes_refused_no_capacity += 1,
-                Probe::Other => report.probes_refused_other += 1,
-            }
-        }
-        tokio::time::sleep_until(tick + POLL).await;
-    }
+    watch_after_kill(&ingress, &mut probe_ids, killed, remaining, &mut report).await;
     report.slots_after_kill = door_slots(&ingress).await;
     let _ = victim.wait().await;
 
