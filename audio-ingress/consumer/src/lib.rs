@@ -125,8 +125,10 @@
 //!   audio time, measured per stream without a lock or an allocation per frame), the
 //!   partitions delivered now (lease: held and feed started), `seq` from 1, a random
 //!   `instance` per consumer. A failed publish is counted, never fatal. A stream
-//!   refused for `max_streams` gets one [`Refusal`](weir_protocol::capacity::Refusal)
-//!   on `<prefix>.refused.<stream>` per instance, so the door can tell its producer.
+//!   refused for `max_streams` gets a [`Refusal`](weir_protocol::capacity::Refusal)
+//!   on `<prefix>.refused.<stream>` at once, and again at most once per interval while
+//!   its packets keep arriving (a lost notice is repeated), so the door can tell its
+//!   producer.
 //!   `shutdown` sends a last announcement with no partition and no live stream;
 //!   `abort` sends nothing; `announce = false` sends nothing at all.
 //! - Nothing in this module panics on network input; undecodable packets are counted by
