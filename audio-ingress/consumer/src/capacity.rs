@@ -14,6 +14,11 @@
 //!   handler [`rtf::WINDOW`] of audio, one ratio (busy time / audio time) goes into a
 //!   lock-free histogram ([`rtf::RtfHistogram`]) whose counts halve every
 //!   [`rtf::HALF_LIFE`]: no lock and no allocation per frame.
+//! - **An announcement always decodes**: it lists live streams (most lagging first, at
+//!   most `MAX_LISTED_STREAMS`) only while its encoding stays within
+//!   `MAX_PAYLOAD_BYTES` less a margin ([`announcer::fit_streams`]); the others are
+//!   counted in `live_streams` with `streams_truncated`. A reader ignores a longer
+//!   one, and with it the worker's partitions.
 //! - **Announcements** ([`announcer`]): one task per consumer, the first right after the
 //!   subscriptions (or the lease driver) are set up, then every `interval_ms`; `seq`
 //!   counts from 1 per consumer, `instance` is a random nonce per consumer. A failed

@@ -12,8 +12,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use weir_protocol::StreamId;
 use weir_protocol::capacity::{
-    self as proto, Announcement, MAX_LAG_MS, MAX_LISTED_STREAMS, MAX_RTF, OwnershipKind, Refusal,
-    RefusalReason, StreamLoad,
+    self as proto, Announcement, MAX_LAG_MS, MAX_LISTED_STREAMS, MAX_PAYLOAD_BYTES, MAX_RTF,
+    OwnershipKind, Refusal, RefusalReason, StreamLoad,
 };
 use weir_service::ratelimit::LogLimit;
 
@@ -68,7 +68,7 @@ pub(crate) fn announcement(
     let loads = shared.registry().loads(now, MAX_LISTED_STREAMS);
     let live_streams = loads.live.min(max_streams);
     let lag_ms = ms(loads.max_lag).min(MAX_LAG_MS);
-    let streams: Vec<StreamLoad> = loads
+    let listed: Vec<StreamLoad> = loads
         .listed
         .into_iter()
         .filter(|(id, _)| StreamId::parse(id).is_ok())
@@ -83,7 +83,7 @@ pub(crate) fn announcement(
     partitions.dedup();
     shared.capacity.rtf.decay_to(now);
     let rtf_p95 = shared.capacity.rtf.p95().clamp(0.0, MAX_RTF);
-    Announcement {
+    let mut a = Announcement {
         v: proto::VERSION,
         worker: cap.worker_id.clone(),
         instance: shared.capacity.instance.clone(),
@@ -102,9 +102,41 @@ pub(crate) fn announcement(
         live_streams,
         lag_ms,
         rtf_p95,
-        streams_truncated: (streams.len() as u64) < live_streams,
-        streams,
+        streams: Vec::new(),
+        streams_truncated: false,
+    };
+    fit_streams(&mut a, listed);
+    a
+}
+
+/// Room kept free below [`MAX_PAYLOAD_BYTES`] by the announcements.
+pub(crate) const PAYLOAD_MARGIN_BYTES: usize = 1_024;
+/// Encoded bytes of one listed stream besides its id, at most:
+/// `{"id":"","lag_ms":3600000},` (a stream id's alphabet needs no JSON escape).
+const STREAM_ENTRY_BYTES: usize = 27;
+
+/// Lists `streams` (most lagging first) in `a` while the encoded announcement stays
+/// within [`MAX_PAYLOAD_BYTES`] − [`PAYLOAD_MARGIN_BYTES`] (the reader ignores a
+/// longer one as `too_large`, and with it every partition of the worker); the rest is
+/// only counted in `live_streams`, with `streams_truncated`. Budgeted by bytes (id
+/// length + a fixed entry overhead, after the encoded rest: partitions, ids, subject),
+/// then checked by one encoding.
+pub(crate) fn fit_streams(a: &mut Announcement, streams: Vec<StreamLoad>) {
+    let limit = MAX_PAYLOAD_BYTES - PAYLOAD_MARGIN_BYTES;
+    a.streams.clear();
+    // `false` encodes one byte longer than `true`: the base is the larger of the two.
+    a.streams_truncated = false;
+    let mut budget = limit.saturating_sub(a.encode().len());
+    for s in streams {
+        let cost = s.id.len() + STREAM_ENTRY_BYTES;
+        if cost > budget {
+            break;
+        }
+        budget -= cost;
+        a.streams.push(s);
     }
+    while a.encode().len() > limit && a.streams.pop().is_some() {}
+    a.streams_truncated = (a.streams.len() as u64) < a.live_streams;
 }
 
 /// Starts the announcer (`None` with `announce = false`). The first announcement goes
