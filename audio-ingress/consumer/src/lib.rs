@@ -110,7 +110,9 @@
 //!   revision) and releases; takes over a worker whose core-NATS heartbeats stopped
 //!   (CAS on its last revision); balances in proportion to slots (`max_streams`,
 //!   carried by the heartbeats): ⌈P × slots / Σ slots of the live workers⌉, which is
-//!   ⌈P / live workers⌉ with equal slots, one release per tick.
+//!   ⌈P / live workers⌉ with equal slots or while a live worker sends no slots (an
+//!   older version), one release per tick; a partition free for more than a heartbeat
+//!   timeout is claimed even by a worker at its share.
 //!   A partition is fenced — no event handed to its handlers any more — the moment a
 //!   renewal is refused, another worker's newer write is seen, or the local validity
 //!   (last successful renewal's send time + TTL − margin) runs out; its streams end
