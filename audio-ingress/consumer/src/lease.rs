@@ -43,9 +43,9 @@
 //!   live worker's heartbeats carry them; while one does not (a worker of an older
 //!   version, which computes ⌈P / live⌉ itself), every worker counts as 1 and the share
 //!   is ⌈P / live workers⌉ exactly as without weights — never two scales at once,
-//!   whose shares could add up to less than P. It claims free
-//!   partitions up to its share, in a worker-specific order so that survivors do not
-//!   all race for the same keys, and releases at most one partition per tick while it
+//!   whose shares could add up to less than P. It claims free partitions up to its
+//!   share, in a worker-specific order so that survivors do not all race for the
+//!   same keys, and releases at most one partition per tick while it
 //!   is at or above its share and a settled live worker is below its own share and
 //!   would, after the move, still carry no more partitions per slot than this worker
 //!   (`(held − 1) × slots_w ≥ (count_w + 1) × slots_self`; with equal slots: two
@@ -556,11 +556,11 @@ impl Planner {
     }
 
     /// Whether releasing one partition helps a live worker (`weights`: its weight and
-    /// share, see [`Planner::shares`]): a settled worker below its own share (so it claims it) that, after the
-    /// move, still carries no more partitions per slot than this worker — with equal
-    /// slots, one that holds at least two fewer (⌈P/n⌉ at most, everyone within one of
-    /// each other). Never back and forth: the move keeps the receiver at or below this
-    /// worker's load.
+    /// share, see [`Planner::shares`]): a settled worker below its own share (so it
+    /// claims it) that, after the move, still carries no more partitions per slot than
+    /// this worker — with equal weights, one that holds at least two fewer (⌈P/n⌉ at
+    /// most, everyone within one of each other). Never back and forth: the move keeps
+    /// the receiver at or below this worker's load.
     fn someone_below(&self, now: Instant, weights: &HashMap<String, (u64, usize)>) -> bool {
         let held = self.held.len() as u128;
         let mut counts: HashMap<&str, usize> = weights.keys().map(|w| (w.as_str(), 0)).collect();
