@@ -190,8 +190,8 @@ pub enum RefusalReason {
     MaxStreams,
 }
 
-/// A worker refused a new stream; sent once per refused stream instance on
-/// [`refused_subject`].
+/// A worker refused a new stream; sent on [`refused_subject`] at once, then at most
+/// once per announcement interval while the stream's packets keep arriving.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]

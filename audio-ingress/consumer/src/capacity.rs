@@ -14,6 +14,11 @@
 //!   handler [`rtf::WINDOW`] of audio, one ratio (busy time / audio time) goes into a
 //!   lock-free histogram ([`rtf::RtfHistogram`]) whose counts halve every
 //!   [`rtf::HALF_LIFE`]: no lock and no allocation per frame.
+//! - **An announcement always decodes**: it lists live streams (most lagging first, at
+//!   most `MAX_LISTED_STREAMS`) only while its encoding stays within
+//!   `MAX_PAYLOAD_BYTES` less a margin ([`announcer::fit_streams`]); the others are
+//!   counted in `live_streams` with `streams_truncated`. A reader ignores a longer
+//!   one, and with it the worker's partitions.
 //! - **Announcements** ([`announcer`]): one task per consumer, the first right after the
 //!   subscriptions (or the lease driver) are set up, then every `interval_ms`; `seq`
 //!   counts from 1 per consumer, `instance` is a random nonce per consumer. A failed
@@ -21,9 +26,13 @@
 //!   sends one last announcement with no partition and no live stream before it
 //!   unsubscribes; `abort` (a crash) sends nothing. `announce = false`: no task, no
 //!   announcement, no refusal notice.
-//! - **Refusals**: one [`Refusal`](weir_protocol::capacity::Refusal) per stream
-//!   instance refused for `max_streams` (its later frames send nothing); the memory of
-//!   refused ids already notified is bounded ([`announcer::NOTIFIED_CAPACITY`]), and a
+//! - **Refusals**: a [`Refusal`](weir_protocol::capacity::Refusal) for a stream
+//!   instance refused for `max_streams` at its first packet, then again at most once
+//!   per `interval_ms` while its packets keep arriving (a notice on core NATS can be
+//!   lost — a door reconnecting, a slow consumer — and a producer whose `end` was lost
+//!   may retry the same id while it is still remembered as refused); a refused stream
+//!   that stops sending gets no more. The memory of refused ids is bounded (the
+//!   demultiplexer's `max_streams` set, then [`announcer::NOTIFIED_CAPACITY`]), and a
 //!   notice that does not fit is counted, never queued without bound.
 
 use std::collections::hash_map::RandomState;
@@ -175,8 +184,9 @@ pub(crate) fn random_nonce() -> String {
 pub(crate) struct RefusedNote {
     pub(crate) stream: String,
     pub(crate) live_streams: u64,
-    /// Whether the demultiplexer remembers it (then this is the one note of its
-    /// instance; otherwise it comes again with the stream's next packet).
+    /// Whether the demultiplexer remembers it (then the demultiplexer spaces its notes
+    /// by the interval; otherwise one comes with each of the stream's packets and the
+    /// announcer spaces them).
     pub(crate) remembered: bool,
 }
 

@@ -378,7 +378,8 @@ pub struct ConsumerConfig {
     /// Live stream instances this consumer follows at once, over all its
     /// subscriptions (1..=1,000,000). A new stream beyond it is refused: no handler,
     /// its frames counted as `frames_refused`, a [`ConsumerEvent::StreamRefused`](super::ConsumerEvent::StreamRefused)
-    /// and one capacity refusal notice. These are the worker's slots: announced to the
+    /// and a capacity refusal notice (repeated at most once per announcement interval
+    /// while its packets keep arriving). These are the worker's slots: announced to the
     /// doors, and its weight in the lease balance.
     pub max_streams: usize,
     /// Staleness guard, ms: a frame whose capture time (meta `captured_at_ms`, else

@@ -13,7 +13,9 @@
 //!   entry, counted by reason, a [`ConsumerEvent::StreamRefused`]. Its id is remembered
 //!   (in a set bounded by `max_streams` too) so that its later packets are refused as
 //!   well — counted as `frames_refused`, never half-delivered to a handler that starts
-//!   mid-stream — until its `end` or the idle timeout.
+//!   mid-stream — until its `end` or the idle timeout. While they keep arriving, its
+//!   refusal notice (`max_streams`) is handed to the announcer again at most once per
+//!   announcement interval ([`refused`]): one clock comparison per packet, nothing more.
 //! - Every packet ends up counted: accepted (frame / gap / end), refused, stale,
 //!   undecodable or unroutable; every accepted frame is queued or dropped with a reason
 //!   (see [`super::stats`]).
@@ -46,9 +48,11 @@ use super::tracker::{Observation, SeqTracker, Seqs};
 use crate::metrics as m;
 
 mod accepted;
+mod refused;
 mod task;
 
 use accepted::Accepted;
+use refused::Refused;
 use task::run_stream;
 
 /// One live stream instance, as the demultiplexer sees it.
@@ -75,15 +79,6 @@ struct StaleRun {
     last_seq: u64,
     samples: u64,
     max_age_ms: u64,
-}
-
-/// A stream refused at its first packet: its later packets are refused too, until its
-/// `end` or the idle timeout.
-struct Refused {
-    reason: RefuseReason,
-    last_packet: Instant,
-    /// A slot of the bounded set of remembered refused ids.
-    _slot: StreamSlot,
 }
 
 /// Routes one subscription's messages to per-stream handler tasks.
@@ -265,11 +260,15 @@ impl<F: HandlerFactory> Demux<F> {
         now: Instant,
     ) -> bool {
         if let Some(refused) = self.refused.get_mut(token) {
-            // Refused at its start: stays refused, even if a slot is free now.
-            refused.last_packet = now;
+            // Refused at its start: stays refused, even if a slot is free now; notified
+            // again at most once per announcement interval while it keeps sending.
+            let renotify = refused.packet(now, self.shared.settings.capacity.interval);
             let reason = refused.reason;
             if matches!(packet.body, PacketBody::End) {
                 self.refused.remove(token);
+            } else if renotify && reason == RefuseReason::MaxStreams {
+                let live = self.shared.stream_slots.taken() as u64;
+                self.shared.capacity.refused(token, live, true);
             }
             self.count_refused_frames(&packet.body, reason);
             return false;
@@ -548,14 +547,8 @@ impl<F: HandlerFactory> Demux<F> {
         let name = reason.as_str();
         let remembered = match self.shared.refused_slots.try_acquire() {
             Some(slot) => {
-                self.refused.insert(
-                    token.to_owned(),
-                    Refused {
-                        reason,
-                        last_packet: now,
-                        _slot: slot,
-                    },
-                );
+                self.refused
+                    .insert(token.to_owned(), Refused::new(reason, now, slot));
                 true
             }
             // More than `max_streams` refused ids at once: this one is not remembered,

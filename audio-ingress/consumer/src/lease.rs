@@ -39,11 +39,13 @@
 //! - **Balance, weighted by slots.** Each worker aims at its share
 //!   ⌈P × slots / Σ slots of the live workers⌉ (live = this worker plus every worker
 //!   whose heartbeat was heard within the heartbeat timeout; a worker's slots are its
-//!   `max_streams`, carried by its heartbeats, and a heartbeat without them counts as
-//!   this worker's own slots, so equal workers — and workers of a version that does not
-//!   send them — share ⌈P / live workers⌉ exactly as without weights). It claims free
-//!   partitions up to its share, in a worker-specific order so that survivors do not
-//!   all race for the same keys, and releases at most one partition per tick while it
+//!   `max_streams`, carried by its heartbeats). The slots weigh only while *every*
+//!   live worker's heartbeats carry them; while one does not (a worker of an older
+//!   version, which computes ⌈P / live⌉ itself), every worker counts as 1 and the share
+//!   is ⌈P / live workers⌉ exactly as without weights — never two scales at once,
+//!   whose shares could add up to less than P. It claims free partitions up to its
+//!   share, in a worker-specific order so that survivors do not all race for the
+//!   same keys, and releases at most one partition per tick while it
 //!   is at or above its share and a settled live worker is below its own share and
 //!   would, after the move, still carry no more partitions per slot than this worker
 //!   (`(held − 1) × slots_w ≥ (count_w + 1) × slots_self`; with equal slots: two
@@ -52,6 +54,12 @@
 //!   failover the others' takeovers are not in its view yet, and releasing to a worker
 //!   that only looks below its share leaves the partition unread for the release
 //!   cool-down.
+//! - **No partition stays free.** A partition free in this worker's view (no key, or
+//!   expired) for more than a heartbeat timeout — counted from when it first saw it
+//!   free out of its start grace — is claimed even at its share (one per plan, in
+//!   the worker-specific order, never one in flight or one it released lately): the
+//!   shares add up to P only while the workers' views agree. A worker below its share
+//!   claims a freed key at once, so the net acts only when the shares left one over.
 //! - **Takeover.** A partition whose owner is not live is taken by compare-and-swap on
 //!   the owner's last revision seen; a key not rewritten for a TTL is taken by
 //!   `create` (it has expired). Until its echo clock is a heartbeat timeout past its
@@ -165,8 +173,12 @@ pub(crate) struct Planner {
     heard: HashMap<String, (Instant, Instant)>,
     /// This worker's slots (`max_streams`): its weight in the balance.
     slots: u64,
-    /// Per peer: the slots its last heartbeat carried (absent: counted as `slots`).
+    /// Per peer: the slots its last heartbeat carried (absent: it sent none, and the
+    /// balance is unweighted while it is live).
     peer_slots: HashMap<String, u64>,
+    /// Per partition: since when it is free (no key, or expired) in this worker's view,
+    /// out of its start grace; `None` while it is held or owned.
+    free_since: Vec<Option<Instant>>,
     held: BTreeMap<u32, Held>,
     in_flight: BTreeSet<u32>,
     /// The echo clock: the send time of the latest own heartbeat heard back.
@@ -191,6 +203,7 @@ impl Planner {
             heard: HashMap::new(),
             slots: 1,
             peer_slots: HashMap::new(),
+            free_since: vec![None; partitions as usize],
             held: BTreeMap::new(),
             in_flight: BTreeSet::new(),
             echo: None,
@@ -210,14 +223,14 @@ impl Planner {
         self
     }
 
-    /// A heartbeat of `worker` without slots arrived (it counts as this worker's own).
+    /// A heartbeat of `worker` without slots arrived (a worker of an older version).
     #[cfg(test)]
     pub(crate) fn heard(&mut self, worker: &str, now: Instant) {
         self.heard_with_slots(worker, None, now);
     }
 
-    /// A heartbeat of `worker` arrived, carrying its slots (`None`: counted as this
-    /// worker's own).
+    /// A heartbeat of `worker` arrived, carrying its slots (`None`: it sent none; while
+    /// it is live every worker's share is the equal one).
     pub(crate) fn heard_with_slots(&mut self, worker: &str, slots: Option<u64>, now: Instant) {
         if worker == self.me {
             return;
@@ -281,6 +294,7 @@ impl Planner {
                     revision,
                     at: now,
                 });
+                self.free_since[partition as usize] = None;
                 let h = self.held.get_mut(&partition)?;
                 if revision <= h.revision {
                     return None;
@@ -299,7 +313,9 @@ impl Planner {
                 Some(Action::Fence(partition))
             }
             None => {
+                // Free from now on (counted from the next plan), whatever it was before.
                 *slot = None;
+                self.free_since[partition as usize] = None;
                 None
             }
         }
@@ -320,13 +336,30 @@ impl Planner {
         live
     }
 
-    /// The slots of `worker` as its heartbeats announced them (this worker's own when
-    /// it sent none).
-    fn slots_of(&self, worker: &str) -> u64 {
-        match worker == self.me {
-            true => self.slots,
-            false => self.peer_slots.get(worker).copied().unwrap_or(self.slots),
-        }
+    /// Per live worker: its weight and its share. The weights are the slots the
+    /// heartbeats announced only when every live worker announced them (this one
+    /// always has its own); otherwise every weight is 1, so every worker — including
+    /// one of an older version, which computes ⌈P / live⌉ itself — has the same share
+    /// and the shares add up to at least P.
+    fn shares(&self, live: &BTreeSet<String>) -> HashMap<String, (u64, usize)> {
+        let weighted = live
+            .iter()
+            .all(|w| *w == self.me || self.peer_slots.contains_key(w));
+        let weight = |w: &str| match (weighted, w == self.me) {
+            (false, _) => 1,
+            (true, true) => self.slots,
+            (true, false) => self.peer_slots.get(w).copied().unwrap_or(1),
+        };
+        let total: u64 = live.iter().map(|w| weight(w)).sum();
+        live.iter()
+            .map(|w| {
+                let slots = weight(w);
+                (
+                    w.clone(),
+                    (slots, weighted_share(self.partitions, slots, total)),
+                )
+            })
+            .collect()
     }
 
     /// How many workers are live, this one included.
@@ -411,17 +444,16 @@ impl Planner {
         {
             return actions;
         }
+        self.balance(now, release, &mut actions);
+        actions
+    }
+
+    /// Claims up to this worker's share, the safety net's claim, and at most one
+    /// release (only when `release`).
+    fn balance(&mut self, now: Instant, release: bool, actions: &mut Vec<Action>) {
+        self.track_free(now);
         let live: BTreeSet<String> = self.live().into_iter().map(str::to_owned).collect();
-        let total_slots: u64 = live.iter().map(|w| self.slots_of(w)).sum();
-        // Per live worker: (slots, share).
-        let weights: HashMap<String, (u64, usize)> = live
-            .iter()
-            .map(|w| {
-                let slots = self.slots_of(w);
-                let share = weighted_share(self.partitions, slots, total_slots);
-                (w.clone(), (slots, share))
-            })
-            .collect();
+        let weights = self.shares(&live);
         let share = weights.get(&self.me).map_or(0, |(_, share)| *share);
         let claiming = self.in_flight.iter().filter(|p| !self.held.contains_key(p));
         let mine = self.held.len() + claiming.count();
@@ -461,6 +493,7 @@ impl Planner {
                 actions.push(action);
             }
         }
+        actions.extend(self.claim_long_free(now));
         let settling = self
             .last_acquired
             .is_some_and(|t| now.saturating_duration_since(t) < self.timing.heartbeat_timeout);
@@ -482,15 +515,52 @@ impl Planner {
                 });
             }
         }
-        actions
     }
 
-    /// Whether releasing one partition helps a live worker (`weights`: its slots and
-    /// share): a settled worker below its own share (so it claims it) that, after the
-    /// move, still carries no more partitions per slot than this worker — with equal
-    /// slots, one that holds at least two fewer (⌈P/n⌉ at most, everyone within one of
-    /// each other). Never back and forth: the move keeps the receiver at or below this
-    /// worker's load.
+    /// Notes since when each partition is free (no key, or expired) in this worker's
+    /// view; a partition held, or owned by anyone, is not.
+    fn track_free(&mut self, now: Instant) {
+        for (p, since) in self.free_since.iter_mut().enumerate() {
+            let free = !self.held.contains_key(&(p as u32))
+                && match &self.view[p] {
+                    None => true,
+                    Some(s) => now.saturating_duration_since(s.at) >= self.timing.ttl,
+                };
+            match free {
+                true => {
+                    since.get_or_insert(now);
+                }
+                false => *since = None,
+            }
+        }
+    }
+
+    /// The safety net: one partition free for more than a heartbeat timeout, claimed
+    /// whatever this worker's share. The shares each worker computes add up to P when
+    /// the views agree; while they do not (a worker's view of the live set or of the
+    /// weights lags, a version that decides otherwise), a partition could sit unread
+    /// with everyone at their share. One per plan, in the worker-specific order, never
+    /// one in flight or released here lately; the balance releases it later if this
+    /// worker then holds too many.
+    fn claim_long_free(&mut self, now: Instant) -> Option<Action> {
+        let timeout = self.timing.heartbeat_timeout;
+        let p = (0..self.partitions)
+            .filter(|p| !self.in_flight.contains(p) && !self.released.contains_key(p))
+            .filter(|p| {
+                self.free_since[*p as usize]
+                    .is_some_and(|t| now.saturating_duration_since(t) > timeout)
+            })
+            .min_by_key(|p| fnv1a_32(format!("{}/{p}", self.me).as_bytes()))?;
+        self.in_flight.insert(p);
+        Some(Action::Claim(p))
+    }
+
+    /// Whether releasing one partition helps a live worker (`weights`: its weight and
+    /// share, see [`Planner::shares`]): a settled worker below its own share (so it
+    /// claims it) that, after the move, still carries no more partitions per slot than
+    /// this worker — with equal weights, one that holds at least two fewer (⌈P/n⌉ at
+    /// most, everyone within one of each other). Never back and forth: the move keeps
+    /// the receiver at or below this worker's load.
     fn someone_below(&self, now: Instant, weights: &HashMap<String, (u64, usize)>) -> bool {
         let held = self.held.len() as u128;
         let mut counts: HashMap<&str, usize> = weights.keys().map(|w| (w.as_str(), 0)).collect();
@@ -506,9 +576,11 @@ impl Planner {
                 now.saturating_duration_since(*first) >= self.timing.heartbeat_timeout
             })
         };
-        let me_slots = u128::from(self.slots);
+        let me_slots = u128::from(weights.get(&self.me).map_or(1, |(slots, _)| *slots));
         counts.iter().any(|(w, c)| {
-            let (slots_w, share_w) = weights.get(*w).copied().unwrap_or((self.slots, 0));
+            let Some(&(slots_w, share_w)) = weights.get(*w) else {
+                return false;
+            };
             *w != self.me.as_str()
                 && *c < share_w
                 && held.saturating_sub(1) * u128::from(slots_w) >= (*c as u128 + 1) * me_slots
@@ -1138,6 +1210,40 @@ mod tests {
         p.renew_unknown(0, third);
         assert_eq!(p.observe(0, Some(("a".into(), 4)), third), None);
         assert_eq!(p.valid_until(0), Some(third + Duration::from_secs(9)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_partition_free_for_over_a_heartbeat_timeout_is_claimed_even_at_the_share() {
+        let mut p = Planner::new("a".into(), 4, T, Instant::now());
+        let start = step(1_500).await;
+        p.heard("b", start);
+        let mine = claims(&plan(&mut p, start));
+        assert_eq!(mine.len(), 2, "share ⌈4/2⌉ = 2");
+        for part in &mine {
+            p.acquired(*part, 1, start);
+        }
+        let others: Vec<u32> = (0..4).filter(|x| !mine.contains(x)).collect();
+        // b holds one of the other two and, below its share, should claim the last
+        // one, but does not (its view differs): a is at its share and waits...
+        p.observe(others[0], Some(("b".into(), 2)), start);
+        let mut now = start;
+        while now.saturating_duration_since(start) < T.heartbeat_timeout {
+            now = step(250).await;
+            p.heard("b", now);
+            assert!(plan(&mut p, now).is_empty(), "free for {:?}", now - start);
+        }
+        // ... then claims it: free for more than a heartbeat timeout.
+        let now = step(250).await;
+        p.heard("b", now);
+        assert_eq!(plan(&mut p, now), vec![Action::Claim(others[1])]);
+        // One operation in flight: not claimed again until it reports back.
+        assert!(plan(&mut p, now).is_empty());
+        // b won the race after all: the partition is owned, nothing more to claim.
+        p.observe(others[1], Some(("b".into(), 3)), now);
+        p.not_acquired(others[1]);
+        let now = step(2_000).await;
+        p.heard("b", now);
+        assert!(claims(&plan(&mut p, now)).is_empty());
     }
 
     #[tokio::test(start_paused = true)]

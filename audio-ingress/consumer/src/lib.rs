@@ -110,7 +110,9 @@
 //!   revision) and releases; takes over a worker whose core-NATS heartbeats stopped
 //!   (CAS on its last revision); balances in proportion to slots (`max_streams`,
 //!   carried by the heartbeats): ⌈P × slots / Σ slots of the live workers⌉, which is
-//!   ⌈P / live workers⌉ with equal slots, one release per tick.
+//!   ⌈P / live workers⌉ with equal slots or while a live worker sends no slots (an
+//!   older version), one release per tick; a partition free for more than a heartbeat
+//!   timeout is claimed even by a worker at its share.
 //!   A partition is fenced — no event handed to its handlers any more — the moment a
 //!   renewal is refused, another worker's newer write is seen, or the local validity
 //!   (last successful renewal's send time + TTL − margin) runs out; its streams end
@@ -125,8 +127,10 @@
 //!   audio time, measured per stream without a lock or an allocation per frame), the
 //!   partitions delivered now (lease: held and feed started), `seq` from 1, a random
 //!   `instance` per consumer. A failed publish is counted, never fatal. A stream
-//!   refused for `max_streams` gets one [`Refusal`](weir_protocol::capacity::Refusal)
-//!   on `<prefix>.refused.<stream>` per instance, so the door can tell its producer.
+//!   refused for `max_streams` gets a [`Refusal`](weir_protocol::capacity::Refusal)
+//!   on `<prefix>.refused.<stream>` at once, and again at most once per interval while
+//!   its packets keep arriving (a lost notice is repeated), so the door can tell its
+//!   producer.
 //!   `shutdown` sends a last announcement with no partition and no live stream;
 //!   `abort` sends nothing; `announce = false` sends nothing at all.
 //! - Nothing in this module panics on network input; undecodable packets are counted by

@@ -81,7 +81,8 @@ const WATCH_CHANNEL: usize = 1_024;
 /// The heartbeat header carrying `<nonce> <send time, µs since the driver started>`.
 const BEAT_HEADER: &str = "Weir-Lease-Beat";
 /// The heartbeat header carrying the worker's slots (`max_streams`), its weight in the
-/// balance; a heartbeat without it (an older worker) counts as equal to the reader's.
+/// balance; while a live worker's heartbeats lack it (an older worker), the balance is
+/// unweighted for everyone (see [`crate::lease`]).
 pub(crate) const SLOTS_HEADER: &str = "Weir-Lease-Slots";
 
 /// A value that tells this driver's own heartbeats from those of another process that
@@ -372,7 +373,8 @@ impl<F: HandlerFactory> Driver<F> {
         };
         let now = Instant::now();
         if id != self.planner.me() {
-            // Slots out of 1..=MAX_SLOTS (or unreadable) count as absent: equal.
+            // Slots out of 1..=MAX_SLOTS (or unreadable) count as absent: while such a
+            // peer is live, every worker's share is the equal one.
             let slots = msg
                 .headers
                 .as_ref()

@@ -1,6 +1,7 @@
 //! The announcer task: a consumer's capacity on `<prefix>.announce.<worker>` every
-//! interval, and one notice on `<prefix>.refused.<stream>` per refused stream
-//! instance. See the [module docs](super) for the invariants.
+//! interval, and a notice on `<prefix>.refused.<stream>` for a refused stream — at
+//! once, then at most once per interval while its packets keep arriving. See the
+//! [module docs](super) for the invariants.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,8 +12,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use weir_protocol::StreamId;
 use weir_protocol::capacity::{
-    self as proto, Announcement, MAX_LAG_MS, MAX_LISTED_STREAMS, MAX_RTF, OwnershipKind, Refusal,
-    RefusalReason, StreamLoad,
+    self as proto, Announcement, MAX_LAG_MS, MAX_LISTED_STREAMS, MAX_PAYLOAD_BYTES, MAX_RTF,
+    OwnershipKind, Refusal, RefusalReason, StreamLoad,
 };
 use weir_service::ratelimit::LogLimit;
 
@@ -21,7 +22,7 @@ use crate::Shared;
 use crate::metrics as m;
 use crate::ownership::LeaseBoard;
 
-/// Refused ids remembered as notified while they keep sending (only those the
+/// Refused ids remembered as notified lately while they keep sending (only those the
 /// demultiplexer could not remember itself: more refused at once than `max_streams`).
 pub(crate) const NOTIFIED_CAPACITY: usize = 4_096;
 /// How long the last announcement and its flush may take at shutdown.
@@ -67,7 +68,7 @@ pub(crate) fn announcement(
     let loads = shared.registry().loads(now, MAX_LISTED_STREAMS);
     let live_streams = loads.live.min(max_streams);
     let lag_ms = ms(loads.max_lag).min(MAX_LAG_MS);
-    let streams: Vec<StreamLoad> = loads
+    let listed: Vec<StreamLoad> = loads
         .listed
         .into_iter()
         .filter(|(id, _)| StreamId::parse(id).is_ok())
@@ -82,7 +83,7 @@ pub(crate) fn announcement(
     partitions.dedup();
     shared.capacity.rtf.decay_to(now);
     let rtf_p95 = shared.capacity.rtf.p95().clamp(0.0, MAX_RTF);
-    Announcement {
+    let mut a = Announcement {
         v: proto::VERSION,
         worker: cap.worker_id.clone(),
         instance: shared.capacity.instance.clone(),
@@ -101,9 +102,41 @@ pub(crate) fn announcement(
         live_streams,
         lag_ms,
         rtf_p95,
-        streams_truncated: (streams.len() as u64) < live_streams,
-        streams,
+        streams: Vec::new(),
+        streams_truncated: false,
+    };
+    fit_streams(&mut a, listed);
+    a
+}
+
+/// Room kept free below [`MAX_PAYLOAD_BYTES`] by the announcements.
+pub(crate) const PAYLOAD_MARGIN_BYTES: usize = 1_024;
+/// Encoded bytes of one listed stream besides its id, at most:
+/// `{"id":"","lag_ms":3600000},` (a stream id's alphabet needs no JSON escape).
+const STREAM_ENTRY_BYTES: usize = 27;
+
+/// Lists `streams` (most lagging first) in `a` while the encoded announcement stays
+/// within [`MAX_PAYLOAD_BYTES`] − [`PAYLOAD_MARGIN_BYTES`] (the reader ignores a
+/// longer one as `too_large`, and with it every partition of the worker); the rest is
+/// only counted in `live_streams`, with `streams_truncated`. Budgeted by bytes (id
+/// length + a fixed entry overhead, after the encoded rest: partitions, ids, subject),
+/// then checked by one encoding.
+pub(crate) fn fit_streams(a: &mut Announcement, streams: Vec<StreamLoad>) {
+    let limit = MAX_PAYLOAD_BYTES - PAYLOAD_MARGIN_BYTES;
+    a.streams.clear();
+    // `false` encodes one byte longer than `true`: the base is the larger of the two.
+    a.streams_truncated = false;
+    let mut budget = limit.saturating_sub(a.encode().len());
+    for s in streams {
+        let cost = s.id.len() + STREAM_ENTRY_BYTES;
+        if cost > budget {
+            break;
+        }
+        budget -= cost;
+        a.streams.push(s);
     }
+    while a.encode().len() > limit && a.streams.pop().is_some() {}
+    a.streams_truncated = (a.streams.len() as u64) < a.live_streams;
 }
 
 /// Starts the announcer (`None` with `announce = false`). The first announcement goes
@@ -120,7 +153,10 @@ pub(crate) fn spawn(
     let (stop, stop_rx) = oneshot::channel();
     let task = Task {
         client,
-        notified: Notified::new(shared.settings.idle_timeout),
+        notified: Notified::new(
+            shared.settings.idle_timeout,
+            shared.settings.capacity.interval,
+        ),
         shared,
         leases,
     };
@@ -279,45 +315,64 @@ pub(crate) enum Admit {
 /// The refused ids notified lately that the demultiplexer does not remember (bounded).
 #[derive(Debug)]
 pub(crate) struct Notified {
-    seen: HashMap<String, Instant>,
+    /// Per id: its last note (a packet of the refused stream) and its last notice sent.
+    seen: HashMap<String, Seen>,
     /// Forgotten after this long without a note (the consumer's idle timeout, after
     /// which a silent refused stream is a new one).
     ttl: Duration,
+    /// A stream that keeps sending is notified again after this long (the
+    /// announcement interval): the last notice may have been lost.
+    resend: Duration,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    note: Instant,
+    sent: Instant,
 }
 
 impl Notified {
-    pub(crate) fn new(ttl: Duration) -> Self {
+    pub(crate) fn new(ttl: Duration, resend: Duration) -> Self {
         Self {
             seen: HashMap::new(),
             ttl,
+            resend,
         }
     }
 
-    /// A note remembered by the demultiplexer is the one of its instance: sent. Another
-    /// is sent unless its id was notified within the TTL (refreshed), and only while
-    /// the memory has room.
+    /// A note remembered by the demultiplexer is sent (the demultiplexer already
+    /// spaced its notes by the interval). Another is sent when its id is new, silent
+    /// for the TTL, or last notified at least the resend interval ago — at most one
+    /// notice per interval while it keeps sending — and only while the memory has room.
     pub(crate) fn admit(&mut self, note: &RefusedNote, now: Instant) -> Admit {
         if note.remembered {
             self.seen.remove(&note.stream);
             return Admit::Send;
         }
-        if let Some(at) = self.seen.get_mut(&note.stream) {
-            let fresh = now.saturating_duration_since(*at) < self.ttl;
-            *at = now;
-            if fresh {
-                return Admit::AlreadySent;
+        if let Some(seen) = self.seen.get_mut(&note.stream) {
+            let silent = now.saturating_duration_since(seen.note) >= self.ttl;
+            seen.note = now;
+            if silent || now.saturating_duration_since(seen.sent) >= self.resend {
+                seen.sent = now;
+                return Admit::Send;
             }
-            return Admit::Send;
+            return Admit::AlreadySent;
         }
         if self.seen.len() >= NOTIFIED_CAPACITY {
             let ttl = self.ttl;
             self.seen
-                .retain(|_, at| now.saturating_duration_since(*at) < ttl);
+                .retain(|_, s| now.saturating_duration_since(s.note) < ttl);
             if self.seen.len() >= NOTIFIED_CAPACITY {
                 return Admit::MemoryFull;
             }
         }
-        self.seen.insert(note.stream.clone(), now);
+        self.seen.insert(
+            note.stream.clone(),
+            Seen {
+                note: now,
+                sent: now,
+            },
+        );
         Admit::Send
     }
 }
@@ -335,20 +390,28 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn an_unremembered_refused_stream_is_notified_once_while_it_keeps_sending() {
-        let mut n = Notified::new(Duration::from_secs(5));
-        let now = Instant::now();
-        assert_eq!(n.admit(&note("s1", false), now), Admit::Send);
-        for _ in 0..10 {
-            tokio::time::advance(Duration::from_secs(1)).await;
-            assert_eq!(
-                n.admit(&note("s1", false), Instant::now()),
-                Admit::AlreadySent
-            );
+    async fn an_unremembered_refused_stream_is_notified_once_per_interval_while_it_keeps_sending() {
+        let mut n = Notified::new(Duration::from_secs(5), Duration::from_secs(1));
+        let start = Instant::now();
+        assert_eq!(n.admit(&note("s1", false), start), Admit::Send);
+        // A packet every 250 ms for 3 s: a notice at 1, 2 and 3 s, none in between.
+        let mut sent = vec![start];
+        for _ in 0..12 {
+            tokio::time::advance(Duration::from_millis(250)).await;
+            if n.admit(&note("s1", false), Instant::now()) == Admit::Send {
+                sent.push(Instant::now());
+            }
         }
-        // Silent for the TTL: a new instance, notified again.
+        let offsets: Vec<u128> = sent.iter().map(|t| (*t - start).as_millis()).collect();
+        assert_eq!(offsets, vec![0, 1_000, 2_000, 3_000]);
+        // Silent for the TTL: a new instance, notified at once.
         tokio::time::advance(Duration::from_secs(5)).await;
         assert_eq!(n.admit(&note("s1", false), Instant::now()), Admit::Send);
+        tokio::time::advance(Duration::from_millis(10)).await;
+        assert_eq!(
+            n.admit(&note("s1", false), Instant::now()),
+            Admit::AlreadySent
+        );
         // Remembered by the demultiplexer: its one note is always sent.
         assert_eq!(n.admit(&note("s2", true), Instant::now()), Admit::Send);
         assert_eq!(n.admit(&note("s2", true), Instant::now()), Admit::Send);
@@ -356,7 +419,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_memory_is_bounded_and_frees_what_went_silent() {
-        let mut n = Notified::new(Duration::from_secs(5));
+        let mut n = Notified::new(Duration::from_secs(5), Duration::from_secs(1));
         let now = Instant::now();
         for i in 0..NOTIFIED_CAPACITY {
             assert_eq!(n.admit(&note(&format!("s{i}"), false), now), Admit::Send);

@@ -500,6 +500,50 @@ async fn refused_stream_is_forgotten_after_the_idle_timeout() {
     assert_eq!(snap.totals.frames_refused, 1);
 }
 
+/// A refused stream that keeps sending has its refusal notified again at most once per
+/// announcement interval (a notice can be lost on core NATS), and a producer retrying
+/// the same id after its `end` was lost is notified too; a silent one gets nothing more.
+#[tokio::test(start_paused = true)]
+async fn a_refused_stream_that_keeps_sending_is_notified_once_per_interval() {
+    let (mut d, shared, _rx) = setup(ConsumerConfig {
+        max_streams: 1,
+        idle_timeout_ms: 10_000,
+        capacity: crate::CapacityConfig {
+            interval_ms: 200,
+            ..crate::CapacityConfig::default()
+        },
+        ..default_cfg()
+    });
+    let mut notes = shared.capacity.take_refused().expect("announce is on");
+    feed(&mut d, "a", frame(1));
+    let start = Instant::now();
+    let mut at = Vec::new();
+    // "b" streams at real-time pace for 0.5 s (2.5 intervals): a frame every 20 ms.
+    for seq in 1..=26 {
+        feed(&mut d, "b", frame(seq));
+        while let Ok(note) = notes.try_recv() {
+            assert_eq!((note.stream.as_str(), note.live_streams), ("b", 1));
+            assert!(note.remembered);
+            at.push((Instant::now() - start).as_millis());
+        }
+        tokio::time::advance(Duration::from_millis(20)).await;
+    }
+    assert_eq!(at, vec![0, 200, 400], "at once, then once per interval");
+    // Silent (its end lost), then retried from seq 1 within the idle timeout: still
+    // refused, and notified at its first packet since the last notice is old.
+    tokio::time::advance(Duration::from_millis(300)).await;
+    feed(&mut d, "b", frame(1));
+    feed(&mut d, "b", frame(2));
+    assert_eq!(
+        notes.try_recv().map(|n| n.stream).ok().as_deref(),
+        Some("b")
+    );
+    assert!(notes.try_recv().is_err(), "one notice, not one per packet");
+    let t = snapshot(&shared).totals;
+    assert_eq!(t.streams_refused.get("max_streams"), Some(&1));
+    assert_eq!(t.frames_refused, 28);
+}
+
 /// A demultiplexer whose wall clock is the returned cell (Unix ms).
 #[tokio::test(start_paused = true)]
 async fn handover_declares_the_leading_seqs_and_the_fence_stops_delivery() {

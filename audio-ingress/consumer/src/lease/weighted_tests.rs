@@ -30,8 +30,8 @@ impl Cluster {
         }
     }
 
-    /// A worker with `slots`, sent in its heartbeats when `announced` (otherwise its
-    /// peers count it as their own slots).
+    /// A worker with `slots`, sent in its heartbeats when `announced`; one that does
+    /// not announce is of an older version, which neither sends slots nor reads them.
     fn join(&mut self, name: &str, slots: u64, announced: bool) {
         let partitions = self.keys.len() as u32;
         let planner = Planner::new(name.into(), partitions, T, Instant::now()).with_slots(slots);
@@ -58,8 +58,10 @@ impl Cluster {
             .collect();
         let mut released = 0;
         for i in 0..self.workers.len() {
+            let reads_slots = self.workers[i].1.is_some();
             for (name, slots) in &beats {
-                self.workers[i].0.heard_with_slots(name, *slots, now);
+                let slots = slots.filter(|_| reads_slots);
+                self.workers[i].0.heard_with_slots(name, slots, now);
             }
             self.workers[i].0.echoed(now);
             let actions = self.workers[i].0.plan(now);
@@ -211,4 +213,41 @@ async fn a_leaving_big_worker_leaves_everything_to_the_small_one() {
     c.workers.pop();
     c.run(5_000).await;
     assert_eq!(c.held(), vec![20]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_mixed_version_fleet_shares_equally_and_claims_every_partition() {
+    // An old worker and two new ones with 4 and 16 slots: weighted shares against an
+    // old worker's ⌈18/3⌉ = 6 would sum to 3 + 8 + 6 = 17. Not every live worker
+    // announces slots, so everyone shares equally.
+    let mut c = Cluster::new(18);
+    c.join("old", 6, false);
+    c.join("a", 4, true);
+    c.join("b", 16, true);
+    c.run(30_000).await;
+    assert!(
+        c.keys.iter().all(Option::is_some),
+        "every partition claimed: {:?}",
+        c.held()
+    );
+    assert_eq!(c.held(), vec![6, 6, 6]);
+    let releases: usize = c.releases[c.releases.len() - 20..].iter().sum();
+    assert_eq!(releases, 0, "settled: nothing moves any more");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_old_worker_leaving_turns_the_weights_back_on() {
+    let mut c = Cluster::new(20);
+    c.join("a", 4, true);
+    c.join("b", 16, true);
+    c.join("old", 6, false);
+    c.run(20_000).await;
+    let mut held = c.held();
+    held.sort_unstable();
+    assert_eq!(held, vec![6, 7, 7], "⌈20/3⌉ = 7 each, all 20 held");
+    // The old worker stops: its partitions are taken over, then the new ones settle
+    // at their weighted shares.
+    c.workers.pop();
+    c.run(30_000).await;
+    assert_eq!(c.held(), vec![4, 16]);
 }

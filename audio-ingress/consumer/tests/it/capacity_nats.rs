@@ -1,6 +1,7 @@
 //! Capacity announcements and refusal notices against a real nats-server: a static
 //! worker announces its fields at once and its slow streams' lag and real-time factor;
-//! a worker at `max_streams` sends exactly one refusal per refused stream instance; a
+//! a worker at `max_streams` sends one refusal per refused stream instance within an
+//! interval, and again each interval while the stream keeps sending; a
 //! lease worker announces the partitions it delivers and its bucket; shutdown sends an
 //! empty last announcement, abort nothing; `announce = false` sends nothing; two lease
 //! workers with different slots split the partitions in proportion.
@@ -183,16 +184,19 @@ async fn a_static_worker_announces_its_fields_then_its_slow_streams_lag_and_rtf(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_worker_sends_one_refusal_per_refused_stream_instance() {
+async fn a_full_worker_sends_one_refusal_per_refused_stream_instance_within_an_interval() {
     let server = NatsServer::start().expect("nats-server");
     let nc = client(server.url()).await;
     let mut refusals = nc.subscribe("weir.capacity.refused.*").await.expect("sub");
     flush(&nc).await;
-    let consumer = start(server.url(), static_config(1, "cap-r"), Duration::ZERO).await;
+    // An interval of 1 s: each burst below lies within one, so one notice each.
+    let mut cfg = static_config(1, "cap-r");
+    cfg.capacity.interval_ms = 1_000;
+    let consumer = start(server.url(), cfg, Duration::ZERO).await;
     publish(&nc, &subject("kept"), Packet::frame(1, pcm(1)), &[]).await;
     flush(&nc).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    // "over" keeps sending 30 frames: one refusal.
+    // "over" sends a burst of 30 frames: one refusal.
     for seq in 1..=30 {
         publish(&nc, &subject("over"), Packet::frame(seq, pcm(seq)), &[]).await;
     }
@@ -211,7 +215,7 @@ async fn a_full_worker_sends_one_refusal_per_refused_stream_instance() {
         tokio::time::timeout(Duration::from_millis(500), refusals.next())
             .await
             .is_err(),
-        "exactly one refusal for the instance"
+        "exactly one refusal for the burst"
     );
     // Its end, then a new instance (seq 1 again): refused again, notified again.
     publish(&nc, &subject("over"), Packet::end(31), &[]).await;
@@ -232,6 +236,51 @@ async fn a_full_worker_sends_one_refusal_per_refused_stream_instance() {
     assert_eq!(
         consumer.stats().totals.streams_refused.get("max_streams"),
         Some(&2)
+    );
+    consumer.shutdown(Duration::from_millis(200)).await;
+}
+
+/// A refused stream that keeps sending at real-time pace gets its refusal again once
+/// per interval (the first notice may have been lost); when it stops, the notices stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_stream_that_keeps_sending_is_notified_again_each_interval() {
+    let server = NatsServer::start().expect("nats-server");
+    let nc = client(server.url()).await;
+    let mut refusals = nc.subscribe("weir.capacity.refused.*").await.expect("sub");
+    flush(&nc).await;
+    let consumer = start(server.url(), static_config(1, "cap-rr"), Duration::ZERO).await;
+    publish(&nc, &subject("kept"), Packet::frame(1, pcm(1)), &[]).await;
+    flush(&nc).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // 0.5 s of audio (5 intervals of 100 ms), a frame every 20 ms.
+    let started = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    for seq in 1..=25 {
+        tick.tick().await;
+        publish(&nc, &subject("over"), Packet::frame(seq, pcm(seq)), &[]).await;
+    }
+    flush(&nc).await;
+    let sending = started.elapsed();
+    let mut sent_at = Vec::new();
+    while let Ok(Some(msg)) =
+        tokio::time::timeout(Duration::from_millis(400), refusals.next()).await
+    {
+        let r = Refusal::decode(msg.subject.as_str(), &msg.payload).expect("a valid refusal");
+        assert_eq!((r.worker.as_str(), r.stream.as_str()), ("cap-rr", "over"));
+        sent_at.push(r.sent_at_ms);
+    }
+    // At least two; at most one per interval the stream was sending (+ the first, +
+    // one interval of slack for the delivery of its last frames).
+    let most = sending.as_millis() as usize / INTERVAL_MS as usize + 2;
+    assert!(
+        (2..=most).contains(&sent_at.len()),
+        "{} notices in {sending:?}: {sent_at:?}",
+        sent_at.len()
+    );
+    assert_eq!(
+        consumer.stats().totals.streams_refused.get("max_streams"),
+        Some(&1),
+        "one refused instance, notified repeatedly"
     );
     consumer.shutdown(Duration::from_millis(200)).await;
 }
