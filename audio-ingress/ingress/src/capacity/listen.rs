@@ -22,8 +22,9 @@ use weir_protocol::StreamId;
 use super::{Notice, Shared};
 use crate::metrics as m;
 
-/// How often the gauges are set.
-const GAUGE_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the gauges are set (a gone worker leaves them within this of leaving the
+/// admission decision).
+const GAUGE_INTERVAL: Duration = Duration::from_millis(250);
 /// Wait before re-subscribing after a subscription failed.
 const RETRY: Duration = Duration::from_secs(1);
 
