@@ -170,6 +170,11 @@ impl Capacity {
         self.shared.fleet().is_live(worker, Instant::now())
     }
 
+    /// Whether the lease bucket's view is complete (`None`: no lease-mode worker heard).
+    pub fn lease_synced(&self) -> Option<bool> {
+        self.shared.fleet().lease_synced()
+    }
+
     /// The totals of the gauges now.
     pub fn totals(&self) -> fleet::FleetTotals {
         self.shared.fleet().totals(Instant::now())

@@ -363,12 +363,17 @@ async fn a_lease_worker_cannot_claim_partitions_the_bucket_gives_another() {
     let before = metric("weir_ingress_capacity_ignored_total", "kind=\"not_owned\"");
     announce(&svc, &nc, &mut lease("w-owner", vec![0], 1, 1)).await;
     assert_no_capacity(&refused_eventually(&svc, &id_in(0, "lease")).await);
+    // The door watches the bucket the announcement named; wait for its view.
+    let cap = svc.capacity().expect("capacity on");
+    assert!(wait_until(STEP, || cap.lease_synced() == Some(true)).await);
     // The spoofer announces partition 0 with free slots: not trusted, still refused.
-    announce(&svc, &nc, &mut lease("w-spoofer", vec![0, 1], 100, 0)).await;
+    let mut spoofer = lease("w-spoofer", vec![0, 1], 100, 0);
+    announce(&svc, &nc, &mut spoofer).await;
     let deadline = Instant::now() + Duration::from_secs(3);
     while metric("weir_ingress_capacity_ignored_total", "kind=\"not_owned\"") <= before {
         assert!(Instant::now() < deadline, "not_owned not counted");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        announce(&svc, &nc, &mut spoofer).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let id = id_in(0, "lease2");
     assert_no_capacity(&support::refusal(&id, connect(&svc, &id).await));
