@@ -11,8 +11,7 @@ use serde_json::Value;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
-use weir_audio_ingress::config::{Config, ConfigSources};
-use weir_audio_ingress::service::{self, RunningService};
+use weir_audio_ingress::service::RunningService;
 use weir_audio_producer::jetstream::NatsSink;
 use weir_audio_producer::testing::{STEP, pcm, wait_until};
 use weir_protocol::StreamId;
@@ -34,37 +33,14 @@ const PREFIX: &str = "weir.capacity";
 const INTERVAL_MS: u64 = 400;
 
 async fn start(nats_url: &str, extra: &[(&str, &str)]) -> Svc {
-    let mut overrides: Vec<(String, String)> = [
-        ("nats.url", nats_url),
-        ("listen", "127.0.0.1:0"),
-        ("admin.listen", "127.0.0.1:0"),
+    let mut overrides = vec![
         ("nats.connection_timeout_ms", "500"),
         ("subject", "audio.{partition}.{stream}"),
         ("partitions", "4"),
-    ]
-    .iter()
-    .chain(extra)
-    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-    .collect();
-    overrides.push(("capacity.max_lag_ms".into(), "500".into()));
-    let config = Config::load(&ConfigSources {
-        overrides,
-        ..Default::default()
-    })
-    .expect("config");
-    let svc = tokio::time::timeout(STEP, service::start(config, Some(support::prometheus())))
-        .await
-        .expect("start in time")
-        .expect("start");
-    let ingress = svc.ingress().clone();
-    assert!(
-        wait_until(STEP, || {
-            use weir_audio_producer::publisher::Sink;
-            ingress.sink().is_connected()
-        })
-        .await
-    );
-    svc
+        ("capacity.max_lag_ms", "500"),
+    ];
+    overrides.extend_from_slice(extra);
+    support::start_in_process(nats_url, &overrides).await
 }
 
 fn unix_ms() -> u64 {
@@ -495,27 +471,7 @@ async fn degraded_recovered_and_a_worker_refusal_reach_the_producer() {
 /// default configuration (`capacity.mode = enforce`); its JSON line.
 async fn python_scenario(scenario: &str) -> Value {
     let nats = NatsServer::start().expect("nats-server");
-    let config = Config::load(&ConfigSources {
-        overrides: vec![
-            ("nats.url".into(), nats.url().into()),
-            ("listen".into(), "127.0.0.1:0".into()),
-            ("admin.listen".into(), "127.0.0.1:0".into()),
-        ],
-        ..Default::default()
-    })
-    .expect("config");
-    let svc = tokio::time::timeout(STEP, service::start(config, Some(support::prometheus())))
-        .await
-        .expect("start in time")
-        .expect("start");
-    let ingress = svc.ingress().clone();
-    assert!(
-        wait_until(STEP, || {
-            use weir_audio_producer::publisher::Sink;
-            ingress.sink().is_connected()
-        })
-        .await
-    );
+    let svc = support::start_in_process(nats.url(), &[]).await;
     let out = tokio::time::timeout(
         STEP,
         tokio::process::Command::new(weir_audio_consumer::testing::python())

@@ -10,9 +10,7 @@
 
 use serde_json::Value;
 use weir_audio_consumer::{CapacityConfig, Consumer, ConsumerConfig, StreamEvent, StreamHandler};
-use weir_audio_ingress::config::{Config, ConfigSources};
-use weir_audio_ingress::service;
-use weir_audio_producer::testing::{STEP, wait_until};
+use weir_audio_producer::testing::STEP;
 use weir_testkit::NatsServer;
 
 use crate::support;
@@ -40,28 +38,7 @@ async fn run(scenario: &str, mode: &str) -> Value {
     let worker = Consumer::connect(nats.url(), settings, |_: &_| Quick)
         .await
         .expect("worker");
-    let config = Config::load(&ConfigSources {
-        overrides: vec![
-            ("nats.url".into(), nats.url().into()),
-            ("listen".into(), "127.0.0.1:0".into()),
-            ("admin.listen".into(), "127.0.0.1:0".into()),
-            ("capacity.mode".into(), mode.into()),
-        ],
-        ..Default::default()
-    })
-    .expect("config");
-    let svc = tokio::time::timeout(STEP, service::start(config, Some(support::prometheus())))
-        .await
-        .expect("start in time")
-        .expect("start");
-    let ingress = svc.ingress().clone();
-    assert!(
-        wait_until(STEP, || {
-            use weir_audio_producer::publisher::Sink;
-            ingress.sink().is_connected()
-        })
-        .await
-    );
+    let svc = support::start_in_process(nats.url(), &[("capacity.mode", mode)]).await;
     let out = tokio::time::timeout(
         2 * STEP,
         tokio::process::Command::new(weir_audio_consumer::testing::python())

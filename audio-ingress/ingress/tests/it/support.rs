@@ -217,3 +217,40 @@ pub fn refusal<T>(
         Err(e) => panic!("{what}: {e}"),
     }
 }
+
+/// The service in process (the default configuration, free loopback ports, NATS at
+/// `nats_url`, then `overrides` as `--set k=v`), rendering metrics to [`prometheus`];
+/// returns once it is connected to NATS.
+pub async fn start_in_process(
+    nats_url: &str,
+    overrides: &[(&str, &str)],
+) -> weir_audio_ingress::service::RunningService<weir_audio_producer::jetstream::NatsSink> {
+    use weir_audio_ingress::config::{Config, ConfigSources};
+    use weir_audio_producer::publisher::Sink;
+    let base = [
+        ("nats.url", nats_url),
+        ("listen", "127.0.0.1:0"),
+        ("admin.listen", "127.0.0.1:0"),
+    ];
+    let config = Config::load(&ConfigSources {
+        overrides: base
+            .iter()
+            .chain(overrides)
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        ..Default::default()
+    })
+    .expect("config");
+    let svc = tokio::time::timeout(
+        STEP,
+        weir_audio_ingress::service::start(config, Some(prometheus())),
+    )
+    .await
+    .expect("start in time")
+    .expect("start");
+    let ingress = svc.ingress().clone();
+    let connected =
+        weir_audio_producer::testing::wait_until(STEP, || ingress.sink().is_connected()).await;
+    assert!(connected, "the service connected to NATS");
+    svc
+}
