@@ -701,6 +701,7 @@ async fn sampler(s: SamplerInputs, mut stop: tokio::sync::watch::Receiver<bool>)
         ((s.total + Duration::from_secs(120)).as_millis() / sample::PERIOD.as_millis()) as usize;
     let tty = std::io::stderr().is_terminal();
     let cpu0 = s.ingress.cpu_time().unwrap_or_default();
+    let mut oldest: (Option<f64>, Option<f64>) = (None, None);
     for n in 0..cap {
         tokio::select! {
             _ = tick.tick() => {}
@@ -709,12 +710,17 @@ async fn sampler(s: SamplerInputs, mut stop: tokio::sync::watch::Receiver<bool>)
         let stats = s.ingress.stats().await.ok();
         let mut ingress = stats.as_ref().map(IngressSample::from);
         // weir's ingress lists its stream instances: what it holds for live ones apart
-        // from what the NATS client holds for ended ones.
-        if let Some(i) = ingress.as_mut().filter(|i| i.unconfirmed_bytes.is_some())
-            && let Ok(streams) = s.ingress.streams().await
-        {
-            let (live, ended) = sample::oldest_by_liveness(&streams);
-            (i.oldest_live_ms, i.oldest_ended_ms) = (Some(live), Some(ended));
+        // from what the NATS client holds for ended ones. Read once per
+        // `STREAMS_EVERY` samples (the list of every stream is not free for the ingress
+        // to render, and its CPU is what the run measures), carried between reads.
+        if let Some(i) = ingress.as_mut().filter(|i| i.unconfirmed_bytes.is_some()) {
+            if n % sample::STREAMS_EVERY == 0
+                && let Ok(streams) = s.ingress.streams().await
+            {
+                let (live, ended) = sample::oldest_by_liveness(&streams);
+                oldest = (Some(live), Some(ended));
+            }
+            (i.oldest_live_ms, i.oldest_ended_ms) = oldest;
         }
         let fault = s.fault_active.load(Ordering::Relaxed);
         let x = Sample {
