@@ -472,25 +472,9 @@ async fn degraded_recovered_and_a_worker_refusal_reach_the_producer() {
 async fn python_scenario(scenario: &str) -> Value {
     let nats = NatsServer::start().expect("nats-server");
     let svc = support::start_in_process(nats.url(), &[]).await;
-    let out = tokio::time::timeout(
-        STEP,
-        tokio::process::Command::new(weir_audio_consumer::testing::python())
-            .arg(support::script("capacity_client.py"))
-            .args(["--ws", &format!("ws://{}", svc.ws_addr())])
-            .args(["--nats", nats.url(), scenario])
-            .output(),
-    )
-    .await
-    .expect("python in time")
-    .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{scenario}: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let seen = support::capacity_client(svc.ws_addr(), nats.url(), scenario, STEP).await;
     svc.shutdown().await;
-    serde_json::from_str(stdout.lines().last().expect("a line")).expect("JSON")
+    seen
 }
 
 #[tokio::test]

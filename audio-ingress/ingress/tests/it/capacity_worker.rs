@@ -39,26 +39,9 @@ async fn run(scenario: &str, mode: &str) -> Value {
         .await
         .expect("worker");
     let svc = support::start_in_process(nats.url(), &[("capacity.mode", mode)]).await;
-    let out = tokio::time::timeout(
-        2 * STEP,
-        tokio::process::Command::new(weir_audio_consumer::testing::python())
-            .arg(support::script("capacity_client.py"))
-            .args(["--ws", &format!("ws://{}", svc.ws_addr())])
-            .args(["--nats", nats.url(), scenario])
-            .output(),
-    )
-    .await
-    .expect("python in time")
-    .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{scenario}: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let seen = support::capacity_client(svc.ws_addr(), nats.url(), scenario, 2 * STEP).await;
     svc.shutdown().await;
     let stats = worker.shutdown(STEP).await;
-    let seen: Value = serde_json::from_str(stdout.lines().last().expect("a line")).expect("JSON");
     let refused = stats.totals.frames_refused;
     serde_json::json!({"python": seen, "worker_frames_refused": refused})
 }

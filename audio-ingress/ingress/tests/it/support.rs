@@ -254,3 +254,32 @@ pub async fn start_in_process(
     assert!(connected, "the service connected to NATS");
     svc
 }
+
+/// Runs `tests/python/capacity_client.py SCENARIO` (a `websockets` producer and a
+/// nats-py worker) against the service at `ws` and NATS at `nats_url`, within
+/// `timeout`; asserts it exited 0 and returns its last line's JSON.
+pub async fn capacity_client(
+    ws: SocketAddr,
+    nats_url: &str,
+    scenario: &str,
+    timeout: Duration,
+) -> Value {
+    let out = tokio::time::timeout(
+        timeout,
+        tokio::process::Command::new(weir_audio_consumer::testing::python())
+            .arg(script("capacity_client.py"))
+            .args(["--ws", &format!("ws://{ws}")])
+            .args(["--nats", nats_url, scenario])
+            .output(),
+    )
+    .await
+    .expect("python in time")
+    .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{scenario}: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.lines().last().expect("a line")).expect("JSON")
+}
