@@ -1,0 +1,136 @@
+//! Failures, as the Python exceptions of `weir.errors`.
+//!
+//! Rust code builds a [`WeirErr`] (plain data: a [`Kind`] that picks the Python class, a
+//! stable snake_case `code` — the wire error code where there is one — a message and
+//! JSON details). It becomes a `PyErr` only at the boundary to Python: in a method
+//! called from Python, or on the bridge runtime (`crate::runtime`), which may wait for
+//! the GIL. Core tasks never convert, so they never wait for the GIL.
+//!
+//! The classes are defined in Python (python/weir/errors.py), because some have two
+//! bases (`ConfigError` is also a `ValueError`, `ConnectError` a `ConnectionError`).
+
+use std::fmt;
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use serde_json::{Map, Value};
+
+/// Which `weir.errors` class a failure raises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `ConfigError` (also a `ValueError`): an invalid option, stream id, session id,
+    /// frame or argument. Nothing was changed.
+    Config,
+    /// `ConnectError` (also a `ConnectionError`): NATS could not be reached or refused.
+    Connect,
+    /// `ClosedError`: the object was closed, or the stream already ended.
+    Closed,
+    /// `OverloadError`: a frame was not admitted (the stream's bound, its rate, or the
+    /// stream is over); `code` is the producer core's reason.
+    Overload,
+    /// `RefusedError`: a stream was not opened (already active, too many streams).
+    Refused,
+    /// `InternalError`: a bug (a task that panicked); the message says where.
+    Internal,
+}
+
+impl Kind {
+    /// The class name in `weir.errors`.
+    pub fn class(self) -> &'static str {
+        match self {
+            Self::Config => "ConfigError",
+            Self::Connect => "ConnectError",
+            Self::Closed => "ClosedError",
+            Self::Overload => "OverloadError",
+            Self::Refused => "RefusedError",
+            Self::Internal => "InternalError",
+        }
+    }
+}
+
+/// A failure on its way to Python.
+#[derive(Debug, Clone)]
+pub struct WeirErr {
+    /// The class.
+    pub kind: Kind,
+    /// Stable snake_case code (`invalid_config`, `queue_full`, `closed`, ...).
+    pub code: String,
+    /// What happened, for a person.
+    pub message: String,
+    /// Numbers and names that go with it (`limit`, `retry_after_ms`, ...).
+    pub details: Map<String, Value>,
+}
+
+impl WeirErr {
+    /// A failure of `kind` with `code`.
+    pub fn new(kind: Kind, code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            code: code.into(),
+            message: message.into(),
+            details: Map::new(),
+        }
+    }
+
+    /// Adds one detail.
+    pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
+        self.details.insert(key.to_owned(), value.into());
+        self
+    }
+
+    /// `ConfigError` with `code`.
+    pub fn config(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(Kind::Config, code, message)
+    }
+
+    /// `ClosedError`, code `closed`.
+    pub fn closed(message: impl Into<String>) -> Self {
+        Self::new(Kind::Closed, "closed", message)
+    }
+
+    /// `InternalError`, code `internal`.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(Kind::Internal, "internal", message)
+    }
+
+    /// The Python exception (needs the GIL).
+    pub fn to_pyerr(&self, py: Python<'_>) -> PyErr {
+        match self.build(py) {
+            Ok(err) => err,
+            // weir.errors missing means a broken installation: still say what failed.
+            Err(e) => PyRuntimeError::new_err(format!(
+                "{} [{}] (weir.errors unavailable: {e})",
+                self.message, self.code
+            )),
+        }
+    }
+
+    fn build(&self, py: Python<'_>) -> PyResult<PyErr> {
+        let class = py.import("weir.errors")?.getattr(self.kind.class())?;
+        let details = PyDict::new(py);
+        if !self.details.is_empty() {
+            let text = Value::Object(self.details.clone()).to_string();
+            let parsed = py.import("json")?.call_method1("loads", (text,))?;
+            details.update(parsed.cast::<pyo3::types::PyMapping>()?)?;
+        }
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("code", &self.code)?;
+        kwargs.set_item("details", details)?;
+        let value = class.call((&self.message,), Some(&kwargs))?;
+        Ok(PyErr::from_value(value))
+    }
+}
+
+impl fmt::Display for WeirErr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} [{}]", self.message, self.code)
+    }
+}
+
+impl From<WeirErr> for PyErr {
+    /// Takes the GIL: only at the boundary (a Python call or the bridge runtime).
+    fn from(e: WeirErr) -> PyErr {
+        Python::attach(|py| e.to_pyerr(py))
+    }
+}

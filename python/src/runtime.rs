@@ -1,0 +1,98 @@
+//! The two tokio runtimes of the extension, and the one way Python awaits Rust.
+//!
+//! - **core** (`weir-core-*` threads): the consumer's and producer's tasks (NATS client,
+//!   demultiplexers, handlers' queues, lease driver, capacity announcer, publishers).
+//!   Nothing running there takes the GIL: it exchanges data with Python only through
+//!   channels and atomics.
+//! - **bridge** (`weir-bridge` thread, pyo3-async-runtimes' runtime): the futures
+//!   behind Python awaitables. Completing an asyncio future needs the GIL, so a Python
+//!   thread holding it (a model call) delays only this runtime, never the core.
+//!
+//! [`await_core`] runs an operation on the core and hands its result to Python;
+//! [`await_bridge`] awaits something cancel-safe (a channel) directly on the bridge, so
+//! that a cancelled Python `await` drops the Rust future and loses nothing.
+
+use std::future::Future;
+use std::sync::OnceLock;
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use tokio::runtime::{Builder, Handle, Runtime};
+
+use crate::errors::WeirErr;
+
+/// Worker threads of the core runtime: the consumer's and producer's tasks are I/O
+/// bound; two threads keep one stalled task from stalling the rest.
+const CORE_THREADS: usize = 2;
+
+static CORE: OnceLock<Result<Runtime, String>> = OnceLock::new();
+
+/// The core runtime (created on first use).
+pub fn core() -> Result<&'static Runtime, WeirErr> {
+    CORE.get_or_init(|| {
+        Builder::new_multi_thread()
+            .worker_threads(CORE_THREADS)
+            .thread_name("weir-core")
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())
+    })
+    .as_ref()
+    .map_err(|e| WeirErr::internal(format!("cannot start the weir-core runtime: {e}")))
+}
+
+/// A handle of the core runtime, to spawn on it or enter it.
+pub fn core_handle() -> Result<Handle, WeirErr> {
+    Ok(core()?.handle().clone())
+}
+
+/// Configures the bridge runtime (one thread; it only completes Python futures). Called
+/// once at module import, before any awaitable exists.
+pub fn init_bridge() {
+    let mut builder = Builder::new_multi_thread();
+    builder
+        .worker_threads(1)
+        .thread_name("weir-bridge")
+        .enable_all();
+    pyo3_async_runtimes::tokio::init(builder);
+}
+
+/// Runs `op` on the core runtime and returns a Python awaitable of its result.
+///
+/// The operation runs to completion even when the Python `await` is cancelled (the
+/// bridge only stops waiting for it): operations that create something (a connection,
+/// a stream) must release it themselves when their result is not taken — see
+/// `Completion` users.
+pub fn await_core<'py, F, T>(py: Python<'py>, op: F) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = Result<T, WeirErr>> + Send + 'static,
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    let task = core()?.spawn(op);
+    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        match task.await {
+            Ok(result) => result.map_err(PyErr::from),
+            Err(e) => Err(WeirErr::internal(format!("a weir task failed: {e}")).into()),
+        }
+    })
+}
+
+/// Awaits `fut` on the bridge runtime: for cancel-safe waits (channel receives), so a
+/// cancelled Python `await` drops it and nothing is lost.
+pub fn await_bridge<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = Result<T, WeirErr>> + Send + 'static,
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    pyo3_async_runtimes::tokio::future_into_py(py, async move { fut.await.map_err(PyErr::from) })
+}
+
+/// `weir._weir.runtime_threads()`: the names of the extension's runtimes and their
+/// thread counts, for diagnostics and the GIL test.
+#[pyfunction]
+pub fn runtime_threads(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("core", CORE_THREADS)?;
+    d.set_item("bridge", 1)?;
+    Ok(d)
+}

@@ -1,0 +1,76 @@
+"""weir for Python: bounded, explicit audio streaming and LLM calls over NATS.
+
+- `weir.Consumer` (`weir.consumer`): for recognisers. Partitioned, per-stream ordered
+  delivery with every missing frame declared (lost, stale, possibly lost, overload,
+  handover), lease ownership across workers, capacity announcements.
+  ``async for stream in consumer``, then ``async for event in stream``.
+- `weir.Producer` (`weir.producer`): for WebRTC or telephony servers that publish
+  frames themselves. A non-blocking ``push`` that admits a frame or raises
+  `OverloadError`; the same queue, window, confirmation and declarations as the
+  audio-ingress.
+- `weir.llm`: the LLM adapter client (request, stream, cancel, status, durable intake).
+- `weir.errors`: `WeirError` and its kinds, each with a stable ``code``.
+
+The protocol logic lives in Rust (the ``weir._weir`` native module, on weir's consumer
+and producer cores); this package is the asyncio layer over it. The submodules load on
+first use: ``import weir`` alone loads neither core.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from . import errors
+from ._weir import __version__
+from .errors import (
+    ClosedError,
+    ConfigError,
+    ConnectError,
+    InternalError,
+    OverloadError,
+    RefusedError,
+    WeirError,
+)
+
+if TYPE_CHECKING:
+    from .consumer import Consumer, End, Frame, Gap, LossDeclared, Stream
+    from .producer import Producer, ProducerStream
+
+# Public name -> the submodule that defines it (loaded on first access).
+_LAZY = {
+    "Consumer": "consumer",
+    "Stream": "consumer",
+    "Frame": "consumer",
+    "Gap": "consumer",
+    "End": "consumer",
+    "LossDeclared": "consumer",
+    "Producer": "producer",
+    "ProducerStream": "producer",
+}
+
+__all__ = [
+    "__version__",
+    "errors",
+    "WeirError",
+    "ConfigError",
+    "ConnectError",
+    "ClosedError",
+    "OverloadError",
+    "RefusedError",
+    "InternalError",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'weir' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
