@@ -1,0 +1,53 @@
+"""The installed package itself: what `pip install` put into the environment."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import pathlib
+
+import pytest
+
+import weir
+import weir._weir
+from weir import errors
+
+
+def test_installed_from_an_abi3_wheel_with_types() -> None:
+    dist = importlib.metadata.distribution("weir")
+    files = {str(f) for f in dist.files or []}
+    assert "weir/py.typed" in files
+    assert "weir/_weir.pyi" in files
+    native = [f for f in files if f.startswith("weir/_weir") and f.endswith(".so")]
+    assert native == ["weir/_weir.abi3.so"], native  # one binary for every CPython >= 3.11
+    wheel = dist.read_text("WHEEL") or ""
+    assert "cp311-abi3" in wheel, wheel
+    assert weir.__version__ == dist.version
+
+
+def test_the_error_hierarchy_carries_codes() -> None:
+    for cls in (errors.ConfigError, errors.ConnectError, errors.ClosedError,
+                errors.OverloadError, errors.RefusedError, errors.InternalError):
+        assert issubclass(cls, errors.WeirError)
+    assert issubclass(errors.ConfigError, ValueError)
+    assert issubclass(errors.ConnectError, ConnectionError)
+    e = errors.OverloadError("stream over its byte bound", code="queue_full", details={"limit": 3})
+    assert (e.code, e.details, str(e)) == ("queue_full", {"limit": 3}, "stream over its byte bound [queue_full]")
+
+
+def test_the_core_runs_on_its_own_threads() -> None:
+    assert weir._weir.runtime_threads() == {"core": 2, "bridge": 1}
+
+
+def test_unknown_names_are_attribute_errors() -> None:
+    with pytest.raises(AttributeError):
+        weir.NoSuchThing  # noqa: B018
+    assert set(weir.__all__) >= {"WeirError", "Consumer", "Producer"}
+
+
+def test_sources_and_installed_package_match() -> None:
+    # The tests run against the installed wheel, not the source tree: a stale
+    # install would test old code. scripts/build-python-wheel reinstalls on any change.
+    here = pathlib.Path(__file__).resolve().parents[1] / "weir" / "errors.py"
+    installed = pathlib.Path(errors.__file__)
+    assert installed.read_bytes() == here.read_bytes()
+    assert "site-packages" in str(installed)
