@@ -8,7 +8,7 @@
 //! - [`queue`]: the pure per-stream queue bounded by bytes and age;
 //! - [`rate`]: the per-stream rate bound in audio time (a token bucket in samples);
 //! - [`stream`]: [`Ingress`] (opens streams, one publisher task each) and
-//!   [`StreamHandle`] (`try_push`, `push`, `finish`);
+//!   [`StreamHandle`] (`try_push`, `push`, `finish`), [`StreamView`] (an observer of a stream);
 //! - [`publisher`]: the per-stream task that hands packets to NATS under a timeout;
 //! - [`confirm`]: the server-confirmed window (the budget holds up to the server);
 //! - [`jetstream`]: the sinks, plain NATS and lossless JetStream;
@@ -46,4 +46,4 @@ pub mod testing;
 
 pub use config::{Delivery, Policy, StreamConfig};
 pub use error::{OpenError, PushError};
-pub use stream::{Ingress, StreamHandle};
+pub use stream::{Ingress, StreamHandle, StreamView};

@@ -204,6 +204,30 @@ async fn ids_are_exclusive_and_capped_and_released_after_end() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_view_outlives_finish_and_changes_nothing() {
+    let sink = MemorySink::new();
+    let ingress = Ingress::new(sink.clone(), StreamConfig::default());
+    let s = ingress.open("viewed", Some("sess".into())).expect("open");
+    let view = s.view();
+    assert_eq!(view.id().as_str(), "viewed");
+    assert_eq!(view.subject(), s.subject());
+    assert_eq!(view.session_id(), Some("sess"));
+    // Dropping a view does not end the stream.
+    drop(s.view());
+    assert_eq!(s.try_push(pcm()), Ok(1));
+    let summary = s.finish().await;
+    assert!(summary.finished);
+    // The view still reads the finished stream, and holds no slot.
+    assert!(view.status().borrow().finished);
+    assert_eq!(view.snapshot().frames.published, 1);
+    assert!(view.wait_finished(Duration::from_millis(1)).await.finished);
+    assert!(
+        ingress.open("viewed", None).is_ok(),
+        "the view holds no slot"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn dropped_handle_ends_with_producer_gone_after_draining() {
     let sink = MemorySink::new();
     let ingress = Ingress::new(sink.clone(), StreamConfig::default());

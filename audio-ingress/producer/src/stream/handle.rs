@@ -157,6 +157,15 @@ impl StreamHandle {
         self.shared.status.subscribe()
     }
 
+    /// A read-only view of the stream that outlives this handle (for an observer that
+    /// reports the stream's events and summary after [`finish`](Self::finish) took the
+    /// handle). The view neither ends the stream nor holds its registry slot.
+    pub fn view(&self) -> StreamView {
+        StreamView {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
     /// The stream as the admin view shows it.
     pub fn snapshot(&self) -> StreamSnapshot {
         self.shared.snapshot()
@@ -208,5 +217,64 @@ impl StreamHandle {
 impl Drop for StreamHandle {
     fn drop(&mut self) {
         self.close(EndReason::ProducerGone);
+    }
+}
+
+/// A read-only view of one stream ([`StreamHandle::view`]): its status, snapshot and
+/// the wait for its publisher. Cheap to clone.
+///
+/// Invariant: a view never changes the stream. Dropping it does not end the stream,
+/// and it does not hold the id's registry slot (the publisher releases that when it
+/// exits); it only keeps the stream's shared state (queue, counters) in memory.
+#[derive(Clone)]
+pub struct StreamView {
+    shared: Arc<StreamShared>,
+}
+
+impl std::fmt::Debug for StreamView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamView")
+            .field("id", &self.shared.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StreamView {
+    /// The stream id.
+    pub fn id(&self) -> &StreamId {
+        &self.shared.id
+    }
+
+    /// The NATS subject the stream publishes to.
+    pub fn subject(&self) -> &str {
+        self.shared.subject.as_str()
+    }
+
+    /// The session id the stream was opened with.
+    pub fn session_id(&self) -> Option<&str> {
+        self.shared.session.as_deref()
+    }
+
+    /// A watch on the stream's status.
+    pub fn status(&self) -> watch::Receiver<StreamStatus> {
+        self.shared.status.subscribe()
+    }
+
+    /// The stream as the admin view shows it.
+    pub fn snapshot(&self) -> StreamSnapshot {
+        self.shared.snapshot()
+    }
+
+    /// Waits (at most `bound`) for the publisher to exit and returns the summary, as
+    /// [`StreamHandle::wait_finished`].
+    pub async fn wait_finished(&self, bound: Duration) -> StreamSummary {
+        let mut rx = self.status();
+        let finished = tokio::time::timeout(bound, rx.wait_for(|s| s.finished))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        StreamSummary {
+            snapshot: self.shared.snapshot(),
+            finished,
+        }
     }
 }
