@@ -216,8 +216,7 @@ class ProducerStats:
         )
 
 
-def _event(text: str) -> ProducerEvent:
-    d = json.loads(text)
+def _event(d: Dict[str, Any]) -> ProducerEvent:
     kind = d.pop("type")
     if kind == "overloaded":
         return Overloaded(**d)
@@ -232,10 +231,13 @@ class ProducerStream:
     """One open stream (from `Producer.open`). Not thread-safe to end from two
     threads; `push` may be called from any thread."""
 
-    __slots__ = ("_inner", "__weakref__")
+    __slots__ = ("_inner", "_seen", "__weakref__")
 
     def __init__(self, inner: "_weir.ProducerStream") -> None:
         self._inner = inner
+        # Index of the last event handed to the caller: the core keeps every later
+        # one until a call passes a larger index (cancel safety, see next_event).
+        self._seen = 0
 
     @property
     def id(self) -> str:
@@ -290,9 +292,16 @@ class ProducerStream:
 
     async def next_event(self) -> Optional[ProducerEvent]:
         """The next event (`Overloaded`, `GapSent`, `Closed`), waiting for it; ``None``
-        after `Closed` was returned. Cancel-safe: a cancelled call loses no event."""
-        text = await self._inner.next_event()
-        return None if text is None else _event(text)
+        after `Closed` was returned. Cancel-safe: a cancelled call loses no event (the
+        core drops an event only when a later call shows it was received). Meant for
+        one reader at a time: concurrent readers may get the same event."""
+        text = await self._inner.next_event(self._seen)
+        if text is None:
+            return None
+        d = json.loads(text)
+        # No await between receiving the event and recording it.
+        self._seen = max(self._seen, int(d.pop("index")))
+        return _event(d)
 
     async def events(self) -> AsyncIterator[ProducerEvent]:
         """Every event until `Closed` (included)."""

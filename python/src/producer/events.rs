@@ -9,11 +9,16 @@
 //! - `closed`: the publisher exited (the `end` was handed to NATS, or given up on):
 //!   the final counts. The last event; after it, [`EventCursor::next`] returns `None`.
 //!
-//! Invariant (cancel safety): [`EventCursor::next`] awaits only `watch::changed`,
-//! which is cancel-safe; deriving an event from the status and taking it out of the
-//! cursor happen with no await in between. A cancelled wait therefore loses no event:
-//! the next call derives it from the status, which the watch still holds. The cursor
-//! sits behind an async mutex (one reader at a time), locked by each call.
+//! Invariant (cancel safety): an event leaves the cursor only when the reader
+//! acknowledges it. Each event gets an index (1, 2, ...); [`EventCursor::next`]`(after)`
+//! drops the events up to `after` (the index of the last event the Python reader
+//! received) and returns the first one left, *keeping* it. A Python `await` cancelled
+//! at any point — before the Rust future completed, or after it completed but before
+//! the result reached the coroutine (the bridge cannot take a completed result back)
+//! — therefore loses nothing: the reader did not move `after`, so the next call
+//! returns the same event. Waiting is `watch::changed`, which is cancel-safe, and
+//! deriving events from the status involves no await. The cursor sits behind an async
+//! mutex, locked by each call; the events are meant for one reader.
 
 use std::collections::VecDeque;
 
@@ -28,8 +33,10 @@ pub struct EventCursor {
     gaps_seen: u64,
     overload_sent: bool,
     closed_sent: bool,
-    /// Derived, not yet returned.
-    pending: VecDeque<Value>,
+    /// The index the next derived event gets.
+    next_index: u64,
+    /// Derived, not yet acknowledged: (index, event).
+    pending: VecDeque<(u64, Value)>,
 }
 
 impl EventCursor {
@@ -42,14 +49,23 @@ impl EventCursor {
             gaps_seen: 0,
             overload_sent: false,
             closed_sent: false,
+            next_index: 1,
             pending: VecDeque::new(),
         }
     }
 
-    /// The next event as JSON; `None` once `closed` was returned.
-    pub async fn next(&mut self) -> Option<String> {
+    /// The first event after index `after` (the reader's last), as JSON with its
+    /// `index`; `None` once `closed` was acknowledged. Events up to `after` are dropped.
+    pub async fn next(&mut self, after: u64) -> Option<String> {
+        while self.pending.front().is_some_and(|(i, _)| *i <= after) {
+            self.pending.pop_front();
+        }
         loop {
-            if let Some(ev) = self.pending.pop_front() {
+            if let Some((index, ev)) = self.pending.front() {
+                let mut ev = ev.clone();
+                if let Value::Object(m) = &mut ev {
+                    m.insert("index".into(), Value::from(*index));
+                }
                 return Some(ev.to_string());
             }
             if self.closed_sent {
@@ -67,12 +83,17 @@ impl EventCursor {
         }
     }
 
+    fn push(&mut self, event: Value) {
+        self.pending.push_back((self.next_index, event));
+        self.next_index += 1;
+    }
+
     /// Appends the events `status` shows that were not derived yet, in order.
     fn derive(&mut self, status: &StreamStatus) {
         if status.gaps > self.gaps_seen {
             self.gaps_seen = status.gaps;
             if let Some(g) = &status.last_gap {
-                self.pending.push_back(json!({
+                self.push(json!({
                     "type": "gap_sent",
                     "first_seq": g.first_seq,
                     "last_seq": g.last_seq,
@@ -88,7 +109,7 @@ impl EventCursor {
         {
             self.overload_sent = true;
             let snapshot = self.view.snapshot();
-            self.pending.push_back(json!({
+            self.push(json!({
                 "type": "overloaded",
                 "reason": o.reason,
                 "pending_bytes": o.pending_bytes,
@@ -106,7 +127,7 @@ impl EventCursor {
             self.closed_sent = true;
             let snapshot = self.view.snapshot();
             let f = &snapshot.frames;
-            self.pending.push_back(json!({
+            self.push(json!({
                 "type": "closed",
                 "reason": status.end_reason.map(|r| r.as_str()),
                 "end_delivered": status.end_delivered,

@@ -174,13 +174,14 @@ impl ProducerStream {
         .to_string()
     }
 
-    /// The next event as JSON, or `None` after the `closed` event: an awaitable,
-    /// cancel-safe (see [`super::events`]).
-    fn next_event<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+    /// The first event after index `after` (the last one the reader received) as JSON
+    /// with its `index`, or `None` once `closed` was received: an awaitable, cancel-safe
+    /// (see [`super::events`]).
+    fn next_event<'py>(&self, py: Python<'py>, after: u64) -> PyResult<Bound<'py, PyAny>> {
         let events = Arc::clone(&self.events);
         await_bridge(py, async move {
             let mut cursor = events.lock().await;
-            Ok(cursor.next().await)
+            Ok(cursor.next(after).await)
         })
     }
 
