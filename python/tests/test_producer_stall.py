@@ -32,7 +32,7 @@ import json
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import nats
 import pytest
@@ -99,7 +99,7 @@ class Subscriber:
 
     def __init__(self) -> None:
         self.streams: Dict[str, Seen] = {}
-        self.nc = None
+        self.nc: Any = None
         self.keep_pcm = False
 
     async def start(self, url: str) -> None:

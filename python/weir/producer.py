@@ -386,17 +386,20 @@ class Producer:
     @staticmethod
     def config_defaults() -> Dict[str, Any]:
         """Every config key with its default (the ingress's)."""
-        return json.loads(_weir.producer_config_defaults())
+        defaults: Dict[str, Any] = json.loads(_weir.producer_config_defaults())
+        return defaults
 
     @staticmethod
     def config_keys() -> List[Dict[str, str]]:
         """Every config key with its allowed range and meaning."""
-        return json.loads(_weir.producer_config_keys())
+        keys: List[Dict[str, str]] = json.loads(_weir.producer_config_keys())
+        return keys
 
     @property
     def config(self) -> Dict[str, Any]:
         """The validated configuration (every key)."""
-        return json.loads(self._inner.config_json())
+        config: Dict[str, Any] = json.loads(self._inner.config_json())
+        return config
 
     @property
     def closed(self) -> bool:
