@@ -204,6 +204,7 @@ async def test_cancelled_next_event_loses_no_event(nats_server):
             assert [type(e) for e in events] == [Overloaded, Closed], events
             over, closed = events
             assert over.reason in ("max_age", "queue_full") and over.max_age_ms == 500
+            assert over.bound == over.reason and over.pending_bytes > 0
             assert closed.reason == "overload"
             assert await asyncio.wait_for(stream.next_event(), 1) is None
         finally:

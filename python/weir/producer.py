@@ -77,6 +77,11 @@ class Overloaded:
     oldest_age_ms: float
     frames_published: int
 
+    @property
+    def bound(self) -> str:
+        """The bound that tripped: the same as ``reason``."""
+        return self.reason
+
 
 @dataclass(frozen=True)
 class GapSent:
