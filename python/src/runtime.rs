@@ -10,7 +10,13 @@
 //!
 //! [`await_core`] runs an operation on the core and hands its result to Python;
 //! [`await_bridge`] awaits something cancel-safe (a channel) directly on the bridge, so
-//! that a cancelled Python `await` drops the Rust future and loses nothing.
+//! that a Python `await` cancelled while it waits drops the Rust future and loses
+//! nothing. One race remains, and callers close it themselves: when the Rust future has
+//! already completed and the cancellation lands before pyo3-async-runtimes sets the
+//! result, the result is discarded. So a receive that takes an item out of Rust's hands
+//! must not be the only copy: the producer's events are kept until a later call
+//! acknowledges them by index, the consumer's batches go to an internal pump task that
+//! only `close` cancels.
 
 use std::future::Future;
 use std::sync::OnceLock;
@@ -78,7 +84,9 @@ where
 }
 
 /// Awaits `fut` on the bridge runtime: for cancel-safe waits (channel receives), so a
-/// cancelled Python `await` drops it and nothing is lost.
+/// Python `await` cancelled while it waits drops it. A result completed just before the
+/// cancellation is discarded (see the module doc): hand out items that can be asked for
+/// again, or await them only from a task nothing else cancels.
 pub fn await_bridge<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
 where
     F: Future<Output = Result<T, WeirErr>> + Send + 'static,

@@ -79,6 +79,12 @@ macro_rules! pytest_files {
 
 pytest_files! {
     package => "test_package.py",
+    producer_stall => "test_producer_stall.py",
+    producer_bad_input => "test_producer_bad_input.py",
+    producer_cancel => "test_producer_cancel.py",
+    producer_gil => "test_producer_gil.py",
+    producer_config => "test_producer_config.py",
+    producer_events => "test_producer_events.py",
 }
 
 #[test]
