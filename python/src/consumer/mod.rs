@@ -1,8 +1,459 @@
 //! `weir._weir` consumer classes (the Rust side of `weir.consumer`).
+//!
+//! - [`PyConsumer`] (`_Consumer`): one `weir_audio_consumer::Consumer` running on the
+//!   core runtime, with a [`hub::Hub`] as its handler factory. Python takes events in
+//!   batches (`poll_batch`, `next_batch`) and acks them (`ack_many`); see
+//!   python/weir/consumer.py for the pump that dispatches them to per-stream iterators.
+//! - [`StreamLink`] (`_StreamLink`): a new stream instance's identity and the Python
+//!   side's handle on its handler's wait; dropping it releases the wait.
+//! - [`events`]: `Frame`, `Gap`, `End`, `LossDeclared`.
+//!
+//! Invariants:
+//! - configuration is the core's own [`ConsumerConfig`] (serde names, unknown keys
+//!   refused) validated by the core; NATS options are the `[nats]` keys of every weir
+//!   binary ([`crate::nats`]); both are checked before anything connects, and every
+//!   refusal is a `ConfigError` naming the key;
+//! - a consumer whose Python object is dropped without `close()` (including a connect
+//!   whose `await` was cancelled: its result is never taken) is shut down on the core
+//!   runtime: its subscriptions and leases do not outlive it;
+//! - after `close()` / `abort()` every handler's wait is released and the batch calls
+//!   return `None` once the hub is drained: the Python pump ends.
+
+mod events;
+mod hub;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+use tokio::sync::mpsc;
+use weir_audio_consumer::{Consumer, ConsumerConfig, ConsumerError, ConsumerErrorKind, StreamInfo};
+
+use crate::errors::{Kind, WeirErr};
+use crate::runtime;
+use hub::{Hub, HubMsg, Link};
+
+/// Largest batch handed to Python at once.
+const MAX_BATCH: usize = 4_096;
+/// Longest accepted `close()` grace period.
+const MAX_GRACE_S: f64 = 3_600.0;
 
 /// Adds the consumer's classes to the module.
-pub fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyConsumer>()?;
+    m.add_class::<StreamLink>()?;
+    events::register(m)?;
     Ok(())
+}
+
+/// The consumer config from the JSON of the keyword arguments: the core's serde names;
+/// an unknown key or a wrong type is a `ConfigError` naming the key.
+fn config_from_json(json: &str) -> Result<ConsumerConfig, WeirErr> {
+    let value: serde_json::Value = serde_json::from_str(json)
+        .map_err(|e| WeirErr::config("invalid_config", format!("consumer options: {e}")))?;
+    match serde_json::from_value::<ConsumerConfig>(value.clone()) {
+        Ok(cfg) => Ok(cfg),
+        Err(e) => {
+            // serde_json does not say which key: try each alone (every key has a
+            // default) to name the first one at fault.
+            let key = value.as_object().and_then(|obj| {
+                obj.iter().find_map(|(k, v)| {
+                    let one = serde_json::json!({ k.clone(): v.clone() });
+                    serde_json::from_value::<ConsumerConfig>(one)
+                        .err()
+                        .map(|_| k.clone())
+                })
+            });
+            let err = WeirErr::config(
+                "invalid_config",
+                match &key {
+                    Some(k) => format!("consumer option {k:?}: {e}"),
+                    None => format!("consumer options: {e}"),
+                },
+            );
+            Err(match key {
+                Some(k) => err.with("key", k),
+                None => err,
+            })
+        }
+    }
+}
+
+/// A core error as a Python one.
+fn consumer_err(e: ConsumerError) -> WeirErr {
+    match e.kind() {
+        ConsumerErrorKind::Config => {
+            let key = e.config_key().map(str::to_owned);
+            let err = WeirErr::config("invalid_config", e.to_string());
+            match key {
+                Some(k) => err.with("key", k),
+                None => err,
+            }
+        }
+        ConsumerErrorKind::Connect => {
+            WeirErr::new(Kind::Connect, "connect_failed", error_chain(&e))
+        }
+        ConsumerErrorKind::Subscribe => {
+            WeirErr::new(Kind::Connect, "subscribe_failed", error_chain(&e))
+        }
+        ConsumerErrorKind::Lease => {
+            WeirErr::new(Kind::Connect, "lease_bucket_failed", error_chain(&e))
+        }
+    }
+}
+
+/// `e` and its sources, `: `-separated.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let s = c.to_string();
+        if !text.contains(&s) {
+            text.push_str(": ");
+            text.push_str(&s);
+        }
+        cause = c.source();
+    }
+    text
+}
+
+fn json<T: serde::Serialize>(value: &T) -> Result<String, WeirErr> {
+    serde_json::to_string(value).map_err(|e| WeirErr::internal(format!("cannot serialise: {e}")))
+}
+
+/// The running core consumer and what is left of it once closed.
+struct State {
+    /// `None` once closed or aborted.
+    consumer: Option<Consumer>,
+    /// The final stats (JSON) of `close()`.
+    final_stats: Option<String>,
+}
+
+/// What the Python object and its awaitables share.
+struct Inner {
+    state: Mutex<State>,
+    hub: Arc<Hub>,
+    rx: Arc<tokio::sync::Mutex<mpsc::Receiver<HubMsg>>>,
+}
+
+impl Inner {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on the running consumer, or says it is closed.
+    fn with<T>(&self, f: impl FnOnce(&Consumer) -> T) -> Result<T, WeirErr> {
+        match &self.state().consumer {
+            Some(c) => Ok(f(c)),
+            None => Err(WeirErr::closed("the consumer is closed")),
+        }
+    }
+}
+
+impl Drop for Inner {
+    /// Dropped without `close()`/`abort()` (a cancelled connect, a forgotten
+    /// consumer): shut down on the core runtime, releasing leases and subscriptions.
+    fn drop(&mut self) {
+        self.hub.close();
+        let consumer = self.state().consumer.take();
+        if let Some(consumer) = consumer
+            && let Ok(core) = runtime::core_handle()
+        {
+            core.spawn(async move {
+                let _ = consumer.shutdown(Duration::ZERO).await;
+            });
+        }
+    }
+}
+
+/// `weir._weir._Consumer`: see the module docs; used through `weir.Consumer`.
+#[pyclass(frozen, module = "weir._weir", name = "_Consumer")]
+pub struct PyConsumer {
+    inner: Arc<Inner>,
+}
+
+/// A batch of hub messages on its way to Python: a list whose items are
+/// `(instance, event)` tuples or `_StreamLink`s (a new stream).
+struct Batch(Vec<HubMsg>);
+
+impl<'py> IntoPyObject<'py> for Batch {
+    type Target = PyList;
+    type Output = Bound<'py, PyList>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let list = PyList::empty(py);
+        for msg in self.0 {
+            match msg {
+                HubMsg::Open(info, link) => {
+                    list.append(Py::new(py, StreamLink { info, link })?)?;
+                }
+                HubMsg::Event(instance, event) => {
+                    let ev = events::to_python(py, event)?;
+                    list.append(PyTuple::new(
+                        py,
+                        [instance.into_pyobject(py)?.into_any().unbind(), ev],
+                    )?)?;
+                }
+            }
+        }
+        Ok(list)
+    }
+}
+
+#[pymethods]
+impl PyConsumer {
+    /// Validates `nats_json` (the `[nats]` keys) and `config_json` (the consumer
+    /// core's keys), then connects and subscribes on the core runtime; an awaitable of
+    /// the `_Consumer`. A cancelled await shuts the consumer down once it is up.
+    #[staticmethod]
+    fn connect<'py>(
+        py: Python<'py>,
+        nats_json: &str,
+        config_json: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let nats = crate::nats::config_from_json(nats_json)?;
+        let config = config_from_json(config_json)?;
+        let max_streams = config.max_streams;
+        let settings = config.validate().map_err(consumer_err)?;
+        runtime::await_core(py, async move {
+            let options = weir_service::nats::options(&nats).await.map_err(|e| {
+                WeirErr::config(
+                    "invalid_config",
+                    format!("nats options: {}", error_chain(&e)),
+                )
+            })?;
+            let url = nats.urls.join(",");
+            let (hub, rx) = Hub::new(max_streams);
+            let consumer = Consumer::connect_with(options, &url, settings, hub.factory())
+                .await
+                .map_err(consumer_err)?;
+            Ok(PyConsumer {
+                inner: Arc::new(Inner {
+                    state: Mutex::new(State {
+                        consumer: Some(consumer),
+                        final_stats: None,
+                    }),
+                    hub,
+                    rx: Arc::new(tokio::sync::Mutex::new(rx)),
+                }),
+            })
+        })
+    }
+
+    /// The messages waiting now (at most `limit`), without waiting: a list (maybe
+    /// empty), or `None` once the consumer is closed and everything was taken.
+    #[pyo3(signature = (limit = MAX_BATCH))]
+    fn poll_batch<'py>(
+        &self,
+        py: Python<'py>,
+        limit: usize,
+    ) -> PyResult<Option<Bound<'py, PyList>>> {
+        let limit = limit.clamp(1, MAX_BATCH);
+        let Ok(mut rx) = self.inner.rx.try_lock() else {
+            // A `next_batch` is pending: nothing to take here.
+            return Ok(Some(PyList::empty(py)));
+        };
+        let mut msgs = Vec::new();
+        while msgs.len() < limit {
+            match rx.try_recv() {
+                Ok(m) => msgs.push(m),
+                Err(_) => break,
+            }
+        }
+        drop(rx);
+        if msgs.is_empty() && self.inner.hub.is_closed() {
+            return Ok(None);
+        }
+        Batch(msgs).into_pyobject(py).map(Some)
+    }
+
+    /// Awaits the next messages (at least one, at most `limit`): an awaitable of a
+    /// list, or of `None` once the consumer is closed and everything was taken.
+    /// Cancel-safe: a cancelled await takes nothing.
+    #[pyo3(signature = (limit = MAX_BATCH))]
+    fn next_batch<'py>(&self, py: Python<'py>, limit: usize) -> PyResult<Bound<'py, PyAny>> {
+        let limit = limit.clamp(1, MAX_BATCH);
+        let rx = self.inner.rx.clone();
+        let mut closed = self.inner.hub.closed();
+        runtime::await_bridge(py, async move {
+            let mut rx = rx.lock().await;
+            let mut msgs = Vec::new();
+            tokio::select! {
+                biased;
+                n = rx.recv_many(&mut msgs, limit) => {
+                    if n == 0 {
+                        return Ok(None);
+                    }
+                }
+                _ = closed.wait_for(|c| *c) => {
+                    while msgs.len() < limit {
+                        match rx.try_recv() {
+                            Ok(m) => msgs.push(m),
+                            Err(_) => break,
+                        }
+                    }
+                    if msgs.is_empty() {
+                        return Ok(None);
+                    }
+                }
+            }
+            Ok(Some(Batch(msgs)))
+        })
+    }
+
+    /// Acks each link's last event (the Python iterators asked for their next one).
+    fn ack_many(&self, py: Python<'_>, links: &Bound<'_, PyList>) -> PyResult<()> {
+        let mut arcs: Vec<Arc<Link>> = Vec::with_capacity(links.len());
+        for item in links.iter() {
+            let link = item.cast::<StreamLink>().map_err(|_| {
+                WeirErr::config("invalid_argument", "ack_many: a list of _StreamLink")
+            })?;
+            arcs.push(link.get().link.clone());
+        }
+        py.detach(|| {
+            for link in arcs {
+                link.ack();
+            }
+        });
+        Ok(())
+    }
+
+    /// The stats snapshot as JSON (the core's `ConsumerStats`); after `close()`, the
+    /// final stats.
+    fn stats_json(&self, py: Python<'_>) -> PyResult<String> {
+        let inner = self.inner.clone();
+        Ok(py.detach(move || {
+            let state = inner.state();
+            match (&state.consumer, &state.final_stats) {
+                (Some(c), _) => json(&c.stats()),
+                (None, Some(s)) => Ok(s.clone()),
+                (None, None) => Err(WeirErr::closed("the consumer was aborted")),
+            }
+        })?)
+    }
+
+    /// What the next capacity announcement would say, as JSON.
+    fn capacity_json(&self, py: Python<'_>) -> PyResult<String> {
+        let inner = self.inner.clone();
+        Ok(py.detach(move || inner.with(|c| json(&c.capacity())))??)
+    }
+
+    /// The partitions delivered now.
+    fn owned(&self, py: Python<'_>) -> PyResult<Vec<u32>> {
+        let inner = self.inner.clone();
+        Ok(py.detach(move || inner.with(Consumer::owned_now))?)
+    }
+
+    /// Every partition's lease as this worker sees it, as JSON (empty with static
+    /// ownership).
+    fn leases_json(&self, py: Python<'_>) -> PyResult<String> {
+        let inner = self.inner.clone();
+        Ok(py.detach(move || inner.with(|c| json(&c.leases())))??)
+    }
+
+    /// Whether `close()` or `abort()` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.state().consumer.is_none()
+    }
+
+    /// Graceful shutdown on the core (last announcement, unsubscribe, every stream
+    /// ends with `shutdown`, handlers get `grace_s` to finish, leases released); an
+    /// awaitable of the final stats JSON. Idempotent: a second call returns the same.
+    fn close<'py>(&self, py: Python<'py>, grace_s: f64) -> PyResult<Bound<'py, PyAny>> {
+        if !grace_s.is_finite() || !(0.0..=MAX_GRACE_S).contains(&grace_s) {
+            return Err(WeirErr::config(
+                "invalid_argument",
+                format!("grace_s: {grace_s}; allowed 0..={MAX_GRACE_S} seconds"),
+            )
+            .with("key", "grace_s")
+            .into());
+        }
+        let inner = self.inner.clone();
+        let taken = inner.state().consumer.take();
+        runtime::await_core(py, async move {
+            let Some(consumer) = taken else {
+                let state = inner.state();
+                return match &state.final_stats {
+                    Some(s) => Ok(s.clone()),
+                    None => Err(WeirErr::closed("the consumer was aborted")),
+                };
+            };
+            let stats = consumer.shutdown(Duration::from_secs_f64(grace_s)).await;
+            inner.hub.close();
+            let text = json(&stats)?;
+            inner.state().final_stats = Some(text.clone());
+            Ok(text)
+        })
+    }
+
+    /// A crash: no drain, no end to the streams, no lease released, no last
+    /// announcement (for failover drills). Idempotent.
+    fn abort(&self) {
+        let taken = self.inner.state().consumer.take();
+        if let Some(consumer) = taken {
+            // Aborting tasks needs no runtime context; it is immediate.
+            consumer.abort();
+        }
+        self.inner.hub.close();
+    }
+}
+
+/// `weir._weir._StreamLink`: a new stream instance (its identity) and the handle on
+/// its handler's wait. Dropping it (its `weir.Stream` was collected) releases the wait.
+#[pyclass(frozen, module = "weir._weir", name = "_StreamLink")]
+pub struct StreamLink {
+    info: StreamInfo,
+    link: Arc<Link>,
+}
+
+#[pymethods]
+impl StreamLink {
+    /// The stream id.
+    #[getter]
+    fn stream(&self) -> &str {
+        &self.info.stream
+    }
+
+    /// Its partition.
+    #[getter]
+    fn partition(&self) -> u32 {
+        self.info.partition
+    }
+
+    /// The instance number (unique within the consumer).
+    #[getter]
+    fn instance(&self) -> u64 {
+        self.info.instance
+    }
+
+    /// The subject of its first packet.
+    #[getter]
+    fn subject(&self) -> &str {
+        &self.info.subject
+    }
+
+    /// `session_id` of its first packet.
+    #[getter]
+    fn session_id(&self) -> Option<&str> {
+        self.info.session_id.as_deref()
+    }
+
+    /// Asks for the next event (acks the last one).
+    fn ack(&self) {
+        self.link.ack();
+    }
+
+    /// Stops the handler's wait for good (the stream is no longer read).
+    fn release(&self) {
+        self.link.release();
+    }
+}
+
+impl Drop for StreamLink {
+    fn drop(&mut self) {
+        self.link.release();
+    }
 }

@@ -1,0 +1,200 @@
+//! The hub: how the consumer core's per-stream handlers hand their events to Python.
+//!
+//! Each stream instance gets a [`PyHandler`] (the core's [`StreamHandler`]). On each
+//! event it sends `(instance, event)` into the one bounded hub channel and then waits
+//! until the Python side asks for that stream's *next* event (an ack from the Python
+//! iterator's `__anext__`), so the core's per-stream queue bound, its lag (age of the
+//! oldest event not yet taken) and its real-time-factor measurement are driven by the
+//! Python handler's own progress, exactly as for a Rust handler. The first event of an
+//! instance is preceded by an open notice carrying its [`StreamInfo`] and its [`Link`].
+//!
+//! Invariants:
+//! - **Bounded.** At most one event per live stream is in flight (sent, not acked),
+//!   plus at most one open notice per live stream and the `End`s of finished streams
+//!   not yet taken: the channel's capacity ([`capacity_for`]) covers the first two, so
+//!   a handler waits on a full channel only while the Python pump is behind on ends.
+//! - **No GIL on the core.** Handlers only touch the channel and their link's
+//!   semaphore; Python objects are built where a batch is taken (the bridge thread or
+//!   the pump's own call), with the GIL.
+//! - **A dropped Python stream never blocks.** When the Python side releases a link
+//!   (its `Stream` was garbage-collected, or the consumer closed), the handler stops
+//!   waiting and stops sending, except the `End`, so that the pump can forget the
+//!   stream. A link that is held but never acked blocks only its own stream, whose
+//!   queue then overloads under its own bound, as with a slow Rust handler.
+//! - `End` is never waited on: the handler returns at once, its `max_streams` slot is
+//!   freed as soon as the core has handed the end over.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use tokio::sync::{Semaphore, mpsc, watch};
+use weir_audio_consumer::{StreamEvent, StreamHandler, StreamInfo};
+
+/// Hub slack beyond two messages per stream (`End`s waiting to be taken).
+const SLACK: usize = 1_024;
+
+/// The hub channel's capacity for `max_streams`.
+pub fn capacity_for(max_streams: usize) -> usize {
+    max_streams.saturating_mul(2).saturating_add(SLACK)
+}
+
+/// One message to Python.
+pub enum HubMsg {
+    /// A new stream instance (sent just before its first event).
+    Open(StreamInfo, Arc<Link>),
+    /// An event of instance `.0`.
+    Event(u64, StreamEvent),
+}
+
+/// The Python side's handle on one handler's wait.
+#[derive(Debug)]
+pub struct Link {
+    /// One permit per ack; closed when released.
+    acks: Semaphore,
+}
+
+impl Link {
+    fn new() -> Self {
+        Self {
+            acks: Semaphore::new(0),
+        }
+    }
+
+    /// The Python iterator asks for the next event.
+    pub fn ack(&self) {
+        if !self.acks.is_closed() {
+            self.acks.add_permits(1);
+        }
+    }
+
+    /// The Python stream is gone: the handler stops waiting and sending (but the end).
+    pub fn release(&self) {
+        self.acks.close();
+    }
+
+    fn released(&self) -> bool {
+        self.acks.is_closed()
+    }
+}
+
+/// State shared by the hub's handlers and the Python consumer.
+pub struct Hub {
+    tx: mpsc::Sender<HubMsg>,
+    /// The live handlers' links, to release them all when the consumer closes.
+    links: Mutex<HashMap<u64, Weak<Link>>>,
+    /// Set once the consumer is closed: a pending batch wait returns what is left.
+    closed: watch::Sender<bool>,
+}
+
+impl Hub {
+    /// A hub for `max_streams` and its receiving end.
+    pub fn new(max_streams: usize) -> (Arc<Self>, mpsc::Receiver<HubMsg>) {
+        let (tx, rx) = mpsc::channel(capacity_for(max_streams));
+        let hub = Arc::new(Self {
+            tx,
+            links: Mutex::new(HashMap::new()),
+            closed: watch::channel(false).0,
+        });
+        (hub, rx)
+    }
+
+    fn links(&self) -> MutexGuard<'_, HashMap<u64, Weak<Link>>> {
+        self.links.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The core's handler factory: one [`PyHandler`] per stream instance.
+    pub fn factory(self: &Arc<Self>) -> impl Fn(&StreamInfo) -> PyHandler + Send + Sync + 'static {
+        let weak = Arc::downgrade(self);
+        move |info: &StreamInfo| {
+            let link = Arc::new(Link::new());
+            let hub = weak.upgrade();
+            match &hub {
+                Some(h) => {
+                    h.links().insert(info.instance, Arc::downgrade(&link));
+                }
+                // The Python consumer is gone: nothing will ever ack.
+                None => link.release(),
+            }
+            PyHandler {
+                open: Some(info.clone()),
+                instance: info.instance,
+                link,
+                tx: hub.map(|h| h.tx.clone()),
+                hub: weak.clone(),
+            }
+        }
+    }
+
+    /// Releases every live link and marks the hub closed (the consumer closed or
+    /// aborted): no handler waits for Python any more.
+    pub fn close(&self) {
+        let links: Vec<_> = self.links().drain().collect();
+        for (_, link) in links {
+            if let Some(link) = link.upgrade() {
+                link.release();
+            }
+        }
+        self.closed.send_replace(true);
+    }
+
+    /// A receiver of the closed flag.
+    pub fn closed(&self) -> watch::Receiver<bool> {
+        self.closed.subscribe()
+    }
+
+    /// Whether the hub is closed.
+    pub fn is_closed(&self) -> bool {
+        *self.closed.borrow()
+    }
+}
+
+/// The core handler of one stream instance (see the module docs).
+pub struct PyHandler {
+    /// The open notice, sent with the first event.
+    open: Option<StreamInfo>,
+    instance: u64,
+    link: Arc<Link>,
+    /// `None` when the Python consumer was already gone at open.
+    tx: Option<mpsc::Sender<HubMsg>>,
+    hub: Weak<Hub>,
+}
+
+impl StreamHandler for PyHandler {
+    async fn on_event(&mut self, event: StreamEvent) {
+        let is_end = matches!(event, StreamEvent::End(_));
+        let Some(tx) = &self.tx else { return };
+        if self.link.released() && !is_end {
+            // Nobody reads this stream any more: dropped here (counted delivered by
+            // the core, as for a Rust handler that ignores events).
+            return;
+        }
+        if let Some(info) = self.open.take()
+            && tx
+                .send(HubMsg::Open(info, self.link.clone()))
+                .await
+                .is_err()
+        {
+            self.tx = None;
+            return;
+        }
+        if tx.send(HubMsg::Event(self.instance, event)).await.is_err() {
+            self.tx = None;
+            return;
+        }
+        if is_end {
+            return;
+        }
+        // Until Python asks for the next event (or releases the link).
+        if let Ok(permit) = self.link.acks.acquire().await {
+            permit.forget();
+        }
+    }
+}
+
+impl Drop for PyHandler {
+    fn drop(&mut self) {
+        if let Some(hub) = self.hub.upgrade() {
+            hub.links().remove(&self.instance);
+        }
+    }
+}
