@@ -420,6 +420,9 @@ impl Consumer {
     /// an event callback that counts slow-consumer and connection events. Subscribes to
     /// the owned partitions and returns once the server has confirmed them (a round
     /// trip on the same connection, at most 5 s).
+    ///
+    /// `url` is one server URL or a comma-separated list of them (a cluster: tried in
+    /// turn, as the `[nats] url` key of every weir binary).
     pub async fn connect_with<F: HandlerFactory>(
         options: async_nats::ConnectOptions,
         url: &str,
@@ -433,9 +436,20 @@ impl Consumer {
                 shared.on_slow_consumer(sid);
             }
         });
+        let addrs = url
+            .split(',')
+            .map(|u| u.trim().parse::<async_nats::ServerAddr>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|source| {
+                ConsumerError::operation(
+                    ConsumerErrorKind::Connect,
+                    format!("cannot connect to NATS at {url}: invalid server URL"),
+                    source,
+                )
+            })?;
         let client = events
             .attach(options.subscription_capacity(shared.settings.subscription_capacity.get()))
-            .connect(url)
+            .connect(addrs)
             .await
             .map_err(|source| {
                 ConsumerError::operation(

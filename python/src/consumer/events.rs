@@ -128,15 +128,22 @@ impl Gap {
     }
 
     #[classattr]
-    fn __match_args__() -> [&'static str; 6] {
-        [
+    fn __match_args__() -> (
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+    ) {
+        (
             "first_seq",
             "last_seq",
             "frames",
             "samples",
             "cause",
             "reason",
-        ]
+        )
     }
 
     fn _key<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
@@ -207,8 +214,8 @@ impl End {
     }
 
     #[classattr]
-    fn __match_args__() -> [&'static str; 4] {
-        ["cause", "reason", "seq", "last_seq"]
+    fn __match_args__() -> (&'static str, &'static str, &'static str, &'static str) {
+        ("cause", "reason", "seq", "last_seq")
     }
 
     fn _key<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
@@ -289,15 +296,22 @@ impl LossDeclared {
     }
 
     #[classattr]
-    fn __match_args__() -> [&'static str; 6] {
-        [
+    fn __match_args__() -> (
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+    ) {
+        (
             "first_seq",
             "last_seq",
             "frames",
             "total_frames",
             "reason",
             "reclassified_frames",
-        ]
+        )
     }
 
     fn _key<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
