@@ -14,7 +14,7 @@ def runtime_threads() -> Dict[str, int]: ...
 # The Rust side of `weir.consumer` (python/src/consumer/). Events are immutable, compare
 # by value, hash, and support `match` by position (__match_args__).
 
-from typing import Any, List, Optional, Tuple, Union, final
+from typing import Any, List, Optional, Union, final
 
 @final
 class Frame:
@@ -91,7 +91,8 @@ class _StreamLink:
     def ack(self) -> None: ...
     def release(self) -> None: ...
 
-_BatchItem = Union[Tuple[int, Union[Frame, Gap, End, LossDeclared]], _StreamLink]
+# A flat list of pairs: `instance, event`, or `-1, _StreamLink` for a new stream.
+_BatchItem = Union[int, Frame, Gap, End, LossDeclared, _StreamLink]
 
 @final
 class _Consumer:

@@ -135,23 +135,30 @@ class Stream:
     async def __anext__(self) -> Event:
         st = self._state
         if st.unacked:
+            # Asking for the next event: the previous one is handled.
             st.unacked = False
-            self._consumer._ack(self._link)
-        while not st.q:
+            c = self._consumer
+            c._acks.append(self._link)
+            if not c._ack_scheduled:
+                c._ack_scheduled = True
+                c._loop.call_soon(c._flush_acks)
+        q = st.q
+        while not q:
             if st.done:
                 raise StopAsyncIteration
-            self._consumer._check_pump()
-            if self._consumer._pump_done:
+            c = self._consumer
+            if c._pump_done:
+                c._check_pump()
                 raise ClosedError(
                     f"stream {self.id!r}: the consumer is closed", code="closed")
-            fut = asyncio.get_running_loop().create_future()
+            fut = c._loop.create_future()
             st.waiter = fut
             try:
                 await fut
             finally:
                 if st.waiter is fut:
                     st.waiter = None
-        event = st.q.popleft()
+        event = q.popleft()
         if type(event) is End:
             st.done = True
         else:
@@ -350,22 +357,21 @@ class Consumer:
                     batch = await core.next_batch()
                     if batch is None:
                         break
-                for item in batch:
-                    if type(item) is tuple:
-                        instance, event = item
-                        st = states.get(instance)
-                        if st is None:
-                            continue
-                        st.q.append(event)
-                        if type(event) is end_type:
-                            del states[instance]
-                        w = st.waiter
-                        if w is not None:
-                            st.waiter = None
-                            if not w.done():
-                                w.set_result(None)
-                    else:
-                        self._open(item)
+                it = iter(batch)
+                for instance, event in zip(it, it):
+                    st = states.get(instance)
+                    if st is None:
+                        if instance < 0:
+                            self._open(event)
+                        continue
+                    st.q.append(event)
+                    if type(event) is end_type:
+                        del states[instance]
+                    w = st.waiter
+                    if w is not None:
+                        st.waiter = None
+                        if not w.done():
+                            w.set_result(None)
                 # Let the woken iterators run before the next batch.
                 await asyncio.sleep(0)
         except asyncio.CancelledError:

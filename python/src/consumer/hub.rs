@@ -25,9 +25,12 @@
 //!   freed as soon as the core has handed the end over.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::Poll;
 
-use tokio::sync::{Semaphore, mpsc, watch};
+use futures::task::AtomicWaker;
+use tokio::sync::{mpsc, watch};
 use weir_audio_consumer::{StreamEvent, StreamHandler, StreamInfo};
 
 /// Hub slack beyond two messages per stream (`End`s waiting to be taken).
@@ -46,34 +49,58 @@ pub enum HubMsg {
     Event(u64, StreamEvent),
 }
 
-/// The Python side's handle on one handler's wait.
-#[derive(Debug)]
+/// The Python side's handle on one handler's wait: a count of acks not yet taken and
+/// a released flag, with one waker (lock-free: an ack costs an atomic add and a wake).
+#[derive(Debug, Default)]
 pub struct Link {
-    /// One permit per ack; closed when released.
-    acks: Semaphore,
+    acks: AtomicU64,
+    released: AtomicBool,
+    waker: AtomicWaker,
 }
 
 impl Link {
     fn new() -> Self {
-        Self {
-            acks: Semaphore::new(0),
-        }
+        Self::default()
     }
 
     /// The Python iterator asks for the next event.
     pub fn ack(&self) {
-        if !self.acks.is_closed() {
-            self.acks.add_permits(1);
-        }
+        self.acks.fetch_add(1, Ordering::AcqRel);
+        self.waker.wake();
     }
 
     /// The Python stream is gone: the handler stops waiting and sending (but the end).
     pub fn release(&self) {
-        self.acks.close();
+        self.released.store(true, Ordering::Release);
+        self.waker.wake();
     }
 
     fn released(&self) -> bool {
-        self.acks.is_closed()
+        self.released.load(Ordering::Acquire)
+    }
+
+    /// Takes one ack, if there is one.
+    fn take_ack(&self) -> bool {
+        self.acks
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    /// Until an ack is taken or the link is released.
+    async fn acked(&self) {
+        std::future::poll_fn(|cx| {
+            if self.take_ack() || self.released() {
+                return Poll::Ready(());
+            }
+            self.waker.register(cx.waker());
+            // Re-check after registering: an ack between the first check and the
+            // registration woke no one.
+            if self.take_ack() || self.released() {
+                return Poll::Ready(());
+            }
+            Poll::Pending
+        })
+        .await;
     }
 }
 
@@ -185,9 +212,7 @@ impl StreamHandler for PyHandler {
             return;
         }
         // Until Python asks for the next event (or releases the link).
-        if let Ok(permit) = self.link.acks.acquire().await {
-            permit.forget();
-        }
+        self.link.acked().await;
     }
 }
 

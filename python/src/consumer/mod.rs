@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::PyList;
 use tokio::sync::mpsc;
 use weir_audio_consumer::{Consumer, ConsumerConfig, ConsumerError, ConsumerErrorKind, StreamInfo};
 
@@ -34,7 +34,7 @@ use crate::errors::{Kind, WeirErr};
 use crate::runtime;
 use hub::{Hub, HubMsg, Link};
 
-/// Largest batch handed to Python at once.
+/// Largest batch handed to Python at once (messages).
 const MAX_BATCH: usize = 4_096;
 /// Longest accepted `close()` grace period.
 const MAX_GRACE_S: f64 = 3_600.0;
@@ -173,8 +173,9 @@ pub struct PyConsumer {
     inner: Arc<Inner>,
 }
 
-/// A batch of hub messages on its way to Python: a list whose items are
-/// `(instance, event)` tuples or `_StreamLink`s (a new stream).
+/// A batch of hub messages on its way to Python: a flat list of pairs, `instance,
+/// event` for an event and `-1, _StreamLink` for a new stream (flat: no tuple per
+/// event; the pump reads it with `zip(it, it)`).
 struct Batch(Vec<HubMsg>);
 
 impl<'py> IntoPyObject<'py> for Batch {
@@ -183,22 +184,20 @@ impl<'py> IntoPyObject<'py> for Batch {
     type Error = PyErr;
 
     fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let list = PyList::empty(py);
+        let mut items: Vec<Py<PyAny>> = Vec::with_capacity(self.0.len() * 2);
         for msg in self.0 {
             match msg {
                 HubMsg::Open(info, link) => {
-                    list.append(Py::new(py, StreamLink { info, link })?)?;
+                    items.push((-1i64).into_pyobject(py)?.into_any().unbind());
+                    items.push(Py::new(py, StreamLink { info, link })?.into_any());
                 }
                 HubMsg::Event(instance, event) => {
-                    let ev = events::to_python(py, event)?;
-                    list.append(PyTuple::new(
-                        py,
-                        [instance.into_pyobject(py)?.into_any().unbind(), ev],
-                    )?)?;
+                    items.push(instance.into_pyobject(py)?.into_any().unbind());
+                    items.push(events::to_python(py, event)?);
                 }
             }
         }
-        Ok(list)
+        PyList::new(py, items)
     }
 }
 
