@@ -135,6 +135,21 @@ struct Inner {
     state: Mutex<State>,
     hub: Arc<Hub>,
     rx: Arc<tokio::sync::Mutex<mpsc::Receiver<HubMsg>>>,
+    /// To the acker task on the core (see [`acker`]).
+    acks: mpsc::UnboundedSender<Vec<Arc<Link>>>,
+}
+
+/// The acker task: applies the acks Python sends in batches (one wake of this task per
+/// batch; it wakes the handlers from inside the core runtime, which is cheaper than
+/// waking each from the Python thread). Unbounded in type only: each live stream has at
+/// most one event awaiting its ack, so at most `live streams` acks are ever pending.
+/// Ends when the consumer's Python object is gone.
+async fn acker(mut rx: mpsc::UnboundedReceiver<Vec<Arc<Link>>>) {
+    while let Some(batch) = rx.recv().await {
+        for link in batch {
+            link.ack();
+        }
+    }
 }
 
 impl Inner {
@@ -225,6 +240,8 @@ impl PyConsumer {
             })?;
             let url = nats.urls.join(",");
             let (hub, rx) = Hub::new(max_streams);
+            let (acks, acks_rx) = mpsc::unbounded_channel();
+            tokio::spawn(acker(acks_rx));
             let consumer = Consumer::connect_with(options, &url, settings, hub.factory())
                 .await
                 .map_err(consumer_err)?;
@@ -236,6 +253,7 @@ impl PyConsumer {
                     }),
                     hub,
                     rx: Arc::new(tokio::sync::Mutex::new(rx)),
+                    acks,
                 }),
             })
         })
@@ -302,8 +320,9 @@ impl PyConsumer {
         })
     }
 
-    /// Acks each link's last event (the Python iterators asked for their next one).
-    fn ack_many(&self, py: Python<'_>, links: &Bound<'_, PyList>) -> PyResult<()> {
+    /// Acks each link's last event (the Python iterators asked for their next one);
+    /// applied on the core by the acker task.
+    fn ack_many(&self, links: &Bound<'_, PyList>) -> PyResult<()> {
         let mut arcs: Vec<Arc<Link>> = Vec::with_capacity(links.len());
         for item in links.iter() {
             let link = item.cast::<StreamLink>().map_err(|_| {
@@ -311,11 +330,10 @@ impl PyConsumer {
             })?;
             arcs.push(link.get().link.clone());
         }
-        py.detach(|| {
-            for link in arcs {
-                link.ack();
-            }
-        });
+        if !arcs.is_empty() {
+            // Fails only once the acker is gone (the consumer is being dropped).
+            let _ = self.inner.acks.send(arcs);
+        }
         Ok(())
     }
 
