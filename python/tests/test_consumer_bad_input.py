@@ -166,6 +166,8 @@ async def test_a_cancelled_await_loses_nothing(nats_server):
         assert (await asyncio.wait_for(anext(stream), 5)).seq == 1
         waiting = asyncio.create_task(anext(stream))
         await asyncio.sleep(0.1)
+        with pytest.raises(RuntimeError):  # one reader per stream
+            await anext(stream)
         waiting.cancel()
         for seq in (2, 3):
             await nc.publish("bad.x.s2", packet("frame", seq, bytes(640)))

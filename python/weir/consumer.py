@@ -151,6 +151,9 @@ class Stream:
                 c._check_pump()
                 raise ClosedError(
                     f"stream {self.id!r}: the consumer is closed", code="closed")
+            w = st.waiter
+            if w is not None and not w.done():
+                raise RuntimeError(f"stream {self.id!r} is already being read by another task")
             fut = c._loop.create_future()
             st.waiter = fut
             try:
