@@ -16,13 +16,9 @@
 use pyo3::prelude::*;
 
 mod consumer;
-// Until the consumer and producer modules use them.
-#[allow(dead_code)]
 mod errors;
-#[allow(dead_code)]
 mod nats;
 mod producer;
-#[allow(dead_code)]
 mod runtime;
 
 /// The module `weir._weir`.

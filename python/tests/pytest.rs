@@ -79,6 +79,12 @@ macro_rules! pytest_files {
 
 pytest_files! {
     package => "test_package.py",
+    consumer_order => "test_consumer_order.py",
+    consumer_leases => "test_consumer_leases.py",
+    consumer_gil => "test_consumer_gil.py",
+    consumer_bad_input => "test_consumer_bad_input.py",
+    consumer_events => "test_consumer_events.py",
+    consumer_progress => "test_consumer_progress.py",
     producer_stall => "test_producer_stall.py",
     producer_bad_input => "test_producer_bad_input.py",
     producer_cancel => "test_producer_cancel.py",
