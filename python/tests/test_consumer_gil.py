@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import subprocess
 import sys
 import threading
@@ -37,12 +38,16 @@ HB_MS = 100
 
 
 def calibrate(target_s: float) -> int:
-    """N such that sum(range(N)) holds the GIL for about `target_s`."""
-    n = 2_000_000
-    t = time.perf_counter()
-    sum(range(n))
-    per = (time.perf_counter() - t) / n
-    return max(1, int(target_s / per))
+    """N such that sum(range(N)) holds the GIL for at least about `target_s`: the
+    fastest of a few timings (a busy machine makes a timing slower, never faster), so a
+    hold is rather longer than shorter."""
+    n = 3_000_000
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        sum(range(n))
+        best = min(best, time.perf_counter() - t)
+    return max(1, int(target_s / (best / n)))
 
 
 def max_gap(times, lo: float, hi: float) -> float:
@@ -108,11 +113,12 @@ async def test_a_gil_holding_handler_does_not_delay_heartbeats_or_renewals(nats_
 
     assert len(holds) >= 10, holds
     lo, hi = holds[0][0] + 0.3, holds[-1][1]
-    assert sum(b - a for a, b in holds) / len(holds) >= 0.15
+    assert statistics.median(b - a for a, b in holds) >= 0.15, holds[:5]
     assert max(witness) >= 0.18, f"the GIL was not held: longest wait {max(witness):.3f} s"
     hb = max_gap(seen["heartbeats"], lo, hi)
     renew = max_gap(seen["renewals"], lo, hi)
-    print(f"GIL held {len(holds)}× ~{HOLD_S * 1000:.0f} ms; witness thread waited up to "
+    median_hold = statistics.median(b - a for a, b in holds)
+    print(f"GIL held {len(holds)}×, median {median_hold * 1000:.0f} ms; witness thread waited up to "
           f"{max(witness) * 1000:.0f} ms; heartbeat gap max {hb * 1000:.0f} ms "
           f"(interval {HB_MS}); renewal gap max {renew * 1000:.0f} ms (interval 300)")
     assert hb < 0.16, f"heartbeats delayed: {hb * 1000:.0f} ms"

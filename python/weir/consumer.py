@@ -75,13 +75,14 @@ _PUMP_DRAIN_S = 5.0
 class _State:
     """The per-stream state the pump writes and the stream's iterator reads."""
 
-    __slots__ = ("q", "waiter", "unacked", "done")
+    __slots__ = ("q", "waiter", "unacked", "done", "gone")
 
     def __init__(self) -> None:
         self.q: Deque[Any] = deque()
         self.waiter: Optional[asyncio.Future[None]] = None
         self.unacked = False  # an event was returned and not acked yet
         self.done = False  # End was returned
+        self.gone = False  # the core's handler ended without an End
 
 
 class Stream:
@@ -147,7 +148,11 @@ class Stream:
             if st.done:
                 raise StopAsyncIteration
             c = self._consumer
-            if c._pump_done:
+            if st.gone and not c._closed:
+                raise InternalError(
+                    f"stream {self.id!r}: its handler in the core ended without an End "
+                    "(a bug: please report it)", code="handler_gone")
+            if c._pump_done or st.gone:
                 c._check_pump()
                 raise ClosedError(
                     f"stream {self.id!r}: the consumer is closed", code="closed")
@@ -367,7 +372,11 @@ class Consumer:
                         if instance < 0:
                             self._open(event)
                         continue
-                    st.q.append(event)
+                    if event is None:  # the handler ended without an End
+                        del states[instance]
+                        st.gone = True
+                    else:
+                        st.q.append(event)
                     if type(event) is end_type:
                         del states[instance]
                     w = st.waiter

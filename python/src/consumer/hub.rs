@@ -47,6 +47,9 @@ pub enum HubMsg {
     Open(StreamInfo, Arc<Link>),
     /// An event of instance `.0`.
     Event(u64, StreamEvent),
+    /// Instance `.0`'s handler ended without handing over an `End` (its task was
+    /// aborted, or panicked): its Python iterator must not wait for ever.
+    Gone(u64),
 }
 
 /// The Python side's handle on one handler's wait: a count of acks not yet taken and
@@ -147,6 +150,8 @@ impl Hub {
                 instance: info.instance,
                 link,
                 tx: hub.map(|h| h.tx.clone()),
+                opened: false,
+                ended: false,
                 hub: weak.clone(),
             }
         }
@@ -183,6 +188,10 @@ pub struct PyHandler {
     link: Arc<Link>,
     /// `None` when the Python consumer was already gone at open.
     tx: Option<mpsc::Sender<HubMsg>>,
+    /// The open notice was handed over.
+    opened: bool,
+    /// The `End` was handed over.
+    ended: bool,
     hub: Weak<Hub>,
 }
 
@@ -195,20 +204,23 @@ impl StreamHandler for PyHandler {
             // the core, as for a Rust handler that ignores events).
             return;
         }
-        if let Some(info) = self.open.take()
-            && tx
+        if let Some(info) = self.open.take() {
+            if tx
                 .send(HubMsg::Open(info, self.link.clone()))
                 .await
                 .is_err()
-        {
-            self.tx = None;
-            return;
+            {
+                self.tx = None;
+                return;
+            }
+            self.opened = true;
         }
         if tx.send(HubMsg::Event(self.instance, event)).await.is_err() {
             self.tx = None;
             return;
         }
         if is_end {
+            self.ended = true;
             return;
         }
         // Until Python asks for the next event (or releases the link).
@@ -220,6 +232,15 @@ impl Drop for PyHandler {
     fn drop(&mut self) {
         if let Some(hub) = self.hub.upgrade() {
             hub.links().remove(&self.instance);
+        }
+        // Ended without an `End` (aborted or panicked): tell the Python side, without
+        // waiting (a full hub means the pump is gone or far behind; the consumer's
+        // close then ends the iterator).
+        if self.opened
+            && !self.ended
+            && let Some(tx) = &self.tx
+        {
+            let _ = tx.try_send(HubMsg::Gone(self.instance));
         }
     }
 }

@@ -189,8 +189,9 @@ pub struct PyConsumer {
 }
 
 /// A batch of hub messages on its way to Python: a flat list of pairs, `instance,
-/// event` for an event and `-1, _StreamLink` for a new stream (flat: no tuple per
-/// event; the pump reads it with `zip(it, it)`).
+/// event` for an event, `-1, _StreamLink` for a new stream and `instance, None` for a
+/// handler that ended without an `End` (flat: no tuple per event; the pump reads it
+/// with `zip(it, it)`).
 struct Batch(Vec<HubMsg>);
 
 impl<'py> IntoPyObject<'py> for Batch {
@@ -209,6 +210,10 @@ impl<'py> IntoPyObject<'py> for Batch {
                 HubMsg::Event(instance, event) => {
                     items.push(instance.into_pyobject(py)?.into_any().unbind());
                     items.push(events::to_python(py, event)?);
+                }
+                HubMsg::Gone(instance) => {
+                    items.push(instance.into_pyobject(py)?.into_any().unbind());
+                    items.push(py.None());
                 }
             }
         }
