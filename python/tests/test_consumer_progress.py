@@ -56,6 +56,7 @@ async def test_lag_and_bounds_follow_the_python_handler(nats_server):
                 held.append(stream)  # held, never iterated
             else:
                 asyncio.create_task(read(stream, 0.05 if stream.id == "slow" else 0.0))
+            del stream  # `held` is the only reference to the unread one
 
     async def sample() -> None:
         while True:
