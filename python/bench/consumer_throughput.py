@@ -22,10 +22,11 @@ medians over rounds of the CPU per frame of each and their ratio (target: weir �
 plain). Use a release wheel for figures: ``scripts/build-python-wheel --release``.
 Every wait is bounded.
 
-Measured (release wheel, 2-core shared machine, 1,000 streams × 50 frames/s, 5
-alternating rounds of 10 s, medians): weir 8.3–8.8 µs/frame (Python thread ~4.1, core
-threads ~3.8, bridge ~0.65) beside plain nats-py 8.1–8.3 µs/frame: 1.03–1.06× over
-three runs (rounds between 1.00× and 1.08×); no frame lost or dropped. What the rest
+Measured (release wheel, 2-core machine shared with other work, 1,000 streams × 50
+frames/s, two runs of 5 alternating 10 s rounds): weir 8.3 µs/frame median (Python
+thread ~3.9, core threads ~3.6, bridge ~0.6) beside plain nats-py 7.9–8.1 µs/frame;
+ratio medians 0.96× and 1.05× (the ten rounds 0.93–1.08×, median 1.015×): at the
+target, not reliably under it. No frame lost or dropped. What the rest
 costs: asyncio's wake of each stream's task per event (a Future, a Handle, a task
 step: ~2 µs of the Python share, inherent in one task per stream) and, on the core,
 the handler task's second wake per frame (it returns from its call only when the
