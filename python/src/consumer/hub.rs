@@ -13,9 +13,9 @@
 //!   plus at most one open notice per live stream and the `End`s of finished streams
 //!   not yet taken: the channel's capacity ([`capacity_for`]) covers the first two, so
 //!   a handler waits on a full channel only while the Python pump is behind on ends.
-//! - **No GIL on the core.** Handlers only touch the channel and their link's
-//!   ack counter (acks arrive from the consumer's acker task); Python objects are built where a batch is taken (the bridge thread or
-//!   the pump's own call), with the GIL.
+//! - **No GIL on the core.** Handlers only touch the channel and their link's ack
+//!   counter (acks arrive from the consumer's acker task); Python objects are built
+//!   where a batch is taken (the bridge thread or the pump's own call), with the GIL.
 //! - **A dropped Python stream never blocks.** When the Python side releases a link
 //!   (its `Stream` was garbage-collected, or the consumer closed), the handler stops
 //!   waiting and stops sending, except the `End`, so that the pump can forget the
