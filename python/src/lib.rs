@@ -27,6 +27,7 @@ fn _weir(m: &Bound<'_, PyModule>) -> PyResult<()> {
     runtime::init_bridge();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(runtime::runtime_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(runtime::_panic_probe, m)?)?;
     consumer::register(m)?;
     producer::register(m)?;
     Ok(())

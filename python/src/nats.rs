@@ -24,23 +24,13 @@ pub fn config_from_json(json: &str) -> Result<NatsConfig, WeirErr> {
     if let Some(obj) = value.as_object_mut()
         && let Some(servers) = obj.remove("servers")
     {
-        let url = match servers {
-            serde_json::Value::Array(list) => list
-                .iter()
-                .map(|s| s.as_str().map(str::to_owned))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| {
-                    WeirErr::config("invalid_config", "nats.servers: a list of URL strings")
-                })?
-                .join(","),
-            serde_json::Value::String(s) => s,
-            _ => {
-                return Err(WeirErr::config(
-                    "invalid_config",
-                    "nats.servers: a URL string or a list of them",
-                ));
-            }
-        };
+        let url = server_list(&servers).ok_or_else(|| {
+            WeirErr::config(
+                "invalid_config",
+                "nats.servers: a URL string or a non-empty list of URL strings",
+            )
+            .with("key", "servers")
+        })?;
         obj.insert("url".into(), url.into());
     }
     let section: NatsSection = serde_json::from_value(value)
@@ -48,4 +38,20 @@ pub fn config_from_json(json: &str) -> Result<NatsConfig, WeirErr> {
     section
         .validate(NatsConfig::named(DEFAULT_CLIENT_NAME))
         .map_err(|e| WeirErr::config("invalid_config", e.to_string()))
+}
+
+/// `servers` as the comma-separated `url` key: a non-empty string, or a non-empty list of
+/// non-empty strings. `None` otherwise — an empty `url` would mean "unset" to the
+/// section, and so the default server, which the caller did not name.
+fn server_list(servers: &serde_json::Value) -> Option<String> {
+    let list: Vec<&str> = match servers {
+        serde_json::Value::String(s) => vec![s.as_str()],
+        serde_json::Value::Array(items) => items
+            .iter()
+            .map(serde_json::Value::as_str)
+            .collect::<Option<_>>()?,
+        _ => return None,
+    };
+    let nonempty = !list.is_empty() && list.iter().all(|s| !s.trim().is_empty());
+    nonempty.then(|| list.join(","))
 }

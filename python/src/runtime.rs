@@ -18,9 +18,14 @@
 //! acknowledges them by index, the consumer's batches go to an internal pump task that
 //! only `close` cancels.
 
+use std::any::Any;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::OnceLock;
 
+use futures::FutureExt;
+
+use pyo3::IntoPyObjectExt;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tokio::runtime::{Builder, Handle, Runtime};
@@ -67,8 +72,7 @@ pub fn init_bridge() {
 ///
 /// The operation runs to completion even when the Python `await` is cancelled (the
 /// bridge only stops waiting for it): operations that create something (a connection,
-/// a stream) must release it themselves when their result is not taken — see
-/// `Completion` users.
+/// a stream) must release it themselves when their result is not taken.
 pub fn await_core<'py, F, T>(py: Python<'py>, op: F) -> PyResult<Bound<'py, PyAny>>
 where
     F: Future<Output = Result<T, WeirErr>> + Send + 'static,
@@ -76,10 +80,14 @@ where
 {
     let task = core()?.spawn(op);
     pyo3_async_runtimes::tokio::future_into_py(py, async move {
-        match task.await {
-            Ok(result) => result.map_err(PyErr::from),
-            Err(e) => Err(WeirErr::internal(format!("a weir task failed: {e}")).into()),
-        }
+        Ok(Outcome(match task.await {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => Err(WeirErr::internal(format!(
+                "a weir task panicked: {}",
+                panic_message(e.into_panic().as_ref())
+            ))),
+            Err(e) => Err(WeirErr::internal(format!("a weir task failed: {e}"))),
+        }))
     })
 }
 
@@ -92,7 +100,47 @@ where
     F: Future<Output = Result<T, WeirErr>> + Send + 'static,
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
-    pyo3_async_runtimes::tokio::future_into_py(py, async move { fut.await.map_err(PyErr::from) })
+    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        Ok(Outcome(match AssertUnwindSafe(fut).catch_unwind().await {
+            Ok(result) => result,
+            Err(panic) => Err(WeirErr::internal(format!(
+                "a weir operation panicked: {}",
+                panic_message(panic.as_ref())
+            ))),
+        }))
+    })
+}
+
+/// The result of an awaited operation, converted to Python by pyo3-async-runtimes when
+/// it completes the asyncio future — on its blocking thread, which may wait for the
+/// GIL — so that an error, like a value, becomes a Python object there and never on a
+/// runtime worker (a `WeirErr` needs the GIL to become a `weir.errors` exception).
+/// A panic is reported as `InternalError` (code `internal`), never as pyo3's
+/// `PanicException` (a `BaseException`).
+pub struct Outcome<T>(pub Result<T, WeirErr>);
+
+impl<'py, T: IntoPyObject<'py>> IntoPyObject<'py> for Outcome<T> {
+    type Target = PyAny;
+    type Output = Bound<'py, PyAny>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> Result<Self::Output, PyErr> {
+        match self.0 {
+            Ok(value) => value.into_bound_py_any(py),
+            Err(e) => Err(e.to_pyerr(py)),
+        }
+    }
+}
+
+/// The text of a panic payload.
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(no message)".to_owned()
+    }
 }
 
 /// `weir._weir.runtime_threads()`: the names of the extension's runtimes and their
@@ -103,4 +151,23 @@ pub fn runtime_threads(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("core", CORE_THREADS)?;
     d.set_item("bridge", 1)?;
     Ok(d)
+}
+
+/// `weir._weir._panic_probe(awaited)`: panics on purpose, for the test that shows what
+/// a panic inside weir becomes in Python — awaited (`True`): `weir.errors.InternalError`
+/// (code `internal`) from the awaitable; called (`False`): PyO3's `PanicException`
+/// raised by the call. Nothing else calls it.
+#[pyfunction]
+#[allow(clippy::panic)]
+pub fn _panic_probe(py: Python<'_>, awaited: bool) -> PyResult<Bound<'_, PyAny>> {
+    if awaited {
+        await_bridge(py, async {
+            if std::hint::black_box(true) {
+                panic!("panic probe (awaited)");
+            }
+            Ok(())
+        })
+    } else {
+        panic!("panic probe (called)")
+    }
 }

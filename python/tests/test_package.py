@@ -51,3 +51,18 @@ def test_sources_and_installed_package_match() -> None:
     installed = pathlib.Path(errors.__file__)
     assert installed.read_bytes() == here.read_bytes()
     assert "site-packages" in str(installed)
+
+
+async def test_a_rust_panic_is_a_python_exception() -> None:
+    # Awaited: the bridge catches it and raises InternalError (an Exception, code
+    # "internal"), never pyo3's PanicException, a BaseException that `except Exception`
+    # would let through.
+    with pytest.raises(errors.InternalError) as info:
+        await weir._weir._panic_probe(True)
+    assert info.value.code == "internal" and "panic probe (awaited)" in info.value.message
+    # Called: PyO3 turns it into its PanicException, raised by the call; the process
+    # and the runtimes carry on.
+    with pytest.raises(BaseException) as called:
+        weir._weir._panic_probe(False)
+    assert type(called.value).__name__ == "PanicException"
+    assert weir._weir.runtime_threads()["core"] == 2

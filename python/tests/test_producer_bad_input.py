@@ -84,6 +84,10 @@ async def test_nats_and_argument_errors():
             {"servers": "nats://127.0.0.1:1", "max_age_ms": object()},
             {"servers": "nats://127.0.0.1:1", "max_rate": float("nan")},
             {"servers": ["nats://127.0.0.1:1", 5]},
+            # Empty means no server named, not the default one.
+            {"servers": []},
+            {"servers": ""},
+            {"servers": ["nats://127.0.0.1:1", " "]},
         ):
             with pytest.raises(ConfigError):
                 await weir.Producer.connect(**kwargs)
@@ -214,5 +218,8 @@ async def test_push_after_end_double_end_and_closed_producer(nats_server):
             await producer.close(grace_s=-1)
         with pytest.raises(ConfigError):
             await producer.close(grace_s="soon")  # type: ignore[arg-type]
+        for grace in (True, float("nan"), float("inf"), 10**400):
+            with pytest.raises(ConfigError):
+                await producer.close(grace_s=grace)
         # OverloadError and friends stay WeirErrors.
         assert issubclass(OverloadError, weir.WeirError)

@@ -4,11 +4,12 @@ Application code uses the public modules (`weir`, `weir.consumer`, `weir.produce
 `weir.llm`); these classes are their implementation.
 """
 
-from typing import Dict
+from typing import Any, Dict
 
 __version__: str
 
 def runtime_threads() -> Dict[str, int]: ...
+def _panic_probe(awaited: bool) -> Any: ...
 
 # --- consumer ---
 # The Rust side of `weir.consumer` (python/src/consumer/). Events are immutable, compare

@@ -269,10 +269,15 @@ impl Producer {
         py: Python<'py>,
         grace_s: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let grace: f64 = grace_s.extract().map_err(|_| {
-            WeirErr::config("invalid_config", "grace_s must be a number of seconds")
-                .with("key", "grace_s")
-        })?;
+        // A bool is an int to Python; `close(True)` is a mistake, not one second.
+        let not_bool = !grace_s.is_instance_of::<pyo3::types::PyBool>();
+        let grace: f64 = not_bool
+            .then(|| grace_s.extract().ok())
+            .flatten()
+            .ok_or_else(|| {
+                WeirErr::config("invalid_config", "grace_s must be a number of seconds")
+                    .with("key", "grace_s")
+            })?;
         if !(0.0..=MAX_GRACE_S).contains(&grace) {
             return Err(WeirErr::config(
                 "invalid_config",
