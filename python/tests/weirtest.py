@@ -2,8 +2,9 @@
 3-node JetStream cluster) and the real `audio-ingress` binary, like weir-testkit does for
 the Rust tests.
 
-- No port races: a server picks its own ports (``-p -1``) and reports them in a ports
-  file; a cluster first probes free ports that way, then starts its nodes on them.
+- No port races for one server: it picks its own ports (``-p -1``) and reports them in
+  a ports file. A cluster first probes free ports that way, then starts its nodes on
+  them; a port taken in between fails that start, which is then tried again.
 - Ready means ready: ``start`` returns after the server answered ``INFO`` (a cluster:
   after ``/healthz`` answers ok on every node); the ingress after ``/readyz`` answers 200.
 - No orphans: every process is killed (after SIGCONT when paused) by ``stop()``, which
@@ -174,7 +175,21 @@ class NatsCluster:
     """A 3-node (or ``size``) JetStream cluster on loopback, ready when every node's
     ``/healthz`` says ok."""
 
+    # The ports are probed by servers that pick their own and then stop; another
+    # process may take one in between. Then a node fails with "address already in use"
+    # and the whole start is tried again, with new ports (as weir-testkit does).
+    LAUNCH_ATTEMPTS = 3
+
     def __init__(self, size: int = 3) -> None:
+        for attempt in range(self.LAUNCH_ATTEMPTS):
+            try:
+                self._start(size)
+                return
+            except RuntimeError as e:
+                if "address already in use" not in str(e) or attempt + 1 == self.LAUNCH_ATTEMPTS:
+                    raise
+
+    def _start(self, size: int) -> None:
         probes = []
         try:
             for i in range(size):
