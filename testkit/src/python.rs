@@ -29,3 +29,30 @@ pub fn python() -> PathBuf {
          scripts/ensure-python-env work (needs python3 with venv: apt-get install python3-venv)"
     );
 }
+
+/// The Python with the `weir` package (python/) installed, for tests that run scripts
+/// importing it (the `weir.llm` client checks): runs `scripts/build-python-wheel`
+/// (idempotent: a stamp of its inputs and an flock, so it is a no-op when the wheel is
+/// current, as after `scripts/test` built it, and parallel tests build it once) and
+/// returns the interpreter it installed into, `target/py/bin/python`. Once per process.
+/// Panics with the script's output when the build fails.
+pub fn weir_python() -> PathBuf {
+    static PYTHON: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+            let out = Command::new("bash")
+                .arg(root.join("scripts/build-python-wheel"))
+                .current_dir(&root)
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run scripts/build-python-wheel: {e}"));
+            assert!(
+                out.status.success(),
+                "scripts/build-python-wheel failed (the weir package is needed):\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            root.join("target/py/bin/python")
+        })
+        .clone()
+}

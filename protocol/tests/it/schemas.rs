@@ -8,9 +8,10 @@
 //!   valid against its schema; `golden/json/invalid/<schema>/*.json` must be refused;
 //! - the audio golden packets (`golden/*.bin`, written by the deployed Python producer
 //!   code): each JSON meta is valid exactly when the decoder accepts the meta;
-//! - the Python client (`clients/python/weir_llm.py`): the headers it sends validate, and
-//!   the error replies of the schema (every code, plain and enveloped) are read by its
-//!   refusal handling as what they say.
+//! - the Python client (`weir.llm` of the installed `weir` package, run by
+//!   `support::run_weir_python`): the headers it sends validate, and the error replies
+//!   of the schema (every code, plain and enveloped) are read by its refusal handling as
+//!   what they say.
 //!
 //! Validator: the Python `jsonschema` package (`tests/python/validate.py`, run by
 //! `support::python`: `WEIR_PYTHON`, else the environment `scripts/ensure-python-env`
@@ -778,7 +779,7 @@ fn client_script() -> PathBuf {
 
 #[test]
 fn the_python_clients_request_headers_validate() {
-    let out = support::run_python(&[client_script().as_os_str(), "headers".as_ref()], None);
+    let out = support::run_weir_python(&[client_script().as_os_str(), "headers".as_ref()], None);
     let mut batch = Batch::default();
     let mut n = 0;
     for line in out.lines() {
@@ -845,7 +846,7 @@ fn the_python_client_reads_every_schema_valid_error_reply() {
     let stdin = serde_json::to_vec(&input).expect("json");
     let args = [client_script().into_os_string(), "refusals".into()];
     let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
-    let out = support::run_python(&args, Some(&stdin));
+    let out = support::run_weir_python(&args, Some(&stdin));
     let seen: Vec<Value> = out
         .lines()
         .map(|l| serde_json::from_str(l).expect("json"))

@@ -35,11 +35,45 @@ pub fn python() -> PathBuf {
     );
 }
 
+/// The Python with the `weir` package (python/) installed, for scripts importing
+/// `weir.llm`: runs `scripts/build-python-wheel` (idempotent: a stamp of its inputs and
+/// an flock; a no-op when the wheel is current, as after `scripts/test` built it) and
+/// returns the interpreter it installed into, `target/py/bin/python`. Once per process.
+/// (weir-testkit has the same, `weir_testkit::python::weir_python`.)
+pub fn weir_python() -> PathBuf {
+    static PYTHON: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+            let out = Command::new("bash")
+                .arg(root.join("scripts/build-python-wheel"))
+                .current_dir(&root)
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run scripts/build-python-wheel: {e}"));
+            assert!(
+                out.status.success(),
+                "scripts/build-python-wheel failed (the weir package is needed):\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            root.join("target/py/bin/python")
+        })
+        .clone()
+}
+
 /// Runs Python with `args` (and `stdin`, if given); panics with its output unless it
 /// succeeds. Returns its stdout.
 pub fn run_python(args: &[&OsStr], stdin: Option<&[u8]>) -> String {
-    let py = python();
-    let mut child = Command::new(&py)
+    run_python_with(&python(), args, stdin)
+}
+
+/// [`run_python`] in the Python of [`weir_python`] (the `weir` package installed).
+pub fn run_weir_python(args: &[&OsStr], stdin: Option<&[u8]>) -> String {
+    run_python_with(&weir_python(), args, stdin)
+}
+
+fn run_python_with(py: &Path, args: &[&OsStr], stdin: Option<&[u8]>) -> String {
+    let mut child = Command::new(py)
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

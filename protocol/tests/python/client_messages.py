@@ -1,19 +1,16 @@
 #!/usr/bin/env python3
-"""What the Python client (clients/python/weir_llm.py) sends and how it reads refusals,
-for protocol/tests/schemas.rs. Standard library only (weir_llm imports nats lazily).
+"""What the Python client (`weir.llm` of the installed `weir` package) sends and how it
+reads refusals, for protocol/tests/it/schemas.rs (run in the Python where
+scripts/build-python-wheel installed the package; weir.llm imports nats lazily).
 
     python3 client_messages.py headers   # one JSON object per line: request headers
     python3 client_messages.py refusals  # stdin: JSON list of {"headers", "body"} error
                                          # replies; prints what LlmError holds for each
 """
 import json
-import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "clients", "python"))
-
-import weir_llm  # noqa: E402
+from weir import llm as weir_llm
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 

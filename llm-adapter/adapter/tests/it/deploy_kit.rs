@@ -395,23 +395,22 @@ async fn malformed_messages_from_a_caller_lose_no_request() {
     assert_eq!(kit.disconnects().await, 0, "adapter disconnects");
 }
 
-/// Runs tests/py/deploy_kit_caller.py (the Python client as `caller`) with nats-py's
-/// `inbox_prefix`; its JSON summary.
+/// Runs tests/py/deploy_kit_caller.py (the Python client, `weir.llm` of the installed
+/// `weir` package, as `caller`) with nats-py's `inbox_prefix`; its JSON summary.
 async fn python_caller(kit: &Kit, inbox_prefix: &str) -> serde_json::Value {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let script = root.join("tests/py/deploy_kit_caller.py");
-    let module_dir = root.join("../../clients/python");
-    let py = weir_testkit::python::python();
     let url = kit.server.url().to_owned();
     let prefix = inbox_prefix.to_owned();
     let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(&py)
+        std::process::Command::new(weir_testkit::python::weir_python())
             .arg(&script)
             .args(["--nats", &url, "--inbox-prefix", &prefix])
-            .env("PYTHONPATH", &module_dir)
             .output()
     });
-    let out = tokio::time::timeout(Duration::from_secs(60), out)
+    // The bound includes building the wheel when it is not current (a no-op after
+    // scripts/test built it).
+    let out = tokio::time::timeout(Duration::from_secs(300), out)
         .await
         .expect("the script ends in time")
         .expect("join")

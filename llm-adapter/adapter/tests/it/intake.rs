@@ -1510,9 +1510,10 @@ async fn an_answer_is_kept_before_its_request_is_acknowledged() {
     a.shutdown().await;
 }
 
-/// The Python client's durable mode (`clients/python/weir_llm.py`, nats-py) against the
-/// binary on the durable intake. Python: `weir_testkit::python::python()`
-/// (`WEIR_PYTHON`, with nats-py).
+/// The Python client's durable mode (`weir.llm` of the installed `weir` package,
+/// nats-py) against the binary on the durable intake. Python:
+/// `weir_testkit::python::weir_python()` (where `scripts/build-python-wheel` installed
+/// the package).
 #[tokio::test]
 async fn python_client_durable_mode_against_the_binary() {
     let server = js_server();
@@ -1526,17 +1527,16 @@ async fn python_client_durable_mode_against_the_binary() {
     let (_child, admin) = replica(server.url(), &cfg).await;
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let script = root.join("tests/py/durable_check.py");
-    let module_dir = root.join("../../clients/python");
-    let py = weir_testkit::python::python();
     let url = server.url().to_owned();
     let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(&py)
+        std::process::Command::new(weir_testkit::python::weir_python())
             .arg(&script)
             .args(["--nats", &url])
-            .env("PYTHONPATH", &module_dir)
             .output()
     });
-    let out = tokio::time::timeout(Duration::from_secs(60), out)
+    // The bound includes building the wheel when it is not current (a no-op after
+    // scripts/test built it).
+    let out = tokio::time::timeout(Duration::from_secs(300), out)
         .await
         .expect("the script ends in time")
         .expect("join")

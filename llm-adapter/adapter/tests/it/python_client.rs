@@ -1,9 +1,9 @@
-//! The Python client module (`clients/python/weir_llm.py`, nats-py) against the real
-//! `llm-adapter` binary and a real nats-server: a streamed request that waits
+//! The Python client (`weir.llm` of the installed `weir` package, nats-py) against the
+//! real `llm-adapter` binary and a real nats-server: a streamed request that waits
 //! (queued → started → chunks → end), refusals as `LlmError` (plain and envelope
 //! bodies), `llm.status`, the unary call. The script asserts; this test checks its
-//! summary again. Python: `weir_testkit::python::python()` (`WEIR_PYTHON`, as
-//! `scripts/test` exports, with nats-py).
+//! summary again. Python: `weir_testkit::python::weir_python()` (the project's
+//! environment, where `scripts/build-python-wheel` installed the package).
 
 use crate::common;
 
@@ -28,17 +28,16 @@ async fn python_client_streams_queued_started_chunks_end_and_gets_refusals() {
 
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let script = root.join("tests/py/client_check.py");
-    let module_dir = root.join("../../clients/python");
-    let py = weir_testkit::python::python();
     let url = server.url().to_owned();
     let out = tokio::task::spawn_blocking(move || {
-        Command::new(&py)
+        Command::new(weir_testkit::python::weir_python())
             .arg(&script)
             .args(["--nats", &url])
-            .env("PYTHONPATH", &module_dir)
             .output()
     });
-    let out = tokio::time::timeout(std::time::Duration::from_secs(60), out)
+    // The bound includes building the wheel when it is not current (a no-op after
+    // scripts/test built it).
+    let out = tokio::time::timeout(std::time::Duration::from_secs(300), out)
         .await
         .expect("the script ends in time")
         .expect("join")

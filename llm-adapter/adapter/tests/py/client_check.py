@@ -1,8 +1,11 @@
-"""The Python client (clients/python/weir_llm.py) against the real adapter binary.
+"""The Python client (`weir.llm` of the installed `weir` package) against the real
+adapter binary.
 
-Run by `cargo test -p weir-llm-adapter --test python_client`, which starts a
-nats-server and `llm-adapter serve` with `workers = 1`, `queue_capacity = 1` and the
-sim backend streaming (10 ms to the first token, 200 tokens/s), then runs:
+Run by `cargo test -p weir-llm-adapter --test it python_client::` (in the Python of
+`weir_testkit::python::weir_python()`, where scripts/build-python-wheel installed the
+package), which starts a nats-server and `llm-adapter serve` with `workers = 1`,
+`queue_capacity = 1` and the sim backend streaming (10 ms to the first token,
+200 tokens/s), then runs:
 
     python client_check.py --nats nats://127.0.0.1:PORT
 
@@ -21,7 +24,7 @@ import json
 
 import nats
 
-import weir_llm
+from weir import llm as weir_llm
 
 
 def stream_body(tokens: int) -> bytes:

@@ -1,6 +1,7 @@
-"""The Python client as the example deploy kit's `caller` user.
+"""The Python client (`weir.llm` of the installed `weir` package) as the example deploy
+kit's `caller` user.
 
-Run by `cargo test -p weir-llm-adapter --test deploy_kit` against a nats-server
+Run by `cargo test -p weir-llm-adapter --test it deploy_kit::` against a nats-server
 loading deploy/nats-server.conf and `llm-adapter serve` as `llm-adapter`:
 
     python deploy_kit_caller.py --nats nats://127.0.0.1:PORT [--inbox-prefix P]
@@ -18,7 +19,7 @@ import json
 
 import nats
 
-import weir_llm
+from weir import llm as weir_llm
 
 
 async def main() -> None:

@@ -1,13 +1,15 @@
-"""The Python client's durable mode against the adapter binary on the durable intake:
-a unary request through the stream, a retry with the same id (the first answer, not a
-second run), a request without an id, a refusal as `LlmError`. Prints one JSON summary."""
+"""The Python client's durable mode (`weir.llm` of the installed `weir` package) against
+the adapter binary on the durable intake: a unary request through the stream, a retry
+with the same id (the first answer, not a second run), a request without an id, a
+refusal as `LlmError`. Prints one JSON summary."""
 
 import argparse
 import asyncio
 import json
 
 import nats
-import weir_llm
+
+from weir import llm as weir_llm
 
 
 async def main() -> None:

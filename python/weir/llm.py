@@ -1,25 +1,60 @@
-"""A small Python client for the weir LLM adapter (nats-py 2.x), for deployed services.
+"""`weir.llm`: the client of the weir LLM adapter, on the application's own nats-py connection.
 
-Copy this file next to your code, or put `clients/python` on `PYTHONPATH`. It speaks
-the wire contract of docs/protocol.md sections 7-9 and docs/llm-adapter.md: metadata in
-`Weir-*` NATS headers, the body passed unchanged, errors as the usual error reply.
+It speaks the wire contract of docs/protocol.md sections 7-9 and docs/llm-adapter.md:
+metadata in `Weir-*` NATS headers, the body passed unchanged, errors as the usual error
+reply.
 
-    import nats, weir_llm
+    import nats
+    from weir import llm
 
     nc = await nats.connect("nats://127.0.0.1:4222")
-    llm = weir_llm.LlmClient(nc)                      # subjects llm.infer, llm.cancel, llm.status
-    reply = await llm.request(b'{"messages": []}', timeout_ms=2000)
-    async for ev in llm.stream(b'{"stream": true, "messages": []}',
-                               request_id="call-42:turn-7", timeout_ms=20000):
-        if isinstance(ev, weir_llm.Queued):  print("position", ev.position)
-        elif isinstance(ev, weir_llm.Started): print("started after", ev.queue_ms, "ms")
-        elif isinstance(ev, weir_llm.Chunk):   handle(ev.data)   # SSE events, unchanged
-        elif isinstance(ev, weir_llm.End):     print("ttft", ev.ttft_ms, "ms")
+    client = llm.LlmClient(nc)                        # subjects llm.infer, llm.cancel, llm.status
+    reply = await client.request(b'{"messages": []}', timeout_ms=2000)
+    async for ev in client.stream(b'{"stream": true, "messages": []}',
+                                  request_id="call-42:turn-7", timeout_ms=20000):
+        if isinstance(ev, llm.Queued):    print("position", ev.position)
+        elif isinstance(ev, llm.Started): print("started after", ev.queue_ms, "ms")
+        elif isinstance(ev, llm.Chunk):   handle(ev.data)   # SSE events, unchanged
+        elif isinstance(ev, llm.End):     print("ttft", ev.ttft_ms, "ms")
 
-Every failure raises `LlmError` with `code` (the adapter's error code such as
-`queue_full`, or a client-side `timed_out`, `no_responders`, `invalid_reply`),
-`message`, `details` (the numbers: `limit`, `retry_after_ms`, ...) and, when the request
-body was the deployed envelope, `envelope` (the response envelope, `ok: false`).
+Why a Python module and not a binding of the Rust client (`weir-llm-client`): this
+client is a thin codec of headers over NATS request/reply; it keeps no protocol state
+beyond one call (the chunk sequence it checks, the acknowledgement it sends back).
+Keeping it on the application's nats-py connection keeps what belongs to the
+application the application's: its authentication (user, creds, TLS), its
+`inbox_prefix` (which decides whether a reply can reach it at all, see below), and its
+asyncio loop, with no second NATS connection and no second runtime per process. The
+stateful stream cores (`weir.Consumer`, `weir.Producer`: order, gaps, leases, windows,
+confirmations) are the ones bound from Rust, because re-implementing them in Python
+would be a second implementation of the protocol. The wire contract this module speaks
+is checked against the adapter's JSON Schemas (protocol/tests/it/schemas.rs) and
+against the real binary (llm-adapter/adapter/tests/it/python_client.rs, intake.rs,
+deploy_kit.rs, and python/tests/test_llm_session_cap.py).
+
+Every failure raises `LlmError` (a `weir.errors.WeirError`) with `code` (the adapter's
+error code such as `queue_full`, or a client-side `timed_out`, `no_responders`,
+`invalid_reply`, `transport`), `message`, `details` (the numbers: `limit`,
+`retry_after_ms`, ...) and, when the request body was the deployed envelope,
+`envelope` (the response envelope, `ok: false`).
+
+Early-fail session cap (optional, off by default): `LlmClient(nc, session_cap=5)`, or
+`await LlmClient.discover(nc)`, which reads the adapter's capabilities
+(`llm.capabilities`: its subjects and its advertised `session.pending_cap`) and mirrors
+that cap, as the Rust client's `LlmClient::discover` does. With a cap, a request that
+names a session (`session_id=`) while this client already has `cap` requests of that
+session in flight is refused locally, before anything is sent: `LlmError(code=
+"session_queue_full", details={"limit", "pending"})` with `local == True`. Invariants:
+- it counts only this client's own requests (other processes and other `LlmClient`s
+  are not seen), so the adapter stays the authority: its own `session_queue_full`
+  refusal still arrives as an `LlmError` (`local == False`);
+- a slot is taken when the call starts (for `stream()`: at the first step of the
+  iteration) and released exactly once: when the unary call returns or raises
+  (including `asyncio.CancelledError`), and when a stream ends (`End`, an error, the
+  budget, a cancelled step, or `aclose()` of an iterator left early: use
+  `contextlib.aclosing` to release it at once rather than when it is collected);
+- requests without `session_id` take no slot; `cancel()` and `status()` take none;
+- the counts are plain state of the asyncio loop the connection runs on (no lock):
+  use a client from that loop only, as nats-py requires anyway.
 
 Inbox prefix: every reply subject this client uses (unary replies, streamed events,
 the durable intake's `Weir-Reply-To`) is an inbox of the connection, so it follows
@@ -39,8 +74,9 @@ subject), not run again.
 
 Iterating a stream acknowledges its chunks (the adapter's flow control, protocol 8.4):
 a caller that stops iterating is aborted by the adapter after `stream.window` chunks
-and `stream.ack_timeout_ms`. Leaving the `async for` early unsubscribes, which the
-adapter notices as well.
+and `stream.ack_timeout_ms`. Leaving the `async for` early unsubscribes once the
+iterator is closed (at once with `contextlib.aclosing`, else when it is collected),
+which the adapter notices as well.
 """
 
 from __future__ import annotations
@@ -49,6 +85,8 @@ import asyncio
 import json
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Dict, Optional, Union
+
+from .errors import ConfigError, WeirError
 
 __all__ = [
     "CallOptions",
@@ -93,24 +131,39 @@ TRACESTATE = "tracestate"
 NATS_MSG_ID = "Nats-Msg-Id"
 
 
-class LlmError(Exception):
-    """A refusal or failure: `code`, `message`, `details` (dict), and `envelope` (the
-    response envelope when the request body was one)."""
+class LlmError(WeirError):
+    """A refusal or failure of an LLM call (a `weir.errors.WeirError`): `code` (the
+    adapter's error code, e.g. `queue_full`, `session_queue_full`, `deadline_exceeded`,
+    or the client's `timed_out`, `no_responders`, `invalid_reply`, `transport`),
+    `message`, `details` (dict: `limit`, `pending`, `retry_after_ms`, ...), `envelope`
+    (the response envelope when the request body was one), `nats_code` (the
+    `Nats-Service-Error-Code`, e.g. 503) and `local` (True when this client refused the
+    call itself, without a round trip: its early-fail session cap)."""
+
+    code: str
+    message: str
+    details: Dict[str, Any]
+    nats_code: Optional[int]
+    envelope: Optional[Dict[str, Any]]
+    local: bool
 
     def __init__(
         self,
         code: str,
         message: str,
-        details: Optional[Dict] = None,
+        details: Optional[Dict[str, Any]] = None,
         nats_code: Optional[int] = None,
-        envelope: Optional[Dict] = None,
+        envelope: Optional[Dict[str, Any]] = None,
+        *,
+        local: bool = False,
     ) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.details = details or {}
+        super().__init__(message, code=code, details=details)
         self.nats_code = nats_code
         self.envelope = envelope
+        self.local = local
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
 
     @property
     def retry_after_ms(self) -> Optional[int]:
@@ -258,19 +311,54 @@ class CallOptions:
         return h
 
 
+class _Slot:
+    """One request's place in the local session cap; `release()` acts once only."""
+
+    __slots__ = ("_pending", "_session", "_held")
+
+    def __init__(self, pending: Dict[str, int], session: str) -> None:
+        self._pending = pending
+        self._session = session
+        self._held = True
+
+    def release(self) -> None:
+        if not self._held:
+            return
+        self._held = False
+        n = self._pending.get(self._session, 0) - 1
+        if n > 0:
+            self._pending[self._session] = n
+        else:
+            self._pending.pop(self._session, None)
+
+
 class LlmClient:
-    """A client of one adapter service on a nats-py connection."""
+    """A client of one adapter service on a nats-py connection (`nc`, the
+    application's: its auth, inbox prefix and loop).
+
+    `session_cap`: the optional early-fail session cap (None or 0 = off, the default):
+    at most that many of this client's requests per session in flight; one more is
+    refused locally with `LlmError(code="session_queue_full", local=True)`. Mirror the
+    adapter's advertised `session.pending_cap` with `LlmClient.discover`."""
 
     def __init__(
         self,
-        nc,
+        nc: Any,
         subject: str = "llm.infer",
         cancel_subject: str = "llm.cancel",
         status_subject: str = "llm.status",
         default_timeout: float = 30.0,
         margin: float = 0.25,
         intake_subject: Optional[str] = None,
+        session_cap: Optional[int] = None,
     ) -> None:
+        if session_cap is not None and (
+            isinstance(session_cap, bool) or not isinstance(session_cap, int) or session_cap < 0
+        ):
+            raise ConfigError(
+                f"session_cap must be a non-negative int or None, not {session_cap!r}",
+                code="invalid_config",
+            )
         self.nc = nc
         # The durable intake's stream subject (`jetstream.subject`); None = core
         # request/reply only.
@@ -280,6 +368,82 @@ class LlmClient:
         self.status_subject = status_subject
         self.default_timeout = default_timeout
         self.margin = margin
+        self._cap: Optional[int] = session_cap or None
+        # session id -> this client's requests of it in flight (only while the cap is on;
+        # an entry is removed when it reaches 0, so the map holds live sessions only).
+        self._pending: Dict[str, int] = {}
+
+    @classmethod
+    async def discover(
+        cls,
+        nc: Any,
+        capabilities_subject: str = "llm.capabilities",
+        timeout: float = 1.0,
+        *,
+        local_session_cap: bool = True,
+        **kwargs: Any,
+    ) -> "LlmClient":
+        """A client made from the adapter's capabilities (`capabilities_subject`): its
+        service, cancel and status subjects and, with `local_session_cap` (the default,
+        as the Rust client's `discover`), the early-fail cap mirroring its advertised
+        `session.pending_cap` (none when the adapter advertises 0 or null). `kwargs`:
+        the other constructor arguments (`default_timeout`, `intake_subject`, ...)."""
+        import nats.errors
+
+        try:
+            msg = await nc.request(capabilities_subject, b"", timeout=timeout)
+        except nats.errors.NoRespondersError as e:
+            raise LlmError("no_responders", "capabilities: no adapter is listening") from e
+        except nats.errors.TimeoutError as e:
+            raise LlmError("timed_out", "capabilities: no reply in time") from e
+        _check_error(msg)
+        try:
+            caps = json.loads(msg.data)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise LlmError("invalid_reply", f"capabilities: not JSON: {e}") from e
+        service = caps.get("service") if isinstance(caps, dict) else None
+        if not isinstance(service, dict) or not isinstance(service.get("subject"), str):
+            raise LlmError("invalid_reply", "capabilities: no service.subject")
+        for key, arg in (
+            ("subject", "subject"),
+            ("cancel_subject", "cancel_subject"),
+            ("status_subject", "status_subject"),
+        ):
+            if isinstance(service.get(key), str):
+                kwargs.setdefault(arg, service[key])
+        if local_session_cap:
+            session = caps.get("session")
+            cap = session.get("pending_cap") if isinstance(session, dict) else None
+            if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
+                kwargs.setdefault("session_cap", cap)
+        return cls(nc, **kwargs)
+
+    @property
+    def session_cap(self) -> Optional[int]:
+        """The local early-fail session cap, or None when it is off."""
+        return self._cap
+
+    def pending(self, session_id: str) -> int:
+        """This client's requests of `session_id` in flight, as the local cap counts
+        them (0 when the cap is off)."""
+        return self._pending.get(session_id, 0)
+
+    def _take_slot(self, session_id: Optional[str]) -> Optional[_Slot]:
+        """A local session slot, when the cap is on and the call names a session;
+        raises `LlmError(session_queue_full, local=True)` when the session is full."""
+        cap = self._cap
+        if cap is None or session_id is None:
+            return None
+        n = self._pending.get(session_id, 0)
+        if n >= cap:
+            raise LlmError(
+                "session_queue_full",
+                f"this client has {n} requests pending for the session (local cap {cap})",
+                {"limit": cap, "pending": n},
+                local=True,
+            )
+        self._pending[session_id] = n + 1
+        return _Slot(self._pending, session_id)
 
     def _wait(self, timeout_ms: Optional[int]) -> float:
         if timeout_ms is None:
@@ -291,10 +455,15 @@ class LlmClient:
         the client was made with `intake_subject`). The options: `CallOptions`."""
         opts = CallOptions(**options)
         headers, wait = opts.headers(), self._wait(opts.timeout_ms)
-        if self.intake_subject is not None:
-            msg = await self._durable(body, wait, headers)
-        else:
-            msg = await self._request(self.subject, body, wait, headers)
+        slot = self._take_slot(opts.session_id)
+        try:
+            if self.intake_subject is not None:
+                msg = await self._durable(body, wait, headers)
+            else:
+                msg = await self._request(self.subject, body, wait, headers)
+        finally:
+            if slot is not None:
+                slot.release()
         return Reply(
             body=msg.data,
             queue_ms=_ms(msg.headers, QUEUE_MS),
@@ -305,17 +474,21 @@ class LlmClient:
     async def stream(self, body: bytes, **options: Any) -> AsyncIterator[Event]:
         """A streamed call (`Weir-Stream: 1`): yields `Queued`, `Started`, `Chunk` ... and
         finally `End`, or raises `LlmError`. The whole stream is bounded by the budget
-        (`timeout_ms`, plus a margin) or the default timeout. The options: `CallOptions`."""
+        (`timeout_ms`, plus a margin) or the default timeout. The options: `CallOptions`.
+        The local session slot (when the cap is on) is taken at the first step and
+        released at `End`, on an error, or when the iterator is closed."""
         import nats.errors
 
         opts = CallOptions(**options)
         headers = opts.headers()
         headers[STREAM] = "1"
-        loop = asyncio.get_running_loop()
-        until = loop.time() + self._wait(opts.timeout_ms) + self.margin
-        inbox = self.nc.new_inbox()
-        sub = await self.nc.subscribe(inbox)
+        slot = self._take_slot(opts.session_id)
+        sub = None
         try:
+            loop = asyncio.get_running_loop()
+            until = loop.time() + self._wait(opts.timeout_ms) + self.margin
+            inbox = self.nc.new_inbox()
+            sub = await self.nc.subscribe(inbox)
             await self.nc.publish(self.subject, body, reply=inbox, headers=headers)
             expected = 1
             while True:
@@ -354,6 +527,10 @@ class LlmClient:
                         raise LlmError(
                             "invalid_reply", f"end says {chunks} chunks, {expected - 1} arrived"
                         )
+                    # The adapter settled the request: the slot is free even while the
+                    # caller still holds the iterator.
+                    if slot is not None:
+                        slot.release()
                     yield End(
                         queue_ms=_ms(msg.headers, QUEUE_MS),
                         inference_ms=_ms(msg.headers, INFERENCE_MS),
@@ -365,10 +542,15 @@ class LlmClient:
                     return
                 # Anything else: an event of a newer adapter; skipped.
         finally:
-            try:
-                await sub.unsubscribe()
-            except Exception:  # the connection may be closing; nothing to undo
-                pass
+            # Released first: nothing below can skip it (an unsubscribe that fails or
+            # is cancelled).
+            if slot is not None:
+                slot.release()
+            if sub is not None:
+                try:
+                    await sub.unsubscribe()
+                except Exception:  # the connection may be closing; nothing to undo
+                    pass
 
     async def _request(self, subject: str, body: bytes, timeout: float, headers: Dict[str, str]):
         """One NATS request; transport failures and error replies raise `LlmError`."""
