@@ -91,6 +91,7 @@ pytest_files! {
     producer_gil => "test_producer_gil.py",
     producer_config => "test_producer_config.py",
     producer_events => "test_producer_events.py",
+    llm_session_cap => "test_llm_session_cap.py",
 }
 
 #[test]
