@@ -97,7 +97,7 @@ class Tone(MediaStreamTrack):
 
 
 async def pump(track: MediaStreamTrack, stream: "weir.ProducerStream",
-               seconds: Optional[float] = None, idle_s: float = 2.0) -> int:
+               seconds: Optional[float] = None, idle_s: float = 1.0) -> int:
     """Pushes `track`'s audio into `stream` as 20 ms frames of 16 kHz mono s16le until
     the track ends, `seconds` of audio were pushed, or no audio came for `idle_s` (a
     remote track does not end when its sender stops); returns the frames admitted.
