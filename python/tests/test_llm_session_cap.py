@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import os
+import pickle
 import select
 import shutil
 import subprocess
@@ -339,3 +340,16 @@ def test_invalid_cap_is_a_config_error() -> None:
         with pytest.raises(errors.ConfigError):
             llm.LlmClient(object(), session_cap=bad)  # type: ignore[arg-type]
     assert llm.LlmClient(object(), session_cap=0).session_cap is None
+
+
+def test_llm_error_is_a_weir_error_with_its_attributes() -> None:
+    e = llm.LlmError("queue_full", "queue full", {"limit": 1, "retry_after_ms": 40}, 503,
+                     {"ok": False}, local=False)
+    assert isinstance(e, errors.WeirError) and not isinstance(e, errors.ConfigError)
+    assert (e.code, e.message, e.details, e.nats_code, e.envelope, e.local, e.retry_after_ms) == (
+        "queue_full", "queue full", {"limit": 1, "retry_after_ms": 40}, 503, {"ok": False}, False, 40)
+    assert str(e) == "queue_full: queue full"
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is llm.LlmError
+    assert (back.code, back.details, back.nats_code, back.envelope, back.local) == (
+        e.code, e.details, e.nats_code, e.envelope, e.local)

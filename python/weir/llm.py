@@ -165,10 +165,28 @@ class LlmError(WeirError):
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
 
+    def __reduce__(self) -> Any:
+        # Every attribute survives pickling (e.g. across a process pool), not only args.
+        return (
+            _rebuild_llm_error,
+            (self.code, self.message, self.details, self.nats_code, self.envelope, self.local),
+        )
+
     @property
     def retry_after_ms(self) -> Optional[int]:
         """The adapter's (or the backend's) retry hint, if any."""
         return self.details.get("retry_after_ms")
+
+
+def _rebuild_llm_error(
+    code: str,
+    message: str,
+    details: Dict[str, Any],
+    nats_code: Optional[int],
+    envelope: Optional[Dict[str, Any]],
+    local: bool,
+) -> LlmError:
+    return LlmError(code, message, details, nats_code, envelope, local=local)
 
 
 @dataclass(frozen=True)
