@@ -33,10 +33,11 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import AsyncIterator, List, Optional
+from typing import Any, AsyncGenerator, AsyncIterator, Iterator, List, Optional, Tuple
 
 import nats
 import pytest
+from nats.aio.client import Client as NatsClient
 
 from weir import errors, llm
 from weirtest import NatsServer, binary
@@ -86,7 +87,7 @@ class Adapter:
 
 
 @pytest.fixture
-def adapter(nats_server: NatsServer):
+def adapter(nats_server: NatsServer) -> Iterator[Adapter]:
     a = Adapter(nats_server.url)
     yield a
     a.stop()
@@ -98,16 +99,16 @@ class Spy:
 
     def __init__(self) -> None:
         self.seen: List[Optional[str]] = []
-        self.nc = None
+        self.nc: Optional[NatsClient] = None
 
     async def start(self, url: str, subject: str = "llm.infer") -> "Spy":
-        self.nc = await nats.connect(url)
+        nc = self.nc = await nats.connect(url)
 
-        async def on_msg(msg) -> None:
+        async def on_msg(msg: Any) -> None:
             self.seen.append((msg.headers or {}).get(llm.SESSION_ID))
 
-        await self.nc.subscribe(subject, cb=on_msg)
-        await self.nc.flush()
+        await nc.subscribe(subject, cb=on_msg)
+        await nc.flush()
         return self
 
     def count(self, session: Optional[str] = None) -> int:
@@ -125,7 +126,7 @@ class Spy:
 
 
 @contextlib.asynccontextmanager
-async def connected(server: NatsServer) -> AsyncIterator[tuple]:
+async def connected(server: NatsServer) -> AsyncIterator[Tuple[NatsClient, Spy]]:
     nc = await nats.connect(server.url)
     spy = await Spy().start(server.url)
     try:
@@ -135,7 +136,7 @@ async def connected(server: NatsServer) -> AsyncIterator[tuple]:
         await nc.close()
 
 
-async def settle(nc) -> None:
+async def settle(nc: NatsClient) -> None:
     """Lets anything published reach the spy: flush, then a short grace."""
     await nc.flush()
     await asyncio.sleep(0.1)
@@ -145,7 +146,7 @@ def stream_body(tokens: int) -> bytes:
     return json.dumps({"model": "m", "stream": True, "max_tokens": tokens}).encode()
 
 
-async def drain(agen) -> list:
+async def drain(agen: AsyncGenerator[llm.Event, None]) -> List[llm.Event]:
     return [ev async for ev in agen]
 
 
@@ -266,12 +267,12 @@ async def test_cancellation_releases_the_slot(nats_server: NatsServer, adapter: 
             async for _ in client.stream(stream_body(20), session_id="s", timeout_ms=5000):
                 pass
 
-        task = asyncio.create_task(consume())
+        stream_task = asyncio.create_task(consume())
         await spy.wait_for(2, "s")
         assert client.pending("s") == 1
-        task.cancel()
+        stream_task.cancel()
         with pytest.raises(asyncio.CancelledError):
-            await task
+            await stream_task
         assert client.pending("s") == 0
 
         # A wait_for that gives up on the call (another session: the adapter still
@@ -338,8 +339,8 @@ async def test_off_by_default_the_adapter_refuses(nats_server: NatsServer, adapt
 def test_invalid_cap_is_a_config_error() -> None:
     for bad in (-1, 1.5, "2", True):
         with pytest.raises(errors.ConfigError):
-            llm.LlmClient(object(), session_cap=bad)  # type: ignore[arg-type]
-    assert llm.LlmClient(object(), session_cap=0).session_cap is None
+            llm.LlmClient(NatsClient(), session_cap=bad)  # type: ignore[arg-type]
+    assert llm.LlmClient(NatsClient(), session_cap=0).session_cap is None
 
 
 def test_llm_error_is_a_weir_error_with_its_attributes() -> None:

@@ -84,9 +84,13 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Dict, Optional, Union
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Dict, Optional, Union
 
 from .errors import ConfigError, WeirError
+
+if TYPE_CHECKING:  # nats-py is imported lazily at run time (the header codec needs none of it)
+    from nats.aio.client import Client as NatsClient
+    from nats.aio.msg import Msg
 
 __all__ = [
     "CallOptions",
@@ -268,18 +272,20 @@ def _int(headers: Optional[Dict[str, str]], name: str, default: int = 0) -> int:
         return default
 
 
-def _is_no_responders(msg) -> bool:
+def _is_no_responders(msg: "Msg") -> bool:
     return _header(msg.headers, "Status") == "503" and not msg.data
 
 
-def _check_error(msg) -> None:
+def _check_error(msg: "Msg") -> None:
     """Raises `LlmError` for an error reply (`Nats-Service-Error`)."""
     status = _header(msg.headers, NATS_SERVICE_ERROR)
     if status is None:
         return
     nats_code = _int(msg.headers, NATS_SERVICE_ERROR_CODE, 0) or None
     code = _header(msg.headers, ERROR_CODE) or "service_error"
-    message, details, envelope = status, {}, None
+    message: str = status
+    details: Dict[str, Any] = {}
+    envelope: Optional[Dict[str, Any]] = None
     try:
         body = json.loads(msg.data)
     except (ValueError, UnicodeDecodeError):
@@ -361,7 +367,7 @@ class LlmClient:
 
     def __init__(
         self,
-        nc: Any,
+        nc: "NatsClient",
         subject: str = "llm.infer",
         cancel_subject: str = "llm.cancel",
         status_subject: str = "llm.status",
@@ -394,7 +400,7 @@ class LlmClient:
     @classmethod
     async def discover(
         cls,
-        nc: Any,
+        nc: "NatsClient",
         capabilities_subject: str = "llm.capabilities",
         timeout: float = 1.0,
         *,
@@ -489,7 +495,7 @@ class LlmClient:
             headers=dict(msg.headers or {}),
         )
 
-    async def stream(self, body: bytes, **options: Any) -> AsyncIterator[Event]:
+    async def stream(self, body: bytes, **options: Any) -> AsyncGenerator[Event, None]:
         """A streamed call (`Weir-Stream: 1`): yields `Queued`, `Started`, `Chunk` ... and
         finally `End`, or raises `LlmError`. The whole stream is bounded by the budget
         (`timeout_ms`, plus a margin) or the default timeout. The options: `CallOptions`.
@@ -570,7 +576,9 @@ class LlmClient:
                 except Exception:  # the connection may be closing; nothing to undo
                     pass
 
-    async def _request(self, subject: str, body: bytes, timeout: float, headers: Dict[str, str]):
+    async def _request(
+        self, subject: str, body: bytes, timeout: float, headers: Dict[str, str]
+    ) -> "Msg":
         """One NATS request; transport failures and error replies raise `LlmError`."""
         import nats.errors
 
@@ -583,7 +591,7 @@ class LlmClient:
         _check_error(msg)
         return msg
 
-    async def _durable(self, body: bytes, timeout: float, headers: Dict[str, str]):
+    async def _durable(self, body: bytes, timeout: float, headers: Dict[str, str]) -> "Msg":
         """One request through the durable intake: subscribe the reply inbox, publish to
         the stream with `Nats-Msg-Id` = the request id and `Weir-Reply-To` = the inbox,
         wait for the stream's acknowledgement, then for the answer. A duplicate (the
@@ -602,12 +610,15 @@ class LlmClient:
             # While the stream elects a new leader (a node died: 4.5-6.3 s measured on a
             # 3-node cluster) a publish times out or finds no responders: again with the
             # same Nats-Msg-Id (the stream drops a second copy), within the timeout.
+            intake = self.intake_subject
+            if intake is None:
+                raise ConfigError("no intake_subject: not a durable client", code="invalid_config")
             loop = asyncio.get_running_loop()
             give_up = loop.time() + timeout - _DURABLE_RETRY
             while True:
                 try:
                     ack = await self.nc.jetstream().publish(
-                        self.intake_subject,
+                        intake,
                         body,
                         timeout=max(0.05, min(timeout, give_up - loop.time())),
                         headers=published,
@@ -638,15 +649,21 @@ class LlmClient:
             except Exception:  # already unsubscribed after its one message
                 pass
 
-    async def _by_id(self, subject: str, request_id: str, timeout: float) -> Dict:
+    async def _by_id(self, subject: str, request_id: str, timeout: float) -> Dict[str, Any]:
         msg = await self._request(subject, b"", timeout, {REQUEST_ID: request_id})
-        return json.loads(msg.data)
+        try:
+            reply = json.loads(msg.data)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise LlmError("invalid_reply", f"{subject}: not JSON: {e}") from e
+        if not isinstance(reply, dict):
+            raise LlmError("invalid_reply", f"{subject}: not a JSON object")
+        return reply
 
-    async def cancel(self, request_id: str, timeout: float = 2.0) -> Dict:
+    async def cancel(self, request_id: str, timeout: float = 2.0) -> Dict[str, Any]:
         """Cancels by request id: `{"request_id", "result": "queued"|"running"|"not_found"}`."""
         return await self._by_id(self.cancel_subject, request_id, timeout)
 
-    async def status(self, request_id: str, timeout: float = 2.0) -> Dict:
+    async def status(self, request_id: str, timeout: float = 2.0) -> Dict[str, Any]:
         """Where a request is: `{"request_id", "status": "queued"|"running"|"done"|"not_found",
         "position", "predicted_start_ms", "waited_ms" | "elapsed_ms"}`."""
         return await self._by_id(self.status_subject, request_id, timeout)
