@@ -33,7 +33,7 @@ import json
 import math
 import sys
 import time
-from typing import Any, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 import av
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection
@@ -41,6 +41,7 @@ from aiortc.contrib.media import MediaPlayer
 from aiortc.mediastreams import MediaStreamError
 
 import weir
+from weir.producer import ProducerStream
 
 RATE = 16_000
 FRAME_MS = 20
@@ -96,7 +97,7 @@ class Tone(MediaStreamTrack):
         return frame
 
 
-async def pump(track: MediaStreamTrack, stream: "weir.ProducerStream",
+async def pump(track: MediaStreamTrack, stream: ProducerStream,
                seconds: Optional[float] = None, idle_s: float = 1.0) -> int:
     """Pushes `track`'s audio into `stream` as 20 ms frames of 16 kHz mono s16le until
     the track ends, `seconds` of audio were pushed, or no audio came for `idle_s` (a
@@ -111,6 +112,8 @@ async def pump(track: MediaStreamTrack, stream: "weir.ProducerStream",
             frame = await asyncio.wait_for(track.recv(), idle_s)
         except (MediaStreamError, asyncio.TimeoutError):
             break
+        if not isinstance(frame, av.AudioFrame):
+            continue
         for out in resampler.resample(frame):
             # Packed s16 mono: plane 0 holds exactly samples * 2 meaningful bytes.
             pending += bytes(out.planes[0])[: out.samples * 2]
@@ -127,13 +130,14 @@ async def pump(track: MediaStreamTrack, stream: "weir.ProducerStream",
     return admitted
 
 
-async def report(stream: "weir.ProducerStream") -> None:
+async def report(stream: ProducerStream) -> None:
     """Prints the stream's events until `Closed`."""
     async for ev in stream.events():
         emit("producer_event", stream=stream.id, kind=type(ev).__name__, data=plain(ev))
 
 
-async def via_webrtc(source: MediaStreamTrack, on_track) -> None:
+async def via_webrtc(source: MediaStreamTrack,
+                     on_track: Callable[[MediaStreamTrack], Awaitable[None]]) -> None:
     """A loopback RTCPeerConnection pair: `source` is sent, and the receiving side calls
     `on_track(track)` as a WebRTC server's `pc.on("track")` would; returns when it did."""
     import aioice.ice
@@ -143,13 +147,18 @@ async def via_webrtc(source: MediaStreamTrack, on_track) -> None:
     aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: ["127.0.0.1"]
     sender = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     receiver = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    done: asyncio.Future = asyncio.get_running_loop().create_future()
+    done: "asyncio.Future[asyncio.Future[None]]" = asyncio.get_running_loop().create_future()
 
     @receiver.on("track")
     def _on_track(track: MediaStreamTrack) -> None:
         if track.kind == "audio":
             task = asyncio.ensure_future(on_track(track))
-            task.add_done_callback(lambda t: done.done() or done.set_result(t))
+
+            def finished(t: "asyncio.Future[None]") -> None:
+                if not done.done():
+                    done.set_result(t)
+
+            task.add_done_callback(finished)
 
     sender.addTrack(source)
     try:
