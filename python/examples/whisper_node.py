@@ -197,7 +197,8 @@ def main() -> None:
                     help="subject template ({stream}, optional {partition})")
     ap.add_argument("--partitions", type=int, default=1)
     ap.add_argument("--owned", default="", help="comma-separated partitions (default: all)")
-    ap.add_argument("--lease", action="store_true", help="lease ownership (JetStream KV)")
+    ap.add_argument("--lease", action="store_true",
+                    help="lease ownership (a JetStream KV bucket; needs a {partition} subject)")
     ap.add_argument("--max-streams", type=int, default=64)
     ap.add_argument("--max-frame-age-ms", type=int, default=1000)
     ap.add_argument("--window-ms", type=int, default=500, help="audio per transcript")
