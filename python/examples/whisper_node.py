@@ -40,6 +40,7 @@ from array import array
 from typing import Any, Dict, List, Optional, Set
 
 import weir
+from weir.consumer import Stream
 
 SAMPLE_RATE = 16_000  # weir's frames: 16 kHz mono s16le
 BYTES_PER_MS = SAMPLE_RATE * 2 // 1000
@@ -123,7 +124,7 @@ class WhisperStreamNode:
         self.first_seq = None
 
 
-async def handle(stream: "weir.Stream", model: StandInModel, window_ms: int) -> None:
+async def handle(stream: Stream, model: StandInModel, window_ms: int) -> None:
     """Feeds one stream instance to its node until the stream's `End`."""
     node = WhisperStreamNode(stream.id, model, window_ms)
     gaps = 0
@@ -165,7 +166,7 @@ async def run(args: argparse.Namespace) -> None:
                            else list(range(args.partitions)))
     consumer = await weir.Consumer.connect(args.nats.split(","), **config)
     model = StandInModel(delay_ms=args.model_delay_ms)
-    handlers: Set[asyncio.Task] = set()
+    handlers: "Set[asyncio.Task[None]]" = set()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -92,6 +92,7 @@ pytest_files! {
     producer_config => "test_producer_config.py",
     producer_events => "test_producer_events.py",
     llm_session_cap => "test_llm_session_cap.py",
+    examples => "test_examples.py",
 }
 
 #[test]
