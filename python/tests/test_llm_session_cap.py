@@ -33,7 +33,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, AsyncGenerator, AsyncIterator, Iterator, List, Optional, Tuple
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, Iterator, List, Optional, Tuple
 
 import nats
 import pytest
@@ -114,10 +114,13 @@ class Spy:
     def count(self, session: Optional[str] = None) -> int:
         return sum(1 for s in self.seen if session is None or s == session)
 
-    async def wait_for(self, n: int, session: Optional[str] = None) -> None:
+    async def wait_for(self, n: int, session: Optional[str] = None,
+                       detail: Callable[[], str] = lambda: "") -> None:
+        """Until `n` requests (of `session`) were seen; `detail()` goes into the failure."""
         deadline = time.monotonic() + WAIT_S
         while self.count(session) < n:
-            assert time.monotonic() < deadline, f"spy saw {self.count(session)} < {n} ({session})"
+            assert time.monotonic() < deadline, (
+                f"spy saw {self.count(session)} < {n} ({session}): {self.seen} {detail()}")
             await asyncio.sleep(0.01)
 
     async def close(self) -> None:
@@ -255,7 +258,13 @@ async def test_cancellation_releases_the_slot(nats_server: NatsServer, adapter: 
 
         # A unary call cancelled while it waits for its reply.
         task = asyncio.create_task(client.request(b"slow", session_id="s", timeout_ms=5000))
-        await spy.wait_for(1, "s")
+
+        def state() -> str:
+            exc = task.exception() if task.done() and not task.cancelled() else None
+            return (f"task done={task.done()} exception={exc!r} pending={client.pending('s')} "
+                    f"connected={nc.is_connected}")
+
+        await spy.wait_for(1, "s", state)
         assert client.pending("s") == 1
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
