@@ -2,15 +2,16 @@
 real binaries:
 
 - whisper_node.py behind the real `audio-ingress serve`: two WebSocket streams (a tone
-  and silence, 2 s each at real time) are recognised: every frame in order, no gap,
-  the tone transcribed as speech and the silence as silence, each stream ended by its
-  producer; SIGTERM stops the node gracefully (its stats line);
+  and silence, 2 s each at real time) are recognised: every frame delivered in order
+  or declared in a gap (all delivered on a quiet machine), the tone transcribed as
+  speech and the silence as silence, each stream ended by its producer; SIGTERM stops
+  the node gracefully (its stats line);
 - aiortc_producer.py (a tone through a loopback WebRTC pair, resampled to 16 kHz mono
   20 ms frames, pushed through weir.Producer), read by a plain nats-py subscriber: the
   deployed packet format, seq 1..N in order, 640-byte frames, then `end`, exactly what
   the producer reports as published;
-- aiortc_producer.py into whisper_node.py: the node gets every frame the producer
-  admitted, in order, and transcribes speech.
+- aiortc_producer.py into whisper_node.py: every frame the producer admitted reaches
+  the node in order (or is declared), and it transcribes speech.
 
 The examples run as their own processes (as a user runs them), with the installed
 `weir` package; their JSON lines are read with a bound on every wait.
@@ -147,12 +148,18 @@ async def send_ws(url: str, frames: int, amplitude: int) -> None:
 
 def check_stream(node: Example, stream: str, frames: int, word: str,
                  every_window: bool = True) -> Dict[str, Any]:
-    """The node's `end` of `stream`: ended by its producer with `frames` frames and no
-    gap, its windows in order and transcribed as `word` (every window, or most: Opus
-    through WebRTC starts and ends softer than the tone)."""
+    """The node's `end` of `stream`: ended by its producer, each of the `frames` frames
+    delivered or declared in a gap (on a quiet machine: all delivered; a machine loaded
+    past the staleness guard or the queue bound declares the rest, never skips it), its
+    windows in order and transcribed as `word` (every window, or most: Opus through
+    WebRTC starts and ends softer than the tone)."""
     end = node.wait_for(lambda l: l.get("event") == "end" and l.get("stream") == stream,
                         f"end of {stream}")
-    assert (end["cause"], end["frames"], end["gaps"]) == ("producer", frames, 0), end
+    gaps = node.events("gap", stream=stream)
+    declared = sum(g["frames"] for g in gaps)
+    assert end["cause"] == "producer", end
+    assert (end["frames"] + declared, end["gaps"]) == (frames, len(gaps)), (end, gaps)
+    assert end["frames"] >= frames // 2, (end, gaps)
     windows = node.events("transcript", stream=stream)
     assert windows, f"no transcript of {stream}"
     seqs = [w["last_seq"] for w in windows if w["last_seq"] is not None]
@@ -162,7 +169,6 @@ def check_stream(node: Example, stream: str, frames: int, word: str,
         assert hits == len(windows), windows
     else:
         assert hits >= max(1, len(windows) // 2), windows
-    assert not node.events("gap", stream=stream)
     return end
 
 
