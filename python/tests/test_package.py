@@ -42,6 +42,10 @@ def test_unknown_names_are_attribute_errors() -> None:
     with pytest.raises(AttributeError):
         weir.NoSuchThing  # noqa: B018
     assert set(weir.__all__) >= {"WeirError", "Consumer", "Producer"}
+    assert set(weir.__all__) - {"__version__", "errors"} <= set(dir(weir))
+    for name in weir.__all__:
+        assert getattr(weir, name) is not None
+    assert weir.llm.LlmClient is not None  # a submodule, loaded on first access
 
 
 def test_sources_and_installed_package_match() -> None:

@@ -35,6 +35,7 @@ from .errors import (
 
 if TYPE_CHECKING:
     from .consumer import Consumer, End, Frame, Gap, LossDeclared, Stream
+    from . import consumer, llm, producer
     from .producer import Producer, ProducerStream
 
 # Public name -> the submodule that defines it (loaded on first access).
@@ -49,6 +50,9 @@ _LAZY = {
     "ProducerStream": "producer",
 }
 
+# Submodules loaded on first attribute access (``weir.llm``), like the names above.
+_SUBMODULES = ("consumer", "producer", "llm")
+
 __all__ = [
     "__version__",
     "errors",
@@ -59,11 +63,20 @@ __all__ = [
     "OverloadError",
     "RefusedError",
     "InternalError",
-    *_LAZY,
+    "Consumer",
+    "Stream",
+    "Frame",
+    "Gap",
+    "End",
+    "LossDeclared",
+    "Producer",
+    "ProducerStream",
 ]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'weir' has no attribute {name!r}")
@@ -73,4 +86,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(__all__)
+    return sorted([*__all__, *_SUBMODULES])
