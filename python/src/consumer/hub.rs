@@ -23,6 +23,14 @@
 //!   queue then overloads under its own bound, as with a slow Rust handler.
 //! - `End` is never waited on: the handler returns at once, its `max_streams` slot is
 //!   freed as soon as the core has handed the end over.
+//! - **Every opened stream's Python iterator ends.** A handler dropped before it handed
+//!   over its `End` sends one last message instead (without waiting): while the hub is
+//!   open (no `close()`/`abort()` under way) and the drop is not a panic's unwinding,
+//!   the only way the core drops a handler is a lease fence (rebalance, expiry, stall:
+//!   the core aborts the fenced partition's handlers, which are nearly always parked on
+//!   the Python ack), so it sends a synthesized `End(cause=handover)` with the last seq
+//!   this handler handed over — an `End` carries no audio, so single ownership holds.
+//!   Otherwise (closing, or a panic) it sends [`HubMsg::Gone`].
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -31,7 +39,7 @@ use std::task::Poll;
 
 use futures::task::AtomicWaker;
 use tokio::sync::{mpsc, watch};
-use weir_audio_consumer::{StreamEvent, StreamHandler, StreamInfo};
+use weir_audio_consumer::{End, EndCause, StreamEvent, StreamHandler, StreamInfo};
 
 /// Hub slack beyond two messages per stream (`End`s waiting to be taken).
 const SLACK: usize = 1_024;
@@ -47,8 +55,8 @@ pub enum HubMsg {
     Open(StreamInfo, Arc<Link>),
     /// An event of instance `.0`.
     Event(u64, StreamEvent),
-    /// Instance `.0`'s handler ended without handing over an `End` (its task was
-    /// aborted, or panicked): its Python iterator must not wait for ever.
+    /// Instance `.0`'s handler ended without handing over an `End` while the consumer
+    /// was closing, or by a panic: its Python iterator must not wait for ever.
     Gone(u64),
 }
 
@@ -114,6 +122,9 @@ pub struct Hub {
     links: Mutex<HashMap<u64, Weak<Link>>>,
     /// Set once the consumer is closed: a pending batch wait returns what is left.
     closed: watch::Sender<bool>,
+    /// Set when `close()` or `abort()` starts (before the core's shutdown): a handler
+    /// dropped from then on is the shutdown's, not a fence's.
+    closing: AtomicBool,
 }
 
 impl Hub {
@@ -124,6 +135,7 @@ impl Hub {
             tx,
             links: Mutex::new(HashMap::new()),
             closed: watch::channel(false).0,
+            closing: AtomicBool::new(false),
         });
         (hub, rx)
     }
@@ -152,14 +164,26 @@ impl Hub {
                 tx: hub.map(|h| h.tx.clone()),
                 opened: false,
                 ended: false,
+                last_seq: None,
                 hub: weak.clone(),
             }
         }
     }
 
+    /// The consumer starts closing (or aborting): handlers dropped from now on are not
+    /// fenced ones.
+    pub fn begin_close(&self) {
+        self.closing.store(true, Ordering::Release);
+    }
+
+    fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
     /// Releases every live link and marks the hub closed (the consumer closed or
     /// aborted): no handler waits for Python any more.
     pub fn close(&self) {
+        self.begin_close();
         let links: Vec<_> = self.links().drain().collect();
         for (_, link) in links {
             if let Some(link) = link.upgrade() {
@@ -192,12 +216,19 @@ pub struct PyHandler {
     opened: bool,
     /// The `End` was handed over.
     ended: bool,
+    /// The last seq handed over (a frame's, a gap's last), for a synthesized `End`.
+    last_seq: Option<u64>,
     hub: Weak<Hub>,
 }
 
 impl StreamHandler for PyHandler {
     async fn on_event(&mut self, event: StreamEvent) {
         let is_end = matches!(event, StreamEvent::End(_));
+        match &event {
+            StreamEvent::Frame(f) => self.last_seq = Some(f.seq),
+            StreamEvent::Gap(g) => self.last_seq = Some(g.last_seq),
+            _ => {}
+        }
         let Some(tx) = &self.tx else { return };
         if self.link.released() && !is_end {
             // Nobody reads this stream any more: dropped here (counted delivered by
@@ -230,17 +261,36 @@ impl StreamHandler for PyHandler {
 
 impl Drop for PyHandler {
     fn drop(&mut self) {
-        if let Some(hub) = self.hub.upgrade() {
+        let hub = self.hub.upgrade();
+        if let Some(hub) = &hub {
             hub.links().remove(&self.instance);
         }
-        // Ended without an `End` (aborted or panicked): tell the Python side, without
-        // waiting (a full hub means the pump is gone or far behind; the consumer's
-        // close then ends the iterator).
-        if self.opened
-            && !self.ended
-            && let Some(tx) = &self.tx
+        if !self.opened || self.ended {
+            return;
+        }
+        let Some(tx) = self.tx.take() else { return };
+        // Dropped before its `End` (see the module docs): a fence's abort gets a
+        // synthesized `End(handover)`, a shutdown's or a panic's a `Gone`.
+        let fenced = hub.as_ref().is_some_and(|h| !h.is_closing()) && !std::thread::panicking();
+        let msg = if fenced {
+            HubMsg::Event(
+                self.instance,
+                StreamEvent::End(End {
+                    seq: None,
+                    last_seq: self.last_seq,
+                    cause: EndCause::Handover,
+                }),
+            )
+        } else {
+            HubMsg::Gone(self.instance)
+        };
+        // Without waiting here; a full hub (the pump far behind) gets it from a task.
+        if let Err(mpsc::error::TrySendError::Full(msg)) = tx.try_send(msg)
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
         {
-            let _ = tx.try_send(HubMsg::Gone(self.instance));
+            rt.spawn(async move {
+                let _ = tx.send(msg).await;
+            });
         }
     }
 }

@@ -9,6 +9,10 @@
 //! - [`events`]: `Frame`, `Gap`, `End`, `LossDeclared`.
 //!
 //! Invariants:
+//! - `nats.retry_initial_connect = true` is refused (`ConfigError`; the first
+//!   connection must succeed, as before, when it is absent): `connect` returns only
+//!   once the server confirmed the subscriptions (or the lease bucket), which a client
+//!   still retrying in the background cannot give;
 //! - configuration is the core's own [`ConsumerConfig`] (serde names, unknown keys
 //!   refused) validated by the core; NATS options are the `[nats]` keys of every weir
 //!   binary ([`crate::nats`]); both are checked before anything connects, and every
@@ -16,8 +20,14 @@
 //! - a consumer whose Python object is dropped without `close()` (including a connect
 //!   whose `await` was cancelled: its result is never taken) is shut down on the core
 //!   runtime: its subscriptions and leases do not outlive it;
-//! - after `close()` / `abort()` every handler's wait is released and the batch calls
-//!   return `None` once the hub is drained: the Python pump ends.
+//! - after `close()` / `abort()` / `discard()` every handler's wait is released and the
+//!   batch calls return `None` once the hub is drained: the Python pump ends;
+//! - one shutdown per consumer: the first `close()` starts it as a task of its own on
+//!   the core (a cancelled or timed-out `await` does not stop it); every `close()`,
+//!   concurrent or later, awaits that same shutdown and gets the same final stats;
+//!   `close()` after `abort()` returns the stats snapshot taken at the abort;
+//! - `stats_json` never fails: the live stats, the snapshot taken when the shutdown
+//!   started (while it runs), the final stats, or the snapshot taken at the abort.
 
 mod events;
 mod hub;
@@ -27,7 +37,7 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::PyList;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use weir_audio_consumer::{Consumer, ConsumerConfig, ConsumerError, ConsumerErrorKind, StreamInfo};
 
 use crate::errors::{Kind, WeirErr};
@@ -124,10 +134,16 @@ fn json<T: serde::Serialize>(value: &T) -> Result<String, WeirErr> {
 
 /// The running core consumer and what is left of it once closed.
 struct State {
-    /// `None` once closed or aborted.
+    /// `None` once closed, aborted or discarded.
     consumer: Option<Consumer>,
-    /// The final stats (JSON) of `close()`.
+    /// The final stats (JSON): of the shutdown once it finished, or the snapshot taken
+    /// at `abort()`.
     final_stats: Option<String>,
+    /// The shutdown started by the first `close()`: its final stats once it finished.
+    shutdown: Option<watch::Receiver<Option<String>>>,
+    /// The stats snapshot taken when the shutdown started (what `stats_json` returns
+    /// while it runs).
+    closing_stats: Option<String>,
 }
 
 /// What the Python object and its awaitables share.
@@ -166,11 +182,12 @@ impl Inner {
     }
 }
 
-impl Drop for Inner {
-    /// Dropped without `close()`/`abort()` (a cancelled connect, a forgotten
-    /// consumer): shut down on the core runtime, releasing leases and subscriptions.
-    fn drop(&mut self) {
-        self.hub.close();
+impl Inner {
+    /// Shuts the consumer down on the core runtime without waiting and without grace
+    /// (leases released, subscriptions dropped), and closes the hub: for a consumer
+    /// nobody will close (a cancelled connect, a collected `weir.Consumer`).
+    fn discard(&self) {
+        self.hub.begin_close();
         let consumer = self.state().consumer.take();
         if let Some(consumer) = consumer
             && let Ok(core) = runtime::core_handle()
@@ -179,6 +196,14 @@ impl Drop for Inner {
                 let _ = consumer.shutdown(Duration::ZERO).await;
             });
         }
+        self.hub.close();
+    }
+}
+
+impl Drop for Inner {
+    /// Dropped without `close()`/`abort()`: see [`Inner::discard`].
+    fn drop(&mut self) {
+        self.discard();
     }
 }
 
@@ -233,6 +258,25 @@ impl PyConsumer {
         config_json: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
         let nats = crate::nats::config_from_json(nats_json)?;
+        // Asked for explicitly (the `[nats]` default is the binaries' own, not ours).
+        let retry = serde_json::from_str::<serde_json::Value>(nats_json)
+            .ok()
+            .and_then(|v| {
+                v.get("retry_initial_connect")
+                    .and_then(serde_json::Value::as_bool)
+            })
+            .unwrap_or(false);
+        if retry {
+            // The consumer returns once its subscriptions (or lease bucket) are
+            // confirmed: a client still trying in the background would start it deaf.
+            return Err(WeirErr::config(
+                "invalid_config",
+                "nats.retry_initial_connect is not supported by the consumer: connect() \
+                 returns once subscribed; retry a ConnectError instead",
+            )
+            .with("key", "nats.retry_initial_connect")
+            .into());
+        }
         let config = config_from_json(config_json)?;
         let max_streams = config.max_streams;
         let settings = config.validate().map_err(consumer_err)?;
@@ -255,6 +299,8 @@ impl PyConsumer {
                     state: Mutex::new(State {
                         consumer: Some(consumer),
                         final_stats: None,
+                        shutdown: None,
+                        closing_stats: None,
                     }),
                     hub,
                     rx: Arc::new(tokio::sync::Mutex::new(rx)),
@@ -342,16 +388,17 @@ impl PyConsumer {
         Ok(())
     }
 
-    /// The stats snapshot as JSON (the core's `ConsumerStats`); after `close()`, the
-    /// final stats.
+    /// The stats snapshot as JSON (the core's `ConsumerStats`); while `close()` runs,
+    /// the snapshot taken when it started; after it, the final stats; after
+    /// `abort()`, the snapshot taken then.
     fn stats_json(&self, py: Python<'_>) -> PyResult<String> {
         let inner = self.inner.clone();
         Ok(py.detach(move || {
             let state = inner.state();
-            match (&state.consumer, &state.final_stats) {
-                (Some(c), _) => json(&c.stats()),
-                (None, Some(s)) => Ok(s.clone()),
-                (None, None) => Err(WeirErr::closed("the consumer was aborted")),
+            match (&state.consumer, &state.final_stats, &state.closing_stats) {
+                (Some(c), _, _) => json(&c.stats()),
+                (None, Some(s), _) | (None, None, Some(s)) => Ok(s.clone()),
+                (None, None, None) => Err(WeirErr::closed("the consumer was discarded")),
             }
         })?)
     }
@@ -383,43 +430,82 @@ impl PyConsumer {
 
     /// Graceful shutdown on the core (last announcement, unsubscribe, every stream
     /// ends with `shutdown`, handlers get `grace_s` to finish, leases released); an
-    /// awaitable of the final stats JSON. Idempotent: a second call returns the same.
+    /// awaitable of the final stats JSON. The first call starts the shutdown as a
+    /// task of its own (cancelling the await does not stop it); every call awaits that
+    /// same shutdown and returns the same stats (`grace_s` of later calls is ignored).
+    /// After `abort()`: the snapshot taken at the abort. Cancel-safe.
     fn close<'py>(&self, py: Python<'py>, grace_s: f64) -> PyResult<Bound<'py, PyAny>> {
         if !grace_s.is_finite() || !(0.0..=MAX_GRACE_S).contains(&grace_s) {
             return Err(WeirErr::config(
-                "invalid_argument",
+                "invalid_config",
                 format!("grace_s: {grace_s}; allowed 0..={MAX_GRACE_S} seconds"),
             )
             .with("key", "grace_s")
             .into());
         }
-        let inner = self.inner.clone();
-        let taken = inner.state().consumer.take();
-        runtime::await_core(py, async move {
-            let Some(consumer) = taken else {
-                let state = inner.state();
-                return match &state.final_stats {
-                    Some(s) => Ok(s.clone()),
-                    None => Err(WeirErr::closed("the consumer was aborted")),
-                };
-            };
-            let stats = consumer.shutdown(Duration::from_secs_f64(grace_s)).await;
-            inner.hub.close();
-            let text = json(&stats)?;
-            inner.state().final_stats = Some(text.clone());
-            Ok(text)
+        let mut done = {
+            let mut state = self.inner.state();
+            if let Some(text) = &state.final_stats {
+                let text = text.clone();
+                return runtime::await_bridge(py, async move { Ok(text) });
+            }
+            let running = state.shutdown.clone();
+            match (running, state.consumer.take()) {
+                (Some(rx), _) => rx,
+                (None, Some(consumer)) => {
+                    state.closing_stats = Some(json(&consumer.stats())?);
+                    let (tx, rx) = watch::channel(None);
+                    state.shutdown = Some(rx.clone());
+                    self.inner.hub.begin_close();
+                    let inner = self.inner.clone();
+                    let grace = Duration::from_secs_f64(grace_s);
+                    runtime::core_handle()?.spawn(async move {
+                        let stats = consumer.shutdown(grace).await;
+                        inner.hub.close();
+                        let text = json(&stats).unwrap_or_else(|_| "{}".to_owned());
+                        inner.state().final_stats = Some(text.clone());
+                        tx.send_replace(Some(text));
+                    });
+                    rx
+                }
+                (None, None) => return Err(WeirErr::closed("the consumer was discarded").into()),
+            }
+        };
+        runtime::await_bridge(py, async move {
+            match done.wait_for(Option::is_some).await {
+                Ok(text) => Ok(text.clone().unwrap_or_default()),
+                Err(_) => Err(WeirErr::internal(
+                    "the consumer's shutdown task ended early",
+                )),
+            }
         })
     }
 
     /// A crash: no drain, no end to the streams, no lease released, no last
-    /// announcement (for failover drills). Idempotent.
+    /// announcement (for failover drills). Idempotent; the stats snapshot taken here
+    /// is what `stats_json` and `close()` return from then on.
     fn abort(&self) {
-        let taken = self.inner.state().consumer.take();
+        self.inner.hub.begin_close();
+        let taken = {
+            let mut state = self.inner.state();
+            let taken = state.consumer.take();
+            if let Some(c) = &taken {
+                state.final_stats = json(&c.stats()).ok();
+            }
+            taken
+        };
         if let Some(consumer) = taken {
             // Aborting tasks needs no runtime context; it is immediate.
             consumer.abort();
         }
         self.inner.hub.close();
+    }
+
+    /// Shuts down without grace and without waiting (leases released, subscriptions
+    /// dropped): what `weir.Consumer` does when it is collected without `close()`.
+    /// Idempotent; a no-op once closing or aborted.
+    fn discard(&self) {
+        self.inner.discard();
     }
 }
 
