@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import struct
 import urllib.request
 
@@ -17,7 +16,8 @@ import nats as nats_py
 import pytest
 
 import weir
-from weir.errors import ClosedError, ConfigError, ConnectError
+import weir.errors
+from weir.errors import ClosedError, ConfigError, ConnectError, RefusedError
 from weirtest import NatsServer
 
 SUBJECT = "bad.{partition}.{stream}"
@@ -72,11 +72,9 @@ async def test_options_must_be_json_values(nats_server):
 
 
 async def test_unreachable_nats_is_a_connect_error():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    # Port 1 on loopback: privileged and unused, so nothing can race to bind it.
     with pytest.raises(ConnectError) as e:
-        await asyncio.wait_for(weir.Consumer.connect(f"nats://127.0.0.1:{port}"), 15)
+        await asyncio.wait_for(weir.Consumer.connect("nats://127.0.0.1:1"), 15)
     assert e.value.code == "connect_failed"
     assert isinstance(e.value, ConnectionError)
 
@@ -166,8 +164,10 @@ async def test_a_cancelled_await_loses_nothing(nats_server):
         assert (await asyncio.wait_for(anext(stream), 5)).seq == 1
         waiting = asyncio.create_task(anext(stream))
         await asyncio.sleep(0.1)
-        with pytest.raises(RuntimeError):  # one reader per stream
+        with pytest.raises(RefusedError) as refused:  # one reader per stream
             await anext(stream)
+        assert refused.value.code == "concurrent_reader"
+        assert isinstance(refused.value, weir.errors.WeirError)
         waiting.cancel()
         for seq in (2, 3):
             await nc.publish("bad.x.s2", packet("frame", seq, bytes(640)))

@@ -33,19 +33,22 @@ events from the core to the per-stream iterators:
   streams' events, never NATS I/O, heartbeats, lease renewals or announcements.
 
 Errors are `weir.errors` classes: `ConfigError` (an unknown or invalid option, naming
-the key), `ConnectError`, `ClosedError` (a closed consumer), `InternalError`.
+the key), `ConnectError`, `ClosedError` (a closed consumer), `RefusedError`
+(``concurrent_reader``: a second task reading one stream), `InternalError` (a bug).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
+import weakref
 from collections import deque
 from dataclasses import dataclass, fields
 from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import _weir
-from .errors import ClosedError, ConfigError, InternalError
+from .errors import ClosedError, ConfigError, InternalError, RefusedError
 
 Frame = _weir.Frame
 Gap = _weir.Gap
@@ -70,6 +73,8 @@ __all__ = [
 
 # How long close() waits for the pump to hand over what is left, beyond the grace.
 _PUMP_DRAIN_S = 5.0
+# Longest accepted close() grace period (the Rust side's bound too).
+_MAX_GRACE_S = 3600.0
 
 
 class _State:
@@ -85,22 +90,87 @@ class _State:
         self.gone = False  # the core's handler ended without an End
 
 
+class _Dispatch:
+    """What the pump, the streams and the `Consumer` share. Holds no reference to the
+    `Consumer` itself, so that a `Consumer` dropped without `close()` is collected (its
+    finalizer then shuts the core consumer down and the pump ends)."""
+
+    __slots__ = ("core", "loop", "states", "new", "new_waiters", "acks", "ack_scheduled",
+                 "pump_done", "pump_error", "closed")
+
+    def __init__(self, core: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.core = core
+        self.loop = loop
+        self.states: Dict[int, _State] = {}
+        self.new: Deque[Stream] = deque()
+        self.new_waiters: Deque[asyncio.Future[None]] = deque()
+        self.acks: List[Any] = []
+        self.ack_scheduled = False
+        self.pump_done = False
+        self.pump_error: Optional[BaseException] = None
+        self.closed = False
+
+    def ack(self, link: Any) -> None:
+        self.acks.append(link)
+        if not self.ack_scheduled:
+            self.ack_scheduled = True
+            self.loop.call_soon(self.flush_acks)
+
+    def flush_acks(self) -> None:
+        acks, self.acks = self.acks, []
+        self.ack_scheduled = False
+        if acks:
+            self.core.ack_many(acks)
+
+    def check_pump(self) -> None:
+        if self.pump_error is not None:
+            raise InternalError(f"the consumer's pump failed: {self.pump_error!r}",
+                                code="internal") from self.pump_error
+
+    def wake_one(self) -> None:
+        """Wakes the first `async for stream in consumer` waiter still waiting (done or
+        cancelled waiters are skipped, so that no new stream is left unannounced)."""
+        waiters = self.new_waiters
+        while waiters:
+            w = waiters.popleft()
+            if not w.done():
+                w.set_result(None)
+                return
+
+    def open(self, link: Any) -> None:
+        state = _State()
+        self.states[link.instance] = state
+        self.new.append(Stream(link, state, self))
+        self.wake_one()
+
+
 class Stream:
     """One stream instance: ``async for event in stream`` yields its events in order
     (`Frame`, `Gap`, `LossDeclared`, then exactly one `End`, after which the loop ends).
 
     Asking for the next event tells the core that the previous one is handled: the
     stream's lag and real-time factor are the handler's own. Read a stream from one
-    task at a time. Dropping a `Stream` without reading it to its end releases its
-    handler in the core (the rest of the stream is dropped there).
+    task at a time: a second task asking while one waits gets
+    `RefusedError(code="concurrent_reader")`. Dropping a `Stream` without reading it to
+    its end releases its handler in the core (the rest of the stream is dropped there).
+
+    How a stream ends: `End(cause=...)` is always the last event when the core ended
+    it — ``producer``, ``idle``, ``overload``, ``restarted``, ``shutdown`` (`close`)
+    or ``handover`` (lease mode: the partition was fenced — rebalanced to another
+    worker, expired or stalled — and its streams go on at the new owner; the core
+    aborts the fenced handlers, and the iterator gets a synthesized
+    ``End(cause="handover", seq=None, last_seq=<last seq this iterator was handed>)``
+    after the events already handed over). `ClosedError` instead of an `End` only when
+    the consumer was aborted, or closed and its grace ran out before the iterator read
+    its `End`; `InternalError` only for a bug (a handler in the core that panicked).
     """
 
-    __slots__ = ("_link", "_state", "_consumer", "__weakref__")
+    __slots__ = ("_link", "_state", "_d", "__weakref__")
 
-    def __init__(self, link: Any, state: _State, consumer: "Consumer") -> None:
+    def __init__(self, link: Any, state: _State, dispatch: _Dispatch) -> None:
         self._link = link
         self._state = state
-        self._consumer = consumer
+        self._d = dispatch
 
     @property
     def id(self) -> str:
@@ -135,31 +205,28 @@ class Stream:
 
     async def __anext__(self) -> Event:
         st = self._state
+        d = self._d
+        w = st.waiter
+        if w is not None and not w.done():
+            raise RefusedError(f"stream {self.id!r} is already being read by another task",
+                               code="concurrent_reader")
         if st.unacked:
             # Asking for the next event: the previous one is handled.
             st.unacked = False
-            c = self._consumer
-            c._acks.append(self._link)
-            if not c._ack_scheduled:
-                c._ack_scheduled = True
-                c._loop.call_soon(c._flush_acks)
+            d.ack(self._link)
         q = st.q
         while not q:
             if st.done:
                 raise StopAsyncIteration
-            c = self._consumer
-            if st.gone and not c._closed:
+            if st.gone and not d.closed:
                 raise InternalError(
                     f"stream {self.id!r}: its handler in the core ended without an End "
                     "(a bug: please report it)", code="handler_gone")
-            if c._pump_done or st.gone:
-                c._check_pump()
+            if d.pump_done or st.gone:
+                d.check_pump()
                 raise ClosedError(
                     f"stream {self.id!r}: the consumer is closed", code="closed")
-            w = st.waiter
-            if w is not None and not w.done():
-                raise RuntimeError(f"stream {self.id!r} is already being read by another task")
-            fut = c._loop.create_future()
+            fut = d.loop.create_future()
             st.waiter = fut
             try:
                 await fut
@@ -174,27 +241,43 @@ class Stream:
         return event
 
 
+def _grace(grace_s: object) -> float:
+    """``grace_s`` as seconds, or `ConfigError` (``invalid_config``, key ``grace_s``)."""
+    if isinstance(grace_s, bool) or not isinstance(grace_s, (int, float)):
+        raise ConfigError(f"grace_s: a number of seconds, not {type(grace_s).__name__}",
+                          code="invalid_config", details={"key": "grace_s"})
+    try:
+        value = float(grace_s)
+    except OverflowError:
+        value = math.inf
+    if not math.isfinite(value) or not 0.0 <= value <= _MAX_GRACE_S:
+        raise ConfigError(f"grace_s: {grace_s!r}; allowed 0..={_MAX_GRACE_S:g} seconds",
+                          code="invalid_config", details={"key": "grace_s"})
+    return value
+
+
 class Consumer:
     """A running consumer core (see the module docs). Create it with
     `Consumer.connect`; ``async for stream in consumer`` yields each new stream
-    instance until the consumer closes; ``async with consumer`` closes it on exit."""
+    instance until the consumer closes; ``async with consumer`` closes it on exit.
+
+    Several tasks may iterate one consumer: each new stream goes to exactly one of
+    them. A `Consumer` that is garbage-collected without `close()` is shut down
+    without grace (leases released, subscriptions and connection dropped)."""
 
     def __init__(self, core: Any) -> None:
         """Internal: use `Consumer.connect`."""
         if not isinstance(core, _weir._Consumer):
             raise ConfigError("use `await weir.Consumer.connect(...)`", code="invalid_argument")
         self._core = core
-        self._loop = asyncio.get_running_loop()
-        self._states: Dict[int, _State] = {}
-        self._new: Deque[Stream] = deque()
-        self._new_waiters: List[asyncio.Future[None]] = []
-        self._acks: List[Any] = []
-        self._ack_scheduled = False
-        self._pump_done = False
-        self._pump_error: Optional[BaseException] = None
-        self._closed = False
+        self._d = _Dispatch(core, asyncio.get_running_loop())
+        self._aborted = False
         self._final: Optional[ConsumerStats] = None
-        self._pump_task = self._loop.create_task(self._pump(), name="weir-consumer-pump")
+        # The pump holds only the dispatch state: this object can be collected, and
+        # then the finalizer shuts the core consumer down, which ends the pump.
+        self._pump_task = self._d.loop.create_task(_pump(self._d), name="weir-consumer-pump")
+        self._finalizer = weakref.finalize(self, _discard, core, self._d)
+        self._finalizer.atexit = False
 
     @classmethod
     async def connect(
@@ -212,6 +295,9 @@ class Consumer:
           ``password``, ``token``, ``nkey``, ``creds_file``, ``tls_required``,
           ``tls_ca_file``, ``tls_cert_file``, ``tls_key_file``, ``inbox_prefix``,
           ``connection_timeout_ms``, ``ping_interval_ms``, ``name``, ...).
+          ``retry_initial_connect`` is refused (`ConfigError`, key
+          ``nats.retry_initial_connect``): the consumer returns only once subscribed,
+          so an unreachable server is a `ConnectError` to retry from the caller.
         - ``**config``: the consumer core's keys (``subject``, ``partitions``,
           ``owned``, ``max_pending_bytes``, ``max_pending_age_ms``, ``policy``,
           ``idle_timeout_ms``, ``subscription_capacity``, ``max_streams``,
@@ -230,6 +316,11 @@ class Consumer:
         if "servers" in options or "url" in options:
             raise ConfigError("give the servers as the first argument, not in nats=",
                               code="invalid_config", details={"key": "nats.servers"})
+        if options.get("retry_initial_connect"):
+            raise ConfigError(
+                "nats.retry_initial_connect is not supported by the consumer: connect() "
+                "returns once subscribed; retry a ConnectError instead",
+                code="invalid_config", details={"key": "nats.retry_initial_connect"})
         options["servers"] = list(servers) if isinstance(servers, (list, tuple)) else servers
         try:
             nats_json = json.dumps(options)
@@ -248,31 +339,44 @@ class Consumer:
         await self.close()
 
     def __aiter__(self) -> "Consumer":
-        if self._closed:
+        if self._d.closed:
             raise ClosedError("the consumer is closed", code="closed")
         return self
 
     async def __anext__(self) -> Stream:
-        """The next new stream instance; the iteration ends when the consumer closes."""
-        while not self._new:
-            self._check_pump()
-            if self._pump_done:
+        """The next new stream instance; the iteration ends when the consumer closes.
+        Several tasks may wait at once: each stream goes to one of them, and a waiter
+        that is cancelled passes a stream it was woken for on to the next."""
+        d = self._d
+        while not d.new:
+            d.check_pump()
+            if d.pump_done:
                 raise StopAsyncIteration
-            fut = self._loop.create_future()
-            self._new_waiters.append(fut)
+            fut = d.loop.create_future()
+            d.new_waiters.append(fut)
             try:
                 await fut
-            finally:
+            except BaseException:
                 try:
-                    self._new_waiters.remove(fut)
+                    d.new_waiters.remove(fut)
                 except ValueError:
                     pass
-        return self._new.popleft()
+                if d.new:
+                    # Woken (or not) and leaving: the stream waiting goes to another.
+                    d.wake_one()
+                raise
+            try:
+                d.new_waiters.remove(fut)
+            except ValueError:
+                pass
+        return d.new.popleft()
 
     # -- reports -----------------------------------------------------------------------
 
     def stats(self) -> "ConsumerStats":
-        """A snapshot of the core's stats (after `close`: the final stats)."""
+        """A snapshot of the core's stats. Never raises for a closed consumer: while
+        `close` runs, the snapshot taken when it started; after it, the final stats;
+        after `abort`, the snapshot taken at the abort."""
         if self._final is not None:
             return self._final
         return ConsumerStats.from_json(self._core.stats_json())
@@ -295,7 +399,7 @@ class Consumer:
     @property
     def closed(self) -> bool:
         """Whether `close` or `abort` was called."""
-        return self._closed
+        return self._d.closed
 
     # -- shutdown ----------------------------------------------------------------------
 
@@ -303,102 +407,94 @@ class Consumer:
         """Graceful shutdown: last (empty) capacity announcement, unsubscribe, every
         live stream ends with ``End(cause="shutdown")`` after its queued events,
         handlers get ``grace_s`` seconds to read them, leases are released. Returns
-        the final stats. Idempotent."""
-        if isinstance(grace_s, bool) or not isinstance(grace_s, (int, float)):
-            raise ConfigError("grace_s: a number of seconds", code="invalid_argument",
-                              details={"key": "grace_s"})
-        self._closed = True
-        text = await self._core.close(float(grace_s))
-        self._final = ConsumerStats.from_json(text)
-        try:
-            await asyncio.wait_for(asyncio.shield(self._pump_task), _PUMP_DRAIN_S)
-        except asyncio.TimeoutError:
-            self._pump_task.cancel()
+        the final stats.
+
+        ``grace_s``: 0..=3600 seconds, else `ConfigError` (``invalid_config``) and
+        the consumer is left running. Idempotent and cancel-safe: the first call
+        starts the shutdown, which runs to its end even if that ``await`` is
+        cancelled or times out; every call (concurrent, or a retry) awaits the same
+        shutdown and returns the same stats (a later ``grace_s`` is ignored). After
+        `abort`, a no-op returning the snapshot taken at the abort."""
+        grace = _grace(grace_s)
+        d = self._d
+        d.closed = True
+        self._finalizer.detach()
+        text = await self._core.close(grace)
+        if self._final is None:
+            self._final = ConsumerStats.from_json(text)
+        if not self._aborted:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._pump_task), _PUMP_DRAIN_S)
+            except asyncio.TimeoutError:
+                self._pump_task.cancel()
         return self._final
 
     def abort(self) -> None:
         """A crash, for failover drills: no drain, no end to the streams, no lease
         released, no last announcement. Stream iterators get what was already handed
-        over, then `ClosedError`."""
-        self._closed = True
+        over, then `ClosedError`. Idempotent; `close` afterwards (and leaving
+        ``async with``) is a no-op."""
+        self._d.closed = True
+        self._aborted = True
+        self._finalizer.detach()
         self._core.abort()
 
-    # -- internals ---------------------------------------------------------------------
 
-    def _ack(self, link: Any) -> None:
-        self._acks.append(link)
-        if not self._ack_scheduled:
-            self._ack_scheduled = True
-            self._loop.call_soon(self._flush_acks)
+def _discard(core: Any, d: _Dispatch) -> None:
+    """The finalizer of a `Consumer` collected without `close`: shuts the core consumer
+    down without grace (leases released, subscriptions dropped); the pump then ends."""
+    d.closed = True
+    core.discard()
 
-    def _flush_acks(self) -> None:
-        acks, self._acks = self._acks, []
-        self._ack_scheduled = False
-        if acks:
-            self._core.ack_many(acks)
 
-    def _check_pump(self) -> None:
-        if self._pump_error is not None:
-            raise InternalError(f"the consumer's pump failed: {self._pump_error!r}",
-                                code="internal") from self._pump_error
-
-    def _open(self, link: Any) -> None:
-        state = _State()
-        self._states[link.instance] = state
-        self._new.append(Stream(link, state, self))
-        waiters = self._new_waiters
-        if waiters:
-            w = waiters.pop(0)
-            if not w.done():
-                w.set_result(None)
-
-    async def _pump(self) -> None:
-        core = self._core
-        states = self._states
-        end_type = End
-        try:
-            while True:
-                batch = core.poll_batch()
+async def _pump(d: _Dispatch) -> None:
+    """Takes the hub's messages in batches and dispatches them until the consumer is
+    closed (the hub drained). Holds the dispatch state only, never the `Consumer`."""
+    core = d.core
+    states = d.states
+    end_type = End
+    try:
+        while True:
+            batch = core.poll_batch()
+            if batch is None:
+                break
+            if not batch:
+                batch = await core.next_batch()
                 if batch is None:
                     break
-                if not batch:
-                    batch = await core.next_batch()
-                    if batch is None:
-                        break
-                it = iter(batch)
-                for instance, event in zip(it, it):
-                    st = states.get(instance)
-                    if st is None:
-                        if instance < 0:
-                            self._open(event)
-                        continue
-                    if event is None:  # the handler ended without an End
-                        del states[instance]
-                        st.gone = True
-                    else:
-                        st.q.append(event)
-                    if type(event) is end_type:
-                        del states[instance]
-                    w = st.waiter
-                    if w is not None:
-                        st.waiter = None
-                        if not w.done():
-                            w.set_result(None)
-                # Let the woken iterators run before the next batch.
-                await asyncio.sleep(0)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as e:  # a bug: surfaced to every iterator
-            self._pump_error = e
-        finally:
-            self._pump_done = True
-            for st in list(states.values()):
+            it = iter(batch)
+            for instance, event in zip(it, it):
+                st = states.get(instance)
+                if st is None:
+                    if instance < 0:
+                        d.open(event)
+                    continue
+                if event is None:  # the handler ended without an End
+                    del states[instance]
+                    st.gone = True
+                else:
+                    st.q.append(event)
+                if type(event) is end_type:
+                    del states[instance]
                 w = st.waiter
-                if w is not None and not w.done():
-                    w.set_result(None)
-            for w in list(self._new_waiters):
-                if not w.done():
-                    w.set_result(None)
+                if w is not None:
+                    st.waiter = None
+                    if not w.done():
+                        w.set_result(None)
+            del batch, it
+            # Let the woken iterators run before the next batch.
+            await asyncio.sleep(0)
+    except Exception as e:  # a bug: surfaced to every iterator
+        d.pump_error = e
+    finally:
+        d.pump_done = True
+        for st in list(states.values()):
+            w = st.waiter
+            if w is not None and not w.done():
+                w.set_result(None)
+        for w in list(d.new_waiters):
+            if not w.done():
+                w.set_result(None)
 
 
 # -- stats -------------------------------------------------------------------------------
