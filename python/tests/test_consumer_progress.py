@@ -6,9 +6,10 @@ One consumer, three streams published at real time (50 frames/s, 2 s) by nats-py
 - ``slow``: its handler takes 50 ms per 20 ms frame (``await asyncio.sleep``): its lag
   in `Consumer.capacity()` grows past 300 ms, its own bound (500 ms) ends it with
   ``End(cause="overload")``, and the real-time factor p95 goes above 1;
-- ``unread``: the `Stream` is held but never iterated: only its own queue overloads;
-  once the `Stream` is dropped (garbage-collected), its handler is released and its
-  slot freed (``live_streams`` back to 0).
+- ``unread``: the `Stream` is held but not iterated: only its own queue overloads; once
+  the core has ended it (``overload``), its slot is freed (``live_streams`` back to 0)
+  although the `Stream` is still held and unread, and reading it afterwards yields the
+  frames handed over before the end, in order, then ``End(cause="overload")``.
 
 The other streams are not slowed down by either. Bounded: 2 s of frames, every wait
 with a timeout.
@@ -84,13 +85,20 @@ async def test_lag_and_bounds_follow_the_python_handler(nats_server):
         stats = consumer.stats()
         unread = stats.stream("unread")[0]
         assert unread.overloads >= 1 and unread.ended_by == "overload", unread
-        assert cap["live_streams"] == 1  # the unread stream still holds its slot
-        # Dropping the Stream releases its handler: the slot is freed.
-        held.clear()
-        gc.collect()
+        # Ended by the core: the slot is freed though the Stream is held and unread.
         async with asyncio.timeout(5):
             while consumer.capacity()["live_streams"] != 0:
                 await asyncio.sleep(0.05)
+        assert len(held) == 1
+        # The reader comes late: what was handed over, in order, then the End.
+        async with asyncio.timeout(5):
+            late = [e async for e in held[0]]
+        seqs = [e.seq for e in late if isinstance(e, weir.Frame)]
+        assert seqs == list(range(1, len(seqs) + 1)) and 0 < len(seqs) < 100, seqs
+        assert isinstance(late[-1], weir.End) and late[-1].cause == "overload", late[-1]
+        assert all(not isinstance(e, weir.End) for e in late[:-1])
+        held.clear()
+        gc.collect()
     finally:
         for t in tasks:
             t.cancel()

@@ -24,7 +24,10 @@ events from the core to the per-stream iterators:
   waits until that stream's iterator asks for the next one (``__anext__``), so the
   core's queue bound, lag and real-time factor measure the Python handler's own
   progress. A stream that is not read fills only its own bounded queue (its policy
-  fires, the others go on); a `Stream` that is garbage-collected releases its handler.
+  fires, the others go on) and, once the core ended it, frees its slot (see
+  `Stream`); a `Stream` that is garbage-collected releases its handler.
+- Lease mode: a fenced partition's streams end with ``End(cause="handover")`` and go
+  on at the new owner.
 - One pump task per consumer takes the hub's messages in batches (one await per batch)
   and dispatches them to the per-stream iterators and the new-stream queue.
 - Cancellation-safe: cancelling an ``await`` on a stream or on the consumer loses
@@ -153,6 +156,16 @@ class Stream:
     task at a time: a second task asking while one waits gets
     `RefusedError(code="concurrent_reader")`. Dropping a `Stream` without reading it to
     its end releases its handler in the core (the rest of the stream is dropped there).
+
+    A `Stream` held but not read: while the stream is live it holds its
+    ``max_streams`` slot and only its own bounded queue fills (its policy fires).
+    Once the core has ended it (producer end, idle timeout, ``overload`` under the
+    ``close`` policy, a fence), the core waits at most ``max_pending_age_ms`` for each
+    ask of the reader; then the events still queued (bounded by the stream's queue
+    bound: nothing is queued after the end) and the `End` are handed to this iterator
+    at once, the slot is freed (``capacity()["live_streams"]`` drops) and the reader
+    gets them, in order, whenever it reads. Those events count as delivered in the
+    stats. During `close`, the grace applies instead.
 
     How a stream ends: `End(cause=...)` is always the last event when the core ended
     it — ``producer``, ``idle``, ``overload``, ``restarted``, ``shutdown`` (`close`)

@@ -615,7 +615,9 @@ impl<F: HandlerFactory> Demux<F> {
             subject: subject.to_owned(),
             session_id: packet.session_id.clone(),
         };
-        let handler = self.factory.open(&info);
+        let handler = self
+            .factory
+            .open_with(&info, super::handler::StreamEnded(queue.clone()));
         // One span per stream instance: the handler's own log lines carry the ids.
         let span = tracing::info_span!("stream", stream = token, partition, instance);
         self.tasks.spawn(tracing::Instrument::instrument(

@@ -7,6 +7,11 @@
 //! fills its own stream's bounded queue; when that bound is exceeded the configured
 //! policy fires (see [`super::ConsumerPolicy`]) — other streams are not slowed down.
 //!
+//! A factory that needs to know when the consumer has ended a stream *while its
+//! handler is still busy with an earlier event* (a handler that waits on something
+//! external, such as a binding waiting for another language's reader) implements
+//! [`HandlerFactory::open_with`] and awaits [`StreamEnded::ended`] beside its work.
+//!
 //! A handler that panics ends its task; the rest of its stream is dropped and counted
 //! (`frames_dropped_handler_gone`), never queued without bound.
 
@@ -14,7 +19,10 @@ use std::future::Future;
 
 use tokio::sync::mpsc;
 
+use std::sync::Arc;
+
 use super::event::{StreamEvent, StreamInfo};
+use super::queue::StreamQueue;
 
 /// Receives one stream's events, in order.
 pub trait StreamHandler: Send + 'static {
@@ -30,6 +38,42 @@ pub trait HandlerFactory: Send + Sync + 'static {
     /// Called from the subscription's dispatcher task when a stream's first packet
     /// arrives: keep it cheap and non-blocking.
     fn open(&self, info: &StreamInfo) -> Self::Handler;
+
+    /// What the consumer calls: [`Self::open`], plus the stream's [`StreamEnded`]
+    /// signal for factories that want it (the default ignores it).
+    fn open_with(&self, info: &StreamInfo, ended: StreamEnded) -> Self::Handler {
+        let _ = ended;
+        self.open(info)
+    }
+}
+
+/// Tells a handler that the consumer has ended its stream instance: the stream's
+/// `End` is queued behind whatever is still pending (the producer's end, the idle
+/// timeout, an overload under the `close` policy, shutdown or a fence), or the
+/// handler task is gone. Nothing more will be queued for it; the pending events and
+/// the `End` are still delivered in order, as always.
+#[derive(Clone)]
+pub struct StreamEnded(pub(crate) Arc<StreamQueue>);
+
+impl std::fmt::Debug for StreamEnded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamEnded")
+            .field("ended", &self.is_ended())
+            .finish()
+    }
+}
+
+impl StreamEnded {
+    /// Whether the stream has been ended (see the type's docs).
+    pub fn is_ended(&self) -> bool {
+        self.0.is_ended()
+    }
+
+    /// Resolves once the stream has been ended (at once if it already was).
+    /// Cancel-safe.
+    pub async fn ended(&self) {
+        self.0.ended().await;
+    }
 }
 
 impl<F, H> HandlerFactory for F

@@ -181,7 +181,7 @@ pub use event::{
     ConsumerEvent, End, EndCause, Frame, GapCause, GapNotice, LocalOverload, LossDeclaration,
     OverloadBound, RefuseReason, StreamEvent, StreamInfo,
 };
-pub use handler::{ChannelHandler, HandlerFactory, StreamHandler, channel_factory};
+pub use handler::{ChannelHandler, HandlerFactory, StreamEnded, StreamHandler, channel_factory};
 pub use lease::LeaseInfo;
 pub use stats::{ConsumerStats, Counters, StreamState, StreamStats, Totals};
 

@@ -98,6 +98,9 @@ pub(crate) struct StreamQueue {
     limits: QueueLimits,
     state: Mutex<State>,
     ready: Notify,
+    /// Woken (all waiters) when the queue is closed or its handler task is gone: see
+    /// [`StreamQueue::ended`].
+    ended: Notify,
     /// Frames the handler finished with (counted by the handler task without the
     /// consumer-wide registry lock; folded into the stream's record when it finishes).
     delivered: AtomicU64,
@@ -110,6 +113,7 @@ impl StreamQueue {
             limits,
             state: Mutex::new(State::default()),
             ready: Notify::new(),
+            ended: Notify::new(),
             delivered: AtomicU64::new(0),
         }
     }
@@ -197,7 +201,29 @@ impl StreamQueue {
         });
         drop(st);
         self.ready.notify_one();
+        self.ended.notify_waiters();
         true
+    }
+
+    /// Whether the stream was ended for its handler (its `End` is queued) or the
+    /// handler task is gone.
+    pub(crate) fn is_ended(&self) -> bool {
+        let st = self.lock();
+        st.closed || st.receiver_gone
+    }
+
+    /// Until [`Self::is_ended`].
+    pub(crate) async fn ended(&self) {
+        loop {
+            let notified = self.ended.notified();
+            tokio::pin!(notified);
+            // Registered before the check: a close in between is not missed.
+            notified.as_mut().enable();
+            if self.is_ended() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// The next event, waiting for one. `None` once the queue is closed and empty (the
@@ -233,7 +259,10 @@ impl StreamQueue {
     fn receiver_gone(&self) -> usize {
         let mut st = self.lock();
         st.receiver_gone = true;
-        st.items.drain_all().map(|q| q.frames()).sum()
+        let discarded = st.items.drain_all().map(|q| q.frames()).sum();
+        drop(st);
+        self.ended.notify_waiters();
+        discarded
     }
 }
 
@@ -331,6 +360,7 @@ mod tests {
     use super::*;
     use crate::event::{EndCause, Frame};
     use bytes::Bytes;
+    use std::sync::Arc;
     use weir_protocol::audio::AudioFormat;
 
     fn limits(policy: WhenFull) -> QueueLimits {
@@ -560,5 +590,40 @@ mod tests {
         assert_eq!(q.push(frame(3, now), now), Push::ReceiverGone);
         assert!(!q.close(end(), now));
         assert!(q.pop().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn ended_resolves_on_close_and_on_receiver_gone() {
+        let now = Instant::now();
+        let q = Arc::new(StreamQueue::new(limits(WhenFull::Close)));
+        q.push(frame(1, now), now);
+        assert!(!q.is_ended());
+        let waiter = tokio::spawn({
+            let q = q.clone();
+            async move { q.ended().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        assert!(q.close(end(), now));
+        tokio::time::timeout(Duration::from_secs(1), waiter)
+            .await
+            .expect("ended() woke on close")
+            .expect("no panic");
+        assert!(q.is_ended());
+        // Already ended: at once. The pending events are still there, in order.
+        q.ended().await;
+        assert_eq!(drain_now(&q).len(), 2);
+
+        let q = Arc::new(StreamQueue::new(limits(WhenFull::Close)));
+        let waiter = tokio::spawn({
+            let q = q.clone();
+            async move { q.ended().await }
+        });
+        tokio::task::yield_now().await;
+        drop(ReceiverGuard::new(&q, |_| {}));
+        tokio::time::timeout(Duration::from_secs(1), waiter)
+            .await
+            .expect("ended() woke when the receiver went")
+            .expect("no panic");
     }
 }

@@ -21,6 +21,16 @@
 //!   waiting and stops sending, except the `End`, so that the pump can forget the
 //!   stream. A link that is held but never acked blocks only its own stream, whose
 //!   queue then overloads under its own bound, as with a slow Rust handler.
+//! - **An ended stream does not wait for a reader that is gone quiet.** Once the core
+//!   has ended a stream for its handler ([`StreamEnded`]: its `End` is queued —
+//!   producer end, idle, overload under `close`, a fence), and unless the consumer is
+//!   closing (then `close()`'s grace applies as before), the handler waits for each ack
+//!   at most `patience` (the stream's own age bound, `max_pending_age_ms`); a reader
+//!   that lets that pass gets the rest of the queue and the `End` handed straight to
+//!   its iterator, where they wait: bounded by the stream's own queue bound (nothing is
+//!   queued after the end), and the instance's `max_streams` slot is freed even if the
+//!   Python `Stream` is held and never read. A reader that keeps asking is waited for
+//!   as before (its lag and real-time factor stay its own).
 //! - `End` is never waited on: the handler returns at once, its `max_streams` slot is
 //!   freed as soon as the core has handed the end over.
 //! - **Every opened stream's Python iterator ends.** A handler dropped before it handed
@@ -36,10 +46,13 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::Poll;
+use std::time::Duration;
 
 use futures::task::AtomicWaker;
 use tokio::sync::{mpsc, watch};
-use weir_audio_consumer::{End, EndCause, StreamEvent, StreamHandler, StreamInfo};
+use weir_audio_consumer::{
+    End, EndCause, HandlerFactory, StreamEnded, StreamEvent, StreamHandler, StreamInfo,
+};
 
 /// Hub slack beyond two messages per stream (`End`s waiting to be taken).
 const SLACK: usize = 1_024;
@@ -125,17 +138,21 @@ pub struct Hub {
     /// Set when `close()` or `abort()` starts (before the core's shutdown): a handler
     /// dropped from then on is the shutdown's, not a fence's.
     closing: AtomicBool,
+    /// How long the handler of an ended stream waits for each ack.
+    patience: Duration,
 }
 
 impl Hub {
-    /// A hub for `max_streams` and its receiving end.
-    pub fn new(max_streams: usize) -> (Arc<Self>, mpsc::Receiver<HubMsg>) {
+    /// A hub for `max_streams` and its receiving end; `patience`: how long the handler
+    /// of an ended stream waits for each ack (see the module docs).
+    pub fn new(max_streams: usize, patience: Duration) -> (Arc<Self>, mpsc::Receiver<HubMsg>) {
         let (tx, rx) = mpsc::channel(capacity_for(max_streams));
         let hub = Arc::new(Self {
             tx,
             links: Mutex::new(HashMap::new()),
             closed: watch::channel(false).0,
             closing: AtomicBool::new(false),
+            patience,
         });
         (hub, rx)
     }
@@ -145,28 +162,9 @@ impl Hub {
     }
 
     /// The core's handler factory: one [`PyHandler`] per stream instance.
-    pub fn factory(self: &Arc<Self>) -> impl Fn(&StreamInfo) -> PyHandler + Send + Sync + 'static {
-        let weak = Arc::downgrade(self);
-        move |info: &StreamInfo| {
-            let link = Arc::new(Link::new());
-            let hub = weak.upgrade();
-            match &hub {
-                Some(h) => {
-                    h.links().insert(info.instance, Arc::downgrade(&link));
-                }
-                // The Python consumer is gone: nothing will ever ack.
-                None => link.release(),
-            }
-            PyHandler {
-                open: Some(info.clone()),
-                instance: info.instance,
-                link,
-                tx: hub.map(|h| h.tx.clone()),
-                opened: false,
-                ended: false,
-                last_seq: None,
-                hub: weak.clone(),
-            }
+    pub fn factory(self: &Arc<Self>) -> HubFactory {
+        HubFactory {
+            hub: Arc::downgrade(self),
         }
     }
 
@@ -204,6 +202,49 @@ impl Hub {
     }
 }
 
+/// The core's handler factory (see [`Hub::factory`]).
+pub struct HubFactory {
+    hub: Weak<Hub>,
+}
+
+impl HubFactory {
+    fn make(&self, info: &StreamInfo, ended: Option<StreamEnded>) -> PyHandler {
+        let link = Arc::new(Link::new());
+        let hub = self.hub.upgrade();
+        match &hub {
+            Some(h) => {
+                h.links().insert(info.instance, Arc::downgrade(&link));
+            }
+            // The Python consumer is gone: nothing will ever ack.
+            None => link.release(),
+        }
+        PyHandler {
+            open: Some(info.clone()),
+            instance: info.instance,
+            link,
+            tx: hub.map(|h| h.tx.clone()),
+            opened: false,
+            ended: false,
+            last_seq: None,
+            stream_ended: ended,
+            draining: false,
+            hub: self.hub.clone(),
+        }
+    }
+}
+
+impl HandlerFactory for HubFactory {
+    type Handler = PyHandler;
+
+    fn open(&self, info: &StreamInfo) -> PyHandler {
+        self.make(info, None)
+    }
+
+    fn open_with(&self, info: &StreamInfo, ended: StreamEnded) -> PyHandler {
+        self.make(info, Some(ended))
+    }
+}
+
 /// The core handler of one stream instance (see the module docs).
 pub struct PyHandler {
     /// The open notice, sent with the first event.
@@ -218,7 +259,48 @@ pub struct PyHandler {
     ended: bool,
     /// The last seq handed over (a frame's, a gap's last), for a synthesized `End`.
     last_seq: Option<u64>,
+    /// The core's signal that this stream was ended for its handler.
+    stream_ended: Option<StreamEnded>,
+    /// The stream was ended (and the consumer is not closing): events go straight to
+    /// Python, without waiting for acks.
+    draining: bool,
     hub: Weak<Hub>,
+}
+
+impl PyHandler {
+    /// Whether the consumer is closing (or gone).
+    fn closing(&self) -> bool {
+        self.hub.upgrade().is_none_or(|h| h.is_closing())
+    }
+
+    /// Until Python acks the last event or the link is released; once the core ended
+    /// the stream (and unless closing), at most the hub's patience.
+    async fn wait_for_ack(&mut self) {
+        if self.draining {
+            return;
+        }
+        let Some(ended) = self.stream_ended.clone() else {
+            self.link.acked().await;
+            return;
+        };
+        tokio::select! {
+            biased;
+            () = self.link.acked() => {}
+            () = ended.ended() => {
+                let patience = self.hub.upgrade().map(|h| h.patience);
+                match patience {
+                    // close()'s grace applies: wait for the reader as before.
+                    Some(_) if self.closing() => self.link.acked().await,
+                    Some(p) => {
+                        if tokio::time::timeout(p, self.link.acked()).await.is_err() {
+                            self.draining = true;
+                        }
+                    }
+                    None => self.draining = true,
+                }
+            }
+        }
+    }
 }
 
 impl StreamHandler for PyHandler {
@@ -254,8 +336,9 @@ impl StreamHandler for PyHandler {
             self.ended = true;
             return;
         }
-        // Until Python asks for the next event (or releases the link).
-        self.link.acked().await;
+        // Until Python asks for the next event (or releases the link, or the stream
+        // was ended: see the module docs).
+        self.wait_for_ack().await;
     }
 }
 

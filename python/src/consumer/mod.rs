@@ -279,6 +279,7 @@ impl PyConsumer {
         }
         let config = config_from_json(config_json)?;
         let max_streams = config.max_streams;
+        let patience = Duration::from_millis(config.max_pending_age_ms);
         let settings = config.validate().map_err(consumer_err)?;
         runtime::await_core(py, async move {
             let options = weir_service::nats::options(&nats).await.map_err(|e| {
@@ -288,7 +289,7 @@ impl PyConsumer {
                 )
             })?;
             let url = nats.urls.join(",");
-            let (hub, rx) = Hub::new(max_streams);
+            let (hub, rx) = Hub::new(max_streams, patience);
             let (acks, acks_rx) = mpsc::unbounded_channel();
             tokio::spawn(acker(acks_rx));
             let consumer = Consumer::connect_with(options, &url, settings, hub.factory())
