@@ -202,3 +202,30 @@ async def test_retry_initial_connect_is_refused(nats_server):
     consumer = await weir.Consumer.connect(nats_server.url,
                                            nats={"retry_initial_connect": False})
     await consumer.close()
+
+
+async def test_the_pump_does_not_swallow_base_exceptions(nats_server, monkeypatch):
+    """Review finding 8: the pump surfaces an `Exception` to the iterators (a bug),
+    but a `BaseException` that is not one (KeyboardInterrupt, SystemExit, ...) is not
+    swallowed: it ends the pump task with it."""
+    import weir.consumer as wc
+
+    class Interrupt(BaseException):  # stands in for KeyboardInterrupt/SystemExit
+        pass
+
+    def explode(self, link):
+        raise Interrupt()
+
+    nc = await nats_py.connect(nats_server.url)
+    consumer = await weir.Consumer.connect(nats_server.url, subject="life.x.{stream}")
+    try:
+        monkeypatch.setattr(wc._Dispatch, "open", explode)
+        await nc.publish("life.x.s1", packet("frame", 1, bytes(640)))
+        await nc.flush()
+        with pytest.raises(Interrupt):
+            await asyncio.wait_for(asyncio.shield(consumer._pump_task), 5)
+        assert consumer._d.pump_error is None
+        monkeypatch.undo()
+    finally:
+        consumer.abort()
+        await nc.close()
