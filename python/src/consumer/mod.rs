@@ -19,7 +19,9 @@
 //!   refusal is a `ConfigError` naming the key;
 //! - a consumer whose Python object is dropped without `close()` (including a connect
 //!   whose `await` was cancelled: its result is never taken) is shut down on the core
-//!   runtime: its subscriptions and leases do not outlive it;
+//!   runtime: its subscriptions and leases do not outlive it. The Python pump holds
+//!   this object, so `weir.Consumer` calls `discard()` from its finalizer (the pump
+//!   then ends and this object is dropped);
 //! - after `close()` / `abort()` / `discard()` every handler's wait is released and the
 //!   batch calls return `None` once the hub is drained: the Python pump ends;
 //! - one shutdown per consumer: the first `close()` starts it as a task of its own on
