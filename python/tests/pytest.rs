@@ -85,6 +85,8 @@ pytest_files! {
     consumer_bad_input => "test_consumer_bad_input.py",
     consumer_events => "test_consumer_events.py",
     consumer_progress => "test_consumer_progress.py",
+    consumer_handover => "test_consumer_handover.py",
+    consumer_lifecycle => "test_consumer_lifecycle.py",
     producer_stall => "test_producer_stall.py",
     producer_bad_input => "test_producer_bad_input.py",
     producer_cancel => "test_producer_cancel.py",
