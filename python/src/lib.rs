@@ -7,7 +7,7 @@
 //!
 //! Invariants:
 //! - [`runtime`]: the cores run on their own runtime, whose threads never take the GIL;
-//!   Python futures are completed from a second, bridge runtime. A Python thread that
+//!   Python futures are completed by one bridge thread. A Python thread that
 //!   holds the GIL (a model call) therefore cannot delay NATS I/O, acknowledgements,
 //!   lease renewals or capacity announcements.
 //! - [`errors`]: every failure reaches Python as a subclass of `weir.WeirError` with a
@@ -24,10 +24,10 @@ mod runtime;
 /// The module `weir._weir`.
 #[pymodule]
 fn _weir(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    runtime::init_bridge();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(runtime::runtime_threads, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::_panic_probe, m)?)?;
+    m.add_function(wrap_pyfunction!(runtime::_shutdown, m)?)?;
     consumer::register(m)?;
     producer::register(m)?;
     Ok(())

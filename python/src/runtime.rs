@@ -1,34 +1,43 @@
-//! The two tokio runtimes of the extension, and the one way Python awaits Rust.
+//! The extension's runtime, and the one way Python awaits Rust.
 //!
-//! - **core** (`weir-core-*` threads): the consumer's and producer's tasks (NATS client,
-//!   demultiplexers, handlers' queues, lease driver, capacity announcer, publishers).
-//!   Nothing running there takes the GIL: it exchanges data with Python only through
-//!   channels and atomics.
-//! - **bridge** (`weir-bridge` thread, pyo3-async-runtimes' runtime): the futures
-//!   behind Python awaitables. Completing an asyncio future needs the GIL, so a Python
-//!   thread holding it (a model call) delays only this runtime, never the core.
+//! - **core** (`weir-core-*` threads, a tokio runtime): the consumer's and producer's
+//!   tasks (NATS client, demultiplexers, handlers' queues, lease driver, capacity
+//!   announcer, publishers) and the futures behind Python awaitables. Nothing running
+//!   there takes the GIL: it exchanges data with Python only through channels and
+//!   atomics, and a Python object it drops is released later by PyO3's reference pool.
+//! - **bridge** (one `weir-bridge` thread): completes asyncio futures. It is the only
+//!   thread of the extension that takes the GIL on its own, so a Python thread holding
+//!   the GIL (a model call) delays only the delivery of results, never the core.
 //!
-//! [`await_core`] runs an operation on the core and hands its result to Python;
-//! [`await_bridge`] awaits something cancel-safe (a channel) directly on the bridge, so
-//! that a Python `await` cancelled while it waits drops the Rust future and loses
-//! nothing. One race remains, and callers close it themselves: when the Rust future has
-//! already completed and the cancellation lands before pyo3-async-runtimes sets the
-//! result, the result is discarded. So a receive that takes an item out of Rust's hands
-//! must not be the only copy: the producer's events are kept until a later call
-//! acknowledges them by index, the consumer's batches go to an internal pump task that
-//! only `close` cancels.
+//! [`await_core`] runs an operation on the core to completion and hands its result to
+//! Python; [`await_bridge`] awaits a cancel-safe future (a channel receive): a Python
+//! `await` cancelled while it waits drops the Rust future, so nothing is lost. One race
+//! remains, and callers close it themselves: a result completed just before the
+//! cancellation is discarded (the asyncio future is done; it cannot take it). So a
+//! receive that takes an item out of Rust's hands must not be the only copy: the
+//! producer's events are kept until a later call acknowledges them by index, the
+//! consumer's batches go to an internal pump task that only `close` cancels.
+//!
+//! Interpreter exit: `weir` registers [`_shutdown`] with `atexit`. It stops the bridge
+//! and waits for it (the GIL released) before the interpreter finalizes, so no thread of
+//! the extension takes the GIL once finalization starts — a thread that did would crash
+//! the process. Results completed after that are dropped (their loop is gone anyway).
 
 use std::any::Any;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::sync::OnceLock;
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::thread::JoinHandle;
 
 use futures::FutureExt;
 
 use pyo3::IntoPyObjectExt;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::PyDict;
 use tokio::runtime::{Builder, Handle, Runtime};
+use tokio::sync::oneshot;
 
 use crate::errors::WeirErr;
 
@@ -57,64 +66,233 @@ pub fn core_handle() -> Result<Handle, WeirErr> {
     Ok(core()?.handle().clone())
 }
 
-/// Configures the bridge runtime (one thread; it only completes Python futures). Called
-/// once at module import, before any awaitable exists.
-pub fn init_bridge() {
-    let mut builder = Builder::new_multi_thread();
-    builder
-        .worker_threads(1)
-        .thread_name("weir-bridge")
-        .enable_all();
-    pyo3_async_runtimes::tokio::init(builder);
-}
-
 /// Runs `op` on the core runtime and returns a Python awaitable of its result.
 ///
-/// The operation runs to completion even when the Python `await` is cancelled (the
-/// bridge only stops waiting for it): operations that create something (a connection,
-/// a stream) must release it themselves when their result is not taken.
+/// The operation runs to completion even when the Python `await` is cancelled (only the
+/// wait for it stops): operations that create something (a connection, a stream) must
+/// release it themselves when their result is not taken.
 pub fn await_core<'py, F, T>(py: Python<'py>, op: F) -> PyResult<Bound<'py, PyAny>>
 where
     F: Future<Output = Result<T, WeirErr>> + Send + 'static,
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
     let task = core()?.spawn(op);
-    pyo3_async_runtimes::tokio::future_into_py(py, async move {
-        Ok(Outcome(match task.await {
+    bridge(py, async move {
+        match task.await {
             Ok(result) => result,
             Err(e) if e.is_panic() => Err(WeirErr::internal(format!(
                 "a weir task panicked: {}",
                 panic_message(e.into_panic().as_ref())
             ))),
             Err(e) => Err(WeirErr::internal(format!("a weir task failed: {e}"))),
-        }))
+        }
     })
 }
 
-/// Awaits `fut` on the bridge runtime: for cancel-safe waits (channel receives), so a
-/// Python `await` cancelled while it waits drops it. A result completed just before the
-/// cancellation is discarded (see the module doc): hand out items that can be asked for
-/// again, or await them only from a task nothing else cancels.
+/// Awaits `fut` (on the core runtime) from Python: for cancel-safe waits (channel
+/// receives). A Python `await` cancelled while it waits drops `fut`; a result completed
+/// just before the cancellation is discarded (see the module doc): hand out items that
+/// can be asked for again, or await them only from a task nothing else cancels.
 pub fn await_bridge<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
 where
     F: Future<Output = Result<T, WeirErr>> + Send + 'static,
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
-    pyo3_async_runtimes::tokio::future_into_py(py, async move {
-        Ok(Outcome(match AssertUnwindSafe(fut).catch_unwind().await {
-            Ok(result) => result,
-            Err(panic) => Err(WeirErr::internal(format!(
-                "a weir operation panicked: {}",
-                panic_message(panic.as_ref())
-            ))),
-        }))
+    bridge(py, fut)
+}
+
+/// An asyncio future of the running loop, completed by the bridge thread with what
+/// `fut` (spawned on the core) returns; `fut` is dropped as soon as the asyncio future
+/// is done otherwise (cancelled, or garbage-collected).
+fn bridge<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = Result<T, WeirErr>> + Send + 'static,
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    static ASYNCIO: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    let asyncio = ASYNCIO.get_or_try_init(py, || py.import("asyncio").map(Bound::unbind))?;
+    let event_loop = asyncio.bind(py).call_method0("get_running_loop")?;
+    let future = event_loop.call_method0("create_future")?;
+    let (cancel_tx, cancel_rx) = oneshot::channel();
+    future.call_method1(
+        "add_done_callback",
+        (CancelOnDone {
+            tx: Mutex::new(Some(cancel_tx)),
+        },),
+    )?;
+    let target = future.clone().unbind();
+    let event_loop = event_loop.unbind();
+    core()?.spawn(async move {
+        let outcome = tokio::select! {
+            result = AssertUnwindSafe(fut).catch_unwind() => match result {
+                Ok(result) => result,
+                Err(panic) => Err(WeirErr::internal(format!(
+                    "a weir operation panicked: {}",
+                    panic_message(panic.as_ref())
+                ))),
+            },
+            // Done without us (cancelled), or its callback is gone: nobody waits.
+            _ = cancel_rx => return,
+        };
+        submit(Completion {
+            future: target,
+            event_loop,
+            outcome: Box::new(move |py| Outcome(outcome).into_bound_py_any(py).map(Bound::unbind)),
+        });
+    });
+    Ok(future)
+}
+
+/// The done-callback of a bridged asyncio future: tells its Rust side to stop.
+#[pyclass(frozen)]
+struct CancelOnDone {
+    tx: Mutex<Option<oneshot::Sender<()>>>,
+}
+
+#[pymethods]
+impl CancelOnDone {
+    fn __call__(&self, _future: &Bound<'_, PyAny>) {
+        let tx = self
+            .tx
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(tx) = tx {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Makes the Python value (or exception) of a result, with the GIL.
+type MakeOutcome = Box<dyn for<'py> FnOnce(Python<'py>) -> PyResult<Py<PyAny>> + Send>;
+
+/// One result on its way to its asyncio future.
+struct Completion {
+    future: Py<PyAny>,
+    event_loop: Py<PyAny>,
+    outcome: MakeOutcome,
+}
+
+/// The bridge thread and the way to it; `tx` is `None` once [`_shutdown`] ran.
+struct Bridge {
+    tx: Mutex<Option<mpsc::Sender<Completion>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+static BRIDGE: OnceLock<Bridge> = OnceLock::new();
+
+fn bridge_thread() -> &'static Bridge {
+    BRIDGE.get_or_init(|| {
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("weir-bridge".into())
+            .spawn(move || complete(rx))
+            .ok();
+        Bridge {
+            tx: Mutex::new(thread.is_some().then_some(tx)),
+            thread: Mutex::new(thread),
+        }
     })
 }
 
-/// The result of an awaited operation, converted to Python by pyo3-async-runtimes when
-/// it completes the asyncio future — on its blocking thread, which may wait for the
-/// GIL — so that an error, like a value, becomes a Python object there and never on a
-/// runtime worker (a `WeirErr` needs the GIL to become a `weir.errors` exception).
+/// Hands a result to the bridge thread (dropped when it has stopped: interpreter exit).
+/// Called from the core: a channel send, never the GIL.
+fn submit(completion: Completion) {
+    let bridge = bridge_thread();
+    let tx = bridge.tx.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(tx) = tx.as_ref() {
+        let _ = tx.send(completion);
+    }
+}
+
+/// Most results delivered under one hold of the GIL.
+const BATCH: usize = 256;
+
+/// The bridge thread: takes the GIL once per batch of results and schedules each
+/// future's completion on its loop (`call_soon_threadsafe`). Ends when [`_shutdown`]
+/// dropped the sender and the queue is empty, or when the interpreter can no longer be
+/// attached to.
+fn complete(rx: mpsc::Receiver<Completion>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while batch.len() < BATCH {
+            match rx.try_recv() {
+                Ok(more) => batch.push(more),
+                Err(_) => break,
+            }
+        }
+        let delivered = Python::try_attach(|py| {
+            for completion in batch.drain(..) {
+                deliver(py, completion);
+            }
+        });
+        if delivered.is_none() {
+            return;
+        }
+    }
+}
+
+fn deliver(py: Python<'_>, completion: Completion) {
+    static COMPLETE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let Ok(complete) = COMPLETE.get_or_try_init(py, || {
+        wrap_pyfunction!(_complete, py).map(|f| f.into_any().unbind())
+    }) else {
+        return;
+    };
+    let (ok, value) = match (completion.outcome)(py) {
+        Ok(value) => (true, value),
+        Err(e) => (false, e.into_value(py).into_any()),
+    };
+    // A closed loop (its `asyncio.run` returned) refuses: nobody waits any more.
+    let _ = completion.event_loop.bind(py).call_method1(
+        "call_soon_threadsafe",
+        (complete, completion.future, ok, value),
+    );
+}
+
+/// Sets a bridged future's result or exception, on its loop's thread, unless it is
+/// already done (cancelled meanwhile).
+#[pyfunction]
+fn _complete(future: &Bound<'_, PyAny>, ok: bool, value: &Bound<'_, PyAny>) -> PyResult<()> {
+    if future.call_method0("done")?.is_truthy()? {
+        return Ok(());
+    }
+    let method = if ok { "set_result" } else { "set_exception" };
+    future.call_method1(method, (value,))?;
+    Ok(())
+}
+
+/// `weir._weir._shutdown()`, registered with `atexit` by `weir`: stops the bridge thread
+/// and waits for it with the GIL released, so that no thread of the extension takes
+/// the GIL while the interpreter finalizes. Idempotent.
+#[pyfunction]
+pub fn _shutdown(py: Python<'_>) {
+    let Some(bridge) = BRIDGE.get() else {
+        return;
+    };
+    drop(
+        bridge
+            .tx
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take(),
+    );
+    let thread = bridge
+        .thread
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
+    if let Some(thread) = thread {
+        py.detach(|| {
+            let _ = thread.join();
+        });
+    }
+}
+
+/// The result of an awaited operation, converted to Python when
+/// it completes the asyncio future — on the bridge thread, which may wait for the GIL —
+/// so that an error, like a value, becomes a Python object there and never on the core
+/// (a `WeirErr` needs the GIL to become a `weir.errors` exception).
 /// A panic is reported as `InternalError` (code `internal`), never as pyo3's
 /// `PanicException` (a `BaseException`).
 pub struct Outcome<T>(pub Result<T, WeirErr>);

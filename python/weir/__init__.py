@@ -18,10 +18,11 @@ first use: ``import weir`` alone loads neither core.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from . import errors
+from . import _weir, errors
 from ._weir import __version__
 from .errors import (
     ClosedError,
@@ -32,6 +33,10 @@ from .errors import (
     RefusedError,
     WeirError,
 )
+
+# Before the interpreter finalizes, stop the thread that completes asyncio futures:
+# a thread that takes the GIL during finalization crashes the process.
+atexit.register(_weir._shutdown)
 
 if TYPE_CHECKING:
     from .consumer import Consumer, End, Frame, Gap, LossDeclared, Stream
