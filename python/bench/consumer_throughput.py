@@ -23,17 +23,22 @@ plain). Use a release wheel for figures: ``scripts/build-python-wheel --release`
 Every wait is bounded.
 
 Measured (release wheel, 2-core machine shared with other work, 1,000 streams × 50
-frames/s, two runs of 5 alternating 10 s rounds): weir 8.3 µs/frame median (Python
-thread ~3.9, core threads ~3.6, bridge ~0.6) beside plain nats-py 7.9–8.1 µs/frame;
-ratio medians 0.96× and 1.05× (the ten rounds 0.93–1.08×, median 1.015×): at the
-target, not reliably under it. No frame lost or dropped. What the rest
-costs: asyncio's wake of each stream's task per event (a Future, a Handle, a task
-step: ~2 µs of the Python share, inherent in one task per stream) and, on the core,
-the handler task's second wake per frame (it returns from its call only when the
-Python iterator asks for the next event: ~1 µs). A variant that returned at once and
-waited for the ack before the *next* send measured 0.94×, but it would hand a frame to
-Python after its lease was fenced and would measure the real-time factor on the send
-alone, so it is not used.
+frames/s, 5 alternating 10 s rounds per run; no frame lost or dropped in any round):
+
+| run | weir µs/frame | plain µs/frame | ratio rounds | ratio median |
+|---|---:|---:|---|---:|
+| A | 8.30 | 8.11 | 0.96 0.93 1.02 1.05 0.93 | 0.963 |
+| B | 8.29 | 7.88 | 1.01 1.07 0.95 1.05 1.08 | 1.049 |
+| C (own asyncio bridge, ended-stream slot release) | 8.53 | 8.11 | 1.01 1.03 1.04 1.06 1.04 | 1.043 |
+
+weir's CPU by thread in run C: Python ~4.3, core ~3.9, bridge ~0.3 µs/frame. At the
+target, not reliably under it. What the rest costs: asyncio's wake of each stream's task
+per event (a Future, a Handle, a task step: ~2 µs of the Python share, inherent in one
+task per stream) and, on the core, the handler task's second wake per frame (it returns
+from its call only when the Python iterator asks for the next event: ~1 µs). A variant
+that returned at once and waited for the ack before the *next* send measured 0.94×, but
+it would hand a frame to Python after its lease was fenced and would measure the
+real-time factor on the send alone, so it is not used.
 """
 
 from __future__ import annotations
