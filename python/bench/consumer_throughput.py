@@ -30,12 +30,16 @@ frames/s, 5 alternating 10 s rounds per run; no frame lost or dropped in any rou
 | A | 8.30 | 8.11 | 0.96 0.93 1.02 1.05 0.93 | 0.963 |
 | B | 8.29 | 7.88 | 1.01 1.07 0.95 1.05 1.08 | 1.049 |
 | C (own asyncio bridge, ended-stream slot release) | 8.53 | 8.11 | 1.01 1.03 1.04 1.06 1.04 | 1.043 |
+| D (C with one core thread, the default now) | 6.98 | 7.93 | 0.86 0.92 0.90 0.89 0.87 | **0.888** |
 
-weir's CPU by thread in run C: Python ~4.3, core ~3.9, bridge ~0.3 µs/frame. At the
-target, not reliably under it. What the rest costs: asyncio's wake of each stream's task
-per event (a Future, a Handle, a task step: ~2 µs of the Python share, inherent in one
-task per stream) and, on the core, the handler task's second wake per frame (it returns
-from its call only when the Python iterator asks for the next event: ~1 µs). A variant
+weir's CPU by thread: run C (two core threads) Python ~4.3, core ~3.9, bridge ~0.3
+µs/frame; run D (one) Python ~3.7, core ~2.9, bridge ~0.4. With two core threads a
+frame's way (demultiplexer → handler task → hub → acker → handler) crossed threads, each
+crossing a futex wake-up; with one it does not. What is left: asyncio's wake of each
+stream's task per event (a Future, a Handle, a task step: ~2 µs of the Python share,
+inherent in one task per stream) and, on the core, the handler task's second wake per
+frame (it returns from its call only when the Python iterator asks for the next event).
+A variant
 that returned at once and waited for the ack before the *next* send measured 0.94×, but
 it would hand a frame to Python after its lease was fenced and would measure the
 real-time factor on the send alone, so it is not used.

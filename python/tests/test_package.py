@@ -35,7 +35,7 @@ def test_the_error_hierarchy_carries_codes() -> None:
 
 
 def test_the_core_runs_on_its_own_threads() -> None:
-    assert weir._weir.runtime_threads() == {"core": 2, "bridge": 1}
+    assert weir._weir.runtime_threads() == {"core": 1, "bridge": 1}
 
 
 def test_unknown_names_are_attribute_errors() -> None:
@@ -69,4 +69,4 @@ async def test_a_rust_panic_is_a_python_exception() -> None:
     with pytest.raises(BaseException) as called:
         weir._weir._panic_probe(False)
     assert type(called.value).__name__ == "PanicException"
-    assert weir._weir.runtime_threads()["core"] == 2
+    assert weir._weir.runtime_threads()["core"] == 1
