@@ -31,6 +31,7 @@ frames/s, 5 alternating 10 s rounds per run; no frame lost or dropped in any rou
 | B | 8.29 | 7.88 | 1.01 1.07 0.95 1.05 1.08 | 1.049 |
 | C (own asyncio bridge, ended-stream slot release) | 8.53 | 8.11 | 1.01 1.03 1.04 1.06 1.04 | 1.043 |
 | D (C with one core thread, the default now) | 6.98 | 7.93 | 0.86 0.92 0.90 0.89 0.87 | **0.888** |
+| E (D again, same commit) | 6.43 | 7.70 | | **0.840** |
 
 weir's CPU by thread: run C (two core threads) Python ~4.3, core ~3.9, bridge ~0.3
 µs/frame; run D (one) Python ~3.7, core ~2.9, bridge ~0.4. With two core threads a
