@@ -79,6 +79,7 @@ macro_rules! pytest_files {
 
 pytest_files! {
     package => "test_package.py",
+    types => "test_types.py",
     consumer_order => "test_consumer_order.py",
     consumer_leases => "test_consumer_leases.py",
     consumer_gil => "test_consumer_gil.py",

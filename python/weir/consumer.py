@@ -86,7 +86,7 @@ class _State:
     __slots__ = ("q", "waiter", "unacked", "done", "gone")
 
     def __init__(self) -> None:
-        self.q: Deque[Any] = deque()
+        self.q: Deque[Event] = deque()
         self.waiter: Optional[asyncio.Future[None]] = None
         self.unacked = False  # an event was returned and not acked yet
         self.done = False  # End was returned
@@ -180,7 +180,7 @@ class Stream:
 
     __slots__ = ("_link", "_state", "_d", "__weakref__")
 
-    def __init__(self, link: Any, state: _State, dispatch: _Dispatch) -> None:
+    def __init__(self, link: _weir._StreamLink, state: _State, dispatch: _Dispatch) -> None:
         self._link = link
         self._state = state
         self._d = dispatch
@@ -397,7 +397,8 @@ class Consumer:
     def capacity(self) -> Dict[str, Any]:
         """What the next capacity announcement would say (docs/protocol.md §5.1):
         slots, live streams and their lag, real-time factor p95, partitions."""
-        return json.loads(self._core.capacity_json())
+        capacity: Dict[str, Any] = json.loads(self._core.capacity_json())
+        return capacity
 
     def owned(self) -> List[int]:
         """The partitions delivered now (static ``owned``, or the leases held)."""
@@ -407,7 +408,8 @@ class Consumer:
         """Lease ownership: every partition's lease as this worker sees it
         (``partition``, ``owner``, ``revision``, ``held``, ``delivering``,
         ``expires_in`` ms). Empty with static ownership."""
-        return json.loads(self._core.leases_json())
+        leases: List[Dict[str, Any]] = json.loads(self._core.leases_json())
+        return leases
 
     @property
     def closed(self) -> bool:
