@@ -60,18 +60,14 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
+import weir
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 PARTITIONS = 8
 TICK = os.sysconf("SC_CLK_TCK")
 
-
-def fnv1a_32(data: bytes) -> int:
-    h = 0x811C9DC5
-    for b in data:
-        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
-    return h
 
 
 def packet(kind: str, seq: int, pcm: bytes = b"") -> bytes:
@@ -82,7 +78,7 @@ def packet(kind: str, seq: int, pcm: bytes = b"") -> bytes:
 
 def subjects(n: int) -> List[str]:
     ids = [f"b{i:05d}" for i in range(n)]
-    return [f"bench.{fnv1a_32(s.encode()) % PARTITIONS}.{s}" for s in ids]
+    return [f"bench.{weir.partition_of(s, PARTITIONS)}.{s}" for s in ids]
 
 
 def thread_cpu() -> Dict[str, float]:

@@ -20,6 +20,7 @@ mod errors;
 mod nats;
 mod producer;
 mod runtime;
+mod wire;
 
 /// The module `weir._weir`.
 #[pymodule]
@@ -28,6 +29,7 @@ fn _weir(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(runtime::runtime_threads, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::_panic_probe, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::_shutdown, m)?)?;
+    m.add_function(wrap_pyfunction!(wire::partition_of, m)?)?;
     consumer::register(m)?;
     producer::register(m)?;
     Ok(())

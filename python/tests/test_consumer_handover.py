@@ -29,12 +29,6 @@ LEASE = {"bucket": "handover", "ttl_ms": 2000, "renew_interval_ms": 500, "margin
          "heartbeat_interval_ms": 100, "heartbeat_timeout_ms": 500}
 
 
-def fnv1a_32(data: bytes) -> int:
-    h = 0x811C9DC5
-    for b in data:
-        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
-    return h
-
 
 def packet(kind: str, seq: int, pcm: bytes = b"") -> bytes:
     meta = json.dumps({"type": kind, "seq": seq, "sample_rate": 16000, "sample_width": 2,
@@ -80,7 +74,7 @@ async def test_a_fenced_stream_ends_with_handover(nats_js):
     tasks = [asyncio.create_task(serve(a, "A", 0.04))]
     stop = asyncio.Event()
     ids = [f"s{i}" for i in range(6)]
-    subjects = {s: f"ho.{fnv1a_32(s.encode()) % PARTITIONS}.{s}" for s in ids}
+    subjects = {s: f"ho.{weir.partition_of(s, PARTITIONS)}.{s}" for s in ids}
     assert {subjects[s].split(".")[1] for s in ids} == {"0", "1"}
     last = 0
 

@@ -31,17 +31,13 @@ from typing import Dict, List, Set, Tuple
 
 import nats as nats_py
 
+import weir
+
 HERE = Path(__file__).resolve().parent
 PARTITIONS = 8
 STREAMS = 20
 BUCKET = "pyfail"
 
-
-def fnv1a_32(data: bytes) -> int:
-    h = 0x811C9DC5
-    for b in data:
-        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
-    return h
 
 
 def packet(kind: str, seq: int, pcm: bytes = b"") -> bytes:
@@ -119,7 +115,7 @@ async def test_sigkill_one_python_worker(nats_cluster, tmp_path):
 
         nc = await nats_py.connect(servers=urls)
         ids = [f"s{i:03d}" for i in range(STREAMS)]
-        subjects = {s: f"pyfail.{fnv1a_32(s.encode()) % PARTITIONS}.{s}" for s in ids}
+        subjects = {s: f"pyfail.{weir.partition_of(s, PARTITIONS)}.{s}" for s in ids}
         pcm = bytes(640)
         t0 = time.monotonic()
         seq = 0

@@ -70,3 +70,21 @@ async def test_a_rust_panic_is_a_python_exception() -> None:
         weir._weir._panic_probe(False)
     assert type(called.value).__name__ == "PanicException"
     assert weir._weir.runtime_threads()["core"] == 1
+
+
+def test_partition_of_is_the_protocol_rule() -> None:
+    # docs/protocol.md's FNV-1a-32 mod N, computed by weir-protocol (the golden values
+    # are the Rust tests'): the one implementation, also for Python code.
+    assert weir.partition_of("call-42", 1) == 0
+    assert weir.partition_of("foobar", 4096) == 0xBF9CF968 % 4096
+    assert weir.partition_of("a", 4096) == 0xE40C292C % 4096
+    assert all(0 <= weir.partition_of(f"s{i}", 8) < 8 for i in range(100))
+    assert len({weir.partition_of(f"s{i}", 8) for i in range(100)}) == 8
+    for bad_id in ("a.b", "*", ">", ""):
+        with pytest.raises(errors.ConfigError) as info:
+            weir.partition_of(bad_id, 8)
+        assert info.value.code == "invalid_stream_id"
+    for bad_n in (0, -1, 4097, 2**40):
+        with pytest.raises(errors.ConfigError) as info:
+            weir.partition_of("x", bad_n)
+        assert info.value.code == "invalid_config"

@@ -10,6 +10,8 @@
   audio-ingress.
 - `weir.llm`: the LLM adapter client (request, stream, cancel, status, durable intake).
 - `weir.errors`: `WeirError` and its kinds, each with a stable ``code``.
+- `weir.partition_of(stream_id, partitions)`: the partition of a stream (the protocol's
+  FNV-1a rule, from Rust), for code that publishes or routes streams itself.
 
 The protocol logic lives in Rust (the ``weir._weir`` native module, on weir's consumer
 and producer cores); this package is the asyncio layer over it. The submodules load on
@@ -23,7 +25,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from . import _weir, errors
-from ._weir import __version__
+from ._weir import __version__, partition_of
 from .errors import (
     ClosedError,
     ConfigError,
@@ -61,6 +63,7 @@ _SUBMODULES = ("consumer", "producer", "llm")
 __all__ = [
     "__version__",
     "errors",
+    "partition_of",
     "WeirError",
     "ConfigError",
     "ConnectError",
