@@ -27,8 +27,7 @@ use crate::listener::check_fd_limit;
 use crate::shutdown::TaskTracker;
 use crate::whip::Whip;
 use crate::ws::{self, WsState};
-use weir_audio_producer::config::Delivery;
-use weir_audio_producer::jetstream::{JetStreamSink, NatsSink};
+use weir_audio_producer::jetstream::NatsSink;
 use weir_audio_producer::publisher::Sink;
 use weir_audio_producer::stream::{Ingress, ShutdownReport};
 use weir_protocol::WireName;
@@ -107,18 +106,9 @@ pub async fn start(
     let client = weir_audio_producer::nats::connect(&config.nats)
         .await
         .map_err(|e| e.map_kind(ErrorKind::Nats))?;
-    let sink = match config.stream.delivery() {
-        Delivery::JetStream => NatsSink::JetStream(
-            JetStreamSink::new(
-                client.clone(),
-                &config.stream.jetstream(),
-                JETSTREAM_API_TIMEOUT,
-            )
-            .await
-            .map_err(|e| Error::with_source(ErrorKind::Nats, "creating the JetStream stream", e))?,
-        ),
-        Delivery::Confirmed | Delivery::Unconfirmed => NatsSink::Core(client.clone()),
-    };
+    let sink = NatsSink::for_config(client.clone(), &config.stream)
+        .await
+        .map_err(|e| Error::with_source(ErrorKind::Nats, "creating the JetStream stream", e))?;
     let stream = &config.stream;
     let capacity = Some(Capacity::start(
         client,
@@ -128,9 +118,6 @@ pub async fn start(
     ));
     start_with(config, sink, prometheus, capacity).await
 }
-
-/// Bound on the JetStream API calls at start (creating the stream).
-const JETSTREAM_API_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Starts the service publishing to `sink`, without the recognition-capacity check
 /// (it listens on a NATS client: [`start`]).

@@ -28,6 +28,7 @@ use async_nats::jetstream::{self, Context, stream};
 use async_nats::{Client, HeaderMap, Subject};
 use bytes::Bytes;
 
+use crate::config::{Delivery, StreamConfig};
 use crate::publisher::{Sink, SinkError, SinkErrorKind, SinkResult};
 
 /// The JetStream stream weir publishes audio into.
@@ -135,6 +136,23 @@ pub enum NatsSink {
     Core(Client),
     /// JetStream (`delivery = "jetstream"`).
     JetStream(JetStreamSink),
+}
+
+/// Bound on the JetStream API calls when a sink is made (creating the stream).
+pub const JETSTREAM_API_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl NatsSink {
+    /// The sink `config.delivery()` asks for, on `client`: core NATS, or JetStream with
+    /// its stream created (or reused) under [`JETSTREAM_API_TIMEOUT`]. What every
+    /// producer built on this crate (the ingress, the Python package) starts with.
+    pub async fn for_config(client: Client, config: &StreamConfig) -> Result<Self, SinkError> {
+        Ok(match config.delivery() {
+            Delivery::JetStream => Self::JetStream(
+                JetStreamSink::new(client, &config.jetstream(), JETSTREAM_API_TIMEOUT).await?,
+            ),
+            Delivery::Confirmed | Delivery::Unconfirmed => Self::Core(client),
+        })
+    }
 }
 
 impl Sink for NatsSink {

@@ -28,9 +28,8 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 use serde_json::{Value, json};
-use weir_audio_producer::config::Delivery;
 use weir_audio_producer::error::OpenError;
-use weir_audio_producer::jetstream::{JetStreamSink, NatsSink};
+use weir_audio_producer::jetstream::NatsSink;
 use weir_audio_producer::stream::Ingress;
 use weir_service::nats::{ConnectErrorKind, NatsConfig};
 
@@ -43,8 +42,6 @@ mod stream;
 
 pub use stream::ProducerStream;
 
-/// Bound on the JetStream API calls at connect (creating the stream), as the ingress.
-const JETSTREAM_API_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound on the last flush of the NATS client at `close`.
 const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 /// Largest `grace_s` of `close` (anything above is a typo).
@@ -114,24 +111,15 @@ async fn connect(nats: NatsConfig, config: config::ProducerConfig) -> Result<Pro
                 WeirErr::new(Kind::Connect, "connect_failed", e.to_string())
             }
         })?;
-    let sink = match config.stream.delivery() {
-        Delivery::JetStream => NatsSink::JetStream(
-            JetStreamSink::new(
-                client.clone(),
-                &config.stream.jetstream(),
-                JETSTREAM_API_TIMEOUT,
+    let sink = NatsSink::for_config(client.clone(), &config.stream)
+        .await
+        .map_err(|e| {
+            WeirErr::new(
+                Kind::Connect,
+                "jetstream_unavailable",
+                format!("creating the JetStream stream: {e}"),
             )
-            .await
-            .map_err(|e| {
-                WeirErr::new(
-                    Kind::Connect,
-                    "jetstream_unavailable",
-                    format!("creating the JetStream stream: {e}"),
-                )
-            })?,
-        ),
-        Delivery::Confirmed | Delivery::Unconfirmed => NatsSink::Core(client.clone()),
-    };
+        })?;
     let ingress = Ingress::with_max_streams(sink, config.stream.clone(), config.max_streams);
     Ok(Producer {
         inner: Arc::new(Inner {

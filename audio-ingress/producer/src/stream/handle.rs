@@ -203,14 +203,7 @@ impl StreamHandle {
     /// Waits (at most `bound`) for the publisher to exit and returns the summary.
     /// Does not close the stream.
     pub async fn wait_finished(&self, bound: Duration) -> StreamSummary {
-        let mut rx = self.status();
-        let finished = tokio::time::timeout(bound, rx.wait_for(|s| s.finished))
-            .await
-            .is_ok_and(|r| r.is_ok());
-        StreamSummary {
-            snapshot: self.shared.snapshot(),
-            finished,
-        }
+        self.view().wait_finished(bound).await
     }
 }
 
