@@ -19,7 +19,7 @@ use crate::plot::{Panel, Series, grid_svg};
 use crate::producers::Transport;
 use crate::report::RunReport;
 use crate::scenario::run::{Env, RunOutput, run_one};
-use crate::scenario::{self, Scenario, asr, ceiling, failover};
+use crate::scenario::{self, Scenario, asr, ceiling, failover, flap};
 use weir_protocol::WireName;
 
 /// Showcase defaults (the demo must fit in 2 minutes of run time).
@@ -109,7 +109,12 @@ pub async fn run(cli: &Cli, results: Results) -> Result<usize, Error> {
     let mut plans = Vec::new();
     let mut failovers = Vec::new();
     let mut asr_runs = Vec::new();
+    let mut flap_runs = false;
     for s in selection.expand() {
+        if s.is_flap() {
+            flap_runs = true;
+            continue;
+        }
         if s.is_asr() {
             asr_runs.push(s);
             continue;
@@ -150,7 +155,33 @@ pub async fn run(cli: &Cli, results: Results) -> Result<usize, Error> {
     if !asr_runs.is_empty() {
         failures += run_asr(cli, &env, &asr_runs, showcase, &results).await;
     }
+    if flap_runs {
+        failures += run_flap(cli, &env, &results).await;
+    }
     Ok(failures)
+}
+
+/// Runs `producer-flap`; returns the number of runs that failed (a design whose
+/// calls failed a check is reported, not counted as a failed run: the naive designs
+/// are expected to).
+async fn run_flap(cli: &Cli, env: &crate::scenario::run::Env, results: &Results) -> usize {
+    let settings = flap::FlapSettings {
+        duration: cli.duration.unwrap_or(flap::DEFAULT_DURATION),
+        flap_every: cli.flap_every.unwrap_or(flap::DEFAULT_FLAP_EVERY),
+        partitions: cli.partitions.unwrap_or(8),
+    };
+    let streams = cli
+        .streams
+        .clone()
+        .unwrap_or_else(|| vec![flap::DEFAULT_STREAMS]);
+    let designs = flap::FlapDesign::selected(cli.design);
+    let mut failures = 0;
+    for &n in &streams {
+        for outcome in flap::run(env, &settings, n, &designs).await {
+            failures += record(outcome, results, || format!("producer-flap {n}"));
+        }
+    }
+    failures
 }
 
 /// Runs the recognition-capacity scenarios; returns the number of runs that failed.
@@ -271,6 +302,9 @@ pub fn one_line(r: &RunReport) -> String {
         return crate::report::failover_line(r, f);
     }
     if let Some(line) = asr::summary_line(r) {
+        return line;
+    }
+    if let Some(line) = flap::summary_line(r) {
         return line;
     }
     format!(

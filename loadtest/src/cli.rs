@@ -57,14 +57,15 @@ pub struct Cli {
 
     /// What to run: steady | nats-pause | backend-pause | nats-restart | no-end |
     /// llm-overload | ceiling | worker-failover | node-failover | asr-shortfall |
-    /// asr-churn | all (every scenario but ceiling, the two failovers and the two asr
+    /// asr-churn | producer-flap | all (every scenario but ceiling, the two failovers and the two asr
     /// ones) | showcase (the demo: steady and nats-pause with short runs, and
     /// asr-shortfall).
     #[arg(value_enum, required = true)]
     pub scenario: Option<Scenario>,
 
     /// Stream counts to run, comma-separated (e.g. 1,10,50). For `ceiling`, the ramp
-    /// (default 50,100,200,400,600,800,1000,1200,1400,1600,2000,2400).
+    /// (default 50,100,200,400,600,800,1000,1200,1400,1600,2000,2400); for
+    /// `producer-flap` the calls (default 1000).
     #[arg(long, value_delimiter = ',', value_parser = parse_streams)]
     pub streams: Option<Vec<usize>>,
 
@@ -76,9 +77,14 @@ pub struct Cli {
     /// Seconds of audio each producer sends per run. Default: 10 for steady, no-end
     /// and llm-overload; for fault scenarios 2 s + --pause + 2 s of recovery; 5 per
     /// ceiling step; showcase 5 (steady) and 10 (nats-pause); worker-failover and
-    /// node-failover 3 s + --pause + 12 s.
+    /// node-failover 3 s + --pause + 12 s; producer-flap 30.
     #[arg(long, value_parser = parse_seconds)]
     pub duration: Option<Duration>,
+
+    /// producer-flap: every call's TCP connection is cut (RST) this often, seconds;
+    /// the calls' cuts are spread evenly over one period.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
+    pub flap_every: Option<Duration>,
 
     /// Length of the fault in seconds: NATS stopped (nats-pause), backend stalled
     /// (backend-pause), server down before restart (nats-restart), worker process down
@@ -499,5 +505,10 @@ mod tests {
         );
         assert!(worker("nats://10.0.0.1:4222").is_err(), "loopback only");
         assert!(Cli::try_parse_from(["loadtest", "steady", "--duration", "-1"]).is_err());
+        let cli = Cli::try_parse_from(["loadtest", "producer-flap", "--flap-every", "2"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(cli.scenario, Some(Scenario::ProducerFlap));
+        assert_eq!(cli.flap_every, Some(Duration::from_secs(2)));
+        assert!(Cli::try_parse_from(["loadtest", "producer-flap", "--flap-every", "0"]).is_err());
     }
 }

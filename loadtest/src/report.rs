@@ -456,6 +456,9 @@ pub struct RunReport {
     /// For `asr-churn`: the door's fleet view across a worker's death and addition.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub churn: Option<crate::scenario::asr::ChurnReport>,
+    /// For `producer-flap`: cuts, resumes and the wire audit of the design.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flap: Option<crate::scenario::flap::FlapReport>,
     /// Explanations of anything unusual.
     pub notes: Vec<String>,
 }
@@ -792,7 +795,14 @@ fn render(reports: &[RunReport], md: bool) -> String {
     let bullet = if md { "- " } else { "  " };
     for scenario in scenarios {
         let mut cols: Vec<&RunReport> = reports.iter().filter(|r| r.scenario == scenario).collect();
-        cols.sort_by_key(|r| (r.streams, r.asr.as_ref().map(|a| a.design), r.design));
+        cols.sort_by_key(|r| {
+            (
+                r.streams,
+                r.asr.as_ref().map(|a| a.design),
+                r.flap.as_ref().map(|f| f.design),
+                r.design,
+            )
+        });
         let first = cols[0];
         let fault = first
             .fault
@@ -804,6 +814,8 @@ fn render(reports: &[RunReport], md: bool) -> String {
             failover_rows()
         } else if first.asr.is_some() || first.churn.is_some() {
             crate::scenario::asr::table_rows(first)
+        } else if first.flap.is_some() {
+            crate::scenario::flap::table_rows()
         } else {
             rows()
         };
@@ -916,6 +928,7 @@ pub(crate) mod tests {
             failover: None,
             asr: None,
             churn: None,
+            flap: None,
             notes: vec![],
         }
     }

@@ -13,6 +13,7 @@
 //! | `node-failover` | same                               | the KV leader node SIGKILLed, restarted        |
 //! | `asr-shortfall` | 20 calls, GPU fleet of 12 slots, 3 designs | none: capacity below the offered calls (see [`asr`]) |
 //! | `asr-churn`     | calls and probes, weir-on          | a worker process SIGKILLed, another added      |
+//! | `producer-flap` | 1,000 calls, 3 designs             | every call's TCP connection cut (RST) every 10 s, reconnect at once (see [`flap`]) |
 //!
 //! Faults start [`FAULT_AT`] after the producers, and the run keeps sending for at least
 //! [`RECOVERY`] after the fault ends, so that recovery is measured too. A plan is
@@ -23,6 +24,7 @@ pub mod asr;
 pub mod ceiling;
 pub mod failover;
 mod figures;
+pub mod flap;
 pub mod run;
 
 use std::time::Duration;
@@ -73,6 +75,9 @@ pub enum Scenario {
     AsrShortfall,
     /// weir-on with worker processes: one SIGKILLed, then one added.
     AsrChurn,
+    /// Every producer's TCP connection cut every --flap-every, reconnecting at once:
+    /// naive, weir without resume, weir with resume.
+    ProducerFlap,
     /// Every scenario above except ceiling, the two failovers and the two asr ones.
     All,
     /// The demo: steady and nats-pause, short runs, both designs; asr-shortfall.
@@ -88,6 +93,11 @@ impl Scenario {
     /// Whether the scenario models recognisers as GPU time ([`asr`]).
     pub fn is_asr(self) -> bool {
         matches!(self, Self::AsrShortfall | Self::AsrChurn)
+    }
+
+    /// Whether the scenario is `producer-flap` ([`flap`]).
+    pub fn is_flap(self) -> bool {
+        matches!(self, Self::ProducerFlap)
     }
 
     /// The concrete scenarios a selection stands for.
@@ -240,6 +250,10 @@ pub fn plan(
         ))),
         Scenario::AsrShortfall | Scenario::AsrChurn => Err(usage(format!(
             "{} is run by scenario::asr",
+            scenario.as_str()
+        ))),
+        Scenario::ProducerFlap => Err(usage(format!(
+            "{} is run by scenario::flap",
             scenario.as_str()
         ))),
     }

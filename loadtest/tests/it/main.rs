@@ -4,3 +4,4 @@
 mod asr;
 mod end_to_end;
 mod failover;
+mod flap;

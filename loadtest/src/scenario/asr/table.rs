@@ -4,11 +4,13 @@
 use super::{AsrReport, ChurnReport};
 use crate::report::{Row, RunReport, ms, opt_ms};
 
-/// The column heading of a report: `<streams> <asr design>` for `asr-shortfall`.
+/// The column heading of a report: `<streams> <asr design>` for `asr-shortfall`,
+/// `<streams> <flap design>` for `producer-flap`.
 pub fn column_label(r: &RunReport) -> String {
-    match &r.asr {
-        Some(a) => format!("{} {}", r.streams, a.design),
-        None => format!("{} {}", r.streams, r.design),
+    match (&r.asr, &r.flap) {
+        (Some(a), _) => format!("{} {}", r.streams, a.design),
+        (None, Some(f)) => format!("{} {}", r.streams, f.design),
+        (None, None) => format!("{} {}", r.streams, r.design),
     }
 }
 

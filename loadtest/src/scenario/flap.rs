@@ -1,0 +1,680 @@
+//! `producer-flap`: every producer's TCP connection is cut at socket level every
+//! `--flap-every` and the producer reconnects at once — resumable streams (issue 30)
+//! beside what a reconnect does without them.
+//!
+//! `--streams` calls (default [`DEFAULT_STREAMS`]) send speech-like PCM at the real
+//! 20 ms cadence for `--duration` ([`DEFAULT_DURATION`]); each call's connection is cut
+//! (SO_LINGER 0 and drop: a TCP RST, no close) every `--flap-every`
+//! ([`DEFAULT_FLAP_EVERY`]), the calls' cuts spread evenly over one period
+//! ([`producer`]). Three designs run one after the other, each on a fresh nats-server
+//! and ingress, with the same calls:
+//!
+//! | design | ingress | reconnect |
+//! |---|---|---|
+//! | `naive` | `loadtest naive-ingress` (task per frame) | a fresh open of the same id |
+//! | `weir-no-resume` | `audio-ingress serve --set resume_window_ms=0` | a fresh open of the same id: a new stream instance, `seq` from 1 |
+//! | `weir-resume` | `audio-ingress serve` (resume on, its default window) | `resume_token`, `last_seq`, `next_seq` |
+//!
+//! The consumer is the wire audit ([`audit`]): every packet on `weir.audio.>`, per
+//! call, held against what its producer offered — published + declared lost =
+//! offered, no duplicate, nothing out of order, one stream instance and one `end`.
+//! Resume latency is measured on both sides: the producers' cut → `resumed` event
+//! and the door's `weir_ingress_resume_seconds` histogram (upgrade received → first
+//! frame admitted), read from its `/metrics` at the end.
+//!
+//! Order of events, each step bounded in time: nats-server, the audit's subscription
+//! (confirmed), the ingress (ready line), the calls (progress line once a second),
+//! the drain (until the wire is quiet and every call's `end` is in, at most
+//! [`DRAIN_MAX`]), `/metrics`, then everything stopped (also on drop).
+
+pub mod audit;
+pub mod producer;
+mod table;
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::error::Error;
+use crate::ingress::{Design, IngressProcess, Launch, cpu_time, machine_busy, machine_busy_since};
+use crate::report::RunReport;
+use crate::scenario::asr::shortfall::RunNats;
+use crate::scenario::run::{Env, RunOutput, SUBJECT_TEMPLATE, TempDir};
+use audit::{AuditTotals, WireAudit};
+use producer::{FlapConfig, FlapCounters, FlapSnapshot};
+
+pub use table::{rows as table_rows, summary_line};
+
+/// Default calls.
+pub const DEFAULT_STREAMS: usize = 1_000;
+/// Default seconds of audio per call: three cuts per call at the default period.
+pub const DEFAULT_DURATION: Duration = Duration::from_secs(30);
+/// Default period of the cuts.
+pub const DEFAULT_FLAP_EVERY: Duration = Duration::from_secs(10);
+/// Longest drain after the calls ended.
+pub const DRAIN_MAX: Duration = Duration::from_secs(10);
+/// The target: resume p99 at most this, ms.
+pub const RESUME_TARGET_MS: f64 = 250.0;
+/// The door's resume histogram (upgrade received → first frame admitted).
+pub const RESUME_HISTOGRAM: &str = "weir_ingress_resume_seconds";
+/// The door's resume outcomes.
+pub const RESUMES_TOTAL: &str = "weir_ingress_resumes_total";
+/// What the audit subscribes to.
+pub const AUDIT_SUBJECT: &str = "weir.audio.>";
+
+/// A design of `producer-flap`.
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FlapDesign {
+    /// The naive ingress; a reconnect is a fresh open.
+    #[default]
+    Naive,
+    /// audio-ingress with `resume_window_ms = 0`; a reconnect is a fresh open.
+    WeirNoResume,
+    /// audio-ingress with resume on; a reconnect resumes.
+    WeirResume,
+}
+
+impl FlapDesign {
+    /// The designs `--design` selects: `naive`, `bounded` (both weir designs) or both.
+    pub fn selected(design: Option<crate::cli::DesignArg>) -> Vec<Self> {
+        use crate::cli::DesignArg;
+        match design {
+            Some(DesignArg::Naive) => vec![Self::Naive],
+            Some(DesignArg::Bounded) => vec![Self::WeirNoResume, Self::WeirResume],
+            Some(DesignArg::Both) | None => vec![Self::Naive, Self::WeirNoResume, Self::WeirResume],
+        }
+    }
+}
+
+/// The scenario's settings.
+#[derive(Debug, Clone, Copy)]
+pub struct FlapSettings {
+    /// Seconds of audio per call.
+    pub duration: Duration,
+    /// Every connection is cut this often.
+    pub flap_every: Duration,
+    /// Partitions of the audio subject.
+    pub partitions: u32,
+}
+
+/// The door's resume histogram, read from `/metrics` (Prometheus buckets: the
+/// percentiles are the bucket bounds they fall in, "at most").
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ServerResume {
+    /// Resumes timed.
+    pub count: u64,
+    /// The bucket bound (ms) at or below which half of them were.
+    pub p50_le_ms: Option<f64>,
+    /// The bucket bound (ms) at or below which 99 % of them were.
+    pub p99_le_ms: Option<f64>,
+    /// Mean, ms (`_sum / _count`).
+    pub mean_ms: Option<f64>,
+    /// Share at or below [`RESUME_TARGET_MS`], percent (`null` without that bucket).
+    pub within_target_pct: Option<f64>,
+    /// The cumulative buckets: (bound ms, count).
+    pub buckets: Vec<(f64, u64)>,
+}
+
+/// Reads histogram `name` from Prometheus text, summed over its series (pure).
+pub fn histogram(text: &str, name: &str) -> Option<ServerResume> {
+    let bucket = format!("{name}_bucket");
+    let mut buckets: BTreeMap<u64, (f64, u64)> = BTreeMap::new();
+    let (mut sum, mut count) = (None::<f64>, None::<u64>);
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(value) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        let metric = series.split('{').next().unwrap_or(series);
+        if metric == bucket {
+            let le = series
+                .split("le=\"")
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or("");
+            let bound = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                match le.parse::<f64>() {
+                    Ok(b) => b,
+                    Err(_) => continue,
+                }
+            };
+            // Keyed by the bound's bits: the bounds are finite or +Inf, never NaN.
+            let e = buckets.entry(bound.to_bits()).or_insert((bound, 0));
+            e.1 += value as u64;
+        } else if metric == format!("{name}_sum") {
+            *sum.get_or_insert(0.0) += value;
+        } else if metric == format!("{name}_count") {
+            *count.get_or_insert(0) += value as u64;
+        }
+    }
+    let count = count?;
+    let mut sorted: Vec<(f64, u64)> = buckets.into_values().collect();
+    sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let quantile = |q: f64| -> Option<f64> {
+        let rank = (q * count as f64).ceil() as u64;
+        sorted
+            .iter()
+            .find(|(_, c)| *c >= rank.max(1))
+            .map(|(b, _)| b * 1000.0)
+    };
+    let target = sorted
+        .iter()
+        .find(|(b, _)| (b * 1000.0 - RESUME_TARGET_MS).abs() < 1e-6)
+        .map(|(_, c)| *c);
+    Some(ServerResume {
+        count,
+        p50_le_ms: (count > 0).then(|| quantile(0.5)).flatten(),
+        p99_le_ms: (count > 0).then(|| quantile(0.99)).flatten(),
+        mean_ms: sum.filter(|_| count > 0).map(|s| s * 1000.0 / count as f64),
+        within_target_pct: target
+            .filter(|_| count > 0)
+            .map(|c| 100.0 * c as f64 / count as f64),
+        buckets: sorted
+            .into_iter()
+            .map(|(b, c)| (if b.is_finite() { b * 1000.0 } else { b }, c))
+            .filter(|(b, _)| b.is_finite())
+            .collect(),
+    })
+}
+
+/// Counter `name` from Prometheus text by the value of `label` (pure).
+pub fn counter_by_label(text: &str, name: &str, label: &str) -> BTreeMap<String, u64> {
+    let key = format!("{label}=\"");
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        if series.split('{').next() != Some(name) {
+            continue;
+        }
+        let Ok(value) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        let v = series
+            .split(key.as_str())
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .unwrap_or("none");
+        *out.entry(v.to_owned()).or_default() += value as u64;
+    }
+    out
+}
+
+/// CPU each process used while the calls ran, seconds (2 cores: at most 2 s per
+/// second of `wall_s`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct FlapCpu {
+    /// The ingress.
+    pub ingress_s: f64,
+    /// The load test (producers and the audit).
+    pub loadtest_s: f64,
+    /// nats-server.
+    pub nats_server_s: f64,
+    /// Everything else on the machine.
+    pub other_s: f64,
+    /// Wall time of the sending phase.
+    pub wall_s: f64,
+}
+
+/// One design's figures (the report's `flap` object).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct FlapReport {
+    /// The design.
+    pub design: FlapDesign,
+    /// Period of the cuts, seconds.
+    pub flap_every_s: f64,
+    /// Nominal frames: calls × 50 × seconds.
+    pub nominal_frames: u64,
+    /// The producers' side.
+    pub producers: FlapSnapshot,
+    /// The wire audit.
+    pub audit: AuditTotals,
+    /// The door's resume histogram (`null` for the naive ingress, or when absent).
+    pub server_resume: Option<ServerResume>,
+    /// The door's `weir_ingress_resumes_total` by `outcome`.
+    pub server_resumes_by_outcome: BTreeMap<String, u64>,
+    /// The target, ms.
+    pub resume_target_ms: f64,
+    /// Whether the client-side resume p99 met the target (`null` without resumes).
+    pub resume_p99_within_target: Option<bool>,
+    /// CPU while the calls ran.
+    pub cpu: FlapCpu,
+}
+
+/// Runs the designs one after the other with `streams` calls.
+pub async fn run(
+    env: &Env,
+    settings: &FlapSettings,
+    streams: usize,
+    designs: &[FlapDesign],
+) -> Vec<Result<RunOutput, Error>> {
+    let mut out = Vec::new();
+    for &design in designs {
+        out.push(run_design(env, settings, streams, design).await);
+    }
+    out
+}
+
+/// The ingress of `design` for this run (`dir` holds its config file).
+fn launch(
+    env: &Env,
+    design: FlapDesign,
+    nats_url: &str,
+    streams: usize,
+    partitions: u32,
+    dir: &std::path::Path,
+) -> Result<Launch, Error> {
+    let common = [
+        "--nats-url",
+        nats_url,
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+    ]
+    .map(String::from);
+    let (program, mut args) = match design {
+        FlapDesign::Naive => {
+            let args = [
+                "naive-ingress",
+                "--subject",
+                SUBJECT_TEMPLATE,
+                "--partitions",
+                &partitions.to_string(),
+            ]
+            .map(String::from)
+            .to_vec();
+            (env.self_exe.clone(), args)
+        }
+        FlapDesign::WeirNoResume | FlapDesign::WeirResume => {
+            let program = env
+                .ingress_bin
+                .as_ref()
+                .map_err(|e| Error::new(e.kind(), e.to_string()))?
+                .clone();
+            let path = dir.join("audio-ingress.toml");
+            // Capacity admission off: no recognition fleet announces slots here (the
+            // audit is a plain subscriber); the cap never limits the run.
+            let config = format!(
+                "# written by weir-loadtest for one producer-flap run\n\
+                 subject = \"{SUBJECT_TEMPLATE}\"\n\
+                 partitions = {partitions}\n\
+                 extended_consumers = true\n\
+                 max_streams = {}\n",
+                (streams * 2).max(1000) + 100
+            );
+            std::fs::write(&path, config).map_err(|e| crate::error::io(&path, e))?;
+            let mut args: Vec<String> = vec!["serve".into(), "--config".into()];
+            args.push(path.display().to_string());
+            args.extend(["--set".to_owned(), "capacity.mode=off".to_owned()]);
+            if design == FlapDesign::WeirNoResume {
+                args.extend(["--set".to_owned(), "resume_window_ms=0".to_owned()]);
+            }
+            for kv in &env.ingress_set {
+                args.extend(["--set".to_owned(), kv.clone()]);
+            }
+            (program, args)
+        }
+    };
+    args.extend(common);
+    Ok(Launch {
+        program,
+        args,
+        env: vec![("RUST_LOG".to_owned(), "warn".to_owned())],
+    })
+}
+
+/// One design.
+pub async fn run_design(
+    env: &Env,
+    settings: &FlapSettings,
+    streams: usize,
+    design: FlapDesign,
+) -> Result<RunOutput, Error> {
+    let label = format!("producer-flap {streams} {design}");
+    if !env.wait_quiet.is_zero() {
+        let busy = crate::scenario::run::wait_quiet(env.wait_quiet).await;
+        if busy >= 0.3 && !env.quiet {
+            eprintln!("[{label}] the machine is still busy ({busy:.2} cores): running anyway");
+        }
+    }
+    let nats = RunNats::start(env).await?;
+    let audit = WireAudit::start(&nats.url, AUDIT_SUBJECT).await?;
+    let dir = TempDir::create("weir-loadtest-flap")?;
+    let ingress = IngressProcess::spawn(&launch(
+        env,
+        design,
+        &nats.url,
+        streams,
+        settings.partitions,
+        &dir.0,
+    )?)
+    .await
+    .map_err(Error::from)?;
+    let mut notes = Vec::new();
+
+    let ids: Arc<Vec<String>> = Arc::new((0..streams).map(|i| format!("call{i}")).collect());
+    let counters = Arc::new(FlapCounters::default());
+    let spread = Duration::from_millis((streams as u64).clamp(20, 1000));
+    let nats_pid = nats.server.as_ref().map(|s| s.pid());
+    let cpu0 = (
+        ingress.cpu_time().unwrap_or_default(),
+        cpu_time(std::process::id()).unwrap_or_default(),
+        nats_pid.and_then(cpu_time).unwrap_or_default(),
+        machine_busy().unwrap_or_default(),
+    );
+    let start = Instant::now();
+    let mut calls = producer::start(
+        FlapConfig {
+            ws_addr: ingress.ws_addr(),
+            ids: ids.clone(),
+            duration: settings.duration,
+            flap_every: settings.flap_every,
+            resume: design == FlapDesign::WeirResume,
+            start_spread: spread,
+        },
+        streams as u64,
+        counters.clone(),
+    );
+    // The calls, bounded: their duration, the spread, one last attempt and the end's
+    // grace, and 5 s of slack.
+    let deadline = start
+        + settings.duration
+        + spread
+        + producer::CONNECT_TIMEOUT
+        + producer::END_GRACE
+        + Duration::from_secs(5);
+    let mut offered: Vec<(String, u64)> = Vec::with_capacity(streams);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let tty = std::io::stderr().is_terminal();
+    loop {
+        tokio::select! {
+            next = calls.join_next() => match next {
+                Some(Ok(o)) => offered.push((o.id, o.offered)),
+                Some(Err(e)) => notes.push(format!("a call's task failed: {e}")),
+                None => break,
+            },
+            _ = tick.tick() => {
+                if !env.quiet {
+                    let line = progress(&label, start, settings.duration, &counters, &audit);
+                    if tty { eprint!("\r{line:<130}") } else { eprintln!("{line}") }
+                }
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                notes.push("some calls had not finished in time and were aborted".into());
+                calls.abort_all();
+                break;
+            }
+        }
+    }
+    let sending = start.elapsed();
+    let cpu = FlapCpu {
+        ingress_s: ingress
+            .cpu_time()
+            .unwrap_or_default()
+            .saturating_sub(cpu0.0)
+            .as_secs_f64(),
+        loadtest_s: cpu_time(std::process::id())
+            .unwrap_or_default()
+            .saturating_sub(cpu0.1)
+            .as_secs_f64(),
+        nats_server_s: nats_pid
+            .and_then(cpu_time)
+            .unwrap_or_default()
+            .saturating_sub(cpu0.2)
+            .as_secs_f64(),
+        other_s: 0.0,
+        wall_s: sending.as_secs_f64(),
+    };
+    let machine = machine_busy_since(cpu0.3).as_secs_f64();
+    let cpu = FlapCpu {
+        other_s: (machine - cpu.ingress_s - cpu.loadtest_s - cpu.nats_server_s).max(0.0),
+        ..cpu
+    };
+    if !env.quiet && tty {
+        eprint!("\r{:<130}\r", "");
+    }
+
+    // Drain: the wire quiet for 1 s and every call's `end` in (bounded).
+    let drain_deadline = Instant::now() + DRAIN_MAX;
+    let (mut last, mut stable) = (u64::MAX, 0);
+    let settled = loop {
+        if Instant::now() >= drain_deadline {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let packets = audit.packets();
+        stable = if packets == last { stable + 1 } else { 0 };
+        last = packets;
+        if stable >= 10 && audit.ends() >= offered.len() as u64 {
+            break true;
+        }
+    };
+    if !settled {
+        notes.push(format!(
+            "the drain did not settle within {} s (the wire still moved, or some calls had \
+             no end); figures are as of its end",
+            DRAIN_MAX.as_secs()
+        ));
+    }
+    let metrics = match design {
+        FlapDesign::Naive => None,
+        _ => match ingress.metrics().await {
+            Ok(m) => Some(m),
+            Err(e) => {
+                notes.push(format!("cannot read the ingress's /metrics: {e}"));
+                None
+            }
+        },
+    };
+    let wall = start.elapsed();
+    ingress.stop().await;
+    offered.sort();
+    let totals = audit.totals(&offered);
+    drop(audit);
+    nats.stop().await;
+    drop(dir);
+
+    let flap = figures(
+        design,
+        settings,
+        streams,
+        counters.snapshot(),
+        totals,
+        metrics.as_deref(),
+        cpu,
+    );
+    notes.extend(flap_notes(&flap));
+    let report = RunReport {
+        scenario: "producer-flap".into(),
+        streams,
+        design: match design {
+            FlapDesign::Naive => Design::Naive,
+            _ => Design::Bounded,
+        },
+        duration_s: settings.duration.as_secs_f64(),
+        wall_s: wall.as_secs_f64(),
+        llm: crate::llm::not_run(),
+        flap: Some(flap),
+        notes,
+        ..RunReport::default()
+    };
+    Ok(RunOutput {
+        report,
+        samples: Vec::new(),
+    })
+}
+
+/// The design's figures (pure).
+pub fn figures(
+    design: FlapDesign,
+    settings: &FlapSettings,
+    streams: usize,
+    producers: FlapSnapshot,
+    audit: AuditTotals,
+    metrics: Option<&str>,
+    cpu: FlapCpu,
+) -> FlapReport {
+    let server_resume = metrics.and_then(|m| histogram(m, RESUME_HISTOGRAM));
+    let server_resumes_by_outcome = metrics
+        .map(|m| counter_by_label(m, RESUMES_TOTAL, "outcome"))
+        .unwrap_or_default();
+    let resume_p99_within_target =
+        (producers.resume_ms.count > 0).then_some(producers.resume_ms.p99 <= RESUME_TARGET_MS);
+    FlapReport {
+        design,
+        flap_every_s: settings.flap_every.as_secs_f64(),
+        nominal_frames: crate::producers::nominal_frames(streams, settings.duration),
+        producers,
+        audit,
+        server_resume,
+        server_resumes_by_outcome,
+        resume_target_ms: RESUME_TARGET_MS,
+        resume_p99_within_target,
+        cpu,
+    }
+}
+
+/// Sentences for what is not obviously fine (pure).
+pub fn flap_notes(f: &FlapReport) -> Vec<String> {
+    let mut notes = Vec::new();
+    let a = &f.audit;
+    if a.audit_slow_consumer_events > 0 {
+        notes.push(format!(
+            "the audit's own subscription fell behind ({} slow-consumer events): it lost \
+             messages, so its losses are upper bounds and its other counts lower bounds",
+            a.audit_slow_consumer_events
+        ));
+    }
+    let p = &f.producers;
+    if f.nominal_frames > 0 && p.ticks_missed * 100 > f.nominal_frames {
+        notes.push(format!(
+            "the load generator missed {} of {} ticks (over 1 %): it, not the ingress, was \
+             short of CPU",
+            p.ticks_missed, f.nominal_frames
+        ));
+    }
+    if p.end_failed > 0 {
+        notes.push(format!(
+            "{} calls could not send their end (no connection at the stop time)",
+            p.end_failed
+        ));
+    }
+    if f.design == FlapDesign::WeirResume && f.server_resume.is_none() {
+        notes.push(format!(
+            "the ingress's /metrics has no {RESUME_HISTOGRAM} histogram"
+        ));
+    }
+    if f.cpu.wall_s > 0.0 && f.cpu.other_s / f.cpu.wall_s > 0.25 {
+        notes.push(format!(
+            "other processes used {:.2} cores while the calls ran: the machine was shared",
+            f.cpu.other_s / f.cpu.wall_s
+        ));
+    }
+    notes
+}
+
+fn progress(
+    label: &str,
+    start: Instant,
+    total: Duration,
+    counters: &FlapCounters,
+    audit: &WireAudit,
+) -> String {
+    let p = counters.snapshot();
+    format!(
+        "[{label}] {:>5.1}/{:.0} s  up {}  cuts {}  resumed {}  reopened {}  refused {}  \
+         offered {}  on NATS {}  resume p99 {} ms",
+        start.elapsed().as_secs_f64(),
+        total.as_secs_f64(),
+        counters.up.load(std::sync::atomic::Ordering::Relaxed),
+        p.cuts,
+        p.resumes,
+        p.fresh_reopens,
+        p.refused,
+        p.frames_offered,
+        audit.packets(),
+        if p.resume_ms.count == 0 {
+            "-".to_owned()
+        } else {
+            format!("{:.0}", p.resume_ms.p99)
+        }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use weir_testkit::names::assert_serde_names;
+
+    #[test]
+    fn design_names_are_the_serde_names() {
+        assert_serde_names::<FlapDesign>();
+    }
+
+    const METRICS: &str = "# TYPE weir_ingress_resume_seconds histogram\n\
+        weir_ingress_resume_seconds_bucket{le=\"0.001\"} 0\n\
+        weir_ingress_resume_seconds_bucket{le=\"0.005\"} 40\n\
+        weir_ingress_resume_seconds_bucket{le=\"0.02\"} 90\n\
+        weir_ingress_resume_seconds_bucket{le=\"0.05\"} 99\n\
+        weir_ingress_resume_seconds_bucket{le=\"0.1\"} 100\n\
+        weir_ingress_resume_seconds_bucket{le=\"0.25\"} 100\n\
+        weir_ingress_resume_seconds_bucket{le=\"+Inf\"} 100\n\
+        weir_ingress_resume_seconds_sum 0.8\n\
+        weir_ingress_resume_seconds_count 100\n\
+        weir_ingress_resumes_total{outcome=\"resumed\"} 100\n\
+        weir_ingress_resumes_total{outcome=\"expired\"} 2\n";
+
+    #[test]
+    fn the_doors_histogram_reads_as_bucket_bounds() {
+        let h = histogram(METRICS, RESUME_HISTOGRAM).unwrap();
+        assert_eq!(h.count, 100);
+        assert_eq!(h.p50_le_ms, Some(20.0), "the 50th is in (5, 20] ms");
+        assert_eq!(h.p99_le_ms, Some(50.0));
+        assert!((h.mean_ms.unwrap() - 8.0).abs() < 1e-9);
+        assert_eq!(h.within_target_pct, Some(100.0));
+        assert_eq!(h.buckets.len(), 6, "+Inf left out");
+        assert!(histogram(METRICS, "absent").is_none());
+        let by = counter_by_label(METRICS, RESUMES_TOTAL, "outcome");
+        assert_eq!(by.get("resumed"), Some(&100));
+        assert_eq!(by.get("expired"), Some(&2));
+    }
+
+    #[test]
+    fn an_empty_histogram_has_no_percentiles() {
+        let h = histogram(
+            "weir_ingress_resume_seconds_bucket{le=\"+Inf\"} 0\nweir_ingress_resume_seconds_count 0\n",
+            RESUME_HISTOGRAM,
+        )
+        .unwrap();
+        assert_eq!((h.count, h.p99_le_ms, h.mean_ms), (0, None, None));
+    }
+
+    #[test]
+    fn design_selection_follows_the_design_flag() {
+        use crate::cli::DesignArg;
+        assert_eq!(FlapDesign::selected(None).len(), 3);
+        assert_eq!(
+            FlapDesign::selected(Some(DesignArg::Bounded)),
+            vec![FlapDesign::WeirNoResume, FlapDesign::WeirResume]
+        );
+        assert_eq!(
+            FlapDesign::selected(Some(DesignArg::Naive)),
+            vec![FlapDesign::Naive]
+        );
+    }
+}

@@ -1,0 +1,790 @@
+//! The flapping producer: the client side of resume (docs/protocol.md, the resume
+//! handshake), one WebSocket stream per call whose TCP connection is cut every
+//! `flap_every`.
+//!
+//! The producer's capture clock never stops: a `tokio::time::Interval` of 20 ms with
+//! [`MissedTickBehavior::Skip`] (the pacing of [`crate::producers`]) yields one frame
+//! per tick for the whole call, whatever the connection does. Frame numbering follows
+//! the door's: the k-th frame the producer *offers* has seq k.
+//!
+//! - **The cut** is a socket-level kill: every connection has `SO_LINGER` 0, and the
+//!   producer drops it — the kernel answers with a TCP RST, no WebSocket close, no
+//!   FIN. What it wrote that the door had not read dies with the socket.
+//! - **The reconnect** starts at once. With resume, `GET /v1/streams/{id}?resume_token=T
+//!   &last_seq=A&next_seq=B` where `A` is the last seq the door confirmed (`ack`,
+//!   `resumed`) and `B` = frames offered + 1: the door declares `A+1 ..= B-1` minus
+//!   what it did take as one `resume` gap. Without resume (the naive ingress, or
+//!   `resume_window_ms = 0`), a fresh open of the same id: a new stream instance.
+//! - **Frames ticked during the handshake** are held (at most [`HANDSHAKE_BUFFER`]
+//!   frames, the whole connect timeout) and written right after the upgrade: they had
+//!   not been offered yet, so `B` already named them — the door numbers them `B, B+1,
+//!   ...` exactly as the producer does. If the attempt fails, they become offered and
+//!   lost, and the next attempt's `B` declares them. The producer never replays a frame
+//!   it offered.
+//!
+//! Latencies: `reconnect_ms` is cut → `101 Switching Protocols`; `resume_ms` is cut →
+//! the `resumed` event (the door then stands ready for the next frame).
+//!
+//! Invariants: every tick is one frame, offered exactly once (written to a live
+//! socket, written to a socket that then died, or lost between attempts) or held for
+//! the handshake and offered after it; every loop ends at the call's stop time plus
+//! fixed grace periods; only loopback addresses are targeted (the caller's `ws_addr`).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
+use rand::Rng;
+use serde::Serialize;
+use tokio::net::TcpStream;
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use weir_protocol::audio::FRAME_DURATION;
+
+use crate::speech::SpeechClip;
+use crate::stats::{LatencyHistogram, Percentiles, record, summary};
+
+/// How long one connection attempt (TCP connect + upgrade) may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Frames held while a handshake is under way: the whole [`CONNECT_TIMEOUT`].
+pub const HANDSHAKE_BUFFER: usize = 150;
+/// Back-off after a refused or failed attempt.
+pub const RETRY_DELAY: Duration = Duration::from_millis(20);
+/// How long one frame write may block before the connection counts as lost.
+const SEND_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long the producer waits for `closed` after its `end`.
+pub const END_GRACE: Duration = Duration::from_secs(5);
+/// No cut before this much of the call has passed (the door's `opened` must be in).
+pub const FIRST_CUT_AFTER: Duration = Duration::from_secs(1);
+/// No cut closer than this to the call's end (its `end` goes out on a settled link).
+pub const LAST_CUT_BEFORE: Duration = Duration::from_secs(1);
+
+/// Settings of the flapping producers.
+#[derive(Debug, Clone)]
+pub struct FlapConfig {
+    /// The door's WebSocket address (loopback).
+    pub ws_addr: SocketAddr,
+    /// The calls' stream ids, one producer each.
+    pub ids: Arc<Vec<String>>,
+    /// How long each call sends.
+    pub duration: Duration,
+    /// Every connection is cut this often (staggered across calls).
+    pub flap_every: Duration,
+    /// Reconnect with the resume token (else a fresh open of the same id).
+    pub resume: bool,
+    /// Calls start uniformly within this spread.
+    pub start_spread: Duration,
+}
+
+/// When call `index` of `calls` cuts first, after its start: [`FIRST_CUT_AFTER`] plus
+/// its share of `flap_every`, so that the cuts of all calls are spread evenly (pure).
+pub fn first_cut(index: usize, calls: usize, flap_every: Duration) -> Duration {
+    let share = index as f64 / calls.max(1) as f64;
+    FIRST_CUT_AFTER + flap_every.mul_f64(share)
+}
+
+/// The path and query of a reconnect (pure): a resume when `token` is set, else a
+/// fresh open.
+pub fn reconnect_path(id: &str, token: Option<&str>, last_seq: u64, next_seq: u64) -> String {
+    match token {
+        Some(t) => {
+            format!("/v1/streams/{id}?resume_token={t}&last_seq={last_seq}&next_seq={next_seq}")
+        }
+        None => format!("/v1/streams/{id}"),
+    }
+}
+
+/// Counters shared by all flapping producers.
+#[derive(Debug, Default)]
+pub struct FlapCounters {
+    /// Connections upgraded (first opens and reconnects).
+    pub connects: AtomicU64,
+    /// Connections cut on purpose (RST).
+    pub cuts: AtomicU64,
+    /// Connections lost otherwise (read or write error, close frame) before the end.
+    pub unplanned_drops: AtomicU64,
+    /// Reconnects that resumed (a `resumed` event).
+    pub resumes: AtomicU64,
+    /// Fresh opens after a drop (no token, or a refused resume).
+    pub fresh_reopens: AtomicU64,
+    /// Attempts refused before the upgrade.
+    pub refused: AtomicU64,
+    /// Attempts that failed otherwise (TCP, timeout).
+    pub connect_errors: AtomicU64,
+    /// `error` events with code `taken_over`.
+    pub taken_over: AtomicU64,
+    /// `resumed` events whose `next_seq` was not the producer's.
+    pub next_seq_mismatches: AtomicU64,
+    /// Frames the door said it declared lost (`resumed.gap.frames`).
+    pub door_declared_frames: AtomicU64,
+    /// Frames offered (numbered).
+    pub frames_offered: AtomicU64,
+    /// Of those, frames written to a socket.
+    pub frames_written: AtomicU64,
+    /// Of those, frames held during a handshake and written after it.
+    pub frames_after_handshake: AtomicU64,
+    /// Frames offered while no connection could take them (between failed attempts).
+    pub frames_lost_between_attempts: AtomicU64,
+    /// Ticks skipped because the producer task ran late.
+    pub ticks_missed: AtomicU64,
+    /// `ack` events.
+    pub acks: AtomicU64,
+    /// `gap` events.
+    pub gap_events: AtomicU64,
+    /// Calls ended with `end` and a `closed` event.
+    pub ended: AtomicU64,
+    /// Calls that could not send their `end` (no connection at the stop time).
+    pub end_failed: AtomicU64,
+    /// Calls connected now.
+    pub up: AtomicU64,
+    refusal_codes: Mutex<BTreeMap<String, u64>>,
+    closed_reasons: Mutex<BTreeMap<String, u64>>,
+    close_codes: Mutex<BTreeMap<u16, u64>>,
+    resume_latency: Mutex<LatencyHistogram>,
+    reconnect_latency: Mutex<LatencyHistogram>,
+}
+
+/// A plain copy of [`FlapCounters`] (the report's `flap.producers`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct FlapSnapshot {
+    /// See [`FlapCounters::connects`].
+    pub connects: u64,
+    /// See [`FlapCounters::cuts`].
+    pub cuts: u64,
+    /// See [`FlapCounters::unplanned_drops`].
+    pub unplanned_drops: u64,
+    /// See [`FlapCounters::resumes`].
+    pub resumes: u64,
+    /// See [`FlapCounters::fresh_reopens`].
+    pub fresh_reopens: u64,
+    /// See [`FlapCounters::refused`].
+    pub refused: u64,
+    /// See [`FlapCounters::connect_errors`].
+    pub connect_errors: u64,
+    /// See [`FlapCounters::taken_over`].
+    pub taken_over: u64,
+    /// See [`FlapCounters::next_seq_mismatches`].
+    pub next_seq_mismatches: u64,
+    /// See [`FlapCounters::door_declared_frames`].
+    pub door_declared_frames: u64,
+    /// See [`FlapCounters::frames_offered`].
+    pub frames_offered: u64,
+    /// See [`FlapCounters::frames_written`].
+    pub frames_written: u64,
+    /// See [`FlapCounters::frames_after_handshake`].
+    pub frames_after_handshake: u64,
+    /// See [`FlapCounters::frames_lost_between_attempts`].
+    pub frames_lost_between_attempts: u64,
+    /// See [`FlapCounters::ticks_missed`].
+    pub ticks_missed: u64,
+    /// See [`FlapCounters::acks`].
+    pub acks: u64,
+    /// See [`FlapCounters::gap_events`].
+    pub gap_events: u64,
+    /// See [`FlapCounters::ended`].
+    pub ended: u64,
+    /// See [`FlapCounters::end_failed`].
+    pub end_failed: u64,
+    /// Refused attempts by the refusal's `error.code` (`none` without a body).
+    pub refusal_codes: BTreeMap<String, u64>,
+    /// `closed` events by reason.
+    pub closed_reasons: BTreeMap<String, u64>,
+    /// Close codes received (`4001` = taken over).
+    pub close_codes: BTreeMap<u16, u64>,
+    /// Cut → `resumed` event, client side.
+    pub resume_ms: Percentiles,
+    /// Cut → the reconnect's `101`, client side (every design).
+    pub reconnect_ms: Percentiles,
+}
+
+fn bump<K: Ord>(m: &Mutex<BTreeMap<K, u64>>, k: K) {
+    if let Ok(mut m) = m.lock() {
+        *m.entry(k).or_default() += 1;
+    }
+}
+
+impl FlapCounters {
+    /// A copy of every counter.
+    pub fn snapshot(&self) -> FlapSnapshot {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let copy =
+            |m: &Mutex<BTreeMap<String, u64>>| m.lock().map(|m| m.clone()).unwrap_or_default();
+        FlapSnapshot {
+            connects: l(&self.connects),
+            cuts: l(&self.cuts),
+            unplanned_drops: l(&self.unplanned_drops),
+            resumes: l(&self.resumes),
+            fresh_reopens: l(&self.fresh_reopens),
+            refused: l(&self.refused),
+            connect_errors: l(&self.connect_errors),
+            taken_over: l(&self.taken_over),
+            next_seq_mismatches: l(&self.next_seq_mismatches),
+            door_declared_frames: l(&self.door_declared_frames),
+            frames_offered: l(&self.frames_offered),
+            frames_written: l(&self.frames_written),
+            frames_after_handshake: l(&self.frames_after_handshake),
+            frames_lost_between_attempts: l(&self.frames_lost_between_attempts),
+            ticks_missed: l(&self.ticks_missed),
+            acks: l(&self.acks),
+            gap_events: l(&self.gap_events),
+            ended: l(&self.ended),
+            end_failed: l(&self.end_failed),
+            refusal_codes: copy(&self.refusal_codes),
+            closed_reasons: copy(&self.closed_reasons),
+            close_codes: self
+                .close_codes
+                .lock()
+                .map(|m| m.clone())
+                .unwrap_or_default(),
+            resume_ms: summary(&self.resume_latency),
+            reconnect_ms: summary(&self.reconnect_latency),
+        }
+    }
+}
+
+/// What one call offered, for the audit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallOutcome {
+    /// The stream id.
+    pub id: String,
+    /// Frames offered (= the seq of its last frame).
+    pub offered: u64,
+}
+
+/// Starts every call; each task returns its [`CallOutcome`].
+pub fn start(
+    config: FlapConfig,
+    clip_seed: u64,
+    counters: Arc<FlapCounters>,
+) -> tokio::task::JoinSet<CallOutcome> {
+    let mut set = tokio::task::JoinSet::new();
+    let start = Instant::now();
+    let mut rng = rand::rng();
+    let clips: Vec<SpeechClip> = (0..8)
+        .map(|i| SpeechClip::render(clip_seed + i, 150))
+        .collect();
+    let spread_ms = config.start_spread.as_millis().max(1) as u64;
+    let calls = config.ids.len();
+    for (index, id) in config.ids.iter().enumerate() {
+        let offset = Duration::from_millis(rng.random_range(0..spread_ms))
+            + Duration::from_micros(rng.random_range(0..20_000));
+        let start_at = start + offset;
+        let call = Call {
+            id: id.clone(),
+            ws_addr: config.ws_addr,
+            resume: config.resume,
+            clip: clips[index % clips.len()].clone(),
+            clip_index: index as u64 * 37,
+            counters: counters.clone(),
+            start_at,
+            stop_at: start_at + config.duration,
+            next_cut: start_at + first_cut(index, calls, config.flap_every),
+            flap_every: config.flap_every,
+            offered: 0,
+            last_seq: 0,
+            token: None,
+            link: Link::Down {
+                retry_at: start_at,
+                since: None,
+            },
+        };
+        set.spawn(call.run());
+    }
+    set
+}
+
+type Ws = WebSocketStream<TcpStream>;
+type Attempt = Pin<Box<dyn Future<Output = Result<Ws, Refusal>> + Send>>;
+
+/// Why an attempt did not upgrade.
+#[derive(Debug)]
+enum Refusal {
+    /// Refused with an HTTP status and the body's `error.code`.
+    Http(u16, String),
+    /// TCP error, handshake error or timeout.
+    Failed,
+}
+
+/// The call's connection.
+enum Link {
+    /// No connection; the next attempt at `retry_at`. `since`: when the link was lost
+    /// (for the latencies), `None` before the first open.
+    Down {
+        retry_at: Instant,
+        since: Option<Instant>,
+    },
+    /// An attempt under way; the frames ticked meanwhile wait in `held`.
+    Connecting {
+        attempt: Attempt,
+        since: Option<Instant>,
+        resuming: bool,
+        next_seq: u64,
+        held: Vec<Bytes>,
+    },
+    /// Upgraded. `resume_since`: a resume whose `resumed` event has not come yet.
+    Up {
+        ws: Box<Ws>,
+        resume_since: Option<Instant>,
+        expect_next_seq: Option<u64>,
+    },
+}
+
+/// What the link did.
+enum LinkEvent {
+    Message(Option<Result<Message, tokio_tungstenite::tungstenite::Error>>),
+    Attempted(Result<Box<Ws>, Refusal>),
+}
+
+/// Waits for the link's next event; pending forever when it has none to give.
+async fn link_event(link: &mut Link) -> LinkEvent {
+    match link {
+        Link::Up { ws, .. } => LinkEvent::Message(ws.next().await),
+        Link::Connecting { attempt, .. } => LinkEvent::Attempted(attempt.await.map(Box::new)),
+        Link::Down { .. } => std::future::pending().await,
+    }
+}
+
+/// One attempt: TCP connect (`SO_LINGER` 0, so that dropping it resets), then the
+/// WebSocket upgrade, within [`CONNECT_TIMEOUT`].
+async fn open(addr: SocketAddr, path: String) -> Result<Ws, Refusal> {
+    let attempt = async {
+        let tcp = TcpStream::connect(addr)
+            .await
+            .map_err(|_| Refusal::Failed)?;
+        let _ = tcp.set_nodelay(true);
+        tcp.set_zero_linger().map_err(|_| Refusal::Failed)?;
+        let url = format!("ws://{addr}{path}");
+        match tokio_tungstenite::client_async(url, tcp).await {
+            Ok((ws, _)) => Ok(ws),
+            Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+                let code = resp
+                    .body()
+                    .as_deref()
+                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
+                    .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
+                    .unwrap_or_else(|| "none".to_owned());
+                Err(Refusal::Http(resp.status().as_u16(), code))
+            }
+            Err(_) => Err(Refusal::Failed),
+        }
+    };
+    tokio::time::timeout(CONNECT_TIMEOUT, attempt)
+        .await
+        .unwrap_or(Err(Refusal::Failed))
+}
+
+struct Call {
+    id: String,
+    ws_addr: SocketAddr,
+    resume: bool,
+    clip: SpeechClip,
+    clip_index: u64,
+    counters: Arc<FlapCounters>,
+    start_at: Instant,
+    stop_at: Instant,
+    next_cut: Instant,
+    flap_every: Duration,
+    /// Frames offered so far: the seq of the last one.
+    offered: u64,
+    /// The last seq the door confirmed.
+    last_seq: u64,
+    /// The resume token, once `opened` gave it (and while the stream lives).
+    token: Option<String>,
+    link: Link,
+}
+
+impl Call {
+    async fn run(mut self) -> CallOutcome {
+        tokio::time::sleep_until(self.start_at).await;
+        let mut interval = tokio::time::interval_at(self.start_at, FRAME_DURATION);
+        interval.set_missed_tick_behavior(MissedTickBehavior::Skip);
+        let mut ticks: u64 = 0;
+        // Bounded: the loop ends at the first tick at or after the stop time.
+        loop {
+            tokio::select! {
+                tick = interval.tick() => {
+                    if tick >= self.stop_at {
+                        break;
+                    }
+                    ticks += 1;
+                    self.on_tick(tick).await;
+                }
+                ev = link_event(&mut self.link) => self.on_link(ev).await,
+            }
+        }
+        let expected = (self.stop_at - self.start_at).as_micros() / FRAME_DURATION.as_micros();
+        self.counters
+            .ticks_missed
+            .fetch_add((expected as u64).saturating_sub(ticks), Ordering::Relaxed);
+        self.finish().await;
+        if matches!(self.link, Link::Up { .. }) {
+            self.counters.up.fetch_sub(1, Ordering::Relaxed);
+        }
+        CallOutcome {
+            id: self.id,
+            offered: self.offered,
+        }
+    }
+
+    /// One frame: written, held for a handshake, or offered and lost; then the cut
+    /// when it is due.
+    async fn on_tick(&mut self, tick: Instant) {
+        let frame = self.clip.frame(self.clip_index);
+        self.clip_index += 1;
+        match &mut self.link {
+            Link::Up { ws, .. } => {
+                self.offered += 1;
+                self.counters.frames_offered.fetch_add(1, Ordering::Relaxed);
+                let sent =
+                    tokio::time::timeout(SEND_TIMEOUT, ws.send(Message::Binary(frame))).await;
+                if matches!(sent, Ok(Ok(()))) {
+                    self.counters.frames_written.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    self.lost_link();
+                    return;
+                }
+            }
+            Link::Connecting { held, .. } if held.len() < HANDSHAKE_BUFFER => held.push(frame),
+            Link::Connecting { .. } => {
+                // The handshake outlived its buffer (it is also timing out): give it
+                // up, and this frame with the held ones.
+                self.attempt_failed(Refusal::Failed);
+                self.lose_frames(1);
+            }
+            Link::Down { retry_at, .. } => {
+                let due = tick >= *retry_at;
+                self.lose_frames(1);
+                if due {
+                    self.connect();
+                }
+            }
+        }
+        let can_cut = !self.resume || self.token.is_some();
+        if tick >= self.next_cut && matches!(self.link, Link::Up { .. }) && can_cut {
+            if tick + self.flap_every.min(LAST_CUT_BEFORE) < self.stop_at {
+                self.cut();
+            }
+            self.next_cut += self.flap_every;
+        }
+    }
+
+    /// Offered frames no connection could take (the next resume declares them).
+    fn lose_frames(&mut self, n: u64) {
+        self.offered += n;
+        self.counters.frames_offered.fetch_add(n, Ordering::Relaxed);
+        self.counters
+            .frames_lost_between_attempts
+            .fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The socket-level kill: the socket (SO_LINGER 0) is dropped, the kernel sends
+    /// an RST; the reconnect starts at once.
+    fn cut(&mut self) {
+        self.counters.cuts.fetch_add(1, Ordering::Relaxed);
+        self.counters.up.fetch_sub(1, Ordering::Relaxed);
+        let now = Instant::now();
+        // Dropping the WebSocket drops its TcpStream: with SO_LINGER 0, that is the RST.
+        self.link = Link::Down {
+            retry_at: now,
+            since: Some(now),
+        };
+        self.connect();
+    }
+
+    /// The link broke without our cut (read or write error, or the server closed).
+    fn lost_link(&mut self) {
+        if matches!(self.link, Link::Up { .. }) {
+            self.counters.up.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.counters
+            .unplanned_drops
+            .fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        self.link = Link::Down {
+            retry_at: now,
+            since: Some(now),
+        };
+        self.connect();
+    }
+
+    /// Starts an attempt: a resume when the token is known, else a fresh open.
+    fn connect(&mut self) {
+        let since = match &self.link {
+            Link::Down { since, .. } => *since,
+            _ => None,
+        };
+        let token = if self.resume {
+            self.token.as_deref()
+        } else {
+            None
+        };
+        let next_seq = self.offered + 1;
+        let path = reconnect_path(&self.id, token, self.last_seq, next_seq);
+        self.link = Link::Connecting {
+            attempt: Box::pin(open(self.ws_addr, path)),
+            since,
+            resuming: token.is_some(),
+            next_seq,
+            held: Vec::new(),
+        };
+    }
+
+    fn attempt_failed(&mut self, why: Refusal) {
+        let (since, held) = match &mut self.link {
+            Link::Connecting { since, held, .. } => (*since, std::mem::take(held)),
+            _ => (None, Vec::new()),
+        };
+        self.lose_frames(held.len() as u64);
+        match why {
+            Refusal::Http(status, code) => {
+                self.counters.refused.fetch_add(1, Ordering::Relaxed);
+                // A refused resume will not be accepted later: the stream is gone for
+                // the door (or never was); the next attempt opens a fresh one.
+                if code.starts_with("resume_") || status == 401 || status == 403 {
+                    self.token = None;
+                }
+                bump(&self.counters.refusal_codes, code);
+            }
+            Refusal::Failed => {
+                self.counters.connect_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.link = Link::Down {
+            retry_at: Instant::now() + RETRY_DELAY,
+            since,
+        };
+    }
+
+    async fn on_link(&mut self, ev: LinkEvent) {
+        match ev {
+            LinkEvent::Attempted(Ok(ws)) => self.upgraded(ws).await,
+            LinkEvent::Attempted(Err(why)) => self.attempt_failed(why),
+            LinkEvent::Message(Some(Ok(Message::Text(text)))) => {
+                self.on_event(text.as_str());
+            }
+            LinkEvent::Message(Some(Ok(Message::Close(frame)))) => {
+                let code = frame.as_ref().map_or(1005, |f| u16::from(f.code));
+                bump(&self.counters.close_codes, code);
+                self.lost_link();
+            }
+            LinkEvent::Message(Some(Ok(_))) => {}
+            LinkEvent::Message(Some(Err(_)) | None) => self.lost_link(),
+        }
+    }
+
+    /// The attempt upgraded: the frames held during the handshake go out first,
+    /// numbered from the `next_seq` the attempt named.
+    async fn upgraded(&mut self, mut ws: Box<Ws>) {
+        let now = Instant::now();
+        let Link::Connecting {
+            since,
+            resuming,
+            next_seq,
+            held,
+            ..
+        } = std::mem::replace(
+            &mut self.link,
+            Link::Down {
+                retry_at: now,
+                since: None,
+            },
+        )
+        else {
+            return;
+        };
+        self.counters.connects.fetch_add(1, Ordering::Relaxed);
+        self.counters.up.fetch_add(1, Ordering::Relaxed);
+        if let Some(s) = since {
+            record(&self.counters.reconnect_latency, now - s);
+        }
+        if resuming {
+            self.counters.resumes.fetch_add(1, Ordering::Relaxed);
+        } else {
+            if since.is_some() {
+                self.counters.fresh_reopens.fetch_add(1, Ordering::Relaxed);
+            }
+            // A new stream instance: its token comes with its `opened` event.
+            self.token = None;
+        }
+        let mut held = held.into_iter();
+        // Bounded by HANDSHAKE_BUFFER frames.
+        for frame in held.by_ref() {
+            self.offered += 1;
+            self.counters.frames_offered.fetch_add(1, Ordering::Relaxed);
+            let sent = tokio::time::timeout(SEND_TIMEOUT, ws.send(Message::Binary(frame))).await;
+            if !matches!(sent, Ok(Ok(()))) {
+                let rest = held.len() as u64;
+                self.counters.up.fetch_sub(1, Ordering::Relaxed);
+                self.counters
+                    .unplanned_drops
+                    .fetch_add(1, Ordering::Relaxed);
+                self.lose_frames(rest);
+                self.link = Link::Down {
+                    retry_at: Instant::now(),
+                    since: Some(Instant::now()),
+                };
+                self.connect();
+                return;
+            }
+            self.counters.frames_written.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .frames_after_handshake
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        self.link = Link::Up {
+            ws,
+            resume_since: if resuming { since } else { None },
+            expect_next_seq: resuming.then_some(next_seq),
+        };
+    }
+
+    /// One event of the door; returns whether it was `closed`.
+    fn on_event(&mut self, text: &str) -> bool {
+        let v: serde_json::Value = serde_json::from_str(text).unwrap_or_default();
+        let u = |k: &str| v.get(k).and_then(serde_json::Value::as_u64);
+        match v.get("type").and_then(serde_json::Value::as_str) {
+            Some("opened") if self.resume => {
+                self.token = v["resume_token"].as_str().map(str::to_owned);
+            }
+            Some("ack") => {
+                self.counters.acks.fetch_add(1, Ordering::Relaxed);
+                if let Some(seq) = u("seq") {
+                    self.last_seq = self.last_seq.max(seq);
+                }
+            }
+            Some("resumed") => {
+                if let Some(seq) = u("seq") {
+                    self.last_seq = seq;
+                }
+                if let Some(frames) = v["gap"].get("frames").and_then(serde_json::Value::as_u64) {
+                    self.counters
+                        .door_declared_frames
+                        .fetch_add(frames, Ordering::Relaxed);
+                }
+                if let Link::Up {
+                    resume_since,
+                    expect_next_seq,
+                    ..
+                } = &mut self.link
+                {
+                    if let Some(s) = resume_since.take() {
+                        record(&self.counters.resume_latency, s.elapsed());
+                    }
+                    if expect_next_seq
+                        .take()
+                        .is_some_and(|n| u("next_seq") != Some(n))
+                    {
+                        self.counters
+                            .next_seq_mismatches
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            Some("gap") => {
+                self.counters.gap_events.fetch_add(1, Ordering::Relaxed);
+            }
+            Some("error") if v["code"] == "taken_over" => {
+                self.counters.taken_over.fetch_add(1, Ordering::Relaxed);
+            }
+            Some("closed") => {
+                let reason = v["reason"].as_str().unwrap_or("none").to_owned();
+                bump(&self.counters.closed_reasons, reason);
+                // The stream is over for the door: a reconnect opens a new one.
+                self.token = None;
+                return true;
+            }
+            _ => {}
+        }
+        false
+    }
+
+    /// At the stop time: settles the link (at most one attempt), sends `end` and waits
+    /// (bounded) for `closed`.
+    async fn finish(&mut self) {
+        if matches!(self.link, Link::Down { .. }) {
+            self.connect();
+        }
+        if let Link::Connecting { attempt, .. } = &mut self.link {
+            // The attempt has its own timeout (CONNECT_TIMEOUT).
+            let result = attempt.await;
+            match result {
+                Ok(ws) => self.upgraded(Box::new(ws)).await,
+                Err(why) => self.attempt_failed(why),
+            }
+        }
+        let Link::Up { ws, .. } = &mut self.link else {
+            self.counters.end_failed.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let end = Message::Text(r#"{"type":"end"}"#.into());
+        if !matches!(
+            tokio::time::timeout(SEND_TIMEOUT, ws.send(end)).await,
+            Ok(Ok(()))
+        ) {
+            self.counters.end_failed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let deadline = Instant::now() + END_GRACE;
+        // Bounded by END_GRACE.
+        loop {
+            let Link::Up { ws, .. } = &mut self.link else {
+                return;
+            };
+            match tokio::time::timeout_at(deadline, ws.next()).await {
+                Ok(Some(Ok(Message::Text(text)))) => {
+                    if self.on_event(text.as_str()) {
+                        self.counters.ended.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
+                }
+                Ok(Some(Ok(Message::Close(frame)))) => {
+                    let code = frame.as_ref().map_or(1005, |f| u16::from(f.code));
+                    bump(&self.counters.close_codes, code);
+                    break;
+                }
+                Ok(Some(Ok(_))) => {}
+                Ok(Some(Err(_)) | None) | Err(_) => break,
+            }
+        }
+        if let Link::Up { ws, .. } = &mut self.link {
+            let _ = tokio::time::timeout(Duration::from_secs(1), SinkExt::close(ws.as_mut())).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuts_are_spread_over_one_period() {
+        let every = Duration::from_secs(10);
+        assert_eq!(first_cut(0, 1000, every), FIRST_CUT_AFTER);
+        assert_eq!(
+            first_cut(500, 1000, every),
+            FIRST_CUT_AFTER + Duration::from_secs(5)
+        );
+        assert!(first_cut(999, 1000, every) < FIRST_CUT_AFTER + every);
+        assert_eq!(
+            first_cut(0, 0, every),
+            FIRST_CUT_AFTER,
+            "no division by zero"
+        );
+    }
+
+    #[test]
+    fn a_reconnect_resumes_with_the_token_or_opens_fresh() {
+        assert_eq!(
+            reconnect_path("call-1", Some("dG9r"), 40, 43),
+            "/v1/streams/call-1?resume_token=dG9r&last_seq=40&next_seq=43"
+        );
+        assert_eq!(reconnect_path("call-1", None, 40, 43), "/v1/streams/call-1");
+    }
+}
