@@ -787,4 +787,164 @@ mod tests {
         );
         assert_eq!(reconnect_path("call-1", None, 40, 43), "/v1/streams/call-1");
     }
+
+    /// What the in-process door saw of one stream.
+    #[derive(Debug, Default)]
+    struct DoorStream {
+        /// The door's seq: frames taken, plus frames declared lost.
+        seq: u64,
+        taken: u64,
+        declared: u64,
+        opens: u64,
+        resumes: u64,
+        ended: bool,
+    }
+
+    type Doors = Arc<Mutex<BTreeMap<String, DoorStream>>>;
+
+    /// A door that numbers frames as the contract does: `opened` with a token on a
+    /// fresh open; on a resume it declares `door_seq + 1 ..= next_seq - 1` and answers
+    /// `resumed`; it acks every 10 frames; `end` gets `closed`. Every resume's upgrade
+    /// is answered 100 ms late, so that the producer holds frames for the handshake.
+    // The callback's type is tungstenite's (its error is an HTTP response).
+    #[allow(clippy::result_large_err)]
+    async fn door(listener: tokio::net::TcpListener, doors: Doors) {
+        // Ends when the test ends (the runtime drops it).
+        while let Ok((tcp, _)) = listener.accept().await {
+            let doors = doors.clone();
+            tokio::spawn(async move {
+                let mut path = String::new();
+                let mut peek = [0u8; 512];
+                let n = tcp.peek(&mut peek).await.unwrap_or(0);
+                if String::from_utf8_lossy(&peek[..n]).contains("resume_token=") {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                let callback =
+                    |req: &tokio_tungstenite::tungstenite::handshake::server::Request, resp| {
+                        path = req.uri().to_string();
+                        Ok(resp)
+                    };
+                let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(tcp, callback).await else {
+                    return;
+                };
+                let (route, query) = path.split_once('?').unwrap_or((&path, ""));
+                let id = route.rsplit('/').next().unwrap_or("").to_owned();
+                let param = |k: &str| {
+                    query
+                        .split('&')
+                        .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
+                        .and_then(|v| v.parse::<u64>().ok())
+                };
+                let first = {
+                    let mut d = doors.lock().unwrap();
+                    let s = d.entry(id.clone()).or_default();
+                    match param("next_seq") {
+                        Some(next) => {
+                            let door_seq = s.seq;
+                            assert!(param("last_seq").unwrap() <= door_seq, "not ahead");
+                            assert!(next > door_seq, "next_seq above the door's seq");
+                            s.declared += next - 1 - door_seq;
+                            s.seq = next - 1;
+                            s.resumes += 1;
+                            format!(
+                                r#"{{"type":"resumed","stream_id":"{id}","seq":{door_seq},"next_seq":{next},"gap":null,"resume_token":"t","resume_window_ms":5000}}"#
+                            )
+                        }
+                        None => {
+                            s.opens += 1;
+                            format!(
+                                r#"{{"type":"opened","stream_id":"{id}","resume_token":"t","resume_window_ms":5000}}"#
+                            )
+                        }
+                    }
+                };
+                if ws.send(Message::Text(first.into())).await.is_err() {
+                    return;
+                }
+                while let Some(Ok(msg)) = ws.next().await {
+                    let ack = match msg {
+                        Message::Binary(_) => {
+                            let mut d = doors.lock().unwrap();
+                            let s = d.entry(id.clone()).or_default();
+                            s.seq += 1;
+                            s.taken += 1;
+                            s.seq
+                                .is_multiple_of(10)
+                                .then(|| format!(r#"{{"type":"ack","seq":{}}}"#, s.seq))
+                        }
+                        Message::Text(_) => {
+                            doors.lock().unwrap().entry(id.clone()).or_default().ended = true;
+                            let closed = r#"{"type":"closed","reason":"producer"}"#;
+                            let _ = ws.send(Message::Text(closed.into())).await;
+                            return;
+                        }
+                        _ => None,
+                    };
+                    if let Some(ack) = ack
+                        && ws.send(Message::Text(ack.into())).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_offered_frame_is_taken_or_declared_by_the_door() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let ws_addr = listener.local_addr().unwrap();
+        let doors = Doors::default();
+        tokio::spawn(door(listener, doors.clone()));
+        let counters = Arc::new(FlapCounters::default());
+        let ids: Vec<String> = (0..4).map(|i| format!("call{i}")).collect();
+        let mut calls = start(
+            FlapConfig {
+                ws_addr,
+                ids: Arc::new(ids.clone()),
+                duration: Duration::from_secs(5),
+                flap_every: Duration::from_secs(1),
+                resume: true,
+                start_spread: Duration::from_millis(20),
+            },
+            1,
+            counters.clone(),
+        );
+        let mut outcomes = Vec::new();
+        while let Some(o) = calls.join_next().await {
+            outcomes.push(o.unwrap());
+        }
+        let p = counters.snapshot();
+        assert!(p.cuts >= 4 * 3, "{p:?}");
+        assert_eq!(p.resumes, p.cuts, "{p:?}");
+        assert_eq!(
+            (p.unplanned_drops, p.refused, p.end_failed),
+            (0, 0, 0),
+            "{p:?}"
+        );
+        assert!(
+            p.frames_after_handshake > 0,
+            "frames held for the handshake: {p:?}"
+        );
+        assert_eq!(p.resume_ms.count, p.resumes);
+        assert!(
+            p.resume_ms.p50 >= 100.0,
+            "the door answered 100 ms late: {p:?}"
+        );
+        let d = doors.lock().unwrap();
+        for o in &outcomes {
+            let s = &d[&o.id];
+            assert!(s.ended, "{o:?}: {s:?}");
+            assert_eq!(s.opens, 1, "one stream: {s:?}");
+            assert_eq!(
+                s.seq, o.offered,
+                "the door's numbering is the producer's: {o:?} {s:?}"
+            );
+            assert_eq!(s.taken + s.declared, o.offered, "{o:?} {s:?}");
+        }
+        assert_eq!(
+            outcomes.iter().map(|o| o.offered).sum::<u64>(),
+            p.frames_offered
+        );
+    }
 }
