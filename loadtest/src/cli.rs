@@ -57,8 +57,8 @@ pub struct Cli {
 
     /// What to run: steady | nats-pause | backend-pause | nats-restart | no-end |
     /// llm-overload | ceiling | worker-failover | node-failover | asr-shortfall |
-    /// asr-churn | producer-flap | all (every scenario but ceiling, the two failovers and the two asr
-    /// ones) | showcase (the demo: steady and nats-pause with short runs, and
+    /// asr-churn | producer-flap | all (every scenario but ceiling, the two failovers, the two
+    /// asr ones and producer-flap) | showcase (the demo: steady and nats-pause with short runs, and
     /// asr-shortfall).
     #[arg(value_enum, required = true)]
     pub scenario: Option<Scenario>,

@@ -15,7 +15,9 @@
 //! The failover scenarios ([`scenario::failover`]) run [`lease_worker`] processes on a
 //! 3-node cluster and audit their logs with [`lease_audit`]. The recognition-capacity
 //! scenarios ([`scenario::asr`]) model recognisers as GPU time ([`gpu`]): in-process
-//! ([`fleet`], [`naive::asr`]) or as [`asr_worker`] processes.
+//! ([`fleet`], [`naive::asr`]) or as [`asr_worker`] processes. `producer-flap`
+//! ([`scenario::flap`]) cuts every producer's TCP connection again and again, resumes
+//! (or reopens) the streams, and audits every packet on NATS per call.
 //!
 //! Invariants that hold across the crate:
 //! - only loopback addresses are ever targeted;
