@@ -390,9 +390,10 @@ impl Drop for WireAudit {
     }
 }
 
-/// What a NATS message is, for the audit (`None`: undecodable).
-fn seen_of(msg: &async_nats::Message) -> Option<(String, Seen)> {
-    let stream = msg.subject.as_str().rsplit('.').next()?.to_owned();
+/// What a NATS message is, for the audit (`None`: undecodable): its stream id (the
+/// subject's last token) and the packet.
+fn seen_of(msg: &async_nats::Message) -> Option<(&str, Seen)> {
+    let stream = msg.subject.as_str().rsplit('.').next()?;
     let packet = decode(&msg.payload, &DecodeOptions::default()).ok()?;
     let seen = match packet.body {
         PacketBody::Frame { .. } => Seen::Frame { seq: packet.seq },
@@ -451,7 +452,14 @@ impl WireAudit {
                 match seen_of(&msg) {
                     Some((stream, seen)) => {
                         if let Ok(mut m) = s.audits.lock() {
-                            m.entry(stream).or_default().observe(&seen);
+                            match m.get_mut(stream) {
+                                Some(a) => a.observe(&seen),
+                                None => {
+                                    let mut a = StreamAudit::default();
+                                    a.observe(&seen);
+                                    m.insert(stream.to_owned(), a);
+                                }
+                            }
                         }
                     }
                     None => {
