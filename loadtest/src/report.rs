@@ -845,15 +845,25 @@ fn render(reports: &[RunReport], md: bool) -> String {
                 }
                 out.push('\n');
             } else {
+                // 13 characters a column, wider when a heading or a cell needs it (two
+                // spaces between columns).
+                let width = chunk
+                    .iter()
+                    .flat_map(|r| {
+                        std::iter::once(crate::scenario::asr::column_label(r))
+                            .chain(rows.iter().map(|(_, f)| f(r)))
+                    })
+                    .map(|c| c.chars().count() + 2)
+                    .fold(13, usize::max);
                 let _ = write!(out, "{:<31}", "");
                 for r in chunk {
-                    let _ = write!(out, "{:>13}", crate::scenario::asr::column_label(r));
+                    let _ = write!(out, "{:>width$}", crate::scenario::asr::column_label(r));
                 }
                 out.push('\n');
                 for (label, f) in &rows {
                     let _ = write!(out, "{label:<31}");
                     for r in chunk {
-                        let _ = write!(out, "{:>13}", f(r));
+                        let _ = write!(out, "{:>width$}", f(r));
                     }
                     out.push('\n');
                 }

@@ -202,12 +202,14 @@ pub fn counter_by_label(text: &str, name: &str, label: &str) -> BTreeMap<String,
         let Ok(value) = value.trim().parse::<f64>() else {
             continue;
         };
-        let v = series
+        // A series without the label (declared, never incremented) is left out.
+        if let Some(v) = series
             .split(key.as_str())
             .nth(1)
             .and_then(|r| r.split('"').next())
-            .unwrap_or("none");
-        *out.entry(v.to_owned()).or_default() += value as u64;
+        {
+            *out.entry(v.to_owned()).or_default() += value as u64;
+        }
     }
     out
 }
@@ -637,7 +639,8 @@ mod tests {
         weir_ingress_resume_seconds_sum 0.8\n\
         weir_ingress_resume_seconds_count 100\n\
         weir_ingress_resumes_total{outcome=\"resumed\"} 100\n\
-        weir_ingress_resumes_total{outcome=\"expired\"} 2\n";
+        weir_ingress_resumes_total{outcome=\"expired\"} 2\n\
+        weir_ingress_resumes_total 0\n";
 
     #[test]
     fn the_doors_histogram_reads_as_bucket_bounds() {
@@ -652,6 +655,7 @@ mod tests {
         let by = counter_by_label(METRICS, RESUMES_TOTAL, "outcome");
         assert_eq!(by.get("resumed"), Some(&100));
         assert_eq!(by.get("expired"), Some(&2));
+        assert_eq!(by.len(), 2, "the unlabelled series is left out: {by:?}");
     }
 
     #[test]
