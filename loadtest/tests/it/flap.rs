@@ -73,6 +73,10 @@ async fn resumed_calls_stay_one_instance_and_account_for_every_frame() {
     );
     assert_eq!(p.fresh_reopens, 0, "{p:?}");
     assert_eq!(p.next_seq_mismatches, 0, "{p:?}");
+    assert_eq!(
+        p.frames_lost_between_attempts, 0,
+        "no attempt failed: {p:?}"
+    );
     assert_eq!(a.streams, CALLS as u64);
     assert_eq!(
         a.instances, CALLS as u64,
@@ -92,6 +96,11 @@ async fn resumed_calls_stay_one_instance_and_account_for_every_frame() {
         "{a:?}"
     );
     assert_eq!(a.streams_ok, a.streams, "{:?}", a.failing_examples);
+    assert_eq!(
+        a.declared_by_reason.get("resume").copied().unwrap_or(0),
+        p.door_declared_frames,
+        "the markers on NATS are what the door said it declared: {a:?}"
+    );
     assert_eq!(a.audit_slow_consumer_events, 0);
     // Resume latency on both sides.
     assert_eq!(p.resume_ms.count, p.resumes, "{p:?}");

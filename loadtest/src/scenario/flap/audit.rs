@@ -205,8 +205,20 @@ impl StreamAudit {
             }
             Seen::End { seq, reason } => {
                 *self.ends_by_reason.entry(reason.clone()).or_default() += 1;
-                if *seq <= inst.max_seq || !inst.holes.is_empty() {
+                if *seq <= inst.max_seq || !inst.holes.is_empty() || *seq > inst.max_seq + 1 {
                     self.ends_early += 1;
+                }
+                // The end names the instance's last seq: the seqs below it not seen yet
+                // are holes, so that a frame the end overtook is a late packet of this
+                // instance, not a new one.
+                if *seq > inst.max_seq + 1 {
+                    let missing = *seq - inst.max_seq - 1;
+                    if inst.holes.len() as u64 + missing > MAX_HOLES as u64 {
+                        self.holes_overflow += missing;
+                    } else {
+                        inst.holes.extend(inst.max_seq + 1..*seq);
+                    }
+                    inst.max_seq = *seq - 1;
                 }
                 inst.ended_at = Some(*seq);
             }
@@ -600,6 +612,9 @@ mod tests {
         );
         let v = verdict("s0", 3, Some(&a));
         assert!(!v.ok, "{v:?}");
+        // An end that overtook frames above the highest seen: still the same instance.
+        let a = run(&[frame(1), end(4, "none"), frame(3), frame(2)]);
+        assert_eq!((a.instances, a.frames, a.out_of_order), (1, 3, 2));
     }
 
     #[test]

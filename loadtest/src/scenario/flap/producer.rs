@@ -403,6 +403,9 @@ struct Call {
 impl Call {
     async fn run(mut self) -> CallOutcome {
         tokio::time::sleep_until(self.start_at).await;
+        // The first open starts with the call: the ticks of its handshake are held and
+        // offered after it, like a reconnect's.
+        self.connect();
         let mut interval = tokio::time::interval_at(self.start_at, FRAME_DURATION);
         interval.set_missed_tick_behavior(MissedTickBehavior::Skip);
         let mut ticks: u64 = 0;
