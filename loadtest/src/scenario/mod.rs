@@ -78,7 +78,8 @@ pub enum Scenario {
     /// Every producer's TCP connection cut every --flap-every, reconnecting at once:
     /// naive, weir without resume, weir with resume.
     ProducerFlap,
-    /// Every scenario above except ceiling, the two failovers and the two asr ones.
+    /// Every scenario above except ceiling, the two failovers, the two asr ones and
+    /// producer-flap.
     All,
     /// The demo: steady and nats-pause, short runs, both designs; asr-shortfall.
     Showcase,
