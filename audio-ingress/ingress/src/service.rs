@@ -189,6 +189,9 @@ async fn start_with<S: Sink>(
             capacity.clone(),
         ));
     }
+    if config.server.publish_page {
+        routes = routes.merge(crate::publish::routes());
+    }
     let ws_router = door::with_fallbacks(routes);
     let http = |name| HttpOptions {
         name,
@@ -229,6 +232,7 @@ async fn start_with<S: Sink>(
             "max_sessions_per_ip": w.max_sessions_per_ip.get(),
             "allow_foreign_candidates": w.allow_foreign_candidates,
         })),
+        "publish_page": s.publish_page,
     });
     let admin_router = admin::router(AdminState {
         ingress: ingress.clone(),

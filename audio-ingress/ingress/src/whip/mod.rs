@@ -454,13 +454,17 @@ fn method_not_allowed(methods: &'static str) -> Response {
 }
 
 /// CORS for browser publishers on another origin (tokens travel in `Authorization`,
-/// never in cookies, so any origin may call).
+/// never in cookies, so any origin may call). Exposed: what a page reads from a 201
+/// (`Location`, the resume token and window) and from a 503 (`Retry-After`).
 fn cors(resp: &mut Response) {
     set_headers(
         resp,
         [
             (header::ACCESS_CONTROL_ALLOW_ORIGIN, "*"),
-            (header::ACCESS_CONTROL_EXPOSE_HEADERS, "Location"),
+            (
+                header::ACCESS_CONTROL_EXPOSE_HEADERS,
+                "Location, Retry-After, Weir-Resume-Token, Weir-Resume-Window-Ms",
+            ),
         ],
     );
 }
@@ -475,7 +479,7 @@ fn preflight(methods: &'static str) -> Response {
             (header::ACCESS_CONTROL_ALLOW_METHODS, methods),
             (
                 header::ACCESS_CONTROL_ALLOW_HEADERS,
-                "Authorization, Content-Type",
+                "Authorization, Content-Type, Weir-Resume-Token",
             ),
             (HeaderName::from_static("accept-post"), "application/sdp"),
         ],
