@@ -81,6 +81,10 @@ pub struct Claims {
 pub struct Grant {
     /// The token's `max_rate`, in thousandths of real time, if it has one.
     pub max_rate_permille: Option<u32>,
+    /// A digest of the token's scope (`stream` or `stream_prefix`): a stream's resume
+    /// token is bound to it, so only a producer token of the same scope resumes it (a
+    /// refreshed token does; another tenant's, or an expired one, does not).
+    pub scope: [u8; 8],
 }
 
 /// Why a request was not authenticated.
@@ -192,7 +196,15 @@ impl Authenticator {
         if !covered {
             return Err(AuthError::OutOfScope(stream_id.to_owned()));
         }
-        Ok(Grant { max_rate_permille })
+        let scope = match (&c.stream, &c.stream_prefix) {
+            (Some(id), _) => crate::resume::token::digest8(&[b"stream", id.as_bytes()]),
+            (None, Some(p)) => crate::resume::token::digest8(&[b"stream_prefix", p.as_bytes()]),
+            (None, None) => [0; 8],
+        };
+        Ok(Grant {
+            max_rate_permille,
+            scope,
+        })
     }
 }
 

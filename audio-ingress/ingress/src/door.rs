@@ -21,6 +21,7 @@
 //!
 //! Invariant: both doors call these functions; a rule changed here changes for both.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -37,6 +38,7 @@ use weir_protocol::audio::extension::{EndReason, Overload};
 
 use crate::auth::{Authenticator, Grant};
 use crate::capacity::{Capacity, NoCapacity, Ticket};
+use crate::resume::Resume;
 use crate::ws_query::UpgradeQuery;
 use weir_audio_producer::error::OpenError;
 use weir_audio_producer::publisher::Sink;
@@ -83,7 +85,32 @@ pub struct Admitted {
     pub session: Option<String>,
     /// The producer token's grant (`None` when authentication is off).
     pub grant: Option<Grant>,
+    /// The resume this request asks for (`None`: open a new stream).
+    pub resume: Option<ResumeAsk>,
 }
+
+impl Admitted {
+    /// The producer token's scope (zero without authentication): what a resume token
+    /// is bound to.
+    pub fn scope(&self) -> [u8; 8] {
+        self.grant.map_or([0; 8], |g| g.scope)
+    }
+}
+
+/// What a resuming producer presents ([`crate::resume`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResumeAsk {
+    /// The stream's resume token (`Weir-Resume-Token`, else `resume_token`).
+    pub token: String,
+    /// The last seq the producer knows the door took.
+    pub last_seq: Option<u64>,
+    /// The seq of the producer's next frame.
+    pub next_seq: Option<u64>,
+}
+
+/// The header a resuming producer may present its token in (the query's
+/// `resume_token` is the browser WebSocket's way).
+pub const RESUME_TOKEN_HEADER: &str = "weir-resume-token";
 
 /// What a door admits with: the producer core, the token check, the retry hint.
 pub struct Door<'a, S: Sink> {
@@ -95,6 +122,8 @@ pub struct Door<'a, S: Sink> {
     pub retry_after: Duration,
     /// The recognition-capacity check (`None`: a service started without one).
     pub capacity: Option<&'a Capacity>,
+    /// The resumable streams of both doors.
+    pub resume: &'a Arc<Resume>,
 }
 
 /// The answer to a stream refused for recognition capacity: `503 no_capacity` with
@@ -122,8 +151,8 @@ pub trait HasDoor: Send + Sync {
 }
 
 /// `has_door!(State)`: [`HasDoor`] for a door's state `State<S>` with the fields
-/// `ingress`, `auth` (`Option<Arc<Authenticator>>`), `retry_after` and `capacity`
-/// (`Option<Arc<Capacity>>`).
+/// `ingress`, `auth` (`Option<Arc<Authenticator>>`), `retry_after`, `capacity`
+/// (`Option<Arc<Capacity>>`) and `resume` (`Arc<Resume>`).
 macro_rules! has_door {
     ($state:ident) => {
         impl<S: Sink> $crate::door::HasDoor for $state<S> {
@@ -135,6 +164,7 @@ macro_rules! has_door {
                     auth: self.auth.as_deref(),
                     retry_after: self.retry_after,
                     capacity: self.capacity.as_deref(),
+                    resume: &self.resume,
                 }
             }
         }
@@ -180,10 +210,30 @@ impl<S: Sink> Door<'_, S> {
             None => None,
             Some(auth) => Some(authenticate(self.ingress, auth, &id, &query, headers)?),
         };
+        let header_token = headers
+            .get(RESUME_TOKEN_HEADER)
+            .map(|v| v.to_str().map(str::to_owned))
+            .transpose()
+            .map_err(|_| {
+                refuse(
+                    "invalid_session",
+                    "invalid_request",
+                    "Weir-Resume-Token is not ASCII".to_owned(),
+                )
+            })?;
+        let resume = header_token
+            .filter(|t| !t.is_empty())
+            .or(query.resume_token)
+            .map(|token| ResumeAsk {
+                token,
+                last_seq: query.last_seq,
+                next_seq: query.next_seq,
+            });
         Ok(Admitted {
             id,
             session: query.session_id,
             grant,
+            resume,
         })
     }
 

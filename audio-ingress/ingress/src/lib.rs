@@ -36,6 +36,7 @@ pub mod error;
 pub mod listener;
 pub mod metrics;
 pub mod publish;
+pub mod resume;
 pub mod service;
 pub mod shutdown;
 pub mod tap;

@@ -105,6 +105,19 @@ weir_service::declare_metrics! {
     counter pub const CAPACITY_WORKER_REFUSALS_APPLIED_TOTAL: &str = "weir_ingress_capacity_worker_refusals_applied_total";
     /// Counter: `degraded` events sent to producers.
     counter pub const CAPACITY_DEGRADED_EVENTS_TOTAL: &str = "weir_ingress_capacity_degraded_events_total";
+    /// Counter: resume attempts, by `outcome` (`resumed`, or the refusal's code:
+    /// `resume_invalid`, `resume_mismatch`, `resume_expired`, `resume_ended`,
+    /// `resume_ahead`, `invalid_request`, `taken_over`, `resume_busy`).
+    counter pub const RESUMES_TOTAL: &str = "weir_ingress_resumes_total";
+    /// Counter: streams parked because their producer's connection dropped (they wait
+    /// `resume_window_ms` for it).
+    counter pub const RESUME_PARKED_TOTAL: &str = "weir_ingress_resume_parked_total";
+    /// Counter: parked streams that ended without a resume, by `reason` (`expired`:
+    /// the window ran out, `replaced`: a fresh open of the id).
+    counter pub const RESUME_PARKED_ENDED_TOTAL: &str = "weir_ingress_resume_parked_ended_total";
+    /// Histogram: seconds from a resume's request to the first frame the door admitted
+    /// on the resumed connection.
+    histogram pub const RESUME_SECONDS: &str = "weir_ingress_resume_seconds";
 }
 
 /// The names of both HTTP listeners' metrics, labelled `listener` = `ws` | `admin`.
@@ -121,6 +134,8 @@ pub const LABEL_CODE: &str = "code";
 pub const LABEL_REASON: &str = "reason";
 /// Label key of an ignored capacity message's kind.
 pub const LABEL_KIND: &str = "kind";
+/// Label key of a resume's outcome.
+pub const LABEL_OUTCOME: &str = "outcome";
 /// Label key for an HTTP listener (`ws`, `admin`).
 pub const LABEL_LISTENER: &str = "listener";
 

@@ -24,6 +24,7 @@ use crate::door;
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::error::{Error, ErrorKind};
 use crate::listener::check_fd_limit;
+use crate::resume::Resume;
 use crate::shutdown::TaskTracker;
 use crate::whip::Whip;
 use crate::ws::{self, WsState};
@@ -49,6 +50,7 @@ pub struct RunningService<S: Sink> {
     tracker: TaskTracker,
     whip: Option<Whip>,
     capacity: Option<Arc<Capacity>>,
+    resume: Arc<Resume>,
 }
 
 /// The listener of config key `key` and its bound address.
@@ -171,6 +173,13 @@ async fn start_with<S: Sink>(
         None => None,
         Some(w) => Some(Whip::start(w.clone()).await?),
     };
+    let resume = Resume::new(config.server.resume_window).ok_or_else(|| {
+        crate::error::config(ConfigError::new(
+            "resume_window_ms",
+            ConfigErrorKind::Invalid,
+            "no randomness from the OS for the resume tokens' key".to_owned(),
+        ))
+    })?;
     let mut routes = ws::routes(WsState {
         ingress: ingress.clone(),
         retry_after: config.server.retry_after,
@@ -179,6 +188,7 @@ async fn start_with<S: Sink>(
         tracker: tracker.clone(),
         auth: auth.clone(),
         capacity: capacity.clone(),
+        resume: Arc::clone(&resume),
     });
     if let Some(w) = &whip {
         routes = routes.merge(w.routes(
@@ -187,6 +197,7 @@ async fn start_with<S: Sink>(
             config.server.retry_after,
             tracker.clone(),
             capacity.clone(),
+            Arc::clone(&resume),
         ));
     }
     if config.server.publish_page {
@@ -284,6 +295,7 @@ async fn start_with<S: Sink>(
         tracker,
         whip,
         capacity,
+        resume,
     })
 }
 
@@ -308,6 +320,11 @@ impl<S: Sink> RunningService<S> {
         self.capacity.as_deref()
     }
 
+    /// The resumable streams.
+    pub fn resume(&self) -> &Resume {
+        &self.resume
+    }
+
     /// The one line printed on stdout when ready (docs/contracts.md).
     pub fn ready_line(&self) -> String {
         weir_protocol::admin::ReadyLine::new(
@@ -323,6 +340,8 @@ impl<S: Sink> RunningService<S> {
         tracing::info!(grace_ms = self.grace.as_millis() as u64, "shutting down");
         self.stop_ws.cancel();
         let report = self.ingress.shutdown(self.grace).await;
+        // Parked streams ended with the others; their slots go now.
+        self.resume.clear();
         let _ = tokio::time::timeout(Duration::from_secs(1), &mut self.ws_task).await;
         self.ws_task.abort();
         // The listener is gone: no handler starts after this.

@@ -38,8 +38,15 @@
 //! over before an overload and confirmed after it, and `end_delivered` says whether the
 //! `end` got through.
 //!
-//! A socket that drops without `end` ends the stream with `producer_gone` (queued
-//! frames are still published). Frames are pushed with `push`, which waits at most
+//! Resume ([`crate::resume`], `resume_window_ms` > 0, the default): the first event of
+//! a stream is `opened` with its resume token, and `ack` (the last seq the door took)
+//! follows at most once a second while frames arrive. A socket that drops without
+//! `end` (or closes without it) **parks** the stream for `resume_window_ms`; an upgrade
+//! with `resume_token`, `last_seq` and `next_seq` takes it back (first event
+//! `resumed`), the frames in between declared lost (reason `resume`). A resume while
+//! this connection still holds the stream closes it: `error` `taken_over`, close
+//! 4001. Unresumed within the window, or with resume off, a dropped socket ends the
+//! stream with `producer_gone` (queued frames are still published). Frames are pushed with `push`, which waits at most
 //! `max_wait` for room: while it waits the socket is not read, so a fast producer is
 //! slowed by TCP backpressure before it is refused.
 //!
@@ -71,9 +78,11 @@ use weir_protocol::WireName;
 use weir_protocol::audio::extension::{EndReason, Overload};
 
 use crate::auth::Authenticator;
-use crate::capacity::{Capacity, Notice, Ticket};
+use crate::capacity::{Capacity, Notice};
 use crate::door::{self, HasDoor};
 use crate::metrics as m;
+use crate::resume::Attachment;
+use crate::resume::admit::{Loss, opened_event};
 use crate::shutdown::TaskTracker;
 use weir_audio_producer::error::PushError;
 use weir_audio_producer::publisher::Sink;
@@ -102,7 +111,13 @@ pub mod close_code {
     pub const INTERNAL: u16 = 1011;
     /// Try again later: overload.
     pub const TRY_AGAIN_LATER: u16 = 1013;
+    /// A resume on another connection took the stream (private-use range).
+    pub const TAKEN_OVER: u16 = 4001;
 }
+
+/// How often a resumable stream's producer is told the last seq the door took (only
+/// when it took new frames since).
+pub const ACK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// What the front door needs.
 #[derive(Clone)]
@@ -121,6 +136,8 @@ pub struct WsState<S: Sink> {
     pub auth: Option<Arc<Authenticator>>,
     /// The recognition-capacity check; `None`: a service started without one.
     pub capacity: Option<Arc<Capacity>>,
+    /// The resumable streams (shared with the WHIP door).
+    pub resume: Arc<crate::resume::Resume>,
 }
 
 door::has_door!(WsState);
@@ -150,9 +167,23 @@ async fn upgrade<S: Sink>(
         Ok(ws) => ws,
         Err(e) => return door::error_response(e.status(), "invalid_upgrade", e.body_text()),
     };
-    let (handle, ticket) = match state.door().open(admitted) {
-        Ok(opened) => opened,
-        Err(resp) => return *resp,
+    let requested_at = Instant::now();
+    let window = state.resume.window();
+    let (att, first_event, resumed_at) = match admitted.resume.clone() {
+        None => match state.door().open_attached(admitted).await {
+            Ok(att) => {
+                let event = opened_event(&att, window);
+                (att, event, None)
+            }
+            Err(resp) => return *resp,
+        },
+        Some(ask) => match state.door().resume(admitted, &ask, Loss::Declared).await {
+            Ok((att, resumed)) => {
+                let event = resumed.event(&att, window);
+                (att, Some(event), Some(requested_at))
+            }
+            Err(resp) => return *resp,
+        },
     };
     let max_frame = state.ingress.config().max_frame_bytes();
     let guard = state.tracker.token();
@@ -169,7 +200,7 @@ async fn upgrade<S: Sink>(
         .max_write_buffer_size(WS_MAX_WRITE_BUFFER_BYTES)
         .on_upgrade(move |socket| {
             // One span per producer connection, with the stream it feeds.
-            let span = tracing::info_span!("ws", stream = %handle.id());
+            let span = tracing::info_span!("ws", stream = %att.handle().id());
             tracing::Instrument::instrument(
                 async move {
                     let _guard = guard;
@@ -179,7 +210,11 @@ async fn upgrade<S: Sink>(
                         send_timeout,
                         abandoned: false,
                     };
-                    serve_socket(conn, handle, ticket, state.idle_timeout).await;
+                    let opening = Opening {
+                        first_event,
+                        resumed_at,
+                    };
+                    serve_socket(conn, att, opening, state.idle_timeout).await;
                 },
                 span,
             )
@@ -216,6 +251,45 @@ enum Outcome {
     Closed(EndReason),
     /// No frame for `idle_timeout`.
     Idle,
+    /// A resume on another connection took the stream.
+    TakenOver,
+}
+
+impl Outcome {
+    /// The end reason a stream that stops here gets (for the resume table's refusal
+    /// of a later resume).
+    fn end_label(&self) -> &'static str {
+        match self {
+            Self::End => EndReason::Producer.as_str(),
+            Self::Overload(_) => EndReason::Overload.as_str(),
+            Self::Idle => EndReason::Idle.as_str(),
+            Self::Closed(r) => r.as_str(),
+            Self::Refused { .. } | Self::ClientClosed { violation: true } => {
+                EndReason::Error.as_str()
+            }
+            Self::Gone | Self::ClientClosed { .. } | Self::TakenOver => {
+                EndReason::ProducerGone.as_str()
+            }
+        }
+    }
+
+    /// Whether the producer may come back for the stream: it went away without
+    /// ending it (or another connection took it).
+    fn parks(&self) -> bool {
+        matches!(
+            self,
+            Self::Gone | Self::ClientClosed { violation: false } | Self::TakenOver
+        )
+    }
+}
+
+/// What a connection sends first, and when its resume was asked for.
+struct Opening {
+    /// `opened` or `resumed` (`None`: resume off).
+    first_event: Option<serde_json::Value>,
+    /// A resumed connection: when the resume was requested (for the latency to its
+    /// first admitted frame).
+    resumed_at: Option<Instant>,
 }
 
 /// [`Outcome::Refused`].
@@ -336,96 +410,152 @@ const WS_WRITE_BUFFER_BYTES: usize = 8 * 1024;
 const WS_MAX_WRITE_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Runs one connection: frames in, events out, until an [`Outcome`]. The capacity
-/// ticket is held until the stream finished.
+/// ticket is held until the stream finished; a connection that went away without
+/// `end` leaves the stream parked for a resume (its attachment is dropped).
 async fn serve_socket(
     mut socket: Conn,
-    mut handle: StreamHandle,
-    mut ticket: Ticket,
+    mut att: Attachment,
+    opening: Opening,
     idle_timeout: Duration,
 ) {
-    let mut status = door::StatusWatch::new(&handle);
-    // One timer for the connection. A message only records its time; the timer is
-    // moved when it fires early (resetting it for every frame cost a timer-wheel
-    // update per frame).
-    let idle = tokio::time::sleep(idle_timeout);
-    tokio::pin!(idle);
-    let mut last_message = Instant::now();
-    let outcome = loop {
-        tokio::select! {
-            // Status first: a producer that floods frames must not starve its own
-            // gap/overload events (an unbiased select picks the ready socket read
-            // almost every time under load).
-            biased;
-            change = status.next() => {
-                if let Some(ev) = change.gap
-                    && !socket.send_json(ev).await
-                {
-                    // Failed or timed out (a client that stopped reading): the stream
-                    // ends as if the socket had dropped.
-                    break Outcome::Gone;
-                }
-                match change.stop {
-                    Some(door::StatusStop::Overload(o)) => break Outcome::Overload(o),
-                    Some(door::StatusStop::Closed(r)) => break Outcome::Closed(r),
-                    None => {}
-                }
-            }
-            notice = ticket.next() => match crate::capacity::notice_event(&notice) {
-                Some(ev) => {
-                    if !socket.send_json(ev).await {
+    let revoked = att.revoked();
+    tokio::pin!(revoked);
+    let resumable = att.token().is_some();
+    let mut resumed_at = opening.resumed_at;
+    let mut status = door::StatusWatch::new(att.handle());
+    let outcome = 'serve: {
+        if let Some(ev) = opening.first_event
+            && !socket.send_json(ev).await
+        {
+            break 'serve Outcome::Gone;
+        }
+        let (handle, ticket) = att.parts();
+        // One timer for the connection. A message only records its time; the timer is
+        // moved when it fires early (resetting it for every frame cost a timer-wheel
+        // update per frame).
+        let idle = tokio::time::sleep(idle_timeout);
+        tokio::pin!(idle);
+        let mut last_message = Instant::now();
+        let mut ack = tokio::time::interval(ACK_INTERVAL);
+        ack.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (mut took, mut acked) = (0u64, 0u64);
+        loop {
+            tokio::select! {
+                // Status first: a producer that floods frames must not starve its own
+                // gap/overload events (an unbiased select picks the ready socket read
+                // almost every time under load).
+                biased;
+                () = &mut revoked => break Outcome::TakenOver,
+                change = status.next() => {
+                    if let Some(ev) = change.gap
+                        && !socket.send_json(ev).await
+                    {
+                        // Failed or timed out (a client that stopped reading): the stream
+                        // goes on as if the socket had dropped.
                         break Outcome::Gone;
                     }
-                }
-                None => {
-                    debug_assert_eq!(notice, Notice::Refused);
-                    handle.close(EndReason::NoCapacity);
-                    break Outcome::Closed(EndReason::NoCapacity);
-                }
-            },
-            msg = socket.recv() => match msg {
-                None => break Outcome::Gone,
-                Some(Err(e)) => break read_failure(e),
-                Some(Ok(Message::Close(frame))) => {
-                    // The WebSocket layer answers a close code the client may not send
-                    // (1004-1006, 1015, under 1000, ...) as a protocol error, 1002.
-                    let violation = frame.is_some_and(|f| f.code == close_code::PROTOCOL);
-                    break Outcome::ClientClosed { violation };
-                }
-                Some(Ok(Message::Binary(data))) => {
-                    last_message = Instant::now();
-                    match handle.push(data).await {
-                        Ok(_) => {}
-                        Err(PushError::InvalidFrame(e)) => break bad_frame(e.to_string()),
-                        Err(PushError::Overloaded(o)) => break Outcome::Overload(o),
-                        Err(PushError::Closed(r)) => break Outcome::Closed(r),
-                        Err(e @ PushError::Full { .. }) => break bad_frame(e.to_string()),
+                    match change.stop {
+                        Some(door::StatusStop::Overload(o)) => break Outcome::Overload(o),
+                        Some(door::StatusStop::Closed(r)) => break Outcome::Closed(r),
+                        None => {}
                     }
                 }
-                Some(Ok(Message::Text(text))) => match control::parse(text.as_str()) {
-                    Ok(()) => break Outcome::End,
-                    Err(e) => {
-                        break refused(close_code::UNSUPPORTED, "bad_message", e.to_string());
+                notice = ticket.next() => match crate::capacity::notice_event(&notice) {
+                    Some(ev) => {
+                        if !socket.send_json(ev).await {
+                            break Outcome::Gone;
+                        }
+                    }
+                    None => {
+                        debug_assert_eq!(notice, Notice::Refused);
+                        handle.close(EndReason::NoCapacity);
+                        break Outcome::Closed(EndReason::NoCapacity);
                     }
                 },
-                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
-            },
-            () = &mut idle => {
-                let due = last_message + idle_timeout;
-                if due <= Instant::now() {
-                    break Outcome::Idle;
+                msg = socket.recv() => match msg {
+                    None => break Outcome::Gone,
+                    Some(Err(e)) => break read_failure(e),
+                    Some(Ok(Message::Close(frame))) => {
+                        // The WebSocket layer answers a close code the client may not send
+                        // (1004-1006, 1015, under 1000, ...) as a protocol error, 1002.
+                        let violation = frame.is_some_and(|f| f.code == close_code::PROTOCOL);
+                        break Outcome::ClientClosed { violation };
+                    }
+                    Some(Ok(Message::Binary(data))) => {
+                        last_message = Instant::now();
+                        match handle.push(data).await {
+                            Ok(seq) => {
+                                took = seq;
+                                if let Some(t) = resumed_at.take() {
+                                    metrics::histogram!(m::RESUME_SECONDS)
+                                        .record(t.elapsed().as_secs_f64());
+                                }
+                            }
+                            Err(PushError::InvalidFrame(e)) => break bad_frame(e.to_string()),
+                            Err(PushError::Overloaded(o)) => break Outcome::Overload(o),
+                            Err(PushError::Closed(r)) => break Outcome::Closed(r),
+                            Err(e @ PushError::Full { .. }) => break bad_frame(e.to_string()),
+                        }
+                    }
+                    Some(Ok(Message::Text(text))) => match control::parse(text.as_str()) {
+                        Ok(()) => break Outcome::End,
+                        Err(e) => {
+                            break refused(close_code::UNSUPPORTED, "bad_message", e.to_string());
+                        }
+                    },
+                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+                },
+                _ = ack.tick(), if resumable => {
+                    if took > acked {
+                        acked = took;
+                        if !socket.send_json(json!({"type": "ack", "seq": took})).await {
+                            break Outcome::Gone;
+                        }
+                    }
                 }
-                idle.as_mut().reset(due);
+                () = &mut idle => {
+                    let due = last_message + idle_timeout;
+                    if due <= Instant::now() {
+                        break Outcome::Idle;
+                    }
+                    idle.as_mut().reset(due);
+                }
             }
         }
     };
-    let status = handle.status();
-    finish_socket(socket, handle, outcome).await;
-    door::release_when_finished(ticket, status);
+    if outcome.parks() {
+        // Parked (resume on) or ended `producer_gone` (off); a takeover's claimant
+        // takes it now.
+        drop(att);
+        if matches!(outcome, Outcome::TakenOver) {
+            taken_over(socket).await;
+        } else if let Outcome::ClientClosed { .. } = outcome {
+            // The close handshake: the echo was queued by the WebSocket layer.
+            socket.flush().await;
+        }
+        return;
+    }
+    let held = att.end(outcome.end_label());
+    let status = held.handle.status();
+    finish_socket(socket, held.handle, outcome).await;
+    door::release_when_finished(held.ticket, status);
+}
+
+/// Closes a connection whose stream a resume took: `error` `taken_over`, close 4001.
+async fn taken_over(mut socket: Conn) {
+    socket
+        .send_json(json!({
+            "type": "error",
+            "code": "taken_over",
+            "message": "a resume on another connection took this stream; it goes on there",
+        }))
+        .await;
+    socket.close(close_code::TAKEN_OVER, "taken_over").await;
 }
 
 async fn finish_socket(mut socket: Conn, handle: StreamHandle, outcome: Outcome) {
     match outcome {
-        Outcome::Gone => {
+        Outcome::Gone | Outcome::TakenOver => {
             // Dropping the handle ends the stream with `producer_gone`.
             drop(handle);
         }

@@ -11,6 +11,12 @@ pub struct UpgradeQuery {
     pub session_id: Option<String>,
     /// `access_token`: a producer token for browsers, which cannot set headers.
     pub access_token: Option<String>,
+    /// `resume_token`: the token of a stream this request resumes ([`crate::resume`]).
+    pub resume_token: Option<String>,
+    /// `last_seq`: the last seq the producer knows the door took (a resume).
+    pub last_seq: Option<u64>,
+    /// `next_seq`: the seq of the producer's next frame (a resume).
+    pub next_seq: Option<u64>,
 }
 
 /// Why a query string was refused (the message names the parameter).
@@ -25,13 +31,17 @@ impl UpgradeQuery {
         let Some(raw) = raw else {
             return Ok(q);
         };
-        let mut seen = [false; 2];
+        let mut seen = [false; 5];
+        let (mut last_seq, mut next_seq) = (None, None);
         for pair in raw.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             let key = decode(k).map_err(|e| QueryError(format!("a parameter name {e}")))?;
             let (i, slot) = match key.as_str() {
                 "session_id" => (0, &mut q.session_id),
                 "access_token" => (1, &mut q.access_token),
+                "resume_token" => (2, &mut q.resume_token),
+                "last_seq" => (3, &mut last_seq),
+                "next_seq" => (4, &mut next_seq),
                 _ => continue,
             };
             if std::mem::replace(&mut seen[i], true) {
@@ -42,8 +52,24 @@ impl UpgradeQuery {
                 *slot = Some(value);
             }
         }
+        q.last_seq = seq_param("last_seq", last_seq)?;
+        q.next_seq = seq_param("next_seq", next_seq)?;
         Ok(q)
     }
+}
+
+/// A sequence-number parameter: a decimal integer (at most 2^53, what a JSON number
+/// in a browser holds exactly).
+fn seq_param(key: &str, value: Option<String>) -> Result<Option<u64>, QueryError> {
+    const MAX: u64 = 1 << 53;
+    value
+        .map(|v| {
+            v.parse::<u64>()
+                .ok()
+                .filter(|n| *n <= MAX && v.bytes().all(|b| b.is_ascii_digit()))
+                .ok_or_else(|| QueryError(format!("{key} must be an integer in 0..={MAX}")))
+        })
+        .transpose()
 }
 
 /// `application/x-www-form-urlencoded` decoding (`+` is a space) to bytes, then UTF-8.
@@ -128,6 +154,29 @@ mod tests {
         assert!(session("session_id=%zz").is_err());
         // Garbage in an unknown parameter's value is not weir's business.
         assert!(session("other=%zz&session_id=a").is_ok());
+    }
+
+    #[test]
+    fn resume_parameters_are_parsed_strictly() {
+        let q = UpgradeQuery::parse(Some("resume_token=abc&last_seq=10&next_seq=12")).expect("ok");
+        assert_eq!(q.resume_token.as_deref(), Some("abc"));
+        assert_eq!((q.last_seq, q.next_seq), (Some(10), Some(12)));
+        for bad in [
+            "last_seq=-1",
+            "last_seq=1.5",
+            "last_seq=+1",
+            "next_seq=x",
+            "next_seq=99999999999999999999",
+            "next_seq=9007199254740993",
+            "last_seq=1&last_seq=2",
+            "resume_token=a&resume_token=b",
+        ] {
+            let e = UpgradeQuery::parse(Some(bad)).expect_err(bad);
+            assert!(
+                e.0.contains("seq") || e.0.contains("resume_token"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

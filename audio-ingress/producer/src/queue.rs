@@ -242,6 +242,13 @@ pub struct FrameQueue {
     arena: BytesMut,
     /// The rate bound in audio time ([`crate::rate`]); `None` when `max_rate = 0`.
     rate: Option<RateBucket>,
+    /// PCM bytes of the last frame admitted (what a frame of the stream weighs, for a
+    /// resume's declared loss); 0 before the first.
+    last_pcm_len: usize,
+    /// When the last frame was admitted (`None` before the first).
+    last_admitted_at: Option<Instant>,
+    /// The consumers take `gap` packets (`gap` policy, or `extended_consumers`).
+    gap_packets: bool,
 
     budget: Arc<Budget>,
     counters: Arc<Counters>,
@@ -287,6 +294,9 @@ impl FrameQueue {
                 cfg.enforced_max_rate_permille(),
                 crate::rate::burst_samples(cfg.enforced_max_bytes() as u64),
             ),
+            last_pcm_len: 0,
+            last_admitted_at: None,
+            gap_packets: cfg.policy() == WhenFull::Gap || cfg.extended_consumers(),
             budget: Arc::new(Budget::new(Arc::clone(&global))),
             counters,
             global,
@@ -373,6 +383,59 @@ impl FrameQueue {
         self.next_seq
     }
 
+    /// Sequence number of the last frame admitted (0 before the first).
+    pub fn last_seq(&self) -> u64 {
+        self.next_seq - 1
+    }
+
+    /// Samples of the last frame admitted (0 before the first).
+    pub fn last_frame_samples(&self) -> u64 {
+        samples_of(self.last_pcm_len)
+    }
+
+    /// When the last frame was admitted (`None` before the first).
+    pub fn last_admitted_at(&self) -> Option<Instant> {
+        self.last_admitted_at
+    }
+
+    /// Declares `frames` frames (`samples` samples) that a producer offered and the
+    /// stream never received — the loss of a resumed connection: they take the next
+    /// seqs, counted as offered, admitted and dropped (`resume`), and are declared
+    /// with reason `resume`: a gap marker when the consumers take them (`gap` policy or
+    /// `extended_consumers`; published after the frames queued before it), else a
+    /// possible-loss declaration on the next packet. `Ok(None)` for 0 frames; refused
+    /// unless the stream is open.
+    pub fn skip(&mut self, frames: u64, samples: u64) -> Result<Option<Gap>, Refusal> {
+        if let Some(r) = self.closed_refusal() {
+            return Err(r);
+        }
+        if frames == 0 {
+            return Ok(None);
+        }
+        let first_seq = self.next_seq;
+        self.next_seq += frames;
+        let gap = Gap {
+            first_seq,
+            last_seq: self.next_seq - 1,
+            samples,
+            reason: GapReason::Resume,
+        };
+        let acct = self.account();
+        acct.offered_and_admitted(frames);
+        acct.dropped(DropReason::Resume, frames, samples);
+        if self.gap_packets {
+            self.gaps.push_back(gap);
+        } else {
+            self.declare(
+                gap.first_seq,
+                gap.last_seq,
+                frames,
+                PossibleLossReason::Resume,
+            );
+        }
+        Ok(Some(gap))
+    }
+
     fn check_frame(&self, len: usize) -> Result<(), FrameError> {
         if len == 0 {
             return Err(FrameError::Empty);
@@ -423,6 +486,10 @@ impl FrameQueue {
         encode: impl FnOnce(&mut BytesMut, u64, u64) -> Option<Bytes>,
     ) -> Result<u64, Refusal> {
         let result = self.offer_inner(pcm_len, now, mode, encode);
+        if result.is_ok() {
+            self.last_pcm_len = pcm_len;
+            self.last_admitted_at = Some(now);
+        }
         let acct = self.account();
         match &result {
             Ok(_) => {

@@ -72,6 +72,10 @@ pub enum DropReason {
     /// Dropped: over the stream's rate bound (`max_rate`, `gap` policy; covered by a
     /// gap marker).
     Rate,
+    /// Never received: offered by a producer whose connection dropped, declared when
+    /// it resumed the stream (a `resume` gap marker, or in `close` a `resume`
+    /// possible-loss declaration).
+    Resume,
 }
 
 impl DropReason {
@@ -497,6 +501,13 @@ impl Account<'_> {
 
     pub fn admitted(&self) {
         self.both(|c| &c.admitted, 1);
+    }
+
+    /// `n` frames offered and admitted at once (a resume's declared loss: they took
+    /// seqs, then count as dropped).
+    pub fn offered_and_admitted(&self, n: u64) {
+        self.both(|c| &c.offered, n);
+        self.both(|c| &c.admitted, n);
     }
 
     /// A frame handed to the NATS client after waiting `wait` since admission (the

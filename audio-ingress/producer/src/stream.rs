@@ -63,7 +63,7 @@ use crate::stats::{Account, Counters, FramesStats, Global, StatsSnapshot, WaitBa
 
 mod handle;
 
-pub use handle::{StreamHandle, StreamView};
+pub use handle::{Position, StreamHandle, StreamView};
 
 /// What a stream's producer can observe without pushing (for the WebSocket events).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -156,6 +156,10 @@ pub struct PossibleLoss {
 pub enum PossibleLossReason {
     /// The connection dropped (reconnect) before the server confirmed them.
     UnconfirmedAtDisconnect,
+    /// The producer's connection dropped and it resumed the stream: frames it offered
+    /// that never reached the ingress (none of them arrived). The `close` policy's
+    /// declaration of a resume; the `gap` policy sends a `gap` packet instead.
+    Resume,
     /// A reason this version does not know.
     #[serde(other)]
     Other,

@@ -88,6 +88,10 @@ pub enum GapReason {
     /// The producer sent audio faster than its rate bound (`max_rate` × real time
     /// beyond the burst); the frames over it were dropped.
     Rate,
+    /// The producer's connection dropped and it resumed the stream: the frames it
+    /// offered that never reached the ingress (in the dead connection, or produced
+    /// while it reconnected). Declared once, when the stream resumes.
+    Resume,
     /// A reason this version does not know (sent by a newer producer).
     #[serde(other)]
     Other,

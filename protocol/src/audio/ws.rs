@@ -24,11 +24,58 @@ pub enum Control {
     End,
 }
 
-/// Ingress → producer: one event, in the order `overload` or `gap`(s), then `closed`.
+/// The frames a resumed stream declared lost: the `resume` gap marker it publishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct ResumeGap {
+    /// First missing sequence number (the door's seq + 1).
+    pub first_seq: u64,
+    /// Last missing sequence number (the producer's `next_seq` - 1).
+    pub last_seq: u64,
+    /// Frames missing.
+    pub frames: u64,
+    /// Samples missing.
+    pub samples: u64,
+}
+
+/// Ingress → producer: one event. `opened` (or `resumed`) comes first when the stream
+/// is resumable; then `ack`s, `gap`s, `degraded`/`recovered`, in the order they
+/// happen; `overload` or `error` when the stream stops; `closed` last.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum Event {
+    /// The stream was opened and can be resumed: keep the token. Sent first, only
+    /// when resume is on (`resume_window_ms` > 0).
+    Opened {
+        /// The stream id.
+        stream_id: String,
+        /// The opaque token a reconnecting producer presents (`resume_token`).
+        resume_token: String,
+        /// How long a dropped stream waits for its producer, ms.
+        resume_window_ms: u64,
+    },
+    /// The door has taken every frame up to `seq` (sent at most once a second, only
+    /// when it took new frames): the producer's `last_seq` for a resume.
+    Ack {
+        /// Sequence number of the last frame the door admitted.
+        seq: u64,
+    },
+    /// A reconnecting producer took the stream back: the same stream continues.
+    Resumed {
+        /// The stream id.
+        stream_id: String,
+        /// Sequence number of the last frame the door took before the resume.
+        seq: u64,
+        /// The sequence number the next frame gets.
+        next_seq: u64,
+        /// The frames declared lost (`seq + 1 ..= next_seq - 1`), if any.
+        gap: Option<ResumeGap>,
+        /// The token, for the next resume (unchanged).
+        resume_token: String,
+        /// How long a dropped stream waits for its producer, ms.
+        resume_window_ms: u64,
+    },
     /// The stream overloaded under the `close` policy and is ending.
     Overload {
         /// What tripped it.
@@ -80,8 +127,9 @@ pub enum Event {
     },
     /// A bad message or a broken WebSocket protocol ends the stream (reason `error`).
     Error {
-        /// `bad_frame`, `bad_message`, `invalid_utf8`, `message_too_big` or
-        /// `protocol_error`.
+        /// `bad_frame`, `bad_message`, `invalid_utf8`, `message_too_big`,
+        /// `protocol_error`, or `taken_over` (a resume on another connection took the
+        /// stream; this connection closes with 4001 and the stream goes on there).
         code: String,
         /// What was wrong, for humans.
         message: String,

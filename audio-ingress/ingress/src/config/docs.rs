@@ -37,6 +37,11 @@ pub const SECTIONS: &[Section] = &[
                 "a WebSocket that sends no frame for this long is ended (reason `idle`, close 1001; pings do not count)",
             ),
             doc(
+                "resume_window_ms",
+                Range::ms(0, 60000),
+                "a stream whose producer's connection dropped waits this long for it to resume with its token (same stream, seq continuing), then ends `producer_gone`; 0 = resume off",
+            ),
+            doc(
                 "ws_send_timeout_ms",
                 Range::ms(10, 60000),
                 "bound on each send to a WebSocket client (event or close frame); a client that stops reading is abandoned after it (stream ends `producer_gone`)",

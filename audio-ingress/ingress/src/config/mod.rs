@@ -164,6 +164,7 @@ struct RawConfig {
     max_streams: u64,
     retry_after_s: u64,
     idle_timeout_ms: u64,
+    resume_window_ms: u64,
     ws_send_timeout_ms: u64,
     max_connections: u64,
     max_connections_per_ip: u64,
@@ -228,6 +229,7 @@ impl Default for RawConfig {
             max_streams: count(s.max_streams),
             retry_after_s: s.retry_after.as_secs(),
             idle_timeout_ms: ms(s.idle_timeout),
+            resume_window_ms: ms(s.resume_window),
             ws_send_timeout_ms: ms(s.ws_send_timeout),
             max_connections: count(s.max_connections),
             // Unset: derived from `max_connections` as it is configured.

@@ -23,6 +23,9 @@ pub struct ServerConfig {
     pub retry_after: Duration,
     /// A WebSocket silent for this long is ended with reason `idle` (`idle_timeout_ms`).
     pub idle_timeout: Duration,
+    /// How long a stream whose producer's connection dropped waits for it to resume
+    /// (`resume_window_ms`); zero: resume off, a dropped connection ends the stream.
+    pub resume_window: Duration,
     /// Bound on one send to a WebSocket client (`ws_send_timeout_ms`): a client that
     /// stops reading is abandoned after it, its stream ended with `producer_gone`.
     pub ws_send_timeout: Duration,
@@ -103,6 +106,9 @@ pub fn quarter_of(max: u64) -> u64 {
 pub const DEFAULT_ADMIN_MAX_CONNECTIONS: usize = 64;
 /// Default `http_header_timeout_ms`.
 pub const DEFAULT_HTTP_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default `resume_window_ms`: covers the second or two a mobile or Wi-Fi producer's
+/// connection is lost for, plus its reconnect.
+pub const DEFAULT_RESUME_WINDOW: Duration = Duration::from_secs(5);
 /// Default `http_idle_timeout_ms`.
 pub const DEFAULT_HTTP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default `http_max_header_bytes`.
@@ -116,6 +122,7 @@ impl Default for ServerConfig {
             max_streams: NonZeroUsize::MIN.saturating_add(999),
             retry_after: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(30),
+            resume_window: DEFAULT_RESUME_WINDOW,
             ws_send_timeout: Duration::from_secs(2),
             grace_period: Duration::from_secs(5),
             max_connections: NonZeroUsize::MIN.saturating_add(DEFAULT_MAX_CONNECTIONS - 1),
@@ -197,6 +204,7 @@ impl RawConfig {
             max_streams: nonzero(int!(self, max_streams)?),
             retry_after: Duration::from_secs(int!(self, retry_after_s)?),
             idle_timeout: millis!(self, idle_timeout_ms)?,
+            resume_window: millis!(self, resume_window_ms)?,
             ws_send_timeout: millis!(self, ws_send_timeout_ms)?,
             grace_period: millis!(self, grace_period_ms)?,
             max_connections: nonzero(max_connections),

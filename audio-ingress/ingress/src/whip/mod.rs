@@ -88,6 +88,7 @@ use crate::capacity::Capacity;
 use crate::config::WhipConfig;
 use crate::door::{self, HasDoor};
 use crate::error::Error;
+use crate::resume::Resume;
 use crate::shutdown::TaskTracker;
 use weir_audio_producer::publisher::Sink;
 use weir_audio_producer::stream::Ingress;
@@ -364,12 +365,14 @@ impl Whip {
         retry_after: Duration,
         tracker: TaskTracker,
         capacity: Option<Arc<Capacity>>,
+        resume: Arc<Resume>,
     ) -> Router {
         let state = WhipState {
             ingress,
             auth,
             retry_after,
             capacity,
+            resume,
             tracker,
             shared: Arc::clone(&self.shared),
         };
@@ -425,6 +428,7 @@ struct WhipState<S: Sink> {
     auth: Option<Arc<Authenticator>>,
     retry_after: Duration,
     capacity: Option<Arc<Capacity>>,
+    resume: Arc<Resume>,
     tracker: TaskTracker,
     shared: Arc<Shared>,
 }

@@ -380,7 +380,10 @@ async fn next_event(ws: &mut Ws) -> Value {
             .expect("open")
             .expect("ok");
         if let Message::Text(t) = msg {
-            return serde_json::from_str(t.as_str()).expect("JSON");
+            let ev: Value = serde_json::from_str(t.as_str()).expect("JSON");
+            if !crate::support::is_lifecycle(&ev) {
+                return ev;
+            }
         }
     }
 }

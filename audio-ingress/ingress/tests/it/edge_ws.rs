@@ -94,7 +94,12 @@ impl RawWs {
             while let Some((opcode, payload, used)) = parse_frame(&self.buf) {
                 self.buf.drain(..used);
                 match opcode {
-                    TEXT => events.push(serde_json::from_slice(&payload).expect("JSON event")),
+                    TEXT => {
+                        let ev: Value = serde_json::from_slice(&payload).expect("JSON event");
+                        if !support::is_lifecycle(&ev) {
+                            events.push(ev);
+                        }
+                    }
                     CLOSE => {
                         let code = (payload.len() >= 2)
                             .then(|| u16::from_be_bytes([payload[0], payload[1]]));

@@ -20,6 +20,12 @@ use tokio::time::Instant;
 pub const STEP: Duration = Duration::from_secs(10);
 
 /// A script in `tests/python/`.
+/// Whether `event` is one of a resumable stream's lifecycle events (`opened`, `ack`),
+/// which tests of other events skip.
+pub fn is_lifecycle(event: &serde_json::Value) -> bool {
+    matches!(event["type"].as_str(), Some("opened" | "ack"))
+}
+
 pub fn script(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/python")

@@ -89,7 +89,10 @@ async fn events_until_close(ws: &mut Ws) -> (Vec<Value>, Option<u16>) {
             .expect("message in time");
         match msg {
             Some(Ok(Message::Text(t))) => {
-                events.push(serde_json::from_str(t.as_str()).expect("JSON event"))
+                let ev: Value = serde_json::from_str(t.as_str()).expect("JSON event");
+                if !support::is_lifecycle(&ev) {
+                    events.push(ev);
+                }
             }
             Some(Ok(Message::Close(frame))) => return (events, frame.map(|f| u16::from(f.code))),
             Some(Ok(_)) => {}
@@ -697,6 +700,7 @@ async fn ws_client_that_stops_reading_is_abandoned_within_the_send_timeout() {
         tracker,
         auth: None,
         capacity: None,
+        resume: weir_audio_ingress::resume::Resume::new(Duration::ZERO).expect("resume"),
     });
     // Accepted sockets inherit the listener's small send buffer (Linux).
     let listener = tokio::net::TcpSocket::new_v4().expect("socket");

@@ -27,7 +27,12 @@ impl FrameQueue {
         {
             self.drop_all(DropReason::Shutdown);
         }
-        if let Some(g) = self.gaps.pop_front() {
+        // A marker goes out after the frames queued before it (a `rate` or `resume`
+        // marker takes seqs after frames still queued): seq order on the wire.
+        if let Some(g) = self.gaps.front()
+            && self.items.front().is_none_or(|f| f.seq > g.last_seq)
+            && let Some(g) = self.gaps.pop_front()
+        {
             return Next::Gap(g);
         }
         if let Some(f) = self.items.pop_front() {

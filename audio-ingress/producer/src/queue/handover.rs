@@ -292,6 +292,13 @@ impl FrameQueue {
     /// a declaration re-labels holes, it adds none.
     pub(super) fn declare_possibly_lost(&mut self, first: u64, last: u64, n: u64) {
         self.account().possibly_lost(n);
+        self.declare(first, last, n, PossibleLossReason::UnconfirmedAtDisconnect);
+    }
+
+    /// Declares `n` frames in `first..=last` on the next packet for `reason` (see
+    /// [`Self::declare_possibly_lost`] for the merging); counts nothing but the
+    /// declared total.
+    pub(super) fn declare(&mut self, first: u64, last: u64, n: u64, reason: PossibleLossReason) {
         self.possibly_lost_total += n;
         let earlier = match (self.declaration.take(), self.carried.take()) {
             (Some(d), Some(c)) => Some(PossibleLoss {
@@ -308,14 +315,14 @@ impl FrameQueue {
                 last_seq: d.last_seq.max(last),
                 frames: d.frames + n,
                 total_frames: self.possibly_lost_total,
-                reason: PossibleLossReason::UnconfirmedAtDisconnect,
+                reason,
             },
             None => PossibleLoss {
                 first_seq: first,
                 last_seq: last,
                 frames: n,
                 total_frames: self.possibly_lost_total,
-                reason: PossibleLossReason::UnconfirmedAtDisconnect,
+                reason,
             },
         };
         self.last_declared = Some(declared.clone());

@@ -7,6 +7,19 @@
 
 use super::*;
 
+/// Where a stream stands ([`StreamHandle::position`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    /// Sequence number of the last frame admitted (0 before the first).
+    pub last_seq: u64,
+    /// Samples of that frame (0 before the first).
+    pub frame_samples: u64,
+    /// Time since that frame was admitted (since the open before the first).
+    pub since_last_frame: Duration,
+    /// The stream still admits frames.
+    pub open: bool,
+}
+
 /// The producer's end of one stream. Not `Clone`: one producer per stream.
 ///
 /// Dropping it without [`finish`](Self::finish) ends the stream with reason
@@ -144,6 +157,37 @@ impl StreamHandle {
             shared.wake.notify_one();
         }
         result
+    }
+
+    /// Where the stream stands, for a producer that resumes it.
+    pub fn position(&self) -> Position {
+        let now = Instant::now();
+        let core = self.shared.lock();
+        Position {
+            last_seq: core.last_seq(),
+            frame_samples: core.last_frame_samples(),
+            since_last_frame: core.last_admitted_at().map_or_else(
+                || now.saturating_duration_since(self.shared.opened_at),
+                |t| now.saturating_duration_since(t),
+            ),
+            open: core.state() == StreamState::Open,
+        }
+    }
+
+    /// Declares `frames` frames (`samples` samples) that the producer offered and the
+    /// stream never received — the loss of a resumed connection (see
+    /// `FrameQueue::skip`): they take the next seqs, and the declaration (reason
+    /// `resume`) goes out in seq order. `Ok(None)` for 0 frames.
+    pub fn declare_lost(&self, frames: u64, samples: u64) -> Result<Option<Gap>, PushError> {
+        let gap = self
+            .shared
+            .lock()
+            .skip(frames, samples)
+            .map_err(to_push_error)?;
+        if gap.is_some() {
+            self.shared.wake.notify_one();
+        }
+        Ok(gap)
     }
 
     /// Lowers this stream's rate bound (`max_rate`, in thousandths of real time) — a

@@ -1,0 +1,284 @@
+//! The doors' side of resume: opening a stream attached to its connection, and taking a
+//! parked (or still attached) stream back for a reconnecting producer — the checks of
+//! its position, the loss it declares, and the refusals' answers.
+//!
+//! A resume, in this order, after [`Door::check`] (id, query, producer token): the
+//! token and the claim ([`Resume::claim`]: `401 resume_invalid`, `403
+//! resume_mismatch`, `410 resume_expired` / `resume_ended`, `409 taken_over`, `503
+//! resume_busy`), then the position: the stream must still be open (`410
+//! resume_ended`), `last_seq` at most the door's (`409 resume_ahead`), `next_seq` above
+//! it and its loss possible in the time away (`400 invalid_request`). A refused resume
+//! leaves the stream parked, its window unchanged.
+//!
+//! Invariant: the loss is declared before the stream is attached to the new
+//! connection, so the next frame takes `next_seq`.
+
+use std::time::Duration;
+
+use axum::response::Response;
+use serde_json::json;
+use weir_audio_producer::publisher::Sink;
+use weir_audio_producer::stream::Position;
+use weir_protocol::WireName;
+use weir_protocol::audio::{FRAME_SAMPLES, Gap, SAMPLE_RATE};
+
+use super::{Attachment, Held, ResumeRefusal};
+use crate::door::{Admitted, Door, Refused, ResumeAsk, error_response, insert_retry_after};
+use crate::metrics as m;
+
+/// How long a fresh open waits for a parked stream of the same id to finish (its
+/// publisher releases the id) before it opens the new one.
+pub const EVICT_BOUND: Duration = Duration::from_secs(2);
+
+/// Audio a resume may declare lost beyond the time since the door's last frame (the
+/// frames the producer had sent that were still in the network).
+const LOSS_SLACK: Duration = Duration::from_secs(2);
+
+/// How the door counts what a resumed stream lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loss {
+    /// The producer numbers its frames (WebSocket): `next_seq` says how many it offered.
+    Declared,
+    /// The producer does not (WHIP): the time since the door's last frame, in 20 ms
+    /// frames.
+    WallTime,
+}
+
+/// What a resume established: the `resumed` event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resumed {
+    /// The door's seq before the resume.
+    pub seq: u64,
+    /// The seq of the next frame.
+    pub next_seq: u64,
+    /// The frames declared lost.
+    pub gap: Option<Gap>,
+}
+
+/// The `opened` event of a resumable stream (`None`: resume off).
+pub fn opened_event(att: &Attachment, window: Duration) -> Option<serde_json::Value> {
+    let token = att.token()?;
+    Some(json!({
+        "type": "opened",
+        "stream_id": att.handle().id().as_str(),
+        "resume_token": token,
+        "resume_window_ms": window.as_millis() as u64,
+    }))
+}
+
+impl Resumed {
+    /// The `resumed` event.
+    pub fn event(&self, att: &Attachment, window: Duration) -> serde_json::Value {
+        let gap = self.gap.map(|g| {
+            json!({
+                "first_seq": g.first_seq, "last_seq": g.last_seq,
+                "frames": g.frames(), "samples": g.samples,
+            })
+        });
+        json!({
+            "type": "resumed",
+            "stream_id": att.handle().id().as_str(),
+            "seq": self.seq,
+            "next_seq": self.next_seq,
+            "gap": gap,
+            "resume_token": att.token().unwrap_or_default(),
+            "resume_window_ms": window.as_millis() as u64,
+        })
+    }
+}
+
+/// The answer to a refused resume (counted by its code).
+pub fn refusal(r: &ResumeRefusal, retry_after: Duration) -> Refused {
+    metrics::counter!(m::RESUMES_TOTAL, m::LABEL_OUTCOME => r.code()).increment(1);
+    let mut resp: Response = error_response(r.status(), r.code(), r.to_string());
+    if matches!(r, ResumeRefusal::Busy) {
+        insert_retry_after(&mut resp, retry_after);
+    }
+    Box::new(resp)
+}
+
+/// The frames and samples lost between the door's position and the producer's claim.
+fn loss(pos: Position, ask: &ResumeAsk, how: Loss) -> Result<(u64, u64), ResumeRefusal> {
+    let door = pos.last_seq;
+    let per_frame = match pos.frame_samples {
+        0 => FRAME_SAMPLES as u64,
+        n => n,
+    };
+    if let Some(claimed) = ask.last_seq
+        && claimed > door
+    {
+        return Err(ResumeRefusal::Ahead { claimed, door });
+    }
+    let frames = match how {
+        Loss::WallTime => {
+            let frame_ms = (per_frame * 1000 / u64::from(SAMPLE_RATE)).max(1);
+            pos.since_last_frame.as_millis() as u64 / frame_ms
+        }
+        Loss::Declared => {
+            if ask.last_seq.is_none() {
+                return Err(ResumeRefusal::BadSeq(
+                    "a resume needs last_seq: the last seq the door acknowledged (0 if none)"
+                        .to_owned(),
+                ));
+            }
+            let next = ask.next_seq.unwrap_or(door + 1);
+            if next <= door {
+                return Err(ResumeRefusal::BadSeq(format!(
+                    "next_seq = {next} must be above the last frame the door took ({door}); \
+                     frames the door took are not sent again"
+                )));
+            }
+            next - door - 1
+        }
+    };
+    let samples = frames.saturating_mul(per_frame);
+    // At most twice real time over the time away plus the slack: a larger claim is
+    // not a lost connection's audio.
+    let away = pos.since_last_frame + LOSS_SLACK;
+    let allowed = away.as_millis() as u64 * u64::from(SAMPLE_RATE) / 1000 * 2;
+    if samples > allowed {
+        return Err(ResumeRefusal::BadSeq(format!(
+            "next_seq declares {frames} frames ({samples} samples) lost, more than the {} ms \
+             since the door's last frame allow",
+            pos.since_last_frame.as_millis()
+        )));
+    }
+    Ok((frames, samples))
+}
+
+impl<S: Sink> Door<'_, S> {
+    /// Opens a new stream attached to the request's connection. A parked stream of the
+    /// same id (its producer reconnected without its token) ends first, waited for at
+    /// most [`EVICT_BOUND`].
+    pub async fn open_attached(&self, admitted: Admitted) -> Result<Attachment, Refused> {
+        if let Some(parked) = self.resume.evict_parked(&admitted.id) {
+            parked.wait_finished(EVICT_BOUND).await;
+        }
+        let scope = admitted.scope();
+        let id = admitted.id.clone();
+        let (handle, ticket) = self.open(admitted)?;
+        Ok(self.resume.attach_new(id, scope, Held { handle, ticket }))
+    }
+
+    /// Takes the stream of `admitted` back for a reconnecting producer (see the
+    /// module docs for the order of the checks) and declares what it lost.
+    pub async fn resume(
+        &self,
+        admitted: Admitted,
+        ask: &ResumeAsk,
+        how: Loss,
+    ) -> Result<(Attachment, Resumed), Refused> {
+        let retry_after = self.retry_after;
+        let claimed = self
+            .resume
+            .claim(&admitted.id, &ask.token, admitted.scope())
+            .await
+            .map_err(|r| refusal(&r, retry_after))?;
+        let pos = claimed.handle().position();
+        if !pos.open {
+            let reason = claimed
+                .handle()
+                .status()
+                .borrow()
+                .end_reason
+                .map_or("ended", |r| r.as_str());
+            claimed.end(reason);
+            return Err(refusal(&ResumeRefusal::Ended(reason), retry_after));
+        }
+        // Dropping `claimed` on a refusal parks the stream again.
+        let (frames, samples) = loss(pos, ask, how).map_err(|r| refusal(&r, retry_after))?;
+        let gap = match claimed.handle().declare_lost(frames, samples) {
+            Ok(gap) => gap,
+            Err(_) => {
+                let reason = "ended";
+                claimed.end(reason);
+                return Err(refusal(&ResumeRefusal::Ended(reason), retry_after));
+            }
+        };
+        let att = claimed.attach().map_err(|r| refusal(&r, retry_after))?;
+        metrics::counter!(m::RESUMES_TOTAL, m::LABEL_OUTCOME => "resumed").increment(1);
+        let next_seq = pos.last_seq + frames + 1;
+        Ok((
+            att,
+            Resumed {
+                seq: pos.last_seq,
+                next_seq,
+                gap,
+            },
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pos(last_seq: u64, since_ms: u64) -> Position {
+        Position {
+            last_seq,
+            frame_samples: 320,
+            since_last_frame: Duration::from_millis(since_ms),
+            open: true,
+        }
+    }
+
+    fn ask(last_seq: Option<u64>, next_seq: Option<u64>) -> ResumeAsk {
+        ResumeAsk {
+            token: String::new(),
+            last_seq,
+            next_seq,
+        }
+    }
+
+    #[test]
+    fn declared_loss_is_the_frames_between_the_door_and_next_seq() {
+        assert_eq!(
+            loss(pos(100, 50), &ask(Some(90), Some(104)), Loss::Declared),
+            Ok((3, 960))
+        );
+        assert_eq!(
+            loss(pos(100, 50), &ask(Some(100), None), Loss::Declared),
+            Ok((0, 0))
+        );
+        assert_eq!(
+            loss(pos(0, 50), &ask(Some(0), Some(1)), Loss::Declared),
+            Ok((0, 0))
+        );
+    }
+
+    #[test]
+    fn a_claim_ahead_or_behind_the_door_is_refused() {
+        assert_eq!(
+            loss(pos(100, 50), &ask(Some(101), None), Loss::Declared),
+            Err(ResumeRefusal::Ahead {
+                claimed: 101,
+                door: 100
+            })
+        );
+        let e = loss(pos(100, 50), &ask(Some(90), Some(100)), Loss::Declared).expect_err("behind");
+        assert_eq!(e.code(), "invalid_request");
+        let e = loss(pos(100, 50), &ask(None, Some(101)), Loss::Declared).expect_err("no last_seq");
+        assert!(e.to_string().contains("last_seq"), "{e}");
+    }
+
+    #[test]
+    fn a_loss_larger_than_the_time_away_allows_is_refused() {
+        // 2.05 s away: at most 2 x (2.05 + 2) s = 8.1 s = 405 frames.
+        assert!(loss(pos(100, 2050), &ask(Some(100), Some(506)), Loss::Declared).is_ok());
+        let e = loss(pos(100, 2050), &ask(Some(100), Some(507)), Loss::Declared).expect_err("big");
+        assert_eq!(e.code(), "invalid_request");
+        assert!(loss(pos(100, 0), &ask(Some(0), Some(1 << 53)), Loss::Declared).is_err());
+    }
+
+    #[test]
+    fn wall_time_loss_counts_whole_frames_since_the_last_one() {
+        assert_eq!(
+            loss(pos(100, 1010), &ask(None, None), Loss::WallTime),
+            Ok((50, 16_000))
+        );
+        assert_eq!(
+            loss(pos(100, 19), &ask(None, None), Loss::WallTime),
+            Ok((0, 0))
+        );
+    }
+}
