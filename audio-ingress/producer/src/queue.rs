@@ -398,6 +398,12 @@ impl FrameQueue {
         self.last_admitted_at
     }
 
+    /// Whether the consumers take `gap` packets (`gap` policy or
+    /// `extended_consumers`); otherwise losses are declared in a header.
+    pub fn gap_packets(&self) -> bool {
+        self.gap_packets
+    }
+
     /// Declares `frames` frames (`samples` samples) that a producer offered and the
     /// stream never received — the loss of a resumed connection: they take the next
     /// seqs, counted as offered, admitted and dropped (`resume`), and are declared

@@ -74,9 +74,9 @@ pub struct StreamStatus {
     pub end_reason: Option<EndReason>,
     /// The overload report, once it overloaded.
     pub overload: Option<Overload>,
-    /// Gap markers handed to NATS so far.
+    /// Gap markers handed to NATS so far, and resume losses declared in a header.
     pub gaps: u64,
-    /// The last gap marker handed to NATS.
+    /// The last of those.
     pub last_gap: Option<Gap>,
     /// The `end` was handed to NATS.
     pub end_delivered: bool,

@@ -37,11 +37,25 @@ const LOSS_SLACK: Duration = Duration::from_secs(2);
 /// How the door counts what a resumed stream lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Loss {
-    /// The producer numbers its frames (WebSocket): `next_seq` says how many it offered.
+    /// The producer numbers its frames (WebSocket): `next_seq` says how many it
+    /// offered; declared at the resume.
     Declared,
-    /// The producer does not (WHIP): the time since the door's last frame, in 20 ms
-    /// frames.
-    WallTime,
+    /// The producer does not (WHIP): the door declares the time since its last frame,
+    /// in 20 ms frames, when the resumed session's first frame arrives
+    /// ([`wall_time_loss`]).
+    AtFirstFrame,
+}
+
+/// The loss of a stream resumed without frame numbers, at its first frame: the whole
+/// 20 ms frames since the last frame the door took.
+pub fn wall_time_loss(pos: Position) -> (u64, u64) {
+    let per_frame = match pos.frame_samples {
+        0 => FRAME_SAMPLES as u64,
+        n => n,
+    };
+    let frame_ms = (per_frame * 1000 / u64::from(SAMPLE_RATE)).max(1);
+    let frames = pos.since_last_frame.as_millis() as u64 / frame_ms;
+    (frames, frames.saturating_mul(per_frame))
 }
 
 /// What a resume established: the `resumed` event.
@@ -110,10 +124,7 @@ fn loss(pos: Position, ask: &ResumeAsk, how: Loss) -> Result<(u64, u64), ResumeR
         return Err(ResumeRefusal::Ahead { claimed, door });
     }
     let frames = match how {
-        Loss::WallTime => {
-            let frame_ms = (per_frame * 1000 / u64::from(SAMPLE_RATE)).max(1);
-            pos.since_last_frame.as_millis() as u64 / frame_ms
-        }
+        Loss::AtFirstFrame => return Ok((0, 0)),
         Loss::Declared => {
             if ask.last_seq.is_none() {
                 return Err(ResumeRefusal::BadSeq(
@@ -272,12 +283,10 @@ mod tests {
 
     #[test]
     fn wall_time_loss_counts_whole_frames_since_the_last_one() {
+        assert_eq!(wall_time_loss(pos(100, 1010)), (50, 16_000));
+        assert_eq!(wall_time_loss(pos(100, 19)), (0, 0));
         assert_eq!(
-            loss(pos(100, 1010), &ask(None, None), Loss::WallTime),
-            Ok((50, 16_000))
-        );
-        assert_eq!(
-            loss(pos(100, 19), &ask(None, None), Loss::WallTime),
+            loss(pos(100, 5000), &ask(None, None), Loss::AtFirstFrame),
             Ok((0, 0))
         );
     }

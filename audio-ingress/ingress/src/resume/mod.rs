@@ -745,6 +745,3 @@ impl Drop for Claimed {
         }
     }
 }
-
-#[cfg(test)]
-mod tests;

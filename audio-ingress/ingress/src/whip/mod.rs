@@ -89,9 +89,12 @@ use crate::config::WhipConfig;
 use crate::door::{self, HasDoor};
 use crate::error::Error;
 use crate::resume::Resume;
+use crate::resume::admit::{Loss, opened_event};
 use crate::shutdown::TaskTracker;
 use weir_audio_producer::publisher::Sink;
 use weir_audio_producer::stream::Ingress;
+use weir_protocol::WireName;
+use weir_protocol::audio::extension::EndReason;
 use weir_service::http::{Client, PeerAddr};
 
 /// Largest SDP offer accepted (a browser's audio offer is 3–6 KiB).
@@ -99,6 +102,11 @@ pub const MAX_OFFER_BYTES: usize = 64 * 1024;
 
 /// The label of the data channel that carries the JSON events.
 pub const EVENTS_CHANNEL: &str = "weir";
+
+/// The `201`'s header with the stream's resume token (resume on).
+pub const RESUME_TOKEN: HeaderName = HeaderName::from_static("weir-resume-token");
+/// The `201`'s header with `resume_window_ms`.
+pub const RESUME_WINDOW_MS: HeaderName = HeaderName::from_static("weir-resume-window-ms");
 
 /// Counters of the WHIP door, summed over every session (and per session in
 /// [`SessionCounters`]). Read by the admin `/v1/whip` view.
@@ -752,10 +760,27 @@ async fn create_session<S: Sink>(
         .map_err(|full| sessions_full(state, full))?;
     let (rtc, answer) = accept(shared, sdp, client).map_err(|e| invalid_offer(e.to_string()))?;
     let stream_id = admitted.id.clone();
-    let (handle, ticket) = state.door().open(admitted).map_err(|resp| {
+    let requested_at = tokio::time::Instant::now();
+    let window = state.resume.window();
+    let door = state.door();
+    let opened = match admitted.resume.clone() {
+        None => door.open_attached(admitted).await.map(|att| {
+            let event = opened_event(&att, window);
+            (att, event, None)
+        }),
+        Some(ask) => door
+            .resume(admitted, &ask, Loss::AtFirstFrame)
+            .await
+            .map(|(att, resumed)| {
+                let event = resumed.event(&att, window);
+                (att, Some(event), Some(requested_at))
+            }),
+    };
+    let (att, first_event, resumed_at) = opened.map_err(|resp| {
         count(&shared.counters.offers_refused);
         *resp
     })?;
+    let token = att.token().map(str::to_owned);
     let (media_tx, media_rx) = mpsc::channel(PUMP_PACKETS);
     let session = driver::NewSession {
         key: key.clone(),
@@ -769,7 +794,8 @@ async fn create_session<S: Sink>(
         .await
         .is_err()
     {
-        // The driver is gone (shutdown): the handle drops, the stream ends at once.
+        // The driver is gone (shutdown): the stream ends at once.
+        att.end(EndReason::Shutdown.as_str()).release();
         return Err(door::error_response(
             StatusCode::SERVICE_UNAVAILABLE,
             "shutting_down",
@@ -779,8 +805,9 @@ async fn create_session<S: Sink>(
     count(&shared.counters.sessions_total);
     metrics::counter!(crate::metrics::WHIP_SESSIONS_TOTAL).increment(1);
     tokio::spawn(pump::run(pump::Pump {
-        handle,
-        ticket,
+        att,
+        first_event,
+        resumed_at,
         media: media_rx,
         stop: stop_rx,
         driver: shared.driver.clone(),
@@ -800,6 +827,14 @@ async fn create_session<S: Sink>(
         .into_response();
     if let Ok(v) = HeaderValue::from_str(&location) {
         resp.headers_mut().insert(header::LOCATION, v);
+    }
+    if let Some(v) = token.and_then(|t| HeaderValue::from_str(&t).ok()) {
+        let h = resp.headers_mut();
+        h.insert(RESUME_TOKEN, v);
+        h.insert(
+            RESUME_WINDOW_MS,
+            HeaderValue::from(window.as_millis() as u64),
+        );
     }
     Ok(resp)
 }

@@ -41,12 +41,13 @@ use weir_protocol::audio::extension::{EndReason, Overload};
 
 use super::driver::{Command, Media};
 use super::{SessionCounters, Stop, WhipCounters};
-use crate::capacity::{Notice, Ticket};
+use crate::capacity::Notice;
 use crate::door;
 use crate::metrics as m;
+use crate::resume::admit::wall_time_loss;
+use crate::resume::{Attachment, Held};
 use crate::shutdown::TaskTrackerToken;
 use weir_audio_producer::error::PushError;
-use weir_audio_producer::stream::StreamHandle;
 
 /// Samples per 20 ms frame at 16 kHz.
 pub const FRAME_SAMPLES: usize = 320;
@@ -59,9 +60,14 @@ const MAX_PACKET_SAMPLES: usize = 1_920;
 
 /// What a pump owns.
 pub(crate) struct Pump {
-    pub handle: StreamHandle,
-    /// The stream's capacity slot and notices; dropped once the stream finished.
-    pub ticket: Ticket,
+    /// The stream (handle and capacity ticket), attached to this session: dropped, it
+    /// parks for a resume.
+    pub att: Attachment,
+    /// `opened` or `resumed`, sent first (`None`: resume off).
+    pub first_event: Option<serde_json::Value>,
+    /// A resumed session: when the resume was requested; its first frame declares the
+    /// audio lost since the stream's last frame ([`wall_time_loss`]).
+    pub resumed_at: Option<tokio::time::Instant>,
     pub media: mpsc::Receiver<Media>,
     pub stop: mpsc::Receiver<Stop>,
     pub driver: mpsc::Sender<Command>,
@@ -75,6 +81,8 @@ pub(crate) struct Pump {
 enum Outcome {
     Delete(Stop),
     Gone,
+    /// A resume (a new WHIP session with the token) took the stream.
+    TakenOver,
     Overload(Overload),
     Closed(EndReason),
     /// The decoder could not be created.
@@ -217,13 +225,20 @@ async fn pump(p: &mut Pump) -> Outcome {
     let Some(mut decoder) = Decoder::new() else {
         return Outcome::Internal;
     };
-    let mut status = door::StatusWatch::new(&p.handle);
+    if let Some(ev) = p.first_event.take() {
+        event_to(&p.driver, &p.key, ev).await;
+    }
+    let revoked = p.att.revoked();
+    tokio::pin!(revoked);
+    let mut status = door::StatusWatch::new(p.att.handle());
     let mut frames = Vec::new();
+    let (handle, ticket) = p.att.parts();
     loop {
         tokio::select! {
             // Status first, as the WebSocket door: a flood of packets must not starve
             // the publisher's events.
             biased;
+            () = &mut revoked => return Outcome::TakenOver,
             change = status.next() => {
                 if let Some(ev) = change.gap {
                     event_to(&p.driver, &p.key, ev).await;
@@ -234,11 +249,11 @@ async fn pump(p: &mut Pump) -> Outcome {
                     None => {}
                 }
             }
-            notice = p.ticket.next() => match crate::capacity::notice_event(&notice) {
+            notice = ticket.next() => match crate::capacity::notice_event(&notice) {
                 Some(ev) => event_to(&p.driver, &p.key, ev).await,
                 None => {
                     debug_assert_eq!(notice, Notice::Refused);
-                    p.handle.close(EndReason::NoCapacity);
+                    handle.close(EndReason::NoCapacity);
                     return Outcome::Closed(EndReason::NoCapacity);
                 }
             },
@@ -249,9 +264,20 @@ async fn pump(p: &mut Pump) -> Outcome {
             m = p.media.recv() => {
                 let Some(m) = m else { return Outcome::Gone };
                 decoder.packet(m.seq, &m.data, &p.counters, &p.totals.media, &mut frames);
+                if !frames.is_empty()
+                    && let Some(t) = p.resumed_at.take()
+                {
+                    // The first audio of a resumed session: the time since the
+                    // stream's last frame is declared lost (reason `resume`).
+                    let (lost, samples) = wall_time_loss(handle.position());
+                    if let Err(PushError::Closed(r)) = handle.declare_lost(lost, samples) {
+                        return Outcome::Closed(r);
+                    }
+                    metrics::histogram!(m::RESUME_SECONDS).record(t.elapsed().as_secs_f64());
+                }
                 for frame in frames.drain(..) {
                     p.counters.add(|x| &x.frames, &p.totals.media, 1);
-                    match p.handle.push(frame).await {
+                    match handle.push(frame).await {
                         Ok(_) => {}
                         Err(PushError::Overloaded(o)) => return Outcome::Overload(o),
                         Err(PushError::Closed(r)) => return Outcome::Closed(r),
@@ -269,21 +295,40 @@ async fn pump(p: &mut Pump) -> Outcome {
 
 async fn finish(p: Pump, outcome: Outcome) {
     let Pump {
-        handle,
-        ticket,
-        driver,
-        key,
-        ..
+        att, driver, key, ..
     } = p;
-    door::release_when_finished(ticket, handle.status());
-    // The `closed` event (none when the publisher is gone), then the session closes.
-    let (closed, reply) = match outcome {
+    match outcome {
         Outcome::Gone => {
-            // Dropping the handle ends the stream with `producer_gone`; the driver
-            // already closed the session.
-            drop(handle);
-            (None, None)
+            // The publisher is gone (the driver already closed the session): the
+            // stream parks for a resume (resume off: it ends `producer_gone`).
+            drop(att);
+            return;
         }
+        Outcome::TakenOver => {
+            // A new session took the stream: this one is told, then closed.
+            drop(att);
+            let ev = serde_json::json!({
+                "type": "error",
+                "code": "taken_over",
+                "message": "a new WHIP session resumed this stream; it goes on there",
+            });
+            event_to(&driver, &key, ev).await;
+            command(&driver, Command::Close { key }).await;
+            return;
+        }
+        _ => {}
+    }
+    let label = match &outcome {
+        Outcome::Delete(_) => EndReason::Producer,
+        Outcome::Overload(_) => EndReason::Overload,
+        Outcome::Closed(r) => *r,
+        _ => EndReason::Error,
+    };
+    let Held { handle, ticket } = att.end(label.as_str());
+    door::release_when_finished(ticket, handle.status());
+    // The `closed` event, then the session closes.
+    let (closed, reply) = match outcome {
+        Outcome::Gone | Outcome::TakenOver => (None, None),
         Outcome::Delete(stop) => {
             let s = handle.finish_with(EndReason::Producer).await;
             (Some((EndReason::Producer, s)), Some(stop))

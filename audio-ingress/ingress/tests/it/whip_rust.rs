@@ -252,7 +252,10 @@ async fn refusals_match_the_websocket_door_and_the_whip_rules() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publisher_that_vanishes_is_reaped_with_producer_gone() {
     let nats = NatsServer::start().expect("nats-server");
-    let bin = Binary::start_ready(nats.url(), WHIP).await;
+    // Reaped after 1 s of silence, then parked 1 s for a resume (short timings: the
+    // mechanism, not the defaults).
+    let sets = [WHIP, &[("resume_window_ms", "1000")]].concat();
+    let bin = Binary::start_ready(nats.url(), &sets).await;
     let logs = record(nats.url()).await;
     let packets = opus_packets(&tone(2.0));
     let o = offer().await;
@@ -278,9 +281,9 @@ async fn a_publisher_that_vanishes_is_reaped_with_producer_gone() {
     );
     let reaped_after = last_frame.elapsed();
     eprintln!("vanished publisher reaped {reaped_after:?} after its last frame");
-    // whip_disconnect_timeout_ms = 1000, checked every 100 ms.
+    // whip_disconnect_timeout_ms = 1000, checked every 100 ms, then the 1 s window.
     assert!(
-        reaped_after <= Duration::from_millis(2_500),
+        reaped_after <= Duration::from_millis(3_500),
         "{reaped_after:?}"
     );
     let log = logs.lock().expect("logs")["vanish-1"].clone();
@@ -659,4 +662,115 @@ async fn capacity_events_reach_the_data_channel_and_a_full_worker_refuses_the_of
     };
     assert_eq!(refused.code(), "no_capacity", "{refused:?}");
     assert!(refused.headers.contains_key("retry-after"), "{refused:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_session_with_the_token_resumes_the_stream_and_closes_the_old_one() {
+    let nats = NatsServer::start().expect("nats-server");
+    let bin = Binary::start_ready(nats.url(), WHIP).await;
+    let logs = record(nats.url()).await;
+    let packets = opus_packets(&tone(2.0));
+
+    let o = offer().await;
+    let first = post_offer(bin.ws, "whip-res", &o.sdp, &[]).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    let token = first.headers["weir-resume-token"].clone();
+    assert_eq!(
+        first.headers["weir-resume-window-ms"], "5000",
+        "the default window"
+    );
+    let expose = &first.headers["access-control-expose-headers"];
+    assert!(expose.contains("Weir-Resume-Token"), "{expose}");
+    let old = o.answered(&first);
+    let old_location = old.location.clone();
+    let old_task = tokio::spawn(old.run(packets.clone(), 50, false, Duration::from_secs(10)));
+    assert!(
+        wait_for(&logs, Duration::from_secs(8), |l| l
+            .get("whip-res")
+            .is_some_and(|s| s.frames.len() >= 50))
+        .await
+    );
+
+    // A blip: the publisher comes back with a new session and the token.
+    let o = offer().await;
+    let answer = post_offer(bin.ws, "whip-res", &o.sdp, &[("Weir-Resume-Token", &token)]).await;
+    assert_eq!(answer.status, 201, "{answer:?}");
+    assert_eq!(
+        answer.headers["weir-resume-token"], token,
+        "the same stream"
+    );
+    let new = o.answered(&answer);
+    let location = new.location.clone();
+    assert_ne!(location, old_location);
+    let new_task = tokio::spawn(new.run(packets, 50, false, Duration::from_secs(10)));
+
+    assert!(
+        wait_for(&logs, Duration::from_secs(8), |l| l
+            .get("whip-res")
+            .is_some_and(|s| s.frames.len() >= 100))
+        .await,
+        "the new session's frames on the same stream"
+    );
+    // At once: the publishers go silent after their packets, and a silent session is
+    // reaped after 1 s.
+    assert_eq!(delete(&bin, &location, &[]).await.status, 200);
+    assert!(
+        wait_for(&logs, Duration::from_secs(3), |l| l
+            .get("whip-res")
+            .is_some_and(|s| s.end.is_some()))
+        .await
+    );
+    // The old session was told and closed.
+    let old_seen = tokio::time::timeout(Duration::from_secs(12), old_task)
+        .await
+        .expect("old session closed")
+        .expect("task");
+    assert!(
+        old_seen
+            .events
+            .iter()
+            .any(|(_, e)| e["type"] == "error" && e["code"] == "taken_over"),
+        "{:?}",
+        old_seen.types()
+    );
+    assert!(old_seen.closed.is_some());
+    assert_eq!(delete(&bin, &old_location, &[]).await.status, 404);
+    let log = logs.lock().expect("logs")["whip-res"].clone();
+    assert_eq!(
+        log.end.as_deref(),
+        Some("producer"),
+        "one instance, one end"
+    );
+    let seqs: Vec<u64> = log.frames.iter().map(|(s, _)| *s).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "in order: {seqs:?}");
+    assert_eq!(&seqs[..50], &(1..=50).collect::<Vec<_>>()[..]);
+    assert!(
+        seqs[50] > 51,
+        "the time between the sessions is declared lost: {seqs:?}"
+    );
+
+    let seen = tokio::time::timeout(Duration::from_secs(12), new_task)
+        .await
+        .expect("new session ends")
+        .expect("task");
+    let types = seen.types();
+    assert_eq!(
+        types.first().map(String::as_str),
+        Some("resumed"),
+        "{types:?}"
+    );
+    let gap = seen
+        .events
+        .iter()
+        .find(|(_, e)| e["type"] == "gap")
+        .map(|(_, e)| e.clone())
+        .expect("the resume gap is told");
+    assert_eq!(gap["reason"], "resume", "{gap}");
+    assert_eq!(gap["first_seq"], 51, "{gap}");
+    assert_eq!(gap["last_seq"].as_u64(), Some(seqs[50] - 1), "{gap}");
+    assert_eq!(
+        bin.metric("weir_ingress_resumes_total{outcome=\"resumed\"}")
+            .await,
+        1.0
+    );
 }

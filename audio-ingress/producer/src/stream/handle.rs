@@ -178,14 +178,24 @@ impl StreamHandle {
     /// stream never received — the loss of a resumed connection (see
     /// `FrameQueue::skip`): they take the next seqs, and the declaration (reason
     /// `resume`) goes out in seq order. `Ok(None)` for 0 frames.
+    ///
+    /// The producer's status counts it as a gap at once when it is declared in a
+    /// header (a marker counts when the publisher hands it over), so a door tells its
+    /// producer either way.
     pub fn declare_lost(&self, frames: u64, samples: u64) -> Result<Option<Gap>, PushError> {
-        let gap = self
-            .shared
-            .lock()
-            .skip(frames, samples)
-            .map_err(to_push_error)?;
-        if gap.is_some() {
-            self.shared.wake.notify_one();
+        let (gap, marker) = {
+            let mut core = self.shared.lock();
+            (
+                core.skip(frames, samples).map_err(to_push_error)?,
+                core.gap_packets(),
+            )
+        };
+        if let Some(gap) = gap {
+            if marker {
+                self.shared.wake.notify_one();
+            } else {
+                self.shared.gap_published(gap);
+            }
         }
         Ok(gap)
     }
