@@ -19,7 +19,12 @@
 //! - served by the ingress at `/publish`, `max_streams = 1` reached: the refusal, its
 //!   code and the `Retry-After` time;
 //! - nats-server SIGSTOPped under a publishing page: the `overload` event, worded,
-//!   then (after SIGCONT) `closed` with reason `overload`.
+//!   then (after SIGCONT) `closed` with reason `overload`;
+//! - a network blip: the WHIP UDP port dropped on loopback (nftables, root) until the
+//!   page notices (3 s without a byte from the service), then let through: the page
+//!   shows "reconnecting", resumes with its `Weir-Resume-Token` (a new WHIP session),
+//!   shows `resumed` and the `resume` gap; on NATS the same stream goes on (seq
+//!   continuing, one gap over the hole, one `end` at Stop).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -498,5 +503,166 @@ async fn publish_page_cross_origin_speech_refusal_and_overload_in_headless_chrom
         "publisher page test: {:.1} s; screenshots in {}",
         t0.elapsed().as_secs_f64(),
         screenshots().display()
+    );
+}
+
+/// nftables rules that drop the WHIP UDP port on loopback (both directions) while
+/// held: a network blip for the page's one WebRTC connection, nothing else touched.
+/// Needs root (`nft`, from Debian's nftables; `scripts/ensure-chromium` installs it).
+struct Blip {
+    table: String,
+}
+
+impl Blip {
+    fn start(port: u16) -> Self {
+        let table = format!("weir_blip_{}", std::process::id());
+        let script = format!(
+            "add table inet {table}\n\
+             add chain inet {table} input {{ type filter hook input priority 0; policy accept; }}\n\
+             add rule inet {table} input iifname \"lo\" udp dport {port} drop\n\
+             add rule inet {table} input iifname \"lo\" udp sport {port} drop\n"
+        );
+        let mut nft = Command::new("nft")
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("run nft (root and Debian's nftables: scripts/ensure-chromium installs it)");
+        nft.stdin
+            .take()
+            .expect("stdin")
+            .write_all(script.as_bytes())
+            .expect("write the rules");
+        let status = nft.wait().expect("nft");
+        assert!(
+            status.success(),
+            "nft refused the rules (root is needed): {status}"
+        );
+        Self { table }
+    }
+}
+
+impl Drop for Blip {
+    fn drop(&mut self) {
+        let _ = Command::new("nft")
+            .args(["delete", "table", "inet", &self.table])
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_page_resumes_the_same_stream_after_a_network_blip_in_headless_chromium() {
+    let t0 = Instant::now();
+    let nats = NatsServer::start().expect("nats-server");
+    let bin = Binary::start_ready(
+        nats.url(),
+        &[
+            ("whip_udp_listen", "127.0.0.1:0"),
+            ("publish_page", "true"),
+            ("resume_window_ms", "10000"),
+            ("extended_consumers", "true"),
+        ],
+    )
+    .await;
+    let (_, whip) = crate::support::http_get(bin.admin, "/v1/whip").await;
+    let whip: Value = serde_json::from_str(&whip).expect("/v1/whip JSON");
+    let port: u16 = whip["udp"]
+        .as_str()
+        .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+        .map(|a| a.port())
+        .expect("the WHIP UDP port");
+    let logs = record(nats.url()).await;
+    let mut b = tokio::task::block_in_place(|| Browser::start(&speech_wav()));
+    tokio::task::block_in_place(|| {
+        b.open(
+            "r",
+            &format!("http://{}/publish?stream=page-resume", bin.ws),
+        );
+        b.click("r", "start");
+        b.wait_state("r", "publishing", 15.0);
+    });
+    assert!(
+        wait_for(&logs, Duration::from_secs(10), |l| l
+            .get("page-resume")
+            .is_some_and(|s| s.frames.len() >= 50))
+        .await,
+        "a second of audio first"
+    );
+    // The blip lasts until the page noticed it (3 s without a byte from the service).
+    let blip = Blip::start(port);
+    let blipped = Instant::now();
+    let (noticed, lost_at) = tokio::task::block_in_place(|| {
+        let after = b.wait_state("r", "reconnecting", 10.0);
+        b.screenshot("r", "reconnecting");
+        (after, blipped.elapsed())
+    });
+    let frames_before = logs.lock().expect("logs")["page-resume"].frames.len();
+    drop(blip);
+    eprintln!(
+        "blip: UDP {port} dropped for {:.2} s; the page noticed after {noticed:.2} s",
+        lost_at.as_secs_f64()
+    );
+    let (resumed, gap) = tokio::task::block_in_place(|| {
+        let back = b.wait_state("r", "publishing", 15.0);
+        b.wait_event("r", "resumed", 5.0);
+        // The loss is declared with the new session's first audio.
+        b.wait(
+            "r",
+            "!!document.querySelector('#events li[data-type=\"gap\"][data-code=\"resume\"]')",
+            5.0,
+        );
+        b.screenshot("r", "resumed");
+        eprintln!("publishing again {back:.2} s after the blip ended");
+        (b.event("r", "resumed"), b.event("r", "gap"))
+    });
+    eprintln!("page: {resumed}\npage: {gap}");
+    assert!(
+        gap["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("because the connection dropped")),
+        "{gap}"
+    );
+    assert!(
+        wait_for(&logs, Duration::from_secs(10), |l| l
+            .get("page-resume")
+            .is_some_and(|s| s.frames.len() >= frames_before + 50))
+        .await,
+        "a second of audio after the resume, on the same stream"
+    );
+    tokio::task::block_in_place(|| {
+        b.click("r", "stop");
+        b.wait_state("r", "stopped", 10.0);
+    });
+    assert!(
+        wait_for(&logs, Duration::from_secs(5), |l| l
+            .get("page-resume")
+            .is_some_and(|s| s.end.is_some()))
+        .await,
+        "the end reached NATS"
+    );
+    let log = logs.lock().expect("logs")["page-resume"].clone();
+    assert_eq!(
+        log.end.as_deref(),
+        Some("producer"),
+        "one stream, ended by Stop"
+    );
+    let seqs: Vec<u64> = log.frames.iter().map(|(s, _)| *s).collect();
+    assert_eq!(seqs.first(), Some(&1));
+    assert!(
+        seqs.windows(2).all(|w| w[1] > w[0]),
+        "seq continues across the resume (no restart, no duplicate)"
+    );
+    assert_eq!(
+        log.gaps, 1,
+        "the audio lost in the blip is declared as one gap"
+    );
+    let hole = seqs.windows(2).map(|w| w[1] - w[0] - 1).max().unwrap_or(0);
+    assert!(
+        hole >= 50,
+        "the blip ({lost_at:?}) is a hole in seq, covered by the gap: {hole} frames"
+    );
+    eprintln!(
+        "publisher page resume test: {:.1} s, {} frames, one gap of {hole} frames",
+        t0.elapsed().as_secs_f64(),
+        log.frames.len(),
     );
 }
