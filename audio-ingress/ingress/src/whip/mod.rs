@@ -467,7 +467,8 @@ fn method_not_allowed(methods: &'static str) -> Response {
 }
 
 /// CORS for browser publishers on another origin (tokens travel in `Authorization`,
-/// never in cookies, so any origin may call).
+/// never in cookies, so any origin may call). Exposed: what a page reads from a 201
+/// (`Location`, the resume token and window) and from a 503 (`Retry-After`).
 fn cors(resp: &mut Response) {
     set_headers(
         resp,
@@ -491,7 +492,7 @@ fn preflight(methods: &'static str) -> Response {
             (header::ACCESS_CONTROL_ALLOW_METHODS, methods),
             (
                 header::ACCESS_CONTROL_ALLOW_HEADERS,
-                "Authorization, Content-Type",
+                "Authorization, Content-Type, Weir-Resume-Token",
             ),
             (HeaderName::from_static("accept-post"), "application/sdp"),
         ],
