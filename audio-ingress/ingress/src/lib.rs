@@ -35,6 +35,7 @@ pub mod door;
 pub mod error;
 pub mod listener;
 pub mod metrics;
+pub mod publish;
 pub mod resume;
 pub mod service;
 pub mod shutdown;

@@ -200,6 +200,9 @@ async fn start_with<S: Sink>(
             Arc::clone(&resume),
         ));
     }
+    if config.server.publish_page {
+        routes = routes.merge(crate::publish::routes());
+    }
     let ws_router = door::with_fallbacks(routes);
     let http = |name| HttpOptions {
         name,
@@ -240,6 +243,7 @@ async fn start_with<S: Sink>(
             "max_sessions_per_ip": w.max_sessions_per_ip.get(),
             "allow_foreign_candidates": w.allow_foreign_candidates,
         })),
+        "publish_page": s.publish_page,
     });
     let admin_router = admin::router(AdminState {
         ingress: ingress.clone(),

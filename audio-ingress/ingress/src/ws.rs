@@ -26,7 +26,8 @@
 //! | text (or close reason) not UTF-8 | `error`, `closed` | 1007 |
 //! | message over the WebSocket limit (`max_frame_bytes` + 64 KiB) | `error`, `closed` | 1009 |
 //! | client close with a code it may not send | — (echo 1002) | stream ends `error` |
-//! | client close without `end` | — (echo of its close) | stream ends `producer_gone` |
+//! | client close without `end` | — (echo of its close) | stream parked, then `producer_gone` |
+//! | a resume with the token on another connection | `error` (`taken_over`) | 4001 |
 //! | the recognition worker refused the stream (`<prefix>.refused.<stream>`) | `closed` (reason `no_capacity`) | 1013 |
 //! | service shutting down | `closed` | 1001 |
 //! | no frame for `idle_timeout` | `closed` | 1001 |

@@ -87,6 +87,11 @@ pub const SECTIONS: &[Section] = &[
                 "`false`: the ICE agent checks only the offer's candidates on the HTTP client's own address (others are dropped from the offer, so no STUN goes to a third party); `true`: every candidate (a publisher behind an HTTP proxy or on another network path)",
             ),
             doc(
+                "publish_page",
+                Range::text("`true` or `false`; `true` needs `whip_udp_listen`"),
+                "serve the reference browser publisher (one static page: microphone → WHIP, weir's events shown to the person) at `GET /publish` on the listen port; docs/publisher.md",
+            ),
+            doc(
                 "auth_required",
                 Range::text("`true` needs exactly one key below"),
                 "producers must present a signed token (JWT) before the upgrade: 401 missing/invalid, 403 out of scope; on in production",

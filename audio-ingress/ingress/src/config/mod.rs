@@ -185,6 +185,7 @@ struct RawConfig {
     /// 0: a quarter of `whip_max_sessions`.
     whip_max_sessions_per_ip: u64,
     whip_allow_foreign_candidates: bool,
+    publish_page: bool,
     grace_period_ms: u64,
     admin: AdminSection,
     nats: NatsSection,
@@ -249,6 +250,7 @@ impl Default for RawConfig {
             whip_max_sessions: DEFAULT_WHIP_MAX_SESSIONS as u64,
             whip_max_sessions_per_ip: 0,
             whip_allow_foreign_candidates: false,
+            publish_page: s.publish_page,
             grace_period_ms: ms(s.grace_period),
             admin: AdminSection {
                 listen: s.admin.to_string(),

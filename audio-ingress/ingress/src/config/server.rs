@@ -57,6 +57,9 @@ pub struct ServerConfig {
     pub auth: Option<crate::auth::AuthConfig>,
     /// WHIP ingest (`whip_udp_listen` and the `whip_*` keys); `None`: off.
     pub whip: Option<WhipConfig>,
+    /// Serve the reference browser publisher at `GET /publish` on the listen port
+    /// (`publish_page`; needs WHIP on).
+    pub publish_page: bool,
 }
 
 /// The validated settings of WHIP ingest ([`crate::whip`]).
@@ -134,6 +137,7 @@ impl Default for ServerConfig {
             admin_request_limits: RequestLimits::default(),
             auth: None,
             whip: None,
+            publish_page: false,
         }
     }
 }
@@ -217,7 +221,21 @@ impl RawConfig {
             admin_request_limits: admin.request_limits,
             auth: self.auth()?,
             whip: self.whip()?,
+            publish_page: self.publish_page()?,
         })
+    }
+
+    /// `publish_page`: the page publishes over WHIP, so it needs WHIP on (a page that
+    /// could only be refused would be silently useless).
+    fn publish_page(&self) -> Result<bool, ConfigError> {
+        if self.publish_page && set(&self.whip_udp_listen).is_none() {
+            return Err(ConfigError::new(
+                "publish_page",
+                ConfigErrorKind::Conflict,
+                "the page publishes over WHIP, which is off (whip_udp_listen is empty); set whip_udp_listen",
+            ));
+        }
+        Ok(self.publish_page)
     }
 
     fn whip(&self) -> Result<Option<WhipConfig>, ConfigError> {

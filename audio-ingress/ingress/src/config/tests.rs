@@ -303,7 +303,7 @@ fn every_key_is_settable() {
         (Vec::new(), Vec::new()),
         "SECTIONS documents exactly the keys of RawConfig"
     );
-    assert_eq!(SECTIONS.iter().map(|s| s.docs().count()).sum::<usize>(), 71);
+    assert_eq!(SECTIONS.iter().map(|s| s.docs().count()).sum::<usize>(), 72);
     let err = load(&[], &[("jetstream_stream", "a.b")]).expect_err("dot");
     assert_eq!(err.key(), "jetstream_stream");
     let err = load(&[], &[("jetstream_duplicate_window_s", "7200")]).expect_err("window");
@@ -313,6 +313,20 @@ fn every_key_is_settable() {
         c.stream.jetstream().subjects,
         ["inference.whisper.stream.*"]
     );
+}
+
+#[test]
+fn the_publish_page_is_off_by_default_and_needs_whip() {
+    assert!(!load(&[], &[]).expect("defaults").server.publish_page);
+    let err = load(&[], &[("publish_page", "true")]).expect_err("no WHIP");
+    assert_eq!(err.key(), "publish_page");
+    assert_eq!(err.kind(), ConfigErrorKind::Conflict);
+    let c = load(
+        &[],
+        &[("whip_udp_listen", "127.0.0.1:0"), ("publish_page", "true")],
+    )
+    .expect("on");
+    assert!(c.server.publish_page);
 }
 
 #[test]

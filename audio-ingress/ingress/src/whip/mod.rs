@@ -6,7 +6,8 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | `POST /v1/whip/{stream_id}[?session_id=S]`, `Content-Type: application/sdp`, the offer | `201 Created`, the answer (`application/sdp`), `Location: /v1/whip/{stream_id}/{resource}` |
+//! | `POST /v1/whip/{stream_id}[?session_id=S]`, `Content-Type: application/sdp`, the offer | `201 Created`, the answer (`application/sdp`), `Location: /v1/whip/{stream_id}/{resource}`, `Weir-Resume-Token` and `Weir-Resume-Window-Ms` (resume on) |
+//! | the same with `Weir-Resume-Token: T` (a resume, [`crate::resume`]) | `201` as above for the same stream; the old session gets `taken_over` and is closed |
 //! | `DELETE` on the `Location` | `200` once the stream's `end` (reason `producer`) is handed to NATS; `404` for a session that ended or never existed |
 //! | `OPTIONS` on either | `204` with `Allow`, `Accept-Post` and CORS headers |
 //! | `PATCH` on the `Location` | `405`: no trickle ICE nor ICE restart (every candidate is in the offer and the answer) |
@@ -46,8 +47,8 @@
 //! `closed`) on a data channel labelled `weir` when the publisher opened one, and always
 //! the end of the session: ICE/DTLS closed, then the resource answers 404. A session
 //! whose ICE is disconnected (or that sends nothing) for `whip_disconnect_timeout_ms`
-//! ends the stream with `producer_gone`; one that never connects within
-//! `whip_connect_timeout_ms` too.
+//! parks the stream for `resume_window_ms` (then it ends with `producer_gone`); one that
+//! never connects within `whip_connect_timeout_ms` too.
 //!
 //! Invariants: a session's slot (`whip_max_sessions`) is held by a guard owned by the
 //! driver's session and released exactly once when the driver drops it; nothing is
@@ -466,7 +467,8 @@ fn method_not_allowed(methods: &'static str) -> Response {
 }
 
 /// CORS for browser publishers on another origin (tokens travel in `Authorization`,
-/// never in cookies, so any origin may call).
+/// never in cookies, so any origin may call). Exposed: what a page reads from a 201
+/// (`Location`, the resume token and window) and from a 503 (`Retry-After`).
 fn cors(resp: &mut Response) {
     set_headers(
         resp,
@@ -490,7 +492,7 @@ fn preflight(methods: &'static str) -> Response {
             (header::ACCESS_CONTROL_ALLOW_METHODS, methods),
             (
                 header::ACCESS_CONTROL_ALLOW_HEADERS,
-                "Authorization, Content-Type",
+                "Authorization, Content-Type, Weir-Resume-Token",
             ),
             (HeaderName::from_static("accept-post"), "application/sdp"),
         ],

@@ -17,8 +17,11 @@
 //!
 //! Outcomes (the stream's end reason, then what the publisher sees):
 //! - DELETE: `producer` — `closed` event, session closed, DELETE answered;
-//! - the driver lost the publisher (ICE disconnected or silent, DTLS failure):
-//!   `producer_gone` — session already closed;
+//! - the driver lost the publisher (ICE disconnected or silent, DTLS failure): the
+//!   stream is parked for a resume ([`crate::resume`]), then `producer_gone` —
+//!   session already closed;
+//! - a new session with the stream's resume token took it: the stream goes on there —
+//!   `error` `taken_over` event, session closed;
 //! - overload (`close` policy): `overload` — `overload` and `closed` events, session
 //!   closed;
 //! - the recognition worker refused the stream: `no_capacity` — `closed` event,

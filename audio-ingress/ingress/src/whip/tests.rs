@@ -128,3 +128,29 @@ fn only_application_sdp_is_an_offer() {
     );
     assert!(!is_sdp(&h));
 }
+
+#[test]
+fn a_browser_on_another_origin_may_send_the_token_and_read_the_answers_headers() {
+    let resp = preflight("POST, OPTIONS");
+    let h = |name: &str| {
+        resp.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_ascii_lowercase()
+    };
+    assert_eq!(h("access-control-allow-origin"), "*");
+    let allowed = h("access-control-allow-headers");
+    for name in ["authorization", "content-type", "weir-resume-token"] {
+        assert!(allowed.contains(name), "{name} not allowed: {allowed}");
+    }
+    let exposed = h("access-control-expose-headers");
+    for name in [
+        "location",
+        "retry-after",
+        "weir-resume-token",
+        "weir-resume-window-ms",
+    ] {
+        assert!(exposed.contains(name), "{name} not exposed: {exposed}");
+    }
+}

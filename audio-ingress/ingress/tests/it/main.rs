@@ -16,6 +16,7 @@ mod edge_connections;
 mod edge_rate;
 mod edge_readiness;
 mod edge_ws;
+mod publish_page;
 mod resume_ws;
 mod stall_bound_e2e;
 mod support;

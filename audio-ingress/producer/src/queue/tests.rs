@@ -465,3 +465,62 @@ fn reservations_are_released_exactly_once_on_every_path() {
     drop(q);
     assert_eq!((g.pending_bytes(), g.pending_frames()), (0, 0));
 }
+
+#[test]
+fn a_resume_loss_takes_the_next_seqs_and_its_marker_follows_the_queued_frames() {
+    let c = gap_cfg();
+    let (mut q, counters, _) = queue(&c);
+    let t = Instant::now();
+    for i in 1..=3 {
+        assert_eq!(q.offer(&pcm(), t, OfferMode::Try), Ok(i));
+    }
+    assert_eq!((q.last_seq(), q.last_frame_samples()), (3, 320));
+    let gap = q.skip(2, 640).expect("open").expect("a marker");
+    assert_eq!(
+        (gap.first_seq, gap.last_seq, gap.samples, gap.reason),
+        (4, 5, 640, GapReason::Resume)
+    );
+    assert_eq!(
+        q.offer(&pcm(), t, OfferMode::Try),
+        Ok(6),
+        "seq goes on after it"
+    );
+    // Wire order is seq order: frames 1..=3, the marker 4..=5, then frame 6.
+    let mut order = Vec::new();
+    loop {
+        match q.pop(t) {
+            Next::Frame(f) => order.push(f.seq),
+            Next::Gap(g) => order.push(g.last_seq * 100),
+            Next::Empty => break,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(order, vec![1, 2, 3, 500, 6]);
+    let s = counters.snapshot();
+    assert_eq!(s.dropped(DropReason::Resume), 2);
+    assert_eq!((s.offered, s.admitted), (6, 6));
+    assert_eq!(q.skip(0, 0), Ok(None), "nothing lost, nothing declared");
+}
+
+#[test]
+fn without_gap_packets_a_resume_loss_is_declared_on_the_next_packet() {
+    let c = cfg(|b| b);
+    let (mut q, counters, _) = queue(&c);
+    let t = Instant::now();
+    assert_eq!(q.offer(&pcm(), t, OfferMode::Try), Ok(1));
+    assert!(!q.gap_packets());
+    assert!(q.skip(3, 960).expect("open").is_some());
+    assert_eq!(q.offer(&pcm(), t, OfferMode::Try), Ok(5));
+    let d = q.take_declaration(5).expect("declared");
+    assert_eq!(
+        (d.first_seq, d.last_seq, d.frames, d.reason),
+        (2, 4, 3, PossibleLossReason::Resume)
+    );
+    let s = counters.snapshot();
+    assert_eq!((s.dropped(DropReason::Resume), s.possibly_lost), (3, 0));
+    q.finish(EndReason::Producer, t, None, None);
+    assert!(matches!(
+        q.skip(1, 320),
+        Err(Refusal::Closed(EndReason::Producer))
+    ));
+}
