@@ -60,9 +60,13 @@ pub const DRAIN_MAX: Duration = Duration::from_secs(10);
 /// The target: resume p99 at most this, ms.
 pub const RESUME_TARGET_MS: f64 = 250.0;
 /// The door's resume histogram (upgrade received → first frame admitted).
-pub const RESUME_HISTOGRAM: &str = "weir_ingress_resume_seconds";
+pub const RESUME_HISTOGRAM: &str = weir_audio_ingress::metrics::RESUME_SECONDS;
 /// The door's resume outcomes.
-pub const RESUMES_TOTAL: &str = "weir_ingress_resumes_total";
+pub const RESUMES_TOTAL: &str = weir_audio_ingress::metrics::RESUMES_TOTAL;
+/// Streams the door parked (their connection dropped).
+pub const PARKED_TOTAL: &str = weir_audio_ingress::metrics::RESUME_PARKED_TOTAL;
+/// Parked streams that ended without a resume, by reason.
+pub const PARKED_ENDED_TOTAL: &str = weir_audio_ingress::metrics::RESUME_PARKED_ENDED_TOTAL;
 /// What the audit subscribes to.
 pub const AUDIT_SUBJECT: &str = "weir.audio.>";
 
@@ -245,8 +249,17 @@ pub struct FlapReport {
     pub audit: AuditTotals,
     /// The door's resume histogram (`null` for the naive ingress, or when absent).
     pub server_resume: Option<ServerResume>,
-    /// The door's `weir_ingress_resumes_total` by `outcome`.
+    /// The door's `weir_ingress_resumes_total` by `outcome` (`resumed`, or a
+    /// refusal's code).
     pub server_resumes_by_outcome: BTreeMap<String, u64>,
+    /// The door's `weir_ingress_resume_parked_total`: streams it parked because their
+    /// connection dropped (`null` when absent): the cuts it noticed before the resume
+    /// arrived (a resume that finds the old connection still attached takes it over
+    /// instead).
+    pub server_parked: Option<u64>,
+    /// The door's `weir_ingress_resume_parked_ended_total` by `reason` (parked streams
+    /// that ended without a resume).
+    pub server_parked_ended: BTreeMap<String, u64>,
     /// The target, ms.
     pub resume_target_ms: f64,
     /// Whether the client-side resume p99 met the target (`null` without resumes).
@@ -534,6 +547,10 @@ pub fn figures(
     let server_resumes_by_outcome = metrics
         .map(|m| counter_by_label(m, RESUMES_TOTAL, "outcome"))
         .unwrap_or_default();
+    let server_parked = metrics.and_then(|m| crate::scenario::asr::churn::gauge(m, PARKED_TOTAL));
+    let server_parked_ended = metrics
+        .map(|m| counter_by_label(m, PARKED_ENDED_TOTAL, "reason"))
+        .unwrap_or_default();
     let resume_p99_within_target =
         (producers.resume_ms.count > 0).then_some(producers.resume_ms.p99 <= RESUME_TARGET_MS);
     FlapReport {
@@ -544,6 +561,8 @@ pub fn figures(
         audit,
         server_resume,
         server_resumes_by_outcome,
+        server_parked: server_parked.map(|v| v as u64),
+        server_parked_ended,
         resume_target_ms: RESUME_TARGET_MS,
         resume_p99_within_target,
         cpu,

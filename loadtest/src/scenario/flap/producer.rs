@@ -340,6 +340,8 @@ enum Link {
 enum LinkEvent {
     Message(Option<Result<Message, tokio_tungstenite::tungstenite::Error>>),
     Attempted(Result<Box<Ws>, Refusal>),
+    /// The back-off after a failed attempt is over.
+    Retry,
 }
 
 /// Waits for the link's next event; pending forever when it has none to give.
@@ -347,7 +349,10 @@ async fn link_event(link: &mut Link) -> LinkEvent {
     match link {
         Link::Up { ws, .. } => LinkEvent::Message(ws.next().await),
         Link::Connecting { attempt, .. } => LinkEvent::Attempted(attempt.await.map(Box::new)),
-        Link::Down { .. } => std::future::pending().await,
+        Link::Down { retry_at, .. } => {
+            tokio::time::sleep_until(*retry_at).await;
+            LinkEvent::Retry
+        }
     }
 }
 
@@ -461,13 +466,8 @@ impl Call {
                 self.attempt_failed(Refusal::Failed);
                 self.lose_frames(1);
             }
-            Link::Down { retry_at, .. } => {
-                let due = tick >= *retry_at;
-                self.lose_frames(1);
-                if due {
-                    self.connect();
-                }
-            }
+            // The attempt starts when the back-off ends (`LinkEvent::Retry`).
+            Link::Down { .. } => self.lose_frames(1),
         }
         let can_cut = !self.resume || self.token.is_some();
         if tick >= self.next_cut && matches!(self.link, Link::Up { .. }) && can_cut {
@@ -569,6 +569,7 @@ impl Call {
         match ev {
             LinkEvent::Attempted(Ok(ws)) => self.upgraded(ws).await,
             LinkEvent::Attempted(Err(why)) => self.attempt_failed(why),
+            LinkEvent::Retry => self.connect(),
             LinkEvent::Message(Some(Ok(Message::Text(text)))) => {
                 self.on_event(text.as_str());
             }

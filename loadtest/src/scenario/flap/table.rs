@@ -84,6 +84,11 @@ pub fn rows() -> Vec<Row> {
                 .and_then(|s| s.within_target_pct)
                 .map_or_else(|| "-".into(), |p| format!("{p:.1}"))
         }),
+        ("door parked (of the cuts)", |r| {
+            let f = f(r);
+            f.server_parked
+                .map_or_else(|| "-".into(), |p| format!("{p}/{}", f.producers.cuts))
+        }),
         ("refused attempts", |r| f(r).producers.refused.to_string()),
         ("unplanned drops / taken over", |r| {
             let p = f(r).producers;
