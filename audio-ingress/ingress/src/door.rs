@@ -334,7 +334,12 @@ pub fn release_when_finished(ticket: Ticket, mut status: watch::Receiver<StreamS
     if !ticket.holds() || status.borrow().finished {
         return;
     }
-    tokio::spawn(async move {
+    // Without a runtime (a stream let go of while the process tears down) the slot goes
+    // now.
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    rt.spawn(async move {
         let _ = tokio::time::timeout(RELEASE_BOUND, status.wait_for(|s| s.finished)).await;
         drop(ticket);
     });
@@ -407,12 +412,30 @@ async fn wait(mut status: watch::Receiver<StreamStatus>) -> Waited {
     (changed, status)
 }
 
+/// A wait that is over at once (the first read of [`StatusWatch::since`]).
+async fn ready(status: watch::Receiver<StreamStatus>) -> Waited {
+    (Ok(()), status)
+}
+
 impl StatusWatch {
-    /// Watches `handle`'s stream from its current status on.
+    /// Watches `handle`'s stream from its current status on (the gaps it already
+    /// counts are not told again: a resumed stream's earlier connection told them).
     pub fn new(handle: &StreamHandle) -> Self {
+        let status = handle.status();
+        let gaps_seen = status.borrow().gaps;
         Self {
-            next: ReusableBoxFuture::new(wait(handle.status())),
-            gaps_seen: 0,
+            next: ReusableBoxFuture::new(wait(status)),
+            gaps_seen,
+        }
+    }
+
+    /// Watches `handle`'s stream, telling every gap counted after `gaps_seen` — a
+    /// resumed connection's, whose loss was declared before it could watch. The first
+    /// [`Self::next`] reads the current status at once.
+    pub fn since(handle: &StreamHandle, gaps_seen: u64) -> Self {
+        Self {
+            next: ReusableBoxFuture::new(ready(handle.status())),
+            gaps_seen,
         }
     }
 

@@ -170,7 +170,7 @@ async fn upgrade<S: Sink>(
     };
     let requested_at = Instant::now();
     let window = state.resume.window();
-    let (att, first_event, resumed_at) = match admitted.resume.clone() {
+    let (att, first_event, resumed) = match admitted.resume.clone() {
         None => match state.door().open_attached(admitted).await {
             Ok(att) => {
                 let event = opened_event(&att, window);
@@ -181,7 +181,7 @@ async fn upgrade<S: Sink>(
         Some(ask) => match state.door().resume(admitted, &ask, Loss::Declared).await {
             Ok((att, resumed)) => {
                 let event = resumed.event(&att, window);
-                (att, Some(event), Some(requested_at))
+                (att, Some(event), Some((requested_at, resumed.gaps_before)))
             }
             Err(resp) => return *resp,
         },
@@ -213,7 +213,7 @@ async fn upgrade<S: Sink>(
                     };
                     let opening = Opening {
                         first_event,
-                        resumed_at,
+                        resumed,
                     };
                     serve_socket(conn, att, opening, state.idle_timeout).await;
                 },
@@ -289,8 +289,8 @@ struct Opening {
     /// `opened` or `resumed` (`None`: resume off).
     first_event: Option<serde_json::Value>,
     /// A resumed connection: when the resume was requested (for the latency to its
-    /// first admitted frame).
-    resumed_at: Option<Instant>,
+    /// first admitted frame), and the stream's gap count before its loss was declared.
+    resumed: Option<(Instant, u64)>,
 }
 
 /// [`Outcome::Refused`].
@@ -422,8 +422,11 @@ async fn serve_socket(
     let revoked = att.revoked();
     tokio::pin!(revoked);
     let resumable = att.token().is_some();
-    let mut resumed_at = opening.resumed_at;
-    let mut status = door::StatusWatch::new(att.handle());
+    let mut resumed_at = opening.resumed.map(|(at, _)| at);
+    let mut status = match opening.resumed {
+        Some((_, gaps_before)) => door::StatusWatch::since(att.handle(), gaps_before),
+        None => door::StatusWatch::new(att.handle()),
+    };
     let outcome = 'serve: {
         if let Some(ev) = opening.first_event
             && !socket.send_json(ev).await

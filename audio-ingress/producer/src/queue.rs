@@ -687,20 +687,29 @@ impl FrameQueue {
         self.drop_seq_into_gap(frame.seq, frame.samples(), drop, gap);
     }
 
+    /// The markers stay in seq order (a `resume` or `rate` marker may wait behind
+    /// queued frames while older frames are evicted or expire into a marker of their
+    /// own); contiguous drops share one marker ([`mergeable`]).
     fn drop_seq_into_gap(&mut self, seq: u64, samples: u64, drop: DropReason, gap: GapReason) {
         self.account().dropped(drop, 1, samples);
-        match self.gaps.back_mut() {
-            Some(g) if g.last_seq + 1 == seq => {
-                g.last_seq = seq;
-                g.samples += samples;
-            }
-            _ => self.gaps.push_back(Gap {
+        let i = self.gaps.partition_point(|g| g.last_seq < seq);
+        if let Some(g) = i.checked_sub(1).and_then(|p| self.gaps.get_mut(p))
+            && g.last_seq + 1 == seq
+            && mergeable(g.reason, gap)
+        {
+            g.last_seq = seq;
+            g.samples += samples;
+            return;
+        }
+        self.gaps.insert(
+            i,
+            Gap {
                 first_seq: seq,
                 last_seq: seq,
                 samples,
                 reason: gap,
-            }),
-        }
+            },
+        );
     }
 
     /// Drops every queued frame for `reason`; returns (frames, samples).
@@ -769,6 +778,13 @@ impl FrameQueue {
             }
         }
     }
+}
+
+/// Whether two contiguous markers may become one (carrying the first one's cause): a
+/// `resume` marker — audio the ingress never received — stays apart from the drops of
+/// audio it had.
+pub(crate) fn mergeable(a: GapReason, b: GapReason) -> bool {
+    (a == GapReason::Resume) == (b == GapReason::Resume)
 }
 
 #[cfg(test)]

@@ -27,7 +27,8 @@ pub struct ServerConfig {
     /// (`resume_window_ms`); zero: resume off, a dropped connection ends the stream.
     pub resume_window: Duration,
     /// Bound on one send to a WebSocket client (`ws_send_timeout_ms`): a client that
-    /// stops reading is abandoned after it, its stream ended with `producer_gone`.
+    /// stops reading is abandoned after it, as if its connection had dropped (the
+    /// stream is parked for a resume, then ends with `producer_gone`).
     pub ws_send_timeout: Duration,
     /// Time allowed to finish every stream on SIGTERM/SIGINT (`grace_period_ms`).
     pub grace_period: Duration,

@@ -3,15 +3,19 @@
 //! its position, the loss it declares, and the refusals' answers.
 //!
 //! A resume, in this order, after [`Door::check`] (id, query, producer token): the
-//! token and the claim ([`Resume::claim`]: `401 resume_invalid`, `403
-//! resume_mismatch`, `410 resume_expired` / `resume_ended`, `409 taken_over`, `503
-//! resume_busy`), then the position: the stream must still be open (`410
-//! resume_ended`), `last_seq` at most the door's (`409 resume_ahead`), `next_seq` above
-//! it and its loss possible in the time away (`400 invalid_request`). A refused resume
-//! leaves the stream parked, its window unchanged.
+//! request alone (`last_seq` and `next_seq` present for a WebSocket, `400
+//! invalid_request`); the token ([`Resume::claim`]: `401 resume_invalid`, `403
+//! resume_mismatch`, `410 resume_expired` / `resume_ended`); the position, against the
+//! stream as it stands, before the connection holding it is revoked: `last_seq` at most
+//! the door's (`409 resume_ahead`), `next_seq` above it and its loss possible in the
+//! time away (`400 invalid_request`); the claim (`409 taken_over`, `503 resume_busy`);
+//! the position again, on the parked stream (still open, else `410 resume_ended`). A
+//! refused resume leaves the stream where it was — with its producer, or parked with its
+//! window unchanged.
 //!
-//! Invariant: the loss is declared before the stream is attached to the new
-//! connection, so the next frame takes `next_seq`.
+//! Invariants: the loss is declared only once the stream is attached to the new
+//! connection (a claim that lost the race declares nothing), before its first frame, so
+//! that frame takes `next_seq`; the refreshed producer token's rate class applies.
 
 use std::time::Duration;
 
@@ -23,6 +27,7 @@ use weir_protocol::WireName;
 use weir_protocol::audio::{FRAME_SAMPLES, Gap, SAMPLE_RATE};
 
 use super::{Attachment, Held, ResumeRefusal};
+use crate::auth::Grant;
 use crate::door::{Admitted, Door, Refused, ResumeAsk, error_response, insert_retry_after};
 use crate::metrics as m;
 
@@ -67,6 +72,9 @@ pub struct Resumed {
     pub next_seq: u64,
     /// The frames declared lost.
     pub gap: Option<Gap>,
+    /// The stream's gap count before the loss was declared: the new connection tells
+    /// every gap after it ([`crate::door::StatusWatch::since`]).
+    pub gaps_before: u64,
 }
 
 /// The `opened` event of a resumable stream (`None`: resume off).
@@ -126,13 +134,7 @@ fn loss(pos: Position, ask: &ResumeAsk, how: Loss) -> Result<(u64, u64), ResumeR
     let frames = match how {
         Loss::AtFirstFrame => return Ok((0, 0)),
         Loss::Declared => {
-            if ask.last_seq.is_none() {
-                return Err(ResumeRefusal::BadSeq(
-                    "a resume needs last_seq: the last seq the door acknowledged (0 if none)"
-                        .to_owned(),
-                ));
-            }
-            let next = ask.next_seq.unwrap_or(door + 1);
+            let next = request_checked(ask)?;
             if next <= door {
                 return Err(ResumeRefusal::BadSeq(format!(
                     "next_seq = {next} must be above the last frame the door took ({door}); \
@@ -143,11 +145,13 @@ fn loss(pos: Position, ask: &ResumeAsk, how: Loss) -> Result<(u64, u64), ResumeR
         }
     };
     let samples = frames.saturating_mul(per_frame);
-    // At most twice real time over the time away plus the slack: a larger claim is
-    // not a lost connection's audio.
+    // At most twice real time over the time away plus the slack, in samples and in
+    // frames of at least 5 ms (the smallest a budget charges): a larger claim is not a
+    // lost connection's audio.
     let away = pos.since_last_frame + LOSS_SLACK;
-    let allowed = away.as_millis() as u64 * u64::from(SAMPLE_RATE) / 1000 * 2;
-    if samples > allowed {
+    let away_ms = away.as_millis() as u64;
+    let allowed = away_ms * u64::from(SAMPLE_RATE) / 1000 * 2;
+    if samples > allowed || frames > away_ms * 2 / 5 {
         return Err(ResumeRefusal::BadSeq(format!(
             "next_seq declares {frames} frames ({samples} samples) lost, more than the {} ms \
              since the door's last frame allow",
@@ -155,6 +159,24 @@ fn loss(pos: Position, ask: &ResumeAsk, how: Loss) -> Result<(u64, u64), ResumeR
         )));
     }
     Ok((frames, samples))
+}
+
+/// A WebSocket resume's request on its own: `last_seq` and `next_seq` present, and
+/// `next_seq` above `last_seq`. Returns `next_seq`.
+fn request_checked(ask: &ResumeAsk) -> Result<u64, ResumeRefusal> {
+    let (Some(last), Some(next)) = (ask.last_seq, ask.next_seq) else {
+        return Err(ResumeRefusal::BadSeq(
+            "a resume needs last_seq (the last seq the door acknowledged, 0 if none) and \
+             next_seq (the seq of the producer's next frame)"
+                .to_owned(),
+        ));
+    };
+    if next <= last {
+        return Err(ResumeRefusal::BadSeq(format!(
+            "next_seq = {next} must be above last_seq = {last}"
+        )));
+    }
+    Ok(next)
 }
 
 impl<S: Sink> Door<'_, S> {
@@ -180,44 +202,57 @@ impl<S: Sink> Door<'_, S> {
         how: Loss,
     ) -> Result<(Attachment, Resumed), Refused> {
         let retry_after = self.retry_after;
+        let refuse = |r: ResumeRefusal| refusal(&r, retry_after);
+        if how == Loss::Declared {
+            request_checked(ask).map_err(refuse)?;
+        }
+        let precheck = |pos: Position| loss(pos, ask, how).map(drop);
         let claimed = self
             .resume
-            .claim(&admitted.id, &ask.token, admitted.scope())
+            .claim(&admitted.id, &ask.token, admitted.scope(), precheck)
             .await
-            .map_err(|r| refusal(&r, retry_after))?;
+            .map_err(refuse)?;
         let pos = claimed.handle().position();
         if !pos.open {
-            let reason = claimed
-                .handle()
-                .status()
-                .borrow()
-                .end_reason
-                .map_or("ended", |r| r.as_str());
+            let reason = end_reason(claimed.handle());
             claimed.end(reason);
-            return Err(refusal(&ResumeRefusal::Ended(reason), retry_after));
+            return Err(refuse(ResumeRefusal::Ended(reason)));
         }
         // Dropping `claimed` on a refusal parks the stream again.
-        let (frames, samples) = loss(pos, ask, how).map_err(|r| refusal(&r, retry_after))?;
-        let gap = match claimed.handle().declare_lost(frames, samples) {
+        let (frames, samples) = loss(pos, ask, how).map_err(refuse)?;
+        let att = claimed.attach().map_err(refuse)?;
+        let gaps_before = att.handle().status().borrow().gaps;
+        let gap = match att.handle().declare_lost(frames, samples) {
             Ok(gap) => gap,
             Err(_) => {
-                let reason = "ended";
-                claimed.end(reason);
-                return Err(refusal(&ResumeRefusal::Ended(reason), retry_after));
+                let reason = end_reason(att.handle());
+                att.end(reason).release();
+                return Err(refuse(ResumeRefusal::Ended(reason)));
             }
         };
-        let att = claimed.attach().map_err(|r| refusal(&r, retry_after))?;
+        if let Some(permille) = admitted.grant.and_then(|g: Grant| g.max_rate_permille) {
+            att.handle().limit_rate(permille);
+        }
         metrics::counter!(m::RESUMES_TOTAL, m::LABEL_OUTCOME => "resumed").increment(1);
-        let next_seq = pos.last_seq + frames + 1;
         Ok((
             att,
             Resumed {
                 seq: pos.last_seq,
-                next_seq,
+                next_seq: pos.last_seq + frames + 1,
                 gap,
+                gaps_before,
             },
         ))
     }
+}
+
+/// The end reason of a stream that is no longer open (`ended` when it has none yet).
+fn end_reason(handle: &weir_audio_producer::stream::StreamHandle) -> &'static str {
+    handle
+        .status()
+        .borrow()
+        .end_reason
+        .map_or("ended", |r| r.as_str())
 }
 
 #[cfg(test)]
@@ -243,42 +278,47 @@ mod tests {
 
     #[test]
     fn declared_loss_is_the_frames_between_the_door_and_next_seq() {
-        assert_eq!(
-            loss(pos(100, 50), &ask(Some(90), Some(104)), Loss::Declared),
-            Ok((3, 960))
-        );
-        assert_eq!(
-            loss(pos(100, 50), &ask(Some(100), None), Loss::Declared),
-            Ok((0, 0))
-        );
-        assert_eq!(
-            loss(pos(0, 50), &ask(Some(0), Some(1)), Loss::Declared),
-            Ok((0, 0))
-        );
+        let declared = |p, a, n| loss(p, &ask(a, n), Loss::Declared);
+        assert_eq!(declared(pos(100, 50), Some(90), Some(104)), Ok((3, 960)));
+        assert_eq!(declared(pos(100, 50), Some(100), Some(101)), Ok((0, 0)));
+        assert_eq!(declared(pos(0, 50), Some(0), Some(1)), Ok((0, 0)));
     }
 
     #[test]
-    fn a_claim_ahead_or_behind_the_door_is_refused() {
+    fn a_claim_ahead_or_behind_the_door_or_incomplete_is_refused() {
+        let declared = |p, a, n| loss(p, &ask(a, n), Loss::Declared);
         assert_eq!(
-            loss(pos(100, 50), &ask(Some(101), None), Loss::Declared),
+            declared(pos(100, 50), Some(101), Some(102)),
             Err(ResumeRefusal::Ahead {
                 claimed: 101,
                 door: 100
             })
         );
-        let e = loss(pos(100, 50), &ask(Some(90), Some(100)), Loss::Declared).expect_err("behind");
+        let e = declared(pos(100, 50), Some(90), Some(100)).expect_err("behind");
         assert_eq!(e.code(), "invalid_request");
-        let e = loss(pos(100, 50), &ask(None, Some(101)), Loss::Declared).expect_err("no last_seq");
+        let e = declared(pos(100, 50), None, Some(101)).expect_err("no last_seq");
         assert!(e.to_string().contains("last_seq"), "{e}");
+        let e = declared(pos(100, 50), Some(100), None).expect_err("no next_seq");
+        assert!(e.to_string().contains("next_seq"), "{e}");
+        let e = request_checked(&ask(Some(7), Some(7))).expect_err("next not above last");
+        assert_eq!(e.code(), "invalid_request");
     }
 
     #[test]
     fn a_loss_larger_than_the_time_away_allows_is_refused() {
+        let declared = |p, a, n| loss(p, &ask(a, n), Loss::Declared);
         // 2.05 s away: at most 2 x (2.05 + 2) s = 8.1 s = 405 frames.
-        assert!(loss(pos(100, 2050), &ask(Some(100), Some(506)), Loss::Declared).is_ok());
-        let e = loss(pos(100, 2050), &ask(Some(100), Some(507)), Loss::Declared).expect_err("big");
+        assert!(declared(pos(100, 2050), Some(100), Some(506)).is_ok());
+        let e = declared(pos(100, 2050), Some(100), Some(507)).expect_err("big");
         assert_eq!(e.code(), "invalid_request");
-        assert!(loss(pos(100, 0), &ask(Some(0), Some(1 << 53)), Loss::Declared).is_err());
+        assert!(declared(pos(100, 0), Some(0), Some(1 << 53)).is_err());
+        // Tiny last frames do not widen the bound: at most 2 x away / 5 ms frames.
+        let tiny = Position {
+            frame_samples: 1,
+            ..pos(100, 0)
+        };
+        assert!(declared(tiny, Some(100), Some(100 + 801)).is_ok());
+        assert!(declared(tiny, Some(100), Some(100 + 802)).is_err());
     }
 
     #[test]

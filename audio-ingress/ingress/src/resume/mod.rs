@@ -37,7 +37,7 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use weir_audio_producer::stream::StreamHandle;
+use weir_audio_producer::stream::{Position, StreamHandle, StreamView};
 use weir_protocol::StreamId;
 use weir_service::shutdown::CancellationToken;
 
@@ -199,6 +199,9 @@ enum State {
 struct Entry {
     instance: u64,
     scope: [u8; 8],
+    /// The stream, read-only: a claim checks the producer's position against it
+    /// before it revokes the connection that holds the stream.
+    view: StreamView,
     token: Arc<str>,
     /// Number of the latest attachment or claim; only that one may take the stream.
     claim: u64,
@@ -295,6 +298,7 @@ impl Resume {
         }
         let instance = u64::from_be_bytes(b);
         let token: Arc<str> = self.minter.mint(att.id.as_str(), instance, scope).into();
+        let view = att.handle().view();
         let replaced = {
             let mut inner = self.lock();
             let old = inner.entries.insert(
@@ -302,6 +306,7 @@ impl Resume {
                 Entry {
                     instance,
                     scope,
+                    view,
                     token: Arc::clone(&token),
                     claim: 1,
                     state: State::Attached {
@@ -335,7 +340,7 @@ impl Resume {
     /// (`producer_gone`) so that a producer without resume support can open it again,
     /// as before resume existed. Returns a view of the ended stream to wait for (its
     /// publisher must release the id); `None` when `id` was not parked.
-    pub fn evict_parked(&self, id: &StreamId) -> Option<weir_audio_producer::stream::StreamView> {
+    pub fn evict_parked(&self, id: &StreamId) -> Option<StreamView> {
         let held = {
             let mut inner = self.lock();
             match inner.entries.get(id) {
@@ -361,14 +366,17 @@ impl Resume {
         Some(view)
     }
 
-    /// Claims stream `id` with `token` for a reconnecting producer of `scope`: revokes
-    /// the connection holding it, if any, and waits (at most [`TAKEOVER_BOUND`]) until
-    /// the stream is parked and this is still the latest claim.
+    /// Claims stream `id` with `token` for a reconnecting producer of `scope`:
+    /// `precheck` judges the producer's claim against where the stream stands now; only
+    /// then is the connection holding it, if any, revoked — a resume the door would
+    /// refuse never cuts off the live producer. Then waits (at most
+    /// [`TAKEOVER_BOUND`]) until the stream is parked and this is still the latest claim.
     pub async fn claim(
         self: &Arc<Self>,
         id: &StreamId,
         token: &str,
         scope: [u8; 8],
+        precheck: impl FnOnce(Position) -> Result<(), ResumeRefusal>,
     ) -> Result<Claimed, ResumeRefusal> {
         let opened = self.minter.open(token).ok_or(ResumeRefusal::Invalid)?;
         if !opened.id_matches(id.as_str()) {
@@ -378,6 +386,16 @@ impl Resume {
             return Err(ResumeRefusal::OtherScope);
         }
         let instance = opened.instance;
+        let view = {
+            let inner = self.lock();
+            match inner.entries.get(id).filter(|e| e.instance == instance) {
+                Some(e) => e.view.clone(),
+                None => return Err(inner.tombs.refusal(instance)),
+            }
+        };
+        // Outside the table's lock (the position takes the stream's). The door's seq
+        // only grows, so a claim refused here would be refused later too.
+        precheck(view.position())?;
         let mine = {
             let mut inner = self.lock();
             let Some(e) = inner.entries.get_mut(id).filter(|e| e.instance == instance) else {

@@ -128,6 +128,18 @@ async fn a_cut_connection_resumes_the_same_stream_with_the_loss_declared() {
     assert_eq!(resumed["gap"]["frames"], 2);
     assert_eq!(resumed["gap"]["samples"], 640);
     assert_eq!(resumed["resume_token"], token.as_str());
+    // Told as a gap too (declared in a header under the default `close` policy).
+    let gap = next_event(&mut ws, false).await;
+    assert_eq!(
+        (
+            &gap["type"],
+            &gap["reason"],
+            &gap["first_seq"],
+            &gap["last_seq"]
+        ),
+        (&"gap".into(), &"resume".into(), &31.into(), &32.into()),
+        "{gap}"
+    );
     send_frames(&mut ws, 33..=40).await;
     ws.send(Message::Text(r#"{"type":"end"}"#.into()))
         .await
@@ -194,40 +206,51 @@ async fn bad_resumes_are_refused_with_distinct_codes_and_leave_the_stream_parked
         .to_owned();
     send_frames(&mut a, 1..=5).await;
     acked(&mut a, 5).await;
+    // A resume the door refuses never cuts off the live producer.
+    let r = connect(&bin, &resume_path("res-a", &ta, 9, 10)).await;
+    assert_eq!(refused(r, "ahead, live"), (409, "resume_ahead".into()));
+    let r = connect(
+        &bin,
+        &format!("/v1/streams/res-a?resume_token={ta}&last_seq=5"),
+    )
+    .await;
+    assert_eq!(refused(r, "no next_seq"), (400, "invalid_request".into()));
+    send_frames(&mut a, 6..=6).await;
+    assert_eq!(acked(&mut a, 6).await, 6, "the live connection goes on");
     cut(a);
 
     let forged = "A".repeat(ta.len());
-    let r = connect(&bin, &resume_path("res-a", &forged, 5, 6)).await;
+    let r = connect(&bin, &resume_path("res-a", &forged, 6, 7)).await;
     assert_eq!(refused(r, "forged"), (401, "resume_invalid".into()));
-    let r = connect(&bin, &resume_path("res-a", "not-a-token", 5, 6)).await;
+    let r = connect(&bin, &resume_path("res-a", "not-a-token", 6, 7)).await;
     assert_eq!(refused(r, "malformed"), (401, "resume_invalid".into()));
-    let r = connect(&bin, &resume_path("res-a", &tb, 5, 6)).await;
+    let r = connect(&bin, &resume_path("res-a", &tb, 6, 7)).await;
     assert_eq!(refused(r, "cross-stream"), (403, "resume_mismatch".into()));
-    let r = connect(&bin, &resume_path("res-a", &ta, 6, 7)).await;
+    let r = connect(&bin, &resume_path("res-a", &ta, 7, 8)).await;
     assert_eq!(refused(r, "seq ahead"), (409, "resume_ahead".into()));
-    let r = connect(&bin, &resume_path("res-a", &ta, 5, 5)).await;
+    let r = connect(&bin, &resume_path("res-a", &ta, 6, 6)).await;
     assert_eq!(
         refused(r, "next_seq behind"),
         (400, "invalid_request".into())
     );
-    let r = connect(&bin, &resume_path("res-a", &ta, 5, 1_000_000)).await;
+    let r = connect(&bin, &resume_path("res-a", &ta, 6, 1_000_000)).await;
     assert_eq!(refused(r, "absurd loss"), (400, "invalid_request".into()));
     let r = connect(&bin, "/v1/streams/res-a?resume_token=x&last_seq=-1").await;
     assert_eq!(refused(r, "bad number"), (400, "invalid_request".into()));
 
     // Every refusal left the stream parked: the real resume still works.
-    let mut a = connect(&bin, &resume_path("res-a", &ta, 5, 6))
+    let mut a = connect(&bin, &resume_path("res-a", &ta, 6, 7))
         .await
         .expect("resume after refusals");
     assert_eq!(next_event(&mut a, false).await["type"], "resumed");
-    send_frames(&mut a, 6..=6).await;
+    send_frames(&mut a, 7..=7).await;
     a.send(Message::Text(r#"{"type":"end"}"#.into()))
         .await
         .expect("end");
     let (_, code) = until_close(&mut a).await;
     assert_eq!(code, Some(1000));
     // Reused after the end.
-    let r = connect(&bin, &resume_path("res-a", &ta, 6, 7)).await;
+    let r = connect(&bin, &resume_path("res-a", &ta, 7, 8)).await;
     assert_eq!(refused(r, "after the end"), (410, "resume_ended".into()));
 
     // Past the window: the stream ended `producer_gone`, the token is expired.
@@ -242,7 +265,7 @@ async fn bad_resumes_are_refused_with_distinct_codes_and_leave_the_stream_parked
     assert_eq!(refused(r, "expired"), (410, "resume_expired".into()));
     assert_eq!(
         collector.log("res-a").end.expect("a ended").packet.seq,
-        7,
+        8,
         "a stayed one instance through the refusals"
     );
 }

@@ -140,7 +140,7 @@ impl FrameQueue {
         let samples = frame.samples();
         self.account().dropped(drop, 1, samples);
         match self.gaps.front_mut() {
-            Some(g) if g.first_seq == frame.seq + 1 => {
+            Some(g) if g.first_seq == frame.seq + 1 && mergeable(g.reason, reason) => {
                 // A merged marker carries the cause of its first frame.
                 g.first_seq = frame.seq;
                 g.samples += samples;
@@ -161,7 +161,7 @@ impl FrameQueue {
     pub fn merge_into_gap(&mut self, gap: &mut Gap, now: Instant) {
         self.expire(now);
         while let Some(front) = self.gaps.front() {
-            if front.first_seq != gap.last_seq + 1 {
+            if front.first_seq != gap.last_seq + 1 || !mergeable(front.reason, gap.reason) {
                 break;
             }
             gap.last_seq = front.last_seq;

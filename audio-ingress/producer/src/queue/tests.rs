@@ -524,3 +524,28 @@ fn without_gap_packets_a_resume_loss_is_declared_on_the_next_packet() {
         Err(Refusal::Closed(EndReason::Producer))
     ));
 }
+
+#[test]
+fn markers_stay_in_seq_order_when_older_frames_expire_behind_a_resume_marker() {
+    let c = gap_cfg();
+    let (mut q, _, _) = queue(&c);
+    let t = Instant::now();
+    for i in 1..=3 {
+        assert_eq!(q.offer(&pcm(), t, OfferMode::Try), Ok(i));
+    }
+    q.skip(2, 640).expect("open");
+    // Frames 1..=3 expire while the resume marker waits behind them.
+    let later = t + Duration::from_secs(3600);
+    let mut order = Vec::new();
+    loop {
+        match q.pop(later) {
+            Next::Gap(g) => order.push((g.first_seq, g.last_seq, g.reason)),
+            Next::Empty => break,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(
+        order,
+        vec![(1, 3, GapReason::MaxAge), (4, 5, GapReason::Resume)]
+    );
+}

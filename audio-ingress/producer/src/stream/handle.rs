@@ -7,6 +7,20 @@
 
 use super::*;
 
+fn position(shared: &StreamShared) -> Position {
+    let now = Instant::now();
+    let core = shared.lock();
+    Position {
+        last_seq: core.last_seq(),
+        frame_samples: core.last_frame_samples(),
+        since_last_frame: core.last_admitted_at().map_or_else(
+            || now.saturating_duration_since(shared.opened_at),
+            |t| now.saturating_duration_since(t),
+        ),
+        open: core.state() == StreamState::Open,
+    }
+}
+
 /// Where a stream stands ([`StreamHandle::position`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Position {
@@ -161,17 +175,7 @@ impl StreamHandle {
 
     /// Where the stream stands, for a producer that resumes it.
     pub fn position(&self) -> Position {
-        let now = Instant::now();
-        let core = self.shared.lock();
-        Position {
-            last_seq: core.last_seq(),
-            frame_samples: core.last_frame_samples(),
-            since_last_frame: core.last_admitted_at().map_or_else(
-                || now.saturating_duration_since(self.shared.opened_at),
-                |t| now.saturating_duration_since(t),
-            ),
-            open: core.state() == StreamState::Open,
-        }
+        position(&self.shared)
     }
 
     /// Declares `frames` frames (`samples` samples) that the producer offered and the
@@ -310,6 +314,11 @@ impl StreamView {
     /// The stream as the admin view shows it.
     pub fn snapshot(&self) -> StreamSnapshot {
         self.shared.snapshot()
+    }
+
+    /// Where the stream stands, as [`StreamHandle::position`].
+    pub fn position(&self) -> Position {
+        position(&self.shared)
     }
 
     /// Waits (at most `bound`) for the publisher to exit and returns the summary, as
