@@ -135,6 +135,14 @@ class NatsServer:
         self.port = int(self.ports["nats"][0].rsplit(":", 1)[1])
         _wait(lambda: _info_ok(self.port), STARTUP_TIMEOUT_S, "nats-server INFO")
 
+    def client_subscriptions(self) -> int:
+        """Subscriptions held by client connections (``-m`` monitoring port needed).
+        The server's own (system account) are left out: it adds them asynchronously
+        after it starts, so a count that includes them races with its start-up."""
+        base = self.ports["monitoring"][0].rstrip("/")
+        with urllib.request.urlopen(f"{base}/connz", timeout=1) as r:
+            return sum(c.get("subscriptions", 0) for c in json.loads(r.read())["connections"])
+
     def log_tail(self, lines: int = 20) -> str:
         try:
             return "\n".join((self.dir / "server.log").read_text(errors="replace").splitlines()[-lines:])
