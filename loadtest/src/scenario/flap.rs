@@ -1,5 +1,5 @@
 //! `producer-flap`: every producer's TCP connection is cut at socket level every
-//! `--flap-every` and the producer reconnects at once — resumable streams (issue 30)
+//! `--flap-every` and the producer reconnects at once — resumable streams
 //! beside what a reconnect does without them.
 //!
 //! `--streams` calls (default [`DEFAULT_STREAMS`]) send speech-like PCM at the real
