@@ -31,6 +31,9 @@ pub fn routes() -> Router {
                     (header::CONTENT_TYPE, "text/html; charset=utf-8"),
                     (header::CACHE_CONTROL, "no-cache"),
                     (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+                    // The producer token may be in the page's URL (`?token=`): never
+                    // sent on to another origin as a referrer.
+                    (header::REFERRER_POLICY, "no-referrer"),
                 ],
                 PAGE,
             )
