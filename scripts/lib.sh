@@ -63,6 +63,23 @@ nats_server_version_of() {
     "$1" --version 2>/dev/null | sed -n 's/^nats-server: v\{0,1\}\([0-9][0-9.]*\).*/\1/p' | head -n 1
 }
 
+# Runs an apt-get command ("$@", e.g. `sudo -n apt-get update`) waiting for the package
+# system's locks: scripts/test runs the set-up scripts side by side, so on a fresh
+# machine two of them may call apt-get at once. dpkg's lock is waited for
+# (DPkg::Lock::Timeout, given here); the package lists' lock of `apt-get update` is
+# not, so a failed command is retried (6 tries, 10 s apart).
+apt_locked() {
+    local try
+    for try in 1 2 3 4 5 6; do
+        "$@" && return 0
+        ((try < 6)) && sleep 10
+    done
+    return 1
+}
+
+# The apt-get options of apt_locked's commands.
+APT_WAIT=(-o DPkg::Lock::Timeout=300)
+
 # Creates the shared virtual environment target/py if it is missing or broken.
 ensure_venv() {
     if [[ -x "$WEIR_VENV/bin/python" ]] && "$WEIR_VENV/bin/python" -c 'import sys' 2>/dev/null; then
@@ -76,7 +93,8 @@ ensure_venv() {
         rm -rf "$WEIR_VENV"
         if is_root && command -v apt-get >/dev/null 2>&1; then
             say "python3 -m venv failed; installing Debian's python3-venv"
-            { apt-get update >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y python3-venv >&2; } ||
+            { apt_locked apt-get "${APT_WAIT[@]}" update >&2 &&
+                apt_locked env DEBIAN_FRONTEND=noninteractive apt-get "${APT_WAIT[@]}" install -y python3-venv >&2; } ||
                 die "apt-get install python3-venv failed"
             python3 -m venv "$WEIR_VENV" >&2 || die "python3 -m venv $WEIR_VENV failed"
         else
