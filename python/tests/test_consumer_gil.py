@@ -114,7 +114,12 @@ async def test_a_gil_holding_handler_does_not_delay_heartbeats_or_renewals(nats_
     assert len(holds) >= 10, holds
     lo, hi = holds[0][0] + 0.3, holds[-1][1]
     assert statistics.median(b - a for a, b in holds) >= 0.15, holds[:5]
-    assert max(witness) >= 0.18, f"the GIL was not held: longest wait {max(witness):.3f} s"
+    # A thread that wants the GIL waited about as long as a hold: the handler really
+    # held it (measured against the holds themselves, whose length follows the
+    # calibration, not against a fixed figure).
+    held = statistics.median(b - a for a, b in holds)
+    assert max(witness) >= 0.85 * held, (
+        f"the GIL was not held: longest wait {max(witness):.3f} s, hold {held:.3f} s")
     hb = max_gap(seen["heartbeats"], lo, hi)
     renew = max_gap(seen["renewals"], lo, hi)
     median_hold = statistics.median(b - a for a, b in holds)

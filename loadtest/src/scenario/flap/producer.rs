@@ -288,6 +288,7 @@ pub fn start(
             next_cut: start_at + first_cut(index, calls, config.flap_every),
             flap_every: config.flap_every,
             offered: 0,
+            base: 0,
             last_seq: 0,
             token: None,
             link: Link::Down {
@@ -396,8 +397,11 @@ struct Call {
     stop_at: Instant,
     next_cut: Instant,
     flap_every: Duration,
-    /// Frames offered so far: the seq of the last one.
+    /// Frames offered so far, over every stream instance of the call.
     offered: u64,
+    /// `offered` when the current stream instance began: its frame k is offered
+    /// frame `base + k` (a fresh open starts a new instance at seq 1).
+    base: u64,
     /// The last seq the door confirmed.
     last_seq: u64,
     /// The resume token, once `opened` gave it (and while the stream lives).
@@ -528,7 +532,7 @@ impl Call {
         } else {
             None
         };
-        let next_seq = self.offered + 1;
+        let next_seq = self.offered - self.base + 1;
         let path = reconnect_path(&self.id, token, self.last_seq, next_seq);
         self.link = Link::Connecting {
             attempt: Box::pin(open(self.ws_addr, path)),
@@ -550,7 +554,7 @@ impl Call {
                 self.counters.refused.fetch_add(1, Ordering::Relaxed);
                 // A refused resume will not be accepted later: the stream is gone for
                 // the door (or never was); the next attempt opens a fresh one.
-                if code.starts_with("resume_") || status == 401 || status == 403 {
+                if code.starts_with("resume_") || matches!(status, 400 | 401 | 403) {
                     self.token = None;
                 }
                 bump(&self.counters.refusal_codes, code);
@@ -614,8 +618,11 @@ impl Call {
             if since.is_some() {
                 self.counters.fresh_reopens.fetch_add(1, Ordering::Relaxed);
             }
-            // A new stream instance: its token comes with its `opened` event.
+            // A new stream instance: its token comes with its `opened` event, its seqs
+            // start at 1.
             self.token = None;
+            self.base = self.offered;
+            self.last_seq = 0;
         }
         let mut held = held.into_iter();
         // Bounded by HANDSHAKE_BUFFER frames.
