@@ -241,12 +241,20 @@ async fn silent_and_slowloris_connections_are_closed_and_do_not_lock_out_produce
         timed_out + refused >= (silent + slow) as f64,
         "every attacker was timed out or refused: {timed_out} + {refused}"
     );
-    assert_eq!(
-        bin.metric("weir_ingress_http_connections_open{listener=\"ws\"}")
-            .await,
-        0.0,
-        "every slot released"
-    );
+    // The slot goes when the server's connection task ends, a moment after the client
+    // saw its close: wait for it (bounded).
+    let deadline = Instant::now() + STEP;
+    let mut open = f64::NAN;
+    while Instant::now() < deadline {
+        open = bin
+            .metric("weir_ingress_http_connections_open{listener=\"ws\"}")
+            .await;
+        if open == 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(open, 0.0, "every slot released");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
