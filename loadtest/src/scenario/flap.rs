@@ -43,7 +43,7 @@ use crate::error::Error;
 use crate::ingress::{Design, IngressProcess, Launch, cpu_time, machine_busy, machine_busy_since};
 use crate::report::RunReport;
 use crate::scenario::asr::shortfall::RunNats;
-use crate::scenario::run::{Env, RunOutput, SUBJECT_TEMPLATE, TempDir};
+use crate::scenario::run::{Env, RunOutput, ScenarioIngress, TempDir, scenario_launch};
 use audit::{AuditTotals, WireAudit};
 use producer::{FlapConfig, FlapCounters, FlapSnapshot};
 
@@ -282,7 +282,9 @@ pub async fn run(
     out
 }
 
-/// The ingress of `design` for this run (`dir` holds its config file).
+/// The ingress of `design` for this run (`dir` holds its config file). Capacity
+/// admission off: no recognition fleet announces slots here (the audit is a plain
+/// subscriber); the stream cap never limits the run.
 fn launch(
     env: &Env,
     design: FlapDesign,
@@ -291,64 +293,20 @@ fn launch(
     partitions: u32,
     dir: &std::path::Path,
 ) -> Result<Launch, Error> {
-    let common = [
-        "--nats-url",
-        nats_url,
-        "--listen",
-        "127.0.0.1:0",
-        "--admin",
-        "127.0.0.1:0",
-    ]
-    .map(String::from);
-    let (program, mut args) = match design {
-        FlapDesign::Naive => {
-            let args = [
-                "naive-ingress",
-                "--subject",
-                SUBJECT_TEMPLATE,
-                "--partitions",
-                &partitions.to_string(),
-            ]
-            .map(String::from)
-            .to_vec();
-            (env.self_exe.clone(), args)
-        }
-        FlapDesign::WeirNoResume | FlapDesign::WeirResume => {
-            let program = env
-                .ingress_bin
-                .as_ref()
-                .map_err(|e| Error::new(e.kind(), e.to_string()))?
-                .clone();
-            let path = dir.join("audio-ingress.toml");
-            // Capacity admission off: no recognition fleet announces slots here (the
-            // audit is a plain subscriber); the cap never limits the run.
-            let config = format!(
-                "# written by weir-loadtest for one producer-flap run\n\
-                 subject = \"{SUBJECT_TEMPLATE}\"\n\
-                 partitions = {partitions}\n\
-                 extended_consumers = true\n\
-                 max_streams = {}\n",
-                (streams * 2).max(1000) + 100
-            );
-            std::fs::write(&path, config).map_err(|e| crate::error::io(&path, e))?;
-            let mut args: Vec<String> = vec!["serve".into(), "--config".into()];
-            args.push(path.display().to_string());
-            args.extend(["--set".to_owned(), "capacity.mode=off".to_owned()]);
-            if design == FlapDesign::WeirNoResume {
-                args.extend(["--set".to_owned(), "resume_window_ms=0".to_owned()]);
-            }
-            for kv in &env.ingress_set {
-                args.extend(["--set".to_owned(), kv.clone()]);
-            }
-            (program, args)
-        }
+    let ingress = match design {
+        FlapDesign::Naive => ScenarioIngress::Naive,
+        FlapDesign::WeirResume => ScenarioIngress::Weir {
+            run: "producer-flap",
+            max_streams: (streams * 2).max(1000) + 100,
+            sets: &["capacity.mode=off"],
+        },
+        FlapDesign::WeirNoResume => ScenarioIngress::Weir {
+            run: "producer-flap",
+            max_streams: (streams * 2).max(1000) + 100,
+            sets: &["capacity.mode=off", "resume_window_ms=0"],
+        },
     };
-    args.extend(common);
-    Ok(Launch {
-        program,
-        args,
-        env: vec![("RUST_LOG".to_owned(), "warn".to_owned())],
-    })
+    scenario_launch(env, ingress, nats_url, partitions, dir)
 }
 
 /// One design.

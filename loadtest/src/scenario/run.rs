@@ -777,6 +777,92 @@ fn progress_line(label: &str, total: Duration, x: &Sample) -> String {
     )
 }
 
+/// The ingress of a scenario that runs designs side by side: the naive design
+/// (`loadtest naive-ingress`), or weir's `audio-ingress serve` with a config file written
+/// for the run.
+pub(crate) enum ScenarioIngress<'a> {
+    /// The naive design.
+    Naive,
+    /// weir: `run` names the run in the config file's comment; `sets` come before the
+    /// user's `--ingress-set`s.
+    Weir {
+        run: &'a str,
+        max_streams: usize,
+        sets: &'a [&'a str],
+    },
+}
+
+/// The launch of `ingress` on `nats_url` with free loopback ports (`dir` holds its config
+/// file): the subject template and `partitions` of the scenarios, extended consumers.
+pub(crate) fn scenario_launch(
+    env: &Env,
+    ingress: ScenarioIngress<'_>,
+    nats_url: &str,
+    partitions: u32,
+    dir: &std::path::Path,
+) -> Result<Launch, Error> {
+    let (program, mut args) = match ingress {
+        ScenarioIngress::Naive => {
+            let args = [
+                "naive-ingress",
+                "--subject",
+                SUBJECT_TEMPLATE,
+                "--partitions",
+                &partitions.to_string(),
+            ]
+            .map(String::from)
+            .to_vec();
+            (env.self_exe.clone(), args)
+        }
+        ScenarioIngress::Weir {
+            run,
+            max_streams,
+            sets,
+        } => {
+            let program = env
+                .ingress_bin
+                .as_ref()
+                .map_err(|e| Error::new(e.kind(), e.to_string()))?
+                .clone();
+            let path = dir.join("audio-ingress.toml");
+            let config = format!(
+                "# written by weir-loadtest for one {run} run\n\
+                 subject = \"{SUBJECT_TEMPLATE}\"\n\
+                 partitions = {partitions}\n\
+                 extended_consumers = true\n\
+                 max_streams = {max_streams}\n"
+            );
+            std::fs::write(&path, config).map_err(|e| io(&path, e))?;
+            let mut args: Vec<String> = vec!["serve".into(), "--config".into()];
+            args.push(path.display().to_string());
+            for kv in sets
+                .iter()
+                .copied()
+                .chain(env.ingress_set.iter().map(String::as_str))
+            {
+                args.extend(["--set".to_owned(), kv.to_owned()]);
+            }
+            (program, args)
+        }
+    };
+    args.extend(
+        [
+            "--nats-url",
+            nats_url,
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+        ]
+        .map(String::from),
+    );
+    Ok(Launch {
+        program,
+        args,
+        env: vec![("RUST_LOG".to_owned(), "warn".to_owned())],
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

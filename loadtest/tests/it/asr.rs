@@ -2,36 +2,11 @@
 //! with 2 slots, each design. The weir designs need the `audio-ingress` binary (see
 //! `end_to_end`); without it that part is skipped with a message.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use weir_loadtest::error::Error;
+use crate::support::env;
 use weir_loadtest::gpu::GpuModel;
-use weir_loadtest::ingress::find_ingress_bin;
-use weir_loadtest::llm::LlmSettings;
-use weir_loadtest::producers::Transport;
 use weir_loadtest::scenario::asr::{AsrDesign, AsrSettings, shortfall};
-use weir_loadtest::scenario::run::{Env, PolicyArg};
-
-fn env() -> Env {
-    let test_exe = std::env::current_exe().ok();
-    Env {
-        nats_url: None,
-        self_exe: PathBuf::from(env!("CARGO_BIN_EXE_loadtest")),
-        ingress_bin: find_ingress_bin(test_exe.as_deref()).map_err(Error::from),
-        policy: PolicyArg::Close,
-        frame_cost: Duration::ZERO,
-        fleet_workers: 1,
-        partitions: 4,
-        reconnect: false,
-        quiet: true,
-        llm: LlmSettings::default(),
-        ingress_set: Vec::new(),
-        naive_floor: None,
-        wait_quiet: Duration::ZERO,
-        transport: Transport::Ws,
-    }
-}
 
 const SETTINGS: AsrSettings = AsrSettings {
     workers: 1,

@@ -5,15 +5,12 @@
 //! scripts/test runs) builds it next to this test; with `cargo test -p weir-loadtest`
 //! alone it may be missing, and that part is skipped with a message.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use weir_loadtest::error::Error;
-use weir_loadtest::ingress::{Design, find_ingress_bin};
-use weir_loadtest::llm::LlmSettings;
+use weir_loadtest::ingress::Design;
 use weir_loadtest::producers::Transport;
 use weir_loadtest::report::{REQUIRED_KEYS, RunReport, missing_keys};
-use weir_loadtest::scenario::run::{Env, PolicyArg, run_one};
+use weir_loadtest::scenario::run::{Env, run_one};
 use weir_loadtest::scenario::{Scenario, plan};
 
 /// 3 streams × 2 s × 50 frames/s = 300 nominal; allow for start-up spread.
@@ -23,23 +20,12 @@ const WS_MIN_SENT: u64 = 240;
 /// point is that frames flowed and every one is accounted for.
 const WHIP_MIN_SENT: u64 = 150;
 
+/// Two consumer workers that reconnect (the fault scenarios restart NATS).
 fn env() -> Env {
-    let test_exe = std::env::current_exe().ok();
     Env {
-        nats_url: None,
-        self_exe: PathBuf::from(env!("CARGO_BIN_EXE_loadtest")),
-        ingress_bin: find_ingress_bin(test_exe.as_deref()).map_err(Error::from),
-        policy: PolicyArg::Close,
-        frame_cost: Duration::ZERO,
         fleet_workers: 2,
-        partitions: 4,
         reconnect: true,
-        quiet: true,
-        llm: LlmSettings::default(),
-        ingress_set: Vec::new(),
-        naive_floor: None,
-        wait_quiet: Duration::ZERO,
-        transport: Transport::Ws,
+        ..crate::support::env()
     }
 }
 

@@ -5,15 +5,10 @@
 //! 10 s: docs/results/producer-flap.md). Without the `audio-ingress` binary (see
 //! `end_to_end`) the tests are skipped with a message.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use weir_loadtest::error::Error;
-use weir_loadtest::ingress::find_ingress_bin;
-use weir_loadtest::llm::LlmSettings;
-use weir_loadtest::producers::Transport;
+use crate::support::env;
 use weir_loadtest::scenario::flap::{FlapDesign, FlapReport, FlapSettings, run_design};
-use weir_loadtest::scenario::run::{Env, PolicyArg};
 
 const CALLS: usize = 20;
 
@@ -22,26 +17,6 @@ const SETTINGS: FlapSettings = FlapSettings {
     flap_every: Duration::from_secs(2),
     partitions: 4,
 };
-
-fn env() -> Env {
-    let test_exe = std::env::current_exe().ok();
-    Env {
-        nats_url: None,
-        self_exe: PathBuf::from(env!("CARGO_BIN_EXE_loadtest")),
-        ingress_bin: find_ingress_bin(test_exe.as_deref()).map_err(Error::from),
-        policy: PolicyArg::Close,
-        frame_cost: Duration::ZERO,
-        fleet_workers: 1,
-        partitions: 4,
-        reconnect: false,
-        quiet: true,
-        llm: LlmSettings::default(),
-        ingress_set: Vec::new(),
-        naive_floor: None,
-        wait_quiet: Duration::ZERO,
-        transport: Transport::Ws,
-    }
-}
 
 async fn run(design: FlapDesign) -> Option<FlapReport> {
     let env = env();

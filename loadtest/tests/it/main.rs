@@ -5,3 +5,4 @@ mod asr;
 mod end_to_end;
 mod failover;
 mod flap;
+mod support;

@@ -28,7 +28,9 @@ use crate::naive::asr::NaiveAsr;
 use crate::producers::{self, ProducerConfig, ProducerCounters, ProducerSnapshot, Transport};
 use crate::report::{ConsumerReport, ProducerReport, RunReport};
 use crate::sample::Sample;
-use crate::scenario::run::{Env, RunOutput, SUBJECT_TEMPLATE, TempDir, blocking};
+use crate::scenario::run::{
+    Env, RunOutput, SUBJECT_TEMPLATE, ScenarioIngress, TempDir, blocking, scenario_launch,
+};
 use crate::timeliness::DEFAULT_MAX_AGE;
 
 /// Longest drain after the producers stopped.
@@ -90,60 +92,17 @@ pub(crate) fn launch(
     partitions: u32,
     dir: &std::path::Path,
 ) -> Result<Launch, Error> {
-    let common = [
-        "--nats-url",
-        nats_url,
-        "--listen",
-        "127.0.0.1:0",
-        "--admin",
-        "127.0.0.1:0",
-    ]
-    .map(String::from);
-    let (program, mut args) = match design {
-        AsrDesign::Naive => {
-            let args = [
-                "naive-ingress",
-                "--subject",
-                SUBJECT_TEMPLATE,
-                "--partitions",
-                &partitions.to_string(),
-            ]
-            .map(String::from)
-            .to_vec();
-            (env.self_exe.clone(), args)
-        }
-        AsrDesign::WeirOff | AsrDesign::WeirOn => {
-            let program = env
-                .ingress_bin
-                .as_ref()
-                .map_err(|e| Error::new(e.kind(), e.to_string()))?
-                .clone();
-            let path = dir.join("audio-ingress.toml");
-            let config = format!(
-                "# written by weir-loadtest for one asr run\n\
-                 subject = \"{SUBJECT_TEMPLATE}\"\n\
-                 partitions = {partitions}\n\
-                 extended_consumers = true\n\
-                 max_streams = 1000\n"
-            );
-            std::fs::write(&path, config).map_err(|e| crate::error::io(&path, e))?;
-            let mut args: Vec<String> = vec!["serve".into(), "--config".into()];
-            args.push(path.display().to_string());
-            if design == AsrDesign::WeirOff {
-                args.extend(["--set".to_owned(), "capacity.mode=off".to_owned()]);
-            }
-            for kv in &env.ingress_set {
-                args.extend(["--set".to_owned(), kv.clone()]);
-            }
-            (program, args)
-        }
+    let weir = |sets| ScenarioIngress::Weir {
+        run: "asr",
+        max_streams: 1000,
+        sets,
     };
-    args.extend(common);
-    Ok(Launch {
-        program,
-        args,
-        env: vec![("RUST_LOG".to_owned(), "warn".to_owned())],
-    })
+    let ingress = match design {
+        AsrDesign::Naive => ScenarioIngress::Naive,
+        AsrDesign::WeirOff => weir(&["capacity.mode=off"]),
+        AsrDesign::WeirOn => weir(&[]),
+    };
+    scenario_launch(env, ingress, nats_url, partitions, dir)
 }
 
 async fn start_recognisers(
