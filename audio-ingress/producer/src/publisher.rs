@@ -280,8 +280,10 @@ impl<S: Sink> Publisher<S> {
         }
         self.stream.global.record_waits(&mut self.waits);
         self.stream.lock().flush_direct_waits();
-        self.stream.mark_finished();
+        // The id first, then `finished`: whoever waited for the stream to finish may
+        // open its id again at once.
         drop(slot);
+        self.stream.mark_finished();
     }
 
     /// Whether frames may take the synchronous fast path ([`Self::publish_frames`]):

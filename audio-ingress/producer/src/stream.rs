@@ -80,7 +80,8 @@ pub struct StreamStatus {
     pub last_gap: Option<Gap>,
     /// The `end` was handed to NATS.
     pub end_delivered: bool,
-    /// The publisher task exited (the end was handed over or given up on).
+    /// The publisher task exited (the end was handed over or given up on) and the
+    /// stream id is free again.
     pub finished: bool,
 }
 
