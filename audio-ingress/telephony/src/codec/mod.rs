@@ -18,8 +18,11 @@
 //! - nothing here allocates per sample: the output vectors grow, nothing else.
 //!
 //! Decisions. G.711 is written here (`g711`), not taken from a crate: it is a 256-entry
-//! expansion table and a few lines of compression, checked below against the G.711
-//! reference points and for every code. The resampler is a fixed 2:1 half-band
+//! expansion table and a few lines of compression, checked against the G.711 reference
+//! points and for every code. (A small, kept crate would fit as well —
+//! `audio-codec-algorithms`: no_std, `forbid(unsafe_code)`, no dependencies — but this
+//! crate adds no dependency without the lead's word, and the code is as short as the
+//! calls into it would be.) The resampler is a fixed 2:1 half-band
 //! polyphase FIR rather than `rubato`: that crate resamples by arbitrary ratios with
 //! sinc or FFT kernels and brings rustfft/realfft into the build, costing more CPU per
 //! 20 ms chunk than 2:1 needs; a half-band filter does one dot product per output pair.
