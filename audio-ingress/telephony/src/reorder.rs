@@ -1,1 +1,647 @@
-//! (being written)
+//! The reorder window over a stream's carrier chunk numbers (`media.chunk`: the
+//! per-track media counter; Twilio's `sequenceNumber` also counts non-media messages,
+//! so it cannot show a missing chunk).
+//!
+//! Invariants a reader must not break:
+//! - outputs come in strictly increasing chunk order: every chunk number from the
+//!   first pushed up to the highest released is accounted for exactly once, either as
+//!   an [`Out::Chunk`] or inside an [`Out::Gap`] — never out of order, never twice;
+//! - a missing chunk becomes a gap when a chunk `window` numbers ahead of it is held,
+//!   or when the oldest held chunk has waited `hold` (by the [`Instant`]s passed in;
+//!   there is no clock inside, so tests drive time explicitly);
+//! - a chunk arriving after its number was declared a gap is dropped and counted
+//!   ([`Pushed::Late`]); a number already held or released is a [`ReorderError::Repeat`];
+//!   one more than `history` behind is [`ReorderError::Backwards`]; one more than
+//!   `max_jump` ahead is [`ReorderError::Jump`]. Refused chunks change nothing;
+//! - memory is bounded: at most `max_jump + 1` slots are held, `history` outcomes
+//!   remembered.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// The window's limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReorderConfig {
+    /// How far ahead of a missing chunk a held chunk may be before the missing one is
+    /// declared a gap (3 = 60 ms of 20 ms chunks).
+    pub window: u64,
+    /// The longest wall time a chunk waits for a missing one before it.
+    pub hold: Duration,
+    /// A chunk further ahead of the next expected one than this is refused (250).
+    pub max_jump: u64,
+    /// How far behind the next expected chunk a repeat or late chunk is still
+    /// recognised (64); further behind is `Backwards`.
+    pub history: u64,
+}
+
+impl Default for ReorderConfig {
+    fn default() -> Self {
+        Self {
+            window: 3,
+            hold: Duration::from_millis(60),
+            max_jump: 250,
+            history: 64,
+        }
+    }
+}
+
+/// What the window releases, in chunk order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Out<T> {
+    /// Chunk `chunk`, with what was pushed for it.
+    Chunk {
+        /// The chunk number.
+        chunk: u64,
+        /// The pushed item.
+        item: T,
+    },
+    /// Chunks `first .. first + chunks` never came (in time): declared lost.
+    Gap {
+        /// The first missing chunk number.
+        first: u64,
+        /// How many consecutive chunks are missing (≥ 1).
+        chunks: u64,
+    },
+}
+
+/// What became of a pushed chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pushed {
+    /// Held for release in order (possibly released by the next `pop`).
+    Held,
+    /// Its number was already declared a gap (or is before the stream's first chunk):
+    /// dropped and counted.
+    Late,
+}
+
+/// A chunk refused; the window is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReorderError {
+    /// The chunk number is already held or was already released.
+    #[error("chunk {chunk} was already received")]
+    Repeat {
+        /// The chunk number.
+        chunk: u64,
+    },
+    /// The chunk number is more than `history` behind the next expected one.
+    #[error("chunk {chunk} is too far behind the next expected chunk {next}")]
+    Backwards {
+        /// The chunk number.
+        chunk: u64,
+        /// The next chunk number expected.
+        next: u64,
+    },
+    /// The chunk number is more than `max_jump` ahead of the next expected one.
+    #[error("chunk {chunk} is too far ahead of the next expected chunk {next}")]
+    Jump {
+        /// The chunk number.
+        chunk: u64,
+        /// The next chunk number expected.
+        next: u64,
+    },
+}
+
+impl ReorderError {
+    /// A stable snake_case code: `sequence_repeat`, `sequence_backwards`,
+    /// `sequence_jump`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ReorderError::Repeat { .. } => "sequence_repeat",
+            ReorderError::Backwards { .. } => "sequence_backwards",
+            ReorderError::Jump { .. } => "sequence_jump",
+        }
+    }
+}
+
+/// Counters since the window was created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReorderStats {
+    /// Chunks that arrived after a higher one and were put back in order.
+    pub reordered: u64,
+    /// Chunks dropped because their number was already declared a gap.
+    pub late: u64,
+    /// Gap outputs.
+    pub gaps: u64,
+    /// Chunk numbers inside gap outputs.
+    pub gap_chunks: u64,
+}
+
+/// The reorder window of one stream; generic over what a chunk carries.
+#[derive(Debug)]
+pub struct Reorder<T> {
+    cfg: ReorderConfig,
+    /// The next chunk number to release; `None` until the first push.
+    next: Option<u64>,
+    /// `slots[i]` is chunk `next + i`: held (with its arrival) or missing. Empty, or
+    /// its last slot is held.
+    slots: VecDeque<Option<(T, Instant)>>,
+    /// How many slots are held.
+    held: usize,
+    /// The outcome of the last released numbers, oldest first, ending at `next - 1`:
+    /// `true` = released as a chunk, `false` = declared a gap. At most `history` long.
+    past: VecDeque<bool>,
+    /// The highest chunk number pushed and held so far.
+    highest: Option<u64>,
+    stats: ReorderStats,
+}
+
+impl<T> Reorder<T> {
+    /// An empty window; the first chunk pushed sets where the stream starts (both
+    /// carriers start at 1, but any number is accepted).
+    pub fn new(cfg: ReorderConfig) -> Self {
+        Self {
+            cfg,
+            next: None,
+            slots: VecDeque::new(),
+            held: 0,
+            past: VecDeque::new(),
+            highest: None,
+            stats: ReorderStats::default(),
+        }
+    }
+
+    /// Offers chunk `chunk`, arrived at `now`.
+    pub fn push(&mut self, chunk: u64, item: T, now: Instant) -> Result<Pushed, ReorderError> {
+        // u64::MAX has no successor: refused so `next` never overflows.
+        if chunk == u64::MAX {
+            return Err(ReorderError::Jump {
+                chunk,
+                next: self.next.unwrap_or(chunk),
+            });
+        }
+        let next = *self.next.get_or_insert(chunk);
+        if chunk < next {
+            let behind = next - chunk;
+            if behind > self.cfg.history {
+                return Err(ReorderError::Backwards { chunk, next });
+            }
+            // Within `history`: a remembered outcome, or before the stream's start.
+            let recorded = self.past.len() as u64;
+            if behind <= recorded && self.past[(recorded - behind) as usize] {
+                return Err(ReorderError::Repeat { chunk });
+            }
+            self.stats.late += 1;
+            return Ok(Pushed::Late);
+        }
+        let offset = chunk - next;
+        if offset > self.cfg.max_jump {
+            return Err(ReorderError::Jump { chunk, next });
+        }
+        // offset <= max_jump and the slots never outgrow max_jump + 1.
+        let index = offset as usize;
+        if self.slots.get(index).is_some_and(Option::is_some) {
+            return Err(ReorderError::Repeat { chunk });
+        }
+        if index >= self.slots.len() {
+            self.slots.resize_with(index + 1, || None);
+        }
+        self.slots[index] = Some((item, now));
+        self.held += 1;
+        match self.highest {
+            Some(high) if high > chunk => self.stats.reordered += 1,
+            _ => self.highest = Some(chunk),
+        }
+        Ok(Pushed::Held)
+    }
+
+    /// The next output that is ready at `now`, in chunk order: the next chunk if held;
+    /// else, when chunks after a missing one are held, a gap for the missing chunks
+    /// that a held chunk `window` ahead (or the oldest held chunk's `hold`) has given
+    /// up on. `None` when nothing is ready.
+    pub fn pop(&mut self, now: Instant) -> Option<Out<T>> {
+        let next = self.next?;
+        if self.held == 0 {
+            return None;
+        }
+        if let Some(Some(_)) = self.slots.front() {
+            let (item, _) = self.slots.pop_front().flatten()?;
+            self.held -= 1;
+            self.advance(next, 1, true);
+            return Some(Out::Chunk { chunk: next, item });
+        }
+        // The front is missing and something after it is held.
+        let first_held = self.slots.iter().position(Option::is_some)? as u64;
+        let last_held = self.slots.len() as u64 - 1;
+        // Missing slot m gives up when a chunk `window` ahead is held: m <= last - window.
+        let by_window = (last_held + 1)
+            .saturating_sub(self.cfg.window)
+            .min(first_held);
+        let timed_out = self
+            .oldest_arrival()
+            .is_some_and(|t| now.saturating_duration_since(t) >= self.cfg.hold);
+        let chunks = if timed_out { first_held } else { by_window };
+        if chunks == 0 {
+            return None;
+        }
+        self.slots.drain(..chunks as usize);
+        self.advance(next, chunks, false);
+        self.stats.gaps += 1;
+        self.stats.gap_chunks += chunks;
+        Some(Out::Gap {
+            first: next,
+            chunks,
+        })
+    }
+
+    /// When `pop` may next release something because of time: the oldest held chunk's
+    /// arrival plus `hold` (in the past if the next chunk is already releasable).
+    /// `None` when nothing is held.
+    pub fn deadline(&self) -> Option<Instant> {
+        if let Some(Some((_, arrived))) = self.slots.front() {
+            return Some(*arrived);
+        }
+        self.oldest_arrival()
+            .and_then(|t| t.checked_add(self.cfg.hold))
+    }
+
+    /// At the end of the stream: everything held, in order, with gaps between; the
+    /// window is empty afterwards (and keeps its position and history).
+    pub fn finish(&mut self) -> impl Iterator<Item = Out<T>> {
+        let mut outs = Vec::new();
+        let Some(mut next) = self.next else {
+            return outs.into_iter();
+        };
+        let mut missing = 0u64;
+        for slot in std::mem::take(&mut self.slots) {
+            match slot {
+                None => missing += 1,
+                Some((item, _)) => {
+                    if missing > 0 {
+                        outs.push(Out::Gap {
+                            first: next,
+                            chunks: missing,
+                        });
+                        self.advance(next, missing, false);
+                        self.stats.gaps += 1;
+                        self.stats.gap_chunks += missing;
+                        next += missing;
+                        missing = 0;
+                    }
+                    outs.push(Out::Chunk { chunk: next, item });
+                    self.advance(next, 1, true);
+                    next += 1;
+                }
+            }
+        }
+        self.held = 0;
+        outs.into_iter()
+    }
+
+    /// Counters since creation.
+    pub fn stats(&self) -> ReorderStats {
+        self.stats
+    }
+
+    /// How many chunks are held.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// The next chunk number to release (`None` before the first push).
+    pub fn next_chunk(&self) -> Option<u64> {
+        self.next
+    }
+
+    fn oldest_arrival(&self) -> Option<Instant> {
+        self.slots.iter().flatten().map(|(_, t)| *t).min()
+    }
+
+    /// Records `count` numbers from `from` as released (`chunk`) or declared gaps.
+    fn advance(&mut self, from: u64, count: u64, chunk: bool) {
+        self.next = Some(from + count);
+        let history = self.cfg.history as usize;
+        let remembered = count.min(self.cfg.history) as usize;
+        for _ in 0..remembered {
+            self.past.push_back(chunk);
+        }
+        while self.past.len() > history {
+            self.past.pop_front();
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests unwrap what they construct
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn cfg() -> ReorderConfig {
+        ReorderConfig::default()
+    }
+
+    /// Deterministic xorshift64*, so the property tests need no new crate.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    /// Pops everything ready at `now`.
+    fn drain(r: &mut Reorder<u64>, now: Instant, outs: &mut Vec<Out<u64>>) {
+        // Bounded: each pop releases at least one chunk number of at most max_jump + 1 held.
+        for _ in 0..1000 {
+            match r.pop(now) {
+                Some(out) => outs.push(out),
+                None => return,
+            }
+        }
+        panic!("pop never returned None");
+    }
+
+    /// Checks order and that numbers `first..=last` are each covered exactly once;
+    /// returns (chunks, gap chunks). A chunk's item must be its number.
+    fn account(outs: &[Out<u64>], first: u64, last: u64) -> (u64, u64) {
+        let mut expect = first;
+        let (mut chunks, mut gap_chunks) = (0, 0);
+        for out in outs {
+            match out {
+                Out::Chunk { chunk, item } => {
+                    assert_eq!(*chunk, expect, "out of order or duplicated: {outs:?}");
+                    assert_eq!(item, chunk);
+                    expect += 1;
+                    chunks += 1;
+                }
+                Out::Gap { first, chunks: n } => {
+                    assert_eq!(*first, expect, "gap out of order: {outs:?}");
+                    assert!(*n >= 1);
+                    expect += n;
+                    gap_chunks += n;
+                }
+            }
+        }
+        assert_eq!(expect, last + 1, "numbers not all accounted for");
+        (chunks, gap_chunks)
+    }
+
+    #[test]
+    fn in_order_chunks_pass_straight_through() {
+        let t0 = Instant::now();
+        let mut r = Reorder::new(cfg());
+        let mut outs = Vec::new();
+        for c in 1..=100u64 {
+            assert_eq!(r.push(c, c, t0 + ms(c * 20)), Ok(Pushed::Held));
+            drain(&mut r, t0 + ms(c * 20), &mut outs);
+            assert_eq!(r.held(), 0);
+        }
+        assert_eq!(account(&outs, 1, 100), (100, 0));
+        assert_eq!(r.stats(), ReorderStats::default());
+        assert_eq!(r.deadline(), None);
+    }
+
+    #[test]
+    fn shuffles_within_the_window_come_out_in_order_without_gaps() {
+        let mut rng = Rng(0x0031_5eed);
+        for window in [1u64, 2, 3, 5, 8] {
+            for _trial in 0..40 {
+                let n = 200u64;
+                let first = 1 + rng.below(1000);
+                // Arrival order: chunk i at key 2i + U[0, 2 window): a chunk can
+                // only be overtaken by chunks at most `window - 1` ahead of it.
+                let mut order: Vec<(u64, u64)> = (0..n)
+                    .map(|i| (2 * i + rng.below(2 * window), first + i))
+                    .collect();
+                order.sort();
+                let t0 = Instant::now();
+                let mut r = Reorder::new(ReorderConfig { window, ..cfg() });
+                let mut outs = Vec::new();
+                // The first arrival sets the start: make it the first chunk.
+                let start = order.iter().position(|&(_, c)| c == first).unwrap();
+                let head = order.remove(start);
+                order.insert(0, head);
+                for &(_, c) in &order {
+                    assert_eq!(r.push(c, c, t0), Ok(Pushed::Held));
+                    drain(&mut r, t0, &mut outs);
+                }
+                assert_eq!(account(&outs, first, first + n - 1), (n, 0));
+                assert_eq!(r.held(), 0);
+                assert_eq!(r.stats().gaps, 0);
+                assert_eq!(r.stats().late, 0);
+                if window > 1 {
+                    assert!(r.stats().reordered > 0);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn delays_beyond_the_window_become_gaps_never_disorder() {
+        let mut rng = Rng(0xdead_0031);
+        for _trial in 0..50 {
+            let n = 300u64;
+            let c = cfg();
+            let mut r = Reorder::new(c.clone());
+            // Chunk i is sent at i*20 ms; 8% never arrive, 8% arrive 5..12 chunks late,
+            // the rest with a jitter of up to 2 chunks.
+            let mut arrivals: Vec<(u64, u64)> = Vec::new(); // (arrival ms, chunk)
+            let mut lost = 0;
+            for i in 1..=n {
+                let roll = rng.below(100);
+                let delay = match roll {
+                    0..=7 if i > 1 => {
+                        lost += 1;
+                        continue;
+                    }
+                    8..=15 if i > 1 => 20 * (5 + rng.below(8)),
+                    _ if i > 1 => rng.below(40),
+                    _ => 0,
+                };
+                arrivals.push((i * 20 + delay, i));
+            }
+            arrivals.sort();
+            let t0 = Instant::now();
+            let mut outs = Vec::new();
+            let mut late = 0;
+            for &(at, chunk) in &arrivals {
+                let now = t0 + ms(at);
+                // Time passes between arrivals: what timed out is released first.
+                drain(&mut r, now, &mut outs);
+                match r.push(chunk, chunk, now).unwrap() {
+                    Pushed::Held => {}
+                    Pushed::Late => late += 1,
+                }
+                drain(&mut r, now, &mut outs);
+            }
+            outs.extend(r.finish());
+            let highest = arrivals.iter().map(|&(_, c)| c).max().unwrap();
+            let (chunks, gap_chunks) = account(&outs, 1, highest);
+            assert_eq!(chunks + gap_chunks, highest);
+            assert_eq!(chunks + late, arrivals.len() as u64);
+            assert!(gap_chunks >= lost.min(highest) - (n - highest));
+            let s = r.stats();
+            assert_eq!(s.late, late);
+            assert_eq!(s.gap_chunks, gap_chunks);
+            assert!(s.gaps > 0 && late > 0, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn window_declares_only_the_chunks_it_gave_up_on() {
+        let t0 = Instant::now();
+        let mut r = Reorder::new(cfg()); // window 3
+        let mut outs = Vec::new();
+        r.push(1, 1, t0).unwrap();
+        r.push(4, 4, t0).unwrap(); // 2 and 3 missing; 4 is 2 ahead of 2
+        drain(&mut r, t0, &mut outs);
+        assert_eq!(outs, vec![Out::Chunk { chunk: 1, item: 1 }]);
+        r.push(5, 5, t0).unwrap(); // 5 is 3 ahead of 2: 2 gives up, 3 still waits
+        drain(&mut r, t0, &mut outs);
+        assert_eq!(
+            outs[1..],
+            [Out::Gap {
+                first: 2,
+                chunks: 1
+            }]
+        );
+        r.push(3, 3, t0).unwrap(); // in time
+        drain(&mut r, t0, &mut outs);
+        assert_eq!(
+            outs[2..],
+            [
+                Out::Chunk { chunk: 3, item: 3 },
+                Out::Chunk { chunk: 4, item: 4 },
+                Out::Chunk { chunk: 5, item: 5 }
+            ]
+        );
+        assert_eq!(r.push(2, 2, t0), Ok(Pushed::Late));
+        let s = r.stats();
+        assert_eq!((s.gaps, s.gap_chunks, s.late, s.reordered), (1, 1, 1, 1));
+    }
+
+    #[test]
+    fn hold_declares_a_gap_at_the_deadline() {
+        let t0 = Instant::now();
+        let mut r = Reorder::new(cfg()); // hold 60 ms
+        let mut outs = Vec::new();
+        assert_eq!(r.deadline(), None);
+        r.push(1, 1, t0).unwrap();
+        assert_eq!(r.deadline(), Some(t0)); // releasable now
+        drain(&mut r, t0, &mut outs);
+        r.push(3, 3, t0 + ms(20)).unwrap();
+        r.push(4, 4, t0 + ms(40)).unwrap();
+        drain(&mut r, t0 + ms(40), &mut outs);
+        assert_eq!(outs.len(), 1);
+        // The oldest held chunk (3) arrived at 20 ms: it waits until 80 ms.
+        assert_eq!(r.deadline(), Some(t0 + ms(80)));
+        assert_eq!(r.pop(t0 + ms(79)), None);
+        drain(&mut r, t0 + ms(80), &mut outs);
+        assert_eq!(
+            outs[1..],
+            [
+                Out::Gap {
+                    first: 2,
+                    chunks: 1
+                },
+                Out::Chunk { chunk: 3, item: 3 },
+                Out::Chunk { chunk: 4, item: 4 }
+            ]
+        );
+        assert_eq!(r.deadline(), None);
+    }
+
+    #[test]
+    fn refusals_repeat_backwards_jump() {
+        let t0 = Instant::now();
+        let mut r = Reorder::new(cfg()); // history 64, max_jump 250
+        let mut outs = Vec::new();
+        for c in 100..=199u64 {
+            r.push(c, c, t0).unwrap();
+        }
+        drain(&mut r, t0, &mut outs);
+        // next = 200.
+        let e = r.push(199, 0, t0).unwrap_err();
+        assert_eq!(
+            (e.clone(), e.code()),
+            (ReorderError::Repeat { chunk: 199 }, "sequence_repeat")
+        );
+        assert_eq!(r.push(136, 0, t0), Err(ReorderError::Repeat { chunk: 136 }));
+        let e = r.push(135, 0, t0).unwrap_err();
+        assert_eq!(
+            e,
+            ReorderError::Backwards {
+                chunk: 135,
+                next: 200
+            }
+        );
+        assert_eq!(e.code(), "sequence_backwards");
+        r.push(202, 202, t0).unwrap();
+        assert_eq!(r.push(202, 0, t0), Err(ReorderError::Repeat { chunk: 202 }));
+        let e = r.push(451, 0, t0).unwrap_err();
+        assert_eq!(
+            e,
+            ReorderError::Jump {
+                chunk: 451,
+                next: 200
+            }
+        );
+        assert_eq!(e.code(), "sequence_jump");
+        assert_eq!(r.push(450, 450, t0), Ok(Pushed::Held));
+        assert_eq!(
+            r.push(u64::MAX, 0, t0),
+            Err(ReorderError::Jump {
+                chunk: u64::MAX,
+                next: 200
+            })
+        );
+        // Refusals changed nothing: 200 is still awaited, 202 and 450 held.
+        assert_eq!(r.next_chunk(), Some(200));
+        assert_eq!(r.held(), 2);
+        assert_eq!(r.stats().late, 0);
+    }
+
+    #[test]
+    fn a_chunk_before_the_first_one_is_late() {
+        let t0 = Instant::now();
+        let mut r = Reorder::new(cfg());
+        r.push(5, 5, t0).unwrap();
+        assert_eq!(r.push(3, 3, t0), Ok(Pushed::Late));
+        assert_eq!(r.pop(t0), Some(Out::Chunk { chunk: 5, item: 5 }));
+        assert_eq!(r.push(4, 4, t0), Ok(Pushed::Late));
+        assert_eq!(r.stats().late, 2);
+    }
+
+    #[test]
+    fn finish_drains_everything_with_gaps_between() {
+        let t0 = Instant::now();
+        let mut r = Reorder::new(cfg());
+        assert_eq!(r.finish().count(), 0);
+        for c in [1u64, 3, 6] {
+            r.push(c, c, t0).unwrap();
+        }
+        let outs: Vec<_> = r.finish().collect();
+        assert_eq!(
+            outs,
+            vec![
+                Out::Chunk { chunk: 1, item: 1 },
+                Out::Gap {
+                    first: 2,
+                    chunks: 1
+                },
+                Out::Chunk { chunk: 3, item: 3 },
+                Out::Gap {
+                    first: 4,
+                    chunks: 2
+                },
+                Out::Chunk { chunk: 6, item: 6 },
+            ]
+        );
+        assert_eq!(r.held(), 0);
+        assert_eq!(r.pop(t0 + Duration::from_secs(1)), None);
+        assert_eq!(r.deadline(), None);
+        assert_eq!(r.next_chunk(), Some(7));
+        assert_eq!(r.push(6, 6, t0), Err(ReorderError::Repeat { chunk: 6 }));
+        assert_eq!(r.push(5, 5, t0), Ok(Pushed::Late));
+        let s = r.stats();
+        assert_eq!((s.gaps, s.gap_chunks), (2, 3));
+    }
+}
