@@ -10,11 +10,12 @@
 
 use std::collections::BTreeMap;
 
-use super::{
-    DialectError, DtmfBody, Inbound, Loose, MarkBody, MediaBody, Obj, Start, custom_parameters,
-    dtmf, event, invalid_json, mark, media, media_format, number, object, optional_code,
-    optional_number, optional_string, required, string,
+use super::members::{
+    DtmfBody, Loose, MarkBody, MediaBody, Obj, custom_parameters, dtmf, event, mark, media,
+    media_format, number, object, optional_code, optional_number, optional_string, required,
+    string,
 };
+use super::{DialectError, Inbound, Start, invalid_json};
 use crate::codec::Encoding;
 
 #[derive(serde::Deserialize)]

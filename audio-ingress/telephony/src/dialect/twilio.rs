@@ -8,11 +8,12 @@
 
 use std::collections::BTreeMap;
 
-use super::{
-    DialectError, DialectErrorKind, DtmfBody, Inbound, Loose, MarkBody, MediaBody, Obj, Start,
-    custom_parameters, dtmf, event, invalid_json, mark, media, media_format, number, object,
-    optional_number, optional_string, required, string, track,
+use super::members::{
+    DtmfBody, Loose, MarkBody, MediaBody, Obj, custom_parameters, dtmf, event, mark, media,
+    media_format, missing, number, object, optional_number, optional_string, required, string,
+    track,
 };
+use super::{DialectError, DialectErrorKind, Inbound, Start, invalid_json};
 use crate::codec::Encoding;
 
 #[derive(serde::Deserialize)]
@@ -88,7 +89,7 @@ fn start(msg: &Message<'_>, seq: Option<u64>) -> Result<Inbound, DialectError> {
     let stream_sid = match (&body.stream_sid, &msg.stream_sid) {
         (Some(sid), _) => string(sid, "start.streamSid")?,
         (None, Some(sid)) => string(sid, "streamSid")?,
-        (None, None) => return Err(super::missing("start.streamSid")),
+        (None, None) => return Err(missing("start.streamSid")),
     };
     let call_id = string(required(&body.call_sid, "start.callSid")?, "start.callSid")?;
     let tracks = match &body.tracks {
