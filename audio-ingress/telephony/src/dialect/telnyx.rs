@@ -29,7 +29,7 @@ struct Message<'a> {
     #[serde(borrow, default)]
     version: Option<Loose<'a>>,
     #[serde(borrow, default)]
-    start: Option<Obj<StartBody<'a>>>,
+    start: Option<Obj<Box<StartBody<'a>>>>, // boxed: rare and large, keeps the media path's struct small
     #[serde(borrow, default)]
     media: Option<Obj<MediaBody<'a>>>,
     #[serde(borrow, default)]
@@ -37,7 +37,7 @@ struct Message<'a> {
     #[serde(borrow, default)]
     dtmf: Option<Obj<DtmfBody<'a>>>,
     #[serde(borrow, default)]
-    payload: Option<Obj<ErrorBody<'a>>>,
+    payload: Option<Obj<Box<ErrorBody<'a>>>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -135,7 +135,7 @@ fn start(msg: &Message<'_>, seq: Option<u64>) -> Result<Inbound, DialectError> {
     }))
 }
 
-fn error(body: &Option<Obj<ErrorBody<'_>>>) -> Result<Inbound, DialectError> {
+fn error(body: &Option<Obj<Box<ErrorBody<'_>>>>) -> Result<Inbound, DialectError> {
     // An error frame without a readable payload is still an error report.
     let Some(Obj::Map(body)) = body else {
         return Ok(Inbound::Error {

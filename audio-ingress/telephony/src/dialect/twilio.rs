@@ -29,7 +29,7 @@ struct Message<'a> {
     #[serde(borrow, default)]
     version: Option<Loose<'a>>,
     #[serde(borrow, default)]
-    start: Option<Obj<StartBody<'a>>>,
+    start: Option<Obj<Box<StartBody<'a>>>>, // boxed: rare and large, keeps the media path's struct small
     #[serde(borrow, default)]
     media: Option<Obj<MediaBody<'a>>>,
     #[serde(borrow, default)]
