@@ -255,8 +255,9 @@ impl<T> Reorder<T> {
     }
 
     /// At the end of the stream: everything held, in order, with gaps between; the
-    /// window is empty afterwards (and keeps its position and history).
-    pub fn finish(&mut self) -> impl Iterator<Item = Out<T>> {
+    /// window is empty afterwards (and keeps its position and history). The iterator
+    /// owns the outputs: it does not borrow the window.
+    pub fn finish(&mut self) -> impl Iterator<Item = Out<T>> + use<T> {
         let mut outs = Vec::new();
         let Some(mut next) = self.next else {
             return outs.into_iter();

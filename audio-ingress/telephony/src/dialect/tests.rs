@@ -592,3 +592,30 @@ fn mutated_and_truncated_messages_never_panic() {
     assert_eq!(ok + refused, 2 * CASES);
     assert!(ok > 100 && refused > 1000, "ok {ok}, refused {refused}");
 }
+
+#[test]
+fn escaped_strings_are_read_too() {
+    // JSON may escape '/' (and anything else): the owned path gives the same result.
+    let text = r#"{"event":"media","media":{"track":"in\u0062ound","chunk":"\u0032","timestamp":"5","payload":"\/w=="}}"#;
+    let Inbound::Media(m) = parse(Dialect::Twilio, text).unwrap() else {
+        panic!("not media")
+    };
+    assert_eq!(
+        (m.track, m.chunk, m.payload),
+        (Track::Inbound, 2, vec![0xff])
+    );
+}
+
+#[test]
+fn twilio_start_falls_back_to_the_top_level_stream_sid() {
+    let text = r#"{"event":"start","streamSid":"MZtop","start":{"callSid":"CA1","mediaFormat":{"encoding":"audio/x-mulaw","sampleRate":"8000","channels":"1"}}}"#;
+    let Inbound::Start(s) = parse(Dialect::Twilio, text).unwrap() else {
+        panic!("not a start")
+    };
+    assert_eq!(
+        (s.stream_sid.as_str(), s.call_id.as_str()),
+        ("MZtop", "CA1")
+    );
+    assert_eq!((s.account, s.seq), (None, None));
+    assert!(s.custom.is_empty() && s.tracks.is_empty());
+}

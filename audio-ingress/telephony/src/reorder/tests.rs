@@ -295,7 +295,9 @@ fn finish_drains_everything_with_gaps_between() {
     for c in [1u64, 3, 6] {
         r.push(c, c, t0).unwrap();
     }
-    let outs: Vec<_> = r.finish().collect();
+    let drained = r.finish();
+    assert_eq!(r.held(), 0); // the iterator does not borrow the window
+    let outs: Vec<_> = drained.collect();
     assert_eq!(
         outs,
         vec![
