@@ -23,7 +23,7 @@ use weir_testkit::NatsServer;
 
 use crate::support::{Binary, STEP};
 
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+pub(crate) type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 const FRAMES: &str = "inference.whisper.stream.*";
 
@@ -34,7 +34,7 @@ async fn setup(sets: &[(&str, &str)]) -> (NatsServer, Binary, Collector) {
     (nats, bin, collector)
 }
 
-async fn connect(bin: &Binary, path: &str) -> Ws {
+pub(crate) async fn connect(bin: &Binary, path: &str) -> Ws {
     let url = format!("ws://{}{path}", bin.ws);
     let (ws, _) = tokio::time::timeout(STEP, tokio_tungstenite::connect_async(url))
         .await
@@ -43,11 +43,11 @@ async fn connect(bin: &Binary, path: &str) -> Ws {
     ws
 }
 
-fn connected() -> Value {
+pub(crate) fn connected() -> Value {
     json!({"event": "connected", "protocol": "Call", "version": "1.0.0"})
 }
 
-fn start(stream_id: &str, encoding: &str, rate: u32) -> Value {
+pub(crate) fn start(stream_id: &str, encoding: &str, rate: u32) -> Value {
     json!({"event": "start", "sequenceNumber": "1", "streamSid": "MZ0001",
         "start": {"accountSid": "AC0001", "streamSid": "MZ0001", "callSid": "CA0001",
             "tracks": ["inbound"], "customParameters": {"stream_id": stream_id},
@@ -71,17 +71,17 @@ fn media_payload(chunk: u64, payload: &str) -> Value {
             "timestamp": (chunk * 20).to_string(), "payload": payload}})
 }
 
-fn stop() -> Value {
+pub(crate) fn stop() -> Value {
     json!({"event": "stop", "sequenceNumber": "999", "streamSid": "MZ0001",
         "stop": {"accountSid": "AC0001", "callSid": "CA0001"}})
 }
 
-async fn send(ws: &mut Ws, v: &Value) {
+pub(crate) async fn send(ws: &mut Ws, v: &Value) {
     let _ = ws.send(Message::Text(v.to_string().into())).await;
 }
 
 /// Reads until the close frame (bounded): the text messages and the close (code, reason).
-async fn until_close(ws: &mut Ws) -> (Vec<Value>, Option<(u16, String)>) {
+pub(crate) async fn until_close(ws: &mut Ws) -> (Vec<Value>, Option<(u16, String)>) {
     let deadline = Instant::now() + STEP;
     let mut texts = Vec::new();
     loop {
