@@ -16,6 +16,7 @@ use futures::stream::SplitStream;
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use weir_audio_telephony::codec::{Encoding, MediaFormat};
 use weir_audio_telephony::dialect::{self, Dialect, DialectError, Inbound, Start, Track};
 use weir_audio_telephony::outbound::OutboundConfig;
 use weir_protocol::WireName;
@@ -130,6 +131,13 @@ pub(super) async fn serve<S: Sink>(
         }
     };
     let label = dialect.as_str();
+    let return_format = match return_format(dialect, &start) {
+        Ok(f) => f,
+        Err(b) => {
+            count_bad(&b);
+            return finish_writer(writer, writer_task, Some(close(b.close, b.code))).await;
+        }
+    };
     let (handle, ticket) = match admit(&state, &start, token.as_deref()).await {
         Ok(opened) => opened,
         Err((code, reason)) => {
@@ -152,15 +160,13 @@ pub(super) async fn serve<S: Sink>(
         .send(Cmd::Start {
             dialect,
             stream_sid: start.stream_sid.clone(),
-            format: start.format,
+            format: return_format,
             events: events.clone(),
         })
         .await;
     let stop_intake = CancellationToken::new();
     let intake = match &state.nats {
-        Some(client) => {
-            spawn_intake(client, &subjects, &shared, &writer, &events, &stop_intake).await
-        }
+        Some(client) => spawn_intake(client, &subjects, &shared, &events, &stop_intake).await,
         None => None,
     };
     events.emit(json!({
@@ -177,8 +183,12 @@ pub(super) async fn serve<S: Sink>(
     };
     let outcome = call.read(&mut stream, dialect, state.idle_timeout).await;
     stop_intake.cancel();
-    if let Some(task) = intake {
-        let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
+    if let Some(mut task) = intake
+        && tokio::time::timeout(Duration::from_secs(2), &mut task)
+            .await
+            .is_err()
+    {
+        task.abort();
     }
     let Call {
         handle,
@@ -291,7 +301,6 @@ async fn spawn_intake(
     client: &async_nats::Client,
     subjects: &Subjects,
     shared: &Arc<Shared>,
-    writer: &mpsc::Sender<Cmd>,
     events: &Events,
     stop: &CancellationToken,
 ) -> Option<tokio::task::JoinHandle<()>> {
@@ -301,12 +310,11 @@ async fn spawn_intake(
         Ok::<_, async_nats::SubscribeError>((audio, ctl))
     };
     match tokio::time::timeout(Duration::from_secs(2), subscribe).await {
-        Ok(Ok((audio, ctl))) => Some(tokio::spawn(outbound::intake(
+        Ok(Ok((audio, ctl))) => Some(tokio::spawn(outbound::intake::run(
             client.clone(),
             audio,
             ctl,
             Arc::clone(shared),
-            writer.clone(),
             events.clone(),
             stop.clone(),
         ))),
@@ -526,7 +534,9 @@ async fn end(
             (EndReason::Error, close(b.close, b.code))
         }
         Outcome::Overload(o) => {
-            events.emit(door::overload_event(&o, &handle));
+            let mut ev = door::overload_event(&o, &handle);
+            ev["source"] = "caller".into();
+            events.emit(ev);
             handle.wait_ended().await;
             (
                 EndReason::Overload,
@@ -596,6 +606,31 @@ fn read_failure(e: axum::Error) -> Outcome {
         code,
         message: e.to_string(),
     })
+}
+
+/// The format of the call's return path: Twilio takes `audio/x-mulaw` at 8 kHz only;
+/// Telnyx takes what its `stream_bidirectional_codec` says, which the stream does not
+/// carry — the custom parameter `outbound_codec` (`PCMU`, the default, or `PCMA`)
+/// names it.
+fn return_format(dialect: Dialect, start: &Start) -> Result<MediaFormat, BadInput> {
+    let encoding = match (
+        dialect,
+        start.custom.get("outbound_codec").map(String::as_str),
+    ) {
+        (Dialect::Twilio, _) | (Dialect::Telnyx, None | Some("PCMU")) => Encoding::Pcmu,
+        (Dialect::Telnyx, Some("PCMA")) => Encoding::Pcma,
+        (Dialect::Telnyx, Some(other)) => {
+            return Err(BadInput {
+                close: close_code::UNSUPPORTED,
+                code: "unsupported_format",
+                message: format!(
+                    "start.custom_parameters.outbound_codec is {other:?}; PCMU or PCMA"
+                ),
+            });
+        }
+    };
+    MediaFormat::new(encoding, 8000, 1)
+        .map_err(|e| BadInput::policy("unsupported_format", e.to_string()))
 }
 
 /// The call's format as the events name it.

@@ -142,12 +142,14 @@ impl InboundAudio {
                 format!("media.payload is {len} bytes, not whole {bps}-byte samples"),
             ));
         }
-        let ms = len / bps / self.format.samples_per_ms();
-        if ms > codec::MAX_CHUNK_MS {
+        // The decoder's own rule, so nothing it would refuse gets into the window.
+        let spm = self.format.samples_per_ms();
+        if len / bps > codec::MAX_CHUNK_MS * spm {
             return Err(BadInput::policy(
                 "payload_too_long",
                 format!(
-                    "media.payload holds {ms} ms of audio; at most {} ms",
+                    "media.payload holds {} ms of audio; at most {} ms",
+                    (len / bps).div_ceil(spm),
                     codec::MAX_CHUNK_MS
                 ),
             ));
