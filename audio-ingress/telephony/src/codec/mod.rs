@@ -17,17 +17,20 @@
 //!   direction delays the audio by 2 ms; `reset` after a gap drops that history;
 //! - nothing here allocates per sample: the output vectors grow, nothing else.
 //!
-//! Decisions. G.711 is written here (`g711`), not taken from a crate: it is a 256-entry
-//! expansion table and a few lines of compression, checked below against the G.711
-//! reference points and for every code. The resampler is a fixed 2:1 half-band
+//! Decisions. G.711 comes from the `audio-codec-algorithms` crate (no_std,
+//! `forbid(unsafe_code)`, no dependencies, its tables made with the ITU-T G.191 tools);
+//! the tests here check it against the G.711 reference points and for every code. The
+//! resampler is a fixed 2:1 half-band
 //! polyphase FIR rather than `rubato`: that crate resamples by arbitrary ratios with
 //! sinc or FFT kernels and brings rustfft/realfft into the build, costing more CPU per
 //! 20 ms chunk than 2:1 needs; a half-band filter does one dot product per output pair.
 
-mod g711;
 mod resample;
 
-pub use g711::{alaw_to_linear, linear_to_alaw, linear_to_mulaw, mulaw_to_linear};
+pub use audio_codec_algorithms::{
+    decode_alaw as alaw_to_linear, decode_ulaw as mulaw_to_linear, encode_alaw as linear_to_alaw,
+    encode_ulaw as linear_to_mulaw,
+};
 pub use resample::{Downsampler2x, Upsampler2x};
 
 use std::fmt;

@@ -16,18 +16,21 @@
 //! Invariants: unit gain at DC in both directions (`g` is normalised to sum 1); the
 //! state is a fixed-size history, so `process` allocates nothing beyond `out`'s growth
 //! and the output does not depend on how a stream is cut into calls; samples are i16 at
-//! the edges, f32 inside (the dot product runs in `LANES` independent accumulators so
-//! the compiler can vectorise it), rounded half away from zero and saturated on the way
-//! out. The coefficients are computed once (in f64, [`taps`]).
+//! the edges, f32 inside (`LANES` outputs are computed side by side so the compiler
+//! vectorises the taps' loop), rounded half away from zero and saturated on the way out.
+//! The coefficients are computed once, in f64, on first use (`taps()`); the tests measure
+//! the response of the f32 taps actually used (ripple 0.005 dB to 3.4 kHz, 65 dB from
+//! 4.6 kHz).
 
 use std::sync::LazyLock;
 
 /// Pairs of non-zero odd taps on each side of the centre (the interpolator has twice as
 /// many). 16 gives a 63-tap half-band filter, 2 ms of delay each way.
 const HALF_TAPS: usize = 16;
-/// The Kaiser window's β: sets the stopband attenuation (≈ 0.1102·(A − 8.7) dB).
+/// The Kaiser window's β, which sets the stopband attenuation A (β ≈ 0.1102·(A − 8.7));
+/// 6.0 measures 65 dB from 4.6 kHz with these 63 taps.
 const KAISER_BETA: f64 = 6.0;
-/// Independent accumulators in the dot product (one AVX register of f32).
+/// Outputs computed side by side (one AVX register, two SSE ones, of f32).
 const LANES: usize = 8;
 /// The history (and interpolator) length: `2·HALF_TAPS` rounded up to whole lanes; the
 /// oldest positions carry zero coefficients.
@@ -85,50 +88,23 @@ fn bessel_i0(x: f64) -> f64 {
     sum
 }
 
-/// The last `WINDOW` samples, stored twice so that they are always one contiguous slice.
-#[derive(Debug, Clone)]
-struct History {
-    buf: [f32; 2 * WINDOW],
-    /// Where the next sample goes; the window starts here (oldest first).
-    pos: usize,
-}
+/// Inputs taken per block (a multiple of `LANES`): the block and the history sit in one
+/// stack buffer, so each output's window is a contiguous slice.
+const BLOCK: usize = 64;
 
-impl History {
-    const fn new() -> Self {
-        Self {
-            buf: [0.0; 2 * WINDOW],
-            pos: 0,
-        }
-    }
-
-    #[inline]
-    fn push(&mut self, sample: i16) {
-        let s = f32::from(sample);
-        self.buf[self.pos] = s;
-        self.buf[self.pos + WINDOW] = s;
-        self.pos = if self.pos + 1 == WINDOW {
-            0
-        } else {
-            self.pos + 1
-        };
-    }
-
-    /// The last `WINDOW` samples, oldest first.
-    #[inline]
-    fn window(&self) -> &[f32] {
-        &self.buf[self.pos..self.pos + WINDOW]
-    }
-}
-
+/// `LANES` consecutive outputs of the interpolator: `out[l] = Σ_j taps[j]·buf[l + j]`.
+/// One tap times `LANES` neighbouring inputs per step: the compiler vectorises the inner
+/// loop, and each output's sum runs in the same order wherever its block starts.
 #[inline]
-fn dot(taps: &[f32; WINDOW], window: &[f32]) -> f32 {
+fn interpolate_lanes(taps: &[f32; WINDOW], buf: &[f32]) -> [f32; LANES] {
     let mut acc = [0f32; LANES];
-    for (t, w) in taps.chunks_exact(LANES).zip(window.chunks_exact(LANES)) {
-        for ((a, t), w) in acc.iter_mut().zip(t).zip(w) {
-            *a += t * w;
+    let buf = &buf[..WINDOW + LANES - 1];
+    for (j, &t) in taps.iter().enumerate() {
+        for (a, &x) in acc.iter_mut().zip(&buf[j..j + LANES]) {
+            *a += t * x;
         }
     }
-    acc.iter().sum()
+    acc
 }
 
 /// Rounds half away from zero and saturates to i16 (a cast, no libm call).
@@ -140,7 +116,8 @@ fn to_i16(v: f32) -> i16 {
 /// 8 kHz → 16 kHz, stateful across calls (one stream's history).
 #[derive(Debug, Clone)]
 pub struct Upsampler2x {
-    history: History,
+    /// The last `WINDOW − 1` inputs, oldest first.
+    history: [f32; WINDOW - 1],
     taps: &'static [f32; WINDOW],
 }
 
@@ -157,7 +134,7 @@ impl Upsampler2x {
     /// A resampler with a silent history.
     pub fn new() -> Self {
         Self {
-            history: History::new(),
+            history: [0.0; WINDOW - 1],
             taps: taps(),
         }
     }
@@ -170,19 +147,40 @@ impl Upsampler2x {
     /// [`process`](Self::process) over any source of 8 kHz samples (the decoder feeds
     /// expanded G.711 codes without an intermediate buffer).
     #[inline]
-    pub(crate) fn process_iter(&mut self, input: impl Iterator<Item = i16>, out: &mut Vec<i16>) {
+    pub(crate) fn process_iter(
+        &mut self,
+        mut input: impl Iterator<Item = i16>,
+        out: &mut Vec<i16>,
+    ) {
         out.reserve(2 * input.size_hint().0);
-        for x in input {
-            self.history.push(x);
-            let window = self.history.window();
-            out.push(to_i16(window[WINDOW - 1 - HALF_TAPS]));
-            out.push(to_i16(dot(self.taps, window)));
+        // buf = history ++ this block's inputs; input k's window is buf[k..k + WINDOW].
+        let mut buf = [0f32; WINDOW - 1 + BLOCK];
+        buf[..WINDOW - 1].copy_from_slice(&self.history);
+        loop {
+            let mut n = 0;
+            for (slot, x) in buf[WINDOW - 1..].iter_mut().zip(input.by_ref()) {
+                *slot = f32::from(x);
+                n += 1;
+            }
+            if n == 0 {
+                break;
+            }
+            let mut odd = [0f32; BLOCK];
+            for (group, start) in odd.chunks_exact_mut(LANES).zip((0..n).step_by(LANES)) {
+                group.copy_from_slice(&interpolate_lanes(self.taps, &buf[start..]));
+            }
+            for (k, &odd) in odd.iter().enumerate().take(n) {
+                out.push(to_i16(buf[k + WINDOW - 1 - HALF_TAPS]));
+                out.push(to_i16(odd));
+            }
+            buf.copy_within(n..n + WINDOW - 1, 0);
         }
+        self.history.copy_from_slice(&buf[..WINDOW - 1]);
     }
 
     /// Forgets the history (after a gap in the stream): the next call starts from silence.
     pub fn reset(&mut self) {
-        self.history = History::new();
+        self.history = [0.0; WINDOW - 1];
     }
 }
 
@@ -190,10 +188,10 @@ impl Upsampler2x {
 /// low-pass before dropping every other sample.
 #[derive(Debug, Clone)]
 pub struct Downsampler2x {
-    /// The even-numbered inputs (the centre taps' samples).
-    even: History,
-    /// The odd-numbered inputs (the interpolator's).
-    odd: History,
+    /// The last `HALF_TAPS` even-numbered inputs (the centre taps' samples), oldest first.
+    even: [f32; HALF_TAPS],
+    /// The last `WINDOW` odd-numbered inputs (the interpolator's), oldest first.
+    odd: [f32; WINDOW],
     /// The even sample of a pair whose odd one has not arrived yet.
     pending: Option<i16>,
     taps: &'static [f32; WINDOW],
@@ -213,8 +211,8 @@ impl Downsampler2x {
     /// A resampler with a silent history.
     pub fn new() -> Self {
         Self {
-            even: History::new(),
-            odd: History::new(),
+            even: [0.0; HALF_TAPS],
+            odd: [0.0; WINDOW],
             pending: None,
             taps: taps(),
         }
@@ -233,42 +231,54 @@ impl Downsampler2x {
     #[inline]
     pub(crate) fn process_with(&mut self, input: &[i16], mut emit: impl FnMut(i16)) {
         let mut rest = input;
+        let mut first = None;
         if let Some(even) = self.pending.take() {
             match input.split_first() {
                 Some((&odd, tail)) => {
-                    emit(self.pair(even, odd));
+                    first = Some((even, odd));
                     rest = tail;
                 }
-                None => {
-                    self.pending = Some(even);
-                    return;
-                }
+                None => self.pending = Some(even),
             }
         }
-        let mut pairs = rest.chunks_exact(2);
-        for pair in &mut pairs {
-            emit(self.pair(pair[0], pair[1]));
-        }
+        let pairs = rest.chunks_exact(2);
         if let [last] = pairs.remainder() {
             self.pending = Some(*last);
         }
-    }
-
-    #[inline]
-    fn pair(&mut self, even: i16, odd: i16) -> i16 {
-        self.even.push(even);
-        // Centre: even input m − HALF_TAPS; the interpolator sees odd inputs up to m − 1.
-        let centre = self.even.window()[WINDOW - 1 - HALF_TAPS];
-        let y = 0.5 * (centre + dot(self.taps, self.odd.window()));
-        self.odd.push(odd);
-        to_i16(y)
+        let mut pairs = first.into_iter().chain(pairs.map(|p| (p[0], p[1])));
+        // Output m of a block: ½·(evens[m] + the interpolator over odds[m..m + WINDOW]),
+        // i.e. even input m − HALF_TAPS and the odd inputs m − WINDOW ..= m − 1.
+        let mut evens = [0f32; HALF_TAPS + BLOCK];
+        let mut odds = [0f32; WINDOW + BLOCK];
+        evens[..HALF_TAPS].copy_from_slice(&self.even);
+        odds[..WINDOW].copy_from_slice(&self.odd);
+        loop {
+            let mut n = 0;
+            let slots = evens[HALF_TAPS..].iter_mut().zip(&mut odds[WINDOW..]);
+            for ((e, o), (even, odd)) in slots.zip(pairs.by_ref()) {
+                (*e, *o) = (f32::from(even), f32::from(odd));
+                n += 1;
+            }
+            if n == 0 {
+                break;
+            }
+            for start in (0..n).step_by(LANES) {
+                let interpolated = interpolate_lanes(self.taps, &odds[start..]);
+                let centres = &evens[start..start + LANES];
+                for (&c, &i) in centres.iter().zip(&interpolated).take(n - start) {
+                    emit(to_i16(0.5 * (c + i)));
+                }
+            }
+            evens.copy_within(n..n + HALF_TAPS, 0);
+            odds.copy_within(n..n + WINDOW, 0);
+        }
+        self.even.copy_from_slice(&evens[..HALF_TAPS]);
+        self.odd.copy_from_slice(&odds[..WINDOW]);
     }
 
     /// Forgets the history and any pending odd sample.
     pub fn reset(&mut self) {
-        self.even = History::new();
-        self.odd = History::new();
-        self.pending = None;
+        *self = Self::new();
     }
 }
 

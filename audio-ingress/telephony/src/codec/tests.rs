@@ -57,6 +57,29 @@ fn upsampled_tone_image_is_at_least_50_db_down() {
     assert!(down_db >= 50.0, "image only {down_db} dB down");
 }
 
+/// The worst cases at the mask's edges, through the real resamplers: a 3.4 kHz tone's
+/// image at 4.6 kHz after upsampling, and a 4.6 kHz tone's alias at 3.4 kHz after
+/// downsampling, both ≥ 50 dB below the tone.
+#[test]
+fn images_and_aliases_at_the_band_edges_are_at_least_50_db_down() {
+    let x = tone(3400.0, 8000.0, 16000.0, 1000);
+    let mut y = Vec::new();
+    Upsampler2x::new().process(&x, &mut y);
+    let steady = &y[200..200 + 1040]; // 13 × 80 samples: whole periods of both
+    let image_db = 20.0
+        * (amplitude_at(steady, 3400.0, 16000.0) / amplitude_at(steady, 4600.0, 16000.0)).log10();
+
+    let x = tone(4600.0, 16000.0, 16000.0, 2000);
+    let mut y = Vec::new();
+    Downsampler2x::new().process(&x, &mut y);
+    let alias_db = 20.0 * (16000.0 / amplitude_at(&y[100..100 + 800], 3400.0, 8000.0)).log10();
+    println!(
+        "3.4 kHz image at 4.6 kHz {image_db:.1} dB down; 4.6 kHz alias at 3.4 kHz {alias_db:.1} dB down"
+    );
+    assert!(image_db >= 50.0, "image only {image_db} dB down");
+    assert!(alias_db >= 50.0, "alias only {alias_db} dB down");
+}
+
 #[test]
 fn tone_survives_up_then_down() {
     let x = tone(1000.0, 8000.0, 12000.0, 800);
