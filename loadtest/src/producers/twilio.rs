@@ -309,15 +309,16 @@ impl Producer {
         ) {
             counters.ended.fetch_add(1, Ordering::Relaxed);
         }
-        // The server closes the socket after `stop` (bounded wait), else we do.
-        if tokio::time::timeout(END_GRACE, &mut reader).await.is_err() {
-            let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
-            if tokio::time::timeout(Duration::from_secs(1), &mut reader)
+        // The server closes the socket after `stop` (bounded wait); our close frame then
+        // completes the handshake (or, if the server did not close, starts it).
+        let server_closed = tokio::time::timeout(END_GRACE, &mut reader).await.is_ok();
+        let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
+        if !server_closed
+            && tokio::time::timeout(Duration::from_secs(1), &mut reader)
                 .await
                 .is_err()
-            {
-                reader.abort();
-            }
+        {
+            reader.abort();
         }
         ConnectionEnd::Finished
     }
@@ -329,6 +330,48 @@ mod tests {
     use crate::producers::{ProducerConfig, ProducerCounters, Transport, start};
     use tokio_tungstenite::tungstenite::protocol::CloseFrame;
     use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+
+    /// The door's own parser (the telephony crate's Twilio dialect) reads every message
+    /// the producer writes as Twilio's.
+    #[test]
+    fn the_door_s_parser_reads_the_producer_s_messages() {
+        use weir_audio_telephony::dialect::{Dialect, Inbound, Track, detect, parse};
+        let call = Call {
+            stream_sid: sid("MZ"),
+            call_sid: sid("CA"),
+            account_sid: sid("AC"),
+        };
+        let connected = Call::connected();
+        assert_eq!(detect(&connected), Some(Dialect::Twilio));
+        assert!(matches!(
+            parse(Dialect::Twilio, &connected),
+            Ok(Inbound::Connected { .. })
+        ));
+        let Ok(Inbound::Start(start)) = parse(Dialect::Twilio, &call.start("s3")) else {
+            panic!("start refused: {}", call.start("s3"));
+        };
+        assert_eq!(start.seq, Some(1));
+        assert_eq!(start.stream_sid, call.stream_sid);
+        assert_eq!(start.call_id, call.call_sid);
+        assert_eq!(
+            start.custom.get("stream_id").map(String::as_str),
+            Some("s3")
+        );
+        assert_eq!(start.tracks, vec![Track::Inbound]);
+        assert_eq!(start.format.samples_per_ms() * 20, CHUNK_BYTES);
+        let clip = TwilioClip::encode(&SpeechClip::render(5, 10)).expect("encodes");
+        let text = call.media(7, 6, 100, clip.payload(5));
+        let Ok(Inbound::Media(media)) = parse(Dialect::Twilio, &text) else {
+            panic!("media refused: {text}");
+        };
+        assert_eq!(
+            (media.seq, media.chunk, media.timestamp_ms),
+            (Some(7), 6, 100)
+        );
+        assert_eq!(media.track, Track::Inbound);
+        assert_eq!(media.payload.len(), CHUNK_BYTES);
+        assert_eq!(parse(Dialect::Twilio, &call.stop(8)), Ok(Inbound::Stop));
+    }
 
     /// What a stand-in door saw of one stream.
     #[derive(Debug, Default)]
