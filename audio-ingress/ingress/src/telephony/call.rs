@@ -175,6 +175,8 @@ pub(super) async fn serve<S: Sink>(
         "bot_audio": subjects.out, "control": subjects.ctl,
     }));
     let mut call = Call {
+        chunks_taken: metrics::counter!(m::TELEPHONY_CHUNKS_TOTAL, m::LABEL_OUTCOME => "taken"),
+        frames_in: metrics::counter!(m::TELEPHONY_FRAMES_TOTAL, m::LABEL_DIRECTION => "in"),
         handle,
         ticket,
         inbound: InboundAudio::new(start.format, cfg.reorder_window),
@@ -329,6 +331,9 @@ async fn spawn_intake(
 
 /// The open call's state while it reads.
 struct Call {
+    /// This call's per-chunk and per-frame counters, looked up once.
+    chunks_taken: metrics::Counter,
+    frames_in: metrics::Counter,
     handle: StreamHandle,
     ticket: Ticket,
     inbound: InboundAudio,
@@ -421,8 +426,7 @@ impl Call {
                         .increment(1);
                     return None;
                 }
-                metrics::counter!(m::TELEPHONY_CHUNKS_TOTAL, m::LABEL_OUTCOME => "taken")
-                    .increment(1);
+                self.chunks_taken.increment(1);
                 let accepted = self.inbound.accept(media, std::time::Instant::now());
                 self.after(accepted).await
             }
@@ -466,19 +470,24 @@ impl Call {
         if let Err(b) = result {
             return Some(Outcome::Bad(b));
         }
-        push_ready(&mut self.inbound, &self.handle).await.err()
+        push_ready(&mut self.inbound, &self.handle, &self.frames_in)
+            .await
+            .err()
     }
 }
 
 /// Pushes every ready frame and loss to the stream.
-async fn push_ready(inbound: &mut InboundAudio, handle: &StreamHandle) -> Result<(), Outcome> {
+async fn push_ready(
+    inbound: &mut InboundAudio,
+    handle: &StreamHandle,
+    frames_in: &metrics::Counter,
+) -> Result<(), Outcome> {
     while let Some(ready) = inbound.next_ready() {
         let pushed = match ready {
             Ready::Frame(pcm) => {
                 let r = handle.push(pcm).await.map(|_| ());
                 if r.is_ok() {
-                    metrics::counter!(m::TELEPHONY_FRAMES_TOTAL, m::LABEL_DIRECTION => "in")
-                        .increment(1);
+                    frames_in.increment(1);
                 }
                 r
             }
@@ -509,10 +518,14 @@ async fn end(
     let outcome = match outcome {
         Outcome::Stop => match inbound.finish() {
             Err(b) => Outcome::Bad(b),
-            Ok(()) => push_ready(inbound, &handle)
-                .await
-                .err()
-                .unwrap_or(Outcome::Stop),
+            Ok(()) => push_ready(
+                inbound,
+                &handle,
+                &metrics::counter!(m::TELEPHONY_FRAMES_TOTAL, m::LABEL_DIRECTION => "in"),
+            )
+            .await
+            .err()
+            .unwrap_or(Outcome::Stop),
         },
         other => other,
     };

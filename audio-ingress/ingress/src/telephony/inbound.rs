@@ -13,7 +13,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use weir_audio_telephony::codec::{self, Decoder, MediaFormat};
 use weir_audio_telephony::dialect::Media;
 use weir_audio_telephony::reorder::{Out, Pushed, Reorder, ReorderConfig};
@@ -195,11 +195,11 @@ impl InboundAudio {
     }
 }
 
-/// `samples` as s16le bytes.
+/// `samples` as s16le bytes (one allocation; a loop the compiler vectorises).
 fn frame_bytes(samples: &[i16]) -> Bytes {
-    let mut b = BytesMut::with_capacity(samples.len() * 2);
-    for s in samples {
-        b.put_i16_le(*s);
+    let mut b = vec![0u8; samples.len() * 2];
+    for (d, s) in b.chunks_exact_mut(2).zip(samples) {
+        d.copy_from_slice(&s.to_le_bytes());
     }
-    b.freeze()
+    Bytes::from(b)
 }
