@@ -175,8 +175,7 @@ pub(super) async fn serve<S: Sink>(
         "bot_audio": subjects.out, "control": subjects.ctl,
     }));
     let mut call = Call {
-        chunks_taken: metrics::counter!(m::TELEPHONY_CHUNKS_TOTAL, m::LABEL_OUTCOME => "taken"),
-        frames_in: metrics::counter!(m::TELEPHONY_FRAMES_TOTAL, m::LABEL_DIRECTION => "in"),
+        counts: Counts::new(),
         handle,
         ticket,
         inbound: InboundAudio::new(start.format, cfg.reorder_window),
@@ -331,9 +330,8 @@ async fn spawn_intake(
 
 /// The open call's state while it reads.
 struct Call {
-    /// This call's per-chunk and per-frame counters, looked up once.
-    chunks_taken: metrics::Counter,
-    frames_in: metrics::Counter,
+    /// This call's per-chunk and per-frame counts.
+    counts: Counts,
     handle: StreamHandle,
     ticket: Ticket,
     inbound: InboundAudio,
@@ -353,7 +351,10 @@ impl Call {
         let idle = tokio::time::sleep(idle_timeout);
         tokio::pin!(idle);
         let mut last_message = Instant::now();
+        // Registered once: a fresh `cancelled()` per message took the token's lock.
         let gone = self.shared.gone.clone();
+        let gone = gone.cancelled();
+        tokio::pin!(gone);
         loop {
             let reorder_due = self.inbound.deadline();
             let reorder_sleep = async {
@@ -364,7 +365,7 @@ impl Call {
             };
             tokio::select! {
                 biased;
-                () = gone.cancelled() => return Outcome::Gone,
+                () = &mut gone => return Outcome::Gone,
                 change = status.next() => {
                     if let Some(ev) = change.gap {
                         self.events.emit(ev);
@@ -426,7 +427,7 @@ impl Call {
                         .increment(1);
                     return None;
                 }
-                self.chunks_taken.increment(1);
+                self.counts.chunks += 1;
                 let accepted = self.inbound.accept(media, std::time::Instant::now());
                 self.after(accepted).await
             }
@@ -470,7 +471,7 @@ impl Call {
         if let Err(b) = result {
             return Some(Outcome::Bad(b));
         }
-        push_ready(&mut self.inbound, &self.handle, &self.frames_in)
+        push_ready(&mut self.inbound, &self.handle, &mut self.counts)
             .await
             .err()
     }
@@ -480,14 +481,14 @@ impl Call {
 async fn push_ready(
     inbound: &mut InboundAudio,
     handle: &StreamHandle,
-    frames_in: &metrics::Counter,
+    counts: &mut Counts,
 ) -> Result<(), Outcome> {
     while let Some(ready) = inbound.next_ready() {
         let pushed = match ready {
             Ready::Frame(pcm) => {
                 let r = handle.push(pcm).await.map(|_| ());
                 if r.is_ok() {
-                    frames_in.increment(1);
+                    counts.frame();
                 }
                 r
             }
@@ -518,14 +519,10 @@ async fn end(
     let outcome = match outcome {
         Outcome::Stop => match inbound.finish() {
             Err(b) => Outcome::Bad(b),
-            Ok(()) => push_ready(
-                inbound,
-                &handle,
-                &metrics::counter!(m::TELEPHONY_FRAMES_TOTAL, m::LABEL_DIRECTION => "in"),
-            )
-            .await
-            .err()
-            .unwrap_or(Outcome::Stop),
+            Ok(()) => push_ready(inbound, &handle, &mut Counts::new())
+                .await
+                .err()
+                .unwrap_or(Outcome::Stop),
         },
         other => other,
     };
@@ -649,6 +646,49 @@ fn return_format(dialect: Dialect, start: &Start) -> Result<MediaFormat, BadInpu
 /// The call's format as the events name it.
 fn format_name(start: &Start) -> String {
     format!("{}/{}", start.format.encoding, start.format.sample_rate)
+}
+
+/// A call's chunks taken and frames pushed, added to the shared counters once a second
+/// of audio (and when dropped), not per chunk: the counters' atomics are shared by
+/// every call.
+struct Counts {
+    chunks: u64,
+    frames: u64,
+    chunks_taken: metrics::Counter,
+    frames_in: metrics::Counter,
+}
+
+impl Counts {
+    /// Frames between two flushes (one second of audio).
+    const FLUSH_EVERY: u64 = 50;
+
+    fn new() -> Self {
+        Self {
+            chunks: 0,
+            frames: 0,
+            chunks_taken: metrics::counter!(m::TELEPHONY_CHUNKS_TOTAL, m::LABEL_OUTCOME => "taken"),
+            frames_in: metrics::counter!(m::TELEPHONY_FRAMES_TOTAL, m::LABEL_DIRECTION => "in"),
+        }
+    }
+
+    fn frame(&mut self) {
+        self.frames += 1;
+        if self.frames >= Self::FLUSH_EVERY {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        self.chunks_taken
+            .increment(std::mem::take(&mut self.chunks));
+        self.frames_in.increment(std::mem::take(&mut self.frames));
+    }
+}
+
+impl Drop for Counts {
+    fn drop(&mut self) {
+        self.flush();
+    }
 }
 
 /// Counts a call in `weir_telephony_calls_active` while it lives.

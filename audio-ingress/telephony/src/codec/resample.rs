@@ -172,9 +172,12 @@ impl Upsampler2x {
             for (group, start) in odd.chunks_exact_mut(LANES).zip((0..n).step_by(LANES)) {
                 group.copy_from_slice(&interpolate_lanes(self.taps, &buf[start..]));
             }
-            for (k, &odd) in odd.iter().enumerate().take(n) {
-                out.push(to_i16(buf[k + WINDOW - 1 - HALF_TAPS]));
-                out.push(to_i16(odd));
+            let start = out.len();
+            out.resize(start + 2 * n, 0);
+            let even = &buf[WINDOW - 1 - HALF_TAPS..];
+            for ((pair, &e), &o) in out[start..].chunks_exact_mut(2).zip(even).zip(&odd[..n]) {
+                pair[0] = to_i16(e);
+                pair[1] = to_i16(o);
             }
             buf.copy_within(n..n + WINDOW - 1, 0);
         }
