@@ -220,7 +220,7 @@ async fn start_with<S: Sink>(
         routes = routes.merge(crate::publish::routes());
     }
     let ws_router = door::with_fallbacks(routes);
-    let http = |name| HttpOptions {
+    let http = |name, send_buffer| HttpOptions {
         name,
         header_timeout: config.server.http_header_timeout,
         idle_timeout: config.server.http_idle_timeout,
@@ -228,11 +228,12 @@ async fn start_with<S: Sink>(
         body: config.server.http_body,
         retry_after: config.server.retry_after,
         metrics: crate::metrics::LISTENER,
+        send_buffer,
     };
     let (stop_ws, ws_task) = serve_http(
         ws_listener,
         ws_router,
-        http("ws"),
+        http("ws", config.server.send_buffer),
         server.max_connections.get(),
         server.max_connections_per_ip.get(),
         false,
@@ -275,7 +276,7 @@ async fn start_with<S: Sink>(
     let (stop_admin, admin_task) = serve_http(
         admin_listener,
         admin_router,
-        http("admin"),
+        http("admin", None),
         admin_cap,
         admin_cap,
         true,

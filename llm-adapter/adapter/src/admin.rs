@@ -139,6 +139,7 @@ pub async fn serve(
         body: BodyLimits::default(),
         retry_after: std::time::Duration::from_secs(1),
         metrics: crate::metrics::ADMIN_LISTENER,
+        send_buffer: None,
     };
     weir_service::http::serve(listener, router(state), limiter, options, shutdown).await;
     Ok(())

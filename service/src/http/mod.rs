@@ -100,6 +100,11 @@ pub struct HttpOptions {
     pub retry_after: Duration,
     /// The listener's metric names.
     pub metrics: ListenerMetrics,
+    /// `SO_SNDBUF` of each accepted socket (`None`: the kernel's autotuning, up to
+    /// `net.ipv4.tcp_wmem`'s maximum, 4 MiB by default). A bound here bounds what a
+    /// peer that stops reading leaves queued in the kernel, and how long before a
+    /// bounded send notices it.
+    pub send_buffer: Option<usize>,
 }
 
 /// Accepts connections on `listener` and serves `router` on each, until `stop`
@@ -226,6 +231,9 @@ async fn serve_connection(
     mut stopping: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
+    if let Some(bytes) = options.send_buffer {
+        let _ = socket2::SockRef::from(&stream).set_send_buffer_size(bytes);
+    }
     let slot = permit.handle();
     let service = {
         let slot = slot.clone();
@@ -418,6 +426,7 @@ mod tests {
                 timed_out_total: "t_timed_out",
                 accept_errors_total: "t_errors",
             },
+            send_buffer: None,
         };
         let limiter = ConnLimiter::new("test", "t_open", 16, 16);
         tokio::spawn(serve(

@@ -47,6 +47,11 @@ pub const SECTIONS: &[Section] = &[
                 "bound on each send to a WebSocket client (event or close frame); a client that stops reading is abandoned after it (stream ends `producer_gone`)",
             ),
             doc(
+                "send_buffer_bytes",
+                Range::int(0, 16777216).note("; 0 = the kernel's autotuning (up to `net.ipv4.tcp_wmem`, 4 MiB by default)"),
+                "`SO_SNDBUF` of each connection on the listen port: what a client or carrier that stops reading can leave queued in the kernel, and so how soon a send times out (`ws_send_timeout_ms`) for it — a phone carrier's bot audio is ~18.5 KB/s (the kernel doubles the value)",
+            ),
+            doc(
                 "grace_period_ms",
                 Range::ms(0, 600000),
                 "SIGTERM/SIGINT: time to finish every stream",

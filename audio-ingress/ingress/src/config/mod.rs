@@ -173,6 +173,8 @@ struct RawConfig {
     idle_timeout_ms: u64,
     resume_window_ms: u64,
     ws_send_timeout_ms: u64,
+    /// 0: the kernel's autotuning.
+    send_buffer_bytes: u64,
     max_connections: u64,
     max_connections_per_ip: u64,
     http_header_timeout_ms: u64,
@@ -239,6 +241,7 @@ impl Default for RawConfig {
             idle_timeout_ms: ms(s.idle_timeout),
             resume_window_ms: ms(s.resume_window),
             ws_send_timeout_ms: ms(s.ws_send_timeout),
+            send_buffer_bytes: s.send_buffer.map_or(0, |b| b as u64),
             max_connections: count(s.max_connections),
             // Unset: derived from `max_connections` as it is configured.
             max_connections_per_ip: 0,

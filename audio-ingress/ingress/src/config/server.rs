@@ -26,6 +26,10 @@ pub struct ServerConfig {
     /// How long a stream whose producer's connection dropped waits for it to resume
     /// (`resume_window_ms`); zero: resume off, a dropped connection ends the stream.
     pub resume_window: Duration,
+    /// `SO_SNDBUF` of the listen port's connections (`send_buffer_bytes`; `None`: the
+    /// kernel's autotuning): what a peer that stops reading can leave queued in the
+    /// kernel, and so how soon a bounded send notices it.
+    pub send_buffer: Option<usize>,
     /// Bound on one send to a WebSocket client (`ws_send_timeout_ms`): a client that
     /// stops reading is abandoned after it, as if its connection had dropped (the
     /// stream is parked for a resume, then ends with `producer_gone`).
@@ -110,6 +114,10 @@ pub const DEFAULT_HTTP_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default `resume_window_ms`: covers the second or two a mobile or Wi-Fi producer's
 /// connection is lost for, plus its reconnect.
 pub const DEFAULT_RESUME_WINDOW: Duration = Duration::from_secs(5);
+/// Default `send_buffer_bytes`: 32 KiB (the kernel doubles it): a phone call's bot
+/// audio is ~18.5 KB/s, so a carrier that stops reading is noticed in seconds, not
+/// after the 4 MiB the kernel's autotuning would take.
+pub const DEFAULT_SEND_BUFFER_BYTES: usize = 32 * 1024;
 /// Default `http_idle_timeout_ms`.
 pub const DEFAULT_HTTP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default `http_max_header_bytes`.
@@ -125,6 +133,7 @@ impl Default for ServerConfig {
             idle_timeout: Duration::from_secs(30),
             resume_window: DEFAULT_RESUME_WINDOW,
             ws_send_timeout: Duration::from_secs(2),
+            send_buffer: Some(DEFAULT_SEND_BUFFER_BYTES),
             grace_period: Duration::from_secs(5),
             max_connections: NonZeroUsize::MIN.saturating_add(DEFAULT_MAX_CONNECTIONS - 1),
             max_connections_per_ip: NonZeroUsize::MIN
@@ -207,6 +216,10 @@ impl RawConfig {
             idle_timeout: millis!(self, idle_timeout_ms)?,
             resume_window: millis!(self, resume_window_ms)?,
             ws_send_timeout: millis!(self, ws_send_timeout_ms)?,
+            send_buffer: match int!(self, send_buffer_bytes)? {
+                0 => None,
+                n => Some(n as usize),
+            },
             grace_period: millis!(self, grace_period_ms)?,
             max_connections: nonzero(max_connections),
             max_connections_per_ip: nonzero(per_ip),

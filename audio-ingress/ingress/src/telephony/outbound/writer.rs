@@ -240,6 +240,12 @@ impl Writer {
                     send_timeout_ms = self.send_timeout.as_millis() as u64,
                     "carrier is not reading: send timed out, connection abandoned"
                 );
+                // Told at once: the bot audio still queued will not be played.
+                if let Some(s) = &self.started {
+                    let frames = self.shared.with_outbox(|o, _| o.queue.queued_frames()) as u64;
+                    s.events.emit(serde_json::json!({"type": "overload", "source": "bot_audio",
+                        "reason": "carrier_stalled", "frames": frames, "ms": frames * 20}));
+                }
                 self.shared.gone.cancel();
                 false
             }
