@@ -46,4 +46,5 @@ pub mod testing;
 
 pub use config::{Delivery, Policy, StreamConfig};
 pub use error::{OpenError, PushError};
+pub use queue::Lost;
 pub use stream::{Ingress, StreamHandle, StreamView};

@@ -404,14 +404,14 @@ impl FrameQueue {
         self.gap_packets
     }
 
-    /// Declares `frames` frames (`samples` samples) that a producer offered and the
-    /// stream never received — the loss of a resumed connection: they take the next
-    /// seqs, counted as offered, admitted and dropped (`resume`), and are declared
-    /// with reason `resume`: a gap marker when the consumers take them (`gap` policy or
-    /// `extended_consumers`; published after the frames queued before it), else a
-    /// possible-loss declaration on the next packet. `Ok(None)` for 0 frames; refused
-    /// unless the stream is open.
-    pub fn skip(&mut self, frames: u64, samples: u64) -> Result<Option<Gap>, Refusal> {
+    /// Declares `frames` frames (`samples` samples) that the stream never received —
+    /// the loss of a resumed connection, or a source's (a carrier's missing chunks):
+    /// they take the next seqs, counted as offered, admitted and dropped (`resume` /
+    /// `source`), and are declared with that reason: a gap marker when the consumers
+    /// take them (`gap` policy or `extended_consumers`; published after the frames
+    /// queued before it), else a possible-loss declaration on the next packet.
+    /// `Ok(None)` for 0 frames; refused unless the stream is open.
+    pub fn skip(&mut self, frames: u64, samples: u64, cause: Lost) -> Result<Option<Gap>, Refusal> {
         if let Some(r) = self.closed_refusal() {
             return Err(r);
         }
@@ -424,11 +424,11 @@ impl FrameQueue {
             first_seq,
             last_seq: self.next_seq - 1,
             samples,
-            reason: GapReason::Resume,
+            reason: cause.gap_reason(),
         };
         let acct = self.account();
         acct.offered_and_admitted(frames);
-        acct.dropped(DropReason::Resume, frames, samples);
+        acct.dropped(cause.drop_reason(), frames, samples);
         if self.gap_packets {
             self.gaps.push_back(gap);
         } else {
@@ -436,7 +436,7 @@ impl FrameQueue {
                 gap.first_seq,
                 gap.last_seq,
                 frames,
-                PossibleLossReason::Resume,
+                cause.possible_loss_reason(),
             );
         }
         Ok(Some(gap))
@@ -780,11 +780,51 @@ impl FrameQueue {
     }
 }
 
+/// Audio a stream never received, declared by its door ([`FrameQueue::skip`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lost {
+    /// Offered by a producer whose connection dropped, declared when it resumed.
+    Resume,
+    /// Lost by the producer's source before the door: a telephony carrier's missing
+    /// chunks, or chunks later than the reorder window.
+    Source,
+}
+
+impl Lost {
+    /// The gap marker's reason.
+    pub fn gap_reason(self) -> GapReason {
+        match self {
+            Self::Resume => GapReason::Resume,
+            Self::Source => GapReason::Source,
+        }
+    }
+
+    /// The possible-loss declaration's reason.
+    pub fn possible_loss_reason(self) -> PossibleLossReason {
+        match self {
+            Self::Resume => PossibleLossReason::Resume,
+            Self::Source => PossibleLossReason::Source,
+        }
+    }
+
+    /// The producer's drop counter.
+    pub fn drop_reason(self) -> DropReason {
+        match self {
+            Self::Resume => DropReason::Resume,
+            Self::Source => DropReason::Source,
+        }
+    }
+}
+
 /// Whether two contiguous markers may become one (carrying the first one's cause): a
-/// `resume` marker — audio the ingress never received — stays apart from the drops of
-/// audio it had.
+/// marker of audio the ingress never received (`resume`, `source`) stays apart from
+/// the drops of audio it had, and from the other kind.
 pub(crate) fn mergeable(a: GapReason, b: GapReason) -> bool {
-    (a == GapReason::Resume) == (b == GapReason::Resume)
+    let never_received = |r| matches!(r, GapReason::Resume | GapReason::Source);
+    if never_received(a) || never_received(b) {
+        return a == b;
+    }
+    true
 }
 
 #[cfg(test)]

@@ -76,6 +76,10 @@ pub enum DropReason {
     /// it resumed the stream (a `resume` gap marker, or in `close` a `resume`
     /// possible-loss declaration).
     Resume,
+    /// Never received: the producer's source lost it (a telephony carrier's missing or
+    /// late chunks), declared by the door (a `source` gap marker or possible-loss
+    /// declaration).
+    Source,
 }
 
 impl DropReason {

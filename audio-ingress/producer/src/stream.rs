@@ -58,7 +58,7 @@ use crate::config::{Delivery, StreamConfig};
 use crate::confirm::{Confirmer, Window, WindowSettings};
 use crate::error::{OpenError, PushError};
 use crate::publisher::{Publisher, Sink};
-use crate::queue::{Budget, FrameQueue, OfferMode, QueuedFrame, Refusal, StreamState};
+use crate::queue::{Budget, FrameQueue, Lost, OfferMode, QueuedFrame, Refusal, StreamState};
 use crate::stats::{Account, Counters, FramesStats, Global, StatsSnapshot, WaitBatch};
 
 mod handle;

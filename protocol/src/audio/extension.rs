@@ -160,6 +160,10 @@ pub enum PossibleLossReason {
     /// that never reached the ingress (none of them arrived). The `close` policy's
     /// declaration of a resume; the `gap` policy sends a `gap` packet instead.
     Resume,
+    /// The audio never reached the ingress from its source (a telephony carrier's
+    /// missing or late chunks): the `close` policy's declaration of them; the `gap`
+    /// policy sends a `gap` packet instead.
+    Source,
     /// A reason this version does not know.
     #[serde(other)]
     Other,

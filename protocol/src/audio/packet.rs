@@ -92,6 +92,9 @@ pub enum GapReason {
     /// offered that never reached the ingress (in the dead connection, or produced
     /// while it reconnected). Declared once, when the stream resumes.
     Resume,
+    /// The audio never reached the ingress from its source: a telephony carrier's
+    /// chunks that were missing, or that came later than the reorder window.
+    Source,
     /// A reason this version does not know (sent by a newer producer).
     #[serde(other)]
     Other,

@@ -222,7 +222,7 @@ impl<S: Sink> Door<'_, S> {
         let (frames, samples) = loss(pos, ask, how).map_err(refuse)?;
         let att = claimed.attach().map_err(refuse)?;
         let gaps_before = att.handle().status().borrow().gaps;
-        let gap = match att.handle().declare_lost(frames, samples) {
+        let gap = match att.handle().declare_lost(frames, samples, weir_audio_producer::Lost::Resume) {
             Ok(gap) => gap,
             Err(_) => {
                 let reason = end_reason(att.handle());

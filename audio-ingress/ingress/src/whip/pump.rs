@@ -273,7 +273,7 @@ async fn pump(p: &mut Pump) -> Outcome {
                     // The first audio of a resumed session: the time since the
                     // stream's last frame is declared lost (reason `resume`).
                     let (lost, samples) = wall_time_loss(handle.position());
-                    if let Err(PushError::Closed(r)) = handle.declare_lost(lost, samples) {
+                    if let Err(PushError::Closed(r)) = handle.declare_lost(lost, samples, weir_audio_producer::Lost::Resume) {
                         return Outcome::Closed(r);
                     }
                     metrics::histogram!(m::RESUME_SECONDS).record(t.elapsed().as_secs_f64());

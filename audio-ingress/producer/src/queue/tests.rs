@@ -475,7 +475,7 @@ fn a_resume_loss_takes_the_next_seqs_and_its_marker_follows_the_queued_frames() 
         assert_eq!(q.offer(&pcm(), t, OfferMode::Try), Ok(i));
     }
     assert_eq!((q.last_seq(), q.last_frame_samples()), (3, 320));
-    let gap = q.skip(2, 640).expect("open").expect("a marker");
+    let gap = q.skip(2, 640, Lost::Resume).expect("open").expect("a marker");
     assert_eq!(
         (gap.first_seq, gap.last_seq, gap.samples, gap.reason),
         (4, 5, 640, GapReason::Resume)
@@ -499,7 +499,7 @@ fn a_resume_loss_takes_the_next_seqs_and_its_marker_follows_the_queued_frames() 
     let s = counters.snapshot();
     assert_eq!(s.dropped(DropReason::Resume), 2);
     assert_eq!((s.offered, s.admitted), (6, 6));
-    assert_eq!(q.skip(0, 0), Ok(None), "nothing lost, nothing declared");
+    assert_eq!(q.skip(0, 0, Lost::Resume), Ok(None), "nothing lost, nothing declared");
 }
 
 #[test]
@@ -509,7 +509,7 @@ fn without_gap_packets_a_resume_loss_is_declared_on_the_next_packet() {
     let t = Instant::now();
     assert_eq!(q.offer(&pcm(), t, OfferMode::Try), Ok(1));
     assert!(!q.gap_packets());
-    assert!(q.skip(3, 960).expect("open").is_some());
+    assert!(q.skip(3, 960, Lost::Resume).expect("open").is_some());
     assert_eq!(q.offer(&pcm(), t, OfferMode::Try), Ok(5));
     let d = q.take_declaration(5).expect("declared");
     assert_eq!(
@@ -520,7 +520,7 @@ fn without_gap_packets_a_resume_loss_is_declared_on_the_next_packet() {
     assert_eq!((s.dropped(DropReason::Resume), s.possibly_lost), (3, 0));
     q.finish(EndReason::Producer, t, None, None);
     assert!(matches!(
-        q.skip(1, 320),
+        q.skip(1, 320, Lost::Resume),
         Err(Refusal::Closed(EndReason::Producer))
     ));
 }
@@ -533,7 +533,7 @@ fn markers_stay_in_seq_order_when_older_frames_expire_behind_a_resume_marker() {
     for i in 1..=3 {
         assert_eq!(q.offer(&pcm(), t, OfferMode::Try), Ok(i));
     }
-    q.skip(2, 640).expect("open");
+    q.skip(2, 640, Lost::Resume).expect("open");
     // Frames 1..=3 expire while the resume marker waits behind them.
     let later = t + Duration::from_secs(3600);
     let mut order = Vec::new();

@@ -178,19 +178,24 @@ impl StreamHandle {
         position(&self.shared)
     }
 
-    /// Declares `frames` frames (`samples` samples) that the producer offered and the
-    /// stream never received — the loss of a resumed connection (see
+    /// Declares `frames` frames (`samples` samples) that the stream never received —
+    /// the loss of a resumed connection, or of the producer's source (see
     /// `FrameQueue::skip`): they take the next seqs, and the declaration (reason
-    /// `resume`) goes out in seq order. `Ok(None)` for 0 frames.
+    /// `resume` / `source`) goes out in seq order. `Ok(None)` for 0 frames.
     ///
     /// The producer's status counts it as a gap at once when it is declared in a
     /// header (a marker counts when the publisher hands it over), so a door tells its
     /// producer either way.
-    pub fn declare_lost(&self, frames: u64, samples: u64) -> Result<Option<Gap>, PushError> {
+    pub fn declare_lost(
+        &self,
+        frames: u64,
+        samples: u64,
+        cause: Lost,
+    ) -> Result<Option<Gap>, PushError> {
         let (gap, marker) = {
             let mut core = self.shared.lock();
             (
-                core.skip(frames, samples).map_err(to_push_error)?,
+                core.skip(frames, samples, cause).map_err(to_push_error)?,
                 core.gap_packets(),
             )
         };
