@@ -1,0 +1,365 @@
+//! Outbound: the bot's audio from NATS to the carrier, marks, clear, a stalled carrier.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::Value;
+use weir_testkit::NatsServer;
+
+use super::{BARGE_IN_TRIALS, Carrier, MAX_LAG, MIN_NCC, OUT_MAX_BYTES, data, reference, unix_s};
+use crate::support::{self, Binary};
+use crate::whip_support::best_ncc;
+
+/// The door's events for one stream, with their Unix arrival times.
+type Events = Arc<Mutex<Vec<(f64, Value)>>>;
+
+async fn events(client: &async_nats::Client, id: &str) -> Events {
+    let mut sub = client
+        .subscribe(format!("weir.voice.events.{id}"))
+        .await
+        .expect("subscribe");
+    client.flush().await.expect("flush");
+    let out: Events = Arc::default();
+    let o = Arc::clone(&out);
+    tokio::spawn(async move {
+        while let Some(m) = sub.next().await {
+            if let Ok(v) = serde_json::from_slice::<Value>(&m.payload) {
+                o.lock().expect("events").push((unix_s(), v));
+            }
+        }
+    });
+    out
+}
+
+async fn wait_event(ev: &Events, bound: Duration, f: impl Fn(&Value) -> bool) -> Option<Value> {
+    let deadline = tokio::time::Instant::now() + bound;
+    loop {
+        if let Some((_, v)) = ev.lock().expect("events").iter().find(|(_, v)| f(v)) {
+            return Some(v.clone());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn le_bytes(pcm: &[i16]) -> bytes::Bytes {
+    pcm.iter()
+        .flat_map(|s| s.to_le_bytes())
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+/// Publishes `pcm` on the stream's out subject, `Weir-Mark: name` after it if given.
+async fn say(client: &async_nats::Client, id: &str, pcm: &[i16], mark: Option<&str>) {
+    let subject = format!("weir.voice.out.{id}");
+    match mark {
+        Some(name) => {
+            let mut h = async_nats::HeaderMap::new();
+            h.insert("Weir-Mark", name);
+            client
+                .publish_with_headers(subject, h, le_bytes(pcm))
+                .await
+                .expect("publish");
+        }
+        None => client
+            .publish(subject, le_bytes(pcm))
+            .await
+            .expect("publish"),
+    }
+}
+
+struct Outbound {
+    _nats: NatsServer,
+    bin: Binary,
+    client: async_nats::Client,
+    events: Events,
+    carrier: Carrier,
+}
+
+/// A door, a carrier on a call of silence lasting `seconds` (`extra` args), the
+/// door's events; returns once the door said `started`.
+async fn outbound_call(id: &str, seconds: &str, extra: &[&str]) -> Outbound {
+    let nats = NatsServer::start().expect("nats-server");
+    let bin = Binary::start_ready(nats.url(), &[]).await;
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let events = events(&client, id).await;
+    let mut args = vec![
+        "--dialect",
+        "twilio",
+        "--stream-id",
+        id,
+        "--duration",
+        seconds,
+    ];
+    args.extend(extra);
+    let carrier = Carrier::start(&bin, "/v1/telephony/twilio", &args);
+    assert!(
+        wait_event(&events, support::STEP, |v| v["type"] == "started")
+            .await
+            .is_some(),
+        "{id}: the door said started"
+    );
+    // The door subscribes to the out subject before `started`; a margin all the same.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    Outbound {
+        _nats: nats,
+        bin,
+        client,
+        events,
+        carrier,
+    }
+}
+
+fn media_times(report: &Value) -> Vec<(f64, u64)> {
+    report["outbound_media"]
+        .as_array()
+        .expect("outbound_media")
+        .iter()
+        .map(|m| {
+            (
+                m["t"].as_f64().unwrap_or(0.0),
+                m["bytes"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_seconds_in_one_burst_play_over_ten_seconds_with_marks_echoed_in_order() {
+    let id = "tel-out";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let saved = dir.path().join("out.ulaw");
+    let o = outbound_call(
+        id,
+        "14",
+        &["--save-outbound", saved.to_str().expect("utf-8")],
+    )
+    .await;
+    // 10 s of speech at 16 kHz (FFmpeg's decode of the fixture), in 1 s messages.
+    let speech = reference(&data("speech-8k.ulaw"), "PCMU");
+    let source = &speech[..160_000];
+    let marks = ["after-3s", "after-6s", "after-10s"];
+    let published_at = unix_s();
+    for (i, sec) in source.chunks(16_000).enumerate() {
+        let mark = match i {
+            2 => Some(marks[0]),
+            5 => Some(marks[1]),
+            9 => Some(marks[2]),
+            _ => None,
+        };
+        say(&o.client, id, sec, mark).await;
+    }
+    o.client.flush().await.expect("flush");
+    let report = o.carrier.finish(Duration::from_secs(40)).await;
+    let media = media_times(&report);
+    let bytes: u64 = media.iter().map(|m| m.1).sum();
+    assert_eq!(
+        bytes, 80_000,
+        "{id}: 10 s of 8 kHz G.711 reached the carrier"
+    );
+    let first = media.first().expect("media").0;
+    let span = media.last().expect("media").0 - first + 0.020;
+    eprintln!(
+        "{id}: {} media messages, {bytes} bytes, first {:.1} ms after the publish, spread over {span:.3} s",
+        media.len(),
+        (first - published_at) * 1e3
+    );
+    assert!((9.5..=10.5).contains(&span), "{id}: paced over {span:.3} s");
+    let mark_events: Vec<String> = o
+        .events
+        .lock()
+        .expect("events")
+        .iter()
+        .filter(|(_, v)| v["type"] == "mark")
+        .filter_map(|(_, v)| v["name"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(mark_events, marks, "{id}: echoed marks on NATS, in order");
+    let echoed: Vec<&str> = report["marks_echoed"]
+        .as_array()
+        .expect("echoed")
+        .iter()
+        .filter_map(|m| m["name"].as_str())
+        .collect();
+    assert_eq!(echoed, marks, "{id}: the carrier got the marks in order");
+    // What the carrier heard, decoded by FFmpeg, against what was published.
+    let heard = reference(&saved, "PCMU");
+    let (ncc, lag) = best_ncc(source, &heard, MAX_LAG);
+    eprintln!("{id}: outbound audio ncc {ncc:.4} at lag {lag} samples");
+    assert!(ncc >= MIN_NCC, "{id}: outbound ncc {ncc:.4} at lag {lag}");
+}
+
+/// One barge-in trial's figures.
+#[derive(Debug)]
+struct Trial {
+    clear_sent: f64,
+    /// Last media arrival after the clear minus the clear (0 when none came after).
+    last_media_ms: f64,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn barge_in_stops_the_carriers_audio_within_20_ms_and_names_the_unplayed_marks() {
+    let id = "tel-barge";
+    let trials: usize = std::env::var("WEIR_BARGE_IN_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(BARGE_IN_TRIALS);
+    // Each trial: 2 s published, cleared 300–500 ms into it, 250 ms of quiet after.
+    let seconds = format!("{}", 3 + trials);
+    let o = outbound_call(id, &seconds, &[]).await;
+    let tone: Vec<i16> = (0..16_000)
+        .map(|i| {
+            ((i as f64 * 2.0 * std::f64::consts::PI * 440.0 / 16_000.0).sin() * 8_000.0) as i16
+        })
+        .collect();
+    let mut done = Vec::new();
+    let mut starts = Vec::new();
+    for t in 0..trials {
+        let (a, b) = (format!("t{t}-a"), format!("t{t}-b"));
+        starts.push(unix_s());
+        say(&o.client, id, &tone, Some(&a)).await;
+        say(&o.client, id, &tone, Some(&b)).await;
+        o.client.flush().await.expect("flush");
+        tokio::time::sleep(Duration::from_millis(300 + (t as u64 * 37) % 200)).await;
+        let clear_sent = unix_s();
+        let reply = tokio::time::timeout(
+            Duration::from_secs(2),
+            o.client
+                .request(format!("weir.voice.ctl.{id}"), r#"{"type":"clear"}"#.into()),
+        )
+        .await
+        .expect("the clear is answered in time")
+        .expect("a reply");
+        let reply: Value = serde_json::from_slice(&reply.payload).expect("JSON reply");
+        assert_eq!(reply["type"], "cleared", "{reply}");
+        let unplayed: Vec<String> = reply["unplayed_marks"]
+            .as_array()
+            .unwrap_or_else(|| panic!("unplayed_marks: {reply}"))
+            .iter()
+            .filter_map(|m| m.as_str().map(str::to_owned))
+            .collect();
+        assert_eq!(unplayed, [a, b], "trial {t}: {reply}");
+        done.push(Trial {
+            clear_sent,
+            last_media_ms: 0.0,
+        });
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    starts.push(f64::MAX);
+    o.carrier.hang_up();
+    let report = o.carrier.finish(Duration::from_secs(30)).await;
+    let media = media_times(&report);
+    let clears: Vec<f64> = report["clears"]
+        .as_array()
+        .expect("clears")
+        .iter()
+        .filter_map(|c| c["t"].as_f64())
+        .collect();
+    let mut clear_ms = Vec::new();
+    for (i, tr) in done.iter_mut().enumerate() {
+        let window = |t: f64| t > tr.clear_sent && t < starts[i + 1];
+        if let Some(last) = media
+            .iter()
+            .map(|m| m.0)
+            .filter(|&t| window(t))
+            .reduce(f64::max)
+        {
+            tr.last_media_ms = (last - tr.clear_sent) * 1e3;
+        }
+        let c = clears
+            .iter()
+            .copied()
+            .find(|&t| window(t))
+            .unwrap_or_else(|| panic!("trial {i}: the carrier got no clear: {tr:?}"));
+        clear_ms.push((c - tr.clear_sent) * 1e3);
+    }
+    // No mark of a cleared trial may be reported played by the door.
+    let played: Vec<(f64, String)> = o
+        .events
+        .lock()
+        .expect("events")
+        .iter()
+        .filter(|(_, v)| v["type"] == "mark")
+        .map(|(t, v)| (*t, v["name"].as_str().unwrap_or("").to_owned()))
+        .collect();
+    assert!(
+        played.is_empty(),
+        "marks reported played though they were cleared before playing: {played:?}"
+    );
+    let mut lat: Vec<f64> = done.iter().map(|t| t.last_media_ms).collect();
+    lat.sort_by(f64::total_cmp);
+    clear_ms.sort_by(f64::total_cmp);
+    let p = |v: &[f64], q: f64| v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1];
+    eprintln!(
+        "{id}: {trials} trials; last media after the clear request: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; carrier's clear after the request: p50 {:.1} ms, p99 {:.1} ms",
+        p(&lat, 0.5),
+        p(&lat, 0.99),
+        lat[lat.len() - 1],
+        p(&clear_ms, 0.5),
+        p(&clear_ms, 0.99)
+    );
+    assert!(
+        p(&lat, 0.99) <= 20.0,
+        "p99 {:.1} ms: {lat:?}",
+        p(&lat, 0.99)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_carrier_that_stops_reading_gets_an_overload_and_the_queue_stays_bounded() {
+    let id = "tel-stall";
+    let o = outbound_call(id, "30", &["--stall-after", "0.5", "--rcvbuf", "4096"]).await;
+    let tone: Vec<i16> = (0..16_000)
+        .map(|i| {
+            ((i as f64 * 2.0 * std::f64::consts::PI * 300.0 / 16_000.0).sin() * 6_000.0) as i16
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let stalled_at = unix_s();
+    // Real-time audio, 1 s a second, until the door reports the overload (≤ 20 s).
+    let mut gauge_max = 0.0f64;
+    let mut overload = None;
+    for _ in 0..20 {
+        say(&o.client, id, &tone, None).await;
+        o.client.flush().await.expect("flush");
+        for _ in 0..10 {
+            let g = queue_gauge(&o.bin).await;
+            gauge_max = gauge_max.max(g);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if let Some(v) = wait_event(&o.events, Duration::ZERO, |v| v["type"] == "overload").await {
+            overload = Some(v);
+            break;
+        }
+    }
+    let overload = overload.expect("an overload event on the events subject");
+    let at = o
+        .events
+        .lock()
+        .expect("events")
+        .iter()
+        .find(|(_, v)| v["type"] == "overload")
+        .map(|(t, _)| t - stalled_at)
+        .unwrap_or(f64::NAN);
+    eprintln!(
+        "{id}: overload {overload} {at:.2} s after the carrier stalled; outbound queue gauge max {gauge_max} bytes"
+    );
+    assert!(
+        gauge_max <= OUT_MAX_BYTES,
+        "the outbound queue exceeded its bound: {gauge_max}"
+    );
+    o.carrier.hang_up();
+    drop(o.carrier);
+}
+
+/// The door's outbound queue gauge (bytes), summed over its samples.
+async fn queue_gauge(bin: &Binary) -> f64 {
+    let (_, body) = support::http_get(bin.admin, "/metrics").await;
+    body.lines()
+        .filter(|l| l.starts_with("weir_telephony_outbound_queue_bytes"))
+        .filter_map(|l| l.rsplit(' ').next())
+        .filter_map(|v| v.parse::<f64>().ok())
+        .sum()
+}
