@@ -556,6 +556,11 @@ class Call:
         from websockets.exceptions import InvalidStatus
 
         a = self.args
+        # SIGTERM hangs up: the media stop, `stop` is sent, the report is written.
+        try:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self.stop_requested.set)
+        except (NotImplementedError, RuntimeError):
+            pass
         headers = {"Authorization": f"Bearer {a.token}"} if a.token else None
         sock = None
         if a.stall_after or a.rcvbuf:
@@ -594,11 +599,6 @@ class Call:
         emit("connected")
         if a.save_outbound:
             self.save = open(a.save_outbound, "wb")
-        loop = asyncio.get_running_loop()
-        try:
-            loop.add_signal_handler(signal.SIGTERM, self.stop_requested.set)
-        except (NotImplementedError, RuntimeError):
-            pass
         tasks = [
             asyncio.create_task(self.sender()),
             asyncio.create_task(self.receiver()),
@@ -640,7 +640,7 @@ def reference(audio: bytes, encoding: str) -> bytes:
     swresample (independent of weir's codec)."""
     import av
 
-    dec = av.CodecContext.create(CODEC[encoding], "r")
+    dec: Any = av.CodecContext.create(CODEC[encoding], "r")  # an AudioCodecContext
     dec.sample_rate = RATE
     dec.layout = "mono"
     res = av.AudioResampler(format="s16", layout="mono", rate=16000)
@@ -669,7 +669,7 @@ def make_fixture(wav: str, out_dir: str) -> Dict[str, Any]:
         pcm += samples_of(r)
     made: Dict[str, Any] = {"samples": len(pcm) // 2, "seconds": len(pcm) / 2 / RATE}
     for enc, name in (("PCMU", "speech-8k.ulaw"), ("PCMA", "speech-8k.alaw")):
-        ctx = av.CodecContext.create(CODEC[enc], "w")
+        ctx: Any = av.CodecContext.create(CODEC[enc], "w")  # an AudioCodecContext
         ctx.sample_rate = RATE
         ctx.layout = "mono"
         ctx.format = "s16"
