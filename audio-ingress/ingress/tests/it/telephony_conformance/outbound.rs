@@ -11,6 +11,9 @@ use super::{BARGE_IN_TRIALS, Carrier, MAX_LAG, MIN_NCC, OUT_MAX_BYTES, data, ref
 use crate::support::{self, Binary};
 use crate::whip_support::best_ncc;
 
+/// The door's outbound queue gauge (bytes of queued 16 kHz PCM).
+const QUEUE_GAUGE: &str = "weir_telephony_outbound_queue_bytes";
+
 /// The door's events for one stream, with their Unix arrival times.
 type Events = Arc<Mutex<Vec<(f64, Value)>>>;
 
@@ -318,15 +321,14 @@ async fn a_carrier_that_stops_reading_gets_an_overload_and_the_queue_stays_bound
         .collect();
     tokio::time::sleep(Duration::from_millis(600)).await;
     let stalled_at = unix_s();
-    // Real-time audio, 1 s a second, until the door reports the overload (≤ 20 s).
-    let mut gauge_max = 0.0f64;
+    // Real-time audio, 1 s a second, until the door reports the overload (≤ 30 s).
+    let mut gauge: Vec<f64> = Vec::new();
     let mut overload = None;
-    for _ in 0..20 {
+    for _ in 0..30 {
         say(&o.client, id, &tone, None).await;
         o.client.flush().await.expect("flush");
         for _ in 0..10 {
-            let g = queue_gauge(&o.bin).await;
-            gauge_max = gauge_max.max(g);
+            gauge.extend(queue_gauge(&o.bin).await);
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         if let Some(v) = wait_event(&o.events, Duration::ZERO, |v| v["type"] == "overload").await {
@@ -334,7 +336,18 @@ async fn a_carrier_that_stops_reading_gets_an_overload_and_the_queue_stays_bound
             break;
         }
     }
-    let overload = overload.expect("an overload event on the events subject");
+    let gauge_max = gauge.iter().copied().fold(0.0, f64::max);
+    let overload = overload.unwrap_or_else(|| {
+        panic!(
+            "no overload event within 30 s of a stalled carrier (gauge max {gauge_max} bytes); \
+             the door's sockets: {}",
+            socket_queues(o.bin.ws.port())
+        )
+    });
+    assert!(
+        !gauge.is_empty(),
+        "the door exports no outbound queue gauge"
+    );
     let at = o
         .events
         .lock()
@@ -354,12 +367,25 @@ async fn a_carrier_that_stops_reading_gets_an_overload_and_the_queue_stays_bound
     drop(o.carrier);
 }
 
-/// The door's outbound queue gauge (bytes), summed over its samples.
-async fn queue_gauge(bin: &Binary) -> f64 {
+/// The door's outbound queue gauge (bytes), summed over its samples; None when the
+/// metric is absent.
+async fn queue_gauge(bin: &Binary) -> Option<f64> {
     let (_, body) = support::http_get(bin.admin, "/metrics").await;
-    body.lines()
-        .filter(|l| l.starts_with("weir_telephony_outbound_queue_bytes"))
+    let values: Vec<f64> = body
+        .lines()
+        .filter(|l| l.starts_with(QUEUE_GAUGE))
         .filter_map(|l| l.rsplit(' ').next())
         .filter_map(|v| v.parse::<f64>().ok())
-        .sum()
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// `ss -tnm` of the door's side of its connections (a diagnostic: the kernel's send
+/// queue towards a carrier that stopped reading).
+fn socket_queues(port: u16) -> String {
+    std::process::Command::new("ss")
+        .args(["-tnm", &format!("sport = :{port}")])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_else(|e| format!("(ss: {e})"))
 }
