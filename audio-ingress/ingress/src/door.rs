@@ -237,6 +237,35 @@ impl<S: Sink> Door<'_, S> {
         })
     }
 
+    /// Step 1 for a door that learns the stream id after the upgrade (the telephony
+    /// door, from the carrier's `start`): the id, then the producer token (`token`:
+    /// from the call, else the upgrade request's). Counted refusals, as [`Self::check`].
+    pub fn check_call(
+        &self,
+        raw_id: &str,
+        session: Option<String>,
+        token: Option<&str>,
+    ) -> Result<Admitted, Refused> {
+        let id = StreamId::parse(raw_id).map_err(|e| {
+            self.ingress.global().admission_rejected("invalid_id");
+            Box::new(error_response(
+                StatusCode::BAD_REQUEST,
+                "invalid_stream_id",
+                e.to_string(),
+            ))
+        })?;
+        let grant = match self.auth {
+            None => None,
+            Some(auth) => Some(authenticate_token(self.ingress, auth, &id, token)?),
+        };
+        Ok(Admitted {
+            id,
+            session: session.filter(|s| !s.is_empty()),
+            grant,
+            resume: None,
+        })
+    }
+
     /// Step 3 of the admission: readiness, the recognition capacity, then the
     /// registry; applies the token's rate class to the opened stream. The ticket holds
     /// the stream's capacity slot: keep it until the stream finished.
@@ -285,10 +314,24 @@ fn authenticate<S: Sink>(
     query: &UpgradeQuery,
     headers: &HeaderMap,
 ) -> Result<Grant, Refused> {
-    let authorization = headers
+    let token = crate::auth::token_of(bearer(headers), query.access_token.as_deref());
+    authenticate_token(ingress, auth, id, token)
+}
+
+/// The `Authorization` header's value, when it is text.
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    let token = crate::auth::token_of(authorization, query.access_token.as_deref());
+        .and_then(|v| v.to_str().ok())
+}
+
+/// `token` checked for `id` ([`authenticate`]).
+fn authenticate_token<S: Sink>(
+    ingress: &Ingress<S>,
+    auth: &Authenticator,
+    id: &StreamId,
+    token: Option<&str>,
+) -> Result<Grant, Refused> {
     auth.check(token, id.as_str()).map_err(|e| {
         ingress.global().admission_rejected(e.code());
         let status = if e.code() == "forbidden" {
@@ -312,7 +355,7 @@ pub fn with_fallbacks(routes: Router) -> Router {
             error_response(
                 StatusCode::NOT_FOUND,
                 "not_found",
-                "the paths are /v1/streams/{stream_id} (WebSocket) and /v1/whip/{stream_id} (WHIP)",
+                "the paths are /v1/streams/{stream_id} (WebSocket), /v1/whip/{stream_id} (WHIP) and /v1/telephony/{twilio,telnyx} (carrier media streams)",
             )
         })
         .method_not_allowed_fallback(|| async {

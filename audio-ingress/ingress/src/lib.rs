@@ -6,8 +6,9 @@
 //! - [`config`]: the validated configuration of `serve` (the producer core's
 //!   `StreamConfig`, listeners, NATS options) loaded from file, environment and command
 //!   line;
-//! - [`ws`], [`whip`], [`admin`], [`shutdown`], [`service`]: the `serve` service (the
-//!   WebSocket and WHIP doors share their admission through [`door`]); each door opens
+//! - [`ws`], [`whip`], [`telephony`], [`admin`], [`shutdown`], [`service`]: the `serve`
+//!   service (the WebSocket, WHIP and telephony doors share their admission through
+//!   [`door`]); each door opens
 //!   streams on one `weir_audio_producer::Ingress` and pushes frames to their handles;
 //! - [`listener`]: the open-file limit the listeners need (their accept loop, timeouts
 //!   and connection caps are `weir_service::http`); [`auth`]: producer tokens checked
@@ -40,6 +41,7 @@ pub mod resume;
 pub mod service;
 pub mod shutdown;
 pub mod tap;
+pub mod telephony;
 pub mod whip;
 pub mod ws;
 pub mod ws_query;

@@ -118,6 +118,46 @@ weir_service::declare_metrics! {
     /// Histogram: seconds from a resume's request to the first frame the door admitted
     /// on the resumed connection.
     histogram pub const RESUME_SECONDS: &str = "weir_ingress_resume_seconds";
+    /// Counter: carrier connections that reached `start`, by `dialect` (`twilio`,
+    /// `telnyx`) and `outcome` (`started`; `refused`: the door's admission refused the
+    /// stream).
+    counter pub const TELEPHONY_CALLS_TOTAL: &str = "weir_ingress_telephony_calls_total";
+    /// Gauge: calls open on the telephony door.
+    gauge pub const TELEPHONY_CALLS_ACTIVE: &str = "weir_ingress_telephony_calls_active";
+    /// Counter: 20 ms frames of the telephony door, by `direction`: `in` (caller audio
+    /// pushed to its stream), `out` (bot audio sent to the carrier).
+    counter pub const TELEPHONY_FRAMES_TOTAL: &str = "weir_ingress_telephony_frames_total";
+    /// Counter: carrier `media` chunks, by `outcome`: `taken` (inbound track), `late`
+    /// (after its slot was declared a gap: dropped), `reordered` (arrived after a later
+    /// chunk and was put back in order), `other_track` (outbound-track media, ignored).
+    counter pub const TELEPHONY_CHUNKS_TOTAL: &str = "weir_ingress_telephony_chunks_total";
+    /// Counter: gaps declared for missing or late carrier chunks (reason `source`).
+    counter pub const TELEPHONY_GAPS_TOTAL: &str = "weir_ingress_telephony_gaps_total";
+    /// Counter: carrier chunks inside those gaps.
+    counter pub const TELEPHONY_GAP_CHUNKS_TOTAL: &str = "weir_ingress_telephony_gap_chunks_total";
+    /// Counter: carrier messages refused (the call ended `error`, or never started), by
+    /// `code` (`invalid_json`, `invalid_base64`, `unsupported_format`, `sequence_repeat`,
+    /// `before_start`, `duplicate_start`, `start_timeout`, ...).
+    counter pub const TELEPHONY_BAD_INPUT_TOTAL: &str = "weir_ingress_telephony_bad_input_total";
+    /// Counter: carrier events the door does not use (unknown event names), ignored.
+    counter pub const TELEPHONY_IGNORED_EVENTS_TOTAL: &str = "weir_ingress_telephony_ignored_events_total";
+    /// Gauge: bot audio queued towards the carriers, bytes of 16 kHz PCM, all calls.
+    gauge pub const TELEPHONY_OUT_QUEUE_BYTES: &str = "weir_ingress_telephony_out_queue_bytes";
+    /// Counter: bot-audio frames dropped, by `reason`: `queue_full` (refused at the
+    /// call's byte bound), `total_full` (at every call's), `max_age`, `cleared` (a
+    /// `clear`), `ended` (queued when the call ended).
+    counter pub const TELEPHONY_OUT_DROPPED_FRAMES_TOTAL: &str = "weir_ingress_telephony_out_dropped_frames_total";
+    /// Counter: bot-audio and control messages refused, by `code` (`too_large`,
+    /// `odd_length`, `invalid_mark`, `invalid_control`).
+    counter pub const TELEPHONY_OUT_REFUSED_TOTAL: &str = "weir_ingress_telephony_out_refused_total";
+    /// Counter: `clear` commands carried out.
+    counter pub const TELEPHONY_CLEARS_TOTAL: &str = "weir_ingress_telephony_clears_total";
+    /// Counter: marks, by `outcome`: `sent` (to the carrier), `played` (echoed back),
+    /// `unknown` (an echo of no outstanding mark).
+    counter pub const TELEPHONY_MARKS_TOTAL: &str = "weir_ingress_telephony_marks_total";
+    /// Counter: call events not published (their channel full, or NATS did not take
+    /// them within 2 s).
+    counter pub const TELEPHONY_EVENTS_DROPPED_TOTAL: &str = "weir_ingress_telephony_events_dropped_total";
 }
 
 /// The names of both HTTP listeners' metrics, labelled `listener` = `ws` | `admin`.
@@ -138,6 +178,10 @@ pub const LABEL_KIND: &str = "kind";
 pub const LABEL_OUTCOME: &str = "outcome";
 /// Label key for an HTTP listener (`ws`, `admin`).
 pub const LABEL_LISTENER: &str = "listener";
+/// Label key of a carrier dialect (`twilio`, `telnyx`).
+pub const LABEL_DIALECT: &str = "dialect";
+/// Label key of a telephony frame's direction (`in`, `out`).
+pub const LABEL_DIRECTION: &str = "direction";
 
 /// Builds (does not install) a Prometheus recorder with weir's histogram buckets.
 ///

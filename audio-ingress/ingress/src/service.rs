@@ -112,13 +112,14 @@ pub async fn start(
         .await
         .map_err(|e| Error::with_source(ErrorKind::Nats, "creating the JetStream stream", e))?;
     let stream = &config.stream;
+    let voice = client.clone();
     let capacity = Some(Capacity::start(
         client,
         &config.capacity,
         stream.subject().as_str(),
         stream.partitions(),
     ));
-    start_with(config, sink, prometheus, capacity).await
+    start_with(config, sink, prometheus, capacity, Some(voice)).await
 }
 
 /// Starts the service publishing to `sink`, without the recognition-capacity check
@@ -128,15 +129,17 @@ pub async fn start_with_sink<S: Sink>(
     sink: S,
     prometheus: Option<PrometheusHandle>,
 ) -> Result<RunningService<S>, Error> {
-    start_with(config, sink, prometheus, None).await
+    start_with(config, sink, prometheus, None, None).await
 }
 
-/// Starts the service publishing to `sink`, admitting by `capacity`.
+/// Starts the service publishing to `sink`, admitting by `capacity`; the telephony
+/// door's return path and call events use `voice` (`None`: inbound only).
 async fn start_with<S: Sink>(
     config: Config,
     sink: S,
     prometheus: Option<PrometheusHandle>,
     capacity: Option<Arc<Capacity>>,
+    voice: Option<async_nats::Client>,
 ) -> Result<RunningService<S>, Error> {
     let server = &config.server;
     let fd = check_fd_limit(
@@ -193,13 +196,26 @@ async fn start_with<S: Sink>(
     if let Some(w) = &whip {
         routes = routes.merge(w.routes(
             ingress.clone(),
-            auth,
+            auth.clone(),
             config.server.retry_after,
             tracker.clone(),
             capacity.clone(),
             Arc::clone(&resume),
         ));
     }
+    routes = routes.merge(crate::telephony::routes(crate::telephony::TelephonyState {
+        ingress: ingress.clone(),
+        retry_after: config.server.retry_after,
+        idle_timeout: config.server.idle_timeout,
+        send_timeout: config.server.ws_send_timeout,
+        tracker: tracker.clone(),
+        auth: auth.clone(),
+        capacity: capacity.clone(),
+        resume: Arc::clone(&resume),
+        config: Arc::new(config.telephony.clone()),
+        nats: voice,
+        out_total: Arc::default(),
+    }));
     if config.server.publish_page {
         routes = routes.merge(crate::publish::routes());
     }

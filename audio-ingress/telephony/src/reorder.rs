@@ -32,6 +32,11 @@ pub struct ReorderConfig {
     /// How far behind the next expected chunk a repeat or late chunk is still
     /// recognised (64); further behind is `Backwards`.
     pub history: u64,
+    /// The number the carrier documents for a stream's first chunk (both carriers: 1).
+    /// A first chunk pushed at most `window` after it makes the window wait for the
+    /// ones before it (the first chunks may be reordered too); any other first chunk
+    /// starts the stream where it is. `None`: the first chunk pushed starts it.
+    pub first: Option<u64>,
 }
 
 impl Default for ReorderConfig {
@@ -41,6 +46,7 @@ impl Default for ReorderConfig {
             hold: Duration::from_millis(60),
             max_jump: 250,
             history: 64,
+            first: Some(1),
         }
     }
 }
@@ -146,8 +152,8 @@ pub struct Reorder<T> {
 }
 
 impl<T> Reorder<T> {
-    /// An empty window; the first chunk pushed sets where the stream starts (both
-    /// carriers start at 1, but any number is accepted).
+    /// An empty window; the first chunk pushed sets where the stream starts (see
+    /// [`ReorderConfig::first`]).
     pub fn new(cfg: ReorderConfig) -> Self {
         Self {
             cfg,
@@ -169,7 +175,11 @@ impl<T> Reorder<T> {
                 next: self.next.unwrap_or(chunk),
             });
         }
-        let next = *self.next.get_or_insert(chunk);
+        let start = match self.cfg.first {
+            Some(f) if chunk >= f && chunk - f <= self.cfg.window => f,
+            _ => chunk,
+        };
+        let next = *self.next.get_or_insert(start);
         if chunk < next {
             let behind = next - chunk;
             if behind > self.cfg.history {

@@ -151,5 +151,6 @@ pub const SECTIONS: &[Section] = &[
     Section::new("admin", ADMIN_KEYS),
     Section::new("nats", NATS_KEYS),
     Section::new("capacity", super::CAPACITY_KEYS),
+    Section::new("telephony", super::TELEPHONY_KEYS),
     Section::new("log", LOG_KEYS),
 ];

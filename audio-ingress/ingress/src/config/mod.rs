@@ -10,6 +10,8 @@
 //!   fill it and `NatsSection::validate` checks it.
 //! - [`CapacityConfig`] — admission by recognition capacity (`[capacity]`,
 //!   [`crate::capacity`]).
+//! - [`TelephonyConfig`](crate::telephony::TelephonyConfig) — the telephony door
+//!   (`[telephony]`, [`crate::telephony`]).
 //! - [`Config`] — all of them, loaded by [`Config::load`] from [`ConfigSources`].
 //!
 //! Keys are snake_case names, flat for the ingress's own (`max_bytes`) and in the
@@ -34,6 +36,7 @@ mod capacity;
 mod check;
 mod docs;
 mod server;
+mod telephony;
 
 use std::num::NonZeroUsize;
 use std::time::Duration;
@@ -48,6 +51,7 @@ pub use weir_service::nats::{NatsAuth, NatsConfig, NatsTls};
 pub use capacity::{CAPACITY_KEYS, CapacityConfig, CapacityMode, DEFAULT_MAX_LAG_MS};
 pub use docs::SECTIONS;
 pub use server::*;
+pub use telephony::TELEPHONY_KEYS;
 use weir_audio_producer::config::{
     Delivery, JetStreamKeys, Policy, StreamConfig, StreamConfigBuilder,
 };
@@ -76,6 +80,8 @@ pub struct Config {
     pub nats: NatsConfig,
     /// Admission by recognition capacity (`[capacity]`).
     pub capacity: CapacityConfig,
+    /// The telephony door (`[telephony]`).
+    pub telephony: crate::telephony::TelephonyConfig,
     /// Log format (`log.format`).
     pub log: LogFormat,
 }
@@ -87,6 +93,7 @@ impl Default for Config {
             server: ServerConfig::default(),
             nats: NatsConfig::named(NATS_CLIENT_NAME),
             capacity: CapacityConfig::default(),
+            telephony: crate::telephony::TelephonyConfig::default(),
             log: LogFormat::Text,
         }
     }
@@ -190,6 +197,7 @@ struct RawConfig {
     admin: AdminSection,
     nats: NatsSection,
     capacity: capacity::CapacitySection,
+    telephony: telephony::TelephonySection,
     log: LogSection,
 }
 
@@ -260,6 +268,7 @@ impl Default for RawConfig {
             },
             nats: NatsSection::from_config(&NatsConfig::named(NATS_CLIENT_NAME)),
             capacity: capacity::CapacitySection::default(),
+            telephony: telephony::TelephonySection::default(),
             log: LogSection::default(),
         }
     }
@@ -276,7 +285,7 @@ const IDLE_ALLOWANCE_BYTES: u64 = 32 << 20;
 impl Config {
     /// The most memory this configuration lets one `serve` replica hold: an idle
     /// allowance (32 MiB) plus the worst case of every buffer in docs/operations.md
-    /// § Memory, computed from these settings (≈ 325 MiB at the defaults). Exported as
+    /// § Memory, computed from these settings (≈ 396 MiB at the defaults). Exported as
     /// `weir_ingress_memory_bound_bytes` for the "RSS near the bound" alert.
     pub fn memory_bound_bytes(&self) -> u64 {
         let s = &self.stream;
@@ -303,10 +312,15 @@ impl Config {
         } else {
             0
         };
+        // A stream may be a phone call: its queued bot audio (`telephony.out_max_bytes`
+        // of PCM a call, `out_max_total_bytes` for all; ~10 % more in frame slots).
+        let t = &self.telephony;
+        let voice = (streams * t.out_max_bytes as u64).min(t.out_max_total_bytes as u64) * 11 / 10;
         // Metrics, per-address table, `/v1/streams`, confirmation markers.
         let misc = 5 << 20;
         IDLE_ALLOWANCE_BYTES
             + streams * (per_stream_queue + per_stream_ws)
+            + voice
             + nats
             + heads
             + offers
@@ -380,6 +394,7 @@ impl RawConfig {
             server: self.server()?,
             nats: self.nats.validate(NatsConfig::named(NATS_CLIENT_NAME))?,
             capacity: self.capacity.validate()?,
+            telephony: self.telephony.validate()?,
             log: self.log.validate()?,
         })
     }

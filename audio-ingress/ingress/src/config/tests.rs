@@ -11,7 +11,7 @@ use weir_service::http::BodyLimits;
 fn the_memory_bound_at_the_defaults_is_the_documented_sum() {
     let mib = Config::default().memory_bound_bytes() as f64 / f64::from(1 << 20);
     println!("memory bound at the defaults: {mib:.1} MiB");
-    assert!((323.0..328.0).contains(&mib), "{mib:.1} MiB");
+    assert!((393.0..398.0).contains(&mib), "{mib:.1} MiB");
     // WHIP on: every connection may buffer an offer (4,096 × 64 KiB).
     let mut whip = Config::default();
     whip.server.whip = load(&[], &[("whip_udp_listen", "127.0.0.1:0")])
@@ -303,7 +303,7 @@ fn every_key_is_settable() {
         (Vec::new(), Vec::new()),
         "SECTIONS documents exactly the keys of RawConfig"
     );
-    assert_eq!(SECTIONS.iter().map(|s| s.docs().count()).sum::<usize>(), 72);
+    assert_eq!(SECTIONS.iter().map(|s| s.docs().count()).sum::<usize>(), 79);
     let err = load(&[], &[("jetstream_stream", "a.b")]).expect_err("dot");
     assert_eq!(err.key(), "jetstream_stream");
     let err = load(&[], &[("jetstream_duplicate_window_s", "7200")]).expect_err("window");
@@ -740,4 +740,33 @@ fn the_capacity_section_is_typed_and_validated() {
     );
     let err = load(&[], &[("capacity.prefix", "weir.*")]).expect_err("prefix");
     assert_eq!(err.key(), "capacity.prefix");
+}
+
+#[test]
+fn the_telephony_keys_are_validated_and_name_the_key() {
+    let c = load(&[], &[]).expect("defaults");
+    assert_eq!(c.telephony, crate::telephony::TelephonyConfig::default());
+    let c = load(
+        &[("WEIR_INGRESS_TELEPHONY__REORDER_WINDOW_MS", "100")],
+        &[
+            ("telephony.out_max_bytes", "96000"),
+            ("telephony.out_max_age_ms", "4000"),
+        ],
+    )
+    .expect("valid");
+    assert_eq!(c.telephony.reorder_window, Duration::from_millis(100));
+    assert_eq!(c.telephony.out_max_bytes, 96_000);
+    for (key, value) in [
+        ("telephony.subject_prefix", "weir.>"),
+        ("telephony.reorder_window_ms", "5000"),
+        ("telephony.out_max_bytes", "1000"),
+        ("telephony.out_lead_ms", "2000"),
+    ] {
+        let err = load(&[], &[(key, value)]).expect_err(key);
+        assert_eq!(err.key(), key);
+    }
+    // 15 s of audio cannot be held by an age bound of 10 s.
+    let err = load(&[], &[("telephony.out_max_age_ms", "10000")]).expect_err("age < bytes");
+    assert_eq!(err.key(), "telephony.out_max_age_ms");
+    assert!(err.to_string().contains("15000 ms"), "{err}");
 }

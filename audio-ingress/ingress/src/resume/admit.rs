@@ -222,14 +222,18 @@ impl<S: Sink> Door<'_, S> {
         let (frames, samples) = loss(pos, ask, how).map_err(refuse)?;
         let att = claimed.attach().map_err(refuse)?;
         let gaps_before = att.handle().status().borrow().gaps;
-        let gap = match att.handle().declare_lost(frames, samples, weir_audio_producer::Lost::Resume) {
-            Ok(gap) => gap,
-            Err(_) => {
-                let reason = end_reason(att.handle());
-                att.end(reason).release();
-                return Err(refuse(ResumeRefusal::Ended(reason)));
-            }
-        };
+        let gap =
+            match att
+                .handle()
+                .declare_lost(frames, samples, weir_audio_producer::Lost::Resume)
+            {
+                Ok(gap) => gap,
+                Err(_) => {
+                    let reason = end_reason(att.handle());
+                    att.end(reason).release();
+                    return Err(refuse(ResumeRefusal::Ended(reason)));
+                }
+            };
         if let Some(permille) = admitted.grant.and_then(|g: Grant| g.max_rate_permille) {
             att.handle().limit_rate(permille);
         }

@@ -6,7 +6,9 @@
 //! `deploy/nats-server.conf`: the ingress binary starts as `ingress` with the example
 //! configuration's inbox prefix, a producer core publishes as `producer`, `tap` reads
 //! as `operator`, and `guest` may publish no audio; `asr-worker` announces its
-//! capacity and the ingress hears it, `guest` may not announce.
+//! capacity and the ingress hears it, `guest` may not announce; a phone call's bot
+//! audio, mark and `clear` go both ways for `voice-agent`, and `guest` may neither
+//! speak into a call nor read its events.
 
 // The consumer core's test helpers live with it (audio-ingress/consumer/tests).
 use crate::support;
@@ -360,4 +362,135 @@ async fn the_example_permissions_let_a_worker_announce_to_the_ingress_and_refuse
     )
     .await;
     assert!(!seen.contains("-ERR"), "{seen}");
+}
+
+/// A phone call with the example permissions: the ingress (as `ingress`) takes a
+/// carrier's stream, `voice-agent` sends bot audio with a mark and a `clear` and reads
+/// the call's events (the `clear` answer reaches its inbox); `guest` can neither
+/// publish bot audio or `clear` nor subscribe to the events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_permissions_carry_a_call_both_ways_and_refuse_a_guest() {
+    use crate::telephony_door::{connect, connected, send, start, stop, until_close};
+    use futures::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+
+    let server = NatsServer::start_with(NatsServerOptions {
+        config: Some(include_str!("../../../../deploy/nats-server.conf").to_owned()),
+        ..Default::default()
+    })
+    .expect("nats-server with the example configuration");
+    let args = deploy::unit_exec_args("audio-ingress.service", "ExecStart").expect("unit");
+    let args: Vec<&str> = args[1..].iter().map(String::as_str).collect();
+    let ingress = Binary::start_with(
+        &args,
+        &[
+            (
+                "WEIR_INGRESS_AUTH_HS256_SECRET",
+                "deploy-kit-test-secret-of-at-least-32-bytes",
+            ),
+            ("WEIR_INGRESS_NATS_USER", "ingress"),
+            ("WEIR_INGRESS_NATS_PASSWORD", "ingress-secret"),
+        ],
+        server.url(),
+        &[],
+    )
+    .await;
+    assert!(ingress.wait_ready(200).await, "ready as `ingress`");
+    // The kit requires producer tokens: the carrier brings one as a custom parameter.
+    let exp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+        + 600;
+    let token = weir_audio_ingress::auth::mint(
+        weir_audio_ingress::auth::SigningKey::Hs256(b"deploy-kit-test-secret-of-at-least-32-bytes"),
+        &serde_json::json!({"stream": "dk-call", "exp": exp}),
+    )
+    .expect("mint");
+
+    let agent = tokio::time::timeout(
+        STEP,
+        async_nats::ConnectOptions::with_user_and_password(
+            "voice-agent".into(),
+            "voice-secret".into(),
+        )
+        .custom_inbox_prefix("_INBOX.voice-agent")
+        .connect(server.url()),
+    )
+    .await
+    .expect("in time")
+    .expect("voice-agent connects");
+    let mut events = agent
+        .subscribe("weir.voice.events.dk-call")
+        .await
+        .expect("subscribe");
+    agent.flush().await.expect("flush");
+
+    let mut ws = connect(&ingress, "/v1/telephony/twilio").await;
+    send(&mut ws, &connected()).await;
+    let mut start = start("dk-call", "audio/x-mulaw", 8000);
+    start["start"]["customParameters"]["access_token"] = token.into();
+    send(&mut ws, &start).await;
+    let first = tokio::time::timeout(STEP, events.next())
+        .await
+        .expect("started in time")
+        .expect("open");
+    let started: serde_json::Value = serde_json::from_slice(&first.payload).expect("JSON");
+    assert_eq!(started["type"], "started", "{started}");
+
+    // 100 ms of bot audio and a mark reach the carrier.
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Weir-Mark", "hello");
+    agent
+        .publish_with_headers("weir.voice.out.dk-call", headers, vec![0u8; 3200].into())
+        .await
+        .expect("publish");
+    let (mut media, mut mark) = (0, None);
+    while mark.is_none() {
+        let msg = tokio::time::timeout(STEP, ws.next())
+            .await
+            .expect("in time")
+            .expect("open")
+            .expect("message");
+        if let Message::Text(t) = msg {
+            let v: serde_json::Value = serde_json::from_str(t.as_str()).expect("JSON");
+            match v["event"].as_str() {
+                Some("media") => media += 1,
+                Some("mark") => mark = Some(v),
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(media, 5, "100 ms = five 20 ms media messages");
+    // `clear` is a request; its answer reaches the agent's inbox.
+    let reply = tokio::time::timeout(
+        STEP,
+        agent.request("weir.voice.ctl.dk-call", r#"{"type":"clear"}"#.into()),
+    )
+    .await
+    .expect("in time")
+    .expect("answered");
+    let cleared: serde_json::Value = serde_json::from_slice(&reply.payload).expect("JSON");
+    assert_eq!(cleared["type"], "cleared", "{cleared}");
+    assert_eq!(
+        cleared["unplayed_marks"],
+        serde_json::json!(["hello"]),
+        "{cleared}"
+    );
+
+    // A guest may not speak into the call, clear it, or listen to its events.
+    let guest = ("guest", "guest-secret");
+    for frame in [
+        &b"PUB weir.voice.out.dk-call 4\r\n\0\0\0\0\r\n"[..],
+        b"PUB weir.voice.ctl.dk-call 16\r\n{\"type\":\"clear\"}\r\n",
+        b"SUB weir.voice.events.* 1\r\n",
+        b"SUB weir.voice.out.* 2\r\n",
+    ] {
+        let seen = raw_publish(server.port(), guest, frame).await;
+        assert!(seen.contains("Permissions Violation"), "{seen}");
+    }
+
+    send(&mut ws, &stop()).await;
+    let (_, close) = until_close(&mut ws).await;
+    assert_eq!(close, Some((1000, "stop".to_owned())));
 }

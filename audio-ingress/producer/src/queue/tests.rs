@@ -475,7 +475,10 @@ fn a_resume_loss_takes_the_next_seqs_and_its_marker_follows_the_queued_frames() 
         assert_eq!(q.offer(&pcm(), t, OfferMode::Try), Ok(i));
     }
     assert_eq!((q.last_seq(), q.last_frame_samples()), (3, 320));
-    let gap = q.skip(2, 640, Lost::Resume).expect("open").expect("a marker");
+    let gap = q
+        .skip(2, 640, Lost::Resume)
+        .expect("open")
+        .expect("a marker");
     assert_eq!(
         (gap.first_seq, gap.last_seq, gap.samples, gap.reason),
         (4, 5, 640, GapReason::Resume)
@@ -499,7 +502,11 @@ fn a_resume_loss_takes_the_next_seqs_and_its_marker_follows_the_queued_frames() 
     let s = counters.snapshot();
     assert_eq!(s.dropped(DropReason::Resume), 2);
     assert_eq!((s.offered, s.admitted), (6, 6));
-    assert_eq!(q.skip(0, 0, Lost::Resume), Ok(None), "nothing lost, nothing declared");
+    assert_eq!(
+        q.skip(0, 0, Lost::Resume),
+        Ok(None),
+        "nothing lost, nothing declared"
+    );
 }
 
 #[test]

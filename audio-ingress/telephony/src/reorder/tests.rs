@@ -6,8 +6,12 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
+/// The stream starts at its first chunk pushed (the property tests start anywhere).
 fn cfg() -> ReorderConfig {
-    ReorderConfig::default()
+    ReorderConfig {
+        first: None,
+        ..ReorderConfig::default()
+    }
 }
 
 /// Deterministic xorshift64*, so the property tests need no new crate.
@@ -322,4 +326,59 @@ fn finish_drains_everything_with_gaps_between() {
     assert_eq!(r.push(5, 5, t0), Ok(Pushed::Late));
     let s = r.stats();
     assert_eq!((s.gaps, s.gap_chunks), (2, 3));
+}
+
+/// Both carriers number chunks from 1: a first chunk 2 waits for chunk 1 (the very
+/// first chunks may be reordered too); a stream that starts elsewhere starts there.
+#[test]
+fn the_first_chunks_may_be_reordered_and_other_starts_are_taken_as_they_come() {
+    let t0 = Instant::now();
+    let mut r = Reorder::new(ReorderConfig::default());
+    assert_eq!(r.push(2, 'b', t0), Ok(Pushed::Held));
+    assert_eq!(r.pop(t0), None, "chunk 1 is awaited");
+    assert_eq!(r.push(1, 'a', t0), Ok(Pushed::Held));
+    assert_eq!(
+        r.pop(t0),
+        Some(Out::Chunk {
+            chunk: 1,
+            item: 'a'
+        })
+    );
+    assert_eq!(
+        r.pop(t0),
+        Some(Out::Chunk {
+            chunk: 2,
+            item: 'b'
+        })
+    );
+    // Chunk 1 never comes: declared once the hold ran out.
+    let mut r = Reorder::new(ReorderConfig::default());
+    assert_eq!(r.push(3, 'c', t0), Ok(Pushed::Held));
+    let later = t0 + ReorderConfig::default().hold;
+    assert_eq!(
+        r.pop(later),
+        Some(Out::Gap {
+            first: 1,
+            chunks: 2
+        })
+    );
+    assert_eq!(
+        r.pop(later),
+        Some(Out::Chunk {
+            chunk: 3,
+            item: 'c'
+        })
+    );
+    // Far from 1 (or below it): the stream starts at its first chunk.
+    for first in [0, 100] {
+        let mut r = Reorder::new(ReorderConfig::default());
+        assert_eq!(r.push(first, 'x', t0), Ok(Pushed::Held));
+        assert_eq!(
+            r.pop(t0),
+            Some(Out::Chunk {
+                chunk: first,
+                item: 'x'
+            })
+        );
+    }
 }

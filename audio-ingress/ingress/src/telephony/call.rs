@@ -1,0 +1,620 @@
+//! One carrier connection, from the upgrade to the close: waits for `start` (nothing
+//! is opened before it), admits the stream, then reads the carrier's events until an
+//! [`Outcome`], and ends the stream and the socket as the table in [`super`] says.
+//!
+//! The reader (this task) never sends: every message to the carrier goes through the
+//! call's [`Writer`], so a carrier that stops reading holds the writer for at most one
+//! send timeout and never the inbound audio.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ws::{Message, WebSocket};
+use axum::response::Response;
+use futures::StreamExt;
+use futures::stream::SplitStream;
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use weir_audio_telephony::dialect::{self, Dialect, DialectError, Inbound, Start, Track};
+use weir_audio_telephony::outbound::OutboundConfig;
+use weir_protocol::WireName;
+use weir_protocol::audio::extension::{EndReason, Overload};
+use weir_service::shutdown::CancellationToken;
+
+use super::TelephonyState;
+use super::inbound::{InboundAudio, Ready};
+use super::outbound::{self, Cmd, Shared, Writer};
+use super::voice::{Events, Subjects};
+use crate::capacity::{Notice, Ticket};
+use crate::door::{self, HasDoor};
+use crate::metrics as m;
+use crate::ws::close_code;
+use weir_audio_producer::Lost;
+use weir_audio_producer::error::PushError;
+use weir_audio_producer::publisher::Sink;
+use weir_audio_producer::stream::StreamHandle;
+
+/// A message the door refuses: the call ends `error`, the socket closes with `close`
+/// and the code as its reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadInput {
+    /// The close code.
+    pub close: u16,
+    /// Stable snake_case code (the close reason, the `error` event's code, the
+    /// `weir_telephony_bad_input_total` label).
+    pub code: &'static str,
+    /// What was wrong, naming the member.
+    pub message: String,
+}
+
+impl BadInput {
+    /// A message against the call's rules (close 1008).
+    pub fn policy(code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            close: close_code::POLICY,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// A message the dialect could not read: close 1009 when too large, else 1003.
+    fn dialect(e: &DialectError) -> Self {
+        let close = if e.code() == "too_large" {
+            close_code::MESSAGE_TOO_BIG
+        } else {
+            close_code::UNSUPPORTED
+        };
+        Self {
+            close,
+            code: e.code(),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// Why the read loop stopped.
+enum Outcome {
+    /// The carrier's `stop`.
+    Stop,
+    /// The socket dropped or closed without `stop`, or the writer abandoned it.
+    Gone,
+    /// A bad message.
+    Bad(BadInput),
+    /// The stream overloaded.
+    Overload(Overload),
+    /// The stream ended otherwise (shutdown, no capacity, ...).
+    Closed(EndReason),
+    /// No message for `idle_timeout`.
+    Idle,
+}
+
+/// Why no call started.
+enum NoStart {
+    Gone,
+    Bad(BadInput),
+}
+
+/// Serves one carrier connection.
+pub(super) async fn serve<S: Sink>(
+    socket: WebSocket,
+    state: TelephonyState<S>,
+    dialect: Option<Dialect>,
+    token: Option<String>,
+) {
+    let cfg = Arc::clone(&state.config);
+    let (sink, mut stream) = socket.split();
+    let shared = Shared::new(
+        OutboundConfig {
+            max_bytes: cfg.out_max_bytes,
+            max_age: cfg.out_max_age,
+            lead: cfg.out_lead,
+        },
+        Arc::clone(&state.out_total),
+        cfg.out_max_total_bytes,
+    );
+    let (writer, writer_task) = Writer::spawn(sink, Arc::clone(&shared), state.send_timeout);
+    let close = |code: u16, reason: &str| Cmd::Close(code, reason.to_owned());
+    let started = tokio::time::timeout(cfg.start_timeout, wait_start(&mut stream, dialect)).await;
+    let (dialect, start) = match started {
+        Ok(Ok(s)) => s,
+        Ok(Err(NoStart::Gone)) => return finish_writer(writer, writer_task, None).await,
+        Ok(Err(NoStart::Bad(b))) => {
+            count_bad(&b);
+            return finish_writer(writer, writer_task, Some(close(b.close, b.code))).await;
+        }
+        Err(_) => {
+            count_bad(&BadInput::policy("start_timeout", ""));
+            let cmd = close(close_code::POLICY, "start_timeout");
+            return finish_writer(writer, writer_task, Some(cmd)).await;
+        }
+    };
+    let label = dialect.as_str();
+    let (handle, ticket) = match admit(&state, &start, token.as_deref()).await {
+        Ok(opened) => opened,
+        Err((code, reason)) => {
+            metrics::counter!(m::TELEPHONY_CALLS_TOTAL, m::LABEL_DIALECT => label, m::LABEL_OUTCOME => "refused")
+                .increment(1);
+            return finish_writer(writer, writer_task, Some(Cmd::Close(code, reason))).await;
+        }
+    };
+    metrics::counter!(m::TELEPHONY_CALLS_TOTAL, m::LABEL_DIALECT => label, m::LABEL_OUTCOME => "started")
+        .increment(1);
+    let _active = ActiveCall::new();
+    let id = handle.id().as_str().to_owned();
+    tracing::info!(stream = %id, dialect = label, call = %start.call_id, "call started");
+    let subjects = Subjects::new(&cfg.subject_prefix, &id);
+    let events = match &state.nats {
+        Some(client) => Events::start(client.clone(), subjects.events.clone()),
+        None => Events::none(),
+    };
+    let _ = writer
+        .send(Cmd::Start {
+            dialect,
+            stream_sid: start.stream_sid.clone(),
+            format: start.format,
+            events: events.clone(),
+        })
+        .await;
+    let stop_intake = CancellationToken::new();
+    let intake = match &state.nats {
+        Some(client) => {
+            spawn_intake(client, &subjects, &shared, &writer, &events, &stop_intake).await
+        }
+        None => None,
+    };
+    events.emit(json!({
+        "type": "started", "stream": id, "dialect": label, "call_id": start.call_id,
+        "stream_sid": start.stream_sid, "format": format_name(&start),
+        "bot_audio": subjects.out, "control": subjects.ctl,
+    }));
+    let mut call = Call {
+        handle,
+        ticket,
+        inbound: InboundAudio::new(start.format, cfg.reorder_window),
+        shared: Arc::clone(&shared),
+        events: events.clone(),
+    };
+    let outcome = call.read(&mut stream, dialect, state.idle_timeout).await;
+    stop_intake.cancel();
+    if let Some(task) = intake {
+        let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
+    }
+    let Call {
+        handle,
+        ticket,
+        mut inbound,
+        ..
+    } = call;
+    metrics::counter!(m::TELEPHONY_CHUNKS_TOTAL, m::LABEL_OUTCOME => "reordered")
+        .increment(inbound.reordered());
+    let status = handle.status();
+    let (reason, close_cmd) = end(handle, &mut inbound, outcome, &events).await;
+    let (unplayed_ms, unplayed_marks) = shared.end();
+    events.emit(json!({
+        "type": "stopped", "reason": reason.as_str(),
+        "unplayed_ms": unplayed_ms, "unplayed_marks": unplayed_marks,
+    }));
+    tracing::info!(stream = %id, reason = reason.as_str(), "call ended");
+    door::release_when_finished(ticket, status);
+    finish_writer(writer, writer_task, close_cmd).await;
+}
+
+/// Reads until `start`: the dialect from the first message when the path did not name
+/// it; `connected` and unknown events are skipped; anything else before `start` is
+/// refused.
+async fn wait_start(
+    stream: &mut SplitStream<WebSocket>,
+    mut dialect: Option<Dialect>,
+) -> Result<(Dialect, Start), NoStart> {
+    loop {
+        let text = match stream.next().await {
+            None | Some(Ok(Message::Close(_))) => return Err(NoStart::Gone),
+            Some(Err(e)) => {
+                return Err(match read_failure(e) {
+                    Outcome::Bad(b) => NoStart::Bad(b),
+                    _ => NoStart::Gone,
+                });
+            }
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+            Some(Ok(Message::Binary(_))) => return Err(NoStart::Bad(binary_message())),
+            Some(Ok(Message::Text(t))) => t,
+        };
+        let d = match dialect.or_else(|| dialect::detect(text.as_str())) {
+            Some(d) => *dialect.insert(d),
+            None => {
+                return Err(NoStart::Bad(BadInput::policy(
+                    "unknown_dialect",
+                    "the first message is neither Twilio's nor Telnyx's (`connected` or `start`)",
+                )));
+            }
+        };
+        match dialect::parse(d, text.as_str()) {
+            Err(e) => return Err(NoStart::Bad(BadInput::dialect(&e))),
+            Ok(Inbound::Start(s)) => return Ok((d, s)),
+            Ok(Inbound::Connected { .. }) => {}
+            Ok(Inbound::Other { .. }) => {
+                metrics::counter!(m::TELEPHONY_IGNORED_EVENTS_TOTAL).increment(1);
+            }
+            Ok(_) => {
+                return Err(NoStart::Bad(BadInput::policy(
+                    "before_start",
+                    "an event other than `connected` came before `start`",
+                )));
+            }
+        }
+    }
+}
+
+/// The stream of `start`: id, session and token from the call; the doors' admission.
+/// A refusal is the close code (1013 for a 503, else 1008) and the refusal's code.
+async fn admit<S: Sink>(
+    state: &TelephonyState<S>,
+    start: &Start,
+    token: Option<&str>,
+) -> Result<(StreamHandle, Ticket), (u16, String)> {
+    let id = start.custom.get("stream_id").unwrap_or(&start.call_id);
+    let session = start.custom.get("session_id").cloned();
+    let token = start
+        .custom
+        .get("access_token")
+        .map(String::as_str)
+        .or(token);
+    let door = state.door();
+    let opened = door
+        .check_call(id, session, token)
+        .and_then(|admitted| door.open(admitted));
+    match opened {
+        Ok(o) => Ok(o),
+        Err(resp) => Err(refusal_close(*resp).await),
+    }
+}
+
+/// The close code and reason of a door's refusal.
+async fn refusal_close(resp: Response) -> (u16, String) {
+    let code = if resp.status().as_u16() == 503 {
+        close_code::TRY_AGAIN_LATER
+    } else {
+        close_code::POLICY
+    };
+    let body = axum::body::to_bytes(resp.into_body(), 64 * 1024)
+        .await
+        .unwrap_or_default();
+    let reason = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| "refused".to_owned());
+    (code, reason)
+}
+
+async fn spawn_intake(
+    client: &async_nats::Client,
+    subjects: &Subjects,
+    shared: &Arc<Shared>,
+    writer: &mpsc::Sender<Cmd>,
+    events: &Events,
+    stop: &CancellationToken,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let subscribe = async {
+        let audio = client.subscribe(subjects.out.clone()).await?;
+        let ctl = client.subscribe(subjects.ctl.clone()).await?;
+        Ok::<_, async_nats::SubscribeError>((audio, ctl))
+    };
+    match tokio::time::timeout(Duration::from_secs(2), subscribe).await {
+        Ok(Ok((audio, ctl))) => Some(tokio::spawn(outbound::intake(
+            client.clone(),
+            audio,
+            ctl,
+            Arc::clone(shared),
+            writer.clone(),
+            events.clone(),
+            stop.clone(),
+        ))),
+        _ => {
+            tracing::warn!(subject = %subjects.out, "could not subscribe to the bot audio; the call has no return path");
+            events.emit(json!({"type": "error", "code": "no_return_path",
+                "message": "the door could not subscribe to the bot-audio subjects"}));
+            None
+        }
+    }
+}
+
+/// The open call's state while it reads.
+struct Call {
+    handle: StreamHandle,
+    ticket: Ticket,
+    inbound: InboundAudio,
+    shared: Arc<Shared>,
+    events: Events,
+}
+
+impl Call {
+    /// The read loop: carrier events in, frames to the stream, until an [`Outcome`].
+    async fn read(
+        &mut self,
+        stream: &mut SplitStream<WebSocket>,
+        dialect: Dialect,
+        idle_timeout: Duration,
+    ) -> Outcome {
+        let mut status = door::StatusWatch::new(&self.handle);
+        let idle = tokio::time::sleep(idle_timeout);
+        tokio::pin!(idle);
+        let mut last_message = Instant::now();
+        let gone = self.shared.gone.clone();
+        loop {
+            let reorder_due = self.inbound.deadline();
+            let reorder_sleep = async {
+                match reorder_due {
+                    Some(t) => tokio::time::sleep_until(Instant::from_std(t)).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                () = gone.cancelled() => return Outcome::Gone,
+                change = status.next() => {
+                    if let Some(ev) = change.gap {
+                        self.events.emit(ev);
+                    }
+                    match change.stop {
+                        Some(door::StatusStop::Overload(o)) => return Outcome::Overload(o),
+                        Some(door::StatusStop::Closed(r)) => return Outcome::Closed(r),
+                        None => {}
+                    }
+                }
+                notice = self.ticket.next() => match crate::capacity::notice_event(&notice) {
+                    Some(ev) => self.events.emit(ev),
+                    None => {
+                        debug_assert_eq!(notice, Notice::Refused);
+                        self.handle.close(EndReason::NoCapacity);
+                        return Outcome::Closed(EndReason::NoCapacity);
+                    }
+                },
+                () = reorder_sleep => {
+                    let released = self.inbound.release(std::time::Instant::now());
+                    if let Some(out) = self.after(released).await {
+                        return out;
+                    }
+                }
+                msg = stream.next() => {
+                    last_message = Instant::now();
+                    let text = match msg {
+                        None | Some(Ok(Message::Close(_))) => return Outcome::Gone,
+                        Some(Err(e)) => return read_failure(e),
+                        Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+                        Some(Ok(Message::Binary(_))) => return Outcome::Bad(binary_message()),
+                        Some(Ok(Message::Text(t))) => t,
+                    };
+                    if let Some(out) = self.on_text(dialect, text.as_str()).await {
+                        return out;
+                    }
+                }
+                () = &mut idle => {
+                    let due = last_message + idle_timeout;
+                    if due <= Instant::now() {
+                        return Outcome::Idle;
+                    }
+                    idle.as_mut().reset(due);
+                }
+            }
+        }
+    }
+
+    /// One carrier message after `start`; `Some` ends the call.
+    async fn on_text(&mut self, dialect: Dialect, text: &str) -> Option<Outcome> {
+        let event = match dialect::parse(dialect, text) {
+            Ok(e) => e,
+            Err(e) => return Some(Outcome::Bad(BadInput::dialect(&e))),
+        };
+        match event {
+            Inbound::Media(media) => {
+                if media.track != Track::Inbound {
+                    metrics::counter!(m::TELEPHONY_CHUNKS_TOTAL, m::LABEL_OUTCOME => "other_track")
+                        .increment(1);
+                    return None;
+                }
+                metrics::counter!(m::TELEPHONY_CHUNKS_TOTAL, m::LABEL_OUTCOME => "taken")
+                    .increment(1);
+                let accepted = self.inbound.accept(media, std::time::Instant::now());
+                self.after(accepted).await
+            }
+            Inbound::Mark { name, .. } => {
+                if self.shared.played(&name) {
+                    self.events.emit(json!({"type": "mark", "name": name}));
+                }
+                None
+            }
+            Inbound::Dtmf { digit } => {
+                self.events.emit(json!({"type": "dtmf", "digit": digit}));
+                None
+            }
+            Inbound::Stop => Some(Outcome::Stop),
+            Inbound::Start(_) => Some(Outcome::Bad(BadInput::policy(
+                "duplicate_start",
+                "a second `start` on one connection",
+            ))),
+            Inbound::Connected { .. } => None,
+            Inbound::Error {
+                code,
+                title,
+                detail,
+            } => {
+                // The carrier reports a problem of its own (Telnyx `error`): told to
+                // the agent; the call goes on until the carrier stops it.
+                self.events
+                    .emit(json!({"type": "carrier_error", "code": code,
+                    "title": title, "detail": detail}));
+                None
+            }
+            Inbound::Other { .. } => {
+                metrics::counter!(m::TELEPHONY_IGNORED_EVENTS_TOTAL).increment(1);
+                None
+            }
+        }
+    }
+
+    /// Pushes what the inbound path made ready (after `result`, its check).
+    async fn after(&mut self, result: Result<(), BadInput>) -> Option<Outcome> {
+        if let Err(b) = result {
+            return Some(Outcome::Bad(b));
+        }
+        push_ready(&mut self.inbound, &self.handle).await.err()
+    }
+}
+
+/// Pushes every ready frame and loss to the stream.
+async fn push_ready(inbound: &mut InboundAudio, handle: &StreamHandle) -> Result<(), Outcome> {
+    while let Some(ready) = inbound.next_ready() {
+        let pushed = match ready {
+            Ready::Frame(pcm) => {
+                let r = handle.push(pcm).await.map(|_| ());
+                if r.is_ok() {
+                    metrics::counter!(m::TELEPHONY_FRAMES_TOTAL, m::LABEL_DIRECTION => "in")
+                        .increment(1);
+                }
+                r
+            }
+            Ready::Lost { frames, samples } => handle
+                .declare_lost(frames, samples, Lost::Source)
+                .map(|_| ()),
+        };
+        match pushed {
+            Ok(()) => {}
+            Err(PushError::Overloaded(o)) => return Err(Outcome::Overload(o)),
+            Err(PushError::Closed(r)) => return Err(Outcome::Closed(r)),
+            Err(e) => return Err(Outcome::Bad(BadInput::policy("bad_frame", e.to_string()))),
+        }
+    }
+    Ok(())
+}
+
+/// Ends the stream for `outcome`: its reason, and the close the writer sends.
+async fn end(
+    mut handle: StreamHandle,
+    inbound: &mut InboundAudio,
+    outcome: Outcome,
+    events: &Events,
+) -> (EndReason, Option<Cmd>) {
+    let close = |code: u16, reason: &str| Some(Cmd::Close(code, reason.to_owned()));
+    // At `stop`, what the window still holds goes out, with its gaps, before the end
+    // (which may itself end the call otherwise).
+    let outcome = match outcome {
+        Outcome::Stop => match inbound.finish() {
+            Err(b) => Outcome::Bad(b),
+            Ok(()) => push_ready(inbound, &handle)
+                .await
+                .err()
+                .unwrap_or(Outcome::Stop),
+        },
+        other => other,
+    };
+    match outcome {
+        Outcome::Stop => {
+            handle.finish().await;
+            (EndReason::Producer, close(close_code::NORMAL, "stop"))
+        }
+        Outcome::Gone => {
+            // Dropping the handle ends the stream with `producer_gone`.
+            drop(handle);
+            (EndReason::ProducerGone, close(close_code::NORMAL, ""))
+        }
+        Outcome::Bad(b) => {
+            handle.close(EndReason::Error);
+            count_bad(&b);
+            events.emit(json!({"type": "error", "code": b.code, "message": b.message}));
+            handle.wait_ended().await;
+            (EndReason::Error, close(b.close, b.code))
+        }
+        Outcome::Overload(o) => {
+            events.emit(door::overload_event(&o, &handle));
+            handle.wait_ended().await;
+            (
+                EndReason::Overload,
+                close(close_code::TRY_AGAIN_LATER, "overload"),
+            )
+        }
+        Outcome::Idle => {
+            handle.finish_with(EndReason::Idle).await;
+            (EndReason::Idle, close(close_code::GOING_AWAY, "idle"))
+        }
+        Outcome::Closed(reason) => {
+            handle.wait_finished(Duration::from_secs(30)).await;
+            let code = match reason {
+                EndReason::Shutdown | EndReason::Idle => close_code::GOING_AWAY,
+                EndReason::Overload | EndReason::NoCapacity => close_code::TRY_AGAIN_LATER,
+                EndReason::Producer | EndReason::ProducerGone => close_code::NORMAL,
+                EndReason::Error => close_code::INTERNAL,
+            };
+            (reason, close(code, reason.as_str()))
+        }
+    }
+}
+
+/// Sends `close` (if any), lets the writer go and waits for it (bounded: one send
+/// timeout and a second).
+async fn finish_writer(
+    writer: mpsc::Sender<Cmd>,
+    task: tokio::task::JoinHandle<()>,
+    close: Option<Cmd>,
+) {
+    if let Some(cmd) = close {
+        let _ = tokio::time::timeout(Duration::from_secs(1), writer.send(cmd)).await;
+    }
+    drop(writer);
+    let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+}
+
+fn binary_message() -> BadInput {
+    BadInput {
+        close: close_code::UNSUPPORTED,
+        code: "binary_message",
+        message: "a carrier's media stream is JSON text; a binary message is not part of it"
+            .to_owned(),
+    }
+}
+
+fn count_bad(b: &BadInput) {
+    metrics::counter!(m::TELEPHONY_BAD_INPUT_TOTAL, m::LABEL_CODE => b.code).increment(1);
+}
+
+/// How a failed read ends the call: the carrier broke the WebSocket protocol, or the
+/// connection is gone.
+fn read_failure(e: axum::Error) -> Outcome {
+    use tungstenite::error::{Error as WsError, ProtocolError};
+    let Ok(e) = e.into_inner().downcast::<WsError>() else {
+        return Outcome::Gone;
+    };
+    let (close, code) = match &*e {
+        WsError::Utf8(_) => (close_code::INVALID_PAYLOAD, "invalid_utf8"),
+        WsError::Capacity(_) => (close_code::MESSAGE_TOO_BIG, "too_large"),
+        WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => return Outcome::Gone,
+        WsError::Protocol(_) => (close_code::PROTOCOL, "protocol_error"),
+        _ => return Outcome::Gone,
+    };
+    Outcome::Bad(BadInput {
+        close,
+        code,
+        message: e.to_string(),
+    })
+}
+
+/// The call's format as the events name it.
+fn format_name(start: &Start) -> String {
+    format!("{}/{}", start.format.encoding, start.format.sample_rate)
+}
+
+/// Counts a call in `weir_telephony_calls_active` while it lives.
+struct ActiveCall;
+
+impl ActiveCall {
+    fn new() -> Self {
+        metrics::gauge!(m::TELEPHONY_CALLS_ACTIVE).increment(1.0);
+        Self
+    }
+}
+
+impl Drop for ActiveCall {
+    fn drop(&mut self) {
+        metrics::gauge!(m::TELEPHONY_CALLS_ACTIVE).decrement(1.0);
+    }
+}

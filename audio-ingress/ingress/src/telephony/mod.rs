@@ -1,0 +1,252 @@
+//! The telephony door: a phone carrier's media stream (Twilio Media Streams, Telnyx
+//! media streaming) on the WebSocket port, both directions. A carrier connects to
+//! `GET /v1/telephony/twilio`, `/v1/telephony/telnyx` or `/v1/telephony` (the dialect
+//! read from its first message) and speaks its own published protocol unchanged
+//! (`weir_audio_telephony::dialect`); the door turns it into one weir stream.
+//!
+//! **Caller → recognition.** The carrier's `start` names the call: the stream id is the
+//! custom parameter `stream_id`, else the call's id (Twilio `callSid`, Telnyx
+//! `call_control_id`), under the stream-id rules; `session_id` and `access_token` may
+//! come as custom parameters too (a carrier cannot set headers; the upgrade's
+//! `Authorization` / `?access_token=` is used otherwise). The stream is admitted like
+//! the other doors' ([`crate::door`]: token, readiness, recognition capacity,
+//! registry). Each `media` chunk (µ-law, A-law or L16) goes through the reorder window
+//! ([`inbound`]: by `media.chunk`, `telephony.reorder_window_ms`), is decoded and
+//! resampled to 16 kHz and cut into 20 ms frames, pushed on the stream's handle like a
+//! WebSocket frame (seq from 1). A missing chunk, or one later than the window, is a
+//! declared gap (reason `source`), never a frame out of order.
+//!
+//! **Bot → caller** ([`outbound`]): the bot's 16 kHz PCM on
+//! `<prefix>.out.<stream>` (a `Weir-Mark` header places a mark after it) is queued,
+//! bounded by `telephony.out_max_bytes` and `telephony.out_max_age_ms`, encoded to the
+//! call's format and paced to the socket at real time; marks go to the carrier and its
+//! echoes (played) come back as events. `{"type":"clear"}` on `<prefix>.ctl.<stream>`
+//! drops the whole queue at once, sends the carrier's `clear`, and answers with what
+//! was dropped and which marks were never played ([`voice`] holds the subjects and the
+//! events on `<prefix>.events.<stream>`).
+//!
+//! **Ends**, the stream's reason, then what the carrier sees:
+//!
+//! | cause | stream ends | socket close |
+//! |---|---|---|
+//! | carrier `stop` | `producer` (held chunks released, gaps declared) | 1000 `stop` |
+//! | socket dropped or closed without `stop`; a send to it timed out | `producer_gone` | — |
+//! | overload (`close` policy) | `overload` (`overload` event on NATS) | 1013 `overload` |
+//! | bad input (invalid JSON or base64, wrong format or length, a chunk repeated, far behind or far ahead, media before `start`, a second `start`, a binary or oversized message) | `error` (`error` event on NATS) | 1003 / 1007 / 1008 / 1009 with the error code as reason |
+//! | refused at `start` (id, token, readiness, capacity, registry) | nothing opened | 1008, or 1013 for a 503 refusal, reason = the refusal's code |
+//! | no `start` within `telephony.start_timeout_ms` | nothing opened | 1008 `start_timeout` |
+//! | recognition worker refused the stream | `no_capacity` | 1013 |
+//! | no message for `idle_timeout_ms` | `idle` | 1001 |
+//! | shutdown | `shutdown` | 1001 |
+//!
+//! Invariants: per call one reader task (this connection's handler), one writer task
+//! (the only one that sends to the socket, every send bounded by `ws_send_timeout_ms`),
+//! one bot-audio intake task and one events task — never a task per chunk or frame; a
+//! bad message ends only its own call and nothing it carried reaches NATS as audio;
+//! every frame pushed is accounted by the producer core as for the other doors.
+
+mod call;
+mod inbound;
+mod outbound;
+pub mod voice;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::rejection::PathRejection;
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::Response;
+use axum::routing::get;
+use weir_audio_telephony::dialect::{self, Dialect};
+
+use crate::auth::Authenticator;
+use crate::capacity::Capacity;
+use crate::door::{self, error_response};
+use crate::resume::Resume;
+use crate::shutdown::TaskTracker;
+use crate::ws_query::UpgradeQuery;
+use weir_audio_producer::publisher::Sink;
+use weir_audio_producer::stream::Ingress;
+
+/// The telephony door's settings (`[telephony]` keys).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TelephonyConfig {
+    /// Prefix of the bot-audio, control and event subjects (`telephony.subject_prefix`).
+    pub subject_prefix: String,
+    /// How long a chunk waits for a missing earlier one (`telephony.reorder_window_ms`).
+    pub reorder_window: Duration,
+    /// A connection without `start` within this is closed (`telephony.start_timeout_ms`).
+    pub start_timeout: Duration,
+    /// Bound of a call's queued bot audio, bytes of 16 kHz PCM (`telephony.out_max_bytes`).
+    pub out_max_bytes: usize,
+    /// Bound of every call's queued bot audio together (`telephony.out_max_total_bytes`).
+    pub out_max_total_bytes: usize,
+    /// Bot audio not sent within this of its arrival is dropped (`telephony.out_max_age_ms`).
+    pub out_max_age: Duration,
+    /// How far ahead of real time bot audio is sent (`telephony.out_lead_ms`).
+    pub out_lead: Duration,
+}
+
+/// Default `telephony.subject_prefix`.
+pub const DEFAULT_SUBJECT_PREFIX: &str = "weir.voice";
+/// Default `telephony.reorder_window_ms`: three 20 ms chunks.
+pub const DEFAULT_REORDER_WINDOW: Duration = Duration::from_millis(60);
+/// Default `telephony.start_timeout_ms`.
+pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default `telephony.out_max_bytes`: 15 s of 16 kHz PCM, a long reply sent at once.
+pub const DEFAULT_OUT_MAX_BYTES: usize = 480_000;
+/// Default `telephony.out_max_total_bytes`: 64 MiB, every call's bot audio together
+/// (about 140 calls with a full 15 s queue at once; a call typically holds a sentence).
+pub const DEFAULT_OUT_MAX_TOTAL_BYTES: usize = 64 << 20;
+/// Default `telephony.out_max_age_ms`: a little over the byte bound's 15 s, so that a
+/// reply sent at once plays out; only a carrier that stops reading makes audio this old.
+pub const DEFAULT_OUT_MAX_AGE: Duration = Duration::from_secs(20);
+/// Default `telephony.out_lead_ms`: two frames ahead, against jitter at the carrier.
+pub const DEFAULT_OUT_LEAD: Duration = Duration::from_millis(40);
+
+impl Default for TelephonyConfig {
+    fn default() -> Self {
+        Self {
+            subject_prefix: DEFAULT_SUBJECT_PREFIX.to_owned(),
+            reorder_window: DEFAULT_REORDER_WINDOW,
+            start_timeout: DEFAULT_START_TIMEOUT,
+            out_max_bytes: DEFAULT_OUT_MAX_BYTES,
+            out_max_total_bytes: DEFAULT_OUT_MAX_TOTAL_BYTES,
+            out_max_age: DEFAULT_OUT_MAX_AGE,
+            out_lead: DEFAULT_OUT_LEAD,
+        }
+    }
+}
+
+/// What the telephony door needs.
+#[derive(Clone)]
+pub struct TelephonyState<S: Sink> {
+    /// The producer core.
+    pub ingress: Ingress<S>,
+    /// `Retry-After` for 503.
+    pub retry_after: Duration,
+    /// A connection silent for this long is ended (reason `idle`).
+    pub idle_timeout: Duration,
+    /// Bound on one send to the carrier; on expiry the socket is abandoned.
+    pub send_timeout: Duration,
+    /// Tracks connection handlers so shutdown can wait for their close frames.
+    pub tracker: TaskTracker,
+    /// Producer tokens (`None`: off).
+    pub auth: Option<Arc<Authenticator>>,
+    /// The recognition-capacity check; `None`: a service started without one.
+    pub capacity: Option<Arc<Capacity>>,
+    /// The doors' resume table (a call is never parked: carriers do not resume).
+    pub resume: Arc<Resume>,
+    /// The door's settings.
+    pub config: Arc<TelephonyConfig>,
+    /// The NATS client of the bot-audio path and the call events; `None` (a service
+    /// started on another sink): inbound only.
+    pub nats: Option<async_nats::Client>,
+    /// Bytes of bot audio queued by every call of this door.
+    pub out_total: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+door::has_door!(TelephonyState);
+
+/// The telephony routes, without fallbacks (`serve` merges them with the others).
+pub fn routes<S: Sink>(state: TelephonyState<S>) -> Router {
+    Router::new()
+        .route("/v1/telephony", get(upgrade_any::<S>))
+        .route("/v1/telephony/{dialect}", get(upgrade_dialect::<S>))
+        .with_state(state)
+}
+
+/// Largest message a carrier may send: its JSON events (a 200 ms L16 chunk in base64
+/// is ~8.6 KiB).
+const MAX_MESSAGE_BYTES: usize = dialect::MAX_MESSAGE_BYTES;
+
+async fn upgrade_any<S: Sink>(
+    State(state): State<TelephonyState<S>>,
+    uri: Uri,
+    headers: HeaderMap,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    upgrade(state, None, uri, headers, ws)
+}
+
+async fn upgrade_dialect<S: Sink>(
+    State(state): State<TelephonyState<S>>,
+    path: Result<Path<String>, PathRejection>,
+    uri: Uri,
+    headers: HeaderMap,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    let dialect = match path.map(|Path(p)| p.parse::<Dialect>()) {
+        Ok(Ok(d)) => d,
+        _ => {
+            return error_response(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "the telephony paths are /v1/telephony/twilio, /v1/telephony/telnyx and /v1/telephony",
+            );
+        }
+    };
+    upgrade(state, Some(dialect), uri, headers, ws)
+}
+
+/// Before the upgrade: the query (only `access_token` is read), readiness. The stream
+/// itself is admitted at the carrier's `start` ([`call`]).
+fn upgrade<S: Sink>(
+    state: TelephonyState<S>,
+    dialect: Option<Dialect>,
+    uri: Uri,
+    headers: HeaderMap,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(e) => return door::error_response(e.status(), "invalid_upgrade", e.body_text()),
+    };
+    let query = match UpgradeQuery::parse(uri.query()) {
+        Ok(q) => q,
+        Err(e) => {
+            state.ingress.global().admission_rejected("invalid_session");
+            return error_response(StatusCode::BAD_REQUEST, "invalid_request", e.to_string());
+        }
+    };
+    if !state.ingress.sink().is_connected() {
+        state.ingress.global().admission_rejected("not_ready");
+        let mut resp = error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            "not connected to NATS; retry later",
+        );
+        door::insert_retry_after(&mut resp, state.retry_after);
+        return resp;
+    }
+    let token = crate::auth::token_of(door::bearer(&headers), query.access_token.as_deref())
+        .map(str::to_owned);
+    let guard = state.tracker.token();
+    ws.max_message_size(MAX_MESSAGE_BYTES)
+        .max_frame_size(MAX_MESSAGE_BYTES)
+        .read_buffer_size(READ_BUFFER_BYTES)
+        .write_buffer_size(WRITE_BUFFER_BYTES)
+        .max_write_buffer_size(MAX_WRITE_BUFFER_BYTES)
+        .on_upgrade(move |socket| {
+            let span = tracing::info_span!("telephony");
+            tracing::Instrument::instrument(
+                async move {
+                    let _guard = guard;
+                    call::serve(socket, state, dialect, token).await;
+                },
+                span,
+            )
+        })
+}
+
+/// Read buffer of a carrier connection: a 20 ms µ-law `media` event is ~370 bytes.
+const READ_BUFFER_BYTES: usize = 2 * 1024;
+/// Write buffer before a flush: a few outbound `media` events.
+const WRITE_BUFFER_BYTES: usize = 8 * 1024;
+/// Largest write buffer (a carrier that does not read makes a send fail at this size,
+/// or time out first).
+const MAX_WRITE_BUFFER_BYTES: usize = 64 * 1024;
