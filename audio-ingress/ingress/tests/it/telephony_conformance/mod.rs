@@ -48,8 +48,8 @@ const FRAME: usize = 320;
 const CHUNK: usize = 160;
 /// Barge-in trials in the suite (the 100-trial figure is measured separately).
 const BARGE_IN_TRIALS: usize = 20;
-/// The door's outbound byte bound by default (5 s of 16 kHz s16le), per the contract.
-const OUT_MAX_BYTES: f64 = 160_000.0;
+/// The door's per-call bound of queued bot audio by default (`telephony.out_max_bytes`: 15 s of 16 kHz s16le).
+const OUT_MAX_BYTES: f64 = 480_000.0;
 
 fn unix_s() -> f64 {
     SystemTime::now()

@@ -12,7 +12,7 @@ use crate::support::{self, Binary};
 use crate::whip_support::best_ncc;
 
 /// The door's outbound queue gauge (bytes of queued 16 kHz PCM).
-const QUEUE_GAUGE: &str = "weir_telephony_outbound_queue_bytes";
+const QUEUE_GAUGE: &str = "weir_ingress_telephony_out_queue_bytes";
 
 /// The door's events for one stream, with their Unix arrival times.
 type Events = Arc<Mutex<Vec<(f64, Value)>>>;
