@@ -261,6 +261,7 @@ async fn barge_in_stops_the_carriers_audio_within_20_ms_and_names_the_unplayed_m
         .filter_map(|c| c["t"].as_f64())
         .collect();
     let mut clear_ms = Vec::new();
+    let mut quiet_before = Vec::new();
     for (i, tr) in done.iter_mut().enumerate() {
         let window = |t: f64| t > tr.clear_sent && t < starts[i + 1];
         if let Some(last) = media
@@ -277,6 +278,19 @@ async fn barge_in_stops_the_carriers_audio_within_20_ms_and_names_the_unplayed_m
             .find(|&t| window(t))
             .unwrap_or_else(|| panic!("trial {i}: the carrier got no clear: {tr:?}"));
         clear_ms.push((c - tr.clear_sent) * 1e3);
+        // The clear came during playback: media was arriving up to it.
+        let before = media
+            .iter()
+            .map(|m| m.0)
+            .filter(|&t| t <= tr.clear_sent && t > starts[i])
+            .reduce(f64::max)
+            .map(|t| (tr.clear_sent - t) * 1e3)
+            .unwrap_or_else(|| panic!("trial {i}: no media before the clear"));
+        assert!(
+            before <= 40.0,
+            "trial {i}: no media for {before:.1} ms before the clear"
+        );
+        quiet_before.push(before);
     }
     // No mark of a cleared trial may be reported played by the door.
     let played: Vec<(f64, String)> = o
@@ -294,14 +308,17 @@ async fn barge_in_stops_the_carriers_audio_within_20_ms_and_names_the_unplayed_m
     let mut lat: Vec<f64> = done.iter().map(|t| t.last_media_ms).collect();
     lat.sort_by(f64::total_cmp);
     clear_ms.sort_by(f64::total_cmp);
+    quiet_before.sort_by(f64::total_cmp);
     let p = |v: &[f64], q: f64| v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1];
     eprintln!(
-        "{id}: {trials} trials; last media after the clear request: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; carrier's clear after the request: p50 {:.1} ms, p99 {:.1} ms",
+        "{id}: {trials} trials; last media after the clear request: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; carrier's clear after the request: p50 {:.1} ms, p99 {:.1} ms; trials with media after the request {}; last media before the request: max {:.1} ms earlier",
         p(&lat, 0.5),
         p(&lat, 0.99),
         lat[lat.len() - 1],
         p(&clear_ms, 0.5),
-        p(&clear_ms, 0.99)
+        p(&clear_ms, 0.99),
+        lat.iter().filter(|&&l| l > 0.0).count(),
+        quiet_before[quiet_before.len() - 1]
     );
     assert!(
         p(&lat, 0.99) <= 20.0,
