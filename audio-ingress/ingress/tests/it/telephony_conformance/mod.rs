@@ -18,9 +18,13 @@
 //! - Barge-in: a `clear` request on `weir.voice.ctl.<stream>` during playback; the
 //!   carrier's last media arrives ≤ 20 ms (p99) after the request was sent, its
 //!   `clear` arrives, and the reply names the marks that were never played.
-//!   [`BARGE_IN_TRIALS`] trials (`WEIR_BARGE_IN_TRIALS` overrides it).
-//! - A carrier that stops reading: the door reports `overload` on the events subject
-//!   and its outbound queue gauge never exceeds its byte bound.
+//!   [`BARGE_IN_TRIALS`] trials (`WEIR_BARGE_IN_TRIALS` overrides it). A mark already
+//!   at the carrier when the clear comes (the carrier sends it back, as both document)
+//!   is named unplayed, never reported played.
+//! - A carrier that stops reading: the door says so on the events subject (`overload`,
+//!   or `stopped` `producer_gone`) and its outbound queue gauge never exceeds its byte
+//!   bound. Ignored for now: the door notices only once the kernel's send buffer is
+//!   full, ~200 s of bot audio on loopback (see the test).
 //!
 //! Times across the two processes are Unix times (same machine, same clock).
 //! Every wait is bounded.
