@@ -173,6 +173,11 @@ impl Carrier {
             "the door's messages were not what a carrier accepts: {}",
             report["errors"]
         );
+        assert_eq!(
+            report["unknown_events"],
+            serde_json::json!({}),
+            "the door sent events a carrier does not define (only media, mark, clear)"
+        );
         report
     }
 }
