@@ -86,14 +86,17 @@ fn failover_env_from(cli: &Cli, env: &Env) -> failover::FailoverEnv {
     }
 }
 
-/// The designs to run: `--design`, else `default`; with `--transport whip` the bounded
-/// one only (the naive ingress has no WHIP door).
+/// The designs to run: `--design`, else `default`; with `--transport whip` or `twilio`
+/// the bounded one only (the naive ingress has no WHIP or telephony door).
 fn designs_for(cli: &Cli, default: DesignArg) -> Result<Vec<Design>, Error> {
     match (cli.transport, cli.design) {
         (Transport::Whip, Some(DesignArg::Naive | DesignArg::Both)) => Err(usage(
             "--transport whip runs the bounded design only (the naive ingress has no WHIP door)",
         )),
-        (Transport::Whip, _) => Ok(vec![Design::Bounded]),
+        (Transport::Twilio, Some(DesignArg::Naive | DesignArg::Both)) => Err(usage(
+            "--transport twilio runs the bounded design only (the naive ingress has no telephony door)",
+        )),
+        (Transport::Whip | Transport::Twilio, _) => Ok(vec![Design::Bounded]),
         (Transport::Ws, d) => Ok(d.unwrap_or(default).designs()),
     }
 }

@@ -190,9 +190,11 @@ pub struct Cli {
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub llm_tokens_per_second: u32,
 
-    /// How producers reach the ingress: ws (a WebSocket per stream, PCM frames) or whip
-    /// (a WHIP session per stream, Opus over WebRTC on loopback UDP; the bounded design
-    /// only: the naive ingress has no WHIP door).
+    /// How producers reach the ingress: ws (a WebSocket per stream, PCM frames), whip
+    /// (a WHIP session per stream, Opus over WebRTC on loopback UDP) or twilio (a Twilio
+    /// Media Streams WebSocket per stream, 8 kHz µ-law chunks on
+    /// /v1/telephony/twilio); whip and twilio run the bounded design only: the naive
+    /// ingress has neither door.
     #[arg(long, value_enum, default_value = "ws")]
     pub transport: crate::producers::Transport,
 

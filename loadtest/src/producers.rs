@@ -1,6 +1,7 @@
 //! Synthetic producers: one WebSocket client per stream, 640-byte frames at 20 ms — or,
 //! with `--transport whip`, one WHIP session per stream sending the same audio as 20 ms
-//! Opus packets ([`whip`]).
+//! Opus packets ([`whip`]), or, with `--transport twilio`, one Twilio Media Streams
+//! WebSocket per stream sending it as 20 ms µ-law chunks at 8 kHz ([`twilio`]).
 //!
 //! Cadence: each producer ticks on a `tokio::time::Interval` of 20 ms with
 //! [`MissedTickBehavior::Skip`]. A real capture device produces audio on its own clock;
@@ -45,7 +46,9 @@ use weir_protocol::audio::FRAME_DURATION;
 use crate::speech::SpeechClip;
 use crate::stats::{LatencyHistogram, Percentiles, record, summary};
 
+mod twilio;
 mod whip;
+pub use twilio::TwilioClip;
 pub use whip::OpusClip;
 
 /// How the producers reach the ingress (`--transport`).
@@ -59,6 +62,9 @@ pub enum Transport {
     Ws,
     /// One WHIP session per stream, Opus over WebRTC (`/v1/whip/{id}`).
     Whip,
+    /// One Twilio Media Streams WebSocket per stream, 8 kHz µ-law chunks
+    /// (`/v1/telephony/twilio`).
+    Twilio,
 }
 
 /// How long a producer waits for the `closed` event after sending `end`.
@@ -66,7 +72,7 @@ pub const END_GRACE: Duration = Duration::from_secs(5);
 /// How long a connection attempt may take.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long one frame send may block before the connection is given up.
-const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Settings of the producer fleet.
 #[derive(Debug, Clone)]
@@ -89,7 +95,7 @@ pub struct ProducerConfig {
     pub reconnect_delay: Duration,
     /// Spread of the connection start times (streams connect uniformly within it).
     pub start_spread: Duration,
-    /// WebSocket or WHIP.
+    /// WebSocket, WHIP or Twilio.
     pub transport: Transport,
     /// The stream ids, one per stream (`None`: `{id_prefix}{index}`); a reconnect
     /// appends `r1`, `r2`, ...
@@ -177,6 +183,9 @@ producer_counters! {
     ended_by_server,
     /// Streams that broke (send error, socket error).
     broken,
+    /// Messages in a carrier's dialect received from the server (`--transport twilio`:
+    /// `media`, `mark`, `clear`, ...).
+    carrier_events,
     /// Sum of `frames_published` reported in `closed` events.
     server_reported_published,
     /// Sum of `frames_dropped` reported in `closed` events.
@@ -236,7 +245,6 @@ pub fn start(
     counters: Arc<ProducerCounters>,
 ) -> tokio::task::JoinSet<()> {
     let mut set = tokio::task::JoinSet::new();
-    let start = Instant::now();
     let mut rng = rand::rng();
     let vanish_count =
         ((config.streams as f64) * config.vanish_share.clamp(0.0, 1.0)).round() as usize;
@@ -248,9 +256,19 @@ pub fn start(
     let opus: Vec<Option<OpusClip>> = clips
         .iter()
         .map(|c| match config.transport {
-            Transport::Ws => None,
+            Transport::Ws | Transport::Twilio => None,
             Transport::Whip => OpusClip::encode(c)
                 .map_err(|e| tracing::error!(error = %e, "cannot encode the clip to Opus"))
+                .ok(),
+        })
+        .collect();
+    // For Twilio, each encoded to 8 kHz µ-law base64 chunks once, here.
+    let twilio: Vec<Option<TwilioClip>> = clips
+        .iter()
+        .map(|c| match config.transport {
+            Transport::Ws | Transport::Whip => None,
+            Transport::Twilio => TwilioClip::encode(c)
+                .map_err(|e| tracing::error!(error = %e, "cannot encode the clip to µ-law"))
                 .ok(),
         })
         .collect();
@@ -258,6 +276,9 @@ pub fn start(
         .timeout(CONNECT_TIMEOUT + END_GRACE)
         .build()
         .unwrap_or_default();
+    // The run starts once the clips are ready (rendering and encoding them is not part
+    // of any stream's time).
+    let start = Instant::now();
     let spread_ms = config.start_spread.as_millis().max(1) as u64;
     for index in 0..config.streams {
         let offset = Duration::from_millis(rng.random_range(0..spread_ms))
@@ -267,6 +288,7 @@ pub fn start(
             config: config.clone(),
             clip: clips[index % clips.len()].clone(),
             opus: opus[index % opus.len()].clone(),
+            twilio: twilio[index % twilio.len()].clone(),
             http: http.clone(),
             counters: counters.clone(),
             start_at: start + offset,
@@ -302,6 +324,8 @@ pub(crate) struct Producer {
     clip: SpeechClip,
     /// The clip as Opus packets (WHIP only).
     opus: Option<OpusClip>,
+    /// The clip as base64 µ-law chunks (Twilio only).
+    twilio: Option<TwilioClip>,
     http: reqwest::Client,
     counters: Arc<ProducerCounters>,
     start_at: Instant,
@@ -327,13 +351,16 @@ impl Producer {
                 format!("{base}r{attempt}")
             };
             attempt += 1;
-            let end = match (&self.config.transport, &self.opus) {
-                (Transport::Whip, Some(opus)) => {
+            let end = match (&self.config.transport, &self.opus, &self.twilio) {
+                (Transport::Whip, Some(opus), _) => {
                     self.whip_connection(&id, opus, &mut frame_index).await
                 }
-                // No Opus clip (the encoder refused): nothing can be sent.
-                (Transport::Whip, None) => ConnectionEnd::Stop,
-                (Transport::Ws, _) => self.connection(&id, &mut frame_index).await,
+                (Transport::Twilio, _, Some(clip)) => {
+                    self.twilio_connection(&id, clip, &mut frame_index).await
+                }
+                // No encoded clip (the encoder refused): nothing can be sent.
+                (Transport::Whip | Transport::Twilio, _, _) => ConnectionEnd::Stop,
+                (Transport::Ws, _, _) => self.connection(&id, &mut frame_index).await,
             };
             match end {
                 ConnectionEnd::Finished | ConnectionEnd::Stop => return,

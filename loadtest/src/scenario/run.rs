@@ -186,7 +186,7 @@ fn bounded_config(env: &Env, streams: usize) -> String {
     };
     let max_streams = (streams * 2).max(1000) + 100;
     let whip = match env.transport {
-        Transport::Ws => String::new(),
+        Transport::Ws | Transport::Twilio => String::new(),
         // Loopback only, a free port; the session cap never limits the run.
         Transport::Whip => format!(
             "whip_udp_listen = \"127.0.0.1:0\"\nwhip_max_sessions = {}\n",
@@ -275,7 +275,7 @@ pub async fn run_one(
 ) -> Result<RunOutput, Error> {
     let label = match env.transport {
         Transport::Ws => format!("{} {} {}", plan.scenario.as_str(), streams, design),
-        Transport::Whip => format!("{} {} {} whip", plan.scenario.as_str(), streams, design),
+        t => format!("{} {} {} {t}", plan.scenario.as_str(), streams, design),
     };
     if !env.wait_quiet.is_zero() {
         let busy = wait_quiet(env.wait_quiet).await;

@@ -178,6 +178,43 @@ async fn tiny_steady_run_over_whip_accounts_for_every_frame() {
     assert_eq!(r.ingress.overloads, 0);
 }
 
+/// `--transport twilio`: Twilio Media Streams on the telephony door, 8 kHz µ-law chunks
+/// that the door turns into 16 kHz frames, one for one; `stop` ends each stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiny_steady_run_over_twilio_accounts_for_every_frame() {
+    let env = Env {
+        transport: Transport::Twilio,
+        ..env()
+    };
+    if let Err(why) = &env.ingress_bin {
+        eprintln!("Twilio run skipped (needs the audio-ingress binary): {why}");
+        return;
+    }
+    let plan = plan(Scenario::Steady, Some(Duration::from_secs(2)), None, 1.0).expect("plan");
+    let out = run_one(&env, &plan, 3, Design::Bounded)
+        .await
+        .expect("bounded run over Twilio");
+    let r = &out.report;
+    check_identities(r, WS_MIN_SENT);
+    assert_eq!(r.transport, Transport::Twilio);
+    let p = &r.producers;
+    assert_eq!((p.connects, p.refused), (3, 0), "{p:?}");
+    assert_eq!((p.ended, p.ended_by_server, p.vanished), (3, 0, 0), "{p:?}");
+    assert_eq!(
+        p.close_codes.values().sum::<u64>(),
+        3,
+        "the server closed each socket after `stop`: {p:?}"
+    );
+    // One 8 kHz chunk sent = one 16 kHz frame read by the ingress.
+    assert_eq!(
+        r.frames.offered, r.frames.sent_by_producers,
+        "{:?}",
+        r.frames
+    );
+    assert_eq!(r.frames.unaccounted, 0, "{:?}", r.frames);
+    assert_eq!(r.ingress.overloads, 0);
+}
+
 #[test]
 fn the_binary_writes_json_and_charts() {
     let dir = tempfile::tempdir().expect("tempdir");

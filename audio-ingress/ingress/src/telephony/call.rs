@@ -16,6 +16,7 @@ use futures::stream::SplitStream;
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use weir_audio_telephony::codec::{Encoding, MediaFormat};
 use weir_audio_telephony::dialect::{self, Dialect, DialectError, Inbound, Start, Track};
 use weir_audio_telephony::outbound::OutboundConfig;
 use weir_protocol::WireName;
@@ -130,6 +131,13 @@ pub(super) async fn serve<S: Sink>(
         }
     };
     let label = dialect.as_str();
+    let return_format = match return_format(dialect, &start) {
+        Ok(f) => f,
+        Err(b) => {
+            count_bad(&b);
+            return finish_writer(writer, writer_task, Some(close(b.close, b.code))).await;
+        }
+    };
     let (handle, ticket) = match admit(&state, &start, token.as_deref()).await {
         Ok(opened) => opened,
         Err((code, reason)) => {
@@ -152,15 +160,13 @@ pub(super) async fn serve<S: Sink>(
         .send(Cmd::Start {
             dialect,
             stream_sid: start.stream_sid.clone(),
-            format: start.format,
+            format: return_format,
             events: events.clone(),
         })
         .await;
     let stop_intake = CancellationToken::new();
     let intake = match &state.nats {
-        Some(client) => {
-            spawn_intake(client, &subjects, &shared, &writer, &events, &stop_intake).await
-        }
+        Some(client) => spawn_intake(client, &subjects, &shared, &events, &stop_intake).await,
         None => None,
     };
     events.emit(json!({
@@ -169,6 +175,8 @@ pub(super) async fn serve<S: Sink>(
         "bot_audio": subjects.out, "control": subjects.ctl,
     }));
     let mut call = Call {
+        chunks_taken: metrics::counter!(m::TELEPHONY_CHUNKS_TOTAL, m::LABEL_OUTCOME => "taken"),
+        frames_in: metrics::counter!(m::TELEPHONY_FRAMES_TOTAL, m::LABEL_DIRECTION => "in"),
         handle,
         ticket,
         inbound: InboundAudio::new(start.format, cfg.reorder_window),
@@ -177,8 +185,12 @@ pub(super) async fn serve<S: Sink>(
     };
     let outcome = call.read(&mut stream, dialect, state.idle_timeout).await;
     stop_intake.cancel();
-    if let Some(task) = intake {
-        let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
+    if let Some(mut task) = intake
+        && tokio::time::timeout(Duration::from_secs(2), &mut task)
+            .await
+            .is_err()
+    {
+        task.abort();
     }
     let Call {
         handle,
@@ -291,7 +303,6 @@ async fn spawn_intake(
     client: &async_nats::Client,
     subjects: &Subjects,
     shared: &Arc<Shared>,
-    writer: &mpsc::Sender<Cmd>,
     events: &Events,
     stop: &CancellationToken,
 ) -> Option<tokio::task::JoinHandle<()>> {
@@ -301,12 +312,11 @@ async fn spawn_intake(
         Ok::<_, async_nats::SubscribeError>((audio, ctl))
     };
     match tokio::time::timeout(Duration::from_secs(2), subscribe).await {
-        Ok(Ok((audio, ctl))) => Some(tokio::spawn(outbound::intake(
+        Ok(Ok((audio, ctl))) => Some(tokio::spawn(outbound::intake::run(
             client.clone(),
             audio,
             ctl,
             Arc::clone(shared),
-            writer.clone(),
             events.clone(),
             stop.clone(),
         ))),
@@ -321,6 +331,9 @@ async fn spawn_intake(
 
 /// The open call's state while it reads.
 struct Call {
+    /// This call's per-chunk and per-frame counters, looked up once.
+    chunks_taken: metrics::Counter,
+    frames_in: metrics::Counter,
     handle: StreamHandle,
     ticket: Ticket,
     inbound: InboundAudio,
@@ -413,8 +426,7 @@ impl Call {
                         .increment(1);
                     return None;
                 }
-                metrics::counter!(m::TELEPHONY_CHUNKS_TOTAL, m::LABEL_OUTCOME => "taken")
-                    .increment(1);
+                self.chunks_taken.increment(1);
                 let accepted = self.inbound.accept(media, std::time::Instant::now());
                 self.after(accepted).await
             }
@@ -458,19 +470,24 @@ impl Call {
         if let Err(b) = result {
             return Some(Outcome::Bad(b));
         }
-        push_ready(&mut self.inbound, &self.handle).await.err()
+        push_ready(&mut self.inbound, &self.handle, &self.frames_in)
+            .await
+            .err()
     }
 }
 
 /// Pushes every ready frame and loss to the stream.
-async fn push_ready(inbound: &mut InboundAudio, handle: &StreamHandle) -> Result<(), Outcome> {
+async fn push_ready(
+    inbound: &mut InboundAudio,
+    handle: &StreamHandle,
+    frames_in: &metrics::Counter,
+) -> Result<(), Outcome> {
     while let Some(ready) = inbound.next_ready() {
         let pushed = match ready {
             Ready::Frame(pcm) => {
                 let r = handle.push(pcm).await.map(|_| ());
                 if r.is_ok() {
-                    metrics::counter!(m::TELEPHONY_FRAMES_TOTAL, m::LABEL_DIRECTION => "in")
-                        .increment(1);
+                    frames_in.increment(1);
                 }
                 r
             }
@@ -501,10 +518,14 @@ async fn end(
     let outcome = match outcome {
         Outcome::Stop => match inbound.finish() {
             Err(b) => Outcome::Bad(b),
-            Ok(()) => push_ready(inbound, &handle)
-                .await
-                .err()
-                .unwrap_or(Outcome::Stop),
+            Ok(()) => push_ready(
+                inbound,
+                &handle,
+                &metrics::counter!(m::TELEPHONY_FRAMES_TOTAL, m::LABEL_DIRECTION => "in"),
+            )
+            .await
+            .err()
+            .unwrap_or(Outcome::Stop),
         },
         other => other,
     };
@@ -526,7 +547,9 @@ async fn end(
             (EndReason::Error, close(b.close, b.code))
         }
         Outcome::Overload(o) => {
-            events.emit(door::overload_event(&o, &handle));
+            let mut ev = door::overload_event(&o, &handle);
+            ev["source"] = "caller".into();
+            events.emit(ev);
             handle.wait_ended().await;
             (
                 EndReason::Overload,
@@ -596,6 +619,31 @@ fn read_failure(e: axum::Error) -> Outcome {
         code,
         message: e.to_string(),
     })
+}
+
+/// The format of the call's return path: Twilio takes `audio/x-mulaw` at 8 kHz only;
+/// Telnyx takes what its `stream_bidirectional_codec` says, which the stream does not
+/// carry — the custom parameter `outbound_codec` (`PCMU`, the default, or `PCMA`)
+/// names it.
+fn return_format(dialect: Dialect, start: &Start) -> Result<MediaFormat, BadInput> {
+    let encoding = match (
+        dialect,
+        start.custom.get("outbound_codec").map(String::as_str),
+    ) {
+        (Dialect::Twilio, _) | (Dialect::Telnyx, None | Some("PCMU")) => Encoding::Pcmu,
+        (Dialect::Telnyx, Some("PCMA")) => Encoding::Pcma,
+        (Dialect::Telnyx, Some(other)) => {
+            return Err(BadInput {
+                close: close_code::UNSUPPORTED,
+                code: "unsupported_format",
+                message: format!(
+                    "start.custom_parameters.outbound_codec is {other:?}; PCMU or PCMA"
+                ),
+            });
+        }
+    };
+    MediaFormat::new(encoding, 8000, 1)
+        .map_err(|e| BadInput::policy("unsupported_format", e.to_string()))
 }
 
 /// The call's format as the events name it.

@@ -493,3 +493,164 @@ async fn next_event(sub: &mut async_nats::Subscriber) -> Value {
         .expect("subscription open");
     serde_json::from_slice(&msg.payload).expect("JSON event")
 }
+
+/// Reads the carrier's messages for `within`: (media count, the other events).
+async fn carrier_reads(ws: &mut Ws, within: Duration) -> (usize, Vec<Value>) {
+    let deadline = Instant::now() + within;
+    let (mut media, mut other) = (0, Vec::new());
+    while let Ok(Some(Ok(msg))) = tokio::time::timeout_at(deadline, ws.next()).await {
+        if let Message::Text(t) = msg {
+            let v: Value = serde_json::from_str(t.as_str()).expect("JSON");
+            if v["event"] == "media" {
+                media += 1;
+            } else {
+                other.push(v);
+            }
+        }
+    }
+    (media, other)
+}
+
+/// `clear` during playback drops the rest at once and names both marks never played;
+/// the carrier's `clear` comes before anything else and no media follows it. A reply's
+/// last partial frame is sent (padded), not held for the next reply. A bot message
+/// with a bad mark is refused whole and does not hold up the next one.
+#[tokio::test]
+async fn clear_during_playback_tail_frames_and_refused_marks() {
+    let (nats, bin, _collector) = setup(&[]).await;
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let mut events = client
+        .subscribe("weir.voice.events.play")
+        .await
+        .expect("subscribe");
+    client.flush().await.expect("flush");
+    let mut ws = connect(&bin, "/v1/telephony/twilio").await;
+    send(&mut ws, &connected()).await;
+    send(&mut ws, &start("play", "audio/x-mulaw", 8000)).await;
+    assert_eq!(next_event(&mut events).await["type"], "started");
+    let say = |mark: &'static str, bytes: usize| {
+        let client = client.clone();
+        async move {
+            let mut headers = async_nats::HeaderMap::new();
+            if !mark.is_empty() {
+                headers.insert("Weir-Mark", mark);
+            }
+            client
+                .publish_with_headers("weir.voice.out.play", headers, vec![1u8; bytes].into())
+                .await
+                .expect("publish");
+            client.flush().await.expect("flush");
+        }
+    };
+    say("a", 32_000).await;
+    say("b", 32_000).await;
+    let (played, _) = carrier_reads(&mut ws, Duration::from_millis(300)).await;
+    assert!(played >= 5, "{played} frames before the clear");
+    let reply = client
+        .request("weir.voice.ctl.play", r#"{"type":"clear"}"#.into())
+        .await
+        .expect("reply");
+    let cleared: Value = serde_json::from_slice(&reply.payload).expect("JSON");
+    assert_eq!(cleared["type"], "cleared");
+    assert_eq!(cleared["unplayed_marks"], json!(["a", "b"]), "{cleared}");
+    let dropped = cleared["frames"].as_u64().expect("frames");
+    assert!(
+        dropped + played as u64 >= 95 && dropped + played as u64 <= 100,
+        "{cleared} after {played}"
+    );
+    // At most one frame in flight, then the carrier's clear, then nothing.
+    let (before_clear, rest) = {
+        let mut media = 0;
+        loop {
+            let msg = tokio::time::timeout(STEP, ws.next())
+                .await
+                .expect("in time")
+                .expect("open")
+                .expect("message");
+            let Message::Text(t) = msg else { continue };
+            let v: Value = serde_json::from_str(t.as_str()).expect("JSON");
+            if v["event"] == "clear" {
+                break (
+                    media,
+                    carrier_reads(&mut ws, Duration::from_millis(200)).await,
+                );
+            }
+            media += 1;
+        }
+    };
+    assert!(
+        before_clear <= 3,
+        "{before_clear} media between the clear and the carrier's clear"
+    );
+    assert_eq!(rest.0, 0, "no media after the carrier's clear");
+
+    // A reply of 100 ms and 50 samples: 6 frames, the last padded.
+    say("", 3_200 + 100).await;
+    let (frames, _) = carrier_reads(&mut ws, Duration::from_millis(400)).await;
+    assert_eq!(frames, 6);
+
+    // A mark name over 256 bytes: refused with its audio, told; the next message plays.
+    let long: &'static str = Box::leak("m".repeat(300).into_boxed_str());
+    say(long, 640).await;
+    let err = loop {
+        let ev = next_event(&mut events).await;
+        if ev["type"] == "error" {
+            break ev;
+        }
+    };
+    assert_eq!(err["code"], "invalid_mark_name", "{err}");
+    say("", 640).await;
+    let (frames, _) = carrier_reads(&mut ws, Duration::from_millis(300)).await;
+    assert_eq!(
+        frames, 1,
+        "the refused message queued nothing; the next one plays"
+    );
+    send(&mut ws, &stop()).await;
+    let (_, close) = until_close(&mut ws).await;
+    assert_eq!(close, Some((1000, "stop".to_owned())));
+}
+
+/// Bot audio beyond the call's bound is refused whole and told on NATS (`overload`,
+/// `source: bot_audio`, with its mark); what was queued keeps playing.
+#[tokio::test]
+async fn bot_audio_over_the_bound_is_refused_and_told() {
+    let (nats, bin, _collector) = setup(&[
+        ("telephony.out_max_bytes", "65536"),
+        ("telephony.out_max_age_ms", "5000"),
+    ])
+    .await;
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let mut events = client
+        .subscribe("weir.voice.events.full")
+        .await
+        .expect("subscribe");
+    client.flush().await.expect("flush");
+    let mut ws = connect(&bin, "/v1/telephony/twilio").await;
+    send(&mut ws, &connected()).await;
+    send(&mut ws, &start("full", "audio/x-mulaw", 8000)).await;
+    assert_eq!(next_event(&mut events).await["type"], "started");
+    for mark in ["one", "two", "three"] {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Weir-Mark", mark);
+        client
+            .publish_with_headers("weir.voice.out.full", headers, vec![0u8; 32_000].into())
+            .await
+            .expect("publish");
+    }
+    client.flush().await.expect("flush");
+    let over = loop {
+        let ev = next_event(&mut events).await;
+        if ev["type"] == "overload" {
+            break ev;
+        }
+    };
+    assert_eq!(over["source"], "bot_audio", "{over}");
+    assert_eq!(over["reason"], "queue_full", "{over}");
+    assert_eq!(over["mark"], "three", "{over}");
+    assert_eq!(over["frames"], 50, "{over}");
+    let queued = bin.metric("weir_ingress_telephony_out_queue_bytes").await;
+    assert!(queued <= 65_536.0, "{queued}");
+    send(&mut ws, &stop()).await;
+    let (_, close) = until_close(&mut ws).await;
+    assert_eq!(close, Some((1000, "stop".to_owned())));
+}

@@ -88,9 +88,9 @@ fn tone_survives_up_then_down() {
     let mut back = Vec::new();
     Downsampler2x::new().process(&up, &mut back);
     assert_eq!(back.len(), x.len());
-    // Each direction delays by the same 2 ms: 16 samples at 8 kHz per direction.
+    // Each direction delays by the same 1.5 ms: 12 samples at 8 kHz per direction.
     let delay = Upsampler2x::DELAY_OUT_SAMPLES / 2 + Downsampler2x::DELAY_OUT_SAMPLES;
-    assert_eq!(delay, 32);
+    assert_eq!(delay, 24);
     let (a, b) = (&x[100..700], &back[100 + delay..700 + delay]);
     let dot = |p: &[i16], q: &[i16]| {
         p.iter()

@@ -1,0 +1,559 @@
+//! The Twilio transport of a synthetic producer (`--transport twilio`): the same stream
+//! life as the WebSocket one ([`super`]) — connect, one 20 ms chunk per tick (Skip),
+//! server messages counted, an orderly end or vanish at the stop time, reconnect under
+//! a new id after the server ended or refused the stream — spoken as Twilio Media
+//! Streams speaks to a customer's WebSocket server, on the telephony door
+//! `/v1/telephony/twilio`:
+//!
+//! - `connected` (`protocol` `Call`, `version` `1.0.0`), no sequence number;
+//! - `start` (`sequenceNumber` `"1"`): `streamSid` (`MZ…`), `callSid` (`CA…`),
+//!   `accountSid` (`AC…`), `tracks` `["inbound"]`, `mediaFormat`
+//!   `{"encoding":"audio/x-mulaw","sampleRate":8000,"channels":1}` and
+//!   `customParameters` `{"stream_id": <id>}` (the door's stream id);
+//! - one `media` per tick: `sequenceNumber`, `media.chunk` (from `"1"`) and
+//!   `media.timestamp` (ms since the stream started, from the tick's time) as strings,
+//!   `media.track` `inbound`, `media.payload` = 160 µ-law bytes in base64;
+//! - `stop` at the end (Twilio streams have no weir `end`: `stop` is the end); the
+//!   producer then waits (bounded by [`END_GRACE`]) for the server to close the socket.
+//!   Vanish = the TCP connection dropped without `stop` or a close frame.
+//!
+//! The server's messages on this route are carrier-dialect ones (`media`, `mark`,
+//! `clear`, ...): they are counted in `carrier_events`, never expected; there is no
+//! `closed` event. A message in weir's own shape (`{"type": ...}`) is counted as on the
+//! WebSocket route. A close frame before `stop` ends the stream early (counted as
+//! `ended_by_server`, retried under a new id as on the WebSocket route).
+//!
+//! Encoding: each distinct clip is downsampled to 8 kHz and µ-law encoded once, before
+//! the run, and every chunk's base64 payload is built then ([`TwilioClip`]); a
+//! producer's per-chunk work is one string format of the JSON. One 20 ms chunk at
+//! 8 kHz decodes to one 20 ms frame at 16 kHz, so frame accounting is the WebSocket
+//! one (one chunk sent = one frame sent).
+//!
+//! Invariants: every wait is bounded (connect, send, end grace); every chunk written is
+//! counted in `frames_sent` exactly once; chunk numbers are consecutive per connection
+//! (a skipped tick sends nothing and numbers nothing, as a skipped tick of the
+//! WebSocket producer).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use base64::Engine;
+use futures::{SinkExt, StreamExt};
+use rand::Rng;
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_tungstenite::tungstenite::Message;
+use weir_audio_telephony::codec::{Encoder, Encoding, MediaFormat};
+use weir_protocol::audio::FRAME_DURATION;
+
+use super::{
+    CONNECT_TIMEOUT, ConnectionEnd, END_GRACE, Producer, SEND_TIMEOUT, count_code, count_key,
+};
+use crate::error::{Error, ErrorKind};
+use crate::speech::SpeechClip;
+use crate::stats::record;
+
+/// The door's route for Twilio Media Streams.
+pub const ROUTE: &str = "/v1/telephony/twilio";
+
+/// µ-law bytes of one 20 ms chunk at 8 kHz.
+pub const CHUNK_BYTES: usize = 160;
+
+/// A clip's 20 ms chunks as base64 µ-law payloads, encoded once (shared by every
+/// producer of the clip).
+#[derive(Debug, Clone)]
+pub struct TwilioClip(Arc<Vec<String>>);
+
+impl TwilioClip {
+    /// Downsamples `clip` to 8 kHz and µ-law encodes it: one 160-byte payload (216
+    /// base64 characters) per 640-byte frame of the clip. The clip is a loop, so it is
+    /// encoded twice and the second pass kept: the resampler's history at the loop's
+    /// start is the clip's end, and the loop seam has no start-up transient.
+    pub fn encode(clip: &SpeechClip) -> Result<Self, Error> {
+        let format = MediaFormat::new(Encoding::Pcmu, 8000, 1)
+            .map_err(|e| Error::new(ErrorKind::Run, format!("µ-law format: {e}")))?;
+        let pcm: Vec<i16> = (0..clip.frames() as u64)
+            .flat_map(|i| {
+                let f = clip.frame(i);
+                f.chunks_exact(2)
+                    .map(|b| i16::from_le_bytes([b[0], b[1]]))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let mut encoder = Encoder::new(format);
+        let mut mulaw = Vec::with_capacity(pcm.len() / 2);
+        encoder.encode(&pcm, &mut mulaw);
+        mulaw.clear();
+        encoder.encode(&pcm, &mut mulaw);
+        if mulaw.len() != clip.frames() * CHUNK_BYTES {
+            return Err(Error::new(
+                ErrorKind::Run,
+                format!(
+                    "µ-law clip: {} bytes for {} frames (expected {} per frame)",
+                    mulaw.len(),
+                    clip.frames(),
+                    CHUNK_BYTES
+                ),
+            ));
+        }
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let payloads = mulaw
+            .chunks_exact(CHUNK_BYTES)
+            .map(|c| b64.encode(c))
+            .collect();
+        Ok(Self(Arc::new(payloads)))
+    }
+
+    /// Chunk `index` of the loop (wraps around), base64.
+    fn payload(&self, index: u64) -> &str {
+        &self.0[(index % self.0.len() as u64) as usize]
+    }
+}
+
+/// A fresh Twilio-shaped SID: `prefix` and 32 lowercase hex digits.
+fn sid(prefix: &str) -> String {
+    format!("{prefix}{:032x}", rand::rng().random::<u128>())
+}
+
+/// The messages of one Twilio stream, as Twilio writes them.
+struct Call {
+    stream_sid: String,
+    call_sid: String,
+    account_sid: String,
+}
+
+impl Call {
+    fn connected() -> String {
+        r#"{"event":"connected","protocol":"Call","version":"1.0.0"}"#.to_owned()
+    }
+
+    fn start(&self, id: &str) -> String {
+        serde_json::json!({
+            "event": "start",
+            "sequenceNumber": "1",
+            "start": {
+                "accountSid": self.account_sid,
+                "streamSid": self.stream_sid,
+                "callSid": self.call_sid,
+                "tracks": ["inbound"],
+                "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
+                "customParameters": {"stream_id": id},
+            },
+            "streamSid": self.stream_sid,
+        })
+        .to_string()
+    }
+
+    /// The hot path: one format, the payload pre-built.
+    fn media(&self, seq: u64, chunk: u64, timestamp_ms: u64, payload: &str) -> String {
+        format!(
+            r#"{{"event":"media","sequenceNumber":"{seq}","media":{{"track":"inbound","chunk":"{chunk}","timestamp":"{timestamp_ms}","payload":"{payload}"}},"streamSid":"{}"}}"#,
+            self.stream_sid
+        )
+    }
+
+    fn stop(&self, seq: u64) -> String {
+        serde_json::json!({
+            "event": "stop",
+            "sequenceNumber": seq.to_string(),
+            "streamSid": self.stream_sid,
+            "stop": {"accountSid": self.account_sid, "callSid": self.call_sid},
+        })
+        .to_string()
+    }
+}
+
+impl Producer {
+    /// One Twilio stream under `id` (see the module docs).
+    pub(super) async fn twilio_connection(
+        &self,
+        id: &str,
+        clip: &TwilioClip,
+        frame_index: &mut u64,
+    ) -> ConnectionEnd {
+        let counters = &self.counters;
+        let url = format!("ws://{}{ROUTE}", self.config.ws_addr);
+        let asked = Instant::now();
+        let connected =
+            tokio::time::timeout(CONNECT_TIMEOUT, tokio_tungstenite::connect_async(&url)).await;
+        let ws = match connected {
+            Ok(Ok((ws, _))) => ws,
+            Ok(Err(tokio_tungstenite::tungstenite::Error::Http(resp))) => {
+                record(&counters.refusal_latency, asked.elapsed());
+                let code = resp
+                    .body()
+                    .as_deref()
+                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
+                    .and_then(|v| v["error"]["code"].as_str().map(str::to_owned));
+                count_key(&counters.refusal_codes, code.as_deref().unwrap_or("none"));
+                let retry_after = resp.headers().get("retry-after");
+                let retry_after = retry_after.and_then(|v| v.to_str().ok());
+                if retry_after.is_some() {
+                    counters
+                        .refusals_with_retry_after
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                return self.refused(resp.status().as_u16(), retry_after);
+            }
+            Ok(Err(_)) | Err(_) => return self.connect_failed(),
+        };
+        counters.connects.fetch_add(1, Ordering::Relaxed);
+        let (mut sink, mut source) = ws.split();
+        let call = Call {
+            stream_sid: sid("MZ"),
+            call_sid: sid("CA"),
+            account_sid: sid("AC"),
+        };
+
+        // The reader counts the server's messages and tells the sender to stop when the
+        // server ends the stream (a close frame, an error or EOF).
+        let server_done = Arc::new(AtomicBool::new(false));
+        let mut reader = {
+            let counters = self.counters.clone();
+            let server_done = server_done.clone();
+            tokio::spawn(async move {
+                while let Some(msg) = source.next().await {
+                    match msg {
+                        Ok(Message::Text(text)) => {
+                            let v: serde_json::Value =
+                                serde_json::from_str(text.as_str()).unwrap_or_default();
+                            if v.get("event").is_some() {
+                                counters.carrier_events.fetch_add(1, Ordering::Relaxed);
+                            } else if counters.count_event(&v) == Some("overload") {
+                                server_done.store(true, Ordering::Relaxed);
+                            }
+                        }
+                        Ok(Message::Close(frame)) => {
+                            let code = frame.as_ref().map(|f| u16::from(f.code)).unwrap_or(1005);
+                            count_code(&counters.close_codes, code);
+                            break;
+                        }
+                        Ok(_) => {}
+                        Err(_) => break,
+                    }
+                }
+                server_done.store(true, Ordering::Relaxed);
+            })
+        };
+
+        let mut outcome = None;
+        for text in [Call::connected(), call.start(id)] {
+            let sent = tokio::time::timeout(SEND_TIMEOUT, sink.send(Message::Text(text.into())));
+            if !matches!(sent.await, Ok(Ok(()))) {
+                outcome = Some(());
+                break;
+            }
+        }
+
+        let mut interval = tokio::time::interval(FRAME_DURATION);
+        interval.set_missed_tick_behavior(MissedTickBehavior::Skip);
+        let began = Instant::now();
+        // `start` was message 1.
+        let mut seq: u64 = 1;
+        let mut sent_here: u64 = 0;
+        while outcome.is_none() {
+            let tick = interval.tick().await;
+            if tick >= self.stop_at {
+                break;
+            }
+            if server_done.load(Ordering::Relaxed) {
+                outcome = Some(());
+                break;
+            }
+            seq += 1;
+            let timestamp_ms = tick.saturating_duration_since(began).as_millis() as u64;
+            let text = call.media(seq, sent_here + 1, timestamp_ms, clip.payload(*frame_index));
+            *frame_index += 1;
+            match tokio::time::timeout(SEND_TIMEOUT, sink.send(Message::Text(text.into()))).await {
+                Ok(Ok(())) => {
+                    sent_here += 1;
+                    counters.frames_sent.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(Err(_)) | Err(_) => {
+                    if !server_done.load(Ordering::Relaxed) {
+                        counters.broken.fetch_add(1, Ordering::Relaxed);
+                    }
+                    outcome = Some(());
+                }
+            }
+        }
+        self.count_missed(began, sent_here);
+
+        if outcome.is_some() {
+            // The server ended the stream (or the socket broke) before the stop time.
+            counters.ended_by_server.fetch_add(1, Ordering::Relaxed);
+            let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
+            if tokio::time::timeout(Duration::from_secs(1), &mut reader)
+                .await
+                .is_err()
+            {
+                reader.abort();
+            }
+            return if Instant::now() >= self.stop_at {
+                ConnectionEnd::Stop
+            } else {
+                ConnectionEnd::Retry(self.backoff(Duration::ZERO))
+            };
+        }
+        if self.vanish {
+            // No `stop`, no close frame: the TCP connection just ends.
+            counters.vanished.fetch_add(1, Ordering::Relaxed);
+            reader.abort();
+            drop(sink);
+            return ConnectionEnd::Finished;
+        }
+        let stop = Message::Text(call.stop(seq + 1).into());
+        if matches!(
+            tokio::time::timeout(SEND_TIMEOUT, sink.send(stop)).await,
+            Ok(Ok(()))
+        ) {
+            counters.ended.fetch_add(1, Ordering::Relaxed);
+        }
+        // The server closes the socket after `stop` (bounded wait); our close frame then
+        // completes the handshake (or, if the server did not close, starts it).
+        let server_closed = tokio::time::timeout(END_GRACE, &mut reader).await.is_ok();
+        let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
+        if !server_closed
+            && tokio::time::timeout(Duration::from_secs(1), &mut reader)
+                .await
+                .is_err()
+        {
+            reader.abort();
+        }
+        ConnectionEnd::Finished
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::producers::{ProducerConfig, ProducerCounters, Transport, start};
+    use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+
+    /// The door's own parser (the telephony crate's Twilio dialect) reads every message
+    /// the producer writes as Twilio's.
+    #[test]
+    fn the_door_s_parser_reads_the_producer_s_messages() {
+        use weir_audio_telephony::dialect::{Dialect, Inbound, Track, detect, parse};
+        let call = Call {
+            stream_sid: sid("MZ"),
+            call_sid: sid("CA"),
+            account_sid: sid("AC"),
+        };
+        let connected = Call::connected();
+        assert_eq!(detect(&connected), Some(Dialect::Twilio));
+        assert!(matches!(
+            parse(Dialect::Twilio, &connected),
+            Ok(Inbound::Connected { .. })
+        ));
+        let Ok(Inbound::Start(start)) = parse(Dialect::Twilio, &call.start("s3")) else {
+            panic!("start refused: {}", call.start("s3"));
+        };
+        assert_eq!(start.seq, Some(1));
+        assert_eq!(start.stream_sid, call.stream_sid);
+        assert_eq!(start.call_id, call.call_sid);
+        assert_eq!(
+            start.custom.get("stream_id").map(String::as_str),
+            Some("s3")
+        );
+        assert_eq!(start.tracks, vec![Track::Inbound]);
+        assert_eq!(start.format.samples_per_ms() * 20, CHUNK_BYTES);
+        let clip = TwilioClip::encode(&SpeechClip::render(5, 10)).expect("encodes");
+        let text = call.media(7, 6, 100, clip.payload(5));
+        let Ok(Inbound::Media(media)) = parse(Dialect::Twilio, &text) else {
+            panic!("media refused: {text}");
+        };
+        assert_eq!(
+            (media.seq, media.chunk, media.timestamp_ms),
+            (Some(7), 6, 100)
+        );
+        assert_eq!(media.track, Track::Inbound);
+        assert_eq!(media.payload.len(), CHUNK_BYTES);
+        assert_eq!(parse(Dialect::Twilio, &call.stop(8)), Ok(Inbound::Stop));
+    }
+
+    /// What a stand-in door saw of one stream.
+    #[derive(Debug, Default)]
+    struct Seen {
+        stream_id: String,
+        media: u64,
+        stopped: bool,
+    }
+
+    /// A stand-in for the telephony door: checks the Twilio dialect message by message
+    /// (connected, start, consecutive chunks of 160 bytes, stop), answers each `media`
+    /// 100th with a `mark` (a carrier-dialect message) and closes after `stop`.
+    async fn door(listener: tokio::net::TcpListener, streams: usize) -> Vec<Seen> {
+        let mut calls = tokio::task::JoinSet::new();
+        for _ in 0..streams {
+            let Ok(Ok((tcp, _))) =
+                tokio::time::timeout(Duration::from_secs(5), listener.accept()).await
+            else {
+                break;
+            };
+            calls.spawn(async move {
+                let mut ws = tokio_tungstenite::accept_async(tcp).await.expect("upgrade");
+                let mut seen = Seen::default();
+                let b64 = base64::engine::general_purpose::STANDARD;
+                let mut n = 0u64;
+                while let Some(Ok(msg)) = ws.next().await {
+                    let Message::Text(text) = msg else { continue };
+                    let v: serde_json::Value = serde_json::from_str(text.as_str()).expect("JSON");
+                    n += 1;
+                    match (n, v["event"].as_str()) {
+                        (1, Some("connected")) => assert_eq!(v["protocol"], "Call"),
+                        (2, Some("start")) => {
+                            assert_eq!(v["sequenceNumber"], "1");
+                            let id = v["start"]["customParameters"]["stream_id"].as_str();
+                            seen.stream_id = id.expect("stream_id").to_owned();
+                        }
+                        (_, Some("media")) => {
+                            seen.media += 1;
+                            assert_eq!(v["sequenceNumber"], (seen.media + 1).to_string());
+                            assert_eq!(v["media"]["chunk"], seen.media.to_string());
+                            let payload = v["media"]["payload"].as_str().expect("payload");
+                            let bytes = b64.decode(payload).expect("base64");
+                            assert_eq!(bytes.len(), CHUNK_BYTES);
+                            if seen.media % 100 == 1 {
+                                let mark =
+                                    r#"{"event":"mark","streamSid":"MZ0","mark":{"name":"m"}}"#;
+                                ws.send(Message::Text(mark.into())).await.expect("mark");
+                            }
+                        }
+                        (_, Some("stop")) => {
+                            assert_eq!(v["sequenceNumber"], (seen.media + 2).to_string());
+                            seen.stopped = true;
+                            let _ = ws
+                                .close(Some(CloseFrame {
+                                    code: CloseCode::Normal,
+                                    reason: "".into(),
+                                }))
+                                .await;
+                        }
+                        other => panic!("unexpected message {other:?}: {v}"),
+                    }
+                }
+                seen
+            });
+        }
+        calls.join_all().await
+    }
+
+    async fn run(streams: usize, vanish_share: f64) -> (Vec<Seen>, super::super::ProducerSnapshot) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let ws_addr = listener.local_addr().expect("addr");
+        let door = tokio::spawn(door(listener, streams));
+        let counters = Arc::new(ProducerCounters::default());
+        let config = ProducerConfig {
+            ws_addr,
+            streams,
+            id_prefix: "t".to_owned(),
+            duration: Duration::from_millis(600),
+            vanish_share,
+            reconnect: false,
+            reconnect_delay: Duration::from_millis(100),
+            start_spread: Duration::from_millis(50),
+            transport: Transport::Twilio,
+            ids: None,
+        };
+        let producers = start(config, 1, counters.clone());
+        tokio::time::timeout(Duration::from_secs(10), producers.join_all())
+            .await
+            .expect("producers end");
+        let seen = tokio::time::timeout(Duration::from_secs(10), door)
+            .await
+            .expect("door ends")
+            .expect("door task");
+        (seen, counters.snapshot())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_twilio_stream_is_sent_and_stopped_as_twilio_does() {
+        let (seen, p) = run(2, 0.0).await;
+        assert_eq!(seen.len(), 2);
+        let mut ids: Vec<&str> = seen.iter().map(|s| s.stream_id.as_str()).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, ["t0", "t1"]);
+        assert!(seen.iter().all(|s| s.stopped), "{seen:?}");
+        let media: u64 = seen.iter().map(|s| s.media).sum();
+        assert_eq!(p.frames_sent, media, "every chunk written arrived: {p:?}");
+        assert!(media >= 40, "30 ticks per stream nominal: {media}");
+        assert_eq!((p.connects, p.ended, p.vanished, p.broken), (2, 2, 0, 0));
+        assert_eq!(p.ended_by_server, 0, "{p:?}");
+        assert_eq!(p.carrier_events, 2, "one mark each: {p:?}");
+        assert_eq!(p.closed_events, 0);
+        assert_eq!(p.close_codes.get(&1000), Some(&2), "{p:?}");
+        assert_eq!(p.active, 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_vanishing_twilio_stream_sends_no_stop() {
+        let (seen, p) = run(2, 1.0).await;
+        assert_eq!(seen.len(), 2);
+        assert!(seen.iter().all(|s| !s.stopped && s.media > 0), "{seen:?}");
+        let media: u64 = seen.iter().map(|s| s.media).sum();
+        assert_eq!(p.frames_sent, media, "{p:?}");
+        assert_eq!((p.vanished, p.ended, p.ended_by_server), (2, 0, 0), "{p:?}");
+        assert!(p.close_codes.is_empty(), "{p:?}");
+    }
+
+    #[test]
+    fn a_clip_becomes_one_base64_payload_of_160_bytes_per_frame() {
+        let clip = SpeechClip::render(3, 50);
+        let tw = TwilioClip::encode(&clip).expect("encodes");
+        assert_eq!(tw.0.len(), 50);
+        let b64 = base64::engine::general_purpose::STANDARD;
+        for i in 0..50 {
+            let bytes = b64.decode(tw.payload(i)).expect("base64");
+            assert_eq!(bytes.len(), CHUNK_BYTES);
+        }
+        assert_eq!(tw.payload(3), tw.payload(53), "a loop");
+        // Speech, not µ-law silence (0xFF / 0x7F) everywhere.
+        let loud = (0..50)
+            .map(|i| b64.decode(tw.payload(i)).expect("base64"))
+            .filter(|c| c.iter().any(|&b| b & 0x7F < 0x40))
+            .count();
+        assert!(loud > 10, "{loud} loud chunks");
+    }
+
+    #[test]
+    fn messages_are_twilio_shaped() {
+        let call = Call {
+            stream_sid: sid("MZ"),
+            call_sid: sid("CA"),
+            account_sid: sid("AC"),
+        };
+        assert_eq!(call.stream_sid.len(), 34);
+        assert!(call.call_sid.starts_with("CA"));
+        let start: serde_json::Value =
+            serde_json::from_str(&call.start("s7r1")).expect("start is JSON");
+        assert_eq!(start["event"], "start");
+        assert_eq!(start["sequenceNumber"], "1");
+        assert_eq!(start["streamSid"], call.stream_sid.as_str());
+        assert_eq!(start["start"]["customParameters"]["stream_id"], "s7r1");
+        assert_eq!(start["start"]["tracks"][0], "inbound");
+        assert_eq!(
+            start["start"]["mediaFormat"],
+            serde_json::json!({"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1})
+        );
+        let media: serde_json::Value =
+            serde_json::from_str(&call.media(2, 1, 20, "AAEC")).expect("media is JSON");
+        assert_eq!(media["event"], "media");
+        assert_eq!(media["sequenceNumber"], "2");
+        assert_eq!(media["media"]["chunk"], "1");
+        assert_eq!(media["media"]["timestamp"], "20");
+        assert_eq!(media["media"]["track"], "inbound");
+        assert_eq!(media["media"]["payload"], "AAEC");
+        assert_eq!(media["streamSid"], call.stream_sid.as_str());
+        let stop: serde_json::Value = serde_json::from_str(&call.stop(9)).expect("stop is JSON");
+        assert_eq!(stop["event"], "stop");
+        assert_eq!(stop["sequenceNumber"], "9");
+        assert_eq!(stop["stop"]["callSid"], call.call_sid.as_str());
+        let connected: serde_json::Value =
+            serde_json::from_str(&Call::connected()).expect("connected is JSON");
+        assert_eq!(connected["protocol"], "Call");
+    }
+}
