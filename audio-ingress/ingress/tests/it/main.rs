@@ -21,6 +21,7 @@ mod resume_ws;
 mod stall_bound_e2e;
 mod support;
 mod tap_cli;
+mod telephony_conformance;
 mod telephony_door;
 mod whip_aiortc;
 mod whip_rust;
