@@ -303,7 +303,7 @@ fn every_key_is_settable() {
         (Vec::new(), Vec::new()),
         "SECTIONS documents exactly the keys of RawConfig"
     );
-    assert_eq!(SECTIONS.iter().map(|s| s.docs().count()).sum::<usize>(), 79);
+    assert_eq!(SECTIONS.iter().map(|s| s.docs().count()).sum::<usize>(), 80);
     let err = load(&[], &[("jetstream_stream", "a.b")]).expect_err("dot");
     assert_eq!(err.key(), "jetstream_stream");
     let err = load(&[], &[("jetstream_duplicate_window_s", "7200")]).expect_err("window");

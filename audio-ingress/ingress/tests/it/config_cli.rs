@@ -26,7 +26,7 @@ fn list_keys_prints_every_key_with_its_default() {
         .expect("run audio-ingress");
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(text.lines().count(), 79, "{text}");
+    assert_eq!(text.lines().count(), 80, "{text}");
     let line = |key: &str| {
         text.lines()
             .find(|l| l.split_whitespace().next() == Some(key))

@@ -243,8 +243,10 @@ impl Writer {
                 // Told at once: the bot audio still queued will not be played.
                 if let Some(s) = &self.started {
                     let frames = self.shared.with_outbox(|o, _| o.queue.queued_frames()) as u64;
-                    s.events.emit(serde_json::json!({"type": "overload", "source": "bot_audio",
-                        "reason": "carrier_stalled", "frames": frames, "ms": frames * 20}));
+                    s.events.emit(
+                        serde_json::json!({"type": "overload", "source": "bot_audio",
+                        "reason": "carrier_stalled", "frames": frames, "ms": frames * 20}),
+                    );
                 }
                 self.shared.gone.cancel();
                 false
