@@ -46,6 +46,14 @@ pub fn prometheus() -> PrometheusHandle {
         .clone()
 }
 
+/// The `audio-ingress` binary the tests start: this build's, or `WEIR_INGRESS_BIN`
+/// (e.g. `target/release/audio-ingress`, to take a test's figures on a release build).
+pub fn binary() -> PathBuf {
+    std::env::var_os("WEIR_INGRESS_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_audio-ingress")))
+}
+
 /// A running `audio-ingress serve` (killed on drop).
 pub struct Binary {
     /// The process.
@@ -72,7 +80,7 @@ impl Binary {
         nats_url: &str,
         sets: &[(&str, &str)],
     ) -> Self {
-        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_audio-ingress"));
+        let mut cmd = tokio::process::Command::new(binary());
         cmd.arg("serve").args(args).envs(envs.iter().copied());
         // Listen, admin and NATS come after `args`: the last value of a flag wins.
         cmd.args([
