@@ -281,6 +281,10 @@ pub struct ProducerReport {
     pub ended_by_server: u64,
     /// Close codes received.
     pub close_codes: BTreeMap<u16, u64>,
+    /// Messages in a carrier's dialect the server sent (`--transport twilio`: `media`,
+    /// `mark`, `clear`); 0 for the other transports.
+    #[serde(default)]
+    pub carrier_events: u64,
 }
 
 impl ProducerReport {
@@ -300,6 +304,7 @@ impl ProducerReport {
             vanished: p.vanished,
             ended_by_server: p.ended_by_server,
             close_codes: p.close_codes.clone(),
+            carrier_events: p.carrier_events,
         }
     }
 }
@@ -423,7 +428,7 @@ pub struct RunReport {
     pub streams: usize,
     /// Design.
     pub design: Design,
-    /// How the producers reached the ingress (`ws`, `whip`).
+    /// How the producers reached the ingress (`ws`, `whip`, `twilio`).
     pub transport: crate::producers::Transport,
     /// Seconds the producers sent.
     pub duration_s: f64,
