@@ -351,9 +351,9 @@ impl Call {
         let idle = tokio::time::sleep(idle_timeout);
         tokio::pin!(idle);
         let mut last_message = Instant::now();
-        // Registered once: a fresh `cancelled()` per message took the token's lock.
-        let gone = self.shared.gone.clone();
-        let gone = gone.cancelled();
+        // Registered once for the call, not per message.
+        let shared = Arc::clone(&self.shared);
+        let gone = shared.gone();
         tokio::pin!(gone);
         loop {
             let reorder_due = self.inbound.deadline();

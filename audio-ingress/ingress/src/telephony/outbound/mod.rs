@@ -7,7 +7,7 @@
 //!   the queued bot audio when it is due (`weir_audio_telephony::outbound::OutQueue`:
 //!   real time, `telephony.out_lead_ms` ahead), encoded to the call's return format,
 //!   and its marks. Every send is bounded by `ws_send_timeout_ms`; the first that
-//!   fails or times out abandons the socket and cancels the call's `gone` token.
+//!   fails or times out abandons the socket and tells the reader ([`Shared::gone`]).
 //! - **Intake.** Reads `<prefix>.ctl.<stream>` (first) and `<prefix>.out.<stream>` all
 //!   the time, whatever the socket does, so the NATS client never buffers a call's
 //!   audio: it goes into the queue or is refused there (the call's bytes bound, or
@@ -27,13 +27,12 @@
 pub mod intake;
 pub mod writer;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde_json::json;
 use tokio::sync::Notify;
 use weir_audio_telephony::outbound::{DropReason, Dropped, Marks, OutQueue, OutboundConfig};
-use weir_service::shutdown::CancellationToken;
 
 use crate::metrics as m;
 
@@ -54,8 +53,11 @@ pub struct Shared {
     marks: Mutex<Marks>,
     /// New audio, or a clear.
     pub(super) wake: Notify,
-    /// Cancelled when the socket is abandoned (a send failed or timed out).
-    pub gone: CancellationToken,
+    /// Set (and the reader woken) when the socket is abandoned (a send failed or
+    /// timed out). A flag and a `Notify`, not a token: the reader's wait for it is
+    /// polled at every carrier message, and a token's poll takes its lock.
+    gone: AtomicBool,
+    gone_wake: Notify,
     /// Bytes queued by every call of the door, and their bound.
     total: Arc<AtomicUsize>,
     total_max: usize,
@@ -73,10 +75,28 @@ impl Shared {
             }),
             marks: Mutex::new(Marks::default()),
             wake: Notify::new(),
-            gone: CancellationToken::new(),
+            gone: AtomicBool::new(false),
+            gone_wake: Notify::new(),
             total,
             total_max,
         })
+    }
+
+    /// The writer gave up on the socket: the reader stops.
+    pub(super) fn abandon(&self) {
+        self.gone.store(true, Ordering::Release);
+        self.gone_wake.notify_waiters();
+    }
+
+    /// Waits until the socket is abandoned (at once if it already is).
+    pub async fn gone(&self) {
+        let notified = self.gone_wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if self.gone.load(Ordering::Acquire) {
+            return;
+        }
+        notified.await;
     }
 
     /// Whether `len` more bytes would take every call's bot audio over its bound (a

@@ -231,7 +231,7 @@ impl Writer {
         match tokio::time::timeout(self.send_timeout, self.sink.send(message)).await {
             Ok(Ok(())) => true,
             Ok(Err(_)) => {
-                self.shared.gone.cancel();
+                self.shared.abandon();
                 false
             }
             Err(_) => {
@@ -248,7 +248,7 @@ impl Writer {
                         "reason": "carrier_stalled", "frames": frames, "ms": frames * 20}),
                     );
                 }
-                self.shared.gone.cancel();
+                self.shared.abandon();
                 false
             }
         }
