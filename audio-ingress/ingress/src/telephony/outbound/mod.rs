@@ -88,6 +88,11 @@ impl Shared {
         self.gone_wake.notify_waiters();
     }
 
+    /// Whether the socket was abandoned.
+    pub fn is_gone(&self) -> bool {
+        self.gone.load(Ordering::Acquire)
+    }
+
     /// Waits until the socket is abandoned (at once if it already is).
     pub async fn gone(&self) {
         let notified = self.gone_wake.notified();
