@@ -346,6 +346,47 @@ pub(super) fn unsupported(message: String) -> DialectError {
     DialectError::new(DialectErrorKind::UnsupportedFormat, message)
 }
 
+/// A `start`'s media format object, both carriers' (`sampleRate` is Twilio's name of
+/// `sample_rate`).
+#[derive(serde::Deserialize)]
+pub(super) struct FormatBody<'a> {
+    #[serde(borrow, default)]
+    encoding: Option<Loose<'a>>,
+    #[serde(borrow, default, alias = "sampleRate")]
+    sample_rate: Option<Loose<'a>>,
+    #[serde(borrow, default)]
+    channels: Option<Loose<'a>>,
+}
+
+/// The media format object at `path` (`rate` names its rate member in the carrier's
+/// spelling; `encoding_of` maps the carrier's encoding names), validated; a missing
+/// `channels` is 1.
+pub(super) fn read_format(
+    value: &Option<Obj<FormatBody<'_>>>,
+    path: &str,
+    rate: &str,
+    encoding_of: fn(&str) -> Option<Encoding>,
+) -> Result<MediaFormat, DialectError> {
+    let format = object(value, path)?;
+    let name = |member: &str| format!("{path}.{member}");
+    let encoding_text = string(
+        required(&format.encoding, &name("encoding"))?,
+        &name("encoding"),
+    )?;
+    let sample_rate = number(required(&format.sample_rate, &name(rate))?, &name(rate))?;
+    let channels = match &format.channels {
+        Some(c) => number(c, &name("channels"))?,
+        None => 1,
+    };
+    media_format(
+        path,
+        encoding_text,
+        encoding_of(encoding_text),
+        sample_rate,
+        channels,
+    )
+}
+
 /// The validated format, or UnsupportedFormat naming what the carrier asked for.
 pub(super) fn media_format(
     name: &str,

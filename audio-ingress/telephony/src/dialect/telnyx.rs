@@ -11,9 +11,8 @@
 use std::collections::BTreeMap;
 
 use super::members::{
-    DtmfBody, Loose, MarkBody, MediaBody, Obj, custom_parameters, dtmf, event, mark, media,
-    media_format, number, object, optional_code, optional_number, optional_string, required,
-    string,
+    DtmfBody, FormatBody, Loose, MarkBody, MediaBody, Obj, custom_parameters, dtmf, event, mark,
+    media, object, optional_code, optional_number, optional_string, read_format, required, string,
 };
 use super::{DialectError, Inbound, Start, invalid_json};
 use crate::codec::Encoding;
@@ -53,16 +52,6 @@ struct StartBody<'a> {
 }
 
 #[derive(serde::Deserialize)]
-struct FormatBody<'a> {
-    #[serde(borrow, default)]
-    encoding: Option<Loose<'a>>,
-    #[serde(borrow, default)]
-    sample_rate: Option<Loose<'a>>,
-    #[serde(borrow, default)]
-    channels: Option<Loose<'a>>,
-}
-
-#[derive(serde::Deserialize)]
 struct ErrorBody<'a> {
     #[serde(borrow, default)]
     code: Option<Loose<'a>>,
@@ -99,37 +88,18 @@ fn start(msg: &Message<'_>, seq: Option<u64>) -> Result<Inbound, DialectError> {
         required(&body.call_control_id, "start.call_control_id")?,
         "start.call_control_id",
     )?;
-    let format = object(&body.media_format, "start.media_format")?;
-    let encoding_text = string(
-        required(&format.encoding, "start.media_format.encoding")?,
-        "start.media_format.encoding",
+    let format = read_format(
+        &body.media_format,
+        "start.media_format",
+        "sample_rate",
+        encoding_of,
     )?;
-    let encoding = match encoding_text {
-        "PCMU" => Some(Encoding::Pcmu),
-        "PCMA" => Some(Encoding::Pcma),
-        "L16" => Some(Encoding::L16),
-        _ => None,
-    };
-    let sample_rate = number(
-        required(&format.sample_rate, "start.media_format.sample_rate")?,
-        "start.media_format.sample_rate",
-    )?;
-    let channels = match &format.channels {
-        Some(c) => number(c, "start.media_format.channels")?,
-        None => 1,
-    };
     Ok(Inbound::Start(Start {
         seq,
         stream_sid: stream_sid.to_owned(),
         call_id: call_id.to_owned(),
         account: optional_string(&body.user_id, "start.user_id")?,
-        format: media_format(
-            "start.media_format",
-            encoding_text,
-            encoding,
-            sample_rate,
-            channels,
-        )?,
+        format,
         tracks: Vec::new(),
         custom: custom_parameters(&body.custom_parameters, "start.custom_parameters")?,
     }))
@@ -149,4 +119,14 @@ fn error(body: &Option<Obj<Box<ErrorBody<'_>>>>) -> Result<Inbound, DialectError
         title: optional_string(&body.title, "payload.title")?,
         detail: optional_string(&body.detail, "payload.detail")?,
     })
+}
+
+/// The encodings this carrier names in `start`.
+fn encoding_of(name: &str) -> Option<Encoding> {
+    match name {
+        "PCMU" => Some(Encoding::Pcmu),
+        "PCMA" => Some(Encoding::Pcma),
+        "L16" => Some(Encoding::L16),
+        _ => None,
+    }
 }

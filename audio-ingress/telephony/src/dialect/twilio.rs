@@ -9,9 +9,8 @@
 use std::collections::BTreeMap;
 
 use super::members::{
-    DtmfBody, Loose, MarkBody, MediaBody, Obj, custom_parameters, dtmf, event, mark, media,
-    media_format, missing, number, object, optional_number, optional_string, required, string,
-    track,
+    DtmfBody, FormatBody, Loose, MarkBody, MediaBody, Obj, custom_parameters, dtmf, event, mark,
+    media, missing, object, optional_number, optional_string, read_format, required, string, track,
 };
 use super::{DialectError, DialectErrorKind, Inbound, Start, invalid_json};
 use crate::codec::Encoding;
@@ -52,16 +51,6 @@ struct StartBody<'a> {
     custom_parameters: Option<Obj<BTreeMap<String, Loose<'a>>>>,
     #[serde(borrow, default, rename = "mediaFormat")]
     media_format: Option<Obj<FormatBody<'a>>>,
-}
-
-#[derive(serde::Deserialize)]
-struct FormatBody<'a> {
-    #[serde(borrow, default)]
-    encoding: Option<Loose<'a>>,
-    #[serde(borrow, default, rename = "sampleRate")]
-    sample_rate: Option<Loose<'a>>,
-    #[serde(borrow, default)]
-    channels: Option<Loose<'a>>,
 }
 
 pub(super) fn parse(text: &str) -> Result<Inbound, DialectError> {
@@ -105,37 +94,28 @@ fn start(msg: &Message<'_>, seq: Option<u64>) -> Result<Inbound, DialectError> {
             ));
         }
     };
-    let format = object(&body.media_format, "start.mediaFormat")?;
-    let encoding_text = string(
-        required(&format.encoding, "start.mediaFormat.encoding")?,
-        "start.mediaFormat.encoding",
+    let format = read_format(
+        &body.media_format,
+        "start.mediaFormat",
+        "sampleRate",
+        encoding_of,
     )?;
-    let encoding = match encoding_text {
-        "audio/x-mulaw" => Some(Encoding::Pcmu),
-        "audio/x-alaw" => Some(Encoding::Pcma),
-        _ => None,
-    };
-    let sample_rate = number(
-        required(&format.sample_rate, "start.mediaFormat.sampleRate")?,
-        "start.mediaFormat.sampleRate",
-    )?;
-    let channels = match &format.channels {
-        Some(c) => number(c, "start.mediaFormat.channels")?,
-        None => 1,
-    };
     Ok(Inbound::Start(Start {
         seq,
         stream_sid: stream_sid.to_owned(),
         call_id: call_id.to_owned(),
         account: optional_string(&body.account_sid, "start.accountSid")?,
-        format: media_format(
-            "start.mediaFormat",
-            encoding_text,
-            encoding,
-            sample_rate,
-            channels,
-        )?,
+        format,
         tracks,
         custom: custom_parameters(&body.custom_parameters, "start.customParameters")?,
     }))
+}
+
+/// The encodings this carrier names in `start`.
+fn encoding_of(name: &str) -> Option<Encoding> {
+    match name {
+        "audio/x-mulaw" => Some(Encoding::Pcmu),
+        "audio/x-alaw" => Some(Encoding::Pcma),
+        _ => None,
+    }
 }
