@@ -36,11 +36,14 @@ const HALF_TAPS: usize = 10;
 const KAISER_BETA: f64 = 4.0;
 /// Outputs computed side by side (one AVX register, two SSE ones, of f32).
 const LANES: usize = 8;
-/// The history (and interpolator) length: `2·HALF_TAPS` rounded up to whole lanes; the
-/// oldest positions carry zero coefficients.
-const WINDOW: usize = (2 * HALF_TAPS).div_ceil(LANES) * LANES;
+/// The history (and interpolator) length: `2·HALF_TAPS`.
+const WINDOW: usize = 2 * HALF_TAPS;
 
 static TAPS: LazyLock<[f32; WINDOW]> = LazyLock::new(design);
+/// The interpolator's distinct coefficients, innermost pair first: `HALF[i]` weighs the
+/// inputs `HALF_TAPS − 1 − i` and `HALF_TAPS + i` of a window.
+static HALF: LazyLock<[f32; HALF_TAPS]> =
+    LazyLock::new(|| std::array::from_fn(|i| TAPS[HALF_TAPS + i]));
 
 /// The interpolator `g`, as used: `WINDOW` f32 coefficients, oldest input first, the
 /// `2·HALF_TAPS` non-zero ones at the end, symmetric, summing to 1 (in f64).
@@ -96,16 +99,20 @@ fn bessel_i0(x: f64) -> f64 {
 /// stack buffer, so each output's window is a contiguous slice.
 const BLOCK: usize = 64;
 
-/// `LANES` consecutive outputs of the interpolator: `out[l] = Σ_j taps[j]·buf[l + j]`.
-/// One tap times `LANES` neighbouring inputs per step: the compiler vectorises the inner
-/// loop, and each output's sum runs in the same order wherever its block starts.
+/// `LANES` consecutive outputs of the interpolator: `out[l] = Σ_j taps[j]·buf[l + j]`,
+/// computed from the symmetry as `Σ_i HALF[i]·(buf[l + HALF_TAPS − 1 − i] +
+/// buf[l + HALF_TAPS + i])`: one multiply per pair of taps. One coefficient times `LANES`
+/// neighbouring pairs per step: the compiler vectorises the inner loop, and each output's
+/// sum runs in the same order wherever its block starts.
 #[inline]
-fn interpolate_lanes(taps: &[f32; WINDOW], buf: &[f32]) -> [f32; LANES] {
+fn interpolate_lanes(half: &[f32; HALF_TAPS], buf: &[f32]) -> [f32; LANES] {
     let mut acc = [0f32; LANES];
     let buf = &buf[..WINDOW + LANES - 1];
-    for (j, &t) in taps.iter().enumerate() {
-        for (a, &x) in acc.iter_mut().zip(&buf[j..j + LANES]) {
-            *a += t * x;
+    for (i, &c) in half.iter().enumerate() {
+        let older = &buf[HALF_TAPS - 1 - i..][..LANES];
+        let newer = &buf[HALF_TAPS + i..][..LANES];
+        for ((a, &x), &y) in acc.iter_mut().zip(older).zip(newer) {
+            *a += c * (x + y);
         }
     }
     acc
@@ -122,7 +129,7 @@ fn to_i16(v: f32) -> i16 {
 pub struct Upsampler2x {
     /// The last `WINDOW − 1` inputs, oldest first.
     history: [f32; WINDOW - 1],
-    taps: &'static [f32; WINDOW],
+    half: &'static [f32; HALF_TAPS],
 }
 
 impl Default for Upsampler2x {
@@ -139,7 +146,7 @@ impl Upsampler2x {
     pub fn new() -> Self {
         Self {
             history: [0.0; WINDOW - 1],
-            taps: taps(),
+            half: &HALF,
         }
     }
 
@@ -171,7 +178,7 @@ impl Upsampler2x {
             }
             let mut odd = [0f32; BLOCK];
             for (group, start) in odd.chunks_exact_mut(LANES).zip((0..n).step_by(LANES)) {
-                group.copy_from_slice(&interpolate_lanes(self.taps, &buf[start..]));
+                group.copy_from_slice(&interpolate_lanes(self.half, &buf[start..]));
             }
             let start = out.len();
             out.resize(start + 2 * n, 0);
@@ -201,7 +208,7 @@ pub struct Downsampler2x {
     odd: [f32; WINDOW],
     /// The even sample of a pair whose odd one has not arrived yet.
     pending: Option<i16>,
-    taps: &'static [f32; WINDOW],
+    half: &'static [f32; HALF_TAPS],
 }
 
 impl Default for Downsampler2x {
@@ -221,7 +228,7 @@ impl Downsampler2x {
             even: [0.0; HALF_TAPS],
             odd: [0.0; WINDOW],
             pending: None,
-            taps: taps(),
+            half: &HALF,
         }
     }
 
@@ -270,7 +277,7 @@ impl Downsampler2x {
                 break;
             }
             for start in (0..n).step_by(LANES) {
-                let interpolated = interpolate_lanes(self.taps, &odds[start..]);
+                let interpolated = interpolate_lanes(self.half, &odds[start..]);
                 let centres = &evens[start..start + LANES];
                 for (&c, &i) in centres.iter().zip(&interpolated).take(n - start) {
                     emit(to_i16(0.5 * (c + i)));

@@ -145,16 +145,16 @@ impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjVisitor<T> {
 }
 
 /// `media.{track,chunk,timestamp,payload}`: the same members in both dialects.
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, Default)]
 pub(super) struct MediaBody<'a> {
     #[serde(borrow, default)]
-    track: Option<Loose<'a>>,
+    pub(super) track: Option<Loose<'a>>,
     #[serde(borrow, default)]
-    chunk: Option<Loose<'a>>,
+    pub(super) chunk: Option<Loose<'a>>,
     #[serde(borrow, default)]
-    timestamp: Option<Loose<'a>>,
+    pub(super) timestamp: Option<Loose<'a>>,
     #[serde(borrow, default)]
-    payload: Option<Loose<'a>>,
+    pub(super) payload: Option<Loose<'a>>,
 }
 
 /// `mark.name`.

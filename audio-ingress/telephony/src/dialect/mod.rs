@@ -21,6 +21,7 @@
 //! members leniently (a wrong type becomes an error naming the member); `outbound`
 //! writes the messages sent to the carrier.
 
+mod fast;
 mod members;
 mod outbound;
 mod telnyx;

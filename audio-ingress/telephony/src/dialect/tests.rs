@@ -517,10 +517,43 @@ impl Rng {
     }
 }
 
+/// Bytes a mutation writes: JSON's structure, numbers, escapes, literals.
+const ALPHABET: &[u8] = br#"{}[]":,0123456789-.eE+/=\ abcnulltrue"#;
+
+/// `seed` truncated, with bytes replaced, removed, or a piece of it repeated.
+fn mutate(rng: &mut Rng, seed: &str) -> String {
+    let mut bytes = seed.as_bytes().to_vec();
+    match rng.below(4) {
+        0 => bytes.truncate(rng.below(bytes.len())),
+        1 => {
+            for _ in 0..1 + rng.below(4) {
+                let i = rng.below(bytes.len());
+                bytes[i] = ALPHABET[rng.below(ALPHABET.len())];
+            }
+        }
+        2 => {
+            for _ in 0..1 + rng.below(4) {
+                if !bytes.is_empty() {
+                    let i = rng.below(bytes.len());
+                    bytes.remove(i);
+                }
+            }
+        }
+        _ => {
+            let i = rng.below(bytes.len());
+            let j = i + rng.below(bytes.len() - i);
+            let piece = bytes[i..j].to_vec();
+            let at = rng.below(bytes.len());
+            bytes.splice(at..at, piece);
+        }
+    }
+    // The seeds and the alphabet are ASCII: every mutation is valid UTF-8.
+    String::from_utf8(bytes).unwrap()
+}
+
 #[test]
 fn mutated_and_truncated_messages_never_panic() {
     const CASES: usize = 6000;
-    const ALPHABET: &[u8] = br#"{}[]":,0123456789-.eE+/=\ abcnulltrue"#;
     let seeds: Vec<(Dialect, &str)> = vec![
         (Dialect::Twilio, TWILIO_CONNECTED),
         (Dialect::Twilio, TWILIO_START),
@@ -549,33 +582,7 @@ fn mutated_and_truncated_messages_never_panic() {
     for case in 0..CASES {
         let (dialect, seed) = seeds[case % seeds.len()];
         assert!(parse(dialect, seed).is_ok(), "seed message refused: {seed}");
-        let mut bytes = seed.as_bytes().to_vec();
-        match rng.below(4) {
-            0 => bytes.truncate(rng.below(bytes.len())),
-            1 => {
-                for _ in 0..1 + rng.below(4) {
-                    let i = rng.below(bytes.len());
-                    bytes[i] = ALPHABET[rng.below(ALPHABET.len())];
-                }
-            }
-            2 => {
-                for _ in 0..1 + rng.below(4) {
-                    if !bytes.is_empty() {
-                        let i = rng.below(bytes.len());
-                        bytes.remove(i);
-                    }
-                }
-            }
-            _ => {
-                let i = rng.below(bytes.len());
-                let j = i + rng.below(bytes.len() - i);
-                let piece = bytes[i..j].to_vec();
-                let at = rng.below(bytes.len());
-                bytes.splice(at..at, piece);
-            }
-        }
-        // The seeds and the alphabet are ASCII: every mutation is valid UTF-8.
-        let text = String::from_utf8(bytes).unwrap();
+        let text = mutate(&mut rng, seed);
         // Both entry points, both dialects: Ok or Err, never a panic.
         let _ = detect(&text);
         for d in [Dialect::Twilio, Dialect::Telnyx] {
@@ -618,4 +625,48 @@ fn twilio_start_falls_back_to_the_top_level_stream_sid() {
     );
     assert_eq!((s.account, s.seq), (None, None));
     assert!(s.custom.is_empty() && s.tracks.is_empty());
+}
+
+#[test]
+fn the_hot_path_reader_answers_as_the_full_reader() {
+    const CASES: usize = 20_000;
+    let twilio_numbers = TWILIO_MEDIA
+        .replace(r#""chunk":"2""#, r#""chunk":2"#)
+        .replace(r#""timestamp":"5""#, r#""timestamp":5"#);
+    let spaced = TELNYX_MEDIA.replace(':', " : ").replace(',', " ,\n\t");
+    let reordered = r#"{"media":{"payload":"/w==","timestamp":"0","track":"inbound","extra":"x","chunk":"1"},"streamSid":"MZ1","event":"media","sequenceNumber":"1"}"#;
+    let seeds = [
+        TWILIO_MEDIA,
+        TELNYX_MEDIA,
+        &twilio_numbers,
+        &spaced,
+        reordered,
+    ];
+    type Reader = fn(&str) -> Result<Inbound, DialectError>;
+    let readers: [(&str, Reader); 2] = [
+        ("sequenceNumber", super::twilio::parse_full),
+        ("sequence_number", super::telnyx::parse_full),
+    ];
+    let mut rng = Rng(0x5eed_fa57_0000_0031);
+    let (mut taken, mut refused) = (0usize, 0usize);
+    for case in 0..CASES {
+        let seed = seeds[case % seeds.len()];
+        let text = if case < seeds.len() {
+            seed.to_owned()
+        } else {
+            mutate(&mut rng, seed)
+        };
+        for (seq_key, full) in readers {
+            if let Some(fast) = super::fast::media_message(&text, seq_key) {
+                assert_eq!(fast, full(&text), "{text}");
+                taken += 1;
+                refused += usize::from(fast.is_err());
+            }
+        }
+    }
+    // The plain shapes are read on the hot path, mutated ones too when still plain.
+    assert!(
+        taken > CASES / 4 && refused > 100,
+        "taken {taken}, refused {refused}"
+    );
 }
