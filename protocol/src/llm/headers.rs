@@ -59,11 +59,12 @@ pub const SUPERSEDE: &str = "Weir-Supersede";
 /// it cancelled (queued + running; `0` when there were none).
 pub const SUPERSEDED: &str = "Weir-Superseded";
 /// Reply of a request sent with [`SUPERSEDE`]: the request ids of the requests it
-/// cancelled, space-separated (ids are visible ASCII, so never contain a space), at
-/// most [`MAX_SUPERSEDED_IDS`] of them; absent when none had an id.
+/// cancelled, running ones first, space-separated (ids are visible ASCII, so never
+/// contain a space): as many whole ids as fit in [`MAX_SUPERSEDED_IDS_LEN`] bytes (the
+/// count in [`SUPERSEDED`] is always whole); absent when none had an id.
 pub const SUPERSEDED_IDS: &str = "Weir-Superseded-Ids";
-/// Most ids listed in [`SUPERSEDED_IDS`] (the count in [`SUPERSEDED`] is always whole).
-pub const MAX_SUPERSEDED_IDS: usize = 32;
+/// Longest [`SUPERSEDED_IDS`] value, in bytes (a reply keeps room for its headers).
+pub const MAX_SUPERSEDED_IDS_LEN: usize = 512;
 /// Durable intake (a request published to the adapter's JetStream work-queue stream):
 /// the subject the answer goes to. JetStream does not keep a publisher's reply
 /// subject, so it travels in this header.

@@ -23,7 +23,11 @@
 //! - under `queue_order = "edf"` (the default) a new request overtakes queued ones only
 //!   as far as each still starts in time (none is displaced into a refusal), and keeps
 //!   a bounded share of its own slack for earlier deadlines (`state.rs`);
-//! - the state lock is a `std::sync::Mutex` that is never held across an `.await`.
+//! - the state lock is a `std::sync::Mutex` that is never held across an `.await`;
+//! - a cancel (by request id or of a whole session, `state/barge_in.rs`) returns only
+//!   once every running request it aborted has had its backend call dropped and its
+//!   answer delivered (bounded by [`SETTLE_WAIT`]): nothing of a cancelled stream
+//!   follows the cancel's acknowledgement.
 //!
 //! Time is tokio time, so tests drive everything with `start_paused = true`.
 
@@ -56,7 +60,8 @@ pub use streaming::{PIECES_IN_FLIGHT, StopReason, StreamOut, StreamSettings, Str
 
 pub use self::gates::key_limits::KeyError;
 pub(crate) use self::gates::key_limits::resolve_keys;
-use self::state::{Effects, State};
+pub use self::state::SessionCancel;
+use self::state::{Effects, Interrupt, State};
 use self::stats::Stats;
 use crate::backend::{Backend, BackendErrorKind, BackendReply, BackendRequest};
 use crate::config::{
@@ -281,10 +286,33 @@ impl RequestStatus {
 }
 
 /// Why a running call is aborted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum AbortReason {
     Cancelled,
+    /// A later request of the same session superseded it (its request id, if any).
+    Superseded {
+        by: Option<String>,
+    },
     ShuttingDown,
+}
+
+/// Longest a cancel waits for the running requests it aborted to be answered before it
+/// reports them as `unsettled` and acknowledges anyway. An abort drops the backend call
+/// at once; the wait covers the worker's answer publish (bounded by the sink).
+pub const SETTLE_WAIT: Duration = Duration::from_secs(2);
+
+/// Waits (at most [`SETTLE_WAIT`]) until every receiver resolved; returns how many did
+/// not.
+async fn settled(receivers: Vec<oneshot::Receiver<()>>) -> usize {
+    let until = Instant::now() + SETTLE_WAIT;
+    let mut unsettled = 0;
+    for rx in receivers {
+        // `Err(RecvError)` is the sender dropped: settled.
+        if tokio::time::timeout_at(until, rx).await.is_err() {
+            unsettled += 1;
+        }
+    }
+    unsettled
 }
 
 /// A request handed to a worker.
@@ -468,6 +496,8 @@ impl<S: Sink> Inner<S> {
             self.stats.answered(&outcome);
             self.sink.deliver(waiter, outcome).await;
         }
+        // Answers delivered: a waiting cancel may acknowledge now.
+        drop(fx.settled);
     }
 
     /// The next job, if any, and whether the worker should exit (shutting down and
@@ -515,6 +545,16 @@ impl<S: Sink> Inner<S> {
             Ok(AbortReason::Cancelled) => ErrorBody::new(
                 ErrorCode::Cancelled,
                 "cancelled while running; backend call aborted",
+            ),
+            Ok(AbortReason::Superseded { by: Some(by) }) => ErrorBody::new(
+                ErrorCode::Cancelled,
+                format!(
+                    "superseded by request {by} of the same session while running; backend call aborted"
+                ),
+            ),
+            Ok(AbortReason::Superseded { by: None }) => ErrorBody::new(
+                ErrorCode::Cancelled,
+                "superseded by a later request of the same session while running; backend call aborted",
             ),
             _ => ErrorBody::new(
                 ErrorCode::ShuttingDown,
@@ -583,6 +623,16 @@ impl<S: Sink> Inner<S> {
             st.finish(id, result, took, now, fx);
         })
         .await;
+    }
+}
+
+/// Counts the requests a session cancel or a supersede cancelled, by stage.
+fn count_cancelled(r: &SessionCancel, by: &'static str) {
+    for (stage, n) in [("queued", r.queued), ("running", r.running)] {
+        if n > 0 {
+            metrics::counter!(m::INTERRUPTED_TOTAL, "by" => by, "stage" => stage)
+                .increment(n as u64);
+        }
     }
 }
 
@@ -745,13 +795,66 @@ impl<S: Sink> Admission<S> {
             .await
     }
 
-    /// Cancels the queued or running request with this request id.
+    /// Cancels the queued or running request with this request id. A running one is
+    /// waited for (at most [`SETTLE_WAIT`]): on return its backend call was dropped and
+    /// it was answered.
     pub async fn cancel(&self, request_id: &str) -> CancelResult {
-        let r = self
+        let (r, rx) = self
             .inner
-            .step(|st, now, fx| st.cancel(request_id, now, fx))
+            .step(|st, now, fx| {
+                let r = st.cancel(request_id, now, fx);
+                let rx = (r == CancelResult::Running)
+                    .then(|| st.on_settled(request_id))
+                    .flatten();
+                (r, rx)
+            })
             .await;
+        settled(rx.into_iter().collect()).await;
         metrics::counter!(m::CANCEL_TOTAL, "result" => r.as_str()).increment(1);
+        r
+    }
+
+    /// Cancels every queued and running request of `session` (`Weir-Cancel-Session`):
+    /// queued ones are answered `cancelled` at once, running ones are aborted at the
+    /// backend and answered `cancelled`; returns when they are (at most
+    /// [`SETTLE_WAIT`]).
+    pub async fn cancel_session(&self, session: &str) -> SessionCancel {
+        let r = self.interrupt(session, Interrupt::Cancel).await;
+        let result = if r.total() > 0 {
+            "cancelled"
+        } else {
+            "not_found"
+        };
+        metrics::counter!(m::SESSION_CANCEL_TOTAL, "result" => result).increment(1);
+        count_cancelled(&r, "session_cancel");
+        r
+    }
+
+    /// Supersedes every queued and running request of `session` for a new request of
+    /// it (`Weir-Supersede: session`, `by` = its request id): they are cancelled like
+    /// [`Admission::cancel_session`] does, their answers saying that they were
+    /// superseded (and by which request). Submit the new request after this returns:
+    /// the session's running requests have been answered, so it does not queue behind
+    /// them under session ordering nor count against the session cap.
+    pub async fn supersede(&self, session: &str, by: Option<&str>) -> SessionCancel {
+        let by = by.map(str::to_owned);
+        let r = self.interrupt(session, Interrupt::Supersede { by }).await;
+        let result = if r.total() > 0 {
+            "superseded"
+        } else {
+            "nothing"
+        };
+        metrics::counter!(m::SUPERSEDE_TOTAL, "result" => result).increment(1);
+        count_cancelled(&r, "supersede");
+        r
+    }
+
+    async fn interrupt(&self, session: &str, why: Interrupt) -> SessionCancel {
+        let (mut r, rx) = self
+            .inner
+            .step(|st, now, fx| st.cancel_session(session, &why, now, fx))
+            .await;
+        r.unsettled = settled(rx).await;
         r
     }
 
