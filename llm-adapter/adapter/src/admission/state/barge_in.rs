@@ -11,6 +11,8 @@
 //!   that resolves once it is retired and its answer delivered, so that the caller of
 //!   the cancel acknowledges only after the backend call was dropped and no chunk of a
 //!   stream can follow (abort before acknowledgement);
+//! - a supersede spares the requests with its own request id (a retry of the
+//!   superseding request joins the first copy instead of cancelling it);
 //! - queued requests are retired newest first, so the session's active request (under
 //!   session ordering) is the last one to go and no cancelled request is promoted on
 //!   the way;
@@ -79,6 +81,12 @@ impl Interrupt {
         }
     }
 
+    /// Whether a request with `request_id` is spared: a superseding request's retry
+    /// (same request id) does not cancel the first copy, it joins it.
+    fn spares(&self, request_id: Option<&str>) -> bool {
+        matches!(self, Self::Supersede { by: Some(by) } if request_id == Some(by.as_str()))
+    }
+
     fn abort_reason(&self) -> AbortReason {
         match self {
             Self::Cancel => AbortReason::Cancelled,
@@ -102,6 +110,7 @@ impl<W> State<W> {
             .entries
             .values()
             .filter(|e| e.session.as_deref() == Some(session))
+            .filter(|e| !why.spares(e.request_id.as_deref()))
             .map(|e| e.id)
             .collect();
         ids.sort_unstable();

@@ -138,3 +138,25 @@ async fn a_cancelled_stream_publishes_no_chunk_after_the_cancel_returns() {
     assert_eq!(code(rx).await, Some(ErrorCode::Cancelled));
     a.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_retried_superseding_request_joins_its_first_copy_instead_of_cancelling_it() {
+    let sim = SimBackend::fixed(Duration::from_millis(500));
+    let h = sim.handle();
+    let a = start(cfg(1, 8), sim);
+    let (_, older) = a.call(in_session("x", "s1", "r1")).await;
+    settle().await;
+    assert_eq!(a.supersede("s1", Some("r2")).await.running, 1);
+    let (_, first) = a.call(in_session("y", "s1", "r2")).await;
+    settle().await;
+    // The retry (same id, same body) supersedes nothing of its own and joins.
+    let r = a.supersede("s1", Some("r2")).await;
+    assert_eq!(r.total(), 0);
+    let (ad, retry) = a.call(in_session("y", "s1", "r2")).await;
+    assert_eq!(ad, Admitted::Joined);
+    assert_eq!(code(older).await, Some(ErrorCode::Cancelled));
+    assert_eq!(code(first).await, None);
+    assert_eq!(code(retry).await, None);
+    assert_eq!((h.stats().started, h.stats().aborted), (2, 1));
+    a.shutdown().await;
+}
