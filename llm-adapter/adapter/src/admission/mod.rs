@@ -31,6 +31,7 @@
 //!
 //! Time is tokio time, so tests drive everything with `start_paused = true`.
 
+mod barge_in;
 mod cache;
 mod coalesce;
 mod estimator;
@@ -58,10 +59,12 @@ pub use estimator::{EstimateSource, EstimateView, Estimator, EstimatorConfig};
 pub use stats::{CacheSnapshot, Percentiles, StatsSnapshot, StreamSnapshot};
 pub use streaming::{PIECES_IN_FLIGHT, StopReason, StreamOut, StreamSettings, StreamStop};
 
+pub use self::barge_in::SETTLE_WAIT;
+use self::barge_in::settled;
 pub use self::gates::key_limits::KeyError;
 pub(crate) use self::gates::key_limits::resolve_keys;
 pub use self::state::SessionCancel;
-use self::state::{Effects, Interrupt, State};
+use self::state::{Effects, State};
 use self::stats::Stats;
 use crate::backend::{Backend, BackendErrorKind, BackendReply, BackendRequest};
 use crate::config::{
@@ -294,25 +297,6 @@ pub(crate) enum AbortReason {
         by: Option<String>,
     },
     ShuttingDown,
-}
-
-/// Longest a cancel waits for the running requests it aborted to be answered before it
-/// reports them as `unsettled` and acknowledges anyway. An abort drops the backend call
-/// at once; the wait covers the worker's answer publish (bounded by the sink).
-pub const SETTLE_WAIT: Duration = Duration::from_secs(2);
-
-/// Waits (at most [`SETTLE_WAIT`]) until every receiver resolved; returns how many did
-/// not.
-async fn settled(receivers: Vec<oneshot::Receiver<()>>) -> usize {
-    let until = Instant::now() + SETTLE_WAIT;
-    let mut unsettled = 0;
-    for rx in receivers {
-        // `Err(RecvError)` is the sender dropped: settled.
-        if tokio::time::timeout_at(until, rx).await.is_err() {
-            unsettled += 1;
-        }
-    }
-    unsettled
 }
 
 /// A request handed to a worker.
@@ -626,16 +610,6 @@ impl<S: Sink> Inner<S> {
     }
 }
 
-/// Counts the requests a session cancel or a supersede cancelled, by stage.
-fn count_cancelled(r: &SessionCancel, by: &'static str) {
-    for (stage, n) in [("queued", r.queued), ("running", r.running)] {
-        if n > 0 {
-            metrics::counter!(m::INTERRUPTED_TOTAL, "by" => by, "stage" => stage)
-                .increment(n as u64);
-        }
-    }
-}
-
 /// The message of a call aborted (or timed out) at its deadline.
 const DEADLINE_DURING_INFERENCE: &str = "deadline passed during inference; backend call aborted";
 
@@ -811,50 +785,6 @@ impl<S: Sink> Admission<S> {
             .await;
         settled(rx.into_iter().collect()).await;
         metrics::counter!(m::CANCEL_TOTAL, "result" => r.as_str()).increment(1);
-        r
-    }
-
-    /// Cancels every queued and running request of `session` (`Weir-Cancel-Session`):
-    /// queued ones are answered `cancelled` at once, running ones are aborted at the
-    /// backend and answered `cancelled`; returns when they are (at most
-    /// [`SETTLE_WAIT`]).
-    pub async fn cancel_session(&self, session: &str) -> SessionCancel {
-        let r = self.interrupt(session, Interrupt::Cancel).await;
-        let result = if r.total() > 0 {
-            "cancelled"
-        } else {
-            "not_found"
-        };
-        metrics::counter!(m::SESSION_CANCEL_TOTAL, "result" => result).increment(1);
-        count_cancelled(&r, "session_cancel");
-        r
-    }
-
-    /// Supersedes every queued and running request of `session` for a new request of
-    /// it (`Weir-Supersede: session`, `by` = its request id): they are cancelled like
-    /// [`Admission::cancel_session`] does, their answers saying that they were
-    /// superseded (and by which request). Submit the new request after this returns:
-    /// the session's running requests have been answered, so it does not queue behind
-    /// them under session ordering nor count against the session cap.
-    pub async fn supersede(&self, session: &str, by: Option<&str>) -> SessionCancel {
-        let by = by.map(str::to_owned);
-        let r = self.interrupt(session, Interrupt::Supersede { by }).await;
-        let result = if r.total() > 0 {
-            "superseded"
-        } else {
-            "nothing"
-        };
-        metrics::counter!(m::SUPERSEDE_TOTAL, "result" => result).increment(1);
-        count_cancelled(&r, "supersede");
-        r
-    }
-
-    async fn interrupt(&self, session: &str, why: Interrupt) -> SessionCancel {
-        let (mut r, rx) = self
-            .inner
-            .step(|st, now, fx| st.cancel_session(session, &why, now, fx))
-            .await;
-        r.unsettled = settled(rx).await;
         r
     }
 

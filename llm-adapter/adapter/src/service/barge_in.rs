@@ -11,18 +11,25 @@
 //!   admission come after the cancelled requests were answered and their backend calls
 //!   dropped ([`Admission::cancel_session`], [`Admission::supersede`]), so no chunk of a
 //!   cancelled stream follows the acknowledgement;
+//! - the wait for the aborted requests' answers holds the endpoint task (no task is
+//!   spawned per message); it is bounded by [`crate::admission::SETTLE_WAIT`] and is
+//!   normally well under a millisecond (an abort drops the backend call at once);
+//! - a superseding request cancels its session's earlier requests even when it is then
+//!   refused itself (its answer still carries `Weir-Superseded`);
 //! - only this replica's requests of the session are cancelled (a session spread over
 //!   replicas is cancelled on each one that receives the cancel).
 
 use async_nats::HeaderMap;
 use async_nats::service::Request;
+use tokio::time::Instant;
 use weir_protocol::llm::headers as h;
 use weir_protocol::llm::{ErrorBody, ErrorCode, SessionCancelReply, Supersede};
 
 use super::decode::{Known, invalid};
 use super::edge::Edge;
-use super::reply::put_static;
+use super::reply::{NatsWaiter, put_static};
 use crate::admission::{Admission, SessionCancel, Sink, Submission};
+use crate::intake::TermReason;
 
 impl Edge {
     /// Answers a session cancel: every queued and running request of the session is
@@ -40,6 +47,33 @@ impl Edge {
             );
         }
         self.reply_json(req, &session_reply(session, r)).await;
+    }
+
+    /// `Weir-Supersede: session` on a decoded request: cancels the session's earlier
+    /// requests and notes what on `waiter` (its reply headers). `None` = refused here
+    /// (`invalid_request`, nothing cancelled) and answered.
+    pub(super) async fn supersede(
+        &self,
+        known: &Known<'_>,
+        sub: &Submission,
+        mut waiter: NatsWaiter,
+        received_at: Instant,
+    ) -> Option<NatsWaiter> {
+        match wants_supersede(known, sub) {
+            Ok(false) => {}
+            Ok(true) => {
+                let r = supersede(&self.admission, sub).await;
+                waiter.superseded = Some(Box::new(r));
+            }
+            Err(e) => {
+                if let Some(t) = &mut waiter.intake {
+                    t.terminate(TermReason::Invalid);
+                }
+                self.admission.answer_now(waiter, *e, received_at).await;
+                return None;
+            }
+        }
+        Some(waiter)
     }
 }
 

@@ -110,19 +110,10 @@ impl Edge {
             (Ok(sub), Ok(wants)) => {
                 // `Weir-Supersede: session`: the session's earlier requests are
                 // cancelled (and answered) before this one is admitted.
-                match super::barge_in::wants_supersede(known, &sub) {
-                    Ok(false) => {}
-                    Ok(true) => {
-                        let r = super::barge_in::supersede(&self.admission, &sub).await;
-                        waiter.superseded = Some(Box::new(r));
-                    }
-                    Err(e) => {
-                        if let Some(t) = &mut waiter.intake {
-                            t.terminate(TermReason::Invalid);
-                        }
-                        return self.admission.answer_now(waiter, *e, received_at).await;
-                    }
-                }
+                let Some(w) = self.supersede(known, &sub, waiter, received_at).await else {
+                    return;
+                };
+                waiter = w;
                 // Durable intake: the cluster-wide session cap and limits, taken as KV
                 // slot leases before the local admission.
                 if let Some(t) = &mut waiter.intake {
