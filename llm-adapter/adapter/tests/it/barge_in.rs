@@ -474,3 +474,112 @@ fn report(what: &str, mut closes: Vec<Duration>) {
     // The aim is p99 <= 10 ms; a shared 2-core machine gets a generous bound.
     assert!(p99 <= Duration::from_millis(200), "{what}: p99 {p99:?}");
 }
+
+/// Publishes one request to the durable intake stream with `headers` (the answer goes
+/// to `reply`).
+async fn publish_durable(
+    js: &async_nats::jetstream::Context,
+    reply: &str,
+    rid: &str,
+    headers: &[(&str, &str)],
+) {
+    let mut hm = HeaderMap::new();
+    for (k, v) in [
+        (h::REPLY_TO, reply),
+        (h::NATS_MSG_ID, rid),
+        (h::REQUEST_ID, rid),
+    ]
+    .iter()
+    .chain(headers)
+    {
+        hm.insert(*k, *v);
+    }
+    tokio::time::timeout(STEP, async {
+        js.publish_with_headers("llm.intake", hm, "x".into())
+            .await
+            .expect("publish")
+            .await
+            .expect("stored")
+    })
+    .await
+    .expect("stored in time");
+}
+
+#[tokio::test]
+async fn a_superseding_request_from_the_durable_intake_cancels_the_sessions_running_one() {
+    let server = weir_testkit::NatsServer::start_with(weir_testkit::NatsServerOptions {
+        jetstream: true,
+        ..Default::default()
+    })
+    .expect("nats-server with JetStream");
+    // A replica holds at most `workers` intake requests: two, so that the superseding
+    // request is pulled while the first one runs.
+    let sim = weir_llm_adapter::backend::sim::SimBackend::fixed(Duration::from_millis(1500));
+    let handle = sim.handle();
+    let config = Config::from_toml_str(
+        "workers = 2\nintake = \"jetstream\"\n[jetstream]\nack_wait_ms = 2000\nstorage = \"memory\"\n",
+    )
+    .expect("config");
+    let adapter = tokio::time::timeout(
+        STEP,
+        weir_llm_adapter::start(common::connect(server.url()).await, config, Arc::new(sim)),
+    )
+    .await
+    .expect("start in time")
+    .expect("start");
+    let caller = common::connect(server.url()).await;
+    let inbox = caller.new_inbox();
+    let mut replies = caller.subscribe(format!("{inbox}.>")).await.expect("sub");
+    caller.flush().await.expect("flush");
+    let js = async_nats::jetstream::new(caller.clone());
+
+    publish_durable(&js, &format!("{inbox}.1"), "d-1", &[(h::SESSION_ID, "s1")]).await;
+    eventually(STEP, || handle.stats().in_progress == 1).await;
+    // A malformed supersede is refused (terminated) and cancels nothing.
+    publish_durable(
+        &js,
+        &format!("{inbox}.bad"),
+        "d-bad",
+        &[(h::SESSION_ID, "s1"), (h::SUPERSEDE, "all")],
+    )
+    .await;
+    let bad = next_message(&mut replies).await;
+    assert!(
+        bad.subject.as_str().ends_with(".bad"),
+        "{} {:?}",
+        bad.subject,
+        bad.headers
+    );
+    assert_eq!(header(&bad, h::ERROR_CODE), Some("invalid_request"));
+    assert_eq!(handle.stats().aborted, 0);
+    publish_durable(
+        &js,
+        &format!("{inbox}.2"),
+        "d-2",
+        &[(h::SESSION_ID, "s1"), (h::SUPERSEDE, "session")],
+    )
+    .await;
+    let first = next_message(&mut replies).await;
+    assert!(first.subject.as_str().ends_with(".1"), "{}", first.subject);
+    assert_eq!(header(&first, h::ERROR_CODE), Some("cancelled"));
+    let body: ErrorBody = serde_json::from_slice(&first.payload).expect("error body");
+    assert!(
+        body.message.contains("superseded by request d-2"),
+        "{}",
+        body.message
+    );
+    let second = next_message(&mut replies).await;
+    assert!(
+        second.subject.as_str().ends_with(".2"),
+        "{}",
+        second.subject
+    );
+    assert_eq!(header(&second, h::ERROR_CODE), None);
+    assert_eq!(header(&second, h::SUPERSEDED), Some("1"));
+    assert_eq!(header(&second, h::SUPERSEDED_IDS), Some("d-1"));
+    let st = handle.stats();
+    assert_eq!((st.started, st.aborted, st.completed), (2, 1, 1));
+    tokio::time::timeout(STEP, adapter.shutdown())
+        .await
+        .expect("shutdown in time");
+}
