@@ -25,7 +25,10 @@ use crate::audio::GapReason;
 use crate::audio::extension::{Overload, PossibleLoss};
 use crate::audio::ws;
 use crate::capacity::{Announcement, Refusal};
-use crate::llm::{CancelReply, Capabilities, EnvelopeMeta, ErrorBody, ErrorCode, ResponseEnvelope};
+use crate::llm::{
+    CancelReply, Capabilities, EnvelopeMeta, ErrorBody, ErrorCode, ResponseEnvelope,
+    SessionCancelReply,
+};
 
 /// Every contract's schema, by file name (without `.json`), in a fixed order.
 pub fn all() -> Vec<(&'static str, Schema)> {
@@ -39,6 +42,7 @@ pub fn all() -> Vec<(&'static str, Schema)> {
         ("llm-response-envelope", schema_for!(ResponseEnvelope)),
         ("llm-error-body", schema_for!(ErrorBody)),
         ("llm-cancel-reply", schema_for!(CancelReply)),
+        ("llm-cancel-session-reply", schema_for!(SessionCancelReply)),
         ("llm-capabilities", schema_for!(Capabilities)),
         ("llm-request-headers", schema_for!(LlmRequestHeaders)),
         ("llm-stream-event-headers", schema_for!(StreamEventHeaders)),
@@ -137,6 +141,15 @@ pub struct LlmRequestHeaders {
     #[serde(rename = "Weir-Cancel", default)]
     #[schemars(regex(pattern = ID))]
     pub cancel: Option<String>,
+    /// Session whose queued and running requests to cancel (cancel messages only).
+    #[serde(rename = "Weir-Cancel-Session", default)]
+    #[schemars(regex(pattern = ID))]
+    pub cancel_session: Option<String>,
+    /// `session` (any case): cancel the session's earlier requests before admitting
+    /// this one (needs `Weir-Session-Id`).
+    #[serde(rename = "Weir-Supersede", default)]
+    #[schemars(regex(pattern = r"^\s*[Ss][Ee][Ss][Ss][Ii][Oo][Nn]\s*$"))]
+    pub supersede: Option<String>,
     /// Absolute deadline, Unix milliseconds.
     #[serde(rename = "Weir-Deadline-Ms", default)]
     #[schemars(regex(pattern = MS))]

@@ -82,6 +82,16 @@ weir_service::declare_metrics! {
     gauge pub const SERVICE_ESTIMATE_SAMPLES: &str = "weir_llm_service_time_estimate_samples";
     /// Counter: cancellation requests, label `result` (`queued`, `running`, `not_found`).
     counter pub const CANCEL_TOTAL: &str = "weir_llm_cancel_requests_total";
+    /// Counter: session cancels (`Weir-Cancel-Session`), label `result` (`cancelled` =
+    /// at least one request was, `not_found`).
+    counter pub const SESSION_CANCEL_TOTAL: &str = "weir_llm_session_cancels_total";
+    /// Counter: requests sent with `Weir-Supersede: session` (valid ones), label
+    /// `result` (`superseded` = at least one earlier request was cancelled, `nothing`).
+    counter pub const SUPERSEDE_TOTAL: &str = "weir_llm_supersedes_total";
+    /// Counter: requests cancelled by a session cancel or a supersede, labels `by`
+    /// (`session_cancel`, `supersede`) and `stage` (`queued` = answered at once,
+    /// `running` = backend call aborted).
+    counter pub const INTERRUPTED_TOTAL: &str = "weir_llm_session_interrupted_requests_total";
     /// Counter: replies that could not be published (timeout or connection closed).
     counter pub const REPLY_FAILED_TOTAL: &str = "weir_llm_reply_failed_total";
     /// Counter: requests without a reply subject (nothing can be answered; dropped).

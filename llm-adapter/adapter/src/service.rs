@@ -50,6 +50,7 @@ use crate::millis::whole_ms;
 use crate::nats_events::AdapterEvents;
 use crate::stream::AckHub;
 
+mod barge_in;
 mod decode;
 mod edge;
 mod forward;

@@ -65,7 +65,7 @@ use weir_protocol::llm::{
     AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails, ResponseEnvelope, TraceContext,
 };
 
-use weir_protocol::llm::CancelReply;
+use weir_protocol::llm::{CancelReply, SessionCancelReply};
 
 /// Machine-readable kind of a [`ClientError`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -345,6 +345,7 @@ impl LlmClient {
             policy: None,
             client_key: None,
             trace: None,
+            supersede: false,
         }
     }
 
@@ -367,6 +368,29 @@ impl LlmClient {
         check_error(&msg)?;
         serde_json::from_slice(&msg.payload)
             .map_err(|e| ClientError::with_source(ClientErrorKind::InvalidReply, "cancel reply", e))
+    }
+
+    /// Cancels every queued and running request of a session (`Weir-Cancel-Session`);
+    /// the reply comes once the running ones were aborted and answered.
+    pub async fn cancel_session(&self, session: &str) -> Result<SessionCancelReply, ClientError> {
+        let mut headers = HeaderMap::new();
+        put(&mut headers, h::CANCEL_SESSION, session);
+        let t = Duration::from_secs(2);
+        let req = async_nats::Request::new().headers(headers);
+        let subject = &self.cancel_subject;
+        let msg = request(
+            &self.nats,
+            subject,
+            req,
+            t,
+            t + self.margin,
+            "cancel: no reply",
+        )
+        .await?;
+        check_error(&msg)?;
+        serde_json::from_slice(&msg.payload).map_err(|e| {
+            ClientError::with_source(ClientErrorKind::InvalidReply, "session cancel reply", e)
+        })
     }
 
     /// A local session slot, when the cap is on and the request names a session.
@@ -457,6 +481,7 @@ pub struct RequestBuilder<'a> {
     policy: Option<AdmissionPolicy>,
     client_key: Option<String>,
     trace: Option<TraceContext>,
+    supersede: bool,
 }
 
 /// Setters of optional request fields: `fn $name(self, value) -> Self` stores
@@ -494,6 +519,14 @@ impl RequestBuilder<'_> {
         trace_context => trace: TraceContext,
     }
 
+    /// Supersedes the session's earlier requests (`Weir-Supersede: session`; needs
+    /// [`Self::session`]): they are cancelled before this one is admitted, and the reply
+    /// carries `Weir-Superseded` (how many) and `Weir-Superseded-Ids`.
+    pub fn supersede(mut self) -> Self {
+        self.supersede = true;
+        self
+    }
+
     /// The request headers and how long to wait for the answer.
     fn headers_and_wait(&self) -> (HeaderMap, Duration) {
         let c = self.client;
@@ -512,6 +545,9 @@ impl RequestBuilder<'_> {
         }
         if let Some(k) = &self.client_key {
             put(&mut headers, h::CLIENT_KEY, k);
+        }
+        if self.supersede {
+            put(&mut headers, h::SUPERSEDE, "session");
         }
         if let Some(p) = self.policy {
             put(&mut headers, h::ADMISSION, p.as_str());

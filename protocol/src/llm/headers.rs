@@ -11,12 +11,15 @@
 //! | [`ADMISSION`] `Weir-Admission` | `enqueue` (default) or `reject` when the session is busy |
 //! | [`CLIENT_KEY`] `Weir-Client-Key` | caller identity for per-client limits |
 //! | [`CANCEL`] `Weir-Cancel` | request id to cancel (cancel messages only) |
+//! | [`CANCEL_SESSION`] `Weir-Cancel-Session` | session whose queued and running requests to cancel (cancel messages only) |
+//! | [`SUPERSEDE`] `Weir-Supersede` | `session`: cancel the session's earlier requests before admitting this one ([`Supersede`]) |
 //! | [`crate::llm::stream::STREAM`] `Weir-Stream` | `1`: a streamed reply (events in [`crate::llm::stream`]) |
 //! | [`TRACEPARENT`] `traceparent` | W3C Trace Context: the caller's span ([`TraceParent`]) |
 //! | [`TRACESTATE`] `tracestate` | W3C Trace Context vendor state, kept only beside a valid `traceparent` |
 //!
 //! Reply headers: [`QUEUE_MS`], [`INFERENCE_MS`] (milliseconds with three decimals),
-//! [`REQUEST_ID`] (echoed), and on errors [`ERROR_CODE`] plus the service-API headers
+//! [`REQUEST_ID`] (echoed), [`SUPERSEDED`] and [`SUPERSEDED_IDS`] (a superseding
+//! request's reply), and on errors [`ERROR_CODE`] plus the service-API headers
 //! [`NATS_SERVICE_ERROR`] and [`NATS_SERVICE_ERROR_CODE`].
 //!
 //! Invariants: every parser here is total — a malformed value gives a [`HeaderError`]
@@ -45,6 +48,23 @@ pub const CLIENT_KEY: &str = "Weir-Client-Key";
 /// Request id to cancel. A message carrying it is a cancellation, not an inference
 /// request.
 pub const CANCEL: &str = "Weir-Cancel";
+/// Session to cancel: every queued and running request of that session is cancelled at
+/// once. A message carrying it is a cancellation, not an inference request.
+pub const CANCEL_SESSION: &str = "Weir-Cancel-Session";
+/// `session`: this request supersedes its session's earlier requests, which are
+/// cancelled (queued ones answered, running ones aborted) before it is admitted.
+/// Requires [`SESSION_ID`].
+pub const SUPERSEDE: &str = "Weir-Supersede";
+/// Reply of a request sent with [`SUPERSEDE`]: how many earlier requests of its session
+/// it cancelled (queued + running; `0` when there were none).
+pub const SUPERSEDED: &str = "Weir-Superseded";
+/// Reply of a request sent with [`SUPERSEDE`]: the request ids of the requests it
+/// cancelled, running ones first, space-separated (ids are visible ASCII, so never
+/// contain a space): as many whole ids as fit in [`MAX_SUPERSEDED_IDS_LEN`] bytes (the
+/// count in [`SUPERSEDED`] is always whole); absent when none had an id.
+pub const SUPERSEDED_IDS: &str = "Weir-Superseded-Ids";
+/// Longest [`SUPERSEDED_IDS`] value, in bytes (a reply keeps room for its headers).
+pub const MAX_SUPERSEDED_IDS_LEN: usize = 512;
 /// Durable intake (a request published to the adapter's JetStream work-queue stream):
 /// the subject the answer goes to. JetStream does not keep a publisher's reply
 /// subject, so it travels in this header.
@@ -76,6 +96,28 @@ pub const MAX_TRACESTATE_LEN: usize = 512;
 
 /// Longest accepted id (request id, session id, client key), in bytes.
 pub const MAX_ID_LEN: usize = 256;
+
+/// What a request sent with [`SUPERSEDE`] supersedes. Only `session` exists.
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Supersede {
+    /// Every earlier queued or running request of the request's session.
+    Session,
+}
+
+impl Supersede {
+    /// Parses the [`SUPERSEDE`] header value (case-insensitive, surrounding spaces
+    /// ignored); any other value is an error.
+    pub fn parse(value: &str) -> Result<Self, HeaderError> {
+        let v = value.trim();
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|p| p.as_str().eq_ignore_ascii_case(v))
+            .ok_or_else(|| HeaderError::invalid(SUPERSEDE, "expected `session`"))
+    }
+}
 
 /// Per-request choice when the session already has a request running.
 #[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
@@ -375,6 +417,12 @@ mod tests {
             AdmissionPolicy::parse(" Reject "),
             Ok(AdmissionPolicy::Reject)
         );
+        assert_eq!(Supersede::parse(" Session "), Ok(Supersede::Session));
+        for bad in ["", "sessions", "request", "1"] {
+            let err = Supersede::parse(bad).expect_err("must be refused");
+            assert_eq!(err.header(), SUPERSEDE);
+            assert_eq!(err.kind(), HeaderErrorKind::Invalid);
+        }
         let err = AdmissionPolicy::parse("drop").expect_err("must be refused");
         assert_eq!(err.header(), ADMISSION);
         assert_eq!(err.kind(), HeaderErrorKind::Invalid);

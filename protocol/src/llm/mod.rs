@@ -23,10 +23,12 @@ pub mod headers;
 pub mod stream;
 
 mod cancel;
-pub use cancel::CancelReply;
+pub use cancel::{CancelReply, SessionCancelReply};
 pub use capabilities::Capabilities;
 
 pub use envelope::{EnvelopeMeta, ResponseEnvelope};
 pub use error::{ErrorBody, ErrorCode, ErrorDetails, UnknownErrorCode};
-pub use headers::{AdmissionPolicy, HeaderError, HeaderErrorKind, TraceContext, TraceParent};
+pub use headers::{
+    AdmissionPolicy, HeaderError, HeaderErrorKind, Supersede, TraceContext, TraceParent,
+};
 pub use stream::StreamEvent;

@@ -39,6 +39,7 @@ use weir_protocol::audio::{DecodeOptions, Gap, GapReason, Packet, decode, ws};
 use weir_protocol::capacity;
 use weir_protocol::llm::{
     CancelReply, Capabilities, EnvelopeMeta, ErrorBody, ErrorCode, ErrorDetails, ResponseEnvelope,
+    SessionCancelReply,
 };
 
 fn protocol_dir() -> PathBuf {
@@ -208,6 +209,22 @@ fn golden_cases() -> Vec<(&'static str, String, Value)> {
         };
         add("llm-cancel-reply", result, to(&reply));
     }
+    let session_cancel = SessionCancelReply {
+        session: "s-1".into(),
+        result: "cancelled".into(),
+        cancelled: 3,
+        queued: 2,
+        running: 1,
+        queued_ids: vec!["r-2".into()],
+        running_ids: vec!["r-1".into()],
+    };
+    add("llm-cancel-session-reply", "cancelled", to(&session_cancel));
+    let nothing = SessionCancelReply {
+        session: "s-1".into(),
+        result: "not_found".into(),
+        ..SessionCancelReply::default()
+    };
+    add("llm-cancel-session-reply", "not_found", to(&nothing));
     for (case, reason) in [
         ("queue_full", OverloadReason::QueueFull),
         ("rate", OverloadReason::Rate),
@@ -596,6 +613,7 @@ fn golden_json_vectors_are_what_the_types_write_and_validate() {
         "llm-request-envelope",
         "llm-response-envelope",
         "llm-cancel-reply",
+        "llm-cancel-session-reply",
         "audio-overload-header",
         "audio-possibly-lost-header",
         "audio-ws-control",
@@ -793,6 +811,8 @@ fn the_python_clients_request_headers_validate() {
         json!({"Weir-Timeout-Ms": "1.5"}),
         json!({"Weir-Admission": "drop"}),
         json!({"Weir-Stream": "yes"}),
+        json!({"Weir-Supersede": "request"}),
+        json!({"Weir-Cancel-Session": "has space"}),
         json!({"Weir-Session-Id": "x".repeat(257)}),
     ] {
         batch.invalid("llm-request-headers", bad.to_string(), &bad);

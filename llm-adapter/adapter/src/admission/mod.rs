@@ -23,10 +23,15 @@
 //! - under `queue_order = "edf"` (the default) a new request overtakes queued ones only
 //!   as far as each still starts in time (none is displaced into a refusal), and keeps
 //!   a bounded share of its own slack for earlier deadlines (`state.rs`);
-//! - the state lock is a `std::sync::Mutex` that is never held across an `.await`.
+//! - the state lock is a `std::sync::Mutex` that is never held across an `.await`;
+//! - a cancel (by request id or of a whole session, `state/barge_in.rs`) returns only
+//!   once every running request it aborted has had its backend call dropped and its
+//!   answer delivered (bounded by [`SETTLE_WAIT`]): nothing of a cancelled stream
+//!   follows the cancel's acknowledgement.
 //!
 //! Time is tokio time, so tests drive everything with `start_paused = true`.
 
+mod barge_in;
 mod cache;
 mod coalesce;
 mod estimator;
@@ -54,8 +59,11 @@ pub use estimator::{EstimateSource, EstimateView, Estimator, EstimatorConfig};
 pub use stats::{CacheSnapshot, Percentiles, StatsSnapshot, StreamSnapshot};
 pub use streaming::{PIECES_IN_FLIGHT, StopReason, StreamOut, StreamSettings, StreamStop};
 
+pub use self::barge_in::SETTLE_WAIT;
+use self::barge_in::settled;
 pub use self::gates::key_limits::KeyError;
 pub(crate) use self::gates::key_limits::resolve_keys;
+pub use self::state::SessionCancel;
 use self::state::{Effects, State};
 use self::stats::Stats;
 use crate::backend::{Backend, BackendErrorKind, BackendReply, BackendRequest};
@@ -281,9 +289,13 @@ impl RequestStatus {
 }
 
 /// Why a running call is aborted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum AbortReason {
     Cancelled,
+    /// A later request of the same session superseded it (its request id, if any).
+    Superseded {
+        by: Option<String>,
+    },
     ShuttingDown,
 }
 
@@ -468,6 +480,8 @@ impl<S: Sink> Inner<S> {
             self.stats.answered(&outcome);
             self.sink.deliver(waiter, outcome).await;
         }
+        // Answers delivered: a waiting cancel may acknowledge now.
+        drop(fx.settled);
     }
 
     /// The next job, if any, and whether the worker should exit (shutting down and
@@ -515,6 +529,16 @@ impl<S: Sink> Inner<S> {
             Ok(AbortReason::Cancelled) => ErrorBody::new(
                 ErrorCode::Cancelled,
                 "cancelled while running; backend call aborted",
+            ),
+            Ok(AbortReason::Superseded { by: Some(by) }) => ErrorBody::new(
+                ErrorCode::Cancelled,
+                format!(
+                    "superseded by request {by} of the same session while running; backend call aborted"
+                ),
+            ),
+            Ok(AbortReason::Superseded { by: None }) => ErrorBody::new(
+                ErrorCode::Cancelled,
+                "superseded by a later request of the same session while running; backend call aborted",
             ),
             _ => ErrorBody::new(
                 ErrorCode::ShuttingDown,
@@ -745,12 +769,21 @@ impl<S: Sink> Admission<S> {
             .await
     }
 
-    /// Cancels the queued or running request with this request id.
+    /// Cancels the queued or running request with this request id. A running one is
+    /// waited for (at most [`SETTLE_WAIT`]): on return its backend call was dropped and
+    /// it was answered.
     pub async fn cancel(&self, request_id: &str) -> CancelResult {
-        let r = self
+        let (r, rx) = self
             .inner
-            .step(|st, now, fx| st.cancel(request_id, now, fx))
+            .step(|st, now, fx| {
+                let r = st.cancel(request_id, now, fx);
+                let rx = (r == CancelResult::Running)
+                    .then(|| st.on_settled(request_id))
+                    .flatten();
+                (r, rx)
+            })
             .await;
+        settled(rx.into_iter().collect()).await;
         metrics::counter!(m::CANCEL_TOTAL, "result" => r.as_str()).increment(1);
         r
     }

@@ -37,6 +37,7 @@
 //! - cascades (a release that grants a slot whose holder is then refused at the next
 //!   gate, which releases ...) run from a work list, never by recursion.
 
+mod barge_in;
 mod positions;
 mod timers;
 mod views;
@@ -52,6 +53,8 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use weir_protocol::llm::{ErrorBody, ErrorCode};
 
+pub(crate) use self::barge_in::Interrupt;
+pub use self::barge_in::SessionCancel;
 pub(crate) use self::positions::Notice;
 use self::timers::Timer;
 use super::cache::CompletionCache;
@@ -83,6 +86,9 @@ pub(crate) struct Effects<W> {
     pub(crate) timers_changed: bool,
     /// `queued` events to publish to streaming callers.
     pub(crate) notices: Vec<Notice>,
+    /// Dropped once the deliveries are done: tells a waiting cancel that the requests
+    /// it aborted are answered ([`State::cancel_session`]).
+    pub(crate) settled: Vec<oneshot::Sender<()>>,
     todo: VecDeque<Action>,
 }
 
@@ -93,6 +99,7 @@ impl<W> Default for Effects<W> {
             ready_added: 0,
             timers_changed: false,
             notices: Vec::new(),
+            settled: Vec::new(),
             todo: VecDeque::new(),
         }
     }
@@ -186,6 +193,9 @@ struct Entry<W> {
     joined: Vec<W>,
     request: Option<BackendRequest>,
     abort: Option<oneshot::Sender<AbortReason>>,
+    /// Dropped (after the answer is delivered) when the entry is retired: a cancel
+    /// waits on them before it acknowledges.
+    on_settled: Vec<oneshot::Sender<()>>,
     gate_timer: Option<Timer>,
     deadline_timer: Option<Timer>,
     /// Where a streamed reply goes; `None` for a unary one.
@@ -600,6 +610,7 @@ impl<W> State<W> {
             joined: Vec::new(),
             request: Some(request),
             abort: None,
+            on_settled: Vec::new(),
             gate_timer: None,
             deadline_timer: None,
             stream: sub.stream,
@@ -832,6 +843,7 @@ impl<W> State<W> {
             drop(guard);
             self.emit_slot(TraceKind::SlotReleased, &e, now, RULE_SESSION_CAP, None);
         }
+        fx.settled.append(&mut e.on_settled);
         let n = usize::from(e.waiter.is_some()) + e.joined.len();
         fx.deliveries.reserve_exact(n);
         for w in e

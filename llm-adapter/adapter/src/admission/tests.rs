@@ -1657,3 +1657,5 @@ async fn a_long_call_never_holds_back_a_queued_request_while_a_worker_is_idle() 
         a.shutdown().await;
     }
 }
+
+mod barge_in;

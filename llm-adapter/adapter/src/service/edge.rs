@@ -18,7 +18,7 @@ use weir_protocol::llm::headers as h;
 use weir_protocol::llm::stream as s;
 use weir_protocol::llm::{EnvelopeMeta, ErrorBody, ErrorCode, HeaderError};
 
-use super::decode::{Known, decode, invalid, open_span, request_id_of};
+use super::decode::{Known, decode, header, invalid, open_span, request_id_of};
 use super::forward::{PendingForward, PendingMeta, not_confirmed, not_stored};
 use super::reply::{NatsSink, NatsWaiter, publish_reply, put, put_static, render};
 use super::{CancelReply, Route, StatusReply, capabilities};
@@ -60,6 +60,9 @@ impl Edge {
             return;
         };
         let known = Known::read(req.message.headers.as_ref());
+        if let Some(session) = known.cancel_session {
+            return self.handle_cancel_session(&req, session).await;
+        }
         if let Some(target) = known.cancel {
             let target = target.trim().to_owned();
             return self.handle_cancel_of(&req, target).await;
@@ -105,6 +108,12 @@ impl Edge {
         };
         match (sub, stream) {
             (Ok(sub), Ok(wants)) => {
+                // `Weir-Supersede: session`: the session's earlier requests are
+                // cancelled (and answered) before this one is admitted.
+                let Some(w) = self.supersede(known, &sub, waiter, received_at).await else {
+                    return;
+                };
+                waiter = w;
                 // Durable intake: the cluster-wide session cap and limits, taken as KV
                 // slot leases before the local admission.
                 if let Some(t) = &mut waiter.intake {
@@ -238,7 +247,10 @@ impl Edge {
     pub(super) async fn serve(&self, route: Route, req: Request) {
         match route {
             Route::Infer => self.handle_infer(req).await,
-            Route::Cancel => self.handle_cancel_of(&req, request_id_of(&req)).await,
+            Route::Cancel => match header(req.message.headers.as_ref(), h::CANCEL_SESSION) {
+                Some(session) => self.handle_cancel_session(&req, session).await,
+                None => self.handle_cancel_of(&req, request_id_of(&req)).await,
+            },
             Route::Capabilities => {
                 let value = capabilities(&self.config, &self.admission);
                 self.reply_json(&req, &value).await;
@@ -310,7 +322,16 @@ impl Edge {
         };
         let stream = known.stream.map(s::wants_stream).transpose();
         let sub = match (sub, stream.map_err(|e| invalid(&e))) {
-            (Ok(sub), Ok(_)) => sub,
+            // A malformed `Weir-Supersede` is refused here, not in the stream.
+            (Ok(sub), Ok(_)) => match super::barge_in::wants_supersede(known, &sub) {
+                Ok(_) => sub,
+                Err(e) => {
+                    return self
+                        .admission
+                        .answer_now(waiter(envelope), *e, received_at)
+                        .await;
+                }
+            },
             (Err(e), _) | (Ok(_), Err(e)) => {
                 return self
                     .admission
@@ -394,7 +415,7 @@ impl Admit for Edge {
             mut ticket,
         } = pulled;
         let known = Known::read(message.headers.as_ref());
-        if known.cancel.is_some() {
+        if known.cancel.is_some() || known.cancel_session.is_some() {
             ticket.terminate(TermReason::Invalid);
             let waiter = NatsWaiter::new(reply, message.payload.clone(), Some(ticket));
             let e = ErrorBody::new(

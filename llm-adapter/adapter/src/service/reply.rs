@@ -18,7 +18,7 @@ use weir_protocol::llm::headers as h;
 use weir_protocol::llm::stream as s;
 use weir_protocol::llm::{EnvelopeMeta, ErrorBody, ErrorCode, ResponseEnvelope, StreamEvent};
 
-use crate::admission::{Outcome, Sink};
+use crate::admission::{Outcome, SessionCancel, Sink};
 use crate::intake::{Settle, Ticket};
 use crate::metrics as m;
 use crate::stream::Delivered;
@@ -39,6 +39,9 @@ pub struct NatsWaiter {
     /// A request pulled from the durable intake: acknowledged after its answer was
     /// published, handed back (`-NAK`, no answer) when this replica stops.
     pub(super) intake: Option<Ticket>,
+    /// Sent with `Weir-Supersede: session`: what it superseded (reply headers
+    /// `Weir-Superseded`, `Weir-Superseded-Ids`).
+    pub(super) superseded: Option<Box<SessionCancel>>,
 }
 
 impl NatsWaiter {
@@ -50,6 +53,7 @@ impl NatsWaiter {
             envelope: None,
             stream: None,
             intake,
+            superseded: None,
         }
     }
 
@@ -218,6 +222,9 @@ impl Sink for NatsSink {
             None
         };
         let (mut headers, mut body) = render(&outcome, envelope, max_payload);
+        if let Some(r) = &waiter.superseded {
+            super::barge_in::put_superseded(&mut headers, r);
+        }
         // A refusal before admission carries no request id in its outcome; an intake
         // request's answer always names it (the caller may match answers by id).
         if outcome.request_id.is_none()

@@ -4,6 +4,7 @@
 //! OpenTelemetry trace test is its own binary (`tests/otel_trace.rs`, feature `otel`).
 
 mod backends;
+mod barge_in;
 mod binary;
 mod cluster_node_loss;
 mod common;
