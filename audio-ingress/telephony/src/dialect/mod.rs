@@ -14,12 +14,15 @@
 //! - [`parse`] never panics: every refusal is a [`DialectError`] with a `kind()`, a
 //!   stable snake_case `code()` and a message naming the member
 //!   (e.g. "media.payload is not base64");
-//! - the media message (50 per second per call) is parsed in one pass, borrowing its
-//!   strings from the text, and its payload is base64-decoded once.
+//! - the media message (50 per second per call) is read in one forward scan when it has
+//!   the plain shape carriers send (`fast`), else by serde; either way its strings are
+//!   borrowed from the text and its payload is base64-decoded once, and both readers
+//!   give the same answer (a test compares them over mutated messages).
 //!
-//! Layout: `twilio` and `telnyx` hold each carrier's message shapes; `members` reads
-//! members leniently (a wrong type becomes an error naming the member); `outbound`
-//! writes the messages sent to the carrier.
+//! Layout: `twilio` and `telnyx` hold each carrier's message shapes; `fast` is the
+//! media message's hot-path reader; `members` reads members leniently (a wrong type
+//! becomes an error naming the member); `outbound` writes the messages sent to the
+//! carrier.
 
 mod fast;
 mod members;
