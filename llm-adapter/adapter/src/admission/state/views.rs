@@ -96,6 +96,7 @@ impl<W> State<W> {
             },
             keys,
             sessions,
+            tokens: self.token_keys(top, now),
         }
     }
 
