@@ -1,0 +1,119 @@
+//! Per-key token budgets over a real nats-server: the adapter in-process with the sim
+//! backend (whose echo carries a `usage`), callers with the Rust client and raw NATS.
+
+use crate::common;
+
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use common::{Rig, STEP};
+use weir_llm_client::{ClientErrorKind, LlmClient};
+use weir_protocol::llm::headers as h;
+use weir_protocol::llm::{ErrorBody, ErrorCode};
+
+/// 1,200 tokens per minute = 20 per second.
+const CONFIG: &str = r#"
+workers = 4
+[[limits]]
+key = "client"
+limit = 100
+on_busy = "reject"
+tokens_per_minute = 1200
+default_max_tokens = 100
+"#;
+
+/// 500 completion tokens + "user" "hello" (9 bytes → 3 tokens) = 503 reserved.
+const BODY: &str =
+    r#"{"model":"m","max_tokens":500,"messages":[{"role":"user","content":"hello"}]}"#;
+
+#[tokio::test]
+async fn a_key_over_its_token_budget_is_refused_with_retry_after_over_nats() {
+    let mut rig = Rig::with_sim(CONFIG, Duration::from_millis(20)).await;
+    let llm = LlmClient::new(rig.caller.clone(), "llm.infer");
+    for _ in 0..2 {
+        let ok = llm
+            .request(BODY)
+            .client_key("tenant-a")
+            .timeout(STEP)
+            .send()
+            .await;
+        let reply = ok.expect("within the budget");
+        let v: serde_json::Value = serde_json::from_slice(&reply.body).expect("JSON");
+        // The sim reports 20 prompt tokens (77 bytes / 4, rounded up) + 500.
+        assert_eq!(v["usage"]["total_tokens"], 520);
+    }
+    // 1,200 − 2 × 520 = 160 left (plus a little refill): 503 do not fit.
+    let refused = llm
+        .request(BODY)
+        .client_key("tenant-a")
+        .timeout(STEP)
+        .send()
+        .await;
+    let e = refused.expect_err("over budget");
+    assert_eq!(
+        e.kind(),
+        ClientErrorKind::Server(ErrorCode::TokenBudgetExceeded)
+    );
+    let d = e.details();
+    assert_eq!(d.key.as_deref(), Some("client:tenant-a"));
+    assert_eq!((d.limit, d.tokens_requested), (Some(1200), Some(503)));
+    let available = d.tokens_available.expect("tokens_available");
+    assert!((160..200).contains(&available), "{available}");
+    // retry_after_ms = the missing tokens at 20 per second.
+    let retry = d.retry_after_ms.expect("retry_after_ms");
+    let expected = (503 - available) * 50;
+    assert!(retry.abs_diff(expected) <= 50, "{retry} vs {expected}");
+    assert_eq!(e.retry_after(), Some(Duration::from_millis(retry)));
+
+    // The same refusal on the wire: service error headers and the JSON body.
+    let mut hm = HeaderMap::new();
+    hm.insert(h::CLIENT_KEY, "tenant-a");
+    let req = async_nats::Request::new()
+        .payload(BODY.into())
+        .headers(hm)
+        .timeout(Some(STEP));
+    let m = rig
+        .caller
+        .send_request("llm.infer".to_owned(), req)
+        .await
+        .expect("reply");
+    let header = |n: &str| {
+        m.headers
+            .as_ref()
+            .and_then(|hs| hs.get(n))
+            .map(|v| v.as_str().to_owned())
+    };
+    assert_eq!(header("Nats-Service-Error-Code").as_deref(), Some("429"));
+    let body: ErrorBody = serde_json::from_slice(&m.payload).expect("error body");
+    assert_eq!(body.code, ErrorCode::TokenBudgetExceeded);
+    assert!(body.details.retry_after_ms.is_some_and(|r| r > 0));
+
+    // Another key has its own budget; no key, no budget.
+    let other = llm
+        .request(BODY)
+        .client_key("tenant-b")
+        .timeout(STEP)
+        .send()
+        .await;
+    assert!(other.is_ok(), "{other:?}");
+    assert!(llm.request(BODY).timeout(STEP).send().await.is_ok());
+
+    // Reconciled with the reported usage: 3 × 503 reserved, 3 × 520 used.
+    let t = rig.adapter().stats().tokens["client"].clone();
+    assert_eq!(
+        (t.reserved, t.used, t.overcharged),
+        (3 * 503, 3 * 520, 3 * 17)
+    );
+    assert_eq!(
+        (t.refused, t.usage_reported, t.outstanding, t.keys),
+        (2, 3, 0, 2)
+    );
+    let limits = rig.adapter().limits(5);
+    assert_eq!(
+        limits.tokens[0].key, "client:tenant-a",
+        "{:?}",
+        limits.tokens
+    );
+    assert_eq!(limits.tokens[0].tokens_per_minute, 1200);
+    rig.shutdown().await;
+}
