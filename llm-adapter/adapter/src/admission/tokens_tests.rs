@@ -198,6 +198,7 @@ async fn cancelled_and_refused_requests_refund_what_they_did_not_use() {
         .await;
     let t = a.stats().tokens["client"].clone();
     assert_eq!((t.reserved, t.outstanding), (2 * 1_002, 2 * 1_002));
+    a.check_invariants();
     assert_eq!(a.cancel("q").await, CancelResult::Queued);
     assert_eq!(
         answer(queued).await.error_code(),

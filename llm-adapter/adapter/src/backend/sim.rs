@@ -1,8 +1,8 @@
 //! Simulated backend: configurable latency distribution, error rate and pause/resume.
 //!
-//! The reply body echoes the request body; a JSON body with `max_tokens` gets a
-//! `usage` member appended to its echo (`prompt_tokens` = body bytes / 4,
-//! `completion_tokens` = `max_tokens`), and a streamed reply ends with a `usage` event
+//! The reply body echoes the request body; a JSON body with `max_tokens` and without
+//! `"stream": true` gets a `usage` member appended to its echo (`prompt_tokens` = body
+//! bytes / 4, `completion_tokens` = `max_tokens`), and a streamed reply ends with a `usage` event
 //! when the body asks for one (`"include_usage"`, as OpenAI's `stream_options`). A call first waits while the backend is
 //! paused, then sleeps its latency, then waits again while paused (a stalled GPU stalls
 //! calls already in progress too). Zero latency completes without sleeping.
@@ -313,11 +313,18 @@ fn usage_json(body_len: usize, completion: u64) -> String {
 }
 
 /// The echo of `body` with a `usage` member, when it is a JSON object with
-/// `max_tokens`; `body` unchanged otherwise.
+/// `max_tokens` that does not ask for a stream; `body` unchanged otherwise (a
+/// streaming body sent to a unary caller is echoed as it is).
 fn with_usage(body: Bytes) -> Bytes {
     let Some(n) = max_tokens(&body) else {
         return body;
     };
+    if body.windows(8).any(|w| w == b"\"stream\"")
+        && serde_json::from_slice::<serde_json::Value>(&body)
+            .is_ok_and(|v| v.get("stream") == Some(&serde_json::Value::Bool(true)))
+    {
+        return body;
+    }
     let end = body.trim_ascii_end();
     let Some(open) = end.strip_suffix(b"}") else {
         return body;

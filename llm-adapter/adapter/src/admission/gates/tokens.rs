@@ -333,6 +333,29 @@ impl TokenBudgets {
     }
 }
 
+#[cfg(test)]
+impl TokenBudgets {
+    /// Per budget (by limit index): the tokens and the reservations outstanding, as
+    /// the totals and the buckets count them.
+    pub(crate) fn outstanding(&self) -> Vec<(usize, u64, u64)> {
+        (self.budgets.iter().enumerate())
+            .filter_map(|(gi, b)| b.as_ref().map(|b| (gi, b)))
+            .map(|(gi, b)| {
+                let held: u64 = b.buckets.values().map(|x| u64::from(x.outstanding)).sum();
+                (gi, b.totals.outstanding, held)
+            })
+            .collect()
+    }
+}
+
+impl Reservation {
+    /// The tokens held at the budget of limit `gate`.
+    #[cfg(test)]
+    pub(crate) fn at(&self, gate: usize) -> Option<u64> {
+        self.held.iter().find(|h| h.0 == gate).map(|h| h.2)
+    }
+}
+
 impl Gate for TokenBudgets {
     type Input<'a> = &'a TokenAsk<'a>;
     type Pass = ();

@@ -85,6 +85,25 @@ impl<W> State<W> {
         self.tokens.settle(r, ended, now);
     }
 
+    /// The token budgets' invariant: what they count as outstanding is what the live
+    /// entries hold (tests; every bucket of a holder is still tracked while the key
+    /// bound is not reached).
+    #[cfg(test)]
+    pub(super) fn check_token_invariants(&self) {
+        for (gate, tokens, reservations) in self.tokens.outstanding() {
+            let held = self
+                .entries
+                .values()
+                .filter_map(|e| e.tokens.as_ref()?.at(gate));
+            let (n, sum) = held.fold((0u64, 0u64), |(n, s), t| (n + 1, s + t));
+            assert_eq!(tokens, sum, "outstanding tokens of limit {gate}");
+            assert!(
+                reservations <= n,
+                "outstanding reservations of limit {gate}"
+            );
+        }
+    }
+
     /// Each token budget's totals, by limit name.
     pub(crate) fn token_stats(&self) -> BTreeMap<String, TokenBudgetStats> {
         self.tokens.stats()

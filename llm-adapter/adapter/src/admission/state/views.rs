@@ -172,5 +172,6 @@ impl<W> State<W> {
             .filter(|e| e.session_slot.is_some())
             .count();
         assert_eq!(session_slots, held, "session slots match entries");
+        self.check_token_invariants();
     }
 }
