@@ -117,3 +117,58 @@ async fn a_key_over_its_token_budget_is_refused_with_retry_after_over_nats() {
     assert_eq!(limits.tokens[0].tokens_per_minute, 1200);
     rig.shutdown().await;
 }
+
+/// 100 callers at once on one key with 10,000 tokens per minute, over NATS: the tokens
+/// reserved stay within the budget (plus the refill of the run), what the sim reports
+/// as used overshoots it by at most one request's `max_tokens`, and every refusal
+/// carries `retry_after_ms`.
+#[tokio::test]
+async fn a_hundred_concurrent_callers_on_one_key_stay_within_its_budget_over_nats() {
+    let config = "workers = 8\n[[limits]]\nkey = \"client\"\nlimit = 1000\non_busy = \"reject\"\ntokens_per_minute = 10000\n";
+    let mut rig = Rig::with_sim(config, Duration::from_millis(20)).await;
+    let llm = LlmClient::new(rig.caller.clone(), "llm.infer");
+    // 500 + "user" "hi" (6 bytes → 2 tokens) = 502 reserved; the sim reports 19 + 500.
+    let body = r#"{"model":"m","max_tokens":500,"messages":[{"role":"user","content":"hi"}]}"#;
+    let t0 = std::time::Instant::now();
+    let calls: Vec<_> = (0..100)
+        .map(|_| {
+            let llm = llm.clone();
+            tokio::spawn(async move {
+                llm.request(body)
+                    .client_key("tenant")
+                    .timeout(STEP)
+                    .send()
+                    .await
+            })
+        })
+        .collect();
+    let (mut ok, mut refused) = (0u64, 0u64);
+    for c in calls {
+        match c.await.expect("join") {
+            Ok(_) => ok += 1,
+            Err(e) => {
+                assert_eq!(
+                    e.kind(),
+                    ClientErrorKind::Server(ErrorCode::TokenBudgetExceeded)
+                );
+                assert!(e.details().retry_after_ms.is_some_and(|r| r > 0), "{e}");
+                refused += 1;
+            }
+        }
+    }
+    let refill = (t0.elapsed().as_secs_f64() * 10_000.0 / 60.0).ceil() as u64;
+    let t = rig.adapter().stats().tokens["client"].clone();
+    assert_eq!(ok + refused, 100);
+    assert!(ok >= 19, "{ok}");
+    assert_eq!(t.reserved, ok * 502);
+    assert!(t.reserved <= 10_000 + refill, "{t:?}, refill {refill}");
+    assert_eq!((t.used, t.usage_reported), (ok * 519, ok));
+    assert!(t.used <= 10_000 + refill + 500, "{t:?}, refill {refill}");
+    eprintln!(
+        "100 concurrent over NATS: {ok} ok, {refused} refused, {} reserved, {} used, refill {refill} in {:?}",
+        t.reserved,
+        t.used,
+        t0.elapsed()
+    );
+    rig.shutdown().await;
+}
