@@ -280,3 +280,27 @@ async fn a_stream_is_reconciled_from_its_last_usage_event() {
     let t = a.stats().tokens["client"].clone();
     assert_eq!((t.usage_missing, t.used), (1, 62 + 3));
 }
+
+/// Shadow mode counts what the budget would refuse and admits it, tokens reserved
+/// anyway (the bucket goes into debt, at most one budget deep).
+#[tokio::test(start_paused = true)]
+async fn shadow_mode_counts_would_reject_and_admits() {
+    let mut c = budget_cfg(8);
+    c.mode = crate::config::Mode::Shadow;
+    let a = start_with(c, SimBackend::fixed(Duration::from_millis(10)));
+    let mut rxs = Vec::new();
+    for _ in 0..25 {
+        let sub = Submission::new(chat(MAX_TOKENS)).client_key("tenant");
+        rxs.push(a.call(sub).await.1);
+    }
+    for rx in rxs {
+        assert!(answer(rx).await.result.is_ok());
+    }
+    let s = a.stats();
+    assert_eq!(s.would_reject.get("client.tokens"), Some(&6));
+    let t = &s.tokens["client"];
+    assert_eq!((t.reserved, t.refused), (25 * 502, 0));
+    let left = a.limits_view(1).tokens[0].available;
+    assert!((-(TPM as f64)..0.0).contains(&left), "{left}");
+    a.check_invariants();
+}
