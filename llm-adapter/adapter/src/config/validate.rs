@@ -124,7 +124,7 @@ impl RawLimit {
                 key_of("default_max_tokens"),
                 format!(
                     "{default_max_tokens} is larger than {} ({tpm}): a request without \
-                     max_tokens would need more than a full budget",
+                     max_tokens would need more than a full budget; set it to at most {tpm}",
                     key_of("tokens_per_minute")
                 ),
             ));

@@ -191,8 +191,9 @@ pub(crate) enum Ended {
     NotStarted,
     /// Started and answered: the usage the backend reported, if readable.
     Answered(Option<Usage>),
-    /// Started and failed (backend error, timeout, cancel, deadline): the usage of a
-    /// stream's last event if readable, else the prompt estimate.
+    /// Started and failed (backend error, timeout, cancel, deadline): a usage if one
+    /// is known, else the prompt estimate is charged (the admission passes `None`
+    /// today: a failed call's reply body is not kept).
     Failed(Option<Usage>),
 }
 
