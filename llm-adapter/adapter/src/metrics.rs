@@ -263,7 +263,23 @@ pub fn memory_bound_bytes(config: &crate::config::Config) -> u64 {
     let replies = 2048 * CHAT_MESSAGE_BYTES;
     let trace = config.trace.buffer.get() as u64 * 300;
     let admin = config.admin.max_connections.get() as u64 * 28 * 1024;
-    16 * MIB + cache + messages * CHAT_MESSAGE_BYTES + running + replies + trace + admin + 2 * MIB
+    // Token budgets: at most 1 KiB per tracked key (two copies of a key of at most
+    // ~400 bytes, the bucket, the order entry); a stream keeps its last 16 KiB.
+    let token_keys: u64 = (config.admission.limits.iter())
+        .filter_map(|l| l.tokens)
+        .map(|t| t.max_keys.get() as u64 * 1024)
+        .sum();
+    let tails = config.admission.workers.get() as u64 * 16 * 1024;
+    16 * MIB
+        + cache
+        + messages * CHAT_MESSAGE_BYTES
+        + running
+        + replies
+        + trace
+        + admin
+        + token_keys
+        + tails
+        + 2 * MIB
 }
 
 /// How a latency histogram `name{label}` appears in `/metrics`: with
