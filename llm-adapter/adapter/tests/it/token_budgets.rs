@@ -3,11 +3,17 @@
 
 use crate::common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
+use axum::routing::post;
+use bytes::Bytes;
 use common::{Rig, STEP};
-use weir_llm_client::{ClientErrorKind, LlmClient};
+use futures::StreamExt;
+use weir_llm_adapter::backend::openai::OpenAiBackend;
+use weir_llm_adapter::config::{BackendKind, Config};
+use weir_llm_client::{ClientErrorKind, LlmClient, LlmEvent};
 use weir_protocol::llm::headers as h;
 use weir_protocol::llm::{ErrorBody, ErrorCode};
 
@@ -170,5 +176,107 @@ async fn a_hundred_concurrent_callers_on_one_key_stay_within_its_budget_over_nat
         t.used,
         t0.elapsed()
     );
+    rig.shutdown().await;
+}
+
+/// An OpenAI-compatible server whose `usage` is chosen by the body: `"u":"ok"` → 30
+/// tokens, `garbage` → a negative count, `huge` → `u64::MAX`, `oversized` → a usage
+/// object of 2 KiB; a streaming body gets SSE events, the last data event with 12.
+async fn usage_server() -> (String, tokio::task::JoinHandle<()>) {
+    async fn completions(body: Bytes) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        let text = String::from_utf8_lossy(&body).into_owned();
+        if text.contains(r#""stream":true"#) {
+            let sse = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}],\"usage\":null}\n\n\
+                       data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":7,\"total_tokens\":12}}\n\n\
+                       data: [DONE]\n\n";
+            return ([("content-type", "text/event-stream")], sse).into_response();
+        }
+        let usage = match () {
+            _ if text.contains("garbage") => serde_json::json!({"total_tokens": -7}),
+            _ if text.contains("huge") => serde_json::json!({"total_tokens": u64::MAX}),
+            _ if text.contains("oversized") => {
+                serde_json::json!({"pad": "x".repeat(2048), "total_tokens": 1})
+            }
+            _ => {
+                serde_json::json!({"prompt_tokens": 10, "completion_tokens": 20, "total_tokens": 30})
+            }
+        };
+        axum::Json(serde_json::json!({
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+            "usage": usage,
+        }))
+        .into_response()
+    }
+    let app = axum::Router::new().route("/v1/chat/completions", post(completions));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}"), task)
+}
+
+/// Through the HTTP backend: a usage that is garbage or oversized leaves the
+/// reservation charged, an absurd one is clamped at 4 × the reservation, a valid one
+/// (unary or the stream's last event) replaces it.
+#[tokio::test]
+async fn an_http_backends_usage_is_reconciled_and_its_garbage_cannot_corrupt_the_budget() {
+    let (base, _srv) = usage_server().await;
+    let toml = format!(
+        "workers = 2\n[[limits]]\nkey = \"client\"\nlimit = 10\ntokens_per_minute = 60000\n\
+         [backend]\nkind = \"openai\"\n[backend.openai]\nbase_url = \"{base}\""
+    );
+    let config = Config::from_toml_str(&toml).expect("config");
+    let BackendKind::OpenAi(oc) = &config.backend.kind else {
+        panic!("openai")
+    };
+    let backend = OpenAiBackend::new(oc, config.backend.timeout).expect("backend");
+    let mut rig = Rig::with_backend(&toml, Arc::new(backend)).await;
+    let llm = LlmClient::new(rig.caller.clone(), "llm.infer");
+    // Each costs 100 + "x" (1 byte → 1 token) = 101.
+    for mode in ["ok", "garbage", "huge", "oversized"] {
+        let body = format!(r#"{{"u":"{mode}","max_tokens":100,"prompt":"x"}}"#);
+        let r = llm.request(body).client_key("k").timeout(STEP).send().await;
+        assert!(r.is_ok(), "{mode}: {r:?}");
+    }
+    let body = r#"{"stream":true,"max_tokens":100,"prompt":"x"}"#;
+    let mut s = llm
+        .request(body)
+        .client_key("k")
+        .timeout(STEP)
+        .stream()
+        .await
+        .expect("stream");
+    let mut text = Vec::new();
+    while let Some(ev) = s.next().await {
+        match ev.expect("event") {
+            LlmEvent::Chunk { data, .. } => text.extend_from_slice(&data),
+            LlmEvent::End(_) => break,
+            _ => {}
+        }
+    }
+    assert!(
+        text.ends_with(b"data: [DONE]\n\n"),
+        "the stream passed through unchanged"
+    );
+    let t = rig.adapter().stats().tokens["client"].clone();
+    assert_eq!(t.reserved, 5 * 101);
+    // ok 30 + garbage 101 + huge 404 (clamped) + oversized 101 + stream 12.
+    assert_eq!(t.used, 30 + 101 + 404 + 101 + 12);
+    assert_eq!(
+        (
+            t.usage_reported,
+            t.usage_clamped,
+            t.usage_missing,
+            t.outstanding
+        ),
+        (3, 1, 2, 0)
+    );
+    let left = rig.adapter().limits(1).tokens[0].available;
+    assert!((60_000.0 - 648.0..=60_000.0).contains(&left), "{left}");
     rig.shutdown().await;
 }
