@@ -304,3 +304,21 @@ async fn shadow_mode_counts_would_reject_and_admits() {
     assert!((-(TPM as f64)..0.0).contains(&left), "{left}");
     a.check_invariants();
 }
+
+/// A request refused by the key's concurrency limit after its reservation (the slot
+/// is checked once it is queued) gets its tokens back at once.
+#[tokio::test(start_paused = true)]
+async fn a_concurrency_refusal_after_the_reservation_refunds_it() {
+    let mut c = budget_cfg(4);
+    c.limits[0].limit = NonZeroUsize::new(1).expect("non-zero");
+    let a = start_with(c, SimBackend::fixed(Duration::from_millis(100)));
+    let (_, first) = a.call(Submission::new(chat(100)).client_key("k")).await;
+    let (_, second) = a.call(Submission::new(chat(100)).client_key("k")).await;
+    let e = answer(second).await.result.clone().expect_err("busy");
+    assert_eq!(e.code, ErrorCode::ConcurrencyLimitExceeded);
+    let t = a.stats().tokens["client"].clone();
+    assert_eq!((t.reserved, t.refunded, t.outstanding), (2 * 102, 102, 102));
+    a.check_invariants();
+    assert!(answer(first).await.result.is_ok());
+    a.check_invariants();
+}
