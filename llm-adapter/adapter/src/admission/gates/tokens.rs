@@ -20,9 +20,9 @@
 //! Invariants a reader must not break:
 //! - the check and the reservation happen in one state transition under the admission
 //!   lock ([`super::super::state`]), so concurrent requests cannot both see the same
-//!   tokens: over any interval of length T, the tokens reserved by one key are at most
-//!   `tokens_per_minute + T × tokens_per_minute / 60` plus at most one request's cost
-//!   beyond a full budget;
+//!   tokens: over any interval of length T, the tokens one key holds or has used
+//!   (reserved, less what was refunded) are at most `tokens_per_minute + T ×
+//!   tokens_per_minute / 60`, plus at most one request's cost beyond a full budget;
 //! - a bucket's level stays within `[−tokens_per_minute, tokens_per_minute]`, whatever
 //!   a backend reports: a debt (usage above the reservation) delays the key by at most
 //!   two minutes;
@@ -31,7 +31,9 @@
 //! - at most `max_token_keys` buckets per limit: a bucket back at its full level with
 //!   no reservation outstanding is dropped when met (it means nothing), and a new key
 //!   beyond the bound evicts the least recently used bucket without reservations (or,
-//!   if all have some, the least recently used one; its settlements are then ignored).
+//!   if all have some — fewer `max_token_keys` than requests in flight — the least
+//!   recently used one; its settlements then go to the key's new bucket, if any, still
+//!   within the level bounds).
 //!   An evicted key starts again with a full budget: the bound trades memory for that.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
