@@ -249,6 +249,10 @@ pub struct AdapterStats {
     /// Streamed replies: started, chunks and bytes sent, time to first token, aborts.
     #[serde(default)]
     pub stream: StreamStats,
+    /// Per-key token budgets, by limit name (empty without any
+    /// `limits[].tokens_per_minute`).
+    #[serde(default)]
+    pub tokens: BTreeMap<String, TokenBudgetStats>,
 }
 
 impl AdapterStats {
@@ -287,6 +291,41 @@ pub struct StreamStats {
     /// Streams aborted because of the caller, by reason (`caller_gone`,
     /// `caller_stalled`, `publish_timeout`).
     pub aborted: BTreeMap<String, u64>,
+}
+
+/// One per-key token budget in an [`AdapterStats`] (`tokens`). Tokens reserved at
+/// admission are settled when the request ends: `reserved = used + refunded −
+/// overcharged + outstanding`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct TokenBudgetStats {
+    /// The budget of one key, tokens per minute.
+    pub tokens_per_minute: u64,
+    /// Tokens reserved at admission (`max_tokens` or the default, plus the prompt
+    /// estimate).
+    pub reserved: u64,
+    /// Tokens charged when requests ended: the backend's `usage` (clamped), else the
+    /// reservation (answered) or the prompt estimate (failed after starting).
+    pub used: u64,
+    /// Reserved tokens given back (not used).
+    pub refunded: u64,
+    /// Tokens charged beyond a reservation (reported usage above it).
+    pub overcharged: u64,
+    /// Reservations not settled yet (requests queued or running).
+    pub outstanding: u64,
+    /// Requests refused `token_budget_exceeded` (counted in enforce mode).
+    pub refused: u64,
+    /// Ends settled from a `usage` the backend reported.
+    pub usage_reported: u64,
+    /// Reported usages above the clamp (a multiple of the reservation), charged at it.
+    pub usage_clamped: u64,
+    /// Replies (of started requests) without a readable `usage`: missing, garbage,
+    /// negative, oversized.
+    pub usage_missing: u64,
+    /// Keys tracked now.
+    pub keys: u64,
+    /// Keys forgotten to stay within `max_token_keys` (least recently used first).
+    pub evicted: u64,
 }
 
 /// The idempotency (completion) cache in an [`AdapterStats`].

@@ -179,6 +179,28 @@ weir_service::declare_metrics! {
         "weir_llm_intake_replay_check_failed_total";
     /// Gauge: intake requests this replica holds (pulled, not yet settled).
     gauge pub const INTAKE_HELD: &str = "weir_llm_intake_held";
+    /// Counter: tokens reserved at admission by the per-key token budgets, label `rule`
+    /// (the limit name).
+    counter pub const TOKENS_RESERVED_TOTAL: &str = "weir_llm_tokens_reserved_total";
+    /// Counter: tokens charged when requests ended (the backend's `usage`, clamped;
+    /// else the reservation, or the prompt estimate of a failed call), label `rule`.
+    counter pub const TOKENS_USED_TOTAL: &str = "weir_llm_tokens_used_total";
+    /// Counter: reserved tokens given back (not used), label `rule`.
+    counter pub const TOKENS_REFUNDED_TOTAL: &str = "weir_llm_tokens_refunded_total";
+    /// Counter: tokens charged beyond a reservation (reported usage above it), label
+    /// `rule`.
+    counter pub const TOKENS_OVERCHARGED_TOTAL: &str = "weir_llm_tokens_overcharged_total";
+    /// Counter: requests refused `token_budget_exceeded`, label `rule`.
+    counter pub const TOKENS_REFUSED_TOTAL: &str = "weir_llm_token_budget_refused_total";
+    /// Counter: settlements of started requests by where the count came from, labels
+    /// `rule` and `usage` (`reported`; `clamped` = reported above the clamp, charged at
+    /// it; `missing` = an answer without a readable `usage`: missing, garbage, negative
+    /// or oversized).
+    counter pub const TOKENS_USAGE_TOTAL: &str = "weir_llm_token_usage_total";
+    /// Gauge: keys whose token budget is tracked now, label `rule`.
+    gauge pub const TOKEN_KEYS: &str = "weir_llm_token_budget_keys";
+    /// Counter: keys forgotten to stay within `max_token_keys`, label `rule`.
+    counter pub const TOKEN_KEYS_EVICTED_TOTAL: &str = "weir_llm_token_budget_keys_evicted_total";
     /// Gauge: 1 while the NATS connection is up.
     gauge pub const NATS_CONNECTED: &str = "weir_llm_nats_connected";
     /// Gauge: the most memory this replica's configuration lets it hold above idle at
@@ -251,7 +273,23 @@ pub fn memory_bound_bytes(config: &crate::config::Config) -> u64 {
     let replies = 2048 * CHAT_MESSAGE_BYTES;
     let trace = config.trace.buffer.get() as u64 * 300;
     let admin = config.admin.max_connections.get() as u64 * 28 * 1024;
-    16 * MIB + cache + messages * CHAT_MESSAGE_BYTES + running + replies + trace + admin + 2 * MIB
+    // Token budgets: at most 1 KiB per tracked key (two copies of a key of at most
+    // ~400 bytes, the bucket, the order entry); a stream keeps its last 16 KiB.
+    let token_keys: u64 = (config.admission.limits.iter())
+        .filter_map(|l| l.tokens)
+        .map(|t| t.max_keys.get() as u64 * 1024)
+        .sum();
+    let tails = config.admission.workers.get() as u64 * 16 * 1024;
+    16 * MIB
+        + cache
+        + messages * CHAT_MESSAGE_BYTES
+        + running
+        + replies
+        + trace
+        + admin
+        + token_keys
+        + tails
+        + 2 * MIB
 }
 
 /// How a latency histogram `name{label}` appears in `/metrics`: with

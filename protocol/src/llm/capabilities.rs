@@ -135,6 +135,13 @@ pub struct KeyLimitInfo {
     pub max_wait_ms: Option<u64>,
     /// `wait`: requests that may wait per key (`null` with `reject`).
     pub max_waiters: Option<u64>,
+    /// The token budget of one key, tokens per minute (`null`: none).
+    #[serde(default)]
+    pub tokens_per_minute: Option<u64>,
+    /// Completion tokens reserved for a request without `max_tokens` (`null` without
+    /// a token budget).
+    #[serde(default)]
+    pub default_max_tokens: Option<u64>,
 }
 
 /// `on_busy` of a [`KeyLimitInfo`].

@@ -10,6 +10,7 @@
 //! | `queue_full` | 503 | the global queue holds `limit` requests | yes, after `retry_after_ms`, or another replica |
 //! | `session_queue_full` | 429 | the session has `pending` = `limit` unsettled requests | after one settles |
 //! | `concurrency_limit_exceeded` | 429 | a per-key limit (`key`) is busy and waiting is not possible | yes, after `retry_after_ms` |
+//! | `token_budget_exceeded` | 429 | a per-key token budget (`key`, `limit` tokens per minute) has not `tokens_requested` left (`tokens_available`) | yes, after `retry_after_ms` (when the budget has refilled enough) |
 //! | `deadline_exceeded` | 504 | the request cannot be answered within its deadline: predicted at admission (`predicted_start_ms`, `budget_ms`, `estimate_ms`, `retry_after_ms`), its remaining budget fell below the service-time estimate while queued, or the deadline passed (at admission, in the queue or during inference) | not the same request; a new one after `retry_after_ms` if given |
 //! | `cancelled` | 499 | cancelled by request id | no |
 //! | `request_id_conflict` | 409 | the request id is in use with another session or body | no (new id) |
@@ -38,6 +39,8 @@ pub enum ErrorCode {
     SessionQueueFull,
     /// A per-key concurrency limit (or a busy session under `reject`) refused the request.
     ConcurrencyLimitExceeded,
+    /// A per-key token budget (tokens per minute) has not enough tokens left.
+    TokenBudgetExceeded,
     /// The deadline passed before the request could be answered.
     DeadlineExceeded,
     /// The request was cancelled by its request id.
@@ -59,7 +62,9 @@ impl ErrorCode {
     pub fn nats_code(self) -> u16 {
         match self {
             Self::QueueFull | Self::ShuttingDown => 503,
-            Self::SessionQueueFull | Self::ConcurrencyLimitExceeded => 429,
+            Self::SessionQueueFull | Self::ConcurrencyLimitExceeded | Self::TokenBudgetExceeded => {
+                429
+            }
             Self::DeadlineExceeded | Self::BackendTimeout => 504,
             Self::Cancelled => 499,
             Self::RequestIdConflict => 409,
@@ -76,6 +81,7 @@ impl ErrorCode {
             Self::QueueFull
                 | Self::SessionQueueFull
                 | Self::ConcurrencyLimitExceeded
+                | Self::TokenBudgetExceeded
                 | Self::ShuttingDown
         )
     }
@@ -87,6 +93,7 @@ impl ErrorCode {
             Self::QueueFull
                 | Self::SessionQueueFull
                 | Self::ConcurrencyLimitExceeded
+                | Self::TokenBudgetExceeded
                 | Self::BackendError
                 | Self::BackendTimeout
                 | Self::ShuttingDown
@@ -143,6 +150,14 @@ pub struct ErrorDetails {
     /// `deadline_exceeded`: the backend's service-time estimate used, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimate_ms: Option<u64>,
+    /// `token_budget_exceeded`: the tokens this request would reserve (its
+    /// `max_tokens`, or the configured default, plus its prompt estimate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_requested: Option<u64>,
+    /// `token_budget_exceeded`: the tokens left in the key's budget now (0 when it is
+    /// in debt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_available: Option<u64>,
     /// `backend_error`: the backend's own status (HTTP status code) when it answered
     /// with one; `429` / `503` mean the backend itself is overloaded, and its
     /// `Retry-After` is then in `retry_after_ms`.

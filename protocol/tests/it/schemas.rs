@@ -30,7 +30,7 @@ use weir_protocol::WireName;
 use weir_protocol::admin::{
     AdapterStats, CacheStats, EstimateSource, FrameStats, HttpRefusal, HttpRefusalError,
     IngressStats, NatsClientStats, Percentiles, ReadyLine, ServiceEstimate, StreamStats,
-    WindowStats,
+    TokenBudgetStats, WindowStats,
 };
 use weir_protocol::audio::extension::{
     EndReason, Overload, OverloadReason, PossibleLoss, PossibleLossReason,
@@ -299,6 +299,14 @@ fn error_body(code: ErrorCode) -> ErrorBody {
             waiting: Some(4),
             waited_ms: Some(150),
             key: Some("client:tenant-a".into()),
+            ..Default::default()
+        },
+        ErrorCode::TokenBudgetExceeded => ErrorDetails {
+            limit: Some(10_000),
+            retry_after_ms: Some(3_018),
+            key: Some("client:tenant-a".into()),
+            tokens_requested: Some(503),
+            tokens_available: Some(0),
             ..Default::default()
         },
         ErrorCode::DeadlineExceeded => ErrorDetails {
@@ -576,6 +584,23 @@ fn adapter_stats() -> AdapterStats {
             ttft_ms: p,
             aborted: BTreeMap::from([("caller_gone".into(), 1)]),
         },
+        tokens: BTreeMap::from([(
+            "client".into(),
+            TokenBudgetStats {
+                tokens_per_minute: 10_000,
+                reserved: 10_060,
+                used: 7_900,
+                refunded: 2_160,
+                overcharged: 0,
+                outstanding: 0,
+                refused: 80,
+                usage_reported: 19,
+                usage_clamped: 0,
+                usage_missing: 1,
+                keys: 1,
+                evicted: 0,
+            },
+        )]),
     }
 }
 
@@ -642,8 +667,8 @@ fn golden_json_vectors_are_what_the_types_write_and_validate() {
 /// of: `intake = "jetstream"`, `mode = "shadow"`, `queue_order = "fifo"`,
 /// `[session] pending_cap = 0`, `[deadline] default_ms = 0, min_start_budget_ms = 50`,
 /// `[idempotency] enabled = false`, `[estimator] initial_ms = 300`, and two `[[limits]]`:
-/// `key = "client", limit = 2, on_busy = "reject"` and `key = "body:/model", limit = 4,
-/// max_wait_ms = 500, max_waiters = 8`.
+/// `key = "client", limit = 2, on_busy = "reject", tokens_per_minute = 10000` and
+/// `key = "body:/model", limit = 4, max_wait_ms = 500, max_waiters = 8`.
 #[test]
 fn the_capabilities_type_is_the_adapters_document() {
     let dir = golden_json_dir().join("llm-capabilities");

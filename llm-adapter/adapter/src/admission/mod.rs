@@ -40,6 +40,9 @@ mod slots;
 mod state;
 mod stats;
 mod streaming;
+#[cfg(test)]
+mod tokens_tests;
+mod usage;
 
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -64,6 +67,7 @@ use self::barge_in::settled;
 pub use self::gates::key_limits::KeyError;
 pub(crate) use self::gates::key_limits::resolve_keys;
 pub use self::state::SessionCancel;
+pub use self::state::TokenKeyView;
 use self::state::{Effects, State};
 use self::stats::Stats;
 use crate::backend::{Backend, BackendErrorKind, BackendReply, BackendRequest};
@@ -358,6 +362,9 @@ pub struct LimitsView {
     pub keys: Vec<KeyView>,
     /// Sessions with the most pending requests.
     pub sessions: Vec<SessionView>,
+    /// Token budgets: the tracked keys with the fewest tokens left (share of their
+    /// budget).
+    pub tokens: Vec<TokenKeyView>,
 }
 
 /// The global queue.
@@ -800,6 +807,8 @@ impl<S: Sink> Admission<S> {
         s.queued_now = st.queued() as u64;
         s.running_now = st.running() as u64;
         (s.slots_acquired, s.slots_released) = st.slot_totals();
+        s.tokens = st.token_stats();
+        self.inner.stats.publish_tokens(&s.tokens);
         let est = st.estimate_view();
         s.service_estimate = Some(est);
         // Metrics are published when read (a scrape reads stats), not per request.

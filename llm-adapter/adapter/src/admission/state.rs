@@ -40,6 +40,7 @@
 mod barge_in;
 mod positions;
 mod timers;
+mod tokens;
 mod views;
 mod workers;
 
@@ -57,6 +58,7 @@ pub(crate) use self::barge_in::Interrupt;
 pub use self::barge_in::SessionCancel;
 pub(crate) use self::positions::Notice;
 use self::timers::Timer;
+pub use self::tokens::TokenKeyView;
 use super::cache::CompletionCache;
 use super::estimator::{EstimateView, Estimator};
 use super::gates::deadline::{DeadlinePrediction, Load, Placement, ReadyKey};
@@ -65,6 +67,7 @@ use super::gates::queue_bound::QueueBound;
 use super::gates::session_cap::SessionCap;
 use super::gates::session_order::SessionOrder;
 use super::gates::start_budget::StartBudget;
+use super::gates::tokens::{Reservation, TokenBudgets};
 use super::gates::{
     Ask, Enforce, Gate, RULE_SESSION_CAP, RULE_SESSION_ORDER, Refusal, after_wait, conflict,
     shutting_down,
@@ -204,6 +207,8 @@ struct Entry<W> {
     notified: Option<(usize, Instant)>,
     /// The request's `llm_request` span: its trace events are emitted inside it.
     span: tracing::Span,
+    /// Tokens reserved at the token budgets; settled when the entry is retired.
+    tokens: Option<Reservation>,
 }
 
 /// What admission decided about a request that passed every gate.
@@ -213,6 +218,7 @@ struct Admit {
     deadline: Option<Instant>,
     answer_by: Option<Instant>,
     placement: Placement,
+    tokens: Option<Reservation>,
 }
 
 /// The admission state. Owned by a mutex in [`super::Admission`].
@@ -229,6 +235,7 @@ pub(crate) struct State<W> {
     queue_bound: QueueBound,
     deadline: DeadlinePrediction,
     keys: KeyLimits,
+    tokens: TokenBudgets,
     start_budget: StartBudget,
     /// Ready entries in the order workers take them ([`QueueOrder`]).
     ready: BTreeMap<ReadyKey, u64>,
@@ -261,6 +268,7 @@ impl<W> State<W> {
             queue_bound: QueueBound::new(cfg.queue_capacity, cfg.workers),
             deadline: DeadlinePrediction::new(cfg.clone()),
             keys: KeyLimits::new(&cfg.limits),
+            tokens: TokenBudgets::new(&cfg.limits),
             start_budget: StartBudget::new(cfg.clone()),
             cfg,
             stats,
@@ -474,12 +482,18 @@ impl<W> State<W> {
             Err(err) => return fx.refuse_now(waiter, *err, &sub, waited),
         };
         let answer_by = ask.answer_by;
+        // Token budgets: checked and reserved in this transition (one lock).
+        let tokens = match self.reserve_tokens(&sub, &keys, now, waited) {
+            Ok(t) => t,
+            Err(err) => return fx.refuse_now(waiter, *err, &sub, waited),
+        };
         let admit = Admit {
             keys,
             fingerprint,
             deadline,
             answer_by,
             placement,
+            tokens,
         };
         self.admit(sub, waiter, admit, now, fx)
     }
@@ -575,6 +589,7 @@ impl<W> State<W> {
             deadline,
             answer_by,
             placement,
+            tokens,
         } = admit;
         let id = self.next_id;
         self.next_id += 1;
@@ -616,6 +631,7 @@ impl<W> State<W> {
             stream: sub.stream,
             notified: None,
             span: sub.span,
+            tokens,
         };
         if let Some(by) = answer_by {
             let at = self
@@ -783,7 +799,7 @@ impl<W> State<W> {
     fn retire(
         &mut self,
         id: u64,
-        result: Result<BackendReply, ErrorBody>,
+        mut result: Result<BackendReply, ErrorBody>,
         now: Instant,
         fx: &mut Effects<W>,
     ) {
@@ -791,6 +807,7 @@ impl<W> State<W> {
             return;
         };
         self.unlink(&mut e);
+        self.settle_tokens(&mut e, &mut result, now);
         let inference_time = e.started_at.map(|s| now.saturating_duration_since(s));
         let queue_time = e
             .started_at

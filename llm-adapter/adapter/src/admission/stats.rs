@@ -29,6 +29,7 @@ use crate::sync::locked;
 pub use weir_protocol::admin::Percentiles;
 
 /// The `/v1/stats` snapshot and its parts: the shared admin types.
+use weir_protocol::admin::TokenBudgetStats;
 pub use weir_protocol::admin::{
     AdapterStats as StatsSnapshot, CacheStats as CacheSnapshot, StreamStats as StreamSnapshot,
 };
@@ -292,6 +293,33 @@ impl Stats {
 
     /// Publishes the counters and the queue gauges to the metrics recorder. Called when
     /// stats are read (every scrape): per-request work stays at plain atomic adds.
+    /// Publishes the token budgets' totals (label `rule` = the limit name): read with
+    /// the stats, like every counter here.
+    pub(crate) fn publish_tokens(&self, tokens: &BTreeMap<String, TokenBudgetStats>) {
+        for (rule, t) in tokens {
+            let r = || rule.clone();
+            for (name, v) in [
+                (m::TOKENS_RESERVED_TOTAL, t.reserved),
+                (m::TOKENS_USED_TOTAL, t.used),
+                (m::TOKENS_REFUNDED_TOTAL, t.refunded),
+                (m::TOKENS_OVERCHARGED_TOTAL, t.overcharged),
+                (m::TOKENS_REFUSED_TOTAL, t.refused),
+                (m::TOKEN_KEYS_EVICTED_TOTAL, t.evicted),
+            ] {
+                metrics::counter!(name, "rule" => r()).absolute(v);
+            }
+            for (usage, v) in [
+                ("reported", t.usage_reported),
+                ("clamped", t.usage_clamped),
+                ("missing", t.usage_missing),
+            ] {
+                metrics::counter!(m::TOKENS_USAGE_TOTAL, "rule" => r(), "usage" => usage)
+                    .absolute(v);
+            }
+            metrics::gauge!(m::TOKEN_KEYS, "rule" => r()).set(t.keys as f64);
+        }
+    }
+
     pub(crate) fn publish(&self, queued: usize, running: usize, estimate: &EstimateView) {
         for t in [
             &self.offered,
@@ -375,6 +403,7 @@ impl Stats {
                     .map(|(k, v)| ((*k).to_owned(), *v))
                     .collect(),
             },
+            tokens: BTreeMap::new(),
         }
     }
 }

@@ -29,6 +29,7 @@ use weir_protocol::llm::{ErrorBody, ErrorCode, headers as h};
 
 use super::coalesce::Coalescer;
 use super::stats::Stats;
+use super::usage::StreamTail;
 use crate::backend::{Backend, BackendReply, BackendRequest};
 
 /// Pieces of a backend body in flight between the backend read and the publisher.
@@ -92,7 +93,9 @@ impl fmt::Debug for dyn StreamOut {
 /// published through `out` until the backend ends the body, or `stop` (deadline,
 /// timeout, cancel, shutdown) resolves first. On success the reply has an empty body
 /// and the stream's figures as headers ([`s::TTFT_MS`], [`s::STREAM_CHUNKS`],
-/// [`s::STREAM_BYTES`]), which the sink puts on `end`.
+/// [`s::STREAM_BYTES`]), which the sink puts on `end`. Its body is the stream's last
+/// bytes ([`StreamTail`]), read for the token budgets' `usage` and emptied when the
+/// request is settled (`State::retire`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn run_stream(
     backend: &dyn Backend,
@@ -116,6 +119,7 @@ pub(crate) async fn run_stream(
     let mut ttft = None;
     let mut result = None;
     let mut pieces_open = true;
+    let mut tail = StreamTail::default();
     loop {
         let end = result.is_some() && !pieces_open;
         let now = Instant::now();
@@ -152,7 +156,10 @@ pub(crate) async fn run_stream(
             e = &mut stop => return Err(e),
             r = &mut call, if result.is_none() => result = Some(r),
             p = rx.recv(), if pieces_open => match p {
-                Some(p) => co.push(&p, Instant::now()),
+                Some(p) => {
+                    tail.push(&p);
+                    co.push(&p, Instant::now());
+                }
                 None => pieces_open = false,
             },
             _ = tokio::time::sleep_until(due.unwrap_or(started_at)), if due.is_some() => {}
@@ -160,7 +167,7 @@ pub(crate) async fn run_stream(
     }
     match result {
         Some(Ok(mut reply)) => {
-            reply.body = Bytes::new();
+            reply.body = tail.into_bytes();
             let ttft = ttft.map(|t| (s::TTFT_MS, h::format_ms(t)));
             let figures = [
                 (s::STREAM_CHUNKS, seq.to_string()),

@@ -119,6 +119,7 @@ fn limit(name: &str, key: KeySource, n: usize, on_busy: OnBusy) -> KeyLimit {
         key,
         limit: NonZeroUsize::new(n).expect("non-zero"),
         on_busy,
+        tokens: None,
     }
 }
 

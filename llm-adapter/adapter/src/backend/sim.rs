@@ -1,6 +1,9 @@
 //! Simulated backend: configurable latency distribution, error rate and pause/resume.
 //!
-//! The reply body echoes the request body. A call first waits while the backend is
+//! The reply body echoes the request body; a JSON body with `max_tokens` and without
+//! `"stream": true` gets a `usage` member appended to its echo (`prompt_tokens` = body
+//! bytes / 4, `completion_tokens` = `max_tokens`), and a streamed reply ends with a `usage` event
+//! when the body asks for one (`"include_usage"`, as OpenAI's `stream_options`). A call first waits while the backend is
 //! paused, then sleeps its latency, then waits again while paused (a stalled GPU stalls
 //! calls already in progress too). Zero latency completes without sleeping.
 //!
@@ -256,7 +259,7 @@ impl Backend for SimBackend {
                 }
             }
             guard.finish(fail)?;
-            Ok(BackendReply::body(request.body))
+            Ok(BackendReply::body(with_usage(request.body)))
         })
     }
 
@@ -289,10 +292,47 @@ impl Backend for SimBackend {
                 at += gap;
             }
             guard.finish(fail)?;
+            if request.body.windows(13).any(|w| w == b"include_usage") {
+                let usage = usage_json(request.body.len(), tokens);
+                let event = format!("data: {{\"choices\":[],\"usage\":{usage}}}\n\n");
+                send_piece(&chunks, event.into()).await?;
+            }
             send_piece(&chunks, Bytes::from_static(b"data: [DONE]\n\n")).await?;
             Ok(BackendReply::default())
         })
     }
+}
+
+/// The `usage` object of a reply to a body of `body_len` bytes with `completion` tokens.
+fn usage_json(body_len: usize, completion: u64) -> String {
+    let prompt = (body_len as u64).div_ceil(4);
+    format!(
+        r#"{{"prompt_tokens":{prompt},"completion_tokens":{completion},"total_tokens":{}}}"#,
+        prompt + completion
+    )
+}
+
+/// The echo of `body` with a `usage` member, when it is a JSON object with
+/// `max_tokens` that does not ask for a stream; `body` unchanged otherwise (a
+/// streaming body sent to a unary caller is echoed as it is).
+fn with_usage(body: Bytes) -> Bytes {
+    let Some(n) = max_tokens(&body) else {
+        return body;
+    };
+    if body.windows(8).any(|w| w == b"\"stream\"")
+        && serde_json::from_slice::<serde_json::Value>(&body)
+            .is_ok_and(|v| v.get("stream") == Some(&serde_json::Value::Bool(true)))
+    {
+        return body;
+    }
+    let end = body.trim_ascii_end();
+    let Some(open) = end.strip_suffix(b"}") else {
+        return body;
+    };
+    let mut out = Vec::with_capacity(body.len() + 96);
+    out.extend_from_slice(open);
+    out.extend_from_slice(format!(r#","usage":{}}}"#, usage_json(body.len(), n)).as_bytes());
+    out.into()
 }
 
 /// `max_tokens` of a JSON body, if it has one (at most 1,000,000).
@@ -332,6 +372,27 @@ mod tests {
             (s.started, s.completed, s.aborted, s.in_progress),
             (1, 1, 0, 0)
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_with_max_tokens_is_echoed_with_a_usage() {
+        let b = SimBackend::fixed(Duration::ZERO);
+        let body = r#"{"max_tokens":7,"prompt":"abc"} "#;
+        let reply = b.call(req(body)).await.expect("reply");
+        let v: serde_json::Value = serde_json::from_slice(&reply.body).expect("JSON");
+        assert_eq!(v["prompt"], "abc");
+        // 32 bytes → 8 prompt tokens.
+        let usage =
+            serde_json::json!({"prompt_tokens": 8, "completion_tokens": 7, "total_tokens": 15});
+        assert_eq!(v["usage"], usage);
+        let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+        let streamed = r#"{"max_tokens":2,"stream_options":{"include_usage":true}}"#;
+        b.call_stream(req(streamed), tx).await.expect("stream");
+        let mut text = String::new();
+        while let Ok(p) = rx.try_recv() {
+            text.push_str(&String::from_utf8_lossy(&p));
+        }
+        assert!(text.ends_with("\"usage\":{\"prompt_tokens\":14,\"completion_tokens\":2,\"total_tokens\":16}}\n\ndata: [DONE]\n\n"), "{text}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -27,6 +27,8 @@ impl Config {
                     "on_busy": on_busy,
                     "max_wait_ms": max_wait_ms,
                     "max_waiters": max_waiters,
+                    "tokens_per_minute": l.tokens.map(|t| t.tokens_per_minute.get()),
+                    "default_max_tokens": l.tokens.map(|t| t.default_max_tokens),
                 })
             })
             .collect();

@@ -205,6 +205,16 @@ raw_section! {
             "`wait`: longest wait for a slot, then `concurrency_limit_exceeded`";
         max_waiters: u64 = 100, Range::int(0, 1000000),
             "`wait`: most requests waiting per key; one more is refused at once";
+        tokens_per_minute: u64 = 0, Range::int(0, 1000000000).note(" (0 = no token budget)"),
+            "token budget of one key, refilled continuously: a request reserves its `max_tokens` \
+            (or `default_max_tokens`) + prompt bytes / 4 at admission, reconciled with the backend's \
+            `usage` at the end; over budget = `token_budget_exceeded` with `retry_after_ms`. See \
+            [token budgets](#token-budgets)";
+        default_max_tokens: u64 = 256, Range::int(1, 10000000).note("; at most `tokens_per_minute`"),
+            "completion tokens reserved for a request whose body has no `max_tokens`";
+        max_token_keys: u64 = 10_000, Range::int(1, 10000000),
+            "most keys whose token budget is tracked; an idle key (budget refilled) is forgotten \
+            first, then the least recently used";
     }
 }
 

@@ -758,3 +758,50 @@ fn nats_and_admin_are_the_shared_sections_with_the_adapter_keys_beside_them() {
     let e = err("[admin]\nmax_connections = 10001\n");
     assert_eq!(e.allowed(), Some("1..=10000"));
 }
+
+#[test]
+fn token_budgets_parse_and_refusals_name_the_key() {
+    let c = Config::from_toml_str(
+        "[[limits]]\nkey = \"client\"\nlimit = 8\ntokens_per_minute = 10000\n\
+         [[limits]]\nkey = \"service\"\nlimit = 64\n",
+    )
+    .expect("valid");
+    let t = c.admission.limits[0].tokens.expect("a budget");
+    assert_eq!(
+        (
+            t.tokens_per_minute.get(),
+            t.default_max_tokens,
+            t.max_keys.get()
+        ),
+        (10_000, 256, 10_000)
+    );
+    assert_eq!(c.admission.limits[1].tokens, None, "0 = no budget");
+    let caps = c.capabilities();
+    assert_eq!(caps["limits"][0]["tokens_per_minute"], 10_000);
+    assert_eq!(caps["limits"][0]["default_max_tokens"], 256);
+    assert!(caps["limits"][1]["tokens_per_minute"].is_null());
+    for (extra, key) in [
+        ("tokens_per_minute = -1", "limits[0].tokens_per_minute"),
+        (
+            "tokens_per_minute = 2000000000",
+            "limits[0].tokens_per_minute",
+        ),
+        (
+            "tokens_per_minute = 100\ndefault_max_tokens = 0",
+            "limits[0].default_max_tokens",
+        ),
+        (
+            "tokens_per_minute = 100\ndefault_max_tokens = 101",
+            "limits[0].default_max_tokens",
+        ),
+        (
+            "tokens_per_minute = 1000\nmax_token_keys = 0",
+            "limits[0].max_token_keys",
+        ),
+        ("tokens_per_minte = 100", "limits[0].tokens_per_minte"),
+    ] {
+        let e = err(&format!("[[limits]]\nkey = \"client\"\nlimit = 1\n{extra}"));
+        assert_eq!(e.key(), key, "{extra}: {e}");
+        assert!(e.to_string().contains(key), "{e}");
+    }
+}

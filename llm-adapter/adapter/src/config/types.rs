@@ -1,7 +1,7 @@
 //! The validated configuration types: what the rest of the adapter reads.
 
 use std::net::SocketAddr;
-use std::num::NonZeroUsize;
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -89,6 +89,20 @@ pub struct KeyLimit {
     pub limit: NonZeroUsize,
     /// What happens when the key is busy.
     pub on_busy: OnBusy,
+    /// The key's token budget (`tokens_per_minute`); `None` = none.
+    pub tokens: Option<TokenBudget>,
+}
+
+/// A per-key token budget (`limits[].tokens_per_minute`): see
+/// `admission/gates/tokens.rs` for the rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenBudget {
+    /// Tokens one key may use per minute (also the burst: a full bucket).
+    pub tokens_per_minute: NonZeroU64,
+    /// Completion tokens reserved for a request without `max_tokens`.
+    pub default_max_tokens: u64,
+    /// Most keys tracked at once.
+    pub max_keys: NonZeroUsize,
 }
 
 /// Per-session rules (`[session]`).

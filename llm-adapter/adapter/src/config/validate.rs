@@ -2,7 +2,7 @@
 //! the full key; numbers are checked against the typed ranges of [`super::SECTIONS`].
 
 use std::collections::BTreeSet;
-use std::num::NonZeroUsize;
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -100,9 +100,40 @@ impl RawConfig {
                         max_waiters: size(&key_of("max_waiters"), l.max_waiters)?,
                     },
                 },
+                tokens: l.token_budget(&key_of)?,
             });
         }
         Ok(out)
+    }
+}
+
+impl RawLimit {
+    /// The token budget of this limit (`key_of` names its keys), `None` when
+    /// `tokens_per_minute` is 0.
+    fn token_budget(
+        &self,
+        key_of: &dyn Fn(&str) -> String,
+    ) -> Result<Option<TokenBudget>, ConfigError> {
+        let tpm = int(&key_of("tokens_per_minute"), self.tokens_per_minute)?;
+        if tpm == 0 {
+            return Ok(None);
+        }
+        let default_max_tokens = int(&key_of("default_max_tokens"), self.default_max_tokens)?;
+        if default_max_tokens > tpm {
+            return Err(invalid(
+                key_of("default_max_tokens"),
+                format!(
+                    "{default_max_tokens} is larger than {} ({tpm}): a request without \
+                     max_tokens would need more than a full budget; set it to at most {tpm}",
+                    key_of("tokens_per_minute")
+                ),
+            ));
+        }
+        Ok(Some(TokenBudget {
+            tokens_per_minute: NonZeroU64::new(tpm).unwrap_or(NonZeroU64::MIN),
+            default_max_tokens,
+            max_keys: count(&key_of("max_token_keys"), self.max_token_keys)?,
+        }))
     }
 }
 

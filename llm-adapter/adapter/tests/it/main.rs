@@ -18,3 +18,4 @@ mod python_client;
 mod stream_measure;
 mod streaming;
 mod tls_openai;
+mod token_budgets;

@@ -7,7 +7,9 @@
 //!    (`concurrency_limit_exceeded`);
 //! 3. [`queue_bound`]: the global queue bound (`queue_full`);
 //! 4. [`deadline`]: the deadline prediction (`deadline_exceeded`), which also places
-//!    the request in EDF order.
+//!    the request in EDF order;
+//! 5. [`tokens`]: the per-key token budgets (`token_budget_exceeded`), whose check and
+//!    reservation are one step (`State::submit`, after the others passed).
 //!
 //! Once admitted, a request waits at [`session_order`] behind its session's active
 //! request, then at each [`key_limits`] gate for a slot of its key (pass, wait or
@@ -30,6 +32,7 @@ pub(crate) mod queue_bound;
 pub(crate) mod session_cap;
 pub(crate) mod session_order;
 pub(crate) mod start_budget;
+pub(crate) mod tokens;
 
 use std::borrow::Cow;
 use std::time::Duration;

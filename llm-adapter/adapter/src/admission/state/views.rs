@@ -96,6 +96,7 @@ impl<W> State<W> {
             },
             keys,
             sessions,
+            tokens: self.token_keys(top, now),
         }
     }
 
@@ -171,5 +172,6 @@ impl<W> State<W> {
             .filter(|e| e.session_slot.is_some())
             .count();
         assert_eq!(session_slots, held, "session slots match entries");
+        self.check_token_invariants();
     }
 }
