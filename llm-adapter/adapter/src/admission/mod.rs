@@ -31,6 +31,7 @@ mod cache;
 mod coalesce;
 mod estimator;
 mod gates;
+mod pool;
 mod slots;
 mod state;
 mod stats;
@@ -51,6 +52,7 @@ use weir_protocol::WireName;
 use weir_protocol::llm::{AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails, TraceContext};
 
 pub use estimator::{EstimateSource, EstimateView, Estimator, EstimatorConfig};
+pub use pool::{HealthConfig, PoolSlots};
 pub use stats::{CacheSnapshot, Percentiles, StatsSnapshot, StreamSnapshot};
 pub use streaming::{PIECES_IN_FLIGHT, StopReason, StreamOut, StreamSettings, StreamStop};
 
@@ -89,6 +91,12 @@ pub struct AdmissionConfig {
     pub idempotency: Option<IdempotencyConfig>,
     /// The backend's own per-call timeout (`backend.timeout`).
     pub backend_timeout: Duration,
+    /// The backend pool (`[[backends]]`), in configuration order; `workers` is then the
+    /// sum of their slots. Empty = one backend with `workers` slots and
+    /// `backend_timeout` (`[backend]`).
+    pub pool: Vec<PoolSlots>,
+    /// Health of the pool's backends (`[pool]`); off with a single backend.
+    pub health: HealthConfig,
     /// Grace period for running requests at shutdown.
     pub shutdown_grace: Duration,
     /// Most bytes of a unary reply body the backend may read
