@@ -28,6 +28,7 @@ use weir_protocol::llm::stream as s;
 use weir_protocol::llm::{ErrorBody, ErrorCode, headers as h};
 
 use super::coalesce::Coalescer;
+use super::pool::Progress;
 use super::stats::Stats;
 use crate::backend::{Backend, BackendReply, BackendRequest};
 
@@ -101,6 +102,7 @@ pub(crate) async fn run_stream(
     stats: &Stats,
     settings: StreamSettings,
     started_at: Instant,
+    progress: Option<&Progress>,
     stop: impl Future<Output = ErrorBody>,
 ) -> Result<BackendReply, ErrorBody> {
     stats.streams.add(1);
@@ -135,6 +137,9 @@ pub(crate) async fn run_stream(
                     }
                 }
             }
+            if let Some(p) = progress {
+                p.chunk_sent();
+            }
             if ttft.is_none() {
                 let t = started_at.elapsed();
                 stats.stream_ttft(t);
@@ -152,7 +157,12 @@ pub(crate) async fn run_stream(
             e = &mut stop => return Err(e),
             r = &mut call, if result.is_none() => result = Some(r),
             p = rx.recv(), if pieces_open => match p {
-                Some(p) => co.push(&p, Instant::now()),
+                Some(p) => {
+                    if let Some(pr) = progress {
+                        pr.bytes();
+                    }
+                    co.push(&p, Instant::now());
+                }
                 None => pieces_open = false,
             },
             _ = tokio::time::sleep_until(due.unwrap_or(started_at)), if due.is_some() => {}
