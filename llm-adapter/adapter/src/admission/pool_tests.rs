@@ -415,3 +415,113 @@ async fn a_single_backend_keeps_its_workers_and_has_no_health() {
     assert_eq!(answer(rx).await.code(), "ok");
     a.shutdown().await;
 }
+
+/// A [`StreamOut`] that counts `started` events and chunks.
+#[derive(Default)]
+struct Chunks {
+    started: Mutex<u32>,
+    chunks: Mutex<u32>,
+}
+
+impl StreamOut for Chunks {
+    fn queued(&self, _: usize, _: Option<Duration>) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+
+    fn started(&self, _: Duration) -> futures::future::BoxFuture<'_, ()> {
+        *self.started.lock().expect("lock") += 1;
+        Box::pin(async {})
+    }
+
+    fn chunk(
+        &self,
+        _: u64,
+        _: bytes::Bytes,
+    ) -> futures::future::BoxFuture<'_, Result<(), StreamStop>> {
+        *self.chunks.lock().expect("lock") += 1;
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Two streaming sims (first token after 50 ms, then 10 tokens at 100/s), warmed.
+async fn stream_pool() -> (Admission<ChannelSink>, Vec<SimHandle>) {
+    let sims: Vec<SimBackend> = (0..2)
+        .map(|_| {
+            SimBackend::new(crate::config::SimConfig {
+                stream: crate::config::SimStream {
+                    first_token: ms(50),
+                    tokens: 10,
+                    tokens_per_second: 100.0,
+                },
+                ..crate::config::SimConfig::default()
+            })
+        })
+        .collect();
+    let handles: Vec<SimHandle> = sims.iter().map(SimBackend::handle).collect();
+    let backends = sims
+        .into_iter()
+        .map(|s| Arc::new(s) as Arc<dyn Backend>)
+        .collect();
+    let a = start(pool_cfg(&[("a", 1), ("b", 1)], health()), backends);
+    let mut rxs = Vec::new();
+    for _ in 0..2 {
+        let out = Arc::new(Chunks::default());
+        rxs.push(a.call(Submission::new("warm").stream(out)).await.1);
+    }
+    for rx in rxs {
+        assert_eq!(answer(rx).await.code(), "ok");
+    }
+    (a, handles)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_stalled_before_its_first_chunk_is_retried_on_another_backend() {
+    let (a, h) = stream_pool().await;
+    h[0].pause();
+    let out = Arc::new(Chunks::default());
+    let sub = Submission::new("s")
+        .budget(Duration::from_secs(3))
+        .stream(out.clone());
+    let (ad, rx) = a.call(sub).await;
+    assert_eq!(ad, Admitted::Queued);
+    let o = answer(rx).await;
+    assert_eq!(o.code(), "ok", "{o:?}");
+    assert_eq!(started(&h[0]), 2, "tried on a (stalled) ...");
+    assert_eq!(started(&h[1]), 2, "... then on b");
+    assert!(*out.chunks.lock().expect("lock") >= 1);
+    assert_eq!(a.backends()[0].ejections, 1);
+    a.check_invariants();
+    a.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_stalled_after_its_first_chunk_ends_with_a_clear_error() {
+    let (a, h) = stream_pool().await;
+    let out = Arc::new(Chunks::default());
+    let sub = Submission::new("s")
+        .budget(Duration::from_secs(3))
+        .stream(out.clone());
+    let (_, rx) = a.call(sub).await;
+    // A chunk is out by 100 ms; then the backend stalls.
+    timeout(Duration::from_secs(1), async {
+        while *out.chunks.lock().expect("lock") == 0 {
+            sleep(ms(5)).await;
+        }
+    })
+    .await
+    .expect("a chunk");
+    let on = usize::from(started(&h[1]) == 2);
+    h[on].pause();
+    let o = answer(rx).await;
+    let Err(e) = &o.result else {
+        panic!("an error expected: {o:?}");
+    };
+    assert_eq!(e.code, ErrorCode::BackendError);
+    assert!(
+        e.message.contains("stalled after the stream began"),
+        "{e:?}"
+    );
+    assert_eq!(a.backends()[on].ejections, 1);
+    a.check_invariants();
+    a.shutdown().await;
+}
