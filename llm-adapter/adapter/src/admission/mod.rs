@@ -477,7 +477,7 @@ impl<S: Sink> Inner<S> {
         // Every member with new ready requests gets as many wake-ups (a spare one only
         // makes an idle worker look once more).
         for (b, work) in self.work.iter().enumerate() {
-            if fx.ready_on & (1 << b) != 0 {
+            if fx.ready_on & pool::bit(b) != 0 {
                 for _ in 0..fx.ready_added {
                     work.notify_one();
                 }

@@ -110,6 +110,15 @@ pub(crate) fn publish(members: &[Member]) {
     }
 }
 
+/// The bit of `member` in `Effects::ready_on` (`state.rs`); members past the 64th
+/// share every bit (they are woken whenever anything became ready).
+pub(crate) fn bit(member: usize) -> u64 {
+    u32::try_from(member)
+        .ok()
+        .and_then(|m| 1u64.checked_shl(m))
+        .unwrap_or(u64::MAX)
+}
+
 /// Most sessions whose last backend is remembered (affinity); the oldest is forgotten
 /// first.
 pub(crate) const AFFINITY_SESSIONS: usize = 65_536;

@@ -525,3 +525,43 @@ async fn a_stream_stalled_after_its_first_chunk_ends_with_a_clear_error() {
     a.check_invariants();
     a.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn with_every_backend_ejected_a_request_is_refused_at_once_until_a_probe() {
+    let (x, y) = (Flaky::new(50), Flaky::new(50));
+    let h = HealthConfig {
+        eject_after_errors: 1,
+        ..health()
+    };
+    let a = start(
+        pool_cfg(&[("x", 1), ("y", 1)], h),
+        vec![Arc::new(x.clone()), Arc::new(y.clone())],
+    );
+    x.failing.store(true, AtOrd::Relaxed);
+    y.failing.store(true, AtOrd::Relaxed);
+    let mut rxs = Vec::new();
+    for i in 0..2 {
+        rxs.push(a.call(Submission::new(format!("{i}"))).await.1);
+    }
+    for rx in rxs {
+        assert_eq!(answer(rx).await.code(), "backend_error");
+    }
+    assert!(a.backends().iter().all(|b| b.health == "ejected"));
+    let (ad, rx) = a.call(Submission::new("refused")).await;
+    assert_eq!(ad, Admitted::Refused(ErrorCode::BackendError));
+    let o = answer(rx).await;
+    let Err(e) = &o.result else {
+        panic!("refused: {o:?}")
+    };
+    let retry = e.details.retry_after_ms.expect("retry_after_ms");
+    assert!((900..=1000).contains(&retry), "retry after {retry} ms");
+    // Healthy again: after the back-off the next request is a probe and succeeds.
+    x.failing.store(false, AtOrd::Relaxed);
+    y.failing.store(false, AtOrd::Relaxed);
+    sleep(ms(retry + 5)).await;
+    let (_, rx) = a.call(Submission::new("probe")).await;
+    assert_eq!(answer(rx).await.code(), "ok");
+    assert!(a.backends().iter().any(|b| b.health == "healthy"));
+    a.check_invariants();
+    a.shutdown().await;
+}

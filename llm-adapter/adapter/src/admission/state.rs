@@ -727,7 +727,7 @@ impl<W> State<W> {
             let member = e.member;
             self.pool.members[member].ready.insert(key, id);
             fx.ready_added += 1;
-            fx.ready_on |= 1 << member;
+            fx.ready_on |= super::pool::bit(member);
             let e = &self.entries[&id];
             self.emit(TraceKind::Admitted, e, now, |_| {});
         }

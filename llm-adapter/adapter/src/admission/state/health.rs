@@ -26,7 +26,7 @@ use weir_protocol::llm::{ErrorBody, ErrorCode};
 use super::{Effects, Stage, State};
 use crate::admission::AbortReason;
 use crate::admission::gates::deadline::{global_start, running_left};
-use crate::admission::pool::Health;
+use crate::admission::pool::{Health, bit};
 use crate::backend::BackendRequest;
 
 impl<W> State<W> {
@@ -49,6 +49,7 @@ impl<W> State<W> {
             return;
         };
         let probe = m.health == Health::Probing { id };
+        let ejected = matches!(m.health, Health::Ejected { .. });
         let failed =
             code == ErrorCode::BackendError.as_str() || code == ErrorCode::BackendTimeout.as_str();
         if code == "ok" {
@@ -57,13 +58,14 @@ impl<W> State<W> {
                 m.health = Health::Healthy;
                 m.backoff = base;
                 tracing::info!(backend = %m.name, "backend re-admitted: its probe succeeded");
+                self.rescue_stranded(now, fx);
             }
             if let Some(s) = session {
                 self.pool.served(s, member);
             }
         } else if failed {
             m.failures = m.failures.saturating_add(1);
-            if probe || m.failures >= limit {
+            if !ejected && (probe || m.failures >= limit) {
                 self.eject(member, now, fx);
             }
         } else if probe {
@@ -128,6 +130,18 @@ impl<W> State<W> {
         }
     }
 
+    /// A member came back: the requests left queued on ejected members (none was
+    /// routable when those were ejected) move to the routable ones.
+    fn rescue_stranded(&mut self, now: Instant, fx: &mut Effects<W>) {
+        let stranded: Vec<usize> = (self.pool.members.iter().enumerate())
+            .filter(|(_, m)| matches!(m.health, Health::Ejected { .. }) && m.queued > 0)
+            .map(|(b, _)| b)
+            .collect();
+        for b in stranded {
+            self.rebind_queued(b, now, fx);
+        }
+    }
+
     /// Moves queued entry `id` from member `from` to `to`, in the same place.
     fn move_queued(&mut self, id: u64, from: usize, to: usize, fx: &mut Effects<W>) {
         let Some(e) = self.entries.get_mut(&id) else {
@@ -142,7 +156,7 @@ impl<W> State<W> {
             self.pool.members[from].ready.remove(&k);
             self.pool.members[to].ready.insert(k, id);
             fx.ready_added += 1;
-            fx.ready_on |= 1 << to;
+            fx.ready_on |= bit(to);
         }
         if let Some(k) = order {
             self.deadline.rebind(k, to);
@@ -164,7 +178,7 @@ impl<W> State<W> {
                 m.health = Health::ProbeDue;
                 if !m.ready.is_empty() {
                     fx.ready_added += 1;
-                    fx.ready_on |= 1 << b;
+                    fx.ready_on |= bit(b);
                 }
             }
         }
@@ -296,7 +310,7 @@ impl<W> State<W> {
         }
         self.pool.members[to].ready.insert(key, id);
         fx.ready_added += 1;
-        fx.ready_on |= 1 << to;
+        fx.ready_on |= bit(to);
         self.arm_deadline(id, fx);
     }
 }
