@@ -293,8 +293,6 @@ impl RequestStatus {
 pub(crate) enum AbortReason {
     Cancelled,
     ShuttingDown,
-    /// Its backend stalled and was ejected: retried elsewhere if it still can be.
-    Failover,
 }
 
 /// A request handed to a worker.
@@ -549,13 +547,6 @@ impl<S: Sink> Inner<S> {
                 ErrorCode::Cancelled,
                 "cancelled while running; backend call aborted",
             ),
-            Ok(AbortReason::Failover) => {
-                failed_over.store(true, Ordering::Relaxed);
-                ErrorBody::new(
-                    ErrorCode::BackendError,
-                    "backend stalled (no reply bytes) and was ejected; call aborted",
-                )
-            }
             _ => ErrorBody::new(
                 ErrorCode::ShuttingDown,
                 "shutdown grace period ended; backend call aborted",
@@ -579,8 +570,21 @@ impl<S: Sink> Inner<S> {
                 )
             }
         };
+        // A stall found by the sweeper (pool with health): the call is dropped and the
+        // request handed back for a failover.
+        let stalled = async {
+            match &progress {
+                Some(p) => p.failed_over().await,
+                None => std::future::pending().await,
+            }
+            failed_over.store(true, Ordering::Relaxed);
+            ErrorBody::new(
+                ErrorCode::BackendError,
+                "backend stalled (no reply bytes) and was ejected; call aborted",
+            )
+        };
         // Precedence when several are ready at once: an abort, then the backend's
-        // answer, then the deadline / backend timeout.
+        // answer, then a stall, then the deadline / backend timeout.
         let result = match stream {
             None => {
                 let call = tracing::Instrument::instrument(
@@ -591,6 +595,7 @@ impl<S: Sink> Inner<S> {
                     biased;
                     reason = &mut abort => Err(aborted(reason)),
                     r = call => r.map_err(|e| backend_failure(&e, deadline)),
+                    e = stalled => Err(e),
                     _ = tokio::time::sleep_until(limit_at) => Err(limited()),
                 }
             }
@@ -599,6 +604,7 @@ impl<S: Sink> Inner<S> {
                     tokio::select! {
                         biased;
                         reason = &mut abort => aborted(reason),
+                        e = stalled => e,
                         _ = tokio::time::sleep_until(limit_at) => limited(),
                     }
                 };

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::Serialize;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::AdmissionConfig;
@@ -348,6 +349,10 @@ pub(crate) struct Progress {
     /// Milliseconds from `started` to the last reply byte; 0 = none yet.
     last_ms: AtomicU64,
     chunk_sent: AtomicBool,
+    /// Set by the sweeper when the call stalled: the worker drops it and hands the
+    /// request back for a failover (its cancel channel stays free for a cancel).
+    failing_over: AtomicBool,
+    wake: Notify,
 }
 
 impl Progress {
@@ -356,6 +361,27 @@ impl Progress {
             started,
             last_ms: AtomicU64::new(0),
             chunk_sent: AtomicBool::new(false),
+            failing_over: AtomicBool::new(false),
+            wake: Notify::new(),
+        }
+    }
+
+    /// Tells the worker to drop the call for a failover.
+    pub(crate) fn fail_over(&self) {
+        self.failing_over.store(true, Ordering::Relaxed);
+        self.wake.notify_one();
+    }
+
+    /// Whether the call was told to fail over.
+    pub(crate) fn failing_over(&self) -> bool {
+        self.failing_over.load(Ordering::Relaxed)
+    }
+
+    /// Resolves once the call is told to fail over.
+    pub(crate) async fn failed_over(&self) {
+        // `notify_one` keeps a permit when nobody waits yet.
+        while !self.failing_over() {
+            self.wake.notified().await;
         }
     }
 

@@ -24,8 +24,8 @@ use weir_protocol::WireName;
 use weir_protocol::llm::{ErrorBody, ErrorCode};
 
 use super::{Effects, Stage, State};
-use crate::admission::AbortReason;
 use crate::admission::gates::deadline::{global_start, running_left};
+use crate::admission::gates::shutting_down;
 use crate::admission::pool::{Health, bit};
 use crate::backend::BackendRequest;
 
@@ -189,7 +189,7 @@ impl<W> State<W> {
             };
             for id in m.running_since.keys() {
                 let last = self.entries.get(id).and_then(|e| e.progress.as_ref());
-                if last.is_some_and(|p| p.last() + after <= now) {
+                if last.is_some_and(|p| !p.failing_over() && p.last() + after <= now) {
                     stalled.push((b, *id));
                 }
             }
@@ -198,8 +198,8 @@ impl<W> State<W> {
             if !matches!(self.pool.members[b].health, Health::Ejected { .. }) {
                 self.eject(b, now, fx);
             }
-            if let Some(tx) = self.entries.get_mut(&id).and_then(|e| e.abort.take()) {
-                let _ = tx.send(AbortReason::Failover);
+            if let Some(p) = self.entries.get(&id).and_then(|e| e.progress.as_ref()) {
+                p.fail_over();
             }
         }
     }
@@ -221,10 +221,9 @@ impl<W> State<W> {
             };
             for id in m.running_since.keys() {
                 let e = self.entries.get(id);
-                // A call already told to abort is not looked at again.
-                if let Some(p) = e
-                    .filter(|e| e.abort.is_some())
-                    .and_then(|e| e.progress.as_ref())
+                // A call already told to fail over is not looked at again.
+                if let Some(p) = e.and_then(|e| e.progress.as_ref())
+                    && !p.failing_over()
                 {
                     at(p.last() + after);
                 }
@@ -247,6 +246,9 @@ impl<W> State<W> {
         };
         let from = e.member;
         let name = self.pool.members[from].name.clone();
+        // A cancel (or the end of the shutdown grace) that came meanwhile took the
+        // abort channel: it wins.
+        let told = e.abort.is_none();
         let sent = e.progress.as_ref().is_some_and(|p| p.sent());
         let target = self.failover_target(from, now);
         let fits = |to: usize| {
@@ -254,6 +256,11 @@ impl<W> State<W> {
             e.answer_by.is_none_or(|by| now + est <= by)
         };
         let err = match (sent, request, target) {
+            _ if told && self.shutting_down => shutting_down(),
+            _ if told => ErrorBody::new(
+                ErrorCode::Cancelled,
+                "cancelled while running; backend call aborted",
+            ),
             (false, Some(request), Some(to)) if fits(to) => {
                 self.requeue(id, to, request, now, fx);
                 return;
