@@ -1,10 +1,13 @@
 //! The admission core: a bounded queue in front of a fixed pool of workers, with
 //! per-session caps and ordering, per-key concurrency limits, idempotency, cancellation
 //! and deadlines. No NATS in here: requests come in as [`Submission`]s with an opaque
-//! waiter, and answers go out through a [`Sink`].
+//! waiter, and answers go out through a [`Sink`]. The workers serve one backend, or a
+//! pool of them (`pool.rs`: each backend its own slots, estimator and ready queue;
+//! routing, health and failover in `state/routing.rs` and `state/health.rs`).
 //!
-//! Tasks: exactly `workers` worker tasks and one timer task ("sweeper"), spawned by
-//! [`Admission::start`]. Nothing is spawned per request: a request is an entry in the
+//! Tasks: exactly `workers` worker tasks (each backend's `slots`, summing to `workers`)
+//! and one timer task ("sweeper", which also finds stalled calls), spawned by
+//! [`Admission::start`] / [`Admission::start_pool`]. Nothing is spawned per request: a request is an entry in the
 //! state machine (`admission/state.rs`) until a worker picks it; its answer is delivered by whoever
 //! settles it (the submitter for immediate refusals, a worker, the sweeper, a cancel, or
 //! shutdown).

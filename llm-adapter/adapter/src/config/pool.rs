@@ -193,6 +193,21 @@ mod tests {
     }
 
     #[test]
+    fn the_capabilities_list_the_pool() {
+        let v = Config::from_toml_str(TWO).expect("valid").capabilities();
+        assert_eq!(v["backends"][1]["name"], "b-2");
+        assert_eq!(v["backends"][1]["kind"], "nats");
+        assert_eq!(v["backends"][1]["slots"], 3);
+        assert_eq!(v["backends"][1]["timeout_ms"], 500);
+        assert_eq!(v["backends"][1]["weight"], 4);
+        assert_eq!(v["pool"]["stall_factor"], 3);
+        assert_eq!(v["workers"], 5);
+        let v = Config::default().capabilities();
+        assert_eq!(v["backends"], serde_json::json!([]));
+        assert!(v["pool"].is_null());
+    }
+
+    #[test]
     fn a_single_backend_is_unchanged() {
         let c = Config::from_toml_str("workers = 3\n[backend]\nkind = \"sim\"\n").expect("valid");
         assert!(c.backends.is_empty());
