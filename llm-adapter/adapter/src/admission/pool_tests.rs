@@ -565,3 +565,75 @@ async fn with_every_backend_ejected_a_request_is_refused_at_once_until_a_probe()
     a.check_invariants();
     a.shutdown().await;
 }
+
+/// The stall scenario on a paused clock: 3 sim backends (100 ms, 2 slots: 60/s
+/// together), 1.5× that offered (90/s) with 2 s budgets for 30 s; one backend stalls
+/// at 10 s for 10 s. Printed: the outcomes, split into refusals at admission and
+/// answers after a wait.
+#[tokio::test(start_paused = true)]
+async fn the_stall_scenario_at_one_and_a_half_times_capacity() {
+    let (backends, h) = sims(&[100, 100, 100]);
+    let a = start(
+        pool_cfg(&[("a", 2), ("b", 2), ("c", 2)], health()),
+        backends,
+    );
+    warm(&a, 3).await;
+    let t0 = Instant::now();
+    let mut rxs = Vec::new();
+    let period = Duration::from_secs(1) / 90;
+    let mut i = 0u32;
+    let mut paused = false;
+    let mut resumed = false;
+    while Instant::now() - t0 < Duration::from_secs(30) {
+        let t = Instant::now() - t0;
+        if !paused && t >= Duration::from_secs(10) {
+            h[1].pause();
+            paused = true;
+        }
+        if !resumed && t >= Duration::from_secs(20) {
+            h[1].resume();
+            resumed = true;
+        }
+        let sub = Submission::new(format!("r{i}")).budget(Duration::from_secs(2));
+        let (ad, rx) = a.call(sub).await;
+        rxs.push((t, ad, rx));
+        i += 1;
+        sleep(period).await;
+    }
+    let mut at_once = std::collections::BTreeMap::new();
+    let mut after_wait = std::collections::BTreeMap::new();
+    for (t, ad, rx) in rxs {
+        let o = answer(rx).await;
+        let bucket = if ad == Admitted::Queued {
+            &mut after_wait
+        } else {
+            &mut at_once
+        };
+        let phase = match t.as_secs() {
+            0..10 => "before",
+            10..20 => "stalled",
+            _ => "after",
+        };
+        *bucket.entry((phase, o.code())).or_insert(0u32) += 1;
+    }
+    println!("refused at once: {at_once:?}\nanswered after admission: {after_wait:?}");
+    let b = &a.backends()[1];
+    println!("b: {b:?}");
+    // No caller gets an error of the backend: the stalled calls are retried elsewhere.
+    // What b held queued when it stalled (its share of a full 2 s queue) no longer fits
+    // on the two others, saturated as they are: those requests (and some behind them)
+    // are answered `deadline_exceeded` while queued, before their deadline.
+    for ((_, code), _) in at_once.iter().chain(&after_wait) {
+        assert!(["ok", "deadline_exceeded"].contains(code), "{code}");
+    }
+    let ok_stalled = after_wait.get(&("stalled", "ok")).copied().unwrap_or(0);
+    // Two backends do 2 × 2 / 100 ms = 40/s: 400 in the 10 s of the stall (less the
+    // detection).
+    assert!(
+        ok_stalled >= 380,
+        "goodput during the stall: {ok_stalled} of 400"
+    );
+    assert!(b.ejections >= 1 && b.health == "healthy", "{b:?}");
+    a.check_invariants();
+    a.shutdown().await;
+}
