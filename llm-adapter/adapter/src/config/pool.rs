@@ -193,6 +193,18 @@ mod tests {
     }
 
     #[test]
+    fn a_backend_timeout_above_the_longest_deadline_is_a_warning_naming_it() {
+        let c = Config::from_toml_str(
+            "[[backends]]\nname = \"a\"\nslots = 1\n[[backends]]\nname = \"b\"\nslots = 1\n\
+             timeout_ms = 200000\n",
+        )
+        .expect("valid");
+        let w = c.warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].keys()[0], "backends[1].timeout_ms", "{w:?}");
+    }
+
+    #[test]
     fn the_capabilities_list_the_pool() {
         let v = Config::from_toml_str(TWO).expect("valid").capabilities();
         assert_eq!(v["backends"][1]["name"], "b-2");
