@@ -13,10 +13,12 @@ use common::{STEP, connect};
 use weir_llm_adapter::Config;
 use weir_llm_client::LlmClient;
 
+/// `b` is the cheapest (weight 1): it takes every request it can finish in time, so it
+/// is busy when it stalls.
 const POOL: &str = "\
-[[backends]]\nname = \"a\"\nslots = 2\n[backends.sim]\nlatency_ms = 50\n\
+[[backends]]\nname = \"a\"\nslots = 2\nweight = 2\n[backends.sim]\nlatency_ms = 50\n\
 [[backends]]\nname = \"b\"\nslots = 2\n[backends.sim]\nlatency_ms = 50\n\
-[[backends]]\nname = \"c\"\nslots = 2\n[backends.sim]\nlatency_ms = 50\n\
+[[backends]]\nname = \"c\"\nslots = 2\nweight = 2\n[backends.sim]\nlatency_ms = 50\n\
 [pool]\nstall_factor = 3\nstall_floor_ms = 100\n";
 
 #[tokio::test]
@@ -45,8 +47,8 @@ async fn a_stalled_backend_of_three_is_ejected_and_no_caller_gets_an_error() {
     let llm = Arc::new(LlmClient::new(caller.clone(), "llm.infer"));
     let view = adapter.view();
 
-    // 3 s at 50 requests/s (the pool does 120/s, two backends 80/s), 2 s budgets; b
-    // stalls at 1 s.
+    // 3 s at 50 requests/s (the pool does 120/s, b alone 40/s, a and c 80/s), 2 s
+    // budgets; b stalls at 1 s.
     let t0 = Instant::now();
     let mut calls = Vec::new();
     let mut paused = None;
