@@ -637,3 +637,41 @@ async fn the_stall_scenario_at_one_and_a_half_times_capacity() {
     a.check_invariants();
     a.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn requests_stranded_when_every_backend_was_ejected_are_served_after_the_probes() {
+    let (x, y) = (Flaky::new(50), Flaky::new(50));
+    let h = HealthConfig {
+        eject_after_errors: 1,
+        ..health()
+    };
+    let a = start(
+        pool_cfg(&[("x", 1), ("y", 1)], h),
+        vec![Arc::new(x.clone()), Arc::new(y.clone())],
+    );
+    x.failing.store(true, AtOrd::Relaxed);
+    y.failing.store(true, AtOrd::Relaxed);
+    let mut rxs = Vec::new();
+    for i in 0..5 {
+        rxs.push(a.call(Submission::new(format!("{i}"))).await.1);
+    }
+    // Both first calls fail: both ejected, the three others stranded on them.
+    sleep(ms(60)).await;
+    assert!(a.backends().iter().all(|b| b.health == "ejected"));
+    let stranded: usize = a.backends().iter().map(|b| b.queued).sum();
+    assert_eq!(stranded, 3);
+    x.failing.store(false, AtOrd::Relaxed);
+    y.failing.store(false, AtOrd::Relaxed);
+    let mut codes = Vec::new();
+    for rx in rxs {
+        codes.push(answer(rx).await.code());
+    }
+    assert_eq!(codes.iter().filter(|c| **c == "ok").count(), 3, "{codes:?}");
+    // The first probe to succeed takes the other's stranded requests: that one may
+    // still wait for a request to probe with.
+    let v = a.backends();
+    assert!(v.iter().any(|b| b.health == "healthy"), "{v:?}");
+    assert!(v.iter().all(|b| b.health != "ejected"), "{v:?}");
+    a.check_invariants();
+    a.shutdown().await;
+}

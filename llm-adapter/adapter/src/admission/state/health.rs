@@ -26,8 +26,17 @@ use weir_protocol::llm::{ErrorBody, ErrorCode};
 use super::{Effects, Stage, State};
 use crate::admission::gates::deadline::{global_start, running_left};
 use crate::admission::gates::shutting_down;
-use crate::admission::pool::{Health, bit};
+use crate::admission::pool::{Health, Member, bit};
 use crate::backend::BackendRequest;
+
+/// Wakes the workers of `m` (member `b`) for what is ready there (its workers slept
+/// while it could start nothing).
+fn wake_if_ready<W>(m: &Member, b: usize, fx: &mut Effects<W>) {
+    if !m.ready.is_empty() {
+        fx.ready_added += m.ready.len();
+        fx.ready_on |= bit(b);
+    }
+}
 
 impl<W> State<W> {
     /// A call on `member` ended with `code`: the health signals and the affinity.
@@ -58,6 +67,7 @@ impl<W> State<W> {
                 m.health = Health::Healthy;
                 m.backoff = base;
                 tracing::info!(backend = %m.name, "backend re-admitted: its probe succeeded");
+                wake_if_ready(m, member, fx);
                 self.rescue_stranded(now, fx);
             }
             if let Some(s) = session {
@@ -71,6 +81,7 @@ impl<W> State<W> {
         } else if probe {
             // Cancelled, or its deadline: says nothing of the backend; probe again.
             m.health = Health::ProbeDue;
+            wake_if_ready(m, member, fx);
         }
     }
 
@@ -100,7 +111,7 @@ impl<W> State<W> {
     /// lowest weight, then the soonest predicted finish (everything queued there
     /// counted ahead).
     fn failover_target(&self, from: usize, now: Instant) -> Option<usize> {
-        let score = |(b, m): (usize, &crate::admission::pool::Member)| {
+        let score = |(b, m): (usize, &Member)| {
             let busy = m.health == Health::ProbeDue && m.queued + m.running() > 0;
             if b == from || !m.routable() || busy {
                 return None;
@@ -176,10 +187,7 @@ impl<W> State<W> {
                 && until <= now
             {
                 m.health = Health::ProbeDue;
-                if !m.ready.is_empty() {
-                    fx.ready_added += 1;
-                    fx.ready_on |= bit(b);
-                }
+                wake_if_ready(m, b, fx);
             }
         }
         let mut stalled = Vec::new();
