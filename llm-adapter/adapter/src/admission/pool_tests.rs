@@ -305,13 +305,14 @@ async fn an_ejected_backend_backs_off_and_is_readmitted_by_a_probe() {
     a.shutdown().await;
 }
 
-/// A backend that fails every call while `failing`, else answers after `ms`; it
-/// records the bodies it was called with.
+/// A backend that fails every call while `failing`, else answers after `ms` (± up to
+/// `jitter` ms, drawn from the body); it records the bodies it was called with.
 #[derive(Clone)]
 struct Flaky {
     failing: Arc<AtomicBool>,
     calls: Arc<Mutex<Vec<String>>>,
     ms: u64,
+    jitter: u64,
 }
 
 impl Flaky {
@@ -320,6 +321,7 @@ impl Flaky {
             failing: Arc::new(AtomicBool::new(false)),
             calls: Arc::default(),
             ms,
+            jitter: 0,
         }
     }
 }
@@ -331,8 +333,15 @@ impl Backend for Flaky {
 
     fn call(&self, request: BackendRequest) -> Call {
         let body = String::from_utf8_lossy(&request.body).into_owned();
+        let spread = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            body.hash(&mut h);
+            h.finish() % (2 * self.jitter + 1)
+        };
         self.calls.lock().expect("lock").push(body);
-        let (failing, wait) = (self.failing.clone(), ms(self.ms));
+        let wait = ms(self.ms - self.jitter + spread);
+        let failing = self.failing.clone();
         Box::pin(async move {
             sleep(wait).await;
             if failing.load(AtOrd::Relaxed) {
@@ -674,4 +683,88 @@ async fn requests_stranded_when_every_backend_was_ejected_are_served_after_the_p
     assert!(v.iter().all(|b| b.health != "ejected"), "{v:?}");
     a.check_invariants();
     a.shutdown().await;
+}
+
+/// The affinity scenario on a paused clock: 200 sessions × 10 turns over 3
+/// healthy backends (2 slots × 60..=140 ms: about 60/s) at 0.7× (42 turns/s), 2 s budgets. Each
+/// session's turns stay on one backend; the deadline results equal those of the same
+/// load without sessions (no affinity).
+#[tokio::test(start_paused = true)]
+async fn sessions_stay_on_their_backend_at_seven_tenths_of_capacity() {
+    let mut results = Vec::new();
+    for with_sessions in [true, false] {
+        let members: Vec<Flaky> = (0..3)
+            .map(|_| Flaky {
+                jitter: 40,
+                ..Flaky::new(100)
+            })
+            .collect();
+        let backends = (members.iter())
+            .map(|f| Arc::new(f.clone()) as Arc<dyn Backend>)
+            .collect();
+        let a = start(
+            pool_cfg(&[("a", 2), ("b", 2), ("c", 2)], health()),
+            backends,
+        );
+        warm(&a, 3).await;
+        // One turn every 200 / 42 s per session, the sessions spread over that period.
+        let every = Duration::from_secs(200) / 42;
+        let mut tasks = Vec::new();
+        for s in 0..200u32 {
+            let a = a.clone();
+            tasks.push(tokio::spawn(async move {
+                sleep(every * s / 200).await;
+                let mut codes = Vec::new();
+                for t in 0..10u32 {
+                    let next = Instant::now() + every;
+                    let mut sub =
+                        Submission::new(format!("{s}:{t}")).budget(Duration::from_secs(2));
+                    if with_sessions {
+                        sub = sub.session(format!("s{s}"));
+                    }
+                    let (_, rx) = a.call(sub).await;
+                    codes.push(answer(rx).await.code());
+                    tokio::time::sleep_until(next).await;
+                }
+                codes
+            }));
+        }
+        let mut ok = 0;
+        for t in tasks {
+            ok += t
+                .await
+                .expect("task")
+                .iter()
+                .filter(|c| **c == "ok")
+                .count();
+        }
+        // Per session: the share of its turns on the backend that served most of them.
+        let mut on: std::collections::HashMap<String, [u32; 3]> = Default::default();
+        for (b, f) in members.iter().enumerate() {
+            for body in f.calls.lock().expect("lock").iter() {
+                if let Some((s, _)) = body.split_once(':') {
+                    on.entry(s.to_owned()).or_default()[b] += 1;
+                }
+            }
+        }
+        let sticky = on
+            .values()
+            .filter(|n| {
+                let total: u32 = n.iter().sum();
+                *n.iter().max().unwrap_or(&0) * 100 >= total * 95
+            })
+            .count();
+        let spills: u64 = a.backends().iter().map(|b| b.spills).sum();
+        println!(
+            "sessions {with_sessions}: {ok} of 2000 ok, {sticky} of 200 sessions ≥ 95 % on one backend, {spills} spills"
+        );
+        results.push((ok, sticky));
+        a.shutdown().await;
+    }
+    let ((ok_aff, sticky), (ok_plain, _)) = (results[0], results[1]);
+    assert!(sticky >= 190, "{sticky} of 200 sessions on one backend");
+    assert!(
+        ok_aff.abs_diff(ok_plain) * 100 <= ok_plain * 2,
+        "deadline results {ok_aff} with affinity, {ok_plain} without"
+    );
 }
