@@ -108,8 +108,14 @@ async fn limits(
     }
 }
 
+/// The stats snapshot, with each backend of the pool under `backends`.
 async fn stats(State(s): State<AdminState>) -> Response {
-    Json(s.view.stats()).into_response()
+    let mut v = serde_json::to_value(s.view.stats()).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        let backends = serde_json::to_value(s.view.backends()).unwrap_or_default();
+        o.insert("backends".into(), backends);
+    }
+    Json(v).into_response()
 }
 
 /// Largest buffered request head on the admin port.

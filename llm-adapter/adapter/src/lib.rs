@@ -151,6 +151,12 @@ impl AdapterView {
         s
     }
 
+    /// Each backend of the pool (one, `default`, for a single `[backend]`): slots,
+    /// estimate, health, ejections, spills, failovers.
+    pub fn backends(&self) -> Vec<admission::BackendView> {
+        self.admission.backends()
+    }
+
     /// The busiest keys and sessions.
     pub fn limits(&self, top: usize) -> LimitsView {
         self.admission.limits_view(top)
@@ -252,6 +258,24 @@ pub async fn start_with_events(
     config: Config,
     backend: Arc<dyn Backend>,
 ) -> Result<AdapterHandle, StartError> {
+    start_pool(client, events, config, vec![backend]).await
+}
+
+/// [`start_with_events`] over a backend pool: `backends[i]` serves member `i` of
+/// `config.backends` (the single `[backend]` when that is empty), e.g. from
+/// [`backend::pool_from_config`].
+pub async fn start_pool(
+    client: async_nats::Client,
+    events: AdapterEvents,
+    config: Config,
+    backends: Vec<Arc<dyn Backend>>,
+) -> Result<AdapterHandle, StartError> {
+    if backends.is_empty() {
+        return Err(StartError::new(
+            StartErrorKind::Backend,
+            "no backend given for the pool",
+        ));
+    }
     let config = Arc::new(config);
     let (tracer, trace_task) = match &config.trace.subject {
         Some(subject) => {
@@ -269,7 +293,7 @@ pub async fn start_with_events(
     let sink = Arc::new(NatsSink::new(client.clone(), config.nats.publish_timeout));
     let mut admission_cfg = AdmissionConfig::from(&*config);
     admission_cfg.max_reply_bytes = sink.max_reply_bytes();
-    let admission = Admission::start(admission_cfg, backend, sink, tracer);
+    let admission = Admission::start_pool(admission_cfg, backends, sink, tracer);
     let edge = match ServiceEdge::start(&client, config.clone(), admission.clone(), events.clone())
         .await
     {

@@ -208,6 +208,26 @@ weir_service::declare_metrics! {
     /// [`memory_bound_bytes`]). Compare
     /// `process_resident_memory_bytes` with it.
     gauge pub const MEMORY_BOUND_BYTES: &str = "weir_llm_memory_bound_bytes";
+    /// Gauge: slots (concurrent calls) of each backend of the pool, label `backend` (its
+    /// name; `default` for a single `[backend]`).
+    gauge pub const BACKEND_SLOTS: &str = "weir_llm_backend_slots";
+    /// Gauge: slots busy (calls running) per backend, label `backend`.
+    gauge pub const BACKEND_SLOTS_BUSY: &str = "weir_llm_backend_slots_busy";
+    /// Gauge: each backend's service-time estimate, seconds, label `backend` (absent
+    /// before its first call without a seed).
+    gauge pub const BACKEND_ESTIMATE_SECONDS: &str = "weir_llm_backend_estimate_seconds";
+    /// Gauge: each backend's health, label `backend`: 0 healthy, 1 probing (its
+    /// back-off ended, one probe request decides), 2 ejected.
+    gauge pub const BACKEND_HEALTH: &str = "weir_llm_backend_health";
+    /// Counter: ejections per backend (consecutive failures or a stalled call), label
+    /// `backend`.
+    counter pub const BACKEND_EJECTIONS_TOTAL: &str = "weir_llm_backend_ejections_total";
+    /// Counter: requests of a session sent to another backend than its last turn's,
+    /// because that one would have missed the deadline, label `backend` (the one left).
+    counter pub const BACKEND_SPILLS_TOTAL: &str = "weir_llm_backend_spills_total";
+    /// Counter: requests moved off a backend (queued there when it was ejected, or a
+    /// stalled call retried elsewhere), label `backend`.
+    counter pub const BACKEND_FAILOVERS_TOTAL: &str = "weir_llm_backend_failovers_total";
 }
 
 /// Histogram ([`latency_series`]): receipt → start of inference, seconds.

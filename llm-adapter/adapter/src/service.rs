@@ -63,9 +63,19 @@ pub use self::reply::{NatsSink, NatsWaiter};
 pub(crate) use self::reply::{publish_reply, put_static};
 
 /// The capabilities document of a running adapter: [`Config::capabilities`] plus the
-/// backend's live service-time estimate under `estimator.current`.
+/// backend's live service-time estimate under `estimator.current`, and each pool
+/// member's live `health` and `estimate` under `backends[i]`.
 pub fn capabilities<S: Sink>(config: &Config, admission: &Admission<S>) -> serde_json::Value {
     let mut v = config.capabilities();
+    if let Some(list) = v.get_mut("backends").and_then(|b| b.as_array_mut()) {
+        for (doc, live) in list.iter_mut().zip(admission.backends()) {
+            if let Some(doc) = doc.as_object_mut() {
+                doc.insert("health".into(), live.health.into());
+                let est = serde_json::to_value(live.estimate).unwrap_or_default();
+                doc.insert("estimate".into(), est);
+            }
+        }
+    }
     if let Some(est) = v.get_mut("estimator").and_then(|e| e.as_object_mut()) {
         est.insert("backend".into(), config.backend.kind.name().into());
         est.insert(

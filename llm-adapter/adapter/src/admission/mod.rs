@@ -1,10 +1,13 @@
 //! The admission core: a bounded queue in front of a fixed pool of workers, with
 //! per-session caps and ordering, per-key concurrency limits, idempotency, cancellation
 //! and deadlines. No NATS in here: requests come in as [`Submission`]s with an opaque
-//! waiter, and answers go out through a [`Sink`].
+//! waiter, and answers go out through a [`Sink`]. The workers serve one backend, or a
+//! pool of them (`pool.rs`: each backend its own slots, estimator and ready queue;
+//! routing, health and failover in `state/routing.rs` and `state/health.rs`).
 //!
-//! Tasks: exactly `workers` worker tasks and one timer task ("sweeper"), spawned by
-//! [`Admission::start`]. Nothing is spawned per request: a request is an entry in the
+//! Tasks: exactly `workers` worker tasks (each backend's `slots`, summing to `workers`)
+//! and one timer task ("sweeper", which also finds stalled calls), spawned by
+//! [`Admission::start`] / [`Admission::start_pool`]. Nothing is spawned per request: a request is an entry in the
 //! state machine (`admission/state.rs`) until a worker picks it; its answer is delivered by whoever
 //! settles it (the submitter for immediate refusals, a worker, the sweeper, a cancel, or
 //! shutdown).
@@ -36,6 +39,7 @@ mod cache;
 mod coalesce;
 mod estimator;
 mod gates;
+mod pool;
 mod slots;
 mod state;
 mod stats;
@@ -45,7 +49,7 @@ mod tokens_tests;
 mod usage;
 
 use std::num::NonZeroUsize;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -59,6 +63,7 @@ use weir_protocol::WireName;
 use weir_protocol::llm::{AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails, TraceContext};
 
 pub use estimator::{EstimateSource, EstimateView, Estimator, EstimatorConfig};
+pub use pool::{BackendView, HealthConfig, PoolSlots};
 pub use stats::{CacheSnapshot, Percentiles, StatsSnapshot, StreamSnapshot};
 pub use streaming::{PIECES_IN_FLIGHT, StopReason, StreamOut, StreamSettings, StreamStop};
 
@@ -101,6 +106,12 @@ pub struct AdmissionConfig {
     pub idempotency: Option<IdempotencyConfig>,
     /// The backend's own per-call timeout (`backend.timeout`).
     pub backend_timeout: Duration,
+    /// The backend pool (`[[backends]]`), in configuration order; `workers` is then the
+    /// sum of their slots. Empty = one backend with `workers` slots and
+    /// `backend_timeout` (`[backend]`).
+    pub pool: Vec<PoolSlots>,
+    /// Health of the pool's backends (`[pool]`); off with a single backend.
+    pub health: HealthConfig,
     /// Grace period for running requests at shutdown.
     pub shutdown_grace: Duration,
     /// Most bytes of a unary reply body the backend may read
@@ -306,6 +317,10 @@ pub(crate) enum AbortReason {
 /// A request handed to a worker.
 pub(crate) struct Job {
     pub(crate) id: u64,
+    /// The member of the pool it runs on.
+    pub(crate) member: usize,
+    /// How far the call got (pool with health on): written here, read by the sweeper.
+    pub(crate) progress: Option<Arc<pool::Progress>>,
     pub(crate) request: BackendRequest,
     /// `deadline − reply_margin`: the call is aborted then.
     pub(crate) answer_by: Option<Instant>,
@@ -428,10 +443,15 @@ struct Inner<S: Sink> {
     cfg: Arc<AdmissionConfig>,
     state: Mutex<State<S::Waiter>>,
     stats: Arc<Stats>,
-    backend: Arc<dyn Backend>,
+    /// One backend per member of the pool, in its order.
+    backends: Vec<Arc<dyn Backend>>,
+    /// Each member's own per-call timeout.
+    timeouts: Vec<Duration>,
+    /// Failover on (a pool with health): a call keeps a copy of its request.
+    failover: bool,
     sink: Arc<S>,
-    /// Wakes idle workers when requests become ready.
-    work: Notify,
+    /// Wakes idle workers of each member when requests bound to it become ready.
+    work: Vec<Notify>,
     /// Wakes the sweeper when an earlier timer was added.
     timers: Notify,
     /// Stops the sweeper (shutdown, once the workers are done).
@@ -474,8 +494,14 @@ impl<S: Sink> Inner<S> {
     }
 
     async fn apply(&self, fx: Effects<S::Waiter>) {
-        for _ in 0..fx.ready_added {
-            self.work.notify_one();
+        // Every member with new ready requests gets as many wake-ups (a spare one only
+        // makes an idle worker look once more).
+        for (b, work) in self.work.iter().enumerate() {
+            if fx.ready_on & pool::bit(b) != 0 {
+                for _ in 0..fx.ready_added {
+                    work.notify_one();
+                }
+            }
         }
         if fx.timers_changed {
             self.timers.notify_one();
@@ -493,13 +519,13 @@ impl<S: Sink> Inner<S> {
 
     /// The next job, if any, and whether the worker should exit (shutting down and
     /// nothing left to start).
-    async fn take_job(&self) -> (Option<Job>, bool) {
+    async fn take_job(&self, member: usize) -> (Option<Job>, bool) {
         let mut fx = Effects::default();
         let (job, exit) = {
             let mut st = self.lock();
             // Reading the clock costs; an idle worker that finds nothing skips it.
-            let job = if st.has_ready() {
-                st.start_next(Instant::now(), &mut fx)
+            let job = if st.has_ready(member) {
+                st.start_next(member, Instant::now(), &mut fx)
             } else {
                 None
             };
@@ -513,6 +539,8 @@ impl<S: Sink> Inner<S> {
     async fn run_job(&self, job: Job) {
         let Job {
             id,
+            member,
+            progress,
             request,
             answer_by: deadline,
             started_at,
@@ -522,16 +550,22 @@ impl<S: Sink> Inner<S> {
             span: _,
         } = job;
         let mut request = request;
+        let Some(backend) = self.backends.get(member % self.backends.len().max(1)) else {
+            return;
+        };
         // The backend call's own span, child of `llm_request` (the current span); its
         // context is what the backend receives as `traceparent`.
-        let backend_span = tracing::info_span!("backend_call", backend = self.backend.name());
+        let backend_span = tracing::info_span!("backend_call", backend = backend.name());
         request.trace = crate::trace::outgoing(&backend_span, request.trace.as_ref());
-        let backend_end = started_at + self.cfg.backend_timeout;
+        let retry = self.failover.then(|| request.clone());
+        let backend_timeout =
+            (self.timeouts.get(member).copied()).unwrap_or(self.cfg.backend_timeout);
+        let backend_end = started_at + backend_timeout;
         let (limit_at, deadline_first) = match deadline {
             Some(d) if d <= backend_end => (d, true),
             _ => (backend_end, false),
         };
-        let backend_timeout = self.cfg.backend_timeout;
+        let failed_over = AtomicBool::new(false);
         let aborted = |reason: Result<AbortReason, oneshot::error::RecvError>| match reason {
             Ok(AbortReason::Cancelled) => ErrorBody::new(
                 ErrorCode::Cancelled,
@@ -570,18 +604,32 @@ impl<S: Sink> Inner<S> {
                 )
             }
         };
+        // A stall found by the sweeper (pool with health): the call is dropped and the
+        // request handed back for a failover.
+        let stalled = async {
+            match &progress {
+                Some(p) => p.failed_over().await,
+                None => std::future::pending().await,
+            }
+            failed_over.store(true, Ordering::Relaxed);
+            ErrorBody::new(
+                ErrorCode::BackendError,
+                "backend stalled (no reply bytes) and was ejected; call aborted",
+            )
+        };
         // Precedence when several are ready at once: an abort, then the backend's
-        // answer, then the deadline / backend timeout.
+        // answer, then a stall, then the deadline / backend timeout.
         let result = match stream {
             None => {
                 let call = tracing::Instrument::instrument(
-                    backend_span.in_scope(|| self.backend.call(request)),
+                    backend_span.in_scope(|| backend.call(request)),
                     backend_span,
                 );
                 tokio::select! {
                     biased;
                     reason = &mut abort => Err(aborted(reason)),
                     r = call => r.map_err(|e| backend_failure(&e, deadline)),
+                    e = stalled => Err(e),
                     _ = tokio::time::sleep_until(limit_at) => Err(limited()),
                 }
             }
@@ -590,18 +638,20 @@ impl<S: Sink> Inner<S> {
                     tokio::select! {
                         biased;
                         reason = &mut abort => aborted(reason),
+                        e = stalled => e,
                         _ = tokio::time::sleep_until(limit_at) => limited(),
                     }
                 };
                 out.started(queue_time).await;
                 tracing::Instrument::instrument(
                     streaming::run_stream(
-                        &*self.backend,
+                        &**backend,
                         request,
                         &*out,
                         &self.stats,
                         self.cfg.stream,
                         started_at,
+                        progress.as_deref(),
                         stop,
                     ),
                     backend_span,
@@ -609,6 +659,11 @@ impl<S: Sink> Inner<S> {
                 .await
             }
         };
+        if failed_over.load(Ordering::Relaxed) {
+            self.step(|st, now, fx| st.failover(id, retry, now, fx))
+                .await;
+            return;
+        }
         self.step(|st, now, fx| {
             let took = now.saturating_duration_since(started_at);
             st.finish(id, result, took, now, fx);
@@ -650,9 +705,9 @@ pub(crate) fn backend_failure(
     }
 }
 
-async fn worker<S: Sink>(inner: Arc<Inner<S>>) {
+async fn worker<S: Sink>(inner: Arc<Inner<S>>, member: usize) {
     loop {
-        let Some(job) = next_job(&inner).await else {
+        let Some(job) = next_job(&inner, member).await else {
             return;
         };
         // The request's span (opened at receipt): the backend call's log lines
@@ -672,13 +727,14 @@ async fn worker<S: Sink>(inner: Arc<Inner<S>>) {
 /// and the request would then wait for its call to end while other workers sleep.
 /// Dropping the registration before the job forwards a wake-up it already received to
 /// another waiter (tokio's `Notified` does so on drop).
-async fn next_job<S: Sink>(inner: &Inner<S>) -> Option<Job> {
+async fn next_job<S: Sink>(inner: &Inner<S>, member: usize) -> Option<Job> {
+    let work = inner.work.get(member)?;
     loop {
         // Register before looking, so a request made ready in between is not missed.
-        let notified = inner.work.notified();
+        let notified = work.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let (job, exit) = inner.take_job().await;
+        let (job, exit) = inner.take_job(member).await;
         if job.is_some() {
             return job;
         }
@@ -721,12 +777,35 @@ async fn sweeper<S: Sink>(inner: Arc<Inner<S>>) {
 
 impl<S: Sink> Admission<S> {
     /// Starts the workers and the timer task. Must be called inside a tokio runtime.
+    /// With a pool (`cfg.pool`), every member calls `backend`: see
+    /// [`Admission::start_pool`].
     pub fn start(
         cfg: AdmissionConfig,
         backend: Arc<dyn Backend>,
         sink: Arc<S>,
         tracer: Tracer,
     ) -> Self {
+        Self::start_pool(cfg, vec![backend], sink, tracer)
+    }
+
+    /// Starts the workers (each member's `slots`) and the timer task over a pool:
+    /// `backends[i]` serves member `i` of `cfg.pool` (a single backend when
+    /// `cfg.pool` is empty); when fewer are given they are reused in turn. Must be
+    /// called inside a tokio runtime.
+    ///
+    /// # Panics
+    /// If `backends` is empty (a programming error).
+    pub fn start_pool(
+        cfg: AdmissionConfig,
+        backends: Vec<Arc<dyn Backend>>,
+        sink: Arc<S>,
+        tracer: Tracer,
+    ) -> Self {
+        assert!(
+            !backends.is_empty(),
+            "Admission::start_pool without a backend"
+        );
+        let backend = backends[0].clone();
         let cfg = Arc::new(cfg);
         let mut rules: Vec<String> = [
             gates::RULE_QUEUE,
@@ -742,21 +821,31 @@ impl<S: Sink> Admission<S> {
         let stats = Arc::new(Stats::new(&rules, backend.name()));
         metrics::gauge!(m::WORKERS).set(cfg.workers.get() as f64);
         metrics::gauge!(m::QUEUE_CAPACITY).set(cfg.queue_capacity.get() as f64);
+        let members = pool::Pool::new(&cfg);
+        let slots: Vec<usize> = members.members.iter().map(|m| m.slots).collect();
+        let timeouts = members.members.iter().map(|m| m.timeout).collect();
+        let failover = members.health_on;
+        drop(backend);
         let inner = Arc::new(Inner {
             state: Mutex::new(State::new(cfg.clone(), stats.clone(), tracer)),
             cfg,
             stats,
-            backend,
+            backends: (0..slots.len())
+                .map(|i| backends[i % backends.len()].clone())
+                .collect(),
+            timeouts,
+            failover,
             sink,
-            work: Notify::new(),
+            work: slots.iter().map(|_| Notify::new()).collect(),
             timers: Notify::new(),
             stop: CancellationToken::new(),
             answered_at_shutdown: AtomicUsize::new(0),
             workers: Mutex::new(Vec::new()),
             sweeper: Mutex::new(None),
         });
-        let workers = (0..inner.cfg.workers.get())
-            .map(|_| tokio::spawn(worker(inner.clone())))
+        let workers = (slots.iter().enumerate())
+            .flat_map(|(b, n)| (0..*n).map(move |_| b))
+            .map(|b| tokio::spawn(worker(inner.clone(), b)))
             .collect();
         *locked(&inner.workers) = workers;
         *locked(&inner.sweeper) = Some(tokio::spawn(sweeper(inner.clone())));
@@ -813,7 +902,13 @@ impl<S: Sink> Admission<S> {
         s.service_estimate = Some(est);
         // Metrics are published when read (a scrape reads stats), not per request.
         self.inner.stats.publish(st.queued(), st.running(), &est);
+        st.publish_backends();
         s
+    }
+
+    /// Each backend of the pool: slots, estimate, health, ejections, spills.
+    pub fn backends(&self) -> Vec<BackendView> {
+        self.inner.lock().backends_view(Instant::now())
     }
 
     /// The backend's service-time estimate.
@@ -853,7 +948,9 @@ impl<S: Sink> Admission<S> {
         self.inner
             .answered_at_shutdown
             .fetch_add(n, Ordering::Relaxed);
-        self.inner.work.notify_waiters();
+        for work in &self.inner.work {
+            work.notify_waiters();
+        }
         n
     }
 
@@ -905,5 +1002,7 @@ impl Admission<ChannelSink> {
     }
 }
 
+#[cfg(test)]
+mod pool_tests;
 #[cfg(test)]
 mod tests;

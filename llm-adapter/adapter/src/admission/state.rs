@@ -38,14 +38,16 @@
 //!   gate, which releases ...) run from a work list, never by recursion.
 
 mod barge_in;
+mod health;
 mod positions;
+mod routing;
 mod timers;
 mod tokens;
 mod views;
 mod workers;
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,11 +59,12 @@ use weir_protocol::llm::{ErrorBody, ErrorCode};
 pub(crate) use self::barge_in::Interrupt;
 pub use self::barge_in::SessionCancel;
 pub(crate) use self::positions::Notice;
+use self::routing::Routed;
 use self::timers::Timer;
 pub use self::tokens::TokenKeyView;
 use super::cache::CompletionCache;
-use super::estimator::{EstimateView, Estimator};
-use super::gates::deadline::{DeadlinePrediction, Load, Placement, ReadyKey};
+use super::estimator::EstimateView;
+use super::gates::deadline::{DeadlinePrediction, ReadyKey};
 use super::gates::key_limits::{KeyAsk, KeyLimits, KeyPass, resolve_keys};
 use super::gates::queue_bound::QueueBound;
 use super::gates::session_cap::SessionCap;
@@ -72,6 +75,7 @@ use super::gates::{
     Ask, Enforce, Gate, RULE_SESSION_CAP, RULE_SESSION_ORDER, Refusal, after_wait, conflict,
     shutting_down,
 };
+use super::pool::Pool;
 use super::slots::SlotGuard;
 use super::stats::Stats;
 use super::{AbortReason, AdmissionConfig, Admitted, Outcome, StreamOut, Submission};
@@ -83,8 +87,10 @@ use crate::trace::{TraceEvent, TraceKind, Tracer, ms};
 pub(crate) struct Effects<W> {
     /// Answers to send.
     pub(crate) deliveries: Vec<(W, Arc<Outcome>)>,
-    /// Requests that became ready (wake this many workers).
+    /// Requests that became ready (wake this many workers) ...
     pub(crate) ready_added: usize,
+    /// ... on these members of the pool (bit `b` = member `b`).
+    pub(crate) ready_on: u64,
     /// A timer earlier than all previous ones was added (wake the sweeper).
     pub(crate) timers_changed: bool,
     /// `queued` events to publish to streaming callers.
@@ -100,6 +106,7 @@ impl<W> Default for Effects<W> {
         Self {
             deliveries: Vec::new(),
             ready_added: 0,
+            ready_on: 0,
             timers_changed: false,
             notices: Vec::new(),
             settled: Vec::new(),
@@ -169,6 +176,12 @@ impl Fingerprint {
 
 struct Entry<W> {
     id: u64,
+    /// The member of the pool it is bound to.
+    member: usize,
+    /// Its order key at admission: its place again after a failover.
+    place: ReadyKey,
+    /// While running on a pool with health on: how far the call got.
+    progress: Option<Arc<super::pool::Progress>>,
     request_id: Option<String>,
     fingerprint: Option<Fingerprint>,
     session: Option<String>,
@@ -217,7 +230,7 @@ struct Admit {
     fingerprint: Option<Fingerprint>,
     deadline: Option<Instant>,
     answer_by: Option<Instant>,
-    placement: Placement,
+    routed: Routed,
     tokens: Option<Reservation>,
 }
 
@@ -237,8 +250,9 @@ pub(crate) struct State<W> {
     keys: KeyLimits,
     tokens: TokenBudgets,
     start_budget: StartBudget,
-    /// Ready entries in the order workers take them ([`QueueOrder`]).
-    ready: BTreeMap<ReadyKey, u64>,
+    /// The backends: each one's ready queue (in the order its workers take them,
+    /// [`QueueOrder`]), estimator, running calls and health.
+    pool: Pool,
     ready_seq: u64,
     /// Start of each running call (the predictor counts what is left of it).
     running_since: HashMap<u64, Instant>,
@@ -246,7 +260,6 @@ pub(crate) struct State<W> {
     running: usize,
     timers: BTreeSet<Timer>,
     shutting_down: bool,
-    estimator: Estimator,
     /// The FIFO order's constant first key.
     epoch: Instant,
     /// Queued (not running) requests with a streamed reply: their position is sent
@@ -258,11 +271,11 @@ pub(crate) struct State<W> {
 
 impl<W> State<W> {
     pub(crate) fn new(cfg: Arc<AdmissionConfig>, stats: Arc<Stats>, tracer: Tracer) -> Self {
-        let estimator = Estimator::new(cfg.estimator);
         let (entries, bytes) =
             (cfg.idempotency).map_or((0, 0), |i| (i.max_entries.get(), i.max_bytes.get()));
         let cache = CompletionCache::new(entries, bytes, stats.clone());
         Self {
+            pool: Pool::new(&cfg),
             session_cap: SessionCap::new(cfg.session.pending_cap),
             session_order: SessionOrder::new(cfg.session.ordering),
             queue_bound: QueueBound::new(cfg.queue_capacity, cfg.workers),
@@ -277,14 +290,12 @@ impl<W> State<W> {
             next_id: 1,
             by_request_id: HashMap::new(),
             cache,
-            ready: BTreeMap::new(),
             ready_seq: 0,
             running_since: HashMap::new(),
             queued: 0,
             running: 0,
             timers: BTreeSet::new(),
             shutting_down: false,
-            estimator,
             epoch: Instant::now(),
             stream_queued: BTreeSet::new(),
             next_position_pass: None,
@@ -313,16 +324,23 @@ impl<W> State<W> {
         (a + ka, r + kr)
     }
 
-    /// Estimated time for one inference, for retry hints (100 ms before any).
+    /// Estimated time for one inference, for retry hints (100 ms before any): the
+    /// fastest member's.
     fn service_estimate(&self) -> Duration {
-        self.estimator
-            .estimate()
+        (self.pool.members.iter())
+            .filter_map(|m| m.estimator.estimate())
+            .min()
             .unwrap_or(Duration::from_millis(100))
     }
 
-    /// The estimator's state.
+    /// The service-time estimate of member `b`.
+    fn estimate_of(&self, b: usize) -> Option<Duration> {
+        self.pool.members.get(b)?.estimator.estimate()
+    }
+
+    /// The estimator's state (the first member's: the only one of a single backend).
     pub(crate) fn estimate_view(&self) -> EstimateView {
-        self.estimator.view()
+        self.pool.members[0].estimator.view()
     }
 
     /// The ready-queue key of a request becoming ready now: its order key under EDF,
@@ -477,8 +495,8 @@ impl<W> State<W> {
             answer_by: deadline.map(|d| d.checked_sub(self.cfg.deadline.reply_margin).unwrap_or(d)),
             hint: self.service_estimate(),
         };
-        let placement = match self.gates(&ask, waited) {
-            Ok(p) => p,
+        let routed = match self.gates(&ask, waited) {
+            Ok(r) => r,
             Err(err) => return fx.refuse_now(waiter, *err, &sub, waited),
         };
         let answer_by = ask.answer_by;
@@ -492,7 +510,7 @@ impl<W> State<W> {
             fingerprint,
             deadline,
             answer_by,
-            placement,
+            routed,
             tokens,
         };
         self.admit(sub, waiter, admit, now, fx)
@@ -541,35 +559,23 @@ impl<W> State<W> {
 
     /// The admission gates, in their order of precedence: the session cap, the
     /// session order (`reject`), the queue bound, the deadline prediction.
-    fn gates(&self, ask: &Ask<'_>, waited: Duration) -> Result<Placement, Box<ErrorBody>> {
+    fn gates(&self, ask: &Ask<'_>, waited: Duration) -> Result<Routed, Box<ErrorBody>> {
         let sub = ask.sub;
         self.verdict(self.session_cap.check(ask), (), sub, waited)?;
         self.verdict(self.session_order.check(ask), (), sub, waited)?;
         self.verdict(self.queue_bound.check((ask, self.queued)), (), sub, waited)?;
         let id = self.next_id;
         let due = self.deadline.due(ask.deadline, sub.received_at, self.epoch);
-        let load = Load {
-            estimate: self.estimator.estimate(),
-            queued: self.queued,
-            running: self.running,
-            ready: self.ready.len(),
-            running_since: &self.running_since,
-            sessions: &self.session_order,
-            keys: &self.keys,
-            shadow: self.shadow(),
-            id,
-            due,
+        let plain = Routed {
+            placement: super::gates::deadline::Placement {
+                order: (due, id),
+                probe: false,
+                finish: None,
+            },
+            member: 0,
+            spilled_from: None,
         };
-        let plain = Placement {
-            order: (due, id),
-            probe: false,
-        };
-        self.verdict(
-            self.deadline.check((ask, load, self.epoch)),
-            plain,
-            sub,
-            waited,
-        )
+        self.verdict(self.route(ask, id, due), plain, sub, waited)
     }
 
     /// Queues a request that passed every gate: it takes its session slot and EDF
@@ -588,12 +594,14 @@ impl<W> State<W> {
             fingerprint,
             deadline,
             answer_by,
-            placement,
+            routed,
             tokens,
         } = admit;
+        let (placement, member) = (routed.placement, routed.member);
         let id = self.next_id;
         self.next_id += 1;
-        let order = self.deadline.enter(placement.order, answer_by);
+        let order = self.deadline.enter(placement.order, answer_by, member);
+        self.pool.admitted(member, routed.spilled_from);
         let session_slot = self.session_cap.acquire(sub.session.as_deref());
         let request = BackendRequest {
             body: sub.body,
@@ -606,6 +614,9 @@ impl<W> State<W> {
         sub.span.record("id", id);
         let mut entry = Entry {
             id,
+            member,
+            place: placement.order,
+            progress: None,
             request_id: sub.request_id,
             fingerprint,
             session: sub.session,
@@ -634,9 +645,7 @@ impl<W> State<W> {
             tokens,
         };
         if let Some(by) = answer_by {
-            let at = self
-                .start_budget
-                .timer_at(by, placement.probe, self.estimator.estimate());
+            let at = (self.start_budget).timer_at(by, placement.probe, self.estimate_of(member));
             let t = Timer::deadline(at, id);
             entry.deadline_timer = Some(t);
             self.add_timer(t, fx);
@@ -742,8 +751,10 @@ impl<W> State<W> {
             e.stage = Stage::Ready;
             e.stage_since = now;
             e.ready_key = Some(key);
-            self.ready.insert(key, id);
+            let member = e.member;
+            self.pool.members[member].ready.insert(key, id);
             fx.ready_added += 1;
+            fx.ready_on |= super::pool::bit(member);
             let e = &self.entries[&id];
             self.emit(TraceKind::Admitted, e, now, |_| {});
         }
@@ -887,17 +898,19 @@ impl<W> State<W> {
             }
             Stage::Ready => {
                 if let Some(k) = e.ready_key.take() {
-                    self.ready.remove(&k);
+                    self.pool.members[e.member].ready.remove(&k);
                 }
             }
             Stage::Running => {
                 self.running_since.remove(&id);
+                self.pool.members[e.member].running_since.remove(&id);
             }
         }
         if e.stage == Stage::Running {
             self.running -= 1;
         } else {
             self.queued -= 1;
+            self.pool.members[e.member].queued -= 1;
         }
         if let Some(k) = e.order.take() {
             self.deadline.leave(k);

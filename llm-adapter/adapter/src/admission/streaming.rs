@@ -28,6 +28,7 @@ use weir_protocol::llm::stream as s;
 use weir_protocol::llm::{ErrorBody, ErrorCode, headers as h};
 
 use super::coalesce::Coalescer;
+use super::pool::Progress;
 use super::stats::Stats;
 use super::usage::StreamTail;
 use crate::backend::{Backend, BackendReply, BackendRequest};
@@ -104,6 +105,7 @@ pub(crate) async fn run_stream(
     stats: &Stats,
     settings: StreamSettings,
     started_at: Instant,
+    progress: Option<&Progress>,
     stop: impl Future<Output = ErrorBody>,
 ) -> Result<BackendReply, ErrorBody> {
     stats.streams.add(1);
@@ -139,6 +141,9 @@ pub(crate) async fn run_stream(
                     }
                 }
             }
+            if let Some(p) = progress {
+                p.chunk_sent();
+            }
             if ttft.is_none() {
                 let t = started_at.elapsed();
                 stats.stream_ttft(t);
@@ -158,6 +163,9 @@ pub(crate) async fn run_stream(
             p = rx.recv(), if pieces_open => match p {
                 Some(p) => {
                     tail.push(&p);
+                    if let Some(pr) = progress {
+                        pr.bytes();
+                    }
                     co.push(&p, Instant::now());
                 }
                 None => pieces_open = false,

@@ -298,3 +298,47 @@ pub fn from_config(
         },
     })
 }
+
+/// What [`pool_from_config`] built: one backend per pool member, in order, and the sim
+/// handles by member name (pause one to stall that backend).
+pub struct BuiltPool {
+    /// The backends, in the pool's order.
+    pub backends: Vec<Arc<dyn Backend>>,
+    /// `(name, handle)` of each simulated member.
+    pub sims: Vec<(String, sim::SimHandle)>,
+}
+
+impl BuiltPool {
+    /// The pause/resume handle of the simulated member `name`.
+    pub fn sim(&self, name: &str) -> Option<&sim::SimHandle> {
+        self.sims.iter().find(|(n, _)| n == name).map(|(_, h)| h)
+    }
+}
+
+/// Builds the pool of `config`: each `[[backends]]` member, or the single `[backend]`
+/// (named `default`).
+pub fn pool_from_config(
+    config: &crate::Config,
+    client: &async_nats::Client,
+) -> Result<BuiltPool, BackendError> {
+    let single = [(String::from("default"), &config.backend)];
+    let members: Vec<(String, &BackendConfig)> = if config.backends.is_empty() {
+        single.iter().map(|(n, b)| (n.clone(), *b)).collect()
+    } else {
+        (config.backends.iter())
+            .map(|m| (m.name.clone(), &m.backend))
+            .collect()
+    };
+    let mut pool = BuiltPool {
+        backends: Vec::with_capacity(members.len()),
+        sims: Vec::new(),
+    };
+    for (name, cfg) in members {
+        let built = from_config(cfg, client)?;
+        pool.backends.push(built.backend);
+        if let Some(h) = built.sim {
+            pool.sims.push((name, h));
+        }
+    }
+    Ok(pool)
+}

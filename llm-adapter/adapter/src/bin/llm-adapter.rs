@@ -112,7 +112,7 @@ async fn serve(config: Config) -> Result<(), Failure> {
         .await
         .map_err(|e| Failure::Start(e.to_string()))?;
     let built =
-        backend::from_config(&config.backend, &client).map_err(|e| Failure::start("backend", e))?;
+        backend::pool_from_config(&config, &client).map_err(|e| Failure::start("backend", e))?;
     let listener = tokio::net::TcpListener::bind(config.admin.listen)
         .await
         .map_err(|e| Failure::start(format_args!("admin.listen {}", config.admin.listen), e))?;
@@ -123,12 +123,13 @@ async fn serve(config: Config) -> Result<(), Failure> {
         nats = %config.nats.client.url_list(),
         subject = %config.service.subject,
         backend = config.backend.kind.name(),
+        backends = config.backends.len().max(1),
         workers = config.admission.workers.get(),
         queue_capacity = config.admission.queue_capacity.get(),
         mode = %config.admission.mode,
         "starting"
     );
-    let adapter = weir_llm_adapter::start_with_events(client, events, config, built.backend)
+    let adapter = weir_llm_adapter::start_pool(client, events, config, built.backends)
         .await
         .map_err(|e| Failure::Start(e.to_string()))?;
 

@@ -82,6 +82,20 @@ impl Config {
                 "kind": self.backend.kind.name(),
                 "timeout_ms": ms(self.backend.timeout),
             },
+            "backends": self.backends.iter().map(|m| json!({
+                "name": m.name,
+                "kind": m.backend.kind.name(),
+                "slots": m.slots.get(),
+                "timeout_ms": ms(m.backend.timeout),
+                "weight": m.weight,
+            })).collect::<Vec<_>>(),
+            "pool": (!self.backends.is_empty()).then(|| json!({
+                "eject_after_errors": self.admission.health.eject_after_errors,
+                "stall_factor": self.admission.health.stall_factor,
+                "stall_floor_ms": ms(self.admission.health.stall_floor),
+                "backoff_base_ms": ms(self.admission.health.backoff_base),
+                "backoff_max_ms": ms(self.admission.health.backoff_max),
+            })),
             "shutdown_grace_ms": ms(self.admission.shutdown_grace),
             "intake": match &self.intake {
                 Intake::Core => json!({"kind": "core"}),

@@ -17,13 +17,21 @@ impl Config {
         let mut out = Vec::new();
         let backend = self.admission.backend_timeout;
         let max = self.admission.deadline.max;
-        if backend > max {
+        // Each backend's timeout, by its key (`[[backends]]` or the single `[backend]`).
+        let timeouts: Vec<(String, std::time::Duration)> = if self.backends.is_empty() {
+            vec![("backend.timeout_ms".to_owned(), backend)]
+        } else {
+            (self.backends.iter().enumerate())
+                .map(|(i, m)| (format!("backends[{i}].timeout_ms"), m.backend.timeout))
+                .collect()
+        };
+        for (key, timeout) in timeouts.into_iter().filter(|(_, t)| *t > max) {
             out.push(ConfigWarning::new(
-                ["backend.timeout_ms", "deadline.max_ms"],
+                [key.as_str(), "deadline.max_ms"],
                 format!(
-                    "backend.timeout_ms = {} is above deadline.max_ms = {}: every call is \
+                    "{key} = {} is above deadline.max_ms = {}: every call is \
                      bounded first by its deadline, so the backend timeout never applies",
-                    backend.as_millis(),
+                    timeout.as_millis(),
                     max.as_millis()
                 ),
             ));

@@ -33,6 +33,7 @@
 
 mod capabilities;
 mod check;
+mod pool;
 mod raw;
 mod types;
 mod validate;
@@ -44,9 +45,13 @@ use crate::millis::whole_ms as ms;
 use weir_service::config::keys;
 use weir_service::config::{Layers, Origin, Range};
 
-pub use crate::admission::{AdmissionConfig, EstimatorConfig};
+pub use crate::admission::{AdmissionConfig, EstimatorConfig, HealthConfig, PoolSlots};
+pub use pool::{MAX_BACKENDS, PoolMember};
 pub use raw::SECTIONS;
-use raw::{RawBackend, RawConfig, RawDeadline, RawJetStream, RawLimit, RawNats, RawSim, RawStream};
+use raw::{
+    RawBackend, RawConfig, RawDeadline, RawJetStream, RawLimit, RawNats, RawPoolBackend, RawSim,
+    RawStream,
+};
 pub use types::*;
 pub use weir_service::config::{ConfigError, ConfigErrorKind, ConfigSources, ConfigWarning};
 
@@ -104,10 +109,12 @@ impl Config {
 
     fn build(layers: &Layers) -> Result<Self, ConfigError> {
         let raw: RawConfig = layers.build().map_err(from_load)?;
-        raw.validate().map_err(|e| {
-            let origin = layers.origin(e.key()).clone();
-            e.with_origin(&origin)
-        })
+        pool::exclusive(layers, &raw.backends)
+            .and_then(|()| raw.validate())
+            .map_err(|e| {
+                let origin = layers.origin(e.key()).clone();
+                e.with_origin(&origin)
+            })
     }
 }
 
@@ -117,6 +124,15 @@ impl Config {
 fn layers() -> Layers {
     let schema = RawConfig {
         limits: vec![RawLimit::default()],
+        backends: vec![RawPoolBackend {
+            sim: RawSim {
+                min_ms: Some(0),
+                max_ms: Some(0),
+                p99_ms: Some(0),
+                ..RawSim::default()
+            },
+            ..RawPoolBackend::default()
+        }],
         deadline: RawDeadline {
             min_start_budget_ms: Some(0),
             ..RawDeadline::default()

@@ -68,6 +68,28 @@ pub(super) enum Storage {
 /// `field: type = default, "range", "meaning";`. `nested` fields are sections (their
 /// own `raw_section!`), not keys.
 macro_rules! raw_section {
+    // A section that is also an element's sub-table (`[backend.sim]` and
+    // `[backends.sim]`): the same struct, its keys documented under a second prefix too.
+    (
+        $(#[$meta:meta])*
+        $name:ident, $docs:ident, $section:literal, $prefix:literal
+        also $docs2:ident, $section2:literal, $prefix2:literal {
+            $($field:ident: $ty:ty = $default:expr, $range:expr, $help:literal;)*
+        }
+    ) => {
+        raw_section! {
+            $(#[$meta])*
+            $name, $docs, $section, $prefix {
+                $($field: $ty = $default, $range, $help;)*
+            }
+        }
+
+        const $docs2: Section = Section::new($section2, &[$(KeyDoc::new(
+            concat!($prefix2, stringify!($field)),
+            $range,
+            $help,
+        )),*]);
+    };
     (
         $(#[$meta:meta])*
         $name:ident, $docs:ident, $section:literal, $prefix:literal {
@@ -123,7 +145,8 @@ raw_section! {
     }
     nested {
         session: RawSession, deadline: RawDeadline, estimator: RawEstimator,
-        idempotency: RawIdempotency, limits: Vec<RawLimit>, backend: RawBackend, nats: RawNats,
+        idempotency: RawIdempotency, limits: Vec<RawLimit>, backend: RawBackend,
+        backends: Vec<RawPoolBackend>, pool: RawPool, nats: RawNats,
         service: RawService, admin: RawAdmin, trace: RawTrace, stream: RawStream,
         jetstream: RawJetStream, log: LogSection,
     }
@@ -230,7 +253,8 @@ raw_section! {
 }
 
 raw_section! {
-    RawSim, SIM, "sim", "backend.sim." {
+    RawSim, SIM, "sim", "backend.sim."
+    also BACKENDS_SIM, "backends_sim", "backends[].sim." {
         latency_ms: u64 = 20, Range::ms(0, 3600000),
             "simulated latency (`fixed`), upper bound default (`uniform`), median (`lognormal`)";
         distribution: Distribution = Distribution::default(), Range::text("`fixed`, `uniform`, `lognormal`"),
@@ -254,7 +278,8 @@ raw_section! {
 }
 
 raw_section! {
-    RawOpenAi, OPENAI, "openai", "backend.openai." {
+    RawOpenAi, OPENAI, "openai", "backend.openai."
+    also BACKENDS_OPENAI, "backends_openai", "backends[].openai." {
         base_url: String = "http://127.0.0.1:8000".into(),
             Range::text("`http://host:port` or `https://host[:port]`"),
             "the OpenAI-compatible server (vLLM, llama.cpp server, Ollama, a hosted endpoint); \
@@ -278,10 +303,51 @@ raw_section! {
 }
 
 raw_section! {
-    RawBackendNats, BACKEND_NATS, "backend_nats", "backend.nats." {
+    RawBackendNats, BACKEND_NATS, "backend_nats", "backend.nats."
+    also BACKENDS_NATS, "backends_nats", "backends[].nats." {
         subject: String = String::new(),
             Range::text("a NATS subject without wildcards; required when `kind = \"nats\"`"),
             "subject of the existing service requests are forwarded to";
+    }
+}
+
+raw_section! {
+    /// One `[[backends]]` entry. Every field has a default (the loader tries an
+    /// element's value alone to name a refused one); `name` and `slots` are required by
+    /// `validate`.
+    RawPoolBackend, BACKENDS, "backends", "backends[]." {
+        name: String = String::new(),
+            Range::text("1..=64 of `A-Z a-z 0-9 - _`, unique (required)"),
+            "the backend's name in metrics, `/v1/stats`, the capabilities document and logs";
+        kind: BackendName = BackendName::default(), Range::text("`sim`, `openai`, `nats`"),
+            "which kind of backend; its `[backends.*]` sub-table (`sim`, `openai`, `nats`) as \
+            under `[backend]`";
+        slots: u64 = 0, Range::int(1, 4096).note(" (required)"),
+            "concurrent calls to this backend (its parallel slots); the pool's workers are the \
+            sum of the slots";
+        timeout_ms: u64 = 60_000, Range::ms(1, 3600000),
+            "this backend's own per-call timeout (used when shorter than the deadline)";
+        weight: u64 = 1, Range::int(1, 1000),
+            "cost of a call here: among backends predicted to finish in time, the lowest weight \
+            is chosen, then the soonest predicted finish";
+    }
+    nested { sim: RawSim, openai: RawOpenAi, nats: RawBackendNats }
+}
+
+raw_section! {
+    /// `[pool]`: health of the `[[backends]]` (unused with a single `[backend]`).
+    RawPool, POOL, "pool", "pool." {
+        eject_after_errors: u64 = 5, Range::int(1, 1000),
+            "consecutive failed calls (errors, backend timeouts) that eject a backend";
+        stall_factor: u64 = 3, Range::int(1, 1000),
+            "a running call with no reply byte for this many service-time estimates of its \
+            backend is a stall: the backend is ejected";
+        stall_floor_ms: u64 = 250, Range::ms(1, 3600000),
+            "least time without a reply byte that counts as a stall";
+        backoff_base_ms: u64 = 1_000, Range::ms(1, 3600000),
+            "first ejection's length; each failed probe doubles it";
+        backoff_max_ms: u64 = 30_000, Range::ms(1, 3600000).note("; at least `pool.backoff_base_ms`"),
+            "longest ejection";
     }
 }
 
@@ -482,6 +548,11 @@ pub const SECTIONS: &[Section] = &[
     SIM,
     OPENAI,
     BACKEND_NATS,
+    BACKENDS,
+    BACKENDS_SIM,
+    BACKENDS_OPENAI,
+    BACKENDS_NATS,
+    POOL,
     NATS,
     SERVICE,
     ADMIN,

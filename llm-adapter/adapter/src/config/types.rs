@@ -429,8 +429,10 @@ pub struct Config {
     /// Workers, queue, mode, session, limits, deadlines, order, estimator,
     /// idempotency, shutdown grace, `backend.timeout` and the streams' coalescing.
     pub admission: AdmissionConfig,
-    /// Backend.
+    /// Backend: the single `[backend]`, or the first of `[[backends]]`.
     pub backend: BackendConfig,
+    /// The pool (`[[backends]]`); empty with a single `[backend]`.
+    pub backends: Vec<super::PoolMember>,
     /// NATS connection.
     pub nats: AdapterNats,
     /// NATS service.

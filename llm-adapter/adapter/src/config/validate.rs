@@ -12,10 +12,22 @@ use super::*;
 impl RawConfig {
     /// Validates every value into the typed settings; a refusal names the key.
     pub(super) fn validate(self) -> Result<Config, ConfigError> {
-        let workers = count("workers", self.workers)?;
+        let backends = pool::members(&self.backends)?;
+        let workers = match backends
+            .iter()
+            .map(|m| m.slots.get())
+            .reduce(usize::saturating_add)
+        {
+            // A pool: the workers are the backends' slots.
+            Some(slots) => NonZeroUsize::new(slots).unwrap_or(NonZeroUsize::MIN),
+            None => count("workers", self.workers)?,
+        };
         let queue_capacity = count("queue_capacity", self.queue_capacity)?;
         let nats = self.nats.validate(queue_capacity.get())?;
-        let backend = self.backend.validate()?;
+        let single = self.backend.validate()?;
+        let backend = backends.first().map_or(single, |m| m.backend.clone());
+        let backend_timeout =
+            (backends.iter().map(|m| m.backend.timeout).max()).unwrap_or(backend.timeout);
         Ok(Config {
             admission: AdmissionConfig {
                 workers,
@@ -33,7 +45,9 @@ impl RawConfig {
                 queue_order: self.queue_order,
                 estimator: self.estimator.validate()?,
                 idempotency: self.idempotency.validate()?,
-                backend_timeout: backend.timeout,
+                backend_timeout,
+                pool: pool::slots(&backends),
+                health: self.pool.validate()?,
                 shutdown_grace: millis("shutdown_grace_ms", self.shutdown_grace_ms)?,
                 max_reply_bytes: usize::MAX,
                 stream: crate::admission::StreamSettings {
@@ -42,6 +56,7 @@ impl RawConfig {
                 },
             },
             backend,
+            backends,
             service: self.service.validate()?,
             admin: self.admin.validate()?,
             trace: TraceConfig {
@@ -200,11 +215,16 @@ impl RawBackend {
     /// Every backend section is validated, whichever is selected, so a file may keep
     /// several and switch with `kind` (e.g. `WEIR_LLM_BACKEND__KIND=openai`).
     pub(super) fn validate(&self) -> Result<BackendConfig, ConfigError> {
-        let timeout = millis("backend.timeout_ms", self.timeout_ms)?;
-        let sim = self.sim.validate()?;
-        let openai = self.openai.validate()?;
+        self.validate_at("backend.")
+    }
+
+    /// Validates the backend whose keys start with `p` (`backend.`, `backends[2].`).
+    pub(super) fn validate_at(&self, p: &str) -> Result<BackendConfig, ConfigError> {
+        let timeout = millis(&format!("{p}timeout_ms"), self.timeout_ms)?;
+        let sim = self.sim.validate_at(&format!("{p}sim."))?;
+        let openai = self.openai.validate_at(&format!("{p}openai."))?;
         let nats_subject = set(&self.nats.subject)
-            .map(|s| subject("backend.nats.subject", s, false))
+            .map(|s| subject(&format!("{p}nats.subject"), s, false))
             .transpose()?;
         let kind = match self.kind {
             BackendName::Sim => BackendKind::Sim(sim),
@@ -212,8 +232,8 @@ impl RawBackend {
             BackendName::Nats => BackendKind::Nats(NatsBackendConfig {
                 subject: nats_subject.ok_or_else(|| {
                     invalid(
-                        "backend.nats.subject",
-                        "required when backend.kind = \"nats\"",
+                        format!("{p}nats.subject"),
+                        format!("required when {p}kind = \"nats\""),
                     )
                 })?,
             }),
@@ -224,7 +244,13 @@ impl RawBackend {
 
 impl RawSim {
     pub(super) fn validate(&self) -> Result<SimConfig, ConfigError> {
-        let latency = int("backend.sim.latency_ms", self.latency_ms)?;
+        self.validate_at("backend.sim.")
+    }
+
+    /// Validates the sub-table whose keys start with `p` (`backend.sim.`,
+    /// `backends[2].sim.`).
+    pub(super) fn validate_at(&self, p: &str) -> Result<SimConfig, ConfigError> {
+        let latency = int(&format!("{p}latency_ms"), self.latency_ms)?;
         // A bound of another distribution would be ignored: refused instead.
         let unused = match self.distribution {
             Distribution::Fixed => vec![
@@ -237,21 +263,21 @@ impl RawSim {
         };
         if let Some((key, _)) = unused.iter().find(|(_, v)| v.is_some()) {
             return Err(invalid(
-                format!("backend.sim.{key}"),
+                format!("{p}{key}"),
                 "set, but backend.sim.distribution does not use it",
             ));
         }
         let latency = match self.distribution {
             Distribution::Fixed => Latency::Fixed(Duration::from_millis(latency)),
             Distribution::Uniform => {
-                let min = int("backend.sim.min_ms", self.min_ms.unwrap_or(0))?;
+                let min = int(&format!("{p}min_ms"), self.min_ms.unwrap_or(0))?;
                 let max = int(
-                    "backend.sim.max_ms",
+                    &format!("{p}max_ms"),
                     self.max_ms.unwrap_or(latency.max(min)),
                 )?;
                 if max < min {
                     return Err(invalid(
-                        "backend.sim.max_ms",
+                        format!("{p}max_ms"),
                         format!("{max} is below min_ms {min}"),
                     ));
                 }
@@ -262,12 +288,12 @@ impl RawSim {
             }
             Distribution::LogNormal => {
                 let p99 = int(
-                    "backend.sim.p99_ms",
+                    &format!("{p}p99_ms"),
                     self.p99_ms.unwrap_or(latency.saturating_mul(3)),
                 )?;
                 if p99 < latency {
                     return Err(invalid(
-                        "backend.sim.p99_ms",
+                        format!("{p}p99_ms"),
                         format!("{p99} is below the median latency_ms {latency}"),
                     ));
                 }
@@ -279,13 +305,13 @@ impl RawSim {
         };
         Ok(SimConfig {
             latency,
-            error_rate: decimal("backend.sim.error_rate", self.error_rate)?,
-            seed: int("backend.sim.seed", self.seed)?,
+            error_rate: decimal(&format!("{p}error_rate"), self.error_rate)?,
+            seed: int(&format!("{p}seed"), self.seed)?,
             stream: SimStream {
-                first_token: millis("backend.sim.first_token_ms", self.first_token_ms)?,
-                tokens: u32::try_from(int("backend.sim.tokens", self.tokens)?).unwrap_or(u32::MAX),
+                first_token: millis(&format!("{p}first_token_ms"), self.first_token_ms)?,
+                tokens: u32::try_from(int(&format!("{p}tokens"), self.tokens)?).unwrap_or(u32::MAX),
                 tokens_per_second: decimal(
-                    "backend.sim.tokens_per_second",
+                    &format!("{p}tokens_per_second"),
                     self.tokens_per_second,
                 )?,
             },
@@ -294,14 +320,16 @@ impl RawSim {
 }
 
 impl RawOpenAi {
-    pub(super) fn validate(&self) -> Result<OpenAiConfig, ConfigError> {
+    /// Validates the sub-table whose keys start with `p` (`backend.openai.`,
+    /// `backends[2].openai.`).
+    pub(super) fn validate_at(&self, p: &str) -> Result<OpenAiConfig, ConfigError> {
         let base_url = &self.base_url;
         let host = base_url
             .strip_prefix("https://")
             .or_else(|| base_url.strip_prefix("http://"));
         if host.is_none_or(|h| h.trim_end_matches('/').is_empty()) {
             return Err(invalid(
-                "backend.openai.base_url",
+                format!("{p}base_url"),
                 format!("expected http://host:port or https://host[:port], got {base_url:?}"),
             ));
         }
@@ -310,9 +338,9 @@ impl RawOpenAi {
         let tls_key_file = set(&self.tls_key_file).map(PathBuf::from);
         if tls_cert_file.is_some() != tls_key_file.is_some() {
             let missing = if tls_cert_file.is_some() {
-                "backend.openai.tls_key_file"
+                format!("{p}tls_key_file")
             } else {
-                "backend.openai.tls_cert_file"
+                format!("{p}tls_cert_file")
             };
             return Err(invalid(
                 missing,
@@ -321,31 +349,31 @@ impl RawOpenAi {
         }
         if !base_url.starts_with("https://")
             && let Some(k) = [
-                ("backend.openai.tls_ca_file", tls_ca_file.is_some()),
-                ("backend.openai.tls_cert_file", tls_cert_file.is_some()),
+                ("tls_ca_file", tls_ca_file.is_some()),
+                ("tls_cert_file", tls_cert_file.is_some()),
             ]
             .into_iter()
             .find_map(|(k, set)| set.then_some(k))
         {
             return Err(invalid(
-                k,
+                format!("{p}{k}"),
                 "set, but base_url is not https:// (it would be ignored)",
             ));
         }
         if !self.path.starts_with('/') {
-            return Err(invalid("backend.openai.path", "must start with '/'"));
+            return Err(invalid(format!("{p}path"), "must start with '/'"));
         }
         Ok(OpenAiConfig {
             base_url: base_url.trim_end_matches('/').to_owned(),
             path: self.path.clone(),
             api_key_env: set(&self.api_key_env),
-            connect_timeout: millis("backend.openai.connect_timeout_ms", self.connect_timeout_ms)?,
+            connect_timeout: millis(&format!("{p}connect_timeout_ms"), self.connect_timeout_ms)?,
             pool_max_idle_per_host: size(
-                "backend.openai.pool_max_idle_per_host",
+                &format!("{p}pool_max_idle_per_host"),
                 self.pool_max_idle_per_host,
             )?,
             pool_idle_timeout: millis(
-                "backend.openai.pool_idle_timeout_ms",
+                &format!("{p}pool_idle_timeout_ms"),
                 self.pool_idle_timeout_ms,
             )?,
             tls_ca_file,

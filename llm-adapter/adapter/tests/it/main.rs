@@ -14,6 +14,7 @@ mod https_backend;
 mod intake;
 mod malformed;
 mod nats_service;
+mod pool;
 mod python_client;
 mod stream_measure;
 mod streaming;

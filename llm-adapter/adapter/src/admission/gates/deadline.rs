@@ -59,16 +59,25 @@ pub(crate) struct Prediction {
     pub(crate) order: ReadyKey,
 }
 
-/// What the rest of the state looks like to the predictor.
+/// What the rest of the state looks like to the predictor, on one member of the pool
+/// (the whole state for a single backend).
 pub(crate) struct Load<'a> {
-    /// The service-time estimate (`None`: cold start, no prediction).
+    /// The member (`pool.rs`) the request would be bound to.
+    pub(crate) member: usize,
+    /// Its slots.
+    pub(crate) workers: usize,
+    /// Its service-time estimate (`None`: cold start, no prediction).
     pub(crate) estimate: Option<Duration>,
+    /// Queued requests bound to it.
     pub(crate) queued: usize,
+    /// Calls running on it.
     pub(crate) running: usize,
-    /// Requests in the ready queue.
+    /// Requests in its ready queue.
     pub(crate) ready: usize,
-    /// Start of each running call.
+    /// Start of each call running on it.
     pub(crate) running_since: &'a HashMap<u64, Instant>,
+    /// Start of every running call (a session's active request may run on another).
+    pub(crate) all_running: &'a HashMap<u64, Instant>,
     pub(crate) sessions: &'a SessionOrder,
     pub(crate) keys: &'a KeyLimits,
     pub(crate) shadow: bool,
@@ -84,14 +93,18 @@ pub(crate) struct Placement {
     pub(crate) order: ReadyKey,
     /// Admitted onto an idle backend although predicted too slow.
     pub(crate) probe: bool,
+    /// The predicted wait plus the estimate (`None` without a prediction): what the
+    /// pool routes by.
+    pub(crate) finish: Option<Duration>,
 }
 
 /// The deadline predictor and the EDF order of the queued requests.
 pub(crate) struct DeadlinePrediction {
     cfg: Arc<AdmissionConfig>,
     /// Under EDF: every queued request (wherever it waits) by its order key, with its
-    /// `answer_by` — what the placement of a new request reads.
-    edf: BTreeMap<ReadyKey, Option<Instant>>,
+    /// `answer_by` and the member it is bound to — what the placement of a new request
+    /// reads.
+    edf: BTreeMap<ReadyKey, (Option<Instant>, usize)>,
     /// The budgets of the last [`RECENT_BUDGETS`] requests offered with a deadline
     /// (the overtake share reads them).
     budgets: VecDeque<Duration>,
@@ -150,11 +163,19 @@ impl DeadlinePrediction {
         &mut self,
         order: ReadyKey,
         answer_by: Option<Instant>,
+        member: usize,
     ) -> Option<ReadyKey> {
         (self.cfg.queue_order == QueueOrder::Edf).then(|| {
-            self.edf.insert(order, answer_by);
+            self.edf.insert(order, (answer_by, member));
             order
         })
+    }
+
+    /// A queued request is bound to another member: same place, other member.
+    pub(crate) fn rebind(&mut self, order: ReadyKey, member: usize) {
+        if let Some(v) = self.edf.get_mut(&order) {
+            v.1 = member;
+        }
     }
 
     /// A queued request leaves its EDF place (started or answered).
@@ -164,7 +185,7 @@ impl DeadlinePrediction {
 
     /// The EDF places (invariants).
     #[cfg(test)]
-    pub(crate) fn places(&self) -> &BTreeMap<ReadyKey, Option<Instant>> {
+    pub(crate) fn places(&self) -> &BTreeMap<ReadyKey, (Option<Instant>, usize)> {
         &self.edf
     }
 
@@ -189,7 +210,7 @@ impl DeadlinePrediction {
     ) -> Option<Prediction> {
         let est = load.estimate?;
         let e = est.as_secs_f64();
-        let workers = self.cfg.workers.get();
+        let workers = load.workers;
         let running = running_left(load.running_since, e, now);
         // Every queued request counts, not only the ready ones: a request waiting behind
         // its session or at a key gate reaches the ready queue later, possibly while
@@ -208,7 +229,7 @@ impl DeadlinePrediction {
             // before it finished, at the back: one turn of the ready queue (`cycle`)
             // per request, not one estimate (measured with 10 sessions at 2x).
             let cycle = e * ((load.ready + load.running) as f64 / workers as f64).max(1.0);
-            let active_left = load.running_since.get(&active).map_or(cycle, |s| {
+            let active_left = load.all_running.get(&active).map_or(cycle, |s| {
                 (e - now.saturating_duration_since(*s).as_secs_f64()).max(0.0)
             });
             serial = active_left + waiting as f64 * cycle + (cycle - e);
@@ -235,17 +256,18 @@ impl DeadlinePrediction {
     /// now, `start + e ≤ answer_by − now`); then it goes behind the last such request.
     /// Linear in the queue (bounded by `queue_capacity`).
     fn place(&self, load: &Load<'_>, e: f64, running: f64, now: Instant) -> (ReadyKey, usize) {
-        let (workers, id) = (self.cfg.workers.get(), load.id);
+        let (workers, id, member) = (load.workers, load.id, load.member);
         let start = |ahead| global_start(workers, load.running, ahead, e, running);
         let mut key = (load.due, id);
         // The common case (one budget class): due after everything queued, nothing
         // overtaken, no walk.
         if self.edf.last_key_value().is_none_or(|(k, _)| *k < key) {
-            return (key, self.edf.len());
+            return (key, load.queued);
         }
-        let pos = self.edf.range(..key).count();
+        let mine = |(_, (_, m)): &(&ReadyKey, &(Option<Instant>, usize))| *m == member;
+        let pos = self.edf.range(..key).filter(mine).count();
         let mut blocker = None;
-        for (i, (k, by)) in self.edf.range(key..).enumerate() {
+        for (i, (k, (by, _))) in self.edf.range(key..).filter(mine).enumerate() {
             let Some(by) = by else {
                 continue;
             };
@@ -260,7 +282,7 @@ impl DeadlinePrediction {
             Some(b) => {
                 // Behind the blocker and everything due with it (ids are increasing).
                 key = (b, id);
-                (key, self.edf.range(..key).count())
+                (key, self.edf.range(..key).filter(mine).count())
             }
         }
     }
@@ -342,6 +364,7 @@ impl Gate for DeadlinePrediction {
         let mut placement = Placement {
             order: (load.due, load.id),
             probe: false,
+            finish: None,
         };
         if !self.cfg.deadline.predict {
             return Ok(placement);
@@ -354,6 +377,7 @@ impl Gate for DeadlinePrediction {
             return Ok(placement);
         };
         placement.order = p.order;
+        placement.finish = Some(p.start.saturating_add(p.estimate));
         let usable = by.saturating_duration_since(ask.now);
         let share = ask.budget.map_or(0.0, |b| self.overtake_share(b));
         let room = usable.saturating_sub(p.estimate).mul_f64(1.0 - share);

@@ -52,13 +52,19 @@ impl<W> State<W> {
         keys
     }
 
-    /// Predicted wait before a request with `ahead` queued requests ahead of it starts
-    /// (the global term of the deadline prediction); `None` without an estimate.
-    fn predicted_start(&self, ahead: usize, now: Instant) -> Option<Duration> {
-        let e = self.estimator.estimate()?.as_secs_f64();
-        let left = running_left(&self.running_since, e, now);
-        let workers = self.cfg.workers.get();
-        Duration::try_from_secs_f64(global_start(workers, self.running, ahead, e, left)).ok()
+    /// Predicted wait before queued entry `e` starts (the global term of the deadline
+    /// prediction on its member: the requests bound there ahead of it); `None` without
+    /// an estimate.
+    fn predicted_start(&self, e: &Entry<W>, now: Instant) -> Option<Duration> {
+        let m = self.pool.members.get(e.member)?;
+        let est = m.estimator.estimate()?.as_secs_f64();
+        let key = self.position_key(e);
+        let ahead = (self.queued_entries())
+            .filter(|x| x.member == e.member && self.position_key(x) < key)
+            .count();
+        let left = running_left(&m.running_since, est, now);
+        let start = global_start(m.slots, m.running(), ahead, est, left);
+        Duration::try_from_secs_f64(start).ok()
     }
 
     /// 1-based position of queued entry `id` and its predicted start.
@@ -73,7 +79,7 @@ impl<W> State<W> {
             .get(&id)
             .filter(|e| e.stage != Stage::Running)?;
         let ahead = keys.partition_point(|k| *k < self.position_key(e));
-        Some((ahead + 1, self.predicted_start(ahead, now)))
+        Some((ahead + 1, self.predicted_start(e, now)))
     }
 
     /// A streamed request was queued: when it has to wait (not ready, or more ready
@@ -91,8 +97,8 @@ impl<W> State<W> {
             fx.timers_changed = true;
         }
         self.stream_queued.insert(id);
-        let starts_now =
-            e.stage == Stage::Ready && self.running + self.ready.len() <= self.cfg.workers.get();
+        let m = &self.pool.members[e.member];
+        let starts_now = e.stage == Stage::Ready && m.running() + m.ready.len() <= m.slots;
         if !starts_now {
             let keys = self.queued_keys();
             self.notify_position(&keys, id, now, fx);

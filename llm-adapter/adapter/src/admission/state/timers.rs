@@ -58,7 +58,7 @@ impl<W> State<W> {
         };
         let at = self
             .start_budget
-            .timer_at(answer_by, e.probe, self.estimator.estimate());
+            .timer_at(answer_by, e.probe, self.estimate_of(e.member));
         let t = Timer::deadline(at, id);
         if let Some(old) = old {
             self.timers.remove(&old);
@@ -82,6 +82,7 @@ impl<W> State<W> {
             self.timers.first().map(|t| t.at),
             self.cache.next_expiry(),
             self.next_position_pass,
+            self.next_health_wake(),
         ]
         .into_iter()
         .flatten()
@@ -93,6 +94,7 @@ impl<W> State<W> {
     pub(crate) fn expire(&mut self, now: Instant, fx: &mut Effects<W>) {
         self.cache.purge(now);
         self.position_pass(now, fx);
+        self.health_pass(now, fx);
         while let Some(t) = self.timers.first().copied() {
             if t.at > now {
                 break;
@@ -119,13 +121,14 @@ impl<W> State<W> {
         let (Some(deadline), Some(answer_by)) = (e.deadline, e.answer_by) else {
             return;
         };
+        let (probe, received_at, member) = (e.probe, e.received_at, e.member);
         let queued = Queued {
             deadline,
             answer_by,
-            probe: e.probe,
-            waited: now.saturating_duration_since(e.received_at),
+            probe,
+            waited: now.saturating_duration_since(received_at),
             now,
-            estimate: self.estimator.estimate(),
+            estimate: self.estimate_of(member),
         };
         match self.start_budget.at_timer(&queued) {
             AtTimer::Refuse(r) => {

@@ -100,6 +100,16 @@ impl<W> State<W> {
         }
     }
 
+    /// Publishes the per-backend metrics.
+    pub(crate) fn publish_backends(&self) {
+        crate::admission::pool::publish(&self.pool.members);
+    }
+
+    /// Each member of the pool.
+    pub(crate) fn backends_view(&self, now: Instant) -> Vec<crate::admission::BackendView> {
+        self.pool.members.iter().map(|m| m.view(now)).collect()
+    }
+
     /// Checks the module invariants (tests).
     #[cfg(test)]
     pub(crate) fn check_invariants(&self) {
@@ -110,7 +120,13 @@ impl<W> State<W> {
             .count();
         assert_eq!(running, self.running, "running count");
         assert_eq!(self.entries.len() - running, self.queued, "queued count");
-        assert!(self.queued <= self.cfg.queue_capacity.get(), "queue bound");
+        // A failover puts a running call back in the queue: with a pool, the bound is
+        // on entries.
+        let bound = self.cfg.queue_capacity.get() + self.cfg.workers.get();
+        assert!(self.entries.len() <= bound, "queue bound");
+        if !self.pool.health_on {
+            assert!(self.queued <= self.cfg.queue_capacity.get(), "queue bound");
+        }
         assert!(self.running <= self.cfg.workers.get(), "worker bound");
         for id in &self.stream_queued {
             let e = &self.entries[id];
@@ -119,9 +135,20 @@ impl<W> State<W> {
                 "stream_queued holds queued streamed requests only"
             );
         }
-        for (k, id) in &self.ready {
-            assert_eq!(self.entries[id].stage, Stage::Ready);
-            assert_eq!(self.entries[id].ready_key, Some(*k));
+        for (b, m) in self.pool.members.iter().enumerate() {
+            for (k, id) in &m.ready {
+                assert_eq!(self.entries[id].stage, Stage::Ready);
+                assert_eq!(self.entries[id].ready_key, Some(*k));
+                assert_eq!(self.entries[id].member, b, "ready where it is bound");
+            }
+            let bound = |running| {
+                (self.entries.values())
+                    .filter(|e| e.member == b && (e.stage == Stage::Running) == running)
+                    .count()
+            };
+            assert_eq!(m.queued, bound(false), "queued on member {b}");
+            assert_eq!(m.running(), bound(true), "running on member {b}");
+            assert!(m.running() <= m.slots, "slots of member {b}");
         }
         if self.cfg.queue_order == QueueOrder::Edf {
             let edf = self.deadline.places();
@@ -133,7 +160,7 @@ impl<W> State<W> {
                     _ => {}
                 }
                 if let Some(k) = e.order {
-                    assert_eq!(edf.get(&k), Some(&e.answer_by));
+                    assert_eq!(edf.get(&k), Some(&(e.answer_by, e.member)));
                 }
             }
         } else {

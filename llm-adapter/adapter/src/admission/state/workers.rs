@@ -3,6 +3,7 @@
 //! lock that marks it Running) and settles it ([`State::finish`], which feeds the
 //! estimator); a cancel and shutdown answer queued requests and abort running ones.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -13,16 +14,27 @@ use weir_protocol::llm::{ErrorBody, ErrorCode};
 use super::{Effects, Stage, State};
 use crate::admission::gates::start_budget::Queued;
 use crate::admission::gates::{Gate, after_wait, shutting_down};
+use crate::admission::pool::Progress;
 use crate::admission::{AbortReason, CancelResult, Job};
 use crate::backend::BackendReply;
 use crate::trace::{TraceKind, ms};
 
 impl<W> State<W> {
-    /// Hands the next ready request to a worker, answering the ones whose deadline
-    /// passed (or that could no longer finish in time) on the way.
-    pub(crate) fn start_next(&mut self, now: Instant, fx: &mut Effects<W>) -> Option<Job> {
-        let estimate = self.estimator.estimate();
-        while let Some((_, id)) = self.ready.pop_first() {
+    /// Hands the next ready request bound to `member` to one of its workers, answering
+    /// the ones whose deadline passed (or that could no longer finish in time) on the
+    /// way. An ejected member starts nothing; one due for its probe starts one.
+    pub(crate) fn start_next(
+        &mut self,
+        member: usize,
+        now: Instant,
+        fx: &mut Effects<W>,
+    ) -> Option<Job> {
+        let m = self.pool.members.get(member)?;
+        if !m.may_start() {
+            return None;
+        }
+        let estimate = m.estimator.estimate();
+        while let Some((_, id)) = self.pool.members[member].ready.pop_first() {
             let Some(e) = self.entries.get_mut(&id) else {
                 continue;
             };
@@ -46,6 +58,9 @@ impl<W> State<W> {
                     continue;
                 }
             }
+            self.pool.starting(member, id);
+            // The sweeper looks for stalls: one more call to watch.
+            fx.timers_changed |= self.pool.health_on;
             return self.start(id, now);
         }
         None
@@ -61,6 +76,9 @@ impl<W> State<W> {
         e.stage_since = now;
         let (tx, rx) = oneshot::channel();
         e.abort = Some(tx);
+        let member = e.member;
+        let progress = (self.pool.health_on).then(|| Arc::new(Progress::new(now)));
+        e.progress = progress.clone();
         let timer = e.deadline_timer.take();
         let request = e.request.take();
         let deadline = e.deadline;
@@ -75,6 +93,9 @@ impl<W> State<W> {
         self.queued -= 1;
         self.running += 1;
         self.running_since.insert(id, now);
+        let m = &mut self.pool.members[member];
+        m.queued -= 1;
+        m.running_since.insert(id, now);
         self.stats
             .started(queue_time, deadline.is_some_and(|d| now >= d));
         let e = &self.entries[&id];
@@ -85,6 +106,8 @@ impl<W> State<W> {
         self.stream_queued.remove(&id);
         Some(Job {
             id,
+            member,
+            progress,
             request: request?,
             answer_by,
             started_at: now,
@@ -95,28 +118,36 @@ impl<W> State<W> {
         })
     }
 
-    /// Whether a worker has anything to pick.
-    pub(crate) fn has_ready(&self) -> bool {
-        !self.ready.is_empty()
+    /// Whether a worker of `member` has anything to pick.
+    pub(crate) fn has_ready(&self, member: usize) -> bool {
+        self.pool
+            .members
+            .get(member)
+            .is_some_and(|m| !m.ready.is_empty() && m.may_start())
     }
 
     /// Feeds the estimator with a finished call: `ok` and the calls ended by a deadline
     /// or the backend timeout (those are lower bounds of the service time, and a slow
     /// backend shows up only through them). Failures, cancels and shutdown aborts say
     /// nothing about how long an answer takes.
-    fn observe(&mut self, took: Duration, code: &str, fx: &mut Effects<W>) {
+    fn observe(&mut self, member: usize, took: Duration, code: &str, fx: &mut Effects<W>) {
         let counts = code == "ok"
             || code == ErrorCode::DeadlineExceeded.as_str()
             || code == ErrorCode::BackendTimeout.as_str();
         if !counts {
             return;
         }
-        let cold = self.estimator.estimate().is_none();
-        self.estimator.observe(took);
+        let Some(m) = self.pool.members.get_mut(member) else {
+            return;
+        };
+        let cold = m.estimator.estimate().is_none();
+        m.estimator.observe(took);
         if cold && self.start_budget.adaptive() {
             // First estimate: the queued requests' timers move to `answer_by − estimate`.
             for id in self.queued_ids() {
-                self.arm_deadline(id, fx);
+                if self.entries.get(&id).is_some_and(|e| e.member == member) {
+                    self.arm_deadline(id, fx);
+                }
             }
         }
     }
@@ -135,7 +166,11 @@ impl<W> State<W> {
             Err(e) => e.code.as_str(),
         };
         self.stats.inference_done(took, code);
-        self.observe(took, code, fx);
+        if let Some(e) = self.entries.get(&id) {
+            let (member, session) = (e.member, e.session.clone());
+            self.observe(member, took, code, fx);
+            self.call_ended(member, id, code, session.as_deref(), now, fx);
+        }
         self.retire(id, result, now, fx);
         self.run(now, fx);
     }
