@@ -47,6 +47,7 @@ static HALF: LazyLock<[f32; HALF_TAPS]> =
 
 /// The interpolator `g`, as used: `WINDOW` f32 coefficients, oldest input first, the
 /// `2·HALF_TAPS` non-zero ones at the end, symmetric, summing to 1 (in f64).
+#[cfg(test)]
 pub(crate) fn taps() -> &'static [f32; WINDOW] {
     &TAPS
 }
