@@ -57,6 +57,7 @@ pub fn env_from(cli: &Cli) -> Result<Env, Error> {
         quiet: cli.quiet,
         llm: LlmSettings {
             workers: cli.weir_llm_workers as usize,
+            backends: llm_backends(cli)?,
             latency: Duration::from_millis(cli.llm_latency_ms),
             shape: cli.llm_latency_shape,
             deadline: Duration::from_millis(cli.llm_deadline_ms),
@@ -479,4 +480,17 @@ fn asr_chart_rows(runs: &[&RunOutput]) -> Vec<Vec<Panel>> {
             })
             .collect(),
     ]
+}
+
+/// `--llm-backends`: 1 by default, 3 for `backend-stall`, which needs 2 or more.
+fn llm_backends(cli: &Cli) -> Result<usize, Error> {
+    let stall = cli.scenario == Some(Scenario::BackendStall);
+    match (cli.llm_backends, stall) {
+        (Some(n), true) if n < 2 => Err(usage(format!(
+            "--llm-backends {n} leaves backend-stall nothing to fail over to: use 2 or more"
+        ))),
+        (Some(n), _) => Ok(n as usize),
+        (None, true) => Ok(3),
+        (None, false) => Ok(1),
+    }
 }

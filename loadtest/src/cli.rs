@@ -56,7 +56,7 @@ pub struct Cli {
     pub internal: Option<Internal>,
 
     /// What to run: steady | nats-pause | backend-pause | nats-restart | no-end |
-    /// llm-overload | ceiling | worker-failover | node-failover | asr-shortfall |
+    /// llm-overload | backend-stall | ceiling | worker-failover | node-failover | asr-shortfall |
     /// asr-churn | producer-flap | all (every scenario but ceiling, the two failovers, the two
     /// asr ones and producer-flap) | showcase (the demo: steady and nats-pause with short runs, and
     /// asr-shortfall).
@@ -89,8 +89,9 @@ pub struct Cli {
     /// Length of the fault in seconds: NATS stopped (nats-pause), backend stalled
     /// (backend-pause), server down before restart (nats-restart), worker process down
     /// before restart (worker-failover), NATS node down before restart
-    /// (node-failover). Default 5 (2 for nats-restart, 6 for showcase and the
-    /// failovers). The fault starts 2 s into the run (3 s for the failovers).
+    /// (node-failover), one LLM backend stalled (backend-stall). Default 5 (2 for
+    /// nats-restart, 6 for showcase and the failovers, 10 for backend-stall). The fault
+    /// starts 2 s into the run (3 s for the failovers, 10 s for backend-stall).
     #[arg(long, value_parser = parse_seconds)]
     pub pause: Option<Duration>,
 
@@ -152,7 +153,14 @@ pub struct Cli {
     #[arg(long, default_value_t = 3.0)]
     pub llm_factor: f64,
 
-    /// LLM backend concurrency (simulated GPU slots); capacity = this / latency.
+    /// Simulated LLM backends: weir's adapter serves them as a pool (`[[backends]]`,
+    /// each with --weir-llm-workers slots), the naive front in turn. Default 1 (3 for
+    /// backend-stall, which needs at least 2).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub llm_backends: Option<u32>,
+
+    /// LLM backend concurrency (simulated GPU slots) of each backend; capacity = this /
+    /// latency (× --llm-backends).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub weir_llm_workers: u32,
 

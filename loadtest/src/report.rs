@@ -233,6 +233,12 @@ pub struct LlmReport {
     /// Backend calls started (simulated backend's own count): calls beyond
     /// `completed_in_deadline` were work whose answer came too late or never went out.
     pub backend_calls: u64,
+    /// Simulated backends (`--llm-backends`).
+    #[serde(default)]
+    pub backends: usize,
+    /// `backend-stall`: the stalled backend's ejection and the goodput after it.
+    #[serde(default)]
+    pub stall: Option<crate::llm::pool::StallReport>,
     /// Completed within deadline per second of run.
     pub goodput_per_s: f64,
     /// Queue wait before inference, as the front measured it.
@@ -639,6 +645,35 @@ fn rows() -> Vec<Row> {
         }),
         ("llm goodput /s", |r| {
             llm(r, |l| format!("{:.1}", l.goodput_per_s))
+        }),
+        ("llm stalled backend ejected after ms", |r| {
+            llm(r, |l| match &l.stall {
+                None => "-".to_owned(),
+                Some(s) => s
+                    .ejected_after_ms
+                    .map_or("never".to_owned(), |v| format!("{v:.0}")),
+            })
+        }),
+        ("llm goodput after ejection /s (share)", |r| {
+            llm(r, |l| {
+                match l
+                    .stall
+                    .as_ref()
+                    .and_then(|s| s.goodput_after_ejection_per_s.zip(s.goodput_share))
+                {
+                    None => "-".to_owned(),
+                    Some((g, share)) => format!("{g:.1} ({:.0} %)", share * 100.0),
+                }
+            })
+        }),
+        ("llm backend errors", |r| {
+            llm(r, |l| {
+                let n: u64 = (l.refused_by_code.iter())
+                    .filter(|(code, _)| code.starts_with("backend_"))
+                    .map(|(_, n)| n)
+                    .sum();
+                n.to_string()
+            })
         }),
     ]
 }

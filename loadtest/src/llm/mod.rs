@@ -15,13 +15,14 @@
 //! that start after their deadline independently of the front in front of it.
 
 pub mod generator;
+pub mod pool;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use weir_llm_adapter::backend::Backend;
-use weir_llm_adapter::backend::sim::{SimBackend, SimHandle};
+use weir_llm_adapter::backend::sim::SimBackend;
 use weir_llm_adapter::config::{Latency, SimConfig, SimStream};
 
 use crate::error::{Error, ErrorKind};
@@ -30,6 +31,7 @@ use crate::naive::llm::NaiveLlmFront;
 use crate::report::LlmReport;
 use crate::stats::Percentiles;
 use generator::{GeneratorConfig, GeneratorCounters};
+use pool::{RoundRobin, Sims, StallWatch};
 
 /// Request subject of the LLM front.
 pub const LLM_SUBJECT: &str = "weir.llm.generate";
@@ -51,8 +53,11 @@ pub enum LatencyShape {
 /// Settings of the LLM side.
 #[derive(Debug, Clone)]
 pub struct LlmSettings {
-    /// Backend concurrency (simulated GPU slots).
+    /// Concurrency of each backend (simulated GPU slots).
     pub workers: usize,
+    /// Simulated backends (`--llm-backends`): weir's adapter serves them as a pool
+    /// (`[[backends]]`), the naive front in turn.
+    pub backends: usize,
     /// Simulated inference time (the mean, or the median for log-normal).
     pub latency: Duration,
     /// Distribution of the inference time.
@@ -89,6 +94,7 @@ impl Default for LlmSettings {
     fn default() -> Self {
         Self {
             workers: 4,
+            backends: 1,
             latency: Duration::from_millis(100),
             shape: LatencyShape::Uniform,
             deadline: Duration::from_secs(2),
@@ -115,8 +121,13 @@ impl LlmSettings {
         }
     }
 
-    /// Requests per second the backend can complete.
+    /// Requests per second the backends can complete together.
     pub fn capacity(&self) -> f64 {
+        self.backend_capacity() * self.backends.max(1) as f64
+    }
+
+    /// Requests per second one backend can complete.
+    pub fn backend_capacity(&self) -> f64 {
         self.workers as f64 / self.mean_latency().as_secs_f64().max(1e-6)
     }
 
@@ -142,15 +153,27 @@ impl LlmSettings {
     }
 }
 
-/// The adapter's configuration for a run: the backend's concurrency as workers and the
-/// load test's subject; everything else (queue 256, per-session cap 5 with ordering,
-/// predictive admission, adaptive start budget, 20 ms reply margin) at its documented
-/// default — the defaults are what is measured.
+/// The adapter's configuration for a run: the backend's concurrency as workers (with
+/// several backends: one `[[backends]]` member each, `sim-0`, `sim-1`, …, with that many
+/// slots) and the load test's subject; everything else (queue 256, per-session cap 5
+/// with ordering, predictive admission, adaptive start budget, 20 ms reply margin, the
+/// pool's health keys) at its documented default — the defaults are what is measured.
 fn adapter_config(settings: &LlmSettings) -> String {
-    format!(
-        "workers = {}\n[service]\nsubject = \"{LLM_SUBJECT}\"\n[trace]\nlog = false\n",
-        settings.workers
-    )
+    let mut toml = String::new();
+    if settings.backends > 1 {
+        for i in 0..settings.backends {
+            toml.push_str(&format!(
+                "[[backends]]\nname = \"sim-{i}\"\nkind = \"sim\"\nslots = {}\n",
+                settings.workers
+            ));
+        }
+    } else {
+        toml.push_str(&format!("workers = {}\n", settings.workers));
+    }
+    toml.push_str(&format!(
+        "[service]\nsubject = \"{LLM_SUBJECT}\"\n[trace]\nlog = false\n"
+    ));
+    toml
 }
 
 /// The report of a scenario that does not drive the LLM side.
@@ -176,7 +199,10 @@ enum Front {
 pub struct LlmRun {
     /// `None` only after [`LlmRun::stop`] took it.
     front: Option<Front>,
-    sim: SimHandle,
+    sims: Sims,
+    /// Requests one backend completes per second (for the stall's report).
+    backend_capacity: f64,
+    stall: Mutex<StallWatch>,
     counters: Arc<GeneratorCounters>,
     stop: Arc<AtomicBool>,
     generator: tokio::task::JoinHandle<()>,
@@ -224,17 +250,23 @@ impl LlmRun {
                 tokens_per_second: s.tokens_per_second,
             };
         }
-        let sim = SimBackend::new(sim_cfg);
-        let handle = sim.handle();
-        let backend: Arc<dyn Backend> = Arc::new(sim);
+        let (mut backends, mut handles) = (Vec::new(), Vec::new());
+        for i in 0..settings.backends.max(1) {
+            let sim = SimBackend::new(SimConfig {
+                seed: sim_cfg.seed + i as u64,
+                ..sim_cfg
+            });
+            handles.push(sim.handle());
+            backends.push(Arc::new(sim) as Arc<dyn Backend>);
+        }
         let front_client = connect(nats_url).await?;
         let front = match design {
             Design::Naive => Front::Naive(
                 NaiveLlmFront::start(
                     front_client.clone(),
                     LLM_SUBJECT.into(),
-                    backend,
-                    settings.workers,
+                    naive_backend(backends),
+                    settings.workers * settings.backends.max(1),
                 )
                 .await
                 .map_err(|e| Error::with_source(ErrorKind::Nats, "naive LLM front", e))?,
@@ -243,9 +275,14 @@ impl LlmRun {
                 let config = weir_llm_adapter::Config::from_toml_str(&adapter_config(settings))
                     .map_err(|e| Error::with_source(ErrorKind::Usage, "LLM adapter config", e))?;
                 Front::Adapter(Box::new(
-                    weir_llm_adapter::start(front_client.clone(), config, backend)
-                        .await
-                        .map_err(|e| Error::with_source(ErrorKind::Nats, "LLM adapter", e))?,
+                    weir_llm_adapter::start_pool(
+                        front_client.clone(),
+                        weir_llm_adapter::AdapterEvents::new(),
+                        config,
+                        backends,
+                    )
+                    .await
+                    .map_err(|e| Error::with_source(ErrorKind::Nats, "LLM adapter", e))?,
                 ))
             }
         };
@@ -277,7 +314,9 @@ impl LlmRun {
         ));
         Ok(Self {
             front: Some(front),
-            sim: handle,
+            sims: Sims(handles),
+            backend_capacity: settings.backend_capacity(),
+            stall: Mutex::new(StallWatch::default()),
             counters,
             stop,
             generator,
@@ -297,13 +336,47 @@ impl LlmRun {
         self.counters.outstanding.load(Ordering::Relaxed) == 0
     }
 
-    /// Pauses (`true`) or resumes the simulated backend.
+    /// Pauses (`true`) or resumes the simulated backends.
     pub fn pause_backend(&self, paused: bool) {
-        if paused {
-            self.sim.pause();
-        } else {
-            self.sim.resume();
+        self.sims.pause_all(paused);
+    }
+
+    /// Stalls (`true`) or resumes backend `member` alone (`backend-stall`): it accepts
+    /// calls and answers none.
+    pub fn stall_backend(&self, member: usize, stalled: bool) {
+        let now = Instant::now();
+        if let Ok(mut w) = self.stall.lock() {
+            if stalled {
+                w.start(member, now);
+            } else {
+                w.end(now, self.in_deadline());
+            }
         }
+        self.sims.pause_one(member, stalled);
+    }
+
+    /// Looks whether the stalled backend has been ejected (the sampler's 100 ms reads).
+    pub fn observe(&self) {
+        let Some(Front::Adapter(a)) = &self.front else {
+            return;
+        };
+        let Ok(mut w) = self.stall.lock() else {
+            return;
+        };
+        if !w.waiting_for_ejection() {
+            return;
+        }
+        let ejected = a
+            .backends()
+            .get(w.member)
+            .is_some_and(|b| b.health != "healthy");
+        if ejected {
+            w.ejected(Instant::now(), self.in_deadline());
+        }
+    }
+
+    fn in_deadline(&self) -> u64 {
+        self.counters.completed_in_deadline.load(Ordering::Relaxed)
     }
 
     /// Requests held by the front now (queued + running); also tracks the maximum.
@@ -324,7 +397,13 @@ impl LlmRun {
     pub fn report(&self, wall: Duration) -> LlmReport {
         let c = &self.counters;
         let refused_by_code = c.refused();
-        let sim = self.sim.stats();
+        let (backend_calls, started_after_deadline) = self.sims.started();
+        let backends = self.sims.0.len();
+        let stall = self
+            .stall
+            .lock()
+            .ok()
+            .and_then(|w| w.report(self.backend_capacity * backends.saturating_sub(1) as f64));
         let (front, queue_wait_ms, inference_ms, in_flight_max) = match &self.front {
             None => (
                 "stopped".to_owned(),
@@ -366,9 +445,11 @@ impl LlmRun {
             caller_timeouts: c.caller_timeouts.load(Ordering::Relaxed),
             answered_after_deadline: c.answered_after_deadline.load(Ordering::Relaxed),
             refusal_ms: c.refusal_ms(),
-            started_after_deadline: sim.started_after_deadline,
+            started_after_deadline,
             completed_in_deadline: in_deadline,
-            backend_calls: sim.started,
+            backend_calls,
+            backends,
+            stall,
             goodput_per_s: in_deadline as f64 / wall.as_secs_f64().max(0.001),
             queue_wait_ms,
             inference_ms,
@@ -380,7 +461,7 @@ impl LlmRun {
     /// Stops the generator (bounded wait) and the front.
     pub async fn stop(mut self) {
         self.stop_offering();
-        self.sim.resume();
+        self.sims.pause_all(false);
         if tokio::time::timeout(Duration::from_secs(5), &mut self.generator)
             .await
             .is_err()
@@ -403,6 +484,14 @@ impl Drop for LlmRun {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         self.generator.abort();
-        self.sim.resume();
+        self.sims.pause_all(false);
     }
+}
+
+/// The naive front's backend: the one backend, or several in turn.
+fn naive_backend(mut backends: Vec<Arc<dyn Backend>>) -> Arc<dyn Backend> {
+    if backends.len() == 1 {
+        return backends.remove(0);
+    }
+    Arc::new(RoundRobin::new(backends))
 }

@@ -8,6 +8,7 @@
 //! | `nats-restart`  | same                               | nats-server killed, restarted after `--pause` s|
 //! | `no-end`        | half the streams vanish, no `end`  | none                                           |
 //! | `llm-overload`  | same, plus LLM requests at k × cap | none                                           |
+//! | `backend-stall` | same, plus LLM requests at 1.5 × the pool's capacity | one of 3 LLM backends stalls at t = 10 s for `--pause` s (10) |
 //! | `ceiling`       | ramp of stream counts              | none (see [`ceiling`])                         |
 //! | `worker-failover` | N streams straight to NATS, lease workers on 3 nodes | worker process SIGKILLed, restarted (see [`failover`]) |
 //! | `node-failover` | same                               | the KV leader node SIGKILLed, restarted        |
@@ -15,7 +16,8 @@
 //! | `asr-churn`     | calls and probes, weir-on          | a worker process SIGKILLed, another added      |
 //! | `producer-flap` | 1,000 calls, 3 designs             | every call's TCP connection cut (RST) every 10 s, reconnect at once (see [`flap`]) |
 //!
-//! Faults start [`FAULT_AT`] after the producers, and the run keeps sending for at least
+//! Faults start [`FAULT_AT`] after the producers ([`BACKEND_STALL_AT`] for
+//! `backend-stall`), and the run keeps sending for at least
 //! [`RECOVERY`] after the fault ends, so that recovery is measured too. A plan is
 //! validated before anything starts: a `--duration` too short for the fault is refused
 //! with a message naming the flags.
@@ -65,6 +67,10 @@ pub enum Scenario {
     NoEnd,
     /// LLM requests offered at k × the backend's capacity, with deadlines.
     LlmOverload,
+    /// One of --llm-backends (default 3) simulated LLM backends stalls (accepts calls,
+    /// answers none) at t = 10 s for --pause seconds (default 10), at 1.5 × the pool's
+    /// capacity.
+    BackendStall,
     /// Ramp streams until p99 queue wait exceeds one frame or overloads appear.
     Ceiling,
     /// Lease workers on a 3-node cluster; one worker process SIGKILLed, restarted.
@@ -130,6 +136,8 @@ pub enum FaultKind {
     NatsRestart,
     /// Pause the recognisers and the LLM backend.
     BackendPause,
+    /// Stall one LLM backend of several (the first).
+    BackendStall,
 }
 
 impl FaultKind {
@@ -149,6 +157,14 @@ pub struct Fault {
     /// How long.
     pub length: Duration,
 }
+
+/// When `backend-stall`'s stall starts: late enough that every backend has a service-time
+/// estimate and the run is in its steady state.
+pub const BACKEND_STALL_AT: Duration = Duration::from_secs(10);
+/// `backend-stall`'s default stall length.
+pub const BACKEND_STALL_LENGTH: Duration = Duration::from_secs(10);
+/// `backend-stall`'s offered LLM load, a multiple of the whole pool's capacity.
+pub const BACKEND_STALL_FACTOR: f64 = 1.5;
 
 /// The LLM load of a scenario.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -182,7 +198,7 @@ pub fn plan(
     pause: Option<Duration>,
     llm_factor: f64,
 ) -> Result<Plan, Error> {
-    let faulted = |kind: FaultKind, default_len: Duration| -> Result<Plan, Error> {
+    let faulted = |kind: FaultKind, at: Duration, default_len: Duration| -> Result<Plan, Error> {
         let length = pause.unwrap_or(default_len);
         if length.is_zero() {
             return Err(usage(format!(
@@ -190,7 +206,7 @@ pub fn plan(
                 scenario.as_str()
             )));
         }
-        let needed = FAULT_AT + length + RECOVERY;
+        let needed = at + length + RECOVERY;
         let duration = duration.unwrap_or(needed);
         if duration < needed {
             return Err(usage(format!(
@@ -198,7 +214,7 @@ pub fn plan(
                  --pause {:.1} s, and {} s of recovery follow; use --duration {:.0} or more",
                 duration.as_secs_f64(),
                 scenario.as_str(),
-                FAULT_AT.as_secs(),
+                at.as_secs(),
                 length.as_secs_f64(),
                 RECOVERY.as_secs(),
                 needed.as_secs_f64().ceil()
@@ -207,13 +223,15 @@ pub fn plan(
         Ok(Plan {
             scenario,
             duration,
-            fault: Some(Fault {
-                kind,
-                at: FAULT_AT,
-                length,
-            }),
+            fault: Some(Fault { kind, at, length }),
             vanish_share: 0.0,
-            llm: (kind == FaultKind::BackendPause).then_some(LlmLoad { factor: 0.5 }),
+            llm: match kind {
+                FaultKind::BackendPause => Some(LlmLoad { factor: 0.5 }),
+                FaultKind::BackendStall => Some(LlmLoad {
+                    factor: BACKEND_STALL_FACTOR,
+                }),
+                FaultKind::NatsPause | FaultKind::NatsRestart => None,
+            },
         })
     };
     let plain = |vanish_share: f64, llm: Option<LlmLoad>| -> Result<Plan, Error> {
@@ -236,9 +254,14 @@ pub fn plan(
     }
     match scenario {
         Scenario::Steady | Scenario::Ceiling => plain(0.0, None),
-        Scenario::NatsPause => faulted(FaultKind::NatsPause, DEFAULT_PAUSE),
-        Scenario::BackendPause => faulted(FaultKind::BackendPause, DEFAULT_PAUSE),
-        Scenario::NatsRestart => faulted(FaultKind::NatsRestart, DEFAULT_RESTART_DOWN),
+        Scenario::NatsPause => faulted(FaultKind::NatsPause, FAULT_AT, DEFAULT_PAUSE),
+        Scenario::BackendPause => faulted(FaultKind::BackendPause, FAULT_AT, DEFAULT_PAUSE),
+        Scenario::BackendStall => faulted(
+            FaultKind::BackendStall,
+            BACKEND_STALL_AT,
+            BACKEND_STALL_LENGTH,
+        ),
+        Scenario::NatsRestart => faulted(FaultKind::NatsRestart, FAULT_AT, DEFAULT_RESTART_DOWN),
         Scenario::NoEnd => plain(NO_END_SHARE, None),
         Scenario::LlmOverload => plain(0.0, Some(LlmLoad { factor: llm_factor })),
         Scenario::All | Scenario::Showcase => Err(usage(format!(
@@ -309,6 +332,30 @@ mod tests {
         assert!(
             e.contains("--duration") && e.contains("--pause") && e.contains("8"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn backend_stall_stalls_at_ten_seconds_under_one_and_a_half_times_the_pool() {
+        let p = plan(Scenario::BackendStall, None, None, 3.0).unwrap_or_else(|e| panic!("{e}"));
+        let f = p.fault.unwrap_or_else(|| panic!("a fault"));
+        assert_eq!(
+            (f.kind, f.at, f.length),
+            (
+                FaultKind::BackendStall,
+                BACKEND_STALL_AT,
+                BACKEND_STALL_LENGTH
+            )
+        );
+        assert_eq!(
+            p.duration,
+            BACKEND_STALL_AT + BACKEND_STALL_LENGTH + RECOVERY
+        );
+        assert_eq!(
+            p.llm,
+            Some(LlmLoad {
+                factor: BACKEND_STALL_FACTOR
+            })
         );
     }
 

@@ -664,6 +664,12 @@ async fn apply_fault(
             .await?
             .map_err(|e| e.map_kind(ErrorKind::Process))
         }
+        FaultKind::BackendStall => {
+            if let Some(llm) = llm {
+                llm.stall_backend(0, start);
+            }
+            Ok(())
+        }
         FaultKind::BackendPause => {
             if start {
                 fleet.pause();
@@ -734,7 +740,10 @@ async fn sampler(s: SamplerInputs, mut stop: tokio::sync::watch::Receiver<bool>)
             frames_sent: s.counters.frames_sent.load(Ordering::Relaxed),
             frames_received: s.fleet.frames_received(),
             latency_window_ms: s.fleet.take_window_latency(),
-            llm_in_flight: s.llm.as_ref().map(|l| l.in_flight()),
+            llm_in_flight: s.llm.as_ref().map(|l| {
+                l.observe();
+                l.in_flight()
+            }),
             fault_active: fault,
         };
         if !s.quiet && n % 10 == 9 {
