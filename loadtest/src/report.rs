@@ -223,6 +223,10 @@ pub struct LlmReport {
     /// whose own timeout is the deadline.
     #[serde(default)]
     pub answered_after_deadline: u64,
+    /// Refusals that came 100 ms or more after the request was sent: admitted, then
+    /// answered without a result.
+    #[serde(default)]
+    pub refused_after_waiting: u64,
     /// Caller-side latency of refusals (send → reply).
     #[serde(default)]
     pub refusal_ms: Percentiles,
@@ -623,7 +627,14 @@ fn rows() -> Vec<Row> {
         ("llm offered/completed", |r| {
             llm(r, |l| format!("{}/{}", l.offered, l.completed))
         }),
-        ("llm refused", |r| llm(r, |l| l.refused.to_string())),
+        ("llm refused (after waiting)", |r| {
+            llm(r, |l| {
+                format!("{} ({})", l.refused, l.refused_after_waiting)
+            })
+        }),
+        ("llm caller timeouts", |r| {
+            llm(r, |l| l.caller_timeouts.to_string())
+        }),
         ("llm started after deadline", |r| {
             llm(r, |l| l.started_after_deadline.to_string())
         }),

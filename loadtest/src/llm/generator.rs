@@ -52,6 +52,10 @@ pub struct GeneratorCounters {
     /// Replies (any outcome) received after the deadline: a caller whose own timeout
     /// is the deadline would have given up on them.
     pub answered_after_deadline: AtomicU64,
+    /// Refusals that arrived [`WAITED`] or more after the request was sent: admitted,
+    /// then answered without a result (while queued, or a failed call), as opposed to
+    /// refused at once.
+    pub refused_after_waiting: AtomicU64,
     refused: Mutex<BTreeMap<String, u64>>,
     refusal_latency: Mutex<LatencyHistogram>,
     latency: Mutex<LatencyHistogram>,
@@ -59,6 +63,10 @@ pub struct GeneratorCounters {
     reply_inference_ms: Mutex<LatencyHistogram>,
     ttft: Mutex<LatencyHistogram>,
 }
+
+/// A refusal this long after the request was sent was not an at-once refusal (those take
+/// about a millisecond; their p99 stays under 5 ms in the load runs).
+pub const WAITED: Duration = Duration::from_millis(100);
 
 impl GeneratorCounters {
     /// Refusals by code.
@@ -109,6 +117,9 @@ impl GeneratorCounters {
     /// A refusal with `code` arrived `elapsed` after the request was sent.
     fn refused_after(&self, code: &str, elapsed: Duration) {
         self.refuse(code);
+        if elapsed >= WAITED {
+            self.refused_after_waiting.fetch_add(1, Ordering::Relaxed);
+        }
         record(&self.refusal_latency, elapsed);
     }
 

@@ -444,6 +444,7 @@ impl LlmRun {
             refused_by_code,
             caller_timeouts: c.caller_timeouts.load(Ordering::Relaxed),
             answered_after_deadline: c.answered_after_deadline.load(Ordering::Relaxed),
+            refused_after_waiting: c.refused_after_waiting.load(Ordering::Relaxed),
             refusal_ms: c.refusal_ms(),
             started_after_deadline,
             completed_in_deadline: in_deadline,
