@@ -56,7 +56,7 @@ pub fn env_from(cli: &Cli) -> Result<Env, Error> {
         reconnect: !cli.no_reconnect,
         quiet: cli.quiet,
         llm: LlmSettings {
-            workers: cli.weir_llm_workers as usize,
+            workers: cli.llm_workers as usize,
             backends: llm_backends(cli)?,
             latency: Duration::from_millis(cli.llm_latency_ms),
             shape: cli.llm_latency_shape,

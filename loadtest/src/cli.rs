@@ -154,7 +154,7 @@ pub struct Cli {
     pub llm_factor: f64,
 
     /// Simulated LLM backends: weir's adapter serves them as a pool (`[[backends]]`,
-    /// each with --weir-llm-workers slots), the naive front in turn. Default 1 (3 for
+    /// each with --llm-workers slots), the naive front in turn. Default 1 (3 for
     /// backend-stall, which needs at least 2).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub llm_backends: Option<u32>,
@@ -162,7 +162,7 @@ pub struct Cli {
     /// LLM backend concurrency (simulated GPU slots) of each backend; capacity = this /
     /// latency (× --llm-backends).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub weir_llm_workers: u32,
+    pub llm_workers: u32,
 
     /// Shape of the simulated inference time: uniform in 0.5–1.5 × --llm-latency-ms,
     /// fixed, or log-normal (median --llm-latency-ms, p99 3 × that).

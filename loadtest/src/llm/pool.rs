@@ -1,5 +1,5 @@
 //! Several simulated backends (`--llm-backends N`): weir's adapter serves them as a
-//! pool (`[[backends]]`, one member per backend, each with `--weir-llm-workers` slots);
+//! pool (`[[backends]]`, one member per backend, each with `--llm-workers` slots);
 //! the naive front spreads its calls over them in turn, the way a load balancer that
 //! knows nothing of deadlines or health does ([`RoundRobin`]).
 //!
