@@ -58,6 +58,7 @@ pub fn env_from(cli: &Cli) -> Result<Env, Error> {
         llm: LlmSettings {
             workers: cli.llm_workers as usize,
             backends: llm_backends(cli)?,
+            sessions: cli.llm_sessions.map(|n| n as usize),
             latency: Duration::from_millis(cli.llm_latency_ms),
             shape: cli.llm_latency_shape,
             deadline: Duration::from_millis(cli.llm_deadline_ms),

@@ -159,6 +159,12 @@ pub struct Cli {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub llm_backends: Option<u32>,
 
+    /// Distinct LLM sessions the requests go round (each request carries
+    /// `Weir-Session-Id`); 0 = requests carry no session. Default: the stream count, at
+    /// least 10.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    pub llm_sessions: Option<u32>,
+
     /// LLM backend concurrency (simulated GPU slots) of each backend; capacity = this /
     /// latency (× --llm-backends).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]

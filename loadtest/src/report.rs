@@ -243,6 +243,10 @@ pub struct LlmReport {
     /// `backend-stall`: the stalled backend's ejection and the goodput after it.
     #[serde(default)]
     pub stall: Option<crate::llm::pool::StallReport>,
+    /// How each session's replies spread over the backends (`Weir-Backend`), when the
+    /// replies name theirs.
+    #[serde(default)]
+    pub affinity: Option<crate::llm::generator::Affinity>,
     /// Completed within deadline per second of run.
     pub goodput_per_s: f64,
     /// Queue wait before inference, as the front measured it.
@@ -675,6 +679,12 @@ fn rows() -> Vec<Row> {
                     None => "-".to_owned(),
                     Some((g, share)) => format!("{g:.1} ({:.0} %)", share * 100.0),
                 }
+            })
+        }),
+        ("llm sessions ≥ 95 % on one backend", |r| {
+            llm(r, |l| match &l.affinity {
+                None => "-".to_owned(),
+                Some(a) => format!("{}/{}", a.sessions_95pct_on_one, a.sessions),
             })
         }),
         ("llm backend errors", |r| {

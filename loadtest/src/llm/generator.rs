@@ -57,6 +57,8 @@ pub struct GeneratorCounters {
     /// refused at once.
     pub refused_after_waiting: AtomicU64,
     refused: Mutex<BTreeMap<String, u64>>,
+    /// Per session, the replies each backend served (the reply's `Weir-Backend`).
+    served_by: Mutex<BTreeMap<String, BTreeMap<String, u64>>>,
     refusal_latency: Mutex<LatencyHistogram>,
     latency: Mutex<LatencyHistogram>,
     reply_queue_ms: Mutex<LatencyHistogram>,
@@ -64,11 +66,40 @@ pub struct GeneratorCounters {
     ttft: Mutex<LatencyHistogram>,
 }
 
+/// The reply header naming the backend that served a request.
+const BACKEND_HEADER: &str = "Weir-Backend";
+
 /// A refusal this long after the request was sent was not an at-once refusal (those take
 /// about a millisecond; their p99 stays under 5 ms in the load runs).
 pub const WAITED: Duration = Duration::from_millis(100);
 
 impl GeneratorCounters {
+    /// How sessions stayed on one backend (`None` when no reply named its backend).
+    pub fn affinity(&self) -> Option<Affinity> {
+        let map = self.served_by.lock().ok()?;
+        let mut a = Affinity::default();
+        for backends in map.values() {
+            let turns: u64 = backends.values().sum();
+            let most = backends.values().copied().max().unwrap_or(0);
+            a.sessions += 1;
+            a.turns += turns;
+            a.turns_on_main_backend += most;
+            if most as f64 >= 0.95 * turns as f64 {
+                a.sessions_95pct_on_one += 1;
+            }
+        }
+        (a.sessions > 0).then_some(a)
+    }
+
+    fn served(&self, session: &str, backend: &str) {
+        if let Ok(mut m) = self.served_by.lock() {
+            *m.entry(session.to_owned())
+                .or_default()
+                .entry(backend.to_owned())
+                .or_default() += 1;
+        }
+    }
+
     /// Refusals by code.
     pub fn refused(&self) -> BTreeMap<String, u64> {
         self.refused.lock().map(|m| m.clone()).unwrap_or_default()
@@ -131,6 +162,19 @@ impl GeneratorCounters {
     }
 }
 
+/// How each session's replies spread over the backends (from `Weir-Backend`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Affinity {
+    /// Sessions with a reply that named its backend.
+    pub sessions: u64,
+    /// Their replies.
+    pub turns: u64,
+    /// Sessions with at least 95 % of their replies from one backend.
+    pub sessions_95pct_on_one: u64,
+    /// Replies from each session's most frequent backend.
+    pub turns_on_main_backend: u64,
+}
+
 /// Generator settings.
 #[derive(Debug, Clone)]
 pub struct GeneratorConfig {
@@ -138,7 +182,7 @@ pub struct GeneratorConfig {
     pub subject: String,
     /// Requests per second.
     pub rate: f64,
-    /// Distinct sessions (round-robin).
+    /// Distinct sessions (round-robin); 0 = requests carry no session.
     pub sessions: usize,
     /// Deadline of each request, from when it is sent.
     pub deadline: Duration,
@@ -162,7 +206,7 @@ pub async fn run(
     let mut credit = 0.0;
     let mut n: u64 = 0;
     let mut tasks = tokio::task::JoinSet::new();
-    let sessions = config.sessions.max(1) as u64;
+    let sessions = config.sessions as u64;
     let llm = LlmClient::new(client.clone(), config.subject.clone());
     while !stop.load(Ordering::Relaxed) {
         tick.tick().await;
@@ -178,9 +222,10 @@ pub async fn run(
             counters.outstanding.fetch_add(1, Ordering::Relaxed);
             let (client, counters) = (client.clone(), counters.clone());
             let subject = config.subject.clone();
-            let session = format!("conv{}", n % sessions);
+            let session = (sessions > 0).then(|| format!("conv{}", n % sessions));
             let body = Bytes::from(format!(
-                r#"{{"prompt":"transcript {n} of {session}","max_tokens":{}{}}}"#,
+                r#"{{"prompt":"transcript {n} of {}","max_tokens":{}{}}}"#,
+                session.as_deref().unwrap_or("no session"),
                 config.max_tokens,
                 if config.stream {
                     r#","stream":true"#
@@ -220,7 +265,7 @@ pub async fn run(
 struct Call {
     /// `lt-{n}`, n counting the requests offered.
     request_id: String,
-    session: String,
+    session: Option<String>,
     body: Bytes,
     /// From when it is sent.
     deadline: Duration,
@@ -242,13 +287,14 @@ async fn one_stream(llm: &LlmClient, call: Call, counters: &GeneratorCounters) {
         _ => refused("request_error"),
     };
     let at = std::time::SystemTime::now() + call.deadline;
-    let stream = llm
+    let mut builder = llm
         .request(call.body)
         .request_id(call.request_id)
-        .session(call.session)
-        .deadline(at)
-        .stream()
-        .await;
+        .deadline(at);
+    if let Some(session) = call.session {
+        builder = builder.session(session);
+    }
+    let stream = builder.stream().await;
     let mut st = match stream {
         Ok(st) => st,
         Err(e) => return failed(e.kind()),
@@ -288,7 +334,9 @@ async fn one_request(
     let sent = Instant::now();
     let mut h = async_nats::HeaderMap::new();
     h.insert(headers::REQUEST_ID, call.request_id.as_str());
-    h.insert(headers::SESSION_ID, call.session.as_str());
+    if let Some(session) = &call.session {
+        h.insert(headers::SESSION_ID, session.as_str());
+    }
     h.insert(
         headers::DEADLINE_MS,
         (unix_ms() + call.deadline.as_millis() as u64)
@@ -324,6 +372,9 @@ async fn one_request(
             counters.completed(elapsed, call.deadline);
             record(&counters.latency, elapsed);
             record(&counters.ttft, elapsed);
+            if let (Some(session), Some(backend)) = (&call.session, get(BACKEND_HEADER)) {
+                counters.served(session, &backend);
+            }
             for (name, hist) in [
                 (headers::QUEUE_MS, &counters.reply_queue_ms),
                 (headers::INFERENCE_MS, &counters.reply_inference_ms),
@@ -345,5 +396,32 @@ async fn one_request(
         Err(_) => {
             counters.caller_timeouts.fetch_add(1, Ordering::Relaxed);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn affinity_counts_the_sessions_that_stayed_on_one_backend() {
+        let c = GeneratorCounters::default();
+        assert_eq!(c.affinity(), None);
+        for _ in 0..19 {
+            c.served("a", "sim-0");
+        }
+        c.served("a", "sim-1"); // 19 of 20 = 95 %: stayed
+        for b in ["sim-0", "sim-1", "sim-0", "sim-2"] {
+            c.served("b", b); // 2 of 4: moved
+        }
+        assert_eq!(
+            c.affinity(),
+            Some(Affinity {
+                sessions: 2,
+                turns: 24,
+                sessions_95pct_on_one: 1,
+                turns_on_main_backend: 21,
+            })
+        );
     }
 }

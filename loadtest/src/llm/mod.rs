@@ -58,6 +58,9 @@ pub struct LlmSettings {
     /// Simulated backends (`--llm-backends`): weir's adapter serves them as a pool
     /// (`[[backends]]`), the naive front in turn.
     pub backends: usize,
+    /// Sessions the requests go round (`--llm-sessions`; 0 = none); `None` = the
+    /// stream count, at least 10.
+    pub sessions: Option<usize>,
     /// Simulated inference time (the mean, or the median for log-normal).
     pub latency: Duration,
     /// Distribution of the inference time.
@@ -95,6 +98,7 @@ impl Default for LlmSettings {
         Self {
             workers: 4,
             backends: 1,
+            sessions: None,
             latency: Duration::from_millis(100),
             shape: LatencyShape::Uniform,
             deadline: Duration::from_secs(2),
@@ -304,7 +308,7 @@ impl LlmRun {
             GeneratorConfig {
                 subject: LLM_SUBJECT.into(),
                 rate: factor * settings.capacity(),
-                sessions: streams.max(10),
+                sessions: settings.sessions.unwrap_or(streams.max(10)),
                 deadline: settings.deadline,
                 stream: streamed,
                 max_tokens: settings.stream.map_or(32, |s| s.tokens),
@@ -451,6 +455,7 @@ impl LlmRun {
             backend_calls,
             backends,
             stall,
+            affinity: c.affinity(),
             goodput_per_s: in_deadline as f64 / wall.as_secs_f64().max(0.001),
             queue_wait_ms,
             inference_ms,
