@@ -33,15 +33,16 @@ impl Seen {
     }
 }
 
-/// A service on `svc.llm` (and `svc.quiet`) that answers only a body of `answer` (with `ok`) and never
-/// any other; everything on `svc.cancel` is reported on the second channel.
+/// A service on `svc.llm` (and `svc.quiet`) that answers only a body of `answer` (with
+/// `ok`) and never any other, and on `svc.answers` that answers everything; everything on `svc.cancel` is reported on the second channel.
 async fn silent_service(
     url: &str,
 ) -> (mpsc::UnboundedReceiver<Seen>, mpsc::UnboundedReceiver<Seen>) {
     let client = connect(url).await;
     let llm = client.subscribe("svc.llm").await.expect("subscribe");
     let quiet = client.subscribe("svc.quiet").await.expect("subscribe");
-    let mut requests = futures::stream::select(llm, quiet);
+    let answering = client.subscribe("svc.answers").await.expect("subscribe");
+    let mut requests = futures::stream::select(futures::stream::select(llm, quiet), answering);
     let mut cancels = client.subscribe("svc.cancel").await.expect("subscribe");
     client.flush().await.expect("flush");
     let (req_tx, req_rx) = mpsc::unbounded_channel();
@@ -62,7 +63,7 @@ async fn silent_service(
     tokio::spawn(async move {
         while let Some(m) = requests.next().await {
             let inbox = m.reply.as_ref().map(|r| r.to_string());
-            if &m.payload[..] == b"answer"
+            if (&m.payload[..] == b"answer" || m.subject.as_str() == "svc.answers")
                 && let Some(r) = &m.reply
             {
                 let _ = client.publish(r.clone(), "ok".into()).await;
@@ -310,6 +311,44 @@ async fn a_pool_member_without_cancel_subject_sends_none_and_one_with_it_does() 
     );
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(cancels.try_recv().is_err(), "quiet has no cancel subject");
+    tokio::time::timeout(STEP, adapter.shutdown())
+        .await
+        .expect("shutdown");
+}
+
+#[tokio::test]
+async fn a_call_failed_over_off_a_stalled_nats_backend_is_cancelled_there() {
+    let server = weir_testkit::NatsServer::start().expect("nats-server");
+    let (mut requests, mut cancels) = silent_service(server.url()).await;
+    // `stuck` (cheaper, so chosen first) never answers: with a seeded 50 ms estimate its
+    // call is a stall after 100 ms, the backend is ejected and the call retried on `ok`.
+    let toml = "[estimator]\ninitial_ms = 50\n[pool]\nstall_factor = 2\nstall_floor_ms = 100\n\
+        [[backends]]\nname = \"stuck\"\nkind = \"nats\"\nslots = 1\n\
+        [backends.nats]\nsubject = \"svc.llm\"\ncancel_subject = \"svc.cancel\"\n\
+        [[backends]]\nname = \"ok\"\nkind = \"nats\"\nslots = 1\nweight = 2\n\
+        [backends.nats]\nsubject = \"svc.answers\"\n";
+    let (adapter, llm) = adapter(server.url(), toml).await;
+    let t = send(&llm, "x", "s-f", "f-1", false);
+    let first = next(&mut requests, "the call on stuck").await;
+    assert_eq!(first.subject, "svc.llm");
+    let cancel = next(&mut cancels, "stuck's cancel").await;
+    names(&cancel, &first, "f-1", "s-f");
+    let retry = next(&mut requests, "the retry on ok").await;
+    assert_eq!(retry.subject, "svc.answers");
+    let reply = tokio::time::timeout(STEP, t)
+        .await
+        .expect("in time")
+        .expect("join");
+    let reply = reply.expect("answered after the failover");
+    let served = reply.headers.get(h::BACKEND).map(|v| v.as_str());
+    assert_eq!(
+        served,
+        Some("ok"),
+        "Weir-Backend names the backend that answered"
+    );
+    let stuck = &adapter.backends()[0];
+    assert_eq!((stuck.ejections, stuck.failovers), (1, 1), "{stuck:?}");
+    assert_eq!(adapter.stats().started, 1, "one request, one start");
     tokio::time::timeout(STEP, adapter.shutdown())
         .await
         .expect("shutdown");
