@@ -17,7 +17,8 @@
 //! - `Drop` never blocks or awaits. The publish is first tried once without waiting (the
 //!   client's command channel usually has room: the message is queued behind the request
 //!   itself on the same connection, so the service never sees a cancel before its
-//!   request). Only if that would wait is it handed to a spawned task, at most
+//!   request). Only if that would wait (a full channel, or the dropping task's tokio
+//!   cooperative budget spent) is it handed to a spawned task, at most
 //!   [`MAX_PENDING`] of them at once, each bounded by [`PUBLISH_TIMEOUT`]. A cancel that
 //!   finds no room, no runtime or a closed connection is dropped and counted
 //!   (`weir_llm_backend_cancels_total{result="dropped"}`), never retried: the service's
@@ -188,5 +189,49 @@ mod tests {
         client.flush().await.expect("flush");
         let none = tokio::time::timeout(Duration::from_millis(200), sub.next()).await;
         assert!(none.is_err(), "the disarmed guard sent nothing: {none:?}");
+    }
+
+    /// When the one poll cannot complete (here: this task's cooperative budget is spent,
+    /// so the client's channel answers `Pending`), the cancel still goes out, from the
+    /// spawned task.
+    #[tokio::test]
+    async fn a_publish_that_would_wait_goes_out_from_a_spawned_task() {
+        let server = weir_testkit::NatsServer::start().expect("nats-server");
+        let client = async_nats::connect(server.url()).await.expect("connect");
+        let mut sub = client.subscribe("svc.cancel").await.expect("subscribe");
+        client.flush().await.expect("flush");
+        let target = CancelTarget::new("svc.cancel".into(), "b1".into());
+        let guard = target.guard(&client, "_INBOX.late", Some("req-2"), None);
+        let (recorder, handle) = crate::metrics::prometheus_recorder();
+        let mut spent = 0;
+        while tokio::task::coop::has_budget_remaining() && spent < 10_000 {
+            let _ = tokio::task::consume_budget().now_or_never();
+            spent += 1;
+        }
+        assert!(!tokio::task::coop::has_budget_remaining(), "budget spent");
+        metrics::with_local_recorder(&recorder, || drop(guard));
+        assert!(
+            !handle.render().contains("result=\"sent\""),
+            "not sent on the first poll: {}",
+            handle.render()
+        );
+        assert_eq!(
+            target.pending.available_permits(),
+            MAX_PENDING - 1,
+            "one task"
+        );
+        let msg = tokio::time::timeout(STEP, sub.next())
+            .await
+            .expect("in time")
+            .expect("msg");
+        let hm = msg.headers.expect("headers");
+        assert_eq!(hm.get(h::CANCEL).map(|v| v.as_str()), Some("req-2"));
+        tokio::time::timeout(STEP, async {
+            while target.pending.available_permits() < MAX_PENDING {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the task ended and gave its permit back");
     }
 }
