@@ -229,6 +229,11 @@ pub enum StreamEventHeaders {
         #[serde(rename = "Weir-Inference-Ms", default)]
         #[schemars(regex(pattern = DECIMAL_MS))]
         inference_ms: Option<String>,
+        /// The backend that served the stream (its pool name, `default` for a single
+        /// backend).
+        #[serde(rename = "Weir-Backend", default)]
+        #[schemars(regex(pattern = r"^[A-Za-z0-9_-]{1,64}$"))]
+        backend: Option<String>,
         /// Start of inference → first chunk (absent without chunks).
         #[serde(rename = "Weir-Ttft-Ms", default)]
         #[schemars(regex(pattern = DECIMAL_MS))]

@@ -228,6 +228,10 @@ weir_service::declare_metrics! {
     /// Counter: requests moved off a backend (queued there when it was ejected, or a
     /// stalled call retried elsewhere), label `backend`.
     counter pub const BACKEND_FAILOVERS_TOTAL: &str = "weir_llm_backend_failovers_total";
+    /// Counter: cancel messages of the NATS backend (`cancel_subject`) for calls dropped
+    /// before their reply, label `backend` and `result` = `sent` (handed to the client) or
+    /// `dropped` (no room within a second, or the connection closed).
+    counter pub const BACKEND_CANCELS_TOTAL: &str = "weir_llm_backend_cancels_total";
 }
 
 /// Histogram ([`latency_series`]): receipt → start of inference, seconds.

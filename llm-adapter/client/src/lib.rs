@@ -756,6 +756,8 @@ pub struct StreamEnd {
     /// caller and is not kept, so this caller received no chunk
     /// (`Weir-Stream-Outcome: joined`).
     pub joined: bool,
+    /// The backend that served the stream (`Weir-Backend`), when the adapter says.
+    pub backend: Option<String>,
 }
 
 /// The events of a streamed reply: a [`futures::Stream`] of [`LlmEvent`]s that ends
@@ -880,6 +882,7 @@ impl StreamState {
                     chunks,
                     bytes: num_header(&hm, s::STREAM_BYTES),
                     joined: get(&hm, s::STREAM_OUTCOME).is_some_and(|v| v.trim() == "joined"),
+                    backend: get(&hm, h::BACKEND).map(str::to_owned),
                 })
             }
             // An error reply was handled above; unknown events (a newer adapter) are

@@ -18,7 +18,8 @@
 //! | [`TRACESTATE`] `tracestate` | W3C Trace Context vendor state, kept only beside a valid `traceparent` |
 //!
 //! Reply headers: [`QUEUE_MS`], [`INFERENCE_MS`] (milliseconds with three decimals),
-//! [`REQUEST_ID`] (echoed), [`SUPERSEDED`] and [`SUPERSEDED_IDS`] (a superseding
+//! [`REQUEST_ID`] (echoed), [`BACKEND`] (the backend that served a successful reply),
+//! [`SUPERSEDED`] and [`SUPERSEDED_IDS`] (a superseding
 //! request's reply), and on errors [`ERROR_CODE`] plus the service-API headers
 //! [`NATS_SERVICE_ERROR`] and [`NATS_SERVICE_ERROR_CODE`].
 //!
@@ -77,6 +78,15 @@ pub const NATS_MSG_ID: &str = "Nats-Msg-Id";
 pub const QUEUE_MS: &str = "Weir-Queue-Ms";
 /// Reply: time spent in the backend call, in milliseconds.
 pub const INFERENCE_MS: &str = "Weir-Inference-Ms";
+/// Reply: the name of the backend that served the request (a `[[backends]]` member's
+/// `name`, `default` for a single `[backend]`), on a successful unary reply and on a
+/// stream's `end`. A request retried on another backend after a failover names the
+/// one that answered; a cached or joined answer names the backend of the original call.
+pub const BACKEND: &str = "Weir-Backend";
+/// NATS backend cancel message (adapter → the backend's `cancel_subject`): the reply
+/// inbox of the forwarded request the adapter stopped waiting for, so a service can
+/// tell which call to stop even when the request had no [`REQUEST_ID`].
+pub const CANCEL_INBOX: &str = "Weir-Cancel-Inbox";
 /// Reply: the [`crate::llm::ErrorCode`] of a refusal, as its snake_case string.
 pub const ERROR_CODE: &str = "Weir-Error-Code";
 /// NATS service-API convention: human-readable error status.

@@ -927,6 +927,8 @@ fn stream_event_headers_of_each_event_validate() {
         json!({"Weir-Stream-Event": "end", "Weir-Queue-Ms": "0.100", "Weir-Inference-Ms": "250.000",
                "Weir-Ttft-Ms": "40.000", "Weir-Stream-Chunks": "20", "Weir-Stream-Bytes": "4096",
                "Weir-Stream-Outcome": "ok"}),
+        json!({"Weir-Stream-Event": "end", "Weir-Stream-Chunks": "3", "Weir-Stream-Bytes": "96",
+               "Weir-Stream-Outcome": "ok", "Weir-Backend": "gpu-b_2"}),
         json!({"Weir-Stream-Event": "end", "Weir-Stream-Chunks": "0", "Weir-Stream-Bytes": "0",
                "Weir-Stream-Outcome": "joined"}),
     ] {
@@ -938,6 +940,8 @@ fn stream_event_headers_of_each_event_validate() {
         json!({"Weir-Stream-Event": "queued"}),
         json!({"Weir-Stream-Event": "end", "Weir-Stream-Chunks": "1", "Weir-Stream-Bytes": "1",
                "Weir-Stream-Outcome": "maybe"}),
+        json!({"Weir-Stream-Event": "end", "Weir-Stream-Chunks": "1", "Weir-Stream-Bytes": "1",
+               "Weir-Stream-Outcome": "ok", "Weir-Backend": "two words"}),
         json!({"Weir-Stream-Event": "error", "Weir-Error-Code": "teapot"}),
     ] {
         batch.invalid("llm-stream-event-headers", bad.to_string(), &bad);

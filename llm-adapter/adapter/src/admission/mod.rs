@@ -330,6 +330,9 @@ pub(crate) struct Job {
     pub(crate) abort: oneshot::Receiver<AbortReason>,
     /// Where the reply is streamed, for a streamed request.
     pub(crate) stream: Option<Arc<dyn StreamOut>>,
+    /// A retry on another backend after a failover: a streamed one already got its
+    /// `started` event and was counted as a stream.
+    pub(crate) retry: bool,
     /// The request's `llm_request` span.
     pub(crate) span: tracing::Span,
 }
@@ -547,6 +550,7 @@ impl<S: Sink> Inner<S> {
             queue_time,
             mut abort,
             stream,
+            retry: again,
             span: _,
         } = job;
         let mut request = request;
@@ -642,7 +646,10 @@ impl<S: Sink> Inner<S> {
                         _ = tokio::time::sleep_until(limit_at) => limited(),
                     }
                 };
-                out.started(queue_time).await;
+                if !again {
+                    self.stats.streams.add(1);
+                    out.started(queue_time).await;
+                }
                 tracing::Instrument::instrument(
                     streaming::run_stream(
                         &**backend,

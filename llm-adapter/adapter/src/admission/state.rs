@@ -182,6 +182,9 @@ struct Entry<W> {
     place: ReadyKey,
     /// While running on a pool with health on: how far the call got.
     progress: Option<Arc<super::pool::Progress>>,
+    /// Put back in the queue by a failover after its call started: its next start is a
+    /// retry, not counted as a start again.
+    failed_over: bool,
     request_id: Option<String>,
     fingerprint: Option<Fingerprint>,
     session: Option<String>,
@@ -617,6 +620,7 @@ impl<W> State<W> {
             member,
             place: placement.order,
             progress: None,
+            failed_over: false,
             request_id: sub.request_id,
             fingerprint,
             session: sub.session,

@@ -224,9 +224,14 @@ impl Stats {
         rule_counter(&self.limit_reject_handles, m::LIMIT_REJECT_TOTAL, rule);
     }
 
-    pub(crate) fn started(&self, queue_wait: Duration, after_deadline: bool) {
-        self.started.add(1);
+    /// Inference started; a `retry` (the same request started again on another backend
+    /// after a failover) counts neither as a start nor as a queue wait again.
+    pub(crate) fn started(&self, queue_wait: Duration, after_deadline: bool, retry: bool) {
         self.started_after_deadline.add(u64::from(after_deadline));
+        if retry {
+            return;
+        }
+        self.started.add(1);
         self.latencies.queue_wait.record(queue_wait);
     }
 

@@ -108,7 +108,6 @@ pub(crate) async fn run_stream(
     progress: Option<&Progress>,
     stop: impl Future<Output = ErrorBody>,
 ) -> Result<BackendReply, ErrorBody> {
-    stats.streams.add(1);
     let deadline = request.deadline;
     let max_message = request.max_reply_bytes;
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(PIECES_IN_FLIGHT);

@@ -9,8 +9,9 @@
 //! Contract: a call is aborted by dropping its future. The admission worker drops it at
 //! the request's deadline, at the backend timeout, on cancellation and at the end of the
 //! shutdown grace period, so a backend must not rely on running to completion (the
-//! HTTP backend's connection is closed, the NATS backend's inbox is unsubscribed, the
-//! simulated call stops sleeping). Backends never log request bodies.
+//! HTTP backend's connection is closed, the NATS backend's inbox is unsubscribed and,
+//! with a `cancel_subject`, a cancel message is published, the simulated call stops
+//! sleeping). Backends never log request bodies.
 
 use std::fmt;
 use std::sync::Arc;
@@ -24,6 +25,7 @@ use weir_protocol::llm::TraceContext;
 use crate::config::{BackendConfig, BackendKind};
 
 pub mod nats;
+pub mod nats_cancel;
 pub mod openai;
 pub mod sim;
 
@@ -275,6 +277,16 @@ pub fn from_config(
     cfg: &BackendConfig,
     client: &async_nats::Client,
 ) -> Result<BuiltBackend, BackendError> {
+    member_from_config("default", cfg, client)
+}
+
+/// Builds the backend of pool member `name` (its name labels the NATS backend's cancel
+/// counter).
+fn member_from_config(
+    name: &str,
+    cfg: &BackendConfig,
+    client: &async_nats::Client,
+) -> Result<BuiltBackend, BackendError> {
     Ok(match &cfg.kind {
         BackendKind::Sim(s) => {
             let b = sim::SimBackend::new(*s);
@@ -289,11 +301,10 @@ pub fn from_config(
             sim: None,
         },
         BackendKind::Nats(n) => BuiltBackend {
-            backend: Arc::new(nats::NatsBackend::new(
-                client.clone(),
-                n.subject.clone(),
-                cfg.timeout,
-            )),
+            backend: Arc::new(
+                nats::NatsBackend::new(client.clone(), n.subject.clone(), cfg.timeout)
+                    .with_cancel(n.cancel_subject.clone(), name),
+            ),
             sim: None,
         },
     })
@@ -334,7 +345,7 @@ pub fn pool_from_config(
         sims: Vec::new(),
     };
     for (name, cfg) in members {
-        let built = from_config(cfg, client)?;
+        let built = member_from_config(&name, cfg, client)?;
         pool.backends.push(built.backend);
         if let Some(h) = built.sim {
             pool.sims.push((name, h));

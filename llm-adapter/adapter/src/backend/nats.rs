@@ -9,11 +9,15 @@
 //! of [`BackendRequest::trace`] (the `backend_call` span with the feature `otel`, else
 //! the caller's own). The service's reply — body and headers,
 //! including its own `Nats-Service-Error` headers if any — is passed back unchanged.
+//!
+//! With a `cancel_subject`, a call dropped before its reply also publishes a cancel
+//! message there ([`super::nats_cancel`]); without one, dropping only stops the wait.
 
 use std::time::Duration;
 
 use weir_protocol::llm::headers as h;
 
+use super::nats_cancel::CancelTarget;
 use super::{Backend, BackendError, BackendErrorKind, BackendReply, BackendRequest, Call};
 
 /// The NATS forwarding backend.
@@ -22,6 +26,7 @@ pub struct NatsBackend {
     client: async_nats::Client,
     subject: String,
     timeout: Duration,
+    cancel: Option<CancelTarget>,
 }
 
 impl NatsBackend {
@@ -32,7 +37,16 @@ impl NatsBackend {
             client,
             subject,
             timeout,
+            cancel: None,
         }
+    }
+
+    /// Also publishes a cancel message to `cancel_subject` for every call dropped
+    /// before its reply ([`super::nats_cancel`]); `backend` names this backend in the
+    /// cancel counter.
+    pub fn with_cancel(mut self, cancel_subject: Option<String>, backend: &str) -> Self {
+        self.cancel = cancel_subject.map(|s| CancelTarget::new(s, backend.to_owned()));
+        self
     }
 }
 
@@ -44,6 +58,7 @@ impl Backend for NatsBackend {
     fn call(&self, request: BackendRequest) -> Call {
         let client = self.client.clone();
         let subject = self.subject.clone();
+        let cancel = self.cancel.clone();
         let budget = request
             .remaining()
             .map_or(self.timeout, |r| r.min(self.timeout));
@@ -62,11 +77,18 @@ impl Backend for NatsBackend {
                     headers.insert(h::TRACESTATE, state.as_str());
                 }
             }
+            let inbox = client.new_inbox();
+            // Lives as long as this future: dropped before the reply, it publishes the
+            // cancel message.
+            let mut guard = cancel.map(|c| {
+                let (rid, session) = (request.request_id.as_deref(), request.session.as_deref());
+                c.guard(&client, &inbox, rid, session)
+            });
             let req = async_nats::Request::new()
                 .payload(request.body)
                 .headers(headers)
                 .timeout(Some(budget))
-                .inbox(client.new_inbox());
+                .inbox(inbox);
             // The request's own timeout covers waiting for the reply; this one also
             // covers queuing the publish (which waits without limit when the client's
             // channel is full).
@@ -88,10 +110,19 @@ impl Backend for NatsBackend {
                         K::NoResponders => BackendErrorKind::Unavailable,
                         _ => BackendErrorKind::Failed,
                     };
+                    // Nobody received the request: nothing runs to cancel.
+                    if let Some(g) = guard.as_mut()
+                        && kind == BackendErrorKind::Unavailable
+                    {
+                        g.disarm();
+                    }
                     return Err(BackendError::with_source(kind, "NATS request failed", e));
                 }
                 Ok(Ok(msg)) => msg,
             };
+            if let Some(g) = guard.as_mut() {
+                g.disarm();
+            }
             let headers = (msg.headers.iter().flat_map(|hm| hm.iter()))
                 .flat_map(|(n, vs)| {
                     vs.iter()

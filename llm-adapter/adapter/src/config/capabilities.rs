@@ -125,6 +125,7 @@ impl Config {
                 "superseded_ids": h::SUPERSEDED_IDS,
                 "queue_ms": h::QUEUE_MS,
                 "inference_ms": h::INFERENCE_MS,
+                "backend": h::BACKEND,
                 "error_code": h::ERROR_CODE,
                 "stream": weir_protocol::llm::stream::STREAM,
                 "stream_event": weir_protocol::llm::stream::STREAM_EVENT,

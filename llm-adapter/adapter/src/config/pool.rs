@@ -265,4 +265,38 @@ mod tests {
         let e = err("[pool]\nbackoff_base_ms = 5000\nbackoff_max_ms = 1000\n");
         assert_eq!(e.key(), "pool.backoff_max_ms", "{e}");
     }
+
+    #[test]
+    fn a_nats_cancel_subject_is_optional_and_validated_like_the_subject() {
+        let nats = |table: &str, extra: &str| format!("{table}\nsubject = \"llm.b\"\n{extra}");
+        let single = |extra: &str| {
+            format!(
+                "[backend]\nkind = \"nats\"\n{}",
+                nats("[backend.nats]", extra)
+            )
+        };
+        let cancel_of = |c: &Config| match &c.backend.kind {
+            BackendKind::Nats(n) => n.cancel_subject.clone(),
+            _ => panic!("nats expected"),
+        };
+        let c = Config::from_toml_str(&single("")).expect("valid");
+        assert_eq!(cancel_of(&c), None, "none by default");
+        let c = Config::from_toml_str(&single("cancel_subject = \"llm.b.cancel\"")).expect("valid");
+        assert_eq!(cancel_of(&c).as_deref(), Some("llm.b.cancel"));
+        for bad in ["llm.*", "llm.>", "two words", "llm..b", "llm.b"] {
+            let e = err(&single(&format!("cancel_subject = \"{bad}\"")));
+            assert_eq!(e.key(), "backend.nats.cancel_subject", "{bad}: {e}");
+        }
+        let pool = format!(
+            "[[backends]]\nname = \"a\"\nslots = 1\n[[backends]]\nname = \"b\"\nslots = 1\n\
+             kind = \"nats\"\n{}",
+            nats("[backends.nats]", "cancel_subject = \"llm.>\"")
+        );
+        assert_eq!(err(&pool).key(), "backends[1].nats.cancel_subject");
+        let c = Config::from_toml_str(&pool.replace("llm.>", "llm.stop")).expect("valid");
+        let BackendKind::Nats(n) = &c.backends[1].backend.kind else {
+            panic!("nats expected");
+        };
+        assert_eq!(n.cancel_subject.as_deref(), Some("llm.stop"));
+    }
 }

@@ -308,6 +308,11 @@ raw_section! {
         subject: String = String::new(),
             Range::text("a NATS subject without wildcards; required when `kind = \"nats\"`"),
             "subject of the existing service requests are forwarded to";
+        cancel_subject: String = String::new(),
+            Range::text("a NATS subject without wildcards, not the `subject`; empty = none"),
+            "when set, a call dropped before its reply (cancel, supersede, deadline, failover, \
+            shutdown) publishes a cancel message here naming it (`Weir-Cancel`, \
+            `Weir-Cancel-Inbox`; see [NATS backend cancel](#nats-backend-cancel))";
     }
 }
 

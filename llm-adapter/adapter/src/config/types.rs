@@ -258,6 +258,9 @@ pub struct OpenAiConfig {
 pub struct NatsBackendConfig {
     /// Subject of the existing service the request is forwarded to.
     pub subject: String,
+    /// Where a cancel message goes when a call is dropped before its reply; `None` =
+    /// the call is only dropped.
+    pub cancel_subject: Option<String>,
 }
 
 /// Which backend serves inference.

@@ -226,6 +226,13 @@ impl RawBackend {
         let nats_subject = set(&self.nats.subject)
             .map(|s| subject(&format!("{p}nats.subject"), s, false))
             .transpose()?;
+        let cancel_key = format!("{p}nats.cancel_subject");
+        let cancel_subject = set(&self.nats.cancel_subject)
+            .map(|s| subject(&cancel_key, s, false))
+            .transpose()?;
+        if cancel_subject.is_some() && cancel_subject == nats_subject {
+            return Err(invalid(cancel_key, "must differ from the `subject`"));
+        }
         let kind = match self.kind {
             BackendName::Sim => BackendKind::Sim(sim),
             BackendName::OpenAi => BackendKind::OpenAi(openai),
@@ -236,6 +243,7 @@ impl RawBackend {
                         format!("required when {p}kind = \"nats\""),
                     )
                 })?,
+                cancel_subject,
             }),
         };
         Ok(BackendConfig { timeout, kind })

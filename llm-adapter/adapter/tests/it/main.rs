@@ -13,6 +13,7 @@ mod edge_hostile;
 mod https_backend;
 mod intake;
 mod malformed;
+mod nats_cancel;
 mod nats_service;
 mod pool;
 mod python_client;

@@ -78,6 +78,11 @@ async fn queued_started_chunks_in_order_then_end() {
         assert_eq!(end.chunks, seqs.len() as u64);
         assert_eq!(end.bytes, text.len() as u64);
         assert!(end.ttft.is_some() && end.inference_time.is_some());
+        assert_eq!(
+            end.backend.as_deref(),
+            Some("default"),
+            "Weir-Backend on end"
+        );
     }
     // The second: queued (position 1) → started (after waiting) → chunks → end.
     let Some(Ok(LlmEvent::Queued { position, .. })) = b.first() else {

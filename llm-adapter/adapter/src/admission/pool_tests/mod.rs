@@ -614,3 +614,4 @@ async fn requests_stranded_when_every_backend_was_ejected_are_served_after_the_p
 }
 
 mod scenarios;
+mod served;

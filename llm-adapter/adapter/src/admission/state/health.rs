@@ -310,6 +310,7 @@ impl<W> State<W> {
         e.started_at = None;
         e.abort = None;
         e.progress = None;
+        e.failed_over = true;
         e.request = Some(request);
         self.running -= 1;
         self.queued += 1;

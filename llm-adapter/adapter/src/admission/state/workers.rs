@@ -84,6 +84,7 @@ impl<W> State<W> {
         let deadline = e.deadline;
         let answer_by = e.answer_by;
         let queue_time = now.saturating_duration_since(e.received_at);
+        let retry = e.failed_over;
         if let Some(k) = order {
             self.deadline.leave(k);
         }
@@ -96,8 +97,10 @@ impl<W> State<W> {
         let m = &mut self.pool.members[member];
         m.queued -= 1;
         m.running_since.insert(id, now);
+        // A retry after a failover was counted when it first started (the move is
+        // counted in `weir_llm_backend_failovers_total`).
         self.stats
-            .started(queue_time, deadline.is_some_and(|d| now >= d));
+            .started(queue_time, deadline.is_some_and(|d| now >= d), retry);
         let e = &self.entries[&id];
         self.emit(TraceKind::Started, e, now, |ev| {
             ev.waited_ms = Some(ms(queue_time));
@@ -114,6 +117,7 @@ impl<W> State<W> {
             queue_time,
             abort: rx,
             stream,
+            retry,
             span,
         })
     }
@@ -166,8 +170,12 @@ impl<W> State<W> {
             Err(e) => e.code.as_str(),
         };
         self.stats.inference_done(took, code);
+        let mut result = result;
         if let Some(e) = self.entries.get(&id) {
             let (member, session) = (e.member, e.session.clone());
+            if let (Ok(reply), Some(m)) = (&mut result, self.pool.members.get(member)) {
+                name_backend(reply, &m.name);
+            }
             self.observe(member, took, code, fx);
             self.call_ended(member, id, code, session.as_deref(), now, fx);
         }
@@ -231,4 +239,14 @@ impl<W> State<W> {
         }
         n
     }
+}
+
+/// Puts `Weir-Backend: <name>` on a successful reply (replacing one the backend sent):
+/// the caller sees which backend served it.
+fn name_backend(reply: &mut BackendReply, name: &str) {
+    use weir_protocol::llm::headers::BACKEND;
+    reply
+        .headers
+        .retain(|(n, _)| !n.eq_ignore_ascii_case(BACKEND));
+    reply.headers.push((BACKEND.to_owned(), name.to_owned()));
 }
