@@ -40,6 +40,9 @@ mod coalesce;
 mod estimator;
 mod gates;
 mod pool;
+mod priority;
+#[cfg(test)]
+mod priority_tests;
 mod slots;
 mod state;
 mod stats;
@@ -64,6 +67,7 @@ use weir_protocol::llm::{AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails, Tr
 
 pub use estimator::{EstimateSource, EstimateView, Estimator, EstimatorConfig};
 pub use pool::{BackendView, HealthConfig, PoolSlots};
+pub use priority::{DEFAULT_BATCH_DELAY, Priority, PriorityConfig};
 pub use stats::{CacheSnapshot, Percentiles, StatsSnapshot, StreamSnapshot};
 pub use streaming::{PIECES_IN_FLIGHT, StopReason, StreamOut, StreamSettings, StreamStop};
 
@@ -112,6 +116,8 @@ pub struct AdmissionConfig {
     pub pool: Vec<PoolSlots>,
     /// Health of the pool's backends (`[pool]`); off with a single backend.
     pub health: HealthConfig,
+    /// Priority classes (`[priority]`, `priority.rs`).
+    pub priority: PriorityConfig,
     /// Grace period for running requests at shutdown.
     pub shutdown_grace: Duration,
     /// Most bytes of a unary reply body the backend may read
@@ -159,6 +165,9 @@ pub struct Submission {
     pub span: tracing::Span,
     /// The caller's W3C trace context (`traceparent`), passed on to the backend.
     pub trace: Option<TraceContext>,
+    /// `Weir-Priority`; `None` = the class of its keys (`limits[].priority`), else
+    /// interactive.
+    pub priority: Option<Priority>,
 }
 
 impl Submission {
@@ -175,7 +184,14 @@ impl Submission {
             stream: None,
             span: crate::trace::request_span(None, None, None, None),
             trace: None,
+            priority: None,
         }
+    }
+
+    /// Sets the priority class.
+    pub fn priority(mut self, p: Priority) -> Self {
+        self.priority = Some(p);
+        self
     }
 
     /// Asks for a streamed reply through `out`.

@@ -120,6 +120,7 @@ fn limit(name: &str, key: KeySource, n: usize, on_busy: OnBusy) -> KeyLimit {
         limit: NonZeroUsize::new(n).expect("non-zero"),
         on_busy,
         tokens: None,
+        priority: None,
     }
 }
 

@@ -84,6 +84,7 @@ impl<W> State<W> {
         let deadline = e.deadline;
         let answer_by = e.answer_by;
         let queue_time = now.saturating_duration_since(e.received_at);
+        self.stats.priority.started(e.priority, queue_time);
         if let Some(k) = order {
             self.deadline.leave(k);
         }
