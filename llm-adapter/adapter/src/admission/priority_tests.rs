@@ -149,15 +149,16 @@ async fn batch_is_displaced_first_when_the_queue_is_full() {
 
 #[tokio::test(start_paused = true)]
 async fn interactive_goes_ahead_of_batch_within_the_delay_and_batch_ages() {
-    // One worker, 100 ms calls, the default delay (1 s).
+    // One worker, 100 ms calls, the default delay (2 s).
+    assert_eq!(DEFAULT_BATCH_DELAY, ms(2_000));
     let a = one(1, 64, ms(100));
     let (_, run) = a.call(interactive("run", ms(10_000))).await;
     settle().await;
-    // b due at 5 s (ordered at 6 s); i_near due at 5.5 s goes ahead of it; i_far due
-    // at 6.5 s goes behind it (b has aged past it).
+    // b due at 5 s (ordered at 7 s); `near` due at 6.5 s goes ahead of it; `far` due
+    // at 7.5 s goes behind it (b has aged past it).
     let (_, b) = a.call(batch("b", ms(5_000))).await;
-    let (_, far) = a.call(interactive("far", ms(6_500))).await;
-    let (_, near) = a.call(interactive("near", ms(5_500))).await;
+    let (_, far) = a.call(interactive("far", ms(7_500))).await;
+    let (_, near) = a.call(interactive("near", ms(6_500))).await;
     let (b, far, near) = (answer(b).await, answer(far).await, answer(near).await);
     assert_eq!((b.code(), far.code(), near.code()), ("ok", "ok", "ok"));
     println!(
@@ -298,7 +299,9 @@ struct Done {
     outcome: Arc<Outcome>,
 }
 
-async fn offer(a: &Admission<ChannelSink>, load: Load) -> Vec<Done> {
+/// `classless`: every request is sent as interactive (no priority classes), the
+/// class kept only to tell the figures apart.
+async fn offer(a: &Admission<ChannelSink>, load: Load, classless: bool) -> Vec<Done> {
     let arrivals = |rate: f64, seed: u64| {
         let mut rng = SmallRng::seed_from_u64(seed);
         let mut t = 0.0f64;
@@ -329,9 +332,14 @@ async fn offer(a: &Admission<ChannelSink>, load: Load) -> Vec<Done> {
             Priority::Interactive => load.interactive_budget,
             Priority::Batch => load.batch_budget,
         };
+        let sent_as = if classless {
+            Priority::Interactive
+        } else {
+            class
+        };
         let sub = Submission::new(format!("{i}"))
             .budget(budget)
-            .priority(class);
+            .priority(sent_as);
         let (_, rx) = a.call(sub).await;
         tasks.push(tokio::spawn(async move {
             let outcome = answer(rx).await;
@@ -416,12 +424,19 @@ async fn scenario(
         ..load
     };
     let a = make();
-    let done = offer(&a, alone_load).await;
+    let done = offer(&a, alone_load, false).await;
     let alone = figures(&done, window, a.stats().priority["batch"].displaced);
     a.check_invariants();
     a.shutdown().await;
     let a = make();
-    let done = offer(&a, load).await;
+    let naive = figures(&offer(&a, load, true).await, window, 0);
+    a.shutdown().await;
+    println!(
+        "{label}: without classes: interactive p50 {:?} p99 {:?} {:?}; batch {:?}",
+        naive.interactive_p50, naive.interactive_p99, naive.interactive, naive.batch
+    );
+    let a = make();
+    let done = offer(&a, load, false).await;
     let mixed = figures(&done, window, a.stats().priority["batch"].displaced);
     // No batch request waits past its deadline without an answer: every answer came
     // by its deadline (the reply margin before it, as for every request).
@@ -504,4 +519,66 @@ async fn interactive_half_plus_batch_one_and_a_half_over_a_pool_of_three() {
         secs: 60,
     };
     scenario("pool of 3", || pool(3, 2, ms(100)), 60.0, load).await;
+}
+
+/// Batch with the interactive budget (2 s each; one backend, 4 × 100 ms; 0.5× + 1.5×):
+/// what `priority.batch_delay_ms` buys. A batch request goes ahead of interactive
+/// requests that arrive once it has waited `batch budget + delay − interactive
+/// budget`; with a delay of at least the interactive budget it never does while it
+/// lives. Whatever the delay, every interactive request is answered `ok` (batch is
+/// displaced for it), no batch request is answered after its deadline, batch gets all
+/// the capacity left over, and the interactive p99 falls as the delay grows.
+#[tokio::test(start_paused = true)]
+async fn equal_budgets_the_delay_sets_how_far_interactive_goes_first() {
+    let load = Load {
+        interactive_per_s: 20.0,
+        batch_per_s: 60.0,
+        interactive_budget: Duration::from_secs(2),
+        batch_budget: Duration::from_secs(2),
+        secs: 60,
+    };
+    let window = (Duration::from_secs(5), Duration::from_secs(60));
+    let mut p99s = Vec::new();
+    for delay in [0, 1_000, 2_000] {
+        let mut c = AdmissionConfig {
+            workers: NonZeroUsize::new(4).expect("non-zero"),
+            ..AdmissionConfig::default()
+        };
+        c.estimator.initial = Some(ms(100));
+        c.priority.batch_delay = ms(delay);
+        let backend: Arc<dyn crate::backend::Backend> = Arc::new(SimBackend::fixed(ms(100)));
+        let a = Admission::start(
+            c,
+            backend,
+            Arc::new(ChannelSink),
+            crate::trace::Tracer::disabled(),
+        );
+        let done = offer(&a, load, false).await;
+        let f = figures(&done, window, a.stats().priority["batch"].displaced);
+        let late = (done.iter())
+            .filter(|d| d.answered.saturating_sub(d.sent) > load.batch_budget)
+            .count();
+        let left_over = 40.0 * 55.0 - f.interactive_ok_window as f64;
+        println!(
+            "equal budgets, delay {delay} ms: interactive p50 {:?} p99 {:?} {:?}; batch {:?}, \
+             {:.1} % of the {left_over:.0} left over; displaced {}; late {late}",
+            f.interactive_p50,
+            f.interactive_p99,
+            f.interactive,
+            f.batch,
+            100.0 * f.batch_ok_window as f64 / left_over,
+            f.displaced,
+        );
+        assert_eq!(late, 0, "answered after the deadline");
+        assert_eq!(f.interactive.get("ok"), Some(&f.interactive.values().sum()));
+        assert!(f.batch_ok_window as f64 >= 0.8 * left_over, "{f:?}");
+        a.check_invariants();
+        a.shutdown().await;
+        p99s.push(f.interactive_p99);
+    }
+    assert!(p99s.windows(2).all(|w| w[1] <= w[0]), "{p99s:?}");
+    assert!(
+        p99s[2] <= ms(150),
+        "a delay of the interactive budget: {p99s:?}"
+    );
 }

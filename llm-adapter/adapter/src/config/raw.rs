@@ -248,7 +248,7 @@ raw_section! {
 raw_section! {
     /// `[priority]`: priority classes inside the deadline order.
     RawPriority, PRIORITY, "priority", "priority." {
-        batch_delay_ms: u64 = 1_000, Range::ms(0, 3600000),
+        batch_delay_ms: u64 = ms(crate::admission::DEFAULT_BATCH_DELAY), Range::ms(0, 3600000),
             "added to a `batch` request's deadline for its place in the EDF order: interactive \
             requests due up to this long after a batch request's deadline go ahead of it; a batch \
             request overtakes interactive ones due later (it ages). See \

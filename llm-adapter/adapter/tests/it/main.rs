@@ -15,6 +15,7 @@ mod intake;
 mod malformed;
 mod nats_service;
 mod pool;
+mod priority;
 mod python_client;
 mod stream_measure;
 mod streaming;
