@@ -25,7 +25,9 @@
 //!   checks above stay the guarantee;
 //! - under `queue_order = "edf"` (the default) a new request overtakes queued ones only
 //!   as far as each still starts in time (none is displaced into a refusal), and keeps
-//!   a bounded share of its own slack for earlier deadlines (`state.rs`);
+//!   a bounded share of its own slack for earlier deadlines (`state.rs`) — except that
+//!   interactive work goes first within its slack, and displaces queued batch work when
+//!   the queue is full or it would otherwise be late (`priority.rs`);
 //! - the state lock is a `std::sync::Mutex` that is never held across an `.await`;
 //! - a cancel (by request id or of a whole session, `state/barge_in.rs`) returns only
 //!   once every running request it aborted has had its backend call dropped and its

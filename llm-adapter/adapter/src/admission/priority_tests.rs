@@ -582,3 +582,77 @@ async fn equal_budgets_the_delay_sets_how_far_interactive_goes_first() {
         "a delay of the interactive budget: {p99s:?}"
     );
 }
+
+/// Random classes, budgets, sessions and cancels over one worker and a queue of 4 (so
+/// that displacement is frequent), under both orders: after each step the invariants
+/// hold; at the end every submission got exactly one answer, nothing started after
+/// its deadline, and batch requests were displaced along the way.
+#[tokio::test(start_paused = true)]
+async fn random_classes_keep_invariants_and_answer_everyone_once() {
+    use crate::config::QueueOrder;
+    let mut displaced = 0;
+    for (seed, order) in (0..4u64).flat_map(|s| [(s, QueueOrder::Fifo), (s, QueueOrder::Edf)]) {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut c = AdmissionConfig {
+            workers: NonZeroUsize::MIN,
+            queue_capacity: NonZeroUsize::new(4).expect("non-zero"),
+            queue_order: order,
+            ..AdmissionConfig::default()
+        };
+        c.estimator.initial = Some(ms(50));
+        c.priority.batch_delay = ms(rng.random_range(0..400));
+        let backend: Arc<dyn crate::backend::Backend> = Arc::new(SimBackend::fixed(ms(50)));
+        let a = Admission::start(
+            c,
+            backend,
+            Arc::new(ChannelSink),
+            crate::trace::Tracer::disabled(),
+        );
+        let mut rxs: Vec<Rx> = Vec::new();
+        for step in 0..300 {
+            match rng.random_range(0..10) {
+                0..=6 => {
+                    let class = if rng.random_bool(0.6) {
+                        Priority::Batch
+                    } else {
+                        Priority::Interactive
+                    };
+                    let budget = ms(rng.random_range(1..1_000));
+                    let mut sub = Submission::new(format!("{step}"))
+                        .budget(budget)
+                        .priority(class)
+                        .request_id(format!("r{}", rng.random_range(0..20)));
+                    if rng.random_bool(0.5) {
+                        sub = sub.session(format!("s{}", rng.random_range(0..3)));
+                    }
+                    rxs.push(a.call(sub).await.1);
+                }
+                7 => {
+                    let _ = a.cancel(&format!("r{}", rng.random_range(0..20))).await;
+                }
+                _ => sleep_until(Instant::now() + ms(rng.random_range(1..80))).await,
+            }
+            settle().await;
+            a.check_invariants();
+        }
+        sleep_until(Instant::now() + Duration::from_secs(5)).await;
+        settle().await;
+        let n = rxs.len();
+        for mut rx in rxs {
+            assert!(
+                answered_now(&mut rx).is_some(),
+                "seed {seed}: never answered"
+            );
+        }
+        let s = a.stats();
+        assert_eq!(s.offered as usize, n, "seed {seed}");
+        assert_eq!(s.completed + s.refused_total(), s.offered, "seed {seed}");
+        assert_eq!((s.queued_now, s.running_now), (0, 0));
+        assert_eq!(s.started_after_deadline, 0);
+        displaced += s.priority["batch"].displaced;
+        a.check_invariants();
+        a.shutdown().await;
+    }
+    println!("batch requests displaced over the seeds: {displaced}");
+    assert!(displaced > 0);
+}

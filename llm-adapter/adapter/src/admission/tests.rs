@@ -940,6 +940,9 @@ async fn random_workload_keeps_invariants_and_answers_everyone_once() {
                     if rng.random_bool(0.2) {
                         sub = sub.policy(AdmissionPolicy::Reject);
                     }
+                    if rng.random_bool(0.4) {
+                        sub = sub.priority(Priority::Batch);
+                    }
                     let (ad, rx) = a.call(sub).await;
                     *counts
                         .entry(match ad {

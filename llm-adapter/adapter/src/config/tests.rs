@@ -832,7 +832,10 @@ fn priority_keys_parse_and_refusals_name_the_key() {
             "limits[0].priority",
         ),
         ("[priority]\nbatch_delay_ms = -1", "priority.batch_delay_ms"),
-        ("[priority]\nbatch_delay_ms = 3600001", "priority.batch_delay_ms"),
+        (
+            "[priority]\nbatch_delay_ms = 3600001",
+            "priority.batch_delay_ms",
+        ),
         ("[priority]\nbatch_dely_ms = 1", "priority.batch_dely_ms"),
     ] {
         let e = err(toml);

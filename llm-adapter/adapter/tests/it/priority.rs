@@ -11,8 +11,8 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use common::{Rig, STEP, eventually};
 use weir_llm_client::LlmClient;
-use weir_protocol::llm::ErrorBody;
 use weir_protocol::llm::headers as h;
+use weir_protocol::llm::{ErrorBody, Priority};
 
 /// A raw request with `headers` (and an empty body) to `llm.infer`.
 async fn raw(client: &async_nats::Client, headers: &[(&str, &str)]) -> async_nats::Message {
@@ -104,6 +104,17 @@ async fn the_header_in_any_case_or_the_keys_class_decides_and_is_counted() {
         let after = rig.adapter().stats().priority[class].admitted;
         assert_eq!(after, before + 1, "{headers:?} is {class}");
     }
+    // The client sends it too.
+    let llm = LlmClient::new(rig.caller.clone(), "llm.infer");
+    let before = rig.adapter().stats().priority["batch"].admitted;
+    let reply = llm
+        .request("x")
+        .priority(Priority::Batch)
+        .timeout(STEP)
+        .send()
+        .await;
+    assert!(reply.is_ok(), "{reply:?}");
+    assert_eq!(rig.adapter().stats().priority["batch"].admitted, before + 1);
     let caps = rig.adapter().capabilities();
     assert_eq!(caps["headers"]["priority"], h::PRIORITY);
     assert_eq!(caps["limits"][0]["priority"], "batch");

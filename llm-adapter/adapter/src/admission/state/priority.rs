@@ -9,7 +9,7 @@
 //! requests are displaced, the one with the latest order key first.
 
 use tokio::time::Instant;
-use weir_protocol::llm::{ErrorBody, ErrorCode, ErrorDetails};
+use weir_protocol::llm::{ErrorCode, ErrorDetails};
 
 use super::routing::Routed;
 use super::{Effects, Stage, State};
@@ -144,6 +144,18 @@ impl<W> State<W> {
             ),
         };
         self.stats.priority.displaced(Priority::Batch);
-        self.retire(id, Err::<_, ErrorBody>(body), now, fx);
+        self.retire(id, Err(body), now, fx);
+    }
+
+    /// `batch` holds exactly the batch-class entries (tests).
+    #[cfg(test)]
+    pub(super) fn check_priority_invariants(&self) {
+        for id in &self.batch {
+            assert_eq!(self.entries[id].priority, Priority::Batch, "batch set");
+        }
+        let n = (self.entries.values())
+            .filter(|e| e.priority == Priority::Batch)
+            .count();
+        assert_eq!(n, self.batch.len(), "every batch entry in the batch set");
     }
 }
