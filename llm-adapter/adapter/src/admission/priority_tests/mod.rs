@@ -179,6 +179,33 @@ async fn interactive_goes_ahead_of_batch_within_the_delay_and_batch_ages() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_interactive_request_is_not_refused_for_the_slack_of_a_batch_one() {
+    // One worker, 100 ms calls. b (batch, 400 ms) fits behind the running call but
+    // would keep less than one estimate of slack with one more request ahead: an
+    // interactive newcomer would go behind it (and be late there) if b were
+    // interactive. As batch, b is overtaken.
+    for (b_class, i_admitted) in [(Priority::Interactive, false), (Priority::Batch, true)] {
+        let a = one(1, 64, ms(100));
+        let (_, run) = a.call(interactive("run", ms(10_000))).await;
+        settle().await;
+        let (ad, b) = a
+            .call(Submission::new("b").budget(ms(400)).priority(b_class))
+            .await;
+        assert_eq!(ad, Admitted::Queued);
+        let (ad, i) = a.call(interactive("i", ms(250))).await;
+        println!("b {b_class}: i {ad:?}");
+        assert_eq!(ad == Admitted::Queued, i_admitted, "b {b_class}");
+        if i_admitted {
+            assert_eq!(answer(i).await.code(), "ok");
+        }
+        assert_eq!(answer(b).await.code(), "ok", "b {b_class} still in time");
+        assert_eq!(answer(run).await.code(), "ok");
+        a.check_invariants();
+        a.shutdown().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_interactive_request_late_only_because_of_batch_displaces_the_latest() {
     // No delay: batch and interactive of the same deadline in plain EDF order, so the
     // batch requests are ahead of a later interactive request.
