@@ -253,6 +253,24 @@ pub struct AdapterStats {
     /// `limits[].tokens_per_minute`).
     #[serde(default)]
     pub tokens: BTreeMap<String, TokenBudgetStats>,
+    /// Priority classes (`Weir-Priority`), by class (`interactive`, `batch`).
+    #[serde(default)]
+    pub priority: BTreeMap<String, PriorityClassStats>,
+}
+
+/// One priority class in an [`AdapterStats`] (`priority`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct PriorityClassStats {
+    /// Requests of the class admitted into the queue.
+    pub admitted: u64,
+    /// Requests of the class refused at admission (any code).
+    pub refused: u64,
+    /// Queued requests of the class answered at once to make room for interactive
+    /// work (`queue_full` or `deadline_exceeded`; only `batch` is ever displaced).
+    pub displaced: u64,
+    /// Receipt → start of inference, of the requests of the class that started.
+    pub queue_wait_ms: Percentiles,
 }
 
 impl AdapterStats {

@@ -150,6 +150,13 @@ pub struct LlmRequestHeaders {
     #[serde(rename = "Weir-Supersede", default)]
     #[schemars(regex(pattern = r"^\s*[Ss][Ee][Ss][Ss][Ii][Oo][Nn]\s*$"))]
     pub supersede: Option<String>,
+    /// `interactive` or `batch` (any case): the priority class; absent = the class of
+    /// the request's `[[limits]]` key, else `interactive`.
+    #[serde(rename = "Weir-Priority", default)]
+    #[schemars(regex(
+        pattern = r"^\s*([Ii][Nn][Tt][Ee][Rr][Aa][Cc][Tt][Ii][Vv][Ee]|[Bb][Aa][Tt][Cc][Hh])\s*$"
+    ))]
+    pub priority: Option<String>,
     /// Absolute deadline, Unix milliseconds.
     #[serde(rename = "Weir-Deadline-Ms", default)]
     #[schemars(regex(pattern = MS))]

@@ -201,6 +201,14 @@ weir_service::declare_metrics! {
     gauge pub const TOKEN_KEYS: &str = "weir_llm_token_budget_keys";
     /// Counter: keys forgotten to stay within `max_token_keys`, label `rule`.
     counter pub const TOKEN_KEYS_EVICTED_TOTAL: &str = "weir_llm_token_budget_keys_evicted_total";
+    /// Counter: requests admitted, label `class` (`interactive`, `batch`: the priority
+    /// class, `Weir-Priority` or `limits[].priority`).
+    counter pub const PRIORITY_ADMITTED_TOTAL: &str = "weir_llm_priority_admitted_total";
+    /// Counter: requests refused at admission (any code), label `class`.
+    counter pub const PRIORITY_REFUSED_TOTAL: &str = "weir_llm_priority_refused_total";
+    /// Counter: queued requests answered at once (`queue_full`, `deadline_exceeded`) to
+    /// admit interactive work, label `class` (only `batch` is displaced).
+    counter pub const PRIORITY_DISPLACED_TOTAL: &str = "weir_llm_priority_displaced_total";
     /// Gauge: 1 while the NATS connection is up.
     gauge pub const NATS_CONNECTED: &str = "weir_llm_nats_connected";
     /// Gauge: the most memory this replica's configuration lets it hold above idle at
@@ -236,6 +244,10 @@ weir_service::declare_metrics! {
 
 /// Histogram ([`latency_series`]): receipt → start of inference, seconds.
 pub const QUEUE_WAIT_SECONDS: &str = "weir_llm_queue_wait_seconds";
+
+/// Histogram ([`latency_series`]): receipt → start of inference, seconds, label
+/// `class` (the priority class).
+pub const PRIORITY_QUEUE_WAIT_SECONDS: &str = "weir_llm_priority_queue_wait_seconds";
 
 /// Histogram ([`latency_series`]): backend call duration, seconds, label `outcome`. The `_sum` of
 /// `outcome="ok"` over the total `_sum` is the share of backend time that produced
@@ -338,7 +350,12 @@ mod tests {
     #[test]
     fn every_facade_metric_name_is_declared_once() {
         let src = include_str!("metrics.rs");
-        let histograms = [QUEUE_WAIT_SECONDS, INFERENCE_SECONDS, TTFT_SECONDS];
+        let histograms = [
+            QUEUE_WAIT_SECONDS,
+            INFERENCE_SECONDS,
+            TTFT_SECONDS,
+            PRIORITY_QUEUE_WAIT_SECONDS,
+        ];
         let mut names: Vec<&str> = weir_service::metrics::names_in_source(src, &["weir_llm_"])
             .into_iter()
             .filter(|n| !histograms.contains(n))

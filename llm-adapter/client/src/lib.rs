@@ -62,7 +62,7 @@ use bytes::Bytes;
 use weir_protocol::WireName;
 use weir_protocol::llm::headers as h;
 use weir_protocol::llm::{
-    AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails, ResponseEnvelope, TraceContext,
+    AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails, Priority, ResponseEnvelope, TraceContext,
 };
 
 use weir_protocol::llm::{CancelReply, SessionCancelReply};
@@ -346,6 +346,7 @@ impl LlmClient {
             client_key: None,
             trace: None,
             supersede: false,
+            priority: None,
         }
     }
 
@@ -482,6 +483,7 @@ pub struct RequestBuilder<'a> {
     client_key: Option<String>,
     trace: Option<TraceContext>,
     supersede: bool,
+    priority: Option<Priority>,
 }
 
 /// Setters of optional request fields: `fn $name(self, value) -> Self` stores
@@ -517,6 +519,8 @@ impl RequestBuilder<'_> {
         /// `tracing` span's context when an OpenTelemetry layer records it; otherwise
         /// none is sent.
         trace_context => trace: TraceContext,
+        /// The priority class (`Weir-Priority`): `interactive` (the default) or `batch`.
+        priority => priority: Priority,
     }
 
     /// Supersedes the session's earlier requests (`Weir-Supersede: session`; needs
@@ -551,6 +555,9 @@ impl RequestBuilder<'_> {
         }
         if let Some(p) = self.policy {
             put(&mut headers, h::ADMISSION, p.as_str());
+        }
+        if let Some(p) = self.priority {
+            put(&mut headers, h::PRIORITY, p.as_str());
         }
         if let Some(b) = self.budget {
             put(&mut headers, h::TIMEOUT_MS, &b.as_millis().to_string());

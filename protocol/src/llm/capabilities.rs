@@ -44,6 +44,22 @@ pub struct Capabilities {
     pub intake: IntakeInfo,
     /// The header names (`request_id`: `Weir-Request-Id`, ...).
     pub headers: std::collections::BTreeMap<String, String>,
+    /// Priority classes (`Weir-Priority`); absent from documents of adapters built
+    /// before them.
+    #[serde(default)]
+    pub priority: Option<PriorityInfo>,
+}
+
+/// `priority` of [`Capabilities`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct PriorityInfo {
+    /// The classes, highest first (`interactive`, `batch`).
+    pub classes: Vec<String>,
+    /// The class of a request without the header whose keys set none.
+    pub default: String,
+    /// Added to a batch request's deadline for its place in the deadline order, ms.
+    pub batch_delay_ms: u64,
 }
 
 /// `service` of [`Capabilities`].
@@ -142,6 +158,10 @@ pub struct KeyLimitInfo {
     /// a token budget).
     #[serde(default)]
     pub default_max_tokens: Option<u64>,
+    /// The priority class of requests matched by this limit's key that carry no
+    /// `Weir-Priority` (`interactive` or `batch`; `null`: not set here).
+    #[serde(default)]
+    pub priority: Option<String>,
 }
 
 /// `on_busy` of a [`KeyLimitInfo`].

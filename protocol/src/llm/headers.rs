@@ -13,6 +13,7 @@
 //! | [`CANCEL`] `Weir-Cancel` | request id to cancel (cancel messages only) |
 //! | [`CANCEL_SESSION`] `Weir-Cancel-Session` | session whose queued and running requests to cancel (cancel messages only) |
 //! | [`SUPERSEDE`] `Weir-Supersede` | `session`: cancel the session's earlier requests before admitting this one ([`Supersede`]) |
+//! | [`PRIORITY`] `Weir-Priority` | `interactive` or `batch` ([`Priority`]); absent = the matching `[[limits]]` key's class, else `interactive` |
 //! | [`crate::llm::stream::STREAM`] `Weir-Stream` | `1`: a streamed reply (events in [`crate::llm::stream`]) |
 //! | [`TRACEPARENT`] `traceparent` | W3C Trace Context: the caller's span ([`TraceParent`]) |
 //! | [`TRACESTATE`] `tracestate` | W3C Trace Context vendor state, kept only beside a valid `traceparent` |
@@ -56,6 +57,10 @@ pub const CANCEL_SESSION: &str = "Weir-Cancel-Session";
 /// cancelled (queued ones answered, running ones aborted) before it is admitted.
 /// Requires [`SESSION_ID`].
 pub const SUPERSEDE: &str = "Weir-Supersede";
+/// The request's priority class: `interactive` or `batch` (case-insensitive,
+/// [`Priority`]). Absent: the class configured for the request's key, else
+/// `interactive`.
+pub const PRIORITY: &str = "Weir-Priority";
 /// Reply of a request sent with [`SUPERSEDE`]: how many earlier requests of its session
 /// it cancelled (queued + running; `0` when there were none).
 pub const SUPERSEDED: &str = "Weir-Superseded";
@@ -126,6 +131,33 @@ impl Supersede {
             .copied()
             .find(|p| p.as_str().eq_ignore_ascii_case(v))
             .ok_or_else(|| HeaderError::invalid(SUPERSEDE, "expected `session`"))
+    }
+}
+
+/// A request's priority class ([`PRIORITY`]): inside the deadline order, interactive
+/// requests go first within their slack, batch requests age (they are never starved)
+/// and are refused first under overload.
+#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Priority {
+    /// A caller waiting on the answer (a voice turn). The default.
+    #[default]
+    Interactive,
+    /// Background work that may wait and is refused first under overload.
+    Batch,
+}
+
+impl Priority {
+    /// Parses the [`PRIORITY`] header value (case-insensitive, surrounding spaces
+    /// ignored); any other value is an error naming the header.
+    pub fn parse(value: &str) -> Result<Self, HeaderError> {
+        let v = value.trim();
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|p| p.as_str().eq_ignore_ascii_case(v))
+            .ok_or_else(|| HeaderError::invalid(PRIORITY, "expected `interactive` or `batch`"))
     }
 }
 
@@ -431,6 +463,14 @@ mod tests {
         for bad in ["", "sessions", "request", "1"] {
             let err = Supersede::parse(bad).expect_err("must be refused");
             assert_eq!(err.header(), SUPERSEDE);
+            assert_eq!(err.kind(), HeaderErrorKind::Invalid);
+        }
+        assert_eq!(Priority::parse(" Batch "), Ok(Priority::Batch));
+        assert_eq!(Priority::parse("INTERACTIVE"), Ok(Priority::Interactive));
+        assert_eq!(Priority::default(), Priority::Interactive);
+        for bad in ["", "low", "batch,interactive", "0"] {
+            let err = Priority::parse(bad).expect_err("must be refused");
+            assert_eq!(err.header(), PRIORITY);
             assert_eq!(err.kind(), HeaderErrorKind::Invalid);
         }
         let err = AdmissionPolicy::parse("drop").expect_err("must be refused");

@@ -29,6 +29,6 @@ pub use capabilities::Capabilities;
 pub use envelope::{EnvelopeMeta, ResponseEnvelope};
 pub use error::{ErrorBody, ErrorCode, ErrorDetails, UnknownErrorCode};
 pub use headers::{
-    AdmissionPolicy, HeaderError, HeaderErrorKind, Supersede, TraceContext, TraceParent,
+    AdmissionPolicy, HeaderError, HeaderErrorKind, Priority, Supersede, TraceContext, TraceParent,
 };
 pub use stream::StreamEvent;

@@ -30,7 +30,7 @@ use weir_protocol::WireName;
 use weir_protocol::admin::{
     AdapterStats, CacheStats, EstimateSource, FrameStats, HttpRefusal, HttpRefusalError,
     IngressStats, NatsClientStats, Percentiles, ReadyLine, ServiceEstimate, StreamStats,
-    TokenBudgetStats, WindowStats,
+    PriorityClassStats, TokenBudgetStats, WindowStats,
 };
 use weir_protocol::audio::extension::{
     EndReason, Overload, OverloadReason, PossibleLoss, PossibleLossReason,
@@ -601,6 +601,26 @@ fn adapter_stats() -> AdapterStats {
                 evicted: 0,
             },
         )]),
+        priority: BTreeMap::from([
+            (
+                "batch".into(),
+                PriorityClassStats {
+                    admitted: 150,
+                    refused: 45,
+                    displaced: 6,
+                    queue_wait_ms: p,
+                },
+            ),
+            (
+                "interactive".into(),
+                PriorityClassStats {
+                    admitted: 70,
+                    refused: 5,
+                    displaced: 0,
+                    queue_wait_ms: p,
+                },
+            ),
+        ]),
     }
 }
 

@@ -25,7 +25,9 @@
 //!   checks above stay the guarantee;
 //! - under `queue_order = "edf"` (the default) a new request overtakes queued ones only
 //!   as far as each still starts in time (none is displaced into a refusal), and keeps
-//!   a bounded share of its own slack for earlier deadlines (`state.rs`);
+//!   a bounded share of its own slack for earlier deadlines (`state.rs`) — except that
+//!   interactive work goes first within its slack, and displaces queued batch work when
+//!   the queue is full or it would otherwise be late (`priority.rs`);
 //! - the state lock is a `std::sync::Mutex` that is never held across an `.await`;
 //! - a cancel (by request id or of a whole session, `state/barge_in.rs`) returns only
 //!   once every running request it aborted has had its backend call dropped and its
@@ -40,6 +42,9 @@ mod coalesce;
 mod estimator;
 mod gates;
 mod pool;
+mod priority;
+#[cfg(test)]
+mod priority_tests;
 mod slots;
 mod state;
 mod stats;
@@ -64,6 +69,7 @@ use weir_protocol::llm::{AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails, Tr
 
 pub use estimator::{EstimateSource, EstimateView, Estimator, EstimatorConfig};
 pub use pool::{BackendView, HealthConfig, PoolSlots};
+pub use priority::{DEFAULT_BATCH_DELAY, Priority, PriorityConfig};
 pub use stats::{CacheSnapshot, Percentiles, StatsSnapshot, StreamSnapshot};
 pub use streaming::{PIECES_IN_FLIGHT, StopReason, StreamOut, StreamSettings, StreamStop};
 
@@ -112,6 +118,8 @@ pub struct AdmissionConfig {
     pub pool: Vec<PoolSlots>,
     /// Health of the pool's backends (`[pool]`); off with a single backend.
     pub health: HealthConfig,
+    /// Priority classes (`[priority]`, `priority.rs`).
+    pub priority: PriorityConfig,
     /// Grace period for running requests at shutdown.
     pub shutdown_grace: Duration,
     /// Most bytes of a unary reply body the backend may read
@@ -159,6 +167,9 @@ pub struct Submission {
     pub span: tracing::Span,
     /// The caller's W3C trace context (`traceparent`), passed on to the backend.
     pub trace: Option<TraceContext>,
+    /// `Weir-Priority`; `None` = the class of its keys (`limits[].priority`), else
+    /// interactive.
+    pub priority: Option<Priority>,
 }
 
 impl Submission {
@@ -175,7 +186,14 @@ impl Submission {
             stream: None,
             span: crate::trace::request_span(None, None, None, None),
             trace: None,
+            priority: None,
         }
+    }
+
+    /// Sets the priority class.
+    pub fn priority(mut self, p: Priority) -> Self {
+        self.priority = Some(p);
+        self
     }
 
     /// Asks for a streamed reply through `out`.

@@ -40,6 +40,7 @@
 mod barge_in;
 mod health;
 mod positions;
+mod priority;
 mod routing;
 mod timers;
 mod tokens;
@@ -76,6 +77,7 @@ use super::gates::{
     shutting_down,
 };
 use super::pool::Pool;
+use super::priority::Priority;
 use super::slots::SlotGuard;
 use super::stats::Stats;
 use super::{AbortReason, AdmissionConfig, Admitted, Outcome, StreamOut, Submission};
@@ -225,6 +227,8 @@ struct Entry<W> {
     span: tracing::Span,
     /// Tokens reserved at the token budgets; settled when the entry is retired.
     tokens: Option<Reservation>,
+    /// Its priority class (`state/priority.rs`).
+    priority: Priority,
 }
 
 /// What admission decided about a request that passed every gate.
@@ -270,6 +274,8 @@ pub(crate) struct State<W> {
     stream_queued: BTreeSet<u64>,
     /// When the positions of `stream_queued` are looked at next.
     next_position_pass: Option<Instant>,
+    /// The batch-class entries (queued or running), by id (`state/priority.rs`).
+    batch: BTreeSet<u64>,
 }
 
 impl<W> State<W> {
@@ -302,6 +308,7 @@ impl<W> State<W> {
             epoch: Instant::now(),
             stream_queued: BTreeSet::new(),
             next_position_pass: None,
+            batch: BTreeSet::new(),
         }
     }
 
@@ -448,11 +455,13 @@ impl<W> State<W> {
 
     // ---------------------------------------------------------------- submit
 
-    /// Admits, joins, answers from cache, or refuses one submission.
-    pub(crate) fn submit(
+    /// Admits, joins, answers from cache, or refuses one submission; `class` is set to
+    /// its priority class once its keys are known ([`State::submit`] counts it).
+    fn submit_as(
         &mut self,
-        sub: Submission,
+        mut sub: Submission,
         waiter: W,
+        class: &mut Priority,
         now: Instant,
         fx: &mut Effects<W>,
     ) -> Admitted {
@@ -481,6 +490,8 @@ impl<W> State<W> {
                 return fx.refuse_now(waiter, err, &sub, waited);
             }
         };
+        *class = super::priority::class_of(sub.priority, &self.cfg.limits, &keys);
+        sub.priority = Some(*class);
         let fingerprint = match (&self.cfg.idempotency, &sub.request_id) {
             (Some(_), Some(_)) => Some(Fingerprint::of(&sub)),
             _ => None,
@@ -497,6 +508,7 @@ impl<W> State<W> {
             deadline,
             answer_by: deadline.map(|d| d.checked_sub(self.cfg.deadline.reply_margin).unwrap_or(d)),
             hint: self.service_estimate(),
+            priority: *class,
         };
         let routed = match self.gates(&ask, waited) {
             Ok(r) => r,
@@ -508,6 +520,8 @@ impl<W> State<W> {
             Ok(t) => t,
             Err(err) => return fx.refuse_now(waiter, *err, &sub, waited),
         };
+        // Batch work displaced (answered now) to make room: after every check passed.
+        self.displace_for(&routed, now, fx);
         let admit = Admit {
             keys,
             fingerprint,
@@ -566,14 +580,18 @@ impl<W> State<W> {
         let sub = ask.sub;
         self.verdict(self.session_cap.check(ask), (), sub, waited)?;
         self.verdict(self.session_order.check(ask), (), sub, waited)?;
-        self.verdict(self.queue_bound.check((ask, self.queued)), (), sub, waited)?;
+        if !self.may_displace_for_room(ask) {
+            self.verdict(self.queue_bound.check((ask, self.queued)), (), sub, waited)?;
+        }
         let id = self.next_id;
         let due = self.deadline.due(ask.deadline, sub.received_at, self.epoch);
+        let due = self.class_due(due, ask.priority);
         let plain = Routed {
             placement: super::gates::deadline::Placement {
                 order: (due, id),
                 probe: false,
                 finish: None,
+                displace: 0,
             },
             member: 0,
             spilled_from: None,
@@ -603,6 +621,7 @@ impl<W> State<W> {
         let (placement, member) = (routed.placement, routed.member);
         let id = self.next_id;
         self.next_id += 1;
+        let priority = self.admitted_as(id, sub.priority.unwrap_or_default());
         let order = self.deadline.enter(placement.order, answer_by, member);
         self.pool.admitted(member, routed.spilled_from);
         let session_slot = self.session_cap.acquire(sub.session.as_deref());
@@ -647,6 +666,7 @@ impl<W> State<W> {
             notified: None,
             span: sub.span,
             tokens,
+            priority,
         };
         if let Some(by) = answer_by {
             let at = (self.start_budget).timer_at(by, placement.probe, self.estimate_of(member));
@@ -893,6 +913,7 @@ impl<W> State<W> {
     fn unlink(&mut self, e: &mut Entry<W>) {
         let id = e.id;
         self.stream_queued.remove(&id);
+        self.batch.remove(&id);
         match e.stage {
             Stage::Session => self.session_order.leave_waiting(e.session.as_deref(), id),
             Stage::Gate(gate) => {

@@ -138,6 +138,8 @@ pub(crate) struct Stats {
     cache_evicted_entries: Tally,
     pub(crate) cache_too_large: Tally,
     pub(crate) streams: Tally,
+    /// Per priority class (`admission/priority.rs`).
+    pub(crate) priority: super::priority::PriorityStats,
     stream_chunks: Tally,
     stream_bytes: Tally,
     stream_aborted: Mutex<BTreeMap<&'static str, u64>>,
@@ -191,6 +193,7 @@ impl Stats {
             stream_chunks: Tally::new(metrics::counter!(m::STREAM_CHUNKS_TOTAL)),
             stream_bytes: Tally::new(metrics::counter!(m::STREAM_BYTES_TOTAL)),
             stream_aborted: Mutex::new(BTreeMap::new()),
+            priority: Default::default(),
         }
     }
 
@@ -294,6 +297,7 @@ impl Stats {
         );
         l.ttft
             .render_samples(&m::latency_series(m::TTFT_SECONDS, None), out);
+        self.priority.render_histograms(out);
     }
 
     /// Publishes the counters and the queue gauges to the metrics recorder. Called when
@@ -409,6 +413,7 @@ impl Stats {
                     .collect(),
             },
             tokens: BTreeMap::new(),
+            priority: self.priority.snapshot(),
         }
     }
 }

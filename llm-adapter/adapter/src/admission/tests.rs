@@ -120,6 +120,7 @@ fn limit(name: &str, key: KeySource, n: usize, on_busy: OnBusy) -> KeyLimit {
         limit: NonZeroUsize::new(n).expect("non-zero"),
         on_busy,
         tokens: None,
+        priority: None,
     }
 }
 
@@ -938,6 +939,9 @@ async fn random_workload_keeps_invariants_and_answers_everyone_once() {
                     }
                     if rng.random_bool(0.2) {
                         sub = sub.policy(AdmissionPolicy::Reject);
+                    }
+                    if rng.random_bool(0.4) {
+                        sub = sub.priority(Priority::Batch);
                     }
                     let (ad, rx) = a.call(sub).await;
                     *counts

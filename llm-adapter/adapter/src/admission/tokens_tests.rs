@@ -31,6 +31,7 @@ fn budget_cfg(workers: usize) -> AdmissionConfig {
                 default_max_tokens: 100,
                 max_keys: NonZeroUsize::new(64).expect("non-zero"),
             }),
+            priority: None,
         }],
         ..AdmissionConfig::default()
     }

@@ -7,6 +7,7 @@ impl Config {
     /// the header names. Served on the capabilities subject and `/v1/capabilities`.
     pub fn capabilities(&self) -> serde_json::Value {
         use serde_json::json;
+        use weir_protocol::WireName;
         use weir_protocol::llm::headers as h;
         let limits: Vec<serde_json::Value> = self
             .admission
@@ -29,6 +30,7 @@ impl Config {
                     "max_waiters": max_waiters,
                     "tokens_per_minute": l.tokens.map(|t| t.tokens_per_minute.get()),
                     "default_max_tokens": l.tokens.map(|t| t.default_max_tokens),
+                    "priority": l.priority.map(|p| p.as_str()),
                 })
             })
             .collect();
@@ -96,6 +98,11 @@ impl Config {
                 "backoff_base_ms": ms(self.admission.health.backoff_base),
                 "backoff_max_ms": ms(self.admission.health.backoff_max),
             })),
+            "priority": {
+                "classes": ["interactive", "batch"],
+                "default": "interactive",
+                "batch_delay_ms": ms(self.admission.priority.batch_delay),
+            },
             "shutdown_grace_ms": ms(self.admission.shutdown_grace),
             "intake": match &self.intake {
                 Intake::Core => json!({"kind": "core"}),
@@ -121,6 +128,7 @@ impl Config {
                 "cancel": h::CANCEL,
                 "cancel_session": h::CANCEL_SESSION,
                 "supersede": h::SUPERSEDE,
+                "priority": h::PRIORITY,
                 "superseded": h::SUPERSEDED,
                 "superseded_ids": h::SUPERSEDED_IDS,
                 "queue_ms": h::QUEUE_MS,

@@ -146,7 +146,7 @@ raw_section! {
     nested {
         session: RawSession, deadline: RawDeadline, estimator: RawEstimator,
         idempotency: RawIdempotency, limits: Vec<RawLimit>, backend: RawBackend,
-        backends: Vec<RawPoolBackend>, pool: RawPool, nats: RawNats,
+        backends: Vec<RawPoolBackend>, pool: RawPool, priority: RawPriority, nats: RawNats,
         service: RawService, admin: RawAdmin, trace: RawTrace, stream: RawStream,
         jetstream: RawJetStream, log: LogSection,
     }
@@ -238,6 +238,21 @@ raw_section! {
         max_token_keys: u64 = 10_000, Range::int(1, 10000000),
             "most keys whose token budget is tracked; an idle key (budget refilled) is forgotten \
             first, then the least recently used";
+        priority: String = String::new(), Range::text("`interactive`, `batch` (unset = none)"),
+            "the priority class of requests that have this limit's key and no `Weir-Priority` \
+            header (the first limit that sets one wins; none = `interactive`). See \
+            [priority classes](#priority-classes)";
+    }
+}
+
+raw_section! {
+    /// `[priority]`: priority classes inside the deadline order.
+    RawPriority, PRIORITY, "priority", "priority." {
+        batch_delay_ms: u64 = ms(crate::admission::DEFAULT_BATCH_DELAY), Range::ms(0, 3600000),
+            "added to a `batch` request's deadline for its place in the EDF order: interactive \
+            requests due up to this long after a batch request's deadline go ahead of it; a batch \
+            request overtakes interactive ones due later (it ages). See \
+            [priority classes](#priority-classes)";
     }
 }
 
@@ -558,6 +573,7 @@ pub const SECTIONS: &[Section] = &[
     BACKENDS_OPENAI,
     BACKENDS_NATS,
     POOL,
+    PRIORITY,
     NATS,
     SERVICE,
     ADMIN,

@@ -805,3 +805,41 @@ fn token_budgets_parse_and_refusals_name_the_key() {
         assert!(e.to_string().contains(key), "{e}");
     }
 }
+
+#[test]
+fn priority_keys_parse_and_refusals_name_the_key() {
+    use crate::admission::Priority;
+    let c = Config::from_toml_str(
+        "[priority]\nbatch_delay_ms = 500\n\
+         [[limits]]\nkey = \"client\"\nlimit = 8\npriority = \"Batch\"\n\
+         [[limits]]\nkey = \"service\"\nlimit = 64\n",
+    )
+    .expect("valid");
+    assert_eq!(c.admission.priority.batch_delay, Duration::from_millis(500));
+    assert_eq!(c.admission.limits[0].priority, Some(Priority::Batch));
+    assert_eq!(c.admission.limits[1].priority, None);
+    assert_eq!(
+        Config::default().admission.priority.batch_delay,
+        crate::admission::DEFAULT_BATCH_DELAY
+    );
+    let caps = c.capabilities();
+    assert_eq!(caps["limits"][0]["priority"], "batch");
+    assert!(caps["limits"][1]["priority"].is_null());
+    assert_eq!(caps["priority"]["batch_delay_ms"], 500);
+    for (toml, key) in [
+        (
+            "[[limits]]\nkey = \"client\"\nlimit = 1\npriority = \"urgent\"",
+            "limits[0].priority",
+        ),
+        ("[priority]\nbatch_delay_ms = -1", "priority.batch_delay_ms"),
+        (
+            "[priority]\nbatch_delay_ms = 3600001",
+            "priority.batch_delay_ms",
+        ),
+        ("[priority]\nbatch_dely_ms = 1", "priority.batch_dely_ms"),
+    ] {
+        let e = err(toml);
+        assert_eq!(e.key(), key, "{toml}: {e}");
+        assert!(e.to_string().contains(key), "{e}");
+    }
+}

@@ -91,6 +91,9 @@ pub struct KeyLimit {
     pub on_busy: OnBusy,
     /// The key's token budget (`tokens_per_minute`); `None` = none.
     pub tokens: Option<TokenBudget>,
+    /// The priority class of requests that have this key and no `Weir-Priority`
+    /// (`priority`); `None` = not set here.
+    pub priority: Option<crate::admission::Priority>,
 }
 
 /// A per-key token budget (`limits[].tokens_per_minute`): see

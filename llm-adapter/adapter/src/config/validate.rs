@@ -48,6 +48,9 @@ impl RawConfig {
                 backend_timeout,
                 pool: pool::slots(&backends),
                 health: self.pool.validate()?,
+                priority: crate::admission::PriorityConfig {
+                    batch_delay: millis("priority.batch_delay_ms", self.priority.batch_delay_ms)?,
+                },
                 shutdown_grace: millis("shutdown_grace_ms", self.shutdown_grace_ms)?,
                 max_reply_bytes: usize::MAX,
                 stream: crate::admission::StreamSettings {
@@ -116,6 +119,16 @@ impl RawConfig {
                     },
                 },
                 tokens: l.token_budget(&key_of)?,
+                priority: set(&l.priority)
+                    .map(|p| {
+                        crate::admission::Priority::parse(&p).map_err(|_| {
+                            invalid(
+                                key_of("priority"),
+                                format!("{p:?}: expected `interactive` or `batch`"),
+                            )
+                        })
+                    })
+                    .transpose()?,
             });
         }
         Ok(out)

@@ -41,6 +41,7 @@ pub(super) struct Known<'a> {
     pub(super) cancel: Option<&'a str>,
     pub(super) cancel_session: Option<&'a str>,
     pub(super) supersede: Option<&'a str>,
+    pub(super) priority: Option<&'a str>,
     pub(super) stream: Option<&'a str>,
     pub(super) traceparent: Option<&'a str>,
     pub(super) tracestate: Option<&'a str>,
@@ -67,6 +68,7 @@ impl<'a> Known<'a> {
                 (h::CANCEL, &mut k.cancel),
                 (h::CANCEL_SESSION, &mut k.cancel_session),
                 (h::SUPERSEDE, &mut k.supersede),
+                (h::PRIORITY, &mut k.priority),
                 (s::STREAM, &mut k.stream),
                 (h::TRACEPARENT, &mut k.traceparent),
                 (h::TRACESTATE, &mut k.tracestate),
@@ -136,6 +138,7 @@ pub(super) fn decode(
             received_at,
             body: msg.payload.clone(),
             stream: None,
+            priority: inv(known.priority.map(h::Priority::parse).transpose())?,
         })
     })()
     .map_err(|e| *e);

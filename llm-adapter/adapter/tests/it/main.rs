@@ -16,6 +16,7 @@ mod malformed;
 mod nats_cancel;
 mod nats_service;
 mod pool;
+mod priority;
 mod python_client;
 mod stream_measure;
 mod streaming;

@@ -19,10 +19,14 @@
 //!   sized by the share of recent requests with at most half its budget) for earlier
 //!   deadlines; with one budget class the share is 0 and admission is as under FIFO;
 //! - under EDF every queued request, wherever it waits, has an order key fixed at
-//!   admission (its due instant, then its admission id) and is in `edf` until it starts
-//!   or retires.
+//!   admission (its due instant — plus `priority.batch_delay_ms` for a batch request —
+//!   then its admission id) and is in `edf` until it starts or retires;
+//! - priority classes (`admission/priority.rs`): an interactive request never goes
+//!   behind a batch request to spare that one's slack, and when it is predicted late
+//!   only because of batch requests ahead of it, the prediction says how many of them
+//!   must be displaced ([`Placement::displace`]); nothing else changes for it.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +37,7 @@ use super::key_limits::KeyLimits;
 use super::session_order::SessionOrder;
 use super::{Ask, Gate, RULE_PREDICTED, Refusal, millis_ceil, refusal};
 use crate::admission::AdmissionConfig;
+use crate::admission::priority::Priority;
 use crate::config::QueueOrder;
 use crate::millis::whole_ms as millis;
 
@@ -57,6 +62,12 @@ pub(crate) struct Prediction {
     pub(crate) estimate: Duration,
     /// Under EDF: where the request goes among the queued ones.
     pub(crate) order: ReadyKey,
+    /// Queued requests ahead of it (the global term's count).
+    pub(crate) ahead: usize,
+    /// What is left of the running calls, seconds (the global term's).
+    pub(crate) left: f64,
+    /// The session and key-gate terms, seconds: what no displacement shortens.
+    pub(crate) floor: f64,
 }
 
 /// What the rest of the state looks like to the predictor, on one member of the pool
@@ -84,6 +95,10 @@ pub(crate) struct Load<'a> {
     /// The new request's admission id and due instant ([`DeadlinePrediction::due`]).
     pub(crate) id: u64,
     pub(crate) due: Instant,
+    /// The new request's class, and the admission ids of the batch requests (queued or
+    /// running; only the queued ones are in `edf`).
+    pub(crate) priority: Priority,
+    pub(crate) batch: &'a BTreeSet<u64>,
 }
 
 /// Where an admitted request goes, and whether it is a probe.
@@ -96,6 +111,9 @@ pub(crate) struct Placement {
     /// The predicted wait plus the estimate (`None` without a prediction): what the
     /// pool routes by.
     pub(crate) finish: Option<Duration>,
+    /// Interactive only: how many batch requests queued ahead of it on its member must
+    /// be displaced (answered at once) for it to start in time; 0 = none.
+    pub(crate) displace: usize,
 }
 
 /// The deadline predictor and the EDF order of the queued requests.
@@ -246,6 +264,9 @@ impl DeadlinePrediction {
                 .unwrap_or(Duration::MAX),
             estimate: est,
             order,
+            ahead,
+            left: running,
+            floor: serial.max(gate),
         })
     }
 
@@ -267,10 +288,16 @@ impl DeadlinePrediction {
         let mine = |(_, (_, m)): &(&ReadyKey, &(Option<Instant>, usize))| *m == member;
         let pos = self.edf.range(..key).filter(mine).count();
         let mut blocker = None;
+        let interactive = load.priority == Priority::Interactive;
         for (i, (k, (by, _))) in self.edf.range(key..).filter(mine).enumerate() {
             let Some(by) = by else {
                 continue;
             };
+            // Interactive work goes first within its slack: a batch request it squeezes
+            // is answered by its own deadline, or displaced (`state/priority.rs`).
+            if interactive && load.batch.contains(&k.1) {
+                continue;
+            }
             let usable = by.saturating_duration_since(now).as_secs_f64();
             let at = pos + i;
             if start(at) + e <= usable && start(at + 1) + e * (1.0 + OVERTAKE_GUARD) > usable {
@@ -365,6 +392,7 @@ impl Gate for DeadlinePrediction {
             order: (load.due, load.id),
             probe: false,
             finish: None,
+            displace: 0,
         };
         if !self.cfg.deadline.predict {
             return Ok(placement);
@@ -389,6 +417,38 @@ impl Gate for DeadlinePrediction {
             placement.probe = true;
             return Ok(placement);
         }
+        if load.priority == Priority::Interactive
+            && let Some(k) = self.displace_to_fit(&p, &load, usable, room)
+        {
+            placement.displace = k;
+            return Ok(placement);
+        }
         Err(self.late(&p, d, usable, room, share, ask.now))
+    }
+}
+
+impl DeadlinePrediction {
+    /// The fewest batch requests queued ahead of a late interactive request (on its
+    /// member, before its order key) whose displacement lets it start in time (`start
+    /// + estimate ≤ usable` and `start ≤ room`, as in `check`); `None` if even all of
+    /// them do not. Only the global term shrinks. Linear in the queue (bounded by
+    /// `queue_capacity`), and only on this refusal path.
+    fn displace_to_fit(
+        &self,
+        p: &Prediction,
+        load: &Load<'_>,
+        usable: Duration,
+        room: Duration,
+    ) -> Option<usize> {
+        let member = load.member;
+        let batch_ahead = (self.edf.range(..p.order))
+            .filter(|(k, (_, m))| *m == member && load.batch.contains(&k.1))
+            .count();
+        let e = p.estimate.as_secs_f64();
+        (1..=batch_ahead.min(p.ahead)).find(|k| {
+            let global = global_start(load.workers, load.running, p.ahead - k, e, p.left);
+            let start = Duration::try_from_secs_f64(global.max(p.floor)).unwrap_or(Duration::MAX);
+            start.saturating_add(p.estimate) <= usable && start <= room
+        })
     }
 }

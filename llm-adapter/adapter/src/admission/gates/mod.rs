@@ -82,6 +82,8 @@ pub(crate) struct Ask<'a> {
     pub(crate) answer_by: Option<Instant>,
     /// The service time retry hints are sized with.
     pub(crate) hint: Duration,
+    /// Its priority class (`Weir-Priority`, else its keys', else interactive).
+    pub(crate) priority: super::priority::Priority,
 }
 
 impl Ask<'_> {

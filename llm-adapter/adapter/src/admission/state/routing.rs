@@ -35,14 +35,15 @@ pub(crate) struct Routed {
     pub(crate) spilled_from: Option<usize>,
 }
 
-/// Lower is better: probe-only last, a due probe first, then weight, predicted finish,
-/// occupancy (per mille of the slots) and configuration order.
-type Score = (bool, bool, u32, Duration, usize, usize);
+/// Lower is better: probe-only last, then displacing batch work (fewest displaced
+/// first), a due probe first, then weight, predicted finish, occupancy (per mille of
+/// the slots) and configuration order.
+type Score = (bool, usize, bool, u32, Duration, usize, usize);
 
 impl<W> State<W> {
     /// What the predictor sees on member `b` for a new request (admission id `id`,
     /// due at `due`).
-    pub(super) fn load_on(&self, b: usize, id: u64, due: Instant) -> Load<'_> {
+    pub(super) fn load_on(&self, b: usize, id: u64, due: Instant, ask: &Ask<'_>) -> Load<'_> {
         let m = &self.pool.members[b];
         Load {
             member: b,
@@ -58,6 +59,8 @@ impl<W> State<W> {
             shadow: self.shadow(),
             id,
             due,
+            priority: ask.priority,
+            batch: &self.batch,
         }
     }
 
@@ -75,7 +78,7 @@ impl<W> State<W> {
             if !m.routable() || (due_probe && m.queued + m.running() > 0) {
                 continue;
             }
-            let load = self.load_on(b, id, due);
+            let load = self.load_on(b, id, due, ask);
             let placement = match self.deadline.check((ask, load, self.epoch)) {
                 Ok(p) => p,
                 Err(r) => {
@@ -90,12 +93,13 @@ impl<W> State<W> {
                 member: b,
                 spilled_from: None,
             };
-            if Some(b) == last && !placement.probe {
+            if Some(b) == last && !placement.probe && placement.displace == 0 {
                 return Ok(routed);
             }
             let occupancy = (m.queued + m.running()).saturating_mul(1000) / m.slots.max(1);
             let score = (
                 placement.probe,
+                placement.displace,
                 !due_probe,
                 m.weight,
                 placement.finish.unwrap_or(Duration::ZERO),

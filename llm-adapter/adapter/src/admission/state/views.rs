@@ -200,5 +200,6 @@ impl<W> State<W> {
             .count();
         assert_eq!(session_slots, held, "session slots match entries");
         self.check_token_invariants();
+        self.check_priority_invariants();
     }
 }

@@ -85,6 +85,9 @@ impl<W> State<W> {
         let answer_by = e.answer_by;
         let queue_time = now.saturating_duration_since(e.received_at);
         let retry = e.failed_over;
+        if !retry {
+            self.stats.priority.started(e.priority, queue_time);
+        }
         if let Some(k) = order {
             self.deadline.leave(k);
         }

@@ -22,6 +22,7 @@ fn budgets(tpm: u64, default_max_tokens: u64, max_keys: usize) -> TokenBudgets {
             default_max_tokens,
             max_keys: NonZeroUsize::new(max_keys).expect("non-zero"),
         }),
+        priority: None,
     }])
 }
 
