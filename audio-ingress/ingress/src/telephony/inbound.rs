@@ -199,10 +199,16 @@ impl InboundAudio {
 }
 
 /// `samples` as s16le bytes: one allocation of the exact size (a shared arena cost more:
-/// its split and reference counts measured more than the allocation).
+/// its split and reference counts measured more than the allocation), one copy.
+#[cfg(target_endian = "little")]
+fn frame_bytes(samples: &[i16]) -> Bytes {
+    Bytes::copy_from_slice(zerocopy::IntoBytes::as_bytes(samples))
+}
+
+/// `samples` as s16le bytes (a big-endian target swaps each sample).
+#[cfg(not(target_endian = "little"))]
 fn frame_bytes(samples: &[i16]) -> Bytes {
     let mut b = vec![0u8; samples.len() * 2];
-    // Fixed-size pieces, no capacity check per sample: the compiler vectorises it.
     for (pair, s) in b.chunks_exact_mut(2).zip(samples) {
         pair.copy_from_slice(&s.to_le_bytes());
     }
