@@ -256,6 +256,24 @@ pub struct AdapterStats {
     /// Priority classes (`Weir-Priority`), by class (`interactive`, `batch`).
     #[serde(default)]
     pub priority: BTreeMap<String, PriorityClassStats>,
+    /// Session interrupts (barge-in): session cancels, supersedes and what they cancelled.
+    #[serde(default)]
+    pub interrupts: InterruptStats,
+}
+
+/// Session interrupts in an [`AdapterStats`] (`interrupts`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct InterruptStats {
+    /// `Weir-Cancel-Session` messages handled (whether or not they found a request).
+    pub session_cancels: u64,
+    /// Requests that carried `Weir-Supersede: session` (whether or not they superseded
+    /// one).
+    pub supersedes: u64,
+    /// Requests cancelled by either while queued (answered `cancelled` at once).
+    pub cancelled_queued: u64,
+    /// Requests cancelled by either while running (the backend call aborted).
+    pub cancelled_running: u64,
 }
 
 /// One priority class in an [`AdapterStats`] (`priority`).

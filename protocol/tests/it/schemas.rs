@@ -29,8 +29,8 @@ use serde_json::{Value, json};
 use weir_protocol::WireName;
 use weir_protocol::admin::{
     AdapterStats, CacheStats, EstimateSource, FrameStats, HttpRefusal, HttpRefusalError,
-    IngressStats, NatsClientStats, Percentiles, ReadyLine, ServiceEstimate, StreamStats,
-    PriorityClassStats, TokenBudgetStats, WindowStats,
+    IngressStats, InterruptStats, NatsClientStats, Percentiles, PriorityClassStats, ReadyLine,
+    ServiceEstimate, StreamStats, TokenBudgetStats, WindowStats,
 };
 use weir_protocol::audio::extension::{
     EndReason, Overload, OverloadReason, PossibleLoss, PossibleLossReason,
@@ -621,6 +621,12 @@ fn adapter_stats() -> AdapterStats {
                 },
             ),
         ]),
+        interrupts: InterruptStats {
+            session_cancels: 4,
+            supersedes: 9,
+            cancelled_queued: 6,
+            cancelled_running: 3,
+        },
     }
 }
 

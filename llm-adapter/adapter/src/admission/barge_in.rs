@@ -8,6 +8,7 @@
 //! and its answer delivered, or after [`SETTLE_WAIT`] (then counted in
 //! [`SessionCancel::unsettled`]).
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -36,8 +37,15 @@ pub(super) async fn settled(receivers: Vec<oneshot::Receiver<()>>) -> usize {
     unsettled
 }
 
-/// Counts the requests a session cancel or a supersede cancelled, by stage.
-fn count_cancelled(r: &SessionCancel, by: &'static str) {
+/// Counts the requests a session cancel or a supersede cancelled, by stage (the
+/// metric; `/v1/stats` through `stats`).
+fn count_cancelled(r: &SessionCancel, by: &'static str, stats: &super::stats::Interrupts) {
+    stats
+        .cancelled_queued
+        .fetch_add(r.queued as u64, Ordering::Relaxed);
+    stats
+        .cancelled_running
+        .fetch_add(r.running as u64, Ordering::Relaxed);
     for (stage, n) in [("queued", r.queued), ("running", r.running)] {
         if n > 0 {
             metrics::counter!(m::INTERRUPTED_TOTAL, "by" => by, "stage" => stage)
@@ -59,7 +67,9 @@ impl<S: Sink> Admission<S> {
             "not_found"
         };
         metrics::counter!(m::SESSION_CANCEL_TOTAL, "result" => result).increment(1);
-        count_cancelled(&r, "session_cancel");
+        let stats = &self.inner.stats.interrupts;
+        stats.session_cancels.fetch_add(1, Ordering::Relaxed);
+        count_cancelled(&r, "session_cancel", stats);
         r
     }
 
@@ -78,7 +88,9 @@ impl<S: Sink> Admission<S> {
             "nothing"
         };
         metrics::counter!(m::SUPERSEDE_TOTAL, "result" => result).increment(1);
-        count_cancelled(&r, "supersede");
+        let stats = &self.inner.stats.interrupts;
+        stats.supersedes.fetch_add(1, Ordering::Relaxed);
+        count_cancelled(&r, "supersede", stats);
         r
     }
 

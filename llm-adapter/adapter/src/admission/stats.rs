@@ -76,6 +76,45 @@ fn outcome_index(outcome: &str) -> usize {
 /// A counter kept as a plain atomic (a request pays one relaxed add, no metrics-facade
 /// call) and set on its handle, registered once at start from the recorder installed
 /// then, when stats are read (`absolute`).
+/// Session interrupts counted for `/v1/stats` (their metrics carry labels and are
+/// counted where they happen).
+#[derive(Debug, Default)]
+pub(crate) struct Interrupts {
+    pub(crate) session_cancels: AtomicU64,
+    pub(crate) supersedes: AtomicU64,
+    pub(crate) cancelled_queued: AtomicU64,
+    pub(crate) cancelled_running: AtomicU64,
+}
+
+impl Interrupts {
+    /// The counts at 0, with their labelled metrics registered (at 0: a dashboard
+    /// panel reads them before the first interrupt).
+    fn registered() -> Self {
+        for result in ["cancelled", "not_found"] {
+            metrics::counter!(m::SESSION_CANCEL_TOTAL, "result" => result).absolute(0);
+        }
+        for result in ["superseded", "nothing"] {
+            metrics::counter!(m::SUPERSEDE_TOTAL, "result" => result).absolute(0);
+        }
+        for by in ["session_cancel", "supersede"] {
+            for stage in ["queued", "running"] {
+                metrics::counter!(m::INTERRUPTED_TOTAL, "by" => by, "stage" => stage).absolute(0);
+            }
+        }
+        Self::default()
+    }
+
+    fn snapshot(&self) -> weir_protocol::admin::InterruptStats {
+        let get = |n: &AtomicU64| n.load(Ordering::Relaxed);
+        weir_protocol::admin::InterruptStats {
+            session_cancels: get(&self.session_cancels),
+            supersedes: get(&self.supersedes),
+            cancelled_queued: get(&self.cancelled_queued),
+            cancelled_running: get(&self.cancelled_running),
+        }
+    }
+}
+
 pub(crate) struct Tally {
     n: AtomicU64,
     handle: metrics::Counter,
@@ -140,6 +179,8 @@ pub(crate) struct Stats {
     pub(crate) streams: Tally,
     /// Per priority class (`admission/priority.rs`).
     pub(crate) priority: super::priority::PriorityStats,
+    /// Session cancels and supersedes (`admission/barge_in.rs`).
+    pub(crate) interrupts: Interrupts,
     stream_chunks: Tally,
     stream_bytes: Tally,
     stream_aborted: Mutex<BTreeMap<&'static str, u64>>,
@@ -194,6 +235,7 @@ impl Stats {
             stream_bytes: Tally::new(metrics::counter!(m::STREAM_BYTES_TOTAL)),
             stream_aborted: Mutex::new(BTreeMap::new()),
             priority: Default::default(),
+            interrupts: Interrupts::registered(),
         }
     }
 
@@ -414,6 +456,7 @@ impl Stats {
             },
             tokens: BTreeMap::new(),
             priority: self.priority.snapshot(),
+            interrupts: self.interrupts.snapshot(),
         }
     }
 }

@@ -48,6 +48,17 @@ async fn session_cancel_answers_each_queued_and_running_request_once_before_it_r
     assert_eq!(h.stats().in_progress, 1);
     assert_eq!(code(other).await, None);
     let s = a.stats();
+    let i = &s.interrupts;
+    assert_eq!(
+        (
+            i.session_cancels,
+            i.supersedes,
+            i.cancelled_queued,
+            i.cancelled_running
+        ),
+        (2, 0, 2, 2),
+        "both cancels counted in /v1/stats, and what the first one cancelled"
+    );
     assert_eq!(s.slots_acquired, s.slots_released);
     a.check_invariants();
     a.shutdown().await;
