@@ -323,10 +323,18 @@ mod tests {
 
     #[tokio::test]
     async fn a_refused_connection_keeps_the_http_error_as_source() {
-        // A port that was free a moment ago: nothing listens there.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
+        // A port held bound but not listening for the whole test: a connection there is
+        // refused, and no test running beside this one can take the port meanwhile
+        // (a port that was merely free a moment ago could be).
+        let held = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("a socket");
+        let any: std::net::SocketAddr = "127.0.0.1:0".parse().expect("an address");
+        held.bind(&any.into()).expect("bound");
+        let port = held
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .expect("its address")
             .port();
         let rb = reqwest::Client::new().post(format!("http://127.0.0.1:{port}/v1/chat"));
         let e = send(rb, None).await.expect_err("nothing listens");
