@@ -341,14 +341,17 @@ impl Pool {
 }
 
 /// How far a running call got, written by its worker without the state lock and read
-/// by the sweeper (stall detection): the last reply byte, and whether a chunk reached
-/// the caller (a streamed call that sent one cannot be retried elsewhere).
+/// by the sweeper (stall detection): the last reply byte, whether a chunk reached the
+/// caller (a streamed call that sent one cannot be retried elsewhere), and whether the
+/// worker is waiting for the caller (a streamed call whose caller reads slowly stops
+/// reading the backend: that silence is the caller's, not a backend stall).
 #[derive(Debug)]
 pub(crate) struct Progress {
     started: Instant,
     /// Milliseconds from `started` to the last reply byte; 0 = none yet.
     last_ms: AtomicU64,
     chunk_sent: AtomicBool,
+    waiting_on_caller: AtomicBool,
     /// Set by the sweeper when the call stalled: the worker drops it and hands the
     /// request back for a failover (its cancel channel stays free for a cancel).
     failing_over: AtomicBool,
@@ -361,6 +364,7 @@ impl Progress {
             started,
             last_ms: AtomicU64::new(0),
             chunk_sent: AtomicBool::new(false),
+            waiting_on_caller: AtomicBool::new(false),
             failing_over: AtomicBool::new(false),
             wake: Notify::new(),
         }
@@ -397,8 +401,21 @@ impl Progress {
         self.chunk_sent.store(true, Ordering::Relaxed);
     }
 
-    /// When the last reply byte arrived (the start without one).
-    pub(crate) fn last(&self) -> Instant {
+    /// The worker waits for the caller (`true`) or no longer does (`false`, which
+    /// counts as progress: the stall clock starts again).
+    pub(crate) fn waiting_on_caller(&self, waiting: bool) {
+        if !waiting {
+            self.bytes();
+        }
+        self.waiting_on_caller.store(waiting, Ordering::Relaxed);
+    }
+
+    /// When the last reply byte arrived (the start without one); `now` while the worker
+    /// waits for the caller.
+    pub(crate) fn last(&self, now: Instant) -> Instant {
+        if self.waiting_on_caller.load(Ordering::Relaxed) {
+            return now;
+        }
         self.started + Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
     }
 

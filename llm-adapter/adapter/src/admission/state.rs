@@ -520,8 +520,6 @@ impl<W> State<W> {
             Ok(t) => t,
             Err(err) => return fx.refuse_now(waiter, *err, &sub, waited),
         };
-        // Batch work displaced (answered now) to make room: after every check passed.
-        self.displace_for(&routed, now, fx);
         let admit = Admit {
             keys,
             fingerprint,
@@ -530,7 +528,14 @@ impl<W> State<W> {
             routed,
             tokens,
         };
-        self.admit(sub, waiter, admit, now, fx)
+        let admitted = self.admit(sub, waiter, admit, now, fx);
+        // Batch work displaced (answered now) to make room: only once the request is
+        // queued (the key gates, inside `admit`, may still refuse it), so nothing is
+        // displaced for a request that is then refused.
+        if admitted == Admitted::Queued {
+            self.displace_for(&routed, now, fx);
+        }
+        admitted
     }
 
     /// Idempotency: joins a live request with the same request id, or answers from

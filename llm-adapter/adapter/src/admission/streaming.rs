@@ -127,6 +127,13 @@ pub(crate) async fn run_stream(
         while let Some(msg) = co.take(now, end) {
             seq += 1;
             let len = msg.len();
+            // Published once `out.chunk` is called: the call can no longer be retried
+            // elsewhere (the caller would get this chunk twice). While it waits for the
+            // caller's window, the backend's silence is not a stall.
+            if let Some(p) = progress {
+                p.chunk_sent();
+                p.waiting_on_caller(true);
+            }
             tokio::select! {
                 biased;
                 e = &mut stop => return Err(e),
@@ -141,7 +148,7 @@ pub(crate) async fn run_stream(
                 }
             }
             if let Some(p) = progress {
-                p.chunk_sent();
+                p.waiting_on_caller(false);
             }
             if ttft.is_none() {
                 let t = started_at.elapsed();

@@ -615,3 +615,97 @@ async fn requests_stranded_when_every_backend_was_ejected_are_served_after_the_p
 
 mod scenarios;
 mod served;
+
+/// A [`StreamOut`] whose caller reads slowly: each chunk returns after `delay`; the
+/// sequence numbers seen are kept.
+struct SlowReader {
+    delay: Duration,
+    seqs: Mutex<Vec<u64>>,
+}
+
+impl StreamOut for SlowReader {
+    fn queued(&self, _: usize, _: Option<Duration>) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+
+    fn started(&self, _: Duration) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+
+    fn chunk(
+        &self,
+        seq: u64,
+        _: bytes::Bytes,
+    ) -> futures::future::BoxFuture<'_, Result<(), StreamStop>> {
+        self.seqs.lock().expect("lock").push(seq);
+        let delay = self.delay;
+        Box::pin(async move {
+            sleep(delay).await;
+            Ok(())
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_reading_caller_is_not_a_stalled_backend() {
+    let (a, _h) = stream_pool().await;
+    let out = Arc::new(SlowReader {
+        delay: Duration::from_secs(2),
+        seqs: Mutex::new(Vec::new()),
+    });
+    let sub = Submission::new("s")
+        .budget(Duration::from_secs(60))
+        .stream(out.clone());
+    let (ad, rx) = a.call(sub).await;
+    assert_eq!(ad, Admitted::Queued);
+    let o = answer(rx).await;
+    assert_eq!(o.code(), "ok", "{o:?}");
+    let seqs = out.seqs.lock().expect("lock").clone();
+    assert!(seqs.len() >= 2, "{seqs:?}");
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1) && seqs[0] == 1,
+        "each chunk once, in order: {seqs:?}"
+    );
+    for b in a.backends() {
+        assert_eq!(
+            (b.ejections, b.failovers),
+            (0, 0),
+            "{}: the caller's slowness is not the backend's",
+            b.name
+        );
+    }
+    a.check_invariants();
+    a.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_stalled_during_the_shutdown_grace_is_answered_shutting_down() {
+    let (backends, h) = sims(&[100, 100]);
+    let mut cfg = pool_cfg(&[("a", 1), ("b", 1)], health());
+    cfg.shutdown_grace = Duration::from_secs(5);
+    let a = Arc::new(start(cfg, backends));
+    warm(&a, 2).await;
+    h[0].pause();
+    h[1].pause();
+    // One call on each backend, both stalled; shutdown starts at once, so neither may
+    // be moved to the other backend (whose worker is leaving).
+    let (_, r1) = a
+        .call(Submission::new("x").budget(Duration::from_secs(30)))
+        .await;
+    let (_, r2) = a
+        .call(Submission::new("y").budget(Duration::from_secs(30)))
+        .await;
+    sleep(ms(10)).await;
+    let down = tokio::spawn({
+        let a = a.clone();
+        async move { a.shutdown().await }
+    });
+    for rx in [r1, r2] {
+        let o = answer(rx).await;
+        assert!(
+            matches!(o.error_code(), Some(ErrorCode::ShuttingDown)),
+            "answered shutting_down: {o:?}"
+        );
+    }
+    down.await.expect("shutdown");
+}

@@ -380,3 +380,64 @@ async fn random_classes_keep_invariants_and_answer_everyone_once() {
 }
 
 mod scenarios;
+
+#[tokio::test(start_paused = true)]
+async fn nothing_is_displaced_for_an_interactive_request_a_key_gate_then_refuses() {
+    // One worker, a queue of 1, key "k" limited to 1 at a time (refuse when busy).
+    let mut c = AdmissionConfig {
+        workers: NonZeroUsize::new(1).expect("non-zero"),
+        queue_capacity: NonZeroUsize::new(1).expect("non-zero"),
+        limits: vec![KeyLimit {
+            name: "client".into(),
+            key: KeySource::Client,
+            limit: NonZeroUsize::new(1).expect("non-zero"),
+            on_busy: OnBusy::Reject,
+            tokens: None,
+            priority: None,
+        }],
+        ..AdmissionConfig::default()
+    };
+    c.estimator.initial = Some(ms(100));
+    let backend: Arc<dyn crate::backend::Backend> =
+        Arc::new(SimBackend::fixed(Duration::from_secs(1)));
+    let a = Admission::start(
+        c,
+        backend,
+        Arc::new(ChannelSink),
+        crate::trace::Tracer::disabled(),
+    );
+    let budget = Duration::from_secs(30);
+    let (_, running) = a
+        .call(interactive("k running", budget).client_key("k"))
+        .await;
+    tokio::time::sleep(ms(10)).await;
+    let (_, mut queued) = a
+        .call(batch("other key, queued", budget).client_key("o"))
+        .await;
+    // The queue is full; this one would displace the batch request, but key "k" is busy.
+    let (ad, refused) = a.call(interactive("k again", budget).client_key("k")).await;
+    assert_eq!(ad, Admitted::Refused(ErrorCode::ConcurrencyLimitExceeded));
+    assert_eq!(
+        answer(refused).await.error_code(),
+        Some(ErrorCode::ConcurrencyLimitExceeded)
+    );
+    let early = answered_now(&mut queued);
+    assert!(
+        early.is_none(),
+        "the batch request was not displaced for a refused request: {early:?}"
+    );
+    let s = a.stats();
+    assert_eq!(
+        (
+            s.priority["interactive"].admitted,
+            s.priority["interactive"].refused
+        ),
+        (1, 1),
+        "the refused request counted once, as refused"
+    );
+    assert_eq!(s.priority["batch"].displaced, 0);
+    assert_eq!(answer(running).await.code(), "ok");
+    assert_eq!(answer(queued).await.code(), "ok");
+    a.check_invariants();
+    a.shutdown().await;
+}

@@ -197,7 +197,7 @@ impl<W> State<W> {
             };
             for id in m.running_since.keys() {
                 let last = self.entries.get(id).and_then(|e| e.progress.as_ref());
-                if last.is_some_and(|p| !p.failing_over() && p.last() + after <= now) {
+                if last.is_some_and(|p| !p.failing_over() && p.last(now) + after <= now) {
                     stalled.push((b, *id));
                 }
             }
@@ -220,6 +220,8 @@ impl<W> State<W> {
         }
         let mut first: Option<Instant> = None;
         let mut at = |t: Instant| first = Some(first.map_or(t, |f| f.min(t)));
+        // A call waiting for its caller is looked at again one stall period from now.
+        let now = Instant::now();
         for (b, m) in self.pool.members.iter().enumerate() {
             if let Health::Ejected { until } = m.health {
                 at(until);
@@ -233,7 +235,7 @@ impl<W> State<W> {
                 if let Some(p) = e.and_then(|e| e.progress.as_ref())
                     && !p.failing_over()
                 {
-                    at(p.last() + after);
+                    at(p.last(now) + after);
                 }
             }
         }
@@ -269,6 +271,9 @@ impl<W> State<W> {
                 ErrorCode::Cancelled,
                 "cancelled while running; backend call aborted",
             ),
+            // Shutting down: the other backends' workers may be gone already, so a
+            // request moved there would never be answered.
+            _ if self.shutting_down => shutting_down(),
             (false, Some(request), Some(to)) if fits(to) => {
                 self.requeue(id, to, request, now, fx);
                 return;

@@ -41,16 +41,18 @@ impl<W> State<W> {
     ) -> Admitted {
         let mut class = sub.priority.unwrap_or_default();
         let admitted = self.submit_as(sub, waiter, &mut class, now, fx);
-        if let Admitted::Refused(_) = admitted {
-            self.stats.priority.refused(class);
+        match admitted {
+            Admitted::Refused(_) => self.stats.priority.refused(class),
+            Admitted::Queued => self.stats.priority.admitted(class),
+            Admitted::Joined | Admitted::Cached => {}
         }
         admitted
     }
 
-    /// A new request of class `p` was admitted as entry `id`: counted, and a batch one
-    /// remembered (displacement, the prediction's view of the classes).
+    /// A new request of class `p` entered as entry `id`: a batch one is remembered
+    /// (displacement, the prediction's view of the classes). It is counted as admitted
+    /// by [`State::submit`], once it is queued (a key gate may still refuse it).
     pub(super) fn admitted_as(&mut self, id: u64, p: Priority) -> Priority {
-        self.stats.priority.admitted(p);
         if p == Priority::Batch {
             self.batch.insert(id);
         }
@@ -86,7 +88,8 @@ impl<W> State<W> {
             };
             self.displace(id, Displaced::Deadline, now, fx);
         }
-        if self.queued >= self.cfg.queue_capacity.get()
+        // Called once the new request is queued: the bound is exceeded by it.
+        if self.queued > self.cfg.queue_capacity.get()
             && let Some(id) = self.latest_batch(None, None)
         {
             self.displace(id, Displaced::Room, now, fx);

@@ -77,6 +77,9 @@ impl<W> State<W> {
             return;
         };
         let ended = match (e.started_at, &*result) {
+            // A request moved off a stalled backend and answered while queued again:
+            // its first call consumed its prompt.
+            (None, _) if e.failed_over => Ended::Failed(None),
             (None, _) => Ended::NotStarted,
             (Some(_), Ok(_)) if e.stream.is_some() => Ended::Answered(reported_usage(&tail)),
             (Some(_), Ok(reply)) => Ended::Answered(reported_usage(&reply.body)),
