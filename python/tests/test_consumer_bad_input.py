@@ -192,16 +192,8 @@ async def test_a_cancelled_connect_leaves_no_subscription():
         subscriptions = server.client_subscriptions
         live = await weir.Consumer.connect(server.url, subject=SUBJECT, partitions=4,
                                            owned=[0, 1, 2, 3], capacity={"announce": False})
-        # What a consumer that is up holds: its four partitions. The server may still
-        # count the subscription of its start-up probe for a moment after connect
-        # returns (seen once: 5), so the steady state is awaited, bounded.
-        seen = subscriptions()
-        for _ in range(100):
-            if seen == 4:
-                break
-            await asyncio.sleep(0.02)
-            seen = subscriptions()
-        assert seen == 4
+        # What a consumer that is up holds: its four partitions.
+        assert await server.settled_subscriptions(4) == 4
         await live.close()
         cancelled = 0
         for delay in (0, 0, 0.001, 0.003):

@@ -45,7 +45,7 @@ async def test_a_dropped_consumer_is_shut_down():
     try:
         consumer = await weir.Consumer.connect(server.url, subject=SUBJECT, partitions=4,
                                                owned=[0, 1, 2, 3], capacity={"announce": False})
-        assert server.client_subscriptions() == 4
+        assert await server.settled_subscriptions(4) == 4
         assert monitor(server, "connz", "num_connections") == 1
         ref = weakref.ref(consumer)
         pump = consumer._pump_task

@@ -14,6 +14,7 @@ the Rust tests.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -142,6 +143,19 @@ class NatsServer:
         base = self.ports["monitoring"][0].rstrip("/")
         with urllib.request.urlopen(f"{base}/connz", timeout=1) as r:
             return sum(c.get("subscriptions", 0) for c in json.loads(r.read())["connections"])
+
+    async def settled_subscriptions(self, want: int, attempts: int = 100) -> int:
+        """The client subscriptions once they are ``want``, or the last count after
+        ``attempts`` polls 20 ms apart. Just after a consumer's connect returns, the
+        server may still count its start-up probe's subscription for a moment (seen:
+        5 instead of 4), so a test of the steady state awaits it, bounded."""
+        seen = self.client_subscriptions()
+        for _ in range(attempts):
+            if seen == want:
+                break
+            await asyncio.sleep(0.02)
+            seen = self.client_subscriptions()
+        return seen
 
     def log_tail(self, lines: int = 20) -> str:
         try:
