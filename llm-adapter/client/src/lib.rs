@@ -355,14 +355,31 @@ impl LlmClient {
 
     /// Cancels a queued or running request by its id.
     pub async fn cancel(&self, request_id: &str) -> Result<CancelReply, ClientError> {
+        self.cancel_by(h::CANCEL, request_id, "cancel reply").await
+    }
+
+    /// Cancels every queued and running request of a session (`Weir-Cancel-Session`);
+    /// the reply comes once the running ones were aborted and answered.
+    pub async fn cancel_session(&self, session: &str) -> Result<SessionCancelReply, ClientError> {
+        self.cancel_by(h::CANCEL_SESSION, session, "session cancel reply")
+            .await
+    }
+
+    /// One message on the cancel subject with `header: value`, its JSON reply read as
+    /// `T` (`what` names it in an error).
+    async fn cancel_by<T: serde::de::DeserializeOwned>(
+        &self,
+        header: &str,
+        value: &str,
+        what: &'static str,
+    ) -> Result<T, ClientError> {
         let mut headers = HeaderMap::new();
-        put(&mut headers, h::CANCEL, request_id);
+        put(&mut headers, header, value);
         let t = Duration::from_secs(2);
         let req = async_nats::Request::new().headers(headers);
-        let subject = &self.cancel_subject;
         let msg = request(
             &self.nats,
-            subject,
+            &self.cancel_subject,
             req,
             t,
             t + self.margin,
@@ -371,30 +388,7 @@ impl LlmClient {
         .await?;
         check_error(&msg)?;
         serde_json::from_slice(&msg.payload)
-            .map_err(|e| ClientError::with_source(ClientErrorKind::InvalidReply, "cancel reply", e))
-    }
-
-    /// Cancels every queued and running request of a session (`Weir-Cancel-Session`);
-    /// the reply comes once the running ones were aborted and answered.
-    pub async fn cancel_session(&self, session: &str) -> Result<SessionCancelReply, ClientError> {
-        let mut headers = HeaderMap::new();
-        put(&mut headers, h::CANCEL_SESSION, session);
-        let t = Duration::from_secs(2);
-        let req = async_nats::Request::new().headers(headers);
-        let subject = &self.cancel_subject;
-        let msg = request(
-            &self.nats,
-            subject,
-            req,
-            t,
-            t + self.margin,
-            "cancel: no reply",
-        )
-        .await?;
-        check_error(&msg)?;
-        serde_json::from_slice(&msg.payload).map_err(|e| {
-            ClientError::with_source(ClientErrorKind::InvalidReply, "session cancel reply", e)
-        })
+            .map_err(|e| ClientError::with_source(ClientErrorKind::InvalidReply, what, e))
     }
 
     /// A local session slot, when the cap is on and the request names a session.
