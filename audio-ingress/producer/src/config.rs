@@ -16,8 +16,10 @@ use weir_protocol::partition::{DEFAULT_STREAM_TEMPLATE, MAX_PARTITIONS};
 use weir_service::config::{ConfigError, ConfigErrorKind};
 
 mod keys;
+mod raw;
 
 pub use keys::KEYS;
+pub use raw::StreamKeys;
 
 /// Default byte budget per stream: 0.5 s of 16 kHz s16le mono (25 frames of 20 ms).
 pub const DEFAULT_MAX_BYTES: usize = 16_000;

@@ -52,9 +52,7 @@ pub use capacity::{CAPACITY_KEYS, CapacityConfig, CapacityMode, DEFAULT_MAX_LAG_
 pub use docs::SECTIONS;
 pub use server::*;
 pub use telephony::TELEPHONY_KEYS;
-use weir_audio_producer::config::{
-    Delivery, JetStreamKeys, Policy, StreamConfig, StreamConfigBuilder,
-};
+use weir_audio_producer::config::{StreamConfig, StreamKeys};
 
 /// Prefix of the environment variables: `WEIR_INGRESS_MAX_BYTES` sets `max_bytes`. A
 /// variable under it that is not a key is refused (exit 2, naming it), except those in
@@ -142,31 +140,12 @@ pub const DEFAULT_AUTH_LEEWAY_S: u64 = 5;
 /// every key (written once: it reads the typed defaults), and the key table is
 /// generated from it. Secret fields make a `Debug` impl unwise; there is none.
 #[derive(Clone, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 struct RawConfig {
-    max_bytes: u64,
-    max_rate: f64,
-    max_age_ms: u64,
-    max_wait_ms: u64,
-    policy: Policy,
-    extended_consumers: bool,
-    shadow: bool,
-    shadow_ceiling_factor: u64,
-    publish_timeout_ms: u64,
-    end_timeout_ms: u64,
-    max_frame_bytes: u64,
-    subject: String,
-    frame_headers: bool,
-    delivery: Delivery,
-    jetstream_stream: String,
-    jetstream_max_age_s: u64,
-    jetstream_duplicate_window_s: u64,
-    jetstream_replicas: u64,
-    confirm_window_ms: u64,
-    confirm_window_min_bytes: u64,
-    confirm_interval_ms: u64,
-    /// 0: unset (1 partition; required with `{partition}`).
-    partitions: u64,
+    /// The producer core's keys, flat beside the ingress's own (unknown keys are
+    /// refused by the loader, against the defaults' keys, before serde).
+    #[serde(flatten)]
+    stream: StreamKeys,
     listen: String,
     max_streams: u64,
     retry_after_s: u64,
@@ -209,32 +188,10 @@ fn ms(d: Duration) -> u64 {
 
 impl Default for RawConfig {
     fn default() -> Self {
-        let b = StreamConfigBuilder::default();
         let s = ServerConfig::default();
         let count = |v: NonZeroUsize| v.get() as u64;
         Self {
-            max_bytes: b.max_bytes,
-            max_rate: b.max_rate_permille as f64 / 1000.0,
-            max_age_ms: ms(b.max_age),
-            max_wait_ms: ms(b.max_wait),
-            policy: b.policy,
-            extended_consumers: b.extended_consumers,
-            shadow: b.shadow,
-            shadow_ceiling_factor: b.shadow_ceiling_factor,
-            publish_timeout_ms: ms(b.publish_timeout),
-            end_timeout_ms: ms(b.end_timeout),
-            max_frame_bytes: b.max_frame_bytes,
-            subject: b.subject,
-            frame_headers: b.frame_headers,
-            delivery: b.delivery,
-            jetstream_stream: b.jetstream.stream,
-            jetstream_max_age_s: b.jetstream.max_age.as_secs(),
-            jetstream_duplicate_window_s: b.jetstream.duplicate_window.as_secs(),
-            jetstream_replicas: b.jetstream.replicas,
-            confirm_window_ms: ms(b.confirm_window),
-            confirm_window_min_bytes: b.confirm_window_min_bytes,
-            confirm_interval_ms: ms(b.confirm_interval),
-            partitions: b.partitions.unwrap_or(0),
+            stream: StreamKeys::default(),
             listen: s.listen.to_string(),
             max_streams: count(s.max_streams),
             retry_after_s: s.retry_after.as_secs(),
@@ -275,11 +232,6 @@ impl Default for RawConfig {
             log: LogSection::default(),
         }
     }
-}
-
-/// A decimal value in thousandths (rounded); `None` for a negative, NaN or huge value.
-fn permille(v: f64) -> Option<u64> {
-    (v.is_finite() && (0.0..=1e12).contains(&v)).then(|| (v * 1000.0).round() as u64)
 }
 
 /// Idle RSS allowance in [`Config::memory_bound_bytes`] (measured idle: ~17 MiB).
@@ -393,48 +345,13 @@ impl RawConfig {
     /// Validates every value into the typed settings.
     fn validate(self) -> Result<Config, ConfigError> {
         Ok(Config {
-            stream: self.stream()?,
+            stream: self.stream.build()?,
             server: self.server()?,
             nats: self.nats.validate(NatsConfig::named(NATS_CLIENT_NAME))?,
             capacity: self.capacity.validate()?,
             telephony: self.telephony.validate()?,
             log: self.log.validate()?,
         })
-    }
-
-    fn stream(&self) -> Result<StreamConfig, ConfigError> {
-        let max_rate_permille = permille(self.max_rate).ok_or_else(|| {
-            ConfigError::out_of_range("max_rate", self.max_rate, "0 (no bound) or 1.0..=1000")
-        })?;
-        StreamConfigBuilder {
-            max_bytes: self.max_bytes,
-            max_age: Duration::from_millis(self.max_age_ms),
-            max_wait: Duration::from_millis(self.max_wait_ms),
-            policy: self.policy,
-            shadow: self.shadow,
-            shadow_ceiling_factor: self.shadow_ceiling_factor,
-            extended_consumers: self.extended_consumers,
-            publish_timeout: Duration::from_millis(self.publish_timeout_ms),
-            end_timeout: Duration::from_millis(self.end_timeout_ms),
-            max_frame_bytes: self.max_frame_bytes,
-            subject: self.subject.clone(),
-            partitions: (self.partitions != 0).then_some(self.partitions),
-            frame_headers: self.frame_headers,
-            delivery: self.delivery,
-            confirm_window: Duration::from_millis(self.confirm_window_ms),
-            confirm_window_min_bytes: self.confirm_window_min_bytes,
-            confirm_interval: Duration::from_millis(self.confirm_interval_ms),
-            jetstream: JetStreamKeys {
-                stream: self.jetstream_stream.clone(),
-                max_age: Duration::from_secs(self.jetstream_max_age_s.min(u64::MAX / 2_000)),
-                duplicate_window: Duration::from_secs(
-                    self.jetstream_duplicate_window_s.min(u64::MAX / 2_000),
-                ),
-                replicas: self.jetstream_replicas,
-            },
-            max_rate_permille,
-        }
-        .build()
     }
 }
 
