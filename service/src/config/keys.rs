@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 
 use toml::Value;
 
-use super::{Layers, Range, any_element};
+use super::{ConfigError, ConfigErrorKind, Layers, Range, any_element};
 
 /// What the code cannot know about a key: its allowed values and its meaning.
 #[derive(Debug, Clone, Copy)]
@@ -49,6 +49,26 @@ pub fn find<'a>(sections: &'a [Section], key: &str) -> Option<&'a KeyDoc> {
 /// reaches by loading the defaults).
 pub fn range(sections: &[Section], key: &str) -> Range {
     find(sections, key).map_or(Range::Any, |d| d.range)
+}
+
+/// A loader's refusal (from [`Layers`]) as the operator has to fix it, for a binary whose
+/// keys are `sections`: an unknown key points at `list_keys` (the command that lists the
+/// keys), an integer serde refused (`-1`) is out of range, and every other refusal of a
+/// key carries the key's range.
+pub fn refusal(e: ConfigError, sections: &[Section], list_keys: &str) -> ConfigError {
+    match (e.kind(), e.origin()) {
+        (ConfigErrorKind::UnknownKey, _) => e.with_hint(&format!(" (see `{list_keys}`)")),
+        (ConfigErrorKind::File, _) => e,
+        (ConfigErrorKind::Invalid, origin) if e.message().contains("invalid value: integer") => {
+            ConfigError::new(e.key(), ConfigErrorKind::OutOfRange, e.message())
+                .with_origin(origin)
+                .with_allowed(range(sections, e.key()).to_string())
+        }
+        _ => {
+            let allowed = range(sections, e.key()).to_string();
+            e.with_allowed(allowed)
+        }
+    }
 }
 
 /// A group of keys shown as one table.

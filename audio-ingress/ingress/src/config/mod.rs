@@ -307,26 +307,17 @@ impl Config {
     }
 }
 
-/// The loader's refusal as the operator has to fix it: a misspelled variable is named
-/// by the variable, every other refusal by the key; an integer serde refused (`-1`) is
-/// out of range.
+/// The loader's refusal as the operator has to fix it (`keys::refusal`); a misspelled
+/// variable is named by the variable.
 fn from_load(e: ConfigError) -> ConfigError {
+    const LIST_KEYS: &str = "audio-ingress serve --list-keys";
     match (e.kind(), e.origin()) {
         (ConfigErrorKind::UnknownKey, Origin::Env(var)) => ConfigError::new(
             var.clone(),
             ConfigErrorKind::UnknownKey,
-            format!("{} (see `audio-ingress serve --list-keys`)", e.message()),
+            format!("{} (see `{LIST_KEYS}`)", e.message()),
         ),
-        (ConfigErrorKind::UnknownKey, _) => e.with_hint(" (see `audio-ingress serve --list-keys`)"),
-        (ConfigErrorKind::Invalid, origin) if e.message().contains("invalid value: integer") => {
-            ConfigError::new(e.key(), ConfigErrorKind::OutOfRange, e.message())
-                .with_origin(origin)
-                .with_allowed(range(e.key()).to_string())
-        }
-        _ => {
-            let allowed = range(e.key()).to_string();
-            e.with_allowed(allowed)
-        }
+        _ => keys::refusal(e, SECTIONS, LIST_KEYS),
     }
 }
 

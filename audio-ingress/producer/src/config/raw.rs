@@ -135,7 +135,10 @@ mod tests {
 
     #[test]
     fn the_defaults_build_the_default_config() {
-        assert_eq!(StreamKeys::default().build().ok(), Some(StreamConfig::default()));
+        assert_eq!(
+            StreamKeys::default().build().ok(),
+            Some(StreamConfig::default())
+        );
     }
 
     #[test]
@@ -156,6 +159,9 @@ mod tests {
     #[test]
     fn a_bad_rate_is_refused_by_name() {
         let keys: StreamKeys = serde_json::from_str(r#"{"max_rate": -1.0}"#).expect("keys");
-        assert_eq!(keys.build().map_err(|e| e.key().to_owned()), Err("max_rate".into()));
+        assert_eq!(
+            keys.build().map_err(|e| e.key().to_owned()),
+            Err("max_rate".into())
+        );
     }
 }

@@ -164,22 +164,9 @@ fn layers() -> Layers {
     Layers::new(&RawConfig::default()).with_schema(&schema)
 }
 
-/// The loader's refusal with the allowed values of the key and, for an unknown key,
-/// where to find the known ones.
+/// The loader's refusal as the operator has to fix it (`keys::refusal`).
 fn from_load(e: ConfigError) -> ConfigError {
-    match e.kind() {
-        ConfigErrorKind::UnknownKey => e.with_hint(" (see `llm-adapter serve --list-keys`)"),
-        ConfigErrorKind::File => e,
-        ConfigErrorKind::Invalid if e.message().contains("invalid value: integer") => {
-            ConfigError::new(e.key(), ConfigErrorKind::OutOfRange, e.message())
-                .with_origin(e.origin())
-                .with_allowed(range(e.key()).to_string())
-        }
-        _ => {
-            let allowed = range(e.key()).to_string();
-            e.with_allowed(allowed)
-        }
-    }
+    keys::refusal(e, SECTIONS, "llm-adapter serve --list-keys")
 }
 
 /// The range [`SECTIONS`] documents for `key` (`limits[2].limit` is `limits[].limit`).
