@@ -2,8 +2,9 @@
 //! (`tests/python/carrier_client.py`: Twilio Media Streams and Telnyx media streaming,
 //! not weir's code), the real `audio-ingress serve` binary and a real `nats-server`.
 //!
-//! - Inbound (Twilio µ-law; Telnyx PCMU and PCMA): 15.9 s of recorded speech
-//!   (`tests/data/speech-8k.*`) paced at 20 ms. Every chunk becomes one 20 ms frame
+//! - Inbound (Twilio µ-law; Telnyx PCMU and PCMA): the first 6 s of recorded speech
+//!   (`tests/data/speech-8k.*`; `WEIR_TELEPHONY_SPEECH_S=16` sends all 15.9 s) paced
+//!   at 20 ms. Every chunk becomes one 20 ms frame
 //!   at 16 kHz (2 × 160 samples / 320), seqs 1..=N without holes, nothing declared
 //!   lost, and the frames, laid out by seq, match FFmpeg's decode and resample of the
 //!   same file (PyAV, `--reference`) with a normalized cross-correlation ≥
