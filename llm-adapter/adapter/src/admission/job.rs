@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use weir_protocol::llm::{ErrorBody, ErrorCode, ErrorDetails};
 
 use super::{Inner, Sink, StreamOut, pool, streaming};
-use crate::backend::{BackendErrorKind, BackendRequest};
+use crate::backend::{BackendErrorKind, BackendReply, BackendRequest};
 
 /// Why a running call is aborted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +54,8 @@ pub(crate) struct Job {
 }
 
 impl<S: Sink> Inner<S> {
+    /// Runs the job's backend call on its member, then settles the request: `finish`
+    /// with the call's result, or `failover` if the call stalled.
     pub(super) async fn run_job(&self, job: Job) {
         let Job {
             id,
@@ -79,63 +81,9 @@ impl<S: Sink> Inner<S> {
         let retry = self.failover.then(|| request.clone());
         let backend_timeout =
             (self.timeouts.get(member).copied()).unwrap_or(self.cfg.backend_timeout);
-        let backend_end = started_at + backend_timeout;
-        let (limit_at, deadline_first) = match deadline {
-            Some(d) if d <= backend_end => (d, true),
-            _ => (backend_end, false),
-        };
+        let limit = CallLimit::new(started_at, deadline, backend_timeout);
         let failed_over = AtomicBool::new(false);
-        let aborted = |reason: Result<AbortReason, oneshot::error::RecvError>| match reason {
-            Ok(AbortReason::Cancelled) => ErrorBody::new(
-                ErrorCode::Cancelled,
-                "cancelled while running; backend call aborted",
-            ),
-            Ok(AbortReason::Superseded { by: Some(by) }) => ErrorBody::new(
-                ErrorCode::Cancelled,
-                format!(
-                    "superseded by request {by} of the same session while running; backend call aborted"
-                ),
-            ),
-            Ok(AbortReason::Superseded { by: None }) => ErrorBody::new(
-                ErrorCode::Cancelled,
-                "superseded by a later request of the same session while running; backend call aborted",
-            ),
-            _ => ErrorBody::new(
-                ErrorCode::ShuttingDown,
-                "shutdown grace period ended; backend call aborted",
-            ),
-        };
-        let limited = || {
-            if deadline_first {
-                ErrorBody::new(ErrorCode::DeadlineExceeded, DEADLINE_DURING_INFERENCE).with_details(
-                    ErrorDetails {
-                        waited_ms: Some(crate::millis::whole_ms(limit_at - started_at)),
-                        ..Default::default()
-                    },
-                )
-            } else {
-                ErrorBody::new(
-                    ErrorCode::BackendTimeout,
-                    format!(
-                        "backend did not answer within backend.timeout_ms ({} ms)",
-                        backend_timeout.as_millis()
-                    ),
-                )
-            }
-        };
-        // A stall found by the sweeper (pool with health): the call is dropped and the
-        // request handed back for a failover.
-        let stalled = async {
-            match &progress {
-                Some(p) => p.failed_over().await,
-                None => std::future::pending().await,
-            }
-            failed_over.store(true, Ordering::Relaxed);
-            ErrorBody::new(
-                ErrorCode::BackendError,
-                "backend stalled (no reply bytes) and was ejected; call aborted",
-            )
-        };
+        let stall = stalled(progress.as_deref(), &failed_over);
         // Precedence when several are ready at once: an abort, then the backend's
         // answer, then a stall, then the deadline / backend timeout.
         let result = match stream {
@@ -148,8 +96,8 @@ impl<S: Sink> Inner<S> {
                     biased;
                     reason = &mut abort => Err(aborted(reason)),
                     r = call => r.map_err(|e| backend_failure(&e, deadline)),
-                    e = stalled => Err(e),
-                    _ = tokio::time::sleep_until(limit_at) => Err(limited()),
+                    e = stall => Err(e),
+                    _ = tokio::time::sleep_until(limit.at) => Err(limit.answer()),
                 }
             }
             Some(out) => {
@@ -157,8 +105,8 @@ impl<S: Sink> Inner<S> {
                     tokio::select! {
                         biased;
                         reason = &mut abort => aborted(reason),
-                        e = stalled => e,
-                        _ = tokio::time::sleep_until(limit_at) => limited(),
+                        e = stall => e,
+                        _ = tokio::time::sleep_until(limit.at) => limit.answer(),
                     }
                 };
                 if !again {
@@ -181,7 +129,21 @@ impl<S: Sink> Inner<S> {
                 .await
             }
         };
-        if failed_over.load(Ordering::Relaxed) {
+        let stalled = failed_over.load(Ordering::Relaxed);
+        self.settle(id, stalled, retry, started_at, result).await;
+    }
+
+    /// Settles a job whose call ended: a stalled one is handed back (`failover`, with
+    /// its kept request), any other is finished with the call's result.
+    async fn settle(
+        &self,
+        id: u64,
+        stalled: bool,
+        retry: Option<BackendRequest>,
+        started_at: Instant,
+        result: Result<BackendReply, ErrorBody>,
+    ) {
+        if stalled {
             self.step(|st, now, fx| st.failover(id, retry, now, fx))
                 .await;
             return;
@@ -192,6 +154,94 @@ impl<S: Sink> Inner<S> {
         })
         .await;
     }
+}
+
+/// Where a running call is cut off: at the request's deadline (`answer_by`) or at its
+/// member's backend timeout, whichever comes first.
+struct CallLimit {
+    /// The instant the call is dropped.
+    at: Instant,
+    /// The deadline comes first (or with the timeout): the answer is
+    /// `deadline_exceeded`, else `backend_timeout`.
+    deadline_first: bool,
+    started_at: Instant,
+    backend_timeout: Duration,
+}
+
+impl CallLimit {
+    fn new(started_at: Instant, deadline: Option<Instant>, backend_timeout: Duration) -> Self {
+        let backend_end = started_at + backend_timeout;
+        let (at, deadline_first) = match deadline {
+            Some(d) if d <= backend_end => (d, true),
+            _ => (backend_end, false),
+        };
+        Self {
+            at,
+            deadline_first,
+            started_at,
+            backend_timeout,
+        }
+    }
+
+    /// The answer of a call cut off at [`CallLimit::at`].
+    fn answer(&self) -> ErrorBody {
+        if self.deadline_first {
+            ErrorBody::new(ErrorCode::DeadlineExceeded, DEADLINE_DURING_INFERENCE).with_details(
+                ErrorDetails {
+                    waited_ms: Some(crate::millis::whole_ms(self.at - self.started_at)),
+                    ..Default::default()
+                },
+            )
+        } else {
+            ErrorBody::new(
+                ErrorCode::BackendTimeout,
+                format!(
+                    "backend did not answer within backend.timeout_ms ({} ms)",
+                    self.backend_timeout.as_millis()
+                ),
+            )
+        }
+    }
+}
+
+/// The answer of a call aborted for `reason`; a dropped sender counts as the shutdown's
+/// abort.
+fn aborted(reason: Result<AbortReason, oneshot::error::RecvError>) -> ErrorBody {
+    match reason {
+        Ok(AbortReason::Cancelled) => ErrorBody::new(
+            ErrorCode::Cancelled,
+            "cancelled while running; backend call aborted",
+        ),
+        Ok(AbortReason::Superseded { by: Some(by) }) => ErrorBody::new(
+            ErrorCode::Cancelled,
+            format!(
+                "superseded by request {by} of the same session while running; backend call aborted"
+            ),
+        ),
+        Ok(AbortReason::Superseded { by: None }) => ErrorBody::new(
+            ErrorCode::Cancelled,
+            "superseded by a later request of the same session while running; backend call aborted",
+        ),
+        _ => ErrorBody::new(
+            ErrorCode::ShuttingDown,
+            "shutdown grace period ended; backend call aborted",
+        ),
+    }
+}
+
+/// A stall found by the sweeper (pool with health; never without `progress`): resolves
+/// once the call is told to fail over, after setting `failed_over`, so that the call is
+/// dropped and the request handed back for a failover.
+async fn stalled(progress: Option<&pool::Progress>, failed_over: &AtomicBool) -> ErrorBody {
+    match progress {
+        Some(p) => p.failed_over().await,
+        None => std::future::pending().await,
+    }
+    failed_over.store(true, Ordering::Relaxed);
+    ErrorBody::new(
+        ErrorCode::BackendError,
+        "backend stalled (no reply bytes) and was ejected; call aborted",
+    )
 }
 
 /// The message of a call aborted (or timed out) at its deadline.
