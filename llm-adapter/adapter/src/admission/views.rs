@@ -1,5 +1,6 @@
 //! Read-only reports of the admission core: the live limits view ([`LimitsView`] and
-//! its parts, served by the admin API) and what shutdown did ([`ShutdownReport`]).
+//! its parts, served on the limits subject and by the admin API) and what shutdown did
+//! ([`ShutdownReport`]).
 //!
 //! Plain data: each value is built once (the limits view under the state lock) and
 //! never updated after; reading one never touches the live state.
