@@ -19,11 +19,11 @@ use tokio::task::JoinHandle;
 use crate::admin::{self, AdminState};
 use crate::auth::Authenticator;
 use crate::capacity::Capacity;
-use crate::config::Config;
+use crate::config::{Config, ServerConfig};
 use crate::door;
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::error::{Error, ErrorKind};
-use crate::listener::check_fd_limit;
+use crate::listener::{FdLimit, check_fd_limit};
 use crate::resume::Resume;
 use crate::shutdown::TaskTracker;
 use crate::whip::Whip;
@@ -134,6 +134,10 @@ pub async fn start_with_sink<S: Sink>(
 
 /// Starts the service publishing to `sink`, admitting by `capacity`; the telephony
 /// door's return path and call events use `voice` (`None`: inbound only).
+///
+/// In order: check the open-file limit, bind the WebSocket then the admin listener,
+/// set up authentication, WHIP and resumption, serve the front door, then the admin
+/// HTTP, then start the metrics upkeep. A failing step stops the start there.
 async fn start_with<S: Sink>(
     config: Config,
     sink: S,
@@ -142,6 +146,82 @@ async fn start_with<S: Sink>(
     voice: Option<async_nats::Client>,
 ) -> Result<RunningService<S>, Error> {
     let server = &config.server;
+    let fd = check_open_files(server)?;
+    let (ws_listener, ws_addr) = bind(config.server.listen, "listen").await?;
+    let (admin_listener, admin_addr) = bind(config.server.admin, "admin").await?;
+    let max_streams = config.server.max_streams.get();
+    let ingress = Ingress::with_max_streams(sink, config.stream.clone(), max_streams);
+    let tracker = TaskTracker::new();
+
+    let auth = authenticator(server)?;
+    let whip = match &config.server.whip {
+        None => None,
+        Some(w) => Some(Whip::start(w.clone()).await?),
+    };
+    let resume = resume_streams(server)?;
+    let ws_router = FrontDoor {
+        ingress: &ingress,
+        tracker: &tracker,
+        auth: &auth,
+        capacity: &capacity,
+        resume: &resume,
+    }
+    .router(&config, whip.as_ref(), voice);
+    let (stop_ws, ws_task) = serve_http(
+        ws_listener,
+        ws_router,
+        http_options(server, "ws", config.server.send_buffer),
+        server.max_connections.get(),
+        server.max_connections_per_ip.get(),
+        false,
+    );
+
+    let admin_router = admin::router(AdminState {
+        ingress: ingress.clone(),
+        prometheus: prometheus.clone(),
+        edge: edge_view(server, &fd),
+        max_streams,
+        whip: whip.as_ref().map(Whip::view),
+        limits: config.server.admin_request_limits,
+    });
+    // Per address = the whole cap: the admin port is for local scrapers and probes.
+    // Silent connections are evicted when it is full, so probes are always let in.
+    let admin_cap = server.admin_max_connections.get();
+    let (stop_admin, admin_task) = serve_http(
+        admin_listener,
+        admin_router,
+        http_options(server, "admin", None),
+        admin_cap,
+        admin_cap,
+        true,
+    );
+
+    let upkeep = spawn_upkeep(ingress.clone(), prometheus);
+
+    tracing::info!(%ws_addr, %admin_addr, policy = config.stream.policy().as_str(),
+        max_bytes = config.stream.max_bytes(), max_age_ms = config.stream.max_age().as_millis() as u64,
+        shadow = config.stream.shadow(), max_streams, auth = config.server.auth.is_some(),
+        "audio-ingress serving");
+    Ok(RunningService {
+        ws_addr,
+        admin_addr,
+        ingress,
+        grace: config.server.grace_period,
+        stop_ws,
+        stop_admin,
+        ws_task,
+        admin_task,
+        upkeep,
+        tracker,
+        whip,
+        capacity,
+        resume,
+    })
+}
+
+/// Checks (and raises, if it can) the open-file limit against both listeners' caps, and
+/// logs what it found.
+fn check_open_files(server: &ServerConfig) -> Result<FdLimit, Error> {
     let fd = check_fd_limit(
         server.max_connections.get(),
         server.admin_max_connections.get(),
@@ -156,13 +236,12 @@ async fn start_with<S: Sink>(
         admin_max_connections = server.admin_max_connections.get(),
         "open-file limit checked"
     );
-    let (ws_listener, ws_addr) = bind(config.server.listen, "listen").await?;
-    let (admin_listener, admin_addr) = bind(config.server.admin, "admin").await?;
-    let max_streams = config.server.max_streams.get();
-    let ingress = Ingress::with_max_streams(sink, config.stream.clone(), max_streams);
-    let tracker = TaskTracker::new();
+    Ok(fd)
+}
 
-    let auth = match &config.server.auth {
+/// The token check of `auth_required` (`None`: the doors are open).
+fn authenticator(server: &ServerConfig) -> Result<Option<Arc<Authenticator>>, Error> {
+    let auth = match &server.auth {
         None => None,
         Some(a) => Some(Arc::new(Authenticator::new(a).map_err(|e| {
             crate::error::config(ConfigError::new(
@@ -172,75 +251,100 @@ async fn start_with<S: Sink>(
             ))
         })?)),
     };
-    let whip = match &config.server.whip {
-        None => None,
-        Some(w) => Some(Whip::start(w.clone()).await?),
-    };
-    let resume = Resume::new(config.server.resume_window).ok_or_else(|| {
+    Ok(auth)
+}
+
+/// The resumable streams, keyed by a secret drawn from the OS.
+fn resume_streams(server: &ServerConfig) -> Result<Arc<Resume>, Error> {
+    Resume::new(server.resume_window).ok_or_else(|| {
         crate::error::config(ConfigError::new(
             "resume_window_ms",
             ConfigErrorKind::Invalid,
             "no randomness from the OS for the resume tokens' key".to_owned(),
         ))
-    })?;
-    let mut routes = ws::routes(WsState {
-        ingress: ingress.clone(),
-        retry_after: config.server.retry_after,
-        idle_timeout: config.server.idle_timeout,
-        send_timeout: config.server.ws_send_timeout,
-        tracker: tracker.clone(),
-        auth: auth.clone(),
-        capacity: capacity.clone(),
-        resume: Arc::clone(&resume),
-    });
-    if let Some(w) = &whip {
-        routes = routes.merge(w.routes(
-            ingress.clone(),
-            auth.clone(),
-            config.server.retry_after,
-            tracker.clone(),
-            capacity.clone(),
-            Arc::clone(&resume),
-        ));
+    })
+}
+
+/// What every door of the front listener shares: the producer core, the handler
+/// tracker, the token check, the capacity check and the resumable streams.
+struct FrontDoor<'a, S: Sink> {
+    ingress: &'a Ingress<S>,
+    tracker: &'a TaskTracker,
+    auth: &'a Option<Arc<Authenticator>>,
+    capacity: &'a Option<Arc<Capacity>>,
+    resume: &'a Arc<Resume>,
+}
+
+impl<S: Sink> FrontDoor<'_, S> {
+    /// The front listener's router: the WebSocket door, WHIP (when configured), the
+    /// telephony doors and the publish page (when on), with the fallbacks.
+    fn router(
+        &self,
+        config: &Config,
+        whip: Option<&Whip>,
+        voice: Option<async_nats::Client>,
+    ) -> axum::Router {
+        let mut routes = ws::routes(WsState {
+            ingress: self.ingress.clone(),
+            retry_after: config.server.retry_after,
+            idle_timeout: config.server.idle_timeout,
+            send_timeout: config.server.ws_send_timeout,
+            tracker: self.tracker.clone(),
+            auth: self.auth.clone(),
+            capacity: self.capacity.clone(),
+            resume: Arc::clone(self.resume),
+        });
+        if let Some(w) = whip {
+            routes = routes.merge(w.routes(
+                self.ingress.clone(),
+                self.auth.clone(),
+                config.server.retry_after,
+                self.tracker.clone(),
+                self.capacity.clone(),
+                Arc::clone(self.resume),
+            ));
+        }
+        routes = routes.merge(crate::telephony::routes(crate::telephony::TelephonyState {
+            ingress: self.ingress.clone(),
+            retry_after: config.server.retry_after,
+            idle_timeout: config.server.idle_timeout,
+            send_timeout: config.server.ws_send_timeout,
+            tracker: self.tracker.clone(),
+            auth: self.auth.clone(),
+            capacity: self.capacity.clone(),
+            resume: Arc::clone(self.resume),
+            config: Arc::new(config.telephony.clone()),
+            nats: voice,
+            out_total: Arc::default(),
+        }));
+        if config.server.publish_page {
+            routes = routes.merge(crate::publish::routes());
+        }
+        door::with_fallbacks(routes)
     }
-    routes = routes.merge(crate::telephony::routes(crate::telephony::TelephonyState {
-        ingress: ingress.clone(),
-        retry_after: config.server.retry_after,
-        idle_timeout: config.server.idle_timeout,
-        send_timeout: config.server.ws_send_timeout,
-        tracker: tracker.clone(),
-        auth: auth.clone(),
-        capacity: capacity.clone(),
-        resume: Arc::clone(&resume),
-        config: Arc::new(config.telephony.clone()),
-        nats: voice,
-        out_total: Arc::default(),
-    }));
-    if config.server.publish_page {
-        routes = routes.merge(crate::publish::routes());
-    }
-    let ws_router = door::with_fallbacks(routes);
-    let http = |name, send_buffer| HttpOptions {
+}
+
+/// The HTTP settings of the listener `name`.
+fn http_options(
+    server: &ServerConfig,
+    name: &'static str,
+    send_buffer: Option<usize>,
+) -> HttpOptions {
+    HttpOptions {
         name,
-        header_timeout: config.server.http_header_timeout,
-        idle_timeout: config.server.http_idle_timeout,
-        max_header_bytes: config.server.http_max_header_bytes,
-        body: config.server.http_body,
-        retry_after: config.server.retry_after,
+        header_timeout: server.http_header_timeout,
+        idle_timeout: server.http_idle_timeout,
+        max_header_bytes: server.http_max_header_bytes,
+        body: server.http_body,
+        retry_after: server.retry_after,
         metrics: crate::metrics::LISTENER,
         send_buffer,
-    };
-    let (stop_ws, ws_task) = serve_http(
-        ws_listener,
-        ws_router,
-        http("ws", config.server.send_buffer),
-        server.max_connections.get(),
-        server.max_connections_per_ip.get(),
-        false,
-    );
+    }
+}
 
-    let s = &config.server;
-    let edge = serde_json::json!({
+/// The edge settings the admin API shows (`edge`).
+fn edge_view(s: &ServerConfig, fd: &FdLimit) -> serde_json::Value {
+    serde_json::json!({
         "max_connections": s.max_connections.get(),
         "max_connections_per_ip": s.max_connections_per_ip.get(),
         "admin_max_connections": s.admin_max_connections.get(),
@@ -261,58 +365,24 @@ async fn start_with<S: Sink>(
             "allow_foreign_candidates": w.allow_foreign_candidates,
         })),
         "publish_page": s.publish_page,
-    });
-    let admin_router = admin::router(AdminState {
-        ingress: ingress.clone(),
-        prometheus: prometheus.clone(),
-        edge,
-        max_streams,
-        whip: whip.as_ref().map(Whip::view),
-        limits: config.server.admin_request_limits,
-    });
-    // Per address = the whole cap: the admin port is for local scrapers and probes.
-    // Silent connections are evicted when it is full, so probes are always let in.
-    let admin_cap = server.admin_max_connections.get();
-    let (stop_admin, admin_task) = serve_http(
-        admin_listener,
-        admin_router,
-        http("admin", None),
-        admin_cap,
-        admin_cap,
-        true,
-    );
+    })
+}
 
-    let upkeep_ingress = ingress.clone();
-    let upkeep = tokio::spawn(async move {
+/// Once a second: the oldest-frame gauge, and the Prometheus recorder's upkeep.
+fn spawn_upkeep<S: Sink>(
+    ingress: Ingress<S>,
+    prometheus: Option<PrometheusHandle>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            upkeep_ingress.oldest_frame_age();
+            ingress.oldest_frame_age();
             if let Some(h) = &prometheus {
                 h.run_upkeep();
             }
         }
-    });
-
-    tracing::info!(%ws_addr, %admin_addr, policy = config.stream.policy().as_str(),
-        max_bytes = config.stream.max_bytes(), max_age_ms = config.stream.max_age().as_millis() as u64,
-        shadow = config.stream.shadow(), max_streams, auth = config.server.auth.is_some(),
-        "audio-ingress serving");
-    Ok(RunningService {
-        ws_addr,
-        admin_addr,
-        ingress,
-        grace: config.server.grace_period,
-        stop_ws,
-        stop_admin,
-        ws_task,
-        admin_task,
-        upkeep,
-        tracker,
-        whip,
-        capacity,
-        resume,
     })
 }
 

@@ -6,7 +6,8 @@
 //! routing, health and failover in `state/routing.rs` and `state/health.rs`).
 //!
 //! Tasks: exactly `workers` worker tasks (each backend's `slots`, summing to `workers`)
-//! and one timer task ("sweeper", which also finds stalled calls), spawned by
+//! and one timer task ("sweeper", which also finds stalled calls; both in `tasks.rs`,
+//! a worker runs each job with `job.rs`), spawned by
 //! [`Admission::start`] / [`Admission::start_pool`]. Nothing is spawned per request: a request is an entry in the
 //! state machine (`admission/state.rs`) until a worker picks it; its answer is delivered by whoever
 //! settles it (the submitter for immediate refusals, a worker, the sweeper, a cancel, or
@@ -41,31 +42,33 @@ mod cache;
 mod coalesce;
 mod estimator;
 mod gates;
+mod job;
 mod pool;
 mod priority;
 #[cfg(test)]
 mod priority_tests;
+mod request;
 mod slots;
 mod state;
 mod stats;
 mod streaming;
+mod tasks;
 #[cfg(test)]
 mod tokens_tests;
 mod usage;
+mod views;
 
 use std::num::NonZeroUsize;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use bytes::Bytes;
-use serde::Serialize;
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use weir_protocol::WireName;
-use weir_protocol::llm::{AdmissionPolicy, ErrorBody, ErrorCode, ErrorDetails, TraceContext};
+use weir_protocol::llm::ErrorBody;
 
 pub use estimator::{EstimateSource, EstimateView, Estimator, EstimatorConfig};
 pub use pool::{BackendView, HealthConfig, PoolSlots};
@@ -77,11 +80,16 @@ pub use self::barge_in::SETTLE_WAIT;
 use self::barge_in::settled;
 pub use self::gates::key_limits::KeyError;
 pub(crate) use self::gates::key_limits::resolve_keys;
+pub(crate) use self::job::{AbortReason, Job, backend_failure};
+pub use self::request::{
+    Admitted, CancelResult, ChannelSink, Outcome, RequestStatus, Sink, Submission,
+};
 pub use self::state::SessionCancel;
 pub use self::state::TokenKeyView;
 use self::state::{Effects, State};
 use self::stats::Stats;
-use crate::backend::{Backend, BackendErrorKind, BackendReply, BackendRequest};
+pub use self::views::{KeyView, LimitsView, QueueView, SessionView, ShutdownReport};
+use crate::backend::Backend;
 use crate::config::{
     Config, DeadlineConfig, IdempotencyConfig, KeyLimit, Mode, QueueOrder, SessionConfig,
 };
@@ -141,323 +149,6 @@ impl Default for AdmissionConfig {
     fn default() -> Self {
         Config::default().admission
     }
-}
-
-/// One request offered to the admission core.
-#[derive(Debug, Clone)]
-pub struct Submission {
-    /// The caller's request id (idempotency and cancellation).
-    pub request_id: Option<String>,
-    /// The session (cap, ordering, session-keyed limits).
-    pub session: Option<String>,
-    /// The caller's identity for client-keyed limits.
-    pub client_key: Option<String>,
-    /// What to do when the session is busy.
-    pub policy: AdmissionPolicy,
-    /// Remaining budget at `received_at`; `None` = the configured default.
-    pub budget: Option<Duration>,
-    /// When the adapter received the request (queue time starts here).
-    pub received_at: Instant,
-    /// The body, passed to the backend unchanged.
-    pub body: Bytes,
-    /// Where a streamed reply goes (`Weir-Stream: 1`); `None` = a unary reply.
-    pub stream: Option<Arc<dyn StreamOut>>,
-    /// The request's `llm_request` span ([`crate::trace::request_span`]): the trace
-    /// events are emitted inside it, the backend call runs in a child of it.
-    pub span: tracing::Span,
-    /// The caller's W3C trace context (`traceparent`), passed on to the backend.
-    pub trace: Option<TraceContext>,
-    /// `Weir-Priority`; `None` = the class of its keys (`limits[].priority`), else
-    /// interactive.
-    pub priority: Option<Priority>,
-}
-
-impl Submission {
-    /// A submission received now with no metadata.
-    pub fn new(body: impl Into<Bytes>) -> Self {
-        Self {
-            request_id: None,
-            session: None,
-            client_key: None,
-            policy: AdmissionPolicy::Enqueue,
-            budget: None,
-            received_at: Instant::now(),
-            body: body.into(),
-            stream: None,
-            span: crate::trace::request_span(None, None, None, None),
-            trace: None,
-            priority: None,
-        }
-    }
-
-    /// Sets the priority class.
-    pub fn priority(mut self, p: Priority) -> Self {
-        self.priority = Some(p);
-        self
-    }
-
-    /// Asks for a streamed reply through `out`.
-    pub fn stream(mut self, out: Arc<dyn StreamOut>) -> Self {
-        self.stream = Some(out);
-        self
-    }
-
-    /// Sets the request id.
-    pub fn request_id(mut self, id: impl Into<String>) -> Self {
-        self.request_id = Some(id.into());
-        self
-    }
-
-    /// Sets the session.
-    pub fn session(mut self, s: impl Into<String>) -> Self {
-        self.session = Some(s.into());
-        self
-    }
-
-    /// Sets the client key.
-    pub fn client_key(mut self, k: impl Into<String>) -> Self {
-        self.client_key = Some(k.into());
-        self
-    }
-
-    /// Sets the session-busy policy.
-    pub fn policy(mut self, p: AdmissionPolicy) -> Self {
-        self.policy = p;
-        self
-    }
-
-    /// Sets the budget.
-    pub fn budget(mut self, b: Duration) -> Self {
-        self.budget = Some(b);
-        self
-    }
-}
-
-/// How a request ended, shared by every waiter of the request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Outcome {
-    /// The backend's reply, or why there is none.
-    pub result: Result<BackendReply, ErrorBody>,
-    /// Receipt → start of inference (or → the answer, if it never started).
-    pub queue_time: Duration,
-    /// Duration of the backend call, if one started.
-    pub inference_time: Option<Duration>,
-    /// The request id.
-    pub request_id: Option<String>,
-}
-
-impl Outcome {
-    /// `ok` or the error code.
-    pub fn code(&self) -> &'static str {
-        match &self.result {
-            Ok(_) => "ok",
-            Err(e) => e.code.as_str(),
-        }
-    }
-
-    /// The error code, `None` on success.
-    pub fn error_code(&self) -> Option<ErrorCode> {
-        self.result.as_ref().err().map(|e| e.code)
-    }
-}
-
-/// What [`Admission::submit`] did with a submission.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admitted {
-    /// Queued; the answer comes later.
-    Queued,
-    /// Joined a live request with the same id; the answer comes with it.
-    Joined,
-    /// Answered from the completion cache (already delivered).
-    Cached,
-    /// Refused (already delivered).
-    Refused(ErrorCode),
-}
-
-/// What [`Admission::cancel`] found.
-#[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
-#[strum(serialize_all = "snake_case")]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CancelResult {
-    /// It was queued; it has been answered `cancelled`.
-    Queued,
-    /// It was running; the backend call is being aborted and answered `cancelled`.
-    Running,
-    /// No queued or running request has this id.
-    NotFound,
-}
-
-/// Where a request is, by request id (`llm.status`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
-#[strum(serialize_all = "snake_case")]
-pub enum RequestStatus {
-    /// Admitted, waiting to start.
-    Queued {
-        /// 1-based position among the queued requests (1 = next), in the order workers
-        /// take them (deadline order under EDF, arrival under FIFO).
-        position: usize,
-        /// Predicted wait before inference starts (`None` without an estimate).
-        predicted_start: Option<Duration>,
-        /// Time since receipt.
-        waited: Duration,
-    },
-    /// Inference in progress.
-    Running {
-        /// Since the start of inference.
-        elapsed: Duration,
-    },
-    /// Finished `ok`, and its reply is still in the idempotency cache (a retry with the
-    /// same id gets it without running again).
-    Done,
-    /// Not queued, not running, not cached.
-    NotFound,
-}
-
-impl RequestStatus {
-    /// `queued`, `running`, `done` or `not_found`.
-    pub fn as_str(&self) -> &'static str {
-        self.into()
-    }
-}
-
-/// Why a running call is aborted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum AbortReason {
-    Cancelled,
-    /// A later request of the same session superseded it (its request id, if any).
-    Superseded {
-        by: Option<String>,
-    },
-    ShuttingDown,
-}
-
-/// A request handed to a worker.
-pub(crate) struct Job {
-    pub(crate) id: u64,
-    /// The member of the pool it runs on.
-    pub(crate) member: usize,
-    /// How far the call got (pool with health on): written here, read by the sweeper.
-    pub(crate) progress: Option<Arc<pool::Progress>>,
-    pub(crate) request: BackendRequest,
-    /// `deadline − reply_margin`: the call is aborted then.
-    pub(crate) answer_by: Option<Instant>,
-    pub(crate) started_at: Instant,
-    /// Receipt → start.
-    pub(crate) queue_time: Duration,
-    pub(crate) abort: oneshot::Receiver<AbortReason>,
-    /// Where the reply is streamed, for a streamed request.
-    pub(crate) stream: Option<Arc<dyn StreamOut>>,
-    /// A retry on another backend after a failover: a streamed one already got its
-    /// `started` event and was counted as a stream.
-    pub(crate) retry: bool,
-    /// The request's `llm_request` span.
-    pub(crate) span: tracing::Span,
-}
-
-/// Where answers go. The NATS edge publishes a reply; [`ChannelSink`] sends on a
-/// oneshot channel.
-pub trait Sink: Send + Sync + 'static {
-    /// Identifies one caller waiting for an answer.
-    type Waiter: Send + 'static;
-
-    /// Delivers `outcome` to `waiter`. Called exactly once per waiter. Must not wait
-    /// without bound (the NATS sink bounds its publish with a timeout). The future is
-    /// awaited in place (not boxed): one reply costs no allocation here.
-    fn deliver(
-        &self,
-        waiter: Self::Waiter,
-        outcome: Arc<Outcome>,
-    ) -> impl Future<Output = ()> + Send;
-}
-
-/// A [`Sink`] whose waiters are oneshot senders (tests, in-process callers).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ChannelSink;
-
-impl Sink for ChannelSink {
-    type Waiter = oneshot::Sender<Arc<Outcome>>;
-
-    fn deliver(
-        &self,
-        waiter: Self::Waiter,
-        outcome: Arc<Outcome>,
-    ) -> impl Future<Output = ()> + Send {
-        // The receiver may be gone (caller stopped waiting); the answer is then dropped.
-        let _ = waiter.send(outcome);
-        std::future::ready(())
-    }
-}
-
-/// The live limits view: queue, busiest keys, busiest sessions.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct LimitsView {
-    /// The global queue.
-    pub queue: QueueView,
-    /// Busiest per-key limit keys (in flight + waiting, then longest wait).
-    pub keys: Vec<KeyView>,
-    /// Sessions with the most pending requests.
-    pub sessions: Vec<SessionView>,
-    /// Token budgets: the tracked keys with the fewest tokens left (share of their
-    /// budget).
-    pub tokens: Vec<TokenKeyView>,
-}
-
-/// The global queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct QueueView {
-    /// Admitted, not started.
-    pub depth: usize,
-    /// Capacity.
-    pub capacity: usize,
-    /// Backend calls in progress.
-    pub running: usize,
-    /// Workers.
-    pub workers: usize,
-    /// No longer admitting.
-    pub shutting_down: bool,
-}
-
-/// One key of a per-key limit.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct KeyView {
-    /// The limit's name.
-    pub rule: String,
-    /// The key.
-    pub key: String,
-    /// The limit.
-    pub limit: usize,
-    /// Slots held.
-    pub in_flight: usize,
-    /// Requests waiting.
-    pub waiting: usize,
-    /// How long the head waiter has waited, ms.
-    pub longest_wait_ms: f64,
-}
-
-/// One session.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct SessionView {
-    /// The session id.
-    pub session: String,
-    /// Accepted-but-unsettled requests.
-    pub pending: usize,
-    /// The cap (`null` = unlimited).
-    pub limit: Option<usize>,
-    /// Requests waiting behind the session's active one.
-    pub waiting: usize,
-    /// How long the first of them has waited, ms.
-    pub longest_wait_ms: f64,
-}
-
-/// What shutdown did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct ShutdownReport {
-    /// Queued requests answered `shutting_down`.
-    pub answered_queued: usize,
-    /// Running requests still running at the end of the grace period, aborted and
-    /// answered `shutting_down`.
-    pub aborted_running: usize,
 }
 
 struct Inner<S: Sink> {
@@ -537,267 +228,6 @@ impl<S: Sink> Inner<S> {
         // Answers delivered: a waiting cancel may acknowledge now.
         drop(fx.settled);
     }
-
-    /// The next job, if any, and whether the worker should exit (shutting down and
-    /// nothing left to start).
-    async fn take_job(&self, member: usize) -> (Option<Job>, bool) {
-        let mut fx = Effects::default();
-        let (job, exit) = {
-            let mut st = self.lock();
-            // Reading the clock costs; an idle worker that finds nothing skips it.
-            let job = if st.has_ready(member) {
-                st.start_next(member, Instant::now(), &mut fx)
-            } else {
-                None
-            };
-            let exit = job.is_none() && st.is_shutting_down();
-            (job, exit)
-        };
-        self.apply(fx).await;
-        (job, exit)
-    }
-
-    async fn run_job(&self, job: Job) {
-        let Job {
-            id,
-            member,
-            progress,
-            request,
-            answer_by: deadline,
-            started_at,
-            queue_time,
-            mut abort,
-            stream,
-            retry: again,
-            span: _,
-        } = job;
-        let mut request = request;
-        let Some(backend) = self.backends.get(member % self.backends.len().max(1)) else {
-            return;
-        };
-        // The backend call's own span, child of `llm_request` (the current span); its
-        // context is what the backend receives as `traceparent`.
-        let backend_span = tracing::info_span!("backend_call", backend = backend.name());
-        request.trace = crate::trace::outgoing(&backend_span, request.trace.as_ref());
-        let retry = self.failover.then(|| request.clone());
-        let backend_timeout =
-            (self.timeouts.get(member).copied()).unwrap_or(self.cfg.backend_timeout);
-        let backend_end = started_at + backend_timeout;
-        let (limit_at, deadline_first) = match deadline {
-            Some(d) if d <= backend_end => (d, true),
-            _ => (backend_end, false),
-        };
-        let failed_over = AtomicBool::new(false);
-        let aborted = |reason: Result<AbortReason, oneshot::error::RecvError>| match reason {
-            Ok(AbortReason::Cancelled) => ErrorBody::new(
-                ErrorCode::Cancelled,
-                "cancelled while running; backend call aborted",
-            ),
-            Ok(AbortReason::Superseded { by: Some(by) }) => ErrorBody::new(
-                ErrorCode::Cancelled,
-                format!(
-                    "superseded by request {by} of the same session while running; backend call aborted"
-                ),
-            ),
-            Ok(AbortReason::Superseded { by: None }) => ErrorBody::new(
-                ErrorCode::Cancelled,
-                "superseded by a later request of the same session while running; backend call aborted",
-            ),
-            _ => ErrorBody::new(
-                ErrorCode::ShuttingDown,
-                "shutdown grace period ended; backend call aborted",
-            ),
-        };
-        let limited = || {
-            if deadline_first {
-                ErrorBody::new(ErrorCode::DeadlineExceeded, DEADLINE_DURING_INFERENCE).with_details(
-                    ErrorDetails {
-                        waited_ms: Some(crate::millis::whole_ms(limit_at - started_at)),
-                        ..Default::default()
-                    },
-                )
-            } else {
-                ErrorBody::new(
-                    ErrorCode::BackendTimeout,
-                    format!(
-                        "backend did not answer within backend.timeout_ms ({} ms)",
-                        backend_timeout.as_millis()
-                    ),
-                )
-            }
-        };
-        // A stall found by the sweeper (pool with health): the call is dropped and the
-        // request handed back for a failover.
-        let stalled = async {
-            match &progress {
-                Some(p) => p.failed_over().await,
-                None => std::future::pending().await,
-            }
-            failed_over.store(true, Ordering::Relaxed);
-            ErrorBody::new(
-                ErrorCode::BackendError,
-                "backend stalled (no reply bytes) and was ejected; call aborted",
-            )
-        };
-        // Precedence when several are ready at once: an abort, then the backend's
-        // answer, then a stall, then the deadline / backend timeout.
-        let result = match stream {
-            None => {
-                let call = tracing::Instrument::instrument(
-                    backend_span.in_scope(|| backend.call(request)),
-                    backend_span,
-                );
-                tokio::select! {
-                    biased;
-                    reason = &mut abort => Err(aborted(reason)),
-                    r = call => r.map_err(|e| backend_failure(&e, deadline)),
-                    e = stalled => Err(e),
-                    _ = tokio::time::sleep_until(limit_at) => Err(limited()),
-                }
-            }
-            Some(out) => {
-                let stop = async {
-                    tokio::select! {
-                        biased;
-                        reason = &mut abort => aborted(reason),
-                        e = stalled => e,
-                        _ = tokio::time::sleep_until(limit_at) => limited(),
-                    }
-                };
-                if !again {
-                    self.stats.streams.add(1);
-                    out.started(queue_time).await;
-                }
-                tracing::Instrument::instrument(
-                    streaming::run_stream(
-                        &**backend,
-                        request,
-                        &*out,
-                        &self.stats,
-                        self.cfg.stream,
-                        started_at,
-                        progress.as_deref(),
-                        stop,
-                    ),
-                    backend_span,
-                )
-                .await
-            }
-        };
-        if failed_over.load(Ordering::Relaxed) {
-            self.step(|st, now, fx| st.failover(id, retry, now, fx))
-                .await;
-            return;
-        }
-        self.step(|st, now, fx| {
-            let took = now.saturating_duration_since(started_at);
-            st.finish(id, result, took, now, fx);
-        })
-        .await;
-    }
-}
-
-/// The message of a call aborted (or timed out) at its deadline.
-const DEADLINE_DURING_INFERENCE: &str = "deadline passed during inference; backend call aborted";
-
-/// The answer for a failed backend call.
-pub(crate) fn backend_failure(
-    e: &crate::backend::BackendError,
-    deadline: Option<Instant>,
-) -> ErrorBody {
-    match e.kind() {
-        // A backend that bounds its call by the remaining budget (the NATS backend)
-        // times out at the deadline: that is the deadline's doing.
-        BackendErrorKind::Timeout if deadline.is_some_and(|d| Instant::now() >= d) => {
-            ErrorBody::new(ErrorCode::DeadlineExceeded, DEADLINE_DURING_INFERENCE)
-        }
-        BackendErrorKind::Timeout => ErrorBody::new(ErrorCode::BackendTimeout, e.to_string()),
-        // The backend's own overload: retryable after its `Retry-After` (kept as
-        // `backend_error` so that callers built before the distinction still match).
-        BackendErrorKind::Overloaded => ErrorBody::new(ErrorCode::BackendError, e.to_string())
-            .with_details(ErrorDetails {
-                retry_after_ms: e.retry_after().map(crate::millis::whole_ms),
-                backend_status: e.status(),
-                ..Default::default()
-            }),
-        BackendErrorKind::TooLarge | BackendErrorKind::Failed | BackendErrorKind::Unavailable => {
-            ErrorBody::new(ErrorCode::BackendError, e.to_string()).with_details(ErrorDetails {
-                backend_status: e.status(),
-                limit: e.limit(),
-                ..Default::default()
-            })
-        }
-    }
-}
-
-async fn worker<S: Sink>(inner: Arc<Inner<S>>, member: usize) {
-    loop {
-        let Some(job) = next_job(&inner, member).await else {
-            return;
-        };
-        // The request's span (opened at receipt): the backend call's log lines
-        // carry its ids.
-        let span = job.span.clone();
-        span.record("queue_ms", job.queue_time.as_millis() as u64);
-        tracing::Instrument::instrument(inner.run_job(job), span).await;
-    }
-}
-
-/// Waits for the next job; `None` when the worker should exit (shutting down and
-/// nothing left to start).
-///
-/// The wake-up registration lives only while the worker is idle. A worker that held it
-/// through a job would be a waiter that cannot act: `notify_one` hands a newly ready
-/// request's wake-up to the longest-registered waiter, which can be that busy worker,
-/// and the request would then wait for its call to end while other workers sleep.
-/// Dropping the registration before the job forwards a wake-up it already received to
-/// another waiter (tokio's `Notified` does so on drop).
-async fn next_job<S: Sink>(inner: &Inner<S>, member: usize) -> Option<Job> {
-    let work = inner.work.get(member)?;
-    loop {
-        // Register before looking, so a request made ready in between is not missed.
-        let notified = work.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        let (job, exit) = inner.take_job(member).await;
-        if job.is_some() {
-            return job;
-        }
-        if exit {
-            return None;
-        }
-        notified.await;
-    }
-}
-
-async fn sweeper<S: Sink>(inner: Arc<Inner<S>>) {
-    loop {
-        let notified = inner.timers.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        let next = inner
-            .step(|st, now, fx| {
-                st.expire(now, fx);
-                st.next_wake()
-            })
-            .await;
-        if inner.stop.is_cancelled() {
-            return;
-        }
-        // Woken by the first timer, an earlier one, or the stop: one more pass, then
-        // the stop is seen above.
-        let first = async {
-            match next {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = first => {}
-            _ = &mut notified => {}
-            _ = inner.stop.cancelled() => {}
-        }
-    }
 }
 
 impl<S: Sink> Admission<S> {
@@ -870,10 +300,10 @@ impl<S: Sink> Admission<S> {
         });
         let workers = (slots.iter().enumerate())
             .flat_map(|(b, n)| (0..*n).map(move |_| b))
-            .map(|b| tokio::spawn(worker(inner.clone(), b)))
+            .map(|b| tokio::spawn(tasks::worker(inner.clone(), b)))
             .collect();
         *locked(&inner.workers) = workers;
-        *locked(&inner.sweeper) = Some(tokio::spawn(sweeper(inner.clone())));
+        *locked(&inner.sweeper) = Some(tokio::spawn(tasks::sweeper(inner.clone())));
         Self { inner }
     }
 

@@ -12,7 +12,7 @@ use weir_protocol::llm::{AdmissionPolicy, ErrorCode};
 
 use super::*;
 use crate::backend::sim::SimBackend;
-use crate::backend::{BackendError, BackendReply, BackendRequest};
+use crate::backend::{BackendError, BackendErrorKind, BackendReply, BackendRequest};
 use crate::config::{IdempotencyConfig, KeyLimit, KeySource, Mode, OnBusy};
 use crate::trace::{TraceEvent, TraceKind};
 

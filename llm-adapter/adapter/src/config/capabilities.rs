@@ -1,39 +1,15 @@
 //! The capabilities document of a [`Config`].
 
+use serde_json::{Value, json};
+use weir_protocol::WireName;
+use weir_protocol::llm::headers as h;
+
 use super::*;
 
 impl Config {
     /// The capabilities document: every limit (`null` when disabled), the subjects and
     /// the header names. Served on the capabilities subject and `/v1/capabilities`.
-    pub fn capabilities(&self) -> serde_json::Value {
-        use serde_json::json;
-        use weir_protocol::WireName;
-        use weir_protocol::llm::headers as h;
-        let limits: Vec<serde_json::Value> = self
-            .admission
-            .limits
-            .iter()
-            .map(|l| {
-                let (on_busy, max_wait_ms, max_waiters) = match l.on_busy {
-                    OnBusy::Reject => ("reject", None, None),
-                    OnBusy::Wait {
-                        max_wait,
-                        max_waiters,
-                    } => ("wait", Some(ms(max_wait)), Some(max_waiters)),
-                };
-                json!({
-                    "name": l.name,
-                    "key": l.key.describe(),
-                    "limit": l.limit.get(),
-                    "on_busy": on_busy,
-                    "max_wait_ms": max_wait_ms,
-                    "max_waiters": max_waiters,
-                    "tokens_per_minute": l.tokens.map(|t| t.tokens_per_minute.get()),
-                    "default_max_tokens": l.tokens.map(|t| t.default_max_tokens),
-                    "priority": l.priority.map(|p| p.as_str()),
-                })
-            })
-            .collect();
+    pub fn capabilities(&self) -> Value {
         json!({
             "service": {
                 "name": self.service.name,
@@ -58,16 +34,8 @@ impl Config {
                 "pending_cap": self.admission.session.pending_cap.map(NonZeroUsize::get),
                 "ordering": self.admission.session.ordering,
             },
-            "limits": limits,
-            "deadline": {
-                "default_ms": self.admission.deadline.default.map(ms),
-                "max_ms": ms(self.admission.deadline.max),
-                "min_start_budget_ms": self.admission.deadline.min_start_budget.map(ms),
-                "start_budget": if self.admission.deadline.min_start_budget.is_some() { "fixed" } else { "adaptive" },
-                "reply_margin_ms": ms(self.admission.deadline.reply_margin),
-                "predict": self.admission.deadline.predict,
-                "overtake_share_pct": self.admission.deadline.overtake_share_pct,
-            },
+            "limits": self.admission.limits.iter().map(limit_doc).collect::<Vec<_>>(),
+            "deadline": self.deadline_doc(),
             "queue_order": self.admission.queue_order,
             "estimator": {
                 "initial_ms": self.admission.estimator.initial.map(ms),
@@ -104,41 +72,86 @@ impl Config {
                 "batch_delay_ms": ms(self.admission.priority.batch_delay),
             },
             "shutdown_grace_ms": ms(self.admission.shutdown_grace),
-            "intake": match &self.intake {
-                Intake::Core => json!({"kind": "core"}),
-                Intake::JetStream(j) => json!({
-                    "kind": "jetstream",
-                    "stream": j.stream,
-                    "subject": j.subject,
-                    "consumer": j.consumer,
-                    "ack_wait_ms": ms(j.ack_wait),
-                    "max_ack_pending": j.max_ack_pending.get(),
-                    "duplicate_window_ms": ms(j.duplicate_window),
-                    "forward": j.forward,
-                    "reply_to_header": weir_protocol::llm::headers::REPLY_TO,
-                }),
-            },
-            "headers": {
-                "request_id": h::REQUEST_ID,
-                "session_id": h::SESSION_ID,
-                "deadline_ms": h::DEADLINE_MS,
-                "timeout_ms": h::TIMEOUT_MS,
-                "admission": h::ADMISSION,
-                "client_key": h::CLIENT_KEY,
-                "cancel": h::CANCEL,
-                "cancel_session": h::CANCEL_SESSION,
-                "supersede": h::SUPERSEDE,
-                "priority": h::PRIORITY,
-                "superseded": h::SUPERSEDED,
-                "superseded_ids": h::SUPERSEDED_IDS,
-                "queue_ms": h::QUEUE_MS,
-                "inference_ms": h::INFERENCE_MS,
-                "backend": h::BACKEND,
-                "error_code": h::ERROR_CODE,
-                "stream": weir_protocol::llm::stream::STREAM,
-                "stream_event": weir_protocol::llm::stream::STREAM_EVENT,
-                "stream_seq": weir_protocol::llm::stream::STREAM_SEQ,
-            },
+            "intake": self.intake_doc(),
+            "headers": headers_doc(),
         })
     }
+
+    /// `deadline`: defaults, bounds and how the start budget is set.
+    fn deadline_doc(&self) -> Value {
+        json!({
+            "default_ms": self.admission.deadline.default.map(ms),
+            "max_ms": ms(self.admission.deadline.max),
+            "min_start_budget_ms": self.admission.deadline.min_start_budget.map(ms),
+            "start_budget": if self.admission.deadline.min_start_budget.is_some() { "fixed" } else { "adaptive" },
+            "reply_margin_ms": ms(self.admission.deadline.reply_margin),
+            "predict": self.admission.deadline.predict,
+            "overtake_share_pct": self.admission.deadline.overtake_share_pct,
+        })
+    }
+
+    /// `intake`: core NATS, or the JetStream stream and consumer.
+    fn intake_doc(&self) -> Value {
+        match &self.intake {
+            Intake::Core => json!({"kind": "core"}),
+            Intake::JetStream(j) => json!({
+                "kind": "jetstream",
+                "stream": j.stream,
+                "subject": j.subject,
+                "consumer": j.consumer,
+                "ack_wait_ms": ms(j.ack_wait),
+                "max_ack_pending": j.max_ack_pending.get(),
+                "duplicate_window_ms": ms(j.duplicate_window),
+                "forward": j.forward,
+                "reply_to_header": weir_protocol::llm::headers::REPLY_TO,
+            }),
+        }
+    }
+}
+
+/// One entry of `limits`: a per-key limit, its busy policy and token budget.
+fn limit_doc(l: &KeyLimit) -> Value {
+    let (on_busy, max_wait_ms, max_waiters) = match l.on_busy {
+        OnBusy::Reject => ("reject", None, None),
+        OnBusy::Wait {
+            max_wait,
+            max_waiters,
+        } => ("wait", Some(ms(max_wait)), Some(max_waiters)),
+    };
+    json!({
+        "name": l.name,
+        "key": l.key.describe(),
+        "limit": l.limit.get(),
+        "on_busy": on_busy,
+        "max_wait_ms": max_wait_ms,
+        "max_waiters": max_waiters,
+        "tokens_per_minute": l.tokens.map(|t| t.tokens_per_minute.get()),
+        "default_max_tokens": l.tokens.map(|t| t.default_max_tokens),
+        "priority": l.priority.map(|p| p.as_str()),
+    })
+}
+
+/// `headers`: the names of the request, reply and stream headers.
+fn headers_doc() -> Value {
+    json!({
+        "request_id": h::REQUEST_ID,
+        "session_id": h::SESSION_ID,
+        "deadline_ms": h::DEADLINE_MS,
+        "timeout_ms": h::TIMEOUT_MS,
+        "admission": h::ADMISSION,
+        "client_key": h::CLIENT_KEY,
+        "cancel": h::CANCEL,
+        "cancel_session": h::CANCEL_SESSION,
+        "supersede": h::SUPERSEDE,
+        "priority": h::PRIORITY,
+        "superseded": h::SUPERSEDED,
+        "superseded_ids": h::SUPERSEDED_IDS,
+        "queue_ms": h::QUEUE_MS,
+        "inference_ms": h::INFERENCE_MS,
+        "backend": h::BACKEND,
+        "error_code": h::ERROR_CODE,
+        "stream": weir_protocol::llm::stream::STREAM,
+        "stream_event": weir_protocol::llm::stream::STREAM_EVENT,
+        "stream_seq": weir_protocol::llm::stream::STREAM_SEQ,
+    })
 }

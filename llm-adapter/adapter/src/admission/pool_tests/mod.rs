@@ -13,7 +13,7 @@ use weir_protocol::llm::ErrorCode;
 
 use super::*;
 use crate::backend::sim::{SimBackend, SimHandle};
-use crate::backend::{BackendError, Call};
+use crate::backend::{BackendError, BackendErrorKind, BackendReply, BackendRequest, Call};
 
 type Rx = oneshot::Receiver<Arc<Outcome>>;
 
