@@ -116,6 +116,17 @@ pub async fn wait_quiet(max: Duration) -> f64 {
     busy
 }
 
+/// Before run `label`: waits for a quiet machine when `--wait-quiet` asks for it, and
+/// says so (unless quiet) when the machine stayed busy.
+pub(crate) async fn settle(env: &Env, label: &str) {
+    if !env.wait_quiet.is_zero() {
+        let busy = wait_quiet(env.wait_quiet).await;
+        if busy >= 0.3 && !env.quiet {
+            eprintln!("[{label}] the machine is still busy ({busy:.2} cores): running anyway");
+        }
+    }
+}
+
 /// A report and its series.
 #[derive(Debug, Clone)]
 pub struct RunOutput {
@@ -277,12 +288,7 @@ pub async fn run_one(
         Transport::Ws => format!("{} {} {}", plan.scenario.as_str(), streams, design),
         t => format!("{} {} {} {t}", plan.scenario.as_str(), streams, design),
     };
-    if !env.wait_quiet.is_zero() {
-        let busy = wait_quiet(env.wait_quiet).await;
-        if busy >= 0.3 && !env.quiet {
-            eprintln!("[{label}] the machine is still busy ({busy:.2} cores): running anyway");
-        }
-    }
+    settle(env, &label).await;
     // 1. NATS.
     let nats = start_nats(env, plan).await?;
     let nats_url = nats.url();
