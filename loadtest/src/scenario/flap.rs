@@ -392,6 +392,18 @@ pub async fn run_design(
         cpu,
     );
     notes.extend(flap_notes(&flap));
+    Ok(output(design, settings, streams, wall, flap, notes))
+}
+
+/// The run's report: the design's `flap` figures and `notes`, no samples.
+fn output(
+    design: FlapDesign,
+    settings: &FlapSettings,
+    streams: usize,
+    wall: Duration,
+    flap: FlapReport,
+    notes: Vec<String>,
+) -> RunOutput {
     let report = RunReport {
         scenario: "producer-flap".into(),
         streams,
@@ -406,10 +418,10 @@ pub async fn run_design(
         notes,
         ..RunReport::default()
     };
-    Ok(RunOutput {
+    RunOutput {
         report,
         samples: Vec::new(),
-    })
+    }
 }
 
 /// The CPU counters of the processes at the start of the sending phase.

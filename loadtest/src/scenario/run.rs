@@ -370,14 +370,7 @@ pub async fn run_one(
     let _ = tokio::time::timeout(Duration::from_secs(3), sampler).await;
     let final_stats = final_stats(&ingress, &label).await?;
     let wall = start.elapsed();
-    let llm_report = match (&llm, &llm_unavailable) {
-        (Some(l), _) => l.report(wall),
-        (None, Some(why)) => crate::llm::not_run_because(why),
-        (None, None) => crate::llm::not_run(),
-    };
-    if let Some(why) = llm_unavailable {
-        notes.push(why);
-    }
+    let llm_report = llm_report(llm.as_deref(), llm_unavailable, wall, &mut notes);
     let fleet_snapshot = stop_all(llm, fleet, ingress, nats).await;
     drop(config_dir);
 
@@ -440,6 +433,25 @@ fn producer_config(
         transport: env.transport,
         ids: None,
     }
+}
+
+/// Step 7: the LLM side's report over `wall` (a "not run" one without it); why it
+/// could not start, if so, goes to `notes`.
+fn llm_report(
+    llm: Option<&LlmRun>,
+    unavailable: Option<String>,
+    wall: Duration,
+    notes: &mut Vec<String>,
+) -> crate::report::LlmReport {
+    let report = match (llm, &unavailable) {
+        (Some(l), _) => l.report(wall),
+        (None, Some(why)) => crate::llm::not_run_because(why),
+        (None, None) => crate::llm::not_run(),
+    };
+    if let Some(why) = unavailable {
+        notes.push(why);
+    }
+    report
 }
 
 /// Step 1: the run's NATS server, embedded unless `--nats-url` names one.
