@@ -40,7 +40,9 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::error::Error;
-use crate::ingress::{Design, IngressProcess, Launch, cpu_time, machine_busy, machine_busy_since};
+use crate::ingress::{
+    Design, IngressProcess, Launch, cpu_since, cpu_time, machine_busy, machine_busy_since,
+};
 use crate::report::RunReport;
 use crate::scenario::asr::shortfall::RunNats;
 use crate::scenario::run::{Env, RunOutput, ScenarioIngress, TempDir, scenario_launch};
@@ -449,22 +451,11 @@ impl CpuStart {
     /// The CPU each process used since [`CpuStart::take`], over `wall` of sending; the
     /// rest of the machine's is `other_s`.
     fn since(&self, ingress: &IngressProcess, wall: Duration) -> FlapCpu {
+        let secs = |pid: Option<u32>, start| pid.map_or(0.0, |p| cpu_since(p, start).as_secs_f64());
         let cpu = FlapCpu {
-            ingress_s: ingress
-                .cpu_time()
-                .unwrap_or_default()
-                .saturating_sub(self.ingress)
-                .as_secs_f64(),
-            loadtest_s: cpu_time(std::process::id())
-                .unwrap_or_default()
-                .saturating_sub(self.loadtest)
-                .as_secs_f64(),
-            nats_server_s: self
-                .nats_pid
-                .and_then(cpu_time)
-                .unwrap_or_default()
-                .saturating_sub(self.nats_server)
-                .as_secs_f64(),
+            ingress_s: secs(Some(ingress.pid()), self.ingress),
+            loadtest_s: secs(Some(std::process::id()), self.loadtest),
+            nats_server_s: secs(self.nats_pid, self.nats_server),
             other_s: 0.0,
             wall_s: wall.as_secs_f64(),
         };
