@@ -318,6 +318,96 @@ pub(crate) enum ConnectionEnd {
     Stop,
 }
 
+/// A producer's WebSocket to the ingress.
+pub(crate) type WsStream =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+/// The sending half of a [`WsStream`].
+pub(crate) type WsSink = futures::stream::SplitSink<WsStream, Message>;
+/// The receiving half of a [`WsStream`].
+pub(crate) type WsSource = futures::stream::SplitStream<WsStream>;
+
+/// Reads the server's messages until a close frame (its code counted), an error or
+/// EOF, handing each text message, parsed as JSON (`null` when it is not), to
+/// `on_text`.
+pub(crate) async fn read_server(
+    mut source: WsSource,
+    counters: &ProducerCounters,
+    mut on_text: impl FnMut(serde_json::Value),
+) {
+    while let Some(msg) = source.next().await {
+        match msg {
+            Ok(Message::Text(text)) => {
+                on_text(serde_json::from_str(text.as_str()).unwrap_or_default())
+            }
+            Ok(Message::Close(frame)) => {
+                let code = frame.as_ref().map(|f| u16::from(f.code)).unwrap_or(1005);
+                count_code(&counters.close_codes, code);
+                break;
+            }
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+}
+
+/// The reader of a WebSocket stream: it counts server events and tells the sender to
+/// stop when the server ends the stream.
+struct WsReader {
+    /// Set when the server ended the stream (overload, `no_capacity`, close frame,
+    /// error or EOF).
+    server_done: Arc<AtomicBool>,
+    /// Set when a `closed` event's reason was `no_capacity`.
+    no_capacity: Arc<AtomicBool>,
+    /// Notified on the `closed` event, and when the stream is over for the server.
+    got_closed_event: Arc<tokio::sync::Notify>,
+    /// The task; it returns the last `overload` event's `retry_after_ms` (zero
+    /// without).
+    task: tokio::task::JoinHandle<Duration>,
+}
+
+impl WsReader {
+    fn spawn(source: WsSource, counters: Arc<ProducerCounters>) -> Self {
+        let server_done = Arc::new(AtomicBool::new(false));
+        let no_capacity = Arc::new(AtomicBool::new(false));
+        let got_closed_event = Arc::new(tokio::sync::Notify::new());
+        let task = {
+            let server_done = server_done.clone();
+            let no_capacity = no_capacity.clone();
+            let got_closed_event = got_closed_event.clone();
+            tokio::spawn(async move {
+                let mut retry_hint = Duration::ZERO;
+                read_server(source, &counters, |v| match counters.count_event(&v) {
+                    Some("overload") => {
+                        if let Some(ms) = v.get("retry_after_ms").and_then(|x| x.as_u64()) {
+                            retry_hint = Duration::from_millis(ms);
+                        }
+                        server_done.store(true, Ordering::Relaxed);
+                    }
+                    Some("closed") => {
+                        if v["reason"] == "no_capacity" {
+                            no_capacity.store(true, Ordering::Relaxed);
+                            server_done.store(true, Ordering::Relaxed);
+                        }
+                        got_closed_event.notify_one()
+                    }
+                    _ => {}
+                })
+                .await;
+                // The stream is over for the server (close frame, error or EOF).
+                server_done.store(true, Ordering::Relaxed);
+                got_closed_event.notify_one();
+                retry_hint
+            })
+        };
+        Self {
+            server_done,
+            no_capacity,
+            got_closed_event,
+            task,
+        }
+    }
+}
+
 pub(crate) struct Producer {
     index: usize,
     config: ProducerConfig,
@@ -390,11 +480,48 @@ impl Producer {
 
     async fn connection(&self, id: &str, frame_index: &mut u64) -> ConnectionEnd {
         let url = format!("ws://{}/v1/streams/{}", self.config.ws_addr, id);
+        let (mut sink, source) = match self.open_ws(&url).await {
+            Ok(ws) => ws.split(),
+            Err(end) => return end,
+        };
+        let reader = WsReader::spawn(source, self.counters.clone());
+        let (ended_early, sent_here) = self
+            .send_ticks(&mut sink, &reader.server_done, frame_index, |_, _, _, i| {
+                Message::Binary(self.clip.frame(i))
+            })
+            .await;
+        if ended_early {
+            self.ws_ended_early(sink, reader, sent_here).await
+        } else if self.vanish {
+            self.vanish_now(reader.task, sink)
+        } else {
+            let end = Message::Text(r#"{"type":"end"}"#.into());
+            if tokio::time::timeout(SEND_TIMEOUT, sink.send(end))
+                .await
+                .is_ok()
+            {
+                self.counters.ended.fetch_add(1, Ordering::Relaxed);
+            }
+            // Wait (bounded) for the server's `closed` event or close frame.
+            let _ = tokio::time::timeout(END_GRACE, reader.got_closed_event.notified()).await;
+            let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
+            let _ = tokio::time::timeout(Duration::from_secs(1), reader.task).await;
+            ConnectionEnd::Finished
+        }
+    }
+
+    /// Opens the WebSocket at `url` (bounded by [`CONNECT_TIMEOUT`]) and counts the
+    /// connect; a refusal (an HTTP status: its latency, `error.code` and `Retry-After`
+    /// counted) or a failure becomes the connection's end.
+    pub(crate) async fn open_ws(&self, url: &str) -> Result<WsStream, ConnectionEnd> {
         let asked = Instant::now();
         let connected =
-            tokio::time::timeout(CONNECT_TIMEOUT, tokio_tungstenite::connect_async(&url)).await;
-        let ws = match connected {
-            Ok(Ok((ws, _))) => ws,
+            tokio::time::timeout(CONNECT_TIMEOUT, tokio_tungstenite::connect_async(url)).await;
+        match connected {
+            Ok(Ok((ws, _))) => {
+                self.counters.connects.fetch_add(1, Ordering::Relaxed);
+                Ok(ws)
+            }
             Ok(Err(tokio_tungstenite::tungstenite::Error::Http(resp))) => {
                 record(&self.counters.refusal_latency, asked.elapsed());
                 let code = resp
@@ -413,82 +540,42 @@ impl Producer {
                         .refusals_with_retry_after
                         .fetch_add(1, Ordering::Relaxed);
                 }
-                return self.refused(resp.status().as_u16(), retry_after);
+                Err(self.refused(resp.status().as_u16(), retry_after))
             }
-            Ok(Err(_)) | Err(_) => return self.connect_failed(),
-        };
-        self.counters.connects.fetch_add(1, Ordering::Relaxed);
-        let (mut sink, mut source) = ws.split();
+            Ok(Err(_)) | Err(_) => Err(self.connect_failed()),
+        }
+    }
 
-        // The reader counts server events and tells the sender to stop when the server
-        // ends the stream.
-        let server_done = Arc::new(AtomicBool::new(false));
-        let no_capacity = Arc::new(AtomicBool::new(false));
-        let got_closed_event = Arc::new(tokio::sync::Notify::new());
-        let reader = {
-            let counters = self.counters.clone();
-            let server_done = server_done.clone();
-            let no_capacity = no_capacity.clone();
-            let got_closed_event = got_closed_event.clone();
-            tokio::spawn(async move {
-                let mut retry_hint = Duration::ZERO;
-                while let Some(msg) = source.next().await {
-                    match msg {
-                        Ok(Message::Text(text)) => {
-                            let v: serde_json::Value =
-                                serde_json::from_str(text.as_str()).unwrap_or_default();
-                            match counters.count_event(&v) {
-                                Some("overload") => {
-                                    if let Some(ms) =
-                                        v.get("retry_after_ms").and_then(|x| x.as_u64())
-                                    {
-                                        retry_hint = Duration::from_millis(ms);
-                                    }
-                                    server_done.store(true, Ordering::Relaxed);
-                                }
-                                Some("closed") => {
-                                    if v["reason"] == "no_capacity" {
-                                        no_capacity.store(true, Ordering::Relaxed);
-                                        server_done.store(true, Ordering::Relaxed);
-                                    }
-                                    got_closed_event.notify_one()
-                                }
-                                _ => {}
-                            }
-                        }
-                        Ok(Message::Close(frame)) => {
-                            let code = frame.as_ref().map(|f| u16::from(f.code)).unwrap_or(1005);
-                            count_code(&counters.close_codes, code);
-                            break;
-                        }
-                        Ok(_) => {}
-                        Err(_) => break,
-                    }
-                }
-                // The stream is over for the server (close frame, error or EOF).
-                server_done.store(true, Ordering::Relaxed);
-                got_closed_event.notify_one();
-                retry_hint
-            })
-        };
-
+    /// Sends one message per 20 ms tick (Skip) until the stop time; `message(tick,
+    /// began, sent, frame)` builds each from the tick's time, the time the sending
+    /// began, the frames sent so far on this connection and the clip's frame index
+    /// (which advances by one per message). Stops early when `server_done` is set or a
+    /// send fails (counted as `broken` unless the server was done). Counts the frames
+    /// sent and the ticks missed; returns whether it stopped early, and the frames sent.
+    pub(crate) async fn send_ticks(
+        &self,
+        sink: &mut WsSink,
+        server_done: &AtomicBool,
+        frame_index: &mut u64,
+        mut message: impl FnMut(Instant, Instant, u64, u64) -> Message,
+    ) -> (bool, u64) {
         let mut interval = tokio::time::interval(FRAME_DURATION);
         interval.set_missed_tick_behavior(MissedTickBehavior::Skip);
         let began = Instant::now();
         let mut sent_here: u64 = 0;
-        let mut outcome = None;
+        let mut ended_early = false;
         loop {
             let tick = interval.tick().await;
             if tick >= self.stop_at {
                 break;
             }
             if server_done.load(Ordering::Relaxed) {
-                outcome = Some(ConnectionEnd::Retry(Duration::ZERO));
+                ended_early = true;
                 break;
             }
-            let frame = self.clip.frame(*frame_index);
+            let msg = message(tick, began, sent_here, *frame_index);
             *frame_index += 1;
-            match tokio::time::timeout(SEND_TIMEOUT, sink.send(Message::Binary(frame))).await {
+            match tokio::time::timeout(SEND_TIMEOUT, sink.send(msg)).await {
                 Ok(Ok(())) => {
                     sent_here += 1;
                     self.counters.frames_sent.fetch_add(1, Ordering::Relaxed);
@@ -499,62 +586,64 @@ impl Producer {
                     if !server_done.load(Ordering::Relaxed) {
                         self.counters.broken.fetch_add(1, Ordering::Relaxed);
                     }
-                    outcome = Some(ConnectionEnd::Retry(Duration::ZERO));
+                    ended_early = true;
                     break;
                 }
             }
         }
         self.count_missed(began, sent_here);
+        (ended_early, sent_here)
+    }
 
-        match outcome {
-            Some(_) => {
-                // The server ended the stream (or the socket broke) before the stop time.
-                self.counters
-                    .ended_by_server
-                    .fetch_add(1, Ordering::Relaxed);
-                let _ = sink.close().await;
-                let hint = tokio::time::timeout(Duration::from_secs(1), reader)
-                    .await
-                    .ok()
-                    .and_then(Result::ok)
-                    .unwrap_or(Duration::ZERO);
-                if no_capacity.load(Ordering::Relaxed) {
-                    self.counters
-                        .ended_no_capacity
-                        .fetch_add(1, Ordering::Relaxed);
-                    self.counters
-                        .frames_sent_ended_no_capacity
-                        .fetch_add(sent_here, Ordering::Relaxed);
-                }
-                if Instant::now() >= self.stop_at {
-                    ConnectionEnd::Stop
-                } else {
-                    ConnectionEnd::Retry(self.backoff(hint))
-                }
-            }
-            None if self.vanish => {
-                // Vanish: drop both halves without a close frame; the TCP connection
-                // just ends.
-                self.counters.vanished.fetch_add(1, Ordering::Relaxed);
-                reader.abort();
-                drop(sink);
-                ConnectionEnd::Finished
-            }
-            None => {
-                let end = Message::Text(r#"{"type":"end"}"#.into());
-                if tokio::time::timeout(SEND_TIMEOUT, sink.send(end))
-                    .await
-                    .is_ok()
-                {
-                    self.counters.ended.fetch_add(1, Ordering::Relaxed);
-                }
-                // Wait (bounded) for the server's `closed` event or close frame.
-                let _ = tokio::time::timeout(END_GRACE, got_closed_event.notified()).await;
-                let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
-                let _ = tokio::time::timeout(Duration::from_secs(1), reader).await;
-                ConnectionEnd::Finished
-            }
+    /// The server ended the stream (or the socket broke) before the stop time: counted,
+    /// closed, the reader's retry hint awaited (bounded); a `no_capacity` end and the
+    /// `sent_here` frames sent before it counted. Retried unless the stop time came.
+    async fn ws_ended_early(
+        &self,
+        mut sink: WsSink,
+        reader: WsReader,
+        sent_here: u64,
+    ) -> ConnectionEnd {
+        self.counters
+            .ended_by_server
+            .fetch_add(1, Ordering::Relaxed);
+        let _ = sink.close().await;
+        let hint = tokio::time::timeout(Duration::from_secs(1), reader.task)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or(Duration::ZERO);
+        if reader.no_capacity.load(Ordering::Relaxed) {
+            self.counters
+                .ended_no_capacity
+                .fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .frames_sent_ended_no_capacity
+                .fetch_add(sent_here, Ordering::Relaxed);
         }
+        self.retry_unless_over(hint)
+    }
+
+    /// Retries after the back-off (or `hint`), or stops when the stop time has come.
+    pub(crate) fn retry_unless_over(&self, hint: Duration) -> ConnectionEnd {
+        if Instant::now() >= self.stop_at {
+            ConnectionEnd::Stop
+        } else {
+            ConnectionEnd::Retry(self.backoff(hint))
+        }
+    }
+
+    /// Vanishes: drops both halves without a close frame (the TCP connection just
+    /// ends), counted.
+    pub(crate) fn vanish_now<T>(
+        &self,
+        reader: tokio::task::JoinHandle<T>,
+        sink: WsSink,
+    ) -> ConnectionEnd {
+        self.counters.vanished.fetch_add(1, Ordering::Relaxed);
+        reader.abort();
+        drop(sink);
+        ConnectionEnd::Finished
     }
 
     /// Counts the ticks from `began` to now (at most the stop time) that sent no frame,

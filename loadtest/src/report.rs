@@ -534,6 +534,11 @@ fn or_dash<T>(v: Option<T>, f: impl FnOnce(T) -> String) -> String {
 pub(crate) type Row = (&'static str, fn(&RunReport) -> String);
 
 fn rows() -> Vec<Row> {
+    [ingress_rows(), frame_rows(), llm_rows()].concat()
+}
+
+/// The ingress's memory, queues, windows and events.
+fn ingress_rows() -> Vec<Row> {
     vec![
         ("RSS peak / end (MiB)", |r| {
             format!(
@@ -582,6 +587,12 @@ fn rows() -> Vec<Row> {
         ("admission rejects", |r| {
             r.ingress.admission_rejects.to_string()
         }),
+    ]
+}
+
+/// The frames' accounting and timeliness, and the ingress's CPU.
+fn frame_rows() -> Vec<Row> {
+    vec![
         ("frames offered", |r| r.frames.offered.to_string()),
         ("frames published", |r| r.frames.published.to_string()),
         ("frames received", |r| r.frames.received.to_string()),
@@ -628,6 +639,12 @@ fn rows() -> Vec<Row> {
             0 => "-".to_owned(),
             n => format!("{:.2}", r.ingress.cpu_seconds * 1e6 / n as f64),
         }),
+    ]
+}
+
+/// The LLM fleet's figures (`-` in a run without one).
+fn llm_rows() -> Vec<Row> {
+    vec![
         ("llm offered/completed", |r| {
             llm(r, |l| format!("{}/{}", l.offered, l.completed))
         }),

@@ -41,17 +41,16 @@ use std::time::Duration;
 use base64::Engine;
 use futures::{SinkExt, StreamExt};
 use rand::Rng;
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message;
 use weir_audio_telephony::codec::{Encoder, Encoding, MediaFormat};
-use weir_protocol::audio::FRAME_DURATION;
 
 use super::{
-    CONNECT_TIMEOUT, ConnectionEnd, END_GRACE, Producer, SEND_TIMEOUT, count_code, count_key,
+    ConnectionEnd, END_GRACE, Producer, ProducerCounters, SEND_TIMEOUT, WsSink, WsSource,
+    read_server,
 };
 use crate::error::{Error, ErrorKind};
 use crate::speech::SpeechClip;
-use crate::stats::record;
 
 /// The door's route for Twilio Media Streams.
 pub const ROUTE: &str = "/v1/telephony/twilio";
@@ -171,156 +170,111 @@ impl Producer {
         clip: &TwilioClip,
         frame_index: &mut u64,
     ) -> ConnectionEnd {
-        let counters = &self.counters;
         let url = format!("ws://{}{ROUTE}", self.config.ws_addr);
-        let asked = Instant::now();
-        let connected =
-            tokio::time::timeout(CONNECT_TIMEOUT, tokio_tungstenite::connect_async(&url)).await;
-        let ws = match connected {
-            Ok(Ok((ws, _))) => ws,
-            Ok(Err(tokio_tungstenite::tungstenite::Error::Http(resp))) => {
-                record(&counters.refusal_latency, asked.elapsed());
-                let code = resp
-                    .body()
-                    .as_deref()
-                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
-                    .and_then(|v| v["error"]["code"].as_str().map(str::to_owned));
-                count_key(&counters.refusal_codes, code.as_deref().unwrap_or("none"));
-                let retry_after = resp.headers().get("retry-after");
-                let retry_after = retry_after.and_then(|v| v.to_str().ok());
-                if retry_after.is_some() {
-                    counters
-                        .refusals_with_retry_after
-                        .fetch_add(1, Ordering::Relaxed);
-                }
-                return self.refused(resp.status().as_u16(), retry_after);
-            }
-            Ok(Err(_)) | Err(_) => return self.connect_failed(),
+        let (mut sink, source) = match self.open_ws(&url).await {
+            Ok(ws) => ws.split(),
+            Err(end) => return end,
         };
-        counters.connects.fetch_add(1, Ordering::Relaxed);
-        let (mut sink, mut source) = ws.split();
         let call = Call {
             stream_sid: sid("MZ"),
             call_sid: sid("CA"),
             account_sid: sid("AC"),
         };
-
-        // The reader counts the server's messages and tells the sender to stop when the
-        // server ends the stream (a close frame, an error or EOF).
         let server_done = Arc::new(AtomicBool::new(false));
-        let mut reader = {
-            let counters = self.counters.clone();
-            let server_done = server_done.clone();
-            tokio::spawn(async move {
-                while let Some(msg) = source.next().await {
-                    match msg {
-                        Ok(Message::Text(text)) => {
-                            let v: serde_json::Value =
-                                serde_json::from_str(text.as_str()).unwrap_or_default();
-                            if v.get("event").is_some() {
-                                counters.carrier_events.fetch_add(1, Ordering::Relaxed);
-                            } else if counters.count_event(&v) == Some("overload") {
-                                server_done.store(true, Ordering::Relaxed);
-                            }
-                        }
-                        Ok(Message::Close(frame)) => {
-                            let code = frame.as_ref().map(|f| u16::from(f.code)).unwrap_or(1005);
-                            count_code(&counters.close_codes, code);
-                            break;
-                        }
-                        Ok(_) => {}
-                        Err(_) => break,
-                    }
-                }
-                server_done.store(true, Ordering::Relaxed);
-            })
-        };
+        let reader = spawn_reader(source, self.counters.clone(), server_done.clone());
 
-        let mut outcome = None;
+        let mut handshake_sent = true;
         for text in [Call::connected(), call.start(id)] {
             let sent = tokio::time::timeout(SEND_TIMEOUT, sink.send(Message::Text(text.into())));
             if !matches!(sent.await, Ok(Ok(()))) {
-                outcome = Some(());
+                handshake_sent = false;
                 break;
             }
         }
+        // `start` was message 1: chunk n (from 1) is message n + 1.
+        let (ended_early, sent_here) = if handshake_sent {
+            self.send_ticks(
+                &mut sink,
+                &server_done,
+                frame_index,
+                |tick, began, sent, i| {
+                    let timestamp_ms = tick.saturating_duration_since(began).as_millis() as u64;
+                    let text = call.media(sent + 2, sent + 1, timestamp_ms, clip.payload(i));
+                    Message::Text(text.into())
+                },
+            )
+            .await
+        } else {
+            (true, 0)
+        };
 
-        let mut interval = tokio::time::interval(FRAME_DURATION);
-        interval.set_missed_tick_behavior(MissedTickBehavior::Skip);
-        let began = Instant::now();
-        // `start` was message 1.
-        let mut seq: u64 = 1;
-        let mut sent_here: u64 = 0;
-        while outcome.is_none() {
-            let tick = interval.tick().await;
-            if tick >= self.stop_at {
-                break;
-            }
-            if server_done.load(Ordering::Relaxed) {
-                outcome = Some(());
-                break;
-            }
-            seq += 1;
-            let timestamp_ms = tick.saturating_duration_since(began).as_millis() as u64;
-            let text = call.media(seq, sent_here + 1, timestamp_ms, clip.payload(*frame_index));
-            *frame_index += 1;
-            match tokio::time::timeout(SEND_TIMEOUT, sink.send(Message::Text(text.into()))).await {
-                Ok(Ok(())) => {
-                    sent_here += 1;
-                    counters.frames_sent.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(Err(_)) | Err(_) => {
-                    if !server_done.load(Ordering::Relaxed) {
-                        counters.broken.fetch_add(1, Ordering::Relaxed);
-                    }
-                    outcome = Some(());
-                }
-            }
-        }
-        self.count_missed(began, sent_here);
-
-        if outcome.is_some() {
+        if ended_early {
             // The server ended the stream (or the socket broke) before the stop time.
-            counters.ended_by_server.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .ended_by_server
+                .fetch_add(1, Ordering::Relaxed);
             let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
-            if tokio::time::timeout(Duration::from_secs(1), &mut reader)
-                .await
-                .is_err()
-            {
-                reader.abort();
-            }
-            return if Instant::now() >= self.stop_at {
-                ConnectionEnd::Stop
-            } else {
-                ConnectionEnd::Retry(self.backoff(Duration::ZERO))
-            };
+            join_or_abort(reader, Duration::from_secs(1)).await;
+            return self.retry_unless_over(Duration::ZERO);
         }
         if self.vanish {
-            // No `stop`, no close frame: the TCP connection just ends.
-            counters.vanished.fetch_add(1, Ordering::Relaxed);
-            reader.abort();
-            drop(sink);
-            return ConnectionEnd::Finished;
+            // No `stop`, no close frame.
+            return self.vanish_now(reader, sink);
         }
-        let stop = Message::Text(call.stop(seq + 1).into());
+        self.stop(sink, reader, &call, sent_here + 2).await
+    }
+
+    /// Ends the stream as Twilio does: `stop` (message `seq`), then a bounded wait for
+    /// the server to close the socket; our close frame then completes the handshake
+    /// (or, if the server did not close, starts it).
+    async fn stop(
+        &self,
+        mut sink: WsSink,
+        mut reader: JoinHandle<()>,
+        call: &Call,
+        seq: u64,
+    ) -> ConnectionEnd {
+        let stop = Message::Text(call.stop(seq).into());
         if matches!(
             tokio::time::timeout(SEND_TIMEOUT, sink.send(stop)).await,
             Ok(Ok(()))
         ) {
-            counters.ended.fetch_add(1, Ordering::Relaxed);
+            self.counters.ended.fetch_add(1, Ordering::Relaxed);
         }
-        // The server closes the socket after `stop` (bounded wait); our close frame then
-        // completes the handshake (or, if the server did not close, starts it).
         let server_closed = tokio::time::timeout(END_GRACE, &mut reader).await.is_ok();
         let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
-        if !server_closed
-            && tokio::time::timeout(Duration::from_secs(1), &mut reader)
-                .await
-                .is_err()
-        {
-            reader.abort();
+        if !server_closed {
+            join_or_abort(reader, Duration::from_secs(1)).await;
         }
         ConnectionEnd::Finished
+    }
+}
+
+/// The reader counts the server's messages (carrier-dialect ones in `carrier_events`,
+/// weir-shaped ones as events) and sets `server_done` when the server ends the stream
+/// (an `overload` event, a close frame, an error or EOF).
+fn spawn_reader(
+    source: WsSource,
+    counters: Arc<ProducerCounters>,
+    server_done: Arc<AtomicBool>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        read_server(source, &counters, |v| {
+            if v.get("event").is_some() {
+                counters.carrier_events.fetch_add(1, Ordering::Relaxed);
+            } else if counters.count_event(&v) == Some("overload") {
+                server_done.store(true, Ordering::Relaxed);
+            }
+        })
+        .await;
+        server_done.store(true, Ordering::Relaxed);
+    })
+}
+
+/// Waits for `task` at most `limit`, then aborts it.
+async fn join_or_abort(mut task: JoinHandle<()>, limit: Duration) {
+    if tokio::time::timeout(limit, &mut task).await.is_err() {
+        task.abort();
     }
 }
 

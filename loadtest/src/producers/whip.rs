@@ -133,11 +133,7 @@ impl Producer {
 
         if server_done {
             counters.ended_by_server.fetch_add(1, Ordering::Relaxed);
-            return if Instant::now() >= self.stop_at {
-                ConnectionEnd::Stop
-            } else {
-                ConnectionEnd::Retry(self.backoff(Duration::ZERO))
-            };
+            return self.retry_unless_over(Duration::ZERO);
         }
         if self.vanish {
             // No DELETE, no DTLS close: the socket just goes quiet.

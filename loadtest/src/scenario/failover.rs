@@ -242,53 +242,16 @@ pub async fn run(
     streams: usize,
 ) -> Result<RunOutput, Error> {
     let label = format!("{} {streams}", plan.scenario.as_str());
-    if env.workers < 2 {
-        return Err(usage(format!(
-            "{label}: --workers must be at least 2 (one is killed)"
-        )));
-    }
-    if env.workers > env.partitions {
-        return Err(usage(format!(
-            "{label}: --workers must not exceed --partitions"
-        )));
-    }
+    check_workers(env, &label)?;
     let mut notes = Vec::new();
     // 1. The cluster.
-    let cluster = Arc::new(blocking(|| NatsCluster::start(NODES)).await?.map_err(|e| {
-        Error::with_source(
-            ErrorKind::Process,
-            format!("cannot start a {NODES}-node nats-server cluster"),
-            e,
-        )
-    })?);
+    let cluster = start_cluster().await?;
     let urls = cluster.urls();
     let dir = TempDir::create("weir-failover")?;
 
     // 2. The workers, and the initial spread.
-    let mut workers = Vec::new();
-    for w in 0..env.workers as usize {
-        workers.push(spawn_worker(env, &dir.0, w, 0, &urls)?);
-    }
-    let share = lease_audit::share_bounds(env.partitions, env.workers as usize);
-    wait_for_spread(env, &workers, share, &label).await?;
-    // A lease delivers a settle time (250 ms, then the next planning tick) after it is
-    // held (docs/scale-out.md): frames published before a partition's first owner
-    // reads are lost without a gap (a late join, not a handover).
-    tokio::time::sleep(Duration::from_secs(1)).await;
-
-    // The node to kill (node-failover) is the bucket's leader; the producers connect
-    // to the other nodes, so that the run measures the leases, not a producer's
-    // reconnect (the failover drill measures that).
-    let planned_node = match plan.victim {
-        Victim::Node => Some(
-            on_cluster(&cluster, |c| {
-                c.wait_stream_leader(KV_STREAM, Duration::from_secs(10))
-            })
-            .await?
-            .map_err(|e| Error::with_source(ErrorKind::Nats, label.clone(), e))?,
-        ),
-        Victim::Worker => None,
-    };
+    let (mut workers, share) = start_workers(env, &dir.0, &urls, &label).await?;
+    let planned_node = planned_node(plan, &cluster, &label).await?;
     let producer_client = connect_producers(&urls, planned_node, &label).await?;
 
     // 3. Producers, progress, CPU.
@@ -373,6 +336,76 @@ pub async fn run(
     Ok(RunOutput {
         report: run_report(env, plan, streams, measured, notes),
         samples: Vec::new(),
+    })
+}
+
+/// Refuses worker counts the scenario cannot run: fewer than 2 (one is killed), or
+/// more than the partitions.
+fn check_workers(env: &FailoverEnv, label: &str) -> Result<(), Error> {
+    if env.workers < 2 {
+        return Err(usage(format!(
+            "{label}: --workers must be at least 2 (one is killed)"
+        )));
+    }
+    if env.workers > env.partitions {
+        return Err(usage(format!(
+            "{label}: --workers must not exceed --partitions"
+        )));
+    }
+    Ok(())
+}
+
+/// Step 1: the cluster of [`NODES`] nats-servers.
+async fn start_cluster() -> Result<Arc<NatsCluster>, Error> {
+    Ok(Arc::new(
+        blocking(|| NatsCluster::start(NODES)).await?.map_err(|e| {
+            Error::with_source(
+                ErrorKind::Process,
+                format!("cannot start a {NODES}-node nats-server cluster"),
+                e,
+            )
+        })?,
+    ))
+}
+
+/// Step 2: the workers, once they hold the initial spread (each within the returned
+/// share bounds of the partitions) and their leases have settled.
+async fn start_workers(
+    env: &FailoverEnv,
+    dir: &Path,
+    urls: &[String],
+    label: &str,
+) -> Result<(Vec<WorkerProc>, (usize, usize)), Error> {
+    let mut workers = Vec::new();
+    for w in 0..env.workers as usize {
+        workers.push(spawn_worker(env, dir, w, 0, urls)?);
+    }
+    let share = lease_audit::share_bounds(env.partitions, env.workers as usize);
+    wait_for_spread(env, &workers, share, label).await?;
+    // A lease delivers a settle time (250 ms, then the next planning tick) after it is
+    // held (docs/scale-out.md): frames published before a partition's first owner
+    // reads are lost without a gap (a late join, not a handover).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    Ok((workers, share))
+}
+
+/// The node to kill (node-failover) is the bucket's leader; the producers connect to
+/// the other nodes, so that the run measures the leases, not a producer's reconnect
+/// (the failover drill measures that). `None` when a worker is the victim.
+async fn planned_node(
+    plan: &FailoverPlan,
+    cluster: &Arc<NatsCluster>,
+    label: &str,
+) -> Result<Option<usize>, Error> {
+    Ok(match plan.victim {
+        Victim::Node => Some(
+            on_cluster(cluster, |c| {
+                c.wait_stream_leader(KV_STREAM, Duration::from_secs(10))
+            })
+            .await?
+            .map_err(|e| Error::with_source(ErrorKind::Nats, label.to_owned(), e))?,
+        ),
+        Victim::Worker => None,
     })
 }
 

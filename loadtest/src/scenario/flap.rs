@@ -40,7 +40,9 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::error::Error;
-use crate::ingress::{Design, IngressProcess, Launch, cpu_time, machine_busy, machine_busy_since};
+use crate::ingress::{
+    Design, IngressProcess, Launch, cpu_since, cpu_time, machine_busy, machine_busy_since,
+};
 use crate::report::RunReport;
 use crate::scenario::asr::shortfall::RunNats;
 use crate::scenario::run::{Env, RunOutput, ScenarioIngress, TempDir, scenario_launch};
@@ -317,12 +319,7 @@ pub async fn run_design(
     design: FlapDesign,
 ) -> Result<RunOutput, Error> {
     let label = format!("producer-flap {streams} {design}");
-    if !env.wait_quiet.is_zero() {
-        let busy = crate::scenario::run::wait_quiet(env.wait_quiet).await;
-        if busy >= 0.3 && !env.quiet {
-            eprintln!("[{label}] the machine is still busy ({busy:.2} cores): running anyway");
-        }
-    }
+    crate::scenario::run::settle(env, &label).await;
     let nats = RunNats::start(env).await?;
     let audit = WireAudit::start(&nats.url, AUDIT_SUBJECT).await?;
     let dir = TempDir::create("weir-loadtest-flap")?;
@@ -336,20 +333,13 @@ pub async fn run_design(
     )?)
     .await
     .map_err(Error::from)?;
-    let mut notes = Vec::new();
 
     let ids: Arc<Vec<String>> = Arc::new((0..streams).map(|i| format!("call{i}")).collect());
     let counters = Arc::new(FlapCounters::default());
     let spread = Duration::from_millis((streams as u64).clamp(20, 1000));
-    let nats_pid = nats.server.as_ref().map(|s| s.pid());
-    let cpu0 = (
-        ingress.cpu_time().unwrap_or_default(),
-        cpu_time(std::process::id()).unwrap_or_default(),
-        nats_pid.and_then(cpu_time).unwrap_or_default(),
-        machine_busy().unwrap_or_default(),
-    );
+    let cpu0 = CpuStart::take(&ingress, nats.server.as_ref().map(|s| s.pid()));
     let start = Instant::now();
-    let mut calls = producer::start(
+    let calls = producer::start(
         FlapConfig {
             ws_addr: ingress.ws_addr(),
             ids: ids.clone(),
@@ -369,90 +359,23 @@ pub async fn run_design(
         + producer::CONNECT_TIMEOUT
         + producer::END_GRACE
         + Duration::from_secs(5);
-    let mut offered: Vec<(String, u64)> = Vec::with_capacity(streams);
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let tty = std::io::stderr().is_terminal();
-    loop {
-        tokio::select! {
-            next = calls.join_next() => match next {
-                Some(Ok(o)) => offered.push((o.id, o.offered)),
-                Some(Err(e)) => notes.push(format!("a call's task failed: {e}")),
-                None => break,
-            },
-            _ = tick.tick() => {
-                if !env.quiet {
-                    let line = progress(&label, start, settings.duration, &counters, &audit);
-                    if tty { eprint!("\r{line:<130}") } else { eprintln!("{line}") }
-                }
-            }
-            _ = tokio::time::sleep_until(deadline) => {
-                notes.push("some calls had not finished in time and were aborted".into());
-                calls.abort_all();
-                break;
-            }
-        }
-    }
-    let sending = start.elapsed();
-    let cpu = FlapCpu {
-        ingress_s: ingress
-            .cpu_time()
-            .unwrap_or_default()
-            .saturating_sub(cpu0.0)
-            .as_secs_f64(),
-        loadtest_s: cpu_time(std::process::id())
-            .unwrap_or_default()
-            .saturating_sub(cpu0.1)
-            .as_secs_f64(),
-        nats_server_s: nats_pid
-            .and_then(cpu_time)
-            .unwrap_or_default()
-            .saturating_sub(cpu0.2)
-            .as_secs_f64(),
-        other_s: 0.0,
-        wall_s: sending.as_secs_f64(),
-    };
-    let machine = machine_busy_since(cpu0.3).as_secs_f64();
-    let cpu = FlapCpu {
-        other_s: (machine - cpu.ingress_s - cpu.loadtest_s - cpu.nats_server_s).max(0.0),
-        ..cpu
-    };
-    if !env.quiet && tty {
+    let (mut offered, mut notes) = join_calls(calls, deadline, env.quiet, || {
+        progress(&label, start, settings.duration, &counters, &audit)
+    })
+    .await;
+    let cpu = cpu0.since(&ingress, start.elapsed());
+    if !env.quiet && std::io::stderr().is_terminal() {
         eprint!("\r{:<130}\r", "");
     }
 
-    // Drain: the wire quiet for 1 s and every call's `end` in (bounded).
-    let drain_deadline = Instant::now() + DRAIN_MAX;
-    let (mut last, mut stable) = (u64::MAX, 0);
-    let settled = loop {
-        if Instant::now() >= drain_deadline {
-            break false;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let packets = audit.packets();
-        stable = if packets == last { stable + 1 } else { 0 };
-        last = packets;
-        if stable >= 10 && audit.ends() >= offered.len() as u64 {
-            break true;
-        }
-    };
-    if !settled {
+    if !drain(&audit, offered.len() as u64).await {
         notes.push(format!(
             "the drain did not settle within {} s (the wire still moved, or some calls had \
              no end); figures are as of its end",
             DRAIN_MAX.as_secs()
         ));
     }
-    let metrics = match design {
-        FlapDesign::Naive => None,
-        _ => match ingress.metrics().await {
-            Ok(m) => Some(m),
-            Err(e) => {
-                notes.push(format!("cannot read the ingress's /metrics: {e}"));
-                None
-            }
-        },
-    };
+    let metrics = door_metrics(design, &ingress, &mut notes).await;
     let wall = start.elapsed();
     ingress.stop().await;
     offered.sort();
@@ -471,6 +394,18 @@ pub async fn run_design(
         cpu,
     );
     notes.extend(flap_notes(&flap));
+    Ok(output(design, settings, streams, wall, flap, notes))
+}
+
+/// The run's report: the design's `flap` figures and `notes`, no samples.
+fn output(
+    design: FlapDesign,
+    settings: &FlapSettings,
+    streams: usize,
+    wall: Duration,
+    flap: FlapReport,
+    notes: Vec<String>,
+) -> RunOutput {
     let report = RunReport {
         scenario: "producer-flap".into(),
         streams,
@@ -485,10 +420,126 @@ pub async fn run_design(
         notes,
         ..RunReport::default()
     };
-    Ok(RunOutput {
+    RunOutput {
         report,
         samples: Vec::new(),
-    })
+    }
+}
+
+/// The CPU counters of the processes at the start of the sending phase.
+struct CpuStart {
+    ingress: Duration,
+    loadtest: Duration,
+    nats_server: Duration,
+    machine: Duration,
+    nats_pid: Option<u32>,
+}
+
+impl CpuStart {
+    /// Reads the counters of the ingress, this process, nats-server (`nats_pid`, when
+    /// this run started it) and the whole machine.
+    fn take(ingress: &IngressProcess, nats_pid: Option<u32>) -> Self {
+        Self {
+            ingress: ingress.cpu_time().unwrap_or_default(),
+            loadtest: cpu_time(std::process::id()).unwrap_or_default(),
+            nats_server: nats_pid.and_then(cpu_time).unwrap_or_default(),
+            machine: machine_busy().unwrap_or_default(),
+            nats_pid,
+        }
+    }
+
+    /// The CPU each process used since [`CpuStart::take`], over `wall` of sending; the
+    /// rest of the machine's is `other_s`.
+    fn since(&self, ingress: &IngressProcess, wall: Duration) -> FlapCpu {
+        let secs = |pid: Option<u32>, start| pid.map_or(0.0, |p| cpu_since(p, start).as_secs_f64());
+        let cpu = FlapCpu {
+            ingress_s: secs(Some(ingress.pid()), self.ingress),
+            loadtest_s: secs(Some(std::process::id()), self.loadtest),
+            nats_server_s: secs(self.nats_pid, self.nats_server),
+            other_s: 0.0,
+            wall_s: wall.as_secs_f64(),
+        };
+        let machine = machine_busy_since(self.machine).as_secs_f64();
+        FlapCpu {
+            other_s: (machine - cpu.ingress_s - cpu.loadtest_s - cpu.nats_server_s).max(0.0),
+            ..cpu
+        }
+    }
+}
+
+/// Waits for every call (at most until `deadline`, then aborts the rest), printing
+/// `progress()` once a second unless `quiet`. Returns what each finished call offered,
+/// and notes on calls that failed or were aborted.
+async fn join_calls(
+    mut calls: tokio::task::JoinSet<producer::CallOutcome>,
+    deadline: Instant,
+    quiet: bool,
+    progress: impl Fn() -> String,
+) -> (Vec<(String, u64)>, Vec<String>) {
+    let mut offered: Vec<(String, u64)> = Vec::with_capacity(calls.len());
+    let mut notes = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let tty = std::io::stderr().is_terminal();
+    loop {
+        tokio::select! {
+            next = calls.join_next() => match next {
+                Some(Ok(o)) => offered.push((o.id, o.offered)),
+                Some(Err(e)) => notes.push(format!("a call's task failed: {e}")),
+                None => break,
+            },
+            _ = tick.tick() => {
+                if !quiet {
+                    let line = progress();
+                    if tty { eprint!("\r{line:<130}") } else { eprintln!("{line}") }
+                }
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                notes.push("some calls had not finished in time and were aborted".into());
+                calls.abort_all();
+                break;
+            }
+        }
+    }
+    (offered, notes)
+}
+
+/// Drains: waits until the wire has been quiet for 1 s and `calls` ends are in, at
+/// most [`DRAIN_MAX`]. Returns whether it settled.
+async fn drain(audit: &WireAudit, calls: u64) -> bool {
+    let drain_deadline = Instant::now() + DRAIN_MAX;
+    let (mut last, mut stable) = (u64::MAX, 0);
+    loop {
+        if Instant::now() >= drain_deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let packets = audit.packets();
+        stable = if packets == last { stable + 1 } else { 0 };
+        last = packets;
+        if stable >= 10 && audit.ends() >= calls {
+            return true;
+        }
+    }
+}
+
+/// The door's `/metrics` text (`None` for the naive ingress, or when unreadable: then
+/// a note says why).
+async fn door_metrics(
+    design: FlapDesign,
+    ingress: &IngressProcess,
+    notes: &mut Vec<String>,
+) -> Option<String> {
+    match design {
+        FlapDesign::Naive => None,
+        _ => match ingress.metrics().await {
+            Ok(m) => Some(m),
+            Err(e) => {
+                notes.push(format!("cannot read the ingress's /metrics: {e}"));
+                None
+            }
+        },
+    }
 }
 
 /// The design's figures (pure).

@@ -20,7 +20,6 @@
 //!
 //! [`run_one`] reads as these steps in order; each step is a function of its own.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -37,11 +36,14 @@ use crate::ingress::{
 use crate::llm::{LlmRun, LlmSettings};
 use crate::producers::{self, ProducerConfig, ProducerCounters, Transport};
 use crate::report::RunReport;
-use crate::sample::{self, IngressSample, Sample};
+use crate::sample::{self, Sample};
 use crate::scenario::figures::{self, CpuUsed, Measured};
 use crate::scenario::{FaultKind, Plan};
 use crate::timeliness::{DEFAULT_MAX_AGE, late_after};
 use weir_protocol::WireName;
+
+mod sampler;
+use sampler::{SamplerInputs, sampler};
 
 /// Longest drain after the producers stopped, beyond the wait for the fleet to reap
 /// streams that never sent `end` (its idle timeout + [`REAP_MARGIN`]).
@@ -114,6 +116,17 @@ pub async fn wait_quiet(max: Duration) -> f64 {
         }
     }
     busy
+}
+
+/// Before run `label`: waits for a quiet machine when `--wait-quiet` asks for it, and
+/// says so (unless quiet) when the machine stayed busy.
+pub(crate) async fn settle(env: &Env, label: &str) {
+    if !env.wait_quiet.is_zero() {
+        let busy = wait_quiet(env.wait_quiet).await;
+        if busy >= 0.3 && !env.quiet {
+            eprintln!("[{label}] the machine is still busy ({busy:.2} cores): running anyway");
+        }
+    }
 }
 
 /// A report and its series.
@@ -277,12 +290,7 @@ pub async fn run_one(
         Transport::Ws => format!("{} {} {}", plan.scenario.as_str(), streams, design),
         t => format!("{} {} {} {t}", plan.scenario.as_str(), streams, design),
     };
-    if !env.wait_quiet.is_zero() {
-        let busy = wait_quiet(env.wait_quiet).await;
-        if busy >= 0.3 && !env.quiet {
-            eprintln!("[{label}] the machine is still busy ({busy:.2} cores): running anyway");
-        }
-    }
+    settle(env, &label).await;
     // 1. NATS.
     let nats = start_nats(env, plan).await?;
     let nats_url = nats.url();
@@ -301,15 +309,7 @@ pub async fn run_one(
     let cpu_start = CpuStart::take(&ingress, &nats);
 
     // 4. LLM side.
-    let (llm, llm_unavailable) = match plan.llm {
-        Some(load) => {
-            match LlmRun::start(&nats_url, design, streams, load.factor, &env.llm).await {
-                Ok(l) => (Some(Arc::new(l)), None),
-                Err(e) => (None, Some(format!("LLM side not run: {e}"))),
-            }
-        }
-        None => (None, None),
-    };
+    let (llm, llm_unavailable) = start_llm(env, plan, &nats_url, design, streams).await;
 
     // 5. Sampler, producers, fault.
     let start = Instant::now();
@@ -336,18 +336,7 @@ pub async fn run_one(
     // tick) in the same millisecond.
     let spread = Duration::from_millis((streams as u64).clamp(20, 1000));
     let producer_set = producers::start(
-        ProducerConfig {
-            ws_addr: ingress.ws_addr(),
-            streams,
-            id_prefix: "s".into(),
-            duration: plan.duration,
-            vanish_share: plan.vanish_share,
-            reconnect: env.reconnect,
-            reconnect_delay: Duration::from_millis(500),
-            start_spread: spread,
-            transport: env.transport,
-            ids: None,
-        },
+        producer_config(env, plan, streams, ingress.ws_addr(), spread),
         streams as u64,
         counters.clone(),
     );
@@ -381,14 +370,7 @@ pub async fn run_one(
     let _ = tokio::time::timeout(Duration::from_secs(3), sampler).await;
     let final_stats = final_stats(&ingress, &label).await?;
     let wall = start.elapsed();
-    let llm_report = match (&llm, &llm_unavailable) {
-        (Some(l), _) => l.report(wall),
-        (None, Some(why)) => crate::llm::not_run_because(why),
-        (None, None) => crate::llm::not_run(),
-    };
-    if let Some(why) = llm_unavailable {
-        notes.push(why);
-    }
+    let llm_report = llm_report(llm.as_deref(), llm_unavailable, wall, &mut notes);
     let fleet_snapshot = stop_all(llm, fleet, ingress, nats).await;
     drop(config_dir);
 
@@ -410,6 +392,66 @@ pub async fn run_one(
         notes,
     );
     Ok(RunOutput { report, samples })
+}
+
+/// Step 4: the LLM side, when the scenario drives it; otherwise, or when it cannot
+/// start, `None` and (in the second case) why.
+async fn start_llm(
+    env: &Env,
+    plan: &Plan,
+    nats_url: &str,
+    design: Design,
+    streams: usize,
+) -> (Option<Arc<LlmRun>>, Option<String>) {
+    match plan.llm {
+        Some(load) => match LlmRun::start(nats_url, design, streams, load.factor, &env.llm).await {
+            Ok(l) => (Some(Arc::new(l)), None),
+            Err(e) => (None, Some(format!("LLM side not run: {e}"))),
+        },
+        None => (None, None),
+    }
+}
+
+/// Step 5: the producers of the plan, `streams` of them on `ws_addr`, their starts
+/// spread over `spread`.
+fn producer_config(
+    env: &Env,
+    plan: &Plan,
+    streams: usize,
+    ws_addr: std::net::SocketAddr,
+    spread: Duration,
+) -> ProducerConfig {
+    ProducerConfig {
+        ws_addr,
+        streams,
+        id_prefix: "s".into(),
+        duration: plan.duration,
+        vanish_share: plan.vanish_share,
+        reconnect: env.reconnect,
+        reconnect_delay: Duration::from_millis(500),
+        start_spread: spread,
+        transport: env.transport,
+        ids: None,
+    }
+}
+
+/// Step 7: the LLM side's report over `wall` (a "not run" one without it); why it
+/// could not start, if so, goes to `notes`.
+fn llm_report(
+    llm: Option<&LlmRun>,
+    unavailable: Option<String>,
+    wall: Duration,
+    notes: &mut Vec<String>,
+) -> crate::report::LlmReport {
+    let report = match (llm, &unavailable) {
+        (Some(l), _) => l.report(wall),
+        (None, Some(why)) => crate::llm::not_run_because(why),
+        (None, None) => crate::llm::not_run(),
+    };
+    if let Some(why) = unavailable {
+        notes.push(why);
+    }
+    report
 }
 
 /// Step 1: the run's NATS server, embedded unless `--nats-url` names one.
@@ -682,108 +724,6 @@ async fn apply_fault(
             Ok(())
         }
     }
-}
-
-struct SamplerInputs {
-    ingress: Arc<IngressProcess>,
-    fleet: Arc<Fleet>,
-    counters: Arc<ProducerCounters>,
-    llm: Option<Arc<LlmRun>>,
-    fault_active: Arc<AtomicBool>,
-    samples: Arc<Mutex<Vec<Sample>>>,
-    start: Instant,
-    label: String,
-    total: Duration,
-    quiet: bool,
-}
-
-/// Captures a sample every 100 ms until told to stop (or a hard cap of samples), and
-/// prints a progress line on stderr once per second.
-async fn sampler(s: SamplerInputs, mut stop: tokio::sync::watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(sample::PERIOD);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    // Hard cap: the run's duration plus 2 minutes of drain and grace.
-    let cap =
-        ((s.total + Duration::from_secs(120)).as_millis() / sample::PERIOD.as_millis()) as usize;
-    let tty = std::io::stderr().is_terminal();
-    let cpu0 = s.ingress.cpu_time().unwrap_or_default();
-    let mut oldest: (Option<f64>, Option<f64>) = (None, None);
-    for n in 0..cap {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.changed() => break,
-        }
-        let stats = s.ingress.stats().await.ok();
-        let mut ingress = stats.as_ref().map(IngressSample::from);
-        // weir's ingress lists its stream instances: what it holds for live ones apart
-        // from what the NATS client holds for ended ones. Read once per
-        // `STREAMS_EVERY` samples (the list of every stream is not free for the ingress
-        // to render, and its CPU is what the run measures), carried between reads.
-        if let Some(i) = ingress.as_mut().filter(|i| i.unconfirmed_bytes.is_some()) {
-            if n % sample::STREAMS_EVERY == 0
-                && let Ok(streams) = s.ingress.streams().await
-            {
-                let (live, ended) = sample::oldest_by_liveness(&streams);
-                oldest = (Some(live), Some(ended));
-            }
-            (i.oldest_live_ms, i.oldest_ended_ms) = oldest;
-        }
-        let fault = s.fault_active.load(Ordering::Relaxed);
-        let x = Sample {
-            t_s: s.start.elapsed().as_secs_f64(),
-            ingress,
-            rss_bytes: s.ingress.rss_bytes(),
-            ingress_cpu_s: s
-                .ingress
-                .cpu_time()
-                .map(|c| c.saturating_sub(cpu0).as_secs_f64()),
-            frames_sent: s.counters.frames_sent.load(Ordering::Relaxed),
-            frames_received: s.fleet.frames_received(),
-            latency_window_ms: s.fleet.take_window_latency(),
-            llm_in_flight: s.llm.as_ref().map(|l| {
-                l.observe();
-                l.in_flight()
-            }),
-            fault_active: fault,
-        };
-        if !s.quiet && n % 10 == 9 {
-            let line = progress_line(&s.label, s.total, &x);
-            if tty {
-                eprint!("\r{line:<120}");
-            } else {
-                eprintln!("{line}");
-            }
-        }
-        if let Ok(mut v) = s.samples.lock() {
-            v.push(x);
-        }
-    }
-    if !s.quiet && tty {
-        eprint!("\r{:<120}\r", "");
-    }
-}
-
-fn progress_line(label: &str, total: Duration, x: &Sample) -> String {
-    let (pending, tasks, oldest) = x
-        .ingress
-        .as_ref()
-        .map(|i| {
-            (
-                format!("{:.0} KiB", i.pending_bytes as f64 / 1024.0),
-                i.tasks_alive.to_string(),
-                format!("{:.0} ms", i.oldest_frame_age_ms),
-            )
-        })
-        .unwrap_or_else(|| ("?".into(), "?".into(), "?".into()));
-    format!(
-        "[{label}] {:>5.1}/{:.0} s  sent {}  received {}  pending {pending}  oldest {oldest}  tasks {tasks}  rss {:.1} MiB{}",
-        x.t_s,
-        total.as_secs_f64(),
-        x.frames_sent,
-        x.frames_received,
-        x.rss_bytes.unwrap_or(0) as f64 / (1024.0 * 1024.0),
-        if x.fault_active { "  FAULT" } else { "" }
-    )
 }
 
 /// The ingress of a scenario that runs designs side by side: the naive design

@@ -184,43 +184,13 @@ pub async fn run_design(
     .await
     .map_err(Error::from)?;
     let mut notes = Vec::new();
-    let fleet_slots = f64::from(settings.workers * settings.model.slots);
-    let door_slots_seen = match design {
-        AsrDesign::WeirOn => {
-            let seen = churn::wait_for_slots(&ingress, |s| s >= fleet_slots, VIEW_WAIT).await;
-            if seen.is_none_or(|s| s < fleet_slots) {
-                notes.push(format!(
-                    "the door did not show {fleet_slots} slots within {} s before the calls \
-                     started (saw {seen:?})",
-                    VIEW_WAIT.as_secs()
-                ));
-            }
-            seen
-        }
-        _ => None,
-    };
+    let door_slots_seen = door_slots(design, settings, &ingress, &mut notes).await;
 
     let start = Instant::now();
     let counters = Arc::new(ProducerCounters::default());
     let spread = Duration::from_millis((streams as u64).clamp(20, 1000));
     let mut producer_set = producers::start(
-        ProducerConfig {
-            ws_addr: ingress.ws_addr(),
-            streams,
-            id_prefix: "s".into(),
-            duration: settings.duration,
-            vanish_share: 0.0,
-            reconnect: false,
-            reconnect_delay: Duration::from_millis(500),
-            start_spread: spread,
-            transport: Transport::Ws,
-            ids: Some(Arc::new(balanced_ids(
-                "s",
-                streams,
-                settings.partitions,
-                settings.workers,
-            ))),
-        },
+        calls(&ingress, settings, streams, spread),
         streams as u64,
         counters.clone(),
     );
@@ -248,20 +218,10 @@ pub async fn run_design(
             }
         }
     }
-    // Drain: the recognisers' backlog to zero and nothing new for 300 ms.
-    let drain_deadline = Instant::now() + DRAIN_MAX;
-    let mut last = u64::MAX;
-    let mut stable = 0;
-    while Instant::now() < drain_deadline {
-        tick.tick().await;
-        samples.push(sample(start, &counters, &meter));
-        let handed = meter.handed();
-        stable = if handed == last { stable + 1 } else { 0 };
-        last = handed;
-        if stable >= 3 && recognisers.backlog() == 0 {
-            break;
-        }
-    }
+    drain(&mut tick, &recognisers, &meter, || {
+        samples.push(sample(start, &counters, &meter))
+    })
+    .await;
     if recognisers.backlog() > 0 {
         notes.push(format!(
             "the recognisers still held {} frames {} s after the calls ended",
@@ -302,6 +262,83 @@ pub async fn run_design(
         ..RunReport::default()
     };
     Ok(RunOutput { report, samples })
+}
+
+/// With capacity admission on, waits (at most [`VIEW_WAIT`]) until the door shows the
+/// fleet's slots; returns the slots it last showed (`None` for the other designs), and
+/// notes when it did not show them all.
+async fn door_slots(
+    design: AsrDesign,
+    settings: &AsrSettings,
+    ingress: &IngressProcess,
+    notes: &mut Vec<String>,
+) -> Option<f64> {
+    let fleet_slots = f64::from(settings.workers * settings.model.slots);
+    match design {
+        AsrDesign::WeirOn => {
+            let seen = churn::wait_for_slots(ingress, |s| s >= fleet_slots, VIEW_WAIT).await;
+            if seen.is_none_or(|s| s < fleet_slots) {
+                notes.push(format!(
+                    "the door did not show {fleet_slots} slots within {} s before the calls \
+                     started (saw {seen:?})",
+                    VIEW_WAIT.as_secs()
+                ));
+            }
+            seen
+        }
+        _ => None,
+    }
+}
+
+/// The calls: `streams` WebSocket streams for the run's duration, started over
+/// `spread`, their ids balanced over the partitions and workers; no vanishing, no
+/// reconnect.
+fn calls(
+    ingress: &IngressProcess,
+    settings: &AsrSettings,
+    streams: usize,
+    spread: Duration,
+) -> ProducerConfig {
+    ProducerConfig {
+        ws_addr: ingress.ws_addr(),
+        streams,
+        id_prefix: "s".into(),
+        duration: settings.duration,
+        vanish_share: 0.0,
+        reconnect: false,
+        reconnect_delay: Duration::from_millis(500),
+        start_spread: spread,
+        transport: Transport::Ws,
+        ids: Some(Arc::new(balanced_ids(
+            "s",
+            streams,
+            settings.partitions,
+            settings.workers,
+        ))),
+    }
+}
+
+/// Drains: on each `tick`, takes a sample (`sample()`) until the recognisers' backlog
+/// is zero and nothing new was handed over for 300 ms, at most [`DRAIN_MAX`].
+async fn drain(
+    tick: &mut tokio::time::Interval,
+    recognisers: &Recognisers,
+    meter: &AsrMeter,
+    mut sample: impl FnMut(),
+) {
+    let drain_deadline = Instant::now() + DRAIN_MAX;
+    let mut last = u64::MAX;
+    let mut stable = 0;
+    while Instant::now() < drain_deadline {
+        tick.tick().await;
+        sample();
+        let handed = meter.handed();
+        stable = if handed == last { stable + 1 } else { 0 };
+        last = handed;
+        if stable >= 3 && recognisers.backlog() == 0 {
+            break;
+        }
+    }
 }
 
 /// A 100 ms sample: frames sent and started, and the lag of the frames started since
