@@ -830,8 +830,7 @@ async fn a_replica_sigkilled_at_twice_capacity_hands_its_requests_to_the_other()
     let kill_window = Duration::from_millis(250);
     let sent_as_it_died = Duration::from_millis(50);
     let caught = |c: &Call| {
-        c.start <= killed_at + sent_as_it_died
-            && c.end.is_none_or(|e| e + kill_window >= killed_at)
+        c.start <= killed_at + sent_as_it_died && c.end.is_none_or(|e| e + kill_window >= killed_at)
     };
     // Completed twice = two calls whose answers both reached a live replica, other than
     // a call the kill caught and its re-run.
