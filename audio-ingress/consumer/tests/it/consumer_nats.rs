@@ -724,8 +724,22 @@ async fn malformed_messages_lose_no_frame_of_other_streams() {
     flush(&nc).await;
     let seen = injector.await.expect("injector");
     assert!(!seen.contains("-ERR"), "{seen}");
+    // The core counts an end when it reads it; the handler records it a moment later:
+    // wait for both.
     let ended = wait_until(Duration::from_secs(5), || {
         consumer.stats().totals.streams_end_seen >= STREAMS
+            && book
+                .lock()
+                .expect("book")
+                .values()
+                .filter(|s| {
+                    s.end.is_some()
+                        && s.info
+                            .as_ref()
+                            .is_some_and(|i| i.stream.starts_with("good-"))
+                })
+                .count() as u64
+                >= STREAMS
     })
     .await;
     let connects = consumer
