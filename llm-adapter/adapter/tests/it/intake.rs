@@ -822,15 +822,20 @@ async fn a_replica_sigkilled_at_twice_capacity_hands_its_requests_to_the_other()
             eprintln!("ran twice {rid} (relative to the kill): {desc:?}");
         }
     }
-    // A call the kill caught: started before it (or just after: a request A sent as it
-    // died reaches the backend a moment later; 50 ms of slack, while B re-runs A's
-    // requests only after their redelivery, seconds later), and its answer had not been
-    // handled by A when A died (the backend answered after the kill, or shortly before
-    // it — a reply still in A's socket or queue; 250 ms of slack for a loaded machine).
+    // A call the kill caught: started before it, and its answer had not been handled
+    // by A when A died (the backend answered after the kill, or shortly before it — a
+    // reply still in A's socket or queue; 250 ms of slack for a loaded machine). Or a
+    // request A sent as it died, which reached the backend a moment after the test's
+    // kill instant (up to 50 ms) and whose answer reached no live replica: one B made
+    // would have been delivered.
     let kill_window = Duration::from_millis(250);
     let sent_as_it_died = Duration::from_millis(50);
     let caught = |c: &Call| {
-        c.start <= killed_at + sent_as_it_died && c.end.is_none_or(|e| e + kill_window >= killed_at)
+        let before = c.start <= killed_at && c.end.is_none_or(|e| e + kill_window >= killed_at);
+        let as_it_died = c.start > killed_at
+            && c.start <= killed_at + sent_as_it_died
+            && c.delivered != Some(true);
+        before || as_it_died
     };
     // Completed twice = two calls whose answers both reached a live replica, other than
     // a call the kill caught and its re-run.

@@ -43,8 +43,9 @@ fn declared(log: &StreamLog) -> BTreeSet<u64> {
 /// (`WEIR_TELEPHONY_SPEECH_S=16`) gives the figures in docs/results/telephony.md.
 const SPEECH_S: f64 = 6.0;
 
-/// The first `WEIR_TELEPHONY_SPEECH_S` (default [`SPEECH_S`]) seconds of the speech
-/// fixture of `enc`, as a file the call and the reference decode both read.
+/// The first `WEIR_TELEPHONY_SPEECH_S` seconds (from [`SPEECH_S`], the default, to 16:
+/// the late-chunk case delays chunk 250) of the speech fixture of `enc`, as a file the
+/// call and the reference decode both read.
 fn speech(enc: &str) -> tempfile::TempPath {
     let whole = std::fs::read(data(if enc == "PCMA" {
         "speech-8k.alaw"
@@ -55,7 +56,7 @@ fn speech(enc: &str) -> tempfile::TempPath {
     let secs = std::env::var("WEIR_TELEPHONY_SPEECH_S")
         .ok()
         .and_then(|v| v.parse::<f64>().ok())
-        .filter(|s| (1.0..=16.0).contains(s))
+        .filter(|s| (SPEECH_S..=16.0).contains(s))
         .unwrap_or(SPEECH_S);
     let n = ((secs * 8000.0) as usize).min(whole.len());
     let mut file = tempfile::NamedTempFile::new().expect("temp file");
