@@ -15,347 +15,155 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 use weir_audio_consumer::{EndCause, GapCause, StreamEvent};
 
-/// `weir.Frame`: one frame of audio, in seq order.
-#[pyclass(frozen, module = "weir.consumer", name = "Frame")]
-pub struct Frame {
-    /// s16le mono 16 kHz PCM.
-    #[pyo3(get)]
-    pcm: Py<PyBytes>,
-    /// Sequence number.
-    #[pyo3(get)]
-    seq: u64,
-    /// Samples in `pcm`.
-    #[pyo3(get)]
-    samples: u64,
-    /// Unix ms at which the ingress accepted the frame, if the producer said.
-    #[pyo3(get)]
-    captured_at_ms: Option<u64>,
+/// How a field reads in `repr`: numbers as they are, strings quoted, `None` when absent,
+/// PCM by its length.
+trait Repr {
+    fn repr(&self, py: Python<'_>) -> String;
 }
 
-#[pymethods]
-impl Frame {
-    #[new]
-    #[pyo3(signature = (pcm, seq, samples, captured_at_ms = None))]
-    fn new(pcm: Py<PyBytes>, seq: u64, samples: u64, captured_at_ms: Option<u64>) -> Self {
-        Self {
-            pcm,
-            seq,
-            samples,
-            captured_at_ms,
+impl Repr for u64 {
+    fn repr(&self, _: Python<'_>) -> String {
+        self.to_string()
+    }
+}
+
+impl Repr for String {
+    fn repr(&self, _: Python<'_>) -> String {
+        format!("{self:?}")
+    }
+}
+
+impl Repr for Py<PyBytes> {
+    fn repr(&self, py: Python<'_>) -> String {
+        format!("<{} bytes>", self.bind(py).as_bytes().len())
+    }
+}
+
+impl<T: Repr> Repr for Option<T> {
+    fn repr(&self, py: Python<'_>) -> String {
+        self.as_ref()
+            .map_or_else(|| "None".to_owned(), |v| v.repr(py))
+    }
+}
+
+/// A frozen event class: its fields (read-only attributes, in constructor order), the
+/// constructor with `signature`, `__match_args__`, and `==`, `hash` and `repr` over
+/// every field.
+macro_rules! event_class {
+    (
+        $(#[$doc:meta])*
+        $name:ident $signature:tt {
+            $($(#[$field_doc:meta])* $field:ident: $ty:ty,)*
         }
-    }
-
-    #[classattr]
-    fn __match_args__() -> (&'static str, &'static str, &'static str, &'static str) {
-        ("pcm", "seq", "samples", "captured_at_ms")
-    }
-
-    fn _key<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        (
-            self.pcm.clone_ref(py),
-            self.seq,
-            self.samples,
-            self.captured_at_ms,
-        )
-            .into_pyobject(py)
-    }
-
-    fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<bool> {
-        match other.cast::<Self>() {
-            Ok(o) => self._key(py)?.eq(o.get()._key(py)?),
-            Err(_) => Ok(false),
+    ) => {
+        $(#[$doc])*
+        #[pyclass(frozen, module = "weir.consumer")]
+        pub struct $name {
+            $($(#[$field_doc])* #[pyo3(get)] $field: $ty,)*
         }
-    }
 
-    fn __hash__(&self, py: Python<'_>) -> PyResult<isize> {
-        self._key(py)?.hash()
-    }
+        #[pymethods]
+        impl $name {
+            #[new]
+            #[pyo3(signature = $signature)]
+            fn new($($field: $ty),*) -> Self {
+                Self { $($field),* }
+            }
 
-    fn __repr__(&self, py: Python<'_>) -> String {
-        format!(
-            "Frame(pcm=<{} bytes>, seq={}, samples={}, captured_at_ms={})",
-            self.pcm.bind(py).as_bytes().len(),
-            self.seq,
-            self.samples,
-            opt(self.captured_at_ms)
-        )
+            #[classattr]
+            fn __match_args__(py: Python<'_>) -> PyResult<Bound<'_, PyTuple>> {
+                PyTuple::new(py, [$(stringify!($field)),*])
+            }
+
+            fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<bool> {
+                match other.cast::<Self>() {
+                    Ok(o) => self.key(py)?.eq(o.get().key(py)?),
+                    Err(_) => Ok(false),
+                }
+            }
+
+            fn __hash__(&self, py: Python<'_>) -> PyResult<isize> {
+                self.key(py)?.hash()
+            }
+
+            fn __repr__(&self, py: Python<'_>) -> String {
+                let fields = [$(format!("{}={}", stringify!($field), self.$field.repr(py))),*];
+                format!("{}({})", stringify!($name), fields.join(", "))
+            }
+        }
+
+        impl $name {
+            fn key<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+                ($(&self.$field,)*).into_pyobject(py)
+            }
+        }
+    };
+}
+
+event_class! {
+    /// `weir.Frame`: one frame of audio, in seq order.
+    Frame (pcm, seq, samples, captured_at_ms = None) {
+        /// s16le mono 16 kHz PCM.
+        pcm: Py<PyBytes>,
+        /// Sequence number.
+        seq: u64,
+        /// Samples in `pcm`.
+        samples: u64,
+        /// Unix ms at which the ingress accepted the frame, if the producer said.
+        captured_at_ms: Option<u64>,
     }
 }
 
-/// `weir.Gap`: frames `first_seq..=last_seq` will not be delivered, and why.
-#[pyclass(frozen, module = "weir.consumer", name = "Gap")]
-pub struct Gap {
-    /// First missing seq.
-    #[pyo3(get)]
-    first_seq: u64,
-    /// Last missing seq.
-    #[pyo3(get)]
-    last_seq: u64,
-    /// Seqs covered.
-    #[pyo3(get)]
-    frames: u64,
-    /// Samples missing, when known.
-    #[pyo3(get)]
-    samples: Option<u64>,
-    /// `lost`, `declared`, `possibly_lost`, `stale`, `overload` or `handover`.
-    #[pyo3(get)]
-    cause: String,
-    /// For `declared`: the producer's gap reason (`queue_full`, `max_age`, ...).
-    #[pyo3(get)]
-    reason: Option<String>,
-}
-
-#[pymethods]
-impl Gap {
-    #[new]
-    #[pyo3(signature = (first_seq, last_seq, frames, samples, cause, reason = None))]
-    fn new(
+event_class! {
+    /// `weir.Gap`: frames `first_seq..=last_seq` will not be delivered, and why.
+    Gap (first_seq, last_seq, frames, samples, cause, reason = None) {
+        /// First missing seq.
         first_seq: u64,
+        /// Last missing seq.
         last_seq: u64,
+        /// Seqs covered.
         frames: u64,
+        /// Samples missing, when known.
         samples: Option<u64>,
+        /// `lost`, `declared`, `possibly_lost`, `stale`, `overload` or `handover`.
         cause: String,
+        /// For `declared`: the producer's gap reason (`queue_full`, `max_age`, ...).
         reason: Option<String>,
-    ) -> Self {
-        Self {
-            first_seq,
-            last_seq,
-            frames,
-            samples,
-            cause,
-            reason,
-        }
-    }
-
-    #[classattr]
-    fn __match_args__() -> (
-        &'static str,
-        &'static str,
-        &'static str,
-        &'static str,
-        &'static str,
-        &'static str,
-    ) {
-        (
-            "first_seq",
-            "last_seq",
-            "frames",
-            "samples",
-            "cause",
-            "reason",
-        )
-    }
-
-    fn _key<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        (
-            self.first_seq,
-            self.last_seq,
-            self.frames,
-            self.samples,
-            self.cause.as_str(),
-            self.reason.as_deref(),
-        )
-            .into_pyobject(py)
-    }
-
-    fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<bool> {
-        match other.cast::<Self>() {
-            Ok(o) => self._key(py)?.eq(o.get()._key(py)?),
-            Err(_) => Ok(false),
-        }
-    }
-
-    fn __hash__(&self, py: Python<'_>) -> PyResult<isize> {
-        self._key(py)?.hash()
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "Gap(first_seq={}, last_seq={}, frames={}, samples={}, cause={:?}, reason={})",
-            self.first_seq,
-            self.last_seq,
-            self.frames,
-            opt(self.samples),
-            self.cause,
-            opt_str(self.reason.as_deref())
-        )
     }
 }
 
-/// `weir.End`: the last event of a stream instance.
-#[pyclass(frozen, module = "weir.consumer", name = "End")]
-pub struct End {
-    /// `producer`, `idle`, `overload`, `restarted`, `shutdown` or `handover`.
-    #[pyo3(get)]
-    cause: String,
-    /// For `producer`: its `Weir-End-Reason`; for `overload`: the bound that tripped
-    /// (`bytes` or `age`).
-    #[pyo3(get)]
-    reason: Option<String>,
-    /// Seq of the producer's `end` packet, if one arrived.
-    #[pyo3(get)]
-    seq: Option<u64>,
-    /// Last seq of the timeline accepted.
-    #[pyo3(get)]
-    last_seq: Option<u64>,
-}
-
-#[pymethods]
-impl End {
-    #[new]
-    #[pyo3(signature = (cause, reason = None, seq = None, last_seq = None))]
-    fn new(cause: String, reason: Option<String>, seq: Option<u64>, last_seq: Option<u64>) -> Self {
-        Self {
-            cause,
-            reason,
-            seq,
-            last_seq,
-        }
-    }
-
-    #[classattr]
-    fn __match_args__() -> (&'static str, &'static str, &'static str, &'static str) {
-        ("cause", "reason", "seq", "last_seq")
-    }
-
-    fn _key<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        (
-            self.cause.as_str(),
-            self.reason.as_deref(),
-            self.seq,
-            self.last_seq,
-        )
-            .into_pyobject(py)
-    }
-
-    fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<bool> {
-        match other.cast::<Self>() {
-            Ok(o) => self._key(py)?.eq(o.get()._key(py)?),
-            Err(_) => Ok(false),
-        }
-    }
-
-    fn __hash__(&self, py: Python<'_>) -> PyResult<isize> {
-        self._key(py)?.hash()
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "End(cause={:?}, reason={}, seq={}, last_seq={})",
-            self.cause,
-            opt_str(self.reason.as_deref()),
-            opt(self.seq),
-            opt(self.last_seq)
-        )
+event_class! {
+    /// `weir.End`: the last event of a stream instance.
+    End (cause, reason = None, seq = None, last_seq = None) {
+        /// `producer`, `idle`, `overload`, `restarted`, `shutdown` or `handover`.
+        cause: String,
+        /// For `producer`: its `Weir-End-Reason`; for `overload`: the bound that tripped
+        /// (`bytes` or `age`).
+        reason: Option<String>,
+        /// Seq of the producer's `end` packet, if one arrived.
+        seq: Option<u64>,
+        /// Last seq of the timeline accepted.
+        last_seq: Option<u64>,
     }
 }
 
-/// `weir.LossDeclared`: the producer declared seqs possibly lost; outside the timeline
-/// (it re-labels seqs an earlier `lost` gap covered).
-#[pyclass(frozen, module = "weir.consumer", name = "LossDeclared")]
-pub struct LossDeclared {
-    /// First seq of the declared range.
-    #[pyo3(get)]
-    first_seq: u64,
-    /// Last seq of the declared range.
-    #[pyo3(get)]
-    last_seq: u64,
-    /// Frames the producer says were unconfirmed in that range.
-    #[pyo3(get)]
-    frames: u64,
-    /// The producer's cumulative count for the stream.
-    #[pyo3(get)]
-    total_frames: u64,
-    /// Why (`unconfirmed_at_disconnect`, ...).
-    #[pyo3(get)]
-    reason: String,
-    /// Frames already reported as `lost` that this declaration re-labels.
-    #[pyo3(get)]
-    reclassified_frames: u64,
-}
-
-#[pymethods]
-impl LossDeclared {
-    #[new]
-    fn new(
+event_class! {
+    /// `weir.LossDeclared`: the producer declared seqs possibly lost; outside the timeline
+    /// (it re-labels seqs an earlier `lost` gap covered).
+    LossDeclared (first_seq, last_seq, frames, total_frames, reason, reclassified_frames) {
+        /// First seq of the declared range.
         first_seq: u64,
+        /// Last seq of the declared range.
         last_seq: u64,
+        /// Frames the producer says were unconfirmed in that range.
         frames: u64,
+        /// The producer's cumulative count for the stream.
         total_frames: u64,
+        /// Why (`unconfirmed_at_disconnect`, ...).
         reason: String,
+        /// Frames already reported as `lost` that this declaration re-labels.
         reclassified_frames: u64,
-    ) -> Self {
-        Self {
-            first_seq,
-            last_seq,
-            frames,
-            total_frames,
-            reason,
-            reclassified_frames,
-        }
     }
-
-    #[classattr]
-    fn __match_args__() -> (
-        &'static str,
-        &'static str,
-        &'static str,
-        &'static str,
-        &'static str,
-        &'static str,
-    ) {
-        (
-            "first_seq",
-            "last_seq",
-            "frames",
-            "total_frames",
-            "reason",
-            "reclassified_frames",
-        )
-    }
-
-    fn _key<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        (
-            self.first_seq,
-            self.last_seq,
-            self.frames,
-            self.total_frames,
-            self.reason.as_str(),
-            self.reclassified_frames,
-        )
-            .into_pyobject(py)
-    }
-
-    fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<bool> {
-        match other.cast::<Self>() {
-            Ok(o) => self._key(py)?.eq(o.get()._key(py)?),
-            Err(_) => Ok(false),
-        }
-    }
-
-    fn __hash__(&self, py: Python<'_>) -> PyResult<isize> {
-        self._key(py)?.hash()
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "LossDeclared(first_seq={}, last_seq={}, frames={}, total_frames={}, reason={:?}, reclassified_frames={})",
-            self.first_seq,
-            self.last_seq,
-            self.frames,
-            self.total_frames,
-            self.reason,
-            self.reclassified_frames
-        )
-    }
-}
-
-fn opt(v: Option<u64>) -> String {
-    v.map_or_else(|| "None".to_owned(), |v| v.to_string())
-}
-
-fn opt_str(v: Option<&str>) -> String {
-    v.map_or_else(|| "None".to_owned(), |v| format!("{v:?}"))
 }
 
 /// The Python object of `event`.
