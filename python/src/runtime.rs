@@ -81,7 +81,7 @@ where
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
     let task = core()?.spawn(op);
-    bridge(py, async move {
+    await_bridge(py, async move {
         match task.await {
             Ok(result) => result,
             Err(e) if e.is_panic() => Err(WeirErr::internal(format!(
@@ -97,18 +97,11 @@ where
 /// receives). A Python `await` cancelled while it waits drops `fut`; a result completed
 /// just before the cancellation is discarded (see the module doc): hand out items that
 /// can be asked for again, or await them only from a task nothing else cancels.
+///
+/// Returns an asyncio future of the running loop, completed by the bridge thread with
+/// what `fut` (spawned on the core) returns; `fut` is dropped as soon as the asyncio
+/// future is done otherwise (cancelled, or garbage-collected).
 pub fn await_bridge<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
-where
-    F: Future<Output = Result<T, WeirErr>> + Send + 'static,
-    T: for<'a> IntoPyObject<'a> + Send + 'static,
-{
-    bridge(py, fut)
-}
-
-/// An asyncio future of the running loop, completed by the bridge thread with what
-/// `fut` (spawned on the core) returns; `fut` is dropped as soon as the asyncio future
-/// is done otherwise (cancelled, or garbage-collected).
-fn bridge<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
 where
     F: Future<Output = Result<T, WeirErr>> + Send + 'static,
     T: for<'a> IntoPyObject<'a> + Send + 'static,
@@ -219,11 +212,10 @@ const BATCH: usize = 256;
 fn complete(rx: mpsc::Receiver<Completion>) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
-        while batch.len() < BATCH {
-            match rx.try_recv() {
-                Ok(more) => batch.push(more),
-                Err(_) => break,
-            }
+        while batch.len() < BATCH
+            && let Ok(more) = rx.try_recv()
+        {
+            batch.push(more);
         }
         let delivered = Python::try_attach(|py| {
             for completion in batch.drain(..) {

@@ -83,10 +83,6 @@ pub struct Link {
 }
 
 impl Link {
-    fn new() -> Self {
-        Self::default()
-    }
-
     /// The Python iterator asks for the next event.
     pub fn ack(&self) {
         self.acks.fetch_add(1, Ordering::AcqRel);
@@ -112,17 +108,19 @@ impl Link {
 
     /// Until an ack is taken or the link is released.
     async fn acked(&self) {
+        let ready = || self.take_ack() || self.released();
         std::future::poll_fn(|cx| {
-            if self.take_ack() || self.released() {
+            if ready() {
                 return Poll::Ready(());
             }
             self.waker.register(cx.waker());
             // Re-check after registering: an ack between the first check and the
             // registration woke no one.
-            if self.take_ack() || self.released() {
-                return Poll::Ready(());
+            if ready() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
             }
-            Poll::Pending
         })
         .await;
     }
@@ -209,7 +207,7 @@ pub struct HubFactory {
 
 impl HubFactory {
     fn make(&self, info: &StreamInfo, ended: Option<StreamEnded>) -> PyHandler {
-        let link = Arc::new(Link::new());
+        let link = Arc::new(Link::default());
         let hub = self.hub.upgrade();
         match &hub {
             Some(h) => {

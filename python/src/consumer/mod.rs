@@ -64,55 +64,38 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 fn config_from_json(json: &str) -> Result<ConsumerConfig, WeirErr> {
     let value: serde_json::Value = serde_json::from_str(json)
         .map_err(|e| WeirErr::config("invalid_config", format!("consumer options: {e}")))?;
-    match serde_json::from_value::<ConsumerConfig>(value.clone()) {
-        Ok(cfg) => Ok(cfg),
-        Err(e) => {
-            // serde_json does not say which key: try each alone (every key has a
-            // default) to name the first one at fault.
-            let key = value.as_object().and_then(|obj| {
-                obj.iter().find_map(|(k, v)| {
-                    let one = serde_json::json!({ k.clone(): v.clone() });
-                    serde_json::from_value::<ConsumerConfig>(one)
-                        .err()
-                        .map(|_| k.clone())
-                })
-            });
-            let err = WeirErr::config(
-                "invalid_config",
-                match &key {
-                    Some(k) => format!("consumer option {k:?}: {e}"),
-                    None => format!("consumer options: {e}"),
-                },
-            );
-            Err(match key {
-                Some(k) => err.with("key", k),
-                None => err,
+    serde_json::from_value::<ConsumerConfig>(value.clone()).map_err(|e| {
+        // serde_json does not say which key: try each alone (every key has a default) to
+        // name the first one at fault.
+        let key = value.as_object().and_then(|obj| {
+            obj.keys().find(|k| {
+                let one = serde_json::json!({ k.as_str(): obj[k.as_str()].clone() });
+                serde_json::from_value::<ConsumerConfig>(one).is_err()
             })
+        });
+        match key {
+            Some(k) => WeirErr::config("invalid_config", format!("consumer option {k:?}: {e}"))
+                .with("key", k.as_str()),
+            None => WeirErr::config("invalid_config", format!("consumer options: {e}")),
         }
-    }
+    })
 }
 
 /// A core error as a Python one.
 fn consumer_err(e: ConsumerError) -> WeirErr {
-    match e.kind() {
+    let code = match e.kind() {
         ConsumerErrorKind::Config => {
-            let key = e.config_key().map(str::to_owned);
             let err = WeirErr::config("invalid_config", e.to_string());
-            match key {
+            return match e.config_key() {
                 Some(k) => err.with("key", k),
                 None => err,
-            }
+            };
         }
-        ConsumerErrorKind::Connect => {
-            WeirErr::new(Kind::Connect, "connect_failed", error_chain(&e))
-        }
-        ConsumerErrorKind::Subscribe => {
-            WeirErr::new(Kind::Connect, "subscribe_failed", error_chain(&e))
-        }
-        ConsumerErrorKind::Lease => {
-            WeirErr::new(Kind::Connect, "lease_bucket_failed", error_chain(&e))
-        }
-    }
+        ConsumerErrorKind::Connect => "connect_failed",
+        ConsumerErrorKind::Subscribe => "subscribe_failed",
+        ConsumerErrorKind::Lease => "lease_bucket_failed",
+    };
+    WeirErr::new(Kind::Connect, code, error_chain(&e))
 }
 
 /// `e` and its sources, `: `-separated.
@@ -132,6 +115,15 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 
 fn json<T: serde::Serialize>(value: &T) -> Result<String, WeirErr> {
     serde_json::to_string(value).map_err(|e| WeirErr::internal(format!("cannot serialise: {e}")))
+}
+
+/// Moves the messages waiting in `rx` into `msgs`, up to `limit` in all.
+fn take_ready(rx: &mut mpsc::Receiver<HubMsg>, msgs: &mut Vec<HubMsg>, limit: usize) {
+    while msgs.len() < limit
+        && let Ok(m) = rx.try_recv()
+    {
+        msgs.push(m);
+    }
 }
 
 /// The running core consumer and what is left of it once closed.
@@ -182,9 +174,7 @@ impl Inner {
             None => Err(WeirErr::closed("the consumer is closed")),
         }
     }
-}
 
-impl Inner {
     /// Shuts the consumer down on the core runtime without waiting and without grace
     /// (leases released, subscriptions dropped), and closes the hub: for a consumer
     /// nobody will close (a cancelled connect, a collected `weir.Consumer`).
@@ -327,12 +317,7 @@ impl PyConsumer {
             return Ok(Some(PyList::empty(py)));
         };
         let mut msgs = Vec::new();
-        while msgs.len() < limit {
-            match rx.try_recv() {
-                Ok(m) => msgs.push(m),
-                Err(_) => break,
-            }
-        }
+        take_ready(&mut rx, &mut msgs, limit);
         drop(rx);
         if msgs.is_empty() && self.inner.hub.is_closed() {
             return Ok(None);
@@ -359,12 +344,7 @@ impl PyConsumer {
                     }
                 }
                 _ = closed.wait_for(|c| *c) => {
-                    while msgs.len() < limit {
-                        match rx.try_recv() {
-                            Ok(m) => msgs.push(m),
-                            Err(_) => break,
-                        }
-                    }
+                    take_ready(&mut rx, &mut msgs, limit);
                     if msgs.is_empty() {
                         return Ok(None);
                     }
