@@ -259,61 +259,57 @@ impl CapacityError {
 }
 
 use crate::WireName as _;
+use CapacityErrorKind as K;
 
-fn out_of_range(detail: String) -> CapacityError {
-    CapacityError::new(CapacityErrorKind::OutOfRange, detail)
+/// `Ok` when `ok`, else a [`CapacityError`] of `kind` (its detail built only then).
+fn ensure(ok: bool, kind: K, detail: impl FnOnce() -> String) -> Result<(), CapacityError> {
+    match ok {
+        true => Ok(()),
+        false => Err(CapacityError::new(kind, detail())),
+    }
 }
 
 /// Decodes one JSON object of type `T` with the refusals of this module.
 fn decode_json<T: for<'de> Deserialize<'de>>(payload: &[u8]) -> Result<T, CapacityError> {
     if payload.len() > MAX_PAYLOAD_BYTES {
         return Err(CapacityError::new(
-            CapacityErrorKind::TooLarge,
+            K::TooLarge,
             format!("{} bytes, at most {MAX_PAYLOAD_BYTES}", payload.len()),
         ));
     }
     serde_json::from_slice(payload).map_err(|e| {
         let text = e.to_string();
         let kind = if text.starts_with("unknown field") {
-            CapacityErrorKind::UnknownField
+            K::UnknownField
         } else {
-            CapacityErrorKind::InvalidJson
+            K::InvalidJson
         };
         CapacityError::new(kind, text)
     })
 }
 
 fn check_version(v: u32) -> Result<(), CapacityError> {
-    if v == VERSION {
-        Ok(())
-    } else {
-        Err(CapacityError::new(
-            CapacityErrorKind::UnsupportedVersion,
-            format!("v = {v}, this reader knows {VERSION}"),
-        ))
-    }
+    ensure(v == VERSION, K::UnsupportedVersion, || {
+        format!("v = {v}, this reader knows {VERSION}")
+    })
 }
 
 fn check_id(what: &str, id: &str) -> Result<(), CapacityError> {
-    if is_valid_id(id) {
-        Ok(())
-    } else {
-        Err(CapacityError::new(
-            CapacityErrorKind::InvalidId,
-            format!("{what} {id:?}: 1..={MAX_ID_LEN} of A-Z a-z 0-9 _ -"),
-        ))
-    }
+    ensure(is_valid_id(id), K::InvalidId, || {
+        format!("{what} {id:?}: 1..={MAX_ID_LEN} of A-Z a-z 0-9 _ -")
+    })
+}
+
+fn check_stream_id(id: &str) -> Result<(), CapacityError> {
+    ensure(StreamId::parse(id).is_ok(), K::InvalidId, || {
+        format!("stream id {id:?} is not a safe stream id")
+    })
 }
 
 fn check_subject_token(what: &str, body: &str, subject_token: &str) -> Result<(), CapacityError> {
-    if body == subject_token {
-        Ok(())
-    } else {
-        Err(CapacityError::new(
-            CapacityErrorKind::SubjectMismatch,
-            format!("{what} {body:?} announced on the subject of {subject_token:?}"),
-        ))
-    }
+    ensure(body == subject_token, K::SubjectMismatch, || {
+        format!("{what} {body:?} announced on the subject of {subject_token:?}")
+    })
 }
 
 impl Announcement {
@@ -337,113 +333,86 @@ impl Announcement {
         check_version(self.v)?;
         check_id("worker", &self.worker)?;
         check_id("instance", &self.instance)?;
-        if self.seq == 0 {
-            return Err(out_of_range("seq 0: the first announcement is 1".into()));
-        }
+        ensure(self.seq != 0, K::OutOfRange, || {
+            "seq 0: the first announcement is 1".into()
+        })?;
         let (lo, hi) = INTERVAL_RANGE_MS;
-        if !(lo..=hi).contains(&self.interval_ms) {
-            return Err(out_of_range(format!(
-                "interval_ms {} outside {lo}..={hi}",
-                self.interval_ms
-            )));
-        }
-        if crate::SubjectTemplate::parse(&self.subject).is_err() {
-            return Err(CapacityError::new(
-                CapacityErrorKind::InvalidId,
-                format!("subject {:?} is not a subject template", self.subject),
-            ));
-        }
-        if !(1..=MAX_PARTITIONS).contains(&self.partitions_total) {
-            return Err(out_of_range(format!(
-                "partitions_total {} outside 1..={MAX_PARTITIONS}",
-                self.partitions_total
-            )));
-        }
-        match (self.ownership, &self.lease_bucket) {
-            (OwnershipKind::Lease, Some(b)) => check_id("lease_bucket", b)?,
-            (OwnershipKind::Lease, None) => {
-                return Err(out_of_range("ownership lease without lease_bucket".into()));
-            }
-            (OwnershipKind::Static, Some(_)) => {
-                return Err(out_of_range("lease_bucket with ownership static".into()));
-            }
-            (OwnershipKind::Static, None) => {}
+        ensure((lo..=hi).contains(&self.interval_ms), K::OutOfRange, || {
+            format!("interval_ms {} outside {lo}..={hi}", self.interval_ms)
+        })?;
+        let template = crate::SubjectTemplate::parse(&self.subject);
+        ensure(template.is_ok(), K::InvalidId, || {
+            format!("subject {:?} is not a subject template", self.subject)
+        })?;
+        let total = self.partitions_total;
+        ensure((1..=MAX_PARTITIONS).contains(&total), K::OutOfRange, || {
+            format!("partitions_total {total} outside 1..={MAX_PARTITIONS}")
+        })?;
+        let lease = self.ownership == OwnershipKind::Lease;
+        ensure(
+            lease == self.lease_bucket.is_some(),
+            K::OutOfRange,
+            || match lease {
+                true => "ownership lease without lease_bucket".into(),
+                false => "lease_bucket with ownership static".into(),
+            },
+        )?;
+        if let Some(bucket) = &self.lease_bucket {
+            check_id("lease_bucket", bucket)?;
         }
         self.validate_partitions()?;
         self.validate_load()
     }
 
     fn validate_partitions(&self) -> Result<(), CapacityError> {
-        if self.partitions.len() > self.partitions_total as usize {
-            return Err(out_of_range(format!(
-                "{} partitions of {}",
-                self.partitions.len(),
-                self.partitions_total
-            )));
-        }
+        let total = self.partitions_total;
+        let listed = self.partitions.len();
+        ensure(listed <= total as usize, K::OutOfRange, || {
+            format!("{listed} partitions of {total}")
+        })?;
         let mut seen = std::collections::BTreeSet::new();
         for &p in &self.partitions {
-            if p >= self.partitions_total || !seen.insert(p) {
-                return Err(out_of_range(format!(
-                    "partition {p}: out of 0..{} or listed twice",
-                    self.partitions_total
-                )));
-            }
+            ensure(p < total && seen.insert(p), K::OutOfRange, || {
+                format!("partition {p}: out of 0..{total} or listed twice")
+            })?;
         }
         Ok(())
     }
 
     fn validate_load(&self) -> Result<(), CapacityError> {
-        if !(1..=MAX_SLOTS).contains(&self.max_streams) {
-            return Err(out_of_range(format!(
-                "max_streams {} outside 1..={MAX_SLOTS}",
-                self.max_streams
-            )));
-        }
-        if self.live_streams > self.max_streams {
-            return Err(out_of_range(format!(
-                "live_streams {} above max_streams {}",
-                self.live_streams, self.max_streams
-            )));
-        }
-        if self.lag_ms > MAX_LAG_MS {
-            return Err(out_of_range(format!(
-                "lag_ms {} above {MAX_LAG_MS}",
-                self.lag_ms
-            )));
-        }
-        if !self.rtf_p95.is_finite() || !(0.0..=MAX_RTF).contains(&self.rtf_p95) {
-            return Err(out_of_range(format!(
-                "rtf_p95 {} outside 0..={MAX_RTF}",
-                self.rtf_p95
-            )));
-        }
+        let (max, live, lag) = (self.max_streams, self.live_streams, self.lag_ms);
+        ensure((1..=MAX_SLOTS).contains(&max), K::OutOfRange, || {
+            format!("max_streams {max} outside 1..={MAX_SLOTS}")
+        })?;
+        ensure(live <= max, K::OutOfRange, || {
+            format!("live_streams {live} above max_streams {max}")
+        })?;
+        ensure(lag <= MAX_LAG_MS, K::OutOfRange, || {
+            format!("lag_ms {lag} above {MAX_LAG_MS}")
+        })?;
+        let rtf = self.rtf_p95;
+        ensure(
+            rtf.is_finite() && (0.0..=MAX_RTF).contains(&rtf),
+            K::OutOfRange,
+            || format!("rtf_p95 {rtf} outside 0..={MAX_RTF}"),
+        )?;
         let listed = self.streams.len();
-        if listed > MAX_LISTED_STREAMS || listed as u64 > self.live_streams {
-            return Err(out_of_range(format!(
-                "{listed} streams listed for {} live (at most {MAX_LISTED_STREAMS})",
-                self.live_streams
-            )));
-        }
-        if self.streams_truncated != ((listed as u64) < self.live_streams) {
-            return Err(out_of_range(format!(
-                "streams_truncated {} with {listed} of {} live listed",
-                self.streams_truncated, self.live_streams
-            )));
-        }
+        let within = listed <= MAX_LISTED_STREAMS && listed as u64 <= live;
+        ensure(within, K::OutOfRange, || {
+            format!("{listed} streams listed for {live} live (at most {MAX_LISTED_STREAMS})")
+        })?;
+        let truncated = self.streams_truncated;
+        ensure(truncated == ((listed as u64) < live), K::OutOfRange, || {
+            format!("streams_truncated {truncated} with {listed} of {live} live listed")
+        })?;
         for s in &self.streams {
-            if StreamId::parse(&s.id).is_err() {
-                return Err(CapacityError::new(
-                    CapacityErrorKind::InvalidId,
-                    format!("stream id {:?} is not a safe stream id", s.id),
-                ));
-            }
-            if s.lag_ms > self.lag_ms {
-                return Err(out_of_range(format!(
-                    "stream {} lag_ms {} above the worker's {}",
-                    s.id, s.lag_ms, self.lag_ms
-                )));
-            }
+            check_stream_id(&s.id)?;
+            ensure(s.lag_ms <= lag, K::OutOfRange, || {
+                format!(
+                    "stream {} lag_ms {} above the worker's {lag}",
+                    s.id, s.lag_ms
+                )
+            })?;
         }
         Ok(())
     }
@@ -453,19 +422,15 @@ impl Announcement {
     /// Unix ms): a replayed or delayed announcement never counts as current capacity.
     pub fn check_fresh(&self, now_ms: u64) -> Result<(), CapacityError> {
         let max_age = u64::try_from(gone_after(self.interval_ms).as_millis()).unwrap_or(u64::MAX);
-        if self.sent_at_ms.saturating_add(max_age) < now_ms {
-            return Err(CapacityError::new(
-                CapacityErrorKind::Stale,
-                format!("sent {} ms ago", now_ms - self.sent_at_ms),
-            ));
-        }
-        if self.sent_at_ms > now_ms.saturating_add(MAX_CLOCK_AHEAD_MS) {
-            return Err(CapacityError::new(
-                CapacityErrorKind::Stale,
-                format!("sent {} ms in the future", self.sent_at_ms - now_ms),
-            ));
-        }
-        Ok(())
+        let sent = self.sent_at_ms;
+        ensure(sent.saturating_add(max_age) >= now_ms, K::Stale, || {
+            format!("sent {} ms ago", now_ms - sent)
+        })?;
+        ensure(
+            sent <= now_ms.saturating_add(MAX_CLOCK_AHEAD_MS),
+            K::Stale,
+            || format!("sent {} ms in the future", sent - now_ms),
+        )
     }
 
     /// Slots not taken by a live stream.
@@ -481,19 +446,14 @@ impl Refusal {
         let r: Self = decode_json(payload)?;
         check_version(r.v)?;
         check_id("worker", &r.worker)?;
-        if StreamId::parse(&r.stream).is_err() {
-            return Err(CapacityError::new(
-                CapacityErrorKind::InvalidId,
-                format!("stream id {:?} is not a safe stream id", r.stream),
-            ));
-        }
+        check_stream_id(&r.stream)?;
         check_subject_token("stream", &r.stream, last_token(subject))?;
-        if !(1..=MAX_SLOTS).contains(&r.max_streams) || r.live_streams > r.max_streams {
-            return Err(out_of_range(format!(
-                "max_streams {} / live_streams {}",
-                r.max_streams, r.live_streams
-            )));
-        }
+        let (max, live) = (r.max_streams, r.live_streams);
+        ensure(
+            (1..=MAX_SLOTS).contains(&max) && live <= max,
+            K::OutOfRange,
+            || format!("max_streams {max} / live_streams {live}"),
+        )?;
         Ok(r)
     }
 
