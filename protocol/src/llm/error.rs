@@ -88,16 +88,7 @@ impl ErrorCode {
 
     /// Whether the same request may succeed if retried later (possibly elsewhere).
     pub fn is_retryable(self) -> bool {
-        matches!(
-            self,
-            Self::QueueFull
-                | Self::SessionQueueFull
-                | Self::ConcurrencyLimitExceeded
-                | Self::TokenBudgetExceeded
-                | Self::BackendError
-                | Self::BackendTimeout
-                | Self::ShuttingDown
-        )
+        self.is_overload() || matches!(self, Self::BackendError | Self::BackendTimeout)
     }
 }
 

@@ -125,12 +125,7 @@ impl Supersede {
     /// Parses the [`SUPERSEDE`] header value (case-insensitive, surrounding spaces
     /// ignored); any other value is an error.
     pub fn parse(value: &str) -> Result<Self, HeaderError> {
-        let v = value.trim();
-        Self::ALL
-            .iter()
-            .copied()
-            .find(|p| p.as_str().eq_ignore_ascii_case(v))
-            .ok_or_else(|| HeaderError::invalid(SUPERSEDE, "expected `session`"))
+        parse_name(SUPERSEDE, value, "expected `session`")
     }
 }
 
@@ -152,12 +147,7 @@ impl Priority {
     /// Parses the [`PRIORITY`] header value (case-insensitive, surrounding spaces
     /// ignored); any other value is an error naming the header.
     pub fn parse(value: &str) -> Result<Self, HeaderError> {
-        let v = value.trim();
-        Self::ALL
-            .iter()
-            .copied()
-            .find(|p| p.as_str().eq_ignore_ascii_case(v))
-            .ok_or_else(|| HeaderError::invalid(PRIORITY, "expected `interactive` or `batch`"))
+        parse_name(PRIORITY, value, "expected `interactive` or `batch`")
     }
 }
 
@@ -176,13 +166,23 @@ pub enum AdmissionPolicy {
 impl AdmissionPolicy {
     /// Parses the [`ADMISSION`] header value (case-insensitive, surrounding spaces ignored).
     pub fn parse(value: &str) -> Result<Self, HeaderError> {
-        let v = value.trim();
-        Self::ALL
-            .iter()
-            .copied()
-            .find(|p| p.as_str().eq_ignore_ascii_case(v))
-            .ok_or_else(|| HeaderError::invalid(ADMISSION, "expected `enqueue` or `reject`"))
+        parse_name(ADMISSION, value, "expected `enqueue` or `reject`")
     }
+}
+
+/// The variant named `value` (case-insensitive, surrounding spaces ignored), else an
+/// error naming `header` and what it `expected`.
+fn parse_name<T: WireName>(
+    header: &'static str,
+    value: &str,
+    expected: &str,
+) -> Result<T, HeaderError> {
+    let v = value.trim();
+    T::ALL
+        .iter()
+        .copied()
+        .find(|p| p.as_str().eq_ignore_ascii_case(v))
+        .ok_or_else(|| HeaderError::invalid(header, expected))
 }
 
 /// A header value that could not be used.
@@ -214,6 +214,10 @@ impl HeaderError {
         }
     }
 
+    fn empty(header: &'static str) -> Self {
+        Self::new(header, HeaderErrorKind::Empty, "empty value")
+    }
+
     pub(crate) fn invalid(header: &'static str, reason: impl Into<String>) -> Self {
         Self::new(header, HeaderErrorKind::Invalid, reason)
     }
@@ -233,11 +237,7 @@ impl HeaderError {
 /// [`CANCEL`]): 1..=[`MAX_ID_LEN`] bytes of visible ASCII (`!`..=`~`), no whitespace.
 pub fn parse_id<'a>(header: &'static str, value: &'a str) -> Result<&'a str, HeaderError> {
     if value.is_empty() {
-        return Err(HeaderError::new(
-            header,
-            HeaderErrorKind::Empty,
-            "empty value",
-        ));
+        return Err(HeaderError::empty(header));
     }
     if value.len() > MAX_ID_LEN {
         let reason = format!("{} bytes; at most {MAX_ID_LEN} allowed", value.len());
@@ -261,11 +261,7 @@ pub fn parse_id<'a>(header: &'static str, value: &'a str) -> Result<&'a str, Hea
 pub fn parse_ms(header: &'static str, value: &str) -> Result<u64, HeaderError> {
     let v = value.trim();
     if v.is_empty() {
-        return Err(HeaderError::new(
-            header,
-            HeaderErrorKind::Empty,
-            "empty value",
-        ));
+        return Err(HeaderError::empty(header));
     }
     if v.len() > 20 || !v.bytes().all(|b| b.is_ascii_digit()) {
         return Err(HeaderError::invalid(
