@@ -153,8 +153,10 @@ pub struct NatsServer {
     options: NatsServerOptions,
     port: u16,
     url: String,
-    /// Holds the ports files, config file, log and JetStream store; removed on drop.
-    dir: TempDir,
+    /// Holds the ports files, config file, log and JetStream store ([`Layout`]);
+    /// removed on drop.
+    _dir: TempDir,
+    layout: Layout,
     state: Mutex<State>,
 }
 
@@ -196,7 +198,8 @@ impl NatsServer {
             port,
             binary,
             options,
-            dir,
+            _dir: dir,
+            layout,
             state: Mutex::new(State {
                 child: Some(child),
                 pid,
@@ -232,26 +235,25 @@ impl NatsServer {
 
     /// The file that receives the server's output (all launches, appended).
     pub fn log_path(&self) -> PathBuf {
-        Layout::new(self.dir.path()).log_file
+        self.layout.log_file.clone()
     }
 
     /// The JetStream store directory, when JetStream is on.
     pub fn store_dir(&self) -> Option<PathBuf> {
         self.options
             .jetstream
-            .then(|| Layout::new(self.dir.path()).store_dir)
+            .then(|| self.layout.store_dir.clone())
     }
 
     /// The text of the current process's ports file (`{"nats":[...],"cluster":[...],
     /// "monitoring":[...]}`), if it was written.
     pub(crate) fn ports_file_text(&self) -> Option<String> {
         let pid = self.pid();
-        fs::read_to_string(
-            Layout::new(self.dir.path())
-                .ports_dir
-                .join(format!("nats-server_{pid}.ports")),
-        )
-        .ok()
+        let ports_file = self
+            .layout
+            .ports_dir
+            .join(format!("nats-server_{pid}.ports"));
+        fs::read_to_string(ports_file).ok()
     }
 
     /// Whether the process exists (it may be paused).
@@ -309,11 +311,10 @@ impl NatsServer {
     pub fn restart(&self) -> Result<(), Error> {
         let mut state = self.lock();
         stop(&mut state)?;
-        let layout = Layout::new(self.dir.path());
         let launch = Launch {
             binary: &self.binary,
             options: &self.options,
-            layout: &layout,
+            layout: &self.layout,
         };
         let deadline = Instant::now() + self.options.startup_timeout;
         loop {
@@ -413,7 +414,7 @@ fn send_signal(pid: u32, sig: Signal) -> Result<(), Error> {
 fn wait_proc_state(pid: u32, want_stopped: bool) -> Result<(), Error> {
     let deadline = Instant::now() + SIGNAL_SETTLE_TIMEOUT;
     loop {
-        let Some(state) = proc_state(pid) else {
+        let Some(state) = weir_service::process::state_of(pid) else {
             return Ok(());
         };
         let stopped = matches!(state, 'T' | 't');
@@ -433,12 +434,8 @@ fn wait_proc_state(pid: u32, want_stopped: bool) -> Result<(), Error> {
     }
 }
 
-/// The one-letter process state (`R`, `S`, `T`, ...).
-fn proc_state(pid: u32) -> Option<char> {
-    weir_service::process::state_of(pid)
-}
-
 /// Paths inside the server's temporary directory.
+#[derive(Debug)]
 struct Layout {
     ports_dir: PathBuf,
     config_file: PathBuf,
@@ -703,7 +700,7 @@ mod tests {
     #[test]
     fn reads_own_process_state() {
         // The main thread of this process is running or waiting, never stopped.
-        let state = proc_state(std::process::id());
+        let state = weir_service::process::state_of(std::process::id());
         if Path::new("/proc/self/stat").exists() {
             assert!(matches!(state, Some('R' | 'S')), "{state:?}");
         }
