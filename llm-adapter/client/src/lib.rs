@@ -325,7 +325,7 @@ impl LlmClient {
         self.local_cap = cap.map(|c| {
             Arc::new(LocalCap {
                 cap: c.get(),
-                pending: Mutex::new(HashMap::new()),
+                ..LocalCap::default()
             })
         });
         self
@@ -538,23 +538,18 @@ impl RequestBuilder<'_> {
                 put(&mut headers, h::TRACESTATE, state);
             }
         }
-        if let Some(r) = &self.request_id {
-            put(&mut headers, h::REQUEST_ID, r);
-        }
-        if let Some(s) = &self.session {
-            put(&mut headers, h::SESSION_ID, s);
-        }
-        if let Some(k) = &self.client_key {
-            put(&mut headers, h::CLIENT_KEY, k);
-        }
-        if self.supersede {
-            put(&mut headers, h::SUPERSEDE, "session");
-        }
-        if let Some(p) = self.policy {
-            put(&mut headers, h::ADMISSION, p.as_str());
-        }
-        if let Some(p) = self.priority {
-            put(&mut headers, h::PRIORITY, p.as_str());
+        let named = [
+            (h::REQUEST_ID, self.request_id.as_deref()),
+            (h::SESSION_ID, self.session.as_deref()),
+            (h::CLIENT_KEY, self.client_key.as_deref()),
+            (h::SUPERSEDE, self.supersede.then_some("session")),
+            (h::ADMISSION, self.policy.map(WireName::as_str)),
+            (h::PRIORITY, self.priority.map(WireName::as_str)),
+        ];
+        for (name, value) in named {
+            if let Some(v) = value {
+                put(&mut headers, name, v);
+            }
         }
         if let Some(b) = self.budget {
             put(&mut headers, h::TIMEOUT_MS, &b.as_millis().to_string());
