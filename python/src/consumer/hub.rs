@@ -24,13 +24,13 @@
 //! - **An ended stream does not wait for a reader that is gone quiet.** Once the core
 //!   has ended a stream for its handler ([`StreamEnded`]: its `End` is queued —
 //!   producer end, idle, overload under `close`, a fence), and unless the consumer is
-//!   closing (then `close()`'s grace applies as before), the handler waits for each ack
+//!   closing (then `close()`'s grace applies), the handler waits for each ack
 //!   at most `patience` (the stream's own age bound, `max_pending_age_ms`); a reader
 //!   that lets that pass gets the rest of the queue and the `End` handed straight to
 //!   its iterator, where they wait: bounded by the stream's own queue bound (nothing is
 //!   queued after the end), and the instance's `max_streams` slot is freed even if the
-//!   Python `Stream` is held and never read. A reader that keeps asking is waited for
-//!   as before (its lag and real-time factor stay its own).
+//!   Python `Stream` is held and never read. A reader that keeps asking is always
+//!   waited for (its lag and real-time factor stay its own).
 //! - `End` is never waited on: the handler returns at once, its `max_streams` slot is
 //!   freed as soon as the core has handed the end over.
 //! - **Every opened stream's Python iterator ends.** A handler dropped before it handed
@@ -287,7 +287,7 @@ impl PyHandler {
             () = ended.ended() => {
                 let patience = self.hub.upgrade().map(|h| h.patience);
                 match patience {
-                    // close()'s grace applies: wait for the reader as before.
+                    // close()'s grace applies: wait for the reader.
                     Some(_) if self.closing() => self.link.acked().await,
                     Some(p) => {
                         if tokio::time::timeout(p, self.link.acked()).await.is_err() {

@@ -9,8 +9,8 @@
 //! - [`events`]: `Frame`, `Gap`, `End`, `LossDeclared`.
 //!
 //! Invariants:
-//! - `nats.retry_initial_connect = true` is refused (`ConfigError`; the first
-//!   connection must succeed, as before, when it is absent): `connect` returns only
+//! - `nats.retry_initial_connect = true` is refused (`ConfigError`; when it is absent
+//!   the first connection must succeed): `connect` returns only
 //!   once the server confirmed the subscriptions (or the lease bucket), which a client
 //!   still retrying in the background cannot give;
 //! - configuration is the core's own [`ConsumerConfig`] (serde names, unknown keys
