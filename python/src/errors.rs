@@ -122,6 +122,13 @@ impl WeirErr {
     }
 }
 
+/// The Python type name of `obj`, for a message that says what was passed instead.
+pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map_or_else(|_| "?".to_owned(), |n| n.to_string())
+}
+
 impl fmt::Display for WeirErr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} [{}]", self.message, self.code)

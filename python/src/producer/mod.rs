@@ -33,7 +33,7 @@ use weir_audio_producer::jetstream::NatsSink;
 use weir_audio_producer::stream::Ingress;
 use weir_service::nats::{ConnectErrorKind, NatsConfig};
 
-use crate::errors::{Kind, WeirErr};
+use crate::errors::{Kind, WeirErr, type_name};
 use crate::runtime::{await_core, core};
 
 mod config;
@@ -137,11 +137,10 @@ fn str_arg(obj: &Bound<'_, PyAny>, code: &str, what: &str) -> Result<String, Wei
         .ok()
         .and_then(|s| s.to_str().ok().map(str::to_owned))
         .ok_or_else(|| {
-            let ty = obj
-                .get_type()
-                .name()
-                .map_or_else(|_| "?".to_owned(), |n| n.to_string());
-            WeirErr::config(code, format!("{what} must be a str, not {ty}"))
+            WeirErr::config(
+                code,
+                format!("{what} must be a str, not {}", type_name(obj)),
+            )
         })
 }
 

@@ -26,7 +26,7 @@ use weir_audio_producer::stream::{StreamHandle, StreamView};
 use weir_protocol::WireName;
 
 use super::events::EventCursor;
-use crate::errors::{Kind, WeirErr};
+use crate::errors::{Kind, WeirErr, type_name};
 use crate::runtime::{await_bridge, await_core, core};
 
 /// One open stream (`weir.ProducerStream` wraps it).
@@ -69,10 +69,7 @@ fn frame_bytes(pcm: &Bound<'_, PyAny>) -> Result<Bytes, WeirErr> {
     {
         return Ok(Bytes::copy_from_slice(b.as_bytes()));
     }
-    let ty = pcm
-        .get_type()
-        .name()
-        .map_or_else(|_| "?".to_owned(), |n| n.to_string());
+    let ty = type_name(pcm);
     Err(WeirErr::config(
         "invalid_frame",
         format!("a frame is bytes, bytearray or memoryview of s16le PCM, not {ty}"),
