@@ -50,9 +50,6 @@ pub const MAX_CLOCK_AHEAD_MS: u64 = 5_000;
 /// Longest worker id and instance nonce.
 pub const MAX_ID_LEN: usize = 64;
 
-/// Missed intervals after which a silent worker is gone: [`gone_after`].
-pub const GONE_AFTER_INTERVALS: f64 = 2.5;
-
 /// How long after its last announcement a worker announcing every `interval_ms` is
 /// gone: 2.5 intervals (2.5 s with the default), so a killed worker's slots leave a
 /// reader's view within 3 s while one late announcement does not.
