@@ -101,14 +101,12 @@ fn consumer_err(e: ConsumerError) -> WeirErr {
 /// `e` and its sources, `: `-separated.
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let s = c.to_string();
+    for cause in std::iter::successors(e.source(), |c| c.source()) {
+        let s = cause.to_string();
         if !text.contains(&s) {
             text.push_str(": ");
             text.push_str(&s);
         }
-        cause = c.source();
     }
     text
 }

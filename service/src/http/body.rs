@@ -76,14 +76,8 @@ impl BodyTimeout {
 
     /// The [`BodyTimeout`] in a body error's chain, if it is one.
     pub fn find(error: &(dyn std::error::Error + 'static)) -> Option<Self> {
-        let mut e = Some(error);
-        while let Some(err) = e {
-            if let Some(t) = err.downcast_ref::<Self>() {
-                return Some(*t);
-            }
-            e = err.source();
-        }
-        None
+        std::iter::successors(Some(error), |e| e.source())
+            .find_map(|e| e.downcast_ref::<Self>().copied())
     }
 }
 

@@ -81,6 +81,10 @@ pub struct SubscribeError {
 }
 
 impl SubscribeError {
+    fn new(subject: String, error: crate::Error<SubscribeErrorKind>) -> Self {
+        Self { subject, error }
+    }
+
     /// Which step failed.
     pub fn kind(&self) -> SubscribeErrorKind {
         self.error.kind()
@@ -117,22 +121,15 @@ pub async fn subscribe_confirmed(
             match client.subscribe(subject.clone()).await {
                 Ok(sub) => subs.push((subject, sub)),
                 Err(e) => {
-                    return Err(SubscribeError {
-                        subject,
-                        error: crate::Error::with_source(
-                            SubscribeErrorKind::Subscribe,
-                            "the client refused the subscription",
-                            e,
-                        ),
-                    });
+                    let refused = "the client refused the subscription";
+                    let error =
+                        crate::Error::with_source(SubscribeErrorKind::Subscribe, refused, e);
+                    return Err(SubscribeError::new(subject, error));
                 }
             }
         }
         let inbox = client.new_inbox();
-        let fail = |error| SubscribeError {
-            subject: inbox.clone(),
-            error,
-        };
+        let fail = |error| SubscribeError::new(inbox.clone(), error);
         let probe_failed = |what: &str, e: Box<dyn std::error::Error + Send + Sync>| {
             fail(crate::Error::with_source(
                 SubscribeErrorKind::Probe,
@@ -156,16 +153,9 @@ pub async fn subscribe_confirmed(
         })?;
         Ok(subs)
     };
-    tokio::time::timeout(bound, work)
-        .await
-        .map_err(|_| SubscribeError {
-            subject: all,
-            error: crate::Error::new(
-                SubscribeErrorKind::Timeout,
-                format!(
-                    "the server did not confirm the subscriptions within {} ms",
-                    bound.as_millis()
-                ),
-            ),
-        })?
+    tokio::time::timeout(bound, work).await.map_err(|_| {
+        let ms = bound.as_millis();
+        let message = format!("the server did not confirm the subscriptions within {ms} ms");
+        SubscribeError::new(all, crate::Error::new(SubscribeErrorKind::Timeout, message))
+    })?
 }
