@@ -11,6 +11,7 @@ use std::fmt;
 pub type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// An error of kind `K` (a `Copy` enum the caller matches on).
+#[derive(Debug)]
 pub struct Error<K> {
     kind: K,
     message: String,
@@ -63,16 +64,6 @@ impl<K> fmt::Display for Error<K> {
             write!(f, ": {source}")?;
         }
         Ok(())
-    }
-}
-
-impl<K: fmt::Debug> fmt::Debug for Error<K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Error")
-            .field("kind", &self.kind)
-            .field("message", &self.message)
-            .field("source", &self.source)
-            .finish()
     }
 }
 

@@ -169,7 +169,7 @@ impl ConnLimiter {
     /// A permit for one connection from `ip`, or why not.
     pub fn try_acquire(&self, ip: IpAddr) -> Result<ConnPermit, ConnRefused> {
         let client = Client::of(ip);
-        let open = {
+        let (open, slot) = {
             let mut s = self.inner.lock();
             if s.by_client.get(&client).copied().unwrap_or(0) >= self.inner.per_ip
                 && s.open < self.inner.max
@@ -214,7 +214,6 @@ impl ConnLimiter {
             }
             (s.open, slot)
         };
-        let (open, slot) = open;
         metrics::gauge!(self.inner.open_gauge, super::LABEL_LISTENER => self.inner.listener)
             .set(open as f64);
         Ok(ConnPermit {
