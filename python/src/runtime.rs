@@ -149,15 +149,15 @@ struct CancelOnDone {
 #[pymethods]
 impl CancelOnDone {
     fn __call__(&self, _future: &Bound<'_, PyAny>) {
-        let tx = self
-            .tx
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(tx) = tx {
+        if let Some(tx) = take(&self.tx) {
             let _ = tx.send(());
         }
     }
+}
+
+/// Takes the value out of `slot` (a poisoned lock still holds a valid `Option`).
+fn take<T>(slot: &Mutex<Option<T>>) -> Option<T> {
+    slot.lock().unwrap_or_else(PoisonError::into_inner).take()
 }
 
 /// Makes the Python value (or exception) of a result, with the GIL.
@@ -266,19 +266,8 @@ pub fn _shutdown(py: Python<'_>) {
     let Some(bridge) = BRIDGE.get() else {
         return;
     };
-    drop(
-        bridge
-            .tx
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take(),
-    );
-    let thread = bridge
-        .thread
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .take();
-    if let Some(thread) = thread {
+    drop(take(&bridge.tx));
+    if let Some(thread) = take(&bridge.thread) {
         py.detach(|| {
             let _ = thread.join();
         });
