@@ -23,7 +23,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_nats::{ClientError, ConnectOptions, Event};
@@ -73,6 +73,12 @@ struct Counts {
     disconnects: AtomicU64,
     malformed: AtomicU64,
     by_sid: Mutex<BTreeMap<u64, u64>>,
+}
+
+impl Counts {
+    fn by_sid(&self) -> MutexGuard<'_, BTreeMap<u64, u64>> {
+        self.by_sid.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// The counts so far.
@@ -147,11 +153,7 @@ impl NatsEvents {
     fn slow_consumer(&self, sid: u64) {
         self.counts.slow_consumer.fetch_add(1, Ordering::Relaxed);
         let n = {
-            let mut map = self
-                .counts
-                .by_sid
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut map = self.counts.by_sid();
             let n = map.entry(sid).or_insert(0);
             *n += 1;
             *n
@@ -172,12 +174,7 @@ impl NatsEvents {
     pub fn counts(&self) -> EventCounts {
         EventCounts {
             slow_consumer: self.counts.slow_consumer.load(Ordering::Relaxed),
-            slow_consumer_by_sid: self
-                .counts
-                .by_sid
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone(),
+            slow_consumer_by_sid: self.counts.by_sid().clone(),
             disconnects: self.counts.disconnects.load(Ordering::Relaxed),
             malformed: self.counts.malformed.load(Ordering::Relaxed),
         }
