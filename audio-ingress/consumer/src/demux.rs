@@ -43,7 +43,7 @@ use super::handler::{HandlerFactory, StreamHandler};
 use super::loss::{self, HoleClass, Segment};
 use super::queue::{Push, ReceiverGuard, StreamQueue};
 use super::slots::StreamSlot;
-use super::stats::StreamState;
+use super::stats::{StreamState, count_by};
 use super::tracker::{Observation, SeqTracker, Seqs};
 use crate::metrics as m;
 
@@ -141,7 +141,7 @@ impl<F: HandlerFactory> Demux<F> {
         self.shared.instruments.messages.increment(1);
         let settings = &self.shared.settings;
         let Some((token, subject_partition)) = settings.subject.parse_subject(subject) else {
-            self.shared.registry().unroutable();
+            self.shared.registry().base.unroutable_subjects += 1;
             metrics::counter!(m::CONSUMER_UNROUTABLE_TOTAL).increment(1);
             tracing::debug!(subject, "subject does not fit the template; dropped");
             return;
@@ -149,7 +149,7 @@ impl<F: HandlerFactory> Demux<F> {
         let hashed = fnv1a_32(token.as_bytes()) % settings.partitions.get();
         let partition = match subject_partition {
             Some(p) if p != hashed => {
-                self.shared.registry().misrouted();
+                self.shared.registry().base.misrouted += 1;
                 metrics::counter!(m::CONSUMER_MISROUTED_TOTAL).increment(1);
                 // Per message of such a stream: once per 10 s.
                 static MISROUTED: weir_service::ratelimit::LogLimit =
@@ -171,13 +171,12 @@ impl<F: HandlerFactory> Demux<F> {
             Ok(p) => p,
             Err(e) => {
                 let kind = e.kind().as_str();
-                self.shared.registry().decode_error(kind);
+                let mut reg = self.shared.registry();
+                count_by(&mut reg.base.decode_errors_by_kind, kind);
                 if let Some(entry) = self.streams.get(token) {
-                    let instance = entry.instance;
-                    self.shared
-                        .registry()
-                        .update(instance, |s| s.counters.decode_errors += 1);
+                    reg.update(entry.instance, |s| s.counters.decode_errors += 1);
                 }
+                drop(reg);
                 metrics::counter!(m::CONSUMER_DECODE_ERRORS_TOTAL, "kind" => kind).increment(1);
                 tracing::debug!(subject, error = %e, "undecodable packet");
                 return;
@@ -276,7 +275,7 @@ impl<F: HandlerFactory> Demux<F> {
         if matches!(packet.body, PacketBody::End) {
             // An end for a stream this consumer is not following (joined after it,
             // or reaped it already): nothing to end. Counted, not an instance.
-            self.shared.registry().orphan_end();
+            self.shared.registry().base.orphan_ends += 1;
             metrics::counter!(m::CONSUMER_ORPHAN_ENDS_TOTAL).increment(1);
             return false;
         }
@@ -559,7 +558,7 @@ impl<F: HandlerFactory> Demux<F> {
         if reason == RefuseReason::MaxStreams {
             self.shared.capacity.refused(token, live, remembered);
         }
-        self.shared.registry().stream_refused(name);
+        count_by(&mut self.shared.registry().base.streams_refused, name);
         metrics::counter!(m::CONSUMER_STREAMS_REFUSED_TOTAL, m::LABEL_REASON => name).increment(1);
         self.count_refused_frames(&packet.body, reason);
         tracing::warn!(
@@ -586,7 +585,9 @@ impl<F: HandlerFactory> Demux<F> {
             PacketBody::Gap(g) => g.frames(),
             PacketBody::End => return,
         };
-        self.shared.registry().frames_refused(frames);
+        let mut reg = self.shared.registry();
+        reg.base.frames_refused = reg.base.frames_refused.saturating_add(frames);
+        drop(reg);
         metrics::counter!(m::CONSUMER_FRAMES_REFUSED_TOTAL, m::LABEL_REASON => reason.as_str())
             .increment(frames);
     }

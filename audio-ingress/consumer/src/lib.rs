@@ -375,7 +375,7 @@ impl Shared {
     /// A slow-consumer event (one message the client dropped), after the shared event
     /// handler counted it: into the stats, the consumer's own counter and its events.
     fn on_slow_consumer(&self, sid: u64) {
-        self.registry().slow_consumer();
+        self.registry().base.slow_consumer_events += 1;
         ::metrics::counter!(m::CONSUMER_SLOW_CONSUMER_TOTAL).increment(1);
         let _ = self.events.send(ConsumerEvent::SlowConsumer { sid });
     }
@@ -436,28 +436,20 @@ impl Consumer {
                 shared.on_slow_consumer(sid);
             }
         });
+        let connect_error = |why: &str, source: weir_service::error::Source| {
+            let message = format!("cannot connect to NATS at {url}{why}");
+            ConsumerError::operation(ConsumerErrorKind::Connect, message, source)
+        };
         let addrs = url
             .split(',')
             .map(|u| u.trim().parse::<async_nats::ServerAddr>())
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|source| {
-                ConsumerError::operation(
-                    ConsumerErrorKind::Connect,
-                    format!("cannot connect to NATS at {url}: invalid server URL"),
-                    source,
-                )
-            })?;
+            .map_err(|e| connect_error(": invalid server URL", e.into()))?;
         let client = events
             .attach(options.subscription_capacity(shared.settings.subscription_capacity.get()))
             .connect(addrs)
             .await
-            .map_err(|source| {
-                ConsumerError::operation(
-                    ConsumerErrorKind::Connect,
-                    format!("cannot connect to NATS at {url}"),
-                    source,
-                )
-            })?;
+            .map_err(|e| connect_error("", e.into()))?;
         Self::start_shared(client, shared, factory).await
     }
 
@@ -481,79 +473,33 @@ impl Consumer {
         weir_service::metrics::register(crate::metrics::CONSUMER_DECLARED);
         let factory = Arc::new(factory);
         let (stop, stop_rx) = stop::channel();
-        if shared.settings.lease.is_some() {
-            let (task, board) =
-                ownership::start(client.clone(), shared.clone(), factory, stop_rx).await?;
-            tracing::info!(
-                subject = %shared.settings.subject,
-                partitions = shared.settings.partitions.get(),
-                worker = shared.settings.lease.as_ref().map(|l| l.worker_id.as_str()),
-                "consumer started with lease ownership"
-            );
-            let announcer =
-                capacity::announcer::spawn(client.clone(), shared.clone(), Some(board.clone()));
-            return Ok(Self {
-                shared,
-                client,
-                stop,
-                tasks: vec![task],
-                leases: Some(board),
-                announcer,
-            });
-        }
-        let subjects = shared
-            .settings
-            .subscriptions()
-            .into_iter()
-            .map(|(_, subject)| subject)
-            .collect();
-        let feeds: Vec<(String, BoxStream<'static, jetstream::Inbound>)> =
-            match &shared.settings.source {
-                ConsumerSource::Core => subscribe(&client, subjects, SUBSCRIBE_CONFIRM_TIMEOUT)
-                    .await?
-                    .into_iter()
-                    .map(|(subject, sub)| (subject, sub.map(Ok).boxed()))
-                    .collect(),
-                ConsumerSource::JetStream { stream, start } => {
-                    jetstream::ordered_feeds(
-                        &client,
-                        stream,
-                        *start,
-                        subjects,
-                        SUBSCRIBE_CONFIRM_TIMEOUT,
-                    )
-                    .await?
-                }
-            };
-        let mut tasks = Vec::with_capacity(feeds.len());
-        for (subject, sub) in feeds {
-            let demux = Demux::new(shared.clone(), factory.clone());
-            tasks.push(tokio::spawn(run_subscription(
-                subject,
-                sub,
-                demux,
-                shared.settings.idle_timeout,
-                stop_rx.clone(),
-            )));
-        }
-        tracing::info!(
-            subject = %shared.settings.subject,
-            partitions = shared.settings.partitions.get(),
-            owned = ?shared.settings.owned,
-            source = ?shared.settings.source,
-            "consumer subscribed"
-        );
-        let announcer = capacity::announcer::spawn(client.clone(), shared.clone(), None);
+        let (tasks, leases) = match &shared.settings.lease {
+            Some(lease) => {
+                let (task, board) =
+                    ownership::start(client.clone(), shared.clone(), factory, stop_rx).await?;
+                tracing::info!(
+                    subject = %shared.settings.subject,
+                    partitions = shared.settings.partitions.get(),
+                    worker = lease.worker_id.as_str(),
+                    "consumer started with lease ownership"
+                );
+                (vec![task], Some(board))
+            }
+            None => (
+                subscribe_all(&client, &shared, factory, stop_rx).await?,
+                None,
+            ),
+        };
+        let announcer = capacity::announcer::spawn(client.clone(), shared.clone(), leases.clone());
         Ok(Self {
             shared,
             client,
             stop,
             tasks,
-            leases: None,
+            leases,
             announcer,
         })
     }
-
     /// Lease ownership: every partition's lease as this worker sees it (owner,
     /// revision, whether held here, time left). Empty with static ownership.
     pub fn leases(&self) -> Vec<LeaseInfo> {
@@ -637,6 +583,53 @@ impl Consumer {
         }
         self.shared.registry().snapshot(Instant::now())
     }
+}
+
+/// Static ownership: one feed (a core subscription, or an ordered JetStream consumer)
+/// and one demultiplexer task per owned partition.
+async fn subscribe_all<F: HandlerFactory>(
+    client: &async_nats::Client,
+    shared: &Arc<Shared>,
+    factory: Arc<F>,
+    stop_rx: stop::StopSignal,
+) -> Result<Vec<JoinHandle<()>>, ConsumerError> {
+    let subjects = shared
+        .settings
+        .subscriptions()
+        .into_iter()
+        .map(|(_, subject)| subject)
+        .collect();
+    let feeds: Vec<(String, BoxStream<'static, jetstream::Inbound>)> = match &shared.settings.source
+    {
+        ConsumerSource::Core => subscribe(client, subjects, SUBSCRIBE_CONFIRM_TIMEOUT)
+            .await?
+            .into_iter()
+            .map(|(subject, sub)| (subject, sub.map(Ok).boxed()))
+            .collect(),
+        ConsumerSource::JetStream { stream, start } => {
+            jetstream::ordered_feeds(client, stream, *start, subjects, SUBSCRIBE_CONFIRM_TIMEOUT)
+                .await?
+        }
+    };
+    let mut tasks = Vec::with_capacity(feeds.len());
+    for (subject, sub) in feeds {
+        let demux = Demux::new(shared.clone(), factory.clone());
+        tasks.push(tokio::spawn(run_subscription(
+            subject,
+            sub,
+            demux,
+            shared.settings.idle_timeout,
+            stop_rx.clone(),
+        )));
+    }
+    tracing::info!(
+        subject = %shared.settings.subject,
+        partitions = shared.settings.partitions.get(),
+        owned = ?shared.settings.owned,
+        source = ?shared.settings.source,
+        "consumer subscribed"
+    );
+    Ok(tasks)
 }
 
 /// Pause after an error of the JetStream source, so that a source that keeps failing

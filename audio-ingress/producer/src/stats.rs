@@ -228,8 +228,8 @@ struct Handles {
     streams_total: Counter,
 }
 
-impl Handles {
-    fn new() -> Self {
+impl Default for Handles {
+    fn default() -> Self {
         let dropped = std::array::from_fn(|i| {
             let r = DropReason::ALL[i];
             let outcome = if r.is_refusal() {
@@ -279,6 +279,7 @@ macro_rules! counts {
 }
 
 /// Aggregate accounting shared by every stream of one ingress.
+#[derive(Default)]
 pub struct Global {
     /// Summed frame counters.
     pub counters: Counters,
@@ -317,30 +318,10 @@ const QUEUE_WAIT_SERIES: Series = Series {
     buckets: m::QUEUE_WAIT_BUCKETS,
 };
 
-impl Default for Global {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Global {
     /// New, all zero. Resolves metric handles under the current recorder.
     pub fn new() -> Self {
-        Self {
-            counters: Counters::default(),
-            pending_bytes: AtomicU64::new(0),
-            pending_frames: AtomicU64::new(0),
-            admitted_bytes: AtomicU64::new(0),
-            overloads: AtomicU64::new(0),
-            ends: Default::default(),
-            control_lost: AtomicU64::new(0),
-            control_republished: AtomicU64::new(0),
-            admission_rejects: AtomicU64::new(0),
-            streams_total: AtomicU64::new(0),
-            active_streams: AtomicU64::new(0),
-            queue_wait: LatencyHistogram::new(),
-            h: Handles::new(),
-        }
+        Self::default()
     }
 
     /// Bytes/frames reserved (admitted). Paired with [`Self::release`] by
