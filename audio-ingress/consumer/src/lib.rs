@@ -571,7 +571,7 @@ impl Consumer {
         if let Some(announcer) = self.announcer {
             announcer.finish().await;
         }
-        self.stop.stop(deadline);
+        self.stop.send_replace(Some(deadline));
         // Each demultiplexer bounds its own wait by the deadline; the extra margin
         // covers scheduling, and with leases the releases after the drain.
         let margin = match self.leases {
@@ -643,7 +643,7 @@ pub(crate) async fn run_subscription<F: HandlerFactory>(
     mut sub: BoxStream<'static, jetstream::Inbound>,
     mut demux: Demux<F>,
     idle_timeout: Duration,
-    stop: stop::StopSignal,
+    mut stop: stop::StopSignal,
 ) {
     let period = (idle_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
     let mut tick = tokio::time::interval(period);
@@ -678,7 +678,7 @@ pub(crate) async fn run_subscription<F: HandlerFactory>(
             _ = tick.tick() => {
                 demux.reap(Instant::now());
             }
-            deadline = stop.stopped() => break deadline,
+            deadline = stop::stopped(&mut stop) => break deadline,
         }
     };
     // Dropping the subscriber unsubscribes without waiting on the client's channel.

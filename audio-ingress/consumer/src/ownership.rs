@@ -293,7 +293,7 @@ struct Driver<F: HandlerFactory> {
 }
 
 impl<F: HandlerFactory> Driver<F> {
-    async fn run(mut self, mut heartbeats: async_nats::Subscriber, stop: StopSignal) {
+    async fn run(mut self, mut heartbeats: async_nats::Subscriber, mut stop: StopSignal) {
         let tick_period = (self.lease.heartbeat_interval / 2)
             .clamp(Duration::from_millis(20), Duration::from_millis(250));
         let mut tick = tokio::time::interval(tick_period);
@@ -312,7 +312,7 @@ impl<F: HandlerFactory> Driver<F> {
         let _abort_watcher = AbortOnDrop(watcher);
         let deadline = loop {
             tokio::select! {
-                deadline = stop.stopped() => break deadline,
+                deadline = stop::stopped(&mut stop) => break deadline,
                 Some(done) = self.ops.join_next(), if !self.ops.is_empty() => {
                     if let Ok(done) = done {
                         self.on_done(done);
@@ -826,7 +826,7 @@ impl<F: HandlerFactory> Driver<F> {
         }
         if let Some(feed) = self.feeds.remove(&p) {
             feed.fence.revoke();
-            feed.stop.stop(Instant::now());
+            feed.stop.send_replace(Some(Instant::now()));
             tracing::info!(partition = p, reason, "partition fenced");
         }
     }
@@ -834,7 +834,7 @@ impl<F: HandlerFactory> Driver<F> {
     async fn shutdown(mut self, deadline: Instant) {
         // Drain every feed while the leases are still valid...
         for feed in self.feeds.values() {
-            feed.stop.stop(deadline);
+            feed.stop.send_replace(Some(deadline));
         }
         let _ = tokio::time::timeout_at(deadline, async {
             while self.feed_tasks.join_next().await.is_some() {}
