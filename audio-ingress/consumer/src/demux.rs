@@ -258,18 +258,7 @@ impl<F: HandlerFactory> Demux<F> {
         packet: &Packet,
         now: Instant,
     ) -> bool {
-        if let Some(refused) = self.refused.get_mut(token) {
-            // Refused at its start: stays refused, even if a slot is free now; notified
-            // again at most once per announcement interval while it keeps sending.
-            let renotify = refused.packet(now, self.shared.settings.capacity.interval);
-            let reason = refused.reason;
-            if matches!(packet.body, PacketBody::End) {
-                self.refused.remove(token);
-            } else if renotify && reason == RefuseReason::MaxStreams {
-                let live = self.shared.stream_slots.taken() as u64;
-                self.shared.capacity.refused(token, live, true);
-            }
-            self.count_refused_frames(&packet.body, reason);
+        if self.refused_again(token, packet, now) {
             return false;
         }
         if matches!(packet.body, PacketBody::End) {
@@ -530,66 +519,6 @@ impl<F: HandlerFactory> Demux<F> {
             cause: GapCause::Stale,
         });
         self.push_event(token, notice, now);
-    }
-
-    /// Refuses the new stream `token`: no handler, no entry. Counted, reported, and
-    /// remembered (while the bounded set has room) so that its later packets are
-    /// refused too.
-    fn refuse(
-        &mut self,
-        token: &str,
-        partition: u32,
-        packet: &Packet,
-        reason: RefuseReason,
-        now: Instant,
-    ) {
-        let name = reason.as_str();
-        let remembered = match self.shared.refused_slots.try_acquire() {
-            Some(slot) => {
-                self.refused
-                    .insert(token.to_owned(), Refused::new(reason, now, slot));
-                true
-            }
-            // More than `max_streams` refused ids at once: this one is not remembered,
-            // so its next packet is refused (and counted) as a new stream again.
-            None => false,
-        };
-        let live = self.shared.stream_slots.taken() as u64;
-        if reason == RefuseReason::MaxStreams {
-            self.shared.capacity.refused(token, live, remembered);
-        }
-        count_by(&mut self.shared.registry().base.streams_refused, name);
-        metrics::counter!(m::CONSUMER_STREAMS_REFUSED_TOTAL, m::LABEL_REASON => name).increment(1);
-        self.count_refused_frames(&packet.body, reason);
-        tracing::warn!(
-            stream = token,
-            partition,
-            seq = packet.seq,
-            max_streams = self.shared.stream_slots.max(),
-            remembered,
-            "stream refused: max_streams live streams already"
-        );
-        let _ = self.shared.events.send(ConsumerEvent::StreamRefused {
-            stream: token.to_owned(),
-            partition,
-            reason,
-            seq: packet.seq,
-        });
-    }
-
-    /// Counts the frames a packet of a refused stream carries (a gap packet: the frames
-    /// it declares), so that the "sent" identity holds without a record for the stream.
-    fn count_refused_frames(&self, body: &PacketBody, reason: RefuseReason) {
-        let frames = match body {
-            PacketBody::Frame { .. } => 1,
-            PacketBody::Gap(g) => g.frames(),
-            PacketBody::End => return,
-        };
-        let mut reg = self.shared.registry();
-        reg.base.frames_refused = reg.base.frames_refused.saturating_add(frames);
-        drop(reg);
-        metrics::counter!(m::CONSUMER_FRAMES_REFUSED_TOTAL, m::LABEL_REASON => reason.as_str())
-            .increment(frames);
     }
 
     /// Starts a new instance for `token` and its handler task; `slot` is its

@@ -106,31 +106,20 @@
 //!   on; [`JetStreamStart::All`] replays the retained stream. See [`jetstream`].
 //! - **Lease ownership** ([`Ownership::Lease`], docs/scale-out.md): the workers share
 //!   the partitions through a JetStream KV bucket, one key per partition whose revision
-//!   is the fencing token. A worker claims (`create`), renews (`update` from its
-//!   revision) and releases; takes over a worker whose core-NATS heartbeats stopped
-//!   (CAS on its last revision); balances in proportion to slots (`max_streams`,
-//!   carried by the heartbeats): ⌈P × slots / Σ slots of the live workers⌉, which is
-//!   ⌈P / live workers⌉ with equal slots or while a live worker sends no slots (an
-//!   older version), one release per tick; a partition free for more than a heartbeat
-//!   timeout is claimed even by a worker at its share.
-//!   A partition is fenced — no event handed to its handlers any more — the moment a
-//!   renewal is refused, another worker's newer write is seen, or the local validity
-//!   (last successful renewal's send time + TTL − margin) runs out; its streams end
-//!   with [`EndCause::Handover`]. A stream picked up after a handover starts with a
-//!   [`GapCause::Handover`] gap for the seqs this worker never saw.
+//!   is the fencing token, and balance them in proportion to their slots
+//!   (`max_streams`, carried by core-NATS heartbeats). A partition is fenced — no event
+//!   handed to its handlers any more — the moment a renewal is refused, another
+//!   worker's newer write is seen, or the local validity (last successful renewal's
+//!   send time + TTL − margin) runs out; its streams end with [`EndCause::Handover`]. A
+//!   stream picked up after a handover starts with a [`GapCause::Handover`] gap for
+//!   the seqs this worker never saw.
 //! - **Capacity** (docs/protocol.md §5.1): one announcer task per consumer publishes
 //!   its [`Announcement`](weir_protocol::capacity::Announcement) on
-//!   `<prefix>.announce.<worker>` right after the subscriptions (or the lease driver)
-//!   are set up and then every `interval_ms`: slots (`max_streams`), live streams and
-//!   the lag of each (age of its oldest event not yet taken by its handler, read from
-//!   its queue), the worker's decaying p95 real-time factor (handler busy time over
-//!   audio time, measured per stream without a lock or an allocation per frame), the
-//!   partitions delivered now (lease: held and feed started), `seq` from 1, a random
-//!   `instance` per consumer. A failed publish is counted, never fatal. A stream
-//!   refused for `max_streams` gets a [`Refusal`](weir_protocol::capacity::Refusal)
-//!   on `<prefix>.refused.<stream>` at once, and again at most once per interval while
-//!   its packets keep arriving (a lost notice is repeated), so the door can tell its
-//!   producer.
+//!   `<prefix>.announce.<worker>` once the subscriptions (or the lease driver) are set
+//!   up and then every `interval_ms` (what [`Consumer::capacity`] returns; a failed
+//!   publish is counted, never fatal). A stream refused for `max_streams` gets a
+//!   [`Refusal`](weir_protocol::capacity::Refusal) on `<prefix>.refused.<stream>` at
+//!   once, and again at most once per interval while its packets keep arriving.
 //!   `shutdown` sends a last announcement with no partition and no live stream;
 //!   `abort` sends nothing; `announce = false` sends nothing at all.
 //! - Nothing in this module panics on network input; undecodable packets are counted by
@@ -475,8 +464,14 @@ impl Consumer {
         let (stop, stop_rx) = stop::channel();
         let (tasks, leases) = match &shared.settings.lease {
             Some(lease) => {
-                let (task, board) =
-                    ownership::start(client.clone(), shared.clone(), factory, stop_rx).await?;
+                let (task, board) = ownership::start(
+                    client.clone(),
+                    shared.clone(),
+                    lease.clone(),
+                    factory,
+                    stop_rx,
+                )
+                .await?;
                 tracing::info!(
                     subject = %shared.settings.subject,
                     partitions = shared.settings.partitions.get(),
