@@ -214,10 +214,13 @@ pub(crate) enum OpKind {
     Confirm,
 }
 
-#[derive(Debug)]
+/// An operation's outcome; its name is the `outcome` label of the lease metrics.
+#[derive(Debug, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 enum OpResult {
     Ok(u64),
     /// The key carries our newer write already (renewal only).
+    #[strum(serialize = "ok")]
     Adopt(u64),
     Conflict,
     Timeout,
@@ -226,12 +229,7 @@ enum OpResult {
 
 impl OpResult {
     fn label(&self) -> &'static str {
-        match self {
-            Self::Ok(_) | Self::Adopt(_) => "ok",
-            Self::Conflict => "conflict",
-            Self::Timeout => "timeout",
-            Self::Error(_) => "error",
-        }
+        self.into()
     }
 }
 
