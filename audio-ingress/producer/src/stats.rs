@@ -87,10 +87,6 @@ impl DropReason {
     pub fn is_refusal(self) -> bool {
         matches!(self, Self::QueueFull | Self::Closed | Self::Invalid)
     }
-
-    fn index(self) -> usize {
-        self as usize
-    }
 }
 
 /// Why shadow mode would have refused or dropped a frame.
@@ -169,7 +165,7 @@ pub struct CountersSnapshot {
 impl CountersSnapshot {
     /// Frames for one reason.
     pub fn dropped(&self, r: DropReason) -> u64 {
-        self.dropped[r.index()]
+        self.dropped[r as usize]
     }
 }
 
@@ -525,7 +521,7 @@ impl Account<'_> {
         if frames == 0 {
             return;
         }
-        let i = reason.index();
+        let i = reason as usize;
         self.both(|c| &c.dropped[i], frames);
         if !reason.is_refusal() {
             self.both(|c| &c.dropped_samples, samples);
