@@ -206,13 +206,10 @@ pub(crate) struct CapacityState {
 
 impl CapacityState {
     pub(crate) fn new(settings: &CapacitySettings) -> Self {
-        let (tx, rx) = match settings.announce {
-            true => {
-                let (tx, rx) = mpsc::channel(REFUSED_CHANNEL);
-                (Some(tx), Some(rx))
-            }
-            false => (None, None),
-        };
+        let (tx, rx) = settings
+            .announce
+            .then(|| mpsc::channel(REFUSED_CHANNEL))
+            .unzip();
         Self {
             instance: random_nonce(),
             next_seq: AtomicU64::new(1),

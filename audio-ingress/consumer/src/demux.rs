@@ -43,7 +43,7 @@ use super::handler::{HandlerFactory, StreamHandler};
 use super::loss::{self, HoleClass, Segment};
 use super::queue::{Push, ReceiverGuard, StreamQueue};
 use super::slots::StreamSlot;
-use super::stats::StreamState;
+use super::stats::{StreamState, count_by};
 use super::tracker::{Observation, SeqTracker, Seqs};
 use crate::metrics as m;
 
@@ -141,7 +141,7 @@ impl<F: HandlerFactory> Demux<F> {
         self.shared.instruments.messages.increment(1);
         let settings = &self.shared.settings;
         let Some((token, subject_partition)) = settings.subject.parse_subject(subject) else {
-            self.shared.registry().unroutable();
+            self.shared.registry().base.unroutable_subjects += 1;
             metrics::counter!(m::CONSUMER_UNROUTABLE_TOTAL).increment(1);
             tracing::debug!(subject, "subject does not fit the template; dropped");
             return;
@@ -149,7 +149,7 @@ impl<F: HandlerFactory> Demux<F> {
         let hashed = fnv1a_32(token.as_bytes()) % settings.partitions.get();
         let partition = match subject_partition {
             Some(p) if p != hashed => {
-                self.shared.registry().misrouted();
+                self.shared.registry().base.misrouted += 1;
                 metrics::counter!(m::CONSUMER_MISROUTED_TOTAL).increment(1);
                 // Per message of such a stream: once per 10 s.
                 static MISROUTED: weir_service::ratelimit::LogLimit =
@@ -171,13 +171,12 @@ impl<F: HandlerFactory> Demux<F> {
             Ok(p) => p,
             Err(e) => {
                 let kind = e.kind().as_str();
-                self.shared.registry().decode_error(kind);
+                let mut reg = self.shared.registry();
+                count_by(&mut reg.base.decode_errors_by_kind, kind);
                 if let Some(entry) = self.streams.get(token) {
-                    let instance = entry.instance;
-                    self.shared
-                        .registry()
-                        .update(instance, |s| s.counters.decode_errors += 1);
+                    reg.update(entry.instance, |s| s.counters.decode_errors += 1);
                 }
+                drop(reg);
                 metrics::counter!(m::CONSUMER_DECODE_ERRORS_TOTAL, "kind" => kind).increment(1);
                 tracing::debug!(subject, error = %e, "undecodable packet");
                 return;
@@ -259,24 +258,13 @@ impl<F: HandlerFactory> Demux<F> {
         packet: &Packet,
         now: Instant,
     ) -> bool {
-        if let Some(refused) = self.refused.get_mut(token) {
-            // Refused at its start: stays refused, even if a slot is free now; notified
-            // again at most once per announcement interval while it keeps sending.
-            let renotify = refused.packet(now, self.shared.settings.capacity.interval);
-            let reason = refused.reason;
-            if matches!(packet.body, PacketBody::End) {
-                self.refused.remove(token);
-            } else if renotify && reason == RefuseReason::MaxStreams {
-                let live = self.shared.stream_slots.taken() as u64;
-                self.shared.capacity.refused(token, live, true);
-            }
-            self.count_refused_frames(&packet.body, reason);
+        if self.refused_again(token, packet, now) {
             return false;
         }
         if matches!(packet.body, PacketBody::End) {
             // An end for a stream this consumer is not following (joined after it,
             // or reaped it already): nothing to end. Counted, not an instance.
-            self.shared.registry().orphan_end();
+            self.shared.registry().base.orphan_ends += 1;
             metrics::counter!(m::CONSUMER_ORPHAN_ENDS_TOTAL).increment(1);
             return false;
         }
@@ -531,64 +519,6 @@ impl<F: HandlerFactory> Demux<F> {
             cause: GapCause::Stale,
         });
         self.push_event(token, notice, now);
-    }
-
-    /// Refuses the new stream `token`: no handler, no entry. Counted, reported, and
-    /// remembered (while the bounded set has room) so that its later packets are
-    /// refused too.
-    fn refuse(
-        &mut self,
-        token: &str,
-        partition: u32,
-        packet: &Packet,
-        reason: RefuseReason,
-        now: Instant,
-    ) {
-        let name = reason.as_str();
-        let remembered = match self.shared.refused_slots.try_acquire() {
-            Some(slot) => {
-                self.refused
-                    .insert(token.to_owned(), Refused::new(reason, now, slot));
-                true
-            }
-            // More than `max_streams` refused ids at once: this one is not remembered,
-            // so its next packet is refused (and counted) as a new stream again.
-            None => false,
-        };
-        let live = self.shared.stream_slots.taken() as u64;
-        if reason == RefuseReason::MaxStreams {
-            self.shared.capacity.refused(token, live, remembered);
-        }
-        self.shared.registry().stream_refused(name);
-        metrics::counter!(m::CONSUMER_STREAMS_REFUSED_TOTAL, m::LABEL_REASON => name).increment(1);
-        self.count_refused_frames(&packet.body, reason);
-        tracing::warn!(
-            stream = token,
-            partition,
-            seq = packet.seq,
-            max_streams = self.shared.stream_slots.max(),
-            remembered,
-            "stream refused: max_streams live streams already"
-        );
-        let _ = self.shared.events.send(ConsumerEvent::StreamRefused {
-            stream: token.to_owned(),
-            partition,
-            reason,
-            seq: packet.seq,
-        });
-    }
-
-    /// Counts the frames a packet of a refused stream carries (a gap packet: the frames
-    /// it declares), so that the "sent" identity holds without a record for the stream.
-    fn count_refused_frames(&self, body: &PacketBody, reason: RefuseReason) {
-        let frames = match body {
-            PacketBody::Frame { .. } => 1,
-            PacketBody::Gap(g) => g.frames(),
-            PacketBody::End => return,
-        };
-        self.shared.registry().frames_refused(frames);
-        metrics::counter!(m::CONSUMER_FRAMES_REFUSED_TOTAL, m::LABEL_REASON => reason.as_str())
-            .increment(frames);
     }
 
     /// Starts a new instance for `token` and its handler task; `slot` is its

@@ -106,31 +106,20 @@
 //!   on; [`JetStreamStart::All`] replays the retained stream. See [`jetstream`].
 //! - **Lease ownership** ([`Ownership::Lease`], docs/scale-out.md): the workers share
 //!   the partitions through a JetStream KV bucket, one key per partition whose revision
-//!   is the fencing token. A worker claims (`create`), renews (`update` from its
-//!   revision) and releases; takes over a worker whose core-NATS heartbeats stopped
-//!   (CAS on its last revision); balances in proportion to slots (`max_streams`,
-//!   carried by the heartbeats): ⌈P × slots / Σ slots of the live workers⌉, which is
-//!   ⌈P / live workers⌉ with equal slots or while a live worker sends no slots (an
-//!   older version), one release per tick; a partition free for more than a heartbeat
-//!   timeout is claimed even by a worker at its share.
-//!   A partition is fenced — no event handed to its handlers any more — the moment a
-//!   renewal is refused, another worker's newer write is seen, or the local validity
-//!   (last successful renewal's send time + TTL − margin) runs out; its streams end
-//!   with [`EndCause::Handover`]. A stream picked up after a handover starts with a
-//!   [`GapCause::Handover`] gap for the seqs this worker never saw.
+//!   is the fencing token, and balance them in proportion to their slots
+//!   (`max_streams`, carried by core-NATS heartbeats). A partition is fenced — no event
+//!   handed to its handlers any more — the moment a renewal is refused, another
+//!   worker's newer write is seen, or the local validity (last successful renewal's
+//!   send time + TTL − margin) runs out; its streams end with [`EndCause::Handover`]. A
+//!   stream picked up after a handover starts with a [`GapCause::Handover`] gap for
+//!   the seqs this worker never saw.
 //! - **Capacity** (docs/protocol.md §5.1): one announcer task per consumer publishes
 //!   its [`Announcement`](weir_protocol::capacity::Announcement) on
-//!   `<prefix>.announce.<worker>` right after the subscriptions (or the lease driver)
-//!   are set up and then every `interval_ms`: slots (`max_streams`), live streams and
-//!   the lag of each (age of its oldest event not yet taken by its handler, read from
-//!   its queue), the worker's decaying p95 real-time factor (handler busy time over
-//!   audio time, measured per stream without a lock or an allocation per frame), the
-//!   partitions delivered now (lease: held and feed started), `seq` from 1, a random
-//!   `instance` per consumer. A failed publish is counted, never fatal. A stream
-//!   refused for `max_streams` gets a [`Refusal`](weir_protocol::capacity::Refusal)
-//!   on `<prefix>.refused.<stream>` at once, and again at most once per interval while
-//!   its packets keep arriving (a lost notice is repeated), so the door can tell its
-//!   producer.
+//!   `<prefix>.announce.<worker>` once the subscriptions (or the lease driver) are set
+//!   up and then every `interval_ms` (what [`Consumer::capacity`] returns; a failed
+//!   publish is counted, never fatal). A stream refused for `max_streams` gets a
+//!   [`Refusal`](weir_protocol::capacity::Refusal) on `<prefix>.refused.<stream>` at
+//!   once, and again at most once per interval while its packets keep arriving.
 //!   `shutdown` sends a last announcement with no partition and no live stream;
 //!   `abort` sends nothing; `announce = false` sends nothing at all.
 //! - Nothing in this module panics on network input; undecodable packets are counted by
@@ -375,7 +364,7 @@ impl Shared {
     /// A slow-consumer event (one message the client dropped), after the shared event
     /// handler counted it: into the stats, the consumer's own counter and its events.
     fn on_slow_consumer(&self, sid: u64) {
-        self.registry().slow_consumer();
+        self.registry().base.slow_consumer_events += 1;
         ::metrics::counter!(m::CONSUMER_SLOW_CONSUMER_TOTAL).increment(1);
         let _ = self.events.send(ConsumerEvent::SlowConsumer { sid });
     }
@@ -436,28 +425,20 @@ impl Consumer {
                 shared.on_slow_consumer(sid);
             }
         });
+        let connect_error = |why: &str, source: weir_service::error::Source| {
+            let message = format!("cannot connect to NATS at {url}{why}");
+            ConsumerError::operation(ConsumerErrorKind::Connect, message, source)
+        };
         let addrs = url
             .split(',')
             .map(|u| u.trim().parse::<async_nats::ServerAddr>())
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|source| {
-                ConsumerError::operation(
-                    ConsumerErrorKind::Connect,
-                    format!("cannot connect to NATS at {url}: invalid server URL"),
-                    source,
-                )
-            })?;
+            .map_err(|e| connect_error(": invalid server URL", e.into()))?;
         let client = events
             .attach(options.subscription_capacity(shared.settings.subscription_capacity.get()))
             .connect(addrs)
             .await
-            .map_err(|source| {
-                ConsumerError::operation(
-                    ConsumerErrorKind::Connect,
-                    format!("cannot connect to NATS at {url}"),
-                    source,
-                )
-            })?;
+            .map_err(|e| connect_error("", e.into()))?;
         Self::start_shared(client, shared, factory).await
     }
 
@@ -481,79 +462,39 @@ impl Consumer {
         weir_service::metrics::register(crate::metrics::CONSUMER_DECLARED);
         let factory = Arc::new(factory);
         let (stop, stop_rx) = stop::channel();
-        if shared.settings.lease.is_some() {
-            let (task, board) =
-                ownership::start(client.clone(), shared.clone(), factory, stop_rx).await?;
-            tracing::info!(
-                subject = %shared.settings.subject,
-                partitions = shared.settings.partitions.get(),
-                worker = shared.settings.lease.as_ref().map(|l| l.worker_id.as_str()),
-                "consumer started with lease ownership"
-            );
-            let announcer =
-                capacity::announcer::spawn(client.clone(), shared.clone(), Some(board.clone()));
-            return Ok(Self {
-                shared,
-                client,
-                stop,
-                tasks: vec![task],
-                leases: Some(board),
-                announcer,
-            });
-        }
-        let subjects = shared
-            .settings
-            .subscriptions()
-            .into_iter()
-            .map(|(_, subject)| subject)
-            .collect();
-        let feeds: Vec<(String, BoxStream<'static, jetstream::Inbound>)> =
-            match &shared.settings.source {
-                ConsumerSource::Core => subscribe(&client, subjects, SUBSCRIBE_CONFIRM_TIMEOUT)
-                    .await?
-                    .into_iter()
-                    .map(|(subject, sub)| (subject, sub.map(Ok).boxed()))
-                    .collect(),
-                ConsumerSource::JetStream { stream, start } => {
-                    jetstream::ordered_feeds(
-                        &client,
-                        stream,
-                        *start,
-                        subjects,
-                        SUBSCRIBE_CONFIRM_TIMEOUT,
-                    )
-                    .await?
-                }
-            };
-        let mut tasks = Vec::with_capacity(feeds.len());
-        for (subject, sub) in feeds {
-            let demux = Demux::new(shared.clone(), factory.clone());
-            tasks.push(tokio::spawn(run_subscription(
-                subject,
-                sub,
-                demux,
-                shared.settings.idle_timeout,
-                stop_rx.clone(),
-            )));
-        }
-        tracing::info!(
-            subject = %shared.settings.subject,
-            partitions = shared.settings.partitions.get(),
-            owned = ?shared.settings.owned,
-            source = ?shared.settings.source,
-            "consumer subscribed"
-        );
-        let announcer = capacity::announcer::spawn(client.clone(), shared.clone(), None);
+        let (tasks, leases) = match &shared.settings.lease {
+            Some(lease) => {
+                let (task, board) = ownership::start(
+                    client.clone(),
+                    shared.clone(),
+                    lease.clone(),
+                    factory,
+                    stop_rx,
+                )
+                .await?;
+                tracing::info!(
+                    subject = %shared.settings.subject,
+                    partitions = shared.settings.partitions.get(),
+                    worker = lease.worker_id.as_str(),
+                    "consumer started with lease ownership"
+                );
+                (vec![task], Some(board))
+            }
+            None => (
+                subscribe_all(&client, &shared, factory, stop_rx).await?,
+                None,
+            ),
+        };
+        let announcer = capacity::announcer::spawn(client.clone(), shared.clone(), leases.clone());
         Ok(Self {
             shared,
             client,
             stop,
             tasks,
-            leases: None,
+            leases,
             announcer,
         })
     }
-
     /// Lease ownership: every partition's lease as this worker sees it (owner,
     /// revision, whether held here, time left). Empty with static ownership.
     pub fn leases(&self) -> Vec<LeaseInfo> {
@@ -625,7 +566,7 @@ impl Consumer {
         if let Some(announcer) = self.announcer {
             announcer.finish().await;
         }
-        self.stop.stop(deadline);
+        self.stop.send_replace(Some(deadline));
         // Each demultiplexer bounds its own wait by the deadline; the extra margin
         // covers scheduling, and with leases the releases after the drain.
         let margin = match self.leases {
@@ -639,6 +580,53 @@ impl Consumer {
     }
 }
 
+/// Static ownership: one feed (a core subscription, or an ordered JetStream consumer)
+/// and one demultiplexer task per owned partition.
+async fn subscribe_all<F: HandlerFactory>(
+    client: &async_nats::Client,
+    shared: &Arc<Shared>,
+    factory: Arc<F>,
+    stop_rx: stop::StopSignal,
+) -> Result<Vec<JoinHandle<()>>, ConsumerError> {
+    let subjects = shared
+        .settings
+        .subscriptions()
+        .into_iter()
+        .map(|(_, subject)| subject)
+        .collect();
+    let feeds: Vec<(String, BoxStream<'static, jetstream::Inbound>)> = match &shared.settings.source
+    {
+        ConsumerSource::Core => subscribe(client, subjects, SUBSCRIBE_CONFIRM_TIMEOUT)
+            .await?
+            .into_iter()
+            .map(|(subject, sub)| (subject, sub.map(Ok).boxed()))
+            .collect(),
+        ConsumerSource::JetStream { stream, start } => {
+            jetstream::ordered_feeds(client, stream, *start, subjects, SUBSCRIBE_CONFIRM_TIMEOUT)
+                .await?
+        }
+    };
+    let mut tasks = Vec::with_capacity(feeds.len());
+    for (subject, sub) in feeds {
+        let demux = Demux::new(shared.clone(), factory.clone());
+        tasks.push(tokio::spawn(run_subscription(
+            subject,
+            sub,
+            demux,
+            shared.settings.idle_timeout,
+            stop_rx.clone(),
+        )));
+    }
+    tracing::info!(
+        subject = %shared.settings.subject,
+        partitions = shared.settings.partitions.get(),
+        owned = ?shared.settings.owned,
+        source = ?shared.settings.source,
+        "consumer subscribed"
+    );
+    Ok(tasks)
+}
+
 /// Pause after an error of the JetStream source, so that a source that keeps failing
 /// cannot spin (each error already means its feed is interrupted).
 const SOURCE_ERROR_PAUSE: Duration = Duration::from_millis(100);
@@ -650,7 +638,7 @@ pub(crate) async fn run_subscription<F: HandlerFactory>(
     mut sub: BoxStream<'static, jetstream::Inbound>,
     mut demux: Demux<F>,
     idle_timeout: Duration,
-    stop: stop::StopSignal,
+    mut stop: stop::StopSignal,
 ) {
     let period = (idle_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
     let mut tick = tokio::time::interval(period);
@@ -685,7 +673,7 @@ pub(crate) async fn run_subscription<F: HandlerFactory>(
             _ = tick.tick() => {
                 demux.reap(Instant::now());
             }
-            deadline = stop.stopped() => break deadline,
+            deadline = stop::stopped(&mut stop) => break deadline,
         }
     };
     // Dropping the subscriber unsubscribes without waiting on the client's channel.

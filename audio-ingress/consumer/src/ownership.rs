@@ -58,7 +58,6 @@ use crate::metrics as m;
 use crate::stop::{self, StopSender, StopSignal};
 use crate::{ConsumerError, ConsumerErrorKind, OperationError, Shared, run_subscription};
 use weir_protocol::WireName;
-use weir_protocol::fnv1a_32;
 use weir_service::nats::kv_stream_config;
 
 mod bucket;
@@ -85,19 +84,6 @@ const BEAT_HEADER: &str = "Weir-Lease-Beat";
 /// unweighted for everyone (see [`crate::lease`]).
 pub(crate) const SLOTS_HEADER: &str = "Weir-Lease-Slots";
 
-/// A value that tells this driver's own heartbeats from those of another process that
-/// (wrongly) uses the same worker id.
-fn nonce() -> String {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    format!(
-        "{:08x}",
-        fnv1a_32(format!("{}/{t}", std::process::id()).as_bytes())
-    )
-}
-
 /// The lease table, as [`crate::Consumer::leases`] reads it.
 #[derive(Debug, Default)]
 pub(crate) struct LeaseBoard(Mutex<Vec<LeaseInfo>>);
@@ -116,15 +102,10 @@ impl LeaseBoard {
 pub(crate) async fn start<F: HandlerFactory>(
     client: async_nats::Client,
     shared: Arc<Shared>,
+    lease: LeaseSettings,
     factory: Arc<F>,
     stop: StopSignal,
 ) -> Result<(JoinHandle<()>, Arc<LeaseBoard>), ConsumerError> {
-    let Some(lease) = shared.settings.lease.clone() else {
-        return Err(ConsumerError::config(
-            "ownership",
-            "not lease ownership".into(),
-        ));
-    };
     // Retried within the bound: right after a cluster starts (or while its meta leader
     // moves) JetStream answers "temporarily unavailable", and workers starting together
     // race to create the same stream.
@@ -170,7 +151,7 @@ pub(crate) async fn start<F: HandlerFactory>(
         planner: Planner::new(lease.worker_id.clone(), partitions, lease.timing(), started)
             .with_slots(shared.settings.max_streams.get() as u64),
         started,
-        nonce: nonce(),
+        nonce: crate::capacity::random_nonce(),
         liveness: Arc::new(Liveness::new(started)),
         warned_no_echo: false,
         had_owner: vec![false; partitions as usize],
@@ -233,10 +214,13 @@ pub(crate) enum OpKind {
     Confirm,
 }
 
-#[derive(Debug)]
+/// An operation's outcome; its name is the `outcome` label of the lease metrics.
+#[derive(Debug, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 enum OpResult {
     Ok(u64),
     /// The key carries our newer write already (renewal only).
+    #[strum(serialize = "ok")]
     Adopt(u64),
     Conflict,
     Timeout,
@@ -245,12 +229,7 @@ enum OpResult {
 
 impl OpResult {
     fn label(&self) -> &'static str {
-        match self {
-            Self::Ok(_) | Self::Adopt(_) => "ok",
-            Self::Conflict => "conflict",
-            Self::Timeout => "timeout",
-            Self::Error(_) => "error",
-        }
+        self.into()
     }
 }
 
@@ -265,7 +244,8 @@ struct Driver<F: HandlerFactory> {
     planner: Planner,
     /// The origin of the send times in this driver's heartbeats.
     started: Instant,
-    /// This process's heartbeat nonce.
+    /// This driver's heartbeat nonce: tells its own heartbeats from those of another
+    /// process that (wrongly) uses the same worker id.
     nonce: String,
     /// Shared by every fence: see the module docs.
     liveness: Arc<Liveness>,
@@ -293,7 +273,7 @@ struct Driver<F: HandlerFactory> {
 }
 
 impl<F: HandlerFactory> Driver<F> {
-    async fn run(mut self, mut heartbeats: async_nats::Subscriber, stop: StopSignal) {
+    async fn run(mut self, mut heartbeats: async_nats::Subscriber, mut stop: StopSignal) {
         let tick_period = (self.lease.heartbeat_interval / 2)
             .clamp(Duration::from_millis(20), Duration::from_millis(250));
         let mut tick = tokio::time::interval(tick_period);
@@ -312,7 +292,7 @@ impl<F: HandlerFactory> Driver<F> {
         let _abort_watcher = AbortOnDrop(watcher);
         let deadline = loop {
             tokio::select! {
-                deadline = stop.stopped() => break deadline,
+                deadline = stop::stopped(&mut stop) => break deadline,
                 Some(done) = self.ops.join_next(), if !self.ops.is_empty() => {
                     if let Ok(done) = done {
                         self.on_done(done);
@@ -648,11 +628,8 @@ impl<F: HandlerFactory> Driver<F> {
                 self.planner.not_acquired(p);
             }
             (OpKind::Renew, OpResult::Ok(rev)) => {
-                if let Some(valid_until) = self.planner.renewed(p, rev, sent_at)
-                    && let Some(feed) = self.feeds.get(&p)
-                {
-                    feed.fence.extend(valid_until);
-                }
+                self.planner.renewed(p, rev, sent_at);
+                self.sync_fence(p);
             }
             (OpKind::Renew, OpResult::Adopt(rev)) => {
                 self.planner.adopt(p, rev);
@@ -826,7 +803,7 @@ impl<F: HandlerFactory> Driver<F> {
         }
         if let Some(feed) = self.feeds.remove(&p) {
             feed.fence.revoke();
-            feed.stop.stop(Instant::now());
+            feed.stop.send_replace(Some(Instant::now()));
             tracing::info!(partition = p, reason, "partition fenced");
         }
     }
@@ -834,7 +811,7 @@ impl<F: HandlerFactory> Driver<F> {
     async fn shutdown(mut self, deadline: Instant) {
         // Drain every feed while the leases are still valid...
         for feed in self.feeds.values() {
-            feed.stop.stop(deadline);
+            feed.stop.send_replace(Some(deadline));
         }
         let _ = tokio::time::timeout_at(deadline, async {
             while self.feed_tasks.join_next().await.is_some() {}

@@ -221,6 +221,16 @@ pub struct Totals {
     pub pending_frames: usize,
 }
 
+impl Totals {
+    /// Adds one stream's record (its counters and how it ended).
+    fn add_stream(&mut self, s: &StreamStats) {
+        self.counters.add(&s.counters);
+        self.streams_end_seen += u64::from(s.end_seen);
+        self.streams_reaped += u64::from(s.reaped);
+        self.streams_overloaded += u64::from(s.ended_by.as_deref() == Some("overload"));
+    }
+}
+
 /// A snapshot of the consumer's stats.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct ConsumerStats {
@@ -236,6 +246,11 @@ impl ConsumerStats {
     pub fn stream(&self, stream: &str) -> impl Iterator<Item = &StreamStats> {
         self.streams.iter().filter(move |s| s.stream == stream)
     }
+}
+
+/// Counts one more under `key` in a by-reason map of [`Totals`].
+pub(crate) fn count_by(map: &mut BTreeMap<String, u64>, key: &str) {
+    *map.entry(key.to_owned()).or_default() += 1;
 }
 
 /// The live streams' load ([`Registry::loads`]).
@@ -259,22 +274,13 @@ pub(crate) struct Registry {
     records: HashMap<u64, Record>,
     finished: VecDeque<u64>,
     retain: usize,
-    /// Counters of evicted records (and of updates that came after eviction).
-    retired: Counters,
-    retired_end_seen: u64,
-    retired_reaped: u64,
-    retired_overloaded: u64,
     next_instance: u64,
-    streams_started: u64,
     /// Counted by the demux without taking this registry's lock ([`Self::message_counter`]).
     messages: Arc<AtomicU64>,
-    decode_errors_by_kind: BTreeMap<&'static str, u64>,
-    unroutable: u64,
-    misrouted: u64,
-    slow_consumer: u64,
-    orphan_ends: u64,
-    streams_refused: BTreeMap<&'static str, u64>,
-    frames_refused: u64,
+    /// The totals that no live record holds: the consumer-wide counts, and the
+    /// counters of evicted records (and of updates that came after eviction). A
+    /// snapshot adds the live records to it.
+    pub(crate) base: Totals,
 }
 
 impl Registry {
@@ -284,20 +290,9 @@ impl Registry {
             records: HashMap::new(),
             finished: VecDeque::new(),
             retain,
-            retired: Counters::default(),
-            retired_end_seen: 0,
-            retired_reaped: 0,
-            retired_overloaded: 0,
             next_instance: 1,
-            streams_started: 0,
             messages: Arc::new(AtomicU64::new(0)),
-            decode_errors_by_kind: BTreeMap::new(),
-            unroutable: 0,
-            misrouted: 0,
-            slow_consumer: 0,
-            orphan_ends: 0,
-            streams_refused: BTreeMap::new(),
-            frames_refused: 0,
+            base: Totals::default(),
         }
     }
 
@@ -311,7 +306,7 @@ impl Registry {
     ) -> u64 {
         let instance = self.next_instance;
         self.next_instance += 1;
-        self.streams_started += 1;
+        self.base.streams_started += 1;
         self.records.insert(
             instance,
             Record {
@@ -335,7 +330,7 @@ impl Registry {
             None => {
                 let mut scratch = StreamStats::default();
                 f(&mut scratch);
-                self.retired.add(&scratch.counters);
+                self.base.counters.add(&scratch.counters);
             }
         }
     }
@@ -346,7 +341,7 @@ impl Registry {
     pub(crate) fn reclassify_lost(&mut self, instance: u64, frames: u64) {
         let c = match self.records.get_mut(&instance) {
             Some(r) => &mut r.stats.counters,
-            None => &mut self.retired,
+            None => &mut self.base.counters,
         };
         let frames = frames.min(c.lost_frames);
         c.lost_frames -= frames;
@@ -372,11 +367,7 @@ impl Registry {
                 break;
             };
             if let Some(r) = self.records.remove(&old) {
-                self.retired.add(&r.stats.counters);
-                self.retired_end_seen += u64::from(r.stats.end_seen);
-                self.retired_reaped += u64::from(r.stats.reaped);
-                self.retired_overloaded +=
-                    u64::from(r.stats.ended_by.as_deref() == Some("overload"));
+                self.base.add_stream(&r.stats);
             }
         }
     }
@@ -384,41 +375,6 @@ impl Registry {
     /// The NATS message counter: the demux counts every message on it, lock-free.
     pub(crate) fn message_counter(&self) -> Arc<AtomicU64> {
         Arc::clone(&self.messages)
-    }
-
-    /// Counts an undecodable packet.
-    pub(crate) fn decode_error(&mut self, kind: &'static str) {
-        *self.decode_errors_by_kind.entry(kind).or_default() += 1;
-    }
-
-    /// Counts a message whose subject does not fit the template.
-    pub(crate) fn unroutable(&mut self) {
-        self.unroutable += 1;
-    }
-
-    /// Counts a message on the wrong partition.
-    pub(crate) fn misrouted(&mut self) {
-        self.misrouted += 1;
-    }
-
-    /// Counts an `end` for a stream that is not being followed.
-    pub(crate) fn orphan_end(&mut self) {
-        self.orphan_ends += 1;
-    }
-
-    /// Counts a refused stream.
-    pub(crate) fn stream_refused(&mut self, reason: &'static str) {
-        *self.streams_refused.entry(reason).or_default() += 1;
-    }
-
-    /// Counts frames of a refused stream (saturating: gap sizes come from the network).
-    pub(crate) fn frames_refused(&mut self, frames: u64) {
-        self.frames_refused = self.frames_refused.saturating_add(frames);
-    }
-
-    /// Counts a slow-consumer event.
-    pub(crate) fn slow_consumer(&mut self) {
-        self.slow_consumer += 1;
     }
 
     /// The live streams (whose handler task runs) and their lag: the count, the
@@ -463,28 +419,8 @@ impl Registry {
 
     fn collect(&self, now: Instant, with_streams: bool) -> ConsumerStats {
         let mut totals = Totals {
-            counters: self.retired,
-            streams_started: self.streams_started,
-            streams_end_seen: self.retired_end_seen,
-            streams_reaped: self.retired_reaped,
-            streams_overloaded: self.retired_overloaded,
             messages: self.messages.load(Ordering::Relaxed),
-            decode_errors_by_kind: self
-                .decode_errors_by_kind
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), *v))
-                .collect(),
-            unroutable_subjects: self.unroutable,
-            misrouted: self.misrouted,
-            slow_consumer_events: self.slow_consumer,
-            orphan_ends: self.orphan_ends,
-            streams_refused: self
-                .streams_refused
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), *v))
-                .collect(),
-            frames_refused: self.frames_refused,
-            ..Totals::default()
+            ..self.base.clone()
         };
         let mut streams = Vec::with_capacity(if with_streams { self.records.len() } else { 0 });
         for r in self.records.values() {
@@ -495,11 +431,8 @@ impl Registry {
                 let c = &mut s.to_mut().counters;
                 c.frames_delivered = c.frames_delivered.saturating_add(q.delivered());
             }
-            totals.counters.add(&s.counters);
+            totals.add_stream(&s);
             totals.streams_active += u64::from(s.state != StreamState::Finished);
-            totals.streams_end_seen += u64::from(s.end_seen);
-            totals.streams_reaped += u64::from(s.reaped);
-            totals.streams_overloaded += u64::from(s.ended_by.as_deref() == Some("overload"));
             totals.pending_bytes += fill.bytes;
             totals.pending_frames += fill.frames;
             if with_streams {

@@ -607,6 +607,62 @@ fn settle(id: u64, streams: Vec<Arc<StreamShared>>, confirmed: bool) -> (u64, u6
     (frames, touched)
 }
 
+/// Waits for the next batch to confirm, refreshing the limit meanwhile: the open batch
+/// once a stream registered in it (closed no earlier than `confirm_interval` after
+/// `last_round`), or one taken at once because the connection was replaced while idle
+/// and a stream registered meanwhile. `None` once the window is closed.
+async fn next_batch(
+    window: &Window,
+    confirmer: &dyn Confirmer,
+    rate: &mut RateMeter,
+    global: &Global,
+    last_round: Instant,
+) -> Option<OpenBatch> {
+    let mut last_limit: Option<Instant> = None;
+    let taken = loop {
+        let work = window.work.notified();
+        tokio::pin!(work);
+        work.as_mut().enable();
+        if window.closed.is_cancelled() {
+            return None;
+        }
+        if last_limit.is_none_or(|t| t.elapsed() >= IDLE_REFRESH) {
+            last_limit = Some(Instant::now());
+            let r = rate.update(global.admitted_bytes());
+            let limit =
+                ((r * window.settings.window.as_secs_f64()) as u64).max(window.settings.min_bytes);
+            window.limit.store(limit, Ordering::Relaxed);
+            window.publish_gauges();
+        }
+        if !window.lock_open().streams.is_empty() {
+            break None;
+        }
+        // Reconnected while idle: the open batch still carries the old connection
+        // epoch, so every frame handed over from now on would be tagged `None`
+        // (possibly lost at once) and none would register — the batch would never get
+        // work and never be replaced. Close it: the next one opens on the new epoch.
+        let now = confirmer.epoch();
+        if now != window.open_epoch.load(Ordering::Acquire) {
+            let batch = window.take_batch(now);
+            if !batch.streams.is_empty() {
+                break Some(batch);
+            }
+            continue;
+        }
+        tokio::select! {
+            () = &mut work => {}
+            () = tokio::time::sleep(EPOCH_POLL) => {}
+        }
+    };
+    Some(match taken {
+        Some(batch) => batch,
+        None => {
+            tokio::time::sleep_until(last_round + window.settings.interval).await;
+            window.take_batch(confirmer.epoch())
+        }
+    })
+}
+
 /// The window task: one per ingress, runs until [`Window::close`].
 pub(crate) async fn run(window: Arc<Window>, confirmer: Arc<dyn Confirmer>, global: Arc<Global>) {
     let mut rate = RateMeter::new(global.admitted_bytes());
@@ -619,54 +675,9 @@ pub(crate) async fn run(window: Arc<Window>, confirmer: Arc<dyn Confirmer>, glob
         window.open_epoch.store(epoch, Ordering::Release);
     }
     loop {
-        // Wait for work, refreshing the limit meanwhile. A batch taken here (the
-        // connection was replaced while idle, and a stream registered meanwhile) goes
-        // through its round like any other.
-        let mut taken = None;
-        let mut last_limit: Option<Instant> = None;
-        loop {
-            let work = window.work.notified();
-            tokio::pin!(work);
-            work.as_mut().enable();
-            if window.closed.is_cancelled() {
-                return;
-            }
-            if last_limit.is_none_or(|t| t.elapsed() >= IDLE_REFRESH) {
-                last_limit = Some(Instant::now());
-                let r = rate.update(global.admitted_bytes());
-                let limit = ((r * window.settings.window.as_secs_f64()) as u64)
-                    .max(window.settings.min_bytes);
-                window.limit.store(limit, Ordering::Relaxed);
-                window.publish_gauges();
-            }
-            if !window.lock_open().streams.is_empty() {
-                break;
-            }
-            // Reconnected while idle: the open batch still carries the old connection
-            // epoch, so every frame handed over from now on would be tagged `None`
-            // (possibly lost at once) and none would register — the batch would never
-            // get work and never be replaced. Close it: the next one opens on the new
-            // epoch.
-            let now = confirmer.epoch();
-            if now != window.open_epoch.load(Ordering::Acquire) {
-                let batch = window.take_batch(now);
-                if !batch.streams.is_empty() {
-                    taken = Some(batch);
-                    break;
-                }
-                continue;
-            }
-            tokio::select! {
-                () = &mut work => {}
-                () = tokio::time::sleep(EPOCH_POLL) => {}
-            }
-        }
-        let batch = match taken {
-            Some(batch) => batch,
-            None => {
-                tokio::time::sleep_until(last_round + window.settings.interval).await;
-                window.take_batch(confirmer.epoch())
-            }
+        let Some(batch) = next_batch(&window, &*confirmer, &mut rate, &global, last_round).await
+        else {
+            return;
         };
         let started = Instant::now();
         last_round = started;

@@ -12,28 +12,17 @@ use weir_protocol::StreamIdError;
 use weir_protocol::WireName;
 use weir_protocol::audio::extension::{EndReason, Overload};
 
-/// Machine-readable kind of an [`OpenError`]; its wire name is the metric label of the
-/// refusal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::VariantArray)]
-#[strum(serialize_all = "snake_case")]
-pub enum OpenErrorKind {
-    /// See [`OpenError::InvalidId`].
-    InvalidId,
-    /// See [`OpenError::InvalidSession`].
-    InvalidSession,
-    /// See [`OpenError::AlreadyActive`].
-    AlreadyActive,
-    /// See [`OpenError::TooManyStreams`].
-    #[strum(serialize = "max_streams")]
-    TooManyStreams,
-    /// See [`OpenError::ShuttingDown`].
-    ShuttingDown,
-    /// See [`OpenError::NoRuntime`].
-    NoRuntime,
-}
-
 /// A stream could not be opened.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::EnumDiscriminants)]
+#[strum_discriminants(
+    name(OpenErrorKind),
+    derive(Hash, strum::IntoStaticStr, strum::VariantArray)
+)]
+#[strum_discriminants(strum(serialize_all = "snake_case"))]
+#[strum_discriminants(
+    doc = "Machine-readable kind of an [`OpenError`]: its variant. Its wire \
+    name is the metric label of the refusal."
+)]
 pub enum OpenError {
     /// The stream id is not a safe subject token.
     #[error("invalid stream id: {0}")]
@@ -46,6 +35,7 @@ pub enum OpenError {
     AlreadyActive(String),
     /// `max_streams` streams are open.
     #[error("{limit} streams are active (max_streams); retry later")]
+    #[strum_discriminants(strum(serialize = "max_streams"))]
     TooManyStreams {
         /// The configured cap.
         limit: usize,
@@ -61,14 +51,7 @@ pub enum OpenError {
 impl OpenError {
     /// The kind.
     pub fn kind(&self) -> OpenErrorKind {
-        match self {
-            Self::InvalidId(_) => OpenErrorKind::InvalidId,
-            Self::InvalidSession(_) => OpenErrorKind::InvalidSession,
-            Self::AlreadyActive(_) => OpenErrorKind::AlreadyActive,
-            Self::TooManyStreams { .. } => OpenErrorKind::TooManyStreams,
-            Self::ShuttingDown => OpenErrorKind::ShuttingDown,
-            Self::NoRuntime => OpenErrorKind::NoRuntime,
-        }
+        self.into()
     }
 
     /// The metric label for this refusal.
@@ -99,22 +82,11 @@ pub enum FrameError {
     },
 }
 
-/// Machine-readable kind of a [`PushError`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PushErrorKind {
-    /// See [`PushError::Full`].
-    Full,
-    /// See [`PushError::Overloaded`].
-    Overloaded,
-    /// See [`PushError::Closed`].
-    Closed,
-    /// See [`PushError::InvalidFrame`].
-    InvalidFrame,
-}
-
 /// A frame was not admitted. The frame got no sequence number; it is counted as
 /// `rejected` with a reason.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::EnumDiscriminants)]
+#[strum_discriminants(name(PushErrorKind), derive(Hash))]
+#[strum_discriminants(doc = "Machine-readable kind of a [`PushError`]: its variant.")]
 pub enum PushError {
     /// `close` policy: the byte budget is full right now. Not yet an overload: the
     /// stream overloads when it stays full for `max_wait`. (`try_push` only; `push`
@@ -140,11 +112,6 @@ pub enum PushError {
 impl PushError {
     /// The kind.
     pub fn kind(&self) -> PushErrorKind {
-        match self {
-            Self::Full { .. } => PushErrorKind::Full,
-            Self::Overloaded(_) => PushErrorKind::Overloaded,
-            Self::Closed(_) => PushErrorKind::Closed,
-            Self::InvalidFrame(_) => PushErrorKind::InvalidFrame,
-        }
+        self.into()
     }
 }

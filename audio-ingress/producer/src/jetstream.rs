@@ -113,14 +113,11 @@ impl Sink for JetStreamSink {
     }
 
     fn is_connected(&self) -> bool {
-        self.client.connection_state() == async_nats::connection::State::Connected
+        Sink::is_connected(&self.client)
     }
 
     async fn flush(&self) -> SinkResult {
-        self.client
-            .flush()
-            .await
-            .map_err(|e| SinkError::with_source(SinkErrorKind::Flush, "flush failed", e))
+        Sink::flush(&self.client).await
     }
 
     fn lossless(&self) -> bool {

@@ -10,14 +10,7 @@
 //! and "within the 500 ms age budget" are separate buckets. The library works without
 //! any recorder; a binary that installs one registers [`DECLARED`]
 //! ([`weir_service::metrics::register`]) so that each name is in the first scrape.
-//!
-//! Nothing on the per-frame path calls the `metrics` facade: the frame counters and
-//! the pending gauges are relaxed atomics of [`crate::stats::Global`], published when
-//! `/metrics` is scraped ([`crate::stats::Global::publish_metrics`]), and
-//! [`QUEUE_WAIT_SECONDS`] is a [`weir_service::metrics::LatencyHistogram`]
-//! ([`crate::stats::Global::render_histograms`]) appended to the exporter's text.
-//! Per-event metrics (overloads, ends, gaps, confirmation rounds, NATS events) go
-//! through the facade as they happen.
+//! Nothing on the per-frame path calls the `metrics` facade: see [`crate::stats`].
 
 weir_service::declare_metrics! {
     /// Every metric of the producer core (queue, publisher, confirmation window, NATS

@@ -406,14 +406,20 @@ impl<S: Sink> Publisher<S> {
     /// Accounts frames handed over by the fast path (queue wait, shadow age).
     fn account_handed(&mut self, handed: &[QueuedFrame], now: Instant) {
         for frame in handed {
-            let wait = now.saturating_duration_since(frame.enqueued_at);
-            if let Some(max_age) = self.shadow_max_age
-                && wait > max_age
-            {
-                self.account().would_reject(WouldReject::Age);
-            }
-            self.stream.account().handed_over(wait, &mut self.waits);
+            self.account_handed_one(frame, now);
         }
+    }
+
+    /// Accounts one frame handed over: its queue wait, and in shadow mode whether the
+    /// age bound would have dropped it.
+    fn account_handed_one(&mut self, frame: &QueuedFrame, now: Instant) {
+        let wait = now.saturating_duration_since(frame.enqueued_at);
+        if let Some(max_age) = self.shadow_max_age
+            && wait > max_age
+        {
+            self.account().would_reject(WouldReject::Age);
+        }
+        self.stream.account().handed_over(wait, &mut self.waits);
     }
 
     fn account(&self) -> Account<'_> {
@@ -538,13 +544,7 @@ impl<S: Sink> Publisher<S> {
             let now = Instant::now();
             match result {
                 Attempt::Ok => {
-                    let wait = now.saturating_duration_since(frame.enqueued_at);
-                    if let Some(max_age) = self.shadow_max_age
-                        && wait > max_age
-                    {
-                        self.account().would_reject(WouldReject::Age);
-                    }
-                    self.stream.account().handed_over(wait, &mut self.waits);
+                    self.account_handed_one(&frame, now);
                     match (self.confirming(), permit) {
                         (Some(w), permit) => {
                             // The batch is read under the stream lock, which the window

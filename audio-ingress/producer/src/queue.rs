@@ -180,10 +180,11 @@ enum Phase {
 }
 
 /// The state a stream reports in the admin views.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StreamState {
     /// Admitting frames.
+    #[default]
     Open,
     /// Finishing: draining what is queued, then `end`.
     Draining,

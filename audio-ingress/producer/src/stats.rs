@@ -87,10 +87,6 @@ impl DropReason {
     pub fn is_refusal(self) -> bool {
         matches!(self, Self::QueueFull | Self::Closed | Self::Invalid)
     }
-
-    fn index(self) -> usize {
-        self as usize
-    }
 }
 
 /// Why shadow mode would have refused or dropped a frame.
@@ -169,7 +165,7 @@ pub struct CountersSnapshot {
 impl CountersSnapshot {
     /// Frames for one reason.
     pub fn dropped(&self, r: DropReason) -> u64 {
-        self.dropped[r.index()]
+        self.dropped[r as usize]
     }
 }
 
@@ -228,8 +224,8 @@ struct Handles {
     streams_total: Counter,
 }
 
-impl Handles {
-    fn new() -> Self {
+impl Default for Handles {
+    fn default() -> Self {
         let dropped = std::array::from_fn(|i| {
             let r = DropReason::ALL[i];
             let outcome = if r.is_refusal() {
@@ -279,6 +275,7 @@ macro_rules! counts {
 }
 
 /// Aggregate accounting shared by every stream of one ingress.
+#[derive(Default)]
 pub struct Global {
     /// Summed frame counters.
     pub counters: Counters,
@@ -317,30 +314,10 @@ const QUEUE_WAIT_SERIES: Series = Series {
     buckets: m::QUEUE_WAIT_BUCKETS,
 };
 
-impl Default for Global {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Global {
     /// New, all zero. Resolves metric handles under the current recorder.
     pub fn new() -> Self {
-        Self {
-            counters: Counters::default(),
-            pending_bytes: AtomicU64::new(0),
-            pending_frames: AtomicU64::new(0),
-            admitted_bytes: AtomicU64::new(0),
-            overloads: AtomicU64::new(0),
-            ends: Default::default(),
-            control_lost: AtomicU64::new(0),
-            control_republished: AtomicU64::new(0),
-            admission_rejects: AtomicU64::new(0),
-            streams_total: AtomicU64::new(0),
-            active_streams: AtomicU64::new(0),
-            queue_wait: LatencyHistogram::new(),
-            h: Handles::new(),
-        }
+        Self::default()
     }
 
     /// Bytes/frames reserved (admitted). Paired with [`Self::release`] by
@@ -544,7 +521,7 @@ impl Account<'_> {
         if frames == 0 {
             return;
         }
-        let i = reason.index();
+        let i = reason as usize;
         self.both(|c| &c.dropped[i], frames);
         if !reason.is_refusal() {
             self.both(|c| &c.dropped_samples, samples);

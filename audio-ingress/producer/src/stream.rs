@@ -66,7 +66,7 @@ mod handle;
 pub use handle::{Position, StreamHandle, StreamView};
 
 /// What a stream's producer can observe without pushing (for the WebSocket events).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StreamStatus {
     /// The stream's state.
     pub state: StreamState,
@@ -541,15 +541,7 @@ impl<S: Sink> Ingress<S> {
         let counters = Arc::new(Counters::default());
         let core = FrameQueue::new(cfg, Arc::clone(&counters), Arc::clone(&global));
         let budget = Arc::clone(core.budget());
-        let (status, _) = watch::channel(StreamStatus {
-            state: StreamState::Open,
-            end_reason: None,
-            overload: None,
-            gaps: 0,
-            last_gap: None,
-            end_delivered: false,
-            finished: false,
-        });
+        let (status, _) = watch::channel(StreamStatus::default());
         let shared = Arc::new(StreamShared {
             id: id.clone(),
             session: session_id,
@@ -630,7 +622,7 @@ impl<S: Sink> Ingress<S> {
         );
         runtime.spawn(tracing::Instrument::instrument(publisher.run(slot), span));
         Ok(StreamHandle {
-            shared,
+            view: StreamView { shared },
             closed: false,
             finish_bound: cfg.max_age() + cfg.publish_timeout() * 2 + cfg.end_timeout(),
         })
@@ -651,31 +643,22 @@ impl<S: Sink> Ingress<S> {
 
     /// Age of the oldest pending frame over all streams (also sets the gauge).
     pub fn oldest_frame_age(&self) -> Duration {
-        let now = Instant::now();
-        let age = self
-            .inner
-            .registry
-            .all()
-            .iter()
-            .filter_map(|s| s.lock().oldest_enqueued_at())
-            .map(|t| now.saturating_duration_since(t))
-            .max()
-            .unwrap_or_default();
+        let age = self.oldest(FrameQueue::oldest_enqueued_at);
         self.global().set_oldest_age(age);
         age
     }
 
     /// Age of the oldest frame handed to NATS and not yet confirmed, over all streams.
     pub fn oldest_unconfirmed_age(&self) -> Duration {
+        self.oldest(FrameQueue::oldest_unconfirmed_at)
+    }
+
+    /// The largest age of `since` over all streams.
+    fn oldest(&self, since: impl Fn(&FrameQueue) -> Option<Instant>) -> Duration {
         let now = Instant::now();
-        self.inner
-            .registry
-            .all()
-            .iter()
-            .filter_map(|s| s.lock().oldest_unconfirmed_at())
-            .map(|t| now.saturating_duration_since(t))
-            .max()
-            .unwrap_or_default()
+        let streams = self.inner.registry.all();
+        let oldest = streams.iter().filter_map(|s| since(&s.lock())).min();
+        oldest.map_or(Duration::ZERO, |t| now.saturating_duration_since(t))
     }
 
     /// The `/v1/stats` snapshot.

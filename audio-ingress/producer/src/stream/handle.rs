@@ -7,21 +7,7 @@
 
 use super::*;
 
-fn position(shared: &StreamShared) -> Position {
-    let now = Instant::now();
-    let core = shared.lock();
-    Position {
-        last_seq: core.last_seq(),
-        frame_samples: core.last_frame_samples(),
-        since_last_frame: core.last_admitted_at().map_or_else(
-            || now.saturating_duration_since(shared.opened_at),
-            |t| now.saturating_duration_since(t),
-        ),
-        open: core.state() == StreamState::Open,
-    }
-}
-
-/// Where a stream stands ([`StreamHandle::position`]).
+/// Where a stream stands ([`StreamView::position`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Position {
     /// Sequence number of the last frame admitted (0 before the first).
@@ -38,10 +24,21 @@ pub struct Position {
 ///
 /// Dropping it without [`finish`](Self::finish) ends the stream with reason
 /// `producer_gone` (what is queued is still published, then the `end`).
+///
+/// It derefs to its [`StreamView`], which reads the stream: id, subject, status,
+/// snapshot, position, the wait for its publisher.
 pub struct StreamHandle {
-    pub(super) shared: Arc<StreamShared>,
+    pub(super) view: StreamView,
     pub(super) closed: bool,
     pub(super) finish_bound: Duration,
+}
+
+impl std::ops::Deref for StreamHandle {
+    type Target = StreamView;
+
+    fn deref(&self) -> &StreamView {
+        &self.view
+    }
 }
 
 impl std::fmt::Debug for StreamHandle {
@@ -70,16 +67,6 @@ fn to_push_error(r: Refusal) -> PushError {
 }
 
 impl StreamHandle {
-    /// The stream id.
-    pub fn id(&self) -> &StreamId {
-        &self.shared.id
-    }
-
-    /// The NATS subject the stream publishes to.
-    pub fn subject(&self) -> &str {
-        self.shared.subject.as_str()
-    }
-
     /// Offers one frame of s16le mono PCM (even length, 2..=`max_frame_bytes`).
     /// Synchronous: never blocks, never spawns. `Ok(seq)` when admitted.
     ///
@@ -173,11 +160,6 @@ impl StreamHandle {
         result
     }
 
-    /// Where the stream stands, for a producer that resumes it.
-    pub fn position(&self) -> Position {
-        position(&self.shared)
-    }
-
     /// Declares `frames` frames (`samples` samples) that the stream never received —
     /// the loss of a resumed connection, or of the producer's source (see
     /// `FrameQueue::skip`): they take the next seqs, and the declaration (reason
@@ -215,23 +197,11 @@ impl StreamHandle {
         self.shared.lock().limit_rate(max_rate_permille);
     }
 
-    /// A watch on the stream's status (overload, gaps published, end delivered).
-    pub fn status(&self) -> watch::Receiver<StreamStatus> {
-        self.shared.status.subscribe()
-    }
-
     /// A read-only view of the stream that outlives this handle (for an observer that
     /// reports the stream's events and summary after [`finish`](Self::finish) took the
     /// handle). The view neither ends the stream nor holds its registry slot.
     pub fn view(&self) -> StreamView {
-        StreamView {
-            shared: Arc::clone(&self.shared),
-        }
-    }
-
-    /// The stream as the admin view shows it.
-    pub fn snapshot(&self) -> StreamSnapshot {
-        self.shared.snapshot()
+        self.view.clone()
     }
 
     /// Ends the stream without waiting: no more frames; what is queued is published,
@@ -262,12 +232,6 @@ impl StreamHandle {
         self.wait_finished(self.finish_bound + Duration::from_millis(500))
             .await
     }
-
-    /// Waits (at most `bound`) for the publisher to exit and returns the summary.
-    /// Does not close the stream.
-    pub async fn wait_finished(&self, bound: Duration) -> StreamSummary {
-        self.view().wait_finished(bound).await
-    }
 }
 
 impl Drop for StreamHandle {
@@ -284,7 +248,7 @@ impl Drop for StreamHandle {
 /// exits); it only keeps the stream's shared state (queue, counters) in memory.
 #[derive(Clone)]
 pub struct StreamView {
-    shared: Arc<StreamShared>,
+    pub(super) shared: Arc<StreamShared>,
 }
 
 impl std::fmt::Debug for StreamView {
@@ -311,7 +275,7 @@ impl StreamView {
         self.shared.session.as_deref()
     }
 
-    /// A watch on the stream's status.
+    /// A watch on the stream's status (overload, gaps published, end delivered).
     pub fn status(&self) -> watch::Receiver<StreamStatus> {
         self.shared.status.subscribe()
     }
@@ -321,13 +285,23 @@ impl StreamView {
         self.shared.snapshot()
     }
 
-    /// Where the stream stands, as [`StreamHandle::position`].
+    /// Where the stream stands, for a producer that resumes it.
     pub fn position(&self) -> Position {
-        position(&self.shared)
+        let now = Instant::now();
+        let core = self.shared.lock();
+        Position {
+            last_seq: core.last_seq(),
+            frame_samples: core.last_frame_samples(),
+            since_last_frame: core.last_admitted_at().map_or_else(
+                || now.saturating_duration_since(self.shared.opened_at),
+                |t| now.saturating_duration_since(t),
+            ),
+            open: core.state() == StreamState::Open,
+        }
     }
 
-    /// Waits (at most `bound`) for the publisher to exit and returns the summary, as
-    /// [`StreamHandle::wait_finished`].
+    /// Waits (at most `bound`) for the publisher to exit and returns the summary.
+    /// Does not close the stream.
     pub async fn wait_finished(&self, bound: Duration) -> StreamSummary {
         let mut rx = self.status();
         let finished = tokio::time::timeout(bound, rx.wait_for(|s| s.finished))
