@@ -17,8 +17,8 @@
 //!   wire names, derived with strum (the protocol's codes and reasons; also the label
 //!   enums of the services, the consumer and the load test).
 //!
-//! Everything that decodes network input returns a typed error callers match on (an
-//! enum, or a `kind()` beside the detail); nothing here panics on input.
+//! Everything that decodes network input returns a typed error with a `kind()`; nothing
+//! here panics on input.
 
 /// A fieldless enum whose variants have stable wire names (header values, JSON strings,
 /// metric labels), written once: as the variant names. Such an enum derives
