@@ -62,7 +62,7 @@ pub(crate) use self::barge_in::Interrupt;
 pub use self::barge_in::SessionCancel;
 pub(crate) use self::positions::Notice;
 use self::routing::Routed;
-use self::timers::Timer;
+use self::timers::{Timer, TimerKind};
 pub use self::tokens::TokenKeyView;
 use super::cache::CompletionCache;
 use super::estimator::EstimateView;
@@ -128,15 +128,8 @@ impl<W> Effects<W> {
     ) -> Admitted {
         let code = err.code;
         self.deliveries.reserve_exact(1);
-        self.deliveries.push((
-            waiter,
-            Arc::new(Outcome {
-                result: Err(err),
-                queue_time: waited,
-                inference_time: None,
-                request_id: sub.request_id.clone(),
-            }),
-        ));
+        let outcome = Outcome::refused(err, waited, sub.request_id.clone());
+        self.deliveries.push((waiter, Arc::new(outcome)));
         Admitted::Refused(code)
     }
 }
@@ -525,20 +518,13 @@ impl<W> State<W> {
         now: Instant,
         fx: &mut Effects<W>,
     ) -> Admitted {
-        let Admit {
-            keys,
-            fingerprint,
-            deadline,
-            answer_by,
-            routed,
-            tokens,
-        } = admit;
-        let (placement, member) = (routed.placement, routed.member);
+        let (placement, member) = (admit.routed.placement, admit.routed.member);
+        let (deadline, answer_by) = (admit.deadline, admit.answer_by);
         let id = self.next_id;
         self.next_id += 1;
         let priority = self.admitted_as(id, sub.priority.unwrap_or_default());
         let order = self.deadline.enter(placement.order, answer_by, member);
-        self.pool.admitted(member, routed.spilled_from);
+        self.pool.admitted(member, admit.routed.spilled_from);
         let session_slot = self.session_cap.acquire(sub.session.as_deref());
         let request = BackendRequest {
             body: sub.body,
@@ -556,9 +542,9 @@ impl<W> State<W> {
             progress: None,
             failed_over: false,
             request_id: sub.request_id,
-            fingerprint,
+            fingerprint: admit.fingerprint,
             session: sub.session,
-            keys,
+            keys: admit.keys,
             stage: Stage::Session,
             received_at: sub.received_at,
             deadline,
@@ -580,12 +566,16 @@ impl<W> State<W> {
             stream: sub.stream,
             notified: None,
             span: sub.span,
-            tokens,
+            tokens: admit.tokens,
             priority,
         };
         if let Some(by) = answer_by {
             let at = (self.start_budget).timer_at(by, placement.probe, self.estimate_of(member));
-            let t = Timer::deadline(at, id);
+            let t = Timer {
+                at,
+                id,
+                kind: TimerKind::Deadline,
+            };
             entry.deadline_timer = Some(t);
             self.add_timer(t, fx);
         }
@@ -655,7 +645,8 @@ impl<W> State<W> {
                 _ if self.shadow() => self.shadow_key_busy(id, &ask, verdict.is_err(), now),
                 Ok(KeyPass::Wait(max_wait)) => {
                     self.keys.wait(gate, &key, id);
-                    let t = Timer::gate_wait(now + max_wait, id);
+                    let (at, kind) = (now + max_wait, TimerKind::GateWait);
+                    let t = Timer { at, id, kind };
                     if let Some(e) = self.entries.get_mut(&id) {
                         e.stage = Stage::Gate(gate);
                         e.stage_since = now;

@@ -14,37 +14,19 @@ use crate::admission::gates::start_budget::{AtTimer, Queued};
 use crate::trace::{TraceKind, ms};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum TimerKind {
+pub(super) enum TimerKind {
+    /// A queued request's deadline timer.
     Deadline,
+    /// A key-gate waiter's `max_wait`.
     GateWait,
 }
 
 /// One timer: when, for which entry, of which kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) struct Timer {
-    at: Instant,
-    id: u64,
-    kind: TimerKind,
-}
-
-impl Timer {
-    /// A queued request's deadline timer.
-    pub(super) fn deadline(at: Instant, id: u64) -> Self {
-        Self {
-            at,
-            id,
-            kind: TimerKind::Deadline,
-        }
-    }
-
-    /// A key-gate waiter's `max_wait`.
-    pub(super) fn gate_wait(at: Instant, id: u64) -> Self {
-        Self {
-            at,
-            id,
-            kind: TimerKind::GateWait,
-        }
-    }
+    pub(super) at: Instant,
+    pub(super) id: u64,
+    pub(super) kind: TimerKind,
 }
 
 impl<W> State<W> {
@@ -59,7 +41,11 @@ impl<W> State<W> {
         let at = self
             .start_budget
             .timer_at(answer_by, e.probe, self.estimate_of(e.member));
-        let t = Timer::deadline(at, id);
+        let t = Timer {
+            at,
+            id,
+            kind: TimerKind::Deadline,
+        };
         if let Some(old) = old {
             self.timers.remove(&old);
         }
