@@ -30,7 +30,7 @@ impl<W> State<W> {
         fx: &mut Effects<W>,
     ) -> Option<Job> {
         let m = self.pool.members.get(member)?;
-        if !m.may_start() {
+        if !m.routable() {
             return None;
         }
         let estimate = m.estimator.estimate();
@@ -130,7 +130,7 @@ impl<W> State<W> {
         self.pool
             .members
             .get(member)
-            .is_some_and(|m| !m.ready.is_empty() && m.may_start())
+            .is_some_and(|m| !m.ready.is_empty() && m.routable())
     }
 
     /// Feeds the estimator with a finished call: `ok` and the calls ended by a deadline
