@@ -71,7 +71,7 @@ use super::gates::key_limits::{KeyAsk, KeyLimits, KeyPass, resolve_keys};
 use super::gates::queue_bound::QueueBound;
 use super::gates::session_cap::SessionCap;
 use super::gates::session_order::SessionOrder;
-use super::gates::start_budget::StartBudget;
+use super::gates::start_budget::{Queued, StartBudget};
 use super::gates::tokens::{Reservation, TokenBudgets};
 use super::gates::{
     Ask, Gate, RULE_SESSION_CAP, RULE_SESSION_ORDER, after_wait, conflict, shutting_down,
@@ -222,6 +222,20 @@ struct Entry<W> {
     tokens: Option<Reservation>,
     /// Its priority class (`state/priority.rs`).
     priority: Priority,
+}
+
+impl<W> Entry<W> {
+    /// The entry as the start budget sees it at `now`; `None` without a deadline.
+    fn queued(&self, now: Instant, estimate: Option<Duration>) -> Option<Queued> {
+        Some(Queued {
+            deadline: self.deadline?,
+            answer_by: self.answer_by?,
+            probe: self.probe,
+            waited: now.saturating_duration_since(self.received_at),
+            now,
+            estimate,
+        })
+    }
 }
 
 /// What admission decided about a request that passed every gate.

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::{Effects, Stage, State};
 use crate::admission::gates::key_limits::KeyAsk;
-use crate::admission::gates::start_budget::{AtTimer, Queued};
+use crate::admission::gates::start_budget::AtTimer;
 use crate::trace::{TraceKind, ms};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -104,17 +104,10 @@ impl<W> State<W> {
         if e.stage == Stage::Running {
             return;
         }
-        let (Some(deadline), Some(answer_by)) = (e.deadline, e.answer_by) else {
+        let member = e.member;
+        let estimate = self.estimate_of(member);
+        let Some(queued) = self.entries[&id].queued(now, estimate) else {
             return;
-        };
-        let (probe, received_at, member) = (e.probe, e.received_at, e.member);
-        let queued = Queued {
-            deadline,
-            answer_by,
-            probe,
-            waited: now.saturating_duration_since(received_at),
-            now,
-            estimate: self.estimate_of(member),
         };
         match self.start_budget.at_timer(&queued) {
             AtTimer::Refuse(r) => {

@@ -12,7 +12,6 @@ use weir_protocol::WireName;
 use weir_protocol::llm::{ErrorBody, ErrorCode};
 
 use super::{Effects, Stage, State};
-use crate::admission::gates::start_budget::Queued;
 use crate::admission::gates::{Gate, after_wait, shutting_down};
 use crate::admission::pool::Progress;
 use crate::admission::{AbortReason, CancelResult, Job};
@@ -42,21 +41,13 @@ impl<W> State<W> {
                 continue;
             }
             e.ready_key = None;
-            if let (Some(deadline), Some(answer_by)) = (e.deadline, e.answer_by) {
-                let queued = Queued {
-                    deadline,
-                    answer_by,
-                    probe: e.probe,
-                    waited: now.saturating_duration_since(e.received_at),
-                    now,
-                    estimate,
-                };
-                if let Err(r) = self.start_budget.check(&queued) {
-                    self.count(&r);
-                    self.retire(id, Err(*r.body), now, fx);
-                    self.run(now, fx);
-                    continue;
-                }
+            if let Some(queued) = e.queued(now, estimate)
+                && let Err(r) = self.start_budget.check(&queued)
+            {
+                self.count(&r);
+                self.retire(id, Err(*r.body), now, fx);
+                self.run(now, fx);
+                continue;
             }
             self.pool.starting(member, id);
             // The sweeper looks for stalls: one more call to watch.
