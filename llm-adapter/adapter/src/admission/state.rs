@@ -39,6 +39,7 @@
 
 mod barge_in;
 mod health;
+mod idempotency;
 mod positions;
 mod priority;
 mod routing;
@@ -48,9 +49,7 @@ mod tokens;
 mod views;
 mod workers;
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,6 +59,7 @@ use weir_protocol::llm::{ErrorBody, ErrorCode};
 
 pub(crate) use self::barge_in::Interrupt;
 pub use self::barge_in::SessionCancel;
+use self::idempotency::Fingerprint;
 pub(crate) use self::positions::Notice;
 use self::routing::Routed;
 use self::timers::{Timer, TimerKind};
@@ -71,11 +71,9 @@ use super::gates::key_limits::{KeyAsk, KeyLimits, KeyPass, resolve_keys};
 use super::gates::queue_bound::QueueBound;
 use super::gates::session_cap::SessionCap;
 use super::gates::session_order::SessionOrder;
-use super::gates::start_budget::{Queued, StartBudget};
+use super::gates::start_budget::StartBudget;
 use super::gates::tokens::{Reservation, TokenBudgets};
-use super::gates::{
-    Ask, Gate, RULE_SESSION_CAP, RULE_SESSION_ORDER, after_wait, conflict, shutting_down,
-};
+use super::gates::{Ask, Gate, RULE_SESSION_CAP, RULE_SESSION_ORDER, after_wait, shutting_down};
 use super::pool::Pool;
 use super::priority::Priority;
 use super::slots::SlotGuard;
@@ -149,26 +147,6 @@ enum Stage {
     Running,
 }
 
-/// What makes two submissions with the same request id "the same request".
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Fingerprint {
-    session: Option<String>,
-    body_len: usize,
-    body_hash: u64,
-}
-
-impl Fingerprint {
-    fn of(sub: &Submission) -> Self {
-        let mut h = DefaultHasher::new();
-        sub.body.hash(&mut h);
-        Self {
-            session: sub.session.clone(),
-            body_len: sub.body.len(),
-            body_hash: h.finish(),
-        }
-    }
-}
-
 struct Entry<W> {
     id: u64,
     /// The member of the pool it is bound to.
@@ -222,20 +200,6 @@ struct Entry<W> {
     tokens: Option<Reservation>,
     /// Its priority class (`state/priority.rs`).
     priority: Priority,
-}
-
-impl<W> Entry<W> {
-    /// The entry as the start budget sees it at `now`; `None` without a deadline.
-    fn queued(&self, now: Instant, estimate: Option<Duration>) -> Option<Queued> {
-        Some(Queued {
-            deadline: self.deadline?,
-            answer_by: self.answer_by?,
-            probe: self.probe,
-            waited: now.saturating_duration_since(self.received_at),
-            now,
-            estimate,
-        })
-    }
 }
 
 /// What admission decided about a request that passed every gate.
@@ -453,47 +417,6 @@ impl<W> State<W> {
             self.displace_for(&routed, now, fx);
         }
         admitted
-    }
-
-    /// Idempotency: joins a live request with the same request id, or answers from
-    /// the completion cache (`Err` with what was done); otherwise gives the waiter back.
-    fn idempotent(
-        &mut self,
-        sub: &Submission,
-        fingerprint: Option<&Fingerprint>,
-        waiter: W,
-        waited: Duration,
-        now: Instant,
-        fx: &mut Effects<W>,
-    ) -> Result<W, Admitted> {
-        let (Some(fp), Some(rid)) = (fingerprint, &sub.request_id) else {
-            return Ok(waiter);
-        };
-        if let Some(&id) = self.by_request_id.get(rid)
-            && let Some(e) = self.entries.get_mut(&id)
-        {
-            if e.fingerprint.as_ref() != Some(fp) {
-                return Err(fx.refuse_now(waiter, conflict(rid), sub, waited));
-            }
-            e.joined.push(waiter);
-            self.stats.joined.add(1);
-            // In the joiner's own span: its caller's trace shows that it joined.
-            sub.span.record("id", id);
-            let t = now.saturating_duration_since(self.entries[&id].received_at);
-            self.emit_sub(sub, TraceKind::Joined, id, t, |_| {});
-            return Err(Admitted::Joined);
-        }
-        if let Some(c) = self.cache.get(rid) {
-            if c.fingerprint != *fp {
-                return Err(fx.refuse_now(waiter, conflict(rid), sub, waited));
-            }
-            self.stats.cached.add(1);
-            fx.deliveries.reserve_exact(1);
-            fx.deliveries.push((waiter, c.outcome.clone()));
-            self.emit_sub(sub, TraceKind::Cached, 0, waited, |_| {});
-            return Err(Admitted::Cached);
-        }
-        Ok(waiter)
     }
 
     /// The admission gates, in their order of precedence: the session cap, the

@@ -6,11 +6,13 @@
 //! Invariant: an entry's timers are in the set exactly while the entry refers to them
 //! (`deadline_timer`, `gate_timer`); whoever clears the field removes the timer.
 
+use std::time::Duration;
+
 use tokio::time::Instant;
 
-use super::{Effects, Stage, State};
+use super::{Effects, Entry, Stage, State};
 use crate::admission::gates::key_limits::KeyAsk;
-use crate::admission::gates::start_budget::AtTimer;
+use crate::admission::gates::start_budget::{AtTimer, Queued};
 use crate::trace::{TraceKind, ms};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -27,6 +29,20 @@ pub(super) struct Timer {
     pub(super) at: Instant,
     pub(super) id: u64,
     pub(super) kind: TimerKind,
+}
+
+impl<W> Entry<W> {
+    /// The entry as the start budget sees it at `now`; `None` without a deadline.
+    pub(super) fn queued(&self, now: Instant, estimate: Option<Duration>) -> Option<Queued> {
+        Some(Queued {
+            deadline: self.deadline?,
+            answer_by: self.answer_by?,
+            probe: self.probe,
+            waited: now.saturating_duration_since(self.received_at),
+            now,
+            estimate,
+        })
+    }
 }
 
 impl<W> State<W> {
