@@ -154,17 +154,13 @@ impl<W> State<W> {
     pub(crate) fn finish(
         &mut self,
         id: u64,
-        result: Result<BackendReply, ErrorBody>,
+        mut result: Result<BackendReply, ErrorBody>,
         took: Duration,
         now: Instant,
         fx: &mut Effects<W>,
     ) {
-        let code = match &result {
-            Ok(_) => "ok",
-            Err(e) => e.code.as_str(),
-        };
+        let code = result.as_ref().map_or_else(|e| e.code.as_str(), |_| "ok");
         self.stats.inference_done(took, code);
-        let mut result = result;
         if let Some(e) = self.entries.get(&id) {
             let (member, session) = (e.member, e.session.clone());
             if let (Ok(reply), Some(m)) = (&mut result, self.pool.members.get(member)) {
