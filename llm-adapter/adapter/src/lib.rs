@@ -31,16 +31,10 @@
 //! # let _ = report; Ok(()) }
 //! ```
 //!
-//! [`AdapterView::stats`] (also on the [`AdapterHandle`]) returns a [`StatsSnapshot`]: `offered`, `admitted`, `joined`,
-//! `cached`, `completed`, `refused` (map error code → count), `started`,
-//! `started_after_deadline`, `queued_now`, `running_now`, `would_reject` (shadow mode),
-//! `queue_wait_ms` and `inference_ms` ([`Percentiles`]: `count`, `p50`, `p95`, `p99`,
-//! `max`, `mean`, within 1%), `backend_busy_ms`, `backend_useful_ms` (time in
-//! calls that answered `ok`), `slots_acquired`, `slots_released`, `refusal_ms`
-//! ([`Percentiles`] of receipt → answer for non-`ok` answers given without a backend
-//! call) and `service_estimate` (the backend's service-time estimate that admission
-//! predicts with, [`admission::EstimateView`]). Every submission is
-//! answered exactly once, so `offered = completed + Σ refused + in progress`.
+//! [`AdapterView::stats`] (also on the [`AdapterHandle`]) returns a [`StatsSnapshot`]
+//! (`/v1/stats`; its fields are documented on [`weir_protocol::admin::AdapterStats`]).
+//! Every submission is answered exactly once, so
+//! `offered = completed + Σ refused + in progress`.
 //!
 //! Callers use [`client::LlmClient`] (or any NATS client: the wire contract is headers
 //! + body, see [`weir_protocol::llm`]).
@@ -78,7 +72,7 @@ pub use admission::{LimitsView, Percentiles, ShutdownReport, StatsSnapshot};
 pub use config::Config;
 pub use nats_events::{AdapterEvents, NatsEventsSnapshot};
 
-use crate::admission::{Admission, AdmissionConfig};
+use crate::admission::Admission;
 use crate::backend::Backend;
 use crate::config::AdapterNats;
 use crate::service::{NatsSink, ServiceEdge};
@@ -291,7 +285,7 @@ pub async fn start_pool(
         None => (Tracer::logging(config.trace.log), None),
     };
     let sink = Arc::new(NatsSink::new(client.clone(), config.nats.publish_timeout));
-    let mut admission_cfg = AdmissionConfig::from(&*config);
+    let mut admission_cfg = config.admission.clone();
     admission_cfg.max_reply_bytes = sink.max_reply_bytes();
     let admission = Admission::start_pool(admission_cfg, backends, sink, tracer);
     let edge = match ServiceEdge::start(&client, config.clone(), admission.clone(), events.clone())

@@ -8,7 +8,7 @@
 //! and its answer delivered, or after [`SETTLE_WAIT`] (then counted in
 //! [`SessionCancel::unsettled`]).
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -37,40 +37,17 @@ pub(super) async fn settled(receivers: Vec<oneshot::Receiver<()>>) -> usize {
     unsettled
 }
 
-/// Counts the requests a session cancel or a supersede cancelled, by stage (the
-/// metric; `/v1/stats` through `stats`).
-fn count_cancelled(r: &SessionCancel, by: &'static str, stats: &super::stats::Interrupts) {
-    stats
-        .cancelled_queued
-        .fetch_add(r.queued as u64, Ordering::Relaxed);
-    stats
-        .cancelled_running
-        .fetch_add(r.running as u64, Ordering::Relaxed);
-    for (stage, n) in [("queued", r.queued), ("running", r.running)] {
-        if n > 0 {
-            metrics::counter!(m::INTERRUPTED_TOTAL, "by" => by, "stage" => stage)
-                .increment(n as u64);
-        }
-    }
-}
-
 impl<S: Sink> Admission<S> {
     /// Cancels every queued and running request of `session` (`Weir-Cancel-Session`):
     /// queued ones are answered `cancelled` at once, running ones are aborted at the
     /// backend and answered `cancelled`; returns when they are (at most
     /// [`SETTLE_WAIT`]).
     pub async fn cancel_session(&self, session: &str) -> SessionCancel {
-        let r = self.interrupt(session, Interrupt::Cancel).await;
-        let result = if r.total() > 0 {
-            "cancelled"
-        } else {
-            "not_found"
-        };
-        metrics::counter!(m::SESSION_CANCEL_TOTAL, "result" => result).increment(1);
-        let stats = &self.inner.stats.interrupts;
-        stats.session_cancels.fetch_add(1, Ordering::Relaxed);
-        count_cancelled(&r, "session_cancel", stats);
-        r
+        let results = (m::SESSION_CANCEL_TOTAL, "cancelled", "not_found");
+        let calls = &self.inner.stats.interrupts.session_cancels;
+        let why = Interrupt::Cancel;
+        self.interrupt(session, why, results, calls, "session_cancel")
+            .await
     }
 
     /// Supersedes every queued and running request of `session` for a new request of
@@ -80,26 +57,45 @@ impl<S: Sink> Admission<S> {
     /// the session's running requests have been answered, so it does not queue behind
     /// them under session ordering nor count against the session cap.
     pub async fn supersede(&self, session: &str, by: Option<&str>) -> SessionCancel {
-        let by = by.map(str::to_owned);
-        let r = self.interrupt(session, Interrupt::Supersede { by }).await;
-        let result = if r.total() > 0 {
-            "superseded"
-        } else {
-            "nothing"
+        let why = Interrupt::Supersede {
+            by: by.map(str::to_owned),
         };
-        metrics::counter!(m::SUPERSEDE_TOTAL, "result" => result).increment(1);
-        let stats = &self.inner.stats.interrupts;
-        stats.supersedes.fetch_add(1, Ordering::Relaxed);
-        count_cancelled(&r, "supersede", stats);
-        r
+        let results = (m::SUPERSEDE_TOTAL, "superseded", "nothing");
+        let calls = &self.inner.stats.interrupts.supersedes;
+        self.interrupt(session, why, results, calls, "supersede")
+            .await
     }
 
-    async fn interrupt(&self, session: &str, why: Interrupt) -> SessionCancel {
+    /// Runs the interrupt, waits for it to settle, and counts it: in `calls`, in the
+    /// `results` metric (labels: something interrupted, nothing), and the requests it
+    /// cancelled by stage (labelled `by`; `/v1/stats` through `interrupts`).
+    async fn interrupt(
+        &self,
+        session: &str,
+        why: Interrupt,
+        (metric, hit, miss): (&'static str, &'static str, &'static str),
+        calls: &AtomicU64,
+        by: &'static str,
+    ) -> SessionCancel {
         let (mut r, rx) = self
             .inner
             .step(|st, now, fx| st.cancel_session(session, &why, now, fx))
             .await;
         r.unsettled = settled(rx).await;
+        let result = if r.total() > 0 { hit } else { miss };
+        metrics::counter!(metric, "result" => result).increment(1);
+        calls.fetch_add(1, Ordering::Relaxed);
+        let interrupts = &self.inner.stats.interrupts;
+        for (stage, n, total) in [
+            ("queued", r.queued, &interrupts.cancelled_queued),
+            ("running", r.running, &interrupts.cancelled_running),
+        ] {
+            total.fetch_add(n as u64, Ordering::Relaxed);
+            if n > 0 {
+                metrics::counter!(m::INTERRUPTED_TOTAL, "by" => by, "stage" => stage)
+                    .increment(n as u64);
+            }
+        }
         r
     }
 }

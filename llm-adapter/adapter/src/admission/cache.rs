@@ -24,7 +24,6 @@ use tokio::time::Instant;
 
 use super::Outcome;
 use super::stats::{CacheEviction, Stats};
-use crate::backend::BackendReply;
 
 /// Bytes counted per entry besides the body, the headers and the key: the map slot, the
 /// order record, the `Outcome` allocation and the key's second copy (an estimate of the
@@ -177,18 +176,11 @@ impl<F> CompletionCache<F> {
 
 /// The outcome with its body copied into an allocation of its own.
 fn private_copy(o: &Outcome) -> Outcome {
-    Outcome {
-        result: match &o.result {
-            Ok(r) => Ok(BackendReply {
-                body: Bytes::copy_from_slice(&r.body),
-                headers: r.headers.clone(),
-            }),
-            Err(e) => Err(e.clone()),
-        },
-        queue_time: o.queue_time,
-        inference_time: o.inference_time,
-        request_id: o.request_id.clone(),
+    let mut copy = o.clone();
+    if let Ok(r) = &mut copy.result {
+        r.body = Bytes::copy_from_slice(&r.body);
     }
+    copy
 }
 
 #[cfg(test)]
@@ -196,6 +188,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::backend::BackendReply;
 
     fn reply(len: usize) -> Arc<Outcome> {
         Arc::new(Outcome {

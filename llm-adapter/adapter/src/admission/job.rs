@@ -61,7 +61,7 @@ impl<S: Sink> Inner<S> {
             id,
             member,
             progress,
-            request,
+            mut request,
             answer_by: deadline,
             started_at,
             queue_time,
@@ -70,7 +70,6 @@ impl<S: Sink> Inner<S> {
             retry: again,
             span: _,
         } = job;
-        let mut request = request;
         let Some(backend) = self.backends.get(member % self.backends.len().max(1)) else {
             return;
         };

@@ -139,12 +139,6 @@ pub struct AdmissionConfig {
     pub stream: StreamSettings,
 }
 
-impl From<&Config> for AdmissionConfig {
-    fn from(c: &Config) -> Self {
-        c.admission.clone()
-    }
-}
-
 impl Default for AdmissionConfig {
     fn default() -> Self {
         Config::default().admission
@@ -260,7 +254,6 @@ impl<S: Sink> Admission<S> {
             !backends.is_empty(),
             "Admission::start_pool without a backend"
         );
-        let backend = backends[0].clone();
         let cfg = Arc::new(cfg);
         let mut rules: Vec<String> = [
             gates::RULE_QUEUE,
@@ -273,14 +266,13 @@ impl<S: Sink> Admission<S> {
         .map(str::to_owned)
         .collect();
         rules.extend(cfg.limits.iter().map(|l| l.name.clone()));
-        let stats = Arc::new(Stats::new(&rules, backend.name()));
+        let stats = Arc::new(Stats::new(&rules, backends[0].name()));
         metrics::gauge!(m::WORKERS).set(cfg.workers.get() as f64);
         metrics::gauge!(m::QUEUE_CAPACITY).set(cfg.queue_capacity.get() as f64);
         let members = pool::Pool::new(&cfg);
         let slots: Vec<usize> = members.members.iter().map(|m| m.slots).collect();
         let timeouts = members.members.iter().map(|m| m.timeout).collect();
         let failover = members.health_on;
-        drop(backend);
         let inner = Arc::new(Inner {
             state: Mutex::new(State::new(cfg.clone(), stats.clone(), tracer)),
             cfg,
@@ -385,12 +377,7 @@ impl<S: Sink> Admission<S> {
     /// Answers a request that could not be decoded (counted as offered and answered).
     pub async fn answer_now(&self, waiter: S::Waiter, error: ErrorBody, received_at: Instant) {
         self.inner.stats.offered.add(1);
-        let outcome = Arc::new(Outcome {
-            result: Err(error),
-            queue_time: received_at.elapsed(),
-            inference_time: None,
-            request_id: None,
-        });
+        let outcome = Arc::new(Outcome::refused(error, received_at.elapsed(), None));
         self.inner.stats.answered(&outcome);
         self.inner.sink.deliver(waiter, outcome).await;
     }

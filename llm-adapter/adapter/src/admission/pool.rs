@@ -124,8 +124,10 @@ pub(crate) fn bit(member: usize) -> u64 {
 /// first.
 pub(crate) const AFFINITY_SESSIONS: usize = 65_536;
 
-/// A member's health.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A member's health; its name (`healthy`, `ejected`, `probe_due`, `probing`) is what
+/// [`BackendView::health`] shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub(crate) enum Health {
     /// Takes requests.
     Healthy,
@@ -139,16 +141,6 @@ pub(crate) enum Health {
 }
 
 impl Health {
-    /// `healthy`, `ejected`, `probe_due`, `probing`.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Self::Healthy => "healthy",
-            Self::Ejected { .. } => "ejected",
-            Self::ProbeDue => "probe_due",
-            Self::Probing { .. } => "probing",
-        }
-    }
-
     /// 0 healthy, 1 probing (or due), 2 ejected: the health gauge.
     pub(crate) fn level(self) -> f64 {
         match self {
@@ -209,13 +201,9 @@ impl Member {
         self.running_since.len()
     }
 
-    /// Whether new requests may be routed here (healthy, or due for its probe).
+    /// Whether new requests may be routed here and its workers may start one now
+    /// (healthy, or due for its probe).
     pub(crate) fn routable(&self) -> bool {
-        matches!(self.health, Health::Healthy | Health::ProbeDue)
-    }
-
-    /// Whether a worker here may start a request now.
-    pub(crate) fn may_start(&self) -> bool {
         matches!(self.health, Health::Healthy | Health::ProbeDue)
     }
 
@@ -227,7 +215,7 @@ impl Member {
             busy: self.running(),
             queued: self.queued,
             weight: self.weight,
-            health: self.health.as_str(),
+            health: self.health.into(),
             ejected_for_ms: match self.health {
                 Health::Ejected { until } => Some(crate::millis::whole_ms(
                     until.saturating_duration_since(now),
@@ -327,9 +315,7 @@ impl Pool {
     pub(crate) fn next_backoff(&self, current: Duration) -> Duration {
         current.saturating_mul(2).min(self.health.backoff_max)
     }
-}
 
-impl Pool {
     /// A worker of `member` starts request `id`: the probe, if one is due.
     pub(crate) fn starting(&mut self, member: usize, id: u64) {
         if let Some(m) = self.members.get_mut(member)

@@ -124,6 +124,16 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// A refusal answered without a backend call, `queue_time` after receipt.
+    pub fn refused(err: ErrorBody, queue_time: Duration, request_id: Option<String>) -> Self {
+        Self {
+            result: Err(err),
+            queue_time,
+            inference_time: None,
+            request_id,
+        }
+    }
+
     /// `ok` or the error code.
     pub fn code(&self) -> &'static str {
         match &self.result {

@@ -39,6 +39,7 @@
 
 mod barge_in;
 mod health;
+mod idempotency;
 mod positions;
 mod priority;
 mod routing;
@@ -48,9 +49,7 @@ mod tokens;
 mod views;
 mod workers;
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,9 +59,10 @@ use weir_protocol::llm::{ErrorBody, ErrorCode};
 
 pub(crate) use self::barge_in::Interrupt;
 pub use self::barge_in::SessionCancel;
+use self::idempotency::Fingerprint;
 pub(crate) use self::positions::Notice;
 use self::routing::Routed;
-use self::timers::Timer;
+use self::timers::{Timer, TimerKind};
 pub use self::tokens::TokenKeyView;
 use super::cache::CompletionCache;
 use super::estimator::EstimateView;
@@ -73,9 +73,7 @@ use super::gates::session_cap::SessionCap;
 use super::gates::session_order::SessionOrder;
 use super::gates::start_budget::StartBudget;
 use super::gates::tokens::{Reservation, TokenBudgets};
-use super::gates::{
-    Ask, Gate, RULE_SESSION_CAP, RULE_SESSION_ORDER, after_wait, conflict, shutting_down,
-};
+use super::gates::{Ask, Gate, RULE_SESSION_CAP, RULE_SESSION_ORDER, after_wait, shutting_down};
 use super::pool::Pool;
 use super::priority::Priority;
 use super::slots::SlotGuard;
@@ -128,15 +126,8 @@ impl<W> Effects<W> {
     ) -> Admitted {
         let code = err.code;
         self.deliveries.reserve_exact(1);
-        self.deliveries.push((
-            waiter,
-            Arc::new(Outcome {
-                result: Err(err),
-                queue_time: waited,
-                inference_time: None,
-                request_id: sub.request_id.clone(),
-            }),
-        ));
+        let outcome = Outcome::refused(err, waited, sub.request_id.clone());
+        self.deliveries.push((waiter, Arc::new(outcome)));
         Admitted::Refused(code)
     }
 }
@@ -154,26 +145,6 @@ enum Stage {
     Gate(usize),
     Ready,
     Running,
-}
-
-/// What makes two submissions with the same request id "the same request".
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Fingerprint {
-    session: Option<String>,
-    body_len: usize,
-    body_hash: u64,
-}
-
-impl Fingerprint {
-    fn of(sub: &Submission) -> Self {
-        let mut h = DefaultHasher::new();
-        sub.body.hash(&mut h);
-        Self {
-            session: sub.session.clone(),
-            body_len: sub.body.len(),
-            body_hash: h.finish(),
-        }
-    }
 }
 
 struct Entry<W> {
@@ -448,47 +419,6 @@ impl<W> State<W> {
         admitted
     }
 
-    /// Idempotency: joins a live request with the same request id, or answers from
-    /// the completion cache (`Err` with what was done); otherwise gives the waiter back.
-    fn idempotent(
-        &mut self,
-        sub: &Submission,
-        fingerprint: Option<&Fingerprint>,
-        waiter: W,
-        waited: Duration,
-        now: Instant,
-        fx: &mut Effects<W>,
-    ) -> Result<W, Admitted> {
-        let (Some(fp), Some(rid)) = (fingerprint, &sub.request_id) else {
-            return Ok(waiter);
-        };
-        if let Some(&id) = self.by_request_id.get(rid)
-            && let Some(e) = self.entries.get_mut(&id)
-        {
-            if e.fingerprint.as_ref() != Some(fp) {
-                return Err(fx.refuse_now(waiter, conflict(rid), sub, waited));
-            }
-            e.joined.push(waiter);
-            self.stats.joined.add(1);
-            // In the joiner's own span: its caller's trace shows that it joined.
-            sub.span.record("id", id);
-            let t = now.saturating_duration_since(self.entries[&id].received_at);
-            self.emit_sub(sub, TraceKind::Joined, id, t, |_| {});
-            return Err(Admitted::Joined);
-        }
-        if let Some(c) = self.cache.get(rid) {
-            if c.fingerprint != *fp {
-                return Err(fx.refuse_now(waiter, conflict(rid), sub, waited));
-            }
-            self.stats.cached.add(1);
-            fx.deliveries.reserve_exact(1);
-            fx.deliveries.push((waiter, c.outcome.clone()));
-            self.emit_sub(sub, TraceKind::Cached, 0, waited, |_| {});
-            return Err(Admitted::Cached);
-        }
-        Ok(waiter)
-    }
-
     /// The admission gates, in their order of precedence: the session cap, the
     /// session order (`reject`), the queue bound, the deadline prediction.
     fn gates(&self, ask: &Ask<'_>, waited: Duration) -> Result<Routed, Box<ErrorBody>> {
@@ -525,20 +455,13 @@ impl<W> State<W> {
         now: Instant,
         fx: &mut Effects<W>,
     ) -> Admitted {
-        let Admit {
-            keys,
-            fingerprint,
-            deadline,
-            answer_by,
-            routed,
-            tokens,
-        } = admit;
-        let (placement, member) = (routed.placement, routed.member);
+        let (placement, member) = (admit.routed.placement, admit.routed.member);
+        let (deadline, answer_by) = (admit.deadline, admit.answer_by);
         let id = self.next_id;
         self.next_id += 1;
         let priority = self.admitted_as(id, sub.priority.unwrap_or_default());
         let order = self.deadline.enter(placement.order, answer_by, member);
-        self.pool.admitted(member, routed.spilled_from);
+        self.pool.admitted(member, admit.routed.spilled_from);
         let session_slot = self.session_cap.acquire(sub.session.as_deref());
         let request = BackendRequest {
             body: sub.body,
@@ -556,9 +479,9 @@ impl<W> State<W> {
             progress: None,
             failed_over: false,
             request_id: sub.request_id,
-            fingerprint,
+            fingerprint: admit.fingerprint,
             session: sub.session,
-            keys,
+            keys: admit.keys,
             stage: Stage::Session,
             received_at: sub.received_at,
             deadline,
@@ -580,12 +503,16 @@ impl<W> State<W> {
             stream: sub.stream,
             notified: None,
             span: sub.span,
-            tokens,
+            tokens: admit.tokens,
             priority,
         };
         if let Some(by) = answer_by {
             let at = (self.start_budget).timer_at(by, placement.probe, self.estimate_of(member));
-            let t = Timer::deadline(at, id);
+            let t = Timer {
+                at,
+                id,
+                kind: TimerKind::Deadline,
+            };
             entry.deadline_timer = Some(t);
             self.add_timer(t, fx);
         }
@@ -655,7 +582,8 @@ impl<W> State<W> {
                 _ if self.shadow() => self.shadow_key_busy(id, &ask, verdict.is_err(), now),
                 Ok(KeyPass::Wait(max_wait)) => {
                     self.keys.wait(gate, &key, id);
-                    let t = Timer::gate_wait(now + max_wait, id);
+                    let (at, kind) = (now + max_wait, TimerKind::GateWait);
+                    let t = Timer { at, id, kind };
                     if let Some(e) = self.entries.get_mut(&id) {
                         e.stage = Stage::Gate(gate);
                         e.stage_since = now;

@@ -73,9 +73,6 @@ fn outcome_index(outcome: &str) -> usize {
         .map_or(0, |i| i + 1)
 }
 
-/// A counter kept as a plain atomic (a request pays one relaxed add, no metrics-facade
-/// call) and set on its handle, registered once at start from the recorder installed
-/// then, when stats are read (`absolute`).
 /// Session interrupts counted for `/v1/stats` (their metrics carry labels and are
 /// counted where they happen).
 #[derive(Debug, Default)]
@@ -115,6 +112,9 @@ impl Interrupts {
     }
 }
 
+/// A counter kept as a plain atomic (a request pays one relaxed add, no metrics-facade
+/// call) and set on its handle, registered once at start from the recorder installed
+/// then, when stats are read (`absolute`).
 pub(crate) struct Tally {
     n: AtomicU64,
     handle: metrics::Counter,
@@ -342,8 +342,6 @@ impl Stats {
         self.priority.render_histograms(out);
     }
 
-    /// Publishes the counters and the queue gauges to the metrics recorder. Called when
-    /// stats are read (every scrape): per-request work stays at plain atomic adds.
     /// Publishes the token budgets' totals (label `rule` = the limit name): read with
     /// the stats, like every counter here.
     pub(crate) fn publish_tokens(&self, tokens: &BTreeMap<String, TokenBudgetStats>) {
@@ -371,6 +369,8 @@ impl Stats {
         }
     }
 
+    /// Publishes the counters and the queue gauges to the metrics recorder. Called when
+    /// stats are read (every scrape): per-request work stays at plain atomic adds.
     pub(crate) fn publish(&self, queued: usize, running: usize, estimate: &EstimateView) {
         for t in [
             &self.offered,

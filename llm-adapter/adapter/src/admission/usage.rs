@@ -189,11 +189,8 @@ pub(crate) struct Usage {
 /// The `usage` members; any other member is skipped.
 #[derive(Deserialize)]
 struct UsageFields {
-    #[serde(default)]
     prompt_tokens: Option<u64>,
-    #[serde(default)]
     completion_tokens: Option<u64>,
-    #[serde(default)]
     total_tokens: Option<u64>,
 }
 
@@ -207,18 +204,17 @@ pub(crate) fn reported_usage(reply: &[u8]) -> Option<Usage> {
     let tail = &reply[from..];
     // Bounded: each step moves `end` left by at least one byte.
     let mut end = tail.len();
-    while let Some(at) = rfind(&tail[..end], NEEDLE) {
+    while let Some(at) = tail[..end].windows(NEEDLE.len()).rposition(|w| w == NEEDLE) {
         end = at;
         // A `"usage"` inside a string is escaped (`\"usage\"`): skip it.
         if at > 0 && tail[at - 1] == b'\\' {
             continue;
         }
-        let rest = &tail[at + NEEDLE.len()..];
-        let rest = trim_start(rest);
+        let rest = tail[at + NEEDLE.len()..].trim_ascii_start();
         let Some(rest) = rest.strip_prefix(b":") else {
             continue;
         };
-        let rest = trim_start(rest);
+        let rest = rest.trim_ascii_start();
         if rest.first() != Some(&b'{') {
             // `"usage": null` (streams send it on every chunk but the last): look on.
             continue;
@@ -240,21 +236,6 @@ fn usage_of(u: &UsageFields) -> Option<Usage> {
         (None, p, c) => p.unwrap_or(0).saturating_add(c.unwrap_or(0)),
     };
     Some(Usage { total })
-}
-
-fn trim_start(b: &[u8]) -> &[u8] {
-    let n = b.iter().take_while(|c| c.is_ascii_whitespace()).count();
-    &b[n..]
-}
-
-/// The last position of `needle` in `hay`.
-fn rfind(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    if hay.len() < needle.len() {
-        return None;
-    }
-    (0..=hay.len() - needle.len())
-        .rev()
-        .find(|&i| &hay[i..i + needle.len()] == needle)
 }
 
 /// The last [`USAGE_SCAN`] bytes of a streamed reply, kept as its pieces pass (memory:

@@ -112,27 +112,6 @@ impl SlotResult {
     }
 }
 
-/// `concurrency_limit_exceeded` of a full cluster-wide wait-limit `rule` at `key`.
-fn busy(
-    rule: &KeyLimit,
-    key: &str,
-    message: String,
-    waited: Option<Duration>,
-    waiting: usize,
-) -> SlotRefusal {
-    let limit = rule.limit.get() as u64;
-    let details = ErrorDetails {
-        limit: Some(limit),
-        in_flight: Some(limit),
-        waiting: Some(waiting as u64),
-        waited_ms: waited.map(|w| w.as_millis() as u64),
-        key: Some(key.to_owned()),
-        ..Default::default()
-    };
-    let code = ErrorCode::ConcurrencyLimitExceeded;
-    SlotRefusal::full(TermReason::KeyLimit, code, message, details)
-}
-
 /// A failed read or write of slot `key`.
 fn slot_failed(key: &str, e: impl std::error::Error + Send + Sync + 'static) -> IntakeError {
     IntakeError::with_source(IntakeErrorKind::Slot, format!("slot {key}"), e)
@@ -152,8 +131,8 @@ pub(crate) fn slot_key(session: &str, i: usize) -> String {
     format!("s.{}.{i}", hex(session.as_bytes()))
 }
 
-/// The KV key of slot `i` of `key` under the limit named `rule`.
-pub(crate) fn limit_slot_key(rule: &str, key: &str, i: usize) -> String {
+/// The KV key of slot `i` of `key` under the limit named `rule` (`*`: a watch of all).
+pub(crate) fn limit_slot_key(rule: &str, key: &str, i: impl std::fmt::Display) -> String {
     format!("k.{}.{}.{i}", hex(rule.as_bytes()), hex(key.as_bytes()))
 }
 
@@ -289,8 +268,18 @@ impl ClusterSlots {
         };
         let name = &rule.name;
         let limit = rule.limit.get() as u64;
+        // `concurrency_limit_exceeded`: the limit is full at `key`.
         let busy = |message: String, waited: Option<Duration>, waiting: usize| {
-            busy(rule, key, message, waited, waiting)
+            let details = ErrorDetails {
+                limit: Some(limit),
+                in_flight: Some(limit),
+                waiting: Some(waiting as u64),
+                waited_ms: waited.map(|w| w.as_millis() as u64),
+                key: Some(key.to_owned()),
+                ..Default::default()
+            };
+            let code = ErrorCode::ConcurrencyLimitExceeded;
+            SlotRefusal::full(TermReason::KeyLimit, code, message, details)
         };
         let _guard = match self.enter_wait(gi, key, max_waiters) {
             Ok(guard) => guard,
@@ -311,7 +300,7 @@ impl ClusterSlots {
         let until_wait = started + max_wait;
         let until = deadline.map_or(until_wait, |d| d.min(until_wait));
         // Watch first, then retry: a slot freed in between is seen by the retry.
-        let pattern = format!("k.{}.{}.*", hex(name.as_bytes()), hex(key.as_bytes()));
+        let pattern = limit_slot_key(name, key, "*");
         let mut watch = tokio::time::timeout_at(until, self.kv.watch(&pattern))
             .await
             .ok()

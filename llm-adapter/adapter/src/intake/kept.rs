@@ -20,7 +20,6 @@
 //!   request's ([`KeptReply::answers`]); one kept without a fingerprint (by an earlier
 //!   version) never matches.
 
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use async_nats::jetstream::{kv, stream};
@@ -51,13 +50,7 @@ pub(crate) fn fingerprint(session: Option<&str>, body: &[u8]) -> String {
         None => ctx.update(&[0]),
     }
     ctx.update(body);
-    let digest = ctx.finish();
-    let mut out = String::with_capacity(3 + 64);
-    out.push_str("v1:");
-    for b in digest.as_ref() {
-        let _ = write!(out, "{b:02x}");
-    }
-    out
+    format!("v1:{}", super::cluster::hex(ctx.finish().as_ref()))
 }
 
 /// A kept answer, as read from the reply bucket.

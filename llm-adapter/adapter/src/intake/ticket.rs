@@ -268,26 +268,21 @@ impl Ticket {
     /// leader election) and the request is then redelivered: it must find the answer.
     /// A refusal (`+TERM`) is kept the same way: a retry with its id gets the refusal.
     pub(crate) async fn settle(mut self, how: Settle) {
-        if how == Settle::Answered
-            && let Some(value) = self.kept.take()
-        {
-            let kind = if self.term {
-                AckKind::Term
-            } else {
-                AckKind::Ack
-            };
-            tokio::spawn(async move {
-                self.keep(value).await;
-                send_ack(&self.hub.client, &self.ack, kind, self.hub.publish_timeout).await;
-            });
-            return;
-        }
         let kind = match how {
             Settle::HandOver => AckKind::Nak(None),
             Settle::Retry => AckKind::Nak(Some(STORE_ERROR_DELAY)),
             Settle::Answered if self.term => AckKind::Term,
             Settle::Answered => AckKind::Ack,
         };
+        if how == Settle::Answered
+            && let Some(value) = self.kept.take()
+        {
+            tokio::spawn(async move {
+                self.keep(value).await;
+                send_ack(&self.hub.client, &self.ack, kind, self.hub.publish_timeout).await;
+            });
+            return;
+        }
         send_ack(&self.hub.client, &self.ack, kind, self.hub.publish_timeout).await;
     }
 

@@ -9,7 +9,7 @@
 //!   is cancelled;
 //! - the session cancel's answer ([`SessionCancelReply`]) and a superseding request's
 //!   admission come after the cancelled requests were answered and their backend calls
-//!   dropped ([`Admission::cancel_session`], [`Admission::supersede`]), so no chunk of a
+//!   dropped (`Admission::cancel_session`, `Admission::supersede`), so no chunk of a
 //!   cancelled stream follows the acknowledgement;
 //! - the wait for the aborted requests' answers holds the endpoint task (no task is
 //!   spawned per message); it is bounded by [`crate::admission::SETTLE_WAIT`] and is
@@ -28,7 +28,7 @@ use weir_protocol::llm::{ErrorBody, ErrorCode, SessionCancelReply, Supersede};
 use super::decode::{Known, invalid};
 use super::edge::Edge;
 use super::reply::{NatsWaiter, put_static};
-use crate::admission::{Admission, SessionCancel, Sink, Submission};
+use crate::admission::{SessionCancel, Submission};
 use crate::intake::TermReason;
 
 impl Edge {
@@ -61,9 +61,11 @@ impl Edge {
     ) -> Option<NatsWaiter> {
         match wants_supersede(known, sub) {
             Ok(false) => {}
+            // `wants_supersede` checked that it has a session.
             Ok(true) => {
-                let r = supersede(&self.admission, sub).await;
-                waiter.superseded = Some(Box::new(r));
+                let (session, by) = (sub.session.as_deref(), sub.request_id.as_deref());
+                let r = self.admission.supersede(session.unwrap_or_default(), by);
+                waiter.superseded = Some(Box::new(r.await));
             }
             Err(e) => {
                 if let Some(t) = &mut waiter.intake {
@@ -113,20 +115,6 @@ pub(super) fn wants_supersede(known: &Known<'_>, sub: &Submission) -> Result<boo
         )));
     }
     Ok(true)
-}
-
-/// Cancels the session's earlier requests for a superseding request (`sub` has a
-/// session: [`wants_supersede`]).
-pub(super) async fn supersede<S: Sink>(
-    admission: &Admission<S>,
-    sub: &Submission,
-) -> SessionCancel {
-    let Some(session) = sub.session.as_deref() else {
-        return SessionCancel::default();
-    };
-    admission
-        .supersede(session, sub.request_id.as_deref())
-        .await
 }
 
 /// The reply headers of a superseding request: [`h::SUPERSEDED`] (the count) and

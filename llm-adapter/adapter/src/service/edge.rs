@@ -270,16 +270,8 @@ impl Edge {
 
     /// Answers `invalid_request` for a bad request id on the cancel or status subject.
     pub(super) async fn reply_invalid(&self, req: &Request, e: &HeaderError) {
-        let (headers, body) = render(
-            &Outcome {
-                result: Err(invalid(e)),
-                queue_time: Duration::ZERO,
-                inference_time: None,
-                request_id: None,
-            },
-            None,
-            usize::MAX,
-        );
+        let outcome = Outcome::refused(invalid(e), Duration::ZERO, None);
+        let (headers, body) = render(&outcome, None, usize::MAX);
         let _ = tokio::time::timeout(
             self.publish_timeout,
             req.respond_with_headers(Ok(body), headers),

@@ -89,6 +89,9 @@ pub(super) async fn forward_acks(
         futures::future::BoxFuture<'static, Forwarded>,
     > = futures::stream::FuturesUnordered::new();
     let limit = ctx.limit;
+    let count = |result: &'static str| {
+        metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => result).increment(1);
+    };
     let mut open = true;
     loop {
         tokio::select! {
@@ -103,8 +106,7 @@ pub(super) async fn forward_acks(
             Some(done) = pending.next(), if !pending.is_empty() => {
                 let (failure, meta) = match done {
                     Forwarded::Acked(Ok(Ok(ack)), meta) if ack.duplicate => {
-                        metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "duplicate")
-                            .increment(1);
+                        count("duplicate");
                         if let (Some(kv), Some(rid)) = (&ctx.replies, meta.request_id.clone()) {
                             let (kv, until) = (kv.clone(), meta.until);
                             pending.push(Box::pin(async move {
@@ -124,13 +126,11 @@ pub(super) async fn forward_acks(
                         )
                     }
                     Forwarded::Acked(Ok(Ok(_)), _) => {
-                        metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "stored")
-                            .increment(1);
+                        count("stored");
                         continue;
                     }
                     Forwarded::Acked(failed, meta) => {
-                        metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "failed")
-                            .increment(1);
+                        count("failed");
                         let failure = match failed {
                             Ok(Err(e)) => not_stored(&e),
                             _ => not_confirmed(limit),
@@ -138,8 +138,7 @@ pub(super) async fn forward_acks(
                         (failure, meta)
                     }
                     Forwarded::Kept(Some(kept), meta) if kept.answers(&meta.fingerprint) => {
-                        metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "joined")
-                            .increment(1);
+                        count("joined");
                         let reply = meta.waiter.reply;
                         let publish = ctx.client.publish_with_headers(reply, kept.headers, kept.body);
                         publish_reply(limit, publish).await;
@@ -148,8 +147,7 @@ pub(super) async fn forward_acks(
                     // Another request's answer (another body or session), or one that
                     // cannot be told apart (kept by an earlier version): never sent.
                     Forwarded::Kept(Some(_), meta) => {
-                        metrics::counter!(m::INTAKE_FORWARDED_TOTAL, "result" => "conflict")
-                            .increment(1);
+                        count("conflict");
                         let rid = meta.request_id.clone().unwrap_or_default();
                         (crate::intake::conflict(&rid), meta)
                     }

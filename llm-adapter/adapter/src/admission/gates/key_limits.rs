@@ -114,14 +114,11 @@ impl KeyLimits {
             return None;
         }
         let queue = g.waiters.get_mut(key)?;
-        let Some(head) = queue.pop_front() else {
-            g.waiters.remove(key);
-            return None;
-        };
+        let head = queue.pop_front();
         if queue.is_empty() {
             g.waiters.remove(key);
         }
-        Some((head, g.slots.acquire(key)))
+        Some((head?, g.slots.acquire(key)))
     }
 
     /// The refusal of a request that waited `waited` at `key` of limit `gate` without

@@ -258,7 +258,6 @@ impl TokenBudgets {
                     touched: (now, 0),
                 };
                 b.buckets.insert(key.clone(), full);
-                b.lru.insert(((now, 0), key.clone()));
             }
             b.touch(key, now);
             b.add(key, -(cost as f64), now);

@@ -87,10 +87,7 @@ impl<W> State<W> {
 
     /// Ejects `member` for its back-off and moves its queued requests away.
     fn eject(&mut self, member: usize, now: Instant, fx: &mut Effects<W>) {
-        let next = {
-            let m = &self.pool.members[member];
-            self.pool.next_backoff(m.backoff)
-        };
+        let next = self.pool.next_backoff(self.pool.members[member].backoff);
         let m = &mut self.pool.members[member];
         let until = now + m.backoff;
         tracing::warn!(

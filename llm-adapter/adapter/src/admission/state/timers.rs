@@ -6,44 +6,42 @@
 //! Invariant: an entry's timers are in the set exactly while the entry refers to them
 //! (`deadline_timer`, `gate_timer`); whoever clears the field removes the timer.
 
+use std::time::Duration;
+
 use tokio::time::Instant;
 
-use super::{Effects, Stage, State};
+use super::{Effects, Entry, Stage, State};
 use crate::admission::gates::key_limits::KeyAsk;
 use crate::admission::gates::start_budget::{AtTimer, Queued};
 use crate::trace::{TraceKind, ms};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum TimerKind {
+pub(super) enum TimerKind {
+    /// A queued request's deadline timer.
     Deadline,
+    /// A key-gate waiter's `max_wait`.
     GateWait,
 }
 
 /// One timer: when, for which entry, of which kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) struct Timer {
-    at: Instant,
-    id: u64,
-    kind: TimerKind,
+    pub(super) at: Instant,
+    pub(super) id: u64,
+    pub(super) kind: TimerKind,
 }
 
-impl Timer {
-    /// A queued request's deadline timer.
-    pub(super) fn deadline(at: Instant, id: u64) -> Self {
-        Self {
-            at,
-            id,
-            kind: TimerKind::Deadline,
-        }
-    }
-
-    /// A key-gate waiter's `max_wait`.
-    pub(super) fn gate_wait(at: Instant, id: u64) -> Self {
-        Self {
-            at,
-            id,
-            kind: TimerKind::GateWait,
-        }
+impl<W> Entry<W> {
+    /// The entry as the start budget sees it at `now`; `None` without a deadline.
+    pub(super) fn queued(&self, now: Instant, estimate: Option<Duration>) -> Option<Queued> {
+        Some(Queued {
+            deadline: self.deadline?,
+            answer_by: self.answer_by?,
+            probe: self.probe,
+            waited: now.saturating_duration_since(self.received_at),
+            now,
+            estimate,
+        })
     }
 }
 
@@ -59,7 +57,11 @@ impl<W> State<W> {
         let at = self
             .start_budget
             .timer_at(answer_by, e.probe, self.estimate_of(e.member));
-        let t = Timer::deadline(at, id);
+        let t = Timer {
+            at,
+            id,
+            kind: TimerKind::Deadline,
+        };
         if let Some(old) = old {
             self.timers.remove(&old);
         }
@@ -118,17 +120,10 @@ impl<W> State<W> {
         if e.stage == Stage::Running {
             return;
         }
-        let (Some(deadline), Some(answer_by)) = (e.deadline, e.answer_by) else {
+        let member = e.member;
+        let estimate = self.estimate_of(member);
+        let Some(queued) = self.entries[&id].queued(now, estimate) else {
             return;
-        };
-        let (probe, received_at, member) = (e.probe, e.received_at, e.member);
-        let queued = Queued {
-            deadline,
-            answer_by,
-            probe,
-            waited: now.saturating_duration_since(received_at),
-            now,
-            estimate: self.estimate_of(member),
         };
         match self.start_budget.at_timer(&queued) {
             AtTimer::Refuse(r) => {

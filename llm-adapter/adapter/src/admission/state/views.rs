@@ -16,6 +16,11 @@ use crate::trace::ms;
 impl<W> State<W> {
     /// The busiest keys and sessions.
     pub(crate) fn limits_view(&self, top: usize, now: Instant) -> LimitsView {
+        // How long the head of a waiter queue has waited, ms.
+        let longest = |q: Option<&u64>| {
+            (q.and_then(|id| self.entries.get(id)))
+                .map_or(0.0, |e| ms(now.saturating_duration_since(e.stage_since)))
+        };
         let mut keys = Vec::new();
         for (limit, gate) in self.keys.gates() {
             let mut per_key: HashMap<String, (usize, usize, f64)> = HashMap::new();
@@ -23,13 +28,8 @@ impl<W> State<W> {
                 per_key.entry(k).or_default().0 = n;
             }
             for (k, q) in &gate.waiters {
-                let longest = q
-                    .front()
-                    .and_then(|id| self.entries.get(id))
-                    .map_or(0.0, |e| ms(now.saturating_duration_since(e.stage_since)));
                 let v = per_key.entry(k.clone()).or_default();
-                v.1 = q.len();
-                v.2 = longest;
+                (v.1, v.2) = (q.len(), longest(q.front()));
             }
             keys.extend(
                 per_key
@@ -67,16 +67,11 @@ impl<W> State<W> {
             .map(|(s, pending)| (s.clone(), view(&s, pending)))
             .collect();
         for (s, order) in self.session_order.sessions() {
-            let longest = order
-                .fifo
-                .front()
-                .and_then(|id| self.entries.get(id))
-                .map_or(0.0, |e| ms(now.saturating_duration_since(e.stage_since)));
             let v = sessions
                 .entry(s.clone())
                 .or_insert_with(|| view(s, usize::from(order.active.is_some()) + order.fifo.len()));
             v.waiting = order.fifo.len();
-            v.longest_wait_ms = longest;
+            v.longest_wait_ms = longest(order.fifo.front());
         }
         let mut sessions: Vec<SessionView> = sessions.into_values().collect();
         sessions.sort_by(|a, b| {

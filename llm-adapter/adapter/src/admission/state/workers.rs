@@ -12,7 +12,6 @@ use weir_protocol::WireName;
 use weir_protocol::llm::{ErrorBody, ErrorCode};
 
 use super::{Effects, Stage, State};
-use crate::admission::gates::start_budget::Queued;
 use crate::admission::gates::{Gate, after_wait, shutting_down};
 use crate::admission::pool::Progress;
 use crate::admission::{AbortReason, CancelResult, Job};
@@ -30,7 +29,7 @@ impl<W> State<W> {
         fx: &mut Effects<W>,
     ) -> Option<Job> {
         let m = self.pool.members.get(member)?;
-        if !m.may_start() {
+        if !m.routable() {
             return None;
         }
         let estimate = m.estimator.estimate();
@@ -42,21 +41,13 @@ impl<W> State<W> {
                 continue;
             }
             e.ready_key = None;
-            if let (Some(deadline), Some(answer_by)) = (e.deadline, e.answer_by) {
-                let queued = Queued {
-                    deadline,
-                    answer_by,
-                    probe: e.probe,
-                    waited: now.saturating_duration_since(e.received_at),
-                    now,
-                    estimate,
-                };
-                if let Err(r) = self.start_budget.check(&queued) {
-                    self.count(&r);
-                    self.retire(id, Err(*r.body), now, fx);
-                    self.run(now, fx);
-                    continue;
-                }
+            if let Some(queued) = e.queued(now, estimate)
+                && let Err(r) = self.start_budget.check(&queued)
+            {
+                self.count(&r);
+                self.retire(id, Err(*r.body), now, fx);
+                self.run(now, fx);
+                continue;
             }
             self.pool.starting(member, id);
             // The sweeper looks for stalls: one more call to watch.
@@ -130,7 +121,7 @@ impl<W> State<W> {
         self.pool
             .members
             .get(member)
-            .is_some_and(|m| !m.ready.is_empty() && m.may_start())
+            .is_some_and(|m| !m.ready.is_empty() && m.routable())
     }
 
     /// Feeds the estimator with a finished call: `ok` and the calls ended by a deadline
@@ -163,17 +154,13 @@ impl<W> State<W> {
     pub(crate) fn finish(
         &mut self,
         id: u64,
-        result: Result<BackendReply, ErrorBody>,
+        mut result: Result<BackendReply, ErrorBody>,
         took: Duration,
         now: Instant,
         fx: &mut Effects<W>,
     ) {
-        let code = match &result {
-            Ok(_) => "ok",
-            Err(e) => e.code.as_str(),
-        };
+        let code = result.as_ref().map_or_else(|e| e.code.as_str(), |_| "ok");
         self.stats.inference_done(took, code);
-        let mut result = result;
         if let Some(e) = self.entries.get(&id) {
             let (member, session) = (e.member, e.session.clone());
             if let (Ok(reply), Some(m)) = (&mut result, self.pool.members.get(member)) {
