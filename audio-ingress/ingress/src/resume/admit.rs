@@ -179,7 +179,7 @@ fn request_checked(ask: &ResumeAsk) -> Result<u64, ResumeRefusal> {
     Ok(next)
 }
 
-impl<S: Sink> Door<'_, S> {
+impl<S: Sink> Door<S> {
     /// Opens a new stream attached to the request's connection. A parked stream of the
     /// same id (its producer reconnected without its token) ends first, waited for at
     /// most [`EVICT_BOUND`].

@@ -28,7 +28,7 @@ use super::inbound::{InboundAudio, Ready};
 use super::outbound::{self, Cmd, Shared, Writer};
 use super::voice::{Events, Subjects};
 use crate::capacity::{Notice, Ticket};
-use crate::door::{self, HasDoor};
+use crate::door;
 use crate::metrics as m;
 use crate::ws::close_code;
 use weir_audio_producer::Lost;
@@ -114,7 +114,7 @@ pub(super) async fn serve<S: Sink>(
         Arc::clone(&state.out_total),
         cfg.out_max_total_bytes,
     );
-    let (writer, writer_task) = Writer::spawn(sink, Arc::clone(&shared), state.send_timeout);
+    let (writer, writer_task) = Writer::spawn(sink, Arc::clone(&shared), state.door.send_timeout);
     let close = |code: u16, reason: &str| Cmd::Close(code, reason.to_owned());
     let started = tokio::time::timeout(cfg.start_timeout, wait_start(&mut stream, dialect)).await;
     let (dialect, start) = match started {
@@ -182,7 +182,9 @@ pub(super) async fn serve<S: Sink>(
         shared: Arc::clone(&shared),
         events: events.clone(),
     };
-    let outcome = call.read(&mut stream, dialect, state.idle_timeout).await;
+    let outcome = call
+        .read(&mut stream, dialect, state.door.idle_timeout)
+        .await;
     stop_intake.cancel();
     if let Some(mut task) = intake
         && tokio::time::timeout(Duration::from_secs(2), &mut task)
@@ -271,7 +273,7 @@ async fn admit<S: Sink>(
         .get("access_token")
         .map(String::as_str)
         .or(token);
-    let door = state.door();
+    let door = &state.door;
     let opened = door
         .check_call(id, session, token)
         .and_then(|admitted| door.open(admitted));
@@ -564,13 +566,7 @@ async fn end(
         }
         Outcome::Closed(reason) => {
             handle.wait_finished(Duration::from_secs(30)).await;
-            let code = match reason {
-                EndReason::Shutdown | EndReason::Idle => close_code::GOING_AWAY,
-                EndReason::Overload | EndReason::NoCapacity => close_code::TRY_AGAIN_LATER,
-                EndReason::Producer | EndReason::ProducerGone => close_code::NORMAL,
-                EndReason::Error => close_code::INTERNAL,
-            };
-            (reason, close(code, reason.as_str()))
+            (reason, close(close_code::of_end(reason), reason.as_str()))
         }
     }
 }
@@ -605,22 +601,14 @@ fn count_bad(b: &BadInput) {
 /// How a failed read ends the call: the carrier broke the WebSocket protocol, or the
 /// connection is gone.
 fn read_failure(e: axum::Error) -> Outcome {
-    use tungstenite::error::{Error as WsError, ProtocolError};
-    let Ok(e) = e.into_inner().downcast::<WsError>() else {
-        return Outcome::Gone;
-    };
-    let (close, code) = match &*e {
-        WsError::Utf8(_) => (close_code::INVALID_PAYLOAD, "invalid_utf8"),
-        WsError::Capacity(_) => (close_code::MESSAGE_TOO_BIG, "too_large"),
-        WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => return Outcome::Gone,
-        WsError::Protocol(_) => (close_code::PROTOCOL, "protocol_error"),
-        _ => return Outcome::Gone,
-    };
-    Outcome::Bad(BadInput {
-        close,
-        code,
-        message: e.to_string(),
-    })
+    match crate::ws::violation(e, "too_large") {
+        Some((close, code, message)) => Outcome::Bad(BadInput {
+            close,
+            code,
+            message,
+        }),
+        None => Outcome::Gone,
+    }
 }
 
 /// The format of the call's return path: Twilio takes `audio/x-mulaw` at 8 kHz only;

@@ -84,16 +84,11 @@ use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, oneshot};
 use weir_protocol::StreamId;
 
-use crate::auth::Authenticator;
-use crate::capacity::Capacity;
 use crate::config::WhipConfig;
-use crate::door::{self, HasDoor};
+use crate::door::{self, Door, HasDoor};
 use crate::error::Error;
-use crate::resume::Resume;
 use crate::resume::admit::{Loss, opened_event};
-use crate::shutdown::TaskTracker;
 use weir_audio_producer::publisher::Sink;
-use weir_audio_producer::stream::Ingress;
 use weir_protocol::WireName;
 use weir_protocol::audio::extension::EndReason;
 use weir_service::http::{Client, PeerAddr};
@@ -367,22 +362,9 @@ impl Whip {
     }
 
     /// The WHIP routes (without fallbacks; see [`door::with_fallbacks`]).
-    pub fn routes<S: Sink>(
-        &self,
-        ingress: Ingress<S>,
-        auth: Option<Arc<Authenticator>>,
-        retry_after: Duration,
-        tracker: TaskTracker,
-        capacity: Option<Arc<Capacity>>,
-        resume: Arc<Resume>,
-    ) -> Router {
+    pub fn routes<S: Sink>(&self, door: Door<S>) -> Router {
         let state = WhipState {
-            ingress,
-            auth,
-            retry_after,
-            capacity,
-            resume,
-            tracker,
+            door,
             shared: Arc::clone(&self.shared),
         };
         Router::new()
@@ -414,7 +396,7 @@ impl Whip {
     }
 
     /// Waits (at most `bound`) until every session's ICE/DTLS is closed, then stops the
-    /// driver. Call after the streams ended ([`Ingress::shutdown`]).
+    /// driver. Call after the streams ended (`Ingress::shutdown`).
     pub async fn shutdown(self, bound: Duration) {
         let deadline = tokio::time::Instant::now() + bound;
         while !self.shared.sessions.lock().is_empty() && tokio::time::Instant::now() < deadline {
@@ -433,16 +415,17 @@ const PUMP_PACKETS: usize = 64;
 
 #[derive(Clone)]
 struct WhipState<S: Sink> {
-    ingress: Ingress<S>,
-    auth: Option<Arc<Authenticator>>,
-    retry_after: Duration,
-    capacity: Option<Arc<Capacity>>,
-    resume: Arc<Resume>,
-    tracker: TaskTracker,
+    door: Door<S>,
     shared: Arc<Shared>,
 }
 
-door::has_door!(WhipState);
+impl<S: Sink> HasDoor for WhipState<S> {
+    type Sink = S;
+
+    fn door(&self) -> &Door<S> {
+        &self.door
+    }
+}
 
 /// Sets each header to its value.
 fn set_headers<const N: usize>(resp: &mut Response, headers: [(HeaderName, &'static str); N]) {
@@ -680,14 +663,14 @@ fn sessions_full<S: Sink>(state: &WhipState<S>, full: Full) -> Response {
             ),
         ),
     };
-    state.ingress.global().admission_rejected(label);
+    state.door.ingress.global().admission_rejected(label);
     let mut resp = refused(
         &state.shared,
         StatusCode::SERVICE_UNAVAILABLE,
         code,
         message,
     );
-    door::insert_retry_after(&mut resp, state.retry_after);
+    door::insert_retry_after(&mut resp, state.door.retry_after);
     resp
 }
 
@@ -762,8 +745,8 @@ async fn create_session<S: Sink>(
     let (rtc, answer) = accept(shared, sdp, client).map_err(|e| invalid_offer(e.to_string()))?;
     let stream_id = admitted.id.clone();
     let requested_at = tokio::time::Instant::now();
-    let window = state.resume.window();
-    let door = state.door();
+    let window = state.door.resume.window();
+    let door = &state.door;
     let opened = match admitted.resume.clone() {
         None => door.open_attached(admitted).await.map(|att| {
             let event = opened_event(&att, window);
@@ -816,7 +799,7 @@ async fn create_session<S: Sink>(
         counters,
         totals: Arc::clone(&shared.counters),
         ended,
-        _guard: state.tracker.token(),
+        _guard: state.door.tracker.token(),
     }));
     tracing::info!(stream_id = %stream_id, resource = %key, "WHIP session created");
     let location = format!("/v1/whip/{stream_id}/{key}");
@@ -863,7 +846,7 @@ async fn delete_session<S: Sink>(
     };
     // The same token that opened the stream may end it.
     if let Err(resp) = state
-        .door()
+        .door
         .check(Ok(raw_id.clone()), raw_query.as_deref(), &headers)
     {
         return with_cors(*resp);
@@ -886,7 +869,7 @@ async fn delete_session<S: Sink>(
         return not_found();
     }
     // Bounded: the pump waits at most end_timeout + 500 ms for the `end`.
-    let bound = state.ingress.config().end_timeout() + Duration::from_secs(1);
+    let bound = state.door.ingress.config().end_timeout() + Duration::from_secs(1);
     let _ = tokio::time::timeout(bound, done).await;
     with_cors(StatusCode::OK.into_response())
 }
