@@ -75,7 +75,6 @@ use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, post};
-use serde::Serialize;
 use serde_json::json;
 use str0m::change::SdpOffer;
 use str0m::config::DtlsCert;
@@ -176,49 +175,25 @@ impl SessionCounters {
         total.decode_ns_max.fetch_max(ns, Ordering::Relaxed);
     }
 
-    /// A JSON view.
-    pub fn snapshot(&self) -> MediaSnapshot {
+    /// The admin view's JSON: the counters, the decode time as the mean and the
+    /// longest decode of one packet in µs.
+    pub fn snapshot(&self) -> serde_json::Value {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let decoded = g(&self.decoded);
-        MediaSnapshot {
-            packets: g(&self.packets),
-            decoded,
+        json!({
+            "packets": g(&self.packets),
+            "decoded": decoded,
             // Decode time is only added with a decoded packet: 0 when none was.
-            decode_us_mean: g(&self.decode_ns) as f64 / decoded.max(1) as f64 / 1e3,
-            decode_us_max: g(&self.decode_ns_max) as f64 / 1e3,
-            decode_errors: g(&self.decode_errors),
-            concealed_frames: g(&self.concealed_frames),
-            rtp_gaps: g(&self.rtp_gaps),
-            rtp_lost: g(&self.rtp_lost),
-            rtp_late: g(&self.rtp_late),
-            frames: g(&self.frames),
-        }
+            "decode_us_mean": g(&self.decode_ns) as f64 / decoded.max(1) as f64 / 1e3,
+            "decode_us_max": g(&self.decode_ns_max) as f64 / 1e3,
+            "decode_errors": g(&self.decode_errors),
+            "concealed_frames": g(&self.concealed_frames),
+            "rtp_gaps": g(&self.rtp_gaps),
+            "rtp_lost": g(&self.rtp_lost),
+            "rtp_late": g(&self.rtp_late),
+            "frames": g(&self.frames),
+        })
     }
-}
-
-/// [`SessionCounters`] as the admin view shows them.
-#[derive(Debug, Clone, Serialize)]
-pub struct MediaSnapshot {
-    /// Opus packets received.
-    pub packets: u64,
-    /// Opus packets decoded.
-    pub decoded: u64,
-    /// Mean decode time of one packet, µs.
-    pub decode_us_mean: f64,
-    /// Longest decode of one packet, µs.
-    pub decode_us_max: f64,
-    /// Packets the decoder refused.
-    pub decode_errors: u64,
-    /// Frames made by loss concealment.
-    pub concealed_frames: u64,
-    /// RTP sequence gaps.
-    pub rtp_gaps: u64,
-    /// RTP packets missing in the gaps.
-    pub rtp_lost: u64,
-    /// Late or duplicate packets ignored.
-    pub rtp_late: u64,
-    /// 20 ms frames pushed into the stream.
-    pub frames: u64,
 }
 
 /// A request to end a session's stream with `end` (DELETE); the reply comes once the
