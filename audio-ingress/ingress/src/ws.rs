@@ -81,7 +81,7 @@ use crate::capacity::Notice;
 use crate::door::{self, Door};
 use crate::metrics as m;
 use crate::resume::Attachment;
-use crate::resume::admit::{Loss, opened_event};
+use crate::resume::admit::Loss;
 use weir_audio_producer::error::PushError;
 use weir_audio_producer::publisher::Sink;
 use weir_audio_producer::stream::{StreamHandle, StreamSummary};
@@ -155,23 +155,11 @@ async fn upgrade<S: Sink>(
         Err(e) => return door::error_response(e.status(), "invalid_upgrade", e.body_text()),
     };
     let requested_at = Instant::now();
-    let window = state.resume.window();
-    let (att, first_event, resumed) = match admitted.resume.clone() {
-        None => match state.open_attached(admitted).await {
-            Ok(att) => {
-                let event = opened_event(&att, window);
-                (att, event, None)
-            }
-            Err(resp) => return *resp,
-        },
-        Some(ask) => match state.resume(admitted, &ask, Loss::Declared).await {
-            Ok((att, resumed)) => {
-                let event = resumed.event(&att, window);
-                (att, Some(event), Some((requested_at, resumed.gaps_before)))
-            }
-            Err(resp) => return *resp,
-        },
+    let (att, first_event, resumed) = match state.open_or_resume(admitted, Loss::Declared).await {
+        Ok(opened) => opened,
+        Err(resp) => return *resp,
     };
+    let resumed = resumed.map(|r| (requested_at, r.gaps_before));
     let max_frame = state.ingress.config().max_frame_bytes();
     let guard = state.tracker.token();
     // Messages a little over max_frame_bytes get a clear 1008; far larger ones are cut

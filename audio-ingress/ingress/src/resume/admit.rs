@@ -180,6 +180,30 @@ fn request_checked(ask: &ResumeAsk) -> Result<u64, ResumeRefusal> {
 }
 
 impl<S: Sink> Door<S> {
+    /// Opens the stream of `admitted` ([`Self::open_attached`]), or takes it back when
+    /// the request asks for a resume ([`Self::resume`], loss declared `how`): the
+    /// attachment, its first event (`opened`, `None` with resume off; `resumed`) and,
+    /// for a resume, what it resumed.
+    pub async fn open_or_resume(
+        &self,
+        admitted: Admitted,
+        how: Loss,
+    ) -> Result<(Attachment, Option<serde_json::Value>, Option<Resumed>), Refused> {
+        let window = self.resume.window();
+        match admitted.resume.clone() {
+            None => {
+                let att = self.open_attached(admitted).await?;
+                let event = opened_event(&att, window);
+                Ok((att, event, None))
+            }
+            Some(ask) => {
+                let (att, resumed) = self.resume(admitted, &ask, how).await?;
+                let event = resumed.event(&att, window);
+                Ok((att, Some(event), Some(resumed)))
+            }
+        }
+    }
+
     /// Opens a new stream attached to the request's connection. A parked stream of the
     /// same id (its producer reconnected without its token) ends first, waited for at
     /// most [`EVICT_BOUND`].

@@ -86,7 +86,7 @@ use weir_protocol::StreamId;
 use crate::config::WhipConfig;
 use crate::door::{self, Door, HasDoor};
 use crate::error::Error;
-use crate::resume::admit::{Loss, opened_event};
+use crate::resume::admit::Loss;
 use weir_audio_producer::publisher::Sink;
 use weir_protocol::WireName;
 use weir_protocol::audio::extension::EndReason;
@@ -721,24 +721,15 @@ async fn create_session<S: Sink>(
     let stream_id = admitted.id.clone();
     let requested_at = tokio::time::Instant::now();
     let window = state.door.resume.window();
-    let door = &state.door;
-    let opened = match admitted.resume.clone() {
-        None => door.open_attached(admitted).await.map(|att| {
-            let event = opened_event(&att, window);
-            (att, event, None)
-        }),
-        Some(ask) => door
-            .resume(admitted, &ask, Loss::AtFirstFrame)
-            .await
-            .map(|(att, resumed)| {
-                let event = resumed.event(&att, window);
-                (att, Some(event), Some(requested_at))
-            }),
-    };
-    let (att, first_event, resumed_at) = opened.map_err(|resp| {
+    let opened = state
+        .door
+        .open_or_resume(admitted, Loss::AtFirstFrame)
+        .await;
+    let (att, first_event, resumed) = opened.map_err(|resp| {
         count(&shared.counters.offers_refused);
         *resp
     })?;
+    let resumed_at = resumed.map(|_| requested_at);
     let token = att.token().map(str::to_owned);
     let (media_tx, media_rx) = mpsc::channel(PUMP_PACKETS);
     let session = driver::NewSession {
