@@ -203,10 +203,8 @@ impl<S: Sink> Door<S> {
         let query = UpgradeQuery::parse(raw_query)
             .map_err(|e| refuse("invalid_session", "invalid_request", e.to_string()))?;
         // Authentication before anything else is looked at or opened.
-        let grant = match self.auth.as_deref() {
-            None => None,
-            Some(auth) => Some(authenticate(&self.ingress, auth, &id, &query, headers)?),
-        };
+        let token = crate::auth::token_of(bearer(headers), query.access_token.as_deref());
+        let grant = self.grant(&id, token)?;
         let header_token = headers
             .get(RESUME_TOKEN_HEADER)
             .map(|v| v.to_str().map(str::to_owned))
@@ -251,15 +249,34 @@ impl<S: Sink> Door<S> {
                 e.to_string(),
             ))
         })?;
-        let grant = match self.auth.as_deref() {
-            None => None,
-            Some(auth) => Some(authenticate_token(&self.ingress, auth, &id, token)?),
-        };
+        let grant = self.grant(&id, token)?;
         Ok(Admitted {
             id,
             session: session.filter(|s| !s.is_empty()),
             grant,
             resume: None,
+        })
+    }
+
+    /// The producer token `token` checked for `id` when authentication is on (`None`
+    /// when it is off): `401` + `WWW-Authenticate: Bearer`, or `403`. Counted refusals.
+    fn grant(&self, id: &StreamId, token: Option<&str>) -> Result<Option<Grant>, Refused> {
+        let Some(auth) = self.auth.as_deref() else {
+            return Ok(None);
+        };
+        auth.check(token, id.as_str()).map(Some).map_err(|e| {
+            self.ingress.global().admission_rejected(e.code());
+            let status = if e.code() == "forbidden" {
+                StatusCode::FORBIDDEN
+            } else {
+                StatusCode::UNAUTHORIZED
+            };
+            let mut resp = error_response(status, e.code(), e.to_string());
+            if status == StatusCode::UNAUTHORIZED {
+                resp.headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            Box::new(resp)
         })
     }
 
@@ -307,47 +324,11 @@ impl<S: Sink> Door<S> {
     }
 }
 
-/// The producer token of a request (`Authorization: Bearer`, else `access_token`)
-/// checked for `id`: `401` + `WWW-Authenticate: Bearer`, or `403`. Counted refusals.
-fn authenticate<S: Sink>(
-    ingress: &Ingress<S>,
-    auth: &Authenticator,
-    id: &StreamId,
-    query: &UpgradeQuery,
-    headers: &HeaderMap,
-) -> Result<Grant, Refused> {
-    let token = crate::auth::token_of(bearer(headers), query.access_token.as_deref());
-    authenticate_token(ingress, auth, id, token)
-}
-
 /// The `Authorization` header's value, when it is text.
 pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-}
-
-/// `token` checked for `id` ([`authenticate`]).
-fn authenticate_token<S: Sink>(
-    ingress: &Ingress<S>,
-    auth: &Authenticator,
-    id: &StreamId,
-    token: Option<&str>,
-) -> Result<Grant, Refused> {
-    auth.check(token, id.as_str()).map_err(|e| {
-        ingress.global().admission_rejected(e.code());
-        let status = if e.code() == "forbidden" {
-            StatusCode::FORBIDDEN
-        } else {
-            StatusCode::UNAUTHORIZED
-        };
-        let mut resp = error_response(status, e.code(), e.to_string());
-        if status == StatusCode::UNAUTHORIZED {
-            resp.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        }
-        Box::new(resp)
-    })
 }
 
 /// The routes of both doors, with the JSON `404` and `405` answers.
