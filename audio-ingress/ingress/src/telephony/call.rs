@@ -90,12 +90,6 @@ enum Outcome {
     Idle,
 }
 
-/// Why no call started.
-enum NoStart {
-    Gone,
-    Bad(BadInput),
-}
-
 /// Serves one carrier connection.
 pub(super) async fn serve<S: Sink>(
     socket: WebSocket,
@@ -119,11 +113,12 @@ pub(super) async fn serve<S: Sink>(
     let started = tokio::time::timeout(cfg.start_timeout, wait_start(&mut stream, dialect)).await;
     let (dialect, start) = match started {
         Ok(Ok(s)) => s,
-        Ok(Err(NoStart::Gone)) => return finish_writer(writer, writer_task, None).await,
-        Ok(Err(NoStart::Bad(b))) => {
+        Ok(Err(Outcome::Bad(b))) => {
             count_bad(&b);
             return finish_writer(writer, writer_task, Some(close(b.close, b.code))).await;
         }
+        // The socket is gone.
+        Ok(Err(_)) => return finish_writer(writer, writer_task, None).await,
         Err(_) => {
             count_bad(&BadInput::policy("start_timeout", ""));
             let cmd = close(close_code::POLICY, "start_timeout");
@@ -215,42 +210,37 @@ pub(super) async fn serve<S: Sink>(
 
 /// Reads until `start`: the dialect from the first message when the path did not name
 /// it; `connected` and unknown events are skipped; anything else before `start` is
-/// refused.
+/// refused (`Outcome::Bad`; otherwise the socket is gone, `Outcome::Gone`).
 async fn wait_start(
     stream: &mut SplitStream<WebSocket>,
     mut dialect: Option<Dialect>,
-) -> Result<(Dialect, Start), NoStart> {
+) -> Result<(Dialect, Start), Outcome> {
     loop {
         let text = match stream.next().await {
-            None | Some(Ok(Message::Close(_))) => return Err(NoStart::Gone),
-            Some(Err(e)) => {
-                return Err(match read_failure(e) {
-                    Outcome::Bad(b) => NoStart::Bad(b),
-                    _ => NoStart::Gone,
-                });
-            }
+            None | Some(Ok(Message::Close(_))) => return Err(Outcome::Gone),
+            Some(Err(e)) => return Err(read_failure(e)),
             Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
-            Some(Ok(Message::Binary(_))) => return Err(NoStart::Bad(binary_message())),
+            Some(Ok(Message::Binary(_))) => return Err(Outcome::Bad(binary_message())),
             Some(Ok(Message::Text(t))) => t,
         };
         let d = match dialect.or_else(|| dialect::detect(text.as_str())) {
             Some(d) => *dialect.insert(d),
             None => {
-                return Err(NoStart::Bad(BadInput::policy(
+                return Err(Outcome::Bad(BadInput::policy(
                     "unknown_dialect",
                     "the first message is neither Twilio's nor Telnyx's (`connected` or `start`)",
                 )));
             }
         };
         match dialect::parse(d, text.as_str()) {
-            Err(e) => return Err(NoStart::Bad(BadInput::dialect(&e))),
+            Err(e) => return Err(Outcome::Bad(BadInput::dialect(&e))),
             Ok(Inbound::Start(s)) => return Ok((d, s)),
             Ok(Inbound::Connected { .. }) => {}
             Ok(Inbound::Other { .. }) => {
                 metrics::counter!(m::TELEPHONY_IGNORED_EVENTS_TOTAL).increment(1);
             }
             Ok(_) => {
-                return Err(NoStart::Bad(BadInput::policy(
+                return Err(Outcome::Bad(BadInput::policy(
                     "before_start",
                     "an event other than `connected` came before `start`",
                 )));
