@@ -1,13 +1,15 @@
-//! What the two front doors — WebSocket ([`crate::ws`]) and WHIP ([`crate::whip`]) —
-//! do the same way: the admission of a stream (id, query, producer token, readiness,
-//! the registry's own refusals), the JSON error body of every refusal, and the JSON
-//! events a producer receives (`overload`, `gap`, `closed`).
+//! What the front doors — WebSocket ([`crate::ws`]), WHIP ([`crate::whip`]) and
+//! telephony ([`crate::telephony`]) — share ([`Door`]) and do the same way: the
+//! admission of a stream (id, query, producer token, readiness, the registry's own
+//! refusals), the JSON error body of every refusal, and the JSON events a producer
+//! receives (`overload`, `gap`, `closed`).
 //!
 //! Admission, in this order, nothing opened for a refused request:
 //! 1. [`Door::check`] (run by the [`Admitted`] extractor): `400 invalid_stream_id` (an
 //!    unsafe id), `400 invalid_request` (a query that is not UTF-8 once percent-decoded,
 //!    or repeats a parameter), then the producer token when `auth_required` (`401` +
-//!    `WWW-Authenticate: Bearer`, `403`);
+//!    `WWW-Authenticate: Bearer`, `403`); the telephony door, which learns the id from
+//!    the carrier's `start`, runs [`Door::check_call`] instead;
 //! 2. the door's own checks (the WebSocket upgrade; the WHIP offer and session cap);
 //! 3. [`Door::open`]: `503 not_ready` + `Retry-After` while NATS is not connected, then
 //!    the recognition capacity ([`crate::capacity`], `capacity.mode = enforce`):
@@ -19,7 +21,7 @@
 //! ([`notice_event`](crate::capacity::notice_event): `degraded`, `recovered`; a worker's
 //! refusal ends the stream with `no_capacity`).
 //!
-//! Invariant: both doors call these functions; a rule changed here changes for both.
+//! Invariant: every door calls these functions; a rule changed here changes for all.
 
 use std::sync::Arc;
 use std::time::Duration;
