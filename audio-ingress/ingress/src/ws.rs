@@ -80,8 +80,8 @@ use weir_protocol::audio::extension::{EndReason, Overload};
 use crate::capacity::Notice;
 use crate::door::{self, Door};
 use crate::metrics as m;
-use crate::resume::Attachment;
 use crate::resume::admit::Loss;
+use crate::resume::{Attachment, Held};
 use weir_audio_producer::error::PushError;
 use weir_audio_producer::publisher::Sink;
 use weir_audio_producer::stream::{StreamHandle, StreamSummary};
@@ -491,22 +491,7 @@ async fn serve_socket(
             }
         }
     };
-    if outcome.parks() {
-        // Parked (resume on) or ended `producer_gone` (off); a takeover's claimant
-        // takes it now.
-        drop(att);
-        if matches!(outcome, Outcome::TakenOver) {
-            taken_over(socket).await;
-        } else if let Outcome::ClientClosed { .. } = outcome {
-            // The close handshake: the echo was queued by the WebSocket layer.
-            socket.flush().await;
-        }
-        return;
-    }
-    let held = att.end(outcome.end_label());
-    let status = held.handle.status();
-    finish_socket(socket, held.handle, outcome).await;
-    door::release_when_finished(held.ticket, status);
+    finish_socket(socket, att, outcome).await;
 }
 
 /// Closes a connection whose stream a resume took: `error` `taken_over`, close 4001.
@@ -521,20 +506,30 @@ async fn taken_over(mut socket: Conn) {
     socket.close(close_code::TAKEN_OVER, "taken_over").await;
 }
 
-async fn finish_socket(mut socket: Conn, handle: StreamHandle, outcome: Outcome) {
-    match outcome {
-        Outcome::Gone | Outcome::TakenOver => {
-            // Dropping the handle ends the stream with `producer_gone`.
-            drop(handle);
-        }
-        Outcome::ClientClosed { violation } => {
-            let mut handle = handle;
-            if violation {
-                handle.close(EndReason::Error);
-            }
+/// Ends the connection for `outcome`. A stream its producer may come back for is let
+/// go of (parked, or ended `producer_gone` with resume off); any other ends at this
+/// door, and its capacity slot is held until it finished.
+async fn finish_socket(mut socket: Conn, att: Attachment, outcome: Outcome) {
+    if outcome.parks() {
+        // A takeover's claimant takes the stream now.
+        drop(att);
+        match outcome {
+            Outcome::TakenOver => taken_over(socket).await,
             // The close handshake: the echo was queued by the WebSocket layer.
+            Outcome::ClientClosed { .. } => socket.flush().await,
+            _ => {}
+        }
+        return;
+    }
+    let Held { mut handle, ticket } = att.end(outcome.end_label());
+    let status = handle.status();
+    match outcome {
+        // Parked above.
+        Outcome::Gone | Outcome::TakenOver | Outcome::ClientClosed { violation: false } => {}
+        Outcome::ClientClosed { violation: true } => {
+            handle.close(EndReason::Error);
+            // The close handshake, as above; dropping the handle ends the stream.
             socket.flush().await;
-            // Dropping the handle ends the stream (`producer_gone` unless closed above).
             drop(handle);
         }
         Outcome::Refused {
@@ -573,6 +568,7 @@ async fn finish_socket(mut socket: Conn, handle: StreamHandle, outcome: Outcome)
                 .await;
         }
     }
+    door::release_when_finished(ticket, status);
 }
 
 /// Ends the stream (reason `error`) after a bad message: `error` event, `closed`

@@ -346,13 +346,13 @@ impl Whip {
             .route(
                 "/v1/whip/{stream_id}",
                 post(offer::<S>)
-                    .options(options_endpoint)
+                    .options(|| async { preflight("POST, OPTIONS") })
                     .fallback(|| async { method_not_allowed("POST, OPTIONS") }),
             )
             .route(
                 "/v1/whip/{stream_id}/{resource}",
                 delete(delete_session::<S>)
-                    .options(options_resource)
+                    .options(|| async { preflight("DELETE, PATCH, OPTIONS") })
                     .patch(|| async {
                         let mut resp = door::error_response(
                             StatusCode::METHOD_NOT_ALLOWED,
@@ -456,14 +456,6 @@ fn preflight(methods: &'static str) -> Response {
         ],
     );
     resp
-}
-
-async fn options_endpoint() -> Response {
-    preflight("POST, OPTIONS")
-}
-
-async fn options_resource() -> Response {
-    preflight("DELETE, PATCH, OPTIONS")
 }
 
 fn refused(
@@ -768,14 +760,24 @@ async fn create_session<S: Sink>(
         _guard: state.door.tracker.token(),
     }));
     tracing::info!(stream_id = %stream_id, resource = %key, "WHIP session created");
-    let location = format!("/v1/whip/{stream_id}/{key}");
+    Ok(created(
+        answer,
+        &format!("/v1/whip/{stream_id}/{key}"),
+        token,
+        window,
+    ))
+}
+
+/// The `201` of a session: the answer, its `Location`, and the resume token and
+/// window (resume on).
+fn created(answer: String, location: &str, token: Option<String>, window: Duration) -> Response {
     let mut resp = (
         StatusCode::CREATED,
         [(header::CONTENT_TYPE, "application/sdp")],
         answer,
     )
         .into_response();
-    if let Ok(v) = HeaderValue::from_str(&location) {
+    if let Ok(v) = HeaderValue::from_str(location) {
         resp.headers_mut().insert(header::LOCATION, v);
     }
     if let Some(v) = token.and_then(|t| HeaderValue::from_str(&t).ok()) {
@@ -786,7 +788,7 @@ async fn create_session<S: Sink>(
             HeaderValue::from(window.as_millis() as u64),
         );
     }
-    Ok(resp)
+    resp
 }
 
 fn with_cors(mut resp: Response) -> Response {
