@@ -110,29 +110,23 @@ pub(super) async fn serve<S: Sink>(
     );
     let (writer, writer_task) = Writer::spawn(sink, Arc::clone(&shared), state.door.send_timeout);
     let close = |code: u16, reason: &str| Cmd::Close(code, reason.to_owned());
-    let started = tokio::time::timeout(cfg.start_timeout, wait_start(&mut stream, dialect)).await;
-    let (dialect, start) = match started {
-        Ok(Ok(s)) => s,
-        Ok(Err(Outcome::Bad(b))) => {
+    let started = tokio::time::timeout(cfg.start_timeout, wait_start(&mut stream, dialect))
+        .await
+        .unwrap_or_else(|_| Err(Outcome::Bad(BadInput::policy("start_timeout", ""))))
+        .and_then(|(dialect, start)| {
+            let format = return_format(dialect, &start).map_err(Outcome::Bad)?;
+            Ok((dialect, start, format))
+        });
+    let (dialect, start, return_format) = match started {
+        Ok(s) => s,
+        Err(Outcome::Bad(b)) => {
             count_bad(&b);
             return finish_writer(writer, writer_task, Some(close(b.close, b.code))).await;
         }
         // The socket is gone.
-        Ok(Err(_)) => return finish_writer(writer, writer_task, None).await,
-        Err(_) => {
-            count_bad(&BadInput::policy("start_timeout", ""));
-            let cmd = close(close_code::POLICY, "start_timeout");
-            return finish_writer(writer, writer_task, Some(cmd)).await;
-        }
+        Err(_) => return finish_writer(writer, writer_task, None).await,
     };
     let label = dialect.as_str();
-    let return_format = match return_format(dialect, &start) {
-        Ok(f) => f,
-        Err(b) => {
-            count_bad(&b);
-            return finish_writer(writer, writer_task, Some(close(b.close, b.code))).await;
-        }
-    };
     let (handle, ticket) = match admit(&state, &start, token.as_deref()).await {
         Ok(opened) => opened,
         Err((code, reason)) => {
