@@ -54,13 +54,18 @@ pub enum Loss {
 /// The loss of a stream resumed without frame numbers, at its first frame: the whole
 /// 20 ms frames since the last frame the door took.
 pub fn wall_time_loss(pos: Position) -> (u64, u64) {
-    let per_frame = match pos.frame_samples {
-        0 => FRAME_SAMPLES as u64,
-        n => n,
-    };
+    let per_frame = frame_samples(&pos);
     let frame_ms = (per_frame * 1000 / u64::from(SAMPLE_RATE)).max(1);
     let frames = pos.since_last_frame.as_millis() as u64 / frame_ms;
     (frames, frames.saturating_mul(per_frame))
+}
+
+/// Samples of one of the stream's frames (20 ms at 16 kHz before its first frame).
+fn frame_samples(pos: &Position) -> u64 {
+    match pos.frame_samples {
+        0 => FRAME_SAMPLES as u64,
+        n => n,
+    }
 }
 
 /// What a resume established: the `resumed` event.
@@ -122,10 +127,7 @@ pub fn refusal(r: &ResumeRefusal, retry_after: Duration) -> Refused {
 /// The frames and samples lost between the door's position and the producer's claim.
 fn loss(pos: Position, ask: &ResumeAsk, how: Loss) -> Result<(u64, u64), ResumeRefusal> {
     let door = pos.last_seq;
-    let per_frame = match pos.frame_samples {
-        0 => FRAME_SAMPLES as u64,
-        n => n,
-    };
+    let per_frame = frame_samples(&pos);
     if let Some(claimed) = ask.last_seq
         && claimed > door
     {
