@@ -1,13 +1,15 @@
-//! What the two front doors — WebSocket ([`crate::ws`]) and WHIP ([`crate::whip`]) —
-//! do the same way: the admission of a stream (id, query, producer token, readiness,
-//! the registry's own refusals), the JSON error body of every refusal, and the JSON
-//! events a producer receives (`overload`, `gap`, `closed`).
+//! What the front doors — WebSocket ([`crate::ws`]), WHIP ([`crate::whip`]) and
+//! telephony ([`crate::telephony`]) — share ([`Door`]) and do the same way: the
+//! admission of a stream (id, query, producer token, readiness, the registry's own
+//! refusals), the JSON error body of every refusal, and the JSON events a producer
+//! receives (`overload`, `gap`, `closed`).
 //!
 //! Admission, in this order, nothing opened for a refused request:
 //! 1. [`Door::check`] (run by the [`Admitted`] extractor): `400 invalid_stream_id` (an
 //!    unsafe id), `400 invalid_request` (a query that is not UTF-8 once percent-decoded,
 //!    or repeats a parameter), then the producer token when `auth_required` (`401` +
-//!    `WWW-Authenticate: Bearer`, `403`);
+//!    `WWW-Authenticate: Bearer`, `403`); the telephony door, which learns the id from
+//!    the carrier's `start`, runs [`Door::check_call`] instead;
 //! 2. the door's own checks (the WebSocket upgrade; the WHIP offer and session cap);
 //! 3. [`Door::open`]: `503 not_ready` + `Retry-After` while NATS is not connected, then
 //!    the recognition capacity ([`crate::capacity`], `capacity.mode = enforce`):
@@ -19,13 +21,14 @@
 //! ([`notice_event`](crate::capacity::notice_event): `degraded`, `recovered`; a worker's
 //! refusal ends the stream with `no_capacity`).
 //!
-//! Invariant: both doors call these functions; a rule changed here changes for both.
+//! Invariant: every door calls these functions; a rule changed here changes for all.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::rejection::PathRejection;
+use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{FromRequestParts, Path};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -39,6 +42,7 @@ use weir_protocol::audio::extension::{EndReason, Overload};
 use crate::auth::{Authenticator, Grant};
 use crate::capacity::{Capacity, NoCapacity, Ticket};
 use crate::resume::Resume;
+use crate::shutdown::TaskTracker;
 use crate::ws_query::UpgradeQuery;
 use weir_audio_producer::error::OpenError;
 use weir_audio_producer::publisher::Sink;
@@ -112,18 +116,27 @@ pub struct ResumeAsk {
 /// `resume_token` is the browser WebSocket's way).
 pub const RESUME_TOKEN_HEADER: &str = "weir-resume-token";
 
-/// What a door admits with: the producer core, the token check, the retry hint.
-pub struct Door<'a, S: Sink> {
+/// What every door shares: the producer core, the connection settings, the handler
+/// tracker, the token check, the capacity check and the resumable streams. It is the
+/// WebSocket door's route state; the WHIP and telephony doors' states hold it.
+#[derive(Clone)]
+pub struct Door<S: Sink> {
     /// The producer core.
-    pub ingress: &'a Ingress<S>,
-    /// Producer tokens (`None`: authentication off).
-    pub auth: Option<&'a Authenticator>,
+    pub ingress: Ingress<S>,
     /// `Retry-After` of a 503.
     pub retry_after: Duration,
+    /// A connection silent for this long is ended (reason `idle`).
+    pub idle_timeout: Duration,
+    /// Bound on one send to the client; on expiry the socket is abandoned.
+    pub send_timeout: Duration,
+    /// Tracks connection handlers so shutdown can wait for their close frames.
+    pub tracker: TaskTracker,
+    /// Producer tokens are checked before the upgrade (`auth_required`); `None`: off.
+    pub auth: Option<Arc<Authenticator>>,
     /// The recognition-capacity check (`None`: a service started without one).
-    pub capacity: Option<&'a Capacity>,
-    /// The resumable streams of both doors.
-    pub resume: &'a Arc<Resume>,
+    pub capacity: Option<Arc<Capacity>>,
+    /// The resumable streams of the doors.
+    pub resume: Arc<Resume>,
 }
 
 /// The answer to a stream refused for recognition capacity: `503 no_capacity` with
@@ -147,30 +160,16 @@ pub trait HasDoor: Send + Sync {
     /// The producer core's NATS side.
     type Sink: Sink;
     /// The door.
-    fn door(&self) -> Door<'_, Self::Sink>;
+    fn door(&self) -> &Door<Self::Sink>;
 }
 
-/// `has_door!(State)`: [`HasDoor`] for a door's state `State<S>` with the fields
-/// `ingress`, `auth` (`Option<Arc<Authenticator>>`), `retry_after`, `capacity`
-/// (`Option<Arc<Capacity>>`) and `resume` (`Arc<Resume>`).
-macro_rules! has_door {
-    ($state:ident) => {
-        impl<S: Sink> $crate::door::HasDoor for $state<S> {
-            type Sink = S;
+impl<S: Sink> HasDoor for Door<S> {
+    type Sink = S;
 
-            fn door(&self) -> $crate::door::Door<'_, S> {
-                $crate::door::Door {
-                    ingress: &self.ingress,
-                    auth: self.auth.as_deref(),
-                    retry_after: self.retry_after,
-                    capacity: self.capacity.as_deref(),
-                    resume: &self.resume,
-                }
-            }
-        }
-    };
+    fn door(&self) -> &Door<S> {
+        self
+    }
 }
-pub(crate) use has_door;
 
 /// [`Door::check`] of the request's `{stream_id}` path segment (the path extractor's
 /// refusal included), query and headers; a refusal is the door's complete answer.
@@ -186,7 +185,7 @@ impl<T: HasDoor> FromRequestParts<T> for Admitted {
     }
 }
 
-impl<S: Sink> Door<'_, S> {
+impl<S: Sink> Door<S> {
     /// Step 1 of the admission: the stream id (`raw_id`: the path segment, or the path
     /// extractor's refusal), the query and the producer token. Counted refusals.
     pub fn check(
@@ -206,10 +205,8 @@ impl<S: Sink> Door<'_, S> {
         let query = UpgradeQuery::parse(raw_query)
             .map_err(|e| refuse("invalid_session", "invalid_request", e.to_string()))?;
         // Authentication before anything else is looked at or opened.
-        let grant = match self.auth {
-            None => None,
-            Some(auth) => Some(authenticate(self.ingress, auth, &id, &query, headers)?),
-        };
+        let token = crate::auth::token_of(bearer(headers), query.access_token.as_deref());
+        let grant = self.grant(&id, token)?;
         let header_token = headers
             .get(RESUME_TOKEN_HEADER)
             .map(|v| v.to_str().map(str::to_owned))
@@ -254,10 +251,7 @@ impl<S: Sink> Door<'_, S> {
                 e.to_string(),
             ))
         })?;
-        let grant = match self.auth {
-            None => None,
-            Some(auth) => Some(authenticate_token(self.ingress, auth, &id, token)?),
-        };
+        let grant = self.grant(&id, token)?;
         Ok(Admitted {
             id,
             session: session.filter(|s| !s.is_empty()),
@@ -266,26 +260,53 @@ impl<S: Sink> Door<'_, S> {
         })
     }
 
+    /// The producer token `token` checked for `id` when authentication is on (`None`
+    /// when it is off): `401` + `WWW-Authenticate: Bearer`, or `403`. Counted refusals.
+    fn grant(&self, id: &StreamId, token: Option<&str>) -> Result<Option<Grant>, Refused> {
+        let Some(auth) = self.auth.as_deref() else {
+            return Ok(None);
+        };
+        auth.check(token, id.as_str()).map(Some).map_err(|e| {
+            self.ingress.global().admission_rejected(e.code());
+            let status = if e.code() == "forbidden" {
+                StatusCode::FORBIDDEN
+            } else {
+                StatusCode::UNAUTHORIZED
+            };
+            let mut resp = error_response(status, e.code(), e.to_string());
+            if status == StatusCode::UNAUTHORIZED {
+                resp.headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            Box::new(resp)
+        })
+    }
+
+    /// Readiness gates admission: a stream opened while NATS is disconnected (or
+    /// before the first connect) could only queue into the client; it is refused like
+    /// a full cap, `503 not_ready` + `Retry-After`. Counted.
+    pub fn ready(&self) -> Result<(), Refused> {
+        if self.ingress.sink().is_connected() {
+            return Ok(());
+        }
+        self.ingress.global().admission_rejected("not_ready");
+        let mut resp = error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            "not connected to NATS; retry later",
+        );
+        insert_retry_after(&mut resp, self.retry_after);
+        Err(Box::new(resp))
+    }
+
     /// Step 3 of the admission: readiness, the recognition capacity, then the
     /// registry; applies the token's rate class to the opened stream. The ticket holds
     /// the stream's capacity slot: keep it until the stream finished.
     pub fn open(&self, admitted: Admitted) -> Result<(StreamHandle, Ticket), Refused> {
-        let ingress = self.ingress;
-        // Readiness gates admission: a stream opened while NATS is disconnected (or
-        // before the first connect) could only queue into the client; refuse it like a
-        // full cap.
-        if !ingress.sink().is_connected() {
-            ingress.global().admission_rejected("not_ready");
-            let mut resp = error_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "not_ready",
-                "not connected to NATS; retry later",
-            );
-            insert_retry_after(&mut resp, self.retry_after);
-            return Err(Box::new(resp));
-        }
+        let ingress = &self.ingress;
+        self.ready()?;
         // In memory (no NATS round trip); a refused stream opens nothing.
-        let ticket = match self.capacity {
+        let ticket = match self.capacity.as_deref() {
             None => Ticket::none(),
             Some(c) => c.admit(&admitted.id).map_err(|r| {
                 ingress.global().admission_rejected("no_capacity");
@@ -305,47 +326,11 @@ impl<S: Sink> Door<'_, S> {
     }
 }
 
-/// The producer token of a request (`Authorization: Bearer`, else `access_token`)
-/// checked for `id`: `401` + `WWW-Authenticate: Bearer`, or `403`. Counted refusals.
-fn authenticate<S: Sink>(
-    ingress: &Ingress<S>,
-    auth: &Authenticator,
-    id: &StreamId,
-    query: &UpgradeQuery,
-    headers: &HeaderMap,
-) -> Result<Grant, Refused> {
-    let token = crate::auth::token_of(bearer(headers), query.access_token.as_deref());
-    authenticate_token(ingress, auth, id, token)
-}
-
 /// The `Authorization` header's value, when it is text.
 pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-}
-
-/// `token` checked for `id` ([`authenticate`]).
-fn authenticate_token<S: Sink>(
-    ingress: &Ingress<S>,
-    auth: &Authenticator,
-    id: &StreamId,
-    token: Option<&str>,
-) -> Result<Grant, Refused> {
-    auth.check(token, id.as_str()).map_err(|e| {
-        ingress.global().admission_rejected(e.code());
-        let status = if e.code() == "forbidden" {
-            StatusCode::FORBIDDEN
-        } else {
-            StatusCode::UNAUTHORIZED
-        };
-        let mut resp = error_response(status, e.code(), e.to_string());
-        if status == StatusCode::UNAUTHORIZED {
-            resp.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        }
-        Box::new(resp)
-    })
 }
 
 /// The routes of both doors, with the JSON `404` and `405` answers.
@@ -366,6 +351,32 @@ pub fn with_fallbacks(routes: Router) -> Router {
             )
         })
 }
+
+/// `ws` with the doors' bounds: messages of at most `max_message` bytes, and small read
+/// and write buffers (a byte bound on writes instead of tungstenite's unbounded
+/// default; every send is also bounded in time).
+pub fn bounded_socket(ws: WebSocketUpgrade, max_message: usize) -> WebSocketUpgrade {
+    ws.max_message_size(max_message)
+        .max_frame_size(max_message)
+        .read_buffer_size(READ_BUFFER_BYTES)
+        .write_buffer_size(WRITE_BUFFER_BYTES)
+        .max_write_buffer_size(MAX_WRITE_BUFFER_BYTES)
+}
+
+/// Read size of one WebSocket connection (a frame's packet is ~700 bytes, a carrier's
+/// 20 ms µ-law `media` event ~370; the buffer still grows for a larger message up to
+/// the limit). tungstenite's default, 128 KiB, is ~8x the whole default PCM budget of
+/// a stream.
+/// Small on purpose: tungstenite zero-fills up to this much of its buffer before every
+/// socket read, and a producer's socket holds one ~700-byte message per read at the
+/// real cadence — at 16 KiB that fill was ~4 % of the ingress's CPU at 1,000 streams.
+const READ_BUFFER_BYTES: usize = 2 * 1024;
+/// Write buffer of one WebSocket connection before it is flushed: server → client
+/// traffic is small JSON events (a carrier's: a few `media` events).
+const WRITE_BUFFER_BYTES: usize = 8 * 1024;
+/// Largest write buffer of one WebSocket connection (a client that does not read makes
+/// a send fail at this size, or time out first).
+const MAX_WRITE_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Bound on holding a capacity slot after the door let go of its stream (the
 /// stream's own finish bound is shorter).

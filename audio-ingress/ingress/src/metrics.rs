@@ -176,8 +176,6 @@ pub const LABEL_REASON: &str = "reason";
 pub const LABEL_KIND: &str = "kind";
 /// Label key of a resume's outcome.
 pub const LABEL_OUTCOME: &str = "outcome";
-/// Label key for an HTTP listener (`ws`, `admin`).
-pub const LABEL_LISTENER: &str = "listener";
 /// Label key of a carrier dialect (`twilio`, `telnyx`).
 pub const LABEL_DIALECT: &str = "dialect";
 /// Label key of a telephony frame's direction (`in`, `out`).

@@ -20,14 +20,14 @@ use crate::admin::{self, AdminState};
 use crate::auth::Authenticator;
 use crate::capacity::Capacity;
 use crate::config::{Config, ServerConfig};
-use crate::door;
+use crate::door::{self, Door};
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::error::{Error, ErrorKind};
 use crate::listener::{FdLimit, check_fd_limit};
 use crate::resume::Resume;
 use crate::shutdown::TaskTracker;
 use crate::whip::Whip;
-use crate::ws::{self, WsState};
+use crate::ws;
 use weir_audio_producer::jetstream::NatsSink;
 use weir_audio_producer::publisher::Sink;
 use weir_audio_producer::stream::{Ingress, ShutdownReport};
@@ -39,18 +39,15 @@ use weir_service::shutdown::CancellationToken;
 pub struct RunningService<S: Sink> {
     ws_addr: SocketAddr,
     admin_addr: SocketAddr,
-    ingress: Ingress<S>,
     grace: Duration,
     stop_ws: CancellationToken,
     stop_admin: CancellationToken,
     ws_task: JoinHandle<()>,
     admin_task: JoinHandle<()>,
     upkeep: JoinHandle<()>,
-    /// The WebSocket and WHIP handlers; closed and waited for at shutdown.
-    tracker: TaskTracker,
+    /// The doors' state; its tracker's handlers are closed and waited for at shutdown.
+    door: Door<S>,
     whip: Option<Whip>,
-    capacity: Option<Arc<Capacity>>,
-    resume: Arc<Resume>,
 }
 
 /// The listener of config key `key` and its bound address.
@@ -122,16 +119,6 @@ pub async fn start(
     start_with(config, sink, prometheus, capacity, Some(voice)).await
 }
 
-/// Starts the service publishing to `sink`, without the recognition-capacity check
-/// (it listens on a NATS client: [`start`]).
-pub async fn start_with_sink<S: Sink>(
-    config: Config,
-    sink: S,
-    prometheus: Option<PrometheusHandle>,
-) -> Result<RunningService<S>, Error> {
-    start_with(config, sink, prometheus, None, None).await
-}
-
 /// Starts the service publishing to `sink`, admitting by `capacity`; the telephony
 /// door's return path and call events use `voice` (`None`: inbound only).
 ///
@@ -151,22 +138,21 @@ async fn start_with<S: Sink>(
     let (admin_listener, admin_addr) = bind(config.server.admin, "admin").await?;
     let max_streams = config.server.max_streams.get();
     let ingress = Ingress::with_max_streams(sink, config.stream.clone(), max_streams);
-    let tracker = TaskTracker::new();
-
-    let auth = authenticator(server)?;
+    let door = Door {
+        ingress: ingress.clone(),
+        retry_after: server.retry_after,
+        idle_timeout: server.idle_timeout,
+        send_timeout: server.ws_send_timeout,
+        tracker: TaskTracker::new(),
+        auth: authenticator(server)?,
+        capacity,
+        resume: resume_streams(server)?,
+    };
     let whip = match &config.server.whip {
         None => None,
         Some(w) => Some(Whip::start(w.clone()).await?),
     };
-    let resume = resume_streams(server)?;
-    let ws_router = FrontDoor {
-        ingress: &ingress,
-        tracker: &tracker,
-        auth: &auth,
-        capacity: &capacity,
-        resume: &resume,
-    }
-    .router(&config, whip.as_ref(), voice);
+    let ws_router = front_router(&door, &config, whip.as_ref(), voice);
     let (stop_ws, ws_task) = serve_http(
         ws_listener,
         ws_router,
@@ -205,17 +191,14 @@ async fn start_with<S: Sink>(
     Ok(RunningService {
         ws_addr,
         admin_addr,
-        ingress,
         grace: config.server.grace_period,
         stop_ws,
         stop_admin,
         ws_task,
         admin_task,
         upkeep,
-        tracker,
+        door,
         whip,
-        capacity,
-        resume,
     })
 }
 
@@ -265,63 +248,28 @@ fn resume_streams(server: &ServerConfig) -> Result<Arc<Resume>, Error> {
     })
 }
 
-/// What every door of the front listener shares: the producer core, the handler
-/// tracker, the token check, the capacity check and the resumable streams.
-struct FrontDoor<'a, S: Sink> {
-    ingress: &'a Ingress<S>,
-    tracker: &'a TaskTracker,
-    auth: &'a Option<Arc<Authenticator>>,
-    capacity: &'a Option<Arc<Capacity>>,
-    resume: &'a Arc<Resume>,
-}
-
-impl<S: Sink> FrontDoor<'_, S> {
-    /// The front listener's router: the WebSocket door, WHIP (when configured), the
-    /// telephony doors and the publish page (when on), with the fallbacks.
-    fn router(
-        &self,
-        config: &Config,
-        whip: Option<&Whip>,
-        voice: Option<async_nats::Client>,
-    ) -> axum::Router {
-        let mut routes = ws::routes(WsState {
-            ingress: self.ingress.clone(),
-            retry_after: config.server.retry_after,
-            idle_timeout: config.server.idle_timeout,
-            send_timeout: config.server.ws_send_timeout,
-            tracker: self.tracker.clone(),
-            auth: self.auth.clone(),
-            capacity: self.capacity.clone(),
-            resume: Arc::clone(self.resume),
-        });
-        if let Some(w) = whip {
-            routes = routes.merge(w.routes(
-                self.ingress.clone(),
-                self.auth.clone(),
-                config.server.retry_after,
-                self.tracker.clone(),
-                self.capacity.clone(),
-                Arc::clone(self.resume),
-            ));
-        }
-        routes = routes.merge(crate::telephony::routes(crate::telephony::TelephonyState {
-            ingress: self.ingress.clone(),
-            retry_after: config.server.retry_after,
-            idle_timeout: config.server.idle_timeout,
-            send_timeout: config.server.ws_send_timeout,
-            tracker: self.tracker.clone(),
-            auth: self.auth.clone(),
-            capacity: self.capacity.clone(),
-            resume: Arc::clone(self.resume),
-            config: Arc::new(config.telephony.clone()),
-            nats: voice,
-            out_total: Arc::default(),
-        }));
-        if config.server.publish_page {
-            routes = routes.merge(crate::publish::routes());
-        }
-        door::with_fallbacks(routes)
+/// The front listener's router: the WebSocket door, WHIP (when configured), the
+/// telephony doors and the publish page (when on), with the fallbacks.
+fn front_router<S: Sink>(
+    door: &Door<S>,
+    config: &Config,
+    whip: Option<&Whip>,
+    voice: Option<async_nats::Client>,
+) -> axum::Router {
+    let mut routes = ws::routes(door.clone());
+    if let Some(w) = whip {
+        routes = routes.merge(w.routes(door.clone()));
     }
+    routes = routes.merge(crate::telephony::routes(crate::telephony::TelephonyState {
+        door: door.clone(),
+        config: Arc::new(config.telephony.clone()),
+        nats: voice,
+        out_total: Arc::default(),
+    }));
+    if config.server.publish_page {
+        routes = routes.merge(crate::publish::routes());
+    }
+    door::with_fallbacks(routes)
 }
 
 /// The HTTP settings of the listener `name`.
@@ -399,17 +347,17 @@ impl<S: Sink> RunningService<S> {
 
     /// The producer core.
     pub fn ingress(&self) -> &Ingress<S> {
-        &self.ingress
+        &self.door.ingress
     }
 
     /// The recognition-capacity check (`None`: a service started without one).
     pub fn capacity(&self) -> Option<&Capacity> {
-        self.capacity.as_deref()
+        self.door.capacity.as_deref()
     }
 
     /// The resumable streams.
     pub fn resume(&self) -> &Resume {
-        &self.resume
+        &self.door.resume
     }
 
     /// The one line printed on stdout when ready (docs/contracts.md).
@@ -426,14 +374,14 @@ impl<S: Sink> RunningService<S> {
     pub async fn shutdown(mut self) -> ShutdownReport {
         tracing::info!(grace_ms = self.grace.as_millis() as u64, "shutting down");
         self.stop_ws.cancel();
-        let report = self.ingress.shutdown(self.grace).await;
+        let report = self.door.ingress.shutdown(self.grace).await;
         // Parked streams ended with the others; their slots go now.
-        self.resume.clear();
+        self.door.resume.clear();
         let _ = tokio::time::timeout(Duration::from_secs(1), &mut self.ws_task).await;
         self.ws_task.abort();
         // The listener is gone: no handler starts after this.
-        self.tracker.close();
-        let handlers_done = tokio::time::timeout(Duration::from_secs(2), self.tracker.wait())
+        self.door.tracker.close();
+        let handlers_done = tokio::time::timeout(Duration::from_secs(2), self.door.tracker.wait())
             .await
             .is_ok();
         // The WHIP pumps sent their `closed` events and asked for the sessions to close.
@@ -441,7 +389,7 @@ impl<S: Sink> RunningService<S> {
             w.shutdown(Duration::from_secs(2)).await;
         }
         if let Err(e) =
-            tokio::time::timeout(Duration::from_secs(1), self.ingress.sink().flush()).await
+            tokio::time::timeout(Duration::from_secs(1), self.door.ingress.sink().flush()).await
         {
             tracing::warn!(error = %e, "NATS flush timed out at shutdown");
         }
@@ -453,7 +401,7 @@ impl<S: Sink> RunningService<S> {
             streams = report.streams,
             unfinished = report.unfinished,
             handlers_done,
-            lost_control_packets = self.ingress.global().control_packets_lost(),
+            lost_control_packets = self.door.ingress.global().control_packets_lost(),
             "shutdown complete"
         );
         report

@@ -292,43 +292,7 @@ pub async fn run_with(
             format!("invalid subject pattern {:?}", args.subject),
         ));
     }
-    // Server errors (`-ERR`) reach the event callback, not the subscribe call: a
-    // refused subscription shows up only there. They are forwarded to the loop.
-    let (server_errors, mut refused) = tokio::sync::mpsc::channel::<String>(16);
-    let connect_error = |cause: Source| {
-        TapError::with_source(
-            TapErrorKind::Connect,
-            format!("cannot connect to NATS at {}", args.nats_url),
-            cause,
-        )
-    };
-    let nats = args
-        .nats_config()
-        .map_err(|e| connect_error(format!("{}: {}", e.key(), e.message()).into()))?;
-    let options = weir_service::nats::options(&nats)
-        .await
-        .map_err(|e| connect_error(e.into()))?;
-    let options = options.event_callback(move |event| {
-        let server_errors = server_errors.clone();
-        async move {
-            match event {
-                async_nats::Event::SlowConsumer(_) => {
-                    eprintln!("tap: slow consumer: the NATS client dropped messages");
-                }
-                async_nats::Event::ServerError(e) => {
-                    let text = e.to_string();
-                    eprintln!("tap: NATS server error: {}", escape_controls(&text));
-                    let _ = server_errors.try_send(text);
-                }
-                other => eprintln!("tap: NATS {other}"),
-            }
-        }
-    });
-    let connect = weir_service::nats::connect(&nats, options);
-    let client = tokio::time::timeout(CONNECT_TIMEOUT + Duration::from_secs(1), connect)
-        .await
-        .map_err(|_| connect_error("timed out".into()))?
-        .map_err(|e| connect_error(e.into()))?;
+    let (client, mut refused) = connect(&args).await?;
     let subscribe_error = |cause: weir_service::error::Source| {
         TapError::with_source(
             TapErrorKind::Subscribe,
@@ -407,6 +371,51 @@ pub async fn run_with(
     writeln!(out, "{}", escape_controls(&total_line(&summary, args.json))).map_err(output_error)?;
     out.flush().map_err(output_error)?;
     Ok(summary)
+}
+
+/// Connects to NATS with `args`' settings; the server errors (`-ERR`) it reports come
+/// on the returned receiver.
+async fn connect(
+    args: &TapArgs,
+) -> Result<(async_nats::Client, tokio::sync::mpsc::Receiver<String>), TapError> {
+    // Server errors (`-ERR`) reach the event callback, not the subscribe call: a
+    // refused subscription shows up only there. They are forwarded to the loop.
+    let (server_errors, refused) = tokio::sync::mpsc::channel::<String>(16);
+    let connect_error = |cause: Source| {
+        TapError::with_source(
+            TapErrorKind::Connect,
+            format!("cannot connect to NATS at {}", args.nats_url),
+            cause,
+        )
+    };
+    let nats = args
+        .nats_config()
+        .map_err(|e| connect_error(format!("{}: {}", e.key(), e.message()).into()))?;
+    let options = weir_service::nats::options(&nats)
+        .await
+        .map_err(|e| connect_error(e.into()))?;
+    let options = options.event_callback(move |event| {
+        let server_errors = server_errors.clone();
+        async move {
+            match event {
+                async_nats::Event::SlowConsumer(_) => {
+                    eprintln!("tap: slow consumer: the NATS client dropped messages");
+                }
+                async_nats::Event::ServerError(e) => {
+                    let text = e.to_string();
+                    eprintln!("tap: NATS server error: {}", escape_controls(&text));
+                    let _ = server_errors.try_send(text);
+                }
+                other => eprintln!("tap: NATS {other}"),
+            }
+        }
+    });
+    let connect = weir_service::nats::connect(&nats, options);
+    let client = tokio::time::timeout(CONNECT_TIMEOUT + Duration::from_secs(1), connect)
+        .await
+        .map_err(|_| connect_error("timed out".into()))?
+        .map_err(|e| connect_error(e.into()))?;
+    Ok((client, refused))
 }
 
 /// How long after the server confirmed the subscription the tap waits for a refusal

@@ -63,7 +63,6 @@
 //! message ends only its own stream and changes nothing else; every await in a handler
 //! is bounded (idle timeout, `max_wait`, send timeout, the finish bounds).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -78,21 +77,21 @@ use tokio::time::Instant;
 use weir_protocol::WireName;
 use weir_protocol::audio::extension::{EndReason, Overload};
 
-use crate::auth::Authenticator;
-use crate::capacity::{Capacity, Notice};
-use crate::door::{self, HasDoor};
+use crate::capacity::Notice;
+use crate::door::{self, Door};
 use crate::metrics as m;
-use crate::resume::Attachment;
-use crate::resume::admit::{Loss, opened_event};
-use crate::shutdown::TaskTracker;
+use crate::resume::admit::Loss;
+use crate::resume::{Attachment, Held};
 use weir_audio_producer::error::PushError;
 use weir_audio_producer::publisher::Sink;
-use weir_audio_producer::stream::{Ingress, StreamHandle, StreamSummary};
+use weir_audio_producer::stream::{StreamHandle, StreamSummary};
 
 mod control;
 
 /// Close codes used by the front door.
 pub mod close_code {
+    use weir_protocol::audio::extension::EndReason;
+
     /// Normal end.
     pub const NORMAL: u16 = 1000;
     /// Going away: shutdown or idle.
@@ -114,43 +113,30 @@ pub mod close_code {
     pub const TRY_AGAIN_LATER: u16 = 1013;
     /// A resume on another connection took the stream (private-use range).
     pub const TAKEN_OVER: u16 = 4001;
+
+    /// The close code of a stream that ended for `reason` on the server side.
+    pub fn of_end(reason: EndReason) -> u16 {
+        match reason {
+            EndReason::Shutdown | EndReason::Idle => GOING_AWAY,
+            EndReason::Overload | EndReason::NoCapacity => TRY_AGAIN_LATER,
+            EndReason::Producer | EndReason::ProducerGone => NORMAL,
+            EndReason::Error => INTERNAL,
+        }
+    }
 }
 
 /// How often a resumable stream's producer is told the last seq the door took (only
 /// when it took new frames since).
 pub const ACK_INTERVAL: Duration = Duration::from_secs(1);
 
-/// What the front door needs.
-#[derive(Clone)]
-pub struct WsState<S: Sink> {
-    /// The producer core.
-    pub ingress: Ingress<S>,
-    /// `Retry-After` for 503.
-    pub retry_after: Duration,
-    /// A connection silent for this long is ended (reason `idle`).
-    pub idle_timeout: Duration,
-    /// Bound on one send to the client; on expiry the socket is abandoned.
-    pub send_timeout: Duration,
-    /// Tracks connection handlers so shutdown can wait for their close frames.
-    pub tracker: TaskTracker,
-    /// Producer tokens are checked before the upgrade (`auth_required`); `None`: off.
-    pub auth: Option<Arc<Authenticator>>,
-    /// The recognition-capacity check; `None`: a service started without one.
-    pub capacity: Option<Arc<Capacity>>,
-    /// The resumable streams (shared with the WHIP door).
-    pub resume: Arc<crate::resume::Resume>,
-}
-
-door::has_door!(WsState);
-
 /// The front door's routes, with the JSON 404/405 answers (a WebSocket-only router;
 /// `serve` merges [`routes`] with the WHIP routes instead).
-pub fn router<S: Sink>(state: WsState<S>) -> Router {
+pub fn router<S: Sink>(state: Door<S>) -> Router {
     door::with_fallbacks(routes(state))
 }
 
 /// The WebSocket route alone, without fallbacks.
-pub fn routes<S: Sink>(state: WsState<S>) -> Router {
+pub fn routes<S: Sink>(state: Door<S>) -> Router {
     Router::new()
         .route("/v1/streams/{stream_id}", get(upgrade::<S>))
         .with_state(state)
@@ -160,7 +146,7 @@ pub fn routes<S: Sink>(state: WsState<S>) -> Router {
 /// not UTF-8 once percent-decoded, a bad upgrade request): [`door::Admitted`] answers
 /// with the door's.
 async fn upgrade<S: Sink>(
-    State(state): State<WsState<S>>,
+    State(state): State<Door<S>>,
     admitted: door::Admitted,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
@@ -169,57 +155,36 @@ async fn upgrade<S: Sink>(
         Err(e) => return door::error_response(e.status(), "invalid_upgrade", e.body_text()),
     };
     let requested_at = Instant::now();
-    let window = state.resume.window();
-    let (att, first_event, resumed) = match admitted.resume.clone() {
-        None => match state.door().open_attached(admitted).await {
-            Ok(att) => {
-                let event = opened_event(&att, window);
-                (att, event, None)
-            }
-            Err(resp) => return *resp,
-        },
-        Some(ask) => match state.door().resume(admitted, &ask, Loss::Declared).await {
-            Ok((att, resumed)) => {
-                let event = resumed.event(&att, window);
-                (att, Some(event), Some((requested_at, resumed.gaps_before)))
-            }
-            Err(resp) => return *resp,
-        },
+    let (att, first_event, resumed) = match state.open_or_resume(admitted, Loss::Declared).await {
+        Ok(opened) => opened,
+        Err(resp) => return *resp,
     };
+    let resumed = resumed.map(|r| (requested_at, r.gaps_before));
     let max_frame = state.ingress.config().max_frame_bytes();
     let guard = state.tracker.token();
     // Messages a little over max_frame_bytes get a clear 1008; far larger ones are cut
     // by the WebSocket layer itself (bounded memory per connection).
-    ws.max_message_size(max_frame + 64 * 1024)
-        .max_frame_size(max_frame + 64 * 1024)
-        // tungstenite reserves 128 KiB per connection by default, i.e. ~8x the whole
-        // default PCM budget of a stream; frames are at most a few KiB.
-        .read_buffer_size(WS_READ_BUFFER_BYTES)
-        // Server → client traffic is a few small JSON events; a byte bound instead of
-        // tungstenite's unbounded default (every send is also bounded in time).
-        .write_buffer_size(WS_WRITE_BUFFER_BYTES)
-        .max_write_buffer_size(WS_MAX_WRITE_BUFFER_BYTES)
-        .on_upgrade(move |socket| {
-            // One span per producer connection, with the stream it feeds.
-            let span = tracing::info_span!("ws", stream = %att.handle().id());
-            tracing::Instrument::instrument(
-                async move {
-                    let _guard = guard;
-                    let send_timeout = state.send_timeout;
-                    let conn = Conn {
-                        socket,
-                        send_timeout,
-                        abandoned: false,
-                    };
-                    let opening = Opening {
-                        first_event,
-                        resumed,
-                    };
-                    serve_socket(conn, att, opening, state.idle_timeout).await;
-                },
-                span,
-            )
-        })
+    door::bounded_socket(ws, max_frame + 64 * 1024).on_upgrade(move |socket| {
+        // One span per producer connection, with the stream it feeds.
+        let span = tracing::info_span!("ws", stream = %att.handle().id());
+        tracing::Instrument::instrument(
+            async move {
+                let _guard = guard;
+                let send_timeout = state.send_timeout;
+                let conn = Conn {
+                    socket,
+                    send_timeout,
+                    abandoned: false,
+                };
+                let opening = Opening {
+                    first_event,
+                    resumed,
+                };
+                serve_socket(conn, att, opening, state.idle_timeout).await;
+            },
+            span,
+        )
+    })
 }
 
 /// Why the receive loop stopped.
@@ -310,18 +275,29 @@ fn bad_frame(message: String) -> Outcome {
 /// How a failed read ends the connection: the client broke the protocol
 /// (`Outcome::Refused`) or the connection is simply gone.
 fn read_failure(e: axum::Error) -> Outcome {
+    match violation(e, "message_too_big") {
+        Some((code, error_code, message)) => refused(code, error_code, message),
+        None => Outcome::Gone,
+    }
+}
+
+/// The close code, error code and message of a failed read where the client broke the
+/// WebSocket protocol (`too_big`: the error code of a message over the limit); `None`
+/// when the connection is simply gone.
+pub(crate) fn violation(
+    e: axum::Error,
+    too_big: &'static str,
+) -> Option<(u16, &'static str, String)> {
     use tungstenite::error::{Error as WsError, ProtocolError};
-    let Ok(e) = e.into_inner().downcast::<WsError>() else {
-        return Outcome::Gone;
-    };
+    let e = e.into_inner().downcast::<WsError>().ok()?;
     let (code, error_code) = match &*e {
         WsError::Utf8(_) => (close_code::INVALID_PAYLOAD, "invalid_utf8"),
-        WsError::Capacity(_) => (close_code::MESSAGE_TOO_BIG, "message_too_big"),
-        WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => return Outcome::Gone,
+        WsError::Capacity(_) => (close_code::MESSAGE_TOO_BIG, too_big),
+        WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => return None,
         WsError::Protocol(_) => (close_code::PROTOCOL, "protocol_error"),
-        _ => return Outcome::Gone,
+        _ => return None,
     };
-    refused(code, error_code, e.to_string())
+    Some((code, error_code, e.to_string()))
 }
 
 /// The server side of one connection. Every send is bounded by `send_timeout`; after
@@ -397,18 +373,6 @@ impl Conn {
         .await;
     }
 }
-
-/// Read size of one WebSocket connection (a frame's packet is ~700 bytes, at most
-/// `max_frame_bytes`; the buffer still grows for a larger message up to the limit).
-/// Small on purpose: tungstenite zero-fills up to this much of its buffer before every
-/// socket read, and a producer's socket holds one ~700-byte message per read at the
-/// real cadence — at 16 KiB that fill was ~4 % of the ingress's CPU at 1,000 streams.
-const WS_READ_BUFFER_BYTES: usize = 2 * 1024;
-/// Write buffer of one WebSocket connection before it is flushed.
-const WS_WRITE_BUFFER_BYTES: usize = 8 * 1024;
-/// Largest write buffer of one WebSocket connection (a client that does not read makes
-/// a send fail at this size, or time out first).
-const WS_MAX_WRITE_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Runs one connection: frames in, events out, until an [`Outcome`]. The capacity
 /// ticket is held until the stream finished; a connection that went away without
@@ -527,22 +491,7 @@ async fn serve_socket(
             }
         }
     };
-    if outcome.parks() {
-        // Parked (resume on) or ended `producer_gone` (off); a takeover's claimant
-        // takes it now.
-        drop(att);
-        if matches!(outcome, Outcome::TakenOver) {
-            taken_over(socket).await;
-        } else if let Outcome::ClientClosed { .. } = outcome {
-            // The close handshake: the echo was queued by the WebSocket layer.
-            socket.flush().await;
-        }
-        return;
-    }
-    let held = att.end(outcome.end_label());
-    let status = held.handle.status();
-    finish_socket(socket, held.handle, outcome).await;
-    door::release_when_finished(held.ticket, status);
+    finish_socket(socket, att, outcome).await;
 }
 
 /// Closes a connection whose stream a resume took: `error` `taken_over`, close 4001.
@@ -557,20 +506,30 @@ async fn taken_over(mut socket: Conn) {
     socket.close(close_code::TAKEN_OVER, "taken_over").await;
 }
 
-async fn finish_socket(mut socket: Conn, handle: StreamHandle, outcome: Outcome) {
-    match outcome {
-        Outcome::Gone | Outcome::TakenOver => {
-            // Dropping the handle ends the stream with `producer_gone`.
-            drop(handle);
-        }
-        Outcome::ClientClosed { violation } => {
-            let mut handle = handle;
-            if violation {
-                handle.close(EndReason::Error);
-            }
+/// Ends the connection for `outcome`. A stream its producer may come back for is let
+/// go of (parked, or ended `producer_gone` with resume off); any other ends at this
+/// door, and its capacity slot is held until it finished.
+async fn finish_socket(mut socket: Conn, att: Attachment, outcome: Outcome) {
+    if outcome.parks() {
+        // A takeover's claimant takes the stream now.
+        drop(att);
+        match outcome {
+            Outcome::TakenOver => taken_over(socket).await,
             // The close handshake: the echo was queued by the WebSocket layer.
+            Outcome::ClientClosed { .. } => socket.flush().await,
+            _ => {}
+        }
+        return;
+    }
+    let Held { mut handle, ticket } = att.end(outcome.end_label());
+    let status = handle.status();
+    match outcome {
+        // Parked above.
+        Outcome::Gone | Outcome::TakenOver | Outcome::ClientClosed { violation: false } => {}
+        Outcome::ClientClosed { violation: true } => {
+            handle.close(EndReason::Error);
+            // The close handshake, as above; dropping the handle ends the stream.
             socket.flush().await;
-            // Dropping the handle ends the stream (`producer_gone` unless closed above).
             drop(handle);
         }
         Outcome::Refused {
@@ -604,15 +563,12 @@ async fn finish_socket(mut socket: Conn, handle: StreamHandle, outcome: Outcome)
             let bound = Duration::from_secs(30);
             let summary = handle.wait_finished(bound).await;
             socket.send_closed(reason, &summary).await;
-            let code = match reason {
-                EndReason::Shutdown | EndReason::Idle => close_code::GOING_AWAY,
-                EndReason::Overload | EndReason::NoCapacity => close_code::TRY_AGAIN_LATER,
-                EndReason::Producer | EndReason::ProducerGone => close_code::NORMAL,
-                EndReason::Error => close_code::INTERNAL,
-            };
-            socket.close(code, reason.as_str()).await;
+            socket
+                .close(close_code::of_end(reason), reason.as_str())
+                .await;
         }
     }
+    door::release_when_finished(ticket, status);
 }
 
 /// Ends the stream (reason `error`) after a bad message: `error` event, `closed`

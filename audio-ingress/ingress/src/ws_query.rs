@@ -82,9 +82,8 @@ fn decode(s: &str) -> Result<String, &'static str> {
             b'+' => out.push(b' '),
             b'%' => {
                 let hex = b.get(i + 1..i + 3).ok_or("has a truncated %-escape")?;
-                let hi = hex_digit(hex[0]).ok_or("has a malformed %-escape")?;
-                let lo = hex_digit(hex[1]).ok_or("has a malformed %-escape")?;
-                out.push(hi << 4 | lo);
+                let digit = |c: u8| char::from(c).to_digit(16).ok_or("has a malformed %-escape");
+                out.push((digit(hex[0])? << 4 | digit(hex[1])?) as u8);
                 i += 2;
             }
             c => out.push(c),
@@ -92,15 +91,6 @@ fn decode(s: &str) -> Result<String, &'static str> {
         i += 1;
     }
     String::from_utf8(out).map_err(|_| "is not valid UTF-8 once percent-decoded")
-}
-
-fn hex_digit(c: u8) -> Option<u8> {
-    match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
-    }
 }
 
 #[cfg(test)]

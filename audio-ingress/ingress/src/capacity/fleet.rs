@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use weir_protocol::StreamId;
+use weir_protocol::audio::ws::Event;
 use weir_protocol::capacity::{Announcement, OwnershipKind, gone_after};
 use weir_protocol::partition::partition_of;
 
@@ -83,20 +84,9 @@ pub enum Decision {
 /// What an admitted producer is told about its worker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Notice {
-    /// Its worker's lag for it is above the threshold.
-    Degraded {
-        /// The stream's lag, ms.
-        lag_ms: u64,
-        /// `capacity.max_lag_ms`.
-        threshold_ms: u64,
-        /// The worker.
-        worker: String,
-    },
-    /// Back below the threshold.
-    Recovered {
-        /// The stream's lag, ms.
-        lag_ms: u64,
-    },
+    /// Its event: [`Event::Degraded`] when its worker's lag for it is above the
+    /// threshold, [`Event::Recovered`] when it is back below.
+    Lag(Event),
     /// The worker refused the stream (`max_streams`).
     Refused,
 }
@@ -321,17 +311,17 @@ impl Fleet {
             h.worker = Some(ann.worker.clone());
             if s.lag_ms > threshold_ms {
                 h.degraded = true;
-                let notice = Notice::Degraded {
+                let notice = Notice::Lag(Event::Degraded {
                     lag_ms: s.lag_ms,
                     threshold_ms,
                     worker: ann.worker.clone(),
-                };
+                });
                 if h.tx.try_send(notice).is_ok() {
                     sent += 1;
                 }
             } else if h.degraded
                 && h.tx
-                    .try_send(Notice::Recovered { lag_ms: s.lag_ms })
+                    .try_send(Notice::Lag(Event::Recovered { lag_ms: s.lag_ms }))
                     .is_ok()
             {
                 // Still `degraded` when the queue was full: `recovered` goes with the

@@ -10,7 +10,7 @@
 //! named; announcements naming another are ignored) and stops with this task.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use weir_protocol::capacity::{
@@ -30,12 +30,6 @@ const RETRY: Duration = Duration::from_secs(1);
 
 fn ignored(kind: &'static str) {
     metrics::counter!(m::CAPACITY_IGNORED_TOTAL, m::LABEL_KIND => kind).increment(1);
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Runs until aborted.
@@ -89,7 +83,7 @@ pub(crate) async fn run(client: async_nats::Client, shared: Arc<Shared>, prefix:
 /// is the first one named.
 fn on_announcement(shared: &Shared, subject: &str, payload: &[u8]) -> Option<String> {
     let ann = match Announcement::decode(subject, payload).and_then(|a| {
-        a.check_fresh(unix_ms())?;
+        a.check_fresh(weir_audio_consumer::system_unix_ms())?;
         Ok(a)
     }) {
         Ok(a) => a,

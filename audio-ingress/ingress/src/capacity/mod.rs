@@ -35,7 +35,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use weir_protocol::StreamId;
-use weir_protocol::audio::ws::Event;
 
 use crate::config::{CapacityConfig, CapacityMode};
 use crate::metrics as m;
@@ -241,18 +240,8 @@ impl Drop for Ticket {
 
 /// The producer event of a notice (`None` for a refusal: the stream ends instead).
 pub fn notice_event(notice: &Notice) -> Option<serde_json::Value> {
-    let event = match notice {
-        Notice::Degraded {
-            lag_ms,
-            threshold_ms,
-            worker,
-        } => Event::Degraded {
-            lag_ms: *lag_ms,
-            threshold_ms: *threshold_ms,
-            worker: worker.clone(),
-        },
-        Notice::Recovered { lag_ms } => Event::Recovered { lag_ms: *lag_ms },
-        Notice::Refused => return None,
-    };
-    serde_json::to_value(event).ok()
+    match notice {
+        Notice::Lag(event) => serde_json::to_value(event).ok(),
+        Notice::Refused => None,
+    }
 }

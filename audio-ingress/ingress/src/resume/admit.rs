@@ -54,13 +54,18 @@ pub enum Loss {
 /// The loss of a stream resumed without frame numbers, at its first frame: the whole
 /// 20 ms frames since the last frame the door took.
 pub fn wall_time_loss(pos: Position) -> (u64, u64) {
-    let per_frame = match pos.frame_samples {
-        0 => FRAME_SAMPLES as u64,
-        n => n,
-    };
+    let per_frame = frame_samples(&pos);
     let frame_ms = (per_frame * 1000 / u64::from(SAMPLE_RATE)).max(1);
     let frames = pos.since_last_frame.as_millis() as u64 / frame_ms;
     (frames, frames.saturating_mul(per_frame))
+}
+
+/// Samples of one of the stream's frames (20 ms at 16 kHz before its first frame).
+fn frame_samples(pos: &Position) -> u64 {
+    match pos.frame_samples {
+        0 => FRAME_SAMPLES as u64,
+        n => n,
+    }
 }
 
 /// What a resume established: the `resumed` event.
@@ -122,10 +127,7 @@ pub fn refusal(r: &ResumeRefusal, retry_after: Duration) -> Refused {
 /// The frames and samples lost between the door's position and the producer's claim.
 fn loss(pos: Position, ask: &ResumeAsk, how: Loss) -> Result<(u64, u64), ResumeRefusal> {
     let door = pos.last_seq;
-    let per_frame = match pos.frame_samples {
-        0 => FRAME_SAMPLES as u64,
-        n => n,
-    };
+    let per_frame = frame_samples(&pos);
     if let Some(claimed) = ask.last_seq
         && claimed > door
     {
@@ -179,7 +181,31 @@ fn request_checked(ask: &ResumeAsk) -> Result<u64, ResumeRefusal> {
     Ok(next)
 }
 
-impl<S: Sink> Door<'_, S> {
+impl<S: Sink> Door<S> {
+    /// Opens the stream of `admitted` ([`Self::open_attached`]), or takes it back when
+    /// the request asks for a resume ([`Self::resume`], loss declared `how`): the
+    /// attachment, its first event (`opened`, `None` with resume off; `resumed`) and,
+    /// for a resume, what it resumed.
+    pub async fn open_or_resume(
+        &self,
+        admitted: Admitted,
+        how: Loss,
+    ) -> Result<(Attachment, Option<serde_json::Value>, Option<Resumed>), Refused> {
+        let window = self.resume.window();
+        match admitted.resume.clone() {
+            None => {
+                let att = self.open_attached(admitted).await?;
+                let event = opened_event(&att, window);
+                Ok((att, event, None))
+            }
+            Some(ask) => {
+                let (att, resumed) = self.resume(admitted, &ask, how).await?;
+                let event = resumed.event(&att, window);
+                Ok((att, Some(event), Some(resumed)))
+            }
+        }
+    }
+
     /// Opens a new stream attached to the request's connection. A parked stream of the
     /// same id (its producer reconnected without its token) ends first, waited for at
     /// most [`EVICT_BOUND`].

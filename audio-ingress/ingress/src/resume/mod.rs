@@ -605,16 +605,6 @@ impl Attachment {
         &self.held().handle
     }
 
-    /// The stream's handle, mutably.
-    pub fn handle_mut(&mut self) -> &mut StreamHandle {
-        &mut self.held_mut().handle
-    }
-
-    /// The stream's capacity ticket.
-    pub fn ticket_mut(&mut self) -> &mut Ticket {
-        &mut self.held_mut().ticket
-    }
-
     /// The handle and the ticket, both mutably (a door's loop waits on the ticket
     /// while it pushes into the handle).
     pub fn parts(&mut self) -> (&mut StreamHandle, &mut Ticket) {

@@ -33,9 +33,7 @@ pub fn digest8(parts: &[&[u8]]) -> [u8; 8] {
         h.update(p);
     }
     let full = h.finalize();
-    let mut out = [0u8; 8];
-    out.copy_from_slice(&full[..8]);
-    out
+    full[..8].try_into().unwrap_or_default()
 }
 
 /// Mints and opens the tokens of one process.
@@ -87,9 +85,7 @@ impl Minter {
         m.update(b"weir-resume-v1");
         m.update(body);
         let full = m.finalize().into_bytes();
-        let mut out = [0u8; MAC];
-        out.copy_from_slice(&full[..MAC]);
-        out
+        full[..MAC].try_into().unwrap_or_default()
     }
 
     /// The token of stream instance `instance` of stream `id`, bound to `scope`.
@@ -120,16 +116,10 @@ impl Minter {
         if diff != 0 {
             return None;
         }
-        let mut instance = [0u8; INSTANCE];
-        instance.copy_from_slice(&bytes[..INSTANCE]);
-        let mut scope = [0u8; SCOPE];
-        scope.copy_from_slice(&bytes[INSTANCE..INSTANCE + SCOPE]);
-        let mut id_hash = [0u8; ID_HASH];
-        id_hash.copy_from_slice(&bytes[INSTANCE + SCOPE..BODY]);
         Some(Opened {
-            instance: u64::from_be_bytes(instance),
-            scope,
-            id_hash,
+            instance: u64::from_be_bytes(bytes[..INSTANCE].try_into().ok()?),
+            scope: bytes[INSTANCE..INSTANCE + SCOPE].try_into().ok()?,
+            id_hash: bytes[INSTANCE + SCOPE..BODY].try_into().ok()?,
         })
     }
 }

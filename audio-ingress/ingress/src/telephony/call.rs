@@ -28,7 +28,7 @@ use super::inbound::{InboundAudio, Ready};
 use super::outbound::{self, Cmd, Shared, Writer};
 use super::voice::{Events, Subjects};
 use crate::capacity::{Notice, Ticket};
-use crate::door::{self, HasDoor};
+use crate::door;
 use crate::metrics as m;
 use crate::ws::close_code;
 use weir_audio_producer::Lost;
@@ -90,12 +90,6 @@ enum Outcome {
     Idle,
 }
 
-/// Why no call started.
-enum NoStart {
-    Gone,
-    Bad(BadInput),
-}
-
 /// Serves one carrier connection.
 pub(super) async fn serve<S: Sink>(
     socket: WebSocket,
@@ -114,30 +108,25 @@ pub(super) async fn serve<S: Sink>(
         Arc::clone(&state.out_total),
         cfg.out_max_total_bytes,
     );
-    let (writer, writer_task) = Writer::spawn(sink, Arc::clone(&shared), state.send_timeout);
+    let (writer, writer_task) = Writer::spawn(sink, Arc::clone(&shared), state.door.send_timeout);
     let close = |code: u16, reason: &str| Cmd::Close(code, reason.to_owned());
-    let started = tokio::time::timeout(cfg.start_timeout, wait_start(&mut stream, dialect)).await;
-    let (dialect, start) = match started {
-        Ok(Ok(s)) => s,
-        Ok(Err(NoStart::Gone)) => return finish_writer(writer, writer_task, None).await,
-        Ok(Err(NoStart::Bad(b))) => {
+    let started = tokio::time::timeout(cfg.start_timeout, wait_start(&mut stream, dialect))
+        .await
+        .unwrap_or_else(|_| Err(Outcome::Bad(BadInput::policy("start_timeout", ""))))
+        .and_then(|(dialect, start)| {
+            let format = return_format(dialect, &start).map_err(Outcome::Bad)?;
+            Ok((dialect, start, format))
+        });
+    let (dialect, start, return_format) = match started {
+        Ok(s) => s,
+        Err(Outcome::Bad(b)) => {
             count_bad(&b);
             return finish_writer(writer, writer_task, Some(close(b.close, b.code))).await;
         }
-        Err(_) => {
-            count_bad(&BadInput::policy("start_timeout", ""));
-            let cmd = close(close_code::POLICY, "start_timeout");
-            return finish_writer(writer, writer_task, Some(cmd)).await;
-        }
+        // The socket is gone.
+        Err(_) => return finish_writer(writer, writer_task, None).await,
     };
     let label = dialect.as_str();
-    let return_format = match return_format(dialect, &start) {
-        Ok(f) => f,
-        Err(b) => {
-            count_bad(&b);
-            return finish_writer(writer, writer_task, Some(close(b.close, b.code))).await;
-        }
-    };
     let (handle, ticket) = match admit(&state, &start, token.as_deref()).await {
         Ok(opened) => opened,
         Err((code, reason)) => {
@@ -182,7 +171,9 @@ pub(super) async fn serve<S: Sink>(
         shared: Arc::clone(&shared),
         events: events.clone(),
     };
-    let outcome = call.read(&mut stream, dialect, state.idle_timeout).await;
+    let outcome = call
+        .read(&mut stream, dialect, state.door.idle_timeout)
+        .await;
     stop_intake.cancel();
     if let Some(mut task) = intake
         && tokio::time::timeout(Duration::from_secs(2), &mut task)
@@ -213,42 +204,37 @@ pub(super) async fn serve<S: Sink>(
 
 /// Reads until `start`: the dialect from the first message when the path did not name
 /// it; `connected` and unknown events are skipped; anything else before `start` is
-/// refused.
+/// refused (`Outcome::Bad`; otherwise the socket is gone, `Outcome::Gone`).
 async fn wait_start(
     stream: &mut SplitStream<WebSocket>,
     mut dialect: Option<Dialect>,
-) -> Result<(Dialect, Start), NoStart> {
+) -> Result<(Dialect, Start), Outcome> {
     loop {
         let text = match stream.next().await {
-            None | Some(Ok(Message::Close(_))) => return Err(NoStart::Gone),
-            Some(Err(e)) => {
-                return Err(match read_failure(e) {
-                    Outcome::Bad(b) => NoStart::Bad(b),
-                    _ => NoStart::Gone,
-                });
-            }
+            None | Some(Ok(Message::Close(_))) => return Err(Outcome::Gone),
+            Some(Err(e)) => return Err(read_failure(e)),
             Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
-            Some(Ok(Message::Binary(_))) => return Err(NoStart::Bad(binary_message())),
+            Some(Ok(Message::Binary(_))) => return Err(Outcome::Bad(binary_message())),
             Some(Ok(Message::Text(t))) => t,
         };
         let d = match dialect.or_else(|| dialect::detect(text.as_str())) {
             Some(d) => *dialect.insert(d),
             None => {
-                return Err(NoStart::Bad(BadInput::policy(
+                return Err(Outcome::Bad(BadInput::policy(
                     "unknown_dialect",
                     "the first message is neither Twilio's nor Telnyx's (`connected` or `start`)",
                 )));
             }
         };
         match dialect::parse(d, text.as_str()) {
-            Err(e) => return Err(NoStart::Bad(BadInput::dialect(&e))),
+            Err(e) => return Err(Outcome::Bad(BadInput::dialect(&e))),
             Ok(Inbound::Start(s)) => return Ok((d, s)),
             Ok(Inbound::Connected { .. }) => {}
             Ok(Inbound::Other { .. }) => {
                 metrics::counter!(m::TELEPHONY_IGNORED_EVENTS_TOTAL).increment(1);
             }
             Ok(_) => {
-                return Err(NoStart::Bad(BadInput::policy(
+                return Err(Outcome::Bad(BadInput::policy(
                     "before_start",
                     "an event other than `connected` came before `start`",
                 )));
@@ -271,7 +257,7 @@ async fn admit<S: Sink>(
         .get("access_token")
         .map(String::as_str)
         .or(token);
-    let door = state.door();
+    let door = &state.door;
     let opened = door
         .check_call(id, session, token)
         .and_then(|admitted| door.open(admitted));
@@ -564,13 +550,7 @@ async fn end(
         }
         Outcome::Closed(reason) => {
             handle.wait_finished(Duration::from_secs(30)).await;
-            let code = match reason {
-                EndReason::Shutdown | EndReason::Idle => close_code::GOING_AWAY,
-                EndReason::Overload | EndReason::NoCapacity => close_code::TRY_AGAIN_LATER,
-                EndReason::Producer | EndReason::ProducerGone => close_code::NORMAL,
-                EndReason::Error => close_code::INTERNAL,
-            };
-            (reason, close(code, reason.as_str()))
+            (reason, close(close_code::of_end(reason), reason.as_str()))
         }
     }
 }
@@ -605,22 +585,14 @@ fn count_bad(b: &BadInput) {
 /// How a failed read ends the call: the carrier broke the WebSocket protocol, or the
 /// connection is gone.
 fn read_failure(e: axum::Error) -> Outcome {
-    use tungstenite::error::{Error as WsError, ProtocolError};
-    let Ok(e) = e.into_inner().downcast::<WsError>() else {
-        return Outcome::Gone;
-    };
-    let (close, code) = match &*e {
-        WsError::Utf8(_) => (close_code::INVALID_PAYLOAD, "invalid_utf8"),
-        WsError::Capacity(_) => (close_code::MESSAGE_TOO_BIG, "too_large"),
-        WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => return Outcome::Gone,
-        WsError::Protocol(_) => (close_code::PROTOCOL, "protocol_error"),
-        _ => return Outcome::Gone,
-    };
-    Outcome::Bad(BadInput {
-        close,
-        code,
-        message: e.to_string(),
-    })
+    match crate::ws::violation(e, "too_large") {
+        Some((close, code, message)) => Outcome::Bad(BadInput {
+            close,
+            code,
+            message,
+        }),
+        None => Outcome::Gone,
+    }
 }
 
 /// The format of the call's return path: Twilio takes `audio/x-mulaw` at 8 kHz only;

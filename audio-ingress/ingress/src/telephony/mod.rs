@@ -63,14 +63,9 @@ use axum::response::Response;
 use axum::routing::get;
 use weir_audio_telephony::dialect::{self, Dialect};
 
-use crate::auth::Authenticator;
-use crate::capacity::Capacity;
-use crate::door::{self, error_response};
-use crate::resume::Resume;
-use crate::shutdown::TaskTracker;
+use crate::door::{self, Door, error_response};
 use crate::ws_query::UpgradeQuery;
 use weir_audio_producer::publisher::Sink;
-use weir_audio_producer::stream::Ingress;
 
 /// The telephony door's settings (`[telephony]` keys).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,22 +120,8 @@ impl Default for TelephonyConfig {
 /// What the telephony door needs.
 #[derive(Clone)]
 pub struct TelephonyState<S: Sink> {
-    /// The producer core.
-    pub ingress: Ingress<S>,
-    /// `Retry-After` for 503.
-    pub retry_after: Duration,
-    /// A connection silent for this long is ended (reason `idle`).
-    pub idle_timeout: Duration,
-    /// Bound on one send to the carrier; on expiry the socket is abandoned.
-    pub send_timeout: Duration,
-    /// Tracks connection handlers so shutdown can wait for their close frames.
-    pub tracker: TaskTracker,
-    /// Producer tokens (`None`: off).
-    pub auth: Option<Arc<Authenticator>>,
-    /// The recognition-capacity check; `None`: a service started without one.
-    pub capacity: Option<Arc<Capacity>>,
-    /// The doors' resume table (a call is never parked: carriers do not resume).
-    pub resume: Arc<Resume>,
+    /// What every door shares (a call is never parked: carriers do not resume).
+    pub door: Door<S>,
     /// The door's settings.
     pub config: Arc<TelephonyConfig>,
     /// The NATS client of the bot-audio path and the call events; `None` (a service
@@ -149,8 +130,6 @@ pub struct TelephonyState<S: Sink> {
     /// Bytes of bot audio queued by every call of this door.
     pub out_total: Arc<std::sync::atomic::AtomicUsize>,
 }
-
-door::has_door!(TelephonyState);
 
 /// The telephony routes, without fallbacks (`serve` merges them with the others).
 pub fn routes<S: Sink>(state: TelephonyState<S>) -> Router {
@@ -209,44 +188,28 @@ fn upgrade<S: Sink>(
     let query = match UpgradeQuery::parse(uri.query()) {
         Ok(q) => q,
         Err(e) => {
-            state.ingress.global().admission_rejected("invalid_session");
+            state
+                .door
+                .ingress
+                .global()
+                .admission_rejected("invalid_session");
             return error_response(StatusCode::BAD_REQUEST, "invalid_request", e.to_string());
         }
     };
-    if !state.ingress.sink().is_connected() {
-        state.ingress.global().admission_rejected("not_ready");
-        let mut resp = error_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not_ready",
-            "not connected to NATS; retry later",
-        );
-        door::insert_retry_after(&mut resp, state.retry_after);
-        return resp;
+    if let Err(resp) = state.door.ready() {
+        return *resp;
     }
     let token = crate::auth::token_of(door::bearer(&headers), query.access_token.as_deref())
         .map(str::to_owned);
-    let guard = state.tracker.token();
-    ws.max_message_size(MAX_MESSAGE_BYTES)
-        .max_frame_size(MAX_MESSAGE_BYTES)
-        .read_buffer_size(READ_BUFFER_BYTES)
-        .write_buffer_size(WRITE_BUFFER_BYTES)
-        .max_write_buffer_size(MAX_WRITE_BUFFER_BYTES)
-        .on_upgrade(move |socket| {
-            let span = tracing::info_span!("telephony");
-            tracing::Instrument::instrument(
-                async move {
-                    let _guard = guard;
-                    call::serve(socket, state, dialect, token).await;
-                },
-                span,
-            )
-        })
+    let guard = state.door.tracker.token();
+    door::bounded_socket(ws, MAX_MESSAGE_BYTES).on_upgrade(move |socket| {
+        let span = tracing::info_span!("telephony");
+        tracing::Instrument::instrument(
+            async move {
+                let _guard = guard;
+                call::serve(socket, state, dialect, token).await;
+            },
+            span,
+        )
+    })
 }
-
-/// Read buffer of a carrier connection: a 20 ms µ-law `media` event is ~370 bytes.
-const READ_BUFFER_BYTES: usize = 2 * 1024;
-/// Write buffer before a flush: a few outbound `media` events.
-const WRITE_BUFFER_BYTES: usize = 8 * 1024;
-/// Largest write buffer (a carrier that does not read makes a send fail at this size,
-/// or time out first).
-const MAX_WRITE_BUFFER_BYTES: usize = 64 * 1024;

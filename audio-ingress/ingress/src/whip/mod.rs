@@ -75,7 +75,6 @@ use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, post};
-use serde::Serialize;
 use serde_json::json;
 use str0m::change::SdpOffer;
 use str0m::config::DtlsCert;
@@ -84,16 +83,11 @@ use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, oneshot};
 use weir_protocol::StreamId;
 
-use crate::auth::Authenticator;
-use crate::capacity::Capacity;
 use crate::config::WhipConfig;
-use crate::door::{self, HasDoor};
+use crate::door::{self, Door, HasDoor};
 use crate::error::Error;
-use crate::resume::Resume;
-use crate::resume::admit::{Loss, opened_event};
-use crate::shutdown::TaskTracker;
+use crate::resume::admit::Loss;
 use weir_audio_producer::publisher::Sink;
-use weir_audio_producer::stream::Ingress;
 use weir_protocol::WireName;
 use weir_protocol::audio::extension::EndReason;
 use weir_service::http::{Client, PeerAddr};
@@ -181,49 +175,25 @@ impl SessionCounters {
         total.decode_ns_max.fetch_max(ns, Ordering::Relaxed);
     }
 
-    /// A JSON view.
-    pub fn snapshot(&self) -> MediaSnapshot {
+    /// The admin view's JSON: the counters, the decode time as the mean and the
+    /// longest decode of one packet in µs.
+    pub fn snapshot(&self) -> serde_json::Value {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let decoded = g(&self.decoded);
-        MediaSnapshot {
-            packets: g(&self.packets),
-            decoded,
+        json!({
+            "packets": g(&self.packets),
+            "decoded": decoded,
             // Decode time is only added with a decoded packet: 0 when none was.
-            decode_us_mean: g(&self.decode_ns) as f64 / decoded.max(1) as f64 / 1e3,
-            decode_us_max: g(&self.decode_ns_max) as f64 / 1e3,
-            decode_errors: g(&self.decode_errors),
-            concealed_frames: g(&self.concealed_frames),
-            rtp_gaps: g(&self.rtp_gaps),
-            rtp_lost: g(&self.rtp_lost),
-            rtp_late: g(&self.rtp_late),
-            frames: g(&self.frames),
-        }
+            "decode_us_mean": g(&self.decode_ns) as f64 / decoded.max(1) as f64 / 1e3,
+            "decode_us_max": g(&self.decode_ns_max) as f64 / 1e3,
+            "decode_errors": g(&self.decode_errors),
+            "concealed_frames": g(&self.concealed_frames),
+            "rtp_gaps": g(&self.rtp_gaps),
+            "rtp_lost": g(&self.rtp_lost),
+            "rtp_late": g(&self.rtp_late),
+            "frames": g(&self.frames),
+        })
     }
-}
-
-/// [`SessionCounters`] as the admin view shows them.
-#[derive(Debug, Clone, Serialize)]
-pub struct MediaSnapshot {
-    /// Opus packets received.
-    pub packets: u64,
-    /// Opus packets decoded.
-    pub decoded: u64,
-    /// Mean decode time of one packet, µs.
-    pub decode_us_mean: f64,
-    /// Longest decode of one packet, µs.
-    pub decode_us_max: f64,
-    /// Packets the decoder refused.
-    pub decode_errors: u64,
-    /// Frames made by loss concealment.
-    pub concealed_frames: u64,
-    /// RTP sequence gaps.
-    pub rtp_gaps: u64,
-    /// RTP packets missing in the gaps.
-    pub rtp_lost: u64,
-    /// Late or duplicate packets ignored.
-    pub rtp_late: u64,
-    /// 20 ms frames pushed into the stream.
-    pub frames: u64,
 }
 
 /// A request to end a session's stream with `end` (DELETE); the reply comes once the
@@ -367,35 +337,22 @@ impl Whip {
     }
 
     /// The WHIP routes (without fallbacks; see [`door::with_fallbacks`]).
-    pub fn routes<S: Sink>(
-        &self,
-        ingress: Ingress<S>,
-        auth: Option<Arc<Authenticator>>,
-        retry_after: Duration,
-        tracker: TaskTracker,
-        capacity: Option<Arc<Capacity>>,
-        resume: Arc<Resume>,
-    ) -> Router {
+    pub fn routes<S: Sink>(&self, door: Door<S>) -> Router {
         let state = WhipState {
-            ingress,
-            auth,
-            retry_after,
-            capacity,
-            resume,
-            tracker,
+            door,
             shared: Arc::clone(&self.shared),
         };
         Router::new()
             .route(
                 "/v1/whip/{stream_id}",
                 post(offer::<S>)
-                    .options(options_endpoint)
+                    .options(|| async { preflight("POST, OPTIONS") })
                     .fallback(|| async { method_not_allowed("POST, OPTIONS") }),
             )
             .route(
                 "/v1/whip/{stream_id}/{resource}",
                 delete(delete_session::<S>)
-                    .options(options_resource)
+                    .options(|| async { preflight("DELETE, PATCH, OPTIONS") })
                     .patch(|| async {
                         let mut resp = door::error_response(
                             StatusCode::METHOD_NOT_ALLOWED,
@@ -414,7 +371,7 @@ impl Whip {
     }
 
     /// Waits (at most `bound`) until every session's ICE/DTLS is closed, then stops the
-    /// driver. Call after the streams ended ([`Ingress::shutdown`]).
+    /// driver. Call after the streams ended (`Ingress::shutdown`).
     pub async fn shutdown(self, bound: Duration) {
         let deadline = tokio::time::Instant::now() + bound;
         while !self.shared.sessions.lock().is_empty() && tokio::time::Instant::now() < deadline {
@@ -433,16 +390,17 @@ const PUMP_PACKETS: usize = 64;
 
 #[derive(Clone)]
 struct WhipState<S: Sink> {
-    ingress: Ingress<S>,
-    auth: Option<Arc<Authenticator>>,
-    retry_after: Duration,
-    capacity: Option<Arc<Capacity>>,
-    resume: Arc<Resume>,
-    tracker: TaskTracker,
+    door: Door<S>,
     shared: Arc<Shared>,
 }
 
-door::has_door!(WhipState);
+impl<S: Sink> HasDoor for WhipState<S> {
+    type Sink = S;
+
+    fn door(&self) -> &Door<S> {
+        &self.door
+    }
+}
 
 /// Sets each header to its value.
 fn set_headers<const N: usize>(resp: &mut Response, headers: [(HeaderName, &'static str); N]) {
@@ -498,14 +456,6 @@ fn preflight(methods: &'static str) -> Response {
         ],
     );
     resp
-}
-
-async fn options_endpoint() -> Response {
-    preflight("POST, OPTIONS")
-}
-
-async fn options_resource() -> Response {
-    preflight("DELETE, PATCH, OPTIONS")
 }
 
 fn refused(
@@ -680,14 +630,14 @@ fn sessions_full<S: Sink>(state: &WhipState<S>, full: Full) -> Response {
             ),
         ),
     };
-    state.ingress.global().admission_rejected(label);
+    state.door.ingress.global().admission_rejected(label);
     let mut resp = refused(
         &state.shared,
         StatusCode::SERVICE_UNAVAILABLE,
         code,
         message,
     );
-    door::insert_retry_after(&mut resp, state.retry_after);
+    door::insert_retry_after(&mut resp, state.door.retry_after);
     resp
 }
 
@@ -762,25 +712,16 @@ async fn create_session<S: Sink>(
     let (rtc, answer) = accept(shared, sdp, client).map_err(|e| invalid_offer(e.to_string()))?;
     let stream_id = admitted.id.clone();
     let requested_at = tokio::time::Instant::now();
-    let window = state.resume.window();
-    let door = state.door();
-    let opened = match admitted.resume.clone() {
-        None => door.open_attached(admitted).await.map(|att| {
-            let event = opened_event(&att, window);
-            (att, event, None)
-        }),
-        Some(ask) => door
-            .resume(admitted, &ask, Loss::AtFirstFrame)
-            .await
-            .map(|(att, resumed)| {
-                let event = resumed.event(&att, window);
-                (att, Some(event), Some(requested_at))
-            }),
-    };
-    let (att, first_event, resumed_at) = opened.map_err(|resp| {
+    let window = state.door.resume.window();
+    let opened = state
+        .door
+        .open_or_resume(admitted, Loss::AtFirstFrame)
+        .await;
+    let (att, first_event, resumed) = opened.map_err(|resp| {
         count(&shared.counters.offers_refused);
         *resp
     })?;
+    let resumed_at = resumed.map(|_| requested_at);
     let token = att.token().map(str::to_owned);
     let (media_tx, media_rx) = mpsc::channel(PUMP_PACKETS);
     let session = driver::NewSession {
@@ -816,17 +757,27 @@ async fn create_session<S: Sink>(
         counters,
         totals: Arc::clone(&shared.counters),
         ended,
-        _guard: state.tracker.token(),
+        _guard: state.door.tracker.token(),
     }));
     tracing::info!(stream_id = %stream_id, resource = %key, "WHIP session created");
-    let location = format!("/v1/whip/{stream_id}/{key}");
+    Ok(created(
+        answer,
+        &format!("/v1/whip/{stream_id}/{key}"),
+        token,
+        window,
+    ))
+}
+
+/// The `201` of a session: the answer, its `Location`, and the resume token and
+/// window (resume on).
+fn created(answer: String, location: &str, token: Option<String>, window: Duration) -> Response {
     let mut resp = (
         StatusCode::CREATED,
         [(header::CONTENT_TYPE, "application/sdp")],
         answer,
     )
         .into_response();
-    if let Ok(v) = HeaderValue::from_str(&location) {
+    if let Ok(v) = HeaderValue::from_str(location) {
         resp.headers_mut().insert(header::LOCATION, v);
     }
     if let Some(v) = token.and_then(|t| HeaderValue::from_str(&t).ok()) {
@@ -837,7 +788,7 @@ async fn create_session<S: Sink>(
             HeaderValue::from(window.as_millis() as u64),
         );
     }
-    Ok(resp)
+    resp
 }
 
 fn with_cors(mut resp: Response) -> Response {
@@ -863,7 +814,7 @@ async fn delete_session<S: Sink>(
     };
     // The same token that opened the stream may end it.
     if let Err(resp) = state
-        .door()
+        .door
         .check(Ok(raw_id.clone()), raw_query.as_deref(), &headers)
     {
         return with_cors(*resp);
@@ -886,7 +837,7 @@ async fn delete_session<S: Sink>(
         return not_found();
     }
     // Bounded: the pump waits at most end_timeout + 500 ms for the `end`.
-    let bound = state.ingress.config().end_timeout() + Duration::from_secs(1);
+    let bound = state.door.ingress.config().end_timeout() + Duration::from_secs(1);
     let _ = tokio::time::timeout(bound, done).await;
     with_cors(StatusCode::OK.into_response())
 }

@@ -676,8 +676,9 @@ impl weir_audio_producer::publisher::Sink for RefuseFrames {
 /// with `producer_gone` (its `end` is published) and its slot is released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ws_client_that_stops_reading_is_abandoned_within_the_send_timeout() {
+    use weir_audio_ingress::door::Door;
     use weir_audio_ingress::shutdown::TaskTracker;
-    use weir_audio_ingress::ws::{WsState, router};
+    use weir_audio_ingress::ws::router;
     use weir_audio_producer::{Ingress, Policy, StreamConfig};
 
     let prometheus = support::prometheus();
@@ -692,7 +693,7 @@ async fn ws_client_that_stops_reading_is_abandoned_within_the_send_timeout() {
     // Below the kernel's zero-window probe interval (>= 200 ms), so that a pipe that
     // only trickles open as the receiver collapses its queue still counts as stuck.
     let send_timeout = Duration::from_millis(100);
-    let app = router(WsState {
+    let app = router(Door {
         ingress: ingress.clone(),
         retry_after: Duration::from_secs(1),
         idle_timeout: Duration::from_secs(30),

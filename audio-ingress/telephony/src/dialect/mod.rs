@@ -312,9 +312,14 @@ pub fn parse(dialect: Dialect, text: &str) -> Result<Inbound, DialectError> {
             "message is not a JSON object",
         ));
     }
+    // A `media` message by the hot path's reader ([`fast`]), anything else by serde.
     match dialect {
-        Dialect::Twilio => twilio::parse(text),
-        Dialect::Telnyx => telnyx::parse(text),
+        Dialect::Twilio => {
+            fast::media_message(text, "sequenceNumber").unwrap_or_else(|| twilio::parse_full(text))
+        }
+        Dialect::Telnyx => {
+            fast::media_message(text, "sequence_number").unwrap_or_else(|| telnyx::parse_full(text))
+        }
     }
 }
 

@@ -61,13 +61,6 @@ struct ErrorBody<'a> {
     detail: Option<Loose<'a>>,
 }
 
-pub(super) fn parse(text: &str) -> Result<Inbound, DialectError> {
-    if let Some(media) = super::fast::media_message(text, "sequence_number") {
-        return media;
-    }
-    parse_full(text)
-}
-
 /// The full reader (serde), for every message the hot path's reader passes on.
 pub(super) fn parse_full(text: &str) -> Result<Inbound, DialectError> {
     let msg: Message<'_> = serde_json::from_str(text).map_err(|e| invalid_json(&e))?;

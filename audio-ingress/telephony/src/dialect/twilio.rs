@@ -53,13 +53,6 @@ struct StartBody<'a> {
     media_format: Option<Obj<FormatBody<'a>>>,
 }
 
-pub(super) fn parse(text: &str) -> Result<Inbound, DialectError> {
-    if let Some(media) = super::fast::media_message(text, "sequenceNumber") {
-        return media;
-    }
-    parse_full(text)
-}
-
 /// The full reader (serde), for every message the hot path's reader passes on.
 pub(super) fn parse_full(text: &str) -> Result<Inbound, DialectError> {
     let msg: Message<'_> = serde_json::from_str(text).map_err(|e| invalid_json(&e))?;

@@ -185,13 +185,16 @@ fn listed_streams_get_degraded_then_recovered() {
     assert_eq!(f.accept(a.clone(), now).expect("ok").degraded_sent, 1);
     assert!(matches!(
         rx.try_recv(),
-        Ok(Notice::Degraded { lag_ms: 800, .. })
+        Ok(Notice::Lag(Event::Degraded { lag_ms: 800, .. }))
     ));
     a.seq = 3;
     a.lag_ms = 10;
     a.streams[0].lag_ms = 10;
     f.accept(a, now).expect("ok");
-    assert_eq!(rx.try_recv().ok(), Some(Notice::Recovered { lag_ms: 10 }));
+    assert_eq!(
+        rx.try_recv().ok(),
+        Some(Notice::Lag(Event::Recovered { lag_ms: 10 }))
+    );
 }
 
 #[test]
@@ -320,9 +323,15 @@ fn recovered_waits_for_room_and_a_refusal_from_another_worker_is_ignored() {
     f.accept(listed(2, 900), now).expect("ok");
     // The producer has not taken `degraded` yet: the queue (1) is full.
     f.accept(listed(3, 10), now).expect("ok");
-    assert!(matches!(rx.try_recv(), Ok(Notice::Degraded { .. })));
+    assert!(matches!(
+        rx.try_recv(),
+        Ok(Notice::Lag(Event::Degraded { .. }))
+    ));
     f.accept(listed(4, 10), now).expect("ok");
-    assert_eq!(rx.try_recv().ok(), Some(Notice::Recovered { lag_ms: 10 }));
+    assert_eq!(
+        rx.try_recv().ok(),
+        Some(Notice::Lag(Event::Recovered { lag_ms: 10 }))
+    );
     assert_eq!(
         f.refusal_sender(&id("a"), "w2").err(),
         Some("refusal_other_worker")

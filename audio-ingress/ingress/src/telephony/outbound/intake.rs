@@ -15,7 +15,7 @@ use weir_audio_telephony::outbound::{
 };
 use weir_service::shutdown::CancellationToken;
 
-use super::{Shared, count_dropped, drop_reason, overload_event};
+use super::{Shared, count_dropped, overload_event};
 use crate::metrics as m;
 use crate::telephony::voice::{Events, MARK_HEADER, MAX_OUT_MESSAGE_BYTES};
 
@@ -126,7 +126,7 @@ fn take_audio(msg: &async_nats::Message, shared: &Shared, events: &Events) {
     match pushed {
         Ok(None) => {}
         Ok(Some(d)) => {
-            let reason = drop_reason(d.reason);
+            let reason = d.reason.code();
             count_dropped(reason, d.frames);
             events.emit(overload_event(reason, &d, mark.as_deref()));
         }

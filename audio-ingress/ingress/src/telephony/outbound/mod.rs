@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde_json::json;
 use tokio::sync::Notify;
-use weir_audio_telephony::outbound::{DropReason, Dropped, Marks, OutQueue, OutboundConfig};
+use weir_audio_telephony::outbound::{Dropped, Marks, OutQueue, OutboundConfig};
 
 use crate::metrics as m;
 
@@ -186,14 +186,6 @@ pub(super) fn count_dropped(reason: &'static str, frames: u64) {
     if frames > 0 {
         metrics::counter!(m::TELEPHONY_OUT_DROPPED_FRAMES_TOTAL, m::LABEL_REASON => reason)
             .increment(frames);
-    }
-}
-
-pub(super) fn drop_reason(r: DropReason) -> &'static str {
-    match r {
-        DropReason::QueueFull => "queue_full",
-        DropReason::MaxAge => "max_age",
-        DropReason::Cleared => "cleared",
     }
 }
 

@@ -17,7 +17,7 @@ use weir_audio_telephony::codec::{Encoder, MediaFormat};
 use weir_audio_telephony::dialect::{self, Dialect};
 use weir_audio_telephony::outbound::{Due, FRAME_DURATION};
 
-use super::{Shared, count_dropped, drop_reason, overload_event};
+use super::{Shared, count_dropped, overload_event};
 use crate::metrics as m;
 use crate::telephony::voice::Events;
 
@@ -219,7 +219,7 @@ impl Writer {
             }
         });
         if let (Some(d), Some(s)) = (dropped, &self.started) {
-            let reason = drop_reason(d.reason);
+            let reason = d.reason.code();
             count_dropped(reason, d.frames);
             s.events.emit(overload_event(reason, &d, None));
         }
