@@ -71,14 +71,7 @@ impl TwilioClip {
     pub fn encode(clip: &SpeechClip) -> Result<Self, Error> {
         let format = MediaFormat::new(Encoding::Pcmu, 8000, 1)
             .map_err(|e| Error::new(ErrorKind::Run, format!("µ-law format: {e}")))?;
-        let pcm: Vec<i16> = (0..clip.frames() as u64)
-            .flat_map(|i| {
-                let f = clip.frame(i);
-                f.chunks_exact(2)
-                    .map(|b| i16::from_le_bytes([b[0], b[1]]))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        let pcm = clip.samples();
         let mut encoder = Encoder::new(format);
         let mut mulaw = Vec::with_capacity(pcm.len() / 2);
         encoder.encode(&pcm, &mut mulaw);

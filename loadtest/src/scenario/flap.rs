@@ -40,12 +40,11 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::error::Error;
-use crate::ingress::{
-    Design, IngressProcess, Launch, cpu_since, cpu_time, machine_busy, machine_busy_since,
+use crate::ingress::{Design, IngressProcess, Launch};
+use crate::report::{CpuReport, RunReport};
+use crate::scenario::run::{
+    CpuStart, Env, RunNats, RunOutput, ScenarioIngress, TempDir, scenario_launch,
 };
-use crate::report::RunReport;
-use crate::scenario::asr::shortfall::RunNats;
-use crate::scenario::run::{Env, RunOutput, ScenarioIngress, TempDir, scenario_launch};
 use audit::{AuditTotals, WireAudit};
 use producer::{FlapConfig, FlapCounters, FlapSnapshot};
 
@@ -220,22 +219,6 @@ pub fn counter_by_label(text: &str, name: &str, label: &str) -> BTreeMap<String,
     out
 }
 
-/// CPU each process used while the calls ran, seconds (2 cores: at most 2 s per
-/// second of `wall_s`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct FlapCpu {
-    /// The ingress.
-    pub ingress_s: f64,
-    /// The load test (producers and the audit).
-    pub loadtest_s: f64,
-    /// nats-server.
-    pub nats_server_s: f64,
-    /// Everything else on the machine.
-    pub other_s: f64,
-    /// Wall time of the sending phase.
-    pub wall_s: f64,
-}
-
 /// One design's figures (the report's `flap` object).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct FlapReport {
@@ -267,7 +250,7 @@ pub struct FlapReport {
     /// Whether the client-side resume p99 met the target (`null` without resumes).
     pub resume_p99_within_target: Option<bool>,
     /// CPU while the calls ran.
-    pub cpu: FlapCpu,
+    pub cpu: CpuReport,
 }
 
 /// Runs the designs one after the other with `streams` calls.
@@ -295,18 +278,16 @@ fn launch(
     partitions: u32,
     dir: &std::path::Path,
 ) -> Result<Launch, Error> {
+    let weir = |sets| ScenarioIngress::Weir {
+        run: "producer-flap",
+        max_streams: (streams * 2).max(1000) + 100,
+        config: String::new(),
+        sets,
+    };
     let ingress = match design {
-        FlapDesign::Naive => ScenarioIngress::Naive,
-        FlapDesign::WeirResume => ScenarioIngress::Weir {
-            run: "producer-flap",
-            max_streams: (streams * 2).max(1000) + 100,
-            sets: &["capacity.mode=off"],
-        },
-        FlapDesign::WeirNoResume => ScenarioIngress::Weir {
-            run: "producer-flap",
-            max_streams: (streams * 2).max(1000) + 100,
-            sets: &["capacity.mode=off", "resume_window_ms=0"],
-        },
+        FlapDesign::Naive => ScenarioIngress::Naive { floor: None },
+        FlapDesign::WeirResume => weir(&["capacity.mode=off"]),
+        FlapDesign::WeirNoResume => weir(&["capacity.mode=off", "resume_window_ms=0"]),
     };
     scenario_launch(env, ingress, nats_url, partitions, dir)
 }
@@ -337,7 +318,7 @@ pub async fn run_design(
     let ids: Arc<Vec<String>> = Arc::new((0..streams).map(|i| format!("call{i}")).collect());
     let counters = Arc::new(FlapCounters::default());
     let spread = Duration::from_millis((streams as u64).clamp(20, 1000));
-    let cpu0 = CpuStart::take(&ingress, nats.server.as_ref().map(|s| s.pid()));
+    let cpu0 = CpuStart::take(&ingress, &nats);
     let start = Instant::now();
     let calls = producer::start(
         FlapConfig {
@@ -363,7 +344,7 @@ pub async fn run_design(
         progress(&label, start, settings.duration, &counters, &audit)
     })
     .await;
-    let cpu = cpu0.since(&ingress, start.elapsed());
+    let cpu = cpu0.used(&ingress, &nats, start.elapsed());
     if !env.quiet && std::io::stderr().is_terminal() {
         eprint!("\r{:<130}\r", "");
     }
@@ -423,47 +404,6 @@ fn output(
     RunOutput {
         report,
         samples: Vec::new(),
-    }
-}
-
-/// The CPU counters of the processes at the start of the sending phase.
-struct CpuStart {
-    ingress: Duration,
-    loadtest: Duration,
-    nats_server: Duration,
-    machine: Duration,
-    nats_pid: Option<u32>,
-}
-
-impl CpuStart {
-    /// Reads the counters of the ingress, this process, nats-server (`nats_pid`, when
-    /// this run started it) and the whole machine.
-    fn take(ingress: &IngressProcess, nats_pid: Option<u32>) -> Self {
-        Self {
-            ingress: ingress.cpu_time().unwrap_or_default(),
-            loadtest: cpu_time(std::process::id()).unwrap_or_default(),
-            nats_server: nats_pid.and_then(cpu_time).unwrap_or_default(),
-            machine: machine_busy().unwrap_or_default(),
-            nats_pid,
-        }
-    }
-
-    /// The CPU each process used since [`CpuStart::take`], over `wall` of sending; the
-    /// rest of the machine's is `other_s`.
-    fn since(&self, ingress: &IngressProcess, wall: Duration) -> FlapCpu {
-        let secs = |pid: Option<u32>, start| pid.map_or(0.0, |p| cpu_since(p, start).as_secs_f64());
-        let cpu = FlapCpu {
-            ingress_s: secs(Some(ingress.pid()), self.ingress),
-            loadtest_s: secs(Some(std::process::id()), self.loadtest),
-            nats_server_s: secs(self.nats_pid, self.nats_server),
-            other_s: 0.0,
-            wall_s: wall.as_secs_f64(),
-        };
-        let machine = machine_busy_since(self.machine).as_secs_f64();
-        FlapCpu {
-            other_s: (machine - cpu.ingress_s - cpu.loadtest_s - cpu.nats_server_s).max(0.0),
-            ..cpu
-        }
     }
 }
 
@@ -550,7 +490,7 @@ pub fn figures(
     producers: FlapSnapshot,
     audit: AuditTotals,
     metrics: Option<&str>,
-    cpu: FlapCpu,
+    cpu: CpuReport,
 ) -> FlapReport {
     let server_resume = metrics.and_then(|m| histogram(m, RESUME_HISTOGRAM));
     let server_resumes_by_outcome = metrics

@@ -26,13 +26,13 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 
-use super::{AsrDesign, AsrSettings, ChurnReport, balanced_ids, ids_of_worker};
+use super::{AsrDesign, AsrSettings, ChurnReport, ids_of_worker};
 use crate::error::{Error, ErrorKind};
 use crate::ingress::{Design, IngressProcess};
-use crate::producers::{self, ProducerConfig, ProducerCounters, Transport};
+use crate::producers::{self, ProducerCounters, Transport};
 use crate::report::{ProducerReport, RunReport};
-use crate::scenario::asr::shortfall::{RunNats, launch};
-use crate::scenario::run::{Env, RunOutput, SUBJECT_TEMPLATE, TempDir};
+use crate::scenario::asr::shortfall::{self, launch};
+use crate::scenario::run::{Env, RunNats, RunOutput, SUBJECT_TEMPLATE, TempDir};
 
 /// The door's gauge of slots in its fleet view (summed over its series).
 pub const SLOTS_GAUGE: &str = "weir_ingress_capacity_slots";
@@ -110,17 +110,10 @@ async fn probe(ws: std::net::SocketAddr, id: &str) -> Probe {
             let _ = tokio::time::timeout(Duration::from_secs(1), ws.close(None)).await;
             Probe::Admitted
         }
-        Ok(Err(tokio_tungstenite::tungstenite::Error::Http(resp))) => {
-            let code = resp
-                .body()
-                .as_deref()
-                .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
-                .and_then(|v| v["error"]["code"].as_str().map(str::to_owned));
-            if code.as_deref() == Some("no_capacity") {
-                Probe::NoCapacity
-            } else {
-                Probe::Other
-            }
+        Ok(Err(tokio_tungstenite::tungstenite::Error::Http(resp)))
+            if producers::refusal_code(&resp) == "no_capacity" =>
+        {
+            Probe::NoCapacity
         }
         _ => Probe::Other,
     }
@@ -239,23 +232,13 @@ pub async fn run(env: &Env, settings: &AsrSettings) -> Result<RunOutput, Error> 
     let counters = Arc::new(ProducerCounters::default());
     let start = Instant::now();
     let mut producer_set = producers::start(
-        ProducerConfig {
-            ws_addr: ingress.ws_addr(),
-            streams: calls,
-            id_prefix: "c".into(),
+        shortfall::calls(
+            &ingress,
+            settings,
+            ("c", calls),
             duration,
-            vanish_share: 0.0,
-            reconnect: false,
-            reconnect_delay: Duration::from_millis(500),
-            start_spread: Duration::from_millis(100),
-            transport: Transport::Ws,
-            ids: Some(Arc::new(balanced_ids(
-                "c",
-                calls,
-                settings.partitions,
-                settings.workers,
-            ))),
-        },
+            Duration::from_millis(100),
+        ),
         calls as u64,
         counters.clone(),
     );

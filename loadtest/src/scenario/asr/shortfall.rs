@@ -29,7 +29,7 @@ use crate::producers::{self, ProducerConfig, ProducerCounters, ProducerSnapshot,
 use crate::report::{ConsumerReport, ProducerReport, RunReport};
 use crate::sample::Sample;
 use crate::scenario::run::{
-    Env, RunOutput, SUBJECT_TEMPLATE, ScenarioIngress, TempDir, blocking, scenario_launch,
+    Env, RunNats, RunOutput, SUBJECT_TEMPLATE, ScenarioIngress, TempDir, scenario_launch,
 };
 use crate::timeliness::DEFAULT_MAX_AGE;
 
@@ -54,36 +54,6 @@ impl Recognisers {
     }
 }
 
-/// The run's NATS server: an embedded one, or `--nats-url`.
-pub(crate) struct RunNats {
-    pub(crate) url: String,
-    pub(crate) server: Option<Arc<weir_testkit::NatsServer>>,
-}
-
-impl RunNats {
-    pub(crate) async fn start(env: &Env) -> Result<Self, Error> {
-        if let Some(url) = &env.nats_url {
-            return Ok(Self {
-                url: url.clone(),
-                server: None,
-            });
-        }
-        let server = blocking(weir_testkit::NatsServer::start)
-            .await?
-            .map_err(|e| Error::with_source(ErrorKind::Process, "cannot start nats-server", e))?;
-        Ok(Self {
-            url: server.url().to_owned(),
-            server: Some(Arc::new(server)),
-        })
-    }
-
-    pub(crate) async fn stop(self) {
-        if let Some(s) = self.server {
-            let _ = blocking(move || drop(s)).await;
-        }
-    }
-}
-
 /// The ingress of `design` for this run (`dir` holds its config file).
 pub(crate) fn launch(
     env: &Env,
@@ -95,10 +65,11 @@ pub(crate) fn launch(
     let weir = |sets| ScenarioIngress::Weir {
         run: "asr",
         max_streams: 1000,
+        config: String::new(),
         sets,
     };
     let ingress = match design {
-        AsrDesign::Naive => ScenarioIngress::Naive,
+        AsrDesign::Naive => ScenarioIngress::Naive { floor: None },
         AsrDesign::WeirOff => weir(&["capacity.mode=off"]),
         AsrDesign::WeirOn => weir(&[]),
     };
@@ -190,7 +161,13 @@ pub async fn run_design(
     let counters = Arc::new(ProducerCounters::default());
     let spread = Duration::from_millis((streams as u64).clamp(20, 1000));
     let mut producer_set = producers::start(
-        calls(&ingress, settings, streams, spread),
+        calls(
+            &ingress,
+            settings,
+            ("s", streams),
+            settings.duration,
+            spread,
+        ),
         streams as u64,
         counters.clone(),
     );
@@ -290,31 +267,27 @@ async fn door_slots(
     }
 }
 
-/// The calls: `streams` WebSocket streams for the run's duration, started over
-/// `spread`, their ids balanced over the partitions and workers; no vanishing, no
-/// reconnect.
-fn calls(
+/// The calls: `n` WebSocket streams for `duration`, started over `spread`, their ids
+/// (`<prefix><k>`) balanced over the partitions and workers; no vanishing, no reconnect.
+pub(super) fn calls(
     ingress: &IngressProcess,
     settings: &AsrSettings,
-    streams: usize,
+    (prefix, n): (&str, usize),
+    duration: Duration,
     spread: Duration,
 ) -> ProducerConfig {
+    let ids = balanced_ids(prefix, n, settings.partitions, settings.workers);
     ProducerConfig {
         ws_addr: ingress.ws_addr(),
-        streams,
-        id_prefix: "s".into(),
-        duration: settings.duration,
+        streams: n,
+        id_prefix: prefix.into(),
+        duration,
         vanish_share: 0.0,
         reconnect: false,
         reconnect_delay: Duration::from_millis(500),
         start_spread: spread,
         transport: Transport::Ws,
-        ids: Some(Arc::new(balanced_ids(
-            "s",
-            streams,
-            settings.partitions,
-            settings.workers,
-        ))),
+        ids: Some(Arc::new(ids)),
     }
 }
 
