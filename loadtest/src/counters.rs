@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use crate::stats::{LatencyHistogram, Percentiles, summary};
+use crate::stats::{LatencyHistogram, Percentiles};
 
 /// A locked field of a counters struct, and what it reads as in the copy.
 pub trait Snap {
@@ -22,10 +22,10 @@ impl<K: Ord + Clone> Snap for Mutex<BTreeMap<K, u64>> {
     }
 }
 
-impl Snap for Mutex<LatencyHistogram> {
+impl Snap for LatencyHistogram {
     type Out = Percentiles;
     fn snap(&self) -> Percentiles {
-        summary(self)
+        self.percentiles()
     }
 }
 
@@ -36,7 +36,7 @@ pub fn bump<K: Ord>(map: &Mutex<BTreeMap<K, u64>>, key: K) {
     }
 }
 
-/// Declares `$counters` (public `AtomicU64` fields, then private locked fields, then,
+/// Declares `$counters` (public `AtomicU64` fields, then private locked fields and histograms, then,
 /// after a second `;`, public fields the copy leaves out), its copy `$snapshot` (the
 /// same fields, plain and public, each locked field as its [`Snap::Out`]) and
 /// `$counters::snapshot`.

@@ -23,7 +23,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 use weir_protocol::audio::FRAME_DURATION;
 
-use crate::stats::{LatencyHistogram, Percentiles, record, summary};
+use crate::stats::{LatencyHistogram, Percentiles};
 use crate::timeliness::unix_us;
 
 /// Default slots per worker (`--asr-slots`).
@@ -93,7 +93,7 @@ impl GpuTimeline {
 #[derive(Debug)]
 pub struct AsrMeter {
     max_frame_age: Duration,
-    lag: Mutex<LatencyHistogram>,
+    lag: LatencyHistogram,
     lag_window: Mutex<LatencyHistogram>,
     handed: AtomicU64,
     within: AtomicU64,
@@ -118,7 +118,7 @@ impl AsrMeter {
     pub fn new(max_frame_age: Duration) -> Self {
         Self {
             max_frame_age,
-            lag: Mutex::new(LatencyHistogram::new()),
+            lag: LatencyHistogram::new(),
             lag_window: Mutex::new(LatencyHistogram::new()),
             handed: AtomicU64::new(0),
             within: AtomicU64::new(0),
@@ -143,8 +143,10 @@ impl AsrMeter {
                 if lag <= self.max_frame_age {
                     self.within.fetch_add(1, Ordering::Relaxed);
                 }
-                record(&self.lag, lag);
-                record(&self.lag_window, lag);
+                self.lag.record(lag);
+                if let Ok(w) = self.lag_window.lock() {
+                    w.record(lag);
+                }
             }
             None => {
                 self.untimed.fetch_add(1, Ordering::Relaxed);
@@ -161,7 +163,7 @@ impl AsrMeter {
     pub fn take_window(&self) -> Percentiles {
         self.lag_window
             .lock()
-            .map(|mut h| std::mem::take(&mut *h).summary())
+            .map(|mut h| std::mem::take(&mut *h).percentiles())
             .unwrap_or_default()
     }
 
@@ -171,7 +173,7 @@ impl AsrMeter {
             handed: self.handed(),
             within_max_age: self.within.load(Ordering::Relaxed),
             untimed: self.untimed.load(Ordering::Relaxed),
-            lag_ms: summary(&self.lag),
+            lag_ms: self.lag.percentiles(),
         }
     }
 }

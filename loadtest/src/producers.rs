@@ -45,7 +45,7 @@ use weir_protocol::audio::FRAME_DURATION;
 
 use crate::counters::{bump, counters};
 use crate::speech::SpeechClip;
-use crate::stats::{LatencyHistogram, record};
+use crate::stats::LatencyHistogram;
 
 mod twilio;
 mod whip;
@@ -162,7 +162,7 @@ counters! {
         closed_reasons: Mutex<BTreeMap<String, u64>>,
         /// WebSocket attempts refused by HTTP status: connect → the refusal received, as
         /// the caller measures it.
-        refusal_ms: Mutex<LatencyHistogram>,
+        refusal_ms: LatencyHistogram,
     }
 }
 
@@ -477,7 +477,7 @@ impl Producer {
                 Ok(ws)
             }
             Ok(Err(tokio_tungstenite::tungstenite::Error::Http(resp))) => {
-                record(&self.counters.refusal_ms, asked.elapsed());
+                self.counters.refusal_ms.record(asked.elapsed());
                 bump(&self.counters.refusal_codes, refusal_code(&resp));
                 let retry_after = resp.headers().get("retry-after");
                 let retry_after = retry_after.and_then(|v| v.to_str().ok());

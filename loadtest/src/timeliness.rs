@@ -111,7 +111,7 @@ impl Timeliness {
             late_after_ms: self.late_after.as_secs_f64() * 1000.0,
             delivered_late: self.delivered_late,
             delivered_untimed: self.untimed,
-            e2e_latency_ms: self.e2e.summary(),
+            e2e_latency_ms: self.e2e.percentiles(),
         }
     }
 }

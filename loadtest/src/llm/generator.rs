@@ -24,7 +24,7 @@ use weir_llm_client::LlmClient;
 use weir_protocol::WireName;
 use weir_protocol::llm::headers;
 
-use crate::stats::{LatencyHistogram, Percentiles, record, summary};
+use crate::stats::{LatencyHistogram, Percentiles};
 use crate::timeliness::unix_ms;
 
 /// Extra time a caller waits after the deadline before giving up.
@@ -59,11 +59,8 @@ pub struct GeneratorCounters {
     refused: Mutex<BTreeMap<String, u64>>,
     /// Per session, the replies each backend served (the reply's `Weir-Backend`).
     served_by: Mutex<BTreeMap<String, BTreeMap<String, u64>>>,
-    refusal_latency: Mutex<LatencyHistogram>,
-    latency: Mutex<LatencyHistogram>,
-    reply_queue_ms: Mutex<LatencyHistogram>,
-    reply_inference_ms: Mutex<LatencyHistogram>,
-    ttft: Mutex<LatencyHistogram>,
+    refusal_latency: LatencyHistogram,
+    ttft: LatencyHistogram,
 }
 
 /// The reply header naming the backend that served a request.
@@ -107,28 +104,13 @@ impl GeneratorCounters {
 
     /// Caller-side latency of refusals (send → reply).
     pub fn refusal_ms(&self) -> Percentiles {
-        summary(&self.refusal_latency)
-    }
-
-    /// Caller-side latency of completed requests.
-    pub fn latency(&self) -> Percentiles {
-        summary(&self.latency)
+        self.refusal_latency.percentiles()
     }
 
     /// Caller-side time to the first token (streamed: send → first chunk; unary: send
     /// → the reply), completed requests.
     pub fn ttft(&self) -> Percentiles {
-        summary(&self.ttft)
-    }
-
-    /// Queue wait reported in reply headers (`Weir-Queue-Ms`).
-    pub fn reply_queue_ms(&self) -> Percentiles {
-        summary(&self.reply_queue_ms)
-    }
-
-    /// Inference time reported in reply headers (`Weir-Inference-Ms`).
-    pub fn reply_inference_ms(&self) -> Percentiles {
-        summary(&self.reply_inference_ms)
+        self.ttft.percentiles()
     }
 
     /// A reply with a result arrived `elapsed` after it was sent.
@@ -151,7 +133,7 @@ impl GeneratorCounters {
         if elapsed >= WAITED {
             self.refused_after_waiting.fetch_add(1, Ordering::Relaxed);
         }
-        record(&self.refusal_latency, elapsed);
+        self.refusal_latency.record(elapsed);
     }
 
     /// A reply (any outcome) arrived `elapsed` after the request was sent.
@@ -303,19 +285,12 @@ async fn one_stream(llm: &LlmClient, call: Call, counters: &GeneratorCounters) {
     while let Some(ev) = st.next().await {
         match ev {
             Ok(LlmEvent::Chunk { .. }) if first.is_none() => first = Some(sent.elapsed()),
-            Ok(LlmEvent::End(end)) => {
+            Ok(LlmEvent::End(_)) => {
                 let elapsed = sent.elapsed();
                 counters.answered(elapsed, call.deadline);
                 counters.completed(elapsed, call.deadline);
-                for (hist, d) in [
-                    (&counters.latency, Some(elapsed)),
-                    (&counters.ttft, first),
-                    (&counters.reply_queue_ms, end.queue_time),
-                    (&counters.reply_inference_ms, end.inference_time),
-                ] {
-                    if let Some(d) = d {
-                        record(hist, d);
-                    }
+                if let Some(first) = first {
+                    counters.ttft.record(first);
                 }
                 return;
             }
@@ -370,20 +345,9 @@ async fn one_request(
                 return counters.refused_after(&code, elapsed);
             }
             counters.completed(elapsed, call.deadline);
-            record(&counters.latency, elapsed);
-            record(&counters.ttft, elapsed);
+            counters.ttft.record(elapsed);
             if let (Some(session), Some(backend)) = (&call.session, get(BACKEND_HEADER)) {
                 counters.served(session, &backend);
-            }
-            for (name, hist) in [
-                (headers::QUEUE_MS, &counters.reply_queue_ms),
-                (headers::INFERENCE_MS, &counters.reply_inference_ms),
-            ] {
-                if let Some(ms) = get(name).and_then(|v| v.trim().parse::<f64>().ok())
-                    && let Ok(mut hist) = hist.lock()
-                {
-                    hist.record_ms(ms);
-                }
             }
         }
         Ok(Err(e)) => match e.kind() {

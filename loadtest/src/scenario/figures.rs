@@ -178,7 +178,6 @@ fn ingress_report(
     }
 }
 
-/// The CPU section: seconds over the sending phase, and what other processes used.
 /// Explains a `pending_bytes_max` above `streams × per-stream limit`. Pending bytes
 /// include frames handed to NATS and not yet confirmed. A stream instance that ended
 /// (overloaded) keeps its unconfirmed frames' bytes until the server confirms them, and

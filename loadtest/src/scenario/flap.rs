@@ -40,11 +40,9 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::error::Error;
-use crate::ingress::{Design, IngressProcess, Launch};
+use crate::ingress::{Design, IngressProcess};
 use crate::report::{CpuReport, RunReport};
-use crate::scenario::run::{
-    CpuStart, Env, RunNats, RunOutput, ScenarioIngress, TempDir, scenario_launch,
-};
+use crate::scenario::run::{CpuStart, Env, RunNats, RunOutput, ScenarioIngress, spawn_ingress};
 use audit::{AuditTotals, WireAudit};
 use producer::{FlapConfig, FlapCounters, FlapSnapshot};
 
@@ -267,29 +265,21 @@ pub async fn run(
     out
 }
 
-/// The ingress of `design` for this run (`dir` holds its config file). Capacity
-/// admission off: no recognition fleet announces slots here (the audit is a plain
-/// subscriber); the stream cap never limits the run.
-fn launch(
-    env: &Env,
-    design: FlapDesign,
-    nats_url: &str,
-    streams: usize,
-    partitions: u32,
-    dir: &std::path::Path,
-) -> Result<Launch, Error> {
+/// The ingress of `design` for this run. Capacity admission off: no recognition fleet
+/// announces slots here (the audit is a plain subscriber); the stream cap never limits
+/// the run.
+fn ingress_of(design: FlapDesign, streams: usize) -> ScenarioIngress<'static> {
     let weir = |sets| ScenarioIngress::Weir {
         run: "producer-flap",
         max_streams: (streams * 2).max(1000) + 100,
         config: String::new(),
         sets,
     };
-    let ingress = match design {
+    match design {
         FlapDesign::Naive => ScenarioIngress::Naive { floor: None },
         FlapDesign::WeirResume => weir(&["capacity.mode=off"]),
         FlapDesign::WeirNoResume => weir(&["capacity.mode=off", "resume_window_ms=0"]),
-    };
-    scenario_launch(env, ingress, nats_url, partitions, dir)
+    }
 }
 
 /// One design.
@@ -303,17 +293,8 @@ pub async fn run_design(
     crate::scenario::run::settle(env, &label).await;
     let nats = RunNats::start(env).await?;
     let audit = WireAudit::start(&nats.url, AUDIT_SUBJECT).await?;
-    let dir = TempDir::create("weir-loadtest-flap")?;
-    let ingress = IngressProcess::spawn(&launch(
-        env,
-        design,
-        &nats.url,
-        streams,
-        settings.partitions,
-        &dir.0,
-    )?)
-    .await
-    .map_err(Error::from)?;
+    let ingress = ingress_of(design, streams);
+    let (ingress, dir) = spawn_ingress(env, ingress, &nats.url, settings.partitions).await?;
 
     let ids: Arc<Vec<String>> = Arc::new((0..streams).map(|i| format!("call{i}")).collect());
     let counters = Arc::new(FlapCounters::default());

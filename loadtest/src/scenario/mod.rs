@@ -268,16 +268,13 @@ pub fn plan(
             "{} is a selection, not a scenario",
             scenario.as_str()
         ))),
-        Scenario::WorkerFailover | Scenario::NodeFailover => Err(usage(format!(
-            "{} is planned by scenario::failover::plan",
-            scenario.as_str()
-        ))),
-        Scenario::AsrShortfall | Scenario::AsrChurn => Err(usage(format!(
-            "{} is run by scenario::asr",
-            scenario.as_str()
-        ))),
-        Scenario::ProducerFlap => Err(usage(format!(
-            "{} is run by scenario::flap",
+        // Planned by `failover::plan`, run by `asr` and `flap`.
+        Scenario::WorkerFailover
+        | Scenario::NodeFailover
+        | Scenario::AsrShortfall
+        | Scenario::AsrChurn
+        | Scenario::ProducerFlap => Err(usage(format!(
+            "{} has a runner of its own",
             scenario.as_str()
         ))),
     }

@@ -202,15 +202,8 @@ pub(crate) async fn blocking<T: Send + 'static>(
         .map_err(|e| Error::with_source(ErrorKind::Run, "blocking task failed", e))
 }
 
-/// The ingress of `design` for this run of `plan` (`dir` holds its config file).
-fn launch(
-    env: &Env,
-    plan: &Plan,
-    design: Design,
-    nats_url: &str,
-    streams: usize,
-    dir: &std::path::Path,
-) -> Result<Launch, Error> {
+/// The ingress of `design` for this run of `plan`.
+fn ingress_of(env: &Env, plan: &Plan, design: Design, streams: usize) -> ScenarioIngress<'static> {
     let (policy, shadow) = match env.policy {
         PolicyArg::Close => ("close", false),
         PolicyArg::Gap => ("gap", false),
@@ -225,7 +218,7 @@ fn launch(
             max_streams.min(100_000)
         );
     }
-    let ingress = match design {
+    match design {
         Design::Bounded => ScenarioIngress::Weir {
             run: plan.scenario.as_str(),
             max_streams,
@@ -235,8 +228,7 @@ fn launch(
         Design::Naive => ScenarioIngress::Naive {
             floor: env.naive_floor,
         },
-    };
-    scenario_launch(env, ingress, nats_url, env.partitions, dir)
+    }
 }
 
 /// Runs one (plan, streams, design).
@@ -260,19 +252,9 @@ pub async fn run_one(
     let fleet = Arc::new(start_fleet(env, &nats_url, fleet_idle).await?);
 
     // 3. Ingress.
-    let config_dir = TempDir::create("weir-loadtest")?;
-    let ingress = Arc::new(
-        IngressProcess::spawn(&launch(
-            env,
-            plan,
-            design,
-            &nats_url,
-            streams,
-            &config_dir.0,
-        )?)
-        .await
-        .map_err(Error::from)?,
-    );
+    let ingress = ingress_of(env, plan, design, streams);
+    let (ingress, config_dir) = spawn_ingress(env, ingress, &nats_url, env.partitions).await?;
+    let ingress = Arc::new(ingress);
     let cpu_start = CpuStart::take(&ingress, &nats);
 
     // 4. LLM side.
@@ -706,15 +688,16 @@ pub(crate) enum ScenarioIngress<'a> {
     },
 }
 
-/// The launch of `ingress` on `nats_url` with free loopback ports (`dir` holds its config
-/// file): the subject template and `partitions` of the scenarios, extended consumers.
-pub(crate) fn scenario_launch(
+/// Starts `ingress` on `nats_url` with free loopback ports: the subject template and
+/// `partitions` of the scenarios, extended consumers. Its config file lives in the
+/// returned directory.
+pub(crate) async fn spawn_ingress(
     env: &Env,
     ingress: ScenarioIngress<'_>,
     nats_url: &str,
     partitions: u32,
-    dir: &std::path::Path,
-) -> Result<Launch, Error> {
+) -> Result<(IngressProcess, TempDir), Error> {
+    let dir = TempDir::create("weir-loadtest")?;
     let (program, mut args) = match ingress {
         ScenarioIngress::Naive { floor } => {
             let partitions = partitions.to_string();
@@ -741,7 +724,7 @@ pub(crate) fn scenario_launch(
                 .as_ref()
                 .map_err(|e| Error::new(e.kind(), e.to_string()))?
                 .clone();
-            let path = dir.join("audio-ingress.toml");
+            let path = dir.0.join("audio-ingress.toml");
             let config = format!(
                 "# written by weir-loadtest for one {run} run\n\
                  subject = \"{SUBJECT_TEMPLATE}\"\n\
@@ -772,11 +755,8 @@ pub(crate) fn scenario_launch(
             .chain(["--admin", "127.0.0.1:0"])
             .map(String::from),
     );
-    Ok(Launch {
-        program,
-        args,
-        env: vec![("RUST_LOG".to_owned(), "warn".to_owned())],
-    })
+    let ingress = IngressProcess::spawn(&Launch { program, args }).await?;
+    Ok((ingress, dir))
 }
 
 #[cfg(test)]

@@ -31,8 +31,8 @@ use crate::error::{Error, ErrorKind};
 use crate::ingress::{Design, IngressProcess};
 use crate::producers::{self, ProducerCounters, Transport};
 use crate::report::{ProducerReport, RunReport};
-use crate::scenario::asr::shortfall::{self, launch};
-use crate::scenario::run::{Env, RunNats, RunOutput, SUBJECT_TEMPLATE, TempDir};
+use crate::scenario::asr::shortfall;
+use crate::scenario::run::{Env, RunNats, RunOutput, SUBJECT_TEMPLATE, spawn_ingress};
 
 /// The door's gauge of slots in its fleet view (summed over its series).
 pub const SLOTS_GAUGE: &str = "weir_ingress_capacity_slots";
@@ -202,16 +202,8 @@ pub async fn run(env: &Env, settings: &AsrSettings) -> Result<RunOutput, Error> 
     for w in 0..settings.workers {
         workers.push(spawn_worker(env, settings, &nats.url, w)?);
     }
-    let dir = TempDir::create("weir-loadtest-churn")?;
-    let ingress = IngressProcess::spawn(&launch(
-        env,
-        AsrDesign::WeirOn,
-        &nats.url,
-        settings.partitions,
-        &dir.0,
-    )?)
-    .await
-    .map_err(Error::from)?;
+    let weir_on = shortfall::ingress_of(AsrDesign::WeirOn);
+    let (ingress, dir) = spawn_ingress(env, weir_on, &nats.url, settings.partitions).await?;
     let mut notes = Vec::new();
     let mut report = ChurnReport {
         workers: settings.workers,

@@ -23,13 +23,13 @@ use super::{AsrDesign, AsrReport, AsrSettings, balanced_ids, churn};
 use crate::error::{Error, ErrorKind};
 use crate::fleet::{DEFAULT_MAX_FRAME_AGE, Fleet, FleetAsr, FleetConfig, FleetSnapshot};
 use crate::gpu::{AsrCounts, AsrMeter};
-use crate::ingress::{Design, IngressProcess, Launch};
+use crate::ingress::{Design, IngressProcess};
 use crate::naive::asr::NaiveAsr;
 use crate::producers::{self, ProducerConfig, ProducerCounters, ProducerSnapshot, Transport};
 use crate::report::{ConsumerReport, ProducerReport, RunReport};
 use crate::sample::Sample;
 use crate::scenario::run::{
-    Env, RunNats, RunOutput, SUBJECT_TEMPLATE, ScenarioIngress, TempDir, scenario_launch,
+    Env, RunNats, RunOutput, SUBJECT_TEMPLATE, ScenarioIngress, spawn_ingress,
 };
 use crate::timeliness::DEFAULT_MAX_AGE;
 
@@ -54,26 +54,19 @@ impl Recognisers {
     }
 }
 
-/// The ingress of `design` for this run (`dir` holds its config file).
-pub(crate) fn launch(
-    env: &Env,
-    design: AsrDesign,
-    nats_url: &str,
-    partitions: u32,
-    dir: &std::path::Path,
-) -> Result<Launch, Error> {
+/// The ingress of `design`.
+pub(crate) fn ingress_of(design: AsrDesign) -> ScenarioIngress<'static> {
     let weir = |sets| ScenarioIngress::Weir {
         run: "asr",
         max_streams: 1000,
         config: String::new(),
         sets,
     };
-    let ingress = match design {
+    match design {
         AsrDesign::Naive => ScenarioIngress::Naive { floor: None },
         AsrDesign::WeirOff => weir(&["capacity.mode=off"]),
         AsrDesign::WeirOn => weir(&[]),
-    };
-    scenario_launch(env, ingress, nats_url, partitions, dir)
+    }
 }
 
 async fn start_recognisers(
@@ -144,16 +137,8 @@ pub async fn run_design(
     let nats = RunNats::start(env).await?;
     let meter = Arc::new(AsrMeter::new(DEFAULT_MAX_FRAME_AGE));
     let recognisers = start_recognisers(design, settings, &nats.url, &meter).await?;
-    let dir = TempDir::create("weir-loadtest-asr")?;
-    let ingress = IngressProcess::spawn(&launch(
-        env,
-        design,
-        &nats.url,
-        settings.partitions,
-        &dir.0,
-    )?)
-    .await
-    .map_err(Error::from)?;
+    let (ingress, dir) =
+        spawn_ingress(env, ingress_of(design), &nats.url, settings.partitions).await?;
     let mut notes = Vec::new();
     let door_slots_seen = door_slots(design, settings, &ingress, &mut notes).await;
 

@@ -49,7 +49,7 @@ use weir_protocol::audio::FRAME_DURATION;
 
 use crate::counters::{bump, counters};
 use crate::speech::SpeechClip;
-use crate::stats::{LatencyHistogram, record};
+use crate::stats::LatencyHistogram;
 
 /// How long one connection attempt (TCP connect + upgrade) may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -152,9 +152,9 @@ counters! {
         /// Close codes received (`4001` = taken over).
         close_codes: Mutex<BTreeMap<u16, u64>>,
         /// Cut → `resumed` event, client side.
-        resume_ms: Mutex<LatencyHistogram>,
+        resume_ms: LatencyHistogram,
         /// Cut → the reconnect's `101`, client side (every design).
-        reconnect_ms: Mutex<LatencyHistogram>,
+        reconnect_ms: LatencyHistogram,
         ;
         /// Calls connected now.
         up: AtomicU64,
@@ -402,24 +402,23 @@ impl Call {
     /// an RST; the reconnect starts at once.
     fn cut(&mut self) {
         self.counters.cuts.fetch_add(1, Ordering::Relaxed);
-        self.counters.up.fetch_sub(1, Ordering::Relaxed);
-        let now = Instant::now();
-        // Dropping the WebSocket drops its TcpStream: with SO_LINGER 0, that is the RST.
-        self.link = Link::Down {
-            retry_at: now,
-            since: Some(now),
-        };
-        self.connect();
+        self.reconnect_now();
     }
 
     /// The link broke without our cut (read or write error, or the server closed).
     fn lost_link(&mut self) {
-        if matches!(self.link, Link::Up { .. }) {
-            self.counters.up.fetch_sub(1, Ordering::Relaxed);
-        }
         self.counters
             .unplanned_drops
             .fetch_add(1, Ordering::Relaxed);
+        self.reconnect_now();
+    }
+
+    /// Drops the link (dropping the WebSocket drops its TcpStream: with SO_LINGER 0,
+    /// that is the RST) and starts the reconnect at once.
+    fn reconnect_now(&mut self) {
+        if matches!(self.link, Link::Up { .. }) {
+            self.counters.up.fetch_sub(1, Ordering::Relaxed);
+        }
         let now = Instant::now();
         self.link = Link::Down {
             retry_at: now,
@@ -517,7 +516,7 @@ impl Call {
         self.counters.connects.fetch_add(1, Ordering::Relaxed);
         self.counters.up.fetch_add(1, Ordering::Relaxed);
         if let Some(s) = since {
-            record(&self.counters.reconnect_ms, now - s);
+            self.counters.reconnect_ms.record(now - s);
         }
         if resuming {
             self.counters.resumes.fetch_add(1, Ordering::Relaxed);
@@ -593,7 +592,7 @@ impl Call {
                 } = &mut self.link
                 {
                     if let Some(s) = resume_since.take() {
-                        record(&self.counters.resume_ms, s.elapsed());
+                        self.counters.resume_ms.record(s.elapsed());
                     }
                     if expect_next_seq
                         .take()
