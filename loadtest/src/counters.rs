@@ -47,7 +47,7 @@ macro_rules! counters {
             $( $(#[$doc:meta])* $field:ident, )*
             ;
             $( $(#[$mdoc:meta])* $mfield:ident: $mty:ty, )*
-            $( ; $( $(#[$gdoc:meta])* $gfield:ident: $gty:ty, )* )?
+            $( ; $( $(#[$gdoc:meta])* $gvis:vis $gfield:ident: $gty:ty, )* )?
         }
     ) => {
         $(#[$cdoc])*
@@ -55,7 +55,7 @@ macro_rules! counters {
         $cvis struct $counters {
             $( $(#[$doc])* pub $field: std::sync::atomic::AtomicU64, )*
             $( $mfield: $mty, )*
-            $($( $(#[$gdoc])* pub $gfield: $gty, )*)?
+            $($( $(#[$gdoc])* $gvis $gfield: $gty, )*)?
         }
 
         $(#[$sdoc])*

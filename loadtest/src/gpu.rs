@@ -90,7 +90,7 @@ impl GpuTimeline {
 }
 
 /// What the recognisers of one design measured (shared by its workers' handlers).
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct AsrMeter {
     max_frame_age: Duration,
     lag: LatencyHistogram,
@@ -118,11 +118,7 @@ impl AsrMeter {
     pub fn new(max_frame_age: Duration) -> Self {
         Self {
             max_frame_age,
-            lag: LatencyHistogram::new(),
-            lag_window: Mutex::new(LatencyHistogram::new()),
-            handed: AtomicU64::new(0),
-            within: AtomicU64::new(0),
-            untimed: AtomicU64::new(0),
+            ..Self::default()
         }
     }
 

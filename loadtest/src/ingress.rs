@@ -273,6 +273,27 @@ impl IngressProcess {
     }
 }
 
+/// The samples of a Prometheus text (`/metrics`): (metric name, the series with its
+/// labels, value); comments and unreadable lines are left out.
+pub fn samples(text: &str) -> impl Iterator<Item = (&str, &str, f64)> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let value = value.trim().parse().ok()?;
+            Some((series.split('{').next().unwrap_or(series), series, value))
+        })
+}
+
+/// The value of label `name` in a series (`metric{name="value",...}`).
+pub fn label<'a>(series: &'a str, name: &str) -> Option<&'a str> {
+    series
+        .split(&format!("{name}=\""))
+        .nth(1)?
+        .split('"')
+        .next()
+}
+
 /// The kept stderr lines as one text.
 fn joined(tail: &Mutex<VecDeque<String>>) -> String {
     tail.lock()

@@ -14,7 +14,7 @@
 //! else completed.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,7 +24,8 @@ use weir_llm_client::LlmClient;
 use weir_protocol::WireName;
 use weir_protocol::llm::headers;
 
-use crate::stats::{LatencyHistogram, Percentiles};
+use crate::counters::{bump, counters};
+use crate::stats::LatencyHistogram;
 use crate::timeliness::unix_ms;
 
 /// Extra time a caller waits after the deadline before giving up.
@@ -34,33 +35,42 @@ pub const MAX_OUTSTANDING: u64 = 20_000;
 /// Generator tick.
 const TICK: Duration = Duration::from_millis(10);
 
-/// What the generator counted.
-#[derive(Debug, Default)]
-pub struct GeneratorCounters {
-    /// Requests sent.
-    pub offered: AtomicU64,
-    /// Replies with a result.
-    pub completed: AtomicU64,
-    /// Of those, received within the deadline.
-    pub completed_in_deadline: AtomicU64,
-    /// No reply within deadline + margin.
-    pub caller_timeouts: AtomicU64,
-    /// Not sent because too many were outstanding.
-    pub skipped: AtomicU64,
-    /// Waiting for a reply now.
-    pub outstanding: AtomicU64,
-    /// Replies (any outcome) received after the deadline: a caller whose own timeout
-    /// is the deadline would have given up on them.
-    pub answered_after_deadline: AtomicU64,
-    /// Refusals that arrived [`WAITED`] or more after the request was sent: admitted,
-    /// then answered without a result (while queued, or a failed call), as opposed to
-    /// refused at once.
-    pub refused_after_waiting: AtomicU64,
-    refused: Mutex<BTreeMap<String, u64>>,
-    /// Per session, the replies each backend served (the reply's `Weir-Backend`).
-    served_by: Mutex<BTreeMap<String, BTreeMap<String, u64>>>,
-    refusal_latency: LatencyHistogram,
-    ttft: LatencyHistogram,
+counters! {
+    /// What the generator counted.
+    pub struct GeneratorCounters;
+    /// A copy of [`GeneratorCounters`].
+    pub struct GeneratorSnapshot {
+        /// Requests sent.
+        offered,
+        /// Replies with a result.
+        completed,
+        /// Of those, received within the deadline.
+        completed_in_deadline,
+        /// No reply within deadline + margin.
+        caller_timeouts,
+        /// Not sent because too many were outstanding.
+        skipped,
+        /// Waiting for a reply now.
+        outstanding,
+        /// Replies (any outcome) received after the deadline: a caller whose own timeout
+        /// is the deadline would have given up on them.
+        answered_after_deadline,
+        /// Refusals that arrived [`WAITED`] or more after the request was sent: admitted,
+        /// then answered without a result (while queued, or a failed call), as opposed to
+        /// refused at once.
+        refused_after_waiting,
+        ;
+        /// Refusals by code.
+        refused: Mutex<BTreeMap<String, u64>>,
+        /// Caller-side latency of refusals (send → reply).
+        refusal_ms: LatencyHistogram,
+        /// Caller-side time to the first token (streamed: send → first chunk; unary:
+        /// send → the reply), completed requests.
+        ttft: LatencyHistogram,
+        ;
+        /// Per session, the replies each backend served (the reply's `Weir-Backend`).
+        served_by: Mutex<BTreeMap<String, BTreeMap<String, u64>>>,
+    }
 }
 
 /// The reply header naming the backend that served a request.
@@ -97,22 +107,6 @@ impl GeneratorCounters {
         }
     }
 
-    /// Refusals by code.
-    pub fn refused(&self) -> BTreeMap<String, u64> {
-        self.refused.lock().map(|m| m.clone()).unwrap_or_default()
-    }
-
-    /// Caller-side latency of refusals (send → reply).
-    pub fn refusal_ms(&self) -> Percentiles {
-        self.refusal_latency.percentiles()
-    }
-
-    /// Caller-side time to the first token (streamed: send → first chunk; unary: send
-    /// → the reply), completed requests.
-    pub fn ttft(&self) -> Percentiles {
-        self.ttft.percentiles()
-    }
-
     /// A reply with a result arrived `elapsed` after it was sent.
     fn completed(&self, elapsed: Duration, deadline: Duration) {
         self.completed.fetch_add(1, Ordering::Relaxed);
@@ -122,9 +116,7 @@ impl GeneratorCounters {
     }
 
     fn refuse(&self, code: &str) {
-        if let Ok(mut m) = self.refused.lock() {
-            *m.entry(code.to_owned()).or_default() += 1;
-        }
+        bump(&self.refused, code.to_owned());
     }
 
     /// A refusal with `code` arrived `elapsed` after the request was sent.
@@ -133,7 +125,7 @@ impl GeneratorCounters {
         if elapsed >= WAITED {
             self.refused_after_waiting.fetch_add(1, Ordering::Relaxed);
         }
-        self.refusal_latency.record(elapsed);
+        self.refusal_ms.record(elapsed);
     }
 
     /// A reply (any outcome) arrived `elapsed` after the request was sent.

@@ -399,8 +399,7 @@ impl LlmRun {
 
     /// The report so far; `wall` is the run's length for goodput.
     pub fn report(&self, wall: Duration) -> LlmReport {
-        let c = &self.counters;
-        let refused_by_code = c.refused();
+        let c = self.counters.snapshot();
         let (backend_calls, started_after_deadline) = self.sims.started();
         let backends = self.sims.0.len();
         let stall = self
@@ -419,8 +418,8 @@ impl LlmRun {
                 let s = f.stats();
                 (
                     "naive (task per message + semaphore)".to_owned(),
-                    s.queue_wait(),
-                    s.inference(),
+                    s.queue_wait.percentiles(),
+                    s.inference.percentiles(),
                     s.in_flight_max.load(Ordering::Relaxed),
                 )
             }
@@ -436,27 +435,26 @@ impl LlmRun {
                 )
             }
         };
-        let in_deadline = c.completed_in_deadline.load(Ordering::Relaxed);
         LlmReport {
             streamed: self.streamed,
-            ttft_ms: c.ttft(),
+            ttft_ms: c.ttft,
             enabled: true,
             front,
-            offered: c.offered.load(Ordering::Relaxed),
-            completed: c.completed.load(Ordering::Relaxed),
-            refused: refused_by_code.values().sum(),
-            refused_by_code,
-            caller_timeouts: c.caller_timeouts.load(Ordering::Relaxed),
-            answered_after_deadline: c.answered_after_deadline.load(Ordering::Relaxed),
-            refused_after_waiting: c.refused_after_waiting.load(Ordering::Relaxed),
-            refusal_ms: c.refusal_ms(),
+            offered: c.offered,
+            completed: c.completed,
+            refused: c.refused.values().sum(),
+            refused_by_code: c.refused,
+            caller_timeouts: c.caller_timeouts,
+            answered_after_deadline: c.answered_after_deadline,
+            refused_after_waiting: c.refused_after_waiting,
+            refusal_ms: c.refusal_ms,
             started_after_deadline,
-            completed_in_deadline: in_deadline,
+            completed_in_deadline: c.completed_in_deadline,
             backend_calls,
             backends,
             stall,
-            affinity: c.affinity(),
-            goodput_per_s: in_deadline as f64 / wall.as_secs_f64().max(0.001),
+            affinity: self.counters.affinity(),
+            goodput_per_s: c.completed_in_deadline as f64 / wall.as_secs_f64().max(0.001),
             queue_wait_ms,
             inference_ms,
             in_flight_max,

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use weir_llm_adapter::backend::{Backend, BackendRequest};
 use weir_protocol::llm::headers;
 
-use crate::stats::{LatencyHistogram, Percentiles};
+use crate::stats::LatencyHistogram;
 use crate::timeliness::unix_ms;
 
 /// Counters of the naive front.
@@ -41,20 +41,10 @@ pub struct NaiveLlmStats {
     pub in_flight: AtomicU64,
     /// Most tasks alive at once.
     pub in_flight_max: AtomicU64,
-    queue_wait: LatencyHistogram,
-    inference: LatencyHistogram,
-}
-
-impl NaiveLlmStats {
     /// Queue wait (received → inference started).
-    pub fn queue_wait(&self) -> Percentiles {
-        self.queue_wait.percentiles()
-    }
-
+    pub queue_wait: LatencyHistogram,
     /// Inference time.
-    pub fn inference(&self) -> Percentiles {
-        self.inference.percentiles()
-    }
+    pub inference: LatencyHistogram,
 }
 
 struct InFlight(Arc<NaiveLlmStats>);

@@ -175,11 +175,6 @@ fn streams_of(n: usize, partitions: u32) -> Vec<(String, String)> {
         .collect()
 }
 
-/// 20 ms of 16 kHz PCM; its content does not matter to the audit.
-fn pcm() -> Bytes {
-    Bytes::from(vec![0u8; 640])
-}
-
 /// Publishes one frame per stream per tick until `stop`, then an `end` per stream
 /// (so that a frame missing at the tail of a stream is declared too: the worker that
 /// receives the `end` reports the hole before it); returns the last frame seq
@@ -196,7 +191,8 @@ async fn produce(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let deadline = Instant::now() + max;
     let mut seq = 0u64;
-    let pcm = pcm();
+    // 20 ms of 16 kHz PCM; its content does not matter to the audit.
+    let pcm = Bytes::from(vec![0u8; 640]);
     // Bounded by `max`.
     while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
         tick.tick().await;
@@ -229,10 +225,6 @@ async fn publish_all(client: &async_nats::Client, streams: &[(String, String)], 
         let publish = client.publish(subject.clone(), payload.clone());
         let _ = tokio::time::timeout(Duration::from_secs(1), publish).await;
     }
-}
-
-fn loadavg_1m() -> Option<f64> {
-    weir_service::process::load_average_1m()
 }
 
 /// Runs one failover scenario with `streams` streams.
@@ -592,7 +584,7 @@ async fn kill_and_restart(
     while Instant::now() < stop_at {
         let now = Instant::now();
         if f.kill_ms == 0 && now >= kill_at {
-            f.loadavg_at_kill = loadavg_1m();
+            f.loadavg_at_kill = weir_service::process::load_average_1m();
             match p.plan.victim {
                 Victim::Worker => {
                     f.victim_name = "worker w0".into();

@@ -40,7 +40,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::error::Error;
-use crate::ingress::{Design, IngressProcess};
+use crate::ingress::{Design, IngressProcess, label, samples};
 use crate::report::{CpuReport, RunReport};
 use crate::scenario::run::{CpuStart, Env, RunNats, RunOutput, ScenarioIngress, spawn_ingress};
 use audit::{AuditTotals, WireAudit};
@@ -130,27 +130,14 @@ pub fn histogram(text: &str, name: &str) -> Option<ServerResume> {
     let bucket = format!("{name}_bucket");
     let mut buckets: BTreeMap<u64, (f64, u64)> = BTreeMap::new();
     let (mut sum, mut count) = (None::<f64>, None::<u64>);
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some((series, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let Ok(value) = value.trim().parse::<f64>() else {
-            continue;
-        };
-        let metric = series.split('{').next().unwrap_or(series);
+    for (metric, series, value) in samples(text) {
         if metric == bucket {
-            let le = series
-                .split("le=\"")
-                .nth(1)
-                .and_then(|r| r.split('"').next())
-                .unwrap_or("");
-            let bound = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                match le.parse::<f64>() {
-                    Ok(b) => b,
-                    Err(_) => continue,
-                }
+            let bound = match label(series, "le") {
+                Some("+Inf") => f64::INFINITY,
+                le => match le.map(str::parse::<f64>) {
+                    Some(Ok(b)) => b,
+                    _ => continue,
+                },
             };
             // Keyed by the bound's bits: the bounds are finite or +Inf, never NaN.
             let e = buckets.entry(bound.to_bits()).or_insert((bound, 0));
@@ -192,25 +179,11 @@ pub fn histogram(text: &str, name: &str) -> Option<ServerResume> {
 }
 
 /// Counter `name` from Prometheus text by the value of `label` (pure).
-pub fn counter_by_label(text: &str, name: &str, label: &str) -> BTreeMap<String, u64> {
-    let key = format!("{label}=\"");
+pub fn counter_by_label(text: &str, name: &str, by: &str) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some((series, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        if series.split('{').next() != Some(name) {
-            continue;
-        }
-        let Ok(value) = value.trim().parse::<f64>() else {
-            continue;
-        };
+    for (_, series, value) in samples(text).filter(|(metric, ..)| *metric == name) {
         // A series without the label (declared, never incremented) is left out.
-        if let Some(v) = series
-            .split(key.as_str())
-            .nth(1)
-            .and_then(|r| r.split('"').next())
-        {
+        if let Some(v) = label(series, by) {
             *out.entry(v.to_owned()).or_default() += value as u64;
         }
     }

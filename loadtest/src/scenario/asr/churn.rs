@@ -28,7 +28,7 @@ use tokio_tungstenite::tungstenite::Message;
 
 use super::{AsrDesign, AsrSettings, ChurnReport, ids_of_worker};
 use crate::error::{Error, ErrorKind};
-use crate::ingress::{Design, IngressProcess};
+use crate::ingress::{Design, IngressProcess, samples};
 use crate::producers::{self, ProducerCounters, Transport};
 use crate::report::{ProducerReport, RunReport};
 use crate::scenario::asr::shortfall;
@@ -49,19 +49,8 @@ const POLL: Duration = Duration::from_millis(100);
 
 /// The sum of every series of gauge `name` in a Prometheus text (`None`: absent).
 pub fn gauge(text: &str, name: &str) -> Option<f64> {
-    let mut found = None;
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some(rest) = line.strip_prefix(name) else {
-            continue;
-        };
-        if !(rest.starts_with(' ') || rest.starts_with('{')) {
-            continue;
-        }
-        if let Some(v) = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
-            *found.get_or_insert(0.0) += v;
-        }
-    }
-    found
+    let values = samples(text).filter(|(metric, ..)| *metric == name);
+    values.map(|(.., v)| v).reduce(|a, b| a + b)
 }
 
 /// The slots in the door's fleet view now.

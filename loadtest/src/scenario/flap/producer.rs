@@ -157,7 +157,7 @@ counters! {
         reconnect_ms: LatencyHistogram,
         ;
         /// Calls connected now.
-        up: AtomicU64,
+        pub up: AtomicU64,
     }
 }
 
