@@ -31,7 +31,6 @@
 //! report.
 
 use std::collections::BTreeMap;
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -266,7 +265,6 @@ pub async fn run(
         sent.clone(),
         plan.duration + Duration::from_secs(5),
     ));
-    let tty = std::io::stderr().is_terminal();
 
     // 4.–5. The kill and the restart, with a progress line every second.
     let phase = Phase {
@@ -280,7 +278,6 @@ pub async fn run(
         start,
         label: &label,
         sent: &sent,
-        tty,
     };
     let fault = kill_and_restart(&phase, &mut workers, &mut notes).await?;
     stop.store(true, Ordering::Relaxed);
@@ -296,8 +293,8 @@ pub async fn run(
     let wall = start.elapsed();
     let end_ms = unix_ms();
     let cpu = PhaseCpu::measure(machine0, self0, &workers, &phase, &fault);
-    if !env.quiet && tty {
-        eprint!("\r{:<110}\r", "");
+    if !env.quiet {
+        crate::scenario::clear_progress();
     }
 
     // 6. Drain, then the audit.
@@ -524,8 +521,6 @@ struct Phase<'a> {
     label: &'a str,
     /// Frames sent so far.
     sent: &'a AtomicU64,
-    /// Whether stderr is a terminal (the progress line then rewrites itself).
-    tty: bool,
 }
 
 impl Phase<'_> {
@@ -543,11 +538,7 @@ impl Phase<'_> {
             self.sent.load(Ordering::Relaxed),
             spread
         );
-        if self.tty {
-            eprint!("\r{line:<110}");
-        } else {
-            eprintln!("{line}");
-        }
+        crate::scenario::progress(&line);
     }
 }
 

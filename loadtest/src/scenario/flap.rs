@@ -32,7 +32,6 @@ pub mod producer;
 mod table;
 
 use std::collections::BTreeMap;
-use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -299,8 +298,8 @@ pub async fn run_design(
     })
     .await;
     let cpu = cpu0.used(&ingress, &nats, start.elapsed());
-    if !env.quiet && std::io::stderr().is_terminal() {
-        eprint!("\r{:<130}\r", "");
+    if !env.quiet {
+        crate::scenario::clear_progress();
     }
 
     if !drain(&audit, offered.len() as u64).await {
@@ -374,7 +373,6 @@ async fn join_calls(
     let mut notes = Vec::new();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let tty = std::io::stderr().is_terminal();
     loop {
         tokio::select! {
             next = calls.join_next() => match next {
@@ -385,7 +383,7 @@ async fn join_calls(
             _ = tick.tick() => {
                 if !quiet {
                     let line = progress();
-                    if tty { eprint!("\r{line:<130}") } else { eprintln!("{line}") }
+                    crate::scenario::progress(&line);
                 }
             }
             _ = tokio::time::sleep_until(deadline) => {

@@ -29,12 +29,30 @@ mod figures;
 pub mod flap;
 pub mod run;
 
+use std::io::IsTerminal;
 use std::time::Duration;
 
 use crate::error::{Error, usage};
 use clap::ValueEnum;
 use serde::Serialize;
 use weir_protocol::WireName;
+
+/// Prints a progress line on stderr: rewritten in place on a terminal, one line each
+/// otherwise.
+pub(crate) fn progress(line: &str) {
+    if std::io::stderr().is_terminal() {
+        eprint!("\r{line:<130}");
+    } else {
+        eprintln!("{line}");
+    }
+}
+
+/// Clears the progress line (on a terminal).
+pub(crate) fn clear_progress() {
+    if std::io::stderr().is_terminal() {
+        eprint!("\r{:<130}\r", "");
+    }
+}
 
 /// When a fault starts, after the producers started.
 pub const FAULT_AT: Duration = Duration::from_secs(2);

@@ -13,7 +13,6 @@
 //!    [`DRAIN_MAX`]: the naive buffers can hold seconds of audio);
 //! 6. everything is stopped (also on drop) and the figures are made.
 
-use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -162,7 +161,6 @@ pub async fn run_design(
     let mut samples = Vec::new();
     let mut tick = tokio::time::interval(crate::sample::PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let tty = std::io::stderr().is_terminal();
     loop {
         tokio::select! {
             next = producer_set.join_next() => if next.is_none() { break },
@@ -170,7 +168,7 @@ pub async fn run_design(
                 samples.push(sample(start, &counters, &meter));
                 if !env.quiet && samples.len() % 10 == 0 {
                     let line = progress(&label, start, settings.duration, &counters, &meter, &recognisers);
-                    if tty { eprint!("\r{line:<120}") } else { eprintln!("{line}") }
+                    crate::scenario::progress(&line);
                 }
             }
             _ = tokio::time::sleep_until(deadline) => {
@@ -191,8 +189,8 @@ pub async fn run_design(
             DRAIN_MAX.as_secs()
         ));
     }
-    if !env.quiet && tty {
-        eprint!("\r{:<120}\r", "");
+    if !env.quiet {
+        crate::scenario::clear_progress();
     }
     let wall = start.elapsed();
     let (fleet, naive_max) = match recognisers {
