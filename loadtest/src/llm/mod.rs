@@ -25,7 +25,7 @@ use weir_llm_adapter::backend::Backend;
 use weir_llm_adapter::backend::sim::SimBackend;
 use weir_llm_adapter::config::{Latency, SimConfig, SimStream};
 
-use crate::error::{Error, ErrorKind};
+use crate::error::{Error, ErrorKind, nats};
 use crate::ingress::Design;
 use crate::naive::llm::NaiveLlmFront;
 use crate::report::LlmReport;
@@ -229,7 +229,7 @@ async fn connect(url: &str) -> Result<async_nats::Client, Error> {
         .connection_timeout(Duration::from_millis(500))
         .connect(url)
         .await
-        .map_err(|e| Error::with_source(ErrorKind::Nats, "cannot connect to NATS", e))
+        .map_err(|e| nats("cannot connect to NATS", e))
 }
 
 impl LlmRun {
@@ -273,7 +273,7 @@ impl LlmRun {
                     settings.workers * settings.backends.max(1),
                 )
                 .await
-                .map_err(|e| Error::with_source(ErrorKind::Nats, "naive LLM front", e))?,
+                .map_err(|e| nats("naive LLM front", e))?,
             ),
             Design::Bounded => {
                 let config = weir_llm_adapter::Config::from_toml_str(&adapter_config(settings))
@@ -286,18 +286,15 @@ impl LlmRun {
                         backends,
                     )
                     .await
-                    .map_err(|e| Error::with_source(ErrorKind::Nats, "LLM adapter", e))?,
+                    .map_err(|e| nats("LLM adapter", e))?,
                 ))
             }
         };
         // Make sure the front's subscription is registered before requests flow.
-        front_client.flush().await.map_err(|e| {
-            Error::with_source(
-                ErrorKind::Nats,
-                "cannot flush the LLM front's connection",
-                e,
-            )
-        })?;
+        front_client
+            .flush()
+            .await
+            .map_err(|e| nats("cannot flush the LLM front's connection", e))?;
         let client = connect(nats_url).await?;
         let counters = Arc::new(GeneratorCounters::default());
         let stop = Arc::new(AtomicBool::new(false));

@@ -24,7 +24,7 @@ use weir_protocol::audio::extension::headers;
 use weir_protocol::audio::{DecodeOptions, PacketBody, decode};
 
 use crate::counters::counters;
-use crate::error::{Error, ErrorKind};
+use crate::error::{Error, nats};
 use crate::gpu::{AsrMeter, GpuModel, GpuTimeline};
 
 counters! {
@@ -76,21 +76,25 @@ impl NaiveAsr {
         let workers = workers.clamp(1, partitions.max(1));
         let mut tasks = Vec::new();
         for w in 0..workers {
-            let client = async_nats::connect(nats_url).await.map_err(|e| {
-                Error::with_source(ErrorKind::Nats, "naive recogniser: cannot connect", e)
-            })?;
+            let client = async_nats::connect(nats_url)
+                .await
+                .map_err(|e| nats("naive recogniser: cannot connect", e))?;
             let mut subs = Vec::new();
             for p in (0..partitions).filter(|p| p % workers == w) {
                 let subject = template
                     .replace("{partition}", &p.to_string())
                     .replace("{stream}", "*");
-                subs.push(client.subscribe(subject).await.map_err(|e| {
-                    Error::with_source(ErrorKind::Nats, "naive recogniser: cannot subscribe", e)
-                })?);
+                subs.push(
+                    client
+                        .subscribe(subject)
+                        .await
+                        .map_err(|e| nats("naive recogniser: cannot subscribe", e))?,
+                );
             }
-            client.flush().await.map_err(|e| {
-                Error::with_source(ErrorKind::Nats, "naive recogniser: cannot flush", e)
-            })?;
+            client
+                .flush()
+                .await
+                .map_err(|e| nats("naive recogniser: cannot flush", e))?;
             let gpu = Arc::new(GpuTimeline::new(model));
             tasks.push(tokio::spawn(worker(
                 client,

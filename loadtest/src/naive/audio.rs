@@ -50,7 +50,7 @@ use weir_protocol::audio::extension::{PROTOCOL_VERSION, headers};
 use weir_protocol::audio::{Packet, PacketBody};
 use weir_protocol::{StreamId, SubjectTemplate, partition_of};
 
-use crate::error::{Error, ErrorKind, usage};
+use crate::error::{Error, ErrorKind, nats, usage};
 use crate::stats::LatencyHistogram;
 use crate::timeliness::unix_ms;
 
@@ -369,13 +369,9 @@ pub async fn serve(
         }
     }
     // As deployed: library defaults.
-    let client = async_nats::connect(nats_url).await.map_err(|e| {
-        Error::with_source(
-            ErrorKind::Nats,
-            format!("cannot connect to NATS at {nats_url}"),
-            e,
-        )
-    })?;
+    let client = async_nats::connect(nats_url)
+        .await
+        .map_err(|e| nats(format!("cannot connect to NATS at {nats_url}"), e))?;
     let (ws_router, admin_router) = routers(client, config);
     let ws_listener = tokio::net::TcpListener::bind(listen)
         .await

@@ -51,7 +51,7 @@ use workers::{
     WorkerProc, drain_logs, instances, keep_logs, read, spawn_worker, summarise_stderr, tail,
 };
 
-use crate::error::{Error, ErrorKind, usage};
+use crate::error::{Error, ErrorKind, nats, process, usage};
 use crate::ingress::{cpu_time, machine_busy};
 use crate::lease_audit::{self, FrameAudit, FrameAuditor, Instance};
 use crate::lease_worker::connect_options;
@@ -348,8 +348,7 @@ fn check_workers(env: &FailoverEnv, label: &str) -> Result<(), Error> {
 async fn start_cluster() -> Result<Arc<NatsCluster>, Error> {
     Ok(Arc::new(
         blocking(|| NatsCluster::start(NODES)).await?.map_err(|e| {
-            Error::with_source(
-                ErrorKind::Process,
+            process(
                 format!("cannot start a {NODES}-node nats-server cluster"),
                 e,
             )
@@ -392,7 +391,7 @@ async fn planned_node(
                 c.wait_stream_leader(KV_STREAM, Duration::from_secs(10))
             })
             .await?
-            .map_err(|e| Error::with_source(ErrorKind::Nats, label.to_owned(), e))?,
+            .map_err(|e| nats(label.to_owned(), e))?,
         ),
         Victim::Worker => None,
     })
@@ -495,13 +494,7 @@ async fn connect_producers(
             format!("{label}: the producers cannot connect within 5 s"),
         )
     })?
-    .map_err(|e| {
-        Error::with_source(
-            ErrorKind::Nats,
-            format!("{label}: the producers cannot connect"),
-            e,
-        )
-    })
+    .map_err(|e| nats(format!("{label}: the producers cannot connect"), e))
 }
 
 /// What the kill-and-restart phase works on.
@@ -635,13 +628,7 @@ async fn kill_node(p: &Phase<'_>, f: &mut FaultLog, notes: &mut Vec<String>) -> 
     f.kill_ms = unix_ms();
     on_cluster(cluster, move |c| c.kill(node))
         .await?
-        .map_err(|e| {
-            Error::with_source(
-                ErrorKind::Process,
-                format!("{label}: cannot kill node {node}"),
-                e,
-            )
-        })?;
+        .map_err(|e| process(format!("{label}: cannot kill node {node}"), e))?;
     f.killed_node = Some(node);
     Ok(())
 }

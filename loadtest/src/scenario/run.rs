@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::error::{Error, ErrorKind, io, usage};
+use crate::error::{Error, ErrorKind, io, nats, process, usage};
 use crate::fleet::{DEFAULT_MAX_FRAME_AGE, Fleet, FleetConfig, FleetSnapshot};
 use crate::ingress::{
     Design, IngressProcess, IngressStats, Launch, cpu_since, cpu_time, machine_busy,
@@ -175,7 +175,7 @@ impl RunNats {
         }
         let server = blocking(weir_testkit::NatsServer::start)
             .await?
-            .map_err(|e| Error::with_source(ErrorKind::Process, "cannot start nats-server", e))?;
+            .map_err(|e| process("cannot start nats-server", e))?;
         Ok(Self {
             url: server.url().to_owned(),
             server: Some(Arc::new(server)),
@@ -439,7 +439,7 @@ async fn start_fleet(env: &Env, nats_url: &str, idle: Duration) -> Result<Fleet,
         },
     )
     .await
-    .map_err(|e| Error::with_source(ErrorKind::Nats, "cannot start the recognition fleet", e))
+    .map_err(|e| nats("cannot start the recognition fleet", e))
 }
 
 /// The fault task of step 5: injects the plan's fault at its time and reverts it after

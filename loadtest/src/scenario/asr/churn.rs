@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 
 use super::{AsrDesign, AsrSettings, ChurnReport, ids_of_worker};
-use crate::error::{Error, ErrorKind};
+use crate::error::{Error, process};
 use crate::ingress::{Design, IngressProcess, samples};
 use crate::producers::{self, ProducerCounters, Transport};
 use crate::report::{ProducerReport, RunReport};
@@ -138,7 +138,7 @@ fn spawn_worker(env: &Env, settings: &AsrSettings, nats_url: &str, w: u32) -> Re
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| Error::with_source(ErrorKind::Process, "cannot start an asr-worker", e))
+        .map_err(|e| process("cannot start an asr-worker", e))
 }
 
 /// Phase 1 after the kill (until [`ADD_AFTER`]): polls the door's slots until the

@@ -19,7 +19,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{AsrDesign, AsrReport, AsrSettings, balanced_ids, churn};
-use crate::error::{Error, ErrorKind};
+use crate::error::{Error, nats};
 use crate::fleet::{DEFAULT_MAX_FRAME_AGE, Fleet, FleetAsr, FleetConfig, FleetSnapshot};
 use crate::gpu::{AsrCounts, AsrMeter};
 use crate::ingress::{Design, IngressProcess};
@@ -106,7 +106,7 @@ async fn start_recognisers(
     Fleet::start(nats_url, &config)
         .await
         .map(Recognisers::Weir)
-        .map_err(|e| Error::with_source(ErrorKind::Nats, "cannot start the recognition fleet", e))
+        .map_err(|e| nats("cannot start the recognition fleet", e))
 }
 
 /// Runs the three designs one after the other with `streams` calls.

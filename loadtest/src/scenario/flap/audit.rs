@@ -38,7 +38,7 @@ use serde::Serialize;
 use weir_protocol::audio::extension::headers;
 use weir_protocol::audio::{DecodeOptions, PacketBody, decode};
 
-use crate::error::{Error, ErrorKind};
+use crate::error::{Error, nats};
 
 /// Most holes (missing seqs below the highest) one instance remembers.
 pub const MAX_HOLES: usize = 100_000;
@@ -443,7 +443,7 @@ impl WireAudit {
                 }
             });
         let nats = |what: &str, e: Box<dyn std::error::Error + Send + Sync>| {
-            Error::with_source(ErrorKind::Nats, format!("wire audit: cannot {what}"), e)
+            nats(format!("wire audit: cannot {what}"), e)
         };
         let client = options
             .connect(nats_url)
