@@ -374,6 +374,13 @@ pub struct CpuReport {
     pub wall_s: f64,
 }
 
+impl CpuReport {
+    /// Average cores other processes used.
+    pub fn other_cores(&self) -> f64 {
+        self.other_s / self.wall_s.max(0.001)
+    }
+}
+
 /// CPU use during a failover run's sending phase, in cores (CPU seconds / wall
 /// seconds; this machine has 2): the conditions a double delivery or a slow takeover
 /// was measured under.

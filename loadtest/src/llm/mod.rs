@@ -339,7 +339,7 @@ impl LlmRun {
 
     /// Pauses (`true`) or resumes the simulated backends.
     pub fn pause_backend(&self, paused: bool) {
-        self.sims.pause_all(paused);
+        self.sims.pause(None, paused);
     }
 
     /// Stalls (`true`) or resumes backend `member` alone (`backend-stall`): it accepts
@@ -353,7 +353,7 @@ impl LlmRun {
                 w.end(now, self.in_deadline());
             }
         }
-        self.sims.pause_one(member, stalled);
+        self.sims.pause(Some(member), stalled);
     }
 
     /// Looks whether the stalled backend has been ejected (the sampler's 100 ms reads).
@@ -462,7 +462,7 @@ impl LlmRun {
     /// Stops the generator (bounded wait) and the front.
     pub async fn stop(mut self) {
         self.stop_offering();
-        self.sims.pause_all(false);
+        self.sims.pause(None, false);
         if tokio::time::timeout(Duration::from_secs(5), &mut self.generator)
             .await
             .is_err()
@@ -485,7 +485,7 @@ impl Drop for LlmRun {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         self.generator.abort();
-        self.sims.pause_all(false);
+        self.sims.pause(None, false);
     }
 }
 

@@ -72,7 +72,7 @@ pub(super) fn report(m: Measured<'_>, mut notes: Vec<String>) -> RunReport {
         ));
     }
     let nominal = producers::nominal_frames(m.streams, m.plan.duration);
-    let other_cores = m.cpu.other_s / m.cpu.wall_s.max(0.001);
+    let other_cores = m.cpu.other_cores();
     if other_cores > 0.25 {
         notes.push(format!(
             "other processes used {other_cores:.2} cores on average during this run: the machine was not quiet"
