@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use weir_protocol::audio::FRAME_DURATION;
 
 use crate::stats::{LatencyHistogram, Percentiles};
-use crate::timeliness::unix_us;
+use crate::timeliness::{age, unix_us};
 
 /// Default slots per worker (`--asr-slots`).
 pub const DEFAULT_SLOTS: u32 = 6;
@@ -125,8 +125,7 @@ impl AsrMeter {
     /// Runs one frame captured at `captured_at_ms` (Unix ms) on `gpu` and records its
     /// lag: its age now plus its wait for the GPU.
     pub async fn run_frame(&self, gpu: &GpuTimeline, captured_at_ms: Option<u64>) {
-        let age_now = captured_at_ms
-            .map(|c| Duration::from_micros(unix_us().saturating_sub(c.saturating_mul(1000))));
+        let age_now = captured_at_ms.map(|c| age(c, unix_us()));
         let wait = gpu.run_frame().await;
         self.record(age_now.map(|a| a + wait));
     }

@@ -13,18 +13,6 @@ pub use weir_service::metrics::LatencyHistogram;
 /// A latency summary in milliseconds: the services' own type (`weir_protocol::admin`).
 pub use weir_protocol::admin::Percentiles;
 
-/// The value at quantile `q` (0..=1) of `sorted` (ascending), nearest-rank; `None` when
-/// empty. Used for summaries of sampled series (e.g. RSS over a run).
-pub fn quantile_sorted(sorted: &[f64], q: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let q = q.clamp(0.0, 1.0);
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    let idx = rank.saturating_sub(1).min(sorted.len() - 1);
-    Some(sorted[idx])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -56,14 +44,5 @@ mod tests {
         h.record(Duration::from_secs(10 * 3600));
         assert_eq!(h.count(), 1);
         assert!(h.percentiles().max >= 3_599_000.0);
-    }
-
-    #[test]
-    fn nearest_rank_quantiles() {
-        let v = [1.0, 2.0, 3.0, 4.0];
-        assert_eq!(quantile_sorted(&v, 0.5), Some(2.0));
-        assert_eq!(quantile_sorted(&v, 1.0), Some(4.0));
-        assert_eq!(quantile_sorted(&v, 0.0), Some(1.0));
-        assert_eq!(quantile_sorted(&[], 0.5), None);
     }
 }

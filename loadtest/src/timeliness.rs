@@ -68,7 +68,7 @@ pub fn is_late(captured_at_ms: u64, received_unix_us: u64, late_after: Duration)
 }
 
 /// Accumulates the timeliness of the frames handed to recognition handlers.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Timeliness {
     late_after: Duration,
     delivered_late: u64,
@@ -81,9 +81,7 @@ impl Timeliness {
     pub fn new(late_after: Duration) -> Self {
         Self {
             late_after,
-            delivered_late: 0,
-            untimed: 0,
-            e2e: LatencyHistogram::new(),
+            ..Self::default()
         }
     }
 
