@@ -29,7 +29,7 @@ use tokio_tungstenite::tungstenite::Message;
 use super::{AsrDesign, AsrSettings, ChurnReport, ids_of_worker};
 use crate::error::{Error, process};
 use crate::ingress::{Design, IngressProcess, samples};
-use crate::producers::{self, ProducerCounters, Transport};
+use crate::producers::{self, ProducerCounters};
 use crate::report::{ProducerReport, RunReport};
 use crate::scenario::asr::shortfall;
 use crate::scenario::run::{Env, RunNats, RunOutput, SUBJECT_TEMPLATE, spawn_ingress};
@@ -278,7 +278,6 @@ pub async fn run(env: &Env, settings: &AsrSettings) -> Result<RunOutput, Error> 
         scenario: "asr-churn".into(),
         streams: calls,
         design: Design::Bounded,
-        transport: Transport::Ws,
         duration_s: wall.as_secs_f64(),
         wall_s: wall.as_secs_f64(),
         producers: ProducerReport::new(&p, 0),

@@ -211,7 +211,6 @@ pub async fn run_design(
             AsrDesign::Naive => Design::Naive,
             _ => Design::Bounded,
         },
-        transport: Transport::Ws,
         duration_s: settings.duration.as_secs_f64(),
         wall_s: wall.as_secs_f64(),
         consumer: fleet.as_ref().map(ConsumerReport::from).unwrap_or_default(),
