@@ -320,9 +320,7 @@ pub fn machine_busy_since(start: Duration) -> Duration {
 
 /// CPU time the whole machine spent busy (all cores: user, nice, system, irq,
 /// softirq, steal).
-pub fn machine_busy() -> Option<Duration> {
-    weir_service::process::machine_busy()
-}
+pub use weir_service::process::machine_busy;
 
 /// Finds the `audio-ingress` binary: `WEIR_INGRESS_BIN`, else next to `exe` (the
 /// running executable), else one directory up (when `exe` is a test in `deps/`).
