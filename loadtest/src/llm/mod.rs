@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use weir_llm_adapter::backend::Backend;
 use weir_llm_adapter::backend::sim::SimBackend;
-use weir_llm_adapter::config::{Latency, SimConfig, SimStream};
+use weir_llm_adapter::config::{Latency, SimConfig};
 
 use crate::error::{Error, ErrorKind, nats};
 use crate::ingress::Design;
@@ -72,25 +72,16 @@ pub struct LlmSettings {
     pub stream: Option<StreamLoad>,
 }
 
-/// How the simulated backend streams (`--stream`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StreamLoad {
-    /// Delay before the first token.
-    pub first_token: Duration,
-    /// Tokens per reply.
-    pub tokens: u32,
-    /// Tokens per second after the first.
-    pub tokens_per_second: f64,
-}
+/// How the simulated backend streams (`--stream`): the adapter's own `[backend.sim]`
+/// streaming settings.
+pub use weir_llm_adapter::config::SimStream as StreamLoad;
 
-impl StreamLoad {
-    /// How long one streamed reply takes: the first token, then the rest at the rate.
-    pub fn duration(&self) -> Duration {
-        self.first_token
-            + Duration::from_secs_f64(
-                f64::from(self.tokens.saturating_sub(1)) / self.tokens_per_second.max(1e-6),
-            )
-    }
+/// How long one streamed reply takes: the first token, then the rest at the rate.
+fn stream_duration(s: &StreamLoad) -> Duration {
+    s.first_token
+        + Duration::from_secs_f64(
+            f64::from(s.tokens.saturating_sub(1)) / s.tokens_per_second.max(1e-6),
+        )
 }
 
 impl Default for LlmSettings {
@@ -114,7 +105,7 @@ impl LlmSettings {
     /// Mean inference time.
     pub fn mean_latency(&self) -> Duration {
         if let Some(s) = &self.stream {
-            return s.duration();
+            return stream_duration(s);
         }
         match self.shape {
             LatencyShape::Uniform | LatencyShape::Fixed => self.latency,
@@ -138,7 +129,7 @@ impl LlmSettings {
     fn sim_latency(&self) -> Latency {
         // Streaming: a unary call (the naive front) takes as long as a whole stream.
         if let Some(s) = &self.stream {
-            return Latency::Fixed(s.duration());
+            return Latency::Fixed(stream_duration(s));
         }
         match self.shape {
             LatencyShape::Uniform => {
@@ -247,12 +238,8 @@ impl LlmRun {
             seed: 7,
             ..SimConfig::default()
         };
-        if let Some(s) = &settings.stream {
-            sim_cfg.stream = SimStream {
-                first_token: s.first_token,
-                tokens: s.tokens,
-                tokens_per_second: s.tokens_per_second,
-            };
+        if let Some(s) = settings.stream {
+            sim_cfg.stream = s;
         }
         let (mut backends, mut handles) = (Vec::new(), Vec::new());
         for i in 0..settings.backends.max(1) {
