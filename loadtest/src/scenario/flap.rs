@@ -223,20 +223,6 @@ pub struct FlapReport {
     pub cpu: CpuReport,
 }
 
-/// Runs the designs one after the other with `streams` calls.
-pub async fn run(
-    env: &Env,
-    settings: &FlapSettings,
-    streams: usize,
-    designs: &[FlapDesign],
-) -> Vec<Result<RunOutput, Error>> {
-    let mut out = Vec::new();
-    for &design in designs {
-        out.push(run_design(env, settings, streams, design).await);
-    }
-    out
-}
-
 /// The ingress of `design` for this run. Capacity admission off: no recognition fleet
 /// announces slots here (the audit is a plain subscriber); the stream cap never limits
 /// the run.

@@ -109,20 +109,7 @@ async fn start_recognisers(
         .map_err(|e| nats("cannot start the recognition fleet", e))
 }
 
-/// Runs the three designs one after the other with `streams` calls.
-pub async fn run(
-    env: &Env,
-    settings: &AsrSettings,
-    streams: usize,
-) -> Vec<Result<RunOutput, Error>> {
-    let mut out = Vec::new();
-    for design in [AsrDesign::Naive, AsrDesign::WeirOff, AsrDesign::WeirOn] {
-        out.push(run_design(env, settings, streams, design).await);
-    }
-    out
-}
-
-/// One design.
+/// One design (the three run one after the other, each on a fresh nats-server).
 pub async fn run_design(
     env: &Env,
     settings: &AsrSettings,
@@ -130,9 +117,7 @@ pub async fn run_design(
     design: AsrDesign,
 ) -> Result<RunOutput, Error> {
     let label = format!("asr-shortfall {streams} {design}");
-    if !env.wait_quiet.is_zero() {
-        crate::scenario::run::wait_quiet(env.wait_quiet).await;
-    }
+    crate::scenario::run::settle(env, &label).await;
     let nats = RunNats::start(env).await?;
     let meter = Arc::new(AsrMeter::new(DEFAULT_MAX_FRAME_AGE));
     let recognisers = start_recognisers(design, settings, &nats.url, &meter).await?;
