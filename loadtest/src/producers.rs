@@ -80,10 +80,6 @@ pub(crate) const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct ProducerConfig {
     /// The ingress WebSocket address (loopback).
     pub ws_addr: SocketAddr,
-    /// Number of streams.
-    pub streams: usize,
-    /// Prefix of the stream ids (`{prefix}{index}`).
-    pub id_prefix: String,
     /// How long the producers send.
     pub duration: Duration,
     /// Share (0..=1) of streams that vanish without `end` at the stop time.
@@ -98,9 +94,8 @@ pub struct ProducerConfig {
     pub start_spread: Duration,
     /// WebSocket, WHIP or Twilio.
     pub transport: Transport,
-    /// The stream ids, one per stream (`None`: `{id_prefix}{index}`); a reconnect
-    /// appends `r1`, `r2`, ...
-    pub ids: Option<Arc<Vec<String>>>,
+    /// The stream ids, one producer each; a reconnect appends `r1`, `r2`, ...
+    pub ids: Arc<Vec<String>>,
 }
 
 counters! {
@@ -197,8 +192,8 @@ pub fn start(
 ) -> tokio::task::JoinSet<()> {
     let mut set = tokio::task::JoinSet::new();
     let mut rng = rand::rng();
-    let vanish_count =
-        ((config.streams as f64) * config.vanish_share.clamp(0.0, 1.0)).round() as usize;
+    let streams = config.ids.len();
+    let vanish_count = ((streams as f64) * config.vanish_share.clamp(0.0, 1.0)).round() as usize;
     // A handful of distinct clips, shared (Bytes) between streams, each encoded for the
     // transport once, here.
     let clips: Vec<SpeechClip> = (0..8)
@@ -226,7 +221,7 @@ pub fn start(
     // of any stream's time).
     let start = Instant::now();
     let spread_ms = config.start_spread.as_millis().max(1) as u64;
-    for index in 0..config.streams {
+    for index in 0..streams {
         let offset = Duration::from_millis(rng.random_range(0..spread_ms))
             + Duration::from_micros(rng.random_range(0..20_000));
         let stream = Producer {
@@ -241,7 +236,7 @@ pub fn start(
             // nominal count is streams × duration × 50 whatever the spread.
             stop_at: start + offset + config.duration,
             // Spread the vanishing ones over the index range.
-            vanish: vanish_count > 0 && (index * vanish_count) % config.streams < vanish_count,
+            vanish: vanish_count > 0 && (index * vanish_count) % streams < vanish_count,
         };
         counters.active.fetch_add(1, Ordering::Relaxed);
         set.spawn(async move {
@@ -385,10 +380,7 @@ impl Producer {
         // Bounded: every iteration either finishes, or waits at least the back-off
         // before the next; the loop ends at the stop time.
         while Instant::now() < self.stop_at {
-            let base = match &self.config.ids {
-                Some(ids) => ids.get(self.index).cloned().unwrap_or_default(),
-                None => format!("{}{}", self.config.id_prefix, self.index),
-            };
+            let base = self.config.ids.get(self.index).cloned().unwrap_or_default();
             let id = if attempt == 0 {
                 base
             } else {

@@ -396,15 +396,13 @@ mod tests {
         let counters = Arc::new(ProducerCounters::default());
         let config = ProducerConfig {
             ws_addr,
-            streams,
-            id_prefix: "t".to_owned(),
             duration: Duration::from_millis(600),
             vanish_share,
             reconnect: false,
             reconnect_delay: Duration::from_millis(100),
             start_spread: Duration::from_millis(50),
             transport: Transport::Twilio,
-            ids: None,
+            ids: Arc::new((0..streams).map(|i| format!("t{i}")).collect()),
         };
         let producers = start(config, 1, counters.clone());
         tokio::time::timeout(Duration::from_secs(10), producers.join_all())

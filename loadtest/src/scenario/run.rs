@@ -372,15 +372,13 @@ fn producer_config(
 ) -> ProducerConfig {
     ProducerConfig {
         ws_addr,
-        streams,
-        id_prefix: "s".into(),
         duration: plan.duration,
         vanish_share: plan.vanish_share,
         reconnect: env.reconnect,
         reconnect_delay: Duration::from_millis(500),
         start_spread: spread,
         transport: env.transport,
-        ids: None,
+        ids: Arc::new((0..streams).map(|i| format!("s{i}")).collect()),
     }
 }
 

@@ -246,15 +246,13 @@ pub(super) fn calls(
     let ids = balanced_ids(prefix, n, settings.partitions, settings.workers);
     ProducerConfig {
         ws_addr: ingress.ws_addr(),
-        streams: n,
-        id_prefix: prefix.into(),
         duration,
         vanish_share: 0.0,
         reconnect: false,
         reconnect_delay: Duration::from_millis(500),
         start_spread: spread,
         transport: Transport::Ws,
-        ids: Some(Arc::new(ids)),
+        ids: Arc::new(ids),
     }
 }
 
