@@ -223,14 +223,11 @@ pub struct LlmReport {
     pub caller_timeouts: u64,
     /// Replies (ok or refusal) that arrived after the deadline: timeouts for a caller
     /// whose own timeout is the deadline.
-    #[serde(default)]
     pub answered_after_deadline: u64,
     /// Refusals that came 100 ms or more after the request was sent: admitted, then
     /// answered without a result.
-    #[serde(default)]
     pub refused_after_waiting: u64,
     /// Caller-side latency of refusals (send → reply).
-    #[serde(default)]
     pub refusal_ms: Percentiles,
     /// Requests whose inference started after their deadline (must be 0 when bounded).
     pub started_after_deadline: u64,
@@ -240,14 +237,11 @@ pub struct LlmReport {
     /// `completed_in_deadline` were work whose answer came too late or never went out.
     pub backend_calls: u64,
     /// Simulated backends (`--llm-backends`).
-    #[serde(default)]
     pub backends: usize,
     /// `backend-stall`: the stalled backend's ejection and the goodput after it.
-    #[serde(default)]
     pub stall: Option<crate::llm::pool::StallReport>,
     /// How each session's replies spread over the backends (`Weir-Backend`), when the
     /// replies name theirs.
-    #[serde(default)]
     pub affinity: Option<crate::llm::generator::Affinity>,
     /// Completed within deadline per second of run.
     pub goodput_per_s: f64,
@@ -260,11 +254,9 @@ pub struct LlmReport {
     /// Offered load as a multiple of the backend's capacity.
     pub load_factor: f64,
     /// Callers asked for streamed replies (`--stream`, weir's adapter).
-    #[serde(default)]
     pub streamed: bool,
     /// Caller-side time to the first token: send → first `chunk` when streamed, send →
     /// the whole reply otherwise (completed requests).
-    #[serde(default)]
     pub ttft_ms: Percentiles,
 }
 
@@ -299,7 +291,6 @@ pub struct ProducerReport {
     pub close_codes: BTreeMap<u16, u64>,
     /// Messages in a carrier's dialect the server sent (`--transport twilio`: `media`,
     /// `mark`, `clear`); 0 for the other transports.
-    #[serde(default)]
     pub carrier_events: u64,
 }
 
