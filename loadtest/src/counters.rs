@@ -7,7 +7,8 @@ use std::sync::Mutex;
 
 use crate::stats::{LatencyHistogram, Percentiles};
 
-/// A locked field of a counters struct, and what it reads as in the copy.
+/// A field of a counters struct that is not an atomic (a locked map, a histogram), and
+/// what it reads as in the copy.
 pub trait Snap {
     /// The plain value.
     type Out;
@@ -36,9 +37,9 @@ pub fn bump<K: Ord>(map: &Mutex<BTreeMap<K, u64>>, key: K) {
     }
 }
 
-/// Declares `$counters` (public `AtomicU64` fields, then private locked fields and histograms, then,
-/// after a second `;`, public fields the copy leaves out), its copy `$snapshot` (the
-/// same fields, plain and public, each locked field as its [`Snap::Out`]) and
+/// Declares `$counters` (public `AtomicU64` fields; after a `;`, private [`Snap`]
+/// fields; after a second `;`, fields the copy leaves out), its copy `$snapshot` (the
+/// same fields, plain and public, each [`Snap`] field as its [`Snap::Out`]) and
 /// `$counters::snapshot`.
 macro_rules! counters {
     (
