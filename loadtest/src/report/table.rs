@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use super::{CeilingReport, LlmReport, RunReport};
 use crate::ingress::Design;
 use crate::scenario::asr::column_label;
+use crate::stats::Percentiles;
 
 fn mib(b: u64) -> String {
     format!("{:.1}", b as f64 / (1024.0 * 1024.0))
@@ -18,6 +19,15 @@ pub(crate) fn ms(v: f64) -> String {
         format!("{v:.1}")
     } else {
         format!("{v:.2}")
+    }
+}
+
+/// `p50/p99` of a latency summary, or `-` when it counted nothing.
+pub(crate) fn p50_p99(p: &Percentiles) -> String {
+    if p.count == 0 {
+        "-".into()
+    } else {
+        format!("{}/{}", ms(p.p50), ms(p.p99))
     }
 }
 
