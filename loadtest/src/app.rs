@@ -10,6 +10,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use strum::VariantArray;
+
 use crate::cli::{Cli, DesignArg};
 use crate::error::{Error, ErrorKind, io, usage};
 use crate::ingress::Design;
@@ -182,7 +184,8 @@ async fn run_flap(cli: &Cli, env: &crate::scenario::run::Env, results: &Results)
     let designs = flap::FlapDesign::selected(cli.design);
     let mut failures = 0;
     for &n in &streams {
-        for outcome in flap::run(env, &settings, n, &designs).await {
+        for &design in &designs {
+            let outcome = flap::run_design(env, &settings, n, design).await;
             failures += record(outcome, results, || format!("producer-flap {n}"));
         }
     }
@@ -221,7 +224,8 @@ async fn run_asr(
             continue;
         }
         for &n in &streams {
-            for outcome in asr::shortfall::run(env, &settings, n).await {
+            for &design in asr::AsrDesign::VARIANTS {
+                let outcome = asr::shortfall::run_design(env, &settings, n, design).await;
                 failures += record(outcome, results, || format!("asr-shortfall {n}"));
             }
         }

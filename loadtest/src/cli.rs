@@ -7,6 +7,7 @@
 //! Every value is validated before anything starts, with a message that names the flag.
 
 use std::net::SocketAddr;
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -261,29 +262,27 @@ pub struct Cli {
     pub quiet: bool,
 }
 
-fn parse_rtf(s: &str) -> Result<f64, Error> {
-    let v: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| usage(format!("{s:?} is not a real-time factor")))?;
-    if !(v.is_finite() && crate::gpu::RTF_RANGE.contains(&v)) {
+/// `s` as a `T` within `range`; `what` names the value in the error (`a stream count`),
+/// `unit` follows the number (` streams`).
+fn ranged<T>(s: &str, what: &str, unit: &str, range: RangeInclusive<T>) -> Result<T, Error>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display + std::fmt::Debug,
+{
+    let v: T = (s.trim().parse()).map_err(|_| usage(format!("{s:?} is not {what}")))?;
+    if !range.contains(&v) {
         return Err(usage(format!(
-            "--asr-rtf {v} is out of range; allowed {:?}",
-            crate::gpu::RTF_RANGE
+            "{v}{unit} is out of range; allowed {range:?}"
         )));
     }
     Ok(v)
 }
 
+fn parse_rtf(s: &str) -> Result<f64, Error> {
+    ranged(s, "a real-time factor", "", crate::gpu::RTF_RANGE)
+}
+
 fn parse_wait(s: &str) -> Result<Duration, Error> {
-    let v: u64 = s
-        .trim()
-        .parse()
-        .map_err(|_| usage(format!("{s:?} is not a whole number of seconds")))?;
-    if v > 3600 {
-        return Err(usage(format!("{v} s is out of range; allowed 0..=3600")));
-    }
-    Ok(Duration::from_secs(v))
+    ranged(s, "a whole number of seconds", " s", 0..=3600).map(Duration::from_secs)
 }
 
 /// Hidden subcommands used by the load test itself.
@@ -391,16 +390,7 @@ pub struct NaiveArgs {
 }
 
 fn parse_streams(s: &str) -> Result<usize, Error> {
-    let n: usize = s
-        .trim()
-        .parse()
-        .map_err(|_| usage(format!("{s:?} is not a stream count")))?;
-    if !(1..=20_000).contains(&n) {
-        return Err(usage(format!(
-            "{n} streams is out of range; allowed 1..=20000"
-        )));
-    }
-    Ok(n)
+    ranged(s, "a stream count", " streams", 1..=20_000)
 }
 
 fn parse_seconds(s: &str) -> Result<Duration, Error> {

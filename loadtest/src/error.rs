@@ -43,6 +43,22 @@ pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> Error {
     Error::with_source(ErrorKind::Io, path.display().to_string(), source)
 }
 
+/// An [`ErrorKind::Nats`] error with `message`, caused by `source`.
+pub(crate) fn nats(
+    message: impl Into<String>,
+    source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> Error {
+    Error::with_source(ErrorKind::Nats, message, source)
+}
+
+/// An [`ErrorKind::Process`] error with `message`, caused by `source`.
+pub(crate) fn process(
+    message: impl Into<String>,
+    source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> Error {
+    Error::with_source(ErrorKind::Process, message, source)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -43,7 +43,7 @@ use weir_audio_consumer::{
 };
 
 use crate::gpu::{AsrMeter, GpuModel, GpuTimeline};
-use crate::stats::{LatencyHistogram, Percentiles, record, summary};
+use crate::stats::{LatencyHistogram, Percentiles};
 use crate::timeliness::{Timeliness, TimelinessSummary, unix_ms, unix_us};
 
 /// Fleet settings.
@@ -93,7 +93,7 @@ pub struct FleetAsr {
 struct Shared {
     paused: watch::Receiver<bool>,
     cost: Duration,
-    latency_total: Mutex<LatencyHistogram>,
+    latency_total: LatencyHistogram,
     latency_window: Mutex<LatencyHistogram>,
     timeliness: Mutex<Timeliness>,
 }
@@ -130,8 +130,10 @@ impl StreamHandler for Recogniser {
         }
         if let Some(at) = frame.captured_at_ms {
             let d = Duration::from_millis(unix_ms().saturating_sub(at));
-            record(&self.shared.latency_total, d);
-            record(&self.shared.latency_window, d);
+            self.shared.latency_total.record(d);
+            if let Ok(w) = self.shared.latency_window.lock() {
+                w.record(d);
+            }
         }
     }
 }
@@ -220,7 +222,7 @@ impl Fleet {
         let shared = Arc::new(Shared {
             paused,
             cost: config.cost_per_frame,
-            latency_total: Mutex::new(LatencyHistogram::new()),
+            latency_total: LatencyHistogram::new(),
             latency_window: Mutex::new(LatencyHistogram::new()),
             timeliness: Mutex::new(Timeliness::new(config.late_after)),
         });
@@ -284,7 +286,7 @@ impl Fleet {
         self.shared
             .latency_window
             .lock()
-            .map(|mut h| std::mem::take(&mut *h).summary())
+            .map(|mut h| std::mem::take(&mut *h).percentiles())
             .unwrap_or_default()
     }
 
@@ -352,7 +354,7 @@ impl Fleet {
                 *s.ends_by_reason.entry(reason).or_default() += 1;
             }
         }
-        s.latency_ms = summary(&self.shared.latency_total);
+        s.latency_ms = self.shared.latency_total.percentiles();
         s.timeliness = self
             .shared
             .timeliness

@@ -23,8 +23,8 @@ use serde::Serialize;
 use tokio::time::Instant;
 use weir_protocol::audio::FRAME_DURATION;
 
-use crate::stats::{LatencyHistogram, Percentiles, record, summary};
-use crate::timeliness::unix_us;
+use crate::stats::{LatencyHistogram, Percentiles};
+use crate::timeliness::{age, unix_us};
 
 /// Default slots per worker (`--asr-slots`).
 pub const DEFAULT_SLOTS: u32 = 6;
@@ -90,10 +90,10 @@ impl GpuTimeline {
 }
 
 /// What the recognisers of one design measured (shared by its workers' handlers).
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct AsrMeter {
     max_frame_age: Duration,
-    lag: Mutex<LatencyHistogram>,
+    lag: LatencyHistogram,
     lag_window: Mutex<LatencyHistogram>,
     handed: AtomicU64,
     within: AtomicU64,
@@ -118,19 +118,14 @@ impl AsrMeter {
     pub fn new(max_frame_age: Duration) -> Self {
         Self {
             max_frame_age,
-            lag: Mutex::new(LatencyHistogram::new()),
-            lag_window: Mutex::new(LatencyHistogram::new()),
-            handed: AtomicU64::new(0),
-            within: AtomicU64::new(0),
-            untimed: AtomicU64::new(0),
+            ..Self::default()
         }
     }
 
     /// Runs one frame captured at `captured_at_ms` (Unix ms) on `gpu` and records its
     /// lag: its age now plus its wait for the GPU.
     pub async fn run_frame(&self, gpu: &GpuTimeline, captured_at_ms: Option<u64>) {
-        let age_now = captured_at_ms
-            .map(|c| Duration::from_micros(unix_us().saturating_sub(c.saturating_mul(1000))));
+        let age_now = captured_at_ms.map(|c| age(c, unix_us()));
         let wait = gpu.run_frame().await;
         self.record(age_now.map(|a| a + wait));
     }
@@ -143,8 +138,10 @@ impl AsrMeter {
                 if lag <= self.max_frame_age {
                     self.within.fetch_add(1, Ordering::Relaxed);
                 }
-                record(&self.lag, lag);
-                record(&self.lag_window, lag);
+                self.lag.record(lag);
+                if let Ok(w) = self.lag_window.lock() {
+                    w.record(lag);
+                }
             }
             None => {
                 self.untimed.fetch_add(1, Ordering::Relaxed);
@@ -161,7 +158,7 @@ impl AsrMeter {
     pub fn take_window(&self) -> Percentiles {
         self.lag_window
             .lock()
-            .map(|mut h| std::mem::take(&mut *h).summary())
+            .map(|mut h| std::mem::take(&mut *h).percentiles())
             .unwrap_or_default()
     }
 
@@ -171,7 +168,7 @@ impl AsrMeter {
             handed: self.handed(),
             within_max_age: self.within.load(Ordering::Relaxed),
             untimed: self.untimed.load(Ordering::Relaxed),
-            lag_ms: summary(&self.lag),
+            lag_ms: self.lag.percentiles(),
         }
     }
 }

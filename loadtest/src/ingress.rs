@@ -99,8 +99,6 @@ pub struct Launch {
     pub program: PathBuf,
     /// Its arguments (including `serve` or `naive-ingress`).
     pub args: Vec<String>,
-    /// Extra environment variables.
-    pub env: Vec<(String, String)>,
 }
 
 /// A running ingress child process.
@@ -112,11 +110,11 @@ pub struct IngressProcess {
     admin: SocketAddr,
     http: reqwest::Client,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
-    program: String,
 }
 
 impl IngressProcess {
-    /// Spawns the process and waits (bounded) for its ready line.
+    /// Spawns the process (logging warnings and errors only) and waits (bounded) for
+    /// its ready line.
     pub async fn spawn(launch: &Launch) -> Result<Self, IngressError> {
         let program = launch.program.display().to_string();
         let mut cmd = Command::new(&launch.program);
@@ -124,10 +122,8 @@ impl IngressProcess {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            .env("RUST_LOG", "warn")
             .kill_on_drop(true);
-        for (k, v) in &launch.env {
-            cmd.env(k, v);
-        }
         let mut child = cmd.spawn().map_err(|source| IngressError::Spawn {
             bin: program.clone(),
             source,
@@ -217,7 +213,6 @@ impl IngressProcess {
             admin,
             http,
             stderr_tail,
-            program,
         })
     }
 
@@ -226,25 +221,10 @@ impl IngressProcess {
         self.ws
     }
 
-    /// The admin address.
-    pub fn admin_addr(&self) -> SocketAddr {
-        self.admin
-    }
-
-    /// The process id.
-    pub fn pid(&self) -> u32 {
-        self.pid
-    }
-
     /// One `/v1/stats` snapshot.
     pub async fn stats(&self) -> Result<IngressStats, IngressError> {
-        let url = format!("http://{}/v1/stats", self.admin);
-        let failed = |e: reqwest::Error| IngressError::Stats(e.to_string());
-        let resp = self.http.get(&url).send().await.map_err(failed)?;
-        if !resp.status().is_success() {
-            return Err(IngressError::Stats(format!("status {}", resp.status())));
-        }
-        resp.json::<IngressStats>().await.map_err(failed)
+        let text = self.admin_text("/v1/stats").await?;
+        serde_json::from_str(&text).map_err(|e| IngressError::Stats(e.to_string()))
     }
 
     /// The admin port's `/metrics` (Prometheus text).
@@ -281,19 +261,9 @@ impl IngressProcess {
         cpu_time(self.pid)
     }
 
-    /// Whether the process is still running.
-    pub fn is_running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-
     /// The last lines the process wrote to stderr.
     pub fn stderr_tail(&self) -> String {
         joined(&self.stderr_tail)
-    }
-
-    /// The program that runs.
-    pub fn program(&self) -> &str {
-        &self.program
     }
 
     /// Kills the process and waits for it (bounded).
@@ -301,6 +271,27 @@ impl IngressProcess {
         let _ = self.child.start_kill();
         let _ = tokio::time::timeout(Duration::from_secs(2), self.child.wait()).await;
     }
+}
+
+/// The samples of a Prometheus text (`/metrics`): (metric name, the series with its
+/// labels, value); comments and unreadable lines are left out.
+pub fn samples(text: &str) -> impl Iterator<Item = (&str, &str, f64)> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let value = value.trim().parse().ok()?;
+            Some((series.split('{').next().unwrap_or(series), series, value))
+        })
+}
+
+/// The value of label `name` in a series (`metric{name="value",...}`).
+pub fn label<'a>(series: &'a str, name: &str) -> Option<&'a str> {
+    series
+        .split(&format!("{name}=\""))
+        .nth(1)?
+        .split('"')
+        .next()
 }
 
 /// The kept stderr lines as one text.
@@ -329,9 +320,7 @@ pub fn machine_busy_since(start: Duration) -> Duration {
 
 /// CPU time the whole machine spent busy (all cores: user, nice, system, irq,
 /// softirq, steal).
-pub fn machine_busy() -> Option<Duration> {
-    weir_service::process::machine_busy()
-}
+pub use weir_service::process::machine_busy;
 
 /// Finds the `audio-ingress` binary: `WEIR_INGRESS_BIN`, else next to `exe` (the
 /// running executable), else one directory up (when `exe` is a test in `deps/`).

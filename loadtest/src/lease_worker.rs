@@ -29,7 +29,7 @@ use weir_audio_consumer::{
 };
 
 use crate::cli::LeaseWorkerArgs;
-use crate::error::{Error, ErrorKind, io};
+use crate::error::{Error, ErrorKind, io, nats};
 use crate::timeliness::unix_ms;
 
 /// How often the worker writes its view of the leases (the resolution of every
@@ -108,7 +108,7 @@ pub async fn run(args: LeaseWorkerArgs) -> Result<(), Error> {
     )
     .await
     .map_err(|_| Error::new(ErrorKind::Nats, "cannot connect to NATS within 10 s"))?
-    .map_err(|e| Error::with_source(ErrorKind::Nats, "cannot connect to NATS", e))?;
+    .map_err(|e| nats("cannot connect to NATS", e))?;
     let settings = ConsumerConfig {
         // Streams stay alive across the whole run; frames carry no capture time.
         idle_timeout_ms: 60_000,

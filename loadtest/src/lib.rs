@@ -34,6 +34,7 @@ pub mod accounting;
 pub mod app;
 pub mod asr_worker;
 pub mod cli;
+pub mod counters;
 pub mod error;
 pub mod fleet;
 pub mod gpu;

@@ -33,7 +33,7 @@ fn main() -> ExitCode {
         }
     };
     match cli.internal {
-        Some(Internal::NaiveIngress(args)) => runtime.block_on(async move {
+        Some(Internal::NaiveIngress(args)) => {
             let template = match SubjectTemplate::parse(&args.subject) {
                 Ok(t) => t,
                 Err(e) => {
@@ -48,33 +48,29 @@ fn main() -> ExitCode {
                 in_flight: args.in_flight as usize,
                 floor: args.floor,
             };
-            match serve(&args.nats_url, args.listen, args.admin, config).await {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("naive-ingress: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }),
-        Some(Internal::LeaseWorker(args)) => runtime.block_on(async move {
-            match weir_loadtest::lease_worker::run(args).await {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("lease-worker: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }),
-        Some(Internal::AsrWorker(args)) => runtime.block_on(async move {
-            match weir_loadtest::asr_worker::run(args).await {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("asr-worker: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }),
+            let served = runtime.block_on(serve(&args.nats_url, args.listen, args.admin, config));
+            exit("naive-ingress", served)
+        }
+        Some(Internal::LeaseWorker(args)) => exit(
+            "lease-worker",
+            runtime.block_on(weir_loadtest::lease_worker::run(args)),
+        ),
+        Some(Internal::AsrWorker(args)) => exit(
+            "asr-worker",
+            runtime.block_on(weir_loadtest::asr_worker::run(args)),
+        ),
         None => runtime.block_on(session(cli)),
+    }
+}
+
+/// The exit code of the hidden subcommand `name`, its error printed.
+fn exit(name: &str, result: Result<(), impl std::fmt::Display>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -43,8 +43,9 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_tungstenite::tungstenite::Message;
 use weir_protocol::audio::FRAME_DURATION;
 
+use crate::counters::{bump, counters};
 use crate::speech::SpeechClip;
-use crate::stats::{LatencyHistogram, Percentiles, record, summary};
+use crate::stats::LatencyHistogram;
 
 mod twilio;
 mod whip;
@@ -79,10 +80,6 @@ pub(crate) const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct ProducerConfig {
     /// The ingress WebSocket address (loopback).
     pub ws_addr: SocketAddr,
-    /// Number of streams.
-    pub streams: usize,
-    /// Prefix of the stream ids (`{prefix}{index}`).
-    pub id_prefix: String,
     /// How long the producers send.
     pub duration: Duration,
     /// Share (0..=1) of streams that vanish without `end` at the stop time.
@@ -97,121 +94,70 @@ pub struct ProducerConfig {
     pub start_spread: Duration,
     /// WebSocket, WHIP or Twilio.
     pub transport: Transport,
-    /// The stream ids, one per stream (`None`: `{id_prefix}{index}`); a reconnect
-    /// appends `r1`, `r2`, ...
-    pub ids: Option<Arc<Vec<String>>>,
+    /// The stream ids, one producer each; a reconnect appends `r1`, `r2`, ...
+    pub ids: Arc<Vec<String>>,
 }
 
-/// Declares the producers' counters once: [`ProducerCounters`] (atomics, read by the
-/// sampler while the producers run), [`ProducerSnapshot`] (a plain copy, the same
-/// fields in the same order) and [`ProducerCounters::snapshot`].
-macro_rules! producer_counters {
-    ($( $(#[$doc:meta])* $field:ident, )*) => {
-        /// Counters shared by all producers (atomics, read by the sampler while running).
-        #[derive(Debug, Default)]
-        pub struct ProducerCounters {
-            $( $(#[$doc])* pub $field: AtomicU64, )*
-            close_codes: Mutex<BTreeMap<u16, u64>>,
-            refusals: Mutex<BTreeMap<u16, u64>>,
-            refusal_codes: Mutex<BTreeMap<String, u64>>,
-            closed_reasons: Mutex<BTreeMap<String, u64>>,
-            refusal_latency: Mutex<LatencyHistogram>,
-        }
-
-        /// A plain copy of [`ProducerCounters`].
-        #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-        pub struct ProducerSnapshot {
-            $( $(#[$doc])* pub $field: u64, )*
-            /// Close codes received from the server, by code.
-            pub close_codes: BTreeMap<u16, u64>,
-            /// HTTP statuses of refused connection attempts, by status.
-            pub refusals: BTreeMap<u16, u64>,
-            /// Refused WebSocket attempts by the `error.code` of the refusal body
-            /// (`no_capacity`, `overloaded`, ...; `none` without a readable body).
-            pub refusal_codes: BTreeMap<String, u64>,
-            /// `closed` events by their `reason` (`producer`, `overload`,
-            /// `no_capacity`, ...).
-            pub closed_reasons: BTreeMap<String, u64>,
-            /// WebSocket attempts refused by HTTP status: connect → the refusal
-            /// received, as the caller measures it.
-            pub refusal_ms: Percentiles,
-        }
-
-        impl ProducerCounters {
-            /// A copy of every counter.
-            pub fn snapshot(&self) -> ProducerSnapshot {
-                let copy = |m: &Mutex<BTreeMap<u16, u64>>| {
-                    m.lock().map(|m| m.clone()).unwrap_or_default()
-                };
-                ProducerSnapshot {
-                    $( $field: self.$field.load(Ordering::Relaxed), )*
-                    close_codes: copy(&self.close_codes),
-                    refusals: copy(&self.refusals),
-                    refusal_codes: self.refusal_codes.lock().map(|m| m.clone()).unwrap_or_default(),
-                    closed_reasons: self.closed_reasons.lock().map(|m| m.clone()).unwrap_or_default(),
-                    refusal_ms: summary(&self.refusal_latency),
-                }
-            }
-        }
-    };
-}
-
-producer_counters! {
-    /// Connections established.
-    connects,
-    /// Connection attempts refused before the upgrade (503, 409, 400...).
-    refused,
-    /// Connection attempts that failed otherwise (TCP error, timeout).
-    connect_errors,
-    /// Frames written to a socket.
-    frames_sent,
-    /// Ticks at which the stream was down (refused, ended by the server, reconnecting).
-    frames_not_sent,
-    /// Ticks skipped because the producer task ran late.
-    ticks_missed,
-    /// `overload` events received.
-    overload_events,
-    /// `gap` events received.
-    gap_events,
-    /// `closed` events received.
-    closed_events,
-    /// Streams ended with `{"type":"end"}`.
-    ended,
-    /// Streams dropped without `end` on purpose.
-    vanished,
-    /// Streams ended early by the server (overload or close before `end`).
-    ended_by_server,
-    /// Streams that broke (send error, socket error).
-    broken,
-    /// Messages in a carrier's dialect received from the server (`--transport twilio`:
-    /// `media`, `mark`, `clear`, ...).
-    carrier_events,
-    /// Sum of `frames_published` reported in `closed` events.
-    server_reported_published,
-    /// Sum of `frames_dropped` reported in `closed` events.
-    server_reported_dropped,
-    /// Producers still running.
-    active,
-    /// Refused WebSocket attempts whose refusal carried a `Retry-After`.
-    refusals_with_retry_after,
-    /// Streams the server ended with reason `no_capacity` (a worker refused them after
-    /// the door admitted them).
-    ended_no_capacity,
-    /// Frames written on those streams before they were ended.
-    frames_sent_ended_no_capacity,
-}
-
-/// Counts one occurrence of `key` in its map.
-fn count_key(map: &Mutex<BTreeMap<String, u64>>, key: &str) {
-    if let Ok(mut m) = map.lock() {
-        *m.entry(key.to_owned()).or_default() += 1;
-    }
-}
-
-/// Counts one close code or refused HTTP status in its map.
-fn count_code(map: &Mutex<BTreeMap<u16, u64>>, code: u16) {
-    if let Ok(mut m) = map.lock() {
-        *m.entry(code).or_default() += 1;
+counters! {
+    /// Counters shared by all producers (atomics, read by the sampler while running).
+    pub struct ProducerCounters;
+    /// A plain copy of [`ProducerCounters`].
+    pub struct ProducerSnapshot {
+        /// Connections established.
+        connects,
+        /// Connection attempts refused before the upgrade (503, 409, 400...).
+        refused,
+        /// Connection attempts that failed otherwise (TCP error, timeout).
+        connect_errors,
+        /// Frames written to a socket.
+        frames_sent,
+        /// Ticks at which the stream was down (refused, ended by the server, reconnecting).
+        frames_not_sent,
+        /// Ticks skipped because the producer task ran late.
+        ticks_missed,
+        /// `overload` events received.
+        overload_events,
+        /// `gap` events received.
+        gap_events,
+        /// `closed` events received.
+        closed_events,
+        /// Streams ended with `{"type":"end"}`.
+        ended,
+        /// Streams dropped without `end` on purpose.
+        vanished,
+        /// Streams ended early by the server (overload or close before `end`).
+        ended_by_server,
+        /// Streams that broke (send error, socket error).
+        broken,
+        /// Messages in a carrier's dialect received from the server (`--transport twilio`:
+        /// `media`, `mark`, `clear`, ...).
+        carrier_events,
+        /// Sum of `frames_published` reported in `closed` events.
+        server_reported_published,
+        /// Sum of `frames_dropped` reported in `closed` events.
+        server_reported_dropped,
+        /// Producers still running.
+        active,
+        /// Refused WebSocket attempts whose refusal carried a `Retry-After`.
+        refusals_with_retry_after,
+        /// Streams the server ended with reason `no_capacity` (a worker refused them after
+        /// the door admitted them).
+        ended_no_capacity,
+        /// Frames written on those streams before they were ended.
+        frames_sent_ended_no_capacity,
+        ;
+        /// Close codes received from the server, by code.
+        close_codes: Mutex<BTreeMap<u16, u64>>,
+        /// HTTP statuses of refused connection attempts, by status.
+        refusals: Mutex<BTreeMap<u16, u64>>,
+        /// Refused WebSocket attempts by the `error.code` of the refusal body
+        /// (`no_capacity`, `overloaded`, ...; `none` without a readable body).
+        refusal_codes: Mutex<BTreeMap<String, u64>>,
+        /// `closed` events by their `reason` (`producer`, `overload`, `no_capacity`, ...).
+        closed_reasons: Mutex<BTreeMap<String, u64>>,
+        /// WebSocket attempts refused by HTTP status: connect → the refusal received, as
+        /// the caller measures it.
+        refusal_ms: LatencyHistogram,
     }
 }
 
@@ -227,7 +173,7 @@ impl ProducerCounters {
             Some("gap") => add(&self.gap_events, 1),
             Some("closed") => {
                 let reason = v.get("reason").and_then(|r| r.as_str()).unwrap_or("none");
-                count_key(&self.closed_reasons, reason);
+                bump(&self.closed_reasons, reason.to_owned());
                 add(&self.server_reported_published, n("frames_published"));
                 add(&self.server_reported_dropped, n("frames_dropped"));
                 add(&self.closed_events, 1)
@@ -246,30 +192,25 @@ pub fn start(
 ) -> tokio::task::JoinSet<()> {
     let mut set = tokio::task::JoinSet::new();
     let mut rng = rand::rng();
-    let vanish_count =
-        ((config.streams as f64) * config.vanish_share.clamp(0.0, 1.0)).round() as usize;
-    // A handful of distinct clips, shared (Bytes) between streams; for WHIP, each
-    // encoded to Opus once, here.
+    let streams = config.ids.len();
+    let vanish_count = ((streams as f64) * config.vanish_share.clamp(0.0, 1.0)).round() as usize;
+    // A handful of distinct clips, shared (Bytes) between streams, each encoded for the
+    // transport once, here.
     let clips: Vec<SpeechClip> = (0..8)
         .map(|i| SpeechClip::render(clip_seed + i, 150))
         .collect();
-    let opus: Vec<Option<OpusClip>> = clips
+    let encoded: Vec<Option<Encoded>> = clips
         .iter()
         .map(|c| match config.transport {
-            Transport::Ws | Transport::Twilio => None,
+            Transport::Ws => Some(Encoded::Pcm),
             Transport::Whip => OpusClip::encode(c)
                 .map_err(|e| tracing::error!(error = %e, "cannot encode the clip to Opus"))
-                .ok(),
-        })
-        .collect();
-    // For Twilio, each encoded to 8 kHz µ-law base64 chunks once, here.
-    let twilio: Vec<Option<TwilioClip>> = clips
-        .iter()
-        .map(|c| match config.transport {
-            Transport::Ws | Transport::Whip => None,
+                .ok()
+                .map(Encoded::Opus),
             Transport::Twilio => TwilioClip::encode(c)
                 .map_err(|e| tracing::error!(error = %e, "cannot encode the clip to µ-law"))
-                .ok(),
+                .ok()
+                .map(Encoded::Twilio),
         })
         .collect();
     let http = reqwest::Client::builder()
@@ -280,15 +221,14 @@ pub fn start(
     // of any stream's time).
     let start = Instant::now();
     let spread_ms = config.start_spread.as_millis().max(1) as u64;
-    for index in 0..config.streams {
+    for index in 0..streams {
         let offset = Duration::from_millis(rng.random_range(0..spread_ms))
             + Duration::from_micros(rng.random_range(0..20_000));
         let stream = Producer {
             index,
             config: config.clone(),
             clip: clips[index % clips.len()].clone(),
-            opus: opus[index % opus.len()].clone(),
-            twilio: twilio[index % twilio.len()].clone(),
+            encoded: encoded[index % encoded.len()].clone(),
             http: http.clone(),
             counters: counters.clone(),
             start_at: start + offset,
@@ -296,7 +236,7 @@ pub fn start(
             // nominal count is streams × duration × 50 whatever the spread.
             stop_at: start + offset + config.duration,
             // Spread the vanishing ones over the index range.
-            vanish: vanish_count > 0 && (index * vanish_count) % config.streams < vanish_count,
+            vanish: vanish_count > 0 && (index * vanish_count) % streams < vanish_count,
         };
         counters.active.fetch_add(1, Ordering::Relaxed);
         set.spawn(async move {
@@ -306,6 +246,17 @@ pub fn start(
         });
     }
     set
+}
+
+/// A clip as the transport sends it, encoded once before the run.
+#[derive(Clone)]
+enum Encoded {
+    /// The clip's PCM frames as they are (`ws`).
+    Pcm,
+    /// Opus packets (`whip`).
+    Opus(OpusClip),
+    /// Base64 µ-law chunks (`twilio`).
+    Twilio(TwilioClip),
 }
 
 /// How one connection ended.
@@ -341,7 +292,7 @@ pub(crate) async fn read_server(
             }
             Ok(Message::Close(frame)) => {
                 let code = frame.as_ref().map(|f| u16::from(f.code)).unwrap_or(1005);
-                count_code(&counters.close_codes, code);
+                bump(&counters.close_codes, code);
                 break;
             }
             Ok(_) => {}
@@ -412,10 +363,8 @@ pub(crate) struct Producer {
     index: usize,
     config: ProducerConfig,
     clip: SpeechClip,
-    /// The clip as Opus packets (WHIP only).
-    opus: Option<OpusClip>,
-    /// The clip as base64 µ-law chunks (Twilio only).
-    twilio: Option<TwilioClip>,
+    /// The clip as the transport sends it (`None`: the encoder refused it).
+    encoded: Option<Encoded>,
     http: reqwest::Client,
     counters: Arc<ProducerCounters>,
     start_at: Instant,
@@ -431,26 +380,23 @@ impl Producer {
         // Bounded: every iteration either finishes, or waits at least the back-off
         // before the next; the loop ends at the stop time.
         while Instant::now() < self.stop_at {
-            let base = match &self.config.ids {
-                Some(ids) => ids.get(self.index).cloned().unwrap_or_default(),
-                None => format!("{}{}", self.config.id_prefix, self.index),
-            };
+            let base = self.config.ids.get(self.index).cloned().unwrap_or_default();
             let id = if attempt == 0 {
                 base
             } else {
                 format!("{base}r{attempt}")
             };
             attempt += 1;
-            let end = match (&self.config.transport, &self.opus, &self.twilio) {
-                (Transport::Whip, Some(opus), _) => {
+            let end = match &self.encoded {
+                Some(Encoded::Pcm) => self.connection(&id, &mut frame_index).await,
+                Some(Encoded::Opus(opus)) => {
                     self.whip_connection(&id, opus, &mut frame_index).await
                 }
-                (Transport::Twilio, _, Some(clip)) => {
+                Some(Encoded::Twilio(clip)) => {
                     self.twilio_connection(&id, clip, &mut frame_index).await
                 }
-                // No encoded clip (the encoder refused): nothing can be sent.
-                (Transport::Whip | Transport::Twilio, _, _) => ConnectionEnd::Stop,
-                (Transport::Ws, _, _) => self.connection(&id, &mut frame_index).await,
+                // The encoder refused the clip: nothing can be sent.
+                None => ConnectionEnd::Stop,
             };
             match end {
                 ConnectionEnd::Finished | ConnectionEnd::Stop => return,
@@ -523,16 +469,8 @@ impl Producer {
                 Ok(ws)
             }
             Ok(Err(tokio_tungstenite::tungstenite::Error::Http(resp))) => {
-                record(&self.counters.refusal_latency, asked.elapsed());
-                let code = resp
-                    .body()
-                    .as_deref()
-                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
-                    .and_then(|v| v["error"]["code"].as_str().map(str::to_owned));
-                count_key(
-                    &self.counters.refusal_codes,
-                    code.as_deref().unwrap_or("none"),
-                );
+                self.counters.refusal_ms.record(asked.elapsed());
+                bump(&self.counters.refusal_codes, refusal_code(&resp));
                 let retry_after = resp.headers().get("retry-after");
                 let retry_after = retry_after.and_then(|v| v.to_str().ok());
                 if retry_after.is_some() {
@@ -661,7 +599,7 @@ impl Producer {
     /// back-off, or the server's `Retry-After` (seconds) when longer.
     pub(crate) fn refused(&self, status: u16, retry_after: Option<&str>) -> ConnectionEnd {
         self.counters.refused.fetch_add(1, Ordering::Relaxed);
-        count_code(&self.counters.refusals, status);
+        bump(&self.counters.refusals, status);
         let hint = retry_after
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map_or(Duration::ZERO, Duration::from_secs);
@@ -679,6 +617,16 @@ impl Producer {
             .reconnect_delay
             .max(hint.min(Duration::from_secs(2)))
     }
+}
+
+/// The `error.code` of a refused upgrade's body (`none` without a readable one).
+pub(crate) fn refusal_code(
+    resp: &tokio_tungstenite::tungstenite::http::Response<Option<Vec<u8>>>,
+) -> String {
+    (resp.body().as_deref())
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
+        .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| "none".to_owned())
 }
 
 /// Frames a fleet of `streams` producers offers in `duration` at 50 frames/s.

@@ -71,6 +71,12 @@ impl SpeechClip {
     pub fn frames(&self) -> usize {
         self.frames
     }
+
+    /// The whole loop as samples.
+    pub fn samples(&self) -> Vec<i16> {
+        let pairs = self.pcm.chunks_exact(2);
+        pairs.map(|b| i16::from_le_bytes([b[0], b[1]])).collect()
+    }
 }
 
 #[cfg(test)]

@@ -7,84 +7,30 @@
 //! An empty histogram summarises to all zeros with `count == 0`: a reader must check the
 //! count before reading a zero p99 as "fast".
 
-use std::time::Duration;
-
-/// A latency histogram (the services' one, behind the load test's `&mut` interface).
-#[derive(Debug, Default)]
-pub struct LatencyHistogram(weir_service::metrics::LatencyHistogram);
-
-impl LatencyHistogram {
-    /// An empty histogram (1 µs .. 1 h, 3 significant digits).
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Records one duration.
-    pub fn record(&mut self, d: Duration) {
-        self.0.record(d);
-    }
-
-    /// Records a value already in milliseconds (negative values and NaN count as zero).
-    pub fn record_ms(&mut self, ms: f64) {
-        self.0
-            .record(Duration::try_from_secs_f64(ms / 1000.0).unwrap_or(Duration::ZERO));
-    }
-
-    /// Number of values recorded.
-    pub fn count(&self) -> u64 {
-        self.0.count()
-    }
-
-    /// p50/p95/p99/max in milliseconds.
-    pub fn summary(&self) -> Percentiles {
-        self.0.percentiles()
-    }
-}
-
-/// Records `d` in a shared histogram (nothing if its lock was poisoned).
-pub fn record(h: &std::sync::Mutex<LatencyHistogram>, d: Duration) {
-    if let Ok(mut h) = h.lock() {
-        h.record(d);
-    }
-}
-
-/// The summary of a shared histogram (empty if its lock was poisoned).
-pub fn summary(h: &std::sync::Mutex<LatencyHistogram>) -> Percentiles {
-    h.lock().map(|h| h.summary()).unwrap_or_default()
-}
+/// A latency histogram: the services' own (atomic, shared by reference).
+pub use weir_service::metrics::LatencyHistogram;
 
 /// A latency summary in milliseconds: the services' own type (`weir_protocol::admin`).
 pub use weir_protocol::admin::Percentiles;
 
-/// The value at quantile `q` (0..=1) of `sorted` (ascending), nearest-rank; `None` when
-/// empty. Used for summaries of sampled series (e.g. RSS over a run).
-pub fn quantile_sorted(sorted: &[f64], q: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let q = q.clamp(0.0, 1.0);
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    let idx = rank.saturating_sub(1).min(sorted.len() - 1);
-    Some(sorted[idx])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn empty_histogram_is_all_zero() {
         let h = LatencyHistogram::new();
-        assert_eq!(h.summary(), Percentiles::default());
+        assert_eq!(h.percentiles(), Percentiles::default());
     }
 
     #[test]
     fn percentiles_of_a_uniform_run() {
-        let mut h = LatencyHistogram::new();
+        let h = LatencyHistogram::new();
         for ms in 1..=100u64 {
             h.record(Duration::from_millis(ms));
         }
-        let s = h.summary();
+        let s = h.percentiles();
         assert_eq!(s.count, 100);
         assert!((s.p50 - 50.0).abs() < 0.1, "{s:?}");
         assert!((s.p95 - 95.0).abs() < 0.1, "{s:?}");
@@ -94,20 +40,9 @@ mod tests {
 
     #[test]
     fn huge_values_are_clamped_not_lost() {
-        let mut h = LatencyHistogram::new();
+        let h = LatencyHistogram::new();
         h.record(Duration::from_secs(10 * 3600));
-        h.record_ms(-5.0);
-        h.record_ms(f64::NAN);
-        assert_eq!(h.count(), 3);
-        assert!(h.summary().max >= 3_599_000.0);
-    }
-
-    #[test]
-    fn nearest_rank_quantiles() {
-        let v = [1.0, 2.0, 3.0, 4.0];
-        assert_eq!(quantile_sorted(&v, 0.5), Some(2.0));
-        assert_eq!(quantile_sorted(&v, 1.0), Some(4.0));
-        assert_eq!(quantile_sorted(&v, 0.0), Some(1.0));
-        assert_eq!(quantile_sorted(&[], 0.5), None);
+        assert_eq!(h.count(), 1);
+        assert!(h.percentiles().max >= 3_599_000.0);
     }
 }

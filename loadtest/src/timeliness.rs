@@ -68,7 +68,7 @@ pub fn is_late(captured_at_ms: u64, received_unix_us: u64, late_after: Duration)
 }
 
 /// Accumulates the timeliness of the frames handed to recognition handlers.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Timeliness {
     late_after: Duration,
     delivered_late: u64,
@@ -81,9 +81,7 @@ impl Timeliness {
     pub fn new(late_after: Duration) -> Self {
         Self {
             late_after,
-            delivered_late: 0,
-            untimed: 0,
-            e2e: LatencyHistogram::new(),
+            ..Self::default()
         }
     }
 
@@ -111,7 +109,7 @@ impl Timeliness {
             late_after_ms: self.late_after.as_secs_f64() * 1000.0,
             delivered_late: self.delivered_late,
             delivered_untimed: self.untimed,
-            e2e_latency_ms: self.e2e.summary(),
+            e2e_latency_ms: self.e2e.percentiles(),
         }
     }
 }

@@ -14,7 +14,7 @@
 //! else completed.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,7 +24,8 @@ use weir_llm_client::LlmClient;
 use weir_protocol::WireName;
 use weir_protocol::llm::headers;
 
-use crate::stats::{LatencyHistogram, Percentiles, record, summary};
+use crate::counters::{bump, counters};
+use crate::stats::LatencyHistogram;
 use crate::timeliness::unix_ms;
 
 /// Extra time a caller waits after the deadline before giving up.
@@ -34,36 +35,42 @@ pub const MAX_OUTSTANDING: u64 = 20_000;
 /// Generator tick.
 const TICK: Duration = Duration::from_millis(10);
 
-/// What the generator counted.
-#[derive(Debug, Default)]
-pub struct GeneratorCounters {
-    /// Requests sent.
-    pub offered: AtomicU64,
-    /// Replies with a result.
-    pub completed: AtomicU64,
-    /// Of those, received within the deadline.
-    pub completed_in_deadline: AtomicU64,
-    /// No reply within deadline + margin.
-    pub caller_timeouts: AtomicU64,
-    /// Not sent because too many were outstanding.
-    pub skipped: AtomicU64,
-    /// Waiting for a reply now.
-    pub outstanding: AtomicU64,
-    /// Replies (any outcome) received after the deadline: a caller whose own timeout
-    /// is the deadline would have given up on them.
-    pub answered_after_deadline: AtomicU64,
-    /// Refusals that arrived [`WAITED`] or more after the request was sent: admitted,
-    /// then answered without a result (while queued, or a failed call), as opposed to
-    /// refused at once.
-    pub refused_after_waiting: AtomicU64,
-    refused: Mutex<BTreeMap<String, u64>>,
-    /// Per session, the replies each backend served (the reply's `Weir-Backend`).
-    served_by: Mutex<BTreeMap<String, BTreeMap<String, u64>>>,
-    refusal_latency: Mutex<LatencyHistogram>,
-    latency: Mutex<LatencyHistogram>,
-    reply_queue_ms: Mutex<LatencyHistogram>,
-    reply_inference_ms: Mutex<LatencyHistogram>,
-    ttft: Mutex<LatencyHistogram>,
+counters! {
+    /// What the generator counted.
+    pub struct GeneratorCounters;
+    /// A copy of [`GeneratorCounters`].
+    pub struct GeneratorSnapshot {
+        /// Requests sent.
+        offered,
+        /// Replies with a result.
+        completed,
+        /// Of those, received within the deadline.
+        completed_in_deadline,
+        /// No reply within deadline + margin.
+        caller_timeouts,
+        /// Not sent because too many were outstanding.
+        skipped,
+        /// Waiting for a reply now.
+        outstanding,
+        /// Replies (any outcome) received after the deadline: a caller whose own timeout
+        /// is the deadline would have given up on them.
+        answered_after_deadline,
+        /// Refusals that arrived [`WAITED`] or more after the request was sent: admitted,
+        /// then answered without a result (while queued, or a failed call), as opposed to
+        /// refused at once.
+        refused_after_waiting,
+        ;
+        /// Refusals by code.
+        refused: Mutex<BTreeMap<String, u64>>,
+        /// Caller-side latency of refusals (send → reply).
+        refusal_ms: LatencyHistogram,
+        /// Caller-side time to the first token (streamed: send → first chunk; unary:
+        /// send → the reply), completed requests.
+        ttft: LatencyHistogram,
+        ;
+        /// Per session, the replies each backend served (the reply's `Weir-Backend`).
+        served_by: Mutex<BTreeMap<String, BTreeMap<String, u64>>>,
+    }
 }
 
 /// The reply header naming the backend that served a request.
@@ -100,37 +107,6 @@ impl GeneratorCounters {
         }
     }
 
-    /// Refusals by code.
-    pub fn refused(&self) -> BTreeMap<String, u64> {
-        self.refused.lock().map(|m| m.clone()).unwrap_or_default()
-    }
-
-    /// Caller-side latency of refusals (send → reply).
-    pub fn refusal_ms(&self) -> Percentiles {
-        summary(&self.refusal_latency)
-    }
-
-    /// Caller-side latency of completed requests.
-    pub fn latency(&self) -> Percentiles {
-        summary(&self.latency)
-    }
-
-    /// Caller-side time to the first token (streamed: send → first chunk; unary: send
-    /// → the reply), completed requests.
-    pub fn ttft(&self) -> Percentiles {
-        summary(&self.ttft)
-    }
-
-    /// Queue wait reported in reply headers (`Weir-Queue-Ms`).
-    pub fn reply_queue_ms(&self) -> Percentiles {
-        summary(&self.reply_queue_ms)
-    }
-
-    /// Inference time reported in reply headers (`Weir-Inference-Ms`).
-    pub fn reply_inference_ms(&self) -> Percentiles {
-        summary(&self.reply_inference_ms)
-    }
-
     /// A reply with a result arrived `elapsed` after it was sent.
     fn completed(&self, elapsed: Duration, deadline: Duration) {
         self.completed.fetch_add(1, Ordering::Relaxed);
@@ -140,9 +116,7 @@ impl GeneratorCounters {
     }
 
     fn refuse(&self, code: &str) {
-        if let Ok(mut m) = self.refused.lock() {
-            *m.entry(code.to_owned()).or_default() += 1;
-        }
+        bump(&self.refused, code.to_owned());
     }
 
     /// A refusal with `code` arrived `elapsed` after the request was sent.
@@ -151,7 +125,7 @@ impl GeneratorCounters {
         if elapsed >= WAITED {
             self.refused_after_waiting.fetch_add(1, Ordering::Relaxed);
         }
-        record(&self.refusal_latency, elapsed);
+        self.refusal_ms.record(elapsed);
     }
 
     /// A reply (any outcome) arrived `elapsed` after the request was sent.
@@ -303,19 +277,12 @@ async fn one_stream(llm: &LlmClient, call: Call, counters: &GeneratorCounters) {
     while let Some(ev) = st.next().await {
         match ev {
             Ok(LlmEvent::Chunk { .. }) if first.is_none() => first = Some(sent.elapsed()),
-            Ok(LlmEvent::End(end)) => {
+            Ok(LlmEvent::End(_)) => {
                 let elapsed = sent.elapsed();
                 counters.answered(elapsed, call.deadline);
                 counters.completed(elapsed, call.deadline);
-                for (hist, d) in [
-                    (&counters.latency, Some(elapsed)),
-                    (&counters.ttft, first),
-                    (&counters.reply_queue_ms, end.queue_time),
-                    (&counters.reply_inference_ms, end.inference_time),
-                ] {
-                    if let Some(d) = d {
-                        record(hist, d);
-                    }
+                if let Some(first) = first {
+                    counters.ttft.record(first);
                 }
                 return;
             }
@@ -370,20 +337,9 @@ async fn one_request(
                 return counters.refused_after(&code, elapsed);
             }
             counters.completed(elapsed, call.deadline);
-            record(&counters.latency, elapsed);
-            record(&counters.ttft, elapsed);
+            counters.ttft.record(elapsed);
             if let (Some(session), Some(backend)) = (&call.session, get(BACKEND_HEADER)) {
                 counters.served(session, &backend);
-            }
-            for (name, hist) in [
-                (headers::QUEUE_MS, &counters.reply_queue_ms),
-                (headers::INFERENCE_MS, &counters.reply_inference_ms),
-            ] {
-                if let Some(ms) = get(name).and_then(|v| v.trim().parse::<f64>().ok())
-                    && let Ok(mut hist) = hist.lock()
-                {
-                    hist.record_ms(ms);
-                }
             }
         }
         Ok(Err(e)) => match e.kind() {

@@ -23,9 +23,9 @@ use std::time::{Duration, Instant};
 
 use weir_llm_adapter::backend::Backend;
 use weir_llm_adapter::backend::sim::SimBackend;
-use weir_llm_adapter::config::{Latency, SimConfig, SimStream};
+use weir_llm_adapter::config::{Latency, SimConfig};
 
-use crate::error::{Error, ErrorKind};
+use crate::error::{Error, ErrorKind, nats};
 use crate::ingress::Design;
 use crate::naive::llm::NaiveLlmFront;
 use crate::report::LlmReport;
@@ -72,25 +72,16 @@ pub struct LlmSettings {
     pub stream: Option<StreamLoad>,
 }
 
-/// How the simulated backend streams (`--stream`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StreamLoad {
-    /// Delay before the first token.
-    pub first_token: Duration,
-    /// Tokens per reply.
-    pub tokens: u32,
-    /// Tokens per second after the first.
-    pub tokens_per_second: f64,
-}
+/// How the simulated backend streams (`--stream`): the adapter's own `[backend.sim]`
+/// streaming settings.
+pub use weir_llm_adapter::config::SimStream as StreamLoad;
 
-impl StreamLoad {
-    /// How long one streamed reply takes: the first token, then the rest at the rate.
-    pub fn duration(&self) -> Duration {
-        self.first_token
-            + Duration::from_secs_f64(
-                f64::from(self.tokens.saturating_sub(1)) / self.tokens_per_second.max(1e-6),
-            )
-    }
+/// How long one streamed reply takes: the first token, then the rest at the rate.
+fn stream_duration(s: &StreamLoad) -> Duration {
+    s.first_token
+        + Duration::from_secs_f64(
+            f64::from(s.tokens.saturating_sub(1)) / s.tokens_per_second.max(1e-6),
+        )
 }
 
 impl Default for LlmSettings {
@@ -114,7 +105,7 @@ impl LlmSettings {
     /// Mean inference time.
     pub fn mean_latency(&self) -> Duration {
         if let Some(s) = &self.stream {
-            return s.duration();
+            return stream_duration(s);
         }
         match self.shape {
             LatencyShape::Uniform | LatencyShape::Fixed => self.latency,
@@ -138,7 +129,7 @@ impl LlmSettings {
     fn sim_latency(&self) -> Latency {
         // Streaming: a unary call (the naive front) takes as long as a whole stream.
         if let Some(s) = &self.stream {
-            return Latency::Fixed(s.duration());
+            return Latency::Fixed(stream_duration(s));
         }
         match self.shape {
             LatencyShape::Uniform => {
@@ -229,7 +220,7 @@ async fn connect(url: &str) -> Result<async_nats::Client, Error> {
         .connection_timeout(Duration::from_millis(500))
         .connect(url)
         .await
-        .map_err(|e| Error::with_source(ErrorKind::Nats, "cannot connect to NATS", e))
+        .map_err(|e| nats("cannot connect to NATS", e))
 }
 
 impl LlmRun {
@@ -247,12 +238,8 @@ impl LlmRun {
             seed: 7,
             ..SimConfig::default()
         };
-        if let Some(s) = &settings.stream {
-            sim_cfg.stream = SimStream {
-                first_token: s.first_token,
-                tokens: s.tokens,
-                tokens_per_second: s.tokens_per_second,
-            };
+        if let Some(s) = settings.stream {
+            sim_cfg.stream = s;
         }
         let (mut backends, mut handles) = (Vec::new(), Vec::new());
         for i in 0..settings.backends.max(1) {
@@ -273,7 +260,7 @@ impl LlmRun {
                     settings.workers * settings.backends.max(1),
                 )
                 .await
-                .map_err(|e| Error::with_source(ErrorKind::Nats, "naive LLM front", e))?,
+                .map_err(|e| nats("naive LLM front", e))?,
             ),
             Design::Bounded => {
                 let config = weir_llm_adapter::Config::from_toml_str(&adapter_config(settings))
@@ -286,18 +273,15 @@ impl LlmRun {
                         backends,
                     )
                     .await
-                    .map_err(|e| Error::with_source(ErrorKind::Nats, "LLM adapter", e))?,
+                    .map_err(|e| nats("LLM adapter", e))?,
                 ))
             }
         };
         // Make sure the front's subscription is registered before requests flow.
-        front_client.flush().await.map_err(|e| {
-            Error::with_source(
-                ErrorKind::Nats,
-                "cannot flush the LLM front's connection",
-                e,
-            )
-        })?;
+        front_client
+            .flush()
+            .await
+            .map_err(|e| nats("cannot flush the LLM front's connection", e))?;
         let client = connect(nats_url).await?;
         let counters = Arc::new(GeneratorCounters::default());
         let stop = Arc::new(AtomicBool::new(false));
@@ -342,7 +326,7 @@ impl LlmRun {
 
     /// Pauses (`true`) or resumes the simulated backends.
     pub fn pause_backend(&self, paused: bool) {
-        self.sims.pause_all(paused);
+        self.sims.pause(None, paused);
     }
 
     /// Stalls (`true`) or resumes backend `member` alone (`backend-stall`): it accepts
@@ -356,7 +340,7 @@ impl LlmRun {
                 w.end(now, self.in_deadline());
             }
         }
-        self.sims.pause_one(member, stalled);
+        self.sims.pause(Some(member), stalled);
     }
 
     /// Looks whether the stalled backend has been ejected (the sampler's 100 ms reads).
@@ -399,8 +383,7 @@ impl LlmRun {
 
     /// The report so far; `wall` is the run's length for goodput.
     pub fn report(&self, wall: Duration) -> LlmReport {
-        let c = &self.counters;
-        let refused_by_code = c.refused();
+        let c = self.counters.snapshot();
         let (backend_calls, started_after_deadline) = self.sims.started();
         let backends = self.sims.0.len();
         let stall = self
@@ -419,8 +402,8 @@ impl LlmRun {
                 let s = f.stats();
                 (
                     "naive (task per message + semaphore)".to_owned(),
-                    s.queue_wait(),
-                    s.inference(),
+                    s.queue_wait.percentiles(),
+                    s.inference.percentiles(),
                     s.in_flight_max.load(Ordering::Relaxed),
                 )
             }
@@ -436,27 +419,26 @@ impl LlmRun {
                 )
             }
         };
-        let in_deadline = c.completed_in_deadline.load(Ordering::Relaxed);
         LlmReport {
             streamed: self.streamed,
-            ttft_ms: c.ttft(),
+            ttft_ms: c.ttft,
             enabled: true,
             front,
-            offered: c.offered.load(Ordering::Relaxed),
-            completed: c.completed.load(Ordering::Relaxed),
-            refused: refused_by_code.values().sum(),
-            refused_by_code,
-            caller_timeouts: c.caller_timeouts.load(Ordering::Relaxed),
-            answered_after_deadline: c.answered_after_deadline.load(Ordering::Relaxed),
-            refused_after_waiting: c.refused_after_waiting.load(Ordering::Relaxed),
-            refusal_ms: c.refusal_ms(),
+            offered: c.offered,
+            completed: c.completed,
+            refused: c.refused.values().sum(),
+            refused_by_code: c.refused,
+            caller_timeouts: c.caller_timeouts,
+            answered_after_deadline: c.answered_after_deadline,
+            refused_after_waiting: c.refused_after_waiting,
+            refusal_ms: c.refusal_ms,
             started_after_deadline,
-            completed_in_deadline: in_deadline,
+            completed_in_deadline: c.completed_in_deadline,
             backend_calls,
             backends,
             stall,
-            affinity: c.affinity(),
-            goodput_per_s: in_deadline as f64 / wall.as_secs_f64().max(0.001),
+            affinity: self.counters.affinity(),
+            goodput_per_s: c.completed_in_deadline as f64 / wall.as_secs_f64().max(0.001),
             queue_wait_ms,
             inference_ms,
             in_flight_max,
@@ -467,7 +449,7 @@ impl LlmRun {
     /// Stops the generator (bounded wait) and the front.
     pub async fn stop(mut self) {
         self.stop_offering();
-        self.sims.pause_all(false);
+        self.sims.pause(None, false);
         if tokio::time::timeout(Duration::from_secs(5), &mut self.generator)
             .await
             .is_err()
@@ -490,7 +472,7 @@ impl Drop for LlmRun {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         self.generator.abort();
-        self.sims.pause_all(false);
+        self.sims.pause(None, false);
     }
 }
 

@@ -54,17 +54,14 @@ impl Backend for RoundRobin {
 pub struct Sims(pub Vec<SimHandle>);
 
 impl Sims {
-    /// Pauses (`true`) or resumes every member.
-    pub fn pause_all(&self, paused: bool) {
-        for h in &self.0 {
-            set_paused(h, paused);
-        }
-    }
-
-    /// Pauses (`true`) or resumes member `member` only.
-    pub fn pause_one(&self, member: usize, paused: bool) {
-        if let Some(h) = self.0.get(member) {
-            set_paused(h, paused);
+    /// Pauses (`true`) or resumes member `member`, or every member (`None`).
+    pub fn pause(&self, member: Option<usize>, paused: bool) {
+        for (i, h) in self.0.iter().enumerate() {
+            match (member.is_none_or(|m| m == i), paused) {
+                (false, _) => {}
+                (true, true) => h.pause(),
+                (true, false) => h.resume(),
+            }
         }
     }
 
@@ -76,14 +73,6 @@ impl Sims {
             .fold((0, 0), |(s, a), x| {
                 (s + x.started, a + x.started_after_deadline)
             })
-    }
-}
-
-fn set_paused(h: &SimHandle, paused: bool) {
-    if paused {
-        h.pause();
-    } else {
-        h.resume();
     }
 }
 

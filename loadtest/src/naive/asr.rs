@@ -16,42 +16,36 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use futures::StreamExt;
-use serde::Serialize;
 use tokio::sync::mpsc;
 use weir_protocol::audio::extension::headers;
 use weir_protocol::audio::{DecodeOptions, PacketBody, decode};
 
-use crate::error::{Error, ErrorKind};
+use crate::counters::counters;
+use crate::error::{Error, nats};
 use crate::gpu::{AsrMeter, GpuModel, GpuTimeline};
 
-#[derive(Debug, Default)]
-struct Counters {
-    streams: AtomicU64,
-    frames: AtomicU64,
-    ends: AtomicU64,
-    decode_errors: AtomicU64,
-    buffered_frames: AtomicU64,
-    buffered_frames_max: AtomicU64,
-}
-
-/// What the naive recognisers saw.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct NaiveAsrSnapshot {
-    /// Streams seen (first packet of an unknown stream id).
-    pub streams: u64,
-    /// Frames received.
-    pub frames: u64,
-    /// `end` packets received.
-    pub ends: u64,
-    /// Undecodable packets.
-    pub decode_errors: u64,
-    /// Frames in the RAM buffers now (received, not yet started by the GPU).
-    pub buffered_frames: u64,
-    /// Most frames the RAM buffers held at once.
-    pub buffered_frames_max: u64,
+counters! {
+    /// The naive recognisers' counters.
+    struct Counters;
+    /// What the naive recognisers saw.
+    pub struct NaiveAsrSnapshot {
+        /// Streams seen (first packet of an unknown stream id).
+        streams,
+        /// Frames received.
+        frames,
+        /// `end` packets received.
+        ends,
+        /// Undecodable packets.
+        decode_errors,
+        /// Frames in the RAM buffers now (received, not yet started by the GPU).
+        buffered_frames,
+        /// Most frames the RAM buffers held at once.
+        buffered_frames_max,
+        ;
+    }
 }
 
 /// Running naive recognisers.
@@ -82,21 +76,25 @@ impl NaiveAsr {
         let workers = workers.clamp(1, partitions.max(1));
         let mut tasks = Vec::new();
         for w in 0..workers {
-            let client = async_nats::connect(nats_url).await.map_err(|e| {
-                Error::with_source(ErrorKind::Nats, "naive recogniser: cannot connect", e)
-            })?;
+            let client = async_nats::connect(nats_url)
+                .await
+                .map_err(|e| nats("naive recogniser: cannot connect", e))?;
             let mut subs = Vec::new();
             for p in (0..partitions).filter(|p| p % workers == w) {
                 let subject = template
                     .replace("{partition}", &p.to_string())
                     .replace("{stream}", "*");
-                subs.push(client.subscribe(subject).await.map_err(|e| {
-                    Error::with_source(ErrorKind::Nats, "naive recogniser: cannot subscribe", e)
-                })?);
+                subs.push(
+                    client
+                        .subscribe(subject)
+                        .await
+                        .map_err(|e| nats("naive recogniser: cannot subscribe", e))?,
+                );
             }
-            client.flush().await.map_err(|e| {
-                Error::with_source(ErrorKind::Nats, "naive recogniser: cannot flush", e)
-            })?;
+            client
+                .flush()
+                .await
+                .map_err(|e| nats("naive recogniser: cannot flush", e))?;
             let gpu = Arc::new(GpuTimeline::new(model));
             tasks.push(tokio::spawn(worker(
                 client,
@@ -119,16 +117,7 @@ impl NaiveAsr {
 
     /// A copy of the counters.
     pub fn snapshot(&self) -> NaiveAsrSnapshot {
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let c = &self.counters;
-        NaiveAsrSnapshot {
-            streams: l(&c.streams),
-            frames: l(&c.frames),
-            ends: l(&c.ends),
-            decode_errors: l(&c.decode_errors),
-            buffered_frames: l(&c.buffered_frames),
-            buffered_frames_max: l(&c.buffered_frames_max),
-        }
+        self.counters.snapshot()
     }
 }
 

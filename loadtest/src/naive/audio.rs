@@ -50,8 +50,8 @@ use weir_protocol::audio::extension::{PROTOCOL_VERSION, headers};
 use weir_protocol::audio::{Packet, PacketBody};
 use weir_protocol::{StreamId, SubjectTemplate, partition_of};
 
-use crate::error::{Error, ErrorKind, usage};
-use crate::stats::{LatencyHistogram, record, summary};
+use crate::error::{Error, ErrorKind, nats, usage};
+use crate::stats::LatencyHistogram;
 use crate::timeliness::unix_ms;
 
 /// What the naive ingress does with a frame in floor mode (see the module docs).
@@ -94,7 +94,7 @@ struct NaiveState {
     pending_frames: AtomicU64,
     next_id: AtomicU64,
     pending_since: Mutex<BTreeMap<u64, Instant>>,
-    queue_wait: Mutex<LatencyHistogram>,
+    queue_wait: LatencyHistogram,
 }
 
 /// One frame held by a task: counted in the pending figures until dropped.
@@ -149,7 +149,7 @@ pub fn routers(client: async_nats::Client, config: NaiveConfig) -> (Router, Rout
         pending_frames: AtomicU64::new(0),
         next_id: AtomicU64::new(0),
         pending_since: Mutex::new(BTreeMap::new()),
-        queue_wait: Mutex::new(LatencyHistogram::new()),
+        queue_wait: LatencyHistogram::new(),
     });
     let ws = Router::new()
         .route("/v1/streams/{id}", get(upgrade))
@@ -295,7 +295,7 @@ fn spawn_publish(
             }
             _ => Err(()),
         };
-        record(&state.queue_wait, pending.since.elapsed());
+        state.queue_wait.record(pending.since.elapsed());
         match result {
             Ok(()) => {
                 if is_frame {
@@ -324,7 +324,7 @@ async fn stats(State(state): State<Arc<NaiveState>>) -> Response {
                 .map(|t| t.elapsed().as_secs_f64() * 1000.0)
         })
         .unwrap_or(0.0);
-    let queue_wait = summary(&state.queue_wait);
+    let queue_wait = state.queue_wait.percentiles();
     let active = state.active.lock().map(|a| a.len()).unwrap_or(0);
     let body = serde_json::json!({
         "design": match state.config.floor {
@@ -369,13 +369,9 @@ pub async fn serve(
         }
     }
     // As deployed: library defaults.
-    let client = async_nats::connect(nats_url).await.map_err(|e| {
-        Error::with_source(
-            ErrorKind::Nats,
-            format!("cannot connect to NATS at {nats_url}"),
-            e,
-        )
-    })?;
+    let client = async_nats::connect(nats_url)
+        .await
+        .map_err(|e| nats(format!("cannot connect to NATS at {nats_url}"), e))?;
     let (ws_router, admin_router) = routers(client, config);
     let ws_listener = tokio::net::TcpListener::bind(listen)
         .await

@@ -14,7 +14,6 @@
 //! once when it ends, by the drop of its `InFlight` guard.
 
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -24,7 +23,7 @@ use tokio::time::Instant;
 use weir_llm_adapter::backend::{Backend, BackendRequest};
 use weir_protocol::llm::headers;
 
-use crate::stats::{LatencyHistogram, Percentiles, record, summary};
+use crate::stats::LatencyHistogram;
 use crate::timeliness::unix_ms;
 
 /// Counters of the naive front.
@@ -42,20 +41,10 @@ pub struct NaiveLlmStats {
     pub in_flight: AtomicU64,
     /// Most tasks alive at once.
     pub in_flight_max: AtomicU64,
-    queue_wait: Mutex<LatencyHistogram>,
-    inference: Mutex<LatencyHistogram>,
-}
-
-impl NaiveLlmStats {
     /// Queue wait (received → inference started).
-    pub fn queue_wait(&self) -> Percentiles {
-        summary(&self.queue_wait)
-    }
-
+    pub queue_wait: LatencyHistogram,
     /// Inference time.
-    pub fn inference(&self) -> Percentiles {
-        summary(&self.inference)
-    }
+    pub inference: LatencyHistogram,
 }
 
 struct InFlight(Arc<NaiveLlmStats>);
@@ -131,7 +120,7 @@ impl NaiveLlmFront {
                         return;
                     };
                     let started = Instant::now();
-                    record(&s.queue_wait, started - received);
+                    s.queue_wait.record(started - received);
                     if deadline.is_some_and(|d| started >= d) {
                         s.started_after_deadline.fetch_add(1, Ordering::Relaxed);
                     }
@@ -146,7 +135,7 @@ impl NaiveLlmFront {
                         })
                         .await;
                     let inference = started.elapsed();
-                    record(&s.inference, inference);
+                    s.inference.record(inference);
                     let Some(reply) = msg.reply else { return };
                     let mut h = async_nats::HeaderMap::new();
                     h.insert(

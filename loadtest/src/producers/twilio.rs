@@ -71,14 +71,7 @@ impl TwilioClip {
     pub fn encode(clip: &SpeechClip) -> Result<Self, Error> {
         let format = MediaFormat::new(Encoding::Pcmu, 8000, 1)
             .map_err(|e| Error::new(ErrorKind::Run, format!("µ-law format: {e}")))?;
-        let pcm: Vec<i16> = (0..clip.frames() as u64)
-            .flat_map(|i| {
-                let f = clip.frame(i);
-                f.chunks_exact(2)
-                    .map(|b| i16::from_le_bytes([b[0], b[1]]))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        let pcm = clip.samples();
         let mut encoder = Encoder::new(format);
         let mut mulaw = Vec::with_capacity(pcm.len() / 2);
         encoder.encode(&pcm, &mut mulaw);
@@ -403,15 +396,13 @@ mod tests {
         let counters = Arc::new(ProducerCounters::default());
         let config = ProducerConfig {
             ws_addr,
-            streams,
-            id_prefix: "t".to_owned(),
             duration: Duration::from_millis(600),
             vanish_share,
             reconnect: false,
             reconnect_delay: Duration::from_millis(100),
             start_spread: Duration::from_millis(50),
             transport: Transport::Twilio,
-            ids: None,
+            ids: Arc::new((0..streams).map(|i| format!("t{i}")).collect()),
         };
         let producers = start(config, 1, counters.clone());
         tokio::time::timeout(Duration::from_secs(10), producers.join_all())

@@ -30,14 +30,7 @@ pub struct OpusClip(Arc<Vec<Vec<u8>>>);
 impl OpusClip {
     /// Encodes every frame of `clip` (one 20 ms packet per 640-byte frame).
     pub fn encode(clip: &SpeechClip) -> Result<Self, Error> {
-        let pcm: Vec<i16> = (0..clip.frames() as u64)
-            .flat_map(|i| {
-                let f = clip.frame(i);
-                f.chunks_exact(2)
-                    .map(|b| i16::from_le_bytes([b[0], b[1]]))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        let pcm = clip.samples();
         let packets = opus_packets(&pcm).map_err(|e| Error::new(ErrorKind::Run, e.to_string()))?;
         Ok(Self(Arc::new(packets)))
     }

@@ -1,6 +1,7 @@
 //! The failover scenarios' part of the report: their summary line and table rows.
 
-use super::{FailoverReport, Row, RunReport, opt_ms, or_dash};
+use super::table::or_dash;
+use super::{FailoverReport, Row, RunReport, opt_ms};
 
 fn spread(v: &[usize]) -> String {
     if v.is_empty() {

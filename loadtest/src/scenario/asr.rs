@@ -41,8 +41,6 @@ pub use table::{column_label, rows as table_rows, summary_line};
 pub const DEFAULT_STREAMS: usize = 20;
 /// Default seconds of audio per call.
 pub const DEFAULT_DURATION: Duration = Duration::from_secs(10);
-/// Default recognition workers.
-pub const DEFAULT_WORKERS: u32 = 2;
 
 /// A design of `asr-shortfall`.
 #[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]

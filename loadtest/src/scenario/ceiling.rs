@@ -40,11 +40,6 @@ pub const FRAME_MS: f64 = 20.0;
 /// Other processes using more than this many cores make a failed step be run again.
 pub const BUSY_CORES: f64 = 0.25;
 
-/// Average cores other processes used during a run.
-pub fn other_cores(r: &RunReport) -> f64 {
-    r.cpu.other_s / r.cpu.wall_s.max(0.001)
-}
-
 /// Why a step is not sustainable (empty = sustainable). Pure.
 pub fn judge(r: &RunReport) -> Vec<String> {
     let mut why = Vec::new();
@@ -134,7 +129,7 @@ pub async fn run(
         }
         let mut out = run_one(env, &plan, n, design).await?;
         let mut why = judge(&out.report);
-        if !why.is_empty() && other_cores(&out.report) > BUSY_CORES {
+        if !why.is_empty() && out.report.cpu.other_cores() > BUSY_CORES {
             // Other processes took the CPU: the step measured the machine, not the rig.
             // Wait (bounded) for a quieter moment and run it once more.
             wait_quiet(Duration::from_secs(60)).await;
@@ -203,7 +198,7 @@ mod tests {
         assert!(why[1].contains("CPU in cores"));
         assert!(judge(&step(1.0, 3, 1000, 0.0))[0].contains("3 overloads"));
         assert!(judge(&step(1.0, 0, 900, 0.0))[0].contains("90.0 %"));
-        assert!(other_cores(&step(1.0, 0, 900, 2.5)) > BUSY_CORES);
+        assert!(step(1.0, 0, 900, 2.5).cpu.other_cores() > BUSY_CORES);
     }
 
     #[test]

@@ -31,7 +31,6 @@
 //! report.
 
 use std::collections::BTreeMap;
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -52,7 +51,7 @@ use workers::{
     WorkerProc, drain_logs, instances, keep_logs, read, spawn_worker, summarise_stderr, tail,
 };
 
-use crate::error::{Error, ErrorKind, usage};
+use crate::error::{Error, ErrorKind, nats, process, usage};
 use crate::ingress::{cpu_time, machine_busy};
 use crate::lease_audit::{self, FrameAudit, FrameAuditor, Instance};
 use crate::lease_worker::connect_options;
@@ -175,11 +174,6 @@ fn streams_of(n: usize, partitions: u32) -> Vec<(String, String)> {
         .collect()
 }
 
-/// 20 ms of 16 kHz PCM; its content does not matter to the audit.
-fn pcm() -> Bytes {
-    Bytes::from(vec![0u8; 640])
-}
-
 /// Publishes one frame per stream per tick until `stop`, then an `end` per stream
 /// (so that a frame missing at the tail of a stream is declared too: the worker that
 /// receives the `end` reports the hole before it); returns the last frame seq
@@ -196,7 +190,8 @@ async fn produce(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let deadline = Instant::now() + max;
     let mut seq = 0u64;
-    let pcm = pcm();
+    // 20 ms of 16 kHz PCM; its content does not matter to the audit.
+    let pcm = Bytes::from(vec![0u8; 640]);
     // Bounded by `max`.
     while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
         tick.tick().await;
@@ -229,10 +224,6 @@ async fn publish_all(client: &async_nats::Client, streams: &[(String, String)], 
         let publish = client.publish(subject.clone(), payload.clone());
         let _ = tokio::time::timeout(Duration::from_secs(1), publish).await;
     }
-}
-
-fn loadavg_1m() -> Option<f64> {
-    weir_service::process::load_average_1m()
 }
 
 /// Runs one failover scenario with `streams` streams.
@@ -274,7 +265,6 @@ pub async fn run(
         sent.clone(),
         plan.duration + Duration::from_secs(5),
     ));
-    let tty = std::io::stderr().is_terminal();
 
     // 4.–5. The kill and the restart, with a progress line every second.
     let phase = Phase {
@@ -288,7 +278,6 @@ pub async fn run(
         start,
         label: &label,
         sent: &sent,
-        tty,
     };
     let fault = kill_and_restart(&phase, &mut workers, &mut notes).await?;
     stop.store(true, Ordering::Relaxed);
@@ -304,8 +293,8 @@ pub async fn run(
     let wall = start.elapsed();
     let end_ms = unix_ms();
     let cpu = PhaseCpu::measure(machine0, self0, &workers, &phase, &fault);
-    if !env.quiet && tty {
-        eprint!("\r{:<110}\r", "");
+    if !env.quiet {
+        crate::scenario::clear_progress();
     }
 
     // 6. Drain, then the audit.
@@ -359,8 +348,7 @@ fn check_workers(env: &FailoverEnv, label: &str) -> Result<(), Error> {
 async fn start_cluster() -> Result<Arc<NatsCluster>, Error> {
     Ok(Arc::new(
         blocking(|| NatsCluster::start(NODES)).await?.map_err(|e| {
-            Error::with_source(
-                ErrorKind::Process,
+            process(
                 format!("cannot start a {NODES}-node nats-server cluster"),
                 e,
             )
@@ -403,7 +391,7 @@ async fn planned_node(
                 c.wait_stream_leader(KV_STREAM, Duration::from_secs(10))
             })
             .await?
-            .map_err(|e| Error::with_source(ErrorKind::Nats, label.to_owned(), e))?,
+            .map_err(|e| nats(label.to_owned(), e))?,
         ),
         Victim::Worker => None,
     })
@@ -506,13 +494,7 @@ async fn connect_producers(
             format!("{label}: the producers cannot connect within 5 s"),
         )
     })?
-    .map_err(|e| {
-        Error::with_source(
-            ErrorKind::Nats,
-            format!("{label}: the producers cannot connect"),
-            e,
-        )
-    })
+    .map_err(|e| nats(format!("{label}: the producers cannot connect"), e))
 }
 
 /// What the kill-and-restart phase works on.
@@ -532,8 +514,6 @@ struct Phase<'a> {
     label: &'a str,
     /// Frames sent so far.
     sent: &'a AtomicU64,
-    /// Whether stderr is a terminal (the progress line then rewrites itself).
-    tty: bool,
 }
 
 impl Phase<'_> {
@@ -551,11 +531,7 @@ impl Phase<'_> {
             self.sent.load(Ordering::Relaxed),
             spread
         );
-        if self.tty {
-            eprint!("\r{line:<110}");
-        } else {
-            eprintln!("{line}");
-        }
+        crate::scenario::progress(&line);
     }
 }
 
@@ -592,7 +568,7 @@ async fn kill_and_restart(
     while Instant::now() < stop_at {
         let now = Instant::now();
         if f.kill_ms == 0 && now >= kill_at {
-            f.loadavg_at_kill = loadavg_1m();
+            f.loadavg_at_kill = weir_service::process::load_average_1m();
             match p.plan.victim {
                 Victim::Worker => {
                     f.victim_name = "worker w0".into();
@@ -652,13 +628,7 @@ async fn kill_node(p: &Phase<'_>, f: &mut FaultLog, notes: &mut Vec<String>) -> 
     f.kill_ms = unix_ms();
     on_cluster(cluster, move |c| c.kill(node))
         .await?
-        .map_err(|e| {
-            Error::with_source(
-                ErrorKind::Process,
-                format!("{label}: cannot kill node {node}"),
-                e,
-            )
-        })?;
+        .map_err(|e| process(format!("{label}: cannot kill node {node}"), e))?;
     f.killed_node = Some(node);
     Ok(())
 }

@@ -18,21 +18,6 @@ use crate::report::{
 use crate::sample::SeriesSummary;
 use weir_protocol::WireName;
 
-/// CPU used during a run's sending phase (set-up and drain excluded).
-#[derive(Debug, Clone, Copy)]
-pub(super) struct CpuUsed {
-    /// By the ingress process.
-    pub ingress: Duration,
-    /// By the whole machine (all cores).
-    pub machine: Duration,
-    /// By this process.
-    pub loadtest: Duration,
-    /// By nats-server, when the run started it.
-    pub nats: Option<Duration>,
-    /// The sending phase's wall time.
-    pub wall: Duration,
-}
-
 /// Everything one run measured, at its end.
 pub(super) struct Measured<'a> {
     pub env: &'a Env,
@@ -47,7 +32,8 @@ pub(super) struct Measured<'a> {
     pub fleet: FleetSnapshot,
     pub producers: ProducerSnapshot,
     pub llm: LlmReport,
-    pub cpu: CpuUsed,
+    /// CPU used during the sending phase (set-up and drain excluded).
+    pub cpu: CpuReport,
 }
 
 /// The run's report; `notes` are what the run itself noted, in order, before the notes
@@ -86,8 +72,7 @@ pub(super) fn report(m: Measured<'_>, mut notes: Vec<String>) -> RunReport {
         ));
     }
     let nominal = producers::nominal_frames(m.streams, m.plan.duration);
-    let c = m.cpu;
-    let other_cores = cpu_other_cores(c.machine, c.ingress, c.loadtest, c.nats, c.wall);
+    let other_cores = m.cpu.other_cores();
     if other_cores > 0.25 {
         notes.push(format!(
             "other processes used {other_cores:.2} cores on average during this run: the machine was not quiet"
@@ -118,7 +103,7 @@ pub(super) fn report(m: Measured<'_>, mut notes: Vec<String>) -> RunReport {
         consumer,
         producers: ProducerReport::new(&m.producers, nominal),
         llm: m.llm,
-        cpu: cpu_report(c),
+        cpu: m.cpu,
         notes,
         ..RunReport::default()
     }
@@ -180,7 +165,7 @@ fn ingress_report(
         gaps: m.final_stats.gaps,
         would_reject: m.final_stats.frames.would_reject,
         tasks_max: m.series.tasks_max.max(m.final_stats.tasks_alive),
-        cpu_seconds: m.cpu.ingress.as_secs_f64(),
+        cpu_seconds: m.cpu.ingress_s,
         samples: m.series.samples,
         failed_polls: m.series.failed_polls,
         nats_disconnected_samples: m.series.nats_disconnected_samples,
@@ -190,21 +175,6 @@ fn ingress_report(
         window_mode: m.final_stats.window.as_ref().and_then(|w| w.mode.clone()),
         confirm_round_ms: m.final_stats.window.as_ref().map(|w| w.round_ms),
         window_disconnects: m.final_stats.window.as_ref().map(|w| w.disconnects),
-    }
-}
-
-/// The CPU section: seconds over the sending phase, and what other processes used.
-fn cpu_report(c: CpuUsed) -> CpuReport {
-    CpuReport {
-        ingress_s: c.ingress.as_secs_f64(),
-        loadtest_s: c.loadtest.as_secs_f64(),
-        nats_server_s: c.nats.map(|d| d.as_secs_f64()),
-        other_s: (c.machine.as_secs_f64()
-            - c.ingress.as_secs_f64()
-            - c.loadtest.as_secs_f64()
-            - c.nats.map_or(0.0, |d| d.as_secs_f64()))
-        .max(0.0),
-        wall_s: c.wall.as_secs_f64(),
     }
 }
 
@@ -236,18 +206,6 @@ fn pending_over_limit_note(
             window_limit.map_or_else(String::new, |w| format!(", beyond the window's {w} B"))
         ),
     })
-}
-
-/// Average cores used by everything but the ingress, the load test and nats-server.
-fn cpu_other_cores(
-    machine: Duration,
-    ingress: Duration,
-    loadtest: Duration,
-    nats: Option<Duration>,
-    wall: Duration,
-) -> f64 {
-    let mine = ingress + loadtest + nats.unwrap_or_default();
-    machine.saturating_sub(mine).as_secs_f64() / wall.as_secs_f64().max(0.001)
 }
 
 #[cfg(test)]

@@ -32,7 +32,6 @@ pub mod producer;
 mod table;
 
 use std::collections::BTreeMap;
-use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,12 +39,9 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::error::Error;
-use crate::ingress::{
-    Design, IngressProcess, Launch, cpu_since, cpu_time, machine_busy, machine_busy_since,
-};
-use crate::report::RunReport;
-use crate::scenario::asr::shortfall::RunNats;
-use crate::scenario::run::{Env, RunOutput, ScenarioIngress, TempDir, scenario_launch};
+use crate::ingress::{Design, IngressProcess, label, samples};
+use crate::report::{CpuReport, RunReport};
+use crate::scenario::run::{CpuStart, Env, RunNats, RunOutput, ScenarioIngress, spawn_ingress};
 use audit::{AuditTotals, WireAudit};
 use producer::{FlapConfig, FlapCounters, FlapSnapshot};
 
@@ -133,27 +129,14 @@ pub fn histogram(text: &str, name: &str) -> Option<ServerResume> {
     let bucket = format!("{name}_bucket");
     let mut buckets: BTreeMap<u64, (f64, u64)> = BTreeMap::new();
     let (mut sum, mut count) = (None::<f64>, None::<u64>);
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some((series, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let Ok(value) = value.trim().parse::<f64>() else {
-            continue;
-        };
-        let metric = series.split('{').next().unwrap_or(series);
+    for (metric, series, value) in samples(text) {
         if metric == bucket {
-            let le = series
-                .split("le=\"")
-                .nth(1)
-                .and_then(|r| r.split('"').next())
-                .unwrap_or("");
-            let bound = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                match le.parse::<f64>() {
-                    Ok(b) => b,
-                    Err(_) => continue,
-                }
+            let bound = match label(series, "le") {
+                Some("+Inf") => f64::INFINITY,
+                le => match le.map(str::parse::<f64>) {
+                    Some(Ok(b)) => b,
+                    _ => continue,
+                },
             };
             // Keyed by the bound's bits: the bounds are finite or +Inf, never NaN.
             let e = buckets.entry(bound.to_bits()).or_insert((bound, 0));
@@ -195,45 +178,15 @@ pub fn histogram(text: &str, name: &str) -> Option<ServerResume> {
 }
 
 /// Counter `name` from Prometheus text by the value of `label` (pure).
-pub fn counter_by_label(text: &str, name: &str, label: &str) -> BTreeMap<String, u64> {
-    let key = format!("{label}=\"");
+pub fn counter_by_label(text: &str, name: &str, by: &str) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some((series, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        if series.split('{').next() != Some(name) {
-            continue;
-        }
-        let Ok(value) = value.trim().parse::<f64>() else {
-            continue;
-        };
+    for (_, series, value) in samples(text).filter(|(metric, ..)| *metric == name) {
         // A series without the label (declared, never incremented) is left out.
-        if let Some(v) = series
-            .split(key.as_str())
-            .nth(1)
-            .and_then(|r| r.split('"').next())
-        {
+        if let Some(v) = label(series, by) {
             *out.entry(v.to_owned()).or_default() += value as u64;
         }
     }
     out
-}
-
-/// CPU each process used while the calls ran, seconds (2 cores: at most 2 s per
-/// second of `wall_s`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct FlapCpu {
-    /// The ingress.
-    pub ingress_s: f64,
-    /// The load test (producers and the audit).
-    pub loadtest_s: f64,
-    /// nats-server.
-    pub nats_server_s: f64,
-    /// Everything else on the machine.
-    pub other_s: f64,
-    /// Wall time of the sending phase.
-    pub wall_s: f64,
 }
 
 /// One design's figures (the report's `flap` object).
@@ -267,48 +220,24 @@ pub struct FlapReport {
     /// Whether the client-side resume p99 met the target (`null` without resumes).
     pub resume_p99_within_target: Option<bool>,
     /// CPU while the calls ran.
-    pub cpu: FlapCpu,
+    pub cpu: CpuReport,
 }
 
-/// Runs the designs one after the other with `streams` calls.
-pub async fn run(
-    env: &Env,
-    settings: &FlapSettings,
-    streams: usize,
-    designs: &[FlapDesign],
-) -> Vec<Result<RunOutput, Error>> {
-    let mut out = Vec::new();
-    for &design in designs {
-        out.push(run_design(env, settings, streams, design).await);
-    }
-    out
-}
-
-/// The ingress of `design` for this run (`dir` holds its config file). Capacity
-/// admission off: no recognition fleet announces slots here (the audit is a plain
-/// subscriber); the stream cap never limits the run.
-fn launch(
-    env: &Env,
-    design: FlapDesign,
-    nats_url: &str,
-    streams: usize,
-    partitions: u32,
-    dir: &std::path::Path,
-) -> Result<Launch, Error> {
-    let ingress = match design {
-        FlapDesign::Naive => ScenarioIngress::Naive,
-        FlapDesign::WeirResume => ScenarioIngress::Weir {
-            run: "producer-flap",
-            max_streams: (streams * 2).max(1000) + 100,
-            sets: &["capacity.mode=off"],
-        },
-        FlapDesign::WeirNoResume => ScenarioIngress::Weir {
-            run: "producer-flap",
-            max_streams: (streams * 2).max(1000) + 100,
-            sets: &["capacity.mode=off", "resume_window_ms=0"],
-        },
+/// The ingress of `design` for this run. Capacity admission off: no recognition fleet
+/// announces slots here (the audit is a plain subscriber); the stream cap never limits
+/// the run.
+fn ingress_of(design: FlapDesign, streams: usize) -> ScenarioIngress<'static> {
+    let weir = |sets| ScenarioIngress::Weir {
+        run: "producer-flap",
+        max_streams: (streams * 2).max(1000) + 100,
+        config: String::new(),
+        sets,
     };
-    scenario_launch(env, ingress, nats_url, partitions, dir)
+    match design {
+        FlapDesign::Naive => ScenarioIngress::Naive { floor: None },
+        FlapDesign::WeirResume => weir(&["capacity.mode=off"]),
+        FlapDesign::WeirNoResume => weir(&["capacity.mode=off", "resume_window_ms=0"]),
+    }
 }
 
 /// One design.
@@ -322,22 +251,13 @@ pub async fn run_design(
     crate::scenario::run::settle(env, &label).await;
     let nats = RunNats::start(env).await?;
     let audit = WireAudit::start(&nats.url, AUDIT_SUBJECT).await?;
-    let dir = TempDir::create("weir-loadtest-flap")?;
-    let ingress = IngressProcess::spawn(&launch(
-        env,
-        design,
-        &nats.url,
-        streams,
-        settings.partitions,
-        &dir.0,
-    )?)
-    .await
-    .map_err(Error::from)?;
+    let ingress = ingress_of(design, streams);
+    let (ingress, dir) = spawn_ingress(env, ingress, &nats.url, settings.partitions).await?;
 
     let ids: Arc<Vec<String>> = Arc::new((0..streams).map(|i| format!("call{i}")).collect());
     let counters = Arc::new(FlapCounters::default());
     let spread = Duration::from_millis((streams as u64).clamp(20, 1000));
-    let cpu0 = CpuStart::take(&ingress, nats.server.as_ref().map(|s| s.pid()));
+    let cpu0 = CpuStart::take(&ingress, &nats);
     let start = Instant::now();
     let calls = producer::start(
         FlapConfig {
@@ -363,9 +283,9 @@ pub async fn run_design(
         progress(&label, start, settings.duration, &counters, &audit)
     })
     .await;
-    let cpu = cpu0.since(&ingress, start.elapsed());
-    if !env.quiet && std::io::stderr().is_terminal() {
-        eprint!("\r{:<130}\r", "");
+    let cpu = cpu0.used(&ingress, &nats, start.elapsed());
+    if !env.quiet {
+        crate::scenario::clear_progress();
     }
 
     if !drain(&audit, offered.len() as u64).await {
@@ -426,47 +346,6 @@ fn output(
     }
 }
 
-/// The CPU counters of the processes at the start of the sending phase.
-struct CpuStart {
-    ingress: Duration,
-    loadtest: Duration,
-    nats_server: Duration,
-    machine: Duration,
-    nats_pid: Option<u32>,
-}
-
-impl CpuStart {
-    /// Reads the counters of the ingress, this process, nats-server (`nats_pid`, when
-    /// this run started it) and the whole machine.
-    fn take(ingress: &IngressProcess, nats_pid: Option<u32>) -> Self {
-        Self {
-            ingress: ingress.cpu_time().unwrap_or_default(),
-            loadtest: cpu_time(std::process::id()).unwrap_or_default(),
-            nats_server: nats_pid.and_then(cpu_time).unwrap_or_default(),
-            machine: machine_busy().unwrap_or_default(),
-            nats_pid,
-        }
-    }
-
-    /// The CPU each process used since [`CpuStart::take`], over `wall` of sending; the
-    /// rest of the machine's is `other_s`.
-    fn since(&self, ingress: &IngressProcess, wall: Duration) -> FlapCpu {
-        let secs = |pid: Option<u32>, start| pid.map_or(0.0, |p| cpu_since(p, start).as_secs_f64());
-        let cpu = FlapCpu {
-            ingress_s: secs(Some(ingress.pid()), self.ingress),
-            loadtest_s: secs(Some(std::process::id()), self.loadtest),
-            nats_server_s: secs(self.nats_pid, self.nats_server),
-            other_s: 0.0,
-            wall_s: wall.as_secs_f64(),
-        };
-        let machine = machine_busy_since(self.machine).as_secs_f64();
-        FlapCpu {
-            other_s: (machine - cpu.ingress_s - cpu.loadtest_s - cpu.nats_server_s).max(0.0),
-            ..cpu
-        }
-    }
-}
-
 /// Waits for every call (at most until `deadline`, then aborts the rest), printing
 /// `progress()` once a second unless `quiet`. Returns what each finished call offered,
 /// and notes on calls that failed or were aborted.
@@ -480,7 +359,6 @@ async fn join_calls(
     let mut notes = Vec::new();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let tty = std::io::stderr().is_terminal();
     loop {
         tokio::select! {
             next = calls.join_next() => match next {
@@ -491,7 +369,7 @@ async fn join_calls(
             _ = tick.tick() => {
                 if !quiet {
                     let line = progress();
-                    if tty { eprint!("\r{line:<130}") } else { eprintln!("{line}") }
+                    crate::scenario::progress(&line);
                 }
             }
             _ = tokio::time::sleep_until(deadline) => {
@@ -550,7 +428,7 @@ pub fn figures(
     producers: FlapSnapshot,
     audit: AuditTotals,
     metrics: Option<&str>,
-    cpu: FlapCpu,
+    cpu: CpuReport,
 ) -> FlapReport {
     let server_resume = metrics.and_then(|m| histogram(m, RESUME_HISTOGRAM));
     let server_resumes_by_outcome = metrics

@@ -29,12 +29,30 @@ mod figures;
 pub mod flap;
 pub mod run;
 
+use std::io::IsTerminal;
 use std::time::Duration;
 
 use crate::error::{Error, usage};
 use clap::ValueEnum;
 use serde::Serialize;
 use weir_protocol::WireName;
+
+/// Prints a progress line on stderr: rewritten in place on a terminal, one line each
+/// otherwise.
+pub(crate) fn progress(line: &str) {
+    if std::io::stderr().is_terminal() {
+        eprint!("\r{line:<130}");
+    } else {
+        eprintln!("{line}");
+    }
+}
+
+/// Clears the progress line (on a terminal).
+pub(crate) fn clear_progress() {
+    if std::io::stderr().is_terminal() {
+        eprint!("\r{:<130}\r", "");
+    }
+}
 
 /// When a fault starts, after the producers started.
 pub const FAULT_AT: Duration = Duration::from_secs(2);
@@ -268,16 +286,13 @@ pub fn plan(
             "{} is a selection, not a scenario",
             scenario.as_str()
         ))),
-        Scenario::WorkerFailover | Scenario::NodeFailover => Err(usage(format!(
-            "{} is planned by scenario::failover::plan",
-            scenario.as_str()
-        ))),
-        Scenario::AsrShortfall | Scenario::AsrChurn => Err(usage(format!(
-            "{} is run by scenario::asr",
-            scenario.as_str()
-        ))),
-        Scenario::ProducerFlap => Err(usage(format!(
-            "{} is run by scenario::flap",
+        // Planned by `failover::plan`, run by `asr` and `flap`.
+        Scenario::WorkerFailover
+        | Scenario::NodeFailover
+        | Scenario::AsrShortfall
+        | Scenario::AsrChurn
+        | Scenario::ProducerFlap => Err(usage(format!(
+            "{} has a runner of its own",
             scenario.as_str()
         ))),
     }

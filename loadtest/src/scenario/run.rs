@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::error::{Error, ErrorKind, io, usage};
+use crate::error::{Error, ErrorKind, io, nats, process, usage};
 use crate::fleet::{DEFAULT_MAX_FRAME_AGE, Fleet, FleetConfig, FleetSnapshot};
 use crate::ingress::{
     Design, IngressProcess, IngressStats, Launch, cpu_since, cpu_time, machine_busy,
@@ -35,9 +35,9 @@ use crate::ingress::{
 };
 use crate::llm::{LlmRun, LlmSettings};
 use crate::producers::{self, ProducerConfig, ProducerCounters, Transport};
-use crate::report::RunReport;
+use crate::report::{CpuReport, RunReport};
 use crate::sample::{self, Sample};
-use crate::scenario::figures::{self, CpuUsed, Measured};
+use crate::scenario::figures::{self, Measured};
 use crate::scenario::{FaultKind, Plan};
 use crate::timeliness::{DEFAULT_MAX_AGE, late_after};
 use weir_protocol::WireName;
@@ -159,24 +159,36 @@ impl Drop for TempDir {
     }
 }
 
-/// The NATS server of a run.
-enum Nats {
-    Embedded(Arc<weir_testkit::NatsServer>),
-    External(String),
+/// The run's NATS server: an embedded one, or `--nats-url`.
+pub(crate) struct RunNats {
+    pub(crate) url: String,
+    pub(crate) server: Option<Arc<weir_testkit::NatsServer>>,
 }
 
-impl Nats {
-    fn url(&self) -> String {
-        match self {
-            Self::Embedded(s) => s.url().to_owned(),
-            Self::External(u) => u.clone(),
+impl RunNats {
+    pub(crate) async fn start(env: &Env) -> Result<Self, Error> {
+        if let Some(url) = &env.nats_url {
+            return Ok(Self {
+                url: url.clone(),
+                server: None,
+            });
         }
+        let server = blocking(weir_testkit::NatsServer::start)
+            .await?
+            .map_err(|e| process("cannot start nats-server", e))?;
+        Ok(Self {
+            url: server.url().to_owned(),
+            server: Some(Arc::new(server)),
+        })
     }
 
     fn pid(&self) -> Option<u32> {
-        match self {
-            Self::Embedded(s) => Some(s.pid()),
-            Self::External(_) => None,
+        self.server.as_ref().map(|s| s.pid())
+    }
+
+    pub(crate) async fn stop(self) {
+        if let Some(s) = self.server {
+            let _ = blocking(move || drop(s)).await;
         }
     }
 }
@@ -190,93 +202,33 @@ pub(crate) async fn blocking<T: Send + 'static>(
         .map_err(|e| Error::with_source(ErrorKind::Run, "blocking task failed", e))
 }
 
-/// Writes the bounded ingress's config file for this run.
-fn bounded_config(env: &Env, streams: usize) -> String {
+/// The ingress of `design` for this run of `plan`.
+fn ingress_of(env: &Env, plan: &Plan, design: Design, streams: usize) -> ScenarioIngress<'static> {
     let (policy, shadow) = match env.policy {
         PolicyArg::Close => ("close", false),
         PolicyArg::Gap => ("gap", false),
         PolicyArg::Shadow => ("close", true),
     };
     let max_streams = (streams * 2).max(1000) + 100;
-    let whip = match env.transport {
-        Transport::Ws | Transport::Twilio => String::new(),
+    let mut config = format!("policy = \"{policy}\"\nshadow = {shadow}\n");
+    if env.transport == Transport::Whip {
         // Loopback only, a free port; the session cap never limits the run.
-        Transport::Whip => format!(
+        config += &format!(
             "whip_udp_listen = \"127.0.0.1:0\"\nwhip_max_sessions = {}\n",
             max_streams.min(100_000)
-        ),
-    };
-    format!(
-        "# written by weir-loadtest for one run\n\
-         subject = \"{SUBJECT_TEMPLATE}\"\n\
-         partitions = {}\n\
-         policy = \"{policy}\"\n\
-         shadow = {shadow}\n\
-         extended_consumers = true\n\
-         max_streams = {max_streams}\n{whip}",
-        env.partitions
-    )
-}
-
-fn launch(
-    env: &Env,
-    design: Design,
-    nats_url: &str,
-    streams: usize,
-    config_dir: &std::path::Path,
-) -> Result<Launch, Error> {
-    let (program, mut args) = match design {
-        Design::Bounded => {
-            let program = env
-                .ingress_bin
-                .as_ref()
-                .map_err(|e| Error::new(e.kind(), e.to_string()))?
-                .clone();
-            let path = config_dir.join("audio-ingress.toml");
-            std::fs::write(&path, bounded_config(env, streams)).map_err(|e| {
-                Error::with_source(ErrorKind::Io, format!("cannot write {}", path.display()), e)
-            })?;
-            let config = path.display().to_string();
-            let mut args: Vec<String> = ["serve", "--config", &config].map(String::from).to_vec();
-            for kv in &env.ingress_set {
-                args.extend(["--set".to_owned(), kv.clone()]);
-            }
-            (program, args)
-        }
-        Design::Naive => {
-            let partitions = env.partitions.to_string();
-            let mut args = [
-                "naive-ingress",
-                "--subject",
-                SUBJECT_TEMPLATE,
-                "--partitions",
-                &partitions,
-            ]
-            .map(String::from)
-            .to_vec();
-            if let Some(floor) = env.naive_floor {
-                let value = clap::ValueEnum::to_possible_value(&floor)
-                    .map(|v| v.get_name().to_owned())
-                    .unwrap_or_default();
-                args.extend(["--floor".to_owned(), value]);
-            }
-            (env.self_exe.clone(), args)
-        }
-    };
-    let common = [
-        "--nats-url",
-        nats_url,
-        "--listen",
-        "127.0.0.1:0",
-        "--admin",
-        "127.0.0.1:0",
-    ];
-    args.extend(common.map(String::from));
-    Ok(Launch {
-        program,
-        args,
-        env: vec![("RUST_LOG".to_owned(), "warn".to_owned())],
-    })
+        );
+    }
+    match design {
+        Design::Bounded => ScenarioIngress::Weir {
+            run: plan.scenario.as_str(),
+            max_streams,
+            config,
+            sets: &[],
+        },
+        Design::Naive => ScenarioIngress::Naive {
+            floor: env.naive_floor,
+        },
+    }
 }
 
 /// Runs one (plan, streams, design).
@@ -293,19 +245,16 @@ pub async fn run_one(
     settle(env, &label).await;
     // 1. NATS.
     let nats = start_nats(env, plan).await?;
-    let nats_url = nats.url();
+    let nats_url = nats.url.clone();
 
     // 2. Fleet.
     let fleet_idle = FLEET_IDLE_TIMEOUT + plan.fault.map_or(Duration::ZERO, |f| f.length);
     let fleet = Arc::new(start_fleet(env, &nats_url, fleet_idle).await?);
 
     // 3. Ingress.
-    let config_dir = TempDir::create("weir-loadtest")?;
-    let ingress = Arc::new(
-        IngressProcess::spawn(&launch(env, design, &nats_url, streams, &config_dir.0)?)
-            .await
-            .map_err(Error::from)?,
-    );
+    let ingress = ingress_of(env, plan, design, streams);
+    let (ingress, config_dir) = spawn_ingress(env, ingress, &nats_url, env.partitions).await?;
+    let ingress = Arc::new(ingress);
     let cpu_start = CpuStart::take(&ingress, &nats);
 
     // 4. LLM side.
@@ -423,15 +372,13 @@ fn producer_config(
 ) -> ProducerConfig {
     ProducerConfig {
         ws_addr,
-        streams,
-        id_prefix: "s".into(),
         duration: plan.duration,
         vanish_share: plan.vanish_share,
         reconnect: env.reconnect,
         reconnect_delay: Duration::from_millis(500),
         start_spread: spread,
         transport: env.transport,
-        ids: None,
+        ids: Arc::new((0..streams).map(|i| format!("s{i}")).collect()),
     }
 }
 
@@ -455,28 +402,18 @@ fn llm_report(
 }
 
 /// Step 1: the run's NATS server, embedded unless `--nats-url` names one.
-async fn start_nats(env: &Env, plan: &Plan) -> Result<Nats, Error> {
-    Ok(match &env.nats_url {
-        Some(url) => {
-            if let Some(f) = plan.fault
-                && f.kind.needs_embedded_server()
-            {
-                return Err(usage(format!(
-                    "{} needs to stop and restart nats-server, which is only possible with the \
-                     server the load test starts itself: drop --nats-url",
-                    plan.scenario.as_str()
-                )));
-            }
-            Nats::External(url.clone())
-        }
-        None => Nats::Embedded(Arc::new(
-            blocking(weir_testkit::NatsServer::start)
-                .await?
-                .map_err(|e| {
-                    Error::with_source(ErrorKind::Process, "cannot start nats-server", e)
-                })?,
-        )),
-    })
+async fn start_nats(env: &Env, plan: &Plan) -> Result<RunNats, Error> {
+    if env.nats_url.is_some()
+        && let Some(f) = plan.fault
+        && f.kind.needs_embedded_server()
+    {
+        return Err(usage(format!(
+            "{} needs to stop and restart nats-server, which is only possible with the \
+             server the load test starts itself: drop --nats-url",
+            plan.scenario.as_str()
+        )));
+    }
+    RunNats::start(env).await
 }
 
 /// Step 2: the recognition fleet, subscribed; `idle` is its stream idle timeout.
@@ -500,7 +437,7 @@ async fn start_fleet(env: &Env, nats_url: &str, idle: Duration) -> Result<Fleet,
         },
     )
     .await
-    .map_err(|e| Error::with_source(ErrorKind::Nats, "cannot start the recognition fleet", e))
+    .map_err(|e| nats("cannot start the recognition fleet", e))
 }
 
 /// The fault task of step 5: injects the plan's fault at its time and reverts it after
@@ -508,7 +445,7 @@ async fn start_fleet(env: &Env, nats_url: &str, idle: Duration) -> Result<Fleet,
 fn spawn_fault(
     plan: &Plan,
     start: Instant,
-    nats: &Nats,
+    nats: &RunNats,
     fleet: &Arc<Fleet>,
     llm: &Option<Arc<LlmRun>>,
     fault_active: &Arc<AtomicBool>,
@@ -516,10 +453,7 @@ fn spawn_fault(
     plan.fault.map(|f| {
         let fleet = fleet.clone();
         let llm = llm.clone();
-        let server = match nats {
-            Nats::Embedded(s) => Some(s.clone()),
-            Nats::External(_) => None,
-        };
+        let server = nats.server.clone();
         let fault_active = fault_active.clone();
         tokio::spawn(async move {
             tokio::time::sleep_until(start + f.at).await;
@@ -601,7 +535,7 @@ async fn stop_all(
     llm: Option<Arc<LlmRun>>,
     fleet: Arc<Fleet>,
     ingress: Arc<IngressProcess>,
-    nats: Nats,
+    nats: RunNats,
 ) -> FleetSnapshot {
     if let Some(Ok(l)) = llm.map(Arc::try_unwrap) {
         l.stop().await;
@@ -613,9 +547,7 @@ async fn stop_all(
     if let Ok(p) = Arc::try_unwrap(ingress) {
         p.stop().await;
     }
-    if let Nats::Embedded(s) = nats {
-        let _ = blocking(move || drop(s)).await;
-    }
+    nats.stop().await;
     fleet_snapshot
 }
 
@@ -637,7 +569,7 @@ async fn final_stats(ingress: &IngressProcess, label: &str) -> Result<IngressSta
 }
 
 /// CPU counters at the start of the sending phase.
-struct CpuStart {
+pub(crate) struct CpuStart {
     ingress: Duration,
     loadtest: Duration,
     machine: Duration,
@@ -645,7 +577,7 @@ struct CpuStart {
 }
 
 impl CpuStart {
-    fn take(ingress: &IngressProcess, nats: &Nats) -> Self {
+    pub(crate) fn take(ingress: &IngressProcess, nats: &RunNats) -> Self {
         Self {
             ingress: ingress.cpu_time().unwrap_or_default(),
             loadtest: cpu_time(std::process::id()).unwrap_or_default(),
@@ -654,20 +586,30 @@ impl CpuStart {
         }
     }
 
-    /// The CPU used since `self`, over `wall`.
-    fn used(&self, ingress: &IngressProcess, nats: &Nats, wall: Duration) -> CpuUsed {
-        let ingress_end = ingress.cpu_time().unwrap_or_default();
-        CpuUsed {
-            ingress: ingress_end.saturating_sub(self.ingress),
-            machine: machine_busy_since(self.machine),
-            loadtest: cpu_since(std::process::id(), self.loadtest),
-            // After a restart the server is a new process: its CPU is counted from its
-            // start.
-            nats: nats.pid().and_then(cpu_time).map(|end| match self.nats {
-                Some(s) if end >= s => end - s,
-                _ => end,
-            }),
-            wall,
+    /// The CPU each process used since `self`, over `wall`; the rest of the machine's
+    /// busy time is `other_s`.
+    pub(crate) fn used(
+        &self,
+        ingress: &IngressProcess,
+        nats: &RunNats,
+        wall: Duration,
+    ) -> CpuReport {
+        let ingress_s = (ingress.cpu_time().unwrap_or_default())
+            .saturating_sub(self.ingress)
+            .as_secs_f64();
+        let loadtest_s = cpu_since(std::process::id(), self.loadtest).as_secs_f64();
+        // After a restart the server is a new process: its CPU is counted from its start.
+        let nats_server_s = nats.pid().and_then(cpu_time).map(|end| match self.nats {
+            Some(s) if end >= s => (end - s).as_secs_f64(),
+            _ => end.as_secs_f64(),
+        });
+        let machine = machine_busy_since(self.machine).as_secs_f64();
+        CpuReport {
+            ingress_s,
+            loadtest_s,
+            nats_server_s,
+            other_s: (machine - ingress_s - loadtest_s - nats_server_s.unwrap_or(0.0)).max(0.0),
+            wall_s: wall.as_secs_f64(),
         }
     }
 }
@@ -730,42 +672,49 @@ async fn apply_fault(
 /// (`loadtest naive-ingress`), or weir's `audio-ingress serve` with a config file written
 /// for the run.
 pub(crate) enum ScenarioIngress<'a> {
-    /// The naive design.
-    Naive,
-    /// weir: `run` names the run in the config file's comment; `sets` come before the
-    /// user's `--ingress-set`s.
+    /// The naive design (`floor`: `--naive-floor`).
+    Naive {
+        floor: Option<crate::naive::audio::Floor>,
+    },
+    /// weir: `run` names the run in the config file's comment, `config` adds lines to
+    /// the file; `sets` come before the user's `--ingress-set`s.
     Weir {
         run: &'a str,
         max_streams: usize,
+        config: String,
         sets: &'a [&'a str],
     },
 }
 
-/// The launch of `ingress` on `nats_url` with free loopback ports (`dir` holds its config
-/// file): the subject template and `partitions` of the scenarios, extended consumers.
-pub(crate) fn scenario_launch(
+/// Starts `ingress` on `nats_url` with free loopback ports: the subject template and
+/// `partitions` of the scenarios, extended consumers. Its config file lives in the
+/// returned directory.
+pub(crate) async fn spawn_ingress(
     env: &Env,
     ingress: ScenarioIngress<'_>,
     nats_url: &str,
     partitions: u32,
-    dir: &std::path::Path,
-) -> Result<Launch, Error> {
+) -> Result<(IngressProcess, TempDir), Error> {
+    let dir = TempDir::create("weir-loadtest")?;
     let (program, mut args) = match ingress {
-        ScenarioIngress::Naive => {
-            let args = [
-                "naive-ingress",
-                "--subject",
-                SUBJECT_TEMPLATE,
-                "--partitions",
-                &partitions.to_string(),
-            ]
-            .map(String::from)
-            .to_vec();
+        ScenarioIngress::Naive { floor } => {
+            let partitions = partitions.to_string();
+            let mut args = ["naive-ingress", "--subject", SUBJECT_TEMPLATE]
+                .map(String::from)
+                .to_vec();
+            args.extend(["--partitions".to_owned(), partitions]);
+            if let Some(floor) = floor {
+                let value = clap::ValueEnum::to_possible_value(&floor)
+                    .map(|v| v.get_name().to_owned())
+                    .unwrap_or_default();
+                args.extend(["--floor".to_owned(), value]);
+            }
             (env.self_exe.clone(), args)
         }
         ScenarioIngress::Weir {
             run,
             max_streams,
+            config,
             sets,
         } => {
             let program = env
@@ -773,17 +722,20 @@ pub(crate) fn scenario_launch(
                 .as_ref()
                 .map_err(|e| Error::new(e.kind(), e.to_string()))?
                 .clone();
-            let path = dir.join("audio-ingress.toml");
+            let path = dir.0.join("audio-ingress.toml");
             let config = format!(
                 "# written by weir-loadtest for one {run} run\n\
                  subject = \"{SUBJECT_TEMPLATE}\"\n\
                  partitions = {partitions}\n\
                  extended_consumers = true\n\
-                 max_streams = {max_streams}\n"
+                 max_streams = {max_streams}\n{config}"
             );
             std::fs::write(&path, config).map_err(|e| io(&path, e))?;
-            let mut args: Vec<String> = vec!["serve".into(), "--config".into()];
-            args.push(path.display().to_string());
+            let mut args = vec![
+                "serve".into(),
+                "--config".into(),
+                path.display().to_string(),
+            ];
             for kv in sets
                 .iter()
                 .copied()
@@ -794,22 +746,15 @@ pub(crate) fn scenario_launch(
             (program, args)
         }
     };
+    let common = ["--nats-url", nats_url, "--listen", "127.0.0.1:0"];
     args.extend(
-        [
-            "--nats-url",
-            nats_url,
-            "--listen",
-            "127.0.0.1:0",
-            "--admin",
-            "127.0.0.1:0",
-        ]
-        .map(String::from),
+        common
+            .into_iter()
+            .chain(["--admin", "127.0.0.1:0"])
+            .map(String::from),
     );
-    Ok(Launch {
-        program,
-        args,
-        env: vec![("RUST_LOG".to_owned(), "warn".to_owned())],
-    })
+    let ingress = IngressProcess::spawn(&Launch { program, args }).await?;
+    Ok((ingress, dir))
 }
 
 #[cfg(test)]

@@ -26,13 +26,13 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 
-use super::{AsrDesign, AsrSettings, ChurnReport, balanced_ids, ids_of_worker};
-use crate::error::{Error, ErrorKind};
-use crate::ingress::{Design, IngressProcess};
-use crate::producers::{self, ProducerConfig, ProducerCounters, Transport};
+use super::{AsrDesign, AsrSettings, ChurnReport, ids_of_worker};
+use crate::error::{Error, process};
+use crate::ingress::{Design, IngressProcess, samples};
+use crate::producers::{self, ProducerCounters};
 use crate::report::{ProducerReport, RunReport};
-use crate::scenario::asr::shortfall::{RunNats, launch};
-use crate::scenario::run::{Env, RunOutput, SUBJECT_TEMPLATE, TempDir};
+use crate::scenario::asr::shortfall;
+use crate::scenario::run::{Env, RunNats, RunOutput, SUBJECT_TEMPLATE, spawn_ingress};
 
 /// The door's gauge of slots in its fleet view (summed over its series).
 pub const SLOTS_GAUGE: &str = "weir_ingress_capacity_slots";
@@ -49,19 +49,8 @@ const POLL: Duration = Duration::from_millis(100);
 
 /// The sum of every series of gauge `name` in a Prometheus text (`None`: absent).
 pub fn gauge(text: &str, name: &str) -> Option<f64> {
-    let mut found = None;
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some(rest) = line.strip_prefix(name) else {
-            continue;
-        };
-        if !(rest.starts_with(' ') || rest.starts_with('{')) {
-            continue;
-        }
-        if let Some(v) = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
-            *found.get_or_insert(0.0) += v;
-        }
-    }
-    found
+    let values = samples(text).filter(|(metric, ..)| *metric == name);
+    values.map(|(.., v)| v).reduce(|a, b| a + b)
 }
 
 /// The slots in the door's fleet view now.
@@ -110,17 +99,10 @@ async fn probe(ws: std::net::SocketAddr, id: &str) -> Probe {
             let _ = tokio::time::timeout(Duration::from_secs(1), ws.close(None)).await;
             Probe::Admitted
         }
-        Ok(Err(tokio_tungstenite::tungstenite::Error::Http(resp))) => {
-            let code = resp
-                .body()
-                .as_deref()
-                .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
-                .and_then(|v| v["error"]["code"].as_str().map(str::to_owned));
-            if code.as_deref() == Some("no_capacity") {
-                Probe::NoCapacity
-            } else {
-                Probe::Other
-            }
+        Ok(Err(tokio_tungstenite::tungstenite::Error::Http(resp)))
+            if producers::refusal_code(&resp) == "no_capacity" =>
+        {
+            Probe::NoCapacity
         }
         _ => Probe::Other,
     }
@@ -156,7 +138,7 @@ fn spawn_worker(env: &Env, settings: &AsrSettings, nats_url: &str, w: u32) -> Re
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| Error::with_source(ErrorKind::Process, "cannot start an asr-worker", e))
+        .map_err(|e| process("cannot start an asr-worker", e))
 }
 
 /// Phase 1 after the kill (until [`ADD_AFTER`]): polls the door's slots until the
@@ -209,16 +191,8 @@ pub async fn run(env: &Env, settings: &AsrSettings) -> Result<RunOutput, Error> 
     for w in 0..settings.workers {
         workers.push(spawn_worker(env, settings, &nats.url, w)?);
     }
-    let dir = TempDir::create("weir-loadtest-churn")?;
-    let ingress = IngressProcess::spawn(&launch(
-        env,
-        AsrDesign::WeirOn,
-        &nats.url,
-        settings.partitions,
-        &dir.0,
-    )?)
-    .await
-    .map_err(Error::from)?;
+    let weir_on = shortfall::ingress_of(AsrDesign::WeirOn);
+    let (ingress, dir) = spawn_ingress(env, weir_on, &nats.url, settings.partitions).await?;
     let mut notes = Vec::new();
     let mut report = ChurnReport {
         workers: settings.workers,
@@ -239,23 +213,13 @@ pub async fn run(env: &Env, settings: &AsrSettings) -> Result<RunOutput, Error> 
     let counters = Arc::new(ProducerCounters::default());
     let start = Instant::now();
     let mut producer_set = producers::start(
-        ProducerConfig {
-            ws_addr: ingress.ws_addr(),
-            streams: calls,
-            id_prefix: "c".into(),
+        shortfall::calls(
+            &ingress,
+            settings,
+            ("c", calls),
             duration,
-            vanish_share: 0.0,
-            reconnect: false,
-            reconnect_delay: Duration::from_millis(500),
-            start_spread: Duration::from_millis(100),
-            transport: Transport::Ws,
-            ids: Some(Arc::new(balanced_ids(
-                "c",
-                calls,
-                settings.partitions,
-                settings.workers,
-            ))),
-        },
+            Duration::from_millis(100),
+        ),
         calls as u64,
         counters.clone(),
     );
@@ -314,7 +278,6 @@ pub async fn run(env: &Env, settings: &AsrSettings) -> Result<RunOutput, Error> 
         scenario: "asr-churn".into(),
         streams: calls,
         design: Design::Bounded,
-        transport: Transport::Ws,
         duration_s: wall.as_secs_f64(),
         wall_s: wall.as_secs_f64(),
         producers: ProducerReport::new(&p, 0),

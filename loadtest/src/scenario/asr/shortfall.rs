@@ -13,23 +13,22 @@
 //!    [`DRAIN_MAX`]: the naive buffers can hold seconds of audio);
 //! 6. everything is stopped (also on drop) and the figures are made.
 
-use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::{AsrDesign, AsrReport, AsrSettings, balanced_ids, churn};
-use crate::error::{Error, ErrorKind};
+use crate::error::{Error, nats};
 use crate::fleet::{DEFAULT_MAX_FRAME_AGE, Fleet, FleetAsr, FleetConfig, FleetSnapshot};
 use crate::gpu::{AsrCounts, AsrMeter};
-use crate::ingress::{Design, IngressProcess, Launch};
+use crate::ingress::{Design, IngressProcess};
 use crate::naive::asr::NaiveAsr;
 use crate::producers::{self, ProducerConfig, ProducerCounters, ProducerSnapshot, Transport};
 use crate::report::{ConsumerReport, ProducerReport, RunReport};
 use crate::sample::Sample;
 use crate::scenario::run::{
-    Env, RunOutput, SUBJECT_TEMPLATE, ScenarioIngress, TempDir, blocking, scenario_launch,
+    Env, RunNats, RunOutput, SUBJECT_TEMPLATE, ScenarioIngress, spawn_ingress,
 };
 use crate::timeliness::DEFAULT_MAX_AGE;
 
@@ -54,55 +53,19 @@ impl Recognisers {
     }
 }
 
-/// The run's NATS server: an embedded one, or `--nats-url`.
-pub(crate) struct RunNats {
-    pub(crate) url: String,
-    pub(crate) server: Option<Arc<weir_testkit::NatsServer>>,
-}
-
-impl RunNats {
-    pub(crate) async fn start(env: &Env) -> Result<Self, Error> {
-        if let Some(url) = &env.nats_url {
-            return Ok(Self {
-                url: url.clone(),
-                server: None,
-            });
-        }
-        let server = blocking(weir_testkit::NatsServer::start)
-            .await?
-            .map_err(|e| Error::with_source(ErrorKind::Process, "cannot start nats-server", e))?;
-        Ok(Self {
-            url: server.url().to_owned(),
-            server: Some(Arc::new(server)),
-        })
-    }
-
-    pub(crate) async fn stop(self) {
-        if let Some(s) = self.server {
-            let _ = blocking(move || drop(s)).await;
-        }
-    }
-}
-
-/// The ingress of `design` for this run (`dir` holds its config file).
-pub(crate) fn launch(
-    env: &Env,
-    design: AsrDesign,
-    nats_url: &str,
-    partitions: u32,
-    dir: &std::path::Path,
-) -> Result<Launch, Error> {
+/// The ingress of `design`.
+pub(crate) fn ingress_of(design: AsrDesign) -> ScenarioIngress<'static> {
     let weir = |sets| ScenarioIngress::Weir {
         run: "asr",
         max_streams: 1000,
+        config: String::new(),
         sets,
     };
-    let ingress = match design {
-        AsrDesign::Naive => ScenarioIngress::Naive,
+    match design {
+        AsrDesign::Naive => ScenarioIngress::Naive { floor: None },
         AsrDesign::WeirOff => weir(&["capacity.mode=off"]),
         AsrDesign::WeirOn => weir(&[]),
-    };
-    scenario_launch(env, ingress, nats_url, partitions, dir)
+    }
 }
 
 async fn start_recognisers(
@@ -143,23 +106,10 @@ async fn start_recognisers(
     Fleet::start(nats_url, &config)
         .await
         .map(Recognisers::Weir)
-        .map_err(|e| Error::with_source(ErrorKind::Nats, "cannot start the recognition fleet", e))
+        .map_err(|e| nats("cannot start the recognition fleet", e))
 }
 
-/// Runs the three designs one after the other with `streams` calls.
-pub async fn run(
-    env: &Env,
-    settings: &AsrSettings,
-    streams: usize,
-) -> Vec<Result<RunOutput, Error>> {
-    let mut out = Vec::new();
-    for design in [AsrDesign::Naive, AsrDesign::WeirOff, AsrDesign::WeirOn] {
-        out.push(run_design(env, settings, streams, design).await);
-    }
-    out
-}
-
-/// One design.
+/// One design (the three run one after the other, each on a fresh nats-server).
 pub async fn run_design(
     env: &Env,
     settings: &AsrSettings,
@@ -167,22 +117,12 @@ pub async fn run_design(
     design: AsrDesign,
 ) -> Result<RunOutput, Error> {
     let label = format!("asr-shortfall {streams} {design}");
-    if !env.wait_quiet.is_zero() {
-        crate::scenario::run::wait_quiet(env.wait_quiet).await;
-    }
+    crate::scenario::run::settle(env, &label).await;
     let nats = RunNats::start(env).await?;
     let meter = Arc::new(AsrMeter::new(DEFAULT_MAX_FRAME_AGE));
     let recognisers = start_recognisers(design, settings, &nats.url, &meter).await?;
-    let dir = TempDir::create("weir-loadtest-asr")?;
-    let ingress = IngressProcess::spawn(&launch(
-        env,
-        design,
-        &nats.url,
-        settings.partitions,
-        &dir.0,
-    )?)
-    .await
-    .map_err(Error::from)?;
+    let (ingress, dir) =
+        spawn_ingress(env, ingress_of(design), &nats.url, settings.partitions).await?;
     let mut notes = Vec::new();
     let door_slots_seen = door_slots(design, settings, &ingress, &mut notes).await;
 
@@ -190,7 +130,13 @@ pub async fn run_design(
     let counters = Arc::new(ProducerCounters::default());
     let spread = Duration::from_millis((streams as u64).clamp(20, 1000));
     let mut producer_set = producers::start(
-        calls(&ingress, settings, streams, spread),
+        calls(
+            &ingress,
+            settings,
+            ("s", streams),
+            settings.duration,
+            spread,
+        ),
         streams as u64,
         counters.clone(),
     );
@@ -200,7 +146,6 @@ pub async fn run_design(
     let mut samples = Vec::new();
     let mut tick = tokio::time::interval(crate::sample::PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let tty = std::io::stderr().is_terminal();
     loop {
         tokio::select! {
             next = producer_set.join_next() => if next.is_none() { break },
@@ -208,7 +153,7 @@ pub async fn run_design(
                 samples.push(sample(start, &counters, &meter));
                 if !env.quiet && samples.len() % 10 == 0 {
                     let line = progress(&label, start, settings.duration, &counters, &meter, &recognisers);
-                    if tty { eprint!("\r{line:<120}") } else { eprintln!("{line}") }
+                    crate::scenario::progress(&line);
                 }
             }
             _ = tokio::time::sleep_until(deadline) => {
@@ -229,8 +174,8 @@ pub async fn run_design(
             DRAIN_MAX.as_secs()
         ));
     }
-    if !env.quiet && tty {
-        eprint!("\r{:<120}\r", "");
+    if !env.quiet {
+        crate::scenario::clear_progress();
     }
     let wall = start.elapsed();
     let (fleet, naive_max) = match recognisers {
@@ -251,7 +196,6 @@ pub async fn run_design(
             AsrDesign::Naive => Design::Naive,
             _ => Design::Bounded,
         },
-        transport: Transport::Ws,
         duration_s: settings.duration.as_secs_f64(),
         wall_s: wall.as_secs_f64(),
         consumer: fleet.as_ref().map(ConsumerReport::from).unwrap_or_default(),
@@ -290,31 +234,25 @@ async fn door_slots(
     }
 }
 
-/// The calls: `streams` WebSocket streams for the run's duration, started over
-/// `spread`, their ids balanced over the partitions and workers; no vanishing, no
-/// reconnect.
-fn calls(
+/// The calls: `n` WebSocket streams for `duration`, started over `spread`, their ids
+/// (`<prefix><k>`) balanced over the partitions and workers; no vanishing, no reconnect.
+pub(super) fn calls(
     ingress: &IngressProcess,
     settings: &AsrSettings,
-    streams: usize,
+    (prefix, n): (&str, usize),
+    duration: Duration,
     spread: Duration,
 ) -> ProducerConfig {
+    let ids = balanced_ids(prefix, n, settings.partitions, settings.workers);
     ProducerConfig {
         ws_addr: ingress.ws_addr(),
-        streams,
-        id_prefix: "s".into(),
-        duration: settings.duration,
+        duration,
         vanish_share: 0.0,
         reconnect: false,
         reconnect_delay: Duration::from_millis(500),
         start_spread: spread,
         transport: Transport::Ws,
-        ids: Some(Arc::new(balanced_ids(
-            "s",
-            streams,
-            settings.partitions,
-            settings.workers,
-        ))),
+        ids: Arc::new(ids),
     }
 }
 

@@ -2,7 +2,7 @@
 //! run), in the style of the other scenarios' tables.
 
 use super::{AsrReport, ChurnReport};
-use crate::report::{Row, RunReport, ms, opt_ms};
+use crate::report::{Row, RunReport, ms, opt_ms, p50_p99};
 
 /// The column heading of a report: `<streams> <asr design>` for `asr-shortfall`,
 /// `<streams> <flap design>` for `producer-flap`.
@@ -48,13 +48,7 @@ pub fn rows(r: &RunReport) -> Vec<Row> {
         ("refusals with Retry-After", |r| {
             a(r).refusals_with_retry_after.to_string()
         }),
-        ("refusal p50/p99 ms", |r| {
-            let l = a(r).refusal_ms;
-            if l.count == 0 {
-                return "-".into();
-            }
-            format!("{}/{}", ms(l.p50), ms(l.p99))
-        }),
+        ("refusal p50/p99 ms", |r| p50_p99(&a(r).refusal_ms)),
         ("handed within 1 s (%)", |r| {
             a(r).within_max_age_pct
                 .map_or_else(|| "-".into(), |p| format!("{p:.2}"))

@@ -14,7 +14,7 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
 use super::{BUCKET, DRAIN_MAX, FailoverEnv, NODES, SUBJECT, WORKER_LIFETIME};
-use crate::error::{Error, ErrorKind, io};
+use crate::error::{Error, io, process};
 use crate::ingress::cpu_time;
 use crate::lease_audit::{self, Instance};
 use crate::timeliness::unix_ms;
@@ -91,13 +91,7 @@ pub(super) fn spawn_worker(
         .stderr(stderr)
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| {
-            Error::with_source(
-                ErrorKind::Process,
-                format!("cannot start {}", env.self_exe.display()),
-                e,
-            )
-        })?;
+        .map_err(|e| process(format!("cannot start {}", env.self_exe.display()), e))?;
     let pid = child.id();
     Ok(WorkerProc {
         name,

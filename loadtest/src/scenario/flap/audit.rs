@@ -38,7 +38,7 @@ use serde::Serialize;
 use weir_protocol::audio::extension::headers;
 use weir_protocol::audio::{DecodeOptions, PacketBody, decode};
 
-use crate::error::{Error, ErrorKind};
+use crate::error::{Error, nats};
 
 /// Most holes (missing seqs below the highest) one instance remembers.
 pub const MAX_HOLES: usize = 100_000;
@@ -442,18 +442,21 @@ impl WireAudit {
                     }
                 }
             });
-        let nats = |what: &str, e: Box<dyn std::error::Error + Send + Sync>| {
-            Error::with_source(ErrorKind::Nats, format!("wire audit: cannot {what}"), e)
+        let failed = |what: &str, e: Box<dyn std::error::Error + Send + Sync>| {
+            nats(format!("wire audit: cannot {what}"), e)
         };
         let client = options
             .connect(nats_url)
             .await
-            .map_err(|e| nats("connect", e.into()))?;
+            .map_err(|e| failed("connect", e.into()))?;
         let mut sub = client
             .subscribe(subject.to_owned())
             .await
-            .map_err(|e| nats("subscribe", e.into()))?;
-        client.flush().await.map_err(|e| nats("flush", e.into()))?;
+            .map_err(|e| failed("subscribe", e.into()))?;
+        client
+            .flush()
+            .await
+            .map_err(|e| failed("flush", e.into()))?;
         let s = shared.clone();
         let task = tokio::spawn(async move {
             // Keeps the connection for as long as the subscription reads.

@@ -41,15 +41,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use rand::Rng;
-use serde::Serialize;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use weir_protocol::audio::FRAME_DURATION;
 
+use crate::counters::{bump, counters};
 use crate::speech::SpeechClip;
-use crate::stats::{LatencyHistogram, Percentiles, record, summary};
+use crate::stats::LatencyHistogram;
 
 /// How long one connection attempt (TCP connect + upgrade) may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -101,151 +101,63 @@ pub fn reconnect_path(id: &str, token: Option<&str>, last_seq: u64, next_seq: u6
     }
 }
 
-/// Counters shared by all flapping producers.
-#[derive(Debug, Default)]
-pub struct FlapCounters {
-    /// Connections upgraded (first opens and reconnects).
-    pub connects: AtomicU64,
-    /// Connections cut on purpose (RST).
-    pub cuts: AtomicU64,
-    /// Connections lost otherwise (read or write error, close frame) before the end.
-    pub unplanned_drops: AtomicU64,
-    /// Reconnects that resumed (a `resumed` event).
-    pub resumes: AtomicU64,
-    /// Fresh opens after a drop (no token, or a refused resume).
-    pub fresh_reopens: AtomicU64,
-    /// Attempts refused before the upgrade.
-    pub refused: AtomicU64,
-    /// Attempts that failed otherwise (TCP, timeout).
-    pub connect_errors: AtomicU64,
-    /// `error` events with code `taken_over`.
-    pub taken_over: AtomicU64,
-    /// `resumed` events whose `next_seq` was not the producer's.
-    pub next_seq_mismatches: AtomicU64,
-    /// Frames the door said it declared lost (`resumed.gap.frames`).
-    pub door_declared_frames: AtomicU64,
-    /// Frames offered (numbered).
-    pub frames_offered: AtomicU64,
-    /// Of those, frames written to a socket.
-    pub frames_written: AtomicU64,
-    /// Of those, frames held during a handshake and written after it.
-    pub frames_after_handshake: AtomicU64,
-    /// Frames offered while no connection could take them (between failed attempts).
-    pub frames_lost_between_attempts: AtomicU64,
-    /// Ticks skipped because the producer task ran late.
-    pub ticks_missed: AtomicU64,
-    /// `ack` events.
-    pub acks: AtomicU64,
-    /// `gap` events.
-    pub gap_events: AtomicU64,
-    /// Calls ended with `end` and a `closed` event.
-    pub ended: AtomicU64,
-    /// Calls that could not send their `end` (no connection at the stop time).
-    pub end_failed: AtomicU64,
-    /// Calls connected now.
-    pub up: AtomicU64,
-    refusal_codes: Mutex<BTreeMap<String, u64>>,
-    closed_reasons: Mutex<BTreeMap<String, u64>>,
-    close_codes: Mutex<BTreeMap<u16, u64>>,
-    resume_latency: Mutex<LatencyHistogram>,
-    reconnect_latency: Mutex<LatencyHistogram>,
-}
-
-/// A plain copy of [`FlapCounters`] (the report's `flap.producers`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct FlapSnapshot {
-    /// See [`FlapCounters::connects`].
-    pub connects: u64,
-    /// See [`FlapCounters::cuts`].
-    pub cuts: u64,
-    /// See [`FlapCounters::unplanned_drops`].
-    pub unplanned_drops: u64,
-    /// See [`FlapCounters::resumes`].
-    pub resumes: u64,
-    /// See [`FlapCounters::fresh_reopens`].
-    pub fresh_reopens: u64,
-    /// See [`FlapCounters::refused`].
-    pub refused: u64,
-    /// See [`FlapCounters::connect_errors`].
-    pub connect_errors: u64,
-    /// See [`FlapCounters::taken_over`].
-    pub taken_over: u64,
-    /// See [`FlapCounters::next_seq_mismatches`].
-    pub next_seq_mismatches: u64,
-    /// See [`FlapCounters::door_declared_frames`].
-    pub door_declared_frames: u64,
-    /// See [`FlapCounters::frames_offered`].
-    pub frames_offered: u64,
-    /// See [`FlapCounters::frames_written`].
-    pub frames_written: u64,
-    /// See [`FlapCounters::frames_after_handshake`].
-    pub frames_after_handshake: u64,
-    /// See [`FlapCounters::frames_lost_between_attempts`].
-    pub frames_lost_between_attempts: u64,
-    /// See [`FlapCounters::ticks_missed`].
-    pub ticks_missed: u64,
-    /// See [`FlapCounters::acks`].
-    pub acks: u64,
-    /// See [`FlapCounters::gap_events`].
-    pub gap_events: u64,
-    /// See [`FlapCounters::ended`].
-    pub ended: u64,
-    /// See [`FlapCounters::end_failed`].
-    pub end_failed: u64,
-    /// Refused attempts by the refusal's `error.code` (`none` without a body).
-    pub refusal_codes: BTreeMap<String, u64>,
-    /// `closed` events by reason.
-    pub closed_reasons: BTreeMap<String, u64>,
-    /// Close codes received (`4001` = taken over).
-    pub close_codes: BTreeMap<u16, u64>,
-    /// Cut → `resumed` event, client side.
-    pub resume_ms: Percentiles,
-    /// Cut → the reconnect's `101`, client side (every design).
-    pub reconnect_ms: Percentiles,
-}
-
-fn bump<K: Ord>(m: &Mutex<BTreeMap<K, u64>>, k: K) {
-    if let Ok(mut m) = m.lock() {
-        *m.entry(k).or_default() += 1;
-    }
-}
-
-impl FlapCounters {
-    /// A copy of every counter.
-    pub fn snapshot(&self) -> FlapSnapshot {
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let copy =
-            |m: &Mutex<BTreeMap<String, u64>>| m.lock().map(|m| m.clone()).unwrap_or_default();
-        FlapSnapshot {
-            connects: l(&self.connects),
-            cuts: l(&self.cuts),
-            unplanned_drops: l(&self.unplanned_drops),
-            resumes: l(&self.resumes),
-            fresh_reopens: l(&self.fresh_reopens),
-            refused: l(&self.refused),
-            connect_errors: l(&self.connect_errors),
-            taken_over: l(&self.taken_over),
-            next_seq_mismatches: l(&self.next_seq_mismatches),
-            door_declared_frames: l(&self.door_declared_frames),
-            frames_offered: l(&self.frames_offered),
-            frames_written: l(&self.frames_written),
-            frames_after_handshake: l(&self.frames_after_handshake),
-            frames_lost_between_attempts: l(&self.frames_lost_between_attempts),
-            ticks_missed: l(&self.ticks_missed),
-            acks: l(&self.acks),
-            gap_events: l(&self.gap_events),
-            ended: l(&self.ended),
-            end_failed: l(&self.end_failed),
-            refusal_codes: copy(&self.refusal_codes),
-            closed_reasons: copy(&self.closed_reasons),
-            close_codes: self
-                .close_codes
-                .lock()
-                .map(|m| m.clone())
-                .unwrap_or_default(),
-            resume_ms: summary(&self.resume_latency),
-            reconnect_ms: summary(&self.reconnect_latency),
-        }
+counters! {
+    /// Counters shared by all flapping producers.
+    pub struct FlapCounters;
+    /// A plain copy of [`FlapCounters`] (the report's `flap.producers`).
+    pub struct FlapSnapshot {
+        /// Connections upgraded (first opens and reconnects).
+        connects,
+        /// Connections cut on purpose (RST).
+        cuts,
+        /// Connections lost otherwise (read or write error, close frame) before the end.
+        unplanned_drops,
+        /// Reconnects that resumed (a `resumed` event).
+        resumes,
+        /// Fresh opens after a drop (no token, or a refused resume).
+        fresh_reopens,
+        /// Attempts refused before the upgrade.
+        refused,
+        /// Attempts that failed otherwise (TCP, timeout).
+        connect_errors,
+        /// `error` events with code `taken_over`.
+        taken_over,
+        /// `resumed` events whose `next_seq` was not the producer's.
+        next_seq_mismatches,
+        /// Frames the door said it declared lost (`resumed.gap.frames`).
+        door_declared_frames,
+        /// Frames offered (numbered).
+        frames_offered,
+        /// Of those, frames written to a socket.
+        frames_written,
+        /// Of those, frames held during a handshake and written after it.
+        frames_after_handshake,
+        /// Frames offered while no connection could take them (between failed attempts).
+        frames_lost_between_attempts,
+        /// Ticks skipped because the producer task ran late.
+        ticks_missed,
+        /// `ack` events.
+        acks,
+        /// `gap` events.
+        gap_events,
+        /// Calls ended with `end` and a `closed` event.
+        ended,
+        /// Calls that could not send their `end` (no connection at the stop time).
+        end_failed,
+        ;
+        /// Refused attempts by the refusal's `error.code` (`none` without a body).
+        refusal_codes: Mutex<BTreeMap<String, u64>>,
+        /// `closed` events by reason.
+        closed_reasons: Mutex<BTreeMap<String, u64>>,
+        /// Close codes received (`4001` = taken over).
+        close_codes: Mutex<BTreeMap<u16, u64>>,
+        /// Cut → `resumed` event, client side.
+        resume_ms: LatencyHistogram,
+        /// Cut → the reconnect's `101`, client side (every design).
+        reconnect_ms: LatencyHistogram,
+        ;
+        /// Calls connected now.
+        pub up: AtomicU64,
     }
 }
 
@@ -370,12 +282,7 @@ async fn open(addr: SocketAddr, path: String) -> Result<Ws, Refusal> {
         match tokio_tungstenite::client_async(url, tcp).await {
             Ok((ws, _)) => Ok(ws),
             Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
-                let code = resp
-                    .body()
-                    .as_deref()
-                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
-                    .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
-                    .unwrap_or_else(|| "none".to_owned());
+                let code = crate::producers::refusal_code(&resp);
                 Err(Refusal::Http(resp.status().as_u16(), code))
             }
             Err(_) => Err(Refusal::Failed),
@@ -495,24 +402,23 @@ impl Call {
     /// an RST; the reconnect starts at once.
     fn cut(&mut self) {
         self.counters.cuts.fetch_add(1, Ordering::Relaxed);
-        self.counters.up.fetch_sub(1, Ordering::Relaxed);
-        let now = Instant::now();
-        // Dropping the WebSocket drops its TcpStream: with SO_LINGER 0, that is the RST.
-        self.link = Link::Down {
-            retry_at: now,
-            since: Some(now),
-        };
-        self.connect();
+        self.reconnect_now();
     }
 
     /// The link broke without our cut (read or write error, or the server closed).
     fn lost_link(&mut self) {
-        if matches!(self.link, Link::Up { .. }) {
-            self.counters.up.fetch_sub(1, Ordering::Relaxed);
-        }
         self.counters
             .unplanned_drops
             .fetch_add(1, Ordering::Relaxed);
+        self.reconnect_now();
+    }
+
+    /// Drops the link (dropping the WebSocket drops its TcpStream: with SO_LINGER 0,
+    /// that is the RST) and starts the reconnect at once.
+    fn reconnect_now(&mut self) {
+        if matches!(self.link, Link::Up { .. }) {
+            self.counters.up.fetch_sub(1, Ordering::Relaxed);
+        }
         let now = Instant::now();
         self.link = Link::Down {
             retry_at: now,
@@ -610,7 +516,7 @@ impl Call {
         self.counters.connects.fetch_add(1, Ordering::Relaxed);
         self.counters.up.fetch_add(1, Ordering::Relaxed);
         if let Some(s) = since {
-            record(&self.counters.reconnect_latency, now - s);
+            self.counters.reconnect_ms.record(now - s);
         }
         if resuming {
             self.counters.resumes.fetch_add(1, Ordering::Relaxed);
@@ -686,7 +592,7 @@ impl Call {
                 } = &mut self.link
                 {
                     if let Some(s) = resume_since.take() {
-                        record(&self.counters.resume_latency, s.elapsed());
+                        self.counters.resume_ms.record(s.elapsed());
                     }
                     if expect_next_seq
                         .take()

@@ -2,18 +2,10 @@
 //! other scenarios' tables.
 
 use super::FlapReport;
-use crate::report::{Row, RunReport, ms};
+use crate::report::{Row, RunReport, ms, p50_p99};
 
 fn f(r: &RunReport) -> FlapReport {
     r.flap.clone().unwrap_or_default()
-}
-
-fn pair(count: u64, a: f64, b: f64) -> String {
-    if count == 0 {
-        "-".into()
-    } else {
-        format!("{}/{}", ms(a), ms(b))
-    }
 }
 
 fn le(v: Option<f64>) -> String {
@@ -66,12 +58,10 @@ pub fn rows() -> Vec<Row> {
             format!("{producer}/{}/{}", all - producer, a.streams_without_end)
         }),
         ("resume p50/p99 ms (client)", |r| {
-            let p = f(r).producers.resume_ms;
-            pair(p.count, p.p50, p.p99)
+            p50_p99(&f(r).producers.resume_ms)
         }),
         ("reconnect 101 p50/p99 ms", |r| {
-            let p = f(r).producers.reconnect_ms;
-            pair(p.count, p.p50, p.p99)
+            p50_p99(&f(r).producers.reconnect_ms)
         }),
         ("door resume p50/p99 ms", |r| {
             f(r).server_resume.map_or_else(
@@ -119,7 +109,7 @@ pub fn summary_line(r: &RunReport) -> Option<String> {
         a.frames_lost_undeclared,
         a.duplicates,
         a.out_of_order,
-        pair(p.resume_ms.count, p.resume_ms.p50, p.resume_ms.p99),
+        p50_p99(&p.resume_ms),
         le(f.server_resume.as_ref().and_then(|s| s.p99_le_ms)),
     ))
 }

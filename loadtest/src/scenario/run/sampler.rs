@@ -3,7 +3,6 @@
 //! and a progress line on stderr once per second. Bounded: it stops when told to, or
 //! after a hard cap of samples.
 
-use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -38,7 +37,6 @@ pub(super) async fn sampler(s: SamplerInputs, mut stop: tokio::sync::watch::Rece
     // Hard cap: the run's duration plus 2 minutes of drain and grace.
     let cap =
         ((s.total + Duration::from_secs(120)).as_millis() / sample::PERIOD.as_millis()) as usize;
-    let tty = std::io::stderr().is_terminal();
     let cpu0 = s.ingress.cpu_time().unwrap_or_default();
     let mut oldest: (Option<f64>, Option<f64>) = (None, None);
     for n in 0..cap {
@@ -81,18 +79,14 @@ pub(super) async fn sampler(s: SamplerInputs, mut stop: tokio::sync::watch::Rece
         };
         if !s.quiet && n % 10 == 9 {
             let line = progress_line(&s.label, s.total, &x);
-            if tty {
-                eprint!("\r{line:<120}");
-            } else {
-                eprintln!("{line}");
-            }
+            crate::scenario::progress(&line);
         }
         if let Ok(mut v) = s.samples.lock() {
             v.push(x);
         }
     }
-    if !s.quiet && tty {
-        eprint!("\r{:<120}\r", "");
+    if !s.quiet {
+        crate::scenario::clear_progress();
     }
 }
 
