@@ -15,11 +15,9 @@ use weir_protocol::partition::{DEFAULT_STREAM_TEMPLATE, MAX_PARTITIONS};
 
 use weir_service::config::{ConfigError, ConfigErrorKind};
 
-mod keys;
 mod raw;
 
-pub use keys::KEYS;
-pub use raw::StreamKeys;
+pub use raw::{KEYS, StreamKeys};
 
 /// Default byte budget per stream: 0.5 s of 16 kHz s16le mono (25 frames of 20 ms).
 pub const DEFAULT_MAX_BYTES: usize = 16_000;
@@ -335,14 +333,14 @@ fn documented_ms(key: &str, d: Duration) -> Result<(), ConfigError> {
     let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     match ms {
         // A sub-millisecond duration is below any range that starts above 0.
-        0 if !d.is_zero() => keys::range(key).check(key, 0).map(drop),
-        ms => keys::range(key).check(key, ms).map(drop),
+        0 if !d.is_zero() => raw::range(key).check(key, 0).map(drop),
+        ms => raw::range(key).check(key, ms).map(drop),
     }
 }
 
 /// `v` of `key` within the range [`KEYS`] gives it.
 fn int_in(key: &str, v: u64) -> Result<u64, ConfigError> {
-    keys::range(key).check(key, v)
+    raw::range(key).check(key, v)
 }
 
 fn nonzero(v: u64) -> NonZeroUsize {

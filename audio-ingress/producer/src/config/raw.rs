@@ -1,5 +1,7 @@
 //! [`StreamKeys`]: the producer core's keys as a loader reads them, before validation —
-//! one field per key of [`KEYS`](super::KEYS), with the names, units and widths every
+//! one field per key of [`KEYS`] (the `stream` section of the `serve` binary's key table,
+//! in the order shown; a numeric [`Range`] there is also the one
+//! [`StreamConfigBuilder::build`] checks), with the names, units and widths every
 //! front end shows (`max_age_ms` in milliseconds, `max_rate` as a decimal, `partitions`
 //! 0 for unset). `audio-ingress serve` flattens it into its raw configuration and the
 //! Python package's `Producer.connect(**keys)` reads it, so the two cannot drift.
@@ -13,38 +15,97 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-use weir_service::config::ConfigError;
+use weir_service::config::{ConfigError, Range};
 
 use super::{Delivery, JetStreamKeys, Policy, StreamConfig, StreamConfigBuilder};
 
-/// The producer core's keys as given (see the module docs).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct StreamKeys {
-    max_bytes: u64,
-    max_rate: f64,
-    max_age_ms: u64,
-    max_wait_ms: u64,
-    policy: Policy,
-    extended_consumers: bool,
-    shadow: bool,
-    shadow_ceiling_factor: u64,
-    publish_timeout_ms: u64,
-    end_timeout_ms: u64,
-    max_frame_bytes: u64,
-    subject: String,
-    frame_headers: bool,
-    delivery: Delivery,
-    jetstream_stream: String,
-    jetstream_max_age_s: u64,
-    jetstream_duplicate_window_s: u64,
-    jetstream_replicas: u64,
-    confirm_window_ms: u64,
-    confirm_window_min_bytes: u64,
-    confirm_interval_ms: u64,
-    /// 0: unset (1 partition; required with `{partition}`).
-    partitions: u64,
+weir_service::config_section! {
+    /// The producer core's keys as given (see the module docs).
+    #[derive(Debug, PartialEq)]
+    pub struct StreamKeys: flattened, KEYS = "";
+    /// The keys of `b` (the builder's defaults: none is written here).
+    fn from_builder(b: StreamConfigBuilder);
+    {
+        max_bytes: u64 = b.max_bytes, Range::text("2×`max_frame_bytes`..=67108864"),
+            "PCM byte budget per stream (queued + in flight + unconfirmed); each frame is \
+            charged at least 160 bytes (5 ms), so a stream holds at most `max_bytes` / 160 \
+            frames";
+        max_rate: f64 = b.max_rate_permille as f64 / 1000.0,
+            Range::text("0 (no bound) or 1.0..=1000"),
+            "rate bound in audio time: a stream delivers at most `max_rate` × real time \
+            sustained, with a burst of `max_bytes` + 2 s of audio (catching up after a network \
+            stall); beyond it the policy applies (close: overload, reason rate; gap: dropped \
+            into a marker). Shadow mode enforces `shadow_ceiling_factor` × it";
+        max_age_ms: u64 = ms(b.max_age), Range::ms(20, 60000),
+            "age budget of the oldest pending frame";
+        max_wait_ms: u64 = ms(b.max_wait), Range::text("0..=`max_age_ms`"),
+            "`close`: how long a full stream may stay full before it overloads; what `push` \
+            waits at most";
+        policy: Policy = b.policy, Range::text("`close` or `gap`"),
+            "what a stream does when its budget is exhausted";
+        extended_consumers: bool = b.extended_consumers, Range::Any,
+            "every consumer of the subject speaks the extended protocol; required by \
+            `policy = \"gap\"`";
+        shadow: bool = b.shadow, Range::Any,
+            "measure the budget and count `would_reject`; enforce only the ceiling";
+        shadow_ceiling_factor: u64 = b.shadow_ceiling_factor, Range::int(2, 64),
+            "shadow mode: the policy still applies at this multiple of the budget";
+        publish_timeout_ms: u64 = ms(b.publish_timeout), Range::text("1..=`max_age_ms`"),
+            "bound on one NATS publish call";
+        end_timeout_ms: u64 = ms(b.end_timeout), Range::ms(100, 300000),
+            "how long a closing stream keeps trying to hand its `end` (and last gap marker) to \
+            NATS";
+        max_frame_bytes: u64 = b.max_frame_bytes, Range::text("even, 2..=32000"),
+            "largest accepted frame (WebSocket binary message)";
+        frame_headers: bool = b.frame_headers, Range::Any,
+            "frames also carry the `Weir-Audio-Version` and `Weir-Captured-At-Ms` headers. The \
+            capture time is always in the meta (`captured_at_ms`); headers halve throughput. \
+            `end` and `gap` always carry headers";
+        delivery: Delivery = b.delivery, Range::text("`confirmed`, `unconfirmed` or `jetstream`"),
+            "`confirmed`: a frame is pending until the server confirms it (the budget holds up \
+            to the server); `unconfirmed`: published once handed to the client (comparison \
+            only); `jetstream`: lossless mode, frames stored in a JetStream stream (see \
+            `jetstream_*`)";
+        confirm_window_ms: u64 = ms(b.confirm_window), Range::ms(10, 10000),
+            "unconfirmed bytes per connection are limited to this much of the admitted byte \
+            rate";
+        confirm_window_min_bytes: u64 = b.confirm_window_min_bytes,
+            Range::text("`max_frame_bytes`..=67108864"),
+            "the window's floor (one stream's budget)";
+        confirm_interval_ms: u64 = ms(b.confirm_interval), Range::text("1..=`max_age_ms`/4"),
+            "minimum spacing of confirmation markers (one in flight)";
+        jetstream_stream: String = b.jetstream.stream, Range::text("1..=64 of `A-Za-z0-9_-`"),
+            "`delivery = \"jetstream\"`: the stream (created if missing), capturing the subject \
+            template";
+        jetstream_max_age_s: u64 = b.jetstream.max_age.as_secs(), Range::secs(1, 604800),
+            "how long the stream keeps audio";
+        jetstream_duplicate_window_s: u64 = b.jetstream.duplicate_window.as_secs(),
+            Range::text("1..=`jetstream_max_age_s`"),
+            "`Nats-Msg-Id` deduplication window (retries within it are stored once)";
+        jetstream_replicas: u64 = b.jetstream.replicas, Range::int(1, 5), "stream replicas";
+        subject: String = b.subject,
+            Range::text("template: `{stream}` once, `{partition}` at most once, no wildcards"),
+            "frame subject";
+        // 0: unset (1 partition; required with `{partition}`).
+        partitions: u64 = b.partitions.unwrap_or(0),
+            Range::text(
+                "0 (unset: 1 partition) or 1..=4096 (the consumer core's bound: one subscription \
+                per owned partition); required with `{partition}`",
+            ),
+            "N of `FNV-1a-32(stream id) mod N`";
+    }
+}
+
+impl Default for StreamKeys {
+    fn default() -> Self {
+        Self::from_builder(StreamConfigBuilder::default())
+    }
+}
+
+/// The range [`KEYS`] gives `key` ([`Range::Any`] for a key without one, which a range
+/// check refuses).
+pub(super) fn range(key: &str) -> Range {
+    weir_service::config::keys::range_of(KEYS, key)
 }
 
 fn ms(d: Duration) -> u64 {
@@ -60,36 +121,6 @@ fn secs(s: u64) -> Duration {
 /// A decimal value in thousandths (rounded); `None` for a negative, NaN or huge value.
 fn permille(v: f64) -> Option<u64> {
     (v.is_finite() && (0.0..=1e12).contains(&v)).then(|| (v * 1000.0).round() as u64)
-}
-
-impl Default for StreamKeys {
-    fn default() -> Self {
-        let b = StreamConfigBuilder::default();
-        Self {
-            max_bytes: b.max_bytes,
-            max_rate: b.max_rate_permille as f64 / 1000.0,
-            max_age_ms: ms(b.max_age),
-            max_wait_ms: ms(b.max_wait),
-            policy: b.policy,
-            extended_consumers: b.extended_consumers,
-            shadow: b.shadow,
-            shadow_ceiling_factor: b.shadow_ceiling_factor,
-            publish_timeout_ms: ms(b.publish_timeout),
-            end_timeout_ms: ms(b.end_timeout),
-            max_frame_bytes: b.max_frame_bytes,
-            subject: b.subject,
-            frame_headers: b.frame_headers,
-            delivery: b.delivery,
-            jetstream_stream: b.jetstream.stream,
-            jetstream_max_age_s: b.jetstream.max_age.as_secs(),
-            jetstream_duplicate_window_s: b.jetstream.duplicate_window.as_secs(),
-            jetstream_replicas: b.jetstream.replicas,
-            confirm_window_ms: ms(b.confirm_window),
-            confirm_window_min_bytes: b.confirm_window_min_bytes,
-            confirm_interval_ms: ms(b.confirm_interval),
-            partitions: b.partitions.unwrap_or(0),
-        }
-    }
 }
 
 impl StreamKeys {
@@ -150,7 +181,7 @@ mod tests {
             .keys()
             .map(String::as_str)
             .collect();
-        let mut names: Vec<&str> = super::super::KEYS.iter().map(|k| k.name).collect();
+        let mut names: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
         fields.sort_unstable();
         names.sort_unstable();
         assert_eq!(fields, names);
