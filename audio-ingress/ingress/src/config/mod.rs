@@ -51,7 +51,7 @@ pub use weir_service::nats::{NatsAuth, NatsConfig, NatsTls};
 
 pub use capacity::{CapacityConfig, CapacityMode, DEFAULT_MAX_LAG_MS};
 pub use server::*;
-use weir_audio_producer::config::{StreamConfig, StreamKeys};
+use weir_audio_producer::config::{StreamConfig, StreamConfigBuilder};
 
 /// Prefix of the environment variables: `WEIR_INGRESS_MAX_BYTES` sets `max_bytes`. A
 /// variable under it that is not a key is refused (exit 2, naming it), except those in
@@ -248,7 +248,7 @@ weir_service::config_section! {
             "largest request head buffered per connection; a larger one is refused (431)";
     }
     nested {
-        #[serde(flatten)] stream: StreamKeys,
+        #[serde(flatten)] stream: StreamConfigBuilder,
         admin: AdminSection = AdminSection::listening_on(&s.admin.to_string()),
         nats: NatsSection = NatsSection::from_config(&NatsConfig::named(NATS_CLIENT_NAME)),
         capacity: capacity::CapacitySection,
