@@ -46,6 +46,7 @@ use weir_service::config::section::{
 };
 use weir_service::config::{Alias, Layers, Origin, Range};
 pub use weir_service::config::{ConfigError, ConfigErrorKind, ConfigSources, ConfigWarning};
+use weir_service::http::BodyLimits;
 use weir_service::logging::LogFormat;
 pub use weir_service::nats::{NatsAuth, NatsConfig, NatsTls};
 
@@ -84,15 +85,18 @@ pub struct Config {
 }
 
 impl Default for Config {
+    /// The documented defaults (no key set).
     fn default() -> Self {
-        Self {
-            stream: StreamConfig::default(),
-            server: ServerConfig::default(),
-            nats: NatsConfig::named(NATS_CLIENT_NAME),
-            capacity: CapacityConfig::default(),
-            telephony: crate::telephony::TelephonyConfig::default(),
-            log: LogFormat::Text,
-        }
+        valid_default(RawConfig::default().validate())
+    }
+}
+
+/// A configuration built from the defaults. They are inside their ranges; a test pins
+/// this.
+fn valid_default<T>(built: Result<T, ConfigError>) -> T {
+    match built {
+        Ok(c) => c,
+        Err(e) => unreachable!("the default configuration is invalid: {e}"),
     }
 }
 
@@ -131,9 +135,6 @@ pub fn key_table(markdown: bool) -> String {
     keys::table(&Layers::new(&RawConfig::default()), SECTIONS, markdown)
 }
 
-/// Default `auth_leeway_s`: clock skew allowed on a token's `exp` and `nbf`.
-pub const DEFAULT_AUTH_LEEWAY_S: u64 = 5;
-
 weir_service::config_section! {
     /// The keys as read from the layers, before validation: one field per key, flat
     /// snake_case names and the shared sections; the flat keys are the `server` section
@@ -141,26 +142,29 @@ weir_service::config_section! {
     /// keys, before serde (the producer core's keys are flattened in). Secret fields make
     /// a `Debug` impl unwise; there is none.
     struct RawConfig: flattened, SERVER = "";
-    /// The keys whose defaults are `s` (the typed defaults: each written once).
-    fn from_server(s: &ServerConfig);
     {
-        listen: String = s.listen.to_string(),
+        listen: String = "127.0.0.1:8080".to_owned(),
             Range::text("socket address; port 0 = any free port"), "WebSocket listener";
-        max_streams: u64 = s.max_streams.get() as u64, Range::int(1, 1000000),
+        max_streams: u64 = 1000, Range::int(1, 1000000),
             "concurrent streams (including those still delivering their `end`); above: 503 + \
             `Retry-After`";
-        retry_after_s: u64 = s.retry_after.as_secs(), Range::secs(1, 3600),
+        retry_after_s: u64 = 1, Range::secs(1, 3600),
             "`Retry-After` of a 503";
-        idle_timeout_ms: u64 = ms(s.idle_timeout), Range::ms(100, 86400000),
+        idle_timeout_ms: u64 = 30_000, Range::ms(100, 86400000),
             "a WebSocket that sends no frame for this long is ended (reason `idle`, close 1001; \
             pings do not count)";
-        resume_window_ms: u64 = ms(s.resume_window), Range::ms(0, 60000),
+        // Covers the second or two a mobile or Wi-Fi producer's connection is lost for,
+        // plus its reconnect.
+        resume_window_ms: u64 = 5_000, Range::ms(0, 60000),
             "a stream whose producer's connection dropped waits this long for it to resume with \
             its token (same stream, seq continuing), then ends `producer_gone`; 0 = resume off";
-        ws_send_timeout_ms: u64 = ms(s.ws_send_timeout), Range::ms(10, 60000),
+        ws_send_timeout_ms: u64 = 2_000, Range::ms(10, 60000),
             "bound on each send to a WebSocket client (event or close frame); a client that \
             stops reading is abandoned after it (stream ends `producer_gone`)";
-        send_buffer_bytes: u64 = s.send_buffer.map_or(0, |b| b as u64),
+        // 32 KiB (the kernel doubles it): a phone call's bot audio is ~18.5 KB/s, so a
+        // carrier that stops reading is noticed in seconds, not after the 4 MiB the
+        // kernel's autotuning would take.
+        send_buffer_bytes: u64 = 32 * 1024,
             Range::int(0, 16777216).note(
                 "; 0 = the kernel's autotuning (up to `net.ipv4.tcp_wmem`, 4 MiB by default)",
             ),
@@ -168,7 +172,7 @@ weir_service::config_section! {
             stops reading can leave queued in the kernel, and so how soon a send times out \
             (`ws_send_timeout_ms`) for it — a phone carrier's bot audio is ~18.5 KB/s (the \
             kernel doubles the value)";
-        grace_period_ms: u64 = ms(s.grace_period), Range::ms(0, 600000),
+        grace_period_ms: u64 = 5_000, Range::ms(0, 600000),
             "SIGTERM/SIGINT: time to finish every stream";
         whip_udp_listen: String = String::new(),
             Range::text("UDP socket address; port 0 = any free port; empty = WHIP off"),
@@ -201,7 +205,7 @@ weir_service::config_section! {
             address (others are dropped from the offer, so no STUN goes to a third party); \
             `true`: every candidate (a publisher behind an HTTP proxy or on another network \
             path)";
-        publish_page: bool = s.publish_page,
+        publish_page: bool = false,
             Range::text("`true` or `false`; `true` needs `whip_udp_listen`"),
             "serve the reference browser publisher (one static page: microphone → WHIP, weir's \
             events shown to the person) at `GET /publish` on the listen port; \
@@ -218,9 +222,9 @@ weir_service::config_section! {
                 "32-byte Ed25519 public key, base64url (43 characters); or `auth_hs256_secret`",
             ),
             "EdDSA verification key of producer tokens (the signer keeps the private key)";
-        auth_leeway_s: u64 = DEFAULT_AUTH_LEEWAY_S, Range::secs(0, 300),
+        auth_leeway_s: u64 = 5, Range::secs(0, 300),
             "clock skew allowed on a token's `exp` and `nbf`";
-        max_connections: u64 = s.max_connections.get() as u64,
+        max_connections: u64 = 4096,
             Range::int(1, 1000000).note(
                 "; `max_connections` + `admin.max_connections` + 64 <= the hard `RLIMIT_NOFILE`",
             ),
@@ -231,35 +235,29 @@ weir_service::config_section! {
             Range::int(0, 1000000)
                 .note("; at most `max_connections`; 0 = a quarter of `max_connections`"),
             "open connections on the WebSocket port from one IPv4 address or IPv6 /64";
-        http_header_timeout_ms: u64 = ms(s.http_header_timeout), Range::ms(100, 600000),
+        http_header_timeout_ms: u64 = 5_000, Range::ms(100, 600000),
             "both ports: a connection must deliver a complete request head within this, counted \
             from accept (and from the end of the previous response on a keep-alive connection); \
             else it is closed";
-        http_idle_timeout_ms: u64 = ms(s.http_idle_timeout), Range::ms(100, 3600000),
+        http_idle_timeout_ms: u64 = 10_000, Range::ms(100, 3600000),
             "both ports: a connection that moves no byte in either direction for this long \
             before an upgrade is closed";
-        http_body_timeout_ms: u64 = ms(s.http_body.timeout), Range::ms(100, 600000),
+        http_body_timeout_ms: u64 = ms(BodyLimits::default().timeout), Range::ms(100, 600000),
             "both ports: a request body must be complete within this of its head; else the \
             request fails (WHIP: 408 `body_timeout`) and the connection is closed";
-        http_body_min_rate: u64 = s.http_body.min_rate, Range::int(0, 1073741824),
+        http_body_min_rate: u64 = BodyLimits::default().min_rate, Range::int(0, 1073741824),
             "both ports: bytes/s a request body must average from 1 s after its head on (0 = no \
             rate bound); slower: as `http_body_timeout_ms`";
-        http_max_header_bytes: u64 = s.http_max_header_bytes as u64, Range::bytes(8192, 1048576),
+        http_max_header_bytes: u64 = 16 * 1024, Range::bytes(8192, 1048576),
             "largest request head buffered per connection; a larger one is refused (431)";
     }
     nested {
         #[serde(flatten)] stream: StreamConfigBuilder,
-        admin: AdminSection = AdminSection::listening_on(&s.admin.to_string()),
+        admin: AdminSection,
         nats: NatsSection = NatsSection::from_config(&NatsConfig::named(NATS_CLIENT_NAME)),
         capacity: capacity::CapacitySection,
         telephony: telephony::TelephonySection,
         log: LogSection,
-    }
-}
-
-impl Default for RawConfig {
-    fn default() -> Self {
-        Self::from_server(&ServerConfig::default())
     }
 }
 
