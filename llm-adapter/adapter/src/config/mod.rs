@@ -47,11 +47,11 @@ use weir_service::config::{Layers, Origin, Range};
 
 pub use crate::admission::{AdmissionConfig, EstimatorConfig, HealthConfig, PoolSlots};
 pub use pool::{MAX_BACKENDS, PoolMember};
-pub use raw::SECTIONS;
 use raw::{
     RawBackend, RawConfig, RawDeadline, RawJetStream, RawLimit, RawNats, RawPoolBackend, RawSim,
     RawStream,
 };
+pub use raw::{SECTIONS, ServiceConfig};
 pub use types::*;
 pub use weir_service::config::{ConfigError, ConfigErrorKind, ConfigSources, ConfigWarning};
 
@@ -122,15 +122,16 @@ impl Config {
 /// one `[[limits]]` element (for the key table, typing, unknown keys and "did you
 /// mean").
 fn layers() -> Layers {
+    let sim = RawSim {
+        min_ms: Some(0),
+        max_ms: Some(0),
+        p99_ms: Some(0),
+        ..RawSim::default()
+    };
     let schema = RawConfig {
         limits: vec![RawLimit::default()],
         backends: vec![RawPoolBackend {
-            sim: RawSim {
-                min_ms: Some(0),
-                max_ms: Some(0),
-                p99_ms: Some(0),
-                ..RawSim::default()
-            },
+            sim: sim.clone(),
             ..RawPoolBackend::default()
         }],
         deadline: RawDeadline {
@@ -138,12 +139,7 @@ fn layers() -> Layers {
             ..RawDeadline::default()
         },
         backend: RawBackend {
-            sim: RawSim {
-                min_ms: Some(0),
-                max_ms: Some(0),
-                p99_ms: Some(0),
-                ..RawSim::default()
-            },
+            sim,
             ..RawBackend::default()
         },
         nats: RawNats {

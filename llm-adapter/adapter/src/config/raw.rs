@@ -88,7 +88,7 @@ weir_service::config_section! {
         session: RawSession, deadline: RawDeadline, estimator: RawEstimator,
         idempotency: RawIdempotency, limits: Vec<RawLimit>, backend: RawBackend,
         backends: Vec<RawPoolBackend>, pool: RawPool, priority: RawPriority, nats: RawNats,
-        service: RawService, admin: RawAdmin, trace: RawTrace, stream: RawStream,
+        service: ServiceConfig, admin: RawAdmin, trace: RawTrace, stream: RawStream,
         jetstream: RawJetStream, log: LogSection,
     }
 }
@@ -350,7 +350,9 @@ pub(super) fn adapter_nats_defaults() -> weir_service::nats::NatsConfig {
 }
 
 weir_service::config_section! {
-    pub(super) struct RawService, SERVICE = "service.";
+    /// `[service]`: the NATS micro service.
+    #[derive(Debug, PartialEq, Eq)]
+    pub struct ServiceConfig, SERVICE = "service.";
     {
         name: String = "weir-llm".into(), Range::text("1..=128 of `A-Z a-z 0-9 - _`"), "NATS micro service name";
         version: String = env!("CARGO_PKG_VERSION").into(), Range::text("a semantic version like 1.2.3"),
