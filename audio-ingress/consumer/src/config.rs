@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use weir_protocol::SubjectTemplate;
 use weir_protocol::partition::DEFAULT_STREAM_TEMPLATE;
 
-use weir_service::config::Range;
+use weir_service::config::{Range, whole_ms as ms};
 
 use super::ConsumerError;
 pub use crate::capacity::{CapacityConfig, CapacitySettings};
@@ -425,10 +425,6 @@ impl Default for ConsumerConfig {
     }
 }
 
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 /// Validated consumer settings. Build with [`ConsumerConfig::validate`].
 #[derive(Debug, Clone)]
 pub struct ConsumerSettings {
@@ -643,11 +639,6 @@ impl ConsumerSettings {
         self.limits
     }
 
-    /// The idle timeout.
-    pub fn idle_timeout(&self) -> Duration {
-        self.idle_timeout
-    }
-
     /// The cap on live stream instances.
     pub fn max_streams(&self) -> NonZeroUsize {
         self.max_streams
@@ -671,11 +662,6 @@ impl ConsumerSettings {
     /// Where packets come from.
     pub fn source(&self) -> &ConsumerSource {
         &self.source
-    }
-
-    /// The async-nats subscription capacity to connect with.
-    pub fn subscription_capacity(&self) -> NonZeroUsize {
-        self.subscription_capacity
     }
 
     /// The subjects this worker subscribes to: one per owned partition, or the single

@@ -52,7 +52,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 pub use error::{ConfigError, ConfigErrorKind, ConfigWarning};
-pub use range::{Range, Unit};
+pub use range::{Range, Unit, whole_ms};
 
 #[cfg(feature = "config")]
 mod declare;

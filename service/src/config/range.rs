@@ -32,6 +32,11 @@ impl Unit {
     }
 }
 
+/// `d` in whole milliseconds, as a `*_ms` key holds it (saturating).
+pub fn whole_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// The allowed values of one key.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Range {

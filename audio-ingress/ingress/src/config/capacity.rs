@@ -6,10 +6,10 @@
 
 use std::time::Duration;
 
-use weir_protocol::capacity::{DEFAULT_PREFIX, is_valid_prefix};
+use weir_protocol::capacity::DEFAULT_PREFIX;
 use weir_service::config::Range;
 
-use super::{ConfigError, ConfigErrorKind, int_in};
+use super::{ConfigError, int_in, subject_prefix};
 
 /// What the door does with the recognition workers' announcements (`capacity.mode`).
 #[derive(strum::IntoStaticStr, strum::Display)]
@@ -83,16 +83,7 @@ weir_service::config_section! {
 impl CapacitySection {
     /// The typed settings, or the refusal naming the key.
     pub(super) fn validate(&self) -> Result<CapacityConfig, ConfigError> {
-        if !is_valid_prefix(&self.prefix) {
-            return Err(ConfigError::new(
-                "capacity.prefix",
-                ConfigErrorKind::Invalid,
-                format!(
-                    "{:?}: 1..=128 bytes of dot-separated tokens without `*`, `>` or whitespace",
-                    self.prefix
-                ),
-            ));
-        }
+        subject_prefix("capacity.prefix", &self.prefix)?;
         let max_lag_ms = int_in("capacity.max_lag_ms", self.max_lag_ms)?;
         Ok(CapacityConfig {
             mode: self.mode,

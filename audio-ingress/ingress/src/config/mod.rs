@@ -30,7 +30,7 @@
 //! naming the key (a misspelled variable: the variable), where the value came from
 //! and, for numbers, the allowed range. [`Config::warnings`] is the tier beside the
 //! refusals (`check-config`). Durations are configured in milliseconds (`*_ms`) or
-//! seconds (`*_s`) and carried as [`Duration`] inside the code.
+//! seconds (`*_s`) and carried as [`Duration`](std::time::Duration) inside the code.
 
 mod capacity;
 mod check;
@@ -38,13 +38,12 @@ mod server;
 mod telephony;
 
 use std::num::NonZeroUsize;
-use std::time::Duration;
 
 use weir_service::config::keys::{self, Section};
 use weir_service::config::section::{
     ADMIN_KEYS, AdminSection, LOG_KEYS, LogSection, NATS_KEYS, NatsSection,
 };
-use weir_service::config::{Alias, Layers, Origin, Range};
+use weir_service::config::{Alias, Layers, Origin, Range, whole_ms as ms};
 pub use weir_service::config::{ConfigError, ConfigErrorKind, ConfigSources, ConfigWarning};
 use weir_service::http::BodyLimits;
 use weir_service::logging::LogFormat;
@@ -276,10 +275,6 @@ pub const SECTIONS: &[Section] = &[
     Section::new("log", LOG_KEYS),
 ];
 
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 /// Idle RSS allowance in [`Config::memory_bound_bytes`] (measured idle: ~17 MiB).
 const IDLE_ALLOWANCE_BYTES: u64 = 32 << 20;
 
@@ -390,6 +385,19 @@ impl RawConfig {
             log: self.log.validate()?,
         })
     }
+}
+
+/// A subject prefix (`capacity.prefix`, `telephony.subject_prefix`): no wildcard, no
+/// empty token.
+fn subject_prefix(key: &str, prefix: &str) -> Result<(), ConfigError> {
+    if weir_protocol::capacity::is_valid_prefix(prefix) {
+        return Ok(());
+    }
+    Err(ConfigError::new(
+        key,
+        ConfigErrorKind::Invalid,
+        format!("{prefix:?}: 1..=128 bytes of dot-separated tokens without `*`, `>` or whitespace"),
+    ))
 }
 
 fn nonzero(v: u64) -> NonZeroUsize {

@@ -7,10 +7,9 @@
 
 use std::time::Duration;
 
-use weir_protocol::capacity::is_valid_prefix;
-use weir_service::config::Range;
+use weir_service::config::{Range, whole_ms as ms};
 
-use super::{ConfigError, ConfigErrorKind, int_in};
+use super::{ConfigError, ConfigErrorKind, int_in, subject_prefix};
 use crate::telephony::TelephonyConfig;
 
 /// Bytes of 16 kHz mono s16le PCM per millisecond.
@@ -52,10 +51,6 @@ weir_service::config_section! {
     }
 }
 
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 impl Default for TelephonySection {
     fn default() -> Self {
         Self::from_config(TelephonyConfig::default())
@@ -65,16 +60,7 @@ impl Default for TelephonySection {
 impl TelephonySection {
     /// The typed settings, or the refusal naming the key.
     pub(super) fn validate(&self) -> Result<TelephonyConfig, ConfigError> {
-        if !is_valid_prefix(&self.subject_prefix) {
-            return Err(ConfigError::new(
-                "telephony.subject_prefix",
-                ConfigErrorKind::Invalid,
-                format!(
-                    "{:?}: 1..=128 bytes of dot-separated tokens without `*`, `>` or whitespace",
-                    self.subject_prefix
-                ),
-            ));
-        }
+        subject_prefix("telephony.subject_prefix", &self.subject_prefix)?;
         let millis = |key, v| int_in(key, v).map(Duration::from_millis);
         let out_max_bytes = int_in("telephony.out_max_bytes", self.out_max_bytes)?;
         let out_max_age = millis("telephony.out_max_age_ms", self.out_max_age_ms)?;

@@ -20,7 +20,7 @@ use std::time::Duration;
 use weir_protocol::SubjectTemplate;
 use weir_protocol::audio::packet::DEFAULT_MAX_PCM_BYTES;
 use weir_protocol::partition::{DEFAULT_STREAM_TEMPLATE, MAX_PARTITIONS};
-use weir_service::config::{ConfigError, ConfigErrorKind, Range};
+use weir_service::config::{ConfigError, ConfigErrorKind, Range, whole_ms as ms};
 
 use super::*;
 
@@ -104,10 +104,6 @@ weir_service::config_section! {
 /// check refuses).
 pub(super) fn range(key: &str) -> Range {
     weir_service::config::keys::range_of(KEYS, key)
-}
-
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Seconds as a [`Duration`], capped where a later conversion to milliseconds could

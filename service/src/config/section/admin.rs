@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 
 use crate::admin::RequestLimits;
-use crate::config::{ConfigError, ConfigErrorKind, Range};
+use crate::config::{ConfigError, ConfigErrorKind, Range, whole_ms as ms};
 
 /// Default `admin.max_connections`.
 pub const DEFAULT_ADMIN_MAX_CONNECTIONS: u64 = 64;
@@ -56,10 +56,6 @@ impl Default for AdminSection {
 
 fn range(key: &str) -> Range {
     crate::config::keys::range_of(ADMIN_KEYS, key)
-}
-
-fn ms(d: std::time::Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl AdminSection {

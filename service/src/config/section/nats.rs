@@ -7,7 +7,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::config::{ConfigError, ConfigErrorKind, Range};
+use crate::config::{ConfigError, ConfigErrorKind, Range, whole_ms as ms};
 use crate::nats::{MAX_INBOX_PREFIX_LEN, MAX_INBOX_PREFIX_TOKENS, NatsAuth, NatsConfig, NatsTls};
 
 crate::config_section! {
@@ -93,10 +93,6 @@ impl fmt::Debug for NatsSection {
             .field("retry_initial_connect", &self.retry_initial_connect)
             .finish()
     }
-}
-
-fn ms(d: std::time::Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl NatsSection {
