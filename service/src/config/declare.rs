@@ -24,7 +24,7 @@
 /// - `struct Name: flattened, ...`: no `deny_unknown_fields`, for a struct flattened
 ///   into another (serde cannot refuse unknown fields there; the loader does, from the
 ///   schema);
-/// - `DOCS = "prefix.", DOCS2 = "prefix2."`: the same keys documented a second time
+/// - `DOCS = "prefix.", DOCS2 = "prefix2."`: the same keys documented again
 ///   under another prefix (a sub-table that is also an element's: `backend.sim.` and
 ///   `backends[].sim.`);
 /// - `fn name(arg: Type);` (with its doc) before the keys: the defaults are the
@@ -47,85 +47,67 @@ macro_rules! config_section {
             @serde [deny_unknown_fields, default] $(#[$meta])* $vis $name, $($rest)*
         );
     };
-    // Defaults by a constructor.
+    // Defaults by a constructor, or by `Default`.
     (
-        @serde [$($serde:tt)*] $(#[$meta:meta])* $vis:vis $name:ident,
-        $docs:ident = $prefix:literal $(, $docs2:ident = $prefix2:literal)?;
+        @serde $serde:tt $(#[$meta:meta])* $vis:vis $name:ident,
+        $($docs:ident = $prefix:literal),+;
         $(#[$cmeta:meta])* $cvis:vis fn $ctor:ident($($arg:ident: $arg_ty:ty),* $(,)?);
-        { $($field:ident: $ty:ty = $default:expr, $range:expr, $help:literal;)* }
-        $(nested { $($(#[$smeta:meta])* $sub:ident: $sub_ty:ty $(= $sub_default:expr)?),* $(,)? })?
+        $($rest:tt)*
     ) => {
         $crate::config_section!(
-            @struct [$($serde)*] $(#[$meta])* $vis $name, $docs = $prefix $(, $docs2 = $prefix2)?;
-            { $($field: $ty, $range, $help;)* }
-            { $($($(#[$smeta])* $sub: $sub_ty),*)? }
+            @impl $serde $(#[$meta])* $vis $name, [$($docs = $prefix),+];
+            [impl $name] [$(#[$cmeta])* $cvis fn $ctor($($arg: $arg_ty),*) -> Self]
+            $($rest)*
         );
-
-        impl $name {
-            $(#[$cmeta])*
-            $cvis fn $ctor($($arg: $arg_ty),*) -> Self {
-                Self {
-                    $($field: $default,)*
-                    $($($sub: $crate::config_section!(@or_default $($sub_default)?),)*)?
-                }
-            }
-        }
     };
-    // Defaults by `Default`.
     (
-        @serde [$($serde:tt)*] $(#[$meta:meta])* $vis:vis $name:ident,
-        $docs:ident = $prefix:literal $(, $docs2:ident = $prefix2:literal)?;
-        { $($field:ident: $ty:ty = $default:expr, $range:expr, $help:literal;)* }
-        $(nested { $($(#[$smeta:meta])* $sub:ident: $sub_ty:ty $(= $sub_default:expr)?),* $(,)? })?
+        @serde $serde:tt $(#[$meta:meta])* $vis:vis $name:ident,
+        $($docs:ident = $prefix:literal),+; $($rest:tt)*
     ) => {
         $crate::config_section!(
-            @struct [$($serde)*] $(#[$meta])* $vis $name, $docs = $prefix $(, $docs2 = $prefix2)?;
-            { $($field: $ty, $range, $help;)* }
-            { $($($(#[$smeta])* $sub: $sub_ty),*)? }
+            @impl $serde $(#[$meta])* $vis $name, [$($docs = $prefix),+];
+            [impl Default for $name] [fn default() -> Self]
+            $($rest)*
         );
-
-        impl Default for $name {
-            fn default() -> Self {
-                Self {
-                    $($field: $default,)*
-                    $($($sub: $crate::config_section!(@or_default $($sub_default)?),)*)?
-                }
-            }
-        }
     };
     (
-        @struct [$($serde:tt)*] $(#[$meta:meta])* $vis:vis $name:ident,
-        $docs:ident = $prefix:literal $(, $docs2:ident = $prefix2:literal)?;
-        { $($field:ident: $ty:ty, $range:expr, $help:literal;)* }
-        { $($(#[$smeta:meta])* $sub:ident: $sub_ty:ty),* }
+        @impl [$($serde:tt)*] $(#[$meta:meta])* $vis:vis $name:ident, $docs:tt;
+        [$($impl:tt)*] [$($ctor:tt)*]
+        { $($field:ident: $ty:ty = $default:expr, $range:expr, $help:literal;)* }
+        $(nested { $($(#[$smeta:meta])* $sub:ident: $sub_ty:ty $(= $sub_default:expr)?),* $(,)? })?
     ) => {
         $(#[$meta])*
         #[derive(Clone, serde::Serialize, serde::Deserialize)]
         #[serde($($serde)*)]
         $vis struct $name {
             $(#[doc = $help] $vis $field: $ty,)*
-            $($(#[$smeta])* $vis $sub: $sub_ty,)*
+            $($($(#[$smeta])* $vis $sub: $sub_ty,)*)?
         }
 
-        $crate::config_section!(
-            @docs $vis $name, [$docs = $prefix $(, $docs2 = $prefix2)?], { $($field, $range, $help;)* }
-        );
+        $($impl)* {
+            $($ctor)* {
+                Self {
+                    $($field: $default,)*
+                    $($($sub: $crate::config_section!(@or_default $($sub_default)?),)*)?
+                }
+            }
+        }
+
+        $crate::config_section!(@docs $vis $name, $docs, { $($field, $range, $help;)* });
     };
+    // One `&[KeyDoc]` constant per `DOCS = "prefix."`.
+    (@docs $vis:vis $name:ident, [], $keys:tt) => {};
     (
-        @docs $vis:vis $name:ident, [$docs:ident = $prefix:literal, $docs2:ident = $prefix2:literal],
-        $keys:tt
-    ) => {
-        $crate::config_section!(@docs $vis $name, [$docs = $prefix], $keys);
-        $crate::config_section!(@docs $vis $name, [$docs2 = $prefix2], $keys);
-    };
-    (
-        @docs $vis:vis $name:ident, [$docs:ident = $prefix:literal],
+        @docs $vis:vis $name:ident, [$docs:ident = $prefix:literal $(, $more:ident = $more_prefix:literal)*],
         { $($field:ident, $range:expr, $help:literal;)* }
     ) => {
         #[doc = concat!("Range and meaning of every key of [`", stringify!($name), "`].")]
         $vis const $docs: &[$crate::config::keys::KeyDoc] = &[$(
             $crate::config::keys::KeyDoc::new(concat!($prefix, stringify!($field)), $range, $help),
         )*];
+        $crate::config_section!(
+            @docs $vis $name, [$($more = $more_prefix),*], { $($field, $range, $help;)* }
+        );
     };
     (@or_default) => { Default::default() };
     (@or_default $default:expr) => { $default };
