@@ -512,47 +512,7 @@ impl ConsumerConfig {
                 Some(l.validate()?)
             }
         };
-        if lease.is_none() && self.owned.is_empty() {
-            return Err(ConsumerError::config(
-                "owned",
-                "must list at least one partition".into(),
-            ));
-        }
-        let mut owned = BTreeSet::new();
-        for &p in self.owned.iter().filter(|_| lease.is_none()) {
-            if p >= partitions.get() {
-                return Err(ConsumerError::config(
-                    "owned",
-                    format!(
-                        "partition {p} is out of range; allowed 0..={}",
-                        partitions.get() - 1
-                    ),
-                ));
-            }
-            if !owned.insert(p) {
-                return Err(ConsumerError::config(
-                    "owned",
-                    format!("partition {p} is listed twice"),
-                ));
-            }
-        }
-        if lease.is_some() {
-            // Decided at run time by the leases.
-            owned.clear();
-        }
-        if lease.is_none() && !subject.is_partitioned() && owned.len() != partitions.get() as usize
-        {
-            return Err(ConsumerError::config(
-                "owned",
-                format!(
-                    "subject {:?} has no {{partition}} token, so every worker would receive \
-                     every stream; own all {} partitions, or use a partitioned subject \
-                     (producer-computed or a nats-server mapping, see docs/audio-ingress.md)",
-                    subject.as_str(),
-                    partitions.get()
-                ),
-            ));
-        }
+        let owned = self.owned_partitions(&subject, partitions, lease.is_some())?;
         let max_bytes = check_size(
             "max_pending_bytes",
             self.max_pending_bytes,
@@ -615,6 +575,56 @@ impl ConsumerConfig {
             lease,
             capacity: capacity_settings,
         })
+    }
+
+    /// The owned partitions (`owned`): each below `partitions`, none twice, all of them
+    /// for a template without `{partition}`; empty under leases (decided at run time).
+    fn owned_partitions(
+        &self,
+        subject: &SubjectTemplate,
+        partitions: NonZeroU32,
+        leased: bool,
+    ) -> Result<BTreeSet<u32>, ConsumerError> {
+        if leased {
+            return Ok(BTreeSet::new());
+        }
+        if self.owned.is_empty() {
+            return Err(ConsumerError::config(
+                "owned",
+                "must list at least one partition".into(),
+            ));
+        }
+        let mut owned = BTreeSet::new();
+        for &p in &self.owned {
+            if p >= partitions.get() {
+                return Err(ConsumerError::config(
+                    "owned",
+                    format!(
+                        "partition {p} is out of range; allowed 0..={}",
+                        partitions.get() - 1
+                    ),
+                ));
+            }
+            if !owned.insert(p) {
+                return Err(ConsumerError::config(
+                    "owned",
+                    format!("partition {p} is listed twice"),
+                ));
+            }
+        }
+        if !subject.is_partitioned() && owned.len() != partitions.get() as usize {
+            return Err(ConsumerError::config(
+                "owned",
+                format!(
+                    "subject {:?} has no {{partition}} token, so every worker would receive \
+                     every stream; own all {} partitions, or use a partitioned subject \
+                     (producer-computed or a nats-server mapping, see docs/audio-ingress.md)",
+                    subject.as_str(),
+                    partitions.get()
+                ),
+            ));
+        }
+        Ok(owned)
     }
 }
 
