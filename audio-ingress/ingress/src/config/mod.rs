@@ -21,12 +21,13 @@
 //! lowest first: defaults, the file, the environment, `--set key=value` and the
 //! dedicated flags. The flat names the `[nats]` and `[admin]` keys had (`nats_url`,
 //! `admin`, ...) still load for one release ([`ALIASES`]), each with a warning naming
-//! the new key. Each default is written once, in the typed defaults
-//! (`StreamConfigBuilder`, `ServerConfig`, `NatsConfig::named`) that
-//! `RawConfig::default` reads; [`key_table`] (`--list-keys`, and the tables of
-//! docs/audio-ingress.md, which a test keeps equal) is generated from it and
-//! [`SECTIONS`] (range and meaning); a numeric range there is a typed `Range`, the one
-//! the validation checks, written nowhere else. Every refusal is a [`ConfigError`]
+//! the new key. Each key's name, default, range and meaning are written once, in its
+//! section's declaration (`config_section!`: the flat keys here, the `stream` keys in
+//! `StreamConfigBuilder`, the shared sections in `weir_service`); `ServerConfig` and
+//! [`Config`] default to those defaults, validated. [`key_table`] (`--list-keys`, and
+//! the tables of docs/audio-ingress.md, which a test keeps equal) is generated from
+//! them ([`SECTIONS`]); a numeric range there is a typed `Range`, the one the
+//! validation checks. Every refusal is a [`ConfigError`]
 //! naming the key (a misspelled variable: the variable), where the value came from
 //! and, for numbers, the allowed range. [`Config::warnings`] is the tier beside the
 //! refusals (`check-config`). Durations are configured in milliseconds (`*_ms`) or

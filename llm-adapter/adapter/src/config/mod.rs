@@ -3,9 +3,10 @@
 //! (`weir_service::config`) into the private `RawConfig` (serde,
 //! `deny_unknown_fields`), then validated once into a [`Config`].
 //!
-//! Each default is written once, in `RawConfig::default` (from the typed defaults where
-//! they exist: [`SimConfig`], [`EstimatorConfig`], `RequestLimits`); each range once, as
-//! a typed `Range` in [`SECTIONS`], which `validate` checks against. `[nats]`, `[admin]`
+//! Each key's default, range and meaning are written once, in its section's declaration
+//! (`weir_service::config_section!`; a default from the typed defaults where they exist:
+//! [`EstimatorConfig`], `RequestLimits`); each range is a typed `Range` in [`SECTIONS`],
+//! which `validate` checks against. `[nats]`, `[admin]`
 //! and `[log]` are the sections every weir binary shares
 //! (`weir_service::config::section`), with the adapter's own keys beside them. [`key_table`] (`--list-keys`,
 //! and the tables of docs/llm-adapter.md, which a test keeps equal) is generated from

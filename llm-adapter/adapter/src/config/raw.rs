@@ -1,5 +1,6 @@
 //! The configuration as written: one serde struct per section (`deny_unknown_fields`,
-//! every field defaulted) with its key documentation, written once by `raw_section!`;
+//! every field defaulted) with its key documentation, written once by
+//! `weir_service::config_section!`;
 //! `[nats]`, `[admin]` and `[log]` compose the shared sections of
 //! `weir_service::config::section`.
 
