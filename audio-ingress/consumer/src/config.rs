@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use weir_protocol::SubjectTemplate;
 use weir_protocol::partition::DEFAULT_STREAM_TEMPLATE;
 
-use weir_service::config::Range;
+use weir_service::config::{Range, whole_ms as ms};
 
 use super::ConsumerError;
 pub use crate::capacity::{CapacityConfig, CapacitySettings};
@@ -425,10 +425,6 @@ impl Default for ConsumerConfig {
     }
 }
 
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 /// Validated consumer settings. Build with [`ConsumerConfig::validate`].
 #[derive(Debug, Clone)]
 pub struct ConsumerSettings {
@@ -516,47 +512,7 @@ impl ConsumerConfig {
                 Some(l.validate()?)
             }
         };
-        if lease.is_none() && self.owned.is_empty() {
-            return Err(ConsumerError::config(
-                "owned",
-                "must list at least one partition".into(),
-            ));
-        }
-        let mut owned = BTreeSet::new();
-        for &p in self.owned.iter().filter(|_| lease.is_none()) {
-            if p >= partitions.get() {
-                return Err(ConsumerError::config(
-                    "owned",
-                    format!(
-                        "partition {p} is out of range; allowed 0..={}",
-                        partitions.get() - 1
-                    ),
-                ));
-            }
-            if !owned.insert(p) {
-                return Err(ConsumerError::config(
-                    "owned",
-                    format!("partition {p} is listed twice"),
-                ));
-            }
-        }
-        if lease.is_some() {
-            // Decided at run time by the leases.
-            owned.clear();
-        }
-        if lease.is_none() && !subject.is_partitioned() && owned.len() != partitions.get() as usize
-        {
-            return Err(ConsumerError::config(
-                "owned",
-                format!(
-                    "subject {:?} has no {{partition}} token, so every worker would receive \
-                     every stream; own all {} partitions, or use a partitioned subject \
-                     (producer-computed or a nats-server mapping, see docs/audio-ingress.md)",
-                    subject.as_str(),
-                    partitions.get()
-                ),
-            ));
-        }
+        let owned = self.owned_partitions(&subject, partitions, lease.is_some())?;
         let max_bytes = check_size(
             "max_pending_bytes",
             self.max_pending_bytes,
@@ -620,6 +576,56 @@ impl ConsumerConfig {
             capacity: capacity_settings,
         })
     }
+
+    /// The owned partitions (`owned`): each below `partitions`, none twice, all of them
+    /// for a template without `{partition}`; empty under leases (decided at run time).
+    fn owned_partitions(
+        &self,
+        subject: &SubjectTemplate,
+        partitions: NonZeroU32,
+        leased: bool,
+    ) -> Result<BTreeSet<u32>, ConsumerError> {
+        if leased {
+            return Ok(BTreeSet::new());
+        }
+        if self.owned.is_empty() {
+            return Err(ConsumerError::config(
+                "owned",
+                "must list at least one partition".into(),
+            ));
+        }
+        let mut owned = BTreeSet::new();
+        for &p in &self.owned {
+            if p >= partitions.get() {
+                return Err(ConsumerError::config(
+                    "owned",
+                    format!(
+                        "partition {p} is out of range; allowed 0..={}",
+                        partitions.get() - 1
+                    ),
+                ));
+            }
+            if !owned.insert(p) {
+                return Err(ConsumerError::config(
+                    "owned",
+                    format!("partition {p} is listed twice"),
+                ));
+            }
+        }
+        if !subject.is_partitioned() && owned.len() != partitions.get() as usize {
+            return Err(ConsumerError::config(
+                "owned",
+                format!(
+                    "subject {:?} has no {{partition}} token, so every worker would receive \
+                     every stream; own all {} partitions, or use a partitioned subject \
+                     (producer-computed or a nats-server mapping, see docs/audio-ingress.md)",
+                    subject.as_str(),
+                    partitions.get()
+                ),
+            ));
+        }
+        Ok(owned)
+    }
 }
 
 impl ConsumerSettings {
@@ -641,11 +647,6 @@ impl ConsumerSettings {
     /// The per-stream queue bound.
     pub fn limits(&self) -> QueueLimits {
         self.limits
-    }
-
-    /// The idle timeout.
-    pub fn idle_timeout(&self) -> Duration {
-        self.idle_timeout
     }
 
     /// The cap on live stream instances.
@@ -671,11 +672,6 @@ impl ConsumerSettings {
     /// Where packets come from.
     pub fn source(&self) -> &ConsumerSource {
         &self.source
-    }
-
-    /// The async-nats subscription capacity to connect with.
-    pub fn subscription_capacity(&self) -> NonZeroUsize {
-        self.subscription_capacity
     }
 
     /// The subjects this worker subscribes to: one per owned partition, or the single

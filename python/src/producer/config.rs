@@ -1,11 +1,11 @@
 //! `weir.Producer.connect(**config)`: the producer core's stream keys, with the names,
 //! types and defaults of `audio-ingress serve` (its flat `stream` keys, e.g.
 //! `max_bytes`, `max_age_ms`, `policy`, `confirm_window_ms`, `subject`, `partitions`,
-//! plus its `max_streams`): the producer core's `StreamKeys`, the same type the
-//! ingress reads, validated once by its builder (`StreamConfigBuilder::build`).
+//! plus its `max_streams`): the producer core's `StreamConfigBuilder`, the same type the
+//! ingress reads, validated once by its `build`.
 //!
 //! Invariants:
-//! - Every default comes from `StreamKeys::default()` (the builder's) and the ingress's
+//! - Every default comes from `StreamConfigBuilder::default()` and the ingress's
 //!   `max_streams` default; none is written here.
 //! - An unknown key, a value of the wrong type or out of range is a `ConfigError`
 //!   (code `invalid_config`) whose `details["key"]` names the key; nothing connects
@@ -17,7 +17,7 @@ use std::num::NonZeroUsize;
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
-use weir_audio_producer::config::{KEYS, StreamConfig, StreamKeys};
+use weir_audio_producer::config::{KEYS, StreamConfig, StreamConfigBuilder};
 
 use crate::errors::WeirErr;
 
@@ -34,20 +34,20 @@ pub fn key_names() -> Vec<&'static str> {
         .collect()
 }
 
-/// The keys as given, before validation: the producer core's [`StreamKeys`] (the
+/// The keys as given, before validation: the producer core's [`StreamConfigBuilder`] (the
 /// ingress's names, widths and defaults) and the ingress's `max_streams`.
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(default)]
 pub struct Keys {
     #[serde(flatten)]
-    stream: StreamKeys,
+    stream: StreamConfigBuilder,
     max_streams: u64,
 }
 
 impl Default for Keys {
     fn default() -> Self {
         Self {
-            stream: StreamKeys::default(),
+            stream: StreamConfigBuilder::default(),
             max_streams: DEFAULT_MAX_STREAMS,
         }
     }

@@ -51,6 +51,11 @@ pub fn range(sections: &[Section], key: &str) -> Range {
     find(sections, key).map_or(Range::Any, |d| d.range)
 }
 
+/// [`range`] among the keys of one section.
+pub fn range_of(keys: &'static [KeyDoc], key: &str) -> Range {
+    range(&[Section::new("", keys)], key)
+}
+
 /// A loader's refusal (from [`Layers`]) as the operator has to fix it, for a binary whose
 /// keys are `sections`: an unknown key points at `list_keys` (the command that lists the
 /// keys), an integer serde refused (`-1`) is out of range, and every other refusal of a

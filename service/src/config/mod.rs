@@ -8,7 +8,9 @@
 //! - [`Layers`] (feature `config`) merges the layers into one TOML table, then
 //!   deserializes it into the service's raw serde struct (which the service validates
 //!   into its settings types). [`keys`] prints the key table; [`section`] holds the
-//!   sections both binaries compose (`[nats]`, `[admin]`, `[log]`).
+//!   sections both binaries compose (`[nats]`, `[admin]`, `[log]`);
+//!   [`config_section!`](crate::config_section) declares a section's keys once (struct,
+//!   defaults, key docs).
 //!
 //! Layers, lowest precedence first: the defaults (`Raw::default()` serialized, so each
 //! default is written once, in `Default`), a TOML file, environment variables
@@ -50,8 +52,10 @@ use std::fmt;
 use std::path::PathBuf;
 
 pub use error::{ConfigError, ConfigErrorKind, ConfigWarning};
-pub use range::{Range, Unit};
+pub use range::{Range, Unit, whole_ms};
 
+#[cfg(feature = "config")]
+mod declare;
 #[cfg(feature = "config")]
 pub mod keys;
 #[cfg(feature = "config")]

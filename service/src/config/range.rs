@@ -32,6 +32,11 @@ impl Unit {
     }
 }
 
+/// `d` in whole milliseconds, as a `*_ms` key holds it (saturating).
+pub fn whole_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// The allowed values of one key.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Range {
@@ -63,41 +68,30 @@ pub enum Range {
 }
 
 impl Range {
-    /// A count `min..=max`.
-    pub const fn int(min: u64, max: u64) -> Self {
+    /// Whole numbers `min..=max` of `unit`.
+    const fn with_unit(min: u64, max: u64, unit: Unit) -> Self {
         Self::Int {
             min,
             max,
-            unit: Unit::Count,
+            unit,
             note: "",
         }
+    }
+    /// A count `min..=max`.
+    pub const fn int(min: u64, max: u64) -> Self {
+        Self::with_unit(min, max, Unit::Count)
     }
     /// Milliseconds `min..=max`.
     pub const fn ms(min: u64, max: u64) -> Self {
-        Self::Int {
-            min,
-            max,
-            unit: Unit::Ms,
-            note: "",
-        }
+        Self::with_unit(min, max, Unit::Ms)
     }
     /// Seconds `min..=max`.
     pub const fn secs(min: u64, max: u64) -> Self {
-        Self::Int {
-            min,
-            max,
-            unit: Unit::S,
-            note: "",
-        }
+        Self::with_unit(min, max, Unit::S)
     }
     /// Bytes `min..=max`.
     pub const fn bytes(min: u64, max: u64) -> Self {
-        Self::Int {
-            min,
-            max,
-            unit: Unit::Bytes,
-            note: "",
-        }
+        Self::with_unit(min, max, Unit::Bytes)
     }
     /// Decimals `min..=max`.
     pub const fn decimal(min: f64, max: f64) -> Self {
@@ -133,15 +127,7 @@ impl Range {
     /// error, refused rather than left unchecked.
     pub fn check(&self, key: &str, v: u64) -> Result<u64, ConfigError> {
         match *self {
-            Self::Int {
-                min,
-                max,
-                unit,
-                note,
-            } if (min..=max).contains(&v) => {
-                let _ = (unit, note);
-                Ok(v)
-            }
+            Self::Int { min, max, .. } if (min..=max).contains(&v) => Ok(v),
             Self::Int {
                 min,
                 max,

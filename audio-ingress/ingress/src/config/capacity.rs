@@ -6,11 +6,10 @@
 
 use std::time::Duration;
 
-use weir_protocol::capacity::{DEFAULT_PREFIX, is_valid_prefix};
+use weir_protocol::capacity::DEFAULT_PREFIX;
 use weir_service::config::Range;
-use weir_service::config::keys::KeyDoc;
 
-use super::{ConfigError, ConfigErrorKind, int_in};
+use super::{ConfigError, int_in, subject_prefix};
 
 /// What the door does with the recognition workers' announcements (`capacity.mode`).
 #[derive(strum::IntoStaticStr, strum::Display)]
@@ -60,39 +59,31 @@ impl Default for CapacityConfig {
     }
 }
 
-/// The `[capacity]` keys as read from the layers.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(super) struct CapacitySection {
-    mode: CapacityMode,
-    prefix: String,
-    max_lag_ms: u64,
-}
-
-impl Default for CapacitySection {
-    fn default() -> Self {
-        let c = CapacityConfig::default();
-        Self {
-            mode: c.mode,
-            prefix: c.prefix,
-            max_lag_ms: u64::try_from(c.max_lag.as_millis()).unwrap_or(u64::MAX),
-        }
+weir_service::config_section! {
+    /// The `[capacity]` keys as read from the layers.
+    #[derive(Debug)]
+    pub(super) struct CapacitySection, CAPACITY_KEYS = "capacity.";
+    {
+        mode: CapacityMode = CapacityMode::default(),
+            Range::text("`off`, `shadow` or `enforce`"),
+            "admission by recognition capacity: `enforce` refuses a stream whose partition's \
+            announcing worker is gone, full or lagging (`503 no_capacity` + `Retry-After`); \
+            `shadow` counts those and admits; `off` decides nothing (a worker's refusal and \
+            lag still reach the producer in every mode). With no announcement heard \
+            nothing is refused, so recognisers that announce nothing are unaffected";
+        prefix: String = DEFAULT_PREFIX.to_owned(), Range::text("a subject prefix without wildcards"),
+            "subject prefix of the workers' announcements (`<prefix>.announce.<worker>`) and \
+            refusals (`<prefix>.refused.<stream>`)";
+        max_lag_ms: u64 = DEFAULT_MAX_LAG_MS, Range::ms(10, 3600000),
+            "a worker whose announced lag is above this is lagging: new streams on its \
+            partitions are refused and its live streams' producers get `degraded`";
     }
 }
 
 impl CapacitySection {
     /// The typed settings, or the refusal naming the key.
     pub(super) fn validate(&self) -> Result<CapacityConfig, ConfigError> {
-        if !is_valid_prefix(&self.prefix) {
-            return Err(ConfigError::new(
-                "capacity.prefix",
-                ConfigErrorKind::Invalid,
-                format!(
-                    "{:?}: 1..=128 bytes of dot-separated tokens without `*`, `>` or whitespace",
-                    self.prefix
-                ),
-            ));
-        }
+        subject_prefix("capacity.prefix", &self.prefix)?;
         let max_lag_ms = int_in("capacity.max_lag_ms", self.max_lag_ms)?;
         Ok(CapacityConfig {
             mode: self.mode,
@@ -101,28 +92,3 @@ impl CapacitySection {
         })
     }
 }
-
-/// Range and meaning of every `[capacity]` key.
-pub const CAPACITY_KEYS: &[KeyDoc] = &[
-    KeyDoc::new(
-        "capacity.mode",
-        Range::text("`off`, `shadow` or `enforce`"),
-        "admission by recognition capacity: `enforce` refuses a stream whose partition's \
-         announcing worker is gone, full or lagging (`503 no_capacity` + `Retry-After`); \
-         `shadow` counts those and admits; `off` decides nothing (a worker's refusal and \
-         lag still reach the producer in every mode). With no announcement heard \
-         nothing is refused, so recognisers that announce nothing are unaffected",
-    ),
-    KeyDoc::new(
-        "capacity.prefix",
-        Range::text("a subject prefix without wildcards"),
-        "subject prefix of the workers' announcements (`<prefix>.announce.<worker>`) and \
-         refusals (`<prefix>.refused.<stream>`)",
-    ),
-    KeyDoc::new(
-        "capacity.max_lag_ms",
-        Range::ms(10, 3600000),
-        "a worker whose announced lag is above this is lagging: new streams on its \
-         partitions are refused and its live streams' producers get `degraded`",
-    ),
-];

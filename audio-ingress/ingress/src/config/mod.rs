@@ -21,38 +21,38 @@
 //! lowest first: defaults, the file, the environment, `--set key=value` and the
 //! dedicated flags. The flat names the `[nats]` and `[admin]` keys had (`nats_url`,
 //! `admin`, ...) still load for one release ([`ALIASES`]), each with a warning naming
-//! the new key. Each default is written once, in the typed defaults
-//! (`StreamConfigBuilder`, `ServerConfig`, `NatsConfig::named`) that
-//! `RawConfig::default` reads; [`key_table`] (`--list-keys`, and the tables of
-//! docs/audio-ingress.md, which a test keeps equal) is generated from it and
-//! [`SECTIONS`] (range and meaning); a numeric range there is a typed `Range`, the one
-//! the validation checks, written nowhere else. Every refusal is a [`ConfigError`]
+//! the new key. Each key's name, default, range and meaning are written once, in its
+//! section's declaration (`config_section!`: the flat keys here, the `stream` keys in
+//! `StreamConfigBuilder`, the shared sections in `weir_service`); `ServerConfig` and
+//! [`Config`] default to those defaults, validated. [`key_table`] (`--list-keys`, and
+//! the tables of docs/audio-ingress.md, which a test keeps equal) is generated from
+//! them ([`SECTIONS`]); a numeric range there is a typed `Range`, the one the
+//! validation checks. Every refusal is a [`ConfigError`]
 //! naming the key (a misspelled variable: the variable), where the value came from
 //! and, for numbers, the allowed range. [`Config::warnings`] is the tier beside the
 //! refusals (`check-config`). Durations are configured in milliseconds (`*_ms`) or
-//! seconds (`*_s`) and carried as [`Duration`] inside the code.
+//! seconds (`*_s`) and carried as [`Duration`](std::time::Duration) inside the code.
 
 mod capacity;
 mod check;
-mod docs;
 mod server;
 mod telephony;
 
 use std::num::NonZeroUsize;
-use std::time::Duration;
 
-use weir_service::config::keys;
-use weir_service::config::section::{AdminSection, LogSection, NatsSection};
-use weir_service::config::{Alias, Layers, Origin, Range};
+use weir_service::config::keys::{self, Section};
+use weir_service::config::section::{
+    ADMIN_KEYS, AdminSection, LOG_KEYS, LogSection, NATS_KEYS, NatsSection,
+};
+use weir_service::config::{Alias, Layers, Origin, Range, whole_ms as ms};
 pub use weir_service::config::{ConfigError, ConfigErrorKind, ConfigSources, ConfigWarning};
+use weir_service::http::BodyLimits;
 use weir_service::logging::LogFormat;
 pub use weir_service::nats::{NatsAuth, NatsConfig, NatsTls};
 
-pub use capacity::{CAPACITY_KEYS, CapacityConfig, CapacityMode, DEFAULT_MAX_LAG_MS};
-pub use docs::SECTIONS;
+pub use capacity::{CapacityConfig, CapacityMode, DEFAULT_MAX_LAG_MS};
 pub use server::*;
-pub use telephony::TELEPHONY_KEYS;
-use weir_audio_producer::config::{StreamConfig, StreamKeys};
+use weir_audio_producer::config::{StreamConfig, StreamConfigBuilder};
 
 /// Prefix of the environment variables: `WEIR_INGRESS_MAX_BYTES` sets `max_bytes`. A
 /// variable under it that is not a key is refused (exit 2, naming it), except those in
@@ -85,15 +85,18 @@ pub struct Config {
 }
 
 impl Default for Config {
+    /// The documented defaults (no key set).
     fn default() -> Self {
-        Self {
-            stream: StreamConfig::default(),
-            server: ServerConfig::default(),
-            nats: NatsConfig::named(NATS_CLIENT_NAME),
-            capacity: CapacityConfig::default(),
-            telephony: crate::telephony::TelephonyConfig::default(),
-            log: LogFormat::Text,
-        }
+        valid_default(RawConfig::default().validate())
+    }
+}
+
+/// A configuration built from the defaults. They are inside their ranges; a test pins
+/// this.
+fn valid_default<T>(built: Result<T, ConfigError>) -> T {
+    match built {
+        Ok(c) => c,
+        Err(e) => unreachable!("the default configuration is invalid: {e}"),
     }
 }
 
@@ -132,107 +135,146 @@ pub fn key_table(markdown: bool) -> String {
     keys::table(&Layers::new(&RawConfig::default()), SECTIONS, markdown)
 }
 
-/// Default `auth_leeway_s`: clock skew allowed on a token's `exp` and `nbf`.
-pub const DEFAULT_AUTH_LEEWAY_S: u64 = 5;
-
-/// The keys as read from the layers, before validation: one field per key, flat
-/// snake_case names and the shared sections. `Default` is the documented default of
-/// every key (written once: it reads the typed defaults), and the key table is
-/// generated from it. Secret fields make a `Debug` impl unwise; there is none.
-#[derive(Clone, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
-struct RawConfig {
-    /// The producer core's keys, flat beside the ingress's own (unknown keys are
-    /// refused by the loader, against the defaults' keys, before serde).
-    #[serde(flatten)]
-    stream: StreamKeys,
-    listen: String,
-    max_streams: u64,
-    retry_after_s: u64,
-    idle_timeout_ms: u64,
-    resume_window_ms: u64,
-    ws_send_timeout_ms: u64,
-    /// 0: the kernel's autotuning.
-    send_buffer_bytes: u64,
-    max_connections: u64,
-    max_connections_per_ip: u64,
-    http_header_timeout_ms: u64,
-    http_idle_timeout_ms: u64,
-    http_max_header_bytes: u64,
-    http_body_timeout_ms: u64,
-    http_body_min_rate: u64,
-    auth_required: bool,
-    auth_hs256_secret: String,
-    auth_eddsa_public_key: String,
-    auth_leeway_s: u64,
-    whip_udp_listen: String,
-    whip_advertise_ips: String,
-    whip_connect_timeout_ms: u64,
-    whip_disconnect_timeout_ms: u64,
-    whip_max_sessions: u64,
-    /// 0: a quarter of `whip_max_sessions`.
-    whip_max_sessions_per_ip: u64,
-    whip_allow_foreign_candidates: bool,
-    publish_page: bool,
-    grace_period_ms: u64,
-    admin: AdminSection,
-    nats: NatsSection,
-    capacity: capacity::CapacitySection,
-    telephony: telephony::TelephonySection,
-    log: LogSection,
-}
-
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-impl Default for RawConfig {
-    fn default() -> Self {
-        let s = ServerConfig::default();
-        let count = |v: NonZeroUsize| v.get() as u64;
-        Self {
-            stream: StreamKeys::default(),
-            listen: s.listen.to_string(),
-            max_streams: count(s.max_streams),
-            retry_after_s: s.retry_after.as_secs(),
-            idle_timeout_ms: ms(s.idle_timeout),
-            resume_window_ms: ms(s.resume_window),
-            ws_send_timeout_ms: ms(s.ws_send_timeout),
-            send_buffer_bytes: s.send_buffer.map_or(0, |b| b as u64),
-            max_connections: count(s.max_connections),
-            // Unset: derived from `max_connections` as it is configured.
-            max_connections_per_ip: 0,
-            http_header_timeout_ms: ms(s.http_header_timeout),
-            http_idle_timeout_ms: ms(s.http_idle_timeout),
-            http_max_header_bytes: s.http_max_header_bytes as u64,
-            http_body_timeout_ms: ms(s.http_body.timeout),
-            http_body_min_rate: s.http_body.min_rate,
-            auth_required: false,
-            auth_hs256_secret: String::new(),
-            auth_eddsa_public_key: String::new(),
-            auth_leeway_s: DEFAULT_AUTH_LEEWAY_S,
-            whip_udp_listen: String::new(),
-            whip_advertise_ips: String::new(),
-            whip_connect_timeout_ms: ms(DEFAULT_WHIP_CONNECT_TIMEOUT),
-            whip_disconnect_timeout_ms: ms(DEFAULT_WHIP_DISCONNECT_TIMEOUT),
-            whip_max_sessions: DEFAULT_WHIP_MAX_SESSIONS as u64,
-            whip_max_sessions_per_ip: 0,
-            whip_allow_foreign_candidates: false,
-            publish_page: s.publish_page,
-            grace_period_ms: ms(s.grace_period),
-            admin: AdminSection {
-                listen: s.admin.to_string(),
-                max_connections: count(s.admin_max_connections),
-                request_timeout_ms: ms(s.admin_request_limits.timeout),
-                max_concurrent_requests: count(s.admin_request_limits.max_concurrent),
-            },
-            nats: NatsSection::from_config(&NatsConfig::named(NATS_CLIENT_NAME)),
-            capacity: capacity::CapacitySection::default(),
-            telephony: telephony::TelephonySection::default(),
-            log: LogSection::default(),
-        }
+weir_service::config_section! {
+    /// The keys as read from the layers, before validation: one field per key, flat
+    /// snake_case names and the shared sections; the flat keys are the `server` section
+    /// of the key table. Unknown keys are refused by the loader, against the defaults'
+    /// keys, before serde (the producer core's keys are flattened in). Secret fields make
+    /// a `Debug` impl unwise; there is none.
+    struct RawConfig: flattened, SERVER = "";
+    {
+        listen: String = "127.0.0.1:8080".to_owned(),
+            Range::text("socket address; port 0 = any free port"), "WebSocket listener";
+        max_streams: u64 = 1000, Range::int(1, 1000000),
+            "concurrent streams (including those still delivering their `end`); above: 503 + \
+            `Retry-After`";
+        retry_after_s: u64 = 1, Range::secs(1, 3600),
+            "`Retry-After` of a 503";
+        idle_timeout_ms: u64 = 30_000, Range::ms(100, 86400000),
+            "a WebSocket that sends no frame for this long is ended (reason `idle`, close 1001; \
+            pings do not count)";
+        // Covers the second or two a mobile or Wi-Fi producer's connection is lost for,
+        // plus its reconnect.
+        resume_window_ms: u64 = 5_000, Range::ms(0, 60000),
+            "a stream whose producer's connection dropped waits this long for it to resume with \
+            its token (same stream, seq continuing), then ends `producer_gone`; 0 = resume off";
+        ws_send_timeout_ms: u64 = 2_000, Range::ms(10, 60000),
+            "bound on each send to a WebSocket client (event or close frame); a client that \
+            stops reading is abandoned after it (stream ends `producer_gone`)";
+        // 32 KiB (the kernel doubles it): a phone call's bot audio is ~18.5 KB/s, so a
+        // carrier that stops reading is noticed in seconds, not after the 4 MiB the
+        // kernel's autotuning would take.
+        send_buffer_bytes: u64 = 32 * 1024,
+            Range::int(0, 16777216).note(
+                "; 0 = the kernel's autotuning (up to `net.ipv4.tcp_wmem`, 4 MiB by default)",
+            ),
+            "`SO_SNDBUF` of each connection on the listen port: what a client or carrier that \
+            stops reading can leave queued in the kernel, and so how soon a send times out \
+            (`ws_send_timeout_ms`) for it — a phone carrier's bot audio is ~18.5 KB/s (the \
+            kernel doubles the value)";
+        grace_period_ms: u64 = 5_000, Range::ms(0, 600000),
+            "SIGTERM/SIGINT: time to finish every stream";
+        whip_udp_listen: String = String::new(),
+            Range::text("UDP socket address; port 0 = any free port; empty = WHIP off"),
+            "WHIP ingest (`POST /v1/whip/{stream_id}` on the listen port): the one UDP socket of \
+            every session";
+        whip_advertise_ips: String = String::new(),
+            Range::text(
+                "comma-separated IP addresses (at most 8); empty = the `whip_udp_listen` IP, \
+                which must then be specified",
+            ),
+            "ICE host candidates offered to WHIP publishers (public or NAT 1:1 addresses), on the \
+            `whip_udp_listen` port";
+        whip_connect_timeout_ms: u64 = ms(DEFAULT_WHIP_CONNECT_TIMEOUT), Range::ms(1000, 120000),
+            "a WHIP session that has not connected ICE and DTLS within this ends \
+            (`producer_gone`)";
+        whip_disconnect_timeout_ms: u64 = ms(DEFAULT_WHIP_DISCONNECT_TIMEOUT),
+            Range::ms(500, 120000),
+            "ICE disconnected, or no datagram from the publisher, this long ends the stream \
+            (`producer_gone`)";
+        whip_max_sessions: u64 = DEFAULT_WHIP_MAX_SESSIONS as u64, Range::int(1, 100000),
+            "concurrent WHIP sessions (503 + `Retry-After` above it); WHIP streams also count in \
+            `max_streams`";
+        whip_max_sessions_per_ip: u64 = 0,
+            Range::int(0, 100000)
+                .note("; at most `whip_max_sessions`; 0 = a quarter of `whip_max_sessions`"),
+            "concurrent WHIP sessions from one IPv4 address or IPv6 /64 (503 \
+            `max_sessions_per_ip` + `Retry-After` above it)";
+        whip_allow_foreign_candidates: bool = false, Range::text("`true` or `false`"),
+            "`false`: the ICE agent checks only the offer's candidates on the HTTP client's own \
+            address (others are dropped from the offer, so no STUN goes to a third party); \
+            `true`: every candidate (a publisher behind an HTTP proxy or on another network \
+            path)";
+        publish_page: bool = false,
+            Range::text("`true` or `false`; `true` needs `whip_udp_listen`"),
+            "serve the reference browser publisher (one static page: microphone → WHIP, weir's \
+            events shown to the person) at `GET /publish` on the listen port; \
+            docs/publisher.md";
+        auth_required: bool = false, Range::text("`true` needs exactly one key below"),
+            "producers must present a signed token (JWT) before the upgrade: 401 \
+            missing/invalid, 403 out of scope; on in production";
+        auth_hs256_secret: String = String::new(),
+            Range::text("at least 32 bytes; or `auth_eddsa_public_key`"),
+            "HS256 shared secret of producer tokens; never logged (set it by \
+            `WEIR_INGRESS_AUTH_HS256_SECRET` rather than on the command line)";
+        auth_eddsa_public_key: String = String::new(),
+            Range::text(
+                "32-byte Ed25519 public key, base64url (43 characters); or `auth_hs256_secret`",
+            ),
+            "EdDSA verification key of producer tokens (the signer keeps the private key)";
+        auth_leeway_s: u64 = 5, Range::secs(0, 300),
+            "clock skew allowed on a token's `exp` and `nbf`";
+        max_connections: u64 = 4096,
+            Range::int(1, 1000000).note(
+                "; `max_connections` + `admin.max_connections` + 64 <= the hard `RLIMIT_NOFILE`",
+            ),
+            "open TCP connections on the WebSocket port, upgraded or not; above: refused at \
+            accept (503 JSON, closed)";
+        // Unset: derived from `max_connections` as it is configured.
+        max_connections_per_ip: u64 = 0,
+            Range::int(0, 1000000)
+                .note("; at most `max_connections`; 0 = a quarter of `max_connections`"),
+            "open connections on the WebSocket port from one IPv4 address or IPv6 /64";
+        http_header_timeout_ms: u64 = 5_000, Range::ms(100, 600000),
+            "both ports: a connection must deliver a complete request head within this, counted \
+            from accept (and from the end of the previous response on a keep-alive connection); \
+            else it is closed";
+        http_idle_timeout_ms: u64 = 10_000, Range::ms(100, 3600000),
+            "both ports: a connection that moves no byte in either direction for this long \
+            before an upgrade is closed";
+        http_body_timeout_ms: u64 = ms(BodyLimits::default().timeout), Range::ms(100, 600000),
+            "both ports: a request body must be complete within this of its head; else the \
+            request fails (WHIP: 408 `body_timeout`) and the connection is closed";
+        http_body_min_rate: u64 = BodyLimits::default().min_rate, Range::int(0, 1073741824),
+            "both ports: bytes/s a request body must average from 1 s after its head on (0 = no \
+            rate bound); slower: as `http_body_timeout_ms`";
+        http_max_header_bytes: u64 = 16 * 1024, Range::bytes(8192, 1048576),
+            "largest request head buffered per connection; a larger one is refused (431)";
+    }
+    nested {
+        #[serde(flatten)] stream: StreamConfigBuilder,
+        admin: AdminSection,
+        nats: NatsSection = NatsSection::from_config(&NatsConfig::named(NATS_CLIENT_NAME)),
+        capacity: capacity::CapacitySection,
+        telephony: telephony::TelephonySection,
+        log: LogSection,
     }
 }
+
+/// Every key, by section, in the order `--list-keys` and the docs show them (name, type
+/// and default come from `RawConfig::default`; a unit test checks that these cover
+/// exactly its fields). A numeric [`Range`] here is also the one the validation checks.
+/// The `stream` section is the producer core's (`weir_audio_producer::config::KEYS`),
+/// which its builder validates against.
+pub const SECTIONS: &[Section] = &[
+    Section::new("stream", weir_audio_producer::config::KEYS),
+    Section::new("server", SERVER),
+    Section::new("admin", ADMIN_KEYS),
+    Section::new("nats", NATS_KEYS),
+    Section::new("capacity", capacity::CAPACITY_KEYS),
+    Section::new("telephony", telephony::TELEPHONY_KEYS),
+    Section::new("log", LOG_KEYS),
+];
 
 /// Idle RSS allowance in [`Config::memory_bound_bytes`] (measured idle: ~17 MiB).
 const IDLE_ALLOWANCE_BYTES: u64 = 32 << 20;
@@ -344,6 +386,19 @@ impl RawConfig {
             log: self.log.validate()?,
         })
     }
+}
+
+/// A subject prefix (`capacity.prefix`, `telephony.subject_prefix`): no wildcard, no
+/// empty token.
+fn subject_prefix(key: &str, prefix: &str) -> Result<(), ConfigError> {
+    if weir_protocol::capacity::is_valid_prefix(prefix) {
+        return Ok(());
+    }
+    Err(ConfigError::new(
+        key,
+        ConfigErrorKind::Invalid,
+        format!("{prefix:?}: 1..=128 bytes of dot-separated tokens without `*`, `>` or whitespace"),
+    ))
 }
 
 fn nonzero(v: u64) -> NonZeroUsize {

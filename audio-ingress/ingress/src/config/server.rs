@@ -98,57 +98,15 @@ pub const DEFAULT_WHIP_DISCONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default `whip_max_sessions`.
 pub const DEFAULT_WHIP_MAX_SESSIONS: usize = 256;
 
-/// Default `max_connections`.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
-/// Default `max_connections_per_ip`: a quarter of the connection cap.
-pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = DEFAULT_MAX_CONNECTIONS / 4;
-
 /// A quarter of `max`, at least 1: the default per-address share of a cap.
 pub fn quarter_of(max: u64) -> u64 {
     (max / 4).max(1)
 }
-/// Default `admin_max_connections`.
-pub const DEFAULT_ADMIN_MAX_CONNECTIONS: usize = 64;
-/// Default `http_header_timeout_ms`.
-pub const DEFAULT_HTTP_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
-/// Default `resume_window_ms`: covers the second or two a mobile or Wi-Fi producer's
-/// connection is lost for, plus its reconnect.
-pub const DEFAULT_RESUME_WINDOW: Duration = Duration::from_secs(5);
-/// Default `send_buffer_bytes`: 32 KiB (the kernel doubles it): a phone call's bot
-/// audio is ~18.5 KB/s, so a carrier that stops reading is noticed in seconds, not
-/// after the 4 MiB the kernel's autotuning would take.
-pub const DEFAULT_SEND_BUFFER_BYTES: usize = 32 * 1024;
-/// Default `http_idle_timeout_ms`.
-pub const DEFAULT_HTTP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Default `http_max_header_bytes`.
-pub const DEFAULT_HTTP_MAX_HEADER_BYTES: usize = 16 * 1024;
 
 impl Default for ServerConfig {
+    /// The documented defaults: the keys' defaults, validated.
     fn default() -> Self {
-        Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
-            admin: SocketAddr::from(([127, 0, 0, 1], 9090)),
-            max_streams: NonZeroUsize::MIN.saturating_add(999),
-            retry_after: Duration::from_secs(1),
-            idle_timeout: Duration::from_secs(30),
-            resume_window: DEFAULT_RESUME_WINDOW,
-            ws_send_timeout: Duration::from_secs(2),
-            send_buffer: Some(DEFAULT_SEND_BUFFER_BYTES),
-            grace_period: Duration::from_secs(5),
-            max_connections: NonZeroUsize::MIN.saturating_add(DEFAULT_MAX_CONNECTIONS - 1),
-            max_connections_per_ip: NonZeroUsize::MIN
-                .saturating_add(DEFAULT_MAX_CONNECTIONS_PER_IP - 1),
-            admin_max_connections: NonZeroUsize::MIN
-                .saturating_add(DEFAULT_ADMIN_MAX_CONNECTIONS - 1),
-            http_header_timeout: DEFAULT_HTTP_HEADER_TIMEOUT,
-            http_idle_timeout: DEFAULT_HTTP_IDLE_TIMEOUT,
-            http_max_header_bytes: DEFAULT_HTTP_MAX_HEADER_BYTES,
-            http_body: BodyLimits::default(),
-            admin_request_limits: RequestLimits::default(),
-            auth: None,
-            whip: None,
-            publish_page: false,
-        }
+        super::valid_default(RawConfig::default().server())
     }
 }
 

@@ -7,61 +7,60 @@
 
 use std::time::Duration;
 
-use weir_protocol::capacity::is_valid_prefix;
-use weir_service::config::Range;
-use weir_service::config::keys::KeyDoc;
+use weir_service::config::{Range, whole_ms as ms};
 
-use super::{ConfigError, ConfigErrorKind, int_in};
+use super::{ConfigError, ConfigErrorKind, int_in, subject_prefix};
 use crate::telephony::TelephonyConfig;
 
 /// Bytes of 16 kHz mono s16le PCM per millisecond.
 const PCM_BYTES_PER_MS: u64 = 32;
 
-/// The `[telephony]` keys as read from the layers.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(super) struct TelephonySection {
-    subject_prefix: String,
-    reorder_window_ms: u64,
-    start_timeout_ms: u64,
-    out_max_bytes: u64,
-    out_max_total_bytes: u64,
-    out_max_age_ms: u64,
-    out_lead_ms: u64,
-}
-
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+weir_service::config_section! {
+    /// The `[telephony]` keys as read from the layers.
+    #[derive(Debug)]
+    pub(super) struct TelephonySection, TELEPHONY_KEYS = "telephony.";
+    /// The keys of `c`.
+    fn from_config(c: TelephonyConfig);
+    {
+        subject_prefix: String = c.subject_prefix, Range::text("a subject prefix without wildcards"),
+            "subjects of a call's return path: bot audio in on `<prefix>.out.<stream>`, \
+            `clear` on `<prefix>.ctl.<stream>`, the call's events on `<prefix>.events.<stream>`";
+        reorder_window_ms: u64 = ms(c.reorder_window), Range::ms(0, 1000),
+            "how long a carrier chunk waits for a missing earlier one before the missing \
+            one is declared a gap (reason `source`); chunks are never published out of order";
+        start_timeout_ms: u64 = ms(c.start_timeout), Range::ms(100, 60000),
+            "a carrier connection that sends no `start` within this is closed (1008 \
+            `start_timeout`); nothing is opened before `start`";
+        out_max_bytes: u64 = c.out_max_bytes as u64,
+            Range::int(65536, 16777216).note("; at least one bot-audio message (64 KiB)"),
+            "bound of a call's queued bot audio (bytes of 16 kHz PCM; 32,000 a second); \
+            audio arriving over it is refused and told (`overload` event)";
+        out_max_total_bytes: u64 = c.out_max_total_bytes as u64,
+            Range::int(65536, 17179869184).note("; at least `telephony.out_max_bytes`"),
+            "bound of every call's queued bot audio together (bytes of PCM); a message that \
+            would exceed it is refused and told as the per-call bound's (`overload`, reason \
+            `total_full`)";
+        out_max_age_ms: u64 = ms(c.out_max_age),
+            Range::ms(1000, 600000).note("; at least the audio `telephony.out_max_bytes` holds"),
+            "bot audio not sent to the carrier within this of its arrival is dropped and \
+            told (`overload` event, reason `max_age`): only a carrier that stops reading \
+            makes audio this old";
+        out_lead_ms: u64 = ms(c.out_lead), Range::ms(0, 1000),
+            "how far ahead of real time bot audio is sent to the carrier (its jitter \
+            buffer); what a `clear` cannot take back from the door";
+    }
 }
 
 impl Default for TelephonySection {
     fn default() -> Self {
-        let c = TelephonyConfig::default();
-        Self {
-            subject_prefix: c.subject_prefix,
-            reorder_window_ms: ms(c.reorder_window),
-            start_timeout_ms: ms(c.start_timeout),
-            out_max_bytes: c.out_max_bytes as u64,
-            out_max_total_bytes: c.out_max_total_bytes as u64,
-            out_max_age_ms: ms(c.out_max_age),
-            out_lead_ms: ms(c.out_lead),
-        }
+        Self::from_config(TelephonyConfig::default())
     }
 }
 
 impl TelephonySection {
     /// The typed settings, or the refusal naming the key.
     pub(super) fn validate(&self) -> Result<TelephonyConfig, ConfigError> {
-        if !is_valid_prefix(&self.subject_prefix) {
-            return Err(ConfigError::new(
-                "telephony.subject_prefix",
-                ConfigErrorKind::Invalid,
-                format!(
-                    "{:?}: 1..=128 bytes of dot-separated tokens without `*`, `>` or whitespace",
-                    self.subject_prefix
-                ),
-            ));
-        }
+        subject_prefix("telephony.subject_prefix", &self.subject_prefix)?;
         let millis = |key, v| int_in(key, v).map(Duration::from_millis);
         let out_max_bytes = int_in("telephony.out_max_bytes", self.out_max_bytes)?;
         let out_max_age = millis("telephony.out_max_age_ms", self.out_max_age_ms)?;
@@ -99,51 +98,3 @@ impl TelephonySection {
         })
     }
 }
-
-/// Range and meaning of every `[telephony]` key.
-pub const TELEPHONY_KEYS: &[KeyDoc] = &[
-    KeyDoc::new(
-        "telephony.subject_prefix",
-        Range::text("a subject prefix without wildcards"),
-        "subjects of a call's return path: bot audio in on `<prefix>.out.<stream>`, \
-         `clear` on `<prefix>.ctl.<stream>`, the call's events on `<prefix>.events.<stream>`",
-    ),
-    KeyDoc::new(
-        "telephony.reorder_window_ms",
-        Range::ms(0, 1000),
-        "how long a carrier chunk waits for a missing earlier one before the missing \
-         one is declared a gap (reason `source`); chunks are never published out of order",
-    ),
-    KeyDoc::new(
-        "telephony.start_timeout_ms",
-        Range::ms(100, 60000),
-        "a carrier connection that sends no `start` within this is closed (1008 \
-         `start_timeout`); nothing is opened before `start`",
-    ),
-    KeyDoc::new(
-        "telephony.out_max_bytes",
-        Range::int(65536, 16777216).note("; at least one bot-audio message (64 KiB)"),
-        "bound of a call's queued bot audio (bytes of 16 kHz PCM; 32,000 a second); \
-         audio arriving over it is refused and told (`overload` event)",
-    ),
-    KeyDoc::new(
-        "telephony.out_max_total_bytes",
-        Range::int(65536, 17179869184).note("; at least `telephony.out_max_bytes`"),
-        "bound of every call's queued bot audio together (bytes of PCM); a message that \
-         would exceed it is refused and told as the per-call bound's (`overload`, reason \
-         `total_full`)",
-    ),
-    KeyDoc::new(
-        "telephony.out_max_age_ms",
-        Range::ms(1000, 600000).note("; at least the audio `telephony.out_max_bytes` holds"),
-        "bot audio not sent to the carrier within this of its arrival is dropped and \
-         told (`overload` event, reason `max_age`): only a carrier that stops reading \
-         makes audio this old",
-    ),
-    KeyDoc::new(
-        "telephony.out_lead_ms",
-        Range::ms(0, 1000),
-        "how far ahead of real time bot audio is sent to the carrier (its jitter \
-         buffer); what a `clear` cannot take back from the door",
-    ),
-];

@@ -1,5 +1,6 @@
 use super::*;
 use std::net::IpAddr;
+use std::time::Duration;
 use weir_audio_producer::config::{DEFAULT_MAX_WAIT, Delivery, Policy, StreamConfigBuilder};
 
 use weir_protocol::partition::DEFAULT_STREAM_TEMPLATE;

@@ -3,9 +3,10 @@
 //! (`weir_service::config`) into the private `RawConfig` (serde,
 //! `deny_unknown_fields`), then validated once into a [`Config`].
 //!
-//! Each default is written once, in `RawConfig::default` (from the typed defaults where
-//! they exist: [`SimConfig`], [`EstimatorConfig`], `RequestLimits`); each range once, as
-//! a typed `Range` in [`SECTIONS`], which `validate` checks against. `[nats]`, `[admin]`
+//! Each key's default, range and meaning are written once, in its section's declaration
+//! (`weir_service::config_section!`; a default from the typed defaults where they exist:
+//! [`EstimatorConfig`], `RequestLimits`); each range is a typed `Range` in [`SECTIONS`],
+//! which `validate` checks against. `[nats]`, `[admin]`
 //! and `[log]` are the sections every weir binary shares
 //! (`weir_service::config::section`), with the adapter's own keys beside them. [`key_table`] (`--list-keys`,
 //! and the tables of docs/llm-adapter.md, which a test keeps equal) is generated from
@@ -47,11 +48,11 @@ use weir_service::config::{Layers, Origin, Range};
 
 pub use crate::admission::{AdmissionConfig, EstimatorConfig, HealthConfig, PoolSlots};
 pub use pool::{MAX_BACKENDS, PoolMember};
-pub use raw::SECTIONS;
 use raw::{
     RawBackend, RawConfig, RawDeadline, RawJetStream, RawLimit, RawNats, RawPoolBackend, RawSim,
     RawStream,
 };
+pub use raw::{SECTIONS, ServiceConfig};
 pub use types::*;
 pub use weir_service::config::{ConfigError, ConfigErrorKind, ConfigSources, ConfigWarning};
 
@@ -122,15 +123,16 @@ impl Config {
 /// one `[[limits]]` element (for the key table, typing, unknown keys and "did you
 /// mean").
 fn layers() -> Layers {
+    let sim = RawSim {
+        min_ms: Some(0),
+        max_ms: Some(0),
+        p99_ms: Some(0),
+        ..RawSim::default()
+    };
     let schema = RawConfig {
         limits: vec![RawLimit::default()],
         backends: vec![RawPoolBackend {
-            sim: RawSim {
-                min_ms: Some(0),
-                max_ms: Some(0),
-                p99_ms: Some(0),
-                ..RawSim::default()
-            },
+            sim: sim.clone(),
             ..RawPoolBackend::default()
         }],
         deadline: RawDeadline {
@@ -138,12 +140,7 @@ fn layers() -> Layers {
             ..RawDeadline::default()
         },
         backend: RawBackend {
-            sim: RawSim {
-                min_ms: Some(0),
-                max_ms: Some(0),
-                p99_ms: Some(0),
-                ..RawSim::default()
-            },
+            sim,
             ..RawBackend::default()
         },
         nats: RawNats {

@@ -1,11 +1,12 @@
 //! The configuration as written: one serde struct per section (`deny_unknown_fields`,
-//! every field defaulted) with its key documentation, written once by `raw_section!`;
+//! every field defaulted) with its key documentation, written once by
+//! `weir_service::config_section!`;
 //! `[nats]`, `[admin]` and `[log]` compose the shared sections of
 //! `weir_service::config::section`.
 
 use serde::{Deserialize, Serialize};
 use weir_service::config::Range;
-use weir_service::config::keys::{KeyDoc, Section};
+use weir_service::config::keys::Section;
 use weir_service::config::section::{
     ADMIN_KEYS, AdminSection, LOG_KEYS, LogSection, NATS_KEYS, NatsSection,
 };
@@ -62,69 +63,10 @@ pub(super) enum Storage {
     Memory,
 }
 
-/// One section of the raw configuration, written once: the serde struct
-/// (`deny_unknown_fields`, every field defaulted), its `Default`, and the key
-/// documentation `$docs` (the docs' section `$section`: range and meaning), one entry per key:
-/// `field: type = default, "range", "meaning";`. `nested` fields are sections (their
-/// own `raw_section!`), not keys.
-macro_rules! raw_section {
-    // A section that is also an element's sub-table (`[backend.sim]` and
-    // `[backends.sim]`): the same struct, its keys documented under a second prefix too.
-    (
-        $(#[$meta:meta])*
-        $name:ident, $docs:ident, $section:literal, $prefix:literal
-        also $docs2:ident, $section2:literal, $prefix2:literal {
-            $($field:ident: $ty:ty = $default:expr, $range:expr, $help:literal;)*
-        }
-    ) => {
-        raw_section! {
-            $(#[$meta])*
-            $name, $docs, $section, $prefix {
-                $($field: $ty = $default, $range, $help;)*
-            }
-        }
-
-        const $docs2: Section = Section::new($section2, &[$(KeyDoc::new(
-            concat!($prefix2, stringify!($field)),
-            $range,
-            $help,
-        )),*]);
-    };
-    (
-        $(#[$meta:meta])*
-        $name:ident, $docs:ident, $section:literal, $prefix:literal {
-            $($field:ident: $ty:ty = $default:expr, $range:expr, $help:literal;)*
-        }
-        $(nested { $($sub:ident: $sub_ty:ty),* $(,)? })?
-    ) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-        #[serde(deny_unknown_fields, default)]
-        pub(super) struct $name {
-            $(pub(super) $field: $ty,)*
-            $($(pub(super) $sub: $sub_ty,)*)?
-        }
-
-        impl Default for $name {
-            fn default() -> Self {
-                Self {
-                    $($field: $default,)*
-                    $($($sub: Default::default(),)*)?
-                }
-            }
-        }
-
-        const $docs: Section = Section::new($section, &[$(KeyDoc::new(
-            concat!($prefix, stringify!($field)),
-            $range,
-            $help,
-        )),*]);
-    };
-}
-
-raw_section! {
+weir_service::config_section! {
     /// The configuration as written: the top-level keys and the sections.
-    RawConfig, GENERAL, "general", "" {
+    pub(super) struct RawConfig, GENERAL = "";
+    {
         workers: u64 = 8, Range::int(1, 4096),
             "fixed number of workers (concurrent backend calls); match the backend's parallel \
             slots";
@@ -147,21 +89,23 @@ raw_section! {
         session: RawSession, deadline: RawDeadline, estimator: RawEstimator,
         idempotency: RawIdempotency, limits: Vec<RawLimit>, backend: RawBackend,
         backends: Vec<RawPoolBackend>, pool: RawPool, priority: RawPriority, nats: RawNats,
-        service: RawService, admin: RawAdmin, trace: RawTrace, stream: RawStream,
+        service: ServiceConfig, admin: RawAdmin, trace: RawTrace, stream: RawStream,
         jetstream: RawJetStream, log: LogSection,
     }
 }
 
-raw_section! {
-    RawSession, SESSION, "session", "session." {
+weir_service::config_section! {
+    pub(super) struct RawSession, SESSION = "session.";
+    {
         pending_cap: u64 = 5, Range::int(0, 1000000).note(" (0 = unlimited)"),
             "most accepted-but-unsettled requests per session";
         ordering: bool = true, Range::Any, "one running request per session, the rest FIFO";
     }
 }
 
-raw_section! {
-    RawDeadline, DEADLINE, "deadline", "deadline." {
+weir_service::config_section! {
+    pub(super) struct RawDeadline, DEADLINE = "deadline.";
+    {
         max_ms: u64 = 120_000, Range::ms(1, 86400000),
             "longest budget accepted; longer ones are shortened to this";
         default_ms: u64 = 30_000, Range::ms(0, 86400000).note(" (0 = no default); at most `deadline.max_ms`"),
@@ -183,8 +127,9 @@ raw_section! {
     }
 }
 
-raw_section! {
-    RawEstimator, ESTIMATOR, "estimator", "estimator." {
+weir_service::config_section! {
+    pub(super) struct RawEstimator, ESTIMATOR = "estimator.";
+    {
         initial_ms: u64 = EstimatorConfig::default().initial.map_or(0, ms),
             Range::ms(0, 3600000).note(" (0 = no estimate before the first call)"),
             "the estimate before the first call finishes (nothing is refused on a prediction until \
@@ -198,8 +143,9 @@ raw_section! {
     }
 }
 
-raw_section! {
-    RawIdempotency, IDEMPOTENCY, "idempotency", "idempotency." {
+weir_service::config_section! {
+    pub(super) struct RawIdempotency, IDEMPOTENCY = "idempotency.";
+    {
         enabled: bool = true, Range::Any, "answer a retry with the same request id from the cache";
         window_ms: u64 = 60_000, Range::ms(0, 86400000).note(" (0 = no cache after completion)"),
             "how long a successful reply is kept for retries (0 = join only while queued/running)";
@@ -211,10 +157,11 @@ raw_section! {
     }
 }
 
-raw_section! {
+weir_service::config_section! {
     /// One `[[limits]]` entry. Every field has a default (the loader tries an element's
 /// value alone to name a refused one); `key` and `limit` are required by `validate`.
-    RawLimit, LIMITS, "limits", "limits[]." {
+    pub(super) struct RawLimit, LIMITS = "limits[].";
+    {
         key: String = String::new(),
             Range::text("`client`, `session`, `service`, `body:/json/pointer` (required)"),
             "where the key comes from: the `Weir-Client-Key` header, the session id, one key for \
@@ -245,9 +192,10 @@ raw_section! {
     }
 }
 
-raw_section! {
+weir_service::config_section! {
     /// `[priority]`: priority classes inside the deadline order.
-    RawPriority, PRIORITY, "priority", "priority." {
+    pub(super) struct RawPriority, PRIORITY = "priority.";
+    {
         batch_delay_ms: u64 = ms(crate::admission::DEFAULT_BATCH_DELAY), Range::ms(0, 3600000),
             "added to a `batch` request's deadline for its place in the EDF order: interactive \
             requests due up to this long after a batch request's deadline go ahead of it; a batch \
@@ -256,8 +204,9 @@ raw_section! {
     }
 }
 
-raw_section! {
-    RawBackend, BACKEND, "backend", "backend." {
+weir_service::config_section! {
+    pub(super) struct RawBackend, BACKEND = "backend.";
+    {
         timeout_ms: u64 = 60_000, Range::ms(1, 3600000),
             "the backend's own per-call timeout (used when shorter than the deadline)";
         kind: BackendName = BackendName::default(), Range::text("`sim`, `openai`, `nats`"),
@@ -267,9 +216,9 @@ raw_section! {
     nested { sim: RawSim, openai: RawOpenAi, nats: RawBackendNats }
 }
 
-raw_section! {
-    RawSim, SIM, "sim", "backend.sim."
-    also BACKENDS_SIM, "backends_sim", "backends[].sim." {
+weir_service::config_section! {
+    pub(super) struct RawSim, SIM = "backend.sim.", BACKENDS_SIM = "backends[].sim.";
+    {
         latency_ms: u64 = 20, Range::ms(0, 3600000),
             "simulated latency (`fixed`), upper bound default (`uniform`), median (`lognormal`)";
         distribution: Distribution = Distribution::default(), Range::text("`fixed`, `uniform`, `lognormal`"),
@@ -292,9 +241,9 @@ raw_section! {
     }
 }
 
-raw_section! {
-    RawOpenAi, OPENAI, "openai", "backend.openai."
-    also BACKENDS_OPENAI, "backends_openai", "backends[].openai." {
+weir_service::config_section! {
+    pub(super) struct RawOpenAi, OPENAI = "backend.openai.", BACKENDS_OPENAI = "backends[].openai.";
+    {
         base_url: String = "http://127.0.0.1:8000".into(),
             Range::text("`http://host:port` or `https://host[:port]`"),
             "the OpenAI-compatible server (vLLM, llama.cpp server, Ollama, a hosted endpoint); \
@@ -317,9 +266,9 @@ raw_section! {
     }
 }
 
-raw_section! {
-    RawBackendNats, BACKEND_NATS, "backend_nats", "backend.nats."
-    also BACKENDS_NATS, "backends_nats", "backends[].nats." {
+weir_service::config_section! {
+    pub(super) struct RawBackendNats, BACKEND_NATS = "backend.nats.", BACKENDS_NATS = "backends[].nats.";
+    {
         subject: String = String::new(),
             Range::text("a NATS subject without wildcards; required when `kind = \"nats\"`"),
             "subject of the existing service requests are forwarded to";
@@ -331,11 +280,12 @@ raw_section! {
     }
 }
 
-raw_section! {
+weir_service::config_section! {
     /// One `[[backends]]` entry. Every field has a default (the loader tries an
     /// element's value alone to name a refused one); `name` and `slots` are required by
     /// `validate`.
-    RawPoolBackend, BACKENDS, "backends", "backends[]." {
+    pub(super) struct RawPoolBackend, BACKENDS = "backends[].";
+    {
         name: String = String::new(),
             Range::text("1..=64 of `A-Z a-z 0-9 - _`, unique (required)"),
             "the backend's name in metrics, `/v1/stats`, the capabilities document and logs";
@@ -354,9 +304,10 @@ raw_section! {
     nested { sim: RawSim, openai: RawOpenAi, nats: RawBackendNats }
 }
 
-raw_section! {
+weir_service::config_section! {
     /// `[pool]`: health of the `[[backends]]` (unused with a single `[backend]`).
-    RawPool, POOL, "pool", "pool." {
+    pub(super) struct RawPool, POOL = "pool.";
+    {
         eject_after_errors: u64 = 5, Range::int(1, 1000),
             "consecutive failed calls (errors, backend timeouts) that eject a backend";
         stall_factor: u64 = 3, Range::int(1, 1000),
@@ -371,28 +322,22 @@ raw_section! {
     }
 }
 
-/// `[nats]`: the shared section ([`NatsSection`]: servers, authentication, TLS, inbox
-/// prefix, timeouts, the client's buffer) and the adapter's own keys. Unknown keys are
-/// refused by the loader (from the schema): serde cannot with a flattened section.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub(super) struct RawNats {
-    #[serde(flatten)]
-    pub(super) common: NatsSection,
-    pub(super) expected_burst: u64,
-    pub(super) subscription_capacity: Option<u64>,
-    pub(super) publish_timeout_ms: u64,
-}
-
-impl Default for RawNats {
-    fn default() -> Self {
-        Self {
-            common: NatsSection::from_config(&adapter_nats_defaults()),
-            expected_burst: 65_536,
-            subscription_capacity: None,
-            publish_timeout_ms: 1_000,
-        }
+weir_service::config_section! {
+    /// `[nats]`: the shared section ([`NatsSection`]: servers, authentication, TLS, inbox
+    /// prefix, timeouts, the client's buffer) and the adapter's own keys. Unknown keys are
+    /// refused by the loader (from the schema): serde cannot with a flattened section.
+    pub(super) struct RawNats: flattened, NATS = "nats.";
+    {
+        expected_burst: u64 = 65_536, Range::int(0, 1000000),
+            "requests that may arrive at once beyond `queue_capacity`; sizes the subscription \
+            (see [Bursts](#bursts))";
+        subscription_capacity: Option<u64> = None,
+            Range::int(16, 2000000).note("; at least `queue_capacity`"),
+            "messages buffered per subscription; beyond it the NATS client drops (counted, no \
+            answer); default = `queue_capacity` + `nats.expected_burst` (65792)";
+        publish_timeout_ms: u64 = 1_000, Range::ms(1, 600000), "bound on publishing one reply";
     }
+    nested { #[serde(flatten)] common: NatsSection = NatsSection::from_config(&adapter_nats_defaults()) }
 }
 
 /// The adapter's connection defaults: the shared ones, with 2,048 buffered commands
@@ -405,32 +350,11 @@ pub(super) fn adapter_nats_defaults() -> weir_service::nats::NatsConfig {
     }
 }
 
-const NATS: Section = Section::with_extra(
-    "nats",
-    NATS_KEYS,
-    &[
-        KeyDoc::new(
-            "nats.expected_burst",
-            Range::int(0, 1000000),
-            "requests that may arrive at once beyond `queue_capacity`; sizes the subscription \
-             (see [Bursts](#bursts))",
-        ),
-        KeyDoc::new(
-            "nats.subscription_capacity",
-            Range::int(16, 2000000).note("; at least `queue_capacity`"),
-            "messages buffered per subscription; beyond it the NATS client drops (counted, no \
-             answer); default = `queue_capacity` + `nats.expected_burst` (65792)",
-        ),
-        KeyDoc::new(
-            "nats.publish_timeout_ms",
-            Range::ms(1, 600000),
-            "bound on publishing one reply",
-        ),
-    ],
-);
-
-raw_section! {
-    RawService, SERVICE, "service", "service." {
+weir_service::config_section! {
+    /// `[service]`: the NATS micro service.
+    #[derive(Debug, PartialEq, Eq)]
+    pub struct ServiceConfig, SERVICE = "service.";
+    {
         name: String = "weir-llm".into(), Range::text("1..=128 of `A-Z a-z 0-9 - _`"), "NATS micro service name";
         version: String = env!("CARGO_PKG_VERSION").into(), Range::text("a semantic version like 1.2.3"),
             "version advertised in `$SRV.INFO`";
@@ -450,48 +374,22 @@ raw_section! {
     }
 }
 
-/// `[admin]`: the shared section ([`AdminSection`]) and the adapter's own listener
-/// timeouts.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub(super) struct RawAdmin {
-    #[serde(flatten)]
-    pub(super) common: AdminSection,
-    pub(super) header_timeout_ms: u64,
-    pub(super) idle_timeout_ms: u64,
-}
-
-impl Default for RawAdmin {
-    fn default() -> Self {
-        Self {
-            common: AdminSection::listening_on("127.0.0.1:9091"),
-            header_timeout_ms: 5_000,
-            idle_timeout_ms: 10_000,
-        }
+weir_service::config_section! {
+    /// `[admin]`: the shared section ([`AdminSection`]) and the adapter's own listener
+    /// timeouts.
+    pub(super) struct RawAdmin: flattened, ADMIN = "admin.";
+    {
+        header_timeout_ms: u64 = 5_000, Range::ms(100, 600000),
+            "bound on receiving a request head (at accept and between keep-alive requests)";
+        idle_timeout_ms: u64 = 10_000, Range::ms(100, 3600000),
+            "a connection that moves no byte for this long is closed";
     }
+    nested { #[serde(flatten)] common: AdminSection = AdminSection::listening_on("127.0.0.1:9091") }
 }
 
-const ADMIN: Section = Section::with_extra(
-    "admin",
-    ADMIN_KEYS,
-    &[
-        KeyDoc::new(
-            "admin.header_timeout_ms",
-            Range::ms(100, 600000),
-            "bound on receiving a request head (at accept and between keep-alive requests)",
-        ),
-        KeyDoc::new(
-            "admin.idle_timeout_ms",
-            Range::ms(100, 3600000),
-            "a connection that moves no byte for this long is closed",
-        ),
-    ],
-);
-
-const LOG: Section = Section::new("log", LOG_KEYS);
-
-raw_section! {
-    RawTrace, TRACE, "trace", "trace." {
+weir_service::config_section! {
+    pub(super) struct RawTrace, TRACE = "trace.";
+    {
         log: bool = true, Range::Any,
             "per-request events as `tracing` DEBUG events (target `weir_llm_adapter::trace`) inside \
             the request's `llm_request` span (span events with the feature `otel`)";
@@ -502,8 +400,9 @@ raw_section! {
     }
 }
 
-raw_section! {
-    RawStream, STREAM, "stream", "stream." {
+weir_service::config_section! {
+    pub(super) struct RawStream, STREAM = "stream.";
+    {
         chunk_interval_ms: u64 = 20, Range::ms(0, 10000).note(" (0 = no coalescing by time)"),
             "after a `chunk`, the next waits this long unless `chunk_max_bytes` are pending; the \
             first bytes after a quiet period go at once";
@@ -518,8 +417,9 @@ raw_section! {
     }
 }
 
-raw_section! {
-    RawJetStream, JETSTREAM, "jetstream", "jetstream." {
+weir_service::config_section! {
+    pub(super) struct RawJetStream, JETSTREAM = "jetstream.";
+    {
         stream: String = "WEIR_LLM_INTAKE".into(), Range::text("1..=128 of `A-Z a-z 0-9 - _`"),
             "the work-queue stream (created if absent)";
         subject: String = "llm.intake".into(), Range::text("a NATS subject without wildcards"),
@@ -558,27 +458,27 @@ raw_section! {
 /// The range and meaning of every key, by section, in the order shown. `validate`
 /// checks each numeric key against the typed range here.
 pub const SECTIONS: &[Section] = &[
-    GENERAL,
-    SESSION,
-    DEADLINE,
-    ESTIMATOR,
-    IDEMPOTENCY,
-    LIMITS,
-    BACKEND,
-    SIM,
-    OPENAI,
-    BACKEND_NATS,
-    BACKENDS,
-    BACKENDS_SIM,
-    BACKENDS_OPENAI,
-    BACKENDS_NATS,
-    POOL,
-    PRIORITY,
-    NATS,
-    SERVICE,
-    ADMIN,
-    TRACE,
-    STREAM,
-    JETSTREAM,
-    LOG,
+    Section::new("general", GENERAL),
+    Section::new("session", SESSION),
+    Section::new("deadline", DEADLINE),
+    Section::new("estimator", ESTIMATOR),
+    Section::new("idempotency", IDEMPOTENCY),
+    Section::new("limits", LIMITS),
+    Section::new("backend", BACKEND),
+    Section::new("sim", SIM),
+    Section::new("openai", OPENAI),
+    Section::new("backend_nats", BACKEND_NATS),
+    Section::new("backends", BACKENDS),
+    Section::new("backends_sim", BACKENDS_SIM),
+    Section::new("backends_openai", BACKENDS_OPENAI),
+    Section::new("backends_nats", BACKENDS_NATS),
+    Section::new("pool", POOL),
+    Section::new("priority", PRIORITY),
+    Section::with_extra("nats", NATS_KEYS, NATS),
+    Section::new("service", SERVICE),
+    Section::with_extra("admin", ADMIN_KEYS, ADMIN),
+    Section::new("trace", TRACE),
+    Section::new("stream", STREAM),
+    Section::new("jetstream", JETSTREAM),
+    Section::new("log", LOG_KEYS),
 ];

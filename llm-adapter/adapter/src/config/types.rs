@@ -9,7 +9,7 @@ use serde::Serialize;
 use weir_service::admin::RequestLimits;
 use weir_service::logging::LogFormat;
 
-use super::raw::RawSim;
+use super::raw::{RawSim, ServiceConfig};
 use super::{AdmissionConfig, ConfigError, MAX_NAME_LEN, invalid};
 
 /// Enforce the limits (`enforce`, the default), or (`shadow`) count `would_reject` for
@@ -309,29 +309,6 @@ pub struct AdapterNats {
     pub client: weir_service::nats::NatsConfig,
     /// Bound on publishing one reply (the publish call waits without limit otherwise).
     pub publish_timeout: Duration,
-}
-
-/// `[service]`: the NATS micro service.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServiceConfig {
-    /// Service name (`A-Z a-z 0-9 - _`).
-    pub name: String,
-    /// Semantic version advertised in `$SRV.INFO`.
-    pub version: String,
-    /// Description advertised in `$SRV.INFO`.
-    pub description: String,
-    /// Queue group shared by replicas.
-    pub queue_group: String,
-    /// Inference requests.
-    pub subject: String,
-    /// Cancellation by request id.
-    pub cancel_subject: String,
-    /// Capabilities (every limit, `null` when disabled).
-    pub capabilities_subject: String,
-    /// Busiest keys.
-    pub limits_subject: String,
-    /// Where a request is, by request id (`llm.status`).
-    pub status_subject: String,
 }
 
 /// `[admin]`.

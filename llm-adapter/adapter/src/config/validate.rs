@@ -271,7 +271,8 @@ impl RawSim {
     /// Validates the sub-table whose keys start with `p` (`backend.sim.`,
     /// `backends[2].sim.`).
     pub(super) fn validate_at(&self, p: &str) -> Result<SimConfig, ConfigError> {
-        let latency = int(&format!("{p}latency_ms"), self.latency_ms)?;
+        let key = |field: &str| format!("{p}{field}");
+        let latency = int(&key("latency_ms"), self.latency_ms)?;
         // A bound of another distribution would be ignored: refused instead.
         let unused = match self.distribution {
             Distribution::Fixed => vec![
@@ -282,23 +283,20 @@ impl RawSim {
             Distribution::Uniform => vec![("p99_ms", self.p99_ms)],
             Distribution::LogNormal => vec![("min_ms", self.min_ms), ("max_ms", self.max_ms)],
         };
-        if let Some((key, _)) = unused.iter().find(|(_, v)| v.is_some()) {
+        if let Some((field, _)) = unused.iter().find(|(_, v)| v.is_some()) {
             return Err(invalid(
-                format!("{p}{key}"),
+                key(field),
                 "set, but backend.sim.distribution does not use it",
             ));
         }
         let latency = match self.distribution {
             Distribution::Fixed => Latency::Fixed(Duration::from_millis(latency)),
             Distribution::Uniform => {
-                let min = int(&format!("{p}min_ms"), self.min_ms.unwrap_or(0))?;
-                let max = int(
-                    &format!("{p}max_ms"),
-                    self.max_ms.unwrap_or(latency.max(min)),
-                )?;
+                let min = int(&key("min_ms"), self.min_ms.unwrap_or(0))?;
+                let max = int(&key("max_ms"), self.max_ms.unwrap_or(latency.max(min)))?;
                 if max < min {
                     return Err(invalid(
-                        format!("{p}max_ms"),
+                        key("max_ms"),
                         format!("{max} is below min_ms {min}"),
                     ));
                 }
@@ -309,12 +307,12 @@ impl RawSim {
             }
             Distribution::LogNormal => {
                 let p99 = int(
-                    &format!("{p}p99_ms"),
+                    &key("p99_ms"),
                     self.p99_ms.unwrap_or(latency.saturating_mul(3)),
                 )?;
                 if p99 < latency {
                     return Err(invalid(
-                        format!("{p}p99_ms"),
+                        key("p99_ms"),
                         format!("{p99} is below the median latency_ms {latency}"),
                     ));
                 }
@@ -326,15 +324,12 @@ impl RawSim {
         };
         Ok(SimConfig {
             latency,
-            error_rate: decimal(&format!("{p}error_rate"), self.error_rate)?,
-            seed: int(&format!("{p}seed"), self.seed)?,
+            error_rate: decimal(&key("error_rate"), self.error_rate)?,
+            seed: int(&key("seed"), self.seed)?,
             stream: SimStream {
-                first_token: millis(&format!("{p}first_token_ms"), self.first_token_ms)?,
-                tokens: u32::try_from(int(&format!("{p}tokens"), self.tokens)?).unwrap_or(u32::MAX),
-                tokens_per_second: decimal(
-                    &format!("{p}tokens_per_second"),
-                    self.tokens_per_second,
-                )?,
+                first_token: millis(&key("first_token_ms"), self.first_token_ms)?,
+                tokens: u32::try_from(int(&key("tokens"), self.tokens)?).unwrap_or(u32::MAX),
+                tokens_per_second: decimal(&key("tokens_per_second"), self.tokens_per_second)?,
             },
         })
     }
@@ -344,13 +339,14 @@ impl RawOpenAi {
     /// Validates the sub-table whose keys start with `p` (`backend.openai.`,
     /// `backends[2].openai.`).
     pub(super) fn validate_at(&self, p: &str) -> Result<OpenAiConfig, ConfigError> {
+        let key = |field: &str| format!("{p}{field}");
         let base_url = &self.base_url;
         let host = base_url
             .strip_prefix("https://")
             .or_else(|| base_url.strip_prefix("http://"));
         if host.is_none_or(|h| h.trim_end_matches('/').is_empty()) {
             return Err(invalid(
-                format!("{p}base_url"),
+                key("base_url"),
                 format!("expected http://host:port or https://host[:port], got {base_url:?}"),
             ));
         }
@@ -359,9 +355,9 @@ impl RawOpenAi {
         let tls_key_file = set(&self.tls_key_file).map(PathBuf::from);
         if tls_cert_file.is_some() != tls_key_file.is_some() {
             let missing = if tls_cert_file.is_some() {
-                format!("{p}tls_key_file")
+                key("tls_key_file")
             } else {
-                format!("{p}tls_cert_file")
+                key("tls_cert_file")
             };
             return Err(invalid(
                 missing,
@@ -377,26 +373,23 @@ impl RawOpenAi {
             .find_map(|(k, set)| set.then_some(k))
         {
             return Err(invalid(
-                format!("{p}{k}"),
+                key(k),
                 "set, but base_url is not https:// (it would be ignored)",
             ));
         }
         if !self.path.starts_with('/') {
-            return Err(invalid(format!("{p}path"), "must start with '/'"));
+            return Err(invalid(key("path"), "must start with '/'"));
         }
         Ok(OpenAiConfig {
             base_url: base_url.trim_end_matches('/').to_owned(),
             path: self.path.clone(),
             api_key_env: set(&self.api_key_env),
-            connect_timeout: millis(&format!("{p}connect_timeout_ms"), self.connect_timeout_ms)?,
+            connect_timeout: millis(&key("connect_timeout_ms"), self.connect_timeout_ms)?,
             pool_max_idle_per_host: size(
-                &format!("{p}pool_max_idle_per_host"),
+                &key("pool_max_idle_per_host"),
                 self.pool_max_idle_per_host,
             )?,
-            pool_idle_timeout: millis(
-                &format!("{p}pool_idle_timeout_ms"),
-                self.pool_idle_timeout_ms,
-            )?,
+            pool_idle_timeout: millis(&key("pool_idle_timeout_ms"), self.pool_idle_timeout_ms)?,
             tls_ca_file,
             tls_cert_file,
             tls_key_file,
@@ -439,8 +432,9 @@ impl RawNats {
     }
 }
 
-impl RawService {
-    pub(super) fn validate(&self) -> Result<ServiceConfig, ConfigError> {
+impl ServiceConfig {
+    /// The same keys, checked.
+    pub(super) fn validate(&self) -> Result<Self, ConfigError> {
         stream_name("service.name", &self.name)?;
         if !is_semver(&self.version) {
             return Err(invalid(
@@ -452,36 +446,24 @@ impl RawService {
             ));
         }
         name_check("service.queue_group", &self.queue_group)?;
-        let endpoint = |key: &str, s: &String| subject(key, s.clone(), true);
-        let cfg = ServiceConfig {
-            name: self.name.clone(),
-            version: self.version.clone(),
-            description: self.description.clone(),
-            queue_group: self.queue_group.clone(),
-            subject: endpoint("service.subject", &self.subject)?,
-            cancel_subject: endpoint("service.cancel_subject", &self.cancel_subject)?,
-            capabilities_subject: endpoint(
-                "service.capabilities_subject",
-                &self.capabilities_subject,
-            )?,
-            limits_subject: endpoint("service.limits_subject", &self.limits_subject)?,
-            status_subject: endpoint("service.status_subject", &self.status_subject)?,
-        };
-        let all = [
-            &cfg.subject,
-            &cfg.cancel_subject,
-            &cfg.capabilities_subject,
-            &cfg.limits_subject,
-            &cfg.status_subject,
+        let subjects = [
+            ("service.subject", &self.subject),
+            ("service.cancel_subject", &self.cancel_subject),
+            ("service.capabilities_subject", &self.capabilities_subject),
+            ("service.limits_subject", &self.limits_subject),
+            ("service.status_subject", &self.status_subject),
         ];
-        let distinct: BTreeSet<&String> = all.iter().copied().collect();
-        if distinct.len() != all.len() {
+        for (key, s) in subjects {
+            subject(key, s.clone(), true)?;
+        }
+        let distinct: BTreeSet<&String> = subjects.iter().map(|(_, s)| *s).collect();
+        if distinct.len() != subjects.len() {
             return Err(invalid(
                 "service.subject",
                 "the five service subjects must differ",
             ));
         }
-        Ok(cfg)
+        Ok(self.clone())
     }
 }
 

@@ -7,56 +7,62 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
-use crate::config::keys::KeyDoc;
-use crate::config::{ConfigError, ConfigErrorKind, Range};
+use crate::config::{ConfigError, ConfigErrorKind, Range, whole_ms as ms};
 use crate::nats::{MAX_INBOX_PREFIX_LEN, MAX_INBOX_PREFIX_TOKENS, NatsAuth, NatsConfig, NatsTls};
 
-/// `nats.connection_timeout_ms`: below 100 ms no real network connects, above 60 s a
-/// reconnect that tries a hung node first stalls for a minute.
-const CONNECTION_TIMEOUT: Range = Range::ms(100, 60_000);
-/// `nats.ping_interval_ms`: a dead server is noticed after 2–3 of these.
-const PING_INTERVAL: Range = Range::ms(100, 600_000);
-/// `nats.client_capacity`.
-const CLIENT_CAPACITY: Range = Range::int(16, 1_048_576);
-
-/// The `[nats]` keys as read, before validation. An empty string is unset.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct NatsSection {
-    /// `nats.url`: comma-separated server URLs.
-    pub url: String,
-    /// `nats.name`: the client name (empty: the binary's).
-    pub name: String,
-    /// `nats.user` (with `nats.password`).
-    pub user: String,
-    /// `nats.password` (with `nats.user`).
-    pub password: String,
-    /// `nats.token`.
-    pub token: String,
-    /// `nats.nkey`: an NKey user seed.
-    pub nkey: String,
-    /// `nats.creds_file`: a `.creds` file.
-    pub creds_file: String,
-    /// `nats.tls_required`.
-    pub tls_required: bool,
-    /// `nats.tls_ca_file`.
-    pub tls_ca_file: String,
-    /// `nats.tls_cert_file` (with `nats.tls_key_file`).
-    pub tls_cert_file: String,
-    /// `nats.tls_key_file` (with `nats.tls_cert_file`).
-    pub tls_key_file: String,
-    /// `nats.inbox_prefix`.
-    pub inbox_prefix: String,
-    /// `nats.connection_timeout_ms`.
-    pub connection_timeout_ms: u64,
-    /// `nats.ping_interval_ms`.
-    pub ping_interval_ms: u64,
-    /// `nats.client_capacity`.
-    pub client_capacity: u64,
-    /// `nats.retry_initial_connect`.
-    pub retry_initial_connect: bool,
+crate::config_section! {
+    /// The `[nats]` keys as read, before validation. An empty string is unset.
+    #[derive(PartialEq, Eq)]
+    pub struct NatsSection, NATS_KEYS = "nats.";
+    /// The keys whose defaults are `config` (a binary's [`NatsConfig::named`], with
+    /// its own client name and capacity); no credentials.
+    pub fn from_config(config: &NatsConfig);
+    {
+        url: String = config.url_list(),
+            Range::text("`nats://`, `tls://`, `ws://` URLs, comma-separated"),
+            "NATS server(s), tried in turn; each URL parsed on its own (`--nats-url` too)";
+        name: String = config.name.clone(), Range::Any,
+            "client name shown by the server (empty: the binary's)";
+        user: String = String::new(),
+            Range::text("with `nats.password`; one authentication method"),
+            "user name (secrets show as `<redacted>` in `Debug` output and logs)";
+        password: String = String::new(), Range::text("with `nats.user`"), "password";
+        token: String = String::new(), Range::text("one authentication method"), "token";
+        nkey: String = String::new(),
+            Range::text("an NKey user seed (`SU...`); one authentication method"), "NKey seed";
+        creds_file: String = String::new(),
+            Range::text("an existing file; one authentication method"),
+            "credentials file (JWT + NKey seed)";
+        tls_required: bool = config.tls.required, Range::Any, "require TLS";
+        tls_ca_file: String = String::new(), Range::text("an existing PEM file"),
+            "CA certificates trusted for the server";
+        tls_cert_file: String = String::new(),
+            Range::text("an existing PEM file; with `nats.tls_key_file`"),
+            "client certificate (mutual TLS)";
+        tls_key_file: String = String::new(),
+            Range::text("an existing PEM file; with `nats.tls_cert_file`"),
+            "private key of the client certificate";
+        inbox_prefix: String = config.inbox_prefix.clone(),
+            Range::text("1..=8 tokens of `A-Z a-z 0-9 _ -`, dot-separated, ≤ 128 bytes"),
+            "prefix of every inbox (reply subject) the client makes, `<prefix>.<unique>`: the \
+            NATS user's own, e.g. `_INBOX.ingress`, `_INBOX.llm-adapter` \
+            (deploy/nats-server.conf)";
+        // Below 100 ms no real network connects; above 60 s a reconnect that tries a hung
+        // node first stalls for a minute.
+        connection_timeout_ms: u64 = ms(config.connection_timeout), Range::ms(100, 60_000),
+            "bound on connecting to one server (a reconnect that tries a hung node first \
+            waits this long)";
+        ping_interval_ms: u64 = ms(config.ping_interval), Range::ms(100, 600_000),
+            "PING interval: a silent server is declared dead after 2–3 of these (4–6 s for a \
+            hung node at the default); see \
+            [operations.md](operations.md#ingress-and-adapter-on-a-cluster)";
+        client_capacity: u64 = config.client_capacity as u64, Range::int(16, 1_048_576),
+            "messages the NATS client buffers (shared by every stream or reply) before a \
+            publish waits";
+        retry_initial_connect: bool = config.retry_initial_connect, Range::Any,
+            "start even when no server answers yet and keep trying in the background \
+            (`/readyz` 503 until connected); `false`: exit 1 if the first connection fails";
+    }
 }
 
 impl Default for NatsSection {
@@ -89,44 +95,18 @@ impl fmt::Debug for NatsSection {
     }
 }
 
-fn ms(d: std::time::Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 impl NatsSection {
-    /// The keys whose defaults are `config` (a binary's [`NatsConfig::named`], with
-    /// its own client name and capacity); no credentials.
-    pub fn from_config(config: &NatsConfig) -> Self {
-        Self {
-            url: config.url_list(),
-            name: config.name.clone(),
-            user: String::new(),
-            password: String::new(),
-            token: String::new(),
-            nkey: String::new(),
-            creds_file: String::new(),
-            tls_required: config.tls.required,
-            tls_ca_file: String::new(),
-            tls_cert_file: String::new(),
-            tls_key_file: String::new(),
-            inbox_prefix: config.inbox_prefix.clone(),
-            connection_timeout_ms: ms(config.connection_timeout),
-            ping_interval_ms: ms(config.ping_interval),
-            client_capacity: config.client_capacity as u64,
-            retry_initial_connect: config.retry_initial_connect,
-        }
-    }
-
     /// Validates the keys into `base` (which keeps what the section has no key for:
     /// `subscription_capacity`), with the invariants of [`NatsConfig`]. An empty string
     /// is unset: the base's URLs and inbox prefix stay. A refusal names `nats.<field>`.
     pub fn validate(&self, base: NatsConfig) -> Result<NatsConfig, ConfigError> {
-        let connection_timeout =
-            CONNECTION_TIMEOUT.millis(&key("connection_timeout_ms"), self.connection_timeout_ms)?;
+        let range = |field: &str| crate::config::keys::range_of(NATS_KEYS, &key(field));
+        let connection_timeout = range("connection_timeout_ms")
+            .millis(&key("connection_timeout_ms"), self.connection_timeout_ms)?;
         let ping_interval =
-            PING_INTERVAL.millis(&key("ping_interval_ms"), self.ping_interval_ms)?;
+            range("ping_interval_ms").millis(&key("ping_interval_ms"), self.ping_interval_ms)?;
         let client_capacity =
-            CLIENT_CAPACITY.size(&key("client_capacity"), self.client_capacity)?;
+            range("client_capacity").size(&key("client_capacity"), self.client_capacity)?;
         let urls = match text(&self.url) {
             Some(list) => urls(list)?,
             None => base.urls,
@@ -292,89 +272,6 @@ fn inbox_prefix(prefix: &str) -> Result<String, ConfigError> {
     }
     Ok(prefix.to_owned())
 }
-
-/// Range and meaning of every `[nats]` key, in the order shown.
-pub const NATS_KEYS: &[KeyDoc] = &[
-    KeyDoc::new(
-        "nats.url",
-        Range::text("`nats://`, `tls://`, `ws://` URLs, comma-separated"),
-        "NATS server(s), tried in turn; each URL parsed on its own (`--nats-url` too)",
-    ),
-    KeyDoc::new(
-        "nats.name",
-        Range::Any,
-        "client name shown by the server (empty: the binary's)",
-    ),
-    KeyDoc::new(
-        "nats.user",
-        Range::text("with `nats.password`; one authentication method"),
-        "user name (secrets show as `<redacted>` in `Debug` output and logs)",
-    ),
-    KeyDoc::new("nats.password", Range::text("with `nats.user`"), "password"),
-    KeyDoc::new(
-        "nats.token",
-        Range::text("one authentication method"),
-        "token",
-    ),
-    KeyDoc::new(
-        "nats.nkey",
-        Range::text("an NKey user seed (`SU...`); one authentication method"),
-        "NKey seed",
-    ),
-    KeyDoc::new(
-        "nats.creds_file",
-        Range::text("an existing file; one authentication method"),
-        "credentials file (JWT + NKey seed)",
-    ),
-    KeyDoc::new("nats.tls_required", Range::Any, "require TLS"),
-    KeyDoc::new(
-        "nats.tls_ca_file",
-        Range::text("an existing PEM file"),
-        "CA certificates trusted for the server",
-    ),
-    KeyDoc::new(
-        "nats.tls_cert_file",
-        Range::text("an existing PEM file; with `nats.tls_key_file`"),
-        "client certificate (mutual TLS)",
-    ),
-    KeyDoc::new(
-        "nats.tls_key_file",
-        Range::text("an existing PEM file; with `nats.tls_cert_file`"),
-        "private key of the client certificate",
-    ),
-    KeyDoc::new(
-        "nats.inbox_prefix",
-        Range::text("1..=8 tokens of `A-Z a-z 0-9 _ -`, dot-separated, ≤ 128 bytes"),
-        "prefix of every inbox (reply subject) the client makes, `<prefix>.<unique>`: the \
-         NATS user's own, e.g. `_INBOX.ingress`, `_INBOX.llm-adapter` \
-         (deploy/nats-server.conf)",
-    ),
-    KeyDoc::new(
-        "nats.connection_timeout_ms",
-        CONNECTION_TIMEOUT,
-        "bound on connecting to one server (a reconnect that tries a hung node first waits \
-         this long)",
-    ),
-    KeyDoc::new(
-        "nats.ping_interval_ms",
-        PING_INTERVAL,
-        "PING interval: a silent server is declared dead after 2–3 of these (4–6 s for a \
-         hung node at the default); see \
-         [operations.md](operations.md#ingress-and-adapter-on-a-cluster)",
-    ),
-    KeyDoc::new(
-        "nats.client_capacity",
-        CLIENT_CAPACITY,
-        "messages the NATS client buffers (shared by every stream or reply) before a \
-         publish waits",
-    ),
-    KeyDoc::new(
-        "nats.retry_initial_connect",
-        Range::Any,
-        "start even when no server answers yet and keep trying in the background \
-         (`/readyz` 503 until connected); `false`: exit 1 if the first connection fails",
-    ),
-];
 
 /// `Some(s)` unless empty (an empty string is unset).
 fn text(s: &str) -> Option<&str> {
