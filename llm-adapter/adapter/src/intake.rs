@@ -86,7 +86,7 @@ use self::ticket::Hub;
 pub(crate) use self::ticket::{Settle, Ticket};
 use crate::config::{Config, JetStreamIntake, Mode};
 use crate::metrics as m;
-use crate::millis::whole_ms;
+use weir_service::config::whole_ms;
 
 /// How long one pull request waits on the server for messages.
 const PULL_EXPIRES: Duration = Duration::from_millis(1000);

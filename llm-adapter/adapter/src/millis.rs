@@ -2,12 +2,9 @@
 //! JSON documents and the configuration keys (`_ms`). Saturating: a duration beyond
 //! `u64::MAX` ms is `u64::MAX`, a clock before 1970 is 0.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-/// `d` in whole milliseconds (rounded down).
-pub(crate) fn whole_ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
+use weir_service::config::whole_ms;
 
 /// The wall clock now, in milliseconds since the Unix epoch.
 pub(crate) fn unix_ms_now() -> u64 {

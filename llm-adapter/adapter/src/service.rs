@@ -46,9 +46,9 @@ use tokio::task::JoinHandle;
 use crate::admission::{Admission, RequestStatus, Sink};
 use crate::config::Config;
 use crate::intake::IntakeEdge;
-use crate::millis::whole_ms;
 use crate::nats_events::AdapterEvents;
 use crate::stream::AckHub;
+use weir_service::config::whole_ms;
 
 mod barge_in;
 mod decode;

@@ -187,7 +187,7 @@ impl CallLimit {
         if self.deadline_first {
             ErrorBody::new(ErrorCode::DeadlineExceeded, DEADLINE_DURING_INFERENCE).with_details(
                 ErrorDetails {
-                    waited_ms: Some(crate::millis::whole_ms(self.at - self.started_at)),
+                    waited_ms: Some(weir_service::config::whole_ms(self.at - self.started_at)),
                     ..Default::default()
                 },
             )
@@ -262,7 +262,7 @@ pub(crate) fn backend_failure(
         // `backend_error` so that callers built before the distinction still match).
         BackendErrorKind::Overloaded => ErrorBody::new(ErrorCode::BackendError, e.to_string())
             .with_details(ErrorDetails {
-                retry_after_ms: e.retry_after().map(crate::millis::whole_ms),
+                retry_after_ms: e.retry_after().map(weir_service::config::whole_ms),
                 backend_status: e.status(),
                 ..Default::default()
             }),

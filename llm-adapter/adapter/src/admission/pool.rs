@@ -217,7 +217,7 @@ impl Member {
             weight: self.weight,
             health: self.health.into(),
             ejected_for_ms: match self.health {
-                Health::Ejected { until } => Some(crate::millis::whole_ms(
+                Health::Ejected { until } => Some(weir_service::config::whole_ms(
                     until.saturating_duration_since(now),
                 )),
                 _ => None,

@@ -42,8 +42,8 @@ mod validate;
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
-use crate::millis::whole_ms as ms;
 use weir_service::config::keys;
+use weir_service::config::whole_ms as ms;
 use weir_service::config::{Layers, Origin, Range};
 
 pub use crate::admission::{AdmissionConfig, EstimatorConfig, HealthConfig, PoolSlots};

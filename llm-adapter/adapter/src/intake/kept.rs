@@ -32,7 +32,7 @@ use weir_protocol::llm::{ErrorBody, ErrorCode};
 
 use super::{Hub, IntakeError, IntakeErrorKind, KEEP_RETRY, Settle, Ticket, reply_key};
 use crate::metrics as m;
-use crate::millis::whole_ms;
+use weir_service::config::whole_ms;
 
 /// The line of a kept answer that carries its request's fingerprint; never published
 /// to a caller.

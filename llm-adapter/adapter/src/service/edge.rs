@@ -26,9 +26,10 @@ use crate::admission::{Admission, Outcome, Submission};
 use crate::config::Config;
 use crate::intake::{Admit, Pulled, Settle, SlotRefusal, TermReason, Ticket};
 use crate::metrics as m;
-use crate::millis::{unix_ms_now, whole_ms};
+use crate::millis::unix_ms_now;
 use crate::nats_events::AdapterEvents;
 use crate::stream::{AckHub, NatsStream, StreamLimits};
+use weir_service::config::whole_ms;
 
 /// Shared by the endpoint tasks.
 pub(super) struct Edge {

@@ -39,7 +39,7 @@ use super::{Ask, Gate, RULE_PREDICTED, Refusal, millis_ceil, refusal};
 use crate::admission::AdmissionConfig;
 use crate::admission::priority::Priority;
 use crate::config::QueueOrder;
-use crate::millis::whole_ms as millis;
+use weir_service::config::whole_ms as millis;
 
 /// Ready-queue order: (due instant under EDF, or a constant under FIFO; admission id
 /// under EDF, arrival in the ready queue under FIFO).

@@ -22,7 +22,7 @@ use super::{Gate, Refusal, refusal, retry_after};
 use crate::admission::slots::{SlotGuard, SlotTable};
 use crate::admission::{AdmissionConfig, Submission};
 use crate::config::{KeyLimit, KeySource, OnBusy};
-use crate::millis::whole_ms as millis;
+use weir_service::config::whole_ms as millis;
 
 /// One limit's slots and waiters, by key.
 #[derive(Default)]

@@ -41,7 +41,7 @@ use tokio::time::Instant;
 use weir_protocol::llm::{ErrorBody, ErrorCode, ErrorDetails};
 
 use super::Submission;
-use crate::millis::whole_ms as millis;
+use weir_service::config::whole_ms as millis;
 
 /// Rule names used in traces, would-reject counts and metrics.
 pub(crate) const RULE_SESSION_CAP: &str = "session_cap";

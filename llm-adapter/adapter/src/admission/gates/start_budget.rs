@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use super::{Gate, RULE_START_BUDGET, Refusal, millis_ceil, not_started};
 use crate::admission::AdmissionConfig;
-use crate::millis::whole_ms as millis;
+use weir_service::config::whole_ms as millis;
 
 /// The start budget.
 pub(crate) struct StartBudget {

@@ -18,7 +18,7 @@ use crate::admission::gates::{Ask, millis_ceil, refusal, retry_after};
 use crate::admission::priority::Priority;
 use crate::admission::{Admitted, Submission};
 use crate::config::QueueOrder;
-use crate::millis::whole_ms as millis;
+use weir_service::config::whole_ms as millis;
 
 /// Why a batch request is displaced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
