@@ -44,8 +44,8 @@ pub fn late_after(max_age: Duration) -> Duration {
 }
 
 /// Milliseconds since the Unix epoch on this host (every process of a run shares the
-/// clock: they all run on this machine): the consumer core's clock.
-pub use weir_audio_consumer::system_unix_ms as unix_ms;
+/// clock: they all run on this machine), as the consumer core reads it.
+pub use weir_service::clock::unix_ms_now as unix_ms;
 
 /// Unix time in microseconds.
 pub fn unix_us() -> u64 {

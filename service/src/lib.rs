@@ -5,6 +5,7 @@
 //! - [`app`] (feature `app`): the one start-up path of every binary (logging, runtime
 //!   and `--threads`, recorder, ready line, exit status);
 //! - [`cli`] (feature `cli`): the `serve` flags `--set`, `--list-keys`, `--markdown`;
+//! - [`clock`]: the wall clock in Unix milliseconds, as timestamps on the wire carry it;
 //! - [`config`]: the one configuration error and typed ranges; with the feature
 //!   `config`, configuration layered defaults < TOML file < environment < command line
 //!   into the service's serde struct, refusing unknown keys from every layer, the key
@@ -38,6 +39,7 @@ pub mod app;
 pub mod bounded;
 #[cfg(feature = "cli")]
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod error;
 #[cfg(feature = "http")]

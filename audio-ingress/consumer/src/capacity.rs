@@ -175,7 +175,7 @@ impl CapacityConfig {
 /// call).
 pub(crate) fn random_nonce() -> String {
     let mut h = RandomState::new().build_hasher();
-    h.write_u64(crate::system_unix_ms());
+    h.write_u64(weir_service::clock::unix_ms_now());
     format!("{:016x}", h.finish())
 }
 

@@ -302,14 +302,6 @@ impl Instruments {
 /// compared with by the staleness guard. Injectable so that tests control it.
 pub(crate) type WallClock = Arc<dyn Fn() -> u64 + Send + Sync>;
 
-/// The system clock in Unix milliseconds, as the staleness guard reads it (0 before
-/// 1970, saturating far ahead).
-pub fn system_unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 /// State shared by the consumer handle, its demultiplexers and its handler tasks.
 pub(crate) struct Shared {
     pub(crate) settings: ConsumerSettings,
@@ -333,7 +325,7 @@ pub(crate) struct Shared {
 
 impl Shared {
     fn new(settings: ConsumerSettings) -> Self {
-        Self::with_clock(settings, Arc::new(system_unix_ms))
+        Self::with_clock(settings, Arc::new(weir_service::clock::unix_ms_now))
     }
 
     pub(crate) fn with_clock(settings: ConsumerSettings, wall_clock: WallClock) -> Self {

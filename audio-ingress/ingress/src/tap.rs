@@ -344,7 +344,7 @@ pub async fn run_with(
                         &msg.payload,
                         msg.headers.as_ref(),
                         args.json,
-                        weir_audio_consumer::system_unix_ms(),
+                        weir_service::clock::unix_ms_now(),
                     );
                     if args.json {
                         writeln!(out, "{line}").map_err(output_error)?;

@@ -56,7 +56,6 @@ pub mod backend;
 pub mod config;
 mod intake;
 pub mod metrics;
-mod millis;
 pub mod nats_events;
 pub mod service;
 pub mod stream;

@@ -88,7 +88,7 @@ pub(crate) fn announcement(
         worker: cap.worker_id.clone(),
         instance: shared.capacity.instance.clone(),
         seq,
-        sent_at_ms: crate::system_unix_ms(),
+        sent_at_ms: weir_service::clock::unix_ms_now(),
         interval_ms: ms(cap.interval),
         subject: settings.subject.as_str().to_owned(),
         partitions_total: settings.partitions.get(),
@@ -274,7 +274,7 @@ impl Task {
             reason: RefusalReason::MaxStreams,
             max_streams,
             live_streams: note.live_streams.min(max_streams),
-            sent_at_ms: crate::system_unix_ms(),
+            sent_at_ms: weir_service::clock::unix_ms_now(),
         };
         let subject = proto::refused_subject(&self.shared.settings.capacity.prefix, &stream);
         match self.publish(subject, refusal.encode()).await {

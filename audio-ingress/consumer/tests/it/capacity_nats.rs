@@ -76,7 +76,7 @@ async fn start(url: &str, cfg: ConsumerConfig, per_frame: Duration) -> Consumer 
 async fn next(sub: &mut async_nats::Subscriber, bound: Duration) -> Option<Announcement> {
     let msg = tokio::time::timeout(bound, sub.next()).await.ok()??;
     let a = Announcement::decode(msg.subject.as_str(), &msg.payload).expect("a valid announcement");
-    a.check_fresh(weir_audio_consumer::system_unix_ms())
+    a.check_fresh(weir_service::clock::unix_ms_now())
         .expect("fresh");
     Some(a)
 }

@@ -83,7 +83,7 @@ pub(crate) async fn run(client: async_nats::Client, shared: Arc<Shared>, prefix:
 /// is the first one named.
 fn on_announcement(shared: &Shared, subject: &str, payload: &[u8]) -> Option<String> {
     let ann = match Announcement::decode(subject, payload).and_then(|a| {
-        a.check_fresh(weir_audio_consumer::system_unix_ms())?;
+        a.check_fresh(weir_service::clock::unix_ms_now())?;
         Ok(a)
     }) {
         Ok(a) => a,

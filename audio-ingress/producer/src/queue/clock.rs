@@ -4,9 +4,10 @@
 //! [`WallClock::REANCHOR`] old, so a wall-clock step shows within a second; reading
 //! it costs no clock read per frame beyond the caller's `now`.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::time::Instant;
+use weir_service::clock::unix_ms_now;
 
 /// Maps monotonic instants to Unix milliseconds without two clock reads per frame: an
 /// anchor (instant, Unix ms) taken at most [`WallClock::REANCHOR`] ago, so wall-clock
@@ -40,11 +41,4 @@ impl WallClock {
                 .saturating_sub(self.at.duration_since(t).as_millis() as u64)
         }
     }
-}
-
-/// Now, in Unix milliseconds.
-pub(crate) fn unix_ms_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }

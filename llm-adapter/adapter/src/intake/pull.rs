@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use weir_protocol::WireName;
 use weir_protocol::llm::headers as h;
 use weir_protocol::llm::{ErrorBody, ErrorCode, ErrorDetails};
+use weir_service::clock::unix_ms_now;
 use weir_service::ratelimit::LogLimit;
 
 use super::kept::{Replay, replay_kept};
@@ -29,7 +30,6 @@ use super::{
 };
 use crate::config::Config;
 use crate::metrics as m;
-use crate::millis::unix_ms_now;
 use crate::service::header;
 
 pub(super) struct PullCtx<A> {

@@ -11,9 +11,9 @@ use tokio::time::Instant;
 use weir_protocol::llm::headers as h;
 use weir_protocol::llm::stream as s;
 use weir_protocol::llm::{AdmissionPolicy, EnvelopeMeta, ErrorBody, ErrorCode, HeaderError};
+use weir_service::clock::unix_ms_now;
 
 use crate::admission::Submission;
-use crate::millis::unix_ms_now;
 
 /// Looks a header up by exact name, then case-insensitively (Go clients canonicalise,
 /// others may not).

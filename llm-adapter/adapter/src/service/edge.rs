@@ -17,6 +17,8 @@ use weir_protocol::WireName;
 use weir_protocol::llm::headers as h;
 use weir_protocol::llm::stream as s;
 use weir_protocol::llm::{EnvelopeMeta, ErrorBody, ErrorCode, HeaderError};
+use weir_service::clock::unix_ms_now;
+use weir_service::config::whole_ms;
 
 use super::decode::{Known, decode, header, invalid, open_span, request_id_of};
 use super::forward::{PendingForward, PendingMeta, not_confirmed, not_stored};
@@ -26,10 +28,8 @@ use crate::admission::{Admission, Outcome, Submission};
 use crate::config::Config;
 use crate::intake::{Admit, Pulled, Settle, SlotRefusal, TermReason, Ticket};
 use crate::metrics as m;
-use crate::millis::unix_ms_now;
 use crate::nats_events::AdapterEvents;
 use crate::stream::{AckHub, NatsStream, StreamLimits};
-use weir_service::config::whole_ms;
 
 /// Shared by the endpoint tasks.
 pub(super) struct Edge {
