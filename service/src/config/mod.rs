@@ -69,6 +69,11 @@ pub use layers::{Alias, ConfigSources, Layers, cli_overrides};
 #[cfg(feature = "config")]
 pub(crate) use layers::{any_element, flatten};
 
+/// `Some(text)` unless empty: an empty string is "unset" for the optional text keys.
+pub fn set(text: &str) -> Option<&str> {
+    (!text.is_empty()).then_some(text)
+}
+
 /// Where a value came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Origin {

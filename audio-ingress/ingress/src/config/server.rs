@@ -6,6 +6,7 @@ use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use weir_service::admin::RequestLimits;
+use weir_service::config::set;
 use weir_service::http::BodyLimits;
 
 use super::{ConfigError, ConfigErrorKind, RawConfig, int_in, nonzero};
@@ -141,11 +142,6 @@ fn addr(key: &str, text: &str, example: &str) -> Result<SocketAddr, ConfigError>
             format!("{text:?} is not a socket address like {example}"),
         )
     })
-}
-
-/// `Some(text)` unless empty (an empty string is "unset" for the optional keys).
-fn set(text: &str) -> Option<&str> {
-    (!text.is_empty()).then_some(text)
 }
 
 impl RawConfig {

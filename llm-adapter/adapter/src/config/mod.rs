@@ -44,7 +44,7 @@ use std::time::Duration;
 
 use weir_service::config::keys;
 use weir_service::config::whole_ms as ms;
-use weir_service::config::{Layers, Origin, Range};
+use weir_service::config::{Layers, Origin, Range, set};
 
 pub use crate::admission::{AdmissionConfig, EstimatorConfig, HealthConfig, PoolSlots};
 pub use pool::{MAX_BACKENDS, PoolMember};
@@ -199,11 +199,6 @@ fn decimal(key: &str, v: f64) -> Result<f64, ConfigError> {
 /// A value refused for a reason other than its range.
 fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError::new(key, ConfigErrorKind::Invalid, message)
-}
-
-/// `Some(text)` unless empty (an empty string is "unset" for the optional keys).
-fn set(text: &str) -> Option<String> {
-    (!text.is_empty()).then(|| text.to_owned())
 }
 
 /// Every key with its type, default, range and meaning: aligned text for

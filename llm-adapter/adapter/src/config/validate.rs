@@ -65,7 +65,7 @@ impl RawConfig {
             trace: TraceConfig {
                 log: self.trace.log,
                 subject: set(&self.trace.subject)
-                    .map(|s| subject("trace.subject", s, false))
+                    .map(|s| subject("trace.subject", s.to_owned(), false))
                     .transpose()?,
                 buffer: count("trace.buffer", self.trace.buffer)?,
             },
@@ -99,7 +99,7 @@ impl RawConfig {
         for (n, l) in self.limits.iter().enumerate() {
             let key_of = |field: &str| format!("limits[{n}].{field}");
             let key = KeySource::parse(&key_of("key"), &l.key)?;
-            let name = set(&l.name).unwrap_or_else(|| key.describe());
+            let name = set(&l.name).map_or_else(|| key.describe(), str::to_owned);
             name_check(&key_of("name"), &name)?;
             if !names.insert(name.clone()) {
                 return Err(invalid(
@@ -121,7 +121,7 @@ impl RawConfig {
                 tokens: l.token_budget(&key_of)?,
                 priority: set(&l.priority)
                     .map(|p| {
-                        crate::admission::Priority::parse(&p).map_err(|_| {
+                        crate::admission::Priority::parse(p).map_err(|_| {
                             invalid(
                                 key_of("priority"),
                                 format!("{p:?}: expected `interactive` or `batch`"),
@@ -237,11 +237,11 @@ impl RawBackend {
         let sim = self.sim.validate_at(&format!("{p}sim."))?;
         let openai = self.openai.validate_at(&format!("{p}openai."))?;
         let nats_subject = set(&self.nats.subject)
-            .map(|s| subject(&format!("{p}nats.subject"), s, false))
+            .map(|s| subject(&format!("{p}nats.subject"), s.to_owned(), false))
             .transpose()?;
         let cancel_key = format!("{p}nats.cancel_subject");
         let cancel_subject = set(&self.nats.cancel_subject)
-            .map(|s| subject(&cancel_key, s, false))
+            .map(|s| subject(&cancel_key, s.to_owned(), false))
             .transpose()?;
         if cancel_subject.is_some() && cancel_subject == nats_subject {
             return Err(invalid(cancel_key, "must differ from the `subject`"));
@@ -383,7 +383,7 @@ impl RawOpenAi {
         Ok(OpenAiConfig {
             base_url: base_url.trim_end_matches('/').to_owned(),
             path: self.path.clone(),
-            api_key_env: set(&self.api_key_env),
+            api_key_env: set(&self.api_key_env).map(str::to_owned),
             connect_timeout: millis(&key("connect_timeout_ms"), self.connect_timeout_ms)?,
             pool_max_idle_per_host: size(
                 &key("pool_max_idle_per_host"),
@@ -518,14 +518,14 @@ impl RawJetStream {
         let reply_bucket = match set(&self.reply_bucket) {
             None => None,
             Some(b) => {
-                stream_name("jetstream.reply_bucket", &b)?;
+                stream_name("jetstream.reply_bucket", b)?;
                 if b == self.session_bucket {
                     return Err(invalid(
                         "jetstream.reply_bucket",
                         "must differ from jetstream.session_bucket",
                     ));
                 }
-                Some(b)
+                Some(b.to_owned())
             }
         };
         Ok(JetStreamIntake {

@@ -7,7 +7,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::config::{ConfigError, ConfigErrorKind, Range, whole_ms as ms};
+use crate::config::{ConfigError, ConfigErrorKind, Range, set, whole_ms as ms};
 use crate::nats::{MAX_INBOX_PREFIX_LEN, MAX_INBOX_PREFIX_TOKENS, NatsAuth, NatsConfig, NatsTls};
 
 crate::config_section! {
@@ -107,7 +107,7 @@ impl NatsSection {
             range("ping_interval_ms").millis(&key("ping_interval_ms"), self.ping_interval_ms)?;
         let client_capacity =
             range("client_capacity").size(&key("client_capacity"), self.client_capacity)?;
-        let urls = match text(&self.url) {
+        let urls = match set(&self.url) {
             Some(list) => urls(list)?,
             None => base.urls,
         };
@@ -121,13 +121,13 @@ impl NatsSection {
             ca_file: file("tls_ca_file", &self.tls_ca_file)?,
             client_cert,
         };
-        let inbox_prefix = match text(&self.inbox_prefix) {
+        let inbox_prefix = match set(&self.inbox_prefix) {
             Some(prefix) => inbox_prefix(prefix)?,
             None => base.inbox_prefix,
         };
         Ok(NatsConfig {
             urls,
-            name: text(&self.name).map_or(base.name, str::to_owned),
+            name: set(&self.name).map_or(base.name, str::to_owned),
             auth,
             tls,
             connection_timeout,
@@ -142,17 +142,16 @@ impl NatsSection {
     /// The one authentication method set, or none.
     fn auth(&self) -> Result<NatsAuth, ConfigError> {
         let mut methods: Vec<(&str, NatsAuth)> = Vec::new();
-        if let Some((user, password)) = together(
-            ("user", text(&self.user)),
-            ("password", text(&self.password)),
-        )? {
+        if let Some((user, password)) =
+            together(("user", set(&self.user)), ("password", set(&self.password)))?
+        {
             let (user, password) = (user.to_owned(), password.to_owned());
             methods.push(("user", NatsAuth::UserPassword { user, password }));
         }
-        if let Some(t) = text(&self.token) {
+        if let Some(t) = set(&self.token) {
             methods.push(("token", NatsAuth::Token(t.to_owned())));
         }
-        if let Some(seed) = text(&self.nkey) {
+        if let Some(seed) = set(&self.nkey) {
             if !seed.starts_with("SU") {
                 return Err(refuse(
                     "nkey",
@@ -214,7 +213,7 @@ fn urls(list: &str) -> Result<Vec<String>, ConfigError> {
 
 /// A named file that exists (unset when empty).
 fn file(field: &str, path: &str) -> Result<Option<PathBuf>, ConfigError> {
-    match text(path).map(Path::new) {
+    match set(path).map(Path::new) {
         None => Ok(None),
         Some(p) if p.is_file() => Ok(Some(p.to_path_buf())),
         Some(p) => Err(refuse(
@@ -271,11 +270,6 @@ fn inbox_prefix(prefix: &str) -> Result<String, ConfigError> {
         )));
     }
     Ok(prefix.to_owned())
-}
-
-/// `Some(s)` unless empty (an empty string is unset).
-fn text(s: &str) -> Option<&str> {
-    (!s.is_empty()).then_some(s)
 }
 
 #[cfg(test)]
