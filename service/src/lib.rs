@@ -28,7 +28,8 @@
 //! - [`trace_context`] (feature `trace-context`, part of `otel`): the W3C trace context
 //!   between NATS headers and OpenTelemetry spans;
 //! - [`http`] (feature `http`): the HTTP accept loop with connection caps and timeouts;
-//! - [`shutdown`]: the signal both services stop on.
+//! - [`shutdown`]: the signal both services stop on;
+//! - [`sync`]: locking that survives a poisoned mutex.
 //!
 //! It never installs a metrics recorder (the binaries do).
 
@@ -54,6 +55,7 @@ pub mod otel;
 pub mod process;
 pub mod ratelimit;
 pub mod shutdown;
+pub mod sync;
 #[cfg(feature = "trace-context")]
 pub mod trace_context;
 

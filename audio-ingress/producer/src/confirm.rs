@@ -50,7 +50,7 @@
 //! - Nothing here spawns per frame; the window adds one task per ingress.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::{Client, Subject, Subscriber};
@@ -61,6 +61,7 @@ use metrics::{Counter, Gauge, Histogram as MetricHistogram};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use weir_service::shutdown::CancellationToken;
+use weir_service::sync::locked;
 
 use crate::metrics as m;
 use crate::publisher::{SinkError, SinkErrorKind};
@@ -385,7 +386,7 @@ impl Window {
     }
 
     fn lock_open(&self) -> std::sync::MutexGuard<'_, OpenBatch> {
-        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+        locked(&self.open)
     }
 
     /// Takes `bytes` of window room, waiting until `deadline` at most. `None` when the

@@ -31,7 +31,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_nats::{HeaderMap, Subject};
@@ -45,6 +45,7 @@ use weir_protocol::audio::packet::MAX_SESSION_ID_LEN;
 use weir_protocol::audio::{AudioFormat, BodyRef, Gap, encode_packet_in};
 use weir_protocol::{StreamId, partition_of};
 use weir_service::shutdown::CancellationToken;
+use weir_service::sync::locked;
 
 /// The size of a stream's packet arena: admitted frames' packets are carved from it, so
 /// the allocator is called once per ~5 frames (or not at all when every packet of the
@@ -130,7 +131,7 @@ impl StreamShared {
     pub fn lock(&self) -> MutexGuard<'_, FrameQueue> {
         // A panic while holding the lock cannot leave the queue inconsistent in a way
         // that matters more than losing the stream; keep going with the inner value.
-        self.core.lock().unwrap_or_else(PoisonError::into_inner)
+        locked(&self.core)
     }
 
     pub fn account(&self) -> Account<'_> {
@@ -335,7 +336,7 @@ pub(crate) struct Registry {
 
 impl Registry {
     fn lock(&self) -> MutexGuard<'_, HashMap<StreamId, Arc<StreamShared>>> {
-        self.streams.lock().unwrap_or_else(PoisonError::into_inner)
+        locked(&self.streams)
     }
 
     fn all(&self) -> Vec<Arc<StreamShared>> {
@@ -580,13 +581,7 @@ impl<S: Sink> Ingress<S> {
             map.insert(id.clone(), Arc::clone(&shared));
         }
         global.stream_opened();
-        if let Some(confirmer) = self
-            .inner
-            .confirmer
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
+        if let Some(confirmer) = locked(&self.inner.confirmer).take() {
             runtime.spawn(crate::confirm::run(
                 Arc::clone(&self.inner.window),
                 confirmer,

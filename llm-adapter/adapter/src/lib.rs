@@ -59,7 +59,6 @@ pub mod metrics;
 pub mod nats_events;
 pub mod service;
 pub mod stream;
-mod sync;
 pub mod trace;
 
 use std::sync::Arc;

@@ -37,11 +37,11 @@ use futures::future::BoxFuture;
 use weir_protocol::WireName;
 use weir_protocol::llm::headers as h;
 use weir_protocol::llm::stream::{self as s, StreamEvent};
+use weir_service::sync::locked;
 
 use crate::admission::{StopReason, StreamOut, StreamStop};
 use crate::nats_events::AdapterEvents;
 use crate::service::{publish_reply, put_static as put};
-use crate::sync::locked;
 
 /// What the caller has acknowledged of one stream.
 #[derive(Debug, Default)]

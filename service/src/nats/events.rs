@@ -23,12 +23,13 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_nats::{ClientError, ConnectOptions, Event};
 
 use crate::ratelimit::LogLimit;
+use crate::sync::locked;
 
 /// One log line per this many dropped messages of one subscription.
 pub const LOG_EVERY: u64 = 10_000;
@@ -77,7 +78,7 @@ struct Counts {
 
 impl Counts {
     fn by_sid(&self) -> MutexGuard<'_, BTreeMap<u64, u64>> {
-        self.by_sid.lock().unwrap_or_else(PoisonError::into_inner)
+        locked(&self.by_sid)
     }
 }
 

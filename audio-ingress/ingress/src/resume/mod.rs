@@ -31,7 +31,7 @@ pub mod admit;
 pub mod token;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use axum::http::StatusCode;
@@ -40,6 +40,7 @@ use tokio::time::Instant;
 use weir_audio_producer::stream::{Position, StreamHandle, StreamView};
 use weir_protocol::StreamId;
 use weir_service::shutdown::CancellationToken;
+use weir_service::sync::locked;
 
 use crate::capacity::Ticket;
 use crate::metrics as m;
@@ -272,7 +273,7 @@ impl Resume {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        locked(&self.inner)
     }
 
     /// Attaches a newly opened stream to its connection; mints its token when resume

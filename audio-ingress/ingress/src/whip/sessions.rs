@@ -8,9 +8,10 @@
 //! [`SessionSlot`]'s `Drop`.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use weir_service::http::Client;
+use weir_service::sync::locked;
 
 use super::Entry;
 
@@ -75,7 +76,7 @@ impl Sessions {
     pub(crate) fn lock(&self) -> MutexGuard<'_, Table> {
         // The critical sections only insert and remove: a poisoned lock holds a valid
         // table.
-        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+        locked(&self.table)
     }
 
     /// Whether `client` could have one more session now (the check before an offer's

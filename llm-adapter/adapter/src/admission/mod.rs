@@ -69,6 +69,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use weir_protocol::WireName;
 use weir_protocol::llm::ErrorBody;
+use weir_service::sync::locked;
 
 pub use estimator::{EstimateSource, EstimateView, Estimator, EstimatorConfig};
 pub use pool::{BackendView, HealthConfig, PoolSlots};
@@ -94,7 +95,6 @@ use crate::config::{
     Config, DeadlineConfig, IdempotencyConfig, KeyLimit, Mode, QueueOrder, SessionConfig,
 };
 use crate::metrics as m;
-use crate::sync::locked;
 use crate::trace::Tracer;
 
 /// The part of [`Config`] the admission core uses (`Config::admission`).

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::sync::locked;
+use weir_service::sync::locked;
 
 /// Counts of held slots per key.
 #[derive(Debug, Clone, Default)]

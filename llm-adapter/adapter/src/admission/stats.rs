@@ -19,11 +19,11 @@ use std::time::Duration;
 use weir_protocol::WireName;
 use weir_protocol::llm::ErrorCode;
 use weir_service::metrics::{LatencyHistogram, Series};
+use weir_service::sync::locked;
 
 use super::Outcome;
 use super::estimator::EstimateView;
 use crate::metrics as m;
-use crate::sync::locked;
 
 /// Percentiles of a latency histogram, in milliseconds (the shared admin type).
 pub use weir_protocol::admin::Percentiles;

@@ -23,13 +23,13 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use bytes::Bytes;
+use weir_service::sync::locked;
 
 use super::{
     Backend, BackendError, BackendErrorKind, BackendReply, BackendRequest, Call, ChunkTx,
     send_piece,
 };
 use crate::config::{Latency, SimConfig};
-use crate::sync::locked;
 
 /// The simulated backend.
 #[derive(Debug, Clone)]

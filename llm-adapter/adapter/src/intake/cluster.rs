@@ -17,12 +17,12 @@ use futures::StreamExt;
 use tokio::time::Instant;
 use weir_protocol::llm::{ErrorBody, ErrorCode, ErrorDetails};
 use weir_service::nats::kv_stream_config;
+use weir_service::sync::locked;
 
 use super::ticket::Slot;
 use super::{IntakeError, IntakeErrorKind, TermReason};
 use crate::config::{JetStreamIntake, KeyLimit, OnBusy};
 use crate::metrics as m;
-use crate::sync::locked;
 
 /// Cluster-wide limits as slot leases in one KV bucket: the session cap (slot keys
 /// `s.<hex session>.<i>` for `i` in `0..pending_cap`) and every `[[limits]]` rule

@@ -20,13 +20,13 @@ use tokio::time::Instant;
 use weir_protocol::WireName;
 use weir_protocol::llm::{ErrorCode, ErrorDetails};
 use weir_service::ratelimit::LogLimit;
+use weir_service::sync::locked;
 
 use super::cluster::{ClusterSlots, SlotResult, limit_slot_key, slot_key};
 use super::kept::encode_reply;
 use super::{KEEP_RETRY, STORE_ERROR_DELAY, SlotRefusal, TermReason, reply_key, send_ack};
 use crate::config::OnBusy;
 use crate::metrics as m;
-use crate::sync::locked;
 
 /// What the keeper task is told.
 pub(super) enum KeeperMsg {

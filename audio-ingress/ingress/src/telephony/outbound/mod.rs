@@ -28,11 +28,12 @@ pub mod intake;
 pub mod writer;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::json;
 use tokio::sync::Notify;
 use weir_audio_telephony::outbound::{Dropped, Marks, OutQueue, OutboundConfig};
+use weir_service::sync::locked;
 
 use crate::metrics as m;
 
@@ -112,14 +113,14 @@ impl Shared {
     }
 
     pub(super) fn marks(&self) -> MutexGuard<'_, Marks> {
-        self.marks.lock().unwrap_or_else(PoisonError::into_inner)
+        locked(&self.marks)
     }
 
     /// Runs `f` on the outbox (and, through the second argument, the marks: lock
     /// order queue then marks), then counts the change in the queue's bytes, all
     /// under the queue's lock.
     pub(super) fn with_outbox<R>(&self, f: impl FnOnce(&mut Outbox, &Self) -> R) -> R {
-        let mut o = self.outbox.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut o = locked(&self.outbox);
         let r = f(&mut o, self);
         let now = o.queue.queued_bytes();
         self.recount(&mut o.counted, now);
