@@ -258,7 +258,7 @@ impl IngressProcess {
 
     /// CPU time (user + system) the process has used so far.
     pub fn cpu_time(&self) -> Option<Duration> {
-        cpu_time(self.pid)
+        cpu_time_of(Some(self.pid))
     }
 
     /// The last lines the process wrote to stderr.
@@ -303,14 +303,11 @@ fn joined(tail: &Mutex<VecDeque<String>>) -> String {
 
 pub use weir_testkit::process::rss_bytes;
 
-/// User + system CPU time of a process.
-pub fn cpu_time(pid: u32) -> Option<Duration> {
-    weir_service::process::cpu_time_of(Some(pid))
-}
-
-/// CPU time process `pid` used since [`cpu_time`] read `start` (0 when unreadable).
+/// CPU time process `pid` used since [`cpu_time_of`] read `start` (0 when unreadable).
 pub fn cpu_since(pid: u32, start: Duration) -> Duration {
-    cpu_time(pid).unwrap_or_default().saturating_sub(start)
+    cpu_time_of(Some(pid))
+        .unwrap_or_default()
+        .saturating_sub(start)
 }
 
 /// Busy CPU time of the machine since [`machine_busy`] read `start`.
@@ -320,7 +317,7 @@ pub fn machine_busy_since(start: Duration) -> Duration {
 
 /// CPU time the whole machine spent busy (all cores: user, nice, system, irq,
 /// softirq, steal).
-pub use weir_service::process::machine_busy;
+pub use weir_service::process::{cpu_time_of, machine_busy};
 
 /// Finds the `audio-ingress` binary: `WEIR_INGRESS_BIN`, else next to `exe` (the
 /// running executable), else one directory up (when `exe` is a test in `deps/`).

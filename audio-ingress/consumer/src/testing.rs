@@ -7,7 +7,7 @@
 //! was waiting for, so a broken test fails instead of hanging.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -212,31 +212,10 @@ impl StreamHandler for Recorder {
     }
 }
 
-/// The Python with nats-py: `WEIR_PYTHON`, else what `scripts/ensure-python-env`
-/// prints. Panics with a clear message when neither works: the interop check must not
-/// pass silently.
+/// The Python with nats-py ([`weir_testkit::python::python`]). Panics with a clear
+/// message when it cannot import nats: the interop check must not pass silently.
 pub fn python() -> PathBuf {
-    let py = match std::env::var_os("WEIR_PYTHON").filter(|p| !p.is_empty()) {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let script =
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ensure-python-env");
-            let out = Command::new(&script).output().unwrap_or_else(|e| {
-                panic!(
-                    "the Python interop check needs Python with nats-py: set WEIR_PYTHON or run \
-                     scripts/ensure-python-env ({}: {e})",
-                    script.display()
-                )
-            });
-            assert!(
-                out.status.success(),
-                "scripts/ensure-python-env failed; the Python interop check needs Python with \
-                 nats-py (set WEIR_PYTHON to a python that has it):\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-        }
-    };
+    let py = weir_testkit::python::python();
     let check = Command::new(&py)
         .args(["-c", "import nats"])
         .output()

@@ -52,7 +52,7 @@ use workers::{
 };
 
 use crate::error::{Error, ErrorKind, nats, process, usage};
-use crate::ingress::{cpu_time, machine_busy};
+use crate::ingress::{cpu_time_of, machine_busy};
 use crate::lease_audit::{self, FrameAudit, FrameAuditor, Instance};
 use crate::lease_worker::connect_options;
 use crate::scenario::Scenario;
@@ -251,9 +251,9 @@ pub async fn run(
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicU64::new(0));
     let machine0 = machine_busy().unwrap_or_default();
-    let self0 = cpu_time(std::process::id()).unwrap_or_default();
+    let self0 = cpu_time_of(None).unwrap_or_default();
     let nats0: Vec<Duration> = (0..NODES)
-        .map(|i| cpu_time(cluster.node(i).pid()).unwrap_or_default())
+        .map(|i| cpu_time_of(Some(cluster.node(i).pid())).unwrap_or_default())
         .collect();
     let start = Instant::now();
     let start_ms = unix_ms();
@@ -622,7 +622,7 @@ async fn kill_node(p: &Phase<'_>, f: &mut FaultLog, notes: &mut Vec<String>) -> 
         ));
     }
     f.victim_name = format!("node {}", cluster.name(node));
-    f.nats_cpu_dead = cpu_time(cluster.node(node).pid())
+    f.nats_cpu_dead = cpu_time_of(Some(cluster.node(node).pid()))
         .unwrap_or_default()
         .saturating_sub(p.nats0[node]);
     f.kill_ms = unix_ms();

@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use crate::error::{Error, ErrorKind, io, nats, process, usage};
 use crate::fleet::{DEFAULT_MAX_FRAME_AGE, Fleet, FleetConfig, FleetSnapshot};
 use crate::ingress::{
-    Design, IngressProcess, IngressStats, Launch, cpu_since, cpu_time, machine_busy,
+    Design, IngressProcess, IngressStats, Launch, cpu_since, cpu_time_of, machine_busy,
     machine_busy_since,
 };
 use crate::llm::{LlmRun, LlmSettings};
@@ -580,9 +580,9 @@ impl CpuStart {
     pub(crate) fn take(ingress: &IngressProcess, nats: &RunNats) -> Self {
         Self {
             ingress: ingress.cpu_time().unwrap_or_default(),
-            loadtest: cpu_time(std::process::id()).unwrap_or_default(),
+            loadtest: cpu_time_of(None).unwrap_or_default(),
             machine: machine_busy().unwrap_or_default(),
-            nats: nats.pid().and_then(cpu_time),
+            nats: nats.pid().and_then(|p| cpu_time_of(Some(p))),
         }
     }
 
@@ -599,7 +599,8 @@ impl CpuStart {
             .as_secs_f64();
         let loadtest_s = cpu_since(std::process::id(), self.loadtest).as_secs_f64();
         // After a restart the server is a new process: its CPU is counted from its start.
-        let nats_server_s = nats.pid().and_then(cpu_time).map(|end| match self.nats {
+        let nats_end = nats.pid().and_then(|p| cpu_time_of(Some(p)));
+        let nats_server_s = nats_end.map(|end| match self.nats {
             Some(s) if end >= s => (end - s).as_secs_f64(),
             _ => end.as_secs_f64(),
         });

@@ -83,6 +83,20 @@ struct CostFields {
     prompt: TextBytes,
 }
 
+/// The `Visitor` methods shared by the any-value readers below: `expecting`, and
+/// `visit_*` methods that answer `$value` to every scalar of their kind (the scalars
+/// [`WholeNumber`] and [`TextBytes`] do not count).
+macro_rules! any_value_methods {
+    ($value:expr, $($visit:ident($($arg:ty)?)),*) => {
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("any JSON value")
+        }
+        $(fn $visit<E: de::Error>(self, $(_: $arg)?) -> Result<Self::Value, E> {
+            Ok($value)
+        })*
+    };
+}
+
 /// A non-negative whole number, or `None` for anything else (a string, a float, a
 /// negative number, an object): such a value is ignored, not an error.
 #[derive(Default)]
@@ -93,27 +107,19 @@ impl<'de> Deserialize<'de> for WholeNumber {
         struct V;
         impl<'de> Visitor<'de> for V {
             type Value = WholeNumber;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<WholeNumber, E> {
                 Ok(WholeNumber(Some(v)))
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<WholeNumber, E> {
                 Ok(WholeNumber(u64::try_from(v).ok()))
             }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<WholeNumber, E> {
-                Ok(WholeNumber(None))
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<WholeNumber, E> {
-                Ok(WholeNumber(None))
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<WholeNumber, E> {
-                Ok(WholeNumber(None))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<WholeNumber, E> {
-                Ok(WholeNumber(None))
-            }
+            any_value_methods!(
+                WholeNumber(None),
+                visit_f64(f64),
+                visit_bool(bool),
+                visit_str(&str),
+                visit_unit()
+            );
             fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<WholeNumber, A::Error> {
                 while s.next_element::<IgnoredAny>()?.is_some() {}
                 Ok(WholeNumber(None))
@@ -138,27 +144,17 @@ impl<'de> Deserialize<'de> for TextBytes {
         struct V;
         impl<'de> Visitor<'de> for V {
             type Value = TextBytes;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<TextBytes, E> {
                 Ok(TextBytes(v.len() as u64))
             }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<TextBytes, E> {
-                Ok(TextBytes(0))
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<TextBytes, E> {
-                Ok(TextBytes(0))
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<TextBytes, E> {
-                Ok(TextBytes(0))
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<TextBytes, E> {
-                Ok(TextBytes(0))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<TextBytes, E> {
-                Ok(TextBytes(0))
-            }
+            any_value_methods!(
+                TextBytes(0),
+                visit_u64(u64),
+                visit_i64(i64),
+                visit_f64(f64),
+                visit_bool(bool),
+                visit_unit()
+            );
             fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<TextBytes, A::Error> {
                 let mut n = 0u64;
                 while let Some(TextBytes(b)) = s.next_element()? {

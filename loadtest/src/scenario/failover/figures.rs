@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::workers::WorkerProc;
 use super::{FailoverEnv, FailoverPlan, FaultLog, NODES, Phase, Victim};
-use crate::ingress::{cpu_since, cpu_time, machine_busy_since};
+use crate::ingress::{cpu_since, cpu_time_of, machine_busy_since};
 use crate::lease_audit::{self, FrameAudit, Instance};
 use crate::report::{
     CpuReport, FailoverCpu, FailoverReport, FaultReport, ProducerReport, RunReport,
@@ -43,7 +43,7 @@ impl PhaseCpu {
             .map(|i| {
                 if Some(i) == f.killed_node {
                     // Its first life until the kill, plus its restarted process.
-                    f.nats_cpu_dead + cpu_time(p.cluster.node(i).pid()).unwrap_or_default()
+                    f.nats_cpu_dead + cpu_time_of(Some(p.cluster.node(i).pid())).unwrap_or_default()
                 } else {
                     cpu_since(p.cluster.node(i).pid(), p.nats0[i])
                 }

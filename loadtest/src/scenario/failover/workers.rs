@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::{BUCKET, DRAIN_MAX, FailoverEnv, NODES, SUBJECT, WORKER_LIFETIME};
 use crate::error::{Error, io, process};
-use crate::ingress::cpu_time;
+use crate::ingress::cpu_time_of;
 use crate::lease_audit::{self, Instance};
 use crate::timeliness::unix_ms;
 
@@ -34,7 +34,7 @@ pub(super) struct WorkerProc {
 
 impl WorkerProc {
     pub(super) fn cpu_now(&self) -> Option<Duration> {
-        self.pid.and_then(cpu_time).or(self.cpu)
+        self.pid.and_then(|p| cpu_time_of(Some(p))).or(self.cpu)
     }
 
     /// SIGKILL and reap (bounded).
