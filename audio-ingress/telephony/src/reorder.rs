@@ -219,38 +219,7 @@ impl<T> Reorder<T> {
     /// that a held chunk `window` ahead (or the oldest held chunk's `hold`) has given
     /// up on. `None` when nothing is ready.
     pub fn pop(&mut self, now: Instant) -> Option<Out<T>> {
-        let next = self.next?;
-        if self.held == 0 {
-            return None;
-        }
-        if let Some(Some(_)) = self.slots.front() {
-            let (item, _) = self.slots.pop_front().flatten()?;
-            self.held -= 1;
-            self.advance(next, 1, true);
-            return Some(Out::Chunk { chunk: next, item });
-        }
-        // The front is missing and something after it is held.
-        let first_held = self.slots.iter().position(Option::is_some)? as u64;
-        let last_held = self.slots.len() as u64 - 1;
-        // Missing slot m gives up when a chunk `window` ahead is held: m <= last - window.
-        let by_window = (last_held + 1)
-            .saturating_sub(self.cfg.window)
-            .min(first_held);
-        let timed_out = self
-            .oldest_arrival()
-            .is_some_and(|t| now.saturating_duration_since(t) >= self.cfg.hold);
-        let chunks = if timed_out { first_held } else { by_window };
-        if chunks == 0 {
-            return None;
-        }
-        self.slots.drain(..chunks as usize);
-        self.advance(next, chunks, false);
-        self.stats.gaps += 1;
-        self.stats.gap_chunks += chunks;
-        Some(Out::Gap {
-            first: next,
-            chunks,
-        })
+        self.release(Some(now))
     }
 
     /// When `pop` may next release something because of time: the oldest held chunk's
@@ -268,34 +237,9 @@ impl<T> Reorder<T> {
     /// window is empty afterwards (and keeps its position and history). The iterator
     /// owns the outputs: it does not borrow the window.
     pub fn finish(&mut self) -> impl Iterator<Item = Out<T>> + use<T> {
-        let mut outs = Vec::new();
-        let Some(mut next) = self.next else {
-            return outs.into_iter();
-        };
-        let mut missing = 0u64;
-        for slot in std::mem::take(&mut self.slots) {
-            match slot {
-                None => missing += 1,
-                Some((item, _)) => {
-                    if missing > 0 {
-                        outs.push(Out::Gap {
-                            first: next,
-                            chunks: missing,
-                        });
-                        self.advance(next, missing, false);
-                        self.stats.gaps += 1;
-                        self.stats.gap_chunks += missing;
-                        next += missing;
-                        missing = 0;
-                    }
-                    outs.push(Out::Chunk { chunk: next, item });
-                    self.advance(next, 1, true);
-                    next += 1;
-                }
-            }
-        }
-        self.held = 0;
-        outs.into_iter()
+        std::iter::from_fn(|| self.release(None))
+            .collect::<Vec<_>>()
+            .into_iter()
     }
 
     /// Counters since creation.
@@ -311,6 +255,44 @@ impl<T> Reorder<T> {
     /// The next chunk number to release (`None` before the first push).
     pub fn next_chunk(&self) -> Option<u64> {
         self.next
+    }
+
+    /// [`Self::pop`] at `now`; `None`: at the end of the stream, when no missing chunk
+    /// is waited for any more.
+    fn release(&mut self, now: Option<Instant>) -> Option<Out<T>> {
+        let next = self.next?;
+        if self.held == 0 {
+            return None;
+        }
+        if let Some(Some(_)) = self.slots.front() {
+            let (item, _) = self.slots.pop_front().flatten()?;
+            self.held -= 1;
+            self.advance(next, 1, true);
+            return Some(Out::Chunk { chunk: next, item });
+        }
+        // The front is missing and something after it is held.
+        let first_held = self.slots.iter().position(Option::is_some)? as u64;
+        let last_held = self.slots.len() as u64 - 1;
+        // Missing slot m gives up when a chunk `window` ahead is held: m <= last - window.
+        let by_window = (last_held + 1)
+            .saturating_sub(self.cfg.window)
+            .min(first_held);
+        let timed_out = now.is_none_or(|now| {
+            self.oldest_arrival()
+                .is_some_and(|t| now.saturating_duration_since(t) >= self.cfg.hold)
+        });
+        let chunks = if timed_out { first_held } else { by_window };
+        if chunks == 0 {
+            return None;
+        }
+        self.slots.drain(..chunks as usize);
+        self.advance(next, chunks, false);
+        self.stats.gaps += 1;
+        self.stats.gap_chunks += chunks;
+        Some(Out::Gap {
+            first: next,
+            chunks,
+        })
     }
 
     fn oldest_arrival(&self) -> Option<Instant> {

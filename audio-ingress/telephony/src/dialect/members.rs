@@ -58,9 +58,6 @@ impl<'de: 'a, 'a> Visitor<'de> for LooseVisitor<'a> {
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
         Ok(Loose::Str(Cow::Owned(v.to_owned())))
     }
-    fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
-        Ok(Loose::Str(Cow::Owned(v)))
-    }
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
         Ok(Loose::Uint(v))
     }
@@ -74,9 +71,6 @@ impl<'de: 'a, 'a> Visitor<'de> for LooseVisitor<'a> {
         Ok(Loose::Other("a boolean"))
     }
     fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(Loose::Other("null"))
-    }
-    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
         Ok(Loose::Other("null"))
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
@@ -133,9 +127,6 @@ impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjVisitor<T> {
         Ok(Obj::Not("a boolean"))
     }
     fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(Obj::Not("null"))
-    }
-    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
         Ok(Obj::Not("null"))
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {

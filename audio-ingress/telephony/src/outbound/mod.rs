@@ -28,7 +28,7 @@
 //! - **A full queue refuses the new audio.** A push is all or nothing: if its frames do
 //!   not fit beside what is queued, the whole push is refused, and what is queued keeps
 //!   playing without a hole. A push that could not fit even into an empty queue is an
-//!   error ([`OutboundErrorKind::TooLarge`]), not an overload: no amount of draining
+//!   error ([`OutboundError::TooLarge`]), not an overload: no amount of draining
 //!   would admit it.
 //! - **Age is measured from push.** A frame's age starts when its first sample was
 //!   pushed; `expire` drops, from the front, every frame (and a partial tail) older
@@ -68,7 +68,7 @@ pub const FRAME_DURATION: Duration = Duration::from_millis(20);
 /// Samples per millisecond at 16 kHz.
 const SAMPLES_PER_MS: u64 = 16;
 /// The most marks an [`OutQueue`] holds at once; one more is refused
-/// ([`OutboundErrorKind::TooManyMarks`]).
+/// ([`OutboundError::TooManyMarks`]).
 pub const MAX_QUEUED_MARKS: usize = 1_024;
 /// The longest mark name accepted, in bytes (UTF-8).
 pub const MAX_MARK_NAME_BYTES: usize = 256;
@@ -216,21 +216,6 @@ impl Cleared {
     }
 }
 
-/// Machine-readable kind of an [`OutboundError`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum OutboundErrorKind {
-    /// See [`OutboundError::OddLength`].
-    OddLength,
-    /// See [`OutboundError::TooLarge`].
-    TooLarge,
-    /// See [`OutboundError::TooManyMarks`].
-    TooManyMarks,
-    /// See [`OutboundError::InvalidMarkName`].
-    InvalidMarkName,
-    /// See [`OutboundError::InvalidConfig`].
-    InvalidConfig,
-}
-
 /// A push or a configuration refused. Nothing in the queue changed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OutboundError {
@@ -275,26 +260,15 @@ pub enum OutboundError {
 }
 
 impl OutboundError {
-    /// The kind.
-    pub fn kind(&self) -> OutboundErrorKind {
-        match self {
-            Self::OddLength { .. } => OutboundErrorKind::OddLength,
-            Self::TooLarge { .. } => OutboundErrorKind::TooLarge,
-            Self::TooManyMarks { .. } => OutboundErrorKind::TooManyMarks,
-            Self::InvalidMarkName { .. } => OutboundErrorKind::InvalidMarkName,
-            Self::InvalidConfig { .. } => OutboundErrorKind::InvalidConfig,
-        }
-    }
-
     /// Stable snake_case code: `odd_length`, `too_large`, `too_many_marks`,
     /// `invalid_mark_name`, `invalid_config`.
     pub fn code(&self) -> &'static str {
-        match self.kind() {
-            OutboundErrorKind::OddLength => "odd_length",
-            OutboundErrorKind::TooLarge => "too_large",
-            OutboundErrorKind::TooManyMarks => "too_many_marks",
-            OutboundErrorKind::InvalidMarkName => "invalid_mark_name",
-            OutboundErrorKind::InvalidConfig => "invalid_config",
+        match self {
+            Self::OddLength { .. } => "odd_length",
+            Self::TooLarge { .. } => "too_large",
+            Self::TooManyMarks { .. } => "too_many_marks",
+            Self::InvalidMarkName { .. } => "invalid_mark_name",
+            Self::InvalidConfig { .. } => "invalid_config",
         }
     }
 }

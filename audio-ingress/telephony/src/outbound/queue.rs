@@ -93,11 +93,6 @@ impl OutQueue {
         }
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &OutboundConfig {
-        &self.cfg
-    }
-
     /// Appends 16 kHz mono s16le PCM, re-cut into 20 ms frames; a partial tail waits
     /// for the next push (or is padded by [`Self::push_mark`] / [`Self::flush_tail`]).
     /// All or nothing: `Ok(None)` queued all of it; `Ok(Some(Dropped{QueueFull}))`
@@ -174,7 +169,7 @@ impl OutQueue {
                 max: MAX_QUEUED_MARKS,
             });
         }
-        self.pad_tail(now);
+        self.flush_tail(now);
         self.marks.push_back(QueuedMark {
             name,
             after_frames: self.enqueued,
@@ -187,7 +182,12 @@ impl OutQueue {
     /// end of a reply). Returns whether there was a tail. The bound holds: the tail was
     /// already charged as a whole frame.
     pub fn flush_tail(&mut self, now: Instant) -> bool {
-        self.pad_tail(now)
+        if self.tail.is_empty() {
+            return false;
+        }
+        self.tail.resize(FRAME_SAMPLES, 0);
+        self.complete_tail(now);
+        true
     }
 
     /// When [`Self::pop_due`] will next hand something out: a due mark's push time (in
@@ -296,15 +296,6 @@ impl OutQueue {
         self.frames.is_empty() && self.tail.is_empty() && self.marks.is_empty()
     }
 
-    fn pad_tail(&mut self, now: Instant) -> bool {
-        if self.tail.is_empty() {
-            return false;
-        }
-        self.tail.resize(FRAME_SAMPLES, 0);
-        self.complete_tail(now);
-        true
-    }
-
     /// Moves the (full) tail into the frames; the frame becomes available at `now`.
     fn complete_tail(&mut self, now: Instant) {
         if self.frames.is_empty() {
@@ -327,7 +318,7 @@ impl OutQueue {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{DropReason, OutboundErrorKind};
+    use super::super::DropReason;
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
@@ -569,9 +560,14 @@ mod tests {
         let mut q = OutQueue::new(OutboundConfig::default());
         // 160,002 bytes: 251 frames' charge.
         let err = q.push_audio(&pcm(0, 80_001), t0).expect_err("too large");
+        assert_eq!(err.code(), "too_large");
         assert_eq!(
-            (err.kind(), err.code()),
-            (OutboundErrorKind::TooLarge, "too_large")
+            err,
+            OutboundError::TooLarge {
+                bytes: 160_002,
+                charged: 160_640,
+                max_bytes: 160_000
+            }
         );
         assert!(q.is_empty());
         // Exactly the bound fits an empty queue.
@@ -586,10 +582,7 @@ mod tests {
             .expect("valid");
         let before = (q.queued_bytes(), q.queued_frames(), q.next_due());
         let err = q.push_audio(&[1, 2, 3], t0 + MS).expect_err("odd");
-        assert_eq!(
-            (err.kind(), err.code()),
-            (OutboundErrorKind::OddLength, "odd_length")
-        );
+        assert_eq!(err.code(), "odd_length");
         assert_eq!(err, OutboundError::OddLength { len: 3 });
         assert_eq!((q.queued_bytes(), q.queued_frames(), q.next_due()), before);
         // The tail is intact: 220 more samples complete the second frame exactly.
