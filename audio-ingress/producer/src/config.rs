@@ -96,21 +96,8 @@ pub struct StreamConfig {
     confirm_window: Duration,
     confirm_window_min_bytes: u64,
     confirm_interval: Duration,
-    jetstream: JetStreamKeys,
+    jetstream: crate::jetstream::JetStreamSettings,
     max_rate_permille: u32,
-}
-
-/// The `jetstream_*` keys (used with `delivery = "jetstream"`), as configured.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JetStreamKeys {
-    /// `jetstream_stream`.
-    pub stream: String,
-    /// `jetstream_max_age_s`.
-    pub max_age: Duration,
-    /// `jetstream_duplicate_window_s`.
-    pub duplicate_window: Duration,
-    /// `jetstream_replicas`.
-    pub replicas: u64,
 }
 
 impl Default for StreamConfig {
@@ -225,13 +212,7 @@ impl StreamConfig {
     /// The JetStream stream for `delivery = "jetstream"`: it captures every subject of
     /// the subject template.
     pub fn jetstream(&self) -> crate::jetstream::JetStreamSettings {
-        crate::jetstream::JetStreamSettings {
-            stream: self.jetstream.stream.clone(),
-            subjects: vec![self.subject.wildcard()],
-            max_age: self.jetstream.max_age,
-            duplicate_window: self.jetstream.duplicate_window,
-            replicas: self.jetstream.replicas as usize,
-        }
+        self.jetstream.clone()
     }
 
     /// The byte bound actually enforced (the budget, or the shadow ceiling).

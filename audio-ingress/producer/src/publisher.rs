@@ -219,11 +219,6 @@ pub(crate) struct Publisher<S: Sink> {
     pub msg_id_prefix: Option<String>,
 }
 
-enum Attempt {
-    Ok,
-    Failed(Failure),
-}
-
 impl<S: Sink> Publisher<S> {
     /// Runs until the stream's `end` is handed over (or given up on).
     pub async fn run(mut self, slot: SlotGuard) {
@@ -309,7 +304,7 @@ impl<S: Sink> Publisher<S> {
         now: Instant,
     ) {
         let mut slow = None;
-        let epoch = self.window.as_ref().map_or(0, |w| w.epoch());
+        let epoch = self.epoch();
         // One permit holds the whole batch's window room (grown frame by frame).
         let mut permit = None;
         let mut frames = std::iter::once(first).chain(rest.drain(..));
@@ -322,7 +317,9 @@ impl<S: Sink> Publisher<S> {
                 }
             }
         }
-        self.account_handed(handed, now);
+        for frame in handed.iter() {
+            self.account_handed(frame, now);
+        }
         let window = self.confirming().cloned();
         let register = {
             let mut core = self.stream.lock();
@@ -403,16 +400,9 @@ impl<S: Sink> Publisher<S> {
         }
     }
 
-    /// Accounts frames handed over by the fast path (queue wait, shadow age).
-    fn account_handed(&mut self, handed: &[QueuedFrame], now: Instant) {
-        for frame in handed {
-            self.account_handed_one(frame, now);
-        }
-    }
-
     /// Accounts one frame handed over: its queue wait, and in shadow mode whether the
     /// age bound would have dropped it.
-    fn account_handed_one(&mut self, frame: &QueuedFrame, now: Instant) {
+    fn account_handed(&mut self, frame: &QueuedFrame, now: Instant) {
         let wait = now.saturating_duration_since(frame.enqueued_at);
         if let Some(max_age) = self.shadow_max_age
             && wait > max_age
@@ -471,7 +461,7 @@ impl<S: Sink> Publisher<S> {
         }
     }
 
-    async fn attempt(&self, headers: HeaderMap, payload: Bytes, packet: &'static str) -> Attempt {
+    async fn attempt(&self, headers: HeaderMap, payload: Bytes, packet: &'static str) -> Result<(), Failure> {
         let fut = self
             .sink
             .publish(self.stream.subject.clone(), headers, payload);
@@ -493,7 +483,7 @@ impl<S: Sink> Publisher<S> {
             }
         };
         match result {
-            Ok(Ok(())) => Attempt::Ok,
+            Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => {
                 metrics::counter!(crate::metrics::PUBLISH_ERRORS_TOTAL, crate::metrics::LABEL_PACKET => packet)
                     .increment(1);
@@ -503,14 +493,19 @@ impl<S: Sink> Publisher<S> {
                     tracing::warn!(stream = %self.stream.id, packet, error = %e, suppressed,
                         "NATS publish failed (suppressed: similar lines since the last one)");
                 }
-                Attempt::Failed(Failure::Error)
+                Err(Failure::Error)
             }
             Err(_) => {
                 metrics::counter!(crate::metrics::PUBLISH_TIMEOUTS_TOTAL, crate::metrics::LABEL_PACKET => packet)
                     .increment(1);
-                Attempt::Failed(Failure::Timeout)
+                Err(Failure::Timeout)
             }
         }
+    }
+
+    /// The connection epoch now (0 without a window): read before a hand-over.
+    fn epoch(&self) -> u64 {
+        self.window.as_ref().map_or(0, |w| w.epoch())
     }
 
     /// The window to use, if frames wait for the server's confirmation.
@@ -528,23 +523,23 @@ impl<S: Sink> Publisher<S> {
                 }
                 None => None,
             };
-            let epoch = self.window.as_ref().map_or(0, |w| w.epoch());
+            let epoch = self.epoch();
             let result = if self.confirming().is_some() && permit.is_none() {
-                Attempt::Failed(Failure::Expired)
+                Err(Failure::Expired)
             } else {
                 let mut headers = self.frame_headers(&frame);
                 let declared = self.declare(&mut headers, frame.seq);
                 self.identify(&mut headers, frame.seq);
                 let r = self.attempt(headers, frame.packet.clone(), "frame").await;
-                if matches!(r, Attempt::Failed(_)) {
+                if r.is_err() {
                     self.undeclare(declared);
                 }
                 r
             };
             let now = Instant::now();
             match result {
-                Attempt::Ok => {
-                    self.account_handed_one(&frame, now);
+                Ok(()) => {
+                    self.account_handed(&frame, now);
                     match (self.confirming(), permit) {
                         (Some(w), permit) => {
                             // The batch is read under the stream lock, which the window
@@ -563,7 +558,7 @@ impl<S: Sink> Publisher<S> {
                     }
                     return;
                 }
-                Attempt::Failed(failure) => {
+                Err(failure) => {
                     drop(permit);
                     if self.msg_id_prefix.is_some()
                         && failure != Failure::Expired
@@ -605,13 +600,13 @@ impl<S: Sink> Publisher<S> {
             let mut headers = base_headers();
             let declared = self.declare(&mut headers, gap.last_seq);
             self.identify(&mut headers, gap.last_seq);
-            let epoch = self.window.as_ref().map_or(0, |w| w.epoch());
+            let epoch = self.epoch();
             let attempt = self.attempt(headers.clone(), payload.clone(), "gap").await;
-            if matches!(attempt, Attempt::Failed(_)) {
+            if attempt.is_err() {
                 self.undeclare(declared);
             }
             match attempt {
-                Attempt::Ok => {
+                Ok(()) => {
                     // Confirmed like a frame; the same marker again if a reconnect came
                     // first (not re-merged: a consumer that got the first copy sees the
                     // second as a stale packet, never as new seqs). While the stream is
@@ -627,9 +622,9 @@ impl<S: Sink> Publisher<S> {
                             break;
                         }
                         self.stream.global.control_republished("gap");
-                        epoch = self.window.as_ref().map_or(0, |w| w.epoch());
+                        epoch = self.epoch();
                         let again = self.attempt(headers.clone(), payload.clone(), "gap").await;
-                        if matches!(again, Attempt::Failed(_)) {
+                        if again.is_err() {
                             break;
                         }
                     }
@@ -637,7 +632,7 @@ impl<S: Sink> Publisher<S> {
                     self.stream.gap_published(gap);
                     return;
                 }
-                Attempt::Failed(failure) => {
+                Err(failure) => {
                     let now = Instant::now();
                     if deadline.is_some_and(|d| now >= d) {
                         self.stream.global.control_lost("gap");
@@ -737,9 +732,9 @@ impl<S: Sink> Publisher<S> {
         self.identify(&mut headers, end.seq);
         let deadline = self.stream.lock().control_deadline();
         loop {
-            let epoch = self.window.as_ref().map_or(0, |w| w.epoch());
+            let epoch = self.epoch();
             match self.attempt(headers.clone(), payload.clone(), "end").await {
-                Attempt::Ok => {
+                Ok(()) => {
                     if self.control_lost_in_reconnect(epoch, deadline).await {
                         // Published again on the new connection; a consumer that got
                         // the first copy ignores the second (an end for an ended stream).
@@ -753,7 +748,7 @@ impl<S: Sink> Publisher<S> {
                     tracing::debug!(stream = %self.stream.id, seq = end.seq, reason = end.reason.as_str(), "end published");
                     return;
                 }
-                Attempt::Failed(failure) => {
+                Err(failure) => {
                     let now = Instant::now();
                     if deadline.is_none_or(|d| now >= d) {
                         self.stream.global.control_lost("end");

@@ -406,6 +406,12 @@ impl Global {
         admission_rejects => admission_rejects;
     }
 
+    /// Merges a batch of queue waits into the cumulative histogram and empties it.
+    pub fn record_waits(&self, waits: &mut WaitBatch) {
+        self.queue_wait.record_us(&waits.0);
+        waits.0.clear();
+    }
+
     /// Queue-wait summary since start, in milliseconds.
     pub fn queue_wait(&self) -> QueueWaitMs {
         self.queue_wait.percentiles()
@@ -451,14 +457,6 @@ pub struct WaitBatch(Vec<u64>);
 impl WaitBatch {
     /// Waits per batch.
     pub const CAPACITY: usize = 64;
-}
-
-impl Global {
-    /// Merges a batch of queue waits into the cumulative histogram and empties it.
-    pub fn record_waits(&self, waits: &mut WaitBatch) {
-        self.queue_wait.record_us(&waits.0);
-        waits.0.clear();
-    }
 }
 
 /// Updates a stream's counters and the aggregate together (so the two can never

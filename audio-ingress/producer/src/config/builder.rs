@@ -326,19 +326,20 @@ impl StreamConfigBuilder {
             publish_timeout: Duration::from_millis(self.publish_timeout_ms),
             end_timeout: Duration::from_millis(self.end_timeout_ms),
             max_frame_bytes: nonzero(self.max_frame_bytes),
-            subject,
             partitions,
             frame_headers: self.frame_headers,
             delivery: self.delivery,
             confirm_window: Duration::from_millis(self.confirm_window_ms),
             confirm_window_min_bytes: self.confirm_window_min_bytes,
             confirm_interval: Duration::from_millis(self.confirm_interval_ms),
-            jetstream: JetStreamKeys {
+            jetstream: crate::jetstream::JetStreamSettings {
                 stream: self.jetstream_stream.clone(),
+                subjects: vec![subject.wildcard()],
                 max_age: secs(self.jetstream_max_age_s),
                 duplicate_window: secs(self.jetstream_duplicate_window_s),
-                replicas: self.jetstream_replicas,
+                replicas: self.jetstream_replicas as usize,
             },
+            subject,
             max_rate_permille,
         }
     }

@@ -89,12 +89,12 @@ impl FrameQueue {
                 };
                 self.prepend_gap(frame, drop, gap);
             }
-            (WhenFull::Close, Failure::Expired) => {
-                self.trip_overload(OverloadReason::MaxAge, now);
-                self.drop_inflight_on_overload(frame);
-            }
-            (WhenFull::Close, Failure::Timeout) => {
-                self.trip_overload(OverloadReason::PublishTimeout, now);
+            (WhenFull::Close, f @ (Failure::Expired | Failure::Timeout)) => {
+                let reason = match f {
+                    Failure::Expired => OverloadReason::MaxAge,
+                    _ => OverloadReason::PublishTimeout,
+                };
+                self.trip_overload(reason, now);
                 self.drop_inflight_on_overload(frame);
             }
             (WhenFull::Close, Failure::Error) => {
@@ -180,27 +180,21 @@ impl FrameQueue {
         drain_deadline: Option<Instant>,
         control_deadline: Option<Instant>,
     ) {
-        match &mut self.phase {
-            Phase::Open => {
-                self.phase = Phase::Draining {
-                    reason,
-                    deadline: drain_deadline,
-                };
-                self.set_control_deadline(control_deadline.unwrap_or(now + self.end_timeout));
-            }
-            Phase::Draining { deadline, .. } => {
-                if let Some(d) = drain_deadline {
-                    *deadline = Some(deadline.map_or(d, |old| old.min(d)));
-                }
-                if let Some(d) = control_deadline {
-                    self.set_control_deadline(d);
-                }
-            }
-            Phase::Ending { .. } | Phase::Ended { .. } => {
-                if let Some(d) = control_deadline {
-                    self.set_control_deadline(d);
-                }
-            }
+        if self.phase == Phase::Open {
+            self.phase = Phase::Draining {
+                reason,
+                deadline: drain_deadline,
+            };
+            self.set_control_deadline(control_deadline.unwrap_or(now + self.end_timeout));
+            return;
+        }
+        if let Phase::Draining { deadline, .. } = &mut self.phase
+            && let Some(d) = drain_deadline
+        {
+            *deadline = Some(deadline.map_or(d, |old| old.min(d)));
+        }
+        if let Some(d) = control_deadline {
+            self.set_control_deadline(d);
         }
     }
 }
