@@ -461,7 +461,12 @@ impl<S: Sink> Publisher<S> {
         }
     }
 
-    async fn attempt(&self, headers: HeaderMap, payload: Bytes, packet: &'static str) -> Result<(), Failure> {
+    async fn attempt(
+        &self,
+        headers: HeaderMap,
+        payload: Bytes,
+        packet: &'static str,
+    ) -> Result<(), Failure> {
         let fut = self
             .sink
             .publish(self.stream.subject.clone(), headers, payload);

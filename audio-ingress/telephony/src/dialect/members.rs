@@ -135,6 +135,74 @@ impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjVisitor<T> {
     }
 }
 
+/// A carrier message: the members of both carriers' messages (Twilio's `camelCase`,
+/// Telnyx's `snake_case`); each dialect reads its own, the others are as unknown to it
+/// as any member a carrier adds.
+#[derive(serde::Deserialize)]
+pub(super) struct Message<'a> {
+    #[serde(borrow, default)]
+    pub(super) event: Option<Loose<'a>>,
+    #[serde(borrow, default, rename = "sequenceNumber")]
+    pub(super) sequence_number_camel: Option<Loose<'a>>,
+    #[serde(borrow, default)]
+    pub(super) sequence_number: Option<Loose<'a>>,
+    #[serde(borrow, default, rename = "streamSid")]
+    pub(super) stream_sid: Option<Loose<'a>>,
+    #[serde(borrow, default)]
+    pub(super) stream_id: Option<Loose<'a>>,
+    #[serde(borrow, default)]
+    pub(super) protocol: Option<Loose<'a>>,
+    #[serde(borrow, default)]
+    pub(super) version: Option<Loose<'a>>,
+    #[serde(borrow, default)]
+    pub(super) start: Option<Obj<Box<StartBody<'a>>>>, // boxed: rare and large, keeps the media path's struct small
+    #[serde(borrow, default)]
+    pub(super) media: Option<Obj<MediaBody<'a>>>,
+    #[serde(borrow, default)]
+    pub(super) mark: Option<Obj<MarkBody<'a>>>,
+    #[serde(borrow, default)]
+    pub(super) dtmf: Option<Obj<DtmfBody<'a>>>,
+    /// Telnyx `error`'s body.
+    #[serde(borrow, default)]
+    pub(super) payload: Option<Obj<Box<ErrorBody<'a>>>>,
+}
+
+/// A `start` body: Twilio's members, then Telnyx's.
+#[derive(serde::Deserialize)]
+pub(super) struct StartBody<'a> {
+    #[serde(borrow, default, rename = "streamSid")]
+    pub(super) stream_sid: Option<Loose<'a>>,
+    #[serde(borrow, default, rename = "accountSid")]
+    pub(super) account_sid: Option<Loose<'a>>,
+    #[serde(borrow, default, rename = "callSid")]
+    pub(super) call_sid: Option<Loose<'a>>,
+    #[serde(borrow, default)]
+    pub(super) tracks: Option<Loose<'a>>,
+    #[serde(borrow, default, rename = "customParameters")]
+    pub(super) custom_parameters_camel: Option<Obj<BTreeMap<String, Loose<'a>>>>,
+    #[serde(borrow, default, rename = "mediaFormat")]
+    pub(super) media_format_camel: Option<Obj<FormatBody<'a>>>,
+    #[serde(borrow, default)]
+    pub(super) user_id: Option<Loose<'a>>,
+    #[serde(borrow, default)]
+    pub(super) call_control_id: Option<Loose<'a>>,
+    #[serde(borrow, default)]
+    pub(super) custom_parameters: Option<Obj<BTreeMap<String, Loose<'a>>>>,
+    #[serde(borrow, default)]
+    pub(super) media_format: Option<Obj<FormatBody<'a>>>,
+}
+
+/// Telnyx `error.payload`.
+#[derive(serde::Deserialize)]
+pub(super) struct ErrorBody<'a> {
+    #[serde(borrow, default)]
+    pub(super) code: Option<Loose<'a>>,
+    #[serde(borrow, default)]
+    pub(super) title: Option<Loose<'a>>,
+    #[serde(borrow, default)]
+    pub(super) detail: Option<Loose<'a>>,
+}
+
 /// `media.{track,chunk,timestamp,payload}`: the same members in both dialects.
 #[derive(serde::Deserialize, Default)]
 pub(super) struct MediaBody<'a> {

@@ -19,10 +19,10 @@
 //!   borrowed from the text and its payload is base64-decoded once, and both readers
 //!   give the same answer (a test compares them over mutated messages).
 //!
-//! Layout: `twilio` and `telnyx` hold each carrier's message shapes; `fast` is the
-//! media message's hot-path reader; `members` reads members leniently (a wrong type
-//! becomes an error naming the member); `outbound` writes the messages sent to the
-//! carrier.
+//! Layout: `twilio` and `telnyx` read what differs between the carriers (`start`,
+//! Telnyx's `error`); `fast` is the media message's hot-path reader; `members` holds
+//! the messages' shapes and reads members leniently (a wrong type becomes an error
+//! naming the member); `outbound` writes the messages sent to the carrier.
 
 mod fast;
 mod members;
@@ -38,10 +38,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-use serde::de::IgnoredAny;
-
 use crate::codec::MediaFormat;
-use members::Loose;
+use members::{Loose, Message, dtmf, event, mark, media, object, optional_number, optional_string};
 
 pub use outbound::{clear_message, mark_message, media_message};
 
@@ -60,6 +58,14 @@ pub enum Dialect {
 }
 
 impl Dialect {
+    /// The member holding the message's sequence number.
+    fn seq_member(self) -> &'static str {
+        match self {
+            Dialect::Twilio => "sequenceNumber",
+            Dialect::Telnyx => "sequence_number",
+        }
+    }
+
     /// `"twilio"` / `"telnyx"`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -257,38 +263,20 @@ impl DialectError {
 /// `stream_id` / `sequence_number`, and its `connected` has only `version`. `None`
 /// when the text says neither (or is not a JSON object, or is too large).
 pub fn detect(text: &str) -> Option<Dialect> {
-    #[derive(serde::Deserialize)]
-    struct Probe<'a> {
-        #[serde(borrow, default)]
-        event: Option<Loose<'a>>,
-        #[serde(default)]
-        protocol: Option<IgnoredAny>,
-        #[serde(default, rename = "streamSid")]
-        stream_sid: Option<IgnoredAny>,
-        #[serde(default, rename = "sequenceNumber")]
-        sequence_number_camel: Option<IgnoredAny>,
-        #[serde(default)]
-        stream_id: Option<IgnoredAny>,
-        #[serde(default)]
-        sequence_number: Option<IgnoredAny>,
-        #[serde(default)]
-        version: Option<IgnoredAny>,
-    }
     if text.len() > MAX_MESSAGE_BYTES || !text.trim_start().starts_with('{') {
         return None;
     }
-    let probe: Probe<'_> = serde_json::from_str(text).ok()?;
-    let twilio = probe.protocol.is_some()
-        || probe.stream_sid.is_some()
-        || probe.sequence_number_camel.is_some();
-    let telnyx = probe.stream_id.is_some() || probe.sequence_number.is_some();
+    let msg: Message<'_> = serde_json::from_str(text).ok()?;
+    let twilio =
+        msg.protocol.is_some() || msg.stream_sid.is_some() || msg.sequence_number_camel.is_some();
+    let telnyx = msg.stream_id.is_some() || msg.sequence_number.is_some();
     match (twilio, telnyx) {
         (true, false) => Some(Dialect::Twilio),
         (false, true) => Some(Dialect::Telnyx),
         (true, true) => None,
         (false, false) => {
-            let connected = matches!(&probe.event, Some(Loose::Str(e)) if e == "connected");
-            (connected && probe.version.is_some()).then_some(Dialect::Telnyx)
+            let connected = matches!(&msg.event, Some(Loose::Str(e)) if e == "connected");
+            (connected && msg.version.is_some()).then_some(Dialect::Telnyx)
         }
     }
 }
@@ -313,13 +301,37 @@ pub fn parse(dialect: Dialect, text: &str) -> Result<Inbound, DialectError> {
         ));
     }
     // A `media` message by the hot path's reader ([`fast`]), anything else by serde.
-    match dialect {
-        Dialect::Twilio => {
-            fast::media_message(text, "sequenceNumber").unwrap_or_else(|| twilio::parse_full(text))
-        }
-        Dialect::Telnyx => {
-            fast::media_message(text, "sequence_number").unwrap_or_else(|| telnyx::parse_full(text))
-        }
+    fast::media_message(text, dialect.seq_member()).unwrap_or_else(|| parse_full(dialect, text))
+}
+
+/// The full reader (serde), for every message the hot path's reader passes on.
+fn parse_full(dialect: Dialect, text: &str) -> Result<Inbound, DialectError> {
+    let msg: Message<'_> = serde_json::from_str(text).map_err(|e| invalid_json(&e))?;
+    let seq = match dialect {
+        Dialect::Twilio => &msg.sequence_number_camel,
+        Dialect::Telnyx => &msg.sequence_number,
+    };
+    let seq = || optional_number(seq, dialect.seq_member());
+    match event(&msg.event)? {
+        "media" => media(object(&msg.media, "media")?, seq()?),
+        "start" => match dialect {
+            Dialect::Twilio => twilio::start(&msg, seq()?),
+            Dialect::Telnyx => telnyx::start(&msg, seq()?),
+        },
+        "connected" => Ok(Inbound::Connected {
+            protocol: match dialect {
+                Dialect::Twilio => optional_string(&msg.protocol, "protocol")?,
+                Dialect::Telnyx => None,
+            },
+            version: optional_string(&msg.version, "version")?,
+        }),
+        "mark" => mark(&msg.mark, seq()?),
+        "dtmf" => dtmf(&msg.dtmf),
+        "error" if dialect == Dialect::Telnyx => telnyx::error(&msg.payload),
+        "stop" => Ok(Inbound::Stop),
+        other => Ok(Inbound::Other {
+            event: other.to_owned(),
+        }),
     }
 }
 

@@ -8,81 +8,15 @@
 //! stream_id}`. Encodings accepted: `PCMU`, `PCMA` (8 kHz), `L16` (8 or 16 kHz); the
 //! others Telnyx can stream (`G722`, `OPUS`, `AMR-WB`) are refused as unsupported.
 
-use std::collections::BTreeMap;
-
 use super::members::{
-    DtmfBody, FormatBody, Loose, MarkBody, MediaBody, Obj, custom_parameters, dtmf, event, mark,
-    media, object, optional_code, optional_number, optional_string, read_format, required, string,
+    ErrorBody, Message, Obj, custom_parameters, object, optional_code, optional_string,
+    read_format, required, string,
 };
-use super::{DialectError, Inbound, Start, invalid_json};
+use super::{DialectError, Inbound, Start};
 use crate::codec::Encoding;
 
-#[derive(serde::Deserialize)]
-struct Message<'a> {
-    #[serde(borrow, default)]
-    event: Option<Loose<'a>>,
-    #[serde(borrow, default)]
-    sequence_number: Option<Loose<'a>>,
-    #[serde(borrow, default)]
-    stream_id: Option<Loose<'a>>,
-    #[serde(borrow, default)]
-    version: Option<Loose<'a>>,
-    #[serde(borrow, default)]
-    start: Option<Obj<Box<StartBody<'a>>>>, // boxed: rare and large, keeps the media path's struct small
-    #[serde(borrow, default)]
-    media: Option<Obj<MediaBody<'a>>>,
-    #[serde(borrow, default)]
-    mark: Option<Obj<MarkBody<'a>>>,
-    #[serde(borrow, default)]
-    dtmf: Option<Obj<DtmfBody<'a>>>,
-    #[serde(borrow, default)]
-    payload: Option<Obj<Box<ErrorBody<'a>>>>,
-}
-
-#[derive(serde::Deserialize)]
-struct StartBody<'a> {
-    #[serde(borrow, default)]
-    user_id: Option<Loose<'a>>,
-    #[serde(borrow, default)]
-    call_control_id: Option<Loose<'a>>,
-    #[serde(borrow, default)]
-    custom_parameters: Option<Obj<BTreeMap<String, Loose<'a>>>>,
-    #[serde(borrow, default)]
-    media_format: Option<Obj<FormatBody<'a>>>,
-}
-
-#[derive(serde::Deserialize)]
-struct ErrorBody<'a> {
-    #[serde(borrow, default)]
-    code: Option<Loose<'a>>,
-    #[serde(borrow, default)]
-    title: Option<Loose<'a>>,
-    #[serde(borrow, default)]
-    detail: Option<Loose<'a>>,
-}
-
-/// The full reader (serde), for every message the hot path's reader passes on.
-pub(super) fn parse_full(text: &str) -> Result<Inbound, DialectError> {
-    let msg: Message<'_> = serde_json::from_str(text).map_err(|e| invalid_json(&e))?;
-    let seq = || optional_number(&msg.sequence_number, "sequence_number");
-    match event(&msg.event)? {
-        "media" => media(object(&msg.media, "media")?, seq()?),
-        "start" => start(&msg, seq()?),
-        "connected" => Ok(Inbound::Connected {
-            protocol: None,
-            version: optional_string(&msg.version, "version")?,
-        }),
-        "mark" => mark(&msg.mark, seq()?),
-        "dtmf" => dtmf(&msg.dtmf),
-        "error" => error(&msg.payload),
-        "stop" => Ok(Inbound::Stop),
-        other => Ok(Inbound::Other {
-            event: other.to_owned(),
-        }),
-    }
-}
-
-fn start(msg: &Message<'_>, seq: Option<u64>) -> Result<Inbound, DialectError> {
+/// The `start` message.
+pub(super) fn start(msg: &Message<'_>, seq: Option<u64>) -> Result<Inbound, DialectError> {
     let stream_sid = string(required(&msg.stream_id, "stream_id")?, "stream_id")?;
     let body = object(&msg.start, "start")?;
     let call_id = string(
@@ -106,7 +40,8 @@ fn start(msg: &Message<'_>, seq: Option<u64>) -> Result<Inbound, DialectError> {
     }))
 }
 
-fn error(body: &Option<Obj<Box<ErrorBody<'_>>>>) -> Result<Inbound, DialectError> {
+/// The `error` message.
+pub(super) fn error(body: &Option<Obj<Box<ErrorBody<'_>>>>) -> Result<Inbound, DialectError> {
     // An error frame without a readable payload is still an error report.
     let Some(Obj::Map(body)) = body else {
         return Ok(Inbound::Error {
