@@ -17,14 +17,20 @@ use super::{DialectError, DialectErrorKind, Inbound, Media, Track};
 use crate::codec::{Encoding, MediaFormat};
 
 /// Any JSON value, read without failing on its type: strings (borrowed from the text
-/// when they hold no escape), non-negative integers, arrays; anything else is only
-/// named.
-#[derive(Debug)]
+/// when they hold no escape), non-negative integers, arrays; any other value is only
+/// named ([`Self::type_name`]).
+#[derive(Debug, serde::Deserialize)]
+#[serde(untagged)]
+#[allow(dead_code)] // the named-only variants' values are never read
 pub(super) enum Loose<'a> {
-    Str(Cow<'a, str>),
+    Str(#[serde(borrow)] Cow<'a, str>),
     Uint(u64),
-    List(Vec<Loose<'a>>),
-    Other(&'static str),
+    List(#[serde(borrow)] Vec<Loose<'a>>),
+    Negative(i64),
+    Fraction(f64),
+    Boolean(bool),
+    Null(()),
+    Object(IgnoredAny),
 }
 
 impl Loose<'_> {
@@ -33,56 +39,12 @@ impl Loose<'_> {
             Loose::Str(_) => "a string",
             Loose::Uint(_) => "a number",
             Loose::List(_) => "an array",
-            Loose::Other(name) => name,
+            Loose::Negative(_) => "a negative number",
+            Loose::Fraction(_) => "a fractional number",
+            Loose::Boolean(_) => "a boolean",
+            Loose::Null(()) => "null",
+            Loose::Object(_) => "an object",
         }
-    }
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for Loose<'a> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(LooseVisitor(PhantomData))
-    }
-}
-
-struct LooseVisitor<'a>(PhantomData<&'a ()>);
-
-impl<'de: 'a, 'a> Visitor<'de> for LooseVisitor<'a> {
-    type Value = Loose<'a>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-        Ok(Loose::Str(Cow::Borrowed(v)))
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(Loose::Str(Cow::Owned(v.to_owned())))
-    }
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-        Ok(Loose::Uint(v))
-    }
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
-        Ok(u64::try_from(v).map_or(Loose::Other("a negative number"), Loose::Uint))
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(Loose::Other("a fractional number"))
-    }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(Loose::Other("a boolean"))
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(Loose::Other("null"))
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut items = Vec::new();
-        while let Some(item) = seq.next_element::<Loose<'a>>()? {
-            items.push(item);
-        }
-        Ok(Loose::List(items))
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(Loose::Other("an object"))
     }
 }
 
