@@ -610,12 +610,7 @@ impl FrameQueue {
                     let since = *self.full_since.get_or_insert(now);
                     let overload_at = since + self.enforced_max_wait;
                     if now >= overload_at {
-                        self.refused_while_full.0 += 1;
-                        self.refused_while_full.1 += samples_of(pcm_len);
-                        self.trip_overload(OverloadReason::QueueFull, now);
-                        return Err(self
-                            .closed_refusal()
-                            .unwrap_or(Refusal::Closed(EndReason::Overload)));
+                        return Err(self.overload_by(OverloadReason::QueueFull, pcm_len, now));
                     }
                     if mode == OfferMode::Try {
                         self.refused_while_full.0 += 1;
@@ -663,23 +658,26 @@ impl FrameQueue {
     /// (reason `rate`); `close` overloads the stream (reason `rate`), the frame
     /// counted in the report.
     fn over_rate(&mut self, pcm_len: usize, now: Instant) -> Result<Option<u64>, Refusal> {
-        let samples = samples_of(pcm_len);
         match self.limits.policy {
             WhenFull::Gap => {
                 let seq = self.next_seq;
                 self.next_seq += 1;
+                let samples = samples_of(pcm_len);
                 self.drop_seq_into_gap(seq, samples, DropReason::Rate, GapReason::Rate);
                 Ok(None)
             }
-            WhenFull::Close => {
-                self.refused_while_full.0 += 1;
-                self.refused_while_full.1 += samples;
-                self.trip_overload(OverloadReason::Rate, now);
-                Err(self
-                    .closed_refusal()
-                    .unwrap_or(Refusal::Closed(EndReason::Overload)))
-            }
+            WhenFull::Close => Err(self.overload_by(OverloadReason::Rate, pcm_len, now)),
         }
+    }
+
+    /// `close`: the frame of `pcm_len` bytes overloads the stream for `reason`, counted
+    /// in the report; the refusal it gets.
+    fn overload_by(&mut self, reason: OverloadReason, pcm_len: usize, now: Instant) -> Refusal {
+        self.refused_while_full.0 += 1;
+        self.refused_while_full.1 += samples_of(pcm_len);
+        self.trip_overload(reason, now);
+        self.closed_refusal()
+            .unwrap_or(Refusal::Closed(EndReason::Overload))
     }
 
     /// Appends a dropped frame to the gap markers (merging contiguous ranges) and

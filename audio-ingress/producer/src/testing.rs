@@ -7,7 +7,7 @@
 //! cannot finish in time panics with what it was waiting for, so a broken test fails
 //! instead of hanging.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,26 +20,16 @@ use weir_service::nats::NatsConfig;
 /// Bound on any single await in these tests.
 pub const STEP: Duration = Duration::from_secs(10);
 
-/// The name the producer's test client connects with (shown by the server).
-pub const CLIENT_NAME: &str = "weir-audio-producer-test";
-
-/// Producer-side NATS settings for tests: connect 500 ms, ping 1 s, and a small
-/// command channel (`client_capacity`) so a stalled server is felt quickly.
-pub fn nats_config(url: &str, client_capacity: usize) -> NatsConfig {
-    let mut c = NatsConfig::for_url(CLIENT_NAME, url);
-    c.client_capacity = client_capacity;
-    c
-}
-
-/// Connects the producer client (first connection must succeed).
+/// Connects the producer client (first connection must succeed): the test client's
+/// settings (connect 500 ms, ping 1 s) with a small command channel
+/// (`client_capacity`), so a stalled server is felt quickly.
 pub async fn producer_client(url: &str, client_capacity: usize) -> async_nats::Client {
-    tokio::time::timeout(
-        STEP,
-        crate::nats::connect(&nats_config(url, client_capacity)),
-    )
-    .await
-    .expect("connect in time")
-    .expect("connect")
+    let mut config = NatsConfig::for_url("weir-audio-producer-test", url);
+    config.client_capacity = client_capacity;
+    tokio::time::timeout(STEP, crate::nats::connect(&config))
+        .await
+        .expect("connect in time")
+        .expect("connect")
 }
 
 /// 640 bytes of PCM whose content depends on `seq`.
@@ -93,20 +83,9 @@ impl StreamLog {
         let Some(end) = &self.end else {
             return Vec::new();
         };
-        let mut seen = vec![false; end.packet.seq as usize];
-        for s in &self.frames {
-            if let Some(x) = seen.get_mut(*s as usize) {
-                *x = true;
-            }
-        }
-        for g in &self.gaps {
-            for s in g.first_seq..=g.last_seq {
-                if let Some(x) = seen.get_mut(s as usize) {
-                    *x = true;
-                }
-            }
-        }
-        (1..end.packet.seq).filter(|s| !seen[*s as usize]).collect()
+        let gaps = self.gaps.iter().flat_map(|g| g.first_seq..=g.last_seq);
+        let seen: HashSet<u64> = self.frames.iter().copied().chain(gaps).collect();
+        (1..end.packet.seq).filter(|s| !seen.contains(s)).collect()
     }
 
     /// Whether sequence numbers never went backwards.

@@ -300,31 +300,22 @@ impl FrameQueue {
     /// declared total.
     pub(super) fn declare(&mut self, first: u64, last: u64, n: u64, reason: PossibleLossReason) {
         self.possibly_lost_total += n;
-        let earlier = match (self.declaration.take(), self.carried.take()) {
-            (Some(d), Some(c)) => Some(PossibleLoss {
-                first_seq: d.first_seq.min(c.declaration.first_seq),
-                last_seq: d.last_seq.max(c.declaration.last_seq),
-                frames: d.frames + c.declaration.frames,
-                ..d
-            }),
-            (d, c) => d.or(c.map(|c| c.declaration)),
+        let mut declared = PossibleLoss {
+            first_seq: first,
+            last_seq: last,
+            frames: n,
+            total_frames: self.possibly_lost_total,
+            reason,
         };
-        let declared = match earlier {
-            Some(d) => PossibleLoss {
-                first_seq: d.first_seq.min(first),
-                last_seq: d.last_seq.max(last),
-                frames: d.frames + n,
-                total_frames: self.possibly_lost_total,
-                reason,
-            },
-            None => PossibleLoss {
-                first_seq: first,
-                last_seq: last,
-                frames: n,
-                total_frames: self.possibly_lost_total,
-                reason,
-            },
-        };
+        let earlier = [
+            self.declaration.take(),
+            self.carried.take().map(|c| c.declaration),
+        ];
+        for d in earlier.into_iter().flatten() {
+            declared.first_seq = declared.first_seq.min(d.first_seq);
+            declared.last_seq = declared.last_seq.max(d.last_seq);
+            declared.frames += d.frames;
+        }
         self.last_declared = Some(declared.clone());
         self.declaration = Some(declared);
     }
