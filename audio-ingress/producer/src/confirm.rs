@@ -1,11 +1,9 @@
 //! The confirmation window: the byte and age budget holds **up to the server**, not
 //! only up to the NATS client.
 //!
-//! Why: async-nats `publish` returns once a message is in the client's command channel;
-//! from there it goes to a write buffer, then to the kernel's socket buffers. A stalled
-//! server leaves audio in all three, outside every weir queue, and on reconnect the
-//! client discards its unsent write buffer (NATS-FACTS.md). `Client::flush` does not help:
-//! it returns once the socket write is done, with no round trip.
+//! Why (async-nats `publish` returns once a message is in the client's command channel,
+//! and a reconnect discards the client's unsent buffer) and what it costs:
+//! docs/audio-ingress.md, "Where the bound ends: the server-confirmed window".
 //!
 //! How: one [`Window`] per NATS connection (one per [`crate::Ingress`]).
 //! - A frame handed to the client stays *pending* in its stream ([`crate::queue`]): its
@@ -32,10 +30,9 @@
 //!   *possibly lost* — counted (`unconfirmed_at_disconnect`), released, and declared to
 //!   the consumers on the stream's next packet and on its `end` (`Weir-Possibly-Lost`),
 //!   never reported as published.
-//! - The window's byte limit is `confirm_window` × the admitted byte rate (an EWMA that
-//!   rises within ~100 ms and falls over ~1 s), at least `confirm_window_min_bytes`. When it is full, a publisher
-//!   waits before handing its frame over — in weir's queue, where `max_age` and the
-//!   policy apply — instead of piling audio into the client.
+//! - The window's byte limit is `confirm_window` × the admitted byte rate
+//!   (`RateMeter`), at least `confirm_window_min_bytes`. When it is full, a publisher
+//!   waits in weir's queue, where `max_age` and the policy apply.
 //!
 //! Invariants:
 //! - A frame is counted published only after a marker published after it came back on

@@ -7,12 +7,11 @@
 //! confirms it. The `end` waits (until the control deadline) for the stream's frames to
 //! be settled, so that it can carry the cumulative `Weir-Possibly-Lost` report.
 //!
-//! Frames arrive encoded (the producer encodes at admission, [`crate::queue`]); they
-//! carry their capture time (admission at the ingress, Unix ms) in the packet meta
-//! (`captured_at_ms`) and, by default, no NATS headers: async-nats serialises a header
-//! map per message in its single connection task, which halves the publish rate. A
-//! frame gets headers only when `frame_headers = true`, when it carries a
-//! `Weir-Possibly-Lost` declaration, or with a lossless sink (`Nats-Msg-Id`).
+//! Frames arrive encoded ([`crate::queue`]), their capture time in the packet meta, and
+//! go without NATS headers (they halve the publish rate, see
+//! [`StreamConfig::frame_headers`](crate::StreamConfig::frame_headers)) unless
+//! `frame_headers = true`, a `Weir-Possibly-Lost` declaration or a lossless sink
+//! (`Nats-Msg-Id`) needs them.
 //!
 //! Two paths per frame. The **fast path** ([`Publisher::publish_frames`]) takes up to
 //! [`MAX_BATCH`] queued frames under one lock and hands each over if it gets window

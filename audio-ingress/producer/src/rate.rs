@@ -1,16 +1,10 @@
-//! The per-stream rate bound in audio time: a token bucket counted in samples.
-//!
-//! A stream may deliver at most `max_rate` × real time sustained (16,000 samples per
-//! second × `max_rate`, default 1.5), with a burst of [`burst_samples`]: the stream's
-//! byte budget in samples (`max_bytes / 2`) plus [`CATCH_UP`] (2 s) of audio. The
-//! catch-up part is for the producer after a network stall: TCP delivers its whole
-//! backlog at once, and a real-time producer that stalled 2 s sends 2 s of audio in an
-//! instant. The rate bound lets it through; what happens to that late audio is the
-//! byte and age budget's business ([`crate::queue`]: `push` waits for room, frames
-//! older than `max_age` are handled by the policy), not a close. A frame the bucket has
-//! no tokens for is *over rate*: the queue applies its policy (`close`: overload,
-//! reason `rate`; `gap`: the frame is dropped into a marker, reason `rate`). See
-//! [`crate::queue`] for the hook.
+//! The per-stream rate bound in audio time: a token bucket counted in samples. It
+//! refills at `max_rate` × real time (16,000 samples per second × `max_rate`, default
+//! 1.5) and holds [`burst_samples`]: the byte budget in samples plus [`CATCH_UP`] of
+//! audio, so a real-time producer that stalled may flush its backlog at once. A frame
+//! the bucket has no tokens for is *over rate*, and the queue ([`crate::queue`])
+//! applies its policy (`close`: overload, reason `rate`; `gap`: a marker, reason
+//! `rate`). Why these numbers: docs/audio-ingress.md, "Rate in audio time".
 //!
 //! Pure and synchronous: every call takes `now`, nothing sleeps; unit-tested with a
 //! paused clock. Integer arithmetic in milli-samples, so no rounding drifts with time.

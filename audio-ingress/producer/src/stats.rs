@@ -114,20 +114,34 @@ fn per_variant<T: WireName, const N: usize>(
     std::array::from_fn(|i| counter(T::ALL[i].as_str()))
 }
 
-/// Frame counters of one stream (also used, summed, for the aggregate).
-#[derive(Debug, Default)]
-pub struct Counters {
-    offered: AtomicU64,
-    admitted: AtomicU64,
-    handed_over: AtomicU64,
-    published: AtomicU64,
-    possibly_lost: AtomicU64,
-    dropped: [AtomicU64; N_DROP],
-    dropped_samples: AtomicU64,
-    would_reject: AtomicU64,
-    gaps: AtomicU64,
-    gap_frames: AtomicU64,
+/// Frame counters of one stream (also used, summed, for the aggregate); of `u64`s, a
+/// consistent-enough copy of them ([`CountersSnapshot`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters<T = AtomicU64> {
+    /// Frames offered.
+    pub(crate) offered: T,
+    /// Frames admitted (given a sequence number).
+    pub(crate) admitted: T,
+    /// Frames handed to the NATS client.
+    pub(crate) handed_over: T,
+    /// Frames the server confirmed (with the window off: handed over).
+    pub(crate) published: T,
+    /// Frames unconfirmed when the connection dropped (declared, not published).
+    pub(crate) possibly_lost: T,
+    /// Frames not published, by [`DropReason`] (index = position in `DropReason::ALL`).
+    pub(crate) dropped: [T; N_DROP],
+    /// Samples in admitted frames that were dropped.
+    pub(crate) dropped_samples: T,
+    /// Shadow mode: frames the budget would have refused or dropped.
+    pub(crate) would_reject: T,
+    /// Gap markers handed to NATS.
+    pub(crate) gaps: T,
+    /// Frames covered by those markers.
+    pub(crate) gap_frames: T,
 }
+
+/// A copy of [`Counters`].
+pub type CountersSnapshot = Counters<u64>;
 
 fn add(a: &AtomicU64, n: u64) {
     a.fetch_add(n, Ordering::Relaxed);
@@ -135,31 +149,6 @@ fn add(a: &AtomicU64, n: u64) {
 
 fn get(a: &AtomicU64) -> u64 {
     a.load(Ordering::Relaxed)
-}
-
-/// A consistent-enough copy of [`Counters`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CountersSnapshot {
-    /// Frames offered.
-    pub offered: u64,
-    /// Frames admitted (given a sequence number).
-    pub admitted: u64,
-    /// Frames handed to the NATS client.
-    pub handed_over: u64,
-    /// Frames the server confirmed (with the window off: handed over).
-    pub published: u64,
-    /// Frames unconfirmed when the connection dropped (declared, not published).
-    pub possibly_lost: u64,
-    /// Frames not published, by [`DropReason`] (index = position in `DropReason::ALL`).
-    pub dropped: [u64; N_DROP],
-    /// Samples in admitted frames that were dropped.
-    pub dropped_samples: u64,
-    /// Shadow mode: frames the budget would have refused or dropped.
-    pub would_reject: u64,
-    /// Gap markers handed to NATS.
-    pub gaps: u64,
-    /// Frames covered by those markers.
-    pub gap_frames: u64,
 }
 
 impl CountersSnapshot {

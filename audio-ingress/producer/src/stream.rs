@@ -386,16 +386,9 @@ impl<S: Sink> Drop for IngressInner<S> {
 
 /// The producer core: opens streams that publish to one [`Sink`] (an
 /// `async_nats::Client` in production). Cheap to clone; clones share everything.
+#[derive(Clone)]
 pub struct Ingress<S: Sink = async_nats::Client> {
     inner: Arc<IngressInner<S>>,
-}
-
-impl<S: Sink> Clone for Ingress<S> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: Arc::clone(&self.inner),
-        }
-    }
 }
 
 impl<S: Sink> std::fmt::Debug for Ingress<S> {
