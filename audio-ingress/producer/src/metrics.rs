@@ -100,8 +100,6 @@ pub const LABEL_OUTCOME: &str = "outcome";
 pub const LABEL_REASON: &str = "reason";
 /// Label key for a packet type.
 pub const LABEL_PACKET: &str = "packet";
-/// Label key for a NATS event.
-pub const LABEL_EVENT: &str = "event";
 
 #[cfg(test)]
 mod tests {

@@ -421,24 +421,20 @@ impl FrameQueue {
         }
         let first_seq = self.next_seq;
         self.next_seq += frames;
+        let (gap_reason, loss_reason, drop_reason) = cause.reasons();
         let gap = Gap {
             first_seq,
             last_seq: self.next_seq - 1,
             samples,
-            reason: cause.gap_reason(),
+            reason: gap_reason,
         };
         let acct = self.account();
         acct.offered_and_admitted(frames);
-        acct.dropped(cause.drop_reason(), frames, samples);
+        acct.dropped(drop_reason, frames, samples);
         if self.gap_packets {
             self.gaps.push_back(gap);
         } else {
-            self.declare(
-                gap.first_seq,
-                gap.last_seq,
-                frames,
-                cause.possible_loss_reason(),
-            );
+            self.declare(gap.first_seq, gap.last_seq, frames, loss_reason);
         }
         Ok(Some(gap))
     }
@@ -790,27 +786,19 @@ pub enum Lost {
 }
 
 impl Lost {
-    /// The gap marker's reason.
-    pub fn gap_reason(self) -> GapReason {
+    /// The gap marker's, the possible-loss declaration's and the drop counter's reasons.
+    fn reasons(self) -> (GapReason, PossibleLossReason, DropReason) {
         match self {
-            Self::Resume => GapReason::Resume,
-            Self::Source => GapReason::Source,
-        }
-    }
-
-    /// The possible-loss declaration's reason.
-    pub fn possible_loss_reason(self) -> PossibleLossReason {
-        match self {
-            Self::Resume => PossibleLossReason::Resume,
-            Self::Source => PossibleLossReason::Source,
-        }
-    }
-
-    /// The producer's drop counter.
-    pub fn drop_reason(self) -> DropReason {
-        match self {
-            Self::Resume => DropReason::Resume,
-            Self::Source => DropReason::Source,
+            Self::Resume => (
+                GapReason::Resume,
+                PossibleLossReason::Resume,
+                DropReason::Resume,
+            ),
+            Self::Source => (
+                GapReason::Source,
+                PossibleLossReason::Source,
+                DropReason::Source,
+            ),
         }
     }
 }

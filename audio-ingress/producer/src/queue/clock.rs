@@ -9,9 +9,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use weir_service::clock::unix_ms_now;
 
-/// Maps monotonic instants to Unix milliseconds without two clock reads per frame: an
-/// anchor (instant, Unix ms) taken at most [`WallClock::REANCHOR`] ago, so wall-clock
-/// steps are followed within a second.
+/// An anchor (instant, Unix ms) that monotonic instants are mapped from (see the module
+/// docs).
 #[derive(Debug)]
 pub(crate) struct WallClock {
     at: Instant,

@@ -88,8 +88,7 @@ impl FrameQueue {
             _reservation: reservation,
             ..
         } = frame;
-        let register = self.registered_batch != Some(batch);
-        self.registered_batch = Some(batch);
+        let register = self.registered_batch.replace(batch) != Some(batch);
         if let Some(run) = self.unconfirmed.back_mut()
             && run.batch == batch
             && run.last_seq + 1 == seq
@@ -124,9 +123,7 @@ impl FrameQueue {
             return false;
         };
         self.control_check = ControlCheck::Pending(batch);
-        let register = self.registered_batch != Some(batch);
-        self.registered_batch = Some(batch);
-        register
+        self.registered_batch.replace(batch) != Some(batch)
     }
 
     /// The window's verdict on the control packet handed over last.
