@@ -363,10 +363,6 @@ pub(super) fn clip(s: &str) -> &str {
     }
 }
 
-pub(super) fn unsupported(message: String) -> DialectError {
-    DialectError::new(DialectErrorKind::UnsupportedFormat, message)
-}
-
 /// A `start`'s media format object, both carriers' (`sampleRate` is Twilio's name of
 /// `sample_rate`).
 #[derive(serde::Deserialize)]
@@ -399,30 +395,17 @@ pub(super) fn read_format(
         Some(c) => number(c, &name("channels"))?,
         None => 1,
     };
-    media_format(
-        path,
-        encoding_text,
-        encoding_of(encoding_text),
-        sample_rate,
-        channels,
-    )
-}
-
-/// The validated format, or UnsupportedFormat naming what the carrier asked for.
-pub(super) fn media_format(
-    name: &str,
-    encoding_text: &str,
-    encoding: Option<Encoding>,
-    sample_rate: u64,
-    channels: u64,
-) -> Result<MediaFormat, DialectError> {
+    // UnsupportedFormat names what the carrier asked for.
     let refuse = || {
-        unsupported(format!(
-            "{name} {:?} at {sample_rate} Hz with {channels} channel(s) is not supported",
-            clip(encoding_text)
-        ))
+        DialectError::new(
+            DialectErrorKind::UnsupportedFormat,
+            format!(
+                "{path} {:?} at {sample_rate} Hz with {channels} channel(s) is not supported",
+                clip(encoding_text)
+            ),
+        )
     };
-    let encoding = encoding.ok_or_else(refuse)?;
+    let encoding = encoding_of(encoding_text).ok_or_else(refuse)?;
     let rate = u32::try_from(sample_rate).map_err(|_| refuse())?;
     let channels_u32 = u32::try_from(channels).map_err(|_| refuse())?;
     MediaFormat::new(encoding, rate, channels_u32).map_err(|_| refuse())
