@@ -57,6 +57,7 @@ use futures::future::BoxFuture;
 use metrics::{Counter, Gauge, Histogram as MetricHistogram};
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use weir_service::ratelimit::LogLimit;
 use weir_service::shutdown::CancellationToken;
 use weir_service::sync::locked;
 
@@ -665,7 +666,8 @@ async fn next_batch(
 pub(crate) async fn run(window: Arc<Window>, confirmer: Arc<dyn Confirmer>, global: Arc<Global>) {
     let mut rate = RateMeter::new(global.admitted_bytes());
     let mut last_round = Instant::now();
-    let mut last_warn: Option<Instant> = None;
+    // One warning per 10 s for a stalled or failing round.
+    let warn = LogLimit::new(Duration::from_secs(10));
     let mut lost_epoch: Option<u64> = None;
     {
         let epoch = confirmer.epoch();
@@ -690,16 +692,13 @@ pub(crate) async fn run(window: Arc<Window>, confirmer: Arc<dyn Confirmer>, glob
                             break None;
                         }
                         let waited = started.elapsed();
-                        if waited >= SLOW_ROUND
-                            && last_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(10))
-                        {
+                        if waited >= SLOW_ROUND && warn.allow().is_some() {
                             tracing::warn!(
                                 waited_ms = waited.as_millis() as u64,
                                 "no confirmation from the NATS server: it is stalled, or this \
                                  user may not publish and subscribe _INBOX.> (the marker subject); \
                                  streams overload at max_age meanwhile"
                             );
-                            last_warn = Some(Instant::now());
                         }
                     }
                 }
@@ -711,9 +710,8 @@ pub(crate) async fn run(window: Arc<Window>, confirmer: Arc<dyn Confirmer>, glob
                 Some(Ok(())) => break confirmer.epoch() == batch.epoch,
                 None => break false,
                 Some(Err(e)) => {
-                    if last_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                    if warn.allow().is_some() {
                         tracing::warn!(error = %e, "confirmation round failed; retrying");
-                        last_warn = Some(Instant::now());
                     }
                     if confirmer.epoch() != batch.epoch {
                         break false;

@@ -32,17 +32,15 @@
 //! disconnected) it waits without limit. The channel send is cancel-safe, so a timed-out
 //! publish simply did not queue the message.
 //!
-//! What a failed publish means, by packet:
-//! - **frame**: one attempt. A timeout applies the policy (`close`: overload with reason
-//!   `publish_timeout`; `gap`: the frame joins a gap marker; shadow: counted as
-//!   would-reject and retried while the frame is within the shadow ceiling). No window
-//!   room before the age bound: the same, with reason `max_age`.
-//! - **gap marker**: retried (each attempt bounded) until it is handed over; frames
-//!   dropped meanwhile merge into it, so a stall costs one marker, not one per frame.
-//!   Once the stream is closing, retries stop at the stream's control deadline.
-//! - **end**: retried until the control deadline (`end_timeout` after the stream
-//!   started closing, or the shutdown grace period). If it cannot be handed over, that
-//!   is counted (`control_packets_lost`) and logged; the consumer reaps the stream.
+//! What a failed publish means, by packet (the policies' table: docs/audio-ingress.md,
+//! "Policies and their trade-offs"):
+//! - **frame**: one attempt, then the policy (`publish_timeout`; no window room before
+//!   the age bound: `max_age`); shadow mode retries it within the ceiling, a lossless
+//!   sink within the age budget;
+//! - **gap marker**: retried, absorbing later drops, until it is handed over (once the
+//!   stream is closing, until its control deadline);
+//! - **end**: retried until the control deadline, then counted (`control_packets_lost`)
+//!   and logged.
 //!
 //! Invariants: the task owns the stream's registry slot and releases it (by `Drop`) when
 //! it exits; it exits only after handing out the `end` (or giving up on it at the

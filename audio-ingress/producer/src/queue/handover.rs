@@ -255,12 +255,9 @@ impl FrameQueue {
     /// on the next packet. Returns how many.
     ///
     /// The declared range also covers the frames of this stream's last confirmed round
-    /// when it settled less than `max_age` ago: "confirmed" means the server processed
-    /// the publish and queued it for its subscribers, and a server that dies takes those
-    /// queued deliveries with it (measured: a SIGKILLed server lost a confirmed frame for
-    /// a subscriber in 2 of 20 runs). Those frames stay counted as published; the
-    /// consumer counts a hole inside the range as possibly lost, not as an undetected
-    /// loss.
+    /// when it settled less than `max_age` ago (a server that dies loses what it queued
+    /// for its subscribers: docs/audio-ingress.md, "Possible loss is declared"); those
+    /// frames stay counted as published.
     pub(crate) fn lose_through(&mut self, batch: u64) -> u64 {
         if matches!(self.control_check, ControlCheck::Pending(b) if b <= batch) {
             self.control_check = ControlCheck::Lost;
