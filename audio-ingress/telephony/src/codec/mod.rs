@@ -172,11 +172,6 @@ impl Decoder {
         }
     }
 
-    /// The stream's format.
-    pub fn format(&self) -> MediaFormat {
-        self.format
-    }
-
     /// Appends the payload's audio at 16 kHz to `out` and returns how many samples were
     /// appended ([`samples_16k`](Self::samples_16k) of its length). Errors, with nothing
     /// appended: an empty payload, an L16 payload of an odd length, a payload longer than
@@ -248,11 +243,6 @@ impl Encoder {
             format,
             down: Downsampler2x::new(),
         }
-    }
-
-    /// The stream's format.
-    pub fn format(&self) -> MediaFormat {
-        self.format
     }
 
     /// Appends `pcm16k`'s audio in the stream's format to `out`. For 8 kHz formats one
