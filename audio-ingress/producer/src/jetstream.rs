@@ -50,7 +50,6 @@ pub struct JetStreamSettings {
 /// message (its ack). Cheap to clone.
 #[derive(Clone)]
 pub struct JetStreamSink {
-    client: Client,
     /// Boxed behind an `Arc`: the context is large, and [`NatsSink`] holds either it or
     /// a plain client.
     js: std::sync::Arc<Context>,
@@ -72,7 +71,7 @@ impl JetStreamSink {
     ) -> Result<Self, SinkError> {
         let js = jetstream::ContextBuilder::new()
             .timeout(ack_timeout)
-            .build(client.clone());
+            .build(client);
         let config = stream::Config {
             name: settings.stream.clone(),
             subjects: settings.subjects.clone(),
@@ -91,7 +90,6 @@ impl JetStreamSink {
             )
         })?;
         Ok(Self {
-            client,
             js: std::sync::Arc::new(js),
         })
     }
@@ -113,11 +111,11 @@ impl Sink for JetStreamSink {
     }
 
     fn is_connected(&self) -> bool {
-        Sink::is_connected(&self.client)
+        Sink::is_connected(&self.js.client())
     }
 
     async fn flush(&self) -> SinkResult {
-        Sink::flush(&self.client).await
+        Sink::flush(&self.js.client()).await
     }
 
     fn lossless(&self) -> bool {

@@ -485,14 +485,8 @@ impl<S: Sink> Ingress<S> {
 
     /// Validates `id` and opens a stream. See [`Self::open_id`].
     pub fn open(&self, id: &str, session_id: Option<String>) -> Result<StreamHandle, OpenError> {
-        match StreamId::parse(id) {
-            Ok(id) => self.open_id(id, session_id),
-            Err(e) => {
-                let e = OpenError::InvalidId(e);
-                self.global().admission_rejected(e.as_label());
-                Err(e)
-            }
-        }
+        let opened = StreamId::parse(id).map_err(OpenError::InvalidId);
+        self.counted(opened.and_then(|id| self.open_inner(id, session_id)))
     }
 
     /// Opens a stream and spawns its publisher task on the current tokio runtime.
@@ -503,7 +497,11 @@ impl<S: Sink> Ingress<S> {
         id: StreamId,
         session_id: Option<String>,
     ) -> Result<StreamHandle, OpenError> {
-        let result = self.open_inner(id, session_id);
+        self.counted(self.open_inner(id, session_id))
+    }
+
+    /// `result`, a refusal counted by its label.
+    fn counted(&self, result: Result<StreamHandle, OpenError>) -> Result<StreamHandle, OpenError> {
         if let Err(e) = &result {
             self.global().admission_rejected(e.as_label());
         }
