@@ -216,6 +216,21 @@ impl Cleared {
     }
 }
 
+/// Machine-readable kind of an [`OutboundError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OutboundErrorKind {
+    /// See [`OutboundError::OddLength`].
+    OddLength,
+    /// See [`OutboundError::TooLarge`].
+    TooLarge,
+    /// See [`OutboundError::TooManyMarks`].
+    TooManyMarks,
+    /// See [`OutboundError::InvalidMarkName`].
+    InvalidMarkName,
+    /// See [`OutboundError::InvalidConfig`].
+    InvalidConfig,
+}
+
 /// A push or a configuration refused. Nothing in the queue changed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OutboundError {
@@ -260,6 +275,17 @@ pub enum OutboundError {
 }
 
 impl OutboundError {
+    /// The kind, for callers that match without the details.
+    pub fn kind(&self) -> OutboundErrorKind {
+        match self {
+            Self::OddLength { .. } => OutboundErrorKind::OddLength,
+            Self::TooLarge { .. } => OutboundErrorKind::TooLarge,
+            Self::TooManyMarks { .. } => OutboundErrorKind::TooManyMarks,
+            Self::InvalidMarkName { .. } => OutboundErrorKind::InvalidMarkName,
+            Self::InvalidConfig { .. } => OutboundErrorKind::InvalidConfig,
+        }
+    }
+
     /// Stable snake_case code: `odd_length`, `too_large`, `too_many_marks`,
     /// `invalid_mark_name`, `invalid_config`.
     pub fn code(&self) -> &'static str {
