@@ -81,12 +81,12 @@ pub use self::barge_in::SETTLE_WAIT;
 use self::barge_in::settled;
 pub use self::gates::key_limits::KeyError;
 pub(crate) use self::gates::key_limits::resolve_keys;
+pub use self::gates::tokens::TokenKeyView;
 pub(crate) use self::job::{AbortReason, Job, backend_failure};
 pub use self::request::{
     Admitted, CancelResult, ChannelSink, Outcome, RequestStatus, Sink, Submission,
 };
 pub use self::state::SessionCancel;
-pub use self::state::TokenKeyView;
 use self::state::{Effects, State};
 use self::stats::Stats;
 pub use self::views::{KeyView, LimitsView, QueueView, SessionView, ShutdownReport};

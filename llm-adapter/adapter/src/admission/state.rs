@@ -63,7 +63,6 @@ use self::idempotency::Fingerprint;
 pub(crate) use self::positions::Notice;
 use self::routing::Routed;
 use self::timers::{Timer, TimerKind};
-pub use self::tokens::TokenKeyView;
 use super::cache::CompletionCache;
 use super::estimator::EstimateView;
 use super::gates::deadline::{DeadlinePrediction, ReadyKey};
@@ -472,7 +471,7 @@ impl<W> State<W> {
             trace: sub.trace,
         };
         sub.span.record("id", id);
-        let mut entry = Entry {
+        let entry = Entry {
             id,
             member,
             place: placement.order,
@@ -506,16 +505,6 @@ impl<W> State<W> {
             tokens: admit.tokens,
             priority,
         };
-        if let Some(by) = answer_by {
-            let at = (self.start_budget).timer_at(by, placement.probe, self.estimate_of(member));
-            let t = Timer {
-                at,
-                id,
-                kind: TimerKind::Deadline,
-            };
-            entry.deadline_timer = Some(t);
-            self.add_timer(t, fx);
-        }
         if let (Some(rid), Some(_)) = (&entry.request_id, &entry.fingerprint) {
             self.by_request_id.insert(rid.clone(), id);
         }
@@ -532,6 +521,7 @@ impl<W> State<W> {
             self.emit_slot(TraceKind::SlotWaiting, &entry, now, rule, None);
         }
         self.entries.insert(id, entry);
+        self.arm_deadline(id, fx);
         if !behind_session {
             self.advance(id, 0, now, fx);
         }

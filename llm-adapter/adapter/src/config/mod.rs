@@ -176,6 +176,11 @@ fn int(key: &str, v: u64) -> Result<u64, ConfigError> {
     range(key).check(key, v)
 }
 
+/// [`int`] as a `u32` (the ranges keep it inside).
+fn int32(key: &str, v: u64) -> Result<u32, ConfigError> {
+    int(key, v).map(|v| u32::try_from(v).unwrap_or(u32::MAX))
+}
+
 /// [`int`] as a count that is not zero.
 fn count(key: &str, v: u64) -> Result<NonZeroUsize, ConfigError> {
     range(key).count(key, v)

@@ -219,7 +219,7 @@ pub struct SimStream {
 impl Default for SimConfig {
     /// The defaults of `[backend.sim]`.
     fn default() -> Self {
-        valid_default(RawSim::default().validate())
+        valid_default(RawSim::default().validate_at("backend.sim."))
     }
 }
 
