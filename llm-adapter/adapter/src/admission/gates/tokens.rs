@@ -45,6 +45,7 @@ use weir_protocol::llm::{ErrorCode, ErrorDetails};
 use super::{Gate, Refusal, refusal};
 use crate::admission::usage::{RequestCost, Usage};
 use crate::config::{KeyLimit, TokenBudget};
+pub(crate) use weir_protocol::admin::TokenBudgetStats;
 
 /// One tracked key of a token budget (`/v1/limits`).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -53,15 +54,13 @@ pub struct TokenKeyView {
     pub rule: String,
     /// The key.
     pub key: String,
-    /// Tokens available now, whole (negative: in debt after a usage above its
-    /// reservation).
+    /// Whole tokens available now (negative: in debt after a usage above its reservation).
     pub available: f64,
     /// The budget, tokens per minute.
     pub tokens_per_minute: u64,
     /// Reservations not settled yet (requests queued or running).
     pub outstanding: u32,
 }
-pub(crate) use weir_protocol::admin::TokenBudgetStats;
 
 /// A reported usage is charged at most this many times the reservation.
 pub(crate) const USAGE_CLAMP: u64 = 4;
