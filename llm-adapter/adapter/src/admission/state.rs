@@ -351,9 +351,7 @@ impl<W> State<W> {
         if self.shutting_down {
             return fx.refuse_now(waiter, shutting_down(), &sub, waited);
         }
-        // Deadline: the caller's budget (or the default), never above the maximum.
-        let budget =
-            (sub.budget.or(self.cfg.deadline.default)).map(|b| b.min(self.cfg.deadline.max));
+        let budget = self.cfg.deadline.budget(sub.budget);
         let deadline = budget.map(|b| sub.received_at + b);
         if let Some(b) = budget {
             self.deadline.note_budget(b);

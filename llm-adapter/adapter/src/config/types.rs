@@ -139,6 +139,14 @@ pub struct DeadlineConfig {
     pub overtake_share_pct: u8,
 }
 
+impl DeadlineConfig {
+    /// The budget of a request that asked for `asked`: it, else the default, at most
+    /// `max`.
+    pub fn budget(&self, asked: Option<Duration>) -> Option<Duration> {
+        asked.or(self.default).map(|b| b.min(self.max))
+    }
+}
+
 /// Order in which ready requests get a worker (`queue_order`): `fifo`, or `edf`, the
 /// default, earliest deadline first within the bounds of `gates/deadline.rs` (see
 /// docs/llm-adapter.md, "Fairness under mixed deadlines"). The wire type of

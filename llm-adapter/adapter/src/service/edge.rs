@@ -128,10 +128,7 @@ impl Edge {
                                 return;
                             };
                             let dl = &self.config.admission.deadline;
-                            let deadline = sub
-                                .budget
-                                .or(dl.default)
-                                .map(|b| sub.received_at + b.min(dl.max));
+                            let deadline = dl.budget(sub.budget).map(|b| sub.received_at + b);
                             tokio::spawn(async move {
                                 let r = match &mut waiter.intake {
                                     Some(t) => t.wait_cluster_slots(from, &keys, deadline).await,
@@ -368,12 +365,7 @@ impl Edge {
                     request_id: sub.request_id.clone(),
                     fingerprint: crate::intake::fingerprint(sub.session.as_deref(), &sub.body),
                     until: received_at
-                        + sub
-                            .budget
-                            .or(dl.default)
-                            .unwrap_or(dl.max)
-                            .min(dl.max)
-                            .saturating_sub(dl.reply_margin),
+                        + (dl.budget(sub.budget).unwrap_or(dl.max)).saturating_sub(dl.reply_margin),
                 };
                 // The stream's acknowledgement is awaited by the forwarding task, so
                 // that this intake loop takes the next request meanwhile; the bounded
