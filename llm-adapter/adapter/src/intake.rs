@@ -52,9 +52,7 @@ use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use weir_protocol::llm::ErrorBody;
 use weir_protocol::llm::headers as h;
 
 mod cluster;
@@ -74,6 +72,7 @@ use self::ticket::Hub;
 pub(crate) use self::ticket::{Settle, Ticket};
 use crate::config::{Config, JetStreamIntake, Mode};
 use crate::metrics as m;
+use crate::service::Edge;
 use weir_service::config::whole_ms;
 
 /// How long one pull request waits on the server for messages.
@@ -242,19 +241,6 @@ pub(crate) struct Pulled {
     pub(crate) ticket: Ticket,
 }
 
-/// What the pull loop hands each message to (the service edge).
-pub(crate) trait Admit: Send + Sync + 'static {
-    /// Admits one pulled request (or answers it at once); the ticket rides in the waiter.
-    fn admit(self: &Arc<Self>, pulled: Pulled) -> impl Future<Output = ()> + Send;
-    /// Answers a pulled request at once with `error` (the ticket settles it).
-    fn refuse(
-        &self,
-        pulled: Pulled,
-        error: ErrorBody,
-        received_at: Instant,
-    ) -> impl Future<Output = ()> + Send;
-}
-
 /// The running intake: the pull loop and the keeper.
 pub(crate) struct IntakeEdge {
     /// Stops the pull loop (cancelled by [`IntakeEdge::stop_pulling`], or on drop).
@@ -323,10 +309,10 @@ pub(crate) fn set_deadline(headers: &HeaderMap, deadline_ms: Option<u64>) -> Hea
 
 impl IntakeEdge {
     /// Opens the stream, the consumer and the session bucket, then starts pulling.
-    pub(crate) async fn start<A: Admit>(
+    pub(crate) async fn start(
         client: &async_nats::Client,
         config: Arc<Config>,
-        edge: Arc<A>,
+        edge: Arc<Edge>,
         replies: Option<kv::Store>,
     ) -> Result<Self, IntakeError> {
         let Some(j) = config.intake.jetstream().cloned() else {

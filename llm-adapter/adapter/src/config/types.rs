@@ -373,8 +373,7 @@ pub struct JetStreamIntake {
     /// How often a replica sends progress for the requests it holds (and renews their
     /// session slots); below `ack_wait`.
     pub progress_interval: Duration,
-    /// The consumer's `max_ack_pending`: requests out at all replicas together. Set it
-    /// to the sum of `workers` over the replicas.
+    /// The consumer's `max_ack_pending`: requests out at all replicas together.
     pub max_ack_pending: NonZeroUsize,
     /// Deliveries of one request before the server gives up on it (a request that
     /// kills every replica that takes it stops there).
@@ -389,12 +388,10 @@ pub struct JetStreamIntake {
     pub replicas: NonZeroUsize,
     /// File storage (survives a server restart) or memory.
     pub file_storage: bool,
-    /// The KV bucket of cluster-wide session slots (`session.pending_cap` over every
-    /// replica).
+    /// The KV bucket of the cluster-wide slots (session cap, limits).
     pub session_bucket: String,
-    /// The KV bucket where each answer is kept for `duplicate_window` (keyed by request
-    /// id), so that a duplicate the stream dropped is answered with the original's
-    /// answer by any replica; `None` (`""`) = not kept.
+    /// The KV bucket where each answer is kept for `duplicate_window`, by request id;
+    /// `None` (`""`) = not kept.
     pub reply_bucket: Option<String>,
     /// A core request on `service.subject` is put into the stream by the replica that
     /// receives it (callers stay unchanged); `false` = only direct publishes.
