@@ -31,28 +31,16 @@
 //!   counted in `weir_llm_intake_terminated_total{reason}`; a pull error (a missed
 //!   heartbeat, a server restart) is counted and the loop goes on.
 //!
-//! The session cap (`session.pending_cap`) and every `[[limits]]` rule are
-//! cluster-wide (a wait-limit waits for a cluster slot, see [`ClusterSlots`]): one KV
-//! key per (key, slot index), taken with `create` (only-if-absent) before the local admission, renewed
-//! with compare-and-swap by the keeper, deleted (expecting its revision) when the
-//! request settles, and expiring after `ack_wait` (the bucket's `max_age`) when its
-//! replica died — the same time after which the server redelivers the request, which
-//! then takes its own slot over (the value names the request id).
-//!
-//! Answers are kept in a second KV bucket (`jetstream.reply_bucket`) for the duplicate
-//! window, so that a retry the stream dropped as a duplicate is answered with the
-//! original's answer by the replica that forwarded it ([`wait_kept_reply`]), and a
-//! redelivered request that was already answered is answered from it, not run again:
+//! The session cap and every `[[limits]]` rule are cluster-wide, as KV slot leases that
+//! expire after `ack_wait` with a dead replica ([`ClusterSlots`]). Answers are kept in
+//! the reply bucket for the duplicate window (docs/llm-adapter.md, "Durable intake"):
 //! - a unary answer with a request id, a refusal too, is kept *before* its `+ACK`
-//!   (`+TERM`), retried while the keeper sends progress for it, for at most `ack_wait`
-//!   ([`Ticket::settle`]): an ack lost with a dying node (a leader election) then
-//!   always finds the answer kept; shutdown waits for these settlements;
-//! - the redelivered copy reads the bucket through its stream leader (not a direct get
-//!   a lagging follower may answer), in a task of its own (off the pull loop); a failed
-//!   read is retried while the request is held, for at most `ack_wait`, then the
-//!   request is handed back for later (`-NAK` after [`STORE_ERROR_DELAY`]) unless it
-//!   is the last delivery (`max_deliver`), which runs: at least once rather than never
-//!   ([`replay_kept`]).
+//!   (`+TERM`), for at most `ack_wait` ([`Ticket::settle`]); shutdown waits for these
+//!   settlements;
+//! - a redelivered request whose answer is kept is answered from it, not run again; an
+//!   unreadable bucket hands it back for later, except on its last delivery, which runs
+//!   ([`replay_kept`]); a forwarded duplicate gets the original's answer
+//!   ([`wait_kept_reply`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
@@ -64,9 +52,7 @@ use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use weir_protocol::llm::ErrorBody;
 use weir_protocol::llm::headers as h;
 
 mod cluster;
@@ -86,6 +72,7 @@ use self::ticket::Hub;
 pub(crate) use self::ticket::{Settle, Ticket};
 use crate::config::{Config, JetStreamIntake, Mode};
 use crate::metrics as m;
+use crate::service::Edge;
 use weir_service::config::whole_ms;
 
 /// How long one pull request waits on the server for messages.
@@ -254,19 +241,6 @@ pub(crate) struct Pulled {
     pub(crate) ticket: Ticket,
 }
 
-/// What the pull loop hands each message to (the service edge).
-pub(crate) trait Admit: Send + Sync + 'static {
-    /// Admits one pulled request (or answers it at once); the ticket rides in the waiter.
-    fn admit(self: &Arc<Self>, pulled: Pulled) -> impl Future<Output = ()> + Send;
-    /// Answers a pulled request at once with `error` (the ticket settles it).
-    fn refuse(
-        &self,
-        pulled: Pulled,
-        error: ErrorBody,
-        received_at: Instant,
-    ) -> impl Future<Output = ()> + Send;
-}
-
 /// The running intake: the pull loop and the keeper.
 pub(crate) struct IntakeEdge {
     /// Stops the pull loop (cancelled by [`IntakeEdge::stop_pulling`], or on drop).
@@ -335,10 +309,10 @@ pub(crate) fn set_deadline(headers: &HeaderMap, deadline_ms: Option<u64>) -> Hea
 
 impl IntakeEdge {
     /// Opens the stream, the consumer and the session bucket, then starts pulling.
-    pub(crate) async fn start<A: Admit>(
+    pub(crate) async fn start(
         client: &async_nats::Client,
         config: Arc<Config>,
-        edge: Arc<A>,
+        edge: Arc<Edge>,
         replies: Option<kv::Store>,
     ) -> Result<Self, IntakeError> {
         let Some(j) = config.intake.jetstream().cloned() else {

@@ -215,8 +215,6 @@ impl AdapterHandle {
     /// another replica.
     pub async fn shutdown(mut self) -> ShutdownReport {
         let admission = self.view.admission.clone();
-        // Durable intake: stop taking requests from the stream first; what this replica
-        // holds and cannot finish is handed back (`-NAK`) to the other replicas.
         self.edge.stop_intake(Duration::from_secs(3)).await;
         admission.stop_admitting().await;
         self.edge.stop(Duration::from_secs(2)).await;

@@ -4,20 +4,14 @@
 //! have small, fixed value sets (`outcome` = `ok` or an error code, `rule` = a limit
 //! name or `session_cap` / `session_order`): never a request id, session id or key.
 //!
-//! Without an installed recorder (library use, tests) every call is a no-op. The
-//! per-request counters and the queue gauges are kept as plain atomics by the admission
-//! core and published to the recorder whenever stats are read — the admin server reads
-//! them on every `/metrics` scrape — so a scrape always sees current values and a
-//! request pays no metrics-facade call. The recorder must be installed before
-//! [`crate::start`].
+//! Without an installed recorder (library use, tests) every call is a no-op; it must be
+//! installed before [`crate::start`]. The per-request counters and the queue gauges are
+//! plain atomics of the admission core, published to the recorder whenever stats are
+//! read (every `/metrics` scrape): a request pays no metrics-facade call.
 //!
-//! The latency histograms (queue wait, inference, time to first token) are not recorded through the `metrics` facade: the
-//! Prometheus exporter stores every sample (and allocates as it goes), which costs more
-//! per request than the rest of admission. They are
-//! [`weir_service::metrics::LatencyHistogram`]s (three relaxed atomic operations per
-//! sample), the same ones `/v1/stats` reads its percentiles from, rendered with
-//! [`DURATION_BUCKETS`] ([`latency_series`]) and appended to `/metrics` by the admin
-//! server.
+//! The latency histograms are not recorded through the facade (the Prometheus exporter
+//! stores every sample): they are [`weir_service::metrics::LatencyHistogram`]s, which
+//! `/v1/stats` reads too, rendered with [`DURATION_BUCKETS`] ([`latency_series`]).
 
 use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,

@@ -57,7 +57,7 @@ mod forward;
 mod reply;
 
 pub(crate) use self::decode::{header, session_of};
-use self::edge::Edge;
+pub(crate) use self::edge::Edge;
 use self::forward::{FORWARDS_IN_FLIGHT, ForwardCtx, forward_acks};
 pub use self::reply::{NatsSink, NatsWaiter};
 pub(crate) use self::reply::{publish_reply, put_static};

@@ -5,13 +5,10 @@
 //! pool of them (`pool.rs`: each backend its own slots, estimator and ready queue;
 //! routing, health and failover in `state/routing.rs` and `state/health.rs`).
 //!
-//! Tasks: exactly `workers` worker tasks (each backend's `slots`, summing to `workers`)
-//! and one timer task ("sweeper", which also finds stalled calls; both in `tasks.rs`,
-//! a worker runs each job with `job.rs`), spawned by
-//! [`Admission::start`] / [`Admission::start_pool`]. Nothing is spawned per request: a request is an entry in the
-//! state machine (`admission/state.rs`) until a worker picks it; its answer is delivered by whoever
-//! settles it (the submitter for immediate refusals, a worker, the sweeper, a cancel, or
-//! shutdown).
+//! Tasks: exactly `workers` worker tasks and one timer task, the sweeper (`tasks.rs`).
+//! Nothing is spawned per request: a request is an entry in the state machine
+//! (`state.rs`) until a worker picks it; its answer is delivered by whoever settles it
+//! (the submitter for immediate refusals, a worker, the sweeper, a cancel, shutdown).
 //!
 //! Invariants a reader must not break:
 //! - every submission gets exactly one answer (its waiter is delivered exactly once);
@@ -81,12 +78,12 @@ pub use self::barge_in::SETTLE_WAIT;
 use self::barge_in::settled;
 pub use self::gates::key_limits::KeyError;
 pub(crate) use self::gates::key_limits::resolve_keys;
+pub use self::gates::tokens::TokenKeyView;
 pub(crate) use self::job::{AbortReason, Job, backend_failure};
 pub use self::request::{
     Admitted, CancelResult, ChannelSink, Outcome, RequestStatus, Sink, Submission,
 };
 pub use self::state::SessionCancel;
-pub use self::state::TokenKeyView;
 use self::state::{Effects, State};
 use self::stats::Stats;
 pub use self::views::{KeyView, LimitsView, QueueView, SessionView, ShutdownReport};
@@ -182,8 +179,6 @@ impl<S: Sink> Clone for Admission<S> {
 
 impl<S: Sink> Inner<S> {
     fn lock(&self) -> MutexGuard<'_, State<S::Waiter>> {
-        // A poisoned lock means a bug panicked mid-transition; keep serving rather
-        // than turning one bug into a crash of every request.
         locked(&self.state)
     }
 

@@ -53,14 +53,9 @@ pub struct HealthConfig {
 }
 
 impl Default for HealthConfig {
+    /// The defaults of `[pool]`.
     fn default() -> Self {
-        Self {
-            eject_after_errors: 5,
-            stall_factor: 3,
-            stall_floor: Duration::from_millis(250),
-            backoff_base: Duration::from_secs(1),
-            backoff_max: Duration::from_secs(30),
-        }
+        AdmissionConfig::default().health
     }
 }
 

@@ -31,8 +31,6 @@ struct SlotInner {
 
 impl SlotInner {
     fn counts(&self) -> MutexGuard<'_, HashMap<String, usize>> {
-        // A poisoned lock only means a panic elsewhere while holding it; the counts
-        // themselves are always consistent (single insert/decrement operations).
         locked(&self.counts)
     }
 }

@@ -63,7 +63,6 @@ use self::idempotency::Fingerprint;
 pub(crate) use self::positions::Notice;
 use self::routing::Routed;
 use self::timers::{Timer, TimerKind};
-pub use self::tokens::TokenKeyView;
 use super::cache::CompletionCache;
 use super::estimator::EstimateView;
 use super::gates::deadline::{DeadlinePrediction, ReadyKey};
@@ -73,7 +72,7 @@ use super::gates::session_cap::SessionCap;
 use super::gates::session_order::SessionOrder;
 use super::gates::start_budget::StartBudget;
 use super::gates::tokens::{Reservation, TokenBudgets};
-use super::gates::{Ask, Gate, RULE_SESSION_CAP, RULE_SESSION_ORDER, after_wait, shutting_down};
+use super::gates::{Ask, RULE_SESSION_CAP, RULE_SESSION_ORDER, after_wait, shutting_down};
 use super::pool::Pool;
 use super::priority::Priority;
 use super::slots::SlotGuard;
@@ -352,9 +351,7 @@ impl<W> State<W> {
         if self.shutting_down {
             return fx.refuse_now(waiter, shutting_down(), &sub, waited);
         }
-        // Deadline: the caller's budget (or the default), never above the maximum.
-        let budget =
-            (sub.budget.or(self.cfg.deadline.default)).map(|b| b.min(self.cfg.deadline.max));
+        let budget = self.cfg.deadline.budget(sub.budget);
         let deadline = budget.map(|b| sub.received_at + b);
         if let Some(b) = budget {
             self.deadline.note_budget(b);
@@ -426,7 +423,7 @@ impl<W> State<W> {
         self.verdict(self.session_cap.check(ask), (), sub, waited)?;
         self.verdict(self.session_order.check(ask), (), sub, waited)?;
         if !self.may_displace_for_room(ask) {
-            self.verdict(self.queue_bound.check((ask, self.queued)), (), sub, waited)?;
+            self.verdict(self.queue_bound.check(ask, self.queued), (), sub, waited)?;
         }
         let id = self.next_id;
         let due = self.deadline.due(ask.deadline, sub.received_at, self.epoch);
@@ -472,7 +469,7 @@ impl<W> State<W> {
             trace: sub.trace,
         };
         sub.span.record("id", id);
-        let mut entry = Entry {
+        let entry = Entry {
             id,
             member,
             place: placement.order,
@@ -506,16 +503,6 @@ impl<W> State<W> {
             tokens: admit.tokens,
             priority,
         };
-        if let Some(by) = answer_by {
-            let at = (self.start_budget).timer_at(by, placement.probe, self.estimate_of(member));
-            let t = Timer {
-                at,
-                id,
-                kind: TimerKind::Deadline,
-            };
-            entry.deadline_timer = Some(t);
-            self.add_timer(t, fx);
-        }
         if let (Some(rid), Some(_)) = (&entry.request_id, &entry.fingerprint) {
             self.by_request_id.insert(rid.clone(), id);
         }
@@ -532,6 +519,7 @@ impl<W> State<W> {
             self.emit_slot(TraceKind::SlotWaiting, &entry, now, rule, None);
         }
         self.entries.insert(id, entry);
+        self.arm_deadline(id, fx);
         if !behind_session {
             self.advance(id, 0, now, fx);
         }

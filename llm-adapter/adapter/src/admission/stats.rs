@@ -402,6 +402,8 @@ impl Stats {
         }
     }
 
+    /// The counters and histograms (not the state's figures: `queued_now`, slots,
+    /// tokens, the estimate, `nats`).
     pub(crate) fn snapshot(&self) -> StatsSnapshot {
         let refused = ErrorCode::ALL
             .iter()
@@ -424,17 +426,12 @@ impl Stats {
             refused,
             started: self.started.get(),
             started_after_deadline: self.started_after_deadline.get(),
-            queued_now: 0,
-            running_now: 0,
             would_reject: locked(&self.would_reject).clone(),
             queue_wait_ms: l.queue_wait.percentiles(),
             inference_ms: LatencyHistogram::merged_percentiles(&l.inference),
             backend_busy_ms: busy_ms,
             backend_useful_ms: useful_ms,
-            slots_acquired: 0,
-            slots_released: 0,
             refusal_ms: l.refusal.percentiles(),
-            service_estimate: None,
             cache: CacheSnapshot {
                 entries: self.cache_entries.0.load(Ordering::Relaxed),
                 bytes: self.cache_bytes.0.load(Ordering::Relaxed),
@@ -443,7 +440,6 @@ impl Stats {
                 evicted_max_entries: self.cache_evicted_entries.get(),
                 too_large: self.cache_too_large.get(),
             },
-            nats: Default::default(),
             stream: StreamSnapshot {
                 started: self.streams.get(),
                 chunks: self.stream_chunks.get(),
@@ -454,9 +450,9 @@ impl Stats {
                     .map(|(k, v)| ((*k).to_owned(), *v))
                     .collect(),
             },
-            tokens: BTreeMap::new(),
             priority: self.priority.snapshot(),
             interrupts: self.interrupts.snapshot(),
+            ..StatsSnapshot::default()
         }
     }
 }

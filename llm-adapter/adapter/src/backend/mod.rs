@@ -287,27 +287,22 @@ fn member_from_config(
     cfg: &BackendConfig,
     client: &async_nats::Client,
 ) -> Result<BuiltBackend, BackendError> {
-    Ok(match &cfg.kind {
+    let (backend, sim): (Arc<dyn Backend>, _) = match &cfg.kind {
         BackendKind::Sim(s) => {
             let b = sim::SimBackend::new(*s);
             let handle = b.handle();
-            BuiltBackend {
-                backend: Arc::new(b),
-                sim: Some(handle),
-            }
+            (Arc::new(b), Some(handle))
         }
-        BackendKind::OpenAi(o) => BuiltBackend {
-            backend: Arc::new(openai::OpenAiBackend::new(o, cfg.timeout)?),
-            sim: None,
-        },
-        BackendKind::Nats(n) => BuiltBackend {
-            backend: Arc::new(
-                nats::NatsBackend::new(client.clone(), n.subject.clone(), cfg.timeout)
-                    .with_cancel(n.cancel_subject.clone(), name),
-            ),
-            sim: None,
-        },
-    })
+        BackendKind::OpenAi(o) => (Arc::new(openai::OpenAiBackend::new(o, cfg.timeout)?), None),
+        BackendKind::Nats(n) => {
+            let b = nats::NatsBackend::new(client.clone(), n.subject.clone(), cfg.timeout);
+            (
+                Arc::new(b.with_cancel(n.cancel_subject.clone(), name)),
+                None,
+            )
+        }
+    };
+    Ok(BuiltBackend { backend, sim })
 }
 
 /// What [`pool_from_config`] built: one backend per pool member, in order, and the sim
@@ -332,12 +327,11 @@ pub fn pool_from_config(
     config: &crate::Config,
     client: &async_nats::Client,
 ) -> Result<BuiltPool, BackendError> {
-    let single = [(String::from("default"), &config.backend)];
-    let members: Vec<(String, &BackendConfig)> = if config.backends.is_empty() {
-        single.iter().map(|(n, b)| (n.clone(), *b)).collect()
+    let members: Vec<(&str, &BackendConfig)> = if config.backends.is_empty() {
+        vec![("default", &config.backend)]
     } else {
         (config.backends.iter())
-            .map(|m| (m.name.clone(), &m.backend))
+            .map(|m| (m.name.as_str(), &m.backend))
             .collect()
     };
     let mut pool = BuiltPool {
@@ -345,11 +339,9 @@ pub fn pool_from_config(
         sims: Vec::new(),
     };
     for (name, cfg) in members {
-        let built = member_from_config(&name, cfg, client)?;
+        let built = member_from_config(name, cfg, client)?;
         pool.backends.push(built.backend);
-        if let Some(h) = built.sim {
-            pool.sims.push((name, h));
-        }
+        pool.sims.extend(built.sim.map(|h| (name.to_owned(), h)));
     }
     Ok(pool)
 }

@@ -57,11 +57,8 @@ struct Counters {
     busy_us: AtomicU64,
 }
 
-/// Controls and counters of a [`SimBackend`]. Cheap to clone.
-#[derive(Debug, Clone)]
-pub struct SimHandle {
-    inner: Arc<SimInner>,
-}
+/// Controls and counters of a [`SimBackend`]: a clone of it. Cheap to clone.
+pub type SimHandle = SimBackend;
 
 /// Counters of a [`SimBackend`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -108,13 +105,9 @@ impl SimBackend {
 
     /// The control handle.
     pub fn handle(&self) -> SimHandle {
-        SimHandle {
-            inner: self.inner.clone(),
-        }
+        self.clone()
     }
-}
 
-impl SimHandle {
     /// Stalls every call (new and in progress) until [`SimHandle::resume`].
     pub fn pause(&self) {
         self.inner.paused.send_replace(true);

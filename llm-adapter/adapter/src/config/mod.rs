@@ -4,15 +4,11 @@
 //! `deny_unknown_fields`), then validated once into a [`Config`].
 //!
 //! Each key's default, range and meaning are written once, in its section's declaration
-//! (`weir_service::config_section!`; a default from the typed defaults where they exist:
-//! [`EstimatorConfig`], `RequestLimits`); each range is a typed `Range` in [`SECTIONS`],
-//! which `validate` checks against. `[nats]`, `[admin]`
-//! and `[log]` are the sections every weir binary shares
-//! (`weir_service::config::section`), with the adapter's own keys beside them. [`key_table`] (`--list-keys`,
-//! and the tables of docs/llm-adapter.md, which a test keeps equal) is generated from
-//! both. A key whose default follows another (`stream.ack_timeout_ms`,
-//! `nats.subscription_capacity`, ...) is an `Option` unset by default and resolved in
-//! `validate`; its meaning states the rule.
+//! (`raw.rs`); `validate` checks each number against its typed `Range` in [`SECTIONS`],
+//! and [`key_table`] (`--list-keys`, the tables of docs/llm-adapter.md, which a test
+//! keeps equal) is generated from them. A key whose default follows another
+//! (`stream.ack_timeout_ms`, ...) is an `Option` unset by default and resolved in
+//! `validate`.
 //!
 //! Invariants:
 //! - every error names the full key (`session.pending_cap`, `limits[1].max_wait_ms`),
@@ -174,6 +170,11 @@ fn range(key: &str) -> Range {
 /// `v` of the integer key `key` inside its documented range.
 fn int(key: &str, v: u64) -> Result<u64, ConfigError> {
     range(key).check(key, v)
+}
+
+/// [`int`] as a `u32` (the ranges keep it inside).
+fn int32(key: &str, v: u64) -> Result<u32, ConfigError> {
+    int(key, v).map(|v| u32::try_from(v).unwrap_or(u32::MAX))
 }
 
 /// [`int`] as a count that is not zero.

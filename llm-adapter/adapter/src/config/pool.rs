@@ -37,18 +37,7 @@ pub struct PoolMember {
 impl RawPoolBackend {
     fn validate(&self, n: usize) -> Result<PoolMember, ConfigError> {
         let key = |field: &str| format!("backends[{n}].{field}");
-        let name = &self.name;
-        if name.is_empty()
-            || name.len() > MAX_BACKEND_NAME
-            || !name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        {
-            return Err(invalid(
-                key("name"),
-                format!("expected 1..={MAX_BACKEND_NAME} of A-Z a-z 0-9 - _, got {name:?}"),
-            ));
-        }
+        validate::safe_name(&key("name"), &self.name, MAX_BACKEND_NAME)?;
         let as_backend = RawBackend {
             timeout_ms: self.timeout_ms,
             kind: self.kind,
@@ -58,9 +47,9 @@ impl RawPoolBackend {
         };
         let backend = as_backend.validate_at(&format!("backends[{n}]."))?;
         Ok(PoolMember {
-            name: name.clone(),
+            name: self.name.clone(),
             slots: count(&key("slots"), self.slots)?,
-            weight: u32::try_from(int(&key("weight"), self.weight)?).unwrap_or(u32::MAX),
+            weight: int32(&key("weight"), self.weight)?,
             backend,
         })
     }
@@ -104,13 +93,8 @@ impl RawPool {
             ));
         }
         Ok(HealthConfig {
-            eject_after_errors: u32::try_from(int(
-                "pool.eject_after_errors",
-                self.eject_after_errors,
-            )?)
-            .unwrap_or(u32::MAX),
-            stall_factor: u32::try_from(int("pool.stall_factor", self.stall_factor)?)
-                .unwrap_or(u32::MAX),
+            eject_after_errors: int32("pool.eject_after_errors", self.eject_after_errors)?,
+            stall_factor: int32("pool.stall_factor", self.stall_factor)?,
             stall_floor: millis("pool.stall_floor_ms", self.stall_floor_ms)?,
             backoff_base: base,
             backoff_max: max,

@@ -124,11 +124,9 @@ pub struct DeadlineConfig {
     pub default: Option<Duration>,
     /// Longest budget accepted; longer ones are shortened to this.
     pub max: Duration,
-    /// A request whose remaining budget is below this when a worker picks it is answered
-    /// `deadline_exceeded` instead of being started (it could not finish in time).
-    /// `None` (the key unset, the default) = adaptive: the service-time estimate is the
-    /// minimum, and a queued request is answered as soon as its remaining budget falls
-    /// below it.
+    /// The start budget: a request with less left when a worker picks it is answered
+    /// `deadline_exceeded`, not started. `None` (the default) = adaptive: the
+    /// service-time estimate (`gates/start_budget.rs`).
     pub min_start_budget: Option<Duration>,
     /// Time kept for the answer to travel back: the adapter treats `deadline −
     /// reply_margin` as the last moment it can still answer usefully (refusals are sent
@@ -136,25 +134,23 @@ pub struct DeadlineConfig {
     pub reply_margin: Duration,
     /// Refuse at admission a request predicted not to finish before its deadline.
     pub predict: bool,
-    /// Under `queue_order = "edf"`: the largest share (percent) of a request's wait
-    /// that requests with earlier deadlines may take from it. A request is admitted
-    /// only if it would still start in time with that share of its slack kept for
-    /// them; the share applied is the share of recent requests with at most half its
-    /// budget, up to this value (one budget class alone keeps none). 0 = plain EDF
-    /// with protected slack.
+    /// Under `queue_order = "edf"`: the largest share (percent) of a request's slack
+    /// kept for requests with earlier deadlines (`deadline.overtake_share_pct`).
     pub overtake_share_pct: u8,
 }
 
-/// Order in which admitted requests that passed their session and key gates get a
-/// worker (`queue_order`): `fifo`, arrival order (no later request overtakes; under mixed
-/// deadlines long budgets fill the queue and short ones are refused), or `edf`, the
-/// default: earliest deadline first within a bound. Under `edf` a request without a
-/// deadline counts as due at `deadline.max_ms`, ties go in admission order, and a new
-/// request overtakes queued ones only as far as each of them still starts in time
-/// (otherwise it goes behind the last one it would make late), so an admitted request is
-/// not displaced into a refusal; how much of a request's wait earlier deadlines may take
-/// is bounded by `deadline.overtake_share_pct`. The wire type of `queue_order` in the
-/// capabilities document.
+impl DeadlineConfig {
+    /// The budget of a request that asked for `asked`: it, else the default, at most
+    /// `max`.
+    pub fn budget(&self, asked: Option<Duration>) -> Option<Duration> {
+        asked.or(self.default).map(|b| b.min(self.max))
+    }
+}
+
+/// Order in which ready requests get a worker (`queue_order`): `fifo`, or `edf`, the
+/// default, earliest deadline first within the bounds of `gates/deadline.rs` (see
+/// docs/llm-adapter.md, "Fairness under mixed deadlines"). The wire type of
+/// `queue_order` in the capabilities document.
 pub use weir_protocol::llm::capabilities::QueueOrder;
 
 /// Idempotency by request id (`[idempotency]`).
@@ -219,7 +215,7 @@ pub struct SimStream {
 impl Default for SimConfig {
     /// The defaults of `[backend.sim]`.
     fn default() -> Self {
-        valid_default(RawSim::default().validate())
+        valid_default(RawSim::default().validate_at("backend.sim."))
     }
 }
 
@@ -377,8 +373,7 @@ pub struct JetStreamIntake {
     /// How often a replica sends progress for the requests it holds (and renews their
     /// session slots); below `ack_wait`.
     pub progress_interval: Duration,
-    /// The consumer's `max_ack_pending`: requests out at all replicas together. Set it
-    /// to the sum of `workers` over the replicas.
+    /// The consumer's `max_ack_pending`: requests out at all replicas together.
     pub max_ack_pending: NonZeroUsize,
     /// Deliveries of one request before the server gives up on it (a request that
     /// kills every replica that takes it stops there).
@@ -393,12 +388,10 @@ pub struct JetStreamIntake {
     pub replicas: NonZeroUsize,
     /// File storage (survives a server restart) or memory.
     pub file_storage: bool,
-    /// The KV bucket of cluster-wide session slots (`session.pending_cap` over every
-    /// replica).
+    /// The KV bucket of the cluster-wide slots (session cap, limits).
     pub session_bucket: String,
-    /// The KV bucket where each answer is kept for `duplicate_window` (keyed by request
-    /// id), so that a duplicate the stream dropped is answered with the original's
-    /// answer by any replica; `None` (`""`) = not kept.
+    /// The KV bucket where each answer is kept for `duplicate_window`, by request id;
+    /// `None` (`""`) = not kept.
     pub reply_bucket: Option<String>,
     /// A core request on `service.subject` is put into the stream by the replica that
     /// receives it (callers stay unchanged); `false` = only direct publishes.

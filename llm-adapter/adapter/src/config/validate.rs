@@ -24,7 +24,7 @@ impl RawConfig {
         };
         let queue_capacity = count("queue_capacity", self.queue_capacity)?;
         let nats = self.nats.validate(queue_capacity.get())?;
-        let single = self.backend.validate()?;
+        let single = self.backend.validate_at("backend.")?;
         let backend = backends.first().map_or(single, |m| m.backend.clone());
         let backend_timeout =
             (backends.iter().map(|m| m.backend.timeout).max()).unwrap_or(backend.timeout);
@@ -64,9 +64,7 @@ impl RawConfig {
             admin: self.admin.validate()?,
             trace: TraceConfig {
                 log: self.trace.log,
-                subject: set(&self.trace.subject)
-                    .map(|s| subject("trace.subject", s.to_owned(), false))
-                    .transpose()?,
+                subject: optional_subject("trace.subject", &self.trace.subject)?,
                 buffer: count("trace.buffer", self.trace.buffer)?,
             },
             stream: StreamConfig {
@@ -76,14 +74,9 @@ impl RawConfig {
                     None => nats.publish_timeout,
                 },
             },
-            intake: match self.intake {
-                IntakeKind::Core => {
-                    self.jetstream.validate(workers)?;
-                    Intake::Core
-                }
-                IntakeKind::JetStream => {
-                    Intake::JetStream(Box::new(self.jetstream.validate(workers)?))
-                }
+            intake: match (self.intake, self.jetstream.validate(workers)?) {
+                (IntakeKind::Core, _) => Intake::Core,
+                (IntakeKind::JetStream, js) => Intake::JetStream(Box::new(js)),
             },
             nats,
             log: self.log.validate()?,
@@ -225,24 +218,16 @@ impl RawIdempotency {
 }
 
 impl RawBackend {
+    /// Validates the backend whose keys start with `p` (`backend.`, `backends[2].`).
     /// Every backend section is validated, whichever is selected, so a file may keep
     /// several and switch with `kind` (e.g. `WEIR_LLM_BACKEND__KIND=openai`).
-    pub(super) fn validate(&self) -> Result<BackendConfig, ConfigError> {
-        self.validate_at("backend.")
-    }
-
-    /// Validates the backend whose keys start with `p` (`backend.`, `backends[2].`).
     pub(super) fn validate_at(&self, p: &str) -> Result<BackendConfig, ConfigError> {
         let timeout = millis(&format!("{p}timeout_ms"), self.timeout_ms)?;
         let sim = self.sim.validate_at(&format!("{p}sim."))?;
         let openai = self.openai.validate_at(&format!("{p}openai."))?;
-        let nats_subject = set(&self.nats.subject)
-            .map(|s| subject(&format!("{p}nats.subject"), s.to_owned(), false))
-            .transpose()?;
+        let nats_subject = optional_subject(&format!("{p}nats.subject"), &self.nats.subject)?;
         let cancel_key = format!("{p}nats.cancel_subject");
-        let cancel_subject = set(&self.nats.cancel_subject)
-            .map(|s| subject(&cancel_key, s.to_owned(), false))
-            .transpose()?;
+        let cancel_subject = optional_subject(&cancel_key, &self.nats.cancel_subject)?;
         if cancel_subject.is_some() && cancel_subject == nats_subject {
             return Err(invalid(cancel_key, "must differ from the `subject`"));
         }
@@ -264,10 +249,6 @@ impl RawBackend {
 }
 
 impl RawSim {
-    pub(super) fn validate(&self) -> Result<SimConfig, ConfigError> {
-        self.validate_at("backend.sim.")
-    }
-
     /// Validates the sub-table whose keys start with `p` (`backend.sim.`,
     /// `backends[2].sim.`).
     pub(super) fn validate_at(&self, p: &str) -> Result<SimConfig, ConfigError> {
@@ -328,7 +309,7 @@ impl RawSim {
             seed: int(&key("seed"), self.seed)?,
             stream: SimStream {
                 first_token: millis(&key("first_token_ms"), self.first_token_ms)?,
-                tokens: u32::try_from(int(&key("tokens"), self.tokens)?).unwrap_or(u32::MAX),
+                tokens: int32(&key("tokens"), self.tokens)?,
                 tokens_per_second: decimal(&key("tokens_per_second"), self.tokens_per_second)?,
             },
         })
@@ -551,15 +532,16 @@ impl RawJetStream {
 /// A stream, consumer or bucket name: `A-Z a-z 0-9 - _` (no dots, spaces or wildcards,
 /// which JetStream refuses in names).
 fn stream_name(key: &str, s: &str) -> Result<(), ConfigError> {
-    if s.is_empty()
-        || s.len() > MAX_NAME_LEN
-        || !s
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-    {
+    safe_name(key, s, MAX_NAME_LEN)
+}
+
+/// 1..=`max` of `A-Z a-z 0-9 - _` (also safe as a metric label).
+pub(super) fn safe_name(key: &str, s: &str, max: usize) -> Result<(), ConfigError> {
+    let safe = |b: u8| b.is_ascii_alphanumeric() || b == b'-' || b == b'_';
+    if s.is_empty() || s.len() > max || !s.bytes().all(safe) {
         return Err(invalid(
             key,
-            format!("only A-Z a-z 0-9 - _ allowed (1..={MAX_NAME_LEN}), got {s:?}"),
+            format!("expected 1..={max} of A-Z a-z 0-9 - _, got {s:?}"),
         ));
     }
     Ok(())
@@ -572,6 +554,13 @@ fn is_semver(v: &str) -> bool {
         && parts
             .iter()
             .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// An optional subject without wildcards (`""` = none).
+fn optional_subject(key: &str, s: &str) -> Result<Option<String>, ConfigError> {
+    set(s)
+        .map(|s| subject(key, s.to_owned(), false))
+        .transpose()
 }
 
 /// Validates a subject; wildcards only where `wildcards` (endpoint subjects).

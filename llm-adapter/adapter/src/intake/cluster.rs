@@ -93,6 +93,27 @@ impl SlotRefusal {
     }
 }
 
+/// `concurrency_limit_exceeded`: the `limit` slots of `key` of a cluster-wide limit are
+/// all taken (`waiting` here, after waiting `waited`).
+pub(super) fn limit_full(
+    key: &str,
+    limit: u64,
+    message: String,
+    waiting: Option<usize>,
+    waited: Option<Duration>,
+) -> SlotRefusal {
+    let details = ErrorDetails {
+        limit: Some(limit),
+        in_flight: Some(limit),
+        waiting: waiting.map(|w| w as u64),
+        waited_ms: waited.map(|w| w.as_millis() as u64),
+        key: Some(key.to_owned()),
+        ..Default::default()
+    };
+    let code = ErrorCode::ConcurrencyLimitExceeded;
+    SlotRefusal::full(TermReason::KeyLimit, code, message, details)
+}
+
 /// What acquiring a session slot gave.
 pub(super) enum SlotResult {
     Got(Slot),
@@ -268,19 +289,8 @@ impl ClusterSlots {
         };
         let name = &rule.name;
         let limit = rule.limit.get() as u64;
-        // `concurrency_limit_exceeded`: the limit is full at `key`.
-        let busy = |message: String, waited: Option<Duration>, waiting: usize| {
-            let details = ErrorDetails {
-                limit: Some(limit),
-                in_flight: Some(limit),
-                waiting: Some(waiting as u64),
-                waited_ms: waited.map(|w| w.as_millis() as u64),
-                key: Some(key.to_owned()),
-                ..Default::default()
-            };
-            let code = ErrorCode::ConcurrencyLimitExceeded;
-            SlotRefusal::full(TermReason::KeyLimit, code, message, details)
-        };
+        let busy =
+            |message, waited, waiting| limit_full(key, limit, message, Some(waiting), waited);
         let _guard = match self.enter_wait(gi, key, max_waiters) {
             Ok(guard) => guard,
             Err(waiting) => {

@@ -25,23 +25,23 @@ use weir_service::ratelimit::LogLimit;
 use super::kept::{Replay, replay_kept};
 use super::ticket::Hub;
 use super::{
-    Admit, PULL_EXPIRES, PULL_RETRY, Pulled, Settle, TermReason, Ticket, absolute_deadline,
-    conflict, fingerprint, send_ack, set_deadline, valid_reply_subject,
+    PULL_EXPIRES, PULL_RETRY, Pulled, Settle, TermReason, Ticket, absolute_deadline, conflict,
+    fingerprint, send_ack, set_deadline, valid_reply_subject,
 };
 use crate::config::Config;
 use crate::metrics as m;
-use crate::service::header;
+use crate::service::{Edge, header};
 
-pub(super) struct PullCtx<A> {
+pub(super) struct PullCtx {
     pub(super) consumer: consumer::PullConsumer,
     pub(super) hub: Arc<Hub>,
-    pub(super) edge: Arc<A>,
+    pub(super) edge: Arc<Edge>,
     pub(super) permits: Arc<Semaphore>,
     pub(super) config: Arc<Config>,
     pub(super) stop: CancellationToken,
 }
 
-pub(super) async fn pull_loop<A: Admit>(ctx: PullCtx<A>) {
+pub(super) async fn pull_loop(ctx: PullCtx) {
     loop {
         if ctx.stop.is_cancelled() {
             return;
@@ -119,7 +119,7 @@ pub(super) async fn pull_loop<A: Admit>(ctx: PullCtx<A>) {
     }
 }
 
-async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: OwnedSemaphorePermit) {
+async fn handle(ctx: &PullCtx, msg: jetstream::Message, permit: OwnedSemaphorePermit) {
     let received_at = Instant::now();
     metrics::counter!(m::INTAKE_PULLED_TOTAL).increment(1);
     // The stream's timestamp (the server's clock) and the delivery count, from the ack
@@ -229,8 +229,8 @@ async fn handle<A: Admit>(ctx: &PullCtx<A>, msg: jetstream::Message, permit: Own
 
 /// The rest of a pulled request's way in: its deadline made absolute (refused and
 /// terminated when it passed in the stream), then the edge's admission.
-async fn admit_pulled<A: Admit>(
-    edge: &Arc<A>,
+async fn admit_pulled(
+    edge: &Arc<Edge>,
     config: &Config,
     (message, reply, ticket): (async_nats::Message, Subject, Ticket),
     published_ms: u64,

@@ -22,7 +22,7 @@ use weir_protocol::llm::{ErrorCode, ErrorDetails};
 use weir_service::ratelimit::LogLimit;
 use weir_service::sync::locked;
 
-use super::cluster::{ClusterSlots, SlotResult, limit_slot_key, slot_key};
+use super::cluster::{ClusterSlots, SlotResult, limit_full, limit_slot_key, slot_key};
 use super::kept::encode_reply;
 use super::{KEEP_RETRY, STORE_ERROR_DELAY, SlotRefusal, TermReason, reply_key, send_ack};
 use crate::config::OnBusy;
@@ -220,20 +220,10 @@ impl Ticket {
                     self.hold_slot(slots.wait_for(gi, rule, key, rid, deadline).await?);
                 }
                 (OnBusy::Reject, _) => {
-                    let limit = limit as u64;
-                    return Err(SlotRefusal::full(
-                        TermReason::KeyLimit,
-                        ErrorCode::ConcurrencyLimitExceeded,
-                        format!(
-                            "limit {name}: {key} has {limit} requests in flight over all replicas (limit {limit})"
-                        ),
-                        ErrorDetails {
-                            limit: Some(limit),
-                            in_flight: Some(limit),
-                            key: Some(key.clone()),
-                            ..Default::default()
-                        },
-                    ));
+                    let message = format!(
+                        "limit {name}: {key} has {limit} requests in flight over all replicas (limit {limit})"
+                    );
+                    return Err(limit_full(key, limit as u64, message, None, None));
                 }
             }
         }

@@ -1,6 +1,6 @@
 //! The endpoint handlers ([`Edge`]): inference (decode, cluster slots for the durable
 //! intake, submit), cancel, status, capabilities and limits; the durable intake's
-//! admission of pulled requests ([`Admit`]); and `jetstream.forward`, which puts a core
+//! admission of pulled requests; and `jetstream.forward`, which puts a core
 //! request into the stream.
 //!
 //! Invariant: an endpoint task never spawns per message, except for a request that must
@@ -26,13 +26,13 @@ use super::reply::{NatsSink, NatsWaiter, publish_reply, put, put_static, render}
 use super::{CancelReply, Route, StatusReply, capabilities};
 use crate::admission::{Admission, Outcome, Submission};
 use crate::config::Config;
-use crate::intake::{Admit, Pulled, Settle, SlotRefusal, TermReason, Ticket};
+use crate::intake::{Pulled, Settle, SlotRefusal, TermReason, Ticket};
 use crate::metrics as m;
 use crate::nats_events::AdapterEvents;
 use crate::stream::{AckHub, NatsStream, StreamLimits};
 
 /// Shared by the endpoint tasks.
-pub(super) struct Edge {
+pub(crate) struct Edge {
     pub(super) admission: Admission<NatsSink>,
     pub(super) events: AdapterEvents,
     pub(super) config: Arc<Config>,
@@ -128,10 +128,7 @@ impl Edge {
                                 return;
                             };
                             let dl = &self.config.admission.deadline;
-                            let deadline = sub
-                                .budget
-                                .or(dl.default)
-                                .map(|b| sub.received_at + b.min(dl.max));
+                            let deadline = dl.budget(sub.budget).map(|b| sub.received_at + b);
                             tokio::spawn(async move {
                                 let r = match &mut waiter.intake {
                                     Some(t) => t.wait_cluster_slots(from, &keys, deadline).await,
@@ -368,12 +365,7 @@ impl Edge {
                     request_id: sub.request_id.clone(),
                     fingerprint: crate::intake::fingerprint(sub.session.as_deref(), &sub.body),
                     until: received_at
-                        + sub
-                            .budget
-                            .or(dl.default)
-                            .unwrap_or(dl.max)
-                            .min(dl.max)
-                            .saturating_sub(dl.reply_margin),
+                        + (dl.budget(sub.budget).unwrap_or(dl.max)).saturating_sub(dl.reply_margin),
                 };
                 // The stream's acknowledgement is awaited by the forwarding task, so
                 // that this intake loop takes the next request meanwhile; the bounded
@@ -399,8 +391,9 @@ impl Edge {
     }
 }
 
-impl Admit for Edge {
-    async fn admit(self: &Arc<Self>, pulled: Pulled) {
+impl Edge {
+    /// Admits one pulled request (or answers it at once); the ticket rides in the waiter.
+    pub(crate) async fn admit(self: &Arc<Self>, pulled: Pulled) {
         let received_at = Instant::now();
         let Pulled {
             message,
@@ -431,13 +424,9 @@ impl Admit for Edge {
         .await;
     }
 
-    fn refuse(
-        &self,
-        pulled: Pulled,
-        error: ErrorBody,
-        received_at: Instant,
-    ) -> impl Future<Output = ()> + Send {
+    /// Answers a pulled request at once with `error` (the ticket settles it).
+    pub(crate) async fn refuse(&self, pulled: Pulled, error: ErrorBody, received_at: Instant) {
         let waiter = NatsWaiter::new(pulled.reply, pulled.message.payload, Some(pulled.ticket));
-        self.admission.answer_now(waiter, error, received_at)
+        self.admission.answer_now(waiter, error, received_at).await;
     }
 }

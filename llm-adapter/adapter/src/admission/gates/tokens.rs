@@ -42,10 +42,25 @@ use std::time::Duration;
 use tokio::time::Instant;
 use weir_protocol::llm::{ErrorCode, ErrorDetails};
 
-use super::{Gate, Refusal, refusal};
+use super::{Refusal, refusal};
 use crate::admission::usage::{RequestCost, Usage};
 use crate::config::{KeyLimit, TokenBudget};
 pub(crate) use weir_protocol::admin::TokenBudgetStats;
+
+/// One tracked key of a token budget (`/v1/limits`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TokenKeyView {
+    /// The limit's name.
+    pub rule: String,
+    /// The key.
+    pub key: String,
+    /// Whole tokens available now (negative: in debt after a usage above its reservation).
+    pub available: f64,
+    /// The budget, tokens per minute.
+    pub tokens_per_minute: u64,
+    /// Reservations not settled yet (requests queued or running).
+    pub outstanding: u32,
+}
 
 /// A reported usage is charged at most this many times the reservation.
 pub(crate) const USAGE_CLAMP: u64 = 4;
@@ -320,15 +335,18 @@ impl TokenBudgets {
             .collect()
     }
 
-    /// The tracked keys of every budget: `(limit name, key, tokens available now,
-    /// tokens per minute, reservations outstanding)`.
-    pub(crate) fn keys(&self, now: Instant) -> Vec<(String, String, f64, u64, u32)> {
+    /// The tracked keys of every budget.
+    pub(crate) fn keys(&self, now: Instant) -> Vec<TokenKeyView> {
         let mut out = Vec::new();
         for b in self.budgets.iter().flatten() {
             for (k, bucket) in &b.buckets {
-                let level = b.level(bucket, now);
-                let tpm = b.cfg.tokens_per_minute.get();
-                out.push((b.name.clone(), k.clone(), level, tpm, bucket.outstanding));
+                out.push(TokenKeyView {
+                    rule: b.name.clone(),
+                    key: k.clone(),
+                    available: b.level(bucket, now).floor(),
+                    tokens_per_minute: b.cfg.tokens_per_minute.get(),
+                    outstanding: bucket.outstanding,
+                });
             }
         }
         out
@@ -358,14 +376,11 @@ impl Reservation {
     }
 }
 
-impl Gate for TokenBudgets {
-    type Input<'a> = &'a TokenAsk<'a>;
-    type Pass = ();
-
+impl TokenBudgets {
     /// Passes when every budget the request falls under holds its cost now (a cost
     /// above a whole budget: when that budget is full); the first that does not
     /// refuses, with when it will.
-    fn check(&self, ask: &TokenAsk<'_>) -> Result<(), Refusal> {
+    pub(crate) fn check(&self, ask: &TokenAsk<'_>) -> Result<(), Refusal> {
         for (b, key) in self.budgets.iter().zip(ask.keys) {
             let (Some(b), Some(key)) = (b, key) else {
                 continue;

@@ -187,18 +187,10 @@ impl<W> State<W> {
                 wake_if_ready(m, b, fx);
             }
         }
-        let mut stalled = Vec::new();
-        for (b, m) in self.pool.members.iter().enumerate() {
-            let Some(after) = self.pool.stall_after(b) else {
-                continue;
-            };
-            for id in m.running_since.keys() {
-                let last = self.entries.get(id).and_then(|e| e.progress.as_ref());
-                if last.is_some_and(|p| !p.failing_over() && p.last(now) + after <= now) {
-                    stalled.push((b, *id));
-                }
-            }
-        }
+        let stalled: Vec<(usize, u64)> = (self.stall_times(now))
+            .filter(|(.., at)| *at <= now)
+            .map(|(b, id, _)| (b, id))
+            .collect();
         for (b, id) in stalled {
             if !matches!(self.pool.members[b].health, Health::Ejected { .. }) {
                 self.eject(b, now, fx);
@@ -209,34 +201,31 @@ impl<W> State<W> {
         }
     }
 
+    /// Each running call watched for a stall (with health on, an estimate, and not
+    /// told to fail over yet): its member, its id, and when it becomes a stall.
+    fn stall_times(&self, now: Instant) -> impl Iterator<Item = (usize, u64, Instant)> + '_ {
+        (self.pool.members.iter().enumerate()).flat_map(move |(b, m)| {
+            let after = self.pool.stall_after(b);
+            m.running_since.keys().filter_map(move |id| {
+                let p = self.entries.get(id)?.progress.as_ref()?;
+                Some((b, *id, p.last(now) + after?)).filter(|_| !p.failing_over())
+            })
+        })
+    }
+
     /// The earliest instant [`State::health_pass`] has work: a back-off ending, or a
     /// running call becoming a stall.
     pub(super) fn next_health_wake(&self) -> Option<Instant> {
         if !self.pool.health_on {
             return None;
         }
-        let mut first: Option<Instant> = None;
-        let mut at = |t: Instant| first = Some(first.map_or(t, |f| f.min(t)));
+        let ejected = (self.pool.members.iter()).filter_map(|m| match m.health {
+            Health::Ejected { until } => Some(until),
+            _ => None,
+        });
         // A call waiting for its caller is looked at again one stall period from now.
-        let now = Instant::now();
-        for (b, m) in self.pool.members.iter().enumerate() {
-            if let Health::Ejected { until } = m.health {
-                at(until);
-            }
-            let Some(after) = self.pool.stall_after(b) else {
-                continue;
-            };
-            for id in m.running_since.keys() {
-                let e = self.entries.get(id);
-                // A call already told to fail over is not looked at again.
-                if let Some(p) = e.and_then(|e| e.progress.as_ref())
-                    && !p.failing_over()
-                {
-                    at(p.last(now) + after);
-                }
-            }
-        }
-        first
+        let stalls = self.stall_times(Instant::now()).map(|(.., at)| at);
+        ejected.chain(stalls).min()
     }
 
     /// A call aborted for a failover ended: back to the queue on another member in its

@@ -11,25 +11,11 @@ use weir_protocol::llm::ErrorBody;
 
 use super::{Entry, State};
 use crate::admission::Submission;
-use crate::admission::gates::Gate;
-use crate::admission::gates::tokens::{Ended, Reservation, TokenAsk, TokenBudgetStats};
+use crate::admission::gates::tokens::{
+    Ended, Reservation, TokenAsk, TokenBudgetStats, TokenKeyView,
+};
 use crate::admission::usage::{RequestCost, reported_usage};
 use crate::backend::BackendReply;
-
-/// One tracked key of a token budget (`/v1/limits`).
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct TokenKeyView {
-    /// The limit's name.
-    pub rule: String,
-    /// The key.
-    pub key: String,
-    /// Tokens available now (negative: in debt after a usage above its reservation).
-    pub available: f64,
-    /// The budget, tokens per minute.
-    pub tokens_per_minute: u64,
-    /// Reservations not settled yet (requests queued or running).
-    pub outstanding: u32,
-}
 
 impl<W> State<W> {
     /// Checks the token budgets `sub` falls under and takes its cost out of them:
@@ -114,17 +100,7 @@ impl<W> State<W> {
 
     /// The `top` tracked keys of the token budgets with the fewest tokens left.
     pub(crate) fn token_keys(&self, top: usize, now: Instant) -> Vec<TokenKeyView> {
-        let mut keys: Vec<TokenKeyView> = (self.tokens.keys(now).into_iter())
-            .map(
-                |(rule, key, available, tokens_per_minute, outstanding)| TokenKeyView {
-                    rule,
-                    key,
-                    available: available.floor(),
-                    tokens_per_minute,
-                    outstanding,
-                },
-            )
-            .collect();
+        let mut keys = self.tokens.keys(now);
         keys.sort_by(|a, b| {
             (a.available / a.tokens_per_minute as f64)
                 .total_cmp(&(b.available / b.tokens_per_minute as f64))

@@ -59,8 +59,8 @@ fn take(b: &mut TokenBudgets, key: &str, c: RequestCost) -> Result<Reservation, 
 fn available(b: &TokenBudgets, key: &str) -> f64 {
     b.keys(Instant::now())
         .into_iter()
-        .find(|(_, k, ..)| k == key)
-        .map_or(f64::NAN, |(_, _, level, ..)| level)
+        .find(|v| v.key == key)
+        .map_or(f64::NAN, |v| v.available)
 }
 
 #[tokio::test(start_paused = true)]
