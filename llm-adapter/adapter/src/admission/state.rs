@@ -72,7 +72,7 @@ use super::gates::session_cap::SessionCap;
 use super::gates::session_order::SessionOrder;
 use super::gates::start_budget::StartBudget;
 use super::gates::tokens::{Reservation, TokenBudgets};
-use super::gates::{Ask, RULE_SESSION_CAP, RULE_SESSION_ORDER, after_wait, shutting_down};
+use super::gates::{Ask, Gate, RULE_SESSION_CAP, RULE_SESSION_ORDER, after_wait, shutting_down};
 use super::pool::Pool;
 use super::priority::Priority;
 use super::slots::SlotGuard;
@@ -423,7 +423,7 @@ impl<W> State<W> {
         self.verdict(self.session_cap.check(ask), (), sub, waited)?;
         self.verdict(self.session_order.check(ask), (), sub, waited)?;
         if !self.may_displace_for_room(ask) {
-            self.verdict(self.queue_bound.check(ask, self.queued), (), sub, waited)?;
+            self.verdict(self.queue_bound.check((ask, self.queued)), (), sub, waited)?;
         }
         let id = self.next_id;
         let due = self.deadline.due(ask.deadline, sub.received_at, self.epoch);

@@ -35,7 +35,7 @@ use weir_protocol::llm::{ErrorCode, ErrorDetails};
 
 use super::key_limits::KeyLimits;
 use super::session_order::SessionOrder;
-use super::{Ask, RULE_PREDICTED, Refusal, millis_ceil, refusal};
+use super::{Ask, Gate, RULE_PREDICTED, Refusal, millis_ceil, refusal};
 use crate::admission::AdmissionConfig;
 use crate::admission::priority::Priority;
 use crate::config::QueueOrder;
@@ -375,17 +375,18 @@ impl DeadlinePrediction {
     }
 }
 
-impl DeadlinePrediction {
-    /// Refuses now what the work ahead (`load`: the rest of the state; `epoch`: the
-    /// FIFO order's constant) would make late. An idle backend always takes the
-    /// request (a probe). Under EDF a request also keeps a share of its slack for
+impl Gate for DeadlinePrediction {
+    /// The request, what the rest of the state looks like, and the FIFO epoch.
+    type Input<'a> = (&'a Ask<'a>, Load<'a>, Instant);
+    type Pass = Placement;
+
+    /// Refuses now what the work ahead would make late. An idle backend always takes
+    /// the request (a probe). Under EDF a request also keeps a share of its slack for
     /// earlier deadlines (`overtake_share`): the work ahead may fill only the rest of
     /// what it can wait.
-    pub(crate) fn check(
+    fn check(
         &self,
-        ask: &Ask<'_>,
-        load: Load<'_>,
-        epoch: Instant,
+        (ask, load, epoch): (&Ask<'_>, Load<'_>, Instant),
     ) -> Result<Placement, Refusal> {
         let mut placement = Placement {
             order: (load.due, load.id),

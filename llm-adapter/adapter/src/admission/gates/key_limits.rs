@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use weir_protocol::llm::{ErrorCode, ErrorDetails};
 
-use super::{Refusal, refusal, retry_after};
+use super::{Gate, Refusal, refusal, retry_after};
 use crate::admission::slots::{SlotGuard, SlotTable};
 use crate::admission::{AdmissionConfig, Submission};
 use crate::config::{KeyLimit, KeySource, OnBusy};
@@ -176,11 +176,14 @@ impl KeyLimits {
     }
 }
 
-impl KeyLimits {
+impl Gate for KeyLimits {
+    type Input<'a> = &'a KeyAsk<'a>;
+    type Pass = KeyPass;
+
     /// Free, wait, or refuse. `over` counts the waiters (and, in shadow mode, the
     /// holders beyond the limit): enforce mode never holds more than the limit, so
     /// there it is the number of waiters.
-    pub(crate) fn check(&self, ask: &KeyAsk<'_>) -> Result<KeyPass, Refusal> {
+    fn check(&self, ask: &KeyAsk<'_>) -> Result<KeyPass, Refusal> {
         let limit = &self.limits[ask.gate];
         let g = &self.gates[ask.gate];
         let l = limit.limit.get();

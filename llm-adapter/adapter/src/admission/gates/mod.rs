@@ -1,6 +1,6 @@
-//! The admission gates: each rule a request must pass is one module whose `check` only
-//! reads, in the manner of tower's `limit` layers. `State::submit` asks them in this
-//! order, which is the order of precedence of their refusals:
+//! The admission gates: each rule a request must pass is one module, behind one
+//! interface ([`Gate`]), in the manner of tower's `limit` layers. `State::submit` asks
+//! them in this order, which is the order of precedence of their refusals:
 //!
 //! 1. [`session_cap`]: the per-session pending cap (`session_queue_full`);
 //! 2. [`session_order`]: a busy session refuses a request that asked for `reject`
@@ -54,6 +54,19 @@ pub(crate) const RULE_PREDICTED: &str = "deadline_predicted";
 /// Answered while queued or at the start of inference: its remaining budget fell
 /// below the start budget (the estimate, or `deadline.min_start_budget_ms`).
 pub(crate) const RULE_START_BUDGET: &str = "start_budget";
+
+/// One admission rule. A check reads the gate's own state and what it is given
+/// (`Input`), changes nothing, and either passes — carrying on what it decided
+/// (`Pass`: nothing, a place in the queue, whether to wait) — or refuses.
+pub(crate) trait Gate {
+    /// What the check reads besides the gate's own state.
+    type Input<'a>;
+    /// What a pass carries on to admission.
+    type Pass;
+
+    /// Passes or refuses.
+    fn check(&self, input: Self::Input<'_>) -> Result<Self::Pass, Refusal>;
+}
 
 /// A new request as the gates see it at admission.
 pub(crate) struct Ask<'a> {

@@ -6,7 +6,7 @@ use std::num::NonZeroUsize;
 
 use weir_protocol::llm::{ErrorCode, ErrorDetails};
 
-use super::{Ask, RULE_QUEUE, Refusal, refusal};
+use super::{Ask, Gate, RULE_QUEUE, Refusal, refusal};
 
 /// The queue bound.
 pub(crate) struct QueueBound {
@@ -18,9 +18,14 @@ impl QueueBound {
     pub(crate) fn new(capacity: NonZeroUsize, workers: NonZeroUsize) -> Self {
         Self { capacity, workers }
     }
+}
 
-    /// Refuses `ask` when `queued` requests fill the queue.
-    pub(crate) fn check(&self, ask: &Ask<'_>, queued: usize) -> Result<(), Refusal> {
+impl Gate for QueueBound {
+    /// The request, and how many requests are queued now.
+    type Input<'a> = (&'a Ask<'a>, usize);
+    type Pass = ();
+
+    fn check(&self, (ask, queued): (&Ask<'_>, usize)) -> Result<(), Refusal> {
         if queued < self.capacity.get() {
             return Ok(());
         }

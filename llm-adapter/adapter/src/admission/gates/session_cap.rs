@@ -9,7 +9,7 @@ use std::num::NonZeroUsize;
 
 use weir_protocol::llm::{ErrorCode, ErrorDetails};
 
-use super::{Ask, RULE_SESSION_CAP, Refusal, refusal};
+use super::{Ask, Gate, RULE_SESSION_CAP, Refusal, refusal};
 use crate::admission::slots::{SlotGuard, SlotTable};
 
 /// The per-session pending cap and the slots it counts.
@@ -44,9 +44,13 @@ impl SessionCap {
     pub(crate) fn cap(&self) -> Option<NonZeroUsize> {
         self.cap
     }
+}
 
-    /// Refuses a request of a session that has `cap` pending.
-    pub(crate) fn check(&self, ask: &Ask<'_>) -> Result<(), Refusal> {
+impl Gate for SessionCap {
+    type Input<'a> = &'a Ask<'a>;
+    type Pass = ();
+
+    fn check(&self, ask: &Ask<'_>) -> Result<(), Refusal> {
         let (Some(s), Some(cap)) = (&ask.sub.session, self.cap) else {
             return Ok(());
         };

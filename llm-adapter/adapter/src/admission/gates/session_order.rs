@@ -12,7 +12,7 @@ use std::collections::{HashMap, VecDeque};
 
 use weir_protocol::llm::{AdmissionPolicy, ErrorCode, ErrorDetails};
 
-use super::{Ask, RULE_SESSION_ORDER, Refusal, refusal};
+use super::{Ask, Gate, RULE_SESSION_ORDER, Refusal, refusal};
 
 /// The order of one session.
 #[derive(Default)]
@@ -94,9 +94,13 @@ impl SessionOrder {
     pub(crate) fn sessions(&self) -> impl Iterator<Item = (&String, &Order)> {
         self.sessions.iter()
     }
+}
 
-    /// Refuses a `reject` request of a busy session.
-    pub(crate) fn check(&self, ask: &Ask<'_>) -> Result<(), Refusal> {
+impl Gate for SessionOrder {
+    type Input<'a> = &'a Ask<'a>;
+    type Pass = ();
+
+    fn check(&self, ask: &Ask<'_>) -> Result<(), Refusal> {
         if ask.sub.policy != AdmissionPolicy::Reject {
             return Ok(());
         }

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{RULE_START_BUDGET, Refusal, millis_ceil, not_started};
+use super::{Gate, RULE_START_BUDGET, Refusal, millis_ceil, not_started};
 use crate::admission::AdmissionConfig;
 use weir_service::config::whole_ms as millis;
 
@@ -106,9 +106,14 @@ impl StartBudget {
             None => Refusal::uncounted(body),
         })
     }
+}
+
+impl Gate for StartBudget {
+    type Input<'a> = &'a Queued;
+    type Pass = ();
 
     /// The check at the start of inference.
-    pub(crate) fn check(&self, q: &Queued) -> Result<(), Refusal> {
+    fn check(&self, q: &Queued) -> Result<(), Refusal> {
         let (d, by, now) = (q.deadline, q.answer_by, q.now);
         let left = by.saturating_duration_since(now);
         let margin = millis(self.cfg.deadline.reply_margin);

@@ -42,7 +42,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use weir_protocol::llm::{ErrorCode, ErrorDetails};
 
-use super::{Refusal, refusal};
+use super::{Gate, Refusal, refusal};
 use crate::admission::usage::{RequestCost, Usage};
 use crate::config::{KeyLimit, TokenBudget};
 pub(crate) use weir_protocol::admin::TokenBudgetStats;
@@ -376,11 +376,14 @@ impl Reservation {
     }
 }
 
-impl TokenBudgets {
+impl Gate for TokenBudgets {
+    type Input<'a> = &'a TokenAsk<'a>;
+    type Pass = ();
+
     /// Passes when every budget the request falls under holds its cost now (a cost
     /// above a whole budget: when that budget is full); the first that does not
     /// refuses, with when it will.
-    pub(crate) fn check(&self, ask: &TokenAsk<'_>) -> Result<(), Refusal> {
+    fn check(&self, ask: &TokenAsk<'_>) -> Result<(), Refusal> {
         for (b, key) in self.budgets.iter().zip(ask.keys) {
             let (Some(b), Some(key)) = (b, key) else {
                 continue;

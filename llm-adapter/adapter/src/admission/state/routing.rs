@@ -21,7 +21,7 @@ use weir_protocol::llm::{ErrorCode, ErrorDetails};
 
 use super::State;
 use crate::admission::gates::deadline::{Load, Placement};
-use crate::admission::gates::{Ask, Refusal, refusal};
+use crate::admission::gates::{Ask, Gate, Refusal, refusal};
 use crate::admission::pool::Health;
 
 /// Where routing put a new request.
@@ -79,7 +79,7 @@ impl<W> State<W> {
                 continue;
             }
             let load = self.load_on(b, id, due, ask);
-            let placement = match self.deadline.check(ask, load, self.epoch) {
+            let placement = match self.deadline.check((ask, load, self.epoch)) {
                 Ok(p) => p,
                 Err(r) => {
                     if refused.as_ref().is_none_or(|old| retry(&r) < retry(old)) {

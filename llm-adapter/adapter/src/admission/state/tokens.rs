@@ -11,6 +11,7 @@ use weir_protocol::llm::ErrorBody;
 
 use super::{Entry, State};
 use crate::admission::Submission;
+use crate::admission::gates::Gate;
 use crate::admission::gates::tokens::{
     Ended, Reservation, TokenAsk, TokenBudgetStats, TokenKeyView,
 };

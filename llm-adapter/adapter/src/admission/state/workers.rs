@@ -12,7 +12,7 @@ use weir_protocol::WireName;
 use weir_protocol::llm::{ErrorBody, ErrorCode};
 
 use super::{Effects, Stage, State};
-use crate::admission::gates::{after_wait, shutting_down};
+use crate::admission::gates::{Gate, after_wait, shutting_down};
 use crate::admission::pool::Progress;
 use crate::admission::{AbortReason, CancelResult, Job};
 use crate::backend::BackendReply;
