@@ -73,7 +73,6 @@ pub struct NatsCluster {
     nodes: Vec<NatsServer>,
     names: Vec<String>,
     ports: Vec<NodePorts>,
-    startup_timeout: Duration,
 }
 
 impl NatsCluster {
@@ -165,7 +164,6 @@ impl NatsCluster {
             nodes,
             names,
             ports,
-            startup_timeout: base.startup_timeout,
         };
         cluster.wait_meta_leader(base.startup_timeout)?;
         cluster.wait_healthy(base.startup_timeout)?;
@@ -309,11 +307,6 @@ impl NatsCluster {
                     )
                 })
         })
-    }
-
-    /// The bound the nodes were started with.
-    pub fn startup_timeout(&self) -> Duration {
-        self.startup_timeout
     }
 
     /// Indices of nodes that run and are not paused.

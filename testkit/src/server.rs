@@ -225,11 +225,6 @@ impl NatsServer {
         self.lock().pid
     }
 
-    /// The options the server was started with (and is restarted with).
-    pub fn options(&self) -> &NatsServerOptions {
-        &self.options
-    }
-
     /// The binary that runs.
     pub fn binary(&self) -> &Path {
         &self.binary
