@@ -34,11 +34,13 @@ pub struct RunFlags {
 }
 
 /// Why a binary stopped before or instead of a graceful shutdown.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Failure {
     /// The configuration is invalid: exit status 2.
+    #[error("invalid configuration: {0}")]
     Config(String),
     /// Anything else (a port taken, NATS unreachable, ...): exit status 1.
+    #[error("{0}")]
     Start(String),
 }
 
@@ -57,26 +59,15 @@ impl Failure {
     }
 }
 
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Config(m) => write!(f, "invalid configuration: {m}"),
-            Self::Start(m) => f.write_str(m),
-        }
-    }
-}
-
 /// The tokio runtime for `threads` workers (1 = current-thread; `None` = one per core).
 pub fn runtime(threads: Option<u16>) -> std::io::Result<tokio::runtime::Runtime> {
     let mut builder = match threads {
         Some(1) => tokio::runtime::Builder::new_current_thread(),
-        Some(n) => {
-            let mut b = tokio::runtime::Builder::new_multi_thread();
-            b.worker_threads(usize::from(n.max(1)));
-            b
-        }
-        None => tokio::runtime::Builder::new_multi_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
     };
+    if let Some(n) = threads.filter(|&n| n != 1) {
+        builder.worker_threads(usize::from(n.max(1)));
+    }
     builder.enable_all().build()
 }
 

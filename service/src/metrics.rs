@@ -38,35 +38,9 @@ pub struct Declared {
     pub kind: Kind,
 }
 
-impl Declared {
-    /// A counter.
-    pub const fn counter(name: &'static str) -> Self {
-        Self {
-            name,
-            kind: Kind::Counter,
-        }
-    }
-
-    /// A gauge.
-    pub const fn gauge(name: &'static str) -> Self {
-        Self {
-            name,
-            kind: Kind::Gauge,
-        }
-    }
-
-    /// A histogram.
-    pub const fn histogram(name: &'static str) -> Self {
-        Self {
-            name,
-            kind: Kind::Histogram,
-        }
-    }
-}
-
 /// Declares a crate's metrics once: each `kind pub const NAME: &str = "…";` (with its
-/// doc comment) becomes the name's constant and an entry, [`Declared`]`::kind(NAME)`, of
-/// the list named first, which the crate hands to [`register`] at start. `kind` is
+/// doc comment) becomes the name's constant and a [`Declared`] entry of the list named
+/// first, which the crate hands to [`register`] at start. `kind` is
 /// `counter`, `gauge` or `histogram`.
 ///
 /// ```
@@ -87,9 +61,14 @@ macro_rules! declare_metrics {
         $($(#[$doc])* pub const $name: &str = $value;)*
 
         $(#[$list_doc])*
-        pub const $list: &[$crate::metrics::Declared] =
-            &[$($crate::metrics::Declared::$kind($name)),*];
+        pub const $list: &[$crate::metrics::Declared] = &[$($crate::metrics::Declared {
+            name: $name,
+            kind: $crate::declare_metrics!(@kind $kind),
+        }),*];
     };
+    (@kind counter) => { $crate::metrics::Kind::Counter };
+    (@kind gauge) => { $crate::metrics::Kind::Gauge };
+    (@kind histogram) => { $crate::metrics::Kind::Histogram };
 }
 
 /// Registers every metric of `declared` with the installed recorder (a no-op without

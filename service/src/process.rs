@@ -88,13 +88,8 @@ pub fn open_fds() -> Option<u64> {
 
 /// The soft open-files limit.
 pub fn max_fds() -> Option<u64> {
-    match Process::myself()
-        .ok()?
-        .limits()
-        .ok()?
-        .max_open_files
-        .soft_limit
-    {
+    let limits = Process::myself().ok()?.limits().ok()?;
+    match limits.max_open_files.soft_limit {
         LimitValue::Value(n) => Some(n),
         LimitValue::Unlimited => None,
     }

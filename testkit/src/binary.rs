@@ -34,17 +34,13 @@ const INSTALL_HINT: &str = "run `scripts/ensure-nats-server` (installs Debian's 
 /// The error (kind [`ErrorKind::BinaryNotFound`]) says where it looked and how to install
 /// one.
 pub fn nats_server_bin() -> Result<PathBuf, Error> {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     find_binary(
         std::env::var_os(NATS_SERVER_BIN_ENV),
         std::env::var_os("PATH"),
-        &default_places(),
+        // The fixed places tried after `PATH`.
+        &[PathBuf::from(DEBIAN_PATH), workspace.join(VENV_RELATIVE)],
     )
-}
-
-/// The fixed places tried after `PATH`.
-fn default_places() -> Vec<PathBuf> {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    vec![PathBuf::from(DEBIAN_PATH), workspace.join(VENV_RELATIVE)]
 }
 
 /// The lookup itself, with its inputs passed in so that it can be tested without
@@ -121,13 +117,14 @@ impl NatsServerVersion {
         let text = text.strip_prefix("nats-server:").unwrap_or(text).trim();
         let text = text.strip_prefix('v').unwrap_or(text);
         let core = text.split(['-', '+', ' ', '\n']).next()?;
-        let mut parts = core.split('.');
-        let major = parts.next()?.parse().ok()?;
-        let minor = parts.next()?.parse().ok()?;
-        let patch = parts.next()?.parse().ok()?;
-        if parts.next().is_some() {
+        let parts: Vec<u32> = core
+            .split('.')
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .ok()?;
+        let [major, minor, patch] = parts[..] else {
             return None;
-        }
+        };
         Some(Self {
             major,
             minor,

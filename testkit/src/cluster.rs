@@ -11,7 +11,7 @@
 //!   port in between (the start fails with "address already in use"), the whole
 //!   procedure is retried, a bounded number of times.
 //! - **Same ports for life.** A node keeps its client, cluster and monitoring ports
-//!   across [`kill`](NatsCluster::kill) + [`restart`](NatsCluster::restart) (its config
+//!   across [`NatsServer::kill`] + [`NatsServer::restart`] (its config
 //!   file is fixed), and its JetStream store, so a restarted node rejoins as the same
 //!   peer.
 //! - **Ready means a meta leader.** [`start`](NatsCluster::start) returns once every
@@ -73,7 +73,6 @@ pub struct NatsCluster {
     nodes: Vec<NatsServer>,
     names: Vec<String>,
     ports: Vec<NodePorts>,
-    startup_timeout: Duration,
 }
 
 impl NatsCluster {
@@ -165,7 +164,6 @@ impl NatsCluster {
             nodes,
             names,
             ports,
-            startup_timeout: base.startup_timeout,
         };
         cluster.wait_meta_leader(base.startup_timeout)?;
         cluster.wait_healthy(base.startup_timeout)?;
@@ -182,7 +180,8 @@ impl NatsCluster {
         self.nodes.is_empty()
     }
 
-    /// Node `i` as a [`NatsServer`] (pid, log, pause/resume/kill/restart).
+    /// Node `i` as a [`NatsServer`] (url, pid, log, pause/resume/kill, and restart on its
+    /// ports with its store: it rejoins as the same peer).
     ///
     /// # Panics
     /// If `i >= len()`.
@@ -205,35 +204,10 @@ impl NatsCluster {
         self.ports[i]
     }
 
-    /// Client URL of node `i`.
-    pub fn url(&self, i: usize) -> &str {
-        self.nodes[i].url()
-    }
-
     /// Every node's client URL (an async-nats client connects to a list of
     /// `ServerAddr`s parsed from them and reconnects to another node when one dies).
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(|n| n.url().to_owned()).collect()
-    }
-
-    /// SIGKILLs node `i`.
-    pub fn kill(&self, i: usize) -> Result<(), Error> {
-        self.nodes[i].kill()
-    }
-
-    /// SIGSTOPs node `i`.
-    pub fn pause(&self, i: usize) -> Result<(), Error> {
-        self.nodes[i].pause()
-    }
-
-    /// SIGCONTs node `i`.
-    pub fn resume(&self, i: usize) -> Result<(), Error> {
-        self.nodes[i].resume()
-    }
-
-    /// Restarts node `i` on its ports with its store (it rejoins as the same peer).
-    pub fn restart(&self, i: usize) -> Result<(), Error> {
-        self.nodes[i].restart()
     }
 
     /// The JetStream meta leader's name, as the first reachable node reports it.
@@ -333,11 +307,6 @@ impl NatsCluster {
                     )
                 })
         })
-    }
-
-    /// The bound the nodes were started with.
-    pub fn startup_timeout(&self) -> Duration {
-        self.startup_timeout
     }
 
     /// Indices of nodes that run and are not paused.

@@ -19,25 +19,20 @@ pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// (no `NATS/1.0` line, a non-UTF-8 byte), and a non-UTF-8 header value in an
 /// otherwise valid block. Each is framed correctly, so the server relays it.
 pub fn malformed_messages(subject: &str) -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    let mut m = format!("PUB {subject} _INBOX.").into_bytes();
-    m.extend_from_slice(b"\xff\xfe 2\r\n{}\r\n");
-    out.push(m);
-    // 12 header bytes that are not a `NATS/1.0` version line.
-    let mut m = format!("HPUB {subject} _INBOX.x 12 14\r\n").into_bytes();
-    m.extend_from_slice(b"GARBAGE\xff\r\n\r\n{}\r\n");
-    out.push(m);
-    let block: &[u8] = b"NATS/1.0\r\nWeir-Request-Id: \xff\r\n\r\n";
-    let mut m = format!(
-        "HPUB {subject} _INBOX.x {} {}\r\n",
-        block.len(),
-        block.len() + 2
-    )
-    .into_bytes();
-    m.extend_from_slice(block);
-    m.extend_from_slice(b"{}\r\n");
-    out.push(m);
-    out
+    // `HPUB` of the header block `block` and the body `{}`.
+    let hpub = |block: &[u8]| {
+        let (h, all) = (block.len(), block.len() + 2);
+        let mut m = format!("HPUB {subject} _INBOX.x {h} {all}\r\n").into_bytes();
+        m.extend_from_slice(block);
+        m.extend_from_slice(b"{}\r\n");
+        m
+    };
+    vec![
+        non_utf8_subject(&format!("{subject} _INBOX")),
+        // Header bytes that are not a `NATS/1.0` version line.
+        hpub(b"GARBAGE\xff\r\n\r\n"),
+        hpub(b"NATS/1.0\r\nWeir-Request-Id: \xff\r\n\r\n"),
+    ]
 }
 
 /// `PUB <prefix>.<0xff 0xfe> 2`: a non-UTF-8 last token under `prefix`, reaching every

@@ -185,27 +185,29 @@ impl NatsServer {
             fs::write(&layout.config_file, config)
                 .map_err(io_error_at("write", &layout.config_file))?;
         }
-        let launch = Launch {
-            binary: &binary,
-            options: &options,
-            layout: &layout,
-        };
-        let deadline = Instant::now() + options.startup_timeout;
-        let (child, port) = launch.run(None, deadline)?;
-        let pid = child.id();
-        Ok(Self {
-            url: format!("nats://127.0.0.1:{port}"),
-            port,
+        let mut server = Self {
+            url: String::new(),
+            port: 0,
             binary,
-            options,
             _dir: dir,
             layout,
             state: Mutex::new(State {
-                child: Some(child),
-                pid,
+                child: None,
+                pid: 0,
                 paused: false,
             }),
-        })
+            options,
+        };
+        let (child, port) = server.launch(None, Instant::now() + server.options.startup_timeout)?;
+        server.url = format!("nats://127.0.0.1:{port}");
+        server.port = port;
+        let state = server
+            .state
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        state.pid = child.id();
+        state.child = Some(child);
+        Ok(server)
     }
 
     /// The client URL, `nats://127.0.0.1:PORT`. Never changes, also across `restart`.
@@ -221,11 +223,6 @@ impl NatsServer {
     /// The pid of the current process (of the last one after `kill`).
     pub fn pid(&self) -> u32 {
         self.lock().pid
-    }
-
-    /// The options the server was started with (and is restarted with).
-    pub fn options(&self) -> &NatsServerOptions {
-        &self.options
     }
 
     /// The binary that runs.
@@ -248,12 +245,7 @@ impl NatsServer {
     /// The text of the current process's ports file (`{"nats":[...],"cluster":[...],
     /// "monitoring":[...]}`), if it was written.
     pub(crate) fn ports_file_text(&self) -> Option<String> {
-        let pid = self.pid();
-        let ports_file = self
-            .layout
-            .ports_dir
-            .join(format!("nats-server_{pid}.ports"));
-        fs::read_to_string(ports_file).ok()
+        fs::read_to_string(self.layout.ports_file(self.pid())).ok()
     }
 
     /// Whether the process exists (it may be paused).
@@ -311,14 +303,9 @@ impl NatsServer {
     pub fn restart(&self) -> Result<(), Error> {
         let mut state = self.lock();
         stop(&mut state)?;
-        let launch = Launch {
-            binary: &self.binary,
-            options: &self.options,
-            layout: &self.layout,
-        };
         let deadline = Instant::now() + self.options.startup_timeout;
         loop {
-            match launch.run(Some(self.port), deadline) {
+            match self.launch(Some(self.port), deadline) {
                 Ok((child, _)) => {
                     state.pid = child.id();
                     state.child = Some(child);
@@ -452,16 +439,15 @@ impl Layout {
             log_file: dir.join("nats-server.log"),
         }
     }
+
+    /// The ports file the process `pid` writes.
+    fn ports_file(&self, pid: u32) -> PathBuf {
+        self.ports_dir.join(format!("nats-server_{pid}.ports"))
+    }
 }
 
-/// Everything needed to launch one process.
-struct Launch<'a> {
-    binary: &'a Path,
-    options: &'a NatsServerOptions,
-    layout: &'a Layout,
-}
-
-impl Launch<'_> {
+/// Launching one process (by `start_with` and `restart`).
+impl NatsServer {
     /// The command line; `port = None` lets the server choose (`-p -1`).
     fn args(&self, port: Option<u16>) -> Vec<String> {
         let path = |p: &Path| p.display().to_string();
@@ -494,14 +480,14 @@ impl Launch<'_> {
 
     /// Spawns the process and waits until it is ready; on any failure the process is
     /// killed and reaped before the error is returned.
-    fn run(&self, port: Option<u16>, deadline: Instant) -> Result<(Child, u16), Error> {
+    fn launch(&self, port: Option<u16>, deadline: Instant) -> Result<(Child, u16), Error> {
         let args = self.args(port);
         let log = self.open_log(&args)?;
         let stdout = log.try_clone().map_err(because(
             ErrorKind::Io,
             "could not duplicate the log file handle".into(),
         ))?;
-        let mut child = Command::new(self.binary)
+        let mut child = Command::new(&self.binary)
             .args(&args)
             .stdin(Stdio::null())
             .stdout(stdout)
@@ -546,10 +532,7 @@ impl Launch<'_> {
         deadline: Instant,
     ) -> Result<u16, Error> {
         let pid = child.id();
-        let ports_file = self
-            .layout
-            .ports_dir
-            .join(format!("nats-server_{pid}.ports"));
+        let ports_file = self.layout.ports_file(pid);
         let mut port = None;
         loop {
             let query_error = because(ErrorKind::Signal, "could not query nats-server".into());
@@ -559,7 +542,7 @@ impl Launch<'_> {
             if port.is_none() {
                 port = fs::read_to_string(&ports_file)
                     .ok()
-                    .and_then(|text| parse_ports_file(&text));
+                    .and_then(|text| parse_ports_entry(&text, "nats"));
                 if let (Some(found), Some(fixed)) = (port, fixed_port)
                     && found != fixed
                 {
@@ -618,26 +601,19 @@ impl Launch<'_> {
 
 /// Hides passwords and tokens in a command line that goes into the log.
 fn redact(args: &[String]) -> Vec<String> {
-    let mut out = Vec::with_capacity(args.len());
-    let mut hide_next = false;
-    for arg in args {
-        if hide_next {
-            out.push("***".to_owned());
-        } else {
-            out.push(arg.clone());
-        }
-        hide_next = matches!(arg.as_str(), "--pass" | "--auth");
-    }
-    out
+    let after_secret_flag = args
+        .iter()
+        .map(|a| matches!(a.as_str(), "--pass" | "--auth"));
+    let hide = std::iter::once(false).chain(after_secret_flag);
+    args.iter()
+        .zip(hide)
+        .map(|(arg, hide)| if hide { "***".to_owned() } else { arg.clone() })
+        .collect()
 }
 
-/// The client port from a ports file: `{"nats":["nats://127.0.0.1:PORT"],...}`.
-/// `None` while the file is incomplete (it is not written atomically).
-fn parse_ports_file(text: &str) -> Option<u16> {
-    parse_ports_entry(text, "nats")
-}
-
-/// The port of entry `key` (`nats`, `cluster`, `monitoring`) of a ports file.
+/// The port of entry `key` (`nats`, `cluster`, `monitoring`) of a ports file:
+/// `{"nats":["nats://127.0.0.1:PORT"],...}`. `None` while the file is incomplete (it is
+/// not written atomically).
 pub(crate) fn parse_ports_entry(text: &str, key: &str) -> Option<u16> {
     let after_key = &text[text.find(&format!("\"{key}\""))?..];
     let url_start = after_key.find("://")? + "://".len();
@@ -683,18 +659,25 @@ mod tests {
     #[test]
     fn parses_ports_files() {
         assert_eq!(
-            parse_ports_file(r#"{"nats":["nats://127.0.0.1:42405"]}"#),
+            parse_ports_entry(r#"{"nats":["nats://127.0.0.1:42405"]}"#, "nats"),
             Some(42405)
         );
         assert_eq!(
-            parse_ports_file(
-                r#"{"nats":["nats://127.0.0.1:4222"],"monitoring":["http://127.0.0.1:8222"]}"#
+            parse_ports_entry(
+                r#"{"nats":["nats://127.0.0.1:4222"],"monitoring":["http://127.0.0.1:8222"]}"#,
+                "nats"
             ),
             Some(4222)
         );
-        assert_eq!(parse_ports_file(""), None);
-        assert_eq!(parse_ports_file(r#"{"nats":["nats://127.0.0.1:42"#), None);
-        assert_eq!(parse_ports_file(r#"{"nats":["nats://127.0.0.1:x"]}"#), None);
+        assert_eq!(parse_ports_entry("", "nats"), None);
+        assert_eq!(
+            parse_ports_entry(r#"{"nats":["nats://127.0.0.1:42"#, "nats"),
+            None
+        );
+        assert_eq!(
+            parse_ports_entry(r#"{"nats":["nats://127.0.0.1:x"]}"#, "nats"),
+            None
+        );
     }
 
     #[test]

@@ -588,7 +588,8 @@ async fn kill_and_restart(
                 }
                 Victim::Node => {
                     if let Some(node) = f.killed_node
-                        && let Err(e) = on_cluster(p.cluster, move |c| c.restart(node)).await?
+                        && let Err(e) =
+                            on_cluster(p.cluster, move |c| c.node(node).restart()).await?
                     {
                         notes.push(format!("node {node} did not restart: {e}"));
                     }
@@ -626,7 +627,7 @@ async fn kill_node(p: &Phase<'_>, f: &mut FaultLog, notes: &mut Vec<String>) -> 
         .unwrap_or_default()
         .saturating_sub(p.nats0[node]);
     f.kill_ms = unix_ms();
-    on_cluster(cluster, move |c| c.kill(node))
+    on_cluster(cluster, move |c| c.node(node).kill())
         .await?
         .map_err(|e| process(format!("{label}: cannot kill node {node}"), e))?;
     f.killed_node = Some(node);

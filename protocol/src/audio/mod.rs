@@ -8,5 +8,5 @@ pub mod ws;
 pub use packet::{
     AudioFormat, BodyRef, CHANNELS, DecodeError, DecodeErrorKind, DecodeOptions, EncodeError,
     FRAME_BYTES, FRAME_DURATION, FRAME_SAMPLES, Gap, GapReason, Packet, PacketBody, SAMPLE_RATE,
-    SAMPLE_WIDTH, decode, encode_packet, encode_packet_in, encode_packet_ref,
+    SAMPLE_WIDTH, decode, encode_packet_in, encode_packet_ref,
 };

@@ -224,12 +224,12 @@ impl Packet {
     /// keys in the deployed order (`type, seq, sample_rate, sample_width, channels`,
     /// then `session_id`, then `captured_at_ms`, then gap fields).
     pub fn encode(&self) -> Result<Bytes, EncodeError> {
-        encode_packet(
+        encode_packet_ref(
             self.seq,
             self.format,
             self.session_id.as_deref(),
             self.captured_at_ms,
-            &self.body,
+            (&self.body).into(),
         )
     }
 }
@@ -273,19 +273,8 @@ fn put_decimal(out: &mut BytesMut, mut n: u64) {
 }
 
 /// [`Packet::encode`] from borrowed parts: a producer's per-frame path encodes without
-/// building a [`Packet`] (no copy of the session id). One allocation: the output.
-pub fn encode_packet(
-    seq: u64,
-    format: AudioFormat,
-    session_id: Option<&str>,
-    captured_at_ms: Option<u64>,
-    body: &PacketBody,
-) -> Result<Bytes, EncodeError> {
-    encode_packet_ref(seq, format, session_id, captured_at_ms, body.into())
-}
-
-/// [`encode_packet`] with a borrowed body ([`BodyRef`]): the same bytes, in a buffer of
-/// their own (one allocation of the exact size).
+/// building a [`Packet`] (no copy of the session id or the PCM). One allocation of the
+/// exact size: the output.
 pub fn encode_packet_ref(
     seq: u64,
     format: AudioFormat,
@@ -691,7 +680,10 @@ mod tests {
             (7, PacketBody::End, BodyRef::End),
             (9, PacketBody::Gap(gap), BodyRef::Gap(&gap)),
         ] {
-            let a = encode_packet(seq, AudioFormat::DEPLOYED, Some("s\"1"), Some(42), &owned);
+            let packet = Packet::deployed(seq, owned)
+                .with_session(Some("s\"1".into()))
+                .with_captured_at_ms(Some(42));
+            let a = packet.encode();
             let b = encode_packet_ref(seq, AudioFormat::DEPLOYED, Some("s\"1"), Some(42), borrowed);
             assert_eq!(a, b);
             let p = decode(&a.expect("encodes"), &DecodeOptions::default()).expect("decodes");

@@ -285,10 +285,7 @@ pub fn remaining_budget(
 ) -> Option<Duration> {
     let from_abs = deadline_unix_ms.map(|d| Duration::from_millis(d.saturating_sub(now_unix_ms)));
     let from_rel = timeout_ms.map(Duration::from_millis);
-    match (from_abs, from_rel) {
-        (Some(a), Some(r)) => Some(a.min(r)),
-        (a, r) => a.or(r),
-    }
+    from_abs.into_iter().chain(from_rel).min()
 }
 
 /// Formats a duration as milliseconds with three decimals (`"12.345"`), the format of

@@ -122,17 +122,17 @@ fn captured_at_ms_round_trips_in_key_order() {
         decode(&bytes, &DecodeOptions::default()).expect("decodes"),
         gap
     );
-    // `end` carries it too when set; `encode_packet` from borrowed parts is identical.
+    // `end` carries it too when set; `encode_packet_ref` from borrowed parts is identical.
     let end = Packet::end(5).with_captured_at_ms(Some(u64::MAX));
     let bytes = end.encode().expect("encodes");
     assert_eq!(
         bytes,
-        weir_protocol::audio::encode_packet(
+        weir_protocol::audio::encode_packet_ref(
             5,
             weir_protocol::audio::AudioFormat::DEPLOYED,
             None,
             Some(u64::MAX),
-            &PacketBody::End
+            weir_protocol::audio::BodyRef::End
         )
         .expect("encodes")
     );

@@ -61,18 +61,16 @@ pub fn range_of(keys: &'static [KeyDoc], key: &str) -> Range {
 /// keys), an integer serde refused (`-1`) is out of range, and every other refusal of a
 /// key carries the key's range.
 pub fn refusal(e: ConfigError, sections: &[Section], list_keys: &str) -> ConfigError {
-    match (e.kind(), e.origin()) {
-        (ConfigErrorKind::UnknownKey, _) => e.with_hint(&format!(" (see `{list_keys}`)")),
-        (ConfigErrorKind::File, _) => e,
-        (ConfigErrorKind::Invalid, origin) if e.message().contains("invalid value: integer") => {
+    let allowed = range(sections, e.key()).to_string();
+    match e.kind() {
+        ConfigErrorKind::UnknownKey => e.with_hint(&format!(" (see `{list_keys}`)")),
+        ConfigErrorKind::File => e,
+        ConfigErrorKind::Invalid if e.message().contains("invalid value: integer") => {
             ConfigError::new(e.key(), ConfigErrorKind::OutOfRange, e.message())
-                .with_origin(origin)
-                .with_allowed(range(sections, e.key()).to_string())
+                .with_origin(e.origin())
+                .with_allowed(allowed)
         }
-        _ => {
-            let allowed = range(sections, e.key()).to_string();
-            e.with_allowed(allowed)
-        }
+        _ => e.with_allowed(allowed),
     }
 }
 

@@ -250,35 +250,22 @@ impl Layers {
 
     fn refusal(&self, key: &str, origin: &Origin, serde_message: &str) -> ConfigError {
         let serde_message = serde_message.trim();
-        let kind = if serde_message.starts_with("unknown field") {
-            ConfigErrorKind::UnknownKey
-        } else if serde_message.starts_with("invalid type") {
-            ConfigErrorKind::WrongType
-        } else {
-            ConfigErrorKind::Invalid
+        if serde_message.starts_with("unknown field") {
+            // serde names the unknown field; the key is the path down to it (`[section]`
+            // with `x = 1` in it is the unknown key `section`).
+            let field = serde_message.split('`').nth(1);
+            let parts: Vec<&str> = key.split('.').collect();
+            let end = (parts.iter()).position(|p| Some(*p) == field);
+            return self.unknown_key(
+                parts[..end.map_or(parts.len(), |i| i + 1)].join("."),
+                origin,
+            );
+        }
+        let kind = match serde_message.starts_with("invalid type") {
+            true => ConfigErrorKind::WrongType,
+            false => ConfigErrorKind::Invalid,
         };
-        // serde names the unknown field; the key is the path down to it (`[section]`
-        // with `x = 1` in it is the unknown key `section`).
-        let key = match (kind, serde_message.split('`').nth(1)) {
-            (ConfigErrorKind::UnknownKey, Some(field)) => {
-                let parts: Vec<&str> = key.split('.').collect();
-                match parts.iter().position(|p| *p == field) {
-                    Some(i) => parts[..=i].join("."),
-                    None => key.to_owned(),
-                }
-            }
-            _ => key.to_owned(),
-        };
-        let message = match kind {
-            ConfigErrorKind::UnknownKey => {
-                let hint = nearest(&self.schema, &key)
-                    .map(|k| format!("; did you mean `{k}`?"))
-                    .unwrap_or_default();
-                format!("not a configuration key{hint}")
-            }
-            _ => plain_types(serde_message),
-        };
-        ConfigError::new(key, kind, message).with_origin(origin)
+        ConfigError::new(key, kind, plain_types(serde_message)).with_origin(origin)
     }
 
     /// The first part of `key` the schema does not have, as a refusal: keys of a
@@ -290,18 +277,16 @@ impl Layers {
             let prefix = parts[..n].join(".");
             lookup(&self.schema, &first_element(&prefix)).is_none()
         })?;
-        let key = parts[..missing].join(".");
+        Some(self.unknown_key(parts[..missing].join("."), origin))
+    }
+
+    /// `key` is not a configuration key (with the nearest one that is, if any).
+    fn unknown_key(&self, key: String, origin: &Origin) -> ConfigError {
         let hint = nearest(&self.schema, &key)
             .map(|k| format!("; did you mean `{k}`?"))
             .unwrap_or_default();
-        Some(
-            ConfigError::new(
-                key,
-                ConfigErrorKind::UnknownKey,
-                format!("not a configuration key{hint}"),
-            )
-            .with_origin(origin),
-        )
+        let message = format!("not a configuration key{hint}");
+        ConfigError::new(key, ConfigErrorKind::UnknownKey, message).with_origin(origin)
     }
 
     /// The renamed keys read under their old name (for one release): a value set by
@@ -400,19 +385,19 @@ fn first_element(key: &str) -> String {
 
 /// The value at a dotted path (`limits[1].key` included).
 fn lookup<'a>(table: &'a Table, key: &str) -> Option<&'a Value> {
-    let mut parts = key.split('.').map(part);
-    let (name, index) = parts.next()?;
-    let mut value = table.get(name)?;
-    if let Some(i) = index {
-        value = value.as_array()?.get(i)?;
-    }
-    for (name, index) in parts {
-        value = value.as_table()?.get(name)?;
+    let mut value = None;
+    for (name, index) in key.split('.').map(part) {
+        let table = match value {
+            None => table,
+            Some(v) => Value::as_table(v)?,
+        };
+        let mut v = table.get(name)?;
         if let Some(i) = index {
-            value = value.as_array()?.get(i)?;
+            v = v.as_array()?.get(i)?;
         }
+        value = Some(v);
     }
-    Some(value)
+    value
 }
 
 /// Every leaf (a value that is neither a table nor an array of tables) with its dotted

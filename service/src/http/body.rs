@@ -96,12 +96,12 @@ pub struct DeadlineBody {
     received: u64,
     timer: Option<Pin<Box<Sleep>>>,
     failed: Option<BodyTimeout>,
-    report: Option<Report>,
+    report: Report,
 }
 
 impl DeadlineBody {
     /// Bounds `inner`, whose head arrived now.
-    pub(crate) fn new(inner: Incoming, limits: BodyLimits, report: Option<Report>) -> Self {
+    pub(crate) fn new(inner: Incoming, limits: BodyLimits, report: Report) -> Self {
         Self {
             inner,
             limits,
@@ -137,11 +137,10 @@ impl DeadlineBody {
     fn fail(&mut self, why: BodyTimeout) -> Poll<Option<Result<Frame<Bytes>, axum::BoxError>>> {
         if self.failed.is_none() {
             self.failed = Some(why);
-            if let Some(r) = self.report {
-                metrics::counter!(r.counter,
-                    super::LABEL_LISTENER => r.listener, super::LABEL_REASON => why.as_label())
-                .increment(1);
-            }
+            let Report { listener, counter } = self.report;
+            metrics::counter!(counter,
+                super::LABEL_LISTENER => listener, super::LABEL_REASON => why.as_label())
+            .increment(1);
         }
         Poll::Ready(Some(Err(Box::new(why))))
     }

@@ -247,9 +247,8 @@ async fn serve_connection(
             let router = router.clone();
             async move {
                 slot.request_started();
-                let mut req = req.map(|b| {
-                    axum::body::Body::new(body::DeadlineBody::new(b, limits, Some(report)))
-                });
+                let mut req =
+                    req.map(|b| axum::body::Body::new(body::DeadlineBody::new(b, limits, report)));
                 req.extensions_mut().insert(PeerAddr(peer));
                 let response = tower::ServiceExt::oneshot(router, req).await;
                 slot.request_answered();

@@ -265,44 +265,27 @@ impl LatencyHistogram {
         };
         let mut cumulative = 0u64;
         let mut next = 0usize;
-        for b in series.buckets {
-            // Whole microseconds; a bound between two edges counts the bucket that
-            // straddles it as above (only for bounds `is_exact` refuses).
-            let bound_us = (b * 1e6).round().clamp(0.0, MAX_US as f64) as u64;
-            let last = bucket_index(bound_us);
-            let last = if upper_edge(last) > bound_us {
-                last.checked_sub(1)
-            } else {
-                Some(last)
-            };
-            if let Some(last) = last {
-                while next <= last {
-                    cumulative += self
-                        .counts
-                        .get(next)
-                        .map_or(0, |c| c.load(Ordering::Relaxed));
-                    next += 1;
-                }
+        let bounds = series.buckets.iter().map(|b| (b.to_string(), Some(*b)));
+        for (le, b) in bounds.chain([("+Inf".to_owned(), None)]) {
+            // The buckets at or below the bound, in whole microseconds; a bound between
+            // two edges counts the bucket that straddles it as above (only for bounds
+            // `is_exact` refuses). `+Inf`: every bucket.
+            let end = b.map_or(N_BUCKETS, |b| {
+                let bound_us = (b * 1e6).round().clamp(0.0, MAX_US as f64) as u64;
+                let i = bucket_index(bound_us);
+                if upper_edge(i) > bound_us { i } else { i + 1 }
+            });
+            for c in self.counts.iter().take(end).skip(next) {
+                cumulative += c.load(Ordering::Relaxed);
             }
+            next = next.max(end);
             let _ = writeln!(
                 out,
                 "{}_bucket{} {cumulative}",
                 series.name,
-                labels(Some(&b.to_string()))
+                labels(Some(&le))
             );
         }
-        cumulative += self
-            .counts
-            .iter()
-            .skip(next)
-            .map(|c| c.load(Ordering::Relaxed))
-            .sum::<u64>();
-        let _ = writeln!(
-            out,
-            "{}_bucket{} {cumulative}",
-            series.name,
-            labels(Some("+Inf"))
-        );
         let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
         let _ = writeln!(out, "{}_sum{} {sum}", series.name, labels(None));
         let _ = writeln!(out, "{}_count{} {cumulative}", series.name, labels(None));

@@ -23,7 +23,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::{ClientError, ConnectOptions, Event};
@@ -74,12 +74,6 @@ struct Counts {
     disconnects: AtomicU64,
     malformed: AtomicU64,
     by_sid: Mutex<BTreeMap<u64, u64>>,
-}
-
-impl Counts {
-    fn by_sid(&self) -> MutexGuard<'_, BTreeMap<u64, u64>> {
-        locked(&self.by_sid)
-    }
 }
 
 /// The counts so far.
@@ -154,7 +148,7 @@ impl NatsEvents {
     fn slow_consumer(&self, sid: u64) {
         self.counts.slow_consumer.fetch_add(1, Ordering::Relaxed);
         let n = {
-            let mut map = self.counts.by_sid();
+            let mut map = locked(&self.counts.by_sid);
             let n = map.entry(sid).or_insert(0);
             *n += 1;
             *n
@@ -175,7 +169,7 @@ impl NatsEvents {
     pub fn counts(&self) -> EventCounts {
         EventCounts {
             slow_consumer: self.counts.slow_consumer.load(Ordering::Relaxed),
-            slow_consumer_by_sid: self.counts.by_sid().clone(),
+            slow_consumer_by_sid: locked(&self.counts.by_sid).clone(),
             disconnects: self.counts.disconnects.load(Ordering::Relaxed),
             malformed: self.counts.malformed.load(Ordering::Relaxed),
         }

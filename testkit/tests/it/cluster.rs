@@ -64,7 +64,7 @@ async fn three_nodes_elect_leaders_and_survive_a_killed_stream_leader() {
 
     // Kill the stream's leader: another node takes over and the stream keeps working.
     let killed_at = Instant::now();
-    cluster.kill(leader).expect("kill");
+    cluster.node(leader).kill().expect("kill");
     assert!(!cluster.node(leader).is_running());
     let deadline = Instant::now() + TIMEOUT;
     let new_leader = loop {
@@ -85,7 +85,7 @@ async fn three_nodes_elect_leaders_and_survive_a_killed_stream_leader() {
         cluster.name(new_leader),
         killed_at.elapsed()
     );
-    let survivor = connect(&[cluster.url(new_leader).to_owned()]).await;
+    let survivor = connect(&[cluster.node(new_leader).url().to_owned()]).await;
     let ack = jetstream::new(survivor)
         .publish("t.x", "after".into())
         .await
@@ -96,7 +96,7 @@ async fn three_nodes_elect_leaders_and_survive_a_killed_stream_leader() {
 
     // Restart: the node rejoins on the same ports and the cluster agrees on a meta
     // leader again among all three.
-    cluster.restart(leader).expect("restart");
+    cluster.node(leader).restart().expect("restart");
     assert_eq!(cluster.ports(leader), ports[leader]);
     cluster
         .wait_meta_leader(TIMEOUT)
@@ -104,9 +104,9 @@ async fn three_nodes_elect_leaders_and_survive_a_killed_stream_leader() {
 
     // A paused node is skipped by the leader queries instead of blocking them.
     let other = (leader + 1) % 3;
-    cluster.pause(other).expect("pause");
+    cluster.node(other).pause().expect("pause");
     let started = Instant::now();
     assert!(cluster.meta_leader().is_some());
     assert!(started.elapsed() < Duration::from_secs(2));
-    cluster.resume(other).expect("resume");
+    cluster.node(other).resume().expect("resume");
 }

@@ -487,7 +487,7 @@ async fn killing_the_kv_leader_node_changes_no_owner_and_renewals_resume() {
         .expect("KV leader");
     println!("KV_{BUCKET} led by {}; SIGKILL", cluster.name(leader));
     let killed_at = Instant::now();
-    cluster.kill(leader).expect("kill");
+    cluster.node(leader).kill().expect("kill");
 
     // For longer than the TTL: never an owner change, and every lease renewed again.
     // A partition's renewals resumed once its revision changed twice after the kill

@@ -305,7 +305,7 @@ async fn node_loss(given: Given, fault: Fault) {
     );
     let url = match given {
         Given::All => cluster.urls().join(","),
-        Given::One => cluster.url(0).to_owned(),
+        Given::One => cluster.node(0).url().to_owned(),
     };
     let ingress = Binary::start_ready(&url, plan.sets).await;
     let c = Arc::clone(&cluster);
@@ -324,7 +324,7 @@ async fn node_loss(given: Given, fault: Fault) {
         STEP,
         Consumer::connect_with(
             async_nats::ConnectOptions::new().connection_timeout(Duration::from_millis(500)),
-            cluster.url(b),
+            cluster.node(b).url(),
             ConsumerConfig::default().validate().expect("valid"),
             move |info: &StreamInfo| Timer {
                 stream: info.stream.clone(),
@@ -345,8 +345,8 @@ async fn node_loss(given: Given, fault: Fault) {
     let fault_at = Instant::now();
     let fault_ms = unix_ms();
     match fault {
-        Fault::Kill => cluster.kill(a).expect("kill the ingress's node"),
-        Fault::Hang => cluster.pause(a).expect("stop the ingress's node"),
+        Fault::Kill => cluster.node(a).kill().expect("kill the ingress's node"),
+        Fault::Hang => cluster.node(a).pause().expect("stop the ingress's node"),
     }
     let ready = tokio::spawn(watch_ready(ingress.admin, fault_at, plan.recovery));
     let c = Arc::clone(&cluster);

@@ -164,7 +164,7 @@ async fn node_loss(given: Given, fault: Fault) {
     );
     let url = match given {
         Given::All => cluster.urls().join(","),
-        Given::One => cluster.url(0).to_owned(),
+        Given::One => cluster.node(0).url().to_owned(),
     };
     let mut child: Child = serve(&url, &[]);
     let line = first_line(&mut child).await;
@@ -186,7 +186,7 @@ async fn node_loss(given: Given, fault: Fault) {
         async_nats::ConnectOptions::new()
             .name("node-loss-caller")
             .connection_timeout(Duration::from_millis(500))
-            .connect(cluster.url(b)),
+            .connect(cluster.node(b).url()),
     )
     .await
     .expect("caller connects in time")
@@ -263,8 +263,8 @@ async fn node_loss(given: Given, fault: Fault) {
         tokio::time::sleep_until(start + interval * i as u32).await;
         if killed.is_none() && start.elapsed() >= FAULT_AT {
             match fault {
-                Fault::Kill => cluster.kill(a).expect("kill the adapter's node"),
-                Fault::Hang => cluster.pause(a).expect("stop the adapter's node"),
+                Fault::Kill => cluster.node(a).kill().expect("kill the adapter's node"),
+                Fault::Hang => cluster.node(a).pause().expect("stop the adapter's node"),
             }
             let now = Instant::now();
             killed = Some((now, start.elapsed()));

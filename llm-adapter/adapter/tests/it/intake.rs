@@ -1639,21 +1639,25 @@ async fn on_a_three_node_cluster_the_intake_outlives_its_stream_leaders_node() {
     // other tests a request ran twice in a CI run.
     let toml = "workers = 2\nintake = \"jetstream\"\n[jetstream]\nstorage = \"memory\"\nreplicas = 3\nmax_ack_pending = 4\n[backend]\nkind = \"nats\"\n[backend.nats]\nsubject = \"sim.backend\"\n";
     // The first replica creates the stream; its leader decides the roles.
-    let first = adapter_at(cluster.url(0), toml, None).await;
+    let first = adapter_at(cluster.node(0).url(), toml, None).await;
     let leader = cluster
         .wait_stream_leader("WEIR_LLM_INTAKE", Duration::from_secs(20))
         .expect("stream leader");
     let other = if leader == 0 { 1 } else { leader };
-    let second = adapter_at(cluster.url(other), toml, None).await;
+    let second = adapter_at(cluster.node(other).url(), toml, None).await;
     let safe = (0..3).find(|n| *n != leader).expect("a node");
-    let backend =
-        TestBackend::start(cluster.url(safe), "sim.backend", Duration::from_millis(100)).await;
+    let backend = TestBackend::start(
+        cluster.node(safe).url(),
+        "sim.backend",
+        Duration::from_millis(100),
+    )
+    .await;
     let Caller {
         client: caller,
         js,
         inbox,
         mut replies,
-    } = Caller::at(cluster.url(safe)).await;
+    } = Caller::at(cluster.node(safe).url()).await;
 
     // 60 requests at 15/s (capacity 40/s); the leader's node dies after 2 s.
     let n = 60;
@@ -1664,7 +1668,7 @@ async fn on_a_three_node_cluster_the_intake_outlives_its_stream_leaders_node() {
     for i in 0..n {
         tokio::time::sleep_until(started + Duration::from_millis(66 * i as u64)).await;
         if killed_at.is_none() && started.elapsed() >= Duration::from_secs(2) {
-            cluster.kill(leader).expect("kill");
+            cluster.node(leader).kill().expect("kill");
             killed_at = Some(Instant::now());
             // The Rust client's durable mode, sent into the election: it publishes
             // again until the stream stores the request.
