@@ -144,8 +144,7 @@ pub async fn run(args: LeaseWorkerArgs) -> Result<(), Error> {
     write_line(&leases_log, &format!("S {}\n", unix_ms()));
     // Partition → revision, for the partitions held here.
     let mut seen: BTreeMap<u32, u64> = BTreeMap::new();
-    let mut tick = tokio::time::interval(LEASE_POLL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut tick = crate::scenario::ticker(LEASE_POLL);
     let lifetime = tokio::time::sleep(Duration::from_secs(args.max_lifetime_s));
     tokio::pin!(lifetime);
     let ctrl_c = tokio::signal::ctrl_c();

@@ -279,10 +279,24 @@ pub async fn run_design(
         + producer::CONNECT_TIMEOUT
         + producer::END_GRACE
         + Duration::from_secs(5);
-    let (mut offered, mut notes) = join_calls(calls, deadline, env.quiet, || {
-        progress(&label, start, settings.duration, &counters, &audit)
+    let mut tick = crate::scenario::ticker(Duration::from_secs(1));
+    let (ended, late) = crate::scenario::join_ticking(calls, deadline, &mut tick, || {
+        if !env.quiet {
+            let line = progress(&label, start, settings.duration, &counters, &audit);
+            crate::scenario::progress(&line);
+        }
     })
     .await;
+    let (mut offered, mut notes) = (Vec::with_capacity(ended.len()), Vec::new());
+    for call in ended {
+        match call {
+            Ok(o) => offered.push((o.id, o.offered)),
+            Err(e) => notes.push(format!("a call's task failed: {e}")),
+        }
+    }
+    if late {
+        notes.push("some calls had not finished in time and were aborted".into());
+    }
     let cpu = cpu0.used(&ingress, &nats, start.elapsed());
     if !env.quiet {
         crate::scenario::clear_progress();
@@ -346,59 +360,14 @@ fn output(
     }
 }
 
-/// Waits for every call (at most until `deadline`, then aborts the rest), printing
-/// `progress()` once a second unless `quiet`. Returns what each finished call offered,
-/// and notes on calls that failed or were aborted.
-async fn join_calls(
-    mut calls: tokio::task::JoinSet<producer::CallOutcome>,
-    deadline: Instant,
-    quiet: bool,
-    progress: impl Fn() -> String,
-) -> (Vec<(String, u64)>, Vec<String>) {
-    let mut offered: Vec<(String, u64)> = Vec::with_capacity(calls.len());
-    let mut notes = Vec::new();
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    loop {
-        tokio::select! {
-            next = calls.join_next() => match next {
-                Some(Ok(o)) => offered.push((o.id, o.offered)),
-                Some(Err(e)) => notes.push(format!("a call's task failed: {e}")),
-                None => break,
-            },
-            _ = tick.tick() => {
-                if !quiet {
-                    let line = progress();
-                    crate::scenario::progress(&line);
-                }
-            }
-            _ = tokio::time::sleep_until(deadline) => {
-                notes.push("some calls had not finished in time and were aborted".into());
-                calls.abort_all();
-                break;
-            }
-        }
-    }
-    (offered, notes)
-}
-
 /// Drains: waits until the wire has been quiet for 1 s and `calls` ends are in, at
 /// most [`DRAIN_MAX`]. Returns whether it settled.
 async fn drain(audit: &WireAudit, calls: u64) -> bool {
-    let drain_deadline = Instant::now() + DRAIN_MAX;
-    let (mut last, mut stable) = (u64::MAX, 0);
-    loop {
-        if Instant::now() >= drain_deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let packets = audit.packets();
-        stable = if packets == last { stable + 1 } else { 0 };
-        last = packets;
-        if stable >= 10 && audit.ends() >= calls {
-            return true;
-        }
-    }
+    let deadline = Instant::now() + DRAIN_MAX;
+    crate::scenario::until_stable(deadline, Duration::from_millis(100), 10, async || {
+        (audit.packets(), audit.ends() >= calls)
+    })
+    .await
 }
 
 /// The door's `/metrics` text (`None` for the naive ingress, or when unreadable: then

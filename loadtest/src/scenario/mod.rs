@@ -32,8 +32,11 @@ pub mod run;
 use std::io::IsTerminal;
 use std::time::Duration;
 
-use crate::error::{Error, usage};
 use clap::ValueEnum;
+use tokio::task::{JoinError, JoinSet};
+use tokio::time::{Instant, Interval, MissedTickBehavior};
+
+use crate::error::{Error, usage};
 use serde::Serialize;
 use weir_protocol::WireName;
 
@@ -51,6 +54,60 @@ pub(crate) fn progress(line: &str) {
 pub(crate) fn clear_progress() {
     if std::io::stderr().is_terminal() {
         eprint!("\r{:<130}\r", "");
+    }
+}
+
+/// An interval of `period` that skips missed ticks instead of bursting to catch up.
+pub(crate) fn ticker(period: Duration) -> Interval {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    tick
+}
+
+/// Polls every `period` until `deadline`; `poll` returns a count and whether everything
+/// else has settled. Settled (`true`) once the count stayed the same for `polls` polls
+/// in a row while everything else had settled.
+pub(crate) async fn until_stable(
+    deadline: Instant,
+    period: Duration,
+    polls: u32,
+    mut poll: impl AsyncFnMut() -> (u64, bool),
+) -> bool {
+    let (mut last, mut same) = (u64::MAX, 0);
+    while Instant::now() < deadline {
+        tokio::time::sleep(period).await;
+        let (count, settled) = poll().await;
+        same = if count == last { same + 1 } else { 0 };
+        last = count;
+        if same >= polls && settled {
+            return true;
+        }
+    }
+    false
+}
+
+/// Joins every task of `set`, calling `on_tick` on each tick meanwhile; at `deadline`
+/// the rest are aborted. Returns the results of the tasks that ended, and whether some
+/// were aborted.
+pub(crate) async fn join_ticking<T: 'static>(
+    mut set: JoinSet<T>,
+    deadline: Instant,
+    tick: &mut Interval,
+    mut on_tick: impl FnMut(),
+) -> (Vec<Result<T, JoinError>>, bool) {
+    let mut ended = Vec::with_capacity(set.len());
+    loop {
+        tokio::select! {
+            next = set.join_next() => match next {
+                Some(r) => ended.push(r),
+                None => return (ended, false),
+            },
+            _ = tick.tick() => on_tick(),
+            _ = tokio::time::sleep_until(deadline) => {
+                set.abort_all();
+                return (ended, true);
+            }
+        }
     }
 }
 

@@ -40,7 +40,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
-use rand::Rng;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_tungstenite::WebSocketStream;
@@ -178,15 +177,10 @@ pub fn start(
 ) -> tokio::task::JoinSet<CallOutcome> {
     let mut set = tokio::task::JoinSet::new();
     let start = Instant::now();
-    let mut rng = rand::rng();
-    let clips: Vec<SpeechClip> = (0..8)
-        .map(|i| SpeechClip::render(clip_seed + i, 150))
-        .collect();
-    let spread_ms = config.start_spread.as_millis().max(1) as u64;
+    let clips = crate::producers::clips(clip_seed);
     let calls = config.ids.len();
-    for (index, id) in config.ids.iter().enumerate() {
-        let offset = Duration::from_millis(rng.random_range(0..spread_ms))
-            + Duration::from_micros(rng.random_range(0..20_000));
+    let offsets = crate::producers::start_offsets(calls, config.start_spread);
+    for ((index, id), offset) in config.ids.iter().enumerate().zip(offsets) {
         let start_at = start + offset;
         let call = Call {
             id: id.clone(),
@@ -358,14 +352,8 @@ impl Call {
         let frame = self.clip.frame(self.clip_index);
         self.clip_index += 1;
         match &mut self.link {
-            Link::Up { ws, .. } => {
-                self.offered += 1;
-                self.counters.frames_offered.fetch_add(1, Ordering::Relaxed);
-                let sent =
-                    tokio::time::timeout(SEND_TIMEOUT, ws.send(Message::Binary(frame))).await;
-                if matches!(sent, Ok(Ok(()))) {
-                    self.counters.frames_written.fetch_add(1, Ordering::Relaxed);
-                } else {
+            Link::Up { .. } => {
+                if !self.write(frame).await {
                     self.lost_link();
                     return;
                 }
@@ -387,6 +375,22 @@ impl Call {
             }
             self.next_cut += self.flap_every;
         }
+    }
+
+    /// Offers `frame` on the live link; returns whether it was written (if not, the
+    /// link is broken).
+    async fn write(&mut self, frame: Bytes) -> bool {
+        let Link::Up { ws, .. } = &mut self.link else {
+            return false;
+        };
+        self.offered += 1;
+        self.counters.frames_offered.fetch_add(1, Ordering::Relaxed);
+        let sent = tokio::time::timeout(SEND_TIMEOUT, ws.send(Message::Binary(frame))).await;
+        let written = matches!(sent, Ok(Ok(())));
+        if written {
+            self.counters.frames_written.fetch_add(1, Ordering::Relaxed);
+        }
+        written
     }
 
     /// Offered frames no connection could take (the next resume declares them).
@@ -495,7 +499,7 @@ impl Call {
 
     /// The attempt upgraded: the frames held during the handshake go out first,
     /// numbered from the `next_seq` the attempt named.
-    async fn upgraded(&mut self, mut ws: Box<Ws>) {
+    async fn upgraded(&mut self, ws: Box<Ws>) {
         let now = Instant::now();
         let Link::Connecting {
             since,
@@ -530,36 +534,23 @@ impl Call {
             self.base = self.offered;
             self.last_seq = 0;
         }
-        let mut held = held.into_iter();
-        // Bounded by HANDSHAKE_BUFFER frames.
-        for frame in held.by_ref() {
-            self.offered += 1;
-            self.counters.frames_offered.fetch_add(1, Ordering::Relaxed);
-            let sent = tokio::time::timeout(SEND_TIMEOUT, ws.send(Message::Binary(frame))).await;
-            if !matches!(sent, Ok(Ok(()))) {
-                let rest = held.len() as u64;
-                self.counters.up.fetch_sub(1, Ordering::Relaxed);
-                self.counters
-                    .unplanned_drops
-                    .fetch_add(1, Ordering::Relaxed);
-                self.lose_frames(rest);
-                self.link = Link::Down {
-                    retry_at: Instant::now(),
-                    since: Some(Instant::now()),
-                };
-                self.connect();
-                return;
-            }
-            self.counters.frames_written.fetch_add(1, Ordering::Relaxed);
-            self.counters
-                .frames_after_handshake
-                .fetch_add(1, Ordering::Relaxed);
-        }
         self.link = Link::Up {
             ws,
             resume_since: if resuming { since } else { None },
             expect_next_seq: resuming.then_some(next_seq),
         };
+        let mut held = held.into_iter();
+        // Bounded by HANDSHAKE_BUFFER frames.
+        for frame in held.by_ref() {
+            if !self.write(frame).await {
+                self.lose_frames(held.len() as u64);
+                self.lost_link();
+                return;
+            }
+            self.counters
+                .frames_after_handshake
+                .fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// One event of the door; returns whether it was `closed`.

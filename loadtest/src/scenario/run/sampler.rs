@@ -32,8 +32,7 @@ pub(super) struct SamplerInputs {
 /// Captures a sample every 100 ms until told to stop (or a hard cap of samples), and
 /// prints a progress line on stderr once per second.
 pub(super) async fn sampler(s: SamplerInputs, mut stop: tokio::sync::watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(sample::PERIOD);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut tick = crate::scenario::ticker(sample::PERIOD);
     // Hard cap: the run's duration plus 2 minutes of drain and grace.
     let cap =
         ((s.total + Duration::from_secs(120)).as_millis() / sample::PERIOD.as_millis()) as usize;
