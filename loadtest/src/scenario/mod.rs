@@ -167,21 +167,6 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    /// Whether the scenario runs lease workers on a cluster ([`failover`]).
-    pub fn is_failover(self) -> bool {
-        matches!(self, Self::WorkerFailover | Self::NodeFailover)
-    }
-
-    /// Whether the scenario models recognisers as GPU time ([`asr`]).
-    pub fn is_asr(self) -> bool {
-        matches!(self, Self::AsrShortfall | Self::AsrChurn)
-    }
-
-    /// Whether the scenario is `producer-flap` ([`flap`]).
-    pub fn is_flap(self) -> bool {
-        matches!(self, Self::ProducerFlap)
-    }
-
     /// The concrete scenarios a selection stands for.
     pub fn expand(self) -> Vec<Scenario> {
         match self {
