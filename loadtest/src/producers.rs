@@ -297,16 +297,22 @@ pub(crate) async fn read_server(
     }
 }
 
+/// What the reader of a WebSocket stream tells its sender.
+#[derive(Default)]
+struct ReaderFlags {
+    /// Set when the server ended the stream (overload, `no_capacity`, close frame,
+    /// error or EOF).
+    server_done: AtomicBool,
+    /// Set when a `closed` event's reason was `no_capacity`.
+    no_capacity: AtomicBool,
+    /// Notified on the `closed` event, and when the stream is over for the server.
+    got_closed_event: tokio::sync::Notify,
+}
+
 /// The reader of a WebSocket stream: it counts server events and tells the sender to
 /// stop when the server ends the stream.
 struct WsReader {
-    /// Set when the server ended the stream (overload, `no_capacity`, close frame,
-    /// error or EOF).
-    server_done: Arc<AtomicBool>,
-    /// Set when a `closed` event's reason was `no_capacity`.
-    no_capacity: Arc<AtomicBool>,
-    /// Notified on the `closed` event, and when the stream is over for the server.
-    got_closed_event: Arc<tokio::sync::Notify>,
+    flags: Arc<ReaderFlags>,
     /// The task; it returns the last `overload` event's `retry_after_ms` (zero
     /// without).
     task: tokio::task::JoinHandle<Duration>,
@@ -314,44 +320,33 @@ struct WsReader {
 
 impl WsReader {
     fn spawn(source: WsSource, counters: Arc<ProducerCounters>) -> Self {
-        let server_done = Arc::new(AtomicBool::new(false));
-        let no_capacity = Arc::new(AtomicBool::new(false));
-        let got_closed_event = Arc::new(tokio::sync::Notify::new());
-        let task = {
-            let server_done = server_done.clone();
-            let no_capacity = no_capacity.clone();
-            let got_closed_event = got_closed_event.clone();
-            tokio::spawn(async move {
-                let mut retry_hint = Duration::ZERO;
-                read_server(source, &counters, |v| match counters.count_event(&v) {
-                    Some("overload") => {
-                        if let Some(ms) = v.get("retry_after_ms").and_then(|x| x.as_u64()) {
-                            retry_hint = Duration::from_millis(ms);
-                        }
-                        server_done.store(true, Ordering::Relaxed);
+        let flags = Arc::new(ReaderFlags::default());
+        let f = flags.clone();
+        let task = tokio::spawn(async move {
+            let mut retry_hint = Duration::ZERO;
+            read_server(source, &counters, |v| match counters.count_event(&v) {
+                Some("overload") => {
+                    if let Some(ms) = v.get("retry_after_ms").and_then(|x| x.as_u64()) {
+                        retry_hint = Duration::from_millis(ms);
                     }
-                    Some("closed") => {
-                        if v["reason"] == "no_capacity" {
-                            no_capacity.store(true, Ordering::Relaxed);
-                            server_done.store(true, Ordering::Relaxed);
-                        }
-                        got_closed_event.notify_one()
+                    f.server_done.store(true, Ordering::Relaxed);
+                }
+                Some("closed") => {
+                    if v["reason"] == "no_capacity" {
+                        f.no_capacity.store(true, Ordering::Relaxed);
+                        f.server_done.store(true, Ordering::Relaxed);
                     }
-                    _ => {}
-                })
-                .await;
-                // The stream is over for the server (close frame, error or EOF).
-                server_done.store(true, Ordering::Relaxed);
-                got_closed_event.notify_one();
-                retry_hint
+                    f.got_closed_event.notify_one()
+                }
+                _ => {}
             })
-        };
-        Self {
-            server_done,
-            no_capacity,
-            got_closed_event,
-            task,
-        }
+            .await;
+            // The stream is over for the server (close frame, error or EOF).
+            f.server_done.store(true, Ordering::Relaxed);
+            f.got_closed_event.notify_one();
+            retry_hint
+        });
+        Self { flags, task }
     }
 }
 
@@ -428,9 +423,12 @@ impl Producer {
         };
         let reader = WsReader::spawn(source, self.counters.clone());
         let (ended_early, sent_here) = self
-            .send_ticks(&mut sink, &reader.server_done, frame_index, |_, _, _, i| {
-                Message::Binary(self.clip.frame(i))
-            })
+            .send_ticks(
+                &mut sink,
+                &reader.flags.server_done,
+                frame_index,
+                |_, _, _, i| Message::Binary(self.clip.frame(i)),
+            )
             .await;
         if ended_early {
             self.ws_ended_early(sink, reader, sent_here).await
@@ -445,7 +443,7 @@ impl Producer {
                 self.counters.ended.fetch_add(1, Ordering::Relaxed);
             }
             // Wait (bounded) for the server's `closed` event or close frame.
-            let _ = tokio::time::timeout(END_GRACE, reader.got_closed_event.notified()).await;
+            let _ = tokio::time::timeout(END_GRACE, reader.flags.got_closed_event.notified()).await;
             let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
             let _ = tokio::time::timeout(Duration::from_secs(1), reader.task).await;
             ConnectionEnd::Finished
@@ -546,7 +544,7 @@ impl Producer {
             .ok()
             .and_then(Result::ok)
             .unwrap_or(Duration::ZERO);
-        if reader.no_capacity.load(Ordering::Relaxed) {
+        if reader.flags.no_capacity.load(Ordering::Relaxed) {
             self.counters
                 .ended_no_capacity
                 .fetch_add(1, Ordering::Relaxed);

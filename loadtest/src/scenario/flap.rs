@@ -6,14 +6,9 @@
 //! 20 ms cadence for `--duration` ([`DEFAULT_DURATION`]); each call's connection is cut
 //! (SO_LINGER 0 and drop: a TCP RST, no close) every `--flap-every`
 //! ([`DEFAULT_FLAP_EVERY`]), the calls' cuts spread evenly over one period
-//! ([`producer`]). Three designs run one after the other, each on a fresh nats-server
-//! and ingress, with the same calls:
-//!
-//! | design | ingress | reconnect |
-//! |---|---|---|
-//! | `naive` | `loadtest naive-ingress` (task per frame) | a fresh open of the same id |
-//! | `weir-no-resume` | `audio-ingress serve --set resume_window_ms=0` | a fresh open of the same id: a new stream instance, `seq` from 1 |
-//! | `weir-resume` | `audio-ingress serve` (resume on, its default window) | `resume_token`, `last_seq`, `next_seq` |
+//! ([`producer`]). Three designs ([`FlapDesign`]; docs/loadtest.md, "Producers that
+//! flap") run one after the other, each on a fresh nats-server and ingress, with the
+//! same calls.
 //!
 //! The consumer is the wire audit ([`audit`]): every packet on `weir.audio.>`, per
 //! call, held against what its producer offered — published + declared lost =
@@ -37,6 +32,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 use tokio::time::Instant;
+use weir_audio_ingress::metrics::{
+    RESUME_PARKED_ENDED_TOTAL, RESUME_PARKED_TOTAL, RESUME_SECONDS, RESUMES_TOTAL,
+};
 
 use crate::error::Error;
 use crate::ingress::{Design, IngressProcess, label, samples};
@@ -57,14 +55,6 @@ pub const DEFAULT_FLAP_EVERY: Duration = Duration::from_secs(10);
 pub const DRAIN_MAX: Duration = Duration::from_secs(10);
 /// The target: resume p99 at most this, ms.
 pub const RESUME_TARGET_MS: f64 = 250.0;
-/// The door's resume histogram (upgrade received → first frame admitted).
-pub const RESUME_HISTOGRAM: &str = weir_audio_ingress::metrics::RESUME_SECONDS;
-/// The door's resume outcomes.
-pub const RESUMES_TOTAL: &str = weir_audio_ingress::metrics::RESUMES_TOTAL;
-/// Streams the door parked (their connection dropped).
-pub const PARKED_TOTAL: &str = weir_audio_ingress::metrics::RESUME_PARKED_TOTAL;
-/// Parked streams that ended without a resume, by reason.
-pub const PARKED_ENDED_TOTAL: &str = weir_audio_ingress::metrics::RESUME_PARKED_ENDED_TOTAL;
 /// What the audit subscribes to.
 pub const AUDIT_SUBJECT: &str = "weir.audio.>";
 
@@ -399,13 +389,14 @@ pub fn figures(
     metrics: Option<&str>,
     cpu: CpuReport,
 ) -> FlapReport {
-    let server_resume = metrics.and_then(|m| histogram(m, RESUME_HISTOGRAM));
+    let server_resume = metrics.and_then(|m| histogram(m, RESUME_SECONDS));
     let server_resumes_by_outcome = metrics
         .map(|m| counter_by_label(m, RESUMES_TOTAL, "outcome"))
         .unwrap_or_default();
-    let server_parked = metrics.and_then(|m| crate::scenario::asr::churn::gauge(m, PARKED_TOTAL));
+    let server_parked =
+        metrics.and_then(|m| crate::scenario::asr::churn::gauge(m, RESUME_PARKED_TOTAL));
     let server_parked_ended = metrics
-        .map(|m| counter_by_label(m, PARKED_ENDED_TOTAL, "reason"))
+        .map(|m| counter_by_label(m, RESUME_PARKED_ENDED_TOTAL, "reason"))
         .unwrap_or_default();
     let resume_p99_within_target =
         (producers.resume_ms.count > 0).then_some(producers.resume_ms.p99 <= RESUME_TARGET_MS);
@@ -452,7 +443,7 @@ pub fn flap_notes(f: &FlapReport) -> Vec<String> {
     }
     if f.design == FlapDesign::WeirResume && f.server_resume.is_none() {
         notes.push(format!(
-            "the ingress's /metrics has no {RESUME_HISTOGRAM} histogram"
+            "the ingress's /metrics has no {RESUME_SECONDS} histogram"
         ));
     }
     if f.cpu.wall_s > 0.0 && f.cpu.other_s / f.cpu.wall_s > 0.25 {
@@ -519,7 +510,7 @@ mod tests {
 
     #[test]
     fn the_doors_histogram_reads_as_bucket_bounds() {
-        let h = histogram(METRICS, RESUME_HISTOGRAM).unwrap();
+        let h = histogram(METRICS, RESUME_SECONDS).unwrap();
         assert_eq!(h.count, 100);
         assert_eq!(h.p50_le_ms, Some(20.0), "the 50th is in (5, 20] ms");
         assert_eq!(h.p99_le_ms, Some(50.0));
@@ -537,7 +528,7 @@ mod tests {
     fn an_empty_histogram_has_no_percentiles() {
         let h = histogram(
             "weir_ingress_resume_seconds_bucket{le=\"+Inf\"} 0\nweir_ingress_resume_seconds_count 0\n",
-            RESUME_HISTOGRAM,
+            RESUME_SECONDS,
         )
         .unwrap();
         assert_eq!((h.count, h.p99_le_ms, h.mean_ms), (0, None, None));

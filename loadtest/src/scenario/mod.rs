@@ -1,20 +1,7 @@
 //! Scenarios: what each one injects and for how long — pure plans, no I/O.
 //!
-//! | scenario        | producers                          | fault                                          |
-//! |-----------------|------------------------------------|------------------------------------------------|
-//! | `steady`        | N streams, `end` at the stop time  | none                                           |
-//! | `nats-pause`    | same                               | nats-server SIGSTOPped for `--pause` s         |
-//! | `backend-pause` | same, plus LLM requests            | recognisers and LLM backend stall `--pause` s  |
-//! | `nats-restart`  | same                               | nats-server killed, restarted after `--pause` s|
-//! | `no-end`        | half the streams vanish, no `end`  | none                                           |
-//! | `llm-overload`  | same, plus LLM requests at k × cap | none                                           |
-//! | `backend-stall` | same, plus LLM requests at 1.5 × the pool's capacity | one of 3 LLM backends stalls at t = 10 s for `--pause` s (10) |
-//! | `ceiling`       | ramp of stream counts              | none (see [`ceiling`])                         |
-//! | `worker-failover` | N streams straight to NATS, lease workers on 3 nodes | worker process SIGKILLed, restarted (see [`failover`]) |
-//! | `node-failover` | same                               | the KV leader node SIGKILLed, restarted        |
-//! | `asr-shortfall` | 20 calls, GPU fleet of 12 slots, 3 designs | none: capacity below the offered calls (see [`asr`]) |
-//! | `asr-churn`     | calls and probes, weir-on          | a worker process SIGKILLed, another added      |
-//! | `producer-flap` | 1,000 calls, 3 designs             | every call's TCP connection cut (RST) every 10 s, reconnect at once (see [`flap`]) |
+//! What each scenario does is in docs/loadtest.md ("Scenarios"); [`ceiling`],
+//! [`failover`], [`asr`] and [`flap`] have runners of their own.
 //!
 //! Faults start [`FAULT_AT`] after the producers ([`BACKEND_STALL_AT`] for
 //! `backend-stall`), and the run keeps sending for at least

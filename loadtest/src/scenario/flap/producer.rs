@@ -7,20 +7,11 @@
 //! per tick for the whole call, whatever the connection does. Frame numbering follows
 //! the door's: the k-th frame the producer *offers* has seq k.
 //!
-//! - **The cut** is a socket-level kill: every connection has `SO_LINGER` 0, and the
-//!   producer drops it — the kernel answers with a TCP RST, no WebSocket close, no
-//!   FIN. What it wrote that the door had not read dies with the socket.
-//! - **The reconnect** starts at once. With resume, `GET /v1/streams/{id}?resume_token=T
-//!   &last_seq=A&next_seq=B` where `A` is the last seq the door confirmed (`ack`,
-//!   `resumed`) and `B` = frames offered + 1: the door declares `A+1 ..= B-1` minus
-//!   what it did take as one `resume` gap. Without resume (the naive ingress, or
-//!   `resume_window_ms = 0`), a fresh open of the same id: a new stream instance.
-//! - **Frames ticked during the handshake** are held (at most [`HANDSHAKE_BUFFER`]
-//!   frames, the whole connect timeout) and written right after the upgrade: they had
-//!   not been offered yet, so `B` already named them — the door numbers them `B, B+1,
-//!   ...` exactly as the producer does. If the attempt fails, they become offered and
-//!   lost, and the next attempt's `B` declares them. The producer never replays a frame
-//!   it offered.
+//! The cut (`SO_LINGER` 0, then drop: a TCP RST), the reconnect (a resume naming
+//! `last_seq` and `next_seq` = frames offered + 1, or a fresh open) and the frames held
+//! during a handshake (at most [`HANDSHAKE_BUFFER`], written right after the upgrade,
+//! numbered as `next_seq` named them) are described in docs/loadtest.md ("Producers
+//! that flap"). The producer never replays a frame it offered.
 //!
 //! Latencies: `reconnect_ms` is cut → `101 Switching Protocols`; `resume_ms` is cut →
 //! the `resumed` event (the door then stands ready for the next frame).
