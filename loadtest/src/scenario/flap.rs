@@ -37,7 +37,7 @@ use weir_audio_ingress::metrics::{
 };
 
 use crate::error::Error;
-use crate::ingress::{Design, IngressProcess, label, samples};
+use crate::ingress::{Design, label, samples};
 use crate::report::{CpuReport, RunReport};
 use crate::scenario::run::{CpuStart, Env, RunNats, RunOutput, ScenarioIngress, spawn_ingress};
 use audit::{AuditTotals, WireAudit};
@@ -299,7 +299,13 @@ pub async fn run_design(
             DRAIN_MAX.as_secs()
         ));
     }
-    let metrics = door_metrics(design, &ingress, &mut notes).await;
+    // The door's `/metrics` (none for the naive ingress; when unreadable, a note).
+    let metrics = match design {
+        FlapDesign::Naive => None,
+        _ => (ingress.metrics().await)
+            .map_err(|e| notes.push(format!("cannot read the ingress's /metrics: {e}")))
+            .ok(),
+    };
     let wall = start.elapsed();
     ingress.stop().await;
     offered.sort();
@@ -358,25 +364,6 @@ async fn drain(audit: &WireAudit, calls: u64) -> bool {
         (audit.packets(), audit.ends() >= calls)
     })
     .await
-}
-
-/// The door's `/metrics` text (`None` for the naive ingress, or when unreadable: then
-/// a note says why).
-async fn door_metrics(
-    design: FlapDesign,
-    ingress: &IngressProcess,
-    notes: &mut Vec<String>,
-) -> Option<String> {
-    match design {
-        FlapDesign::Naive => None,
-        _ => match ingress.metrics().await {
-            Ok(m) => Some(m),
-            Err(e) => {
-                notes.push(format!("cannot read the ingress's /metrics: {e}"));
-                None
-            }
-        },
-    }
 }
 
 /// The design's figures (pure).

@@ -469,11 +469,7 @@ impl WireAudit {
                         if let Ok(mut m) = s.audits.lock() {
                             match m.get_mut(stream) {
                                 Some(a) => a.observe(&seen),
-                                None => {
-                                    let mut a = StreamAudit::default();
-                                    a.observe(&seen);
-                                    m.insert(stream.to_owned(), a);
-                                }
+                                None => m.entry(stream.to_owned()).or_default().observe(&seen),
                             }
                         }
                     }
