@@ -335,7 +335,7 @@ pub fn one_line(r: &RunReport) -> String {
 }
 
 /// Writes the JSON array.
-pub fn write_json(path: &Path, reports: &[&RunReport]) -> Result<(), Error> {
+pub fn write_json(path: &Path, reports: &[RunReport]) -> Result<(), Error> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     }

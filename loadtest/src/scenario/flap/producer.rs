@@ -610,13 +610,10 @@ impl Call {
         if matches!(self.link, Link::Down { .. }) {
             self.connect();
         }
-        if let Link::Connecting { attempt, .. } = &mut self.link {
+        if matches!(self.link, Link::Connecting { .. }) {
             // The attempt has its own timeout (CONNECT_TIMEOUT).
-            let result = attempt.await;
-            match result {
-                Ok(ws) => self.upgraded(Box::new(ws)).await,
-                Err(why) => self.attempt_failed(why),
-            }
+            let attempted = link_event(&mut self.link).await;
+            self.on_link(attempted).await;
         }
         let Link::Up { ws, .. } = &mut self.link else {
             self.counters.end_failed.fetch_add(1, Ordering::Relaxed);
