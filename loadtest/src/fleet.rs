@@ -190,8 +190,6 @@ pub struct FleetSnapshot {
     pub latency_ms: Percentiles,
     /// Late deliveries and latency capture → handed to the handler.
     pub timeliness: TimelinessSummary,
-    /// Streams the consumers follow now (neither ended nor reaped).
-    pub streams_active: u64,
     /// The staleness guard the consumers ran with, ms (`None`: off).
     pub max_frame_age_ms: Option<u64>,
 }
@@ -331,7 +329,6 @@ impl Fleet {
             s.streams_seen += t.streams_started;
             s.slow_consumer_events += t.slow_consumer_events;
             s.pending_frames += t.pending_frames as u64;
-            s.streams_active += t.streams_active;
             for stream in &st.streams {
                 let reason = match (&stream.end_seen, &stream.end_reason) {
                     (true, Some(r)) => r.clone(),
