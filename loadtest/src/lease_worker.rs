@@ -161,22 +161,17 @@ pub async fn run(args: LeaseWorkerArgs) -> Result<(), Error> {
         for l in consumer.leases() {
             let revision = l.revision.unwrap_or(0);
             // Only what this worker holds, and the moment it stops holding it.
-            let changed = match (seen.get(&l.partition), l.held) {
-                (Some(&rev), true) => rev != revision,
-                (None, true) | (Some(_), false) => true,
-                (None, false) => false,
+            let held = l.held.then_some(revision);
+            let before = match held {
+                Some(rev) => seen.insert(l.partition, rev),
+                None => seen.remove(&l.partition),
             };
-            if changed {
+            if before != held {
                 lines.push_str(&format!(
                     "L {now} {} {} {revision}\n",
                     l.partition,
                     u8::from(l.held)
                 ));
-                if l.held {
-                    seen.insert(l.partition, revision);
-                } else {
-                    seen.remove(&l.partition);
-                }
             }
         }
         if !lines.is_empty() {
