@@ -1,62 +1,20 @@
 //! Frame accounting: where every frame went, and what explains any difference.
 //!
-//! "Producer side" is the ingress, the NATS producer: `offered` is what it read from
-//! the WebSocket producers. "Received" is every distinct frame the recognition fleet's
-//! consumers accepted in sequence order, *including* the frames their staleness guard
-//! then dropped before the recogniser (`stale_dropped_by_consumer`: delivered, too old,
-//! declared to the recogniser as a `stale` gap — counted, never hidden). Then
+//! "Offered" is what the ingress read from the producers; "received" is every distinct
+//! frame the fleet's consumers accepted in sequence order, *including* the ones their
+//! staleness guard then dropped (counted, never hidden). Then, exactly:
 //!
 //! ```text
 //! unaccounted = offered − received − dropped          (dropped: with a reason, by the ingress)
+//!             = pending_at_end + lost_declared + lost_undetected + ingress_discrepancy
 //! ```
 //!
-//! and any non-zero value is decomposed, exactly, into
-//!
-//! ```text
-//! unaccounted = pending_at_end                       still held by the ingress when measured
-//!                                                    (queued, or handed over and unconfirmed)
-//!             + lost_declared                        not received, and the consumers were told
-//!                                                    it was possibly lost (Weir-Possibly-Lost)
-//!             + lost_undetected                      not received, and nobody told the consumers
-//!             + ingress_discrepancy                  the ingress's counters do not add up; must be 0
-//! ```
-//!
-//! with `lost_declared + lost_undetected = lost_after_publish = published + possibly_lost −
-//! received`: the frames that left the ingress (confirmed by the server, or declared
-//! possibly lost) and never reached the fleet. `ingress_discrepancy = offered − published
-//! − possibly_lost − dropped − pending_at_end`.
-//!
-//! `lost_declared` is the consumers' own count: the sequence holes a `Weir-Possibly-Lost`
-//! declaration covered (the consumer core's `possibly_lost_frames`), capped by what the
-//! ingress's counters allow (`possibly_lost_not_received = clamp(lost_after_publish, 0,
-//! possibly_lost)`: some possibly-lost frames do arrive). So `lost_undetected` means:
-//! lost, and the consumer could not tell it from an undeclared hole — also
-//! when the ingress did declare it but the declaration never reached the consumer. A
-//! consumer that does not report the count (`None`) falls back to the ingress's view.
-//!
-//! With the server-confirmed window the ingress reports `handed_over` (given to
-//! the NATS client), `published` (confirmed by the server), `unconfirmed` (handed over,
-//! awaiting confirmation; part of pending) and `possibly_lost`. An ingress without the
-//! window (and the naive design) reports none of them: `published` then means "handed
-//! over", `possibly_lost` is 0 and everything not received after the hand-over is
-//! `lost_undetected`, exactly as before. Should the ingress also list the possibly-lost
-//! frames among its drop reasons ([`POSSIBLY_LOST_DROP_REASONS`]), they are moved out of
-//! `dropped` (they are not surely gone) and counted once, as possibly lost.
-//!
-//! `lost_undetected` is compared with `consumer_detected_holes`: seqs below the highest
-//! one a consumer saw that did not arrive in order and no declaration covers (the
-//! consumer core's `lost_frames`, plus leading seqs and frames of refused streams). Some
-//! of those may have arrived *late*, after a later frame of their stream, and been
-//! refused to keep the stream's order (`refused_out_of_order`): the naive design does
-//! that, since three publishes of one stream race each other. A loss at the very tail of
-//! a stream (after the last frame the consumer saw, and the `end` lost too) cannot be
-//! detected by sequence numbers: `lost_at_tail = max(0, lost_undetected −
-//! consumer_detected_holes)`.
-//!
-//! One hop earlier, `sent_by_producers − offered` = `not_read_by_ingress`: frames the
-//! WebSocket producers wrote that the ingress never read — written after the server
-//! had ended the stream (the producer was told: `overload`/close) or in flight when the
-//! socket died.
+//! with `lost_declared + lost_undetected = lost_after_publish = published + possibly_lost
+//! − received` and `ingress_discrepancy = offered − published − possibly_lost − dropped −
+//! pending_at_end` (must be 0). `lost_declared` is the consumers' own count of holes
+//! inside a declared range (the ingress's view when they do not report it), capped by
+//! what the ingress's counters allow. Every term is defined on the fields below and in
+//! docs/loadtest.md ("What every number means").
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

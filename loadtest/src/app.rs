@@ -105,6 +105,14 @@ fn designs_for(cli: &Cli, default: DesignArg) -> Result<Vec<Design>, Error> {
     }
 }
 
+/// One scenario of the selection, its plan validated.
+enum Job {
+    Plan(scenario::Plan),
+    Failover(failover::FailoverPlan),
+    Asr(Scenario),
+    Flap,
+}
+
 /// Runs the selection; returns the number of runs that failed.
 pub async fn run(cli: &Cli, results: Results) -> Result<usize, Error> {
     let selection = cli
@@ -113,78 +121,73 @@ pub async fn run(cli: &Cli, results: Results) -> Result<usize, Error> {
     let env = env_from(cli)?;
     let showcase = selection == Scenario::Showcase;
     // Validate every plan before starting anything.
-    let mut plans = Vec::new();
-    let mut failovers = Vec::new();
-    let mut asr_runs = Vec::new();
-    let mut flap_runs = false;
+    let mut jobs = Vec::new();
     for s in selection.expand() {
-        if s.is_flap() {
-            flap_runs = true;
-            continue;
-        }
-        if s.is_asr() {
-            asr_runs.push(s);
-            continue;
-        }
-        if s.is_failover() {
-            failovers.push(failover::plan(s, cli.duration, cli.pause)?);
-            continue;
-        }
-        let (duration, pause) = if showcase {
-            (
-                cli.duration.or(Some(match s {
+        jobs.push(match s {
+            Scenario::ProducerFlap => Job::Flap,
+            Scenario::AsrShortfall | Scenario::AsrChurn => Job::Asr(s),
+            Scenario::WorkerFailover | Scenario::NodeFailover => {
+                Job::Failover(failover::plan(s, cli.duration, cli.pause)?)
+            }
+            _ if showcase => {
+                let duration = cli.duration.unwrap_or(match s {
                     Scenario::NatsPause => scenario::FAULT_AT + SHOWCASE_PAUSE + scenario::RECOVERY,
                     _ => SHOWCASE_DURATION,
-                })),
-                cli.pause.or(Some(SHOWCASE_PAUSE)),
-            )
-        } else {
-            (cli.duration, cli.pause)
-        };
-        plans.push(scenario::plan(s, duration, pause, cli.llm_factor)?);
+                });
+                let pause = cli.pause.unwrap_or(SHOWCASE_PAUSE);
+                Job::Plan(scenario::plan(
+                    s,
+                    Some(duration),
+                    Some(pause),
+                    cli.llm_factor,
+                )?)
+            }
+            _ => Job::Plan(scenario::plan(s, cli.duration, cli.pause, cli.llm_factor)?),
+        });
     }
     let mut failures = 0;
-    if !failovers.is_empty() {
-        let fenv = failover_env_from(cli, &env);
-        let streams = cli.streams.clone().unwrap_or_else(|| vec![200]);
-        for plan in &failovers {
-            for &n in &streams {
-                let outcome = failover::run(&fenv, plan, n).await;
-                failures += record(outcome, &results, || {
-                    format!("{} {n}", plan.scenario.as_str())
-                });
-            }
-        }
-    }
-    for plan in plans {
-        failures += run_plan(cli, &env, &plan, &results).await?;
-    }
-    if !asr_runs.is_empty() {
-        failures += run_asr(cli, &env, &asr_runs, showcase, &results).await;
-    }
-    if flap_runs {
-        failures += run_flap(cli, &env, &results).await;
+    for job in jobs {
+        failures += match job {
+            Job::Plan(plan) => run_plan(cli, &env, &plan, &results).await?,
+            Job::Failover(plan) => run_failover(cli, &env, &plan, &results).await,
+            Job::Asr(s) => run_asr(cli, &env, s, showcase, &results).await,
+            Job::Flap => run_flap(cli, &env, &results).await,
+        };
     }
     Ok(failures)
+}
+
+/// Runs a failover scenario (200 streams by default); returns the number of runs that
+/// failed.
+async fn run_failover(
+    cli: &Cli,
+    env: &Env,
+    plan: &failover::FailoverPlan,
+    results: &Results,
+) -> usize {
+    let fenv = failover_env_from(cli, env);
+    let mut failures = 0;
+    for &n in cli.streams.as_deref().unwrap_or(&[200]) {
+        let outcome = failover::run(&fenv, plan, n).await;
+        failures += record(outcome, results, || {
+            format!("{} {n}", plan.scenario.as_str())
+        });
+    }
+    failures
 }
 
 /// Runs `producer-flap`; returns the number of runs that failed (a design whose
 /// calls failed a check is reported, not counted as a failed run: the naive designs
 /// are expected to).
-async fn run_flap(cli: &Cli, env: &crate::scenario::run::Env, results: &Results) -> usize {
+async fn run_flap(cli: &Cli, env: &Env, results: &Results) -> usize {
     let settings = flap::FlapSettings {
         duration: cli.duration.unwrap_or(flap::DEFAULT_DURATION),
         flap_every: cli.flap_every.unwrap_or(flap::DEFAULT_FLAP_EVERY),
         partitions: cli.partitions.unwrap_or(8),
     };
-    let streams = cli
-        .streams
-        .clone()
-        .unwrap_or_else(|| vec![flap::DEFAULT_STREAMS]);
-    let designs = flap::FlapDesign::selected(cli.design);
     let mut failures = 0;
-    for &n in &streams {
-        for &design in &designs {
+    for &n in cli.streams.as_deref().unwrap_or(&[flap::DEFAULT_STREAMS]) {
+        for design in flap::FlapDesign::selected(cli.design) {
             let outcome = flap::run_design(env, &settings, n, design).await;
             failures += record(outcome, results, || format!("producer-flap {n}"));
         }
@@ -192,11 +195,11 @@ async fn run_flap(cli: &Cli, env: &crate::scenario::run::Env, results: &Results)
     failures
 }
 
-/// Runs the recognition-capacity scenarios; returns the number of runs that failed.
+/// Runs a recognition-capacity scenario; returns the number of runs that failed.
 async fn run_asr(
     cli: &Cli,
     env: &Env,
-    scenarios: &[Scenario],
+    scenario: Scenario,
     showcase: bool,
     results: &Results,
 ) -> usize {
@@ -212,22 +215,19 @@ async fn run_asr(
             _ => asr::DEFAULT_DURATION,
         },
     };
+    if scenario == Scenario::AsrChurn {
+        let outcome = asr::churn::run(env, &settings).await;
+        return record(outcome, results, || "asr-churn".to_owned());
+    }
     let streams = match (showcase, &cli.streams) {
         (false, Some(s)) => s.clone(),
         _ => vec![asr::DEFAULT_STREAMS],
     };
     let mut failures = 0;
-    for &s in scenarios {
-        if s == Scenario::AsrChurn {
-            let outcome = asr::churn::run(env, &settings).await;
-            failures += record(outcome, results, || "asr-churn".to_owned());
-            continue;
-        }
-        for &n in &streams {
-            for &design in asr::AsrDesign::VARIANTS {
-                let outcome = asr::shortfall::run_design(env, &settings, n, design).await;
-                failures += record(outcome, results, || format!("asr-shortfall {n}"));
-            }
+    for &n in &streams {
+        for &design in asr::AsrDesign::VARIANTS {
+            let outcome = asr::shortfall::run_design(env, &settings, n, design).await;
+            failures += record(outcome, results, || format!("asr-shortfall {n}"));
         }
     }
     failures
@@ -335,7 +335,7 @@ pub fn one_line(r: &RunReport) -> String {
 }
 
 /// Writes the JSON array.
-pub fn write_json(path: &Path, reports: &[&RunReport]) -> Result<(), Error> {
+pub fn write_json(path: &Path, reports: &[RunReport]) -> Result<(), Error> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     }

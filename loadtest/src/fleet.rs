@@ -35,7 +35,6 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::Serialize;
 use tokio::sync::watch;
 pub use weir_audio_consumer::DEFAULT_MAX_FRAME_AGE;
 use weir_audio_consumer::{
@@ -139,13 +138,11 @@ impl StreamHandler for Recogniser {
 }
 
 /// What the fleet saw, cumulatively (sums over its consumers).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct FleetSnapshot {
-    /// Distinct frames received in order (accepted by the consumers' sequence check):
-    /// `frames_fresh + stale_frames`.
+    /// Distinct frames received in order (accepted by the consumers' sequence check),
+    /// fresh and stale.
     pub frames_received: u64,
-    /// Of those, fresh frames: queued for the recogniser (the consumer core's `frames`).
-    pub frames_fresh: u64,
     /// Of those, frames the staleness guard dropped before the recogniser (older than
     /// `max_frame_age` at receipt), declared to it as `stale` gaps.
     pub stale_frames: u64,
@@ -178,8 +175,6 @@ pub struct FleetSnapshot {
     pub gap_frames: u64,
     /// Frames dropped by the consumers' own bound (recogniser behind).
     pub dropped_by_consumer: u64,
-    /// Producer `end` packets seen.
-    pub ends: u64,
     /// Streams by `Weir-End-Reason` of their end (`none` = no header; `missing` = no
     /// end arrived), over the streams the consumers still retain.
     pub ends_by_reason: BTreeMap<String, u64>,
@@ -187,20 +182,14 @@ pub struct FleetSnapshot {
     pub streams_reaped_without_end: u64,
     /// Stream instances started.
     pub streams_seen: u64,
-    /// Undecodable packets.
-    pub decode_errors: u64,
     /// Slow-consumer events of the consumers' NATS clients.
     pub slow_consumer_events: u64,
-    /// `end` packets of streams no consumer was following.
-    pub orphan_ends: u64,
     /// Frames queued in the consumers now.
     pub pending_frames: u64,
     /// End-to-end latency (ingress accept → handled), whole run.
     pub latency_ms: Percentiles,
     /// Late deliveries and latency capture → handed to the handler.
     pub timeliness: TimelinessSummary,
-    /// Streams the consumers follow now (neither ended nor reaped).
-    pub streams_active: u64,
     /// The staleness guard the consumers ran with, ms (`None`: off).
     pub max_frame_age_ms: Option<u64>,
 }
@@ -322,7 +311,6 @@ impl Fleet {
             let t = &st.totals;
             let k = &t.counters;
             s.frames_received += k.frames + k.stale_frames;
-            s.frames_fresh += k.frames;
             s.stale_frames += k.stale_frames;
             s.frames_handled += k.frames_delivered;
             s.lost_frames += k.lost_frames;
@@ -337,14 +325,10 @@ impl Fleet {
             s.gap_frames += k.declared_gap_frames;
             s.dropped_by_consumer +=
                 k.frames_dropped_overload + k.frames_dropped_closed + k.frames_dropped_handler_gone;
-            s.ends += t.streams_end_seen;
             s.streams_reaped_without_end += t.streams_reaped;
             s.streams_seen += t.streams_started;
-            s.decode_errors += k.decode_errors;
             s.slow_consumer_events += t.slow_consumer_events;
-            s.orphan_ends += t.orphan_ends;
             s.pending_frames += t.pending_frames as u64;
-            s.streams_active += t.streams_active;
             for stream in &st.streams {
                 let reason = match (&stream.end_seen, &stream.end_reason) {
                     (true, Some(r)) => r.clone(),

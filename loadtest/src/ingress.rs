@@ -53,7 +53,7 @@ pub enum Design {
 
 /// The `/v1/stats` snapshot and the ready line: the ingress's own types
 /// (`weir_protocol::admin`), so the load test reads exactly what the service writes.
-pub use weir_protocol::admin::{FrameStats, IngressStats, ReadyLine, WindowStats};
+pub use weir_protocol::admin::{IngressStats, ReadyLine};
 
 /// Why the ingress could not be started or queried.
 #[derive(Debug, thiserror::Error)]

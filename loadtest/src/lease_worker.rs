@@ -144,8 +144,7 @@ pub async fn run(args: LeaseWorkerArgs) -> Result<(), Error> {
     write_line(&leases_log, &format!("S {}\n", unix_ms()));
     // Partition → revision, for the partitions held here.
     let mut seen: BTreeMap<u32, u64> = BTreeMap::new();
-    let mut tick = tokio::time::interval(LEASE_POLL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut tick = crate::scenario::ticker(LEASE_POLL);
     let lifetime = tokio::time::sleep(Duration::from_secs(args.max_lifetime_s));
     tokio::pin!(lifetime);
     let ctrl_c = tokio::signal::ctrl_c();
@@ -162,22 +161,17 @@ pub async fn run(args: LeaseWorkerArgs) -> Result<(), Error> {
         for l in consumer.leases() {
             let revision = l.revision.unwrap_or(0);
             // Only what this worker holds, and the moment it stops holding it.
-            let changed = match (seen.get(&l.partition), l.held) {
-                (Some(&rev), true) => rev != revision,
-                (None, true) | (Some(_), false) => true,
-                (None, false) => false,
+            let held = l.held.then_some(revision);
+            let before = match held {
+                Some(rev) => seen.insert(l.partition, rev),
+                None => seen.remove(&l.partition),
             };
-            if changed {
+            if before != held {
                 lines.push_str(&format!(
                     "L {now} {} {} {revision}\n",
                     l.partition,
                     u8::from(l.held)
                 ));
-                if l.held {
-                    seen.insert(l.partition, revision);
-                } else {
-                    seen.remove(&l.partition);
-                }
             }
         }
         if !lines.is_empty() {

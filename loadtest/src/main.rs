@@ -91,9 +91,8 @@ async fn session(cli: Cli) -> ExitCode {
         eprintln!("\ninterrupted: child processes stopped; writing what was measured");
     }
     let outputs = results.lock().map(|r| r.clone()).unwrap_or_default();
-    let reports: Vec<_> = outputs.iter().map(|o| &o.report).collect();
-    let owned: Vec<_> = reports.iter().map(|r| (*r).clone()).collect();
-    println!("{}", report::table(&owned));
+    let reports: Vec<_> = outputs.iter().map(|o| o.report.clone()).collect();
+    println!("{}", report::table(&reports));
     let mut ok = true;
     if let Some(path) = &cli.json {
         match app::write_json(path, &reports) {
@@ -105,7 +104,7 @@ async fn session(cli: Cli) -> ExitCode {
         }
     }
     if let Some(path) = &cli.markdown {
-        match std::fs::write(path, report::markdown(&owned)) {
+        match std::fs::write(path, report::markdown(&reports)) {
             Ok(()) => eprintln!("wrote {}", path.display()),
             Err(e) => {
                 eprintln!("cannot write {}: {e}", path.display());

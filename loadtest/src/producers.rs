@@ -4,7 +4,7 @@
 //! WebSocket per stream sending it as 20 ms µ-law chunks at 8 kHz ([`twilio`]).
 //!
 //! Cadence: each producer ticks on a `tokio::time::Interval` of 20 ms with
-//! [`MissedTickBehavior::Skip`]. A real capture device produces audio on its own clock;
+//! `MissedTickBehavior::Skip`. A real capture device produces audio on its own clock;
 //! when the *load generator* falls behind (its two cores are shared with the ingress,
 //! nats-server and the fleet), Skip keeps the schedule aligned to that clock and does
 //! not fire a catch-up burst the real source would not send. Skipped ticks are not
@@ -33,13 +33,13 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
 use rand::Rng;
 use serde::Serialize;
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 use weir_protocol::audio::FRAME_DURATION;
 
@@ -132,10 +132,6 @@ counters! {
         /// Messages in a carrier's dialect received from the server (`--transport twilio`:
         /// `media`, `mark`, `clear`, ...).
         carrier_events,
-        /// Sum of `frames_published` reported in `closed` events.
-        server_reported_published,
-        /// Sum of `frames_dropped` reported in `closed` events.
-        server_reported_dropped,
         /// Producers still running.
         active,
         /// Refused WebSocket attempts whose refusal carried a `Retry-After`.
@@ -153,8 +149,6 @@ counters! {
         /// Refused WebSocket attempts by the `error.code` of the refusal body
         /// (`no_capacity`, `overloaded`, ...; `none` without a readable body).
         refusal_codes: Mutex<BTreeMap<String, u64>>,
-        /// `closed` events by their `reason` (`producer`, `overload`, `no_capacity`, ...).
-        closed_reasons: Mutex<BTreeMap<String, u64>>,
         /// WebSocket attempts refused by HTTP status: connect → the refusal received, as
         /// the caller measures it.
         refusal_ms: LatencyHistogram,
@@ -166,20 +160,13 @@ impl ProducerCounters {
     /// channel); returns its `type` (`overload`, `gap`, `closed`, ...).
     pub(crate) fn count_event<'v>(&self, v: &'v serde_json::Value) -> Option<&'v str> {
         let kind = v.get("type").and_then(|t| t.as_str());
-        let n = |k: &str| v.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
-        let add = |c: &AtomicU64, n: u64| c.fetch_add(n, Ordering::Relaxed);
-        match kind {
-            Some("overload") => add(&self.overload_events, 1),
-            Some("gap") => add(&self.gap_events, 1),
-            Some("closed") => {
-                let reason = v.get("reason").and_then(|r| r.as_str()).unwrap_or("none");
-                bump(&self.closed_reasons, reason.to_owned());
-                add(&self.server_reported_published, n("frames_published"));
-                add(&self.server_reported_dropped, n("frames_dropped"));
-                add(&self.closed_events, 1)
-            }
-            _ => 0,
+        let counter = match kind {
+            Some("overload") => &self.overload_events,
+            Some("gap") => &self.gap_events,
+            Some("closed") => &self.closed_events,
+            _ => return kind,
         };
+        counter.fetch_add(1, Ordering::Relaxed);
         kind
     }
 }
@@ -191,14 +178,10 @@ pub fn start(
     counters: Arc<ProducerCounters>,
 ) -> tokio::task::JoinSet<()> {
     let mut set = tokio::task::JoinSet::new();
-    let mut rng = rand::rng();
     let streams = config.ids.len();
     let vanish_count = ((streams as f64) * config.vanish_share.clamp(0.0, 1.0)).round() as usize;
-    // A handful of distinct clips, shared (Bytes) between streams, each encoded for the
-    // transport once, here.
-    let clips: Vec<SpeechClip> = (0..8)
-        .map(|i| SpeechClip::render(clip_seed + i, 150))
-        .collect();
+    // Each clip encoded for the transport once, here.
+    let clips = clips(clip_seed);
     let encoded: Vec<Option<Encoded>> = clips
         .iter()
         .map(|c| match config.transport {
@@ -220,10 +203,7 @@ pub fn start(
     // The run starts once the clips are ready (rendering and encoding them is not part
     // of any stream's time).
     let start = Instant::now();
-    let spread_ms = config.start_spread.as_millis().max(1) as u64;
-    for index in 0..streams {
-        let offset = Duration::from_millis(rng.random_range(0..spread_ms))
-            + Duration::from_micros(rng.random_range(0..20_000));
+    for (index, offset) in start_offsets(streams, config.start_spread).enumerate() {
         let stream = Producer {
             index,
             config: config.clone(),
@@ -246,6 +226,22 @@ pub fn start(
         });
     }
     set
+}
+
+/// A handful of distinct clips from `seed`, shared (`Bytes`) between streams.
+pub(crate) fn clips(seed: u64) -> Vec<SpeechClip> {
+    (0..8).map(|i| SpeechClip::render(seed + i, 150)).collect()
+}
+
+/// `n` random start offsets within `spread`, each with a random phase inside one frame
+/// (so that N streams do not all send in the same millisecond).
+pub(crate) fn start_offsets(n: usize, spread: Duration) -> impl Iterator<Item = Duration> {
+    let spread_ms = spread.as_millis().max(1) as u64;
+    let mut rng = rand::rng();
+    (0..n).map(move |_| {
+        Duration::from_millis(rng.random_range(0..spread_ms))
+            + Duration::from_micros(rng.random_range(0..20_000))
+    })
 }
 
 /// A clip as the transport sends it, encoded once before the run.
@@ -301,16 +297,22 @@ pub(crate) async fn read_server(
     }
 }
 
+/// What the reader of a WebSocket stream tells its sender.
+#[derive(Default)]
+struct ReaderFlags {
+    /// Set when the server ended the stream (overload, `no_capacity`, close frame,
+    /// error or EOF).
+    server_done: AtomicBool,
+    /// Set when a `closed` event's reason was `no_capacity`.
+    no_capacity: AtomicBool,
+    /// Notified on the `closed` event, and when the stream is over for the server.
+    got_closed_event: tokio::sync::Notify,
+}
+
 /// The reader of a WebSocket stream: it counts server events and tells the sender to
 /// stop when the server ends the stream.
 struct WsReader {
-    /// Set when the server ended the stream (overload, `no_capacity`, close frame,
-    /// error or EOF).
-    server_done: Arc<AtomicBool>,
-    /// Set when a `closed` event's reason was `no_capacity`.
-    no_capacity: Arc<AtomicBool>,
-    /// Notified on the `closed` event, and when the stream is over for the server.
-    got_closed_event: Arc<tokio::sync::Notify>,
+    flags: Arc<ReaderFlags>,
     /// The task; it returns the last `overload` event's `retry_after_ms` (zero
     /// without).
     task: tokio::task::JoinHandle<Duration>,
@@ -318,44 +320,33 @@ struct WsReader {
 
 impl WsReader {
     fn spawn(source: WsSource, counters: Arc<ProducerCounters>) -> Self {
-        let server_done = Arc::new(AtomicBool::new(false));
-        let no_capacity = Arc::new(AtomicBool::new(false));
-        let got_closed_event = Arc::new(tokio::sync::Notify::new());
-        let task = {
-            let server_done = server_done.clone();
-            let no_capacity = no_capacity.clone();
-            let got_closed_event = got_closed_event.clone();
-            tokio::spawn(async move {
-                let mut retry_hint = Duration::ZERO;
-                read_server(source, &counters, |v| match counters.count_event(&v) {
-                    Some("overload") => {
-                        if let Some(ms) = v.get("retry_after_ms").and_then(|x| x.as_u64()) {
-                            retry_hint = Duration::from_millis(ms);
-                        }
-                        server_done.store(true, Ordering::Relaxed);
+        let flags = Arc::new(ReaderFlags::default());
+        let f = flags.clone();
+        let task = tokio::spawn(async move {
+            let mut retry_hint = Duration::ZERO;
+            read_server(source, &counters, |v| match counters.count_event(&v) {
+                Some("overload") => {
+                    if let Some(ms) = v.get("retry_after_ms").and_then(|x| x.as_u64()) {
+                        retry_hint = Duration::from_millis(ms);
                     }
-                    Some("closed") => {
-                        if v["reason"] == "no_capacity" {
-                            no_capacity.store(true, Ordering::Relaxed);
-                            server_done.store(true, Ordering::Relaxed);
-                        }
-                        got_closed_event.notify_one()
+                    f.server_done.store(true, Ordering::Relaxed);
+                }
+                Some("closed") => {
+                    if v["reason"] == "no_capacity" {
+                        f.no_capacity.store(true, Ordering::Relaxed);
+                        f.server_done.store(true, Ordering::Relaxed);
                     }
-                    _ => {}
-                })
-                .await;
-                // The stream is over for the server (close frame, error or EOF).
-                server_done.store(true, Ordering::Relaxed);
-                got_closed_event.notify_one();
-                retry_hint
+                    f.got_closed_event.notify_one()
+                }
+                _ => {}
             })
-        };
-        Self {
-            server_done,
-            no_capacity,
-            got_closed_event,
-            task,
-        }
+            .await;
+            // The stream is over for the server (close frame, error or EOF).
+            f.server_done.store(true, Ordering::Relaxed);
+            f.got_closed_event.notify_one();
+            retry_hint
+        });
+        Self { flags, task }
     }
 }
 
@@ -432,9 +423,12 @@ impl Producer {
         };
         let reader = WsReader::spawn(source, self.counters.clone());
         let (ended_early, sent_here) = self
-            .send_ticks(&mut sink, &reader.server_done, frame_index, |_, _, _, i| {
-                Message::Binary(self.clip.frame(i))
-            })
+            .send_ticks(
+                &mut sink,
+                &reader.flags.server_done,
+                frame_index,
+                |_, _, _, i| Message::Binary(self.clip.frame(i)),
+            )
             .await;
         if ended_early {
             self.ws_ended_early(sink, reader, sent_here).await
@@ -449,7 +443,7 @@ impl Producer {
                 self.counters.ended.fetch_add(1, Ordering::Relaxed);
             }
             // Wait (bounded) for the server's `closed` event or close frame.
-            let _ = tokio::time::timeout(END_GRACE, reader.got_closed_event.notified()).await;
+            let _ = tokio::time::timeout(END_GRACE, reader.flags.got_closed_event.notified()).await;
             let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
             let _ = tokio::time::timeout(Duration::from_secs(1), reader.task).await;
             ConnectionEnd::Finished
@@ -497,8 +491,7 @@ impl Producer {
         frame_index: &mut u64,
         mut message: impl FnMut(Instant, Instant, u64, u64) -> Message,
     ) -> (bool, u64) {
-        let mut interval = tokio::time::interval(FRAME_DURATION);
-        interval.set_missed_tick_behavior(MissedTickBehavior::Skip);
+        let mut interval = crate::scenario::ticker(FRAME_DURATION);
         let began = Instant::now();
         let mut sent_here: u64 = 0;
         let mut ended_early = false;
@@ -551,7 +544,7 @@ impl Producer {
             .ok()
             .and_then(Result::ok)
             .unwrap_or(Duration::ZERO);
-        if reader.no_capacity.load(Ordering::Relaxed) {
+        if reader.flags.no_capacity.load(Ordering::Relaxed) {
             self.counters
                 .ended_no_capacity
                 .fetch_add(1, Ordering::Relaxed);

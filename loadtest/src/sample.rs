@@ -1,8 +1,7 @@
 //! Time series captured every 100 ms during a run, and their summary.
 //!
-//! One [`Sample`] per tick: what the ingress reported on `/v1/stats`, its RSS and CPU
-//! time from `/proc`, what the producers and the fleet counted, and whether a fault was
-//! active. A poll that failed or timed out leaves the ingress fields `None` — it is
+//! One [`Sample`] per tick: what the ingress reported on `/v1/stats`, its RSS from
+//! `/proc`, what the producers and the fleet counted, and whether a fault was active. A poll that failed or timed out leaves the ingress fields `None` — it is
 //! never replaced by zeros, so a stuck ingress shows up as a hole in the series, not as
 //! "nothing pending".
 
@@ -27,16 +26,8 @@ pub struct IngressSample {
     pub pending_frames: u64,
     /// Age of the oldest frame held, ms.
     pub oldest_frame_age_ms: f64,
-    /// Cumulative queue wait p99, ms.
-    pub queue_wait_p99_ms: f64,
     /// Tokio tasks alive.
     pub tasks_alive: u64,
-    /// Streams open.
-    pub active_streams: u64,
-    /// Frames read from producers so far.
-    pub frames_offered: u64,
-    /// Frames handed to NATS so far.
-    pub frames_published: u64,
     /// NATS connection up.
     pub nats_connected: bool,
     /// Bytes handed to the NATS client and not yet confirmed by the server (`None` on an
@@ -75,11 +66,7 @@ impl From<&IngressStats> for IngressSample {
             pending_bytes: s.pending_bytes,
             pending_frames: s.pending_frames,
             oldest_frame_age_ms: s.oldest_frame_age_ms,
-            queue_wait_p99_ms: s.queue_wait_ms.p99,
             tasks_alive: s.tasks_alive,
-            active_streams: s.active_streams,
-            frames_offered: s.frames.offered,
-            frames_published: s.frames.published,
             nats_connected: s.nats_connected,
             unconfirmed_bytes: s.window.as_ref().map(|w| w.unconfirmed_bytes),
             window_limit_bytes: s.window.as_ref().map(|w| w.limit_bytes),
@@ -98,8 +85,6 @@ pub struct Sample {
     pub ingress: Option<IngressSample>,
     /// Ingress RSS in bytes.
     pub rss_bytes: Option<u64>,
-    /// Ingress CPU time so far, seconds.
-    pub ingress_cpu_s: Option<f64>,
     /// Frames written by producers so far.
     pub frames_sent: u64,
     /// Frames received by the fleet so far.

@@ -207,14 +207,6 @@ pub struct LlmRun {
     streamed: bool,
 }
 
-impl std::fmt::Debug for LlmRun {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LlmRun")
-            .field("factor", &self.factor)
-            .finish_non_exhaustive()
-    }
-}
-
 async fn connect(url: &str) -> Result<async_nats::Client, Error> {
     async_nats::ConnectOptions::new()
         .connection_timeout(Duration::from_millis(500))

@@ -32,14 +32,6 @@ counters! {
     struct Counters;
     /// What the naive recognisers saw.
     pub struct NaiveAsrSnapshot {
-        /// Streams seen (first packet of an unknown stream id).
-        streams,
-        /// Frames received.
-        frames,
-        /// `end` packets received.
-        ends,
-        /// Undecodable packets.
-        decode_errors,
         /// Frames in the RAM buffers now (received, not yet started by the GPU).
         buffered_frames,
         /// Most frames the RAM buffers held at once.
@@ -146,12 +138,8 @@ async fn worker(
         let Some(stream) = msg.subject.as_str().rsplit('.').next().map(str::to_owned) else {
             continue;
         };
-        let packet = match decode(&msg.payload, &opts) {
-            Ok(p) => p,
-            Err(_) => {
-                counters.decode_errors.fetch_add(1, Ordering::Relaxed);
-                continue;
-            }
+        let Ok(packet) = decode(&msg.payload, &opts) else {
+            continue;
         };
         let header_capture = msg
             .headers
@@ -160,22 +148,17 @@ async fn worker(
             .and_then(|v| v.as_str().parse::<u64>().ok());
         let item = match packet.body {
             PacketBody::Frame { .. } => {
-                counters.frames.fetch_add(1, Ordering::Relaxed);
                 let now = counters.buffered_frames.fetch_add(1, Ordering::Relaxed) + 1;
                 counters
                     .buffered_frames_max
                     .fetch_max(now, Ordering::Relaxed);
                 Item::Frame(packet.captured_at_ms.or(header_capture))
             }
-            PacketBody::End => {
-                counters.ends.fetch_add(1, Ordering::Relaxed);
-                Item::End
-            }
+            PacketBody::End => Item::End,
             PacketBody::Gap(_) => continue,
         };
         let is_end = matches!(item, Item::End);
         let tx = buffers.entry(stream.clone()).or_insert_with(|| {
-            counters.streams.fetch_add(1, Ordering::Relaxed);
             let (tx, rx) = mpsc::unbounded_channel();
             streams.spawn(feed(rx, gpu.clone(), meter.clone(), counters.clone()));
             tx

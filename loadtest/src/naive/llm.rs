@@ -6,9 +6,9 @@
 //! a caller that gave up is not noticed — the work is done anyway.
 //!
 //! It runs in-process over the same simulated backend as weir's adapter, so the two
-//! fronts differ only by design. The deadline header is *read* here only to measure
-//! `started_after_deadline` (and handed to the simulated backend, which counts the same
-//! thing independently); it changes nothing in the behaviour.
+//! fronts differ only by design. The deadline header is *read* here only to hand it to
+//! the simulated backend, which counts `started_after_deadline`; it changes nothing in
+//! the behaviour.
 //!
 //! Invariant: `in_flight` is incremented when a task is spawned and decremented exactly
 //! once when it ends, by the drop of its `InFlight` guard.
@@ -29,14 +29,6 @@ use crate::timeliness::unix_ms;
 /// Counters of the naive front.
 #[derive(Debug, Default)]
 pub struct NaiveLlmStats {
-    /// Request messages received.
-    pub offered: AtomicU64,
-    /// Replies with a result.
-    pub completed: AtomicU64,
-    /// Backend errors replied.
-    pub failed: AtomicU64,
-    /// Inferences started after the request's deadline.
-    pub started_after_deadline: AtomicU64,
     /// Tasks alive (waiting or running).
     pub in_flight: AtomicU64,
     /// Most tasks alive at once.
@@ -104,7 +96,6 @@ impl NaiveLlmFront {
         let s = stats.clone();
         let task = tokio::spawn(async move {
             while let Some(msg) = sub.next().await {
-                s.offered.fetch_add(1, Ordering::Relaxed);
                 let guard = InFlight::new(&s);
                 let (s, semaphore, client, backend) = (
                     s.clone(),
@@ -121,9 +112,6 @@ impl NaiveLlmFront {
                     };
                     let started = Instant::now();
                     s.queue_wait.record(started - received);
-                    if deadline.is_some_and(|d| started >= d) {
-                        s.started_after_deadline.fetch_add(1, Ordering::Relaxed);
-                    }
                     let result = backend
                         .call(BackendRequest {
                             body: msg.payload.clone(),
@@ -147,12 +135,8 @@ impl NaiveLlmFront {
                         format!("{:.3}", inference.as_secs_f64() * 1000.0).as_str(),
                     );
                     let body = match result {
-                        Ok(r) => {
-                            s.completed.fetch_add(1, Ordering::Relaxed);
-                            r.body
-                        }
+                        Ok(r) => r.body,
                         Err(e) => {
-                            s.failed.fetch_add(1, Ordering::Relaxed);
                             h.insert(headers::ERROR_CODE, "backend_error");
                             h.insert(headers::NATS_SERVICE_ERROR_CODE, "500");
                             h.insert(headers::NATS_SERVICE_ERROR, e.message());

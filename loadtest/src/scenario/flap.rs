@@ -6,14 +6,9 @@
 //! 20 ms cadence for `--duration` ([`DEFAULT_DURATION`]); each call's connection is cut
 //! (SO_LINGER 0 and drop: a TCP RST, no close) every `--flap-every`
 //! ([`DEFAULT_FLAP_EVERY`]), the calls' cuts spread evenly over one period
-//! ([`producer`]). Three designs run one after the other, each on a fresh nats-server
-//! and ingress, with the same calls:
-//!
-//! | design | ingress | reconnect |
-//! |---|---|---|
-//! | `naive` | `loadtest naive-ingress` (task per frame) | a fresh open of the same id |
-//! | `weir-no-resume` | `audio-ingress serve --set resume_window_ms=0` | a fresh open of the same id: a new stream instance, `seq` from 1 |
-//! | `weir-resume` | `audio-ingress serve` (resume on, its default window) | `resume_token`, `last_seq`, `next_seq` |
+//! ([`producer`]). Three designs ([`FlapDesign`]; docs/loadtest.md, "Producers that
+//! flap") run one after the other, each on a fresh nats-server and ingress, with the
+//! same calls.
 //!
 //! The consumer is the wire audit ([`audit`]): every packet on `weir.audio.>`, per
 //! call, held against what its producer offered — published + declared lost =
@@ -37,9 +32,12 @@ use std::time::Duration;
 
 use serde::Serialize;
 use tokio::time::Instant;
+use weir_audio_ingress::metrics::{
+    RESUME_PARKED_ENDED_TOTAL, RESUME_PARKED_TOTAL, RESUME_SECONDS, RESUMES_TOTAL,
+};
 
 use crate::error::Error;
-use crate::ingress::{Design, IngressProcess, label, samples};
+use crate::ingress::{Design, label, samples};
 use crate::report::{CpuReport, RunReport};
 use crate::scenario::run::{CpuStart, Env, RunNats, RunOutput, ScenarioIngress, spawn_ingress};
 use audit::{AuditTotals, WireAudit};
@@ -57,14 +55,6 @@ pub const DEFAULT_FLAP_EVERY: Duration = Duration::from_secs(10);
 pub const DRAIN_MAX: Duration = Duration::from_secs(10);
 /// The target: resume p99 at most this, ms.
 pub const RESUME_TARGET_MS: f64 = 250.0;
-/// The door's resume histogram (upgrade received → first frame admitted).
-pub const RESUME_HISTOGRAM: &str = weir_audio_ingress::metrics::RESUME_SECONDS;
-/// The door's resume outcomes.
-pub const RESUMES_TOTAL: &str = weir_audio_ingress::metrics::RESUMES_TOTAL;
-/// Streams the door parked (their connection dropped).
-pub const PARKED_TOTAL: &str = weir_audio_ingress::metrics::RESUME_PARKED_TOTAL;
-/// Parked streams that ended without a resume, by reason.
-pub const PARKED_ENDED_TOTAL: &str = weir_audio_ingress::metrics::RESUME_PARKED_ENDED_TOTAL;
 /// What the audit subscribes to.
 pub const AUDIT_SUBJECT: &str = "weir.audio.>";
 
@@ -279,10 +269,24 @@ pub async fn run_design(
         + producer::CONNECT_TIMEOUT
         + producer::END_GRACE
         + Duration::from_secs(5);
-    let (mut offered, mut notes) = join_calls(calls, deadline, env.quiet, || {
-        progress(&label, start, settings.duration, &counters, &audit)
+    let mut tick = crate::scenario::ticker(Duration::from_secs(1));
+    let (ended, late) = crate::scenario::join_ticking(calls, deadline, &mut tick, || {
+        if !env.quiet {
+            let line = progress(&label, start, settings.duration, &counters, &audit);
+            crate::scenario::progress(&line);
+        }
     })
     .await;
+    let (mut offered, mut notes) = (Vec::with_capacity(ended.len()), Vec::new());
+    for call in ended {
+        match call {
+            Ok(o) => offered.push((o.id, o.offered)),
+            Err(e) => notes.push(format!("a call's task failed: {e}")),
+        }
+    }
+    if late {
+        notes.push("some calls had not finished in time and were aborted".into());
+    }
     let cpu = cpu0.used(&ingress, &nats, start.elapsed());
     if !env.quiet {
         crate::scenario::clear_progress();
@@ -295,7 +299,13 @@ pub async fn run_design(
             DRAIN_MAX.as_secs()
         ));
     }
-    let metrics = door_metrics(design, &ingress, &mut notes).await;
+    // The door's `/metrics` (none for the naive ingress; when unreadable, a note).
+    let metrics = match design {
+        FlapDesign::Naive => None,
+        _ => (ingress.metrics().await)
+            .map_err(|e| notes.push(format!("cannot read the ingress's /metrics: {e}")))
+            .ok(),
+    };
     let wall = start.elapsed();
     ingress.stop().await;
     offered.sort();
@@ -346,78 +356,14 @@ fn output(
     }
 }
 
-/// Waits for every call (at most until `deadline`, then aborts the rest), printing
-/// `progress()` once a second unless `quiet`. Returns what each finished call offered,
-/// and notes on calls that failed or were aborted.
-async fn join_calls(
-    mut calls: tokio::task::JoinSet<producer::CallOutcome>,
-    deadline: Instant,
-    quiet: bool,
-    progress: impl Fn() -> String,
-) -> (Vec<(String, u64)>, Vec<String>) {
-    let mut offered: Vec<(String, u64)> = Vec::with_capacity(calls.len());
-    let mut notes = Vec::new();
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    loop {
-        tokio::select! {
-            next = calls.join_next() => match next {
-                Some(Ok(o)) => offered.push((o.id, o.offered)),
-                Some(Err(e)) => notes.push(format!("a call's task failed: {e}")),
-                None => break,
-            },
-            _ = tick.tick() => {
-                if !quiet {
-                    let line = progress();
-                    crate::scenario::progress(&line);
-                }
-            }
-            _ = tokio::time::sleep_until(deadline) => {
-                notes.push("some calls had not finished in time and were aborted".into());
-                calls.abort_all();
-                break;
-            }
-        }
-    }
-    (offered, notes)
-}
-
 /// Drains: waits until the wire has been quiet for 1 s and `calls` ends are in, at
 /// most [`DRAIN_MAX`]. Returns whether it settled.
 async fn drain(audit: &WireAudit, calls: u64) -> bool {
-    let drain_deadline = Instant::now() + DRAIN_MAX;
-    let (mut last, mut stable) = (u64::MAX, 0);
-    loop {
-        if Instant::now() >= drain_deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let packets = audit.packets();
-        stable = if packets == last { stable + 1 } else { 0 };
-        last = packets;
-        if stable >= 10 && audit.ends() >= calls {
-            return true;
-        }
-    }
-}
-
-/// The door's `/metrics` text (`None` for the naive ingress, or when unreadable: then
-/// a note says why).
-async fn door_metrics(
-    design: FlapDesign,
-    ingress: &IngressProcess,
-    notes: &mut Vec<String>,
-) -> Option<String> {
-    match design {
-        FlapDesign::Naive => None,
-        _ => match ingress.metrics().await {
-            Ok(m) => Some(m),
-            Err(e) => {
-                notes.push(format!("cannot read the ingress's /metrics: {e}"));
-                None
-            }
-        },
-    }
+    let deadline = Instant::now() + DRAIN_MAX;
+    crate::scenario::until_stable(deadline, Duration::from_millis(100), 10, async || {
+        (audit.packets(), audit.ends() >= calls)
+    })
+    .await
 }
 
 /// The design's figures (pure).
@@ -430,13 +376,14 @@ pub fn figures(
     metrics: Option<&str>,
     cpu: CpuReport,
 ) -> FlapReport {
-    let server_resume = metrics.and_then(|m| histogram(m, RESUME_HISTOGRAM));
+    let server_resume = metrics.and_then(|m| histogram(m, RESUME_SECONDS));
     let server_resumes_by_outcome = metrics
         .map(|m| counter_by_label(m, RESUMES_TOTAL, "outcome"))
         .unwrap_or_default();
-    let server_parked = metrics.and_then(|m| crate::scenario::asr::churn::gauge(m, PARKED_TOTAL));
+    let server_parked =
+        metrics.and_then(|m| crate::scenario::asr::churn::gauge(m, RESUME_PARKED_TOTAL));
     let server_parked_ended = metrics
-        .map(|m| counter_by_label(m, PARKED_ENDED_TOTAL, "reason"))
+        .map(|m| counter_by_label(m, RESUME_PARKED_ENDED_TOTAL, "reason"))
         .unwrap_or_default();
     let resume_p99_within_target =
         (producers.resume_ms.count > 0).then_some(producers.resume_ms.p99 <= RESUME_TARGET_MS);
@@ -483,7 +430,7 @@ pub fn flap_notes(f: &FlapReport) -> Vec<String> {
     }
     if f.design == FlapDesign::WeirResume && f.server_resume.is_none() {
         notes.push(format!(
-            "the ingress's /metrics has no {RESUME_HISTOGRAM} histogram"
+            "the ingress's /metrics has no {RESUME_SECONDS} histogram"
         ));
     }
     if f.cpu.wall_s > 0.0 && f.cpu.other_s / f.cpu.wall_s > 0.25 {
@@ -550,7 +497,7 @@ mod tests {
 
     #[test]
     fn the_doors_histogram_reads_as_bucket_bounds() {
-        let h = histogram(METRICS, RESUME_HISTOGRAM).unwrap();
+        let h = histogram(METRICS, RESUME_SECONDS).unwrap();
         assert_eq!(h.count, 100);
         assert_eq!(h.p50_le_ms, Some(20.0), "the 50th is in (5, 20] ms");
         assert_eq!(h.p99_le_ms, Some(50.0));
@@ -568,7 +515,7 @@ mod tests {
     fn an_empty_histogram_has_no_percentiles() {
         let h = histogram(
             "weir_ingress_resume_seconds_bucket{le=\"+Inf\"} 0\nweir_ingress_resume_seconds_count 0\n",
-            RESUME_HISTOGRAM,
+            RESUME_SECONDS,
         )
         .unwrap();
         assert_eq!((h.count, h.p99_le_ms, h.mean_ms), (0, None, None));

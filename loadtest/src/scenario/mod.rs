@@ -1,20 +1,7 @@
 //! Scenarios: what each one injects and for how long — pure plans, no I/O.
 //!
-//! | scenario        | producers                          | fault                                          |
-//! |-----------------|------------------------------------|------------------------------------------------|
-//! | `steady`        | N streams, `end` at the stop time  | none                                           |
-//! | `nats-pause`    | same                               | nats-server SIGSTOPped for `--pause` s         |
-//! | `backend-pause` | same, plus LLM requests            | recognisers and LLM backend stall `--pause` s  |
-//! | `nats-restart`  | same                               | nats-server killed, restarted after `--pause` s|
-//! | `no-end`        | half the streams vanish, no `end`  | none                                           |
-//! | `llm-overload`  | same, plus LLM requests at k × cap | none                                           |
-//! | `backend-stall` | same, plus LLM requests at 1.5 × the pool's capacity | one of 3 LLM backends stalls at t = 10 s for `--pause` s (10) |
-//! | `ceiling`       | ramp of stream counts              | none (see [`ceiling`])                         |
-//! | `worker-failover` | N streams straight to NATS, lease workers on 3 nodes | worker process SIGKILLed, restarted (see [`failover`]) |
-//! | `node-failover` | same                               | the KV leader node SIGKILLed, restarted        |
-//! | `asr-shortfall` | 20 calls, GPU fleet of 12 slots, 3 designs | none: capacity below the offered calls (see [`asr`]) |
-//! | `asr-churn`     | calls and probes, weir-on          | a worker process SIGKILLed, another added      |
-//! | `producer-flap` | 1,000 calls, 3 designs             | every call's TCP connection cut (RST) every 10 s, reconnect at once (see [`flap`]) |
+//! What each scenario does is in docs/loadtest.md ("Scenarios"); [`ceiling`],
+//! [`failover`], [`asr`] and [`flap`] have runners of their own.
 //!
 //! Faults start [`FAULT_AT`] after the producers ([`BACKEND_STALL_AT`] for
 //! `backend-stall`), and the run keeps sending for at least
@@ -32,8 +19,11 @@ pub mod run;
 use std::io::IsTerminal;
 use std::time::Duration;
 
-use crate::error::{Error, usage};
 use clap::ValueEnum;
+use tokio::task::{JoinError, JoinSet};
+use tokio::time::{Instant, Interval, MissedTickBehavior};
+
+use crate::error::{Error, usage};
 use serde::Serialize;
 use weir_protocol::WireName;
 
@@ -51,6 +41,60 @@ pub(crate) fn progress(line: &str) {
 pub(crate) fn clear_progress() {
     if std::io::stderr().is_terminal() {
         eprint!("\r{:<130}\r", "");
+    }
+}
+
+/// An interval of `period` that skips missed ticks instead of bursting to catch up.
+pub(crate) fn ticker(period: Duration) -> Interval {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    tick
+}
+
+/// Polls every `period` until `deadline`; `poll` returns a count and whether everything
+/// else has settled. Settled (`true`) once the count stayed the same for `polls` polls
+/// in a row while everything else had settled.
+pub(crate) async fn until_stable(
+    deadline: Instant,
+    period: Duration,
+    polls: u32,
+    mut poll: impl AsyncFnMut() -> (u64, bool),
+) -> bool {
+    let (mut last, mut same) = (u64::MAX, 0);
+    while Instant::now() < deadline {
+        tokio::time::sleep(period).await;
+        let (count, settled) = poll().await;
+        same = if count == last { same + 1 } else { 0 };
+        last = count;
+        if same >= polls && settled {
+            return true;
+        }
+    }
+    false
+}
+
+/// Joins every task of `set`, calling `on_tick` on each tick meanwhile; at `deadline`
+/// the rest are aborted. Returns the results of the tasks that ended, and whether some
+/// were aborted.
+pub(crate) async fn join_ticking<T: 'static>(
+    mut set: JoinSet<T>,
+    deadline: Instant,
+    tick: &mut Interval,
+    mut on_tick: impl FnMut(),
+) -> (Vec<Result<T, JoinError>>, bool) {
+    let mut ended = Vec::with_capacity(set.len());
+    loop {
+        tokio::select! {
+            next = set.join_next() => match next {
+                Some(r) => ended.push(r),
+                None => return (ended, false),
+            },
+            _ = tick.tick() => on_tick(),
+            _ = tokio::time::sleep_until(deadline) => {
+                set.abort_all();
+                return (ended, true);
+            }
+        }
     }
 }
 
@@ -110,21 +154,6 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    /// Whether the scenario runs lease workers on a cluster ([`failover`]).
-    pub fn is_failover(self) -> bool {
-        matches!(self, Self::WorkerFailover | Self::NodeFailover)
-    }
-
-    /// Whether the scenario models recognisers as GPU time ([`asr`]).
-    pub fn is_asr(self) -> bool {
-        matches!(self, Self::AsrShortfall | Self::AsrChurn)
-    }
-
-    /// Whether the scenario is `producer-flap` ([`flap`]).
-    pub fn is_flap(self) -> bool {
-        matches!(self, Self::ProducerFlap)
-    }
-
     /// The concrete scenarios a selection stands for.
     pub fn expand(self) -> Vec<Scenario> {
         match self {

@@ -503,30 +503,14 @@ async fn drain(
     deadline: Instant,
     reap_wait: Instant,
 ) -> bool {
-    let mut last_received = u64::MAX;
-    let mut stable = 0;
-    while Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let pending = ingress
-            .stats()
-            .await
-            .map(|s| s.pending_frames)
-            .unwrap_or(u64::MAX);
-        let received = fleet.frames_received();
-        stable = if received == last_received {
-            stable + 1
-        } else {
-            0
-        };
-        last_received = received;
-        let llm_idle = llm.is_none_or(|l| l.idle());
+    super::until_stable(deadline, Duration::from_millis(100), 3, async || {
+        let pending = ingress.stats().await.map_or(u64::MAX, |s| s.pending_frames);
         // Every stream ended or reaped, or the reaper had its chance.
         let streams_settled = fleet.streams_active() == 0 || Instant::now() >= reap_wait;
-        if pending == 0 && stable >= 3 && llm_idle && streams_settled {
-            return true;
-        }
-    }
-    false
+        let idle = pending == 0 && llm.is_none_or(|l| l.idle()) && streams_settled;
+        (fleet.frames_received(), idle)
+    })
+    .await
 }
 
 /// Step 7, the end: stops the LLM side, the fleet, the ingress and the embedded

@@ -129,7 +129,7 @@ pub async fn run_design(
     let start = Instant::now();
     let counters = Arc::new(ProducerCounters::default());
     let spread = Duration::from_millis((streams as u64).clamp(20, 1000));
-    let mut producer_set = producers::start(
+    let producer_set = producers::start(
         calls(
             &ingress,
             settings,
@@ -144,27 +144,31 @@ pub async fn run_design(
     let deadline =
         start + settings.duration + spread + producers::END_GRACE + Duration::from_secs(5);
     let mut samples = Vec::new();
-    let mut tick = tokio::time::interval(crate::sample::PERIOD);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    loop {
-        tokio::select! {
-            next = producer_set.join_next() => if next.is_none() { break },
-            _ = tick.tick() => {
-                samples.push(sample(start, &counters, &meter));
-                if !env.quiet && samples.len() % 10 == 0 {
-                    let line = progress(&label, start, settings.duration, &counters, &meter, &recognisers);
-                    crate::scenario::progress(&line);
-                }
-            }
-            _ = tokio::time::sleep_until(deadline) => {
-                notes.push("some producers had not finished in time and were aborted".into());
-                producer_set.abort_all();
-                break;
-            }
+    let mut tick = crate::scenario::ticker(crate::sample::PERIOD);
+    let (_, late) = crate::scenario::join_ticking(producer_set, deadline, &mut tick, || {
+        samples.push(sample(start, &counters, &meter));
+        if !env.quiet && samples.len() % 10 == 0 {
+            let line = progress(
+                &label,
+                start,
+                settings.duration,
+                &counters,
+                &meter,
+                &recognisers,
+            );
+            crate::scenario::progress(&line);
         }
+    })
+    .await;
+    if late {
+        notes.push("some producers had not finished in time and were aborted".into());
     }
-    drain(&mut tick, &recognisers, &meter, || {
-        samples.push(sample(start, &counters, &meter))
+    // Drains until the recognisers' backlog is zero and nothing new was handed over
+    // for 300 ms, at most DRAIN_MAX, sampling on.
+    let deadline = Instant::now() + DRAIN_MAX;
+    crate::scenario::until_stable(deadline, crate::sample::PERIOD, 3, async || {
+        samples.push(sample(start, &counters, &meter));
+        (meter.handed(), recognisers.backlog() == 0)
     })
     .await;
     if recognisers.backlog() > 0 {
@@ -253,29 +257,6 @@ pub(super) fn calls(
         start_spread: spread,
         transport: Transport::Ws,
         ids: Arc::new(ids),
-    }
-}
-
-/// Drains: on each `tick`, takes a sample (`sample()`) until the recognisers' backlog
-/// is zero and nothing new was handed over for 300 ms, at most [`DRAIN_MAX`].
-async fn drain(
-    tick: &mut tokio::time::Interval,
-    recognisers: &Recognisers,
-    meter: &AsrMeter,
-    mut sample: impl FnMut(),
-) {
-    let drain_deadline = Instant::now() + DRAIN_MAX;
-    let mut last = u64::MAX;
-    let mut stable = 0;
-    while Instant::now() < drain_deadline {
-        tick.tick().await;
-        sample();
-        let handed = meter.handed();
-        stable = if handed == last { stable + 1 } else { 0 };
-        last = handed;
-        if stable >= 3 && recognisers.backlog() == 0 {
-            break;
-        }
     }
 }
 

@@ -121,27 +121,17 @@ pub(super) fn instances(workers: &[WorkerProc]) -> Vec<Instance> {
         .collect()
 }
 
-pub(super) fn frames_bytes(workers: &[WorkerProc]) -> u64 {
-    workers
-        .iter()
-        .filter_map(|w| std::fs::metadata(&w.frames).ok())
-        .map(|m| m.len())
-        .sum()
-}
-
 /// Step 6: waits (at most [`DRAIN_MAX`]) until the workers' frame logs stop growing;
 /// returns whether they did.
 pub(super) async fn drain_logs(workers: &[WorkerProc]) -> bool {
-    let drain_deadline = Instant::now() + DRAIN_MAX;
-    let mut last = u64::MAX;
-    let mut stable = 0;
-    while Instant::now() < drain_deadline && stable < 3 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let b = frames_bytes(workers);
-        stable = if b == last { stable + 1 } else { 0 };
-        last = b;
-    }
-    stable >= 3
+    let deadline = Instant::now() + DRAIN_MAX;
+    crate::scenario::until_stable(deadline, Duration::from_millis(200), 3, async || {
+        let logs = workers
+            .iter()
+            .filter_map(|w| std::fs::metadata(&w.frames).ok());
+        (logs.map(|m| m.len()).sum(), true)
+    })
+    .await
 }
 
 /// Copies every worker log into `<keep>/<scenario>-<streams>-<start_ms>/`, with a

@@ -92,16 +92,24 @@ enum Cover {
 }
 
 impl Instance {
+    /// Remembers the seqs between the highest one and `seq` as holes (beyond
+    /// [`MAX_HOLES`] only counted in `holes_overflow`); the highest is then `seq - 1`.
+    fn holes_before(&mut self, seq: u64, holes_overflow: &mut u64) {
+        if seq <= self.max_seq + 1 {
+            return;
+        }
+        let missing = seq - self.max_seq - 1;
+        if self.holes.len() as u64 + missing > MAX_HOLES as u64 {
+            *holes_overflow += missing;
+        } else {
+            self.holes.extend(self.max_seq + 1..seq);
+        }
+        self.max_seq = seq - 1;
+    }
+
     fn cover(&mut self, seq: u64, holes_overflow: &mut u64) -> Cover {
         if seq > self.max_seq {
-            let missing = seq - self.max_seq - 1;
-            if missing > 0 {
-                if self.holes.len() as u64 + missing > MAX_HOLES as u64 {
-                    *holes_overflow += missing;
-                } else {
-                    self.holes.extend(self.max_seq + 1..seq);
-                }
-            }
+            self.holes_before(seq, holes_overflow);
             self.max_seq = seq;
             Cover::New
         } else if self.holes.remove(&seq) {
@@ -211,15 +219,7 @@ impl StreamAudit {
                 // The end names the instance's last seq: the seqs below it not seen yet
                 // are holes, so that a frame the end overtook is a late packet of this
                 // instance, not a new one.
-                if *seq > inst.max_seq + 1 {
-                    let missing = *seq - inst.max_seq - 1;
-                    if inst.holes.len() as u64 + missing > MAX_HOLES as u64 {
-                        self.holes_overflow += missing;
-                    } else {
-                        inst.holes.extend(inst.max_seq + 1..*seq);
-                    }
-                    inst.max_seq = *seq - 1;
-                }
+                inst.holes_before(*seq, &mut self.holes_overflow);
                 inst.ended_at = Some(*seq);
             }
         }
@@ -469,11 +469,7 @@ impl WireAudit {
                         if let Ok(mut m) = s.audits.lock() {
                             match m.get_mut(stream) {
                                 Some(a) => a.observe(&seen),
-                                None => {
-                                    let mut a = StreamAudit::default();
-                                    a.observe(&seen);
-                                    m.insert(stream.to_owned(), a);
-                                }
+                                None => m.entry(stream.to_owned()).or_default().observe(&seen),
                             }
                         }
                     }

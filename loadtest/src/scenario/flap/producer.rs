@@ -7,20 +7,11 @@
 //! per tick for the whole call, whatever the connection does. Frame numbering follows
 //! the door's: the k-th frame the producer *offers* has seq k.
 //!
-//! - **The cut** is a socket-level kill: every connection has `SO_LINGER` 0, and the
-//!   producer drops it — the kernel answers with a TCP RST, no WebSocket close, no
-//!   FIN. What it wrote that the door had not read dies with the socket.
-//! - **The reconnect** starts at once. With resume, `GET /v1/streams/{id}?resume_token=T
-//!   &last_seq=A&next_seq=B` where `A` is the last seq the door confirmed (`ack`,
-//!   `resumed`) and `B` = frames offered + 1: the door declares `A+1 ..= B-1` minus
-//!   what it did take as one `resume` gap. Without resume (the naive ingress, or
-//!   `resume_window_ms = 0`), a fresh open of the same id: a new stream instance.
-//! - **Frames ticked during the handshake** are held (at most [`HANDSHAKE_BUFFER`]
-//!   frames, the whole connect timeout) and written right after the upgrade: they had
-//!   not been offered yet, so `B` already named them — the door numbers them `B, B+1,
-//!   ...` exactly as the producer does. If the attempt fails, they become offered and
-//!   lost, and the next attempt's `B` declares them. The producer never replays a frame
-//!   it offered.
+//! The cut (`SO_LINGER` 0, then drop: a TCP RST), the reconnect (a resume naming
+//! `last_seq` and `next_seq` = frames offered + 1, or a fresh open) and the frames held
+//! during a handshake (at most [`HANDSHAKE_BUFFER`], written right after the upgrade,
+//! numbered as `next_seq` named them) are described in docs/loadtest.md ("Producers
+//! that flap"). The producer never replays a frame it offered.
 //!
 //! Latencies: `reconnect_ms` is cut → `101 Switching Protocols`; `resume_ms` is cut →
 //! the `resumed` event (the door then stands ready for the next frame).
@@ -40,7 +31,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
-use rand::Rng;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_tungstenite::WebSocketStream;
@@ -178,15 +168,10 @@ pub fn start(
 ) -> tokio::task::JoinSet<CallOutcome> {
     let mut set = tokio::task::JoinSet::new();
     let start = Instant::now();
-    let mut rng = rand::rng();
-    let clips: Vec<SpeechClip> = (0..8)
-        .map(|i| SpeechClip::render(clip_seed + i, 150))
-        .collect();
-    let spread_ms = config.start_spread.as_millis().max(1) as u64;
+    let clips = crate::producers::clips(clip_seed);
     let calls = config.ids.len();
-    for (index, id) in config.ids.iter().enumerate() {
-        let offset = Duration::from_millis(rng.random_range(0..spread_ms))
-            + Duration::from_micros(rng.random_range(0..20_000));
+    let offsets = crate::producers::start_offsets(calls, config.start_spread);
+    for ((index, id), offset) in config.ids.iter().enumerate().zip(offsets) {
         let start_at = start + offset;
         let call = Call {
             id: id.clone(),
@@ -358,14 +343,8 @@ impl Call {
         let frame = self.clip.frame(self.clip_index);
         self.clip_index += 1;
         match &mut self.link {
-            Link::Up { ws, .. } => {
-                self.offered += 1;
-                self.counters.frames_offered.fetch_add(1, Ordering::Relaxed);
-                let sent =
-                    tokio::time::timeout(SEND_TIMEOUT, ws.send(Message::Binary(frame))).await;
-                if matches!(sent, Ok(Ok(()))) {
-                    self.counters.frames_written.fetch_add(1, Ordering::Relaxed);
-                } else {
+            Link::Up { .. } => {
+                if !self.write(frame).await {
                     self.lost_link();
                     return;
                 }
@@ -387,6 +366,22 @@ impl Call {
             }
             self.next_cut += self.flap_every;
         }
+    }
+
+    /// Offers `frame` on the live link; returns whether it was written (if not, the
+    /// link is broken).
+    async fn write(&mut self, frame: Bytes) -> bool {
+        let Link::Up { ws, .. } = &mut self.link else {
+            return false;
+        };
+        self.offered += 1;
+        self.counters.frames_offered.fetch_add(1, Ordering::Relaxed);
+        let sent = tokio::time::timeout(SEND_TIMEOUT, ws.send(Message::Binary(frame))).await;
+        let written = matches!(sent, Ok(Ok(())));
+        if written {
+            self.counters.frames_written.fetch_add(1, Ordering::Relaxed);
+        }
+        written
     }
 
     /// Offered frames no connection could take (the next resume declares them).
@@ -495,7 +490,7 @@ impl Call {
 
     /// The attempt upgraded: the frames held during the handshake go out first,
     /// numbered from the `next_seq` the attempt named.
-    async fn upgraded(&mut self, mut ws: Box<Ws>) {
+    async fn upgraded(&mut self, ws: Box<Ws>) {
         let now = Instant::now();
         let Link::Connecting {
             since,
@@ -530,36 +525,23 @@ impl Call {
             self.base = self.offered;
             self.last_seq = 0;
         }
-        let mut held = held.into_iter();
-        // Bounded by HANDSHAKE_BUFFER frames.
-        for frame in held.by_ref() {
-            self.offered += 1;
-            self.counters.frames_offered.fetch_add(1, Ordering::Relaxed);
-            let sent = tokio::time::timeout(SEND_TIMEOUT, ws.send(Message::Binary(frame))).await;
-            if !matches!(sent, Ok(Ok(()))) {
-                let rest = held.len() as u64;
-                self.counters.up.fetch_sub(1, Ordering::Relaxed);
-                self.counters
-                    .unplanned_drops
-                    .fetch_add(1, Ordering::Relaxed);
-                self.lose_frames(rest);
-                self.link = Link::Down {
-                    retry_at: Instant::now(),
-                    since: Some(Instant::now()),
-                };
-                self.connect();
-                return;
-            }
-            self.counters.frames_written.fetch_add(1, Ordering::Relaxed);
-            self.counters
-                .frames_after_handshake
-                .fetch_add(1, Ordering::Relaxed);
-        }
         self.link = Link::Up {
             ws,
             resume_since: if resuming { since } else { None },
             expect_next_seq: resuming.then_some(next_seq),
         };
+        let mut held = held.into_iter();
+        // Bounded by HANDSHAKE_BUFFER frames.
+        for frame in held.by_ref() {
+            if !self.write(frame).await {
+                self.lose_frames(held.len() as u64);
+                self.lost_link();
+                return;
+            }
+            self.counters
+                .frames_after_handshake
+                .fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// One event of the door; returns whether it was `closed`.
@@ -628,13 +610,10 @@ impl Call {
         if matches!(self.link, Link::Down { .. }) {
             self.connect();
         }
-        if let Link::Connecting { attempt, .. } = &mut self.link {
+        if matches!(self.link, Link::Connecting { .. }) {
             // The attempt has its own timeout (CONNECT_TIMEOUT).
-            let result = attempt.await;
-            match result {
-                Ok(ws) => self.upgraded(Box::new(ws)).await,
-                Err(why) => self.attempt_failed(why),
-            }
+            let attempted = link_event(&mut self.link).await;
+            self.on_link(attempted).await;
         }
         let Link::Up { ws, .. } = &mut self.link else {
             self.counters.end_failed.fetch_add(1, Ordering::Relaxed);

@@ -32,12 +32,10 @@ pub(super) struct SamplerInputs {
 /// Captures a sample every 100 ms until told to stop (or a hard cap of samples), and
 /// prints a progress line on stderr once per second.
 pub(super) async fn sampler(s: SamplerInputs, mut stop: tokio::sync::watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(sample::PERIOD);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut tick = crate::scenario::ticker(sample::PERIOD);
     // Hard cap: the run's duration plus 2 minutes of drain and grace.
     let cap =
         ((s.total + Duration::from_secs(120)).as_millis() / sample::PERIOD.as_millis()) as usize;
-    let cpu0 = s.ingress.cpu_time().unwrap_or_default();
     let mut oldest: (Option<f64>, Option<f64>) = (None, None);
     for n in 0..cap {
         tokio::select! {
@@ -64,10 +62,6 @@ pub(super) async fn sampler(s: SamplerInputs, mut stop: tokio::sync::watch::Rece
             t_s: s.start.elapsed().as_secs_f64(),
             ingress,
             rss_bytes: s.ingress.rss_bytes(),
-            ingress_cpu_s: s
-                .ingress
-                .cpu_time()
-                .map(|c| c.saturating_sub(cpu0).as_secs_f64()),
             frames_sent: s.counters.frames_sent.load(Ordering::Relaxed),
             frames_received: s.fleet.frames_received(),
             latency_window_ms: s.fleet.take_window_latency(),
