@@ -12,7 +12,7 @@ use std::num::NonZeroUsize;
 
 use weir_service::config::{Layers, Origin};
 
-use super::raw::{RawBackend, RawPool, RawPoolBackend, SECTIONS};
+use super::raw::{RawPool, RawPoolBackend, SECTIONS};
 use super::*;
 
 /// Most `[[backends]]` entries.
@@ -38,14 +38,7 @@ impl RawPoolBackend {
     fn validate(&self, n: usize) -> Result<PoolMember, ConfigError> {
         let key = |field: &str| format!("backends[{n}].{field}");
         validate::safe_name(&key("name"), &self.name, MAX_BACKEND_NAME)?;
-        let as_backend = RawBackend {
-            timeout_ms: self.timeout_ms,
-            kind: self.kind,
-            sim: self.sim.clone(),
-            openai: self.openai.clone(),
-            nats: self.nats.clone(),
-        };
-        let backend = as_backend.validate_at(&format!("backends[{n}]."))?;
+        let backend = self.backend.validate_at(&format!("backends[{n}]."))?;
         Ok(PoolMember {
             name: self.name.clone(),
             slots: count(&key("slots"), self.slots)?,
