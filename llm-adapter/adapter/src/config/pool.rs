@@ -7,7 +7,6 @@
 //! - names are unique and safe (`A-Z a-z 0-9 - _`, 1..=64): they go into metric labels;
 //! - every refusal names the element's key (`backends[1].name`, `backends[0].sim.seed`).
 
-use std::collections::BTreeSet;
 use std::num::NonZeroUsize;
 
 use weir_service::config::{Layers, Origin};
@@ -50,25 +49,8 @@ impl RawPoolBackend {
 
 /// Validates `[[backends]]`: empty when there is none.
 pub(super) fn members(raw: &[RawPoolBackend]) -> Result<Vec<PoolMember>, ConfigError> {
-    if raw.len() > MAX_BACKENDS {
-        return Err(invalid(
-            "backends",
-            format!("at most {MAX_BACKENDS} backends"),
-        ));
-    }
-    let mut names = BTreeSet::new();
-    let mut out = Vec::with_capacity(raw.len());
-    for (n, b) in raw.iter().enumerate() {
-        let m = b.validate(n)?;
-        if !names.insert(m.name.clone()) {
-            return Err(invalid(
-                format!("backends[{n}].name"),
-                format!("duplicate backend name {:?}", m.name),
-            ));
-        }
-        out.push(m);
-    }
-    Ok(out)
+    let one = RawPoolBackend::validate;
+    validate::named_elements("backends", "backend", MAX_BACKENDS, raw, one, |m| &m.name)
 }
 
 impl RawPool {
