@@ -91,10 +91,10 @@ async fn one_trace_spans_caller_adapter_and_backend() {
     )
     .expect("config");
     let built =
-        weir_llm_adapter::backend::from_config(&config.backend, &adapter_client).expect("backend");
+        weir_llm_adapter::backend::pool_from_config(&config, &adapter_client).expect("backend");
     let adapter = tokio::time::timeout(
         STEP,
-        weir_llm_adapter::start(adapter_client, config, built.backend),
+        weir_llm_adapter::start(adapter_client, config, built.backends[0].clone()),
     )
     .await
     .expect("start in time")

@@ -263,35 +263,17 @@ impl fmt::Debug for dyn Backend {
     }
 }
 
-/// What [`from_config`] built: the backend, and the sim handle when it is the sim.
-pub struct BuiltBackend {
-    /// The backend.
-    pub backend: Arc<dyn Backend>,
-    /// Pause/resume handle when the backend is simulated.
-    pub sim: Option<sim::SimHandle>,
-}
-
-/// Builds the configured backend. The NATS backend uses `client` (the adapter's own
-/// connection).
-pub fn from_config(
-    cfg: &BackendConfig,
-    client: &async_nats::Client,
-) -> Result<BuiltBackend, BackendError> {
-    member_from_config("default", cfg, client)
-}
-
 /// Builds the backend of pool member `name` (its name labels the NATS backend's cancel
-/// counter).
+/// counter), and its pause/resume handle when it is the sim.
 fn member_from_config(
     name: &str,
     cfg: &BackendConfig,
     client: &async_nats::Client,
-) -> Result<BuiltBackend, BackendError> {
-    let (backend, sim): (Arc<dyn Backend>, _) = match &cfg.kind {
+) -> Result<(Arc<dyn Backend>, Option<sim::SimHandle>), BackendError> {
+    Ok(match &cfg.kind {
         BackendKind::Sim(s) => {
             let b = sim::SimBackend::new(*s);
-            let handle = b.handle();
-            (Arc::new(b), Some(handle))
+            (Arc::new(b.clone()), Some(b))
         }
         BackendKind::OpenAi(o) => (Arc::new(openai::OpenAiBackend::new(o, cfg.timeout)?), None),
         BackendKind::Nats(n) => {
@@ -301,8 +283,7 @@ fn member_from_config(
                 None,
             )
         }
-    };
-    Ok(BuiltBackend { backend, sim })
+    })
 }
 
 /// What [`pool_from_config`] built: one backend per pool member, in order, and the sim
@@ -339,9 +320,9 @@ pub fn pool_from_config(
         sims: Vec::new(),
     };
     for (name, cfg) in members {
-        let built = member_from_config(name, cfg, client)?;
-        pool.backends.push(built.backend);
-        pool.sims.extend(built.sim.map(|h| (name.to_owned(), h)));
+        let (backend, sim) = member_from_config(name, cfg, client)?;
+        pool.backends.push(backend);
+        pool.sims.extend(sim.map(|h| (name.to_owned(), h)));
     }
     Ok(pool)
 }

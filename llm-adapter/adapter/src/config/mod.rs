@@ -119,25 +119,25 @@ impl Config {
 /// one `[[limits]]` element (for the key table, typing, unknown keys and "did you
 /// mean").
 fn layers() -> Layers {
-    let sim = RawSim {
-        min_ms: Some(0),
-        max_ms: Some(0),
-        p99_ms: Some(0),
-        ..RawSim::default()
+    let backend = RawBackend {
+        sim: RawSim {
+            min_ms: Some(0),
+            max_ms: Some(0),
+            p99_ms: Some(0),
+            ..RawSim::default()
+        },
+        ..RawBackend::default()
     };
     let schema = RawConfig {
         limits: vec![RawLimit::default()],
         backends: vec![RawPoolBackend {
-            sim: sim.clone(),
+            backend: backend.clone(),
             ..RawPoolBackend::default()
         }],
+        backend,
         deadline: RawDeadline {
             min_start_budget_ms: Some(0),
             ..RawDeadline::default()
-        },
-        backend: RawBackend {
-            sim,
-            ..RawBackend::default()
         },
         nats: RawNats {
             subscription_capacity: Some(0),

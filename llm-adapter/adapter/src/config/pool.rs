@@ -7,12 +7,11 @@
 //! - names are unique and safe (`A-Z a-z 0-9 - _`, 1..=64): they go into metric labels;
 //! - every refusal names the element's key (`backends[1].name`, `backends[0].sim.seed`).
 
-use std::collections::BTreeSet;
 use std::num::NonZeroUsize;
 
 use weir_service::config::{Layers, Origin};
 
-use super::raw::{RawBackend, RawPool, RawPoolBackend, SECTIONS};
+use super::raw::{RawPool, RawPoolBackend, SECTIONS};
 use super::*;
 
 /// Most `[[backends]]` entries.
@@ -38,14 +37,7 @@ impl RawPoolBackend {
     fn validate(&self, n: usize) -> Result<PoolMember, ConfigError> {
         let key = |field: &str| format!("backends[{n}].{field}");
         validate::safe_name(&key("name"), &self.name, MAX_BACKEND_NAME)?;
-        let as_backend = RawBackend {
-            timeout_ms: self.timeout_ms,
-            kind: self.kind,
-            sim: self.sim.clone(),
-            openai: self.openai.clone(),
-            nats: self.nats.clone(),
-        };
-        let backend = as_backend.validate_at(&format!("backends[{n}]."))?;
+        let backend = self.backend.validate_at(&format!("backends[{n}]."))?;
         Ok(PoolMember {
             name: self.name.clone(),
             slots: count(&key("slots"), self.slots)?,
@@ -57,25 +49,8 @@ impl RawPoolBackend {
 
 /// Validates `[[backends]]`: empty when there is none.
 pub(super) fn members(raw: &[RawPoolBackend]) -> Result<Vec<PoolMember>, ConfigError> {
-    if raw.len() > MAX_BACKENDS {
-        return Err(invalid(
-            "backends",
-            format!("at most {MAX_BACKENDS} backends"),
-        ));
-    }
-    let mut names = BTreeSet::new();
-    let mut out = Vec::with_capacity(raw.len());
-    for (n, b) in raw.iter().enumerate() {
-        let m = b.validate(n)?;
-        if !names.insert(m.name.clone()) {
-            return Err(invalid(
-                format!("backends[{n}].name"),
-                format!("duplicate backend name {:?}", m.name),
-            ));
-        }
-        out.push(m);
-    }
-    Ok(out)
+    let one = RawPoolBackend::validate;
+    validate::named_elements("backends", "backend", MAX_BACKENDS, raw, one, |m| &m.name)
 }
 
 impl RawPool {

@@ -205,13 +205,15 @@ weir_service::config_section! {
 }
 
 weir_service::config_section! {
-    pub(super) struct RawBackend, BACKEND = "backend.";
+    /// `[backend]`, and the same keys of each `[[backends]]` element.
+    pub(super) struct RawBackend, BACKEND = "backend.", BACKENDS_BACKEND = "backends[].";
     {
         timeout_ms: u64 = 60_000, Range::ms(1, 3600000),
             "the backend's own per-call timeout (used when shorter than the deadline)";
         kind: BackendName = BackendName::default(), Range::text("`sim`, `openai`, `nats`"),
-            "which backend serves inference; every `[backend.*]` section present is validated \
-            whichever is selected";
+            "which kind of backend serves inference, with its settings in the sub-table of that \
+            name (`sim`, `openai`, `nats`); every sub-table present is validated whichever is \
+            selected";
     }
     nested { sim: RawSim, openai: RawOpenAi, nats: RawBackendNats }
 }
@@ -281,27 +283,23 @@ weir_service::config_section! {
 }
 
 weir_service::config_section! {
-    /// One `[[backends]]` entry. Every field has a default (the loader tries an
-    /// element's value alone to name a refused one); `name` and `slots` are required by
-    /// `validate`.
-    pub(super) struct RawPoolBackend, BACKENDS = "backends[].";
+    /// One `[[backends]]` entry: its own keys and those of a `[backend]`. Every field
+    /// has a default (the loader tries an element's value alone to name a refused one);
+    /// `name` and `slots` are required by `validate`. Unknown keys are refused by the
+    /// loader (from the schema): serde cannot with a flattened section.
+    pub(super) struct RawPoolBackend: flattened, BACKENDS = "backends[].";
     {
         name: String = String::new(),
             Range::text("1..=64 of `A-Z a-z 0-9 - _`, unique (required)"),
             "the backend's name in metrics, `/v1/stats`, the capabilities document and logs";
-        kind: BackendName = BackendName::default(), Range::text("`sim`, `openai`, `nats`"),
-            "which kind of backend; its `[backends.*]` sub-table (`sim`, `openai`, `nats`) as \
-            under `[backend]`";
         slots: u64 = 0, Range::int(1, 4096).note(" (required)"),
             "concurrent calls to this backend (its parallel slots); the pool's workers are the \
             sum of the slots";
-        timeout_ms: u64 = 60_000, Range::ms(1, 3600000),
-            "this backend's own per-call timeout (used when shorter than the deadline)";
         weight: u64 = 1, Range::int(1, 1000),
             "cost of a call here: among backends predicted to finish in time, the lowest weight \
             is chosen, then the soonest predicted finish";
     }
-    nested { sim: RawSim, openai: RawOpenAi, nats: RawBackendNats }
+    nested { #[serde(flatten)] backend: RawBackend }
 }
 
 weir_service::config_section! {
@@ -468,7 +466,7 @@ pub const SECTIONS: &[Section] = &[
     Section::new("sim", SIM),
     Section::new("openai", OPENAI),
     Section::new("backend_nats", BACKEND_NATS),
-    Section::new("backends", BACKENDS),
+    Section::with_extra("backends", BACKENDS, BACKENDS_BACKEND),
     Section::new("backends_sim", BACKENDS_SIM),
     Section::new("backends_openai", BACKENDS_OPENAI),
     Section::new("backends_nats", BACKENDS_NATS),

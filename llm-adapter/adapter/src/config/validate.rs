@@ -84,23 +84,12 @@ impl RawConfig {
     }
 
     fn limits(&self) -> Result<Vec<KeyLimit>, ConfigError> {
-        if self.limits.len() > MAX_LIMITS {
-            return Err(invalid("limits", format!("at most {MAX_LIMITS} limits")));
-        }
-        let mut names = BTreeSet::new();
-        let mut out = Vec::with_capacity(self.limits.len());
-        for (n, l) in self.limits.iter().enumerate() {
+        let one = |l: &RawLimit, n: usize| {
             let key_of = |field: &str| format!("limits[{n}].{field}");
             let key = KeySource::parse(&key_of("key"), &l.key)?;
             let name = set(&l.name).map_or_else(|| key.describe(), str::to_owned);
             name_check(&key_of("name"), &name)?;
-            if !names.insert(name.clone()) {
-                return Err(invalid(
-                    key_of("name"),
-                    format!("duplicate limit name {name:?}"),
-                ));
-            }
-            out.push(KeyLimit {
+            Ok(KeyLimit {
                 name,
                 key,
                 limit: count(&key_of("limit"), l.limit)?,
@@ -122,10 +111,38 @@ impl RawConfig {
                         })
                     })
                     .transpose()?,
-            });
-        }
-        Ok(out)
+            })
+        };
+        named_elements("limits", "limit", MAX_LIMITS, &self.limits, one, |l| {
+            &l.name
+        })
     }
+}
+
+/// The elements of the array `key` (at most `max` of them), each validated by `one`; a
+/// name (`name_of`) used twice is refused at `key[n].name`.
+pub(super) fn named_elements<R, T>(
+    key: &str,
+    what: &str,
+    max: usize,
+    raw: &[R],
+    one: impl Fn(&R, usize) -> Result<T, ConfigError>,
+    name_of: impl Fn(&T) -> &str,
+) -> Result<Vec<T>, ConfigError> {
+    if raw.len() > max {
+        return Err(invalid(key, format!("at most {max} {what}s")));
+    }
+    let mut names = BTreeSet::new();
+    let mut out = Vec::with_capacity(raw.len());
+    for (n, r) in raw.iter().enumerate() {
+        let t = one(r, n)?;
+        if !names.insert(name_of(&t).to_owned()) {
+            let message = format!("duplicate {what} name {:?}", name_of(&t));
+            return Err(invalid(format!("{key}[{n}].name"), message));
+        }
+        out.push(t);
+    }
+    Ok(out)
 }
 
 impl RawLimit {

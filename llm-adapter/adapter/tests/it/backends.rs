@@ -69,9 +69,9 @@ async fn nats_backend_fronts_an_unchanged_service_with_the_remaining_deadline() 
     )
     .expect("config");
     let built =
-        weir_llm_adapter::backend::from_config(&config.backend, &adapter_client).expect("backend");
+        weir_llm_adapter::backend::pool_from_config(&config, &adapter_client).expect("backend");
     assert!(matches!(config.backend.kind, BackendKind::Nats(_)));
-    let adapter = weir_llm_adapter::start(adapter_client, config, built.backend)
+    let adapter = weir_llm_adapter::start(adapter_client, config, built.backends[0].clone())
         .await
         .expect("start");
     let caller = connect(server.url()).await;
@@ -157,8 +157,8 @@ async fn nats_backend_without_responders_is_a_backend_error() {
     )
     .expect("config");
     let built =
-        weir_llm_adapter::backend::from_config(&config.backend, &adapter_client).expect("backend");
-    let adapter = weir_llm_adapter::start(adapter_client, config, built.backend)
+        weir_llm_adapter::backend::pool_from_config(&config, &adapter_client).expect("backend");
+    let adapter = weir_llm_adapter::start(adapter_client, config, built.backends[0].clone())
         .await
         .expect("start");
     let caller = connect(server.url()).await;

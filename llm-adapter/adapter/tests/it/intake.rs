@@ -127,11 +127,10 @@ async fn adapter_at(
     let client = connect(url).await;
     let backend: Arc<dyn weir_llm_adapter::backend::Backend> = match latency_ms {
         Some(ms) => Arc::new(SimBackend::fixed(Duration::from_millis(ms))),
-        None => {
-            weir_llm_adapter::backend::from_config(&config.backend, &client)
-                .expect("backend")
-                .backend
-        }
+        None => weir_llm_adapter::backend::pool_from_config(&config, &client)
+            .expect("backend")
+            .backends
+            .remove(0),
     };
     tokio::time::timeout(STEP, weir_llm_adapter::start(client, config, backend))
         .await
