@@ -72,19 +72,16 @@ use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::response::Response;
 use axum::routing::get;
 use futures::SinkExt;
-use serde_json::json;
 use tokio::time::Instant;
 use weir_protocol::WireName;
-use weir_protocol::audio::extension::{EndReason, Overload};
+use weir_protocol::audio::extension::EndReason;
+use weir_protocol::audio::ws::Event;
 
-use crate::capacity::Notice;
-use crate::door::{self, Door};
+use crate::door::{self, BadInput, Door, Ending};
 use crate::metrics as m;
 use crate::resume::admit::Loss;
 use crate::resume::{Attachment, Held};
-use weir_audio_producer::error::PushError;
 use weir_audio_producer::publisher::Sink;
-use weir_audio_producer::stream::{StreamHandle, StreamSummary};
 
 mod control;
 
@@ -189,21 +186,9 @@ async fn upgrade<S: Sink>(
 
 /// Why the receive loop stopped.
 enum Outcome {
-    /// `{"type":"end"}`.
-    End,
     /// The socket closed or failed without `end`, or a send to it timed out (the
     /// client stopped reading).
     Gone,
-    /// A bad message (binary frame: close 1008; text: 1003) or a broken WebSocket
-    /// protocol (1002, 1007, 1009): the stream ends `error` ([`refuse`]).
-    Refused {
-        /// The close code.
-        code: u16,
-        /// The `error` event's code.
-        error_code: &'static str,
-        /// What was wrong.
-        message: String,
-    },
     /// The client sent a close frame without `end` (its echo is sent): the stream
     /// ends with `producer_gone`, or `error` when the close was a protocol violation
     /// (a close code the client may not send, echoed as 1002).
@@ -211,14 +196,18 @@ enum Outcome {
         /// The client's close was a protocol violation.
         violation: bool,
     },
-    /// The stream overloaded.
-    Overload(Overload),
-    /// The stream was closed from the server side (shutdown) or ended otherwise.
-    Closed(EndReason),
-    /// No frame for `idle_timeout`.
-    Idle,
     /// A resume on another connection took the stream.
     TakenOver,
+    /// The stream ends at this door: `{"type":"end"}`, a bad message (binary frame:
+    /// close 1008; text: 1003) or a broken WebSocket protocol (1002, 1007, 1009), an
+    /// overload, no frame for `idle_timeout`, or an end from the server side.
+    Ends(Ending),
+}
+
+impl From<Ending> for Outcome {
+    fn from(e: Ending) -> Self {
+        Self::Ends(e)
+    }
 }
 
 impl Outcome {
@@ -226,13 +215,8 @@ impl Outcome {
     /// of a later resume).
     fn end_label(&self) -> &'static str {
         match self {
-            Self::End => EndReason::Producer.as_str(),
-            Self::Overload(_) => EndReason::Overload.as_str(),
-            Self::Idle => EndReason::Idle.as_str(),
-            Self::Closed(r) => r.as_str(),
-            Self::Refused { .. } | Self::ClientClosed { violation: true } => {
-                EndReason::Error.as_str()
-            }
+            Self::Ends(e) => e.reason().as_str(),
+            Self::ClientClosed { violation: true } => EndReason::Error.as_str(),
             Self::Gone | Self::ClientClosed { .. } | Self::TakenOver => {
                 EndReason::ProducerGone.as_str()
             }
@@ -258,25 +242,11 @@ struct Opening {
     resumed: Option<(Instant, u64)>,
 }
 
-/// [`Outcome::Refused`].
-fn refused(code: u16, error_code: &'static str, message: String) -> Outcome {
-    Outcome::Refused {
-        code,
-        error_code,
-        message,
-    }
-}
-
-/// A bad binary frame: close 1008.
-fn bad_frame(message: String) -> Outcome {
-    refused(close_code::POLICY, "bad_frame", message)
-}
-
-/// How a failed read ends the connection: the client broke the protocol
-/// (`Outcome::Refused`) or the connection is simply gone.
+/// How a failed read ends the connection: the client broke the protocol (the stream
+/// ends `error`) or the connection is simply gone.
 fn read_failure(e: axum::Error) -> Outcome {
     match violation(e, "message_too_big") {
-        Some((code, error_code, message)) => refused(code, error_code, message),
+        Some(bad) => Ending::Bad(bad).into(),
         None => Outcome::Gone,
     }
 }
@@ -284,20 +254,22 @@ fn read_failure(e: axum::Error) -> Outcome {
 /// The close code, error code and message of a failed read where the client broke the
 /// WebSocket protocol (`too_big`: the error code of a message over the limit); `None`
 /// when the connection is simply gone.
-pub(crate) fn violation(
-    e: axum::Error,
-    too_big: &'static str,
-) -> Option<(u16, &'static str, String)> {
+pub(crate) fn violation(e: axum::Error, too_big: &'static str) -> Option<BadInput> {
     use tungstenite::error::{Error as WsError, ProtocolError};
     let e = e.into_inner().downcast::<WsError>().ok()?;
-    let (code, error_code) = match &*e {
+    let (close, code) = match &*e {
         WsError::Utf8(_) => (close_code::INVALID_PAYLOAD, "invalid_utf8"),
         WsError::Capacity(_) => (close_code::MESSAGE_TOO_BIG, too_big),
         WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => return None,
         WsError::Protocol(_) => (close_code::PROTOCOL, "protocol_error"),
         _ => return None,
     };
-    Some((code, error_code, e.to_string()))
+    let message = e.to_string();
+    Some(BadInput {
+        close,
+        code,
+        message,
+    })
 }
 
 /// The server side of one connection. Every send is bounded by `send_timeout`; after
@@ -334,12 +306,6 @@ impl Conn {
     /// Sends one JSON text event (see [`Self::send`]).
     async fn send_json(&mut self, value: serde_json::Value) -> bool {
         self.send(Message::Text(value.to_string().into())).await
-    }
-
-    /// Sends the `closed` event for `reason` (see [`Self::send`]).
-    async fn send_closed(&mut self, reason: EndReason, summary: &StreamSummary) -> bool {
-        self.send_json(door::closed_event(reason.as_str(), summary))
-            .await
     }
 
     /// Sends what the WebSocket layer queued by itself (the echo of a client's close),
@@ -414,32 +380,18 @@ async fn serve_socket(
                 // almost every time under load).
                 biased;
                 () = &mut revoked => break Outcome::TakenOver,
-                change = status.next() => {
-                    if let Some(ev) = change.gap
+                change = status.next_or_notice(ticket, handle) => {
+                    if let Some(ev) = change.event
                         && !socket.send_json(ev).await
                     {
                         // Failed or timed out (a client that stopped reading): the stream
                         // goes on as if the socket had dropped.
                         break Outcome::Gone;
                     }
-                    match change.stop {
-                        Some(door::StatusStop::Overload(o)) => break Outcome::Overload(o),
-                        Some(door::StatusStop::Closed(r)) => break Outcome::Closed(r),
-                        None => {}
+                    if let Some(stop) = change.stop {
+                        break stop.into();
                     }
                 }
-                notice = ticket.next() => match crate::capacity::notice_event(&notice) {
-                    Some(ev) => {
-                        if !socket.send_json(ev).await {
-                            break Outcome::Gone;
-                        }
-                    }
-                    None => {
-                        debug_assert_eq!(notice, Notice::Refused);
-                        handle.close(EndReason::NoCapacity);
-                        break Outcome::Closed(EndReason::NoCapacity);
-                    }
-                },
                 msg = socket.recv() => match msg {
                     None => break Outcome::Gone,
                     Some(Err(e)) => break read_failure(e),
@@ -459,16 +411,19 @@ async fn serve_socket(
                                         .record(t.elapsed().as_secs_f64());
                                 }
                             }
-                            Err(PushError::InvalidFrame(e)) => break bad_frame(e.to_string()),
-                            Err(PushError::Overloaded(o)) => break Outcome::Overload(o),
-                            Err(PushError::Closed(r)) => break Outcome::Closed(r),
-                            Err(e @ PushError::Full { .. }) => break bad_frame(e.to_string()),
+                            Err(e) => break Ending::from(e).into(),
                         }
                     }
                     Some(Ok(Message::Text(text))) => match control::parse(text.as_str()) {
-                        Ok(()) => break Outcome::End,
+                        Ok(()) => break Ending::Producer.into(),
                         Err(e) => {
-                            break refused(close_code::UNSUPPORTED, "bad_message", e.to_string());
+                            let message = e.to_string();
+                            break Ending::Bad(BadInput {
+                                close: close_code::UNSUPPORTED,
+                                code: "bad_message",
+                                message,
+                            })
+                            .into();
                         }
                     },
                     Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
@@ -476,7 +431,7 @@ async fn serve_socket(
                 _ = ack.tick(), if resumable => {
                     if took > acked {
                         acked = took;
-                        if !socket.send_json(json!({"type": "ack", "seq": took})).await {
+                        if !socket.send_json(door::event_value(&Event::Ack { seq: took })).await {
                             break Outcome::Gone;
                         }
                     }
@@ -484,7 +439,7 @@ async fn serve_socket(
                 () = &mut idle => {
                     let due = last_message + idle_timeout;
                     if due <= Instant::now() {
-                        break Outcome::Idle;
+                        break Ending::Idle.into();
                     }
                     idle.as_mut().reset(due);
                 }
@@ -496,12 +451,9 @@ async fn serve_socket(
 
 /// Closes a connection whose stream a resume took: `error` `taken_over`, close 4001.
 async fn taken_over(mut socket: Conn) {
+    let message = "a resume on another connection took this stream; it goes on there";
     socket
-        .send_json(json!({
-            "type": "error",
-            "code": "taken_over",
-            "message": "a resume on another connection took this stream; it goes on there",
-        }))
+        .send_json(door::error_event("taken_over", message))
         .await;
     socket.close(close_code::TAKEN_OVER, "taken_over").await;
 }
@@ -532,63 +484,19 @@ async fn finish_socket(mut socket: Conn, att: Attachment, outcome: Outcome) {
             socket.flush().await;
             drop(handle);
         }
-        Outcome::Refused {
-            code,
-            error_code,
-            message,
-        } => {
-            refuse(socket, handle, code, error_code, message).await;
-        }
-        Outcome::End => {
+        // `closed` reports the finished stream (what was published, whether the `end`
+        // was delivered); what was admitted before a bad message is still published.
+        Outcome::Ends(ending) => {
+            if let Some(ev) = ending.close(&mut handle) {
+                socket.send_json(ev).await;
+            }
+            let summary = ending.finished(&handle).await;
+            let (code, reason) = ending.close_frame("end");
             socket
-                .send_closed(EndReason::Producer, &handle.finish().await)
+                .send_json(door::closed_event(ending.reason(), &summary))
                 .await;
-            socket.close(close_code::NORMAL, "end").await;
-        }
-        Outcome::Overload(o) => {
-            // The `overload` event at once; `closed` once the stream has finished, so
-            // that it counts the frames the server confirmed after the overload (those
-            // handed over before it) and says whether the `end` got through.
-            socket.send_json(door::overload_event(&o, &handle)).await;
-            let summary = handle.wait_ended().await;
-            socket.send_closed(EndReason::Overload, &summary).await;
-            socket.close(close_code::TRY_AGAIN_LATER, "overload").await;
-        }
-        Outcome::Idle => {
-            let summary = handle.finish_with(EndReason::Idle).await;
-            socket.send_closed(EndReason::Idle, &summary).await;
-            socket.close(close_code::GOING_AWAY, "idle").await;
-        }
-        Outcome::Closed(reason) => {
-            let bound = Duration::from_secs(30);
-            let summary = handle.wait_finished(bound).await;
-            socket.send_closed(reason, &summary).await;
-            socket
-                .close(close_code::of_end(reason), reason.as_str())
-                .await;
+            socket.close(code, reason).await;
         }
     }
     door::release_when_finished(ticket, status);
-}
-
-/// Ends the stream (reason `error`) after a bad message: `error` event, `closed`
-/// event (once the stream has finished), close `code`. What was admitted before is
-/// still published.
-async fn refuse(
-    mut socket: Conn,
-    mut handle: StreamHandle,
-    code: u16,
-    error_code: &'static str,
-    message: String,
-) {
-    // Ended first, so that a client that does not read cannot delay it.
-    handle.close(EndReason::Error);
-    socket
-        .send_json(json!({"type": "error", "code": error_code, "message": message}))
-        .await;
-    // `closed` reports the finished stream (what was published, whether the `end` was
-    // delivered), as after an `end` from the client.
-    let summary = handle.wait_ended().await;
-    socket.send_closed(EndReason::Error, &summary).await;
-    socket.close(code, error_code).await;
 }

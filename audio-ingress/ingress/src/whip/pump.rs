@@ -40,12 +40,11 @@ use bytes::Bytes;
 use opus_pure::OpusDecoder;
 use tokio::sync::mpsc;
 use weir_protocol::WireName;
-use weir_protocol::audio::extension::{EndReason, Overload};
+use weir_protocol::audio::extension::EndReason;
 
 use super::driver::{Command, Media};
 use super::{SessionCounters, Stop, WhipCounters};
-use crate::capacity::Notice;
-use crate::door;
+use crate::door::{self, Ending};
 use crate::metrics as m;
 use crate::resume::admit::wall_time_loss;
 use crate::resume::{Attachment, Held};
@@ -86,10 +85,9 @@ enum Outcome {
     Gone,
     /// A resume (a new WHIP session with the token) took the stream.
     TakenOver,
-    Overload(Overload),
-    Closed(EndReason),
-    /// The decoder could not be created.
-    Internal,
+    /// The stream ends here: it overloaded or ended, or the decoder could not be
+    /// created ([`Ending::Internal`]).
+    Ends(Ending),
 }
 
 /// Opus → 20 ms PCM frames, with the sequence bookkeeping.
@@ -226,7 +224,7 @@ pub(crate) async fn run(mut p: Pump) {
 
 async fn pump(p: &mut Pump) -> Outcome {
     let Some(mut decoder) = Decoder::new() else {
-        return Outcome::Internal;
+        return Outcome::Ends(Ending::Internal);
     };
     if let Some(ev) = p.first_event.take() {
         event_to(&p.driver, &p.key, ev).await;
@@ -242,24 +240,14 @@ async fn pump(p: &mut Pump) -> Outcome {
             // the publisher's events.
             biased;
             () = &mut revoked => return Outcome::TakenOver,
-            change = status.next() => {
-                if let Some(ev) = change.gap {
+            change = status.next_or_notice(ticket, handle) => {
+                if let Some(ev) = change.event {
                     event_to(&p.driver, &p.key, ev).await;
                 }
-                match change.stop {
-                    Some(door::StatusStop::Overload(o)) => return Outcome::Overload(o),
-                    Some(door::StatusStop::Closed(r)) => return Outcome::Closed(r),
-                    None => {}
+                if let Some(stop) = change.stop {
+                    return Outcome::Ends(stop);
                 }
             }
-            notice = ticket.next() => match crate::capacity::notice_event(&notice) {
-                Some(ev) => event_to(&p.driver, &p.key, ev).await,
-                None => {
-                    debug_assert_eq!(notice, Notice::Refused);
-                    handle.close(EndReason::NoCapacity);
-                    return Outcome::Closed(EndReason::NoCapacity);
-                }
-            },
             stop = p.stop.recv() => match stop {
                 Some(stop) => return Outcome::Delete(stop),
                 None => return Outcome::Gone,
@@ -274,7 +262,7 @@ async fn pump(p: &mut Pump) -> Outcome {
                     // stream's last frame is declared lost (reason `resume`).
                     let (lost, samples) = wall_time_loss(handle.position());
                     if let Err(PushError::Closed(r)) = handle.declare_lost(lost, samples, weir_audio_producer::Lost::Resume) {
-                        return Outcome::Closed(r);
+                        return Outcome::Ends(Ending::Closed(r));
                     }
                     metrics::histogram!(m::RESUME_SECONDS).record(t.elapsed().as_secs_f64());
                 }
@@ -282,12 +270,12 @@ async fn pump(p: &mut Pump) -> Outcome {
                     p.counters.add(|x| &x.frames, &p.totals.media, 1);
                     match handle.push(frame).await {
                         Ok(_) => {}
-                        Err(PushError::Overloaded(o)) => return Outcome::Overload(o),
-                        Err(PushError::Closed(r)) => return Outcome::Closed(r),
+                        Err(PushError::Overloaded(o)) => return Outcome::Ends(Ending::Overload(o)),
+                        Err(PushError::Closed(r)) => return Outcome::Ends(Ending::Closed(r)),
                         // 640-byte frames are always valid and `push` waits instead of
                         // answering Full; neither can happen, but end cleanly if it does.
                         Err(PushError::InvalidFrame(_) | PushError::Full { .. }) => {
-                            return Outcome::Closed(EndReason::Error);
+                            return Outcome::Ends(Ending::Closed(EndReason::Error));
                         }
                     }
                 }
@@ -300,7 +288,7 @@ async fn finish(p: Pump, outcome: Outcome) {
     let Pump {
         att, driver, key, ..
     } = p;
-    match outcome {
+    let (ending, reply) = match outcome {
         Outcome::Gone => {
             // The publisher is gone (the driver already closed the session): the
             // stream parks for a resume (resume off: it ends `producer_gone`).
@@ -310,52 +298,23 @@ async fn finish(p: Pump, outcome: Outcome) {
         Outcome::TakenOver => {
             // A new session took the stream: this one is told, then closed.
             drop(att);
-            let ev = serde_json::json!({
-                "type": "error",
-                "code": "taken_over",
-                "message": "a new WHIP session resumed this stream; it goes on there",
-            });
-            event_to(&driver, &key, ev).await;
+            let message = "a new WHIP session resumed this stream; it goes on there";
+            event_to(&driver, &key, door::error_event("taken_over", message)).await;
             command(&driver, Command::Close { key }).await;
             return;
         }
-        _ => {}
-    }
-    let label = match &outcome {
-        Outcome::Delete(_) => EndReason::Producer,
-        Outcome::Overload(_) => EndReason::Overload,
-        Outcome::Closed(r) => *r,
-        _ => EndReason::Error,
+        Outcome::Delete(stop) => (Ending::Producer, Some(stop)),
+        Outcome::Ends(ending) => (ending, None),
     };
-    let Held { handle, ticket } = att.end(label.as_str());
+    let Held { mut handle, ticket } = att.end(ending.reason().as_str());
     door::release_when_finished(ticket, handle.status());
-    // The `closed` event, then the session closes.
-    let (closed, reply) = match outcome {
-        Outcome::Gone | Outcome::TakenOver => (None, None),
-        Outcome::Delete(stop) => {
-            let s = handle.finish_with(EndReason::Producer).await;
-            (Some((EndReason::Producer, s)), Some(stop))
-        }
-        Outcome::Overload(o) => {
-            // The `overload` event at once; `closed` once the stream has finished, so
-            // that it counts what the server confirmed after the overload and says
-            // whether the `end` got through (as the WebSocket door does).
-            event_to(&driver, &key, door::overload_event(&o, &handle)).await;
-            (Some((EndReason::Overload, handle.wait_ended().await)), None)
-        }
-        Outcome::Closed(reason) => {
-            let s = handle.wait_finished(Duration::from_secs(30)).await;
-            (Some((reason, s)), None)
-        }
-        Outcome::Internal => {
-            let mut handle = handle;
-            handle.close(EndReason::Error);
-            (Some((EndReason::Error, handle.wait_ended().await)), None)
-        }
-    };
-    if let Some((reason, s)) = closed {
-        event_to(&driver, &key, door::closed_event(reason.as_str(), &s)).await;
+    // The `overload` event at once, `closed` once the stream has finished (as the
+    // WebSocket door does), then the session closes.
+    if let Some(ev) = ending.close(&mut handle) {
+        event_to(&driver, &key, ev).await;
     }
+    let summary = ending.finished(&handle).await;
+    event_to(&driver, &key, door::closed_event(ending.reason(), &summary)).await;
     command(&driver, Command::Close { key }).await;
     if let Some(stop) = reply {
         let _ = stop.reply.send(());
