@@ -20,15 +20,17 @@
 use std::time::Duration;
 
 use axum::response::Response;
-use serde_json::json;
 use weir_audio_producer::publisher::Sink;
 use weir_audio_producer::stream::Position;
 use weir_protocol::WireName;
+use weir_protocol::audio::ws::{Event, ResumeGap};
 use weir_protocol::audio::{FRAME_SAMPLES, Gap, SAMPLE_RATE};
 
 use super::{Attachment, Held, ResumeRefusal};
 use crate::auth::Grant;
-use crate::door::{Admitted, Door, Refused, ResumeAsk, error_response, insert_retry_after};
+use crate::door::{
+    Admitted, Door, Refused, ResumeAsk, error_response, event_value, insert_retry_after,
+};
 use crate::metrics as m;
 
 /// How long a fresh open waits for a parked stream of the same id to finish (its
@@ -84,32 +86,28 @@ pub struct Resumed {
 
 /// The `opened` event of a resumable stream (`None`: resume off).
 pub fn opened_event(att: &Attachment, window: Duration) -> Option<serde_json::Value> {
-    let token = att.token()?;
-    Some(json!({
-        "type": "opened",
-        "stream_id": att.handle().id().as_str(),
-        "resume_token": token,
-        "resume_window_ms": window.as_millis() as u64,
+    Some(event_value(&Event::Opened {
+        stream_id: att.handle().id().to_string(),
+        resume_token: att.token()?.to_owned(),
+        resume_window_ms: window.as_millis() as u64,
     }))
 }
 
 impl Resumed {
     /// The `resumed` event.
     pub fn event(&self, att: &Attachment, window: Duration) -> serde_json::Value {
-        let gap = self.gap.map(|g| {
-            json!({
-                "first_seq": g.first_seq, "last_seq": g.last_seq,
-                "frames": g.frames(), "samples": g.samples,
-            })
-        });
-        json!({
-            "type": "resumed",
-            "stream_id": att.handle().id().as_str(),
-            "seq": self.seq,
-            "next_seq": self.next_seq,
-            "gap": gap,
-            "resume_token": att.token().unwrap_or_default(),
-            "resume_window_ms": window.as_millis() as u64,
+        event_value(&Event::Resumed {
+            stream_id: att.handle().id().to_string(),
+            seq: self.seq,
+            next_seq: self.next_seq,
+            gap: self.gap.map(|g| ResumeGap {
+                first_seq: g.first_seq,
+                last_seq: g.last_seq,
+                frames: g.frames(),
+                samples: g.samples,
+            }),
+            resume_token: att.token().unwrap_or_default().to_owned(),
+            resume_window_ms: window.as_millis() as u64,
         })
     }
 }
