@@ -203,8 +203,7 @@ impl<S: Sink> Door<S> {
             .map_err(|e| e.body_text())
             .and_then(|raw| StreamId::parse(&raw).map_err(|e| e.to_string()))
             .map_err(|message| refuse("invalid_id", "invalid_stream_id", message))?;
-        let query = UpgradeQuery::parse(raw_query)
-            .map_err(|e| refuse("invalid_session", "invalid_request", e.to_string()))?;
+        let query = self.query(raw_query)?;
         // Authentication before anything else is looked at or opened.
         let token = crate::auth::token_of(bearer(headers), query.access_token.as_deref());
         let grant = self.grant(&id, token)?;
@@ -232,6 +231,19 @@ impl<S: Sink> Door<S> {
             session: query.session_id,
             grant,
             resume,
+        })
+    }
+
+    /// The request's query: `400 invalid_request` when it is not UTF-8 once
+    /// percent-decoded or repeats a parameter. Counted refusal.
+    pub fn query(&self, raw_query: Option<&str>) -> Result<UpgradeQuery, Refused> {
+        UpgradeQuery::parse(raw_query).map_err(|e| {
+            self.ingress.global().admission_rejected("invalid_session");
+            Box::new(error_response(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                e.to_string(),
+            ))
         })
     }
 

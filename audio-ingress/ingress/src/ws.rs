@@ -1,63 +1,25 @@
 //! The WebSocket front door: `GET /v1/streams/{stream_id}[?session_id=S]`, one
-//! connection per stream (protocol pinned in docs/contracts.md and docs/protocol.md §6).
+//! connection per stream (protocol pinned in docs/contracts.md and docs/protocol.md §6;
+//! its outcomes, events and close codes tabled in docs/audio-ingress.md § WebSocket
+//! protocol).
 //!
-//! Before the upgrade (nothing is opened for a refused request):
-//! `400` unsafe stream id or session id, `409` id already active, `503` + `Retry-After`
-//! when NATS is not connected (`not_ready`: disconnected, or before the first
-//! connect), when no recognition worker can take the stream (`no_capacity`), when
-//! `max_streams` are active or the service is shutting down; `400`
-//! `invalid_request` for a query that is not UTF-8 once percent-decoded or repeats
-//! `session_id` ([`crate::ws_query`]); the upgrade extractor's own refusals
-//! (`invalid_upgrade`), `404`, `405`. Every body is `{"error":{"code":..,"message":..}}`.
+//! Before the upgrade, the doors' admission ([`crate::door`]; nothing is opened for a
+//! refused request), then the upgrade extractor's own refusals (`invalid_upgrade`);
+//! every body is `{"error":{"code":..,"message":..}}`. After it, client → server: each
+//! binary message is one frame of s16le mono 16 kHz PCM, the text message
+//! `{"type":"end"}` ([`control`]) ends the stream; server → client: the JSON events
+//! (`opened`/`resumed` and `ack` when resume is on, `gap`, `degraded`, `recovered`,
+//! `overload`, `error`, `closed`), then a close frame. A connection that drops (or
+//! closes) without `end` parks its stream for a resume ([`crate::resume`]). Frames are
+//! pushed with `push`, which waits at most `max_wait` for room: while it waits the
+//! socket is not read, so a fast producer is slowed by TCP backpressure before it is
+//! refused.
 //!
-//! After the upgrade, client → server: each binary message is one frame of s16le mono
-//! 16 kHz PCM (even length, 2..=`max_frame_bytes`); the text message `{"type":"end"}`
-//! ends the stream. Server → client: JSON text events `overload`, `gap`, `error`,
-//! `closed`, then a close frame; while the stream runs, `degraded` and `recovered`
-//! when its recognition worker's lag crosses `capacity.max_lag_ms` ([`crate::capacity`]):
-//!
-//! | outcome | events | close code |
-//! |---|---|---|
-//! | client sent `{"type":"end"}` | `closed` (after the `end` is handed to NATS) | 1000 |
-//! | overload (`close` policy) | `overload`, `closed` (after the `end` is handed to NATS) | 1013 |
-//! | bad binary frame (odd, empty, too large) | `error`, `closed` (likewise) | 1008 |
-//! | bad text message (also `["end"]`, or any object that repeats a key: [`control`]) | `error`, `closed` | 1003 |
-//! | protocol violation (unmasked frame, reserved bits, ...) | `error`, `closed` | 1002 |
-//! | text (or close reason) not UTF-8 | `error`, `closed` | 1007 |
-//! | message over the WebSocket limit (`max_frame_bytes` + 64 KiB) | `error`, `closed` | 1009 |
-//! | client close with a code it may not send | — (echo 1002) | stream ends `error` |
-//! | client close without `end` | — (echo of its close) | stream parked, then `producer_gone` |
-//! | a resume with the token on another connection | `error` (`taken_over`) | 4001 |
-//! | the recognition worker refused the stream (`<prefix>.refused.<stream>`) | `closed` (reason `no_capacity`) | 1013 |
-//! | service shutting down | `closed` | 1001 |
-//! | no frame for `idle_timeout` | `closed` | 1001 |
-//! | internal error | `closed` | 1011 |
-//!
-//! `closed` is sent once the stream has finished (or its finish bound passed:
-//! `max_age` + 2 × `publish_timeout` + `end_timeout`), whatever ended it: its
-//! `frames_published` counts the frames the server confirmed, including those handed
-//! over before an overload and confirmed after it, and `end_delivered` says whether the
-//! `end` got through.
-//!
-//! Resume ([`crate::resume`], `resume_window_ms` > 0, the default): the first event of
-//! a stream is `opened` with its resume token, and `ack` (the last seq the door took)
-//! follows at most once a second while frames arrive. A socket that drops without
-//! `end` (or closes without it) **parks** the stream for `resume_window_ms`; an upgrade
-//! with `resume_token`, `last_seq` and `next_seq` takes it back (first event
-//! `resumed`), the frames in between declared lost (reason `resume`). A resume while
-//! this connection still holds the stream closes it: `error` `taken_over`, close
-//! 4001. Unresumed within the window, or with resume off, a dropped socket ends the
-//! stream with `producer_gone` (queued frames are still published). Frames are pushed with `push`, which waits at most
-//! `max_wait` for room: while it waits the socket is not read, so a fast producer is
-//! slowed by TCP backpressure before it is refused.
-//!
-//! Every send to the client (event or close frame) is bounded by `send_timeout`
-//! (`ws_send_timeout_ms`): a client that stops reading fills the TCP buffers, and an
-//! unbounded send would hold the handler task and the stream slot forever. A send that
-//! times out (or fails) abandons the socket: no further event, no close frame. If the
-//! stream was still open it ends as if the socket had dropped (`producer_gone`: queue
-//! drained, `end` published); if it was already ending, it keeps its reason. Counted in
-//! `weir_ingress_ws_send_timeouts_total`.
+//! `closed` is sent once the stream has finished (or its finish bound passed), whatever
+//! ended it, so its counts are what the server confirmed. Every send to the client is
+//! bounded by `send_timeout` (`ws_send_timeout_ms`): one that times out (or fails)
+//! abandons the socket — no further event, no close frame — and a stream still open
+//! ends as if the socket had dropped; counted in `weir_ingress_ws_send_timeouts_total`.
 //!
 //! Invariants: one handler task per connection and one publisher task per stream; a bad
 //! message ends only its own stream and changes nothing else; every await in a handler

@@ -64,7 +64,6 @@ use axum::routing::get;
 use weir_audio_telephony::dialect::{self, Dialect};
 
 use crate::door::{self, Door, error_response};
-use crate::ws_query::UpgradeQuery;
 use weir_audio_producer::publisher::Sink;
 
 /// The telephony door's settings (`[telephony]` keys).
@@ -84,37 +83,6 @@ pub struct TelephonyConfig {
     pub out_max_age: Duration,
     /// How far ahead of real time bot audio is sent (`telephony.out_lead_ms`).
     pub out_lead: Duration,
-}
-
-/// Default `telephony.subject_prefix`.
-pub const DEFAULT_SUBJECT_PREFIX: &str = "weir.voice";
-/// Default `telephony.reorder_window_ms`: three 20 ms chunks.
-pub const DEFAULT_REORDER_WINDOW: Duration = Duration::from_millis(60);
-/// Default `telephony.start_timeout_ms`.
-pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(5);
-/// Default `telephony.out_max_bytes`: 15 s of 16 kHz PCM, a long reply sent at once.
-pub const DEFAULT_OUT_MAX_BYTES: usize = 480_000;
-/// Default `telephony.out_max_total_bytes`: 64 MiB, every call's bot audio together
-/// (about 140 calls with a full 15 s queue at once; a call typically holds a sentence).
-pub const DEFAULT_OUT_MAX_TOTAL_BYTES: usize = 64 << 20;
-/// Default `telephony.out_max_age_ms`: a little over the byte bound's 15 s, so that a
-/// reply sent at once plays out; only a carrier that stops reading makes audio this old.
-pub const DEFAULT_OUT_MAX_AGE: Duration = Duration::from_secs(20);
-/// Default `telephony.out_lead_ms`: two frames ahead, against jitter at the carrier.
-pub const DEFAULT_OUT_LEAD: Duration = Duration::from_millis(40);
-
-impl Default for TelephonyConfig {
-    fn default() -> Self {
-        Self {
-            subject_prefix: DEFAULT_SUBJECT_PREFIX.to_owned(),
-            reorder_window: DEFAULT_REORDER_WINDOW,
-            start_timeout: DEFAULT_START_TIMEOUT,
-            out_max_bytes: DEFAULT_OUT_MAX_BYTES,
-            out_max_total_bytes: DEFAULT_OUT_MAX_TOTAL_BYTES,
-            out_max_age: DEFAULT_OUT_MAX_AGE,
-            out_lead: DEFAULT_OUT_LEAD,
-        }
-    }
 }
 
 /// What the telephony door needs.
@@ -185,16 +153,9 @@ fn upgrade<S: Sink>(
         Ok(ws) => ws,
         Err(e) => return door::error_response(e.status(), "invalid_upgrade", e.body_text()),
     };
-    let query = match UpgradeQuery::parse(uri.query()) {
+    let query = match state.door.query(uri.query()) {
         Ok(q) => q,
-        Err(e) => {
-            state
-                .door
-                .ingress
-                .global()
-                .admission_rejected("invalid_session");
-            return error_response(StatusCode::BAD_REQUEST, "invalid_request", e.to_string());
-        }
+        Err(resp) => return *resp,
     };
     if let Err(resp) = state.door.ready() {
         return *resp;
