@@ -53,11 +53,21 @@ use weir_audio_producer::stream::{Ingress, StreamHandle, StreamStatus, StreamSum
 /// the admin port's too.
 pub use weir_service::admin::error_response;
 
-/// Adds `Retry-After` (whole seconds, at least 1).
-pub fn insert_retry_after(resp: &mut Response, retry_after: Duration) {
-    if let Ok(v) = HeaderValue::from_str(&retry_after.as_secs().max(1).to_string()) {
+/// A refusal's answer ([`error_response`]); a `503` carries `Retry-After` (whole
+/// seconds, at least 1).
+pub fn refusal(
+    status: StatusCode,
+    code: &str,
+    message: impl Into<String>,
+    retry_after: Duration,
+) -> Response {
+    let mut resp = error_response(status, code, message);
+    if status == StatusCode::SERVICE_UNAVAILABLE
+        && let Ok(v) = HeaderValue::from_str(&retry_after.as_secs().max(1).to_string())
+    {
         resp.headers_mut().insert(header::RETRY_AFTER, v);
     }
+    resp
 }
 
 /// The answer to a refused [`Ingress::open_id`].
@@ -71,11 +81,7 @@ pub fn open_refusal(e: &OpenError, retry_after: Duration) -> Response {
         OpenError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
         OpenError::NoRuntime => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
     };
-    let mut resp = error_response(status, code, e.to_string());
-    if status == StatusCode::SERVICE_UNAVAILABLE {
-        insert_retry_after(&mut resp, retry_after);
-    }
-    resp
+    refusal(status, code, e.to_string(), retry_after)
 }
 
 /// A refusal: the complete answer (boxed: a `Response` is large).
@@ -142,17 +148,16 @@ pub struct Door<S: Sink> {
 
 /// The answer to a stream refused for recognition capacity: `503 no_capacity` with
 /// the estimated `Retry-After`.
-pub fn no_capacity_refusal(refusal: &NoCapacity) -> Response {
-    let reason: &'static str = refusal.reason.into();
-    let message = match &refusal.worker {
+pub fn no_capacity_refusal(no_capacity: &NoCapacity) -> Response {
+    let reason: &'static str = no_capacity.reason.into();
+    let message = match &no_capacity.worker {
         Some(w) => {
             format!("no recognition capacity for this stream ({reason}, worker {w}); retry later")
         }
         None => format!("no recognition capacity for this stream ({reason}); retry later"),
     };
-    let mut resp = error_response(StatusCode::SERVICE_UNAVAILABLE, "no_capacity", message);
-    insert_retry_after(&mut resp, refusal.retry_after);
-    resp
+    let status = StatusCode::SERVICE_UNAVAILABLE;
+    refusal(status, "no_capacity", message, no_capacity.retry_after)
 }
 
 /// The state of a door's routes: the [`Door`] it admits with. With it, [`Admitted`]
@@ -303,13 +308,14 @@ impl<S: Sink> Door<S> {
             return Ok(());
         }
         self.ingress.global().admission_rejected("not_ready");
-        let mut resp = error_response(
-            StatusCode::SERVICE_UNAVAILABLE,
+        let message = "not connected to NATS; retry later";
+        let status = StatusCode::SERVICE_UNAVAILABLE;
+        Err(Box::new(refusal(
+            status,
             "not_ready",
-            "not connected to NATS; retry later",
-        );
-        insert_retry_after(&mut resp, self.retry_after);
-        Err(Box::new(resp))
+            message,
+            self.retry_after,
+        )))
     }
 
     /// Step 3 of the admission: readiness, the recognition capacity, then the

@@ -19,7 +19,6 @@
 
 use std::time::Duration;
 
-use axum::response::Response;
 use weir_audio_producer::publisher::Sink;
 use weir_audio_producer::stream::Position;
 use weir_protocol::WireName;
@@ -28,9 +27,7 @@ use weir_protocol::audio::{FRAME_SAMPLES, Gap, SAMPLE_RATE};
 
 use super::{Attachment, Held, ResumeRefusal};
 use crate::auth::Grant;
-use crate::door::{
-    Admitted, Door, Refused, ResumeAsk, error_response, event_value, insert_retry_after,
-};
+use crate::door::{self, Admitted, Door, Refused, ResumeAsk, event_value};
 use crate::metrics as m;
 
 /// How long a fresh open waits for a parked stream of the same id to finish (its
@@ -115,11 +112,13 @@ impl Resumed {
 /// The answer to a refused resume (counted by its code).
 pub fn refusal(r: &ResumeRefusal, retry_after: Duration) -> Refused {
     metrics::counter!(m::RESUMES_TOTAL, m::LABEL_OUTCOME => r.code()).increment(1);
-    let mut resp: Response = error_response(r.status(), r.code(), r.to_string());
-    if matches!(r, ResumeRefusal::Busy) {
-        insert_retry_after(&mut resp, retry_after);
-    }
-    Box::new(resp)
+    // `resume_busy`, the one 503, carries `Retry-After`.
+    Box::new(door::refusal(
+        r.status(),
+        r.code(),
+        r.to_string(),
+        retry_after,
+    ))
 }
 
 /// The frames and samples lost between the door's position and the producer's claim.

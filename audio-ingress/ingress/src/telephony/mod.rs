@@ -2,42 +2,19 @@
 //! media streaming) on the WebSocket port, both directions. A carrier connects to
 //! `GET /v1/telephony/twilio`, `/v1/telephony/telnyx` or `/v1/telephony` (the dialect
 //! read from its first message) and speaks its own published protocol unchanged
-//! (`weir_audio_telephony::dialect`); the door turns it into one weir stream.
+//! (`weir_audio_telephony::dialect`); the door turns it into one weir stream. The
+//! protocol — admission at the carrier's `start`, the subjects and events of a call,
+//! the refused messages and every end with its close code — is docs/protocol.md §6.3.
 //!
-//! **Caller → recognition.** The carrier's `start` names the call: the stream id is the
-//! custom parameter `stream_id`, else the call's id (Twilio `callSid`, Telnyx
-//! `call_control_id`), under the stream-id rules; `session_id` and `access_token` may
-//! come as custom parameters too (a carrier cannot set headers; the upgrade's
-//! `Authorization` / `?access_token=` is used otherwise). The stream is admitted like
-//! the other doors' ([`crate::door`]: token, readiness, recognition capacity,
-//! registry). Each `media` chunk (µ-law, A-law or L16) goes through the reorder window
-//! ([`inbound`]: by `media.chunk`, `telephony.reorder_window_ms`), is decoded and
-//! resampled to 16 kHz and cut into 20 ms frames, pushed on the stream's handle like a
-//! WebSocket frame (seq from 1). A missing chunk, or one later than the window, is a
-//! declared gap (reason `source`), never a frame out of order.
+//! **Caller → recognition** ([`call`], [`inbound`]): the stream is admitted like the
+//! other doors' ([`crate::door`]) at `start`; each `media` chunk goes through the
+//! reorder window, is decoded, resampled to 16 kHz and cut into 20 ms frames pushed on
+//! the stream's handle. A missing chunk, or one later than the window, is a declared
+//! gap (reason `source`), never a frame out of order.
 //!
-//! **Bot → caller** ([`outbound`]): the bot's 16 kHz PCM on
-//! `<prefix>.out.<stream>` (a `Weir-Mark` header places a mark after it) is queued,
-//! bounded by `telephony.out_max_bytes` and `telephony.out_max_age_ms`, encoded to the
-//! call's format and paced to the socket at real time; marks go to the carrier and its
-//! echoes (played) come back as events. `{"type":"clear"}` on `<prefix>.ctl.<stream>`
-//! drops the whole queue at once, sends the carrier's `clear`, and answers with what
-//! was dropped and which marks were never played ([`voice`] holds the subjects and the
-//! events on `<prefix>.events.<stream>`).
-//!
-//! **Ends**, the stream's reason, then what the carrier sees:
-//!
-//! | cause | stream ends | socket close |
-//! |---|---|---|
-//! | carrier `stop` | `producer` (held chunks released, gaps declared) | 1000 `stop` |
-//! | socket dropped or closed without `stop`; a send to it timed out | `producer_gone` | — |
-//! | overload (`close` policy) | `overload` (`overload` event on NATS) | 1013 `overload` |
-//! | bad input (invalid JSON or base64, wrong format or length, a chunk repeated, far behind or far ahead, media before `start`, a second `start`, a binary or oversized message) | `error` (`error` event on NATS) | 1003 / 1007 / 1008 / 1009 with the error code as reason |
-//! | refused at `start` (id, token, readiness, capacity, registry) | nothing opened | 1008, or 1013 for a 503 refusal, reason = the refusal's code |
-//! | no `start` within `telephony.start_timeout_ms` | nothing opened | 1008 `start_timeout` |
-//! | recognition worker refused the stream | `no_capacity` | 1013 |
-//! | no message for `idle_timeout_ms` | `idle` | 1001 |
-//! | shutdown | `shutdown` | 1001 |
+//! **Bot → caller** ([`outbound`]): the bot's PCM from NATS is queued (bounded in bytes
+//! and age), encoded to the call's format and paced to the socket at real time, with
+//! its marks; `clear` drops the queue at once ([`voice`]: the subjects and events).
 //!
 //! Invariants: per call one reader task (this connection's handler), one writer task
 //! (the only one that sends to the socket, every send bounded by `ws_send_timeout_ms`),

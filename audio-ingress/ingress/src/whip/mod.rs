@@ -609,14 +609,9 @@ fn sessions_full<S: Sink>(state: &WhipState<S>, full: Full) -> Response {
         ),
     };
     state.door.ingress.global().admission_rejected(label);
-    let mut resp = refused(
-        &state.shared,
-        StatusCode::SERVICE_UNAVAILABLE,
-        code,
-        message,
-    );
-    door::insert_retry_after(&mut resp, state.door.retry_after);
-    resp
+    count(&state.shared.counters.offers_refused);
+    let status = StatusCode::SERVICE_UNAVAILABLE;
+    door::refusal(status, code, message, state.door.retry_after)
 }
 
 /// Whether the request announces a body over [`MAX_OFFER_BYTES`].

@@ -15,18 +15,11 @@
 //! `/v1/whip` view). Decoding runs here, not in the driver: a slow decode delays this
 //! stream only.
 //!
-//! Outcomes (the stream's end reason, then what the publisher sees):
-//! - DELETE: `producer` — `closed` event, session closed, DELETE answered;
-//! - the driver lost the publisher (ICE disconnected or silent, DTLS failure): the
-//!   stream is parked for a resume ([`crate::resume`]), then `producer_gone` —
-//!   session already closed;
-//! - a new session with the stream's resume token took it: the stream goes on there —
-//!   `error` `taken_over` event, session closed;
-//! - overload (`close` policy): `overload` — `overload` and `closed` events, session
-//!   closed;
-//! - the recognition worker refused the stream: `no_capacity` — `closed` event,
-//!   session closed;
-//! - shutdown or any other end: that reason — `closed` event, session closed.
+//! Outcomes: a lost publisher (ICE disconnected or silent, DTLS failure: the session
+//! is already closed) parks the stream for a resume ([`crate::resume`]); a new session
+//! with the resume token takes it (`error` `taken_over`, session closed); `DELETE` ends
+//! it `producer`, anything else as its [`Ending`] — then `closed`, and the session
+//! closes.
 //!
 //! While the stream runs, its capacity notices go to the data channel as `degraded`
 //! and `recovered` events.
