@@ -332,15 +332,9 @@ impl Whip {
                 delete(delete_session::<S>)
                     .options(|| async { preflight("DELETE, PATCH, OPTIONS") })
                     .patch(|| async {
-                        let mut resp = door::error_response(
-                            StatusCode::METHOD_NOT_ALLOWED,
-                            "trickle_not_supported",
-                            "no trickle ICE nor ICE restart: every candidate is in the offer \
-                             and the answer; start a new session instead"
-                                .to_owned(),
-                        );
-                        allow(&mut resp, "DELETE, OPTIONS");
-                        resp
+                        let message = "no trickle ICE nor ICE restart: every candidate is in the \
+                                       offer and the answer; start a new session instead";
+                        refuse_method("DELETE, OPTIONS", "trickle_not_supported", message)
                     })
                     .fallback(|| async { method_not_allowed("DELETE, PATCH, OPTIONS") }),
             )
@@ -388,17 +382,15 @@ fn set_headers<const N: usize>(resp: &mut Response, headers: [(HeaderName, &'sta
     }
 }
 
-fn allow(resp: &mut Response, methods: &'static str) {
-    set_headers(resp, [(header::ALLOW, methods)]);
+fn method_not_allowed(methods: &'static str) -> Response {
+    let message = format!("this WHIP URL answers {methods}");
+    refuse_method(methods, "method_not_allowed", message)
 }
 
-fn method_not_allowed(methods: &'static str) -> Response {
-    let mut resp = door::error_response(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        format!("this WHIP URL answers {methods}"),
-    );
-    allow(&mut resp, methods);
+/// A `405` with `Allow: methods`.
+fn refuse_method(methods: &'static str, code: &str, message: impl Into<String>) -> Response {
+    let mut resp = door::error_response(StatusCode::METHOD_NOT_ALLOWED, code, message);
+    set_headers(&mut resp, [(header::ALLOW, methods)]);
     resp
 }
 
