@@ -214,13 +214,12 @@ impl Ticket {
 
     /// The next notice (cancel-safe; never resolves for a ticket that holds nothing).
     pub async fn next(&mut self) -> Notice {
-        match &mut self.held {
-            Some(h) => match h.rx.recv().await {
-                Some(n) => n,
-                None => std::future::pending().await,
-            },
-            None => std::future::pending().await,
+        if let Some(h) = &mut self.held
+            && let Some(n) = h.rx.recv().await
+        {
+            return n;
         }
+        std::future::pending().await
     }
 }
 
