@@ -1,8 +1,10 @@
 //! What the front doors — WebSocket ([`crate::ws`]), WHIP ([`crate::whip`]) and
 //! telephony ([`crate::telephony`]) — share ([`Door`]) and do the same way: the
 //! admission of a stream (id, query, producer token, readiness, the registry's own
-//! refusals), the JSON error body of every refusal, and the JSON events a producer
-//! receives (`overload`, `gap`, `closed`).
+//! refusals), the JSON error body of every refusal, the JSON events a producer
+//! receives (`overload`, `gap`, `error`, `closed`), the status and capacity arm of each
+//! door's read loop ([`StatusWatch::next_or_notice`]) and how a door ends its stream
+//! ([`Ending`]).
 //!
 //! Admission, in this order, nothing opened for a refused request:
 //! 1. [`Door::check`] (run by the [`Admitted`] extractor): `400 invalid_stream_id` (an

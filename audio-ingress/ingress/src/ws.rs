@@ -278,11 +278,6 @@ impl Conn {
         }
     }
 
-    /// Receives the next message (not bounded here: the caller selects on it).
-    async fn recv(&mut self) -> Option<Result<Message, axum::Error>> {
-        self.socket.recv().await
-    }
-
     /// Sends the close frame (unless the socket was abandoned) and waits briefly for
     /// the client's reply so that the close frame is not lost to a reset.
     async fn close(mut self, code: u16, reason: &'static str) {
@@ -354,7 +349,7 @@ async fn serve_socket(
                         break stop.into();
                     }
                 }
-                msg = socket.recv() => match msg {
+                msg = socket.socket.recv() => match msg {
                     None => break Outcome::Gone,
                     Some(Err(e)) => break read_failure(e),
                     Some(Ok(Message::Close(frame))) => {
