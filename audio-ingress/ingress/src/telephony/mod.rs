@@ -79,8 +79,8 @@ pub struct TelephonyState<S: Sink> {
 /// The telephony routes, without fallbacks (`serve` merges them with the others).
 pub fn routes<S: Sink>(state: TelephonyState<S>) -> Router {
     Router::new()
-        .route("/v1/telephony", get(upgrade_any::<S>))
-        .route("/v1/telephony/{dialect}", get(upgrade_dialect::<S>))
+        .route("/v1/telephony", get(upgrade::<S>))
+        .route("/v1/telephony/{dialect}", get(upgrade::<S>))
         .with_state(state)
 }
 
@@ -88,44 +88,23 @@ pub fn routes<S: Sink>(state: TelephonyState<S>) -> Router {
 /// is ~8.6 KiB).
 const MAX_MESSAGE_BYTES: usize = dialect::MAX_MESSAGE_BYTES;
 
-async fn upgrade_any<S: Sink>(
+/// `/v1/telephony/{dialect}`, or `/v1/telephony` (the dialect read from the first
+/// message). Before the upgrade: the query (only `access_token` is read), readiness.
+/// The stream itself is admitted at the carrier's `start` ([`call`]).
+async fn upgrade<S: Sink>(
     State(state): State<TelephonyState<S>>,
+    path: Result<Option<Path<String>>, PathRejection>,
     uri: Uri,
     headers: HeaderMap,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
-    upgrade(state, None, uri, headers, ws)
-}
-
-async fn upgrade_dialect<S: Sink>(
-    State(state): State<TelephonyState<S>>,
-    path: Result<Path<String>, PathRejection>,
-    uri: Uri,
-    headers: HeaderMap,
-    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
-) -> Response {
-    let dialect = match path.map(|Path(p)| p.parse::<Dialect>()) {
-        Ok(Ok(d)) => d,
-        _ => {
-            return error_response(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                "the telephony paths are /v1/telephony/twilio, /v1/telephony/telnyx and /v1/telephony",
-            );
-        }
+    let Ok(Ok(dialect)) = path.map(|p| p.map(|Path(p)| p.parse::<Dialect>()).transpose()) else {
+        return error_response(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "the telephony paths are /v1/telephony/twilio, /v1/telephony/telnyx and /v1/telephony",
+        );
     };
-    upgrade(state, Some(dialect), uri, headers, ws)
-}
-
-/// Before the upgrade: the query (only `access_token` is read), readiness. The stream
-/// itself is admitted at the carrier's `start` ([`call`]).
-fn upgrade<S: Sink>(
-    state: TelephonyState<S>,
-    dialect: Option<Dialect>,
-    uri: Uri,
-    headers: HeaderMap,
-    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
-) -> Response {
     let ws = match ws {
         Ok(ws) => ws,
         Err(e) => return door::error_response(e.status(), "invalid_upgrade", e.body_text()),
