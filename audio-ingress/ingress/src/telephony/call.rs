@@ -321,13 +321,7 @@ impl Call {
         let gone = shared.gone();
         tokio::pin!(gone);
         loop {
-            let reorder_due = self.inbound.deadline();
-            let reorder_sleep = async {
-                match reorder_due {
-                    Some(t) => tokio::time::sleep_until(Instant::from_std(t)).await,
-                    None => std::future::pending().await,
-                }
-            };
+            let reorder_sleep = super::sleep_until(self.inbound.deadline());
             tokio::select! {
                 biased;
                 change = status.next_or_notice(&mut self.ticket, &mut self.handle) => {

@@ -130,3 +130,11 @@ async fn upgrade<S: Sink>(
         )
     })
 }
+
+/// Sleeps until `at`; never resolves without one.
+async fn sleep_until(at: Option<std::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
+    }
+}

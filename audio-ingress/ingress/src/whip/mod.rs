@@ -586,21 +586,20 @@ async fn offer<S: Sink>(
 
 /// The `503` of a full session cap.
 fn sessions_full<S: Sink>(state: &WhipState<S>, full: Full) -> Response {
-    let (label, code, message) = match full {
+    // The code is also the admission refusal's label.
+    let (code, message) = match full {
         Full::All(max) => (
-            "max_sessions",
             "max_sessions",
             format!("{max} WHIP sessions are active (whip_max_sessions); retry later"),
         ),
         Full::PerIp(max) => (
-            "max_sessions_per_ip",
             "max_sessions_per_ip",
             format!(
                 "{max} WHIP sessions are active from this address                  (whip_max_sessions_per_ip); retry later"
             ),
         ),
     };
-    state.door.ingress.global().admission_rejected(label);
+    state.door.ingress.global().admission_rejected(code);
     count(&state.shared.counters.offers_refused);
     let status = StatusCode::SERVICE_UNAVAILABLE;
     door::refusal(status, code, message, state.door.retry_after)
