@@ -172,29 +172,6 @@ impl From<Ending> for Outcome {
     }
 }
 
-impl Outcome {
-    /// The end reason a stream that stops here gets (for the resume table's refusal
-    /// of a later resume).
-    fn end_label(&self) -> &'static str {
-        match self {
-            Self::Ends(e) => e.reason().as_str(),
-            Self::ClientClosed { violation: true } => EndReason::Error.as_str(),
-            Self::Gone | Self::ClientClosed { .. } | Self::TakenOver => {
-                EndReason::ProducerGone.as_str()
-            }
-        }
-    }
-
-    /// Whether the producer may come back for the stream: it went away without
-    /// ending it (or another connection took it).
-    fn parks(&self) -> bool {
-        matches!(
-            self,
-            Self::Gone | Self::ClientClosed { violation: false } | Self::TakenOver
-        )
-    }
-}
-
 /// What a connection sends first, and when its resume was asked for.
 struct Opening {
     /// `opened` or `resumed` (`None`: resume off).
@@ -406,54 +383,50 @@ async fn serve_socket(
     finish_socket(socket, att, outcome).await;
 }
 
-/// Closes a connection whose stream a resume took: `error` `taken_over`, close 4001.
-async fn taken_over(mut socket: Conn) {
-    let message = "a resume on another connection took this stream; it goes on there";
-    socket
-        .send_json(door::error_event("taken_over", message))
-        .await;
-    socket.close(close_code::TAKEN_OVER, "taken_over").await;
-}
-
 /// Ends the connection for `outcome`. A stream its producer may come back for is let
 /// go of (parked, or ended `producer_gone` with resume off); any other ends at this
 /// door, and its capacity slot is held until it finished.
 async fn finish_socket(mut socket: Conn, att: Attachment, outcome: Outcome) {
-    if outcome.parks() {
-        // A takeover's claimant takes the stream now.
-        drop(att);
-        match outcome {
-            Outcome::TakenOver => taken_over(socket).await,
-            // The close handshake: the echo was queued by the WebSocket layer.
-            Outcome::ClientClosed { .. } => socket.flush().await,
-            _ => {}
+    // The end reason of a stream that ends here is told to a later resume's claimant.
+    let ending = match outcome {
+        Outcome::Ends(ending) => ending,
+        // Parked (a takeover's claimant takes the stream now).
+        Outcome::Gone => return drop(att),
+        Outcome::TakenOver => {
+            drop(att);
+            let message = "a resume on another connection took this stream; it goes on there";
+            socket
+                .send_json(door::error_event("taken_over", message))
+                .await;
+            return socket.close(close_code::TAKEN_OVER, "taken_over").await;
         }
-        return;
-    }
-    let Held { mut handle, ticket } = att.end(outcome.end_label());
-    let status = handle.status();
-    match outcome {
-        // Parked above.
-        Outcome::Gone | Outcome::TakenOver | Outcome::ClientClosed { violation: false } => {}
+        // The close handshake: the echo was queued by the WebSocket layer.
+        Outcome::ClientClosed { violation: false } => {
+            drop(att);
+            return socket.flush().await;
+        }
         Outcome::ClientClosed { violation: true } => {
+            let Held { mut handle, ticket } = att.end(EndReason::Error.as_str());
+            let status = handle.status();
             handle.close(EndReason::Error);
             // The close handshake, as above; dropping the handle ends the stream.
             socket.flush().await;
             drop(handle);
+            return door::release_when_finished(ticket, status);
         }
-        // `closed` reports the finished stream (what was published, whether the `end`
-        // was delivered); what was admitted before a bad message is still published.
-        Outcome::Ends(ending) => {
-            if let Some(ev) = ending.close(&mut handle) {
-                socket.send_json(ev).await;
-            }
-            let summary = ending.finished(&handle).await;
-            let (code, reason) = ending.close_frame("end");
-            socket
-                .send_json(door::closed_event(ending.reason(), &summary))
-                .await;
-            socket.close(code, reason).await;
-        }
+    };
+    let Held { mut handle, ticket } = att.end(ending.reason().as_str());
+    let status = handle.status();
+    // `closed` reports the finished stream (what was published, whether the `end` was
+    // delivered); what was admitted before a bad message is still published.
+    if let Some(ev) = ending.close(&mut handle) {
+        socket.send_json(ev).await;
     }
+    let summary = ending.finished(&handle).await;
+    let (code, reason) = ending.close_frame("end");
+    socket
+        .send_json(door::closed_event(ending.reason(), &summary))
+        .await;
+    socket.close(code, reason).await;
     door::release_when_finished(ticket, status);
 }

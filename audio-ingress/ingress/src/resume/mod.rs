@@ -538,6 +538,11 @@ impl Resume {
     }
 }
 
+/// Never called: an attachment or a claim holds its stream until resolved or dropped.
+fn vacant<T>() -> T {
+    unreachable!("an attachment or a claim holds its stream until resolved or dropped")
+}
+
 /// A stream attached to one connection. Dropping it parks the stream (resume on) or
 /// ends it (`producer_gone`); [`Self::end`] takes it out for a door that ends it.
 pub struct Attachment {
@@ -553,26 +558,14 @@ pub struct Attachment {
 impl Attachment {
     /// The stream's handle.
     pub fn handle(&self) -> &StreamHandle {
-        &self.held().handle
+        &self.held.as_ref().unwrap_or_else(vacant).handle
     }
 
     /// The handle and the ticket, both mutably (a door's loop waits on the ticket
     /// while it pushes into the handle).
     pub fn parts(&mut self) -> (&mut StreamHandle, &mut Ticket) {
-        let held = self.held_mut();
+        let held = self.held.as_mut().unwrap_or_else(vacant);
         (&mut held.handle, &mut held.ticket)
-    }
-
-    fn held(&self) -> &Held {
-        self.held
-            .as_ref()
-            .unwrap_or_else(|| unreachable!("an attachment holds its stream until dropped"))
-    }
-
-    fn held_mut(&mut self) -> &mut Held {
-        self.held
-            .as_mut()
-            .unwrap_or_else(|| unreachable!("an attachment holds its stream until dropped"))
     }
 
     /// The resume token (`None`: resume off).
@@ -597,10 +590,7 @@ impl Attachment {
     /// The stream ends at this door (`reason`): it leaves the table; the caller finishes
     /// it with the returned handle and ticket.
     pub fn end(mut self, reason: &'static str) -> Held {
-        let held = self
-            .held
-            .take()
-            .unwrap_or_else(|| unreachable!("an attachment holds its stream until dropped"));
+        let held = self.held.take().unwrap_or_else(vacant);
         if self.token.is_some() {
             self.resume.ended(&self.id, self.instance, reason);
         }
@@ -640,11 +630,7 @@ pub struct Claimed {
 impl Claimed {
     /// The stream's handle.
     pub fn handle(&self) -> &StreamHandle {
-        &self
-            .held
-            .as_ref()
-            .unwrap_or_else(|| unreachable!("a claim holds its stream until resolved"))
-            .handle
+        &self.held.as_ref().unwrap_or_else(vacant).handle
     }
 
     /// The token (unchanged by a resume).

@@ -316,15 +316,8 @@ async fn finish(p: Pump, outcome: Outcome) {
 
 /// Queues one event for the data channel.
 async fn event_to(driver: &mpsc::Sender<Command>, key: &str, ev: serde_json::Value) {
-    let key = key.to_owned();
-    command(
-        driver,
-        Command::Event {
-            key,
-            text: ev.to_string(),
-        },
-    )
-    .await;
+    let (key, text) = (key.to_owned(), ev.to_string());
+    command(driver, Command::Event { key, text }).await;
 }
 
 /// Queues one command for the driver (bounded: the driver's command channel, 1 s).
