@@ -129,17 +129,12 @@ async fn upgrade<S: Sink>(
         tracing::Instrument::instrument(
             async move {
                 let _guard = guard;
-                let send_timeout = state.send_timeout;
                 let conn = Conn {
                     socket,
-                    send_timeout,
+                    send_timeout: state.send_timeout,
                     abandoned: false,
                 };
-                let opening = Opening {
-                    first_event,
-                    resumed,
-                };
-                serve_socket(conn, att, opening, state.idle_timeout).await;
+                serve_socket(conn, att, first_event, resumed, state.idle_timeout).await;
             },
             span,
         )
@@ -170,15 +165,6 @@ impl From<Ending> for Outcome {
     fn from(e: Ending) -> Self {
         Self::Ends(e)
     }
-}
-
-/// What a connection sends first, and when its resume was asked for.
-struct Opening {
-    /// `opened` or `resumed` (`None`: resume off).
-    first_event: Option<serde_json::Value>,
-    /// A resumed connection: when the resume was requested (for the latency to its
-    /// first admitted frame), and the stream's gap count before its loss was declared.
-    resumed: Option<(Instant, u64)>,
 }
 
 /// How a failed read ends the connection: the client broke the protocol (the stream
@@ -274,25 +260,29 @@ impl Conn {
     }
 }
 
-/// Runs one connection: frames in, events out, until an [`Outcome`]. The capacity
-/// ticket is held until the stream finished; a connection that went away without
-/// `end` leaves the stream parked for a resume (its attachment is dropped).
+/// Runs one connection: `first_event` (`opened` or `resumed`; `None`: resume off),
+/// then frames in, events out, until an [`Outcome`]. `resumed`: when the resume was
+/// requested (for the latency to its first admitted frame) and the stream's gap count
+/// before its loss was declared. The capacity ticket is held until the stream
+/// finished; a connection that went away without `end` leaves the stream parked for a
+/// resume (its attachment is dropped).
 async fn serve_socket(
     mut socket: Conn,
     mut att: Attachment,
-    opening: Opening,
+    first_event: Option<serde_json::Value>,
+    resumed: Option<(Instant, u64)>,
     idle_timeout: Duration,
 ) {
     let revoked = att.revoked();
     tokio::pin!(revoked);
     let resumable = att.token().is_some();
-    let mut resumed_at = opening.resumed.map(|(at, _)| at);
-    let mut status = match opening.resumed {
+    let mut resumed_at = resumed.map(|(at, _)| at);
+    let mut status = match resumed {
         Some((_, gaps_before)) => door::StatusWatch::since(att.handle(), gaps_before),
         None => door::StatusWatch::new(att.handle()),
     };
     let outcome = 'serve: {
-        if let Some(ev) = opening.first_event
+        if let Some(ev) = first_event
             && !socket.send_json(ev).await
         {
             break 'serve Outcome::Gone;

@@ -86,7 +86,6 @@ pub(super) async fn serve<S: Sink>(
         cfg.out_max_total_bytes,
     );
     let (writer, writer_task) = Writer::spawn(sink, Arc::clone(&shared), state.door.send_timeout);
-    let close = |code: u16, reason: &str| Cmd::Close(code, reason.to_owned());
     let started = tokio::time::timeout(cfg.start_timeout, wait_start(&mut stream, dialect))
         .await
         .unwrap_or_else(|_| Err(BadInput::policy("start_timeout", "").into()))
@@ -98,7 +97,8 @@ pub(super) async fn serve<S: Sink>(
         Ok(s) => s,
         Err(Outcome::Ends(Ending::Bad(b))) => {
             count_bad(&b);
-            return finish_writer(writer, writer_task, Some(close(b.close, b.code))).await;
+            let close = Cmd::Close(b.close, b.code.to_owned());
+            return finish_writer(writer, writer_task, Some(close)).await;
         }
         // The socket is gone.
         Err(_) => return finish_writer(writer, writer_task, None).await,
