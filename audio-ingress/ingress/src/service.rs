@@ -350,11 +350,6 @@ impl<S: Sink> RunningService<S> {
         self.door.capacity.as_deref()
     }
 
-    /// The resumable streams.
-    pub fn resume(&self) -> &Resume {
-        &self.door.resume
-    }
-
     /// The one line printed on stdout when ready (docs/contracts.md).
     pub fn ready_line(&self) -> String {
         weir_protocol::admin::ReadyLine::new(

@@ -264,15 +264,6 @@ impl Resume {
         self.window
     }
 
-    /// Streams parked now (waiting for their producer).
-    pub fn parked(&self) -> usize {
-        self.lock()
-            .entries
-            .values()
-            .filter(|e| matches!(e.state, State::Parked { .. }))
-            .count()
-    }
-
     fn lock(&self) -> MutexGuard<'_, Inner> {
         locked(&self.inner)
     }

@@ -135,9 +135,10 @@ pub(super) async fn serve<S: Sink>(
         Some(client) => spawn_intake(client, &subjects, &shared, &events, &stop_intake).await,
         None => None,
     };
+    let format = format!("{}/{}", start.format.encoding, start.format.sample_rate);
     events.emit(json!({
         "type": "started", "stream": id, "dialect": label, "call_id": start.call_id,
-        "stream_sid": start.stream_sid, "format": format_name(&start),
+        "stream_sid": start.stream_sid, "format": format,
         "bot_audio": subjects.out, "control": subjects.ctl,
     }));
     let mut call = Call {
@@ -554,11 +555,6 @@ fn return_format(dialect: Dialect, start: &Start) -> Result<MediaFormat, BadInpu
     };
     MediaFormat::new(encoding, 8000, 1)
         .map_err(|e| BadInput::policy("unsupported_format", e.to_string()))
-}
-
-/// The call's format as the events name it.
-fn format_name(start: &Start) -> String {
-    format!("{}/{}", start.format.encoding, start.format.sample_rate)
 }
 
 /// A call's chunks taken and frames pushed, added to the shared counters once a second

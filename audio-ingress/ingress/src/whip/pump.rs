@@ -176,16 +176,13 @@ impl Decoder {
                 }
                 n
             }
-            Ok(_) => {
+            refused => {
                 c.add(|x| &x.decode_errors, t, 1);
                 metrics::counter!(m::WHIP_DECODE_ERRORS_TOTAL).increment(1);
-                0
-            }
-            Err(_) => {
                 // A panic may leave the decoder inconsistent: start afresh.
-                c.add(|x| &x.decode_errors, t, 1);
-                metrics::counter!(m::WHIP_DECODE_ERRORS_TOTAL).increment(1);
-                if let Ok(d) = OpusDecoder::new(RATE_HZ as i32, 1) {
+                if refused.is_err()
+                    && let Ok(d) = OpusDecoder::new(RATE_HZ as i32, 1)
+                {
                     self.opus = d;
                 }
                 0
