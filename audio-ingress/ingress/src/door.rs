@@ -202,14 +202,10 @@ impl<S: Sink> Door<S> {
         raw_query: Option<&str>,
         headers: &HeaderMap,
     ) -> Result<Admitted, Refused> {
-        let refuse = |label: &'static str, code: &str, message: String| {
-            self.ingress.global().admission_rejected(label);
-            Box::new(error_response(StatusCode::BAD_REQUEST, code, message))
-        };
         let id = raw_id
             .map_err(|e| e.body_text())
             .and_then(|raw| StreamId::parse(&raw).map_err(|e| e.to_string()))
-            .map_err(|message| refuse("invalid_id", "invalid_stream_id", message))?;
+            .map_err(|message| self.bad_request("invalid_id", "invalid_stream_id", message))?;
         let query = self.query(raw_query)?;
         // Authentication before anything else is looked at or opened.
         let token = crate::auth::token_of(bearer(headers), query.access_token.as_deref());
@@ -219,11 +215,8 @@ impl<S: Sink> Door<S> {
             .map(|v| v.to_str().map(str::to_owned))
             .transpose()
             .map_err(|_| {
-                refuse(
-                    "invalid_session",
-                    "invalid_request",
-                    "Weir-Resume-Token is not ASCII".to_owned(),
-                )
+                let message = "Weir-Resume-Token is not ASCII";
+                self.bad_request("invalid_session", "invalid_request", message)
             })?;
         let resume = header_token
             .filter(|t| !t.is_empty())
@@ -244,14 +237,14 @@ impl<S: Sink> Door<S> {
     /// The request's query: `400 invalid_request` when it is not UTF-8 once
     /// percent-decoded or repeats a parameter. Counted refusal.
     pub fn query(&self, raw_query: Option<&str>) -> Result<UpgradeQuery, Refused> {
-        UpgradeQuery::parse(raw_query).map_err(|e| {
-            self.ingress.global().admission_rejected("invalid_session");
-            Box::new(error_response(
-                StatusCode::BAD_REQUEST,
-                "invalid_request",
-                e.to_string(),
-            ))
-        })
+        UpgradeQuery::parse(raw_query)
+            .map_err(|e| self.bad_request("invalid_session", "invalid_request", e.to_string()))
+    }
+
+    /// A `400` refusal, counted under `label`.
+    fn bad_request(&self, label: &'static str, code: &str, message: impl Into<String>) -> Refused {
+        self.ingress.global().admission_rejected(label);
+        Box::new(error_response(StatusCode::BAD_REQUEST, code, message))
     }
 
     /// Step 1 for a door that learns the stream id after the upgrade (the telephony
@@ -263,14 +256,8 @@ impl<S: Sink> Door<S> {
         session: Option<String>,
         token: Option<&str>,
     ) -> Result<Admitted, Refused> {
-        let id = StreamId::parse(raw_id).map_err(|e| {
-            self.ingress.global().admission_rejected("invalid_id");
-            Box::new(error_response(
-                StatusCode::BAD_REQUEST,
-                "invalid_stream_id",
-                e.to_string(),
-            ))
-        })?;
+        let id = StreamId::parse(raw_id)
+            .map_err(|e| self.bad_request("invalid_id", "invalid_stream_id", e.to_string()))?;
         let grant = self.grant(&id, token)?;
         Ok(Admitted {
             id,
