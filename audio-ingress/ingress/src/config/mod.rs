@@ -357,15 +357,11 @@ fn from_load(e: ConfigError) -> ConfigError {
     }
 }
 
-/// The range [`SECTIONS`] gives `key`: the key table and the validation read the same
-/// bounds ([`Range::Any`] for a key without one, which a range check refuses).
-fn range(key: &str) -> Range {
-    keys::range(SECTIONS, key)
-}
-
-/// `v` of `key` within the range [`SECTIONS`] gives it.
+/// `v` of `key` within the range [`SECTIONS`] gives it: the key table and the
+/// validation read the same bounds ([`Range::Any`] for a key without one, which a range
+/// check refuses).
 fn int_in(key: &str, v: u64) -> Result<u64, ConfigError> {
-    range(key).check(key, v)
+    keys::range(SECTIONS, key).check(key, v)
 }
 
 impl RawConfig {
