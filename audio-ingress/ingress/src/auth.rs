@@ -1,22 +1,10 @@
 //! Producer authentication (optional, `auth_required = true`): a signed token (JWT,
 //! HS256 with a shared secret or EdDSA with an Ed25519 public key) checked before the
-//! WebSocket upgrade.
-//!
-//! The token comes in `Authorization: Bearer <token>` or, for browsers (which cannot set
-//! headers on a WebSocket), in the query parameter `access_token`; the header wins when
-//! both are present. Claims:
-//!
-//! | claim | meaning |
-//! |---|---|
-//! | `exp` | required: expiry, seconds since the Unix epoch (`auth_leeway_s` of clock skew allowed) |
-//! | `nbf` | optional: not before, seconds since the Unix epoch; a token is refused until then, with the same `auth_leeway_s` of skew (a number, else the token is malformed) |
-//! | `stream` | the one stream id the token may open, or |
-//! | `stream_prefix` | a non-empty prefix of the stream ids it may open (exactly one of the two) |
-//! | `max_rate` | optional rate class: this stream's `max_rate` (multiple of real time), at most the configured one — a token can only lower it |
-//!
-//! Outcomes: no token → 401 `unauthorized`; a token that does not verify (signature,
-//! algorithm, expiry, not yet valid, malformed claims) → 401 `unauthorized`; a valid token whose scope
-//! does not cover the stream id → 403 `forbidden`. Nothing is opened for a refused
+//! WebSocket upgrade. The token comes in `Authorization: Bearer <token>` or, for
+//! browsers, the query parameter `access_token` (the header wins); its claims (`exp`,
+//! `nbf`, exactly one of `stream` and `stream_prefix`, `max_rate`) and the answers (no
+//! token or a bad one: 401 `unauthorized`; out of scope: 403 `forbidden`) are
+//! docs/audio-ingress.md § Producer authentication. Nothing is opened for a refused
 //! request.
 //!
 //! Invariants: the secret and the tokens are never logged nor shown by `Debug`; only

@@ -1,8 +1,10 @@
 //! What the front doors — WebSocket ([`crate::ws`]), WHIP ([`crate::whip`]) and
 //! telephony ([`crate::telephony`]) — share ([`Door`]) and do the same way: the
 //! admission of a stream (id, query, producer token, readiness, the registry's own
-//! refusals), the JSON error body of every refusal, and the JSON events a producer
-//! receives (`overload`, `gap`, `closed`).
+//! refusals), the JSON error body of every refusal, the JSON events a producer
+//! receives (`overload`, `gap`, `error`, `closed`), the status and capacity arm of each
+//! door's read loop ([`StatusWatch::next_or_notice`]) and how a door ends its stream
+//! ([`Ending`]).
 //!
 //! Admission, in this order, nothing opened for a refused request:
 //! 1. [`Door::check`] (run by the [`Admitted`] extractor): `400 invalid_stream_id` (an
@@ -33,18 +35,19 @@ use axum::extract::{FromRequestParts, Path};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
-use serde_json::json;
 use tokio::sync::watch::{self, error::RecvError};
 use tokio_util::sync::ReusableBoxFuture;
-use weir_protocol::StreamId;
 use weir_protocol::audio::extension::{EndReason, Overload};
+use weir_protocol::audio::ws::Event;
+use weir_protocol::{StreamId, WireName};
 
 use crate::auth::{Authenticator, Grant};
-use crate::capacity::{Capacity, NoCapacity, Ticket};
+use crate::capacity::{Capacity, NoCapacity, Notice, Ticket};
 use crate::resume::Resume;
 use crate::shutdown::TaskTracker;
+use crate::ws::close_code;
 use crate::ws_query::UpgradeQuery;
-use weir_audio_producer::error::OpenError;
+use weir_audio_producer::error::{OpenError, PushError};
 use weir_audio_producer::publisher::Sink;
 use weir_audio_producer::stream::{Ingress, StreamHandle, StreamStatus, StreamSummary};
 
@@ -52,11 +55,21 @@ use weir_audio_producer::stream::{Ingress, StreamHandle, StreamStatus, StreamSum
 /// the admin port's too.
 pub use weir_service::admin::error_response;
 
-/// Adds `Retry-After` (whole seconds, at least 1).
-pub fn insert_retry_after(resp: &mut Response, retry_after: Duration) {
-    if let Ok(v) = HeaderValue::from_str(&retry_after.as_secs().max(1).to_string()) {
+/// A refusal's answer ([`error_response`]); a `503` carries `Retry-After` (whole
+/// seconds, at least 1).
+pub fn refusal(
+    status: StatusCode,
+    code: &str,
+    message: impl Into<String>,
+    retry_after: Duration,
+) -> Response {
+    let mut resp = error_response(status, code, message);
+    if status == StatusCode::SERVICE_UNAVAILABLE
+        && let Ok(v) = HeaderValue::from_str(&retry_after.as_secs().max(1).to_string())
+    {
         resp.headers_mut().insert(header::RETRY_AFTER, v);
     }
+    resp
 }
 
 /// The answer to a refused [`Ingress::open_id`].
@@ -70,11 +83,7 @@ pub fn open_refusal(e: &OpenError, retry_after: Duration) -> Response {
         OpenError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
         OpenError::NoRuntime => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
     };
-    let mut resp = error_response(status, code, e.to_string());
-    if status == StatusCode::SERVICE_UNAVAILABLE {
-        insert_retry_after(&mut resp, retry_after);
-    }
-    resp
+    refusal(status, code, e.to_string(), retry_after)
 }
 
 /// A refusal: the complete answer (boxed: a `Response` is large).
@@ -141,17 +150,16 @@ pub struct Door<S: Sink> {
 
 /// The answer to a stream refused for recognition capacity: `503 no_capacity` with
 /// the estimated `Retry-After`.
-pub fn no_capacity_refusal(refusal: &NoCapacity) -> Response {
-    let reason: &'static str = refusal.reason.into();
-    let message = match &refusal.worker {
+pub fn no_capacity_refusal(no_capacity: &NoCapacity) -> Response {
+    let reason: &'static str = no_capacity.reason.into();
+    let message = match &no_capacity.worker {
         Some(w) => {
             format!("no recognition capacity for this stream ({reason}, worker {w}); retry later")
         }
         None => format!("no recognition capacity for this stream ({reason}); retry later"),
     };
-    let mut resp = error_response(StatusCode::SERVICE_UNAVAILABLE, "no_capacity", message);
-    insert_retry_after(&mut resp, refusal.retry_after);
-    resp
+    let status = StatusCode::SERVICE_UNAVAILABLE;
+    refusal(status, "no_capacity", message, no_capacity.retry_after)
 }
 
 /// The state of a door's routes: the [`Door`] it admits with. With it, [`Admitted`]
@@ -194,16 +202,11 @@ impl<S: Sink> Door<S> {
         raw_query: Option<&str>,
         headers: &HeaderMap,
     ) -> Result<Admitted, Refused> {
-        let refuse = |label: &'static str, code: &str, message: String| {
-            self.ingress.global().admission_rejected(label);
-            Box::new(error_response(StatusCode::BAD_REQUEST, code, message))
-        };
         let id = raw_id
             .map_err(|e| e.body_text())
             .and_then(|raw| StreamId::parse(&raw).map_err(|e| e.to_string()))
-            .map_err(|message| refuse("invalid_id", "invalid_stream_id", message))?;
-        let query = UpgradeQuery::parse(raw_query)
-            .map_err(|e| refuse("invalid_session", "invalid_request", e.to_string()))?;
+            .map_err(|message| self.bad_request("invalid_id", "invalid_stream_id", message))?;
+        let query = self.query(raw_query)?;
         // Authentication before anything else is looked at or opened.
         let token = crate::auth::token_of(bearer(headers), query.access_token.as_deref());
         let grant = self.grant(&id, token)?;
@@ -212,11 +215,8 @@ impl<S: Sink> Door<S> {
             .map(|v| v.to_str().map(str::to_owned))
             .transpose()
             .map_err(|_| {
-                refuse(
-                    "invalid_session",
-                    "invalid_request",
-                    "Weir-Resume-Token is not ASCII".to_owned(),
-                )
+                let message = "Weir-Resume-Token is not ASCII";
+                self.bad_request("invalid_session", "invalid_request", message)
             })?;
         let resume = header_token
             .filter(|t| !t.is_empty())
@@ -234,6 +234,19 @@ impl<S: Sink> Door<S> {
         })
     }
 
+    /// The request's query: `400 invalid_request` when it is not UTF-8 once
+    /// percent-decoded or repeats a parameter. Counted refusal.
+    pub fn query(&self, raw_query: Option<&str>) -> Result<UpgradeQuery, Refused> {
+        UpgradeQuery::parse(raw_query)
+            .map_err(|e| self.bad_request("invalid_session", "invalid_request", e.to_string()))
+    }
+
+    /// A `400` refusal, counted under `label`.
+    fn bad_request(&self, label: &'static str, code: &str, message: impl Into<String>) -> Refused {
+        self.ingress.global().admission_rejected(label);
+        Box::new(error_response(StatusCode::BAD_REQUEST, code, message))
+    }
+
     /// Step 1 for a door that learns the stream id after the upgrade (the telephony
     /// door, from the carrier's `start`): the id, then the producer token (`token`:
     /// from the call, else the upgrade request's). Counted refusals, as [`Self::check`].
@@ -243,14 +256,8 @@ impl<S: Sink> Door<S> {
         session: Option<String>,
         token: Option<&str>,
     ) -> Result<Admitted, Refused> {
-        let id = StreamId::parse(raw_id).map_err(|e| {
-            self.ingress.global().admission_rejected("invalid_id");
-            Box::new(error_response(
-                StatusCode::BAD_REQUEST,
-                "invalid_stream_id",
-                e.to_string(),
-            ))
-        })?;
+        let id = StreamId::parse(raw_id)
+            .map_err(|e| self.bad_request("invalid_id", "invalid_stream_id", e.to_string()))?;
         let grant = self.grant(&id, token)?;
         Ok(Admitted {
             id,
@@ -290,13 +297,14 @@ impl<S: Sink> Door<S> {
             return Ok(());
         }
         self.ingress.global().admission_rejected("not_ready");
-        let mut resp = error_response(
-            StatusCode::SERVICE_UNAVAILABLE,
+        let message = "not connected to NATS; retry later";
+        let status = StatusCode::SERVICE_UNAVAILABLE;
+        Err(Box::new(refusal(
+            status,
             "not_ready",
-            "not connected to NATS; retry later",
-        );
-        insert_retry_after(&mut resp, self.retry_after);
-        Err(Box::new(resp))
+            message,
+            self.retry_after,
+        )))
     }
 
     /// Step 3 of the admission: readiness, the recognition capacity, then the
@@ -399,50 +407,154 @@ pub fn release_when_finished(ticket: Ticket, mut status: watch::Receiver<StreamS
     });
 }
 
+/// `event` as the JSON value a door sends.
+pub fn event_value(event: &Event) -> serde_json::Value {
+    serde_json::to_value(event).unwrap_or_default()
+}
+
+/// The `error` event.
+pub fn error_event(code: &str, message: impl Into<String>) -> serde_json::Value {
+    event_value(&Event::Error {
+        code: code.to_owned(),
+        message: message.into(),
+    })
+}
+
 /// The `overload` event.
 pub fn overload_event(o: &Overload, handle: &StreamHandle) -> serde_json::Value {
-    let snapshot = handle.snapshot();
-    json!({
-        "type": "overload",
-        "reason": o.reason,
-        "dropped_frames": o.dropped_frames,
-        "dropped_samples": o.dropped_samples,
-        "pending_bytes": o.pending_bytes,
-        "max_bytes": o.max_bytes,
-        "max_age_ms": o.max_age_ms,
-        "frames_published": snapshot.frames.published,
+    event_value(&Event::Overload {
+        reason: o.reason,
+        dropped_frames: o.dropped_frames,
+        dropped_samples: o.dropped_samples,
+        pending_bytes: o.pending_bytes,
+        max_bytes: o.max_bytes,
+        max_age_ms: o.max_age_ms,
+        frames_published: handle.snapshot().frames.published,
     })
 }
 
 /// The `closed` event.
-pub fn closed_event(reason: &str, summary: &StreamSummary) -> serde_json::Value {
+pub fn closed_event(reason: EndReason, summary: &StreamSummary) -> serde_json::Value {
     let f = &summary.snapshot.frames;
-    json!({
-        "type": "closed",
-        "reason": reason,
-        "frames_published": f.published,
-        "frames_dropped": f.dropped.values().sum::<u64>(),
-        "end_delivered": summary.snapshot.end_delivered,
+    event_value(&Event::Closed {
+        reason,
+        frames_published: f.published,
+        frames_dropped: f.dropped.values().sum(),
+        end_delivered: summary.snapshot.end_delivered,
     })
 }
 
-/// What a door does after its stream's status changed: send the `gap` event, if any,
-/// then stop on an overload or an end (in that order).
-#[derive(Debug)]
-pub struct StatusChange {
-    /// The `gap` event for a new gap marker.
-    pub gap: Option<serde_json::Value>,
-    /// The stream overloaded or ended.
-    pub stop: Option<StatusStop>,
+/// A message a door refuses: the stream ends `error`, the producer gets the `error`
+/// event and the socket closes with `close` and the code as its reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadInput {
+    /// The close code.
+    pub close: u16,
+    /// Stable snake_case code (the close reason, the `error` event's code).
+    pub code: &'static str,
+    /// What was wrong.
+    pub message: String,
 }
 
-/// Why a door stops reading its producer.
+impl BadInput {
+    /// A message against the stream's rules (close 1008).
+    pub fn policy(code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            close: close_code::POLICY,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// How a door ends a stream it holds (rather than letting go of it).
 #[derive(Debug)]
-pub enum StatusStop {
-    /// The stream overloaded (`close` policy).
+pub enum Ending {
+    /// The producer ended it (WebSocket `end`, WHIP `DELETE`, the carrier's `stop`).
+    Producer,
+    /// No message for `idle_timeout`.
+    Idle,
+    /// A bad message: the `error` event at once.
+    Bad(BadInput),
+    /// The door failed (reason `error`, no `error` event).
+    Internal,
+    /// The stream overloaded (`close` policy): the `overload` event at once.
     Overload(Overload),
-    /// The stream ended (shutdown, or its status channel closed: `error`).
+    /// The stream ended otherwise (shutdown, no capacity, its status channel closed).
     Closed(EndReason),
+}
+
+/// A frame the stream did not take: it overloaded or ended, or the frame is bad
+/// (`bad_frame`).
+impl From<PushError> for Ending {
+    fn from(e: PushError) -> Self {
+        match e {
+            PushError::Overloaded(o) => Self::Overload(o),
+            PushError::Closed(r) => Self::Closed(r),
+            e => Self::Bad(BadInput::policy("bad_frame", e.to_string())),
+        }
+    }
+}
+
+impl Ending {
+    /// The stream's end reason.
+    pub fn reason(&self) -> EndReason {
+        match self {
+            Self::Producer => EndReason::Producer,
+            Self::Idle => EndReason::Idle,
+            Self::Bad(_) | Self::Internal => EndReason::Error,
+            Self::Overload(_) => EndReason::Overload,
+            Self::Closed(r) => *r,
+        }
+    }
+
+    /// The close code and reason of the producer's socket (`producer`: the reason of
+    /// an end the producer asked for).
+    pub fn close_frame(&self, producer: &'static str) -> (u16, &'static str) {
+        match self {
+            Self::Producer => (close_code::NORMAL, producer),
+            Self::Bad(b) => (b.close, b.code),
+            other => (close_code::of_end(other.reason()), other.reason().as_str()),
+        }
+    }
+
+    /// Ends the stream of `handle` (one that overloaded or ended is closed already) and
+    /// returns the event to send at once: `overload` or `error`. Ended first, so that
+    /// a producer that does not read cannot delay it.
+    pub fn close(&self, handle: &mut StreamHandle) -> Option<serde_json::Value> {
+        match self {
+            Self::Overload(o) => return Some(overload_event(o, handle)),
+            Self::Closed(_) => return None,
+            _ => handle.close(self.reason()),
+        }
+        match self {
+            Self::Bad(b) => Some(error_event(b.code, b.message.clone())),
+            _ => None,
+        }
+    }
+
+    /// Waits until the stream finished: its summary, for the `closed` event (which so
+    /// counts what the server confirmed after an overload and whether the `end` got
+    /// through).
+    pub async fn finished(&self, handle: &StreamHandle) -> StreamSummary {
+        match self {
+            Self::Closed(_) => handle.wait_finished(CLOSED_BOUND).await,
+            _ => handle.wait_ended().await,
+        }
+    }
+}
+
+/// Bound on the wait for a stream that ended from the server side to finish.
+const CLOSED_BOUND: Duration = Duration::from_secs(30);
+
+/// What a door does after its stream's status changed or its capacity ticket told it
+/// something: send the event, if any, then stop (in that order).
+#[derive(Debug)]
+pub struct StatusChange {
+    /// The `gap` event of a new gap marker, or the `degraded`/`recovered` notice.
+    pub event: Option<serde_json::Value>,
+    /// The stream overloaded or ended ([`Ending::Overload`], [`Ending::Closed`]).
+    pub stop: Option<Ending>,
 }
 
 /// What a door's read loop waits on for its stream's status changes: one future that
@@ -499,18 +611,18 @@ impl StatusWatch {
         let (changed, mut status) = (&mut self.next).await;
         let change = if changed.is_err() {
             StatusChange {
-                gap: None,
-                stop: Some(StatusStop::Closed(EndReason::Error)),
+                event: None,
+                stop: Some(Ending::Closed(EndReason::Error)),
             }
         } else {
             let s = status.borrow_and_update().clone();
             let stop = match (s.overload.clone(), s.end_reason) {
-                (Some(o), _) => Some(StatusStop::Overload(o)),
-                (None, Some(r)) => Some(StatusStop::Closed(r)),
+                (Some(o), _) => Some(Ending::Overload(o)),
+                (None, Some(r)) => Some(Ending::Closed(r)),
                 (None, None) => None,
             };
             StatusChange {
-                gap: gap_event(&s, &mut self.gaps_seen),
+                event: gap_event(&s, &mut self.gaps_seen),
                 stop,
             }
         };
@@ -518,19 +630,45 @@ impl StatusWatch {
         self.next.set(wait(status));
         change
     }
+
+    /// [`Self::next`], or the next notice of the stream's capacity `ticket`, the
+    /// status first (a flood of frames must not starve these events either). A
+    /// worker's refusal closes the stream of `handle` (`no_capacity`). Cancel-safe,
+    /// as both waits are.
+    pub async fn next_or_notice(
+        &mut self,
+        ticket: &mut Ticket,
+        handle: &mut StreamHandle,
+    ) -> StatusChange {
+        tokio::select! {
+            biased;
+            change = self.next() => change,
+            notice = ticket.next() => match crate::capacity::notice_event(&notice) {
+                Some(ev) => StatusChange { event: Some(ev), stop: None },
+                None => {
+                    debug_assert_eq!(notice, Notice::Refused);
+                    handle.close(EndReason::NoCapacity);
+                    StatusChange { event: None, stop: Some(Ending::Closed(EndReason::NoCapacity)) }
+                }
+            },
+        }
+    }
 }
 
 /// The `gap` event for a status that counts more gaps than `gaps_seen` (and moves
 /// `gaps_seen` on); `None` when no new gap marker was published.
-pub fn gap_event(status: &StreamStatus, gaps_seen: &mut u64) -> Option<serde_json::Value> {
+fn gap_event(status: &StreamStatus, gaps_seen: &mut u64) -> Option<serde_json::Value> {
     if status.gaps <= *gaps_seen {
         return None;
     }
     *gaps_seen = status.gaps;
     let g = status.last_gap.as_ref()?;
-    Some(json!({
-        "type": "gap", "first_seq": g.first_seq, "last_seq": g.last_seq,
-        "frames": g.frames(), "samples": g.samples, "reason": g.reason,
-        "gaps_total": status.gaps,
+    Some(event_value(&Event::Gap {
+        first_seq: g.first_seq,
+        last_seq: g.last_seq,
+        frames: g.frames(),
+        samples: g.samples,
+        reason: g.reason,
+        gaps_total: status.gaps,
     }))
 }

@@ -224,17 +224,12 @@ fn check_open_files(server: &ServerConfig) -> Result<FdLimit, Error> {
 
 /// The token check of `auth_required` (`None`: the doors are open).
 fn authenticator(server: &ServerConfig) -> Result<Option<Arc<Authenticator>>, Error> {
-    let auth = match &server.auth {
-        None => None,
-        Some(a) => Some(Arc::new(Authenticator::new(a).map_err(|e| {
-            crate::error::config(ConfigError::new(
-                "auth_required",
-                ConfigErrorKind::Invalid,
-                e.to_string(),
-            ))
-        })?)),
+    let refused = |e: crate::auth::KeyError| {
+        let e = ConfigError::new("auth_required", ConfigErrorKind::Invalid, e.to_string());
+        crate::error::config(e)
     };
-    Ok(auth)
+    let auth = server.auth.as_ref().map(Authenticator::new).transpose();
+    Ok(auth.map_err(refused)?.map(Arc::new))
 }
 
 /// The resumable streams, keyed by a secret drawn from the OS.
@@ -353,11 +348,6 @@ impl<S: Sink> RunningService<S> {
     /// The recognition-capacity check (`None`: a service started without one).
     pub fn capacity(&self) -> Option<&Capacity> {
         self.door.capacity.as_deref()
-    }
-
-    /// The resumable streams.
-    pub fn resume(&self) -> &Resume {
-        &self.door.resume
     }
 
     /// The one line printed on stdout when ready (docs/contracts.md).

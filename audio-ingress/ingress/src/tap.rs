@@ -171,23 +171,15 @@ impl TapArgs {
     }
 }
 
-/// Why a `--for` value was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-enum SecondsError {
-    /// Not a number.
-    #[error("{0:?} is not a number of seconds")]
-    NotANumber(String),
-    /// Not in (0, 1 year].
-    #[error("{0} is out of range; allowed (0, 31536000] seconds")]
-    OutOfRange(String),
-}
-
-fn parse_seconds(s: &str) -> Result<Duration, SecondsError> {
+/// A `--for` value: seconds in (0, 1 year]; the refusal names the value.
+fn parse_seconds(s: &str) -> Result<Duration, String> {
     let secs: f64 = s
         .parse()
-        .map_err(|_| SecondsError::NotANumber(s.to_owned()))?;
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
     if !(secs > 0.0 && secs <= 31_536_000.0) {
-        return Err(SecondsError::OutOfRange(s.to_owned()));
+        return Err(format!(
+            "{s} is out of range; allowed (0, 31536000] seconds"
+        ));
     }
     Ok(Duration::from_secs_f64(secs))
 }

@@ -1,63 +1,25 @@
 //! The WebSocket front door: `GET /v1/streams/{stream_id}[?session_id=S]`, one
-//! connection per stream (protocol pinned in docs/contracts.md and docs/protocol.md §6).
+//! connection per stream (protocol pinned in docs/contracts.md and docs/protocol.md §6;
+//! its outcomes, events and close codes tabled in docs/audio-ingress.md § WebSocket
+//! protocol).
 //!
-//! Before the upgrade (nothing is opened for a refused request):
-//! `400` unsafe stream id or session id, `409` id already active, `503` + `Retry-After`
-//! when NATS is not connected (`not_ready`: disconnected, or before the first
-//! connect), when no recognition worker can take the stream (`no_capacity`), when
-//! `max_streams` are active or the service is shutting down; `400`
-//! `invalid_request` for a query that is not UTF-8 once percent-decoded or repeats
-//! `session_id` ([`crate::ws_query`]); the upgrade extractor's own refusals
-//! (`invalid_upgrade`), `404`, `405`. Every body is `{"error":{"code":..,"message":..}}`.
+//! Before the upgrade, the doors' admission ([`crate::door`]; nothing is opened for a
+//! refused request), then the upgrade extractor's own refusals (`invalid_upgrade`);
+//! every body is `{"error":{"code":..,"message":..}}`. After it, client → server: each
+//! binary message is one frame of s16le mono 16 kHz PCM, the text message
+//! `{"type":"end"}` ([`control`]) ends the stream; server → client: the JSON events
+//! (`opened`/`resumed` and `ack` when resume is on, `gap`, `degraded`, `recovered`,
+//! `overload`, `error`, `closed`), then a close frame. A connection that drops (or
+//! closes) without `end` parks its stream for a resume ([`crate::resume`]). Frames are
+//! pushed with `push`, which waits at most `max_wait` for room: while it waits the
+//! socket is not read, so a fast producer is slowed by TCP backpressure before it is
+//! refused.
 //!
-//! After the upgrade, client → server: each binary message is one frame of s16le mono
-//! 16 kHz PCM (even length, 2..=`max_frame_bytes`); the text message `{"type":"end"}`
-//! ends the stream. Server → client: JSON text events `overload`, `gap`, `error`,
-//! `closed`, then a close frame; while the stream runs, `degraded` and `recovered`
-//! when its recognition worker's lag crosses `capacity.max_lag_ms` ([`crate::capacity`]):
-//!
-//! | outcome | events | close code |
-//! |---|---|---|
-//! | client sent `{"type":"end"}` | `closed` (after the `end` is handed to NATS) | 1000 |
-//! | overload (`close` policy) | `overload`, `closed` (after the `end` is handed to NATS) | 1013 |
-//! | bad binary frame (odd, empty, too large) | `error`, `closed` (likewise) | 1008 |
-//! | bad text message (also `["end"]`, or any object that repeats a key: [`control`]) | `error`, `closed` | 1003 |
-//! | protocol violation (unmasked frame, reserved bits, ...) | `error`, `closed` | 1002 |
-//! | text (or close reason) not UTF-8 | `error`, `closed` | 1007 |
-//! | message over the WebSocket limit (`max_frame_bytes` + 64 KiB) | `error`, `closed` | 1009 |
-//! | client close with a code it may not send | — (echo 1002) | stream ends `error` |
-//! | client close without `end` | — (echo of its close) | stream parked, then `producer_gone` |
-//! | a resume with the token on another connection | `error` (`taken_over`) | 4001 |
-//! | the recognition worker refused the stream (`<prefix>.refused.<stream>`) | `closed` (reason `no_capacity`) | 1013 |
-//! | service shutting down | `closed` | 1001 |
-//! | no frame for `idle_timeout` | `closed` | 1001 |
-//! | internal error | `closed` | 1011 |
-//!
-//! `closed` is sent once the stream has finished (or its finish bound passed:
-//! `max_age` + 2 × `publish_timeout` + `end_timeout`), whatever ended it: its
-//! `frames_published` counts the frames the server confirmed, including those handed
-//! over before an overload and confirmed after it, and `end_delivered` says whether the
-//! `end` got through.
-//!
-//! Resume ([`crate::resume`], `resume_window_ms` > 0, the default): the first event of
-//! a stream is `opened` with its resume token, and `ack` (the last seq the door took)
-//! follows at most once a second while frames arrive. A socket that drops without
-//! `end` (or closes without it) **parks** the stream for `resume_window_ms`; an upgrade
-//! with `resume_token`, `last_seq` and `next_seq` takes it back (first event
-//! `resumed`), the frames in between declared lost (reason `resume`). A resume while
-//! this connection still holds the stream closes it: `error` `taken_over`, close
-//! 4001. Unresumed within the window, or with resume off, a dropped socket ends the
-//! stream with `producer_gone` (queued frames are still published). Frames are pushed with `push`, which waits at most
-//! `max_wait` for room: while it waits the socket is not read, so a fast producer is
-//! slowed by TCP backpressure before it is refused.
-//!
-//! Every send to the client (event or close frame) is bounded by `send_timeout`
-//! (`ws_send_timeout_ms`): a client that stops reading fills the TCP buffers, and an
-//! unbounded send would hold the handler task and the stream slot forever. A send that
-//! times out (or fails) abandons the socket: no further event, no close frame. If the
-//! stream was still open it ends as if the socket had dropped (`producer_gone`: queue
-//! drained, `end` published); if it was already ending, it keeps its reason. Counted in
-//! `weir_ingress_ws_send_timeouts_total`.
+//! `closed` is sent once the stream has finished (or its finish bound passed), whatever
+//! ended it, so its counts are what the server confirmed. Every send to the client is
+//! bounded by `send_timeout` (`ws_send_timeout_ms`): one that times out (or fails)
+//! abandons the socket — no further event, no close frame — and a stream still open
+//! ends as if the socket had dropped; counted in `weir_ingress_ws_send_timeouts_total`.
 //!
 //! Invariants: one handler task per connection and one publisher task per stream; a bad
 //! message ends only its own stream and changes nothing else; every await in a handler
@@ -72,19 +34,16 @@ use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::response::Response;
 use axum::routing::get;
 use futures::SinkExt;
-use serde_json::json;
 use tokio::time::Instant;
 use weir_protocol::WireName;
-use weir_protocol::audio::extension::{EndReason, Overload};
+use weir_protocol::audio::extension::EndReason;
+use weir_protocol::audio::ws::Event;
 
-use crate::capacity::Notice;
-use crate::door::{self, Door};
+use crate::door::{self, BadInput, Door, Ending};
 use crate::metrics as m;
 use crate::resume::admit::Loss;
 use crate::resume::{Attachment, Held};
-use weir_audio_producer::error::PushError;
 use weir_audio_producer::publisher::Sink;
-use weir_audio_producer::stream::{StreamHandle, StreamSummary};
 
 mod control;
 
@@ -170,17 +129,12 @@ async fn upgrade<S: Sink>(
         tracing::Instrument::instrument(
             async move {
                 let _guard = guard;
-                let send_timeout = state.send_timeout;
                 let conn = Conn {
                     socket,
-                    send_timeout,
+                    send_timeout: state.send_timeout,
                     abandoned: false,
                 };
-                let opening = Opening {
-                    first_event,
-                    resumed,
-                };
-                serve_socket(conn, att, opening, state.idle_timeout).await;
+                serve_socket(conn, att, first_event, resumed, state.idle_timeout).await;
             },
             span,
         )
@@ -189,21 +143,9 @@ async fn upgrade<S: Sink>(
 
 /// Why the receive loop stopped.
 enum Outcome {
-    /// `{"type":"end"}`.
-    End,
     /// The socket closed or failed without `end`, or a send to it timed out (the
     /// client stopped reading).
     Gone,
-    /// A bad message (binary frame: close 1008; text: 1003) or a broken WebSocket
-    /// protocol (1002, 1007, 1009): the stream ends `error` ([`refuse`]).
-    Refused {
-        /// The close code.
-        code: u16,
-        /// The `error` event's code.
-        error_code: &'static str,
-        /// What was wrong.
-        message: String,
-    },
     /// The client sent a close frame without `end` (its echo is sent): the stream
     /// ends with `producer_gone`, or `error` when the close was a protocol violation
     /// (a close code the client may not send, echoed as 1002).
@@ -211,72 +153,25 @@ enum Outcome {
         /// The client's close was a protocol violation.
         violation: bool,
     },
-    /// The stream overloaded.
-    Overload(Overload),
-    /// The stream was closed from the server side (shutdown) or ended otherwise.
-    Closed(EndReason),
-    /// No frame for `idle_timeout`.
-    Idle,
     /// A resume on another connection took the stream.
     TakenOver,
+    /// The stream ends at this door: `{"type":"end"}`, a bad message (binary frame:
+    /// close 1008; text: 1003) or a broken WebSocket protocol (1002, 1007, 1009), an
+    /// overload, no frame for `idle_timeout`, or an end from the server side.
+    Ends(Ending),
 }
 
-impl Outcome {
-    /// The end reason a stream that stops here gets (for the resume table's refusal
-    /// of a later resume).
-    fn end_label(&self) -> &'static str {
-        match self {
-            Self::End => EndReason::Producer.as_str(),
-            Self::Overload(_) => EndReason::Overload.as_str(),
-            Self::Idle => EndReason::Idle.as_str(),
-            Self::Closed(r) => r.as_str(),
-            Self::Refused { .. } | Self::ClientClosed { violation: true } => {
-                EndReason::Error.as_str()
-            }
-            Self::Gone | Self::ClientClosed { .. } | Self::TakenOver => {
-                EndReason::ProducerGone.as_str()
-            }
-        }
-    }
-
-    /// Whether the producer may come back for the stream: it went away without
-    /// ending it (or another connection took it).
-    fn parks(&self) -> bool {
-        matches!(
-            self,
-            Self::Gone | Self::ClientClosed { violation: false } | Self::TakenOver
-        )
+impl From<Ending> for Outcome {
+    fn from(e: Ending) -> Self {
+        Self::Ends(e)
     }
 }
 
-/// What a connection sends first, and when its resume was asked for.
-struct Opening {
-    /// `opened` or `resumed` (`None`: resume off).
-    first_event: Option<serde_json::Value>,
-    /// A resumed connection: when the resume was requested (for the latency to its
-    /// first admitted frame), and the stream's gap count before its loss was declared.
-    resumed: Option<(Instant, u64)>,
-}
-
-/// [`Outcome::Refused`].
-fn refused(code: u16, error_code: &'static str, message: String) -> Outcome {
-    Outcome::Refused {
-        code,
-        error_code,
-        message,
-    }
-}
-
-/// A bad binary frame: close 1008.
-fn bad_frame(message: String) -> Outcome {
-    refused(close_code::POLICY, "bad_frame", message)
-}
-
-/// How a failed read ends the connection: the client broke the protocol
-/// (`Outcome::Refused`) or the connection is simply gone.
+/// How a failed read ends the connection: the client broke the protocol (the stream
+/// ends `error`) or the connection is simply gone.
 fn read_failure(e: axum::Error) -> Outcome {
     match violation(e, "message_too_big") {
-        Some((code, error_code, message)) => refused(code, error_code, message),
+        Some(bad) => Ending::Bad(bad).into(),
         None => Outcome::Gone,
     }
 }
@@ -284,20 +179,22 @@ fn read_failure(e: axum::Error) -> Outcome {
 /// The close code, error code and message of a failed read where the client broke the
 /// WebSocket protocol (`too_big`: the error code of a message over the limit); `None`
 /// when the connection is simply gone.
-pub(crate) fn violation(
-    e: axum::Error,
-    too_big: &'static str,
-) -> Option<(u16, &'static str, String)> {
+pub(crate) fn violation(e: axum::Error, too_big: &'static str) -> Option<BadInput> {
     use tungstenite::error::{Error as WsError, ProtocolError};
     let e = e.into_inner().downcast::<WsError>().ok()?;
-    let (code, error_code) = match &*e {
+    let (close, code) = match &*e {
         WsError::Utf8(_) => (close_code::INVALID_PAYLOAD, "invalid_utf8"),
         WsError::Capacity(_) => (close_code::MESSAGE_TOO_BIG, too_big),
         WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => return None,
         WsError::Protocol(_) => (close_code::PROTOCOL, "protocol_error"),
         _ => return None,
     };
-    Some((code, error_code, e.to_string()))
+    let message = e.to_string();
+    Some(BadInput {
+        close,
+        code,
+        message,
+    })
 }
 
 /// The server side of one connection. Every send is bounded by `send_timeout`; after
@@ -336,23 +233,12 @@ impl Conn {
         self.send(Message::Text(value.to_string().into())).await
     }
 
-    /// Sends the `closed` event for `reason` (see [`Self::send`]).
-    async fn send_closed(&mut self, reason: EndReason, summary: &StreamSummary) -> bool {
-        self.send_json(door::closed_event(reason.as_str(), summary))
-            .await
-    }
-
     /// Sends what the WebSocket layer queued by itself (the echo of a client's close),
     /// within the send timeout.
     async fn flush(&mut self) {
         if !self.abandoned {
             let _ = tokio::time::timeout(self.send_timeout, self.socket.flush()).await;
         }
-    }
-
-    /// Receives the next message (not bounded here: the caller selects on it).
-    async fn recv(&mut self) -> Option<Result<Message, axum::Error>> {
-        self.socket.recv().await
     }
 
     /// Sends the close frame (unless the socket was abandoned) and waits briefly for
@@ -374,25 +260,29 @@ impl Conn {
     }
 }
 
-/// Runs one connection: frames in, events out, until an [`Outcome`]. The capacity
-/// ticket is held until the stream finished; a connection that went away without
-/// `end` leaves the stream parked for a resume (its attachment is dropped).
+/// Runs one connection: `first_event` (`opened` or `resumed`; `None`: resume off),
+/// then frames in, events out, until an [`Outcome`]. `resumed`: when the resume was
+/// requested (for the latency to its first admitted frame) and the stream's gap count
+/// before its loss was declared. The capacity ticket is held until the stream
+/// finished; a connection that went away without `end` leaves the stream parked for a
+/// resume (its attachment is dropped).
 async fn serve_socket(
     mut socket: Conn,
     mut att: Attachment,
-    opening: Opening,
+    first_event: Option<serde_json::Value>,
+    resumed: Option<(Instant, u64)>,
     idle_timeout: Duration,
 ) {
     let revoked = att.revoked();
     tokio::pin!(revoked);
     let resumable = att.token().is_some();
-    let mut resumed_at = opening.resumed.map(|(at, _)| at);
-    let mut status = match opening.resumed {
+    let mut resumed_at = resumed.map(|(at, _)| at);
+    let mut status = match resumed {
         Some((_, gaps_before)) => door::StatusWatch::since(att.handle(), gaps_before),
         None => door::StatusWatch::new(att.handle()),
     };
     let outcome = 'serve: {
-        if let Some(ev) = opening.first_event
+        if let Some(ev) = first_event
             && !socket.send_json(ev).await
         {
             break 'serve Outcome::Gone;
@@ -414,33 +304,19 @@ async fn serve_socket(
                 // almost every time under load).
                 biased;
                 () = &mut revoked => break Outcome::TakenOver,
-                change = status.next() => {
-                    if let Some(ev) = change.gap
+                change = status.next_or_notice(ticket, handle) => {
+                    if let Some(ev) = change.event
                         && !socket.send_json(ev).await
                     {
                         // Failed or timed out (a client that stopped reading): the stream
                         // goes on as if the socket had dropped.
                         break Outcome::Gone;
                     }
-                    match change.stop {
-                        Some(door::StatusStop::Overload(o)) => break Outcome::Overload(o),
-                        Some(door::StatusStop::Closed(r)) => break Outcome::Closed(r),
-                        None => {}
+                    if let Some(stop) = change.stop {
+                        break stop.into();
                     }
                 }
-                notice = ticket.next() => match crate::capacity::notice_event(&notice) {
-                    Some(ev) => {
-                        if !socket.send_json(ev).await {
-                            break Outcome::Gone;
-                        }
-                    }
-                    None => {
-                        debug_assert_eq!(notice, Notice::Refused);
-                        handle.close(EndReason::NoCapacity);
-                        break Outcome::Closed(EndReason::NoCapacity);
-                    }
-                },
-                msg = socket.recv() => match msg {
+                msg = socket.socket.recv() => match msg {
                     None => break Outcome::Gone,
                     Some(Err(e)) => break read_failure(e),
                     Some(Ok(Message::Close(frame))) => {
@@ -459,16 +335,19 @@ async fn serve_socket(
                                         .record(t.elapsed().as_secs_f64());
                                 }
                             }
-                            Err(PushError::InvalidFrame(e)) => break bad_frame(e.to_string()),
-                            Err(PushError::Overloaded(o)) => break Outcome::Overload(o),
-                            Err(PushError::Closed(r)) => break Outcome::Closed(r),
-                            Err(e @ PushError::Full { .. }) => break bad_frame(e.to_string()),
+                            Err(e) => break Ending::from(e).into(),
                         }
                     }
                     Some(Ok(Message::Text(text))) => match control::parse(text.as_str()) {
-                        Ok(()) => break Outcome::End,
+                        Ok(()) => break Ending::Producer.into(),
                         Err(e) => {
-                            break refused(close_code::UNSUPPORTED, "bad_message", e.to_string());
+                            let message = e.to_string();
+                            break Ending::Bad(BadInput {
+                                close: close_code::UNSUPPORTED,
+                                code: "bad_message",
+                                message,
+                            })
+                            .into();
                         }
                     },
                     Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
@@ -476,7 +355,7 @@ async fn serve_socket(
                 _ = ack.tick(), if resumable => {
                     if took > acked {
                         acked = took;
-                        if !socket.send_json(json!({"type": "ack", "seq": took})).await {
+                        if !socket.send_json(door::event_value(&Event::Ack { seq: took })).await {
                             break Outcome::Gone;
                         }
                     }
@@ -484,7 +363,7 @@ async fn serve_socket(
                 () = &mut idle => {
                     let due = last_message + idle_timeout;
                     if due <= Instant::now() {
-                        break Outcome::Idle;
+                        break Ending::Idle.into();
                     }
                     idle.as_mut().reset(due);
                 }
@@ -494,101 +373,50 @@ async fn serve_socket(
     finish_socket(socket, att, outcome).await;
 }
 
-/// Closes a connection whose stream a resume took: `error` `taken_over`, close 4001.
-async fn taken_over(mut socket: Conn) {
-    socket
-        .send_json(json!({
-            "type": "error",
-            "code": "taken_over",
-            "message": "a resume on another connection took this stream; it goes on there",
-        }))
-        .await;
-    socket.close(close_code::TAKEN_OVER, "taken_over").await;
-}
-
 /// Ends the connection for `outcome`. A stream its producer may come back for is let
 /// go of (parked, or ended `producer_gone` with resume off); any other ends at this
 /// door, and its capacity slot is held until it finished.
 async fn finish_socket(mut socket: Conn, att: Attachment, outcome: Outcome) {
-    if outcome.parks() {
-        // A takeover's claimant takes the stream now.
-        drop(att);
-        match outcome {
-            Outcome::TakenOver => taken_over(socket).await,
-            // The close handshake: the echo was queued by the WebSocket layer.
-            Outcome::ClientClosed { .. } => socket.flush().await,
-            _ => {}
+    // The end reason of a stream that ends here is told to a later resume's claimant.
+    let ending = match outcome {
+        Outcome::Ends(ending) => ending,
+        // Parked (a takeover's claimant takes the stream now).
+        Outcome::Gone => return drop(att),
+        Outcome::TakenOver => {
+            drop(att);
+            let message = "a resume on another connection took this stream; it goes on there";
+            socket
+                .send_json(door::error_event("taken_over", message))
+                .await;
+            return socket.close(close_code::TAKEN_OVER, "taken_over").await;
         }
-        return;
-    }
-    let Held { mut handle, ticket } = att.end(outcome.end_label());
-    let status = handle.status();
-    match outcome {
-        // Parked above.
-        Outcome::Gone | Outcome::TakenOver | Outcome::ClientClosed { violation: false } => {}
+        // The close handshake: the echo was queued by the WebSocket layer.
+        Outcome::ClientClosed { violation: false } => {
+            drop(att);
+            return socket.flush().await;
+        }
         Outcome::ClientClosed { violation: true } => {
+            let Held { mut handle, ticket } = att.end(EndReason::Error.as_str());
+            let status = handle.status();
             handle.close(EndReason::Error);
             // The close handshake, as above; dropping the handle ends the stream.
             socket.flush().await;
             drop(handle);
+            return door::release_when_finished(ticket, status);
         }
-        Outcome::Refused {
-            code,
-            error_code,
-            message,
-        } => {
-            refuse(socket, handle, code, error_code, message).await;
-        }
-        Outcome::End => {
-            socket
-                .send_closed(EndReason::Producer, &handle.finish().await)
-                .await;
-            socket.close(close_code::NORMAL, "end").await;
-        }
-        Outcome::Overload(o) => {
-            // The `overload` event at once; `closed` once the stream has finished, so
-            // that it counts the frames the server confirmed after the overload (those
-            // handed over before it) and says whether the `end` got through.
-            socket.send_json(door::overload_event(&o, &handle)).await;
-            let summary = handle.wait_ended().await;
-            socket.send_closed(EndReason::Overload, &summary).await;
-            socket.close(close_code::TRY_AGAIN_LATER, "overload").await;
-        }
-        Outcome::Idle => {
-            let summary = handle.finish_with(EndReason::Idle).await;
-            socket.send_closed(EndReason::Idle, &summary).await;
-            socket.close(close_code::GOING_AWAY, "idle").await;
-        }
-        Outcome::Closed(reason) => {
-            let bound = Duration::from_secs(30);
-            let summary = handle.wait_finished(bound).await;
-            socket.send_closed(reason, &summary).await;
-            socket
-                .close(close_code::of_end(reason), reason.as_str())
-                .await;
-        }
-    }
-    door::release_when_finished(ticket, status);
-}
-
-/// Ends the stream (reason `error`) after a bad message: `error` event, `closed`
-/// event (once the stream has finished), close `code`. What was admitted before is
-/// still published.
-async fn refuse(
-    mut socket: Conn,
-    mut handle: StreamHandle,
-    code: u16,
-    error_code: &'static str,
-    message: String,
-) {
-    // Ended first, so that a client that does not read cannot delay it.
-    handle.close(EndReason::Error);
-    socket
-        .send_json(json!({"type": "error", "code": error_code, "message": message}))
-        .await;
+    };
+    let Held { mut handle, ticket } = att.end(ending.reason().as_str());
+    let status = handle.status();
     // `closed` reports the finished stream (what was published, whether the `end` was
-    // delivered), as after an `end` from the client.
-    let summary = handle.wait_ended().await;
-    socket.send_closed(EndReason::Error, &summary).await;
-    socket.close(code, error_code).await;
+    // delivered); what was admitted before a bad message is still published.
+    if let Some(ev) = ending.close(&mut handle) {
+        socket.send_json(ev).await;
+    }
+    let summary = ending.finished(&handle).await;
+    let (code, reason) = ending.close_frame("end");
+    socket
+        .send_json(door::closed_event(ending.reason(), &summary))
+        .await;
+    socket.close(code, reason).await;
+    door::release_when_finished(ticket, status);
 }

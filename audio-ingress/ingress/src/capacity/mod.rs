@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use weir_protocol::StreamId;
+use weir_service::sync::locked;
 
 use crate::config::{CapacityConfig, CapacityMode};
 use crate::metrics as m;
@@ -52,9 +53,7 @@ pub(crate) struct Shared {
 
 impl Shared {
     fn fleet(&self) -> MutexGuard<'_, Fleet> {
-        // A panic while holding it leaves a consistent map (every update is one
-        // insert or remove): keep using it.
-        self.fleet.lock().unwrap_or_else(|e| e.into_inner())
+        locked(&self.fleet)
     }
 }
 
@@ -107,11 +106,6 @@ impl Capacity {
             config.prefix.clone(),
         ));
         Arc::new(Self { shared, task })
-    }
-
-    /// `off`, `shadow` or `enforce`.
-    pub fn mode(&self) -> CapacityMode {
-        self.shared.mode
     }
 
     /// The admission of stream `id`: a [`Ticket`] holding its slot, or the refusal
@@ -220,13 +214,12 @@ impl Ticket {
 
     /// The next notice (cancel-safe; never resolves for a ticket that holds nothing).
     pub async fn next(&mut self) -> Notice {
-        match &mut self.held {
-            Some(h) => match h.rx.recv().await {
-                Some(n) => n,
-                None => std::future::pending().await,
-            },
-            None => std::future::pending().await,
+        if let Some(h) = &mut self.held
+            && let Some(n) = h.rx.recv().await
+        {
+            return n;
         }
+        std::future::pending().await
     }
 }
 

@@ -14,10 +14,6 @@ use std::time::Duration;
 
 use super::{Config, ConfigWarning};
 
-fn ms(d: Duration) -> u128 {
-    d.as_millis()
-}
-
 impl Config {
     /// The warnings of this configuration. `consumer_idle_timeout` is the consumers'
     /// `idle_timeout_ms` when the caller knows it (`check-config
@@ -31,8 +27,8 @@ impl Config {
                 format!(
                     "publish_timeout_ms = {} is more than half of max_age_ms = {}: a publish \
                      that times out leaves the stream less than half its age budget",
-                    ms(publish),
-                    ms(max_age)
+                    publish.as_millis(),
+                    max_age.as_millis()
                 ),
             ));
         }
@@ -51,10 +47,10 @@ impl Config {
                          detection, 3 × nats.ping_interval_ms ({}) + nats.connection_timeout_ms \
                          ({}) = {} ms: while a NATS node hangs, consumers reap streams the \
                          ingress resumes after its reconnect",
-                        ms(idle),
-                        ms(ping),
-                        ms(connect),
-                        ms(hang)
+                        idle.as_millis(),
+                        ping.as_millis(),
+                        connect.as_millis(),
+                        hang.as_millis()
                     ),
                 ));
             }

@@ -103,30 +103,24 @@ fn valid_default<T>(built: Result<T, ConfigError>) -> T {
 /// The renamed keys, read under their old flat name for one release (with a warning
 /// naming the new key): the `nats_*` keys are the shared `[nats]` section's, the
 /// `admin*` keys the shared `[admin]` section's.
-pub const ALIASES: &[Alias] = &[
-    Alias::new("nats_url", "nats.url"),
-    Alias::new("nats_name", "nats.name"),
-    Alias::new("nats_user", "nats.user"),
-    Alias::new("nats_password", "nats.password"),
-    Alias::new("nats_token", "nats.token"),
-    Alias::new("nats_nkey", "nats.nkey"),
-    Alias::new("nats_creds_file", "nats.creds_file"),
-    Alias::new("nats_tls_required", "nats.tls_required"),
-    Alias::new("nats_tls_ca_file", "nats.tls_ca_file"),
-    Alias::new("nats_tls_cert_file", "nats.tls_cert_file"),
-    Alias::new("nats_tls_key_file", "nats.tls_key_file"),
-    Alias::new("nats_inbox_prefix", "nats.inbox_prefix"),
-    Alias::new("nats_connection_timeout_ms", "nats.connection_timeout_ms"),
-    Alias::new("nats_ping_interval_ms", "nats.ping_interval_ms"),
-    Alias::new("nats_client_capacity", "nats.client_capacity"),
-    Alias::new("admin", "admin.listen"),
-    Alias::new("admin_max_connections", "admin.max_connections"),
-    Alias::new("admin_request_timeout_ms", "admin.request_timeout_ms"),
-    Alias::new(
-        "admin_max_concurrent_requests",
-        "admin.max_concurrent_requests",
-    ),
-];
+pub const ALIASES: &[Alias] = &{
+    /// `old => new` pairs, then `<section>_<key>` → `<section>.<key>` for each key.
+    macro_rules! renamed {
+        ([$($old:literal => $new:literal),*] $($section:literal: [$($key:literal),+]),+) => {
+            [$(Alias::new($old, $new),)*
+             $($(Alias::new(concat!($section, "_", $key), concat!($section, ".", $key))),+),+]
+        };
+    }
+    renamed!(
+        ["admin" => "admin.listen"]
+        "nats": [
+            "url", "name", "user", "password", "token", "nkey", "creds_file", "tls_required",
+            "tls_ca_file", "tls_cert_file", "tls_key_file", "inbox_prefix",
+            "connection_timeout_ms", "ping_interval_ms", "client_capacity"
+        ],
+        "admin": ["max_connections", "request_timeout_ms", "max_concurrent_requests"]
+    )
+};
 
 /// Every key with its type, default, range and meaning: aligned text for
 /// `--list-keys`, or the Markdown tables of docs/audio-ingress.md (each between its
@@ -363,15 +357,11 @@ fn from_load(e: ConfigError) -> ConfigError {
     }
 }
 
-/// The range [`SECTIONS`] gives `key`: the key table and the validation read the same
-/// bounds ([`Range::Any`] for a key without one, which a range check refuses).
-fn range(key: &str) -> Range {
-    keys::range(SECTIONS, key)
-}
-
-/// `v` of `key` within the range [`SECTIONS`] gives it.
+/// `v` of `key` within the range [`SECTIONS`] gives it: the key table and the
+/// validation read the same bounds ([`Range::Any`] for a key without one, which a range
+/// check refuses).
 fn int_in(key: &str, v: u64) -> Result<u64, ConfigError> {
-    range(key).check(key, v)
+    keys::range(SECTIONS, key).check(key, v)
 }
 
 impl RawConfig {

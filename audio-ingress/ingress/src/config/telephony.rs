@@ -19,41 +19,47 @@ weir_service::config_section! {
     /// The `[telephony]` keys as read from the layers.
     #[derive(Debug)]
     pub(super) struct TelephonySection, TELEPHONY_KEYS = "telephony.";
-    /// The keys of `c`.
-    fn from_config(c: TelephonyConfig);
     {
-        subject_prefix: String = c.subject_prefix, Range::text("a subject prefix without wildcards"),
+        subject_prefix: String = "weir.voice".to_owned(),
+            Range::text("a subject prefix without wildcards"),
             "subjects of a call's return path: bot audio in on `<prefix>.out.<stream>`, \
             `clear` on `<prefix>.ctl.<stream>`, the call's events on `<prefix>.events.<stream>`";
-        reorder_window_ms: u64 = ms(c.reorder_window), Range::ms(0, 1000),
+        // Three 20 ms chunks.
+        reorder_window_ms: u64 = 60, Range::ms(0, 1000),
             "how long a carrier chunk waits for a missing earlier one before the missing \
             one is declared a gap (reason `source`); chunks are never published out of order";
-        start_timeout_ms: u64 = ms(c.start_timeout), Range::ms(100, 60000),
+        start_timeout_ms: u64 = 5_000, Range::ms(100, 60000),
             "a carrier connection that sends no `start` within this is closed (1008 \
             `start_timeout`); nothing is opened before `start`";
-        out_max_bytes: u64 = c.out_max_bytes as u64,
+        // 15 s of 16 kHz PCM: a long reply sent at once.
+        out_max_bytes: u64 = 480_000,
             Range::int(65536, 16777216).note("; at least one bot-audio message (64 KiB)"),
             "bound of a call's queued bot audio (bytes of 16 kHz PCM; 32,000 a second); \
             audio arriving over it is refused and told (`overload` event)";
-        out_max_total_bytes: u64 = c.out_max_total_bytes as u64,
+        // 64 MiB: about 140 calls with a full 15 s queue at once (a call typically holds
+        // a sentence).
+        out_max_total_bytes: u64 = 64 << 20,
             Range::int(65536, 17179869184).note("; at least `telephony.out_max_bytes`"),
             "bound of every call's queued bot audio together (bytes of PCM); a message that \
             would exceed it is refused and told as the per-call bound's (`overload`, reason \
             `total_full`)";
-        out_max_age_ms: u64 = ms(c.out_max_age),
+        // A little over the byte bound's 15 s, so that a reply sent at once plays out.
+        out_max_age_ms: u64 = 20_000,
             Range::ms(1000, 600000).note("; at least the audio `telephony.out_max_bytes` holds"),
             "bot audio not sent to the carrier within this of its arrival is dropped and \
             told (`overload` event, reason `max_age`): only a carrier that stops reading \
             makes audio this old";
-        out_lead_ms: u64 = ms(c.out_lead), Range::ms(0, 1000),
+        // Two frames ahead, against jitter at the carrier.
+        out_lead_ms: u64 = 40, Range::ms(0, 1000),
             "how far ahead of real time bot audio is sent to the carrier (its jitter \
             buffer); what a `clear` cannot take back from the door";
     }
 }
 
-impl Default for TelephonySection {
+impl Default for TelephonyConfig {
+    /// The documented defaults: the keys' defaults, validated.
     fn default() -> Self {
-        Self::from_config(TelephonyConfig::default())
+        super::valid_default(TelephonySection::default().validate())
     }
 }
 

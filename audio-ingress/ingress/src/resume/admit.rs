@@ -19,16 +19,15 @@
 
 use std::time::Duration;
 
-use axum::response::Response;
-use serde_json::json;
 use weir_audio_producer::publisher::Sink;
 use weir_audio_producer::stream::Position;
 use weir_protocol::WireName;
+use weir_protocol::audio::ws::{Event, ResumeGap};
 use weir_protocol::audio::{FRAME_SAMPLES, Gap, SAMPLE_RATE};
 
 use super::{Attachment, Held, ResumeRefusal};
 use crate::auth::Grant;
-use crate::door::{Admitted, Door, Refused, ResumeAsk, error_response, insert_retry_after};
+use crate::door::{self, Admitted, Door, Refused, ResumeAsk, event_value};
 use crate::metrics as m;
 
 /// How long a fresh open waits for a parked stream of the same id to finish (its
@@ -84,32 +83,28 @@ pub struct Resumed {
 
 /// The `opened` event of a resumable stream (`None`: resume off).
 pub fn opened_event(att: &Attachment, window: Duration) -> Option<serde_json::Value> {
-    let token = att.token()?;
-    Some(json!({
-        "type": "opened",
-        "stream_id": att.handle().id().as_str(),
-        "resume_token": token,
-        "resume_window_ms": window.as_millis() as u64,
+    Some(event_value(&Event::Opened {
+        stream_id: att.handle().id().to_string(),
+        resume_token: att.token()?.to_owned(),
+        resume_window_ms: window.as_millis() as u64,
     }))
 }
 
 impl Resumed {
     /// The `resumed` event.
     pub fn event(&self, att: &Attachment, window: Duration) -> serde_json::Value {
-        let gap = self.gap.map(|g| {
-            json!({
-                "first_seq": g.first_seq, "last_seq": g.last_seq,
-                "frames": g.frames(), "samples": g.samples,
-            })
-        });
-        json!({
-            "type": "resumed",
-            "stream_id": att.handle().id().as_str(),
-            "seq": self.seq,
-            "next_seq": self.next_seq,
-            "gap": gap,
-            "resume_token": att.token().unwrap_or_default(),
-            "resume_window_ms": window.as_millis() as u64,
+        event_value(&Event::Resumed {
+            stream_id: att.handle().id().to_string(),
+            seq: self.seq,
+            next_seq: self.next_seq,
+            gap: self.gap.map(|g| ResumeGap {
+                first_seq: g.first_seq,
+                last_seq: g.last_seq,
+                frames: g.frames(),
+                samples: g.samples,
+            }),
+            resume_token: att.token().unwrap_or_default().to_owned(),
+            resume_window_ms: window.as_millis() as u64,
         })
     }
 }
@@ -117,11 +112,13 @@ impl Resumed {
 /// The answer to a refused resume (counted by its code).
 pub fn refusal(r: &ResumeRefusal, retry_after: Duration) -> Refused {
     metrics::counter!(m::RESUMES_TOTAL, m::LABEL_OUTCOME => r.code()).increment(1);
-    let mut resp: Response = error_response(r.status(), r.code(), r.to_string());
-    if matches!(r, ResumeRefusal::Busy) {
-        insert_retry_after(&mut resp, retry_after);
-    }
-    Box::new(resp)
+    // `resume_busy`, the one 503, carries `Retry-After`.
+    Box::new(door::refusal(
+        r.status(),
+        r.code(),
+        r.to_string(),
+        retry_after,
+    ))
 }
 
 /// The frames and samples lost between the door's position and the producer's claim.

@@ -71,14 +71,6 @@ impl Held {
     }
 }
 
-impl std::fmt::Debug for Held {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Held")
-            .field("handle", &self.handle)
-            .finish_non_exhaustive()
-    }
-}
-
 /// Why a resume was refused. Each has its own code ([`Self::code`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ResumeRefusal {
@@ -215,6 +207,23 @@ struct Inner {
     parks: u64,
 }
 
+impl Inner {
+    /// Takes the stream of `id` out of the table when it is parked and `ours` accepts
+    /// its entry, remembering it as `tomb`.
+    fn unpark(&mut self, id: &StreamId, tomb: Tomb, ours: impl Fn(&Entry) -> bool) -> Option<Held> {
+        let parked = |e: &Entry| matches!(e.state, State::Parked { .. }) && ours(e);
+        if !self.entries.get(id).is_some_and(parked) {
+            return None;
+        }
+        let e = self.entries.remove(id)?;
+        self.tombs.bury(e.instance, tomb, Instant::now());
+        match e.state {
+            State::Parked { held, .. } => Some(held),
+            _ => None,
+        }
+    }
+}
+
 /// The resumable streams of one ingress (both doors).
 pub struct Resume {
     window: Duration,
@@ -222,14 +231,6 @@ pub struct Resume {
     inner: Mutex<Inner>,
     /// Notified on every change of a stream's state (a claim waits on it).
     changed: Notify,
-}
-
-impl std::fmt::Debug for Resume {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Resume")
-            .field("window", &self.window)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Resume {
@@ -261,15 +262,6 @@ impl Resume {
     /// `resume_window_ms`.
     pub fn window(&self) -> Duration {
         self.window
-    }
-
-    /// Streams parked now (waiting for their producer).
-    pub fn parked(&self) -> usize {
-        self.lock()
-            .entries
-            .values()
-            .filter(|e| matches!(e.state, State::Parked { .. }))
-            .count()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -342,24 +334,7 @@ impl Resume {
     /// as before resume existed. Returns a view of the ended stream to wait for (its
     /// publisher must release the id); `None` when `id` was not parked.
     pub fn evict_parked(&self, id: &StreamId) -> Option<StreamView> {
-        let held = {
-            let mut inner = self.lock();
-            match inner.entries.get(id) {
-                Some(Entry {
-                    state: State::Parked { .. },
-                    ..
-                }) => {}
-                _ => return None,
-            }
-            let e = inner.entries.remove(id)?;
-            inner
-                .tombs
-                .bury(e.instance, Tomb::Ended("replaced"), Instant::now());
-            match e.state {
-                State::Parked { held, .. } => held,
-                _ => return None,
-            }
-        };
+        let held = self.lock().unpark(id, Tomb::Ended("replaced"), |_| true)?;
         self.changed.notify_waiters();
         metrics::counter!(m::RESUME_PARKED_ENDED_TOTAL, m::LABEL_REASON => "replaced").increment(1);
         let view = held.handle.view();
@@ -451,23 +426,10 @@ impl Resume {
     pub fn clear(&self) {
         let parked: Vec<Held> = {
             let mut inner = self.lock();
-            let now = Instant::now();
-            let ids: Vec<StreamId> = inner
-                .entries
-                .iter()
-                .filter(|(_, e)| matches!(e.state, State::Parked { .. }))
-                .map(|(id, _)| id.clone())
-                .collect();
-            let mut out = Vec::new();
-            for id in ids {
-                if let Some(e) = inner.entries.remove(&id) {
-                    inner.tombs.bury(e.instance, Tomb::Ended("shutdown"), now);
-                    if let State::Parked { held, .. } = e.state {
-                        out.push(held);
-                    }
-                }
-            }
-            out
+            let ids: Vec<StreamId> = inner.entries.keys().cloned().collect();
+            ids.iter()
+                .filter_map(|id| inner.unpark(id, Tomb::Ended("shutdown"), |_| true))
+                .collect()
         };
         self.changed.notify_waiters();
         parked.into_iter().for_each(Held::release);
@@ -518,23 +480,11 @@ impl Resume {
     /// The window of parked stream `id` ran out: it ends (`producer_gone`), unless it
     /// was claimed (or parked again) meanwhile.
     fn expire(&self, id: &StreamId, instance: u64, park: u64) {
-        let held = {
-            let mut inner = self.lock();
-            let ours = inner.entries.get(id).is_some_and(|e| {
-                e.instance == instance
-                    && matches!(e.state, State::Parked { park: p, .. } if p == park)
-            });
-            if !ours {
-                return;
-            }
-            let Some(e) = inner.entries.remove(id) else {
-                return;
-            };
-            inner.tombs.bury(instance, Tomb::Expired, Instant::now());
-            match e.state {
-                State::Parked { held, .. } => held,
-                _ => return,
-            }
+        let ours = |e: &Entry| {
+            e.instance == instance && matches!(e.state, State::Parked { park: p, .. } if p == park)
+        };
+        let Some(held) = self.lock().unpark(id, Tomb::Expired, ours) else {
+            return;
         };
         self.changed.notify_waiters();
         metrics::counter!(m::RESUME_PARKED_ENDED_TOTAL, m::LABEL_REASON => "expired").increment(1);
@@ -579,6 +529,11 @@ impl Resume {
     }
 }
 
+/// Never called: an attachment or a claim holds its stream until resolved or dropped.
+fn vacant<T>() -> T {
+    unreachable!("an attachment or a claim holds its stream until resolved or dropped")
+}
+
 /// A stream attached to one connection. Dropping it parks the stream (resume on) or
 /// ends it (`producer_gone`); [`Self::end`] takes it out for a door that ends it.
 pub struct Attachment {
@@ -591,38 +546,17 @@ pub struct Attachment {
     held: Option<Held>,
 }
 
-impl std::fmt::Debug for Attachment {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Attachment")
-            .field("id", &self.id)
-            .field("claim", &self.claim)
-            .finish_non_exhaustive()
-    }
-}
-
 impl Attachment {
     /// The stream's handle.
     pub fn handle(&self) -> &StreamHandle {
-        &self.held().handle
+        &self.held.as_ref().unwrap_or_else(vacant).handle
     }
 
     /// The handle and the ticket, both mutably (a door's loop waits on the ticket
     /// while it pushes into the handle).
     pub fn parts(&mut self) -> (&mut StreamHandle, &mut Ticket) {
-        let held = self.held_mut();
+        let held = self.held.as_mut().unwrap_or_else(vacant);
         (&mut held.handle, &mut held.ticket)
-    }
-
-    fn held(&self) -> &Held {
-        self.held
-            .as_ref()
-            .unwrap_or_else(|| unreachable!("an attachment holds its stream until dropped"))
-    }
-
-    fn held_mut(&mut self) -> &mut Held {
-        self.held
-            .as_mut()
-            .unwrap_or_else(|| unreachable!("an attachment holds its stream until dropped"))
     }
 
     /// The resume token (`None`: resume off).
@@ -647,10 +581,7 @@ impl Attachment {
     /// The stream ends at this door (`reason`): it leaves the table; the caller finishes
     /// it with the returned handle and ticket.
     pub fn end(mut self, reason: &'static str) -> Held {
-        let held = self
-            .held
-            .take()
-            .unwrap_or_else(|| unreachable!("an attachment holds its stream until dropped"));
+        let held = self.held.take().unwrap_or_else(vacant);
         if self.token.is_some() {
             self.resume.ended(&self.id, self.instance, reason);
         }
@@ -687,23 +618,10 @@ pub struct Claimed {
     held: Option<Held>,
 }
 
-impl std::fmt::Debug for Claimed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Claimed")
-            .field("id", &self.id)
-            .field("claim", &self.claim)
-            .finish_non_exhaustive()
-    }
-}
-
 impl Claimed {
     /// The stream's handle.
     pub fn handle(&self) -> &StreamHandle {
-        &self
-            .held
-            .as_ref()
-            .unwrap_or_else(|| unreachable!("a claim holds its stream until resolved"))
-            .handle
+        &self.held.as_ref().unwrap_or_else(vacant).handle
     }
 
     /// The token (unchanged by a resume).

@@ -20,45 +20,22 @@ use weir_audio_telephony::codec::{Encoding, MediaFormat};
 use weir_audio_telephony::dialect::{self, Dialect, DialectError, Inbound, Start, Track};
 use weir_audio_telephony::outbound::OutboundConfig;
 use weir_protocol::WireName;
-use weir_protocol::audio::extension::{EndReason, Overload};
+use weir_protocol::audio::extension::EndReason;
 use weir_service::shutdown::CancellationToken;
 
 use super::TelephonyState;
 use super::inbound::{InboundAudio, Ready};
 use super::outbound::{self, Cmd, Shared, Writer};
 use super::voice::{Events, Subjects};
-use crate::capacity::{Notice, Ticket};
-use crate::door;
+use crate::capacity::Ticket;
+use crate::door::{self, BadInput, Ending};
 use crate::metrics as m;
 use crate::ws::close_code;
 use weir_audio_producer::Lost;
-use weir_audio_producer::error::PushError;
 use weir_audio_producer::publisher::Sink;
 use weir_audio_producer::stream::StreamHandle;
 
-/// A message the door refuses: the call ends `error`, the socket closes with `close`
-/// and the code as its reason.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BadInput {
-    /// The close code.
-    pub close: u16,
-    /// Stable snake_case code (the close reason, the `error` event's code, the
-    /// `weir_telephony_bad_input_total` label).
-    pub code: &'static str,
-    /// What was wrong, naming the member.
-    pub message: String,
-}
-
 impl BadInput {
-    /// A message against the call's rules (close 1008).
-    pub fn policy(code: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            close: close_code::POLICY,
-            code,
-            message: message.into(),
-        }
-    }
-
     /// A message the dialect could not read: close 1009 when too large, else 1003.
     fn dialect(e: &DialectError) -> Self {
         let close = if e.code() == "too_large" {
@@ -76,18 +53,18 @@ impl BadInput {
 
 /// Why the read loop stopped.
 enum Outcome {
-    /// The carrier's `stop`.
-    Stop,
     /// The socket dropped or closed without `stop`, or the writer abandoned it.
     Gone,
-    /// A bad message.
-    Bad(BadInput),
-    /// The stream overloaded.
-    Overload(Overload),
-    /// The stream ended otherwise (shutdown, no capacity, ...).
-    Closed(EndReason),
-    /// No message for `idle_timeout`.
-    Idle,
+    /// The call ends: the carrier's `stop` ([`Ending::Producer`]), a bad message, an
+    /// overload, no message for `idle_timeout`, or an end from the server side
+    /// (shutdown, no capacity, ...).
+    Ends(Ending),
+}
+
+impl From<BadInput> for Outcome {
+    fn from(b: BadInput) -> Self {
+        Self::Ends(Ending::Bad(b))
+    }
 }
 
 /// Serves one carrier connection.
@@ -109,19 +86,19 @@ pub(super) async fn serve<S: Sink>(
         cfg.out_max_total_bytes,
     );
     let (writer, writer_task) = Writer::spawn(sink, Arc::clone(&shared), state.door.send_timeout);
-    let close = |code: u16, reason: &str| Cmd::Close(code, reason.to_owned());
     let started = tokio::time::timeout(cfg.start_timeout, wait_start(&mut stream, dialect))
         .await
-        .unwrap_or_else(|_| Err(Outcome::Bad(BadInput::policy("start_timeout", ""))))
+        .unwrap_or_else(|_| Err(BadInput::policy("start_timeout", "").into()))
         .and_then(|(dialect, start)| {
-            let format = return_format(dialect, &start).map_err(Outcome::Bad)?;
+            let format = return_format(dialect, &start)?;
             Ok((dialect, start, format))
         });
     let (dialect, start, return_format) = match started {
         Ok(s) => s,
-        Err(Outcome::Bad(b)) => {
+        Err(Outcome::Ends(Ending::Bad(b))) => {
             count_bad(&b);
-            return finish_writer(writer, writer_task, Some(close(b.close, b.code))).await;
+            let close = Cmd::Close(b.close, b.code.to_owned());
+            return finish_writer(writer, writer_task, Some(close)).await;
         }
         // The socket is gone.
         Err(_) => return finish_writer(writer, writer_task, None).await,
@@ -158,9 +135,10 @@ pub(super) async fn serve<S: Sink>(
         Some(client) => spawn_intake(client, &subjects, &shared, &events, &stop_intake).await,
         None => None,
     };
+    let format = format!("{}/{}", start.format.encoding, start.format.sample_rate);
     events.emit(json!({
         "type": "started", "stream": id, "dialect": label, "call_id": start.call_id,
-        "stream_sid": start.stream_sid, "format": format_name(&start),
+        "stream_sid": start.stream_sid, "format": format,
         "bot_audio": subjects.out, "control": subjects.ctl,
     }));
     let mut call = Call {
@@ -204,7 +182,7 @@ pub(super) async fn serve<S: Sink>(
 
 /// Reads until `start`: the dialect from the first message when the path did not name
 /// it; `connected` and unknown events are skipped; anything else before `start` is
-/// refused (`Outcome::Bad`; otherwise the socket is gone, `Outcome::Gone`).
+/// refused (`Ending::Bad`; otherwise the socket is gone, `Outcome::Gone`).
 async fn wait_start(
     stream: &mut SplitStream<WebSocket>,
     mut dialect: Option<Dialect>,
@@ -214,30 +192,32 @@ async fn wait_start(
             None | Some(Ok(Message::Close(_))) => return Err(Outcome::Gone),
             Some(Err(e)) => return Err(read_failure(e)),
             Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
-            Some(Ok(Message::Binary(_))) => return Err(Outcome::Bad(binary_message())),
+            Some(Ok(Message::Binary(_))) => return Err(binary_message().into()),
             Some(Ok(Message::Text(t))) => t,
         };
         let d = match dialect.or_else(|| dialect::detect(text.as_str())) {
             Some(d) => *dialect.insert(d),
             None => {
-                return Err(Outcome::Bad(BadInput::policy(
+                return Err(BadInput::policy(
                     "unknown_dialect",
                     "the first message is neither Twilio's nor Telnyx's (`connected` or `start`)",
-                )));
+                )
+                .into());
             }
         };
         match dialect::parse(d, text.as_str()) {
-            Err(e) => return Err(Outcome::Bad(BadInput::dialect(&e))),
+            Err(e) => return Err(BadInput::dialect(&e).into()),
             Ok(Inbound::Start(s)) => return Ok((d, s)),
             Ok(Inbound::Connected { .. }) => {}
             Ok(Inbound::Other { .. }) => {
                 metrics::counter!(m::TELEPHONY_IGNORED_EVENTS_TOTAL).increment(1);
             }
             Ok(_) => {
-                return Err(Outcome::Bad(BadInput::policy(
+                return Err(BadInput::policy(
                     "before_start",
                     "an event other than `connected` came before `start`",
-                )));
+                )
+                .into());
             }
         }
     }
@@ -307,8 +287,8 @@ async fn spawn_intake(
         ))),
         _ => {
             tracing::warn!(subject = %subjects.out, "could not subscribe to the bot audio; the call has no return path");
-            events.emit(json!({"type": "error", "code": "no_return_path",
-                "message": "the door could not subscribe to the bot-audio subjects"}));
+            let message = "the door could not subscribe to the bot-audio subjects";
+            events.emit(door::error_event("no_return_path", message));
             None
         }
     }
@@ -342,33 +322,17 @@ impl Call {
         let gone = shared.gone();
         tokio::pin!(gone);
         loop {
-            let reorder_due = self.inbound.deadline();
-            let reorder_sleep = async {
-                match reorder_due {
-                    Some(t) => tokio::time::sleep_until(Instant::from_std(t)).await,
-                    None => std::future::pending().await,
-                }
-            };
+            let reorder_sleep = super::sleep_until(self.inbound.deadline());
             tokio::select! {
                 biased;
-                change = status.next() => {
-                    if let Some(ev) = change.gap {
+                change = status.next_or_notice(&mut self.ticket, &mut self.handle) => {
+                    if let Some(ev) = change.event {
                         self.events.emit(ev);
                     }
-                    match change.stop {
-                        Some(door::StatusStop::Overload(o)) => return Outcome::Overload(o),
-                        Some(door::StatusStop::Closed(r)) => return Outcome::Closed(r),
-                        None => {}
+                    if let Some(stop) = change.stop {
+                        return Outcome::Ends(stop);
                     }
                 }
-                notice = self.ticket.next() => match crate::capacity::notice_event(&notice) {
-                    Some(ev) => self.events.emit(ev),
-                    None => {
-                        debug_assert_eq!(notice, Notice::Refused);
-                        self.handle.close(EndReason::NoCapacity);
-                        return Outcome::Closed(EndReason::NoCapacity);
-                    }
-                },
                 () = reorder_sleep => {
                     let released = self.inbound.release(std::time::Instant::now());
                     if let Some(out) = self.after(released).await {
@@ -386,7 +350,7 @@ impl Call {
                         None | Some(Ok(Message::Close(_))) => return Outcome::Gone,
                         Some(Err(e)) => return read_failure(e),
                         Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
-                        Some(Ok(Message::Binary(_))) => return Outcome::Bad(binary_message()),
+                        Some(Ok(Message::Binary(_))) => return binary_message().into(),
                         Some(Ok(Message::Text(t))) => t,
                     };
                     if let Some(out) = self.on_text(dialect, text.as_str()).await {
@@ -397,7 +361,7 @@ impl Call {
                 () = &mut idle => {
                     let due = last_message + idle_timeout;
                     if due <= Instant::now() {
-                        return Outcome::Idle;
+                        return Outcome::Ends(Ending::Idle);
                     }
                     idle.as_mut().reset(due);
                 }
@@ -409,7 +373,7 @@ impl Call {
     async fn on_text(&mut self, dialect: Dialect, text: &str) -> Option<Outcome> {
         let event = match dialect::parse(dialect, text) {
             Ok(e) => e,
-            Err(e) => return Some(Outcome::Bad(BadInput::dialect(&e))),
+            Err(e) => return Some(BadInput::dialect(&e).into()),
         };
         match event {
             Inbound::Media(media) => {
@@ -432,11 +396,10 @@ impl Call {
                 self.events.emit(json!({"type": "dtmf", "digit": digit}));
                 None
             }
-            Inbound::Stop => Some(Outcome::Stop),
-            Inbound::Start(_) => Some(Outcome::Bad(BadInput::policy(
-                "duplicate_start",
-                "a second `start` on one connection",
-            ))),
+            Inbound::Stop => Some(Outcome::Ends(Ending::Producer)),
+            Inbound::Start(_) => Some(
+                BadInput::policy("duplicate_start", "a second `start` on one connection").into(),
+            ),
             Inbound::Connected { .. } => None,
             Inbound::Error {
                 code,
@@ -460,7 +423,7 @@ impl Call {
     /// Pushes what the inbound path made ready (after `result`, its check).
     async fn after(&mut self, result: Result<(), BadInput>) -> Option<Outcome> {
         if let Err(b) = result {
-            return Some(Outcome::Bad(b));
+            return Some(b.into());
         }
         push_ready(&mut self.inbound, &self.handle, &mut self.counts)
             .await
@@ -487,12 +450,7 @@ async fn push_ready(
                 .declare_lost(frames, samples, Lost::Source)
                 .map(|_| ()),
         };
-        match pushed {
-            Ok(()) => {}
-            Err(PushError::Overloaded(o)) => return Err(Outcome::Overload(o)),
-            Err(PushError::Closed(r)) => return Err(Outcome::Closed(r)),
-            Err(e) => return Err(Outcome::Bad(BadInput::policy("bad_frame", e.to_string()))),
-        }
+        pushed.map_err(|e| Outcome::Ends(e.into()))?;
     }
     Ok(())
 }
@@ -504,55 +462,38 @@ async fn end(
     outcome: Outcome,
     events: &Events,
 ) -> (EndReason, Option<Cmd>) {
-    let close = |code: u16, reason: &str| Some(Cmd::Close(code, reason.to_owned()));
-    // At `stop`, what the window still holds goes out, with its gaps, before the end
-    // (which may itself end the call otherwise).
-    let outcome = match outcome {
-        Outcome::Stop => match inbound.finish() {
-            Err(b) => Outcome::Bad(b),
-            Ok(()) => push_ready(inbound, &handle, &mut Counts::new())
-                .await
-                .err()
-                .unwrap_or(Outcome::Stop),
-        },
-        other => other,
-    };
-    match outcome {
-        Outcome::Stop => {
-            handle.finish().await;
-            (EndReason::Producer, close(close_code::NORMAL, "stop"))
-        }
+    let ending = match outcome {
         Outcome::Gone => {
             // Dropping the handle ends the stream with `producer_gone`.
             drop(handle);
-            (EndReason::ProducerGone, close(close_code::NORMAL, ""))
+            return (
+                EndReason::ProducerGone,
+                Some(Cmd::Close(close_code::NORMAL, String::new())),
+            );
         }
-        Outcome::Bad(b) => {
-            handle.close(EndReason::Error);
-            count_bad(&b);
-            events.emit(json!({"type": "error", "code": b.code, "message": b.message}));
-            handle.wait_ended().await;
-            (EndReason::Error, close(b.close, b.code))
-        }
-        Outcome::Overload(o) => {
-            let mut ev = door::overload_event(&o, &handle);
-            ev["source"] = "caller".into();
-            events.emit(ev);
-            handle.wait_ended().await;
-            (
-                EndReason::Overload,
-                close(close_code::TRY_AGAIN_LATER, "overload"),
-            )
-        }
-        Outcome::Idle => {
-            handle.finish_with(EndReason::Idle).await;
-            (EndReason::Idle, close(close_code::GOING_AWAY, "idle"))
-        }
-        Outcome::Closed(reason) => {
-            handle.wait_finished(Duration::from_secs(30)).await;
-            (reason, close(close_code::of_end(reason), reason.as_str()))
-        }
+        // At `stop`, what the window still holds goes out, with its gaps, before the
+        // end (which may itself end the call otherwise).
+        Outcome::Ends(Ending::Producer) => match inbound.finish() {
+            Err(b) => Ending::Bad(b),
+            Ok(()) => match push_ready(inbound, &handle, &mut Counts::new()).await {
+                Err(Outcome::Ends(e)) => e,
+                _ => Ending::Producer,
+            },
+        },
+        Outcome::Ends(e) => e,
+    };
+    if let Ending::Bad(b) = &ending {
+        count_bad(b);
     }
+    if let Some(mut ev) = ending.close(&mut handle) {
+        if matches!(ending, Ending::Overload(_)) {
+            ev["source"] = "caller".into();
+        }
+        events.emit(ev);
+    }
+    ending.finished(&handle).await;
+    let (code, reason) = ending.close_frame("stop");
+    (ending.reason(), Some(Cmd::Close(code, reason.to_owned())))
 }
 
 /// Sends `close` (if any), lets the writer go and waits for it (bounded: one send
@@ -586,11 +527,7 @@ fn count_bad(b: &BadInput) {
 /// connection is gone.
 fn read_failure(e: axum::Error) -> Outcome {
     match crate::ws::violation(e, "too_large") {
-        Some((close, code, message)) => Outcome::Bad(BadInput {
-            close,
-            code,
-            message,
-        }),
+        Some(bad) => bad.into(),
         None => Outcome::Gone,
     }
 }
@@ -618,11 +555,6 @@ fn return_format(dialect: Dialect, start: &Start) -> Result<MediaFormat, BadInpu
     };
     MediaFormat::new(encoding, 8000, 1)
         .map_err(|e| BadInput::policy("unsupported_format", e.to_string()))
-}
-
-/// The call's format as the events name it.
-fn format_name(start: &Start) -> String {
-    format!("{}/{}", start.format.encoding, start.format.sample_rate)
 }
 
 /// A call's chunks taken and frames pushed, added to the shared counters once a second

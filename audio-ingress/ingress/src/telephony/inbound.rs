@@ -18,7 +18,7 @@ use weir_audio_telephony::codec::{self, Decoder, MediaFormat};
 use weir_audio_telephony::dialect::Media;
 use weir_audio_telephony::reorder::{Out, Pushed, Reorder, ReorderConfig};
 
-use super::call::BadInput;
+use crate::door::BadInput;
 use crate::metrics as m;
 
 /// Samples of one 20 ms frame at 16 kHz.

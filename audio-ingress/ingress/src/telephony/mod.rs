@@ -2,42 +2,19 @@
 //! media streaming) on the WebSocket port, both directions. A carrier connects to
 //! `GET /v1/telephony/twilio`, `/v1/telephony/telnyx` or `/v1/telephony` (the dialect
 //! read from its first message) and speaks its own published protocol unchanged
-//! (`weir_audio_telephony::dialect`); the door turns it into one weir stream.
+//! (`weir_audio_telephony::dialect`); the door turns it into one weir stream. The
+//! protocol — admission at the carrier's `start`, the subjects and events of a call,
+//! the refused messages and every end with its close code — is docs/protocol.md §6.3.
 //!
-//! **Caller → recognition.** The carrier's `start` names the call: the stream id is the
-//! custom parameter `stream_id`, else the call's id (Twilio `callSid`, Telnyx
-//! `call_control_id`), under the stream-id rules; `session_id` and `access_token` may
-//! come as custom parameters too (a carrier cannot set headers; the upgrade's
-//! `Authorization` / `?access_token=` is used otherwise). The stream is admitted like
-//! the other doors' ([`crate::door`]: token, readiness, recognition capacity,
-//! registry). Each `media` chunk (µ-law, A-law or L16) goes through the reorder window
-//! ([`inbound`]: by `media.chunk`, `telephony.reorder_window_ms`), is decoded and
-//! resampled to 16 kHz and cut into 20 ms frames, pushed on the stream's handle like a
-//! WebSocket frame (seq from 1). A missing chunk, or one later than the window, is a
-//! declared gap (reason `source`), never a frame out of order.
+//! **Caller → recognition** ([`call`], [`inbound`]): the stream is admitted like the
+//! other doors' ([`crate::door`]) at `start`; each `media` chunk goes through the
+//! reorder window, is decoded, resampled to 16 kHz and cut into 20 ms frames pushed on
+//! the stream's handle. A missing chunk, or one later than the window, is a declared
+//! gap (reason `source`), never a frame out of order.
 //!
-//! **Bot → caller** ([`outbound`]): the bot's 16 kHz PCM on
-//! `<prefix>.out.<stream>` (a `Weir-Mark` header places a mark after it) is queued,
-//! bounded by `telephony.out_max_bytes` and `telephony.out_max_age_ms`, encoded to the
-//! call's format and paced to the socket at real time; marks go to the carrier and its
-//! echoes (played) come back as events. `{"type":"clear"}` on `<prefix>.ctl.<stream>`
-//! drops the whole queue at once, sends the carrier's `clear`, and answers with what
-//! was dropped and which marks were never played ([`voice`] holds the subjects and the
-//! events on `<prefix>.events.<stream>`).
-//!
-//! **Ends**, the stream's reason, then what the carrier sees:
-//!
-//! | cause | stream ends | socket close |
-//! |---|---|---|
-//! | carrier `stop` | `producer` (held chunks released, gaps declared) | 1000 `stop` |
-//! | socket dropped or closed without `stop`; a send to it timed out | `producer_gone` | — |
-//! | overload (`close` policy) | `overload` (`overload` event on NATS) | 1013 `overload` |
-//! | bad input (invalid JSON or base64, wrong format or length, a chunk repeated, far behind or far ahead, media before `start`, a second `start`, a binary or oversized message) | `error` (`error` event on NATS) | 1003 / 1007 / 1008 / 1009 with the error code as reason |
-//! | refused at `start` (id, token, readiness, capacity, registry) | nothing opened | 1008, or 1013 for a 503 refusal, reason = the refusal's code |
-//! | no `start` within `telephony.start_timeout_ms` | nothing opened | 1008 `start_timeout` |
-//! | recognition worker refused the stream | `no_capacity` | 1013 |
-//! | no message for `idle_timeout_ms` | `idle` | 1001 |
-//! | shutdown | `shutdown` | 1001 |
+//! **Bot → caller** ([`outbound`]): the bot's PCM from NATS is queued (bounded in bytes
+//! and age), encoded to the call's format and paced to the socket at real time, with
+//! its marks; `clear` drops the queue at once ([`voice`]: the subjects and events).
 //!
 //! Invariants: per call one reader task (this connection's handler), one writer task
 //! (the only one that sends to the socket, every send bounded by `ws_send_timeout_ms`),
@@ -64,7 +41,6 @@ use axum::routing::get;
 use weir_audio_telephony::dialect::{self, Dialect};
 
 use crate::door::{self, Door, error_response};
-use crate::ws_query::UpgradeQuery;
 use weir_audio_producer::publisher::Sink;
 
 /// The telephony door's settings (`[telephony]` keys).
@@ -86,37 +62,6 @@ pub struct TelephonyConfig {
     pub out_lead: Duration,
 }
 
-/// Default `telephony.subject_prefix`.
-pub const DEFAULT_SUBJECT_PREFIX: &str = "weir.voice";
-/// Default `telephony.reorder_window_ms`: three 20 ms chunks.
-pub const DEFAULT_REORDER_WINDOW: Duration = Duration::from_millis(60);
-/// Default `telephony.start_timeout_ms`.
-pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(5);
-/// Default `telephony.out_max_bytes`: 15 s of 16 kHz PCM, a long reply sent at once.
-pub const DEFAULT_OUT_MAX_BYTES: usize = 480_000;
-/// Default `telephony.out_max_total_bytes`: 64 MiB, every call's bot audio together
-/// (about 140 calls with a full 15 s queue at once; a call typically holds a sentence).
-pub const DEFAULT_OUT_MAX_TOTAL_BYTES: usize = 64 << 20;
-/// Default `telephony.out_max_age_ms`: a little over the byte bound's 15 s, so that a
-/// reply sent at once plays out; only a carrier that stops reading makes audio this old.
-pub const DEFAULT_OUT_MAX_AGE: Duration = Duration::from_secs(20);
-/// Default `telephony.out_lead_ms`: two frames ahead, against jitter at the carrier.
-pub const DEFAULT_OUT_LEAD: Duration = Duration::from_millis(40);
-
-impl Default for TelephonyConfig {
-    fn default() -> Self {
-        Self {
-            subject_prefix: DEFAULT_SUBJECT_PREFIX.to_owned(),
-            reorder_window: DEFAULT_REORDER_WINDOW,
-            start_timeout: DEFAULT_START_TIMEOUT,
-            out_max_bytes: DEFAULT_OUT_MAX_BYTES,
-            out_max_total_bytes: DEFAULT_OUT_MAX_TOTAL_BYTES,
-            out_max_age: DEFAULT_OUT_MAX_AGE,
-            out_lead: DEFAULT_OUT_LEAD,
-        }
-    }
-}
-
 /// What the telephony door needs.
 #[derive(Clone)]
 pub struct TelephonyState<S: Sink> {
@@ -134,8 +79,8 @@ pub struct TelephonyState<S: Sink> {
 /// The telephony routes, without fallbacks (`serve` merges them with the others).
 pub fn routes<S: Sink>(state: TelephonyState<S>) -> Router {
     Router::new()
-        .route("/v1/telephony", get(upgrade_any::<S>))
-        .route("/v1/telephony/{dialect}", get(upgrade_dialect::<S>))
+        .route("/v1/telephony", get(upgrade::<S>))
+        .route("/v1/telephony/{dialect}", get(upgrade::<S>))
         .with_state(state)
 }
 
@@ -143,58 +88,30 @@ pub fn routes<S: Sink>(state: TelephonyState<S>) -> Router {
 /// is ~8.6 KiB).
 const MAX_MESSAGE_BYTES: usize = dialect::MAX_MESSAGE_BYTES;
 
-async fn upgrade_any<S: Sink>(
+/// `/v1/telephony/{dialect}`, or `/v1/telephony` (the dialect read from the first
+/// message). Before the upgrade: the query (only `access_token` is read), readiness.
+/// The stream itself is admitted at the carrier's `start` ([`call`]).
+async fn upgrade<S: Sink>(
     State(state): State<TelephonyState<S>>,
+    path: Result<Option<Path<String>>, PathRejection>,
     uri: Uri,
     headers: HeaderMap,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
-    upgrade(state, None, uri, headers, ws)
-}
-
-async fn upgrade_dialect<S: Sink>(
-    State(state): State<TelephonyState<S>>,
-    path: Result<Path<String>, PathRejection>,
-    uri: Uri,
-    headers: HeaderMap,
-    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
-) -> Response {
-    let dialect = match path.map(|Path(p)| p.parse::<Dialect>()) {
-        Ok(Ok(d)) => d,
-        _ => {
-            return error_response(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                "the telephony paths are /v1/telephony/twilio, /v1/telephony/telnyx and /v1/telephony",
-            );
-        }
+    let Ok(Ok(dialect)) = path.map(|p| p.map(|Path(p)| p.parse::<Dialect>()).transpose()) else {
+        return error_response(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "the telephony paths are /v1/telephony/twilio, /v1/telephony/telnyx and /v1/telephony",
+        );
     };
-    upgrade(state, Some(dialect), uri, headers, ws)
-}
-
-/// Before the upgrade: the query (only `access_token` is read), readiness. The stream
-/// itself is admitted at the carrier's `start` ([`call`]).
-fn upgrade<S: Sink>(
-    state: TelephonyState<S>,
-    dialect: Option<Dialect>,
-    uri: Uri,
-    headers: HeaderMap,
-    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
-) -> Response {
     let ws = match ws {
         Ok(ws) => ws,
         Err(e) => return door::error_response(e.status(), "invalid_upgrade", e.body_text()),
     };
-    let query = match UpgradeQuery::parse(uri.query()) {
+    let query = match state.door.query(uri.query()) {
         Ok(q) => q,
-        Err(e) => {
-            state
-                .door
-                .ingress
-                .global()
-                .admission_rejected("invalid_session");
-            return error_response(StatusCode::BAD_REQUEST, "invalid_request", e.to_string());
-        }
+        Err(resp) => return *resp,
     };
     if let Err(resp) = state.door.ready() {
         return *resp;
@@ -212,4 +129,12 @@ fn upgrade<S: Sink>(
             span,
         )
     })
+}
+
+/// Sleeps until `at`; never resolves without one.
+async fn sleep_until(at: Option<std::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
+    }
 }

@@ -54,17 +54,9 @@ impl Subjects {
 }
 
 /// Publishes a call's events (see the module doc). Cheap to clone.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct Events {
     tx: Option<mpsc::Sender<Bytes>>,
-}
-
-impl std::fmt::Debug for Events {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Events")
-            .field("publishing", &self.tx.is_some())
-            .finish()
-    }
 }
 
 impl Events {

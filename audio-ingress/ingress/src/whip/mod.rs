@@ -2,25 +2,13 @@
 //! pushes Opus audio into the same bounded per-stream queue and publisher as a
 //! WebSocket producer. On by setting `whip_udp_listen`.
 //!
-//! HTTP, on the front door's port (next to `/v1/streams/{stream_id}`):
-//!
-//! | request | answer |
-//! |---|---|
-//! | `POST /v1/whip/{stream_id}[?session_id=S]`, `Content-Type: application/sdp`, the offer | `201 Created`, the answer (`application/sdp`), `Location: /v1/whip/{stream_id}/{resource}`, `Weir-Resume-Token` and `Weir-Resume-Window-Ms` (resume on) |
-//! | the same with `Weir-Resume-Token: T` (a resume, [`crate::resume`]) | `201` as above for the same stream; the old session gets `taken_over` and is closed |
-//! | `DELETE` on the `Location` | `200` once the stream's `end` (reason `producer`) is handed to NATS; `404` for a session that ended or never existed |
-//! | `OPTIONS` on either | `204` with `Allow`, `Accept-Post` and CORS headers |
-//! | `PATCH` on the `Location` | `405`: no trickle ICE nor ICE restart (every candidate is in the offer and the answer) |
-//!
-//! Refusals before anything is opened (JSON body `{"error":{"code","message"}}`), in
-//! this order, the body read only after the cheap ones: the same admission as the
-//! WebSocket door ([`crate::door`]: 400 id/query, 401/403 token), `415` (not
-//! `application/sdp`), `413` (a `Content-Length` over 64 KiB), `503 max_sessions` /
-//! `max_sessions_per_ip` + `Retry-After` (`whip_max_sessions`,
-//! `whip_max_sessions_per_ip`); then the body ([`offer_guard`]: `408 body_timeout`
-//! under the listener's body bounds, `413` over 64 KiB), `400 invalid_offer` (not SDP,
-//! or no Opus audio to receive; the message never quotes a parser's internals), then
-//! 503 `not_ready`, 409 `stream_active`, 503 `max_streams`/`shutting_down`.
+//! HTTP, on the front door's port: `POST /v1/whip/{stream_id}` (the offer; `201` with
+//! the answer, its `Location` and, resume on, `Weir-Resume-Token` and
+//! `Weir-Resume-Window-Ms`; with `Weir-Resume-Token` a resume, [`crate::resume`]),
+//! `DELETE` on the `Location` (`200` once the `end` is handed to NATS), `OPTIONS`
+//! (CORS), `PATCH` (`405`: no trickle ICE). The requests, the answers and the
+//! refusals, in their order (the body is read only after the cheap ones; the offer's
+//! parser's text is never answered), are tabled in docs/audio-ingress.md § WHIP ingest.
 //!
 //! Candidates: unless `whip_allow_foreign_candidates`, the offer's ICE candidates on
 //! any address other than the HTTP client's are dropped before negotiation, so the
@@ -104,8 +92,8 @@ pub const RESUME_TOKEN: HeaderName = HeaderName::from_static("weir-resume-token"
 pub const RESUME_WINDOW_MS: HeaderName = HeaderName::from_static("weir-resume-window-ms");
 
 /// Counters of the WHIP door, summed over every session (and per session in
-/// [`SessionCounters`]). Read by the admin `/v1/whip` view.
-#[derive(Debug, Default)]
+/// [`SessionCounters`]). Read by the admin `/v1/whip` view (by these names).
+#[derive(Debug, Default, serde::Serialize)]
 pub struct WhipCounters {
     /// Sessions created (201 answered).
     pub sessions_total: AtomicU64,
@@ -129,7 +117,12 @@ pub struct WhipCounters {
     /// Offer candidates dropped because they were not on the HTTP client's address.
     pub candidates_dropped: AtomicU64,
     /// Total over every pump (see [`SessionCounters`]).
+    #[serde(serialize_with = "media")]
     pub media: SessionCounters,
+}
+
+fn media<S: serde::Serializer>(c: &SessionCounters, s: S) -> Result<S::Ok, S::Error> {
+    serde::Serialize::serialize(&c.snapshot(), s)
 }
 
 /// One more event on a relaxed counter.
@@ -138,15 +131,17 @@ pub(crate) fn count(counter: &AtomicU64) {
 }
 
 /// Media counters of one session (and, summed, of all).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize)]
 pub struct SessionCounters {
     /// Opus packets received.
     pub packets: AtomicU64,
     /// Opus packets decoded.
     pub decoded: AtomicU64,
     /// Time spent decoding, ns.
+    #[serde(skip)]
     pub decode_ns: AtomicU64,
     /// Longest single decode, ns.
+    #[serde(skip)]
     pub decode_ns_max: AtomicU64,
     /// Opus packets the decoder refused (counted, concealed).
     pub decode_errors: AtomicU64,
@@ -178,21 +173,12 @@ impl SessionCounters {
     /// The admin view's JSON: the counters, the decode time as the mean and the
     /// longest decode of one packet in µs.
     pub fn snapshot(&self) -> serde_json::Value {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let decoded = g(&self.decoded);
-        json!({
-            "packets": g(&self.packets),
-            "decoded": decoded,
-            // Decode time is only added with a decoded packet: 0 when none was.
-            "decode_us_mean": g(&self.decode_ns) as f64 / decoded.max(1) as f64 / 1e3,
-            "decode_us_max": g(&self.decode_ns_max) as f64 / 1e3,
-            "decode_errors": g(&self.decode_errors),
-            "concealed_frames": g(&self.concealed_frames),
-            "rtp_gaps": g(&self.rtp_gaps),
-            "rtp_lost": g(&self.rtp_lost),
-            "rtp_late": g(&self.rtp_late),
-            "frames": g(&self.frames),
-        })
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        let mut v = serde_json::to_value(self).unwrap_or_default();
+        // Decode time is only added with a decoded packet: 0 when none was.
+        v["decode_us_mean"] = (g(&self.decode_ns) / g(&self.decoded).max(1.0) / 1e3).into();
+        v["decode_us_max"] = (g(&self.decode_ns_max) / 1e3).into();
+        v
     }
 }
 
@@ -240,8 +226,6 @@ pub struct WhipView {
 impl WhipView {
     /// Sessions, counters and limits as JSON.
     pub fn snapshot(&self) -> serde_json::Value {
-        let c = &self.shared.counters;
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let sessions: Vec<_> = self
             .shared
             .sessions
@@ -256,26 +240,20 @@ impl WhipView {
                 })
             })
             .collect();
-        json!({
+        let mut v = serde_json::to_value(&*self.shared.counters).unwrap_or_default();
+        let view = json!({
             "udp": self.shared.udp_addr.to_string(),
             "advertise": self.shared.config.advertise.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "max_sessions": self.shared.sessions.max,
             "max_sessions_per_ip": self.shared.sessions.per_ip,
             "allow_foreign_candidates": self.shared.config.allow_foreign_candidates,
-            "candidates_dropped": g(&c.candidates_dropped),
             "active_sessions": sessions.len(),
-            "sessions_total": g(&c.sessions_total),
-            "offers_refused": g(&c.offers_refused),
-            "sessions_lost": g(&c.sessions_lost),
-            "datagrams": g(&c.datagrams),
-            "datagrams_unmatched": g(&c.datagrams_unmatched),
-            "send_failures": g(&c.send_failures),
-            "packets_dropped_behind": g(&c.packets_dropped_behind),
-            "events_sent": g(&c.events_sent),
-            "events_dropped": g(&c.events_dropped),
-            "media": c.media.snapshot(),
             "sessions": sessions,
-        })
+        });
+        if let (Some(v), serde_json::Value::Object(view)) = (v.as_object_mut(), view) {
+            v.extend(view);
+        }
+        v
     }
 }
 
@@ -354,15 +332,9 @@ impl Whip {
                 delete(delete_session::<S>)
                     .options(|| async { preflight("DELETE, PATCH, OPTIONS") })
                     .patch(|| async {
-                        let mut resp = door::error_response(
-                            StatusCode::METHOD_NOT_ALLOWED,
-                            "trickle_not_supported",
-                            "no trickle ICE nor ICE restart: every candidate is in the offer \
-                             and the answer; start a new session instead"
-                                .to_owned(),
-                        );
-                        allow(&mut resp, "DELETE, OPTIONS");
-                        resp
+                        let message = "no trickle ICE nor ICE restart: every candidate is in the \
+                                       offer and the answer; start a new session instead";
+                        refuse_method("DELETE, OPTIONS", "trickle_not_supported", message)
                     })
                     .fallback(|| async { method_not_allowed("DELETE, PATCH, OPTIONS") }),
             )
@@ -410,17 +382,15 @@ fn set_headers<const N: usize>(resp: &mut Response, headers: [(HeaderName, &'sta
     }
 }
 
-fn allow(resp: &mut Response, methods: &'static str) {
-    set_headers(resp, [(header::ALLOW, methods)]);
+fn method_not_allowed(methods: &'static str) -> Response {
+    let message = format!("this WHIP URL answers {methods}");
+    refuse_method(methods, "method_not_allowed", message)
 }
 
-fn method_not_allowed(methods: &'static str) -> Response {
-    let mut resp = door::error_response(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        format!("this WHIP URL answers {methods}"),
-    );
-    allow(&mut resp, methods);
+/// A `405` with `Allow: methods`.
+fn refuse_method(methods: &'static str, code: &str, message: impl Into<String>) -> Response {
+    let mut resp = door::error_response(StatusCode::METHOD_NOT_ALLOWED, code, message);
+    set_headers(&mut resp, [(header::ALLOW, methods)]);
     resp
 }
 
@@ -616,29 +586,23 @@ async fn offer<S: Sink>(
 
 /// The `503` of a full session cap.
 fn sessions_full<S: Sink>(state: &WhipState<S>, full: Full) -> Response {
-    let (label, code, message) = match full {
+    // The code is also the admission refusal's label.
+    let (code, message) = match full {
         Full::All(max) => (
-            "max_sessions",
             "max_sessions",
             format!("{max} WHIP sessions are active (whip_max_sessions); retry later"),
         ),
         Full::PerIp(max) => (
-            "max_sessions_per_ip",
             "max_sessions_per_ip",
             format!(
                 "{max} WHIP sessions are active from this address                  (whip_max_sessions_per_ip); retry later"
             ),
         ),
     };
-    state.door.ingress.global().admission_rejected(label);
-    let mut resp = refused(
-        &state.shared,
-        StatusCode::SERVICE_UNAVAILABLE,
-        code,
-        message,
-    );
-    door::insert_retry_after(&mut resp, state.door.retry_after);
-    resp
+    state.door.ingress.global().admission_rejected(code);
+    count(&state.shared.counters.offers_refused);
+    let status = StatusCode::SERVICE_UNAVAILABLE;
+    door::refusal(status, code, message, state.door.retry_after)
 }
 
 /// Whether the request announces a body over [`MAX_OFFER_BYTES`].

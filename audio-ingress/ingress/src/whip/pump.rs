@@ -15,18 +15,11 @@
 //! `/v1/whip` view). Decoding runs here, not in the driver: a slow decode delays this
 //! stream only.
 //!
-//! Outcomes (the stream's end reason, then what the publisher sees):
-//! - DELETE: `producer` — `closed` event, session closed, DELETE answered;
-//! - the driver lost the publisher (ICE disconnected or silent, DTLS failure): the
-//!   stream is parked for a resume ([`crate::resume`]), then `producer_gone` —
-//!   session already closed;
-//! - a new session with the stream's resume token took it: the stream goes on there —
-//!   `error` `taken_over` event, session closed;
-//! - overload (`close` policy): `overload` — `overload` and `closed` events, session
-//!   closed;
-//! - the recognition worker refused the stream: `no_capacity` — `closed` event,
-//!   session closed;
-//! - shutdown or any other end: that reason — `closed` event, session closed.
+//! Outcomes: a lost publisher (ICE disconnected or silent, DTLS failure: the session
+//! is already closed) parks the stream for a resume ([`crate::resume`]); a new session
+//! with the resume token takes it (`error` `taken_over`, session closed); `DELETE` ends
+//! it `producer`, anything else as its [`Ending`] — then `closed`, and the session
+//! closes.
 //!
 //! While the stream runs, its capacity notices go to the data channel as `degraded`
 //! and `recovered` events.
@@ -40,12 +33,11 @@ use bytes::Bytes;
 use opus_pure::OpusDecoder;
 use tokio::sync::mpsc;
 use weir_protocol::WireName;
-use weir_protocol::audio::extension::{EndReason, Overload};
+use weir_protocol::audio::extension::EndReason;
 
 use super::driver::{Command, Media};
 use super::{SessionCounters, Stop, WhipCounters};
-use crate::capacity::Notice;
-use crate::door;
+use crate::door::{self, Ending};
 use crate::metrics as m;
 use crate::resume::admit::wall_time_loss;
 use crate::resume::{Attachment, Held};
@@ -86,10 +78,9 @@ enum Outcome {
     Gone,
     /// A resume (a new WHIP session with the token) took the stream.
     TakenOver,
-    Overload(Overload),
-    Closed(EndReason),
-    /// The decoder could not be created.
-    Internal,
+    /// The stream ends here: it overloaded or ended, or the decoder could not be
+    /// created ([`Ending::Internal`]).
+    Ends(Ending),
 }
 
 /// Opus → 20 ms PCM frames, with the sequence bookkeeping.
@@ -185,16 +176,13 @@ impl Decoder {
                 }
                 n
             }
-            Ok(_) => {
+            refused => {
                 c.add(|x| &x.decode_errors, t, 1);
                 metrics::counter!(m::WHIP_DECODE_ERRORS_TOTAL).increment(1);
-                0
-            }
-            Err(_) => {
                 // A panic may leave the decoder inconsistent: start afresh.
-                c.add(|x| &x.decode_errors, t, 1);
-                metrics::counter!(m::WHIP_DECODE_ERRORS_TOTAL).increment(1);
-                if let Ok(d) = OpusDecoder::new(RATE_HZ as i32, 1) {
+                if refused.is_err()
+                    && let Ok(d) = OpusDecoder::new(RATE_HZ as i32, 1)
+                {
                     self.opus = d;
                 }
                 0
@@ -226,7 +214,7 @@ pub(crate) async fn run(mut p: Pump) {
 
 async fn pump(p: &mut Pump) -> Outcome {
     let Some(mut decoder) = Decoder::new() else {
-        return Outcome::Internal;
+        return Outcome::Ends(Ending::Internal);
     };
     if let Some(ev) = p.first_event.take() {
         event_to(&p.driver, &p.key, ev).await;
@@ -242,24 +230,14 @@ async fn pump(p: &mut Pump) -> Outcome {
             // the publisher's events.
             biased;
             () = &mut revoked => return Outcome::TakenOver,
-            change = status.next() => {
-                if let Some(ev) = change.gap {
+            change = status.next_or_notice(ticket, handle) => {
+                if let Some(ev) = change.event {
                     event_to(&p.driver, &p.key, ev).await;
                 }
-                match change.stop {
-                    Some(door::StatusStop::Overload(o)) => return Outcome::Overload(o),
-                    Some(door::StatusStop::Closed(r)) => return Outcome::Closed(r),
-                    None => {}
+                if let Some(stop) = change.stop {
+                    return Outcome::Ends(stop);
                 }
             }
-            notice = ticket.next() => match crate::capacity::notice_event(&notice) {
-                Some(ev) => event_to(&p.driver, &p.key, ev).await,
-                None => {
-                    debug_assert_eq!(notice, Notice::Refused);
-                    handle.close(EndReason::NoCapacity);
-                    return Outcome::Closed(EndReason::NoCapacity);
-                }
-            },
             stop = p.stop.recv() => match stop {
                 Some(stop) => return Outcome::Delete(stop),
                 None => return Outcome::Gone,
@@ -274,7 +252,7 @@ async fn pump(p: &mut Pump) -> Outcome {
                     // stream's last frame is declared lost (reason `resume`).
                     let (lost, samples) = wall_time_loss(handle.position());
                     if let Err(PushError::Closed(r)) = handle.declare_lost(lost, samples, weir_audio_producer::Lost::Resume) {
-                        return Outcome::Closed(r);
+                        return Outcome::Ends(Ending::Closed(r));
                     }
                     metrics::histogram!(m::RESUME_SECONDS).record(t.elapsed().as_secs_f64());
                 }
@@ -282,12 +260,12 @@ async fn pump(p: &mut Pump) -> Outcome {
                     p.counters.add(|x| &x.frames, &p.totals.media, 1);
                     match handle.push(frame).await {
                         Ok(_) => {}
-                        Err(PushError::Overloaded(o)) => return Outcome::Overload(o),
-                        Err(PushError::Closed(r)) => return Outcome::Closed(r),
+                        Err(PushError::Overloaded(o)) => return Outcome::Ends(Ending::Overload(o)),
+                        Err(PushError::Closed(r)) => return Outcome::Ends(Ending::Closed(r)),
                         // 640-byte frames are always valid and `push` waits instead of
                         // answering Full; neither can happen, but end cleanly if it does.
                         Err(PushError::InvalidFrame(_) | PushError::Full { .. }) => {
-                            return Outcome::Closed(EndReason::Error);
+                            return Outcome::Ends(Ending::Closed(EndReason::Error));
                         }
                     }
                 }
@@ -300,7 +278,7 @@ async fn finish(p: Pump, outcome: Outcome) {
     let Pump {
         att, driver, key, ..
     } = p;
-    match outcome {
+    let (ending, reply) = match outcome {
         Outcome::Gone => {
             // The publisher is gone (the driver already closed the session): the
             // stream parks for a resume (resume off: it ends `producer_gone`).
@@ -310,52 +288,23 @@ async fn finish(p: Pump, outcome: Outcome) {
         Outcome::TakenOver => {
             // A new session took the stream: this one is told, then closed.
             drop(att);
-            let ev = serde_json::json!({
-                "type": "error",
-                "code": "taken_over",
-                "message": "a new WHIP session resumed this stream; it goes on there",
-            });
-            event_to(&driver, &key, ev).await;
+            let message = "a new WHIP session resumed this stream; it goes on there";
+            event_to(&driver, &key, door::error_event("taken_over", message)).await;
             command(&driver, Command::Close { key }).await;
             return;
         }
-        _ => {}
-    }
-    let label = match &outcome {
-        Outcome::Delete(_) => EndReason::Producer,
-        Outcome::Overload(_) => EndReason::Overload,
-        Outcome::Closed(r) => *r,
-        _ => EndReason::Error,
+        Outcome::Delete(stop) => (Ending::Producer, Some(stop)),
+        Outcome::Ends(ending) => (ending, None),
     };
-    let Held { handle, ticket } = att.end(label.as_str());
+    let Held { mut handle, ticket } = att.end(ending.reason().as_str());
     door::release_when_finished(ticket, handle.status());
-    // The `closed` event, then the session closes.
-    let (closed, reply) = match outcome {
-        Outcome::Gone | Outcome::TakenOver => (None, None),
-        Outcome::Delete(stop) => {
-            let s = handle.finish_with(EndReason::Producer).await;
-            (Some((EndReason::Producer, s)), Some(stop))
-        }
-        Outcome::Overload(o) => {
-            // The `overload` event at once; `closed` once the stream has finished, so
-            // that it counts what the server confirmed after the overload and says
-            // whether the `end` got through (as the WebSocket door does).
-            event_to(&driver, &key, door::overload_event(&o, &handle)).await;
-            (Some((EndReason::Overload, handle.wait_ended().await)), None)
-        }
-        Outcome::Closed(reason) => {
-            let s = handle.wait_finished(Duration::from_secs(30)).await;
-            (Some((reason, s)), None)
-        }
-        Outcome::Internal => {
-            let mut handle = handle;
-            handle.close(EndReason::Error);
-            (Some((EndReason::Error, handle.wait_ended().await)), None)
-        }
-    };
-    if let Some((reason, s)) = closed {
-        event_to(&driver, &key, door::closed_event(reason.as_str(), &s)).await;
+    // The `overload` event at once, `closed` once the stream has finished (as the
+    // WebSocket door does), then the session closes.
+    if let Some(ev) = ending.close(&mut handle) {
+        event_to(&driver, &key, ev).await;
     }
+    let summary = ending.finished(&handle).await;
+    event_to(&driver, &key, door::closed_event(ending.reason(), &summary)).await;
     command(&driver, Command::Close { key }).await;
     if let Some(stop) = reply {
         let _ = stop.reply.send(());
@@ -364,15 +313,8 @@ async fn finish(p: Pump, outcome: Outcome) {
 
 /// Queues one event for the data channel.
 async fn event_to(driver: &mpsc::Sender<Command>, key: &str, ev: serde_json::Value) {
-    let key = key.to_owned();
-    command(
-        driver,
-        Command::Event {
-            key,
-            text: ev.to_string(),
-        },
-    )
-    .await;
+    let (key, text) = (key.to_owned(), ev.to_string());
+    command(driver, Command::Event { key, text }).await;
 }
 
 /// Queues one command for the driver (bounded: the driver's command channel, 1 s).

@@ -15,7 +15,7 @@ use weir_audio_telephony::outbound::{
 };
 use weir_service::shutdown::CancellationToken;
 
-use super::{Shared, count_dropped, overload_event};
+use super::{Shared, count_dropped, tell_dropped};
 use crate::metrics as m;
 use crate::telephony::voice::{Events, MARK_HEADER, MAX_OUT_MESSAGE_BYTES};
 
@@ -97,8 +97,7 @@ fn take_audio(msg: &async_nats::Message, shared: &Shared, events: &Events) {
             ms: (len as u64).div_ceil(32),
             reason: DropReason::QueueFull,
         };
-        count_dropped("total_full", d.frames);
-        events.emit(overload_event("total_full", &d, mark.as_deref()));
+        tell_dropped(events, "total_full", &d, mark.as_deref());
         return;
     }
     let now = std::time::Instant::now();
@@ -125,11 +124,7 @@ fn take_audio(msg: &async_nats::Message, shared: &Shared, events: &Events) {
     shared.wake.notify_one();
     match pushed {
         Ok(None) => {}
-        Ok(Some(d)) => {
-            let reason = d.reason.code();
-            count_dropped(reason, d.frames);
-            events.emit(overload_event(reason, &d, mark.as_deref()));
-        }
+        Ok(Some(d)) => tell_dropped(events, d.reason.code(), &d, mark.as_deref()),
         Err(e) => refuse(e.code(), e.to_string()),
     }
 }

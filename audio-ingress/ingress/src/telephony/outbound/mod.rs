@@ -36,6 +36,7 @@ use weir_audio_telephony::outbound::{Dropped, Marks, OutQueue, OutboundConfig};
 use weir_service::sync::locked;
 
 use crate::metrics as m;
+use crate::telephony::voice::Events;
 
 pub use writer::{Cmd, Writer};
 
@@ -190,13 +191,14 @@ pub(super) fn count_dropped(reason: &'static str, frames: u64) {
     }
 }
 
-/// The `overload` event for bot audio dropped by a bound (`mark`: the mark that went
-/// with the refused audio).
-pub(super) fn overload_event(reason: &str, d: &Dropped, mark: Option<&str>) -> serde_json::Value {
+/// Bot audio dropped by a bound (`reason`), counted and told: the `overload` event
+/// (`mark`: the mark that went with the refused audio).
+pub(super) fn tell_dropped(events: &Events, reason: &'static str, d: &Dropped, mark: Option<&str>) {
+    count_dropped(reason, d.frames);
     let mut ev = json!({"type": "overload", "source": "bot_audio", "reason": reason,
         "frames": d.frames, "ms": d.ms});
     if let Some(name) = mark {
         ev["mark"] = name.into();
     }
-    ev
+    events.emit(ev);
 }

@@ -17,7 +17,7 @@ use weir_audio_telephony::codec::{Encoder, MediaFormat};
 use weir_audio_telephony::dialect::{self, Dialect};
 use weir_audio_telephony::outbound::{Due, FRAME_DURATION};
 
-use super::{Shared, count_dropped, overload_event};
+use super::{Shared, tell_dropped};
 use crate::metrics as m;
 use crate::telephony::voice::Events;
 
@@ -101,12 +101,7 @@ impl Writer {
                 Some(t) => t,
                 None => return,
             };
-            let sleep = async {
-                match wake_at {
-                    Some(t) => tokio::time::sleep_until(tokio::time::Instant::from_std(t)).await,
-                    None => std::future::pending().await,
-                }
-            };
+            let sleep = crate::telephony::sleep_until(wake_at);
             tokio::select! {
                 biased;
                 cmd = rx.recv() => match cmd {
@@ -219,9 +214,7 @@ impl Writer {
             }
         });
         if let (Some(d), Some(s)) = (dropped, &self.started) {
-            let reason = d.reason.code();
-            count_dropped(reason, d.frames);
-            s.events.emit(overload_event(reason, &d, None));
+            tell_dropped(&s.events, d.reason.code(), &d, None);
         }
         next
     }
