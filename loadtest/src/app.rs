@@ -45,7 +45,7 @@ pub fn env_from(cli: &Cli) -> Result<Env, Error> {
             "--ingress-bin {} is not a file",
             p.display()
         ))),
-        None => find_ingress_bin(Some(&self_exe)).map_err(Error::from),
+        None => find_ingress_bin(Some(&self_exe)),
     };
     Ok(Env {
         nats_url: cli.nats_url.clone(),

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::stats::{LatencyHistogram, Percentiles};
 
@@ -27,6 +28,24 @@ impl Snap for LatencyHistogram {
     type Out = Percentiles;
     fn snap(&self) -> Percentiles {
         self.percentiles()
+    }
+}
+
+/// Counting on an [`AtomicU64`] (relaxed: a counter orders nothing).
+pub trait Count {
+    /// Adds one.
+    fn inc(&self);
+    /// Adds `n`.
+    fn add(&self, n: u64);
+}
+
+impl Count for AtomicU64 {
+    fn inc(&self) {
+        self.add(1);
+    }
+
+    fn add(&self, n: u64) {
+        self.fetch_add(n, Ordering::Relaxed);
     }
 }
 

@@ -35,6 +35,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use serde::Serialize;
 use tokio::sync::watch;
 pub use weir_audio_consumer::DEFAULT_MAX_FRAME_AGE;
 use weir_audio_consumer::{
@@ -137,61 +138,67 @@ impl StreamHandler for Recogniser {
     }
 }
 
-/// What the fleet saw, cumulatively (sums over its consumers).
-#[derive(Debug, Clone, Default, PartialEq)]
+/// What the fleet saw, cumulatively (sums over its consumers). It serializes as the
+/// report's `consumer` section, in this order; the fields marked `skip` go into the
+/// frame accounting instead.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct FleetSnapshot {
-    /// Distinct frames received in order (accepted by the consumers' sequence check),
-    /// fresh and stale.
-    pub frames_received: u64,
-    /// Of those, frames the staleness guard dropped before the recogniser (older than
-    /// `max_frame_age` at receipt), declared to it as `stale` gaps.
-    pub stale_frames: u64,
-    /// Frames whose recogniser call completed.
-    pub frames_handled: u64,
+    /// Stream instances started.
+    pub streams_seen: u64,
+    /// Streams reaped after the idle timeout without an `end`.
+    pub streams_reaped_without_end: u64,
+    /// Streams by `Weir-End-Reason` of their end (`none` = no header; `missing` = no
+    /// end arrived), over the streams the consumers still retain.
+    pub ends_by_reason: BTreeMap<String, u64>,
     /// Seqs that never arrived and that no declaration covers (undeclared sequence
-    /// holes).
+    /// holes), plus the leading seqs before the first packet a consumer saw of a
+    /// stream.
     pub lost_frames: u64,
     /// Seqs that never arrived inside a range the ingress declared possibly lost
     /// (`Weir-Possibly-Lost`): declared holes. Disjoint from `lost_frames`.
     pub possibly_lost_frames: u64,
     /// Packets that carried a `Weir-Possibly-Lost` declaration.
     pub possible_loss_declarations: u64,
-    /// Hole ranges the consumers forgot (per-stream memory) before a declaration could
-    /// cover them: they stay in `lost_frames`.
+    /// Hole ranges the consumers forgot (per-stream memory of 16) before a declaration
+    /// could cover them: they stay in `lost_frames`.
     pub holes_forgotten: u64,
     /// Declared ranges the consumers forgot: a hole found later inside one counts as
     /// `lost_frames`.
     pub declarations_forgotten: u64,
-    /// Seqs before the first packet a consumer saw of a stream.
-    pub leading_missing: u64,
-    /// Frames of streams the consumers refused (over their `max_streams` cap): counted
-    /// by the consumer, never handed to a recogniser.
-    pub frames_refused: u64,
-    /// Packets refused as duplicate or out of order.
-    pub stale_packets: u64,
+    /// The staleness guard the consumers ran with, ms (`None`: off).
+    pub max_frame_age_ms: Option<u64>,
+    /// Frames the staleness guard dropped before the recogniser (older than
+    /// `max_frame_age` at receipt), declared to it as `stale` gaps.
+    pub stale_frames: u64,
+    /// Packets refused as duplicate or out of order (stream order broken).
+    pub out_of_order_refused: u64,
     /// Gap packets received.
     pub gap_packets: u64,
     /// Frames declared missing by gap packets.
     pub gap_frames: u64,
     /// Frames dropped by the consumers' own bound (recogniser behind).
     pub dropped_by_consumer: u64,
-    /// Streams by `Weir-End-Reason` of their end (`none` = no header; `missing` = no
-    /// end arrived), over the streams the consumers still retain.
-    pub ends_by_reason: BTreeMap<String, u64>,
-    /// Streams reaped after the idle timeout without an `end`.
-    pub streams_reaped_without_end: u64,
-    /// Stream instances started.
-    pub streams_seen: u64,
     /// Slow-consumer events of the consumers' NATS clients.
     pub slow_consumer_events: u64,
-    /// Frames queued in the consumers now.
-    pub pending_frames: u64,
     /// End-to-end latency (ingress accept → handled), whole run.
     pub latency_ms: Percentiles,
+    /// Distinct frames received in order (accepted by the consumers' sequence check),
+    /// fresh and stale.
+    #[serde(skip)]
+    pub frames_received: u64,
+    /// Frames whose recogniser call completed.
+    #[serde(skip)]
+    pub frames_handled: u64,
+    /// Frames of streams the consumers refused (over their `max_streams` cap): counted
+    /// by the consumer, never handed to a recogniser.
+    #[serde(skip)]
+    pub frames_refused: u64,
+    /// Frames queued in the consumers now.
+    #[serde(skip)]
+    pub pending_frames: u64,
     /// Late deliveries and latency capture → handed to the handler.
+    #[serde(skip)]
     pub timeliness: TimelinessSummary,
-    /// The staleness guard the consumers ran with, ms (`None`: off).
-    pub max_frame_age_ms: Option<u64>,
 }
 
 /// A running fleet.
@@ -313,14 +320,13 @@ impl Fleet {
             s.frames_received += k.frames + k.stale_frames;
             s.stale_frames += k.stale_frames;
             s.frames_handled += k.frames_delivered;
-            s.lost_frames += k.lost_frames;
+            s.lost_frames += k.lost_frames + k.leading_missing;
             s.possibly_lost_frames += k.possibly_lost_frames;
             s.possible_loss_declarations += k.possible_loss_declarations;
             s.holes_forgotten += k.holes_forgotten;
             s.declarations_forgotten += k.declarations_forgotten;
-            s.leading_missing += k.leading_missing;
             s.frames_refused += t.frames_refused;
-            s.stale_packets += k.stale_packets;
+            s.out_of_order_refused += k.stale_packets;
             s.gap_packets += k.declared_gaps;
             s.gap_frames += k.declared_gap_frames;
             s.dropped_by_consumer +=

@@ -23,6 +23,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 use weir_protocol::audio::FRAME_DURATION;
 
+use crate::counters::Count;
 use crate::stats::{LatencyHistogram, Percentiles};
 use crate::timeliness::{age, unix_us};
 
@@ -132,11 +133,11 @@ impl AsrMeter {
 
     /// Records one frame started by the GPU with this lag (`None`: untimed).
     pub fn record(&self, lag: Option<Duration>) {
-        self.handed.fetch_add(1, Ordering::Relaxed);
+        self.handed.inc();
         match lag {
             Some(lag) => {
                 if lag <= self.max_frame_age {
-                    self.within.fetch_add(1, Ordering::Relaxed);
+                    self.within.inc();
                 }
                 self.lag.record(lag);
                 if let Ok(w) = self.lag_window.lock() {
@@ -144,7 +145,7 @@ impl AsrMeter {
                 }
             }
             None => {
-                self.untimed.fetch_add(1, Ordering::Relaxed);
+                self.untimed.inc();
             }
         }
     }

@@ -26,6 +26,8 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+use crate::error::{Error, ErrorKind};
+
 /// How long the child has to print its ready line.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long one `/v1/stats` request may take.
@@ -55,50 +57,9 @@ pub enum Design {
 /// (`weir_protocol::admin`), so the load test reads exactly what the service writes.
 pub use weir_protocol::admin::{IngressStats, ReadyLine};
 
-/// Why the ingress could not be started or queried.
-#[derive(Debug, thiserror::Error)]
-pub enum IngressError {
-    /// The binary could not be found.
-    #[error("{0}")]
-    NotFound(String),
-    /// The process could not be spawned.
-    #[error("cannot start {bin}: {source}")]
-    Spawn {
-        /// The binary.
-        bin: String,
-        /// The OS error.
-        source: std::io::Error,
-    },
-    /// The process did not print a valid ready line in time.
-    #[error("{bin} did not become ready: {why}; its stderr ended with:\n{stderr}")]
-    NotReady {
-        /// The binary.
-        bin: String,
-        /// What went wrong.
-        why: String,
-        /// Last lines of its stderr.
-        stderr: String,
-    },
-    /// A stats poll failed.
-    #[error("GET /v1/stats failed: {0}")]
-    Stats(String),
-}
-
-impl From<IngressError> for crate::error::Error {
-    /// The load test's error of kind [`Process`](crate::error::ErrorKind::Process),
-    /// with the same text.
-    fn from(e: IngressError) -> Self {
-        Self::new(crate::error::ErrorKind::Process, e.to_string())
-    }
-}
-
-/// How to launch the ingress process.
-#[derive(Debug, Clone)]
-pub struct Launch {
-    /// The executable.
-    pub program: PathBuf,
-    /// Its arguments (including `serve` or `naive-ingress`).
-    pub args: Vec<String>,
+/// A stats (or other admin) poll that failed, of kind [`ErrorKind::Process`].
+fn poll_failed(why: impl std::fmt::Display) -> Error {
+    Error::new(ErrorKind::Process, format!("GET /v1/stats failed: {why}"))
 }
 
 /// A running ingress child process.
@@ -113,20 +74,19 @@ pub struct IngressProcess {
 }
 
 impl IngressProcess {
-    /// Spawns the process (logging warnings and errors only) and waits (bounded) for
-    /// its ready line.
-    pub async fn spawn(launch: &Launch) -> Result<Self, IngressError> {
-        let program = launch.program.display().to_string();
-        let mut cmd = Command::new(&launch.program);
-        cmd.args(&launch.args)
+    /// Spawns `program` with `args` (including `serve` or `naive-ingress`), logging
+    /// warnings and errors only, and waits (bounded) for its ready line.
+    pub async fn spawn(program: &Path, args: &[String]) -> Result<Self, Error> {
+        let bin = program.display().to_string();
+        let mut cmd = Command::new(program);
+        cmd.args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .env("RUST_LOG", "warn")
             .kill_on_drop(true);
-        let mut child = cmd.spawn().map_err(|source| IngressError::Spawn {
-            bin: program.clone(),
-            source,
+        let mut child = cmd.spawn().map_err(|e| {
+            Error::with_source(ErrorKind::Process, format!("cannot start {bin}"), e)
         })?;
         let pid = child.id().unwrap_or(0);
         let stderr_tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)));
@@ -144,10 +104,11 @@ impl IngressProcess {
                 }
             });
         }
-        let not_ready = |why: String, tail: &Mutex<VecDeque<String>>| IngressError::NotReady {
-            bin: program.clone(),
-            why,
-            stderr: joined(tail),
+        let not_ready = |why: String, tail: &Mutex<VecDeque<String>>| {
+            let stderr = joined(tail);
+            let message =
+                format!("{bin} did not become ready: {why}; its stderr ended with:\n{stderr}");
+            Error::new(ErrorKind::Process, message)
         };
         let Some(stdout) = child.stdout.take() else {
             return Err(not_ready("no stdout pipe".into(), &stderr_tail));
@@ -185,7 +146,7 @@ impl IngressProcess {
         };
         // Keep draining stdout so the child never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        let parse = |what: &str, v: Option<String>| -> Result<SocketAddr, IngressError> {
+        let parse = |what: &str, v: Option<String>| -> Result<SocketAddr, Error> {
             let v =
                 v.ok_or_else(|| not_ready(format!("ready line lacks \"{what}\""), &stderr_tail))?;
             let addr: SocketAddr = v.parse().map_err(|e| {
@@ -205,7 +166,7 @@ impl IngressProcess {
             .timeout(STATS_TIMEOUT)
             .no_proxy()
             .build()
-            .map_err(|e| IngressError::Stats(e.to_string()))?;
+            .map_err(poll_failed)?;
         Ok(Self {
             child,
             pid,
@@ -222,33 +183,29 @@ impl IngressProcess {
     }
 
     /// One `/v1/stats` snapshot.
-    pub async fn stats(&self) -> Result<IngressStats, IngressError> {
+    pub async fn stats(&self) -> Result<IngressStats, Error> {
         let text = self.admin_text("/v1/stats").await?;
-        serde_json::from_str(&text).map_err(|e| IngressError::Stats(e.to_string()))
+        serde_json::from_str(&text).map_err(poll_failed)
     }
 
     /// The admin port's `/metrics` (Prometheus text).
-    pub async fn metrics(&self) -> Result<String, IngressError> {
+    pub async fn metrics(&self) -> Result<String, Error> {
         self.admin_text("/metrics").await
     }
 
     /// The admin port's `/v1/streams` (one object per stream the ingress holds).
-    pub async fn streams(&self) -> Result<Vec<serde_json::Value>, IngressError> {
+    pub async fn streams(&self) -> Result<Vec<serde_json::Value>, Error> {
         let text = self.admin_text("/v1/streams").await?;
-        serde_json::from_str(&text).map_err(|e| IngressError::Stats(e.to_string()))
+        serde_json::from_str(&text).map_err(poll_failed)
     }
 
-    async fn admin_text(&self, path: &str) -> Result<String, IngressError> {
+    async fn admin_text(&self, path: &str) -> Result<String, Error> {
         let url = format!("http://{}{path}", self.admin);
-        let failed = |e: reqwest::Error| IngressError::Stats(e.to_string());
-        let resp = self.http.get(&url).send().await.map_err(failed)?;
+        let resp = self.http.get(&url).send().await.map_err(poll_failed)?;
         if !resp.status().is_success() {
-            return Err(IngressError::Stats(format!(
-                "{path}: status {}",
-                resp.status()
-            )));
+            return Err(poll_failed(format!("{path}: status {}", resp.status())));
         }
-        resp.text().await.map_err(failed)
+        resp.text().await.map_err(poll_failed)
     }
 
     /// Resident set size of the process, from `/proc/<pid>/status`.
@@ -321,16 +278,16 @@ pub use weir_service::process::{cpu_time_of, machine_busy};
 
 /// Finds the `audio-ingress` binary: `WEIR_INGRESS_BIN`, else next to `exe` (the
 /// running executable), else one directory up (when `exe` is a test in `deps/`).
-pub fn find_ingress_bin(exe: Option<&Path>) -> Result<PathBuf, IngressError> {
+pub fn find_ingress_bin(exe: Option<&Path>) -> Result<PathBuf, Error> {
     if let Some(explicit) = std::env::var_os(INGRESS_BIN_ENV).filter(|v| !v.is_empty()) {
         let p = PathBuf::from(explicit);
         return if p.is_file() {
             Ok(p)
         } else {
-            Err(IngressError::NotFound(format!(
-                "{INGRESS_BIN_ENV}={} is not a file",
-                p.display()
-            )))
+            Err(Error::new(
+                ErrorKind::Process,
+                format!("{INGRESS_BIN_ENV}={} is not a file", p.display()),
+            ))
         };
     }
     let mut tried = Vec::new();
@@ -343,11 +300,14 @@ pub fn find_ingress_bin(exe: Option<&Path>) -> Result<PathBuf, IngressError> {
             tried.push(p.display().to_string());
         }
     }
-    Err(IngressError::NotFound(format!(
-        "audio-ingress binary not found (tried {}); build it with \
+    Err(Error::new(
+        ErrorKind::Process,
+        format!(
+            "audio-ingress binary not found (tried {}); build it with \
          `cargo build --release -p weir-audio-ingress` (scripts/demo does) or set {INGRESS_BIN_ENV}",
-        tried.join(", ")
-    )))
+            tried.join(", ")
+        ),
+    ))
 }
 
 #[cfg(test)]

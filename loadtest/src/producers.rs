@@ -43,7 +43,7 @@ use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 use weir_protocol::audio::FRAME_DURATION;
 
-use crate::counters::{bump, counters};
+use crate::counters::{Count, bump, counters};
 use crate::speech::SpeechClip;
 use crate::stats::LatencyHistogram;
 
@@ -166,7 +166,7 @@ impl ProducerCounters {
             Some("closed") => &self.closed_events,
             _ => return kind,
         };
-        counter.fetch_add(1, Ordering::Relaxed);
+        counter.inc();
         kind
     }
 }
@@ -218,7 +218,7 @@ pub fn start(
             // Spread the vanishing ones over the index range.
             vanish: vanish_count > 0 && (index * vanish_count) % streams < vanish_count,
         };
-        counters.active.fetch_add(1, Ordering::Relaxed);
+        counters.active.inc();
         set.spawn(async move {
             let counters = stream.counters.clone();
             stream.run().await;
@@ -409,9 +409,7 @@ impl Producer {
         let now = Instant::now();
         if until > now {
             let ticks = (until - now).as_micros() / FRAME_DURATION.as_micros();
-            self.counters
-                .frames_not_sent
-                .fetch_add(ticks as u64, Ordering::Relaxed);
+            self.counters.frames_not_sent.add(ticks as u64);
         }
     }
 
@@ -440,7 +438,7 @@ impl Producer {
                 .await
                 .is_ok()
             {
-                self.counters.ended.fetch_add(1, Ordering::Relaxed);
+                self.counters.ended.inc();
             }
             // Wait (bounded) for the server's `closed` event or close frame.
             let _ = tokio::time::timeout(END_GRACE, reader.flags.got_closed_event.notified()).await;
@@ -459,7 +457,7 @@ impl Producer {
             tokio::time::timeout(CONNECT_TIMEOUT, tokio_tungstenite::connect_async(url)).await;
         match connected {
             Ok(Ok((ws, _))) => {
-                self.counters.connects.fetch_add(1, Ordering::Relaxed);
+                self.counters.connects.inc();
                 Ok(ws)
             }
             Ok(Err(tokio_tungstenite::tungstenite::Error::Http(resp))) => {
@@ -468,9 +466,7 @@ impl Producer {
                 let retry_after = resp.headers().get("retry-after");
                 let retry_after = retry_after.and_then(|v| v.to_str().ok());
                 if retry_after.is_some() {
-                    self.counters
-                        .refusals_with_retry_after
-                        .fetch_add(1, Ordering::Relaxed);
+                    self.counters.refusals_with_retry_after.inc();
                 }
                 Err(self.refused(resp.status().as_u16(), retry_after))
             }
@@ -509,13 +505,13 @@ impl Producer {
             match tokio::time::timeout(SEND_TIMEOUT, sink.send(msg)).await {
                 Ok(Ok(())) => {
                     sent_here += 1;
-                    self.counters.frames_sent.fetch_add(1, Ordering::Relaxed);
+                    self.counters.frames_sent.inc();
                 }
                 Ok(Err(_)) | Err(_) => {
                     // The server closed or the socket broke mid-send: the frame was not
                     // written.
                     if !server_done.load(Ordering::Relaxed) {
-                        self.counters.broken.fetch_add(1, Ordering::Relaxed);
+                        self.counters.broken.inc();
                     }
                     ended_early = true;
                     break;
@@ -535,9 +531,7 @@ impl Producer {
         reader: WsReader,
         sent_here: u64,
     ) -> ConnectionEnd {
-        self.counters
-            .ended_by_server
-            .fetch_add(1, Ordering::Relaxed);
+        self.counters.ended_by_server.inc();
         let _ = sink.close().await;
         let hint = tokio::time::timeout(Duration::from_secs(1), reader.task)
             .await
@@ -545,12 +539,8 @@ impl Producer {
             .and_then(Result::ok)
             .unwrap_or(Duration::ZERO);
         if reader.flags.no_capacity.load(Ordering::Relaxed) {
-            self.counters
-                .ended_no_capacity
-                .fetch_add(1, Ordering::Relaxed);
-            self.counters
-                .frames_sent_ended_no_capacity
-                .fetch_add(sent_here, Ordering::Relaxed);
+            self.counters.ended_no_capacity.inc();
+            self.counters.frames_sent_ended_no_capacity.add(sent_here);
         }
         self.retry_unless_over(hint)
     }
@@ -571,7 +561,7 @@ impl Producer {
         reader: tokio::task::JoinHandle<T>,
         sink: WsSink,
     ) -> ConnectionEnd {
-        self.counters.vanished.fetch_add(1, Ordering::Relaxed);
+        self.counters.vanished.inc();
         reader.abort();
         drop(sink);
         ConnectionEnd::Finished
@@ -585,13 +575,13 @@ impl Producer {
             / FRAME_DURATION.as_micros()) as u64;
         self.counters
             .ticks_missed
-            .fetch_add(expected.saturating_sub(sent), Ordering::Relaxed);
+            .add(expected.saturating_sub(sent));
     }
 
     /// The connection was refused with HTTP `status`: counted; retried after the
     /// back-off, or the server's `Retry-After` (seconds) when longer.
     pub(crate) fn refused(&self, status: u16, retry_after: Option<&str>) -> ConnectionEnd {
-        self.counters.refused.fetch_add(1, Ordering::Relaxed);
+        self.counters.refused.inc();
         bump(&self.counters.refusals, status);
         let hint = retry_after
             .and_then(|v| v.trim().parse::<u64>().ok())
@@ -601,7 +591,7 @@ impl Producer {
 
     /// The connection failed otherwise (TCP error, timeout): counted, retried.
     pub(crate) fn connect_failed(&self) -> ConnectionEnd {
-        self.counters.connect_errors.fetch_add(1, Ordering::Relaxed);
+        self.counters.connect_errors.inc();
         ConnectionEnd::Retry(self.backoff(Duration::ZERO))
     }
 

@@ -137,71 +137,15 @@ pub struct IngressReport {
     pub window_disconnects: Option<u64>,
 }
 
-/// The consumer (recognition fleet) part of a report.
+/// The consumer (recognition fleet) part of a report: the fleet's snapshot and the
+/// worst 100 ms window of its latency.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct ConsumerReport {
-    /// Stream instances seen.
-    pub streams_seen: u64,
-    /// Streams reaped after the idle timeout without an `end`.
-    pub streams_reaped_without_end: u64,
-    /// Streams by the `Weir-End-Reason` of their `end` (`none` = no header, `missing`
-    /// = no end arrived).
-    pub ends_by_reason: BTreeMap<String, u64>,
-    /// Sequence holes nobody declared (lost in transit, or overtaken and refused), plus
-    /// leading seqs the consumers never saw.
-    pub lost_frames: u64,
-    /// Sequence holes inside a range the ingress declared possibly lost.
-    pub possibly_lost_frames: u64,
-    /// Packets that carried a `Weir-Possibly-Lost` declaration.
-    pub possible_loss_declarations: u64,
-    /// Hole ranges / declared ranges the consumers forgot (per-stream memory of 16);
-    /// a forgotten hole stays undeclared.
-    pub holes_forgotten: u64,
-    /// See `holes_forgotten`.
-    pub declarations_forgotten: u64,
-    /// The staleness guard the consumers ran with, ms (`null`: off).
-    pub max_frame_age_ms: Option<u64>,
-    /// Frames the staleness guard dropped before the recogniser (declared as `stale`
-    /// gaps).
-    pub stale_frames: u64,
-    /// Packets refused as duplicate or out of order (stream order broken).
-    pub out_of_order_refused: u64,
-    /// Gap packets received.
-    pub gap_packets: u64,
-    /// Frames declared missing by gap packets.
-    pub gap_frames: u64,
-    /// Frames dropped by the consumers' own per-stream bound.
-    pub dropped_by_consumer: u64,
-    /// Slow-consumer events of the fleet's NATS clients.
-    pub slow_consumer_events: u64,
-    /// End-to-end latency, ingress accept → recogniser, whole run.
-    pub latency_ms: Percentiles,
+    /// The fleet's own figures.
+    #[serde(flatten)]
+    pub fleet: FleetSnapshot,
     /// Largest p99 of end-to-end latency over any 100 ms window.
     pub latency_window_p99_max_ms: f64,
-}
-
-impl From<&FleetSnapshot> for ConsumerReport {
-    fn from(f: &FleetSnapshot) -> Self {
-        Self {
-            streams_seen: f.streams_seen,
-            streams_reaped_without_end: f.streams_reaped_without_end,
-            ends_by_reason: f.ends_by_reason.clone(),
-            lost_frames: f.lost_frames + f.leading_missing,
-            possibly_lost_frames: f.possibly_lost_frames,
-            possible_loss_declarations: f.possible_loss_declarations,
-            holes_forgotten: f.holes_forgotten,
-            declarations_forgotten: f.declarations_forgotten,
-            max_frame_age_ms: f.max_frame_age_ms,
-            stale_frames: f.stale_frames,
-            out_of_order_refused: f.stale_packets,
-            gap_packets: f.gap_packets,
-            gap_frames: f.gap_frames,
-            dropped_by_consumer: f.dropped_by_consumer,
-            slow_consumer_events: f.slow_consumer_events,
-            latency_ms: f.latency_ms,
-            latency_window_p99_max_ms: 0.0,
-        }
-    }
 }
 
 /// The LLM part of a report.
@@ -265,55 +209,9 @@ pub struct LlmReport {
 pub struct ProducerReport {
     /// Nominal frames: streams × 50 × seconds.
     pub nominal_frames: u64,
-    /// Frames written to sockets.
-    pub frames_sent: u64,
-    /// Ticks when the stream was down (refused, ended by the server, reconnecting).
-    pub frames_not_sent: u64,
-    /// Ticks missed because the load generator ran late.
-    pub ticks_missed: u64,
-    /// Connections established.
-    pub connects: u64,
-    /// Connections refused before upgrade.
-    pub refused: u64,
-    /// Refusals by HTTP status.
-    pub refusals: BTreeMap<u16, u64>,
-    /// `overload` events received.
-    pub overload_events: u64,
-    /// `gap` events received.
-    pub gap_events: u64,
-    /// Streams ended with `end`.
-    pub ended: u64,
-    /// Streams that vanished without `end`.
-    pub vanished: u64,
-    /// Streams ended early by the server.
-    pub ended_by_server: u64,
-    /// Close codes received.
-    pub close_codes: BTreeMap<u16, u64>,
-    /// Messages in a carrier's dialect the server sent (`--transport twilio`: `media`,
-    /// `mark`, `clear`); 0 for the other transports.
-    pub carrier_events: u64,
-}
-
-impl ProducerReport {
-    /// From a producer snapshot and the nominal frame count.
-    pub fn new(p: &ProducerSnapshot, nominal_frames: u64) -> Self {
-        Self {
-            nominal_frames,
-            frames_sent: p.frames_sent,
-            frames_not_sent: p.frames_not_sent,
-            ticks_missed: p.ticks_missed,
-            connects: p.connects,
-            refused: p.refused,
-            refusals: p.refusals.clone(),
-            overload_events: p.overload_events,
-            gap_events: p.gap_events,
-            ended: p.ended,
-            vanished: p.vanished,
-            ended_by_server: p.ended_by_server,
-            close_codes: p.close_codes.clone(),
-            carrier_events: p.carrier_events,
-        }
-    }
+    /// The producers' counters.
+    #[serde(flatten)]
+    pub counters: ProducerSnapshot,
 }
 
 /// One step of the ceiling ramp.

@@ -120,8 +120,6 @@ pub struct SeriesSummary {
     pub rss_end_bytes: u64,
     /// RSS just before the fault started (0 when no fault).
     pub rss_before_fault_bytes: u64,
-    /// Largest RSS while the fault was active or after it.
-    pub rss_peak_after_fault_bytes: u64,
     /// Largest end-to-end latency p99 of any window, ms.
     pub latency_window_p99_max_ms: f64,
     /// Samples during which NATS was reported disconnected.
@@ -167,9 +165,7 @@ pub fn summarise(samples: &[Sample]) -> SeriesSummary {
             if x.fault_active {
                 fault_seen = true;
             }
-            if fault_seen {
-                s.rss_peak_after_fault_bytes = s.rss_peak_after_fault_bytes.max(rss);
-            } else {
+            if !fault_seen {
                 s.rss_before_fault_bytes = rss;
             }
         }
@@ -218,7 +214,6 @@ mod tests {
         assert_eq!(s.rss_end_bytes, 20);
         assert_eq!(s.rss_peak_bytes, 30);
         assert_eq!(s.rss_before_fault_bytes, 12);
-        assert_eq!(s.rss_peak_after_fault_bytes, 30);
         assert_eq!(s.unconfirmed_bytes_max, None, "no window reported");
     }
 
@@ -241,6 +236,5 @@ mod tests {
     fn no_fault_means_no_before_figure() {
         let s = summarise(&[sample(0.1, 0, 10, false)]);
         assert_eq!(s.rss_before_fault_bytes, 0);
-        assert_eq!(s.rss_peak_after_fault_bytes, 0);
     }
 }

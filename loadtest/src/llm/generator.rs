@@ -24,7 +24,7 @@ use weir_llm_client::LlmClient;
 use weir_protocol::WireName;
 use weir_protocol::llm::headers;
 
-use crate::counters::{bump, counters};
+use crate::counters::{Count, bump, counters};
 use crate::stats::LatencyHistogram;
 use crate::timeliness::unix_ms;
 
@@ -109,9 +109,9 @@ impl GeneratorCounters {
 
     /// A reply with a result arrived `elapsed` after it was sent.
     fn completed(&self, elapsed: Duration, deadline: Duration) {
-        self.completed.fetch_add(1, Ordering::Relaxed);
+        self.completed.inc();
         if elapsed <= deadline {
-            self.completed_in_deadline.fetch_add(1, Ordering::Relaxed);
+            self.completed_in_deadline.inc();
         }
     }
 
@@ -123,7 +123,7 @@ impl GeneratorCounters {
     fn refused_after(&self, code: &str, elapsed: Duration) {
         self.refuse(code);
         if elapsed >= WAITED {
-            self.refused_after_waiting.fetch_add(1, Ordering::Relaxed);
+            self.refused_after_waiting.inc();
         }
         self.refusal_ms.record(elapsed);
     }
@@ -131,7 +131,7 @@ impl GeneratorCounters {
     /// A reply (any outcome) arrived `elapsed` after the request was sent.
     fn answered(&self, elapsed: Duration, deadline: Duration) {
         if elapsed > deadline {
-            self.answered_after_deadline.fetch_add(1, Ordering::Relaxed);
+            self.answered_after_deadline.inc();
         }
     }
 }
@@ -189,11 +189,11 @@ pub async fn run(
             credit -= 1.0;
             n += 1;
             if counters.outstanding.load(Ordering::Relaxed) >= MAX_OUTSTANDING {
-                counters.skipped.fetch_add(1, Ordering::Relaxed);
+                counters.skipped.inc();
                 continue;
             }
-            counters.offered.fetch_add(1, Ordering::Relaxed);
-            counters.outstanding.fetch_add(1, Ordering::Relaxed);
+            counters.offered.inc();
+            counters.outstanding.inc();
             let (client, counters) = (client.clone(), counters.clone());
             let subject = config.subject.clone();
             let session = (sessions > 0).then(|| format!("conv{}", n % sessions));
@@ -255,7 +255,7 @@ async fn one_stream(llm: &LlmClient, call: Call, counters: &GeneratorCounters) {
     let failed = |kind: ClientErrorKind| match kind {
         ClientErrorKind::Server(code) => refused(code.as_str()),
         ClientErrorKind::TimedOut => {
-            counters.caller_timeouts.fetch_add(1, Ordering::Relaxed);
+            counters.caller_timeouts.inc();
         }
         ClientErrorKind::NoResponders => refused("no_responders"),
         _ => refused("request_error"),
@@ -344,13 +344,13 @@ async fn one_request(
         }
         Ok(Err(e)) => match e.kind() {
             async_nats::client::RequestErrorKind::TimedOut => {
-                counters.caller_timeouts.fetch_add(1, Ordering::Relaxed);
+                counters.caller_timeouts.inc();
             }
             async_nats::client::RequestErrorKind::NoResponders => counters.refuse("no_responders"),
             _ => counters.refuse("request_error"),
         },
         Err(_) => {
-            counters.caller_timeouts.fetch_add(1, Ordering::Relaxed);
+            counters.caller_timeouts.inc();
         }
     }
 }

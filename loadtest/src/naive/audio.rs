@@ -50,6 +50,7 @@ use weir_protocol::audio::extension::{PROTOCOL_VERSION, headers};
 use weir_protocol::audio::{Packet, PacketBody};
 use weir_protocol::{StreamId, SubjectTemplate, partition_of};
 
+use crate::counters::Count;
 use crate::error::{Error, ErrorKind, nats, usage};
 use crate::stats::LatencyHistogram;
 use crate::timeliness::unix_ms;
@@ -109,8 +110,8 @@ impl Pending {
     fn new(state: &Arc<NaiveState>, bytes: u64) -> Self {
         let id = state.next_id.fetch_add(1, Ordering::Relaxed);
         let since = Instant::now();
-        state.pending_bytes.fetch_add(bytes, Ordering::Relaxed);
-        state.pending_frames.fetch_add(1, Ordering::Relaxed);
+        state.pending_bytes.add(bytes);
+        state.pending_frames.inc();
         if let Ok(mut m) = state.pending_since.lock() {
             m.insert(id, since);
         }
@@ -177,7 +178,7 @@ async fn upgrade(
             return (StatusCode::CONFLICT, "stream already active").into_response();
         }
     }
-    state.streams_total.fetch_add(1, Ordering::Relaxed);
+    state.streams_total.inc();
     let ws = match state.config.floor {
         Some(_) => ws
             .read_buffer_size(FLOOR_READ_BUFFER_BYTES)
@@ -203,19 +204,19 @@ async fn handle(state: Arc<NaiveState>, stream: StreamId, mut socket: WebSocket)
         match msg {
             Ok(Message::Binary(pcm)) if floor.is_some() => {
                 seq += 1;
-                state.offered.fetch_add(1, Ordering::Relaxed);
+                state.offered.inc();
                 if floor == Some(Floor::Publish) {
                     let Ok(payload) = Packet::frame(seq, pcm).encode() else {
                         continue;
                     };
                     if state.client.publish(subject.clone(), payload).await.is_ok() {
-                        state.published.fetch_add(1, Ordering::Relaxed);
+                        state.published.inc();
                     }
                 }
             }
             Ok(Message::Binary(pcm)) => {
                 seq += 1;
-                state.offered.fetch_add(1, Ordering::Relaxed);
+                state.offered.inc();
                 spawn_publish(
                     &state,
                     &semaphore,
@@ -299,12 +300,12 @@ fn spawn_publish(
         match result {
             Ok(()) => {
                 if is_frame {
-                    state.published.fetch_add(1, Ordering::Relaxed);
-                    published_here.fetch_add(1, Ordering::Relaxed);
+                    state.published.inc();
+                    published_here.inc();
                 }
             }
             Err(()) if is_frame => {
-                state.publish_errors.fetch_add(1, Ordering::Relaxed);
+                state.publish_errors.inc();
             }
             Err(()) => {}
         }

@@ -49,6 +49,7 @@ use super::{
     ConnectionEnd, END_GRACE, Producer, ProducerCounters, SEND_TIMEOUT, WsSink, WsSource,
     read_server,
 };
+use crate::counters::Count;
 use crate::error::{Error, ErrorKind};
 use crate::speech::SpeechClip;
 
@@ -203,9 +204,7 @@ impl Producer {
 
         if ended_early {
             // The server ended the stream (or the socket broke) before the stop time.
-            self.counters
-                .ended_by_server
-                .fetch_add(1, Ordering::Relaxed);
+            self.counters.ended_by_server.inc();
             let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
             join_or_abort(reader, Duration::from_secs(1)).await;
             return self.retry_unless_over(Duration::ZERO);
@@ -232,7 +231,7 @@ impl Producer {
             tokio::time::timeout(SEND_TIMEOUT, sink.send(stop)).await,
             Ok(Ok(()))
         ) {
-            self.counters.ended.fetch_add(1, Ordering::Relaxed);
+            self.counters.ended.inc();
         }
         let server_closed = tokio::time::timeout(END_GRACE, &mut reader).await.is_ok();
         let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
@@ -254,7 +253,7 @@ fn spawn_reader(
     tokio::spawn(async move {
         read_server(source, &counters, |v| {
             if v.get("event").is_some() {
-                counters.carrier_events.fetch_add(1, Ordering::Relaxed);
+                counters.carrier_events.inc();
             } else if counters.count_event(&v) == Some("overload") {
                 server_done.store(true, Ordering::Relaxed);
             }

@@ -12,7 +12,6 @@
 //! WebSocket one.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -20,6 +19,7 @@ use weir_audio_ingress::whip::client::{ClientEvent, Offer, opus_packets};
 use weir_protocol::audio::FRAME_DURATION;
 
 use super::{CONNECT_TIMEOUT, ConnectionEnd, END_GRACE, Producer};
+use crate::counters::Count;
 use crate::error::{Error, ErrorKind};
 use crate::speech::SpeechClip;
 
@@ -92,7 +92,7 @@ impl Producer {
                 Some(_) => {}
             }
         }
-        counters.connects.fetch_add(1, Ordering::Relaxed);
+        counters.connects.inc();
 
         let began = Instant::now();
         let mut next = began;
@@ -113,7 +113,7 @@ impl Producer {
             if client.send_opus(opus.packet(*frame_index)) {
                 *frame_index += 1;
                 sent_here += 1;
-                counters.frames_sent.fetch_add(1, Ordering::Relaxed);
+                counters.frames_sent.inc();
             }
             // Skip, as the WebSocket producers: a late tick is not made up.
             next += FRAME_DURATION;
@@ -125,12 +125,12 @@ impl Producer {
         self.count_missed(began, sent_here);
 
         if server_done {
-            counters.ended_by_server.fetch_add(1, Ordering::Relaxed);
+            counters.ended_by_server.inc();
             return self.retry_unless_over(Duration::ZERO);
         }
         if self.vanish {
             // No DELETE, no DTLS close: the socket just goes quiet.
-            counters.vanished.fetch_add(1, Ordering::Relaxed);
+            counters.vanished.inc();
             return ConnectionEnd::Finished;
         }
         // DELETE, while the session is driven so that the `closed` event is read.
@@ -148,7 +148,7 @@ impl Producer {
         if let Ok(Ok(Ok(Ok(r)))) = tokio::time::timeout(Duration::from_secs(1), delete).await
             && r.status().is_success()
         {
-            counters.ended.fetch_add(1, Ordering::Relaxed);
+            counters.ended.inc();
         }
         ConnectionEnd::Finished
     }

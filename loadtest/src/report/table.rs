@@ -137,10 +137,10 @@ fn frame_rows() -> Vec<Row> {
             r.frames.explained.consumer_detected_holes.to_string()
         }),
         ("out of order (refused)", |r| {
-            r.consumer.out_of_order_refused.to_string()
+            r.consumer.fleet.out_of_order_refused.to_string()
         }),
         ("reaped without end", |r| {
-            r.consumer.streams_reaped_without_end.to_string()
+            r.consumer.fleet.streams_reaped_without_end.to_string()
         }),
         ("delivered late (> late_after)", |r| {
             r.frames.timeliness.delivered_late.to_string()

@@ -57,7 +57,7 @@ pub fn judge(r: &RunReport) -> Vec<String> {
         ));
     }
     let nominal = r.producers.nominal_frames.max(1);
-    let share = r.producers.frames_sent as f64 / nominal as f64;
+    let share = r.producers.counters.frames_sent as f64 / nominal as f64;
     if share < 0.97 {
         why.push(format!(
             "the load generator sent only {:.1} % of the nominal frames",
@@ -183,7 +183,7 @@ mod tests {
         r.ingress.queue_wait_ms.p99 = p99;
         r.ingress.overloads = overloads;
         r.producers.nominal_frames = 1000;
-        r.producers.frames_sent = sent;
+        r.producers.counters.frames_sent = sent;
         r.cpu.wall_s = 5.0;
         r.cpu.other_s = other_s;
         r

@@ -51,6 +51,7 @@ use workers::{
     WorkerProc, drain_logs, instances, keep_logs, read, spawn_worker, summarise_stderr, tail,
 };
 
+use crate::counters::Count;
 use crate::error::{Error, ErrorKind, nats, process, usage};
 use crate::ingress::{cpu_time_of, machine_busy};
 use crate::lease_audit::{self, FrameAudit, FrameAuditor, Instance};
@@ -200,7 +201,7 @@ async fn produce(
             break;
         };
         publish_all(&client, &streams, &payload).await;
-        sent.fetch_add(streams.len() as u64, Ordering::Relaxed);
+        sent.add(streams.len() as u64);
     }
     if let Ok(end) = Packet::end(seq + 1).encode() {
         publish_all(&client, &streams, &end).await;

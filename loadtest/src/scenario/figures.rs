@@ -84,8 +84,6 @@ pub(super) fn report(m: Measured<'_>, mut notes: Vec<String>) -> RunReport {
             m.producers.ticks_missed, nominal
         ));
     }
-    let mut consumer = ConsumerReport::from(&m.fleet);
-    consumer.latency_window_p99_max_ms = m.series.latency_window_p99_max_ms;
     RunReport {
         scenario: m.plan.scenario.as_str().to_owned(),
         streams: m.streams,
@@ -100,8 +98,14 @@ pub(super) fn report(m: Measured<'_>, mut notes: Vec<String>) -> RunReport {
         }),
         ingress: ingress_report(&m, limit_per_stream, pending_bytes_max),
         frames,
-        consumer,
-        producers: ProducerReport::new(&m.producers, nominal),
+        consumer: ConsumerReport {
+            fleet: m.fleet,
+            latency_window_p99_max_ms: m.series.latency_window_p99_max_ms,
+        },
+        producers: ProducerReport {
+            nominal_frames: nominal,
+            counters: m.producers,
+        },
         llm: m.llm,
         cpu: m.cpu,
         notes,
@@ -134,10 +138,8 @@ fn frame_accounting(m: &Measured<'_>) -> FrameAccounting {
         handed_to_handler: m.fleet.frames_handled,
         // Everything the consumers saw missing, counted and not declared, including the
         // frames of streams refused over their cap.
-        consumer_detected_holes: m.fleet.lost_frames
-            + m.fleet.leading_missing
-            + m.fleet.frames_refused,
-        refused_out_of_order: m.fleet.stale_packets,
+        consumer_detected_holes: m.fleet.lost_frames + m.fleet.frames_refused,
+        refused_out_of_order: m.fleet.out_of_order_refused,
         declared_in_gaps: m.fleet.gap_frames,
     })
     .with_timeliness(m.fleet.timeliness)

@@ -30,8 +30,7 @@ use tokio::time::Instant;
 use crate::error::{Error, ErrorKind, io, nats, process, usage};
 use crate::fleet::{DEFAULT_MAX_FRAME_AGE, Fleet, FleetConfig, FleetSnapshot};
 use crate::ingress::{
-    Design, IngressProcess, IngressStats, Launch, cpu_since, cpu_time_of, machine_busy,
-    machine_busy_since,
+    Design, IngressProcess, IngressStats, cpu_since, cpu_time_of, machine_busy, machine_busy_since,
 };
 use crate::llm::{LlmRun, LlmSettings};
 use crate::producers::{self, ProducerConfig, ProducerCounters, Transport};
@@ -738,7 +737,7 @@ pub(crate) async fn spawn_ingress(
             .chain(["--admin", "127.0.0.1:0"])
             .map(String::from),
     );
-    let ingress = IngressProcess::spawn(&Launch { program, args }).await?;
+    let ingress = IngressProcess::spawn(&program, &args).await?;
     Ok((ingress, dir))
 }
 

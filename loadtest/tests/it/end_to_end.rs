@@ -65,7 +65,7 @@ fn check_identities(r: &RunReport, min_sent: u64) {
     );
     assert!(f.handed_to_handler <= f.received - f.stale_dropped_by_consumer);
     assert_eq!(
-        r.consumer.max_frame_age_ms,
+        r.consumer.fleet.max_frame_age_ms,
         Some(1000),
         "the fleet runs the consumer core's default staleness guard"
     );
@@ -172,7 +172,7 @@ async fn tiny_steady_run_over_whip_accounts_for_every_frame() {
     let r = &out.report;
     check_identities(r, WHIP_MIN_SENT);
     assert_eq!(r.transport, Transport::Whip);
-    assert_eq!(r.producers.connects, 3, "{:?}", r.producers);
+    assert_eq!(r.producers.counters.connects, 3, "{:?}", r.producers);
     assert!(r.frames.offered >= WHIP_MIN_SENT, "{:?}", r.frames);
     assert_eq!(r.frames.unaccounted, 0, "{:?}", r.frames);
     assert_eq!(r.ingress.overloads, 0);
@@ -197,7 +197,7 @@ async fn tiny_steady_run_over_twilio_accounts_for_every_frame() {
     let r = &out.report;
     check_identities(r, WS_MIN_SENT);
     assert_eq!(r.transport, Transport::Twilio);
-    let p = &r.producers;
+    let p = &r.producers.counters;
     assert_eq!((p.connects, p.refused), (3, 0), "{p:?}");
     assert_eq!((p.ended, p.ended_by_server, p.vanished), (3, 0, 0), "{p:?}");
     assert_eq!(
@@ -289,6 +289,6 @@ async fn the_publish_floor_delivers_every_frame() {
     assert!(f.offered >= WS_MIN_SENT, "{f:?}");
     assert_eq!(f.published, f.offered, "{f:?}");
     assert_eq!(f.received, f.published, "{f:?}");
-    assert_eq!(out.report.consumer.out_of_order_refused, 0);
+    assert_eq!(out.report.consumer.fleet.out_of_order_refused, 0);
     assert!(out.report.ingress.cpu_seconds > 0.0);
 }

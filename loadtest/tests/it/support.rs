@@ -3,7 +3,6 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use weir_loadtest::error::Error;
 use weir_loadtest::ingress::find_ingress_bin;
 use weir_loadtest::llm::LlmSettings;
 use weir_loadtest::producers::Transport;
@@ -17,7 +16,7 @@ pub fn env() -> Env {
     Env {
         nats_url: None,
         self_exe: PathBuf::from(env!("CARGO_BIN_EXE_loadtest")),
-        ingress_bin: find_ingress_bin(test_exe.as_deref()).map_err(Error::from),
+        ingress_bin: find_ingress_bin(test_exe.as_deref()),
         policy: PolicyArg::Close,
         frame_cost: Duration::ZERO,
         fleet_workers: 1,

@@ -273,14 +273,16 @@ pub async fn run(env: &Env, settings: &AsrSettings) -> Result<RunOutput, Error> 
     ingress.stop().await;
     nats.stop().await;
     drop(dir);
-    let p = counters.snapshot();
     let report = RunReport {
         scenario: "asr-churn".into(),
         streams: calls,
         design: Design::Bounded,
         duration_s: wall.as_secs_f64(),
         wall_s: wall.as_secs_f64(),
-        producers: ProducerReport::new(&p, 0),
+        producers: ProducerReport {
+            nominal_frames: 0,
+            counters: counters.snapshot(),
+        },
         llm: crate::llm::not_run(),
         churn: Some(report),
         notes,

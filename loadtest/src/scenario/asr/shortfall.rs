@@ -202,8 +202,14 @@ pub async fn run_design(
         },
         duration_s: settings.duration.as_secs_f64(),
         wall_s: wall.as_secs_f64(),
-        consumer: fleet.as_ref().map(ConsumerReport::from).unwrap_or_default(),
-        producers: ProducerReport::new(&p, producers::nominal_frames(streams, settings.duration)),
+        consumer: ConsumerReport {
+            fleet: fleet.unwrap_or_default(),
+            ..Default::default()
+        },
+        producers: ProducerReport {
+            nominal_frames: producers::nominal_frames(streams, settings.duration),
+            counters: p,
+        },
         llm: crate::llm::not_run(),
         asr: Some(asr),
         notes,

@@ -10,6 +10,7 @@ use super::workers::WorkerProc;
 use super::{FailoverEnv, FailoverPlan, FaultLog, NODES, Phase, Victim};
 use crate::ingress::{cpu_since, cpu_time_of, machine_busy_since};
 use crate::lease_audit::{self, FrameAudit, Instance};
+use crate::producers::ProducerSnapshot;
 use crate::report::{
     CpuReport, FailoverCpu, FailoverReport, FaultReport, ProducerReport, RunReport,
 };
@@ -113,8 +114,10 @@ pub(super) fn run_report(
         }),
         producers: ProducerReport {
             nominal_frames: streams as u64 * u64::from(env.fps) * plan.duration.as_secs(),
-            frames_sent: sent,
-            ..ProducerReport::default()
+            counters: ProducerSnapshot {
+                frames_sent: sent,
+                ..Default::default()
+            },
         },
         llm: crate::llm::not_run(),
         cpu: CpuReport {

@@ -38,6 +38,7 @@ use serde::Serialize;
 use weir_protocol::audio::extension::headers;
 use weir_protocol::audio::{DecodeOptions, PacketBody, decode};
 
+use crate::counters::Count;
 use crate::error::{Error, nats};
 
 /// Most holes (missing seqs below the highest) one instance remembers.
@@ -438,7 +439,7 @@ impl WireAudit {
                 let slow = slow.clone();
                 async move {
                     if matches!(e, async_nats::Event::SlowConsumer(_)) {
-                        slow.slow.fetch_add(1, Ordering::Relaxed);
+                        slow.slow.inc();
                     }
                 }
             });
@@ -463,7 +464,7 @@ impl WireAudit {
             let _client = client;
             // Ends when the subscription ends or the audit is dropped (aborted).
             while let Some(msg) = futures::StreamExt::next(&mut sub).await {
-                s.packets.fetch_add(1, Ordering::Relaxed);
+                s.packets.inc();
                 match seen_of(&msg) {
                     Some((stream, seen)) => {
                         if let Ok(mut m) = s.audits.lock() {
@@ -474,7 +475,7 @@ impl WireAudit {
                         }
                     }
                     None => {
-                        s.undecodable.fetch_add(1, Ordering::Relaxed);
+                        s.undecodable.inc();
                     }
                 }
             }

@@ -37,7 +37,7 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use weir_protocol::audio::FRAME_DURATION;
 
-use crate::counters::{bump, counters};
+use crate::counters::{Count, bump, counters};
 use crate::speech::SpeechClip;
 use crate::stats::LatencyHistogram;
 
@@ -326,7 +326,7 @@ impl Call {
         let expected = (self.stop_at - self.start_at).as_micros() / FRAME_DURATION.as_micros();
         self.counters
             .ticks_missed
-            .fetch_add((expected as u64).saturating_sub(ticks), Ordering::Relaxed);
+            .add((expected as u64).saturating_sub(ticks));
         self.finish().await;
         if matches!(self.link, Link::Up { .. }) {
             self.counters.up.fetch_sub(1, Ordering::Relaxed);
@@ -375,11 +375,11 @@ impl Call {
             return false;
         };
         self.offered += 1;
-        self.counters.frames_offered.fetch_add(1, Ordering::Relaxed);
+        self.counters.frames_offered.inc();
         let sent = tokio::time::timeout(SEND_TIMEOUT, ws.send(Message::Binary(frame))).await;
         let written = matches!(sent, Ok(Ok(())));
         if written {
-            self.counters.frames_written.fetch_add(1, Ordering::Relaxed);
+            self.counters.frames_written.inc();
         }
         written
     }
@@ -387,24 +387,20 @@ impl Call {
     /// Offered frames no connection could take (the next resume declares them).
     fn lose_frames(&mut self, n: u64) {
         self.offered += n;
-        self.counters.frames_offered.fetch_add(n, Ordering::Relaxed);
-        self.counters
-            .frames_lost_between_attempts
-            .fetch_add(n, Ordering::Relaxed);
+        self.counters.frames_offered.add(n);
+        self.counters.frames_lost_between_attempts.add(n);
     }
 
     /// The socket-level kill: the socket (SO_LINGER 0) is dropped, the kernel sends
     /// an RST; the reconnect starts at once.
     fn cut(&mut self) {
-        self.counters.cuts.fetch_add(1, Ordering::Relaxed);
+        self.counters.cuts.inc();
         self.reconnect_now();
     }
 
     /// The link broke without our cut (read or write error, or the server closed).
     fn lost_link(&mut self) {
-        self.counters
-            .unplanned_drops
-            .fetch_add(1, Ordering::Relaxed);
+        self.counters.unplanned_drops.inc();
         self.reconnect_now();
     }
 
@@ -452,7 +448,7 @@ impl Call {
         self.lose_frames(held.len() as u64);
         match why {
             Refusal::Http(status, code) => {
-                self.counters.refused.fetch_add(1, Ordering::Relaxed);
+                self.counters.refused.inc();
                 // A refused resume will not be accepted later: the stream is gone for
                 // the door (or never was); the next attempt opens a fresh one.
                 if code.starts_with("resume_") || matches!(status, 400 | 401 | 403) {
@@ -461,7 +457,7 @@ impl Call {
                 bump(&self.counters.refusal_codes, code);
             }
             Refusal::Failed => {
-                self.counters.connect_errors.fetch_add(1, Ordering::Relaxed);
+                self.counters.connect_errors.inc();
             }
         }
         self.link = Link::Down {
@@ -508,16 +504,16 @@ impl Call {
         else {
             return;
         };
-        self.counters.connects.fetch_add(1, Ordering::Relaxed);
-        self.counters.up.fetch_add(1, Ordering::Relaxed);
+        self.counters.connects.inc();
+        self.counters.up.inc();
         if let Some(s) = since {
             self.counters.reconnect_ms.record(now - s);
         }
         if resuming {
-            self.counters.resumes.fetch_add(1, Ordering::Relaxed);
+            self.counters.resumes.inc();
         } else {
             if since.is_some() {
-                self.counters.fresh_reopens.fetch_add(1, Ordering::Relaxed);
+                self.counters.fresh_reopens.inc();
             }
             // A new stream instance: its token comes with its `opened` event, its seqs
             // start at 1.
@@ -538,9 +534,7 @@ impl Call {
                 self.lost_link();
                 return;
             }
-            self.counters
-                .frames_after_handshake
-                .fetch_add(1, Ordering::Relaxed);
+            self.counters.frames_after_handshake.inc();
         }
     }
 
@@ -553,7 +547,7 @@ impl Call {
                 self.token = v["resume_token"].as_str().map(str::to_owned);
             }
             Some("ack") => {
-                self.counters.acks.fetch_add(1, Ordering::Relaxed);
+                self.counters.acks.inc();
                 if let Some(seq) = u("seq") {
                     self.last_seq = self.last_seq.max(seq);
                 }
@@ -563,9 +557,7 @@ impl Call {
                     self.last_seq = seq;
                 }
                 if let Some(frames) = v["gap"].get("frames").and_then(serde_json::Value::as_u64) {
-                    self.counters
-                        .door_declared_frames
-                        .fetch_add(frames, Ordering::Relaxed);
+                    self.counters.door_declared_frames.add(frames);
                 }
                 if let Link::Up {
                     resume_since,
@@ -580,17 +572,15 @@ impl Call {
                         .take()
                         .is_some_and(|n| u("next_seq") != Some(n))
                     {
-                        self.counters
-                            .next_seq_mismatches
-                            .fetch_add(1, Ordering::Relaxed);
+                        self.counters.next_seq_mismatches.inc();
                     }
                 }
             }
             Some("gap") => {
-                self.counters.gap_events.fetch_add(1, Ordering::Relaxed);
+                self.counters.gap_events.inc();
             }
             Some("error") if v["code"] == "taken_over" => {
-                self.counters.taken_over.fetch_add(1, Ordering::Relaxed);
+                self.counters.taken_over.inc();
             }
             Some("closed") => {
                 let reason = v["reason"].as_str().unwrap_or("none").to_owned();
@@ -616,7 +606,7 @@ impl Call {
             self.on_link(attempted).await;
         }
         let Link::Up { ws, .. } = &mut self.link else {
-            self.counters.end_failed.fetch_add(1, Ordering::Relaxed);
+            self.counters.end_failed.inc();
             return;
         };
         let end = Message::Text(r#"{"type":"end"}"#.into());
@@ -624,7 +614,7 @@ impl Call {
             tokio::time::timeout(SEND_TIMEOUT, ws.send(end)).await,
             Ok(Ok(()))
         ) {
-            self.counters.end_failed.fetch_add(1, Ordering::Relaxed);
+            self.counters.end_failed.inc();
             return;
         }
         let deadline = Instant::now() + END_GRACE;
@@ -636,7 +626,7 @@ impl Call {
             match tokio::time::timeout_at(deadline, ws.next()).await {
                 Ok(Some(Ok(Message::Text(text)))) => {
                     if self.on_event(text.as_str()) {
-                        self.counters.ended.fetch_add(1, Ordering::Relaxed);
+                        self.counters.ended.inc();
                         break;
                     }
                 }
