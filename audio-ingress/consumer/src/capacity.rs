@@ -97,26 +97,6 @@ pub struct CapacitySettings {
 }
 
 impl CapacitySettings {
-    /// Whether announcements and refusal notices are sent.
-    pub fn announce(&self) -> bool {
-        self.announce
-    }
-
-    /// The subject prefix.
-    pub fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
-    /// The announcement interval.
-    pub fn interval(&self) -> Duration {
-        self.interval
-    }
-
-    /// The worker id announced (the lease's worker id with lease ownership).
-    pub fn worker_id(&self) -> &str {
-        &self.worker_id
-    }
-
     /// The subject of this worker's announcements.
     pub fn announce_subject(&self) -> String {
         proto::announce_subject(&self.prefix, &self.worker_id)

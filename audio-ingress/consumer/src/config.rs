@@ -225,21 +225,6 @@ pub struct LeaseSettings {
 }
 
 impl LeaseSettings {
-    /// This worker's id.
-    pub fn worker_id(&self) -> &str {
-        &self.worker_id
-    }
-
-    /// The KV bucket.
-    pub fn bucket(&self) -> &str {
-        &self.bucket
-    }
-
-    /// The lease length.
-    pub fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
     /// The core-NATS subject the workers heartbeat on.
     pub fn heartbeat_subject(&self) -> String {
         format!("weir.lease.{}.heartbeat", self.bucket)
@@ -629,49 +614,9 @@ impl ConsumerConfig {
 }
 
 impl ConsumerSettings {
-    /// The subject template.
-    pub fn subject(&self) -> &SubjectTemplate {
-        &self.subject
-    }
-
-    /// Total number of partitions.
-    pub fn partitions(&self) -> NonZeroU32 {
-        self.partitions
-    }
-
-    /// The owned partitions, ascending.
-    pub fn owned(&self) -> impl Iterator<Item = u32> + '_ {
-        self.owned.iter().copied()
-    }
-
-    /// The per-stream queue bound.
-    pub fn limits(&self) -> QueueLimits {
-        self.limits
-    }
-
-    /// The cap on live stream instances.
-    pub fn max_streams(&self) -> NonZeroUsize {
-        self.max_streams
-    }
-
     /// The staleness guard (`max_frame_age_ms`); `None` when off.
     pub fn max_frame_age(&self) -> Option<Duration> {
         self.max_frame_age
-    }
-
-    /// The lease settings, when ownership is by lease.
-    pub fn lease(&self) -> Option<&LeaseSettings> {
-        self.lease.as_ref()
-    }
-
-    /// The capacity announcement settings.
-    pub fn capacity(&self) -> &CapacitySettings {
-        &self.capacity
-    }
-
-    /// Where packets come from.
-    pub fn source(&self) -> &ConsumerSource {
-        &self.source
     }
 
     /// The subjects this worker subscribes to: one per owned partition, or the single
@@ -739,8 +684,8 @@ mod tests {
         let cfg = ConsumerConfig::default();
         assert_eq!(cfg.ownership, Ownership::Static);
         let settings = cfg.validate().expect("valid");
-        assert!(settings.lease().is_none());
-        assert_eq!(settings.owned().collect::<Vec<_>>(), vec![0]);
+        assert!(settings.lease.is_none());
+        assert_eq!(settings.owned.iter().copied().collect::<Vec<_>>(), vec![0]);
         let parsed: ConsumerConfig = toml::from_str("partitions = 1").expect("toml");
         assert_eq!(parsed.ownership, Ownership::Static);
     }
@@ -748,28 +693,24 @@ mod tests {
     #[test]
     fn lease_defaults_and_toml() {
         let settings = leased(|_| {}).validate().expect("valid");
-        let lease = settings.lease().expect("lease");
+        let lease = settings.lease.as_ref().expect("lease");
         assert_eq!(lease.ttl, DEFAULT_LEASE_TTL);
         assert_eq!(lease.renew_interval, DEFAULT_LEASE_RENEW_INTERVAL);
         assert_eq!(lease.heartbeat_timeout, DEFAULT_HEARTBEAT_TIMEOUT);
-        assert_eq!(
-            settings.owned().count(),
-            0,
-            "owned is decided by the leases"
-        );
-        assert!(lease.worker_id().starts_with('w'));
+        assert_eq!(settings.owned.len(), 0, "owned is decided by the leases");
+        assert!(lease.worker_id.starts_with('w'));
         let parsed: ConsumerConfig = toml::from_str(
             "subject = \"a.{partition}.{stream}\"\npartitions = 8\n\
              ownership = { lease = { bucket = \"b1\", ttl_ms = 6000, renew_interval_ms = 2000, replicas = 3, worker_id = \"x\" } }",
         )
         .expect("toml");
         let s = parsed.validate().expect("valid");
-        let l = s.lease().expect("lease");
+        let l = s.lease.as_ref().expect("lease");
         assert_eq!(
-            (l.bucket(), l.ttl(), l.replicas),
+            (l.bucket.as_str(), l.ttl, l.replicas),
             ("b1", Duration::from_secs(6), 3)
         );
-        assert_eq!(l.worker_id(), "x");
+        assert_eq!(l.worker_id, "x");
     }
 
     #[test]
@@ -840,9 +781,9 @@ mod tests {
             s.subscriptions(),
             vec![(None, "inference.whisper.stream.*".to_owned())]
         );
-        assert_eq!(s.limits().max_bytes, 16_000);
-        assert_eq!(s.limits().max_age, Duration::from_millis(500));
-        assert_eq!(s.max_streams().get(), 10_000);
+        assert_eq!(s.limits.max_bytes, 16_000);
+        assert_eq!(s.limits.max_age, Duration::from_millis(500));
+        assert_eq!(s.max_streams.get(), 10_000);
         assert_eq!(s.max_frame_age(), Some(Duration::from_millis(1_000)));
     }
 
@@ -1014,7 +955,7 @@ mod tests {
             toml::from_str("source = { jetstream = { stream = \"WEIR_AUDIO\" } }\n").expect("toml");
         assert_eq!(cfg.source, ConsumerSource::jetstream("WEIR_AUDIO"));
         let s = cfg.validate().expect("valid");
-        assert_eq!(s.source(), &ConsumerSource::jetstream("WEIR_AUDIO"));
+        assert_eq!(&s.source, &ConsumerSource::jetstream("WEIR_AUDIO"));
         let cfg: ConsumerConfig =
             toml::from_str("[source.jetstream]\nstream = \"A-1\"\nstart = \"all\"\n")
                 .expect("toml");

@@ -41,7 +41,7 @@ pub(crate) struct Announcer {
 /// runs.
 pub(crate) fn delivering(shared: &Shared, leases: Option<&LeaseBoard>) -> Vec<u32> {
     match leases {
-        None => shared.settings.owned().collect(),
+        None => shared.settings.owned.iter().copied().collect(),
         Some(b) => b
             .get()
             .into_iter()
