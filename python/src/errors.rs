@@ -14,6 +14,7 @@ use std::fmt;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 /// Which `weir.errors` class a failure raises.
@@ -120,6 +121,24 @@ impl WeirErr {
         let value = class.call((&self.message,), Some(&kwargs))?;
         Ok(PyErr::from_value(value))
     }
+}
+
+/// The keyword arguments `json` (a JSON object) as a `T` whose every key has a default.
+/// A refusal is a `ConfigError(invalid_config)`; when one key alone is refused (serde's
+/// message for a whole object does not say which), `details["key"]` names it.
+pub fn keys_from_json<T: DeserializeOwned>(json: &str, what: &str) -> Result<T, WeirErr> {
+    let whole = |e: serde_json::Error| WeirErr::config("invalid_config", format!("{what}: {e}"));
+    let given: Map<String, Value> = serde_json::from_str(json).map_err(whole)?;
+    for (key, value) in &given {
+        let one = Value::Object(Map::from_iter([(key.clone(), value.clone())]));
+        if let Err(e) = serde_json::from_value::<T>(one) {
+            return Err(
+                WeirErr::config("invalid_config", format!("config key `{key}`: {e}"))
+                    .with("key", key.as_str()),
+            );
+        }
+    }
+    serde_json::from_value(Value::Object(given)).map_err(whole)
 }
 
 /// The Python type name of `obj`, for a message that says what was passed instead.

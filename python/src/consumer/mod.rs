@@ -40,9 +40,9 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use tokio::sync::{mpsc, watch};
-use weir_audio_consumer::{Consumer, ConsumerConfig, ConsumerError, ConsumerErrorKind, StreamInfo};
+use weir_audio_consumer::{Consumer, ConsumerConfig, ConsumerError, ConsumerErrorKind};
 
-use crate::errors::{Kind, WeirErr};
+use crate::errors::{Kind, WeirErr, keys_from_json};
 use crate::runtime;
 use hub::{Hub, HubMsg, Link};
 
@@ -57,28 +57,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<StreamLink>()?;
     events::register(m)?;
     Ok(())
-}
-
-/// The consumer config from the JSON of the keyword arguments: the core's serde names;
-/// an unknown key or a wrong type is a `ConfigError` naming the key.
-fn config_from_json(json: &str) -> Result<ConsumerConfig, WeirErr> {
-    let value: serde_json::Value = serde_json::from_str(json)
-        .map_err(|e| WeirErr::config("invalid_config", format!("consumer options: {e}")))?;
-    serde_json::from_value::<ConsumerConfig>(value.clone()).map_err(|e| {
-        // serde_json does not say which key: try each alone (every key has a default) to
-        // name the first one at fault.
-        let key = value.as_object().and_then(|obj| {
-            obj.keys().find(|k| {
-                let one = serde_json::json!({ k.as_str(): obj[k.as_str()].clone() });
-                serde_json::from_value::<ConsumerConfig>(one).is_err()
-            })
-        });
-        match key {
-            Some(k) => WeirErr::config("invalid_config", format!("consumer option {k:?}: {e}"))
-                .with("key", k.as_str()),
-            None => WeirErr::config("invalid_config", format!("consumer options: {e}")),
-        }
-    })
 }
 
 /// A core error as a Python one.
@@ -219,8 +197,16 @@ impl<'py> IntoPyObject<'py> for Batch {
         for msg in self.0 {
             match msg {
                 HubMsg::Open(info, link) => {
+                    let link = StreamLink {
+                        stream: info.stream,
+                        partition: info.partition,
+                        instance: info.instance,
+                        subject: info.subject,
+                        session_id: info.session_id,
+                        link,
+                    };
                     items.push((-1i64).into_pyobject(py)?.into_any().unbind());
-                    items.push(Py::new(py, StreamLink { info, link })?.into_any());
+                    items.push(Py::new(py, link)?.into_any());
                 }
                 HubMsg::Event(instance, event) => {
                     items.push(instance.into_pyobject(py)?.into_any().unbind());
@@ -267,7 +253,7 @@ impl PyConsumer {
             .with("key", "nats.retry_initial_connect")
             .into());
         }
-        let config = config_from_json(config_json)?;
+        let config: ConsumerConfig = keys_from_json(config_json, "consumer options")?;
         let max_streams = config.max_streams;
         let patience = Duration::from_millis(config.max_pending_age_ms);
         let settings = config.validate().map_err(consumer_err)?;
@@ -490,46 +476,26 @@ impl PyConsumer {
     }
 }
 
-/// `weir._weir._StreamLink`: a new stream instance (its identity) and the handle on
-/// its handler's wait. Dropping it (its `weir.Stream` was collected) releases the wait.
+/// `weir._weir._StreamLink`: a new stream instance (its identity: the core's
+/// `StreamInfo`) and the handle on its handler's wait. Dropping it (its `weir.Stream`
+/// was collected) releases the wait.
 #[pyclass(frozen, module = "weir._weir", name = "_StreamLink")]
 pub struct StreamLink {
-    info: StreamInfo,
+    #[pyo3(get)]
+    stream: String,
+    #[pyo3(get)]
+    partition: u32,
+    #[pyo3(get)]
+    instance: u64,
+    #[pyo3(get)]
+    subject: String,
+    #[pyo3(get)]
+    session_id: Option<String>,
     link: Arc<Link>,
 }
 
 #[pymethods]
 impl StreamLink {
-    /// The stream id.
-    #[getter]
-    fn stream(&self) -> &str {
-        &self.info.stream
-    }
-
-    /// Its partition.
-    #[getter]
-    fn partition(&self) -> u32 {
-        self.info.partition
-    }
-
-    /// The instance number (unique within the consumer).
-    #[getter]
-    fn instance(&self) -> u64 {
-        self.info.instance
-    }
-
-    /// The subject of its first packet.
-    #[getter]
-    fn subject(&self) -> &str {
-        &self.info.subject
-    }
-
-    /// `session_id` of its first packet.
-    #[getter]
-    fn session_id(&self) -> Option<&str> {
-        self.info.session_id.as_deref()
-    }
-
     /// Asks for the next event (acks the last one).
     fn ack(&self) {
         self.link.ack();
