@@ -225,10 +225,7 @@ impl CapacityState {
 
     /// The announcer's end of the refusal notes (taken once).
     pub(crate) fn take_refused(&self) -> Option<mpsc::Receiver<RefusedNote>> {
-        self.refused_rx
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
+        weir_service::sync::locked(&self.refused_rx).take()
     }
 
     /// The seq the next announcement gets (without taking it).

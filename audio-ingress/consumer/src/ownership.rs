@@ -59,6 +59,7 @@ use crate::stop::{self, StopSender, StopSignal};
 use crate::{ConsumerError, ConsumerErrorKind, OperationError, Shared, run_subscription};
 use weir_protocol::WireName;
 use weir_service::nats::kv_stream_config;
+use weir_service::sync::locked;
 
 mod bucket;
 
@@ -90,11 +91,11 @@ pub(crate) struct LeaseBoard(Mutex<Vec<LeaseInfo>>);
 
 impl LeaseBoard {
     pub(crate) fn get(&self) -> Vec<LeaseInfo> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        locked(&self.0).clone()
     }
 
     fn set(&self, table: Vec<LeaseInfo>) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = table;
+        *locked(&self.0) = table;
     }
 }
 

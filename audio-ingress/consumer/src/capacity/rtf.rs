@@ -104,7 +104,7 @@ impl RtfHistogram {
 
     /// Halves every count once per whole [`HALF_LIFE`] since the last decay.
     pub(crate) fn decay_to(&self, now: Instant) {
-        let mut last = self.last_decay.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = weir_service::sync::locked(&self.last_decay);
         let elapsed = now.saturating_duration_since(*last);
         let halvings = (elapsed.as_nanos() / HALF_LIFE.as_nanos()).min(63) as u32;
         if halvings == 0 {
