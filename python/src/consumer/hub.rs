@@ -44,7 +44,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -53,6 +53,7 @@ use tokio::sync::{mpsc, watch};
 use weir_audio_consumer::{
     End, EndCause, HandlerFactory, StreamEnded, StreamEvent, StreamHandler, StreamInfo,
 };
+use weir_service::sync::locked;
 
 /// Hub slack beyond two messages per stream (`End`s waiting to be taken).
 const SLACK: usize = 1_024;
@@ -155,10 +156,6 @@ impl Hub {
         (hub, rx)
     }
 
-    fn links(&self) -> MutexGuard<'_, HashMap<u64, Weak<Link>>> {
-        self.links.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// The core's handler factory: one [`PyHandler`] per stream instance.
     pub fn factory(self: &Arc<Self>) -> HubFactory {
         HubFactory {
@@ -180,7 +177,7 @@ impl Hub {
     /// aborted): no handler waits for Python any more.
     pub fn close(&self) {
         self.begin_close();
-        let links: Vec<_> = self.links().drain().collect();
+        let links: Vec<_> = locked(&self.links).drain().collect();
         for (_, link) in links {
             if let Some(link) = link.upgrade() {
                 link.release();
@@ -211,7 +208,7 @@ impl HubFactory {
         let hub = self.hub.upgrade();
         match &hub {
             Some(h) => {
-                h.links().insert(info.instance, Arc::downgrade(&link));
+                locked(&h.links).insert(info.instance, Arc::downgrade(&link));
             }
             // The Python consumer is gone: nothing will ever ack.
             None => link.release(),
@@ -344,7 +341,7 @@ impl Drop for PyHandler {
     fn drop(&mut self) {
         let hub = self.hub.upgrade();
         if let Some(hub) = &hub {
-            hub.links().remove(&self.instance);
+            locked(&hub.links).remove(&self.instance);
         }
         if !self.opened || self.ended {
             return;

@@ -140,7 +140,7 @@ async fn acker(mut rx: mpsc::UnboundedReceiver<Vec<Arc<Link>>>) {
 
 impl Inner {
     fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        weir_service::sync::locked(&self.state)
     }
 
     /// Runs `f` on the running consumer, or says it is closed.
@@ -158,7 +158,7 @@ impl Inner {
         self.hub.begin_close();
         let consumer = self.state().consumer.take();
         if let Some(consumer) = consumer
-            && let Ok(core) = runtime::core_handle()
+            && let Ok(core) = runtime::core()
         {
             core.spawn(async move {
                 let _ = consumer.shutdown(Duration::ZERO).await;
@@ -426,7 +426,7 @@ impl PyConsumer {
                     self.inner.hub.begin_close();
                     let inner = self.inner.clone();
                     let grace = Duration::from_secs_f64(grace_s);
-                    runtime::core_handle()?.spawn(async move {
+                    runtime::core()?.spawn(async move {
                         let stats = consumer.shutdown(grace).await;
                         inner.hub.close();
                         let text = json(&stats).unwrap_or_else(|_| "{}".to_owned());
