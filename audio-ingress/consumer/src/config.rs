@@ -215,11 +215,9 @@ impl Default for LeaseConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseSettings {
     pub(crate) bucket: String,
-    pub(crate) ttl: Duration,
-    pub(crate) renew_interval: Duration,
-    pub(crate) margin: Duration,
+    /// TTL, renewal interval, margin and heartbeat timeout, as the planner uses them.
+    pub(crate) timing: crate::lease::Timing,
     pub(crate) heartbeat_interval: Duration,
-    pub(crate) heartbeat_timeout: Duration,
     pub(crate) replicas: usize,
     pub(crate) worker_id: String,
 }
@@ -228,15 +226,6 @@ impl LeaseSettings {
     /// The core-NATS subject the workers heartbeat on.
     pub fn heartbeat_subject(&self) -> String {
         format!("weir.lease.{}.heartbeat", self.bucket)
-    }
-
-    pub(crate) fn timing(&self) -> crate::lease::Timing {
-        crate::lease::Timing {
-            ttl: self.ttl,
-            renew_interval: self.renew_interval,
-            margin: self.margin,
-            heartbeat_timeout: self.heartbeat_timeout,
-        }
     }
 }
 
@@ -295,11 +284,13 @@ impl LeaseConfig {
         };
         Ok(LeaseSettings {
             bucket: self.bucket.clone(),
-            ttl: Duration::from_millis(ttl),
-            renew_interval: Duration::from_millis(renew),
-            margin: Duration::from_millis(self.margin_ms),
+            timing: crate::lease::Timing {
+                ttl: Duration::from_millis(ttl),
+                renew_interval: Duration::from_millis(renew),
+                margin: Duration::from_millis(self.margin_ms),
+                heartbeat_timeout: Duration::from_millis(hb_timeout),
+            },
             heartbeat_interval: Duration::from_millis(hb),
-            heartbeat_timeout: Duration::from_millis(hb_timeout),
             replicas,
             worker_id,
         })
@@ -474,8 +465,7 @@ impl ConsumerConfig {
             u64::from(self.partitions),
             Range::int(1, u64::from(MAX_PARTITIONS)),
         )? as u32;
-        let partitions = NonZeroU32::new(partitions)
-            .ok_or_else(|| ConsumerError::config("partitions", "must be at least 1".into()))?;
+        let partitions = NonZeroU32::new(partitions).unwrap_or(NonZeroU32::MIN);
         let lease = match &self.ownership {
             Ownership::Static => None,
             Ownership::Lease(l) => {
@@ -694,9 +684,9 @@ mod tests {
     fn lease_defaults_and_toml() {
         let settings = leased(|_| {}).validate().expect("valid");
         let lease = settings.lease.as_ref().expect("lease");
-        assert_eq!(lease.ttl, DEFAULT_LEASE_TTL);
-        assert_eq!(lease.renew_interval, DEFAULT_LEASE_RENEW_INTERVAL);
-        assert_eq!(lease.heartbeat_timeout, DEFAULT_HEARTBEAT_TIMEOUT);
+        assert_eq!(lease.timing.ttl, DEFAULT_LEASE_TTL);
+        assert_eq!(lease.timing.renew_interval, DEFAULT_LEASE_RENEW_INTERVAL);
+        assert_eq!(lease.timing.heartbeat_timeout, DEFAULT_HEARTBEAT_TIMEOUT);
         assert_eq!(settings.owned.len(), 0, "owned is decided by the leases");
         assert!(lease.worker_id.starts_with('w'));
         let parsed: ConsumerConfig = toml::from_str(
@@ -707,7 +697,7 @@ mod tests {
         let s = parsed.validate().expect("valid");
         let l = s.lease.as_ref().expect("lease");
         assert_eq!(
-            (l.bucket.as_str(), l.ttl, l.replicas),
+            (l.bucket.as_str(), l.timing.ttl, l.replicas),
             ("b1", Duration::from_secs(6), 3)
         );
         assert_eq!(l.worker_id, "x");

@@ -526,12 +526,7 @@ impl Planner {
                     None => true,
                     Some(s) => now.saturating_duration_since(s.at) >= self.timing.ttl,
                 };
-            match free {
-                true => {
-                    since.get_or_insert(now);
-                }
-                false => *since = None,
-            }
+            *since = free.then(|| since.unwrap_or(now));
         }
     }
 
@@ -619,13 +614,7 @@ impl Planner {
                 first_unknown: None,
             },
         );
-        if let Some(slot) = self.view.get_mut(partition as usize) {
-            *slot = Some(Seen {
-                owner: self.me.clone(),
-                revision,
-                at: sent_at,
-            });
-        }
+        self.wrote(partition, revision, sent_at);
         Some(valid_until)
     }
 
@@ -653,6 +642,13 @@ impl Planner {
         h.revision = revision;
         h.first_unknown = None;
         h.valid_until = h.valid_until.max(sent_at + validity);
+        let valid_until = h.valid_until;
+        self.wrote(partition, revision, sent_at);
+        Some(valid_until)
+    }
+
+    /// This worker's own write of `partition`, sent at `sent_at`, landed as `revision`.
+    fn wrote(&mut self, partition: u32, revision: u64, sent_at: Instant) {
         if let Some(slot) = self.view.get_mut(partition as usize) {
             *slot = Some(Seen {
                 owner: self.me.clone(),
@@ -660,7 +656,6 @@ impl Planner {
                 at: sent_at,
             });
         }
-        Some(h.valid_until)
     }
 
     /// The key already carries this worker's newer write (a renewal that timed out
@@ -684,9 +679,7 @@ impl Planner {
     /// A renewal was refused (`WrongLastRevision` from another writer): fence now.
     pub(crate) fn renew_refused(&mut self, partition: u32) -> Option<Action> {
         self.in_flight.remove(&partition);
-        self.held
-            .remove(&partition)
-            .map(|_| Action::Fence(partition))
+        self.lose(partition)
     }
 
     /// The lease of `partition` turned out not to be this worker's (a read after an
@@ -720,35 +713,26 @@ impl Planner {
 
     /// The lease table for [`crate::Consumer::leases`].
     pub(crate) fn snapshot(&self, now: Instant) -> Vec<LeaseInfo> {
+        let ttl = self.timing.ttl;
         (0..self.partitions)
             .map(|p| {
-                if let Some(h) = self.held.get(&p) {
-                    return LeaseInfo {
-                        partition: p,
-                        owner: Some(self.me.clone()),
-                        revision: Some(h.revision),
-                        held: true,
-                        delivering: false,
-                        expires_in: Some(h.valid_until.saturating_duration_since(now)),
+                let (owner, revision, held, expires_at) =
+                    match (self.held.get(&p), &self.view[p as usize]) {
+                        (Some(h), _) => {
+                            (Some(&self.me), Some(h.revision), true, Some(h.valid_until))
+                        }
+                        (None, Some(s)) if now.saturating_duration_since(s.at) < ttl => {
+                            (Some(&s.owner), Some(s.revision), false, Some(s.at + ttl))
+                        }
+                        _ => (None, None, false, None),
                     };
-                }
-                match &self.view[p as usize] {
-                    Some(s) if now.saturating_duration_since(s.at) < self.timing.ttl => LeaseInfo {
-                        partition: p,
-                        owner: Some(s.owner.clone()),
-                        revision: Some(s.revision),
-                        held: false,
-                        delivering: false,
-                        expires_in: Some((s.at + self.timing.ttl).saturating_duration_since(now)),
-                    },
-                    _ => LeaseInfo {
-                        partition: p,
-                        owner: None,
-                        revision: None,
-                        held: false,
-                        delivering: false,
-                        expires_in: None,
-                    },
+                LeaseInfo {
+                    partition: p,
+                    owner: owner.cloned(),
+                    revision,
+                    held,
+                    delivering: false,
+                    expires_in: expires_at.map(|t| t.saturating_duration_since(now)),
                 }
             })
             .collect()

@@ -482,11 +482,6 @@ impl Consumer {
         &self.client
     }
 
-    /// The validated settings.
-    pub fn settings(&self) -> &ConsumerSettings {
-        &self.shared.settings
-    }
-
     /// Stops: sends the last capacity announcement (no partition, no live stream),
     /// unsubscribes, ends every live stream with [`EndCause::Shutdown`], waits
     /// up to `grace` for the handlers to finish (aborting the rest) and returns the

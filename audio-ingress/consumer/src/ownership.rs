@@ -149,7 +149,7 @@ pub(crate) async fn start<F: HandlerFactory>(
     let partitions = shared.settings.partitions.get();
     let started = Instant::now();
     let driver = Driver {
-        planner: Planner::new(lease.worker_id.clone(), partitions, lease.timing(), started)
+        planner: Planner::new(lease.worker_id.clone(), partitions, lease.timing, started)
             .with_slots(shared.settings.max_streams.get() as u64),
         started,
         nonce: crate::capacity::random_nonce(),
@@ -288,7 +288,7 @@ impl<F: HandlerFactory> Driver<F> {
         let watcher = tokio::spawn(run_watcher(
             self.kv.clone(),
             entries_tx,
-            self.lease.renew_interval,
+            self.lease.timing.renew_interval,
         ));
         let _abort_watcher = AbortOnDrop(watcher);
         let deadline = loop {
@@ -393,7 +393,8 @@ impl<F: HandlerFactory> Driver<F> {
         // settle time and the write's round trip are the margin (clock-rate drift and
         // scheduling). Any shorter would only fence a worker for a reconnect that its
         // peers forgive.
-        self.liveness.renew(sent_at + self.lease.heartbeat_timeout);
+        self.liveness
+            .renew(sent_at + self.lease.timing.heartbeat_timeout);
         if lapsed {
             self.liveness.clear_lapse();
         }
@@ -409,7 +410,8 @@ impl<F: HandlerFactory> Driver<F> {
         if !self.liveness.has_lapsed(now) {
             if !self.planner.has_echo()
                 && !self.warned_no_echo
-                && now.saturating_duration_since(self.started) >= 4 * self.lease.heartbeat_timeout
+                && now.saturating_duration_since(self.started)
+                    >= 4 * self.lease.timing.heartbeat_timeout
             {
                 self.warned_no_echo = true;
                 tracing::error!(
@@ -562,7 +564,7 @@ impl<F: HandlerFactory> Driver<F> {
         // Short, so that during a KV leader election a retry follows every second and
         // the first write after the election lands early (a timeout is unknown, never
         // a loss: validity runs from the last success either way).
-        let bound = (self.lease.renew_interval / 3)
+        let bound = (self.lease.timing.renew_interval / 3)
             .clamp(Duration::from_millis(250), Duration::from_secs(2));
         let sent_at = Instant::now();
         self.ops.spawn(async move {
