@@ -218,7 +218,6 @@ impl HubFactory {
             instance: info.instance,
             link,
             tx: hub.map(|h| h.tx.clone()),
-            opened: false,
             ended: false,
             last_seq: None,
             stream_ended: ended,
@@ -248,8 +247,6 @@ pub struct PyHandler {
     link: Arc<Link>,
     /// `None` when the Python consumer was already gone at open.
     tx: Option<mpsc::Sender<HubMsg>>,
-    /// The open notice was handed over.
-    opened: bool,
     /// The `End` was handed over.
     ended: bool,
     /// The last seq handed over (a frame's, a gap's last), for a synthesized `End`.
@@ -312,16 +309,14 @@ impl StreamHandler for PyHandler {
             // the core, as for a Rust handler that ignores events).
             return;
         }
-        if let Some(info) = self.open.take() {
-            if tx
+        if let Some(info) = self.open.take()
+            && tx
                 .send(HubMsg::Open(info, self.link.clone()))
                 .await
                 .is_err()
-            {
-                self.tx = None;
-                return;
-            }
-            self.opened = true;
+        {
+            self.tx = None;
+            return;
         }
         if tx.send(HubMsg::Event(self.instance, event)).await.is_err() {
             self.tx = None;
@@ -343,7 +338,8 @@ impl Drop for PyHandler {
         if let Some(hub) = &hub {
             locked(&hub.links).remove(&self.instance);
         }
-        if !self.opened || self.ended {
+        // Never opened (or the open notice could not be sent: then `tx` is gone too).
+        if self.open.is_some() || self.ended {
             return;
         }
         let Some(tx) = self.tx.take() else { return };
