@@ -120,13 +120,8 @@ impl CapacityConfig {
         let interval = Range::ms(lo, hi)
             .check("capacity.interval_ms", self.interval_ms)
             .map_err(ConsumerError::Config)?;
-        if let Some(id) = &self.worker_id
-            && !proto::is_valid_id(id)
-        {
-            return Err(ConsumerError::config(
-                "capacity.worker_id",
-                format!("{id:?}: 1..=64 characters of A-Z a-z 0-9 _ -"),
-            ));
+        if let Some(id) = &self.worker_id {
+            crate::config::check_name("capacity.worker_id", "", id)?;
         }
         let worker_id = match (lease_worker, &self.worker_id) {
             (Some(lease), Some(id)) if id != lease => {

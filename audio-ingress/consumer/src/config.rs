@@ -231,12 +231,8 @@ impl LeaseSettings {
 
 /// A bucket, stream or worker name: 1..=64 characters of `A-Z a-z 0-9 _ -`; the error
 /// names `key` and starts its reason with `what`.
-fn check_name(key: &'static str, what: &str, name: &str) -> Result<(), ConsumerError> {
-    let valid = (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    match valid {
+pub(crate) fn check_name(key: &'static str, what: &str, name: &str) -> Result<(), ConsumerError> {
+    match weir_protocol::capacity::is_valid_id(name) {
         true => Ok(()),
         false => Err(ConsumerError::config(
             key,
@@ -250,17 +246,12 @@ impl LeaseConfig {
     pub fn validate(&self) -> Result<LeaseSettings, ConsumerError> {
         check_name("ownership.lease.bucket", "", &self.bucket)?;
         let ttl = check_range("ownership.lease.ttl_ms", self.ttl_ms, LEASE_TTL_RANGE_MS)?;
-        if self.margin_ms == 0 || self.margin_ms >= ttl / 2 {
-            return Err(ConsumerError::config(
-                "ownership.lease.margin_ms",
-                format!(
-                    "{} ms; allowed 1..{} ms (below TTL / 2)",
-                    self.margin_ms,
-                    ttl / 2
-                ),
-            ));
-        }
-        let max_renew = (ttl - self.margin_ms) / 2;
+        let margin = check_range(
+            "ownership.lease.margin_ms",
+            self.margin_ms,
+            Range::ms(1, ttl / 2 - 1).note(" (below TTL / 2)"),
+        )?;
+        let max_renew = (ttl - margin) / 2;
         let renew = check_range(
             "ownership.lease.renew_interval_ms",
             self.renew_interval_ms,
@@ -287,7 +278,7 @@ impl LeaseConfig {
             timing: crate::lease::Timing {
                 ttl: Duration::from_millis(ttl),
                 renew_interval: Duration::from_millis(renew),
-                margin: Duration::from_millis(self.margin_ms),
+                margin: Duration::from_millis(margin),
                 heartbeat_timeout: Duration::from_millis(hb_timeout),
             },
             heartbeat_interval: Duration::from_millis(hb),

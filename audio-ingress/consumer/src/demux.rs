@@ -752,7 +752,7 @@ impl<F: HandlerFactory> Demux<F> {
                 partition = s.partition;
             });
             metrics::counter!(m::CONSUMER_STREAMS_REAPED_TOTAL).increment(1);
-            let silent_ms = u64::try_from(silent_for.as_millis()).unwrap_or(u64::MAX);
+            let silent_ms = weir_service::config::whole_ms(*silent_for);
             tracing::warn!(
                 stream = token.as_str(),
                 last_seq,

@@ -71,15 +71,11 @@ pub(crate) struct RtfHistogram {
 }
 
 fn bucket(rtf: f64) -> usize {
-    if !rtf.is_finite() || rtf <= 0.0 {
-        return if rtf.is_nan() || rtf <= 0.0 {
-            0
-        } else {
-            BUCKETS - 1
-        };
+    if rtf.is_nan() || rtf <= 0.0 {
+        return 0;
     }
     let k = ((rtf.log2() - LOW_LOG2) * PER_OCTAVE).floor() + 1.0;
-    // A float → integer cast saturates; the clamp keeps it in the array.
+    // A float → integer cast saturates (+∞ too); the clamp keeps it in the array.
     (k.max(0.0) as usize).min(BUCKETS - 1)
 }
 
