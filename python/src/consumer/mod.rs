@@ -359,9 +359,8 @@ impl PyConsumer {
     /// the snapshot taken when it started; after it, the final stats; after
     /// `abort()`, the snapshot taken then.
     fn stats_json(&self, py: Python<'_>) -> PyResult<String> {
-        let inner = self.inner.clone();
-        Ok(py.detach(move || {
-            let state = inner.state();
+        Ok(py.detach(|| {
+            let state = self.inner.state();
             match (&state.consumer, &state.final_stats, &state.closing_stats) {
                 (Some(c), _, _) => json(&c.stats()),
                 (None, Some(s), _) | (None, None, Some(s)) => Ok(s.clone()),
@@ -372,21 +371,18 @@ impl PyConsumer {
 
     /// What the next capacity announcement would say, as JSON.
     fn capacity_json(&self, py: Python<'_>) -> PyResult<String> {
-        let inner = self.inner.clone();
-        Ok(py.detach(move || inner.with(|c| json(&c.capacity())))??)
+        Ok(py.detach(|| self.inner.with(|c| json(&c.capacity())))??)
     }
 
     /// The partitions delivered now.
     fn owned(&self, py: Python<'_>) -> PyResult<Vec<u32>> {
-        let inner = self.inner.clone();
-        Ok(py.detach(move || inner.with(Consumer::owned_now))?)
+        Ok(py.detach(|| self.inner.with(Consumer::owned_now))?)
     }
 
     /// Every partition's lease as this worker sees it, as JSON (empty with static
     /// ownership).
     fn leases_json(&self, py: Python<'_>) -> PyResult<String> {
-        let inner = self.inner.clone();
-        Ok(py.detach(move || inner.with(|c| json(&c.leases())))??)
+        Ok(py.detach(|| self.inner.with(|c| json(&c.leases())))??)
     }
 
     /// Whether `close()` or `abort()` was called.
