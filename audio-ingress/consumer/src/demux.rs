@@ -476,21 +476,15 @@ impl<F: HandlerFactory> Demux<F> {
         let Some(entry) = self.streams.get_mut(token) else {
             return;
         };
-        match &mut entry.stale_run {
-            Some(run) => {
-                run.last_seq = seq;
-                run.samples = run.samples.saturating_add(samples);
-                run.max_age_ms = run.max_age_ms.max(age_ms);
-            }
-            None => {
-                entry.stale_run = Some(StaleRun {
-                    first_seq: seq,
-                    last_seq: seq,
-                    samples,
-                    max_age_ms: age_ms,
-                });
-            }
-        }
+        let run = entry.stale_run.get_or_insert(StaleRun {
+            first_seq: seq,
+            last_seq: seq,
+            samples: 0,
+            max_age_ms: 0,
+        });
+        run.last_seq = seq;
+        run.samples = run.samples.saturating_add(samples);
+        run.max_age_ms = run.max_age_ms.max(age_ms);
     }
 
     /// Queues the open stale run of `token` (if any) as one [`GapCause::Stale`] notice.

@@ -1,44 +1,26 @@
 //! Lease ownership over NATS (`ownership = { lease = ... }`): the driver that runs the
 //! [`Planner`](crate::lease::Planner) against a JetStream KV bucket and core-NATS
-//! heartbeats, and starts and fences one feed per held partition.
+//! heartbeats, and starts and fences one feed per held partition. The protocol (the
+//! bucket, its operations, the heartbeats, validity and fencing) is docs/scale-out.md
+//! § The lease protocol.
 //!
-//! - **Bucket.** The `KV_<bucket>` stream is created here (async-nats 0.51's
-//!   `create_key_value` cannot parse nats-server 2.9's account info): subjects
-//!   `$KV.<bucket>.>`, one message per subject, `max_age` = TTL, rollup allowed, delete
-//!   denied, direct get, discard new, R replicas. One key per partition, `p.<n>`, whose
-//!   value is the owner's worker id and whose revision is the fencing token.
-//! - **Operations.** Claim = `create` (only if absent), takeover = `update` from the
-//!   dead owner's revision, renew = `update` from our revision, release =
-//!   `delete_expect_revision`. Each runs in its own task, bounded by a third of the
-//!   renewal interval (1 s by default), so one stalled write never delays the renewal
-//!   of another partition; a renewal that timed out is retried at the next tick.
-//!   A renewal refused with `WrongLastRevision` reads the key once: if it names this
-//!   worker at a newer revision, a renewal that had timed out did land, and its
-//!   revision is adopted; if it names another worker (or is gone), the partition is
-//!   fenced; a read that fails, or shows this worker at an older revision (a direct
-//!   get answered by a lagging replica), is unknown like a timeout.
-//! - **Heartbeats** go on core NATS (`weir.lease.<bucket>.heartbeat`, payload = worker
-//!   id, header `Weir-Lease-Beat` = this process's nonce and the send time, header
-//!   `Weir-Lease-Slots` = its `max_streams`, its weight in the balance), which keeps
-//!   flowing while a KV stream elects a new leader; they decide who is live. Every
-//!   worker also hears its own: their send times drive the planner's echo clock and
-//!   the worker's [`Liveness`], which every fence of the worker depends on. When the
-//!   liveness has run out (checked at every tick and before it is renewed), every held
-//!   partition is fenced with reason `stalled` before anything else happens. The
-//!   connection must therefore not be `no_echo`: without its own heartbeats back a
-//!   worker claims nothing (and says so in the log). A KV watcher (with history) keeps the view of every key current; expiry by
-//!   `max_age` is silent on 2.9/2.10, so the planner also treats a key not rewritten
-//!   for a TTL as expired.
-//! - **Feeds.** A held partition has one core subscription and one demultiplexer task
-//!   behind a [`Fence`]. The feed starts only [`CONFIRM_SETTLE`] after the watcher
-//!   showed this worker's own acquisition write, so that a rival that won the same
-//!   compare-and-swap (nats-server#4320, before 2.9.21) is seen, and this worker fences,
-//!   before either delivers. The fence closes when the planner fences (lost, run out,
-//!   released) and, independently, at the lease's local validity: a handler is never
-//!   handed a frame after it, even if this task is late.
-//! - **Shutdown** drains every feed within the grace period (the leases stay valid
-//!   meanwhile), then fences and deletes every held key, so that the successors take
-//!   over at once instead of after the heartbeat timeout.
+//! Invariants:
+//! - Each KV operation runs in its own task, bounded by a third of the renewal interval
+//!   (1 s by default), so one stalled write never delays another partition's renewal; a
+//!   timeout is unknown, never a loss, and a renewal is retried at the next tick.
+//! - A renewal refused with `WrongLastRevision` reads the key once through the stream's
+//!   leader: this worker at a newer revision (a timed-out renewal that landed) is
+//!   adopted; another owner, or none, fences; anything else is unknown like a timeout.
+//! - The connection must not be `no_echo`: the worker's own heartbeats drive the
+//!   planner's echo clock and the [`Liveness`] every fence depends on. When the liveness
+//!   has run out, every held partition is fenced (`stalled`) before anything else.
+//! - A feed (one core subscription and one demultiplexer behind a [`Fence`]) starts only
+//!   [`CONFIRM_SETTLE`] after the watcher showed this worker's own acquisition write, so
+//!   that a rival that won the same compare-and-swap (nats-server#4320) is seen first.
+//!   The fence also closes by itself at the lease's local validity, even if this task is
+//!   late.
+//! - Shutdown drains every feed within the grace period (the leases stay valid), then
+//!   fences and deletes every held key, so that successors take over at once.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
