@@ -9,8 +9,6 @@
 //! The classes are defined in Python (python/weir/errors.py), because some have two
 //! bases (`ConfigError` is also a `ValueError`, `ConnectError` a `ConnectionError`).
 
-use std::fmt;
-
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -146,12 +144,6 @@ pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()
         .name()
         .map_or_else(|_| "?".to_owned(), |n| n.to_string())
-}
-
-impl fmt::Display for WeirErr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} [{}]", self.message, self.code)
-    }
 }
 
 impl From<WeirErr> for PyErr {

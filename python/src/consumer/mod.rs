@@ -106,14 +106,11 @@ fn take_ready(rx: &mut mpsc::Receiver<HubMsg>, msgs: &mut Vec<HubMsg>, limit: us
 struct State {
     /// `None` once closed, aborted or discarded.
     consumer: Option<Consumer>,
-    /// The final stats (JSON): of the shutdown once it finished, or the snapshot taken
-    /// at `abort()`.
-    final_stats: Option<String>,
+    /// The stats (JSON) once `consumer` is gone: the snapshot taken when the shutdown
+    /// started, then its final stats; or the snapshot taken at `abort()`.
+    stats: Option<String>,
     /// The shutdown started by the first `close()`: its final stats once it finished.
     shutdown: Option<watch::Receiver<Option<String>>>,
-    /// The stats snapshot taken when the shutdown started (what `stats_json` returns
-    /// while it runs).
-    closing_stats: Option<String>,
 }
 
 /// What the Python object and its awaitables share.
@@ -275,9 +272,8 @@ impl PyConsumer {
                 inner: Arc::new(Inner {
                     state: Mutex::new(State {
                         consumer: Some(consumer),
-                        final_stats: None,
+                        stats: None,
                         shutdown: None,
-                        closing_stats: None,
                     }),
                     hub,
                     rx: Arc::new(tokio::sync::Mutex::new(rx)),
@@ -361,10 +357,10 @@ impl PyConsumer {
     fn stats_json(&self, py: Python<'_>) -> PyResult<String> {
         Ok(py.detach(|| {
             let state = self.inner.state();
-            match (&state.consumer, &state.final_stats, &state.closing_stats) {
-                (Some(c), _, _) => json(&c.stats()),
-                (None, Some(s), _) | (None, None, Some(s)) => Ok(s.clone()),
-                (None, None, None) => Err(WeirErr::closed("the consumer was discarded")),
+            match (&state.consumer, &state.stats) {
+                (Some(c), _) => json(&c.stats()),
+                (None, Some(s)) => Ok(s.clone()),
+                (None, None) => Err(WeirErr::closed("the consumer was discarded")),
             }
         })?)
     }
@@ -408,15 +404,11 @@ impl PyConsumer {
         }
         let mut done = {
             let mut state = self.inner.state();
-            if let Some(text) = &state.final_stats {
-                let text = text.clone();
-                return runtime::await_bridge(py, async move { Ok(text) });
-            }
             let running = state.shutdown.clone();
             match (running, state.consumer.take()) {
                 (Some(rx), _) => rx,
                 (None, Some(consumer)) => {
-                    state.closing_stats = Some(json(&consumer.stats())?);
+                    state.stats = Some(json(&consumer.stats())?);
                     let (tx, rx) = watch::channel(None);
                     state.shutdown = Some(rx.clone());
                     self.inner.hub.begin_close();
@@ -426,12 +418,16 @@ impl PyConsumer {
                         let stats = consumer.shutdown(grace).await;
                         inner.hub.close();
                         let text = json(&stats).unwrap_or_else(|_| "{}".to_owned());
-                        inner.state().final_stats = Some(text.clone());
+                        inner.state().stats = Some(text.clone());
                         tx.send_replace(Some(text));
                     });
                     rx
                 }
-                (None, None) => return Err(WeirErr::closed("the consumer was discarded").into()),
+                (None, None) => {
+                    let closed = || WeirErr::closed("the consumer was discarded");
+                    let text = state.stats.clone().ok_or_else(closed)?;
+                    return runtime::await_bridge(py, async move { Ok(text) });
+                }
             }
         };
         runtime::await_bridge(py, async move {
@@ -453,7 +449,7 @@ impl PyConsumer {
             let mut state = self.inner.state();
             let taken = state.consumer.take();
             if let Some(c) = &taken {
-                state.final_stats = json(&c.stats()).ok();
+                state.stats = json(&c.stats()).ok();
             }
             taken
         };
