@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use weir_protocol::SubjectTemplate;
-use weir_protocol::partition::DEFAULT_STREAM_TEMPLATE;
+use weir_protocol::partition::{DEFAULT_STREAM_TEMPLATE, MAX_PARTITIONS};
 
 use weir_service::config::{Range, whole_ms as ms};
 
@@ -46,23 +46,10 @@ pub const DEFAULT_MAX_STREAMS: usize = 10_000;
 /// capture time (the deployed Python producers) are never judged.
 pub const DEFAULT_MAX_FRAME_AGE: Duration = Duration::from_millis(1_000);
 
-/// Allowed range of `max_pending_bytes`: at least one 100 ms frame (3,200 bytes), at
-/// most 60 s of audio per stream.
-pub const MAX_PENDING_BYTES_RANGE: Range = Range::bytes(3_200, 1_920_000);
-/// Allowed range of `max_pending_age_ms`.
-pub const MAX_PENDING_AGE_RANGE_MS: Range = Range::ms(20, 60_000);
-/// Allowed range of `idle_timeout_ms`.
-pub const IDLE_TIMEOUT_RANGE_MS: Range = Range::ms(50, 3_600_000);
-/// Allowed range of `subscription_capacity`.
-pub const SUBSCRIPTION_CAPACITY_RANGE: Range = Range::int(64, 1_048_576);
-/// Allowed range of `max_streams`.
-pub const MAX_STREAMS_RANGE: Range = Range::int(1, 1_000_000);
 /// Allowed range of `max_frame_age_ms` when not `0` (off): at least 50 ms (below that
 /// ordinary scheduling would make every frame stale), at most 10 minutes.
 pub const MAX_FRAME_AGE_RANGE_MS: Range =
     Range::ms(50, 600_000).note(", or 0 to turn the staleness guard off");
-/// Largest accepted `partitions` (the same bound as the producer's).
-pub use weir_protocol::partition::MAX_PARTITIONS;
 
 /// What a stream's queue does when its handler falls behind its bytes/age bound (the
 /// type both queues share).
@@ -164,10 +151,6 @@ pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(500);
 pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_millis(1_500);
 /// Default KV bucket name.
 pub const DEFAULT_LEASE_BUCKET: &str = "weir_leases";
-/// Allowed range of `ttl_ms`.
-pub const LEASE_TTL_RANGE_MS: Range = Range::ms(1_000, 600_000);
-/// Allowed range of `heartbeat_interval_ms`.
-pub const HEARTBEAT_INTERVAL_RANGE_MS: Range = Range::ms(50, 60_000);
 
 /// Raw lease settings (every key optional).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -245,7 +228,11 @@ impl LeaseConfig {
     /// Validates every key; the error names the first bad key.
     pub fn validate(&self) -> Result<LeaseSettings, ConsumerError> {
         check_name("ownership.lease.bucket", "", &self.bucket)?;
-        let ttl = check_range("ownership.lease.ttl_ms", self.ttl_ms, LEASE_TTL_RANGE_MS)?;
+        let ttl = check_range(
+            "ownership.lease.ttl_ms",
+            self.ttl_ms,
+            Range::ms(1_000, 600_000),
+        )?;
         let margin = check_range(
             "ownership.lease.margin_ms",
             self.margin_ms,
@@ -260,7 +247,7 @@ impl LeaseConfig {
         let hb = check_range(
             "ownership.lease.heartbeat_interval_ms",
             self.heartbeat_interval_ms,
-            HEARTBEAT_INTERVAL_RANGE_MS,
+            Range::ms(50, 60_000),
         )?;
         let hb_timeout = check_range(
             "ownership.lease.heartbeat_timeout_ms",
@@ -482,17 +469,18 @@ impl ConsumerConfig {
         let max_bytes = check_size(
             "max_pending_bytes",
             self.max_pending_bytes,
-            MAX_PENDING_BYTES_RANGE,
+            // At least one 100 ms frame, at most 60 s of audio per stream.
+            Range::bytes(3_200, 1_920_000),
         )?;
         let max_age_ms = check_range(
             "max_pending_age_ms",
             self.max_pending_age_ms,
-            MAX_PENDING_AGE_RANGE_MS,
+            Range::ms(20, 60_000),
         )?;
         let idle_ms = check_range(
             "idle_timeout_ms",
             self.idle_timeout_ms,
-            IDLE_TIMEOUT_RANGE_MS,
+            Range::ms(50, 3_600_000),
         )?;
         if idle_ms <= max_age_ms {
             return Err(ConsumerError::config(
@@ -503,12 +491,12 @@ impl ConsumerConfig {
         let capacity = check_size(
             "subscription_capacity",
             self.subscription_capacity,
-            SUBSCRIPTION_CAPACITY_RANGE,
+            Range::int(64, 1_048_576),
         )?;
         let retain_finished = NonZeroUsize::new(self.retain_finished_streams).ok_or_else(|| {
             ConsumerError::config("retain_finished_streams", "must be at least 1".into())
         })?;
-        let max_streams = check_size("max_streams", self.max_streams, MAX_STREAMS_RANGE)?;
+        let max_streams = check_size("max_streams", self.max_streams, Range::int(1, 1_000_000))?;
         let max_frame_age = match self.max_frame_age_ms {
             0 => None,
             v => Some(Duration::from_millis(check_range(

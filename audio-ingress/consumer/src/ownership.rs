@@ -22,7 +22,7 @@
 //! - Shutdown drains every feed within the grace period (the leases stay valid), then
 //!   fences and deletes every held key, so that successors take over at once.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -410,12 +410,9 @@ impl<F: HandlerFactory> Driver<F> {
                 "own heartbeats not heard back in time (stalled or cut off): fencing every lease"
             );
         }
-        for p in lost {
-            self.fence(p, "stalled");
-        }
-        // Whatever else is open (nothing, if the planner and the feeds agree).
-        let stray: Vec<u32> = self.feeds.keys().copied().collect();
-        for p in stray {
+        // And whatever feed is still open (none, if the planner and the feeds agree).
+        let open: BTreeSet<u32> = lost.into_iter().chain(self.feeds.keys().copied()).collect();
+        for p in open {
             self.fence(p, "stalled");
         }
         true
