@@ -695,13 +695,10 @@ impl<F: HandlerFactory> Demux<F> {
         if entry.closed {
             return;
         }
-        let seq = match &cause {
-            EndCause::Producer { .. } => entry.tracker.last_seq(),
-            _ => None,
-        };
+        let producer = matches!(cause, EndCause::Producer { .. });
         let queued = entry.queue.close(
             End {
-                seq,
+                seq: producer.then(|| entry.tracker.last_seq()).flatten(),
                 last_seq: entry.tracker.last_seq(),
                 cause,
             },
