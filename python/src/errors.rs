@@ -35,16 +35,9 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// The class name in `weir.errors`.
-    pub fn class(self) -> &'static str {
-        match self {
-            Self::Config => "ConfigError",
-            Self::Connect => "ConnectError",
-            Self::Closed => "ClosedError",
-            Self::Overload => "OverloadError",
-            Self::Refused => "RefusedError",
-            Self::Internal => "InternalError",
-        }
+    /// The class name in `weir.errors`: the variant's name + `Error`.
+    pub fn class(self) -> String {
+        format!("{self:?}Error")
     }
 }
 

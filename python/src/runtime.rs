@@ -288,13 +288,9 @@ impl<'py, T: IntoPyObject<'py>> IntoPyObject<'py> for Outcome<T> {
 
 /// The text of a panic payload.
 fn panic_message(payload: &(dyn Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "(no message)".to_owned()
-    }
+    let text = payload.downcast_ref::<&str>().copied();
+    let text = text.or_else(|| payload.downcast_ref::<String>().map(String::as_str));
+    text.unwrap_or("(no message)").to_owned()
 }
 
 /// `weir._weir.runtime_threads()`: the names of the extension's runtimes and their

@@ -13,8 +13,6 @@
 //! - [`KEY_NAMES`] is exactly the producer core's key table (`KEYS`) plus
 //!   `max_streams` (a pytest compares them).
 
-use std::num::NonZeroUsize;
-
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use weir_audio_producer::config::{KEYS, StreamConfig, StreamConfigBuilder};
@@ -97,8 +95,7 @@ fn validate(k: Keys) -> Result<ProducerConfig, WeirErr> {
         .stream
         .build()
         .map_err(|e| WeirErr::config("invalid_config", e.to_string()).with("key", e.key()))?;
-    let max_streams = NonZeroUsize::new(usize::try_from(k.max_streams).unwrap_or(usize::MAX))
-        .map_or(1, NonZeroUsize::get);
+    let max_streams = usize::try_from(k.max_streams).unwrap_or(usize::MAX);
     let keys = serde_json::to_value(&k).unwrap_or(Value::Null);
     Ok(ProducerConfig {
         stream,
