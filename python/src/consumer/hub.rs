@@ -260,11 +260,6 @@ pub struct PyHandler {
 }
 
 impl PyHandler {
-    /// Whether the consumer is closing (or gone).
-    fn closing(&self) -> bool {
-        self.hub.upgrade().is_none_or(|h| h.is_closing())
-    }
-
     /// Until Python acks the last event or the link is released; once the core ended
     /// the stream (and unless closing), at most the hub's patience.
     async fn wait_for_ack(&mut self) {
@@ -279,11 +274,10 @@ impl PyHandler {
             biased;
             () = self.link.acked() => {}
             () = ended.ended() => {
-                let patience = self.hub.upgrade().map(|h| h.patience);
-                match patience {
+                match self.hub.upgrade().map(|h| (h.patience, h.is_closing())) {
                     // close()'s grace applies: wait for the reader.
-                    Some(_) if self.closing() => self.link.acked().await,
-                    Some(p) => {
+                    Some((_, true)) => self.link.acked().await,
+                    Some((p, false)) => {
                         if tokio::time::timeout(p, self.link.acked()).await.is_err() {
                             self.draining = true;
                         }
