@@ -103,8 +103,3 @@ fn validate(k: Keys) -> Result<ProducerConfig, WeirErr> {
         keys,
     })
 }
-
-/// The defaults, as a JSON object (`weir.Producer.config_defaults()`).
-pub fn defaults_json() -> String {
-    serde_json::to_string(&Keys::default()).unwrap_or_else(|_| "{}".to_owned())
-}
