@@ -36,30 +36,17 @@
 //!   overlaps the old owner's deliveries, whether the old owner died, stalled or was
 //!   cut off (what remains, an asymmetric route failure between two nodes, is fenced
 //!   by the watcher and the next renewal; see docs/scale-out.md).
-//! - **Balance, weighted by slots.** Each worker aims at its share
-//!   ⌈P × slots / Σ slots of the live workers⌉ (live = this worker plus every worker
-//!   whose heartbeat was heard within the heartbeat timeout; a worker's slots are its
-//!   `max_streams`, carried by its heartbeats). The slots weigh only while *every*
-//!   live worker's heartbeats carry them; while one does not (a worker of an older
-//!   version, which computes ⌈P / live⌉ itself), every worker counts as 1 and the share
-//!   is ⌈P / live workers⌉ exactly as without weights — never two scales at once,
-//!   whose shares could add up to less than P. It claims free partitions up to its
-//!   share, in a worker-specific order so that survivors do not all race for the
-//!   same keys, and releases at most one partition per tick while it
-//!   is at or above its share and a settled live worker is below its own share and
-//!   would, after the move, still carry no more partitions per slot than this worker
-//!   (`(held − 1) × slots_w ≥ (count_w + 1) × slots_self`; with equal slots: two
-//!   fewer) — a joining worker takes load gradually, no thundering herd, no ping-pong —
-//!   but not within a heartbeat timeout of its own last acquisition: right after a
-//!   failover the others' takeovers are not in its view yet, and releasing to a worker
-//!   that only looks below its share leaves the partition unread for the release
-//!   cool-down.
-//! - **No partition stays free.** A partition free in this worker's view (no key, or
-//!   expired) for more than a heartbeat timeout — counted from when it first saw it
-//!   free out of its start grace — is claimed even at its share (one per plan, in
-//!   the worker-specific order, never one in flight or one it released lately): the
-//!   shares add up to P only while the workers' views agree. A worker below its share
-//!   claims a freed key at once, so the net acts only when the shares left one over.
+//! - **Balance, weighted by slots** (docs/scale-out.md § Capacity-weighted share). Each
+//!   worker aims at ⌈P × slots / Σ slots of the live workers⌉, or at ⌈P / live⌉ while
+//!   any live worker's heartbeats carry no slots: never two scales at once, whose
+//!   shares could add up to less than P. It claims up to its share in a worker-specific
+//!   order, and releases at most one partition per tick, only to a settled worker below
+//!   its share that stays at or below this worker's load per slot
+//!   ([`Planner::someone_below`]), and not within a heartbeat timeout of its own last
+//!   acquisition: no thundering herd, no ping-pong.
+//! - **No partition stays free.** One free (no key, or expired) for more than a
+//!   heartbeat timeout is claimed even at the share ([`Planner::claim_long_free`]): the
+//!   shares add up to P only while the workers' views agree.
 //! - **Takeover.** A partition whose owner is not live is taken by compare-and-swap on
 //!   the owner's last revision seen; a key not rewritten for a TTL is taken by
 //!   `create` (it has expired). Until its echo clock is a heartbeat timeout past its

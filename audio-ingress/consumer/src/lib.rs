@@ -430,7 +430,10 @@ impl Consumer {
     /// Lease ownership: every partition's lease as this worker sees it (owner,
     /// revision, whether held here, time left). Empty with static ownership.
     pub fn leases(&self) -> Vec<LeaseInfo> {
-        self.leases.as_ref().map(|b| b.get()).unwrap_or_default()
+        self.leases
+            .as_ref()
+            .map(|b| weir_service::sync::locked(b).clone())
+            .unwrap_or_default()
     }
 
     /// The partitions this worker delivers now: the static `owned` list, or the

@@ -68,18 +68,7 @@ const BEAT_HEADER: &str = "Weir-Lease-Beat";
 pub(crate) const SLOTS_HEADER: &str = "Weir-Lease-Slots";
 
 /// The lease table, as [`crate::Consumer::leases`] reads it.
-#[derive(Debug, Default)]
-pub(crate) struct LeaseBoard(Mutex<Vec<LeaseInfo>>);
-
-impl LeaseBoard {
-    pub(crate) fn get(&self) -> Vec<LeaseInfo> {
-        locked(&self.0).clone()
-    }
-
-    fn set(&self, table: Vec<LeaseInfo>) {
-        *locked(&self.0) = table;
-    }
-}
+pub(crate) type LeaseBoard = Mutex<Vec<LeaseInfo>>;
 
 /// Sets up the bucket and the heartbeat subscription, then spawns the driver.
 pub(crate) async fn start<F: HandlerFactory>(
@@ -323,7 +312,7 @@ impl<F: HandlerFactory> Driver<F> {
         for l in &mut table {
             l.delivering = l.held && self.feeds.contains_key(&l.partition);
         }
-        self.board.set(table);
+        *locked(&self.board) = table;
         ::metrics::gauge!(m::CONSUMER_LEASES_HELD).set(self.feeds.len() as f64);
         ::metrics::gauge!(m::CONSUMER_LEASE_LIVE_WORKERS).set(self.planner.live_count() as f64);
     }
@@ -816,7 +805,7 @@ impl<F: HandlerFactory> Driver<F> {
             while releases.join_next().await.is_some() {}
         })
         .await;
-        self.board.set(self.planner.snapshot(Instant::now()));
+        *locked(&self.board) = self.planner.snapshot(Instant::now());
         ::metrics::gauge!(m::CONSUMER_LEASES_HELD).set(0.0);
     }
 }

@@ -43,9 +43,8 @@ pub(crate) struct Announcer {
 pub(crate) fn delivering(shared: &Shared, leases: Option<&LeaseBoard>) -> Vec<u32> {
     match leases {
         None => shared.settings.owned.iter().copied().collect(),
-        Some(b) => b
-            .get()
-            .into_iter()
+        Some(b) => weir_service::sync::locked(b)
+            .iter()
             .filter(|l| l.delivering)
             .map(|l| l.partition)
             .collect(),
