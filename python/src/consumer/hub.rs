@@ -178,10 +178,8 @@ impl Hub {
     pub fn close(&self) {
         self.begin_close();
         let links: Vec<_> = locked(&self.links).drain().collect();
-        for (_, link) in links {
-            if let Some(link) = link.upgrade() {
-                link.release();
-            }
+        for link in links.into_iter().filter_map(|(_, l)| l.upgrade()) {
+            link.release();
         }
         self.closed.send_replace(true);
     }
