@@ -309,7 +309,7 @@ impl Planner {
     }
 
     /// The live workers, this one included, judged on the echo clock.
-    fn live(&self) -> BTreeSet<&str> {
+    pub(crate) fn live(&self) -> BTreeSet<&str> {
         let clock = self.echo_clock();
         let mut live: BTreeSet<&str> = self
             .heard
@@ -347,11 +347,6 @@ impl Planner {
                 )
             })
             .collect()
-    }
-
-    /// How many workers are live, this one included.
-    pub(crate) fn live_count(&self) -> usize {
-        self.live().len()
     }
 
     /// The partitions held here, ascending.

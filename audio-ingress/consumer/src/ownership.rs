@@ -314,7 +314,7 @@ impl<F: HandlerFactory> Driver<F> {
         }
         *locked(&self.board) = table;
         ::metrics::gauge!(m::CONSUMER_LEASES_HELD).set(self.feeds.len() as f64);
-        ::metrics::gauge!(m::CONSUMER_LEASE_LIVE_WORKERS).set(self.planner.live_count() as f64);
+        ::metrics::gauge!(m::CONSUMER_LEASE_LIVE_WORKERS).set(self.planner.live().len() as f64);
     }
 
     /// A heartbeat arrived: a peer's is heard, this driver's own moves the echo clock
