@@ -9,11 +9,10 @@
 //! The classes are defined in Python (python/weir/errors.py), because some have two
 //! bases (`ConfigError` is also a `ValueError`, `ConnectError` a `ConnectionError`).
 
-use std::fmt;
-
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 /// Which `weir.errors` class a failure raises.
@@ -36,16 +35,9 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// The class name in `weir.errors`.
-    pub fn class(self) -> &'static str {
-        match self {
-            Self::Config => "ConfigError",
-            Self::Connect => "ConnectError",
-            Self::Closed => "ClosedError",
-            Self::Overload => "OverloadError",
-            Self::Refused => "RefusedError",
-            Self::Internal => "InternalError",
-        }
+    /// The class name in `weir.errors`: the variant's name + `Error`.
+    pub fn class(self) -> String {
+        format!("{self:?}Error")
     }
 }
 
@@ -122,17 +114,29 @@ impl WeirErr {
     }
 }
 
+/// The keyword arguments `json` (a JSON object) as a `T` whose every key has a default.
+/// A refusal is a `ConfigError(invalid_config)`; when one key alone is refused (serde's
+/// message for a whole object does not say which), `details["key"]` names it.
+pub fn keys_from_json<T: DeserializeOwned>(json: &str, what: &str) -> Result<T, WeirErr> {
+    let whole = |e: serde_json::Error| WeirErr::config("invalid_config", format!("{what}: {e}"));
+    let given: Map<String, Value> = serde_json::from_str(json).map_err(whole)?;
+    for (key, value) in &given {
+        let one = Value::Object(Map::from_iter([(key.clone(), value.clone())]));
+        if let Err(e) = serde_json::from_value::<T>(one) {
+            return Err(
+                WeirErr::config("invalid_config", format!("config key `{key}`: {e}"))
+                    .with("key", key.as_str()),
+            );
+        }
+    }
+    serde_json::from_value(Value::Object(given)).map_err(whole)
+}
+
 /// The Python type name of `obj`, for a message that says what was passed instead.
 pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()
         .name()
         .map_or_else(|_| "?".to_owned(), |n| n.to_string())
-}
-
-impl fmt::Display for WeirErr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} [{}]", self.message, self.code)
-    }
 }
 
 impl From<WeirErr> for PyErr {

@@ -27,7 +27,7 @@ use std::any::Any;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::mpsc;
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Mutex, OnceLock};
 use std::thread::JoinHandle;
 
 use futures::FutureExt;
@@ -36,8 +36,9 @@ use pyo3::IntoPyObjectExt;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyDict;
-use tokio::runtime::{Builder, Handle, Runtime};
+use tokio::runtime::{Builder, Runtime};
 use tokio::sync::oneshot;
+use weir_service::sync::locked;
 
 use crate::errors::WeirErr;
 
@@ -63,11 +64,6 @@ pub fn core() -> Result<&'static Runtime, WeirErr> {
     })
     .as_ref()
     .map_err(|e| WeirErr::internal(format!("cannot start the weir-core runtime: {e}")))
-}
-
-/// A handle of the core runtime, to spawn on it or enter it.
-pub fn core_handle() -> Result<Handle, WeirErr> {
-    Ok(core()?.handle().clone())
 }
 
 /// Runs `op` on the core runtime and returns a Python awaitable of its result.
@@ -149,15 +145,10 @@ struct CancelOnDone {
 #[pymethods]
 impl CancelOnDone {
     fn __call__(&self, _future: &Bound<'_, PyAny>) {
-        if let Some(tx) = take(&self.tx) {
+        if let Some(tx) = locked(&self.tx).take() {
             let _ = tx.send(());
         }
     }
-}
-
-/// Takes the value out of `slot` (a poisoned lock still holds a valid `Option`).
-fn take<T>(slot: &Mutex<Option<T>>) -> Option<T> {
-    slot.lock().unwrap_or_else(PoisonError::into_inner).take()
 }
 
 /// Makes the Python value (or exception) of a result, with the GIL.
@@ -196,7 +187,7 @@ fn bridge_thread() -> &'static Bridge {
 /// Called from the core: a channel send, never the GIL.
 fn submit(completion: Completion) {
     let bridge = bridge_thread();
-    let tx = bridge.tx.lock().unwrap_or_else(PoisonError::into_inner);
+    let tx = locked(&bridge.tx);
     if let Some(tx) = tx.as_ref() {
         let _ = tx.send(completion);
     }
@@ -266,8 +257,8 @@ pub fn _shutdown(py: Python<'_>) {
     let Some(bridge) = BRIDGE.get() else {
         return;
     };
-    drop(take(&bridge.tx));
-    if let Some(thread) = take(&bridge.thread) {
+    drop(locked(&bridge.tx).take());
+    if let Some(thread) = locked(&bridge.thread).take() {
         py.detach(|| {
             let _ = thread.join();
         });
@@ -297,13 +288,9 @@ impl<'py, T: IntoPyObject<'py>> IntoPyObject<'py> for Outcome<T> {
 
 /// The text of a panic payload.
 fn panic_message(payload: &(dyn Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "(no message)".to_owned()
-    }
+    let text = payload.downcast_ref::<&str>().copied();
+    let text = text.or_else(|| payload.downcast_ref::<String>().map(String::as_str));
+    text.unwrap_or("(no message)").to_owned()
 }
 
 /// `weir._weir.runtime_threads()`: the names of the extension's runtimes and their

@@ -97,26 +97,6 @@ pub struct CapacitySettings {
 }
 
 impl CapacitySettings {
-    /// Whether announcements and refusal notices are sent.
-    pub fn announce(&self) -> bool {
-        self.announce
-    }
-
-    /// The subject prefix.
-    pub fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
-    /// The announcement interval.
-    pub fn interval(&self) -> Duration {
-        self.interval
-    }
-
-    /// The worker id announced (the lease's worker id with lease ownership).
-    pub fn worker_id(&self) -> &str {
-        &self.worker_id
-    }
-
     /// The subject of this worker's announcements.
     pub fn announce_subject(&self) -> String {
         proto::announce_subject(&self.prefix, &self.worker_id)
@@ -140,13 +120,8 @@ impl CapacityConfig {
         let interval = Range::ms(lo, hi)
             .check("capacity.interval_ms", self.interval_ms)
             .map_err(ConsumerError::Config)?;
-        if let Some(id) = &self.worker_id
-            && !proto::is_valid_id(id)
-        {
-            return Err(ConsumerError::config(
-                "capacity.worker_id",
-                format!("{id:?}: 1..=64 characters of A-Z a-z 0-9 _ -"),
-            ));
+        if let Some(id) = &self.worker_id {
+            crate::config::check_name("capacity.worker_id", "", id)?;
         }
         let worker_id = match (lease_worker, &self.worker_id) {
             (Some(lease), Some(id)) if id != lease => {
@@ -245,10 +220,7 @@ impl CapacityState {
 
     /// The announcer's end of the refusal notes (taken once).
     pub(crate) fn take_refused(&self) -> Option<mpsc::Receiver<RefusedNote>> {
-        self.refused_rx
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
+        weir_service::sync::locked(&self.refused_rx).take()
     }
 
     /// The seq the next announcement gets (without taking it).

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use weir_protocol::SubjectTemplate;
-use weir_protocol::partition::DEFAULT_STREAM_TEMPLATE;
+use weir_protocol::partition::{DEFAULT_STREAM_TEMPLATE, MAX_PARTITIONS};
 
 use weir_service::config::{Range, whole_ms as ms};
 
@@ -46,23 +46,10 @@ pub const DEFAULT_MAX_STREAMS: usize = 10_000;
 /// capture time (the deployed Python producers) are never judged.
 pub const DEFAULT_MAX_FRAME_AGE: Duration = Duration::from_millis(1_000);
 
-/// Allowed range of `max_pending_bytes`: at least one 100 ms frame (3,200 bytes), at
-/// most 60 s of audio per stream.
-pub const MAX_PENDING_BYTES_RANGE: Range = Range::bytes(3_200, 1_920_000);
-/// Allowed range of `max_pending_age_ms`.
-pub const MAX_PENDING_AGE_RANGE_MS: Range = Range::ms(20, 60_000);
-/// Allowed range of `idle_timeout_ms`.
-pub const IDLE_TIMEOUT_RANGE_MS: Range = Range::ms(50, 3_600_000);
-/// Allowed range of `subscription_capacity`.
-pub const SUBSCRIPTION_CAPACITY_RANGE: Range = Range::int(64, 1_048_576);
-/// Allowed range of `max_streams`.
-pub const MAX_STREAMS_RANGE: Range = Range::int(1, 1_000_000);
 /// Allowed range of `max_frame_age_ms` when not `0` (off): at least 50 ms (below that
 /// ordinary scheduling would make every frame stale), at most 10 minutes.
 pub const MAX_FRAME_AGE_RANGE_MS: Range =
     Range::ms(50, 600_000).note(", or 0 to turn the staleness guard off");
-/// Largest accepted `partitions` (the same bound as the producer's).
-pub use weir_protocol::partition::MAX_PARTITIONS;
 
 /// What a stream's queue does when its handler falls behind its bytes/age bound (the
 /// type both queues share).
@@ -164,10 +151,6 @@ pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(500);
 pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_millis(1_500);
 /// Default KV bucket name.
 pub const DEFAULT_LEASE_BUCKET: &str = "weir_leases";
-/// Allowed range of `ttl_ms`.
-pub const LEASE_TTL_RANGE_MS: Range = Range::ms(1_000, 600_000);
-/// Allowed range of `heartbeat_interval_ms`.
-pub const HEARTBEAT_INTERVAL_RANGE_MS: Range = Range::ms(50, 60_000);
 
 /// Raw lease settings (every key optional).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -215,54 +198,24 @@ impl Default for LeaseConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseSettings {
     pub(crate) bucket: String,
-    pub(crate) ttl: Duration,
-    pub(crate) renew_interval: Duration,
-    pub(crate) margin: Duration,
+    /// TTL, renewal interval, margin and heartbeat timeout, as the planner uses them.
+    pub(crate) timing: crate::lease::Timing,
     pub(crate) heartbeat_interval: Duration,
-    pub(crate) heartbeat_timeout: Duration,
     pub(crate) replicas: usize,
     pub(crate) worker_id: String,
 }
 
 impl LeaseSettings {
-    /// This worker's id.
-    pub fn worker_id(&self) -> &str {
-        &self.worker_id
-    }
-
-    /// The KV bucket.
-    pub fn bucket(&self) -> &str {
-        &self.bucket
-    }
-
-    /// The lease length.
-    pub fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
     /// The core-NATS subject the workers heartbeat on.
     pub fn heartbeat_subject(&self) -> String {
         format!("weir.lease.{}.heartbeat", self.bucket)
-    }
-
-    pub(crate) fn timing(&self) -> crate::lease::Timing {
-        crate::lease::Timing {
-            ttl: self.ttl,
-            renew_interval: self.renew_interval,
-            margin: self.margin,
-            heartbeat_timeout: self.heartbeat_timeout,
-        }
     }
 }
 
 /// A bucket, stream or worker name: 1..=64 characters of `A-Z a-z 0-9 _ -`; the error
 /// names `key` and starts its reason with `what`.
-fn check_name(key: &'static str, what: &str, name: &str) -> Result<(), ConsumerError> {
-    let valid = (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    match valid {
+pub(crate) fn check_name(key: &'static str, what: &str, name: &str) -> Result<(), ConsumerError> {
+    match weir_protocol::capacity::is_valid_id(name) {
         true => Ok(()),
         false => Err(ConsumerError::config(
             key,
@@ -275,18 +228,17 @@ impl LeaseConfig {
     /// Validates every key; the error names the first bad key.
     pub fn validate(&self) -> Result<LeaseSettings, ConsumerError> {
         check_name("ownership.lease.bucket", "", &self.bucket)?;
-        let ttl = check_range("ownership.lease.ttl_ms", self.ttl_ms, LEASE_TTL_RANGE_MS)?;
-        if self.margin_ms == 0 || self.margin_ms >= ttl / 2 {
-            return Err(ConsumerError::config(
-                "ownership.lease.margin_ms",
-                format!(
-                    "{} ms; allowed 1..{} ms (below TTL / 2)",
-                    self.margin_ms,
-                    ttl / 2
-                ),
-            ));
-        }
-        let max_renew = (ttl - self.margin_ms) / 2;
+        let ttl = check_range(
+            "ownership.lease.ttl_ms",
+            self.ttl_ms,
+            Range::ms(1_000, 600_000),
+        )?;
+        let margin = check_range(
+            "ownership.lease.margin_ms",
+            self.margin_ms,
+            Range::ms(1, ttl / 2 - 1).note(" (below TTL / 2)"),
+        )?;
+        let max_renew = (ttl - margin) / 2;
         let renew = check_range(
             "ownership.lease.renew_interval_ms",
             self.renew_interval_ms,
@@ -295,7 +247,7 @@ impl LeaseConfig {
         let hb = check_range(
             "ownership.lease.heartbeat_interval_ms",
             self.heartbeat_interval_ms,
-            HEARTBEAT_INTERVAL_RANGE_MS,
+            Range::ms(50, 60_000),
         )?;
         let hb_timeout = check_range(
             "ownership.lease.heartbeat_timeout_ms",
@@ -310,11 +262,13 @@ impl LeaseConfig {
         };
         Ok(LeaseSettings {
             bucket: self.bucket.clone(),
-            ttl: Duration::from_millis(ttl),
-            renew_interval: Duration::from_millis(renew),
-            margin: Duration::from_millis(self.margin_ms),
+            timing: crate::lease::Timing {
+                ttl: Duration::from_millis(ttl),
+                renew_interval: Duration::from_millis(renew),
+                margin: Duration::from_millis(margin),
+                heartbeat_timeout: Duration::from_millis(hb_timeout),
+            },
             heartbeat_interval: Duration::from_millis(hb),
-            heartbeat_timeout: Duration::from_millis(hb_timeout),
             replicas,
             worker_id,
         })
@@ -489,8 +443,7 @@ impl ConsumerConfig {
             u64::from(self.partitions),
             Range::int(1, u64::from(MAX_PARTITIONS)),
         )? as u32;
-        let partitions = NonZeroU32::new(partitions)
-            .ok_or_else(|| ConsumerError::config("partitions", "must be at least 1".into()))?;
+        let partitions = NonZeroU32::new(partitions).unwrap_or(NonZeroU32::MIN);
         let lease = match &self.ownership {
             Ownership::Static => None,
             Ownership::Lease(l) => {
@@ -516,17 +469,18 @@ impl ConsumerConfig {
         let max_bytes = check_size(
             "max_pending_bytes",
             self.max_pending_bytes,
-            MAX_PENDING_BYTES_RANGE,
+            // At least one 100 ms frame, at most 60 s of audio per stream.
+            Range::bytes(3_200, 1_920_000),
         )?;
         let max_age_ms = check_range(
             "max_pending_age_ms",
             self.max_pending_age_ms,
-            MAX_PENDING_AGE_RANGE_MS,
+            Range::ms(20, 60_000),
         )?;
         let idle_ms = check_range(
             "idle_timeout_ms",
             self.idle_timeout_ms,
-            IDLE_TIMEOUT_RANGE_MS,
+            Range::ms(50, 3_600_000),
         )?;
         if idle_ms <= max_age_ms {
             return Err(ConsumerError::config(
@@ -537,12 +491,12 @@ impl ConsumerConfig {
         let capacity = check_size(
             "subscription_capacity",
             self.subscription_capacity,
-            SUBSCRIPTION_CAPACITY_RANGE,
+            Range::int(64, 1_048_576),
         )?;
         let retain_finished = NonZeroUsize::new(self.retain_finished_streams).ok_or_else(|| {
             ConsumerError::config("retain_finished_streams", "must be at least 1".into())
         })?;
-        let max_streams = check_size("max_streams", self.max_streams, MAX_STREAMS_RANGE)?;
+        let max_streams = check_size("max_streams", self.max_streams, Range::int(1, 1_000_000))?;
         let max_frame_age = match self.max_frame_age_ms {
             0 => None,
             v => Some(Duration::from_millis(check_range(
@@ -629,49 +583,9 @@ impl ConsumerConfig {
 }
 
 impl ConsumerSettings {
-    /// The subject template.
-    pub fn subject(&self) -> &SubjectTemplate {
-        &self.subject
-    }
-
-    /// Total number of partitions.
-    pub fn partitions(&self) -> NonZeroU32 {
-        self.partitions
-    }
-
-    /// The owned partitions, ascending.
-    pub fn owned(&self) -> impl Iterator<Item = u32> + '_ {
-        self.owned.iter().copied()
-    }
-
-    /// The per-stream queue bound.
-    pub fn limits(&self) -> QueueLimits {
-        self.limits
-    }
-
-    /// The cap on live stream instances.
-    pub fn max_streams(&self) -> NonZeroUsize {
-        self.max_streams
-    }
-
     /// The staleness guard (`max_frame_age_ms`); `None` when off.
     pub fn max_frame_age(&self) -> Option<Duration> {
         self.max_frame_age
-    }
-
-    /// The lease settings, when ownership is by lease.
-    pub fn lease(&self) -> Option<&LeaseSettings> {
-        self.lease.as_ref()
-    }
-
-    /// The capacity announcement settings.
-    pub fn capacity(&self) -> &CapacitySettings {
-        &self.capacity
-    }
-
-    /// Where packets come from.
-    pub fn source(&self) -> &ConsumerSource {
-        &self.source
     }
 
     /// The subjects this worker subscribes to: one per owned partition, or the single
@@ -739,8 +653,8 @@ mod tests {
         let cfg = ConsumerConfig::default();
         assert_eq!(cfg.ownership, Ownership::Static);
         let settings = cfg.validate().expect("valid");
-        assert!(settings.lease().is_none());
-        assert_eq!(settings.owned().collect::<Vec<_>>(), vec![0]);
+        assert!(settings.lease.is_none());
+        assert_eq!(settings.owned.iter().copied().collect::<Vec<_>>(), vec![0]);
         let parsed: ConsumerConfig = toml::from_str("partitions = 1").expect("toml");
         assert_eq!(parsed.ownership, Ownership::Static);
     }
@@ -748,28 +662,24 @@ mod tests {
     #[test]
     fn lease_defaults_and_toml() {
         let settings = leased(|_| {}).validate().expect("valid");
-        let lease = settings.lease().expect("lease");
-        assert_eq!(lease.ttl, DEFAULT_LEASE_TTL);
-        assert_eq!(lease.renew_interval, DEFAULT_LEASE_RENEW_INTERVAL);
-        assert_eq!(lease.heartbeat_timeout, DEFAULT_HEARTBEAT_TIMEOUT);
-        assert_eq!(
-            settings.owned().count(),
-            0,
-            "owned is decided by the leases"
-        );
-        assert!(lease.worker_id().starts_with('w'));
+        let lease = settings.lease.as_ref().expect("lease");
+        assert_eq!(lease.timing.ttl, DEFAULT_LEASE_TTL);
+        assert_eq!(lease.timing.renew_interval, DEFAULT_LEASE_RENEW_INTERVAL);
+        assert_eq!(lease.timing.heartbeat_timeout, DEFAULT_HEARTBEAT_TIMEOUT);
+        assert_eq!(settings.owned.len(), 0, "owned is decided by the leases");
+        assert!(lease.worker_id.starts_with('w'));
         let parsed: ConsumerConfig = toml::from_str(
             "subject = \"a.{partition}.{stream}\"\npartitions = 8\n\
              ownership = { lease = { bucket = \"b1\", ttl_ms = 6000, renew_interval_ms = 2000, replicas = 3, worker_id = \"x\" } }",
         )
         .expect("toml");
         let s = parsed.validate().expect("valid");
-        let l = s.lease().expect("lease");
+        let l = s.lease.as_ref().expect("lease");
         assert_eq!(
-            (l.bucket(), l.ttl(), l.replicas),
+            (l.bucket.as_str(), l.timing.ttl, l.replicas),
             ("b1", Duration::from_secs(6), 3)
         );
-        assert_eq!(l.worker_id(), "x");
+        assert_eq!(l.worker_id, "x");
     }
 
     #[test]
@@ -840,9 +750,9 @@ mod tests {
             s.subscriptions(),
             vec![(None, "inference.whisper.stream.*".to_owned())]
         );
-        assert_eq!(s.limits().max_bytes, 16_000);
-        assert_eq!(s.limits().max_age, Duration::from_millis(500));
-        assert_eq!(s.max_streams().get(), 10_000);
+        assert_eq!(s.limits.max_bytes, 16_000);
+        assert_eq!(s.limits.max_age, Duration::from_millis(500));
+        assert_eq!(s.max_streams.get(), 10_000);
         assert_eq!(s.max_frame_age(), Some(Duration::from_millis(1_000)));
     }
 
@@ -1014,7 +924,7 @@ mod tests {
             toml::from_str("source = { jetstream = { stream = \"WEIR_AUDIO\" } }\n").expect("toml");
         assert_eq!(cfg.source, ConsumerSource::jetstream("WEIR_AUDIO"));
         let s = cfg.validate().expect("valid");
-        assert_eq!(s.source(), &ConsumerSource::jetstream("WEIR_AUDIO"));
+        assert_eq!(&s.source, &ConsumerSource::jetstream("WEIR_AUDIO"));
         let cfg: ConsumerConfig =
             toml::from_str("[source.jetstream]\nstream = \"A-1\"\nstart = \"all\"\n")
                 .expect("toml");

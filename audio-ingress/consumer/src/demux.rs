@@ -476,21 +476,15 @@ impl<F: HandlerFactory> Demux<F> {
         let Some(entry) = self.streams.get_mut(token) else {
             return;
         };
-        match &mut entry.stale_run {
-            Some(run) => {
-                run.last_seq = seq;
-                run.samples = run.samples.saturating_add(samples);
-                run.max_age_ms = run.max_age_ms.max(age_ms);
-            }
-            None => {
-                entry.stale_run = Some(StaleRun {
-                    first_seq: seq,
-                    last_seq: seq,
-                    samples,
-                    max_age_ms: age_ms,
-                });
-            }
-        }
+        let run = entry.stale_run.get_or_insert(StaleRun {
+            first_seq: seq,
+            last_seq: seq,
+            samples: 0,
+            max_age_ms: 0,
+        });
+        run.last_seq = seq;
+        run.samples = run.samples.saturating_add(samples);
+        run.max_age_ms = run.max_age_ms.max(age_ms);
     }
 
     /// Queues the open stale run of `token` (if any) as one [`GapCause::Stale`] notice.
@@ -701,13 +695,10 @@ impl<F: HandlerFactory> Demux<F> {
         if entry.closed {
             return;
         }
-        let seq = match &cause {
-            EndCause::Producer { .. } => entry.tracker.last_seq(),
-            _ => None,
-        };
+        let producer = matches!(cause, EndCause::Producer { .. });
         let queued = entry.queue.close(
             End {
-                seq,
+                seq: producer.then(|| entry.tracker.last_seq()).flatten(),
                 last_seq: entry.tracker.last_seq(),
                 cause,
             },
@@ -752,7 +743,7 @@ impl<F: HandlerFactory> Demux<F> {
                 partition = s.partition;
             });
             metrics::counter!(m::CONSUMER_STREAMS_REAPED_TOTAL).increment(1);
-            let silent_ms = u64::try_from(silent_for.as_millis()).unwrap_or(u64::MAX);
+            let silent_ms = weir_service::config::whole_ms(*silent_for);
             tracing::warn!(
                 stream = token.as_str(),
                 last_seq,

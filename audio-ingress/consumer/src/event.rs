@@ -117,9 +117,11 @@ impl GapNotice {
     }
 }
 
-/// Why frames are missing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// Why frames are missing; its `&'static str` is the stable snake_case name (`lost`,
+/// `declared`, `possibly_lost`, `stale`, `overload`, `handover`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, strum::IntoStaticStr)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum GapCause {
     /// Never arrived: a sequence jump not covered by a gap packet (core NATS loss, or a
     /// packet that could not be decoded).
@@ -198,9 +200,10 @@ impl EndCause {
     }
 }
 
-/// Which bound a stream's queue exceeded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// Which bound a stream's queue exceeded; its `&'static str` is `bytes` or `age`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, strum::IntoStaticStr)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum OverloadBound {
     /// `max_pending_bytes`.
     Bytes,

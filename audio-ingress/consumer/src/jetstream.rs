@@ -119,20 +119,15 @@ fn feed(ordered: push::Ordered, mut floor: Option<u64>) -> BoxStream<'static, In
     ordered
         .filter_map(move |item| {
             let out = match item {
-                Ok(m) => match floor {
-                    None => Some(Ok(m.message)),
-                    Some(f) => {
-                        let seq = m.info().map(|i| i.stream_sequence).ok();
-                        if seq.is_some_and(|s| s <= f) {
-                            metrics::counter!(crate::metrics::CONSUMER_JETSTREAM_SKIPPED_TOTAL)
-                                .increment(1);
-                            None
-                        } else {
-                            floor = None;
-                            Some(Ok(m.message))
-                        }
-                    }
-                },
+                Ok(m) if floor.is_some_and(|f| m.info().is_ok_and(|i| i.stream_sequence <= f)) => {
+                    metrics::counter!(crate::metrics::CONSUMER_JETSTREAM_SKIPPED_TOTAL)
+                        .increment(1);
+                    None
+                }
+                Ok(m) => {
+                    floor = None;
+                    Some(Ok(m.message))
+                }
                 Err(e) => Some(Err(e)),
             };
             futures::future::ready(out)

@@ -36,30 +36,17 @@
 //!   overlaps the old owner's deliveries, whether the old owner died, stalled or was
 //!   cut off (what remains, an asymmetric route failure between two nodes, is fenced
 //!   by the watcher and the next renewal; see docs/scale-out.md).
-//! - **Balance, weighted by slots.** Each worker aims at its share
-//!   ⌈P × slots / Σ slots of the live workers⌉ (live = this worker plus every worker
-//!   whose heartbeat was heard within the heartbeat timeout; a worker's slots are its
-//!   `max_streams`, carried by its heartbeats). The slots weigh only while *every*
-//!   live worker's heartbeats carry them; while one does not (a worker of an older
-//!   version, which computes ⌈P / live⌉ itself), every worker counts as 1 and the share
-//!   is ⌈P / live workers⌉ exactly as without weights — never two scales at once,
-//!   whose shares could add up to less than P. It claims free partitions up to its
-//!   share, in a worker-specific order so that survivors do not all race for the
-//!   same keys, and releases at most one partition per tick while it
-//!   is at or above its share and a settled live worker is below its own share and
-//!   would, after the move, still carry no more partitions per slot than this worker
-//!   (`(held − 1) × slots_w ≥ (count_w + 1) × slots_self`; with equal slots: two
-//!   fewer) — a joining worker takes load gradually, no thundering herd, no ping-pong —
-//!   but not within a heartbeat timeout of its own last acquisition: right after a
-//!   failover the others' takeovers are not in its view yet, and releasing to a worker
-//!   that only looks below its share leaves the partition unread for the release
-//!   cool-down.
-//! - **No partition stays free.** A partition free in this worker's view (no key, or
-//!   expired) for more than a heartbeat timeout — counted from when it first saw it
-//!   free out of its start grace — is claimed even at its share (one per plan, in
-//!   the worker-specific order, never one in flight or one it released lately): the
-//!   shares add up to P only while the workers' views agree. A worker below its share
-//!   claims a freed key at once, so the net acts only when the shares left one over.
+//! - **Balance, weighted by slots** (docs/scale-out.md § Capacity-weighted share). Each
+//!   worker aims at ⌈P × slots / Σ slots of the live workers⌉, or at ⌈P / live⌉ while
+//!   any live worker's heartbeats carry no slots: never two scales at once, whose
+//!   shares could add up to less than P. It claims up to its share in a worker-specific
+//!   order, and releases at most one partition per tick, only to a settled worker below
+//!   its share that stays at or below this worker's load per slot
+//!   ([`Planner::someone_below`]), and not within a heartbeat timeout of its own last
+//!   acquisition: no thundering herd, no ping-pong.
+//! - **No partition stays free.** One free (no key, or expired) for more than a
+//!   heartbeat timeout is claimed even at the share ([`Planner::claim_long_free`]): the
+//!   shares add up to P only while the workers' views agree.
 //! - **Takeover.** A partition whose owner is not live is taken by compare-and-swap on
 //!   the owner's last revision seen; a key not rewritten for a TTL is taken by
 //!   `create` (it has expired). Until its echo clock is a heartbeat timeout past its
@@ -322,7 +309,7 @@ impl Planner {
     }
 
     /// The live workers, this one included, judged on the echo clock.
-    fn live(&self) -> BTreeSet<&str> {
+    pub(crate) fn live(&self) -> BTreeSet<&str> {
         let clock = self.echo_clock();
         let mut live: BTreeSet<&str> = self
             .heard
@@ -360,11 +347,6 @@ impl Planner {
                 )
             })
             .collect()
-    }
-
-    /// How many workers are live, this one included.
-    pub(crate) fn live_count(&self) -> usize {
-        self.live().len()
     }
 
     /// The partitions held here, ascending.
@@ -526,12 +508,7 @@ impl Planner {
                     None => true,
                     Some(s) => now.saturating_duration_since(s.at) >= self.timing.ttl,
                 };
-            match free {
-                true => {
-                    since.get_or_insert(now);
-                }
-                false => *since = None,
-            }
+            *since = free.then(|| since.unwrap_or(now));
         }
     }
 
@@ -619,13 +596,7 @@ impl Planner {
                 first_unknown: None,
             },
         );
-        if let Some(slot) = self.view.get_mut(partition as usize) {
-            *slot = Some(Seen {
-                owner: self.me.clone(),
-                revision,
-                at: sent_at,
-            });
-        }
+        self.wrote(partition, revision, sent_at);
         Some(valid_until)
     }
 
@@ -653,6 +624,13 @@ impl Planner {
         h.revision = revision;
         h.first_unknown = None;
         h.valid_until = h.valid_until.max(sent_at + validity);
+        let valid_until = h.valid_until;
+        self.wrote(partition, revision, sent_at);
+        Some(valid_until)
+    }
+
+    /// This worker's own write of `partition`, sent at `sent_at`, landed as `revision`.
+    fn wrote(&mut self, partition: u32, revision: u64, sent_at: Instant) {
         if let Some(slot) = self.view.get_mut(partition as usize) {
             *slot = Some(Seen {
                 owner: self.me.clone(),
@@ -660,7 +638,6 @@ impl Planner {
                 at: sent_at,
             });
         }
-        Some(h.valid_until)
     }
 
     /// The key already carries this worker's newer write (a renewal that timed out
@@ -684,9 +661,7 @@ impl Planner {
     /// A renewal was refused (`WrongLastRevision` from another writer): fence now.
     pub(crate) fn renew_refused(&mut self, partition: u32) -> Option<Action> {
         self.in_flight.remove(&partition);
-        self.held
-            .remove(&partition)
-            .map(|_| Action::Fence(partition))
+        self.lose(partition)
     }
 
     /// The lease of `partition` turned out not to be this worker's (a read after an
@@ -720,35 +695,26 @@ impl Planner {
 
     /// The lease table for [`crate::Consumer::leases`].
     pub(crate) fn snapshot(&self, now: Instant) -> Vec<LeaseInfo> {
+        let ttl = self.timing.ttl;
         (0..self.partitions)
             .map(|p| {
-                if let Some(h) = self.held.get(&p) {
-                    return LeaseInfo {
-                        partition: p,
-                        owner: Some(self.me.clone()),
-                        revision: Some(h.revision),
-                        held: true,
-                        delivering: false,
-                        expires_in: Some(h.valid_until.saturating_duration_since(now)),
+                let (owner, revision, held, expires_at) =
+                    match (self.held.get(&p), &self.view[p as usize]) {
+                        (Some(h), _) => {
+                            (Some(&self.me), Some(h.revision), true, Some(h.valid_until))
+                        }
+                        (None, Some(s)) if now.saturating_duration_since(s.at) < ttl => {
+                            (Some(&s.owner), Some(s.revision), false, Some(s.at + ttl))
+                        }
+                        _ => (None, None, false, None),
                     };
-                }
-                match &self.view[p as usize] {
-                    Some(s) if now.saturating_duration_since(s.at) < self.timing.ttl => LeaseInfo {
-                        partition: p,
-                        owner: Some(s.owner.clone()),
-                        revision: Some(s.revision),
-                        held: false,
-                        delivering: false,
-                        expires_in: Some((s.at + self.timing.ttl).saturating_duration_since(now)),
-                    },
-                    _ => LeaseInfo {
-                        partition: p,
-                        owner: None,
-                        revision: None,
-                        held: false,
-                        delivering: false,
-                        expires_in: None,
-                    },
+                LeaseInfo {
+                    partition: p,
+                    owner: owner.cloned(),
+                    revision,
+                    held,
+                    delivering: false,
+                    expires_in: expires_at.map(|t| t.saturating_duration_since(now)),
                 }
             })
             .collect()

@@ -26,103 +26,44 @@
 //! # let _ = final_stats; Ok(()) }
 //! ```
 //!
-//! - [`ConsumerConfig`] → [`ConsumerConfig::validate`] → [`ConsumerSettings`]: subject
-//!   template, `partitions` N, `owned` partitions, per-stream bound
-//!   (`max_pending_bytes`, `max_pending_age_ms`, [`ConsumerPolicy`]), `idle_timeout_ms`,
-//!   `subscription_capacity`, `max_streams`, `max_frame_age_ms` (staleness guard,
-//!   default 1,000 ms, `0` = off), `source` ([`ConsumerSource`]: core subscriptions,
-//!   or ordered JetStream consumers for the ingress's lossless mode), `ownership`
-//!   ([`Ownership`]: the static `owned` list, the default, or leases — see below),
-//!   `capacity` ([`CapacityConfig`]: `announce`, default on; `prefix`, default
-//!   `weir.capacity`; `interval_ms`, default 1,000; `worker_id`).
-//! - [`Consumer::connect`] / [`Consumer::connect_with`] (own async-nats options: auth,
-//!   TLS, timeouts) subscribe to the owned partitions and return once the server has
-//!   registered the subscriptions.
+//! - [`ConsumerConfig`] → [`ConsumerConfig::validate`] → [`ConsumerSettings`]; every
+//!   key, its default and range: docs/audio-ingress.md § Configuration.
+//! - [`Consumer::connect`] / [`Consumer::connect_with`] (own async-nats options) return
+//!   once the server has registered the subscriptions.
 //! - The application implements [`StreamHandler`] (one per stream instance, created by a
 //!   [`HandlerFactory`] — any `Fn(&StreamInfo) -> H`), or uses [`channel_factory`].
-//! - [`Consumer::stats`] → [`ConsumerStats`]: `totals` ([`Totals`], with the summed
-//!   [`Counters`]) and `streams` ([`StreamStats`] per instance: seq range, frames,
-//!   samples, lost/declared/leading missing, drops by reason, end seen, reaped, pending).
-//!   [`Consumer::totals`] gives the aggregates alone, cheaply (for sampling).
-//!   For a load test: frames sent by producers = `frames + stale_frames + lost_frames
-//!   + possibly_lost_frames + declared_gap_frames + leading_missing` summed over
-//!   streams, `+ frames_refused` from the totals; handled = `frames_delivered`.
-//! - [`Consumer::events`]: a broadcast of [`ConsumerEvent`]s (reaped, overloaded, lost,
-//!   possibly lost, loss declared, stale, restarted, refused, slow consumer).
-//! - [`Consumer::leases`] ([`LeaseInfo`]: owner, revision, held here, time left) and
-//!   [`Consumer::owned_now`] with lease ownership; [`Consumer::abort`] is a crash (no
-//!   drain, no release) for failover drills.
-//! - [`Consumer::capacity`] → [`weir_protocol::capacity::Announcement`]: what the next
-//!   capacity announcement would say (slots = `max_streams`, live streams and their
-//!   lag, real-time factor p95, partitions delivered now).
-//! - [`Consumer::shutdown`]: last capacity announcement (empty), unsubscribe, end every stream with
-//!   [`EndCause::Shutdown`], wait for handlers up to a grace period, return final stats.
+//! - Reading it: [`Consumer::stats`] / [`Consumer::totals`] (every frame accounted
+//!   for: docs/audio-ingress.md § Stats), [`Consumer::events`], [`Consumer::leases`],
+//!   [`Consumer::owned_now`], [`Consumer::capacity`].
+//! - Stopping it: [`Consumer::shutdown`] (drain within a grace period, final stats) or
+//!   [`Consumer::abort`] (a crash, for failover drills).
 //!
-//! # How it works and what it guarantees
+//! # What it guarantees
 //!
-//! - **Affinity.** The worker subscribes only to its owned partitions: one subscription
-//!   per partition on a template with `{partition}` (the producer computes
-//!   `FNV-1a-32(stream) mod N`, or nats-server maps the plain deployed subject with
-//!   `{{partition(N,1)}}` — see [`ConsumerSettings::server_mapping_for`] and
-//!   docs/audio-ingress.md). A template without `{partition}` must own every partition.
-//!   A message whose stream hashes elsewhere is still delivered and counted `misrouted`.
-//! - **Order.** Each subscription has one demultiplexer task; each stream instance has
-//!   one handler task fed in subscription order. Tasks = subscriptions + live streams +
-//!   a constant, never a function of the number of frames.
-//! - **Bounds.** Each stream's queue is bounded by bytes and by the age of its oldest
-//!   event; over the bound the policy fires at once (never waiting: one slow handler
-//!   must not stall the other streams of its subscription): `close` ends the stream for
-//!   its handler with [`EndCause::Overload`], `gap` drops the oldest frames behind a
-//!   [`GapCause::Overload`] notice. The NATS client buffers at most
-//!   `subscription_capacity` messages per subscription; beyond that it drops them and
-//!   reports a slow consumer, which is counted (and then shows up as lost frames).
-//!   At most `max_streams` stream instances live at once (over all subscriptions); a
-//!   new stream beyond that is refused explicitly: no handler, counted by reason,
-//!   [`ConsumerEvent::StreamRefused`], its frames counted as `frames_refused`.
-//! - **Sequence.** Seq jumps are counted as lost ([`GapCause::Lost`]), distinct from
-//!   producer-declared gaps ([`GapCause::Declared`]) and from seqs before the first
-//!   packet seen (`leading_missing`). Duplicates/out-of-order packets are refused and
-//!   counted (`stale_packets`); seq 1 after progress is a producer restart (new
-//!   instance).
-//! - **Declared possible loss.** A packet with `Weir-Possibly-Lost` names seqs the
-//!   producer handed to NATS but that the server never confirmed before a disconnect.
-//!   Holes inside that range (remembered: the last 16 per stream) move from
-//!   `lost_frames` to `possibly_lost_frames` ([`StreamEvent::LossDeclared`] tells the
-//!   handler); later holes inside it are [`GapCause::PossiblyLost`] at once.
-//! - **Staleness guard.** A frame whose capture time (meta `captured_at_ms`, else the
-//!   `Weir-Captured-At-Ms` header) is older than `max_frame_age_ms` on this host's
-//!   wall clock is dropped before the handler and declared as a [`GapCause::Stale`]
-//!   gap (consecutive ones coalesced), counted in `stale_frames`. It still advances the
-//!   sequence: a stale frame is not a loss.
-//! - **Ends.** A stream instance ends exactly once for its handler: producer `end`
-//!   (with `Weir-End-Reason` / `Weir-Overload` when present), idle timeout (reaped:
-//!   [`ConsumerEvent::StreamReaped`] + metric), local overload, restart or shutdown.
-//! - **JetStream source** ([`ConsumerSource::JetStream`], lossless mode): each
-//!   subscription is replaced by an ordered push consumer on the same subject pattern
-//!   and stream, feeding the same demultiplexer, so all of the above applies unchanged.
-//!   It delivers in stream order, without acks, and recreates itself after the last
-//!   stream sequence it delivered on a reconnect or server restart: no loss, no
-//!   duplicate. [`JetStreamStart::New`] (default) starts at messages stored from now
-//!   on; [`JetStreamStart::All`] replays the retained stream. See [`jetstream`].
-//! - **Lease ownership** ([`Ownership::Lease`], docs/scale-out.md): the workers share
-//!   the partitions through a JetStream KV bucket, one key per partition whose revision
-//!   is the fencing token, and balance them in proportion to their slots
-//!   (`max_streams`, carried by core-NATS heartbeats). A partition is fenced — no event
-//!   handed to its handlers any more — the moment a renewal is refused, another
-//!   worker's newer write is seen, or the local validity (last successful renewal's
-//!   send time + TTL − margin) runs out; its streams end with [`EndCause::Handover`]. A
-//!   stream picked up after a handover starts with a [`GapCause::Handover`] gap for
-//!   the seqs this worker never saw.
-//! - **Capacity** (docs/protocol.md §5.1): one announcer task per consumer publishes
-//!   its [`Announcement`](weir_protocol::capacity::Announcement) on
-//!   `<prefix>.announce.<worker>` once the subscriptions (or the lease driver) are set
-//!   up and then every `interval_ms` (what [`Consumer::capacity`] returns; a failed
-//!   publish is counted, never fatal). A stream refused for `max_streams` gets a
-//!   [`Refusal`](weir_protocol::capacity::Refusal) on `<prefix>.refused.<stream>` at
-//!   once, and again at most once per interval while its packets keep arriving.
-//!   `shutdown` sends a last announcement with no partition and no live stream;
-//!   `abort` sends nothing; `announce = false` sends nothing at all.
-//! - Nothing in this module panics on network input; undecodable packets are counted by
+//! docs/audio-ingress.md § Consumer side says how each of these works, and
+//! docs/scale-out.md how leases do.
+//!
+//! - **Affinity.** The worker subscribes only to its owned partitions (see
+//!   [`ConsumerSettings::server_mapping_for`] for the deployed plain subject); a
+//!   template without `{partition}` must own every partition. A message whose stream
+//!   hashes elsewhere is still delivered and counted `misrouted`.
+//! - **Order.** One demultiplexer task per subscription, one handler task per stream
+//!   instance fed in subscription order: tasks never grow with the number of frames.
+//! - **Bounds.** A stream's queue is bounded by bytes and by the age of its oldest event;
+//!   over the bound the policy fires at once, never waiting ([`EndCause::Overload`] or a
+//!   [`GapCause::Overload`] notice). At most `max_streams` instances live at once; a new
+//!   stream beyond is refused explicitly ([`ConsumerEvent::StreamRefused`], counted).
+//! - **Sequence.** Every seq from the first packet seen to the end is delivered or
+//!   covered by a gap notice naming its cause ([`GapCause`]); earlier seqs are
+//!   `leading_missing`; duplicates are refused and counted; seq 1 after progress is a
+//!   restart (new instance).
+//! - **Ends.** A stream instance ends exactly once for its handler ([`EndCause`]).
+//! - **Sources and ownership.** The JetStream source ([`jetstream`]) and lease
+//!   ownership ([`Ownership::Lease`]: a fenced partition hands its streams nothing more,
+//!   they end [`EndCause::Handover`]) feed the same demultiplexer, so all of the above
+//!   holds for them; capacity announcements and refusal notices are the `capacity`
+//!   module's (docs/protocol.md §5.1).
+//! - Nothing in this crate panics on network input; undecodable packets are counted by
 //!   error kind.
 
 mod capacity;
@@ -347,10 +288,9 @@ impl Shared {
         }
     }
 
-    /// The stats registry. A poisoned lock (a panic elsewhere while holding it) leaves
-    /// plain counters behind, so it is used as is.
+    /// The stats registry (plain counters: a poisoned lock is used as is).
     pub(crate) fn registry(&self) -> MutexGuard<'_, Registry> {
-        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+        weir_service::sync::locked(&self.registry)
     }
 
     /// A slow-consumer event (one message the client dropped), after the shared event
@@ -490,7 +430,10 @@ impl Consumer {
     /// Lease ownership: every partition's lease as this worker sees it (owner,
     /// revision, whether held here, time left). Empty with static ownership.
     pub fn leases(&self) -> Vec<LeaseInfo> {
-        self.leases.as_ref().map(|b| b.get()).unwrap_or_default()
+        self.leases
+            .as_ref()
+            .map(|b| weir_service::sync::locked(b).clone())
+            .unwrap_or_default()
     }
 
     /// The partitions this worker delivers now: the static `owned` list, or the
@@ -540,11 +483,6 @@ impl Consumer {
     /// The NATS client.
     pub fn client(&self) -> &async_nats::Client {
         &self.client
-    }
-
-    /// The validated settings.
-    pub fn settings(&self) -> &ConsumerSettings {
-        &self.shared.settings
     }
 
     /// Stops: sends the last capacity announcement (no partition, no live stream),

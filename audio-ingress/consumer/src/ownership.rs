@@ -1,46 +1,28 @@
 //! Lease ownership over NATS (`ownership = { lease = ... }`): the driver that runs the
 //! [`Planner`](crate::lease::Planner) against a JetStream KV bucket and core-NATS
-//! heartbeats, and starts and fences one feed per held partition.
+//! heartbeats, and starts and fences one feed per held partition. The protocol (the
+//! bucket, its operations, the heartbeats, validity and fencing) is docs/scale-out.md
+//! § The lease protocol.
 //!
-//! - **Bucket.** The `KV_<bucket>` stream is created here (async-nats 0.51's
-//!   `create_key_value` cannot parse nats-server 2.9's account info): subjects
-//!   `$KV.<bucket>.>`, one message per subject, `max_age` = TTL, rollup allowed, delete
-//!   denied, direct get, discard new, R replicas. One key per partition, `p.<n>`, whose
-//!   value is the owner's worker id and whose revision is the fencing token.
-//! - **Operations.** Claim = `create` (only if absent), takeover = `update` from the
-//!   dead owner's revision, renew = `update` from our revision, release =
-//!   `delete_expect_revision`. Each runs in its own task, bounded by a third of the
-//!   renewal interval (1 s by default), so one stalled write never delays the renewal
-//!   of another partition; a renewal that timed out is retried at the next tick.
-//!   A renewal refused with `WrongLastRevision` reads the key once: if it names this
-//!   worker at a newer revision, a renewal that had timed out did land, and its
-//!   revision is adopted; if it names another worker (or is gone), the partition is
-//!   fenced; a read that fails, or shows this worker at an older revision (a direct
-//!   get answered by a lagging replica), is unknown like a timeout.
-//! - **Heartbeats** go on core NATS (`weir.lease.<bucket>.heartbeat`, payload = worker
-//!   id, header `Weir-Lease-Beat` = this process's nonce and the send time, header
-//!   `Weir-Lease-Slots` = its `max_streams`, its weight in the balance), which keeps
-//!   flowing while a KV stream elects a new leader; they decide who is live. Every
-//!   worker also hears its own: their send times drive the planner's echo clock and
-//!   the worker's [`Liveness`], which every fence of the worker depends on. When the
-//!   liveness has run out (checked at every tick and before it is renewed), every held
-//!   partition is fenced with reason `stalled` before anything else happens. The
-//!   connection must therefore not be `no_echo`: without its own heartbeats back a
-//!   worker claims nothing (and says so in the log). A KV watcher (with history) keeps the view of every key current; expiry by
-//!   `max_age` is silent on 2.9/2.10, so the planner also treats a key not rewritten
-//!   for a TTL as expired.
-//! - **Feeds.** A held partition has one core subscription and one demultiplexer task
-//!   behind a [`Fence`]. The feed starts only [`CONFIRM_SETTLE`] after the watcher
-//!   showed this worker's own acquisition write, so that a rival that won the same
-//!   compare-and-swap (nats-server#4320, before 2.9.21) is seen, and this worker fences,
-//!   before either delivers. The fence closes when the planner fences (lost, run out,
-//!   released) and, independently, at the lease's local validity: a handler is never
-//!   handed a frame after it, even if this task is late.
-//! - **Shutdown** drains every feed within the grace period (the leases stay valid
-//!   meanwhile), then fences and deletes every held key, so that the successors take
-//!   over at once instead of after the heartbeat timeout.
+//! Invariants:
+//! - Each KV operation runs in its own task, bounded by a third of the renewal interval
+//!   (1 s by default), so one stalled write never delays another partition's renewal; a
+//!   timeout is unknown, never a loss, and a renewal is retried at the next tick.
+//! - A renewal refused with `WrongLastRevision` reads the key once through the stream's
+//!   leader: this worker at a newer revision (a timed-out renewal that landed) is
+//!   adopted; another owner, or none, fences; anything else is unknown like a timeout.
+//! - The connection must not be `no_echo`: the worker's own heartbeats drive the
+//!   planner's echo clock and the [`Liveness`] every fence depends on. When the liveness
+//!   has run out, every held partition is fenced (`stalled`) before anything else.
+//! - A feed (one core subscription and one demultiplexer behind a [`Fence`]) starts only
+//!   [`CONFIRM_SETTLE`] after the watcher showed this worker's own acquisition write, so
+//!   that a rival that won the same compare-and-swap (nats-server#4320) is seen first.
+//!   The fence also closes by itself at the lease's local validity, even if this task is
+//!   late.
+//! - Shutdown drains every feed within the grace period (the leases stay valid), then
+//!   fences and deletes every held key, so that successors take over at once.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -59,6 +41,7 @@ use crate::stop::{self, StopSender, StopSignal};
 use crate::{ConsumerError, ConsumerErrorKind, OperationError, Shared, run_subscription};
 use weir_protocol::WireName;
 use weir_service::nats::kv_stream_config;
+use weir_service::sync::locked;
 
 mod bucket;
 
@@ -85,18 +68,7 @@ const BEAT_HEADER: &str = "Weir-Lease-Beat";
 pub(crate) const SLOTS_HEADER: &str = "Weir-Lease-Slots";
 
 /// The lease table, as [`crate::Consumer::leases`] reads it.
-#[derive(Debug, Default)]
-pub(crate) struct LeaseBoard(Mutex<Vec<LeaseInfo>>);
-
-impl LeaseBoard {
-    pub(crate) fn get(&self) -> Vec<LeaseInfo> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    fn set(&self, table: Vec<LeaseInfo>) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = table;
-    }
-}
+pub(crate) type LeaseBoard = Mutex<Vec<LeaseInfo>>;
 
 /// Sets up the bucket and the heartbeat subscription, then spawns the driver.
 pub(crate) async fn start<F: HandlerFactory>(
@@ -148,7 +120,7 @@ pub(crate) async fn start<F: HandlerFactory>(
     let partitions = shared.settings.partitions.get();
     let started = Instant::now();
     let driver = Driver {
-        planner: Planner::new(lease.worker_id.clone(), partitions, lease.timing(), started)
+        planner: Planner::new(lease.worker_id.clone(), partitions, lease.timing, started)
             .with_slots(shared.settings.max_streams.get() as u64),
         started,
         nonce: crate::capacity::random_nonce(),
@@ -287,7 +259,7 @@ impl<F: HandlerFactory> Driver<F> {
         let watcher = tokio::spawn(run_watcher(
             self.kv.clone(),
             entries_tx,
-            self.lease.renew_interval,
+            self.lease.timing.renew_interval,
         ));
         let _abort_watcher = AbortOnDrop(watcher);
         let deadline = loop {
@@ -340,9 +312,9 @@ impl<F: HandlerFactory> Driver<F> {
         for l in &mut table {
             l.delivering = l.held && self.feeds.contains_key(&l.partition);
         }
-        self.board.set(table);
+        *locked(&self.board) = table;
         ::metrics::gauge!(m::CONSUMER_LEASES_HELD).set(self.feeds.len() as f64);
-        ::metrics::gauge!(m::CONSUMER_LEASE_LIVE_WORKERS).set(self.planner.live_count() as f64);
+        ::metrics::gauge!(m::CONSUMER_LEASE_LIVE_WORKERS).set(self.planner.live().len() as f64);
     }
 
     /// A heartbeat arrived: a peer's is heard, this driver's own moves the echo clock
@@ -392,7 +364,8 @@ impl<F: HandlerFactory> Driver<F> {
         // settle time and the write's round trip are the margin (clock-rate drift and
         // scheduling). Any shorter would only fence a worker for a reconnect that its
         // peers forgive.
-        self.liveness.renew(sent_at + self.lease.heartbeat_timeout);
+        self.liveness
+            .renew(sent_at + self.lease.timing.heartbeat_timeout);
         if lapsed {
             self.liveness.clear_lapse();
         }
@@ -408,7 +381,8 @@ impl<F: HandlerFactory> Driver<F> {
         if !self.liveness.has_lapsed(now) {
             if !self.planner.has_echo()
                 && !self.warned_no_echo
-                && now.saturating_duration_since(self.started) >= 4 * self.lease.heartbeat_timeout
+                && now.saturating_duration_since(self.started)
+                    >= 4 * self.lease.timing.heartbeat_timeout
             {
                 self.warned_no_echo = true;
                 tracing::error!(
@@ -425,12 +399,9 @@ impl<F: HandlerFactory> Driver<F> {
                 "own heartbeats not heard back in time (stalled or cut off): fencing every lease"
             );
         }
-        for p in lost {
-            self.fence(p, "stalled");
-        }
-        // Whatever else is open (nothing, if the planner and the feeds agree).
-        let stray: Vec<u32> = self.feeds.keys().copied().collect();
-        for p in stray {
+        // And whatever feed is still open (none, if the planner and the feeds agree).
+        let open: BTreeSet<u32> = lost.into_iter().chain(self.feeds.keys().copied()).collect();
+        for p in open {
             self.fence(p, "stalled");
         }
         true
@@ -561,7 +532,7 @@ impl<F: HandlerFactory> Driver<F> {
         // Short, so that during a KV leader election a retry follows every second and
         // the first write after the election lands early (a timeout is unknown, never
         // a loss: validity runs from the last success either way).
-        let bound = (self.lease.renew_interval / 3)
+        let bound = (self.lease.timing.renew_interval / 3)
             .clamp(Duration::from_millis(250), Duration::from_secs(2));
         let sent_at = Instant::now();
         self.ops.spawn(async move {
@@ -834,7 +805,7 @@ impl<F: HandlerFactory> Driver<F> {
             while releases.join_next().await.is_some() {}
         })
         .await;
-        self.board.set(self.planner.snapshot(Instant::now()));
+        *locked(&self.board) = self.planner.snapshot(Instant::now());
         ::metrics::gauge!(m::CONSUMER_LEASES_HELD).set(0.0);
     }
 }

@@ -18,13 +18,14 @@
 //! its policy are [`QueueLimits`] and [`WhenFull`] (`weir-service`, shared with the
 //! ingress's frame queue); applying them and the overload notice are this file's.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use weir_service::bounded::{BoundedQueue, Charged, QueueLimits, WhenFull};
+use weir_service::sync::locked;
 
 use super::event::{End, GapCause, GapNotice, LocalOverload, OverloadBound, StreamEvent};
 
@@ -128,18 +129,12 @@ impl StreamQueue {
         self.delivered.load(Ordering::Relaxed)
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A poisoned lock only means another thread panicked while holding it; the
-        // state is plain counters and a deque, still consistent enough to carry on.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Queues `event` (a frame or a gap notice; use [`Self::close`] for the end),
     /// applying the bound and the policy. Never waits.
     pub(crate) fn push(&self, event: StreamEvent, now: Instant) -> Push {
         let item = Queued { event, at: now };
         let bytes = item.charge();
-        let mut st = self.lock();
+        let mut st = locked(&self.state);
         if st.receiver_gone {
             return Push::ReceiverGone;
         }
@@ -190,7 +185,7 @@ impl StreamQueue {
     /// Queues the final event and closes the queue. Always admitted (0 bytes) unless the
     /// queue is already closed or its handler is gone; returns whether it was queued.
     pub(crate) fn close(&self, end: End, now: Instant) -> bool {
-        let mut st = self.lock();
+        let mut st = locked(&self.state);
         if st.closed || st.receiver_gone {
             return false;
         }
@@ -208,7 +203,7 @@ impl StreamQueue {
     /// Whether the stream was ended for its handler (its `End` is queued) or the
     /// handler task is gone.
     pub(crate) fn is_ended(&self) -> bool {
-        let st = self.lock();
+        let st = locked(&self.state);
         st.closed || st.receiver_gone
     }
 
@@ -231,7 +226,7 @@ impl StreamQueue {
     pub(crate) async fn pop(&self) -> Option<StreamEvent> {
         loop {
             {
-                let mut st = self.lock();
+                let mut st = locked(&self.state);
                 if let Some(q) = st.items.pop_front() {
                     return Some(q.event);
                 }
@@ -247,7 +242,7 @@ impl StreamQueue {
 
     /// Current fill.
     pub(crate) fn fill(&self, now: Instant) -> Fill {
-        let st = self.lock();
+        let st = locked(&self.state);
         Fill {
             bytes: st.items.bytes(),
             frames: st.items.frames(),
@@ -257,7 +252,7 @@ impl StreamQueue {
 
     /// Marks the handler gone and empties the queue; returns the frames discarded.
     fn receiver_gone(&self) -> usize {
-        let mut st = self.lock();
+        let mut st = locked(&self.state);
         st.receiver_gone = true;
         let discarded = st.items.drain_all().map(|q| q.frames()).sum();
         drop(st);
@@ -392,7 +387,7 @@ mod tests {
 
     fn drain_now(q: &StreamQueue) -> Vec<StreamEvent> {
         let mut out = Vec::new();
-        let mut st = q.lock();
+        let mut st = locked(&q.state);
         while let Some(x) = st.items.pop_front() {
             out.push(x.event);
         }

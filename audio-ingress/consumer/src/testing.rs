@@ -123,8 +123,6 @@ pub struct Seen {
     pub info: Option<StreamInfo>,
     /// Frame seqs in delivery order.
     pub frames: Vec<u64>,
-    /// Frame PCM lengths.
-    pub pcm_bytes: u64,
     /// Gap notices: (first seq, last seq, cause).
     pub gaps: Vec<(u64, u64, String)>,
     /// Loss declarations: (first seq, last seq, frames re-labelled).
@@ -188,7 +186,6 @@ impl StreamHandler for Recorder {
                 seen.timeline.push(format!("f{}", f.seq));
                 seen.frames.push(f.seq);
                 seen.captured.push(f.captured_at_ms);
-                seen.pcm_bytes += f.pcm.len() as u64;
             }
             StreamEvent::Gap(g) => {
                 let cause = format!("{:?}", g.cause);

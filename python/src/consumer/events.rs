@@ -179,47 +179,32 @@ pub fn to_python(py: Python<'_>, event: StreamEvent) -> PyResult<Py<PyAny>> {
             },
         )?
         .into_any(),
-        StreamEvent::Gap(g) => {
-            let (cause, reason) = match g.cause {
-                GapCause::Lost => ("lost", None),
-                GapCause::Declared(r) => ("declared", Some(<&'static str>::from(r).to_owned())),
-                GapCause::PossiblyLost => ("possibly_lost", None),
-                GapCause::Stale => ("stale", None),
-                GapCause::Overload => ("overload", None),
-                GapCause::Handover => ("handover", None),
-            };
-            Py::new(
-                py,
-                Gap {
-                    first_seq: g.first_seq,
-                    last_seq: g.last_seq,
-                    frames: g.frames(),
-                    samples: g.samples,
-                    cause: cause.to_owned(),
-                    reason,
+        StreamEvent::Gap(g) => Py::new(
+            py,
+            Gap {
+                first_seq: g.first_seq,
+                last_seq: g.last_seq,
+                frames: g.frames(),
+                samples: g.samples,
+                cause: <&str>::from(g.cause).to_owned(),
+                reason: match g.cause {
+                    GapCause::Declared(r) => Some(<&str>::from(r).to_owned()),
+                    _ => None,
                 },
-            )?
-            .into_any()
-        }
+            },
+        )?
+        .into_any(),
         StreamEvent::End(e) => {
             let reason = match &e.cause {
-                EndCause::Producer { reason, .. } => {
-                    reason.map(|r| <&'static str>::from(r).to_owned())
-                }
-                EndCause::Overload(o) => Some(
-                    match o.bound {
-                        weir_audio_consumer::OverloadBound::Bytes => "bytes",
-                        weir_audio_consumer::OverloadBound::Age => "age",
-                    }
-                    .to_owned(),
-                ),
+                EndCause::Producer { reason, .. } => reason.map(<&str>::from),
+                EndCause::Overload(o) => Some(<&str>::from(o.bound)),
                 _ => None,
             };
             Py::new(
                 py,
                 End {
                     cause: e.cause.as_str().to_owned(),
-                    reason,
+                    reason: reason.map(str::to_owned),
                     seq: e.seq,
                     last_seq: e.last_seq,
                 },

@@ -44,7 +44,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -53,6 +53,7 @@ use tokio::sync::{mpsc, watch};
 use weir_audio_consumer::{
     End, EndCause, HandlerFactory, StreamEnded, StreamEvent, StreamHandler, StreamInfo,
 };
+use weir_service::sync::locked;
 
 /// Hub slack beyond two messages per stream (`End`s waiting to be taken).
 const SLACK: usize = 1_024;
@@ -155,10 +156,6 @@ impl Hub {
         (hub, rx)
     }
 
-    fn links(&self) -> MutexGuard<'_, HashMap<u64, Weak<Link>>> {
-        self.links.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// The core's handler factory: one [`PyHandler`] per stream instance.
     pub fn factory(self: &Arc<Self>) -> HubFactory {
         HubFactory {
@@ -180,11 +177,9 @@ impl Hub {
     /// aborted): no handler waits for Python any more.
     pub fn close(&self) {
         self.begin_close();
-        let links: Vec<_> = self.links().drain().collect();
-        for (_, link) in links {
-            if let Some(link) = link.upgrade() {
-                link.release();
-            }
+        let links: Vec<_> = locked(&self.links).drain().collect();
+        for link in links.into_iter().filter_map(|(_, l)| l.upgrade()) {
+            link.release();
         }
         self.closed.send_replace(true);
     }
@@ -211,7 +206,7 @@ impl HubFactory {
         let hub = self.hub.upgrade();
         match &hub {
             Some(h) => {
-                h.links().insert(info.instance, Arc::downgrade(&link));
+                locked(&h.links).insert(info.instance, Arc::downgrade(&link));
             }
             // The Python consumer is gone: nothing will ever ack.
             None => link.release(),
@@ -221,7 +216,6 @@ impl HubFactory {
             instance: info.instance,
             link,
             tx: hub.map(|h| h.tx.clone()),
-            opened: false,
             ended: false,
             last_seq: None,
             stream_ended: ended,
@@ -251,8 +245,6 @@ pub struct PyHandler {
     link: Arc<Link>,
     /// `None` when the Python consumer was already gone at open.
     tx: Option<mpsc::Sender<HubMsg>>,
-    /// The open notice was handed over.
-    opened: bool,
     /// The `End` was handed over.
     ended: bool,
     /// The last seq handed over (a frame's, a gap's last), for a synthesized `End`.
@@ -266,11 +258,6 @@ pub struct PyHandler {
 }
 
 impl PyHandler {
-    /// Whether the consumer is closing (or gone).
-    fn closing(&self) -> bool {
-        self.hub.upgrade().is_none_or(|h| h.is_closing())
-    }
-
     /// Until Python acks the last event or the link is released; once the core ended
     /// the stream (and unless closing), at most the hub's patience.
     async fn wait_for_ack(&mut self) {
@@ -285,11 +272,10 @@ impl PyHandler {
             biased;
             () = self.link.acked() => {}
             () = ended.ended() => {
-                let patience = self.hub.upgrade().map(|h| h.patience);
-                match patience {
+                match self.hub.upgrade().map(|h| (h.patience, h.is_closing())) {
                     // close()'s grace applies: wait for the reader.
-                    Some(_) if self.closing() => self.link.acked().await,
-                    Some(p) => {
+                    Some((_, true)) => self.link.acked().await,
+                    Some((p, false)) => {
                         if tokio::time::timeout(p, self.link.acked()).await.is_err() {
                             self.draining = true;
                         }
@@ -315,16 +301,14 @@ impl StreamHandler for PyHandler {
             // the core, as for a Rust handler that ignores events).
             return;
         }
-        if let Some(info) = self.open.take() {
-            if tx
+        if let Some(info) = self.open.take()
+            && tx
                 .send(HubMsg::Open(info, self.link.clone()))
                 .await
                 .is_err()
-            {
-                self.tx = None;
-                return;
-            }
-            self.opened = true;
+        {
+            self.tx = None;
+            return;
         }
         if tx.send(HubMsg::Event(self.instance, event)).await.is_err() {
             self.tx = None;
@@ -344,9 +328,10 @@ impl Drop for PyHandler {
     fn drop(&mut self) {
         let hub = self.hub.upgrade();
         if let Some(hub) = &hub {
-            hub.links().remove(&self.instance);
+            locked(&hub.links).remove(&self.instance);
         }
-        if !self.opened || self.ended {
+        // Never opened (or the open notice could not be sent: then `tx` is gone too).
+        if self.open.is_some() || self.ended {
             return;
         }
         let Some(tx) = self.tx.take() else { return };

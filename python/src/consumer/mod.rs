@@ -40,9 +40,9 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use tokio::sync::{mpsc, watch};
-use weir_audio_consumer::{Consumer, ConsumerConfig, ConsumerError, ConsumerErrorKind, StreamInfo};
+use weir_audio_consumer::{Consumer, ConsumerConfig, ConsumerError, ConsumerErrorKind};
 
-use crate::errors::{Kind, WeirErr};
+use crate::errors::{Kind, WeirErr, keys_from_json};
 use crate::runtime;
 use hub::{Hub, HubMsg, Link};
 
@@ -57,28 +57,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<StreamLink>()?;
     events::register(m)?;
     Ok(())
-}
-
-/// The consumer config from the JSON of the keyword arguments: the core's serde names;
-/// an unknown key or a wrong type is a `ConfigError` naming the key.
-fn config_from_json(json: &str) -> Result<ConsumerConfig, WeirErr> {
-    let value: serde_json::Value = serde_json::from_str(json)
-        .map_err(|e| WeirErr::config("invalid_config", format!("consumer options: {e}")))?;
-    serde_json::from_value::<ConsumerConfig>(value.clone()).map_err(|e| {
-        // serde_json does not say which key: try each alone (every key has a default) to
-        // name the first one at fault.
-        let key = value.as_object().and_then(|obj| {
-            obj.keys().find(|k| {
-                let one = serde_json::json!({ k.as_str(): obj[k.as_str()].clone() });
-                serde_json::from_value::<ConsumerConfig>(one).is_err()
-            })
-        });
-        match key {
-            Some(k) => WeirErr::config("invalid_config", format!("consumer option {k:?}: {e}"))
-                .with("key", k.as_str()),
-            None => WeirErr::config("invalid_config", format!("consumer options: {e}")),
-        }
-    })
 }
 
 /// A core error as a Python one.
@@ -128,14 +106,11 @@ fn take_ready(rx: &mut mpsc::Receiver<HubMsg>, msgs: &mut Vec<HubMsg>, limit: us
 struct State {
     /// `None` once closed, aborted or discarded.
     consumer: Option<Consumer>,
-    /// The final stats (JSON): of the shutdown once it finished, or the snapshot taken
-    /// at `abort()`.
-    final_stats: Option<String>,
+    /// The stats (JSON) once `consumer` is gone: the snapshot taken when the shutdown
+    /// started, then its final stats; or the snapshot taken at `abort()`.
+    stats: Option<String>,
     /// The shutdown started by the first `close()`: its final stats once it finished.
     shutdown: Option<watch::Receiver<Option<String>>>,
-    /// The stats snapshot taken when the shutdown started (what `stats_json` returns
-    /// while it runs).
-    closing_stats: Option<String>,
 }
 
 /// What the Python object and its awaitables share.
@@ -162,7 +137,7 @@ async fn acker(mut rx: mpsc::UnboundedReceiver<Vec<Arc<Link>>>) {
 
 impl Inner {
     fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        weir_service::sync::locked(&self.state)
     }
 
     /// Runs `f` on the running consumer, or says it is closed.
@@ -180,7 +155,7 @@ impl Inner {
         self.hub.begin_close();
         let consumer = self.state().consumer.take();
         if let Some(consumer) = consumer
-            && let Ok(core) = runtime::core_handle()
+            && let Ok(core) = runtime::core()
         {
             core.spawn(async move {
                 let _ = consumer.shutdown(Duration::ZERO).await;
@@ -219,8 +194,16 @@ impl<'py> IntoPyObject<'py> for Batch {
         for msg in self.0 {
             match msg {
                 HubMsg::Open(info, link) => {
+                    let link = StreamLink {
+                        stream: info.stream,
+                        partition: info.partition,
+                        instance: info.instance,
+                        subject: info.subject,
+                        session_id: info.session_id,
+                        link,
+                    };
                     items.push((-1i64).into_pyobject(py)?.into_any().unbind());
-                    items.push(Py::new(py, StreamLink { info, link })?.into_any());
+                    items.push(Py::new(py, link)?.into_any());
                 }
                 HubMsg::Event(instance, event) => {
                     items.push(instance.into_pyobject(py)?.into_any().unbind());
@@ -267,7 +250,7 @@ impl PyConsumer {
             .with("key", "nats.retry_initial_connect")
             .into());
         }
-        let config = config_from_json(config_json)?;
+        let config: ConsumerConfig = keys_from_json(config_json, "consumer options")?;
         let max_streams = config.max_streams;
         let patience = Duration::from_millis(config.max_pending_age_ms);
         let settings = config.validate().map_err(consumer_err)?;
@@ -289,9 +272,8 @@ impl PyConsumer {
                 inner: Arc::new(Inner {
                     state: Mutex::new(State {
                         consumer: Some(consumer),
-                        final_stats: None,
+                        stats: None,
                         shutdown: None,
-                        closing_stats: None,
                     }),
                     hub,
                     rx: Arc::new(tokio::sync::Mutex::new(rx)),
@@ -373,34 +355,30 @@ impl PyConsumer {
     /// the snapshot taken when it started; after it, the final stats; after
     /// `abort()`, the snapshot taken then.
     fn stats_json(&self, py: Python<'_>) -> PyResult<String> {
-        let inner = self.inner.clone();
-        Ok(py.detach(move || {
-            let state = inner.state();
-            match (&state.consumer, &state.final_stats, &state.closing_stats) {
-                (Some(c), _, _) => json(&c.stats()),
-                (None, Some(s), _) | (None, None, Some(s)) => Ok(s.clone()),
-                (None, None, None) => Err(WeirErr::closed("the consumer was discarded")),
+        Ok(py.detach(|| {
+            let state = self.inner.state();
+            match (&state.consumer, &state.stats) {
+                (Some(c), _) => json(&c.stats()),
+                (None, Some(s)) => Ok(s.clone()),
+                (None, None) => Err(WeirErr::closed("the consumer was discarded")),
             }
         })?)
     }
 
     /// What the next capacity announcement would say, as JSON.
     fn capacity_json(&self, py: Python<'_>) -> PyResult<String> {
-        let inner = self.inner.clone();
-        Ok(py.detach(move || inner.with(|c| json(&c.capacity())))??)
+        Ok(py.detach(|| self.inner.with(|c| json(&c.capacity())))??)
     }
 
     /// The partitions delivered now.
     fn owned(&self, py: Python<'_>) -> PyResult<Vec<u32>> {
-        let inner = self.inner.clone();
-        Ok(py.detach(move || inner.with(Consumer::owned_now))?)
+        Ok(py.detach(|| self.inner.with(Consumer::owned_now))?)
     }
 
     /// Every partition's lease as this worker sees it, as JSON (empty with static
     /// ownership).
     fn leases_json(&self, py: Python<'_>) -> PyResult<String> {
-        let inner = self.inner.clone();
-        Ok(py.detach(move || inner.with(|c| json(&c.leases())))??)
+        Ok(py.detach(|| self.inner.with(|c| json(&c.leases())))??)
     }
 
     /// Whether `close()` or `abort()` was called.
@@ -426,30 +404,30 @@ impl PyConsumer {
         }
         let mut done = {
             let mut state = self.inner.state();
-            if let Some(text) = &state.final_stats {
-                let text = text.clone();
-                return runtime::await_bridge(py, async move { Ok(text) });
-            }
             let running = state.shutdown.clone();
             match (running, state.consumer.take()) {
                 (Some(rx), _) => rx,
                 (None, Some(consumer)) => {
-                    state.closing_stats = Some(json(&consumer.stats())?);
+                    state.stats = Some(json(&consumer.stats())?);
                     let (tx, rx) = watch::channel(None);
                     state.shutdown = Some(rx.clone());
                     self.inner.hub.begin_close();
                     let inner = self.inner.clone();
                     let grace = Duration::from_secs_f64(grace_s);
-                    runtime::core_handle()?.spawn(async move {
+                    runtime::core()?.spawn(async move {
                         let stats = consumer.shutdown(grace).await;
                         inner.hub.close();
                         let text = json(&stats).unwrap_or_else(|_| "{}".to_owned());
-                        inner.state().final_stats = Some(text.clone());
+                        inner.state().stats = Some(text.clone());
                         tx.send_replace(Some(text));
                     });
                     rx
                 }
-                (None, None) => return Err(WeirErr::closed("the consumer was discarded").into()),
+                (None, None) => {
+                    let closed = || WeirErr::closed("the consumer was discarded");
+                    let text = state.stats.clone().ok_or_else(closed)?;
+                    return runtime::await_bridge(py, async move { Ok(text) });
+                }
             }
         };
         runtime::await_bridge(py, async move {
@@ -471,7 +449,7 @@ impl PyConsumer {
             let mut state = self.inner.state();
             let taken = state.consumer.take();
             if let Some(c) = &taken {
-                state.final_stats = json(&c.stats()).ok();
+                state.stats = json(&c.stats()).ok();
             }
             taken
         };
@@ -490,46 +468,26 @@ impl PyConsumer {
     }
 }
 
-/// `weir._weir._StreamLink`: a new stream instance (its identity) and the handle on
-/// its handler's wait. Dropping it (its `weir.Stream` was collected) releases the wait.
+/// `weir._weir._StreamLink`: a new stream instance (its identity: the core's
+/// `StreamInfo`) and the handle on its handler's wait. Dropping it (its `weir.Stream`
+/// was collected) releases the wait.
 #[pyclass(frozen, module = "weir._weir", name = "_StreamLink")]
 pub struct StreamLink {
-    info: StreamInfo,
+    #[pyo3(get)]
+    stream: String,
+    #[pyo3(get)]
+    partition: u32,
+    #[pyo3(get)]
+    instance: u64,
+    #[pyo3(get)]
+    subject: String,
+    #[pyo3(get)]
+    session_id: Option<String>,
     link: Arc<Link>,
 }
 
 #[pymethods]
 impl StreamLink {
-    /// The stream id.
-    #[getter]
-    fn stream(&self) -> &str {
-        &self.info.stream
-    }
-
-    /// Its partition.
-    #[getter]
-    fn partition(&self) -> u32 {
-        self.info.partition
-    }
-
-    /// The instance number (unique within the consumer).
-    #[getter]
-    fn instance(&self) -> u64 {
-        self.info.instance
-    }
-
-    /// The subject of its first packet.
-    #[getter]
-    fn subject(&self) -> &str {
-        &self.info.subject
-    }
-
-    /// `session_id` of its first packet.
-    #[getter]
-    fn session_id(&self) -> Option<&str> {
-        self.info.session_id.as_deref()
-    }
-
     /// Asks for the next event (acks the last one).
     fn ack(&self) {
         self.link.ack();

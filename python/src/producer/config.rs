@@ -13,13 +13,11 @@
 //! - [`KEY_NAMES`] is exactly the producer core's key table (`KEYS`) plus
 //!   `max_streams` (a pytest compares them).
 
-use std::num::NonZeroUsize;
-
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use weir_audio_producer::config::{KEYS, StreamConfig, StreamConfigBuilder};
 
-use crate::errors::WeirErr;
+use crate::errors::{WeirErr, keys_from_json};
 
 /// Default `max_streams`: the ingress's (`audio-ingress serve`, key `max_streams`).
 pub const DEFAULT_MAX_STREAMS: u64 = 1000;
@@ -71,30 +69,19 @@ fn invalid(key: &str, message: impl std::fmt::Display) -> WeirErr {
 /// Validates the keys given as a JSON object (the Python layer serialises its keyword
 /// arguments).
 pub fn from_json(json: &str) -> Result<ProducerConfig, WeirErr> {
-    let given: Map<String, Value> = serde_json::from_str(json)
-        .map_err(|e| WeirErr::config("invalid_config", format!("producer options: {e}")))?;
+    let given: Map<String, Value> = serde_json::from_str(json).unwrap_or_default();
     let known = key_names();
-    // One key at a time first, so that a refusal names its key (serde's message for a
-    // whole object does not).
-    for (key, value) in &given {
-        if !known.contains(&key.as_str()) {
-            return Err(WeirErr::config(
-                "invalid_config",
-                format!(
-                    "unknown config key `{key}` (the producer's keys: {})",
-                    known.join(", ")
-                ),
-            )
-            .with("key", key.as_str()));
-        }
-        let one = Value::Object(Map::from_iter([(key.clone(), value.clone())]));
-        if let Err(e) = serde_json::from_value::<Keys>(one) {
-            return Err(invalid(key, e));
-        }
+    if let Some(key) = given.keys().find(|k| !known.contains(&k.as_str())) {
+        return Err(WeirErr::config(
+            "invalid_config",
+            format!(
+                "unknown config key `{key}` (the producer's keys: {})",
+                known.join(", ")
+            ),
+        )
+        .with("key", key.as_str()));
     }
-    let keys: Keys = serde_json::from_value(Value::Object(given))
-        .map_err(|e| WeirErr::config("invalid_config", format!("producer options: {e}")))?;
-    validate(keys)
+    validate(keys_from_json(json, "producer options")?)
 }
 
 fn validate(k: Keys) -> Result<ProducerConfig, WeirErr> {
@@ -108,17 +95,11 @@ fn validate(k: Keys) -> Result<ProducerConfig, WeirErr> {
         .stream
         .build()
         .map_err(|e| WeirErr::config("invalid_config", e.to_string()).with("key", e.key()))?;
-    let max_streams = NonZeroUsize::new(usize::try_from(k.max_streams).unwrap_or(usize::MAX))
-        .map_or(1, NonZeroUsize::get);
+    let max_streams = usize::try_from(k.max_streams).unwrap_or(usize::MAX);
     let keys = serde_json::to_value(&k).unwrap_or(Value::Null);
     Ok(ProducerConfig {
         stream,
         max_streams,
         keys,
     })
-}
-
-/// The defaults, as a JSON object (`weir.Producer.config_defaults()`).
-pub fn defaults_json() -> String {
-    serde_json::to_string(&Keys::default()).unwrap_or_else(|_| "{}".to_owned())
 }

@@ -60,7 +60,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// as a JSON object.
 #[pyfunction]
 fn producer_config_defaults() -> String {
-    config::defaults_json()
+    serde_json::to_string(&config::Keys::default()).unwrap_or_else(|_| "{}".to_owned())
 }
 
 /// `weir._weir.producer_config_keys()`: the producer core's key table (`KEYS`) and
@@ -205,11 +205,10 @@ impl Producer {
         session_id: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<ProducerStream> {
         let id = str_arg(stream_id, "invalid_stream_id", "stream_id")?;
-        let session = match session_id {
-            None => None,
-            Some(s) if s.is_none() => None,
-            Some(s) => Some(str_arg(s, "invalid_session_id", "session_id")?),
-        };
+        let session = session_id
+            .filter(|s| !s.is_none())
+            .map(|s| str_arg(s, "invalid_session_id", "session_id"))
+            .transpose()?;
         if self.inner.closed.load(Ordering::Acquire) {
             return Err(WeirErr::closed("the producer is closed").into());
         }

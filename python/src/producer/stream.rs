@@ -15,7 +15,7 @@
 //! - Events and the status are read through a `StreamView`, which outlives the handle
 //!   and holds no slot.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use pyo3::prelude::*;
@@ -24,6 +24,7 @@ use serde_json::{Value, json};
 use weir_audio_producer::error::{FrameError, PushError};
 use weir_audio_producer::stream::{StreamHandle, StreamView};
 use weir_protocol::WireName;
+use weir_service::sync::locked;
 
 use super::events::EventCursor;
 use crate::errors::{Kind, WeirErr, type_name};
@@ -47,11 +48,6 @@ impl ProducerStream {
             view,
             events,
         }
-    }
-
-    fn handle(&self) -> MutexGuard<'_, Option<StreamHandle>> {
-        // Nothing panics while holding it; keep going with the inner value regardless.
-        self.handle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -133,14 +129,14 @@ impl ProducerStream {
     /// Whether `end()` was called.
     #[getter]
     fn ended(&self) -> bool {
-        self.handle().is_none()
+        locked(&self.handle).is_none()
     }
 
     /// Offers one frame; its seq, or an exception (see the module docs). Never blocks.
     fn push(&self, pcm: &Bound<'_, PyAny>) -> PyResult<u64> {
         let data = frame_bytes(pcm)?;
         let len = data.len();
-        let guard = self.handle();
+        let guard = locked(&self.handle);
         let Some(handle) = guard.as_ref() else {
             return Err(WeirErr::closed("the stream was ended (end() was called)")
                 .with("end_reason", "producer")
@@ -185,7 +181,7 @@ impl ProducerStream {
     /// Ends the stream (reason `producer`): drains, publishes `end`, waits for the
     /// publisher; an awaitable of the summary JSON. `ClosedError` if already called.
     fn end<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let Some(handle) = self.handle().take() else {
+        let Some(handle) = locked(&self.handle).take() else {
             return Err(WeirErr::closed("end() was already called on this stream").into());
         };
         await_core(py, async move {

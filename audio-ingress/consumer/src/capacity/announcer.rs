@@ -15,6 +15,7 @@ use weir_protocol::capacity::{
     self as proto, Announcement, MAX_LAG_MS, MAX_LISTED_STREAMS, MAX_PAYLOAD_BYTES, MAX_RTF,
     OwnershipKind, Refusal, RefusalReason, StreamLoad,
 };
+use weir_service::config::whole_ms as ms;
 use weir_service::ratelimit::LogLimit;
 
 use super::RefusedNote;
@@ -41,18 +42,13 @@ pub(crate) struct Announcer {
 /// runs.
 pub(crate) fn delivering(shared: &Shared, leases: Option<&LeaseBoard>) -> Vec<u32> {
     match leases {
-        None => shared.settings.owned().collect(),
-        Some(b) => b
-            .get()
-            .into_iter()
+        None => shared.settings.owned.iter().copied().collect(),
+        Some(b) => weir_service::sync::locked(b)
+            .iter()
             .filter(|l| l.delivering)
             .map(|l| l.partition)
             .collect(),
     }
-}
-
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// What an announcement with `seq` says now.

@@ -71,15 +71,11 @@ pub(crate) struct RtfHistogram {
 }
 
 fn bucket(rtf: f64) -> usize {
-    if !rtf.is_finite() || rtf <= 0.0 {
-        return if rtf.is_nan() || rtf <= 0.0 {
-            0
-        } else {
-            BUCKETS - 1
-        };
+    if rtf.is_nan() || rtf <= 0.0 {
+        return 0;
     }
     let k = ((rtf.log2() - LOW_LOG2) * PER_OCTAVE).floor() + 1.0;
-    // A float → integer cast saturates; the clamp keeps it in the array.
+    // A float → integer cast saturates (+∞ too); the clamp keeps it in the array.
     (k.max(0.0) as usize).min(BUCKETS - 1)
 }
 
@@ -104,7 +100,7 @@ impl RtfHistogram {
 
     /// Halves every count once per whole [`HALF_LIFE`] since the last decay.
     pub(crate) fn decay_to(&self, now: Instant) {
-        let mut last = self.last_decay.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = weir_service::sync::locked(&self.last_decay);
         let elapsed = now.saturating_duration_since(*last);
         let halvings = (elapsed.as_nanos() / HALF_LIFE.as_nanos()).min(63) as u32;
         if halvings == 0 {

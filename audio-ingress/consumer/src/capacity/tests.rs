@@ -10,15 +10,15 @@ fn key_of(cfg: &ConsumerConfig) -> Option<String> {
 #[test]
 fn defaults_announce_every_second_under_weir_capacity() {
     let s = ConsumerConfig::default().validate().expect("valid");
-    let c = s.capacity();
-    assert!(c.announce());
-    assert_eq!(c.prefix(), "weir.capacity");
-    assert_eq!(c.interval(), Duration::from_secs(1));
-    assert!(proto::is_valid_id(c.worker_id()), "{}", c.worker_id());
-    assert!(c.worker_id().starts_with('w'));
+    let c = &s.capacity;
+    assert!(c.announce);
+    assert_eq!(c.prefix, "weir.capacity");
+    assert_eq!(c.interval, Duration::from_secs(1));
+    assert!(proto::is_valid_id(&c.worker_id), "{}", c.worker_id);
+    assert!(c.worker_id.starts_with('w'));
     assert_eq!(
         c.announce_subject(),
-        format!("weir.capacity.announce.{}", c.worker_id())
+        format!("weir.capacity.announce.{}", c.worker_id)
     );
 }
 
@@ -29,11 +29,11 @@ fn the_toml_key_reads_every_field_and_refuses_unknown_ones() {
     )
     .expect("parses");
     let s = cfg.validate().expect("valid");
-    let c = s.capacity();
-    assert!(!c.announce());
-    assert_eq!(c.prefix(), "fleet.cap");
-    assert_eq!(c.interval(), Duration::from_millis(250));
-    assert_eq!(c.worker_id(), "gpu-a");
+    let c = &s.capacity;
+    assert!(!c.announce);
+    assert_eq!(c.prefix, "fleet.cap");
+    assert_eq!(c.interval, Duration::from_millis(250));
+    assert_eq!(c.worker_id, "gpu-a");
     assert!(toml::from_str::<ConsumerConfig>("[capacity]\nslots = 3\n").is_err());
 }
 
@@ -80,12 +80,9 @@ fn lease_ownership_announces_the_lease_worker_id() {
     };
     let mut cfg = ConsumerConfig::leased("a.{partition}.{stream}", 4, lease);
     let s = cfg.validate().expect("valid");
-    assert_eq!(s.capacity().worker_id(), "lw-1");
+    assert_eq!(s.capacity.worker_id, "lw-1");
     cfg.capacity.worker_id = Some("lw-1".into());
-    assert_eq!(
-        cfg.validate().expect("same id").capacity().worker_id(),
-        "lw-1"
-    );
+    assert_eq!(cfg.validate().expect("same id").capacity.worker_id, "lw-1");
     cfg.capacity.worker_id = Some("other".into());
     assert_eq!(key_of(&cfg).as_deref(), Some("capacity.worker_id"));
 }

@@ -24,7 +24,7 @@ pub(super) async fn open_bucket(
     lease: &LeaseSettings,
 ) -> Result<(stream::Stream, kv::Store), OperationError> {
     let js = jetstream::new(client.clone());
-    let config = kv_stream_config(&lease.bucket, lease.ttl, lease.replicas);
+    let config = kv_stream_config(&lease.bucket, lease.timing.ttl, lease.replicas);
     let stream = js.get_or_create_stream(config).await.map_err(|e| {
         OperationError::with_source(
             ConsumerErrorKind::Lease,
