@@ -240,6 +240,11 @@ fn get<'a>(map: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .map(HeaderValue::as_str)
 }
 
+/// A duration header written by [`h::format_ms`].
+fn ms_header(hm: &HeaderMap, name: &str) -> Option<Duration> {
+    get(hm, name).and_then(h::parse_format_ms)
+}
+
 impl LlmClient {
     /// A client sending to `subject` (cancel subject `llm.cancel`, default timeout 30 s
     /// for requests without a budget, no local cap).
@@ -579,7 +584,6 @@ impl RequestBuilder<'_> {
     async fn send_durable(self, intake: &str) -> Result<LlmReply, ClientError> {
         let c = self.client;
         let (mut headers, wait) = self.headers_and_wait();
-        let retry_body = self.body.clone();
         let inbox = c.nats.new_inbox();
         let rid = match &self.request_id {
             Some(r) => r.clone(),
@@ -659,7 +663,7 @@ impl RequestBuilder<'_> {
             None => {
                 let (mut headers, wait) = self.headers_and_wait();
                 put(&mut headers, h::REQUEST_ID, &rid);
-                send_core(c, headers, wait, retry_body).await
+                send_core(c, headers, wait, self.body).await
             }
         }
     }
@@ -704,8 +708,8 @@ fn reply_of(msg: async_nats::Message) -> Result<LlmReply, ClientError> {
     check_error(&msg)?;
     let headers = msg.headers.unwrap_or_default();
     Ok(LlmReply {
-        queue_time: get(&headers, h::QUEUE_MS).and_then(h::parse_format_ms),
-        inference_time: get(&headers, h::INFERENCE_MS).and_then(h::parse_format_ms),
+        queue_time: ms_header(&headers, h::QUEUE_MS),
+        inference_time: ms_header(&headers, h::INFERENCE_MS),
         body: msg.payload,
         headers,
     })
