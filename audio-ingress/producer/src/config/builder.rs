@@ -188,11 +188,13 @@ impl StreamConfigBuilder {
     }
 
     /// Validates every value; the error names the key and the allowed range
-    /// (`max_rate`'s decimal first).
+    /// (`max_rate` first).
     pub fn build(&self) -> Result<StreamConfig, ConfigError> {
-        let max_rate_permille = permille(self.max_rate).ok_or_else(|| {
-            ConfigError::out_of_range("max_rate", self.max_rate, "0 (no bound) or 1.0..=1000")
-        })?;
+        let max_rate_permille = permille(self.max_rate)
+            .filter(|&p| p == 0 || (1000..=u64::from(MAX_MAX_RATE_PERMILLE)).contains(&p))
+            .ok_or_else(|| {
+                ConfigError::out_of_range("max_rate", self.max_rate, "0 (no bound) or 1.0..=1000")
+            })?;
         let max_pcm = DEFAULT_MAX_PCM_BYTES as u64;
         if self.max_frame_bytes < 2 || self.max_frame_bytes > max_pcm {
             return Err(ConfigError::out_of_range(
@@ -292,15 +294,6 @@ impl StreamConfigBuilder {
                 "partitions",
                 partitions,
                 format!("1..={MAX_PARTITIONS} (the consumer's bound too)"),
-            ));
-        }
-        if max_rate_permille != 0
-            && !(1000..=u64::from(MAX_MAX_RATE_PERMILLE)).contains(&max_rate_permille)
-        {
-            return Err(ConfigError::out_of_range(
-                "max_rate",
-                max_rate_permille as f64 / 1000.0,
-                "0 (no bound) or 1.0..=1000",
             ));
         }
         let partitions = NonZeroU32::new(partitions as u32).unwrap_or(NonZeroU32::MIN);
