@@ -10,6 +10,7 @@
 //! asserting there are none: a key cannot be added without its documentation, and a
 //! documented key cannot outlive its field.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use toml::Value;
@@ -127,7 +128,7 @@ pub struct KeyRow {
 }
 
 /// Every leaf of `table` by its key-table name (`limits[].key`).
-fn leaves(table: &toml::Table) -> Vec<(String, &Value)> {
+fn leaves(table: &toml::Table) -> BTreeMap<String, &Value> {
     let mut leaves = Vec::new();
     super::flatten("", table, &mut leaves);
     leaves
@@ -143,14 +144,10 @@ pub fn rows(layers: &Layers, section: &Section) -> Vec<KeyRow> {
     section
         .docs()
         .map(|doc| {
-            let ty = schema.iter().find(|(k, _)| k == doc.name).map(|(_, v)| *v);
-            let default = if doc.name.contains("[]") {
-                ty
-            } else {
-                defaults
-                    .iter()
-                    .find(|(k, _)| k == doc.name)
-                    .map(|(_, v)| *v)
+            let ty = schema.get(doc.name).copied();
+            let default = match doc.name.contains("[]") {
+                true => ty,
+                false => defaults.get(doc.name).copied(),
             };
             KeyRow {
                 name: doc.name.to_owned(),
@@ -172,13 +169,13 @@ pub fn uncovered(layers: &Layers, sections: &[Section]) -> (Vec<String>, Vec<&'s
         .flat_map(|s| s.docs().map(|k| k.name))
         .collect();
     let undocumented = leaves
-        .iter()
-        .map(|(k, _)| k.clone())
+        .keys()
         .filter(|k| !documented.contains(&k.as_str()))
+        .cloned()
         .collect();
     let extra = documented
         .into_iter()
-        .filter(|d| !leaves.iter().any(|(k, _)| k == d))
+        .filter(|d| !leaves.contains_key(*d))
         .collect();
     (undocumented, extra)
 }
