@@ -10,12 +10,11 @@
 //! asserting there are none: a key cannot be added without its documentation, and a
 //! documented key cannot outlive its field.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use toml::Value;
 
-use super::{ConfigError, ConfigErrorKind, Layers, Range, any_element};
+use super::{ConfigError, ConfigErrorKind, Layers, Range, any_element, leaves};
 
 /// What the code cannot know about a key: its allowed values and its meaning.
 #[derive(Debug, Clone, Copy)]
@@ -125,16 +124,6 @@ pub struct KeyRow {
     pub range: String,
     /// Meaning.
     pub help: &'static str,
-}
-
-/// Every leaf of `table` by its key-table name (`limits[].key`).
-fn leaves(table: &toml::Table) -> BTreeMap<String, &Value> {
-    let mut leaves = Vec::new();
-    super::flatten("", table, &mut leaves);
-    leaves
-        .into_iter()
-        .map(|(k, v)| (any_element(&k, "[]"), v))
-        .collect()
 }
 
 /// The rows of `section`, with types and defaults taken from `layers`.
