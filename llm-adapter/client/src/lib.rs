@@ -209,7 +209,6 @@ pub struct LlmClient {
     subject: String,
     cancel_subject: String,
     default_timeout: Duration,
-    margin: Duration,
     local_cap: Option<Arc<LocalCap>>,
     /// The durable intake's subject (`None` = core request/reply).
     intake: Option<String>,
@@ -254,7 +253,6 @@ impl LlmClient {
             subject: subject.into(),
             cancel_subject: "llm.cancel".into(),
             default_timeout: Duration::from_secs(30),
-            margin: Duration::from_millis(250),
             local_cap: None,
             intake: None,
         }
@@ -387,7 +385,7 @@ impl LlmClient {
             &self.cancel_subject,
             req,
             t,
-            t + self.margin,
+            t + MARGIN,
             "cancel: no reply",
         )
         .await?;
@@ -566,7 +564,7 @@ impl RequestBuilder<'_> {
             let left = at.duration_since(SystemTime::now()).unwrap_or_default();
             wait = Some(wait.map_or(left, |w| w.min(left)));
         }
-        (headers, wait.map_or(c.default_timeout, |w| w + c.margin))
+        (headers, wait.map_or(c.default_timeout, |w| w + MARGIN))
     }
 
     /// Sends the request and waits for the answer.
@@ -603,7 +601,7 @@ impl RequestBuilder<'_> {
                 e,
             )
         };
-        let bound = wait + c.margin;
+        let bound = wait + MARGIN;
         // Retries of a publish the stream did not store give up this long before the
         // bound, so that the caller sees why rather than a bare timeout.
         let give_up = tokio::time::Instant::now() + bound.saturating_sub(DURABLE_RETRY);
@@ -669,6 +667,9 @@ impl RequestBuilder<'_> {
     }
 }
 
+/// Added to a request's own wait: the server's `deadline_exceeded` answer arrives first.
+const MARGIN: Duration = Duration::from_millis(250);
+
 /// How long a durable request waits before publishing again into a stream that did not
 /// store it.
 const DURABLE_RETRY: Duration = Duration::from_millis(250);
@@ -681,7 +682,7 @@ async fn send_core(
     body: Bytes,
 ) -> Result<LlmReply, ClientError> {
     let req = async_nats::Request::new().payload(body).headers(headers);
-    let bound = wait + c.margin;
+    let bound = wait + MARGIN;
     reply_of(request(&c.nats, &c.subject, req, wait, bound, "no reply in time").await?)
 }
 

@@ -191,7 +191,7 @@ impl RequestBuilder<'_> {
         let state = StreamState {
             sub,
             nats: c.nats.clone(),
-            until: tokio::time::Instant::now() + wait + c.margin,
+            until: tokio::time::Instant::now() + wait + MARGIN,
             next_seq: 1,
             _slot: slot,
         };
