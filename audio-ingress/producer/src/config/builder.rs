@@ -100,12 +100,6 @@ weir_service::config_section! {
     }
 }
 
-/// The range [`KEYS`] gives `key` ([`Range::Any`] for a key without one, which a range
-/// check refuses).
-pub(super) fn range(key: &str) -> Range {
-    weir_service::config::keys::range_of(KEYS, key)
-}
-
 /// Seconds as a [`Duration`], capped where a later conversion to milliseconds could
 /// overflow (the builder refuses such a value by its range).
 fn secs(s: u64) -> Duration {
@@ -119,7 +113,7 @@ fn permille(v: f64) -> Option<u64> {
 
 /// `v` of `key` within the range [`KEYS`] gives it.
 fn int_in(key: &str, v: u64) -> Result<u64, ConfigError> {
-    range(key).check(key, v)
+    weir_service::config::keys::range_of(KEYS, key).check(key, v)
 }
 
 /// `v` ms of `key` within `min..=max` ms.
