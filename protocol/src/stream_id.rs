@@ -21,7 +21,9 @@ pub const MAX_STREAM_ID_LEN: usize = 128;
 pub struct StreamId(String);
 
 /// Why a stream id was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::EnumDiscriminants)]
+#[strum_discriminants(name(StreamIdErrorKind), derive(Hash))]
+#[strum_discriminants(doc = "Machine-readable kind of a [`StreamIdError`]: its variant.")]
 pub enum StreamIdError {
     /// The id is empty.
     #[error("stream id is empty")]
@@ -46,25 +48,10 @@ pub enum StreamIdError {
     },
 }
 
-/// Machine-readable kind of a [`StreamIdError`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum StreamIdErrorKind {
-    /// See [`StreamIdError::Empty`].
-    Empty,
-    /// See [`StreamIdError::TooLong`].
-    TooLong,
-    /// See [`StreamIdError::ForbiddenChar`].
-    ForbiddenChar,
-}
-
 impl StreamIdError {
     /// The kind, for callers that match on it.
     pub fn kind(&self) -> StreamIdErrorKind {
-        match self {
-            Self::Empty => StreamIdErrorKind::Empty,
-            Self::TooLong { .. } => StreamIdErrorKind::TooLong,
-            Self::ForbiddenChar { .. } => StreamIdErrorKind::ForbiddenChar,
-        }
+        self.into()
     }
 }
 

@@ -208,9 +208,8 @@ pub(crate) struct Publisher<S: Sink> {
     pub room_below: u64,
     pub frame_headers: bool,
     pub waits: WaitBatch,
-    /// The connection's confirmation window; `None` or disabled: published at
-    /// hand-over.
-    pub window: Option<Arc<Window>>,
+    /// The connection's confirmation window; disabled: published at hand-over.
+    pub window: Arc<Window>,
     /// Lossless sink: `Nats-Msg-Id` = this prefix + seq on every packet, and failed
     /// frame publishes are retried within the age budget.
     pub msg_id_prefix: Option<String>,
@@ -301,7 +300,7 @@ impl<S: Sink> Publisher<S> {
         now: Instant,
     ) {
         let mut slow = None;
-        let epoch = self.epoch();
+        let epoch = self.window.epoch();
         // One permit holds the whole batch's window room (grown frame by frame).
         let mut permit = None;
         let mut frames = std::iter::once(first).chain(rest.drain(..));
@@ -349,7 +348,7 @@ impl<S: Sink> Publisher<S> {
         frame: QueuedFrame,
         permit: &mut Option<WindowPermit>,
     ) -> Result<QueuedFrame, QueuedFrame> {
-        if self.window.as_ref().is_some_and(|w| w.congested()) {
+        if self.window.congested() {
             return Err(frame);
         }
         let bytes = crate::queue::charge_of(frame.pcm_len);
@@ -472,15 +471,11 @@ impl<S: Sink> Publisher<S> {
         // timer (and its clock read) then. The send is cancel-safe either way.
         let result = match futures::poll!(fut.as_mut()) {
             std::task::Poll::Ready(r) => {
-                if let Some(w) = &self.window {
-                    w.set_congested(false);
-                }
+                self.window.set_congested(false);
                 Ok(r)
             }
             std::task::Poll::Pending => {
-                if let Some(w) = &self.window {
-                    w.set_congested(true);
-                }
+                self.window.set_congested(true);
                 timeout(self.publish_timeout, fut).await
             }
         };
@@ -505,14 +500,9 @@ impl<S: Sink> Publisher<S> {
         }
     }
 
-    /// The connection epoch now (0 without a window): read before a hand-over.
-    fn epoch(&self) -> u64 {
-        self.window.as_ref().map_or(0, |w| w.epoch())
-    }
-
     /// The window to use, if frames wait for the server's confirmation.
     fn confirming(&self) -> Option<&Arc<Window>> {
-        self.window.as_ref().filter(|w| w.enabled())
+        Some(&self.window).filter(|w| w.enabled())
     }
 
     async fn publish_frame(&mut self, mut frame: QueuedFrame) {
@@ -525,7 +515,7 @@ impl<S: Sink> Publisher<S> {
                 }
                 None => None,
             };
-            let epoch = self.epoch();
+            let epoch = self.window.epoch();
             let result = if self.confirming().is_some() && permit.is_none() {
                 Err(Failure::Expired)
             } else {
@@ -602,7 +592,7 @@ impl<S: Sink> Publisher<S> {
             let mut headers = base_headers();
             let declared = self.declare(&mut headers, gap.last_seq);
             self.identify(&mut headers, gap.last_seq);
-            let epoch = self.epoch();
+            let epoch = self.window.epoch();
             let attempt = self.attempt(headers.clone(), payload.clone(), "gap").await;
             if attempt.is_err() {
                 self.undeclare(declared);
@@ -624,7 +614,7 @@ impl<S: Sink> Publisher<S> {
                             break;
                         }
                         self.stream.global.control_republished("gap");
-                        epoch = self.epoch();
+                        epoch = self.window.epoch();
                         let again = self.attempt(headers.clone(), payload.clone(), "gap").await;
                         if again.is_err() {
                             break;
@@ -734,7 +724,7 @@ impl<S: Sink> Publisher<S> {
         self.identify(&mut headers, end.seq);
         let deadline = self.stream.lock().control_deadline();
         loop {
-            let epoch = self.epoch();
+            let epoch = self.window.epoch();
             match self.attempt(headers.clone(), payload.clone(), "end").await {
                 Ok(()) => {
                     if self.control_lost_in_reconnect(epoch, deadline).await {

@@ -592,7 +592,7 @@ impl<S: Sink> Ingress<S> {
             room_below: (cfg.enforced_max_bytes() - cfg.max_frame_bytes()) as u64 + 1,
             frame_headers: cfg.frame_headers(),
             waits: WaitBatch::default(),
-            window: Some(Arc::clone(&self.inner.window)),
+            window: Arc::clone(&self.inner.window),
             msg_id_prefix: self.inner.sink.lossless().then(|| {
                 let instance = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)

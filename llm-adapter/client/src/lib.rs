@@ -209,7 +209,6 @@ pub struct LlmClient {
     subject: String,
     cancel_subject: String,
     default_timeout: Duration,
-    margin: Duration,
     local_cap: Option<Arc<LocalCap>>,
     /// The durable intake's subject (`None` = core request/reply).
     intake: Option<String>,
@@ -240,6 +239,11 @@ fn get<'a>(map: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .map(HeaderValue::as_str)
 }
 
+/// A duration header written by [`h::format_ms`].
+fn ms_header(hm: &HeaderMap, name: &str) -> Option<Duration> {
+    get(hm, name).and_then(h::parse_format_ms)
+}
+
 impl LlmClient {
     /// A client sending to `subject` (cancel subject `llm.cancel`, default timeout 30 s
     /// for requests without a budget, no local cap).
@@ -249,7 +253,6 @@ impl LlmClient {
             subject: subject.into(),
             cancel_subject: "llm.cancel".into(),
             default_timeout: Duration::from_secs(30),
-            margin: Duration::from_millis(250),
             local_cap: None,
             intake: None,
         }
@@ -382,7 +385,7 @@ impl LlmClient {
             &self.cancel_subject,
             req,
             t,
-            t + self.margin,
+            t + MARGIN,
             "cancel: no reply",
         )
         .await?;
@@ -561,7 +564,7 @@ impl RequestBuilder<'_> {
             let left = at.duration_since(SystemTime::now()).unwrap_or_default();
             wait = Some(wait.map_or(left, |w| w.min(left)));
         }
-        (headers, wait.map_or(c.default_timeout, |w| w + c.margin))
+        (headers, wait.map_or(c.default_timeout, |w| w + MARGIN))
     }
 
     /// Sends the request and waits for the answer.
@@ -579,7 +582,6 @@ impl RequestBuilder<'_> {
     async fn send_durable(self, intake: &str) -> Result<LlmReply, ClientError> {
         let c = self.client;
         let (mut headers, wait) = self.headers_and_wait();
-        let retry_body = self.body.clone();
         let inbox = c.nats.new_inbox();
         let rid = match &self.request_id {
             Some(r) => r.clone(),
@@ -599,7 +601,7 @@ impl RequestBuilder<'_> {
                 e,
             )
         };
-        let bound = wait + c.margin;
+        let bound = wait + MARGIN;
         // Retries of a publish the stream did not store give up this long before the
         // bound, so that the caller sees why rather than a bare timeout.
         let give_up = tokio::time::Instant::now() + bound.saturating_sub(DURABLE_RETRY);
@@ -659,11 +661,14 @@ impl RequestBuilder<'_> {
             None => {
                 let (mut headers, wait) = self.headers_and_wait();
                 put(&mut headers, h::REQUEST_ID, &rid);
-                send_core(c, headers, wait, retry_body).await
+                send_core(c, headers, wait, self.body).await
             }
         }
     }
 }
+
+/// Added to a request's own wait: the server's `deadline_exceeded` answer arrives first.
+const MARGIN: Duration = Duration::from_millis(250);
 
 /// How long a durable request waits before publishing again into a stream that did not
 /// store it.
@@ -677,7 +682,7 @@ async fn send_core(
     body: Bytes,
 ) -> Result<LlmReply, ClientError> {
     let req = async_nats::Request::new().payload(body).headers(headers);
-    let bound = wait + c.margin;
+    let bound = wait + MARGIN;
     reply_of(request(&c.nats, &c.subject, req, wait, bound, "no reply in time").await?)
 }
 
@@ -704,8 +709,8 @@ fn reply_of(msg: async_nats::Message) -> Result<LlmReply, ClientError> {
     check_error(&msg)?;
     let headers = msg.headers.unwrap_or_default();
     Ok(LlmReply {
-        queue_time: get(&headers, h::QUEUE_MS).and_then(h::parse_format_ms),
-        inference_time: get(&headers, h::INFERENCE_MS).and_then(h::parse_format_ms),
+        queue_time: ms_header(&headers, h::QUEUE_MS),
+        inference_time: ms_header(&headers, h::INFERENCE_MS),
         body: msg.payload,
         headers,
     })

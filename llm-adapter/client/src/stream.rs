@@ -77,14 +77,11 @@ struct StreamState {
     nats: async_nats::Client,
     until: tokio::time::Instant,
     next_seq: u64,
-    done: bool,
-    ack_timeout: Duration,
     _slot: Option<LocalSlot>,
 }
 
-fn ms_header(hm: &HeaderMap, name: &str) -> Option<Duration> {
-    get(hm, name).and_then(h::parse_format_ms)
-}
+/// The longest a chunk's acknowledgement may wait to be queued.
+const ACK_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A numeric header, `0` when absent or not a number.
 fn num_header<T: FromStr + Default>(hm: &HeaderMap, name: &str) -> T {
@@ -94,24 +91,6 @@ fn num_header<T: FromStr + Default>(hm: &HeaderMap, name: &str) -> T {
 }
 
 impl StreamState {
-    /// The next event, or `None` once the stream is over (after `end` or an error).
-    async fn next(&mut self) -> Option<Result<LlmEvent, ClientError>> {
-        while !self.done {
-            match self.step().await {
-                Ok(None) => {}
-                Ok(Some(event)) => {
-                    self.done = matches!(event, LlmEvent::End(_));
-                    return Some(Ok(event));
-                }
-                Err(e) => {
-                    self.done = true;
-                    return Some(Err(e));
-                }
-            }
-        }
-        None
-    }
-
     /// Reads one message: its event, `None` for one to skip, or the error that ends
     /// the stream.
     async fn step(&mut self) -> Result<Option<LlmEvent>, ClientError> {
@@ -149,7 +128,7 @@ impl StreamState {
                 if let Some(ack) = msg.reply.clone() {
                     // Best effort: a lost acknowledgement is repaired by the next.
                     let _ = tokio::time::timeout(
-                        self.ack_timeout,
+                        ACK_TIMEOUT,
                         self.nats.publish(ack, seq.to_string().into()),
                     )
                     .await;
@@ -212,14 +191,23 @@ impl RequestBuilder<'_> {
         let state = StreamState {
             sub,
             nats: c.nats.clone(),
-            until: tokio::time::Instant::now() + wait + c.margin,
+            until: tokio::time::Instant::now() + wait + MARGIN,
             next_seq: 1,
-            done: false,
-            ack_timeout: Duration::from_secs(1),
             _slot: slot,
         };
-        let inner = futures::stream::unfold(state, |mut st| async move {
-            st.next().await.map(|item| (item, st))
+        // The state (subscription, session slot) goes with the end or the first error.
+        let inner = futures::stream::unfold(Some(state), |st| async move {
+            let mut st = st?;
+            loop {
+                match st.step().await {
+                    Ok(None) => {}
+                    Ok(Some(event)) => {
+                        let more = !matches!(event, LlmEvent::End(_));
+                        return Some((Ok(event), more.then_some(st)));
+                    }
+                    Err(e) => return Some((Err(e), None)),
+                }
+            }
         });
         Ok(LlmStream {
             inner: Box::pin(inner),

@@ -514,6 +514,24 @@ fn required<T>(v: Option<T>, name: &str) -> Result<T, DecodeError> {
     v.ok_or_else(|| DecodeError::new(DecodeErrorKind::MissingField, format!("missing {name:?}")))
 }
 
+/// The gap a `gap` packet's meta describes, ending at `seq`.
+fn gap_of(raw: &RawMeta, seq: u64) -> Result<Gap, DecodeError> {
+    let first_seq = required(raw.first_seq, "first_seq")?;
+    let gap = Gap {
+        first_seq,
+        last_seq: seq,
+        samples: required(raw.samples, "samples")?,
+        reason: required(raw.reason, "reason")?,
+    };
+    if first_seq == 0 || first_seq > seq || raw.frames.is_some_and(|f| f != gap.frames()) {
+        return Err(DecodeError::new(
+            DecodeErrorKind::InvalidGap,
+            format!("first_seq {first_seq}, seq {seq}, frames {:?}", raw.frames),
+        ));
+    }
+    Ok(gap)
+}
+
 /// Decodes one packet. The PCM is a zero-copy slice of `data`.
 pub fn decode(data: &Bytes, opts: &DecodeOptions) -> Result<Packet, DecodeError> {
     use DecodeErrorKind as K;
@@ -543,7 +561,7 @@ pub fn decode(data: &Bytes, opts: &DecodeOptions) -> Result<Packet, DecodeError>
     let raw: RawMeta = serde_json::from_str(meta_str)
         .map_err(|e| DecodeError::new(K::InvalidJson, e.to_string()))?;
 
-    let kind = required(raw.kind, "type")?;
+    let kind = required(raw.kind.as_deref(), "type")?;
     let seq = required(raw.seq, "seq")?;
     if seq == 0 {
         return Err(DecodeError::new(K::InvalidSeq, "seq must be >= 1"));
@@ -584,7 +602,7 @@ pub fn decode(data: &Bytes, opts: &DecodeOptions) -> Result<Packet, DecodeError>
     }
 
     let pcm_len = rest - meta_len;
-    let body = match kind.as_str() {
+    let body = match kind {
         "frame" => {
             if pcm_len > opts.max_pcm_bytes {
                 return Err(DecodeError::new(
@@ -612,24 +630,7 @@ pub fn decode(data: &Bytes, opts: &DecodeOptions) -> Result<Packet, DecodeError>
             ));
         }
         "end" => PacketBody::End,
-        "gap" => {
-            let first_seq = required(raw.first_seq, "first_seq")?;
-            let samples = required(raw.samples, "samples")?;
-            let reason = required(raw.reason, "reason")?;
-            let gap = Gap {
-                first_seq,
-                last_seq: seq,
-                samples,
-                reason,
-            };
-            if first_seq == 0 || first_seq > seq || raw.frames.is_some_and(|f| f != gap.frames()) {
-                return Err(DecodeError::new(
-                    K::InvalidGap,
-                    format!("first_seq {first_seq}, seq {seq}, frames {:?}", raw.frames),
-                ));
-            }
-            PacketBody::Gap(gap)
-        }
+        "gap" => PacketBody::Gap(gap_of(&raw, seq)?),
         other => {
             return Err(DecodeError::new(
                 K::UnknownType,

@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 
 use toml::Value;
 
-use super::{ConfigError, ConfigErrorKind, Layers, Range, any_element};
+use super::{ConfigError, ConfigErrorKind, Layers, Range, any_element, leaves};
 
 /// What the code cannot know about a key: its allowed values and its meaning.
 #[derive(Debug, Clone, Copy)]
@@ -126,16 +126,6 @@ pub struct KeyRow {
     pub help: &'static str,
 }
 
-/// Every leaf of `table` by its key-table name (`limits[].key`).
-fn leaves(table: &toml::Table) -> Vec<(String, &Value)> {
-    let mut leaves = Vec::new();
-    super::flatten("", table, &mut leaves);
-    leaves
-        .into_iter()
-        .map(|(k, v)| (any_element(&k, "[]"), v))
-        .collect()
-}
-
 /// The rows of `section`, with types and defaults taken from `layers`.
 pub fn rows(layers: &Layers, section: &Section) -> Vec<KeyRow> {
     let schema = leaves(layers.schema());
@@ -143,14 +133,10 @@ pub fn rows(layers: &Layers, section: &Section) -> Vec<KeyRow> {
     section
         .docs()
         .map(|doc| {
-            let ty = schema.iter().find(|(k, _)| k == doc.name).map(|(_, v)| *v);
-            let default = if doc.name.contains("[]") {
-                ty
-            } else {
-                defaults
-                    .iter()
-                    .find(|(k, _)| k == doc.name)
-                    .map(|(_, v)| *v)
+            let ty = schema.get(doc.name).copied();
+            let default = match doc.name.contains("[]") {
+                true => ty,
+                false => defaults.get(doc.name).copied(),
             };
             KeyRow {
                 name: doc.name.to_owned(),
@@ -172,13 +158,13 @@ pub fn uncovered(layers: &Layers, sections: &[Section]) -> (Vec<String>, Vec<&'s
         .flat_map(|s| s.docs().map(|k| k.name))
         .collect();
     let undocumented = leaves
-        .iter()
-        .map(|(k, _)| k.clone())
+        .keys()
         .filter(|k| !documented.contains(&k.as_str()))
+        .cloned()
         .collect();
     let extra = documented
         .into_iter()
-        .filter(|d| !leaves.iter().any(|(k, _)| k == d))
+        .filter(|d| !leaves.contains_key(*d))
         .collect();
     (undocumented, extra)
 }

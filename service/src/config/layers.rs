@@ -402,7 +402,7 @@ fn lookup<'a>(table: &'a Table, key: &str) -> Option<&'a Value> {
 
 /// Every leaf (a value that is neither a table nor an array of tables) with its dotted
 /// path; the elements of an array of tables are `name[i]`.
-pub(crate) fn flatten<'a>(prefix: &str, table: &'a Table, out: &mut Vec<(String, &'a Value)>) {
+fn flatten<'a>(prefix: &str, table: &'a Table, out: &mut Vec<(String, &'a Value)>) {
     for (k, v) in table {
         let key = if prefix.is_empty() {
             k.clone()
@@ -425,15 +425,20 @@ pub(crate) fn flatten<'a>(prefix: &str, table: &'a Table, out: &mut Vec<(String,
     }
 }
 
+/// Every leaf of `table` by its key-table name (`limits[].key`).
+pub(crate) fn leaves(table: &Table) -> BTreeMap<String, &Value> {
+    let mut leaves = Vec::new();
+    flatten("", table, &mut leaves);
+    leaves
+        .into_iter()
+        .map(|(k, v)| (any_element(&k, "[]"), v))
+        .collect()
+}
+
 /// The known key or section nearest to `key` (at most two edits away), for "did you
 /// mean".
 fn nearest(defaults: &Table, key: &str) -> Option<String> {
-    let mut leaves = Vec::new();
-    flatten("", defaults, &mut leaves);
-    let leaves: Vec<String> = leaves
-        .into_iter()
-        .map(|(k, _)| any_element(&k, "[]"))
-        .collect();
+    let leaves: Vec<String> = leaves(defaults).into_keys().collect();
     // Sections are candidates too: `[natz]` is nearest to `nats`.
     let sections: Vec<String> = leaves
         .iter()

@@ -67,7 +67,7 @@ use layers::edit_distance;
 #[cfg(feature = "config")]
 pub use layers::{Alias, ConfigSources, Layers, cli_overrides};
 #[cfg(feature = "config")]
-pub(crate) use layers::{any_element, flatten};
+pub(crate) use layers::{any_element, leaves};
 
 /// `Some(text)` unless empty: an empty string is "unset" for the optional text keys.
 pub fn set(text: &str) -> Option<&str> {

@@ -342,8 +342,12 @@ struct TrackedIo {
 }
 
 impl TrackedIo {
-    fn moved(&self) {
-        self.active.store(true, Ordering::Relaxed);
+    /// `r`, a write, after noting whether it moved bytes.
+    fn wrote(&self, r: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.active.store(true, Ordering::Relaxed);
+        }
+        r
     }
 }
 
@@ -356,7 +360,7 @@ impl AsyncRead for TrackedIo {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.stream).poll_read(cx, buf);
         if buf.filled().len() > before {
-            self.moved();
+            self.active.store(true, Ordering::Relaxed);
         }
         r
     }
@@ -369,10 +373,7 @@ impl AsyncWrite for TrackedIo {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let r = Pin::new(&mut self.stream).poll_write(cx, buf);
-        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            self.moved();
-        }
-        r
+        self.wrote(r)
     }
 
     fn poll_write_vectored(
@@ -381,10 +382,7 @@ impl AsyncWrite for TrackedIo {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let r = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
-        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            self.moved();
-        }
-        r
+        self.wrote(r)
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -100,12 +100,6 @@ weir_service::config_section! {
     }
 }
 
-/// The range [`KEYS`] gives `key` ([`Range::Any`] for a key without one, which a range
-/// check refuses).
-pub(super) fn range(key: &str) -> Range {
-    weir_service::config::keys::range_of(KEYS, key)
-}
-
 /// Seconds as a [`Duration`], capped where a later conversion to milliseconds could
 /// overflow (the builder refuses such a value by its range).
 fn secs(s: u64) -> Duration {
@@ -119,7 +113,7 @@ fn permille(v: f64) -> Option<u64> {
 
 /// `v` of `key` within the range [`KEYS`] gives it.
 fn int_in(key: &str, v: u64) -> Result<u64, ConfigError> {
-    range(key).check(key, v)
+    weir_service::config::keys::range_of(KEYS, key).check(key, v)
 }
 
 /// `v` ms of `key` within `min..=max` ms.
@@ -188,11 +182,13 @@ impl StreamConfigBuilder {
     }
 
     /// Validates every value; the error names the key and the allowed range
-    /// (`max_rate`'s decimal first).
+    /// (`max_rate` first).
     pub fn build(&self) -> Result<StreamConfig, ConfigError> {
-        let max_rate_permille = permille(self.max_rate).ok_or_else(|| {
-            ConfigError::out_of_range("max_rate", self.max_rate, "0 (no bound) or 1.0..=1000")
-        })?;
+        let max_rate_permille = permille(self.max_rate)
+            .filter(|&p| p == 0 || (1000..=u64::from(MAX_MAX_RATE_PERMILLE)).contains(&p))
+            .ok_or_else(|| {
+                ConfigError::out_of_range("max_rate", self.max_rate, "0 (no bound) or 1.0..=1000")
+            })?;
         let max_pcm = DEFAULT_MAX_PCM_BYTES as u64;
         if self.max_frame_bytes < 2 || self.max_frame_bytes > max_pcm {
             return Err(ConfigError::out_of_range(
@@ -292,15 +288,6 @@ impl StreamConfigBuilder {
                 "partitions",
                 partitions,
                 format!("1..={MAX_PARTITIONS} (the consumer's bound too)"),
-            ));
-        }
-        if max_rate_permille != 0
-            && !(1000..=u64::from(MAX_MAX_RATE_PERMILLE)).contains(&max_rate_permille)
-        {
-            return Err(ConfigError::out_of_range(
-                "max_rate",
-                max_rate_permille as f64 / 1000.0,
-                "0 (no bound) or 1.0..=1000",
             ));
         }
         let partitions = NonZeroU32::new(partitions as u32).unwrap_or(NonZeroU32::MIN);
