@@ -35,7 +35,6 @@ mod twilio;
 mod tests;
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::str::FromStr;
 
 use crate::codec::MediaFormat;
@@ -48,8 +47,9 @@ pub use outbound::{clear_message, mark_message, media_message};
 /// for L16 at 16 kHz (6,400 bytes per 200 ms, 8,536 in base64) and carrier metadata.
 pub const MAX_MESSAGE_BYTES: usize = 16 * 1024;
 
-/// The carrier whose messages a WebSocket carries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// The carrier whose messages a WebSocket carries; displayed as `twilio` / `telnyx`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::Display)]
+#[strum(serialize_all = "lowercase")]
 pub enum Dialect {
     /// Twilio Media Streams (`camelCase` members, `streamSid`).
     Twilio,
@@ -68,16 +68,7 @@ impl Dialect {
 
     /// `"twilio"` / `"telnyx"`.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Dialect::Twilio => "twilio",
-            Dialect::Telnyx => "telnyx",
-        }
-    }
-}
-
-impl fmt::Display for Dialect {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        self.into()
     }
 }
 
@@ -195,7 +186,8 @@ pub enum Inbound {
 }
 
 /// What went wrong with a carrier message; see [`DialectErrorKind::code`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum DialectErrorKind {
     /// The text is over [`MAX_MESSAGE_BYTES`].
     TooLarge,
@@ -215,14 +207,7 @@ impl DialectErrorKind {
     /// A stable snake_case code: `too_large`, `invalid_json`, `missing_field`,
     /// `invalid_field`, `invalid_base64`, `unsupported_format`.
     pub fn code(self) -> &'static str {
-        match self {
-            DialectErrorKind::TooLarge => "too_large",
-            DialectErrorKind::InvalidJson => "invalid_json",
-            DialectErrorKind::MissingField => "missing_field",
-            DialectErrorKind::InvalidField => "invalid_field",
-            DialectErrorKind::InvalidBase64 => "invalid_base64",
-            DialectErrorKind::UnsupportedFormat => "unsupported_format",
-        }
+        self.into()
     }
 }
 

@@ -149,7 +149,8 @@ pub enum Due {
 }
 
 /// Why audio was dropped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum DropReason {
     /// The queue was full: the new audio was refused.
     QueueFull,
@@ -163,11 +164,7 @@ impl DropReason {
     /// Stable snake_case code, as in the door's `overload` event: `queue_full`,
     /// `max_age`, `cleared`.
     pub fn code(&self) -> &'static str {
-        match self {
-            Self::QueueFull => "queue_full",
-            Self::MaxAge => "max_age",
-            Self::Cleared => "cleared",
-        }
+        self.into()
     }
 }
 
@@ -216,23 +213,11 @@ impl Cleared {
     }
 }
 
-/// Machine-readable kind of an [`OutboundError`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum OutboundErrorKind {
-    /// See [`OutboundError::OddLength`].
-    OddLength,
-    /// See [`OutboundError::TooLarge`].
-    TooLarge,
-    /// See [`OutboundError::TooManyMarks`].
-    TooManyMarks,
-    /// See [`OutboundError::InvalidMarkName`].
-    InvalidMarkName,
-    /// See [`OutboundError::InvalidConfig`].
-    InvalidConfig,
-}
-
 /// A push or a configuration refused. Nothing in the queue changed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::EnumDiscriminants)]
+#[strum_discriminants(name(OutboundErrorKind), derive(Hash, strum::IntoStaticStr))]
+#[strum_discriminants(strum(serialize_all = "snake_case"))]
+#[strum_discriminants(doc = "Machine-readable kind of an [`OutboundError`]: its variant.")]
 pub enum OutboundError {
     /// The PCM is not whole 16-bit samples.
     #[error("audio of {len} bytes is not whole 16-bit samples")]
@@ -277,25 +262,13 @@ pub enum OutboundError {
 impl OutboundError {
     /// The kind, for callers that match without the details.
     pub fn kind(&self) -> OutboundErrorKind {
-        match self {
-            Self::OddLength { .. } => OutboundErrorKind::OddLength,
-            Self::TooLarge { .. } => OutboundErrorKind::TooLarge,
-            Self::TooManyMarks { .. } => OutboundErrorKind::TooManyMarks,
-            Self::InvalidMarkName { .. } => OutboundErrorKind::InvalidMarkName,
-            Self::InvalidConfig { .. } => OutboundErrorKind::InvalidConfig,
-        }
+        self.into()
     }
 
     /// Stable snake_case code: `odd_length`, `too_large`, `too_many_marks`,
     /// `invalid_mark_name`, `invalid_config`.
     pub fn code(&self) -> &'static str {
-        match self {
-            Self::OddLength { .. } => "odd_length",
-            Self::TooLarge { .. } => "too_large",
-            Self::TooManyMarks { .. } => "too_many_marks",
-            Self::InvalidMarkName { .. } => "invalid_mark_name",
-            Self::InvalidConfig { .. } => "invalid_config",
-        }
+        self.kind().into()
     }
 }
 
