@@ -55,15 +55,16 @@ use weir_audio_producer::stream::{Ingress, StreamHandle, StreamStatus, StreamSum
 /// the admin port's too.
 pub use weir_service::admin::error_response;
 
-/// A refusal's answer ([`error_response`]); a `503` carries `Retry-After` (whole
-/// seconds, at least 1).
+/// A refusal's answer ([`error_response`]), which carries its code as a
+/// [`RefusalCode`] extension; a `503` carries `Retry-After` (whole seconds, at least 1).
 pub fn refusal(
     status: StatusCode,
-    code: &str,
+    code: &'static str,
     message: impl Into<String>,
     retry_after: Duration,
 ) -> Response {
     let mut resp = error_response(status, code, message);
+    resp.extensions_mut().insert(RefusalCode(code));
     if status == StatusCode::SERVICE_UNAVAILABLE
         && let Ok(v) = HeaderValue::from_str(&retry_after.as_secs().max(1).to_string())
     {
@@ -71,6 +72,11 @@ pub fn refusal(
     }
     resp
 }
+
+/// The code of a door's refusal ([`refusal`]), for a door that answers it otherwise
+/// than in HTTP (the telephony door's close reason).
+#[derive(Debug, Clone, Copy)]
+pub struct RefusalCode(pub &'static str);
 
 /// The answer to a refused [`Ingress::open_id`].
 pub fn open_refusal(e: &OpenError, retry_after: Duration) -> Response {
@@ -242,9 +248,15 @@ impl<S: Sink> Door<S> {
     }
 
     /// A `400` refusal, counted under `label`.
-    fn bad_request(&self, label: &'static str, code: &str, message: impl Into<String>) -> Refused {
+    fn bad_request(
+        &self,
+        label: &'static str,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> Refused {
         self.ingress.global().admission_rejected(label);
-        Box::new(error_response(StatusCode::BAD_REQUEST, code, message))
+        let status = StatusCode::BAD_REQUEST;
+        Box::new(refusal(status, code, message, self.retry_after))
     }
 
     /// Step 1 for a door that learns the stream id after the upgrade (the telephony
@@ -280,7 +292,7 @@ impl<S: Sink> Door<S> {
             } else {
                 StatusCode::UNAUTHORIZED
             };
-            let mut resp = error_response(status, e.code(), e.to_string());
+            let mut resp = refusal(status, e.code(), e.to_string(), self.retry_after);
             if status == StatusCode::UNAUTHORIZED {
                 resp.headers_mut()
                     .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
