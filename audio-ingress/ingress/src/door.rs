@@ -254,8 +254,18 @@ impl<S: Sink> Door<S> {
         code: &'static str,
         message: impl Into<String>,
     ) -> Refused {
+        self.refuse(label, StatusCode::BAD_REQUEST, code, message)
+    }
+
+    /// A refusal ([`refusal`]), counted under `label`.
+    fn refuse(
+        &self,
+        label: &'static str,
+        status: StatusCode,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> Refused {
         self.ingress.global().admission_rejected(label);
-        let status = StatusCode::BAD_REQUEST;
         Box::new(refusal(status, code, message, self.retry_after))
     }
 
@@ -286,18 +296,17 @@ impl<S: Sink> Door<S> {
             return Ok(None);
         };
         auth.check(token, id.as_str()).map(Some).map_err(|e| {
-            self.ingress.global().admission_rejected(e.code());
             let status = if e.code() == "forbidden" {
                 StatusCode::FORBIDDEN
             } else {
                 StatusCode::UNAUTHORIZED
             };
-            let mut resp = refusal(status, e.code(), e.to_string(), self.retry_after);
+            let mut resp = self.refuse(e.code(), status, e.code(), e.to_string());
             if status == StatusCode::UNAUTHORIZED {
                 resp.headers_mut()
                     .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
-            Box::new(resp)
+            resp
         })
     }
 
@@ -308,15 +317,9 @@ impl<S: Sink> Door<S> {
         if self.ingress.sink().is_connected() {
             return Ok(());
         }
-        self.ingress.global().admission_rejected("not_ready");
         let message = "not connected to NATS; retry later";
         let status = StatusCode::SERVICE_UNAVAILABLE;
-        Err(Box::new(refusal(
-            status,
-            "not_ready",
-            message,
-            self.retry_after,
-        )))
+        Err(self.refuse("not_ready", status, "not_ready", message))
     }
 
     /// Step 3 of the admission: readiness, the recognition capacity, then the
