@@ -416,13 +416,11 @@ async fn finish_socket(mut socket: Conn, att: Attachment, outcome: Outcome) {
             return socket.flush().await;
         }
         Outcome::ClientClosed { violation: true } => {
-            let Held { mut handle, ticket } = att.end(EndReason::Error.as_str());
-            let status = handle.status();
-            handle.close(EndReason::Error);
-            // The close handshake, as above; dropping the handle ends the stream.
+            let mut held = att.end(EndReason::Error.as_str());
+            held.handle.close(EndReason::Error);
+            // The close handshake, as above; releasing the handle ends the stream.
             socket.flush().await;
-            drop(handle);
-            return door::release_when_finished(ticket, status);
+            return held.release();
         }
     };
     let Held { mut handle, ticket } = att.end(ending.reason().as_str());
