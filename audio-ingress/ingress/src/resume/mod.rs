@@ -236,21 +236,16 @@ impl Resume {
     /// The table for `window` (`resume_window_ms`); zero: resume off. `None` when the
     /// OS has no randomness for the token key.
     pub fn new(window: Duration) -> Option<Arc<Self>> {
-        Some(Self::with_minter(window, Minter::new()?))
-    }
-
-    /// The table with a given token minter (tests).
-    pub fn with_minter(window: Duration, minter: Minter) -> Arc<Self> {
-        Arc::new(Self {
+        Some(Arc::new(Self {
             window,
-            minter,
+            minter: Minter::new()?,
             inner: Mutex::new(Inner {
                 entries: HashMap::new(),
                 tombs: Tombs::default(),
                 parks: 0,
             }),
             changed: Notify::new(),
-        })
+        }))
     }
 
     /// Whether streams are resumable (`resume_window_ms` > 0).
