@@ -328,16 +328,15 @@ impl<S: Sink> Door<S> {
     pub fn open(&self, admitted: Admitted) -> Result<(StreamHandle, Ticket), Refused> {
         let ingress = &self.ingress;
         self.ready()?;
-        // In memory (no NATS round trip); a refused stream opens nothing.
-        let ticket = match self.capacity.as_deref() {
+        // In memory (no NATS round trip); a refused stream opens nothing. A registry
+        // refusal drops the ticket: the slot is released.
+        let mut ticket = match self.capacity.as_deref() {
             None => Ticket::none(),
             Some(c) => c.admit(&admitted.id).map_err(|r| {
                 ingress.global().admission_rejected("no_capacity");
                 Box::new(no_capacity_refusal(&r))
             })?,
         };
-        // A registry refusal drops the ticket: the slot is released.
-        let mut ticket = ticket;
         let handle = ingress
             .open_id(admitted.id, admitted.session)
             .map_err(|e| Box::new(open_refusal(&e, self.retry_after)))?;
