@@ -55,15 +55,16 @@ use weir_audio_producer::stream::{Ingress, StreamHandle, StreamStatus, StreamSum
 /// the admin port's too.
 pub use weir_service::admin::error_response;
 
-/// A refusal's answer ([`error_response`]); a `503` carries `Retry-After` (whole
-/// seconds, at least 1).
+/// A refusal's answer ([`error_response`]), which carries its code as a
+/// [`RefusalCode`] extension; a `503` carries `Retry-After` (whole seconds, at least 1).
 pub fn refusal(
     status: StatusCode,
-    code: &str,
+    code: &'static str,
     message: impl Into<String>,
     retry_after: Duration,
 ) -> Response {
     let mut resp = error_response(status, code, message);
+    resp.extensions_mut().insert(RefusalCode(code));
     if status == StatusCode::SERVICE_UNAVAILABLE
         && let Ok(v) = HeaderValue::from_str(&retry_after.as_secs().max(1).to_string())
     {
@@ -71,6 +72,11 @@ pub fn refusal(
     }
     resp
 }
+
+/// The code of a door's refusal ([`refusal`]), for a door that answers it otherwise
+/// than in HTTP (the telephony door's close reason).
+#[derive(Debug, Clone, Copy)]
+pub struct RefusalCode(pub &'static str);
 
 /// The answer to a refused [`Ingress::open_id`].
 pub fn open_refusal(e: &OpenError, retry_after: Duration) -> Response {
@@ -242,9 +248,25 @@ impl<S: Sink> Door<S> {
     }
 
     /// A `400` refusal, counted under `label`.
-    fn bad_request(&self, label: &'static str, code: &str, message: impl Into<String>) -> Refused {
+    fn bad_request(
+        &self,
+        label: &'static str,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> Refused {
+        self.refuse(label, StatusCode::BAD_REQUEST, code, message)
+    }
+
+    /// A refusal ([`refusal`]), counted under `label`.
+    fn refuse(
+        &self,
+        label: &'static str,
+        status: StatusCode,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> Refused {
         self.ingress.global().admission_rejected(label);
-        Box::new(error_response(StatusCode::BAD_REQUEST, code, message))
+        Box::new(refusal(status, code, message, self.retry_after))
     }
 
     /// Step 1 for a door that learns the stream id after the upgrade (the telephony
@@ -274,18 +296,17 @@ impl<S: Sink> Door<S> {
             return Ok(None);
         };
         auth.check(token, id.as_str()).map(Some).map_err(|e| {
-            self.ingress.global().admission_rejected(e.code());
             let status = if e.code() == "forbidden" {
                 StatusCode::FORBIDDEN
             } else {
                 StatusCode::UNAUTHORIZED
             };
-            let mut resp = error_response(status, e.code(), e.to_string());
+            let mut resp = self.refuse(e.code(), status, e.code(), e.to_string());
             if status == StatusCode::UNAUTHORIZED {
                 resp.headers_mut()
                     .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
-            Box::new(resp)
+            resp
         })
     }
 
@@ -296,15 +317,9 @@ impl<S: Sink> Door<S> {
         if self.ingress.sink().is_connected() {
             return Ok(());
         }
-        self.ingress.global().admission_rejected("not_ready");
         let message = "not connected to NATS; retry later";
         let status = StatusCode::SERVICE_UNAVAILABLE;
-        Err(Box::new(refusal(
-            status,
-            "not_ready",
-            message,
-            self.retry_after,
-        )))
+        Err(self.refuse("not_ready", status, "not_ready", message))
     }
 
     /// Step 3 of the admission: readiness, the recognition capacity, then the
@@ -313,16 +328,15 @@ impl<S: Sink> Door<S> {
     pub fn open(&self, admitted: Admitted) -> Result<(StreamHandle, Ticket), Refused> {
         let ingress = &self.ingress;
         self.ready()?;
-        // In memory (no NATS round trip); a refused stream opens nothing.
-        let ticket = match self.capacity.as_deref() {
+        // In memory (no NATS round trip); a refused stream opens nothing. A registry
+        // refusal drops the ticket: the slot is released.
+        let mut ticket = match self.capacity.as_deref() {
             None => Ticket::none(),
             Some(c) => c.admit(&admitted.id).map_err(|r| {
                 ingress.global().admission_rejected("no_capacity");
                 Box::new(no_capacity_refusal(&r))
             })?,
         };
-        // A registry refusal drops the ticket: the slot is released.
-        let mut ticket = ticket;
         let handle = ingress
             .open_id(admitted.id, admitted.session)
             .map_err(|e| Box::new(open_refusal(&e, self.retry_after)))?;

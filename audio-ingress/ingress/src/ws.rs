@@ -206,26 +206,46 @@ struct Conn {
     abandoned: bool,
 }
 
+/// One send of a door to its client (`peer`, for the log) within `send_timeout`: `Err`
+/// when it failed, `Err(true)` when it timed out (the client stopped reading; counted in
+/// `weir_ingress_ws_send_timeouts_total`). Either way the door abandons the socket.
+pub(crate) async fn send_within<T>(
+    sink: &mut T,
+    message: Message,
+    send_timeout: Duration,
+    peer: &str,
+) -> Result<(), bool>
+where
+    T: futures::Sink<Message> + Unpin,
+{
+    match tokio::time::timeout(send_timeout, sink.send(message)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(false),
+        Err(_) => {
+            metrics::counter!(m::WS_SEND_TIMEOUTS_TOTAL).increment(1);
+            tracing::warn!(
+                send_timeout_ms = send_timeout.as_millis() as u64,
+                "{peer} is not reading: send timed out, connection abandoned"
+            );
+            Err(true)
+        }
+    }
+}
+
 impl Conn {
     /// Sends `message` within the send timeout. `false` when the socket is (now)
     /// abandoned.
     async fn send(&mut self, message: Message) -> bool {
-        if self.abandoned {
-            return false;
+        if !self.abandoned {
+            let sent = send_within(
+                &mut self.socket,
+                message,
+                self.send_timeout,
+                "WebSocket client",
+            );
+            self.abandoned = sent.await.is_err();
         }
-        match tokio::time::timeout(self.send_timeout, self.socket.send(message)).await {
-            Ok(Ok(())) => return true,
-            Ok(Err(_)) => {}
-            Err(_) => {
-                metrics::counter!(m::WS_SEND_TIMEOUTS_TOTAL).increment(1);
-                tracing::warn!(
-                    send_timeout_ms = self.send_timeout.as_millis() as u64,
-                    "WebSocket client is not reading: send timed out, connection abandoned"
-                );
-            }
-        }
-        self.abandoned = true;
-        false
+        !self.abandoned
     }
 
     /// Sends one JSON text event (see [`Self::send`]).
@@ -396,13 +416,11 @@ async fn finish_socket(mut socket: Conn, att: Attachment, outcome: Outcome) {
             return socket.flush().await;
         }
         Outcome::ClientClosed { violation: true } => {
-            let Held { mut handle, ticket } = att.end(EndReason::Error.as_str());
-            let status = handle.status();
-            handle.close(EndReason::Error);
-            // The close handshake, as above; dropping the handle ends the stream.
+            let mut held = att.end(EndReason::Error.as_str());
+            held.handle.close(EndReason::Error);
+            // The close handshake, as above; releasing the handle ends the stream.
             socket.flush().await;
-            drop(handle);
-            return door::release_when_finished(ticket, status);
+            return held.release();
         }
     };
     let Held { mut handle, ticket } = att.end(ending.reason().as_str());

@@ -99,9 +99,20 @@ pub const DEFAULT_WHIP_DISCONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default `whip_max_sessions`.
 pub const DEFAULT_WHIP_MAX_SESSIONS: usize = 256;
 
-/// A quarter of `max`, at least 1: the default per-address share of a cap.
-pub fn quarter_of(max: u64) -> u64 {
-    (max / 4).max(1)
+/// The per-address cap `key` = `per_ip` under the global cap `max_key` = `max`. Unset
+/// (0), it is a quarter of the configured global cap (at least 1), so one address never
+/// takes every slot by default; a value set above the global cap is refused.
+fn per_ip_cap(key: &str, per_ip: u64, max_key: &str, max: u64) -> Result<u64, ConfigError> {
+    let per_ip = if per_ip == 0 {
+        (max / 4).max(1)
+    } else {
+        per_ip
+    };
+    if per_ip > max {
+        let message = format!("{per_ip} exceeds {max_key} = {max}");
+        return Err(ConfigError::new(key, ConfigErrorKind::Conflict, message));
+    }
+    Ok(per_ip)
 }
 
 impl Default for ServerConfig {
@@ -148,20 +159,13 @@ impl RawConfig {
     pub(super) fn server(&self) -> Result<ServerConfig, ConfigError> {
         let admin = self.admin.validate()?;
         let max_connections = int!(self, max_connections)?;
-        // Unset (0), the per-address cap is a quarter of the configured global cap, so
-        // one address never takes every slot by default; a value set above the global
-        // cap is refused.
-        let per_ip = match int!(self, max_connections_per_ip)? {
-            0 => quarter_of(max_connections),
-            n => n,
-        };
-        if per_ip > max_connections {
-            return Err(ConfigError::new(
-                "max_connections_per_ip",
-                ConfigErrorKind::Conflict,
-                format!("{per_ip} exceeds max_connections = {max_connections}"),
-            ));
-        }
+        let per_ip = int!(self, max_connections_per_ip)?;
+        let per_ip = per_ip_cap(
+            "max_connections_per_ip",
+            per_ip,
+            "max_connections",
+            max_connections,
+        )?;
         Ok(ServerConfig {
             listen: addr("listen", &self.listen, "127.0.0.1:8080")?,
             admin: admin.listen,
@@ -209,19 +213,14 @@ impl RawConfig {
     fn whip(&self) -> Result<Option<WhipConfig>, ConfigError> {
         let connect_timeout = millis!(self, whip_connect_timeout_ms)?;
         let disconnect_timeout = millis!(self, whip_disconnect_timeout_ms)?;
-        let max_sessions_raw = int!(self, whip_max_sessions)?;
-        let max_sessions = nonzero(max_sessions_raw);
-        let per_ip = match int!(self, whip_max_sessions_per_ip)? {
-            0 => quarter_of(max_sessions_raw),
-            n if n > max_sessions_raw => {
-                return Err(ConfigError::new(
-                    "whip_max_sessions_per_ip",
-                    ConfigErrorKind::Conflict,
-                    format!("{n} exceeds whip_max_sessions = {max_sessions_raw}"),
-                ));
-            }
-            n => n,
-        };
+        let max_sessions = int!(self, whip_max_sessions)?;
+        let per_ip = int!(self, whip_max_sessions_per_ip)?;
+        let per_ip = per_ip_cap(
+            "whip_max_sessions_per_ip",
+            per_ip,
+            "whip_max_sessions",
+            max_sessions,
+        )?;
         let Some(listen) = set(&self.whip_udp_listen) else {
             // A WHIP setting without the socket would be silently ignored.
             let d = Self::default();
@@ -295,7 +294,7 @@ impl RawConfig {
             advertise,
             connect_timeout,
             disconnect_timeout,
-            max_sessions,
+            max_sessions: nonzero(max_sessions),
             max_sessions_per_ip: nonzero(per_ip),
             allow_foreign_candidates: self.whip_allow_foreign_candidates,
         }))

@@ -191,7 +191,6 @@ enum State {
 
 struct Entry {
     instance: u64,
-    scope: [u8; 8],
     /// The stream, read-only: a claim checks the producer's position against it
     /// before it revokes the connection that holds the stream.
     view: StreamView,
@@ -237,21 +236,16 @@ impl Resume {
     /// The table for `window` (`resume_window_ms`); zero: resume off. `None` when the
     /// OS has no randomness for the token key.
     pub fn new(window: Duration) -> Option<Arc<Self>> {
-        Some(Self::with_minter(window, Minter::new()?))
-    }
-
-    /// The table with a given token minter (tests).
-    pub fn with_minter(window: Duration, minter: Minter) -> Arc<Self> {
-        Arc::new(Self {
+        Some(Arc::new(Self {
             window,
-            minter,
+            minter: Minter::new()?,
             inner: Mutex::new(Inner {
                 entries: HashMap::new(),
                 tombs: Tombs::default(),
                 parks: 0,
             }),
             changed: Notify::new(),
-        })
+        }))
     }
 
     /// Whether streams are resumable (`resume_window_ms` > 0).
@@ -273,13 +267,16 @@ impl Resume {
     /// without authentication.
     pub fn attach_new(self: &Arc<Self>, id: StreamId, scope: [u8; 8], held: Held) -> Attachment {
         let mut att = Attachment {
-            resume: Arc::clone(self),
-            id,
-            instance: 0,
-            claim: 0,
-            token: None,
+            slot: Slot {
+                resume: Arc::clone(self),
+                id,
+                instance: 0,
+                claim: 0,
+                token: None,
+                deadline: None,
+                held: Some(held),
+            },
             revoke: CancellationToken::new(),
-            held: Some(held),
         };
         if !self.enabled() {
             return att;
@@ -290,15 +287,17 @@ impl Resume {
             return att;
         }
         let instance = u64::from_be_bytes(b);
-        let token: Arc<str> = self.minter.mint(att.id.as_str(), instance, scope).into();
+        let token: Arc<str> = self
+            .minter
+            .mint(att.slot.id.as_str(), instance, scope)
+            .into();
         let view = att.handle().view();
         let replaced = {
             let mut inner = self.lock();
             let old = inner.entries.insert(
-                att.id.clone(),
+                att.slot.id.clone(),
                 Entry {
                     instance,
-                    scope,
                     view,
                     token: Arc::clone(&token),
                     claim: 1,
@@ -323,9 +322,9 @@ impl Resume {
             held.release();
         }
         self.changed.notify_waiters();
-        att.instance = instance;
-        att.claim = 1;
-        att.token = Some(token);
+        att.slot.instance = instance;
+        att.slot.claim = 1;
+        att.slot.token = Some(token);
         att
     }
 
@@ -403,16 +402,15 @@ impl Resume {
                     else {
                         unreachable!("matched above")
                     };
-                    return Ok(Claimed {
+                    return Ok(Claimed(Slot {
                         resume: Arc::clone(self),
                         id: id.clone(),
                         instance,
                         claim: mine,
-                        token: Arc::clone(&e.token),
-                        scope: e.scope,
-                        deadline,
+                        token: Some(Arc::clone(&e.token)),
+                        deadline: Some(deadline),
                         held: Some(held),
-                    });
+                    }));
                 }
             }
             if tokio::time::timeout_at(until, notified).await.is_err() {
@@ -529,39 +527,78 @@ impl Resume {
     }
 }
 
-/// Never called: an attachment or a claim holds its stream until resolved or dropped.
-fn vacant<T>() -> T {
-    unreachable!("an attachment or a claim holds its stream until resolved or dropped")
-}
-
-/// A stream attached to one connection. Dropping it parks the stream (resume on) or
-/// ends it (`producer_gone`); [`Self::end`] takes it out for a door that ends it.
-pub struct Attachment {
+/// What an [`Attachment`] and a [`Claimed`] hold: the stream and its place in the
+/// table. Dropped while it holds the stream, it parks it until `deadline` (`None`: the
+/// resume window from now on) or, resume off (no token), ends it (`producer_gone`).
+struct Slot {
     resume: Arc<Resume>,
     id: StreamId,
     instance: u64,
     claim: u64,
     token: Option<Arc<str>>,
-    revoke: CancellationToken,
+    deadline: Option<Instant>,
     held: Option<Held>,
+}
+
+/// Never called: an attachment or a claim holds its stream until resolved or dropped.
+fn vacant<T>() -> T {
+    unreachable!("an attachment or a claim holds its stream until resolved or dropped")
+}
+
+impl Slot {
+    fn handle(&self) -> &StreamHandle {
+        &self.held.as_ref().unwrap_or_else(vacant).handle
+    }
+
+    /// The stream ends at its door (`reason`): it leaves the table.
+    fn end(&mut self, reason: &'static str) -> Held {
+        let held = self.held.take();
+        if self.token.is_some() {
+            self.resume.ended(&self.id, self.instance, reason);
+        }
+        held.unwrap_or_else(vacant)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        if self.token.is_none() {
+            // Resume off: the stream ends now (`producer_gone`).
+            return held.release();
+        }
+        let deadline = self
+            .deadline
+            .unwrap_or_else(|| Instant::now() + self.resume.window);
+        self.resume.park(&self.id, self.instance, held, deadline);
+    }
+}
+
+/// A stream attached to one connection. Dropping it parks the stream (resume on) or
+/// ends it (`producer_gone`); [`Self::end`] takes it out for a door that ends it.
+pub struct Attachment {
+    slot: Slot,
+    revoke: CancellationToken,
 }
 
 impl Attachment {
     /// The stream's handle.
     pub fn handle(&self) -> &StreamHandle {
-        &self.held.as_ref().unwrap_or_else(vacant).handle
+        self.slot.handle()
     }
 
     /// The handle and the ticket, both mutably (a door's loop waits on the ticket
     /// while it pushes into the handle).
     pub fn parts(&mut self) -> (&mut StreamHandle, &mut Ticket) {
-        let held = self.held.as_mut().unwrap_or_else(vacant);
+        let held = self.slot.held.as_mut().unwrap_or_else(vacant);
         (&mut held.handle, &mut held.ticket)
     }
 
     /// The resume token (`None`: resume off).
     pub fn token(&self) -> Option<&str> {
-        self.token.as_deref()
+        self.slot.token.as_deref()
     }
 
     /// Resolves when a resume on another connection claimed the stream: let go of it
@@ -569,7 +606,7 @@ impl Attachment {
     /// waits on, so it can be awaited beside the attachment's other parts.
     pub fn revoked(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let revoke = self.revoke.clone();
-        let resumable = self.token.is_some();
+        let resumable = self.slot.token.is_some();
         async move {
             if !resumable {
                 std::future::pending::<()>().await;
@@ -581,94 +618,36 @@ impl Attachment {
     /// The stream ends at this door (`reason`): it leaves the table; the caller finishes
     /// it with the returned handle and ticket.
     pub fn end(mut self, reason: &'static str) -> Held {
-        let held = self.held.take().unwrap_or_else(vacant);
-        if self.token.is_some() {
-            self.resume.ended(&self.id, self.instance, reason);
-        }
-        held
-    }
-}
-
-impl Drop for Attachment {
-    fn drop(&mut self) {
-        let Some(held) = self.held.take() else {
-            return;
-        };
-        if self.token.is_none() {
-            // Resume off: the stream ends now (`producer_gone`).
-            held.release();
-            return;
-        }
-        let deadline = Instant::now() + self.resume.window;
-        self.resume.park(&self.id, self.instance, held, deadline);
+        self.slot.end(reason)
     }
 }
 
 /// A stream a resume took out of the table, while the door checks the producer's
 /// position. [`Self::attach`] gives it to the new connection; dropped, the stream is
 /// parked again (its window unchanged); [`Self::end`] ends it.
-pub struct Claimed {
-    resume: Arc<Resume>,
-    id: StreamId,
-    instance: u64,
-    claim: u64,
-    token: Arc<str>,
-    scope: [u8; 8],
-    deadline: Instant,
-    held: Option<Held>,
-}
+pub struct Claimed(Slot);
 
 impl Claimed {
     /// The stream's handle.
     pub fn handle(&self) -> &StreamHandle {
-        &self.held.as_ref().unwrap_or_else(vacant).handle
-    }
-
-    /// The token (unchanged by a resume).
-    pub fn token(&self) -> &str {
-        &self.token
+        self.0.handle()
     }
 
     /// Attaches the stream to the claimant's connection; `Err` (the stream parked
     /// again) when a newer claim came meanwhile.
-    pub fn attach(mut self) -> Result<Attachment, ResumeRefusal> {
-        let Some(revoke) = self
+    pub fn attach(self) -> Result<Attachment, ResumeRefusal> {
+        let Claimed(mut slot) = self;
+        let revoke = slot
             .resume
-            .attach_claimed(&self.id, self.instance, self.claim)
-        else {
-            return Err(ResumeRefusal::Superseded);
-        };
-        Ok(Attachment {
-            resume: Arc::clone(&self.resume),
-            id: self.id.clone(),
-            instance: self.instance,
-            claim: self.claim,
-            token: Some(Arc::clone(&self.token)),
-            revoke,
-            held: self.held.take(),
-        })
+            .attach_claimed(&slot.id, slot.instance, slot.claim)
+            .ok_or(ResumeRefusal::Superseded)?;
+        // From now on a drop parks it for a whole window again.
+        slot.deadline = None;
+        Ok(Attachment { slot, revoke })
     }
 
     /// The stream cannot go on (it ended meanwhile): it leaves the table.
     pub fn end(mut self, reason: &'static str) {
-        let held = self.held.take();
-        self.resume.ended(&self.id, self.instance, reason);
-        if let Some(held) = held {
-            held.release();
-        }
-    }
-
-    /// The scope the stream is bound to.
-    pub fn scope(&self) -> [u8; 8] {
-        self.scope
-    }
-}
-
-impl Drop for Claimed {
-    fn drop(&mut self) {
-        if let Some(held) = self.held.take() {
-            self.resume
-                .park(&self.id, self.instance, held, self.deadline);
-        }
+        self.0.end(reason).release();
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ws::{Message, WebSocket};
-use axum::response::Response;
+use axum::http::StatusCode;
 use futures::StreamExt;
 use futures::stream::SplitStream;
 use serde_json::json;
@@ -104,7 +104,7 @@ pub(super) async fn serve<S: Sink>(
         Err(_) => return finish_writer(writer, writer_task, None).await,
     };
     let label = dialect.as_str();
-    let (handle, ticket) = match admit(&state, &start, token.as_deref()).await {
+    let (handle, ticket) = match admit(&state, &start, token.as_deref()) {
         Ok(opened) => opened,
         Err((code, reason)) => {
             metrics::counter!(m::TELEPHONY_CALLS_TOTAL, m::LABEL_DIALECT => label, m::LABEL_OUTCOME => "refused")
@@ -225,7 +225,7 @@ async fn wait_start(
 
 /// The stream of `start`: id, session and token from the call; the doors' admission.
 /// A refusal is the close code (1013 for a 503, else 1008) and the refusal's code.
-async fn admit<S: Sink>(
+fn admit<S: Sink>(
     state: &TelephonyState<S>,
     start: &Start,
     token: Option<&str>,
@@ -238,30 +238,17 @@ async fn admit<S: Sink>(
         .map(String::as_str)
         .or(token);
     let door = &state.door;
-    let opened = door
-        .check_call(id, session, token)
-        .and_then(|admitted| door.open(admitted));
-    match opened {
-        Ok(o) => Ok(o),
-        Err(resp) => Err(refusal_close(*resp).await),
-    }
-}
-
-/// The close code and reason of a door's refusal.
-async fn refusal_close(resp: Response) -> (u16, String) {
-    let code = if resp.status().as_u16() == 503 {
-        close_code::TRY_AGAIN_LATER
-    } else {
-        close_code::POLICY
-    };
-    let body = axum::body::to_bytes(resp.into_body(), 64 * 1024)
-        .await
-        .unwrap_or_default();
-    let reason = serde_json::from_slice::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| "refused".to_owned());
-    (code, reason)
+    door.check_call(id, session, token)
+        .and_then(|admitted| door.open(admitted))
+        .map_err(|resp| {
+            let close = if resp.status() == StatusCode::SERVICE_UNAVAILABLE {
+                close_code::TRY_AGAIN_LATER
+            } else {
+                close_code::POLICY
+            };
+            let code = resp.extensions().get::<door::RefusalCode>();
+            (close, code.map_or("refused", |c| c.0).to_owned())
+        })
 }
 
 async fn spawn_intake(

@@ -397,9 +397,9 @@ fn refuse_method(methods: &'static str, code: &str, message: impl Into<String>) 
 /// CORS for browser publishers on another origin (tokens travel in `Authorization`,
 /// never in cookies, so any origin may call). Exposed: what a page reads from a 201
 /// (`Location`, the resume token and window) and from a 503 (`Retry-After`).
-fn cors(resp: &mut Response) {
+fn with_cors(mut resp: Response) -> Response {
     set_headers(
-        resp,
+        &mut resp,
         [
             (header::ACCESS_CONTROL_ALLOW_ORIGIN, "*"),
             (
@@ -408,11 +408,11 @@ fn cors(resp: &mut Response) {
             ),
         ],
     );
+    resp
 }
 
 fn preflight(methods: &'static str) -> Response {
-    let mut resp = StatusCode::NO_CONTENT.into_response();
-    cors(&mut resp);
+    let mut resp = with_cors(StatusCode::NO_CONTENT.into_response());
     set_headers(
         &mut resp,
         [
@@ -752,11 +752,6 @@ fn created(answer: String, location: &str, token: Option<String>, window: Durati
             HeaderValue::from(window.as_millis() as u64),
         );
     }
-    resp
-}
-
-fn with_cors(mut resp: Response) -> Response {
-    cors(&mut resp);
     resp
 }
 

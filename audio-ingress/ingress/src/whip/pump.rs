@@ -33,7 +33,6 @@ use bytes::Bytes;
 use opus_pure::OpusDecoder;
 use tokio::sync::mpsc;
 use weir_protocol::WireName;
-use weir_protocol::audio::extension::EndReason;
 
 use super::driver::{Command, Media};
 use super::{SessionCounters, Stop, WhipCounters};
@@ -258,15 +257,10 @@ async fn pump(p: &mut Pump) -> Outcome {
                 }
                 for frame in frames.drain(..) {
                     p.counters.add(|x| &x.frames, &p.totals.media, 1);
-                    match handle.push(frame).await {
-                        Ok(_) => {}
-                        Err(PushError::Overloaded(o)) => return Outcome::Ends(Ending::Overload(o)),
-                        Err(PushError::Closed(r)) => return Outcome::Ends(Ending::Closed(r)),
-                        // 640-byte frames are always valid and `push` waits instead of
-                        // answering Full; neither can happen, but end cleanly if it does.
-                        Err(PushError::InvalidFrame(_) | PushError::Full { .. }) => {
-                            return Outcome::Ends(Ending::Closed(EndReason::Error));
-                        }
+                    // Overloaded or closed (640-byte frames are always valid, and
+                    // `push` waits instead of answering Full).
+                    if let Err(e) = handle.push(frame).await {
+                        return Outcome::Ends(e.into());
                     }
                 }
             }

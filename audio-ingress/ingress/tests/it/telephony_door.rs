@@ -294,6 +294,19 @@ async fn bad_input_closes_with_a_reason_a_counter_and_a_declared_end() {
     assert!(collector.logs().values().all(|l| l.errors == 0));
 }
 
+/// A `start` the doors' admission refuses closes with the refusal's code as the reason
+/// (1008; a `503` would be 1013) and opens nothing.
+#[tokio::test]
+async fn a_refused_start_closes_with_the_refusals_code() {
+    let (_nats, bin, collector) = setup(&[]).await;
+    let mut ws = connect(&bin, "/v1/telephony/twilio").await;
+    send(&mut ws, &connected()).await;
+    send(&mut ws, &start("bad id", "audio/x-mulaw", 8000)).await;
+    let (_, close) = until_close(&mut ws).await;
+    assert_eq!(close, Some((1008, "invalid_stream_id".to_owned())));
+    assert_eq!(collector.total(), 0);
+}
+
 /// A connection that never sends `start` is closed after `telephony.start_timeout_ms`
 /// (a short one here: the mechanism) with nothing opened.
 #[tokio::test]

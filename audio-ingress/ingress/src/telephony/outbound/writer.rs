@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
-use futures::SinkExt;
 use futures::stream::SplitSink;
 use tokio::sync::mpsc;
 use weir_audio_telephony::codec::{Encoder, MediaFormat};
@@ -20,6 +19,7 @@ use weir_audio_telephony::outbound::{Due, FRAME_DURATION};
 use super::{Shared, tell_dropped};
 use crate::metrics as m;
 use crate::telephony::voice::Events;
+use crate::ws::send_within;
 
 /// What the call asks its writer to send.
 #[derive(Debug)]
@@ -221,29 +221,20 @@ impl Writer {
 
     /// One bounded send; on failure or timeout the socket is abandoned.
     async fn send(&mut self, message: Message) -> bool {
-        match tokio::time::timeout(self.send_timeout, self.sink.send(message)).await {
-            Ok(Ok(())) => true,
-            Ok(Err(_)) => {
-                self.shared.abandon();
-                false
-            }
-            Err(_) => {
-                metrics::counter!(m::WS_SEND_TIMEOUTS_TOTAL).increment(1);
-                tracing::warn!(
-                    send_timeout_ms = self.send_timeout.as_millis() as u64,
-                    "carrier is not reading: send timed out, connection abandoned"
-                );
-                // Told at once: the bot audio still queued will not be played.
-                if let Some(s) = &self.started {
-                    let frames = self.shared.with_outbox(|o, _| o.queue.queued_frames()) as u64;
-                    s.events.emit(
-                        serde_json::json!({"type": "overload", "source": "bot_audio",
-                        "reason": "carrier_stalled", "frames": frames, "ms": frames * 20}),
-                    );
-                }
-                self.shared.abandon();
-                false
-            }
+        let sent = send_within(&mut self.sink, message, self.send_timeout, "carrier").await;
+        // Told at once: the bot audio still queued will not be played.
+        if sent == Err(true)
+            && let Some(s) = &self.started
+        {
+            let frames = self.shared.with_outbox(|o, _| o.queue.queued_frames()) as u64;
+            s.events.emit(
+                serde_json::json!({"type": "overload", "source": "bot_audio",
+                "reason": "carrier_stalled", "frames": frames, "ms": frames * 20}),
+            );
         }
+        if sent.is_err() {
+            self.shared.abandon();
+        }
+        sent.is_ok()
     }
 }
