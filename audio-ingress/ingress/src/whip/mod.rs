@@ -595,7 +595,7 @@ fn sessions_full<S: Sink>(state: &WhipState<S>, full: Full) -> Response {
         Full::PerIp(max) => (
             "max_sessions_per_ip",
             format!(
-                "{max} WHIP sessions are active from this address                  (whip_max_sessions_per_ip); retry later"
+                "{max} WHIP sessions are active from this address (whip_max_sessions_per_ip); retry later"
             ),
         ),
     };
