@@ -80,10 +80,8 @@ where
     await_bridge(py, async move {
         match task.await {
             Ok(result) => result,
-            Err(e) if e.is_panic() => Err(WeirErr::internal(format!(
-                "a weir task panicked: {}",
-                panic_message(e.into_panic().as_ref())
-            ))),
+            // Resumed here, the panic is reported by `await_bridge` (an `InternalError`).
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             Err(e) => Err(WeirErr::internal(format!("a weir task failed: {e}"))),
         }
     })

@@ -111,9 +111,7 @@ pub struct GapNotice {
 impl GapNotice {
     /// Number of seqs covered.
     pub fn frames(&self) -> u64 {
-        self.last_seq
-            .saturating_sub(self.first_seq)
-            .saturating_add(1)
+        crate::loss::frames(self.first_seq, self.last_seq)
     }
 }
 

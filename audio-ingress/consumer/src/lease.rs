@@ -610,23 +610,18 @@ impl Planner {
         self.in_flight.remove(&partition);
     }
 
-    /// A renewal sent at `sent_at` succeeded; returns the new validity (`None` when
+    /// A renewal sent at `sent_at` succeeded: the validity moves forward (nothing when
     /// the lease was fenced meanwhile).
-    pub(crate) fn renewed(
-        &mut self,
-        partition: u32,
-        revision: u64,
-        sent_at: Instant,
-    ) -> Option<Instant> {
+    pub(crate) fn renewed(&mut self, partition: u32, revision: u64, sent_at: Instant) {
         self.in_flight.remove(&partition);
         let validity = self.validity();
-        let h = self.held.get_mut(&partition)?;
+        let Some(h) = self.held.get_mut(&partition) else {
+            return;
+        };
         h.revision = revision;
         h.first_unknown = None;
         h.valid_until = h.valid_until.max(sent_at + validity);
-        let valid_until = h.valid_until;
         self.wrote(partition, revision, sent_at);
-        Some(valid_until)
     }
 
     /// This worker's own write of `partition`, sent at `sent_at`, landed as `revision`.
@@ -831,7 +826,8 @@ mod tests {
         plan(&mut p, sent);
         // The answer arrives 2 s after the request left.
         step(2_000).await;
-        assert_eq!(p.renewed(0, 2, sent), Some(sent + Duration::from_secs(9)));
+        p.renewed(0, 2, sent);
+        assert_eq!(p.valid_until(0), Some(sent + Duration::from_secs(9)));
     }
 
     #[tokio::test(start_paused = true)]

@@ -270,12 +270,10 @@ impl Shared {
     }
 
     pub(crate) fn with_clock(settings: ConsumerSettings, wall_clock: WallClock) -> Self {
-        let retain = settings.retain_finished.get();
         let max_streams = settings.max_streams;
-        let registry = Registry::new(retain);
-        let capacity = capacity::CapacityState::new(&settings.capacity);
+        let registry = Registry::new(settings.retain_finished.get());
         Self {
-            capacity,
+            capacity: capacity::CapacityState::new(&settings.capacity),
             settings,
             wall_clock,
             decode: DecodeOptions::default(),

@@ -57,7 +57,8 @@ impl Segment {
     }
 }
 
-fn frames(first: u64, last: u64) -> u64 {
+/// Number of seqs in `first..=last`.
+pub(crate) fn frames(first: u64, last: u64) -> u64 {
     last.saturating_sub(first).saturating_add(1)
 }
 

@@ -199,12 +199,6 @@ enum OpResult {
     Error(String),
 }
 
-impl OpResult {
-    fn label(&self) -> &'static str {
-        self.into()
-    }
-}
-
 struct OpDone {
     partition: u32,
     kind: OpKind,
@@ -336,13 +330,9 @@ impl<F: HandlerFactory> Driver<F> {
             self.planner.heard_with_slots(id, slots, now);
             return;
         }
-        let beat = msg
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(BEAT_HEADER))
-            .map(|v| v.as_str().to_owned());
-        let sent_us = beat.as_deref().and_then(|v| {
-            let (nonce, us) = v.split_once(' ')?;
+        let beat = msg.headers.as_ref().and_then(|h| h.get(BEAT_HEADER));
+        let sent_us = beat.and_then(|v| {
+            let (nonce, us) = v.as_str().split_once(' ')?;
             (nonce == self.nonce).then(|| us.parse::<u64>().ok())?
         });
         let Some(us) = sent_us else {
@@ -555,7 +545,7 @@ impl<F: HandlerFactory> Driver<F> {
             sent_at,
             result,
         } = done;
-        ::metrics::counter!(m::CONSUMER_LEASE_OPS_TOTAL, m::LABEL_OP => kind.as_str(), m::LABEL_OUTCOME => result.label())
+        ::metrics::counter!(m::CONSUMER_LEASE_OPS_TOTAL, m::LABEL_OP => kind.as_str(), m::LABEL_OUTCOME => <&str>::from(&result))
             .increment(1);
         match (kind, result) {
             (OpKind::Claim | OpKind::TakeOver, OpResult::Ok(rev)) => {
@@ -614,7 +604,7 @@ impl<F: HandlerFactory> Driver<F> {
             (OpKind::Renew, result) => {
                 tracing::warn!(
                     partition = p,
-                    outcome = result.label(),
+                    outcome = <&str>::from(&result),
                     "lease renewal unknown; retrying"
                 );
                 self.planner.renew_unknown(p, sent_at);

@@ -445,14 +445,12 @@ impl PyConsumer {
     /// is what `stats_json` and `close()` return from then on.
     fn abort(&self) {
         self.inner.hub.begin_close();
-        let taken = {
-            let mut state = self.inner.state();
-            let taken = state.consumer.take();
-            if let Some(c) = &taken {
-                state.stats = json(&c.stats()).ok();
-            }
-            taken
-        };
+        let mut state = self.inner.state();
+        let taken = state.consumer.take();
+        if let Some(c) = &taken {
+            state.stats = json(&c.stats()).ok();
+        }
+        drop(state);
         if let Some(consumer) = taken {
             // Aborting tasks needs no runtime context; it is immediate.
             consumer.abort();
