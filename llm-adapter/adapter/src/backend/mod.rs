@@ -72,7 +72,7 @@ impl BackendReply {
     pub fn body(body: impl Into<Bytes>) -> Self {
         Self {
             body: body.into(),
-            headers: Vec::new(),
+            ..Self::default()
         }
     }
 }
