@@ -154,11 +154,9 @@ impl AdapterView {
         self.admission.limits_view(top)
     }
 
-    /// The latency histograms in the Prometheus text format (appended to `/metrics`).
-    pub fn render_histograms(&self) -> String {
-        let mut out = String::new();
-        self.admission.render_histograms(&mut out);
-        out
+    /// Appends the latency histograms in the Prometheus text format (to `/metrics`).
+    pub fn render_histograms(&self, out: &mut String) {
+        self.admission.render_histograms(out);
     }
 
     /// Every limit (`null` when disabled), subjects and header names, and the live
