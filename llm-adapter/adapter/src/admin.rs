@@ -75,7 +75,7 @@ impl MetricsSource for AdminState {
             .set(f64::from(u8::from(self.view.nats_connected())));
         let h = self.prometheus.as_ref()?;
         let mut text = h.render();
-        text.push_str(&self.view.render_histograms());
+        self.view.render_histograms(&mut text);
         Some(text)
     }
 }

@@ -93,13 +93,13 @@ pub enum StartErrorKind {
 
 /// Connects to NATS with the configured authentication, TLS and timeouts. Connection
 /// events are logged and reflected in the `weir_llm_nats_connected` gauge; the counts of
-/// [`AdapterEvents`] go nowhere (use [`connect_with_events`] and [`start_with_events`]).
+/// [`AdapterEvents`] go nowhere (use [`connect_with_events`] and [`start_pool`]).
 pub async fn connect(cfg: &AdapterNats) -> Result<async_nats::Client, StartError> {
     connect_with_events(cfg, &AdapterEvents::new()).await
 }
 
 /// [`connect`], counting the client's events (slow-consumer drops, disconnects) into
-/// `events`; pass the same `events` to [`start_with_events`] so that `/v1/stats` and
+/// `events`; pass the same `events` to [`start_pool`] so that `/v1/stats` and
 /// the metrics show them.
 pub async fn connect_with_events(
     cfg: &AdapterNats,
@@ -154,11 +154,9 @@ impl AdapterView {
         self.admission.limits_view(top)
     }
 
-    /// The latency histograms in the Prometheus text format (appended to `/metrics`).
-    pub fn render_histograms(&self) -> String {
-        let mut out = String::new();
-        self.admission.render_histograms(&mut out);
-        out
+    /// Appends the latency histograms in the Prometheus text format (to `/metrics`).
+    pub fn render_histograms(&self, out: &mut String) {
+        self.admission.render_histograms(out);
     }
 
     /// Every limit (`null` when disabled), subjects and header names, and the live
@@ -231,29 +229,19 @@ impl AdapterHandle {
 /// Starts the adapter on an existing connection: the admission core (workers, timers),
 /// the NATS service and its endpoints, and the trace publisher if configured. The
 /// client's own drops are not counted (`nats` in the stats stays 0) unless the client
-/// was made with [`AdapterEvents::attach`]: then use [`start_with_events`].
+/// was made with [`AdapterEvents::attach`]: then use [`start_pool`].
 pub async fn start(
     client: async_nats::Client,
     config: Config,
     backend: Arc<dyn Backend>,
 ) -> Result<AdapterHandle, StartError> {
-    start_with_events(client, AdapterEvents::new(), config, backend).await
+    start_pool(client, AdapterEvents::new(), config, vec![backend]).await
 }
 
-/// [`start`] with the counters the client's event callback writes to
-/// ([`connect_with_events`] or [`AdapterEvents::attach`]).
-pub async fn start_with_events(
-    client: async_nats::Client,
-    events: AdapterEvents,
-    config: Config,
-    backend: Arc<dyn Backend>,
-) -> Result<AdapterHandle, StartError> {
-    start_pool(client, events, config, vec![backend]).await
-}
-
-/// [`start_with_events`] over a backend pool: `backends[i]` serves member `i` of
-/// `config.backends` (the single `[backend]` when that is empty), e.g. from
-/// [`backend::pool_from_config`].
+/// [`start`] over a backend pool, with the counters the client's event callback writes
+/// to (`events`: [`connect_with_events`] or [`AdapterEvents::attach`]): `backends[i]`
+/// serves member `i` of `config.backends` (the single `[backend]` when that is empty),
+/// e.g. from [`backend::pool_from_config`].
 pub async fn start_pool(
     client: async_nats::Client,
     events: AdapterEvents,

@@ -7,13 +7,8 @@
 //! `request_id` / `session_id` stand in for them, validated like the headers (an invalid
 //! one is `invalid_request` naming the envelope field, never silently ignored).
 //!
-//! Replies: success = the backend's body (and the headers a NATS backend returned) plus
-//! `Weir-Queue-Ms`, `Weir-Inference-Ms`, `Weir-Request-Id`. Errors carry
-//! `Nats-Service-Error` (`"<code>: <message>"`), `Nats-Service-Error-Code` (HTTP-like
-//! number), `Weir-Error-Code` (`queue_full`, ...) and a JSON body: the
-//! [`ErrorBody`] (`{"code","message","details"}`), or a response envelope
-//! (`ok:false, data:null, error:{...}`) echoing the request's envelope fields when the
-//! request body was one.
+//! Replies (headers, the [`ErrorBody`] or a response envelope): docs/llm-adapter.md,
+//! "Reply".
 //!
 //! Invariants:
 //! - intake never spawns per message: each endpoint has one task that decodes, submits
@@ -28,11 +23,9 @@
 //!   fallible parsers, ids are validated, oversize replies become `backend_error`.
 //!
 //! The `$SRV.STATS` `data` of the inference endpoint is the
-//! [`crate::admission::StatsSnapshot`]; that is where requests and refusals by code are
-//! counted. The service API's own `num_requests` / `num_errors` of that endpoint stay 0:
-//! its error path drops the JSON body this adapter must send, and the answers are
-//! published by the workers straight to the reply subject (the service `Request` is not
-//! kept while a request waits — a waiter is just the reply subject and the body).
+//! [`crate::admission::StatsSnapshot`]; the service API's own `num_requests` /
+//! `num_errors` stay 0 (docs/llm-adapter.md, "Reply": the service `Request` is not kept
+//! while a request waits — a waiter is just the reply subject and the body).
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -1,11 +1,4 @@
-//! Per-request trace events.
-//!
-//! Request lifecycle: `queued` (accepted into the queue), `admitted` (passed session
-//! order and key limits, waiting for a worker), `started` (backend call begins),
-//! `finished` (answered, with the code and timings), plus `joined` / `cached` for
-//! idempotent retries. Slots (session cap, session order, per-key limits):
-//! `slot_acquired`, `slot_waiting`, `slot_granted` (after waiting, with `waited_ms`),
-//! `slot_released`, `slot_busy` (refused, or counted as would-reject in shadow mode).
+//! Per-request trace events ([`TraceKind`]; docs/llm-adapter.md, "Trace events").
 //!
 //! Every request has one `llm_request` span ([`request_span`]), opened when the request
 //! is decoded and closed when its last holder (the queue entry, the running job) lets
@@ -15,8 +8,7 @@
 //!
 //! Sinks: `tracing` events (target [`TARGET`], level DEBUG; span events with `otel`)
 //! and, optionally, a bounded channel drained by a task that publishes each event as
-//! JSON on a NATS subject (`trace.subject`): kept as the machine-readable event stream
-//! of the default build, which has no OpenTelemetry.
+//! JSON on a NATS subject (`trace.subject`).
 //!
 //! Trace context (W3C, [`weir_protocol::llm::headers::TraceContext`]): a caller's
 //! valid `traceparent` becomes the remote parent of `llm_request` (feature `otel`); a
@@ -53,10 +45,11 @@ pub const TARGET: &str = "weir_llm_adapter::trace";
 /// What happened; its snake_case name is [`WireName::as_str`].
 #[derive(strum::IntoStaticStr, strum::Display, strum::VariantArray)]
 #[strum(serialize_all = "snake_case")]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TraceKind {
     /// Accepted into the queue.
+    #[default]
     Queued,
     /// Passed every gate; waiting for a worker.
     Admitted,
@@ -81,7 +74,7 @@ pub enum TraceKind {
 }
 
 /// One trace event.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct TraceEvent {
     /// What happened.
     pub event: TraceKind,
@@ -121,15 +114,8 @@ impl TraceEvent {
         Self {
             event,
             id,
-            request_id: None,
-            session: None,
-            rule: None,
-            key: None,
             t_ms: ms(since_received),
-            waited_ms: None,
-            outcome: None,
-            inference_ms: None,
-            shadow: false,
+            ..Self::default()
         }
     }
 }

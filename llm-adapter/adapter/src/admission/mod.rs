@@ -220,18 +220,6 @@ impl<S: Sink> Inner<S> {
 }
 
 impl<S: Sink> Admission<S> {
-    /// Starts the workers and the timer task. Must be called inside a tokio runtime.
-    /// With a pool (`cfg.pool`), every member calls `backend`: see
-    /// [`Admission::start_pool`].
-    pub fn start(
-        cfg: AdmissionConfig,
-        backend: Arc<dyn Backend>,
-        sink: Arc<S>,
-        tracer: Tracer,
-    ) -> Self {
-        Self::start_pool(cfg, vec![backend], sink, tracer)
-    }
-
     /// Starts the workers (each member's `slots`) and the timer task over a pool:
     /// `backends[i]` serves member `i` of `cfg.pool` (a single backend when
     /// `cfg.pool` is empty); when fewer are given they are reused in turn. Must be

@@ -83,9 +83,9 @@ fn cfg(workers: usize, capacity: usize) -> AdmissionConfig {
 }
 
 fn start(c: AdmissionConfig, backend: impl Backend) -> Admission<ChannelSink> {
-    Admission::start(
+    Admission::start_pool(
         c,
-        Arc::new(backend),
+        vec![Arc::new(backend)],
         Arc::new(ChannelSink),
         Tracer::disabled(),
     )
@@ -809,9 +809,9 @@ async fn trace_events_follow_the_lifecycle() {
         },
     )];
     let (tracer, mut events) = Tracer::with_channel(false, 256);
-    let a = Admission::start(
+    let a = Admission::start_pool(
         c,
-        Arc::new(SimBackend::fixed(Duration::from_millis(10))),
+        vec![Arc::new(SimBackend::fixed(Duration::from_millis(10)))],
         Arc::new(ChannelSink),
         tracer,
     );

@@ -38,9 +38,9 @@ fn budget_cfg(workers: usize) -> AdmissionConfig {
 }
 
 fn start_with(c: AdmissionConfig, backend: SimBackend) -> Admission<ChannelSink> {
-    Admission::start(
+    Admission::start_pool(
         c,
-        Arc::new(backend),
+        vec![Arc::new(backend)],
         Arc::new(ChannelSink),
         crate::trace::Tracer::disabled(),
     )

@@ -50,14 +50,6 @@ pub struct BackendRequest {
     pub trace: Option<TraceContext>,
 }
 
-impl BackendRequest {
-    /// Time left before the deadline, `None` without a deadline.
-    pub fn remaining(&self) -> Option<Duration> {
-        self.deadline
-            .map(|d| d.saturating_duration_since(Instant::now()))
-    }
-}
-
 /// A successful backend answer.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BackendReply {
@@ -72,7 +64,7 @@ impl BackendReply {
     pub fn body(body: impl Into<Bytes>) -> Self {
         Self {
             body: body.into(),
-            headers: Vec::new(),
+            ..Self::default()
         }
     }
 }

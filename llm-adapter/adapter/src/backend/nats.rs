@@ -15,6 +15,7 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
 use weir_protocol::llm::headers as h;
 
 use super::nats_cancel::CancelTarget;
@@ -59,9 +60,8 @@ impl Backend for NatsBackend {
         let client = self.client.clone();
         let subject = self.subject.clone();
         let cancel = self.cancel.clone();
-        let budget = request
-            .remaining()
-            .map_or(self.timeout, |r| r.min(self.timeout));
+        let left = |d: Instant| d.saturating_duration_since(Instant::now());
+        let budget = (request.deadline).map_or(self.timeout, |d| left(d).min(self.timeout));
         Box::pin(async move {
             let mut headers = async_nats::HeaderMap::new();
             if let Some(rid) = &request.request_id {

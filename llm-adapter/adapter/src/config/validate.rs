@@ -513,19 +513,15 @@ impl RawJetStream {
             ));
         }
         stream_name("jetstream.session_bucket", &self.session_bucket)?;
-        let reply_bucket = match set(&self.reply_bucket) {
-            None => None,
-            Some(b) => {
-                stream_name("jetstream.reply_bucket", b)?;
-                if b == self.session_bucket {
-                    return Err(invalid(
-                        "jetstream.reply_bucket",
-                        "must differ from jetstream.session_bucket",
-                    ));
-                }
-                Some(b.to_owned())
+        let reply_bucket = set(&self.reply_bucket).map(|b| {
+            stream_name("jetstream.reply_bucket", b)?;
+            if b == self.session_bucket {
+                let message = "must differ from jetstream.session_bucket";
+                return Err(invalid("jetstream.reply_bucket", message));
             }
-        };
+            Ok(b.to_owned())
+        });
+        let reply_bucket = reply_bucket.transpose()?;
         Ok(JetStreamIntake {
             stream: self.stream.clone(),
             subject: subject_s,

@@ -270,11 +270,8 @@ impl Edge {
     pub(super) async fn reply_invalid(&self, req: &Request, e: &HeaderError) {
         let outcome = Outcome::refused(invalid(e), Duration::ZERO, None);
         let (headers, body) = render(&outcome, None, usize::MAX);
-        let _ = tokio::time::timeout(
-            self.publish_timeout,
-            req.respond_with_headers(Ok(body), headers),
-        )
-        .await;
+        let respond = req.respond_with_headers(Ok(body), headers);
+        publish_reply(self.publish_timeout, respond).await;
     }
 
     pub(super) async fn handle_cancel_of(&self, req: &Request, target: String) {

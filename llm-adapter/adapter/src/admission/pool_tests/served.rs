@@ -81,9 +81,9 @@ impl Backend for Named {
 
 #[tokio::test(start_paused = true)]
 async fn a_single_backend_is_named_default_and_a_backends_own_name_is_replaced() {
-    let a = Admission::start(
+    let a = Admission::start_pool(
         AdmissionConfig::default(),
-        Arc::new(Named),
+        vec![Arc::new(Named)],
         Arc::new(ChannelSink),
         Tracer::disabled(),
     );

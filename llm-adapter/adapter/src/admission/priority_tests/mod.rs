@@ -34,9 +34,9 @@ fn one(workers: usize, capacity: usize, latency: Duration) -> Admission<ChannelS
     };
     c.estimator.initial = Some(latency);
     let backend: Arc<dyn crate::backend::Backend> = Arc::new(SimBackend::fixed(latency));
-    Admission::start(
+    Admission::start_pool(
         c,
-        backend,
+        vec![backend],
         Arc::new(ChannelSink),
         crate::trace::Tracer::disabled(),
     )
@@ -216,9 +216,9 @@ async fn an_interactive_request_late_only_because_of_batch_displaces_the_latest(
     c.estimator.initial = Some(ms(100));
     c.priority.batch_delay = Duration::ZERO;
     let backend: Arc<dyn crate::backend::Backend> = Arc::new(SimBackend::fixed(ms(100)));
-    let a = Admission::start(
+    let a = Admission::start_pool(
         c,
-        backend,
+        vec![backend],
         Arc::new(ChannelSink),
         crate::trace::Tracer::disabled(),
     );
@@ -281,9 +281,9 @@ async fn a_key_configured_batch_makes_its_requests_batch_unless_the_header_says(
     };
     c.estimator.initial = Some(ms(10));
     let backend: Arc<dyn crate::backend::Backend> = Arc::new(SimBackend::fixed(ms(10)));
-    let a = Admission::start(
+    let a = Admission::start_pool(
         c,
-        backend,
+        vec![backend],
         Arc::new(ChannelSink),
         crate::trace::Tracer::disabled(),
     );
@@ -324,9 +324,9 @@ async fn random_classes_keep_invariants_and_answer_everyone_once() {
         c.estimator.initial = Some(ms(50));
         c.priority.batch_delay = ms(rng.random_range(0..400));
         let backend: Arc<dyn crate::backend::Backend> = Arc::new(SimBackend::fixed(ms(50)));
-        let a = Admission::start(
+        let a = Admission::start_pool(
             c,
-            backend,
+            vec![backend],
             Arc::new(ChannelSink),
             crate::trace::Tracer::disabled(),
         );
@@ -400,9 +400,9 @@ async fn nothing_is_displaced_for_an_interactive_request_a_key_gate_then_refuses
     c.estimator.initial = Some(ms(100));
     let backend: Arc<dyn crate::backend::Backend> =
         Arc::new(SimBackend::fixed(Duration::from_secs(1)));
-    let a = Admission::start(
+    let a = Admission::start_pool(
         c,
-        backend,
+        vec![backend],
         Arc::new(ChannelSink),
         crate::trace::Tracer::disabled(),
     );

@@ -272,9 +272,9 @@ async fn equal_budgets_the_delay_sets_how_far_interactive_goes_first() {
         c.estimator.initial = Some(ms(100));
         c.priority.batch_delay = ms(delay);
         let backend: Arc<dyn crate::backend::Backend> = Arc::new(SimBackend::fixed(ms(100)));
-        let a = Admission::start(
+        let a = Admission::start_pool(
             c,
-            backend,
+            vec![backend],
             Arc::new(ChannelSink),
             crate::trace::Tracer::disabled(),
         );

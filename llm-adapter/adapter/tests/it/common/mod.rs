@@ -149,7 +149,7 @@ pub async fn adapter_like_the_binary(
     let sim = SimBackend::fixed(latency);
     tokio::time::timeout(
         STEP,
-        weir_llm_adapter::start_with_events(client, events, config, Arc::new(sim)),
+        weir_llm_adapter::start_pool(client, events, config, vec![Arc::new(sim)]),
     )
     .await
     .expect("start in time")
