@@ -87,16 +87,13 @@ async fn start_recognisers(
         return Ok(Recognisers::Naive(n));
     }
     let config = FleetConfig {
-        template: SUBJECT_TEMPLATE.to_owned(),
         partitions: settings.partitions,
         workers: settings.workers,
         cost_per_frame: Duration::ZERO,
         idle_timeout: Duration::from_secs(2),
-        subscription_capacity: 65_536,
         max_pending_bytes: weir_audio_consumer::DEFAULT_MAX_PENDING_BYTES,
         max_pending_age: weir_audio_consumer::DEFAULT_MAX_PENDING_AGE,
         late_after: crate::timeliness::late_after(DEFAULT_MAX_AGE),
-        max_frame_age: Some(DEFAULT_MAX_FRAME_AGE),
         asr: Some(FleetAsr {
             model: settings.model,
             max_streams: (design == AsrDesign::WeirOn).then_some(settings.model.slots as usize),
