@@ -224,21 +224,19 @@ async fn door_slots(
     ingress: &IngressProcess,
     notes: &mut Vec<String>,
 ) -> Option<f64> {
-    let fleet_slots = f64::from(settings.workers * settings.model.slots);
-    match design {
-        AsrDesign::WeirOn => {
-            let seen = churn::wait_for_slots(ingress, |s| s >= fleet_slots, VIEW_WAIT).await;
-            if seen.is_none_or(|s| s < fleet_slots) {
-                notes.push(format!(
-                    "the door did not show {fleet_slots} slots within {} s before the calls \
-                     started (saw {seen:?})",
-                    VIEW_WAIT.as_secs()
-                ));
-            }
-            seen
-        }
-        _ => None,
+    if design != AsrDesign::WeirOn {
+        return None;
     }
+    let fleet_slots = f64::from(settings.workers * settings.model.slots);
+    let seen = churn::wait_for_slots(ingress, |s| s >= fleet_slots, VIEW_WAIT).await;
+    if seen.is_none_or(|s| s < fleet_slots) {
+        notes.push(format!(
+            "the door did not show {fleet_slots} slots within {} s before the calls started \
+             (saw {seen:?})",
+            VIEW_WAIT.as_secs()
+        ));
+    }
+    seen
 }
 
 /// The calls: `n` WebSocket streams for `duration`, started over `spread`, their ids
