@@ -43,14 +43,18 @@ use weir_audio_consumer::{
 };
 
 use crate::gpu::{AsrMeter, GpuModel, GpuTimeline};
+use crate::scenario::run::SUBJECT_TEMPLATE;
 use crate::stats::{LatencyHistogram, Percentiles};
 use crate::timeliness::{Timeliness, TimelinessSummary, unix_ms, unix_us};
+
+/// The consumers' staleness guard, at the product default.
+const MAX_FRAME_AGE_MS: u64 = DEFAULT_MAX_FRAME_AGE.as_millis() as u64;
+/// Messages the NATS client buffers per subscription before dropping.
+const SUBSCRIPTION_CAPACITY: usize = 65_536;
 
 /// Fleet settings.
 #[derive(Debug, Clone)]
 pub struct FleetConfig {
-    /// The audio subject template (with `{partition}` and `{stream}`).
-    pub template: String,
     /// Number of partitions of the template.
     pub partitions: u32,
     /// Number of workers (consumers), at least 1 and at most `partitions`.
@@ -59,8 +63,6 @@ pub struct FleetConfig {
     pub cost_per_frame: Duration,
     /// A stream silent this long without `end` is reaped.
     pub idle_timeout: Duration,
-    /// Messages the NATS client buffers per subscription before dropping.
-    pub subscription_capacity: usize,
     /// Per-stream bound of the consumer's queue, bytes.
     pub max_pending_bytes: usize,
     /// Per-stream bound of the consumer's queue, age.
@@ -68,11 +70,6 @@ pub struct FleetConfig {
     /// A frame received later than this after capture counts as `delivered_late`
     /// (the ingress's `max_age` + one confirmation round, [`crate::timeliness::late_after`]).
     pub late_after: Duration,
-    /// The consumers' staleness guard (`max_frame_age_ms`): a frame older than this at
-    /// receipt is dropped before the recogniser and declared as a `stale` gap. `None`
-    /// turns the guard off. The load test runs the product default,
-    /// [`DEFAULT_MAX_FRAME_AGE`].
-    pub max_frame_age: Option<Duration>,
     /// The recognisers as GPU wall time ([`crate::gpu`]) instead of CPU: one serial
     /// timeline per worker; `None` burns `cost_per_frame` instead.
     pub asr: Option<FleetAsr>,
@@ -207,7 +204,6 @@ pub struct Fleet {
     consumers: Vec<Consumer>,
     shared: Arc<Shared>,
     pause: watch::Sender<bool>,
-    max_frame_age_ms: Option<u64>,
 }
 
 impl Fleet {
@@ -223,22 +219,18 @@ impl Fleet {
             timeliness: Mutex::new(Timeliness::new(config.late_after)),
         });
         let workers = config.workers.clamp(1, config.partitions.max(1));
-        let max_frame_age_ms = config
-            .max_frame_age
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let mut consumers = Vec::new();
         for w in 0..workers {
             let owned: Vec<u32> = (0..config.partitions)
                 .filter(|p| p % workers == w)
                 .collect();
-            let mut cc = ConsumerConfig::partitioned(&config.template, config.partitions, owned);
+            let mut cc = ConsumerConfig::partitioned(SUBJECT_TEMPLATE, config.partitions, owned);
             cc.idle_timeout_ms = config.idle_timeout.as_millis() as u64;
-            cc.subscription_capacity = config.subscription_capacity;
+            cc.subscription_capacity = SUBSCRIPTION_CAPACITY;
             cc.max_pending_bytes = config.max_pending_bytes;
             cc.max_pending_age_ms = config.max_pending_age.as_millis() as u64;
             cc.policy = ConsumerPolicy::Gap;
-            // The staleness guard: 0 turns it off.
-            cc.max_frame_age_ms = max_frame_age_ms.unwrap_or(0);
+            cc.max_frame_age_ms = MAX_FRAME_AGE_MS;
             if let Some(n) = config.asr.as_ref().and_then(|a| a.max_streams) {
                 cc.max_streams = n;
             }
@@ -263,7 +255,6 @@ impl Fleet {
             consumers,
             shared,
             pause,
-            max_frame_age_ms,
         })
     }
 
@@ -310,7 +301,7 @@ impl Fleet {
     /// A cumulative snapshot.
     pub fn snapshot(&self) -> FleetSnapshot {
         let mut s = FleetSnapshot {
-            max_frame_age_ms: self.max_frame_age_ms,
+            max_frame_age_ms: Some(MAX_FRAME_AGE_MS),
             ..FleetSnapshot::default()
         };
         for c in &self.consumers {

@@ -12,7 +12,7 @@ mod table;
 
 pub use failover::failover_line;
 use std::collections::BTreeMap;
-pub(crate) use table::{Row, ms, opt_ms, p50_p99};
+pub(crate) use table::{Row, ms, opt_ms, or_dash, p50_p99};
 pub use table::{markdown, table};
 
 use serde::Serialize;

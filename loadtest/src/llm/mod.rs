@@ -362,7 +362,7 @@ impl LlmRun {
     /// Requests held by the front now (queued + running); also tracks the maximum.
     pub fn in_flight(&self) -> u64 {
         let n = match &self.front {
-            Some(Front::Naive(f)) => f.stats().in_flight.load(Ordering::Relaxed),
+            Some(Front::Naive(f)) => f.stats.in_flight.load(Ordering::Relaxed),
             Some(Front::Adapter(a)) => {
                 let s = a.stats();
                 s.queued_now + s.running_now
@@ -391,7 +391,7 @@ impl LlmRun {
                 0,
             ),
             Some(Front::Naive(f)) => {
-                let s = f.stats();
+                let s = &f.stats;
                 (
                     "naive (task per message + semaphore)".to_owned(),
                     s.queue_wait.percentiles(),

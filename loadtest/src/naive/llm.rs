@@ -58,7 +58,8 @@ impl Drop for InFlight {
 /// A running naive front. Dropping it stops accepting (tasks already spawned finish).
 #[derive(Debug)]
 pub struct NaiveLlmFront {
-    stats: Arc<NaiveLlmStats>,
+    /// The counters.
+    pub stats: Arc<NaiveLlmStats>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -149,10 +150,5 @@ impl NaiveLlmFront {
             }
         });
         Ok(Self { stats, task })
-    }
-
-    /// The counters.
-    pub fn stats(&self) -> &Arc<NaiveLlmStats> {
-        &self.stats
     }
 }

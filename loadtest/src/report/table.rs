@@ -46,7 +46,7 @@ fn llm(r: &RunReport, f: impl Fn(&LlmReport) -> String) -> String {
 }
 
 /// A figure of an optional part, or `-` without it.
-pub(super) fn or_dash<T>(v: Option<T>, f: impl FnOnce(T) -> String) -> String {
+pub(crate) fn or_dash<T>(v: Option<T>, f: impl FnOnce(T) -> String) -> String {
     v.map_or_else(|| "-".into(), f)
 }
 
@@ -96,10 +96,9 @@ fn ingress_rows() -> Vec<Row> {
             }
         }),
         ("confirm round p99 ms", |r| {
-            r.ingress
-                .confirm_round_ms
-                .filter(|p| p.count > 0)
-                .map_or_else(|| "-".into(), |p| ms(p.p99))
+            or_dash(r.ingress.confirm_round_ms.filter(|p| p.count > 0), |p| {
+                ms(p.p99)
+            })
         }),
         ("overloads / gaps", |r| {
             format!("{}/{}", r.ingress.overloads, r.ingress.gaps)
@@ -199,23 +198,19 @@ fn llm_rows() -> Vec<Row> {
             llm(r, |l| format!("{:.1}", l.goodput_per_s))
         }),
         ("llm stalled backend ejected after ms", |r| {
-            llm(r, |l| match &l.stall {
-                None => "-".to_owned(),
-                Some(s) => s
-                    .ejected_after_ms
-                    .map_or("never".to_owned(), |v| format!("{v:.0}")),
+            llm(r, |l| {
+                or_dash(l.stall.as_ref(), |s| {
+                    (s.ejected_after_ms).map_or("never".to_owned(), |v| format!("{v:.0}"))
+                })
             })
         }),
         ("llm goodput after ejection /s (share)", |r| {
             llm(r, |l| {
-                match l
-                    .stall
-                    .as_ref()
-                    .and_then(|s| s.goodput_after_ejection_per_s.zip(s.goodput_share))
-                {
-                    None => "-".to_owned(),
-                    Some((g, share)) => format!("{g:.1} ({:.0} %)", share * 100.0),
-                }
+                let stall = l.stall.as_ref();
+                let after = stall.and_then(|s| s.goodput_after_ejection_per_s.zip(s.goodput_share));
+                or_dash(after, |(g, share)| {
+                    format!("{g:.1} ({:.0} %)", share * 100.0)
+                })
             })
         }),
         ("llm sessions ≥ 95 % on one backend", |r| {

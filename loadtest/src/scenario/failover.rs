@@ -57,7 +57,7 @@ use crate::ingress::{cpu_time_of, machine_busy};
 use crate::lease_audit::{self, FrameAudit, FrameAuditor, Instance};
 use crate::lease_worker::connect_options;
 use crate::scenario::Scenario;
-use crate::scenario::run::{RunOutput, TempDir, blocking};
+use crate::scenario::run::{RunOutput, SUBJECT_TEMPLATE, TempDir, blocking};
 use crate::timeliness::unix_ms;
 
 /// When the victim is killed, after the producers started.
@@ -79,8 +79,6 @@ const KV_STREAM: &str = "KV_weir_leases";
 pub const SPREAD_WAIT: Duration = Duration::from_secs(30);
 /// Longest drain after the producers stopped.
 pub const DRAIN_MAX: Duration = Duration::from_secs(5);
-/// Audio subject template (the other scenarios' one).
-pub const SUBJECT: &str = crate::scenario::run::SUBJECT_TEMPLATE;
 /// A worker process ends by itself after this long (if the load test died).
 const WORKER_LIFETIME: Duration = Duration::from_secs(1800);
 
@@ -167,7 +165,7 @@ fn streams_of(n: usize, partitions: u32) -> Vec<(String, String)> {
         .map(|i| {
             let id = format!("s{i:05}");
             let p = fnv1a_32(id.as_bytes()) % partitions;
-            let subject = SUBJECT
+            let subject = SUBJECT_TEMPLATE
                 .replace("{partition}", &p.to_string())
                 .replace("{stream}", &id);
             (id, subject)

@@ -28,7 +28,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, io, nats, process, usage};
-use crate::fleet::{DEFAULT_MAX_FRAME_AGE, Fleet, FleetConfig, FleetSnapshot};
+use crate::fleet::{Fleet, FleetConfig, FleetSnapshot};
 use crate::ingress::{
     Design, IngressProcess, IngressStats, cpu_since, cpu_time_of, machine_busy, machine_busy_since,
 };
@@ -421,17 +421,13 @@ async fn start_fleet(env: &Env, nats_url: &str, idle: Duration) -> Result<Fleet,
     Fleet::start(
         nats_url,
         &FleetConfig {
-            template: SUBJECT_TEMPLATE.to_owned(),
             partitions: env.partitions,
             workers: env.fleet_workers,
             cost_per_frame: env.frame_cost,
             idle_timeout: idle,
-            subscription_capacity: 65_536,
             max_pending_bytes: 16_000,
             max_pending_age: Duration::from_millis(500),
             late_after: late_after(max_age),
-            // The consumer core's staleness guard at the product default (1 s).
-            max_frame_age: Some(DEFAULT_MAX_FRAME_AGE),
             asr: None,
         },
     )
@@ -683,17 +679,16 @@ pub(crate) async fn spawn_ingress(
     let (program, mut args) = match ingress {
         ScenarioIngress::Naive { floor } => {
             let partitions = partitions.to_string();
-            let mut args = ["naive-ingress", "--subject", SUBJECT_TEMPLATE]
-                .map(String::from)
-                .to_vec();
-            args.extend(["--partitions".to_owned(), partitions]);
-            if let Some(floor) = floor {
-                let value = clap::ValueEnum::to_possible_value(&floor)
-                    .map(|v| v.get_name().to_owned())
-                    .unwrap_or_default();
-                args.extend(["--floor".to_owned(), value]);
+            let floor = floor.and_then(|f| clap::ValueEnum::to_possible_value(&f));
+            let mut args = vec!["naive-ingress", "--subject", SUBJECT_TEMPLATE];
+            args.extend(["--partitions", &partitions]);
+            if let Some(v) = &floor {
+                args.extend(["--floor", v.get_name()]);
             }
-            (env.self_exe.clone(), args)
+            (
+                env.self_exe.clone(),
+                args.into_iter().map(String::from).collect(),
+            )
         }
         ScenarioIngress::Weir {
             run,
@@ -730,13 +725,15 @@ pub(crate) async fn spawn_ingress(
             (program, args)
         }
     };
-    let common = ["--nats-url", nats_url, "--listen", "127.0.0.1:0"];
-    args.extend(
-        common
-            .into_iter()
-            .chain(["--admin", "127.0.0.1:0"])
-            .map(String::from),
-    );
+    let common = [
+        "--nats-url",
+        nats_url,
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+    ];
+    args.extend(common.map(String::from));
     let ingress = IngressProcess::spawn(&program, &args).await?;
     Ok((ingress, dir))
 }

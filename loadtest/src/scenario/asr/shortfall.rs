@@ -87,16 +87,13 @@ async fn start_recognisers(
         return Ok(Recognisers::Naive(n));
     }
     let config = FleetConfig {
-        template: SUBJECT_TEMPLATE.to_owned(),
         partitions: settings.partitions,
         workers: settings.workers,
         cost_per_frame: Duration::ZERO,
         idle_timeout: Duration::from_secs(2),
-        subscription_capacity: 65_536,
         max_pending_bytes: weir_audio_consumer::DEFAULT_MAX_PENDING_BYTES,
         max_pending_age: weir_audio_consumer::DEFAULT_MAX_PENDING_AGE,
         late_after: crate::timeliness::late_after(DEFAULT_MAX_AGE),
-        max_frame_age: Some(DEFAULT_MAX_FRAME_AGE),
         asr: Some(FleetAsr {
             model: settings.model,
             max_streams: (design == AsrDesign::WeirOn).then_some(settings.model.slots as usize),
@@ -227,21 +224,19 @@ async fn door_slots(
     ingress: &IngressProcess,
     notes: &mut Vec<String>,
 ) -> Option<f64> {
-    let fleet_slots = f64::from(settings.workers * settings.model.slots);
-    match design {
-        AsrDesign::WeirOn => {
-            let seen = churn::wait_for_slots(ingress, |s| s >= fleet_slots, VIEW_WAIT).await;
-            if seen.is_none_or(|s| s < fleet_slots) {
-                notes.push(format!(
-                    "the door did not show {fleet_slots} slots within {} s before the calls \
-                     started (saw {seen:?})",
-                    VIEW_WAIT.as_secs()
-                ));
-            }
-            seen
-        }
-        _ => None,
+    if design != AsrDesign::WeirOn {
+        return None;
     }
+    let fleet_slots = f64::from(settings.workers * settings.model.slots);
+    let seen = churn::wait_for_slots(ingress, |s| s >= fleet_slots, VIEW_WAIT).await;
+    if seen.is_none_or(|s| s < fleet_slots) {
+        notes.push(format!(
+            "the door did not show {fleet_slots} slots within {} s before the calls started \
+             (saw {seen:?})",
+            VIEW_WAIT.as_secs()
+        ));
+    }
+    seen
 }
 
 /// The calls: `n` WebSocket streams for `duration`, started over `spread`, their ids

@@ -2,7 +2,7 @@
 //! run), in the style of the other scenarios' tables.
 
 use super::{AsrReport, ChurnReport};
-use crate::report::{Row, RunReport, ms, opt_ms, p50_p99};
+use crate::report::{Row, RunReport, ms, opt_ms, or_dash, p50_p99};
 
 /// The column heading of a report: `<streams> <asr design>` for `asr-shortfall`,
 /// `<streams> <flap design>` for `producer-flap`.
@@ -23,7 +23,7 @@ fn c(r: &RunReport) -> ChurnReport {
 }
 
 fn slots(v: Option<f64>) -> String {
-    v.map_or_else(|| "-".into(), |s| format!("{s:.0}"))
+    or_dash(v, |s| format!("{s:.0}"))
 }
 
 /// The rows for `r`'s scenario.
@@ -50,8 +50,7 @@ pub fn rows(r: &RunReport) -> Vec<Row> {
         }),
         ("refusal p50/p99 ms", |r| p50_p99(&a(r).refusal_ms)),
         ("handed within 1 s (%)", |r| {
-            a(r).within_max_age_pct
-                .map_or_else(|| "-".into(), |p| format!("{p:.2}"))
+            or_dash(a(r).within_max_age_pct, |p| format!("{p:.2}"))
         }),
         ("stale drops / admitted", |r| {
             format!("{:.1}", a(r).stale_drops_per_admitted)
@@ -66,8 +65,7 @@ pub fn rows(r: &RunReport) -> Vec<Row> {
             a(r).frames_refused_by_workers.to_string()
         }),
         ("naive RAM buffer max frames", |r| {
-            a(r).naive_buffered_frames_max
-                .map_or_else(|| "-".into(), |n| n.to_string())
+            or_dash(a(r).naive_buffered_frames_max, |n| n.to_string())
         }),
     ]
 }
@@ -144,8 +142,7 @@ pub fn summary_line(r: &RunReport) -> Option<String> {
         a.admitted,
         a.refused,
         ms(a.refusal_ms.p99),
-        a.within_max_age_pct
-            .map_or_else(|| "-".into(), |p| format!("{p:.2}")),
+        or_dash(a.within_max_age_pct, |p| format!("{p:.2}")),
         a.stale_drops_per_admitted,
         ms(a.lag_ms.p99)
     ))

@@ -13,10 +13,11 @@ use std::time::Duration;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-use super::{BUCKET, DRAIN_MAX, FailoverEnv, NODES, SUBJECT, WORKER_LIFETIME};
+use super::{BUCKET, DRAIN_MAX, FailoverEnv, NODES, WORKER_LIFETIME};
 use crate::error::{Error, io, process};
 use crate::ingress::cpu_time_of;
 use crate::lease_audit::{self, Instance};
+use crate::scenario::run::SUBJECT_TEMPLATE;
 use crate::timeliness::unix_ms;
 
 /// One worker process life.
@@ -26,7 +27,6 @@ pub(super) struct WorkerProc {
     pub(super) leases: PathBuf,
     pub(super) stderr: PathBuf,
     pub(super) child: Option<Child>,
-    pub(super) pid: Option<u32>,
     /// CPU it used, sampled before it was killed.
     pub(super) cpu: Option<Duration>,
     pub(super) ended_ms: Option<u64>,
@@ -34,7 +34,9 @@ pub(super) struct WorkerProc {
 
 impl WorkerProc {
     pub(super) fn cpu_now(&self) -> Option<Duration> {
-        self.pid.and_then(|p| cpu_time_of(Some(p))).or(self.cpu)
+        (self.child.as_ref().and_then(Child::id))
+            .and_then(|p| cpu_time_of(Some(p)))
+            .or(self.cpu)
     }
 
     /// SIGKILL and reap (bounded).
@@ -45,7 +47,6 @@ impl WorkerProc {
             self.ended_ms = Some(unix_ms());
             let _ = tokio::time::timeout(Duration::from_secs(5), c.wait()).await;
         }
-        self.pid = None;
     }
 }
 
@@ -74,7 +75,7 @@ pub(super) fn spawn_worker(
         .arg(&frames)
         .arg("--leases-log")
         .arg(&leases)
-        .args(["--subject", SUBJECT])
+        .args(["--subject", SUBJECT_TEMPLATE])
         .args(["--partitions", &env.partitions.to_string()])
         .args(["--bucket", BUCKET])
         .args(["--replicas", &NODES.to_string()])
@@ -92,14 +93,12 @@ pub(super) fn spawn_worker(
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| process(format!("cannot start {}", env.self_exe.display()), e))?;
-    let pid = child.id();
     Ok(WorkerProc {
         name,
         frames,
         leases,
         stderr: stderr_path,
         child: Some(child),
-        pid,
         cpu: None,
         ended_ms: None,
     })

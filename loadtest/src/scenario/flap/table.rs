@@ -2,14 +2,14 @@
 //! other scenarios' tables.
 
 use super::FlapReport;
-use crate::report::{Row, RunReport, ms, p50_p99};
+use crate::report::{Row, RunReport, ms, or_dash, p50_p99};
 
 fn f(r: &RunReport) -> FlapReport {
     r.flap.clone().unwrap_or_default()
 }
 
 fn le(v: Option<f64>) -> String {
-    v.map_or_else(|| "-".into(), |v| format!("<={}", ms(v)))
+    or_dash(v, |v| format!("<={}", ms(v)))
 }
 
 /// The rows.
@@ -70,14 +70,12 @@ pub fn rows() -> Vec<Row> {
             )
         }),
         ("door resumes <= 250 ms (%)", |r| {
-            f(r).server_resume
-                .and_then(|s| s.within_target_pct)
-                .map_or_else(|| "-".into(), |p| format!("{p:.1}"))
+            let pct = f(r).server_resume.and_then(|s| s.within_target_pct);
+            or_dash(pct, |p| format!("{p:.1}"))
         }),
         ("door parked (of the cuts)", |r| {
             let f = f(r);
-            f.server_parked
-                .map_or_else(|| "-".into(), |p| format!("{p}/{}", f.producers.cuts))
+            or_dash(f.server_parked, |p| format!("{p}/{}", f.producers.cuts))
         }),
         ("refused attempts", |r| f(r).producers.refused.to_string()),
         ("unplanned drops / taken over", |r| {
