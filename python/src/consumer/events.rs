@@ -11,38 +11,20 @@
 //! - the names (`cause`, `reason`) are the core's stable snake_case names
 //!   ([`GapCause`], [`EndCause::as_str`], the wire's gap / end / possible-loss reasons).
 
+use pyo3::IntoPyObjectExt;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 use weir_audio_consumer::{EndCause, GapCause, StreamEvent};
 
 /// How a field reads in `repr`: numbers as they are, strings quoted, `None` when absent,
 /// PCM by its length.
-trait Repr {
-    fn repr(&self, py: Python<'_>) -> String;
-}
-
-impl Repr for u64 {
-    fn repr(&self, _: Python<'_>) -> String {
-        self.to_string()
+fn field_repr(value: &Bound<'_, PyAny>) -> String {
+    if let Ok(b) = value.cast::<PyBytes>() {
+        return format!("<{} bytes>", b.as_bytes().len());
     }
-}
-
-impl Repr for String {
-    fn repr(&self, _: Python<'_>) -> String {
-        format!("{self:?}")
-    }
-}
-
-impl Repr for Py<PyBytes> {
-    fn repr(&self, py: Python<'_>) -> String {
-        format!("<{} bytes>", self.bind(py).as_bytes().len())
-    }
-}
-
-impl<T: Repr> Repr for Option<T> {
-    fn repr(&self, py: Python<'_>) -> String {
-        self.as_ref()
-            .map_or_else(|| "None".to_owned(), |v| v.repr(py))
+    match value.extract::<String>() {
+        Ok(s) => format!("{s:?}"),
+        Err(_) => value.to_string(),
     }
 }
 
@@ -86,9 +68,12 @@ macro_rules! event_class {
                 self.key(py)?.hash()
             }
 
-            fn __repr__(&self, py: Python<'_>) -> String {
-                let fields = [$(format!("{}={}", stringify!($field), self.$field.repr(py))),*];
-                format!("{}({})", stringify!($name), fields.join(", "))
+            fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+                let names = [$(stringify!($field)),*];
+                let values = self.key(py)?;
+                let fields: Vec<String> =
+                    names.iter().zip(values.iter()).map(|(n, v)| format!("{n}={}", field_repr(&v))).collect();
+                Ok(format!("{}({})", stringify!($name), fields.join(", ")))
             }
         }
 
@@ -168,62 +153,47 @@ event_class! {
 
 /// The Python object of `event`.
 pub fn to_python(py: Python<'_>, event: StreamEvent) -> PyResult<Py<PyAny>> {
-    Ok(match event {
-        StreamEvent::Frame(f) => Py::new(
-            py,
-            Frame {
-                pcm: PyBytes::new(py, &f.pcm).unbind(),
-                seq: f.seq,
-                samples: f.samples,
-                captured_at_ms: f.captured_at_ms,
-            },
-        )?
-        .into_any(),
-        StreamEvent::Gap(g) => Py::new(
-            py,
-            Gap {
-                first_seq: g.first_seq,
-                last_seq: g.last_seq,
-                frames: g.frames(),
-                samples: g.samples,
-                cause: <&str>::from(g.cause).to_owned(),
-                reason: match g.cause {
-                    GapCause::Declared(r) => Some(<&str>::from(r).to_owned()),
-                    _ => None,
-                },
-            },
-        )?
-        .into_any(),
-        StreamEvent::End(e) => {
-            let reason = match &e.cause {
-                EndCause::Producer { reason, .. } => reason.map(<&str>::from),
-                EndCause::Overload(o) => Some(<&str>::from(o.bound)),
-                _ => None,
-            };
-            Py::new(
-                py,
-                End {
-                    cause: e.cause.as_str().to_owned(),
-                    reason: reason.map(str::to_owned),
-                    seq: e.seq,
-                    last_seq: e.last_seq,
-                },
-            )?
-            .into_any()
+    match event {
+        StreamEvent::Frame(f) => Frame {
+            pcm: PyBytes::new(py, &f.pcm).unbind(),
+            seq: f.seq,
+            samples: f.samples,
+            captured_at_ms: f.captured_at_ms,
         }
-        StreamEvent::LossDeclared(d) => Py::new(
-            py,
-            LossDeclared {
-                first_seq: d.first_seq,
-                last_seq: d.last_seq,
-                frames: d.frames,
-                total_frames: d.total_frames,
-                reason: <&'static str>::from(d.reason).to_owned(),
-                reclassified_frames: d.reclassified_frames,
+        .into_py_any(py),
+        StreamEvent::Gap(g) => Gap {
+            first_seq: g.first_seq,
+            last_seq: g.last_seq,
+            frames: g.frames(),
+            samples: g.samples,
+            cause: <&str>::from(g.cause).to_owned(),
+            reason: match g.cause {
+                GapCause::Declared(r) => Some(<&str>::from(r).to_owned()),
+                _ => None,
             },
-        )?
-        .into_any(),
-    })
+        }
+        .into_py_any(py),
+        StreamEvent::End(e) => End {
+            reason: match &e.cause {
+                EndCause::Producer { reason, .. } => reason.map(|r| <&str>::from(r).to_owned()),
+                EndCause::Overload(o) => Some(<&str>::from(o.bound).to_owned()),
+                _ => None,
+            },
+            cause: e.cause.as_str().to_owned(),
+            seq: e.seq,
+            last_seq: e.last_seq,
+        }
+        .into_py_any(py),
+        StreamEvent::LossDeclared(d) => LossDeclared {
+            first_seq: d.first_seq,
+            last_seq: d.last_seq,
+            frames: d.frames,
+            total_frames: d.total_frames,
+            reason: <&'static str>::from(d.reason).to_owned(),
+            reclassified_frames: d.reclassified_frames,
+        }
+        .into_py_any(py),
+    }
 }
 
 /// Adds the event classes to the module.
