@@ -45,7 +45,7 @@ use weir_service::sync::locked;
 
 mod bucket;
 
-use bucket::{AbortOnDrop, key, open_bucket, partition_of, read_own, run_watcher, update};
+use bucket::{key, open_bucket, partition_of, read_own, run_watcher, update};
 
 /// Bound of the bucket setup at start.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -248,14 +248,15 @@ impl<F: HandlerFactory> Driver<F> {
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let hb_subject = self.lease.heartbeat_subject();
         // The watcher runs in its own task (its creation can stall for seconds during a
-        // KV leader election, which must not delay renewals); it ends with the driver.
+        // KV leader election, which must not delay renewals); it ends with the driver (the
+        // set aborts it when dropped).
         let (entries_tx, mut entries) = tokio::sync::mpsc::channel(WATCH_CHANNEL);
-        let watcher = tokio::spawn(run_watcher(
+        let mut watcher = JoinSet::new();
+        watcher.spawn(run_watcher(
             self.kv.clone(),
             entries_tx,
             self.lease.timing.renew_interval,
         ));
-        let _abort_watcher = AbortOnDrop(watcher);
         let deadline = loop {
             tokio::select! {
                 deadline = stop::stopped(&mut stop) => break deadline,

@@ -45,15 +45,6 @@ pub(super) async fn open_bucket(
     Ok((stream, kv))
 }
 
-/// Aborts the task when dropped (also when the driver itself is aborted).
-pub(super) struct AbortOnDrop(pub(super) JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Forwards every change of the bucket to the driver, re-creating the watcher (with
 /// history, so the view is complete again) whenever it fails or ends. Ends when the
 /// driver is gone.
