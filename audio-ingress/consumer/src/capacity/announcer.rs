@@ -142,10 +142,8 @@ pub(crate) fn spawn(
     shared: Arc<Shared>,
     leases: Option<Arc<LeaseBoard>>,
 ) -> Option<Announcer> {
-    if !shared.settings.capacity.announce {
-        return None;
-    }
-    let refused = shared.capacity.take_refused();
+    // No refusal channel with `announce = false`.
+    let refused = shared.capacity.take_refused()?;
     let (stop, stop_rx) = oneshot::channel();
     let task = Task {
         client,
@@ -185,7 +183,7 @@ struct Task {
 impl Task {
     async fn run(
         mut self,
-        mut refused: Option<mpsc::Receiver<RefusedNote>>,
+        mut refused: mpsc::Receiver<RefusedNote>,
         mut stop: oneshot::Receiver<()>,
     ) {
         let mut tick = tokio::time::interval(self.shared.settings.capacity.interval);
@@ -205,7 +203,7 @@ impl Task {
                     set_gauges(&a);
                     self.publish_announcement(&a).await;
                 }
-                Some(note) = recv(&mut refused) => self.on_refused(note).await,
+                Some(note) = refused.recv() => self.on_refused(note).await,
             }
         }
     }
@@ -282,14 +280,6 @@ impl Task {
                 }
             }
         }
-    }
-}
-
-/// The next refusal note, or never when there is no channel.
-async fn recv(rx: &mut Option<mpsc::Receiver<RefusedNote>>) -> Option<RefusedNote> {
-    match rx {
-        Some(rx) => rx.recv().await,
-        None => std::future::pending().await,
     }
 }
 
