@@ -128,7 +128,10 @@ where
         submit(Completion {
             future: target,
             event_loop,
-            outcome: Box::new(move |py| Outcome(outcome).into_bound_py_any(py).map(Bound::unbind)),
+            outcome: Box::new(move |py| match outcome {
+                Ok(value) => value.into_py_any(py),
+                Err(e) => Err(e.to_pyerr(py)),
+            }),
         });
     });
     Ok(future)
@@ -149,7 +152,10 @@ impl CancelOnDone {
     }
 }
 
-/// Makes the Python value (or exception) of a result, with the GIL.
+/// Makes the Python value (or exception) of a result, with the GIL: on the bridge
+/// thread, which may wait for the GIL, never on the core (a `WeirErr` needs the GIL to
+/// become a `weir.errors` exception). A panic is reported as `InternalError` (code
+/// `internal`), never as pyo3's `PanicException` (a `BaseException`).
 type MakeOutcome = Box<dyn for<'py> FnOnce(Python<'py>) -> PyResult<Py<PyAny>> + Send>;
 
 /// One result on its way to its asyncio future.
@@ -260,27 +266,6 @@ pub fn _shutdown(py: Python<'_>) {
         py.detach(|| {
             let _ = thread.join();
         });
-    }
-}
-
-/// The result of an awaited operation, converted to Python when
-/// it completes the asyncio future — on the bridge thread, which may wait for the GIL —
-/// so that an error, like a value, becomes a Python object there and never on the core
-/// (a `WeirErr` needs the GIL to become a `weir.errors` exception).
-/// A panic is reported as `InternalError` (code `internal`), never as pyo3's
-/// `PanicException` (a `BaseException`).
-pub struct Outcome<T>(pub Result<T, WeirErr>);
-
-impl<'py, T: IntoPyObject<'py>> IntoPyObject<'py> for Outcome<T> {
-    type Target = PyAny;
-    type Output = Bound<'py, PyAny>;
-    type Error = PyErr;
-
-    fn into_pyobject(self, py: Python<'py>) -> Result<Self::Output, PyErr> {
-        match self.0 {
-            Ok(value) => value.into_bound_py_any(py),
-            Err(e) => Err(e.to_pyerr(py)),
-        }
     }
 }
 
