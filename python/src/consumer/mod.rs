@@ -37,6 +37,7 @@ mod hub;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use pyo3::IntoPyObjectExt;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use tokio::sync::{mpsc, watch};
@@ -202,15 +203,15 @@ impl<'py> IntoPyObject<'py> for Batch {
                         session_id: info.session_id,
                         link,
                     };
-                    items.push((-1i64).into_pyobject(py)?.into_any().unbind());
-                    items.push(Py::new(py, link)?.into_any());
+                    items.push((-1i64).into_py_any(py)?);
+                    items.push(link.into_py_any(py)?);
                 }
                 HubMsg::Event(instance, event) => {
-                    items.push(instance.into_pyobject(py)?.into_any().unbind());
+                    items.push(instance.into_py_any(py)?);
                     items.push(events::to_python(py, event)?);
                 }
                 HubMsg::Gone(instance) => {
-                    items.push(instance.into_pyobject(py)?.into_any().unbind());
+                    items.push(instance.into_py_any(py)?);
                     items.push(py.None());
                 }
             }
