@@ -605,8 +605,10 @@ impl Planner {
         self.held.get(&partition).map(|h| h.valid_until)
     }
 
-    /// A claim or takeover failed (someone else was faster, or no answer).
-    pub(crate) fn not_acquired(&mut self, partition: u32) {
+    /// An operation reported back without changing what is held: a claim or takeover
+    /// that failed (someone else was faster, or no answer), or a release that finished
+    /// (deleted, or refused because someone else holds the key).
+    pub(crate) fn settled(&mut self, partition: u32) {
         self.in_flight.remove(&partition);
     }
 
@@ -675,11 +677,6 @@ impl Planner {
         if let Some(h) = self.held.get_mut(&partition) {
             h.first_unknown.get_or_insert(sent_at);
         }
-    }
-
-    /// A release finished (deleted, or refused because someone else holds the key).
-    pub(crate) fn released(&mut self, partition: u32) {
-        self.in_flight.remove(&partition);
     }
 
     /// Every held lease, fenced for shutdown: `(partition, revision)` to release.
@@ -927,11 +924,11 @@ mod tests {
                 }
             ]
         );
-        p.released(3);
+        p.settled(3);
         p.observe(3, None, now);
         let actions = plan(&mut p, now);
         assert_eq!(actions.len(), 2, "{actions:?}");
-        p.released(2);
+        p.settled(2);
         p.observe(2, None, now);
         // At its share: no more releases, and c now holds what it claimed.
         p.observe(3, Some(("c".into(), 9)), now);
@@ -995,7 +992,7 @@ mod tests {
                 }
             ]
         );
-        p.released(2);
+        p.settled(2);
         p.observe(2, None, now);
         // a is below its share now, but does not claim back what it just released.
         assert!(plan_claims(&mut p, now).is_empty());
@@ -1202,7 +1199,7 @@ mod tests {
         assert!(plan(&mut p, now).is_empty());
         // b won the race after all: the partition is owned, nothing more to claim.
         p.observe(others[1], Some(("b".into(), 3)), now);
-        p.not_acquired(others[1]);
+        p.settled(others[1]);
         let now = step(2_000).await;
         p.heard("b", now);
         assert!(claims(&plan(&mut p, now)).is_empty());

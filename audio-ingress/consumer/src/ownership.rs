@@ -587,7 +587,7 @@ impl<F: HandlerFactory> Driver<F> {
                 if let OpResult::Error(e) = &result {
                     tracing::debug!(partition = p, error = e, "lease claim failed");
                 }
-                self.planner.not_acquired(p);
+                self.planner.settled(p);
             }
             (OpKind::Renew, OpResult::Ok(rev)) => {
                 self.planner.renewed(p, rev, sent_at);
@@ -610,7 +610,7 @@ impl<F: HandlerFactory> Driver<F> {
                 );
                 self.planner.renew_unknown(p, sent_at);
             }
-            (OpKind::Release, _) => self.planner.released(p),
+            (OpKind::Release, _) => self.planner.settled(p),
             (OpKind::Confirm, result) => {
                 let Some(pending) = self.pending.get_mut(&p) else {
                     return;

@@ -83,7 +83,7 @@ impl Cluster {
                     let rev = self.write(p, Some(&me));
                     self.workers[i].0.acquired(p, rev, now);
                 }
-                Some(_) => self.workers[i].0.not_acquired(p),
+                Some(_) => self.workers[i].0.settled(p),
             },
             Action::TakeOver {
                 partition,
@@ -94,7 +94,7 @@ impl Cluster {
                     let rev = self.write(partition, Some(&me));
                     self.workers[i].0.acquired(partition, rev, now);
                 }
-                _ => self.workers[i].0.not_acquired(partition),
+                _ => self.workers[i].0.settled(partition),
             },
             Action::Renew {
                 partition,
@@ -110,7 +110,7 @@ impl Cluster {
             },
             Action::Release { partition, .. } => {
                 self.write(partition, None);
-                self.workers[i].0.released(partition);
+                self.workers[i].0.settled(partition);
             }
         }
     }
