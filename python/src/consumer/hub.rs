@@ -11,8 +11,9 @@
 //! Invariants:
 //! - **Bounded.** At most one event per live stream is in flight (sent, not acked),
 //!   plus at most one open notice per live stream and the `End`s of finished streams
-//!   not yet taken: the channel's capacity ([`capacity_for`]) covers the first two, so
-//!   a handler waits on a full channel only while the Python pump is behind on ends.
+//!   not yet taken: the channel's capacity (two per stream + [`SLACK`]) covers the
+//!   first two, so a handler waits on a full channel only while the Python pump is
+//!   behind on ends.
 //! - **No GIL on the core.** Handlers only touch the channel and their link's ack
 //!   counter (acks arrive from the consumer's acker task); Python objects are built
 //!   where a batch is taken (the bridge thread or the pump's own call), with the GIL.
@@ -57,11 +58,6 @@ use weir_service::sync::locked;
 
 /// Hub slack beyond two messages per stream (`End`s waiting to be taken).
 const SLACK: usize = 1_024;
-
-/// The hub channel's capacity for `max_streams`.
-pub fn capacity_for(max_streams: usize) -> usize {
-    max_streams.saturating_mul(2).saturating_add(SLACK)
-}
 
 /// One message to Python.
 pub enum HubMsg {
@@ -145,7 +141,7 @@ impl Hub {
     /// A hub for `max_streams` and its receiving end; `patience`: how long the handler
     /// of an ended stream waits for each ack (see the module docs).
     pub fn new(max_streams: usize, patience: Duration) -> (Arc<Self>, mpsc::Receiver<HubMsg>) {
-        let (tx, rx) = mpsc::channel(capacity_for(max_streams));
+        let (tx, rx) = mpsc::channel(max_streams.saturating_mul(2).saturating_add(SLACK));
         let hub = Arc::new(Self {
             tx,
             links: Mutex::new(HashMap::new()),
