@@ -117,9 +117,7 @@ impl CapacityConfig {
             ));
         }
         let (lo, hi) = INTERVAL_RANGE_MS;
-        let interval = Range::ms(lo, hi)
-            .check("capacity.interval_ms", self.interval_ms)
-            .map_err(ConsumerError::Config)?;
+        let interval = Range::ms(lo, hi).check("capacity.interval_ms", self.interval_ms)?;
         if let Some(id) = &self.worker_id {
             crate::config::check_name("capacity.worker_id", "", id)?;
         }

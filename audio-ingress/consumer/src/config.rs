@@ -228,34 +228,20 @@ impl LeaseConfig {
     /// Validates every key; the error names the first bad key.
     pub fn validate(&self) -> Result<LeaseSettings, ConsumerError> {
         check_name("ownership.lease.bucket", "", &self.bucket)?;
-        let ttl = check_range(
-            "ownership.lease.ttl_ms",
-            self.ttl_ms,
-            Range::ms(1_000, 600_000),
-        )?;
-        let margin = check_range(
-            "ownership.lease.margin_ms",
-            self.margin_ms,
-            Range::ms(1, ttl / 2 - 1).note(" (below TTL / 2)"),
-        )?;
-        let max_renew = (ttl - margin) / 2;
-        let renew = check_range(
-            "ownership.lease.renew_interval_ms",
-            self.renew_interval_ms,
-            Range::ms(100, max_renew).note(" (at most (TTL − margin) / 2)"),
-        )?;
-        let hb = check_range(
-            "ownership.lease.heartbeat_interval_ms",
-            self.heartbeat_interval_ms,
-            Range::ms(50, 60_000),
-        )?;
-        let hb_timeout = check_range(
-            "ownership.lease.heartbeat_timeout_ms",
-            self.heartbeat_timeout_ms,
-            Range::ms(hb.saturating_mul(2), ttl - 1)
-                .note(" (2 × heartbeat_interval_ms up to below the TTL)"),
-        )?;
-        let replicas = check_size("ownership.lease.replicas", self.replicas, Range::int(1, 5))?;
+        let key = |name: &str| format!("ownership.lease.{name}");
+        let ttl = Range::ms(1_000, 600_000).check(&key("ttl_ms"), self.ttl_ms)?;
+        let margin = Range::ms(1, ttl / 2 - 1)
+            .note(" (below TTL / 2)")
+            .check(&key("margin_ms"), self.margin_ms)?;
+        let renew = Range::ms(100, (ttl - margin) / 2)
+            .note(" (at most (TTL − margin) / 2)")
+            .check(&key("renew_interval_ms"), self.renew_interval_ms)?;
+        let hb = Range::ms(50, 60_000)
+            .check(&key("heartbeat_interval_ms"), self.heartbeat_interval_ms)?;
+        let hb_timeout = Range::ms(hb.saturating_mul(2), ttl - 1)
+            .note(" (2 × heartbeat_interval_ms up to below the TTL)")
+            .check(&key("heartbeat_timeout_ms"), self.heartbeat_timeout_ms)?;
+        let replicas = Range::int(1, 5).size(&key("replicas"), self.replicas as u64)?;
         let worker_id = match &self.worker_id {
             Some(id) => check_name("ownership.lease.worker_id", "", id).map(|()| id.clone())?,
             None => default_worker_id(),
@@ -399,16 +385,6 @@ pub struct ConsumerSettings {
 /// The bound of one stream's queue (the type both queues share).
 pub use weir_service::bounded::QueueLimits;
 
-/// `value` of `key` inside `range`; the refusal names the key, the value and the range.
-fn check_range(key: &'static str, value: u64, range: Range) -> Result<u64, ConsumerError> {
-    range.check(key, value).map_err(ConsumerError::Config)
-}
-
-/// [`check_range`] of a `usize` value.
-fn check_size(key: &'static str, value: usize, range: Range) -> Result<usize, ConsumerError> {
-    check_range(key, value as u64, range).map(|v| v as usize)
-}
-
 impl ConsumerConfig {
     /// A config for a partitioned subject: N partitions, owning `owned`.
     pub fn partitioned(
@@ -438,12 +414,9 @@ impl ConsumerConfig {
     pub fn validate(&self) -> Result<ConsumerSettings, ConsumerError> {
         let subject = SubjectTemplate::parse(&self.subject)
             .map_err(|e| ConsumerError::config("subject", e.to_string()))?;
-        let partitions = check_range(
-            "partitions",
-            u64::from(self.partitions),
-            Range::int(1, u64::from(MAX_PARTITIONS)),
-        )? as u32;
-        let partitions = NonZeroU32::new(partitions).unwrap_or(NonZeroU32::MIN);
+        let partitions = Range::int(1, u64::from(MAX_PARTITIONS))
+            .check("partitions", u64::from(self.partitions))?;
+        let partitions = NonZeroU32::new(partitions as u32).unwrap_or(NonZeroU32::MIN);
         let lease = match &self.ownership {
             Ownership::Static => None,
             Ownership::Lease(l) => {
@@ -466,44 +439,27 @@ impl ConsumerConfig {
             }
         };
         let owned = self.owned_partitions(&subject, partitions, lease.is_some())?;
-        let max_bytes = check_size(
-            "max_pending_bytes",
-            self.max_pending_bytes,
-            // At least one 100 ms frame, at most 60 s of audio per stream.
-            Range::bytes(3_200, 1_920_000),
-        )?;
-        let max_age_ms = check_range(
-            "max_pending_age_ms",
-            self.max_pending_age_ms,
-            Range::ms(20, 60_000),
-        )?;
-        let idle_ms = check_range(
-            "idle_timeout_ms",
-            self.idle_timeout_ms,
-            Range::ms(50, 3_600_000),
-        )?;
+        // At least one 100 ms frame, at most 60 s of audio per stream.
+        let max_bytes = Range::bytes(3_200, 1_920_000)
+            .size("max_pending_bytes", self.max_pending_bytes as u64)?;
+        let max_age_ms =
+            Range::ms(20, 60_000).check("max_pending_age_ms", self.max_pending_age_ms)?;
+        let idle_ms = Range::ms(50, 3_600_000).check("idle_timeout_ms", self.idle_timeout_ms)?;
         if idle_ms <= max_age_ms {
             return Err(ConsumerError::config(
                 "idle_timeout_ms",
                 format!("{idle_ms} ms must be above max_pending_age_ms ({max_age_ms} ms)"),
             ));
         }
-        let capacity = check_size(
-            "subscription_capacity",
-            self.subscription_capacity,
-            Range::int(64, 1_048_576),
-        )?;
+        let subscription_capacity = Range::int(64, 1_048_576)
+            .count("subscription_capacity", self.subscription_capacity as u64)?;
         let retain_finished = NonZeroUsize::new(self.retain_finished_streams).ok_or_else(|| {
             ConsumerError::config("retain_finished_streams", "must be at least 1".into())
         })?;
-        let max_streams = check_size("max_streams", self.max_streams, Range::int(1, 1_000_000))?;
+        let max_streams = Range::int(1, 1_000_000).count("max_streams", self.max_streams as u64)?;
         let max_frame_age = match self.max_frame_age_ms {
             0 => None,
-            v => Some(Duration::from_millis(check_range(
-                "max_frame_age_ms",
-                v,
-                MAX_FRAME_AGE_RANGE_MS,
-            )?)),
+            v => Some(MAX_FRAME_AGE_RANGE_MS.millis("max_frame_age_ms", v)?),
         };
         if let ConsumerSource::JetStream { stream, .. } = &self.source {
             check_name("source", "JetStream stream name ", stream)?;
@@ -521,9 +477,9 @@ impl ConsumerConfig {
                 policy: self.policy,
             },
             idle_timeout: Duration::from_millis(idle_ms),
-            subscription_capacity: NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN),
+            subscription_capacity,
             retain_finished,
-            max_streams: NonZeroUsize::new(max_streams).unwrap_or(NonZeroUsize::MIN),
+            max_streams,
             max_frame_age,
             source: self.source.clone(),
             lease,

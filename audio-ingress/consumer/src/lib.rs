@@ -169,6 +169,14 @@ pub enum ConsumerErrorKind {
     Lease,
 }
 
+/// A refused key. By hand, not `#[from]`: a config error is the value itself, not a
+/// [`source`](std::error::Error::source).
+impl From<ConfigError> for ConsumerError {
+    fn from(e: ConfigError) -> Self {
+        Self::Config(e)
+    }
+}
+
 impl ConsumerError {
     pub(crate) fn config(key: &'static str, reason: String) -> Self {
         Self::Config(ConfigError::new(key, ConfigErrorKind::Invalid, reason))
