@@ -33,13 +33,12 @@ pub use audio_codec_algorithms::{
 };
 pub use resample::{Downsampler2x, Upsampler2x};
 
-use std::fmt;
-
 /// The largest payload accepted, in milliseconds of audio (carriers send 20 ms).
 pub const MAX_CHUNK_MS: usize = 200;
 
-/// A carrier's audio encoding.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// A carrier's audio encoding; displayed as `PCMU`, `PCMA`, `L16`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::Display)]
+#[strum(serialize_all = "UPPERCASE")]
 pub enum Encoding {
     /// G.711 µ-law, 8 kHz.
     Pcmu,
@@ -47,16 +46,6 @@ pub enum Encoding {
     Pcma,
     /// Linear 16-bit big-endian (RFC 3551), 8 or 16 kHz.
     L16,
-}
-
-impl fmt::Display for Encoding {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Pcmu => "PCMU",
-            Self::Pcma => "PCMA",
-            Self::L16 => "L16",
-        })
-    }
 }
 
 /// A carrier stream's audio format, mono.
