@@ -61,6 +61,7 @@ use weir_service::ratelimit::LogLimit;
 use weir_service::shutdown::CancellationToken;
 use weir_service::sync::locked;
 
+use crate::config::StreamConfig;
 use crate::metrics as m;
 use crate::publisher::{SinkError, SinkErrorKind};
 use crate::stats::Global;
@@ -164,17 +165,6 @@ impl Confirmer for NatsConfirmer {
     }
 }
 
-/// The window's tunables (validated in [`crate::config`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WindowSettings {
-    /// Limit = this much of the admitted byte rate (`confirm_window_ms`).
-    pub window: Duration,
-    /// The limit never goes below this (`confirm_window_min_bytes`).
-    pub min_bytes: u64,
-    /// Minimum spacing of markers (`confirm_interval_ms`).
-    pub interval: Duration,
-}
-
 /// Frames' bytes inside the window (one frame when acquired; a stream merges the
 /// permits of an unconfirmed run with [`Self::absorb`]). Released exactly once, by
 /// `Drop`.
@@ -252,7 +242,12 @@ const IDLE_REFRESH: Duration = Duration::from_millis(250);
 
 /// The confirmation window of one NATS connection. See the module docs.
 pub struct Window {
-    settings: WindowSettings,
+    /// Limit = this much of the admitted byte rate (`confirm_window_ms`).
+    share: Duration,
+    /// The limit never goes below this (`confirm_window_min_bytes`).
+    min_bytes: u64,
+    /// Minimum spacing of markers (`confirm_interval_ms`).
+    interval: Duration,
     enabled: bool,
     mode: &'static str,
     limit: AtomicU64,
@@ -285,7 +280,7 @@ pub struct Window {
 impl std::fmt::Debug for Window {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Window")
-            .field("settings", &self.settings)
+            .field("limit_bytes", &self.limit_bytes())
             .field("enabled", &self.enabled)
             .field("unconfirmed_bytes", &self.unconfirmed_bytes())
             .finish_non_exhaustive()
@@ -296,13 +291,14 @@ impl std::fmt::Debug for Window {
 pub use weir_protocol::admin::WindowStats;
 
 impl Window {
-    /// A window; `enabled = false` when frames count as published at hand-over.
-    /// `mode` is reported in the stats.
+    /// A window with `config`'s `confirm_*` settings; disabled (frames count as
+    /// published at hand-over) without a `confirmer`. `mode` is reported in the stats.
     pub fn new(
-        settings: WindowSettings,
+        config: &StreamConfig,
         confirmer: Option<Arc<dyn Confirmer>>,
         mode: &'static str,
     ) -> Self {
+        let min_bytes = config.confirm_window_min_bytes();
         let h = Handles {
             unconfirmed_bytes: metrics::gauge!(m::UNCONFIRMED_BYTES),
             unconfirmed_frames: metrics::gauge!(m::UNCONFIRMED_FRAMES),
@@ -311,13 +307,15 @@ impl Window {
             round_seconds: metrics::histogram!(m::CONFIRM_ROUND_SECONDS),
             disconnects: metrics::counter!(m::CONFIRM_DISCONNECTS_TOTAL),
         };
-        h.limit.set(settings.min_bytes as f64);
+        h.limit.set(min_bytes as f64);
         let epoch = confirmer.as_ref().map_or(0, |c| c.epoch());
         Self {
-            settings,
+            share: config.confirm_window(),
+            min_bytes,
+            interval: config.confirm_interval(),
             enabled: confirmer.is_some(),
             mode,
-            limit: AtomicU64::new(settings.min_bytes),
+            limit: AtomicU64::new(min_bytes),
             batch: AtomicU64::new(0),
             open_epoch: AtomicU64::new(epoch),
             confirmer,
@@ -411,8 +409,7 @@ impl Window {
                 return None;
             }
             // Room is announced once per round; re-check at least every interval too.
-            let recheck =
-                (now + self.settings.interval.max(Duration::from_millis(1))).min(deadline);
+            let recheck = (now + self.interval.max(Duration::from_millis(1))).min(deadline);
             tokio::select! {
                 () = &mut room => {}
                 () = tokio::time::sleep_until(recheck) => {}
@@ -628,8 +625,7 @@ async fn next_batch(
         if last_limit.is_none_or(|t| t.elapsed() >= IDLE_REFRESH) {
             last_limit = Some(Instant::now());
             let r = rate.update(global.admitted_bytes());
-            let limit =
-                ((r * window.settings.window.as_secs_f64()) as u64).max(window.settings.min_bytes);
+            let limit = ((r * window.share.as_secs_f64()) as u64).max(window.min_bytes);
             window.limit.store(limit, Ordering::Relaxed);
             window.publish_gauges();
         }
@@ -656,7 +652,7 @@ async fn next_batch(
     Some(match taken {
         Some(batch) => batch,
         None => {
-            tokio::time::sleep_until(last_round + window.settings.interval).await;
+            tokio::time::sleep_until(last_round + window.interval).await;
             window.take_batch(confirmer.epoch())
         }
     })
@@ -716,7 +712,7 @@ pub(crate) async fn run(window: Arc<Window>, confirmer: Arc<dyn Confirmer>, glob
                     if confirmer.epoch() != batch.epoch {
                         break false;
                     }
-                    tokio::time::sleep(window.settings.interval.max(EPOCH_POLL)).await;
+                    tokio::time::sleep(window.interval.max(EPOCH_POLL)).await;
                 }
             }
         };
@@ -791,15 +787,12 @@ mod tests {
                 1
             }
         }
-        let w = Arc::new(Window::new(
-            WindowSettings {
-                window: Duration::from_millis(200),
-                min_bytes: 1_280,
-                interval: Duration::from_millis(5),
-            },
-            Some(Arc::new(Never)),
-            "confirmed",
-        ));
+        let config = crate::StreamConfig::builder()
+            .max_frame_bytes(640)
+            .confirm_window_min_bytes(1_280)
+            .build()
+            .expect("config");
+        let w = Arc::new(Window::new(&config, Some(Arc::new(Never)), "confirmed"));
         let deadline = Instant::now() + Duration::from_millis(100);
         let a = w.acquire(640, deadline).await.expect("room");
         let b = w.acquire(640, deadline).await.expect("room");
