@@ -17,6 +17,7 @@
 use std::num::{NonZeroU32, NonZeroUsize};
 use std::time::Duration;
 
+use async_nats::jetstream::stream::{DiscardPolicy, StorageType};
 use weir_protocol::SubjectTemplate;
 use weir_protocol::audio::packet::DEFAULT_MAX_PCM_BYTES;
 use weir_protocol::partition::{DEFAULT_STREAM_TEMPLATE, MAX_PARTITIONS};
@@ -306,11 +307,13 @@ impl StreamConfigBuilder {
         within("jetstream_duplicate_window_s", js_window, 1_000, js_max_age)?;
         int_in("jetstream_replicas", self.jetstream_replicas)?;
         Ok(JetStreamSettings {
-            stream: stream.clone(),
-            subjects: Vec::new(),
+            name: stream.clone(),
+            storage: StorageType::File,
             max_age: secs(self.jetstream_max_age_s),
             duplicate_window: secs(self.jetstream_duplicate_window_s),
-            replicas: self.jetstream_replicas as usize,
+            num_replicas: self.jetstream_replicas as usize,
+            discard: DiscardPolicy::Old,
+            ..Default::default()
         })
     }
 }
