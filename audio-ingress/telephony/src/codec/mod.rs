@@ -99,7 +99,8 @@ impl MediaFormat {
 }
 
 /// Why a format or a payload was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum CodecError {
     /// Not PCMU/8000, PCMA/8000, L16/8000 or L16/16000 mono.
     #[error(
@@ -116,6 +117,7 @@ pub enum CodecError {
     },
     /// A payload with no bytes.
     #[error("empty media payload")]
+    #[strum(serialize = "empty_payload")]
     Empty,
     /// An L16 payload of an odd number of bytes.
     #[error("media payload of {len} bytes is not whole 16-bit samples")]
@@ -125,6 +127,7 @@ pub enum CodecError {
     },
     /// A payload longer than [`MAX_CHUNK_MS`].
     #[error("media payload of {ms} ms is longer than the {max_ms} ms accepted")]
+    #[strum(serialize = "payload_too_long")]
     TooLong {
         /// The payload's duration, rounded up to whole milliseconds.
         ms: usize,
@@ -136,12 +139,7 @@ pub enum CodecError {
 impl CodecError {
     /// A stable snake_case code for logs, metrics and events.
     pub fn code(&self) -> &'static str {
-        match self {
-            Self::UnsupportedFormat { .. } => "unsupported_format",
-            Self::Empty => "empty_payload",
-            Self::PartialSample { .. } => "partial_sample",
-            Self::TooLong { .. } => "payload_too_long",
-        }
+        self.into()
     }
 }
 
