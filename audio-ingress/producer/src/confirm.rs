@@ -80,6 +80,7 @@ pub trait Confirmer: Send + Sync + 'static {
 
 /// The async-nats confirmer: a marker published to, and received from, an inbox
 /// subject unique to this ingress on the same connection.
+#[derive(Debug)]
 pub struct NatsConfirmer {
     client: Client,
     /// The client's statistics, read once: `Client::statistics` clones an `Arc` that
@@ -88,14 +89,6 @@ pub struct NatsConfirmer {
     subject: Subject,
     sub: tokio::sync::Mutex<Option<Subscriber>>,
     next: AtomicU64,
-}
-
-impl std::fmt::Debug for NatsConfirmer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NatsConfirmer")
-            .field("subject", &self.subject)
-            .finish_non_exhaustive()
-    }
 }
 
 impl NatsConfirmer {

@@ -38,17 +38,11 @@ pub type JetStreamSettings = stream::Config;
 
 /// A [`Sink`] that publishes to JetStream and returns once the server stored the
 /// message (its ack). Cheap to clone.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct JetStreamSink {
     /// Boxed behind an `Arc`: the context is large, and [`NatsSink`] holds either it or
     /// a plain client.
     js: std::sync::Arc<Context>,
-}
-
-impl std::fmt::Debug for JetStreamSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("JetStreamSink").finish_non_exhaustive()
-    }
 }
 
 impl JetStreamSink {
