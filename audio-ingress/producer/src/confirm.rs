@@ -241,7 +241,6 @@ pub struct Window {
     min_bytes: u64,
     /// Minimum spacing of markers (`confirm_interval_ms`).
     interval: Duration,
-    enabled: bool,
     mode: &'static str,
     limit: AtomicU64,
     /// The open batch's number (a copy of `open.id`, read without the lock).
@@ -249,7 +248,8 @@ pub struct Window {
     /// The open batch's connection epoch (a copy of `open.epoch`, stored before
     /// `batch`).
     open_epoch: AtomicU64,
-    /// The connection's epoch, read by publishers before they hand a frame over.
+    /// The connection's epoch, read by publishers before they hand a frame over;
+    /// `None`: the window is disabled (frames count as published at hand-over).
     confirmer: Option<Arc<dyn Confirmer>>,
     unconfirmed_bytes: AtomicU64,
     unconfirmed_frames: AtomicU64,
@@ -274,7 +274,7 @@ impl std::fmt::Debug for Window {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Window")
             .field("limit_bytes", &self.limit_bytes())
-            .field("enabled", &self.enabled)
+            .field("enabled", &self.enabled())
             .field("unconfirmed_bytes", &self.unconfirmed_bytes())
             .finish_non_exhaustive()
     }
@@ -306,7 +306,6 @@ impl Window {
             share: config.confirm_window(),
             min_bytes,
             interval: config.confirm_interval(),
-            enabled: confirmer.is_some(),
             mode,
             limit: AtomicU64::new(min_bytes),
             batch: AtomicU64::new(0),
@@ -332,7 +331,7 @@ impl Window {
 
     /// Whether frames wait for the server's confirmation.
     pub fn enabled(&self) -> bool {
-        self.enabled
+        self.confirmer.is_some()
     }
 
     /// Whether the connection's client channel is full: a publish had to wait and no
