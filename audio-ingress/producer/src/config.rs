@@ -101,16 +101,11 @@ pub struct StreamConfig {
 }
 
 impl Default for StreamConfig {
-    /// The documented defaults: the builder's, assembled without validation (they are
-    /// valid: a unit test checks that the builder's defaults validate to this same
-    /// value).
+    /// The documented defaults: the builder's, validated.
     fn default() -> Self {
-        let b = StreamConfigBuilder::default();
-        b.assemble(
-            SubjectTemplate::deployed(),
-            NonZeroU32::MIN,
-            DEFAULT_MAX_RATE_PERMILLE,
-        )
+        StreamConfigBuilder::default()
+            .build()
+            .expect("the default keys are valid")
     }
 }
 
@@ -162,8 +157,6 @@ impl StreamConfig {
         /// A safety ceiling of `shadow_ceiling_factor` × the budget still applies the
         /// policy, so memory stays bounded even in shadow mode.
         shadow: bool;
-        /// The shadow-mode safety factor.
-        shadow_ceiling_factor: u32;
         /// Whether every consumer speaks the extended protocol (required for `gap`).
         extended_consumers: bool;
         /// Bound on one NATS publish call.

@@ -61,6 +61,7 @@ use weir_service::ratelimit::LogLimit;
 use weir_service::shutdown::CancellationToken;
 use weir_service::sync::locked;
 
+use crate::config::StreamConfig;
 use crate::metrics as m;
 use crate::publisher::{SinkError, SinkErrorKind};
 use crate::stats::Global;
@@ -79,6 +80,7 @@ pub trait Confirmer: Send + Sync + 'static {
 
 /// The async-nats confirmer: a marker published to, and received from, an inbox
 /// subject unique to this ingress on the same connection.
+#[derive(Debug)]
 pub struct NatsConfirmer {
     client: Client,
     /// The client's statistics, read once: `Client::statistics` clones an `Arc` that
@@ -87,14 +89,6 @@ pub struct NatsConfirmer {
     subject: Subject,
     sub: tokio::sync::Mutex<Option<Subscriber>>,
     next: AtomicU64,
-}
-
-impl std::fmt::Debug for NatsConfirmer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NatsConfirmer")
-            .field("subject", &self.subject)
-            .finish_non_exhaustive()
-    }
 }
 
 impl NatsConfirmer {
@@ -162,17 +156,6 @@ impl Confirmer for NatsConfirmer {
     fn epoch(&self) -> u64 {
         self.stats.connects.load(Ordering::Relaxed)
     }
-}
-
-/// The window's tunables (validated in [`crate::config`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WindowSettings {
-    /// Limit = this much of the admitted byte rate (`confirm_window_ms`).
-    pub window: Duration,
-    /// The limit never goes below this (`confirm_window_min_bytes`).
-    pub min_bytes: u64,
-    /// Minimum spacing of markers (`confirm_interval_ms`).
-    pub interval: Duration,
 }
 
 /// Frames' bytes inside the window (one frame when acquired; a stream merges the
@@ -252,8 +235,12 @@ const IDLE_REFRESH: Duration = Duration::from_millis(250);
 
 /// The confirmation window of one NATS connection. See the module docs.
 pub struct Window {
-    settings: WindowSettings,
-    enabled: bool,
+    /// Limit = this much of the admitted byte rate (`confirm_window_ms`).
+    share: Duration,
+    /// The limit never goes below this (`confirm_window_min_bytes`).
+    min_bytes: u64,
+    /// Minimum spacing of markers (`confirm_interval_ms`).
+    interval: Duration,
     mode: &'static str,
     limit: AtomicU64,
     /// The open batch's number (a copy of `open.id`, read without the lock).
@@ -261,7 +248,8 @@ pub struct Window {
     /// The open batch's connection epoch (a copy of `open.epoch`, stored before
     /// `batch`).
     open_epoch: AtomicU64,
-    /// The connection's epoch, read by publishers before they hand a frame over.
+    /// The connection's epoch, read by publishers before they hand a frame over;
+    /// `None`: the window is disabled (frames count as published at hand-over).
     confirmer: Option<Arc<dyn Confirmer>>,
     unconfirmed_bytes: AtomicU64,
     unconfirmed_frames: AtomicU64,
@@ -285,8 +273,8 @@ pub struct Window {
 impl std::fmt::Debug for Window {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Window")
-            .field("settings", &self.settings)
-            .field("enabled", &self.enabled)
+            .field("limit_bytes", &self.limit_bytes())
+            .field("enabled", &self.enabled())
             .field("unconfirmed_bytes", &self.unconfirmed_bytes())
             .finish_non_exhaustive()
     }
@@ -296,13 +284,14 @@ impl std::fmt::Debug for Window {
 pub use weir_protocol::admin::WindowStats;
 
 impl Window {
-    /// A window; `enabled = false` when frames count as published at hand-over.
-    /// `mode` is reported in the stats.
+    /// A window with `config`'s `confirm_*` settings; disabled (frames count as
+    /// published at hand-over) without a `confirmer`. `mode` is reported in the stats.
     pub fn new(
-        settings: WindowSettings,
+        config: &StreamConfig,
         confirmer: Option<Arc<dyn Confirmer>>,
         mode: &'static str,
     ) -> Self {
+        let min_bytes = config.confirm_window_min_bytes();
         let h = Handles {
             unconfirmed_bytes: metrics::gauge!(m::UNCONFIRMED_BYTES),
             unconfirmed_frames: metrics::gauge!(m::UNCONFIRMED_FRAMES),
@@ -311,13 +300,14 @@ impl Window {
             round_seconds: metrics::histogram!(m::CONFIRM_ROUND_SECONDS),
             disconnects: metrics::counter!(m::CONFIRM_DISCONNECTS_TOTAL),
         };
-        h.limit.set(settings.min_bytes as f64);
+        h.limit.set(min_bytes as f64);
         let epoch = confirmer.as_ref().map_or(0, |c| c.epoch());
         Self {
-            settings,
-            enabled: confirmer.is_some(),
+            share: config.confirm_window(),
+            min_bytes,
+            interval: config.confirm_interval(),
             mode,
-            limit: AtomicU64::new(settings.min_bytes),
+            limit: AtomicU64::new(min_bytes),
             batch: AtomicU64::new(0),
             open_epoch: AtomicU64::new(epoch),
             confirmer,
@@ -341,7 +331,7 @@ impl Window {
 
     /// Whether frames wait for the server's confirmation.
     pub fn enabled(&self) -> bool {
-        self.enabled
+        self.confirmer.is_some()
     }
 
     /// Whether the connection's client channel is full: a publish had to wait and no
@@ -411,8 +401,7 @@ impl Window {
                 return None;
             }
             // Room is announced once per round; re-check at least every interval too.
-            let recheck =
-                (now + self.settings.interval.max(Duration::from_millis(1))).min(deadline);
+            let recheck = (now + self.interval.max(Duration::from_millis(1))).min(deadline);
             tokio::select! {
                 () = &mut room => {}
                 () = tokio::time::sleep_until(recheck) => {}
@@ -628,8 +617,7 @@ async fn next_batch(
         if last_limit.is_none_or(|t| t.elapsed() >= IDLE_REFRESH) {
             last_limit = Some(Instant::now());
             let r = rate.update(global.admitted_bytes());
-            let limit =
-                ((r * window.settings.window.as_secs_f64()) as u64).max(window.settings.min_bytes);
+            let limit = ((r * window.share.as_secs_f64()) as u64).max(window.min_bytes);
             window.limit.store(limit, Ordering::Relaxed);
             window.publish_gauges();
         }
@@ -656,7 +644,7 @@ async fn next_batch(
     Some(match taken {
         Some(batch) => batch,
         None => {
-            tokio::time::sleep_until(last_round + window.settings.interval).await;
+            tokio::time::sleep_until(last_round + window.interval).await;
             window.take_batch(confirmer.epoch())
         }
     })
@@ -716,7 +704,7 @@ pub(crate) async fn run(window: Arc<Window>, confirmer: Arc<dyn Confirmer>, glob
                     if confirmer.epoch() != batch.epoch {
                         break false;
                     }
-                    tokio::time::sleep(window.settings.interval.max(EPOCH_POLL)).await;
+                    tokio::time::sleep(window.interval.max(EPOCH_POLL)).await;
                 }
             }
         };
@@ -791,15 +779,12 @@ mod tests {
                 1
             }
         }
-        let w = Arc::new(Window::new(
-            WindowSettings {
-                window: Duration::from_millis(200),
-                min_bytes: 1_280,
-                interval: Duration::from_millis(5),
-            },
-            Some(Arc::new(Never)),
-            "confirmed",
-        ));
+        let config = crate::StreamConfig::builder()
+            .max_frame_bytes(640)
+            .confirm_window_min_bytes(1_280)
+            .build()
+            .expect("config");
+        let w = Arc::new(Window::new(&config, Some(Arc::new(Never)), "confirmed"));
         let deadline = Instant::now() + Duration::from_millis(100);
         let a = w.acquire(640, deadline).await.expect("room");
         let b = w.acquire(640, deadline).await.expect("room");

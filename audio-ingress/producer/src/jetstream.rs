@@ -31,34 +31,18 @@ use bytes::Bytes;
 use crate::config::{Delivery, StreamConfig};
 use crate::publisher::{Sink, SinkError, SinkErrorKind, SinkResult};
 
-/// The JetStream stream weir publishes audio into.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JetStreamSettings {
-    /// Stream name (`jetstream_stream`).
-    pub stream: String,
-    /// Subjects the stream captures (from the subject template: `{stream}` → `*`).
-    pub subjects: Vec<String>,
-    /// How long the server keeps frames (`jetstream_max_age_s`).
-    pub max_age: Duration,
-    /// Deduplication window for `Nats-Msg-Id` (`jetstream_duplicate_window_s`).
-    pub duplicate_window: Duration,
-    /// Replicas (`jetstream_replicas`).
-    pub replicas: usize,
-}
+/// The JetStream stream weir publishes audio into ([`StreamConfig::jetstream`]): named
+/// by `jetstream_stream`, capturing the subject template's subjects, file storage, the
+/// `jetstream_max_age_s`, `jetstream_duplicate_window_s` and `jetstream_replicas` keys.
+pub type JetStreamSettings = stream::Config;
 
 /// A [`Sink`] that publishes to JetStream and returns once the server stored the
 /// message (its ack). Cheap to clone.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct JetStreamSink {
     /// Boxed behind an `Arc`: the context is large, and [`NatsSink`] holds either it or
     /// a plain client.
     js: std::sync::Arc<Context>,
-}
-
-impl std::fmt::Debug for JetStreamSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("JetStreamSink").finish_non_exhaustive()
-    }
 }
 
 impl JetStreamSink {
@@ -72,23 +56,12 @@ impl JetStreamSink {
         let js = jetstream::ContextBuilder::new()
             .timeout(ack_timeout)
             .build(client);
-        let config = stream::Config {
-            name: settings.stream.clone(),
-            subjects: settings.subjects.clone(),
-            storage: stream::StorageType::File,
-            max_age: settings.max_age,
-            duplicate_window: settings.duplicate_window,
-            num_replicas: settings.replicas,
-            discard: stream::DiscardPolicy::Old,
-            ..Default::default()
-        };
-        js.get_or_create_stream(config).await.map_err(|e| {
-            SinkError::with_source(
-                SinkErrorKind::Stream,
-                format!("JetStream stream {:?}", settings.stream),
-                e,
-            )
-        })?;
+        js.get_or_create_stream(settings.clone())
+            .await
+            .map_err(|e| {
+                let message = format!("JetStream stream {:?}", settings.name);
+                SinkError::with_source(SinkErrorKind::Stream, message, e)
+            })?;
         Ok(Self {
             js: std::sync::Arc::new(js),
         })
@@ -194,11 +167,9 @@ mod tests {
         let server = weir_testkit::NatsServer::start().expect("nats-server");
         let client = async_nats::connect(server.url()).await.expect("connect");
         let settings = JetStreamSettings {
-            stream: "WEIR_ERR_TEST".into(),
+            name: "WEIR_ERR_TEST".into(),
             subjects: vec!["err.test.*".into()],
-            max_age: Duration::from_secs(60),
-            duplicate_window: Duration::from_secs(60),
-            replicas: 1,
+            ..Default::default()
         };
         let e = JetStreamSink::new(client, &settings, Duration::from_secs(2))
             .await

@@ -56,7 +56,7 @@ use weir_service::sync::locked;
 const PACKET_ARENA_BYTES: usize = 4096;
 
 use crate::config::{Delivery, StreamConfig};
-use crate::confirm::{Confirmer, Window, WindowSettings};
+use crate::confirm::{Confirmer, Window};
 use crate::error::{OpenError, PushError};
 use crate::publisher::{Publisher, Sink};
 use crate::queue::{Budget, FrameQueue, Lost, OfferMode, QueuedFrame, Refusal, StreamState};
@@ -424,11 +424,7 @@ impl<S: Sink> Ingress<S> {
             Delivery::Unconfirmed | Delivery::JetStream => None,
         };
         let window = Arc::new(Window::new(
-            WindowSettings {
-                window: config.confirm_window(),
-                min_bytes: config.confirm_window_min_bytes(),
-                interval: config.confirm_interval(),
-            },
+            &config,
             confirmer.clone(),
             if sink.lossless() {
                 "jetstream"

@@ -55,12 +55,10 @@ pub struct Received {
 pub struct StreamLog {
     /// Frame sequence numbers, in arrival order.
     pub frames: Vec<u64>,
-    /// Gap markers (each once: see `gap_repeats`).
+    /// Gap markers, each once (the ingress publishes a marker again when a reconnect
+    /// came before the server confirmed it, and the first copy may have arrived after
+    /// all).
     pub gaps: Vec<Gap>,
-    /// Copies of a gap marker already seen: the ingress publishes a marker again when a
-    /// reconnect came before the server confirmed it, and the first copy may have
-    /// arrived after all.
-    pub gap_repeats: u64,
     /// The end packet, if seen.
     pub end: Option<Received>,
     /// Packets that did not decode.
@@ -151,7 +149,6 @@ impl Collector {
                         if let PacketBody::Gap(g) = &packet.body
                             && log.gaps.contains(g)
                         {
-                            log.gap_repeats += 1;
                             continue;
                         }
                         log.seqs.push(packet.seq);

@@ -81,7 +81,8 @@ pub enum Pushed {
 }
 
 /// A chunk refused; the window is unchanged.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case", prefix = "sequence_")]
 pub enum ReorderError {
     /// The chunk number is already held or was already released.
     #[error("chunk {chunk} was already received")]
@@ -111,11 +112,7 @@ impl ReorderError {
     /// A stable snake_case code: `sequence_repeat`, `sequence_backwards`,
     /// `sequence_jump`.
     pub fn code(&self) -> &'static str {
-        match self {
-            ReorderError::Repeat { .. } => "sequence_repeat",
-            ReorderError::Backwards { .. } => "sequence_backwards",
-            ReorderError::Jump { .. } => "sequence_jump",
-        }
+        self.into()
     }
 }
 

@@ -17,12 +17,14 @@
 use std::num::{NonZeroU32, NonZeroUsize};
 use std::time::Duration;
 
+use async_nats::jetstream::stream::{DiscardPolicy, StorageType};
 use weir_protocol::SubjectTemplate;
 use weir_protocol::audio::packet::DEFAULT_MAX_PCM_BYTES;
 use weir_protocol::partition::{DEFAULT_STREAM_TEMPLATE, MAX_PARTITIONS};
 use weir_service::config::{ConfigError, ConfigErrorKind, Range, whole_ms as ms};
 
 use super::*;
+use crate::jetstream::JetStreamSettings;
 
 weir_service::config_section! {
     /// Builds a [`StreamConfig`] (see the module docs); nothing is checked before
@@ -153,8 +155,6 @@ impl StreamConfigBuilder {
         policy(v: Policy) => policy = v;
         /// `shadow`.
         shadow(v: bool) => shadow = v;
-        /// `shadow_ceiling_factor`.
-        shadow_ceiling_factor(v: u32) => shadow_ceiling_factor = u64::from(v);
         /// `extended_consumers`.
         extended_consumers(v: bool) => extended_consumers = v;
         /// `publish_timeout_ms`.
@@ -190,13 +190,9 @@ impl StreamConfigBuilder {
                 ConfigError::out_of_range("max_rate", self.max_rate, "0 (no bound) or 1.0..=1000")
             })?;
         let max_pcm = DEFAULT_MAX_PCM_BYTES as u64;
-        if self.max_frame_bytes < 2 || self.max_frame_bytes > max_pcm {
-            return Err(ConfigError::out_of_range(
-                "max_frame_bytes",
-                self.max_frame_bytes,
-                format!("2..={max_pcm} (the packet limit)"),
-            ));
-        }
+        Range::int(2, max_pcm)
+            .note(" (the packet limit)")
+            .check("max_frame_bytes", self.max_frame_bytes)?;
         if !self.max_frame_bytes.is_multiple_of(2) {
             return Err(ConfigError::new(
                 "max_frame_bytes",
@@ -232,35 +228,10 @@ impl StreamConfigBuilder {
             1,
             max_interval,
         )?;
-        let stream = &self.jetstream_stream;
-        if stream.is_empty()
-            || stream.len() > 64
-            || !stream
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        {
-            return Err(ConfigError::new(
-                "jetstream_stream",
-                ConfigErrorKind::Invalid,
-                format!("{stream:?}: 1..=64 characters of A-Z a-z 0-9 _ -"),
-            ));
-        }
-        // Shown in milliseconds, as the durations are checked.
-        let js_max_age = ms(secs(self.jetstream_max_age_s));
-        within("jetstream_max_age_s", js_max_age, 1_000, 604_800_000)?;
-        let js_window = ms(secs(self.jetstream_duplicate_window_s));
-        within("jetstream_duplicate_window_s", js_window, 1_000, js_max_age)?;
-        int_in("jetstream_replicas", self.jetstream_replicas)?;
-        let min_window = self.max_frame_bytes;
-        if self.confirm_window_min_bytes < min_window
-            || self.confirm_window_min_bytes > MAX_MAX_BYTES as u64
-        {
-            return Err(ConfigError::out_of_range(
-                "confirm_window_min_bytes",
-                self.confirm_window_min_bytes,
-                format!("{min_window}..={MAX_MAX_BYTES} (at least max_frame_bytes)"),
-            ));
-        }
+        let jetstream = self.jetstream()?;
+        Range::int(self.max_frame_bytes, MAX_MAX_BYTES as u64)
+            .note(" (at least max_frame_bytes)")
+            .check("confirm_window_min_bytes", self.confirm_window_min_bytes)?;
         int_in("shadow_ceiling_factor", self.shadow_ceiling_factor)?;
         if self.policy == Policy::Gap && !self.extended_consumers {
             return Err(ConfigError::new(
@@ -283,26 +254,11 @@ impl StreamConfigBuilder {
             }
             (_, p) => p.max(1),
         };
-        if !(1..=u64::from(MAX_PARTITIONS)).contains(&partitions) {
-            return Err(ConfigError::out_of_range(
-                "partitions",
-                partitions,
-                format!("1..={MAX_PARTITIONS} (the consumer's bound too)"),
-            ));
-        }
+        Range::int(1, MAX_PARTITIONS.into())
+            .note(" (the consumer's bound too)")
+            .check("partitions", partitions)?;
         let partitions = NonZeroU32::new(partitions as u32).unwrap_or(NonZeroU32::MIN);
-        Ok(self.assemble(subject, partitions, max_rate_permille as u32))
-    }
-
-    /// The [`StreamConfig`] of these values, with the parsed subject, partitions and
-    /// rate; [`Self::build`] validates them first.
-    pub(super) fn assemble(
-        &self,
-        subject: SubjectTemplate,
-        partitions: NonZeroU32,
-        max_rate_permille: u32,
-    ) -> StreamConfig {
-        StreamConfig {
+        Ok(StreamConfig {
             max_bytes: nonzero(self.max_bytes),
             max_age: Duration::from_millis(self.max_age_ms),
             max_wait: Duration::from_millis(self.max_wait_ms),
@@ -319,16 +275,46 @@ impl StreamConfigBuilder {
             confirm_window: Duration::from_millis(self.confirm_window_ms),
             confirm_window_min_bytes: self.confirm_window_min_bytes,
             confirm_interval: Duration::from_millis(self.confirm_interval_ms),
-            jetstream: crate::jetstream::JetStreamSettings {
-                stream: self.jetstream_stream.clone(),
+            jetstream: JetStreamSettings {
                 subjects: vec![subject.wildcard()],
-                max_age: secs(self.jetstream_max_age_s),
-                duplicate_window: secs(self.jetstream_duplicate_window_s),
-                replicas: self.jetstream_replicas as usize,
+                ..jetstream
             },
             subject,
-            max_rate_permille,
+            max_rate_permille: max_rate_permille as u32,
+        })
+    }
+
+    /// The `jetstream_*` keys, validated (the subjects are the template's, set by
+    /// [`Self::build`]).
+    fn jetstream(&self) -> Result<JetStreamSettings, ConfigError> {
+        let stream = &self.jetstream_stream;
+        if stream.is_empty()
+            || stream.len() > 64
+            || !stream
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            return Err(ConfigError::new(
+                "jetstream_stream",
+                ConfigErrorKind::Invalid,
+                format!("{stream:?}: 1..=64 characters of A-Z a-z 0-9 _ -"),
+            ));
         }
+        // Shown in milliseconds, as the durations are checked.
+        let js_max_age = ms(secs(self.jetstream_max_age_s));
+        within("jetstream_max_age_s", js_max_age, 1_000, 604_800_000)?;
+        let js_window = ms(secs(self.jetstream_duplicate_window_s));
+        within("jetstream_duplicate_window_s", js_window, 1_000, js_max_age)?;
+        int_in("jetstream_replicas", self.jetstream_replicas)?;
+        Ok(JetStreamSettings {
+            name: stream.clone(),
+            storage: StorageType::File,
+            max_age: secs(self.jetstream_max_age_s),
+            duplicate_window: secs(self.jetstream_duplicate_window_s),
+            num_replicas: self.jetstream_replicas as usize,
+            discard: DiscardPolicy::Old,
+            ..Default::default()
+        })
     }
 }
 

@@ -33,13 +33,12 @@ pub use audio_codec_algorithms::{
 };
 pub use resample::{Downsampler2x, Upsampler2x};
 
-use std::fmt;
-
 /// The largest payload accepted, in milliseconds of audio (carriers send 20 ms).
 pub const MAX_CHUNK_MS: usize = 200;
 
-/// A carrier's audio encoding.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// A carrier's audio encoding; displayed as `PCMU`, `PCMA`, `L16`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::Display)]
+#[strum(serialize_all = "UPPERCASE")]
 pub enum Encoding {
     /// G.711 µ-law, 8 kHz.
     Pcmu,
@@ -47,16 +46,6 @@ pub enum Encoding {
     Pcma,
     /// Linear 16-bit big-endian (RFC 3551), 8 or 16 kHz.
     L16,
-}
-
-impl fmt::Display for Encoding {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Pcmu => "PCMU",
-            Self::Pcma => "PCMA",
-            Self::L16 => "L16",
-        })
-    }
 }
 
 /// A carrier stream's audio format, mono.
@@ -110,7 +99,8 @@ impl MediaFormat {
 }
 
 /// Why a format or a payload was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum CodecError {
     /// Not PCMU/8000, PCMA/8000, L16/8000 or L16/16000 mono.
     #[error(
@@ -127,6 +117,7 @@ pub enum CodecError {
     },
     /// A payload with no bytes.
     #[error("empty media payload")]
+    #[strum(serialize = "empty_payload")]
     Empty,
     /// An L16 payload of an odd number of bytes.
     #[error("media payload of {len} bytes is not whole 16-bit samples")]
@@ -136,6 +127,7 @@ pub enum CodecError {
     },
     /// A payload longer than [`MAX_CHUNK_MS`].
     #[error("media payload of {ms} ms is longer than the {max_ms} ms accepted")]
+    #[strum(serialize = "payload_too_long")]
     TooLong {
         /// The payload's duration, rounded up to whole milliseconds.
         ms: usize,
@@ -147,12 +139,7 @@ pub enum CodecError {
 impl CodecError {
     /// A stable snake_case code for logs, metrics and events.
     pub fn code(&self) -> &'static str {
-        match self {
-            Self::UnsupportedFormat { .. } => "unsupported_format",
-            Self::Empty => "empty_payload",
-            Self::PartialSample { .. } => "partial_sample",
-            Self::TooLong { .. } => "payload_too_long",
-        }
+        self.into()
     }
 }
 

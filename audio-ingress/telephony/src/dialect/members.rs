@@ -198,11 +198,13 @@ pub(super) fn missing(name: &str) -> DialectError {
     DialectError::new(DialectErrorKind::MissingField, format!("{name} is missing"))
 }
 
-pub(super) fn required<'x, 'a>(
+/// The required member `name`, read by `read` (`string`, `number`, ...).
+pub(super) fn required<'x, 'a, R>(
     value: &'x Option<Loose<'a>>,
     name: &str,
-) -> Result<&'x Loose<'a>, DialectError> {
-    value.as_ref().ok_or_else(|| missing(name))
+    read: impl FnOnce(&'x Loose<'a>, &str) -> Result<R, DialectError>,
+) -> Result<R, DialectError> {
+    read(value.as_ref().ok_or_else(|| missing(name))?, name)
 }
 
 pub(super) fn object<'x, T>(value: &'x Option<Obj<T>>, name: &str) -> Result<&'x T, DialectError> {
@@ -321,13 +323,10 @@ pub(super) fn custom_parameters(
 pub(super) fn media(body: &MediaBody<'_>, seq: Option<u64>) -> Result<Inbound, DialectError> {
     Ok(Inbound::Media(Media {
         seq,
-        track: track(required(&body.track, "media.track")?, "media.track")?,
-        chunk: number(required(&body.chunk, "media.chunk")?, "media.chunk")?,
-        timestamp_ms: number(
-            required(&body.timestamp, "media.timestamp")?,
-            "media.timestamp",
-        )?,
-        payload: payload(required(&body.payload, "media.payload")?, "media.payload")?,
+        track: required(&body.track, "media.track", track)?,
+        chunk: required(&body.chunk, "media.chunk", number)?,
+        timestamp_ms: required(&body.timestamp, "media.timestamp", number)?,
+        payload: required(&body.payload, "media.payload", payload)?,
     }))
 }
 
@@ -336,7 +335,7 @@ pub(super) fn mark(
     seq: Option<u64>,
 ) -> Result<Inbound, DialectError> {
     let body = object(body, "mark")?;
-    let name = string(required(&body.name, "mark.name")?, "mark.name")?;
+    let name = required(&body.name, "mark.name", string)?;
     Ok(Inbound::Mark {
         seq,
         name: name.to_owned(),
@@ -345,14 +344,14 @@ pub(super) fn mark(
 
 pub(super) fn dtmf(body: &Option<Obj<DtmfBody<'_>>>) -> Result<Inbound, DialectError> {
     let body = object(body, "dtmf")?;
-    let digit = string(required(&body.digit, "dtmf.digit")?, "dtmf.digit")?;
+    let digit = required(&body.digit, "dtmf.digit", string)?;
     Ok(Inbound::Dtmf {
         digit: digit.to_owned(),
     })
 }
 
 pub(super) fn event<'x>(value: &'x Option<Loose<'_>>) -> Result<&'x str, DialectError> {
-    string(required(value, "event")?, "event")
+    required(value, "event", string)
 }
 
 /// At most 40 characters of carrier text quoted back in an error message.
@@ -386,11 +385,8 @@ pub(super) fn read_format(
 ) -> Result<MediaFormat, DialectError> {
     let format = object(value, path)?;
     let name = |member: &str| format!("{path}.{member}");
-    let encoding_text = string(
-        required(&format.encoding, &name("encoding"))?,
-        &name("encoding"),
-    )?;
-    let sample_rate = number(required(&format.sample_rate, &name(rate))?, &name(rate))?;
+    let encoding_text = required(&format.encoding, &name("encoding"), string)?;
+    let sample_rate = required(&format.sample_rate, &name(rate), number)?;
     let channels = match &format.channels {
         Some(c) => number(c, &name("channels"))?,
         None => 1,

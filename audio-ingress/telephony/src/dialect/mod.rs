@@ -35,7 +35,6 @@ mod twilio;
 mod tests;
 
 use std::collections::BTreeMap;
-use std::str::FromStr;
 
 use crate::codec::MediaFormat;
 use members::{Loose, Message, dtmf, event, mark, media, object, optional_number, optional_string};
@@ -47,9 +46,13 @@ pub use outbound::{clear_message, mark_message, media_message};
 /// for L16 at 16 kHz (6,400 bytes per 200 ms, 8,536 in base64) and carrier metadata.
 pub const MAX_MESSAGE_BYTES: usize = 16 * 1024;
 
-/// The carrier whose messages a WebSocket carries; displayed as `twilio` / `telnyx`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::Display)]
-#[strum(serialize_all = "lowercase")]
+/// The carrier whose messages a WebSocket carries; displayed as `twilio` / `telnyx`,
+/// parsed from those names ASCII case-insensitively.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::Display, strum::EnumString,
+)]
+#[strum(serialize_all = "lowercase", ascii_case_insensitive)]
+#[strum(parse_err_ty = UnknownDialect, parse_err_fn = UnknownDialect::of)]
 pub enum Dialect {
     /// Twilio Media Streams (`camelCase` members, `streamSid`).
     Twilio,
@@ -77,18 +80,9 @@ impl Dialect {
 #[error("unknown telephony dialect {0:?} (expected \"twilio\" or \"telnyx\")")]
 pub struct UnknownDialect(pub String);
 
-impl FromStr for Dialect {
-    type Err = UnknownDialect;
-
-    /// `twilio` / `telnyx`, ASCII case-insensitive.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if s.eq_ignore_ascii_case("twilio") {
-            Ok(Dialect::Twilio)
-        } else if s.eq_ignore_ascii_case("telnyx") {
-            Ok(Dialect::Telnyx)
-        } else {
-            Err(UnknownDialect(s.to_owned()))
-        }
+impl UnknownDialect {
+    fn of(name: &str) -> Self {
+        Self(name.to_owned())
     }
 }
 

@@ -55,21 +55,7 @@ fn push_stream_sid(out: &mut String, dialect: Dialect, stream_sid: &str) {
     }
 }
 
-/// `s` as a JSON string literal (RFC 8259 escaping).
+/// `s` as a JSON string literal (serde_json's escaping; a `&str` always serializes).
 fn push_json_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if u32::from(c) < 0x20 => {
-                out.push_str(&format!("\\u{:04x}", u32::from(c)));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
+    out.push_str(&serde_json::to_string(s).unwrap_or_default());
 }

@@ -17,12 +17,9 @@ use crate::codec::Encoding;
 
 /// The `start` message.
 pub(super) fn start(msg: &Message<'_>, seq: Option<u64>) -> Result<Inbound, DialectError> {
-    let stream_sid = string(required(&msg.stream_id, "stream_id")?, "stream_id")?;
+    let stream_sid = required(&msg.stream_id, "stream_id", string)?;
     let body = object(&msg.start, "start")?;
-    let call_id = string(
-        required(&body.call_control_id, "start.call_control_id")?,
-        "start.call_control_id",
-    )?;
+    let call_id = required(&body.call_control_id, "start.call_control_id", string)?;
     let format = read_format(
         &body.media_format,
         "start.media_format",

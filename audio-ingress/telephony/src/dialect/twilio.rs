@@ -22,7 +22,7 @@ pub(super) fn start(msg: &Message<'_>, seq: Option<u64>) -> Result<Inbound, Dial
         (None, Some(sid)) => string(sid, "streamSid")?,
         (None, None) => return Err(missing("start.streamSid")),
     };
-    let call_id = string(required(&body.call_sid, "start.callSid")?, "start.callSid")?;
+    let call_id = required(&body.call_sid, "start.callSid", string)?;
     let tracks = match &body.tracks {
         None => Vec::new(),
         Some(Loose::List(items)) => items

@@ -202,17 +202,6 @@ pub struct Cleared {
     pub queued_marks: Vec<String>,
 }
 
-impl Cleared {
-    /// The audio part as a [`Dropped`] with [`DropReason::Cleared`], for counters.
-    pub fn dropped(&self) -> Dropped {
-        Dropped {
-            frames: self.frames,
-            ms: self.ms,
-            reason: DropReason::Cleared,
-        }
-    }
-}
-
 /// A push or a configuration refused. Nothing in the queue changed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::EnumDiscriminants)]
 #[strum_discriminants(name(OutboundErrorKind), derive(Hash, strum::IntoStaticStr))]

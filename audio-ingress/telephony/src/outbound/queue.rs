@@ -668,7 +668,6 @@ mod tests {
                 queued_marks: vec!["a".into(), "b".into()]
             }
         );
-        assert_eq!(cleared.dropped().reason, DropReason::Cleared);
         assert!(q.is_empty());
         assert_eq!(
             (q.queued_bytes(), q.queued_frames(), q.queued_marks()),
