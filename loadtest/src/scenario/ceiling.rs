@@ -114,7 +114,7 @@ pub async fn run(
         duration: step_duration,
         fault: None,
         vanish_share: 0.0,
-        llm: None,
+        llm_factor: None,
     };
     let mut outputs: Vec<RunOutput> = Vec::new();
     let mut verdict = CeilingReport::default();

@@ -292,9 +292,7 @@ pub async fn run(
     let wall = start.elapsed();
     let end_ms = unix_ms();
     let cpu = PhaseCpu::measure(machine0, self0, &workers, &phase, &fault);
-    if !env.quiet {
-        crate::scenario::clear_progress();
-    }
+    crate::scenario::clear_progress(env.quiet);
 
     // 6. Drain, then the audit.
     let (inst, frames) = audit(

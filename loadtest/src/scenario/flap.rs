@@ -280,7 +280,7 @@ pub async fn run_design(
     let (mut offered, mut notes) = (Vec::with_capacity(ended.len()), Vec::new());
     for call in ended {
         match call {
-            Ok(o) => offered.push((o.id, o.offered)),
+            Ok(call) => offered.push(call),
             Err(e) => notes.push(format!("a call's task failed: {e}")),
         }
     }
@@ -288,9 +288,7 @@ pub async fn run_design(
         notes.push("some calls had not finished in time and were aborted".into());
     }
     let cpu = cpu0.used(&ingress, &nats, start.elapsed());
-    if !env.quiet {
-        crate::scenario::clear_progress();
-    }
+    crate::scenario::clear_progress(env.quiet);
 
     if !drain(&audit, offered.len() as u64).await {
         notes.push(format!(

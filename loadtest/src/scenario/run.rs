@@ -351,8 +351,8 @@ async fn start_llm(
     design: Design,
     streams: usize,
 ) -> (Option<Arc<LlmRun>>, Option<String>) {
-    match plan.llm {
-        Some(load) => match LlmRun::start(nats_url, design, streams, load.factor, &env.llm).await {
+    match plan.llm_factor {
+        Some(factor) => match LlmRun::start(nats_url, design, streams, factor, &env.llm).await {
             Ok(l) => (Some(Arc::new(l)), None),
             Err(e) => (None, Some(format!("LLM side not run: {e}"))),
         },

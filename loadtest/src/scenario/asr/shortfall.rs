@@ -175,9 +175,7 @@ pub async fn run_design(
             DRAIN_MAX.as_secs()
         ));
     }
-    if !env.quiet {
-        crate::scenario::clear_progress();
-    }
+    crate::scenario::clear_progress(env.quiet);
     let wall = start.elapsed();
     let (fleet, naive_max) = match recognisers {
         Recognisers::Weir(f) => (Some(f.stop().await), None),

@@ -151,21 +151,13 @@ counters! {
     }
 }
 
-/// What one call offered, for the audit.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CallOutcome {
-    /// The stream id.
-    pub id: String,
-    /// Frames offered (= the seq of its last frame).
-    pub offered: u64,
-}
-
-/// Starts every call; each task returns its [`CallOutcome`].
+/// Starts every call; each task returns, for the audit, its stream id and the frames it
+/// offered (= the seq of its last frame).
 pub fn start(
     config: FlapConfig,
     clip_seed: u64,
     counters: Arc<FlapCounters>,
-) -> tokio::task::JoinSet<CallOutcome> {
+) -> tokio::task::JoinSet<(String, u64)> {
     let mut set = tokio::task::JoinSet::new();
     let start = Instant::now();
     let clips = crate::producers::clips(clip_seed);
@@ -302,7 +294,7 @@ struct Call {
 }
 
 impl Call {
-    async fn run(mut self) -> CallOutcome {
+    async fn run(mut self) -> (String, u64) {
         tokio::time::sleep_until(self.start_at).await;
         // The first open starts with the call: the ticks of its handshake are held and
         // offered after it, like a reconnect's.
@@ -331,10 +323,7 @@ impl Call {
         if matches!(self.link, Link::Up { .. }) {
             self.counters.up.fetch_sub(1, Ordering::Relaxed);
         }
-        CallOutcome {
-            id: self.id,
-            offered: self.offered,
-        }
+        (self.id, self.offered)
     }
 
     /// One frame: written, held for a handshake, or offered and lost; then the cut
@@ -818,18 +807,18 @@ mod tests {
             "the door answered 100 ms late: {p:?}"
         );
         let d = doors.lock().unwrap();
-        for o in &outcomes {
-            let s = &d[&o.id];
-            assert!(s.ended, "{o:?}: {s:?}");
+        for (id, offered) in &outcomes {
+            let s = &d[id];
+            assert!(s.ended, "{id}: {s:?}");
             assert_eq!(s.opens, 1, "one stream: {s:?}");
             assert_eq!(
-                s.seq, o.offered,
-                "the door's numbering is the producer's: {o:?} {s:?}"
+                s.seq, *offered,
+                "the door's numbering is the producer's: {id} {s:?}"
             );
-            assert_eq!(s.taken + s.declared, o.offered, "{o:?} {s:?}");
+            assert_eq!(s.taken + s.declared, *offered, "{id} {s:?}");
         }
         assert_eq!(
-            outcomes.iter().map(|o| o.offered).sum::<u64>(),
+            outcomes.iter().map(|(_, offered)| offered).sum::<u64>(),
             p.frames_offered
         );
     }
