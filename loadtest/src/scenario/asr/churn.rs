@@ -151,11 +151,11 @@ async fn watch_after_kill<'a>(
     remaining: f64,
     report: &mut ChurnReport,
 ) {
-    let mut left_at = None;
     while killed.elapsed() < ADD_AFTER {
         let tick = Instant::now();
-        if left_at.is_none() && door_slots(ingress).await.is_some_and(|s| s <= remaining) {
-            left_at = Some(Instant::now());
+        if report.slots_left_view_ms.is_none()
+            && door_slots(ingress).await.is_some_and(|s| s <= remaining)
+        {
             report.slots_left_view_ms = Some(ms(killed.elapsed()));
         }
         if let Some(id) = probe_ids.next() {
@@ -169,7 +169,9 @@ async fn watch_after_kill<'a>(
                 Probe::Other => {}
             }
             match outcome {
-                Probe::Admitted if left_at.is_none() => report.probes_admitted_before_left += 1,
+                Probe::Admitted if report.slots_left_view_ms.is_none() => {
+                    report.probes_admitted_before_left += 1;
+                }
                 Probe::Admitted => report.probes_admitted_after_left += 1,
                 Probe::NoCapacity => report.probes_refused_no_capacity += 1,
                 Probe::Other => report.probes_refused_other += 1,

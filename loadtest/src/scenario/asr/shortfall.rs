@@ -54,9 +54,8 @@ impl Recognisers {
 }
 
 /// The ingress of `design`.
-pub(crate) fn ingress_of(design: AsrDesign) -> ScenarioIngress<'static> {
+pub(crate) fn ingress_of(design: AsrDesign) -> ScenarioIngress {
     let weir = |sets| ScenarioIngress::Weir {
-        run: "asr",
         max_streams: 1000,
         config: String::new(),
         sets,
