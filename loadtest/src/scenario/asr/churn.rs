@@ -1,18 +1,10 @@
-//! `asr-churn`: the door's fleet view when a worker dies and when one is added.
-//!
-//! weir-on (audio-ingress at its defaults) in front of `--asr-workers` worker
-//! processes (the hidden `asr-worker` subcommand, static ownership: worker `w` owns
-//! the partitions `p mod workers == w`, `max_streams` = slots, announcing). Calls on
-//! every worker keep part of the slots busy ([`CALLS_PER_WORKER`] each). Then:
-//!
-//! 1. at [`KILL_AT`] plus a random 0–1 s (a random phase against the announcements and
-//!    the door's gauge tick), worker `w0` is SIGKILLed; the door's `/metrics` is polled every
-//!    100 ms for the slots in its fleet view ([`SLOTS_GAUGE`], set by the door once a
-//!    second) until `w0`'s are gone; meanwhile a probe call every 100 ms on `w0`'s
-//!    partitions records whether the door admits it (then it ends at once) or refuses
-//!    it, and when (the admission decision's own view, without the gauge's period);
-//! 2. [`ADD_AFTER`] later a new worker process takes `w0`'s partitions; the probes go
-//!    on until one is admitted (admissions resumed), at most [`RESUME_MAX`].
+//! `asr-churn`: the door's fleet view when a worker dies and when one is added
+//! (docs/loadtest.md, "asr-churn"). weir-on in front of `--asr-workers` worker processes
+//! (the hidden `asr-worker` subcommand), [`CALLS_PER_WORKER`] calls on each; worker `w0`
+//! is SIGKILLed at [`KILL_AT`] plus a random 0–1 s while the door's [`SLOTS_GAUGE`] is
+//! polled and a probe call on `w0`'s partitions is made every 100 ms; [`ADD_AFTER`]
+//! later a new worker takes `w0`'s partitions, probed until admitted (at most
+//! [`RESUME_MAX`]).
 //!
 //! Invariants: every wait is bounded; the worker processes are killed on every exit
 //! path (`kill_on_drop`) and end by themselves after their maximum lifetime.
