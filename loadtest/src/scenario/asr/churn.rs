@@ -50,22 +50,29 @@ pub async fn door_slots(ingress: &IngressProcess) -> Option<f64> {
     gauge(&ingress.metrics().await.ok()?, SLOTS_GAUGE)
 }
 
-/// Polls the door's slots every 100 ms until `done` holds or `max` passed; returns
-/// the last value read.
-pub async fn wait_for_slots(
+/// Before the calls: polls the door's slots every 100 ms until they reach the fleet's
+/// `slots` or `max` passed; returns the last value read, and notes when the door did not
+/// show them all.
+pub async fn wait_for_fleet(
     ingress: &IngressProcess,
-    done: impl Fn(f64) -> bool,
+    slots: f64,
     max: Duration,
+    notes: &mut Vec<String>,
 ) -> Option<f64> {
     let deadline = Instant::now() + max;
     let mut last = None;
     while Instant::now() < deadline {
         last = door_slots(ingress).await.or(last);
-        if last.is_some_and(&done) {
-            break;
+        if last.is_some_and(|s| s >= slots) {
+            return last;
         }
         tokio::time::sleep(POLL).await;
     }
+    notes.push(format!(
+        "the door did not show the fleet's {slots} slots within {} s before the calls \
+         started ({SLOTS_GAUGE} read {last:?})",
+        max.as_secs()
+    ));
     last
 }
 
@@ -193,15 +200,8 @@ pub async fn run(env: &Env, settings: &AsrSettings) -> Result<RunOutput, Error> 
         slots: settings.model.slots,
         ..ChurnReport::default()
     };
-    report.slots_before =
-        wait_for_slots(&ingress, |s| s >= fleet_slots, Duration::from_secs(10)).await;
-    if report.slots_before.is_none_or(|s| s < fleet_slots) {
-        notes.push(format!(
-            "the door did not show the fleet's {fleet_slots} slots within 10 s ({SLOTS_GAUGE} \
-             read {:?})",
-            report.slots_before
-        ));
-    }
+    let wait = Duration::from_secs(10);
+    report.slots_before = wait_for_fleet(&ingress, fleet_slots, wait, &mut notes).await;
     let calls = CALLS_PER_WORKER * settings.workers as usize;
     let duration = KILL_AT + ADD_AFTER + RESUME_MAX;
     let counters = Arc::new(ProducerCounters::default());
