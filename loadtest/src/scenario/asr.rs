@@ -1,13 +1,9 @@
 //! The recognition-capacity scenarios: recognisers modelled as GPU wall time
 //! ([`crate::gpu`]) with fewer slots than the offered calls.
 //!
-//! - `asr-shortfall` ([`shortfall`]): `--streams` calls (default 20) against a fleet of
-//!   `--asr-workers` × `--asr-slots` (default 2 × 6 = 12) at `--asr-rtf` (0.8), three
-//!   designs one after the other, each on a fresh nats-server, the same audio:
-//!   `naive` (naive ingress, wildcard recognisers with unbounded RAM buffers),
-//!   `weir-off` (audio-ingress with `capacity.mode = off`, consumer-core workers at
-//!   their default `max_streams`) and `weir-on` (audio-ingress at its defaults,
-//!   workers with `max_streams` = slots, announcing their capacity).
+//! - `asr-shortfall` ([`shortfall`]): `--streams` calls against `--asr-workers` ×
+//!   `--asr-slots` at `--asr-rtf`, one run per [`AsrDesign`], each on a fresh
+//!   nats-server, the same audio (docs/loadtest.md, "asr-shortfall");
 //! - `asr-churn` ([`churn`]): weir-on with the workers as processes; one SIGKILLed,
 //!   then one added, timed from the door's `/metrics` and probe streams.
 //!

@@ -1,20 +1,10 @@
-//! `ceiling`: ramp the stream count until the ingress can no longer keep up.
+//! `ceiling`: ramp the stream count until the ingress can no longer keep up. What makes
+//! a step sustainable ([`judge`]), the re-run of a step that failed on a busy machine and
+//! the probe between the last good and the first failing count ([`next_probe`]) are in
+//! docs/loadtest.md ("The ceiling").
 //!
-//! Each step is a fresh `steady` run (fresh nats-server and ingress) of a few seconds.
-//! A step is **sustainable** when every one of these holds:
-//! - queue wait p99 ≤ one frame (20 ms);
-//! - no overload, no admission refusal;
-//! - the load generator offered ≥ 97 % of the nominal 50 frames/s per stream (else the
-//!   test measured its own limit, not the ingress's);
-//! - every frame published was received by the fleet (no NATS or client loss).
-//!
-//! A step that fails while other processes used more than [`BUSY_CORES`] is run once
-//! more after waiting (up to 60 s) for a quiet machine: a shared machine must not decide
-//! the verdict. The ramp stops at the first step that fails, then probes once between the last good
-//! and the failing count (if they are more than 10 % apart). Total time is bounded by
-//! [`MAX_TOTAL`]: no step starts once it has passed.
-//!
-//! Pure parts ([`judge`], [`next_probe`]) are unit-tested.
+//! Invariants: each step is a fresh `steady` run (fresh nats-server and ingress); a
+//! shared machine must not decide the verdict; no step starts after [`MAX_TOTAL`].
 
 use std::time::Duration;
 
@@ -114,7 +104,7 @@ pub async fn run(
         duration: step_duration,
         fault: None,
         vanish_share: 0.0,
-        llm: None,
+        llm_factor: None,
     };
     let mut outputs: Vec<RunOutput> = Vec::new();
     let mut verdict = CeilingReport::default();

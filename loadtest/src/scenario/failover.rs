@@ -280,21 +280,16 @@ pub async fn run(
     };
     let fault = kill_and_restart(&phase, &mut workers, &mut notes).await?;
     stop.store(true, Ordering::Relaxed);
-    let last_seq = match tokio::time::timeout(Duration::from_secs(10), producer).await {
-        Ok(Ok(seq)) => seq,
-        _ => {
-            return Err(Error::new(
-                ErrorKind::Run,
-                format!("{label}: the producers did not stop within 10 s"),
-            ));
-        }
+    let Ok(Ok(last_seq)) = tokio::time::timeout(Duration::from_secs(10), producer).await else {
+        return Err(Error::new(
+            ErrorKind::Run,
+            format!("{label}: the producers did not stop within 10 s"),
+        ));
     };
     let wall = start.elapsed();
     let end_ms = unix_ms();
     let cpu = PhaseCpu::measure(machine0, self0, &workers, &phase, &fault);
-    if !env.quiet {
-        crate::scenario::clear_progress();
-    }
+    crate::scenario::clear_progress(env.quiet);
 
     // 6. Drain, then the audit.
     let (inst, frames) = audit(

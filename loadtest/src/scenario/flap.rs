@@ -138,32 +138,25 @@ pub fn histogram(text: &str, name: &str) -> Option<ServerResume> {
         }
     }
     let count = count?;
-    let mut sorted: Vec<(f64, u64)> = buckets.into_values().collect();
+    // Bounds in ms, ascending (+Inf last).
+    let mut sorted: Vec<(f64, u64)> = buckets.into_values().map(|(b, c)| (b * 1e3, c)).collect();
     sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let quantile = |q: f64| -> Option<f64> {
-        let rank = (q * count as f64).ceil() as u64;
-        sorted
-            .iter()
-            .find(|(_, c)| *c >= rank.max(1))
-            .map(|(b, _)| b * 1000.0)
+    let share = |n: f64| (count > 0).then(|| n / count as f64);
+    let quantile = |q: f64| {
+        let rank = ((q * count as f64).ceil() as u64).max(1);
+        let bound = sorted.iter().find(|(_, c)| *c >= rank).map(|(b, _)| *b);
+        bound.filter(|_| count > 0)
     };
     let target = sorted
         .iter()
-        .find(|(b, _)| (b * 1000.0 - RESUME_TARGET_MS).abs() < 1e-6)
-        .map(|(_, c)| *c);
+        .find(|(b, _)| (b - RESUME_TARGET_MS).abs() < 1e-6);
     Some(ServerResume {
         count,
-        p50_le_ms: (count > 0).then(|| quantile(0.5)).flatten(),
-        p99_le_ms: (count > 0).then(|| quantile(0.99)).flatten(),
-        mean_ms: sum.filter(|_| count > 0).map(|s| s * 1000.0 / count as f64),
-        within_target_pct: target
-            .filter(|_| count > 0)
-            .map(|c| 100.0 * c as f64 / count as f64),
-        buckets: sorted
-            .into_iter()
-            .map(|(b, c)| (if b.is_finite() { b * 1000.0 } else { b }, c))
-            .filter(|(b, _)| b.is_finite())
-            .collect(),
+        p50_le_ms: quantile(0.5),
+        p99_le_ms: quantile(0.99),
+        mean_ms: sum.and_then(|s| share(s * 1e3)),
+        within_target_pct: target.and_then(|(_, c)| share(100.0 * *c as f64)),
+        buckets: sorted.into_iter().filter(|(b, _)| b.is_finite()).collect(),
     })
 }
 
@@ -216,9 +209,8 @@ pub struct FlapReport {
 /// The ingress of `design` for this run. Capacity admission off: no recognition fleet
 /// announces slots here (the audit is a plain subscriber); the stream cap never limits
 /// the run.
-fn ingress_of(design: FlapDesign, streams: usize) -> ScenarioIngress<'static> {
+fn ingress_of(design: FlapDesign, streams: usize) -> ScenarioIngress {
     let weir = |sets| ScenarioIngress::Weir {
-        run: "producer-flap",
         max_streams: (streams * 2).max(1000) + 100,
         config: String::new(),
         sets,
@@ -244,7 +236,6 @@ pub async fn run_design(
     let ingress = ingress_of(design, streams);
     let (ingress, dir) = spawn_ingress(env, ingress, &nats.url, settings.partitions).await?;
 
-    let ids: Arc<Vec<String>> = Arc::new((0..streams).map(|i| format!("call{i}")).collect());
     let counters = Arc::new(FlapCounters::default());
     let spread = Duration::from_millis((streams as u64).clamp(20, 1000));
     let cpu0 = CpuStart::take(&ingress, &nats);
@@ -252,7 +243,7 @@ pub async fn run_design(
     let calls = producer::start(
         FlapConfig {
             ws_addr: ingress.ws_addr(),
-            ids: ids.clone(),
+            ids: Arc::new((0..streams).map(|i| format!("call{i}")).collect()),
             duration: settings.duration,
             flap_every: settings.flap_every,
             resume: design == FlapDesign::WeirResume,
@@ -280,7 +271,7 @@ pub async fn run_design(
     let (mut offered, mut notes) = (Vec::with_capacity(ended.len()), Vec::new());
     for call in ended {
         match call {
-            Ok(o) => offered.push((o.id, o.offered)),
+            Ok(call) => offered.push(call),
             Err(e) => notes.push(format!("a call's task failed: {e}")),
         }
     }
@@ -288,9 +279,7 @@ pub async fn run_design(
         notes.push("some calls had not finished in time and were aborted".into());
     }
     let cpu = cpu0.used(&ingress, &nats, start.elapsed());
-    if !env.quiet {
-        crate::scenario::clear_progress();
-    }
+    crate::scenario::clear_progress(env.quiet);
 
     if !drain(&audit, offered.len() as u64).await {
         notes.push(format!(

@@ -37,9 +37,9 @@ pub(crate) fn progress(line: &str) {
     }
 }
 
-/// Clears the progress line (on a terminal).
-pub(crate) fn clear_progress() {
-    if std::io::stderr().is_terminal() {
+/// Clears the progress line (on a terminal, unless `quiet`: then none was printed).
+pub(crate) fn clear_progress(quiet: bool) {
+    if !quiet && std::io::stderr().is_terminal() {
         eprint!("\r{:<130}\r", "");
     }
 }
@@ -213,13 +213,6 @@ pub const BACKEND_STALL_LENGTH: Duration = Duration::from_secs(10);
 /// `backend-stall`'s offered LLM load, a multiple of the whole pool's capacity.
 pub const BACKEND_STALL_FACTOR: f64 = 1.5;
 
-/// The LLM load of a scenario.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LlmLoad {
-    /// Offered rate as a multiple of the backend's capacity.
-    pub factor: f64,
-}
-
 /// The resolved plan of one scenario.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
@@ -231,8 +224,9 @@ pub struct Plan {
     pub fault: Option<Fault>,
     /// Share of producers that vanish without `end`.
     pub vanish_share: f64,
-    /// LLM load, if the scenario drives the LLM side.
-    pub llm: Option<LlmLoad>,
+    /// The offered LLM rate as a multiple of the backend's capacity, if the scenario
+    /// drives the LLM side.
+    pub llm_factor: Option<f64>,
 }
 
 /// Resolves the plan of a concrete scenario from the flags (pure).
@@ -272,16 +266,14 @@ pub fn plan(
             duration,
             fault: Some(Fault { kind, at, length }),
             vanish_share: 0.0,
-            llm: match kind {
-                FaultKind::BackendPause => Some(LlmLoad { factor: 0.5 }),
-                FaultKind::BackendStall => Some(LlmLoad {
-                    factor: BACKEND_STALL_FACTOR,
-                }),
+            llm_factor: match kind {
+                FaultKind::BackendPause => Some(0.5),
+                FaultKind::BackendStall => Some(BACKEND_STALL_FACTOR),
                 FaultKind::NatsPause | FaultKind::NatsRestart => None,
             },
         })
     };
-    let plain = |vanish_share: f64, llm: Option<LlmLoad>| -> Result<Plan, Error> {
+    let plain = |vanish_share: f64, llm_factor: Option<f64>| -> Result<Plan, Error> {
         let duration = duration.unwrap_or(DEFAULT_DURATION);
         if duration < Duration::from_secs(1) {
             return Err(usage("--duration must be at least 1 second"));
@@ -291,7 +283,7 @@ pub fn plan(
             duration,
             fault: None,
             vanish_share,
-            llm,
+            llm_factor,
         })
     };
     if !(llm_factor.is_finite() && llm_factor > 0.0 && llm_factor <= 100.0) {
@@ -310,7 +302,7 @@ pub fn plan(
         ),
         Scenario::NatsRestart => faulted(FaultKind::NatsRestart, FAULT_AT, DEFAULT_RESTART_DOWN),
         Scenario::NoEnd => plain(NO_END_SHARE, None),
-        Scenario::LlmOverload => plain(0.0, Some(LlmLoad { factor: llm_factor })),
+        Scenario::LlmOverload => plain(0.0, Some(llm_factor)),
         Scenario::All | Scenario::Showcase => Err(usage(format!(
             "{} is a selection, not a scenario",
             scenario.as_str()
@@ -395,12 +387,7 @@ mod tests {
             p.duration,
             BACKEND_STALL_AT + BACKEND_STALL_LENGTH + RECOVERY
         );
-        assert_eq!(
-            p.llm,
-            Some(LlmLoad {
-                factor: BACKEND_STALL_FACTOR
-            })
-        );
+        assert_eq!(p.llm_factor, Some(BACKEND_STALL_FACTOR));
     }
 
     #[test]
@@ -415,7 +402,7 @@ mod tests {
             4.0,
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(p.llm, Some(LlmLoad { factor: 4.0 }));
+        assert_eq!(p.llm_factor, Some(4.0));
         assert!(plan(Scenario::Steady, None, None, 0.0).is_err());
         assert!(plan(Scenario::All, None, None, 1.0).is_err());
     }

@@ -201,8 +201,8 @@ pub(crate) async fn blocking<T: Send + 'static>(
         .map_err(|e| Error::with_source(ErrorKind::Run, "blocking task failed", e))
 }
 
-/// The ingress of `design` for this run of `plan`.
-fn ingress_of(env: &Env, plan: &Plan, design: Design, streams: usize) -> ScenarioIngress<'static> {
+/// The ingress of `design` for a run of `streams` streams.
+fn ingress_of(env: &Env, design: Design, streams: usize) -> ScenarioIngress {
     let (policy, shadow) = match env.policy {
         PolicyArg::Close => ("close", false),
         PolicyArg::Gap => ("gap", false),
@@ -219,7 +219,6 @@ fn ingress_of(env: &Env, plan: &Plan, design: Design, streams: usize) -> Scenari
     }
     match design {
         Design::Bounded => ScenarioIngress::Weir {
-            run: plan.scenario.as_str(),
             max_streams,
             config,
             sets: &[],
@@ -251,7 +250,7 @@ pub async fn run_one(
     let fleet = Arc::new(start_fleet(env, &nats_url, fleet_idle).await?);
 
     // 3. Ingress.
-    let ingress = ingress_of(env, plan, design, streams);
+    let ingress = ingress_of(env, design, streams);
     let (ingress, config_dir) = spawn_ingress(env, ingress, &nats_url, env.partitions).await?;
     let ingress = Arc::new(ingress);
     let cpu_start = CpuStart::take(&ingress, &nats);
@@ -351,8 +350,8 @@ async fn start_llm(
     design: Design,
     streams: usize,
 ) -> (Option<Arc<LlmRun>>, Option<String>) {
-    match plan.llm {
-        Some(load) => match LlmRun::start(nats_url, design, streams, load.factor, &env.llm).await {
+    match plan.llm_factor {
+        Some(factor) => match LlmRun::start(nats_url, design, streams, factor, &env.llm).await {
             Ok(l) => (Some(Arc::new(l)), None),
             Err(e) => (None, Some(format!("LLM side not run: {e}"))),
         },
@@ -651,18 +650,17 @@ async fn apply_fault(
 /// The ingress of a scenario that runs designs side by side: the naive design
 /// (`loadtest naive-ingress`), or weir's `audio-ingress serve` with a config file written
 /// for the run.
-pub(crate) enum ScenarioIngress<'a> {
+pub(crate) enum ScenarioIngress {
     /// The naive design (`floor`: `--naive-floor`).
     Naive {
         floor: Option<crate::naive::audio::Floor>,
     },
-    /// weir: `run` names the run in the config file's comment, `config` adds lines to
-    /// the file; `sets` come before the user's `--ingress-set`s.
+    /// weir: `config` adds lines to the config file; `sets` come before the user's
+    /// `--ingress-set`s.
     Weir {
-        run: &'a str,
         max_streams: usize,
         config: String,
-        sets: &'a [&'a str],
+        sets: &'static [&'static str],
     },
 }
 
@@ -671,7 +669,7 @@ pub(crate) enum ScenarioIngress<'a> {
 /// returned directory.
 pub(crate) async fn spawn_ingress(
     env: &Env,
-    ingress: ScenarioIngress<'_>,
+    ingress: ScenarioIngress,
     nats_url: &str,
     partitions: u32,
 ) -> Result<(IngressProcess, TempDir), Error> {
@@ -691,7 +689,6 @@ pub(crate) async fn spawn_ingress(
             )
         }
         ScenarioIngress::Weir {
-            run,
             max_streams,
             config,
             sets,
@@ -703,7 +700,7 @@ pub(crate) async fn spawn_ingress(
                 .clone();
             let path = dir.0.join("audio-ingress.toml");
             let config = format!(
-                "# written by weir-loadtest for one {run} run\n\
+                "# written by weir-loadtest for one run\n\
                  subject = \"{SUBJECT_TEMPLATE}\"\n\
                  partitions = {partitions}\n\
                  extended_consumers = true\n\

@@ -1,18 +1,10 @@
-//! `asr-churn`: the door's fleet view when a worker dies and when one is added.
-//!
-//! weir-on (audio-ingress at its defaults) in front of `--asr-workers` worker
-//! processes (the hidden `asr-worker` subcommand, static ownership: worker `w` owns
-//! the partitions `p mod workers == w`, `max_streams` = slots, announcing). Calls on
-//! every worker keep part of the slots busy ([`CALLS_PER_WORKER`] each). Then:
-//!
-//! 1. at [`KILL_AT`] plus a random 0–1 s (a random phase against the announcements and
-//!    the door's gauge tick), worker `w0` is SIGKILLed; the door's `/metrics` is polled every
-//!    100 ms for the slots in its fleet view ([`SLOTS_GAUGE`], set by the door once a
-//!    second) until `w0`'s are gone; meanwhile a probe call every 100 ms on `w0`'s
-//!    partitions records whether the door admits it (then it ends at once) or refuses
-//!    it, and when (the admission decision's own view, without the gauge's period);
-//! 2. [`ADD_AFTER`] later a new worker process takes `w0`'s partitions; the probes go
-//!    on until one is admitted (admissions resumed), at most [`RESUME_MAX`].
+//! `asr-churn`: the door's fleet view when a worker dies and when one is added
+//! (docs/loadtest.md, "asr-churn"). weir-on in front of `--asr-workers` worker processes
+//! (the hidden `asr-worker` subcommand), [`CALLS_PER_WORKER`] calls on each; worker `w0`
+//! is SIGKILLed at [`KILL_AT`] plus a random 0–1 s while the door's [`SLOTS_GAUGE`] is
+//! polled and a probe call on `w0`'s partitions is made every 100 ms; [`ADD_AFTER`]
+//! later a new worker takes `w0`'s partitions, probed until admitted (at most
+//! [`RESUME_MAX`]).
 //!
 //! Invariants: every wait is bounded; the worker processes are killed on every exit
 //! path (`kill_on_drop`) and end by themselves after their maximum lifetime.
@@ -58,22 +50,29 @@ pub async fn door_slots(ingress: &IngressProcess) -> Option<f64> {
     gauge(&ingress.metrics().await.ok()?, SLOTS_GAUGE)
 }
 
-/// Polls the door's slots every 100 ms until `done` holds or `max` passed; returns
-/// the last value read.
-pub async fn wait_for_slots(
+/// Before the calls: polls the door's slots every 100 ms until they reach the fleet's
+/// `slots` or `max` passed; returns the last value read, and notes when the door did not
+/// show them all.
+pub async fn wait_for_fleet(
     ingress: &IngressProcess,
-    done: impl Fn(f64) -> bool,
+    slots: f64,
     max: Duration,
+    notes: &mut Vec<String>,
 ) -> Option<f64> {
     let deadline = Instant::now() + max;
     let mut last = None;
     while Instant::now() < deadline {
         last = door_slots(ingress).await.or(last);
-        if last.is_some_and(&done) {
-            break;
+        if last.is_some_and(|s| s >= slots) {
+            return last;
         }
         tokio::time::sleep(POLL).await;
     }
+    notes.push(format!(
+        "the door did not show the fleet's {slots} slots within {} s before the calls \
+         started ({SLOTS_GAUGE} read {last:?})",
+        max.as_secs()
+    ));
     last
 }
 
@@ -151,11 +150,11 @@ async fn watch_after_kill<'a>(
     remaining: f64,
     report: &mut ChurnReport,
 ) {
-    let mut left_at = None;
     while killed.elapsed() < ADD_AFTER {
         let tick = Instant::now();
-        if left_at.is_none() && door_slots(ingress).await.is_some_and(|s| s <= remaining) {
-            left_at = Some(Instant::now());
+        if report.slots_left_view_ms.is_none()
+            && door_slots(ingress).await.is_some_and(|s| s <= remaining)
+        {
             report.slots_left_view_ms = Some(ms(killed.elapsed()));
         }
         if let Some(id) = probe_ids.next() {
@@ -169,7 +168,9 @@ async fn watch_after_kill<'a>(
                 Probe::Other => {}
             }
             match outcome {
-                Probe::Admitted if left_at.is_none() => report.probes_admitted_before_left += 1,
+                Probe::Admitted if report.slots_left_view_ms.is_none() => {
+                    report.probes_admitted_before_left += 1;
+                }
                 Probe::Admitted => report.probes_admitted_after_left += 1,
                 Probe::NoCapacity => report.probes_refused_no_capacity += 1,
                 Probe::Other => report.probes_refused_other += 1,
@@ -199,15 +200,8 @@ pub async fn run(env: &Env, settings: &AsrSettings) -> Result<RunOutput, Error> 
         slots: settings.model.slots,
         ..ChurnReport::default()
     };
-    report.slots_before =
-        wait_for_slots(&ingress, |s| s >= fleet_slots, Duration::from_secs(10)).await;
-    if report.slots_before.is_none_or(|s| s < fleet_slots) {
-        notes.push(format!(
-            "the door did not show the fleet's {fleet_slots} slots within 10 s ({SLOTS_GAUGE} \
-             read {:?})",
-            report.slots_before
-        ));
-    }
+    let wait = Duration::from_secs(10);
+    report.slots_before = wait_for_fleet(&ingress, fleet_slots, wait, &mut notes).await;
     let calls = CALLS_PER_WORKER * settings.workers as usize;
     let duration = KILL_AT + ADD_AFTER + RESUME_MAX;
     let counters = Arc::new(ProducerCounters::default());

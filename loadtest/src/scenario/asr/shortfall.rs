@@ -54,9 +54,8 @@ impl Recognisers {
 }
 
 /// The ingress of `design`.
-pub(crate) fn ingress_of(design: AsrDesign) -> ScenarioIngress<'static> {
+pub(crate) fn ingress_of(design: AsrDesign) -> ScenarioIngress {
     let weir = |sets| ScenarioIngress::Weir {
-        run: "asr",
         max_streams: 1000,
         config: String::new(),
         sets,
@@ -121,7 +120,14 @@ pub async fn run_design(
     let (ingress, dir) =
         spawn_ingress(env, ingress_of(design), &nats.url, settings.partitions).await?;
     let mut notes = Vec::new();
-    let door_slots_seen = door_slots(design, settings, &ingress, &mut notes).await;
+    // With capacity admission on, the calls wait (at most VIEW_WAIT) for the door to
+    // show the fleet's slots.
+    let door_slots_seen = if design == AsrDesign::WeirOn {
+        let fleet_slots = f64::from(settings.workers * settings.model.slots);
+        churn::wait_for_fleet(&ingress, fleet_slots, VIEW_WAIT, &mut notes).await
+    } else {
+        None
+    };
 
     let start = Instant::now();
     let counters = Arc::new(ProducerCounters::default());
@@ -175,9 +181,7 @@ pub async fn run_design(
             DRAIN_MAX.as_secs()
         ));
     }
-    if !env.quiet {
-        crate::scenario::clear_progress();
-    }
+    crate::scenario::clear_progress(env.quiet);
     let wall = start.elapsed();
     let (fleet, naive_max) = match recognisers {
         Recognisers::Weir(f) => (Some(f.stop().await), None),
@@ -213,30 +217,6 @@ pub async fn run_design(
         ..RunReport::default()
     };
     Ok(RunOutput { report, samples })
-}
-
-/// With capacity admission on, waits (at most [`VIEW_WAIT`]) until the door shows the
-/// fleet's slots; returns the slots it last showed (`None` for the other designs), and
-/// notes when it did not show them all.
-async fn door_slots(
-    design: AsrDesign,
-    settings: &AsrSettings,
-    ingress: &IngressProcess,
-    notes: &mut Vec<String>,
-) -> Option<f64> {
-    if design != AsrDesign::WeirOn {
-        return None;
-    }
-    let fleet_slots = f64::from(settings.workers * settings.model.slots);
-    let seen = churn::wait_for_slots(ingress, |s| s >= fleet_slots, VIEW_WAIT).await;
-    if seen.is_none_or(|s| s < fleet_slots) {
-        notes.push(format!(
-            "the door did not show {fleet_slots} slots within {} s before the calls started \
-             (saw {seen:?})",
-            VIEW_WAIT.as_secs()
-        ));
-    }
-    seen
 }
 
 /// The calls: `n` WebSocket streams for `duration`, started over `spread`, their ids

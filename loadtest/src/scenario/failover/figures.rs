@@ -81,8 +81,9 @@ pub(super) struct Measured {
     pub(super) sent: u64,
 }
 
-/// The run's report; `notes` are the run's own, in order, before the notes on the
-/// figures.
+/// The run's report around its `failover` section (spreads, takeover or renewals,
+/// frames, CPU shares); `notes` are the run's own, in order, before the notes on the
+/// figures (a busy machine, double deliveries).
 pub(super) fn run_report(
     env: &FailoverEnv,
     plan: &FailoverPlan,
@@ -90,57 +91,6 @@ pub(super) fn run_report(
     m: Measured,
     mut notes: Vec<String>,
 ) -> RunReport {
-    let wall_s = m.wall_s;
-    let cpu = m.cpu;
-    let sent = m.sent;
-    let report = failover_section(env, plan, m, &mut notes);
-    notes.push(
-        "no ingress in this scenario: producers publish straight to NATS; the ingress, \
-         frames and llm sections are empty, the figures are under failover"
-            .into(),
-    );
-    RunReport {
-        scenario: plan.scenario.as_str().to_owned(),
-        streams,
-        duration_s: plan.duration.as_secs_f64(),
-        wall_s,
-        fault: Some(FaultReport {
-            kind: match plan.victim {
-                Victim::Worker => "worker_kill".into(),
-                Victim::Node => "node_kill".into(),
-            },
-            at_s: report.killed_at_s,
-            duration_s: plan.down.as_secs_f64(),
-        }),
-        producers: ProducerReport {
-            nominal_frames: streams as u64 * u64::from(env.fps) * plan.duration.as_secs(),
-            counters: ProducerSnapshot {
-                frames_sent: sent,
-                ..Default::default()
-            },
-        },
-        llm: crate::llm::not_run(),
-        cpu: CpuReport {
-            loadtest_s: cpu.own,
-            nats_server_s: Some(cpu.nats),
-            other_s: cpu.other().max(0.0),
-            wall_s,
-            ..CpuReport::default()
-        },
-        failover: Some(report),
-        notes,
-        ..RunReport::default()
-    }
-}
-
-/// The `failover` section: spreads, takeover or renewals, frames, CPU shares; notes a
-/// busy machine and double deliveries.
-pub(super) fn failover_section(
-    env: &FailoverEnv,
-    plan: &FailoverPlan,
-    m: Measured,
-    notes: &mut Vec<String>,
-) -> FailoverReport {
     let (inst, f, wall_s, (lo, hi)) = (&m.inst, &m.fault, m.wall_s, m.share);
     let (kill_ms, restart_ms, end_ms) = (f.kill_ms, f.restart_ms, m.end_ms);
     let mut report = FailoverReport {
@@ -169,16 +119,14 @@ pub(super) fn failover_section(
     };
     match plan.victim {
         Victim::Worker => {
-            let restarted_idx = f.restarted_idx;
-            report.takeover = Some(lease_audit::takeover(inst, 0, restarted_idx, kill_ms));
-            if let Some(r) = restarted_idx {
+            report.takeover = Some(lease_audit::takeover(inst, 0, f.restarted_idx, kill_ms));
+            if let Some(r) = f.restarted_idx {
                 let started = inst[r].started_ms.unwrap_or(restart_ms);
-                let share_lo = lo;
                 report.rejoin_share_ms = inst[r]
                     .events
                     .iter()
                     .map(|e| e.at_ms)
-                    .find(|&t| inst[r].held_at(t).len() >= share_lo)
+                    .find(|&t| inst[r].held_at(t).len() >= lo)
                     .map(|t| t.saturating_sub(restart_ms) as f64);
                 report.rejoin_balanced_ms =
                     lease_audit::first_balanced(inst, started, end_ms, env.partitions, lo, hi)
@@ -206,5 +154,41 @@ pub(super) fn failover_section(
             report.cpu.loadavg_1m_at_kill
         ));
     }
-    report
+    notes.push(
+        "no ingress in this scenario: producers publish straight to NATS; the ingress, \
+         frames and llm sections are empty, the figures are under failover"
+            .into(),
+    );
+    RunReport {
+        scenario: plan.scenario.as_str().to_owned(),
+        streams,
+        duration_s: plan.duration.as_secs_f64(),
+        wall_s,
+        fault: Some(FaultReport {
+            kind: match plan.victim {
+                Victim::Worker => "worker_kill".into(),
+                Victim::Node => "node_kill".into(),
+            },
+            at_s: report.killed_at_s,
+            duration_s: plan.down.as_secs_f64(),
+        }),
+        producers: ProducerReport {
+            nominal_frames: streams as u64 * u64::from(env.fps) * plan.duration.as_secs(),
+            counters: ProducerSnapshot {
+                frames_sent: m.sent,
+                ..Default::default()
+            },
+        },
+        llm: crate::llm::not_run(),
+        cpu: CpuReport {
+            loadtest_s: m.cpu.own,
+            nats_server_s: Some(m.cpu.nats),
+            other_s: m.cpu.other().max(0.0),
+            wall_s,
+            ..CpuReport::default()
+        },
+        failover: Some(report),
+        notes,
+        ..RunReport::default()
+    }
 }

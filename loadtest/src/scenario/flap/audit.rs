@@ -119,11 +119,6 @@ impl Instance {
             Cover::Duplicate
         }
     }
-
-    /// Whether `seq` is a hole of this instance (a late packet of it).
-    fn is_hole(&self, seq: u64) -> bool {
-        self.holes.contains(&seq)
-    }
 }
 
 /// One stream id's packets, across its instances (pure).
@@ -163,10 +158,10 @@ impl StreamAudit {
             None => true,
             // After the end: a new instance, unless the packet fills a hole of the
             // ended one (it was overtaken by the end).
-            Some(i) if i.ended_at.is_some() => !i.is_hole(first),
+            Some(i) if i.ended_at.is_some() => !i.holes.contains(&first),
             // A seq 1 the instance already covered: the producer side started over.
             Some(i) => {
-                let restart = first == 1 && i.max_seq >= 1 && !i.is_hole(1);
+                let restart = first == 1 && i.max_seq >= 1 && !i.holes.contains(&1);
                 if restart {
                     self.restarts += 1;
                 }

@@ -151,21 +151,13 @@ counters! {
     }
 }
 
-/// What one call offered, for the audit.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CallOutcome {
-    /// The stream id.
-    pub id: String,
-    /// Frames offered (= the seq of its last frame).
-    pub offered: u64,
-}
-
-/// Starts every call; each task returns its [`CallOutcome`].
+/// Starts every call; each task returns, for the audit, its stream id and the frames it
+/// offered (= the seq of its last frame).
 pub fn start(
     config: FlapConfig,
     clip_seed: u64,
     counters: Arc<FlapCounters>,
-) -> tokio::task::JoinSet<CallOutcome> {
+) -> tokio::task::JoinSet<(String, u64)> {
     let mut set = tokio::task::JoinSet::new();
     let start = Instant::now();
     let clips = crate::producers::clips(clip_seed);
@@ -188,10 +180,8 @@ pub fn start(
             base: 0,
             last_seq: 0,
             token: None,
-            link: Link::Down {
-                retry_at: start_at,
-                since: None,
-            },
+            lost_at: None,
+            link: Link::Down { retry_at: start_at },
         };
         set.spawn(call.run());
     }
@@ -212,16 +202,11 @@ enum Refusal {
 
 /// The call's connection.
 enum Link {
-    /// No connection; the next attempt at `retry_at`. `since`: when the link was lost
-    /// (for the latencies), `None` before the first open.
-    Down {
-        retry_at: Instant,
-        since: Option<Instant>,
-    },
+    /// No connection; the next attempt at `retry_at`.
+    Down { retry_at: Instant },
     /// An attempt under way; the frames ticked meanwhile wait in `held`.
     Connecting {
         attempt: Attempt,
-        since: Option<Instant>,
         resuming: bool,
         next_seq: u64,
         held: Vec<Bytes>,
@@ -298,11 +283,13 @@ struct Call {
     last_seq: u64,
     /// The resume token, once `opened` gave it (and while the stream lives).
     token: Option<String>,
+    /// When the link was lost, until a reconnect upgraded (for the latencies).
+    lost_at: Option<Instant>,
     link: Link,
 }
 
 impl Call {
-    async fn run(mut self) -> CallOutcome {
+    async fn run(mut self) -> (String, u64) {
         tokio::time::sleep_until(self.start_at).await;
         // The first open starts with the call: the ticks of its handshake are held and
         // offered after it, like a reconnect's.
@@ -331,10 +318,7 @@ impl Call {
         if matches!(self.link, Link::Up { .. }) {
             self.counters.up.fetch_sub(1, Ordering::Relaxed);
         }
-        CallOutcome {
-            id: self.id,
-            offered: self.offered,
-        }
+        (self.id, self.offered)
     }
 
     /// One frame: written, held for a handshake, or offered and lost; then the cut
@@ -411,29 +395,18 @@ impl Call {
             self.counters.up.fetch_sub(1, Ordering::Relaxed);
         }
         let now = Instant::now();
-        self.link = Link::Down {
-            retry_at: now,
-            since: Some(now),
-        };
+        self.lost_at = Some(now);
+        self.link = Link::Down { retry_at: now };
         self.connect();
     }
 
     /// Starts an attempt: a resume when the token is known, else a fresh open.
     fn connect(&mut self) {
-        let since = match &self.link {
-            Link::Down { since, .. } => *since,
-            _ => None,
-        };
-        let token = if self.resume {
-            self.token.as_deref()
-        } else {
-            None
-        };
+        let token = self.token.as_deref().filter(|_| self.resume);
         let next_seq = self.offered - self.base + 1;
         let path = reconnect_path(&self.id, token, self.last_seq, next_seq);
         self.link = Link::Connecting {
             attempt: Box::pin(open(self.ws_addr, path)),
-            since,
             resuming: token.is_some(),
             next_seq,
             held: Vec::new(),
@@ -441,11 +414,10 @@ impl Call {
     }
 
     fn attempt_failed(&mut self, why: Refusal) {
-        let (since, held) = match &mut self.link {
-            Link::Connecting { since, held, .. } => (*since, std::mem::take(held)),
-            _ => (None, Vec::new()),
-        };
-        self.lose_frames(held.len() as u64);
+        if let Link::Connecting { held, .. } = &self.link {
+            let held = held.len() as u64;
+            self.lose_frames(held);
+        }
         match why {
             Refusal::Http(status, code) => {
                 self.counters.refused.inc();
@@ -462,7 +434,6 @@ impl Call {
         }
         self.link = Link::Down {
             retry_at: Instant::now() + RETRY_DELAY,
-            since,
         };
     }
 
@@ -489,23 +460,17 @@ impl Call {
     async fn upgraded(&mut self, ws: Box<Ws>) {
         let now = Instant::now();
         let Link::Connecting {
-            since,
             resuming,
             next_seq,
             held,
             ..
-        } = std::mem::replace(
-            &mut self.link,
-            Link::Down {
-                retry_at: now,
-                since: None,
-            },
-        )
+        } = std::mem::replace(&mut self.link, Link::Down { retry_at: now })
         else {
             return;
         };
         self.counters.connects.inc();
         self.counters.up.inc();
+        let since = self.lost_at.take();
         if let Some(s) = since {
             self.counters.reconnect_ms.record(now - s);
         }
@@ -523,7 +488,7 @@ impl Call {
         }
         self.link = Link::Up {
             ws,
-            resume_since: if resuming { since } else { None },
+            resume_since: since.filter(|_| resuming),
             expect_next_seq: resuming.then_some(next_seq),
         };
         let mut held = held.into_iter();
@@ -818,18 +783,18 @@ mod tests {
             "the door answered 100 ms late: {p:?}"
         );
         let d = doors.lock().unwrap();
-        for o in &outcomes {
-            let s = &d[&o.id];
-            assert!(s.ended, "{o:?}: {s:?}");
+        for (id, offered) in &outcomes {
+            let s = &d[id];
+            assert!(s.ended, "{id}: {s:?}");
             assert_eq!(s.opens, 1, "one stream: {s:?}");
             assert_eq!(
-                s.seq, o.offered,
-                "the door's numbering is the producer's: {o:?} {s:?}"
+                s.seq, *offered,
+                "the door's numbering is the producer's: {id} {s:?}"
             );
-            assert_eq!(s.taken + s.declared, o.offered, "{o:?} {s:?}");
+            assert_eq!(s.taken + s.declared, *offered, "{id} {s:?}");
         }
         assert_eq!(
-            outcomes.iter().map(|o| o.offered).sum::<u64>(),
+            outcomes.iter().map(|(_, offered)| offered).sum::<u64>(),
             p.frames_offered
         );
     }

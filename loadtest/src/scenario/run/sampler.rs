@@ -79,9 +79,7 @@ pub(super) async fn sampler(s: SamplerInputs, mut stop: tokio::sync::watch::Rece
             v.push(x);
         }
     }
-    if !s.quiet {
-        crate::scenario::clear_progress();
-    }
+    crate::scenario::clear_progress(s.quiet);
 }
 
 fn progress_line(label: &str, total: Duration, x: &Sample) -> String {
