@@ -13,9 +13,7 @@
 //! stores every sample): they are [`weir_service::metrics::LatencyHistogram`]s, which
 //! `/v1/stats` reads too, rendered with [`DURATION_BUCKETS`] ([`latency_series`]).
 
-use metrics_exporter_prometheus::{
-    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
-};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
 weir_service::declare_metrics! {
     /// Every metric recorded through the `metrics` facade, registered at start
@@ -267,15 +265,11 @@ pub const DURATION_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
-/// Builds the Prometheus recorder with the adapter's histogram buckets. The caller
-/// installs it (`metrics::set_global_recorder`) and keeps the handle for `/metrics`
-/// and for periodic `run_upkeep()`.
+/// Builds the Prometheus recorder. Nothing is recorded as a facade histogram, so it
+/// needs no buckets and no `run_upkeep()`. The caller installs it and keeps the handle
+/// for `/metrics`.
 pub fn prometheus_recorder() -> (PrometheusRecorder, PrometheusHandle) {
-    // This only fails on an empty bucket list, which DURATION_BUCKETS is not.
-    let builder = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), DURATION_BUCKETS)
-        .unwrap_or_else(|_| PrometheusBuilder::new());
-    let recorder = builder.build_recorder();
+    let recorder = PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();
     (recorder, handle)
 }
@@ -378,17 +372,12 @@ mod tests {
     }
 
     #[test]
-    fn recorder_renders_histograms_with_buckets() {
+    fn recorder_renders_facade_counters() {
         let (recorder, handle) = prometheus_recorder();
         metrics::with_local_recorder(&recorder, || {
-            metrics::histogram!(QUEUE_WAIT_SECONDS).record(0.003);
             metrics::counter!(ANSWERED_TOTAL, "outcome" => "ok").increment(2);
         });
         let text = handle.render();
-        assert!(
-            text.contains("weir_llm_queue_wait_seconds_bucket{le=\"0.005\"} 1"),
-            "{text}"
-        );
         assert!(
             text.contains("weir_llm_requests_answered_total{outcome=\"ok\"} 2"),
             "{text}"

@@ -222,10 +222,7 @@ impl Default for SimConfig {
 /// A configuration built from the defaults. They are inside their ranges; a test pins
 /// this.
 pub(super) fn valid_default<T>(built: Result<T, ConfigError>) -> T {
-    match built {
-        Ok(c) => c,
-        Err(e) => unreachable!("the default configuration is invalid: {e}"),
-    }
+    built.unwrap_or_else(|e| unreachable!("the default configuration is invalid: {e}"))
 }
 
 /// `[backend.openai]`.
