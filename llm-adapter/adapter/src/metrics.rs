@@ -1,8 +1,10 @@
 //! Every metric name the adapter records, in one place, and the Prometheus recorder.
 //!
-//! Conventions: `weir_llm_` prefix (every weir metric starts with `weir_`), `_total` on counters, `_seconds` on durations. Labels
-//! have small, fixed value sets (`outcome` = `ok` or an error code, `rule` = a limit
-//! name or `session_cap` / `session_order`): never a request id, session id or key.
+//! Conventions: `weir_llm_` prefix (every weir metric starts with `weir_`), `_total` on
+//! counters, `_seconds` on durations. Labels have small, fixed value sets (`outcome` =
+//! `ok` or an error code, `rule` = a limit name or `session_cap` / `session_order`):
+//! never a request id, session id or key. Each label's values: the table of
+//! docs/llm-adapter.md § Metrics reference.
 //!
 //! Without an installed recorder (library use, tests) every call is a no-op; it must be
 //! installed before [`crate::start`]. The per-request counters and the queue gauges are
@@ -13,9 +15,7 @@
 //! stores every sample): they are [`weir_service::metrics::LatencyHistogram`]s, which
 //! `/v1/stats` reads too, rendered with [`DURATION_BUCKETS`] ([`latency_series`]).
 
-use metrics_exporter_prometheus::{
-    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
-};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
 weir_service::declare_metrics! {
     /// Every metric recorded through the `metrics` facade, registered at start
@@ -35,17 +35,13 @@ weir_service::declare_metrics! {
     counter pub const ANSWERED_TOTAL: &str = "weir_llm_requests_answered_total";
     /// Counter: limits that would have refused in shadow mode, label `rule`.
     counter pub const WOULD_REJECT_TOTAL: &str = "weir_llm_would_reject_total";
-    /// Counter: refusals by a limit in enforce mode, label `rule` (a limit name,
-    /// `session_cap`, `session_order`, `queue`, `deadline_predicted` = refused at admission
-    /// on the prediction, `start_budget` = answered while queued or at the start of
-    /// inference because its remaining budget fell below the start budget).
+    /// Counter: refusals by a limit in enforce mode, label `rule`.
     counter pub const LIMIT_REJECT_TOTAL: &str = "weir_llm_limit_reject_total";
     /// Counter: backend calls started.
     counter pub const INFERENCE_STARTED_TOTAL: &str = "weir_llm_inference_started_total";
     /// Counter: backend calls started after the request's deadline (must stay 0).
     counter pub const STARTED_AFTER_DEADLINE_TOTAL: &str = "weir_llm_started_after_deadline_total";
-    /// Counter: streamed replies started (requests with `Weir-Stream: 1` that reached a
-    /// worker).
+    /// Counter: streamed replies (`Weir-Stream: 1`) that reached a worker.
     counter pub const STREAMS_TOTAL: &str = "weir_llm_streams_total";
     /// Counter: `chunk` messages published to streaming callers.
     counter pub const STREAM_CHUNKS_TOTAL: &str = "weir_llm_stream_chunks_total";
@@ -56,11 +52,9 @@ weir_service::declare_metrics! {
     /// `stream.ack_timeout_ms` with the window full, `publish_timeout` = the NATS client
     /// could not take a chunk within `nats.publish_timeout_ms`).
     counter pub const STREAM_ABORTED_TOTAL: &str = "weir_llm_stream_aborted_total";
-    /// Counter: `llm.status` queries, label `result` (`queued`, `running`, `done`,
-    /// `not_found`).
+    /// Counter: `llm.status` queries, label `result`.
     counter pub const STATUS_TOTAL: &str = "weir_llm_status_requests_total";
-    /// Gauge: requests admitted and not yet started (published when stats are read, e.g.
-    /// on every `/metrics` scrape).
+    /// Gauge: requests admitted and not yet started (published when stats are read).
     gauge pub const QUEUE_DEPTH: &str = "weir_llm_queue_depth";
     /// Gauge: backend calls in progress (published like [`QUEUE_DEPTH`]).
     gauge pub const RUNNING: &str = "weir_llm_running";
@@ -97,20 +91,14 @@ weir_service::declare_metrics! {
     /// Gauge: bytes held by the idempotency cache (body + headers + key + per-entry
     /// overhead), never above `idempotency.max_bytes`.
     gauge pub const CACHE_BYTES: &str = "weir_llm_idempotency_cache_bytes";
-    /// Counter: cached replies evicted before their window ended, label `reason`
-    /// (`max_bytes`, `max_entries`).
+    /// Counter: cached replies evicted before their window ended, label `reason`.
     counter pub const CACHE_EVICTED_TOTAL: &str = "weir_llm_idempotency_cache_evicted_total";
-    /// Counter: successful replies not cached because one alone exceeds
-    /// `idempotency.max_bytes`.
+    /// Counter: replies not cached because one alone exceeds `idempotency.max_bytes`.
     counter pub const CACHE_TOO_LARGE_TOTAL: &str = "weir_llm_idempotency_cache_too_large_total";
-    /// Counter: the NATS client's events, label `event` (`connected`, `disconnected`,
-    /// `slow_consumer` = one message dropped because a subscription's channel,
-    /// `nats.subscription_capacity`, was full: a request dropped there gets no answer,
-    /// also `/v1/stats` `nats.dropped`; `malformed_message` = a message the client could
-    /// not read, skipped or delivered without headers, the connection stays up; ...).
+    /// Counter: the NATS client's events, label `event` (`slow_consumer` = one message
+    /// dropped: a request dropped there gets no answer; also `nats.dropped` in `/v1/stats`).
     counter pub const NATS_EVENTS_TOTAL: &str = "weir_llm_nats_events_total";
-    /// Counter: messages the NATS client received, every subscription (published when
-    /// stats are read).
+    /// Counter: messages the NATS client received (published when stats are read).
     counter pub const NATS_IN_MESSAGES_TOTAL: &str = "weir_llm_nats_in_messages_total";
     /// Counter: messages the endpoint loops took from their subscriptions. At rest,
     /// `weir_llm_nats_in_messages_total − weir_llm_intake_taken_total` is the exact number the
@@ -141,10 +129,7 @@ weir_service::declare_metrics! {
     /// `nats.publish_timeout_ms` (the server redelivers such a request after AckWait).
     counter pub const INTAKE_ACK_FAILED_TOTAL: &str = "weir_llm_intake_ack_failed_total";
     /// Counter: intake requests terminated without admission, label `reason` (`expired` =
-    /// its deadline passed in the stream, `invalid` = a malformed header, `no_reply` = no
-    /// valid `Weir-Reply-To`, `no_headers` = no readable header block,
-    /// `request_id_conflict` = its id has another request's answer kept, `session_cap` =
-    /// the cluster-wide session cap, `key_limit`, `wait_expired`, `slot_store`).
+    /// its deadline passed in the stream, `invalid` = a malformed header, ...).
     counter pub const INTAKE_TERMINATED_TOTAL: &str = "weir_llm_intake_terminated_total";
     /// Counter: pull requests that failed or ended in an error item (a missed heartbeat, a
     /// server restart); the loop pulls again.
@@ -173,30 +158,25 @@ weir_service::declare_metrics! {
         "weir_llm_intake_replay_check_failed_total";
     /// Gauge: intake requests this replica holds (pulled, not yet settled).
     gauge pub const INTAKE_HELD: &str = "weir_llm_intake_held";
-    /// Counter: tokens reserved at admission by the per-key token budgets, label `rule`
-    /// (the limit name).
+    /// Counter: tokens reserved at admission by the per-key token budgets, label `rule`.
     counter pub const TOKENS_RESERVED_TOTAL: &str = "weir_llm_tokens_reserved_total";
     /// Counter: tokens charged when requests ended (the backend's `usage`, clamped;
     /// else the reservation, or the prompt estimate of a failed call), label `rule`.
     counter pub const TOKENS_USED_TOTAL: &str = "weir_llm_tokens_used_total";
     /// Counter: reserved tokens given back (not used), label `rule`.
     counter pub const TOKENS_REFUNDED_TOTAL: &str = "weir_llm_tokens_refunded_total";
-    /// Counter: tokens charged beyond a reservation (reported usage above it), label
-    /// `rule`.
+    /// Counter: tokens charged beyond a reservation, label `rule`.
     counter pub const TOKENS_OVERCHARGED_TOTAL: &str = "weir_llm_tokens_overcharged_total";
     /// Counter: requests refused `token_budget_exceeded`, label `rule`.
     counter pub const TOKENS_REFUSED_TOTAL: &str = "weir_llm_token_budget_refused_total";
-    /// Counter: settlements of started requests by where the count came from, labels
-    /// `rule` and `usage` (`reported`; `clamped` = reported above the clamp, charged at
-    /// it; `missing` = an answer without a readable `usage`: missing, garbage, negative
-    /// or oversized).
+    /// Counter: settlements of started requests, labels `rule` and `usage` (where the
+    /// count came from).
     counter pub const TOKENS_USAGE_TOTAL: &str = "weir_llm_token_usage_total";
     /// Gauge: keys whose token budget is tracked now, label `rule`.
     gauge pub const TOKEN_KEYS: &str = "weir_llm_token_budget_keys";
     /// Counter: keys forgotten to stay within `max_token_keys`, label `rule`.
     counter pub const TOKEN_KEYS_EVICTED_TOTAL: &str = "weir_llm_token_budget_keys_evicted_total";
-    /// Counter: requests admitted, label `class` (`interactive`, `batch`: the priority
-    /// class, `Weir-Priority` or `limits[].priority`).
+    /// Counter: requests admitted, label `class` (the priority class).
     counter pub const PRIORITY_ADMITTED_TOTAL: &str = "weir_llm_priority_admitted_total";
     /// Counter: requests refused at admission (any code), label `class`.
     counter pub const PRIORITY_REFUSED_TOTAL: &str = "weir_llm_priority_refused_total";
@@ -205,10 +185,8 @@ weir_service::declare_metrics! {
     counter pub const PRIORITY_DISPLACED_TOTAL: &str = "weir_llm_priority_displaced_total";
     /// Gauge: 1 while the NATS connection is up.
     gauge pub const NATS_CONNECTED: &str = "weir_llm_nats_connected";
-    /// Gauge: the most memory this replica's configuration lets it hold above idle at
-    /// chat-sized requests, plus an idle allowance, in bytes (docs/operations.md § Memory;
-    /// [`memory_bound_bytes`]). Compare
-    /// `process_resident_memory_bytes` with it.
+    /// Gauge: [`memory_bound_bytes`] of this replica's configuration (docs/operations.md §
+    /// Memory); compare `process_resident_memory_bytes` with it.
     gauge pub const MEMORY_BOUND_BYTES: &str = "weir_llm_memory_bound_bytes";
     /// Gauge: slots (concurrent calls) of each backend of the pool, label `backend` (its
     /// name; `default` for a single `[backend]`).
@@ -221,8 +199,7 @@ weir_service::declare_metrics! {
     /// Gauge: each backend's health, label `backend`: 0 healthy, 1 probing (its
     /// back-off ended, one probe request decides), 2 ejected.
     gauge pub const BACKEND_HEALTH: &str = "weir_llm_backend_health";
-    /// Counter: ejections per backend (consecutive failures or a stalled call), label
-    /// `backend`.
+    /// Counter: ejections (consecutive failures or a stalled call), label `backend`.
     counter pub const BACKEND_EJECTIONS_TOTAL: &str = "weir_llm_backend_ejections_total";
     /// Counter: requests of a session sent to another backend than its last turn's,
     /// because that one would have missed the deadline, label `backend` (the one left).
@@ -267,15 +244,11 @@ pub const DURATION_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
-/// Builds the Prometheus recorder with the adapter's histogram buckets. The caller
-/// installs it (`metrics::set_global_recorder`) and keeps the handle for `/metrics`
-/// and for periodic `run_upkeep()`.
+/// Builds the Prometheus recorder. Nothing is recorded as a facade histogram, so it
+/// needs no buckets and no `run_upkeep()`. The caller installs it and keeps the handle
+/// for `/metrics`.
 pub fn prometheus_recorder() -> (PrometheusRecorder, PrometheusHandle) {
-    // This only fails on an empty bucket list, which DURATION_BUCKETS is not.
-    let builder = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), DURATION_BUCKETS)
-        .unwrap_or_else(|_| PrometheusBuilder::new());
-    let recorder = builder.build_recorder();
+    let recorder = PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();
     (recorder, handle)
 }
@@ -378,17 +351,12 @@ mod tests {
     }
 
     #[test]
-    fn recorder_renders_histograms_with_buckets() {
+    fn recorder_renders_facade_counters() {
         let (recorder, handle) = prometheus_recorder();
         metrics::with_local_recorder(&recorder, || {
-            metrics::histogram!(QUEUE_WAIT_SECONDS).record(0.003);
             metrics::counter!(ANSWERED_TOTAL, "outcome" => "ok").increment(2);
         });
         let text = handle.render();
-        assert!(
-            text.contains("weir_llm_queue_wait_seconds_bucket{le=\"0.005\"} 1"),
-            "{text}"
-        );
         assert!(
             text.contains("weir_llm_requests_answered_total{outcome=\"ok\"} 2"),
             "{text}"

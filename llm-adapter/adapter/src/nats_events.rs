@@ -26,12 +26,6 @@ use weir_service::nats::EventMetrics;
 
 use crate::metrics as m;
 
-/// The names the adapter counts its NATS client's events under.
-pub const EVENT_METRICS: EventMetrics = EventMetrics {
-    events_total: m::NATS_EVENTS_TOTAL,
-    connected: m::NATS_CONNECTED,
-};
-
 /// Counters of one client's events and of the messages the endpoint loops took. Cheap
 /// to clone (shared).
 #[derive(Clone, Debug)]
@@ -53,7 +47,10 @@ impl AdapterEvents {
     /// Fresh counters.
     pub fn new() -> Self {
         Self {
-            events: weir_service::nats::NatsEvents::new(EVENT_METRICS),
+            events: weir_service::nats::NatsEvents::new(EventMetrics {
+                events_total: m::NATS_EVENTS_TOTAL,
+                connected: m::NATS_CONNECTED,
+            }),
             taken: Arc::default(),
         }
     }

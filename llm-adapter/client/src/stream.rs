@@ -57,20 +57,7 @@ pub struct StreamEnd {
 /// the overall timeout). Reading it acknowledges the chunks (the adapter's flow
 /// control): a stream that is not read is aborted by the adapter after its window.
 /// Dropping it unsubscribes (the adapter then notices the caller is gone).
-pub struct LlmStream {
-    inner: futures::stream::BoxStream<'static, Result<LlmEvent, ClientError>>,
-}
-
-impl futures::Stream for LlmStream {
-    type Item = Result<LlmEvent, ClientError>;
-
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        self.inner.as_mut().poll_next(cx)
-    }
-}
+pub type LlmStream = futures::stream::BoxStream<'static, Result<LlmEvent, ClientError>>;
 
 struct StreamState {
     sub: async_nats::Subscriber,
@@ -209,8 +196,6 @@ impl RequestBuilder<'_> {
                 }
             }
         });
-        Ok(LlmStream {
-            inner: Box::pin(inner),
-        })
+        Ok(Box::pin(inner))
     }
 }

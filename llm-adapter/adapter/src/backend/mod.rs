@@ -81,8 +81,11 @@ impl BackendReply {
 #[derive(Debug)]
 pub struct BackendError {
     inner: weir_service::Error<BackendErrorKind>,
+    /// The backend's retry hint (its `Retry-After`); set by the backends of this module.
     retry_after: Option<Duration>,
+    /// The backend's status (HTTP status code).
     status: Option<u16>,
+    /// The limit that was hit (the byte cap of [`BackendErrorKind::TooLarge`]).
     limit: Option<u64>,
 }
 
@@ -154,24 +157,6 @@ impl BackendError {
             status: None,
             limit: None,
         }
-    }
-
-    /// Sets the backend's retry hint (its `Retry-After`).
-    pub fn with_retry_after(mut self, retry_after: Option<Duration>) -> Self {
-        self.retry_after = retry_after;
-        self
-    }
-
-    /// Sets the backend's status (HTTP status code).
-    pub fn with_status(mut self, status: u16) -> Self {
-        self.status = Some(status);
-        self
-    }
-
-    /// Sets the limit that was hit (the byte cap of [`BackendErrorKind::TooLarge`]).
-    pub fn with_limit(mut self, limit: u64) -> Self {
-        self.limit = Some(limit);
-        self
     }
 
     /// The limit that was hit, if any.
@@ -255,29 +240,6 @@ impl fmt::Debug for dyn Backend {
     }
 }
 
-/// Builds the backend of pool member `name` (its name labels the NATS backend's cancel
-/// counter), and its pause/resume handle when it is the sim.
-fn member_from_config(
-    name: &str,
-    cfg: &BackendConfig,
-    client: &async_nats::Client,
-) -> Result<(Arc<dyn Backend>, Option<sim::SimHandle>), BackendError> {
-    Ok(match &cfg.kind {
-        BackendKind::Sim(s) => {
-            let b = sim::SimBackend::new(*s);
-            (Arc::new(b.clone()), Some(b))
-        }
-        BackendKind::OpenAi(o) => (Arc::new(openai::OpenAiBackend::new(o, cfg.timeout)?), None),
-        BackendKind::Nats(n) => {
-            let b = nats::NatsBackend::new(client.clone(), n.subject.clone(), cfg.timeout);
-            (
-                Arc::new(b.with_cancel(n.cancel_subject.clone(), name)),
-                None,
-            )
-        }
-    })
-}
-
 /// What [`pool_from_config`] built: one backend per pool member, in order, and the sim
 /// handles by member name (pause one to stall that backend).
 pub struct BuiltPool {
@@ -312,9 +274,17 @@ pub fn pool_from_config(
         sims: Vec::new(),
     };
     for (name, cfg) in members {
-        let (backend, sim) = member_from_config(name, cfg, client)?;
+        let backend: Arc<dyn Backend> = match &cfg.kind {
+            BackendKind::Sim(s) => {
+                let b = sim::SimBackend::new(*s);
+                pool.sims.push((name.to_owned(), b.clone()));
+                Arc::new(b)
+            }
+            BackendKind::OpenAi(o) => Arc::new(openai::OpenAiBackend::new(o, cfg.timeout)?),
+            // Its name labels the cancel counter.
+            BackendKind::Nats(n) => Arc::new(nats::NatsBackend::new(client, n, cfg.timeout, name)),
+        };
         pool.backends.push(backend);
-        pool.sims.extend(sim.map(|h| (name.to_owned(), h)));
     }
     Ok(pool)
 }

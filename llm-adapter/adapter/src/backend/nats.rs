@@ -20,6 +20,7 @@ use weir_protocol::llm::headers as h;
 
 use super::nats_cancel::CancelTarget;
 use super::{Backend, BackendError, BackendErrorKind, BackendReply, BackendRequest, Call};
+use crate::config::NatsBackendConfig;
 
 /// The NATS forwarding backend.
 #[derive(Debug, Clone)]
@@ -31,23 +32,23 @@ pub struct NatsBackend {
 }
 
 impl NatsBackend {
-    /// Forwards to `subject` over `client`, each call bounded by `timeout` (and by the
-    /// request's deadline when it is sooner).
-    pub fn new(client: async_nats::Client, subject: String, timeout: Duration) -> Self {
+    /// Forwards to `cfg.subject` over `client`, each call bounded by `timeout` (and by
+    /// the request's deadline when it is sooner). With `cfg.cancel_subject`, every call
+    /// dropped before its reply also publishes a cancel message there
+    /// ([`super::nats_cancel`]); `backend` names this backend in the cancel counter.
+    pub fn new(
+        client: &async_nats::Client,
+        cfg: &NatsBackendConfig,
+        timeout: Duration,
+        backend: &str,
+    ) -> Self {
+        let cancel = (cfg.cancel_subject.clone()).map(|s| CancelTarget::new(s, backend.into()));
         Self {
-            client,
-            subject,
+            client: client.clone(),
+            subject: cfg.subject.clone(),
             timeout,
-            cancel: None,
+            cancel,
         }
-    }
-
-    /// Also publishes a cancel message to `cancel_subject` for every call dropped
-    /// before its reply ([`super::nats_cancel`]); `backend` names this backend in the
-    /// cancel counter.
-    pub fn with_cancel(mut self, cancel_subject: Option<String>, backend: &str) -> Self {
-        self.cancel = cancel_subject.map(|s| CancelTarget::new(s, backend.to_owned()));
-        self
     }
 }
 

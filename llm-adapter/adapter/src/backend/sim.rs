@@ -12,7 +12,6 @@
 //! calls that *started after their deadline* — the number the load test requires to be
 //! zero, measured at the backend rather than trusted from the adapter.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -42,26 +41,14 @@ struct SimInner {
     cfg: SimConfig,
     rng: Mutex<SmallRng>,
     paused: watch::Sender<bool>,
-    n: Counters,
-}
-
-#[derive(Debug, Default)]
-struct Counters {
-    started: AtomicU64,
-    completed: AtomicU64,
-    failed: AtomicU64,
-    aborted: AtomicU64,
-    started_after_deadline: AtomicU64,
-    concurrent: AtomicUsize,
-    max_concurrent: AtomicUsize,
-    busy_us: AtomicU64,
+    n: Mutex<SimStats>,
 }
 
 /// Controls and counters of a [`SimBackend`]: a clone of it. Cheap to clone.
 pub type SimHandle = SimBackend;
 
 /// Counters of a [`SimBackend`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct SimStats {
     /// Calls started.
     pub started: u64,
@@ -90,7 +77,7 @@ impl SimBackend {
                 cfg,
                 rng: Mutex::new(SmallRng::seed_from_u64(cfg.seed)),
                 paused,
-                n: Counters::default(),
+                n: Mutex::default(),
             }),
         }
     }
@@ -125,17 +112,7 @@ impl SimBackend {
 
     /// The counters.
     pub fn stats(&self) -> SimStats {
-        let i = &self.inner.n;
-        SimStats {
-            started: i.started.load(Ordering::Relaxed),
-            completed: i.completed.load(Ordering::Relaxed),
-            failed: i.failed.load(Ordering::Relaxed),
-            aborted: i.aborted.load(Ordering::Relaxed),
-            started_after_deadline: i.started_after_deadline.load(Ordering::Relaxed),
-            in_progress: i.concurrent.load(Ordering::Relaxed),
-            max_concurrent: i.max_concurrent.load(Ordering::Relaxed),
-            busy_us: i.busy_us.load(Ordering::Relaxed),
-        }
+        *locked(&self.inner.n)
     }
 }
 
@@ -184,13 +161,11 @@ struct CallGuard {
 impl CallGuard {
     /// Counts a call starting now (and whether it started after its deadline).
     fn begin(inner: &Arc<SimInner>, request: &BackendRequest) -> Self {
-        let (now, n) = (Instant::now(), &inner.n);
-        n.started.fetch_add(1, Ordering::Relaxed);
-        if request.deadline.is_some_and(|d| now >= d) {
-            n.started_after_deadline.fetch_add(1, Ordering::Relaxed);
-        }
-        let c = n.concurrent.fetch_add(1, Ordering::Relaxed) + 1;
-        n.max_concurrent.fetch_max(c, Ordering::Relaxed);
+        let (now, mut n) = (Instant::now(), locked(&inner.n));
+        n.started += 1;
+        n.started_after_deadline += u64::from(request.deadline.is_some_and(|d| now >= d));
+        n.in_progress += 1;
+        n.max_concurrent = n.max_concurrent.max(n.in_progress);
         Self {
             inner: inner.clone(),
             started: now,
@@ -202,13 +177,13 @@ impl CallGuard {
     fn finish(&mut self, fail: bool) -> Result<(), BackendError> {
         self.finished = true;
         if fail {
-            self.inner.n.failed.fetch_add(1, Ordering::Relaxed);
+            locked(&self.inner.n).failed += 1;
             Err(BackendError::new(
                 BackendErrorKind::Failed,
                 "simulated backend error",
             ))
         } else {
-            self.inner.n.completed.fetch_add(1, Ordering::Relaxed);
+            locked(&self.inner.n).completed += 1;
             Ok(())
         }
     }
@@ -216,13 +191,10 @@ impl CallGuard {
 
 impl Drop for CallGuard {
     fn drop(&mut self) {
-        let i = &self.inner.n;
-        i.concurrent.fetch_sub(1, Ordering::Relaxed);
-        i.busy_us
-            .fetch_add(self.started.elapsed().as_micros() as u64, Ordering::Relaxed);
-        if !self.finished {
-            i.aborted.fetch_add(1, Ordering::Relaxed);
-        }
+        let mut n = locked(&self.inner.n);
+        n.in_progress -= 1;
+        n.busy_us += self.started.elapsed().as_micros() as u64;
+        n.aborted += u64::from(!self.finished);
     }
 }
 

@@ -98,14 +98,6 @@ async fn serve(config: Config) -> Result<(), Failure> {
         env!("CARGO_PKG_VERSION"),
     );
     metrics::gauge!(m::MEMORY_BOUND_BYTES).set(m::memory_bound_bytes(&config) as f64);
-    let upkeep = prometheus.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(5));
-        loop {
-            tick.tick().await;
-            upkeep.run_upkeep();
-        }
-    });
 
     let events = weir_llm_adapter::AdapterEvents::new();
     let client = weir_llm_adapter::connect_with_events(&config.nats, &events)

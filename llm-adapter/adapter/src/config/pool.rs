@@ -33,23 +33,18 @@ pub struct PoolMember {
     pub backend: BackendConfig,
 }
 
-impl RawPoolBackend {
-    fn validate(&self, n: usize) -> Result<PoolMember, ConfigError> {
-        let key = |field: &str| format!("backends[{n}].{field}");
-        validate::safe_name(&key("name"), &self.name, MAX_BACKEND_NAME)?;
-        let backend = self.backend.validate_at(&format!("backends[{n}]."))?;
-        Ok(PoolMember {
-            name: self.name.clone(),
-            slots: count(&key("slots"), self.slots)?,
-            weight: int32(&key("weight"), self.weight)?,
-            backend,
-        })
-    }
-}
-
 /// Validates `[[backends]]`: empty when there is none.
 pub(super) fn members(raw: &[RawPoolBackend]) -> Result<Vec<PoolMember>, ConfigError> {
-    let one = RawPoolBackend::validate;
+    let one = |b: &RawPoolBackend, n: usize| {
+        let key = |field: &str| format!("backends[{n}].{field}");
+        validate::safe_name(&key("name"), &b.name, MAX_BACKEND_NAME)?;
+        Ok(PoolMember {
+            name: b.name.clone(),
+            backend: b.backend.validate_at(&format!("backends[{n}]."))?,
+            slots: count(&key("slots"), b.slots)?,
+            weight: int32(&key("weight"), b.weight)?,
+        })
+    };
     validate::named_elements("backends", "backend", MAX_BACKENDS, raw, one, |m| &m.name)
 }
 

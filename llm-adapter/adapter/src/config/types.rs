@@ -5,7 +5,6 @@ use std::num::{NonZeroU64, NonZeroUsize};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Serialize;
 use weir_service::admin::RequestLimits;
 use weir_service::logging::LogFormat;
 
@@ -19,8 +18,7 @@ use super::{AdmissionConfig, ConfigError, MAX_NAME_LEN, invalid};
 pub use weir_protocol::llm::capabilities::AdmissionMode as Mode;
 
 /// Where a per-key limit takes its key from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeySource {
     /// The `Weir-Client-Key` header (requests without it are not limited by this rule).
     Client,
@@ -222,10 +220,7 @@ impl Default for SimConfig {
 /// A configuration built from the defaults. They are inside their ranges; a test pins
 /// this.
 pub(super) fn valid_default<T>(built: Result<T, ConfigError>) -> T {
-    match built {
-        Ok(c) => c,
-        Err(e) => unreachable!("the default configuration is invalid: {e}"),
-    }
+    built.unwrap_or_else(|e| unreachable!("the default configuration is invalid: {e}"))
 }
 
 /// `[backend.openai]`.

@@ -285,9 +285,7 @@ impl Edge {
         };
         self.reply_json(req, &reply).await;
     }
-}
 
-impl Edge {
     /// `jetstream.forward`: puts a core request into the durable intake, with its reply
     /// subject in `Weir-Reply-To`, its request id as `Nats-Msg-Id` and its deadline
     /// made absolute (a relative budget counts from this receipt). A malformed request
@@ -386,9 +384,7 @@ impl Edge {
             .answer_now(waiter(envelope), failure, received_at)
             .await;
     }
-}
 
-impl Edge {
     /// Admits one pulled request (or answers it at once); the ticket rides in the waiter.
     pub(crate) async fn admit(self: &Arc<Self>, pulled: Pulled) {
         let received_at = Instant::now();
