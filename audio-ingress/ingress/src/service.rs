@@ -93,7 +93,12 @@ fn serve_http(
 }
 
 /// Connects to NATS (retrying in the background: the service starts not-ready) and
-/// starts the service.
+/// starts the service: publishing to JetStream, admitting by recognition capacity; the
+/// telephony door's return path and call events use the same client.
+///
+/// In order: connect, check the open-file limit, bind the WebSocket then the admin
+/// listener, set up authentication, WHIP and resumption, serve the front door, then the
+/// admin HTTP, then start the metrics upkeep. A failing step stops the start there.
 pub async fn start(
     config: Config,
     prometheus: Option<PrometheusHandle>,
@@ -109,29 +114,12 @@ pub async fn start(
         .await
         .map_err(|e| Error::with_source(ErrorKind::Nats, "creating the JetStream stream", e))?;
     let stream = &config.stream;
-    let voice = client.clone();
-    let capacity = Some(Capacity::start(
-        client,
+    let capacity = Capacity::start(
+        client.clone(),
         &config.capacity,
         stream.subject().as_str(),
         stream.partitions(),
-    ));
-    start_with(config, sink, prometheus, capacity, Some(voice)).await
-}
-
-/// Starts the service publishing to `sink`, admitting by `capacity`; the telephony
-/// door's return path and call events use `voice` (`None`: inbound only).
-///
-/// In order: check the open-file limit, bind the WebSocket then the admin listener,
-/// set up authentication, WHIP and resumption, serve the front door, then the admin
-/// HTTP, then start the metrics upkeep. A failing step stops the start there.
-async fn start_with<S: Sink>(
-    config: Config,
-    sink: S,
-    prometheus: Option<PrometheusHandle>,
-    capacity: Option<Arc<Capacity>>,
-    voice: Option<async_nats::Client>,
-) -> Result<RunningService<S>, Error> {
+    );
     let server = &config.server;
     let fd = check_open_files(server)?;
     let (ws_listener, ws_addr) = bind(config.server.listen, "listen").await?;
@@ -145,14 +133,14 @@ async fn start_with<S: Sink>(
         send_timeout: server.ws_send_timeout,
         tracker: TaskTracker::new(),
         auth: authenticator(server)?,
-        capacity,
+        capacity: Some(capacity),
         resume: resume_streams(server)?,
     };
     let whip = match &config.server.whip {
         None => None,
         Some(w) => Some(Whip::start(w.clone()).await?),
     };
-    let ws_router = front_router(&door, &config, whip.as_ref(), voice);
+    let ws_router = front_router(&door, &config, whip.as_ref(), Some(client));
     let (stop_ws, ws_task) = serve_http(
         ws_listener,
         ws_router,

@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
+use tokio_util::task::AbortOnDropHandle;
 use weir_protocol::StreamId;
 use weir_service::sync::locked;
 
@@ -72,13 +72,7 @@ pub struct NoCapacity {
 /// when it drops.
 pub struct Capacity {
     shared: Arc<Shared>,
-    task: JoinHandle<()>,
-}
-
-impl Drop for Capacity {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    _task: AbortOnDropHandle<()>,
 }
 
 impl Capacity {
@@ -105,7 +99,8 @@ impl Capacity {
             Arc::clone(&shared),
             config.prefix.clone(),
         ));
-        Arc::new(Self { shared, task })
+        let _task = AbortOnDropHandle::new(task);
+        Arc::new(Self { shared, _task })
     }
 
     /// The admission of stream `id`: a [`Ticket`] holding its slot, or the refusal
