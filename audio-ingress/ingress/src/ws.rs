@@ -189,12 +189,7 @@ pub(crate) fn violation(e: axum::Error, too_big: &'static str) -> Option<BadInpu
         WsError::Protocol(_) => (close_code::PROTOCOL, "protocol_error"),
         _ => return None,
     };
-    let message = e.to_string();
-    Some(BadInput {
-        close,
-        code,
-        message,
-    })
+    Some(BadInput::new(close, code, e.to_string()))
 }
 
 /// The server side of one connection. Every send is bounded by `send_timeout`; after
@@ -360,15 +355,7 @@ async fn serve_socket(
                     }
                     Some(Ok(Message::Text(text))) => match control::parse(text.as_str()) {
                         Ok(()) => break Ending::Producer.into(),
-                        Err(e) => {
-                            let message = e.to_string();
-                            break Ending::Bad(BadInput {
-                                close: close_code::UNSUPPORTED,
-                                code: "bad_message",
-                                message,
-                            })
-                            .into();
-                        }
+                        Err(e) => break Ending::Bad(BadInput::unsupported("bad_message", e.to_string())).into(),
                     },
                     Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
                 },

@@ -306,7 +306,7 @@ impl Config {
         // A stream may be a phone call: its queued bot audio (`telephony.out_max_bytes`
         // of PCM a call, `out_max_total_bytes` for all; ~10 % more in frame slots).
         let t = &self.telephony;
-        let voice = (streams * t.out_max_bytes as u64).min(t.out_max_total_bytes as u64) * 11 / 10;
+        let voice = (streams * t.out.max_bytes as u64).min(t.out_max_total_bytes as u64) * 11 / 10;
         // Metrics, per-address table, `/v1/streams`, confirmation markers.
         let misc = 5 << 20;
         IDLE_ALLOWANCE_BYTES

@@ -756,7 +756,7 @@ fn the_telephony_keys_are_validated_and_name_the_key() {
     )
     .expect("valid");
     assert_eq!(c.telephony.reorder_window, Duration::from_millis(100));
-    assert_eq!(c.telephony.out_max_bytes, 96_000);
+    assert_eq!(c.telephony.out.max_bytes, 96_000);
     for (key, value) in [
         ("telephony.subject_prefix", "weir.>"),
         ("telephony.reorder_window_ms", "5000"),

@@ -18,7 +18,6 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use weir_audio_telephony::codec::{Encoding, MediaFormat};
 use weir_audio_telephony::dialect::{self, Dialect, DialectError, Inbound, Start, Track};
-use weir_audio_telephony::outbound::OutboundConfig;
 use weir_protocol::WireName;
 use weir_protocol::audio::extension::EndReason;
 use weir_service::shutdown::CancellationToken;
@@ -43,11 +42,7 @@ impl BadInput {
         } else {
             close_code::UNSUPPORTED
         };
-        Self {
-            close,
-            code: e.code(),
-            message: e.to_string(),
-        }
+        Self::new(close, e.code(), e.to_string())
     }
 }
 
@@ -77,11 +72,7 @@ pub(super) async fn serve<S: Sink>(
     let cfg = Arc::clone(&state.config);
     let (sink, mut stream) = socket.split();
     let shared = Shared::new(
-        OutboundConfig {
-            max_bytes: cfg.out_max_bytes,
-            max_age: cfg.out_max_age,
-            lead: cfg.out_lead,
-        },
+        cfg.out,
         Arc::clone(&state.out_total),
         cfg.out_max_total_bytes,
     );
@@ -498,12 +489,8 @@ async fn finish_writer(
 }
 
 fn binary_message() -> BadInput {
-    BadInput {
-        close: close_code::UNSUPPORTED,
-        code: "binary_message",
-        message: "a carrier's media stream is JSON text; a binary message is not part of it"
-            .to_owned(),
-    }
+    let message = "a carrier's media stream is JSON text; a binary message is not part of it";
+    BadInput::unsupported("binary_message", message)
 }
 
 fn count_bad(b: &BadInput) {
@@ -531,13 +518,9 @@ fn return_format(dialect: Dialect, start: &Start) -> Result<MediaFormat, BadInpu
         (Dialect::Twilio, _) | (Dialect::Telnyx, None | Some("PCMU")) => Encoding::Pcmu,
         (Dialect::Telnyx, Some("PCMA")) => Encoding::Pcma,
         (Dialect::Telnyx, Some(other)) => {
-            return Err(BadInput {
-                close: close_code::UNSUPPORTED,
-                code: "unsupported_format",
-                message: format!(
-                    "start.custom_parameters.outbound_codec is {other:?}; PCMU or PCMA"
-                ),
-            });
+            let message =
+                format!("start.custom_parameters.outbound_codec is {other:?}; PCMU or PCMA");
+            return Err(BadInput::unsupported("unsupported_format", message));
         }
     };
     MediaFormat::new(encoding, 8000, 1)

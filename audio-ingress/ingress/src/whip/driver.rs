@@ -32,6 +32,7 @@ use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 
 use super::{EVENTS_CHANNEL, SessionSlot, WhipCounters, count};
+use crate::config::WhipConfig;
 use crate::metrics as m;
 
 /// One Opus packet for a pump.
@@ -60,15 +61,6 @@ pub(crate) enum Command {
     /// The session's stream ended: let the data channel drain (bounded), then close
     /// ICE/DTLS and forget the session.
     Close { key: String },
-}
-
-/// Timeouts of the liveness checks.
-#[derive(Debug, Clone, Copy)]
-pub struct Settings {
-    /// Connect (ICE + DTLS) within this.
-    pub connect_timeout: Duration,
-    /// ICE disconnected / silent this long after connecting ends the session.
-    pub disconnect_timeout: Duration,
 }
 
 /// Events queued for a data channel that is not open yet or is full.
@@ -115,7 +107,8 @@ struct Driver {
     sessions: HashMap<String, Session>,
     /// Source address → session, learnt from `accepts`.
     by_source: HashMap<SocketAddr, String>,
-    settings: Settings,
+    /// The liveness checks' timeouts (`connect_timeout`, `disconnect_timeout`).
+    config: WhipConfig,
     counters: Arc<WhipCounters>,
 }
 
@@ -123,7 +116,7 @@ struct Driver {
 pub(crate) async fn run(
     socket: UdpSocket,
     mut commands: mpsc::Receiver<Command>,
-    settings: Settings,
+    config: WhipConfig,
     counters: Arc<WhipCounters>,
 ) {
     let local = match socket.local_addr() {
@@ -138,7 +131,7 @@ pub(crate) async fn run(
         local,
         sessions: HashMap::new(),
         by_source: HashMap::new(),
-        settings,
+        config,
         counters,
     };
     let mut buf = vec![0u8; RECV_BUFFER_BYTES];
@@ -395,7 +388,7 @@ impl Driver {
         let mut failed = Vec::new();
         let mut gone = Vec::new();
         let mut forget = Vec::new();
-        let st = self.settings;
+        let st = &self.config;
         for (key, s) in &mut self.sessions {
             if s.next <= now
                 && drive(s, Some(Input::Timeout(now)), &self.socket, &self.counters).is_err()

@@ -86,8 +86,6 @@ pub const MAX_OFFER_BYTES: usize = 64 * 1024;
 /// The label of the data channel that carries the JSON events.
 pub const EVENTS_CHANNEL: &str = "weir";
 
-/// The `201`'s header with the stream's resume token (resume on).
-pub const RESUME_TOKEN: HeaderName = HeaderName::from_static("weir-resume-token");
 /// The `201`'s header with `resume_window_ms`.
 pub const RESUME_WINDOW_MS: HeaderName = HeaderName::from_static("weir-resume-window-ms");
 
@@ -182,16 +180,12 @@ impl SessionCounters {
     }
 }
 
-/// A request to end a session's stream with `end` (DELETE); the reply comes once the
-/// `end` was handed to NATS (or given up on).
-pub(crate) struct Stop {
-    reply: oneshot::Sender<()>,
-}
-
 /// One WHIP resource in the registry.
 pub(crate) struct Entry {
     stream_id: StreamId,
-    stop: mpsc::Sender<Stop>,
+    /// A DELETE: end the stream with `end`, then reply once the `end` was handed to
+    /// NATS (or given up on).
+    stop: mpsc::Sender<oneshot::Sender<()>>,
     /// Set when the stream ended: the resource answers 404 from then on, even while
     /// the driver still closes ICE/DTLS.
     ended: Arc<AtomicBool>,
@@ -279,10 +273,7 @@ impl Whip {
         let driver = tokio::spawn(driver::run(
             socket,
             rx,
-            driver::Settings {
-                connect_timeout: config.connect_timeout,
-                disconnect_timeout: config.disconnect_timeout,
-            },
+            config.clone(),
             Arc::clone(&counters),
         ));
         // A session without it generates its own (str0m's default).
@@ -746,7 +737,7 @@ fn created(answer: String, location: &str, token: Option<String>, window: Durati
     }
     if let Some(v) = token.and_then(|t| HeaderValue::from_str(&t).ok()) {
         let h = resp.headers_mut();
-        h.insert(RESUME_TOKEN, v);
+        h.insert(door::RESUME_TOKEN_HEADER, v);
         h.insert(
             RESUME_WINDOW_MS,
             HeaderValue::from(window.as_millis() as u64),
@@ -791,7 +782,7 @@ async fn delete_session<S: Sink>(
         return not_found();
     };
     let (reply, done) = oneshot::channel();
-    if stop.try_send(Stop { reply }).is_err() {
+    if stop.try_send(reply).is_err() {
         // Another DELETE is already ending it, or it is ending by itself.
         return not_found();
     }
