@@ -170,10 +170,7 @@ impl From<Ending> for Outcome {
 /// How a failed read ends the connection: the client broke the protocol (the stream
 /// ends `error`) or the connection is simply gone.
 fn read_failure(e: axum::Error) -> Outcome {
-    match violation(e, "message_too_big") {
-        Some(bad) => Ending::Bad(bad).into(),
-        None => Outcome::Gone,
-    }
+    violation(e, "message_too_big").map_or(Outcome::Gone, |b| Ending::Bad(b).into())
 }
 
 /// The close code, error code and message of a failed read where the client broke the

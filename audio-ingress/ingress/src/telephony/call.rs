@@ -500,10 +500,7 @@ fn count_bad(b: &BadInput) {
 /// How a failed read ends the call: the carrier broke the WebSocket protocol, or the
 /// connection is gone.
 fn read_failure(e: axum::Error) -> Outcome {
-    match crate::ws::violation(e, "too_large") {
-        Some(bad) => bad.into(),
-        None => Outcome::Gone,
-    }
+    crate::ws::violation(e, "too_large").map_or(Outcome::Gone, Outcome::from)
 }
 
 /// The format of the call's return path: Twilio takes `audio/x-mulaw` at 8 kHz only;

@@ -385,15 +385,14 @@ impl Driver {
 
     /// Runs due str0m timeouts, the liveness checks and the close phases.
     fn timeouts(&mut self, now: Instant) {
-        let mut failed = Vec::new();
-        let mut gone = Vec::new();
+        let mut lost = Vec::new();
         let mut forget = Vec::new();
         let st = &self.config;
         for (key, s) in &mut self.sessions {
             if s.next <= now
                 && drive(s, Some(Input::Timeout(now)), &self.socket, &self.counters).is_err()
             {
-                failed.push(key.clone());
+                lost.push(key.clone());
                 continue;
             }
             match s.phase {
@@ -408,7 +407,8 @@ impl Driver {
                         now.saturating_duration_since(s.created) >= st.connect_timeout
                     };
                     if timed_out || !s.rtc.is_alive() {
-                        gone.push(key.clone());
+                        tracing::info!(resource = %key, "WHIP publisher gone (ICE disconnected, silent or never connected)");
+                        lost.push(key.clone());
                     }
                 }
                 Phase::Lingering { until } => {
@@ -429,11 +429,7 @@ impl Driver {
                 }
             }
         }
-        for key in failed {
-            self.lost(&key);
-        }
-        for key in gone {
-            tracing::info!(resource = %key, "WHIP publisher gone (ICE disconnected, silent or never connected)");
+        for key in lost {
             self.lost(&key);
         }
         for key in forget {

@@ -220,8 +220,8 @@ pub struct WhipView {
 impl WhipView {
     /// Sessions, counters and limits as JSON.
     pub fn snapshot(&self) -> serde_json::Value {
-        let sessions: Vec<_> = self
-            .shared
+        let shared = &self.shared;
+        let sessions: Vec<_> = shared
             .sessions
             .lock()
             .iter()
@@ -234,19 +234,14 @@ impl WhipView {
                 })
             })
             .collect();
-        let mut v = serde_json::to_value(&*self.shared.counters).unwrap_or_default();
-        let view = json!({
-            "udp": self.shared.udp_addr.to_string(),
-            "advertise": self.shared.config.advertise.iter().map(ToString::to_string).collect::<Vec<_>>(),
-            "max_sessions": self.shared.sessions.max,
-            "max_sessions_per_ip": self.shared.sessions.per_ip,
-            "allow_foreign_candidates": self.shared.config.allow_foreign_candidates,
-            "active_sessions": sessions.len(),
-            "sessions": sessions,
-        });
-        if let (Some(v), serde_json::Value::Object(view)) = (v.as_object_mut(), view) {
-            v.extend(view);
-        }
+        let mut v = serde_json::to_value(&*shared.counters).unwrap_or_default();
+        v["udp"] = shared.udp_addr.to_string().into();
+        v["advertise"] = json!(shared.config.advertise);
+        v["max_sessions"] = shared.sessions.max.into();
+        v["max_sessions_per_ip"] = shared.sessions.per_ip.into();
+        v["allow_foreign_candidates"] = shared.config.allow_foreign_candidates.into();
+        v["active_sessions"] = sessions.len().into();
+        v["sessions"] = sessions.into();
         v
     }
 }
