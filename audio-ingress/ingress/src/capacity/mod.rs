@@ -30,7 +30,7 @@ pub mod listen;
 
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::sync::mpsc;
 use tokio_util::task::AbortOnDropHandle;
@@ -39,7 +39,7 @@ use weir_service::sync::locked;
 
 use crate::config::{CapacityConfig, CapacityMode};
 use crate::metrics as m;
-pub use fleet::{Decision, Fleet, FleetSettings, Notice, RefuseReason};
+pub use fleet::{Decision, Fleet, FleetSettings, NoCapacity, Notice, RefuseReason};
 
 /// Notices queued per held stream; more are dropped (`degraded` repeats with the next
 /// announcement).
@@ -55,17 +55,6 @@ impl Shared {
     fn fleet(&self) -> MutexGuard<'_, Fleet> {
         locked(&self.fleet)
     }
-}
-
-/// A refused stream: why, and when to retry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NoCapacity {
-    /// Why.
-    pub reason: RefuseReason,
-    /// The estimated `Retry-After`.
-    pub retry_after: Duration,
-    /// The worker concerned, if any.
-    pub worker: Option<String>,
 }
 
 /// The door's capacity check (`capacity.mode` = `shadow` or `enforce`); its tasks stop
@@ -114,25 +103,17 @@ impl Capacity {
         };
         let worker = match decision {
             Decision::Admit(w) => w,
-            Decision::Refuse {
-                reason,
-                retry_after,
-                worker,
-            } => {
-                let label: &'static str = reason.into();
+            Decision::Refuse(refused) => {
+                let label: &'static str = refused.reason.into();
                 if self.shared.mode == CapacityMode::Enforce {
                     drop(fleet);
                     metrics::counter!(m::CAPACITY_REFUSED_TOTAL, m::LABEL_REASON => label)
                         .increment(1);
-                    return Err(NoCapacity {
-                        reason,
-                        retry_after,
-                        worker,
-                    });
+                    return Err(refused);
                 }
                 metrics::counter!(m::CAPACITY_SHADOW_WOULD_REJECT_TOTAL, m::LABEL_REASON => label)
                     .increment(1);
-                worker
+                refused.worker
             }
         };
         let token = fleet.reserve(worker);
