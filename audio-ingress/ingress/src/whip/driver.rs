@@ -44,18 +44,10 @@ pub struct Media {
     pub data: Arc<[u8]>,
 }
 
-/// A session handed to the driver by the `POST` handler (offer already accepted).
-pub(crate) struct NewSession {
-    pub key: String,
-    pub rtc: Rtc,
-    pub media: mpsc::Sender<Media>,
-    pub slot: SessionSlot,
-}
-
 /// What the handlers and pumps ask of the driver.
 pub(crate) enum Command {
-    /// Start driving a session.
-    Add(Box<NewSession>),
+    /// Start driving a session (its resource key, the session).
+    Add(String, Box<Session>),
     /// Send a JSON event on the session's `weir` data channel (queued until it opens).
     Event { key: String, text: String },
     /// The session's stream ended: let the data channel drain (bounded), then close
@@ -86,7 +78,9 @@ enum Phase {
     },
 }
 
-struct Session {
+/// One session in the driver: handed over by the `POST` handler (offer already
+/// accepted).
+pub(crate) struct Session {
     rtc: Rtc,
     media: Option<mpsc::Sender<Media>>,
     _slot: SessionSlot,
@@ -99,6 +93,26 @@ struct Session {
     channel: Option<ChannelId>,
     events: VecDeque<String>,
     phase: Phase,
+}
+
+impl Session {
+    /// The session of an accepted offer; its Opus packets go to `media`.
+    pub(crate) fn new(rtc: Rtc, media: mpsc::Sender<Media>, slot: SessionSlot) -> Self {
+        let now = Instant::now();
+        Self {
+            rtc,
+            media: Some(media),
+            _slot: slot,
+            next: now,
+            created: now,
+            connected: false,
+            last_rx: now,
+            disconnected_since: None,
+            channel: None,
+            events: VecDeque::new(),
+            phase: Phase::Live,
+        }
+    }
 }
 
 struct Driver {
@@ -330,29 +344,9 @@ impl Driver {
 
     fn command(&mut self, c: Command) {
         match c {
-            Command::Add(n) => {
-                let NewSession {
-                    key,
-                    rtc,
-                    media,
-                    slot,
-                } = *n;
-                let now = Instant::now();
-                let mut s = Session {
-                    rtc,
-                    media: Some(media),
-                    _slot: slot,
-                    next: now,
-                    created: now,
-                    connected: false,
-                    last_rx: now,
-                    disconnected_since: None,
-                    channel: None,
-                    events: VecDeque::new(),
-                    phase: Phase::Live,
-                };
+            Command::Add(key, mut s) => {
                 if drive(&mut s, None, &self.socket, &self.counters).is_ok() {
-                    self.sessions.insert(key, s);
+                    self.sessions.insert(key, *s);
                 }
                 // Else dropped: the pump sees its media channel close (producer_gone).
             }

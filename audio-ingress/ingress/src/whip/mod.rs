@@ -674,15 +674,10 @@ async fn create_session<S: Sink>(
     let resumed_at = resumed.map(|_| requested_at);
     let token = att.token().map(str::to_owned);
     let (media_tx, media_rx) = mpsc::channel(PUMP_PACKETS);
-    let session = driver::NewSession {
-        key: key.clone(),
-        rtc,
-        media: media_tx,
-        slot,
-    };
+    let session = Box::new(driver::Session::new(rtc, media_tx, slot));
     if shared
         .driver
-        .send(driver::Command::Add(Box::new(session)))
+        .send(driver::Command::Add(key.clone(), session))
         .await
         .is_err()
     {
