@@ -16,7 +16,7 @@ use futures::stream::SplitStream;
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use weir_audio_telephony::codec::{Encoding, MediaFormat};
+use weir_audio_telephony::codec::{Encoder, Encoding, MediaFormat};
 use weir_audio_telephony::dialect::{self, Dialect, DialectError, Inbound, Start, Track};
 use weir_protocol::WireName;
 use weir_protocol::audio::extension::EndReason;
@@ -24,7 +24,7 @@ use weir_service::shutdown::CancellationToken;
 
 use super::TelephonyState;
 use super::inbound::{InboundAudio, Ready};
-use super::outbound::{self, Cmd, Shared, Writer};
+use super::outbound::{self, Cmd, Shared, Started, Writer};
 use super::voice::{Events, Subjects};
 use crate::capacity::Ticket;
 use crate::door::{self, BadInput, Ending};
@@ -113,14 +113,13 @@ pub(super) async fn serve<S: Sink>(
         Some(client) => Events::start(client.clone(), subjects.events.clone()),
         None => Events::none(),
     };
-    let _ = writer
-        .send(Cmd::Start {
-            dialect,
-            stream_sid: start.stream_sid.clone(),
-            format: return_format,
-            events: events.clone(),
-        })
-        .await;
+    let started = Started {
+        dialect,
+        stream_sid: start.stream_sid.clone(),
+        encoder: Encoder::new(return_format),
+        events: events.clone(),
+    };
+    let _ = writer.send(Cmd::Start(Box::new(started))).await;
     let stop_intake = CancellationToken::new();
     let intake = match &state.nats {
         Some(client) => spawn_intake(client, &subjects, &shared, &events, &stop_intake).await,
