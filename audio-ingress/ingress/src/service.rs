@@ -123,7 +123,7 @@ pub async fn start(
     let server = &config.server;
     let fd = check_open_files(server)?;
     let (ws_listener, ws_addr) = bind(config.server.listen, "listen").await?;
-    let (admin_listener, admin_addr) = bind(config.server.admin, "admin").await?;
+    let (admin_listener, admin_addr) = bind(config.server.admin.listen, "admin").await?;
     let max_streams = config.server.max_streams.get();
     let ingress = Ingress::with_max_streams(sink, config.stream.clone(), max_streams);
     let door = Door {
@@ -156,11 +156,11 @@ pub async fn start(
         edge: edge_view(server, &fd),
         max_streams,
         whip: whip.as_ref().map(Whip::view),
-        limits: config.server.admin_request_limits,
+        limits: config.server.admin.request_limits,
     });
     // Per address = the whole cap: the admin port is for local scrapers and probes.
     // Silent connections are evicted when it is full, so probes are always let in.
-    let admin_cap = server.admin_max_connections.get();
+    let admin_cap = server.admin.max_connections.get();
     let (stop_admin, admin_task) = serve_http(
         admin_listener,
         admin_router,
@@ -195,7 +195,7 @@ pub async fn start(
 fn check_open_files(server: &ServerConfig) -> Result<FdLimit, Error> {
     let fd = check_fd_limit(
         server.max_connections.get(),
-        server.admin_max_connections.get(),
+        server.admin.max_connections.get(),
     )
     .map_err(crate::error::config)?;
     tracing::info!(
@@ -204,7 +204,7 @@ fn check_open_files(server: &ServerConfig) -> Result<FdLimit, Error> {
         needed = fd.needed,
         raised_from = fd.raised_from,
         max_connections = server.max_connections.get(),
-        admin_max_connections = server.admin_max_connections.get(),
+        admin_max_connections = server.admin.max_connections.get(),
         "open-file limit checked"
     );
     Ok(fd)
@@ -278,7 +278,7 @@ fn edge_view(s: &ServerConfig, fd: &FdLimit) -> serde_json::Value {
     serde_json::json!({
         "max_connections": s.max_connections.get(),
         "max_connections_per_ip": s.max_connections_per_ip.get(),
-        "admin_max_connections": s.admin_max_connections.get(),
+        "admin_max_connections": s.admin.max_connections.get(),
         "http_header_timeout_ms": s.http_header_timeout.as_millis() as u64,
         "http_idle_timeout_ms": s.http_idle_timeout.as_millis() as u64,
         "http_max_header_bytes": s.http_max_header_bytes,

@@ -293,7 +293,7 @@ impl Config {
         // headers).
         let nats = self.nats.client_capacity as u64 * (s.max_frame_bytes() as u64 + 1024);
         // Request heads of open connections on both ports (+ ~12 KiB of state each).
-        let heads = (self.server.max_connections.get() + self.server.admin_max_connections.get())
+        let heads = (self.server.max_connections.get() + self.server.admin.max_connections.get())
             as u64
             * (self.server.http_max_header_bytes as u64 + (12 << 10));
         // With WHIP on, every connection may be reading an offer (at most 64 KiB
