@@ -72,7 +72,7 @@ fn main() {
         let (tx, _rx) = tokio::sync::mpsc::channel(8);
         let worker = match d {
             Decision::Admit(w) => w,
-            Decision::Refuse { worker, .. } => worker,
+            Decision::Refuse(refused) => refused.worker,
         };
         let token = fleet.hold(id, worker, tx);
         fleet.release(id.as_str(), token);

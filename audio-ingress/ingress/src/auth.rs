@@ -259,9 +259,7 @@ pub fn ed25519_public_key(seed: &[u8; 32]) -> [u8; 32] {
 
 /// Seconds since the Unix epoch (for minting).
 pub fn unix_now_s() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    weir_service::clock::unix_ms_now() / 1000
 }
 
 #[cfg(test)]

@@ -33,7 +33,7 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{FromRequestParts, Path};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use tokio::sync::watch::{self, error::RecvError};
 use tokio_util::sync::ReusableBoxFuture;
@@ -128,8 +128,8 @@ pub struct ResumeAsk {
 }
 
 /// The header a resuming producer may present its token in (the query's
-/// `resume_token` is the browser WebSocket's way).
-pub const RESUME_TOKEN_HEADER: &str = "weir-resume-token";
+/// `resume_token` is the browser WebSocket's way), and the WHIP `201`'s with the token.
+pub const RESUME_TOKEN_HEADER: HeaderName = HeaderName::from_static("weir-resume-token");
 
 /// What every door shares: the producer core, the connection settings, the handler
 /// tracker, the token check, the capacity check and the resumable streams. It is the
@@ -471,13 +471,24 @@ pub struct BadInput {
 }
 
 impl BadInput {
+    /// A message refused with `close`.
+    pub fn new(close: u16, code: &'static str, message: impl Into<String>) -> Self {
+        let message = message.into();
+        Self {
+            close,
+            code,
+            message,
+        }
+    }
+
     /// A message against the stream's rules (close 1008).
     pub fn policy(code: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            close: close_code::POLICY,
-            code,
-            message: message.into(),
-        }
+        Self::new(close_code::POLICY, code, message)
+    }
+
+    /// A message the door does not take (close 1003).
+    pub fn unsupported(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(close_code::UNSUPPORTED, code, message)
     }
 }
 
@@ -556,6 +567,24 @@ impl Ending {
             _ => handle.wait_ended().await,
         }
     }
+}
+
+/// `samples` as a frame of s16le bytes (the WHIP and telephony doors' decoded audio):
+/// one allocation of the exact size (a shared arena cost more: its split and reference
+/// counts measured more than the allocation), one copy.
+#[cfg(target_endian = "little")]
+pub fn frame_bytes(samples: &[i16]) -> bytes::Bytes {
+    bytes::Bytes::copy_from_slice(zerocopy::IntoBytes::as_bytes(samples))
+}
+
+/// `samples` as a frame of s16le bytes (a big-endian target swaps each sample).
+#[cfg(not(target_endian = "little"))]
+pub fn frame_bytes(samples: &[i16]) -> bytes::Bytes {
+    let mut b = vec![0u8; samples.len() * 2];
+    for (pair, s) in b.chunks_exact_mut(2).zip(samples) {
+        pair.copy_from_slice(&s.to_le_bytes());
+    }
+    bytes::Bytes::from(b)
 }
 
 /// Bound on the wait for a stream that ended from the server side to finish.

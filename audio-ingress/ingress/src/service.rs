@@ -93,7 +93,12 @@ fn serve_http(
 }
 
 /// Connects to NATS (retrying in the background: the service starts not-ready) and
-/// starts the service.
+/// starts the service: publishing to JetStream, admitting by recognition capacity; the
+/// telephony door's return path and call events use the same client.
+///
+/// In order: connect, check the open-file limit, bind the WebSocket then the admin
+/// listener, set up authentication, WHIP and resumption, serve the front door, then the
+/// admin HTTP, then start the metrics upkeep. A failing step stops the start there.
 pub async fn start(
     config: Config,
     prometheus: Option<PrometheusHandle>,
@@ -109,33 +114,16 @@ pub async fn start(
         .await
         .map_err(|e| Error::with_source(ErrorKind::Nats, "creating the JetStream stream", e))?;
     let stream = &config.stream;
-    let voice = client.clone();
-    let capacity = Some(Capacity::start(
-        client,
+    let capacity = Capacity::start(
+        client.clone(),
         &config.capacity,
         stream.subject().as_str(),
         stream.partitions(),
-    ));
-    start_with(config, sink, prometheus, capacity, Some(voice)).await
-}
-
-/// Starts the service publishing to `sink`, admitting by `capacity`; the telephony
-/// door's return path and call events use `voice` (`None`: inbound only).
-///
-/// In order: check the open-file limit, bind the WebSocket then the admin listener,
-/// set up authentication, WHIP and resumption, serve the front door, then the admin
-/// HTTP, then start the metrics upkeep. A failing step stops the start there.
-async fn start_with<S: Sink>(
-    config: Config,
-    sink: S,
-    prometheus: Option<PrometheusHandle>,
-    capacity: Option<Arc<Capacity>>,
-    voice: Option<async_nats::Client>,
-) -> Result<RunningService<S>, Error> {
+    );
     let server = &config.server;
     let fd = check_open_files(server)?;
     let (ws_listener, ws_addr) = bind(config.server.listen, "listen").await?;
-    let (admin_listener, admin_addr) = bind(config.server.admin, "admin").await?;
+    let (admin_listener, admin_addr) = bind(config.server.admin.listen, "admin").await?;
     let max_streams = config.server.max_streams.get();
     let ingress = Ingress::with_max_streams(sink, config.stream.clone(), max_streams);
     let door = Door {
@@ -145,14 +133,14 @@ async fn start_with<S: Sink>(
         send_timeout: server.ws_send_timeout,
         tracker: TaskTracker::new(),
         auth: authenticator(server)?,
-        capacity,
+        capacity: Some(capacity),
         resume: resume_streams(server)?,
     };
     let whip = match &config.server.whip {
         None => None,
         Some(w) => Some(Whip::start(w.clone()).await?),
     };
-    let ws_router = front_router(&door, &config, whip.as_ref(), voice);
+    let ws_router = front_router(&door, &config, whip.as_ref(), Some(client));
     let (stop_ws, ws_task) = serve_http(
         ws_listener,
         ws_router,
@@ -168,11 +156,11 @@ async fn start_with<S: Sink>(
         edge: edge_view(server, &fd),
         max_streams,
         whip: whip.as_ref().map(Whip::view),
-        limits: config.server.admin_request_limits,
+        limits: config.server.admin.request_limits,
     });
     // Per address = the whole cap: the admin port is for local scrapers and probes.
     // Silent connections are evicted when it is full, so probes are always let in.
-    let admin_cap = server.admin_max_connections.get();
+    let admin_cap = server.admin.max_connections.get();
     let (stop_admin, admin_task) = serve_http(
         admin_listener,
         admin_router,
@@ -207,7 +195,7 @@ async fn start_with<S: Sink>(
 fn check_open_files(server: &ServerConfig) -> Result<FdLimit, Error> {
     let fd = check_fd_limit(
         server.max_connections.get(),
-        server.admin_max_connections.get(),
+        server.admin.max_connections.get(),
     )
     .map_err(crate::error::config)?;
     tracing::info!(
@@ -216,7 +204,7 @@ fn check_open_files(server: &ServerConfig) -> Result<FdLimit, Error> {
         needed = fd.needed,
         raised_from = fd.raised_from,
         max_connections = server.max_connections.get(),
-        admin_max_connections = server.admin_max_connections.get(),
+        admin_max_connections = server.admin.max_connections.get(),
         "open-file limit checked"
     );
     Ok(fd)
@@ -290,7 +278,7 @@ fn edge_view(s: &ServerConfig, fd: &FdLimit) -> serde_json::Value {
     serde_json::json!({
         "max_connections": s.max_connections.get(),
         "max_connections_per_ip": s.max_connections_per_ip.get(),
-        "admin_max_connections": s.admin_max_connections.get(),
+        "admin_max_connections": s.admin.max_connections.get(),
         "http_header_timeout_ms": s.http_header_timeout.as_millis() as u64,
         "http_idle_timeout_ms": s.http_idle_timeout.as_millis() as u64,
         "http_max_header_bytes": s.http_max_header_bytes,

@@ -440,12 +440,9 @@ fn is_subscription_refusal(e: &str) -> bool {
 /// Text-mode output: control characters (newlines, escape sequences, ...) from the
 /// network are shown escaped (`\n`, `\u{1b}`), so a session id or a header cannot
 /// forge output lines or drive the terminal. JSON output is escaped by serde.
-fn escape_controls(s: &str) -> std::borrow::Cow<'_, str> {
+fn escape_controls(s: &str) -> String {
     let bad = |c: char| c.is_control() || c == '\u{2028}' || c == '\u{2029}';
-    if !s.chars().any(bad) {
-        return std::borrow::Cow::Borrowed(s);
-    }
-    let mut out = String::with_capacity(s.len() + 8);
+    let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         if bad(c) {
             out.extend(c.escape_default());
@@ -453,7 +450,7 @@ fn escape_controls(s: &str) -> std::borrow::Cow<'_, str> {
             out.push(c);
         }
     }
-    std::borrow::Cow::Owned(out)
+    out
 }
 
 #[derive(Default)]

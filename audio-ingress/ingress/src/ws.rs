@@ -170,10 +170,7 @@ impl From<Ending> for Outcome {
 /// How a failed read ends the connection: the client broke the protocol (the stream
 /// ends `error`) or the connection is simply gone.
 fn read_failure(e: axum::Error) -> Outcome {
-    match violation(e, "message_too_big") {
-        Some(bad) => Ending::Bad(bad).into(),
-        None => Outcome::Gone,
-    }
+    violation(e, "message_too_big").map_or(Outcome::Gone, |b| Ending::Bad(b).into())
 }
 
 /// The close code, error code and message of a failed read where the client broke the
@@ -189,12 +186,7 @@ pub(crate) fn violation(e: axum::Error, too_big: &'static str) -> Option<BadInpu
         WsError::Protocol(_) => (close_code::PROTOCOL, "protocol_error"),
         _ => return None,
     };
-    let message = e.to_string();
-    Some(BadInput {
-        close,
-        code,
-        message,
-    })
+    Some(BadInput::new(close, code, e.to_string()))
 }
 
 /// The server side of one connection. Every send is bounded by `send_timeout`; after
@@ -360,15 +352,7 @@ async fn serve_socket(
                     }
                     Some(Ok(Message::Text(text))) => match control::parse(text.as_str()) {
                         Ok(()) => break Ending::Producer.into(),
-                        Err(e) => {
-                            let message = e.to_string();
-                            break Ending::Bad(BadInput {
-                                close: close_code::UNSUPPORTED,
-                                code: "bad_message",
-                                message,
-                            })
-                            .into();
-                        }
+                        Err(e) => break Ending::Bad(BadInput::unsupported("bad_message", e.to_string())).into(),
                     },
                     Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
                 },

@@ -71,14 +71,18 @@ pub enum Decision {
     /// Admit; the worker that will serve it, when one announces.
     Admit(Option<String>),
     /// Refuse, with an estimated `Retry-After`.
-    Refuse {
-        /// Why.
-        reason: RefuseReason,
-        /// When capacity is likely back.
-        retry_after: Duration,
-        /// The worker concerned, if any.
-        worker: Option<String>,
-    },
+    Refuse(NoCapacity),
+}
+
+/// A refused stream: why, and when to retry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoCapacity {
+    /// Why.
+    pub reason: RefuseReason,
+    /// The estimated `Retry-After`: when capacity is likely back.
+    pub retry_after: Duration,
+    /// The worker concerned, if any.
+    pub worker: Option<String>,
 }
 
 /// What an admitted producer is told about its worker.
@@ -425,11 +429,11 @@ impl Fleet {
     }
 
     fn refuse(&self, reason: RefuseReason, w: Option<&Worker>, now: Instant) -> Decision {
-        Decision::Refuse {
+        Decision::Refuse(NoCapacity {
             reason,
             retry_after: self.retry_after(reason, w, now),
             worker: w.map(|w| w.ann.worker.clone()),
-        }
+        })
     }
 
     /// The `Retry-After` estimate (docs/audio-ingress.md § Recognition capacity):

@@ -8,14 +8,14 @@
 //! decision never rests on a half-read bucket; only keys `p.<n>` with `n` below the
 //! partition count and values that are safe worker ids are applied (others counted
 //! `bad_lease_key`): the view holds at most one owner per partition. Every call is
-//! bounded by [`CALL_TIMEOUT`]; the task stops when the [`Watcher`] drops.
+//! bounded by [`CALL_TIMEOUT`]; the task stops when its handle ([`watch`]) drops.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, kv};
 use futures::StreamExt;
-use tokio::task::JoinHandle;
+use tokio_util::task::AbortOnDropHandle;
 use weir_protocol::capacity::is_valid_id;
 
 use super::Shared;
@@ -26,20 +26,13 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Wait before re-creating a failed watcher.
 const RETRY: Duration = Duration::from_secs(1);
 
-/// The running watch; stops when dropped.
-pub struct Watcher(JoinHandle<()>);
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-impl Watcher {
-    /// Watches `bucket` into `shared`'s fleet view.
-    pub(crate) fn start(client: async_nats::Client, bucket: String, shared: Arc<Shared>) -> Self {
-        Self(tokio::spawn(run(client, bucket, shared)))
-    }
+/// Watches `bucket` into `shared`'s fleet view until the returned handle drops.
+pub(crate) fn watch(
+    client: async_nats::Client,
+    bucket: String,
+    shared: Arc<Shared>,
+) -> AbortOnDropHandle<()> {
+    AbortOnDropHandle::new(tokio::spawn(run(client, bucket, shared)))
 }
 
 async fn run(client: async_nats::Client, bucket: String, shared: Arc<Shared>) {

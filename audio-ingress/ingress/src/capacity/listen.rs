@@ -34,7 +34,7 @@ fn ignored(kind: &'static str) {
 
 /// Runs until aborted.
 pub(crate) async fn run(client: async_nats::Client, shared: Arc<Shared>, prefix: String) {
-    let mut watcher: Option<super::lease::Watcher> = None;
+    let mut watcher = None;
     loop {
         let subs = futures::future::try_join(
             client.subscribe(announce_wildcard(&prefix)),
@@ -58,7 +58,7 @@ pub(crate) async fn run(client: async_nats::Client, shared: Arc<Shared>, prefix:
                         if let Some(bucket) = on_announcement(&shared, &msg.subject, &msg.payload)
                             && watcher.is_none()
                         {
-                            watcher = Some(super::lease::Watcher::start(
+                            watcher = Some(super::lease::watch(
                                 client.clone(),
                                 bucket,
                                 Arc::clone(&shared),

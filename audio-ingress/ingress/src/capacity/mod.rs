@@ -30,16 +30,16 @@ pub mod listen;
 
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
+use tokio_util::task::AbortOnDropHandle;
 use weir_protocol::StreamId;
 use weir_service::sync::locked;
 
 use crate::config::{CapacityConfig, CapacityMode};
 use crate::metrics as m;
-pub use fleet::{Decision, Fleet, FleetSettings, Notice, RefuseReason};
+pub use fleet::{Decision, Fleet, FleetSettings, NoCapacity, Notice, RefuseReason};
 
 /// Notices queued per held stream; more are dropped (`degraded` repeats with the next
 /// announcement).
@@ -57,28 +57,11 @@ impl Shared {
     }
 }
 
-/// A refused stream: why, and when to retry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NoCapacity {
-    /// Why.
-    pub reason: RefuseReason,
-    /// The estimated `Retry-After`.
-    pub retry_after: Duration,
-    /// The worker concerned, if any.
-    pub worker: Option<String>,
-}
-
 /// The door's capacity check (`capacity.mode` = `shadow` or `enforce`); its tasks stop
 /// when it drops.
 pub struct Capacity {
     shared: Arc<Shared>,
-    task: JoinHandle<()>,
-}
-
-impl Drop for Capacity {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    _task: AbortOnDropHandle<()>,
 }
 
 impl Capacity {
@@ -105,7 +88,8 @@ impl Capacity {
             Arc::clone(&shared),
             config.prefix.clone(),
         ));
-        Arc::new(Self { shared, task })
+        let _task = AbortOnDropHandle::new(task);
+        Arc::new(Self { shared, _task })
     }
 
     /// The admission of stream `id`: a [`Ticket`] holding its slot, or the refusal
@@ -119,25 +103,17 @@ impl Capacity {
         };
         let worker = match decision {
             Decision::Admit(w) => w,
-            Decision::Refuse {
-                reason,
-                retry_after,
-                worker,
-            } => {
-                let label: &'static str = reason.into();
+            Decision::Refuse(refused) => {
+                let label: &'static str = refused.reason.into();
                 if self.shared.mode == CapacityMode::Enforce {
                     drop(fleet);
                     metrics::counter!(m::CAPACITY_REFUSED_TOTAL, m::LABEL_REASON => label)
                         .increment(1);
-                    return Err(NoCapacity {
-                        reason,
-                        retry_after,
-                        worker,
-                    });
+                    return Err(refused);
                 }
                 metrics::counter!(m::CAPACITY_SHADOW_WOULD_REJECT_TOTAL, m::LABEL_REASON => label)
                     .increment(1);
-                worker
+                refused.worker
             }
         };
         let token = fleet.reserve(worker);

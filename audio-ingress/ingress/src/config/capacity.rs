@@ -50,12 +50,9 @@ pub struct CapacityConfig {
 }
 
 impl Default for CapacityConfig {
+    /// The documented defaults: the keys' defaults, validated.
     fn default() -> Self {
-        Self {
-            mode: CapacityMode::default(),
-            prefix: DEFAULT_PREFIX.to_owned(),
-            max_lag: Duration::from_millis(DEFAULT_MAX_LAG_MS),
-        }
+        super::valid_default(CapacitySection::default().validate())
     }
 }
 
@@ -84,11 +81,10 @@ impl CapacitySection {
     /// The typed settings, or the refusal naming the key.
     pub(super) fn validate(&self) -> Result<CapacityConfig, ConfigError> {
         subject_prefix("capacity.prefix", &self.prefix)?;
-        let max_lag_ms = int_in("capacity.max_lag_ms", self.max_lag_ms)?;
         Ok(CapacityConfig {
             mode: self.mode,
             prefix: self.prefix.clone(),
-            max_lag: Duration::from_millis(max_lag_ms),
+            max_lag: Duration::from_millis(int_in("capacity.max_lag_ms", self.max_lag_ms)?),
         })
     }
 }

@@ -293,7 +293,7 @@ impl Config {
         // headers).
         let nats = self.nats.client_capacity as u64 * (s.max_frame_bytes() as u64 + 1024);
         // Request heads of open connections on both ports (+ ~12 KiB of state each).
-        let heads = (self.server.max_connections.get() + self.server.admin_max_connections.get())
+        let heads = (self.server.max_connections.get() + self.server.admin.max_connections.get())
             as u64
             * (self.server.http_max_header_bytes as u64 + (12 << 10));
         // With WHIP on, every connection may be reading an offer (at most 64 KiB
@@ -306,7 +306,7 @@ impl Config {
         // A stream may be a phone call: its queued bot audio (`telephony.out_max_bytes`
         // of PCM a call, `out_max_total_bytes` for all; ~10 % more in frame slots).
         let t = &self.telephony;
-        let voice = (streams * t.out_max_bytes as u64).min(t.out_max_total_bytes as u64) * 11 / 10;
+        let voice = (streams * t.out.max_bytes as u64).min(t.out_max_total_bytes as u64) * 11 / 10;
         // Metrics, per-address table, `/v1/streams`, confirmation markers.
         let misc = 5 << 20;
         IDLE_ALLOWANCE_BYTES

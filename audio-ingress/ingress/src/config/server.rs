@@ -5,7 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
-use weir_service::admin::RequestLimits;
+use weir_service::config::section::AdminSettings;
 use weir_service::config::set;
 use weir_service::http::BodyLimits;
 
@@ -16,8 +16,10 @@ use super::{ConfigError, ConfigErrorKind, RawConfig, int_in, nonzero};
 pub struct ServerConfig {
     /// WebSocket listener (`listen`).
     pub listen: SocketAddr,
-    /// Admin HTTP listener (`admin`).
-    pub admin: SocketAddr,
+    /// The admin HTTP listener, its connection cap (a separate cap, so `/readyz` and
+    /// `/metrics` answer while the WebSocket port is full) and its routes' bounds
+    /// (`[admin]`).
+    pub admin: AdminSettings,
     /// Concurrent stream cap (`max_streams`).
     pub max_streams: NonZeroUsize,
     /// `Retry-After` sent with a 503 (`retry_after_s`).
@@ -43,9 +45,6 @@ pub struct ServerConfig {
     /// IPv6 /64 (`max_connections_per_ip`; unset: a quarter of `max_connections`); at
     /// most `max_connections`.
     pub max_connections_per_ip: NonZeroUsize,
-    /// Open TCP connections on the admin port (`admin_max_connections`); a separate
-    /// cap, so `/readyz` and `/metrics` answer while the WebSocket port is full.
-    pub admin_max_connections: NonZeroUsize,
     /// Bound on receiving a request head on either port (`http_header_timeout_ms`).
     pub http_header_timeout: Duration,
     /// A connection that moves no byte for this long before an upgrade is closed
@@ -56,9 +55,6 @@ pub struct ServerConfig {
     /// Bounds on reading a request body, both ports (`http_body_timeout_ms`,
     /// `http_body_min_rate`).
     pub http_body: BodyLimits,
-    /// Per-request bounds of the admin routes (`admin_request_timeout_ms`,
-    /// `admin_max_concurrent_requests`).
-    pub admin_request_limits: RequestLimits,
     /// Producer authentication (`auth_required` and its keys); `None`: off.
     pub auth: Option<crate::auth::AuthConfig>,
     /// WHIP ingest (`whip_udp_listen` and the `whip_*` keys); `None`: off.
@@ -168,7 +164,7 @@ impl RawConfig {
         )?;
         Ok(ServerConfig {
             listen: addr("listen", &self.listen, "127.0.0.1:8080")?,
-            admin: admin.listen,
+            admin,
             max_streams: nonzero(int!(self, max_streams)?),
             retry_after: Duration::from_secs(int!(self, retry_after_s)?),
             idle_timeout: millis!(self, idle_timeout_ms)?,
@@ -181,7 +177,6 @@ impl RawConfig {
             grace_period: millis!(self, grace_period_ms)?,
             max_connections: nonzero(max_connections),
             max_connections_per_ip: nonzero(per_ip),
-            admin_max_connections: admin.max_connections,
             http_header_timeout: millis!(self, http_header_timeout_ms)?,
             http_idle_timeout: millis!(self, http_idle_timeout_ms)?,
             // At least 8 KiB: hyper accepts no smaller head buffer.
@@ -190,7 +185,6 @@ impl RawConfig {
                 timeout: millis!(self, http_body_timeout_ms)?,
                 min_rate: int!(self, http_body_min_rate)?,
             },
-            admin_request_limits: admin.request_limits,
             auth: self.auth()?,
             whip: self.whip()?,
             publish_page: self.publish_page()?,

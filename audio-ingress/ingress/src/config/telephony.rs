@@ -11,6 +11,7 @@ use weir_service::config::{Range, whole_ms as ms};
 
 use super::{ConfigError, ConfigErrorKind, int_in, subject_prefix};
 use crate::telephony::TelephonyConfig;
+use weir_audio_telephony::outbound::OutboundConfig;
 
 /// Bytes of 16 kHz mono s16le PCM per millisecond.
 const PCM_BYTES_PER_MS: u64 = 32;
@@ -97,10 +98,12 @@ impl TelephonySection {
             subject_prefix: self.subject_prefix.clone(),
             reorder_window: millis("telephony.reorder_window_ms", self.reorder_window_ms)?,
             start_timeout: millis("telephony.start_timeout_ms", self.start_timeout_ms)?,
-            out_max_bytes: out_max_bytes as usize,
+            out: OutboundConfig {
+                max_bytes: out_max_bytes as usize,
+                max_age: out_max_age,
+                lead: millis("telephony.out_lead_ms", self.out_lead_ms)?,
+            },
             out_max_total_bytes: total as usize,
-            out_max_age,
-            out_lead: millis("telephony.out_lead_ms", self.out_lead_ms)?,
         })
     }
 }

@@ -43,14 +43,14 @@ fn load(env: &[(&str, &str)], overrides: &[(&str, &str)]) -> Result<Config, Conf
 #[test]
 fn admin_request_limits_default_to_the_shared_ones_and_flow_from_the_keys() {
     let c = load(&[], &[]).expect("defaults");
-    assert_eq!(c.server.admin_request_limits, RequestLimits::default());
+    assert_eq!(c.server.admin.request_limits, RequestLimits::default());
     let c = load(
         &[("WEIR_INGRESS_ADMIN_REQUEST_TIMEOUT_MS", "2500")],
         &[("admin.max_concurrent_requests", "3")],
     )
     .expect("valid");
     assert_eq!(
-        c.server.admin_request_limits,
+        c.server.admin.request_limits,
         RequestLimits {
             timeout: Duration::from_millis(2500),
             max_concurrent: NonZeroUsize::new(3).expect("3 > 0"),
@@ -67,7 +67,7 @@ fn defaults_are_valid_and_documented() {
     assert_eq!(c.stream.policy(), Policy::Close);
     assert_eq!(c.stream.subject().as_str(), DEFAULT_STREAM_TEMPLATE);
     assert_eq!(c.server.listen.to_string(), "127.0.0.1:8080");
-    assert_eq!(c.server.admin.to_string(), "127.0.0.1:9090");
+    assert_eq!(c.server.admin.listen.to_string(), "127.0.0.1:9090");
     assert_eq!(
         StreamConfigBuilder::default().build().expect("valid"),
         StreamConfig::default()
@@ -497,7 +497,7 @@ fn connection_hygiene_keys_default_and_validate() {
     assert_eq!(c.server, ServerConfig::default());
     assert_eq!(c.server.max_connections.get(), 4096);
     assert_eq!(c.server.max_connections_per_ip.get(), 1024);
-    assert_eq!(c.server.admin_max_connections.get(), 64);
+    assert_eq!(c.server.admin.max_connections.get(), 64);
     assert_eq!(c.server.http_header_timeout, Duration::from_secs(5));
     assert_eq!(c.server.http_body, BodyLimits::default());
     assert_eq!(c.server.http_body.timeout, Duration::from_secs(10));
@@ -637,7 +637,7 @@ fn the_flat_nats_and_admin_names_load_for_one_release_with_a_warning() {
     };
     let (c, warnings) = Config::load_checked(&sources).expect("loads");
     assert_eq!(c.nats.urls, ["nats://h:4222"]);
-    assert_eq!(c.server.admin.to_string(), "127.0.0.1:9999");
+    assert_eq!(c.server.admin.listen.to_string(), "127.0.0.1:9999");
     assert_eq!(c.nats.ping_interval, Duration::from_millis(1500));
     let shown: Vec<String> = warnings.iter().map(ToString::to_string).collect();
     assert_eq!(shown.len(), 3, "{shown:?}");
@@ -756,7 +756,7 @@ fn the_telephony_keys_are_validated_and_name_the_key() {
     )
     .expect("valid");
     assert_eq!(c.telephony.reorder_window, Duration::from_millis(100));
-    assert_eq!(c.telephony.out_max_bytes, 96_000);
+    assert_eq!(c.telephony.out.max_bytes, 96_000);
     for (key, value) in [
         ("telephony.subject_prefix", "weir.>"),
         ("telephony.reorder_window_ms", "5000"),

@@ -111,14 +111,10 @@ impl Resumed {
 
 /// The answer to a refused resume (counted by its code).
 pub fn refusal(r: &ResumeRefusal, retry_after: Duration) -> Refused {
-    metrics::counter!(m::RESUMES_TOTAL, m::LABEL_OUTCOME => r.code()).increment(1);
+    let (status, code) = r.answer();
+    metrics::counter!(m::RESUMES_TOTAL, m::LABEL_OUTCOME => code).increment(1);
     // `resume_busy`, the one 503, carries `Retry-After`.
-    Box::new(door::refusal(
-        r.status(),
-        r.code(),
-        r.to_string(),
-        retry_after,
-    ))
+    Box::new(door::refusal(status, code, r.to_string(), retry_after))
 }
 
 /// The frames and samples lost between the door's position and the producer's claim.

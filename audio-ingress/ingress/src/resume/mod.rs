@@ -113,27 +113,20 @@ pub enum ResumeRefusal {
 impl ResumeRefusal {
     /// The error code of the JSON body.
     pub fn code(&self) -> &'static str {
-        match self {
-            Self::Invalid => "resume_invalid",
-            Self::OtherStream | Self::OtherScope => "resume_mismatch",
-            Self::Expired => "resume_expired",
-            Self::Ended(_) => "resume_ended",
-            Self::Ahead { .. } => "resume_ahead",
-            Self::BadSeq(_) => "invalid_request",
-            Self::Superseded => "taken_over",
-            Self::Busy => "resume_busy",
-        }
+        self.answer().1
     }
 
-    /// The HTTP status of the refusal.
-    pub fn status(&self) -> StatusCode {
+    /// The HTTP status of the refusal and the error code of its JSON body.
+    pub fn answer(&self) -> (StatusCode, &'static str) {
         match self {
-            Self::Invalid => StatusCode::UNAUTHORIZED,
-            Self::OtherStream | Self::OtherScope => StatusCode::FORBIDDEN,
-            Self::Expired | Self::Ended(_) => StatusCode::GONE,
-            Self::Ahead { .. } | Self::Superseded => StatusCode::CONFLICT,
-            Self::BadSeq(_) => StatusCode::BAD_REQUEST,
-            Self::Busy => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Invalid => (StatusCode::UNAUTHORIZED, "resume_invalid"),
+            Self::OtherStream | Self::OtherScope => (StatusCode::FORBIDDEN, "resume_mismatch"),
+            Self::Expired => (StatusCode::GONE, "resume_expired"),
+            Self::Ended(_) => (StatusCode::GONE, "resume_ended"),
+            Self::Ahead { .. } => (StatusCode::CONFLICT, "resume_ahead"),
+            Self::BadSeq(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
+            Self::Superseded => (StatusCode::CONFLICT, "taken_over"),
+            Self::Busy => (StatusCode::SERVICE_UNAVAILABLE, "resume_busy"),
         }
     }
 }
@@ -248,11 +241,6 @@ impl Resume {
         }))
     }
 
-    /// Whether streams are resumable (`resume_window_ms` > 0).
-    pub fn enabled(&self) -> bool {
-        !self.window.is_zero()
-    }
-
     /// `resume_window_ms`.
     pub fn window(&self) -> Duration {
         self.window
@@ -278,7 +266,8 @@ impl Resume {
             },
             revoke: CancellationToken::new(),
         };
-        if !self.enabled() {
+        // Resume off (`resume_window_ms` = 0).
+        if self.window.is_zero() {
             return att;
         }
         let mut b = [0u8; 8];

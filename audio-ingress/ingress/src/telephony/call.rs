@@ -16,16 +16,15 @@ use futures::stream::SplitStream;
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use weir_audio_telephony::codec::{Encoding, MediaFormat};
+use weir_audio_telephony::codec::{Encoder, Encoding, MediaFormat};
 use weir_audio_telephony::dialect::{self, Dialect, DialectError, Inbound, Start, Track};
-use weir_audio_telephony::outbound::OutboundConfig;
 use weir_protocol::WireName;
 use weir_protocol::audio::extension::EndReason;
 use weir_service::shutdown::CancellationToken;
 
 use super::TelephonyState;
 use super::inbound::{InboundAudio, Ready};
-use super::outbound::{self, Cmd, Shared, Writer};
+use super::outbound::{self, Cmd, Shared, Started, Writer};
 use super::voice::{Events, Subjects};
 use crate::capacity::Ticket;
 use crate::door::{self, BadInput, Ending};
@@ -43,11 +42,7 @@ impl BadInput {
         } else {
             close_code::UNSUPPORTED
         };
-        Self {
-            close,
-            code: e.code(),
-            message: e.to_string(),
-        }
+        Self::new(close, e.code(), e.to_string())
     }
 }
 
@@ -77,11 +72,7 @@ pub(super) async fn serve<S: Sink>(
     let cfg = Arc::clone(&state.config);
     let (sink, mut stream) = socket.split();
     let shared = Shared::new(
-        OutboundConfig {
-            max_bytes: cfg.out_max_bytes,
-            max_age: cfg.out_max_age,
-            lead: cfg.out_lead,
-        },
+        cfg.out,
         Arc::clone(&state.out_total),
         cfg.out_max_total_bytes,
     );
@@ -122,14 +113,13 @@ pub(super) async fn serve<S: Sink>(
         Some(client) => Events::start(client.clone(), subjects.events.clone()),
         None => Events::none(),
     };
-    let _ = writer
-        .send(Cmd::Start {
-            dialect,
-            stream_sid: start.stream_sid.clone(),
-            format: return_format,
-            events: events.clone(),
-        })
-        .await;
+    let started = Started {
+        dialect,
+        stream_sid: start.stream_sid.clone(),
+        encoder: Encoder::new(return_format),
+        events: events.clone(),
+    };
+    let _ = writer.send(Cmd::Start(Box::new(started))).await;
     let stop_intake = CancellationToken::new();
     let intake = match &state.nats {
         Some(client) => spawn_intake(client, &subjects, &shared, &events, &stop_intake).await,
@@ -498,12 +488,8 @@ async fn finish_writer(
 }
 
 fn binary_message() -> BadInput {
-    BadInput {
-        close: close_code::UNSUPPORTED,
-        code: "binary_message",
-        message: "a carrier's media stream is JSON text; a binary message is not part of it"
-            .to_owned(),
-    }
+    let message = "a carrier's media stream is JSON text; a binary message is not part of it";
+    BadInput::unsupported("binary_message", message)
 }
 
 fn count_bad(b: &BadInput) {
@@ -513,10 +499,7 @@ fn count_bad(b: &BadInput) {
 /// How a failed read ends the call: the carrier broke the WebSocket protocol, or the
 /// connection is gone.
 fn read_failure(e: axum::Error) -> Outcome {
-    match crate::ws::violation(e, "too_large") {
-        Some(bad) => bad.into(),
-        None => Outcome::Gone,
-    }
+    crate::ws::violation(e, "too_large").map_or(Outcome::Gone, Outcome::from)
 }
 
 /// The format of the call's return path: Twilio takes `audio/x-mulaw` at 8 kHz only;
@@ -531,13 +514,9 @@ fn return_format(dialect: Dialect, start: &Start) -> Result<MediaFormat, BadInpu
         (Dialect::Twilio, _) | (Dialect::Telnyx, None | Some("PCMU")) => Encoding::Pcmu,
         (Dialect::Telnyx, Some("PCMA")) => Encoding::Pcma,
         (Dialect::Telnyx, Some(other)) => {
-            return Err(BadInput {
-                close: close_code::UNSUPPORTED,
-                code: "unsupported_format",
-                message: format!(
-                    "start.custom_parameters.outbound_codec is {other:?}; PCMU or PCMA"
-                ),
-            });
+            let message =
+                format!("start.custom_parameters.outbound_codec is {other:?}; PCMU or PCMA");
+            return Err(BadInput::unsupported("unsupported_format", message));
         }
     };
     MediaFormat::new(encoding, 8000, 1)

@@ -18,11 +18,10 @@ use weir_audio_telephony::codec::{self, Decoder, MediaFormat};
 use weir_audio_telephony::dialect::Media;
 use weir_audio_telephony::reorder::{Out, Pushed, Reorder, ReorderConfig};
 
-use crate::door::BadInput;
+use crate::door::{BadInput, frame_bytes};
 use crate::metrics as m;
+use weir_protocol::audio::FRAME_SAMPLES;
 
-/// Samples of one 20 ms frame at 16 kHz.
-pub const FRAME_SAMPLES: usize = 320;
 /// The chunk duration the window is counted in (both carriers send 20 ms chunks).
 const CHUNK: Duration = Duration::from_millis(20);
 /// A chunk further ahead than this (5 s) is refused (`sequence_jump`).
@@ -196,21 +195,4 @@ impl InboundAudio {
             self.ready.push_back(Ready::Frame(frame));
         }
     }
-}
-
-/// `samples` as s16le bytes: one allocation of the exact size (a shared arena cost more:
-/// its split and reference counts measured more than the allocation), one copy.
-#[cfg(target_endian = "little")]
-fn frame_bytes(samples: &[i16]) -> Bytes {
-    Bytes::copy_from_slice(zerocopy::IntoBytes::as_bytes(samples))
-}
-
-/// `samples` as s16le bytes (a big-endian target swaps each sample).
-#[cfg(not(target_endian = "little"))]
-fn frame_bytes(samples: &[i16]) -> Bytes {
-    let mut b = vec![0u8; samples.len() * 2];
-    for (pair, s) in b.chunks_exact_mut(2).zip(samples) {
-        pair.copy_from_slice(&s.to_le_bytes());
-    }
-    Bytes::from(b)
 }

@@ -39,6 +39,7 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::Response;
 use axum::routing::get;
 use weir_audio_telephony::dialect::{self, Dialect};
+use weir_audio_telephony::outbound::OutboundConfig;
 
 use crate::door::{self, Door, error_response};
 use weir_audio_producer::publisher::Sink;
@@ -52,14 +53,11 @@ pub struct TelephonyConfig {
     pub reorder_window: Duration,
     /// A connection without `start` within this is closed (`telephony.start_timeout_ms`).
     pub start_timeout: Duration,
-    /// Bound of a call's queued bot audio, bytes of 16 kHz PCM (`telephony.out_max_bytes`).
-    pub out_max_bytes: usize,
+    /// A call's bot-audio bounds and pacing (`telephony.out_max_bytes`,
+    /// `telephony.out_max_age_ms`, `telephony.out_lead_ms`).
+    pub out: OutboundConfig,
     /// Bound of every call's queued bot audio together (`telephony.out_max_total_bytes`).
     pub out_max_total_bytes: usize,
-    /// Bot audio not sent within this of its arrival is dropped (`telephony.out_max_age_ms`).
-    pub out_max_age: Duration,
-    /// How far ahead of real time bot audio is sent (`telephony.out_lead_ms`).
-    pub out_lead: Duration,
 }
 
 /// What the telephony door needs.
@@ -83,10 +81,6 @@ pub fn routes<S: Sink>(state: TelephonyState<S>) -> Router {
         .route("/v1/telephony/{dialect}", get(upgrade::<S>))
         .with_state(state)
 }
-
-/// Largest message a carrier may send: its JSON events (a 200 ms L16 chunk in base64
-/// is ~8.6 KiB).
-const MAX_MESSAGE_BYTES: usize = dialect::MAX_MESSAGE_BYTES;
 
 /// `/v1/telephony/{dialect}`, or `/v1/telephony` (the dialect read from the first
 /// message). Before the upgrade: the query (only `access_token` is read), readiness.
@@ -119,7 +113,7 @@ async fn upgrade<S: Sink>(
     let token = crate::auth::token_of(door::bearer(&headers), query.access_token.as_deref())
         .map(str::to_owned);
     let guard = state.door.tracker.token();
-    door::bounded_socket(ws, MAX_MESSAGE_BYTES).on_upgrade(move |socket| {
+    door::bounded_socket(ws, dialect::MAX_MESSAGE_BYTES).on_upgrade(move |socket| {
         let span = tracing::info_span!("telephony");
         tracing::Instrument::instrument(
             async move {

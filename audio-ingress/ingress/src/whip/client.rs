@@ -51,13 +51,9 @@ pub enum ClientEvent {
     Closed,
 }
 
-/// The offering side before the answer.
+/// The offering side before the answer: the session, not connected yet.
 pub struct Offer {
-    rtc: Rtc,
-    socket: UdpSocket,
-    local: SocketAddr,
-    mid: Mid,
-    channel: ChannelId,
+    client: Client,
     pending: SdpPendingOffer,
     /// The SDP offer to POST.
     pub sdp: String,
@@ -108,12 +104,21 @@ impl Offer {
         let mid = api.add_media(MediaKind::Audio, Direction::SendOnly, None, None, None);
         let channel = api.add_channel(EVENTS_CHANNEL.to_owned());
         let (offer, pending) = api.apply().ok_or(ClientError::NoOffer)?;
-        Ok(Self {
+        let client = Client {
             rtc,
             socket,
             local,
             mid,
             channel,
+            pt: None,
+            packets: 0,
+            events: VecDeque::new(),
+            next: Instant::now(),
+            closed: false,
+            buf: vec![0; 2048],
+        };
+        Ok(Self {
+            client,
             pending,
             sdp: offer.to_sdp_string(),
         })
@@ -122,20 +127,8 @@ impl Offer {
     /// Applies the WHIP answer (the 201's body).
     pub fn answered(mut self, answer: &str) -> Result<Client, ClientError> {
         let sdp = SdpAnswer::from_sdp_string(answer)?;
-        self.rtc.sdp_api().accept_answer(self.pending, sdp)?;
-        Ok(Client {
-            rtc: self.rtc,
-            socket: self.socket,
-            local: self.local,
-            mid: self.mid,
-            channel: self.channel,
-            pt: None,
-            packets: 0,
-            events: VecDeque::new(),
-            next: Instant::now(),
-            closed: false,
-            buf: vec![0; 2048],
-        })
+        self.client.rtc.sdp_api().accept_answer(self.pending, sdp)?;
+        Ok(self.client)
     }
 }
 
@@ -265,7 +258,7 @@ impl Client {
 pub fn opus_packets(pcm: &[i16]) -> Result<Vec<Vec<u8>>, ClientError> {
     let mut enc = opus_pure::OpusEncoder::new(16_000, 1, opus_pure::Application::Audio)?;
     let mut out = vec![0u8; opus_pure::MAX_PACKET_BYTES];
-    pcm.chunks_exact(crate::whip::pump::FRAME_SAMPLES)
+    pcm.chunks_exact(weir_protocol::audio::FRAME_SAMPLES)
         .map(|frame| {
             let n = enc.encode_s16(frame, frame.len(), &mut out)?;
             Ok(out[..n].to_vec())

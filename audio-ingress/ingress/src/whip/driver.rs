@@ -32,6 +32,7 @@ use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 
 use super::{EVENTS_CHANNEL, SessionSlot, WhipCounters, count};
+use crate::config::WhipConfig;
 use crate::metrics as m;
 
 /// One Opus packet for a pump.
@@ -43,32 +44,15 @@ pub struct Media {
     pub data: Arc<[u8]>,
 }
 
-/// A session handed to the driver by the `POST` handler (offer already accepted).
-pub(crate) struct NewSession {
-    pub key: String,
-    pub rtc: Rtc,
-    pub media: mpsc::Sender<Media>,
-    pub slot: SessionSlot,
-}
-
 /// What the handlers and pumps ask of the driver.
 pub(crate) enum Command {
-    /// Start driving a session.
-    Add(Box<NewSession>),
+    /// Start driving a session (its resource key, the session).
+    Add(String, Box<Session>),
     /// Send a JSON event on the session's `weir` data channel (queued until it opens).
     Event { key: String, text: String },
     /// The session's stream ended: let the data channel drain (bounded), then close
     /// ICE/DTLS and forget the session.
     Close { key: String },
-}
-
-/// Timeouts of the liveness checks.
-#[derive(Debug, Clone, Copy)]
-pub struct Settings {
-    /// Connect (ICE + DTLS) within this.
-    pub connect_timeout: Duration,
-    /// ICE disconnected / silent this long after connecting ends the session.
-    pub disconnect_timeout: Duration,
 }
 
 /// Events queued for a data channel that is not open yet or is full.
@@ -94,7 +78,9 @@ enum Phase {
     },
 }
 
-struct Session {
+/// One session in the driver: handed over by the `POST` handler (offer already
+/// accepted).
+pub(crate) struct Session {
     rtc: Rtc,
     media: Option<mpsc::Sender<Media>>,
     _slot: SessionSlot,
@@ -109,13 +95,34 @@ struct Session {
     phase: Phase,
 }
 
+impl Session {
+    /// The session of an accepted offer; its Opus packets go to `media`.
+    pub(crate) fn new(rtc: Rtc, media: mpsc::Sender<Media>, slot: SessionSlot) -> Self {
+        let now = Instant::now();
+        Self {
+            rtc,
+            media: Some(media),
+            _slot: slot,
+            next: now,
+            created: now,
+            connected: false,
+            last_rx: now,
+            disconnected_since: None,
+            channel: None,
+            events: VecDeque::new(),
+            phase: Phase::Live,
+        }
+    }
+}
+
 struct Driver {
     socket: UdpSocket,
     local: SocketAddr,
     sessions: HashMap<String, Session>,
     /// Source address → session, learnt from `accepts`.
     by_source: HashMap<SocketAddr, String>,
-    settings: Settings,
+    /// The liveness checks' timeouts (`connect_timeout`, `disconnect_timeout`).
+    config: WhipConfig,
     counters: Arc<WhipCounters>,
 }
 
@@ -123,7 +130,7 @@ struct Driver {
 pub(crate) async fn run(
     socket: UdpSocket,
     mut commands: mpsc::Receiver<Command>,
-    settings: Settings,
+    config: WhipConfig,
     counters: Arc<WhipCounters>,
 ) {
     let local = match socket.local_addr() {
@@ -138,7 +145,7 @@ pub(crate) async fn run(
         local,
         sessions: HashMap::new(),
         by_source: HashMap::new(),
-        settings,
+        config,
         counters,
     };
     let mut buf = vec![0u8; RECV_BUFFER_BYTES];
@@ -337,29 +344,9 @@ impl Driver {
 
     fn command(&mut self, c: Command) {
         match c {
-            Command::Add(n) => {
-                let NewSession {
-                    key,
-                    rtc,
-                    media,
-                    slot,
-                } = *n;
-                let now = Instant::now();
-                let mut s = Session {
-                    rtc,
-                    media: Some(media),
-                    _slot: slot,
-                    next: now,
-                    created: now,
-                    connected: false,
-                    last_rx: now,
-                    disconnected_since: None,
-                    channel: None,
-                    events: VecDeque::new(),
-                    phase: Phase::Live,
-                };
+            Command::Add(key, mut s) => {
                 if drive(&mut s, None, &self.socket, &self.counters).is_ok() {
-                    self.sessions.insert(key, s);
+                    self.sessions.insert(key, *s);
                 }
                 // Else dropped: the pump sees its media channel close (producer_gone).
             }
@@ -392,15 +379,14 @@ impl Driver {
 
     /// Runs due str0m timeouts, the liveness checks and the close phases.
     fn timeouts(&mut self, now: Instant) {
-        let mut failed = Vec::new();
-        let mut gone = Vec::new();
+        let mut lost = Vec::new();
         let mut forget = Vec::new();
-        let st = self.settings;
+        let st = &self.config;
         for (key, s) in &mut self.sessions {
             if s.next <= now
                 && drive(s, Some(Input::Timeout(now)), &self.socket, &self.counters).is_err()
             {
-                failed.push(key.clone());
+                lost.push(key.clone());
                 continue;
             }
             match s.phase {
@@ -415,7 +401,8 @@ impl Driver {
                         now.saturating_duration_since(s.created) >= st.connect_timeout
                     };
                     if timed_out || !s.rtc.is_alive() {
-                        gone.push(key.clone());
+                        tracing::info!(resource = %key, "WHIP publisher gone (ICE disconnected, silent or never connected)");
+                        lost.push(key.clone());
                     }
                 }
                 Phase::Lingering { until } => {
@@ -436,11 +423,7 @@ impl Driver {
                 }
             }
         }
-        for key in failed {
-            self.lost(&key);
-        }
-        for key in gone {
-            tracing::info!(resource = %key, "WHIP publisher gone (ICE disconnected, silent or never connected)");
+        for key in lost {
             self.lost(&key);
         }
         for key in forget {

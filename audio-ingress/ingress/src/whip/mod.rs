@@ -86,8 +86,6 @@ pub const MAX_OFFER_BYTES: usize = 64 * 1024;
 /// The label of the data channel that carries the JSON events.
 pub const EVENTS_CHANNEL: &str = "weir";
 
-/// The `201`'s header with the stream's resume token (resume on).
-pub const RESUME_TOKEN: HeaderName = HeaderName::from_static("weir-resume-token");
 /// The `201`'s header with `resume_window_ms`.
 pub const RESUME_WINDOW_MS: HeaderName = HeaderName::from_static("weir-resume-window-ms");
 
@@ -182,16 +180,12 @@ impl SessionCounters {
     }
 }
 
-/// A request to end a session's stream with `end` (DELETE); the reply comes once the
-/// `end` was handed to NATS (or given up on).
-pub(crate) struct Stop {
-    reply: oneshot::Sender<()>,
-}
-
 /// One WHIP resource in the registry.
 pub(crate) struct Entry {
     stream_id: StreamId,
-    stop: mpsc::Sender<Stop>,
+    /// A DELETE: end the stream with `end`, then reply once the `end` was handed to
+    /// NATS (or given up on).
+    stop: mpsc::Sender<oneshot::Sender<()>>,
     /// Set when the stream ended: the resource answers 404 from then on, even while
     /// the driver still closes ICE/DTLS.
     ended: Arc<AtomicBool>,
@@ -226,8 +220,8 @@ pub struct WhipView {
 impl WhipView {
     /// Sessions, counters and limits as JSON.
     pub fn snapshot(&self) -> serde_json::Value {
-        let sessions: Vec<_> = self
-            .shared
+        let shared = &self.shared;
+        let sessions: Vec<_> = shared
             .sessions
             .lock()
             .iter()
@@ -240,19 +234,14 @@ impl WhipView {
                 })
             })
             .collect();
-        let mut v = serde_json::to_value(&*self.shared.counters).unwrap_or_default();
-        let view = json!({
-            "udp": self.shared.udp_addr.to_string(),
-            "advertise": self.shared.config.advertise.iter().map(ToString::to_string).collect::<Vec<_>>(),
-            "max_sessions": self.shared.sessions.max,
-            "max_sessions_per_ip": self.shared.sessions.per_ip,
-            "allow_foreign_candidates": self.shared.config.allow_foreign_candidates,
-            "active_sessions": sessions.len(),
-            "sessions": sessions,
-        });
-        if let (Some(v), serde_json::Value::Object(view)) = (v.as_object_mut(), view) {
-            v.extend(view);
-        }
+        let mut v = serde_json::to_value(&*shared.counters).unwrap_or_default();
+        v["udp"] = shared.udp_addr.to_string().into();
+        v["advertise"] = json!(shared.config.advertise);
+        v["max_sessions"] = shared.sessions.max.into();
+        v["max_sessions_per_ip"] = shared.sessions.per_ip.into();
+        v["allow_foreign_candidates"] = shared.config.allow_foreign_candidates.into();
+        v["active_sessions"] = sessions.len().into();
+        v["sessions"] = sessions.into();
         v
     }
 }
@@ -279,10 +268,7 @@ impl Whip {
         let driver = tokio::spawn(driver::run(
             socket,
             rx,
-            driver::Settings {
-                connect_timeout: config.connect_timeout,
-                disconnect_timeout: config.disconnect_timeout,
-            },
+            config.clone(),
             Arc::clone(&counters),
         ));
         // A session without it generates its own (str0m's default).
@@ -688,15 +674,10 @@ async fn create_session<S: Sink>(
     let resumed_at = resumed.map(|_| requested_at);
     let token = att.token().map(str::to_owned);
     let (media_tx, media_rx) = mpsc::channel(PUMP_PACKETS);
-    let session = driver::NewSession {
-        key: key.clone(),
-        rtc,
-        media: media_tx,
-        slot,
-    };
+    let session = Box::new(driver::Session::new(rtc, media_tx, slot));
     if shared
         .driver
-        .send(driver::Command::Add(Box::new(session)))
+        .send(driver::Command::Add(key.clone(), session))
         .await
         .is_err()
     {
@@ -746,7 +727,7 @@ fn created(answer: String, location: &str, token: Option<String>, window: Durati
     }
     if let Some(v) = token.and_then(|t| HeaderValue::from_str(&t).ok()) {
         let h = resp.headers_mut();
-        h.insert(RESUME_TOKEN, v);
+        h.insert(door::RESUME_TOKEN_HEADER, v);
         h.insert(
             RESUME_WINDOW_MS,
             HeaderValue::from(window.as_millis() as u64),
@@ -791,7 +772,7 @@ async fn delete_session<S: Sink>(
         return not_found();
     };
     let (reply, done) = oneshot::channel();
-    if stop.try_send(Stop { reply }).is_err() {
+    if stop.try_send(reply).is_err() {
         // Another DELETE is already ending it, or it is ending by itself.
         return not_found();
     }

@@ -31,11 +31,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use opus_pure::OpusDecoder;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use weir_protocol::WireName;
+use weir_protocol::audio::{FRAME_SAMPLES, SAMPLE_RATE};
 
 use super::driver::{Command, Media};
-use super::{SessionCounters, Stop, WhipCounters};
+use super::{SessionCounters, WhipCounters};
 use crate::door::{self, Ending};
 use crate::metrics as m;
 use crate::resume::admit::wall_time_loss;
@@ -43,12 +44,8 @@ use crate::resume::{Attachment, Held};
 use crate::shutdown::TaskTrackerToken;
 use weir_audio_producer::error::PushError;
 
-/// Samples per 20 ms frame at 16 kHz.
-pub const FRAME_SAMPLES: usize = 320;
 /// Most missing packets in one gap that are concealed (100 ms at 20 ms packets).
 pub const MAX_CONCEALED_PACKETS: u64 = 5;
-/// The decoder's output rate.
-const RATE_HZ: u32 = 16_000;
 /// Largest Opus packet: 120 ms, 1,920 samples at 16 kHz.
 const MAX_PACKET_SAMPLES: usize = 1_920;
 
@@ -63,7 +60,7 @@ pub(crate) struct Pump {
     /// audio lost since the stream's last frame ([`wall_time_loss`]).
     pub resumed_at: Option<tokio::time::Instant>,
     pub media: mpsc::Receiver<Media>,
-    pub stop: mpsc::Receiver<Stop>,
+    pub stop: mpsc::Receiver<oneshot::Sender<()>>,
     pub driver: mpsc::Sender<Command>,
     pub key: String,
     pub counters: Arc<SessionCounters>,
@@ -73,7 +70,7 @@ pub(crate) struct Pump {
 }
 
 enum Outcome {
-    Delete(Stop),
+    Delete(oneshot::Sender<()>),
     Gone,
     /// A resume (a new WHIP session with the token) took the stream.
     TakenOver,
@@ -97,7 +94,7 @@ impl Decoder {
     /// A 16 kHz mono decoder.
     pub fn new() -> Option<Self> {
         Some(Self {
-            opus: OpusDecoder::new(RATE_HZ as i32, 1).ok()?,
+            opus: OpusDecoder::new(SAMPLE_RATE as i32, 1).ok()?,
             last_seq: None,
             last_samples: FRAME_SAMPLES,
             pcm: vec![0; MAX_PACKET_SAMPLES],
@@ -180,7 +177,7 @@ impl Decoder {
                 metrics::counter!(m::WHIP_DECODE_ERRORS_TOTAL).increment(1);
                 // A panic may leave the decoder inconsistent: start afresh.
                 if refused.is_err()
-                    && let Ok(d) = OpusDecoder::new(RATE_HZ as i32, 1)
+                    && let Ok(d) = OpusDecoder::new(SAMPLE_RATE as i32, 1)
                 {
                     self.opus = d;
                 }
@@ -194,11 +191,7 @@ impl Decoder {
         self.carry.extend_from_slice(&self.pcm[..n]);
         let whole = self.carry.len() / FRAME_SAMPLES * FRAME_SAMPLES;
         for frame in self.carry[..whole].chunks_exact(FRAME_SAMPLES) {
-            let mut b = Vec::with_capacity(FRAME_SAMPLES * 2);
-            for s in frame {
-                b.extend_from_slice(&s.to_le_bytes());
-            }
-            out.push(Bytes::from(b));
+            out.push(door::frame_bytes(frame));
         }
         self.carry.drain(..whole);
     }
@@ -300,8 +293,8 @@ async fn finish(p: Pump, outcome: Outcome) {
     let summary = ending.finished(&handle).await;
     event_to(&driver, &key, door::closed_event(ending.reason(), &summary)).await;
     command(&driver, Command::Close { key }).await;
-    if let Some(stop) = reply {
-        let _ = stop.reply.send(());
+    if let Some(reply) = reply {
+        let _ = reply.send(());
     }
 }
 

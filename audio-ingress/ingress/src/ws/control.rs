@@ -65,6 +65,15 @@ impl<'de> Deserialize<'de> for Checked {
 
 struct CheckedVisitor;
 
+/// The visits of the values the door does not read: each is [`Checked::Other`].
+macro_rules! other {
+    ($($visit:ident($($arg:ty)?)),*) => {$(
+        fn $visit<E: de::Error>(self $(, _: $arg)?) -> Result<Checked, E> {
+            Ok(Checked::Other)
+        }
+    )*};
+}
+
 impl<'de> Visitor<'de> for CheckedVisitor {
     type Value = Checked;
 
@@ -72,32 +81,17 @@ impl<'de> Visitor<'de> for CheckedVisitor {
         f.write_str("a JSON value")
     }
 
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Checked, E> {
-        Ok(Checked::Other)
-    }
-
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Checked, E> {
-        Ok(Checked::Other)
-    }
-
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Checked, E> {
-        Ok(Checked::Other)
-    }
-
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Checked, E> {
-        Ok(Checked::Other)
-    }
+    other!(
+        visit_bool(bool),
+        visit_i64(i64),
+        visit_u64(u64),
+        visit_f64(f64),
+        visit_unit(),
+        visit_none()
+    );
 
     fn visit_str<E: de::Error>(self, s: &str) -> Result<Checked, E> {
         Ok(Checked::Str(s.to_owned()))
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<Checked, E> {
-        Ok(Checked::Other)
-    }
-
-    fn visit_none<E: de::Error>(self) -> Result<Checked, E> {
-        Ok(Checked::Other)
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {

@@ -47,7 +47,7 @@ fn id_in(p: u32) -> StreamId {
 
 fn refused(d: &Decision) -> Option<RefuseReason> {
     match d {
-        Decision::Refuse { reason, .. } => Some(*reason),
+        Decision::Refuse(NoCapacity { reason, .. }) => Some(*reason),
         Decision::Admit(_) => None,
     }
 }
@@ -89,11 +89,11 @@ fn lagging_and_gone_refuse_with_a_bounded_retry_after() {
     a.lag_ms = 2_600;
     f.accept(a, now).expect("accepted");
     match f.decide(&id("x"), now) {
-        Decision::Refuse {
+        Decision::Refuse(NoCapacity {
             reason,
             retry_after,
             ..
-        } => {
+        }) => {
             assert_eq!(reason, RefuseReason::Lagging);
             assert_eq!(retry_after, Duration::from_millis(2_100));
         }
@@ -101,11 +101,11 @@ fn lagging_and_gone_refuse_with_a_bounded_retry_after() {
     }
     let later = now + Duration::from_millis(2_600);
     match f.decide(&id("x"), later) {
-        Decision::Refuse {
+        Decision::Refuse(NoCapacity {
             reason,
             retry_after,
             ..
-        } => {
+        }) => {
             assert_eq!(reason, RefuseReason::Gone);
             assert!(RETRY_AFTER_RANGE.0 <= retry_after && retry_after <= RETRY_AFTER_RANGE.1);
         }
@@ -204,11 +204,11 @@ fn retry_after_of_a_full_worker_follows_the_rate_slots_free() {
     let mut a = ann("w1", 1, vec![0, 1], 4, 4);
     f.accept(a.clone(), t0).expect("ok");
     let retry = |f: &Fleet, now| match f.decide(&id("x"), now) {
-        Decision::Refuse {
+        Decision::Refuse(NoCapacity {
             reason: RefuseReason::Full,
             retry_after,
             ..
-        } => retry_after,
+        }) => retry_after,
         d => panic!("{d:?}"),
     };
     // Nothing freed yet: the announcement interval.

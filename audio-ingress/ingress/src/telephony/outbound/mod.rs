@@ -38,7 +38,7 @@ use weir_service::sync::locked;
 use crate::metrics as m;
 use crate::telephony::voice::Events;
 
-pub use writer::{Cmd, Writer};
+pub use writer::{Cmd, Started, Writer};
 
 /// The queue and what must change with it, under one lock.
 pub(super) struct Outbox {

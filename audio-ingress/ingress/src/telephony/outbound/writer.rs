@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use futures::stream::SplitSink;
 use tokio::sync::mpsc;
-use weir_audio_telephony::codec::{Encoder, MediaFormat};
+use weir_audio_telephony::codec::Encoder;
 use weir_audio_telephony::dialect::{self, Dialect};
 use weir_audio_telephony::outbound::{Due, FRAME_DURATION};
 
@@ -24,18 +24,8 @@ use crate::ws::send_within;
 /// What the call asks its writer to send.
 #[derive(Debug)]
 pub enum Cmd {
-    /// The call started: bot audio may flow, encoded to `format`, addressed to
-    /// `stream_sid`.
-    Start {
-        /// The carrier's dialect.
-        dialect: Dialect,
-        /// The carrier's stream id (Twilio `streamSid`).
-        stream_sid: String,
-        /// The format of the call's return path.
-        format: MediaFormat,
-        /// The call's events.
-        events: Events,
-    },
+    /// The call started: bot audio may flow.
+    Start(Box<Started>),
     /// The close frame (code, reason); the writer stops after it.
     Close(u16, String),
 }
@@ -55,11 +45,16 @@ pub struct Writer {
 }
 
 /// What the writer knows of a started call.
-struct Started {
-    dialect: Dialect,
-    stream_sid: String,
-    encoder: Encoder,
-    events: Events,
+#[derive(Debug)]
+pub struct Started {
+    /// The carrier's dialect.
+    pub dialect: Dialect,
+    /// The carrier's stream id (Twilio `streamSid`), which bot audio is addressed to.
+    pub stream_sid: String,
+    /// The encoder of the call's return format.
+    pub encoder: Encoder,
+    /// The call's events.
+    pub events: Events,
 }
 
 /// What the writer does next with the queue.
@@ -106,14 +101,7 @@ impl Writer {
                 biased;
                 cmd = rx.recv() => match cmd {
                     None => return,
-                    Some(Cmd::Start { dialect, stream_sid, format, events }) => {
-                        self.started = Some(Started {
-                            dialect,
-                            stream_sid,
-                            encoder: Encoder::new(format),
-                            events,
-                        });
-                    }
+                    Some(Cmd::Start(started)) => self.started = Some(*started),
                     Some(Cmd::Close(code, reason)) => {
                         let frame = CloseFrame { code, reason: reason.into() };
                         if self.send(Message::Close(Some(frame))).await {
