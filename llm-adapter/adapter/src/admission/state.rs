@@ -73,7 +73,7 @@ use super::gates::session_order::SessionOrder;
 use super::gates::start_budget::StartBudget;
 use super::gates::tokens::{Reservation, TokenBudgets};
 use super::gates::{Ask, Gate, RULE_SESSION_CAP, RULE_SESSION_ORDER, after_wait, shutting_down};
-use super::pool::Pool;
+use super::pool::{Member, Pool};
 use super::priority::Priority;
 use super::slots::SlotGuard;
 use super::stats::Stats;
@@ -231,10 +231,6 @@ pub(crate) struct State<W> {
     /// [`QueueOrder`]), estimator, running calls and health.
     pool: Pool,
     ready_seq: u64,
-    /// Start of each running call (the predictor counts what is left of it).
-    running_since: HashMap<u64, Instant>,
-    queued: usize,
-    running: usize,
     timers: BTreeSet<Timer>,
     shutting_down: bool,
     /// The FIFO order's constant first key.
@@ -270,9 +266,6 @@ impl<W> State<W> {
             by_request_id: HashMap::new(),
             cache,
             ready_seq: 0,
-            running_since: HashMap::new(),
-            queued: 0,
-            running: 0,
             timers: BTreeSet::new(),
             shutting_down: false,
             epoch: Instant::now(),
@@ -286,12 +279,14 @@ impl<W> State<W> {
         self.cfg.mode == Mode::Shadow
     }
 
+    /// Queued (not running) requests, over every member.
     pub(crate) fn queued(&self) -> usize {
-        self.queued
+        self.pool.members.iter().map(|m| m.queued).sum()
     }
 
+    /// Running calls, over every member.
     pub(crate) fn running(&self) -> usize {
-        self.running
+        self.pool.members.iter().map(Member::running).sum()
     }
 
     pub(crate) fn is_shutting_down(&self) -> bool {
@@ -423,7 +418,12 @@ impl<W> State<W> {
         self.verdict(self.session_cap.check(ask), (), sub, waited)?;
         self.verdict(self.session_order.check(ask), (), sub, waited)?;
         if !self.may_displace_for_room(ask) {
-            self.verdict(self.queue_bound.check((ask, self.queued)), (), sub, waited)?;
+            self.verdict(
+                self.queue_bound.check((ask, self.queued())),
+                (),
+                sub,
+                waited,
+            )?;
         }
         let id = self.next_id;
         let due = self.deadline.due(ask.deadline, sub.received_at, self.epoch);
@@ -506,7 +506,6 @@ impl<W> State<W> {
         if let (Some(rid), Some(_)) = (&entry.request_id, &entry.fingerprint) {
             self.by_request_id.insert(rid.clone(), id);
         }
-        self.queued += 1;
         self.stats.admitted.add(1);
         self.emit(TraceKind::Queued, &entry, now, |_| {});
         if entry.session_slot.is_some() {
@@ -757,16 +756,13 @@ impl<W> State<W> {
                     self.pool.members[e.member].ready.remove(&k);
                 }
             }
-            Stage::Running => {
-                self.running_since.remove(&id);
-                self.pool.members[e.member].running_since.remove(&id);
-            }
+            Stage::Running => {}
         }
+        let m = &mut self.pool.members[e.member];
         if e.stage == Stage::Running {
-            self.running -= 1;
+            m.running_since.remove(&id);
         } else {
-            self.queued -= 1;
-            self.pool.members[e.member].queued -= 1;
+            m.queued -= 1;
         }
         if let Some(k) = e.order.take() {
             self.deadline.leave(k);

@@ -303,9 +303,6 @@ impl<W> State<W> {
         e.progress = None;
         e.failed_over = true;
         e.request = Some(request);
-        self.running -= 1;
-        self.queued += 1;
-        self.running_since.remove(&id);
         self.pool.members[from].running_since.remove(&id);
         self.pool.members[from].failovers += 1;
         self.pool.members[to].queued += 1;

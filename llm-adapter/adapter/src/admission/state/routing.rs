@@ -53,7 +53,7 @@ impl<W> State<W> {
             running: m.running(),
             ready: m.ready.len(),
             running_since: &m.running_since,
-            all_running: &self.running_since,
+            members: &self.pool.members,
             sessions: &self.session_order,
             keys: &self.keys,
             shadow: self.shadow(),

@@ -83,9 +83,9 @@ impl<W> State<W> {
 
         LimitsView {
             queue: QueueView {
-                depth: self.queued,
+                depth: self.queued(),
                 capacity: self.cfg.queue_capacity.get(),
-                running: self.running,
+                running: self.running(),
                 workers: self.cfg.workers.get(),
                 shutting_down: self.shutting_down,
             },
@@ -113,16 +113,19 @@ impl<W> State<W> {
             .values()
             .filter(|e| e.stage == Stage::Running)
             .count();
-        assert_eq!(running, self.running, "running count");
-        assert_eq!(self.entries.len() - running, self.queued, "queued count");
+        assert_eq!(running, self.running(), "running count");
+        assert_eq!(self.entries.len() - running, self.queued(), "queued count");
         // A failover puts a running call back in the queue: with a pool, the bound is
         // on entries.
         let bound = self.cfg.queue_capacity.get() + self.cfg.workers.get();
         assert!(self.entries.len() <= bound, "queue bound");
         if !self.pool.health_on {
-            assert!(self.queued <= self.cfg.queue_capacity.get(), "queue bound");
+            assert!(
+                self.queued() <= self.cfg.queue_capacity.get(),
+                "queue bound"
+            );
         }
-        assert!(self.running <= self.cfg.workers.get(), "worker bound");
+        assert!(self.running() <= self.cfg.workers.get(), "worker bound");
         for id in &self.stream_queued {
             let e = &self.entries[id];
             assert!(
@@ -147,7 +150,11 @@ impl<W> State<W> {
         }
         if self.cfg.queue_order == QueueOrder::Edf {
             let edf = self.deadline.places();
-            assert_eq!(edf.len(), self.queued, "every queued request in EDF order");
+            assert_eq!(
+                edf.len(),
+                self.queued(),
+                "every queued request in EDF order"
+            );
             for e in self.entries.values() {
                 match e.stage {
                     Stage::Running => assert_eq!(e.order, None),
@@ -161,7 +168,6 @@ impl<W> State<W> {
         } else {
             assert!(self.deadline.places().is_empty());
         }
-        assert_eq!(self.running_since.len(), self.running, "running starts");
         for (gi, (limit, g)) in self.keys.gates().enumerate() {
             for (k, q) in &g.waiters {
                 assert!(!q.is_empty(), "empty waiter queue kept");

@@ -85,9 +85,6 @@ impl<W> State<W> {
         if let Some(t) = timer {
             self.timers.remove(&t);
         }
-        self.queued -= 1;
-        self.running += 1;
-        self.running_since.insert(id, now);
         let m = &mut self.pool.members[member];
         m.queued -= 1;
         m.running_since.insert(id, now);
