@@ -253,8 +253,12 @@ impl<S: Sink> Admission<S> {
         metrics::gauge!(m::WORKERS).set(cfg.workers.get() as f64);
         metrics::gauge!(m::QUEUE_CAPACITY).set(cfg.queue_capacity.get() as f64);
         let members = pool::Pool::new(&cfg);
-        let slots: Vec<usize> = members.members.iter().map(|m| m.slots).collect();
-        let timeouts = members.members.iter().map(|m| m.timeout).collect();
+        let slots: Vec<usize> = members
+            .members
+            .iter()
+            .map(|m| m.backend.slots.get())
+            .collect();
+        let timeouts = members.members.iter().map(|m| m.backend.timeout).collect();
         let failover = members.health_on;
         let inner = Arc::new(Inner {
             state: Mutex::new(State::new(cfg.clone(), stats.clone(), tracer)),

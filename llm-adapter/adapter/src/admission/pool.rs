@@ -91,8 +91,9 @@ pub struct BackendView {
 pub(crate) fn publish(members: &[Member]) {
     use crate::metrics as m;
     for b in members {
-        let name = b.name.clone();
-        metrics::gauge!(m::BACKEND_SLOTS, "backend" => name.clone()).set(b.slots as f64);
+        let name = b.backend.name.clone();
+        let slots = b.backend.slots.get();
+        metrics::gauge!(m::BACKEND_SLOTS, "backend" => name.clone()).set(slots as f64);
         metrics::gauge!(m::BACKEND_SLOTS_BUSY, "backend" => name.clone()).set(b.running() as f64);
         if let Some(e) = b.estimator.estimate() {
             metrics::gauge!(m::BACKEND_ESTIMATE_SECONDS, "backend" => name.clone())
@@ -148,10 +149,8 @@ impl Health {
 
 /// One backend of the pool as the state machine sees it.
 pub(crate) struct Member {
-    pub(crate) name: String,
-    pub(crate) slots: usize,
-    pub(crate) timeout: Duration,
-    pub(crate) weight: u32,
+    /// Its name, slots, timeout and weight.
+    pub(crate) backend: PoolSlots,
     pub(crate) estimator: Estimator,
     /// Requests bound here that passed every gate, in the order workers take them.
     pub(crate) ready: BTreeMap<ReadyKey, u64>,
@@ -173,12 +172,9 @@ pub(crate) struct Member {
 }
 
 impl Member {
-    fn new(s: &PoolSlots, estimator: EstimatorConfig, backoff: Duration) -> Self {
+    fn new(backend: PoolSlots, estimator: EstimatorConfig, backoff: Duration) -> Self {
         Self {
-            name: s.name.clone(),
-            slots: s.slots.get(),
-            timeout: s.timeout,
-            weight: s.weight,
+            backend,
             estimator: Estimator::new(estimator),
             ready: BTreeMap::new(),
             running_since: HashMap::new(),
@@ -205,11 +201,11 @@ impl Member {
     /// What `/v1/stats` shows of it.
     pub(crate) fn view(&self, now: Instant) -> BackendView {
         BackendView {
-            name: self.name.clone(),
-            slots: self.slots,
+            name: self.backend.name.clone(),
+            slots: self.backend.slots.get(),
             busy: self.running(),
             queued: self.queued,
-            weight: self.weight,
+            weight: self.backend.weight,
             health: self.health.into(),
             ejected_for_ms: match self.health {
                 Health::Ejected { until } => Some(weir_service::config::whole_ms(
@@ -240,20 +236,18 @@ pub(crate) struct Pool {
 impl Pool {
     /// The pool of `cfg`: its `[[backends]]`, or one member with `workers` slots.
     pub(crate) fn new(cfg: &AdmissionConfig) -> Self {
-        let single = [PoolSlots {
+        let single = PoolSlots {
             name: "default".into(),
             slots: cfg.workers,
             timeout: cfg.backend_timeout,
             weight: 1,
-        }];
-        let slots: &[PoolSlots] = if cfg.pool.is_empty() {
-            &single
-        } else {
-            &cfg.pool
+        };
+        let slots = match cfg.pool.is_empty() {
+            true => vec![single],
+            false => cfg.pool.clone(),
         };
         Self {
-            members: slots
-                .iter()
+            members: (slots.into_iter())
                 .map(|s| Member::new(s, cfg.estimator, cfg.health.backoff_base))
                 .collect(),
             health_on: !cfg.pool.is_empty(),

@@ -66,7 +66,7 @@ impl<W> State<W> {
             if probe {
                 m.health = Health::Healthy;
                 m.backoff = base;
-                tracing::info!(backend = %m.name, "backend re-admitted: its probe succeeded");
+                tracing::info!(backend = %m.backend.name, "backend re-admitted: its probe succeeded");
                 wake_if_ready(m, member, fx);
                 self.rescue_stranded(now, fx);
             }
@@ -91,7 +91,7 @@ impl<W> State<W> {
         let m = &mut self.pool.members[member];
         let until = now + m.backoff;
         tracing::warn!(
-            backend = %m.name,
+            backend = %m.backend.name,
             backoff_ms = m.backoff.as_millis() as u64,
             failures = m.failures,
             "backend ejected"
@@ -115,8 +115,14 @@ impl<W> State<W> {
             }
             let e = m.estimator.estimate().map_or(0.0, |d| d.as_secs_f64());
             let left = running_left(&m.running_since, e, now);
-            let start = global_start(m.slots, m.running(), m.queued, e, left);
-            Some(((m.weight, Duration::try_from_secs_f64(start + e).ok()?), b))
+            let start = global_start(m.backend.slots.get(), m.running(), m.queued, e, left);
+            Some((
+                (
+                    m.backend.weight,
+                    Duration::try_from_secs_f64(start + e).ok()?,
+                ),
+                b,
+            ))
         };
         (self.pool.members.iter().enumerate())
             .filter_map(score)
@@ -241,7 +247,7 @@ impl<W> State<W> {
             return;
         };
         let from = e.member;
-        let name = self.pool.members[from].name.clone();
+        let name = self.pool.members[from].backend.name.clone();
         // A cancel (or the end of the shutdown grace) that came meanwhile took the
         // abort channel: it wins.
         let told = e.abort.is_none();

@@ -146,7 +146,7 @@ impl<W> State<W> {
             };
             assert_eq!(m.queued, bound(false), "queued on member {b}");
             assert_eq!(m.running(), bound(true), "running on member {b}");
-            assert!(m.running() <= m.slots, "slots of member {b}");
+            assert!(m.running() <= m.backend.slots.get(), "slots of member {b}");
         }
         if self.cfg.queue_order == QueueOrder::Edf {
             let edf = self.deadline.places();

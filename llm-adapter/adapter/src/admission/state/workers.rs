@@ -161,7 +161,7 @@ impl<W> State<W> {
         if let Some(e) = self.entries.get(&id) {
             let (member, session) = (e.member, e.session.clone());
             if let (Ok(reply), Some(m)) = (&mut result, self.pool.members.get(member)) {
-                name_backend(reply, &m.name);
+                name_backend(reply, &m.backend.name);
             }
             self.observe(member, took, code, fx);
             self.call_ended(member, id, code, session.as_deref(), now, fx);
