@@ -252,33 +252,26 @@ impl<S: Sink> Admission<S> {
         let stats = Arc::new(Stats::new(&rules, backends[0].name()));
         metrics::gauge!(m::WORKERS).set(cfg.workers.get() as f64);
         metrics::gauge!(m::QUEUE_CAPACITY).set(cfg.queue_capacity.get() as f64);
-        let members = pool::Pool::new(&cfg);
-        let slots: Vec<usize> = members
-            .members
-            .iter()
-            .map(|m| m.backend.slots.get())
-            .collect();
-        let timeouts = members.members.iter().map(|m| m.backend.timeout).collect();
-        let failover = members.health_on;
+        let pool = pool::backends(&cfg);
         let inner = Arc::new(Inner {
             state: Mutex::new(State::new(cfg.clone(), stats.clone(), tracer)),
+            failover: !cfg.pool.is_empty(),
             cfg,
             stats,
-            backends: (0..slots.len())
+            backends: (0..pool.len())
                 .map(|i| backends[i % backends.len()].clone())
                 .collect(),
-            timeouts,
-            failover,
+            timeouts: pool.iter().map(|p| p.timeout).collect(),
             sink,
-            work: slots.iter().map(|_| Notify::new()).collect(),
+            work: pool.iter().map(|_| Notify::new()).collect(),
             timers: Notify::new(),
             stop: CancellationToken::new(),
             answered_at_shutdown: AtomicUsize::new(0),
             workers: Mutex::new(Vec::new()),
             sweeper: Mutex::new(None),
         });
-        let workers = (slots.iter().enumerate())
-            .flat_map(|(b, n)| (0..*n).map(move |_| b))
+        let workers = (pool.iter().enumerate())
+            .flat_map(|(b, p)| (0..p.slots.get()).map(move |_| b))
             .map(|b| tokio::spawn(tasks::worker(inner.clone(), b)))
             .collect();
         *locked(&inner.workers) = workers;

@@ -221,6 +221,19 @@ impl Member {
     }
 }
 
+/// The backends of `cfg`: its `[[backends]]`, or one with `workers` slots.
+pub(crate) fn backends(cfg: &AdmissionConfig) -> Vec<PoolSlots> {
+    if !cfg.pool.is_empty() {
+        return cfg.pool.clone();
+    }
+    vec![PoolSlots {
+        name: "default".into(),
+        slots: cfg.workers,
+        timeout: cfg.backend_timeout,
+        weight: 1,
+    }]
+}
+
 /// The members, and the sessions' last backends.
 pub(crate) struct Pool {
     pub(crate) members: Vec<Member>,
@@ -236,18 +249,8 @@ pub(crate) struct Pool {
 impl Pool {
     /// The pool of `cfg`: its `[[backends]]`, or one member with `workers` slots.
     pub(crate) fn new(cfg: &AdmissionConfig) -> Self {
-        let single = PoolSlots {
-            name: "default".into(),
-            slots: cfg.workers,
-            timeout: cfg.backend_timeout,
-            weight: 1,
-        };
-        let slots = match cfg.pool.is_empty() {
-            true => vec![single],
-            false => cfg.pool.clone(),
-        };
         Self {
-            members: (slots.into_iter())
+            members: (backends(cfg).into_iter())
                 .map(|s| Member::new(s, cfg.estimator, cfg.health.backoff_base))
                 .collect(),
             health_on: !cfg.pool.is_empty(),

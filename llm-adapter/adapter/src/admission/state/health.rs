@@ -116,13 +116,8 @@ impl<W> State<W> {
             let e = m.estimator.estimate().map_or(0.0, |d| d.as_secs_f64());
             let left = running_left(&m.running_since, e, now);
             let start = global_start(m.backend.slots.get(), m.running(), m.queued, e, left);
-            Some((
-                (
-                    m.backend.weight,
-                    Duration::try_from_secs_f64(start + e).ok()?,
-                ),
-                b,
-            ))
+            let finish = Duration::try_from_secs_f64(start + e).ok()?;
+            Some(((m.backend.weight, finish), b))
         };
         (self.pool.members.iter().enumerate())
             .filter_map(score)
