@@ -142,7 +142,8 @@ enum Action {
 enum Stage {
     Session,
     Gate(usize),
-    Ready,
+    /// In its member's ready queue, under this key.
+    Ready(ReadyKey),
     Running,
 }
 
@@ -169,8 +170,6 @@ struct Entry<W> {
     /// Admitted onto an idle backend although predicted too slow (the estimator must
     /// get samples to come down): exempt from the adaptive start budget.
     probe: bool,
-    /// Position in the ready queue while Ready.
-    ready_key: Option<ReadyKey>,
     /// Under EDF: position among all queued requests (the ready-queue key once
     /// Ready), fixed at admission; `None` under FIFO and once Running.
     order: Option<ReadyKey>,
@@ -484,7 +483,6 @@ impl<W> State<W> {
             deadline,
             answer_by,
             probe: placement.probe,
-            ready_key: None,
             order,
             stage_since: now,
             started_at: None,
@@ -597,21 +595,26 @@ impl<W> State<W> {
             self.emit_slot(TraceKind::SlotAcquired, e, now, rule, Some(&key));
         }
         // Through every gate: ready for a worker.
-        if let Some(order) = self.entries.get(&id).map(|e| e.order) {
-            let key = self.ready_key(order);
-            let Some(e) = self.entries.get_mut(&id) else {
-                return;
-            };
-            e.stage = Stage::Ready;
-            e.stage_since = now;
-            e.ready_key = Some(key);
-            let member = e.member;
-            self.pool.members[member].ready.insert(key, id);
-            fx.ready_added += 1;
-            fx.ready_on |= super::pool::bit(member);
-            let e = &self.entries[&id];
+        self.make_ready(id, now, fx);
+        if let Some(e) = self.entries.get(&id) {
             self.emit(TraceKind::Admitted, e, now, |_| {});
         }
+    }
+
+    /// Puts entry `id` in its member's ready queue (under its order key under EDF).
+    fn make_ready(&mut self, id: u64, now: Instant, fx: &mut Effects<W>) {
+        let Some(order) = self.entries.get(&id).map(|e| e.order) else {
+            return;
+        };
+        let key = self.ready_key(order);
+        let Some(e) = self.entries.get_mut(&id) else {
+            return;
+        };
+        e.stage = Stage::Ready(key);
+        e.stage_since = now;
+        self.pool.members[e.member].ready.insert(key, id);
+        fx.ready_added += 1;
+        fx.ready_on |= super::pool::bit(e.member);
     }
 
     /// Shadow mode at a busy key: the trace event of what enforce mode would have done
@@ -751,10 +754,8 @@ impl<W> State<W> {
                     self.keys.leave(gate, key, id);
                 }
             }
-            Stage::Ready => {
-                if let Some(k) = e.ready_key.take() {
-                    self.pool.members[e.member].ready.remove(&k);
-                }
+            Stage::Ready(k) => {
+                self.pool.members[e.member].ready.remove(&k);
             }
             Stage::Running => {}
         }

@@ -157,11 +157,11 @@ impl<W> State<W> {
             return;
         };
         e.member = to;
-        let (ready_key, order) = (e.ready_key, e.order);
+        let (stage, order) = (e.stage, e.order);
         self.pool.members[from].queued -= 1;
         self.pool.members[from].failovers += 1;
         self.pool.members[to].queued += 1;
-        if let Some(k) = ready_key {
+        if let Stage::Ready(k) = stage {
             self.pool.members[from].ready.remove(&k);
             self.pool.members[to].ready.insert(k, id);
             fx.ready_added += 1;
@@ -297,8 +297,6 @@ impl<W> State<W> {
         let from = e.member;
         let (place, answer_by) = (e.place, e.answer_by);
         e.member = to;
-        e.stage = Stage::Ready;
-        e.stage_since = now;
         e.started_at = None;
         e.abort = None;
         e.progress = None;
@@ -307,15 +305,8 @@ impl<W> State<W> {
         self.pool.members[from].running_since.remove(&id);
         self.pool.members[from].failovers += 1;
         self.pool.members[to].queued += 1;
-        let order = self.deadline.enter(place, answer_by, to);
-        let key = self.ready_key(order);
-        if let Some(e) = self.entries.get_mut(&id) {
-            e.order = order;
-            e.ready_key = Some(key);
-        }
-        self.pool.members[to].ready.insert(key, id);
-        fx.ready_added += 1;
-        fx.ready_on |= bit(to);
+        e.order = self.deadline.enter(place, answer_by, to);
+        self.make_ready(id, now, fx);
         self.arm_deadline(id, fx);
     }
 }

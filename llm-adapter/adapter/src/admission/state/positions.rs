@@ -98,8 +98,8 @@ impl<W> State<W> {
         }
         self.stream_queued.insert(id);
         let m = &self.pool.members[e.member];
-        let starts_now =
-            e.stage == Stage::Ready && m.running() + m.ready.len() <= m.backend.slots.get();
+        let starts_now = matches!(e.stage, Stage::Ready(_))
+            && m.running() + m.ready.len() <= m.backend.slots.get();
         if !starts_now {
             let keys = self.queued_keys();
             self.notify_position(&keys, id, now, fx);

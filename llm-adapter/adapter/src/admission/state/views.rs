@@ -135,8 +135,7 @@ impl<W> State<W> {
         }
         for (b, m) in self.pool.members.iter().enumerate() {
             for (k, id) in &m.ready {
-                assert_eq!(self.entries[id].stage, Stage::Ready);
-                assert_eq!(self.entries[id].ready_key, Some(*k));
+                assert_eq!(self.entries[id].stage, Stage::Ready(*k));
                 assert_eq!(self.entries[id].member, b, "ready where it is bound");
             }
             let bound = |running| {
@@ -158,7 +157,7 @@ impl<W> State<W> {
             for e in self.entries.values() {
                 match e.stage {
                     Stage::Running => assert_eq!(e.order, None),
-                    Stage::Ready => assert_eq!(e.order, e.ready_key, "ready in EDF order"),
+                    Stage::Ready(k) => assert_eq!(e.order, Some(k), "ready in EDF order"),
                     _ => {}
                 }
                 if let Some(k) = e.order {

@@ -37,10 +37,9 @@ impl<W> State<W> {
             let Some(e) = self.entries.get_mut(&id) else {
                 continue;
             };
-            if e.stage != Stage::Ready {
+            if !matches!(e.stage, Stage::Ready(_)) {
                 continue;
             }
-            e.ready_key = None;
             if let Some(queued) = e.queued(now, estimate)
                 && let Err(r) = self.start_budget.check(&queued)
             {
