@@ -19,15 +19,15 @@ use weir_protocol::llm::{ErrorBody, ErrorCode, ErrorDetails};
 use super::{Inner, Sink, StreamOut, pool, streaming};
 use crate::backend::{BackendErrorKind, BackendReply, BackendRequest};
 
-/// Why a running call is aborted.
+/// Why a request is cancelled (queued) or its call aborted (running); a running call
+/// whose abort sender is dropped unsent is aborted by the shutdown.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum AbortReason {
+    /// A cancel (by request id, or `Weir-Cancel-Session`).
     Cancelled,
-    /// A later request of the same session superseded it (its request id, if any).
-    Superseded {
-        by: Option<String>,
-    },
-    ShuttingDown,
+    /// A later request of the same session superseded it (`Weir-Supersede: session`,
+    /// with its request id, if any).
+    Superseded { by: Option<String> },
 }
 
 /// A request handed to a worker.

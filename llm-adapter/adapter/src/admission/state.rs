@@ -57,7 +57,6 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use weir_protocol::llm::{ErrorBody, ErrorCode};
 
-pub(crate) use self::barge_in::Interrupt;
 pub use self::barge_in::SessionCancel;
 use self::idempotency::Fingerprint;
 pub(crate) use self::positions::Notice;

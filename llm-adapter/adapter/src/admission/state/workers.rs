@@ -212,18 +212,13 @@ impl<W> State<W> {
         n
     }
 
-    /// Tells every running request to abort with `shutting_down`; returns how many.
+    /// Tells every running request to abort with `shutting_down` (its abort sender
+    /// dropped); returns how many.
     pub(crate) fn abort_running(&mut self) -> usize {
-        let mut n = 0;
-        for e in self.entries.values_mut() {
-            if e.stage == Stage::Running
-                && let Some(tx) = e.abort.take()
-            {
-                let _ = tx.send(AbortReason::ShuttingDown);
-                n += 1;
-            }
-        }
-        n
+        (self.entries.values_mut())
+            .filter(|e| e.stage == Stage::Running)
+            .filter_map(|e| e.abort.take())
+            .count()
     }
 }
 
