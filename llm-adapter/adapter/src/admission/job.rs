@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use weir_protocol::llm::{ErrorBody, ErrorCode, ErrorDetails};
 
 use super::{Inner, Sink, StreamOut, pool, streaming};
-use crate::backend::{BackendErrorKind, BackendReply, BackendRequest};
+use crate::backend::{BackendErrorKind, BackendRequest};
 
 /// Why a request is cancelled (queued) or its call aborted (running); a running call
 /// whose abort sender is dropped unsent is aborted by the shutdown.
@@ -128,28 +128,14 @@ impl<S: Sink> Inner<S> {
                 .await
             }
         };
+        // A stalled call is handed back (with its kept request), any other finished.
         let stalled = failed_over.load(Ordering::Relaxed);
-        self.settle(id, stalled, retry, started_at, result).await;
-    }
-
-    /// Settles a job whose call ended: a stalled one is handed back (`failover`, with
-    /// its kept request), any other is finished with the call's result.
-    async fn settle(
-        &self,
-        id: u64,
-        stalled: bool,
-        retry: Option<BackendRequest>,
-        started_at: Instant,
-        result: Result<BackendReply, ErrorBody>,
-    ) {
-        if stalled {
-            self.step(|st, now, fx| st.failover(id, retry, now, fx))
-                .await;
-            return;
-        }
         self.step(|st, now, fx| {
             let took = now.saturating_duration_since(started_at);
-            st.finish(id, result, took, now, fx);
+            match stalled {
+                true => st.failover(id, retry, now, fx),
+                false => st.finish(id, result, took, now, fx),
+            }
         })
         .await;
     }
