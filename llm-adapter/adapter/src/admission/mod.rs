@@ -323,24 +323,28 @@ impl<S: Sink> Admission<S> {
         s.queued_now = st.queued() as u64;
         s.running_now = st.running() as u64;
         (s.slots_acquired, s.slots_released) = st.slot_totals();
-        s.tokens = st.token_stats();
+        s.tokens = st.tokens.stats();
         self.inner.stats.publish_tokens(&s.tokens);
-        let est = st.estimate_view();
+        let est = st.pool.members[0].estimator.view();
         s.service_estimate = Some(est);
         // Metrics are published when read (a scrape reads stats), not per request.
         self.inner.stats.publish(st.queued(), st.running(), &est);
-        st.publish_backends();
+        pool::publish(&st.pool.members);
         s
     }
 
     /// Each backend of the pool: slots, estimate, health, ejections, spills.
     pub fn backends(&self) -> Vec<BackendView> {
-        self.inner.lock().backends_view(Instant::now())
+        let now = Instant::now();
+        (self.inner.lock().pool.members.iter())
+            .map(|m| m.view(now))
+            .collect()
     }
 
-    /// The backend's service-time estimate.
+    /// The backend's service-time estimate (the first member's: the only one of a
+    /// single backend).
     pub fn estimate(&self) -> EstimateView {
-        self.inner.lock().estimate_view()
+        self.inner.lock().pool.members[0].estimator.view()
     }
 
     /// Appends the latency histograms (`weir_llm_queue_wait_seconds`,

@@ -63,7 +63,6 @@ pub(crate) use self::positions::Notice;
 use self::routing::Routed;
 use self::timers::{Timer, TimerKind};
 use super::cache::CompletionCache;
-use super::estimator::EstimateView;
 use super::gates::deadline::{DeadlinePrediction, ReadyKey};
 use super::gates::key_limits::{KeyAsk, KeyLimits, KeyPass, resolve_keys};
 use super::gates::queue_bound::QueueBound;
@@ -223,11 +222,11 @@ pub(crate) struct State<W> {
     queue_bound: QueueBound,
     deadline: DeadlinePrediction,
     keys: KeyLimits,
-    tokens: TokenBudgets,
+    pub(super) tokens: TokenBudgets,
     start_budget: StartBudget,
     /// The backends: each one's ready queue (in the order its workers take them,
     /// [`QueueOrder`]), estimator, running calls and health.
-    pool: Pool,
+    pub(super) pool: Pool,
     ready_seq: u64,
     timers: BTreeSet<Timer>,
     shutting_down: bool,
@@ -309,11 +308,6 @@ impl<W> State<W> {
     /// The service-time estimate of member `b`.
     fn estimate_of(&self, b: usize) -> Option<Duration> {
         self.pool.members.get(b)?.estimator.estimate()
-    }
-
-    /// The estimator's state (the first member's: the only one of a single backend).
-    pub(crate) fn estimate_view(&self) -> EstimateView {
-        self.pool.members[0].estimator.view()
     }
 
     /// The ready-queue key of a request becoming ready now: its order key under EDF,

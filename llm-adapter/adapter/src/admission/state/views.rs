@@ -95,16 +95,6 @@ impl<W> State<W> {
         }
     }
 
-    /// Publishes the per-backend metrics.
-    pub(crate) fn publish_backends(&self) {
-        crate::admission::pool::publish(&self.pool.members);
-    }
-
-    /// Each member of the pool.
-    pub(crate) fn backends_view(&self, now: Instant) -> Vec<crate::admission::BackendView> {
-        self.pool.members.iter().map(|m| m.view(now)).collect()
-    }
-
     /// Checks the module invariants (tests).
     #[cfg(test)]
     pub(crate) fn check_invariants(&self) {
