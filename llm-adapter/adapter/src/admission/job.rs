@@ -77,9 +77,12 @@ impl<S: Sink> Inner<S> {
         // context is what the backend receives as `traceparent`.
         let backend_span = tracing::info_span!("backend_call", backend = backend.name());
         request.trace = crate::trace::outgoing(&backend_span, request.trace.as_ref());
-        let retry = self.failover.then(|| request.clone());
-        let backend_timeout =
-            (self.timeouts.get(member).copied()).unwrap_or(self.cfg.backend_timeout);
+        // Failover on (a pool with health): the call keeps a copy of its request.
+        let pool = &self.cfg.pool;
+        let retry = (!pool.is_empty()).then(|| request.clone());
+        let backend_timeout = pool
+            .get(member)
+            .map_or(self.cfg.backend_timeout, |p| p.timeout);
         let limit = CallLimit::new(started_at, deadline, backend_timeout);
         let failed_over = AtomicBool::new(false);
         let stall = stalled(progress.as_deref(), &failed_over);

@@ -148,10 +148,6 @@ struct Inner<S: Sink> {
     stats: Arc<Stats>,
     /// One backend per member of the pool, in its order.
     backends: Vec<Arc<dyn Backend>>,
-    /// Each member's own per-call timeout.
-    timeouts: Vec<Duration>,
-    /// Failover on (a pool with health): a call keeps a copy of its request.
-    failover: bool,
     sink: Arc<S>,
     /// Wakes idle workers of each member when requests bound to it become ready.
     work: Vec<Notify>,
@@ -255,13 +251,11 @@ impl<S: Sink> Admission<S> {
         let pool = pool::backends(&cfg);
         let inner = Arc::new(Inner {
             state: Mutex::new(State::new(cfg.clone(), stats.clone(), tracer)),
-            failover: !cfg.pool.is_empty(),
             cfg,
             stats,
             backends: (0..pool.len())
                 .map(|i| backends[i % backends.len()].clone())
                 .collect(),
-            timeouts: pool.iter().map(|p| p.timeout).collect(),
             sink,
             work: pool.iter().map(|_| Notify::new()).collect(),
             timers: Notify::new(),
