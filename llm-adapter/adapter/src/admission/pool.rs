@@ -303,11 +303,6 @@ impl Pool {
         }
     }
 
-    /// The member's next back-off after one more failed ejection.
-    pub(crate) fn next_backoff(&self, current: Duration) -> Duration {
-        current.saturating_mul(2).min(self.health.backoff_max)
-    }
-
     /// A worker of `member` starts request `id`: the probe, if one is due.
     pub(crate) fn starting(&mut self, member: usize, id: u64) {
         if let Some(m) = self.members.get_mut(member)

@@ -420,17 +420,12 @@ impl<W> State<W> {
         let id = self.next_id;
         let due = self.deadline.due(ask.deadline, sub.received_at, self.epoch);
         let due = self.class_due(due, ask.priority);
-        let plain = Routed {
-            placement: super::gates::deadline::Placement {
-                order: (due, id),
-                probe: false,
-                finish: None,
-                displace: 0,
-            },
-            member: 0,
-            spilled_from: None,
-        };
-        self.verdict(self.route(ask, id, due), plain, sub, waited)
+        // Routing refuses only what shadow mode enforces too (a late prediction, every
+        // backend ejected).
+        self.route(ask, id, due).map_err(|r| {
+            self.count(&r);
+            r.body
+        })
     }
 
     /// Queues a request that passed every gate: it takes its session slot and EDF

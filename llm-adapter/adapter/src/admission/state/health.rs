@@ -85,9 +85,10 @@ impl<W> State<W> {
         }
     }
 
-    /// Ejects `member` for its back-off and moves its queued requests away.
+    /// Ejects `member` for its back-off (the next one twice as long) and moves its
+    /// queued requests away.
     fn eject(&mut self, member: usize, now: Instant, fx: &mut Effects<W>) {
-        let next = self.pool.next_backoff(self.pool.members[member].backoff);
+        let max = self.pool.health.backoff_max;
         let m = &mut self.pool.members[member];
         let until = now + m.backoff;
         tracing::warn!(
@@ -97,7 +98,7 @@ impl<W> State<W> {
             "backend ejected"
         );
         m.health = Health::Ejected { until };
-        m.backoff = next;
+        m.backoff = m.backoff.saturating_mul(2).min(max);
         m.failures = 0;
         m.ejections += 1;
         fx.timers_changed = true;
