@@ -99,7 +99,13 @@ pub(crate) fn publish(members: &[Member]) {
             metrics::gauge!(m::BACKEND_ESTIMATE_SECONDS, "backend" => name.clone())
                 .set(e.as_secs_f64());
         }
-        metrics::gauge!(m::BACKEND_HEALTH, "backend" => name.clone()).set(b.health.level());
+        // 0 healthy, 1 probing (or due), 2 ejected.
+        let health = match b.health {
+            Health::Healthy => 0.0,
+            Health::ProbeDue | Health::Probing { .. } => 1.0,
+            Health::Ejected { .. } => 2.0,
+        };
+        metrics::gauge!(m::BACKEND_HEALTH, "backend" => name.clone()).set(health);
         metrics::counter!(m::BACKEND_EJECTIONS_TOTAL, "backend" => name.clone())
             .absolute(b.ejections);
         metrics::counter!(m::BACKEND_SPILLS_TOTAL, "backend" => name.clone()).absolute(b.spills);
@@ -134,17 +140,6 @@ pub(crate) enum Health {
     ProbeDue,
     /// The probe (request `id`) runs; nothing else starts here until it ends.
     Probing { id: u64 },
-}
-
-impl Health {
-    /// 0 healthy, 1 probing (or due), 2 ejected: the health gauge.
-    pub(crate) fn level(self) -> f64 {
-        match self {
-            Self::Healthy => 0.0,
-            Self::ProbeDue | Self::Probing { .. } => 1.0,
-            Self::Ejected { .. } => 2.0,
-        }
-    }
 }
 
 /// One backend of the pool as the state machine sees it.

@@ -39,11 +39,6 @@ impl SessionCap {
     pub(crate) fn slots(&self) -> &SlotTable {
         &self.slots
     }
-
-    /// The cap, if any.
-    pub(crate) fn cap(&self) -> Option<NonZeroUsize> {
-        self.cap
-    }
 }
 
 impl Gate for SessionCap {

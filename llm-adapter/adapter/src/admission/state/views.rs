@@ -55,7 +55,7 @@ impl<W> State<W> {
         let view = |session: &String, pending| SessionView {
             session: session.clone(),
             pending,
-            limit: self.session_cap.cap().map(|c| c.get()),
+            limit: self.cfg.session.pending_cap.map(|c| c.get()),
             waiting: 0,
             longest_wait_ms: 0.0,
         };
