@@ -158,17 +158,16 @@ impl<W> State<W> {
             return;
         };
         e.member = to;
-        let (stage, order) = (e.stage, e.order);
         self.pool.members[from].queued -= 1;
         self.pool.members[from].failovers += 1;
         self.pool.members[to].queued += 1;
-        if let Stage::Ready(k) = stage {
+        if let Stage::Ready(k) = e.stage {
             self.pool.members[from].ready.remove(&k);
             self.pool.members[to].ready.insert(k, id);
             fx.ready_added += 1;
             fx.ready_on |= bit(to);
         }
-        if let Some(k) = order {
+        if let Some(k) = e.order {
             self.deadline.rebind(k, to);
         }
         // Its start budget follows its new member's estimate.
@@ -295,9 +294,7 @@ impl<W> State<W> {
         let Some(e) = self.entries.get_mut(&id) else {
             return;
         };
-        let from = e.member;
-        let (place, answer_by) = (e.place, e.answer_by);
-        e.member = to;
+        let from = std::mem::replace(&mut e.member, to);
         e.started_at = None;
         e.abort = None;
         e.progress = None;
@@ -306,7 +303,7 @@ impl<W> State<W> {
         self.pool.members[from].running_since.remove(&id);
         self.pool.members[from].failovers += 1;
         self.pool.members[to].queued += 1;
-        e.order = self.deadline.enter(place, answer_by, to);
+        e.order = self.deadline.enter(e.place, e.answer_by, to);
         self.make_ready(id, now, fx);
         self.arm_deadline(id, fx);
     }
