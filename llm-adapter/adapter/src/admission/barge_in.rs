@@ -14,8 +14,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::state::Interrupt;
-use super::{Admission, SessionCancel, Sink};
+use super::{AbortReason, Admission, SessionCancel, Sink};
 use crate::metrics as m;
 
 /// Longest a cancel waits for the running requests it aborted to be answered before it
@@ -45,7 +44,7 @@ impl<S: Sink> Admission<S> {
     pub async fn cancel_session(&self, session: &str) -> SessionCancel {
         let results = (m::SESSION_CANCEL_TOTAL, "cancelled", "not_found");
         let calls = &self.inner.stats.interrupts.session_cancels;
-        let why = Interrupt::Cancel;
+        let why = AbortReason::Cancelled;
         self.interrupt(session, why, results, calls, "session_cancel")
             .await
     }
@@ -57,7 +56,7 @@ impl<S: Sink> Admission<S> {
     /// the session's running requests have been answered, so it does not queue behind
     /// them under session ordering nor count against the session cap.
     pub async fn supersede(&self, session: &str, by: Option<&str>) -> SessionCancel {
-        let why = Interrupt::Supersede {
+        let why = AbortReason::Superseded {
             by: by.map(str::to_owned),
         };
         let results = (m::SUPERSEDE_TOTAL, "superseded", "nothing");
@@ -72,7 +71,7 @@ impl<S: Sink> Admission<S> {
     async fn interrupt(
         &self,
         session: &str,
-        why: Interrupt,
+        why: AbortReason,
         (metric, hit, miss): (&'static str, &'static str, &'static str),
         calls: &AtomicU64,
         by: &'static str,

@@ -17,17 +17,17 @@ use tokio::time::Instant;
 use weir_protocol::llm::{ErrorBody, ErrorCode, ErrorDetails};
 
 use super::{Inner, Sink, StreamOut, pool, streaming};
-use crate::backend::{BackendErrorKind, BackendReply, BackendRequest};
+use crate::backend::{BackendErrorKind, BackendRequest};
 
-/// Why a running call is aborted.
+/// Why a request is cancelled (queued) or its call aborted (running); a running call
+/// whose abort sender is dropped unsent is aborted by the shutdown.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum AbortReason {
+    /// A cancel (by request id, or `Weir-Cancel-Session`).
     Cancelled,
-    /// A later request of the same session superseded it (its request id, if any).
-    Superseded {
-        by: Option<String>,
-    },
-    ShuttingDown,
+    /// A later request of the same session superseded it (`Weir-Supersede: session`,
+    /// with its request id, if any).
+    Superseded { by: Option<String> },
 }
 
 /// A request handed to a worker.
@@ -77,9 +77,12 @@ impl<S: Sink> Inner<S> {
         // context is what the backend receives as `traceparent`.
         let backend_span = tracing::info_span!("backend_call", backend = backend.name());
         request.trace = crate::trace::outgoing(&backend_span, request.trace.as_ref());
-        let retry = self.failover.then(|| request.clone());
-        let backend_timeout =
-            (self.timeouts.get(member).copied()).unwrap_or(self.cfg.backend_timeout);
+        // Failover on (a pool with health): the call keeps a copy of its request.
+        let pool = &self.cfg.pool;
+        let retry = (!pool.is_empty()).then(|| request.clone());
+        let backend_timeout = pool
+            .get(member)
+            .map_or(self.cfg.backend_timeout, |p| p.timeout);
         let limit = CallLimit::new(started_at, deadline, backend_timeout);
         let failed_over = AtomicBool::new(false);
         let stall = stalled(progress.as_deref(), &failed_over);
@@ -128,28 +131,14 @@ impl<S: Sink> Inner<S> {
                 .await
             }
         };
+        // A stalled call is handed back (with its kept request), any other finished.
         let stalled = failed_over.load(Ordering::Relaxed);
-        self.settle(id, stalled, retry, started_at, result).await;
-    }
-
-    /// Settles a job whose call ended: a stalled one is handed back (`failover`, with
-    /// its kept request), any other is finished with the call's result.
-    async fn settle(
-        &self,
-        id: u64,
-        stalled: bool,
-        retry: Option<BackendRequest>,
-        started_at: Instant,
-        result: Result<BackendReply, ErrorBody>,
-    ) {
-        if stalled {
-            self.step(|st, now, fx| st.failover(id, retry, now, fx))
-                .await;
-            return;
-        }
         self.step(|st, now, fx| {
             let took = now.saturating_duration_since(started_at);
-            st.finish(id, result, took, now, fx);
+            match stalled {
+                true => st.failover(id, retry, now, fx),
+                false => st.finish(id, result, took, now, fx),
+            }
         })
         .await;
     }

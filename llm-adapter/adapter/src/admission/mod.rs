@@ -148,10 +148,6 @@ struct Inner<S: Sink> {
     stats: Arc<Stats>,
     /// One backend per member of the pool, in its order.
     backends: Vec<Arc<dyn Backend>>,
-    /// Each member's own per-call timeout.
-    timeouts: Vec<Duration>,
-    /// Failover on (a pool with health): a call keeps a copy of its request.
-    failover: bool,
     sink: Arc<S>,
     /// Wakes idle workers of each member when requests bound to it become ready.
     work: Vec<Notify>,
@@ -252,29 +248,24 @@ impl<S: Sink> Admission<S> {
         let stats = Arc::new(Stats::new(&rules, backends[0].name()));
         metrics::gauge!(m::WORKERS).set(cfg.workers.get() as f64);
         metrics::gauge!(m::QUEUE_CAPACITY).set(cfg.queue_capacity.get() as f64);
-        let members = pool::Pool::new(&cfg);
-        let slots: Vec<usize> = members.members.iter().map(|m| m.slots).collect();
-        let timeouts = members.members.iter().map(|m| m.timeout).collect();
-        let failover = members.health_on;
+        let pool = pool::backends(&cfg);
         let inner = Arc::new(Inner {
             state: Mutex::new(State::new(cfg.clone(), stats.clone(), tracer)),
             cfg,
             stats,
-            backends: (0..slots.len())
+            backends: (0..pool.len())
                 .map(|i| backends[i % backends.len()].clone())
                 .collect(),
-            timeouts,
-            failover,
             sink,
-            work: slots.iter().map(|_| Notify::new()).collect(),
+            work: pool.iter().map(|_| Notify::new()).collect(),
             timers: Notify::new(),
             stop: CancellationToken::new(),
             answered_at_shutdown: AtomicUsize::new(0),
             workers: Mutex::new(Vec::new()),
             sweeper: Mutex::new(None),
         });
-        let workers = (slots.iter().enumerate())
-            .flat_map(|(b, n)| (0..*n).map(move |_| b))
+        let workers = (pool.iter().enumerate())
+            .flat_map(|(b, p)| (0..p.slots.get()).map(move |_| b))
             .map(|b| tokio::spawn(tasks::worker(inner.clone(), b)))
             .collect();
         *locked(&inner.workers) = workers;
@@ -326,24 +317,28 @@ impl<S: Sink> Admission<S> {
         s.queued_now = st.queued() as u64;
         s.running_now = st.running() as u64;
         (s.slots_acquired, s.slots_released) = st.slot_totals();
-        s.tokens = st.token_stats();
+        s.tokens = st.tokens.stats();
         self.inner.stats.publish_tokens(&s.tokens);
-        let est = st.estimate_view();
+        let est = st.pool.members[0].estimator.view();
         s.service_estimate = Some(est);
         // Metrics are published when read (a scrape reads stats), not per request.
         self.inner.stats.publish(st.queued(), st.running(), &est);
-        st.publish_backends();
+        pool::publish(&st.pool.members);
         s
     }
 
     /// Each backend of the pool: slots, estimate, health, ejections, spills.
     pub fn backends(&self) -> Vec<BackendView> {
-        self.inner.lock().backends_view(Instant::now())
+        let now = Instant::now();
+        (self.inner.lock().pool.members.iter())
+            .map(|m| m.view(now))
+            .collect()
     }
 
-    /// The backend's service-time estimate.
+    /// The backend's service-time estimate (the first member's: the only one of a
+    /// single backend).
     pub fn estimate(&self) -> EstimateView {
-        self.inner.lock().estimate_view()
+        self.inner.lock().pool.members[0].estimator.view()
     }
 
     /// Appends the latency histograms (`weir_llm_queue_wait_seconds`,

@@ -91,14 +91,21 @@ pub struct BackendView {
 pub(crate) fn publish(members: &[Member]) {
     use crate::metrics as m;
     for b in members {
-        let name = b.name.clone();
-        metrics::gauge!(m::BACKEND_SLOTS, "backend" => name.clone()).set(b.slots as f64);
+        let name = b.backend.name.clone();
+        let slots = b.backend.slots.get();
+        metrics::gauge!(m::BACKEND_SLOTS, "backend" => name.clone()).set(slots as f64);
         metrics::gauge!(m::BACKEND_SLOTS_BUSY, "backend" => name.clone()).set(b.running() as f64);
         if let Some(e) = b.estimator.estimate() {
             metrics::gauge!(m::BACKEND_ESTIMATE_SECONDS, "backend" => name.clone())
                 .set(e.as_secs_f64());
         }
-        metrics::gauge!(m::BACKEND_HEALTH, "backend" => name.clone()).set(b.health.level());
+        // 0 healthy, 1 probing (or due), 2 ejected.
+        let health = match b.health {
+            Health::Healthy => 0.0,
+            Health::ProbeDue | Health::Probing { .. } => 1.0,
+            Health::Ejected { .. } => 2.0,
+        };
+        metrics::gauge!(m::BACKEND_HEALTH, "backend" => name.clone()).set(health);
         metrics::counter!(m::BACKEND_EJECTIONS_TOTAL, "backend" => name.clone())
             .absolute(b.ejections);
         metrics::counter!(m::BACKEND_SPILLS_TOTAL, "backend" => name.clone()).absolute(b.spills);
@@ -135,23 +142,10 @@ pub(crate) enum Health {
     Probing { id: u64 },
 }
 
-impl Health {
-    /// 0 healthy, 1 probing (or due), 2 ejected: the health gauge.
-    pub(crate) fn level(self) -> f64 {
-        match self {
-            Self::Healthy => 0.0,
-            Self::ProbeDue | Self::Probing { .. } => 1.0,
-            Self::Ejected { .. } => 2.0,
-        }
-    }
-}
-
 /// One backend of the pool as the state machine sees it.
 pub(crate) struct Member {
-    pub(crate) name: String,
-    pub(crate) slots: usize,
-    pub(crate) timeout: Duration,
-    pub(crate) weight: u32,
+    /// Its name, slots, timeout and weight.
+    pub(crate) backend: PoolSlots,
     pub(crate) estimator: Estimator,
     /// Requests bound here that passed every gate, in the order workers take them.
     pub(crate) ready: BTreeMap<ReadyKey, u64>,
@@ -173,12 +167,9 @@ pub(crate) struct Member {
 }
 
 impl Member {
-    fn new(s: &PoolSlots, estimator: EstimatorConfig, backoff: Duration) -> Self {
+    fn new(backend: PoolSlots, estimator: EstimatorConfig, backoff: Duration) -> Self {
         Self {
-            name: s.name.clone(),
-            slots: s.slots.get(),
-            timeout: s.timeout,
-            weight: s.weight,
+            backend,
             estimator: Estimator::new(estimator),
             ready: BTreeMap::new(),
             running_since: HashMap::new(),
@@ -205,11 +196,11 @@ impl Member {
     /// What `/v1/stats` shows of it.
     pub(crate) fn view(&self, now: Instant) -> BackendView {
         BackendView {
-            name: self.name.clone(),
-            slots: self.slots,
+            name: self.backend.name.clone(),
+            slots: self.backend.slots.get(),
             busy: self.running(),
             queued: self.queued,
-            weight: self.weight,
+            weight: self.backend.weight,
             health: self.health.into(),
             ejected_for_ms: match self.health {
                 Health::Ejected { until } => Some(weir_service::config::whole_ms(
@@ -223,6 +214,19 @@ impl Member {
             failovers: self.failovers,
         }
     }
+}
+
+/// The backends of `cfg`: its `[[backends]]`, or one with `workers` slots.
+pub(crate) fn backends(cfg: &AdmissionConfig) -> Vec<PoolSlots> {
+    if !cfg.pool.is_empty() {
+        return cfg.pool.clone();
+    }
+    vec![PoolSlots {
+        name: "default".into(),
+        slots: cfg.workers,
+        timeout: cfg.backend_timeout,
+        weight: 1,
+    }]
 }
 
 /// The members, and the sessions' last backends.
@@ -240,20 +244,8 @@ pub(crate) struct Pool {
 impl Pool {
     /// The pool of `cfg`: its `[[backends]]`, or one member with `workers` slots.
     pub(crate) fn new(cfg: &AdmissionConfig) -> Self {
-        let single = [PoolSlots {
-            name: "default".into(),
-            slots: cfg.workers,
-            timeout: cfg.backend_timeout,
-            weight: 1,
-        }];
-        let slots: &[PoolSlots] = if cfg.pool.is_empty() {
-            &single
-        } else {
-            &cfg.pool
-        };
         Self {
-            members: slots
-                .iter()
+            members: (backends(cfg).into_iter())
                 .map(|s| Member::new(s, cfg.estimator, cfg.health.backoff_base))
                 .collect(),
             health_on: !cfg.pool.is_empty(),
@@ -304,11 +296,6 @@ impl Pool {
         if let Some(m) = spilled_from.and_then(|f| self.members.get_mut(f)) {
             m.spills += 1;
         }
-    }
-
-    /// The member's next back-off after one more failed ejection.
-    pub(crate) fn next_backoff(&self, current: Duration) -> Duration {
-        current.saturating_mul(2).min(self.health.backoff_max)
     }
 
     /// A worker of `member` starts request `id`: the probe, if one is due.

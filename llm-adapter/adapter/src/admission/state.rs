@@ -57,14 +57,12 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use weir_protocol::llm::{ErrorBody, ErrorCode};
 
-pub(crate) use self::barge_in::Interrupt;
 pub use self::barge_in::SessionCancel;
 use self::idempotency::Fingerprint;
 pub(crate) use self::positions::Notice;
 use self::routing::Routed;
 use self::timers::{Timer, TimerKind};
 use super::cache::CompletionCache;
-use super::estimator::EstimateView;
 use super::gates::deadline::{DeadlinePrediction, ReadyKey};
 use super::gates::key_limits::{KeyAsk, KeyLimits, KeyPass, resolve_keys};
 use super::gates::queue_bound::QueueBound;
@@ -73,7 +71,7 @@ use super::gates::session_order::SessionOrder;
 use super::gates::start_budget::StartBudget;
 use super::gates::tokens::{Reservation, TokenBudgets};
 use super::gates::{Ask, Gate, RULE_SESSION_CAP, RULE_SESSION_ORDER, after_wait, shutting_down};
-use super::pool::Pool;
+use super::pool::{Member, Pool};
 use super::priority::Priority;
 use super::slots::SlotGuard;
 use super::stats::Stats;
@@ -142,7 +140,8 @@ enum Action {
 enum Stage {
     Session,
     Gate(usize),
-    Ready,
+    /// In its member's ready queue, under this key.
+    Ready(ReadyKey),
     Running,
 }
 
@@ -169,8 +168,6 @@ struct Entry<W> {
     /// Admitted onto an idle backend although predicted too slow (the estimator must
     /// get samples to come down): exempt from the adaptive start budget.
     probe: bool,
-    /// Position in the ready queue while Ready.
-    ready_key: Option<ReadyKey>,
     /// Under EDF: position among all queued requests (the ready-queue key once
     /// Ready), fixed at admission; `None` under FIFO and once Running.
     order: Option<ReadyKey>,
@@ -225,16 +222,12 @@ pub(crate) struct State<W> {
     queue_bound: QueueBound,
     deadline: DeadlinePrediction,
     keys: KeyLimits,
-    tokens: TokenBudgets,
+    pub(super) tokens: TokenBudgets,
     start_budget: StartBudget,
     /// The backends: each one's ready queue (in the order its workers take them,
     /// [`QueueOrder`]), estimator, running calls and health.
-    pool: Pool,
+    pub(super) pool: Pool,
     ready_seq: u64,
-    /// Start of each running call (the predictor counts what is left of it).
-    running_since: HashMap<u64, Instant>,
-    queued: usize,
-    running: usize,
     timers: BTreeSet<Timer>,
     shutting_down: bool,
     /// The FIFO order's constant first key.
@@ -270,9 +263,6 @@ impl<W> State<W> {
             by_request_id: HashMap::new(),
             cache,
             ready_seq: 0,
-            running_since: HashMap::new(),
-            queued: 0,
-            running: 0,
             timers: BTreeSet::new(),
             shutting_down: false,
             epoch: Instant::now(),
@@ -286,12 +276,14 @@ impl<W> State<W> {
         self.cfg.mode == Mode::Shadow
     }
 
+    /// Queued (not running) requests, over every member.
     pub(crate) fn queued(&self) -> usize {
-        self.queued
+        self.pool.members.iter().map(|m| m.queued).sum()
     }
 
+    /// Running calls, over every member.
     pub(crate) fn running(&self) -> usize {
-        self.running
+        self.pool.members.iter().map(Member::running).sum()
     }
 
     pub(crate) fn is_shutting_down(&self) -> bool {
@@ -316,11 +308,6 @@ impl<W> State<W> {
     /// The service-time estimate of member `b`.
     fn estimate_of(&self, b: usize) -> Option<Duration> {
         self.pool.members.get(b)?.estimator.estimate()
-    }
-
-    /// The estimator's state (the first member's: the only one of a single backend).
-    pub(crate) fn estimate_view(&self) -> EstimateView {
-        self.pool.members[0].estimator.view()
     }
 
     /// The ready-queue key of a request becoming ready now: its order key under EDF,
@@ -423,22 +410,22 @@ impl<W> State<W> {
         self.verdict(self.session_cap.check(ask), (), sub, waited)?;
         self.verdict(self.session_order.check(ask), (), sub, waited)?;
         if !self.may_displace_for_room(ask) {
-            self.verdict(self.queue_bound.check((ask, self.queued)), (), sub, waited)?;
+            self.verdict(
+                self.queue_bound.check((ask, self.queued())),
+                (),
+                sub,
+                waited,
+            )?;
         }
         let id = self.next_id;
         let due = self.deadline.due(ask.deadline, sub.received_at, self.epoch);
         let due = self.class_due(due, ask.priority);
-        let plain = Routed {
-            placement: super::gates::deadline::Placement {
-                order: (due, id),
-                probe: false,
-                finish: None,
-                displace: 0,
-            },
-            member: 0,
-            spilled_from: None,
-        };
-        self.verdict(self.route(ask, id, due), plain, sub, waited)
+        // Routing refuses only what shadow mode enforces too (a late prediction, every
+        // backend ejected).
+        self.route(ask, id, due).map_err(|r| {
+            self.count(&r);
+            r.body
+        })
     }
 
     /// Queues a request that passed every gate: it takes its session slot and EDF
@@ -484,7 +471,6 @@ impl<W> State<W> {
             deadline,
             answer_by,
             probe: placement.probe,
-            ready_key: None,
             order,
             stage_since: now,
             started_at: None,
@@ -506,7 +492,6 @@ impl<W> State<W> {
         if let (Some(rid), Some(_)) = (&entry.request_id, &entry.fingerprint) {
             self.by_request_id.insert(rid.clone(), id);
         }
-        self.queued += 1;
         self.stats.admitted.add(1);
         self.emit(TraceKind::Queued, &entry, now, |_| {});
         if entry.session_slot.is_some() {
@@ -598,21 +583,26 @@ impl<W> State<W> {
             self.emit_slot(TraceKind::SlotAcquired, e, now, rule, Some(&key));
         }
         // Through every gate: ready for a worker.
-        if let Some(order) = self.entries.get(&id).map(|e| e.order) {
-            let key = self.ready_key(order);
-            let Some(e) = self.entries.get_mut(&id) else {
-                return;
-            };
-            e.stage = Stage::Ready;
-            e.stage_since = now;
-            e.ready_key = Some(key);
-            let member = e.member;
-            self.pool.members[member].ready.insert(key, id);
-            fx.ready_added += 1;
-            fx.ready_on |= super::pool::bit(member);
-            let e = &self.entries[&id];
+        self.make_ready(id, now, fx);
+        if let Some(e) = self.entries.get(&id) {
             self.emit(TraceKind::Admitted, e, now, |_| {});
         }
+    }
+
+    /// Puts entry `id` in its member's ready queue (under its order key under EDF).
+    fn make_ready(&mut self, id: u64, now: Instant, fx: &mut Effects<W>) {
+        let Some(order) = self.entries.get(&id).map(|e| e.order) else {
+            return;
+        };
+        let key = self.ready_key(order);
+        let Some(e) = self.entries.get_mut(&id) else {
+            return;
+        };
+        e.stage = Stage::Ready(key);
+        e.stage_since = now;
+        self.pool.members[e.member].ready.insert(key, id);
+        fx.ready_added += 1;
+        fx.ready_on |= super::pool::bit(e.member);
     }
 
     /// Shadow mode at a busy key: the trace event of what enforce mode would have done
@@ -752,21 +742,16 @@ impl<W> State<W> {
                     self.keys.leave(gate, key, id);
                 }
             }
-            Stage::Ready => {
-                if let Some(k) = e.ready_key.take() {
-                    self.pool.members[e.member].ready.remove(&k);
-                }
+            Stage::Ready(k) => {
+                self.pool.members[e.member].ready.remove(&k);
             }
-            Stage::Running => {
-                self.running_since.remove(&id);
-                self.pool.members[e.member].running_since.remove(&id);
-            }
+            Stage::Running => {}
         }
+        let m = &mut self.pool.members[e.member];
         if e.stage == Stage::Running {
-            self.running -= 1;
+            m.running_since.remove(&id);
         } else {
-            self.queued -= 1;
-            self.pool.members[e.member].queued -= 1;
+            m.queued -= 1;
         }
         if let Some(k) = e.order.take() {
             self.deadline.leave(k);

@@ -88,12 +88,6 @@ pub struct Ticket {
     pub(super) _permit: OwnedSemaphorePermit,
 }
 
-impl std::fmt::Debug for Ticket {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Ticket").field("id", &self.id).finish()
-    }
-}
-
 /// How a ticket is settled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Settle {

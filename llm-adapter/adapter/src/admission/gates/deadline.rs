@@ -37,6 +37,7 @@ use super::key_limits::KeyLimits;
 use super::session_order::SessionOrder;
 use super::{Ask, Gate, RULE_PREDICTED, Refusal, millis_ceil, refusal};
 use crate::admission::AdmissionConfig;
+use crate::admission::pool::Member;
 use crate::admission::priority::Priority;
 use crate::config::QueueOrder;
 use weir_service::config::whole_ms as millis;
@@ -87,8 +88,8 @@ pub(crate) struct Load<'a> {
     pub(crate) ready: usize,
     /// Start of each call running on it.
     pub(crate) running_since: &'a HashMap<u64, Instant>,
-    /// Start of every running call (a session's active request may run on another).
-    pub(crate) all_running: &'a HashMap<u64, Instant>,
+    /// Every member (a session's active request may run on another).
+    pub(crate) members: &'a [Member],
     pub(crate) sessions: &'a SessionOrder,
     pub(crate) keys: &'a KeyLimits,
     pub(crate) shadow: bool,
@@ -247,7 +248,11 @@ impl DeadlinePrediction {
             // before it finished, at the back: one turn of the ready queue (`cycle`)
             // per request, not one estimate (measured with 10 sessions at 2x).
             let cycle = e * ((load.ready + load.running) as f64 / workers as f64).max(1.0);
-            let active_left = load.all_running.get(&active).map_or(cycle, |s| {
+            let since = load
+                .members
+                .iter()
+                .find_map(|m| m.running_since.get(&active));
+            let active_left = since.map_or(cycle, |s| {
                 (e - now.saturating_duration_since(*s).as_secs_f64()).max(0.0)
             });
             serial = active_left + waiting as f64 * cycle + (cycle - e);

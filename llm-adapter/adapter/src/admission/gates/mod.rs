@@ -86,13 +86,6 @@ pub(crate) struct Ask<'a> {
     pub(crate) priority: super::priority::Priority,
 }
 
-impl Ask<'_> {
-    /// `retry_after_ms` for a request that needs `rounds` service times.
-    pub(crate) fn retry_after(&self, rounds: f64) -> Option<u64> {
-        retry_after(self.hint, rounds)
-    }
-}
-
 /// `retry_after_ms` for `rounds` service times of `hint` each (at least one, at most a
 /// minute).
 pub(crate) fn retry_after(hint: Duration, rounds: f64) -> Option<u64> {

@@ -6,7 +6,7 @@ use std::num::NonZeroUsize;
 
 use weir_protocol::llm::{ErrorCode, ErrorDetails};
 
-use super::{Ask, Gate, RULE_QUEUE, Refusal, refusal};
+use super::{Ask, Gate, RULE_QUEUE, Refusal, refusal, retry_after};
 
 /// The queue bound.
 pub(crate) struct QueueBound {
@@ -35,7 +35,7 @@ impl Gate for QueueBound {
             ErrorDetails {
                 limit: Some(self.capacity.get() as u64),
                 pending: Some(queued as u64),
-                retry_after_ms: ask.retry_after(queued as f64 / self.workers.get() as f64),
+                retry_after_ms: retry_after(ask.hint, queued as f64 / self.workers.get() as f64),
                 ..Default::default()
             },
         );

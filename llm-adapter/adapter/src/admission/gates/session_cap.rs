@@ -9,7 +9,7 @@ use std::num::NonZeroUsize;
 
 use weir_protocol::llm::{ErrorCode, ErrorDetails};
 
-use super::{Ask, Gate, RULE_SESSION_CAP, Refusal, refusal};
+use super::{Ask, Gate, RULE_SESSION_CAP, Refusal, refusal, retry_after};
 use crate::admission::slots::{SlotGuard, SlotTable};
 
 /// The per-session pending cap and the slots it counts.
@@ -39,11 +39,6 @@ impl SessionCap {
     pub(crate) fn slots(&self) -> &SlotTable {
         &self.slots
     }
-
-    /// The cap, if any.
-    pub(crate) fn cap(&self) -> Option<NonZeroUsize> {
-        self.cap
-    }
 }
 
 impl Gate for SessionCap {
@@ -65,7 +60,7 @@ impl Gate for SessionCap {
             ErrorDetails {
                 limit: Some(cap.get() as u64),
                 pending: Some(pending as u64),
-                retry_after_ms: ask.retry_after(1.0),
+                retry_after_ms: retry_after(ask.hint, 1.0),
                 key: Some(key.clone()),
                 ..Default::default()
             },

@@ -12,7 +12,7 @@ use std::collections::{HashMap, VecDeque};
 
 use weir_protocol::llm::{AdmissionPolicy, ErrorCode, ErrorDetails};
 
-use super::{Ask, Gate, RULE_SESSION_ORDER, Refusal, refusal};
+use super::{Ask, Gate, RULE_SESSION_ORDER, Refusal, refusal, retry_after};
 
 /// The order of one session.
 #[derive(Default)]
@@ -116,7 +116,7 @@ impl Gate for SessionOrder {
                 limit: Some(1),
                 in_flight: Some(1),
                 waiting: Some(waiting),
-                retry_after_ms: ask.retry_after(waiting as f64 + 1.0),
+                retry_after_ms: retry_after(ask.hint, waiting as f64 + 1.0),
                 key: Some(format!("session:{s}")),
                 ..Default::default()
             },

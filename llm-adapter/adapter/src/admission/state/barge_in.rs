@@ -59,23 +59,15 @@ impl SessionCancel {
     }
 }
 
-/// Why a session's requests are cancelled.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Interrupt {
-    /// `Weir-Cancel-Session`.
-    Cancel,
-    /// `Weir-Supersede: session` on a new request (with its request id, if any).
-    Supersede { by: Option<String> },
-}
-
-impl Interrupt {
+impl AbortReason {
+    /// The answer of a queued request of the interrupted session.
     fn queued_message(&self) -> String {
         match self {
-            Self::Cancel => "cancelled while queued (session cancel)".to_owned(),
-            Self::Supersede { by: Some(by) } => {
+            Self::Cancelled => "cancelled while queued (session cancel)".to_owned(),
+            Self::Superseded { by: Some(by) } => {
                 format!("superseded by request {by} of the same session while queued")
             }
-            Self::Supersede { by: None } => {
+            Self::Superseded { by: None } => {
                 "superseded by a later request of the same session while queued".to_owned()
             }
         }
@@ -84,14 +76,7 @@ impl Interrupt {
     /// Whether a request with `request_id` is spared: a superseding request's retry
     /// (same request id) does not cancel the first copy, it joins it.
     fn spares(&self, request_id: Option<&str>) -> bool {
-        matches!(self, Self::Supersede { by: Some(by) } if request_id == Some(by.as_str()))
-    }
-
-    fn abort_reason(&self) -> AbortReason {
-        match self {
-            Self::Cancel => AbortReason::Cancelled,
-            Self::Supersede { by } => AbortReason::Superseded { by: by.clone() },
-        }
+        matches!(self, Self::Superseded { by: Some(by) } if request_id == Some(by.as_str()))
     }
 }
 
@@ -102,7 +87,7 @@ impl<W> State<W> {
     pub(crate) fn cancel_session(
         &mut self,
         session: &str,
-        why: &Interrupt,
+        why: &AbortReason,
         now: Instant,
         fx: &mut Effects<W>,
     ) -> (SessionCancel, Vec<oneshot::Receiver<()>>) {
@@ -125,7 +110,7 @@ impl<W> State<W> {
             }
             // Already told to abort (an earlier cancel, shutdown): still waited for.
             if let Some(tx) = e.abort.take() {
-                let _ = tx.send(why.abort_reason());
+                let _ = tx.send(why.clone());
             }
             let (tx, rx) = oneshot::channel();
             e.on_settled.push(tx);

@@ -66,7 +66,7 @@ impl<W> State<W> {
             if probe {
                 m.health = Health::Healthy;
                 m.backoff = base;
-                tracing::info!(backend = %m.name, "backend re-admitted: its probe succeeded");
+                tracing::info!(backend = %m.backend.name, "backend re-admitted: its probe succeeded");
                 wake_if_ready(m, member, fx);
                 self.rescue_stranded(now, fx);
             }
@@ -85,19 +85,20 @@ impl<W> State<W> {
         }
     }
 
-    /// Ejects `member` for its back-off and moves its queued requests away.
+    /// Ejects `member` for its back-off (the next one twice as long) and moves its
+    /// queued requests away.
     fn eject(&mut self, member: usize, now: Instant, fx: &mut Effects<W>) {
-        let next = self.pool.next_backoff(self.pool.members[member].backoff);
+        let max = self.pool.health.backoff_max;
         let m = &mut self.pool.members[member];
         let until = now + m.backoff;
         tracing::warn!(
-            backend = %m.name,
+            backend = %m.backend.name,
             backoff_ms = m.backoff.as_millis() as u64,
             failures = m.failures,
             "backend ejected"
         );
         m.health = Health::Ejected { until };
-        m.backoff = next;
+        m.backoff = m.backoff.saturating_mul(2).min(max);
         m.failures = 0;
         m.ejections += 1;
         fx.timers_changed = true;
@@ -115,8 +116,9 @@ impl<W> State<W> {
             }
             let e = m.estimator.estimate().map_or(0.0, |d| d.as_secs_f64());
             let left = running_left(&m.running_since, e, now);
-            let start = global_start(m.slots, m.running(), m.queued, e, left);
-            Some(((m.weight, Duration::try_from_secs_f64(start + e).ok()?), b))
+            let start = global_start(m.backend.slots.get(), m.running(), m.queued, e, left);
+            let finish = Duration::try_from_secs_f64(start + e).ok()?;
+            Some(((m.backend.weight, finish), b))
         };
         (self.pool.members.iter().enumerate())
             .filter_map(score)
@@ -156,17 +158,16 @@ impl<W> State<W> {
             return;
         };
         e.member = to;
-        let (ready_key, order) = (e.ready_key, e.order);
         self.pool.members[from].queued -= 1;
         self.pool.members[from].failovers += 1;
         self.pool.members[to].queued += 1;
-        if let Some(k) = ready_key {
+        if let Stage::Ready(k) = e.stage {
             self.pool.members[from].ready.remove(&k);
             self.pool.members[to].ready.insert(k, id);
             fx.ready_added += 1;
             fx.ready_on |= bit(to);
         }
-        if let Some(k) = order {
+        if let Some(k) = e.order {
             self.deadline.rebind(k, to);
         }
         // Its start budget follows its new member's estimate.
@@ -241,7 +242,7 @@ impl<W> State<W> {
             return;
         };
         let from = e.member;
-        let name = self.pool.members[from].name.clone();
+        let name = self.pool.members[from].backend.name.clone();
         // A cancel (or the end of the shutdown grace) that came meanwhile took the
         // abort channel: it wins.
         let told = e.abort.is_none();
@@ -293,31 +294,17 @@ impl<W> State<W> {
         let Some(e) = self.entries.get_mut(&id) else {
             return;
         };
-        let from = e.member;
-        let (place, answer_by) = (e.place, e.answer_by);
-        e.member = to;
-        e.stage = Stage::Ready;
-        e.stage_since = now;
+        let from = std::mem::replace(&mut e.member, to);
         e.started_at = None;
         e.abort = None;
         e.progress = None;
         e.failed_over = true;
         e.request = Some(request);
-        self.running -= 1;
-        self.queued += 1;
-        self.running_since.remove(&id);
         self.pool.members[from].running_since.remove(&id);
         self.pool.members[from].failovers += 1;
         self.pool.members[to].queued += 1;
-        let order = self.deadline.enter(place, answer_by, to);
-        let key = self.ready_key(order);
-        if let Some(e) = self.entries.get_mut(&id) {
-            e.order = order;
-            e.ready_key = Some(key);
-        }
-        self.pool.members[to].ready.insert(key, id);
-        fx.ready_added += 1;
-        fx.ready_on |= bit(to);
+        e.order = self.deadline.enter(e.place, e.answer_by, to);
+        self.make_ready(id, now, fx);
         self.arm_deadline(id, fx);
     }
 }

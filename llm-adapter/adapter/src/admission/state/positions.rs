@@ -63,7 +63,7 @@ impl<W> State<W> {
             .filter(|x| x.member == e.member && self.position_key(x) < key)
             .count();
         let left = running_left(&m.running_since, est, now);
-        let start = global_start(m.slots, m.running(), ahead, est, left);
+        let start = global_start(m.backend.slots.get(), m.running(), ahead, est, left);
         Duration::try_from_secs_f64(start).ok()
     }
 
@@ -98,7 +98,8 @@ impl<W> State<W> {
         }
         self.stream_queued.insert(id);
         let m = &self.pool.members[e.member];
-        let starts_now = e.stage == Stage::Ready && m.running() + m.ready.len() <= m.slots;
+        let starts_now = matches!(e.stage, Stage::Ready(_))
+            && m.running() + m.ready.len() <= m.backend.slots.get();
         if !starts_now {
             let keys = self.queued_keys();
             self.notify_position(&keys, id, now, fx);

@@ -72,7 +72,7 @@ impl<W> State<W> {
     /// request (an interactive request, and a batch request is queued).
     pub(super) fn may_displace_for_room(&self, ask: &Ask<'_>) -> bool {
         ask.priority == Priority::Interactive
-            && self.queued >= self.cfg.queue_capacity.get()
+            && self.queued() >= self.cfg.queue_capacity.get()
             && self.latest_batch(None, None).is_some()
     }
 
@@ -89,7 +89,7 @@ impl<W> State<W> {
             self.displace(id, Displaced::Deadline, now, fx);
         }
         // Called once the new request is queued: the bound is exceeded by it.
-        if self.queued > self.cfg.queue_capacity.get()
+        if self.queued() > self.cfg.queue_capacity.get()
             && let Some(id) = self.latest_batch(None, None)
         {
             self.displace(id, Displaced::Room, now, fx);
@@ -115,7 +115,7 @@ impl<W> State<W> {
             return;
         };
         let waited = now.saturating_duration_since(e.received_at);
-        let (queued, workers) = (self.queued, self.cfg.workers.get());
+        let (queued, workers) = (self.queued(), self.cfg.workers.get());
         let retry = retry_after(self.service_estimate(), queued as f64 / workers as f64);
         let body = match why {
             Displaced::Room => refusal(

@@ -47,13 +47,13 @@ impl<W> State<W> {
         let m = &self.pool.members[b];
         Load {
             member: b,
-            workers: m.slots,
+            workers: m.backend.slots.get(),
             estimate: m.estimator.estimate(),
             queued: m.queued,
             running: m.running(),
             ready: m.ready.len(),
             running_since: &m.running_since,
-            all_running: &self.running_since,
+            members: &self.pool.members,
             sessions: &self.session_order,
             keys: &self.keys,
             shadow: self.shadow(),
@@ -96,12 +96,12 @@ impl<W> State<W> {
             if Some(b) == last && !placement.probe && placement.displace == 0 {
                 return Ok(routed);
             }
-            let occupancy = (m.queued + m.running()).saturating_mul(1000) / m.slots.max(1);
+            let occupancy = (m.queued + m.running()).saturating_mul(1000) / m.backend.slots.get();
             let score = (
                 placement.probe,
                 placement.displace,
                 !due_probe,
-                m.weight,
+                m.backend.weight,
                 placement.finish.unwrap_or(Duration::ZERO),
                 occupancy,
                 b,

@@ -2,7 +2,6 @@
 //! request's check and reservation, in the same `submit` transition (one lock), and
 //! its settlement when its entry is retired (exactly once, with what it used).
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,9 +11,7 @@ use weir_protocol::llm::ErrorBody;
 use super::{Entry, State};
 use crate::admission::Submission;
 use crate::admission::gates::Gate;
-use crate::admission::gates::tokens::{
-    Ended, Reservation, TokenAsk, TokenBudgetStats, TokenKeyView,
-};
+use crate::admission::gates::tokens::{Ended, Reservation, TokenAsk, TokenKeyView};
 use crate::admission::usage::{RequestCost, reported_usage};
 use crate::backend::BackendReply;
 
@@ -92,11 +89,6 @@ impl<W> State<W> {
                 "outstanding reservations of limit {gate}"
             );
         }
-    }
-
-    /// Each token budget's totals, by limit name.
-    pub(crate) fn token_stats(&self) -> BTreeMap<String, TokenBudgetStats> {
-        self.tokens.stats()
     }
 
     /// The `top` tracked keys of the token budgets with the fewest tokens left.

@@ -55,7 +55,7 @@ impl<W> State<W> {
         let view = |session: &String, pending| SessionView {
             session: session.clone(),
             pending,
-            limit: self.session_cap.cap().map(|c| c.get()),
+            limit: self.cfg.session.pending_cap.map(|c| c.get()),
             waiting: 0,
             longest_wait_ms: 0.0,
         };
@@ -83,9 +83,9 @@ impl<W> State<W> {
 
         LimitsView {
             queue: QueueView {
-                depth: self.queued,
+                depth: self.queued(),
                 capacity: self.cfg.queue_capacity.get(),
-                running: self.running,
+                running: self.running(),
                 workers: self.cfg.workers.get(),
                 shutting_down: self.shutting_down,
             },
@@ -93,16 +93,6 @@ impl<W> State<W> {
             sessions,
             tokens: self.token_keys(top, now),
         }
-    }
-
-    /// Publishes the per-backend metrics.
-    pub(crate) fn publish_backends(&self) {
-        crate::admission::pool::publish(&self.pool.members);
-    }
-
-    /// Each member of the pool.
-    pub(crate) fn backends_view(&self, now: Instant) -> Vec<crate::admission::BackendView> {
-        self.pool.members.iter().map(|m| m.view(now)).collect()
     }
 
     /// Checks the module invariants (tests).
@@ -113,16 +103,19 @@ impl<W> State<W> {
             .values()
             .filter(|e| e.stage == Stage::Running)
             .count();
-        assert_eq!(running, self.running, "running count");
-        assert_eq!(self.entries.len() - running, self.queued, "queued count");
+        assert_eq!(running, self.running(), "running count");
+        assert_eq!(self.entries.len() - running, self.queued(), "queued count");
         // A failover puts a running call back in the queue: with a pool, the bound is
         // on entries.
         let bound = self.cfg.queue_capacity.get() + self.cfg.workers.get();
         assert!(self.entries.len() <= bound, "queue bound");
         if !self.pool.health_on {
-            assert!(self.queued <= self.cfg.queue_capacity.get(), "queue bound");
+            assert!(
+                self.queued() <= self.cfg.queue_capacity.get(),
+                "queue bound"
+            );
         }
-        assert!(self.running <= self.cfg.workers.get(), "worker bound");
+        assert!(self.running() <= self.cfg.workers.get(), "worker bound");
         for id in &self.stream_queued {
             let e = &self.entries[id];
             assert!(
@@ -132,8 +125,7 @@ impl<W> State<W> {
         }
         for (b, m) in self.pool.members.iter().enumerate() {
             for (k, id) in &m.ready {
-                assert_eq!(self.entries[id].stage, Stage::Ready);
-                assert_eq!(self.entries[id].ready_key, Some(*k));
+                assert_eq!(self.entries[id].stage, Stage::Ready(*k));
                 assert_eq!(self.entries[id].member, b, "ready where it is bound");
             }
             let bound = |running| {
@@ -143,15 +135,19 @@ impl<W> State<W> {
             };
             assert_eq!(m.queued, bound(false), "queued on member {b}");
             assert_eq!(m.running(), bound(true), "running on member {b}");
-            assert!(m.running() <= m.slots, "slots of member {b}");
+            assert!(m.running() <= m.backend.slots.get(), "slots of member {b}");
         }
         if self.cfg.queue_order == QueueOrder::Edf {
             let edf = self.deadline.places();
-            assert_eq!(edf.len(), self.queued, "every queued request in EDF order");
+            assert_eq!(
+                edf.len(),
+                self.queued(),
+                "every queued request in EDF order"
+            );
             for e in self.entries.values() {
                 match e.stage {
                     Stage::Running => assert_eq!(e.order, None),
-                    Stage::Ready => assert_eq!(e.order, e.ready_key, "ready in EDF order"),
+                    Stage::Ready(k) => assert_eq!(e.order, Some(k), "ready in EDF order"),
                     _ => {}
                 }
                 if let Some(k) = e.order {
@@ -161,7 +157,6 @@ impl<W> State<W> {
         } else {
             assert!(self.deadline.places().is_empty());
         }
-        assert_eq!(self.running_since.len(), self.running, "running starts");
         for (gi, (limit, g)) in self.keys.gates().enumerate() {
             for (k, q) in &g.waiters {
                 assert!(!q.is_empty(), "empty waiter queue kept");

@@ -37,10 +37,9 @@ impl<W> State<W> {
             let Some(e) = self.entries.get_mut(&id) else {
                 continue;
             };
-            if e.stage != Stage::Ready {
+            if !matches!(e.stage, Stage::Ready(_)) {
                 continue;
             }
-            e.ready_key = None;
             if let Some(queued) = e.queued(now, estimate)
                 && let Err(r) = self.start_budget.check(&queued)
             {
@@ -60,60 +59,49 @@ impl<W> State<W> {
     /// Marks ready entry `id` Running and makes its job.
     fn start(&mut self, id: u64, now: Instant) -> Option<Job> {
         let e = self.entries.get_mut(&id)?;
-        let order = e.order.take();
-        let stream = e.stream.clone();
         e.stage = Stage::Running;
         e.started_at = Some(now);
         e.stage_since = now;
         let (tx, rx) = oneshot::channel();
         e.abort = Some(tx);
-        let member = e.member;
         let progress = (self.pool.health_on).then(|| Arc::new(Progress::new(now)));
         e.progress = progress.clone();
-        let timer = e.deadline_timer.take();
-        let request = e.request.take();
-        let deadline = e.deadline;
-        let answer_by = e.answer_by;
         let queue_time = now.saturating_duration_since(e.received_at);
         let retry = e.failed_over;
         if !retry {
             self.stats.priority.started(e.priority, queue_time);
         }
-        if let Some(k) = order {
+        if let Some(k) = e.order.take() {
             self.deadline.leave(k);
         }
-        if let Some(t) = timer {
+        if let Some(t) = e.deadline_timer.take() {
             self.timers.remove(&t);
         }
-        self.queued -= 1;
-        self.running += 1;
-        self.running_since.insert(id, now);
-        let m = &mut self.pool.members[member];
+        let m = &mut self.pool.members[e.member];
         m.queued -= 1;
         m.running_since.insert(id, now);
         // A retry after a failover was counted when it first started (the move is
         // counted in `weir_llm_backend_failovers_total`).
-        self.stats
-            .started(queue_time, deadline.is_some_and(|d| now >= d), retry);
-        let e = &self.entries[&id];
-        self.emit(TraceKind::Started, e, now, |ev| {
-            ev.waited_ms = Some(ms(queue_time));
-        });
-        let span = e.span.clone();
+        let late = e.deadline.is_some_and(|d| now >= d);
+        self.stats.started(queue_time, late, retry);
         self.stream_queued.remove(&id);
-        Some(Job {
+        let job = Job {
             id,
-            member,
+            member: e.member,
             progress,
-            request: request?,
-            answer_by,
+            request: e.request.take()?,
+            answer_by: e.answer_by,
             started_at: now,
             queue_time,
             abort: rx,
-            stream,
+            stream: e.stream.clone(),
             retry,
-            span,
-        })
+            span: e.span.clone(),
+        };
+        self.emit(TraceKind::Started, &self.entries[&id], now, |ev| {
+            ev.waited_ms = Some(ms(queue_time));
+        });
+        Some(job)
     }
 
     /// Whether a worker of `member` has anything to pick.
@@ -164,7 +152,7 @@ impl<W> State<W> {
         if let Some(e) = self.entries.get(&id) {
             let (member, session) = (e.member, e.session.clone());
             if let (Ok(reply), Some(m)) = (&mut result, self.pool.members.get(member)) {
-                name_backend(reply, &m.name);
+                name_backend(reply, &m.backend.name);
             }
             self.observe(member, took, code, fx);
             self.call_ended(member, id, code, session.as_deref(), now, fx);
@@ -216,18 +204,13 @@ impl<W> State<W> {
         n
     }
 
-    /// Tells every running request to abort with `shutting_down`; returns how many.
+    /// Tells every running request to abort with `shutting_down` (its abort sender
+    /// dropped); returns how many.
     pub(crate) fn abort_running(&mut self) -> usize {
-        let mut n = 0;
-        for e in self.entries.values_mut() {
-            if e.stage == Stage::Running
-                && let Some(tx) = e.abort.take()
-            {
-                let _ = tx.send(AbortReason::ShuttingDown);
-                n += 1;
-            }
-        }
-        n
+        (self.entries.values_mut())
+            .filter(|e| e.stage == Stage::Running)
+            .filter_map(|e| e.abort.take())
+            .count()
     }
 }
 
