@@ -14,8 +14,9 @@
 //!   `media.timestamp` (ms since the stream started, from the tick's time) as strings,
 //!   `media.track` `inbound`, `media.payload` = 160 µ-law bytes in base64;
 //! - `stop` at the end (Twilio streams have no weir `end`: `stop` is the end); the
-//!   producer then waits (bounded by [`END_GRACE`]) for the server to close the socket.
-//!   Vanish = the TCP connection dropped without `stop` or a close frame.
+//!   producer then waits (bounded by [`END_GRACE`](super::END_GRACE)) for the server to
+//!   close the socket. Vanish = the TCP connection dropped without `stop` or a close
+//!   frame.
 //!
 //! The server's messages on this route are carrier-dialect ones (`media`, `mark`,
 //! `clear`, ...): they are counted in `carrier_events`, never expected; there is no
@@ -35,21 +36,14 @@
 //! WebSocket producer).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use base64::Engine;
-use futures::{SinkExt, StreamExt};
 use rand::Rng;
-use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 use weir_audio_telephony::codec::{Encoder, Encoding, MediaFormat};
 
-use super::{
-    ConnectionEnd, END_GRACE, Producer, ProducerCounters, SEND_TIMEOUT, WsSink, WsSource,
-    read_server,
-};
-use crate::counters::Count;
+use super::{ConnectionEnd, Producer};
 use crate::error::{Error, ErrorKind};
 use crate::speech::SpeechClip;
 
@@ -165,108 +159,20 @@ impl Producer {
         frame_index: &mut u64,
     ) -> ConnectionEnd {
         let url = format!("ws://{}{ROUTE}", self.config.ws_addr);
-        let (mut sink, source) = match self.open_ws(&url).await {
-            Ok(ws) => ws.split(),
-            Err(end) => return end,
-        };
         let call = Call {
             stream_sid: sid("MZ"),
             call_sid: sid("CA"),
             account_sid: sid("AC"),
         };
-        let server_done = Arc::new(AtomicBool::new(false));
-        let reader = spawn_reader(source, self.counters.clone(), server_done.clone());
-
-        let mut handshake_sent = true;
-        for text in [Call::connected(), call.start(id)] {
-            let sent = tokio::time::timeout(SEND_TIMEOUT, sink.send(Message::Text(text.into())));
-            if !matches!(sent.await, Ok(Ok(()))) {
-                handshake_sent = false;
-                break;
-            }
-        }
-        // `start` was message 1: chunk n (from 1) is message n + 1.
-        let (ended_early, sent_here) = if handshake_sent {
-            self.send_ticks(
-                &mut sink,
-                &server_done,
-                frame_index,
-                |tick, began, sent, i| {
-                    let timestamp_ms = tick.saturating_duration_since(began).as_millis() as u64;
-                    let text = call.media(sent + 2, sent + 1, timestamp_ms, clip.payload(i));
-                    Message::Text(text.into())
-                },
-            )
-            .await
-        } else {
-            (true, 0)
+        // `start` was message 1: chunk n (from 1) is message n + 1, `stop` the last.
+        let media = |tick: Instant, began, sent, i| {
+            let timestamp_ms = tick.saturating_duration_since(began).as_millis() as u64;
+            let text = call.media(sent + 2, sent + 1, timestamp_ms, clip.payload(i));
+            Message::Text(text.into())
         };
-
-        if ended_early {
-            // The server ended the stream (or the socket broke) before the stop time.
-            self.counters.ended_by_server.inc();
-            let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
-            join_or_abort(reader, Duration::from_secs(1)).await;
-            return self.retry_unless_over(Duration::ZERO);
-        }
-        if self.vanish {
-            // No `stop`, no close frame.
-            return self.vanish_now(reader, sink);
-        }
-        self.stop(sink, reader, &call, sent_here + 2).await
-    }
-
-    /// Ends the stream as Twilio does: `stop` (message `seq`), then a bounded wait for
-    /// the server to close the socket; our close frame then completes the handshake
-    /// (or, if the server did not close, starts it).
-    async fn stop(
-        &self,
-        mut sink: WsSink,
-        mut reader: JoinHandle<()>,
-        call: &Call,
-        seq: u64,
-    ) -> ConnectionEnd {
-        let stop = Message::Text(call.stop(seq).into());
-        if matches!(
-            tokio::time::timeout(SEND_TIMEOUT, sink.send(stop)).await,
-            Ok(Ok(()))
-        ) {
-            self.counters.ended.inc();
-        }
-        let server_closed = tokio::time::timeout(END_GRACE, &mut reader).await.is_ok();
-        let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
-        if !server_closed {
-            join_or_abort(reader, Duration::from_secs(1)).await;
-        }
-        ConnectionEnd::Finished
-    }
-}
-
-/// The reader counts the server's messages (carrier-dialect ones in `carrier_events`,
-/// weir-shaped ones as events) and sets `server_done` when the server ends the stream
-/// (an `overload` event, a close frame, an error or EOF).
-fn spawn_reader(
-    source: WsSource,
-    counters: Arc<ProducerCounters>,
-    server_done: Arc<AtomicBool>,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        read_server(source, &counters, |v| {
-            if v.get("event").is_some() {
-                counters.carrier_events.inc();
-            } else if counters.count_event(&v) == Some("overload") {
-                server_done.store(true, Ordering::Relaxed);
-            }
-        })
-        .await;
-        server_done.store(true, Ordering::Relaxed);
-    })
-}
-
-/// Waits for `task` at most `limit`, then aborts it.
-async fn join_or_abort(mut task: JoinHandle<()>, limit: Duration) {
-    if tokio::time::timeout(limit, &mut task).await.is_err() {
-        task.abort();
+        let hello = vec![Call::connected(), call.start(id)];
+        let stop = |sent| call.stop(sent + 2);
+        self.ws_stream(&url, hello, frame_index, media, stop).await
     }
 }
 
@@ -274,6 +180,8 @@ async fn join_or_abort(mut task: JoinHandle<()>, limit: Duration) {
 mod tests {
     use super::*;
     use crate::producers::{ProducerConfig, ProducerCounters, Transport, start};
+    use futures::{SinkExt, StreamExt};
+    use std::time::Duration;
     use tokio_tungstenite::tungstenite::protocol::CloseFrame;
     use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 

@@ -126,7 +126,7 @@ impl Producer {
 
         if server_done {
             counters.ended_by_server.inc();
-            return self.retry_unless_over(Duration::ZERO);
+            return self.retry_unless_over();
         }
         if self.vanish {
             // No DELETE, no DTLS close: the socket just goes quiet.
