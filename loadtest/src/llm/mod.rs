@@ -417,6 +417,7 @@ impl LlmRun {
             enabled: true,
             front,
             offered: c.offered,
+            skipped: c.skipped,
             completed: c.completed,
             refused: c.refused.values().sum(),
             refused_by_code: c.refused,
