@@ -181,19 +181,17 @@ pub fn start(
     let streams = config.ids.len();
     let vanish_count = ((streams as f64) * config.vanish_share.clamp(0.0, 1.0)).round() as usize;
     // Each clip encoded for the transport once, here.
-    let clips = clips(clip_seed);
-    let encoded: Vec<Option<Encoded>> = clips
-        .iter()
+    let encoded: Vec<Option<Encoded>> = clips(clip_seed)
+        .into_iter()
         .map(|c| match config.transport {
-            Transport::Ws => Some(Encoded::Pcm),
-            Transport::Whip => OpusClip::encode(c)
-                .map_err(|e| tracing::error!(error = %e, "cannot encode the clip to Opus"))
+            Transport::Ws => Ok(Encoded::Pcm(c)),
+            Transport::Whip => OpusClip::encode(&c).map(Encoded::Opus),
+            Transport::Twilio => TwilioClip::encode(&c).map(Encoded::Twilio),
+        })
+        .map(|r| {
+            let transport = config.transport;
+            r.map_err(|e| tracing::error!(error = %e, %transport, "cannot encode the clip"))
                 .ok()
-                .map(Encoded::Opus),
-            Transport::Twilio => TwilioClip::encode(c)
-                .map_err(|e| tracing::error!(error = %e, "cannot encode the clip to µ-law"))
-                .ok()
-                .map(Encoded::Twilio),
         })
         .collect();
     let http = reqwest::Client::builder()
@@ -207,7 +205,6 @@ pub fn start(
         let stream = Producer {
             index,
             config: config.clone(),
-            clip: clips[index % clips.len()].clone(),
             encoded: encoded[index % encoded.len()].clone(),
             http: http.clone(),
             counters: counters.clone(),
@@ -248,7 +245,7 @@ pub(crate) fn start_offsets(n: usize, spread: Duration) -> impl Iterator<Item = 
 #[derive(Clone)]
 enum Encoded {
     /// The clip's PCM frames as they are (`ws`).
-    Pcm,
+    Pcm(SpeechClip),
     /// Opus packets (`whip`).
     Opus(OpusClip),
     /// Base64 µ-law chunks (`twilio`).
@@ -366,7 +363,6 @@ impl WsReader {
 pub(crate) struct Producer {
     index: usize,
     config: ProducerConfig,
-    clip: SpeechClip,
     /// The clip as the transport sends it (`None`: the encoder refused it).
     encoded: Option<Encoded>,
     http: reqwest::Client,
@@ -392,9 +388,9 @@ impl Producer {
             };
             attempt += 1;
             let end = match &self.encoded {
-                Some(Encoded::Pcm) => {
+                Some(Encoded::Pcm(clip)) => {
                     let url = format!("ws://{}/v1/streams/{id}", self.config.ws_addr);
-                    let frame = |_, _, _, i| Message::Binary(self.clip.frame(i));
+                    let frame = |_, _, _, i| Message::Binary(clip.frame(i));
                     let end = |_| r#"{"type":"end"}"#.to_owned();
                     self.ws_stream(&url, vec![], &mut frame_index, frame, end)
                         .await
