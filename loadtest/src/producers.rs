@@ -3,15 +3,10 @@
 //! Opus packets ([`whip`]), or, with `--transport twilio`, one Twilio Media Streams
 //! WebSocket per stream sending it as 20 ms µ-law chunks at 8 kHz ([`twilio`]).
 //!
-//! Cadence: each producer ticks on a `tokio::time::Interval` of 20 ms with
-//! `MissedTickBehavior::Skip`. A real capture device produces audio on its own clock;
-//! when the *load generator* falls behind (its two cores are shared with the ingress,
-//! nats-server and the fleet), Skip keeps the schedule aligned to that clock and does
-//! not fire a catch-up burst the real source would not send. Skipped ticks are not
-//! hidden: every connection counts `expected − sent` as `ticks_missed`, and the report
-//! compares frames offered with the nominal `streams × 50 × seconds`.
-//! Producers start with a random phase inside one frame so that N streams do not all
-//! send in the same millisecond.
+//! Cadence: a 20 ms `Interval` with `MissedTickBehavior::Skip` per producer, started at
+//! a random phase inside one frame; a late tick is not made up but counted
+//! (`ticks_missed`: `expected − sent` per connection). docs/loadtest.md ("Cadence")
+//! says why.
 //!
 //! A stream: connect to `/v1/streams/{id}`, send frames until the run's stop time,
 //! then either send `{"type":"end"}` and wait (bounded) for the `closed` event, or —

@@ -1,39 +1,19 @@
-//! The Twilio transport of a synthetic producer (`--transport twilio`): the same stream
-//! life as the WebSocket one ([`super`]) — connect, one 20 ms chunk per tick (Skip),
-//! server messages counted, an orderly end or vanish at the stop time, reconnect under
-//! a new id after the server ended or refused the stream — spoken as Twilio Media
-//! Streams speaks to a customer's WebSocket server, on the telephony door
-//! `/v1/telephony/twilio`:
-//!
-//! - `connected` (`protocol` `Call`, `version` `1.0.0`), no sequence number;
-//! - `start` (`sequenceNumber` `"1"`): `streamSid` (`MZ…`), `callSid` (`CA…`),
-//!   `accountSid` (`AC…`), `tracks` `["inbound"]`, `mediaFormat`
-//!   `{"encoding":"audio/x-mulaw","sampleRate":8000,"channels":1}` and
-//!   `customParameters` `{"stream_id": <id>}` (the door's stream id);
-//! - one `media` per tick: `sequenceNumber`, `media.chunk` (from `"1"`) and
-//!   `media.timestamp` (ms since the stream started, from the tick's time) as strings,
-//!   `media.track` `inbound`, `media.payload` = 160 µ-law bytes in base64;
-//! - `stop` at the end (Twilio streams have no weir `end`: `stop` is the end); the
-//!   producer then waits (bounded by [`END_GRACE`](super::END_GRACE)) for the server to
-//!   close the socket. Vanish = the TCP connection dropped without `stop` or a close
-//!   frame.
-//!
-//! The server's messages on this route are carrier-dialect ones (`media`, `mark`,
-//! `clear`, ...): they are counted in `carrier_events`, never expected; there is no
-//! `closed` event. A message in weir's own shape (`{"type": ...}`) is counted as on the
-//! WebSocket route. A close frame before `stop` ends the stream early (counted as
-//! `ended_by_server`, retried under a new id as on the WebSocket route).
+//! The Twilio transport of a synthetic producer (`--transport twilio`): the WebSocket
+//! stream life ([`Producer::ws_stream`]) on the telephony door `/v1/telephony/twilio`,
+//! spoken as Twilio Media Streams speaks to a customer's server: `connected`, `start`
+//! (the door's stream id in `customParameters.stream_id`), one `media` per tick (160
+//! µ-law bytes in base64), and `stop` at the end (Twilio has no weir `end`), after which
+//! the server closes the socket. docs/loadtest.md (`--transport`) lists every member,
+//! and how the server's carrier-dialect messages (`carrier_events`; there is no
+//! `closed` event) and close frames are counted.
 //!
 //! Encoding: each distinct clip is downsampled to 8 kHz and µ-law encoded once, before
-//! the run, and every chunk's base64 payload is built then ([`TwilioClip`]); a
-//! producer's per-chunk work is one string format of the JSON. One 20 ms chunk at
-//! 8 kHz decodes to one 20 ms frame at 16 kHz, so frame accounting is the WebSocket
-//! one (one chunk sent = one frame sent).
+//! the run, with every chunk's base64 payload ([`TwilioClip`]): a producer's per-chunk
+//! work is one string format. One 20 ms chunk at 8 kHz is one 20 ms frame at 16 kHz, so
+//! frame accounting is the WebSocket one.
 //!
-//! Invariants: every wait is bounded (connect, send, end grace); every chunk written is
-//! counted in `frames_sent` exactly once; chunk numbers are consecutive per connection
-//! (a skipped tick sends nothing and numbers nothing, as a skipped tick of the
-//! WebSocket producer).
+//! Invariants: every chunk written is counted in `frames_sent` exactly once; chunk
+//! numbers are consecutive per connection (a skipped tick sends and numbers nothing).
 
 use std::sync::Arc;
 
