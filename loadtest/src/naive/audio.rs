@@ -51,6 +51,7 @@ use weir_protocol::audio::extension::{PROTOCOL_VERSION, headers};
 use weir_protocol::audio::{Packet, PacketBody};
 use weir_protocol::{StreamId, SubjectTemplate, partition_of};
 
+use crate::cli::NaiveArgs;
 use crate::counters::Count;
 use crate::error::{Error, ErrorKind, nats, usage};
 use crate::stats::LatencyHistogram;
@@ -361,12 +362,16 @@ async fn bind(flag: &str, addr: SocketAddr) -> Result<(TcpListener, SocketAddr),
 
 /// Runs the naive ingress until stdin closes (the parent went away) or SIGTERM/Ctrl-C.
 /// Prints the ready line on stdout once both listeners are bound and NATS is connected.
-pub async fn serve(
-    nats_url: &str,
-    listen: SocketAddr,
-    admin: SocketAddr,
-    config: NaiveConfig,
-) -> Result<(), Error> {
+pub async fn serve(args: NaiveArgs) -> Result<(), Error> {
+    let template = SubjectTemplate::parse(&args.subject)
+        .map_err(|e| Error::with_source(ErrorKind::Usage, "--subject", e))?;
+    let config = NaiveConfig {
+        template,
+        partitions: NonZeroU32::new(args.partitions).unwrap_or(NonZeroU32::MIN),
+        in_flight: args.in_flight as usize,
+        floor: args.floor,
+    };
+    let (nats_url, listen, admin) = (&args.nats_url, args.listen, args.admin);
     for (what, a) in [("--listen", listen), ("--admin", admin)] {
         if !a.ip().is_loopback() {
             return Err(usage(format!("{what} {a} is not a loopback address")));
