@@ -8,9 +8,7 @@ use std::sync::{Arc, Mutex};
 use clap::Parser;
 use weir_loadtest::app;
 use weir_loadtest::cli::{Cli, Internal};
-use weir_loadtest::naive::audio::{NaiveConfig, serve};
 use weir_loadtest::report;
-use weir_protocol::SubjectTemplate;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -33,24 +31,10 @@ fn main() -> ExitCode {
         }
     };
     match cli.internal {
-        Some(Internal::NaiveIngress(args)) => {
-            let template = match SubjectTemplate::parse(&args.subject) {
-                Ok(t) => t,
-                Err(e) => {
-                    eprintln!("--subject: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            let config = NaiveConfig {
-                template,
-                partitions: std::num::NonZeroU32::new(args.partitions)
-                    .unwrap_or(std::num::NonZeroU32::MIN),
-                in_flight: args.in_flight as usize,
-                floor: args.floor,
-            };
-            let served = runtime.block_on(serve(&args.nats_url, args.listen, args.admin, config));
-            exit("naive-ingress", served)
-        }
+        Some(Internal::NaiveIngress(args)) => exit(
+            "naive-ingress",
+            runtime.block_on(weir_loadtest::naive::audio::serve(args)),
+        ),
         Some(Internal::LeaseWorker(args)) => exit(
             "lease-worker",
             runtime.block_on(weir_loadtest::lease_worker::run(args)),

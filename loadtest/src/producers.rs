@@ -3,15 +3,10 @@
 //! Opus packets ([`whip`]), or, with `--transport twilio`, one Twilio Media Streams
 //! WebSocket per stream sending it as 20 ms µ-law chunks at 8 kHz ([`twilio`]).
 //!
-//! Cadence: each producer ticks on a `tokio::time::Interval` of 20 ms with
-//! `MissedTickBehavior::Skip`. A real capture device produces audio on its own clock;
-//! when the *load generator* falls behind (its two cores are shared with the ingress,
-//! nats-server and the fleet), Skip keeps the schedule aligned to that clock and does
-//! not fire a catch-up burst the real source would not send. Skipped ticks are not
-//! hidden: every connection counts `expected − sent` as `ticks_missed`, and the report
-//! compares frames offered with the nominal `streams × 50 × seconds`.
-//! Producers start with a random phase inside one frame so that N streams do not all
-//! send in the same millisecond.
+//! Cadence: a 20 ms `Interval` with `MissedTickBehavior::Skip` per producer, started at
+//! a random phase inside one frame; a late tick is not made up but counted
+//! (`ticks_missed`: `expected − sent` per connection). docs/loadtest.md ("Cadence")
+//! says why.
 //!
 //! A stream: connect to `/v1/streams/{id}`, send frames until the run's stop time,
 //! then either send `{"type":"end"}` and wait (bounded) for the `closed` event, or —
@@ -181,19 +176,17 @@ pub fn start(
     let streams = config.ids.len();
     let vanish_count = ((streams as f64) * config.vanish_share.clamp(0.0, 1.0)).round() as usize;
     // Each clip encoded for the transport once, here.
-    let clips = clips(clip_seed);
-    let encoded: Vec<Option<Encoded>> = clips
-        .iter()
+    let encoded: Vec<Option<Encoded>> = clips(clip_seed)
+        .into_iter()
         .map(|c| match config.transport {
-            Transport::Ws => Some(Encoded::Pcm),
-            Transport::Whip => OpusClip::encode(c)
-                .map_err(|e| tracing::error!(error = %e, "cannot encode the clip to Opus"))
+            Transport::Ws => Ok(Encoded::Pcm(c)),
+            Transport::Whip => OpusClip::encode(&c).map(Encoded::Opus),
+            Transport::Twilio => TwilioClip::encode(&c).map(Encoded::Twilio),
+        })
+        .map(|r| {
+            let transport = config.transport;
+            r.map_err(|e| tracing::error!(error = %e, %transport, "cannot encode the clip"))
                 .ok()
-                .map(Encoded::Opus),
-            Transport::Twilio => TwilioClip::encode(c)
-                .map_err(|e| tracing::error!(error = %e, "cannot encode the clip to µ-law"))
-                .ok()
-                .map(Encoded::Twilio),
         })
         .collect();
     let http = reqwest::Client::builder()
@@ -207,7 +200,6 @@ pub fn start(
         let stream = Producer {
             index,
             config: config.clone(),
-            clip: clips[index % clips.len()].clone(),
             encoded: encoded[index % encoded.len()].clone(),
             http: http.clone(),
             counters: counters.clone(),
@@ -248,7 +240,7 @@ pub(crate) fn start_offsets(n: usize, spread: Duration) -> impl Iterator<Item = 
 #[derive(Clone)]
 enum Encoded {
     /// The clip's PCM frames as they are (`ws`).
-    Pcm,
+    Pcm(SpeechClip),
     /// Opus packets (`whip`).
     Opus(OpusClip),
     /// Base64 µ-law chunks (`twilio`).
@@ -272,6 +264,12 @@ pub(crate) type WsStream =
 pub(crate) type WsSink = futures::stream::SplitSink<WsStream, Message>;
 /// The receiving half of a [`WsStream`].
 pub(crate) type WsSource = futures::stream::SplitStream<WsStream>;
+
+/// Sends `text` (bounded by [`SEND_TIMEOUT`]); whether it was written.
+async fn send_text(sink: &mut WsSink, text: String) -> bool {
+    let sent = tokio::time::timeout(SEND_TIMEOUT, sink.send(Message::Text(text.into())));
+    matches!(sent.await, Ok(Ok(())))
+}
 
 /// Reads the server's messages until a close frame (its code counted), an error or
 /// EOF, handing each text message, parsed as JSON (`null` when it is not), to
@@ -309,13 +307,12 @@ struct ReaderFlags {
     got_closed_event: tokio::sync::Notify,
 }
 
-/// The reader of a WebSocket stream: it counts server events and tells the sender to
-/// stop when the server ends the stream.
+/// The reader of a WebSocket stream: it counts server events (a carrier-dialect message,
+/// one with an `event` member, in `carrier_events`) and tells the sender to stop when
+/// the server ends the stream.
 struct WsReader {
     flags: Arc<ReaderFlags>,
-    /// The task; it returns the last `overload` event's `retry_after_ms` (zero
-    /// without).
-    task: tokio::task::JoinHandle<Duration>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 impl WsReader {
@@ -323,37 +320,44 @@ impl WsReader {
         let flags = Arc::new(ReaderFlags::default());
         let f = flags.clone();
         let task = tokio::spawn(async move {
-            let mut retry_hint = Duration::ZERO;
-            read_server(source, &counters, |v| match counters.count_event(&v) {
-                Some("overload") => {
-                    if let Some(ms) = v.get("retry_after_ms").and_then(|x| x.as_u64()) {
-                        retry_hint = Duration::from_millis(ms);
-                    }
-                    f.server_done.store(true, Ordering::Relaxed);
+            read_server(source, &counters, |v| {
+                if v.get("event").is_some() {
+                    return counters.carrier_events.inc();
                 }
-                Some("closed") => {
-                    if v["reason"] == "no_capacity" {
-                        f.no_capacity.store(true, Ordering::Relaxed);
-                        f.server_done.store(true, Ordering::Relaxed);
+                match counters.count_event(&v) {
+                    Some("overload") => f.server_done.store(true, Ordering::Relaxed),
+                    Some("closed") => {
+                        if v["reason"] == "no_capacity" {
+                            f.no_capacity.store(true, Ordering::Relaxed);
+                            f.server_done.store(true, Ordering::Relaxed);
+                        }
+                        f.got_closed_event.notify_one()
                     }
-                    f.got_closed_event.notify_one()
+                    _ => {}
                 }
-                _ => {}
             })
             .await;
             // The stream is over for the server (close frame, error or EOF).
             f.server_done.store(true, Ordering::Relaxed);
             f.got_closed_event.notify_one();
-            retry_hint
         });
         Self { flags, task }
+    }
+
+    /// Waits for the reader at most 1 s, then aborts it.
+    async fn join(&mut self) {
+        if tokio::time::timeout(Duration::from_secs(1), &mut self.task)
+            .await
+            .is_err()
+        {
+            self.task.abort();
+        }
     }
 }
 
 pub(crate) struct Producer {
     index: usize,
     config: ProducerConfig,
-    clip: SpeechClip,
     /// The clip as the transport sends it (`None`: the encoder refused it).
     encoded: Option<Encoded>,
     http: reqwest::Client,
@@ -379,7 +383,13 @@ impl Producer {
             };
             attempt += 1;
             let end = match &self.encoded {
-                Some(Encoded::Pcm) => self.connection(&id, &mut frame_index).await,
+                Some(Encoded::Pcm(clip)) => {
+                    let url = format!("ws://{}/v1/streams/{id}", self.config.ws_addr);
+                    let frame = |_, _, _, i| Message::Binary(clip.frame(i));
+                    let end = |_| r#"{"type":"end"}"#.to_owned();
+                    self.ws_stream(&url, vec![], &mut frame_index, frame, end)
+                        .await
+                }
                 Some(Encoded::Opus(opus)) => {
                     self.whip_connection(&id, opus, &mut frame_index).await
                 }
@@ -413,39 +423,57 @@ impl Producer {
         }
     }
 
-    async fn connection(&self, id: &str, frame_index: &mut u64) -> ConnectionEnd {
-        let url = format!("ws://{}/v1/streams/{}", self.config.ws_addr, id);
-        let (mut sink, source) = match self.open_ws(&url).await {
+    /// One WebSocket stream at `url` (`/v1/streams/{id}`, or the Twilio route): the
+    /// `hello` messages, then one `message(tick, began, sent, frame)` per tick (see
+    /// [`Producer::send_ticks`]); at the stop time it vanishes, or sends `end(sent)` and
+    /// waits (bounded) for the server's `closed` event or close frame.
+    pub(crate) async fn ws_stream(
+        &self,
+        url: &str,
+        hello: Vec<String>,
+        frame_index: &mut u64,
+        message: impl FnMut(Instant, Instant, u64, u64) -> Message,
+        end: impl FnOnce(u64) -> String,
+    ) -> ConnectionEnd {
+        let (mut sink, source) = match self.open_ws(url).await {
             Ok(ws) => ws.split(),
             Err(end) => return end,
         };
-        let reader = WsReader::spawn(source, self.counters.clone());
-        let (ended_early, sent_here) = self
-            .send_ticks(
-                &mut sink,
-                &reader.flags.server_done,
-                frame_index,
-                |_, _, _, i| Message::Binary(self.clip.frame(i)),
-            )
-            .await;
-        if ended_early {
-            self.ws_ended_early(sink, reader, sent_here).await
-        } else if self.vanish {
-            self.vanish_now(reader.task, sink)
-        } else {
-            let end = Message::Text(r#"{"type":"end"}"#.into());
-            if tokio::time::timeout(SEND_TIMEOUT, sink.send(end))
-                .await
-                .is_ok()
-            {
-                self.counters.ended.inc();
-            }
-            // Wait (bounded) for the server's `closed` event or close frame.
-            let _ = tokio::time::timeout(END_GRACE, reader.flags.got_closed_event.notified()).await;
-            let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
-            let _ = tokio::time::timeout(Duration::from_secs(1), reader.task).await;
-            ConnectionEnd::Finished
+        let mut reader = WsReader::spawn(source, self.counters.clone());
+        let mut hello_sent = true;
+        for text in hello {
+            hello_sent = hello_sent && send_text(&mut sink, text).await;
         }
+        let (ended_early, sent_here) = if hello_sent {
+            let done = &reader.flags.server_done;
+            self.send_ticks(&mut sink, done, frame_index, message).await
+        } else {
+            (true, 0)
+        };
+        if ended_early {
+            // The server ended the stream (or the socket broke) before the stop time.
+            self.counters.ended_by_server.inc();
+            let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
+            reader.join().await;
+            if reader.flags.no_capacity.load(Ordering::Relaxed) {
+                self.counters.ended_no_capacity.inc();
+                self.counters.frames_sent_ended_no_capacity.add(sent_here);
+            }
+            return self.retry_unless_over();
+        }
+        if self.vanish {
+            // No `end`, no close frame: the TCP connection just ends.
+            self.counters.vanished.inc();
+            reader.task.abort();
+            return ConnectionEnd::Finished;
+        }
+        if send_text(&mut sink, end(sent_here)).await {
+            self.counters.ended.inc();
+        }
+        let _ = tokio::time::timeout(END_GRACE, reader.flags.got_closed_event.notified()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
+        reader.join().await;
+        ConnectionEnd::Finished
     }
 
     /// Opens the WebSocket at `url` (bounded by [`CONNECT_TIMEOUT`]) and counts the
@@ -522,49 +550,13 @@ impl Producer {
         (ended_early, sent_here)
     }
 
-    /// The server ended the stream (or the socket broke) before the stop time: counted,
-    /// closed, the reader's retry hint awaited (bounded); a `no_capacity` end and the
-    /// `sent_here` frames sent before it counted. Retried unless the stop time came.
-    async fn ws_ended_early(
-        &self,
-        mut sink: WsSink,
-        reader: WsReader,
-        sent_here: u64,
-    ) -> ConnectionEnd {
-        self.counters.ended_by_server.inc();
-        let _ = sink.close().await;
-        let hint = tokio::time::timeout(Duration::from_secs(1), reader.task)
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .unwrap_or(Duration::ZERO);
-        if reader.flags.no_capacity.load(Ordering::Relaxed) {
-            self.counters.ended_no_capacity.inc();
-            self.counters.frames_sent_ended_no_capacity.add(sent_here);
-        }
-        self.retry_unless_over(hint)
-    }
-
-    /// Retries after the back-off (or `hint`), or stops when the stop time has come.
-    pub(crate) fn retry_unless_over(&self, hint: Duration) -> ConnectionEnd {
+    /// Retries after the back-off, or stops when the stop time has come.
+    pub(crate) fn retry_unless_over(&self) -> ConnectionEnd {
         if Instant::now() >= self.stop_at {
             ConnectionEnd::Stop
         } else {
-            ConnectionEnd::Retry(self.backoff(hint))
+            ConnectionEnd::Retry(self.backoff(Duration::ZERO))
         }
-    }
-
-    /// Vanishes: drops both halves without a close frame (the TCP connection just
-    /// ends), counted.
-    pub(crate) fn vanish_now<T>(
-        &self,
-        reader: tokio::task::JoinHandle<T>,
-        sink: WsSink,
-    ) -> ConnectionEnd {
-        self.counters.vanished.inc();
-        reader.abort();
-        drop(sink);
-        ConnectionEnd::Finished
     }
 
     /// Counts the ticks from `began` to now (at most the stop time) that sent no frame,

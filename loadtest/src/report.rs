@@ -157,6 +157,9 @@ pub struct LlmReport {
     pub front: String,
     /// Requests sent.
     pub offered: u64,
+    /// Requests the generator did not send because
+    /// [`MAX_OUTSTANDING`](crate::llm::generator::MAX_OUTSTANDING) were waiting already.
+    pub skipped: u64,
     /// Requests answered with a result.
     pub completed: u64,
     /// Requests refused, total.

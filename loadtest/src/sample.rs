@@ -144,12 +144,9 @@ pub fn summarise(samples: &[Sample]) -> SeriesSummary {
                 s.pending_frames_max = s.pending_frames_max.max(i.pending_frames);
                 s.oldest_frame_age_ms_max = s.oldest_frame_age_ms_max.max(i.oldest_frame_age_ms);
                 s.tasks_max = s.tasks_max.max(i.tasks_alive);
-                if let Some(u) = i.unconfirmed_bytes {
-                    s.unconfirmed_bytes_max = Some(s.unconfirmed_bytes_max.unwrap_or(0).max(u));
-                }
-                if let Some(l) = i.window_limit_bytes {
-                    s.window_limit_bytes_max = Some(s.window_limit_bytes_max.unwrap_or(0).max(l));
-                }
+                // `None` < `Some`: the maxima stay `None` only when no sample had a window.
+                s.unconfirmed_bytes_max = s.unconfirmed_bytes_max.max(i.unconfirmed_bytes);
+                s.window_limit_bytes_max = s.window_limit_bytes_max.max(i.window_limit_bytes);
                 if !i.nats_connected {
                     s.nats_disconnected_samples += 1;
                 }
@@ -162,9 +159,7 @@ pub fn summarise(samples: &[Sample]) -> SeriesSummary {
             }
             s.rss_end_bytes = rss;
             s.rss_peak_bytes = s.rss_peak_bytes.max(rss);
-            if x.fault_active {
-                fault_seen = true;
-            }
+            fault_seen |= x.fault_active;
             if !fault_seen {
                 s.rss_before_fault_bytes = rss;
             }

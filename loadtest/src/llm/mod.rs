@@ -29,7 +29,6 @@ use crate::error::{Error, ErrorKind, nats};
 use crate::ingress::Design;
 use crate::naive::llm::NaiveLlmFront;
 use crate::report::LlmReport;
-use crate::stats::Percentiles;
 use generator::{GeneratorConfig, GeneratorCounters};
 use pool::{RoundRobin, Sims, StallWatch};
 
@@ -76,14 +75,6 @@ pub struct LlmSettings {
 /// streaming settings.
 pub use weir_llm_adapter::config::SimStream as StreamLoad;
 
-/// How long one streamed reply takes: the first token, then the rest at the rate.
-fn stream_duration(s: &StreamLoad) -> Duration {
-    s.first_token
-        + Duration::from_secs_f64(
-            f64::from(s.tokens.saturating_sub(1)) / s.tokens_per_second.max(1e-6),
-        )
-}
-
 impl Default for LlmSettings {
     fn default() -> Self {
         Self {
@@ -104,14 +95,12 @@ const Z99: f64 = 2.326;
 impl LlmSettings {
     /// Mean inference time.
     pub fn mean_latency(&self) -> Duration {
-        if let Some(s) = &self.stream {
-            return stream_duration(s);
-        }
-        match self.shape {
-            LatencyShape::Uniform | LatencyShape::Fixed => self.latency,
-            LatencyShape::LogNormal => {
+        match self.sim_latency() {
+            Latency::Fixed(d) => d,
+            Latency::Uniform { min, max } => (min + max) / 2,
+            Latency::LogNormal { median, .. } => {
                 let sigma = 3.0f64.ln() / Z99;
-                self.latency.mul_f64((sigma * sigma / 2.0).exp())
+                median.mul_f64((sigma * sigma / 2.0).exp())
             }
         }
     }
@@ -127,9 +116,11 @@ impl LlmSettings {
     }
 
     fn sim_latency(&self) -> Latency {
-        // Streaming: a unary call (the naive front) takes as long as a whole stream.
+        // Streaming: the first token, then the rest at the rate; a unary call (the naive
+        // front) takes as long as a whole stream.
         if let Some(s) = &self.stream {
-            return Latency::Fixed(stream_duration(s));
+            let rest = f64::from(s.tokens.saturating_sub(1)) / s.tokens_per_second.max(1e-6);
+            return Latency::Fixed(s.first_token + Duration::from_secs_f64(rest));
         }
         match self.shape {
             LatencyShape::Uniform => {
@@ -375,6 +366,9 @@ impl LlmRun {
 
     /// The report so far; `wall` is the run's length for goodput.
     pub fn report(&self, wall: Duration) -> LlmReport {
+        let Some(front) = &self.front else {
+            return not_run_because("stopped");
+        };
         let c = self.counters.snapshot();
         let (backend_calls, started_after_deadline) = self.sims.started();
         let backends = self.sims.0.len();
@@ -383,14 +377,8 @@ impl LlmRun {
             .lock()
             .ok()
             .and_then(|w| w.report(self.backend_capacity * backends.saturating_sub(1) as f64));
-        let (front, queue_wait_ms, inference_ms, in_flight_max) = match &self.front {
-            None => (
-                "stopped".to_owned(),
-                Percentiles::default(),
-                Percentiles::default(),
-                0,
-            ),
-            Some(Front::Naive(f)) => {
+        let (front, queue_wait_ms, inference_ms, in_flight_max) = match front {
+            Front::Naive(f) => {
                 let s = &f.stats;
                 (
                     "naive (task per message + semaphore)".to_owned(),
@@ -399,7 +387,7 @@ impl LlmRun {
                     s.in_flight_max.load(Ordering::Relaxed),
                 )
             }
-            Some(Front::Adapter(a)) => {
+            Front::Adapter(a) => {
                 let s = a.stats();
                 (
                     "weir-llm-adapter (bounded queue, fixed workers, deadlines)".to_owned(),
@@ -417,6 +405,7 @@ impl LlmRun {
             enabled: true,
             front,
             offered: c.offered,
+            skipped: c.skipped,
             completed: c.completed,
             refused: c.refused.values().sum(),
             refused_by_code: c.refused,

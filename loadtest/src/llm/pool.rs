@@ -56,12 +56,9 @@ pub struct Sims(pub Vec<SimHandle>);
 impl Sims {
     /// Pauses (`true`) or resumes member `member`, or every member (`None`).
     pub fn pause(&self, member: Option<usize>, paused: bool) {
-        for (i, h) in self.0.iter().enumerate() {
-            match (member.is_none_or(|m| m == i), paused) {
-                (false, _) => {}
-                (true, true) => h.pause(),
-                (true, false) => h.resume(),
-            }
+        let chosen = self.0.iter().enumerate();
+        for (_, h) in chosen.filter(|(i, _)| member.is_none_or(|m| m == *i)) {
+            if paused { h.pause() } else { h.resume() }
         }
     }
 

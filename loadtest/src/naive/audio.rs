@@ -45,11 +45,13 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use weir_protocol::audio::extension::{PROTOCOL_VERSION, headers};
 use weir_protocol::audio::{Packet, PacketBody};
 use weir_protocol::{StreamId, SubjectTemplate, partition_of};
 
+use crate::cli::NaiveArgs;
 use crate::counters::Count;
 use crate::error::{Error, ErrorKind, nats, usage};
 use crate::stats::LatencyHistogram;
@@ -86,6 +88,12 @@ pub struct NaiveConfig {
 struct NaiveState {
     client: async_nats::Client,
     config: NaiveConfig,
+    counts: Counts,
+}
+
+/// What `/v1/stats` reports (see the module docs).
+#[derive(Default)]
+struct Counts {
     active: Mutex<HashSet<String>>,
     streams_total: AtomicU64,
     offered: AtomicU64,
@@ -108,11 +116,11 @@ struct Pending {
 
 impl Pending {
     fn new(state: &Arc<NaiveState>, bytes: u64) -> Self {
-        let id = state.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = state.counts.next_id.fetch_add(1, Ordering::Relaxed);
         let since = Instant::now();
-        state.pending_bytes.add(bytes);
-        state.pending_frames.inc();
-        if let Ok(mut m) = state.pending_since.lock() {
+        state.counts.pending_bytes.add(bytes);
+        state.counts.pending_frames.inc();
+        if let Ok(mut m) = state.counts.pending_since.lock() {
             m.insert(id, since);
         }
         Self {
@@ -126,11 +134,12 @@ impl Pending {
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        self.state
+        let counts = &self.state.counts;
+        counts
             .pending_bytes
             .fetch_sub(self.bytes, Ordering::Relaxed);
-        self.state.pending_frames.fetch_sub(1, Ordering::Relaxed);
-        if let Ok(mut m) = self.state.pending_since.lock() {
+        counts.pending_frames.fetch_sub(1, Ordering::Relaxed);
+        if let Ok(mut m) = counts.pending_since.lock() {
             m.remove(&self.id);
         }
     }
@@ -141,16 +150,7 @@ pub fn routers(client: async_nats::Client, config: NaiveConfig) -> (Router, Rout
     let state = Arc::new(NaiveState {
         client,
         config,
-        active: Mutex::new(HashSet::new()),
-        streams_total: AtomicU64::new(0),
-        offered: AtomicU64::new(0),
-        published: AtomicU64::new(0),
-        publish_errors: AtomicU64::new(0),
-        pending_bytes: AtomicU64::new(0),
-        pending_frames: AtomicU64::new(0),
-        next_id: AtomicU64::new(0),
-        pending_since: Mutex::new(BTreeMap::new()),
-        queue_wait: LatencyHistogram::new(),
+        counts: Counts::default(),
     });
     let ws = Router::new()
         .route("/v1/streams/{id}", get(upgrade))
@@ -171,14 +171,14 @@ async fn upgrade(
         return (StatusCode::BAD_REQUEST, "unsafe stream id").into_response();
     };
     {
-        let Ok(mut active) = state.active.lock() else {
+        let Ok(mut active) = state.counts.active.lock() else {
             return StatusCode::INTERNAL_SERVER_ERROR.into_response();
         };
         if !active.insert(id.clone()) {
             return (StatusCode::CONFLICT, "stream already active").into_response();
         }
     }
-    state.streams_total.inc();
+    state.counts.streams_total.inc();
     let ws = match state.config.floor {
         Some(_) => ws
             .read_buffer_size(FLOOR_READ_BUFFER_BYTES)
@@ -187,7 +187,7 @@ async fn upgrade(
     };
     ws.on_upgrade(move |socket| async move {
         handle(state.clone(), stream, socket).await;
-        if let Ok(mut active) = state.active.lock() {
+        if let Ok(mut active) = state.counts.active.lock() {
             active.remove(&id);
         }
     })
@@ -204,19 +204,19 @@ async fn handle(state: Arc<NaiveState>, stream: StreamId, mut socket: WebSocket)
         match msg {
             Ok(Message::Binary(pcm)) if floor.is_some() => {
                 seq += 1;
-                state.offered.inc();
+                state.counts.offered.inc();
                 if floor == Some(Floor::Publish) {
                     let Ok(payload) = Packet::frame(seq, pcm).encode() else {
                         continue;
                     };
                     if state.client.publish(subject.clone(), payload).await.is_ok() {
-                        state.published.inc();
+                        state.counts.published.inc();
                     }
                 }
             }
             Ok(Message::Binary(pcm)) => {
                 seq += 1;
-                state.offered.inc();
+                state.counts.offered.inc();
                 spawn_publish(
                     &state,
                     &semaphore,
@@ -296,16 +296,16 @@ fn spawn_publish(
             }
             _ => Err(()),
         };
-        state.queue_wait.record(pending.since.elapsed());
+        state.counts.queue_wait.record(pending.since.elapsed());
         match result {
             Ok(()) => {
                 if is_frame {
-                    state.published.inc();
+                    state.counts.published.inc();
                     published_here.inc();
                 }
             }
             Err(()) if is_frame => {
-                state.publish_errors.inc();
+                state.counts.publish_errors.inc();
             }
             Err(()) => {}
         }
@@ -314,19 +314,15 @@ fn spawn_publish(
 }
 
 async fn stats(State(state): State<Arc<NaiveState>>) -> Response {
+    let c = &state.counts;
     let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let oldest_ms = state
+    let oldest = c
         .pending_since
         .lock()
         .ok()
-        .and_then(|m| {
-            m.values()
-                .next()
-                .map(|t| t.elapsed().as_secs_f64() * 1000.0)
-        })
-        .unwrap_or(0.0);
-    let queue_wait = state.queue_wait.percentiles();
-    let active = state.active.lock().map(|a| a.len()).unwrap_or(0);
+        .and_then(|m| m.values().next().copied());
+    let oldest_ms = oldest.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1000.0);
+    let active = c.active.lock().map(|a| a.len()).unwrap_or(0);
     let body = serde_json::json!({
         "design": match state.config.floor {
             None => "naive",
@@ -334,17 +330,17 @@ async fn stats(State(state): State<Arc<NaiveState>>) -> Response {
             Some(Floor::Publish) => "floor_publish",
         },
         "active_streams": active,
-        "streams_total": l(&state.streams_total),
-        "pending_bytes": l(&state.pending_bytes),
-        "pending_frames": l(&state.pending_frames),
+        "streams_total": l(&c.streams_total),
+        "pending_bytes": l(&c.pending_bytes),
+        "pending_frames": l(&c.pending_frames),
         "pending_bytes_limit_per_stream": null,
         "oldest_frame_age_ms": oldest_ms,
-        "queue_wait_ms": queue_wait,
+        "queue_wait_ms": c.queue_wait.percentiles(),
         "frames": {
-            "offered": l(&state.offered),
-            "admitted": l(&state.offered),
-            "published": l(&state.published),
-            "dropped": { "publish_error": l(&state.publish_errors) },
+            "offered": l(&c.offered),
+            "admitted": l(&c.offered),
+            "published": l(&c.published),
+            "dropped": { "publish_error": l(&c.publish_errors) },
             "would_reject": 0,
         },
         "admission_rejects": 0,
@@ -356,14 +352,26 @@ async fn stats(State(state): State<Arc<NaiveState>>) -> Response {
     axum::Json(body).into_response()
 }
 
+/// Binds `addr` (the value of `flag`); the listener and its local address.
+async fn bind(flag: &str, addr: SocketAddr) -> Result<(TcpListener, SocketAddr), Error> {
+    let failed = |e| Error::with_source(ErrorKind::Io, format!("{flag} {addr}"), e);
+    let listener = TcpListener::bind(addr).await.map_err(failed)?;
+    let local = listener.local_addr().map_err(failed)?;
+    Ok((listener, local))
+}
+
 /// Runs the naive ingress until stdin closes (the parent went away) or SIGTERM/Ctrl-C.
 /// Prints the ready line on stdout once both listeners are bound and NATS is connected.
-pub async fn serve(
-    nats_url: &str,
-    listen: SocketAddr,
-    admin: SocketAddr,
-    config: NaiveConfig,
-) -> Result<(), Error> {
+pub async fn serve(args: NaiveArgs) -> Result<(), Error> {
+    let template = SubjectTemplate::parse(&args.subject)
+        .map_err(|e| Error::with_source(ErrorKind::Usage, "--subject", e))?;
+    let config = NaiveConfig {
+        template,
+        partitions: NonZeroU32::new(args.partitions).unwrap_or(NonZeroU32::MIN),
+        in_flight: args.in_flight as usize,
+        floor: args.floor,
+    };
+    let (nats_url, listen, admin) = (&args.nats_url, args.listen, args.admin);
     for (what, a) in [("--listen", listen), ("--admin", admin)] {
         if !a.ip().is_loopback() {
             return Err(usage(format!("{what} {a} is not a loopback address")));
@@ -374,18 +382,8 @@ pub async fn serve(
         .await
         .map_err(|e| nats(format!("cannot connect to NATS at {nats_url}"), e))?;
     let (ws_router, admin_router) = routers(client, config);
-    let ws_listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|e| Error::with_source(ErrorKind::Io, format!("--listen {listen}"), e))?;
-    let admin_listener = tokio::net::TcpListener::bind(admin)
-        .await
-        .map_err(|e| Error::with_source(ErrorKind::Io, format!("--admin {admin}"), e))?;
-    let ws_addr = ws_listener
-        .local_addr()
-        .map_err(|e| Error::with_source(ErrorKind::Io, format!("--listen {listen}"), e))?;
-    let admin_addr = admin_listener
-        .local_addr()
-        .map_err(|e| Error::with_source(ErrorKind::Io, format!("--admin {admin}"), e))?;
+    let (ws_listener, ws_addr) = bind("--listen", listen).await?;
+    let (admin_listener, admin_addr) = bind("--admin", admin).await?;
     println!(
         "{}",
         weir_protocol::admin::ReadyLine::new(

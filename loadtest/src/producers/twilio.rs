@@ -1,55 +1,29 @@
-//! The Twilio transport of a synthetic producer (`--transport twilio`): the same stream
-//! life as the WebSocket one ([`super`]) — connect, one 20 ms chunk per tick (Skip),
-//! server messages counted, an orderly end or vanish at the stop time, reconnect under
-//! a new id after the server ended or refused the stream — spoken as Twilio Media
-//! Streams speaks to a customer's WebSocket server, on the telephony door
-//! `/v1/telephony/twilio`:
-//!
-//! - `connected` (`protocol` `Call`, `version` `1.0.0`), no sequence number;
-//! - `start` (`sequenceNumber` `"1"`): `streamSid` (`MZ…`), `callSid` (`CA…`),
-//!   `accountSid` (`AC…`), `tracks` `["inbound"]`, `mediaFormat`
-//!   `{"encoding":"audio/x-mulaw","sampleRate":8000,"channels":1}` and
-//!   `customParameters` `{"stream_id": <id>}` (the door's stream id);
-//! - one `media` per tick: `sequenceNumber`, `media.chunk` (from `"1"`) and
-//!   `media.timestamp` (ms since the stream started, from the tick's time) as strings,
-//!   `media.track` `inbound`, `media.payload` = 160 µ-law bytes in base64;
-//! - `stop` at the end (Twilio streams have no weir `end`: `stop` is the end); the
-//!   producer then waits (bounded by [`END_GRACE`]) for the server to close the socket.
-//!   Vanish = the TCP connection dropped without `stop` or a close frame.
-//!
-//! The server's messages on this route are carrier-dialect ones (`media`, `mark`,
-//! `clear`, ...): they are counted in `carrier_events`, never expected; there is no
-//! `closed` event. A message in weir's own shape (`{"type": ...}`) is counted as on the
-//! WebSocket route. A close frame before `stop` ends the stream early (counted as
-//! `ended_by_server`, retried under a new id as on the WebSocket route).
+//! The Twilio transport of a synthetic producer (`--transport twilio`): the WebSocket
+//! stream life ([`Producer::ws_stream`]) on the telephony door `/v1/telephony/twilio`,
+//! spoken as Twilio Media Streams speaks to a customer's server: `connected`, `start`
+//! (the door's stream id in `customParameters.stream_id`), one `media` per tick (160
+//! µ-law bytes in base64), and `stop` at the end (Twilio has no weir `end`), after which
+//! the server closes the socket. docs/loadtest.md (`--transport`) lists every member,
+//! and how the server's carrier-dialect messages (`carrier_events`; there is no
+//! `closed` event) and close frames are counted.
 //!
 //! Encoding: each distinct clip is downsampled to 8 kHz and µ-law encoded once, before
-//! the run, and every chunk's base64 payload is built then ([`TwilioClip`]); a
-//! producer's per-chunk work is one string format of the JSON. One 20 ms chunk at
-//! 8 kHz decodes to one 20 ms frame at 16 kHz, so frame accounting is the WebSocket
-//! one (one chunk sent = one frame sent).
+//! the run, with every chunk's base64 payload ([`TwilioClip`]): a producer's per-chunk
+//! work is one string format. One 20 ms chunk at 8 kHz is one 20 ms frame at 16 kHz, so
+//! frame accounting is the WebSocket one.
 //!
-//! Invariants: every wait is bounded (connect, send, end grace); every chunk written is
-//! counted in `frames_sent` exactly once; chunk numbers are consecutive per connection
-//! (a skipped tick sends nothing and numbers nothing, as a skipped tick of the
-//! WebSocket producer).
+//! Invariants: every chunk written is counted in `frames_sent` exactly once; chunk
+//! numbers are consecutive per connection (a skipped tick sends and numbers nothing).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use base64::Engine;
-use futures::{SinkExt, StreamExt};
 use rand::Rng;
-use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 use weir_audio_telephony::codec::{Encoder, Encoding, MediaFormat};
 
-use super::{
-    ConnectionEnd, END_GRACE, Producer, ProducerCounters, SEND_TIMEOUT, WsSink, WsSource,
-    read_server,
-};
-use crate::counters::Count;
+use super::{ConnectionEnd, Producer};
 use crate::error::{Error, ErrorKind};
 use crate::speech::SpeechClip;
 
@@ -165,108 +139,20 @@ impl Producer {
         frame_index: &mut u64,
     ) -> ConnectionEnd {
         let url = format!("ws://{}{ROUTE}", self.config.ws_addr);
-        let (mut sink, source) = match self.open_ws(&url).await {
-            Ok(ws) => ws.split(),
-            Err(end) => return end,
-        };
         let call = Call {
             stream_sid: sid("MZ"),
             call_sid: sid("CA"),
             account_sid: sid("AC"),
         };
-        let server_done = Arc::new(AtomicBool::new(false));
-        let reader = spawn_reader(source, self.counters.clone(), server_done.clone());
-
-        let mut handshake_sent = true;
-        for text in [Call::connected(), call.start(id)] {
-            let sent = tokio::time::timeout(SEND_TIMEOUT, sink.send(Message::Text(text.into())));
-            if !matches!(sent.await, Ok(Ok(()))) {
-                handshake_sent = false;
-                break;
-            }
-        }
-        // `start` was message 1: chunk n (from 1) is message n + 1.
-        let (ended_early, sent_here) = if handshake_sent {
-            self.send_ticks(
-                &mut sink,
-                &server_done,
-                frame_index,
-                |tick, began, sent, i| {
-                    let timestamp_ms = tick.saturating_duration_since(began).as_millis() as u64;
-                    let text = call.media(sent + 2, sent + 1, timestamp_ms, clip.payload(i));
-                    Message::Text(text.into())
-                },
-            )
-            .await
-        } else {
-            (true, 0)
+        // `start` was message 1: chunk n (from 1) is message n + 1, `stop` the last.
+        let media = |tick: Instant, began, sent, i| {
+            let timestamp_ms = tick.saturating_duration_since(began).as_millis() as u64;
+            let text = call.media(sent + 2, sent + 1, timestamp_ms, clip.payload(i));
+            Message::Text(text.into())
         };
-
-        if ended_early {
-            // The server ended the stream (or the socket broke) before the stop time.
-            self.counters.ended_by_server.inc();
-            let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
-            join_or_abort(reader, Duration::from_secs(1)).await;
-            return self.retry_unless_over(Duration::ZERO);
-        }
-        if self.vanish {
-            // No `stop`, no close frame.
-            return self.vanish_now(reader, sink);
-        }
-        self.stop(sink, reader, &call, sent_here + 2).await
-    }
-
-    /// Ends the stream as Twilio does: `stop` (message `seq`), then a bounded wait for
-    /// the server to close the socket; our close frame then completes the handshake
-    /// (or, if the server did not close, starts it).
-    async fn stop(
-        &self,
-        mut sink: WsSink,
-        mut reader: JoinHandle<()>,
-        call: &Call,
-        seq: u64,
-    ) -> ConnectionEnd {
-        let stop = Message::Text(call.stop(seq).into());
-        if matches!(
-            tokio::time::timeout(SEND_TIMEOUT, sink.send(stop)).await,
-            Ok(Ok(()))
-        ) {
-            self.counters.ended.inc();
-        }
-        let server_closed = tokio::time::timeout(END_GRACE, &mut reader).await.is_ok();
-        let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
-        if !server_closed {
-            join_or_abort(reader, Duration::from_secs(1)).await;
-        }
-        ConnectionEnd::Finished
-    }
-}
-
-/// The reader counts the server's messages (carrier-dialect ones in `carrier_events`,
-/// weir-shaped ones as events) and sets `server_done` when the server ends the stream
-/// (an `overload` event, a close frame, an error or EOF).
-fn spawn_reader(
-    source: WsSource,
-    counters: Arc<ProducerCounters>,
-    server_done: Arc<AtomicBool>,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        read_server(source, &counters, |v| {
-            if v.get("event").is_some() {
-                counters.carrier_events.inc();
-            } else if counters.count_event(&v) == Some("overload") {
-                server_done.store(true, Ordering::Relaxed);
-            }
-        })
-        .await;
-        server_done.store(true, Ordering::Relaxed);
-    })
-}
-
-/// Waits for `task` at most `limit`, then aborts it.
-async fn join_or_abort(mut task: JoinHandle<()>, limit: Duration) {
-    if tokio::time::timeout(limit, &mut task).await.is_err() {
-        task.abort();
+        let hello = vec![Call::connected(), call.start(id)];
+        let stop = |sent| call.stop(sent + 2);
+        self.ws_stream(&url, hello, frame_index, media, stop).await
     }
 }
 
@@ -274,6 +160,8 @@ async fn join_or_abort(mut task: JoinHandle<()>, limit: Duration) {
 mod tests {
     use super::*;
     use crate::producers::{ProducerConfig, ProducerCounters, Transport, start};
+    use futures::{SinkExt, StreamExt};
+    use std::time::Duration;
     use tokio_tungstenite::tungstenite::protocol::CloseFrame;
     use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 

@@ -40,6 +40,12 @@ impl OpusClip {
     }
 }
 
+/// Header `name` of `r`, when it is text.
+fn header(r: &reqwest::Response, name: &str) -> Option<String> {
+    let value = r.headers().get(name)?.to_str().ok()?;
+    Some(value.to_owned())
+}
+
 impl Producer {
     /// One WHIP session under `id` (see the module docs).
     pub(super) async fn whip_connection(
@@ -61,22 +67,13 @@ impl Producer {
             .send();
         let (location, answer) = match tokio::time::timeout(CONNECT_TIMEOUT, post).await {
             Ok(Ok(r)) if r.status().as_u16() == 201 => {
-                let location = r
-                    .headers()
-                    .get("location")
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned);
-                match (location, r.text().await) {
+                match (header(&r, "location"), r.text().await) {
                     (Some(l), Ok(body)) => (l, body),
                     _ => return self.connect_failed(),
                 }
             }
             Ok(Ok(r)) => {
-                let hint = r
-                    .headers()
-                    .get("retry-after")
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned);
+                let hint = header(&r, "retry-after");
                 return self.refused(r.status().as_u16(), hint.as_deref());
             }
             _ => return self.connect_failed(),
@@ -126,7 +123,7 @@ impl Producer {
 
         if server_done {
             counters.ended_by_server.inc();
-            return self.retry_unless_over(Duration::ZERO);
+            return self.retry_unless_over();
         }
         if self.vanish {
             // No DELETE, no DTLS close: the socket just goes quiet.

@@ -286,12 +286,9 @@ fn render(reports: &[RunReport], md: bool) -> String {
             let _ = writeln!(out, "\n{title}");
         }
         // At most 6 columns per block keeps the text table within 110 characters.
+        let block = if md { markdown_block } else { text_block };
         for chunk in cols.chunks(if md { 8 } else { 6 }) {
-            if md {
-                markdown_block(&mut out, chunk, &rows);
-            } else {
-                text_block(&mut out, chunk, &rows);
-            }
+            block(&mut out, chunk, &rows);
         }
         ceiling_verdicts(&mut out, &cols, bullet);
         if md {
