@@ -7,7 +7,7 @@
 //! 3. the ingress process starts: `audio-ingress serve` (weir-off with
 //!    `--set capacity.mode=off`) or `loadtest naive-ingress`; weir-on waits (at most
 //!    [`VIEW_WAIT`]) until the door's `/metrics` shows the fleet's slots;
-//! 4. the producers start (the [`balanced_ids`](super::balanced_ids), no reconnects),
+//! 4. the producers start (ids from [`super::balanced_ids`], no reconnects),
 //!    a sample every 100 ms and a progress line every second;
 //! 5. after the producers, a drain until the recognisers are idle (at most
 //!    [`DRAIN_MAX`]: the naive buffers can hold seconds of audio);
