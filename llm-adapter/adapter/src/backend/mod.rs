@@ -81,11 +81,8 @@ impl BackendReply {
 #[derive(Debug)]
 pub struct BackendError {
     inner: weir_service::Error<BackendErrorKind>,
-    /// The backend's retry hint (its `Retry-After`); set by the backends of this module.
     retry_after: Option<Duration>,
-    /// The backend's status (HTTP status code).
     status: Option<u16>,
-    /// The limit that was hit (the byte cap of [`BackendErrorKind::TooLarge`]).
     limit: Option<u64>,
 }
 
@@ -157,6 +154,24 @@ impl BackendError {
             status: None,
             limit: None,
         }
+    }
+
+    /// Sets the backend's retry hint (its `Retry-After`).
+    pub fn with_retry_after(mut self, retry_after: Option<Duration>) -> Self {
+        self.retry_after = retry_after;
+        self
+    }
+
+    /// Sets the backend's status (HTTP status code).
+    pub fn with_status(mut self, status: u16) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    /// Sets the limit that was hit (the byte cap of [`BackendErrorKind::TooLarge`]).
+    pub fn with_limit(mut self, limit: u64) -> Self {
+        self.limit = Some(limit);
+        self
     }
 
     /// The limit that was hit, if any.

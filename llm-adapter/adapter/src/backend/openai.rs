@@ -199,14 +199,13 @@ async fn next_chunk(
 }
 
 fn too_large(limit: usize) -> BackendError {
-    let mut e = BackendError::new(
+    BackendError::new(
         BackendErrorKind::TooLarge,
         format!(
             "backend reply exceeds {limit} bytes (the NATS max_payload less header room); reading stopped"
         ),
-    );
-    e.limit = Some(u64::try_from(limit).unwrap_or(u64::MAX));
-    e
+    )
+    .with_limit(u64::try_from(limit).unwrap_or(u64::MAX))
 }
 
 /// Reads a unary body up to `limit` bytes.
@@ -253,9 +252,9 @@ async fn failure(mut resp: reqwest::Response, deadline: Option<Instant>) -> Back
         429 | 503 => (BackendErrorKind::Overloaded, retry),
         _ => (BackendErrorKind::Failed, None),
     };
-    let mut e = BackendError::new(kind, format!("backend answered HTTP {status}: {text}"));
-    (e.status, e.retry_after) = (Some(status.as_u16()), retry);
-    e
+    BackendError::new(kind, format!("backend answered HTTP {status}: {text}"))
+        .with_status(status.as_u16())
+        .with_retry_after(retry)
 }
 
 /// Sends the request; a non-2xx answer is the error ([`failure`]).
